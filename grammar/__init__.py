@@ -1,0 +1,1 @@
+"""The .plan grammar, shipped as package data (plandsl.grammar)."""

@@ -1,0 +1,66 @@
+"""plandsl as a library: one function per stage, like `json` (load/loads, dump/dumps).
+
+No logic lives here; each function calls the module that owns its stage. Functions that
+return a checked plan raise `PlanError` (a ValueError) carrying every diagnostic.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from plandsl import ir
+from plandsl.analysis import Analysis, analyze
+from plandsl.diagnostics import PlanError
+from plandsl.syntax import Module
+
+
+def parse(text: str, path: str = "<string>") -> Module:
+    """Text -> syntax tree (no imports, no meaning)."""
+    from plandsl.parser import decode, parse_source
+    return parse_source(decode(path, text.encode("utf-8")))
+
+
+def parse_file(path: str | Path) -> Module:
+    from plandsl.parser import decode, parse_source
+    return parse_source(decode(str(path), Path(path).read_bytes()))
+
+
+def check(path: str | Path, params: dict[str, Any] | None = None) -> Analysis:
+    """Every diagnostic of a file and what it imports; never raises on bad input."""
+    return analyze(str(path), params=params)
+
+
+def checks(text: str, params: dict[str, Any] | None = None, path: str = "<string>") -> Analysis:
+    return analyze(path, text=text, params=params)
+
+
+def load(path: str | Path, params: dict[str, Any] | None = None) -> ir.Document:
+    """A checked document; raises PlanError when the file has errors."""
+    return _document(check(path, params))
+
+
+def loads(text: str, params: dict[str, Any] | None = None, path: str = "<string>") -> ir.Document:
+    return _document(checks(text, params, path))
+
+
+def load_plan(path: str | Path, name: str | None = None, params: dict[str, Any] | None = None) -> ir.Plan:
+    """The plan called `name` (or the file's only plan), checked."""
+    from plandsl.select import select_plan
+    return select_plan(load(path, params), name)
+
+
+def format_text(text: str, path: str = "<string>") -> str:
+    """Canonical layout of a plan's text (comments kept)."""
+    from plandsl.format import format_module
+    return format_module(parse(text, path))
+
+
+def schema() -> dict:
+    """JSON Schema of the resolved IR (`plandsl show --json`)."""
+    return ir.Document.model_json_schema()
+
+
+def _document(analysis: Analysis) -> ir.Document:
+    if not analysis.ok or analysis.document is None:
+        raise PlanError(analysis.errors, analysis.sources)
+    return analysis.document

@@ -1,0 +1,66 @@
+"""Mesh against cluster: size (E301, W301), unused axes (E306), axes straddling nodes (W302)."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from plandsl import ir
+from plandsl.diagnostics import Diagnostic, Note, diag
+
+
+def used_axes(plan: ir.Plan) -> dict[str, str]:
+    """Mesh axis -> what uses it."""
+    used: dict[str, str] = {}
+    if plan.data:
+        used.update({a: f"data ({plan.data.kind})" for a in plan.data.axes})
+    for part, what in ((plan.tensor, "tensor"), (plan.context, "context"), (plan.experts, "experts"),
+                       (plan.stages, "stages")):
+        if part is not None:
+            used.setdefault(part.axis, what)
+    for rule in plan.shard:
+        if rule.axis:
+            used.setdefault(rule.axis, "a shard rule")
+        for param in rule.params:
+            for placement in param.placements:
+                used.setdefault(placement.axis, "a shard rule")
+    return used
+
+
+def check_mesh(plan: ir.Plan) -> Iterator[Diagnostic]:
+    mesh, cluster = plan.mesh, plan.cluster
+    product = " * ".join(f"{a.name}({a.size})" for a in mesh.axes)
+    if mesh.part is not None:
+        end = mesh.first_device + mesh.part
+        if end > cluster.num_devices:
+            yield diag("E301", f"the mesh runs over devices[{mesh.first_device}:{end}], but cluster "
+                       f"'{cluster.name}' has {cluster.num_devices}", mesh.span)
+        elif mesh.size != mesh.part:
+            yield diag("E301", f"mesh {product} = {mesh.size} devices, but it runs over {mesh.part} devices "
+                       f"[{mesh.first_device}:{end}]", mesh.span, hint=f"make the axes multiply to {mesh.part}")
+    elif mesh.size > cluster.num_devices:
+        yield diag("E301", f"mesh {product} = {mesh.size} devices, but cluster '{cluster.name}' has "
+                   f"{cluster.num_devices}", mesh.span,
+                   hint=f"make the axes multiply to at most {cluster.num_devices}, or use a larger cluster",
+                   notes=[Note(f"cluster: {cluster.num_nodes} node(s) x "
+                               f"{'/'.join(str(g.node.devices) for g in cluster.groups)} devices", cluster.span)])
+    elif mesh.size < cluster.num_devices:
+        yield diag("W301", f"mesh {product} = {mesh.size} devices uses {mesh.size} of the "
+                   f"{cluster.num_devices} devices of '{cluster.name}'", mesh.span,
+                   hint="the rest stay idle; grow an axis to use them")
+    used = used_axes(plan)
+    for axis in mesh.axes:
+        if axis.name not in used and axis.size > 1:
+            yield diag("E306", f"mesh axis '{axis.name}' (size {axis.size}) is not used by data, tensor, context, "
+                       "expert parallelism or stages", axis.span,
+                       hint=f"add e.g. `data = zero1 over {axis.name}`, or name it dp/tp/pp/cp/ep for the default")
+    if plan.tensor and mesh.first_device + mesh.size <= cluster.num_devices:
+        per_node = min(g.node.devices for g in cluster.groups)
+        inner = 1
+        for axis in reversed(mesh.axes):
+            inner *= axis.size
+            if axis.name == plan.tensor.axis:
+                break
+        if inner > per_node:
+            yield diag("W302", f"tensor-parallel axis '{plan.tensor.axis}' spans {inner} devices, more than the "
+                       f"{per_node} in a node: its all-reduces cross the inter-node fabric",
+                       mesh.axis(plan.tensor.axis).span,
+                       hint="move the tensor axis last in the mesh (innermost) or shrink it to fit a node")

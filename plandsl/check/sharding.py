@@ -1,0 +1,104 @@
+"""Tensor dims against the axes they are split over (E406, E411) and shard rules
+against the model's modules (E405, E407, E408)."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from plandsl import ir
+from plandsl.diagnostics import Diagnostic, Note, diag
+from plandsl.models import layers_of
+from plandsl.placement import matches, precision
+
+
+def _divisors(n: int, limit: int = 12) -> str:
+    values = [d for d in range(1, n + 1) if n % d == 0]
+    return ", ".join(map(str, values[:limit])) + (", ..." if len(values) > limit else "")
+
+
+def _not_divisible(what: str, value: int, axis: str, size: int, span) -> Diagnostic:
+    return diag("E406", f"{what} ({value}) is not divisible by axis '{axis}' ({size})", span,
+                hint=f"'{axis}' in {{{_divisors(value)}}} divides {what}")
+
+
+def check_sharding(plan: ir.Plan) -> Iterator[Diagnostic]:
+    model = plan.model
+    if plan.tensor:
+        t, axis, span = plan.tp, plan.tensor.axis, plan.tensor.span
+        if isinstance(model, ir.TransformerModel):
+            for what, value in (("heads", model.heads), ("kv_heads", model.kv_heads), ("hidden", model.hidden),
+                                ("ffn_hidden", model.ffn_hidden), ("vocab", model.vocab)):
+                if what == "kv_heads" and model.kv_heads == model.heads:
+                    continue
+                if value % t:
+                    yield _not_divisible(what, value, axis, t, span)
+            if plan.tensor.sequence_parallel and plan.seq % t:
+                yield _not_divisible("seq", plan.seq, axis, t, span)
+        elif isinstance(model, ir.MLPModel) and model.hidden % t:
+            yield _not_divisible("hidden", model.hidden, axis, t, span)
+    if plan.context:
+        c = plan.cp
+        if plan.seq % c:
+            yield _not_divisible("seq", plan.seq, plan.context.axis, c, plan.context.span)
+    if plan.experts:
+        experts = getattr(model, "experts", 0)
+        if not experts:
+            yield diag("E411", f"expert parallel over '{plan.experts.axis}', but model '{model.name}' has no experts",
+                       plan.experts.span, hint="give the model `experts=` (llama) or drop the experts line")
+        elif experts % plan.ep:
+            yield _not_divisible("experts", experts, plan.experts.axis, plan.ep, plan.experts.span)
+    yield from _check_rules(plan)
+
+
+def _check_rules(plan: ir.Plan) -> Iterator[Diagnostic]:
+    if not plan.shard:
+        return
+    params = [p for layer in layers_of(plan.model) for p in layer.params]
+    modules: dict[str, list] = {}
+    for param in params:
+        modules.setdefault(param.module, []).append(param)
+    winners: dict[str, ir.ShardRule] = {}
+    for rule in plan.shard:
+        hit = [m for m in modules if matches(rule.target, m, prefix=True)]
+        if not hit:
+            yield diag("E405", f"'{rule.target.text}' matches no module of model '{plan.model.name}'",
+                       rule.target.span, hint="modules look like " + ", ".join(list(modules)[:4]))
+            continue
+        for module in hit:
+            other = winners.get(module)
+            if other is None or precision(rule.target) > precision(other.target):
+                winners[module] = rule
+            elif precision(rule.target) == precision(other.target) and _setting(rule) != _setting(other):
+                yield diag("E407", f"'{rule.target.text}' and '{other.target.text}' both set module '{module}' "
+                           "differently, and neither names it more precisely", rule.span,
+                           notes=[Note("the other rule", other.span)],
+                           hint="an exact name beats a range, a range beats a glob: make one rule more precise")
+                break
+        for param_rule in rule.params:
+            yield from _check_param_rule(plan, rule, param_rule, [p for m in hit for p in modules[m]])
+
+
+def _setting(rule: ir.ShardRule):
+    return rule.model_dump(exclude={"target"})
+
+
+def _check_param_rule(plan: ir.Plan, rule: ir.ShardRule, param_rule: ir.ParamRule, params) -> Iterator[Diagnostic]:
+    names = {p.name.rsplit(".", 1)[-1] for p in params}
+    chosen = [p for p in params if param_rule.param in ("*", p.name.rsplit(".", 1)[-1])]
+    if not chosen:
+        yield diag("E408", f"modules matched by '{rule.target.text}' have no parameter '{param_rule.param}'",
+                   param_rule.span, hint=f"their parameters: {', '.join(sorted(names))}")
+        return
+    for placement in param_rule.placements:
+        if placement.kind != "shard":
+            continue
+        size = plan.mesh.degree(placement.axis)
+        for param in chosen:
+            if placement.dim is None or not -len(param.shape) <= placement.dim < len(param.shape):
+                yield diag("E408", f"Shard({placement.dim}) on '{param.name}', which has {len(param.shape)} dims "
+                           f"{list(param.shape)}", placement.span, hint=f"dims are 0..{len(param.shape) - 1}")
+                break
+            extent = param.shape[placement.dim]
+            if extent % size:
+                yield _not_divisible(f"dim {placement.dim} of '{param.name}'", extent, placement.axis, size,
+                                     placement.span)
+                break

@@ -1,0 +1,282 @@
+"""The memory model: bytes one device of each pipeline rank holds at its peak.
+
+Stage: cost model, once layers are assigned to stages and stages to pipeline ranks. Contract:
+`estimate_memory` returns one `MemoryEstimate` per pipeline rank, for that rank's worst
+tensor/data-parallel coordinate. A first estimate, to be refined: model states follow ZeRO
+(Rajbhandari et al. 2020), activations Korthikanti et al. 2022, in-flight microbatches the
+schedules' papers. Sharding follows Megatron-style defaults, not a plan's own `shard` rules.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+from plandsl import ir
+from plandsl.models import EXPERTS, FFN, HEADS_X_HEAD_DIM, KV, VOCAB, Layer, Param, kv_width
+
+# Dim roles a tensor-parallel axis splits (Megatron, Shoeybi et al. 2019): column-parallel outputs
+# (q/k/v heads, MLP ffn), row-parallel inputs (o heads, MLP ffn) and the vocabulary of the
+# embedding and head. Everything else (norms, row-parallel biases, positions, router) is replicated.
+TENSOR_SHARDED_DIMS = (HEADS_X_HEAD_DIM, KV, FFN, VOCAB)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    """Bytes on one device. `other` is 0: no allowance is invented (see `estimate_memory`)."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    other: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.other
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "total": self.total}
+
+
+def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
+                    rank_stages: Sequence[Sequence[int]], inflight: Sequence[float], *,
+                    attention_matrix: bool = False) -> list[MemoryEstimate]:
+    """One estimate per pipeline rank.
+
+    `stage_layers[stage]` are the layers of a stage, `rank_stages[rank]` the stages a rank runs,
+    `inflight[rank]` its peak in-flight microbatches in units of all of the rank's layers
+    (`inflight_microbatches`). `attention_matrix`: whether attention stores its s×s scores; off,
+    because the interpreter uses fused attention (torch SDPA / FlashAttention keep only the
+    output and a per-row logsumexp, Dao et al. 2022), which Korthikanti's formula predates.
+    `other` stays 0: allocator fragmentation, communication buffers and the CUDA context depend on
+    the software stack and the device, and a fixed allowance would be a hardware constant in code.
+    """
+    if len(inflight) != len(rank_stages):
+        raise ValueError(f"inflight has {len(inflight)} entries for {len(rank_stages)} pipeline ranks")
+    tied = _tied_embedding(plan, [layer for stage in stage_layers for layer in stage])
+    estimates = []
+    for rank, stages in enumerate(rank_stages):
+        layers = [layer for stage in stages for layer in stage_layers[stage]]
+        kinds = {layer.kind for layer in layers}
+        # A tied head on a rank without the embedding keeps its own copy of the weight, kept in
+        # sync by an all-reduce of the gradients (Megatron-LM, Narayanan et al. 2021).
+        extra = (tied,) if tied and "head" in kinds and "embed" not in kinds else ()
+        params, grads, optimizer = _model_states(plan, [p for layer in layers for p in layer.params]
+                                                 + list(extra))
+        stored = sum(_layer_activations(plan, layer, plan.train.recompute, attention_matrix)
+                     for layer in layers)
+        activations = inflight[rank] * stored + _recompute_working_set(plan, layers, attention_matrix)
+        estimates.append(MemoryEstimate(params, grads, optimizer, activations))
+    return estimates
+
+
+def inflight_microbatches(schedule: str, pp: int, microbatches: int, virtual: int) -> list[int]:
+    """Peak microbatches whose activations a pipeline rank holds at once, per rank.
+
+    Counted in units of one microbatch through all the rank's layers (all its virtual stages).
+    gpipe, looped_bfs: every microbatch (Huang et al. 2019). 1f1b, zb_h1 and unknown names:
+    min(pp - rank, m) (Narayanan et al. 2021; ZB-H1 matches 1F1B's memory, Qi et al. 2023).
+    zb_h2: min(2(pp - rank) - 1, m) (Qi et al. 2023, Table 1: (2p - 1)·M_B on the first rank).
+    zbv: min(pp, m) on every rank (Qi et al. 2023, Sec. 6: p·M_B, balanced across ranks).
+    interleaved_1f1b (virtual v > 1): Megatron-LM warms up 2(pp - rank - 1) + (v - 1)·pp chunk
+    microbatches, so 2(pp - rank - 1) + (v - 1)·pp + 1 chunk microbatches are in flight, each 1/v
+    of the rank: we return that over v, rounded UP to an int (rank 0: pp·(1 + (pp - 1)/(pp·v)),
+    Korthikanti et al. 2022, Sec. 4.2.3), capped at m.
+    """
+    name = schedule.lower().replace("-", "_")
+    m = microbatches
+    if name in ("gpipe", "looped_bfs", "loopedbfs"):
+        return [m] * pp
+    if name in ("interleaved_1f1b", "interleaved1f1b", "interleaved_zb") and virtual > 1:
+        chunks = [2 * (pp - rank - 1) + (virtual - 1) * pp + 1 for rank in range(pp)]
+        return [min(m, -(-count // virtual)) for count in chunks]
+    if name in ("zb_h2", "zbh2"):
+        return [min(m, 2 * (pp - rank) - 1) for rank in range(pp)]
+    if name in ("zbv", "zb_v", "zbvzerobubble"):
+        return [min(m, pp)] * pp
+    return [min(m, pp - rank) for rank in range(pp)]
+
+
+# ---- model states (ZeRO) --------------------------------------------------------------
+def optimizer_bytes_per_param(optimizer: ir.Optimizer, precision: ir.Precision) -> int:
+    """Optimizer-state bytes per parameter (ZeRO's K), before any sharding.
+
+    Adam, 16-bit training: fp32 master params + momentum + variance = 4 + 4 + 4 = 12 (ZeRO,
+    Sec. 3.1). Adam, fp32 training: the params are the master copy, so m and v only: 8.
+    SGD (no momentum): the fp32 master copy with 16-bit training, 4; nothing in fp32 training.
+    """
+    sixteen_bit = precision.bytes == 2
+    if optimizer is ir.Optimizer.adam:
+        return 12 if sixteen_bit else 8
+    return 4 if sixteen_bit else 0
+
+
+def local_numel(param: Param, tp: int, ep: int) -> int:
+    """Elements of `param` on the worst tensor/expert-parallel coordinate.
+
+    The first tensor-sharded dim is split over tp (Megatron); a grouped expert tensor's leading
+    `experts` dim over ep. Expert FFNs are split over tp as well (Megatron-Core's default expert
+    tensor parallelism equals tp). Uneven splits round up: the worst coordinate.
+    """
+    shape = list(param.shape)
+    sharded = next((i for i, role in enumerate(param.dims) if role in TENSOR_SHARDED_DIMS), None)
+    if sharded is not None:
+        shape[sharded] = -(-shape[sharded] // tp)
+    if _is_expert(param):
+        shape[0] = -(-shape[0] // ep)
+    return math.prod(shape)
+
+
+def _is_expert(param: Param) -> bool:
+    """A grouped expert tensor [experts, out, in]; the router [experts, hidden] is not one."""
+    return len(param.dims) == 3 and param.dims[0] == EXPERTS
+
+
+def zero_degrees(plan: ir.Plan) -> tuple[int, int, int]:
+    """(ZeRO stage, shard degree of dense params, shard degree of expert params).
+
+    zero1/2/3 shard over N_d = plan.dp; hsdp shards over its shard axis, the last data axis, and
+    replicates over the others. Expert params have only dp / ep replicas (the expert axis holds
+    different experts), so that is all ZeRO can shard them over.
+    """
+    if plan.data is None:
+        return 0, 1, 1
+    if plan.data.kind == "hsdp":
+        shard_axis = plan.data.axes[-1]
+        dense = plan.mesh.degree(shard_axis)
+        expert = 1 if plan.experts and plan.experts.axis == shard_axis else dense
+        return plan.data.zero_stage, dense, expert
+    return plan.data.zero_stage, plan.dp, max(1, plan.dp // plan.ep)
+
+
+def _model_states(plan: ir.Plan, params: list[Param]) -> tuple[float, float, float]:
+    """(params, grads, optimizer) bytes for these params on one device."""
+    tp, ep = plan.tp, plan.ep
+    dense = sum(local_numel(p, tp, ep) for p in params if not _is_expert(p))
+    expert = sum(local_numel(p, tp, ep) for p in params if _is_expert(p))
+    stage, dense_degree, expert_degree = zero_degrees(plan)
+
+    def held(from_stage: int) -> float:  # elements kept per device: ZeRO stage s shards it if s >= from_stage
+        if stage < from_stage:
+            return float(dense + expert)
+        return -(-dense // dense_degree) + -(-expert // expert_degree)
+
+    precision = plan.train.precision
+    # ZeRO Sec. 3.1: 2Ψ params + 2Ψ grads (16-bit) + KΨ optimizer; stage 1 shards the optimizer
+    # states, stage 2 also the grads, stage 3 also the params (Sec. 5.1-5.3).
+    return (held(3) * precision.bytes, held(2) * precision.bytes,
+            held(1) * optimizer_bytes_per_param(plan.train.optimizer, precision))
+
+
+def _tied_embedding(plan: ir.Plan, layers: Sequence[Layer]) -> Param | None:
+    if not getattr(plan.model, "tied_embeddings", False):
+        return None
+    embed = next((layer for layer in layers if layer.kind == "embed"), None)
+    return next((p for p in embed.params if VOCAB in p.dims), None) if embed else None
+
+
+# ---- activations (Korthikanti et al. 2022) ---------------------------------------------
+def estimate_layer_activations(plan: ir.Plan, layer: Layer, *, attention_matrix: bool = False) -> float:
+    """Bytes one microbatch leaves stored in `layer` for backward, on one device."""
+    return _layer_activations(plan, layer, plan.train.recompute, attention_matrix)
+
+
+def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_batch: int, tp: int,
+                                  sequence_parallel: bool, recompute: ir.Recompute,
+                                  precision: ir.Precision, attention_matrix: bool = False) -> float:
+    """Bytes stored by one transformer block for one microbatch (Korthikanti et al. 2022, Sec. 4).
+
+    For GPT (MHA, ffn = 4h, dropout) this is exactly the paper's Table 2, in units of s·b·h bytes
+    with 16-bit activations: 34 + 5as/h; tp t: 10 + 24/t + 5as/(ht); + sequence parallel:
+    34/t + 5as/(ht); selective recompute drops 5as/h; full recompute keeps the input, 2 (÷t with
+    sequence parallel). The terms below are the paper's, sized from the model's own shapes.
+    fp32 activations double every term.
+    """
+    sbh = seq * micro_batch * model.hidden
+    scale = precision.bytes / 2
+    divisor = tp if sequence_parallel else 1
+    if recompute is ir.Recompute.full:
+        return 2 * sbh * scale / divisor  # Sec. 5: only the block input is kept
+    replicated, sharded, matrix = _block_terms(model, seq)
+    if not attention_matrix or recompute is ir.Recompute.selective:
+        matrix = 0.0  # selective recompute (Sec. 5) recomputes exactly the attention core
+    if sequence_parallel:  # Sec. 4.2.2: the replicated parts are split along the sequence too
+        return sbh * (replicated + sharded + matrix) / tp * scale
+    return sbh * (replicated + (sharded + matrix) / tp) * scale
+
+
+def _block_terms(model: ir.TransformerModel, seq: int) -> tuple[float, float, float]:
+    """(replicated, tensor-sharded, attention-matrix) bytes per s·b·h element, 16-bit (Sec. 4.1)."""
+    gpt = model.kind == "gpt"  # gpt keeps dropout masks (1 byte each); llama has no dropout
+    ffn = model.ffn_hidden / model.hidden
+    kv = kv_width(model) / model.hidden
+    dropout = 1.0 if gpt else 0.0
+    # Outside tensor parallelism: two norm inputs (4), the q/k/v input (2), the MLP input (2),
+    # the attention and MLP dropout masks (1 + 1).
+    replicated = 4 + 2 + 2 + 2 * dropout
+    # Inside: Q (2) and K (2·kv), V (2·kv), the out-projection input (2);
+    # gpt MLP: GELU input (2·ffn) and w2 input (2·ffn); llama SwiGLU: w1 and w3 outputs, w2 input.
+    attention = 2 + 4 * kv + 2
+    mlp = (4 if gpt else 6) * ffn
+    if model.experts:
+        # Each token visits top_k experts (load-balanced, so top_k·tokens per device): their
+        # dispatched inputs next to the router's input, and their internals.
+        replicated += 2 * model.top_k
+        mlp *= model.top_k
+    # Scores: softmax output (2), plus gpt's dropout mask (1) and output (2): 5as/h (2as/h llama).
+    matrix = (2 + 3 * dropout) * model.heads * seq / model.hidden
+    return replicated, attention + mlp, matrix
+
+
+def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
+                       attention_matrix: bool) -> float:
+    model = plan.model
+    seq = -(-plan.seq // plan.cp)  # context parallelism splits the sequence (worst rank rounds up)
+    tokens = seq * plan.train.micro_batch
+    precision = plan.train.precision
+    if isinstance(model, ir.CustomModel):
+        authored = next((c for c in model.layers if c.name == layer.name), None)
+        return authored.activations * tokens if authored else 0.0  # authored bytes per token
+    if isinstance(model, ir.MLPModel):
+        # Each Linear keeps its input (weight gradient) and output (activation backward); with
+        # full recompute only the input. Not tensor-parallel by default.
+        out_features, in_features = layer.params[0].shape
+        kept = in_features if recompute is ir.Recompute.full else in_features + out_features
+        return float(tokens * kept * precision.bytes)
+    tp = plan.tp
+    sequence_parallel = bool(plan.tensor and plan.tensor.sequence_parallel)
+    divisor = tp if sequence_parallel else 1
+    sbh = tokens * model.hidden
+    scale = precision.bytes / 2
+    if layer.kind == "block":
+        return transformer_block_activations(model, seq, plan.train.micro_batch, tp,
+                                             sequence_parallel, recompute, precision,
+                                             attention_matrix)
+    if layer.kind == "embed":
+        # Sec. 4.3: embeddings keep nothing large but gpt's embedding dropout mask (1 byte); the
+        # embedding output is kept as the first block's input, counted there.
+        return sbh * (1.0 if model.kind == "gpt" else 0.0) * scale / divisor
+    if layer.kind == "norm":
+        return 2 * sbh * scale / divisor  # Sec. 4.3: the final norm keeps its input
+    if layer.kind == "head":
+        # Sec. 4.3: the head keeps its input (2sbh) and the cross entropy fp32 logits (4sbV/t).
+        return 2 * sbh * scale / divisor + 4.0 * tokens * -(-model.vocab // tp)
+    return 0.0
+
+
+def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_matrix: bool) -> float:
+    """With full recompute, backward rebuilds one block at a time: its activations, once per
+    rank (Korthikanti et al. 2022, Sec. 5: 2sbhL plus the memory of one recomputed layer)."""
+    if plan.train.recompute is not ir.Recompute.full:
+        return 0.0
+    blocks = [layer for layer in layers if layer.kind in ("block", "custom")]
+    if not blocks or isinstance(plan.model, ir.CustomModel):
+        return 0.0
+    return max(_layer_activations(plan, b, ir.Recompute.none, attention_matrix)
+               - _layer_activations(plan, b, ir.Recompute.full, attention_matrix) for b in blocks)
+
+
+__all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estimate_layer_activations",
+           "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
+           "zero_degrees"]

@@ -1,0 +1,409 @@
+"""Formatting stage: syntax tree -> canonical .plan text (what `plandsl fmt` writes).
+
+Contract: `parse(format(x)) == parse(x)`, `format(format(x)) == format(x)`, and every comment
+comes back exactly once, in source order (trailing whitespace removed). Layout: 2-space
+indentation, one statement per line, `=` aligned in runs of attributes, minimal parentheses,
+dicts and lists broken one item per line when a line would pass 100 columns.
+"""
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from plandsl.parser import parse_source
+from plandsl.source import SourceFile
+from plandsl.syntax import (ActionStmt, Attr, BinOp, Binding, Block, Bool, Call, Clause, Comment,
+                            Definition, DictExpr, DictItem, Entry, Float, For, If, Import, Int,
+                            KwArg, LayerDecl, Let, ListExpr, Member, Module, Name, Node, On, Param,
+                            Quantity, RankRow, ShardRule, Slice, Str, Subscript, Unary, WithItem)
+
+WIDTH = 100
+STEP = 2  # indentation per body
+
+# Precedence, loosest first (grammar/plan.lark's expression rules).
+_BINARY_LEVEL = {"@": 1, "or": 2, "and": 3, "==": 5, "!=": 5, "<": 5, "<=": 5, ">": 5, ">=": 5,
+                 "..": 6, "x": 7, "+": 8, "-": 8, "*": 9, "/": 9, "//": 9, "%": 9}
+_NOT_LEVEL, _NEGATE_LEVEL, _POSTFIX_LEVEL, _ATOM_LEVEL = 4, 10, 11, 12
+_LEFT_ASSOCIATIVE = {"or", "and", "+", "-", "*", "/", "//", "%"}
+_ATOMS = (Int, Float, Quantity, Str, Name, Bool, ListExpr, DictExpr)
+
+# Units printed after one space even when written glued (`80GiB` -> `80 GiB`).
+_PREFIXES = ("", "K", "M", "G", "T", "P", "E")
+_UNITS = frozenset(
+    [f"{p}{u}" for p in _PREFIXES for u in ("B", "b", "B/s", "b/s", "FLOP", "FLOP/s", "bps")]
+    + [f"{p}{u}" for p in ("Ki", "Mi", "Gi", "Ti", "Pi") for u in ("B", "B/s")]
+    + ["s", "ms", "us", "ns", "min", "h"])
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_KEYWORDS = frozenset("and or not x true false over with in on rank if else for let layer shard "
+                      "import param device node cluster model plan schedule".split())
+
+
+# ---- entry points ----------------------------------------------------------------------
+def format_source(source: SourceFile) -> str:
+    """Parse `source` and return its canonical text (raises PlanError on bad input)."""
+    return format_module(parse_source(source))
+
+
+def format_module(module: Module) -> str:
+    """The canonical text of a parsed module, its comments included."""
+    comments = sorted(module.comments, key=lambda c: c.span.start)
+    _, lines = _body(module.items, comments, 0, top=True)
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+# ---- expressions ---------------------------------------------------------------------------
+def _level(node: Node) -> int:
+    if isinstance(node, BinOp):
+        return _BINARY_LEVEL[node.op]
+    if isinstance(node, Unary):
+        return _NOT_LEVEL if node.op == "not" else _NEGATE_LEVEL
+    if isinstance(node, (Member, Subscript, Call)):
+        return _POSTFIX_LEVEL
+    return _ATOM_LEVEL if isinstance(node, _ATOMS) else 0
+
+
+def _operand(node: Node, minimum: int) -> list:
+    return ["(", node, ")"] if _level(node) < minimum else [node]
+
+
+def _joined(nodes: Sequence[Node], separator: str = ", ") -> list:
+    parts: list = []
+    for index, node in enumerate(nodes):
+        parts += [separator, node] if index else [node]
+    return parts
+
+
+def _number(value: int | float) -> str:
+    return str(value) if isinstance(value, int) else repr(value)
+
+
+def _quote(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return f'"{escaped}"'
+
+
+def _quantity(node: Quantity) -> str:
+    number = node.text or _number(node.value)
+    glued = number + node.unit
+    keep_glued = (node.adjacent and node.unit not in _UNITS and node.unit[:1] not in ("e", "E")
+                  and not glued.startswith("1f1b"))
+    return glued if keep_glued else f"{number} {node.unit}"
+
+
+def _parts(node: Node) -> list:
+    """The pieces of `node` in order: literal text and child nodes (parentheses included)."""
+    match node:
+        case Int():
+            return [str(node.value)]
+        case Float():
+            return [node.text or repr(node.value)]
+        case Quantity():
+            return [_quantity(node)]
+        case Str():
+            return [_quote(node.value)]
+        case Name():
+            return [node.id]
+        case Bool():
+            return ["true" if node.value else "false"]
+        case ListExpr():
+            return ["[", *_joined(node.items), "]"] if node.items else ["[]"]
+        case DictExpr():
+            return ["{ ", *_joined(node.items), " }"] if node.items else ["{}"]
+        case DictItem():
+            key = node.key if _IDENTIFIER.fullmatch(node.key) and node.key not in _KEYWORDS else _quote(node.key)
+            return [key, ": ", node.value]
+        case Binding():
+            return [node.name, " = ", node.value]
+        case BinOp():
+            level = _BINARY_LEVEL[node.op]
+            left = _operand(node.left, level if node.op in _LEFT_ASSOCIATIVE else level + 1)
+            return [*left, ".." if node.op == ".." else f" {node.op} ", *_operand(node.right, level + 1)]
+        case Unary():
+            if node.op == "not":
+                return ["not ", *_operand(node.operand, _NOT_LEVEL)]
+            return ["-", *_operand(node.operand, _NEGATE_LEVEL)]
+        case Member():
+            needs_parentheses = isinstance(node.obj, Int) and node.name[:1].isdigit()  # `(1).3`, not `1.3`
+            obj = ["(", node.obj, ")"] if needs_parentheses else _operand(node.obj, _POSTFIX_LEVEL)
+            return [*obj, ".", node.name]
+        case Subscript():
+            return [*_operand(node.obj, _POSTFIX_LEVEL), "[", node.index, "]"]
+        case Slice():
+            return [*([node.lo] if node.lo is not None else []), ":", *([node.hi] if node.hi is not None else [])]
+        case Call():
+            return [*_operand(node.func, _POSTFIX_LEVEL), "(", *_joined(node.args + node.kwargs), ")"]
+        case KwArg():
+            return [node.name, "=", node.value]
+        case Clause():
+            parts = [node.subject]
+            if node.over is not None:
+                parts += [" over ", node.over]
+            if node.options:
+                parts += [" with ", *_joined(node.options)]
+            return parts
+        case WithItem():
+            return [node.name] if node.value is None else [node.name, " = ", node.value]
+    raise TypeError(f"cannot format {type(node).__name__}")
+
+
+def _flat(node: Node) -> str:
+    return "".join(part if isinstance(part, str) else _flat(part) for part in _parts(node))
+
+
+def _has_container(node: Node) -> bool:
+    if isinstance(node, (ListExpr, DictExpr)) and node.items:
+        return True
+    return any(_has_container(part) for part in _parts(node) if not isinstance(part, str))
+
+
+def _render(node: Node, indent: int, column: int, tail: int = 0) -> str:
+    """`node` starting at `column` with `tail` characters after it; breaks containers to fit."""
+    flat = _flat(node)
+    if column + len(flat) + tail <= WIDTH or not _has_container(node):
+        return flat
+    if isinstance(node, (ListExpr, DictExpr)):
+        inner = indent + STEP
+        opening, closing = ("[", "]") if isinstance(node, ListExpr) else ("{", "}")
+        lines = [opening]
+        lines += [" " * inner + _render(item, inner, inner, 1) + "," for item in node.items]
+        return "\n".join(lines + [" " * indent + closing])
+    return _assemble(_parts(node), indent, column, tail)
+
+
+def _assemble(parts: list, indent: int, column: int, tail: int = 0) -> str:
+    flats = [part if isinstance(part, str) else _flat(part) for part in parts]
+    text = ""
+    for index, part in enumerate(parts):
+        if isinstance(part, str):
+            piece = part
+        else:
+            piece = _render(part, indent, column, sum(map(len, flats[index + 1:])) + tail)
+        text += piece
+        column = len(piece) - piece.rfind("\n") - 1 if "\n" in piece else column + len(piece)
+    return text
+
+
+# ---- statements ------------------------------------------------------------------------------
+def _body_of(node: Node) -> tuple | None:
+    if isinstance(node, (Block, LayerDecl, For, On)):
+        return node.body
+    if isinstance(node, If):
+        return node.then
+    if isinstance(node, Definition):
+        return node.body
+    return None
+
+
+def _header_end(node: Node) -> int:
+    """Offset where the header of a statement with a body ends (comments before it go first)."""
+    if isinstance(node, Definition):
+        return max([node.name_span.end] + [param.span.end for param in node.params])
+    if isinstance(node, Block):
+        return node.name_span.end
+    if isinstance(node, LayerDecl):
+        return node.target.span.end
+    if isinstance(node, For):
+        return (node.rank or node.iterable).span.end
+    if isinstance(node, On):
+        return node.rank.span.end
+    return node.cond.span.end
+
+
+def _header(node: Node, indent: int) -> str:
+    pad = " " * indent
+    if isinstance(node, Definition):
+        if node.kind != "schedule":
+            return f"{pad}{node.kind} {node.name}"
+        params = [f"{p.name}: {p.dimension}" if p.dimension else f"{p.name} = {_flat(p.value)}"
+                  for p in node.params]
+        return f"{pad}schedule {node.name}({', '.join(params)})"
+    if isinstance(node, Block):
+        return pad + node.name
+    parts: list
+    if isinstance(node, LayerDecl):
+        parts = ["layer ", node.target]
+    elif isinstance(node, For):
+        parts = [f"for {node.var} in ", node.iterable] + ([" on rank ", node.rank] if node.rank else [])
+    elif isinstance(node, On):
+        parts = ["on rank ", node.rank]
+    else:
+        parts = ["if ", node.cond]
+    return pad + _assemble(parts, indent, indent, 2)
+
+
+def _simple(node: Node, indent: int, name_width: int) -> str:
+    """A statement without a body, starting with its indentation."""
+    pad = " " * indent
+    match node:
+        case Import():
+            return f"{pad}import {_quote(node.path)}"
+        case RankRow():
+            return f"{pad}rank {node.rank}:" + "".join(" " + cell for cell in node.cells)
+        case Attr():
+            parts = [node.name.ljust(name_width), " = ", node.value]
+        case Param():
+            parts = [f"param {node.name} = ", node.value]
+        case Let():
+            parts = [f"let {node.name} = ", node.value]
+        case Definition():
+            parts = [f"{node.kind} {node.name} = ", node.value]
+        case Entry():
+            parts = [node.key, ": ", *_joined(node.values)]
+        case ShardRule():
+            parts = ["shard ", node.target, " = ", node.value]
+        case ActionStmt():
+            parts = [node.call]
+        case _:
+            raise TypeError(f"cannot format statement {type(node).__name__}")
+    return pad + _assemble(parts, indent, indent)
+
+
+def _comment(comment: Comment) -> str:
+    return comment.text.rstrip()
+
+
+def _statement(node: Node, comments: list[Comment], indent: int, name_width: int) -> list[str]:
+    """Lines of one statement; comments inside its header or its expressions go before it."""
+    pad = " " * indent
+    if _body_of(node) is None:
+        return [pad + _comment(c) for c in comments] + _simple(node, indent, name_width).split("\n")
+    end = _header_end(node)
+    lines = [pad + _comment(c) for c in comments if c.span.start < end]
+    rest = [c for c in comments if c.span.start >= end]
+    header = _header(node, indent).split("\n")
+    lines += header[:-1]
+    head = header[-1]
+    if isinstance(node, If) and node.orelse is not None:
+        then_comments, else_comments = _split_if(node, rest)
+        then_header, then_lines = _body(node.then, then_comments, indent + STEP)
+        else_header, else_lines = _body(node.orelse, else_comments, indent + STEP)
+        return (lines + [_open(head, then_header)] + then_lines + [_open(pad + "} else", else_header)]
+                + else_lines + [pad + "}"])
+    body = _body_of(node)
+    if _fits_one_line(node, body, head):
+        return lines + [f"{head} {{ {_flat(body[0].call)} }}"]
+    body_header, body_lines = _body(body, rest, indent + STEP)
+    if not body_lines and body_header is None:
+        return lines + [head + " {}"]
+    return lines + [_open(head, body_header)] + body_lines + [pad + "}"]
+
+
+def _open(head: str, comment: Comment | None) -> str:
+    return head + " {" + (f"  {_comment(comment)}" if comment else "")
+
+
+def _fits_one_line(node: Node, body: tuple, head: str) -> bool:
+    """`for i in 0..w { F(r, i) }` stays on one line when written so and short enough."""
+    one_action = isinstance(node, (For, On, If)) and len(body) == 1 and isinstance(body[0], ActionStmt)
+    return (one_action and node.span.line == node.span.end_line
+            and len(head) + len(_flat(body[0].call)) + 6 <= WIDTH)
+
+
+def _split_if(node: If, comments: list[Comment]) -> tuple[list[Comment], list[Comment]]:
+    """Comments of the `then` body and of the `else` body (`} else {  # c` opens the else)."""
+    then_comments: list[Comment] = []
+    for index, comment in enumerate(comments):
+        if node.orelse and comment.span.start > node.orelse[0].span.start:
+            return then_comments, comments[index:]
+        if not comment.own_line and all(child.span.start < comment.span.start for child in node.then):
+            before = [child for child in node.then if child.span.end <= comment.span.start]
+            trails = before and before[-1].span.end_line == comment.span.line
+            opens_then = not before and not then_comments
+            if not trails and not opens_then:
+                return then_comments, comments[index:]
+        then_comments.append(comment)
+    return then_comments, []
+
+
+# ---- bodies and comments -----------------------------------------------------------------------
+def _place(comments: list[Comment], children: Sequence[Node], allow_header: bool):
+    """Attach comments outside any child: header (after `{`), leading, trailing, or at the end."""
+    header = None
+    leading: list[list[Comment]] = [[] for _ in children]
+    trailing: list[Comment | None] = [None] * len(children)
+    end: list[Comment] = []
+    for position, comment in enumerate(comments):
+        start = comment.span.start
+        before = [i for i, child in enumerate(children) if child.span.end <= start]
+        previous = before[-1] if before else None
+        if not comment.own_line:
+            if (previous is not None and children[previous].span.end_line == comment.span.line
+                    and trailing[previous] is None):
+                trailing[previous] = comment
+                continue
+            if previous is None and allow_header and position == 0:
+                header = comment
+                continue
+        following = [i for i, child in enumerate(children) if child.span.start > start]
+        (leading[following[0]] if following else end).append(comment)
+    return header, leading, trailing, end
+
+
+def _inside(comment: Comment, node: Node) -> bool:
+    return node.span.start <= comment.span.start < node.span.end
+
+
+def _separated(previous: Node, current: Node) -> bool:
+    """Top level: a blank line between definitions and between different kinds of items."""
+    return isinstance(previous, Definition) or isinstance(current, Definition) or type(previous) is not type(current)
+
+
+def _body(children: Sequence[Node], comments: list[Comment], indent: int, top: bool = False):
+    """(comment after the opening brace, lines) of a body or of the whole module."""
+    inner: list[list[Comment]] = [[] for _ in children]
+    free: list[Comment] = []
+    for comment in comments:
+        owner = next((i for i, child in enumerate(children) if _inside(comment, child)), None)
+        (free if owner is None else inner[owner]).append(comment)
+    header, leading, trailing, end = _place(free, children, allow_header=not top)
+
+    # units in output order: (first line, last line, comment or child index); blank lines between
+    units: list[tuple[int, int, Comment | int]] = []
+    for index, child in enumerate(children):
+        units += [(c.span.line, c.span.line, c) for c in leading[index]]
+        units.append((child.span.line, child.span.end_line, index))
+    units += [(c.span.line, c.span.line, c) for c in end]
+    blank = [False] * len(units)
+    for k in range(1, len(units)):
+        blank[k] = units[k][0] - units[k - 1][1] > 1
+        previous = units[k - 1][2]
+        if top and isinstance(previous, int) and previous + 1 < len(children):
+            blank[k] = blank[k] or _separated(children[previous], children[previous + 1])
+
+    widths = _alignment(children, units, blank)
+    pad = " " * indent
+    lines: list[str] = []
+    for k, (_, _, unit) in enumerate(units):
+        if blank[k]:
+            lines.append("")
+        if isinstance(unit, Comment):
+            lines.append(pad + _comment(unit))
+            continue
+        statement = _statement(children[unit], inner[unit], indent, widths[unit])
+        if trailing[unit] is not None:
+            statement[-1] += "  " + _comment(trailing[unit])
+        lines += statement
+    return header, lines
+
+
+def _alignment(children: Sequence[Node], units: list, blank: list[bool]) -> list[int]:
+    """Name width of each attribute: the longest name in its run of attributes."""
+    runs: list[list[int]] = []
+    previous_child = None
+    broken = False
+    for k, (_, _, unit) in enumerate(units):
+        broken = broken or blank[k]
+        if isinstance(unit, Comment):
+            continue
+        if isinstance(children[unit], Attr):
+            if runs and previous_child is not None and previous_child + 1 == unit and runs[-1][-1] == previous_child and not broken:
+                runs[-1].append(unit)
+            else:
+                runs.append([unit])
+        previous_child, broken = unit, False
+    widths = [0] * len(children)
+    for run in runs:
+        width = max(len(children[i].name) for i in run)
+        for i in run:
+            widths[i] = width
+    return widths

@@ -1,0 +1,209 @@
+"""The layer catalogue: an `ir.Model` as its top-level pipeline layers, with parameters and FLOPs.
+
+Stage: after lowering; read by the checks, the cost model and the runtime interpreter. Contract:
+`layers_of(model)` is pure and cached, and its names are exactly the names the interpreter gives
+its torch modules (`embed.tok`, `layers.3.attn.wq`, `layers.3.moe.experts`, `norm`, `head`).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from pydantic import TypeAdapter
+
+from plandsl import ir
+
+# Roles of tensor dims: what a dim indexes, so sharding and cost code never guess from positions.
+HIDDEN = "hidden"
+HEADS_X_HEAD_DIM = "heads_x_head_dim"
+KV = "kv"  # kv_heads * head_dim
+FFN = "ffn"
+VOCAB = "vocab"
+EXPERTS = "experts"
+INPUT = "input"
+OUTPUT = "output"
+OTHER = "other"
+DIM_ROLES = (HIDDEN, HEADS_X_HEAD_DIM, KV, FFN, VOCAB, EXPERTS, INPUT, OUTPUT, OTHER)
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One parameter tensor, named as torch names it (`layers.3.attn.wq.weight`)."""
+
+    name: str
+    module: str
+    shape: tuple[int, ...]
+    dims: tuple[str, ...]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """One top-level pipeline unit: the smallest thing a stage boundary can fall between."""
+
+    name: str
+    kind: str  # "embed" | "block" | "norm" | "head" | "custom"
+    params: tuple[Param, ...]
+    param_count: int
+    flops_per_token: float  # forward, 2 FLOPs per multiply-add
+    output_width: int  # elements per token handed to the next layer
+
+
+def layers_of(model: ir.Model) -> tuple[Layer, ...]:
+    """The model's top-level layers in execution order."""
+    # Keyed on the JSON dump: spans are left out of it, and it copes with unhashable fields
+    # (a custom model's factory_args dict) that would defeat hashing the model itself.
+    return _catalogue(model.model_dump_json())
+
+
+def modules_of(model: ir.Model) -> tuple[str, ...]:
+    """Every module that holds parameters, in execution order (a tied head holds none)."""
+    return tuple(dict.fromkeys(p.module for layer in layers_of(model) for p in layer.params))
+
+
+def param_count(model: ir.Model) -> int:
+    """Total parameters; tied embeddings are counted once, in `embed`."""
+    return sum(layer.param_count for layer in layers_of(model))
+
+
+_MODEL = TypeAdapter(ir.Model)
+
+
+@functools.lru_cache(maxsize=256)
+def _catalogue(model_json: str) -> tuple[Layer, ...]:
+    model = _MODEL.validate_json(model_json)
+    if isinstance(model, ir.TransformerModel):
+        return _transformer_layers(model)
+    if isinstance(model, ir.MLPModel):
+        return _mlp_layers(model)
+    return _custom_layers(model)
+
+
+def _layer(name: str, kind: str, params: list[Param], flops: float, output_width: int) -> Layer:
+    return Layer(name, kind, tuple(params), sum(p.numel for p in params), float(flops), output_width)
+
+
+def _linear(module: str, out_features: int, in_features: int, out_dim: str, in_dim: str,
+            bias: bool) -> list[Param]:
+    """torch.nn.Linear: weight [out_features, in_features], bias [out_features]."""
+    params = [Param(f"{module}.weight", module, (out_features, in_features), (out_dim, in_dim))]
+    if bias:
+        params.append(Param(f"{module}.bias", module, (out_features,), (out_dim,)))
+    return params
+
+
+def _norm(module: str, hidden: int, bias: bool) -> list[Param]:
+    """LayerNorm (weight and bias) for gpt, RMSNorm (weight only) for llama."""
+    params = [Param(f"{module}.weight", module, (hidden,), (HIDDEN,))]
+    if bias:
+        params.append(Param(f"{module}.bias", module, (hidden,), (HIDDEN,)))
+    return params
+
+
+# ---- transformers ---------------------------------------------------------------------
+def _transformer_layers(model: ir.TransformerModel) -> tuple[Layer, ...]:
+    gpt = model.kind == "gpt"  # gpt: biases, LayerNorm, GELU MLP; llama: none, RMSNorm, SwiGLU
+    hidden, vocab = model.hidden, model.vocab
+
+    embed = [Param("embed.tok.weight", "embed.tok", (vocab, hidden), (VOCAB, HIDDEN))]
+    if gpt:  # learned absolute positions; llama uses rotary embeddings, which hold no params
+        embed.append(Param("embed.pos.weight", "embed.pos", (model.seq, hidden), (OTHER, HIDDEN)))
+    layers = [_layer("embed", "embed", embed, 0, hidden)]
+
+    flops = transformer_block_flops(model)
+    for index in range(model.layers):
+        layers.append(_layer(f"layers.{index}", "block", _block_params(model, index), flops, hidden))
+
+    layers.append(_layer("norm", "norm", _norm("norm", hidden, bias=gpt), 0, hidden))
+    head = [] if model.tied_embeddings else _linear("head", vocab, hidden, VOCAB, HIDDEN, bias=False)
+    # Output projection: 2·h·V per token (Narayanan et al. 2021, eq. 3's 6·B·s·h·V over fwd+bwd).
+    layers.append(_layer("head", "head", head, 2 * hidden * vocab, vocab))
+    return tuple(layers)
+
+
+def _block_params(model: ir.TransformerModel, index: int) -> list[Param]:
+    gpt = model.kind == "gpt"
+    hidden, ffn, kv = model.hidden, model.ffn_hidden, kv_width(model)
+    prefix = f"layers.{index}"
+    params = _norm(f"{prefix}.norm1", hidden, bias=gpt)
+    params += _linear(f"{prefix}.attn.wq", hidden, hidden, HEADS_X_HEAD_DIM, HIDDEN, bias=gpt)
+    params += _linear(f"{prefix}.attn.wk", kv, hidden, KV, HIDDEN, bias=gpt)
+    params += _linear(f"{prefix}.attn.wv", kv, hidden, KV, HIDDEN, bias=gpt)
+    params += _linear(f"{prefix}.attn.wo", hidden, hidden, HIDDEN, HEADS_X_HEAD_DIM, bias=gpt)
+    params += _norm(f"{prefix}.norm2", hidden, bias=gpt)
+    if model.experts:
+        params += _moe_params(model, f"{prefix}.moe")
+        return params
+    params += _linear(f"{prefix}.mlp.w1", ffn, hidden, FFN, HIDDEN, bias=gpt)
+    params += _linear(f"{prefix}.mlp.w2", hidden, ffn, HIDDEN, FFN, bias=gpt)
+    if not gpt:  # SwiGLU: w2(silu(w1 x) * w3 x)
+        params += _linear(f"{prefix}.mlp.w3", ffn, hidden, FFN, HIDDEN, bias=False)
+    return params
+
+
+def _moe_params(model: ir.TransformerModel, prefix: str) -> list[Param]:
+    """Router plus grouped experts: one [experts, out, in] tensor per projection, no biases."""
+    experts, hidden, ffn = model.experts, model.hidden, model.ffn_hidden
+    module = f"{prefix}.experts"
+    params = _linear(f"{prefix}.router", experts, hidden, EXPERTS, HIDDEN, bias=False)
+    params.append(Param(f"{module}.w1", module, (experts, ffn, hidden), (EXPERTS, FFN, HIDDEN)))
+    params.append(Param(f"{module}.w2", module, (experts, hidden, ffn), (EXPERTS, HIDDEN, FFN)))
+    if model.kind == "llama":
+        params.append(Param(f"{module}.w3", module, (experts, ffn, hidden), (EXPERTS, FFN, HIDDEN)))
+    return params
+
+
+def kv_width(model: ir.TransformerModel) -> int:
+    """Output features of wk and wv: kv_heads · head_dim (GQA; = hidden for MHA)."""
+    return model.kv_heads * (model.hidden // model.heads)
+
+
+def transformer_block_flops(model: ir.TransformerModel) -> float:
+    """Forward FLOPs per token of one block, each matmul counted from its shapes.
+
+    Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters",
+    Sec. 5.1) count 24·b·s·h² + 4·b·s²·h per layer per batch for GPT (MHA, ffn = 4h); per token
+    that is 24·h² + 4·s·h, which these terms reproduce exactly for such a model.
+    """
+    hidden, seq, kv = model.hidden, model.seq, kv_width(model)
+    # q and o projections h·h each, k and v h·kv each (GQA shrinks kv); 2 FLOPs per multiply-add.
+    projections = 2 * (2 * hidden * hidden + 2 * hidden * kv)
+    # Q·Kᵀ and scores·V: 2·s·h each per token (Narayanan et al. 2021); full s², no causal halving.
+    attention = 4 * seq * hidden
+    # gpt: two h×ffn matmuls (GELU MLP); llama SwiGLU: three (gate, up, down).
+    matmuls = 2 if model.kind == "gpt" else 3
+    mlp = 2 * matmuls * hidden * model.ffn_hidden
+    if model.experts:
+        # Router h·E, then each token runs through top_k experts (Fedus et al. 2021, Switch).
+        mlp = 2 * hidden * model.experts + model.top_k * mlp
+    return float(projections + attention + mlp)
+
+
+# ---- other families -------------------------------------------------------------------
+def _mlp_layers(model: ir.MLPModel) -> tuple[Layer, ...]:
+    """Linear layers input -> hidden -> ... -> output, each with weight and bias."""
+    widths = [model.input] + [model.hidden] * (model.layers - 1) + [model.output]
+    layers = []
+    for index in range(model.layers):
+        in_features, out_features = widths[index], widths[index + 1]
+        in_dim = INPUT if index == 0 else HIDDEN
+        out_dim = OUTPUT if index == model.layers - 1 else HIDDEN
+        params = _linear(f"layers.{index}", out_features, in_features, out_dim, in_dim, bias=True)
+        # A Linear is one multiply-add per weight per token: 2·in·out FLOPs.
+        layers.append(_layer(f"layers.{index}", "block", params, 2 * in_features * out_features,
+                             out_features))
+    return tuple(layers)
+
+
+def _custom_layers(model: ir.CustomModel) -> tuple[Layer, ...]:
+    """One layer per authored layer; its parameters as one synthetic flat tensor."""
+    layers = []
+    for authored in model.layers:
+        params = ([Param(f"{authored.name}.weight", authored.name, (authored.params,), (OTHER,))]
+                  if authored.params else [])
+        layers.append(_layer(authored.name, "custom", params, authored.flops, authored.output))
+    return tuple(layers)

@@ -1,0 +1,174 @@
+"""Text -> syntax tree (plandsl.syntax.Module), or E1xx diagnostics.
+
+The lark LALR parser is built once per process from grammar/plan.lark (shipped as the
+package data `plandsl.grammar`). Syntax errors come back as `PlanError`, never as lark's
+own exceptions or terminal names.
+"""
+from __future__ import annotations
+
+import threading
+from functools import cache
+from importlib import resources
+
+from lark import Lark, Token
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+
+from plandsl.diagnostics import Diagnostic, PlanError, diag
+from plandsl.source import SourceFile
+from plandsl.syntax import Builder, Comment, Module
+
+MAX_BYTES = 2_000_000  # a plan is a page, not a data set; generated 10,000-layer plans are ~1 MB
+MAX_NESTING = 64       # brackets inside brackets
+
+_OPEN = {"LPAR": "RPAR", "LSQB": "RSQB", "LBRACE": "RBRACE"}
+_CLOSE = {v: k for k, v in _OPEN.items()}
+
+
+class _TooDeep(Exception):
+    def __init__(self, token: Token):
+        self.token = token
+
+
+class _PostLex:
+    """Drops newlines inside ( ) and [ ], where they only continue a line; guards nesting."""
+
+    always_accept = ("_NL",)
+
+    def process(self, stream):
+        stack: list[str] = []
+        previous = None
+        for token in stream:
+            kind = token.type
+            if kind == "_NL" and previous == "_NL":
+                continue  # a comment line between two newlines
+            if kind in _OPEN:
+                stack.append(kind)
+                if len(stack) > MAX_NESTING:
+                    raise _TooDeep(token)
+            elif kind in _CLOSE:
+                if stack and stack[-1] == _CLOSE[kind]:
+                    stack.pop()
+            elif kind == "_NL" and stack and stack[-1] != "LBRACE":
+                continue
+            previous = kind
+            yield token
+
+
+class _Parser:
+    def __init__(self) -> None:
+        grammar = resources.files("plandsl.grammar").joinpath("plan.lark").read_text(encoding="utf-8")
+        self.builder = Builder()
+        self.comments: list[Token] = []
+        self.lark = Lark(grammar, parser="lalr", lexer="contextual", postlex=_PostLex(),
+                         propagate_positions=True, maybe_placeholders=True,
+                         lexer_callbacks={"COMMENT": self.comments.append},
+                         cache=True)
+        self.lock = threading.Lock()
+
+    def parse(self, source: SourceFile) -> Module:
+        with self.lock:
+            self.builder.file = source.path
+            self.comments.clear()
+            try:
+                module = self.builder.transform(self.lark.parse(source.text))
+            except VisitError as error:  # a bug of ours inside the transformer: unwrap it
+                raise error.orig_exc from None
+            comments = tuple(_comment(source, t) for t in self.comments)
+        return Module(module.file, module.items, comments, span=module.span)
+
+
+@cache
+def _parser() -> _Parser:
+    return _Parser()
+
+
+def terminal_names() -> dict[str, str]:
+    """lark terminal name -> how a person would name it in a message."""
+    names = {"NAME": "a name", "INT": "an integer", "FLOAT": "a number", "UNIT": "a unit",
+             "STRING": "a string", "ACTION": "an action like 0F1", "IDLE": "'_'",
+             "_NL": "a new line", "$END": "the end of the file", "CMP_OP": "a comparison",
+             "ONE_F_ONE_B": "a name", "COMMENT": "a comment"}
+    for terminal in _parser().lark.terminals:
+        if terminal.name not in names and terminal.pattern.type == "str":
+            names[terminal.name] = f"'{terminal.pattern.value}'"
+    return names
+
+
+def _comment(source: SourceFile, token: Token) -> Comment:
+    line_start = source.text.rfind("\n", 0, token.start_pos) + 1
+    own_line = source.text[line_start:token.start_pos].strip() == ""
+    return Comment(str(token), own_line, span=source.span(token.start_pos, token.end_pos))
+
+
+def parse_source(source: SourceFile) -> Module:
+    """Parse one source file; raises PlanError with one E1xx diagnostic on bad input."""
+    problem = _precheck(source)
+    if problem:
+        raise PlanError([problem], {source.path: source})
+    try:
+        return _parser().parse(source)
+    except _TooDeep as deep:
+        error = diag("E106", f"brackets nested more than {MAX_NESTING} deep",
+                     source.span(deep.token.start_pos, deep.token.end_pos),
+                     hint="split the expression with `let` definitions")
+    except UnexpectedInput as exc:
+        error = _syntax_error(source, exc)
+    except RecursionError:
+        error = diag("E106", "expression nested too deeply to parse", source.span(0, 1))
+    raise PlanError([error], {source.path: source})
+
+
+def _precheck(source: SourceFile) -> Diagnostic | None:
+    if len(source.text) > MAX_BYTES:
+        return diag("E106", f"file has {len(source.text):,} characters; a plan may have at most {MAX_BYTES:,}",
+                    source.span(0, 1), hint="is this really a .plan file?")
+    nul = source.text.find("\x00")
+    if nul != -1:
+        return diag("E105", "file contains a NUL byte: it is binary, not a plan",
+                    source.span(nul, nul + 1))
+    return None
+
+
+def decode(path: str, data: bytes) -> SourceFile:
+    """Bytes -> SourceFile, or PlanError E105 for bytes that are not UTF-8."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        prefix = data[:exc.start].decode("utf-8", errors="replace")
+        source = SourceFile(path, prefix + "\ufffd")
+        raise PlanError([diag("E105", f"byte 0x{data[exc.start]:02x} at offset {exc.start} is not UTF-8",
+                              source.span(len(prefix), len(prefix) + 1),
+                              hint="save the file as UTF-8")], {path: source}) from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    return SourceFile(path, text)
+
+
+def _syntax_error(source: SourceFile, exc: UnexpectedInput) -> Diagnostic:
+    names = terminal_names()
+    if isinstance(exc, UnexpectedCharacters):
+        char = source.text[exc.pos_in_stream] if exc.pos_in_stream < len(source.text) else ""
+        span = source.span(exc.pos_in_stream, exc.pos_in_stream + 1)
+        if char == '"':
+            return diag("E103", "string is not closed before the end of the line", span,
+                        hint='close it with " on the same line')
+        shown = repr(char) if char.isprintable() and char != " " else f"U+{ord(char):04X}" if char else "?"
+        return diag("E104", f"unexpected character {shown}", span, hint=_expected(exc, names))
+    if isinstance(exc, UnexpectedEOF) or (isinstance(exc, UnexpectedToken) and exc.token.type == "$END"):
+        return diag("E102", "the file ends in the middle of a statement", source.end_span(),
+                    hint=_expected(exc, names) or "is a '}' or ')' missing?")
+    assert isinstance(exc, UnexpectedToken)
+    token = exc.token
+    span = source.span(token.start_pos, token.end_pos) if token.start_pos is not None else source.end_span()
+    found = "a new line" if token.type == "_NL" else f"'{token}'"
+    return diag("E101", f"unexpected {found}", span, hint=_expected(exc, names))
+
+
+def _expected(exc: UnexpectedInput, names: dict[str, str]) -> str | None:
+    expected = getattr(exc, "expected", None) or getattr(exc, "allowed", None) or set()
+    shown = sorted({names.get(e, e.lower()) for e in expected if not e.startswith("__")})
+    if not shown:
+        return None
+    if len(shown) > 8:
+        shown = shown[:8] + ["..."]
+    return "expected " + ", ".join(shown)

@@ -1,0 +1,88 @@
+"""Source text and spans: where every node of a plan came from.
+
+`Span` is 1-based line/column with 0-based character offsets; `SourceFile` turns a
+span back into the source line with a caret under it.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A half-open region of one file: [start, end) in characters."""
+
+    file: str
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    start: int = 0
+    end: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+    def to(self, other: Span) -> Span:
+        """The span from the start of `self` to the end of `other`."""
+        return Span(self.file, self.line, self.column, other.end_line, other.end_column,
+                    self.start, other.end)
+
+
+NO_SPAN = Span("<unknown>", 0, 0, 0, 0)
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: str
+    text: str
+    _line_starts: list[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        starts = [0]
+        index = self.text.find("\n")
+        while index != -1:
+            starts.append(index + 1)
+            index = self.text.find("\n", index + 1)
+        object.__setattr__(self, "_line_starts", starts)
+
+    def line_text(self, line: int) -> str:
+        """The text of 1-based `line`, without its newline ('' when out of range)."""
+        if not 1 <= line <= len(self._line_starts):
+            return ""
+        start = self._line_starts[line - 1]
+        end = self.text.find("\n", start)
+        return self.text[start:] if end == -1 else self.text[start:end].rstrip("\r")
+
+    def position(self, offset: int) -> tuple[int, int]:
+        """1-based (line, column) of a 0-based character offset."""
+        offset = max(0, min(offset, len(self.text)))
+        line = bisect.bisect_right(self._line_starts, offset)
+        return line, offset - self._line_starts[line - 1] + 1
+
+    def span(self, start: int, end: int) -> Span:
+        line, column = self.position(start)
+        end_line, end_column = self.position(end)
+        return Span(self.path, line, column, end_line, end_column, start, end)
+
+    def end_span(self) -> Span:
+        """A one-character span at the end of the file (where EOF errors point)."""
+        return self.span(max(0, len(self.text) - 1), len(self.text))
+
+    def excerpt(self, span: Span, label: str = "") -> list[str]:
+        """The source line of `span` and a caret line under it, gutter included."""
+        text = self.line_text(span.line)
+        if not text and span.line == 0:
+            return []
+        shown = text.expandtabs(4)[:200]
+        width = 1
+        if span.end_line == span.line and span.end_column > span.column:
+            width = span.end_column - span.column
+        elif span.end_line > span.line:
+            width = max(1, len(text) - span.column + 1)
+        column = min(span.column, len(shown) + 1)
+        width = max(1, min(width, len(shown) - column + 1 if len(shown) >= column else 1))
+        gutter = len(str(span.line))
+        caret = " " * (column - 1) + "^" * width + (f" {label}" if label else "")
+        return [f"{' ' * gutter} |", f"{span.line} | {shown}", f"{' ' * gutter} | {caret}"]

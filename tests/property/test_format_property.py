@@ -1,0 +1,113 @@
+"""Property tests of plandsl.format: formatting round-trips the syntax tree and is a fixed point."""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from plandsl.format import format_module, format_source
+from plandsl.parser import parse_source
+from plandsl.source import SourceFile
+from plandsl.syntax import (Attr, BinOp, Binding, Bool, Call, Definition, DictExpr, DictItem, Float,
+                            Int, KwArg, ListExpr, Member, Module, Name, Quantity, Slice, Str,
+                            Subscript, Unary)
+
+SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+NAMES = ["a", "b", "tp", "dp", "layers", "weight_1", "_hidden", "a_rather_long_name_to_fill_lines"]
+UNITS = ["GiB", "GB/s", "TFLOP/s", "us", "ms", "B", "tok", "f2b", "f1b", "steps"]
+BINARY_OPERATORS = ["@", "or", "and", "==", "!=", "<", "<=", ">", ">=", "..", "x",
+                    "+", "-", "*", "/", "//", "%"]
+
+
+def _parse(text: str) -> Module:
+    return parse_source(SourceFile("p.plan", text))
+
+
+names = st.sampled_from(NAMES).map(Name)
+integers = st.integers(min_value=0, max_value=10**12).map(Int)
+floats = st.floats(min_value=0, max_value=1e20, allow_nan=False, allow_infinity=False).map(Float)
+quantities = st.builds(
+    lambda value, unit, adjacent: Quantity(value, unit, adjacent=adjacent),
+    st.one_of(st.integers(min_value=0, max_value=4096),
+              st.floats(min_value=0, max_value=1e6, allow_nan=False)),
+    st.sampled_from(UNITS), st.booleans())
+strings = st.text(alphabet=st.sampled_from(list('ab "\\\n\tzé#{}')), max_size=8).map(Str)
+leaves = st.one_of(names, integers, floats, quantities, strings, st.booleans().map(Bool))
+
+
+def _extend(children):
+    keys = st.sampled_from(NAMES + ["x", "true", "rank", "with space", "1f1b", ""])
+    return st.one_of(
+        st.builds(BinOp, st.sampled_from(BINARY_OPERATORS), children, children),
+        st.builds(Unary, st.sampled_from(["-", "not"]), children),
+        st.builds(Member, children, st.sampled_from(["name", "mlp", "3", "*"])),
+        st.builds(Subscript, children,
+                  st.one_of(children, st.builds(Slice, st.none() | children, st.none() | children))),
+        st.builds(lambda func, args, kwargs: Call(func, tuple(args), tuple(kwargs)), children,
+                  st.lists(children, max_size=3),
+                  st.lists(st.builds(KwArg, st.sampled_from(NAMES), children), max_size=2)),
+        st.lists(st.one_of(children, st.builds(Binding, st.sampled_from(NAMES), children)),
+                 max_size=4).map(lambda items: ListExpr(tuple(items))),
+        st.lists(st.builds(DictItem, keys, children), max_size=4).map(lambda items: DictExpr(tuple(items))),
+    )
+
+
+expressions = st.recursive(leaves, _extend, max_leaves=12)
+
+
+def _plan(expression) -> Module:
+    return Module("p.plan", (Definition("plan", "p", body=(Attr("x", expression),)),))
+
+
+@SETTINGS
+@given(expressions)
+def test_expressions_round_trip(expression):
+    module = _plan(expression)
+    text = format_module(module)
+    reparsed = _parse(text)
+    assert reparsed.items == module.items, text
+    assert format_module(reparsed) == text
+
+
+# ---- whole plans with comments in random places ----------------------------------------------
+attr_lines = st.builds(lambda name, value: f"{name} = {value}", st.sampled_from(NAMES),
+                       st.sampled_from(["1", "2 GiB", "f( a , b = 3 )", "(a - b) - c", "a x 8",
+                                        "{ k: 1, j: 2 }", "[dp = 2, tp = 4]", "{\n k: 1,\n j: [1, 2]\n}"]))
+comment_texts = st.sampled_from(["# note", "# TODO: more", "#", "# x = 1 {"])
+
+
+@st.composite
+def plans_with_comments(draw):
+    lines: list[str] = []
+    comments: list[str] = []
+
+    def maybe_comment(line: str) -> str:
+        choice = draw(st.integers(0, 3))
+        if choice == 1:
+            comments.append(draw(comment_texts))
+            return f"{line}  {comments[-1]}"
+        if choice == 2:
+            comments.append(draw(comment_texts))
+            lines.append(comments[-1])
+        return line
+
+    for index in range(draw(st.integers(1, 3))):
+        lines.append(maybe_comment(f"plan p{index} {{"))
+        for _ in range(draw(st.integers(0, 4))):
+            for piece in draw(attr_lines).split("\n"):
+                lines.append(maybe_comment("  " * draw(st.integers(0, 2)) + piece))
+            if draw(st.booleans()):
+                lines.append("")
+        lines.append(maybe_comment("}"))
+    return "\n".join(lines) + "\n"
+
+
+@SETTINGS
+@given(plans_with_comments())
+def test_comments_survive(text):
+    original = _parse(text)
+    formatted = format_source(SourceFile("p.plan", text))
+    reparsed = _parse(formatted)
+    assert reparsed.items == original.items
+    assert [c.text for c in reparsed.comments] == [c.text.rstrip() for c in original.comments]
+    assert format_source(SourceFile("p.plan", formatted)) == formatted

@@ -1,0 +1,172 @@
+"""Memory model: ZeRO's worked example, Korthikanti's activation table, in-flight microbatches."""
+import pytest
+
+from plandsl import ir
+from plandsl.cost.memory import (estimate_layer_activations, estimate_memory,
+                                 inflight_microbatches, optimizer_bytes_per_param)
+from plandsl.models import layers_of, param_count
+
+
+def cluster(devices):
+    device = ir.DeviceType(name="d", memory=80 * 2**30, bandwidth=2e12, peak={"bf16": 312e12})
+    node = ir.NodeType(name="n", device=device, devices=8,
+                       link=ir.Link(bandwidth=300e9, latency=2e-6))
+    return ir.Cluster(name="c", groups=(ir.NodeGroup(node=node, count=max(1, devices // 8)),))
+
+
+def plan(model, axes, *, data=None, tensor=None, stages=None, experts=None, context=None,
+         precision="bf16", recompute="none", optimizer="adam", micro_batch=1, global_batch=64):
+    mesh = ir.Mesh(axes=tuple(ir.Axis(name=n, size=s) for n, s in axes))
+    return ir.Plan(name="p", model=model, cluster=cluster(mesh.size), mesh=mesh,
+                   train=ir.Training(global_batch=global_batch, micro_batch=micro_batch,
+                                     precision=precision, recompute=recompute, optimizer=optimizer),
+                   data=data, tensor=tensor, stages=stages, experts=experts, context=context)
+
+
+GPT3 = ir.TransformerModel(kind="gpt", name="g", layers=96, hidden=12288, heads=96, kv_heads=96,
+                           ffn_hidden=4 * 12288, seq=2048, vocab=51200)
+GPT2_SMALL = ir.TransformerModel(kind="gpt", name="g", layers=12, hidden=768, heads=12,
+                                 kv_heads=12, ffn_hidden=3072, seq=1024, vocab=50257,
+                                 tied_embeddings=True)
+
+
+# ---- ZeRO (Rajbhandari et al. 2020, Figure 1: 7.5B params, N_d = 64, Adam, fp16) ------------
+@pytest.mark.parametrize("kind, gigabytes", [
+    ("replicate", 120.0), ("zero1", 31.4), ("zero2", 16.6), ("zero3", 1.9)])
+def test_zero_paper_example(kind, gigabytes):
+    model = ir.CustomModel(kind="custom", name="c", layers=(
+        ir.CustomLayer(name="all", params=7_500_000_000, flops=0, activations=0, output=1),))
+    p = plan(model, [("dp", 64)], data=ir.DataParallel(kind=kind, axes=("dp",)), precision="fp16")
+    [estimate] = estimate_memory(p, [layers_of(model)], [[0]], [1])
+    states = estimate.params + estimate.grads + estimate.optimizer
+    assert states / 1e9 == pytest.approx(gigabytes, rel=0.02)
+    assert estimate.activations == 0 and estimate.other == 0
+    assert estimate.to_json()["total"] == estimate.total == states
+
+
+def test_hsdp_shards_over_last_axis_only():
+    model = ir.CustomModel(kind="custom", name="c", layers=(
+        ir.CustomLayer(name="all", params=8_000, flops=0, activations=0, output=1),))
+    p = plan(model, [("replicas", 4), ("shard", 8)],
+             data=ir.DataParallel(kind="hsdp", axes=("replicas", "shard")))
+    [estimate] = estimate_memory(p, [layers_of(model)], [[0]], [1])
+    assert (estimate.params, estimate.grads, estimate.optimizer) == (2000, 2000, 12000)
+
+
+def test_optimizer_bytes():
+    assert optimizer_bytes_per_param(ir.Optimizer.adam, ir.Precision.bf16) == 12
+    assert optimizer_bytes_per_param(ir.Optimizer.adam, ir.Precision.fp32) == 8
+    assert optimizer_bytes_per_param(ir.Optimizer.sgd, ir.Precision.fp16) == 4
+    assert optimizer_bytes_per_param(ir.Optimizer.sgd, ir.Precision.fp32) == 0
+
+
+def test_tensor_parallel_shards_only_sharded_params():
+    t = 4
+    p = plan(GPT2_SMALL, [("tp", t)], tensor=ir.TensorParallel(axis="tp"))
+    [estimate] = estimate_memory(p, [layers_of(GPT2_SMALL)], [[0]], [0])
+    h, f, v, L = 768, 3072, 50257, 12
+    replicated = L * (4 * h + h + h) + 2 * h + 1024 * h  # norms, wo/w2 biases, final norm, positions
+    sharded = L * (4 * h * h + 3 * h + 2 * h * f + f) + v * h
+    assert replicated + sharded == param_count(GPT2_SMALL)
+    expected = replicated + sharded // t + (-(-v // t) * h - v * h // t)  # vocab rounds up
+    assert estimate.params == 2 * expected and estimate.optimizer == 12 * expected
+
+
+def test_expert_params_divided_by_ep():
+    model = ir.TransformerModel(kind="llama", name="m", layers=1, hidden=64, heads=4, kv_heads=4,
+                                ffn_hidden=128, seq=16, vocab=100, experts=8, top_k=2)
+    dense = plan(model, [("dp", 4)], data=ir.DataParallel(kind="replicate", axes=("dp",)))
+    split = plan(model, [("ep", 4)], experts=ir.ExpertParallel(axis="ep"))
+    [a] = estimate_memory(dense, [layers_of(model)], [[0]], [0])
+    [b] = estimate_memory(split, [layers_of(model)], [[0]], [0])
+    experts = 3 * 8 * 64 * 128
+    assert a.params - b.params == 2 * (experts - experts // 4)
+
+
+def test_pipeline_ranks_hold_their_layers_and_a_tied_head_copy():
+    layers = layers_of(GPT2_SMALL)
+    stage_layers = [layers[:7], layers[7:]]
+    p = plan(GPT2_SMALL, [("pp", 2)], stages=ir.Stages(axis="pp"))
+    first, last = estimate_memory(p, stage_layers, [[0], [1]], [2, 1])
+    embed = 50257 * 768
+    held = [sum(layer.param_count for layer in stage) for stage in stage_layers]
+    assert first.params == 2 * held[0]
+    assert last.params == 2 * (held[1] + embed)  # the tied head keeps its own copy
+
+
+# ---- activations (Korthikanti et al. 2022, Table 2) --------------------------------------
+S, B, H, A = 2048, 1, 12288, 96
+SBH = S * B * H
+
+
+@pytest.mark.parametrize("t, sequence_parallel, recompute, expected", [
+    (1, False, "none", SBH * (34 + 5 * A * S / H)),
+    (8, False, "none", SBH * (10 + 24 / 8 + 5 * A * S / (H * 8))),
+    (8, True, "none", SBH * (34 / 8 + 5 * A * S / (H * 8))),
+    (8, False, "selective", SBH * (10 + 24 / 8)),
+    (8, True, "selective", SBH * 34 / 8),
+    (8, False, "full", SBH * 2),
+    (8, True, "full", SBH * 2 / 8),
+])
+def test_korthikanti_per_layer(t, sequence_parallel, recompute, expected):
+    p = plan(GPT3, [("tp", t)], recompute=recompute,
+             tensor=ir.TensorParallel(axis="tp", sequence_parallel=sequence_parallel))
+    block = layers_of(GPT3)[1]
+    assert estimate_layer_activations(p, block, attention_matrix=True) == pytest.approx(expected, rel=1e-12)
+    # Fused attention (the default) stores no score matrix: the same as selective recompute.
+    if recompute == "none":
+        selective = plan(GPT3, [("tp", t)], recompute="selective",
+                         tensor=ir.TensorParallel(axis="tp", sequence_parallel=sequence_parallel))
+        assert estimate_layer_activations(p, block) == estimate_layer_activations(selective, block)
+
+
+def test_fp32_doubles_and_context_parallel_splits_sequence():
+    block = layers_of(GPT3)[1]
+    base = estimate_layer_activations(plan(GPT3, [("dp", 1)]), block)
+    assert estimate_layer_activations(plan(GPT3, [("dp", 1)], precision="fp32"), block) == 2 * base
+    cp = plan(GPT3, [("cp", 4)], context=ir.ContextParallel(axis="cp"))
+    assert estimate_layer_activations(cp, block) == base / 4
+
+
+def test_logits_and_inflight_scale():
+    layers = layers_of(GPT3)
+    p = plan(GPT3, [("tp", 8)], tensor=ir.TensorParallel(axis="tp"))
+    head = estimate_layer_activations(p, layers[-1])
+    assert head == 2 * SBH + 4 * S * B * 51200 / 8
+    one, three = (estimate_memory(p, [layers], [[0]], [n])[0] for n in (1, 3))
+    assert three.activations == pytest.approx(3 * one.activations)
+    assert one.params == three.params
+
+
+def test_full_recompute_adds_one_layer_working_set():
+    layers = layers_of(GPT3)
+    full = plan(GPT3, [("dp", 1)], recompute="full")
+    none = plan(GPT3, [("dp", 1)])
+    [estimate] = estimate_memory(full, [layers], [[0]], [1])
+    stored = sum(estimate_layer_activations(full, layer) for layer in layers)
+    working = estimate_layer_activations(none, layers[1]) - 2 * SBH
+    assert estimate.activations == pytest.approx(stored + working)
+
+
+# ---- in-flight microbatches --------------------------------------------------------------
+def test_inflight_1f1b_and_gpipe():
+    assert inflight_microbatches("1f1b", 4, 8, 1) == [4, 3, 2, 1]
+    assert inflight_microbatches("1f1b", 4, 2, 1) == [2, 2, 2, 1]
+    assert inflight_microbatches("zb_h1", 4, 8, 1) == [4, 3, 2, 1]
+    assert inflight_microbatches("no-such-schedule", 4, 8, 1) == [4, 3, 2, 1]
+    assert inflight_microbatches("gpipe", 4, 8, 1) == [8, 8, 8, 8]
+    assert inflight_microbatches("zb_h2", 4, 8, 1) == [7, 5, 3, 1]
+
+
+def test_inflight_interleaved_matches_megatron():
+    p, v = 4, 2
+    counts = inflight_microbatches("interleaved_1f1b", p, 16, v)
+    # Rank 0: p·(1 + (p-1)/(p·v)) = 5.5 full-rank microbatches (Korthikanti Sec. 4.2.3), rounded up.
+    assert counts == [6, 5, 4, 3]
+    assert inflight_microbatches("interleaved_1f1b", p, 16, 1) == [4, 3, 2, 1]
+    assert inflight_microbatches("interleaved_1f1b", p, 4, v) == [4, 4, 4, 3]
+
+
+def test_rank_count_mismatch_is_an_error():
+    with pytest.raises(ValueError, match="2 entries for 1 pipeline ranks"):
+        estimate_memory(plan(GPT3, [("dp", 1)]), [layers_of(GPT3)], [[0]], [1, 1])
