@@ -55,6 +55,13 @@ def format_text(text: str, path: str = "<string>") -> str:
     return format_module(parse(text, path))
 
 
+def format_bytes(data: bytes, path: str = "<string>") -> str:
+    """Canonical layout of a file's bytes; PlanError E105 when they are not UTF-8 text."""
+    from plandsl.format import format_module
+    from plandsl.parser import decode, parse_source
+    return format_module(parse_source(decode(path, data)))
+
+
 def schema() -> dict:
     """JSON Schema of the resolved IR (`plandsl show --json`)."""
     return ir.Document.model_json_schema()

@@ -122,7 +122,8 @@ def explain(code):
     if text is None:
         from plandsl.codes import CODES
         from plandsl.diagnostics import did_you_mean
-        click.echo(f"unknown code '{code}'; {did_you_mean(code.upper(), CODES, 'codes') or ''}", err=True)
+        suggestion = did_you_mean(code.upper(), CODES, "codes")
+        click.echo(f"unknown code '{code}'" + (f"; {suggestion}" if suggestion else "; see docs/errors.md"), err=True)
         sys.exit(2)
     click.echo(text)
 
@@ -137,16 +138,16 @@ def fmt(files, check_only):
     from plandsl.diagnostics import PlanError
     would_change = failed = False
     for file in files:
-        text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8", errors="surrogateescape")
+        data = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
         try:
-            formatted = api.format_text(text, "<stdin>" if file == "-" else file)
+            formatted = api.format_bytes(data, "<stdin>" if file == "-" else file)
         except PlanError as error:
             click.echo(str(error), err=True)
             failed = True
             continue
         if file == "-":
             click.echo(formatted, nl=False)
-        elif formatted != text:
+        elif formatted.encode("utf-8") != data:
             would_change = True
             if check_only:
                 click.echo(f"{file}: would reformat")

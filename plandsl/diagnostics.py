@@ -75,12 +75,14 @@ def render(d: Diagnostic, sources: Mapping[str, SourceFile]) -> str:
     source = sources.get(d.span.file)
     if source is not None:
         lines += source.excerpt(d.span)
+    pad = " " * (len(str(d.span.line)) + 1)
     if d.grid:
-        lines += ["   |"] + [f"   | {row}" for row in d.grid.splitlines()]
+        lines += [f"{pad}|"] + [f"{pad}| {row}" for row in d.grid.splitlines()]
     if d.hint:
-        lines.append(f"   = hint: {d.hint}")
+        lines.append(f"{pad}= hint: {d.hint}")
     for note in d.notes:
-        lines.append(f"   = note: {note.message}" + (f" at {note.span}" if note.span and note.span is not NO_SPAN else ""))
+        where = f" at {note.span}" if note.span and note.span is not NO_SPAN else ""
+        lines.append(f"{pad}= note: {note.message}{where}")
     return "\n".join(lines)
 
 
@@ -123,6 +125,8 @@ def nearest(name: str, options: Iterable[str]) -> str | None:
 def did_you_mean(name: str, options: Iterable[str], what: str = "") -> str | None:
     options = sorted(set(options))
     close = nearest(name, options)
+    if close and len(options) <= 6:
+        return f"did you mean '{close}'? ({what or 'expected one of'}: {', '.join(options)})"
     if close:
         return f"did you mean '{close}'?"
     if options and len(options) <= 12:

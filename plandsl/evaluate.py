@@ -15,7 +15,7 @@ from typing import Any, Callable
 from plandsl import syntax as s
 from plandsl.diagnostics import Diagnostic, Note, did_you_mean, diag
 from plandsl.source import Span
-from plandsl.units import Dimension, lookup, UNITS
+from plandsl.units import Dimension, lookup, suggest
 
 
 class Poison(Exception):
@@ -178,8 +178,10 @@ class Scope:
     def _eval_Quantity(self, e: s.Quantity):
         found = lookup(e.unit)
         if found is None:
+            close = suggest(e.unit)
             raise self.reporter.error("E204", f"unknown unit '{e.unit}'", e.span,
-                                      hint=did_you_mean(e.unit, UNITS, "units"))
+                                      hint=f"did you mean '{close}'?" if close else
+                                      "units: B KB MB GB KiB MiB GiB, B/s GB/s Gb/s, FLOP/s TFLOP/s, s ms us ns")
         dimension, factor = found
         return Q(float(f"{e.value * factor:.15g}"), dimension)  # 5 us is 5e-06, not 4.9999999999999996e-06
 
@@ -278,6 +280,12 @@ class Scope:
             raise self.unknown(value)
         raise self.reporter.error("E205", f"expected true or false, found {_describe(value)}", expr.span)
 
+    def text(self, expr: s.Expr) -> str:
+        """The source text of an expression (for messages that show the arithmetic)."""
+        if self.source is not None and expr.span.file == self.source.path and expr.span.end > expr.span.start:
+            return self.source.text[expr.span.start:expr.span.end]
+        return type(expr).__name__.lower()
+
     def unknown(self, word: Word) -> Poison:
         return self.reporter.error("E201", f"unknown name '{word.name}'", word.span,
                                    hint=did_you_mean(word.name, self.visible_names(), "names in scope"))
@@ -286,8 +294,8 @@ class Scope:
         value = self.number(self.eval(expr), expr)
         if isinstance(value, float):
             if not value.is_integer():
-                raise self.reporter.error("E211", f"{what} must be a whole number, but {_show_expr(expr)} = {value:g}",
-                                          expr.span)
+                raise self.reporter.error("E211", f"{what} must be a whole number, but `{self.text(expr)}` = {value:g}",
+                                          expr.span, hint="use `//` to round down, or change the numbers")
             value = int(value)
         if minimum is not None and value < minimum:
             raise self.reporter.error("E205", f"{what} must be at least {minimum}, found {value}", expr.span)
@@ -302,8 +310,10 @@ class Scope:
         if isinstance(value, Word):
             raise self.unknown(value)
         found = f"a {value.dimension.name} quantity" if isinstance(value, Q) else _describe(value)
+        hint = f"{what} is in {dimension.name}, like `{dimension.example}`" if isinstance(value, Q) else \
+            f"write it with a unit, like `{dimension.example}`"
         raise self.reporter.error("E203", f"{what} takes a {dimension.name} quantity, found {found}", expr.span,
-                                  hint=f"write it with a unit, like `{dimension.example}`")
+                                  hint=hint)
 
     def word(self, expr: s.Expr, options: tuple[str, ...] | dict, what: str) -> str:
         """A bare word from a fixed vocabulary (enum values are the surface syntax)."""
@@ -338,10 +348,6 @@ def _show(value: float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _show_expr(expr: s.Expr) -> str:
-    if isinstance(expr, s.Name):
-        return expr.id
-    return "the expression"
 
 
 def note_defined(what: str, span: Span | None) -> Note:

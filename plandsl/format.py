@@ -7,6 +7,7 @@ dicts and lists broken one item per line when a line would pass 100 columns.
 """
 from __future__ import annotations
 
+import bisect
 import re
 from typing import Sequence
 
@@ -19,6 +20,7 @@ from plandsl.syntax import (ActionStmt, Attr, BinOp, Binding, Block, Bool, Call,
 
 WIDTH = 100
 STEP = 2  # indentation per body
+MAX_BREAK_DEPTH = 100  # expression depth past which lines are not broken
 
 # Precedence, loosest first (grammar/plan.lark's expression rules).
 _BINARY_LEVEL = {"@": 1, "or": 2, "and": 3, "==": 5, "!=": 5, "<": 5, "<=": 5, ">": 5, ">=": 5,
@@ -147,37 +149,52 @@ def _parts(node: Node) -> list:
 
 
 def _flat(node: Node) -> str:
-    return "".join(part if isinstance(part, str) else _flat(part) for part in _parts(node))
+    """`node` on one line (iterative: left-deep chains of hundreds of operators are fine)."""
+    pieces: list[str] = []
+    stack: list = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            pieces.append(item)
+        else:
+            stack.extend(reversed(_parts(item)))
+    return "".join(pieces)
 
 
 def _has_container(node: Node) -> bool:
-    if isinstance(node, (ListExpr, DictExpr)) and node.items:
-        return True
-    return any(_has_container(part) for part in _parts(node) if not isinstance(part, str))
+    stack: list = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (ListExpr, DictExpr)) and item.items:
+            return True
+        stack.extend(part for part in _parts(item) if not isinstance(part, str))
+    return False
 
 
-def _render(node: Node, indent: int, column: int, tail: int = 0) -> str:
-    """`node` starting at `column` with `tail` characters after it; breaks containers to fit."""
+def _render(node: Node, indent: int, column: int, tail: int = 0, depth: int = 0) -> str:
+    """`node` starting at `column` with `tail` characters after it; breaks containers to fit.
+
+    Below MAX_BREAK_DEPTH nested nodes everything stays flat, so recursion stays bounded."""
     flat = _flat(node)
-    if column + len(flat) + tail <= WIDTH or not _has_container(node):
+    if column + len(flat) + tail <= WIDTH or depth > MAX_BREAK_DEPTH or not _has_container(node):
         return flat
     if isinstance(node, (ListExpr, DictExpr)):
         inner = indent + STEP
         opening, closing = ("[", "]") if isinstance(node, ListExpr) else ("{", "}")
         lines = [opening]
-        lines += [" " * inner + _render(item, inner, inner, 1) + "," for item in node.items]
+        lines += [" " * inner + _render(item, inner, inner, 1, depth + 1) + "," for item in node.items]
         return "\n".join(lines + [" " * indent + closing])
-    return _assemble(_parts(node), indent, column, tail)
+    return _assemble(_parts(node), indent, column, tail, depth + 1)
 
 
-def _assemble(parts: list, indent: int, column: int, tail: int = 0) -> str:
+def _assemble(parts: list, indent: int, column: int, tail: int = 0, depth: int = 0) -> str:
     flats = [part if isinstance(part, str) else _flat(part) for part in parts]
     text = ""
     for index, part in enumerate(parts):
         if isinstance(part, str):
             piece = part
         else:
-            piece = _render(part, indent, column, sum(map(len, flats[index + 1:])) + tail)
+            piece = _render(part, indent, column, sum(map(len, flats[index + 1:])) + tail, depth)
         text += piece
         column = len(piece) - piece.rfind("\n") - 1 if "\n" in piece else column + len(piece)
     return text
@@ -185,13 +202,9 @@ def _assemble(parts: list, indent: int, column: int, tail: int = 0) -> str:
 
 # ---- statements ------------------------------------------------------------------------------
 def _body_of(node: Node) -> tuple | None:
-    if isinstance(node, (Block, LayerDecl, For, On)):
-        return node.body
     if isinstance(node, If):
         return node.then
-    if isinstance(node, Definition):
-        return node.body
-    return None
+    return node.body if isinstance(node, (Block, LayerDecl, For, On, Definition)) else None
 
 
 def _header_end(node: Node) -> int:
@@ -280,7 +293,7 @@ def _statement(node: Node, comments: list[Comment], indent: int, name_width: int
         return (lines + [_open(head, then_header)] + then_lines + [_open(pad + "} else", else_header)]
                 + else_lines + [pad + "}"])
     body = _body_of(node)
-    if _fits_one_line(node, body, head):
+    if len(header) == 1 and _fits_one_line(node, body, head):
         return lines + [f"{head} {{ {_flat(body[0].call)} }}"]
     body_header, body_lines = _body(body, rest, indent + STEP)
     if not body_lines and body_header is None:
@@ -322,10 +335,12 @@ def _place(comments: list[Comment], children: Sequence[Node], allow_header: bool
     leading: list[list[Comment]] = [[] for _ in children]
     trailing: list[Comment | None] = [None] * len(children)
     end: list[Comment] = []
+    starts = [child.span.start for child in children]
+    ends = [child.span.end for child in children]  # children never overlap: sorted too
     for position, comment in enumerate(comments):
         start = comment.span.start
-        before = [i for i, child in enumerate(children) if child.span.end <= start]
-        previous = before[-1] if before else None
+        previous = bisect.bisect_right(ends, start) - 1
+        previous = previous if previous >= 0 else None
         if not comment.own_line:
             if (previous is not None and children[previous].span.end_line == comment.span.line
                     and trailing[previous] is None):
@@ -334,8 +349,8 @@ def _place(comments: list[Comment], children: Sequence[Node], allow_header: bool
             if previous is None and allow_header and position == 0:
                 header = comment
                 continue
-        following = [i for i, child in enumerate(children) if child.span.start > start]
-        (leading[following[0]] if following else end).append(comment)
+        following = bisect.bisect_right(starts, start)
+        (leading[following] if following < len(children) else end).append(comment)
     return header, leading, trailing, end
 
 
@@ -352,9 +367,13 @@ def _body(children: Sequence[Node], comments: list[Comment], indent: int, top: b
     """(comment after the opening brace, lines) of a body or of the whole module."""
     inner: list[list[Comment]] = [[] for _ in children]
     free: list[Comment] = []
+    starts = [child.span.start for child in children]
     for comment in comments:
-        owner = next((i for i, child in enumerate(children) if _inside(comment, child)), None)
-        (free if owner is None else inner[owner]).append(comment)
+        owner = bisect.bisect_right(starts, comment.span.start) - 1
+        if owner >= 0 and _inside(comment, children[owner]):
+            inner[owner].append(comment)
+        else:
+            free.append(comment)
     header, leading, trailing, end = _place(free, children, allow_header=not top)
 
     # units in output order: (first line, last line, comment or child index); blank lines between
@@ -387,23 +406,15 @@ def _body(children: Sequence[Node], comments: list[Comment], indent: int, top: b
 
 
 def _alignment(children: Sequence[Node], units: list, blank: list[bool]) -> list[int]:
-    """Name width of each attribute: the longest name in its run of attributes."""
-    runs: list[list[int]] = []
-    previous_child = None
-    broken = False
+    """Name width of each attribute: the longest name in its run (broken by blank lines)."""
+    runs: list[list[int]] = [[]]
     for k, (_, _, unit) in enumerate(units):
-        broken = broken or blank[k]
-        if isinstance(unit, Comment):
-            continue
-        if isinstance(children[unit], Attr):
-            if runs and previous_child is not None and previous_child + 1 == unit and runs[-1][-1] == previous_child and not broken:
-                runs[-1].append(unit)
-            else:
-                runs.append([unit])
-        previous_child, broken = unit, False
+        if blank[k]:
+            runs.append([])
+        if isinstance(unit, int):
+            (runs[-1].append(unit) if isinstance(children[unit], Attr) else runs.append([]))
     widths = [0] * len(children)
     for run in runs:
-        width = max(len(children[i].name) for i in run)
-        for i in run:
-            widths[i] = width
+        for index in run:
+            widths[index] = max(len(children[other].name) for other in run)
     return widths

@@ -21,6 +21,11 @@ IR_VERSION = 1
 class Node(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
     span: SkipJsonSchema[Optional[Span]] = Field(default=None, exclude=True, repr=False)
+    field_spans: SkipJsonSchema[dict[str, Span]] = Field(default_factory=dict, exclude=True, repr=False)
+
+    def span_of(self, name: str) -> Optional[Span]:
+        """Where field `name` was written, else where the node was."""
+        return self.field_spans.get(name, self.span)
 
 
 class Precision(str, Enum):

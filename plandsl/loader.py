@@ -102,7 +102,8 @@ class Loader:
             names = " -> ".join([k for k, _ in cycle] + [key])
             self.diagnostics.append(diag(
                 "E209", f"import cycle: {names}", item.span,
-                hint="move the shared definitions into a file that both import",
+                hint="a file cannot import itself: remove this line" if len(cycle) == 1 else
+                "move the shared definitions into a file that both import",
                 notes=[Note(f"{k} imports \"{imp.path}\"", imp.span) for k, imp in cycle[:-1]]))
             return None
         if key in self.modules:

@@ -77,11 +77,11 @@ def lower_plan(lowering: "Lowering", scope: Scope, d: s.Definition) -> ir.Plan:
     elif "stages" in found:
         attempt("stages", stages_clause, scope, found["stages"].value, m)
     elif m.axis("pp"):
-        fields["stages"] = ir.Stages(axis="pp")
+        fields["stages"] = ir.Stages(axis="pp", span=m.axis("pp").span)
     if "schedule" in found:
         attempt("schedule", schedule_ref, scope, found["schedule"].value)
     elif fields.get("stages") is not None:
-        fields["schedule"] = ir.ScheduleRef(name="1f1b")
+        fields["schedule"] = ir.ScheduleRef(name="1f1b", span=fields["stages"].span)
     rules = []
     for stmt in d.body:
         if isinstance(stmt, s.ShardRule):
@@ -96,11 +96,13 @@ def lower_plan(lowering: "Lowering", scope: Scope, d: s.Definition) -> ir.Plan:
 
 
 def _default(key: str, m: ir.Mesh):
+    """The parallelism an axis's conventional name implies; it points at the axis in errors."""
     axis = DEFAULT_AXES[key]
-    return {"data": lambda: ir.DataParallel(kind="replicate", axes=(axis,)),
-            "tensor": lambda: ir.TensorParallel(axis=axis),
-            "context": lambda: ir.ContextParallel(axis=axis),
-            "experts": lambda: ir.ExpertParallel(axis=axis)}[key]()
+    span = m.axis(axis).span
+    return {"data": lambda: ir.DataParallel(kind="replicate", axes=(axis,), span=span),
+            "tensor": lambda: ir.TensorParallel(axis=axis, span=span),
+            "context": lambda: ir.ContextParallel(axis=axis, span=span),
+            "experts": lambda: ir.ExpertParallel(axis=axis, span=span)}[key]()
 
 
 # ---- mesh and training ----------------------------------------------------------------
@@ -193,14 +195,15 @@ def training(scope: Scope, expr: s.Expr) -> ir.Training:
             failed = True
     if failed:
         raise Poison()
-    return build(scope, ir.Training, expr.span, **values)
+    return build(scope, ir.Training, expr.span, field_spans={k: item.span for k, item in items.items()}, **values)
 
 
 # ---- parallelisms ------------------------------------------------------------------------
-def axis_names(scope: Scope, expr: s.Expr | None, m: ir.Mesh, what: str) -> tuple[str, ...]:
+def axis_names(scope: Scope, expr: s.Expr | None, m: ir.Mesh, what: str, span=None) -> tuple[str, ...]:
     """`over tp` or `over [dp, fsdp]`: names of mesh axes (E302 for unknown, E303 for repeats)."""
     if expr is None:
-        raise scope.reporter.error("E306", f"{what} needs the mesh axis it runs over", None)
+        raise scope.reporter.error("E306", f"{what} needs the mesh axis it runs over", span,
+                                   hint=f"add `over <axis>`; the mesh has {', '.join(a.name for a in m.axes)}")
     target, _ = scope.deref(expr)
     items = target.items if isinstance(target, s.ListExpr) else (target,)
     names: list[str] = []
@@ -241,7 +244,7 @@ def data_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.DataParallel | N
     _options(scope, options, (), "data")
     if kind == "none":
         return None
-    axes = axis_names(scope, over, m, f"data parallel '{kind}'")
+    axes = axis_names(scope, over, m, f"data parallel '{kind}'", expr.span)
     if kind == "hsdp" and len(axes) != 2:
         raise scope.reporter.error("E205", f"hsdp runs over two axes, [replicate, shard]; found {len(axes)}",
                                    (over or expr).span, hint="data = hsdp over [dp_replicate, dp_shard]")
@@ -254,7 +257,7 @@ def tensor_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.TensorParallel
     found = _options(scope, options, ("sequence_parallel",), "tensor")
     if style == "none":
         return None
-    (axis,) = axis_names(scope, over, m, "tensor parallel")[:1]
+    (axis,) = axis_names(scope, over, m, "tensor parallel", expr.span)[:1]
     sp = "sequence_parallel" in found and (found["sequence_parallel"].value is None or
                                            scope.truth(scope.eval(found["sequence_parallel"].value), found["sequence_parallel"].value))
     return ir.TensorParallel(style=style, axis=axis, sequence_parallel=sp, span=expr.span)
@@ -266,7 +269,7 @@ def context_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ContextParall
     _options(scope, options, (), "context")
     if kind == "none":
         return None
-    return ir.ContextParallel(kind=kind, axis=axis_names(scope, over, m, "context parallel")[0], span=expr.span)
+    return ir.ContextParallel(kind=kind, axis=axis_names(scope, over, m, "context parallel", expr.span)[0], span=expr.span)
 
 
 def expert_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ExpertParallel | None:
@@ -275,7 +278,7 @@ def expert_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ExpertParallel
     _options(scope, options, (), "experts")
     if kind == "none":
         return None
-    return ir.ExpertParallel(kind=kind, axis=axis_names(scope, over, m, "expert parallel")[0], span=expr.span)
+    return ir.ExpertParallel(kind=kind, axis=axis_names(scope, over, m, "expert parallel", expr.span)[0], span=expr.span)
 
 
 # ---- stages and schedules -----------------------------------------------------------------
@@ -290,7 +293,7 @@ def stages_clause(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.Stages:
     subject, over, options = _clause(scope, expr)
     scope.word(subject, ("evenly",), "stage split")
     found = _options(scope, options, ("virtual", "map"), "stages")
-    (axis,) = axis_names(scope, over, m, "stages")[:1]
+    (axis,) = axis_names(scope, over, m, "stages", expr.span)[:1]
     virtual = scope.integer(found["virtual"].value, "virtual", minimum=1) if "virtual" in found else 1
     mapping = rank_map(scope, found["map"].value) if "map" in found else "loop"
     return ir.Stages(axis=axis, mode="evenly", virtual=virtual, rank_map=mapping, span=expr.span)
@@ -418,7 +421,7 @@ def shard_rule(scope: Scope, stmt: s.ShardRule, m: ir.Mesh) -> ir.ShardRule:
     subject, over, options = _clause(scope, value)
     if isinstance(subject, s.Name) and subject.id in STYLES:
         _options(scope, options, (), "shard")
-        axis = axis_names(scope, over, m, f"'{subject.id}'")[0] if subject.id != "replicate" else None
+        axis = axis_names(scope, over, m, f"'{subject.id}'", value.span)[0] if subject.id != "replicate" else None
         return ir.ShardRule(target=target, style=subject.id, axis=axis, span=stmt.span)
     return ir.ShardRule(target=target, params=(ir.ParamRule(param="*", placements=placements(inner, value, m),
                                                             span=value.span),), span=stmt.span)

@@ -6,7 +6,9 @@ its torch modules (`embed.tok`, `layers.3.attn.wq`, `layers.3.moe.experts`, `nor
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import weakref
 import math
 from dataclasses import dataclass
 
@@ -51,13 +53,22 @@ class Layer:
     param_count: int
     flops_per_token: float  # forward, 2 FLOPs per multiply-add
     output_width: int  # elements per token handed to the next layer
+    activation_bytes_per_token: float = 0.0  # authored figure of a custom layer (built-ins derive theirs)
+
+
+_BY_ID: dict[int, tuple[weakref.ref, tuple[Layer, ...]]] = {}
 
 
 def layers_of(model: ir.Model) -> tuple[Layer, ...]:
     """The model's top-level layers in execution order."""
-    # Keyed on the JSON dump: spans are left out of it, and it copes with unhashable fields
-    # (a custom model's factory_args dict) that would defeat hashing the model itself.
-    return _catalogue(model.model_dump_json())
+    # Memoised per model object (the IR is frozen), then on the JSON dump so that equal
+    # models share one catalogue; the dump copes with unhashable fields (factory_args).
+    found = _BY_ID.get(id(model))
+    if found is not None and found[0]() is model:
+        return found[1]
+    layers = _catalogue(model.model_dump_json())
+    _BY_ID[id(model)] = (weakref.ref(model, lambda _, key=id(model): _BY_ID.pop(key, None)), layers)
+    return layers
 
 
 def modules_of(model: ir.Model) -> tuple[str, ...]:
@@ -205,5 +216,6 @@ def _custom_layers(model: ir.CustomModel) -> tuple[Layer, ...]:
     for authored in model.layers:
         params = ([Param(f"{authored.name}.weight", authored.name, (authored.params,), (OTHER,))]
                   if authored.params else [])
-        layers.append(_layer(authored.name, "custom", params, authored.flops, authored.output))
+        layer = _layer(authored.name, "custom", params, authored.flops, authored.output)
+        layers.append(dataclasses.replace(layer, activation_bytes_per_token=authored.activations))
     return tuple(layers)

@@ -13,7 +13,7 @@ from importlib import resources
 from lark import Lark, Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
-from plandsl.diagnostics import Diagnostic, PlanError, diag
+from plandsl.diagnostics import Diagnostic, Note, PlanError, diag
 from plandsl.source import SourceFile
 from plandsl.syntax import Builder, Comment, Module
 
@@ -144,6 +144,18 @@ def decode(path: str, data: bytes) -> SourceFile:
     return SourceFile(path, text)
 
 
+_CHARACTER_HINTS = {
+    "\u00d7": "write `x` for repetition, like `8 x a100_80g`",
+    "'": 'strings use double quotes: "text"',
+    "\u00b5": "write `us` for microseconds",
+    "\u2212": "use the ASCII minus '-'",
+    "\u201c": 'use ASCII double quotes "',
+    "\u201d": 'use ASCII double quotes "',
+    "\t": "tabs are fine as spacing; this one is inside a token",
+    "$": "plans have no `$` variables: write the parameter's name",
+}
+
+
 def _syntax_error(source: SourceFile, exc: UnexpectedInput) -> Diagnostic:
     names = terminal_names()
     if isinstance(exc, UnexpectedCharacters):
@@ -153,22 +165,76 @@ def _syntax_error(source: SourceFile, exc: UnexpectedInput) -> Diagnostic:
             return diag("E103", "string is not closed before the end of the line", span,
                         hint='close it with " on the same line')
         shown = repr(char) if char.isprintable() and char != " " else f"U+{ord(char):04X}" if char else "?"
-        return diag("E104", f"unexpected character {shown}", span, hint=_expected(exc, names))
+        return diag("E104", f"unexpected character {shown}", span, hint=_CHARACTER_HINTS.get(
+            char, "plans use letters, digits, _ and the operators + - * / // % @ .. x = : , ; ( ) [ ] { } #"))
     if isinstance(exc, UnexpectedEOF) or (isinstance(exc, UnexpectedToken) and exc.token.type == "$END"):
+        unclosed = _unclosed(source.text)
+        notes = [Note(f"'{source.text[unclosed]}' opened here is never closed", source.span(unclosed, unclosed + 1))] \
+            if unclosed is not None else []
         return diag("E102", "the file ends in the middle of a statement", source.end_span(),
-                    hint=_expected(exc, names) or "is a '}' or ')' missing?")
+                    hint=_expected(exc, names) or "is a '}' or ')' missing?", notes=notes)
     assert isinstance(exc, UnexpectedToken)
     token = exc.token
     span = source.span(token.start_pos, token.end_pos) if token.start_pos is not None else source.end_span()
     found = "a new line" if token.type == "_NL" else f"'{token}'"
-    return diag("E101", f"unexpected {found}", span, hint=_expected(exc, names))
+    hint = _missing_comma(source, token, set(exc.expected or ())) or _expected(exc, names)
+    return diag("E101", f"unexpected {found}", span, hint=hint)
+
+
+_VALUE_STARTS = {"NAME", "INT", "FLOAT", "STRING", "LPAR", "LSQB", "LBRACE", "MINUS", "NOT", "TRUE", "FALSE",
+                 "ONE_F_ONE_B"}
+_OPERATORS = {"PLUS", "MINUS", "STAR", "SLASH", "__ANON_SLASH", "PERCENT", "AT", "DOT", "CMP_OP", "X", "OR", "AND",
+              "UNIT"}
 
 
 def _expected(exc: UnexpectedInput, names: dict[str, str]) -> str | None:
-    expected = getattr(exc, "expected", None) or getattr(exc, "allowed", None) or set()
-    shown = sorted({names.get(e, e.lower()) for e in expected if not e.startswith("__")})
+    """The expected terminals in a person's words: closers first, then 'a value' or 'an operator'."""
+    expected = set(getattr(exc, "expected", None) or getattr(exc, "allowed", None) or ())
+    shown: list[str] = []
+    if expected & _VALUE_STARTS and len(expected & _VALUE_STARTS) > 2:
+        shown.append("a value")
+        expected -= _VALUE_STARTS
+    operators = {e for e in expected if e in _OPERATORS or names.get(e, "").strip("'") in
+                 ("+", "-", "*", "/", "//", "%", "@", ".", "..", "x", "or", "and", "(", "[")}
+    if len(operators) > 2:
+        expected -= operators
+        shown.append("an operator")
+    rest = sorted(names.get(e, e.lower()) for e in expected if not e.startswith("__ANON") or e in names)
+    words = [w for w in rest if not w.startswith("'")] + [w for w in rest if w.startswith("'")]
+    shown = [w for w in words if w not in ("a new line",)] + shown + (["a new line"] if "a new line" in words else [])
     if not shown:
         return None
-    if len(shown) > 8:
-        shown = shown[:8] + ["..."]
-    return "expected " + ", ".join(shown)
+    return "expected " + ", ".join(shown[:7]) + (", ..." if len(shown) > 7 else "")
+
+
+def _unclosed(text: str) -> int | None:
+    """Offset of the innermost bracket still open at the end of `text` (strings, comments skipped)."""
+    stack: list[int] = []
+    pairs = {")": "(", "]": "[", "}": "{"}
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "#":
+            end = text.find("\n", i)
+            i = n if end == -1 else end
+        elif ch == '"':
+            end = text.find('"', i + 1)
+            i = n if end == -1 else end + 1
+            continue
+        elif ch in "([{":
+            stack.append(i)
+        elif ch in pairs and stack and text[stack[-1]] == pairs[ch]:
+            stack.pop()
+        i += 1
+    return stack[-1] if stack else None
+
+
+def _missing_comma(source: SourceFile, token: Token, expected: set[str]) -> str | None:
+    """`[dp = 2 tp = 2]` lexes `2 tp` as a quantity: say what is probably missing."""
+    if "COMMA" not in expected:
+        return None
+    line_start = source.text.rfind("\n", 0, token.start_pos) + 1
+    before = source.text[line_start:token.start_pos].rstrip().split()
+    if len(before) >= 2 and before[-2][:1].isdigit() and before[-1].isidentifier():
+        return f"is a ',' missing before '{before[-1]}'?"
+    return None

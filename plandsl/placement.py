@@ -7,6 +7,7 @@ Problems come back as diagnostics (E401-E404, E409, E410), never as exceptions.
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from plandsl import ir
@@ -32,8 +33,10 @@ class Assignment:
 
 def matches(selector: ir.Selector, name: str, prefix: bool = False) -> bool:
     """Does `selector` match the dotted `name` (or, with `prefix`, a module under it)?"""
-    components = name.split(".")
-    parts = selector.parts
+    return _match_components(selector.parts, name.split("."), prefix)
+
+
+def _match_components(parts, components: list[str], prefix: bool) -> bool:
     if len(components) < len(parts) or (not prefix and len(components) != len(parts)):
         return False
     for part, component in zip(parts, components):
@@ -49,6 +52,56 @@ def matches(selector: ir.Selector, name: str, prefix: bool = False) -> bool:
             if index < part.lo or (part.hi is not None and index >= part.hi):
                 return False
     return True
+
+
+class NameIndex:
+    """Dotted names (layers or modules) in order, for fast selector lookups."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.position = {name: i for i, name in enumerate(names)}
+        self._sorted: list[tuple[str, int]] | None = None
+        self._keys: list[str] = []
+
+    def select(self, selector: ir.Selector, prefix: bool = False) -> list[int]:
+        """Positions of the names `selector` matches, in order."""
+        parts = selector.parts
+        if not prefix and all(p.kind == "name" for p in parts):
+            found = self.position.get(".".join(p.name for p in parts))
+            return [] if found is None else [found]
+        last = parts[-1]
+        if not prefix and last.kind == "range" and last.hi is not None and all(p.kind == "name" for p in parts[:-1]):
+            head = ".".join(p.name for p in parts[:-1])
+            hits = (self.position.get(f"{head}.{i}" if head else str(i)) for i in range(last.lo, last.hi))
+            return sorted(h for h in hits if h is not None)
+        candidates = self._candidates(parts)
+        return [i for i in candidates if _match_components(parts, self.names[i].split("."), prefix)]
+
+    def _candidates(self, parts) -> list[int]:
+        """Positions of names that start with the selector's literal head (names and closed ranges)."""
+        heads = [""]
+        for part in parts:
+            if part.kind == "name":
+                heads = [f"{h}.{part.name}" if h else part.name for h in heads]
+            elif part.kind == "range" and part.hi is not None and len(heads) * (part.hi - part.lo) <= 100_000:
+                heads = [f"{h}.{i}" if h else str(i) for h in heads for i in range(part.lo, part.hi)]
+            else:
+                break
+        if heads == [""]:
+            return list(range(len(self.names)))
+        if self._sorted is None:
+            self._sorted = sorted((name, i) for i, name in enumerate(self.names))
+            self._keys = [name for name, _ in self._sorted]
+        found: list[int] = []
+        for head in heads:
+            start = bisect.bisect_left(self._keys, head)
+            for name, i in self._sorted[start:]:
+                if name != head and not name.startswith(head + "."):
+                    if not name.startswith(head):
+                        break
+                    continue
+                found.append(i)
+        return sorted(found)
 
 
 def precision(selector: ir.Selector) -> int:
@@ -84,11 +137,11 @@ def rank_map(stages: ir.Stages, pp: int) -> tuple[tuple[int, ...], list[Diagnost
     bad = sorted({r for r in mapping if r >= pp})
     if bad:
         problems.append(f"rank(s) {', '.join(map(str, bad))} do not exist with pp = {pp}")
-    for rank in range(pp):
-        held = mapping.count(rank)
-        if held != stages.virtual and not bad and len(mapping) == count:
-            problems.append(f"rank {rank} runs {held} stages, not virtual = {stages.virtual}")
-            break
+    if not bad and len(mapping) == count:
+        wrong = [f"rank {rank} runs {mapping.count(rank)}" for rank in range(pp) if mapping.count(rank) != stages.virtual]
+        if wrong:
+            problems.append(f"{', '.join(wrong)} (each must run virtual = {stages.virtual} stage"
+                            f"{'s' if stages.virtual > 1 else ''})")
     if problems:
         return (), [diag("E409", "invalid stage-to-rank map: " + "; ".join(problems), stages.span,
                          hint="each rank must run exactly `virtual` stages, e.g. V-shape [0, 1, 1, 0] for pp = 2")]
@@ -132,15 +185,15 @@ def _evenly(plan: ir.Plan, layers: list[Layer], count: int):
 def _explicit(plan: ir.Plan, layers: list[Layer], count: int):
     stages = plan.stages
     problems: list[Diagnostic] = []
-    index_of = {layer.name: i for i, layer in enumerate(layers)}
     owner: dict[str, tuple[int, ir.Selector]] = {}
     by_stage: dict[int, list[int]] = {}
     declared = 0
+    index = NameIndex([layer.name for layer in layers])
     for group in stages.groups:
         declared = max(declared, max(group.stages) + 1)
         chosen: list[int] = []
         for selector in group.selectors:
-            hits = [i for i, layer in enumerate(layers) if matches(selector, layer.name)]
+            hits = index.select(selector)
             if not hits:
                 problems.append(diag("E405", f"'{selector.text}' matches no layer of model '{plan.model.name}'",
                                      selector.span, hint=_layer_summary(layers)))
@@ -163,9 +216,11 @@ def _explicit(plan: ir.Plan, layers: list[Layer], count: int):
                              f"virtual({stages.virtual}) = {count}", stages.span,
                              hint=f"declare stages 0..{count} or change the '{stages.axis}' axis / virtual"))
     missing = [layer.name for layer in layers if layer.name not in owner]
-    if missing:
+    unmatched = any(d.code == "E405" for d in problems)  # those layers are missing because of it
+    if missing and not unmatched:
         problems.append(diag("E402", f"{len(missing)} layer(s) are on no stage: {_ranges(missing)}", stages.span,
-                             hint="add them to a stage, e.g. the last: `N: ..., " + missing[-1] + "`"))
+                             hint=f"add them to a stage, e.g. the last: `{max(declared - 1, 0)}: ..., "
+                             f"{_ranges(missing[-3:])}`"))
     for stage in range(declared):
         if not by_stage.get(stage):
             problems.append(diag("E403", f"stage {stage} holds no layer", _stage_span(stages, stage),

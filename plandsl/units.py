@@ -49,6 +49,24 @@ def lookup(unit: str) -> tuple[Dimension, float] | None:
     return UNITS.get(unit)
 
 
+_SYNONYMS = {"sec": "s", "secs": "s", "second": "s", "seconds": "s", "msec": "ms", "usec": "us", "nsec": "ns",
+             "GBps": "GB/s", "MBps": "MB/s", "TBps": "TB/s", "FLOPS": "FLOP/s", "flops": "FLOP/s",
+             "TFLOPS": "TFLOP/s", "TFLOPs": "TFLOP/s", "GFLOPS": "GFLOP/s", "PFLOPS": "PFLOP/s",
+             "Gbit/s": "Gb/s", "Gbits": "Gb", "bytes": "B", "byte": "B"}
+
+
+def suggest(unit: str) -> str | None:
+    """The unit someone writing `unit` most likely meant: synonyms, then case, then spelling."""
+    if unit in _SYNONYMS:
+        return _SYNONYMS[unit]
+    folded = [u for u in UNITS if u.lower() == unit.lower()]
+    if folded:
+        return folded[0] if len(folded) == 1 else next((u for u in folded if "i" in u), folded[0])
+    import difflib
+    close = difflib.get_close_matches(unit, list(UNITS), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def units_of(dimension: Dimension) -> list[str]:
     return [u for u, (d, _) in UNITS.items() if d == dimension]
 

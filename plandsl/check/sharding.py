@@ -7,7 +7,7 @@ from typing import Iterator
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, Note, diag
 from plandsl.models import layers_of
-from plandsl.placement import matches, precision
+from plandsl.placement import NameIndex, precision
 
 
 def _divisors(n: int, limit: int = 12) -> str:
@@ -57,11 +57,12 @@ def _check_rules(plan: ir.Plan) -> Iterator[Diagnostic]:
     for param in params:
         modules.setdefault(param.module, []).append(param)
     winners: dict[str, ir.ShardRule] = {}
+    index = NameIndex(list(modules))
     for rule in plan.shard:
-        hit = [m for m in modules if matches(rule.target, m, prefix=True)]
+        hit = [index.names[i] for i in index.select(rule.target, prefix=True)]
         if not hit:
             yield diag("E405", f"'{rule.target.text}' matches no module of model '{plan.model.name}'",
-                       rule.target.span, hint="modules look like " + ", ".join(list(modules)[:4]))
+                       rule.target.span, hint=_module_hint(rule.target.text, modules))
             continue
         for module in hit:
             other = winners.get(module)
@@ -102,3 +103,13 @@ def _check_param_rule(plan: ir.Plan, rule: ir.ShardRule, param_rule: ir.ParamRul
                 yield _not_divisible(f"dim {placement.dim} of '{param.name}'", extent, placement.axis, size,
                                      placement.span)
                 break
+
+
+def _module_hint(text: str, modules) -> str:
+    """The module patterns closest to a selector that matched nothing (`layers.*.mlp.w1`, ...)."""
+    import difflib
+    import re
+    patterns = list(dict.fromkeys(re.sub(r"\.\d+(?=\.|$)", ".*", m) for m in modules))
+    wanted = re.sub(r"\[[^]]*\]|\.\d+(?=\.|$)", ".*", text)
+    close = difflib.get_close_matches(wanted, patterns, n=4, cutoff=0.4) or patterns[:4]
+    return "modules look like " + ", ".join(close)

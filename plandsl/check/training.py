@@ -18,7 +18,7 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
         lower = train.global_batch // per_step * per_step
         options = [b for b in (lower, lower + per_step) if b > 0]
         yield diag("E501", f"global batch {train.global_batch} is not divisible by {axes} * micro_batch("
-                   f"{train.micro_batch}) = {per_step}", train.span,
+                   f"{train.micro_batch}) = {per_step}", train.span_of("global_batch"),
                    hint=f"global_batch in {{{', '.join(map(str, options))}}} works with this layout")
     if plan.stages and plan.schedule and plan.schedule.name in BUILTIN and not train.global_batch % per_step:
         info = BUILTIN[plan.schedule.name]
@@ -37,7 +37,8 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
     for group in plan.cluster.groups:
         device = group.node.device
         if train.precision not in device.peak:
-            yield diag("E504", f"device '{device.name}' gives no peak for {train.precision.value}", train.span,
+            yield diag("E504", f"device '{device.name}' gives no peak for {train.precision.value}",
+                       train.span_of("precision"),
                        hint=f"its peaks: {', '.join(p.value for p in device.peak)}; add "
                        f"`{train.precision.value}: ... TFLOP/s` to its peak, or change precision")
             break

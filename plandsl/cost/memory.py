@@ -8,6 +8,7 @@ schedules' papers. Sharding follows Megatron-style defaults, not a plan's own `s
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
@@ -119,13 +120,19 @@ def local_numel(param: Param, tp: int, ep: int) -> int:
     `experts` dim over ep. Expert FFNs are split over tp as well (Megatron-Core's default expert
     tensor parallelism equals tp). Uneven splits round up: the worst coordinate.
     """
-    shape = list(param.shape)
-    sharded = next((i for i, role in enumerate(param.dims) if role in TENSOR_SHARDED_DIMS), None)
+    return _local_numel(param.shape, param.dims, tp, ep)
+
+
+@functools.lru_cache(maxsize=4096)
+def _local_numel(shape: tuple[int, ...], dims: tuple[str, ...], tp: int, ep: int) -> int:
+    # Memoised on the shape: the blocks of a model repeat the same few shapes thousands of times.
+    local = list(shape)
+    sharded = next((i for i, role in enumerate(dims) if role in TENSOR_SHARDED_DIMS), None)
     if sharded is not None:
-        shape[sharded] = -(-shape[sharded] // tp)
-    if _is_expert(param):
-        shape[0] = -(-shape[0] // ep)
-    return math.prod(shape)
+        local[sharded] = -(-local[sharded] // tp)
+    if len(dims) == 3 and dims[0] == EXPERTS:
+        local[0] = -(-local[0] // ep)
+    return math.prod(local)
 
 
 def _is_expert(param: Param) -> bool:
@@ -236,8 +243,7 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
     tokens = seq * plan.train.micro_batch
     precision = plan.train.precision
     if isinstance(model, ir.CustomModel):
-        authored = next((c for c in model.layers if c.name == layer.name), None)
-        return authored.activations * tokens if authored else 0.0  # authored bytes per token
+        return layer.activation_bytes_per_token * tokens  # authored bytes per token
     if isinstance(model, ir.MLPModel):
         # Each Linear keeps its input (weight gradient) and output (activation backward); with
         # full recompute only the input. Not tensor-parallel by default.

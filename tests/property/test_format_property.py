@@ -111,3 +111,46 @@ def test_comments_survive(text):
     assert reparsed.items == original.items
     assert [c.text for c in reparsed.comments] == [c.text.rstrip() for c in original.comments]
     assert format_source(SourceFile("p.plan", formatted)) == formatted
+
+
+@st.composite
+def schedules_with_comments(draw):
+    """A schedule of nested for / on / if-else bodies, a comment possibly on every line."""
+    lines: list[str] = []
+
+    def line(text: str) -> None:
+        choice = draw(st.integers(0, 3))
+        if choice == 2:
+            lines.append("# own line")
+        lines.append(f"{text}  # trailing" if choice == 1 else text)
+
+    def body(depth: int) -> None:
+        for _ in range(draw(st.integers(0, 3))):
+            kind = draw(st.sampled_from(["action", "let", "row", "for", "on", "if", "if-else"]
+                                        if depth < 3 else ["action", "let"]))
+            if kind == "action":
+                line(draw(st.sampled_from(["F(r, i)", "B(r, i); W(r, i)", "F(r, w + i)"])))
+            elif kind == "let":
+                line("let w = min(p - r - 1, m)")
+            elif kind == "row":
+                line("rank 0: 0F0 _ 0B0")
+            elif draw(st.booleans()) and kind in ("for", "on"):
+                line(f"{'for i in 0..m' if kind == 'for' else 'on rank 0'} {{ F(r, i) }}")
+            else:
+                line({"for": "for i in 0..m on rank r {", "on": "on rank r + 1 {"}.get(kind, "if r == 0 {"))
+                body(depth + 1)
+                if kind == "if-else":
+                    line("} else {")
+                    body(depth + 1)
+                line("}")
+
+    line("schedule s(p: ranks, m: microbatches) {")
+    body(0)
+    line("}")
+    return "\n".join(lines) + "\n"
+
+
+@SETTINGS
+@given(schedules_with_comments())
+def test_schedule_comments_survive(text):
+    test_comments_survive.hypothesis.inner_test(text)

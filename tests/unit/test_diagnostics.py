@@ -1,0 +1,186 @@
+"""Diagnostics end to end: the catalogue covers every code, every example produces its
+code (and its fix does not), rendered output matches tests/golden/diagnostics/, docs
+stay generated, the CLI explains and reports, and a file's problems come all at once."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from plandsl.analysis import analyze
+from plandsl.catalogue import ENTRIES, explain
+from plandsl.cli import main
+from plandsl.codes import CODES
+from plandsl.diagnostics import MAX_PER_FILE, render_all
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("make_errors_doc", ROOT / "tests" / "make_errors_doc.py")
+make_errors_doc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_errors_doc)
+run_example = make_errors_doc.run_example
+
+
+# ---- (a) the catalogue and the registry agree ------------------------------------------
+def test_every_code_has_an_entry_and_every_entry_a_code():
+    assert set(ENTRIES) == set(CODES)
+    for code, entry in ENTRIES.items():
+        assert entry.code == code
+        assert entry.title == CODES[code]
+        assert entry.explanation and entry.fix and entry.example.strip()
+
+
+# ---- (b) examples produce their code; fixes remove it ---------------------------------------
+@pytest.mark.parametrize("code", sorted(CODES))
+def test_example_produces_exactly_its_code(code):
+    analysis, _ = run_example(ENTRIES[code])
+    assert [d.code for d in analysis.diagnostics] == [code], \
+        f"{code}'s example should give one {code} and nothing else"
+
+
+@pytest.mark.parametrize("code", sorted(CODES))
+def test_fix_removes_the_problem(code):
+    entry = ENTRIES[code]
+    for old, _ in entry.edits:
+        assert entry.example.count(old) == 1, f"{code}: edit {old!r} must match the example exactly once"
+    assert entry.edits or entry.encoding != entry.fixed_encoding, f"{code}: the fix changes nothing"
+    analysis, rendered = run_example(entry, fixed=True)
+    assert analysis.diagnostics == [], f"{code}'s fix still has problems:\n{rendered}"
+
+
+# ---- (c) golden renderings ---------------------------------------------------------------------
+@pytest.mark.parametrize("code", sorted(CODES))
+def test_rendered_example_matches_golden(code, golden):
+    _, rendered = run_example(ENTRIES[code])
+    first = rendered.splitlines()[0]
+    assert re.match(rf"{re.escape(ENTRIES[code].file)}:\d+:\d+: (error|warning)\[{code}\]: ", first), first
+    assert "^" in rendered, "the rendering must show the source line with a caret under the span"
+    golden(f"diagnostics/{code}.txt", rendered + "\n")
+
+
+# ---- docs/errors.md is generated from the catalogue -----------------------------------------
+def test_errors_doc_is_up_to_date():
+    expected = make_errors_doc.render_errors_doc()
+    doc = ROOT / "docs" / "errors.md"
+    assert doc.exists() and doc.read_text(encoding="utf-8") == expected, \
+        "docs/errors.md is stale: run `python tests/make_errors_doc.py`"
+    for code in CODES:
+        assert f"### {code}: " in expected
+
+
+# ---- (d) plandsl explain -------------------------------------------------------------------------
+def test_explain_prints_the_entry():
+    result = CliRunner().invoke(main, ["explain", "E501"])
+    assert result.exit_code == 0, result.output
+    entry = ENTRIES["E501"]
+    assert result.output.startswith(f"E501: {CODES['E501']}\n")
+    assert result.output.rstrip("\n") == explain("E501")
+    for part in ("Example (example.plan):", "    plan p {", "Fix: ", "global_batch: 32", "same whole"):
+        assert part in result.output
+    assert entry.fix in result.output
+
+
+def test_explain_is_case_insensitive():
+    result = CliRunner().invoke(main, ["explain", "w302"])
+    assert result.exit_code == 0 and result.output.startswith("W302: ")
+
+
+def test_explain_unknown_code_is_a_usage_error():
+    result = CliRunner().invoke(main, ["explain", "E999"])
+    assert result.exit_code == 2
+    assert explain("E999") is None
+
+
+# ---- (e) JSON output -------------------------------------------------------------------------------
+THREE_MISTAKES = """\
+import "clusters/dgx_a100"
+param step_time = 2 sec
+plan p {
+  model   = gpt(layers=4, hidden=384, heads=6, seq=128, vocab=1024)
+  cluster = dgx_a100 x 1
+  mesh    = [dp = 2, tp = 4]
+  train   = { global_batch: 15, micro_batch: 1 }
+}
+"""
+
+
+def test_check_json_prints_one_object_per_line(tmp_path):
+    path = tmp_path / "bad.plan"
+    path.write_text(THREE_MISTAKES, encoding="utf-8")
+    result = CliRunner().invoke(main, ["check", "--format", "json", str(path)])
+    assert result.exit_code == 1
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 3
+    objects = [json.loads(line) for line in lines]
+    for obj in objects:
+        assert {"code", "severity", "message", "location", "hint", "notes"} <= set(obj)
+        assert obj["severity"] == "error"
+        assert isinstance(obj["notes"], list)
+    located = [o for o in objects if o["location"] is not None]
+    assert located, "at least the unit and batch errors have a location"
+    for obj in located:
+        assert {"file", "line", "column"} <= set(obj["location"])
+        assert obj["location"]["file"].endswith("bad.plan")
+    unit = next(o for o in objects if o["code"] == "E204")
+    assert unit["location"]["line"] == 2 and unit["location"]["column"] == 19
+    assert "'sec'" in unit["message"]
+
+
+# ---- (f) every problem at once, no follow-on noise -------------------------------------------------
+def test_independent_mistakes_are_all_reported_in_one_run():
+    analysis = analyze("three.plan", text=THREE_MISTAKES)
+    assert sorted(d.code for d in analysis.diagnostics) == ["E204", "E406", "E501"]
+    by_code = {d.code: d for d in analysis.diagnostics}
+    assert "heads (6)" in by_code["E406"].message and "'tp' (4)" in by_code["E406"].message
+    assert "global batch 15" in by_code["E501"].message
+
+
+def test_an_error_in_one_attribute_stops_later_checks_of_that_plan():
+    text = THREE_MISTAKES.replace("vocab=1024)", "vocab=1024, dropout=0.1)").replace("param step_time = 2 sec\n", "")
+    analysis = analyze("one.plan", text=text)
+    # the model is unknown, so neither the tp split of its heads nor anything else about it is judged
+    assert [d.code for d in analysis.diagnostics] == ["E212"]
+
+
+def test_a_broken_definition_is_reported_once_however_often_it_is_used():
+    text = """\
+device v100 {
+  memory    = 32 Gib
+  bandwidth = 900 GB/s
+  peak      = { fp32: 15.7 TFLOP/s, fp16: 125 TFLOP/s }
+}
+node dgx1 {
+  devices = 8 x v100
+  link    = { bandwidth: 150 GB/s }
+}
+plan a {
+  model = gpt(layers=4, hidden=256, heads=8, seq=128, vocab=1024)
+  cluster = dgx1 x 1
+  mesh = [dp = 8]
+  train = { global_batch: 16 }
+}
+plan b {
+  model = gpt(layers=4, hidden=256, heads=8, seq=128, vocab=1024)
+  cluster = dgx1 x 2
+  mesh = [dp = 16]
+  train = { global_batch: 17 }
+}
+"""
+    analysis = analyze("two.plan", text=text)
+    assert [d.code for d in analysis.diagnostics] == ["E204"]
+
+
+# ---- (g) at most 100 problems shown per file -------------------------------------------------------
+def test_more_than_100_problems_are_capped_with_a_count():
+    text = "".join(f"param p{i} = {i} foo\n" for i in range(120))
+    analysis = analyze("many.plan", text=text)
+    assert len(analysis.diagnostics) == 120
+    assert [d.code for d in analysis.diagnostics] == ["E204"] * 120
+    assert len({d.span.line for d in analysis.diagnostics}) == 120, "one diagnostic per line"
+    rendered = render_all(analysis.diagnostics, analysis.sources)
+    assert rendered.count("error[E204]") == MAX_PER_FILE == 100
+    assert "many.plan:100:" in rendered and "many.plan:101:" not in rendered
+    assert rendered.splitlines()[-1] == "many.plan: ... and 20 more problems not shown"
