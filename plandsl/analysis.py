@@ -13,6 +13,7 @@ from plandsl import ir
 from plandsl.check import check_plan
 from plandsl.diagnostics import Diagnostic, sort_key
 from plandsl.loader import Loader
+from plandsl.parser import deep_recursion
 from plandsl.lower import Lowering
 from plandsl.source import SourceFile
 
@@ -44,7 +45,8 @@ def analyze(path: str | None = None, text: str | None = None, params: dict[str, 
         return Analysis(key, None, sorted(diagnostics, key=sort_key), loader.sources)
     lowering = Lowering(loader.modules, params)
     try:
-        document = lowering.document(root)
+        with deep_recursion():
+            document = lowering.document(root)
     except RecursionError:
         from plandsl.diagnostics import diag
         lowering.diagnostics.append(diag("E106", "an expression is nested too deeply to evaluate", root.syntax.span))

@@ -157,5 +157,76 @@ def fmt(files, check_only):
     sys.exit(1 if failed or (check_only and would_change) else 0)
 
 
+@main.command()
+@click.argument("name")
+@click.option("--ranks", type=click.IntRange(min=1), help="Pipeline ranks.")
+@click.option("--microbatches", type=click.IntRange(min=1), help="Microbatches per step.")
+@click.option("--virtual", type=click.IntRange(min=1), help="Stages per rank (interleaved, V-shape).")
+@click.option("--format", "output_format", type=click.Choice(["text", "csv", "json", "plan"]), default="text",
+              help="text: the step x rank grid; csv: torch's compute-only CSV; plan: a table schedule.")
+@click.option("--simulate", "run_simulation", is_flag=True, help="Simulate it with --costs instead.")
+@click.option("--costs", help="Seconds per action, e.g. F=1,B=2 or F=1,I=1,W=1,P2P=0.1.")
+@click.option("--json", "as_json", is_flag=True, help="With --simulate: the figures as JSON.")
+@click.option("--trace", type=click.Path(dir_okay=False), help="With --simulate: write a Chrome/Perfetto trace.")
+def schedule(name, ranks, microbatches, virtual, output_format, run_simulation, costs, as_json, trace):
+    """Print schedule NAME (a built-in, FILE.csv or FILE.plan:NAME) for the given sizes."""
+    from plandsl.diagnostics import PlanError
+    from plandsl.schedules import resolve
+    try:
+        found = resolve.load_schedule(name, ranks, microbatches, virtual)
+        if run_simulation:
+            _simulated(found, resolve.parse_costs(costs), as_json, trace, memory_in_bytes=False)
+            return
+    except PlanError as error:
+        _fail(error)
+    writers = {"text": resolve.to_text, "csv": resolve.to_torch_csv, "plan": resolve.to_plan,
+               "json": lambda s: json.dumps(resolve.to_json(s), indent=1)}
+    click.echo(writers[output_format](found).rstrip("\n"))
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--plan", "plan_name", help="The plan of the file to simulate.")
+@click.option("--costs", help="Seconds per action instead of the plan's cost model, e.g. F=1,B=2,P2P=0.1.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome/Perfetto trace with real durations.")
+@param_option
+def simulate(file, plan_name, costs, as_json, trace, params):
+    """Simulate the pipeline schedule of a plan: makespan, bubbles, memory per rank."""
+    from plandsl import api
+    from plandsl.diagnostics import PlanError
+    from plandsl.schedules.resolve import parse_costs
+    from plandsl.simulation import simulate_plan
+    try:
+        plan = api.load_plan(file, plan_name, _params(params))
+        schedule_, simulation = simulate_plan(plan, parse_costs(costs) if costs else None)
+    except PlanError as error:
+        _fail(error)
+    _emit_simulation(schedule_, simulation, as_json, trace, memory_in_bytes=True,
+                     unit="" if costs else " s")
+
+
+def _simulated(found, costs, as_json, trace, memory_in_bytes):
+    from plandsl.schedules.simulate import simulate as run
+    _emit_simulation(found, run(found, costs), as_json, trace, memory_in_bytes)
+
+
+def _emit_simulation(found, simulation, as_json, trace, memory_in_bytes, unit=""):
+    from plandsl.schedules.simulate import to_chrome_trace
+    from plandsl.simulation import report
+    if trace:
+        with open(trace, "w", encoding="utf-8") as handle:
+            json.dump(to_chrome_trace(simulation), handle)
+    click.echo(json.dumps(simulation.to_json(), indent=1) if as_json else report(found, simulation, unit, memory_in_bytes))
+    if simulation.deadlock is not None:
+        sys.exit(1)
+
+
+def _fail(error) -> None:
+    from plandsl.diagnostics import render_all
+    click.echo(render_all(error.diagnostics, error.sources), err=True)
+    sys.exit(1)
+
+
 if __name__ == "__main__":
     main()

@@ -54,7 +54,12 @@ CODES: dict[str, str] = {
     "E504": "precision not supported by the device",
     # E6xx: schedules
     "E601": "unknown schedule",
-    # (E602-E607: schedule validation, reserved for the schedules issue)
+    "E602": "action refers to a stage or microbatch that does not exist",
+    "E603": "missing action",
+    "E604": "duplicated action",
+    "E605": "action before the action it depends on",
+    "E606": "schedule deadlocks",
+    "E607": "stage on more than one rank",
     "E608": "schedule template error",
     # warnings
     "W201": "unused definition or parameter",

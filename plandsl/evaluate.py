@@ -114,15 +114,19 @@ class Scope:
     def deref(self, expr: s.Expr) -> tuple[s.Expr, "Scope"]:
         """Follow names bound by `let` to the expression they stand for."""
         scope = self
-        for _ in range(64):
-            if not isinstance(expr, s.Name) or expr.id in scope.locals:
-                return expr, scope
+        seen: set[tuple[str, str]] = set()
+        while isinstance(expr, s.Name) and expr.id not in scope.locals:
             found = scope.find(expr.id)
             if found is None or not isinstance(found[1], s.Let):
-                return expr, scope
+                break
+            key = (found[0].file, expr.id)
+            if key in seen:
+                raise self.reporter.error("E211", f"`let {expr.id}` refers to itself through other `let`s",
+                                          expr.span)
+            seen.add(key)
             found[0].used.add(expr.id)
             scope, expr = found[0], found[1].value
-        raise self.reporter.error("E211", "`let` definitions refer to each other in a cycle", expr.span)
+        return expr, scope
 
     # ---- evaluation --------------------------------------------------------------
     def name(self, expr: s.Name) -> Any:
@@ -158,7 +162,11 @@ class Scope:
         method = getattr(self, f"_eval_{type(expr).__name__}", None)
         if method is None:
             raise self.reporter.error("E205", "this expression has no value here", expr.span)
-        return method(expr)
+        try:
+            return method(expr)
+        except (OverflowError, ValueError) as error:  # 1e400, 10**400 / 3, ceil(inf)
+            raise self.reporter.error("E211", f"arithmetic out of range: {error}", expr.span,
+                                      hint="plans count devices, layers and bytes: keep numbers below 1e300") from None
 
     def _eval_Int(self, e: s.Int):
         return e.value
@@ -200,7 +208,7 @@ class Scope:
                 raise self.reporter.error("E205", f"{e.func.id}() takes numbers", e.span)
             try:
                 return MATH[e.func.id](*args)
-            except (TypeError, ValueError) as error:
+            except (TypeError, ValueError, OverflowError) as error:
                 raise self.reporter.error("E211", f"{e.func.id}(): {error}", e.span) from None
         return self.resolve_definition(self, e)
 
@@ -269,6 +277,9 @@ class Scope:
             if isinstance(value, Word):
                 raise self.unknown(value)
             raise self.reporter.error("E205", f"expected a number, found {_describe(value)}", expr.span)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.reporter.error("E211", f"number out of range ({value})", expr.span,
+                                      hint="plans count devices, layers and bytes: keep numbers below 1e300")
         return value
 
     def truth(self, value: Any, expr: s.Expr) -> bool:
@@ -290,7 +301,7 @@ class Scope:
         return self.reporter.error("E201", f"unknown name '{word.name}'", word.span,
                                    hint=did_you_mean(word.name, self.visible_names(), "names in scope"))
 
-    def integer(self, expr: s.Expr, what: str, minimum: int | None = None) -> int:
+    def integer(self, expr: s.Expr, what: str, minimum: int | None = None, maximum: int | None = None) -> int:
         value = self.number(self.eval(expr), expr)
         if isinstance(value, float):
             if not value.is_integer():
@@ -299,13 +310,18 @@ class Scope:
             value = int(value)
         if minimum is not None and value < minimum:
             raise self.reporter.error("E205", f"{what} must be at least {minimum}, found {value}", expr.span)
+        if maximum is not None and value > maximum:
+            raise self.reporter.error("E205", f"{what} must be at most {maximum:,}, found {value:,}", expr.span)
         return value
 
-    def quantity(self, expr: s.Expr, dimension: Dimension, what: str) -> float:
+    def quantity(self, expr: s.Expr, dimension: Dimension, what: str, allow_zero: bool = False) -> float:
         value = self.eval(expr)
         if isinstance(value, Q) and value.dimension == dimension:
-            if value.value <= 0:
-                raise self.reporter.error("E205", f"{what} must be positive", expr.span)
+            if not math.isfinite(value.value):
+                raise self.reporter.error("E211", f"{what} is out of range ({value.value})", expr.span)
+            if value.value < 0 or (value.value == 0 and not allow_zero):
+                raise self.reporter.error("E205", f"{what} must be {'zero or more' if allow_zero else 'positive'}",
+                                          expr.span)
             return value.value
         if isinstance(value, Word):
             raise self.unknown(value)

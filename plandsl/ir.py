@@ -16,6 +16,10 @@ from pydantic.json_schema import SkipJsonSchema
 from plandsl.source import Span
 
 IR_VERSION = 1
+# Bounds that keep checking fast on any input; far beyond today's largest clusters (~100k GPUs).
+MAX_NODES = 131_072
+MAX_MESH_DEVICES = 1_048_576
+MAX_STAGES = 100_000
 
 
 class Node(BaseModel):
@@ -65,14 +69,14 @@ class DeviceType(Node):
 class NodeType(Node):
     name: str
     device: DeviceType
-    devices: int = Field(gt=0, description="devices per node")
+    devices: int = Field(gt=0, le=1024, description="devices per node")
     link: Link = Field(description="intra-node link, per device")
     nic: Optional[Link] = Field(default=None, description="inter-node injection, per node")
 
 
 class NodeGroup(Node):
     node: NodeType
-    count: int = Field(gt=0)
+    count: int = Field(gt=0, le=MAX_NODES)
 
 
 class Cluster(Node):
@@ -102,7 +106,7 @@ class TransformerModel(Node):
     """A decoder-only transformer: `gpt(...)` (MHA, GELU MLP 4h) or `llama(...)` (GQA, SwiGLU)."""
     kind: Literal["gpt", "llama"]
     name: str
-    layers: int = Field(gt=0)
+    layers: int = Field(gt=0, le=100_000)
     hidden: int = Field(gt=0)
     heads: int = Field(gt=0)
     kv_heads: int = Field(gt=0, description="key/value heads (GQA); = heads for MHA")
@@ -117,7 +121,7 @@ class TransformerModel(Node):
 class MLPModel(Node):
     kind: Literal["mlp"]
     name: str
-    layers: int = Field(gt=0)
+    layers: int = Field(gt=0, le=100_000)
     hidden: int = Field(gt=0)
     input: int = Field(gt=0)
     output: int = Field(gt=0)
@@ -156,7 +160,7 @@ class Mesh(Node):
     order); `part` is True when the plan chose that range (`over devices[0:16]`).
     """
     axes: tuple[Axis, ...]
-    first_device: int = Field(default=0, ge=0)
+    first_device: int = Field(default=0, ge=0, le=MAX_NODES * 1024)
     part: Optional[int] = Field(default=None, description="devices claimed by `over devices[a:b]` / `over nodes[a:b]`")
 
     @property
@@ -236,7 +240,7 @@ class StageGroup(Node):
 class Stages(Node):
     axis: str = "pp"
     mode: Literal["evenly", "explicit"] = "evenly"
-    virtual: int = Field(default=1, gt=0, description="stages per pipeline rank")
+    virtual: int = Field(default=1, gt=0, le=1024, description="stages per pipeline rank")
     rank_map: Union[Literal["loop", "vshape"], tuple[int, ...]] = "loop"
     groups: tuple[StageGroup, ...] = ()
 
@@ -260,9 +264,6 @@ class ShardRule(Node):
     params: tuple[ParamRule, ...] = ()
 
 
-class ScheduleRef(Node):
-    name: str
-    options: dict[str, Union[int, float, str, bool]] = Field(default_factory=dict)
 
 
 class ScheduleDef(Node):
@@ -274,6 +275,15 @@ class ScheduleDef(Node):
     rows: tuple[tuple[str, ...], ...] = Field(default=(), description="table: actions per rank, '_' idle")
     source: str = Field(default="", description="template: its text")
     syntax: SkipJsonSchema[Optional[Any]] = Field(default=None, exclude=True, repr=False)
+    scope: SkipJsonSchema[Optional[Any]] = Field(default=None, exclude=True, repr=False,
+                                                description="the file scope its template evaluates in")
+
+
+class ScheduleRef(Node):
+    """The plan's schedule: a built-in by name, or a schedule written in the language."""
+    name: str
+    options: dict[str, Union[int, float, str, bool]] = Field(default_factory=dict)
+    definition: Optional[ScheduleDef] = Field(default=None, description="a written schedule; None for built-ins")
 
 
 class Plan(Node):

@@ -51,7 +51,8 @@ class Loader:
         return self._load(self._key(Path(path)), data, ())
 
     def load_text(self, text: str, path: str = "<string>") -> Loaded | None:
-        return self._load(path, text.encode("utf-8"), ())
+        # surrogatepass keeps a lone surrogate as bytes that decode() then reports as E105
+        return self._load(path, text.encode("utf-8", errors="surrogatepass"), ())
 
     @staticmethod
     def _key(path: Path) -> str:

@@ -70,7 +70,7 @@ def dict_items(scope: Scope, expr: s.Expr, allowed: dict[str, bool], what: str) 
     return found
 
 
-def build(scope: Scope, cls, span, **fields):
+def build(scope: Scope, cls, span, /, **fields):
     """Construct an IR node; a validator's complaint becomes E205 at `span`."""
     try:
         return cls(span=span, **fields)
@@ -160,7 +160,8 @@ class Lowering:
     def link(self, scope: Scope, expr: s.Expr, what: str) -> ir.Link:
         items = dict_items(scope, expr, {"bandwidth": True, "latency": False}, what)
         bandwidth = scope.quantity(items["bandwidth"].value, BANDWIDTH, f"{what} bandwidth")
-        latency = scope.quantity(items["latency"].value, TIME, f"{what} latency") if "latency" in items else 0.0
+        latency = scope.quantity(items["latency"].value, TIME, f"{what} latency", allow_zero=True) \
+            if "latency" in items else 0.0
         return build(scope, ir.Link, expr.span, bandwidth=bandwidth, latency=latency)
 
     def _node(self, scope: Scope, d: s.Definition) -> ir.NodeType:
@@ -254,7 +255,8 @@ class Lowering:
                 buckets[node.kind].append(self.resolve(scope, node))
             except Poison:
                 pass
-        if not any(d.is_error for d in self.diagnostics):
+        if scope.definitions and any(d.kind == "plan" for d in scope.definitions.values()) \
+                and not any(d.is_error for d in self.diagnostics):  # a file without plans is a library
             for name, node in {**scope.params, **scope.lets}.items():
                 if name not in scope.used:
                     kind = "parameter" if isinstance(node, s.Param) else "definition"

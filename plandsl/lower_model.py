@@ -205,15 +205,33 @@ def schedule_def(scope: Scope, d: s.Definition) -> ir.ScheduleDef:
     if rows:
         by_rank = {}
         for row in rows:
+            if row.rank >= ir.MAX_STAGES:
+                raise scope.reporter.error("E205", f"rank {row.rank:,}: a table has at most {ir.MAX_STAGES:,} ranks",
+                                           row.span)
             if row.rank in by_rank:
                 scope.reporter.error("E202", f"rank {row.rank} has two rows", row.span)
             by_rank[row.rank] = row.cells
         count = max(by_rank) + 1
         return build(scope, ir.ScheduleDef, d.span, name=d.name, kind="table", sizes=sizes,
-                     rows=tuple(by_rank.get(r, ()) for r in range(count)))
-    source = _source_text(scope, d)
+                     rows=tuple(by_rank.get(r, ()) for r in range(count)), syntax=d, scope=scope)
+    _mark_used(scope, d.body)
     return build(scope, ir.ScheduleDef, d.span, name=d.name, kind="template", sizes=sizes,
-                 variables=variables, source=source)
+                 variables=variables, source=_source_text(scope, d), syntax=d, scope=scope)
+
+
+def _mark_used(scope: Scope, body) -> None:
+    """Names a template's body uses count as used (W201), though they are evaluated only later."""
+    stack = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, s.Name):
+            found = scope.find(node.id)
+            if found is not None:
+                found[0].used.add(node.id)
+        elif isinstance(node, s.Node):
+            stack.extend(getattr(node, name) for name in node.__dataclass_fields__ if name != "span")
+        elif isinstance(node, tuple):
+            stack.extend(node)
 
 
 def _source_text(scope: Scope, d: s.Definition) -> str:

@@ -31,6 +31,7 @@ TENSOR_STYLES = ("megatron", "none")
 CONTEXT_KINDS = ("ring", "allgather", "none")
 EXPERT_KINDS = ("alltoall", "none")
 STYLES = ("colwise", "rowwise", "sequence", "replicate")
+MAX_LAYERS = 100_000
 DEFAULT_AXES = {"data": "dp", "tensor": "tp", "context": "cp", "experts": "ep", "stages": "pp"}
 
 
@@ -142,6 +143,12 @@ def mesh(scope: Scope, expr: s.Expr, cluster: ir.Cluster | None = None) -> ir.Me
         axes.append(ir.Axis(name=item.name, size=size, span=item.span))
     if failed:
         raise Poison()
+    total = 1
+    for axis in axes:
+        total *= axis.size
+    if total > ir.MAX_MESH_DEVICES:
+        raise scope.reporter.error("E301", f"the mesh has {total:,} devices; plandsl plans meshes of at most "
+                                   f"{ir.MAX_MESH_DEVICES:,}", expr.span)
     return ir.Mesh(axes=tuple(axes), first_device=first, part=part, span=expr.span)
 
 
@@ -204,7 +211,8 @@ def axis_names(scope: Scope, expr: s.Expr | None, m: ir.Mesh, what: str, span=No
     if expr is None:
         raise scope.reporter.error("E306", f"{what} needs the mesh axis it runs over", span,
                                    hint=f"add `over <axis>`; the mesh has {', '.join(a.name for a in m.axes)}")
-    target, _ = scope.deref(expr)
+    # An axis's own name wins over a `let` of the same name: `over tp` means the mesh axis.
+    target = expr if isinstance(expr, s.Name) and m.axis(expr.id) else scope.deref(expr)[0]
     items = target.items if isinstance(target, s.ListExpr) else (target,)
     names: list[str] = []
     for item in items:
@@ -218,6 +226,15 @@ def axis_names(scope: Scope, expr: s.Expr | None, m: ir.Mesh, what: str, span=No
             raise scope.reporter.error("E303", f"axis '{item.id}' is used twice in {what}", item.span)
         names.append(item.id)
     return tuple(names)
+
+
+def one_axis(scope: Scope, expr: s.Expr | None, m: ir.Mesh, what: str, span) -> str:
+    """`over tp`: exactly one mesh axis."""
+    names = axis_names(scope, expr, m, what, span)
+    if len(names) != 1:
+        raise scope.reporter.error("E205", f"{what} runs over one mesh axis, not {len(names)}", expr.span,
+                                   hint=f"fold them into one axis, e.g. `over {names[-1]}`")
+    return names[0]
 
 
 def _clause(scope: Scope, expr: s.Expr) -> tuple[s.Expr, s.Expr | None, tuple[s.WithItem, ...]]:
@@ -257,7 +274,7 @@ def tensor_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.TensorParallel
     found = _options(scope, options, ("sequence_parallel",), "tensor")
     if style == "none":
         return None
-    (axis,) = axis_names(scope, over, m, "tensor parallel", expr.span)[:1]
+    axis = one_axis(scope, over, m, "tensor parallel", expr.span)
     sp = "sequence_parallel" in found and (found["sequence_parallel"].value is None or
                                            scope.truth(scope.eval(found["sequence_parallel"].value), found["sequence_parallel"].value))
     return ir.TensorParallel(style=style, axis=axis, sequence_parallel=sp, span=expr.span)
@@ -269,7 +286,7 @@ def context_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ContextParall
     _options(scope, options, (), "context")
     if kind == "none":
         return None
-    return ir.ContextParallel(kind=kind, axis=axis_names(scope, over, m, "context parallel", expr.span)[0], span=expr.span)
+    return ir.ContextParallel(kind=kind, axis=one_axis(scope, over, m, "context parallel", expr.span), span=expr.span)
 
 
 def expert_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ExpertParallel | None:
@@ -278,7 +295,7 @@ def expert_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ExpertParallel
     _options(scope, options, (), "experts")
     if kind == "none":
         return None
-    return ir.ExpertParallel(kind=kind, axis=axis_names(scope, over, m, "expert parallel", expr.span)[0], span=expr.span)
+    return ir.ExpertParallel(kind=kind, axis=one_axis(scope, over, m, "expert parallel", expr.span), span=expr.span)
 
 
 # ---- stages and schedules -----------------------------------------------------------------
@@ -293,8 +310,8 @@ def stages_clause(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.Stages:
     subject, over, options = _clause(scope, expr)
     scope.word(subject, ("evenly",), "stage split")
     found = _options(scope, options, ("virtual", "map"), "stages")
-    (axis,) = axis_names(scope, over, m, "stages", expr.span)[:1]
-    virtual = scope.integer(found["virtual"].value, "virtual", minimum=1) if "virtual" in found else 1
+    axis = one_axis(scope, over, m, "stages", expr.span)
+    virtual = scope.integer(found["virtual"].value, "virtual", minimum=1, maximum=1024) if "virtual" in found else 1
     mapping = rank_map(scope, found["map"].value) if "map" in found else "loop"
     return ir.Stages(axis=axis, mode="evenly", virtual=virtual, rank_map=mapping, span=expr.span)
 
@@ -302,11 +319,11 @@ def stages_clause(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.Stages:
 def stages_block(scope: Scope, block: s.Block, m: ir.Mesh) -> ir.Stages:
     from plandsl.lower import attributes
     found = attributes(scope, block.body, {"axis": False, "virtual": False, "map": False}, "stages")
-    axis = axis_names(scope, found["axis"].value, m, "stages")[0] if "axis" in found else "pp"
+    axis = one_axis(scope, found["axis"].value, m, "stages", block.name_span) if "axis" in found else "pp"
     if m.axis(axis) is None:
         raise scope.reporter.error("E302", f"stages run over axis '{axis}', which the mesh does not have",
                                    block.name_span, hint="add `pp = <stages>` to the mesh or `axis = <name>` here")
-    virtual = scope.integer(found["virtual"].value, "virtual", minimum=1) if "virtual" in found else 1
+    virtual = scope.integer(found["virtual"].value, "virtual", minimum=1, maximum=1024) if "virtual" in found else 1
     mapping = rank_map(scope, found["map"].value) if "map" in found else "loop"
     groups = []
     for entry in block.body:
@@ -314,13 +331,14 @@ def stages_block(scope: Scope, block: s.Block, m: ir.Mesh) -> ir.Stages:
             continue
         key, inner = scope.deref(entry.key)
         if isinstance(key, s.BinOp) and key.op == "..":
-            first, end = inner.integer(key.left, "stage", minimum=0), inner.integer(key.right, "stage", minimum=0)
+            first = inner.integer(key.left, "stage", minimum=0, maximum=ir.MAX_STAGES)
+            end = inner.integer(key.right, "stage", minimum=0, maximum=ir.MAX_STAGES)
             if end <= first:
                 raise scope.reporter.error("E205", f"stage range {first}..{end} is empty (ranges leave out their end)",
                                            key.span, hint=f"{first}..{first + 1} is stage {first} alone")
             stages = tuple(range(first, end))
         else:
-            stages = (inner.integer(key, "stage", minimum=0),)
+            stages = (inner.integer(key, "stage", minimum=0, maximum=ir.MAX_STAGES),)
         groups.append(ir.StageGroup(stages=stages, selectors=tuple(selector(scope, v) for v in entry.values),
                                     span=entry.span))
     if not groups:
@@ -346,8 +364,8 @@ def schedule_ref(scope: Scope, expr: s.Expr) -> ir.ScheduleRef:
         raise scope.reporter.error("E205", "schedule takes a schedule's name, like `1f1b`", expr.span)
     found = inner.find(target.id)
     if found is not None and isinstance(found[1], s.Definition) and found[1].kind == "schedule":
-        inner.eval(target)  # lowers (and checks) the user's schedule
-        return ir.ScheduleRef(name=target.id, options=options, span=expr.span)
+        definition = inner.eval(target)  # lowers the user's schedule; the checker instantiates it
+        return ir.ScheduleRef(name=target.id, options=options, definition=definition, span=expr.span)
     if target.id not in BUILTIN:
         user = [n for n, d in inner.definitions.items() if d.kind == "schedule"]
         raise scope.reporter.error("E601", f"unknown schedule '{target.id}'", target.span,
@@ -406,8 +424,10 @@ def layer_names(scope: Scope, expr: s.Expr) -> list[str]:
         if part.kind == "any" or (part.kind == "range" and part.hi is None):
             raise scope.reporter.error("E205", "a layer declaration names its layers exactly: no `*` or open ranges",
                                        expr.span)
-        pieces = [part.name] if part.kind == "name" else [str(i) for i in range(part.lo, part.hi)]
+        pieces = [part.name] if part.kind == "name" else [str(i) for i in range(part.lo, min(part.hi, part.lo + MAX_LAYERS + 1))]
         names = [f"{n}.{p}" if n else p for n in names for p in pieces]
+        if len(names) > MAX_LAYERS:
+            raise scope.reporter.error("E205", f"a model may declare at most {MAX_LAYERS:,} layers", expr.span)
     return names
 
 
@@ -421,7 +441,7 @@ def shard_rule(scope: Scope, stmt: s.ShardRule, m: ir.Mesh) -> ir.ShardRule:
     subject, over, options = _clause(scope, value)
     if isinstance(subject, s.Name) and subject.id in STYLES:
         _options(scope, options, (), "shard")
-        axis = axis_names(scope, over, m, f"'{subject.id}'", value.span)[0] if subject.id != "replicate" else None
+        axis = one_axis(scope, over, m, f"'{subject.id}'", value.span) if subject.id != "replicate" else None
         return ir.ShardRule(target=target, style=subject.id, axis=axis, span=stmt.span)
     return ir.ShardRule(target=target, params=(ir.ParamRule(param="*", placements=placements(inner, value, m),
                                                             span=value.span),), span=stmt.span)
@@ -440,7 +460,7 @@ def placements(scope: Scope, expr: s.Expr, m: ir.Mesh) -> tuple[ir.Placement, ..
             raise scope.reporter.error("E408", "a placement is `Shard(dim) @ axis`, `Replicate @ axis` or "
                                        "`Partial @ axis`", item.span)
         kind, dim = _placement_kind(inner, item.left)
-        (axis,) = axis_names(inner, item.right, m, "a placement")
+        axis = one_axis(inner, item.right, m, "a placement", item.span)
         if axis in seen:
             raise scope.reporter.error("E303", f"axis '{axis}' is used twice in one sharding", item.right.span,
                                        notes=[Note("first used", seen[axis].span)],

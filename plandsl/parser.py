@@ -6,6 +6,8 @@ own exceptions or terminal names.
 """
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
 from functools import cache
 from importlib import resources
@@ -15,7 +17,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from plandsl.diagnostics import Diagnostic, Note, PlanError, diag
 from plandsl.source import SourceFile
-from plandsl.syntax import Builder, Comment, Module
+from plandsl.syntax import MAX_DIGITS, Builder, Comment, LiteralTooLong, Module
 
 MAX_BYTES = 2_000_000  # a plan is a page, not a data set; generated 10,000-layer plans are ~1 MB
 MAX_NESTING = 64       # brackets inside brackets
@@ -54,6 +56,20 @@ class _PostLex:
             yield token
 
 
+RECURSION_LIMIT = 12_000  # a flat `1 + 1 + ...` nests one level per term in the tree
+
+
+@contextlib.contextmanager
+def deep_recursion():
+    """Room for long operator chains while trees are built and evaluated (restored after)."""
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, RECURSION_LIMIT))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old)
+
+
 class _Parser:
     def __init__(self) -> None:
         grammar = resources.files("plandsl.grammar").joinpath("plan.lark").read_text(encoding="utf-8")
@@ -70,8 +86,9 @@ class _Parser:
             self.builder.file = source.path
             self.comments.clear()
             try:
-                module = self.builder.transform(self.lark.parse(source.text))
-            except VisitError as error:  # a bug of ours inside the transformer: unwrap it
+                with deep_recursion():
+                    module = self.builder.transform(self.lark.parse(source.text))
+            except VisitError as error:  # raised inside the transformer: unwrap it
                 raise error.orig_exc from None
             comments = tuple(_comment(source, t) for t in self.comments)
         return Module(module.file, module.items, comments, span=module.span)
@@ -107,6 +124,10 @@ def parse_source(source: SourceFile) -> Module:
         raise PlanError([problem], {source.path: source})
     try:
         return _parser().parse(source)
+    except LiteralTooLong as long:
+        token = long.token
+        error = diag("E106", f"a number with {len(str(token))} digits; plans allow at most {MAX_DIGITS}",
+                     source.span(token.start_pos, token.end_pos))
     except _TooDeep as deep:
         error = diag("E106", f"brackets nested more than {MAX_NESTING} deep",
                      source.span(deep.token.start_pos, deep.token.end_pos),
@@ -114,7 +135,9 @@ def parse_source(source: SourceFile) -> Module:
     except UnexpectedInput as exc:
         error = _syntax_error(source, exc)
     except RecursionError:
-        error = diag("E106", "expression nested too deeply to parse", source.span(0, 1))
+        error = diag("E106", "an expression is too long or nested too deeply to parse "
+                     f"(more than about {RECURSION_LIMIT // 3:,} operators in a row)", source.span(0, 1),
+                     hint="split it with `let` definitions")
     raise PlanError([error], {source.path: source})
 
 

@@ -193,7 +193,8 @@ def _explicit(plan: ir.Plan, layers: list[Layer], count: int):
         declared = max(declared, max(group.stages) + 1)
         chosen: list[int] = []
         for selector in group.selectors:
-            hits = index.select(selector)
+            # `layers` alone names the container: every layer under it
+            hits = index.select(selector) or index.select(selector, prefix=True)
             if not hits:
                 problems.append(diag("E405", f"'{selector.text}' matches no layer of model '{plan.model.name}'",
                                      selector.span, hint=_layer_summary(layers)))
@@ -211,6 +212,10 @@ def _explicit(plan: ir.Plan, layers: list[Layer], count: int):
         chosen.sort()
         for stage, part in zip(group.stages, split_evenly(chosen, len(group.stages))):
             by_stage.setdefault(stage, []).extend(part)
+    if declared > len(layers):
+        return None, problems + [diag("E403", f"the stages block declares {declared:,} stages for {len(layers):,} "
+                                      "layers: some stages would be empty", stages.span,
+                                      hint=f"declare at most {len(layers)} stages")]
     if declared != count:
         problems.append(diag("E404", f"the stages block declares {declared} stages, but pp({plan.pp}) x "
                              f"virtual({stages.virtual}) = {count}", stages.span,
@@ -221,10 +226,12 @@ def _explicit(plan: ir.Plan, layers: list[Layer], count: int):
         problems.append(diag("E402", f"{len(missing)} layer(s) are on no stage: {_ranges(missing)}", stages.span,
                              hint=f"add them to a stage, e.g. the last: `{max(declared - 1, 0)}: ..., "
                              f"{_ranges(missing[-3:])}`"))
-    for stage in range(declared):
-        if not by_stage.get(stage):
-            problems.append(diag("E403", f"stage {stage} holds no layer", _stage_span(stages, stage),
-                                 hint="give it layers, or declare fewer stages"))
+    empty = [stage for stage in range(declared) if not by_stage.get(stage)]
+    if empty:
+        shown = _ranges([f"stages.{s}" for s in empty]).replace("stages.", "").replace("stages", "")
+        problems.append(diag("E403", f"stage{'s' if len(empty) > 1 else ''} {shown} hold{'' if len(empty) > 1 else 's'} "
+                             "no layer", _stage_span(stages, empty[0]),
+                             hint=f"give {'them' if len(empty) > 1 else 'it'} layers, or declare fewer stages"))
     order = [sorted(by_stage.get(s, [])) for s in range(declared)]
     flat = [i for stage in order for i in stage]
     if not problems and flat != sorted(flat):

@@ -267,6 +267,15 @@ class Module(Node):
 
 
 # ---- the transformer -------------------------------------------------------------------
+MAX_DIGITS = 300  # no plan counts past 1e300; Python refuses to parse past 4300 digits anyway
+
+
+class LiteralTooLong(Exception):
+    """An integer literal with more than MAX_DIGITS digits (the parser turns it into E106)."""
+
+    def __init__(self, token: Token):
+        self.token = token
+
 def _tok(token: Token) -> str:
     return str(token)
 
@@ -439,7 +448,10 @@ class Builder(Transformer):
         return KwArg(_tok(c[0]), c[1], span=self._span(meta))
 
     def int(self, meta, c):
-        return Int(int(str(c[0]).replace("_", "")), span=self._span(meta))
+        digits = str(c[0]).replace("_", "")
+        if len(digits) > MAX_DIGITS:
+            raise LiteralTooLong(c[0])
+        return Int(int(digits), span=self._span(meta))
 
     def float(self, meta, c):
         return Float(float(str(c[0]).replace("_", "")), str(c[0]), span=self._span(meta))

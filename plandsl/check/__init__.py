@@ -1,6 +1,6 @@
 """The checker: a resolved `ir.Plan` -> every problem in it, as diagnostics.
 
-One module per family (`mesh`, `placement`, `sharding`, `training`, `memory`); each
+One module per family (`mesh`, `placement`, `sharding`, `training`, `schedule`, `memory`); each
 `check_*` yields diagnostics and never raises. Families that depend on another's result
 (memory needs a valid placement) are skipped when that one failed, so a single mistake
 is reported once, not as a cascade.
@@ -8,8 +8,10 @@ is reported once, not as a cascade.
 from __future__ import annotations
 
 from plandsl import ir
+from plandsl.check.memory import check_memory
 from plandsl.check.mesh import check_mesh
 from plandsl.check.placement import check_placement
+from plandsl.check.schedule import check_schedule
 from plandsl.check.sharding import check_sharding
 from plandsl.check.training import check_training
 from plandsl.diagnostics import Diagnostic
@@ -24,6 +26,6 @@ def check_plan(plan: ir.Plan) -> list[Diagnostic]:
     training = list(check_training(plan))
     found += training
     if mesh_ok and not any(d.is_error for d in placement + training):
-        from plandsl.check.memory import check_memory
+        found += check_schedule(plan)
         found += check_memory(plan)
     return found

@@ -53,14 +53,39 @@ def check_mesh(plan: ir.Plan) -> Iterator[Diagnostic]:
                        "expert parallelism or stages", axis.span,
                        hint=f"add e.g. `data = zero1 over {axis.name}`, or name it dp/tp/pp/cp/ep for the default")
     if plan.tensor and mesh.first_device + mesh.size <= cluster.num_devices:
-        per_node = min(g.node.devices for g in cluster.groups)
-        inner = 1
-        for axis in reversed(mesh.axes):
-            inner *= axis.size
-            if axis.name == plan.tensor.axis:
-                break
-        if inner > per_node:
-            yield diag("W302", f"tensor-parallel axis '{plan.tensor.axis}' spans {inner} devices, more than the "
-                       f"{per_node} in a node: its all-reduces cross the inter-node fabric",
-                       mesh.axis(plan.tensor.axis).span,
-                       hint="move the tensor axis last in the mesh (innermost) or shrink it to fit a node")
+        span = axis_group_span(plan, plan.tensor.axis)
+        if span > 1:
+            yield diag("W302", f"tensor-parallel axis '{plan.tensor.axis}' ({plan.tp}) has groups spanning {span} "
+                       "nodes: its all-reduces cross the inter-node fabric", mesh.axis(plan.tensor.axis).span,
+                       hint="move the tensor axis last in the mesh (innermost), shrink it to fit a node, or start "
+                       "the mesh on a node boundary")
+
+
+def node_of_device(cluster: ir.Cluster) -> list[int]:
+    """Node index of every device of the cluster (node-major order)."""
+    nodes = []
+    index = 0
+    for group in cluster.groups:
+        for _ in range(group.count):
+            nodes += [index] * group.node.devices
+            index += 1
+    return nodes
+
+
+def axis_group_span(plan: ir.Plan, axis: str) -> int:
+    """The most nodes any group of `axis` (devices differing only in that coordinate) touches."""
+    mesh = plan.mesh
+    names = [a.name for a in mesh.axes]
+    position = names.index(axis)
+    stride = 1
+    for inner in mesh.axes[position + 1:]:
+        stride *= inner.size
+    size = mesh.axes[position].size
+    nodes = node_of_device(plan.cluster)
+    worst = 1
+    for base in range(mesh.size):
+        if (base // stride) % size:
+            continue  # not the first member of its group
+        touched = {nodes[mesh.first_device + base + k * stride] for k in range(size)}
+        worst = max(worst, len(touched))
+    return worst

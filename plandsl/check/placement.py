@@ -20,6 +20,12 @@ def check_placement(plan: ir.Plan) -> Iterator[Diagnostic]:
     if info is None:
         return
     virtual = plan.stages.virtual
+    if info.pipelines == 2:
+        if virtual != 1:
+            yield diag("E409", f"schedule '{info.name}' runs two pipelines over the same {plan.pp} stages (each rank "
+                       f"holds one stage of each); the plan splits the model into virtual = {virtual} stages per rank",
+                       schedule.span, hint="stages = evenly over pp")
+        return
     if info.virtual == "one" and virtual != 1:
         yield diag("E409", f"schedule '{info.name}' runs one stage per rank, but the plan has virtual = {virtual}",
                    schedule.span, hint="use interleaved_1f1b, looped_bfs or interleaved_zero_bubble for virtual > 1")

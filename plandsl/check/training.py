@@ -34,8 +34,9 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
             yield diag("E502", f"schedule '{info.name}' needs a multiple of the {pp} pipeline ranks as microbatch "
                        f"count, found {m}", plan.schedule.span,
                        hint=f"global_batch = {(m // pp + 1) * pp * per_step} gives {(m // pp + 1) * pp} microbatches")
-    for group in plan.cluster.groups:
-        device = group.node.device
+    start = plan.mesh.first_device
+    used = {d.name: d for d in plan.cluster.devices_in_order()[start:start + plan.mesh.size]}
+    for device in used.values():
         if train.precision not in device.peak:
             yield diag("E504", f"device '{device.name}' gives no peak for {train.precision.value}",
                        train.span_of("precision"),

@@ -70,9 +70,18 @@ def test_expressions_round_trip(expression):
 
 
 # ---- whole plans with comments in random places ----------------------------------------------
-attr_lines = st.builds(lambda name, value: f"{name} = {value}", st.sampled_from(NAMES),
-                       st.sampled_from(["1", "2 GiB", "f( a , b = 3 )", "(a - b) - c", "a x 8",
-                                        "{ k: 1, j: 2 }", "[dp = 2, tp = 4]", "{\n k: 1,\n j: [1, 2]\n}"]))
+VALUES = ["1", "2 GiB", "f( a , b = 3 )", "(a - b) - c", "a x 8", "{ k: 1, j: 2 }", "[dp = 2, tp = 4]",
+          "{\n k: 1,\n j: [1, 2]\n}", "f(a,\n b = [1,\n 2])", "(1 +\n 2) + [3,\n 4]",
+          "gpt(layers=12, hidden=768, heads=12, seq=1024, vocab=50257, tied=true, a_rather_long_name=1)"]
+attr_lines = st.one_of(
+    st.builds(lambda name, value: f"{name} = {value}", st.sampled_from(NAMES), st.sampled_from(VALUES)),
+    st.builds(lambda target, value: f"shard {target} = {value}",
+              st.sampled_from(["embed.tok", "layers.*.attn.wq", "layers[0:4].mlp.*", "head"]),
+              st.sampled_from(VALUES + ["colwise over tp"])),
+    st.builds(lambda entries: "stages {\n" + "\n".join(entries) + "\n}",
+              st.lists(st.sampled_from(["0: embed, layers[0:9]", "1..7: layers[9:72]", "12 : head",
+                                        "virtual = 2"]), min_size=1, max_size=4)),
+)
 comment_texts = st.sampled_from(["# note", "# TODO: more", "#", "# x = 1 {"])
 
 

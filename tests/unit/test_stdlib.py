@@ -199,3 +199,4 @@ def test_doc_example_checks(line, text):
     analysis = api.checks(text, path=f"<docs/language.md:{line}>")
     assert analysis.ok, f"docs/language.md block at line {line}:\n{_render(analysis)}"
     assert analysis.document is not None
+    assert not analysis.diagnostics, f"docs/language.md block at line {line} warns:\n{_render(analysis)}"

@@ -1,0 +1,124 @@
+"""The schedule IR: per pipeline rank, an ordered list of actions, and the stage -> rank map.
+
+An action is (stage, kind, microbatch), printed in torch.distributed.pipelining's notation
+(`2F0`: stage 2, forward, microbatch 0; `1I3`, `0W1`, `3SEND_F5`) and parsed back exactly.
+Compute kinds are F, B (full backward), I (input gradient), W (weight gradient); the
+communication kinds are added by `schedules.lower.add_send_recv`, never written by hand.
+Schedules with two pipelines (Chimera) give each pipeline its own stage -> rank map and say
+which pipeline each microbatch takes. Frozen, slotted dataclasses: programs can hold
+hundreds of thousands of actions.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Kind(str, Enum):
+    F = "F"
+    B = "B"
+    I = "I"  # noqa: E741 - the notation's own letter
+    W = "W"
+    SEND_F = "SEND_F"
+    RECV_F = "RECV_F"
+    SEND_B = "SEND_B"
+    RECV_B = "RECV_B"
+
+    @property
+    def is_compute(self) -> bool:
+        return self in COMPUTE
+
+
+COMPUTE = frozenset({Kind.F, Kind.B, Kind.I, Kind.W})
+_ACTION = re.compile(r"(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    stage: int
+    kind: Kind
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind.value}{self.microbatch}"
+
+
+def parse_action(text: str) -> Action:
+    """`2F0` -> Action(2, F, 0); ValueError for anything else."""
+    match = _ACTION.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"'{text}' is not an action like 2F0 (stage, F/B/I/W, microbatch)")
+    return Action(int(match.group(1)), Kind(match.group(2)), int(match.group(3)))
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """What each pipeline rank runs, in order.
+
+    `stage_to_rank[p][s]` is the rank of stage `s` in pipeline `p` (one pipeline for all
+    schedules but `chimera`); `microbatch_pipeline[m]` the pipeline microbatch `m` takes
+    (empty: all take pipeline 0).
+    """
+
+    name: str
+    ranks: int
+    stages: int
+    microbatches: int
+    stage_to_rank: tuple[tuple[int, ...], ...]
+    actions: tuple[tuple[Action, ...], ...]
+    microbatch_pipeline: tuple[int, ...] = ()
+
+    @property
+    def virtual(self) -> int:
+        return self.stages // self.ranks if self.ranks else 0
+
+    def pipeline_of(self, microbatch: int) -> int:
+        return self.microbatch_pipeline[microbatch] if self.microbatch_pipeline else 0
+
+    def rank_of(self, action: Action) -> int:
+        return self.stage_to_rank[self.pipeline_of(action.microbatch)][action.stage]
+
+    @property
+    def num_actions(self) -> int:
+        return sum(len(row) for row in self.actions)
+
+    def compute_only(self) -> "Schedule":
+        """The same schedule without communication actions."""
+        rows = tuple(tuple(a for a in row if a.kind.is_compute) for row in self.actions)
+        return Schedule(self.name, self.ranks, self.stages, self.microbatches, self.stage_to_rank, rows,
+                        self.microbatch_pipeline)
+
+
+def loop_map(ranks: int, stages: int) -> tuple[int, ...]:
+    """Stage s on rank s mod ranks: contiguous for one stage per rank, looped/interleaved beyond."""
+    return tuple(s % ranks for s in range(stages))
+
+
+def vshape_map(ranks: int) -> tuple[int, ...]:
+    """Two stages per rank in a V: rank r holds stages r and 2p-1-r."""
+    return tuple(s if s < ranks else 2 * ranks - 1 - s for s in range(2 * ranks))
+
+
+def format_rows(schedule: Schedule) -> list[str]:
+    """One line per rank: `rank r: 0F0 0F1 ...` (order only, no time alignment)."""
+    width = len(str(schedule.ranks - 1))
+    return [f"rank {r:>{width}}: " + " ".join(map(str, row)) for r, row in enumerate(schedule.actions)]
+
+
+def to_csv(grid: list[list[Action | None]]) -> str:
+    """torch's compute-only CSV: one row per rank, one action per cell, an idle step an empty cell."""
+    return "".join(",".join("" if a is None else str(a) for a in row) + "\n" for row in grid)
+
+
+def from_csv(text: str) -> list[list[Action | None]]:
+    """Rows of a torch CSV back to actions (empty cells are idle steps); ValueError on bad cells."""
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append([parse_action(cell) if cell.strip() else None for cell in line.split(",")])
+        except ValueError as error:
+            raise ValueError(f"line {number}: {error}") from None
+    return rows

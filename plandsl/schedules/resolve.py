@@ -1,0 +1,139 @@
+"""A schedule named on the command line -> the schedule IR (PlanError on problems), and the
+schedule IR -> its exported forms (JSON, torch CSV, a table in the language).
+
+A name is a built-in (`1f1b`), a torch CSV file (`order.csv`: one row per rank) or a
+schedule written in a plan file (`my.plan:NAME`). Costs are written `F=1,B=2,I=1,W=1,P2P=0.1`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from plandsl.diagnostics import PlanError, did_you_mean, diag
+from plandsl.schedules.program import Schedule, format_rows, from_csv, to_csv
+from plandsl.schedules.simulate import Costs, format_grid, step_grid
+
+COST_KEYS = {"F": "F", "B": "B", "I": "I", "W": "W", "P2P": "p2p"}
+
+
+def parse_costs(text: str | None) -> Costs:
+    """`F=1,B=2` -> Costs; communication is free unless P2P is given."""
+    if not text:
+        return Costs()
+    values = {}
+    for item in text.split(","):
+        key, sep, raw = item.partition("=")
+        key = key.strip().upper()
+        if not sep or key not in COST_KEYS:
+            raise PlanError([diag("E206", f"--costs: '{item.strip()}' is not KEY=SECONDS",
+                                  hint=f"keys: {', '.join(COST_KEYS)}; e.g. F=1,B=2 or F=1,I=1,W=1,P2P=0.1")])
+        try:
+            seconds = float(raw)
+        except ValueError:
+            raise PlanError([diag("E205", f"--costs: '{raw.strip()}' is not a number (in {key}={raw.strip()})")]) \
+                from None
+        if seconds < 0:
+            raise PlanError([diag("E205", f"--costs: {key} = {seconds:g} must not be negative")])
+        values[COST_KEYS[key]] = seconds
+    return Costs(**values)
+
+
+def load_schedule(spec: str, ranks: int | None, microbatches: int | None, virtual: int | None) -> Schedule:
+    """A built-in, a `.csv` file or `file.plan:NAME`, for the given sizes."""
+    if spec.endswith(".csv"):
+        return schedule_from_csv(Path(spec).read_text(encoding="utf-8"), Path(spec).stem)
+    if ".plan:" in spec:
+        return _from_plan(spec, ranks, microbatches, virtual)
+    from plandsl.schedules.generators import generate
+    from plandsl.schedules.registry import BUILTIN
+    if spec not in BUILTIN:
+        raise PlanError([diag("E601", f"unknown schedule '{spec}'", hint=did_you_mean(spec, BUILTIN, "schedules"))])
+    if ranks is None or microbatches is None:
+        raise PlanError([diag("E207", f"schedule '{spec}' needs --ranks and --microbatches")])
+    try:
+        return generate(spec, ranks, microbatches, virtual)
+    except ValueError as error:
+        raise PlanError([diag("E502", str(error))]) from None
+
+
+def _from_plan(spec: str, ranks, microbatches, virtual) -> Schedule:
+    from plandsl.analysis import analyze
+    from plandsl.schedules.template import instantiate
+    path, _, name = spec.rpartition(":")
+    analysis = analyze(path, check=False)
+    if not analysis.ok:
+        raise PlanError(analysis.errors, analysis.sources)
+    definitions = {d.name: d for d in analysis.document.schedules}
+    if name not in definitions:
+        raise PlanError([diag("E601", f"{path} defines no schedule '{name}'",
+                              hint=did_you_mean(name, definitions, "schedules"))])
+    definition = definitions[name]
+    ranks = ranks or definition.sizes.get("ranks")
+    microbatches = microbatches or definition.sizes.get("microbatches")
+    if ranks is None or microbatches is None:
+        raise PlanError([diag("E207", f"template '{name}' needs --ranks and --microbatches")])
+    schedule, problems = instantiate(definition, definition.scope, ranks, microbatches, virtual or 1)
+    if problems:
+        raise PlanError(problems, analysis.sources)
+    return schedule
+
+
+def schedule_from_csv(text: str, name: str = "csv") -> Schedule:
+    """torch's compute-only CSV (rank rows, empty cells idle) -> a validated schedule."""
+    from plandsl.schedules.template import derive_stage_map
+    from plandsl.schedules.validate import validate
+    try:
+        grid = from_csv(text)
+    except ValueError as error:
+        raise PlanError([diag("E602", f"{name}.csv: {error}")]) from None
+    rows = tuple(tuple(a for a in row if a is not None) for row in grid)
+    actions = [a for row in rows for a in row]
+    if not actions:
+        raise PlanError([diag("E603", f"{name}.csv holds no action")])
+    stages = max(a.stage for a in actions) + 1
+    microbatches = max(a.microbatch for a in actions) + 1
+    ranks = len(rows)
+    schedule = Schedule(name, ranks, stages, microbatches, (derive_stage_map(rows, ranks, stages),), rows)
+    problems = validate(schedule)
+    if problems:
+        raise PlanError(problems)
+    return schedule
+
+
+def to_json(schedule: Schedule) -> dict:
+    return {"name": schedule.name, "ranks": schedule.ranks, "stages": schedule.stages,
+            "microbatches": schedule.microbatches, "stage_to_rank": [list(m) for m in schedule.stage_to_rank],
+            "microbatch_pipeline": list(schedule.microbatch_pipeline),
+            "actions": [[str(a) for a in row] for row in schedule.actions]}
+
+
+def to_text(schedule: Schedule) -> str:
+    return format_grid(step_grid(schedule))
+
+
+def to_torch_csv(schedule: Schedule) -> str:
+    return to_csv(step_grid(schedule))
+
+
+def to_plan(schedule: Schedule) -> str:
+    """The schedule as a table in the language, one column per unit-time step (`_` idle)."""
+    grid = step_grid(schedule)
+    width = max((len(str(a)) for row in grid for a in row if a is not None), default=1)
+    lines = [f"schedule {_identifier(schedule.name)}(ranks = {schedule.ranks}, "
+             f"microbatches = {schedule.microbatches}) {{"]
+    for rank, row in enumerate(grid):
+        while row and row[-1] is None:
+            row = row[:-1]
+        cells = " ".join(("_" if a is None else str(a)).ljust(width) for a in row).rstrip()
+        lines.append(f"  rank {rank}: {cells}")
+    return "\n".join(lines + ["}", ""])
+
+
+def _identifier(name: str) -> str:
+    """A schedule name usable in a plan: `1f1b` -> `table_1f1b`, `my-order` -> `my_order`."""
+    import re
+    safe = re.sub(r"\W", "_", name) or "table"
+    return f"table_{safe}" if safe[0].isdigit() else safe
+
+
+__all__ = ["parse_costs", "load_schedule", "schedule_from_csv", "to_json", "to_text", "to_torch_csv", "to_plan",
+           "format_rows"]
