@@ -11,13 +11,18 @@ from __future__ import annotations
 
 from collections import deque
 
-from .program import Action, Kind, Schedule, loop_map, vshape_map
+from .program import Action, Kind, Schedule, gc_paused, loop_map, vshape_map
 from .registry import BUILTIN
 
 F, B, I, W = Kind.F, Kind.B, Kind.I, Kind.W  # noqa: E741 - the notation's letters
 
 
 def generate(name: str, ranks: int, microbatches: int, virtual: int | None = None) -> Schedule:
+    with gc_paused():
+        return _generate(name, ranks, microbatches, virtual)
+
+
+def _generate(name: str, ranks: int, microbatches: int, virtual: int | None) -> Schedule:
     """The built-in schedule `name` for `ranks` x `microbatches` and `virtual` stages per rank.
 
     None for `virtual` means the schedule's usual count: 2 for the looped and V-shape schedules

@@ -129,10 +129,10 @@ def to_plan(schedule: Schedule) -> str:
 
 
 def _identifier(name: str) -> str:
-    """A schedule name usable in a plan: `1f1b` -> `table_1f1b`, `my-order` -> `my_order`."""
+    """A table's name in a plan: `table_` + the name made an identifier (`1f1b` -> `table_1f1b`,
+    `my-order` -> `table_my_order`), so it never shadows the built-in it came from."""
     import re
-    safe = re.sub(r"\W", "_", name) or "table"
-    return f"table_{safe}" if safe[0].isdigit() else safe
+    return "table_" + re.sub(r"\W", "_", name)
 
 
 __all__ = ["parse_costs", "load_schedule", "schedule_from_csv", "to_json", "to_text", "to_torch_csv", "to_plan",

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import NamedTuple
 from operator import attrgetter
 
-from .program import COMPUTE, Action, Kind, Schedule
+from .program import COMPUTE, Action, Kind, Schedule, gc_paused
 
 # What an action makes available, as a tag in an integer key (stage, microbatch, tag).
 _F, _GRAD, _I, _SENT_F, _SENT_B, _RECV_F, _RECV_B, _W = range(8)
@@ -77,8 +78,8 @@ class Costs:
         return table
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(NamedTuple):
+    """One action's run; a named tuple: a simulation makes one per action."""
     rank: int
     action: Action
     start: float
@@ -128,6 +129,11 @@ class Simulation:
 
 def simulate(schedule: Schedule, costs: Costs = Costs()) -> Simulation:
     """Run the schedule under `costs` (see the module docstring for the model)."""
+    with gc_paused():
+        return _simulate(schedule, costs)
+
+
+def _simulate(schedule: Schedule, costs: Costs) -> Simulation:
     cost_f, cost_b, cost_i, cost_w = zip(*costs.per_stage(schedule.stages)) or ((), (), (), ())
     activation, static = _memory_inputs(schedule, costs)
     kinds = _check_actions(schedule)
@@ -154,7 +160,7 @@ def simulate(schedule: Schedule, costs: Costs = Costs()) -> Simulation:
         n = len(row)
         while i < n:
             action = row[i]
-            kind, stage, mb = action.kind, action.stage, action.microbatch
+            stage, kind, mb = action
             base = (mb * stages + stage) * _TAGS
             ranks = maps[pipes[mb]] if pipes else single
             # What it needs: `need` (+ `delay`), made upstream or received, then `local`, made

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from plandsl.diagnostics import Diagnostic, Note
-from plandsl.schedules.program import Action, Kind, Schedule
+from plandsl.schedules.program import COMPUTE, Action, Kind, Schedule, gc_paused
 from plandsl.source import NO_SPAN, Span
 
 LIMIT = 20  # diagnostics of one code per schedule; the last one says how many more there were
@@ -29,9 +29,13 @@ _BACKWARD = (Kind.B, Kind.I)
 
 
 def validate(schedule: Schedule, spans: dict[tuple[int, int], Span] | None = None,
-             default_span: Span | None = None) -> list[Diagnostic]:
-    """Every problem of `schedule`; `spans[(rank, index)]` is where that action was written."""
-    return _Validator(schedule, spans or {}, default_span or NO_SPAN).run()
+             default_span: Span | None = None, simulation=None) -> list[Diagnostic]:
+    """Every problem of `schedule`; `spans[(rank, index)]` is where that action was written.
+
+    `simulation`: a `simulate(schedule, ...)` result to reuse for the deadlock check (whether a
+    schedule deadlocks depends on its order only, not on the costs it was simulated with)."""
+    with gc_paused():
+        return _Validator(schedule, spans or {}, default_span or NO_SPAN, simulation).run()
 
 
 def describe_microbatches(microbatches) -> str:
@@ -59,17 +63,18 @@ class _Problem:
 
 
 class _Validator:
-    def __init__(self, schedule: Schedule, spans: dict[tuple[int, int], Span], default_span: Span):
+    def __init__(self, schedule: Schedule, spans: dict[tuple[int, int], Span], default_span: Span, simulation=None):
         self.schedule = schedule
         self.spans = spans
         self.default = default_span
         # (rank, index, action) of every compute action, index into schedule.actions[rank]
-        self.entries = [[(i, a) for i, a in enumerate(row) if a.kind.is_compute]
-                        for row in schedule.actions]
+        self.entries = [[(i, a) for i, a in enumerate(row) if a.kind in COMPUTE] for row in schedule.actions]
         self.problems: list[_Problem] = []
         self.excluded: set[tuple[int, int]] = set()  # (rank, index) already reported
         self._steps: dict[tuple[int, int], int] | None = None
         self._grid = None
+        self._reported: dict[int, set] | None = None
+        self.simulation = simulation
 
     # ---- helpers -------------------------------------------------------------------
     def span(self, rank: int, index: int) -> Span:
@@ -134,8 +139,8 @@ class _Validator:
     def run(self) -> list[Diagnostic]:
         self.check_range()
         self.check_ranks()
-        pairs = self.check_duplicates()
-        self.check_missing(pairs)
+        present = self.check_duplicates()
+        self.check_missing(present)
         self.check_order()
         if not self.problems:
             self.check_deadlock()
@@ -167,7 +172,7 @@ class _Validator:
         wrong: dict[tuple[int, int, int], list[tuple[int, Action]]] = {}
         for rank, entries in enumerate(self.entries):
             for index, action in entries:
-                if (rank, index) in self.excluded:
+                if self.excluded and (rank, index) in self.excluded:
                     continue
                 home = self.expected_rank(action)
                 if home is not None and home != rank:
@@ -184,50 +189,49 @@ class _Validator:
                      hint="each stage lives on one rank: its weights are there; move the action to "
                           f"rank {home}'s row")
 
-    def check_duplicates(self) -> dict[tuple[int, int], dict[Kind, list[tuple[int, int]]]]:
-        """(stage, microbatch) -> kind -> [(rank, index)] of the actions kept for the later checks."""
+    def check_duplicates(self) -> set[Action]:
+        """The set of actions kept for the later checks (first copies; none already reported)."""
         seen: dict[Action, tuple[int, int]] = {}
-        pairs: dict[tuple[int, int], dict[Kind, list[tuple[int, int]]]] = {}
+        excluded = self.excluded
         for rank, entries in enumerate(self.entries):
             for index, action in entries:
-                if (rank, index) in self.excluded:
+                if excluded and (rank, index) in excluded:
                     continue
-                first = seen.get(action)
-                if first is not None:
-                    self.excluded.add((rank, index))
+                first = seen.setdefault(action, (rank, index))
+                if first != (rank, index):
+                    excluded.add((rank, index))
                     self.add("E604", f"{self.where(rank, index)}: {action} runs a second time (first at "
                                      f"{self.where(*first)})", rank, (rank, index), self.span(rank, index),
                              hint="each stage runs each kind of action once per microbatch",
                              notes=[self.note("first here", *first)])
-                    continue
-                seen[action] = (rank, index)
-                pairs.setdefault((action.stage, action.microbatch), {}).setdefault(action.kind, []).append(
-                    (rank, index))
-        for (stage, microbatch), kinds in pairs.items():
-            if Kind.B in kinds and (Kind.I in kinds or Kind.W in kinds):
-                split = [kinds.pop(k)[0] for k in (Kind.I, Kind.W) if k in kinds]
-                self.excluded |= set(split)
-                rank, index = split[0]
-                names = " and ".join(str(self.schedule.actions[r][i]) for r, i in split)
-                b_rank, b_index = kinds[Kind.B][0]
-                self.add("E604", f"{self.where(rank, index)}: {names} compute{'s' if len(split) == 1 else ''} a "
-                                 f"backward that {stage}B{microbatch} (at {self.where(b_rank, b_index)}) "
-                                 "already computes", rank, (rank, index), self.span(rank, index),
-                         hint="run either B, or I and then W, for each stage and microbatch",
-                         notes=[self.note(f"{stage}B{microbatch} here", b_rank, b_index)])
-        return pairs
+        split = [a for a in seen if a.kind is Kind.I or a.kind is Kind.W]
+        for stage, microbatch in dict.fromkeys((a.stage, a.microbatch) for a in split):
+            backward = Action(stage, Kind.B, microbatch)
+            if backward not in seen:
+                continue
+            both = [seen.pop(a) for a in (Action(stage, Kind.I, microbatch), Action(stage, Kind.W, microbatch))
+                    if a in seen]
+            excluded.update(both)
+            rank, index = both[0]
+            names = " and ".join(str(self.schedule.actions[r][i]) for r, i in both)
+            b_rank, b_index = seen[backward]
+            self.add("E604", f"{self.where(rank, index)}: {names} compute{'s' if len(both) == 1 else ''} a "
+                             f"backward that {stage}B{microbatch} (at {self.where(b_rank, b_index)}) "
+                             "already computes", rank, (rank, index), self.span(rank, index),
+                     hint="run either B, or I and then W, for each stage and microbatch",
+                     notes=[self.note(f"{stage}B{microbatch} here", b_rank, b_index)])
+        return set(seen)
 
-    def check_missing(self, pairs) -> None:
+    def check_missing(self, present: set[Action]) -> None:
         s = self.schedule
         for stage in range(s.stages):
             missing: dict[str, list[int]] = {}
             for microbatch in range(s.microbatches):
-                kinds = pairs.get((stage, microbatch), {})
-                if Kind.F not in kinds:
+                if (stage, Kind.F, microbatch) not in present:
                     missing.setdefault("F", []).append(microbatch)
-                if Kind.B in kinds:
+                if (stage, Kind.B, microbatch) in present:
                     continue
-                has_i, has_w = Kind.I in kinds, Kind.W in kinds
+                has_i, has_w = (stage, Kind.I, microbatch) in present, (stage, Kind.W, microbatch) in present
                 if not has_i and not has_w:
                     missing.setdefault("B", []).append(microbatch)
                 elif not has_i:
@@ -260,8 +264,12 @@ class _Validator:
 
     def _unexplained(self, stage: int, missing: dict[str, list[int]]) -> dict[str, list[int]]:
         """`missing` less the actions that were written but already reported (on another rank, twice)."""
-        written = {(a.kind.value, a.microbatch) for r, entries in enumerate(self.entries)
-                   for i, a in entries if (r, i) in self.excluded and a.stage == stage}
+        if self._reported is None:  # stage -> {(kind, microbatch)} of the excluded actions, built once
+            self._reported = {}
+            for rank, index in self.excluded:
+                action = self.schedule.actions[rank][index]
+                self._reported.setdefault(action.stage, set()).add((action.kind.value, action.microbatch))
+        written = self._reported.get(stage, set())
         out = {}
         for kind, mbs in missing.items():
             also = ("I", "W") if kind == "B" else ()
@@ -272,27 +280,33 @@ class _Validator:
 
     def check_order(self) -> None:
         s = self.schedule
+        F, B, I, W = Kind.F, Kind.B, Kind.I, Kind.W  # noqa: E741 - the notation's letters
         for rank, entries in enumerate(self.entries):
-            position = {}
+            excluded = {i for r, i in self.excluded if r == rank}
+            position: dict[tuple, int] = {}
             for index, action in entries:
-                if (rank, index) not in self.excluded:
+                if index not in excluded:
                     position.setdefault(action, index)
             for index, action in entries:
-                if (rank, index) in self.excluded:
+                if excluded and index in excluded:
                     continue
-                stage, mb, kind = action.stage, action.microbatch, action.kind
-                needs: list[tuple[Action, str]] = []
-                if kind in _BACKWARD:
-                    needs.append((Action(stage, Kind.F, mb), "the forward it differentiates"))
+                stage, kind, mb = action
+                # (what must come earlier on this rank, if it is on this rank, and why)
+                if kind is B or kind is I:
+                    needs = [((stage, F, mb), "the forward it differentiates")]
                     if stage + 1 < s.stages:
-                        needs += [(Action(stage + 1, k, mb), "the gradient of the next stage") for k in _BACKWARD]
-                elif kind is Kind.W:
-                    needs.append((Action(stage, Kind.I, mb), "the input gradient it follows"))
-                elif kind is Kind.F and stage > 0:
-                    needs.append((Action(stage - 1, Kind.F, mb), "the previous stage's output"))
-                for need, why in needs:
-                    later = position.get(need)
+                        needs += [((stage + 1, B, mb), "the gradient of the next stage"),
+                                  ((stage + 1, I, mb), "the gradient of the next stage")]
+                elif kind is W:
+                    needs = [((stage, I, mb), "the input gradient it follows")]
+                elif stage > 0:
+                    needs = [((stage - 1, F, mb), "the previous stage's output")]
+                else:
+                    continue
+                for key, why in needs:
+                    later = position.get(key)
                     if later is not None and later > index:
+                        need = Action(*key)
                         self.add("E605", f"{self.where(rank, index)}: {action} runs before {need} (at "
                                          f"{self.where(rank, later)}), {why}; both are on rank {rank}",
                                  rank, (rank, index), self.span(rank, index),
@@ -303,8 +317,10 @@ class _Validator:
     def check_deadlock(self) -> None:
         from plandsl.schedules.simulate import Costs, simulate
         unit = Costs(F=1.0, B=1.0, I=1.0, W=1.0, p2p=0.0)
+        if self.simulation is not None and self.simulation.deadlock is None:
+            return
         try:
-            result = simulate(self.schedule, unit)
+            result = simulate(self.schedule, unit)  # unit time: step numbers for the grid
         except Exception:  # noqa: BLE001 - the checks above should have caught what breaks it
             return
         if result.deadlock is None:

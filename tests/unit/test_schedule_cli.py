@@ -1,0 +1,112 @@
+"""`plandsl schedule` and `plandsl simulate` through the real command (click's runner)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from plandsl.cli import main
+from plandsl.schedules.generators import generate
+from plandsl.schedules.resolve import to_torch_csv
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_text_is_the_step_grid():
+    result = run("schedule", "1f1b", "--ranks", "2", "--microbatches", "3")
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    assert lines[0].split() == ["Rank", "0", "Rank", "1"]
+    assert lines[1].split() == ["Step", "0:", "0F0"]
+    assert len(lines) == 1 + 8  # 2(m) + ... : makespan of 1F1B at unit time is 2(m + p - 1) = 8
+
+
+def test_csv_round_trips_through_import(tmp_path):
+    result = run("schedule", "interleaved_1f1b", "--ranks", "2", "--microbatches", "4", "--virtual", "2",
+                 "--format", "csv")
+    assert result.exit_code == 0
+    assert result.output == to_torch_csv(generate("interleaved_1f1b", 2, 4, 2))
+    path = tmp_path / "order.csv"
+    path.write_text(result.output)
+    back = json.loads(run("schedule", str(path), "--format", "json").output)
+    original = generate("interleaved_1f1b", 2, 4, 2)
+    assert back["actions"] == [[str(a) for a in row] for row in original.actions]
+    assert back["stage_to_rank"] == [list(original.stage_to_rank[0])]
+
+
+def test_plan_format_is_a_table_the_language_reads(tmp_path):
+    table = run("schedule", "zb_h1", "--ranks", "3", "--microbatches", "4", "--format", "plan").output
+    path = tmp_path / "mine.plan"
+    path.write_text(table)
+    assert run("check", str(path)).exit_code == 0
+    back = json.loads(run("schedule", f"{path}:table_zb_h1", "--format", "json").output)
+    assert back["actions"] == [[str(a) for a in row] for row in generate("zb_h1", 3, 4).actions]
+
+
+def test_simulate_json_matches_the_closed_form():
+    result = run("schedule", "1f1b", "--ranks", "4", "--microbatches", "8", "--simulate", "--costs", "F=1,B=2",
+                 "--json")
+    figures = json.loads(result.output)
+    assert figures["makespan"] == pytest.approx((8 + 4 - 1) * 3)
+    assert figures["bubble_fraction"] == pytest.approx(3 / 11)
+    assert [r["peak_inflight_microbatches"] for r in figures["ranks"]] == [4, 3, 2, 1]
+    assert set(figures["ranks"][0]) == {"rank", "busy", "idle", "peak_inflight_microbatches", "peak_memory_bytes"}
+
+
+def test_trace_has_one_slice_per_action(tmp_path):
+    trace = tmp_path / "trace.json"
+    result = run("schedule", "gpipe", "--ranks", "2", "--microbatches", "2", "--simulate", "--trace", str(trace))
+    assert result.exit_code == 0
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+    assert len(events) == 2 * 2 * 2
+
+
+def test_simulate_a_plan_uses_its_costs_and_memory():
+    result = run("simulate", str(ROOT / "stdlib_plans/examples/gpt3_175b_3d.plan"), "--json")
+    assert result.exit_code == 0
+    figures = json.loads(result.output)
+    assert len(figures["ranks"]) == 8 and 0 < figures["bubble_fraction"] < 0.2
+    assert all(20e9 > r["peak_memory_bytes"] > 5e9 for r in figures["ranks"])  # the checker's ~13 GiB
+    text = run("simulate", str(ROOT / "stdlib_plans/examples/gpt3_175b_3d.plan")).output
+    assert "makespan" in text and "GiB" in text
+
+
+def test_simulate_with_given_costs_keeps_the_plan_memory():
+    result = run("simulate", str(ROOT / "stdlib_plans/local/pp_1f1b.plan"), "--costs", "F=1,B=2", "--json")
+    figures = json.loads(result.output)
+    m = 8  # tiny_train: global batch 8, micro-batch 1, no data parallel
+    assert figures["makespan"] == pytest.approx((m + 2 - 1) * 3)
+    assert figures["ranks"][0]["peak_memory_bytes"] > 1000
+
+
+def test_simulate_without_a_pipeline_says_so():
+    result = CliRunner().invoke(main, ["simulate", str(ROOT / "stdlib_plans/local/dp.plan")])
+    assert result.exit_code == 1
+    assert "no pipeline" in result.output
+
+
+def test_a_deadlocking_csv_is_rejected(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n")
+    result = CliRunner().invoke(main, ["schedule", str(path)])
+    assert result.exit_code == 1
+    assert "E606" in result.output
+
+
+@pytest.mark.parametrize("args, code", [
+    (["schedule", "gpipee", "--ranks", "2", "--microbatches", "2"], "E601"),
+    (["schedule", "1f1b"], "E207"),
+    (["schedule", "zbv", "--ranks", "2", "--microbatches", "4", "--virtual", "3"], "E502"),
+    (["schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--simulate", "--costs", "F=x"], "E205"),
+    (["schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--simulate", "--costs", "Q=1"], "E206"),
+])
+def test_bad_requests_are_diagnostics(args, code):
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1
+    assert code in result.output and "Traceback" not in result.output
