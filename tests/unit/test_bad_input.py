@@ -20,23 +20,11 @@ from plandsl.analysis import Analysis, analyze
 from plandsl.codes import CODES
 from plandsl.diagnostics import PlanError
 from plandsl.parser import MAX_BYTES, MAX_NESTING, decode
+from support import VALID_PLAN
 
 ROOT = Path(__file__).resolve().parents[2]
 
-VALID = """\
-import "clusters/dgx_a100"
-param nodes = 2
-plan p {
-  model   = gpt(layers=8, hidden=1024, heads=16, seq=1024, vocab=50304)
-  cluster = dgx_a100 x nodes
-  mesh    = [dp = nodes * 8 / 4, pp = 2, tp = 2]
-  train   = { global_batch: 64, micro_batch: 2, precision: bf16, recompute: selective }
-  data    = zero1 over dp
-  tensor  = megatron over tp with sequence_parallel
-  stages  = evenly over pp
-  schedule = 1f1b
-}
-"""
+VALID = VALID_PLAN
 
 
 def _plan_with_mesh(mesh: str) -> str:

@@ -15,21 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from plandsl.cli import main
+from support import VALID_PLAN
 
-VALID = """\
-import "clusters/dgx_a100"
-param nodes = 2
-plan p {
-  model   = gpt(layers=8, hidden=1024, heads=16, seq=1024, vocab=50304)
-  cluster = dgx_a100 x nodes
-  mesh    = [dp = nodes * 8 / 4, pp = 2, tp = 2]
-  train   = { global_batch: 64, micro_batch: 2, precision: bf16, recompute: selective }
-  data    = zero1 over dp
-  tensor  = megatron over tp with sequence_parallel
-  stages  = evenly over pp
-  schedule = 1f1b
-}
-"""
+VALID = VALID_PLAN
 TWO_PLANS = VALID + VALID.replace('import "clusters/dgx_a100"\nparam nodes = 2\n', "").replace("plan p", "plan q") \
     .replace("pp = 2, tp = 2", "pp = 1, tp = 4").replace("stages  = evenly over pp\n  schedule = 1f1b\n", "")
 BAD = VALID.replace("[dp = nodes * 8 / 4, pp = 2, tp = 2]", "[dp = nodes * 8 / 3, pp = 2, tp = 2]")

@@ -20,26 +20,15 @@ from pathlib import Path
 
 import pytest
 
+from support import VALID_PLAN
+
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 
 JUNK = (".git", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis", ".pytest_cache", ".venv", "venv",
         "*.pyc")
 
-PLAN = """\
-import "clusters/dgx_a100"
-param nodes = 2
-plan p {
-  model   = gpt(layers=8, hidden=1024, heads=16, seq=1024, vocab=50304)
-  cluster = dgx_a100 x nodes
-  mesh    = [dp = nodes * 8 / 4, pp = 2, tp = 2]
-  train   = { global_batch: 64, micro_batch: 2, precision: bf16, recompute: selective }
-  data    = zero1 over dp
-  tensor  = megatron over tp with sequence_parallel
-  stages  = evenly over pp
-  schedule = 1f1b
-}
-"""
+PLAN = VALID_PLAN
 
 # Run inside the venv: switch off the editable install of the checkout, then import from the wheel.
 PROBE = r"""

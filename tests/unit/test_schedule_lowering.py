@@ -7,22 +7,9 @@ import pytest
 from plandsl.schedules.lower import add_send_recv
 from plandsl.schedules.program import (Action, Kind, Schedule, format_rows, loop_map, parse_action,
                                        vshape_map)
+from support import pipedream_flush as one_f_one_b
 
 HAVE_GENERATORS = importlib.util.find_spec("plandsl.schedules.generators") is not None
-
-
-def one_f_one_b(p: int, m: int) -> Schedule:
-    """PipeDream-Flush: min(p-r-1, m) warm-up forwards, one forward one backward, cool-down."""
-    rows = []
-    for r in range(p):
-        warm = min(p - r - 1, m)
-        row = [Action(r, Kind.F, i) for i in range(warm)]
-        for i in range(m):
-            if warm + i < m:
-                row.append(Action(r, Kind.F, warm + i))
-            row.append(Action(r, Kind.B, i))
-        rows.append(tuple(row))
-    return Schedule("1f1b", p, p, m, (loop_map(p, p),), tuple(rows))
 
 
 def breadth_first(name: str, ranks: int, stage_map: tuple[int, ...], m: int) -> Schedule:

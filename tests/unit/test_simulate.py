@@ -8,6 +8,7 @@ from plandsl.schedules.lower import add_send_recv
 from plandsl.schedules.program import Action, Kind, Schedule, loop_map, parse_action, to_csv
 from plandsl.schedules.simulate import (Costs, Deadlock, format_grid, simulate, step_grid,
                                         to_chrome_trace)
+from support import pipedream_flush as one_f_one_b
 
 HAVE_GENERATORS = importlib.util.find_spec("plandsl.schedules.generators") is not None
 needs_generators = pytest.mark.skipif(
@@ -30,18 +31,6 @@ def gpipe(p: int, m: int) -> Schedule:
     return Schedule("gpipe", p, p, m, (loop_map(p, p),), rows)
 
 
-def one_f_one_b(p: int, m: int) -> Schedule:
-    """PipeDream-Flush: min(p-r-1, m) warm-up forwards, one forward one backward, cool-down."""
-    rows = []
-    for r in range(p):
-        warm = min(p - r - 1, m)
-        row = [Action(r, Kind.F, i) for i in range(warm)]
-        for i in range(m):
-            if warm + i < m:
-                row.append(Action(r, Kind.F, warm + i))
-            row.append(Action(r, Kind.B, i))
-        rows.append(tuple(row))
-    return Schedule("1f1b", p, p, m, (loop_map(p, p),), tuple(rows))
 
 
 def check_dependencies(schedule: Schedule, result, p2p: float = 0.0) -> None:
