@@ -1,0 +1,1 @@
+"""Rendering: meshes, placements, schedules and memory as graphviz DOT, SVG/PNG and HTML."""

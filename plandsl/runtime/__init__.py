@@ -1,0 +1,1 @@
+"""The interpreter: runs a checked plan on torch.distributed (imported only by `plandsl run`)."""
