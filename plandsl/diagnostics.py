@@ -115,6 +115,19 @@ def sort_key(d: Diagnostic) -> tuple:
     return (d.span.file, d.span.line, d.span.column, d.code)
 
 
+def describe_numbers(values: Iterable[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0..2, 5, 7..8' (ranges in messages are inclusive)."""
+    ordered = sorted(set(values))
+    parts, i = [], 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}..{ordered[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
 def nearest(name: str, options: Iterable[str]) -> str | None:
     """The option closest to `name` by edit distance, if it is close enough to suggest."""
     import difflib

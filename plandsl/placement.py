@@ -11,7 +11,7 @@ import bisect
 from dataclasses import dataclass
 
 from plandsl import ir
-from plandsl.diagnostics import Diagnostic, Note, diag
+from plandsl.diagnostics import Diagnostic, Note, describe_numbers, diag
 from plandsl.models import Layer, layers_of
 
 
@@ -223,12 +223,12 @@ def _explicit(plan: ir.Plan, layers: list[Layer], count: int):
     missing = [layer.name for layer in layers if layer.name not in owner]
     unmatched = any(d.code == "E405" for d in problems)  # those layers are missing because of it
     if missing and not unmatched:
-        problems.append(diag("E402", f"{len(missing)} layer(s) are on no stage: {_ranges(missing)}", stages.span,
+        problems.append(diag("E402", f"{len(missing)} layer(s) are on no stage: {compress_names(missing)}", stages.span,
                              hint=f"add them to a stage, e.g. the last: `{max(declared - 1, 0)}: ..., "
-                             f"{_ranges(missing[-3:])}`"))
+                             f"{compress_names(missing[-3:])}`"))
     empty = [stage for stage in range(declared) if not by_stage.get(stage)]
     if empty:
-        shown = _ranges([f"stages.{s}" for s in empty]).replace("stages.", "").replace("stages", "")
+        shown = describe_numbers(empty)
         problems.append(diag("E403", f"stage{'s' if len(empty) > 1 else ''} {shown} hold{'' if len(empty) > 1 else 's'} "
                              "no layer", _stage_span(stages, empty[0]),
                              hint=f"give {'them' if len(empty) > 1 else 'it'} layers, or declare fewer stages"))
@@ -252,7 +252,7 @@ def _stage_span(stages: ir.Stages, stage: int):
     return stages.span
 
 
-def _ranges(names: list[str]) -> str:
+def compress_names(names: list[str]) -> str:
     """layers.3, layers.4, layers.5, head -> layers[3:6], head."""
     out: list[str] = []
     run: list[int] = []
@@ -279,4 +279,4 @@ def _ranges(names: list[str]) -> str:
 
 
 def _layer_summary(layers: list[Layer]) -> str:
-    return "its layers: " + _ranges([layer.name for layer in layers])
+    return "its layers: " + compress_names([layer.name for layer in layers])

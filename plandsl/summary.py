@@ -4,7 +4,7 @@ from __future__ import annotations
 from plandsl import ir
 from plandsl.check.memory import estimate_plan_memory, pipeline_rank_devices
 from plandsl.models import param_count
-from plandsl.placement import _ranges, assign_stages
+from plandsl.placement import assign_stages, compress_names
 from plandsl.units import format_bytes
 
 
@@ -43,7 +43,7 @@ def describe_plan(plan: ir.Plan) -> str:
                      f"virtual {plan.stages.virtual}), schedule {plan.schedule.name if plan.schedule else '-'}")
         for stage, layers in enumerate(assignment.stage_layers):
             lines.append(f"    stage {stage:>3} on rank {assignment.rank_of_stage[stage]:>3}: "
-                         f"{_ranges([layer.name for layer in layers])}")
+                         f"{compress_names([layer.name for layer in layers])}")
     estimates = estimate_plan_memory(plan, assignment) if assignment else None
     if estimates:
         lines.append("  memory    per device (estimate): rank: parameters + gradients + optimizer + activations = total / capacity")

@@ -15,6 +15,21 @@ def _divisors(n: int, limit: int = 12) -> str:
     return ", ".join(map(str, values[:limit])) + (", ..." if len(values) > limit else "")
 
 
+def _axis_divides(dims: dict[str, int], axis: str, size: int, span) -> Diagnostic | None:
+    """One diagnostic for every dim an axis fails to divide (one cause, one report)."""
+    failing = {name: value for name, value in dims.items() if value % size}
+    if not failing:
+        return None
+    if len(failing) == 1:
+        ((name, value),) = failing.items()
+        return _not_divisible(name, value, axis, size, span)
+    listed = ", ".join(f"{name} ({value})" for name, value in failing.items())
+    common = [d for d in range(1, min(dims.values()) + 1) if all(v % d == 0 for v in dims.values())]
+    return diag("E406", f"axis '{axis}' ({size}) divides none of {listed}", span,
+                hint=f"'{axis}' in {{{', '.join(map(str, common[:12]))}{', ...' if len(common) > 12 else ''}}} "
+                f"divides all of {', '.join(dims)}")
+
+
 def _not_divisible(what: str, value: int, axis: str, size: int, span) -> Diagnostic:
     return diag("E406", f"{what} ({value}) is not divisible by axis '{axis}' ({size})", span,
                 hint=f"'{axis}' in {{{_divisors(value)}}} divides {what}")
@@ -23,18 +38,19 @@ def _not_divisible(what: str, value: int, axis: str, size: int, span) -> Diagnos
 def check_sharding(plan: ir.Plan) -> Iterator[Diagnostic]:
     model = plan.model
     if plan.tensor:
-        t, axis, span = plan.tp, plan.tensor.axis, plan.tensor.span
+        dims: dict[str, int] = {}
         if isinstance(model, ir.TransformerModel):
-            for what, value in (("heads", model.heads), ("kv_heads", model.kv_heads), ("hidden", model.hidden),
-                                ("ffn_hidden", model.ffn_hidden), ("vocab", model.vocab)):
-                if what == "kv_heads" and model.kv_heads == model.heads:
-                    continue
-                if value % t:
-                    yield _not_divisible(what, value, axis, t, span)
-            if plan.tensor.sequence_parallel and plan.seq % t:
-                yield _not_divisible("seq", plan.seq, axis, t, span)
-        elif isinstance(model, ir.MLPModel) and model.hidden % t:
-            yield _not_divisible("hidden", model.hidden, axis, t, span)
+            dims = {"heads": model.heads, "kv_heads": model.kv_heads, "hidden": model.hidden,
+                    "ffn_hidden": model.ffn_hidden, "vocab": model.vocab}
+            if model.kv_heads == model.heads:
+                del dims["kv_heads"]  # multi-head attention: the same figure twice
+            if plan.tensor.sequence_parallel:
+                dims["seq"] = plan.seq
+        elif isinstance(model, ir.MLPModel):
+            dims = {"hidden": model.hidden}
+        problem = _axis_divides(dims, plan.tensor.axis, plan.tp, plan.tensor.span)
+        if problem:
+            yield problem
     if plan.context:
         c = plan.cp
         if plan.seq % c:

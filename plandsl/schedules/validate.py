@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from plandsl.diagnostics import Diagnostic, Note
+from plandsl.diagnostics import Diagnostic, Note, describe_numbers
 from plandsl.schedules.program import COMPUTE, Action, Kind, Schedule, gc_paused
 from plandsl.source import NO_SPAN, Span
 
@@ -36,19 +36,6 @@ def validate(schedule: Schedule, spans: dict[tuple[int, int], Span] | None = Non
     schedule deadlocks depends on its order only, not on the costs it was simulated with)."""
     with gc_paused():
         return _Validator(schedule, spans or {}, default_span or NO_SPAN, simulation).run()
-
-
-def describe_microbatches(microbatches) -> str:
-    """[0, 1, 2, 5, 7, 8] -> '0..2, 5, 7..8'."""
-    values = sorted(set(microbatches))
-    parts, i = [], 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        parts.append(str(values[i]) if i == j else f"{values[i]}..{values[j]}")
-        i = j + 1
-    return ", ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +232,7 @@ class _Validator:
             home = self.expected_rank(Action(stage, Kind.F, 0))
             if home is not None and not 0 <= home < len(self.entries):
                 home = None
-            what = " and ".join(f"{kind} for microbatch{'es' if len(mbs) > 1 else ''} {describe_microbatches(mbs)}"
+            what = " and ".join(f"{kind} for microbatch{'es' if len(mbs) > 1 else ''} {describe_numbers(mbs)}"
                                 for kind, mbs in missing.items())
             span, at = self.default, None
             if home is None:

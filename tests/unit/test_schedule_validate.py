@@ -6,7 +6,8 @@ import re
 import pytest
 
 from plandsl.schedules.program import Schedule, loop_map, parse_action
-from plandsl.schedules.validate import LIMIT, describe_microbatches, validate
+from plandsl.diagnostics import describe_numbers as describe_microbatches
+from plandsl.schedules.validate import LIMIT, validate
 from plandsl.source import Span
 
 
