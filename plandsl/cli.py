@@ -228,5 +228,148 @@ def _fail(error) -> None:
     sys.exit(1)
 
 
+@main.command("run")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--plan", "plan_name", help="The plan of the file to run.")
+@click.option("--nproc-per-node", type=click.IntRange(min=1), help="Processes on this node (default: mesh size / nnodes).")
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Machines taking part.")
+@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This machine's index.")
+@click.option("--rdzv-endpoint", metavar="HOST:PORT", help="Node 0's address, with several nodes.")
+@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Optimizer steps.")
+@click.option("--metrics", type=click.Path(dir_okay=False), help="Write one JSON object per step here.")
+@click.option("--check-equivalence", is_flag=True, help="Compare losses and parameters with one process.")
+@click.option("--data", type=click.Path(exists=True, dir_okay=False), help="A uint16 token file (nanoGPT .bin).")
+@click.option("--dry-run", is_flag=True, help="Check the plan and print the torchrun command; start nothing.")
+@param_option
+def run_command(file, plan_name, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps, metrics,
+                check_equivalence, data, dry_run, params):
+    """Check plan FILE, then train it on torch.distributed (one process per device of its mesh)."""
+    from plandsl import api
+    from plandsl.diagnostics import PlanError
+    from plandsl.runtime import launch
+    from plandsl.runtime.support import unsupported
+    overrides = _params(params)
+    try:
+        plan = api.load_plan(file, plan_name, overrides)
+    except PlanError as error:
+        _fail(error)
+    for reason in unsupported(plan):
+        click.echo(f"{file}: error: plan '{plan.name}': {reason}", err=True)
+    options = launch.LaunchOptions(nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps, metrics,
+                                   check_equivalence, data)
+    try:
+        args = launch.torchrun_args(plan, file, plan_name, overrides, options)
+    except launch.LaunchError as error:
+        click.echo(f"{file}: error: {error}", err=True)
+        sys.exit(1)
+    if unsupported(plan):
+        sys.exit(1)
+    click.echo(launch.command_line(args))
+    sys.exit(0 if dry_run else launch.launch(args))
+
+
+@main.command("render")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--plan", "plan_name", help="The plan of the file to render.")
+@click.option("--view", type=click.Choice(["mesh", "placement", "schedule", "memory", "all"]), default="all",
+              show_default=True, help="What to draw; all: every view on one HTML page.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write here (.dot .svg .png .pdf .html).")
+@click.option("--format", "output_format", type=click.Choice(["dot", "svg", "png", "pdf", "html"]),
+              help="Default: from -o's suffix; DOT text (HTML for --view all) without -o.")
+@click.option("--color-by", metavar="AXIS", help="Mesh view: colour devices by this mesh axis.")
+@param_option
+def render_command(file, plan_name, view, output, output_format, color_by, params):
+    """Draw a plan with graphviz: its mesh, placement, schedule or memory, or all on one HTML page."""
+    from plandsl import api
+    from plandsl.diagnostics import PlanError
+    from plandsl.render import RenderError, format_of, render_bytes
+    fmt = format_of(output, output_format) or ("html" if view == "all" else None if output else "dot")
+    if fmt is None:
+        raise click.BadParameter(f"cannot tell the format from '{output}'; add --format", param_hint="-o")
+    if (view == "all") != (fmt == "html"):
+        raise click.UsageError("--view all writes one HTML page; the other views write dot, svg, png or pdf")
+    try:
+        plan = api.load_plan(file, plan_name, _params(params))
+    except PlanError as error:
+        _fail(error)
+    if color_by and plan.mesh.axis(color_by) is None:
+        raise click.BadParameter(f"the mesh has no axis '{color_by}' (its axes: "
+                                 f"{', '.join(a.name for a in plan.mesh.axes)})", param_hint="--color-by")
+    try:
+        data = render_bytes(plan, view, fmt, color_by)
+    except PlanError as error:
+        _fail(error)
+    except RenderError as error:
+        click.echo(f"{file}: error: {error}", err=True)
+        sys.exit(1)
+    if output:
+        with open(output, "wb") as handle:
+            handle.write(data)
+    else:
+        sys.stdout.buffer.write(data)
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--plan", "plan_name", help="The plan of the file to estimate.")
+@click.option("--json", "as_json", is_flag=True, help="Print the breakdown as JSON.")
+@param_option
+def estimate(file, plan_name, as_json, params):
+    """Predict a plan's step time, throughput and memory per device (docs/cost-model.md)."""
+    from plandsl import api
+    from plandsl.cost.estimate import estimate_plan, format_estimate
+    from plandsl.diagnostics import PlanError
+    try:
+        result = estimate_plan(api.load_plan(file, plan_name, _params(params)))
+    except PlanError as error:
+        _fail(error)
+    click.echo(json.dumps(result.to_json(), indent=1) if as_json else format_estimate(result))
+
+
+@main.command()
+@click.option("--model", required=True, help="gpt(layers=96, ...), a stdlib model name or FILE.plan:NAME.")
+@click.option("--cluster", required=True, help="`dgx_a100 x 128`, a stdlib node or cluster name.")
+@click.option("--global-batch", type=click.IntRange(min=1), required=True, help="Sequences per step.")
+@click.option("--seq-len", type=click.IntRange(min=1), help="Sequence length (default: the model's).")
+@click.option("--precision", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
+@click.option("--top", type=click.IntRange(min=1, max=100), default=5, show_default=True, help="Candidates to list.")
+@click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
+              help="Fix a choice: dp, tp, pp, cp, ep, micro_batch_size, num_microbatches, schedule, "
+                   "virtual_stages, zero_stage, recompute, order (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help='Print {"candidates": [...]}, best first.')
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the best plan to this file.")
+def generate(model, cluster, global_batch, seq_len, precision, top, pins, as_json, output):
+    """Search the fastest plans for MODEL on CLUSTER under the cost model and write the best."""
+    from plandsl.search import SearchError, search
+    from plandsl.search_emit import candidate_json, explain, format_table, plan_text, resolve_problem
+    bar = None
+
+    def progress(done, total):
+        nonlocal bar
+        if bar is None and sys.stderr.isatty() and total:
+            bar = click.progressbar(length=total, label="searching", file=sys.stderr).__enter__()
+        if bar is not None:
+            bar.update(done - bar.pos)
+    try:
+        problem, source = resolve_problem(model, cluster, global_batch, seq_len, precision)
+        result = search(problem, pins, top, progress=progress)
+    except SearchError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(1)
+    finally:
+        if bar is not None:
+            bar.__exit__(None, None, None)
+    texts = [plan_text(s, problem, source) for s in result.candidates]
+    if output:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(texts[0])
+    if as_json:
+        click.echo(json.dumps({"candidates": [candidate_json(s, t) for s, t in zip(result.candidates, texts)]},
+                              indent=1))
+        return
+    click.echo(format_table(result))
+    click.echo(explain(result))
+    click.echo(f"wrote {output}" if output else "\n" + texts[0].rstrip("\n"))
+
+
 if __name__ == "__main__":
     main()

@@ -263,6 +263,14 @@ EXPECTED_SURFACE = {
     "schedule": {"arguments": ["name"], "options": {"--costs", "--format", "--json", "--microbatches", "--ranks",
                                                     "--simulate", "--trace", "--virtual"}},
     "simulate": {"arguments": ["file"], "options": {"--costs", "--json", "--param", "--plan", "--trace"}},
+    "run": {"arguments": ["file"], "options": {"--check-equivalence", "--data", "--dry-run", "--metrics", "--nnodes",
+                                               "--node-rank", "--nproc-per-node", "--param", "--plan",
+                                               "--rdzv-endpoint", "--steps"}},
+    "render": {"arguments": ["file"], "options": {"--color-by", "--format", "--output", "--param", "--plan", "--view",
+                                                  "-o"}},
+    "estimate": {"arguments": ["file"], "options": {"--json", "--param", "--plan"}},
+    "generate": {"arguments": [], "options": {"--cluster", "--global-batch", "--json", "--model", "--output", "--pin",
+                                              "--precision", "--seq-len", "--top", "-o"}},
 }
 EXPECTED_GROUP_OPTIONS = {"--version", "--help", "-h"}
 

@@ -1,0 +1,286 @@
+"""Benchmark and validation of `plandsl generate`: search time against cluster size, and the cost
+model's predictions against published training runs.
+
+    python bench/bench_search.py              # search time vs cluster size (Markdown)
+    python bench/bench_search.py --validate   # published runs: measured, predicted, error (Markdown)
+    python bench/bench_search.py --fit        # refit the GEMM efficiency on the fit runs, then validate
+
+Targets (issue: cost model and search): GPT-3 175B on 1,024 A100s, full search, under 10 s; a 1T
+model on 4,096 GPUs under 30 s; median error of the held-out runs <= 15 %, max <= 30 %.
+
+Each published run is searched with its known choices pinned (degrees, schedule family, ZeRO
+stage, recomputation, micro-batch size where the source gives them); what the source leaves open
+(micro-batch size, virtual stages, mesh order) the search chooses under the cost model. The fit
+runs (Narayanan et al. 2021, Table 1, every other row) set the two knobs of `cost.compute.Efficiency`;
+every other run is held out.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+from plandsl import api
+from plandsl.cost.compute import DEFAULT_EFFICIENCY, Efficiency
+from plandsl.search import Problem, SearchError, search
+
+# Hardware the stdlib does not describe, from the runs' own papers.
+HARDWARE = """
+import "clusters/dgx_a100"
+import "clusters/dgx_h100"
+import "models/gpt3"
+import "models/llama2"
+import "models/llama3"
+
+# Jean Zay's A100 partition (BLOOM, Le Scao et al. 2022, Sec. 3.4.1): 8 x A100 80GB per node on
+# NVLink, 4 x 100 Gb/s Omni-Path links per node.
+node jean_zay {
+  devices = 8 x a100_80g
+  link    = { bandwidth: 300 GB/s, latency: 2 us }
+  nic     = { bandwidth: 50 GB/s, latency: 5 us }
+}
+
+# torchtitan's Grand Teton hosts (docs/performance.md): H100 with 96 GB HBM2e at 2.4 TB/s, NVLink
+# inside a host, 400 Gb/s RDMA per GPU; run at the 500 W power limit (the peak stays the datasheet's).
+device h100_96g {
+  memory    = 96 GB
+  bandwidth = 2400 GB/s
+  peak      = { fp32: 67 TFLOP/s, bf16: 989 TFLOP/s, fp16: 989 TFLOP/s }
+}
+node grand_teton {
+  devices = 8 x h100_96g
+  link    = { bandwidth: 450 GB/s, latency: 2 us }
+  nic     = { bandwidth: 400 GB/s, latency: 5 us }
+}
+
+# The 128 H100 of torchtitan's first 405B runs (docs/performance.md, 2024): "94GB memory".
+device h100_94g {
+  memory    = 94 GB
+  bandwidth = 3350 GB/s
+  peak      = { fp32: 67 TFLOP/s, bf16: 989 TFLOP/s, fp16: 989 TFLOP/s }
+}
+node h100_94g_host {
+  devices = 8 x h100_94g
+  link    = { bandwidth: 450 GB/s, latency: 2 us }
+  nic     = { bandwidth: 400 GB/s, latency: 5 us }
+}
+"""
+
+MEGATRON = "Narayanan et al. 2021, arXiv:2104.04473"
+KORTHIKANTI = "Korthikanti et al. 2022, arXiv:2205.05198"
+MEGATRON_2021 = {"recompute": "full", "zero_stage": 0}  # eq. 3 counts the recomputed forward; no distributed optimizer
+
+
+@dataclass
+class Run:
+    name: str
+    source: str
+    model: str
+    cluster: str
+    global_batch: int
+    measured: float
+    metric: str = "tflops_per_device"      # or "mfu", "tokens_per_device"
+    seq: int | None = None
+    pins: dict = field(default_factory=dict)
+    fit: bool = False
+    note: str = ""
+    family: str = ""        # "" (counted), "deepspeed-zero3-2021" (counted apart), "info" (not counted)
+
+
+def gpt(layers, hidden, heads, vocab=51200, seq=2048):
+    return f"gpt(layers={layers}, hidden={hidden}, heads={heads}, seq={seq}, vocab={vocab})"
+
+
+def megatron_table1() -> list[Run]:
+    """Table 1: weak scaling with the interleaved schedule (scatter/gather on), eq. 3 FLOPs."""
+    rows = [(1.7, 24, 2304, 24, 1, 1, 32, 512, 137), (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
+            (7.5, 32, 4096, 36, 4, 1, 128, 512, 142), (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
+            (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138), (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
+            (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148), (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
+            (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163), (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163)]
+    runs = []
+    for index, (billions, heads, hidden, layers, tp, pp, gpus, batch, tflops) in enumerate(rows):
+        pins = {**MEGATRON_2021, "tp": tp, "pp": pp, "cp": 1, "ep": 1}
+        if pp > 1:
+            pins["schedule"] = "interleaved_1f1b"
+        runs.append(Run(f"Megatron GPT {billions}B, {gpus} A100", f"{MEGATRON}, Table 1", gpt(layers, hidden, heads),
+                        f"dgx_a100 x {gpus // 8}", batch, tflops, pins=pins, fit=index % 2 == 0))
+    return runs
+
+
+def published() -> list[Run]:
+    runs = megatron_table1()
+    gpt3 = gpt(96, 12288, 96)
+    for gpus, tflops in ((384, 153), (768, 149), (1536, 141)):
+        runs.append(Run(f"Megatron GPT-3 175B (t8 p12), {gpus} A100", f"{MEGATRON}, Table 2 (PTD-P)", gpt3,
+                        f"dgx_a100 x {gpus // 8}", 1536, tflops,
+                        pins={**MEGATRON_2021, "tp": 8, "pp": 12, "micro_batch_size": 1,
+                              "schedule": "interleaved_1f1b"}))
+    for gpus, tflops in ((560, 171), (1120, 167), (2240, 159)):
+        runs.append(Run(f"Megatron 530B (t8 p35), {gpus} A100", f"{MEGATRON}, Table 2 (PTD-P)",
+                        gpt(105, 20480, 128), f"dgx_a100 x {gpus // 8}", 2240, tflops,
+                        pins={**MEGATRON_2021, "tp": 8, "pp": 35, "micro_batch_size": 1,
+                              "schedule": "interleaved_1f1b"}))
+    for gpus, mb, tflops in ((384, 4, 144), (768, 2, 88), (1536, 1, 44)):
+        runs.append(Run(f"ZeRO-3 GPT-3 175B, {gpus} A100, mb {mb}", f"{MEGATRON}, Table 2 (ZeRO-3)", gpt3,
+                        f"dgx_a100 x {gpus // 8}", 1536, tflops,
+                        pins={"tp": 1, "pp": 1, "cp": 1, "zero_stage": 3, "recompute": "full",
+                              "micro_batch_size": mb}, family="deepspeed-zero3-2021"))
+    runs.append(Run("GPT-3 175B (t8 p8 d16, assumed), 1024 A100", f"{MEGATRON}, Sec. 5.1 (140 TFLOP/s)",
+                    gpt3, "dgx_a100 x 128", 1536, 140,
+                    pins={**MEGATRON_2021, "tp": 8, "pp": 8, "schedule": "interleaved_1f1b"},
+                    note="the paper gives n = 1024, B = 1536, 140 TFLOP/s; t = 8, p = 8 assumed"))
+    runs.append(Run("GPT-3 175B, 1024 A100 (degrees searched)", f"{MEGATRON}, Sec. 5.1 (140 TFLOP/s)",
+                    gpt3, "dgx_a100 x 128", 1536, 140, pins={**MEGATRON_2021, "schedule": "interleaved_1f1b"},
+                    note="what the search would run under Megatron-2021 constraints", family="info"))
+    runs.append(Run("GPT-3 175B (t8 p8), 64 A100, SP + selective", f"{KORTHIKANTI}, Table 3 / Megatron-LM README",
+                    gpt3, "dgx_a100 x 8", 64, 0.514, metric="mfu",
+                    pins={"tp": 8, "pp": 8, "dp": 1, "micro_batch_size": 1, "recompute": "selective",
+                          "zero_stage": 0, "schedule": "interleaved_1f1b"}))
+    runs.append(Run("BLOOM 176B (t4 p12 d8), 384 A100", "BigScience tr11-176B-ml slurm and chronicles (2022)",
+                    gpt(70, 14336, 112, vocab=250880), "jean_zay x 48", 2048, 150,
+                    pins={"tp": 4, "pp": 12, "dp": 8, "micro_batch_size": 2, "recompute": "full", "zero_stage": 1,
+                          "schedule": "1f1b"}))
+    runs.append(Run("OPT-175B (TP 8 + FSDP), 992 A100", "Zhang et al. 2022, arXiv:2205.01068, Sec. 2.5",
+                    gpt3, "dgx_a100 x 124", 992, 147,
+                    pins={"tp": 8, "pp": 1, "cp": 1, "zero_stage": 3, "recompute": "full"},
+                    note="'up to 147'; batch 2M tokens = 992 x 2048 over 124 FSDP ranks (assumed)"))
+    for gpus, dp, cp, seq, batch, mfu in ((8192, 64, 1, 8192, 2048, 0.43), (16384, 128, 1, 8192, 2048, 0.41),
+                                         (16384, 8, 16, 131072, 128, 0.38)):
+        runs.append(Run(f"Llama 3 405B, {gpus} H100, cp {cp}, seq {seq}", "Llama Team 2024, arXiv:2407.21783, Table 4",
+                        "llama3_405b", f"dgx_h100 x {gpus // 8}", batch, mfu, metric="mfu", seq=seq,
+                        pins={"tp": 8, "pp": 16, "cp": cp, "dp": dp, "zero_stage": 2}))
+    runs.append(Run("torchtitan Llama 3 8B, FSDP 64 A100, selective", "pytorch/torchtitan docs/performance.md (2024)",
+                    "llama3_8b", "dgx_a100 x 8", 64, 2973, metric="tokens_per_device",
+                    pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 1, "recompute": "selective"}))
+    runs.append(Run("torchtitan Llama 3 70B, FSDP 64 A100, full AC", "pytorch/torchtitan docs/performance.md (2024)",
+                    "llama3_70b", "dgx_a100 x 8", 64, 331, metric="tokens_per_device",
+                    pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 1, "recompute": "full"}))
+    runs.append(Run("torchtitan Llama 2 13B, FSDP 64 A100, no AC", "pytorch/torchtitan docs/performance.md (2024)",
+                    "llama2_13b", "dgx_a100 x 8", 128, 2162, metric="tokens_per_device",
+                    pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 2, "recompute": "none"}))
+    runs.append(Run("torchtitan Llama 3.1 8B, FSDP 8 H100 (500 W)", "pytorch/torchtitan docs/performance.md (2025), Table 1",
+                    "llama3_8b", "grand_teton", 16, 5762, metric="tokens_per_device",
+                    pins={"dp": 8, "zero_stage": 3, "micro_batch_size": 2, "recompute": "selective"}))
+    runs.append(Run("torchtitan Llama 3.1 405B, FSDP 16 x TP 8, 128 H100", "pytorch/torchtitan docs/performance.md (2024)",
+                    "llama3_405b", "h100_94g_host x 16", 32, 0.290, metric="mfu",
+                    pins={"dp": 16, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 2, "recompute": "full"}))
+    return runs
+
+
+def problem_of(run: Run) -> Problem:
+    document = api.loads(HARDWARE + f"model run_model = {run.model}\ncluster run_cluster = {run.cluster}\n",
+                         path="bench.plan")
+    model = next(m for m in document.models if m.name == "run_model")
+    cluster = next(c for c in document.clusters if c.name == "run_cluster")
+    return Problem(model, cluster, run.global_batch, run.seq)
+
+
+def predict(run: Run, efficiency: Efficiency):
+    result = search(problem_of(run), pins=run.pins, top=1, efficiency=efficiency)
+    best = result.best
+    e = best.estimate
+    value = {"tflops_per_device": e.tflops_per_device, "mfu": e.mfu,
+             "tokens_per_device": e.tokens_per_s / e.devices}[run.metric]
+    return value, best
+
+
+def validate(efficiency: Efficiency, runs: list[Run] | None = None) -> list[tuple[Run, float, object]]:
+    out = []
+    for run in runs or published():
+        try:
+            value, best = predict(run, efficiency)
+        except SearchError as error:
+            print(f"{run.name}: {error}", file=sys.stderr)
+            continue
+        out.append((run, value, best))
+    return out
+
+
+def error(run: Run, value: float) -> float:
+    return value / run.measured - 1
+
+
+def fit(runs: list[Run]) -> Efficiency:
+    """Least squares on log(predicted / measured) over the fit runs: a grid, then finer grids."""
+    def loss(fraction: float, kernel: float) -> float:
+        efficiency = Efficiency(fraction, kernel)
+        return sum(math.log(predict(run, efficiency)[0] / run.measured) ** 2 for run in runs)
+
+    best = (math.inf, DEFAULT_EFFICIENCY.peak_fraction, DEFAULT_EFFICIENCY.kernel_seconds)
+    for fraction in (0.5, 0.6, 0.7, 0.8, 0.9, 1.0):
+        for kernel in (0.0, 10e-6, 20e-6, 40e-6, 80e-6):
+            best = min(best, (loss(fraction, kernel), fraction, kernel))
+        print(f"  coarse: peak_fraction {fraction}: best so far {best}", file=sys.stderr)
+    for step_f, step_k in ((0.04, 8e-6), (0.01, 2e-6)):
+        _, fraction, kernel = best
+        for f in (fraction - 2 * step_f, fraction - step_f, fraction, fraction + step_f, fraction + 2 * step_f):
+            for k in (kernel - 2 * step_k, kernel - step_k, kernel, kernel + step_k, kernel + 2 * step_k):
+                if 0 < f <= 1 and k >= 0:
+                    best = min(best, (loss(f, k), f, k))
+        print(f"  refine: {best}", file=sys.stderr)
+    _, fraction, kernel = best
+    return Efficiency(round(fraction, 3), round(kernel, 7))
+
+
+def report(results, efficiency: Efficiency) -> str:
+    lines = [f"efficiency: peak_fraction {efficiency.peak_fraction}, kernel_seconds {efficiency.kernel_seconds}", "",
+             "| run | source | metric | measured | predicted | error | set | plan the search chose |",
+             "|---|---|---|---|---|---|---|---|"]
+    groups: dict[str, list[float]] = {}
+    for run, value, best in results:
+        e = error(run, value)
+        if not run.fit:
+            groups.setdefault(run.family, []).append(abs(e))
+        shown = (lambda x: f"{x:.1%}") if run.metric == "mfu" else (lambda x: f"{x:,.0f}")
+        c = best.candidate
+        chosen = f"{c.describe()} [{', '.join(c.order)}]"
+        role = "fit" if run.fit else ("not counted" if run.family == "info" else "held out")
+        lines.append(f"| {run.name} | {run.source} | {run.metric} | {shown(run.measured)} | {shown(value)} | "
+                     f"{e:+.1%} | {role} | {chosen} |")
+    lines.append("")
+    core = groups.get("", [])
+    zero3 = groups.get("deepspeed-zero3-2021", [])
+    for label, values in (("held-out runs", core), ("DeepSpeed ZeRO-3 (2021) runs", zero3),
+                          ("all held-out runs together", core + zero3)):
+        if values:
+            lines.append(f"{label}: {len(values)}, median |error| {statistics.median(values):.1%}, "
+                         f"max |error| {max(values):.1%}")
+    return "\n".join(lines)
+
+
+def timings() -> str:
+    lines = ["| model | cluster | devices | global batch | search (s) | layouts x orders | leaves bounded | "
+             "simulated | best plan |", "|---|---|---|---|---|---|---|---|---|"]
+    cases = [("GPT-3 175B", gpt(96, 12288, 96), nodes, 1536) for nodes in (8, 32, 128, 256, 512)]
+    cases += [("GPT 1T", gpt(128, 25600, 160), nodes, 4096) for nodes in (128, 256, 512)]
+    cases += [("Llama 3 70B", "llama3_70b", nodes, 1024) for nodes in (16, 128)]
+    for name, model, nodes, batch in cases:
+        run = Run(name, "", model, f"dgx_a100 x {nodes}", batch, 1.0)
+        problem = problem_of(run)
+        start = time.perf_counter()
+        result = search(problem, top=5)
+        seconds = time.perf_counter() - start
+        s = result.stats
+        lines.append(f"| {name} | dgx_a100 x {nodes} | {nodes * 8:,} | {batch} | {seconds:.2f} | {s.roots:,} | "
+                     f"{s.leaves:,} | {s.simulated} | {result.best.candidate.describe()} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    if "--fit" in argv:
+        runs = [r for r in published() if r.fit]
+        efficiency = fit(runs)
+        print(f"fitted: {efficiency}")
+        print(report(validate(efficiency), efficiency))
+    elif "--validate" in argv:
+        print(report(validate(DEFAULT_EFFICIENCY), DEFAULT_EFFICIENCY))
+    else:
+        print(timings())
+        print(f"\nmachine: {__import__('os').cpu_count()} cores, Python {sys.version.split()[0]}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,189 @@
+"""Communication: alpha-beta times of collectives over the links a group of devices really uses.
+
+Stage: cost model. Contract: `group_links(cluster, axes, members)` places a communication group
+(the devices that differ only in some mesh axes) on the cluster's nodes; `estimate_collective`
+returns a `CommEstimate` (latency and bandwidth terms, intra- and inter-node) for all-reduce,
+reduce-scatter, all-gather, all-to-all or point-to-point. Every figure comes from the cluster
+description: a group inside one node uses the node's `link` (per device, each direction); a group
+with one member per node uses the NIC (per node, shared by the node's devices, which all run the
+same collective at once) capped by the fabric; a group with several members in each of several
+nodes runs hierarchically (inside the node, then across nodes on 1/k of the data).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from plandsl import ir
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "p2p")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLinks:
+    """Where a group of `size` devices sits: `local` members per node over `nodes` nodes, and the
+    per-device bandwidth (bytes/s, each direction) and latency (s) of each level."""
+
+    size: int
+    local: int
+    nodes: int
+    intra_bandwidth: float
+    intra_latency: float
+    inter_bandwidth: float
+    inter_latency: float
+
+    @property
+    def kind(self) -> str:
+        if self.size <= 1:
+            return "none"
+        if self.nodes == 1:
+            return "intra-node"
+        return "inter-node" if self.local == 1 else "hierarchical"
+
+
+@dataclass(frozen=True, slots=True)
+class CommEstimate:
+    """Seconds of one collective, split into latency (alpha) and bandwidth (beta) terms."""
+
+    collective: str
+    bytes: float
+    latency: float
+    intra: float
+    inter: float
+
+    @property
+    def seconds(self) -> float:
+        return self.latency + self.intra + self.inter
+
+
+NO_COMM = GroupLinks(1, 1, 1, 1.0, 0.0, 1.0, 0.0)
+
+
+# ---- placement of a group on the nodes --------------------------------------------------------------
+def group_links(cluster: ir.Cluster, axes: Sequence[tuple[str, int]], members: Sequence[str],
+                first_device: int = 0) -> GroupLinks:
+    """Links of the group of devices that differ only in the axes `members` of a mesh `axes`
+    ((name, size) outermost first; the last axis varies fastest over device indices)."""
+    sizes = tuple(size for _, size in axes)
+    chosen = tuple(i for i, (name, _) in enumerate(axes) if name in members)
+    key = (id(cluster), sizes, chosen, first_device)
+    found = _CACHE.get(key)
+    if found is None or found[0] is not cluster:
+        if len(_CACHE) > 65536:
+            _CACHE.clear()
+        found = _CACHE[key] = (cluster, _group_links(cluster, sizes, chosen, first_device))
+    return found[1]
+
+
+_CACHE: dict[tuple, tuple[ir.Cluster, GroupLinks]] = {}  # the IR holds dicts: not hashable, keyed by id
+
+
+def _group_links(cluster: ir.Cluster, sizes: tuple[int, ...], chosen: tuple[int, ...],
+                 first_device: int) -> GroupLinks:
+    size = math.prod(sizes[i] for i in chosen)
+    if size <= 1:
+        return NO_COMM
+    strides = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
+    per_node = {g.node.devices for g in cluster.groups}
+    local = nodes = None
+    if len(per_node) == 1 and first_device % next(iter(per_node)) == 0:
+        node = next(iter(per_node))
+        # Nested sizes (each stride divides the node or the node divides it): a member axis of
+        # stride t < node keeps min(size, node / t) of its members inside one node.
+        if all(node % strides[i] == 0 or strides[i] % node == 0 for i in chosen):
+            local = math.prod(min(sizes[i], max(1, node // strides[i])) for i in chosen)
+    if local is None:
+        local, nodes = _local_members(cluster, [(sizes[i], strides[i]) for i in chosen], first_device)
+    else:
+        nodes = -(-size // local)
+    links = [g.node.link for g in cluster.groups]
+    intra = min(links, key=lambda link: link.bandwidth)
+    inter_bandwidth, inter_latency = _inter_link(cluster)
+    return GroupLinks(size, local, nodes, intra.bandwidth, max(link.latency for link in links),
+                      inter_bandwidth, inter_latency)
+
+
+def _local_members(cluster: ir.Cluster, axes: list[tuple[int, int]], first_device: int) -> tuple[int, int]:
+    """(most members sharing a node, nodes touched) of the group of device `first_device`, enumerated."""
+    node_of = _node_index(cluster)
+    members = [first_device]
+    for size, stride in axes:
+        members = [m + c * stride for m in members for c in range(size)]
+    counts: dict[int, int] = {}
+    for m in members:
+        node = node_of(min(m, cluster.num_devices - 1))
+        counts[node] = counts.get(node, 0) + 1
+    return max(counts.values()), len(counts)
+
+
+def _node_index(cluster: ir.Cluster):
+    import bisect
+    starts, total = [], 0
+    for group in cluster.groups:
+        for _ in range(min(group.count, 1_000_000)):
+            starts.append(total)
+            total += group.node.devices
+    return lambda device: bisect.bisect_right(starts, device) - 1
+
+
+def _inter_link(cluster: ir.Cluster) -> tuple[float, float]:
+    """Per-device bandwidth and the latency between nodes.
+
+    The NIC figure is per node and every device of the node drives the same collective at once
+    (all groups of an axis run together), so a device gets nic / devices; a cluster `fabric` (per
+    node) caps it. A node without a NIC talks over its intra-node link (one-node clusters)."""
+    bandwidth, latency = math.inf, 0.0
+    for group in cluster.groups:
+        node = group.node
+        link = node.nic or node.link
+        per_node = min(link.bandwidth, cluster.fabric.bandwidth) if cluster.fabric else link.bandwidth
+        bandwidth = min(bandwidth, per_node / (node.devices if node.nic else 1))
+        latency = max(latency, link.latency + (cluster.fabric.latency if cluster.fabric else 0.0))
+    return bandwidth, latency
+
+
+# ---- alpha-beta collectives ----------------------------------------------------------------------------
+def estimate_collective(collective: str, size_bytes: float, links: GroupLinks) -> CommEstimate:
+    """One collective on a buffer of `size_bytes` (the full buffer: the all-reduced tensor, the
+    gathered output, the input of a reduce-scatter, everything one device sends in an all-to-all).
+
+    Ring algorithms (Thakur et al. 2005, "Optimization of Collective Communication Operations in
+    MPICH"; Patarasuk & Yuan 2009 for the bandwidth-optimal all-reduce), n = group size:
+      all-reduce      2(n-1)·alpha + 2(n-1)/n · S/beta
+      reduce-scatter   (n-1)·alpha +  (n-1)/n · S/beta, all-gather the same
+      all-to-all       (n-1)·alpha +  (n-1)/n · S/beta  (pairwise exchange)
+      point-to-point        alpha +          S/beta
+    A group over several nodes with k members in each runs hierarchically (the intra-node
+    collective over k, then the inter-node one over n/k on S/k per device, as NCCL's tree/ring
+    over NVLink + NIC and Megatron's 2-D reductions do); with k = 1 only the inter-node term is left.
+    """
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective '{collective}'; one of {', '.join(COLLECTIVES)}")
+    n, k, nodes = links.size, links.local, links.nodes
+    if n <= 1 or size_bytes <= 0:
+        return CommEstimate(collective, float(size_bytes), 0.0, 0.0, 0.0)
+    s = float(size_bytes)
+    a_in, a_out = links.intra_latency, links.inter_latency
+    b_in, b_out = links.intra_bandwidth, links.inter_bandwidth
+    if collective == "p2p":
+        if nodes > 1:
+            return CommEstimate(collective, s, a_out, 0.0, s / b_out)
+        return CommEstimate(collective, s, a_in, s / b_in, 0.0)
+    if collective == "all_to_all":
+        # Each device keeps 1/n, sends (k-1)/n of S inside its node and (n-k)/n across nodes.
+        latency = (k - 1) * a_in + (n - k) * a_out
+        return CommEstimate(collective, s, latency, (k - 1) / n * s / b_in, (n - k) / n * s / b_out)
+    steps = 2 if collective == "all_reduce" else 1
+    intra = steps * (k - 1) / k * s / b_in if k > 1 else 0.0
+    inter = steps * (nodes - 1) / nodes * (s / k) / b_out if nodes > 1 else 0.0
+    latency = steps * ((k - 1) * a_in + (nodes - 1) * a_out)
+    return CommEstimate(collective, s, latency, intra, inter)
+
+
+def collective_seconds(collective: str, size_bytes: float, links: GroupLinks) -> float:
+    return estimate_collective(collective, size_bytes, links).seconds
+
+
+__all__ = ["GroupLinks", "CommEstimate", "NO_COMM", "group_links", "estimate_collective",
+           "collective_seconds", "COLLECTIVES"]

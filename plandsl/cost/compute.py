@@ -1,0 +1,235 @@
+"""Compute: seconds one device spends on a layer for one microbatch, as a breakdown.
+
+Stage: cost model. Contract: `estimate_layer_compute(model, layer, work, device)` returns a
+`LayerCompute` (matrix multiplications and the rest, forward and backward, recomputation) from the
+layer's shapes, the per-device share of the work (`Work`: tokens, tensor/expert parallel split) and
+the device's figures from the cluster description (peak FLOP/s per precision, memory bandwidth).
+
+A matrix multiplication (GEMM) of m x k by k x n takes its FLOPs at a fraction of the peak, plus
+its operands' bytes at the memory bandwidth (the roofline, Williams et al. 2009, "Roofline: An
+Insightful Visual Performance Model"), plus a fixed time per kernel (launch and the last, partial
+wave of thread blocks):
+
+    t = 2·m·n·k / (peak_fraction · peak) + bytes(A, B, C) / bandwidth + kernel_seconds
+
+so small shards reach a lower fraction of the peak, smoothly in the GEMM's size:
+efficiency = 2mnk / (peak · t). The two knobs (`peak_fraction`, `kernel_seconds`) are fitted on
+published runs (docs/cost-model.md, docs/validation.md). Everything that is no GEMM (norms,
+activations, residual adds, dropout, rotary, the softmax of the loss) moves its bytes at the device's
+memory bandwidth; fused attention (Dao et al. 2022) reads Q, K, V and writes O once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plandsl import ir
+from plandsl.models import Layer, kv_width
+
+
+@dataclass(frozen=True, slots=True)
+class Efficiency:
+    """The two fitted knobs of the GEMM model (see the module docstring)."""
+
+    peak_fraction: float
+    """Fraction of the peak the FLOPs of a large GEMM run at (cuBLAS: 0.7-0.9 of the datasheet)."""
+    kernel_seconds: float
+    """Fixed seconds per GEMM kernel: launch, and the tail wave that leaves most of the device idle."""
+
+    def gemm_seconds(self, m: float, n: float, k: float, device: ir.DeviceType,
+                     precision: ir.Precision, count: float = 1.0) -> float:
+        """`count` GEMMs of m x k by k x n in one kernel (a batched GEMM: heads, experts)."""
+        if m <= 0 or n <= 0 or k <= 0 or count <= 0:
+            return 0.0
+        flops = 2.0 * m * n * k * count
+        moved = (m * k + k * n + m * n) * precision.bytes * count
+        return self.kernel(flops, moved, device, precision)
+
+    def kernel(self, flops: float, moved: float, device: ir.DeviceType, precision: ir.Precision) -> float:
+        """Seconds of one compute kernel of `flops` FLOPs that moves `moved` bytes."""
+        return flops / (self.peak_fraction * peak_of(device, precision)) + moved / device.bandwidth + \
+            self.kernel_seconds
+
+    def efficiency(self, m: float, n: float, k: float, device: ir.DeviceType, precision: ir.Precision) -> float:
+        """Achieved fraction of the peak for one m x k by k x n GEMM."""
+        seconds = self.gemm_seconds(m, n, k, device, precision)
+        return 2.0 * m * n * k / (seconds * peak_of(device, precision)) if seconds else 0.0
+
+
+# Fitted on Megatron-LM's weak-scaling runs (Narayanan et al. 2021, Table 1, every other row) by
+# `python bench/bench_search.py --fit`; docs/validation.md has the fit and the held-out error.
+DEFAULT_EFFICIENCY = Efficiency(peak_fraction=0.57, kernel_seconds=60e-6)
+
+
+def peak_of(device: ir.DeviceType, precision: ir.Precision) -> float:
+    """The device's peak for the precision (the checker's E504 guarantees there is one)."""
+    peak = device.peak.get(precision)
+    return peak if peak is not None else min(device.peak.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """The share of one microbatch one device computes."""
+
+    micro_batch: int
+    seq: int                 # full sequence length: the keys each query attends to
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+    precision: ir.Precision = ir.Precision.bf16
+    recompute: ir.Recompute = ir.Recompute.none
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of one microbatch on one context-parallel rank (the worst rank rounds up)."""
+        return self.micro_batch * -(-self.seq // self.cp)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCompute:
+    """Seconds for one microbatch through one layer on one device, and the FLOPs behind them."""
+
+    forward_matmul: float
+    forward_other: float
+    backward_matmul: float
+    backward_other: float
+    recompute: float
+    attention: float = 0.0     # forward seconds of the attention core (ring context parallelism hides behind it)
+    flops: float = 0.0         # forward FLOPs on this device
+    recompute_flops: float = 0.0
+
+    @property
+    def forward(self) -> float:
+        return self.forward_matmul + self.forward_other
+
+    @property
+    def input_grad(self) -> float:
+        """Backward for the inputs (I of a split backward): half the matmuls, the rest, recomputation."""
+        return self.backward_matmul / 2 + self.backward_other + self.recompute
+
+    @property
+    def weight_grad(self) -> float:
+        """Backward for the weights (W): the other half of the backward matmuls."""
+        return self.backward_matmul / 2
+
+    @property
+    def backward(self) -> float:
+        return self.input_grad + self.weight_grad
+
+
+ZERO = LayerCompute(0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def estimate_layer_compute(model: ir.Model, layer: Layer, work: Work, device: ir.DeviceType,
+                           efficiency: Efficiency = DEFAULT_EFFICIENCY) -> LayerCompute:
+    """Forward, backward and recomputation seconds of `layer` for one microbatch on `device`.
+
+    Backward = 2 x forward matmuls (input and weight gradients, each a GEMM as large as the
+    forward's; Narayanan et al. 2021, Sec. 5.1) and 2 x the forward's other bytes (read the output
+    gradient and the saved input, write the input gradient). Recomputation (Korthikanti et al. 2022):
+    `full` reruns the block's forward inside its backward, `selective` the attention core only.
+    """
+    if isinstance(model, ir.TransformerModel):
+        return _transformer_layer(model, layer, work, device, efficiency)
+    precision = work.precision
+    tokens = work.tokens
+    if isinstance(model, ir.MLPModel):
+        out_features, in_features = layer.params[0].shape
+        matmul = efficiency.gemm_seconds(tokens, out_features, in_features, device, precision)
+        other = 2 * tokens * out_features * precision.bytes / device.bandwidth  # bias + activation
+        flops = 2.0 * tokens * in_features * out_features
+    else:  # custom layer: authored FLOPs per token, no shapes: the large-GEMM efficiency
+        flops = layer.flops_per_token * tokens
+        matmul = efficiency.kernel(flops, 0.0, device, precision) if flops else 0.0
+        other = 2 * tokens * layer.output_width * precision.bytes / device.bandwidth
+    full = work.recompute is ir.Recompute.full
+    return LayerCompute(matmul, other, 2 * matmul, 2 * other, (matmul + other) if full else 0.0,
+                        flops=flops, recompute_flops=flops if full else 0.0)
+
+
+def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, device: ir.DeviceType,
+                       efficiency: Efficiency) -> LayerCompute:
+    precision, tokens, tp = work.precision, work.tokens, work.tp
+    h = model.hidden
+    element = precision.bytes
+    bandwidth = device.bandwidth
+    split = tp if work.sequence_parallel else 1   # sequence parallel splits the norms' tokens too
+    gemm = efficiency.gemm_seconds
+    if layer.kind == "embed":
+        # A lookup: read the rows, write the activations (vocabulary-parallel: each rank its rows).
+        other = 2 * tokens * h * element / bandwidth
+        return LayerCompute(0.0, other, 0.0, 2 * other, 0.0)
+    if layer.kind == "norm":
+        other = 2 * 2 * tokens * h * element / split / bandwidth  # read and write, mean/var pass fused
+        return LayerCompute(0.0, other, 0.0, 2 * other, 0.0)
+    if layer.kind == "head":
+        vocab = -(-model.vocab // tp)
+        matmul = gemm(tokens, vocab, h, device, precision)
+        # Cross entropy over fp32 logits (Korthikanti et al. 2022, Sec. 4.3): write the 16-bit
+        # logits, read them, write fp32 probabilities; backward reads them and writes the gradient.
+        forward_other = tokens * vocab * (element + element + 4) / bandwidth
+        backward_other = tokens * vocab * (4 + element) / bandwidth
+        flops = 2.0 * tokens * vocab * h
+        return LayerCompute(matmul, forward_other, 2 * matmul, backward_other, 0.0, flops=flops)
+    # A block: fused QKV, attention core, output projection, MLP (or experts), as Megatron runs it.
+    kv = kv_width(model)
+    ffn = model.ffn_hidden
+    gpt = model.kind == "gpt"
+    head_dim = h // model.heads
+    matmul = gemm(tokens, (h + 2 * kv) / tp, h, device, precision)          # wq, wk, wv (column-parallel)
+    matmul += gemm(tokens, h, h / tp, device, precision)                   # wo (row-parallel)
+    flops = 2.0 * tokens * h * (h + 2 * kv) / tp + 2.0 * tokens * h * h / tp
+    seq_q = -(-work.seq // work.cp)
+    heads = model.heads / tp
+    attention_flops = 4.0 * work.micro_batch * seq_q * work.seq * head_dim * heads  # Q·Kᵀ and P·V
+    attention = efficiency.kernel(attention_flops, work.micro_batch * (2 * seq_q * head_dim * heads
+                                                                     + 2 * work.seq * kv / tp) * element,
+                                  device, precision)
+    projections = 3 if not gpt else 2                                      # SwiGLU: w1, w3 and w2
+    if model.experts:
+        experts = model.experts
+        matmul += gemm(tokens, experts, h, device, precision)               # router (replicated)
+        flops += 2.0 * tokens * h * experts
+        routed = tokens * model.top_k * work.ep / experts                   # tokens per local expert
+        local = experts / work.ep
+        matmul += gemm(routed, (projections - 1) * ffn / tp, h, device, precision, count=local)
+        matmul += gemm(routed, h, ffn / tp, device, precision, count=local)
+        flops += 2.0 * tokens * model.top_k * projections * h * ffn / tp
+        mlp_elements = model.top_k * ((2 if gpt else 3) * ffn / tp + 4 * h) + 2 * experts
+    else:
+        matmul += gemm(tokens, (projections - 1) * ffn / tp, h, device, precision)
+        matmul += gemm(tokens, h, ffn / tp, device, precision)
+        flops += 2.0 * tokens * projections * h * ffn / tp
+        mlp_elements = (2 if gpt else 3) * ffn / tp                        # GeLU r/w; SwiGLU r 2, w 1
+    # Outside the GEMMs, per token: two norms (read, write: 4h), two residual adds (read 2, write
+    # 1: 6h), gpt's two dropout masks (1 byte each: h in 16-bit units); inside tensor parallelism
+    # the activation function and llama's rotary embedding on q and k (read, write: 2(h + kv)).
+    replicated = (4 + 6 + (1 if gpt else 0)) * h / split
+    sharded = mlp_elements + (0 if gpt else 2 * (h + kv) / tp)
+    other = tokens * (replicated + sharded) * element / bandwidth
+    flops += attention_flops
+    recompute, recompute_flops = 0.0, 0.0
+    if work.recompute is ir.Recompute.full:
+        recompute, recompute_flops = matmul + attention + other, flops
+    elif work.recompute is ir.Recompute.selective:
+        recompute, recompute_flops = attention, attention_flops
+    # The attention core's backward is twice its forward, like the GEMMs' (Dao et al. 2022).
+    return LayerCompute(matmul + attention, other, 2 * (matmul + attention), 2 * other, recompute,
+                        attention=attention, flops=flops, recompute_flops=recompute_flops)
+
+
+def estimate_optimizer_step(local_params: float, device: ir.DeviceType, optimizer: ir.Optimizer,
+                            precision: ir.Precision) -> float:
+    """Seconds of the optimizer step over the `local_params` a device updates (after ZeRO).
+
+    Element-wise and memory bound: read and write every optimizer state (ZeRO's K bytes per
+    parameter, Rajbhandari et al. 2020, Sec. 3.1), read the gradient, write the parameter.
+    """
+    from plandsl.cost.memory import optimizer_bytes_per_param
+    state = optimizer_bytes_per_param(optimizer, precision)
+    per_param = 2 * state + precision.bytes + precision.bytes
+    return local_params * per_param / device.bandwidth
+
+
+__all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "Work", "LayerCompute", "estimate_layer_compute",
+           "estimate_optimizer_step", "peak_of"]

@@ -1,0 +1,101 @@
+"""Plan -> one self-contained HTML page: the plan's summary, the estimate table (memory per
+pipeline rank against capacity, simulated makespan and peak) and every view inlined as <svg>.
+
+Contract: `render_html(plan, color_by=None) -> str`; needs graphviz (`GraphvizMissing` without
+it). Views that do not apply are named with the reason instead of a picture. No scripts, no
+external files: the page opens from disk in any browser.
+"""
+from __future__ import annotations
+
+import html
+import re
+
+from plandsl import ir
+from plandsl.render.dot import NotApplicable
+from plandsl.units import format_bytes
+
+STYLE = """
+body { font-family: Helvetica, Arial, sans-serif; margin: 2em; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ccc; }
+pre { background: #f6f6f6; padding: 1em; overflow-x: auto; font-size: 0.85em; }
+table.estimate { border-collapse: collapse; font-size: 0.9em; }
+table.estimate th, table.estimate td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }
+table.estimate th { background: #f0f0f0; } td.over { color: #b00; font-weight: bold; }
+div.view { overflow: auto; max-height: 90vh; border: 1px solid #ddd; padding: 0.5em; }
+p.note { color: #666; font-style: italic; }
+nav a { margin-right: 1em; }
+"""
+
+
+def render_html(plan: ir.Plan, color_by: str | None = None, timings: dict | None = None) -> str:
+    from plandsl.render import VIEWS, engine, render
+    from plandsl.render.output import to_image
+    from plandsl.summary import describe_plan
+    sections = []
+    for view in VIEWS:
+        try:
+            text = render(plan, view, color_by)
+        except NotApplicable as reason:
+            sections.append((view, f'<p class="note">{html.escape(str(reason))}</p>'))
+            continue
+        svg = to_image(text, "svg", engine(view), timings).decode("utf-8")
+        sections.append((view, f'<div class="view">{inline_svg(svg, view)}</div>'))
+    title = f"plandsl: plan {plan.name}"
+    parts = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+             f"<title>{html.escape(title)}</title>", f"<style>{STYLE}</style>", "</head>", "<body>",
+             f"<h1>{html.escape(title)}</h1>",
+             "<nav>" + "".join(f'<a href="#{v}">{v}</a>' for v in ("summary", "estimate", *VIEWS)) + "</nav>",
+             '<h2 id="summary">summary</h2>', f"<pre>{html.escape(describe_plan(plan))}</pre>",
+             '<h2 id="estimate">estimate</h2>', estimate_table(plan)]
+    for view, body in sections:
+        parts += [f'<h2 id="{view}">{view}</h2>', body]
+    parts += ["</body>", "</html>"]
+    return "\n".join(parts) + "\n"
+
+
+def inline_svg(svg: str, prefix: str) -> str:
+    """Graphviz's SVG file as an element of a page: no XML prolog or doctype, ids made unique."""
+    start = svg.find("<svg")
+    body = svg[start:] if start >= 0 else svg
+    body = re.sub(r'\bid="', f'id="{prefix}_', body)
+    return re.sub(r'(xlink:href|href)="#', rf'\1="#{prefix}_', body).strip()
+
+
+def estimate_table(plan: ir.Plan) -> str:
+    """Per pipeline rank: the memory estimate against the smallest device, and simulated figures."""
+    from plandsl.check.memory import estimate_plan_memory, pipeline_rank_devices
+    from plandsl.placement import assign_stages
+    assignment, _ = assign_stages(plan)
+    estimates = estimate_plan_memory(plan, assignment) if assignment else None
+    if not estimates:
+        return '<p class="note">no estimate: the placement is invalid</p>'
+    simulation = None
+    if plan.stages is not None and plan.schedule is not None:
+        from plandsl.render.schedule import simulated
+        _, simulation, _ = simulated(plan)
+    head = ["rank", "devices", "parameters", "gradients", "optimizer", "activations", "total (estimate)",
+            "capacity", "use"]
+    if simulation:
+        head += ["simulated peak", "busy", "idle"]
+    rows = ["<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
+    for rank, (estimate, devices) in enumerate(zip(estimates, pipeline_rank_devices(plan))):
+        device = min(devices, key=lambda d: d.memory) if devices else None
+        capacity = device.memory if device else 0.0
+        use = estimate.total / capacity if capacity else 0.0
+        kinds = ", ".join(dict.fromkeys(d.name for d in devices))
+        cells = [str(rank) if plan.stages else "all", f"{len(devices):,} × {kinds}", format_bytes(estimate.params),
+                 format_bytes(estimate.grads), format_bytes(estimate.optimizer), format_bytes(estimate.activations),
+                 format_bytes(estimate.total), format_bytes(capacity)]
+        row = "".join(f"<td>{html.escape(c)}</td>" for c in cells)
+        row += ('<td class="over">' if use > 1 else "<td>") + f"{use:.0%}</td>"
+        if simulation:
+            stats = simulation.ranks[rank]
+            row += "".join(f"<td>{html.escape(c)}</td>" for c in (
+                format_bytes(stats.peak_memory_bytes), f"{stats.busy:.4g} s", f"{stats.idle:.4g} s"))
+        rows.append(f"<tr>{row}</tr>")
+    note = ""
+    if simulation:
+        note = (f'<p>simulated step: makespan {simulation.makespan:.4g} s, bubble '
+                f'{simulation.bubble_fraction:.1%}; the simulated peak counts activations in flight as the '
+                "schedule runs them, the estimate the schedule's worst case.</p>")
+    return '<table class="estimate">' + "".join(rows) + "</table>" + note

@@ -1,0 +1,213 @@
+"""Plan -> memory per pipeline rank over one step: parameters, gradients and optimizer states as
+constant bands, activations in flight as a stepped line from the simulator, capacity dashed.
+
+Contract: `render_memory(plan) -> DOT text` for `neato -n2`; `NotApplicable` without a pipeline.
+`memory_over_time` is the series: F(s, m) adds stage s's activation bytes when it starts, B frees
+them when it ends; with a split backward I frees (1 - weight_grad_fraction) and W the rest, as
+`schedules.simulate` counts them, so each line's top is the simulator's peak.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plandsl import ir
+from plandsl.render.dot import FONT, Graph, NotApplicable, inches, pos, spline
+from plandsl.render.schedule import simulated
+from plandsl.render.timeline import FIXED_GRAPH, TimeAxis, draw_time_axis, text_node
+from plandsl.schedules.program import Kind
+from plandsl.schedules.simulate import Simulation
+from plandsl.units import format_bytes
+
+ENGINE = ("neato", "-n2")
+LEFT, WIDTH, PANEL, GAP, BOTTOM = 120.0, 900.0, 92.0, 22.0, 46.0
+BANDS = (("parameters", "#a6c8e8"), ("gradients", "#ffc999"), ("optimizer", "#d8b5d0"))
+LINE, CAPACITY = "#222222", "#d62728"
+MAX_PANELS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class RankMemory:
+    """One pipeline rank: its constant bytes, activation level over time, and device capacity."""
+
+    rank: int
+    params: float
+    grads: float
+    optimizer: float
+    steps: tuple[tuple[float, float], ...]  # (time, activation bytes from then on), time-ordered
+    capacity: float
+    device: str
+
+    @property
+    def static(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def peak(self) -> float:
+        return self.static + max((level for _, level in self.steps), default=0.0)
+
+
+def memory_over_time(plan: ir.Plan) -> tuple[list[RankMemory], Simulation]:
+    """Per pipeline rank, memory over the simulated step; NotApplicable without a pipeline."""
+    from plandsl.check.memory import estimate_plan_memory, pipeline_rank_devices
+    from plandsl.cost.pipeline import estimate_stage_costs
+    from plandsl.placement import assign_stages
+    schedule, simulation, _ = simulated(plan)
+    assignment, _ = assign_stages(plan)
+    costs = estimate_stage_costs(plan, assignment)
+    activation = costs.activation_bytes
+    if len(activation) != schedule.stages:
+        raise NotApplicable(f"schedule '{schedule.name}' has {schedule.stages} stages but the plan places "
+                            f"{len(activation)}: no activation sizes to draw memory with")
+    share = costs.weight_grad_fraction
+    release = {Kind.B: 1.0, Kind.I: 1.0 - share, Kind.W: share}
+    changes: list[list[tuple[float, float]]] = [[] for _ in range(schedule.ranks)]
+    for event in simulation.events:
+        stage, kind = event.action.stage, event.action.kind
+        if kind is Kind.F:
+            changes[event.rank].append((event.start, activation[stage]))
+        elif kind in release:
+            changes[event.rank].append((event.end, -activation[stage] * release[kind]))
+    estimates = estimate_plan_memory(plan, assignment) or []
+    devices = pipeline_rank_devices(plan)
+    ranks = []
+    for rank in range(schedule.ranks):
+        level, steps = 0.0, [(0.0, 0.0)]
+        for time, delta in sorted(changes[rank]):  # at one instant, frees (negative) come first
+            level = max(0.0, level + delta)
+            if steps[-1][0] == time and len(steps) > 1:
+                steps[-1] = (time, level)
+            else:
+                steps.append((time, level))
+        estimate = estimates[rank] if rank < len(estimates) else None
+        device = min(devices[rank], key=lambda d: d.memory) if rank < len(devices) and devices[rank] else None
+        ranks.append(RankMemory(rank, estimate.params if estimate else 0.0, estimate.grads if estimate else 0.0,
+                                estimate.optimizer if estimate else 0.0, tuple(steps),
+                                device.memory if device else 0.0, device.name if device else "?"))
+    return ranks, simulation
+
+
+def percent(share: float) -> str:
+    """12%, 3.4%, 0.024%: two significant digits below 10%."""
+    return f"{share:.0%}" if share >= 0.1 or share == 0 else f"{share * 100:.2g}%"
+
+
+def _peak_envelope(steps: tuple[tuple[float, float], ...], axis: TimeAxis, makespan: float,
+                   resolution: float = 2.0) -> list[tuple[float, float]]:
+    """(x, level) corners of the stepped line; changes closer than `resolution` points merge,
+    keeping the highest and lowest level between them, so no peak is lost."""
+    points: list[tuple[float, float]] = []
+    column, entry, high, low, last = None, 0.0, 0.0, 0.0, 0.0
+    for time, level in steps:
+        x = round(axis.x(time) / resolution) * resolution
+        if x != column:
+            if column is not None:
+                points += [(column, entry), (column, high), (column, low), (column, last)]
+            column, entry, high, low = x, last, max(last, level), min(last, level)
+        high, low, last = max(high, level), min(low, level), level
+    if column is not None:
+        points += [(column, entry), (column, high), (column, low), (column, last)]
+    points.append((axis.x(makespan), last))
+    deduped: list[tuple[float, float]] = []
+    for point in points:
+        if not deduped or deduped[-1] != point:
+            deduped.append(point)
+    return deduped
+
+
+def render_memory(plan: ir.Plan) -> str:
+    ranks, simulation = memory_over_time(plan)
+    return draw_memory(ranks, simulation.makespan, title=f"plan {plan.name}")
+
+
+def draw_memory(ranks: list[RankMemory], makespan: float, title: str = "") -> str:
+    shown = ranks if len(ranks) <= MAX_PANELS else ranks[:MAX_PANELS - 4] + ranks[-4:]
+    peak = max((r.peak for r in ranks), default=0.0) or 1.0
+    capacity = min((r.capacity for r in ranks if r.capacity), default=0.0)
+    on_scale = 0 < capacity <= 4 * peak
+    top_value = max(peak, capacity if on_scale else 0.0) * 1.08
+    axis = TimeAxis(makespan, LEFT, WIDTH)
+    graph = Graph("memory", comment=f"plandsl render --view memory: {title}\nlay out with: neato -n2",
+                  graph={**FIXED_GRAPH, "outputorder": "nodesfirst"},
+                  node={"shape": "box", "fixedsize": True, "style": "filled", "fontname": FONT, "fontsize": 8,
+                        "penwidth": 0, "label": ""},
+                  edge={"dir": "none"})
+    panels_top = BOTTOM + len(shown) * (PANEL + GAP)
+    _header(graph, ranks, shown, panels_top, title, capacity, on_scale, peak)
+    draw_time_axis(graph, axis, panels_top - GAP, BOTTOM - 4)
+    for slot, memory in enumerate(shown):
+        base = BOTTOM + (len(shown) - 1 - slot) * (PANEL + GAP)
+        _panel(graph, memory, axis, makespan, base, top_value, on_scale)
+    return graph.source()
+
+
+def _panel(graph: Graph, memory: RankMemory, axis: TimeAxis, makespan: float, base: float, top_value: float,
+           on_scale: bool) -> None:
+    rank = memory.rank
+    scale = PANEL / top_value
+
+    def y(level: float) -> float:
+        return base + level * scale
+
+    graph.node(f"frame{rank}", pos=pos(LEFT + WIDTH / 2, base + PANEL / 2), width=inches(WIDTH),
+               height=inches(PANEL), style="solid", color="#bbbbbb", penwidth=0.6)
+    bottom = 0.0
+    for (name, fill), value in zip(BANDS, (memory.params, memory.grads, memory.optimizer)):
+        height = value * scale
+        if height >= 0.2:
+            label = f"{name} {format_bytes(value)}" if height >= 10 else ""
+            graph.node(f"{name}{rank}", pos=pos(LEFT + WIDTH / 2, y(bottom) + height / 2), width=inches(WIDTH),
+                       height=inches(height), fillcolor=fill, label=label, tooltip=f"{name}: {format_bytes(value)}")
+        bottom += value
+    corners = _peak_envelope(memory.steps, axis, makespan)
+    line = [(x, y(memory.static + level)) for x, level in corners]
+    _line(graph, f"act{rank}", line, color=LINE, penwidth=1.2,
+          tooltip=f"rank {rank}: static + activations in flight, peak {format_bytes(memory.peak)}")
+    if on_scale and memory.capacity:
+        level = y(memory.capacity)
+        _line(graph, f"cap{rank}", [(LEFT, level), (LEFT + WIDTH, level)], color=CAPACITY, style="dashed",
+              penwidth=1.0, tooltip=f"capacity of {memory.device}: {format_bytes(memory.capacity)}")
+        text_node(graph, f"cap{rank}_text", LEFT + WIDTH - 4, level + 6,
+                  f"capacity {format_bytes(memory.capacity)} ({memory.device})", size=7, align="r",
+                  fontcolor=CAPACITY)
+    peak_text = f"peak {format_bytes(memory.peak)}"
+    if memory.capacity:
+        peak_text += f" = {percent(memory.peak / memory.capacity)}"
+    text_node(graph, f"label{rank}", LEFT - 8, base + PANEL / 2 + 7, f"rank {rank}", size=10, align="r")
+    text_node(graph, f"peak{rank}", LEFT - 8, base + PANEL / 2 - 7, peak_text, size=8, align="r")
+    text_node(graph, f"static{rank}", LEFT - 8, base + PANEL / 2 - 19, f"states {format_bytes(memory.static)}",
+              size=8, align="r")
+    text_node(graph, f"zero{rank}", LEFT - 4, base + 3, "0", size=7, align="r")
+    text_node(graph, f"top{rank}", LEFT - 4, base + PANEL - 3, format_bytes(top_value), size=7, align="r")
+
+
+def _line(graph: Graph, name: str, points: list[tuple[float, float]], **attrs: object) -> None:
+    """A polyline: an edge between two invisible points, its route given."""
+    graph.node(f"{name}_a", pos=pos(*points[0]), shape="point", width=0, height=0, style="invis")
+    graph.node(f"{name}_b", pos=pos(*points[-1]), shape="point", width=0, height=0, style="invis")
+    graph.edge(f"{name}_a", f"{name}_b", pos=spline(points), **attrs)
+
+
+def _header(graph: Graph, ranks: list[RankMemory], shown: list[RankMemory], top: float, title: str,
+            capacity: float, on_scale: bool, peak: float) -> None:
+    head = f"{title + ' · ' if title else ''}memory per device over one step, by pipeline rank"
+    if len(shown) < len(ranks):
+        head += f" (showing {len(shown)} of {len(ranks)} ranks: {shown[MAX_PANELS - 5].rank + 1}.." \
+                f"{shown[-4].rank - 1} left out)"
+    text_node(graph, "title", LEFT, top + 30, head, size=11, align="l")
+    x = LEFT
+    keys = [(name, fill, "filled") for name, fill in BANDS] + [("activations in flight (simulated)", LINE, "line")]
+    if on_scale:
+        keys.append(("device capacity", CAPACITY, "dashed"))
+    for number, (name, colour, kind) in enumerate(keys):
+        if kind == "filled":
+            graph.node(f"key{number}", pos=pos(x + 6, top + 12), width=inches(12), height=inches(9),
+                       fillcolor=colour)
+        else:
+            _line(graph, f"key{number}", [(x, top + 12), (x + 14, top + 12)], color=colour, penwidth=1.2,
+                  style="dashed" if kind == "dashed" else None)
+        text_node(graph, f"key{number}_text", x + 17, top + 12, name, size=8, align="l")
+        x += 30 + len(name) * 8 * 0.6
+    if capacity and not on_scale:
+        text_node(graph, "offscale", x + 4, top + 12,
+                  f"capacity {format_bytes(capacity)} is off the scale: the peak uses {percent(peak / capacity)} of it",
+                  size=8, align="l", fontcolor=CAPACITY)

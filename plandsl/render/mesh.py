@@ -1,0 +1,366 @@
+"""Plan -> its device mesh on the cluster: nodes as boxes holding their devices, each device
+labelled with its coordinate on every mesh axis and coloured by one axis, lines joining each
+group of that axis (the devices that communicate over it), bandwidths on the links.
+
+Contract: `render_mesh(plan, color_by=None) -> DOT text` for `neato -n2`. Large meshes stay
+readable: beyond `MAX_NODES` nodes, runs of identical nodes collapse into one box that says so.
+Device index = row-major over the mesh axes (last axis fastest), from `mesh.first_device`.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from plandsl import ir
+from plandsl.render.dot import FONT, Graph, Html, categorical, escape, inches, num, pos, text_width
+from plandsl.render.timeline import text_node
+
+ENGINE = ("neato", "-n2")
+MAX_NODES = 16        # nodes drawn before runs of identical ones collapse
+KEEP_FIRST = 8        # of a collapsed mesh: the first nodes kept, to show how the axes unfold
+MAX_DEVICES = 16      # devices drawn per node before the middle of the node collapses
+FRAMES_PER_ROW = 8
+DEVICE_HEIGHT, DEVICE_GAP, HEADER, FRAME_GAP_X, FRAME_GAP_Y = 28.0, 6.0, 44.0, 44.0, 56.0
+SHAPES = (("box", "rounded,filled"), ("box", "filled,diagonals"), ("octagon", "filled"), ("hexagon", "filled"))
+ROLES = {"tensor": "tensor parallel: all-reduce activations", "data": "data parallel: all-reduce gradients",
+         "zero": "ZeRO: reduce-scatter gradients, all-gather parameters",
+         "stages": "pipeline: send activations / gradients between stages",
+         "context": "context parallel: ring exchange of keys and values",
+         "experts": "expert parallel: all-to-all of tokens", "none": "no parallelism uses this axis"}
+
+
+def format_rate(bytes_per_second: float) -> str:
+    for unit, factor in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6)):
+        if bytes_per_second >= factor:
+            return f"{bytes_per_second / factor:.3g} {unit}"
+    return f"{bytes_per_second:.3g} B/s"
+
+
+def default_axis(plan: ir.Plan) -> str:
+    """The axis to colour by: tensor, context, expert, the last data axis, pipeline, else the last."""
+    for name in (plan.tensor and plan.tensor.axis, plan.context and plan.context.axis,
+                 plan.experts and plan.experts.axis, plan.data and plan.data.axes[-1],
+                 plan.stages and plan.stages.axis):
+        if name and plan.mesh.degree(name) > 1:
+            return name
+    return plan.mesh.axes[-1].name
+
+
+def axis_role(plan: ir.Plan, name: str) -> str:
+    if plan.tensor and plan.tensor.axis == name:
+        return ROLES["tensor"]
+    if plan.context and plan.context.axis == name:
+        return ROLES["context"]
+    if plan.experts and plan.experts.axis == name:
+        return ROLES["experts"]
+    if plan.stages and plan.stages.axis == name:
+        return ROLES["stages"]
+    if plan.data and name in plan.data.axes:
+        if plan.data.kind == "hsdp" and name == plan.data.axes[0]:
+            return ROLES["data"]
+        return ROLES["zero"] if plan.data.zero_stage else ROLES["data"]
+    return ROLES["none"]
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A drawn node box: a cluster node (`node` >= 0) or a run of collapsed nodes (`collapsed` > 0)."""
+
+    node: int
+    group: int
+    first_device: int   # global index of its first device
+    devices: int
+    collapsed: int = 0  # nodes folded into this box
+    last_node: int = -1
+
+
+class ClusterIndex:
+    """Global node and device numbering of a cluster, without listing every node."""
+
+    def __init__(self, cluster: ir.Cluster):
+        self.groups = cluster.groups
+        self.node_starts, self.device_starts = [], []
+        nodes = devices = 0
+        for group in cluster.groups:
+            self.node_starts.append(nodes)
+            self.device_starts.append(devices)
+            nodes += group.count
+            devices += group.count * group.node.devices
+
+    def node_of(self, device: int) -> tuple[int, int]:
+        """(node index, group index) of a global device index."""
+        group = bisect.bisect_right(self.device_starts, device) - 1
+        local = (device - self.device_starts[group]) // self.groups[group].node.devices
+        return self.node_starts[group] + local, group
+
+    def first_device(self, node: int) -> tuple[int, int]:
+        """(global index of the node's first device, group index)."""
+        group = bisect.bisect_right(self.node_starts, node) - 1
+        per = self.groups[group].node.devices
+        return self.device_starts[group] + (node - self.node_starts[group]) * per, group
+
+
+def frames_of(plan: ir.Plan, index: ClusterIndex) -> list[Frame]:
+    """The node boxes to draw: every node the mesh touches, or, past MAX_NODES, the first
+    KEEP_FIRST, the first two of each later node type and the last, identical runs collapsed."""
+    first, last = plan.mesh.first_device, plan.mesh.first_device + plan.mesh.size - 1
+    first_node, _ = index.node_of(first)
+    last_node, _ = index.node_of(last)
+    count = last_node - first_node + 1
+    keep = set(range(first_node, last_node + 1)) if count <= MAX_NODES else \
+        set(range(first_node, first_node + KEEP_FIRST)) | {last_node}
+    if count > MAX_NODES:
+        for start in index.node_starts:
+            if first_node < start <= last_node:
+                keep |= {start, min(start + 1, last_node)}
+    frames: list[Frame] = []
+    node = first_node
+    while node <= last_node:
+        device, group = index.first_device(node)
+        if node in keep:
+            frames.append(Frame(node, group, device, index.groups[group].node.devices))
+            node += 1
+            continue
+        run_end = node
+        while run_end + 1 <= last_node and run_end + 1 not in keep and index.first_device(run_end + 1)[1] == group:
+            run_end += 1
+        frames.append(Frame(node, group, device, index.groups[group].node.devices, run_end - node + 1, run_end))
+        node = run_end + 1
+    return frames
+
+
+def shown_slots(devices: int) -> list[int | None]:
+    """Local device indices drawn in a node; None marks the collapsed middle of a huge node."""
+    if devices <= MAX_DEVICES:
+        return list(range(devices))
+    return list(range(8)) + [None] + [devices - 2, devices - 1]
+
+
+def render_mesh(plan: ir.Plan, color_by: str | None = None) -> str:
+    mesh = plan.mesh
+    names = [a.name for a in mesh.axes]
+    axis = color_by or default_axis(plan)
+    if axis not in names:
+        raise ValueError(f"--color-by '{axis}': the mesh has no such axis; its axes: {', '.join(names)}")
+    sizes = [a.size for a in mesh.axes]
+    strides = [1] * len(sizes)
+    for i in range(len(sizes) - 2, -1, -1):
+        strides[i] = strides[i + 1] * sizes[i + 1]
+    which = names.index(axis)
+    fills = categorical(sizes[which])
+    index = ClusterIndex(plan.cluster)
+    frames = frames_of(plan, index)
+    type_names = list(dict.fromkeys(g.node.device.name for g in plan.cluster.groups))
+
+    def coords(mesh_index: int) -> list[int]:
+        return [mesh_index // stride % size for stride, size in zip(strides, sizes)]
+
+    def label(mesh_index: int) -> str:
+        return " · ".join(f"{n} {c}" for n, c in zip(names, coords(mesh_index)))
+
+    widest = max([text_width(label(0).replace("0", "00"), 8)] + [text_width("unused", 8)])
+    device_width = max(46.0, widest + 12)
+    frame_width = max(device_width + 16, max(text_width(line, 8.6) for f in frames for line in _frame_lines(plan, f)) + 10)
+    slots_per_frame = [shown_slots(f.devices) if not f.collapsed else [] for f in frames]
+    rows = max([len(s) for s in slots_per_frame] + [3])
+    frame_height = HEADER + rows * (DEVICE_HEIGHT + DEVICE_GAP) + 6
+    graph = Graph("mesh", comment=f"plandsl render --view mesh: plan {plan.name}, colour by {axis}\n"
+                  "lay out with: neato -n2",
+                  graph={"layout": "neato", "inputscale": 72, "outputorder": "edgesfirst", "bgcolor": "white",
+                         "fontname": FONT, "pad": 0.2},
+                  node={"shape": "box", "fixedsize": True, "style": "filled", "fontname": FONT, "fontsize": 8,
+                        "penwidth": 0.8},
+                  edge={"dir": "none", "fontname": FONT, "fontsize": 7})
+    _header(graph, plan, axis, sizes[which], fills, type_names, frames, frame_width)
+    placed: dict[int, tuple[float, float, int]] = {}  # mesh index -> (x, y, frame number)
+    frame_rows = -(-len(frames) // FRAMES_PER_ROW)
+    for number, frame in enumerate(frames):
+        column, row = number % FRAMES_PER_ROW, number // FRAMES_PER_ROW
+        x = column * (frame_width + FRAME_GAP_X) + frame_width / 2
+        top = -row * (frame_height + FRAME_GAP_Y)
+        centre = top - frame_height / 2
+        title, detail, link = _frame_lines(plan, frame)
+        text = Html(f"<b>{escape(title)}</b><br/>{escape(detail)}<br/>{escape(link)}")
+        graph.node(f"node{number}", pos=pos(x, centre), width=inches(frame_width), height=inches(frame_height),
+                   label=text, labelloc="t", style="rounded,dashed" if frame.collapsed else "rounded",
+                   color="#777777", fontsize=8,
+                   tooltip=f"{title}: {detail}")
+        shape, style = SHAPES[type_names.index(index.groups[frame.group].node.device.name) % len(SHAPES)]
+        for slot, local in enumerate(slots_per_frame[number]):
+            y = top - HEADER - slot * (DEVICE_HEIGHT + DEVICE_GAP) - DEVICE_HEIGHT / 2
+            node_id = f"n{frame.node}_d{local}" if local is not None else f"n{frame.node}_more"
+            if local is None:
+                hidden = frame.devices - 10
+                graph.node(node_id, pos=pos(x, y), width=inches(device_width), height=inches(DEVICE_HEIGHT),
+                           label=f"... {hidden} more", style="dashed", color="#999999")
+                continue
+            device = frame.first_device + local
+            mesh_index = device - plan.mesh.first_device
+            if not 0 <= mesh_index < plan.mesh.size:
+                graph.node(node_id, pos=pos(x, y), width=inches(device_width), height=inches(DEVICE_HEIGHT),
+                           label=f"d{device}\\nunused", shape=shape, style=style.replace("filled", "dashed"),
+                           color="#aaaaaa", fontcolor="#999999", tooltip=f"device {device}: not in the mesh")
+                continue
+            mine = coords(mesh_index)
+            graph.node(node_id, pos=pos(x, y), width=inches(device_width), height=inches(DEVICE_HEIGHT),
+                       label=f"d{device}\\n{label(mesh_index)}", shape=shape, style=style,
+                       fillcolor=fills[mine[which]], tooltip=f"device {device} (mesh rank {mesh_index}): "
+                       f"{label(mesh_index)}; {index.groups[frame.group].node.device.name}")
+            placed[mesh_index] = (x, y, number, node_id)
+        if frame.collapsed:
+            graph.node(f"node{number}_note", pos=pos(x, centre - 10), shape="plaintext", fixedsize=False,
+                       width=0, height=0, margin=0, style="solid", fontsize=8,
+                       label=f"{frame.collapsed} identical\\nnodes collapsed\\n(same device layout,\\n"
+                             f"other coordinates)")
+    _networks(graph, plan, frames, frame_rows, frame_width, frame_height)
+    _group_lines(graph, plan, frames, placed, strides[which], sizes[which], coords, which, device_width)
+    return graph.source()
+
+
+def _frame_lines(plan: ir.Plan, frame: Frame) -> tuple[str, str, str]:
+    node_type = plan.cluster.groups[frame.group].node
+    device = node_type.device
+    if frame.collapsed:
+        title = f"nodes {frame.node}..{frame.last_node}"
+        detail = f"{frame.collapsed} × {node_type.name}"
+    else:
+        title = f"node {frame.node} · {node_type.name}"
+        detail = f"{node_type.devices} × {device.name} ({device.memory / 2**30:.0f} GiB)"
+    return title, detail, f"link {format_rate(node_type.link.bandwidth)} per device"
+
+
+def _header(graph: Graph, plan: ir.Plan, axis: str, size: int, fills: list[str], type_names: list[str],
+            frames: list[Frame], frame_width: float) -> None:
+    mesh = plan.mesh
+    shape = " × ".join(f"{a.name}={a.size}" for a in mesh.axes)
+    where = f", devices {mesh.first_device}..{mesh.first_device + mesh.size - 1}" if mesh.part is not None else ""
+    cluster = plan.cluster
+    nodes = f"{cluster.num_nodes:,} node{'s' if cluster.num_nodes != 1 else ''}"
+    text_node(graph, "title", 0, 100, f"plan {plan.name} · mesh [{shape}] = {mesh.size:,} devices on "
+              f"{cluster.name} ({nodes}, {cluster.num_devices:,} devices{where})", size=11, align="l")
+    text_node(graph, "subtitle", 0, 84, f"colour: coordinate on '{axis}' · lines join each '{axis}' group, the "
+              f"devices that communicate over it: {axis_role(plan, axis)} · {_group_shape(plan, axis)}",
+              size=8, align="l")
+    x = 0.0
+    shown = list(range(size)) if size <= 16 else list(range(12)) + [size - 2, size - 1]
+    key_width = text_width(f"{axis} {size - 1}", 7) + 8
+    for coordinate in shown:
+        graph.node(f"key{coordinate}", pos=pos(x + key_width / 2, 62), width=inches(key_width), height=inches(12),
+                   fillcolor=fills[coordinate], label=f"{axis} {coordinate}", fontsize=7,
+                   style="rounded,filled", penwidth=0.5)
+        x += key_width + 4
+    if len(shown) < size:
+        text_node(graph, "key_more", x + 2, 62, f"(of {size})", size=7, align="l")
+        x += 40
+    if len(type_names) > 1:
+        for number, name in enumerate(type_names):
+            shape, style = SHAPES[number % len(SHAPES)]
+            graph.node(f"type{number}", pos=pos(x + 20, 62), width=inches(40), height=inches(12), shape=shape,
+                       style=style, fillcolor="white", label="", penwidth=0.8)
+            text_node(graph, f"type{number}_text", x + 44, 62, name, size=8, align="l")
+            x += 52 + text_width(name, 8)
+    collapsed = [f for f in frames if f.collapsed]
+    if collapsed:
+        drawn = sum(1 for f in frames if not f.collapsed)
+        nodes = sum(f.collapsed for f in collapsed)
+        text_node(graph, "summary", 0, 44, f"{mesh.size:,} devices: showing {drawn} nodes; {nodes:,} identical "
+                  f"nodes collapsed ({', '.join(f'nodes {f.node}..{f.last_node}' for f in collapsed)})",
+                  size=9, align="l", fontcolor="#b35900")
+
+
+def _group_shape(plan: ir.Plan, axis: str) -> str:
+    """`each 'dp' group: 16 devices, 64 apart (across nodes)`."""
+    names = [a.name for a in plan.mesh.axes]
+    size = plan.mesh.degree(axis)
+    stride = 1
+    for other in plan.mesh.axes[names.index(axis) + 1:]:
+        stride *= other.size
+    span = stride * size  # groups fill aligned blocks of this many devices
+    inside = plan.mesh.first_device % span == 0 and all(g.node.devices % span == 0 for g in plan.cluster.groups)
+    spacing = "consecutive" if stride == 1 else f"{stride:,} apart"
+    return f"each '{axis}' group: {size:,} devices, {spacing} ({'inside a node' if inside else 'across nodes'})"
+
+
+def _inter_node(plan: ir.Plan, a: int, b: int) -> float | None:
+    """Bandwidth between two node types' devices across nodes: the slowest of NICs and fabric."""
+    links = [plan.cluster.groups[g].node.nic for g in (a, b)] + [plan.cluster.fabric]
+    rates = [link.bandwidth for link in links if link is not None]
+    return min(rates) if rates else None
+
+
+def _networks(graph: Graph, plan: ir.Plan, frames: list[Frame], frame_rows: int, frame_width: float,
+              frame_height: float) -> None:
+    """Under each row of node boxes, a bar for the network between nodes, with its bandwidths."""
+    if plan.cluster.num_nodes < 2 or len(frames) < 2:
+        return
+    nics = dict.fromkeys(f"{g.node.name} NIC {format_rate(g.node.nic.bandwidth)}"
+                         for g in plan.cluster.groups if g.node.nic)
+    parts = list(nics) + ([f"fabric {format_rate(plan.cluster.fabric.bandwidth)}"] if plan.cluster.fabric else [])
+    text = "network between nodes: " + (", ".join(parts) + " per node" if parts else "no NIC given")
+    for row in range(frame_rows):
+        members = frames[row * FRAMES_PER_ROW:(row + 1) * FRAMES_PER_ROW]
+        width = len(members) * (frame_width + FRAME_GAP_X) - FRAME_GAP_X
+        y = -row * (frame_height + FRAME_GAP_Y) - frame_height - FRAME_GAP_Y / 2
+        graph.node(f"net{row}", pos=pos(width / 2, y), width=inches(width), height=inches(14), label=text,
+                   fillcolor="#eeeeee", color="#999999", fontsize=8)
+        for column in range(len(members)):
+            x = column * (frame_width + FRAME_GAP_X) + frame_width / 2
+            top, bottom = y + FRAME_GAP_Y / 2, y + 7
+            graph.node(f"net{row}_{column}_a", pos=pos(x, top), shape="point", width=0, height=0, style="invis")
+            graph.node(f"net{row}_{column}_b", pos=pos(x, bottom), shape="point", width=0, height=0, style="invis")
+            graph.edge(f"net{row}_{column}_a", f"net{row}_{column}_b", color="#999999", penwidth=1.2,
+                       pos=f"{num(x)},{num(top)} {num(x)},{num(top)} {num(x)},{num(bottom)} {num(x)},{num(bottom)}")
+
+
+def _group_lines(graph: Graph, plan: ir.Plan, frames: list[Frame], placed: dict, stride: int, size: int,
+                 coords, which: int, device_width: float) -> None:
+    """Each shown device to the next shown member of its group; dashed across hidden members."""
+    labelled: set[tuple[int, int]] = set()
+    for mesh_index in sorted(placed):
+        coordinate = coords(mesh_index)[which]
+        step = 1
+        while coordinate + step < size and mesh_index + step * stride not in placed:
+            step += 1
+        if coordinate + step >= size:
+            continue
+        other = mesh_index + step * stride
+        (x0, y0, f0, tail), (x1, y1, f1, head) = placed[mesh_index], placed[other]
+        attrs: dict[str, object] = {"color": "#444444", "penwidth": 1.6}
+        if step > 1:
+            attrs.update(style="dashed", color="#888888")
+        neighbours = f1 == f0 + 1 and f0 // FRAMES_PER_ROW == f1 // FRAMES_PER_ROW
+        route = _route(x0, y0, x1, y1, f0 == f1, neighbours, device_width, mesh_index)
+        attrs["pos"] = " ".join(f"{num(x)},{num(y)}" for x, y in route)
+        text = []
+        if f0 != f1 and (f0, f1) not in labelled:
+            labelled.add((f0, f1))
+            rate = _inter_node(plan, frames[f0].group, frames[f1].group)
+            if rate:
+                text.append(format_rate(rate))
+        if step > 1:
+            text.append(f"via {step - 1} hidden")
+        if text:
+            bx = (route[0][0] + 3 * route[1][0] + 3 * route[2][0] + route[3][0]) / 8
+            by = (route[0][1] + 3 * route[1][1] + 3 * route[2][1] + route[3][1]) / 8
+            attrs.update(label=", ".join(text), lp=f"{num(bx)},{num(by + 6)}")
+        graph.edge(tail, head, **attrs)
+
+
+def _route(x0: float, y0: float, x1: float, y1: float, same_frame: bool, neighbours: bool, device_width: float,
+           number: int):
+    """Cubic Bézier control points from one device to another: straight between neighbours in a
+    node, bowed to the right when skipping devices of the node, arched between nodes."""
+    if same_frame:
+        gap = abs(y1 - y0)
+        if gap <= DEVICE_HEIGHT + DEVICE_GAP + 0.5:
+            start, end = (x0, y0 - DEVICE_HEIGHT / 2), (x1, y1 + DEVICE_HEIGHT / 2)
+            return [start, start, end, end]
+        bow = 10 + 6 * (number % 4) + min(12.0, gap / 16)
+        start, end = (x0 + device_width / 2, y0), (x1 + device_width / 2, y1)
+        return [start, (start[0] + bow, y0), (end[0] + bow, y1), end]
+    start = (x0 + device_width / 2 if x1 > x0 else x0 - device_width / 2, y0)
+    end = (x1 - device_width / 2 if x1 > x0 else x1 + device_width / 2, y1)
+    if abs(y1 - y0) < 0.5 and neighbours:
+        return [start, start, end, end]
+    lift = min(60.0, abs(x1 - x0) / 6 + abs(y1 - y0) / 6)
+    return [start, (start[0], start[1] + lift), (end[0], end[1] + lift), end]

@@ -1,0 +1,269 @@
+"""Plan -> where the model lives: layers grouped into pipeline stages, stages onto pipeline ranks
+(interleaved and V-shape maps drawn as they are), how each layer group's parameters are sharded
+(`Shard(0)@tp`), and what crosses each stage boundary per microbatch and per step.
+
+Contract: `render_placement(plan) -> DOT text` for `dot`. Each pipeline rank is a column; its
+stages stack in the order it holds them, so a loop map reads left to right row by row and a
+V-shape map comes back right to left. A plan without a pipeline is one stage on every device.
+Sharding: Megatron's defaults for `tensor = megatron` (the first tensor-sharded dim of each
+parameter over the tensor axis, experts over the expert axis), then the plan's `shard` rules,
+the most precise selector winning, as the checker resolves them.
+"""
+from __future__ import annotations
+
+from plandsl import ir
+from plandsl.cost.memory import TENSOR_SHARDED_DIMS
+from plandsl.models import EXPERTS, Layer, Param, layers_of
+from plandsl.placement import Assignment, NameIndex, assign_stages, compress_names, precision
+from plandsl.render.dot import FONT, Graph, Html, categorical, escape
+from plandsl.render.mesh import format_rate
+from plandsl.units import format_bytes
+
+ENGINE = ("dot",)
+WRAP = 40  # characters per line of a sharding list
+
+
+def _count(n: float) -> str:
+    for suffix, factor in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= factor:
+            return f"{n / factor:.3g}{suffix}"
+    return str(int(n))
+
+
+# ---- sharding ---------------------------------------------------------------------------------
+def _placement_text(placement: ir.Placement) -> str | None:
+    if placement.kind == "shard":
+        return f"Shard({placement.dim})@{placement.axis}"
+    if placement.kind == "partial":
+        return f"Partial@{placement.axis}"
+    return None  # Replicate is what is not said
+
+
+def winning_rules(plan: ir.Plan, modules: list[str]) -> dict[str, ir.ShardRule]:
+    """Module -> the shard rule that sets it: the most precise selector; the first among equals."""
+    winners: dict[str, ir.ShardRule] = {}
+    if not plan.shard:
+        return winners
+    index = NameIndex(modules)
+    for rule in plan.shard:
+        for position in index.select(rule.target, prefix=True):
+            module = modules[position]
+            other = winners.get(module)
+            if other is None or precision(rule.target) > precision(other.target):
+                winners[module] = rule
+    return winners
+
+
+def param_placements(plan: ir.Plan, param: Param, rule: ir.ShardRule | None) -> tuple[str, ...]:
+    """The parameter's placements on the mesh axes, `()` for replicated everywhere."""
+    tensor_axis = plan.tensor.axis if plan.tensor else None
+    if rule is None:
+        out = []
+        if plan.experts and len(param.dims) == 3 and param.dims[0] == EXPERTS:
+            out.append(f"Shard(0)@{plan.experts.axis}")
+        if tensor_axis and isinstance(plan.model, ir.TransformerModel):
+            dim = next((i for i, role in enumerate(param.dims) if role in TENSOR_SHARDED_DIMS), None)
+            if dim is not None:
+                out.append(f"Shard({dim})@{tensor_axis}")
+        return tuple(out)
+    out: tuple[str, ...] = ()
+    kind = param.name.rsplit(".", 1)[-1]
+    axis = rule.axis or tensor_axis
+    if rule.style == "colwise" and axis:
+        out = (f"Shard(0)@{axis}",)
+    elif rule.style == "rowwise" and axis:
+        out = (f"Shard(1)@{axis}",) if kind == "weight" and len(param.shape) > 1 else ()
+    for param_rule in rule.params:
+        if param_rule.param in ("*", kind):
+            out = tuple(t for t in map(_placement_text, param_rule.placements) if t)
+    return out
+
+
+def layer_sharding(plan: ir.Plan, layer: Layer, winners: dict[str, ir.ShardRule]) -> tuple[tuple[str, str], ...]:
+    """(name within the layer, placements text) per module, or per parameter where a module's differ."""
+    prefix = layer.name + "." if layer.kind == "block" else ""
+    by_module: dict[str, list[tuple[str, str]]] = {}
+    for param in layer.params:
+        text = ", ".join(param_placements(plan, param, winners.get(param.module))) or "Replicate"
+        by_module.setdefault(param.module, []).append((param.name, text))
+    entries = []
+    for module, params in by_module.items():
+        local = module[len(prefix):] if module.startswith(prefix) else module
+        if len({text for _, text in params}) == 1:
+            entries.append((local, params[0][1]))
+        else:
+            entries += [((name[len(prefix):] if name.startswith(prefix) else name), text) for name, text in params]
+    return tuple(entries)
+
+
+def _sharding_lines(entries: tuple[tuple[str, str], ...]) -> list[str]:
+    """`Shard(0)@tp: attn.wq, attn.wk` lines, Replicate last, long lists wrapped."""
+    grouped: dict[str, list[str]] = {}
+    for name, text in entries:
+        grouped.setdefault(text, []).append(name)
+    order = sorted(grouped, key=lambda t: (t == "Replicate", list(grouped).index(t)))
+    lines = []
+    for text in order:
+        names = grouped[text]
+        line = f"{text}: "
+        for number, name in enumerate(names):
+            piece = name + (", " if number < len(names) - 1 else "")
+            if len(line) + len(piece) > WRAP and not line.endswith(": "):
+                lines.append(line.rstrip())
+                line = "    "
+            line += piece
+        lines.append(line)
+    return lines
+
+
+def layer_groups(plan: ir.Plan, layers: tuple[Layer, ...], winners) -> list[tuple[list[Layer], tuple]]:
+    """Consecutive layers of one kind with the same sharding, as (layers, sharding) groups."""
+    groups: list[tuple[list[Layer], tuple]] = []
+    for layer in layers:
+        sharding = layer_sharding(plan, layer, winners)
+        if groups and groups[-1][0][-1].kind == layer.kind and groups[-1][1] == sharding:
+            groups[-1][0].append(layer)
+        else:
+            groups.append(([layer], sharding))
+    return groups
+
+
+# ---- the picture -------------------------------------------------------------------------------
+def render_placement(plan: ir.Plan) -> str:
+    from plandsl.diagnostics import PlanError
+    assignment, problems = assign_stages(plan)
+    if assignment is None:
+        raise PlanError(problems)
+    layers = layers_of(plan.model)
+    modules = list(dict.fromkeys(p.module for layer in layers for p in layer.params))
+    winners = winning_rules(plan, modules)
+    ranks = assignment.rank_stages()
+    fills = categorical(len(ranks))
+    graph = Graph("placement", comment=f"plandsl render --view placement: plan {plan.name}\nlay out with: dot",
+                  graph={"rankdir": "LR", "nodesep": 0.6, "ranksep": 1.4, "fontname": FONT,
+                         "fontsize": 10, "labelloc": "t", "labeljust": "l", "bgcolor": "white",
+                         "label": Html(_title(plan, assignment))},
+                  node={"shape": "plain", "fontname": FONT, "fontsize": 9},
+                  edge={"fontname": FONT, "fontsize": 8})
+    devices = _rank_devices(plan)
+    with graph.subgraph("ranks", rank="same"):
+        for rank in range(len(ranks)):
+            graph.node(f"rank{rank}", shape="box", style="rounded,filled", fillcolor=fills[rank], color="#888888",
+                       margin="0.12,0.06", label=devices[rank])
+    for rank in range(len(ranks) - 1):
+        graph.edge(f"rank{rank}", f"rank{rank + 1}", style="invis")
+    for rank, stages in enumerate(ranks):
+        for stage in stages:
+            graph.node(f"stage{stage}", label=Html(_stage_table(plan, assignment, stage, winners, fills[rank])))
+        chain = [f"rank{rank}"] + [f"stage{stage}" for stage in stages]
+        for left, right in zip(chain, chain[1:]):
+            graph.edge(left, right, style="invis", weight=20)
+    for stage in range(assignment.num_stages - 1):
+        graph.edge(f"stage{stage}", f"stage{stage + 1}", constraint=False, penwidth=1.4, color="#333333",
+                   label=_boundary(plan, assignment, stage), fontcolor="#333333")
+    return graph.source()
+
+
+def _title(plan: ir.Plan, assignment: Assignment) -> str:
+    from plandsl.models import param_count
+    model = plan.model
+    lines = [f"<b>plan {escape(plan.name)}</b> · model {escape(model.name)} "
+             f"({_count(param_count(model))} parameters, {len(layers_of(model))} layers)"]
+    if plan.stages:
+        rank_map = plan.stages.rank_map if isinstance(plan.stages.rank_map, str) else list(plan.stages.rank_map)
+        lines.append(f"{assignment.num_stages} stages over '{escape(plan.stages.axis)}': {plan.pp} ranks × "
+                     f"{assignment.virtual} stage{'s' if assignment.virtual > 1 else ''} each, map "
+                     f"{escape(rank_map)}; schedule {escape(plan.schedule.name if plan.schedule else '-')}")
+    else:
+        lines.append(f"no pipeline: every device holds every layer ({plan.mesh.size:,} devices)")
+    parts = []
+    if plan.tensor:
+        parts.append(f"tensor: {plan.tensor.style} over {plan.tensor.axis} ({plan.tp})"
+                     + (" with sequence parallel" if plan.tensor.sequence_parallel else ""))
+    if plan.data:
+        what = {0: "parameters replicated, gradients all-reduced", 1: "optimizer states Shard(0)@{a}",
+                2: "gradients and optimizer states Shard(0)@{a}",
+                3: "parameters, gradients and optimizer states Shard(0)@{a}"}[plan.data.zero_stage]
+        shard_axis = plan.data.axes[-1] if plan.data.kind == "hsdp" else "+".join(plan.data.axes)
+        parts.append(f"data: {plan.data.kind} over {', '.join(plan.data.axes)} ({plan.dp}): "
+                     + what.format(a=shard_axis))
+    if plan.context:
+        parts.append(f"context: {plan.context.kind} over {plan.context.axis} ({plan.cp}): sequence Shard(1)")
+    if plan.experts:
+        parts.append(f"experts: {plan.experts.kind} over {plan.experts.axis} ({plan.ep})")
+    if parts:
+        lines.append(escape(" · ".join(parts)))
+    lines.append("arrows: activations forward (gradients of the same size come back) per microbatch and per step")
+    return "<br align='left'/>".join(lines) + "<br align='left'/>"
+
+
+def _rank_devices(plan: ir.Plan) -> list[str]:
+    """Per pipeline rank, the label of its column: devices and their type."""
+    from plandsl.check.memory import pipeline_rank_devices
+    others = [a for a in plan.mesh.axes if not (plan.stages and a.name == plan.stages.axis)]
+    spread = " × ".join(f"{a.name} {a.size}" for a in others if a.size > 1)
+    out = []
+    for rank, devices in enumerate(pipeline_rank_devices(plan)):
+        types = ", ".join(dict.fromkeys(d.name for d in devices))
+        count = f"{len(devices):,} device{'s' if len(devices) != 1 else ''}" + (f"\\n({spread})" if spread else "")
+        if plan.stages:
+            out.append(f"pipeline rank {rank}\\n{plan.stages.axis} = {rank}\\n{count}\\n{types}")
+        else:
+            out.append(f"every device\\n{count}\\n{types}")
+    return out
+
+
+def _stage_table(plan: ir.Plan, assignment: Assignment, stage: int, winners, fill: str) -> str:
+    layers = assignment.stage_layers[stage]
+    rank = assignment.rank_of_stage[stage]
+    params = sum(layer.param_count for layer in layers)
+    head = f"<b>stage {stage}</b> · rank {rank} · {_count(params)} parameters, {len(layers)} " \
+           f"layer{'s' if len(layers) != 1 else ''}"
+    rows = [f'<tr><td colspan="2" bgcolor="{fill}" align="left">{head}</td></tr>']
+    for group, sharding in layer_groups(plan, layers, winners):
+        name = compress_names([layer.name for layer in group])
+        kind = group[0].kind
+        what = f"{len(group)} {kind}{'s' if len(group) > 1 and kind != 'custom' else ''}"
+        count = sum(layer.param_count for layer in group)
+        lines = _sharding_lines(sharding) or ["no parameters"]
+        body = "<br align='left'/>".join(escape(line) for line in lines) + "<br align='left'/>"
+        rows.append(f'<tr><td align="left" valign="top"><b>{escape(name)}</b><br align="left"/>{what}, '
+                    f'{_count(count)}<br align="left"/></td><td align="left" valign="top">'
+                    f'<font point-size="8">{body}</font></td></tr>')
+    return '<table border="0" cellborder="1" cellspacing="0" cellpadding="3" color="#999999">' + "".join(rows) \
+        + "</table>"
+
+
+def _boundary(plan: ir.Plan, assignment: Assignment, stage: int) -> str:
+    """The label of the stage -> stage + 1 arrow: bytes per microbatch and per step, and the link."""
+    last = assignment.stage_layers[stage][-1]
+    tokens = plan.train.micro_batch * -(-plan.seq // plan.cp)
+    sequence_parallel = plan.tensor is not None and plan.tensor.sequence_parallel
+    size = tokens * last.output_width * plan.train.precision.bytes / (plan.tp if sequence_parallel else 1)
+    m = plan.num_microbatches
+    text = f"{format_bytes(size)} / microbatch, × {m} = {format_bytes(size * m)} / step"
+    a, b = assignment.rank_of_stage[stage], assignment.rank_of_stage[stage + 1]
+    if a == b:
+        return text + "\\nsame rank: no transfer"
+    link = _pipeline_link(plan, a, b)
+    if link is not None:
+        text += f"\\n{link[0]} {format_rate(link[1].bandwidth)}: {1e3 * (link[1].latency + size / link[1].bandwidth):.3g} ms"
+    return text
+
+
+def _pipeline_link(plan: ir.Plan, a: int, b: int):
+    """(name, link) between pipeline ranks a and b: inside a node, or over the network."""
+    names = [axis.name for axis in plan.mesh.axes]
+    stride = 1
+    for axis in plan.mesh.axes[names.index(plan.stages.axis) + 1:]:
+        stride *= axis.size
+    per_node = min(g.node.devices for g in plan.cluster.groups)
+    first = plan.mesh.first_device
+    same_node = (first + a * stride) // per_node == (first + b * stride) // per_node and \
+        len(plan.cluster.groups) == 1
+    if same_node:
+        return "link", plan.cluster.groups[0].node.link
+    links = [g.node.nic for g in plan.cluster.groups if g.node.nic] + ([plan.cluster.fabric] if plan.cluster.fabric else [])
+    if not links:
+        return "link", plan.cluster.groups[0].node.link
+    return "network", min(links, key=lambda link: link.bandwidth)

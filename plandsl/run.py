@@ -1,0 +1,66 @@
+"""The torchrun entry point: `torchrun --nproc-per-node N -m plandsl.run PLAN [--steps S] ...`.
+
+Every rank loads and checks the plan, builds the model, mesh and parallelisms, and trains; `plandsl run`
+launches this same module through torch.distributed.run. Exit status: 0, or 1 (bad plan, refused
+feature, failed equivalence, or an error on this rank, reported with the rank's number).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m plandsl.run", description=__doc__.splitlines()[0])
+    parser.add_argument("plan", help="the .plan file")
+    parser.add_argument("--plan", dest="plan_name", help="which plan of the file (default: its only one)")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="set a `param` of the file")
+    parser.add_argument("--steps", type=int, default=10, help="optimizer steps (default 10)")
+    parser.add_argument("--metrics", help="write one JSON object per step to this file (rank 0)")
+    parser.add_argument("--check-equivalence", action="store_true",
+                        help="compare losses and final parameters with a one-process run")
+    parser.add_argument("--data", help="a uint16 token file (nanoGPT train.bin) instead of synthetic tokens")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds a collective may wait")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from plandsl import api
+    from plandsl.diagnostics import PlanError
+    from plandsl.runtime.support import unsupported
+    try:
+        plan = api.load_plan(args.plan, args.plan_name, _params(args.param))
+    except PlanError as error:
+        print(error, file=sys.stderr)
+        return 1
+    reasons = unsupported(plan)
+    if reasons:
+        for reason in reasons:
+            print(f"{args.plan}: error: plan '{plan.name}': {reason}", file=sys.stderr)
+        return 1
+    from plandsl.runtime.mesh import DEFAULT_TIMEOUT_S
+    from plandsl.runtime.train import RunConfig, main_error, run
+    config = RunConfig(steps=args.steps, metrics=args.metrics, check_equivalence=args.check_equivalence,
+                       token_file=args.data, timeout_s=args.timeout or DEFAULT_TIMEOUT_S)
+    try:
+        return run(plan, config)
+    except Exception as error:  # noqa: BLE001 - one line naming the rank, then a non-zero exit
+        main_error(error)
+        raise
+
+
+def _params(items: list[str]) -> dict:
+    from plandsl.cli import _params as parse
+    return parse(tuple(items))
+
+
+if __name__ == "__main__":
+    code = main()
+    # Leave without interpreter finalisation: with gloo, a worker that ran the in-process
+    # reference (--check-equivalence) can block forever in a futex while torch's objects are
+    # torn down at exit, after its process group was destroyed and its output flushed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

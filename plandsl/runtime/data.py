@@ -1,0 +1,79 @@
+"""Training batches: the same global batch for a step whatever the layout, each data rank its own share.
+
+Stage: interpreter. Contract: `Batches.global_batch(step)` depends only on the plan's seed, the step
+and the source (synthetic tokens, or a nanoGPT-style uint16 `.bin` token file); `local_batch` is the
+contiguous rows `[r * G/dp, (r+1) * G/dp)` of data rank r; `microbatches` splits rows in order.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from plandsl import ir
+
+MAX_STRIDE = 8  # synthetic sequences are arithmetic progressions mod vocab with strides 1..7
+
+
+class Batches:
+    """Step -> (inputs, targets) for the whole global batch; see the module docstring."""
+
+    def __init__(self, plan: ir.Plan, token_file: str | Path | None = None, model: torch.nn.Module | None = None):
+        self.plan = plan
+        self.size = plan.train.global_batch
+        self.seq = plan.seq
+        self.tokens = np.memmap(token_file, dtype=np.uint16, mode="r") if token_file else None
+        if self.tokens is not None and len(self.tokens) <= self.seq + 1:
+            raise ValueError(f"{token_file}: {len(self.tokens)} tokens, fewer than seq + 1 ({self.seq + 1})")
+        vocab = getattr(plan.model, "vocab", None)
+        if self.tokens is not None and vocab is not None and int(self.tokens.max()) >= vocab:
+            raise ValueError(f"{token_file}: token id {int(self.tokens.max())} is outside the model's vocab ({vocab})")
+        self.custom = model if isinstance(plan.model, ir.CustomModel) else None
+
+    def _generator(self, step: int) -> torch.Generator:
+        return torch.Generator().manual_seed(self.plan.train.seed * 1_000_003 + step)
+
+    def global_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every sequence of step `step` (0-based): inputs and targets, `global_batch` rows each."""
+        generator = self._generator(step)
+        model = self.plan.model
+        if self.custom is not None:
+            return self.custom.make_batch(self.size, self.seq, generator)
+        if isinstance(model, ir.MLPModel):
+            inputs = torch.randn(self.size, model.input, generator=generator)
+            return inputs, torch.randn(self.size, model.output, generator=generator)
+        if self.tokens is not None:
+            starts = torch.randint(len(self.tokens) - self.seq - 1, (self.size,), generator=generator).tolist()
+            rows = np.stack([self.tokens[s:s + self.seq + 1].astype(np.int64) for s in starts])
+            tokens = torch.from_numpy(rows)
+        else:
+            tokens = synthetic_tokens(self.size, self.seq + 1, model.vocab, generator)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    def local_batch(self, step: int, dp_rank: int, dp: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Data rank `dp_rank`'s contiguous share of the global batch of `step`."""
+        share = self.size // dp
+        inputs, targets = self.global_batch(step)
+        rows = slice(dp_rank * share, (dp_rank + 1) * share)
+        return inputs[rows], targets[rows]
+
+
+def synthetic_tokens(rows: int, length: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
+    """Learnable synthetic text: token t of a row is (start + stride * t) mod vocab, start and stride random."""
+    start = torch.randint(vocab, (rows, 1), generator=generator)
+    stride = torch.randint(1, MAX_STRIDE, (rows, 1), generator=generator)
+    return (start + stride * torch.arange(length)) % vocab
+
+
+def microbatches(inputs: torch.Tensor, targets: torch.Tensor, size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Consecutive chunks of `size` rows."""
+    return list(zip(inputs.split(size), targets.split(size)))
+
+
+def write_token_file(path: str | Path, tokens) -> None:
+    """Write tokens as the flat uint16 array nanoGPT's prepare scripts produce (`train.bin`)."""
+    array = np.asarray(tokens)
+    if array.size and (array.min() < 0 or array.max() >= 2**16):
+        raise ValueError("token ids must fit in uint16 (0..65535)")
+    array.astype(np.uint16).tofile(path)

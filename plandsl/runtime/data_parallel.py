@@ -1,0 +1,89 @@
+"""Data parallelism: the plan's `data = KIND over AXES` with torch's own wrappers.
+
+Stage: interpreter. Contract: `apply_dp(model, kind, dp_mesh, device)` returns the module to run:
+replicate -> DistributedDataParallel (torch's composable `replicate` for TP's DTensor parameters), zero1 -> the same plus
+`build_dp_optimizer`'s ZeroRedundancyOptimizer, zero2 -> fully_shard(reshard_after_forward=False),
+zero3 -> fully_shard, hsdp -> fully_shard on the 2-D (replicate, shard) mesh. Parameter names are kept.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from plandsl import ir
+from plandsl.runtime.optim import build_optimizer, optimizer_settings
+
+SHARDED = ("zero2", "zero3", "hsdp")
+# FSDP2 warns when a wrapped module returns a view (the logits of `head`); nothing here edits it in place.
+warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+
+
+def apply_dp(model: nn.Module, kind: str, dp_mesh: DeviceMesh, device: torch.device) -> nn.Module:
+    if kind in SHARDED:
+        return apply_fsdp(model, dp_mesh, reshard_after_forward=kind != "zero2")
+    return apply_ddp(model, dp_mesh, device)
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool) -> nn.Module:
+    """One FSDP group per block, the rest (embedding, final norm, head) in the root's group."""
+    blocks = _blocks(model)
+    for index, block in enumerate(blocks):
+        # The last block's parameters are needed again at once by the backward: keep them gathered.
+        last = index == len(blocks) - 1
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward and not last)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, device: torch.device) -> nn.Module:
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        return apply_replicate(model, dp_mesh)
+    device_ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids)
+
+
+def apply_replicate(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
+    """Replication for tensor-parallel (DTensor) parameters, which DistributedDataParallel does not take:
+    torch's composable `replicate`, FSDP2's machinery without sharding, grouped like `apply_fsdp`."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    for block in _blocks(model):
+        replicate(block, mesh=dp_mesh)
+    replicate(model, mesh=dp_mesh)
+    return model
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    layers = getattr(model, "layers", None)
+    return list(layers.values()) if isinstance(layers, nn.ModuleDict) else []
+
+
+def build_dp_optimizer(plan: ir.Plan, params, dp_mesh: DeviceMesh | None) -> torch.optim.Optimizer:
+    """ZeRO-1 shards the optimizer states over the data ranks; other kinds use the plain optimizer."""
+    if plan.data is not None and plan.data.kind == "zero1" and dp_mesh is not None:
+        cls, kwargs = optimizer_settings(plan)
+        return ZeroRedundancyOptimizer(list(params), optimizer_class=cls, process_group=dp_mesh.get_group(),
+                                       **kwargs)
+    return build_optimizer(plan, params)
+
+
+def gradient_sync(module: nn.Module, enabled: bool):
+    """A context in which the backward does (or, to accumulate locally, does not) reduce gradients.
+
+    DDP skips its all-reduce inside `no_sync`; FSDP modules reduce-scatter every microbatch, as
+    torchtitan does, so gradients stay sharded while they accumulate.
+    """
+    if isinstance(module, DistributedDataParallel) and not enabled:
+        return module.no_sync()
+    return contextlib.nullcontext()
+
+
+def is_sharded(module: nn.Module) -> bool:
+    return isinstance(module, FSDPModule)

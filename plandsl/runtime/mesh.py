@@ -1,0 +1,56 @@
+"""The process group and the plan's mesh: `init_device_mesh` with the plan's axis names, outermost first.
+
+Stage: interpreter. Contract: `init_distributed()` joins the job torchrun (or a test) started, with
+nccl when CUDA is present and gloo otherwise; `build_mesh(plan, device)` raises `RuntimeError`
+showing the arithmetic when the plan's mesh does not cover WORLD_SIZE processes.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from plandsl import ir
+
+DEFAULT_TIMEOUT_S = 300  # a collective that waits longer than this fails the job instead of hanging
+
+
+def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> torch.device:
+    """Join the process group (unless the caller already did) and return this rank's device."""
+    use_cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return device
+
+
+def build_mesh(plan: ir.Plan, device: torch.device) -> DeviceMesh:
+    world = dist.get_world_size()
+    if plan.mesh.size != world:
+        product = " * ".join(f"{a.name}({a.size})" for a in plan.mesh.axes)
+        raise RuntimeError(f"plan '{plan.name}': mesh {product} = {plan.mesh.size} != WORLD_SIZE({world}); "
+                           f"start {plan.mesh.size} processes (`plandsl run` does so by default)")
+    return init_device_mesh(device.type, tuple(a.size for a in plan.mesh.axes),
+                            mesh_dim_names=tuple(a.name for a in plan.mesh.axes))
+
+
+def submesh(mesh: DeviceMesh, axes: tuple[str, ...]) -> DeviceMesh:
+    """The mesh over `axes`; several axes are flattened into one (named by joining them with '_')."""
+    if len(axes) == 1:
+        return mesh[axes[0]]
+    return mesh[axes]._flatten("_".join(axes))
+
+
+def coordinate(mesh: DeviceMesh, axes: tuple[str, ...]) -> tuple[int, int]:
+    """(this rank's index, the count) along `axes` taken together, outermost first; (0, 1) for no axes."""
+    index, count = 0, 1
+    for axis in axes:
+        size = mesh.size(mesh.mesh_dim_names.index(axis))
+        index = index * size + mesh.get_local_rank(axis)
+        count *= size
+    return index, count

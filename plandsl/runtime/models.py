@@ -1,0 +1,261 @@
+"""Reference torch modules for the plan's model families, named exactly as `plandsl.models` lists them.
+
+Stage: interpreter. Contract: `build_model(plan.model, seed)` returns the full model, initialised from
+`seed` alone (never from the layout), with the top-level parts `embed`, `layers` (a ModuleDict keyed
+"0".."n-1"), `norm`, `head`; `forward` skips parts set to None, so a pipeline stage may drop them.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plandsl import ir
+
+INIT_STD = 0.02  # GPT-2 (Radford et al. 2019); residual projections get INIT_STD / sqrt(2 * layers)
+ROPE_THETA = 10_000.0  # Su et al. 2021, as in Llama
+
+
+# ---- building blocks ------------------------------------------------------------------
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rotary(x: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of x [batch, heads, seq, head_dim] (pairs of halves, as in GPT-NeoX)."""
+    seq, head_dim = x.shape[-2], x.shape[-1]
+    inverse = 1.0 / (ROPE_THETA ** (torch.arange(0, head_dim, 2, device=x.device, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inverse)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    first, second = x[..., : head_dim // 2], x[..., head_dim // 2:]
+    return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
+
+
+class KeyProjection(nn.Linear):
+    """wk. A key bias b adds q·b to every score of a query, which softmax cancels: it changes nothing and
+    its gradient is zero. Computed, that zero is rounding noise that Adam scales up to lr-sized steps
+    that differ between layouts; `0 * b` keeps the parameter (GPT-2 has it) with the exact gradient, 0."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight)
+        return out if self.bias is None else out + 0 * self.bias
+
+
+class Attention(nn.Module):
+    """Causal self-attention; head counts are read from the (possibly tensor-parallel) local widths."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, bias: bool, rope: bool):
+        super().__init__()
+        self.head_dim = hidden // heads
+        self.rope = rope
+        kv = kv_heads * self.head_dim
+        self.wq = nn.Linear(hidden, hidden, bias=bias)
+        self.wk = KeyProjection(hidden, kv, bias=bias)
+        self.wv = nn.Linear(hidden, kv, bias=bias)
+        self.wo = nn.Linear(hidden, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq = x.shape[0], x.shape[1]
+        q, k, v = (w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        if self.rope:
+            q, k = rotary(q), rotary(k)
+        if k.shape[1] != q.shape[1]:  # grouped-query attention: each kv head serves several q heads
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class MLP(nn.Module):
+    """gpt: w2(gelu(w1 x)); llama: SwiGLU w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, hidden: int, ffn: int, gated: bool, bias: bool):
+        super().__init__()
+        self.w1 = nn.Linear(hidden, ffn, bias=bias)
+        self.w2 = nn.Linear(ffn, hidden, bias=bias)
+        self.w3 = nn.Linear(hidden, ffn, bias=False) if gated else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w3 is None:
+            return self.w2(F.gelu(self.w1(x)))
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Experts(nn.Module):
+    """Grouped expert weights, one [experts, out, in] tensor per projection."""
+
+    def __init__(self, experts: int, hidden: int, ffn: int, gated: bool):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(experts, ffn, hidden))
+        self.w2 = nn.Parameter(torch.empty(experts, hidden, ffn))
+        self.w3 = nn.Parameter(torch.empty(experts, ffn, hidden)) if gated else None
+
+    def forward(self, x: torch.Tensor, expert: int) -> torch.Tensor:
+        if self.w3 is None:
+            return F.gelu(x @ self.w1[expert].t()) @ self.w2[expert].t()
+        return (F.silu(x @ self.w1[expert].t()) * (x @ self.w3[expert].t())) @ self.w2[expert].t()
+
+
+class MoE(nn.Module):
+    """Top-k routing (softmax over the chosen logits, as Mixtral); a plain loop over experts."""
+
+    def __init__(self, hidden: int, ffn: int, experts: int, top_k: int, gated: bool):
+        super().__init__()
+        self.top_k = top_k
+        self.router = nn.Linear(hidden, experts, bias=False)
+        self.experts = Experts(experts, hidden, ffn, gated)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
+        logits, chosen = self.router(tokens).topk(self.top_k, dim=-1)
+        weights = logits.softmax(dim=-1).to(tokens.dtype)
+        out = torch.zeros_like(tokens)
+        for expert in range(self.router.out_features):
+            rows, slot = (chosen == expert).nonzero(as_tuple=True)
+            if rows.numel():
+                out = out.index_add(0, rows, weights[rows, slot, None] * self.experts(tokens[rows], expert))
+        return out.view_as(x)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm1 x), then + mlp/moe(norm2 x)."""
+
+    def __init__(self, model: ir.TransformerModel):
+        super().__init__()
+        gpt = model.kind == "gpt"
+        norm = (lambda: nn.LayerNorm(model.hidden)) if gpt else (lambda: RMSNorm(model.hidden))
+        self.norm1 = norm()
+        self.attn = Attention(model.hidden, model.heads, model.kv_heads, bias=gpt, rope=not gpt)
+        self.norm2 = norm()
+        if model.experts:
+            self.moe = MoE(model.hidden, model.ffn_hidden, model.experts, model.top_k, gated=not gpt)
+        else:
+            self.mlp = MLP(model.hidden, model.ffn_hidden, gated=not gpt, bias=gpt)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        ffn = self.moe if hasattr(self, "moe") else self.mlp
+        return x + ffn(self.norm2(x))
+
+
+class Embedding(nn.Module):
+    """Token embedding, plus learned absolute positions for gpt."""
+
+    def __init__(self, vocab: int, hidden: int, seq: int | None):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, hidden)
+        self.pos = nn.Embedding(seq, hidden) if seq else None
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok(tokens)
+        if self.pos is not None:
+            h = h + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        return h
+
+
+# ---- whole models ---------------------------------------------------------------------
+class Transformer(nn.Module):
+    """Decoder-only transformer: tokens [batch, seq] -> logits [batch, seq, vocab]."""
+
+    def __init__(self, model: ir.TransformerModel):
+        super().__init__()
+        self.config = model
+        self.embed = Embedding(model.vocab, model.hidden, model.seq if model.kind == "gpt" else None)
+        self.layers = nn.ModuleDict({str(i): Block(model) for i in range(model.layers)})
+        self.norm = nn.LayerNorm(model.hidden) if model.kind == "gpt" else RMSNorm(model.hidden)
+        self.head = nn.Linear(model.hidden, model.vocab, bias=False)
+        if model.tied_embeddings:
+            self.head.weight = self.embed.tok.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Each part may be None on a pipeline stage that does not hold it (as in torchtitan).
+        h = self.embed(x) if self.embed is not None else x
+        for block in self.layers.values():
+            h = block(h)
+        h = self.norm(h) if self.norm is not None else h
+        return self.head(h) if self.head is not None else h
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator) -> None:
+        residual_std = INIT_STD / math.sqrt(2 * self.config.layers)
+        for name, param in self.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if name.endswith("bias"):
+                nn.init.zeros_(param)
+            elif ".norm" in f".{name}" and leaf == "weight":
+                nn.init.ones_(param)
+            elif name.endswith(("attn.wo.weight", "mlp.w2.weight", "experts.w2")):
+                nn.init.normal_(param, 0.0, residual_std, generator=generator)
+            else:
+                nn.init.normal_(param, 0.0, INIT_STD, generator=generator)
+
+
+class MLPNet(nn.Module):
+    """`mlp(...)`: Linear layers with ReLU between them; inputs [batch, input] -> [batch, output]."""
+
+    def __init__(self, model: ir.MLPModel):
+        super().__init__()
+        widths = [model.input] + [model.hidden] * (model.layers - 1) + [model.output]
+        self.layers = nn.ModuleDict({str(i): nn.Linear(widths[i], widths[i + 1]) for i in range(model.layers)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        last = len(self.layers) - 1
+        for name, layer in self.layers.items():
+            x = layer(x)
+            x = F.relu(x) if int(name) != last else x
+        return x
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator) -> None:
+        for layer in self.layers.values():
+            nn.init.normal_(layer.weight, 0.0, 1.0 / math.sqrt(layer.in_features), generator=generator)
+            nn.init.zeros_(layer.bias)
+
+
+def build_model(model: ir.Model, seed: int) -> nn.Module:
+    """The full model on the CPU, initialised from `seed` only: every layout starts from these values."""
+    generator = torch.Generator().manual_seed(seed)
+    if isinstance(model, ir.TransformerModel):
+        module = Transformer(model)
+    elif isinstance(model, ir.MLPModel):
+        module = MLPNet(model)
+    else:
+        return _from_factory(model, seed)
+    module.init_weights(generator)
+    return module
+
+
+def _from_factory(model: ir.CustomModel, seed: int) -> nn.Module:
+    """A written model's `factory = "pkg.mod:function"`, called with its `args` under `torch.manual_seed(seed)`."""
+    if not model.factory:
+        raise ValueError(f"model '{model.name}' has no `factory`, so it cannot run: "
+                         'add `factory = "package.module:function"` (see docs/models.md)')
+    module_name, _, function_name = model.factory.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), function_name)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"model '{model.name}': cannot import factory '{model.factory}': {error}") from error
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        module = factory(**model.factory_args)
+    if not isinstance(module, nn.Module) or not hasattr(module, "make_batch"):
+        raise ValueError(f"model '{model.name}': factory '{model.factory}' must return a torch.nn.Module "
+                         "with a `make_batch(batch, seq, generator)` method (see docs/models.md)")
+    return module
+
+
+def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross entropy over every token for integer targets, else mean squared error."""
+    if targets.dtype in (torch.int64, torch.int32):
+        return F.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten())
+    return F.mse_loss(outputs.float(), targets.float())

@@ -1,0 +1,53 @@
+"""The single-process reference every distributed run is compared with.
+
+Stage: interpreter. Contract: `run_reference(plan, steps)` trains the full model on one device with the
+plan's seed, data, optimizer, LR schedule, clipping and microbatches (their losses averaged, so a step
+equals one step on the whole global batch); it returns the loss of every step and the final parameters.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from plandsl import ir
+from plandsl.runtime.data import Batches, microbatches
+from plandsl.runtime.models import build_model, loss_fn
+from plandsl.runtime.optim import build_lr_scheduler, build_optimizer
+from plandsl.runtime.precision import autocast
+
+
+@dataclass
+class RunResult:
+    """Per-step losses (step 1 first) and the final parameters by name, as full CPU tensors."""
+
+    losses: list[float] = field(default_factory=list)
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def run_reference(plan: ir.Plan, steps: int, token_file: str | Path | None = None,
+                  device: torch.device | str = "cpu") -> RunResult:
+    device = torch.device(device)
+    model = build_model(plan.model, plan.train.seed).to(device)
+    batches = Batches(plan, token_file, model)
+    optimizer = build_optimizer(plan, model.parameters())
+    scheduler = build_lr_scheduler(plan, optimizer, steps)
+    compute_loss = getattr(model, "loss", loss_fn)
+    result = RunResult()
+    for step in range(steps):
+        chunks = microbatches(*batches.global_batch(step), plan.train.micro_batch)
+        step_loss = 0.0
+        for inputs, targets in chunks:
+            with autocast(plan, device.type):
+                loss = compute_loss(model(inputs.to(device)), targets.to(device)) / len(chunks)
+            loss.backward()
+            step_loss += loss.item()
+        if plan.train.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), plan.train.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        result.losses.append(step_loss)
+    result.params = {name: param.detach().to("cpu", copy=True) for name, param in model.named_parameters()}
+    return result

@@ -1,0 +1,248 @@
+"""The per-rank training loop: build the job from a checked plan, run `train_step`s, write metrics.
+
+Stage: interpreter (one OS process per rank, started by torchrun or a test). Contract:
+`run(plan, config)` joins the process group, trains `config.steps` steps and returns the exit status:
+0, or 1 when `--check-equivalence` finds the run differs from the one-process reference.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from plandsl import ir
+from plandsl.runtime.data import Batches, microbatches
+from plandsl.runtime.data_parallel import build_dp_optimizer, gradient_sync
+from plandsl.runtime.mesh import DEFAULT_TIMEOUT_S, build_mesh, coordinate, init_distributed
+from plandsl.runtime.models import build_model, loss_fn
+from plandsl.runtime.optim import build_lr_scheduler
+from plandsl.runtime.parallelize import data_mesh, parallelize
+from plandsl.runtime.precision import autocast
+
+
+@dataclass
+class RunConfig:
+    steps: int = 10
+    """Optimizer steps to run."""
+    metrics: str | Path | None = None
+    """JSON-lines file rank 0 writes, one object per step; None: none."""
+    check_equivalence: bool = False
+    """After training, compare losses and parameters with the one-process reference (rank 0)."""
+    token_file: str | Path | None = None
+    """A uint16 token file (nanoGPT's train.bin) instead of synthetic tokens."""
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    """A collective waiting longer than this fails the job."""
+    quiet: bool = False
+    """No per-step line on stdout."""
+
+
+@dataclass
+class Job:
+    """Everything the loop needs, built once by `build_job`."""
+
+    plan: ir.Plan
+    mesh: DeviceMesh
+    device: torch.device
+    parts: list[nn.Module]   # what runs: the (wrapped) model, or this rank's pipeline stages
+    models: list[nn.Module]  # the same, unwrapped: parameter names as the catalogue gives them
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    batches: Batches
+    dp_rank: int
+    dp: int
+    loss_weight: float       # this rank's share when averaging the loss over the world
+    loss: Any = loss_fn
+    pipeline: Any = None     # a torch.distributed.pipelining schedule, or None
+    has_first: bool = True
+    has_last: bool = True
+    losses: list[float] = field(default_factory=list)
+    report: Any = None       # rank 0, after `check_equivalence`: an equivalence.Report
+
+
+def build_job(plan: ir.Plan, mesh: DeviceMesh, device: torch.device, config: RunConfig) -> Job:
+    # The full model, initialised from the seed alone, so every layout starts from the same values.
+    model = build_model(plan.model, plan.train.seed)
+    batches = Batches(plan, config.token_file, model)
+    loss = getattr(model, "loss", loss_fn)
+    pipeline, has_first, has_last = None, True, True
+    if plan.stages is not None:
+        # The one call into pipeline parallelism: plandsl.runtime.pipeline splits the model into this
+        # rank's stages (applying `parallelize` to each) and returns a torch pipelining schedule.
+        from plandsl.runtime.pipeline import build_pipeline
+        pipeline, parts, has_first, has_last = build_pipeline(plan, model, mesh, device)
+        models = list(parts)
+    else:
+        parts = [parallelize(plan, model, mesh, device)]
+        models = [model]
+    optimizer = build_dp_optimizer(plan, [p for part in models for p in part.parameters()], data_mesh(plan, mesh))
+    scheduler = build_lr_scheduler(plan, optimizer, config.steps)
+    dp_rank, dp = coordinate(mesh, plan.batch_axes())
+    # One rank per data-parallel replica reports the loss: the last pipeline stage, coordinate 0 elsewhere.
+    others = [a.name for a in plan.mesh.axes if a.name not in plan.batch_axes() and a.name != _pp_axis(plan)]
+    owner = has_last and all(mesh.get_local_rank(axis) == 0 for axis in others)
+    return Job(plan, mesh, device, parts, models, optimizer, scheduler, batches, dp_rank, dp,
+               loss_weight=1.0 / dp if owner else 0.0, loss=loss, pipeline=pipeline,
+               has_first=has_first, has_last=has_last)
+
+
+def _pp_axis(plan: ir.Plan) -> str | None:
+    return plan.stages.axis if plan.stages is not None else None
+
+
+# ---- the step -------------------------------------------------------------------------
+def forward_backward_step(job: Job, inputs: torch.Tensor, targets: torch.Tensor, scale: float) -> torch.Tensor:
+    """One microbatch through the model; the backward sees the loss times `scale` (1 / microbatches)."""
+    with autocast(job.plan, job.device.type):
+        loss = job.loss(job.parts[0](inputs), targets)
+    (loss * scale).backward()
+    return loss.detach()
+
+
+def pipeline_forward_backward_step(job: Job, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The rank's local batch through the pipeline schedule (it splits the microbatches itself)."""
+    losses: list[torch.Tensor] | None = [] if job.has_last else None
+    target = targets if job.has_last else None
+    with autocast(job.plan, job.device.type):
+        if job.has_first:
+            job.pipeline.step(inputs, target=target, losses=losses)
+        else:
+            job.pipeline.step(target=target, losses=losses)
+    return torch.stack(losses).mean().detach() if losses else torch.zeros((), device=job.device)
+
+
+def train_step(job: Job, step: int) -> float:
+    """One optimizer step on the global batch of `step` (0-based); returns its mean loss."""
+    inputs, targets = job.batches.local_batch(step, job.dp_rank, job.dp)
+    inputs, targets = inputs.to(job.device), targets.to(job.device)
+    job.optimizer.zero_grad()
+    if job.pipeline is not None:
+        loss = pipeline_forward_backward_step(job, inputs, targets)
+    else:
+        # Gradient accumulation: each microbatch's loss is scaled so the sum is the batch mean.
+        chunks = microbatches(inputs, targets, job.plan.train.micro_batch)
+        loss = torch.zeros((), device=job.device)
+        for index, (x, y) in enumerate(chunks):
+            with gradient_sync(job.parts[0], enabled=index == len(chunks) - 1):
+                loss += forward_backward_step(job, x, y, 1.0 / len(chunks)) / len(chunks)
+    if job.plan.train.grad_clip is not None:
+        pp_mesh = job.mesh[_pp_axis(job.plan)] if job.pipeline is not None else None
+        clip_grad_norm_([p for part in job.models for p in part.parameters()], job.plan.train.grad_clip, pp_mesh)
+    job.optimizer.step()
+    job.scheduler.step()
+    return global_loss(job, loss)
+
+
+def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_mesh: DeviceMesh | None = None) -> torch.Tensor:
+    """Clip by the norm of all gradients of the model, across tensor, data and pipeline shards.
+
+    torch's `get_total_norm` reduces a list of DTensors on one mesh and placement; parameters here mix
+    plain tensors (replicated) and DTensors of several meshes (TP, FSDP, both), so each group is
+    reduced on its own and the squares summed (torchtitan's recipe, per group); pipeline stages sum
+    theirs over the pipeline axis.
+    """
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for param in params:
+        if param.grad is not None:
+            grad = param.grad
+            key = (grad.device_mesh, grad.placements) if isinstance(grad, DTensor) else None
+            groups.setdefault(key, []).append(param)
+    squares = []
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group])
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+        squares.append(norm.float() ** 2)
+    total = torch.stack(squares).sum() if squares else torch.zeros(())
+    if pp_mesh is not None:
+        dist.all_reduce(total, group=pp_mesh.get_group())
+    total = total.sqrt()
+    for group in groups.values():
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+    return total
+
+
+def global_loss(job: Job, loss: torch.Tensor) -> float:
+    """The step's loss averaged over the data-parallel replicas (each counted once)."""
+    value = (loss.float() * job.loss_weight).reshape(1)
+    dist.all_reduce(value)
+    return value.item()
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """The largest over all ranks: allocated CUDA memory, or on CPU the process's peak resident set."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    value = torch.tensor([peak], dtype=torch.float64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return int(value.item())
+
+
+# ---- the run --------------------------------------------------------------------------
+def run(plan: ir.Plan, config: RunConfig) -> int:
+    joined = not dist.is_initialized()
+    device = init_distributed(config.timeout_s)
+    try:
+        torch.manual_seed(plan.train.seed)
+        job = build_job(plan, build_mesh(plan, device), device, config)
+        train(job, config)
+        return check_equivalence(job, config) if config.check_equivalence else 0
+    finally:
+        if joined:
+            dist.destroy_process_group()
+
+
+def train(job: Job, config: RunConfig) -> None:
+    rank0 = dist.get_rank() == 0
+    metrics = open(config.metrics, "w", encoding="utf-8") if config.metrics and rank0 else None
+    tokens = job.plan.train.global_batch * job.plan.seq
+    try:
+        for step in range(config.steps):
+            start = time.perf_counter()
+            loss = train_step(job, step)
+            elapsed = time.perf_counter() - start
+            job.losses.append(loss)
+            record = {"step": step + 1, "loss": loss, "step_time_s": elapsed,
+                      "tokens_per_s": tokens / elapsed, "peak_memory_bytes": peak_memory_bytes(job.device)}
+            if metrics is not None:
+                metrics.write(json.dumps(record) + "\n")
+                metrics.flush()
+            if rank0 and not config.quiet:
+                print(f"step {step + 1}: loss {loss:.6f}, {elapsed:.3f} s, {record['tokens_per_s']:.0f} tokens/s",
+                      flush=True)
+    finally:
+        if metrics is not None:
+            metrics.close()
+
+
+def check_equivalence(job: Job, config: RunConfig) -> int:
+    """Rank 0 compares with the reference run in-process; every rank returns the verdict (0 or 1)."""
+    from plandsl.runtime.equivalence import compare, gather_params, tolerance
+    from plandsl.runtime.reference import RunResult, run_reference
+    params = gather_params(job.models)
+    verdict = [0]
+    if dist.get_rank() == 0:
+        reference = run_reference(job.plan, config.steps, config.token_file, job.device)
+        report = compare(RunResult(job.losses, params), reference, tolerance(job.plan, job.device))
+        print(report, flush=True)
+        verdict = [0 if report.ok else 1]
+        job.report = report
+    dist.broadcast_object_list(verdict, src=0)
+    return verdict[0]
+
+
+def main_error(error: BaseException) -> None:
+    """How a rank reports a failure before exiting non-zero (torchrun then stops the others)."""
+    rank = dist.get_rank() if dist.is_initialized() else os.environ.get("RANK", "?")
+    print(f"plandsl run: rank {rank}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)

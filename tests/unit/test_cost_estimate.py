@@ -1,0 +1,129 @@
+"""The plan-level cost model: FLOPs against Megatron's eq. 3, the step-time identity, MFU,
+data-parallel overlap, memory from the one memory model, and `plandsl estimate`."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from plandsl import api
+from plandsl.check.memory import estimate_plan_memory
+from plandsl.cli import main
+from plandsl.cost.comm import collective_seconds
+from plandsl.cost.estimate import estimate_plan, plan_links, rank_tail
+from plandsl.cost.pipeline import estimate_stage_costs
+from plandsl.placement import assign_stages
+
+PLAN = """\
+import "clusters/dgx_a100"
+plan p {{
+  model    = gpt(layers=8, hidden=1024, heads=16, seq=1024, vocab=51200)
+  cluster  = dgx_a100 x 2
+  mesh     = [{mesh}]
+  train    = {{ global_batch: 64, micro_batch: 2, recompute: {recompute} }}
+  {extra}
+}}
+"""
+
+
+def load(mesh="dp = 2, pp = 4, tp = 2", recompute="full", extra="data = zero1 over dp\n  stages = evenly over pp"):
+    return api.loads(PLAN.format(mesh=mesh, recompute=recompute, extra=extra)).plans[0]
+
+
+def test_flops_are_megatrons_equation_3_with_full_recomputation():
+    plan = load()
+    e = estimate_plan(plan)
+    b, s, l, h, v = 64, 1024, 8, 1024, 51200
+    eq3 = 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+    assert e.flops_per_step == pytest.approx(eq3, rel=1e-9)
+    assert e.model_flops_per_step == pytest.approx(72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h)),
+                                                   rel=1e-9)
+    assert e.tflops_per_device == pytest.approx(eq3 / e.time.step / 16 / 1e12)
+    assert e.mfu == pytest.approx(e.model_flops_per_step / (e.time.step * 16 * 312e12))
+    assert e.tokens_per_s == pytest.approx(b * s / e.time.step)
+
+
+@pytest.mark.parametrize("extra", ["data = zero1 over dp\n  stages = evenly over pp",
+                                   "data = zero3 over dp\n  stages = evenly over pp\n  schedule = zb_h1",
+                                   "data = zero2 over dp\n  stages = evenly over pp with virtual = 2\n"
+                                   "  schedule = interleaved_1f1b"])
+def test_step_is_compute_plus_communication_plus_bubble_plus_optimizer(extra):
+    e = estimate_plan(load(extra=extra))
+    t = e.time
+    assert t.step == pytest.approx(t.compute + t.communication + t.bubble + t.optimizer, rel=1e-12)
+    assert min(t.compute, t.communication, t.bubble, t.optimizer) >= 0
+
+
+def test_no_pipeline_runs_microbatches_back_to_back():
+    plan = load(mesh="dp = 2, tp = 8", extra="data = zero1 over dp")
+    e = estimate_plan(plan)
+    [stage] = e.stage_times
+    assert e.time.pipeline == pytest.approx(16 * (stage.forward + stage.backward))
+    assert e.time.bubble == pytest.approx(0.0)
+
+
+def test_gradient_reduction_hides_behind_the_last_backward():
+    plan = load(mesh="dp = 16", extra="data = replicate over dp")
+    e = estimate_plan(plan)
+    [stage] = e.stage_times
+    links = plan_links(plan)
+    reduce = collective_seconds("all_reduce", (stage.dense_params + stage.expert_params) * 2, links.data)
+    tail = rank_tail([stage], 0, (16, 16), 2, links, plan.cluster.groups[0].node.device, plan.train.optimizer,
+                     plan.train.precision)
+    assert tail.exposed == pytest.approx(max(0.0, reduce - stage.backward))
+    assert e.time.communication >= tail.exposed
+
+
+def test_tensor_parallel_collectives_sit_on_the_critical_path():
+    inside = estimate_plan(load(mesh="dp = 2, pp = 1, tp = 8", extra="data = zero1 over dp"))
+    across = estimate_plan(load(mesh="tp = 8, dp = 2", extra="data = zero1 over dp"))  # tp straddles nodes
+    assert across.stage_times[0].comm > inside.stage_times[0].comm > 0
+
+
+def test_memory_is_the_memory_model_with_the_schedules_inflight_microbatches():
+    plan = load()
+    assignment, _ = assign_stages(plan)
+    e = estimate_plan(plan)
+    expected = estimate_plan_memory(plan, assignment)
+    assert [m.total for m in e.memory] == pytest.approx([m.total for m in expected])
+    assert e.capacity == (80 * 2**30,) * 4
+    assert e.fits
+
+
+def test_stage_costs_for_the_simulator_are_the_estimates():
+    plan = load()
+    assignment, _ = assign_stages(plan)
+    costs = estimate_stage_costs(plan, assignment)
+    e = estimate_plan(plan)
+    assert [c[0] for c in costs.stage_costs] == pytest.approx([s.forward for s in e.stage_times])
+    assert [c[1] for c in costs.stage_costs] == pytest.approx([s.backward for s in e.stage_times])
+    assert costs.p2p == pytest.approx(e.time.p2p)
+
+
+def test_faster_devices_and_links_never_slow_a_plan_down():
+    plan = load()
+    faster = plan.model_copy(update={"cluster": api.loads(
+        'import "clusters/dgx_h100"\ncluster c = dgx_h100 x 2\n').clusters[0]})
+    assert estimate_plan(faster).time.step < estimate_plan(plan).time.step
+
+
+def test_cli_estimate_text_and_json(tmp_path):
+    path = tmp_path / "p.plan"
+    path.write_text(PLAN.format(mesh="dp = 2, pp = 4, tp = 2", recompute="full",
+                                extra="data = zero1 over dp\n  stages = evenly over pp"), encoding="utf-8")
+    runner = CliRunner()
+    text = runner.invoke(main, ["estimate", str(path)])
+    assert text.exit_code == 0, text.output
+    for word in ("step time", "compute", "comm exposed", "bubble", "memory per device", "activations", "MFU"):
+        assert word in text.output
+    out = runner.invoke(main, ["estimate", str(path), "--json"])
+    data = json.loads(out.output)
+    assert {"step_time_s", "tokens_per_s", "tflops_per_device", "mfu", "peak_memory_bytes", "memory", "time"} <= set(data)
+    assert {"params", "grads", "optimizer", "activations", "total"} <= set(data["memory"][0])
+    bad = runner.invoke(main, ["estimate", str(tmp_path / "missing.plan")])
+    assert bad.exit_code == 1 and "Traceback" not in bad.output
+
+
+def test_gpt3_on_1024_a100s_is_near_megatrons_measured_140_tflops():
+    """Narayanan et al. 2021, Sec. 5.1: 140 TFLOP/s per GPU (docs/validation.md: t8 p8 d16 assumed)."""
+    plan = api.load_plan("stdlib_plans/examples/gpt3_175b_3d.plan")
+    assert estimate_plan(plan).tflops_per_device == pytest.approx(140, rel=0.3)

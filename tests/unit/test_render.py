@@ -1,0 +1,346 @@
+"""`plandsl render`: golden DOT text for every stdlib plan and view, real SVG/PNG through graphviz
+(skipped without it), the views that do not apply, a missing graphviz, determinism, large meshes
+and schedules within the benchmark budget, the critical path, memory against the simulator."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ElementTree
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from plandsl import api
+from plandsl.cli import main
+from plandsl.render import VIEWS, GraphvizMissing, NotApplicable, engine, render, render_bytes, render_file
+from plandsl.render.output import INSTALL, graphviz_available
+
+ROOT = Path(__file__).resolve().parents[2]
+STDLIB = ROOT / "stdlib_plans"
+FILES = sorted((STDLIB / "examples").glob("*.plan")) + sorted((STDLIB / "local").glob("*.plan"))
+PIPELINED = {"gpt3_175b_3d", "heterogeneous", "moe_expert_parallel", "schedule_table", "schedule_template",
+             "uneven_pipeline", "zero_bubble_v", "3d", "dp_pp", "pp_1f1b", "pp_custom_schedule",
+             "pp_interleaved", "tp_pp"}
+needs_graphviz = pytest.mark.skipif(not graphviz_available(), reason="graphviz's dot is not installed")
+SVG = "{http://www.w3.org/2000/svg}"
+
+BIG_MESH = """\
+import "clusters/dgx_h100"
+model big = gpt(layers=64, hidden=4096, heads=32, seq=2048, vocab=50304)
+plan big_mesh {
+  model    = big
+  cluster  = dgx_h100 x 512
+  mesh     = [dp = 64, pp = 8, tp = 8]
+  train    = { global_batch: 512, micro_batch: 1, precision: bf16, recompute: full }
+  data     = zero1 over dp
+  tensor   = megatron over tp with sequence_parallel
+  stages   = evenly over pp
+  schedule = 1f1b
+}
+"""
+LONG_PIPELINE = """\
+import "clusters/dgx_h100"
+model deep = gpt(layers=128, hidden=2048, heads=16, seq=1024, vocab=50304)
+plan long_pipeline {
+  model    = deep
+  cluster  = dgx_h100 x 8
+  mesh     = [pp = 64]
+  train    = { global_batch: 256, micro_batch: 1, precision: bf16, recompute: full }
+  stages   = evenly over pp
+  schedule = 1f1b
+}
+"""
+
+
+def _id(path: Path) -> str:
+    return f"{path.parent.name}/{path.stem}"
+
+
+def _cases():
+    for path in FILES:
+        for view in VIEWS:
+            yield pytest.param(path, view, id=f"{_id(path)}-{view}")
+
+
+def _load(path: Path):
+    return api.load_plan(path)
+
+
+def _applies(path: Path, view: str) -> bool:
+    return view in ("mesh", "placement") or path.stem in PIPELINED
+
+
+def node_ids(dot_text: str) -> set[str]:
+    """Ids of the visible nodes a DOT text of ours declares (statements `id [..]`, not edges, not
+    `style=invis`: graphviz leaves invisible nodes out of SVG)."""
+    ids, hidden = set(), set()
+    for line in dot_text.splitlines():
+        match = re.match(r'\s*("(?:[^"\\]|\\.)*"|[A-Za-z_][A-Za-z0-9_]*)\s*(\[|$)', line)
+        if match and match.group(1) not in ("graph", "node", "edge") and "->" not in line:
+            (hidden if "style=invis" in line else ids).add(match.group(1).strip('"'))
+    return ids - hidden
+
+
+# ---- golden DOT text --------------------------------------------------------------------------
+@pytest.mark.parametrize("path, view", list(_cases()))
+def test_golden_dot(path, view, golden):
+    plan = _load(path)
+    if not _applies(path, view):
+        with pytest.raises(NotApplicable, match="no pipeline in this plan"):
+            render(plan, view)
+        return
+    golden(f"render/{plan.name}/{view}.dot", render(plan, view))
+
+
+def test_every_stdlib_example_and_local_plan_is_covered():
+    assert {p.stem for p in FILES} >= PIPELINED
+    assert len(FILES) == 24
+
+
+# ---- real rendering ---------------------------------------------------------------------------
+@needs_graphviz
+@pytest.mark.parametrize("path, view", [c for c in _cases() if _applies(*c.values)])
+def test_svg_renders_and_parses_back(path, view):
+    plan = _load(path)
+    text = render(plan, view)
+    svg = render_bytes(plan, view, "svg")
+    root = ElementTree.fromstring(svg)
+    assert root.tag == f"{SVG}svg"
+    drawn = [g for g in root.iter(f"{SVG}g") if g.get("class") == "node"]
+    assert len(drawn) == len(node_ids(text))
+    titles = {g.find(f"{SVG}title").text for g in drawn}
+    assert titles == node_ids(text)
+
+
+PNG_CASES = [("examples/gpt3_175b_3d", v) for v in VIEWS] + [("examples/heterogeneous", "mesh"),
+                                                             ("examples/zero_bubble_v", "placement"),
+                                                             ("local/dp", "mesh"), ("examples/shard_rules", "placement")]
+
+
+@needs_graphviz
+@pytest.mark.parametrize("name, view", PNG_CASES, ids=[f"{n}-{v}" for n, v in PNG_CASES])
+def test_png_renders(name, view, tmp_path):
+    plan = api.load_plan(STDLIB / f"{name}.plan")
+    path = render_file(plan, view, tmp_path / f"{view}.png")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert 200 < width < 20000 and 100 < height < 20000
+
+
+@needs_graphviz
+def test_pdf_renders(tmp_path):
+    plan = api.load_plan(STDLIB / "local/3d.plan")
+    assert render_file(plan, "placement", tmp_path / "p.pdf").read_bytes().startswith(b"%PDF")
+
+
+class _Page(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags: list[str] = []
+        self.ids: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.ids += [value for key, value in attrs if key == "id"]
+
+
+@needs_graphviz
+def test_html_report_has_every_view_inlined(tmp_path):
+    plan = api.load_plan(STDLIB / "examples/heterogeneous.plan")
+    page = render_file(plan, "all", tmp_path / "report.html").read_text(encoding="utf-8")
+    parser = _Page()
+    parser.feed(page)
+    assert parser.tags.count("svg") == 4
+    assert len(parser.ids) == len(set(parser.ids)), "ids of the inlined SVGs must not clash"
+    assert "<?xml" not in page and "<!DOCTYPE svg" not in page and "<script" not in page
+    assert 'class="estimate"' in page and "simulated peak" in page
+    for view in VIEWS:
+        assert f'id="{view}"' in page
+    for block in re.findall(r"<svg.*?</svg>", page, flags=re.S):
+        ElementTree.fromstring(block)
+
+
+@needs_graphviz
+def test_html_report_names_the_views_that_do_not_apply(tmp_path):
+    plan = api.load_plan(STDLIB / "examples/data_parallel.plan")
+    page = render_bytes(plan, "all", "html").decode("utf-8")
+    assert page.count("<svg") == 2
+    assert page.count("no pipeline in this plan") == 2
+
+
+# ---- views that do not apply, graphviz missing ------------------------------------------------
+def test_no_pipeline_is_one_line_and_exit_1():
+    result = CliRunner().invoke(main, ["render", str(STDLIB / "examples/data_parallel.plan"), "--view", "schedule"])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "no pipeline in this plan" in lines[0]
+
+
+def test_memory_view_without_pipeline_says_so():
+    with pytest.raises(NotApplicable, match="no pipeline in this plan"):
+        render(api.load_plan(STDLIB / "local/tp_sp.plan"), "memory")
+
+
+@pytest.fixture
+def no_graphviz(tmp_path, monkeypatch):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+
+
+def test_missing_graphviz_says_how_to_install(no_graphviz):
+    plan = api.load_plan(STDLIB / "local/3d.plan")
+    with pytest.raises(GraphvizMissing) as error:
+        render_bytes(plan, "mesh", "svg")
+    assert "apt-get install graphviz" in str(error.value) and "brew install graphviz" in str(error.value)
+    result = CliRunner().invoke(main, ["render", str(STDLIB / "local/3d.plan"), "--view", "mesh", "--format", "png"])
+    assert result.exit_code == 1
+    assert INSTALL in result.output
+
+
+def test_dot_text_needs_no_graphviz(no_graphviz, tmp_path):
+    out = tmp_path / "mesh.dot"
+    result = CliRunner().invoke(main, ["render", str(STDLIB / "local/3d.plan"), "--view", "mesh", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_text(encoding="utf-8").startswith("// plandsl render --view mesh")
+
+
+# ---- the command ------------------------------------------------------------------------------
+def test_dot_goes_to_stdout_without_output():
+    result = CliRunner().invoke(main, ["render", str(STDLIB / "local/pp_1f1b.plan"), "--view", "schedule"])
+    assert result.exit_code == 0, result.output
+    assert result.output == render(api.load_plan(STDLIB / "local/pp_1f1b.plan"), "schedule")
+
+
+@needs_graphviz
+def test_format_comes_from_the_suffix(tmp_path):
+    out = tmp_path / "mesh.svg"
+    result = CliRunner().invoke(main, ["render", str(STDLIB / "local/3d.plan"), "--view", "mesh", "-o", str(out),
+                                       "--color-by", "dp"])
+    assert result.exit_code == 0, result.output
+    assert ElementTree.fromstring(out.read_bytes()).tag == f"{SVG}svg"
+
+
+@pytest.mark.parametrize("args", [
+    ["--view", "mesh", "-o", "x.txt"],             # unknown suffix
+    ["--view", "mesh", "--format", "html"],        # html is the format of --view all
+    ["--view", "all", "--format", "svg"],
+    ["--view", "mesh", "--color-by", "nope"],      # no such axis
+])
+def test_usage_errors_exit_2(args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["render", str(STDLIB / "local/3d.plan"), *args])
+    assert result.exit_code == 2, result.output
+
+
+def test_color_by_changes_the_fills():
+    plan = api.load_plan(STDLIB / "local/3d.plan")
+    assert render(plan, "mesh", "dp") != render(plan, "mesh", "tp")
+    assert "colour by dp" in render(plan, "mesh", "dp").splitlines()[0]
+
+
+# ---- determinism ------------------------------------------------------------------------------
+@pytest.mark.parametrize("view", VIEWS)
+def test_render_is_deterministic(view):
+    plan = api.load_plan(STDLIB / "examples/gpt3_175b_3d.plan")
+    assert render(plan, view) == render(plan, view)
+
+
+def test_render_is_the_same_in_another_process():
+    """Across interpreters with other hash seeds (set and dict orders must not leak into DOT)."""
+    code = ("import sys, hashlib; from plandsl import api; from plandsl.render import render, VIEWS; "
+            "p = api.load_plan(sys.argv[1]); "
+            "print(hashlib.sha256(''.join(render(p, v) for v in VIEWS).encode()).hexdigest())")
+    path = str(STDLIB / "examples/heterogeneous.plan")
+    digests = {subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    assert len(digests) == 1
+
+
+# ---- scale ------------------------------------------------------------------------------------
+def test_a_4096_device_mesh_is_summarised_fast():
+    plan = api.loads(BIG_MESH).plans[0]
+    assert plan.mesh.size == 4096
+    start = time.perf_counter()
+    text = render(plan, "mesh")
+    assert time.perf_counter() - start < 2.0
+    assert "4,096 devices: showing 9 nodes; 503 identical nodes collapsed (nodes 8..510)" in text
+    assert len(node_ids(text)) < 200
+
+
+def test_a_64_rank_256_microbatch_schedule_fast():
+    plan = api.loads(LONG_PIPELINE).plans[0]
+    start = time.perf_counter()
+    text = render(plan, "schedule")
+    assert time.perf_counter() - start < 4.0  # simulation included; bench/bench_render.py times DOT alone
+    assert "64 ranks, 64 stages, 256 microbatches" in text
+
+
+@needs_graphviz
+def test_the_4096_device_mesh_really_renders():
+    plan = api.loads(BIG_MESH).plans[0]
+    svg = render_bytes(plan, "mesh", "svg")
+    assert len([g for g in ElementTree.fromstring(svg).iter(f"{SVG}g") if g.get("class") == "node"]) == \
+        len(node_ids(render(plan, "mesh")))
+
+
+# ---- what the pictures say -------------------------------------------------------------------
+def test_critical_path_runs_from_start_to_makespan():
+    from plandsl.render.schedule import critical_path, simulated
+    for name in ("examples/schedule_table", "examples/zero_bubble_v", "local/pp_interleaved"):
+        schedule, simulation, p2p = simulated(api.load_plan(STDLIB / f"{name}.plan"))
+        path = critical_path(schedule, simulation, p2p)
+        events = [simulation.events[i] for i in path]
+        assert events[0].start == 0
+        assert events[-1].end == pytest.approx(simulation.makespan)
+        for before, after in zip(events, events[1:]):
+            delay = p2p if before.rank != after.rank else 0.0
+            assert after.start == pytest.approx(before.end + delay, abs=1e-9 * simulation.makespan)
+
+
+def test_critical_path_of_unit_1f1b():
+    """1F1B, 2 ranks, 2 microbatches, F = B = 1: 0F0 1F0 1B0 1F1 1B1 0B1 (the bottleneck runs on rank 1)."""
+    from plandsl.render.schedule import critical_path
+    from plandsl.schedules.generators import generate
+    from plandsl.schedules.simulate import Costs, simulate
+    schedule = generate("1f1b", 2, 2, None)
+    simulation = simulate(schedule, Costs(F=1.0, B=1.0))
+    path = [str(simulation.events[i].action) for i in critical_path(schedule, simulation)]
+    assert path == ["0F0", "1F0", "1B0", "1F1", "1B1", "0B1"]
+
+
+@pytest.mark.parametrize("name", ["examples/gpt3_175b_3d", "examples/zero_bubble_v", "examples/heterogeneous",
+                                  "local/3d"])
+def test_memory_peaks_are_the_simulators(name):
+    from plandsl.render.memory import memory_over_time
+    ranks, simulation = memory_over_time(api.load_plan(STDLIB / f"{name}.plan"))
+    for memory in ranks:
+        assert memory.peak == pytest.approx(simulation.ranks[memory.rank].peak_memory_bytes, rel=1e-9)
+        assert memory.steps[0] == (0.0, 0.0) and memory.steps[-1][1] == pytest.approx(0.0, abs=1e-6 * memory.peak)
+
+
+def test_placement_shows_sharding_and_maps():
+    shard = render(api.load_plan(STDLIB / "examples/shard_rules.plan"), "placement")
+    assert "Shard(0)@tp, Shard(1)@dp: head" in shard               # the 2-D rule
+    assert "layers.0" in shard and "layers[1:4]" in shard          # the exact rule splits the range
+    vshape = render(api.load_plan(STDLIB / "examples/zero_bubble_v.plan"), "placement")
+    assert "stage 15</b> · rank 0" in vshape and "same rank: no transfer" in vshape
+    interleaved = render(api.load_plan(STDLIB / "local/pp_interleaved.plan"), "placement")
+    assert "stage 2</b> · rank 0" in interleaved
+
+
+def test_mesh_distinguishes_device_types():
+    text = render(api.load_plan(STDLIB / "examples/heterogeneous.plan"), "mesh")
+    assert "a100_80g" in text and "h100_80g" in text
+    assert 'style="filled,diagonals"' in text and 'style="rounded,filled"' in text
+
+
+def test_engines():
+    assert engine("placement") == ("dot",)
+    assert engine("schedule") == engine("memory") == engine("mesh") == ("neato", "-n2")

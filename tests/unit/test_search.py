@@ -1,0 +1,181 @@
+"""The search finds the true optimum of its own cost model: branch and bound against brute force on
+small spaces, bounds below exact figures, the partition against enumeration, and pins."""
+import itertools
+
+import pytest
+
+from plandsl import api
+from plandsl.cost.compute import DEFAULT_EFFICIENCY
+from plandsl.cost.estimate import estimate_plan
+from plandsl.placement import assign_stages
+from plandsl.search import Problem, SearchError, brute_force, parse_pins, search
+from plandsl.search_emit import Source, plan_text
+from plandsl.search_space import Space, partition_blocks, partition_layers
+
+HARDWARE = """
+device gpu { memory = 16 GiB; bandwidth = 1000 GB/s; peak = { bf16: 200 TFLOP/s, fp32: 20 TFLOP/s } }
+device fast { memory = 24 GiB; bandwidth = 2000 GB/s; peak = { bf16: 600 TFLOP/s, fp32: 60 TFLOP/s } }
+node box { devices = 2 x gpu; link = { bandwidth: 100 GB/s, latency: 2 us }; nic = { bandwidth: 20 GB/s, latency: 5 us } }
+node quick { devices = 2 x fast; link = { bandwidth: 200 GB/s, latency: 2 us }; nic = { bandwidth: 40 GB/s, latency: 5 us } }
+cluster pair = box x 2
+cluster mixed = [box x 1, quick x 1]
+"""
+MODELS = {
+    "gpt": "gpt(layers=4, hidden=512, heads=8, seq=512, vocab=4096)",
+    "tied": "gpt(layers=6, hidden=512, heads=8, seq=512, vocab=8192, tied=true)",
+    "moe": "llama(layers=2, hidden=256, heads=4, kv_heads=2, seq=256, vocab=1024, experts=4, top_k=2)",
+    "mlp": "mlp(layers=4, hidden=512, input=256, output=10)",
+    "big": "gpt(layers=4, hidden=4096, heads=32, seq=1024, vocab=32000)",
+    "deep": "gpt(layers=8, hidden=2048, heads=16, seq=1024, vocab=4096)",
+}
+
+
+def problem(model="gpt", cluster="pair", batch=8, seq=None):
+    document = api.loads(HARDWARE + f"model m = {MODELS[model]}\n")
+    chosen = next(c for c in document.clusters if c.name == cluster)
+    return Problem(document.models[0], chosen, batch, seq)
+
+
+CASES = [("gpt", "pair", 4, {}), ("tied", "pair", 4, {"recompute": "none"}),
+         ("moe", "pair", 4, {"zero_stage": 1}), ("mlp", "pair", 4, {}), ("gpt", "mixed", 4, {"recompute": "full"}),
+         ("big", "pair", 4, {"recompute": "selective"})]
+
+
+@pytest.mark.parametrize("model, cluster, batch, pins", CASES)
+def test_branch_and_bound_finds_the_brute_force_optimum(model, cluster, batch, pins):
+    p = problem(model, cluster, batch)
+    space = Space(p, pins, DEFAULT_EFFICIENCY)
+    everything = []
+    for root in space.roots():  # brute force, checking every bound on the way
+        for node in space.expand_root(root):
+            for leaf in space.expand(node):
+                assert leaf.bound >= node.bound * (1 - 1e-9)
+                scored = space.evaluate(leaf)
+                if scored is not None:
+                    assert leaf.bound <= scored.estimate.time.step
+                    everything.append(scored.estimate.time.step)
+    assert everything, "the small space has feasible plans"
+    found = search(p, pins=pins, top=3)
+    assert [s.estimate.time.step for s in found.candidates] == pytest.approx(sorted(everything)[:3], rel=1e-12)
+    assert found.stats.simulated < len(everything)
+
+
+def test_brute_force_helper_ranks_every_feasible_plan():
+    p = problem("gpt", "pair", 4)
+    ranked = brute_force(p, pins={"recompute": "none", "zero_stage": 0})
+    steps = [s.estimate.time.step for s in ranked]
+    assert steps == sorted(steps)
+    assert search(p, pins={"recompute": "none", "zero_stage": 0}, top=1).best.estimate.time.step == \
+        pytest.approx(steps[0], rel=1e-12)
+
+
+def test_memory_prunes_before_timing():
+    found = search(problem("big", "pair", 4), top=1)
+    assert found.stats.memory_pruned > 0
+    assert found.best.estimate.fits
+
+
+@pytest.mark.parametrize("blocks, fixed, per_block, caps", [
+    (7, [1.0, 0.0, 0.0, 2.5], [1.0, 1.0, 1.0, 1.0], None),
+    (9, [0.0, 0.0, 0.0], [1.0, 3.0, 1.0], None),
+    (8, [0.5, 0.0, 1.0], [2.0, 2.0, 2.0], [2, 5, 5]),
+    (6, [0.0, 0.0], [1.0, 1.0], [2, 3]),
+])
+def test_partition_is_the_minimax_of_all_compositions(blocks, fixed, per_block, caps):
+    stages = len(fixed)
+    limits = caps or [blocks] * stages
+    best = min((max(f + n * b for f, n, b in zip(fixed, counts, per_block))
+                for counts in itertools.product(range(1, blocks + 1), repeat=stages)
+                if sum(counts) == blocks and all(n <= c for n, c in zip(counts, limits))), default=None)
+    counts = partition_blocks(blocks, fixed, per_block, caps)
+    if best is None:
+        assert counts is None
+    else:
+        assert sum(counts) == blocks
+        assert max(f + n * b for f, n, b in zip(fixed, counts, per_block)) == pytest.approx(best)
+
+
+def test_equal_costs_split_like_the_language():
+    assert partition_blocks(10, [0.0] * 4, [1.0] * 4) == (3, 3, 2, 2)
+
+
+def test_layer_partition_by_dynamic_programming_matches_enumeration():
+    costs = [[3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0], [1.5, 0.5, 2.0, 0.5, 2.5, 4.5, 1.0], [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0]]
+    memory = [[1.0] * 7] * 3
+    caps = [3.0, 4.0, 3.0]
+    best = None
+    for cuts in itertools.combinations(range(1, 7), 2):
+        bounds = (0, *cuts, 7)
+        sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+        if any(n > c for n, c in zip(sizes, caps)):
+            continue
+        value = max(sum(costs[s][bounds[s]:bounds[s + 1]]) for s in range(3))
+        best = value if best is None else min(best, value)
+    counts = partition_layers(costs, memory, caps)
+    bounds = list(itertools.accumulate(counts, initial=0))
+    assert max(sum(costs[s][bounds[s]:bounds[s + 1]]) for s in range(3)) == pytest.approx(best)
+
+
+def test_heterogeneous_pipeline_gives_the_faster_rank_more_blocks():
+    p = problem("deep", "mixed", 8)
+    found = search(p, top=1, pins={"pp": 2, "tp": 1, "dp": 2, "order": "pp,dp", "virtual_stages": 1,
+                                   "schedule": "1f1b"})
+    counts = found.best.blocks
+    assert counts[1] > counts[0]
+
+
+# ---- pins ------------------------------------------------------------------------------------------------------
+FULL = {"dp": 1, "tp": 2, "pp": 2, "cp": 1, "ep": 1, "micro_batch_size": 2, "schedule": "interleaved_1f1b",
+        "virtual_stages": 2, "zero_stage": 0, "recompute": "full", "order": "pp,tp"}
+
+
+def test_everything_pinned_evaluates_that_one_plan():
+    p = problem("gpt", "pair", 8)
+    found = search(p, pins=[f"{k}={v}" for k, v in FULL.items()], top=5)
+    assert len(found.candidates) == 1
+    best = found.best
+    c = best.candidate
+    assert (c.tp, c.pp, c.micro_batch_size, c.schedule, c.virtual_stages, c.zero_stage, c.recompute) == \
+        (2, 2, 2, "interleaved_1f1b", 2, 0, "full")
+    text = plan_text(best, p, Source((), MODELS["gpt"], "pair"))
+    document = api.loads(HARDWARE + text)
+    [plan] = document.plans
+    assignment, problems = assign_stages(plan)
+    assert not problems and [len(s) for s in assignment.stage_layers] == [len(s) for s in
+                                                                         best.plan and _stages(p, best.blocks)]
+    assert estimate_plan(plan).time.step == pytest.approx(best.estimate.time.step, rel=1e-9)
+
+
+def _stages(p, counts):
+    space = Space(p, {}, DEFAULT_EFFICIENCY)
+    return space.stage_layers(counts)
+
+
+def test_a_schedule_pin_with_one_pipeline_rank_is_accepted():
+    p = problem("gpt", "pair", 8)
+    found = search(p, pins=["pp=1", "schedule=interleaved_1f1b", "virtual_stages=2"], top=2)
+    assert all(s.candidate.pp == 1 for s in found.candidates)
+    text = plan_text(found.best, p, Source((), MODELS["gpt"], "pair"))
+    assert "no pipeline" in text
+    assert api.loads(HARDWARE + text).plans
+
+
+@pytest.mark.parametrize("pins, message", [
+    (["tp=8"], "does not divide the 4 devices"),
+    (["dp=1", "tp=2", "pp=1", "cp=1", "ep=1"], "!= 4 devices"),
+    (["schedule=zbv", "virtual_stages=3"], "contradictory pins: schedule zbv"),
+    (["micro_batch_size=3", "num_microbatches=1"], "does not divide the global batch"),
+    (["tp=2", "tp=4"], "contradictory pins: tp"),
+    (["bogus=1"], "unknown pin 'bogus'"),
+    (["schedule=fast"], "unknown schedule 'fast'"),
+    (["zero_stage=5"], "0, 1, 2 or 3"),
+    (["tp"], "is not KEY=VALUE"),
+])
+def test_bad_pins_say_why(pins, message):
+    with pytest.raises(SearchError, match=message):
+        search(problem("gpt", "pair", 8), pins=pins)
+
+
+def test_pin_aliases():
+    assert parse_pins(["mb=2", "virtual=2", "zero=1"]) == {"micro_batch_size": 2, "virtual_stages": 2,
+                                                           "zero_stage": 1}
