@@ -7,8 +7,11 @@ feature, failed equivalence, or an error on this rank, reported with the rank's 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import sys
+import traceback
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -27,6 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints a hung rank's stacks
     from plandsl import api
     from plandsl.diagnostics import PlanError
     from plandsl.runtime.support import unsupported
@@ -45,10 +49,36 @@ def main(argv: list[str] | None = None) -> int:
     config = RunConfig(steps=args.steps, metrics=args.metrics, check_equivalence=args.check_equivalence,
                        token_file=args.data, timeout_s=args.timeout or DEFAULT_TIMEOUT_S)
     try:
-        return run(plan, config)
+        status, job = run(plan, config)
     except Exception as error:  # noqa: BLE001 - one line naming the rank, then a non-zero exit
         main_error(error)
         raise
+    _KEEP.append(job)  # alive until `entry` exits the process
+    return status
+
+
+_KEEP: list = []
+
+
+def entry() -> None:
+    """Run `main` and leave without tearing torch.distributed down.
+
+    Destroying a gloo process group from Python joins its worker threads while holding the GIL;
+    a worker still releasing its last collective's tensors needs the GIL, and the rank hangs
+    (seen with torch 2.13 at the end of a run, e.g. DDP's Reducer dropping its group). The rank is
+    done, so it flushes its output and exits at once; the launcher and peers see a clean exit.
+    """
+    status = 1
+    try:
+        status = main()
+    except SystemExit as error:
+        status = error.code if isinstance(error.code, int) else 1
+    except BaseException:  # noqa: BLE001 - printed like Python would, then exit 1
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
 
 def _params(items: list[str]) -> dict:
@@ -57,10 +87,4 @@ def _params(items: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    code = main()
-    # Leave without interpreter finalisation: with gloo, a worker that ran the in-process
-    # reference (--check-equivalence) can block forever in a futex while torch's objects are
-    # torn down at exit, after its process group was destroyed and its output flushed.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    entry()

@@ -13,7 +13,7 @@ import warnings
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -83,7 +83,3 @@ def gradient_sync(module: nn.Module, enabled: bool):
     if isinstance(module, DistributedDataParallel) and not enabled:
         return module.no_sync()
     return contextlib.nullcontext()
-
-
-def is_sharded(module: nn.Module) -> bool:
-    return isinstance(module, FSDPModule)

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
 from plandsl import ir
 from plandsl.runtime.reference import RunResult
@@ -38,6 +39,7 @@ def gather_params(parts: list[nn.Module]) -> dict[str, torch.Tensor] | None:
     """Every parameter in full on rank 0 (None elsewhere); DTensors (TP, FSDP) are gathered first."""
     local = {}
     for part in parts:
+        part = part.module if isinstance(part, DistributedDataParallel) else part
         for name, param in part.named_parameters():
             full = param.full_tensor() if isinstance(param, DTensor) else param
             local.setdefault(clean_name(name), full.detach().to("cpu", copy=True))

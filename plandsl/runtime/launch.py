@@ -79,13 +79,24 @@ def launch(args: list[str]) -> int:
 
 
 def failure_message(error) -> str:
-    """One line per failed rank, the first failure first; torchrun stopped the other ranks."""
-    first_rank, _ = error.get_first_failure()
+    """One line per failed rank, the root cause first; torchrun stopped the other ranks."""
+    cause = root_cause(error)
     lines = ["plandsl run: the job failed; the other ranks were stopped"]
-    for rank in sorted(error.failures, key=lambda r: (r != first_rank, r)):
+    for rank in sorted(error.failures, key=lambda r: (r != cause, r)):
         failure = error.failures[rank]
         how = (f"killed by {failure.signal_name()}" if failure.exitcode < 0
                else f"exited with status {failure.exitcode}")
-        cause = " (first)" if rank == first_rank else ""
-        lines.append(f"  rank {rank}{cause}: {how} (local rank {failure.local_rank}, pid {failure.pid})")
+        label = " (root cause)" if rank == cause else ""
+        lines.append(f"  rank {rank}{label}: {how} (local rank {failure.local_rank}, pid {failure.pid})")
     return "\n".join(lines)
+
+
+def root_cause(error) -> int:
+    """The rank that failed first. A rank killed by a signal the launcher does not send (it sends
+    SIGTERM) comes before ranks that exited with an error: those usually only saw their peer vanish
+    (`Connection reset by peer`), and may have reported it before the launcher noticed the death."""
+    killed = [rank for rank, failure in error.failures.items()
+              if failure.exitcode < 0 and failure.signal_name() != "SIGTERM"]
+    if killed:
+        return min(killed, key=lambda rank: error.failures[rank].timestamp)
+    return error.get_first_failure()[0]

@@ -1,8 +1,8 @@
 """The per-rank training loop: build the job from a checked plan, run `train_step`s, write metrics.
 
 Stage: interpreter (one OS process per rank, started by torchrun or a test). Contract:
-`run(plan, config)` joins the process group, trains `config.steps` steps and returns the exit status:
-0, or 1 when `--check-equivalence` finds the run differs from the one-process reference.
+`run(plan, config)` joins the process group, trains `config.steps` steps and returns the exit status
+(0, or 1 when `--check-equivalence` finds the run differs from the one-process reference) and the job.
 """
 from __future__ import annotations
 
@@ -190,17 +190,13 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 # ---- the run --------------------------------------------------------------------------
-def run(plan: ir.Plan, config: RunConfig) -> int:
-    joined = not dist.is_initialized()
+def run(plan: ir.Plan, config: RunConfig) -> tuple[int, Job]:
+    """Train on this rank; (exit status, the job). The process group stays up: see `plandsl.run.entry`."""
     device = init_distributed(config.timeout_s)
-    try:
-        torch.manual_seed(plan.train.seed)
-        job = build_job(plan, build_mesh(plan, device), device, config)
-        train(job, config)
-        return check_equivalence(job, config) if config.check_equivalence else 0
-    finally:
-        if joined:
-            dist.destroy_process_group()
+    torch.manual_seed(plan.train.seed)
+    job = build_job(plan, build_mesh(plan, device), device, config)
+    train(job, config)
+    return (check_equivalence(job, config) if config.check_equivalence else 0), job
 
 
 def train(job: Job, config: RunConfig) -> None:
