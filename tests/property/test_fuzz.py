@@ -20,6 +20,7 @@ from plandsl.analysis import Analysis, analyze
 from plandsl.codes import CODES
 from plandsl.diagnostics import PlanError
 from plandsl.source import NO_SPAN
+from support import VALID_PLAN
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
                     database=None)
@@ -47,20 +48,7 @@ LAYOUT = ["\n", "\n\n", "\r\n", "\t", "# comment\n", "\\\n", "    "]
 SEPARATORS = [" ", " ", " ", "", "\n", "\t"]
 
 VALID_PLANS = [
-    """\
-    import "clusters/dgx_a100"
-    param nodes = 2
-    plan p {
-      model   = gpt(layers=8, hidden=1024, heads=16, seq=1024, vocab=50304)
-      cluster = dgx_a100 x nodes
-      mesh    = [dp = nodes * 8 / 4, pp = 2, tp = 2]
-      train   = { global_batch: 64, micro_batch: 2, precision: bf16, recompute: selective }
-      data    = zero1 over dp
-      tensor  = megatron over tp with sequence_parallel
-      stages  = evenly over pp
-      schedule = 1f1b
-    }
-    """,
+    VALID_PLAN,
     """\
     import "clusters/local"
     let width = 256
@@ -114,7 +102,7 @@ VALID_PLANS = [
     }
     """,
 ]
-VALID_PLANS = [textwrap.dedent(text) for text in VALID_PLANS]
+VALID_PLANS = [textwrap.dedent(text) for text in VALID_PLANS]  # VALID_PLAN has no indent to remove
 
 
 def check_analysis(text: str) -> Analysis:
