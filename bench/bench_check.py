@@ -13,10 +13,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from timing import best  # noqa: E402
 from gen_plans import big_custom_plan, big_gpt_explicit_plan, grouped_custom_plan  # noqa: E402
 
 from plandsl.analysis import analyze  # noqa: E402
@@ -25,26 +25,17 @@ from plandsl.parser import decode, parse_source  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def best(function, repeat: int = 5) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def case(name: str, path: Path, repeat: int = 5) -> tuple[str, int, float, float, list[str]]:
     text = path.read_text()
     analysis = analyze(str(path))  # warm: the parser is built once per process
-    check = best(lambda: analyze(str(path)), repeat)
-    parse = best(lambda: parse_source(decode(str(path), text.encode())), repeat)
+    check = best(lambda: analyze(str(path)), repeat)[0]
+    parse = best(lambda: parse_source(decode(str(path), text.encode())), repeat)[0]
     codes = sorted({d.code for d in analysis.diagnostics})
     return name, len(text.splitlines()), check, parse, codes
 
 
 def shell(args: list[str], repeat: int = 5) -> float:
-    return best(lambda: subprocess.run(args, capture_output=True, check=False), repeat)
+    return best(lambda: subprocess.run(args, capture_output=True, check=False), repeat)[0]
 
 
 def main() -> None:

@@ -11,13 +11,13 @@ graphviz columns run the view's engine (`neato -n2` or `dot`) to SVG and PNG.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 from plandsl import api
 from plandsl.render import engine, render
 from plandsl.render.output import graphviz_available, to_image
 from plandsl.render.schedule import draw_schedule, simulated
+from timing import best  # bench/ is on sys.path when the script runs
 
 ROOT = Path(__file__).resolve().parent.parent
 MESH_4096 = """\
@@ -46,15 +46,6 @@ plan pipeline_64x256 {
   schedule = 1f1b
 }
 """
-
-
-def best(function, repeat: int = 3) -> tuple[float, object]:
-    times, result = [], None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = function()
-        times.append(time.perf_counter() - start)
-    return min(times), result
 
 
 def row(name: str, view: str, plan, make_dot, with_graphviz: bool, pad: int = 0) -> str:

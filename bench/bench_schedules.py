@@ -12,21 +12,12 @@ simulation for its deadlock check, as `plandsl check` does).
 from __future__ import annotations
 
 import sys
-import time
 
 from plandsl.schedules.generators import generate
 from plandsl.schedules.lower import add_send_recv
 from plandsl.schedules.simulate import simulate
 from plandsl.schedules.validate import validate
-
-
-def best(function, repeat: int = 3) -> tuple[float, object]:
-    times, result = [], None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = function()
-        times.append(time.perf_counter() - start)
-    return min(times), result
+from timing import best  # bench/ is on sys.path when the script runs
 
 
 def total(name: str, ranks: int, microbatches: int, virtual: int | None) -> float:
