@@ -235,14 +235,20 @@ def _fail(error) -> None:
 @click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Machines taking part.")
 @click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This machine's index.")
 @click.option("--rdzv-endpoint", metavar="HOST:PORT", help="Node 0's address, with several nodes.")
-@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Optimizer steps.")
+@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
+              help="The step to stop at, counted from the start of training (also with --resume).")
 @click.option("--metrics", type=click.Path(dir_okay=False), help="Write one JSON object per step here.")
 @click.option("--check-equivalence", is_flag=True, help="Compare losses and parameters with one process.")
 @click.option("--data", type=click.Path(exists=True, dir_okay=False), help="A uint16 token file (nanoGPT .bin).")
-@click.option("--dry-run", is_flag=True, help="Check the plan and print the torchrun command; start nothing.")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False),
+              help="Write checkpoints here (step-NNNNNN directories), always after the last step.")
+@click.option("--checkpoint-every", type=click.IntRange(min=1), metavar="K", help="A checkpoint every K steps.")
+@click.option("--resume", is_flag=True, help="Continue from the latest checkpoint in --checkpoint-dir.")
+@click.option("--dry-run", is_flag=True, help="Build every rank on the meta device; print its parameters, memory and "
+                                                  "the torchrun command; start nothing.")
 @param_option
 def run_command(file, plan_name, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps, metrics,
-                check_equivalence, data, dry_run, params):
+                check_equivalence, data, checkpoint_dir, checkpoint_every, resume, dry_run, params):
     """Check plan FILE, then train it on torch.distributed (one process per device of its mesh)."""
     from plandsl import api
     from plandsl.diagnostics import PlanError
@@ -256,7 +262,7 @@ def run_command(file, plan_name, nproc_per_node, nnodes, node_rank, rdzv_endpoin
     for reason in unsupported(plan):
         click.echo(f"{file}: error: plan '{plan.name}': {reason}", err=True)
     options = launch.LaunchOptions(nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps, metrics,
-                                   check_equivalence, data)
+                                   check_equivalence, data, checkpoint_dir, checkpoint_every, resume)
     try:
         args = launch.torchrun_args(plan, file, plan_name, overrides, options)
     except launch.LaunchError as error:
@@ -264,8 +270,17 @@ def run_command(file, plan_name, nproc_per_node, nnodes, node_rank, rdzv_endpoin
         sys.exit(1)
     if unsupported(plan):
         sys.exit(1)
+    if dry_run:  # every rank built here on the meta device, its figures, then the command; nothing starts
+        from plandsl.runtime.dryrun import DryRunError, dry_run_report
+        try:
+            click.echo(dry_run_report(plan))
+        except DryRunError as error:
+            click.echo(f"{file}: error: plan '{plan.name}': {error}", err=True)
+            sys.exit(1)
+        click.echo(launch.command_line(args))
+        sys.exit(0)
     click.echo(launch.command_line(args))
-    sys.exit(0 if dry_run else launch.launch(args))
+    sys.exit(launch.launch(args))
 
 
 @main.command("render")

@@ -59,11 +59,21 @@ class Link(Node):
     latency: float = Field(ge=0, description="seconds")
 
 
+class DeviceEfficiency(Node):
+    """The GEMM model's two knobs (`cost.compute`): a GEMM takes 2mnk / (matmul · peak) +
+    bytes / bandwidth + kernel_latency. The defaults are the fit on Megatron-LM's A100 runs
+    (docs/validation.md)."""
+    matmul: float = Field(default=0.57, gt=0, le=1, description="fraction of the peak a large GEMM's FLOPs run at")
+    kernel_latency: float = Field(default=60e-6, ge=0, description="seconds per GEMM kernel")
+
+
 class DeviceType(Node):
     name: str
     memory: float = Field(gt=0, description="bytes")
     bandwidth: float = Field(gt=0, description="memory bandwidth, bytes/s")
     peak: dict[Precision, float] = Field(description="peak dense FLOP/s per precision")
+    efficiency: Optional[DeviceEfficiency] = Field(
+        default=None, description="the GEMM model's knobs; None: the fitted defaults (DeviceEfficiency())")
 
 
 class NodeType(Node):

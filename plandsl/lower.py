@@ -144,7 +144,7 @@ class Lowering:
         return value
 
     def _device(self, scope: Scope, d: s.Definition) -> ir.DeviceType:
-        allowed = {"memory": True, "bandwidth": True, "peak": True}
+        allowed = {"memory": True, "bandwidth": True, "peak": True, "efficiency": False}
         found = attributes(scope, d.body, allowed, f"device '{d.name}'")
         if not require(scope, found, allowed, f"device '{d.name}'", d.name_span):
             raise Poison()
@@ -155,7 +155,26 @@ class Lowering:
         if not peak:
             raise self.reporter.error("E207", "peak needs at least one precision", found["peak"].value.span,
                                       hint="peak = { bf16: 312 TFLOP/s }")
-        return build(scope, ir.DeviceType, d.span, name=d.name, memory=memory, bandwidth=bandwidth, peak=peak)
+        efficiency = self.efficiency(scope, found["efficiency"].value) if "efficiency" in found else None
+        return build(scope, ir.DeviceType, d.span, name=d.name, memory=memory, bandwidth=bandwidth, peak=peak,
+                     efficiency=efficiency)
+
+    def efficiency(self, scope: Scope, expr: s.Expr) -> ir.DeviceEfficiency:
+        """`{ matmul: 0.57, kernel_latency: 60 us }`; an omitted key keeps its fitted default."""
+        items = dict_items(scope, expr, {"matmul": False, "kernel_latency": False}, "efficiency")
+        fields = {}
+        if "matmul" in items:
+            value = items["matmul"].value
+            fraction = scope.number(scope.eval(value), value)
+            if not 0 < fraction <= 1:
+                raise self.reporter.error("E205", f"efficiency matmul is a fraction of the peak in (0, 1], "
+                                          f"found {fraction:g}", value.span,
+                                          hint="e.g. `matmul: 0.57` (57 % of the peak for a large GEMM)")
+            fields["matmul"] = float(fraction)
+        if "kernel_latency" in items:
+            fields["kernel_latency"] = scope.quantity(items["kernel_latency"].value, TIME,
+                                                      "efficiency kernel_latency", allow_zero=True)
+        return build(scope, ir.DeviceEfficiency, expr.span, **fields)
 
     def link(self, scope: Scope, expr: s.Expr, what: str) -> ir.Link:
         items = dict_items(scope, expr, {"bandwidth": True, "latency": False}, what)

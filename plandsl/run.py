@@ -1,8 +1,9 @@
-"""The torchrun entry point: `torchrun --nproc-per-node N -m plandsl.run PLAN [--steps S] ...`.
+"""The torchrun entry point: `torchrun --nproc-per-node N -m plandsl.run PLAN [--steps S] [--resume] ...`.
 
 Every rank loads and checks the plan, builds the model, mesh and parallelisms, and trains; `plandsl run`
 launches this same module through torch.distributed.run. Exit status: 0, or 1 (bad plan, refused
-feature, failed equivalence, or an error on this rank, reported with the rank's number).
+feature, a checkpoint this plan cannot resume, failed equivalence, or an error on this rank, reported
+with the rank's number).
 """
 from __future__ import annotations
 
@@ -19,13 +20,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("plan", help="the .plan file")
     parser.add_argument("--plan", dest="plan_name", help="which plan of the file (default: its only one)")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="set a `param` of the file")
-    parser.add_argument("--steps", type=int, default=10, help="optimizer steps (default 10)")
+    parser.add_argument("--steps", type=_positive, default=10,
+                        help="the step to stop at, counted from the start of training (default 10)")
     parser.add_argument("--metrics", help="write one JSON object per step to this file (rank 0)")
     parser.add_argument("--check-equivalence", action="store_true",
                         help="compare losses and final parameters with a one-process run")
     parser.add_argument("--data", help="a uint16 token file (nanoGPT train.bin) instead of synthetic tokens")
     parser.add_argument("--timeout", type=float, default=None, help="seconds a collective may wait")
-    return parser.parse_args(argv)
+    parser.add_argument("--checkpoint-dir", help="write checkpoints here (step-NNNNNN directories), and after "
+                                                 "the last step")
+    parser.add_argument("--checkpoint-every", type=_positive, metavar="K", help="a checkpoint every K steps")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the latest checkpoint in --checkpoint-dir (step 1 if none)")
+    args = parser.parse_args(argv)
+    if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
+        parser.error(f"{'--resume' if args.resume else '--checkpoint-every'} needs --checkpoint-dir")
+    return args
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,10 +63,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from plandsl.runtime.mesh import DEFAULT_TIMEOUT_S
     from plandsl.runtime.train import RunConfig, main_error, run
+    from plandsl.runtime.checkpoint import CheckpointError
     config = RunConfig(steps=args.steps, metrics=args.metrics, check_equivalence=args.check_equivalence,
-                       token_file=args.data, timeout_s=args.timeout or DEFAULT_TIMEOUT_S)
+                       token_file=args.data, timeout_s=args.timeout or DEFAULT_TIMEOUT_S,
+                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                       resume=args.resume)
     try:
         status, job = run(plan, config)
+    except CheckpointError as error:  # every rank refuses alike, before training; rank 0 says why
+        if os.environ.get("RANK", "0") == "0":
+            print(f"plandsl run: error: {error}", file=sys.stderr, flush=True)
+        return 1
     except Exception as error:  # noqa: BLE001 - one line naming the rank, then a non-zero exit
         main_error(error)
         raise

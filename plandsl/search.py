@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 from plandsl import ir
-from plandsl.cost.compute import DEFAULT_EFFICIENCY, Efficiency
+from plandsl.cost.compute import Efficiency
 from plandsl.cost.estimate import PlanEstimate
 from plandsl.schedules.registry import BUILTIN
 from plandsl.search_space import (AXES, RECOMPUTE, Leaf, Node, Root, Space, divisors, partition_blocks,
@@ -244,7 +244,7 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
 
 # ---- the search ---------------------------------------------------------------------------------------------------
 def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None = None, top: int = 5,
-           efficiency: Efficiency = DEFAULT_EFFICIENCY,
+           efficiency: Efficiency | None = None,
            progress: Callable[[int, int], None] | None = None) -> SearchResult:
     """The `top` fastest candidates that fit, best first (exactly those brute force ranks first)."""
     started = time.perf_counter()
@@ -286,7 +286,7 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
 
 
 def brute_force(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None = None,
-                efficiency: Efficiency = DEFAULT_EFFICIENCY) -> list[Scored]:
+                efficiency: Efficiency | None = None) -> list[Scored]:
     """Every candidate of the space that fits, simulated, sorted by step time (for tests: small spaces only)."""
     pins = parse_pins(pins)
     check_pins(problem, pins)

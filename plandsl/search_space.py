@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 from plandsl import ir
 from plandsl.cost.compute import Efficiency, Work
-from plandsl.cost.estimate import (LayerTime, StageTime, estimate_layer_time, estimate_plan, mesh_links,
+from plandsl.cost.estimate import (LayerTime, StageTime, estimate_layer_time, estimate_plan, fsdp_units, mesh_links,
                                    param_split, pipeline_p2p_seconds, rank_tail, slowest, stage_time, zero_traffic)
-from plandsl.cost.memory import estimate_layer_activations, estimate_memory, inflight_microbatches
+from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, gathered_bytes, inflight_microbatches,
+                                 model_state_bytes, tied_embedding)
 from plandsl.models import Layer, layers_of
 from plandsl.schedules.registry import BUILTIN
 from plandsl.search_partition import partition_blocks, partition_layers
@@ -30,7 +31,8 @@ MAX_MICRO_BATCH = 256
 SAFE = 1 - 1e-9  # bounds add in another order than the exact figures: keep them strictly below
 SPLIT_BACKWARD = ("zb_h1", "zb_h2", "interleaved_zero_bubble", "zbv", "dualpipev")
 # Chimera keeps the weights of two stages per rank (one per pipeline) and all-reduces them between
-# its pipelines; the memory model counts one stage per rank, so the search tries it only when pinned.
+# its pipelines: the memory model counts both (`cost.memory.held_stages`), but the partition's
+# per-rank caps and the step time do not model the second copy, so the search tries it only when pinned.
 PIN_ONLY = ("chimera",)
 
 
@@ -134,7 +136,7 @@ def _sums(time: LayerTime, count: int = 1) -> tuple[float, ...]:
 
 
 class Space:
-    def __init__(self, problem, pins, efficiency: Efficiency):
+    def __init__(self, problem, pins, efficiency: Efficiency | None):
         self.problem, self.pins, self.efficiency = problem, pins, efficiency
         self.model = problem.model
         self.layers = layers_of(problem.model)
@@ -150,6 +152,7 @@ class Space:
         self._param_cache: dict = {}
         self._stage_cache: dict = {}
         self._partition_cache: dict = {}
+        self._gathered_cache: dict = {}
         from plandsl.search import SearchStats
         self.stats = SearchStats()
 
@@ -271,7 +274,7 @@ class Space:
         dp, tp, pp, cp, ep = layout
         sizes = {"dp": dp, "ep": ep, "pp": pp, "cp": cp, "tp": tp}
         probe = Root(dp, tp, pp, cp, ep, tuple(a for a in AXES if sizes[a] > 1), None, (), (), False, (1,))
-        per_kind, _ = self.layer_memory(Node(probe, 1, 1, "full"), 3 if dp * ep > 1 else 0)
+        per_kind = self.layer_memory(Node(probe, 1, 1, "full"), 3 if dp * ep > 1 else 0)[0]
         states = sum(count * per_kind[i][0] for i, (_, count) in enumerate(self.kinds))
         capacity = max(d.memory for d in self.devices)
         if states / pp > capacity:
@@ -353,13 +356,28 @@ class Space:
             per_kind = []
             for layer, _ in self.kinds:
                 idle = estimate_memory(plan, [[layer]], [[0]], [0])[0]
-                per_kind.append((idle.params + idle.grads + idle.optimizer, estimate_layer_activations(plan, layer),
+                per_kind.append((sum(model_state_bytes(plan, [layer])), estimate_layer_activations(plan, layer),
                                  idle.activations))
             tied = 0.0
             if self.transformer and getattr(self.model, "tied_embeddings", False):
-                apart = estimate_memory(plan, [[self.kinds[0][0]], [self.kinds[-1][0]]], [[0], [1]], [0, 0])[1]
-                tied = apart.params + apart.grads + apart.optimizer - per_kind[-1][0]
-            found = self._memory_cache[key] = (per_kind, tied)
+                copy = tied_embedding(plan, self.layers)
+                tied = sum(model_state_bytes(plan, [], [copy])) if copy is not None else 0.0
+            found = self._memory_cache[key] = (per_kind, tied, plan)
+        return found
+
+    def gathered(self, memory, first: bool, last: bool, blocks: int) -> float:
+        """ZeRO-2/3's unsharded units on a rank (`cost.memory.gathered_bytes`) of a transformer with
+        `blocks` blocks there, the embedding on the first rank and the norm and head on the last."""
+        plan = memory[2]
+        if plan.data is None or plan.data.zero_stage < 2:
+            return 0.0
+        key = (id(memory), first, last, min(blocks, 2))
+        found = self._gathered_cache.get(key)
+        if found is None:
+            embed, block, norm, head = (layer for layer, _ in self.kinds)
+            layers = ([embed] if first else []) + [block] * min(blocks, 2) + ([norm, head] if last else [])
+            copy = tied_embedding(plan, self.layers) if last and not first else None
+            found = self._gathered_cache[key] = sum(gathered_bytes(plan, layers, [copy] if copy else []))
         return found
 
     # -- leaves: ZeRO stage, schedule, virtual stages --
@@ -400,7 +418,7 @@ class Space:
         if self.transformer:
             counts = self._transformer_partition(node, ranks, inflight, memory, virtual)
         else:
-            counts = self._layer_partition(node, ranks, inflight, memory[0])
+            counts = self._layer_partition(node, ranks, inflight, memory)
         if counts is None:
             self.stats.memory_pruned += 1
             return None
@@ -410,7 +428,7 @@ class Space:
     def _transformer_partition(self, node: Node, ranks, inflight, memory, virtual):
         root = node.root
         stages = len(ranks)
-        per_kind, tied = memory
+        per_kind, tied, _ = memory
         (embed_s, embed_a, _), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, _) = per_kind
         first_rank, last_rank = ranks[0], ranks[-1]
         fixed_memory = [0.0] * root.pp
@@ -421,8 +439,14 @@ class Space:
         rank_caps = []
         for r in range(root.pp):
             per = block_s + inflight[r] * block_a
-            room = root.capacity[r] - fixed_memory[r] - working
-            rank_caps.append(max(0, int(room // per)) if per > 0 else self.blocks)
+            cap = self.blocks
+            for blocks in (2, 1):  # the gathered units depend on whether the rank holds 1 or >= 2 blocks
+                gathered = self.gathered(memory, r == first_rank, r == last_rank, blocks)
+                room = root.capacity[r] - fixed_memory[r] - working - gathered
+                cap = max(0, int(room // per)) if per > 0 else self.blocks
+                if cap >= 2:
+                    break
+            rank_caps.append(cap)
         if sum(rank_caps) < self.blocks or min(rank_caps) < virtual:
             return None  # memory: no split fits, before any timing
         key = (node.ident, ranks, tuple(rank_caps))
@@ -447,10 +471,12 @@ class Space:
         found = self._partition_cache[key] = partition_blocks(self.blocks, fixed, per_block, caps)
         return found
 
-    def _layer_partition(self, node: Node, ranks, inflight, per_kind):
+    def _layer_partition(self, node: Node, ranks, inflight, layer_memory):
         root = node.root
+        per_kind, plan = layer_memory[0], layer_memory[2]
         costs, memory, caps = [], [], []
-        working = max(k[2] for k in per_kind)
+        # ZeRO-2/3's gathered units: the two largest of the model, wherever they are (a bound).
+        working = max(k[2] for k in per_kind) + sum(gathered_bytes(plan, self.layers))
         for r in ranks:
             costs.append([t.forward + t.backward for t in self.kind_times(node, root.rank_devices[r])])
             memory.append([k[0] + inflight[r] * k[1] for k in per_kind])
@@ -478,7 +504,7 @@ class Space:
                 device = root.rank_devices[ranks[s]]
                 times = [self.kind_times(node, device)[self.layers.index(layer)] for layer in layers]
                 params = [self.params(layer, root.tp, root.ep) for layer in layers]
-                out.append(stage_time(times, params, zero, element, root.links))
+                out.append(stage_time(times, params, zero, element, root.links, fsdp_units(layers)))
             return out
         out = []
         for s, n in enumerate(counts):
@@ -498,7 +524,8 @@ class Space:
                         sums[i] += value
                     d, e = self.params(self.kinds[index][0], root.tp, root.ep)
                     dense, expert = dense + count * d, expert + count * e
-                found = self._stage_cache[key] = zero_traffic(*sums, dense, expert, zero, element, root.links)
+                units = n + (1 if s == 0 or s == last else 0)  # the blocks, and the root (`fsdp_units`)
+                found = self._stage_cache[key] = zero_traffic(*sums, dense, expert, zero, element, root.links, units)
             out.append(found)
         return out
 

@@ -154,9 +154,12 @@ def estimate_collective(collective: str, size_bytes: float, links: GroupLinks) -
       reduce-scatter   (n-1)·alpha +  (n-1)/n · S/beta, all-gather the same
       all-to-all       (n-1)·alpha +  (n-1)/n · S/beta  (pairwise exchange)
       point-to-point        alpha +          S/beta
-    A group over several nodes with k members in each runs hierarchically (the intra-node
-    collective over k, then the inter-node one over n/k on S/k per device, as NCCL's tree/ring
-    over NVLink + NIC and Megatron's 2-D reductions do); with k = 1 only the inter-node term is left.
+    A group over several nodes with k members in each moves its bytes hierarchically (the
+    intra-node collective over k, then the inter-node one over n/k on S/k per device, as NCCL's
+    rings over NVLink + one NIC per rail and Megatron's 2-D reductions do); with k = 1 only the
+    inter-node term is left. The latency is that of NCCL's ring, which still passes all n ranks:
+    n - 1 steps (2(n - 1) for all-reduce), of which N - 1 (2(N - 1)) cross nodes, over N nodes
+    (NCCL `src/graph/tuning.cc`: `(nsteps - nInterSteps)·intraLat + nInterSteps·interLat`).
     """
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective '{collective}'; one of {', '.join(COLLECTIVES)}")
@@ -177,7 +180,7 @@ def estimate_collective(collective: str, size_bytes: float, links: GroupLinks) -
     steps = 2 if collective == "all_reduce" else 1
     intra = steps * (k - 1) / k * s / b_in if k > 1 else 0.0
     inter = steps * (nodes - 1) / nodes * (s / k) / b_out if nodes > 1 else 0.0
-    latency = steps * ((k - 1) * a_in + (nodes - 1) * a_out)
+    latency = steps * ((n - nodes) * a_in + (nodes - 1) * a_out)
     return CommEstimate(collective, s, latency, intra, inter)
 
 

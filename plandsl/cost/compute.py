@@ -13,8 +13,9 @@ wave of thread blocks):
     t = 2·m·n·k / (peak_fraction · peak) + bytes(A, B, C) / bandwidth + kernel_seconds
 
 so small shards reach a lower fraction of the peak, smoothly in the GEMM's size:
-efficiency = 2mnk / (peak · t). The two knobs (`peak_fraction`, `kernel_seconds`) are fitted on
-published runs (docs/cost-model.md, docs/validation.md). Everything that is no GEMM (norms,
+efficiency = 2mnk / (peak · t). The two knobs (`peak_fraction`, `kernel_seconds`) are a property of
+the device, from its description (`efficiency = { matmul, kernel_latency }`), defaulting to the fit
+on published runs (docs/cost-model.md, docs/validation.md); `efficiency=` overrides them for a fit. Everything that is no GEMM (norms,
 activations, residual adds, dropout, rotary, the softmax of the loss) moves its bytes at the device's
 memory bandwidth; fused attention (Dao et al. 2022) reads Q, K, V and writes O once.
 """
@@ -55,9 +56,16 @@ class Efficiency:
         return 2.0 * m * n * k / (seconds * peak_of(device, precision)) if seconds else 0.0
 
 
-# Fitted on Megatron-LM's weak-scaling runs (Narayanan et al. 2021, Table 1, every other row) by
-# `python bench/bench_search.py --fit`; docs/validation.md has the fit and the held-out error.
-DEFAULT_EFFICIENCY = Efficiency(peak_fraction=0.57, kernel_seconds=60e-6)
+def device_efficiency(device: ir.DeviceType) -> Efficiency:
+    """The device's own knobs (`device ... { efficiency = { matmul, kernel_latency } }`), else the
+    language's defaults (`ir.DeviceEfficiency`), fitted on Megatron-LM's A100 weak-scaling runs
+    (Narayanan et al. 2021, Table 1, every other row; `python bench/bench_search.py --fit`)."""
+    knobs = device.efficiency or _DEFAULT_KNOBS
+    return Efficiency(knobs.matmul, knobs.kernel_latency)
+
+
+_DEFAULT_KNOBS = ir.DeviceEfficiency()
+DEFAULT_EFFICIENCY = Efficiency(_DEFAULT_KNOBS.matmul, _DEFAULT_KNOBS.kernel_latency)
 
 
 def peak_of(device: ir.DeviceType, precision: ir.Precision) -> float:
@@ -121,14 +129,16 @@ ZERO = LayerCompute(0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 def estimate_layer_compute(model: ir.Model, layer: Layer, work: Work, device: ir.DeviceType,
-                           efficiency: Efficiency = DEFAULT_EFFICIENCY) -> LayerCompute:
+                           efficiency: Efficiency | None = None) -> LayerCompute:
     """Forward, backward and recomputation seconds of `layer` for one microbatch on `device`.
 
     Backward = 2 x forward matmuls (input and weight gradients, each a GEMM as large as the
     forward's; Narayanan et al. 2021, Sec. 5.1) and 2 x the forward's other bytes (read the output
     gradient and the saved input, write the input gradient). Recomputation (Korthikanti et al. 2022):
     `full` reruns the block's forward inside its backward, `selective` the attention core only.
+    `efficiency`: None for the device's own knobs (`device_efficiency`).
     """
+    efficiency = efficiency or device_efficiency(device)
     if isinstance(model, ir.TransformerModel):
         return _transformer_layer(model, layer, work, device, efficiency)
     precision = work.precision
@@ -231,5 +241,5 @@ def estimate_optimizer_step(local_params: float, device: ir.DeviceType, optimize
     return local_params * per_param / device.bandwidth
 
 
-__all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "Work", "LayerCompute", "estimate_layer_compute",
+__all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "device_efficiency", "Work", "LayerCompute", "estimate_layer_compute",
            "estimate_optimizer_step", "peak_of"]

@@ -22,9 +22,9 @@ from typing import Sequence
 
 from plandsl import ir
 from plandsl.cost.comm import NO_COMM, GroupLinks, collective_seconds, group_links
-from plandsl.cost.compute import (DEFAULT_EFFICIENCY, Efficiency, LayerCompute, Work, estimate_layer_compute,
+from plandsl.cost.compute import (Efficiency, LayerCompute, Work, estimate_layer_compute,
                                   estimate_optimizer_step, peak_of)
-from plandsl.cost.memory import MemoryEstimate, estimate_layer_activations, local_numel, zero_degrees
+from plandsl.cost.memory import MemoryEstimate, estimate_layer_activations, held_stages, local_numel, zero_degrees
 from plandsl.models import Layer, kv_width
 
 _EXPERT = "experts"
@@ -87,7 +87,7 @@ class LayerTime:
 
 
 def estimate_layer_time(model: ir.Model, layer: Layer, work: Work, device: ir.DeviceType, links: Links,
-                        efficiency: Efficiency = DEFAULT_EFFICIENCY) -> LayerTime:
+                        efficiency: Efficiency | None = None) -> LayerTime:
     compute = estimate_layer_compute(model, layer, work, device, efficiency)
     forward_comm, backward_comm = _layer_comm(model, layer, work, links, compute)
     return LayerTime(compute.forward + forward_comm, compute.input_grad + backward_comm, compute.weight_grad,
@@ -180,30 +180,53 @@ def param_split(layer: Layer, tp: int, ep: int) -> tuple[int, int]:
     return dense, expert
 
 
+def fsdp_units(layers: Sequence[Layer]) -> int:
+    """The units ZeRO-2/3 gather and reduce one at a time: each block (or written layer), and the
+    stage's other layers together (the root), as `runtime.data_parallel.apply_fsdp` wraps them."""
+    blocks = sum(1 for layer in layers if layer.kind in ("block", "custom"))
+    return max(1, blocks + (1 if blocks < len(layers) else 0))
+
+
 def stage_time(times: Sequence[LayerTime], params: Sequence[tuple[int, int]], zero_stage: int,
-               element: int, links: Links) -> StageTime:
-    """Sum the layers of a stage (then `zero_traffic`)."""
+               element: int, links: Links, units: int | None = None) -> StageTime:
+    """Sum the layers of a stage (then `zero_traffic`); `units`: its FSDP units (default: one per layer)."""
     return zero_traffic(sum(t.forward for t in times), sum(t.input_grad for t in times),
                         sum(t.weight_grad for t in times), sum(t.forward_comm + t.backward_comm for t in times),
                         sum(t.flops for t in times), sum(t.recompute_flops for t in times),
                         float(sum(p[0] for p in params)), float(sum(p[1] for p in params)),
-                        zero_stage, element, links)
+                        zero_stage, element, links, units or len(times))
 
 
 def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: float, flops: float,
                  recompute_flops: float, dense: float, expert: float, zero_stage: int, element: int,
-                 links: Links) -> StageTime:
-    """A stage's microbatch with ZeRO's per-microbatch traffic: ZeRO-2 reduce-scatters the
-    gradients behind the backward, ZeRO-3 also all-gathers the parameters behind forward and
-    backward (Rajbhandari et al. 2020, Sec. 5; PyTorch FSDP, Zhao et al. 2023): the longer of
-    compute and traffic counts."""
+                 links: Links, units: int = 1) -> StageTime:
+    """A stage's microbatch with ZeRO's per-microbatch traffic, one collective per unit.
+
+    ZeRO-3 all-gathers every unit's parameters before its forward and again before its backward,
+    and reduce-scatters its gradients after: 3x the parameter volume (Rajbhandari et al. 2020,
+    Sec. 5.3 and 7.2); ZeRO-2 only reduce-scatters. Each unit is its own collective (FSDP, Zhao et
+    al. 2023, Sec. 3.4), so each pays the ring's latency. Prefetching overlaps a unit's traffic
+    with the neighbouring unit's compute only, so the first unit's all-gather waits with nothing to
+    hide behind; the last unit's reduce-scatter is asynchronous and runs behind whatever the rank
+    computes next. With u equal units of compute c and traffic x (backward: all-gather g plus
+    reduce-scatter s) a pass takes g + (u - 1)·max(c, x) + c: for the forward max(C, X) + min(c, x).
+    """
     if zero_stage >= 2:
-        scatter = _over_data("reduce_scatter", dense, expert, element, links)
-        gather = _over_data("all_gather", dense, expert, element, links) if zero_stage >= 3 else 0.0
-        longer_forward = max(forward, gather)
-        extra_backward = max(0.0, gather + scatter - (input_grad + weight_grad))
-        comm += (longer_forward - forward) + extra_backward
-        forward, input_grad = longer_forward, input_grad + extra_backward
+        units = max(1, units)
+        scatter = _over_data("reduce_scatter", dense / units, expert / units, element, links)
+        gather = _over_data("all_gather", dense / units, expert / units, element, links) \
+            if zero_stage >= 3 else 0.0
+        backward = input_grad + weight_grad
+
+        def overlapped(compute: float, traffic: float, first: float) -> float:
+            if traffic <= 0.0:
+                return compute
+            return first + (units - 1) * max(compute / units, traffic) + compute / units
+
+        longer_forward = overlapped(forward, gather, gather)
+        longer_backward = overlapped(backward, gather + scatter, gather)
+        comm += (longer_forward - forward) + (longer_backward - backward)
+        forward, input_grad = longer_forward, input_grad + longer_backward - backward
     return StageTime(forward, input_grad, weight_grad, comm, flops, recompute_flops, dense, expert)
 
 
@@ -312,8 +335,9 @@ def plan_work(plan: ir.Plan) -> Work:
                 plan.train.precision, plan.train.recompute)
 
 
-def estimate_plan(plan: ir.Plan, efficiency: Efficiency = DEFAULT_EFFICIENCY, assignment=None) -> PlanEstimate:
-    """The plan's step time, throughput and memory; PlanError when its placement or schedule is invalid."""
+def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=None) -> PlanEstimate:
+    """The plan's step time, throughput and memory; PlanError when its placement or schedule is invalid.
+    `efficiency` overrides every device's GEMM knobs (None: each device's own)."""
     from plandsl.check.memory import estimate_plan_memory, pipeline_rank_devices
     from plandsl.check.schedule import plan_schedule
     from plandsl.diagnostics import PlanError
@@ -352,8 +376,10 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency = DEFAULT_EFFICIENCY, as
         peaks = [activations[0]] if activations else [0.0]
     memory = _with_simulated_peaks(plan, assignment, memory, activations, peaks)
     degrees = (dense_degree, expert_degree)
+    # A rank reduces and updates the weights of every stage it holds (Chimera: one of each pipeline).
     tails = [rank_tail([stage_times[s] for s in stages], zero_stage, degrees, precision.bytes, links,
-                       rank_devices[rank], plan.train.optimizer, precision) for rank, stages in enumerate(ranks)]
+                       rank_devices[rank], plan.train.optimizer, precision)
+             for rank, stages in enumerate(held_stages(plan, ranks))]
     runs = _stage_runs(plan, assignment, m)
     busy = [sum(runs[r][s] * (stage_times[s].forward + stage_times[s].backward) for s in runs[r])
             for r in range(len(ranks))]
@@ -380,7 +406,7 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency = DEFAULT_EFFICIENCY, as
                         executed, model_flops, tuple(stage_times))
 
 
-def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency = DEFAULT_EFFICIENCY,
+def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | None = None,
                          links: Links | None = None, rank_devices=None) -> list[StageTime]:
     """Per stage of `assignment`, the seconds of one microbatch's F, I and W on its rank's slowest device."""
     from plandsl.check.memory import pipeline_rank_devices
@@ -401,7 +427,7 @@ def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency = DEF
                 cache[key] = estimate_layer_time(plan.model, layer, work, device, links, efficiency)
             times.append(cache[key])
         params = [param_split(layer, plan.tp, plan.ep) for layer in layers]
-        result.append(stage_time(times, params, zero_stage, precision.bytes, links))
+        result.append(stage_time(times, params, zero_stage, precision.bytes, links, fsdp_units(layers)))
     return result
 
 
@@ -438,7 +464,7 @@ def _with_simulated_peaks(plan: ir.Plan, assignment, memory: list[MemoryEstimate
     """Activation memory: the in-flight formula of `cost.memory`, or the simulated peak when higher
     (plus the recomputation working set the formula adds)."""
     from plandsl.cost.memory import inflight_microbatches
-    ranks = assignment.rank_stages()
+    ranks = held_stages(plan, assignment.rank_stages())
     if plan.stages is not None:
         schedule = plan.schedule.name if plan.schedule else "gpipe"
         inflight = inflight_microbatches(schedule, len(ranks), plan.num_microbatches, assignment.virtual)
@@ -488,6 +514,6 @@ def format_estimate(estimate: PlanEstimate) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Links", "plan_links", "mesh_links", "LayerTime", "estimate_layer_time", "StageTime", "stage_time", "zero_traffic", "RankTail",
+__all__ = ["Links", "plan_links", "mesh_links", "LayerTime", "estimate_layer_time", "StageTime", "stage_time", "zero_traffic", "fsdp_units", "RankTail",
            "rank_tail", "param_split", "TimeBreakdown", "PlanEstimate", "estimate_plan", "plan_work",
            "pipeline_p2p", "pipeline_p2p_seconds", "estimate_stage_times", "format_estimate", "slowest"]

@@ -2,9 +2,11 @@
 
 Stage: cost model, once layers are assigned to stages and stages to pipeline ranks. Contract:
 `estimate_memory` returns one `MemoryEstimate` per pipeline rank, for that rank's worst
-tensor/data-parallel coordinate. A first estimate, to be refined: model states follow ZeRO
-(Rajbhandari et al. 2020), activations Korthikanti et al. 2022, in-flight microbatches the
-schedules' papers. Sharding follows Megatron-style defaults, not a plan's own `shard` rules.
+tensor/data-parallel coordinate: model states follow ZeRO (Rajbhandari et al. 2020) plus the units
+ZeRO-2/3 hold unsharded while gathering and reducing (FSDP, Zhao et al. 2023), activations
+Korthikanti et al. 2022, in-flight microbatches the schedules' papers; a rank holds the weights of
+every stage any of the schedule's pipelines puts on it (Chimera: two). Sharding follows
+Megatron-style defaults, not a plan's own `shard` rules.
 """
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ TENSOR_SHARDED_DIMS = (HEADS_X_HEAD_DIM, KV, FFN, VOCAB)
 
 @dataclass(frozen=True, slots=True)
 class MemoryEstimate:
-    """Bytes on one device. `other` is 0: no allowance is invented (see `estimate_memory`)."""
+    """Bytes on one device at its peak. `params` and `grads` are the ZeRO shards plus, with ZeRO-3
+    (params) and ZeRO-2/3 (grads), the unsharded units being gathered and reduced
+    (`gathered_bytes`). `other` is 0: no allowance is invented (see `estimate_memory`)."""
 
     params: float
     grads: float
@@ -55,24 +59,54 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
     """
     if len(inflight) != len(rank_stages):
         raise ValueError(f"inflight has {len(inflight)} entries for {len(rank_stages)} pipeline ranks")
-    tied = _tied_embedding(plan, [layer for stage in stage_layers for layer in stage])
+    tied = tied_embedding(plan, [layer for stage in stage_layers for layer in stage])
     estimates = []
-    for rank, stages in enumerate(rank_stages):
+    for stages in held_stages(plan, rank_stages):
         layers = [layer for stage in stages for layer in stage_layers[stage]]
         kinds = {layer.kind for layer in layers}
         # A tied head on a rank without the embedding keeps its own copy of the weight, kept in
         # sync by an all-reduce of the gradients (Megatron-LM, Narayanan et al. 2021).
-        extra = (tied,) if tied and "head" in kinds and "embed" not in kinds else ()
-        params, grads, optimizer = _model_states(plan, [p for layer in layers for p in layer.params]
-                                                 + list(extra))
+        extra = [tied] if tied and "head" in kinds and "embed" not in kinds else []
+        params, grads, optimizer = model_state_bytes(plan, layers, extra)
+        gathered_params, gathered_grads = gathered_bytes(plan, layers, extra)
         stored = sum(_layer_activations(plan, layer, plan.train.recompute, attention_matrix)
                      for layer in layers)
-        activations = inflight[rank] * stored + _recompute_working_set(plan, layers, attention_matrix)
-        estimates.append(MemoryEstimate(params, grads, optimizer, activations))
+        activations = inflight[len(estimates)] * stored + _recompute_working_set(plan, layers, attention_matrix)
+        estimates.append(MemoryEstimate(params + gathered_params, grads + gathered_grads, optimizer, activations))
     return estimates
 
 
-def inflight_microbatches(schedule: str, pp: int, microbatches: int, virtual: int) -> list[int]:
+def held_stages(plan: ir.Plan, rank_stages: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+    """Per pipeline rank, the stages whose weights (and gradients, optimizer states) it holds.
+
+    A rank holds every stage that any pipeline of the plan's schedule maps onto it (the
+    schedule's `stage_to_rank` maps): its own stages for one-pipeline schedules; with Chimera's two
+    pipelines (Li & Hoefler 2021, Sec. 3: two copies of the weights per worker) stage r of the
+    down pipeline and stage p - 1 - r of the up one."""
+    maps = _pipeline_maps(plan.schedule.name if plan.schedule and plan.stages else "", len(rank_stages))
+    own = [tuple(stages) for stages in rank_stages]
+    count = sum(len(stages) for stages in own)
+    if len(maps) < 2 or any(len(m) != count for m in maps):
+        return own
+    return [tuple(sorted({s for m in maps for s, r in enumerate(m) if r == rank} | set(stages)))
+            for rank, stages in enumerate(own)]
+
+
+@functools.lru_cache(maxsize=256)
+def _pipeline_maps(schedule: str, ranks: int) -> tuple[tuple[int, ...], ...]:
+    """The stage -> rank map of each pipeline of a built-in schedule with several pipelines."""
+    from plandsl.schedules.generators import generate
+    from plandsl.schedules.registry import BUILTIN
+    info = BUILTIN.get(schedule)
+    if info is None or info.pipelines < 2:
+        return ()
+    try:  # the smallest run the generator accepts: one unit of `ranks` microbatches
+        return generate(schedule, ranks, ranks).stage_to_rank
+    except ValueError:  # the checker reports the schedule's own error (an odd pp for Chimera)
+        return ()
+
+
+def inflight_microbatches(schedule: str, pp: int, microbatches: int, virtual: int) -> list[float]:
     """Peak microbatches whose activations a pipeline rank holds at once, per rank.
 
     Counted in units of one microbatch through all the rank's layers (all its virtual stages).
@@ -80,6 +114,7 @@ def inflight_microbatches(schedule: str, pp: int, microbatches: int, virtual: in
     min(pp - rank, m) (Narayanan et al. 2021; ZB-H1 matches 1F1B's memory, Qi et al. 2023).
     zb_h2: min(2(pp - rank) - 1, m) (Qi et al. 2023, Table 1: (2p - 1)·M_B on the first rank).
     zbv: min(pp, m) on every rank (Qi et al. 2023, Sec. 6: p·M_B, balanced across ranks).
+    chimera: half of p/2 + 1 + min(r, p - 1 - r) stage-microbatches (the rank's two stages).
     interleaved_1f1b (virtual v > 1): Megatron-LM warms up 2(pp - rank - 1) + (v - 1)·pp chunk
     microbatches, so 2(pp - rank - 1) + (v - 1)·pp + 1 chunk microbatches are in flight, each 1/v
     of the rank: we return that over v, rounded UP to an int (rank 0: pp·(1 + (pp - 1)/(pp·v)),
@@ -96,6 +131,11 @@ def inflight_microbatches(schedule: str, pp: int, microbatches: int, virtual: in
         return [min(m, 2 * (pp - rank) - 1) for rank in range(pp)]
     if name in ("zbv", "zb_v", "zbvzerobubble"):
         return [min(m, pp)] * pp
+    if name == "chimera":
+        # Li & Hoefler 2021, Table 2: between (p/2 + 1) and p stage-microbatches per worker; the
+        # generated schedule holds p/2 + 1 + min(r, p - 1 - r) on rank r. A rank holds two stages
+        # (`held_stages`), so in units of both: half of that.
+        return [min(m, pp // 2 + 1 + min(rank, pp - 1 - rank)) / 2 for rank in range(pp)]
     return [min(m, pp - rank) for rank in range(pp)]
 
 
@@ -157,6 +197,11 @@ def zero_degrees(plan: ir.Plan) -> tuple[int, int, int]:
     return plan.data.zero_stage, plan.dp, max(1, plan.dp // plan.ep)
 
 
+def model_state_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = ()) -> tuple[float, float, float]:
+    """(params, grads, optimizer) bytes of these layers' (and `extra`) ZeRO shards on one device."""
+    return _model_states(plan, [p for layer in layers for p in layer.params] + list(extra))
+
+
 def _model_states(plan: ir.Plan, params: list[Param]) -> tuple[float, float, float]:
     """(params, grads, optimizer) bytes for these params on one device."""
     tp, ep = plan.tp, plan.ep
@@ -176,7 +221,36 @@ def _model_states(plan: ir.Plan, params: list[Param]) -> tuple[float, float, flo
             held(1) * optimizer_bytes_per_param(plan.train.optimizer, precision))
 
 
-def _tied_embedding(plan: ir.Plan, layers: Sequence[Layer]) -> Param | None:
+def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = ()) -> tuple[float, float]:
+    """(params, grads) bytes a rank holds unsharded on top of its shards while it gathers and reduces.
+
+    ZeRO-3 all-gathers a unit's parameters just before its forward and again before its backward,
+    and frees them after (Rajbhandari et al. 2020, Sec. 5.3); FSDP prefetches the next unit's
+    all-gather while the current one computes, so two units' full parameters are live at once
+    (Zhao et al. 2023, Sec. 3.4-3.5: backward and forward prefetching, and a rate limiter that keeps
+    at most two all-gathers in flight). In backward a unit's full gradients live until its
+    reduce-scatter is done, which overlaps the next unit's backward: two units' gradients. ZeRO-2 keeps the parameters whole (no gather) but reduce-scatters the
+    gradients the same way, so only the gradient term applies. Units as the interpreter wraps them
+    (`runtime.data_parallel.apply_fsdp`): each block (or written layer) is one, the rank's other
+    layers (embedding, final norm, head, a tied head's copy: `extra`) one more, the root.
+    """
+    stage = zero_degrees(plan)[0]
+    if stage < 2:
+        return 0.0, 0.0
+    tp, ep = plan.tp, plan.ep
+    units, root = [], sum(local_numel(p, tp, ep) for p in extra)
+    for layer in layers:
+        count = sum(local_numel(p, tp, ep) for p in layer.params)
+        if layer.kind in ("block", "custom"):
+            units.append(count)
+        else:
+            root += count
+    live = sum(sorted(units + [root], reverse=True)[:2]) * plan.train.precision.bytes
+    return (float(live) if stage >= 3 else 0.0), float(live)
+
+
+def tied_embedding(plan: ir.Plan, layers: Sequence[Layer]) -> Param | None:
+    """The embedding weight a tied head shares, when the model ties them."""
     if not getattr(plan.model, "tied_embeddings", False):
         return None
     embed = next((layer for layer in layers if layer.kind == "embed"), None)
@@ -284,5 +358,6 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
 
 
 __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estimate_layer_activations",
+           "held_stages", "gathered_bytes", "model_state_bytes", "tied_embedding",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
            "zero_degrees"]

@@ -151,12 +151,14 @@ _LIGHT = ("#a6c8e8", "#ffc999", "#f4a6a7", "#b1dcd9", "#a8d8a0", "#f5e29a", "#d8
 
 
 def categorical(count: int) -> list[str]:
-    """`count` distinct light fills: Tableau 10 up to ten, then evenly spaced hues."""
+    """`count` light fills: Tableau 10 up to ten; past that, hues a golden angle apart in two
+    lightnesses, so neighbouring coordinates (and the first and the last) never look alike."""
     if count <= len(_LIGHT):
         return list(_LIGHT[:count])
     fills = []
     for index in range(count):
-        red, green, blue = colorsys.hls_to_rgb(index / count, 0.78, 0.65)
+        hue = (index * 0.381966) % 1.0
+        red, green, blue = colorsys.hls_to_rgb(hue, 0.72 if index % 2 else 0.82, 0.6)
         fills.append(f"#{round(red * 255):02x}{round(green * 255):02x}{round(blue * 255):02x}")
     return fills
 

@@ -3,7 +3,8 @@ pipeline rank against capacity, simulated makespan and peak) and every view inli
 
 Contract: `render_html(plan, color_by=None) -> str`; needs graphviz (`GraphvizMissing` without
 it). Views that do not apply are named with the reason instead of a picture. No scripts, no
-external files: the page opens from disk in any browser.
+external files: the page opens from disk in any browser; a wide view fits the page width until
+its checkbox is unticked (CSS only).
 """
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ pre { background: #f6f6f6; padding: 1em; overflow-x: auto; font-size: 0.85em; }
 table.estimate { border-collapse: collapse; font-size: 0.9em; }
 table.estimate th, table.estimate td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }
 table.estimate th { background: #f0f0f0; } td.over { color: #b00; font-weight: bold; }
-div.view { overflow: auto; max-height: 90vh; border: 1px solid #ddd; padding: 0.5em; }
+div.view { overflow: auto; border: 1px solid #ddd; padding: 0.5em; }
+input.fit:checked + label + div.view svg { max-width: 100%; height: auto; }
+label { font-size: 0.85em; color: #444; }
 p.note { color: #666; font-style: italic; }
 nav a { margin-right: 1em; }
 """
@@ -39,7 +42,10 @@ def render_html(plan: ir.Plan, color_by: str | None = None, timings: dict | None
             sections.append((view, f'<p class="note">{html.escape(str(reason))}</p>'))
             continue
         svg = to_image(text, "svg", engine(view), timings).decode("utf-8")
-        sections.append((view, f'<div class="view">{inline_svg(svg, view)}</div>'))
+        # a checkbox, not a script, switches between the whole picture and its real size
+        toggle = (f'<input type="checkbox" class="fit" id="fit_{view}" checked>'
+                  f'<label for="fit_{view}">fit to the page width (untick for full size)</label>')
+        sections.append((view, f'{toggle}\n<div class="view">{inline_svg(svg, view)}</div>'))
     title = f"plandsl: plan {plan.name}"
     parts = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
              f"<title>{html.escape(title)}</title>", f"<style>{STYLE}</style>", "</head>", "<body>",

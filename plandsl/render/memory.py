@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from plandsl import ir
 from plandsl.render.dot import FONT, Graph, NotApplicable, inches, pos, spline
 from plandsl.render.schedule import simulated
-from plandsl.render.timeline import FIXED_GRAPH, TimeAxis, draw_time_axis, text_node
+from plandsl.render.timeline import FIXED_GRAPH, TimeAxis, draw_time_axis, grid_line, text_node, ticks
 from plandsl.schedules.program import Kind
 from plandsl.schedules.simulate import Simulation
 from plandsl.units import format_bytes
@@ -133,10 +133,14 @@ def draw_memory(ranks: list[RankMemory], makespan: float, title: str = "") -> st
                   edge={"dir": "none"})
     panels_top = BOTTOM + len(shown) * (PANEL + GAP)
     _header(graph, ranks, shown, panels_top, title, capacity, on_scale, peak)
-    draw_time_axis(graph, axis, panels_top - GAP, BOTTOM - 4)
+    step = draw_time_axis(graph, axis, panels_top - GAP, BOTTOM - 4, grid=False)
     for slot, memory in enumerate(shown):
         base = BOTTOM + (len(shown) - 1 - slot) * (PANEL + GAP)
         _panel(graph, memory, axis, makespan, base, top_value, on_scale)
+        # grid lines above the bands only: through them they would strike out the bands' labels
+        states = base + memory.static * PANEL / top_value
+        for index, x in ticks(axis, step):
+            grid_line(graph, f"grid{memory.rank}_{index}", x, states, base + PANEL)
     return graph.source()
 
 

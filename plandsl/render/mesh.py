@@ -1,6 +1,7 @@
 """Plan -> its device mesh on the cluster: nodes as boxes holding their devices, each device
 labelled with its coordinate on every mesh axis and coloured by one axis, lines joining each
-group of that axis (the devices that communicate over it), bandwidths on the links.
+group of that axis (the devices that communicate over it; `mesh_lines` draws them), bandwidths
+on the links.
 
 Contract: `render_mesh(plan, color_by=None) -> DOT text` for `neato -n2`. Large meshes stay
 readable: beyond `MAX_NODES` nodes, runs of identical nodes collapse into one box that says so.
@@ -12,28 +13,22 @@ import bisect
 from dataclasses import dataclass
 
 from plandsl import ir
-from plandsl.render.dot import FONT, Graph, Html, categorical, escape, inches, num, pos, text_width
+from plandsl.render.dot import FONT, Graph, Html, categorical, escape, inches, pos, text_width
+from plandsl.render.mesh_lines import (DEVICE_GAP, DEVICE_HEIGHT, FRAME_GAP_Y, Grid, arc_space, draw_bundles,
+                                       draw_group_lines, draw_networks, find_links, format_rate)
 from plandsl.render.timeline import text_node
 
 ENGINE = ("neato", "-n2")
 MAX_NODES = 16        # nodes drawn before runs of identical ones collapse
 KEEP_FIRST = 8        # of a collapsed mesh: the first nodes kept, to show how the axes unfold
 MAX_DEVICES = 16      # devices drawn per node before the middle of the node collapses
-FRAMES_PER_ROW = 8
-DEVICE_HEIGHT, DEVICE_GAP, HEADER, FRAME_GAP_X, FRAME_GAP_Y = 28.0, 6.0, 44.0, 44.0, 56.0
+HEADER = 44.0        # top of a node box, above its devices
 SHAPES = (("box", "rounded,filled"), ("box", "filled,diagonals"), ("octagon", "filled"), ("hexagon", "filled"))
 ROLES = {"tensor": "tensor parallel: all-reduce activations", "data": "data parallel: all-reduce gradients",
          "zero": "ZeRO: reduce-scatter gradients, all-gather parameters",
          "stages": "pipeline: send activations / gradients between stages",
          "context": "context parallel: ring exchange of keys and values",
          "experts": "expert parallel: all-to-all of tokens", "none": "no parallelism uses this axis"}
-
-
-def format_rate(bytes_per_second: float) -> str:
-    for unit, factor in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6)):
-        if bytes_per_second >= factor:
-            return f"{bytes_per_second / factor:.3g} {unit}"
-    return f"{bytes_per_second:.3g} B/s"
 
 
 def default_axis(plan: ir.Plan) -> str:
@@ -164,6 +159,14 @@ def render_mesh(plan: ir.Plan, color_by: str | None = None) -> str:
     slots_per_frame = [shown_slots(f.devices) if not f.collapsed else [] for f in frames]
     rows = max([len(s) for s in slots_per_frame] + [3])
     frame_height = HEADER + rows * (DEVICE_HEIGHT + DEVICE_GAP) + 6
+    shown = {}  # mesh index -> (frame number, slot)
+    for number, frame in enumerate(frames):
+        for slot, local in enumerate(slots_per_frame[number]):
+            if local is not None and 0 <= frame.first_device + local - mesh.first_device < mesh.size:
+                shown[frame.first_device + local - mesh.first_device] = (number, slot)
+    lines, bundles = find_links(shown, strides[which], sizes[which], coords, which)
+    arcs = arc_space(bundles)
+    grid = Grid(frame_width, frame_height, FRAME_GAP_Y + arcs)
     graph = Graph("mesh", comment=f"plandsl render --view mesh: plan {plan.name}, colour by {axis}\n"
                   "lay out with: neato -n2",
                   graph={"layout": "neato", "inputscale": 72, "outputorder": "edgesfirst", "bgcolor": "white",
@@ -171,13 +174,10 @@ def render_mesh(plan: ir.Plan, color_by: str | None = None) -> str:
                   node={"shape": "box", "fixedsize": True, "style": "filled", "fontname": FONT, "fontsize": 8,
                         "penwidth": 0.8},
                   edge={"dir": "none", "fontname": FONT, "fontsize": 7})
-    _header(graph, plan, axis, sizes[which], fills, type_names, frames, frame_width)
-    placed: dict[int, tuple[float, float, int]] = {}  # mesh index -> (x, y, frame number)
-    frame_rows = -(-len(frames) // FRAMES_PER_ROW)
+    _header(graph, plan, axis, sizes[which], fills, type_names, frames, arcs)
+    placed: dict[int, tuple[float, float, int, str]] = {}  # mesh index -> (x, y, frame number, node id)
     for number, frame in enumerate(frames):
-        column, row = number % FRAMES_PER_ROW, number // FRAMES_PER_ROW
-        x = column * (frame_width + FRAME_GAP_X) + frame_width / 2
-        top = -row * (frame_height + FRAME_GAP_Y)
+        x, top = grid.frame(number)
         centre = top - frame_height / 2
         title, detail, link = _frame_lines(plan, frame)
         text = Html(f"<b>{escape(title)}</b><br/>{escape(detail)}<br/>{escape(link)}")
@@ -196,7 +196,7 @@ def render_mesh(plan: ir.Plan, color_by: str | None = None) -> str:
                 continue
             device = frame.first_device + local
             mesh_index = device - plan.mesh.first_device
-            if not 0 <= mesh_index < plan.mesh.size:
+            if mesh_index not in shown:
                 graph.node(node_id, pos=pos(x, y), width=inches(device_width), height=inches(DEVICE_HEIGHT),
                            label=f"d{device}\\nunused", shape=shape, style=style.replace("filled", "dashed"),
                            color="#aaaaaa", fontcolor="#999999", tooltip=f"device {device}: not in the mesh")
@@ -212,8 +212,9 @@ def render_mesh(plan: ir.Plan, color_by: str | None = None) -> str:
                        width=0, height=0, margin=0, style="solid", fontsize=8,
                        label=f"{frame.collapsed} identical\\nnodes collapsed\\n(same device layout,\\n"
                              f"other coordinates)")
-    _networks(graph, plan, frames, frame_rows, frame_width, frame_height)
-    _group_lines(graph, plan, frames, placed, strides[which], sizes[which], coords, which, device_width)
+    draw_networks(graph, plan, frames, grid)
+    draw_group_lines(graph, plan, frames, placed, lines, device_width)
+    draw_bundles(graph, plan, frames, bundles, grid, axis)
     return graph.source()
 
 
@@ -230,40 +231,41 @@ def _frame_lines(plan: ir.Plan, frame: Frame) -> tuple[str, str, str]:
 
 
 def _header(graph: Graph, plan: ir.Plan, axis: str, size: int, fills: list[str], type_names: list[str],
-            frames: list[Frame], frame_width: float) -> None:
+            frames: list[Frame], lift: float) -> None:
+    """Title, subtitle, colour key and device-type key, `lift` points higher to clear the arcs."""
     mesh = plan.mesh
     shape = " × ".join(f"{a.name}={a.size}" for a in mesh.axes)
     where = f", devices {mesh.first_device}..{mesh.first_device + mesh.size - 1}" if mesh.part is not None else ""
     cluster = plan.cluster
     nodes = f"{cluster.num_nodes:,} node{'s' if cluster.num_nodes != 1 else ''}"
-    text_node(graph, "title", 0, 100, f"plan {plan.name} · mesh [{shape}] = {mesh.size:,} devices on "
+    text_node(graph, "title", 0, lift + 100, f"plan {plan.name} · mesh [{shape}] = {mesh.size:,} devices on "
               f"{cluster.name} ({nodes}, {cluster.num_devices:,} devices{where})", size=11, align="l")
-    text_node(graph, "subtitle", 0, 84, f"colour: coordinate on '{axis}' · lines join each '{axis}' group, the "
+    text_node(graph, "subtitle", 0, lift + 84, f"colour: coordinate on '{axis}' · lines join each '{axis}' group, the "
               f"devices that communicate over it: {axis_role(plan, axis)} · {_group_shape(plan, axis)}",
               size=8, align="l")
     x = 0.0
     shown = list(range(size)) if size <= 16 else list(range(12)) + [size - 2, size - 1]
     key_width = text_width(f"{axis} {size - 1}", 7) + 8
     for coordinate in shown:
-        graph.node(f"key{coordinate}", pos=pos(x + key_width / 2, 62), width=inches(key_width), height=inches(12),
-                   fillcolor=fills[coordinate], label=f"{axis} {coordinate}", fontsize=7,
+        graph.node(f"key{coordinate}", pos=pos(x + key_width / 2, lift + 62), width=inches(key_width),
+                   height=inches(12), fillcolor=fills[coordinate], label=f"{axis} {coordinate}", fontsize=7,
                    style="rounded,filled", penwidth=0.5)
         x += key_width + 4
     if len(shown) < size:
-        text_node(graph, "key_more", x + 2, 62, f"(of {size})", size=7, align="l")
+        text_node(graph, "key_more", x + 2, lift + 62, f"(of {size})", size=7, align="l")
         x += 40
     if len(type_names) > 1:
         for number, name in enumerate(type_names):
             shape, style = SHAPES[number % len(SHAPES)]
-            graph.node(f"type{number}", pos=pos(x + 20, 62), width=inches(40), height=inches(12), shape=shape,
+            graph.node(f"type{number}", pos=pos(x + 20, lift + 62), width=inches(40), height=inches(12), shape=shape,
                        style=style, fillcolor="white", label="", penwidth=0.8)
-            text_node(graph, f"type{number}_text", x + 44, 62, name, size=8, align="l")
+            text_node(graph, f"type{number}_text", x + 44, lift + 62, name, size=8, align="l")
             x += 52 + text_width(name, 8)
     collapsed = [f for f in frames if f.collapsed]
     if collapsed:
         drawn = sum(1 for f in frames if not f.collapsed)
         nodes = sum(f.collapsed for f in collapsed)
-        text_node(graph, "summary", 0, 44, f"{mesh.size:,} devices: showing {drawn} nodes; {nodes:,} identical "
+        text_node(graph, "summary", 0, lift + 44, f"{mesh.size:,} devices: showing {drawn} nodes; {nodes:,} identical "
                   f"nodes collapsed ({', '.join(f'nodes {f.node}..{f.last_node}' for f in collapsed)})",
                   size=9, align="l", fontcolor="#b35900")
 
@@ -279,88 +281,3 @@ def _group_shape(plan: ir.Plan, axis: str) -> str:
     inside = plan.mesh.first_device % span == 0 and all(g.node.devices % span == 0 for g in plan.cluster.groups)
     spacing = "consecutive" if stride == 1 else f"{stride:,} apart"
     return f"each '{axis}' group: {size:,} devices, {spacing} ({'inside a node' if inside else 'across nodes'})"
-
-
-def _inter_node(plan: ir.Plan, a: int, b: int) -> float | None:
-    """Bandwidth between two node types' devices across nodes: the slowest of NICs and fabric."""
-    links = [plan.cluster.groups[g].node.nic for g in (a, b)] + [plan.cluster.fabric]
-    rates = [link.bandwidth for link in links if link is not None]
-    return min(rates) if rates else None
-
-
-def _networks(graph: Graph, plan: ir.Plan, frames: list[Frame], frame_rows: int, frame_width: float,
-              frame_height: float) -> None:
-    """Under each row of node boxes, a bar for the network between nodes, with its bandwidths."""
-    if plan.cluster.num_nodes < 2 or len(frames) < 2:
-        return
-    nics = dict.fromkeys(f"{g.node.name} NIC {format_rate(g.node.nic.bandwidth)}"
-                         for g in plan.cluster.groups if g.node.nic)
-    parts = list(nics) + ([f"fabric {format_rate(plan.cluster.fabric.bandwidth)}"] if plan.cluster.fabric else [])
-    text = "network between nodes: " + (", ".join(parts) + " per node" if parts else "no NIC given")
-    for row in range(frame_rows):
-        members = frames[row * FRAMES_PER_ROW:(row + 1) * FRAMES_PER_ROW]
-        width = len(members) * (frame_width + FRAME_GAP_X) - FRAME_GAP_X
-        y = -row * (frame_height + FRAME_GAP_Y) - frame_height - FRAME_GAP_Y / 2
-        graph.node(f"net{row}", pos=pos(width / 2, y), width=inches(width), height=inches(14), label=text,
-                   fillcolor="#eeeeee", color="#999999", fontsize=8)
-        for column in range(len(members)):
-            x = column * (frame_width + FRAME_GAP_X) + frame_width / 2
-            top, bottom = y + FRAME_GAP_Y / 2, y + 7
-            graph.node(f"net{row}_{column}_a", pos=pos(x, top), shape="point", width=0, height=0, style="invis")
-            graph.node(f"net{row}_{column}_b", pos=pos(x, bottom), shape="point", width=0, height=0, style="invis")
-            graph.edge(f"net{row}_{column}_a", f"net{row}_{column}_b", color="#999999", penwidth=1.2,
-                       pos=f"{num(x)},{num(top)} {num(x)},{num(top)} {num(x)},{num(bottom)} {num(x)},{num(bottom)}")
-
-
-def _group_lines(graph: Graph, plan: ir.Plan, frames: list[Frame], placed: dict, stride: int, size: int,
-                 coords, which: int, device_width: float) -> None:
-    """Each shown device to the next shown member of its group; dashed across hidden members."""
-    labelled: set[tuple[int, int]] = set()
-    for mesh_index in sorted(placed):
-        coordinate = coords(mesh_index)[which]
-        step = 1
-        while coordinate + step < size and mesh_index + step * stride not in placed:
-            step += 1
-        if coordinate + step >= size:
-            continue
-        other = mesh_index + step * stride
-        (x0, y0, f0, tail), (x1, y1, f1, head) = placed[mesh_index], placed[other]
-        attrs: dict[str, object] = {"color": "#444444", "penwidth": 1.6}
-        if step > 1:
-            attrs.update(style="dashed", color="#888888")
-        neighbours = f1 == f0 + 1 and f0 // FRAMES_PER_ROW == f1 // FRAMES_PER_ROW
-        route = _route(x0, y0, x1, y1, f0 == f1, neighbours, device_width, mesh_index)
-        attrs["pos"] = " ".join(f"{num(x)},{num(y)}" for x, y in route)
-        text = []
-        if f0 != f1 and (f0, f1) not in labelled:
-            labelled.add((f0, f1))
-            rate = _inter_node(plan, frames[f0].group, frames[f1].group)
-            if rate:
-                text.append(format_rate(rate))
-        if step > 1:
-            text.append(f"via {step - 1} hidden")
-        if text:
-            bx = (route[0][0] + 3 * route[1][0] + 3 * route[2][0] + route[3][0]) / 8
-            by = (route[0][1] + 3 * route[1][1] + 3 * route[2][1] + route[3][1]) / 8
-            attrs.update(label=", ".join(text), lp=f"{num(bx)},{num(by + 6)}")
-        graph.edge(tail, head, **attrs)
-
-
-def _route(x0: float, y0: float, x1: float, y1: float, same_frame: bool, neighbours: bool, device_width: float,
-           number: int):
-    """Cubic Bézier control points from one device to another: straight between neighbours in a
-    node, bowed to the right when skipping devices of the node, arched between nodes."""
-    if same_frame:
-        gap = abs(y1 - y0)
-        if gap <= DEVICE_HEIGHT + DEVICE_GAP + 0.5:
-            start, end = (x0, y0 - DEVICE_HEIGHT / 2), (x1, y1 + DEVICE_HEIGHT / 2)
-            return [start, start, end, end]
-        bow = 10 + 6 * (number % 4) + min(12.0, gap / 16)
-        start, end = (x0 + device_width / 2, y0), (x1 + device_width / 2, y1)
-        return [start, (start[0] + bow, y0), (end[0] + bow, y1), end]
-    start = (x0 + device_width / 2 if x1 > x0 else x0 - device_width / 2, y0)
-    end = (x1 - device_width / 2 if x1 > x0 else x1 + device_width / 2, y1)
-    if abs(y1 - y0) < 0.5 and neighbours:
-        return [start, start, end, end]
-    lift = min(60.0, abs(x1 - x0) / 6 + abs(y1 - y0) / 6)
-    return [start, (start[0], start[1] + lift), (end[0], end[1] + lift), end]

@@ -15,7 +15,7 @@ from plandsl import ir
 from plandsl.cost.memory import TENSOR_SHARDED_DIMS
 from plandsl.models import EXPERTS, Layer, Param, layers_of
 from plandsl.placement import Assignment, NameIndex, assign_stages, compress_names, precision
-from plandsl.render.dot import FONT, Graph, Html, categorical, escape
+from plandsl.render.dot import FONT, Graph, Html, categorical, escape, text_width
 from plandsl.render.mesh import format_rate
 from plandsl.units import format_bytes
 
@@ -160,8 +160,17 @@ def render_placement(plan: ir.Plan) -> str:
             graph.edge(left, right, style="invis", weight=20)
     for stage in range(assignment.num_stages - 1):
         graph.edge(f"stage{stage}", f"stage{stage + 1}", constraint=False, penwidth=1.4, color="#333333",
-                   label=_boundary(plan, assignment, stage), fontcolor="#333333")
+                   label=_beside_line(_boundary(plan, assignment, stage)), fontcolor="#333333")
     return graph.source()
+
+
+def _beside_line(lines: list[str]) -> Html:
+    """An edge label whose text ends where the line is: `dot` centres a label between ranks on
+    the edge itself, so an empty cell as wide as the text fills the right half."""
+    width = max(text_width(line, 8) for line in lines)
+    text = "".join(f"{escape(line)}<br align='right'/>" for line in lines)
+    return Html(f'<table border="0" cellspacing="0" cellpadding="0"><tr><td>{text}</td>'
+                f'<td width="{round(width)}" height="1" fixedsize="true"></td></tr></table>')
 
 
 def _title(plan: ir.Plan, assignment: Assignment) -> str:
@@ -234,8 +243,8 @@ def _stage_table(plan: ir.Plan, assignment: Assignment, stage: int, winners, fil
         + "</table>"
 
 
-def _boundary(plan: ir.Plan, assignment: Assignment, stage: int) -> str:
-    """The label of the stage -> stage + 1 arrow: bytes per microbatch and per step, and the link."""
+def _boundary(plan: ir.Plan, assignment: Assignment, stage: int) -> list[str]:
+    """The lines of the stage -> stage + 1 arrow's label: bytes per microbatch and per step, the link."""
     last = assignment.stage_layers[stage][-1]
     tokens = plan.train.micro_batch * -(-plan.seq // plan.cp)
     sequence_parallel = plan.tensor is not None and plan.tensor.sequence_parallel
@@ -244,11 +253,12 @@ def _boundary(plan: ir.Plan, assignment: Assignment, stage: int) -> str:
     text = f"{format_bytes(size)} / microbatch, × {m} = {format_bytes(size * m)} / step"
     a, b = assignment.rank_of_stage[stage], assignment.rank_of_stage[stage + 1]
     if a == b:
-        return text + "\\nsame rank: no transfer"
+        return [text, "same rank: no transfer"]
     link = _pipeline_link(plan, a, b)
-    if link is not None:
-        text += f"\\n{link[0]} {format_rate(link[1].bandwidth)}: {1e3 * (link[1].latency + size / link[1].bandwidth):.3g} ms"
-    return text
+    if link is None:
+        return [text]
+    name, rate = link
+    return [text, f"{name} {format_rate(rate.bandwidth)}: {1e3 * (rate.latency + size / rate.bandwidth):.3g} ms"]
 
 
 def _pipeline_link(plan: ir.Plan, a: int, b: int):

@@ -23,7 +23,8 @@ FILLS = {Kind.F: ("#4c78a8", "#9ecae9", "#2f4b7c"), Kind.B: ("#59a14f", "#a8d8a0
 DARK = {"#4c78a8", "#2f4b7c", "#59a14f", "#2e6b27", "#a35a12", "#b07aa1", "#6f4a67"}
 NAMES = {Kind.F: "forward", Kind.B: "backward", Kind.I: "input grad", Kind.W: "weight grad"}
 CRITICAL = "#d62728"
-LEFT, ROW, BLOCK, BOTTOM, LINE_GAP, LINE_WIDTH = 70.0, 20.0, 15.0, 46.0, 46.0, 1600.0
+# LINE_WIDTH: a wrapped line, with the rank names and idle shares, fits a 1600-pixel page at 100%
+LEFT, ROW, BLOCK, BOTTOM, LINE_GAP, LINE_WIDTH = 70.0, 20.0, 15.0, 46.0, 46.0, 1000.0
 LABEL_SIZE = 7.0
 
 
@@ -204,7 +205,7 @@ def draw_schedule(schedule: Schedule, simulation: Simulation, p2p: float = 0.0, 
                                            "color": "white", "height": inches(BLOCK)},
                   edge={"arrowsize": 0.4})
     top = layout.base(0) + schedule.ranks * ROW
-    _header(graph, schedule, simulation, path, LEFT, top, title)
+    _header(graph, schedule, simulation, path, LEFT, top, title, layout.width)
     step = tick_step(layout.slice, target=max(4, round(8 * layout.width / 1000)))
     for line in range(layout.lines):
         axis = layout.axis(line)
@@ -277,30 +278,36 @@ def _path_edges(graph: Graph, simulation: Simulation, path: list[int], starts: d
 
 
 def _header(graph: Graph, schedule: Schedule, simulation: Simulation, path: list[int], left: float,
-            top: float, title: str) -> None:
+            top: float, title: str, width: float) -> None:
+    """Title and key over the timeline; the key wraps into rows no wider than the timeline."""
     head = (f"{title + ' · ' if title else ''}schedule {schedule.name}: {schedule.ranks} ranks, "
             f"{schedule.stages} stages, {schedule.microbatches} microbatches · makespan "
             f"{seconds_text(simulation.makespan)} · bubble {simulation.bubble_fraction:.1%} · critical path "
             f"{len(path)} actions")
     if simulation.deadlock is not None:
         head += f" · DEADLOCK: {simulation.deadlock}"
-    text_node(graph, "title", left, top + 34, head, size=11, align="l")
     kinds = sorted({e.action.kind for e in simulation.events}, key=lambda k: "FBIW".index(k.value))
     virtual = max(1, schedule.virtual)
-    x = left
+    keys = []  # (id, text, node attributes)
     for kind in kinds:
         for chunk in range(min(virtual, len(FILLS[kind]))):
-            name = NAMES[kind] + (f" (stage chunk {chunk})" if virtual > 1 else "")
-            fill = FILLS[kind][chunk]
-            graph.node(f"key_{kind.value}{chunk}", pos=pos(x + 6, top + 14), width=inches(12),
-                       height=inches(10), fillcolor=fill, label="")
-            text_node(graph, f"key_{kind.value}{chunk}_text", x + 16, top + 14, name, size=8, align="l")
-            x += 28 + text_width(name, 8)
-    graph.node("key_idle", pos=pos(x + 6, top + 14), width=inches(12), height=inches(10), fillcolor="#ececec",
-               color="#ececec", label="")
-    text_node(graph, "key_idle_text", x + 16, top + 14, "idle (bubble)", size=8, align="l")
-    x += 28 + text_width("idle (bubble)", 8)
-    graph.node("key_critical", pos=pos(x + 6, top + 14), width=inches(12), height=inches(10),
-               fillcolor="white", color=CRITICAL, penwidth=1.6, label="")
-    text_node(graph, "key_critical_text", x + 16, top + 14, "critical path; numbers: microbatch", size=8,
-              align="l")
+            keys.append((f"key_{kind.value}{chunk}", NAMES[kind] + (f" (stage chunk {chunk})" if virtual > 1 else ""),
+                         {"fillcolor": FILLS[kind][chunk]}))
+    keys.append(("key_idle", "idle (bubble)", {"fillcolor": "#ececec", "color": "#ececec"}))
+    keys.append(("key_critical", "critical path; numbers: microbatch",
+                 {"fillcolor": "white", "color": CRITICAL, "penwidth": 1.6}))
+    rows: list[list[tuple[float, tuple]]] = [[]]
+    x = left
+    for key in keys:
+        advance = 28 + text_width(key[1], 8)
+        if rows[-1] and x + advance - 12 > left + max(width, 600.0):
+            rows.append([])
+            x = left
+        rows[-1].append((x, key))
+        x += advance
+    text_node(graph, "title", left, top + 20 + 14 * len(rows), head, size=11, align="l")
+    for number, row in enumerate(rows):
+        y = top + 14 * (len(rows) - number)
+        for x, (node_id, name, attrs) in row:
+            graph.node(node_id, pos=pos(x + 6, y), width=inches(12), height=inches(10), label="", **attrs)
+            text_node(graph, f"{node_id}_text", x + 16, y, name, size=8, align="l")

@@ -50,26 +50,37 @@ def tick_step(span: float, target: int = 8) -> float:
     return next(step * power for step in (1, 2, 5, 10) if step * power >= raw)
 
 
-def draw_time_axis(graph: Graph, axis: TimeAxis, top: float, bottom: float, step: float | None = None,
-                   prefix: str = "tick") -> None:
-    """Tick labels under `bottom` and light grid lines from `bottom` to `top` (y grows upwards)."""
-    step = step or tick_step(axis.span)
-    unit = time_unit(step * 5)
+def ticks(axis: TimeAxis, step: float) -> list[tuple[int, float]]:
+    """(index, x) of every multiple of `step` seconds on the axis."""
     first = math.ceil(axis.start / step - 1e-9)
     last = math.floor((axis.start + axis.span) / step + 1e-9) if axis.span > 0 else first
-    for index in range(first, last + 1):
-        seconds = index * step
-        x = axis.x(seconds)
-        anchor, end = f"{prefix}{index}_a", f"{prefix}{index}_b"
-        graph.node(anchor, pos=pos(x, bottom), shape="point", width=0, height=0, style="invis")
-        graph.node(end, pos=pos(x, top), shape="point", width=0, height=0, style="invis")
-        graph.edge(anchor, end, pos=spline([(x, bottom), (x, top)]), dir="none", color="#d9d9d9",
-                   penwidth=0.6)
-        graph.node(f"{prefix}{index}", pos=pos(x, bottom - 9), shape="plaintext", label=seconds_text(seconds, unit),
+    return [(index, axis.x(index * step)) for index in range(first, last + 1)]
+
+
+def grid_line(graph: Graph, name: str, x: float, bottom: float, top: float) -> None:
+    """A light vertical grid line from `bottom` to `top`."""
+    graph.node(f"{name}_a", pos=pos(x, bottom), shape="point", width=0, height=0, style="invis")
+    graph.node(f"{name}_b", pos=pos(x, top), shape="point", width=0, height=0, style="invis")
+    graph.edge(f"{name}_a", f"{name}_b", pos=spline([(x, bottom), (x, top)]), dir="none", color="#d9d9d9",
+               penwidth=0.6)
+
+
+def draw_time_axis(graph: Graph, axis: TimeAxis, top: float, bottom: float, step: float | None = None,
+                   prefix: str = "tick", grid: bool = True) -> float:
+    """Tick labels under `bottom` and (with `grid`) light grid lines from `bottom` to `top` (y grows
+    upwards); returns the tick step in seconds, for views that draw their own grid lines."""
+    step = step or tick_step(axis.span)
+    unit = time_unit(step * 5)
+    for index, x in ticks(axis, step):
+        if grid:
+            grid_line(graph, f"{prefix}{index}", x, bottom, top)
+        graph.node(f"{prefix}{index}", pos=pos(x, bottom - 9), shape="plaintext",
+                   label=seconds_text(index * step, unit),
                    fontsize=8, fontname=FONT, width=0, height=0, margin=0, fixedsize=False, style="solid")
     graph.node(f"{prefix}_label", pos=pos(axis.left + axis.width / 2, bottom - 23), shape="plaintext",
                label=f"time in the step ({unit[0]})", fontsize=9, fontname=FONT, width=0, height=0, margin=0,
                fixedsize=False, style="solid")
+    return step
 
 
 def text_node(graph: Graph, node_id: str, x: float, y: float, text: str, size: float = 9,

@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from plandsl import ir
+from plandsl.runtime.expert_parallel import expert_shards
 from plandsl.runtime.optim import build_optimizer, optimizer_settings
 
 SHARDED = ("zero2", "zero3", "hsdp")
@@ -26,38 +27,61 @@ SHARDED = ("zero2", "zero3", "hsdp")
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 
 
-def apply_dp(model: nn.Module, kind: str, dp_mesh: DeviceMesh, device: torch.device) -> nn.Module:
+def apply_dp(model: nn.Module, kind: str, dp_mesh: DeviceMesh, device: torch.device,
+             expert_mesh: DeviceMesh | None = None) -> nn.Module:
+    """`expert_mesh`: what expert-parallel shards are reduced over (see `_group_experts`)."""
     if kind in SHARDED:
-        return apply_fsdp(model, dp_mesh, reshard_after_forward=kind != "zero2")
-    return apply_ddp(model, dp_mesh, device)
+        return apply_fsdp(model, dp_mesh, reshard_after_forward=kind != "zero2", expert_mesh=expert_mesh)
+    return apply_ddp(model, dp_mesh, device, expert_mesh)
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool) -> nn.Module:
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool,
+               expert_mesh: DeviceMesh | None = None) -> nn.Module:
     """One FSDP group per block, the rest (embedding, final norm, head) in the root's group."""
+    ignored = _group_experts(model, expert_mesh, fully_shard, reshard_after_forward=reshard_after_forward)
     blocks = _blocks(model)
     for index, block in enumerate(blocks):
         # The last block's parameters are needed again at once by the backward: keep them gathered.
         last = index == len(blocks) - 1
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward and not last)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward and not last,
+                    ignored_params=ignored)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, ignored_params=ignored)
     return model
 
 
-def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, device: torch.device) -> nn.Module:
-    if any(isinstance(p, DTensor) for p in model.parameters()):
-        return apply_replicate(model, dp_mesh)
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, device: torch.device,
+              expert_mesh: DeviceMesh | None = None) -> nn.Module:
+    if any(isinstance(p, DTensor) for p in model.parameters()):  # tensor or expert parallel
+        return apply_replicate(model, dp_mesh, expert_mesh)
     device_ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids)
 
 
-def apply_replicate(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
-    """Replication for tensor-parallel (DTensor) parameters, which DistributedDataParallel does not take:
-    torch's composable `replicate`, FSDP2's machinery without sharding, grouped like `apply_fsdp`."""
+def apply_replicate(model: nn.Module, dp_mesh: DeviceMesh, expert_mesh: DeviceMesh | None = None) -> nn.Module:
+    """Replication for tensor- and expert-parallel (DTensor) parameters, which DistributedDataParallel does
+    not take: torch's composable `replicate`, FSDP2's machinery without sharding, grouped like `apply_fsdp`."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
+    ignored = _group_experts(model, expert_mesh, replicate)
     for block in _blocks(model):
-        replicate(block, mesh=dp_mesh)
-    replicate(model, mesh=dp_mesh)
+        replicate(block, mesh=dp_mesh, ignored_params=ignored)
+    replicate(model, mesh=dp_mesh, ignored_params=ignored)
     return model
+
+
+def _group_experts(model: nn.Module, expert_mesh: DeviceMesh | None, wrap, **options) -> set[nn.Parameter] | None:
+    """Expert-parallel shards differ between expert ranks, so the groups over the batch axes (which include
+    the expert axis) must leave them out: each layer's experts get a group of their own over `expert_mesh`
+    (the other batch axes; wrapped first, so the enclosing groups skip them), or, with no such axes, no
+    group: the returned parameters, for the other groups to ignore. Their gradients come already scaled
+    (`ExpertShards`), so the groups' mean over `expert_mesh` gives the global-batch mean."""
+    shards = expert_shards(model)
+    if not shards:
+        return None
+    if expert_mesh is None:
+        return {param for module in shards for param in module.parameters()}
+    for module in shards:
+        wrap(module, mesh=expert_mesh, **options)
+    return None
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:

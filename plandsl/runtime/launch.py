@@ -2,16 +2,20 @@
 
 Stage: interpreter (the launcher side; torch is imported only to launch). Contract: `torchrun_args`
 builds the arguments `torchrun` itself would take (one process per device of the mesh, `-m plandsl.run`);
-`launch` runs them through `torch.distributed.run` and returns the exit status, naming failed ranks.
+`launch` runs them through `torch.distributed.run` and returns the exit status, naming failed ranks
+and where they were (`runtime.faults`).
 """
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 
 from plandsl import ir
+from plandsl.runtime import faults
 
 
 class LaunchError(ValueError):
@@ -30,9 +34,15 @@ class LaunchOptions:
     metrics: str | None = None
     check_equivalence: bool = False
     data: str | None = None
+    checkpoint_dir: str | None = None
+    """Checkpoints go here (docs/running.md, Checkpoints); None: none."""
+    checkpoint_every: int | None = None
+    resume: bool = False
 
 
 def torchrun_args(plan: ir.Plan, plan_file: str, plan_name: str | None, params: dict, options: LaunchOptions) -> list[str]:
+    if (options.resume or options.checkpoint_every) and not options.checkpoint_dir:
+        raise LaunchError(f"{'--resume' if options.resume else '--checkpoint-every'} needs --checkpoint-dir")
     size = plan.mesh.size
     nproc = options.nproc_per_node or size // options.nnodes
     if nproc * options.nnodes != size:
@@ -56,6 +66,12 @@ def torchrun_args(plan: ir.Plan, plan_file: str, plan_name: str | None, params: 
         args.append("--check-equivalence")
     if options.data:
         args += ["--data", options.data]
+    if options.checkpoint_dir:
+        args += ["--checkpoint-dir", options.checkpoint_dir]
+    if options.checkpoint_every:
+        args += ["--checkpoint-every", str(options.checkpoint_every)]
+    if options.resume:
+        args.append("--resume")
     return args
 
 
@@ -70,33 +86,67 @@ def launch(args: list[str]) -> int:
     nproc = int(args[args.index("--nproc-per-node") + 1])
     # torchrun would set 1 thread per process (and warn); share this machine's cores out instead.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # Each rank keeps its position (and its error, when it raises) in this directory (runtime.faults).
+    directory = tempfile.mkdtemp(prefix="plandsl-run-")
+    previous = os.environ.get(faults.DIR_ENV)
+    os.environ[faults.DIR_ENV] = directory
     try:
         run(parse_args(args))
     except ChildFailedError as error:
-        print(failure_message(error), file=sys.stderr, flush=True)
+        print(failure_message(error, faults.read_records(directory), _plan_of(args)), file=sys.stderr, flush=True)
         return 1
+    finally:
+        if previous is None:
+            os.environ.pop(faults.DIR_ENV, None)
+        else:
+            os.environ[faults.DIR_ENV] = previous
+        shutil.rmtree(directory, ignore_errors=True)
     return 0
 
 
-def failure_message(error) -> str:
-    """One line per failed rank, the root cause first; torchrun stopped the other ranks."""
-    cause = root_cause(error)
+def _plan_of(args: list[str]) -> ir.Plan | None:
+    """The plan the ranks ran, from their arguments (for the schedule grid); None if it will not load."""
+    from plandsl import api
+    from plandsl.run import _params, parse_args
+    try:
+        ranks = parse_args(args[args.index("plandsl.run") + 1:])
+        return api.load_plan(ranks.plan, ranks.plan_name, _params(ranks.param))
+    except (Exception, SystemExit):  # noqa: BLE001 - the message is still given, without the grid
+        return None
+
+
+def failure_message(error, records: dict | None = None, plan: ir.Plan | None = None) -> str:
+    """One line per failed rank, the root cause first, each with where it was (`records`: what the ranks
+    left, `faults.read_records`); where the stopped ranks were; the pipeline's step x rank grid."""
+    records = records or {}
+    cause = root_cause(error, records)
     lines = ["plandsl run: the job failed; the other ranks were stopped"]
     for rank in sorted(error.failures, key=lambda r: (r != cause, r)):
         failure = error.failures[rank]
         how = (f"killed by {failure.signal_name()}" if failure.exitcode < 0
                else f"exited with status {failure.exitcode}")
         label = " (root cause)" if rank == cause else ""
-        lines.append(f"  rank {rank}{label}: {how} (local rank {failure.local_rank}, pid {failure.pid})")
+        lines.append(f"  rank {rank}{label}: {how} (local rank {failure.local_rank}, pid {failure.pid})"
+                     + faults.record_text(records.get(rank)))
+    stopped = [f"rank {rank} at {records[rank].where()}" for rank in sorted(records) if rank not in error.failures]
+    if stopped:
+        lines.append("  stopped by the launcher: " + "; ".join(stopped))
+    grid = faults.pipeline_grid(plan, records, cause)
+    if grid:
+        lines.append(grid)
     return "\n".join(lines)
 
 
-def root_cause(error) -> int:
+def root_cause(error, records: dict | None = None) -> int:
     """The rank that failed first. A rank killed by a signal the launcher does not send (it sends
     SIGTERM) comes before ranks that exited with an error: those usually only saw their peer vanish
-    (`Connection reset by peer`), and may have reported it before the launcher noticed the death."""
+    (`Connection reset by peer`), and may have reported it before the launcher noticed the death.
+    Among ranks that raised, the earliest report wins (torchrun's timestamps are whole seconds)."""
     killed = [rank for rank, failure in error.failures.items()
               if failure.exitcode < 0 and failure.signal_name() != "SIGTERM"]
     if killed:
         return min(killed, key=lambda rank: error.failures[rank].timestamp)
+    reported = [rank for rank in error.failures if records and rank in records and records[rank].time is not None]
+    if reported:
+        return min(reported, key=lambda rank: records[rank].time)
     return error.get_first_failure()[0]

@@ -92,7 +92,8 @@ class MLP(nn.Module):
 
 
 class Experts(nn.Module):
-    """Grouped expert weights, one [experts, out, in] tensor per projection."""
+    """Grouped expert weights, one [experts, out, in] tensor per projection (under expert parallelism
+    each rank holds a contiguous range of experts, as DTensor shards of dim 0)."""
 
     def __init__(self, experts: int, hidden: int, ffn: int, gated: bool):
         super().__init__()
@@ -100,31 +101,51 @@ class Experts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(experts, hidden, ffn))
         self.w3 = nn.Parameter(torch.empty(experts, ffn, hidden)) if gated else None
 
-    def forward(self, x: torch.Tensor, expert: int) -> torch.Tensor:
-        if self.w3 is None:
-            return F.gelu(x @ self.w1[expert].t()) @ self.w2[expert].t()
-        return (F.silu(x @ self.w1[expert].t()) * (x @ self.w3[expert].t())) @ self.w2[expert].t()
+    def forward(self, routed: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """routed [tokens, hidden], grouped by expert: the first counts[0] rows go to expert 0, ..."""
+        return expert_mlps(routed, counts, self.w1, self.w2, self.w3)
+
+
+def expert_mlps(routed: torch.Tensor, counts: list[int], w1: torch.Tensor, w2: torch.Tensor,
+                w3: torch.Tensor | None) -> torch.Tensor:
+    """Each expert's MLP (gpt: GELU, llama: SwiGLU) on its group of rows; weights are [experts, out, in]."""
+    outputs = []
+    for expert, rows in enumerate(routed.split(counts)):
+        if w3 is None:
+            outputs.append(F.gelu(rows @ w1[expert].t()) @ w2[expert].t())
+        else:
+            outputs.append((F.silu(rows @ w1[expert].t()) * (rows @ w3[expert].t())) @ w2[expert].t())
+    return torch.cat(outputs)
 
 
 class MoE(nn.Module):
-    """Top-k routing (softmax over the chosen logits, as Mixtral); a plain loop over experts."""
+    """Top-k routing (softmax over the chosen logits, as Mixtral), dropless: every token reaches its k
+    experts. `dispatch` runs the experts on the rows grouped by expert; expert parallelism replaces it
+    by an all-to-all exchange (plandsl.runtime.expert_parallel), routing and combining stay here."""
 
     def __init__(self, hidden: int, ffn: int, experts: int, top_k: int, gated: bool):
         super().__init__()
         self.top_k = top_k
         self.router = nn.Linear(hidden, experts, bias=False)
         self.experts = Experts(experts, hidden, ffn, gated)
+        self.dispatch = None  # None: every expert is local; else (routed, counts, experts) -> outputs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
         logits, chosen = self.router(tokens).topk(self.top_k, dim=-1)
         weights = logits.softmax(dim=-1).to(tokens.dtype)
-        out = torch.zeros_like(tokens)
-        for expert in range(self.router.out_features):
-            rows, slot = (chosen == expert).nonzero(as_tuple=True)
-            if rows.numel():
-                out = out.index_add(0, rows, weights[rows, slot, None] * self.experts(tokens[rows], expert))
-        return out.view_as(x)
+        # The (token, slot) assignments sorted by expert; within an expert by token.
+        order = chosen.flatten().argsort(stable=True)
+        counts = chosen.flatten().bincount(minlength=self.router.out_features)
+        rows = order // self.top_k
+        routed = tokens[rows]
+        if self.dispatch is None:
+            outputs = self.experts(routed, counts.tolist())
+        else:
+            outputs = self.dispatch(routed, counts, self.experts)
+        # Each token's k outputs are added in expert order, whatever the layout.
+        combined = torch.zeros_like(tokens).index_add(0, rows, weights.flatten()[order, None] * outputs)
+        return combined.view_as(x)
 
 
 class Block(nn.Module):

@@ -6,35 +6,55 @@ the wrappers are composable); parameter names stay the catalogue's, up to wrappe
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from plandsl import ir
 from plandsl.runtime.data_parallel import apply_dp
+from plandsl.runtime.expert_parallel import apply_ep
 from plandsl.runtime.mesh import submesh
 from plandsl.runtime.recompute import apply_ac
-from plandsl.runtime.tensor_parallel import apply_tp
+from plandsl.runtime.tensor_parallel import apply_tp, tp_rules
 
 
 def data_mesh(plan: ir.Plan, mesh: DeviceMesh) -> DeviceMesh | None:
-    """The mesh gradients are reduced over: the data axes (2-D for hsdp), None without data parallelism."""
-    if plan.data is None or plan.dp == 1:
+    """The mesh gradients are reduced over: the batch axes (the data axes, then the expert axis, which
+    splits the batch too; 2-D for hsdp), None when the batch is not split."""
+    if plan.dp == 1:
         return None
-    if plan.data.kind == "hsdp":
+    if plan.data is not None and plan.data.kind == "hsdp":
         return mesh[tuple(plan.data.axes)]
-    return submesh(mesh, tuple(plan.data.axes))
+    return submesh(mesh, plan.batch_axes())
+
+
+def expert_data_mesh(plan: ir.Plan, mesh: DeviceMesh) -> DeviceMesh | None:
+    """The mesh expert parameters are reduced over: the batch axes without the expert axis (each expert
+    rank holds other experts); None when those split nothing."""
+    if plan.experts is None:
+        return None
+    axes = tuple(axis for axis in plan.batch_axes() if axis != plan.experts.axis)
+    if math.prod(plan.mesh.degree(axis) for axis in axes) == 1:
+        return None
+    return submesh(mesh, axes)
 
 
 def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Module:
     model.to(device)
     # 1. Tensor parallelism first: it replaces parameters by DTensors that the later wrappers keep.
     if plan.tensor is not None and plan.tp > 1:
-        apply_tp(model, mesh[plan.tensor.axis], plan.tensor.sequence_parallel)
-    # 2. Recomputation wraps blocks, so data parallelism sees (and shards) the wrapped blocks.
+        apply_tp(model, mesh[plan.tensor.axis], plan.tensor.sequence_parallel, tp_rules(plan)[0])
+    # 2. Expert parallelism: experts become DTensor shards over the expert axis, which data
+    #    parallelism must then leave out of their reduction.
+    if plan.experts is not None and plan.ep > 1:
+        apply_ep(model, mesh[plan.experts.axis])
+    # 3. Recomputation wraps blocks, so data parallelism sees (and shards) the wrapped blocks.
     apply_ac(model, plan.train.recompute)
-    # 3. Data parallelism last: it reduces (and for ZeRO-2/3 shards) whatever parameters remain.
+    # 4. Data parallelism last: it reduces (and for ZeRO-2/3 shards) whatever parameters remain.
     dp_mesh = data_mesh(plan, mesh)
     if dp_mesh is not None:
-        return apply_dp(model, plan.data.kind, dp_mesh, device)
+        kind = plan.data.kind if plan.data is not None else "replicate"  # expert axis alone: replicate
+        return apply_dp(model, kind, dp_mesh, device, expert_data_mesh(plan, mesh))
     return model

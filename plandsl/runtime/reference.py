@@ -1,8 +1,9 @@
 """The single-process reference every distributed run is compared with.
 
 Stage: interpreter. Contract: `run_reference(plan, steps)` trains the full model on one device with the
-plan's seed, data, optimizer, LR schedule, clipping and microbatches (their losses averaged, so a step
-equals one step on the whole global batch); it returns the loss of every step and the final parameters.
+plan's seed, data, optimizer, LR schedule, clipping, microbatches (their losses averaged, so a step
+equals one step on the whole global batch) and fp16 loss scaling (the same `LossScaler`, in this process
+only); it returns the loss of every step and the final parameters.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from plandsl import ir
 from plandsl.runtime.data import Batches, microbatches
 from plandsl.runtime.models import build_model, loss_fn
 from plandsl.runtime.optim import build_lr_scheduler, build_optimizer
-from plandsl.runtime.precision import autocast
+from plandsl.runtime.precision import autocast, loss_scaler
 
 
 @dataclass
@@ -34,6 +35,7 @@ def run_reference(plan: ir.Plan, steps: int, token_file: str | Path | None = Non
     optimizer = build_optimizer(plan, model.parameters())
     scheduler = build_lr_scheduler(plan, optimizer, steps)
     compute_loss = getattr(model, "loss", loss_fn)
+    scaler = loss_scaler(plan, device, distributed=False)
     result = RunResult()
     for step in range(steps):
         chunks = microbatches(*batches.global_batch(step), plan.train.micro_batch)
@@ -41,12 +43,15 @@ def run_reference(plan: ir.Plan, steps: int, token_file: str | Path | None = Non
         for inputs, targets in chunks:
             with autocast(plan, device.type):
                 loss = compute_loss(model(inputs.to(device)), targets.to(device)) / len(chunks)
-            loss.backward()
+            scaler.scale_loss(loss).backward()
             step_loss += loss.item()
-        if plan.train.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), plan.train.grad_clip)
-        optimizer.step()
-        scheduler.step()
+        found_inf = scaler.unscale_(model.parameters())
+        scaler.update(found_inf)
+        if not found_inf:  # fp16: a step with an inf or nan gradient is skipped, as in the distributed run
+            if plan.train.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), plan.train.grad_clip)
+            optimizer.step()
+            scheduler.step()
         optimizer.zero_grad()
         result.losses.append(step_loss)
     result.params = {name: param.detach().to("cpu", copy=True) for name, param in model.named_parameters()}

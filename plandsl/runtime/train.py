@@ -6,7 +6,6 @@ Stage: interpreter (one OS process per rank, started by torchrun or a test). Con
 """
 from __future__ import annotations
 
-import json
 import os
 import resource
 import sys
@@ -28,13 +27,13 @@ from plandsl.runtime.mesh import DEFAULT_TIMEOUT_S, build_mesh, coordinate, init
 from plandsl.runtime.models import build_model, loss_fn
 from plandsl.runtime.optim import build_lr_scheduler
 from plandsl.runtime.parallelize import data_mesh, parallelize
-from plandsl.runtime.precision import autocast
+from plandsl.runtime.precision import LossScaler, autocast, loss_scaler
 
 
 @dataclass
 class RunConfig:
     steps: int = 10
-    """Optimizer steps to run."""
+    """The step to stop at (counted from the start of training, also when resuming)."""
     metrics: str | Path | None = None
     """JSON-lines file rank 0 writes, one object per step; None: none."""
     check_equivalence: bool = False
@@ -44,7 +43,13 @@ class RunConfig:
     timeout_s: float = DEFAULT_TIMEOUT_S
     """A collective waiting longer than this fails the job."""
     quiet: bool = False
-    """No per-step line on stdout."""
+    """No per-step line (or progress bar) on stdout."""
+    checkpoint_dir: str | Path | None = None
+    """Where checkpoints go (`step-NNNNNN` directories) and come from; None: none written or read."""
+    checkpoint_every: int | None = None
+    """Write a checkpoint every this many steps; with `checkpoint_dir` one is always written after the last step."""
+    resume: bool = False
+    """Continue from the latest checkpoint in `checkpoint_dir` (from step 1 when there is none)."""
 
 
 @dataclass
@@ -66,8 +71,10 @@ class Job:
     pipeline: Any = None     # a torch.distributed.pipelining schedule, or None
     has_first: bool = True
     has_last: bool = True
-    losses: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # of the steps this run trained
+    first_step: int = 0      # steps done before this run (restored from a checkpoint)
     report: Any = None       # rank 0, after `check_equivalence`: an equivalence.Report
+    scaler: LossScaler = field(default_factory=lambda: LossScaler(enabled=False))  # fp16: dynamic loss scaling
 
 
 def build_job(plan: ir.Plan, mesh: DeviceMesh, device: torch.device, config: RunConfig) -> Job:
@@ -75,12 +82,13 @@ def build_job(plan: ir.Plan, mesh: DeviceMesh, device: torch.device, config: Run
     model = build_model(plan.model, plan.train.seed)
     batches = Batches(plan, config.token_file, model)
     loss = getattr(model, "loss", loss_fn)
+    scaler = loss_scaler(plan, device)
     pipeline, has_first, has_last = None, True, True
     if plan.stages is not None:
         # The one call into pipeline parallelism: plandsl.runtime.pipeline splits the model into this
         # rank's stages (applying `parallelize` to each) and returns a torch pipelining schedule.
         from plandsl.runtime.pipeline import build_pipeline
-        pipeline, parts, has_first, has_last = build_pipeline(plan, model, mesh, device)
+        pipeline, parts, has_first, has_last = build_pipeline(plan, model, mesh, device, loss_fn=scaler.scaled(loss))
         models = list(parts)
     else:
         parts = [parallelize(plan, model, mesh, device)]
@@ -93,7 +101,7 @@ def build_job(plan: ir.Plan, mesh: DeviceMesh, device: torch.device, config: Run
     owner = has_last and all(mesh.get_local_rank(axis) == 0 for axis in others)
     return Job(plan, mesh, device, parts, models, optimizer, scheduler, batches, dp_rank, dp,
                loss_weight=1.0 / dp if owner else 0.0, loss=loss, pipeline=pipeline,
-               has_first=has_first, has_last=has_last)
+               has_first=has_first, has_last=has_last, scaler=scaler)
 
 
 def _pp_axis(plan: ir.Plan) -> str | None:
@@ -102,15 +110,17 @@ def _pp_axis(plan: ir.Plan) -> str | None:
 
 # ---- the step -------------------------------------------------------------------------
 def forward_backward_step(job: Job, inputs: torch.Tensor, targets: torch.Tensor, scale: float) -> torch.Tensor:
-    """One microbatch through the model; the backward sees the loss times `scale` (1 / microbatches)."""
+    """One microbatch through the model; the backward sees the loss times `scale` (1 / microbatches),
+    and times the loss scale with fp16."""
     with autocast(job.plan, job.device.type):
         loss = job.loss(job.parts[0](inputs), targets)
-    (loss * scale).backward()
+    job.scaler.scale_loss(loss * scale).backward()
     return loss.detach()
 
 
 def pipeline_forward_backward_step(job: Job, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The rank's local batch through the pipeline schedule (it splits the microbatches itself)."""
+    """The rank's local batch through the pipeline schedule (it splits the microbatches itself); its loss
+    function returns the loss times the loss scale (`build_job`), which the mean here divides out."""
     losses: list[torch.Tensor] | None = [] if job.has_last else None
     target = targets if job.has_last else None
     with autocast(job.plan, job.device.type):
@@ -118,7 +128,7 @@ def pipeline_forward_backward_step(job: Job, inputs: torch.Tensor, targets: torc
             job.pipeline.step(inputs, target=target, losses=losses)
         else:
             job.pipeline.step(target=target, losses=losses)
-    return torch.stack(losses).mean().detach() if losses else torch.zeros((), device=job.device)
+    return torch.stack(losses).mean().detach() / job.scaler.scale if losses else torch.zeros((), device=job.device)
 
 
 def train_step(job: Job, step: int) -> float:
@@ -135,9 +145,14 @@ def train_step(job: Job, step: int) -> float:
         for index, (x, y) in enumerate(chunks):
             with gradient_sync(job.parts[0], enabled=index == len(chunks) - 1):
                 loss += forward_backward_step(job, x, y, 1.0 / len(chunks)) / len(chunks)
+    params = [p for part in job.models for p in part.parameters()]
+    found_inf = job.scaler.unscale_(params)  # fp16: an inf or nan gradient on any rank skips the step
+    job.scaler.update(found_inf)
+    if found_inf:
+        return global_loss(job, loss)
     if job.plan.train.grad_clip is not None:
         pp_mesh = job.mesh[_pp_axis(job.plan)] if job.pipeline is not None else None
-        clip_grad_norm_([p for part in job.models for p in part.parameters()], job.plan.train.grad_clip, pp_mesh)
+        clip_grad_norm_(params, job.plan.train.grad_clip, pp_mesh)
     job.optimizer.step()
     job.scheduler.step()
     return global_loss(job, loss)
@@ -200,26 +215,38 @@ def run(plan: ir.Plan, config: RunConfig) -> tuple[int, Job]:
 
 
 def train(job: Job, config: RunConfig) -> None:
+    """Steps `job.first_step + 1 .. config.steps` (after restoring the latest checkpoint with `resume`)."""
+    from plandsl.runtime import checkpoint, faults
+    from plandsl.runtime.progress import Reporter
     rank0 = dist.get_rank() == 0
-    metrics = open(config.metrics, "w", encoding="utf-8") if config.metrics and rank0 else None
+    note = ""
+    if config.resume:
+        restored = checkpoint.restore(job, config.checkpoint_dir, config.steps)
+        job.first_step, note = restored.step, restored.note
+    reporter = Reporter(config.steps, job.first_step, config.metrics, config.quiet) if rank0 else None
     tokens = job.plan.train.global_batch * job.plan.seq
     try:
-        for step in range(config.steps):
+        if reporter and note:
+            reporter.note(note)
+        for step in range(job.first_step, config.steps):
+            faults.at_step(job, step + 1)  # where this rank is, should it fail (runtime.faults)
             start = time.perf_counter()
             loss = train_step(job, step)
             elapsed = time.perf_counter() - start
             job.losses.append(loss)
             record = {"step": step + 1, "loss": loss, "step_time_s": elapsed,
                       "tokens_per_s": tokens / elapsed, "peak_memory_bytes": peak_memory_bytes(job.device)}
-            if metrics is not None:
-                metrics.write(json.dumps(record) + "\n")
-                metrics.flush()
-            if rank0 and not config.quiet:
-                print(f"step {step + 1}: loss {loss:.6f}, {elapsed:.3f} s, {record['tokens_per_s']:.0f} tokens/s",
-                      flush=True)
+            if job.scaler.enabled:  # after the step: halved when it was skipped
+                record["loss_scale"] = job.scaler.scale
+            if reporter:
+                reporter.step(record)
+            if config.checkpoint_dir and checkpoint.is_due(step + 1, config.checkpoint_every, config.steps):
+                path = checkpoint.save(job, config.checkpoint_dir, step + 1, config.steps)
+                if reporter:
+                    reporter.note(f"checkpoint: step {step + 1} -> {path}")
     finally:
-        if metrics is not None:
-            metrics.close()
+        if reporter:
+            reporter.close()
 
 
 def check_equivalence(job: Job, config: RunConfig) -> int:
@@ -230,7 +257,9 @@ def check_equivalence(job: Job, config: RunConfig) -> int:
     verdict = [0]
     if dist.get_rank() == 0:
         reference = run_reference(job.plan, config.steps, config.token_file, job.device)
+        reference.losses = reference.losses[job.first_step:]  # a resumed run trained only the steps after
         report = compare(RunResult(job.losses, params), reference, tolerance(job.plan, job.device))
+        report.loss_step += job.first_step
         print(report, flush=True)
         verdict = [0 if report.ok else 1]
         job.report = report
@@ -240,5 +269,7 @@ def check_equivalence(job: Job, config: RunConfig) -> int:
 
 def main_error(error: BaseException) -> None:
     """How a rank reports a failure before exiting non-zero (torchrun then stops the others)."""
+    from plandsl.runtime.faults import report_error
     rank = dist.get_rank() if dist.is_initialized() else os.environ.get("RANK", "?")
-    print(f"plandsl run: rank {rank}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+    where = report_error(error)  # rank R's JSON for the launcher's message; where it was
+    print(f"plandsl run: rank {rank}: {where}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)

@@ -51,7 +51,11 @@ def test_hierarchical_all_reduce_crosses_nodes_with_one_kth_of_the_data():
     result = estimate_collective("all_reduce", S, links)
     assert result.intra == pytest.approx(2 * 7 / 8 * S / 100e9)
     assert result.inter == pytest.approx(2 * 3 / 4 * (S / 8) / 10e9)
-    assert result.latency == pytest.approx(2 * (7 * 1e-6 + 3 * 1e-5))
+    # NCCL's ring passes all 32 ranks: 2·31 steps, 2·3 of them between nodes (tuning.cc).
+    assert result.latency == pytest.approx(2 * (28 * 1e-6 + 3 * 1e-5))
+    gather = estimate_collective("all_gather", S, links)
+    assert gather.latency == pytest.approx(28 * 1e-6 + 3 * 1e-5)
+    assert gather.inter == pytest.approx(3 / 4 * (S / 8) / 10e9)
 
 
 def test_no_communication_for_one_device_or_no_bytes():

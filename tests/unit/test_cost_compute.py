@@ -115,3 +115,17 @@ def test_optimizer_step_reads_and_writes_states_gradients_and_parameters():
 def test_default_efficiency_is_a_fraction():
     assert 0 < DEFAULT_EFFICIENCY.peak_fraction <= 1
     assert DEFAULT_EFFICIENCY.kernel_seconds >= 0
+
+
+def test_a_device_brings_its_own_gemm_knobs_and_an_override_wins():
+    own = A100.model_copy(update={"efficiency": ir.DeviceEfficiency(matmul=0.8, kernel_latency=10e-6)})
+    work = Work(micro_batch=1, seq=2048)
+    block = layer(GPT, "block")
+    assert estimate_layer_compute(GPT, block, work, own) == estimate_layer_compute(GPT, block, work, A100, EFF)
+    # No knobs in the description: the language's defaults, the fit.
+    assert estimate_layer_compute(GPT, block, work, A100) == \
+        estimate_layer_compute(GPT, block, work, A100, DEFAULT_EFFICIENCY)
+    assert (DEFAULT_EFFICIENCY.peak_fraction, DEFAULT_EFFICIENCY.kernel_seconds) == (0.57, 60e-6)
+    # An explicit efficiency (the fit's override) replaces the device's own.
+    assert estimate_layer_compute(GPT, block, work, own, DEFAULT_EFFICIENCY) == \
+        estimate_layer_compute(GPT, block, work, A100)

@@ -127,3 +127,39 @@ def test_gpt3_on_1024_a100s_is_near_megatrons_measured_140_tflops():
     """Narayanan et al. 2021, Sec. 5.1: 140 TFLOP/s per GPU (docs/validation.md: t8 p8 d16 assumed)."""
     plan = api.load_plan("stdlib_plans/examples/gpt3_175b_3d.plan")
     assert estimate_plan(plan).tflops_per_device == pytest.approx(140, rel=0.3)
+
+
+@pytest.mark.parametrize("compute_per_unit, traffic_per_unit", [(3.0, 1.0), (1.0, 3.0)])
+def test_zero3_overlaps_each_unit_with_its_neighbours_compute_only(compute_per_unit, traffic_per_unit):
+    # u units; per unit: forward compute c, backward 2c, and all-gather = reduce-scatter = x. The first
+    # unit's gather has no compute beside it; the last unit's reduce-scatter runs behind the rank's
+    # next work (Zhao et al. 2023, prefetching): g + (u - 1)·max(c, traffic) + c.
+    from plandsl.cost.comm import GroupLinks
+    from plandsl.cost.estimate import Links, zero_traffic
+    u, element, dense = 4, 2, 1e9
+    # One node of 2 devices, no latency: an all-gather or reduce-scatter of S bytes takes S/2/bandwidth.
+    bandwidth = dense / u * element / 2 / traffic_per_unit
+    links = Links(data=GroupLinks(2, 2, 1, bandwidth, 0.0, bandwidth, 0.0))
+    c, x = compute_per_unit, traffic_per_unit
+    stage = zero_traffic(u * c, u * c, u * c, 0.0, 1.0, 0.0, dense, 0.0, 3, element, links, units=u)
+    assert stage.forward == pytest.approx(max(u * c, u * x) + min(c, x))
+    assert stage.backward == pytest.approx({(3.0, 1.0): 25.0, (1.0, 3.0): 23.0}[(c, x)])  # x + 3·max(2c, 2x) + 2c
+    assert stage.comm == pytest.approx(stage.forward + stage.backward - 3 * u * c)
+    # ZeRO-2 only reduce-scatters, behind the backward: 3·max(2c, x) + 2c.
+    zero2 = zero_traffic(u * c, u * c, u * c, 0.0, 1.0, 0.0, dense, 0.0, 2, element, links, units=u)
+    assert zero2.forward == u * c
+    assert zero2.backward == pytest.approx({(3.0, 1.0): 24.0, (1.0, 3.0): 11.0}[(c, x)])
+
+
+def test_each_zero3_unit_pays_the_collective_latency():
+    from plandsl.cost.comm import GroupLinks
+    from plandsl.cost.estimate import Links, zero_traffic
+    latency = 1e-3
+    links = Links(data=GroupLinks(4, 4, 1, 1e30, latency, 1e30, 0.0))  # bandwidth free: latency only
+    one = zero_traffic(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1e9, 0.0, 3, 2, links, units=1)
+    ten = zero_traffic(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1e9, 0.0, 3, 2, links, units=10)
+    ring = 3 * latency  # a ring of 4: 3 steps
+    assert one.forward == pytest.approx(ring)
+    assert ten.forward == pytest.approx(10 * ring)
+    # Backward: each unit's gather and reduce-scatter, the last reduce-scatter behind later work.
+    assert ten.backward == pytest.approx(ring + 9 * 2 * ring)

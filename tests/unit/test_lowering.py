@@ -678,3 +678,33 @@ def test_syntax_error_in_an_import_is_reported_in_that_file(tmp_path):
     analysis = analyze(str(tmp_path / "a.plan"))
     (d,) = analysis.errors
     assert d.code.startswith("E1") and Path(d.span.file).name == "b.plan"
+
+
+# ---- device efficiency (the cost model's GEMM knobs) ----------------------------------------------------
+EFF_DEVICE = "device g {{ memory = 80 GiB; bandwidth = 2 TB/s; peak = {{ bf16: 312 TFLOP/s }}{extra} }}\n"
+
+
+def test_device_efficiency_keys_and_defaults():
+    [device] = ok(EFF_DEVICE.format(extra="; efficiency = { matmul: 0.5, kernel_latency: 30 us }")).devices
+    assert device.efficiency.model_dump() == {"matmul": 0.5, "kernel_latency": 30e-6}
+    [device] = ok(EFF_DEVICE.format(extra="; efficiency = { matmul: 0.5 }")).devices
+    assert device.efficiency.model_dump() == {"matmul": 0.5, "kernel_latency": 60e-6}
+    [device] = ok(EFF_DEVICE.format(extra="")).devices
+    assert device.efficiency is None  # the cost model uses ir.DeviceEfficiency()'s defaults
+    # The stdlib's A100 states the fit it was calibrated with.
+    cluster = ok(plan()).plans[0].cluster
+    assert cluster.groups[0].node.device.efficiency.model_dump() == {"matmul": 0.57, "kernel_latency": 60e-6}
+
+
+@pytest.mark.parametrize("value, code, words", [
+    ("{ matmul: 1.2 }", "E205", "in (0, 1], found 1.2"),
+    ("{ matmul: 0 }", "E205", "in (0, 1], found 0"),
+    ("{ matmul: -0.5 }", "E205", "in (0, 1], found -0.5"),
+    ("{ kernel_latency: -5 us }", "E205", "kernel_latency must be zero or more"),
+    ("{ kernel_latency: 5 GB }", "E203", "takes a time quantity"),
+    ("{ matmull: 0.5 }", "E206", "no key 'matmull'"),
+    ("0.5", "E205", "takes `{ key: value, ... }`"),
+])
+def test_bad_device_efficiency_is_a_coded_error(value, code, words):
+    diagnostic = one(EFF_DEVICE.format(extra=f"; efficiency = {value}"), code)
+    assert words in diagnostic.message

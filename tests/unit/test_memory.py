@@ -2,8 +2,10 @@
 import pytest
 
 from plandsl import ir
-from plandsl.cost.memory import (estimate_layer_activations, estimate_memory,
+from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, gathered_bytes, held_stages,
                                  inflight_microbatches, optimizer_bytes_per_param)
+from plandsl.schedules.generators import generate
+from plandsl.schedules.simulate import simulate
 from plandsl.models import layers_of, param_count
 
 
@@ -14,13 +16,13 @@ def cluster(devices):
     return ir.Cluster(name="c", groups=(ir.NodeGroup(node=node, count=max(1, devices // 8)),))
 
 
-def plan(model, axes, *, data=None, tensor=None, stages=None, experts=None, context=None,
+def plan(model, axes, *, data=None, tensor=None, stages=None, experts=None, context=None, schedule=None,
          precision="bf16", recompute="none", optimizer="adam", micro_batch=1, global_batch=64):
     mesh = ir.Mesh(axes=tuple(ir.Axis(name=n, size=s) for n, s in axes))
     return ir.Plan(name="p", model=model, cluster=cluster(mesh.size), mesh=mesh,
                    train=ir.Training(global_batch=global_batch, micro_batch=micro_batch,
                                      precision=precision, recompute=recompute, optimizer=optimizer),
-                   data=data, tensor=tensor, stages=stages, experts=experts, context=context)
+                   data=data, tensor=tensor, stages=stages, experts=experts, context=context, schedule=schedule)
 
 
 GPT3 = ir.TransformerModel(kind="gpt", name="g", layers=96, hidden=12288, heads=96, kv_heads=96,
@@ -39,7 +41,11 @@ def test_zero_paper_example(kind, gigabytes):
     p = plan(model, [("dp", 64)], data=ir.DataParallel(kind=kind, axes=("dp",)), precision="fp16")
     [estimate] = estimate_memory(p, [layers_of(model)], [[0]], [1])
     states = estimate.params + estimate.grads + estimate.optimizer
-    assert states / 1e9 == pytest.approx(gigabytes, rel=0.02)
+    # The paper's figure counts the shards; ZeRO-2/3 also hold the unit being reduced (and gathered).
+    unit = 7_500_000_000 * 2
+    gathered = {"zero2": (0, unit), "zero3": (unit, unit)}.get(kind, (0, 0))
+    assert gathered_bytes(p, layers_of(model)) == gathered
+    assert (states - sum(gathered)) / 1e9 == pytest.approx(gigabytes, rel=0.02)
     assert estimate.activations == 0 and estimate.other == 0
     assert estimate.to_json()["total"] == estimate.total == states
 
@@ -50,7 +56,8 @@ def test_hsdp_shards_over_last_axis_only():
     p = plan(model, [("replicas", 4), ("shard", 8)],
              data=ir.DataParallel(kind="hsdp", axes=("replicas", "shard")))
     [estimate] = estimate_memory(p, [layers_of(model)], [[0]], [1])
-    assert (estimate.params, estimate.grads, estimate.optimizer) == (2000, 2000, 12000)
+    gathered = 8_000 * 2  # the one unit, gathered whole (parameters) and reduced whole (gradients)
+    assert (estimate.params, estimate.grads, estimate.optimizer) == (2000 + gathered, 2000 + gathered, 12000)
 
 
 def test_optimizer_bytes():
@@ -92,6 +99,63 @@ def test_pipeline_ranks_hold_their_layers_and_a_tied_head_copy():
     held = [sum(layer.param_count for layer in stage) for stage in stage_layers]
     assert first.params == 2 * held[0]
     assert last.params == 2 * (held[1] + embed)  # the tied head keeps its own copy
+
+
+# ---- ZeRO-2/3: the units held unsharded while gathering and reducing ----------------------
+GPT3_BLOCK = 12 * 12288**2 + 13 * 12288  # QKV, out, MLP weights and biases, two LayerNorms
+
+
+@pytest.mark.parametrize("kind, params_units, grads_units", [("zero3", 2, 2), ("zero2", 0, 2), ("zero1", 0, 0)])
+def test_fsdp_gathers_two_units(kind, params_units, grads_units):
+    layers = layers_of(GPT3)
+    stage = [layers[1], layers[2], layers[3]]  # three blocks: the current one and the prefetched one
+    p = plan(GPT3, [("dp", 8)], data=ir.DataParallel(kind=kind, axes=("dp",)))
+    assert layers[1].param_count == GPT3_BLOCK
+    assert gathered_bytes(p, stage) == (2 * params_units * GPT3_BLOCK, 2 * grads_units * GPT3_BLOCK)
+    [estimate] = estimate_memory(p, [stage], [[0]], [0])
+    shard = -(-3 * GPT3_BLOCK // 8)
+    expected_params = 2 * (shard if kind == "zero3" else 3 * GPT3_BLOCK) + 2 * params_units * GPT3_BLOCK
+    assert estimate.params == expected_params
+
+
+def test_fsdp_root_unit_is_embedding_norm_and_head():
+    # A rank with the embedding, one block, the final norm and the head: two units, root and block.
+    layers = layers_of(GPT3)
+    h, v, s = 12288, 51200, 2048
+    p = plan(GPT3, [("dp", 8), ("tp", 8)], data=ir.DataParallel(kind="zero3", axes=("dp",)),
+             tensor=ir.TensorParallel(axis="tp"))
+    stage = [layers[0], layers[1], layers[-2], layers[-1]]
+    # tp 8 splits the vocabulary and the blocks' heads/ffn dims, not positions, norms or row biases.
+    block_local = (12 * h * h) // 8 + (3 * h + 4 * h) // 8 + 6 * h
+    root_local = 2 * (v // 8) * h + s * h + 2 * h
+    assert gathered_bytes(p, stage) == (2 * (root_local + block_local), 2 * (root_local + block_local))
+
+
+def test_chimera_ranks_hold_two_stages():
+    model = ir.TransformerModel(kind="llama", name="m", layers=4, hidden=64, heads=4, kv_heads=4,
+                                ffn_hidden=128, seq=16, vocab=100)
+    layers = layers_of(model)
+    stage_layers = [layers[:2], layers[2:3], layers[3:4], layers[4:]]  # embed+block, block, block, block+norm+head
+    p = plan(model, [("pp", 4)], stages=ir.Stages(axis="pp"),
+             schedule=ir.ScheduleRef(name="chimera"), global_batch=8)
+    assert held_stages(p, [[0], [1], [2], [3]]) == [(0, 3), (1, 2), (1, 2), (0, 3)]
+    estimates = estimate_memory(p, stage_layers, [[0], [1], [2], [3]], [1, 1, 1, 1])
+    held = [sum(layer.param_count for layer in stage_layers[a] + stage_layers[b]) for a, b in ((0, 3), (1, 2))]
+    assert [e.params for e in estimates] == [2 * held[0], 2 * held[1], 2 * held[1], 2 * held[0]]
+    assert [e.optimizer for e in estimates] == [12 * held[0], 12 * held[1], 12 * held[1], 12 * held[0]]
+    one_pipeline = plan(model, [("pp", 4)], stages=ir.Stages(axis="pp"), schedule=ir.ScheduleRef(name="1f1b"))
+    assert held_stages(one_pipeline, [[0], [1], [2], [3]]) == [(0,), (1,), (2,), (3,)]
+
+
+@pytest.mark.parametrize("p", [2, 4, 6, 8])
+def test_inflight_chimera_matches_its_simulated_schedule(p):
+    # In units of the rank's two stages: the simulated count of stage-microbatches, halved.
+    for m in (p, 2 * p):
+        simulated = [r.peak_inflight_microbatches for r in simulate(generate("chimera", p, m)).ranks]
+        assert inflight_microbatches("chimera", p, m, 1) == [count / 2 for count in simulated]
+    # Li & Hoefler 2021, Table 2: (p/2 + 1) stage-microbatches on the end ranks, p in the middle.
+    counts = inflight_microbatches("chimera", p, p, 1)
+    assert 2 * counts[0] == p // 2 + 1 and 2 * max(counts) == p
 
 
 # ---- activations (Korthikanti et al. 2022, Table 2) --------------------------------------

@@ -3,8 +3,10 @@
 and schedules within the benchmark budget, the critical path, memory against the simulator."""
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -99,7 +101,7 @@ def test_golden_dot(path, view, golden):
 
 def test_every_stdlib_example_and_local_plan_is_covered():
     assert {p.stem for p in FILES} >= PIPELINED
-    assert len(FILES) == 24
+    assert len(FILES) >= 24  # the glob found the stdlib (plans get added; each gets its goldens)
 
 
 # ---- real rendering ---------------------------------------------------------------------------
@@ -139,31 +141,137 @@ def test_pdf_renders(tmp_path):
     assert render_file(plan, "placement", tmp_path / "p.pdf").read_bytes().startswith(b"%PDF")
 
 
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+LOADING = {"src", "href", "xlink:href", "action", "data", "poster", "srcset", "background"}
+
+
 class _Page(HTMLParser):
+    """The page's tags, ids, links and problems: tags closed out of order, and anything that would
+    load from outside the page (a non-fragment link, a script, a stylesheet link, a CSS url)."""
+
     def __init__(self):
-        super().__init__()
+        super().__init__(convert_charrefs=True)
         self.tags: list[str] = []
         self.ids: list[str] = []
+        self.fragments: list[str] = []
+        self.problems: list[str] = []
+        self.stack: list[str] = []
+        self.section = ""
+        self.svgs: dict[str, int] = {}
+        self.in_style = False
 
     def handle_starttag(self, tag, attrs):
+        self._start(tag, attrs)
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag, attrs):  # <path ... />, as SVG writes it
+        self._start(tag, attrs)
+
+    def _start(self, tag, attrs):
         self.tags.append(tag)
+        values = dict(attrs)
         self.ids += [value for key, value in attrs if key == "id"]
+        if tag == "h2":
+            self.section = values.get("id", "")
+        if tag == "svg":
+            self.svgs[self.section] = self.svgs.get(self.section, 0) + 1
+        if tag in ("script", "link", "iframe", "object", "img", "base"):
+            self.problems.append(f"<{tag}> in a self-contained page")
+        self.in_style = tag == "style"
+        for key, value in attrs:
+            if key in LOADING and value is not None:
+                if value.startswith("#"):
+                    self.fragments.append(value[1:])
+                else:
+                    self.problems.append(f"<{tag} {key}={value!r}> loads from outside the page")
+            if key == "style" and value and "url(" in value and "url(#" not in value:
+                self.problems.append(f"<{tag} style={value!r}> loads from outside the page")
+
+    def handle_endtag(self, tag):
+        self.in_style = False
+        if tag in VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.problems.append(f"</{tag}> closes <{self.stack[-1] if self.stack else 'nothing'}>")
+            if tag in self.stack:
+                del self.stack[len(self.stack) - 1 - self.stack[::-1].index(tag):]
+            return
+        self.stack.pop()
+
+    def handle_data(self, data):
+        if self.in_style and ("url(" in data or "@import" in data):
+            self.problems.append("the stylesheet loads from outside the page")
 
 
 @needs_graphviz
-def test_html_report_has_every_view_inlined(tmp_path):
-    plan = api.load_plan(STDLIB / "examples/heterogeneous.plan")
+@pytest.mark.parametrize("name", ["examples/heterogeneous", "examples/zero_bubble_v"])
+def test_html_report_is_well_formed_and_self_contained(name, tmp_path):
+    plan = api.load_plan(STDLIB / f"{name}.plan")
     page = render_file(plan, "all", tmp_path / "report.html").read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>")
     parser = _Page()
     parser.feed(page)
-    assert parser.tags.count("svg") == 4
+    parser.close()
+    assert parser.problems == []
+    assert parser.stack == [], f"left open: {parser.stack}"
+    assert parser.svgs == {view: 1 for view in VIEWS}, "each view inlined once, as <svg>, in its own section"
     assert len(parser.ids) == len(set(parser.ids)), "ids of the inlined SVGs must not clash"
-    assert "<?xml" not in page and "<!DOCTYPE svg" not in page and "<script" not in page
+    assert set(parser.fragments) <= set(parser.ids), "every #link points into the page"
+    assert "<?xml" not in page and "<!DOCTYPE svg" not in page
     assert 'class="estimate"' in page and "simulated peak" in page
-    for view in VIEWS:
-        assert f'id="{view}"' in page
+    assert re.findall(r'\bid="(summary|estimate|mesh|placement|schedule|memory)"', page) == \
+        ["summary", "estimate", *VIEWS]
     for block in re.findall(r"<svg.*?</svg>", page, flags=re.S):
         ElementTree.fromstring(block)
+    outside = re.findall(r'(?<!xmlns)(?<!xmlns:xlink)="(?:https?:|file:|//)[^"]*"', page)
+    assert outside == [], "only namespace names may be URLs"
+
+
+BROWSERS = ("chromium", "chromium-headless-shell", "google-chrome", "chrome")
+BROWSER = next((found for found in map(shutil.which, BROWSERS) if found), None)
+PROBE = """<script>
+const views = [...document.querySelectorAll("h2")].map(h => {
+  let el = h.nextElementSibling, svg = null;
+  while (el && el.tagName !== "H2" && !svg) {
+    svg = el.matches("svg") ? el : el.querySelector("svg");
+    el = el.nextElementSibling;
+  }
+  const box = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
+  return [h.id, Math.round(box.width), Math.round(box.height)];
+});
+console.log("probe " + JSON.stringify({views, resources: performance.getEntriesByType("resource").length,
+                                       overflow: document.documentElement.scrollWidth - window.innerWidth}));
+</script>"""
+
+
+def _console(page: Path) -> list[str]:
+    """What headless chromium's console said while loading `page`."""
+    result = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,2000",
+                             "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri()],
+                            capture_output=True, text=True, timeout=90, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "</html>" in result.stdout, "the browser did not load the page"
+    return re.findall(r':CONSOLE[^\]]*\] "(.*)", source: ', result.stderr)
+
+
+@needs_graphviz
+@pytest.mark.skipif(BROWSER is None, reason="no headless chromium on this machine (apt-get install chromium)")
+def test_html_report_opens_in_chromium_without_console_errors(tmp_path):
+    plan = api.load_plan(STDLIB / "examples/gpt3_175b_3d.plan")
+    page = render_file(plan, "all", tmp_path / "report.html")
+    assert _console(page) == []
+    probed = tmp_path / "probed.html"
+    probed.write_text(page.read_text(encoding="utf-8").replace("</body>", PROBE + "\n</body>"), encoding="utf-8")
+    said = _console(probed)
+    assert len(said) == 1 and said[0].startswith("probe "), said
+    report = json.loads(said[0][len("probe "):].replace('\\"', '"'))
+    sizes = {view: (width, height) for view, width, height in report["views"]}
+    for view in VIEWS:  # drawn, and fitted to the 1280-pixel window
+        width, height = sizes[view]
+        assert 100 < width <= 1280 and height > 50, (view, sizes[view])
+    assert report["resources"] == 0, "the page loaded something from outside"
+    assert report["overflow"] <= 0, "a view is wider than the page"
 
 
 @needs_graphviz
@@ -344,3 +452,53 @@ def test_mesh_distinguishes_device_types():
 def test_engines():
     assert engine("placement") == ("dot",)
     assert engine("schedule") == engine("memory") == engine("mesh") == ("neato", "-n2")
+
+
+def test_groups_across_distant_nodes_are_one_arc_per_pair_of_nodes():
+    # pp groups of the mixed cluster pair node i with node i + 4: per-device lines would cross
+    # three node boxes each (32 of them); one labelled arc per pair of nodes does not
+    text = render(api.load_plan(STDLIB / "examples/heterogeneous.plan"), "mesh", "pp")
+    labels = re.findall(r'^  bundle(\d+)_(\d+) \[.*label="([^"]*)"', text, flags=re.M)
+    assert [(int(a), int(b)) for a, b, _ in labels] == [(0, 4), (1, 5), (2, 6), (3, 7)]
+    assert {label for _, _, label in labels} == {"8 'pp' links, 200 GB/s"}
+    assert not re.search(r'^  n[0-3]_d\d+ -> n[4-7]_d\d+', text, flags=re.M)
+    tops = [float(y) for y in re.findall(r'^  bundle\d+_\d+ \[pos="[-\d.]+,([-\d.]+)!"', text, flags=re.M)]
+    assert len(set(tops)) == 4, "overlapping arcs get heights of their own"
+
+
+def test_groups_across_collapsed_nodes_and_rows_say_what_they_skip():
+    text = render(api.loads(BIG_MESH).plans[0], "mesh", "dp")
+    assert re.findall(r'^  bundle(\d+_\d+) \[.*label="([^"]*)"', text, flags=re.M) == \
+        [("7_9", "8 'dp' links, 400 GB/s, via 62 hidden each")]
+    assert 'tooltip="\'dp\' links between these nodes: d56-d4088, d57-d4089' in text
+
+
+def test_many_coordinates_get_colours_that_neighbours_do_not_share():
+    from plandsl.render.dot import categorical
+    for count in (11, 16, 64):
+        fills = categorical(count)
+        assert len(set(fills)) == count
+        rgb = [tuple(int(f[i:i + 2], 16) for i in (1, 3, 5)) for f in fills]
+        close = [i for i in range(count) if sum(abs(a - b) for a, b in zip(rgb[i], rgb[(i + 1) % count])) < 60]
+        assert close == [], f"coordinates {close} look like the next one (and the last like the first)"
+        assert all(sum(channel) / 3 > 150 for channel in rgb), "black text stays readable"
+
+
+def test_memory_grid_lines_stay_off_the_bands():
+    # a grid line through the bands would strike out their labels ("parameters 5.3 GiB")
+    text = render(api.load_plan(STDLIB / "examples/gpt3_175b_3d.plan"), "memory")
+    band_tops = {rank: float(y) + float(height) * 36 for rank, y, height in re.findall(
+        r'^  optimizer(\d+) \[pos="[\d.]+,([\d.]+)!", width=[\d.]+, height=([\d.]+)', text, flags=re.M)}
+    bottoms = re.findall(r'^  grid(\d+)_\d+_a \[pos="[\d.]+,([\d.]+)!"', text, flags=re.M)
+    assert len(band_tops) == 8 and len(bottoms) > 8 * 4
+    for rank, bottom in bottoms:  # the top band ends where the grid begins (positions to 0.1 pt)
+        assert float(bottom) >= band_tops[rank] - 0.2
+
+
+def test_placement_labels_sit_beside_their_arrows():
+    text = render(api.load_plan(STDLIB / "local/pp_interleaved.plan"), "placement")
+    labels = re.findall(r'^  stage\d+ -> stage\d+ \[.*label=<(.*)>, fontcolor', text, flags=re.M)
+    assert len(labels) == 3
+    for label in labels:  # the text, right-aligned, then an empty cell as wide: the line runs there
+        assert re.fullmatch(r'<table[^>]*><tr><td>.*microbatch.*</td><td width="\d+" height="1" '
+                            r'fixedsize="true"></td></tr></table>', label)

@@ -1,0 +1,268 @@
+"""Checkpoints of `plandsl run`: torch.distributed.checkpoint (DCP) shards plus plandsl's record of the plan.
+
+Stage: interpreter (every rank calls `save` and `restore`; both are collective). Contract: `save(job,
+directory, step, steps)` writes `directory/step-NNNNNN` and commits it by renaming a finished temporary
+directory, so a job dying mid-write never leaves a half-written checkpoint as the latest; `latest`
+finds the highest committed step; `restore` loads the latest into any layout of the same model and
+optimizer (DCP reshards by parameter name) and raises `CheckpointError` (one line) for any other.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from plandsl import ir
+
+RECORD = "plandsl.json"   # written last, by rank 0, inside the still-temporary directory
+FORMAT = 1
+_STEP_DIR = re.compile(r"step-(\d+)")
+# Optimizer state keyed `state.<fqn>.exp_avg`, `param_groups.<fqn>.lr`: ranks holding different
+# parameters (pipeline stages, ZeRO-1 partitions) then write disjoint keys (torchtitan's choice).
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+class CheckpointError(RuntimeError):
+    """The checkpoint cannot be resumed under this plan: a different model or optimizer, or unreadable."""
+
+
+def step_dir(directory: str | Path, step: int) -> Path:
+    return Path(directory) / f"step-{step:06d}"
+
+
+def plan_hash(plan: ir.Plan) -> str:
+    """sha256 of the plan's IR (its JSON dump; source positions are not part of it)."""
+    return hashlib.sha256(plan.model_dump_json().encode()).hexdigest()
+
+
+def latest(directory: str | Path) -> Path | None:
+    """The committed checkpoint of the highest step (`step-NNNNNN` holding a record), or None.
+    Temporary directories (`.partial`, `.old`) and directories without a record never count."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    found = [(int(match[1]), entry) for entry in directory.iterdir()
+             if (match := _STEP_DIR.fullmatch(entry.name)) and (entry / RECORD).is_file()]
+    return max(found)[1] if found else None
+
+
+def is_due(step: int, every: int | None, steps: int) -> bool:
+    """Save after step `step` (1-based): every `every` steps, and after the run's last step."""
+    return step == steps or (every is not None and step % every == 0)
+
+
+# ---- state ----------------------------------------------------------------------------
+def _union(models: list[nn.Module]) -> nn.Module:
+    """One module holding every model part of this rank under its catalogue name.
+
+    A pipeline rank holds one copy of the model per stage, each without the other stages' top-level
+    modules; `layers` dicts are merged, so `layers.3.attn.wq.weight` keeps its name."""
+    if len(models) == 1:
+        return models[0]
+    union = nn.Module()
+    for model in models:
+        for name, child in model.named_children():
+            held = union._modules.get(name)
+            if held is None:
+                union.add_module(name, nn.ModuleDict(child) if isinstance(child, nn.ModuleDict) else child)
+            elif isinstance(held, nn.ModuleDict) and isinstance(child, nn.ModuleDict):
+                held.update(child)
+            elif held is not child:
+                raise CheckpointError(f"two pipeline stages on this rank both hold module '{name}'")
+    return union
+
+
+def _optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer whose state this rank holds: ZeRO-1's local one over this rank's partition."""
+    return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+
+
+def _state(job) -> tuple[nn.Module, torch.optim.Optimizer, dict[str, Any]]:
+    model, optimizer = _union(job.models), _optimizer(job.optimizer)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=_OPTIONS)
+    return model, optimizer, {"model": model_state, "optimizer": optimizer_state}
+
+
+def fingerprint(model_state: dict[str, Any]) -> dict[str, list[int]]:
+    """Every tensor of the model, by name, with its full shape, gathered over the ranks (collective:
+    a pipeline rank holds only its stages; a DTensor's shape is already the global one)."""
+    local = {name: list(value.shape) for name, value in model_state.items() if isinstance(value, torch.Tensor)}
+    gathered: list[dict] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(gathered, local)
+    merged: dict[str, list[int]] = {}
+    for shapes in gathered:
+        merged.update(shapes)
+    return dict(sorted(merged.items()))
+
+
+# ---- save -----------------------------------------------------------------------------
+def save(job, directory: str | Path, step: int, steps: int) -> Path:
+    """Write the job's state after `step` steps of a `steps`-step run; every rank calls it."""
+    final = step_dir(directory, step)
+    partial = final.with_name(final.name + ".partial")
+    _, _, state = _state(job)
+    shapes = fingerprint(state["model"])
+    rank0 = dist.get_rank() == 0
+    if rank0:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)  # left by a job that died while writing
+    dist.barrier()
+    dcp.save(state, checkpoint_id=partial)  # returns on every rank once every shard and DCP's metadata are written
+    if rank0:
+        plan = job.plan
+        record = {"format": FORMAT, "step": step, "steps": steps, "plan": plan.name, "plan_hash": plan_hash(plan),
+                  "optimizer": plan.train.optimizer.value, "lr_schedule": plan.train.lr_schedule,
+                  "scheduler": _jsonable(job.scheduler.state_dict()), "loss_scale": _loss_scale(job),
+                  "world_size": dist.get_world_size(),
+                  "torch": torch.__version__, "model": shapes}
+        _write_durably(partial / RECORD, json.dumps(record, indent=1))
+        commit(partial, final)
+    dist.barrier()  # nobody goes on (or exits) before the checkpoint is committed
+    return final
+
+
+def _loss_scale(job) -> dict | None:
+    """fp16's dynamic loss scale (`precision.LossScaler`); None without one."""
+    scaler = getattr(job, "scaler", None)
+    return scaler.state_dict() if scaler is not None and scaler.enabled else None
+
+
+def commit(partial: Path, final: Path) -> None:
+    """Make the finished `partial` directory the checkpoint `final` by renames only: a crash at any point
+    leaves either the old complete `final`, or no `final` (the previous step is then the latest)."""
+    old = final.with_name(final.name + ".old")
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(partial, final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_durably(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _jsonable(state: dict) -> dict:
+    return {key: value for key, value in state.items() if _is_json(value)}
+
+
+def _is_json(value) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+# ---- restore --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Restored:
+    step: int
+    """Steps done before this run (0: no checkpoint found)."""
+    note: str
+    """What rank 0 tells the user."""
+
+
+def restore(job, directory: str | Path, steps: int) -> Restored:
+    """Load the latest checkpoint of `directory` into `job` (every rank calls it); the step it reached.
+
+    Rank 0 picks the checkpoint and reads its record, so every rank takes the same decision; a
+    checkpoint of another model or optimizer raises CheckpointError on every rank, before any load."""
+    path, record = _pick(directory)
+    if path is None:
+        return Restored(0, f"--resume: no checkpoint in {directory}: starting at step 1")
+    model, optimizer, state = _state(job)
+    check_compatible(record, job.plan, fingerprint(state["model"]), path)
+    dcp.load(state, checkpoint_id=path)  # into this job's shards: DCP reads the pieces each rank needs
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                   options=_OPTIONS)
+    _restore_schedule(job.scheduler, job.optimizer, record)
+    scaler = getattr(job, "scaler", None)
+    if record.get("loss_scale") and scaler is not None and scaler.enabled:
+        scaler.load_state_dict(record["loss_scale"])  # fp16: the scale and its growth count go on
+    return Restored(record["step"], _resume_note(record, job.plan, steps, path))
+
+
+def _pick(directory: str | Path) -> tuple[Path | None, dict | None]:
+    chosen: list = [None, None]
+    if dist.get_rank() == 0:
+        path = latest(directory)
+        if path is not None:
+            try:
+                chosen = [str(path), json.loads((path / RECORD).read_text(encoding="utf-8"))]
+            except (OSError, ValueError) as error:
+                chosen = [str(path), {"error": f"{path / RECORD}: {error}"}]
+    dist.broadcast_object_list(chosen, src=0)
+    path, record = chosen
+    if record is not None and "error" in record:
+        raise CheckpointError(f"cannot read checkpoint {record['error']}")
+    if record is not None and record.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path} has format {record.get('format')}; this plandsl reads {FORMAT}")
+    return (None if path is None else Path(path)), record
+
+
+def check_compatible(record: dict, plan: ir.Plan, shapes: dict[str, list[int]], path: Path) -> None:
+    saved = record["model"]
+    if saved != shapes:
+        raise CheckpointError(f"checkpoint {path} (plan '{record['plan']}') holds a different model than plan "
+                              f"'{plan.name}': {_model_difference(saved, shapes)}")
+    if record["optimizer"] != plan.train.optimizer.value:
+        raise CheckpointError(f"checkpoint {path} holds {record['optimizer']} optimizer state, but plan "
+                              f"'{plan.name}' trains with {plan.train.optimizer.value}")
+
+
+def _model_difference(saved: dict[str, list[int]], shapes: dict[str, list[int]]) -> str:
+    problems = [f"{name} is {saved[name]} there, {shapes[name]} here"
+                for name in saved if name in shapes and saved[name] != shapes[name]]
+    problems += [f"{name} is only there" for name in saved if name not in shapes]
+    problems += [f"{name} is only here" for name in shapes if name not in saved]
+    more = f" (and {len(problems) - 2} more differences)" if len(problems) > 2 else ""
+    return "; ".join(problems[:2]) + more
+
+
+def _restore_schedule(scheduler, optimizer: torch.optim.Optimizer, record: dict) -> None:
+    """The learning rate is a function of the plan and the step: take the checkpoint's step (the
+    scheduler's `last_epoch`), keep this plan's base rate, and set the rate of the next step."""
+    scheduler.load_state_dict({**record["scheduler"], "base_lrs": scheduler.base_lrs})
+    rates = [base * factor(scheduler.last_epoch) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, rate in zip(optimizer.param_groups, rates):
+        group["lr"] = rate
+    scheduler._last_lr = rates
+
+
+def _resume_note(record: dict, plan: ir.Plan, steps: int, path: Path) -> str:
+    here = plan_hash(plan)
+    if record["plan_hash"] == here:
+        note = f"resuming from step {record['step']} ({path})"
+    else:
+        note = (f"resuming from step {record['step']} saved under plan '{record['plan']}' "
+                f"({record['plan_hash'][:12]}): resharding to plan '{plan.name}' ({here[:12]})")
+    if plan.train.lr_schedule != "constant" and record["steps"] != steps:
+        note += (f"\nnote: the {plan.train.lr_schedule} learning-rate schedule decays over --steps; the checkpoint "
+                 f"was written by a run of {record['steps']} steps, this run has {steps}")
+    return note
+

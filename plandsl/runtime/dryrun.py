@@ -1,0 +1,229 @@
+"""`plandsl run --dry-run`: build every rank's share of a plan in this process, on the meta device.
+
+Stage: interpreter, in the launching process (no rank is started, nothing is trained or allocated).
+Contract: `dry_run(plan)` joins torch's fake process group once per rank (`FakeStore`: collectives
+are no-ops), builds that rank's model, parallelisms and optimizer with the interpreter's own
+functions on meta tensors, and returns its parameter, gradient and optimizer-state figures next to
+the cost model's prediction (`cost.estimate`); `dry_run_report(plan)` is that as a table.
+Private torch API used (torch 2.13): `torch.testing._internal.distributed.fake_pg.FakeStore`, and
+DistributedDataParallel's `_verify_param_shape_across_processes`, skipped while a rank is built.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from plandsl import ir
+from plandsl.cost.memory import MemoryEstimate
+from plandsl.units import format_bytes
+
+MAX_RANKS = 64  # larger meshes: one rank per distinct (pipeline, tensor) coordinate
+META = torch.device("meta")
+
+
+class DryRunError(RuntimeError):
+    """A rank's share could not be built (the real run would fail there too); names the rank."""
+
+
+@dataclass(frozen=True)
+class RankFigures:
+    """One rank as built: element counts, and bytes at the dtype the tensors have (fp32 parameters
+    under bf16 autocast)."""
+
+    rank: int
+    coordinate: tuple[tuple[str, int], ...]
+    stages: tuple[int, ...]        # pipeline stages it holds; () without a pipeline
+    parameters: int                # elements of the modules it holds, before sharding
+    local_parameters: int          # elements it stores, after tensor and FSDP sharding
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    predicted: MemoryEstimate | None  # the cost model, for its pipeline rank's worst coordinate
+    ranks_like_it: int = 1         # ranks this one stands for (meshes over MAX_RANKS)
+
+    @property
+    def states_bytes(self) -> int:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["coordinate"] = dict(self.coordinate)
+        data["states_bytes"] = self.states_bytes
+        data["predicted"] = None if self.predicted is None else self.predicted.to_json()
+        return data
+
+
+@dataclass(frozen=True)
+class DryRun:
+    plan: str
+    world: int
+    ranks: tuple[RankFigures, ...]
+    optimizer: str                 # "AdamW, 2 states per element", ...
+    summary: str = ""              # how a large mesh was summarised; "" when every rank was built
+
+    def to_json(self) -> dict:
+        return {"plan": self.plan, "world": self.world, "optimizer": self.optimizer, "summary": self.summary,
+                "ranks": [r.to_json() for r in self.ranks]}
+
+
+def dry_run(plan: ir.Plan) -> DryRun:
+    if dist.is_initialized():
+        raise RuntimeError("a dry run builds every rank with its own fake process group; this process "
+                           "already belongs to a process group")
+    from plandsl.runtime.models import build_model
+    from plandsl.runtime.optim import optimizer_settings
+    world = plan.mesh.size
+    ranks, summary = representative_ranks(plan)
+    predicted = _predicted(plan)
+    cls, kwargs = optimizer_settings(plan)
+    states = _states_per_element(cls, kwargs)
+    with META:  # built once: initialising meta tensors costs time and sets nothing
+        model = build_model(plan.model, plan.train.seed)
+    built = []
+    for rank in ranks:
+        try:
+            built.append(_build_rank(plan, copy.deepcopy(model), rank, world, states, predicted, world // len(ranks)))
+        except Exception as error:  # noqa: BLE001 - one message naming the rank, as a running rank reports it
+            raise DryRunError(f"rank {rank}: {type(error).__name__}: {error}") from error
+    return DryRun(plan.name, world, tuple(built), f"{cls.__name__}, {states} state{'s' if states != 1 else ''} "
+                                             "per parameter element", summary)
+
+
+def representative_ranks(plan: ir.Plan) -> tuple[list[int], str]:
+    """Every rank, or for meshes over MAX_RANKS one per (pipeline, tensor) coordinate, the other
+    axes at 0 (ranks differing only along data axes hold equal shares, up to uneven FSDP shards)."""
+    from plandsl.runtime.faults import mesh_rank
+    world = plan.mesh.size
+    if world <= MAX_RANKS:
+        return list(range(world)), ""
+    kept = [axis.name for axis in plan.mesh.axes
+            if axis.name in {plan.stages.axis if plan.stages else None, plan.tensor.axis if plan.tensor else None}]
+    sizes = {axis.name: axis.size for axis in plan.mesh.axes}
+    if math.prod(sizes[name] for name in kept) > MAX_RANKS:
+        kept = [name for name in kept if plan.stages is not None and name == plan.stages.axis]
+    zero = {axis.name: 0 for axis in plan.mesh.axes}
+    ranks = [mesh_rank(plan, {**zero, **dict(zip(kept, index))})
+             for index in itertools.product(*(range(sizes[name]) for name in kept))]
+    along = " x ".join(f"'{name}'" for name in kept) or "no axis"
+    return ranks, (f"the mesh has {world} devices (over {MAX_RANKS}): built one rank per coordinate along {along}, "
+                   f"the other axes at 0; each stands for {world // len(ranks)} ranks (equal shares, up to "
+                   "uneven FSDP shards)")
+
+
+def _build_rank(plan: ir.Plan, model: torch.nn.Module, rank: int, world: int, states: int, predicted,
+                like: int) -> RankFigures:
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    from plandsl.runtime.data_parallel import build_dp_optimizer
+    from plandsl.runtime.faults import mesh_coordinate
+    from plandsl.runtime.mesh import build_mesh
+    from plandsl.runtime.parallelize import data_mesh, parallelize
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        mesh = build_mesh(plan, torch.device("cpu"))
+        with _ddp_on_meta():
+            if plan.stages is not None:
+                from plandsl.runtime.pipeline import build_pipeline
+                pipeline = build_pipeline(plan, model, mesh, META)
+                models, stages = pipeline.models, pipeline.stage_indices
+            else:
+                parallelize(plan, model, mesh, META)
+                models, stages = [model], ()
+        params = list({id(p): p for part in models for p in part.parameters()}.values())
+        optimizer = build_dp_optimizer(plan, params, data_mesh(plan, mesh))
+        local_optimizer = getattr(optimizer, "optim", optimizer)  # ZeRO-1: this rank's partition
+        stepped = [p for group in local_optimizer.param_groups for p in group["params"]]
+    finally:
+        dist.destroy_process_group()
+    local = sum(_local(p).numel() for p in params)
+    param_bytes = sum(_bytes(p) for p in params)
+    grad_bytes = sum(_bytes(p) for p in params if p.requires_grad)
+    coordinate = tuple(mesh_coordinate(plan, rank).items())
+    pipeline_rank = dict(coordinate)[plan.stages.axis] if plan.stages is not None else 0
+    return RankFigures(rank, coordinate, tuple(stages), sum(p.numel() for p in params), local, param_bytes,
+                       grad_bytes, states * sum(_bytes(p) for p in stepped),
+                       predicted[pipeline_rank] if predicted else None, like)
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
+def _bytes(param: torch.Tensor) -> int:
+    local = _local(param)
+    return local.numel() * local.element_size()
+
+
+def _states_per_element(cls: type, kwargs: dict) -> int:
+    """State tensors the optimizer keeps per parameter, each its shape and dtype: Adam(W) m and v;
+    SGD its momentum buffer (none without momentum). The scalar `step` tensors are left out."""
+    if issubclass(cls, (torch.optim.Adam, torch.optim.AdamW)):
+        return 2
+    if issubclass(cls, torch.optim.SGD):
+        return 1 if kwargs.get("momentum") else 0
+    raise ValueError(f"the dry run does not know the states of {cls.__name__}")
+
+
+def _predicted(plan: ir.Plan) -> list[MemoryEstimate] | None:
+    from plandsl.cost.estimate import estimate_plan
+    from plandsl.diagnostics import PlanError
+    try:
+        return list(estimate_plan(plan).memory)
+    except PlanError:
+        return None
+
+
+@contextlib.contextmanager
+def _ddp_on_meta():
+    """DistributedDataParallel compares parameter shapes across ranks (`.item()` on a count): with
+    meta tensors and a fake group there is nothing to compare, so that one check is skipped."""
+    import torch.nn.parallel.distributed as ddp
+    saved = ddp._verify_param_shape_across_processes
+    ddp._verify_param_shape_across_processes = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        ddp._verify_param_shape_across_processes = saved
+
+
+# ---- the text -------------------------------------------------------------------------------------------
+_HEAD = ("rank", "mesh", "stages", "parameters", "local", "params", "grads", "optimizer", "states", "|",
+         "predicted states", "activations", "peak")
+
+
+def dry_run_report(plan: ir.Plan) -> str:
+    return format_dry_run(dry_run(plan))
+
+
+def format_dry_run(result: DryRun) -> str:
+    rows = [_HEAD]
+    for r in result.ranks:
+        p = r.predicted
+        rows.append((str(r.rank), ",".join(f"{axis}={index}" for axis, index in r.coordinate),
+                     ",".join(map(str, r.stages)) or "-", f"{r.parameters:,}", f"{r.local_parameters:,}",
+                     format_bytes(r.param_bytes), format_bytes(r.grad_bytes), format_bytes(r.optimizer_bytes),
+                     format_bytes(r.states_bytes), "|",
+                     format_bytes(p.params + p.grads + p.optimizer) if p else "-",
+                     format_bytes(p.activations) if p else "-", format_bytes(p.total) if p else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_HEAD))]
+    left = {1, 2, 9}
+    table = ["  ".join(cell.ljust(w) if i in left else cell.rjust(w) for i, (cell, w) in
+                       enumerate(zip(row, widths))).rstrip() for row in rows]
+    lines = [f"dry run of plan '{result.plan}': {len(result.ranks)} of {result.world} ranks built on the meta device "
+             "with torch's fake process group (nothing trained, no memory allocated)", *table,
+             "parameters: elements of the modules a rank holds; local: what it stores after tensor and FSDP "
+             "sharding; params, grads: their bytes (gradients shaped like the local parameters)",
+             f"optimizer: {result.optimizer} of the parameters it steps (ZeRO-1: its partition of whole tensors), "
+             "created at the first step",
+             "predicted: the cost model (`plandsl estimate`) for the rank's pipeline stage: parameters + gradients "
+             "+ optimizer states, the activations of its in-flight microbatches, and their sum, the peak"]
+    if result.summary:
+        lines.append(f"note: {result.summary}")
+    return "\n".join(lines)

@@ -1,0 +1,99 @@
+"""Expert parallelism: the plan's `experts = alltoall over ep`, every MoE layer's experts split over the axis.
+
+Stage: interpreter. Contract: `apply_ep(model, ep_mesh)` changes each `MoE` layer in place: rank r of
+the axis keeps experts [r*E/ep, (r+1)*E/ep) as DTensor shards (Shard(0), so names and global shapes
+stay the catalogue's), and the layer's `dispatch` exchanges its routed rows with
+`all_to_all_single` (autograd-aware) over the axis; routing and combining are the one-process
+model's, and no token is dropped, so the layer computes what one process computes.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
+
+from plandsl.runtime.models import Experts, MoE, expert_mlps
+
+
+def apply_ep(model: nn.Module, ep_mesh: DeviceMesh) -> None:
+    for moe in moe_layers(model):
+        moe.experts = ExpertShards(moe.experts, ep_mesh)
+        moe.dispatch = AllToAllDispatch(ep_mesh)
+
+
+def moe_layers(model: nn.Module) -> list[MoE]:
+    return [module for module in model.modules() if isinstance(module, MoE)]
+
+
+def expert_shards(model: nn.Module) -> list[ExpertShards]:
+    """The modules whose parameters differ between expert ranks (data parallelism must not reduce them over
+    the expert axis)."""
+    return [module for module in model.modules() if isinstance(module, ExpertShards)]
+
+
+class ExpertShards(Experts):
+    """This rank's experts of one layer. Each local expert sees the rows of every rank of the axis, so its
+    gradient sums the ep batch shares; scaled by 1/ep it is their mean, as for replicated parameters
+    (data parallelism then averages it over the data axes only)."""
+
+    def __init__(self, full: Experts, ep_mesh: DeviceMesh):
+        nn.Module.__init__(self)
+        self.grad_scale = 1.0 / ep_mesh.size()
+        rank, size = ep_mesh.get_local_rank(), ep_mesh.size()
+        for name in ("w1", "w2", "w3"):
+            weight = getattr(full, name)
+            if weight is None:
+                self.register_parameter(name, None)
+                continue
+            local = weight.detach().chunk(size, dim=0)[rank].clone()
+            shard = DTensor.from_local(local, ep_mesh, [Shard(0)], run_check=False)
+            setattr(self, name, nn.Parameter(shard, requires_grad=weight.requires_grad))
+
+    def forward(self, routed: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        weights = [None if w is None else _ScaleGrad.apply(_local(w), self.grad_scale)
+                   for w in (self.w1, self.w2, self.w3)]
+        return expert_mlps(routed, counts, *weights)
+
+
+def _local(weight: torch.Tensor) -> torch.Tensor:
+    return weight.to_local() if isinstance(weight, DTensor) else weight
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; the backward multiplies the gradient by `scale`."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
+
+
+class AllToAllDispatch:
+    """(rows grouped by global expert, rows per global expert, this rank's ExpertShards) -> their outputs,
+    in the same order: rows go to the rank holding their expert and the outputs come back."""
+
+    def __init__(self, ep_mesh: DeviceMesh):
+        self.group = ep_mesh.get_group()
+        self.size = ep_mesh.size()
+
+    def __call__(self, routed: torch.Tensor, counts: torch.Tensor, experts: ExpertShards) -> torch.Tensor:
+        local = counts.numel() // self.size
+        send = counts.view(self.size, local)  # rows for rank s's experts, per expert
+        received = torch.empty_like(send)     # received[s, j]: rows from rank s for local expert j
+        dist.all_to_all_single(received, send, group=self.group)
+        send_sizes, receive_sizes = send.sum(1).tolist(), received.sum(1).tolist()
+        inbound = all_to_all_single_autograd(routed, receive_sizes, send_sizes, self.group)
+        # Arrivals are grouped by source rank, then expert; the experts need them grouped by expert.
+        expert_of_row = torch.arange(local, device=counts.device).repeat(self.size).repeat_interleave(
+            received.flatten())
+        by_expert = expert_of_row.argsort(stable=True)
+        outputs = experts(inbound[by_expert], received.sum(0).tolist())
+        outbound = torch.empty_like(outputs).index_copy(0, by_expert, outputs)  # back to arrival order
+        return all_to_all_single_autograd(outbound, send_sizes, receive_sizes, self.group)
