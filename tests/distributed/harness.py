@@ -1,0 +1,96 @@
+"""Run a function on N gloo ranks forked from the test process, with a deadline.
+
+Forking from a process that has already imported torch starts a rank in ~0.2 s (spawn and torchrun
+take 4-17 s), so most multi-process tests fork; a few go through the real launcher (test_launcher.py).
+Each rank gets the environment torchrun would give it (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT), one intra-op thread, and leaves with `os._exit` after writing its result: destroying a
+gloo group at exit can deadlock in torch 2.13 (plandsl.run.entry does the same). A rank that raises
+fails the test with its traceback; ranks still running at the deadline are killed and named, so a
+deadlock fails instead of hanging.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+ERROR_GRACE_S = 3.0  # after a rank raises, how long the others get to finish (they are then killed)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, out: Path, env: dict[str, str],
+               fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", **env)
+    status = 0
+    try:
+        import torch
+        torch.set_num_threads(1)  # the parent's OpenMP pool does not survive fork; 2 cores anyway
+        outcome = (True, fn(rank, *args, **kwargs))
+    except BaseException:  # noqa: BLE001 - the traceback goes to the test
+        outcome, status = (False, traceback.format_exc()), 1
+    try:
+        (out / f"rank{rank}.tmp").write_bytes(pickle.dumps(outcome))
+        (out / f"rank{rank}.tmp").rename(out / f"rank{rank}.pkl")
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
+def run_ranks(world: int, fn: Callable[..., Any], *args: Any, deadline_s: float = 90.0,
+              rank_env: dict[str, str] | None = None, **kwargs: Any) -> list[Any]:
+    """`fn(rank, *args, **kwargs)` on `world` forked ranks; their return values, rank 0 first.
+
+    The results must be picklable (they travel back through files); `rank_env` is added to each
+    rank's environment."""
+    context = multiprocessing.get_context("fork")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="plandsl-ranks-") as directory:
+        out = Path(directory)
+        processes = [context.Process(target=_rank_main, args=(rank, world, port, out, rank_env or {}, fn, args, kwargs),
+                                     daemon=True) for rank in range(world)]
+        for process in processes:
+            process.start()
+        deadline, failed_at = time.monotonic() + deadline_s, None
+        while any(p.is_alive() for p in processes) and time.monotonic() < deadline:
+            if failed_at is None and any(p.exitcode not in (None, 0) for p in processes):
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > ERROR_GRACE_S:
+                break
+            time.sleep(0.02)
+        stuck = [rank for rank, p in enumerate(processes) if p.is_alive()]
+        for process in processes:
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGKILL)
+            process.join()
+        outcomes = {}
+        for rank in range(world):
+            path = out / f"rank{rank}.pkl"
+            outcomes[rank] = pickle.loads(path.read_bytes()) if path.exists() else None
+    errors = [f"rank {rank} raised:\n{value}" for rank, (ok, value) in
+              ((r, o) for r, o in outcomes.items() if o is not None) if not ok]
+    if errors:
+        pytest.fail("\n".join(errors) + (f"\n(ranks {stuck} were still running and were killed)" if stuck else ""))
+    if stuck:
+        pytest.fail(f"ranks {stuck} of {world} did not finish within {deadline_s:g} s (a deadlock?); killed")
+    silent = [rank for rank, outcome in outcomes.items() if outcome is None]
+    if silent:
+        codes = {rank: processes[rank].exitcode for rank in silent}
+        pytest.fail(f"ranks {silent} died without a result (exit codes {codes})")
+    return [outcomes[rank][1] for rank in range(world)]
