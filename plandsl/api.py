@@ -49,6 +49,19 @@ def load_plan(path: str | Path, name: str | None = None, params: dict[str, Any] 
     return select_plan(load(path, params), name)
 
 
+def load_runnable(path: str | Path, name: str | None = None, params: dict[str, Any] | None = None) -> ir.Plan:
+    """`load_plan`, and what `plandsl run` needs on top: PlanError with the E7xx refusals when the
+    interpreter cannot run the plan (`plandsl.runtime.support`)."""
+    from plandsl.runtime.support import refusals
+    from plandsl.select import select_plan
+    analysis = check(path, params)
+    plan = select_plan(_document(analysis), name)
+    refused = refusals(plan)
+    if refused:
+        raise PlanError(refused, analysis.sources)
+    return plan
+
+
 def format_text(text: str, path: str = "<string>") -> str:
     """Canonical layout of a plan's text (comments kept)."""
     from plandsl.format import format_module

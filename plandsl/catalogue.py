@@ -804,6 +804,80 @@ _entry("E608", """
     }
     """, "Make it a table with fixed sizes.", ("p: ranks, m: microbatches", "ranks = 2, microbatches = 2"))
 
+# ---- E7xx: what `plandsl run` refuses --------------------------------------------------------
+# The plan checks clean (it can be estimated and rendered); `plandsl run` refuses it before any
+# process starts, rather than run something else. tests/make_errors_doc.py runs these examples
+# through `plandsl.runtime.support.refusals` as well.
+_LOCAL_GPT = "gpt(layers=4, hidden=64, heads=4, seq=32, vocab=256)"
+
+
+def _local_plan(lines: str, mesh: str = "[pp = 2]", model: str = _LOCAL_GPT, header: str = "") -> str:
+    return f"""
+    import "clusters/local"
+    {header}plan p {{
+      model   = {model}
+      cluster = localhost
+      mesh    = {mesh} over devices[0:{2 if mesh.count("=") == 1 else 4}]
+      train   = {{ global_batch: 8, micro_batch: 1 }}
+      {lines}
+    }}
+    """
+
+
+_entry("E701", """
+    The plan names a built-in schedule the interpreter cannot run yet. `chimera` runs two
+    pipelines in opposite directions, each rank holding one stage of each and each microbatch
+    taking one of them; torch.distributed.pipelining runs one chain of stages, so there is no
+    faithful way to run it. The cost model and the renderer handle it; `plandsl run` refuses
+    it rather than run another schedule under its name.
+    """, _local_plan("stages   = evenly over pp\n      schedule = chimera"),
+    "Run a schedule over one chain of stages with a similar bubble (1f1b, or zbv with a V-shape map).",
+    ("schedule = chimera", "schedule = 1f1b"))
+
+_entry("E702", """
+    The plan splits the sequence over a context-parallel axis, and the backend cannot run it.
+    torch's `context_parallel` (ring attention over SDPA) runs on CUDA with NCCL only: on CPU
+    the SDPA kernels have no context-parallel rule, so a gloo run would fail mid-step. The
+    interpreter's CUDA path is not written yet either, so every plan with `context = ...` is
+    refused rather than run without it (which would hold the whole sequence on every device).
+    """, _local_plan("context = ring over cp", mesh="[cp = 2]"),
+    "Estimate and render the plan as it is; to run it here, use the axis for data parallelism.",
+    ("[cp = 2]", "[dp = 2]"), ("context = ring over cp", "data    = replicate over dp"))
+
+_entry("E703", """
+    Two parallelisms the plan combines cannot run together with torch's building blocks.
+    `zero1` shards the optimizer with `ZeroRedundancyOptimizer`, which broadcasts plain
+    tensors: it takes neither tensor-parallel (DTensor) parameters nor expert shards. Expert
+    parallelism also needs an axis of its own, and does not run with `hsdp`.
+    """, _local_plan("data    = zero1 over dp\n      tensor  = megatron over tp", mesh="[dp = 2, tp = 2]"),
+    "Shard the optimizer with FSDP instead (zero2 or zero3 run with tensor parallelism).",
+    ("zero1 over dp", "zero3 over dp"))
+
+_entry("E704", """
+    The interpreter needs a torch module for the model, and has none. A model written layer
+    by layer describes sizes for the cost model; to run it, `factory` names the Python
+    function that builds it (docs/models.md says what the module must look like). Tensor
+    parallelism also needs to know the module's layout, which only the gpt and llama
+    families have.
+    """, _local_plan("data    = replicate over dp", mesh="[dp = 2]", model="tiny_written", header="""model tiny_written {
+      layer blocks[0:2] {
+        params = 64 * 64
+        flops  = 2 * 64 * 64
+        output = 64
+      }
+    }
+    """),
+    "Add a factory that builds the module.", ("model tiny_written {", 'model tiny_written {\n  factory = "my_models:build"'))
+
+_entry("E705", """
+    A shard rule asks for a placement the interpreter cannot run correctly: a norm's weight
+    split (it normalises over the whole hidden dimension), `sequence` on a projection or
+    without sequence parallelism, a parameter left `Partial` or sharded over a data axis,
+    MoE routers and experts split over the tensor axis. docs/running.md lists what runs.
+    """, _local_plan("tensor  = megatron over tp\n      shard layers.*.norm1 = colwise over tp", mesh="[tp = 2]"),
+    "Leave the norm replicated (or use `sequence` with sequence parallelism).",
+    ("colwise over tp", "replicate"))
+
 # ---- warnings ---------------------------------------------------------------------------------
 _entry("W201", """
     A `param` or `let` of the file is never used. Usually a leftover from an edit, or a

@@ -253,22 +253,17 @@ def run_command(file, plan_name, nproc_per_node, nnodes, node_rank, rdzv_endpoin
     from plandsl import api
     from plandsl.diagnostics import PlanError
     from plandsl.runtime import launch
-    from plandsl.runtime.support import unsupported
     overrides = _params(params)
     try:
-        plan = api.load_plan(file, plan_name, overrides)
+        plan = api.load_runnable(file, plan_name, overrides)  # checked, and runnable (E7xx otherwise)
     except PlanError as error:
         _fail(error)
-    for reason in unsupported(plan):
-        click.echo(f"{file}: error: plan '{plan.name}': {reason}", err=True)
     options = launch.LaunchOptions(nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps, metrics,
                                    check_equivalence, data, checkpoint_dir, checkpoint_every, resume)
     try:
         args = launch.torchrun_args(plan, file, plan_name, overrides, options)
     except launch.LaunchError as error:
         click.echo(f"{file}: error: {error}", err=True)
-        sys.exit(1)
-    if unsupported(plan):
         sys.exit(1)
     if dry_run:  # every rank built here on the meta device, its figures, then the command; nothing starts
         from plandsl.runtime.dryrun import DryRunError, dry_run_report

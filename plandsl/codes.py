@@ -1,8 +1,9 @@
 """The registry of diagnostic codes: one entry per code, stable forever.
 
 E1xx syntax, E2xx names/types/units/imports, E3xx clusters and meshes, E4xx placement
-and sharding, E5xx training and memory, E6xx schedules; W for warnings. The examples
-and fixes live in `plandsl/catalogue.py` (shown by `plandsl explain` and docs/errors.md).
+and sharding, E5xx training and memory, E6xx schedules, E7xx what `plandsl run` refuses
+(valid plans the interpreter cannot run); W for warnings. The examples and fixes live in
+`plandsl/catalogue.py` (shown by `plandsl explain` and docs/errors.md).
 """
 from __future__ import annotations
 
@@ -61,6 +62,12 @@ CODES: dict[str, str] = {
     "E606": "schedule deadlocks",
     "E607": "stage on more than one rank",
     "E608": "schedule template error",
+    # E7xx: what `plandsl run` cannot run (the plan is valid; the interpreter refuses it)
+    "E701": "schedule the interpreter cannot run",
+    "E702": "parallelism the backend cannot run",
+    "E703": "parallelisms the interpreter cannot combine",
+    "E704": "model with no torch module to run",
+    "E705": "shard rule the interpreter cannot run",
     # warnings
     "W201": "unused definition or parameter",
     "W301": "mesh uses only part of the cluster",

@@ -50,16 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints a hung rank's stacks
     from plandsl import api
     from plandsl.diagnostics import PlanError
-    from plandsl.runtime.support import unsupported
     try:
-        plan = api.load_plan(args.plan, args.plan_name, _params(args.param))
+        plan = api.load_runnable(args.plan, args.plan_name, _params(args.param))  # E7xx: refused
     except PlanError as error:
         print(error, file=sys.stderr)
-        return 1
-    reasons = unsupported(plan)
-    if reasons:
-        for reason in reasons:
-            print(f"{args.plan}: error: plan '{plan.name}': {reason}", file=sys.stderr)
         return 1
     from plandsl.runtime.mesh import DEFAULT_TIMEOUT_S
     from plandsl.runtime.train import RunConfig, main_error, run

@@ -1,7 +1,8 @@
 """Data parallelism: the plan's `data = KIND over AXES` with torch's own wrappers.
 
 Stage: interpreter. Contract: `apply_dp(model, kind, dp_mesh, device)` returns the module to run:
-replicate -> DistributedDataParallel (torch's composable `replicate` for TP's DTensor parameters), zero1 -> the same plus
+replicate -> DistributedDataParallel (torch's composable `replicate` for TP's DTensor parameters and for
+pipeline stages: see `apply_ddp`), zero1 -> the same plus
 `build_dp_optimizer`'s ZeroRedundancyOptimizer, zero2 -> fully_shard(reshard_after_forward=False),
 zero3 -> fully_shard, hsdp -> fully_shard on the 2-D (replicate, shard) mesh. Parameter names are kept.
 """
@@ -28,11 +29,12 @@ warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a vi
 
 
 def apply_dp(model: nn.Module, kind: str, dp_mesh: DeviceMesh, device: torch.device,
-             expert_mesh: DeviceMesh | None = None) -> nn.Module:
-    """`expert_mesh`: what expert-parallel shards are reduced over (see `_group_experts`)."""
+             expert_mesh: DeviceMesh | None = None, pipelined: bool = False) -> nn.Module:
+    """`expert_mesh`: what expert-parallel shards are reduced over (see `_group_experts`); `pipelined`:
+    `model` is a pipeline stage."""
     if kind in SHARDED:
         return apply_fsdp(model, dp_mesh, reshard_after_forward=kind != "zero2", expert_mesh=expert_mesh)
-    return apply_ddp(model, dp_mesh, device, expert_mesh)
+    return apply_ddp(model, dp_mesh, device, expert_mesh, pipelined)
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool,
@@ -50,8 +52,14 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
 
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, device: torch.device,
-              expert_mesh: DeviceMesh | None = None) -> nn.Module:
-    if any(isinstance(p, DTensor) for p in model.parameters()):  # tensor or expert parallel
+              expert_mesh: DeviceMesh | None = None, pipelined: bool = False) -> nn.Module:
+    """DistributedDataParallel, except for DTensor parameters (DDP does not take them) and pipeline
+    stages, which get torch's composable `replicate`: torch's stages run every forward under DDP's
+    `no_sync` and sync in the last backward only, which DDP's reducer does not survive with every
+    schedule (with GPipe's order its bucket rebuild fails on step 2, checked with torch 2.13), nor with
+    several stages per rank or a split backward (I, W); `replicate` is the FSDP2 machinery torch's
+    stages drive for every schedule."""
+    if pipelined or any(isinstance(p, DTensor) for p in model.parameters()):  # tensor or expert parallel
         return apply_replicate(model, dp_mesh, expert_mesh)
     device_ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids)

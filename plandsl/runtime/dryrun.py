@@ -6,7 +6,8 @@ are no-ops), builds that rank's model, parallelisms and optimizer with the inter
 functions on meta tensors, and returns its parameter, gradient and optimizer-state figures next to
 the cost model's prediction (`cost.estimate`); `dry_run_report(plan)` is that as a table.
 Private torch API used (torch 2.13): `torch.testing._internal.distributed.fake_pg.FakeStore`, and
-DistributedDataParallel's `_verify_param_shape_across_processes`, skipped while a rank is built.
+DistributedDataParallel's `_verify_param_shape_across_processes`, skipped while a rank is built, and
+DTensor's sharding-propagation and redistribution caches, cleared after each rank (`_forget_rank`).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import contextlib
 import copy
 import itertools
 import math
+import sys
 from dataclasses import asdict, dataclass
 
 import torch
@@ -125,6 +127,7 @@ def _build_rank(plan: ir.Plan, model: torch.nn.Module, rank: int, world: int, st
     from plandsl.runtime.faults import mesh_coordinate
     from plandsl.runtime.mesh import build_mesh
     from plandsl.runtime.parallelize import data_mesh, parallelize
+    hook = sys.excepthook  # init_process_group wraps it ("[rankN]: " on each line), once per call
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
         mesh = build_mesh(plan, torch.device("cpu"))
@@ -142,6 +145,8 @@ def _build_rank(plan: ir.Plan, model: torch.nn.Module, rank: int, world: int, st
         stepped = [p for group in local_optimizer.param_groups for p in group["params"]]
     finally:
         dist.destroy_process_group()
+        sys.excepthook = hook
+        _forget_rank()
     local = sum(_local(p).numel() for p in params)
     param_bytes = sum(_bytes(p) for p in params)
     grad_bytes = sum(_bytes(p) for p in params if p.requires_grad)
@@ -150,6 +155,18 @@ def _build_rank(plan: ir.Plan, model: torch.nn.Module, rank: int, world: int, st
     return RankFigures(rank, coordinate, tuple(stages), sum(p.numel() for p in params), local, param_bytes,
                        grad_bytes, states * sum(_bytes(p) for p in stepped),
                        predicted[pipeline_rank] if predicted else None, like)
+
+
+def _forget_rank() -> None:
+    """Empty DTensor's caches of sharding propagation and redistribution plans. They are keyed by
+    DeviceMesh equality, which ignores the rank, and their entries hold the mesh (with its rank's
+    coordinate) or plans computed from it: left filled, the next rank built here, and ranks forked from
+    this process later (tests), would get this fake rank's shard offsets (DCP then saves overlapping
+    chunks: "Failed to validate global plan")."""
+    from torch.distributed.tensor._redistribute import _gen_transform_infos
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    _clear_sharding_prop_cache()
+    _gen_transform_infos.cache_clear()
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:

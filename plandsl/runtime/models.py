@@ -227,13 +227,13 @@ class MLPNet(nn.Module):
     def __init__(self, model: ir.MLPModel):
         super().__init__()
         widths = [model.input] + [model.hidden] * (model.layers - 1) + [model.output]
+        self.last = model.layers - 1  # the model's last layer (a pipeline stage holds only some of them)
         self.layers = nn.ModuleDict({str(i): nn.Linear(widths[i], widths[i + 1]) for i in range(model.layers)})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        last = len(self.layers) - 1
         for name, layer in self.layers.items():
             x = layer(x)
-            x = F.relu(x) if int(name) != last else x
+            x = F.relu(x) if int(name) != self.last else x
         return x
 
     @torch.no_grad()

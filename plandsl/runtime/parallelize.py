@@ -56,5 +56,5 @@ def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch
     dp_mesh = data_mesh(plan, mesh)
     if dp_mesh is not None:
         kind = plan.data.kind if plan.data is not None else "replicate"  # expert axis alone: replicate
-        return apply_dp(model, kind, dp_mesh, device, expert_data_mesh(plan, mesh))
+        return apply_dp(model, kind, dp_mesh, device, expert_data_mesh(plan, mesh), pipelined=plan.stages is not None)
     return model

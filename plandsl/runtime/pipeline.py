@@ -6,7 +6,7 @@ the full model into this rank's stage modules as `placement.assign_stages` says,
 runtime fed with the plan's compute-only program); `Pipeline.step` runs one optimizer step's
 forward and backward over the microbatches and leaves the gradients on the stage parameters.
 
-Private torch API used (pinned to torch 2.13; `tests/dist/test_pipeline.py` exercises each):
+Private torch API used (pinned to torch 2.13; `tests/distributed/test_schedules.py` exercises each):
 `schedules._PipelineScheduleRuntime`, its `pipeline_order` and `_prepare_schedule_with_comms`
 (what `_load_csv(format="compute_only")` does after reading the file), and `schedules._Action.from_str`.
 """
@@ -31,6 +31,7 @@ from torch.distributed.pipelining import (
     ScheduleLoopedBFS,
     ScheduleZBVZeroBubble,
 )
+from torch.distributed.tensor import DTensor
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, _Action, _PipelineScheduleRuntime
 from torch.nn.parallel import DistributedDataParallel
 
@@ -38,6 +39,7 @@ from plandsl import ir
 from plandsl.check.schedule import plan_schedule
 from plandsl.placement import Assignment, assign_stages
 from plandsl.runtime.precision import autocast
+from plandsl.runtime.support import REFUSED_SCHEDULES
 from plandsl.schedules.generators import generate
 from plandsl.schedules.program import Kind, Schedule, loop_map, vshape_map
 from plandsl.schedules.registry import BUILTIN
@@ -58,13 +60,6 @@ TORCH_SCHEDULES: dict[str, tuple[type, str]] = {
 
 # torch-run built-ins whose backward is split into input (I) and weight (W) gradients.
 _SPLIT_BACKWARD = frozenset({"interleaved_zero_bubble", "zbv", "dualpipev"})
-
-# Schedules the interpreter cannot run yet, and why.
-REFUSED: dict[str, str] = {
-    "chimera": "it runs two pipelines in opposite directions (each rank holds one stage of each, and each "
-               "microbatch takes one of them), while torch.distributed.pipelining runs one chain of stages",
-}
-
 
 class PipelineError(RuntimeError):
     """The plan's pipeline cannot be built on this process group."""
@@ -88,6 +83,7 @@ class Pipeline:
     runner: str                       # "ScheduleGPipe", ..., or "_PipelineScheduleRuntime"
     plan: ir.Plan = field(repr=False)
     program: Optional[Schedule] = field(default=None, repr=False)  # the plan's IR, when the runtime runs it
+    tied: Optional["TiedEmbeddings"] = field(default=None, repr=False)  # embed and head copies to keep equal
 
     @property
     def is_first(self) -> bool:
@@ -131,6 +127,8 @@ class Pipeline:
         found: list[torch.Tensor] | None = [] if self.is_last else None
         with autocast(self.plan, device.type):  # forwards run inside `step`; backward ignores autocast
             self.schedule.step(*args, target=target, losses=found, return_outputs=False)
+        if self.tied is not None:
+            self.tied.sum_grads()
         if found is None:
             return None
         if losses is not None:
@@ -161,15 +159,14 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
     if plan.stages is None or plan.schedule is None:
         raise PipelineError(f"plan '{plan.name}' has no pipeline: it needs `stages` and `schedule`")
     name = plan.schedule.name
-    if name in REFUSED:
-        raise UnsupportedScheduleError(f"schedule '{name}' cannot run yet: {REFUSED[name]}")
+    if plan.schedule.definition is None and name in REFUSED_SCHEDULES:  # `plandsl run` refuses it first (E701)
+        raise UnsupportedScheduleError(f"schedule '{name}' cannot run yet: {REFUSED_SCHEDULES[name]}")
     microbatches = plan.num_microbatches if microbatches is None else microbatches
     assignment, problems = assign_stages(plan)
     if problems or assignment is None:
         raise PipelineError("cannot place the stages: " + "; ".join(f"[{d.code}] {d.message}" for d in problems))
     program, runner_map = _program_and_map(plan, microbatches, name)
     _check_map(name, runner_map, assignment.rank_of_stage)
-    _check_tied(plan, assignment)
     device = torch.device(device)
     group = _pipeline_group(mesh, plan.stages.axis)
     if parallelize is None and _is_plan_mesh(mesh, plan):
@@ -195,6 +192,7 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
         modules.append(module)
         stages.append(PipelineStage(module, stage_index, num_stages, device, group=group))
     _check_ddp(name, modules, program)
+    tied = tie_embeddings(plan, assignment, models, local, mesh)
 
     if program is None:
         schedule_class = TORCH_SCHEDULES[name][0]
@@ -209,7 +207,8 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
     if used != tuple(assignment.rank_of_stage):
         raise PipelineError(f"{runner} put the stages on ranks {list(used)}, but the plan's map is "
                             f"{list(assignment.rank_of_stage)}")
-    return Pipeline(schedule, stages, modules, models, tuple(local), microbatches, group, runner, plan, program)
+    return Pipeline(schedule, stages, modules, models, tuple(local), microbatches, group, runner, plan, program,
+                    tied)
 
 
 def runtime_schedule(stages: list[PipelineStage], program: Schedule,
@@ -328,13 +327,76 @@ def _check_ddp(name: str, modules: list[nn.Module], program: Schedule | None) ->
                             "sharding) instead")
 
 
-def _check_tied(plan: ir.Plan, assignment: Assignment) -> None:
+@dataclass
+class TiedEmbeddings:
+    """The copies of a tied embedding weight this rank holds when `embed` and `head` sit on different
+    stages (Megatron-LM's embedding group): both start equal (one full model is split), and after each
+    backward their gradients are summed, over `group` between the first and the last stage's ranks and
+    locally between two stages of this rank, so both copies take the same optimizer step and stay
+    equal. `duplicates` are the head's copies, which the global gradient norm must not count twice."""
+
+    params: list[nn.Parameter]
+    group: Optional[dist.ProcessGroup]  # None when both stages are on this rank
+    duplicates: list[nn.Parameter]
+
+    @torch.no_grad()
+    def sum_grads(self) -> None:
+        grads = [_as_param(p.grad, p) for p in self.params if p.grad is not None]
+        if not grads:
+            return
+        total = grads[0].clone() if len(grads) == 1 else torch.stack(grads).sum(0)
+        if self.group is not None:
+            local = total.to_local() if isinstance(total, DTensor) else total
+            dist.all_reduce(local, group=self.group)  # in place: a DTensor's local shard is its storage
+        for param in self.params:
+            param.grad = total.clone()
+
+
+def _as_param(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """The gradient laid out as its parameter (under tensor parallelism a vocabulary-parallel embedding's
+    gradient comes back Replicate, while the head's is Shard(0) like both weights), so that the two
+    copies' local shards line up."""
+    if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(param.placements):
+        return grad.redistribute(param.device_mesh, param.placements)
+    return grad
+
+
+def tie_embeddings(plan: ir.Plan, assignment: Assignment, models: list[nn.Module], local: list[int],
+                   mesh) -> Optional[TiedEmbeddings]:
+    """The tied copies of this rank (None when the model is untied or one stage holds both embed and head).
+
+    Every rank creates every embedding group (`new_group` is collective over the world), one per
+    pipeline, i.e. per coordinate of the other mesh axes."""
     if not getattr(plan.model, "tied_embeddings", False):
-        return
+        return None
     owner = {layer.name: s for s, layers in enumerate(assignment.stage_layers) for layer in layers}
-    if owner.get("embed") != owner.get("head"):
-        raise PipelineError(f"tied embeddings need 'embed' (stage {owner.get('embed')}) and 'head' (stage "
-                            f"{owner.get('head')}) on one stage; untie them or place both on one stage")
+    first, last = owner.get("embed"), owner.get("head")
+    if first is None or last is None or first == last:
+        return None
+    ranks = (assignment.rank_of_stage[first], assignment.rank_of_stage[last])
+    group = None
+    if ranks[0] != ranks[1]:
+        if not isinstance(mesh, DeviceMesh):
+            raise PipelineError("tied embeddings on two pipeline ranks need the plan's DeviceMesh (to form the "
+                                "embedding group); untie them or place embed and head on one rank")
+        names = list(mesh.mesh_dim_names or ())
+        pipelines = mesh.mesh.movedim(names.index(plan.stages.axis), -1).reshape(-1, plan.pp)
+        me = dist.get_rank()
+        for row in pipelines.tolist():
+            pair = dist.new_group([row[ranks[0]], row[ranks[1]]])
+            if me in (row[ranks[0]], row[ranks[1]]):
+                group = pair
+    params, duplicates = [], []
+    for stage_index, model in zip(local, models):
+        if stage_index == first:
+            params.append(model.get_parameter("embed.tok.weight"))
+        elif stage_index == last:
+            weight = model.get_parameter("head.weight")
+            params.append(weight)
+            duplicates.append(weight)
+    if not params:
+        return None
+    return TiedEmbeddings(params, group, duplicates)
 
 
 def _need_split(batch: torch.Tensor | None, microbatches: int, what: str) -> None:

@@ -1,64 +1,87 @@
-"""What the interpreter can run yet: one reason per unsupported feature of a plan, before any process starts.
+"""What the interpreter can run yet: one E7xx diagnostic per feature of a plan it refuses, before any process starts.
 
-Stage: interpreter (imported by the CLI without torch). Contract: `unsupported(plan)` returns messages,
-empty when the plan can run; pipelines become runnable once `plandsl.runtime.pipeline` provides
-`build_pipeline`.
+Stage: interpreter (imported by the CLI without torch). Contract: `refusals(plan)` returns
+`Diagnostic`s (E701-E705, catalogued in docs/errors.md) pointing at the plan's attribute that asks
+for what cannot run, empty when the plan can run. A refused plan is never run some other way.
 """
 from __future__ import annotations
 
-import importlib.util
-
 from plandsl import ir
+from plandsl.diagnostics import Diagnostic, diag
+
+# Built-in schedules the interpreter cannot run yet, and why.
+REFUSED_SCHEDULES: dict[str, str] = {
+    "chimera": "it runs two pipelines in opposite directions (each rank holds one stage of each, and each "
+               "microbatch takes one of them), while torch.distributed.pipelining runs one chain of stages",
+}
 
 
-def pipeline_available() -> bool:
-    if importlib.util.find_spec("plandsl.runtime.pipeline") is None:
-        return False
-    from plandsl.runtime import pipeline
-    return hasattr(pipeline, "build_pipeline")
-
-
-def unsupported(plan: ir.Plan) -> list[str]:
-    reasons = []
-    if plan.stages is not None and not pipeline_available():
-        reasons.append(f"pipeline stages (over '{plan.stages.axis}') are not supported by `plandsl run` yet")
-    if plan.context is not None:
-        reasons.append(f"context parallelism (`context = {plan.context.kind} over {plan.context.axis}`) is not "
-                       "supported by `plandsl run` yet: it would use torch's context_parallel (ring attention over "
-                       "SDPA), which needs CUDA with NCCL (torch has no context-parallel rule for the CPU attention "
-                       "kernels, so a gloo run on CPU fails), and that CUDA path is not written yet")
-    reasons += _expert_reasons(plan)
-    if plan.shard:  # the rules DTensor cannot run as written (torch is imported only for such plans)
-        from plandsl.runtime.tensor_parallel import rule_problems
-        reasons += rule_problems(plan)
-    if plan.tensor is not None and plan.tp > 1 and not isinstance(plan.model, ir.TransformerModel):
-        reasons.append(f"tensor parallelism needs a gpt or llama model, not '{plan.model.kind}'")
-    if plan.data is not None and plan.data.kind == "zero1" and plan.tp > 1:
-        reasons.append("zero1 together with tensor parallelism is not supported by `plandsl run` yet: "
-                       "ZeroRedundancyOptimizer does not take DTensor parameters; use zero2, zero3 (fsdp, as "
-                       "stdlib_plans/local/3d.plan does) or replicate")
+def refusals(plan: ir.Plan) -> list[Diagnostic]:
+    """Every reason `plandsl run` refuses the plan (a checked plan), in the order of the plan's attributes."""
+    found = []
     if isinstance(plan.model, ir.CustomModel) and not plan.model.factory:
-        reasons.append(f"model '{plan.model.name}' has no `factory`, so there is no torch module to run "
-                       "(see docs/models.md)")
-    return reasons
+        found.append(diag("E704", f"model '{plan.model.name}' has no `factory`, so there is no torch module to run",
+                          plan.model.span, hint='add `factory = "package.module:function"` to the model '
+                                                      "(docs/models.md)"))
+    if plan.data is not None and plan.data.kind == "zero1" and plan.tp > 1:
+        found.append(diag("E703", "zero1 together with tensor parallelism cannot run: ZeroRedundancyOptimizer "
+                                  "does not take DTensor parameters", plan.data.span,
+                          hint="use zero2, zero3 (fsdp, as stdlib_plans/local/3d.plan does) or replicate"))
+    if plan.tensor is not None and plan.tp > 1 and not isinstance(plan.model, ir.TransformerModel):
+        found.append(diag("E704", f"tensor parallelism needs a gpt or llama model; '{plan.model.name}' is "
+                                  f"'{plan.model.kind}', whose modules have no tensor-parallel layout",
+                          plan.tensor.span, hint="use the tensor axis for data parallelism instead"))
+    if plan.context is not None:
+        found.append(diag("E702", f"context parallelism (`context = {plan.context.kind} over {plan.context.axis}`) "
+                                  "cannot run on this backend: torch's context_parallel (ring attention over SDPA) "
+                                  "needs CUDA with NCCL, and the CUDA path is not written yet",
+                          plan.context.span,
+                          hint="estimate and render the plan; to run it here, drop `context` and use the axis "
+                               "for data parallelism (docs/running.md)"))
+    found += _expert_refusals(plan)
+    if plan.shard:  # the rules DTensor cannot run as written (torch is imported only for such plans)
+        found += _shard_refusals(plan)
+    if plan.schedule is not None and plan.schedule.definition is None and plan.schedule.name in REFUSED_SCHEDULES:
+        name = plan.schedule.name
+        found.append(diag("E701", f"schedule '{name}' cannot run yet: {REFUSED_SCHEDULES[name]}",
+                          plan.schedule.span, hint="estimate and render it; run 1f1b, zbv or interleaved_1f1b"))
+    return found
 
 
-def _expert_reasons(plan: ir.Plan) -> list[str]:
+def _shard_refusals(plan: ir.Plan) -> list[Diagnostic]:
+    """One E705 per shard rule that cannot run, at the rule (its first problem; how many more, e.g. per module)."""
+    from plandsl.runtime.tensor_parallel import rule_problems
+    by_rule: dict[str | None, list[str]] = {}
+    for rule, problem in rule_problems(plan):
+        by_rule.setdefault(rule, []).append(problem)
+    found = []
+    for rule, problems in by_rule.items():
+        span = next((r.span for r in plan.shard if r.target.text == rule), plan.shard[0].span)
+        more = f" (and {len(problems) - 1} more like it)" if len(problems) > 1 else ""
+        found.append(diag("E705", problems[0] + more, span, hint="docs/running.md lists the rules that run"))
+    return found
+
+
+def _expert_refusals(plan: ir.Plan) -> list[Diagnostic]:
     """Expert parallelism runs with every data kind but zero1 and hsdp, with tensor parallelism and pipelines."""
     if plan.experts is None or plan.ep == 1:
         return []
     what = f"expert parallelism (`experts = {plan.experts.kind} over {plan.experts.axis}`)"
-    reasons = []
+    span = plan.experts.span
+    found = []
     for other, axis in (("tensor", plan.tensor.axis if plan.tensor else None),
                         ("stages", plan.stages.axis if plan.stages else None),
                         ("context", plan.context.axis if plan.context else None)):
         if axis == plan.experts.axis:
-            reasons.append(f"{what} runs over the same axis as `{other}`; each needs an axis of its own")
+            found.append(diag("E703", f"{what} runs over the same axis as `{other}`; each needs an axis of its own",
+                              span, hint=f"add a mesh axis for the experts, e.g. `ep = {plan.ep}`"))
     kind = plan.data.kind if plan.data is not None else None
     if kind == "zero1":
-        reasons.append(f"zero1 together with {what} is not supported by `plandsl run` yet: ZeroRedundancyOptimizer "
-                       "broadcasts plain tensors and expert shards are DTensors; use zero2, zero3 or replicate")
+        found.append(diag("E703", f"zero1 together with {what} cannot run: ZeroRedundancyOptimizer broadcasts "
+                                  "plain tensors and expert shards are DTensors", plan.data.span,
+                          hint="use zero2, zero3 or replicate"))
     if kind == "hsdp":
-        reasons.append(f"hsdp together with {what} is not supported by `plandsl run` yet: the other parameters "
-                       "would need a 2-D mesh replicated over the expert axis too; use zero3 or replicate")
-    return reasons
+        found.append(diag("E703", f"hsdp together with {what} cannot run: the other parameters would need a 2-D "
+                                  "mesh replicated over the expert axis too", plan.data.span,
+                          hint="use zero3 or replicate"))
+    return found

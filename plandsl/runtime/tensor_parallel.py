@@ -152,9 +152,14 @@ def tp_rules(plan: ir.Plan) -> tuple[dict[str, ModuleRule], list[str]]:
     return rules, problems
 
 
-def rule_problems(plan: ir.Plan) -> list[str]:
-    """One message per shard rule the interpreter cannot run correctly (empty when all can)."""
-    return tp_rules(plan)[1]
+def rule_problems(plan: ir.Plan) -> list[tuple[str | None, str]]:
+    """(the rule's selector text, or None for all of them; a message) per problem of the shard rules the
+    interpreter cannot run correctly (empty when all can). Every message names its rule."""
+    found = []
+    for problem in tp_rules(plan)[1]:
+        rule = next((r.target.text for r in plan.shard if problem.startswith(f"shard rule '{r.target.text}'")), None)
+        found.append((rule, problem))
+    return found
 
 
 # ---- torch --------------------------------------------------------------------------------------

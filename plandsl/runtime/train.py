@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 import torch.distributed as dist
@@ -152,20 +152,24 @@ def train_step(job: Job, step: int) -> float:
         return global_loss(job, loss)
     if job.plan.train.grad_clip is not None:
         pp_mesh = job.mesh[_pp_axis(job.plan)] if job.pipeline is not None else None
-        clip_grad_norm_(params, job.plan.train.grad_clip, pp_mesh)
+        tied = job.pipeline.tied if job.pipeline is not None else None
+        clip_grad_norm_(params, job.plan.train.grad_clip, pp_mesh, tied.duplicates if tied else ())
     job.optimizer.step()
     job.scheduler.step()
     return global_loss(job, loss)
 
 
-def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_mesh: DeviceMesh | None = None) -> torch.Tensor:
+def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_mesh: DeviceMesh | None = None,
+                    counted_elsewhere: Iterable[torch.Tensor] = ()) -> torch.Tensor:
     """Clip by the norm of all gradients of the model, across tensor, data and pipeline shards.
 
     torch's `get_total_norm` reduces a list of DTensors on one mesh and placement; parameters here mix
     plain tensors (replicated) and DTensors of several meshes (TP, FSDP, both), so each group is
     reduced on its own and the squares summed (torchtitan's recipe, per group); pipeline stages sum
-    theirs over the pipeline axis.
+    theirs over the pipeline axis. `counted_elsewhere` are clipped but left out of the norm: the head's
+    copy of a tied embedding, whose gradient equals the embedding's (`pipeline.TiedEmbeddings`).
     """
+    skip = {id(p) for p in counted_elsewhere}
     groups: dict[Any, list[torch.Tensor]] = {}
     for param in params:
         if param.grad is not None:
@@ -174,7 +178,10 @@ def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_mesh: Device
             groups.setdefault(key, []).append(param)
     squares = []
     for group in groups.values():
-        norm = torch.nn.utils.get_total_norm([p.grad for p in group])
+        counted = [p.grad for p in group if id(p) not in skip]
+        if not counted:
+            continue
+        norm = torch.nn.utils.get_total_norm(counted)
         norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
         squares.append(norm.float() ** 2)
     total = torch.stack(squares).sum() if squares else torch.zeros(())

@@ -1,0 +1,158 @@
+"""`dry_run(plan)` (plandsl.runtime.dryrun) in this process, without ranks, on the local plans.
+
+What must hold of the figures, whatever the layout: every rank holds whole modules (`parameters`, before
+sharding) and stores a share of them (`local`, after tensor, expert and FSDP sharding); across the ranks the
+shares add up to the model, counting what each layout replicates once per copy: dp replicates everything,
+FSDP splits every tensor over dp, Megatron TP splits all but the norms, the row-parallel biases and the
+position embedding, expert parallelism splits the experts, a pipeline partitions the layers. Bytes are
+fp32 (4 per element), gradients shaped like the local parameters, AdamW two states per element of what the
+rank's optimizer steps (ZeRO-1: its partition). The cost model's prediction agrees with the built states
+except where it counts FSDP's gathered parameters. Afterwards the process belongs to no process group and
+torch's excepthook wrapping is undone, so later tests (which fork ranks from this process) are unaffected.
+"""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from plandsl.runtime.dryrun import DryRun, dry_run, format_dry_run
+from plandsl.runtime.models import build_model
+from plandsl.runtime.pipeline import assign_stages
+from plandsl.runtime.reference import run_reference
+from tests.conftest import STDLIB
+from tests.distributed.harness import run_ranks
+from tests.distributed.ranks import load, train
+
+pytestmark = pytest.mark.dist
+
+LOCAL = STDLIB / "local"
+PLANS = ["dp", "fsdp", "tp_sp", "pp_1f1b", "zero1", "ep"]
+FP32 = 4
+ADAM_STATES = 2
+# What torch's Megatron styles leave whole on every tensor rank (docs/running.md, "What runs"): the norms
+# (SequenceParallel replicates their parameters), the biases of the row-parallel wo and w2 (added after the
+# reduction) and the position embedding (only the token embedding and the head split over the vocabulary).
+TP_REPLICATED = ("norm", "attn.wo.bias", "mlp.w2.bias", "embed.pos.")
+
+
+def _model_params(plan) -> dict[str, int]:
+    with torch.device("meta"):
+        model = build_model(plan.model, plan.train.seed)
+    return {name: param.numel() for name, param in model.named_parameters()}
+
+
+def _dry_run(plan) -> DryRun:
+    """dry_run, checking it leaves this process as it found it."""
+    hook = sys.excepthook
+    assert not dist.is_initialized()
+    result = dry_run(plan)
+    assert not dist.is_initialized(), "dry_run left a default process group behind"
+    assert sys.excepthook is hook, "dry_run left torch's '[rankN]:' excepthook wrapper(s) installed"
+    return result
+
+
+@pytest.mark.parametrize("name", PLANS)
+def test_dry_run_figures_add_up(name):
+    plan = load(LOCAL / f"{name}.plan")
+    params = _model_params(plan)
+    total = sum(params.values())
+    result = _dry_run(plan)
+    world = plan.mesh.size
+    ranks = result.ranks
+    assert (result.plan, result.world, result.summary) == (plan.name, world, "")
+    assert [r.rank for r in ranks] == list(range(world))
+    assert all(r.ranks_like_it == 1 for r in ranks)
+    axes = [axis.name for axis in plan.mesh.axes]
+    assert sorted(r.coordinate for r in ranks) == sorted(tuple(zip(axes, (i,))) for i in range(world))  # 1-D meshes
+    assert result.optimizer.startswith("AdamW, 2 states")
+    local = [r.local_parameters for r in ranks]
+
+    # ---- elements: who holds and stores what
+    if name == "pp_1f1b":
+        assignment, problems = assign_stages(plan)
+        assert not problems
+        assert [r.stages for r in ranks] == [(0,), (1,)]
+        for r in ranks:
+            (stage,) = r.stages
+            held = [layer.name for layer in assignment.stage_layers[stage]]
+            want = sum(n for p, n in params.items() if any(p == h or p.startswith(h + ".") for h in held))
+            assert r.parameters == r.local_parameters == want, (r.rank, held)
+            assert 0 < r.parameters < total
+        assert sum(r.parameters for r in ranks) == total  # the stages partition the model
+    else:
+        assert all(r.stages == () for r in ranks)
+        assert all(r.parameters == total for r in ranks)  # every rank holds every module
+    if name in ("dp", "zero1"):
+        assert local == [total] * world
+    elif name == "fsdp":
+        assert sum(local) == total  # every tensor split over dp, nothing stored twice
+        assert all(abs(n - total / world) <= 0.01 * total for n in local), local
+    elif name == "tp_sp":
+        replicated = sum(n for p, n in params.items() if any(part in p for part in TP_REPLICATED))
+        assert 0 < replicated < total / 10
+        assert local == [replicated + (total - replicated) // world] * world
+        assert sum(local) == total + (world - 1) * replicated
+    elif name == "ep":
+        experts = sum(n for p, n in params.items() if ".moe.experts." in p)
+        assert experts > total / 2
+        assert local == [total - experts + experts // world] * world
+        assert sum(local) == total + (world - 1) * (total - experts)  # all but the experts replicated over ep
+
+    # ---- bytes
+    for r in ranks:
+        assert r.param_bytes == FP32 * r.local_parameters > 0
+        assert r.grad_bytes == r.param_bytes  # everything trains; gradients shaped like the local parameters
+        assert r.states_bytes == r.param_bytes + r.grad_bytes + r.optimizer_bytes
+        if name != "zero1":
+            assert r.optimizer_bytes == ADAM_STATES * r.param_bytes
+        figures = r.to_json()
+        assert figures["states_bytes"] == r.states_bytes and figures["coordinate"] == dict(r.coordinate)
+    if name == "zero1":  # optimizer states partitioned (whole tensors) over dp, each element once
+        assert sum(r.optimizer_bytes for r in ranks) == ADAM_STATES * FP32 * total
+        assert all(0 < r.optimizer_bytes < ADAM_STATES * FP32 * total for r in ranks)
+
+    # ---- the cost model's prediction for the same ranks
+    for r in ranks:
+        p = r.predicted
+        assert p is not None and p.activations > 0 and p.total >= p.params + p.grads + p.optimizer + p.activations
+        predicted_states = p.params + p.grads + p.optimizer
+        if name == "fsdp":  # counts the parameters and gradients gathered during a step
+            assert predicted_states > r.states_bytes and p.optimizer == pytest.approx(r.optimizer_bytes)
+        else:
+            assert (p.params, p.grads, p.optimizer) == pytest.approx((r.param_bytes, r.grad_bytes, r.optimizer_bytes))
+
+    text = format_dry_run(result)
+    assert text.startswith(f"dry run of plan '{plan.name}': {world} of {world} ranks built")
+    rows = [line.split() for line in text.splitlines() if line.split() and line.split()[0].isdigit()]
+    assert [int(row[0]) for row in rows] == list(range(world))
+
+
+def test_dry_run_refuses_inside_a_process_group():
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    hook = sys.excepthook
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(RuntimeError, match="already belongs to a process group"):
+            dry_run(load(LOCAL / "dp.plan"))
+    finally:
+        dist.destroy_process_group()
+        sys.excepthook = hook
+
+
+def test_training_after_dry_runs_is_unaffected(tmp_path):
+    """Ranks forked after dry runs of DTensor layouts train and checkpoint as ever: no group, hook or
+    DTensor cache entry of a fake rank is inherited (a cached sharding spec holding fake rank 0's mesh
+    gave every rank rank 0's shard offsets, and DCP refused the overlapping chunks)."""
+    for name in ("tp_sp", "fsdp"):
+        _dry_run(load(LOCAL / f"{name}.plan"))
+    steps = 2
+    results = run_ranks(2, train, LOCAL / "fsdp.plan", steps=steps, checkpoint_dir=tmp_path, deadline_s=90)
+    assert [r["status"] for r in results] == [0, 0]
+    assert (tmp_path / "step-000002" / "plandsl.json").is_file()
+    reference = run_reference(load(LOCAL / "fsdp.plan"), steps).losses
+    for got, want in zip(results[0]["losses"], reference, strict=True):
+        assert abs(got - want) <= 1e-5 * abs(want), (got, want)
+    assert not dist.is_initialized()

@@ -1,0 +1,304 @@
+"""`plandsl run` end to end: the real launcher (torch.distributed.run) in a subprocess.
+
+Most multi-process tests fork their ranks (harness.py); these start `plandsl run` as a user would,
+so they cover what forking skips: the command line, the check before launching (a bad or refused
+plan never starts a process), torchrun's process management, the launcher's failure message
+(the failed rank, its step and phase or pipeline action, the schedule grid), checkpoints left by a
+killed job, two launchers joining as two nodes, and the dry run. Each torchrun start costs seconds,
+so there are few launches; every subprocess has a timeout, so a hang fails instead of blocking.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from plandsl import api
+from plandsl.runtime import checkpoint
+from plandsl.runtime.reference import run_reference
+from tests.conftest import ROOT
+from tests.distributed.harness import free_port
+
+pytestmark = pytest.mark.dist
+
+STEPS = 3
+TIMEOUT_S = 150   # one launch of 2 ranks takes ~10 s here; generous for a loaded 2-core machine
+CHECK_ONLY_S = 30  # a command that only checks the plan (no torch.distributed) takes ~1 s
+DP = "stdlib_plans/local/dp.plan"
+PP = "stdlib_plans/local/pp_1f1b.plan"
+METRIC_KEYS = {"step", "loss", "step_time_s", "tokens_per_s", "peak_memory_bytes"}
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLANDSL_FAULT")}
+    env.update(PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def plandsl_run(*args, timeout: float = TIMEOUT_S, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`plandsl run ARGS` from the repository root; stdout and stderr together in `.output`."""
+    command = [sys.executable, "-m", "plandsl.cli", "run", *map(str, args)]
+    start = time.monotonic()
+    try:
+        done = subprocess.run(command, cwd=ROOT, env=env or _env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"`plandsl run {' '.join(map(str, args))}` did not finish within {timeout} s:\n"
+                    f"{error.output or ''}")
+    done.output, done.elapsed = done.stdout, time.monotonic() - start
+    return done
+
+
+def _plan(path):
+    (plan,) = api.load(ROOT / path).plans
+    return plan
+
+
+def _metrics(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _assert_close(got: list[float], want: list[float], what: str) -> None:
+    assert len(got) == len(want), (what, got, want)
+    for step, (a, b) in enumerate(zip(got, want), start=1):
+        assert abs(a - b) <= 1e-5 * abs(b), (what, step, a, b)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The tiny GPT trained in this process; every local dense plan gives these losses."""
+    return run_reference(_plan(DP), STEPS)
+
+
+@pytest.fixture(scope="module")
+def reference_losses(reference):
+    return reference.losses
+
+
+def _assert_not_started(result, *artefacts) -> None:
+    """Nothing was launched: no torchrun command echoed, no step trained, no file written."""
+    assert "torchrun" not in result.output and not re.search(r"^step \d", result.output, re.M), result.output
+    assert "Traceback" not in result.output, result.output
+    for path in artefacts:
+        assert not path.exists(), path
+
+
+# ---- a plan that runs ---------------------------------------------------------------------------------
+def test_dp_plan_trains_writes_metrics_and_matches_one_process(tmp_path, reference_losses):
+    metrics = tmp_path / "dp.jsonl"
+    result = plandsl_run(DP, "--steps", STEPS, "--metrics", metrics, "--check-equivalence")
+    assert result.returncode == 0, result.output
+    assert "torchrun --standalone --nproc-per-node 2 -m plandsl.run" in result.output
+    lines = _metrics(metrics)
+    assert [line["step"] for line in lines] == [1, 2, 3], lines
+    for line in lines:
+        assert METRIC_KEYS <= set(line), line
+        assert line["step_time_s"] > 0 and line["tokens_per_s"] > 0 and line["peak_memory_bytes"] > 0, line
+    _assert_close([line["loss"] for line in lines], reference_losses, "dp metrics vs one process")
+    # the printed per-step lines show the same losses
+    printed = [float(x) for x in re.findall(r"^step \d+: loss ([0-9.]+)", result.output, re.M)]
+    _assert_close(printed, reference_losses, "printed losses")
+    report = re.search(r"equivalence with one process: (\w+) \(tolerance 1e-05 relative\)\n"
+                       r"  losses: +max relative difference (\S+) \(step \d+\)\n"
+                       r"  parameters: +max relative difference (\S+) ", result.output)
+    assert report, result.output
+    assert report[1] == "ok" and float(report[2]) <= 1e-5 and float(report[3]) <= 1e-5, report[0]
+
+
+# ---- plans that never start -----------------------------------------------------------------------------
+BAD_PLAN = """\
+import "clusters/local"
+import "local/tiny"
+
+plan tiny_bad {
+  model   = tiny_gtp
+  cluster = localhost
+  mesh    = [dp = 2] over devices[0:2]
+  train   = tiny_train
+  data    = ddp over dp
+}
+"""
+
+CP_PLAN = """\
+import "clusters/local"
+import "local/tiny"
+
+plan tiny_cp {
+  model   = tiny_gpt
+  cluster = localhost
+  mesh    = [cp = 2] over devices[0:2]
+  train   = tiny_train
+  context = ring over cp
+}
+"""
+
+
+def test_plan_with_an_error_is_reported_and_never_launched(tmp_path):
+    plan, metrics = tmp_path / "bad.plan", tmp_path / "bad.jsonl"
+    plan.write_text(BAD_PLAN)
+    result = plandsl_run(plan, "--steps", 1, "--metrics", metrics, timeout=CHECK_ONLY_S)
+    assert result.returncode == 1, result.output
+    # rendered like `plandsl check`: file:line:col, the code, the name; the model line is line 5
+    assert re.search(rf"{re.escape(str(plan))}:5:13: error\[E201\]: unknown name 'tiny_gtp'", result.output), \
+        result.output
+    assert "did you mean 'tiny_gpt'" in result.output
+    _assert_not_started(result, metrics)
+
+
+@pytest.mark.parametrize("case", ["cp_on_localhost", "long_context_example"])
+def test_plan_the_runtime_cannot_run_is_refused_before_launch(tmp_path, case):
+    if case == "cp_on_localhost":
+        plan, line = tmp_path / "cp.plan", 9
+        plan.write_text(CP_PLAN)
+    else:
+        plan, line = "stdlib_plans/examples/long_context.plan", 15  # shown as given
+    metrics = tmp_path / "cp.jsonl"
+    result = plandsl_run(plan, "--steps", 1, "--metrics", metrics, timeout=CHECK_ONLY_S)
+    assert result.returncode == 1, result.output
+    # a valid plan the interpreter refuses: E702 at the `context` attribute
+    assert re.search(rf"^{re.escape(str(plan))}:{line}:13: error\[E702\]: context parallelism "
+                     r"\(`context = ring over cp`\) cannot run", result.output, re.M), result.output
+    if case == "long_context_example":  # every refusal is reported, not just the first
+        assert re.search(rf"^{re.escape(str(plan))}:13:13: error\[E703\]: zero1 together with tensor parallelism",
+                         result.output, re.M), result.output
+    _assert_not_started(result, metrics)
+
+
+# ---- failures ---------------------------------------------------------------------------------------------
+def test_killed_pipeline_rank_is_named_with_its_action_and_leaves_the_last_checkpoint(tmp_path, reference_losses):
+    directory = tmp_path / "ck"
+    env = _env(PLANDSL_FAULT_INJECT="rank=0,step=2,action=0F5,kill")
+    result = plandsl_run(PP, "--steps", STEPS, "--checkpoint-dir", directory, "--checkpoint-every", 1, env=env)
+    assert result.returncode != 0, result.output
+    out = result.output
+    assert "plandsl run: the job failed; the other ranks were stopped" in out, out
+    assert re.search(r"^  rank 0 \(root cause\): killed by SIGKILL \(local rank 0, pid \d+\) at step 2, action 0F5$",
+                     out, re.M), out
+    assert re.search(r"^  .*rank 1\b.* at step 2", out, re.M), out  # the stopped peer, with where it was
+    # the 1F1B grid: rank 0's action in brackets on the row marked `<-- here`, rank 1's beside it
+    assert "schedule '1f1b', 2 pipeline ranks x 8 microbatches" in out, out
+    marked = [line for line in out.splitlines() if line.endswith("<-- here")]
+    assert len(marked) == 1 and re.match(r"Step \d+: \[0F5\] +\(1[FB]\d\) <-- here$", marked[0]), marked or out
+    assert re.search(r"^Step 00: 0F0$", out, re.M), out  # the grid is drawn from the start
+    # step 1's checkpoint is the latest and is complete: its record, and every model tensor equal to
+    # one process trained for one step; step 2's was never begun, nothing half-written is left
+    assert "checkpoint: step 1 ->" in out, out
+    assert sorted(p.name for p in directory.iterdir()) == ["step-000001"]
+    latest = checkpoint.latest(directory)
+    assert latest == checkpoint.step_dir(directory, 1)
+    record = json.loads((latest / checkpoint.RECORD).read_text())
+    assert record["step"] == 1 and record["steps"] == STEPS and record["plan"] == "tiny_pp_1f1b"
+    assert record["world_size"] == 2
+    reference = run_reference(_plan(PP), 1).params
+    assert set(record["model"]) == set(reference)
+    saved = _load_model_state(latest)
+    assert set(saved) == set(reference)
+    for name, want in reference.items():
+        assert list(want.shape) == record["model"][name], name
+        diff = float((saved[name] - want).norm() / want.norm().clamp_min(1e-30))
+        assert diff <= 1e-5, (name, diff)
+    # ... and the job resumes from it: steps 2 and 3 as an uninterrupted run gives them
+    metrics = tmp_path / "resumed.jsonl"
+    resumed = plandsl_run(PP, "--steps", STEPS, "--checkpoint-dir", directory, "--resume", "--metrics", metrics)
+    assert resumed.returncode == 0, resumed.output
+    assert f"resuming from step 1 ({latest})" in resumed.output, resumed.output
+    lines = _metrics(metrics)
+    assert [line["step"] for line in lines] == [2, 3], lines
+    _assert_close([line["loss"] for line in lines], reference_losses[1:], "resumed")
+    assert checkpoint.latest(directory) == checkpoint.step_dir(directory, STEPS)
+
+
+def _load_model_state(path) -> dict:
+    """The model tensors of a DCP checkpoint, read in this process (no process group)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    metadata = dcp.FileSystemReader(path).read_metadata()
+    model = {key[len("model."):]: torch.empty(value.size, dtype=value.properties.dtype)
+             for key, value in metadata.state_dict_metadata.items()
+             if key.startswith("model.") and isinstance(value, TensorStorageMetadata)}
+    dcp.load({"model": model}, checkpoint_id=path, no_dist=True)
+    return model
+
+
+def test_rank_that_raises_is_named_with_its_step_phase_and_error(tmp_path):
+    env = _env(PLANDSL_FAULT_INJECT="rank=1,step=2,phase=backward")
+    metrics = tmp_path / "dp.jsonl"
+    result = plandsl_run(DP, "--steps", STEPS, "--metrics", metrics, env=env)
+    assert result.returncode != 0, result.output
+    out = result.output
+    error = "RuntimeError: fault injected by PLANDSL_FAULT_INJECT at step 2, phase backward"
+    assert f"plandsl run: rank 1: step 2, backward: {error}" in out, out  # the rank's own line
+    assert "plandsl run: the job failed; the other ranks were stopped" in out, out
+    assert re.search(rf"^  rank 1 \(root cause\): exited with status 1 \(local rank 1, pid \d+\) at step 2, "
+                     rf"backward: {re.escape(error)}$", out, re.M), out
+    assert "<-- here" not in out  # no pipeline, no grid
+    assert [line["step"] for line in _metrics(metrics)] == [1]  # step 2 never finished
+
+
+# ---- two nodes ----------------------------------------------------------------------------------------------
+def test_two_launchers_join_as_two_nodes(tmp_path, reference_losses):
+    endpoint = f"127.0.0.1:{free_port()}"
+    env = _env(OMP_NUM_THREADS="1")  # both "nodes" share this machine's cores
+    processes, logs = [], []
+    try:
+        for node in (0, 1):
+            log = open(tmp_path / f"node{node}.log", "w")
+            logs.append(log)
+            command = [sys.executable, "-m", "plandsl.cli", "run", DP, "--steps", str(STEPS), "--nnodes", "2",
+                       "--node-rank", str(node), "--rdzv-endpoint", endpoint, "--nproc-per-node", "1",
+                       "--metrics", str(tmp_path / f"node{node}.jsonl")]
+            processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + 2 * TIMEOUT_S
+        codes = []
+        for process in processes:
+            try:
+                codes.append(process.wait(timeout=max(1.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        for log in logs:
+            log.close()
+    output = [(tmp_path / f"node{node}.log").read_text() for node in (0, 1)]
+    assert codes == [0, 0], f"exit codes {codes} (None: still running after {2 * TIMEOUT_S} s)\n" + \
+        "\n".join(f"--- node {n}:\n{text}" for n, text in enumerate(output))
+    assert f"--nnodes 2 --node-rank 1 --rdzv-endpoint {endpoint} --nproc-per-node 1" in output[1]
+    # global rank 0 runs on node 0 and alone writes the metrics; its losses are one process's
+    lines = _metrics(tmp_path / "node0.jsonl")
+    assert [line["step"] for line in lines] == [1, 2, 3], lines
+    _assert_close([line["loss"] for line in lines], reference_losses, "two nodes vs one process")
+    assert not (tmp_path / "node1.jsonl").exists()
+
+
+# ---- dry run -------------------------------------------------------------------------------------------------
+def test_dry_run_prints_per_rank_figures_and_the_command_and_starts_nothing(tmp_path, reference):
+    metrics, directory = tmp_path / "dry.jsonl", tmp_path / "ck"
+    path = "stdlib_plans/local/tp_pp.plan"
+    result = plandsl_run(path, "--dry-run", "--metrics", metrics, "--checkpoint-dir", directory, timeout=60)
+    assert result.returncode == 0, result.output
+    out = result.output
+    assert "dry run of plan 'tiny_tp_pp': 4 of 4 ranks built on the meta device" in out, out
+    rows = {int(m[1]): m for m in re.finditer(
+        r"^ +(\d) +(pp=\d,tp=\d) +(\d) +([\d,]+) +([\d,]+) +[\d.]+ \w?i?B .*\| +[\d.]+ \w?i?B", out, re.M)}
+    assert sorted(rows) == [0, 1, 2, 3], out
+    assert [rows[r][2] for r in range(4)] == ["pp=0,tp=0", "pp=0,tp=1", "pp=1,tp=0", "pp=1,tp=1"]
+    assert [rows[r][3] for r in range(4)] == ["0", "0", "1", "1"]
+    count = {r: (int(rows[r][4].replace(",", "")), int(rows[r][5].replace(",", ""))) for r in rows}
+    # the two stages hold the whole model between them; tensor parallelism halves what each rank stores
+    total = sum(t.numel() for t in reference.params.values())  # the same tiny GPT
+    assert count[0][0] + count[2][0] == total, (count, total)
+    assert count[0] == count[1] and count[2] == count[3], count
+    assert all(local < held for held, local in count.values()), count
+    assert re.search(rf"^torchrun --standalone --nproc-per-node 4 -m plandsl.run {re.escape(path)} --steps 10 "
+                     rf"--metrics {re.escape(str(metrics))} --checkpoint-dir {re.escape(str(directory))}$", out, re.M), out
+    assert not re.search(r"^step \d", out, re.M) and "Traceback" not in out, out
+    assert not metrics.exists() and not directory.exists()
