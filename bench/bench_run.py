@@ -43,7 +43,7 @@ plan bench {{
   model   = bench_gpt
   cluster = localhost
   mesh    = {mesh}
-  train   = {{ global_batch: 8, micro_batch: {micro}, precision: fp32, optimizer: adam, lr: 1e-4, seed: 0 }}
+  train   = {{ global_batch: 8, micro_batch: {micro}, precision: fp32, optimizer: adam, lr: 1e-4, seed: 0, grad_clip: none }}
 {body}
 }}
 """
