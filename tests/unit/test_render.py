@@ -256,7 +256,7 @@ def _console(page: Path) -> list[str]:
 
 
 @needs_graphviz
-@pytest.mark.skipif(BROWSER is None, reason="no headless chromium on this machine (apt-get install chromium)")
+@pytest.mark.skipif(BROWSER is None, reason="no headless chromium on this machine (apt-get install chromium-headless-shell)")
 def test_html_report_opens_in_chromium_without_console_errors(tmp_path):
     plan = api.load_plan(STDLIB / "examples/gpt3_175b_3d.plan")
     page = render_file(plan, "all", tmp_path / "report.html")
