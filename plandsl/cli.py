@@ -5,6 +5,7 @@ Heavy modules (pydantic, torch) are imported inside commands so `--help` starts 
 """
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
@@ -336,21 +337,36 @@ def estimate(file, plan_name, as_json, params):
 
 
 @main.command()
-@click.option("--model", required=True, help="gpt(layers=96, ...), a stdlib model name or FILE.plan:NAME.")
-@click.option("--cluster", required=True, help="`dgx_a100 x 128`, a stdlib node or cluster name.")
-@click.option("--global-batch", type=click.IntRange(min=1), required=True, help="Sequences per step.")
+@click.option("--model", help="gpt(layers=96, ...), a stdlib model name or FILE.plan:NAME.")
+@click.option("--cluster", help="`dgx_a100 x 128`, a stdlib node or cluster name.")
+@click.option("--global-batch", type=click.IntRange(min=1), help="Sequences per step.")
 @click.option("--seq-len", type=click.IntRange(min=1), help="Sequence length (default: the model's).")
-@click.option("--precision", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
+@click.option("--precision", type=click.Choice(["bf16", "fp16", "fp32"]), help="[default: bf16]")
+@click.option("--from", "from_file", type=click.Path(dir_okay=False),
+              help="A partial plan: its model, cluster and train are the problem, what else it writes is pinned.")
+@click.option("--plan", "plan_name", help="The plan of the --from file.")
 @click.option("--top", type=click.IntRange(min=1, max=100), default=5, show_default=True, help="Candidates to list.")
 @click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
               help="Fix a choice: dp, tp, pp, cp, ep, micro_batch_size, num_microbatches, schedule, "
                    "virtual_stages, zero_stage, recompute, order (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help='Print {"candidates": [...]}, best first.')
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the best plan to this file.")
-def generate(model, cluster, global_batch, seq_len, precision, top, pins, as_json, output):
-    """Search the fastest plans for MODEL on CLUSTER under the cost model and write the best."""
+def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_name, top, pins, as_json, output):
+    """Search the fastest plans for MODEL on CLUSTER under the cost model and write the best.
+
+    With --from, a partial plan gives the model, cluster and training settings, and every choice it
+    writes (mesh, data, stages, schedule, micro_batch, recompute) is kept; -o writes the file completed."""
     from plandsl.search import SearchError, search
     from plandsl.search_emit import candidate_json, explain, format_table, plan_text, resolve_problem
+    from plandsl import search_from
+    given = [f"--{name}" for name, value in (("model", model), ("cluster", cluster), ("global-batch", global_batch),
+                                             ("seq-len", seq_len), ("precision", precision)) if value is not None]
+    if from_file and given:
+        raise click.UsageError(f"{', '.join(given)}: the --from plan gives these (edit the plan instead)")
+    if not from_file and (model is None or cluster is None or global_batch is None):
+        raise click.UsageError("--model, --cluster and --global-batch are required (or --from PLAN)")
+    if plan_name and not from_file:
+        raise click.UsageError("--plan names a plan of the --from file")
     bar = None
 
     def progress(done, total):
@@ -360,7 +376,15 @@ def generate(model, cluster, global_batch, seq_len, precision, top, pins, as_jso
         if bar is not None:
             bar.update(done - bar.pos)
     try:
-        problem, source = resolve_problem(model, cluster, global_batch, seq_len, precision)
+        if from_file:
+            partial = search_from.read_partial(from_file, plan_name)
+            for note in partial.notes:
+                click.echo(f"note: {note}", err=True)
+            problem, pins = partial.problem, search_from.pins_with(partial, pins)
+            write = functools.partial(search_from.render, partial)
+        else:
+            problem, source = resolve_problem(model, cluster, global_batch, seq_len, precision or "bf16")
+            write = lambda scored: plan_text(scored, problem, source)  # noqa: E731
         result = search(problem, pins, top, progress=progress)
     except SearchError as error:
         click.echo(f"error: {error}", err=True)
@@ -368,7 +392,7 @@ def generate(model, cluster, global_batch, seq_len, precision, top, pins, as_jso
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)
-    texts = [plan_text(s, problem, source) for s in result.candidates]
+    texts = [write(s) for s in result.candidates]
     if output:
         with open(output, "w", encoding="utf-8") as handle:
             handle.write(texts[0])

@@ -7,7 +7,7 @@ functions on meta tensors, and returns its parameter, gradient and optimizer-sta
 the cost model's prediction (`cost.estimate`); `dry_run_report(plan)` is that as a table.
 Private torch API used (torch 2.13): `torch.testing._internal.distributed.fake_pg.FakeStore`, and
 DistributedDataParallel's `_verify_param_shape_across_processes`, skipped while a rank is built, and
-DTensor's sharding-propagation and redistribution caches, cleared after each rank (`_forget_rank`).
+DTensor's sharding-propagation, redistribution and planner caches, cleared after each rank (`_forget_rank`).
 """
 from __future__ import annotations
 
@@ -163,10 +163,11 @@ def _forget_rank() -> None:
     coordinate) or plans computed from it: left filled, the next rank built here, and ranks forked from
     this process later (tests), would get this fake rank's shard offsets (DCP then saves overlapping
     chunks: "Failed to validate global plan")."""
-    from torch.distributed.tensor._redistribute import _gen_transform_infos
+    from torch.distributed.tensor import _redistribute
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
     _clear_sharding_prop_cache()
-    _gen_transform_infos.cache_clear()
+    _redistribute._gen_transform_infos.cache_clear()
+    _redistribute.clear_redistribute_planner_cache()  # its planners hold the mesh and read its coordinate
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:

@@ -376,9 +376,10 @@ def tie_embeddings(plan: ir.Plan, assignment: Assignment, models: list[nn.Module
     ranks = (assignment.rank_of_stage[first], assignment.rank_of_stage[last])
     group = None
     if ranks[0] != ranks[1]:
-        if not isinstance(mesh, DeviceMesh):
-            raise PipelineError("tied embeddings on two pipeline ranks need the plan's DeviceMesh (to form the "
-                                "embedding group); untie them or place embed and head on one rank")
+        if not isinstance(mesh, DeviceMesh) or mesh.size() != dist.get_world_size():
+            raise PipelineError("tied embeddings on two pipeline ranks need the plan's whole DeviceMesh (every "
+                                "rank forms every pipeline's embedding group); untie them or place embed and head "
+                                "on one rank")
         names = list(mesh.mesh_dim_names or ())
         pipelines = mesh.mesh.movedim(names.index(plan.stages.axis), -1).reshape(-1, plan.pp)
         me = dist.get_rank()

@@ -27,6 +27,11 @@ def refusals(plan: ir.Plan) -> list[Diagnostic]:
         found.append(diag("E703", "zero1 together with tensor parallelism cannot run: ZeroRedundancyOptimizer "
                                   "does not take DTensor parameters", plan.data.span,
                           hint="use zero2, zero3 (fsdp, as stdlib_plans/local/3d.plan does) or replicate"))
+    if plan.data is not None and plan.data.kind == "zero1" and plan.stages is not None and plan.pp > 1:
+        found.append(diag("E703", "zero1 together with pipeline stages cannot run: data-parallel stages run on torch's "
+                                  "composable `replicate` (DistributedDataParallel does not survive every schedule's "
+                                  "order), whose DTensor parameters ZeroRedundancyOptimizer does not take",
+                          plan.data.span, hint="use zero2 or zero3 (as stdlib_plans/local/3d.plan does), or replicate"))
     if plan.tensor is not None and plan.tp > 1 and not isinstance(plan.model, ir.TransformerModel):
         found.append(diag("E704", f"tensor parallelism needs a gpt or llama model; '{plan.model.name}' is "
                                   f"'{plan.model.kind}', whose modules have no tensor-parallel layout",

@@ -1,0 +1,138 @@
+"""`plandsl generate --from PLAN`: a partial plan's choices are pins, the search fills in the rest and
+writes the file back completed (imports, comments, lets and training settings kept)."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from plandsl import api
+from plandsl.cli import main
+from plandsl.cost.estimate import estimate_plan
+from plandsl.search import SearchError
+from plandsl.search_from import read_partial
+
+HEADER = '''# a partial plan: the layout is left to the search
+import "clusters/dgx_a100"
+
+model small = gpt(layers=8, hidden=1024, heads=16, seq=1024, vocab=51200)
+let recipe = { global_batch: 32, micro_batch: 2, precision: bf16, recompute: selective, lr: 1e-4, seed: 7 }
+'''
+
+
+def write(tmp_path, body: str, header: str = HEADER):
+    path = tmp_path / "partial.plan"
+    path.write_text(header + "\nplan mine {\n  model   = small\n  cluster = dgx_a100 x 2\n" + body + "}\n")
+    return path
+
+
+def generate(*args):
+    return CliRunner().invoke(main, ["generate", *map(str, args)])
+
+
+def test_what_the_plan_writes_is_pinned_and_the_rest_searched(tmp_path):
+    path = write(tmp_path, "  train   = recipe\n  schedule = 1f1b\n  data    = zero1 over dp\n")
+    partial = read_partial(path)
+    assert partial.pins == {"micro_batch_size": 2, "recompute": "selective", "schedule": "1f1b", "zero_stage": 1}
+    assert partial.problem.global_batch == 32 and partial.problem.model.name == "small"
+    out = generate("--from", path, "--top", "5", "--json")
+    assert out.exit_code == 0, out.output
+    candidates = json.loads(out.output)["candidates"]
+    assert len({tuple(c["degrees"].items()) for c in candidates}) > 1  # the layout was searched
+    for c in candidates:
+        assert (c["micro_batch_size"], c["recompute"], c["zero_stage"]) == (2, "selective", 1)
+        assert c["degrees"]["pp"] == 1 or c["schedule"] == "1f1b"
+
+
+def test_the_file_comes_back_completed_and_checks_clean(tmp_path):
+    path = write(tmp_path, "  train   = recipe\n")
+    out_path = tmp_path / "done.plan"
+    out = generate("--from", path, "-o", out_path)
+    assert out.exit_code == 0, out.output
+    text = out_path.read_text()
+    assert text.startswith(HEADER)  # imports, comments, the model and the let, untouched
+    assert "plan mine {" in text and "  train    = recipe\n" in text  # its own train: it fixed what was searched
+    analysis = api.check(out_path)
+    assert analysis.diagnostics == [], [d.message for d in analysis.diagnostics]
+    (plan,) = analysis.document.plans
+    assert (plan.train.lr, plan.train.seed, plan.train.micro_batch) == (1e-4, 7, 2)
+
+
+def test_settings_the_search_does_not_choose_are_carried_over(tmp_path):
+    path = write(tmp_path, "  train   = { global_batch: 32, precision: bf16, optimizer: sgd, lr: 0.05, grad_clip: none }\n")
+    out_path = tmp_path / "done.plan"
+    assert generate("--from", path, "-o", out_path).exit_code == 0
+    (plan,) = api.load(out_path).plans
+    assert (plan.train.optimizer.value, plan.train.lr, plan.train.grad_clip) == ("sgd", 0.05, None)
+
+
+def test_a_written_mesh_fixes_every_degree_and_the_order(tmp_path):
+    path = write(tmp_path, "  mesh    = [pp = 2, dp = 4, tp = 2]\n  train   = { global_batch: 32, precision: bf16 }\n"
+                           "  data    = zero2 over dp\n  tensor  = megatron over tp\n  stages  = evenly over pp\n"
+                           "  schedule = 1f1b\n")
+    partial = read_partial(path)
+    assert partial.pins == {"dp": 4, "tp": 2, "pp": 2, "cp": 1, "ep": 1, "order": "pp,dp,tp", "zero_stage": 2,
+                            "virtual_stages": 1, "schedule": "1f1b"}
+    out = generate("--from", path, "--json")
+    assert out.exit_code == 0, out.output
+    for c in json.loads(out.output)["candidates"]:
+        assert c["degrees"] == {"dp": 4, "tp": 2, "pp": 2, "cp": 1, "ep": 1} and c["zero_stage"] == 2
+        (plan,) = api.loads(c["plan"], path=str(tmp_path / "c.plan")).plans
+        assert [a.name for a in plan.mesh.axes] == ["pp", "dp", "tp"]
+        assert estimate_plan(plan).time.step == pytest.approx(c["step_time_s"], rel=1e-9)
+
+
+def test_command_line_pins_win_over_the_plan(tmp_path):
+    path = write(tmp_path, "  train   = recipe\n")
+    out = generate("--from", path, "--pin", "micro_batch_size=1", "--pin", "tp=2", "--json")
+    assert out.exit_code == 0, out.output
+    for c in json.loads(out.output)["candidates"]:
+        assert c["micro_batch_size"] == 1 and c["degrees"]["tp"] == 2
+
+
+def test_tensor_without_a_mesh_says_it_fixes_nothing(tmp_path):
+    path = write(tmp_path, "  train   = recipe\n  tensor  = megatron over tp\n")
+    (note,) = read_partial(path).notes
+    assert note.startswith("`tensor` without a mesh fixes nothing")
+    out = generate("--from", path, "--top", "1")
+    assert out.exit_code == 0 and "note: `tensor` without a mesh fixes nothing" in out.output
+
+
+@pytest.mark.parametrize("body, message", [
+    ("  schedule = 1f1b\n", "needs `train`"),
+    ("  train   = recipe\n  schedule = mine\n", "'mine' is not one"),
+    ("  train   = { global_batch: 32, micro_batch: nope }\n", "does not read"),
+])
+def test_bad_partial_plans_exit_1_with_a_message(tmp_path, body, message):
+    out = generate("--from", write(tmp_path, body))
+    assert out.exit_code == 1, out.output
+    assert message in out.output and "Traceback" not in out.output
+
+
+def test_from_excludes_the_problem_options_and_plan_needs_from(tmp_path):
+    path = write(tmp_path, "  train   = recipe\n")
+    assert generate("--from", path, "--model", "gpt2_small").exit_code == 2
+    assert generate("--model", "gpt2_small").exit_code == 2  # no cluster, no batch, no --from
+    assert generate("--model", "gpt2_small", "--cluster", "dgx_a100", "--global-batch", "8",
+                    "--plan", "x").exit_code == 2
+
+
+def test_several_plans_need_plan(tmp_path):
+    path = write(tmp_path, "  train   = recipe\n")
+    path.write_text(path.read_text() + "\nplan other {\n  model = small\n  cluster = dgx_a100\n  train = recipe\n}\n")
+    with pytest.raises(SearchError, match="name one with --plan"):
+        read_partial(path)
+    assert read_partial(path, "other").name == "other"
+
+
+def test_the_example_in_docs_cli_completes(tmp_path):
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text(encoding="utf-8")
+    section = doc[doc.index("### `plandsl generate --from"):]
+    example = section[section.index("```plan\n") + 8:section.index("\n```", section.index("```plan\n"))]
+    path = tmp_path / "gpt3_run.plan"
+    path.write_text(example + "\n")
+    assert generate("--from", path, "-o", path).exit_code == 0
+    analysis = api.check(path)
+    assert analysis.ok, [d.message for d in analysis.diagnostics]
+    (plan,) = analysis.document.plans
+    assert plan.name == "gpt3_run" and plan.train.lr == 6e-5 and plan.mesh.size == 1024
