@@ -197,7 +197,7 @@ def restore(job, directory: str | Path, steps: int) -> Restored:
         return Restored(0, f"--resume: no checkpoint in {directory}: starting at step 1")
     model, optimizer, state = _state(job)
     check_compatible(record, job.plan, fingerprint(state["model"]), path)
-    dcp.load(state, checkpoint_id=path)  # into this job's shards: DCP reads the pieces each rank needs
+    _load(state, path, tied=getattr(job.plan.model, "tied_embeddings", False))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
                    options=_OPTIONS)
     _restore_schedule(job.scheduler, job.optimizer, record)
@@ -205,6 +205,42 @@ def restore(job, directory: str | Path, steps: int) -> Restored:
     if record.get("loss_scale") and scaler is not None and scaler.enabled:
         scaler.load_state_dict(record["loss_scale"])  # fp16: the scale and its growth count go on
     return Restored(record["step"], _resume_note(record, job.plan, steps, path))
+
+
+def _load(state: dict[str, Any], path: Path, tied: bool) -> None:
+    """DCP's load into this job's shards (each rank reads the pieces it needs).
+
+    A tied head saved in the same module as the embedding (one stage, or no pipeline) has optimizer
+    state only under `embed.tok.weight`; a plan that puts the head on another stage holds its own copy
+    (`pipeline.TiedEmbeddings`), whose state is then read from the embedding's entries."""
+    optimizer = state["optimizer"]
+    aliases = _tied_aliases(optimizer, set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)) \
+        if tied else {}
+    if not aliases:
+        dcp.load(state, checkpoint_id=path)
+        return
+    loading = {key: value for key, value in optimizer.items() if key not in aliases}
+    for key, twin in aliases.items():
+        loading.setdefault(twin, optimizer[key])  # only the head's copy here: load the twin into its tensors
+    dcp.load({"model": state["model"], "optimizer": loading}, checkpoint_id=path)
+    for key, twin in aliases.items():
+        value = loading[twin]
+        optimizer[key] = value.clone() if twin in optimizer and isinstance(value, torch.Tensor) else value
+    for key in optimizer.keys() - aliases.keys():
+        optimizer[key] = loading[key]
+
+
+def _tied_aliases(optimizer: dict[str, Any], saved: set[str]) -> dict[str, str]:
+    """This rank's optimizer keys of a tied head copy that the checkpoint lacks -> the embedding's keys."""
+    aliases = {}
+    for key in optimizer:
+        for prefix in ("state.head.weight.", "param_groups.head.weight."):
+            twin = "state.embed.tok.weight." if prefix.startswith("state") else "param_groups.embed.tok.weight."
+            if key.startswith(prefix) and f"optimizer.{key}" not in saved:
+                candidate = twin + key[len(prefix):]
+                if f"optimizer.{candidate}" in saved:
+                    aliases[key] = candidate
+    return aliases
 
 
 def _pick(directory: str | Path) -> tuple[Path | None, dict | None]:

@@ -230,6 +230,39 @@ def test_dp_checkpoint_resumes_resharded(name, dp_checkpoint, tmp_path, uninterr
     assert record["model"] == _record(directory / "step-000002")["model"]  # full shapes, whatever the layout
 
 
+# GPT-2 ties the head to the embedding: one module holds both without a pipeline, two stages hold a
+# copy each with one (pipeline.TiedEmbeddings); a checkpoint of either resumes under the other.
+TIED = """
+import "clusters/local"
+import "local/tiny"
+
+model tiny_tied = gpt(layers=4, hidden=64, heads=4, seq=32, vocab=256, tied=true)
+
+plan tied_{name} {{
+  model   = tiny_tied
+  cluster = localhost
+  mesh    = [{axis} = 2] over devices[0:2]
+  train   = tiny_train
+  {lines}
+}}
+"""
+TIED_DP = TIED.format(name="dp", axis="dp", lines="data = ddp over dp")
+TIED_PP = TIED.format(name="pp", axis="pp", lines="stages = evenly over pp\n  schedule = 1f1b")
+
+
+@pytest.mark.parametrize("first, then", [(TIED_DP, TIED_PP), (TIED_PP, TIED_DP)], ids=["dp_to_pp", "pp_to_dp"])
+def test_tied_embeddings_resume_across_a_pipeline_split(first, then, tmp_path):
+    directory = tmp_path / "ckpt"
+    _run(first, steps=CUT, checkpoint_dir=directory, checkpoint_every=1)
+    resumed = _run(then, steps=STEPS, checkpoint_dir=directory, resume=True, check_equivalence=True, gather=True)
+    assert resumed["first_step"] == CUT
+    report = resumed["report"]  # steps 3-4 and the final weights against one process trained from step 1
+    assert report["missing"] == () and report["loss_diff"] <= 1e-5 and report["param_diff"] <= 1e-5, \
+        resumed["report_text"]
+    if "head.weight" in resumed["params"]:  # the pipeline's head copy came back equal to the embedding
+        assert torch.equal(resumed["params"]["head.weight"], resumed["params"]["embed.tok.weight"])
+
+
 # ---- refusals ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("source, words", [
     (DEEPER, ["holds a different model than plan 'tiny_deeper'", "plan 'tiny_dp'", "layers.4.", "is only here"]),
