@@ -348,7 +348,7 @@ def estimate(file, plan_name, as_json, params):
 @click.option("--top", type=click.IntRange(min=1, max=100), default=5, show_default=True, help="Candidates to list.")
 @click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
               help="Fix a choice: dp, tp, pp, cp, ep, micro_batch_size, num_microbatches, schedule, "
-                   "virtual_stages, zero_stage, recompute, order (repeatable).")
+                   "virtual_stages, zero_stage, recompute, order, tp_across_nodes (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help='Print {"candidates": [...]}, best first.')
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the best plan to this file.")
 def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_name, top, pins, as_json, output):

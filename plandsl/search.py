@@ -37,7 +37,10 @@ from plandsl.search_space import (AXES, RECOMPUTE, Leaf, Node, Root, Space, divi
                                   partition_layers, schedule_choices)
 
 PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
-            "virtual_stages", "zero_stage", "recompute", "order")
+            "virtual_stages", "zero_stage", "recompute", "order", "tp_across_nodes")
+# Tensor parallelism stays inside a node unless pinned otherwise: its all-reduces sit on every layer's
+# critical path (Narayanan et al. 2021, Sec. 3.3: "tensor model parallelism ... within a multi-GPU
+# server"), where a node's link is an order of magnitude faster than the fabric.
 PIN_ALIASES = {"mb": "micro_batch_size", "micro_batch": "micro_batch_size", "microbatches": "num_microbatches",
                "m": "num_microbatches", "virtual": "virtual_stages", "zero": "zero_stage"}
 
@@ -149,6 +152,10 @@ def parse_pins(pins: Mapping[str, object] | Iterable[str] | None) -> dict[str, o
         elif key == "recompute":
             if value not in RECOMPUTE:
                 raise SearchError(f"--pin recompute={value}: recompute is one of {', '.join(RECOMPUTE)}")
+        elif key == "tp_across_nodes":
+            if value.lower() not in ("true", "false", "yes", "no", "1", "0"):
+                raise SearchError(f"--pin tp_across_nodes={raw}: true or false")
+            value = value.lower() in ("true", "yes", "1")
         elif key == "order":
             value = tuple(a.strip() for a in value.split(",") if a.strip())
             if len(set(value)) != len(value) or not set(value) <= set(AXES):
@@ -186,6 +193,12 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
         raise SearchError(f"contradictory pins: {shown} = {product}, which "
                           + (f"does not divide the {n} devices" if n % product else f"!= {n} devices")
                           + f" of cluster '{problem.cluster.name}'")
+    smallest_node = min(group.node.devices for group in problem.cluster.groups)
+    if pins.get("tp", 1) > smallest_node and not pins.get("tp_across_nodes"):
+        raise SearchError(f"--pin tp={pins['tp']}: tensor parallelism stays inside a node (its all-reduces are on "
+                          f"every layer's critical path), and the nodes of cluster '{problem.cluster.name}' hold "
+                          f"{smallest_node} devices; pin tp to at most {smallest_node}, or allow it with "
+                          "--pin tp_across_nodes=true")
     schedule = pins.get("schedule")
     virtual = pins.get("virtual_stages")
     if schedule and schedule != "none" and virtual is not None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from plandsl import ir, syntax
+from plandsl.check.mesh import axis_group_span
 from plandsl.schedules.registry import BUILTIN
 from plandsl.search import Problem, SearchError
 
@@ -194,6 +195,8 @@ def _mesh_pins(plan: ir.Plan) -> dict[str, object]:
     for axis in plan.data.axes if plan.data is not None else ():
         roles.setdefault(axis, "dp")
     pins: dict[str, object] = {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "ep": plan.ep}
+    if plan.tensor is not None and axis_group_span(plan, plan.tensor.axis) > 1:
+        pins["tp_across_nodes"] = True  # the plan chose it (W302 says so when it is checked)
     order = [roles.get(axis.name) for axis in plan.mesh.axes if axis.size > 1]
     if None not in order and len(set(order)) == len(order):  # hsdp's two data axes have no single order
         pins["order"] = ",".join(order)

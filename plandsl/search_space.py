@@ -251,6 +251,8 @@ class Space:
             data = ("dp",) if dp > 1 else (("ep",) if ep > 1 else ())
             links = mesh_links(self.problem.cluster, axes, 0, data, "zero1", "tp" if tp > 1 else None,
                                "cp" if cp > 1 else None, "ep" if ep > 1 else None, "pp" if pp > 1 else None)
+            if links.tp.nodes > 1 and not self.pins.get("tp_across_nodes"):
+                continue  # tensor-parallel groups stay inside a node (search.PIN_KEYS)
             devices, capacity = self._rank_devices(axes, pp)
             key = (links, tuple(d.name for d in devices), capacity)
             if key not in seen:
@@ -437,11 +439,15 @@ class Space:
         if tied and first_rank != last_rank:
             fixed_memory[last_rank] += tied
         rank_caps = []
+        gathered_of: dict = {}  # (first, last, blocks) -> bytes: a few values for all the ranks
         for r in range(root.pp):
             per = block_s + inflight[r] * block_a
             cap = self.blocks
             for blocks in (2, 1):  # the gathered units depend on whether the rank holds 1 or >= 2 blocks
-                gathered = self.gathered(memory, r == first_rank, r == last_rank, blocks)
+                where = (r == first_rank, r == last_rank, blocks)
+                gathered = gathered_of.get(where)
+                if gathered is None:
+                    gathered = gathered_of[where] = self.gathered(memory, *where)
                 room = root.capacity[r] - fixed_memory[r] - working - gathered
                 cap = max(0, int(room // per)) if per > 0 else self.blocks
                 if cap >= 2:

@@ -85,3 +85,18 @@ def test_a_model_too_large_names_a_cluster_that_would_work():
     with pytest.raises(SearchError, match=r"smallest cluster that works of those tried: dgx_a100 x \d+"):
         problem, _ = resolve_problem("gpt(layers=64, hidden=8192, heads=64, seq=2048, vocab=51200)", "dgx_a100", 64)
         search(problem)
+
+
+def test_tensor_parallelism_stays_inside_a_node_unless_allowed():
+    out = run(*SMALL, "--pin", "tp=16")
+    assert out.exit_code == 1
+    assert "tensor parallelism stays inside a node" in out.output and "hold 8 devices" in out.output
+    assert "Traceback" not in out.output
+    allowed = run(*SMALL, "--pin", "tp=16", "--pin", "tp_across_nodes=true", "--top", "2", "--json")
+    assert allowed.exit_code == 0, allowed.output
+    candidates = json.loads(allowed.output)["candidates"]
+    assert candidates and all(c["degrees"]["tp"] == 16 for c in candidates)
+    for c in json.loads(run(*SMALL, "--top", "10", "--json").output)["candidates"]:  # unpinned: none crosses
+        analysis = api.checks(c["plan"], path="generated.plan")
+        assert "W302" not in [d.code for d in analysis.diagnostics], c["degrees"]
+    assert run(*SMALL, "--pin", "tp_across_nodes=maybe").exit_code == 1
