@@ -114,6 +114,7 @@ class SearchStats:
     simulated: int = 0
     memory_pruned: int = 0
     invalid: int = 0
+    tp_across_nodes: int = 0    # mesh orders left out because a tensor-parallel group would span nodes
     seconds: float = 0.0
     memory_example: str = ""    # the plan that came closest to fitting, and what it needs
     memory_example_ratio: float = math.inf

@@ -292,6 +292,11 @@ def explain_empty(problem: Problem, pins: dict, space) -> str:
                 f"'{model.name}' on {n} devices allow (dp x ep in {{{shown}}}); use a global batch that is a "
                 f"multiple of {smallest}, e.g. {smallest * max(1, -(-problem.global_batch // smallest))}")
     stats = space.stats
+    if stats.tp_across_nodes and not stats.roots:
+        detail = ", ".join(f"{k}={','.join(v) if isinstance(v, tuple) else v}" for k, v in pins.items())
+        return (f"every mesh order the pins ({detail}) leave puts a tensor-parallel group across nodes of "
+                f"'{cluster.name}', and tensor parallelism stays inside a node (its all-reduces are on every "
+                "layer's critical path): put tp innermost in the order, or allow it with --pin tp_across_nodes=true")
     if stats.memory_pruned and not stats.invalid:
         states = _states_bytes(problem)
         capacity = sum(d.memory for d in cluster.devices_in_order())

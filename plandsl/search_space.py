@@ -252,6 +252,7 @@ class Space:
             links = mesh_links(self.problem.cluster, axes, 0, data, "zero1", "tp" if tp > 1 else None,
                                "cp" if cp > 1 else None, "ep" if ep > 1 else None, "pp" if pp > 1 else None)
             if links.tp.nodes > 1 and not self.pins.get("tp_across_nodes"):
+                self.stats.tp_across_nodes += 1
                 continue  # tensor-parallel groups stay inside a node (search.PIN_KEYS)
             devices, capacity = self._rank_devices(axes, pp)
             key = (links, tuple(d.name for d in devices), capacity)
