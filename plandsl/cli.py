@@ -351,7 +351,9 @@ def estimate(file, plan_name, as_json, params):
                    "virtual_stages, zero_stage, recompute, order, tp_across_nodes (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help='Print {"candidates": [...]}, best first.')
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the best plan to this file.")
-def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_name, top, pins, as_json, output):
+@param_option
+def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_name, top, pins, as_json, output,
+             params):
     """Search the fastest plans for MODEL on CLUSTER under the cost model and write the best.
 
     With --from, a partial plan gives the model, cluster and training settings, and every choice it
@@ -365,8 +367,8 @@ def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_n
         raise click.UsageError(f"{', '.join(given)}: the --from plan gives these (edit the plan instead)")
     if not from_file and (model is None or cluster is None or global_batch is None):
         raise click.UsageError("--model, --cluster and --global-batch are required (or --from PLAN)")
-    if plan_name and not from_file:
-        raise click.UsageError("--plan names a plan of the --from file")
+    if (plan_name or params) and not from_file:
+        raise click.UsageError(f"{'--plan' if plan_name else '--param'} is for the --from file")
     bar = None
 
     def progress(done, total):
@@ -377,7 +379,7 @@ def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_n
             bar.update(done - bar.pos)
     try:
         if from_file:
-            partial = search_from.read_partial(from_file, plan_name)
+            partial = search_from.read_partial(from_file, plan_name, _params(params))
             for note in partial.notes:
                 click.echo(f"note: {note}", err=True)
             problem, pins = partial.problem, search_from.pins_with(partial, pins)

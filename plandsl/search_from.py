@@ -49,7 +49,8 @@ class Partial:
     notes: tuple[str, ...] = field(default=())  # what the plan writes that fixes nothing
 
 
-def read_partial(path: str | Path, name: str | None = None) -> Partial:
+def read_partial(path: str | Path, name: str | None = None, params: dict | None = None) -> Partial:
+    """`params`: values for the file's `param`s (`--param`); the completed plan writes the values they give."""
     from plandsl import api
     from plandsl.diagnostics import PlanError
     path = str(path)
@@ -78,7 +79,7 @@ def read_partial(path: str | Path, name: str | None = None) -> Partial:
         raise SearchError(f"{definition.span}: plan '{definition.name}' writes {' and '.join(unkept)}, which the "
                           "search does not keep (it writes its own stages and no shard rules): remove them to "
                           "search, or run `plandsl estimate` on the plan as it is")
-    plan = _lowered(path, text, definition, attrs, source)
+    plan = _lowered(path, text, definition, attrs, source, params)
     notes = []
     if any(definition.span.start <= c.span.start < definition.span.end for c in module.comments):
         notes.append(f"comments inside plan '{definition.name}' are not kept in the completed plan")
@@ -167,7 +168,8 @@ def _plan_definition(module: syntax.Module, name: str | None, path: str) -> synt
     return chosen[0]
 
 
-def _lowered(path: str, text: str, definition: syntax.Definition, attrs: dict, source) -> ir.Plan:
+def _lowered(path: str, text: str, definition: syntax.Definition, attrs: dict, source,
+             params: dict | None = None) -> ir.Plan:
     """The plan as the language reads it. Checks that fail because the layout is not chosen yet (memory,
     batch divisibility) do not matter here; a plan without a mesh is read through a one-device probe."""
     from plandsl import api
@@ -182,7 +184,7 @@ def _lowered(path: str, text: str, definition: syntax.Definition, attrs: dict, s
                 chars[attr.span.start:attr.span.end] = [c if c == "\n" else " " for c in chars[attr.span.start:attr.span.end]]
         close = definition.span.end - 1  # its closing brace
         probe_text = "".join(chars[:close]) + "\n  mesh = [dp = 1] over devices[0:1]\n" + "".join(chars[close:])
-    analysis = api.checks(probe_text, path=path)
+    analysis = api.checks(probe_text, params, path=path)
     plans = [p for p in (analysis.document.plans if analysis.document else ()) if p.name == probe]
     if not plans:
         errors = [d for d in analysis.diagnostics if d.is_error]

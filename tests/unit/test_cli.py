@@ -271,7 +271,7 @@ EXPECTED_SURFACE = {
                                                   "-o"}},
     "estimate": {"arguments": ["file"], "options": {"--json", "--param", "--plan"}},
     "generate": {"arguments": [], "options": {"--cluster", "--global-batch", "--json", "--model", "--output", "--pin",
-                                              "--precision", "--seq-len", "--top", "-o", "--from", "--plan"}},
+                                              "--precision", "--seq-len", "--top", "-o", "--from", "--plan", "--param"}},
 }
 EXPECTED_GROUP_OPTIONS = {"--version", "--help", "-h"}
 

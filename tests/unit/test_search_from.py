@@ -196,3 +196,17 @@ def test_a_tensor_order_across_nodes_says_how_to_allow_it():
     out = generate("--model", "gpt(layers=8, hidden=1024, heads=16, seq=1024, vocab=51200)", "--cluster",
                    "dgx_a100 x 4", "--global-batch", "32", "--pin", "tp=4", "--pin", "dp=8", "--pin", "order=tp,dp")
     assert out.exit_code == 1 and "--pin tp_across_nodes=true" in out.output and "order=tp,dp" in out.output
+
+
+def test_params_of_the_file_are_set_with_param(tmp_path):
+    header = HEADER + "param nodes = 2\n"
+    path = tmp_path / "partial.plan"
+    path.write_text(header + "\nplan mine {\n  model   = small\n  cluster = dgx_a100 x nodes\n  train   = recipe\n}\n")
+    assert read_partial(path).problem.cluster.num_devices == 16
+    out_path = tmp_path / "one_node.plan"
+    out = generate("--from", path, "--param", "nodes=1", "-o", out_path)
+    assert out.exit_code == 0, out.output
+    (plan,) = api.load(out_path, {"nodes": 1}).plans
+    assert plan.mesh.size == 8  # laid out for the value given
+    assert generate("--model", "gpt2_small", "--cluster", "dgx_a100", "--global-batch", "8",
+                    "--param", "nodes=1").exit_code == 2
