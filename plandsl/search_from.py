@@ -46,6 +46,7 @@ class Partial:
     pins: dict[str, object]
     train_extra: tuple[str, ...]  # `key: value` items the completed train dict carries over
     train_text: str | None        # the plan's own train expression, when it fixes all the search would choose
+    train_choice: tuple[int, str] = (1, "none")  # its micro_batch and recompute
     notes: tuple[str, ...] = field(default=())  # what the plan writes that fixes nothing
 
 
@@ -131,7 +132,7 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                       plan.train.optimizer)
     kept = source("train") if {"micro_batch", "recompute"} <= written else None
     return Partial(path, text, definition.name, (start, end), source("model"), source("cluster"), problem, pins,
-                   _train_extra(plan.train), kept, tuple(notes))
+                   _train_extra(plan.train), kept, (plan.train.micro_batch, plan.train.recompute.value), tuple(notes))
 
 
 def pins_with(partial: Partial, overrides) -> dict[str, object]:
@@ -143,8 +144,10 @@ def pins_with(partial: Partial, overrides) -> dict[str, object]:
 def render(partial: Partial, scored) -> str:
     """The whole file with the partial plan completed by `scored`."""
     from plandsl.search_emit import Source, plan_text
+    c = scored.candidate
+    same = (c.micro_batch_size, c.recompute) == partial.train_choice  # not when --pin chose otherwise
     block = plan_text(scored, partial.problem, Source((), partial.model, partial.cluster), partial.name,
-                      partial.train_extra, partial.train_text)
+                      partial.train_extra, partial.train_text if same else None)
     return complete(partial, block)
 
 

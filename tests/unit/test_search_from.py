@@ -88,6 +88,8 @@ def test_command_line_pins_win_over_the_plan(tmp_path):
     assert out.exit_code == 0, out.output
     for c in json.loads(out.output)["candidates"]:
         assert c["micro_batch_size"] == 1 and c["degrees"]["tp"] == 2
+        (plan,) = api.loads(c["plan"], path=str(tmp_path / "c.plan")).plans
+        assert plan.train.micro_batch == 1 and plan.train.lr == 1e-4  # the pin, not the let; the rest kept
 
 
 def test_tensor_without_a_mesh_says_it_fixes_nothing(tmp_path):
