@@ -96,12 +96,7 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
         if plan.tensor is not None and plan.tp > 1 and not plan.tensor.sequence_parallel:
             notes.append("the search turns sequence parallelism on wherever tp divides the sequence")
         pins.update(_mesh_pins(plan))
-    else:
-        for attr in ("tensor", "context", "experts"):
-            if attr in attrs:
-                notes.append(f"`{attr}` without a mesh fixes nothing: the search chooses its degree "
-                             "(write the mesh, or --pin, to fix it)")
-    if "mesh" in attrs:  # the plan reads whole: its IR says what it chose
+        # the plan reads whole: its IR says what it chose
         if plan.data is not None:
             pins["zero_stage"] = plan.data.zero_stage
         if plan.stages is not None:
@@ -109,6 +104,10 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
         schedule = plan.schedule.name if plan.schedule and plan.schedule.definition is None else None
         written_schedule = plan.schedule.name if plan.schedule and plan.schedule.definition else None
     else:  # read through the probe, which has no data, stages or schedule: their syntax says it
+        for attr in ("tensor", "context", "experts"):
+            if attr in attrs:
+                notes.append(f"`{attr}` without a mesh fixes nothing: the search chooses its degree "
+                             "(write the mesh, or --pin, to fix it)")
         pins.update(_choices_without_mesh(attrs))
         name = attrs["schedule"].value if "schedule" in attrs else None
         schedule = name.id if isinstance(name, syntax.Name) and name.id in BUILTIN else None

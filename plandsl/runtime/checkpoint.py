@@ -234,10 +234,10 @@ def _tied_aliases(optimizer: dict[str, Any], saved: set[str]) -> dict[str, str]:
     """This rank's optimizer keys of a tied head copy that the checkpoint lacks -> the embedding's keys."""
     aliases = {}
     for key in optimizer:
-        for prefix in ("state.head.weight.", "param_groups.head.weight."):
-            twin = "state.embed.tok.weight." if prefix.startswith("state") else "param_groups.embed.tok.weight."
-            if key.startswith(prefix) and f"optimizer.{key}" not in saved:
-                candidate = twin + key[len(prefix):]
+        for part in ("state.", "param_groups."):
+            head, embed = part + "head.weight.", part + "embed.tok.weight."
+            if key.startswith(head) and f"optimizer.{key}" not in saved:
+                candidate = embed + key[len(head):]
                 if f"optimizer.{candidate}" in saved:
                     aliases[key] = candidate
     return aliases

@@ -113,13 +113,14 @@ def _classify(dims: dict[str, int | None], kind: str) -> str:
     return "placements"
 
 
-def tp_rules(plan: ir.Plan) -> tuple[dict[str, ModuleRule], list[str]]:
-    """Module name -> its rule, for the modules the plan's `shard` rules reach; and the problems (refusals)."""
+def tp_rules(plan: ir.Plan) -> tuple[dict[str, ModuleRule], list[tuple[str | None, str]]]:
+    """Module name -> its rule, for the modules the plan's `shard` rules reach; and the problems (refusals),
+    each with the selector text of its rule (None: all of them)."""
     if not plan.shard:
         return {}, []
     if plan.tensor is None:
         rules = ", ".join(rule.target.text for rule in plan.shard)
-        return {}, [f"shard rules ({rules}) refine tensor parallelism; add `tensor = megatron over AXIS`"]
+        return {}, [(None, f"shard rules ({rules}) refine tensor parallelism; add `tensor = megatron over AXIS`")]
     params: dict[str, list[str]] = {}
     for layer in layers_of(plan.model):
         for param in layer.params:
@@ -128,7 +129,7 @@ def tp_rules(plan: ir.Plan) -> tuple[dict[str, ModuleRule], list[str]]:
     rules, problems = {}, []
     for module, rule in _winners(plan).items():
         resolved, found = _resolve(plan, module, rule, params[module])
-        problems += found
+        problems += [(rule.target.text, problem) for problem in found]
         if resolved is None:
             continue
         kind, style, source = _kind(module), resolved.style, resolved.source
@@ -146,7 +147,7 @@ def tp_rules(plan: ir.Plan) -> tuple[dict[str, ModuleRule], list[str]]:
             why = ("tied embeddings share one weight with the head, which keeps the vocabulary split (Shard(0)); "
                    "untie them or keep the embedding's weight Shard(0)")
         if why:
-            problems.append(f"shard rule '{source}' on '{module}' cannot run: {why}")
+            problems.append((source, f"shard rule '{source}' on '{module}' cannot run: {why}"))
         else:
             rules[module] = resolved
     return rules, problems
@@ -155,11 +156,7 @@ def tp_rules(plan: ir.Plan) -> tuple[dict[str, ModuleRule], list[str]]:
 def rule_problems(plan: ir.Plan) -> list[tuple[str | None, str]]:
     """(the rule's selector text, or None for all of them; a message) per problem of the shard rules the
     interpreter cannot run correctly (empty when all can). Every message names its rule."""
-    found = []
-    for problem in tp_rules(plan)[1]:
-        rule = next((r.target.text for r in plan.shard if problem.startswith(f"shard rule '{r.target.text}'")), None)
-        found.append((rule, problem))
-    return found
+    return tp_rules(plan)[1]
 
 
 # ---- torch --------------------------------------------------------------------------------------
