@@ -29,6 +29,7 @@ class Entry:
     file: str = "example.plan"
     encoding: str = "utf-8"                    # how the example is saved (E105: latin-1)
     fixed_encoding: str = "utf-8"
+    on_cuda: bool = False                      # E7xx: refused on a machine with CUDA (the example's rendering)
 
     @property
     def fixed(self) -> str:
@@ -835,14 +836,16 @@ _entry("E701", """
     ("schedule = chimera", "schedule = 1f1b"))
 
 _entry("E702", """
-    The plan splits the sequence over a context-parallel axis, and the backend cannot run it.
-    torch's `context_parallel` (ring attention over SDPA) runs on CUDA with NCCL only: on CPU
-    the SDPA kernels have no context-parallel rule, so a gloo run would fail mid-step. The
-    interpreter's CUDA path is not written yet either, so every plan with `context = ...` is
-    refused rather than run without it (which would hold the whole sequence on every device).
+    The plan splits the sequence over a context-parallel axis in a way the interpreter cannot
+    run on this machine's backend. `ring` runs torch's ring attention (the algorithm behind
+    torch's `context_parallel`) over the CPU flash-attention kernel with gloo; on CUDA it
+    would run over the CUDA SDPA kernels, a path not yet checked on a GPU, so with CUDA
+    present `plandsl run` refuses it rather than run it unchecked. `allgather` computes the
+    same attention on every backend: each layer all-gathers K and V over the axis before the
+    attention core (Llama 3's context parallelism).
     """, _local_plan("context = ring over cp", mesh="[cp = 2]"),
-    "Estimate and render the plan as it is; to run it here, use the axis for data parallelism.",
-    ("[cp = 2]", "[dp = 2]"), ("context = ring over cp", "data    = replicate over dp"))
+    "Gather K and V instead of passing them around the ring; the ring plan still estimates, renders and runs on CPU.",
+    ("context = ring over cp", "context = allgather over cp"), on_cuda=True)
 
 _entry("E703", """
     Two parallelisms the plan combines cannot run together with torch's building blocks.

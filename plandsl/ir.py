@@ -219,7 +219,7 @@ class TensorParallel(Node):
 
 
 class ContextParallel(Node):
-    kind: Literal["ring", "allgather"] = "ring"
+    kind: Literal["ring", "allgather"] = "allgather"
     axis: str
 
 

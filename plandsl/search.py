@@ -43,6 +43,9 @@ PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches"
 # server"), where a node's link is an order of magnitude faster than the fabric.
 PIN_ALIASES = {"mb": "micro_batch_size", "micro_batch": "micro_batch_size", "microbatches": "num_microbatches",
                "m": "num_microbatches", "virtual": "virtual_stages", "zero": "zero_stage"}
+# Context parallelism as the search proposes it: K and V all-gathered (Llama 3's choice), which
+# `plandsl run` runs on every backend; `ring` is costed when a plan asks for it (it runs on CPU, E702 on CUDA).
+CONTEXT = "allgather"
 
 
 class SearchError(ValueError):
@@ -242,7 +245,7 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
     data = ir.DataParallel.model_construct(kind=kinds[c.zero_stage], axes=data_axes) if data_axes else None
     tensor = ir.TensorParallel.model_construct(style="megatron", axis="tp", sequence_parallel=c.sequence_parallel) \
         if c.tp > 1 else None
-    context = ir.ContextParallel.model_construct(kind="ring", axis="cp") if c.cp > 1 else None
+    context = ir.ContextParallel.model_construct(kind=CONTEXT, axis="cp") if c.cp > 1 else None
     experts = ir.ExpertParallel.model_construct(kind="alltoall", axis="ep") if c.ep > 1 else None
     stages = schedule = None
     if c.pp > 1:

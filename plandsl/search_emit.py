@@ -18,7 +18,7 @@ from plandsl import ir
 from plandsl.models import layers_of, param_count
 from plandsl.placement import split_evenly
 from plandsl.schedules.registry import BUILTIN
-from plandsl.search import Problem, Scored, SearchError, SearchResult
+from plandsl.search import CONTEXT, Problem, Scored, SearchError, SearchResult
 from plandsl.units import format_bytes
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -154,7 +154,7 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
     if c.tp > 1:
         lines.append("  tensor   = megatron over tp" + (" with sequence_parallel" if c.sequence_parallel else ""))
     if c.cp > 1:
-        lines.append("  context  = ring over cp")
+        lines.append(f"  context  = {CONTEXT} over cp")
     if c.ep > 1:
         lines.append("  experts  = alltoall over ep")
     if c.pp > 1:

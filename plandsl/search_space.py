@@ -308,7 +308,7 @@ class Space:
     def work(self, node: Node) -> Work:
         root = node.root
         return Work(node.micro_batch, self.problem.sequence, root.tp, root.cp, root.ep, root.sequence_parallel,
-                    self.problem.precision, ir.Recompute(node.recompute))
+                    self.problem.precision, ir.Recompute(node.recompute), gather_kv=root.cp > 1)  # search.CONTEXT
 
     def kind_times(self, node: Node, device: ir.DeviceType) -> list[LayerTime]:
         found = node.times.get(device.name)
@@ -547,7 +547,8 @@ class Space:
             key = (root.rank_devices[rank].name, tuple(id(stages[s]) for s in owned))
             tail = tails.get(key)
             if tail is None:
-                tail = tails[key] = rank_tail([stages[s] for s in owned], zero, (root.dp * root.ep, root.dp),
+                replicas = root.dp * root.ep * root.cp  # cost.memory.zero_degrees
+                tail = tails[key] = rank_tail([stages[s] for s in owned], zero, (replicas, replicas // root.ep),
                                               self.problem.precision.bytes, root.links, root.rank_devices[rank],
                                               self.problem.optimizer, self.problem.precision)
             worst_tail = max(worst_tail, tail.exposed + tail.optimizer)

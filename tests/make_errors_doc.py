@@ -54,7 +54,7 @@ def run_example(entry: Entry, fixed: bool = False) -> tuple[Analysis, str]:
         analysis = analyze(str(path))
         if entry.stage == "E7" and analysis.ok and analysis.document is not None:
             for plan in analysis.document.plans:  # what `plandsl run` adds (api.load_runnable)
-                analysis.diagnostics += refusals(plan)
+                analysis.diagnostics += refusals(plan, cuda=entry.on_cuda)
         rendered = render_all(analysis.diagnostics, analysis.sources)
         return analysis, normalize(rendered, directory)
 
@@ -71,7 +71,8 @@ def _section(entry: Entry) -> list[str]:
     lines = [f"### {entry.code}: {entry.title}", "", entry.explanation, "",
              f"Example, `{entry.file}`{saved}:", ""]
     command = "plandsl run" if entry.stage == "E7" else "plandsl check"
-    lines += _code(entry.example, "plan") + ["", f"`{command}` reports:", ""]
+    where = " on a machine with CUDA" if entry.on_cuda else ""
+    lines += _code(entry.example, "plan") + ["", f"`{command}`{where} reports:", ""]
     lines += _code(rendered, "text") + ["", f"**Fix:** {entry.fix}", ""]
     if entry.edits:
         lines += _code(entry.fixed, "plan") + [""]

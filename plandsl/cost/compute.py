@@ -86,6 +86,7 @@ class Work:
     sequence_parallel: bool = False
     precision: ir.Precision = ir.Precision.bf16
     recompute: ir.Recompute = ir.Recompute.none
+    gather_kv: bool = False  # context parallelism all-gathers K and V (`allgather`), else rotates them (`ring`)
 
     @property
     def tokens(self) -> int:

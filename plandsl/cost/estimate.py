@@ -2,8 +2,8 @@
 
 Stage: cost model over a checked plan. Contract: `estimate_plan(plan) -> PlanEstimate`, pure. Per
 microbatch, each layer costs its compute (`cost.compute`) plus the communication that sits on the
-critical path (tensor-parallel collectives, expert all-to-alls, the part of the context-parallel
-ring that attention does not hide; `cost.comm` over the links each group really uses). Per stage
+critical path (tensor-parallel collectives, expert all-to-alls, context parallelism's K/V gather or
+the part of its ring that attention does not hide; `cost.comm` over the links each group really uses). Per stage
 those sums are the durations of F, B (or I and W) that the schedule simulator
 (`schedules.simulate`) turns into the pipeline's makespan. Then
 
@@ -24,7 +24,8 @@ from plandsl import ir
 from plandsl.cost.comm import NO_COMM, GroupLinks, collective_seconds, group_links
 from plandsl.cost.compute import (Efficiency, LayerCompute, Work, estimate_layer_compute,
                                   estimate_optimizer_step, peak_of)
-from plandsl.cost.memory import MemoryEstimate, estimate_layer_activations, held_stages, local_numel, zero_degrees
+from plandsl.cost.memory import (MemoryEstimate, estimate_layer_activations, gathers_kv, held_stages, local_numel,
+                                 zero_degrees)
 from plandsl.models import Layer, kv_width
 
 _EXPERT = "experts"
@@ -39,8 +40,8 @@ class Links:
     cp: GroupLinks = NO_COMM
     ep: GroupLinks = NO_COMM
     pp: GroupLinks = NO_COMM
-    data: GroupLinks = NO_COMM          # dense gradients: the data axes and the expert axis
-    expert_data: GroupLinks = NO_COMM   # expert gradients: the data axes only
+    data: GroupLinks = NO_COMM          # dense gradients: the data axes, the expert and the context axis
+    expert_data: GroupLinks = NO_COMM   # expert gradients: the data and the context axes
     replicate: GroupLinks = NO_COMM     # hsdp: the replicate axis
 
 
@@ -62,9 +63,12 @@ def mesh_links(cluster: ir.Cluster, axes: tuple[tuple[str, int], ...], first_dev
     shard_axes, replicate = data_axes, NO_COMM
     if data_kind == "hsdp":
         shard_axes, replicate = data_axes[-1:], links(*data_axes[:-1])
+    # The context axis holds the same parameters for other tokens: gradients are reduced (and ZeRO
+    # shards) over it too (cost.memory.zero_degrees).
+    context_data = context if context not in shard_axes else None
     return Links(tp=links(tensor), cp=links(context), ep=links(expert), pp=links(stage),
-                 data=links(*shard_axes, expert if expert not in shard_axes else None),
-                 expert_data=links(*(a for a in shard_axes if a != expert)),
+                 data=links(*shard_axes, expert if expert not in shard_axes else None, context_data),
+                 expert_data=links(*(a for a in shard_axes if a != expert), context_data),
                  replicate=replicate)
 
 
@@ -129,7 +133,18 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         forward, backward = forward + 2 * a2a, backward + 2 * a2a
         if full:
             backward += 2 * a2a
-    if links.cp.size > 1:
+    if links.cp.size > 1 and work.gather_kv:
+        # All-gather context parallelism (Llama Team 2024, arXiv:2407.21783, Sec. 3.3.2): K and V of
+        # the whole sequence are gathered before the attention core, on its critical path ("the
+        # all-gather communication latency is exposed"); the backward reduce-scatters their
+        # gradients, and recomputation (full, or selective: the core with its gather) gathers again.
+        gathered = 2 * work.tokens * links.cp.size * kv_width(model) / work.tp * element
+        gather = collective_seconds("all_gather", gathered, links.cp)
+        forward += gather
+        backward += collective_seconds("reduce_scatter", gathered, links.cp)
+        if work.recompute is not ir.Recompute.none:
+            backward += gather
+    elif links.cp.size > 1:
         # Ring attention (Liu et al. 2023): cp - 1 steps pass the local K and V chunk on while the
         # attention core works; only what the core does not hide is exposed. Backward passes K, V
         # and their gradients (twice the bytes) behind a core twice as long.
@@ -332,7 +347,7 @@ class PlanEstimate:
 def plan_work(plan: ir.Plan) -> Work:
     sequence_parallel = bool(plan.tensor and plan.tensor.sequence_parallel)
     return Work(plan.train.micro_batch, plan.seq, plan.tp, plan.cp, plan.ep, sequence_parallel,
-                plan.train.precision, plan.train.recompute)
+                plan.train.precision, plan.train.recompute, gather_kv=gathers_kv(plan))
 
 
 def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=None) -> PlanEstimate:

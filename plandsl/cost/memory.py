@@ -183,9 +183,11 @@ def _is_expert(param: Param) -> bool:
 def zero_degrees(plan: ir.Plan) -> tuple[int, int, int]:
     """(ZeRO stage, shard degree of dense params, shard degree of expert params).
 
-    zero1/2/3 shard over N_d = plan.dp; hsdp shards over its shard axis, the last data axis, and
-    replicates over the others. Expert params have only dp / ep replicas (the expert axis holds
-    different experts), so that is all ZeRO can shard them over.
+    zero1/2/3 shard over N_d = plan.dp times the context axis (whose ranks hold the same parameters:
+    torchtitan's FSDP over dp x cp, Megatron-LM's distributed optimizer over its data-context
+    group); hsdp shards over its shard axis, the last data axis, and replicates over the others.
+    Expert params have only N_d / ep replicas (the expert axis holds different experts), so that
+    is all ZeRO can shard them over.
     """
     if plan.data is None:
         return 0, 1, 1
@@ -194,7 +196,8 @@ def zero_degrees(plan: ir.Plan) -> tuple[int, int, int]:
         dense = plan.mesh.degree(shard_axis)
         expert = 1 if plan.experts and plan.experts.axis == shard_axis else dense
         return plan.data.zero_stage, dense, expert
-    return plan.data.zero_stage, plan.dp, max(1, plan.dp // plan.ep)
+    replicas = plan.dp * plan.cp
+    return plan.data.zero_stage, replicas, max(1, replicas // plan.ep)
 
 
 def model_state_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = ()) -> tuple[float, float, float]:
@@ -265,21 +268,24 @@ def estimate_layer_activations(plan: ir.Plan, layer: Layer, *, attention_matrix:
 
 def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_batch: int, tp: int,
                                   sequence_parallel: bool, recompute: ir.Recompute,
-                                  precision: ir.Precision, attention_matrix: bool = False) -> float:
+                                  precision: ir.Precision, attention_matrix: bool = False,
+                                  kv_gathered: int = 1) -> float:
     """Bytes stored by one transformer block for one microbatch (Korthikanti et al. 2022, Sec. 4).
 
     For GPT (MHA, ffn = 4h, dropout) this is exactly the paper's Table 2, in units of s·b·h bytes
     with 16-bit activations: 34 + 5as/h; tp t: 10 + 24/t + 5as/(ht); + sequence parallel:
     34/t + 5as/(ht); selective recompute drops 5as/h; full recompute keeps the input, 2 (÷t with
     sequence parallel). The terms below are the paper's, sized from the model's own shapes.
-    fp32 activations double every term.
+    fp32 activations double every term. `kv_gathered`: all-gather context parallelism over that
+    many ranks keeps K and V of the whole sequence for the attention backward, not the local part
+    (selective recomputation reruns the core with its gather, so 1 then).
     """
     sbh = seq * micro_batch * model.hidden
     scale = precision.bytes / 2
     divisor = tp if sequence_parallel else 1
     if recompute is ir.Recompute.full:
         return 2 * sbh * scale / divisor  # Sec. 5: only the block input is kept
-    replicated, sharded, matrix = _block_terms(model, seq)
+    replicated, sharded, matrix = _block_terms(model, seq, kv_gathered)
     if not attention_matrix or recompute is ir.Recompute.selective:
         matrix = 0.0  # selective recompute (Sec. 5) recomputes exactly the attention core
     if sequence_parallel:  # Sec. 4.2.2: the replicated parts are split along the sequence too
@@ -287,7 +293,7 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
     return sbh * (replicated + (sharded + matrix) / tp) * scale
 
 
-def _block_terms(model: ir.TransformerModel, seq: int) -> tuple[float, float, float]:
+def _block_terms(model: ir.TransformerModel, seq: int, kv_gathered: int = 1) -> tuple[float, float, float]:
     """(replicated, tensor-sharded, attention-matrix) bytes per s·b·h element, 16-bit (Sec. 4.1)."""
     gpt = model.kind == "gpt"  # gpt keeps dropout masks (1 byte each); llama has no dropout
     ffn = model.ffn_hidden / model.hidden
@@ -298,7 +304,7 @@ def _block_terms(model: ir.TransformerModel, seq: int) -> tuple[float, float, fl
     replicated = 4 + 2 + 2 + 2 * dropout
     # Inside: Q (2) and K (2·kv), V (2·kv), the out-projection input (2);
     # gpt MLP: GELU input (2·ffn) and w2 input (2·ffn); llama SwiGLU: w1 and w3 outputs, w2 input.
-    attention = 2 + 4 * kv + 2
+    attention = 2 + 4 * kv * kv_gathered + 2
     mlp = (4 if gpt else 6) * ffn
     if model.experts:
         # Each token visits top_k experts (load-balanced, so top_k·tokens per device): their
@@ -332,7 +338,7 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
     if layer.kind == "block":
         return transformer_block_activations(model, seq, plan.train.micro_batch, tp,
                                              sequence_parallel, recompute, precision,
-                                             attention_matrix)
+                                             attention_matrix, _kv_gathered(plan, recompute))
     if layer.kind == "embed":
         # Sec. 4.3: embeddings keep nothing large but gpt's embedding dropout mask (1 byte); the
         # embedding output is kept as the first block's input, counted there.
@@ -343,6 +349,17 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
         # Sec. 4.3: the head keeps its input (2sbh) and the cross entropy fp32 logits (4sbV/t).
         return 2 * sbh * scale / divisor + 4.0 * tokens * -(-model.vocab // tp)
     return 0.0
+
+
+def _kv_gathered(plan: ir.Plan, recompute: ir.Recompute) -> int:
+    """Over how many ranks' sequences a block keeps K and V: all-gather context parallelism keeps the
+    gathered ones, unless recomputation reruns the core (and its gather) in the backward."""
+    return plan.cp if gathers_kv(plan) and recompute is ir.Recompute.none else 1
+
+
+def gathers_kv(plan: ir.Plan) -> bool:
+    """Whether the plan's context parallelism all-gathers K and V (`allgather`) rather than rotating them."""
+    return plan.context is not None and plan.context.kind == "allgather" and plan.cp > 1
 
 
 def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_matrix: bool) -> float:
@@ -360,4 +377,4 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
 __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estimate_layer_activations",
            "held_stages", "gathered_bytes", "model_state_bytes", "tied_embedding",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
-           "zero_degrees"]
+           "zero_degrees", "gathers_kv"]

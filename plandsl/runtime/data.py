@@ -2,7 +2,8 @@
 
 Stage: interpreter. Contract: `Batches.global_batch(step)` depends only on the plan's seed, the step
 and the source (synthetic tokens, or a nanoGPT-style uint16 `.bin` token file); `local_batch` is the
-contiguous rows `[r * G/dp, (r+1) * G/dp)` of data rank r; `microbatches` splits rows in order.
+contiguous rows `[r * G/dp, (r+1) * G/dp)` of data rank r (of each, a context rank's
+positions); `microbatches` splits rows in order.
 """
 from __future__ import annotations
 
@@ -51,12 +52,16 @@ class Batches:
             tokens = synthetic_tokens(self.size, self.seq + 1, model.vocab, generator)
         return tokens[:, :-1], tokens[:, 1:]
 
-    def local_batch(self, step: int, dp_rank: int, dp: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Data rank `dp_rank`'s contiguous share of the global batch of `step`."""
+    def local_batch(self, step: int, dp_rank: int, dp: int,
+                    columns: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Data rank `dp_rank`'s contiguous share of the global batch of `step`; of each sequence only the
+        positions `columns` when given (context parallelism)."""
         share = self.size // dp
         inputs, targets = self.global_batch(step)
         rows = slice(dp_rank * share, (dp_rank + 1) * share)
-        return inputs[rows], targets[rows]
+        if columns is None:
+            return inputs[rows], targets[rows]
+        return inputs[rows][:, columns], targets[rows][:, columns]
 
 
 def synthetic_tokens(rows: int, length: int, vocab: int, generator: torch.Generator) -> torch.Tensor:

@@ -31,11 +31,13 @@ class RMSNorm(nn.Module):
         return normed.type_as(x) * self.weight
 
 
-def rotary(x: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of x [batch, heads, seq, head_dim] (pairs of halves, as in GPT-NeoX)."""
+def rotary(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotary position embedding of x [batch, heads, seq, head_dim] (pairs of halves, as in GPT-NeoX);
+    `positions` are the tokens' positions in the sequence (None: 0, 1, ...)."""
     seq, head_dim = x.shape[-2], x.shape[-1]
     inverse = 1.0 / (ROPE_THETA ** (torch.arange(0, head_dim, 2, device=x.device, dtype=torch.float32) / head_dim))
-    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inverse)
+    positions = torch.arange(seq, device=x.device) if positions is None else positions
+    angles = torch.outer(positions.to(torch.float32), inverse)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     first, second = x[..., : head_dim // 2], x[..., head_dim // 2:]
     return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
@@ -51,8 +53,27 @@ class KeyProjection(nn.Linear):
         return out if self.bias is None else out + 0 * self.bias
 
 
+class AttentionCore(nn.Module):
+    """softmax(q kᵀ / √d + causal mask) v on [batch, heads, seq, head_dim] tensors, k and v with fewer
+    heads under grouped-query attention. No parameters: `selective` recomputation wraps exactly this
+    (Korthikanti et al. 2022's attention core), and context parallelism replaces it
+    (plandsl.runtime.context_parallel)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, *expand_kv(q, k, v), is_causal=True)
+
+
+def expand_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """k and v with as many heads as q (grouped-query attention: each kv head serves several q heads)."""
+    if k.shape[1] == q.shape[1]:
+        return k, v
+    groups = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+
+
 class Attention(nn.Module):
-    """Causal self-attention; head counts are read from the (possibly tensor-parallel) local widths."""
+    """Causal self-attention; head counts are read from the (possibly tensor-parallel) local widths.
+    `positions` are those of the tokens fed (None: 0, 1, ...; context parallelism sets the rank's)."""
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, bias: bool, rope: bool):
         super().__init__()
@@ -63,16 +84,15 @@ class Attention(nn.Module):
         self.wk = KeyProjection(hidden, kv, bias=bias)
         self.wv = nn.Linear(hidden, kv, bias=bias)
         self.wo = nn.Linear(hidden, hidden, bias=bias)
+        self.core = AttentionCore()
+        self.positions: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq = x.shape[0], x.shape[1]
         q, k, v = (w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
         if self.rope:
-            q, k = rotary(q), rotary(k)
-        if k.shape[1] != q.shape[1]:  # grouped-query attention: each kv head serves several q heads
-            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            q, k = rotary(q, self.positions), rotary(k, self.positions)
+        out = self.core(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -170,17 +190,22 @@ class Block(nn.Module):
 
 
 class Embedding(nn.Module):
-    """Token embedding, plus learned absolute positions for gpt."""
+    """Token embedding, plus learned absolute positions for gpt. `positions` are those of the tokens fed
+    (None: 0, 1, ...; context parallelism sets the rank's)."""
 
     def __init__(self, vocab: int, hidden: int, seq: int | None):
         super().__init__()
         self.tok = nn.Embedding(vocab, hidden)
         self.pos = nn.Embedding(seq, hidden) if seq else None
+        self.positions: torch.Tensor | None = None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok(tokens)
         if self.pos is not None:
-            h = h + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+            positions = self.positions
+            if positions is None:
+                positions = torch.arange(tokens.shape[1], device=tokens.device)
+            h = h + self.pos(positions)
         return h
 
 

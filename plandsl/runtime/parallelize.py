@@ -13,6 +13,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from plandsl import ir
+from plandsl.runtime.context_parallel import apply_cp
 from plandsl.runtime.data_parallel import apply_dp
 from plandsl.runtime.expert_parallel import apply_ep
 from plandsl.runtime.mesh import submesh
@@ -20,22 +21,30 @@ from plandsl.runtime.recompute import apply_ac
 from plandsl.runtime.tensor_parallel import apply_tp, tp_rules
 
 
+def reduce_axes(plan: ir.Plan) -> tuple[str, ...]:
+    """The axes whose ranks hold the same parameters and different tokens: the batch axes (the data
+    axes, then the expert axis, which splits the batch too) and the context axis (which splits each
+    sequence). Gradients and the loss are averaged over them."""
+    context = (plan.context.axis,) if plan.context is not None and plan.cp > 1 else ()
+    return plan.batch_axes() + tuple(axis for axis in context if axis not in plan.batch_axes())
+
+
 def data_mesh(plan: ir.Plan, mesh: DeviceMesh) -> DeviceMesh | None:
-    """The mesh gradients are reduced over: the batch axes (the data axes, then the expert axis, which
-    splits the batch too; 2-D for hsdp), None when the batch is not split."""
-    if plan.dp == 1:
+    """The mesh gradients are reduced over: `reduce_axes` (2-D for hsdp), None when they split nothing."""
+    axes = reduce_axes(plan)
+    if math.prod(plan.mesh.degree(axis) for axis in axes) == 1:
         return None
     if plan.data is not None and plan.data.kind == "hsdp":
         return mesh[tuple(plan.data.axes)]
-    return submesh(mesh, plan.batch_axes())
+    return submesh(mesh, axes)
 
 
 def expert_data_mesh(plan: ir.Plan, mesh: DeviceMesh) -> DeviceMesh | None:
-    """The mesh expert parameters are reduced over: the batch axes without the expert axis (each expert
+    """The mesh expert parameters are reduced over: `reduce_axes` without the expert axis (each expert
     rank holds other experts); None when those split nothing."""
     if plan.experts is None:
         return None
-    axes = tuple(axis for axis in plan.batch_axes() if axis != plan.experts.axis)
+    axes = tuple(axis for axis in reduce_axes(plan) if axis != plan.experts.axis)
     if math.prod(plan.mesh.degree(axis) for axis in axes) == 1:
         return None
     return submesh(mesh, axes)
@@ -50,9 +59,12 @@ def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch
     #    parallelism must then leave out of their reduction.
     if plan.experts is not None and plan.ep > 1:
         apply_ep(model, mesh[plan.experts.axis])
-    # 3. Recomputation wraps blocks, so data parallelism sees (and shards) the wrapped blocks.
+    # 3. Context parallelism: positions and attention's K/V gather; parameters are untouched.
+    if plan.context is not None and plan.cp > 1:
+        apply_cp(model, plan.context.kind, mesh[plan.context.axis], plan.seq, device)
+    # 4. Recomputation wraps blocks, so data parallelism sees (and shards) the wrapped blocks.
     apply_ac(model, plan.train.recompute)
-    # 4. Data parallelism last: it reduces (and for ZeRO-2/3 shards) whatever parameters remain.
+    # 5. Data parallelism last: it reduces (and for ZeRO-2/3 shards) whatever parameters remain.
     dp_mesh = data_mesh(plan, mesh)
     if dp_mesh is not None:
         kind = plan.data.kind if plan.data is not None else "replicate"  # expert axis alone: replicate

@@ -1,8 +1,9 @@
 """Activation recomputation (`train.recompute`) with torch's checkpoint_wrapper.
 
-Stage: interpreter. Contract: `apply_ac(model, mode)` wraps in place: `full` recomputes whole blocks,
-`selective` only the attention of each block (its activations grow with seq², Korthikanti et al.
-2022), `none` changes nothing. Wrapping inserts `_checkpoint_wrapped_module` into parameter names.
+Stage: interpreter. Contract: `apply_ac(model, mode)` wraps in place: `full` recomputes whole blocks
+(wrapping inserts `_checkpoint_wrapped_module` into their parameter names), `selective` only each
+block's attention core (`attn.core`: the softmax(q kᵀ) v of Korthikanti et al. 2022, Sec. 5, whose
+activations grow with seq²; it holds no parameters), `none` changes nothing.
 """
 from __future__ import annotations
 
@@ -20,4 +21,4 @@ def apply_ac(model: nn.Module, mode: ir.Recompute) -> None:
         if mode is ir.Recompute.full:
             layers.register_module(name, checkpoint_wrapper(block))
         elif hasattr(block, "attn"):
-            block.register_module("attn", checkpoint_wrapper(block.attn))
+            block.attn.register_module("core", checkpoint_wrapper(block.attn.core))

@@ -1,6 +1,7 @@
 """What the interpreter can run yet: one E7xx diagnostic per feature of a plan it refuses, before any process starts.
 
-Stage: interpreter (imported by the CLI without torch). Contract: `refusals(plan)` returns
+Stage: interpreter (imported by the CLI without torch; torch only for shard rules and ring context
+parallelism). Contract: `refusals(plan, cuda=None)` returns
 `Diagnostic`s (E701-E705, catalogued in docs/errors.md) pointing at the plan's attribute that asks
 for what cannot run, empty when the plan can run. A refused plan is never run some other way.
 """
@@ -16,8 +17,9 @@ REFUSED_SCHEDULES: dict[str, str] = {
 }
 
 
-def refusals(plan: ir.Plan) -> list[Diagnostic]:
-    """Every reason `plandsl run` refuses the plan (a checked plan), in the order of the plan's attributes."""
+def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
+    """Every reason `plandsl run` refuses the plan (a checked plan), in the order of the plan's attributes.
+    `cuda`: whether the ranks will run on CUDA (None: whether this machine has it, as `runtime.mesh` decides)."""
     found = []
     if isinstance(plan.model, ir.CustomModel) and not plan.model.factory:
         found.append(diag("E704", f"model '{plan.model.name}' has no `factory`, so there is no torch module to run",
@@ -36,13 +38,7 @@ def refusals(plan: ir.Plan) -> list[Diagnostic]:
         found.append(diag("E704", f"tensor parallelism needs a gpt or llama model; '{plan.model.name}' is "
                                   f"'{plan.model.kind}', whose modules have no tensor-parallel layout",
                           plan.tensor.span, hint="use the tensor axis for data parallelism instead"))
-    if plan.context is not None:
-        found.append(diag("E702", f"context parallelism (`context = {plan.context.kind} over {plan.context.axis}`) "
-                                  "cannot run on this backend: torch's context_parallel (ring attention over SDPA) "
-                                  "needs CUDA with NCCL, and the CUDA path is not written yet",
-                          plan.context.span,
-                          hint="estimate and render the plan; to run it here, drop `context` and use the axis "
-                               "for data parallelism (docs/running.md)"))
+    found += _context_refusals(plan, cuda)
     found += _expert_refusals(plan)
     if plan.shard:  # the rules DTensor cannot run as written (torch is imported only for such plans)
         found += _shard_refusals(plan)
@@ -65,6 +61,35 @@ def _shard_refusals(plan: ir.Plan) -> list[Diagnostic]:
         more = f" (and {len(problems) - 1} more like it)" if len(problems) > 1 else ""
         found.append(diag("E705", problems[0] + more, span, hint="docs/running.md lists the rules that run"))
     return found
+
+
+def _context_refusals(plan: ir.Plan, cuda: bool | None) -> list[Diagnostic]:
+    """Context parallelism runs for gpt and llama, with every data kind but hsdp: `allgather` on every
+    backend, `ring` on CPU (runtime.context_parallel)."""
+    if plan.context is None or plan.cp == 1:
+        return []
+    what = f"context parallelism (`context = {plan.context.kind} over {plan.context.axis}`)"
+    span = plan.context.span
+    found = []
+    if plan.context.kind == "ring" and (_has_cuda() if cuda is None else cuda):
+        found.append(diag("E702", f"{what} cannot run on CUDA yet: torch's ring attention runs here over the CPU "
+                                  "flash-attention kernel, and its CUDA kernels are not yet checked on a GPU", span,
+                          hint=f"`context = allgather over {plan.context.axis}` computes the same and runs on every "
+                               "backend (each layer all-gathers K and V, as Llama 3 does)"))
+    if not isinstance(plan.model, ir.TransformerModel):
+        found.append(diag("E704", f"context parallelism needs a gpt or llama model; '{plan.model.name}' is "
+                                  f"'{plan.model.kind}', which has no attention to split the sequence for",
+                          span, hint="use the context axis for data parallelism instead"))
+    if plan.data is not None and plan.data.kind == "hsdp":
+        found.append(diag("E703", f"hsdp together with {what} cannot run: the context axis would have to join "
+                                  "hsdp's shard dimension", plan.data.span,
+                          hint="use zero3 (fsdp) or replicate over the data axis"))
+    return found
+
+
+def _has_cuda() -> bool:
+    import torch  # only for plans that ask for a ring
+    return torch.cuda.is_available()
 
 
 def _expert_refusals(plan: ir.Plan) -> list[Diagnostic]:

@@ -6,6 +6,7 @@ Stage: interpreter (one OS process per rank, started by torchrun or a test). Con
 """
 from __future__ import annotations
 
+import math
 import os
 import resource
 import sys
@@ -26,7 +27,8 @@ from plandsl.runtime.data_parallel import build_dp_optimizer, gradient_sync
 from plandsl.runtime.mesh import DEFAULT_TIMEOUT_S, build_mesh, coordinate, init_distributed
 from plandsl.runtime.models import build_model, loss_fn
 from plandsl.runtime.optim import build_lr_scheduler
-from plandsl.runtime.parallelize import data_mesh, parallelize
+from plandsl.runtime.context_parallel import sequence_columns
+from plandsl.runtime.parallelize import data_mesh, parallelize, reduce_axes
 from plandsl.runtime.precision import LossScaler, autocast, loss_scaler
 
 
@@ -67,6 +69,7 @@ class Job:
     dp_rank: int
     dp: int
     loss_weight: float       # this rank's share when averaging the loss over the world
+    columns: torch.Tensor | None = None  # context parallelism: the positions of each sequence this rank holds
     loss: Any = loss_fn
     pipeline: Any = None     # a torch.distributed.pipelining schedule, or None
     has_first: bool = True
@@ -96,12 +99,17 @@ def build_job(plan: ir.Plan, mesh: DeviceMesh, device: torch.device, config: Run
     optimizer = build_dp_optimizer(plan, [p for part in models for p in part.parameters()], data_mesh(plan, mesh))
     scheduler = build_lr_scheduler(plan, optimizer, config.steps)
     dp_rank, dp = coordinate(mesh, plan.batch_axes())
-    # One rank per data-parallel replica reports the loss: the last pipeline stage, coordinate 0 elsewhere.
-    others = [a.name for a in plan.mesh.axes if a.name not in plan.batch_axes() and a.name != _pp_axis(plan)]
+    columns = None
+    if plan.context is not None and plan.cp > 1:  # this rank's tokens of each sequence
+        columns = sequence_columns(plan.seq, mesh.get_local_rank(plan.context.axis), plan.cp)
+    # One rank per replica and sequence share reports the loss: the last pipeline stage, coordinate 0 elsewhere.
+    shared = reduce_axes(plan)
+    others = [a.name for a in plan.mesh.axes if a.name not in shared and a.name != _pp_axis(plan)]
     owner = has_last and all(mesh.get_local_rank(axis) == 0 for axis in others)
+    reporters = math.prod(plan.mesh.degree(axis) for axis in shared)
     return Job(plan, mesh, device, parts, models, optimizer, scheduler, batches, dp_rank, dp,
-               loss_weight=1.0 / dp if owner else 0.0, loss=loss, pipeline=pipeline,
-               has_first=has_first, has_last=has_last, scaler=scaler)
+               loss_weight=1.0 / reporters if owner else 0.0, loss=loss, pipeline=pipeline,
+               has_first=has_first, has_last=has_last, scaler=scaler, columns=columns)
 
 
 def _pp_axis(plan: ir.Plan) -> str | None:
@@ -133,7 +141,7 @@ def pipeline_forward_backward_step(job: Job, inputs: torch.Tensor, targets: torc
 
 def train_step(job: Job, step: int) -> float:
     """One optimizer step on the global batch of `step` (0-based); returns its mean loss."""
-    inputs, targets = job.batches.local_batch(step, job.dp_rank, job.dp)
+    inputs, targets = job.batches.local_batch(step, job.dp_rank, job.dp, job.columns)
     inputs, targets = inputs.to(job.device), targets.to(job.device)
     job.optimizer.zero_grad()
     if job.pipeline is not None:

@@ -29,7 +29,7 @@ from tests.distributed.ranks import load, train
 pytestmark = pytest.mark.dist
 
 LOCAL = STDLIB / "local"
-PLANS = ["dp", "fsdp", "tp_sp", "pp_1f1b", "zero1", "ep"]
+PLANS = ["dp", "fsdp", "tp_sp", "pp_1f1b", "zero1", "ep", "cp"]
 FP32 = 4
 ADAM_STATES = 2
 # What torch's Megatron styles leave whole on every tensor rank (docs/running.md, "What runs"): the norms
@@ -85,7 +85,7 @@ def test_dry_run_figures_add_up(name):
     else:
         assert all(r.stages == () for r in ranks)
         assert all(r.parameters == total for r in ranks)  # every rank holds every module
-    if name in ("dp", "zero1"):
+    if name in ("dp", "zero1", "cp"):  # cp: the context axis holds the whole model, as a data axis does
         assert local == [total] * world
     elif name == "fsdp":
         assert sum(local) == total  # every tensor split over dp, nothing stored twice

@@ -1,7 +1,7 @@
 """A plan `plandsl generate` writes runs: on one machine, for a small model, it trains like one process.
 
 The partial plan names the tiny GPT, a node of two CPU devices and tiny.plan's training settings; the
-search fills in the layout (the best one, and the best with tp or pp pinned to 2), and each trains for two steps on 2
+search fills in the layout (the best one, and the best with tp, pp or cp pinned to 2), and each trains for two steps on 2
 forked gloo ranks with `--check-equivalence`.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ plan searched {
 '''
 
 
-@pytest.mark.parametrize("pins", [[], ["tp=2"], ["pp=2"]], ids=["best", "tp", "pp"])
+@pytest.mark.parametrize("pins", [[], ["tp=2"], ["pp=2"], ["cp=2"]], ids=["best", "tp", "pp", "cp"])
 def test_the_generated_plan_trains_like_one_process(tmp_path, pins):
     path, plan_file = tmp_path / "partial.plan", tmp_path / "generated.plan"
     path.write_text(PARTIAL)
@@ -39,6 +39,8 @@ def test_the_generated_plan_trains_like_one_process(tmp_path, pins):
     out = CliRunner().invoke(main, args + [f"--pin={pin}" for pin in pins])
     assert out.exit_code == 0, out.output
     assert "plan searched {" in plan_file.read_text()
+    if "cp=2" in pins:
+        assert "context  = allgather over cp" in plan_file.read_text()
     results = run_ranks(2, train, str(plan_file), steps=2, check_equivalence=True, deadline_s=100)
     assert [r["status"] for r in results] == [0, 0], results[0]["report_text"]
     report = results[0]["report"]

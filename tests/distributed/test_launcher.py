@@ -126,14 +126,14 @@ plan tiny_bad {
 
 CP_PLAN = """\
 import "clusters/local"
-import "local/tiny"
 
-plan tiny_cp {
-  model   = tiny_gpt
+plan mlp_cp {
+  model   = mlp(layers=2, hidden=16, input=8, output=4)
   cluster = localhost
-  mesh    = [cp = 2] over devices[0:2]
-  train   = tiny_train
-  context = ring over cp
+  mesh    = [r = 2, s = 2, cp = 2] over devices[0:8]
+  train   = { global_batch: 8, micro_batch: 1, seq: 8 }
+  data    = hsdp over [r, s]
+  context = allgather over cp
 }
 """
 
@@ -153,18 +153,22 @@ def test_plan_with_an_error_is_reported_and_never_launched(tmp_path):
 @pytest.mark.parametrize("case", ["cp_on_localhost", "long_context_example"])
 def test_plan_the_runtime_cannot_run_is_refused_before_launch(tmp_path, case):
     if case == "cp_on_localhost":
-        plan, line = tmp_path / "cp.plan", 9
+        plan = tmp_path / "cp.plan"
         plan.write_text(CP_PLAN)
     else:
-        plan, line = "stdlib_plans/examples/long_context.plan", 15  # shown as given
+        plan = "stdlib_plans/examples/long_context.plan"  # shown as given
     metrics = tmp_path / "cp.jsonl"
     result = plandsl_run(plan, "--steps", 1, "--metrics", metrics, timeout=CHECK_ONLY_S)
     assert result.returncode == 1, result.output
-    # a valid plan the interpreter refuses: E702 at the `context` attribute
-    assert re.search(rf"^{re.escape(str(plan))}:{line}:13: error\[E702\]: context parallelism "
-                     r"\(`context = ring over cp`\) cannot run", result.output, re.M), result.output
-    if case == "long_context_example":  # every refusal is reported, not just the first
-        assert re.search(rf"^{re.escape(str(plan))}:13:13: error\[E703\]: zero1 together with tensor parallelism",
+    where = re.escape(str(plan))
+    if case == "cp_on_localhost":  # a valid plan the interpreter refuses, every reason reported at its attribute
+        assert re.search(rf"^{where}:9:13: error\[E704\]: context parallelism needs a gpt or llama model",
+                         result.output, re.M), result.output
+        assert re.search(rf"^{where}:8:13: error\[E703\]: hsdp together with context parallelism",
+                         result.output, re.M), result.output
+    else:  # all-gather context parallelism runs; zero1 with tensor parallelism does not
+        assert "E702" not in result.output, result.output
+        assert re.search(rf"^{where}:14:13: error\[E703\]: zero1 together with tensor parallelism",
                          result.output, re.M), result.output
     _assert_not_started(result, metrics)
 

@@ -42,11 +42,15 @@ def _train(rank: int, text: str, gather: bool = False, **config) -> dict:
                                             **config))
     from plandsl.runtime.equivalence import gather_params
     params = gather_params(job.models) if gather else None
-    names = [name for part in job.parts for name, _ in part.named_parameters()]
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+    wrapped = sorted(name for part in job.parts for name, module in part.named_modules()
+                     if isinstance(module, CheckpointWrapper))
     return {"status": status, "losses": list(job.losses),
             "report": asdict(job.report) if job.report else None,
             "report_text": str(job.report) if job.report else None,
-            "params": params, "recomputed": sum("_checkpoint_wrapped_module" in name for name in names),
+            "params": params, "recomputed": len(wrapped), "wrapped": wrapped,
+            "cores": sorted({type(getattr(m, "_checkpoint_wrapped_module", m)).__name__ for part in job.parts
+                             for name, m in part.named_modules() if name.endswith("attn.core")}),
             "dtensors": sum(type(p).__name__ == "DTensor" for part in job.parts for p in part.parameters())}
 
 
@@ -91,6 +95,35 @@ CASES = [
         experts  = alltoall over ep
         stages   = evenly over pp
         schedule = 1f1b""", model=_MOE), 1e-5),
+    # context parallelism: each layer all-gathers K and V over cp; the sequence is split head-tail
+    ("cp", _plan("[cp = 2]", "context = allgather over cp"), 1e-5),
+    ("cp_uneven_chunks", _plan("[cp = 4]", "context = allgather over cp",  # 32 / 8 chunks: balanced
+                               model="gpt(layers=2, hidden=32, heads=4, seq=12, vocab=128)"), 1e-5),  # 12 % 8: contiguous
+    ("llama_gqa_fsdp_x_cp_recompute", _plan("[dp = 2, cp = 2]", """
+        data    = zero3 over dp
+        context = allgather over cp""", model="llama(layers=2, hidden=64, heads=4, kv_heads=2, seq=32, vocab=256)",
+        train="{ global_batch: 8, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0, recompute: full }"), 1e-5),
+    ("cp_x_tp_sp", _plan("[cp = 2, tp = 2]", """
+        tensor  = megatron over tp with sequence_parallel
+        context = allgather over cp"""), 1e-5),
+    ("cp_x_pp", _plan("[pp = 2, cp = 2]", """
+        context  = allgather over cp
+        stages   = evenly over pp
+        schedule = 1f1b""", train="{ global_batch: 8, micro_batch: 2, precision: fp32, lr: 1e-3, seed: 0 }"), 1e-5),
+    # ring: torch's ring attention over the CPU flash kernel, K and V passed around the axis
+    ("ring_cp", _plan("[cp = 2]", "context = ring over cp"), 1e-5),
+    ("ring_cp4_llama_gqa_uneven", _plan("[cp = 4]", "context = ring over cp",  # 12 % 8: contiguous chunks
+                                        model="llama(layers=2, hidden=32, heads=4, kv_heads=2, seq=12, vocab=128)"), 1e-5),
+    ("ring_cp_x_tp_sp", _plan("[cp = 2, tp = 2]", """
+        tensor  = megatron over tp with sequence_parallel
+        context = ring over cp"""), 1e-5),
+    ("ring_llama_fsdp_x_cp_selective", _plan("[dp = 2, cp = 2]", """
+        data    = zero3 over dp
+        context = ring over cp""", model="llama(layers=2, hidden=64, heads=4, kv_heads=2, seq=32, vocab=256)",
+        train="{ global_batch: 8, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0, recompute: selective }"), 1e-5),
+    ("ep_x_cp", _plan("[ep = 2, cp = 2]", """
+        experts = alltoall over ep
+        context = allgather over cp""", model=_MOE), 1e-5),
     ("bf16_fsdp", _plan("[dp = 2]", "data = zero3 over dp",
                         train="{ global_batch: 8, micro_batch: 1, precision: bf16, lr: 1e-3, seed: 0 }"), 2e-2),
     ("fp16_loss_scaling", _plan("[dp = 2]", "data = replicate over dp",
@@ -117,8 +150,11 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_layout_trains_like_one_process(case):
     name, text, tolerance = case
-    world = load(text).mesh.size
-    _check(run_ranks(world, _train, text, deadline_s=60 + 20 * world), tolerance)
+    plan = load(text)
+    first = _check(run_ranks(plan.mesh.size, _train, text, deadline_s=60 + 20 * plan.mesh.size), tolerance)
+    if plan.context is not None:  # the attention cores really are context-parallel ones
+        kind = {"ring": "RingAttentionCore", "allgather": "GatheredAttentionCore"}[plan.context.kind]
+        assert first["cores"] == [kind], first["cores"]
 
 
 def test_recomputation_wraps_blocks_and_computes_the_same():
@@ -127,7 +163,9 @@ def test_recomputation_wraps_blocks_and_computes_the_same():
                      train=f"{{ global_batch: 8, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0, recompute: {mode} }}")
         results = run_ranks(2, _train, text, deadline_s=100)
         _check(results)
-        assert results[0]["recomputed"] > 0, mode  # the blocks really run under checkpoint_wrapper
+        assert results[0]["recomputed"] == 4, mode  # the blocks really run under checkpoint_wrapper
+        wrapped = results[0]["wrapped"]  # selective: only the attention core (Korthikanti et al. 2022)
+        assert all(name.endswith(".attn.core" if mode == "selective" else "") for name in wrapped), wrapped
 
 
 def test_tensor_parallel_parameters_are_dtensors():
@@ -217,3 +255,18 @@ def test_tied_embeddings_stay_in_sync_across_stages(mesh, lines):
     params = results[0]["params"]
     assert "head.weight" in params  # the last stage's copy, gathered under its own name
     assert torch.equal(params["head.weight"], params["embed.tok.weight"])
+
+
+def test_context_parallelism_refuses_what_it_cannot_run():
+    from plandsl.runtime.support import refusals
+    runs = _plan("[dp = 2, cp = 2]", "data = zero3 over dp\ncontext = allgather over cp")
+    assert refusals(load(runs)) == []
+    ring = load(runs.replace("allgather", "ring"))
+    assert refusals(ring, cuda=False) == []  # torch's ring over the CPU kernel
+    (refused,) = refusals(ring, cuda=True)   # its CUDA kernels are not checked yet
+    assert refused.code == "E702" and "`context = allgather over cp`" in refused.hint
+    hsdp = _plan("[r = 2, s = 2, cp = 2]", "data = hsdp over [r, s]\ncontext = allgather over cp")
+    assert [d.code for d in refusals(load(hsdp))] == ["E703"]
+    mlp = _plan("[cp = 2]", "context = allgather over cp", model="mlp(layers=2, hidden=16, input=8, output=4)",
+                train="{ global_batch: 8, micro_batch: 1, seq: 8 }")
+    assert [d.code for d in refusals(load(mlp))] == ["E704"]

@@ -163,3 +163,23 @@ def test_each_zero3_unit_pays_the_collective_latency():
     assert ten.forward == pytest.approx(10 * ring)
     # Backward: each unit's gather and reduce-scatter, the last reduce-scatter behind later work.
     assert ten.backward == pytest.approx(ring + 9 * 2 * ring)
+
+
+def test_allgather_context_parallelism_gathers_kv_on_the_critical_path_and_shards_zero_over_cp():
+    from plandsl.cost.estimate import estimate_layer_time, plan_work
+    from plandsl.models import layers_of
+    gather = load(mesh="dp = 4, cp = 4", recompute="none", extra="data = zero1 over dp\n  context = allgather over cp")
+    ring = load(mesh="dp = 4, cp = 4", recompute="none", extra="data = zero1 over dp\n  context = ring over cp")
+    block = layers_of(gather.model)[1]
+    device = gather.cluster.groups[0].node.device
+    links = plan_links(gather)
+    assert (links.cp.size, links.data.size) == (4, 16)  # gradients are reduced over dp x cp
+    layer = estimate_layer_time(gather.model, block, plan_work(gather), device, links)
+    kv = 2 * 2 * 1024 * 1024 * 2  # K and V of the whole sequence: 2 x micro-batch 2 x s x h, 2 bytes
+    assert layer.forward_comm == pytest.approx(collective_seconds("all_gather", kv, links.cp))
+    assert layer.backward_comm == pytest.approx(collective_seconds("reduce_scatter", kv, links.cp))
+    rotated = estimate_layer_time(ring.model, block, plan_work(ring), device, plan_links(ring))
+    assert rotated.forward_comm < layer.forward_comm  # the ring hides behind the attention core here
+    # ZeRO-1 shards the optimizer over all 16 ranks holding the same parameters, as dp = 16 does
+    flat = load(mesh="dp = 16", recompute="none", extra="data = zero1 over dp")
+    assert estimate_plan(gather).memory[0].optimizer == pytest.approx(estimate_plan(flat).memory[0].optimizer)

@@ -357,7 +357,7 @@ def test_no_defaults_for_other_axis_names():
 def test_context_and_expert_defaults():
     p = the_plan(plan(mesh="[dp = 2, cp = 2, ep = 2]",
                       model="llama(layers=2, hidden=512, heads=8, seq=256, vocab=1000, experts=4)"))
-    has(p.context, kind="ring", axis="cp")
+    has(p.context, kind="allgather", axis="cp")  # the kind that runs on every backend
     has(p.experts, kind="alltoall", axis="ep")
 
 

@@ -188,8 +188,16 @@ def test_fp32_doubles_and_context_parallel_splits_sequence():
     block = layers_of(GPT3)[1]
     base = estimate_layer_activations(plan(GPT3, [("dp", 1)]), block)
     assert estimate_layer_activations(plan(GPT3, [("dp", 1)], precision="fp32"), block) == 2 * base
-    cp = plan(GPT3, [("cp", 4)], context=ir.ContextParallel(axis="cp"))
-    assert estimate_layer_activations(cp, block) == base / 4
+    ring = plan(GPT3, [("cp", 4)], context=ir.ContextParallel(kind="ring", axis="cp"))
+    assert estimate_layer_activations(ring, block) == base / 4
+    # allgather keeps K and V of the whole sequence for the attention backward: 2 x 2sbh (MHA), not 2 x 2sbh/4
+    gather = plan(GPT3, [("cp", 4)], context=ir.ContextParallel(kind="allgather", axis="cp"))
+    assert estimate_layer_activations(gather, block) == base / 4 + 4 * (SBH / 4) * (4 - 1)
+    # selective recomputation reruns the core with its gather: only the local K and V are kept
+    selective = {kind: plan(GPT3, [("cp", 4)], context=ir.ContextParallel(kind=kind, axis="cp"),
+                            recompute="selective") for kind in ("ring", "allgather")}
+    assert estimate_layer_activations(selective["allgather"], block) == estimate_layer_activations(
+        selective["ring"], block) == estimate_layer_activations(plan(GPT3, [("dp", 1)], recompute="selective"), block) / 4
 
 
 def test_logits_and_inflight_scale():

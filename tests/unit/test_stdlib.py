@@ -35,7 +35,7 @@ def test_the_library_has_its_files():
         assert expected in names
     local = {p.stem for p in LOCAL}
     assert {"dp", "zero1", "fsdp", "tp_sp", "pp_1f1b", "pp_interleaved", "pp_custom_schedule", "dp_tp",
-            "dp_pp", "tp_pp", "3d"} <= local
+            "dp_pp", "tp_pp", "3d", "cp"} <= local
 
 
 def test_stdlib_imports_resolve_to_this_tree():
