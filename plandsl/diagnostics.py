@@ -8,7 +8,7 @@ API boundary.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from plandsl.codes import CODES

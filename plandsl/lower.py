@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from plandsl import ir
 from plandsl import syntax as s
 from plandsl.diagnostics import Note, did_you_mean
-from plandsl.evaluate import Poison, Q, Rep, Reporter, Scope, Word
+from plandsl.evaluate import Poison, Rep, Reporter, Scope, Word
 from plandsl.loader import Loaded
 from plandsl.lower_plan import lower_plan
 from plandsl.units import BANDWIDTH, BYTES, FLOPS, TIME

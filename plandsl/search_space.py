@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 from plandsl import ir
 from plandsl.cost.compute import Efficiency, Work
-from plandsl.cost.estimate import (LayerTime, StageTime, estimate_layer_time, estimate_plan, fsdp_units, mesh_links,
-                                   param_split, pipeline_p2p_seconds, rank_tail, slowest, stage_time, zero_traffic)
+from plandsl.cost.estimate import estimate_plan, pipeline_p2p_seconds
+from plandsl.cost.layer import LayerTime, estimate_layer_time, mesh_links
+from plandsl.cost.stage import StageTime, fsdp_units, param_split, rank_tail, slowest, stage_time, zero_traffic
 from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, gathered_bytes, inflight_microbatches,
                                  model_state_bytes, tied_embedding)
 from plandsl.models import Layer, layers_of

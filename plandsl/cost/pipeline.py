@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from plandsl import ir
 from plandsl.check.memory import estimate_plan_memory
-from plandsl.cost.estimate import estimate_stage_times, pipeline_p2p, plan_links, plan_work
+from plandsl.cost.estimate import estimate_stage_times, pipeline_p2p, plan_work
+from plandsl.cost.layer import plan_links
 from plandsl.cost.memory import estimate_layer_activations
 from plandsl.placement import Assignment
 from plandsl.schedules.simulate import Costs

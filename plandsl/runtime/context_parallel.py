@@ -18,7 +18,7 @@ computes:
   of scores is computed, the partial outputs merged by their log-sum-exp, and the K/V gradients
   travel the ring back. torch maps its ring only onto the CUDA SDPA kernels; here it runs the CPU
   flash kernel (`_scaled_dot_product_flash_attention_for_cpu` and its backward), GQA's K and V
-  rotated unexpanded. torch's ring is a private API: pinned by tests/distributed (CUDA is refused,
+  rotated with their own head count. torch's ring is a private API: pinned by tests/distributed (CUDA is refused,
   E702, until it is checked on a GPU);
 - load balance: with a causal mask the last tokens attend to the most keys, so the sequence is cut
   into 2·cp chunks and rank r holds chunks r and 2·cp-1-r (Megatron-LM's and torch's head-tail
@@ -36,7 +36,7 @@ from torch import nn
 from torch.distributed._functional_collectives import all_gather_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
 
-from plandsl.runtime.models import Attention, Embedding, expand_kv
+from plandsl.runtime.models import Attention, Embedding
 
 SEQ_DIM = 2  # attention's q, k, v are [batch, heads, seq, head_dim]
 
@@ -65,7 +65,7 @@ class GatheredAttentionCore(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k, v = (all_gather_single_autograd(t.contiguous(), SEQ_DIM, self.group) for t in (k, v))
-        return F.scaled_dot_product_attention(q, *expand_kv(q, k, v), attn_mask=self.mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, enable_gqa=k.shape[1] != q.shape[1])
 
 
 class RingAttentionCore(nn.Module):
@@ -100,21 +100,15 @@ class _RingAttention(torch.autograd.Function):
 
 
 def _cpu_forward(query, key, value, *, is_causal):
-    """One block of ring attention: (output, log-sum-exp of each query's scores)."""
-    key, value = expand_kv(query, key, value)
+    """One block of ring attention: (output, log-sum-exp of each query's scores); the CPU flash kernel
+    takes GQA's fewer K/V heads as they are."""
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, is_causal)
 
 
 def _cpu_backward(*, grad_out, query, key, value, out, logsumexp, is_causal):
-    """The gradients of one block; under GQA those of the expanded K and V summed per kv head."""
-    heads = key.shape[1]
-    wide_key, wide_value = expand_kv(query, key, value)
-    grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        grad_out, query, wide_key, wide_value, out, logsumexp, 0.0, is_causal)
-    grad_q, grad_k, grad_v = grads[:3]
-    if heads != query.shape[1]:
-        grad_k, grad_v = (g.unflatten(1, (heads, -1)).sum(2) for g in (grad_k, grad_v))
-    return grad_q, grad_k, grad_v
+    """The gradients of one block (of q, k and v, each shaped like its input)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_out, query, key, value, out, logsumexp, 0.0, is_causal)[:3]
 
 
 def apply_cp(model: nn.Module, kind: str, cp_mesh: DeviceMesh, seq: int, device: torch.device) -> None:

@@ -55,20 +55,13 @@ class KeyProjection(nn.Linear):
 
 class AttentionCore(nn.Module):
     """softmax(q kᵀ / √d + causal mask) v on [batch, heads, seq, head_dim] tensors, k and v with fewer
-    heads under grouped-query attention. No parameters: `selective` recomputation wraps exactly this
-    (Korthikanti et al. 2022's attention core), and context parallelism replaces it
+    heads under grouped-query attention (SDPA's `enable_gqa`: the kernel reads each kv head for its
+    group of q heads, nothing widened is stored). No parameters: `selective` recomputation wraps
+    exactly this (Korthikanti et al. 2022's attention core), and context parallelism replaces it
     (plandsl.runtime.context_parallel)."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, *expand_kv(q, k, v), is_causal=True)
-
-
-def expand_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """k and v with as many heads as q (grouped-query attention: each kv head serves several q heads)."""
-    if k.shape[1] == q.shape[1]:
-        return k, v
-    groups = q.shape[1] // k.shape[1]
-    return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
 
 
 class Attention(nn.Module):

@@ -9,7 +9,9 @@ from plandsl import api
 from plandsl.check.memory import estimate_plan_memory
 from plandsl.cli import main
 from plandsl.cost.comm import collective_seconds
-from plandsl.cost.estimate import estimate_plan, plan_links, rank_tail
+from plandsl.cost.estimate import estimate_plan
+from plandsl.cost.layer import plan_links
+from plandsl.cost.stage import rank_tail
 from plandsl.cost.pipeline import estimate_stage_costs
 from plandsl.placement import assign_stages
 
@@ -135,7 +137,8 @@ def test_zero3_overlaps_each_unit_with_its_neighbours_compute_only(compute_per_u
     # unit's gather has no compute beside it; the last unit's reduce-scatter runs behind the rank's
     # next work (Zhao et al. 2023, prefetching): g + (u - 1)·max(c, traffic) + c.
     from plandsl.cost.comm import GroupLinks
-    from plandsl.cost.estimate import Links, zero_traffic
+    from plandsl.cost.layer import Links
+    from plandsl.cost.stage import zero_traffic
     u, element, dense = 4, 2, 1e9
     # One node of 2 devices, no latency: an all-gather or reduce-scatter of S bytes takes S/2/bandwidth.
     bandwidth = dense / u * element / 2 / traffic_per_unit
@@ -153,7 +156,8 @@ def test_zero3_overlaps_each_unit_with_its_neighbours_compute_only(compute_per_u
 
 def test_each_zero3_unit_pays_the_collective_latency():
     from plandsl.cost.comm import GroupLinks
-    from plandsl.cost.estimate import Links, zero_traffic
+    from plandsl.cost.layer import Links
+    from plandsl.cost.stage import zero_traffic
     latency = 1e-3
     links = Links(data=GroupLinks(4, 4, 1, 1e30, latency, 1e30, 0.0))  # bandwidth free: latency only
     one = zero_traffic(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1e9, 0.0, 3, 2, links, units=1)
@@ -166,7 +170,8 @@ def test_each_zero3_unit_pays_the_collective_latency():
 
 
 def test_allgather_context_parallelism_gathers_kv_on_the_critical_path_and_shards_zero_over_cp():
-    from plandsl.cost.estimate import estimate_layer_time, plan_work
+    from plandsl.cost.estimate import plan_work
+    from plandsl.cost.layer import estimate_layer_time
     from plandsl.models import layers_of
     gather = load(mesh="dp = 4, cp = 4", recompute="none", extra="data = zero1 over dp\n  context = allgather over cp")
     ring = load(mesh="dp = 4, cp = 4", recompute="none", extra="data = zero1 over dp\n  context = ring over cp")

@@ -1,0 +1,148 @@
+"""One layer's seconds per microbatch: its compute plus the communication on the critical path.
+
+Stage: cost model. Contract: `plan_links(plan)` / `mesh_links(...)` say over which links each parallel
+group of a mesh communicates (`cost.comm.GroupLinks`); `estimate_layer_time(model, layer, work,
+device, links)` is the layer's compute (`cost.compute`) plus the collectives its forward and backward
+wait for: tensor-parallel all-reduces (or SP's all-gather + reduce-scatter), expert all-to-alls, and
+context parallelism's K/V gather or the part of its ring that attention does not hide. Pure.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plandsl import ir
+from plandsl.cost.comm import NO_COMM, GroupLinks, collective_seconds, group_links
+from plandsl.cost.compute import Efficiency, LayerCompute, Work, estimate_layer_compute
+from plandsl.models import Layer, kv_width
+
+
+# ---- links of each parallel axis -----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Links:
+    """Where each parallel group of the plan communicates (`cost.comm.GroupLinks`)."""
+
+    tp: GroupLinks = NO_COMM
+    cp: GroupLinks = NO_COMM
+    ep: GroupLinks = NO_COMM
+    pp: GroupLinks = NO_COMM
+    data: GroupLinks = NO_COMM          # dense gradients: the data axes, the expert and the context axis
+    expert_data: GroupLinks = NO_COMM   # expert gradients: the data and the context axes
+    replicate: GroupLinks = NO_COMM     # hsdp: the replicate axis
+
+
+def plan_links(plan: ir.Plan) -> Links:
+    return mesh_links(plan.cluster, tuple((a.name, a.size) for a in plan.mesh.axes), plan.mesh.first_device,
+                      tuple(plan.data.axes) if plan.data else (), plan.data.kind if plan.data else "",
+                      plan.tensor.axis if plan.tensor else None, plan.context.axis if plan.context else None,
+                      plan.experts.axis if plan.experts else None, plan.stages.axis if plan.stages else None)
+
+
+def mesh_links(cluster: ir.Cluster, axes: tuple[tuple[str, int], ...], first_device: int,
+               data_axes: tuple[str, ...], data_kind: str, tensor: str | None, context: str | None,
+               expert: str | None, stage: str | None) -> Links:
+    """Links of every parallel group of a mesh whose axes play the given roles."""
+    def links(*names: str | None) -> GroupLinks:
+        wanted = [n for n in names if n]
+        return group_links(cluster, axes, wanted, first_device) if wanted else NO_COMM
+
+    shard_axes, replicate = data_axes, NO_COMM
+    if data_kind == "hsdp":
+        shard_axes, replicate = data_axes[-1:], links(*data_axes[:-1])
+    # The context axis holds the same parameters for other tokens: gradients are reduced (and ZeRO
+    # shards) over it too (cost.memory.zero_degrees).
+    context_data = context if context not in shard_axes else None
+    return Links(tp=links(tensor), cp=links(context), ep=links(expert), pp=links(stage),
+                 data=links(*shard_axes, expert if expert not in shard_axes else None, context_data),
+                 expert_data=links(*(a for a in shard_axes if a != expert), context_data),
+                 replicate=replicate)
+
+
+# ---- one layer: compute plus critical-path communication ------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class LayerTime:
+    """Seconds of one microbatch through one layer on one device, communication included."""
+
+    forward: float
+    input_grad: float
+    weight_grad: float
+    forward_comm: float
+    backward_comm: float
+    flops: float
+    recompute_flops: float
+
+    @property
+    def backward(self) -> float:
+        return self.input_grad + self.weight_grad
+
+
+def estimate_layer_time(model: ir.Model, layer: Layer, work: Work, device: ir.DeviceType, links: Links,
+                        efficiency: Efficiency | None = None) -> LayerTime:
+    compute = estimate_layer_compute(model, layer, work, device, efficiency)
+    forward_comm, backward_comm = _layer_comm(model, layer, work, links, compute)
+    return LayerTime(compute.forward + forward_comm, compute.input_grad + backward_comm, compute.weight_grad,
+                     forward_comm, backward_comm, compute.flops, compute.recompute_flops)
+
+
+def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute: LayerCompute) -> tuple[float, float]:
+    """(forward, backward) seconds of communication a layer waits for, per microbatch."""
+    if not isinstance(model, ir.TransformerModel):
+        return 0.0, 0.0  # mlp and written layers are not tensor parallel (cost.memory's defaults)
+    element = work.precision.bytes
+    activation = work.tokens * model.hidden * element  # one [b, s/cp, h] tensor
+    full = work.recompute is ir.Recompute.full
+
+    def tp_pair() -> float:
+        # Megatron (Shoeybi et al. 2019, Sec. 3): one all-reduce of [b, s, h]; with sequence
+        # parallelism an all-gather plus a reduce-scatter of the same volume (Korthikanti et al. 2022, Sec. 4.2.2).
+        if work.sequence_parallel:
+            return (collective_seconds("all_gather", activation, links.tp)
+                    + collective_seconds("reduce_scatter", activation, links.tp))
+        return collective_seconds("all_reduce", activation, links.tp)
+
+    if layer.kind == "embed":
+        return tp_pair(), 0.0  # vocabulary-parallel embedding: partial sums reduced once
+    if layer.kind == "head":
+        gather = collective_seconds("all_gather", activation, links.tp) if work.sequence_parallel else 0.0
+        # Vocabulary-parallel cross entropy: max, sum and target logit per token (3 fp32 all-reduces).
+        loss = collective_seconds("all_reduce", 3 * 4 * work.tokens, links.tp)
+        return gather + loss, tp_pair()
+    if layer.kind != "block":
+        return 0.0, 0.0
+    pair = tp_pair()
+    forward, backward = 2 * pair, 2 * pair  # after attention and after the MLP, both directions
+    if model.experts and links.ep.size > 1:
+        # Dispatch and combine all-to-alls of the routed tokens (Lepikhin et al. 2020, GShard), twice
+        # in each direction; sequence parallelism leaves each tensor-parallel rank 1/t of the tokens.
+        routed = work.tokens * model.top_k * model.hidden * element / (work.tp if work.sequence_parallel else 1)
+        a2a = collective_seconds("all_to_all", routed, links.ep)
+        forward, backward = forward + 2 * a2a, backward + 2 * a2a
+        if full:
+            backward += 2 * a2a
+    if links.cp.size > 1 and work.gather_kv:
+        # All-gather context parallelism (Llama Team 2024, arXiv:2407.21783, Sec. 3.3.2): K and V of
+        # the whole sequence are gathered before the attention core, on its critical path ("the
+        # all-gather communication latency is exposed"); the backward reduce-scatters their
+        # gradients, and recomputation (full, or selective: the core with its gather) gathers again.
+        gathered = 2 * work.tokens * links.cp.size * kv_width(model) / work.tp * element
+        gather = collective_seconds("all_gather", gathered, links.cp)
+        forward += gather
+        backward += collective_seconds("reduce_scatter", gathered, links.cp)
+        if work.recompute is not ir.Recompute.none:
+            backward += gather
+    elif links.cp.size > 1:
+        # Ring attention (Liu et al. 2023): cp - 1 steps pass the local K and V chunk on while the
+        # attention core works; only what the core does not hide is exposed. Backward passes K, V
+        # and their gradients (twice the bytes) behind a core twice as long.
+        chunk = 2 * work.tokens * kv_width(model) / work.tp * element
+        ring = (links.cp.size - 1) * collective_seconds("p2p", chunk, links.cp)
+        exposed = max(0.0, ring - compute.attention)
+        forward += exposed
+        backward += max(0.0, 2 * ring - 2 * compute.attention)
+        if full:
+            backward += exposed
+    if full:
+        backward += 2 * pair  # the forward's collectives, rerun by the recomputation
+    return forward, backward
+
+
+__all__ = ["Links", "plan_links", "mesh_links", "LayerTime", "estimate_layer_time"]

@@ -1,0 +1,161 @@
+"""A pipeline stage's microbatch and a pipeline rank's tail: layers summed, ZeRO's traffic added.
+
+Stage: cost model. Contract: `stage_time(layer_times, params, zero_stage, ...)` sums a stage's layers
+and lengthens F and B by ZeRO-2/3's per-unit traffic (`zero_traffic`); `rank_tail(stages, ...)` is
+what a rank does after its last backward: the exposed gradient reduction (ZeRO-0/1, hsdp's
+replicas) and the optimizer step. Pure.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from plandsl import ir
+from plandsl.cost.comm import collective_seconds
+from plandsl.cost.compute import estimate_optimizer_step, peak_of
+from plandsl.cost.layer import LayerTime, Links
+from plandsl.cost.memory import local_numel
+from plandsl.models import Layer
+
+_EXPERT = "experts"
+
+
+# ---- stages and ranks ------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StageTime:
+    """Seconds of one microbatch through one stage (F, I, W; B = I + W), ZeRO traffic included."""
+
+    forward: float
+    input_grad: float
+    weight_grad: float
+    comm: float          # communication inside F and B (critical path)
+    flops: float         # forward FLOPs per device
+    recompute_flops: float
+    dense_params: float  # parameters held per device (after tensor/expert parallelism)
+    expert_params: float
+
+    @property
+    def backward(self) -> float:
+        return self.input_grad + self.weight_grad
+
+    @property
+    def compute(self) -> float:
+        return self.forward + self.backward - self.comm
+
+
+def param_split(layer: Layer, tp: int, ep: int) -> tuple[int, int]:
+    """(dense, expert) elements of a layer's parameters on one device."""
+    dense = expert = 0
+    for param in layer.params:
+        count = local_numel(param, tp, ep)
+        if len(param.dims) == 3 and param.dims[0] == _EXPERT:
+            expert += count
+        else:
+            dense += count
+    return dense, expert
+
+
+def fsdp_units(layers: Sequence[Layer]) -> int:
+    """The units ZeRO-2/3 gather and reduce one at a time: each block (or written layer), and the
+    stage's other layers together (the root), as `runtime.data_parallel.apply_fsdp` wraps them."""
+    blocks = sum(1 for layer in layers if layer.kind in ("block", "custom"))
+    return max(1, blocks + (1 if blocks < len(layers) else 0))
+
+
+def stage_time(times: Sequence[LayerTime], params: Sequence[tuple[int, int]], zero_stage: int,
+               element: int, links: Links, units: int | None = None) -> StageTime:
+    """Sum the layers of a stage (then `zero_traffic`); `units`: its FSDP units (default: one per layer)."""
+    return zero_traffic(sum(t.forward for t in times), sum(t.input_grad for t in times),
+                        sum(t.weight_grad for t in times), sum(t.forward_comm + t.backward_comm for t in times),
+                        sum(t.flops for t in times), sum(t.recompute_flops for t in times),
+                        float(sum(p[0] for p in params)), float(sum(p[1] for p in params)),
+                        zero_stage, element, links, units or len(times))
+
+
+def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: float, flops: float,
+                 recompute_flops: float, dense: float, expert: float, zero_stage: int, element: int,
+                 links: Links, units: int = 1) -> StageTime:
+    """A stage's microbatch with ZeRO's per-microbatch traffic, one collective per unit.
+
+    ZeRO-3 all-gathers every unit's parameters before its forward and again before its backward,
+    and reduce-scatters its gradients after: 3x the parameter volume (Rajbhandari et al. 2020,
+    Sec. 5.3 and 7.2); ZeRO-2 only reduce-scatters. Each unit is its own collective (FSDP, Zhao et
+    al. 2023, Sec. 3.4), so each pays the ring's latency. Prefetching overlaps a unit's traffic
+    with the neighbouring unit's compute only, so the first unit's all-gather waits with nothing to
+    hide behind; the last unit's reduce-scatter is asynchronous and runs behind whatever the rank
+    computes next. With u equal units of compute c and traffic x (backward: all-gather g plus
+    reduce-scatter s) a pass takes g + (u - 1)·max(c, x) + c: for the forward max(C, X) + min(c, x).
+    """
+    if zero_stage >= 2:
+        units = max(1, units)
+        scatter = _over_data("reduce_scatter", dense / units, expert / units, element, links)
+        gather = _over_data("all_gather", dense / units, expert / units, element, links) \
+            if zero_stage >= 3 else 0.0
+        backward = input_grad + weight_grad
+
+        def overlapped(compute: float, traffic: float, first: float) -> float:
+            if traffic <= 0.0:
+                return compute
+            return first + (units - 1) * max(compute / units, traffic) + compute / units
+
+        longer_forward = overlapped(forward, gather, gather)
+        longer_backward = overlapped(backward, gather + scatter, gather)
+        comm += (longer_forward - forward) + (longer_backward - backward)
+        forward, input_grad = longer_forward, input_grad + longer_backward - backward
+    return StageTime(forward, input_grad, weight_grad, comm, flops, recompute_flops, dense, expert)
+
+
+def _over_data(collective: str, dense: float, expert: float, element: int, links: Links) -> float:
+    """A collective of dense parameters over the data (+expert) axes and of expert ones over data."""
+    return (collective_seconds(collective, dense * element, links.data)
+            + collective_seconds(collective, expert * element, links.expert_data))
+
+
+@dataclass(frozen=True, slots=True)
+class RankTail:
+    """What a pipeline rank does after its last backward: exposed gradient reduction, optimizer."""
+
+    exposed: float
+    optimizer: float
+
+
+def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, int], element: int,
+              links: Links, device: ir.DeviceType, optimizer: ir.Optimizer,
+              precision: ir.Precision) -> RankTail:
+    """Exposed data-parallel traffic and the optimizer step of one pipeline rank.
+
+    ZeRO-0 all-reduces the gradients (bucketed, behind the backward of the last microbatch, as
+    torch DDP and Megatron's overlap_grad_reduce do); ZeRO-1 reduce-scatters them the same way and
+    all-gathers the updated parameters behind the next step's first forward (Megatron's distributed
+    optimizer); ZeRO-2 reduced them already, and gathers the parameters; ZeRO-3 has nothing left.
+    hsdp adds an all-reduce of its shard over the replicate axis. The optimizer step updates the
+    parameters a device owns: all of them, or 1/N_d with ZeRO >= 1 (Rajbhandari et al. 2020).
+    """
+    dense = sum(s.dense_params for s in stages)
+    expert = sum(s.expert_params for s in stages)
+    backward = sum(s.backward for s in stages)
+    forward = sum(s.forward for s in stages)
+    exposed = 0.0
+    if zero_stage == 0:
+        exposed = max(0.0, _over_data("all_reduce", dense, expert, element, links) - backward)
+    elif zero_stage == 1:
+        exposed = max(0.0, _over_data("reduce_scatter", dense, expert, element, links) - backward)
+        exposed += max(0.0, _over_data("all_gather", dense, expert, element, links) - forward)
+    elif zero_stage == 2:
+        exposed = max(0.0, _over_data("all_gather", dense, expert, element, links) - forward)
+    dense_degree, expert_degree = degrees
+    if links.replicate.size > 1:
+        shard = dense / dense_degree + expert / expert_degree
+        exposed += max(0.0, collective_seconds("all_reduce", shard * element, links.replicate) - backward)
+    owned = dense + expert if zero_stage == 0 else math.ceil(dense / dense_degree) + math.ceil(expert / expert_degree)
+    return RankTail(exposed, estimate_optimizer_step(owned, device, optimizer, precision))
+
+
+def slowest(devices: Sequence[ir.DeviceType], precision: ir.Precision) -> ir.DeviceType:
+    """The device that bounds a group: the lowest peak, then the lowest bandwidth."""
+    return min(devices, key=lambda d: (peak_of(d, precision), d.bandwidth, d.memory))
+
+
+__all__ = ["StageTime", "stage_time", "zero_traffic", "fsdp_units", "param_split", "RankTail", "rank_tail",
+           "slowest"]
