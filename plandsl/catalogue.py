@@ -449,6 +449,26 @@ _entry("E306", """
     }}
     """, "Say what the axis is for: here tensor parallelism.", ("mp = 4]\n", "mp = 4]\n  tensor  = megatron over mp\n"))
 
+_entry("E307", """
+    One mesh axis is named by two parallelisms. An axis is one coordinate of the devices, and
+    each parallelism splits its own thing along its axis: the batch (data), the weights
+    (tensor), the sequence (context), the layers (stages). Two on one axis would split two
+    things along the same coordinate: ranks would hold neither a full batch share nor a full
+    layer. The one sharing allowed is the expert axis with a data axis, since expert
+    parallelism splits the batch too.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model   = {_GPT}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 2, tp = 4]
+      train   = {{ global_batch: 16, micro_batch: 1 }}
+      tensor  = megatron over tp
+      stages  = evenly over tp
+    }}
+    """, "Give the pipeline an axis of its own.", ("[dp = 2, tp = 4]", "[pp = 2, tp = 4]"),
+    ("stages  = evenly over tp", "stages  = evenly over pp"))
+
 # ---- E4xx: placement and sharding --------------------------------------------------------------
 _entry("E401", """
     A `stages` block puts one layer on two pipeline stages. A layer's weights live on
@@ -839,10 +859,11 @@ _entry("E702", """
     The plan splits the sequence over a context-parallel axis in a way the interpreter cannot
     run on this machine's backend. `ring` runs torch's ring attention (the algorithm behind
     torch's `context_parallel`) over the CPU flash-attention kernel with gloo; on CUDA it
-    would run over the CUDA SDPA kernels, a path not yet checked on a GPU, so with CUDA
-    present `plandsl run` refuses it rather than run it unchecked. `allgather` computes the
-    same attention on every backend: each layer all-gathers K and V over the axis before the
-    attention core (Llama 3's context parallelism).
+    would need the CUDA attention kernels, whose outputs it merges differently, and that path
+    is not written yet (no GPU has checked it), so with CUDA present `plandsl run` refuses
+    it. `allgather` computes the same attention with public torch only (functional
+    collectives and SDPA with a mask), on CPU and CUDA: each layer all-gathers K and V over
+    the axis before the attention core (Llama 3's context parallelism).
     """, _local_plan("context = ring over cp", mesh="[cp = 2]"),
     "Gather K and V instead of passing them around the ring; the ring plan still estimates, renders and runs on CPU.",
     ("context = ring over cp", "context = allgather over cp"), on_cuda=True)
@@ -851,7 +872,7 @@ _entry("E703", """
     Two parallelisms the plan combines cannot run together with torch's building blocks.
     `zero1` shards the optimizer with `ZeroRedundancyOptimizer`, which broadcasts plain
     tensors: it takes neither tensor-parallel (DTensor) parameters nor expert shards. Expert
-    parallelism also needs an axis of its own, and does not run with `hsdp`.
+    and context parallelism do not run with `hsdp`.
     """, _local_plan("data    = zero1 over dp\n      tensor  = megatron over tp", mesh="[dp = 2, tp = 2]"),
     "Shard the optimizer with FSDP instead (zero2 or zero3 run with tensor parallelism).",
     ("zero1 over dp", "zero3 over dp"))

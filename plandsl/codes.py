@@ -36,6 +36,7 @@ CODES: dict[str, str] = {
     "E304": "duplicate mesh axis",
     "E305": "mesh axis size must be a positive integer",
     "E306": "parallelism needs a mesh axis",
+    "E307": "mesh axis used by two parallelisms",
     # E4xx: placement and sharding
     "E401": "layer placed on two stages",
     "E402": "layer not placed on any stage",

@@ -2,7 +2,7 @@
 stages, schedule and shard rules (E2xx, and E302/E304/E305 for mesh axes by name).
 
 Conventional axis names give defaults, so the common case stays short: an axis `dp`
-means plain data parallel over it, `tp` Megatron tensor parallel, `cp` ring context
+means plain data parallel over it, `tp` Megatron tensor parallel, `cp` all-gather context
 parallel, `ep` expert parallel and `pp` stages split evenly with the `1f1b` schedule,
 unless the plan says otherwise.
 """

@@ -44,7 +44,7 @@ PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches"
 PIN_ALIASES = {"mb": "micro_batch_size", "micro_batch": "micro_batch_size", "microbatches": "num_microbatches",
                "m": "num_microbatches", "virtual": "virtual_stages", "zero": "zero_stage"}
 # Context parallelism as the search proposes it: K and V all-gathered (Llama 3's choice), which
-# `plandsl run` runs on every backend; `ring` is costed when a plan asks for it (it runs on CPU, E702 on CUDA).
+# `plandsl run` runs on CPU and CUDA; `ring` is costed when a plan asks for it (it runs on CPU, E702 on CUDA).
 CONTEXT = "allgather"
 
 
@@ -95,7 +95,7 @@ class Candidate:
     def describe(self) -> str:
         axes = " ".join(f"{k}={v}" for k, v in self.degrees().items() if v > 1) or "1 device"
         pipeline = f" {self.schedule}" + (f" v={self.virtual_stages}" if self.virtual_stages > 1 else "") \
-            if self.pp > 1 else ""
+            if self.pp > 1 and self.schedule else ""  # a node's record has no schedule yet
         return (f"{axes} mb={self.micro_batch_size} m={self.num_microbatches}{pipeline} "
                 f"zero{self.zero_stage} recompute={self.recompute}")
 

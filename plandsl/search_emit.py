@@ -215,9 +215,17 @@ def _stages(scored: Scored, problem: Problem) -> list[str]:
 
 
 # ---- JSON and text -----------------------------------------------------------------------------------------
+def run_refusals(scored: Scored) -> list[str]:
+    """Why `plandsl run` would refuse the candidate's plan ("E703: ..."), empty when it runs. The cost
+    model ranks every plan; the interpreter runs most of them (docs/running.md, "Not supported yet")."""
+    from plandsl.runtime.support import refusals
+    return [f"{d.code}: {d.message}" for d in refusals(scored.plan, cuda=False)]
+
+
 def candidate_json(scored: Scored, text: str) -> dict:
     c, e = scored.candidate, scored.estimate
-    return {"degrees": c.degrees(), **c.degrees(), "mesh_order": list(c.order),
+    refused = run_refusals(scored)
+    return {"runs": not refused, "refused": refused, "degrees": c.degrees(), **c.degrees(), "mesh_order": list(c.order),
             "micro_batch_size": c.micro_batch_size, "num_microbatches": c.num_microbatches,
             "schedule": c.schedule or None, "virtual_stages": c.virtual_stages, "zero_stage": c.zero_stage,
             "recompute": c.recompute, "sequence_parallel": c.sequence_parallel, "layers_per_stage": list(scored.blocks),
@@ -263,6 +271,12 @@ def explain(result: SearchResult) -> str:
         delta = getattr(o, worse[0]) - getattr(t, worse[0])
         lines.append(f"  #{i} is {o.step / t.step - 1:+.1%}: bounded by {worse[1]} "
                      f"({getattr(o, worse[0]):.4g} s against {getattr(t, worse[0]):.4g} s, {delta:+.3g} s)")
+    refused = run_refusals(best)
+    if refused:
+        runs = next((i for i, other in enumerate(result.candidates[1:], 2) if not run_refusals(other)), None)
+        lines.append(f"  note: `plandsl run` refuses #1 ({refused[0]})"
+                     + (f"; #{runs} runs ({result.candidates[runs - 1].estimate.time.step / t.step - 1:+.1%})"
+                        if runs else "; none of the top runs: pin what runs, e.g. --pin zero_stage=2"))
     stats = result.stats
     if stats.memory_pruned:
         lines.append(f"  memory ruled out {stats.memory_pruned:,} candidate(s)"

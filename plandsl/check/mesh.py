@@ -1,4 +1,5 @@
-"""Mesh against cluster: size (E301, W301), unused axes (E306), axes straddling nodes (W302)."""
+"""Mesh against cluster: size (E301, W301), unused axes (E306), axes with two roles (E307), axes straddling
+nodes (W302)."""
 from __future__ import annotations
 
 from typing import Iterator
@@ -52,6 +53,7 @@ def check_mesh(plan: ir.Plan) -> Iterator[Diagnostic]:
             yield diag("E306", f"mesh axis '{axis.name}' (size {axis.size}) is not used by data, tensor, context, "
                        "expert parallelism or stages", axis.span,
                        hint=f"add e.g. `data = zero1 over {axis.name}`, or name it dp/tp/pp/cp/ep for the default")
+    yield from _shared_axes(plan)
     if plan.tensor and mesh.first_device + mesh.size <= cluster.num_devices:
         span = axis_group_span(plan, plan.tensor.axis)
         if span > 1:
@@ -59,6 +61,30 @@ def check_mesh(plan: ir.Plan) -> Iterator[Diagnostic]:
                        "nodes: its all-reduces cross the inter-node fabric", mesh.axis(plan.tensor.axis).span,
                        hint="move the tensor axis last in the mesh (innermost), shrink it to fit a node, or start "
                        "the mesh on a node boundary")
+
+
+def _shared_axes(plan: ir.Plan) -> Iterator[Diagnostic]:
+    """Each mesh axis splits one thing: the batch (data), the layers' weights (tensor), the sequence
+    (context), the experts or the stages. The expert axis may also be a data axis (it splits the batch
+    too, `ir.Plan.batch_axes`); every other pair would split two things along one coordinate."""
+    roles: list[tuple[str, str, object]] = []  # (axis, role, span)
+    if plan.data:
+        roles += [(axis, "data", plan.data.span) for axis in plan.data.axes]
+    for part, role in ((plan.tensor, "tensor"), (plan.context, "context"), (plan.experts, "experts"),
+                       (plan.stages, "stages")):
+        if part is not None:
+            roles.append((part.axis, role, part.span))
+    first: dict[str, str] = {}
+    for axis, role, span in roles:
+        other = first.setdefault(axis, role)
+        if other != role and {other, role} != {"data", "experts"}:
+            yield diag("E307", f"mesh axis '{axis}' is used by both `{other}` and `{role}`; each splits its own "
+                       "thing, so each needs an axis of its own", span,
+                       hint=f"add a mesh axis for `{role}`, e.g. `[..., {_DEFAULT_AXIS.get(role, role)} = 2]`, "
+                            "and name it here")
+
+
+_DEFAULT_AXIS = {"data": "dp", "tensor": "tp", "context": "cp", "experts": "ep", "stages": "pp"}
 
 
 def node_of_device(cluster: ir.Cluster) -> list[int]:

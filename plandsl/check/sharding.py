@@ -44,7 +44,9 @@ def check_sharding(plan: ir.Plan) -> Iterator[Diagnostic]:
                     "ffn_hidden": model.ffn_hidden, "vocab": model.vocab}
             if model.kv_heads == model.heads:
                 del dims["kv_heads"]  # multi-head attention: the same figure twice
-            if plan.tensor.sequence_parallel:
+            if plan.tensor.sequence_parallel and plan.cp > 1 and plan.seq % plan.cp == 0:
+                dims["seq / cp"] = plan.seq // plan.cp  # each context rank's share is what is split
+            elif plan.tensor.sequence_parallel:
                 dims["seq"] = plan.seq
         elif isinstance(model, ir.MLPModel):
             dims = {"hidden": model.hidden}

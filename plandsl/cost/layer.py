@@ -138,7 +138,7 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         exposed = max(0.0, ring - compute.attention)
         forward += exposed
         backward += max(0.0, 2 * ring - 2 * compute.attention)
-        if full:
+        if work.recompute is not ir.Recompute.none:  # full, or selective: the core with its ring
             backward += exposed
     if full:
         backward += 2 * pair  # the forward's collectives, rerun by the recomputation

@@ -185,16 +185,17 @@ def zero_degrees(plan: ir.Plan) -> tuple[int, int, int]:
 
     zero1/2/3 shard over N_d = plan.dp times the context axis (whose ranks hold the same parameters:
     torchtitan's FSDP over dp x cp, Megatron-LM's distributed optimizer over its data-context
-    group); hsdp shards over its shard axis, the last data axis, and replicates over the others.
+    group); hsdp shards over its shard axis, the last data axis (and the context axis), and
+    replicates over the others.
     Expert params have only N_d / ep replicas (the expert axis holds different experts), so that
     is all ZeRO can shard them over.
     """
     if plan.data is None:
         return 0, 1, 1
-    if plan.data.kind == "hsdp":
+    if plan.data.kind == "hsdp":  # the context axis joins the shard axis (torchtitan's dp_shard_cp)
         shard_axis = plan.data.axes[-1]
-        dense = plan.mesh.degree(shard_axis)
-        expert = 1 if plan.experts and plan.experts.axis == shard_axis else dense
+        dense = plan.mesh.degree(shard_axis) * plan.cp
+        expert = plan.cp if plan.experts and plan.experts.axis == shard_axis else dense
         return plan.data.zero_stage, dense, expert
     replicas = plan.dp * plan.cp
     return plan.data.zero_stage, replicas, max(1, replicas // plan.ep)

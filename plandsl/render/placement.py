@@ -194,7 +194,7 @@ def _title(plan: ir.Plan, assignment: Assignment) -> str:
                 2: "gradients and optimizer states Shard(0)@{a}",
                 3: "parameters, gradients and optimizer states Shard(0)@{a}"}[plan.data.zero_stage]
         shard_axis = plan.data.axes[-1] if plan.data.kind == "hsdp" else "+".join(plan.data.axes)
-        if plan.context is not None and plan.cp > 1 and plan.data.kind != "hsdp":
+        if plan.context is not None and plan.cp > 1:
             shard_axis += f"+{plan.context.axis}"  # the context axis holds the same parameters (cost.memory.zero_degrees)
         parts.append(f"data: {plan.data.kind} over {', '.join(plan.data.axes)} ({plan.dp}): "
                      + what.format(a=shard_axis))

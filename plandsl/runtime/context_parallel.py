@@ -14,8 +14,8 @@ computes:
   the small tensors), the attention itself is the one-process kernel with a mask;
 - `ring`: each layer's core is torch's ring attention (`_templated_ring_attention` and its
   backward, the algorithm behind torch's `context_parallel`; Liu et al. 2023): K and V pass from
-  rank to rank (`_cp_options.rotate_method = ALL_TO_ALL`, i.e. `permute_tensor`) while each block
-  of scores is computed, the partial outputs merged by their log-sum-exp, and the K/V gradients
+  rank to rank (`_cp_options.rotate_method = ALL_TO_ALL`, i.e. `permute_tensor`, set around each
+  call) while each block of scores is computed, the partial outputs merged by their log-sum-exp, and the K/V gradients
   travel the ring back. torch maps its ring only onto the CUDA SDPA kernels; here it runs the CPU
   flash kernel (`_scaled_dot_product_flash_attention_for_cpu` and its backward), GQA's K and V
   rotated with their own head count. torch's ring is a private API: pinned by tests/distributed (CUDA is refused,
@@ -29,6 +29,8 @@ the axis is the sequence's mean: data parallelism averages gradients (and the lo
 the context axis as over a data axis (`parallelize.reduce_axes`).
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -69,34 +71,50 @@ class GatheredAttentionCore(nn.Module):
 
 
 class RingAttentionCore(nn.Module):
-    """The attention core as torch's ring attention over the context axis (module docstring)."""
+    """The attention core as torch's ring attention over the context axis (module docstring);
+    `balanced`: whether the sequence is split head-tail (`sequence_columns`)."""
 
-    def __init__(self, cp_mesh: DeviceMesh):
+    def __init__(self, cp_mesh: DeviceMesh, balanced: bool):
         super().__init__()
         self.group = cp_mesh.get_group()
+        self.balanced = balanced
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return _RingAttention.apply(q, k.contiguous(), v.contiguous(), self.group)
+        k, v = (t.to(q.dtype).contiguous() for t in (k, v))  # the raw kernels take one dtype
+        return _RingAttention.apply(q, k, v, self.group, self.balanced)
+
+
+@contextlib.contextmanager
+def _ring_options(balanced: bool):
+    """torch's ring reads process-wide options: a ring (`permute_tensor`, not one all-gather) and the
+    load balance of our split, set for the call and restored after."""
+    from torch.distributed.tensor.experimental._context_parallel import _attention
+    options = _attention._cp_options
+    saved = (options.rotate_method, options.enable_load_balance)
+    options.rotate_method, options.enable_load_balance = _attention._RotateMethod.ALL_TO_ALL, balanced
+    try:
+        yield _attention
+    finally:
+        options.rotate_method, options.enable_load_balance = saved
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group):
-        from torch.distributed.tensor.experimental._context_parallel._attention import _templated_ring_attention
-        out, lse = _templated_ring_attention(group, SEQ_DIM, _cpu_forward, q, k, v, is_causal=True)[:2]
+    def forward(ctx, q, k, v, group, balanced):
+        with _ring_options(balanced) as attention:
+            out, lse = attention._templated_ring_attention(group, SEQ_DIM, _cpu_forward, q, k, v, is_causal=True)[:2]
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.group = group
+        ctx.group, ctx.balanced = group, balanced
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        from torch.distributed.tensor.experimental._context_parallel._attention import (
-            _templated_ring_attention_backward)
         q, k, v, out, lse = ctx.saved_tensors
-        grad_q, grad_k, grad_v = _templated_ring_attention_backward(
-            ctx.group, SEQ_DIM, _cpu_backward, grad_out.contiguous(), "grad_out", q, k, v, out, lse,
-            is_causal=True)[:3]
-        return grad_q, grad_k, grad_v, None
+        with _ring_options(ctx.balanced) as attention:
+            grad_q, grad_k, grad_v = attention._templated_ring_attention_backward(
+                ctx.group, SEQ_DIM, _cpu_backward, grad_out.contiguous(), "grad_out", q, k, v, out, lse,
+                is_causal=True)[:3]
+        return grad_q, grad_k, grad_v, None, None
 
 
 def _cpu_forward(query, key, value, *, is_causal):
@@ -113,10 +131,7 @@ def _cpu_backward(*, grad_out, query, key, value, out, logsumexp, is_causal):
 
 def apply_cp(model: nn.Module, kind: str, cp_mesh: DeviceMesh, seq: int, device: torch.device) -> None:
     if kind == "ring":
-        from torch.distributed.tensor.experimental._context_parallel import _attention
-        _attention._cp_options.rotate_method = _attention._RotateMethod.ALL_TO_ALL  # a ring, not a gather
-        _attention._cp_options.enable_load_balance = seq % (2 * cp_mesh.size()) == 0  # sequence_columns
-        core: nn.Module = RingAttentionCore(cp_mesh)
+        core: nn.Module = RingAttentionCore(cp_mesh, balanced=seq % (2 * cp_mesh.size()) == 0)  # sequence_columns
     else:
         core = GatheredAttentionCore(cp_mesh, seq, device)  # one per rank: no parameters, one mask
     positions = sequence_columns(seq, cp_mesh.get_local_rank(), cp_mesh.size()).to(device)

@@ -40,10 +40,12 @@ def build_mesh(plan: ir.Plan, device: torch.device) -> DeviceMesh:
 
 
 def submesh(mesh: DeviceMesh, axes: tuple[str, ...]) -> DeviceMesh:
-    """The mesh over `axes`; several axes are flattened into one (named by joining them with '_')."""
+    """The mesh over `axes` (in any order); several axes are flattened into one, taken in the mesh's
+    order (torch slices only that way) and named by joining them with '_'."""
     if len(axes) == 1:
         return mesh[axes[0]]
-    return mesh[axes]._flatten("_".join(axes))
+    ordered = tuple(sorted(axes, key=mesh.mesh_dim_names.index))
+    return mesh[ordered]._flatten("_".join(ordered))
 
 
 def coordinate(mesh: DeviceMesh, axes: tuple[str, ...]) -> tuple[int, int]:

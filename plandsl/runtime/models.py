@@ -50,7 +50,7 @@ class KeyProjection(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(x, self.weight)
-        return out if self.bias is None else out + 0 * self.bias
+        return out if self.bias is None else out + (0 * self.bias).to(out.dtype)  # autocast keeps k in 16 bits
 
 
 class AttentionCore(nn.Module):

@@ -171,10 +171,12 @@ def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_mesh: Device
                     counted_elsewhere: Iterable[torch.Tensor] = ()) -> torch.Tensor:
     """Clip by the norm of all gradients of the model, across tensor, data and pipeline shards.
 
-    torch's `get_total_norm` reduces a list of DTensors on one mesh and placement; parameters here mix
-    plain tensors (replicated) and DTensors of several meshes (TP, FSDP, both), so each group is
-    reduced on its own and the squares summed (torchtitan's recipe, per group); pipeline stages sum
-    theirs over the pipeline axis. `counted_elsewhere` are clipped but left out of the norm: the head's
+    Parameters here mix plain tensors (replicated) and DTensors of several meshes (TP, FSDP, both,
+    expert shards), so each group (one mesh and placement) is reduced on its own and the squares
+    summed (torchtitan's recipe, per group): a DTensor group's squares are summed over its local
+    shards, then over the mesh dimensions it is sharded on (`get_total_norm` redistributes instead,
+    which fails on a mesh flattened from axes that are not neighbours, e.g. FSDP over dp x cp of
+    experts split over an ep between them); pipeline stages sum theirs over the pipeline axis. `counted_elsewhere` are clipped but left out of the norm: the head's
     copy of a tied embedding, whose gradient equals the embedding's (`pipeline.TiedEmbeddings`).
     """
     skip = {id(p) for p in counted_elsewhere}
@@ -187,11 +189,8 @@ def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_mesh: Device
     squares = []
     for group in groups.values():
         counted = [p.grad for p in group if id(p) not in skip]
-        if not counted:
-            continue
-        norm = torch.nn.utils.get_total_norm(counted)
-        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
-        squares.append(norm.float() ** 2)
+        if counted:
+            squares.append(_squared_norm(counted))
     total = torch.stack(squares).sum() if squares else torch.zeros(())
     if pp_mesh is not None:
         dist.all_reduce(total, group=pp_mesh.get_group())
@@ -199,6 +198,23 @@ def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_mesh: Device
     for group in groups.values():
         torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
     return total
+
+
+def _squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of squares of every element of gradients of one group (plain tensors, or DTensors of one
+    mesh and placement): of the local shards, then summed over the mesh dimensions they are split on."""
+    if not isinstance(grads[0], DTensor) or any(p.is_partial() for p in grads[0].placements):
+        # plain tensors, or sums not yet reduced (sequence parallelism's norm weights): torch's own
+        norm = torch.nn.utils.get_total_norm(grads)
+        return (norm.full_tensor() if isinstance(norm, DTensor) else norm).float() ** 2
+    # Per tensor, as DTensor's own norm does it: the squares of each local shard's norm, summed over
+    # the shards; then over the tensors.
+    local = torch.stack([torch.linalg.vector_norm(g.to_local()).float() ** 2 for g in grads])
+    mesh = grads[0].device_mesh
+    for dim, placement in enumerate(grads[0].placements):
+        if not placement.is_replicate():  # Shard, or FSDP's _StridedShard of a tensor-parallel dim
+            dist.all_reduce(local, group=mesh.get_group(dim))
+    return local.sum()
 
 
 def global_loss(job: Job, loss: torch.Tensor) -> float:

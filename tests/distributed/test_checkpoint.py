@@ -214,9 +214,10 @@ def test_resume_continues_the_lr_schedule(tmp_path, uninterrupted):
 
 
 # ---- resharding -------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["fsdp", "tp_sp"])
+@pytest.mark.parametrize("name", ["fsdp", "tp_sp", "cp"])
 def test_dp_checkpoint_resumes_resharded(name, dp_checkpoint, tmp_path, uninterrupted):
-    """DCP loads dp.plan's replicated tensors by name into FSDP shards and tensor-parallel DTensors."""
+    """DCP loads dp.plan's replicated tensors by name into FSDP shards and tensor-parallel DTensors, and
+    into a context-parallel layout (whose ranks hold every parameter and split each sequence)."""
     directory = _copy(dp_checkpoint, tmp_path)
     plan = load(LOCAL / f"{name}.plan")
     resumed = _run(LOCAL / f"{name}.plan", steps=STEPS, checkpoint_dir=directory, resume=True, gather=True)

@@ -185,6 +185,12 @@ def test_allgather_context_parallelism_gathers_kv_on_the_critical_path_and_shard
     assert layer.backward_comm == pytest.approx(collective_seconds("reduce_scatter", kv, links.cp))
     rotated = estimate_layer_time(ring.model, block, plan_work(ring), device, plan_links(ring))
     assert rotated.forward_comm < layer.forward_comm  # the ring hides behind the attention core here
+    # selective recomputation reruns the core, and with it the gather (or what the ring exposes)
+    for kind, none in (("allgather", layer), ("ring", rotated)):
+        again = load(mesh="dp = 4, cp = 4", recompute="selective",
+                     extra=f"data = zero1 over dp\n  context = {kind} over cp")
+        redone = estimate_layer_time(again.model, block, plan_work(again), device, plan_links(again))
+        assert redone.backward_comm == pytest.approx(none.backward_comm + none.forward_comm), kind
     # ZeRO-1 shards the optimizer over all 16 ranks holding the same parameters, as dp = 16 does
     flat = load(mesh="dp = 16", recompute="none", extra="data = zero1 over dp")
     assert estimate_plan(gather).memory[0].optimizer == pytest.approx(estimate_plan(flat).memory[0].optimizer)

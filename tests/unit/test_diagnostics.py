@@ -184,3 +184,37 @@ def test_more_than_100_problems_are_capped_with_a_count():
     assert rendered.count("error[E204]") == MAX_PER_FILE == 100
     assert "many.plan:100:" in rendered and "many.plan:101:" not in rendered
     assert rendered.splitlines()[-1] == "many.plan: ... and 20 more problems not shown"
+
+
+# ---- (g) one role per mesh axis; context parallelism's share of the sequence ---------------------------
+_ROLES = """\
+import "clusters/dgx_a100"
+plan p {{
+  model   = {model}
+  cluster = dgx_a100 x 1
+  mesh    = [{mesh}]
+  train   = {{ global_batch: 16, micro_batch: 1 }}
+  {lines}
+}}
+"""
+_LLAMA_MOE = "llama(layers=4, hidden=256, heads=8, kv_heads=2, seq=128, vocab=1024, experts=4)"
+
+
+@pytest.mark.parametrize("mesh,lines,codes", [
+    ("dp = 2, cp = 4", "data = replicate over cp\n  context = allgather over cp", ["E306", "E307"]),
+    ("dp = 2, tp = 4", "data = zero1 over dp\n  stages = evenly over dp\n  tensor = megatron over tp", ["E307"]),
+    ("dp = 2, ep = 4", "data = zero3 over [dp, ep]\n  experts = alltoall over ep", []),  # ep splits the batch too
+], ids=["data_and_context", "data_and_stages", "data_and_experts"])
+def test_each_mesh_axis_has_one_role(mesh, lines, codes):
+    model = _LLAMA_MOE if "experts" in lines else "gpt(layers=4, hidden=256, heads=8, seq=128, vocab=1024)"
+    analysis = analyze("roles.plan", text=_ROLES.format(model=model, mesh=mesh, lines=lines))
+    assert sorted(d.code for d in analysis.diagnostics if d.code.startswith("E")) == codes, analysis.diagnostics
+
+
+def test_sequence_parallel_splits_each_context_ranks_share():
+    lines = "tensor = megatron over tp with sequence_parallel\n  context = allgather over cp"
+    text = _ROLES.format(model="gpt(layers=4, hidden=256, heads=8, seq={seq}, vocab=1024)", mesh="cp = 2, tp = 4",
+                         lines=lines)
+    (problem,) = analyze("sp.plan", text=text.replace("{seq}", "12")).diagnostics  # 12 / 2 = 6 tokens, tp 4
+    assert problem.code == "E406" and "seq / cp (6)" in problem.message, problem.message
+    assert analyze("sp.plan", text=text.replace("{seq}", "16")).diagnostics == []

@@ -100,3 +100,23 @@ def test_tensor_parallelism_stays_inside_a_node_unless_allowed():
         analysis = api.checks(c["plan"], path="generated.plan")
         assert "W302" not in [d.code for d in analysis.diagnostics], c["degrees"]
     assert run(*SMALL, "--pin", "tp_across_nodes=maybe").exit_code == 1
+
+
+def test_candidates_say_whether_plandsl_run_runs_them():
+    """Long context on 8 H100 nodes: the cost model ties zero1 and zero2 with tp = 2 and cp = 8; the
+    interpreter refuses zero1 with tensor parallelism (E703), and the why names the best plan that runs."""
+    args = ["--model", "llama3_8b", "--cluster", "dgx_h100 x 8", "--global-batch", "16", "--seq-len", "131072",
+            "--top", "3"]
+    candidates = json.loads(run(*args, "--json").output)["candidates"]
+    assert {c["cp"] for c in candidates} == {8} and all("context  = allgather over cp" in c["plan"] for c in candidates)
+    for c in candidates:
+        zero1_with_tp = c["zero_stage"] == 1 and c["tp"] > 1
+        assert c["runs"] is not zero1_with_tp
+        assert [r[:4] for r in c["refused"]] == (["E703"] if zero1_with_tp else [])
+    text = run(*args).output
+    first_runs = next(i for i, c in enumerate(candidates, 1) if c["runs"])
+    if first_runs > 1:
+        assert "note: `plandsl run` refuses #1 (E703: zero1 together with tensor parallelism" in text
+        assert f"#{first_runs} runs (" in text
+    else:
+        assert "refuses #1" not in text
