@@ -97,8 +97,8 @@ CASES = [
         schedule = 1f1b""", model=_MOE), 1e-5),
     # context parallelism: each layer all-gathers K and V over cp; the sequence is split head-tail
     ("cp", _plan("[cp = 2]", "context = allgather over cp"), 1e-5),
-    ("cp_uneven_chunks", _plan("[cp = 4]", "context = allgather over cp",  # 32 / 8 chunks: balanced
-                               model="gpt(layers=2, hidden=32, heads=4, seq=12, vocab=128)"), 1e-5),  # 12 % 8: contiguous
+    ("cp_uneven_chunks", _plan("[cp = 4]", "context = allgather over cp",  # 12 % 8 != 0: contiguous chunks
+                               model="gpt(layers=2, hidden=32, heads=4, seq=12, vocab=128)"), 1e-5),
     ("llama_gqa_fsdp_x_cp_recompute", _plan("[dp = 2, cp = 2]", """
         data    = zero3 over dp
         context = allgather over cp""", model="llama(layers=2, hidden=64, heads=4, kv_heads=2, seq=32, vocab=256)",
