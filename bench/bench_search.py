@@ -3,7 +3,7 @@ model's predictions against published training runs.
 
     python bench/bench_search.py              # search time vs cluster size (Markdown)
     python bench/bench_search.py --validate   # published runs: measured, predicted, error (Markdown)
-    python bench/bench_search.py --fit        # refit the GEMM efficiency on the fit runs, then validate
+    python bench/bench_search.py --fit        # refit the GEMM efficiency and the ZeRO-3 NIC on the fit runs, then validate
 
 Targets (issue: cost model and search): GPT-3 175B on 1,024 A100s, full search, under 10 s; a 1T
 model on 4,096 GPUs under 30 s; median error of the held-out runs <= 15 %, max <= 30 %.
@@ -12,8 +12,10 @@ Each published run is searched with its known choices pinned (degrees, schedule 
 stage, recomputation, micro-batch size where the source gives them); what the source leaves open
 (micro-batch size, virtual stages, mesh order) the search chooses under the cost model. The fit
 runs (Narayanan et al. 2021, Table 1, every other row) set the two knobs of `cost.compute.Efficiency`;
-every other run is held out. `--validate` uses each device's own knobs (`efficiency` in its
-description, else the language's defaults); `--fit` overrides them on every device while it fits.
+the middle one of DeepSpeed's three ZeRO-3 runs (Table 2) sets the NIC bandwidth those runs got
+(`ZERO3_2021_NIC`); every other run is held out. `--validate` uses each device's own knobs
+(`efficiency` in its description, else the language's defaults) and the stated `ZERO3_2021_NIC`;
+`--fit` overrides the knobs on every device while it fits, then fits the NIC under them.
 """
 from __future__ import annotations
 
@@ -26,6 +28,10 @@ from dataclasses import dataclass, field
 from plandsl import api
 from plandsl.cost.compute import DEFAULT_EFFICIENCY, Efficiency
 from plandsl.search import Problem, SearchError, search
+
+# The inter-node bandwidth per node that DeepSpeed's 2021 ZeRO-3 got on Selene (GB/s), fitted by
+# `--fit` on its 768-GPU run: 8 % of the 8 x 200 Gb/s HDR rails NCCL's rings reach (docs/validation.md).
+ZERO3_2021_NIC = 16.5
 
 # Hardware the stdlib does not describe, from the runs' own papers.
 HARDWARE = """
@@ -69,6 +75,16 @@ node h100_94g_host {
 }
 """
 
+# Selene's DGX A100 nodes as DeepSpeed's ZeRO-3 of 2021 drove them (Narayanan et al. 2021, Table 2):
+# the same node, its NIC at the bandwidth those runs achieved (ZERO3_2021_NIC, fitted).
+ZERO3_2021_NODE = """
+node selene_zero3_2021 {{
+  devices = 8 x a100_80g
+  link    = {{ bandwidth: 300 GB/s, latency: 2 us }}
+  nic     = {{ bandwidth: {nic} GB/s, latency: 5 us }}
+}}
+"""
+
 MEGATRON = "Narayanan et al. 2021, arXiv:2104.04473"
 KORTHIKANTI = "Korthikanti et al. 2022, arXiv:2205.05198"
 MEGATRON_2021 = {"recompute": "full", "zero_stage": 0}  # eq. 3 counts the recomputed forward; no distributed optimizer
@@ -87,7 +103,7 @@ class Run:
     pins: dict = field(default_factory=dict)
     fit: bool = False
     note: str = ""
-    family: str = ""        # "" (counted), "deepspeed-zero3-2021" (counted apart), "info" (not counted)
+    family: str = ""        # "" or "deepspeed-zero3-2021" (counted; the latter also summed apart), "info" (not counted)
 
 
 def gpt(layers, hidden, heads, vocab=51200, seq=2048):
@@ -111,6 +127,16 @@ def megatron_table1() -> list[Run]:
     return runs
 
 
+def zero3_2021(cluster: str = "selene_zero3_2021") -> list[Run]:
+    """Table 2's DeepSpeed ZeRO-3 runs (no model parallelism, global batch 1536); the 768-GPU one fits
+    ZERO3_2021_NIC. `cluster="dgx_a100"`: the same runs on the datasheet's NIC."""
+    return [Run(f"ZeRO-3 GPT-3 175B, {gpus} A100, mb {mb}", f"{MEGATRON}, Table 2 (ZeRO-3)", gpt(96, 12288, 96),
+                f"{cluster} x {gpus // 8}", 1536, tflops,
+                pins={"tp": 1, "pp": 1, "cp": 1, "zero_stage": 3, "recompute": "full", "micro_batch_size": mb},
+                fit=gpus == 768, family="deepspeed-zero3-2021")
+            for gpus, mb, tflops in ((384, 4, 144), (768, 2, 88), (1536, 1, 44))]
+
+
 def published() -> list[Run]:
     runs = megatron_table1()
     gpt3 = gpt(96, 12288, 96)
@@ -124,11 +150,7 @@ def published() -> list[Run]:
                         gpt(105, 20480, 128), f"dgx_a100 x {gpus // 8}", 2240, tflops,
                         pins={**MEGATRON_2021, "tp": 8, "pp": 35, "micro_batch_size": 1,
                               "schedule": "interleaved_1f1b"}))
-    for gpus, mb, tflops in ((384, 4, 144), (768, 2, 88), (1536, 1, 44)):
-        runs.append(Run(f"ZeRO-3 GPT-3 175B, {gpus} A100, mb {mb}", f"{MEGATRON}, Table 2 (ZeRO-3)", gpt3,
-                        f"dgx_a100 x {gpus // 8}", 1536, tflops,
-                        pins={"tp": 1, "pp": 1, "cp": 1, "zero_stage": 3, "recompute": "full",
-                              "micro_batch_size": mb}, family="deepspeed-zero3-2021"))
+    runs += zero3_2021()
     runs.append(Run("GPT-3 175B (t8 p8 d16, assumed), 1024 A100", f"{MEGATRON}, Sec. 5.1 (140 TFLOP/s)",
                     gpt3, "dgx_a100 x 128", 1536, 140,
                     pins={**MEGATRON_2021, "tp": 8, "pp": 8, "schedule": "interleaved_1f1b"},
@@ -153,9 +175,9 @@ def published() -> list[Run]:
         runs.append(Run(f"Llama 3 405B, {gpus} H100, cp {cp}, seq {seq}", "Llama Team 2024, arXiv:2407.21783, Table 4",
                         "llama3_405b", f"dgx_h100 x {gpus // 8}", batch, mfu, metric="mfu", seq=seq,
                         pins={"tp": 8, "pp": 16, "cp": cp, "dp": dp, "zero_stage": 2}))
-    runs.append(Run("torchtitan Llama 3 8B, FSDP 64 A100, selective", "pytorch/torchtitan docs/performance.md (2024)",
+    runs.append(Run("torchtitan Llama 3 8B, FSDP 64 A100, selective op", "pytorch/torchtitan docs/performance.md (2024)",
                     "llama3_8b", "dgx_a100 x 8", 64, 2973, metric="tokens_per_device",
-                    pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 1, "recompute": "selective"}))
+                    pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 1, "recompute": "selective_op"}))
     runs.append(Run("torchtitan Llama 3 70B, FSDP 64 A100, full AC", "pytorch/torchtitan docs/performance.md (2024)",
                     "llama3_70b", "dgx_a100 x 8", 64, 331, metric="tokens_per_device",
                     pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 1, "recompute": "full"}))
@@ -164,23 +186,24 @@ def published() -> list[Run]:
                     pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 2, "recompute": "none"}))
     runs.append(Run("torchtitan Llama 3.1 8B, FSDP 8 H100 (500 W)", "pytorch/torchtitan docs/performance.md (2025), Table 1",
                     "llama3_8b", "grand_teton", 16, 5762, metric="tokens_per_device",
-                    pins={"dp": 8, "zero_stage": 3, "micro_batch_size": 2, "recompute": "selective"}))
+                    pins={"dp": 8, "zero_stage": 3, "micro_batch_size": 2, "recompute": "selective_op"},
+                    note="torchtitan's default selective AC is op-level (selective_ac_option = 'op')"))
     runs.append(Run("torchtitan Llama 3.1 405B, FSDP 16 x TP 8, 128 H100", "pytorch/torchtitan docs/performance.md (2024)",
                     "llama3_405b", "h100_94g_host x 16", 32, 0.290, metric="mfu",
                     pins={"dp": 16, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 2, "recompute": "full"}))
     return runs
 
 
-def problem_of(run: Run) -> Problem:
-    document = api.loads(HARDWARE + f"model run_model = {run.model}\ncluster run_cluster = {run.cluster}\n",
-                         path="bench.plan")
+def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
+    document = api.loads(HARDWARE + ZERO3_2021_NODE.format(nic=nic)
+                         + f"model run_model = {run.model}\ncluster run_cluster = {run.cluster}\n", path="bench.plan")
     model = next(m for m in document.models if m.name == "run_model")
     cluster = next(c for c in document.clusters if c.name == "run_cluster")
     return Problem(model, cluster, run.global_batch, run.seq)
 
 
-def predict(run: Run, efficiency: Efficiency | None):
-    result = search(problem_of(run), pins=run.pins, top=1, efficiency=efficiency)
+def predict(run: Run, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC):
+    result = search(problem_of(run, nic), pins=run.pins, top=1, efficiency=efficiency)
     best = result.best
     e = best.estimate
     value = {"tflops_per_device": e.tflops_per_device, "mfu": e.mfu,
@@ -188,11 +211,12 @@ def predict(run: Run, efficiency: Efficiency | None):
     return value, best
 
 
-def validate(efficiency: Efficiency | None, runs: list[Run] | None = None) -> list[tuple[Run, float, object]]:
+def validate(efficiency: Efficiency | None, runs: list[Run] | None = None,
+             nic: float = ZERO3_2021_NIC) -> list[tuple[Run, float, object]]:
     out = []
     for run in runs or published():
         try:
-            value, best = predict(run, efficiency)
+            value, best = predict(run, efficiency, nic)
         except SearchError as error:
             print(f"{run.name}: {error}", file=sys.stderr)
             continue
@@ -226,10 +250,27 @@ def fit(runs: list[Run]) -> Efficiency:
     return Efficiency(round(fraction, 3), round(kernel, 7))
 
 
-def report(results, efficiency: Efficiency | None) -> str:
+def fit_nic(runs: list[Run], efficiency: Efficiency | None) -> float:
+    """The NIC bandwidth (GB/s per node) at which the fit runs' mean log error is zero: bisection.
+    The prediction falls as the NIC slows, never rises (ZeRO's traffic only lengthens a step)."""
+    def mean_log_error(nic: float) -> float:
+        return sum(math.log(predict(run, efficiency, nic)[0] / run.measured) for run in runs) / len(runs)
+
+    low, high = 1.0, 200.0
+    if mean_log_error(high) <= 0:
+        return high
+    for _ in range(14):
+        middle = (low + high) / 2
+        low, high = (low, middle) if mean_log_error(middle) > 0 else (middle, high)
+        print(f"  nic: [{low:.2f}, {high:.2f}] GB/s", file=sys.stderr)
+    return round((low + high) / 2, 1)
+
+
+def report(results, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC) -> str:
     knobs = efficiency or DEFAULT_EFFICIENCY
     where = "on every device" if efficiency else "each device's own; without one, the defaults"
-    lines = [f"efficiency ({where}): matmul {knobs.peak_fraction}, kernel_latency {knobs.kernel_seconds}", "",
+    lines = [f"efficiency ({where}): matmul {knobs.peak_fraction}, kernel_latency {knobs.kernel_seconds}; "
+             f"DeepSpeed ZeRO-3 (2021) NIC: {nic} GB/s per node", "",
              "| run | source | metric | measured | predicted | error | set | plan the search chose |",
              "|---|---|---|---|---|---|---|---|"]
     groups: dict[str, list[float]] = {}
@@ -246,11 +287,18 @@ def report(results, efficiency: Efficiency | None) -> str:
     lines.append("")
     core = groups.get("", [])
     zero3 = groups.get("deepspeed-zero3-2021", [])
-    for label, values in (("held-out runs", core), ("DeepSpeed ZeRO-3 (2021) runs", zero3),
-                          ("all held-out runs together", core + zero3)):
+    for label, values in (("held-out runs", core + zero3), ("of them DeepSpeed ZeRO-3 (2021)", zero3)):
         if values:
             lines.append(f"{label}: {len(values)}, median |error| {statistics.median(values):.1%}, "
                          f"max |error| {max(values):.1%}")
+    return "\n".join(lines)
+
+
+def datasheet_zero3(efficiency: Efficiency | None) -> str:
+    """The DeepSpeed runs on the datasheet's NIC: what the model says of NCCL's rings on that hardware."""
+    lines = ["| run | measured | predicted, datasheet NIC | error |", "|---|---|---|---|"]
+    for run, value, _ in validate(efficiency, zero3_2021("dgx_a100")):
+        lines.append(f"| {run.name} | {run.measured:,.0f} | {value:,.0f} | {error(run, value):+.1%} |")
     return "\n".join(lines)
 
 
@@ -274,12 +322,14 @@ def timings() -> str:
 
 def main(argv: list[str]) -> None:
     if "--fit" in argv:
-        runs = [r for r in published() if r.fit]
-        efficiency = fit(runs)
-        print(f"fitted: {efficiency}")
-        print(report(validate(efficiency), efficiency))
+        efficiency = fit([r for r in published() if r.fit and r.family == ""])
+        nic = fit_nic([r for r in published() if r.fit and r.family == "deepspeed-zero3-2021"], efficiency)
+        print(f"fitted: {efficiency}; DeepSpeed ZeRO-3 (2021) NIC {nic} GB/s per node")
+        print(report(validate(efficiency, nic=nic), efficiency, nic))
     elif "--validate" in argv:
         print(report(validate(None), None))
+        print()
+        print(datasheet_zero3(None))
     else:
         print(timings())
         print(f"\nmachine: {__import__('os').cpu_count()} cores, Python {sys.version.split()[0]}")

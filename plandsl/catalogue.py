@@ -881,8 +881,9 @@ _entry("E704", """
     The interpreter needs a torch module for the model, and has none. A model written layer
     by layer describes sizes for the cost model; to run it, `factory` names the Python
     function that builds it (docs/models.md says what the module must look like). Tensor
-    parallelism also needs to know the module's layout, which only the gpt and llama
-    families have.
+    parallelism, context parallelism and `recompute: selective_op` also need to know the
+    module's layout, which only the gpt and llama families have (`selective_op` only their
+    dense blocks).
     """, _local_plan("data    = replicate over dp", mesh="[dp = 2]", model="tiny_written", header="""model tiny_written {
       layer blocks[0:2] {
         params = 64 * 64

@@ -43,8 +43,13 @@ class Precision(str, Enum):
 
 
 class Recompute(str, Enum):
+    """Activation recomputation of transformer blocks: `selective` reruns the attention core
+    (Korthikanti et al. 2022); `selective_op` keeps every other matmul's output and the attention
+    core's and reruns the rest (torchtitan's op-level selective checkpointing); `full` keeps only
+    each block's input."""
     none = "none"
     selective = "selective"
+    selective_op = "selective_op"
     full = "full"
 
 

@@ -26,7 +26,7 @@ from plandsl.search_partition import partition_blocks, partition_layers
 from plandsl.units import format_bytes
 
 AXES = ("dp", "ep", "pp", "cp", "tp")  # the canonical mesh order, outermost first (Megatron's)
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "selective_op", "full")
 VIRTUAL_CHOICES = (2, 3, 4, 6, 8)       # stages per rank tried for the looped schedules
 MAX_MICRO_BATCH = 256
 SAFE = 1 - 1e-9  # bounds add in another order than the exact figures: keep them strictly below
@@ -294,8 +294,10 @@ class Space:
     # -- nodes: micro-batch size and recomputation --
     def expand_root(self, root: Root) -> list[Node]:
         recomputes = [self.pins["recompute"]] if "recompute" in self.pins else list(RECOMPUTE)
-        if not self.transformer:
-            recomputes = [r for r in recomputes if r != "selective"] or recomputes
+        # No attention core without a transformer; selective_op keeps dense blocks' matmuls only (E704).
+        dropped = ("selective", "selective_op") if not self.transformer else \
+            ("selective_op",) if self.problem.model.experts else ()
+        recomputes = [r for r in recomputes if r not in dropped] or recomputes
         per_replica = self.problem.global_batch // (root.dp * root.ep)
         out = []
         for mb in root.micro_batches:

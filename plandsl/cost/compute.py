@@ -136,7 +136,8 @@ def estimate_layer_compute(model: ir.Model, layer: Layer, work: Work, device: ir
     Backward = 2 x forward matmuls (input and weight gradients, each a GEMM as large as the
     forward's; Narayanan et al. 2021, Sec. 5.1) and 2 x the forward's other bytes (read the output
     gradient and the saved input, write the input gradient). Recomputation (Korthikanti et al. 2022):
-    `full` reruns the block's forward inside its backward, `selective` the attention core only.
+    `full` reruns the block's forward inside its backward, `selective` the attention core only,
+    `selective_op` half of the matmuls and the element-wise work.
     `efficiency`: None for the device's own knobs (`device_efficiency`).
     """
     efficiency = efficiency or device_efficiency(device)
@@ -224,6 +225,16 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         recompute, recompute_flops = matmul + attention + other, flops
     elif work.recompute is ir.Recompute.selective:
         recompute, recompute_flops = attention, attention_flops
+    elif work.recompute is ir.Recompute.selective_op:
+        # runtime.recompute.keep_every_other_matmul: the backward reruns wk, wo and (SwiGLU) w3 and
+        # everything outside the GEMMs (norms, rotary, the activation); the attention core, wq, wv,
+        # w1 and w2 are kept. MoE blocks (refused by the interpreter) as if dense with top_k experts.
+        width = ffn * (model.top_k if model.experts else 1) / tp
+        recompute = gemm(tokens, kv / tp, h, device, precision) + gemm(tokens, h, h / tp, device, precision) + other
+        recompute_flops = 2.0 * tokens * h * (kv + h) / tp
+        if not gpt:
+            recompute += gemm(tokens, width, h, device, precision)
+            recompute_flops += 2.0 * tokens * h * width
     # The attention core's backward is twice its forward, like the GEMMs' (Dao et al. 2022).
     return LayerCompute(matmul + attention, other, 2 * (matmul + attention), 2 * other, recompute,
                         attention=attention, flops=flops, recompute_flops=recompute_flops)

@@ -142,6 +142,8 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
             backward += exposed
     if full:
         backward += 2 * pair  # the forward's collectives, rerun by the recomputation
+    elif work.recompute is ir.Recompute.selective_op:
+        backward += pair  # the attention half's (wo's reduction, or sequence parallelism's gathers) rerun
     return forward, backward
 
 

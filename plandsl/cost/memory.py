@@ -286,6 +286,8 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
     divisor = tp if sequence_parallel else 1
     if recompute is ir.Recompute.full:
         return 2 * sbh * scale / divisor  # Sec. 5: only the block input is kept
+    if recompute is ir.Recompute.selective_op:
+        return sbh * _selective_op_terms(model, tp, sequence_parallel) * scale
     replicated, sharded, matrix = _block_terms(model, seq, kv_gathered)
     if not attention_matrix or recompute is ir.Recompute.selective:
         matrix = 0.0  # selective recompute (Sec. 5) recomputes exactly the attention core
@@ -315,6 +317,22 @@ def _block_terms(model: ir.TransformerModel, seq: int, kv_gathered: int = 1) -> 
     # Scores: softmax output (2), plus gpt's dropout mask (1) and output (2): 5as/h (2as/h llama).
     matrix = (2 + 3 * dropout) * model.heads * seq / model.hidden
     return replicated, attention + mlp, matrix
+
+
+def _selective_op_terms(model: ir.TransformerModel, tp: int, sequence_parallel: bool) -> float:
+    """Bytes per s·b·h element, 16-bit, that `selective_op` keeps of a dense block
+    (`runtime.recompute.keep_every_other_matmul`): the block input (2, ÷t with sequence
+    parallelism), the 1st, 3rd, ... matmul outputs of wq, wk, wv, wo, w1, (w3,) w2 — q (2/t),
+    v (2·kv/t), w1's (2·ffn/t) and, for llama, w2's before its reduction (2, whole: the partial
+    sums) with, under sequence parallelism, the reduce-scatter's (2/t) — and the attention core's
+    output (2/t; flash attention's log-sum-exp is per head, negligible). MoE blocks run refused
+    (E704); they are counted as dense blocks of top_k experts."""
+    ffn = model.ffn_hidden / model.hidden * (model.top_k if model.experts else 1)
+    kv = kv_width(model) / model.hidden
+    terms = (2 if not sequence_parallel else 2 / tp) + (2 + 2 * kv + 2 * ffn + 2) / tp
+    if model.kind != "gpt":
+        terms += 2 + (2 / tp if sequence_parallel else 0.0)
+    return terms
 
 
 def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
@@ -364,15 +382,16 @@ def gathers_kv(plan: ir.Plan) -> bool:
 
 
 def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_matrix: bool) -> float:
-    """With full recompute, backward rebuilds one block at a time: its activations, once per
-    rank (Korthikanti et al. 2022, Sec. 5: 2sbhL plus the memory of one recomputed layer)."""
-    if plan.train.recompute is not ir.Recompute.full:
+    """With full (or selective_op) recompute, backward rebuilds one block at a time: its activations,
+    once per rank (Korthikanti et al. 2022, Sec. 5: 2sbhL plus the memory of one recomputed layer)."""
+    recompute = plan.train.recompute
+    if recompute not in (ir.Recompute.full, ir.Recompute.selective_op):
         return 0.0
     blocks = [layer for layer in layers if layer.kind in ("block", "custom")]
     if not blocks or isinstance(plan.model, ir.CustomModel):
         return 0.0
     return max(_layer_activations(plan, b, ir.Recompute.none, attention_matrix)
-               - _layer_activations(plan, b, ir.Recompute.full, attention_matrix) for b in blocks)
+               - _layer_activations(plan, b, recompute, attention_matrix) for b in blocks)
 
 
 __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estimate_layer_activations",

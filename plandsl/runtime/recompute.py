@@ -3,14 +3,57 @@
 Stage: interpreter. Contract: `apply_ac(model, mode)` wraps in place: `full` recomputes whole blocks
 (wrapping inserts `_checkpoint_wrapped_module` into their parameter names), `selective` only each
 block's attention core (`attn.core`: the softmax(q kᵀ) v of Korthikanti et al. 2022, Sec. 5, whose
-activations grow with seq²; it holds no parameters), `none` changes nothing.
+activations grow with seq²; it holds no parameters), `selective_op` whole blocks under torch's
+selective checkpointing policy (`keep_every_other_matmul`), `none` changes nothing.
 """
 from __future__ import annotations
 
+from collections import Counter
+
+import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from plandsl import ir
+
+_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+
+
+def _kept_ops() -> frozenset:
+    """The ops whose outputs `selective_op` always keeps: every SDPA kernel torch has here (the
+    attention core, which is the expensive one to rerun) and tensor parallelism's reduce-scatter
+    (so sequence parallelism does not communicate again)."""
+    names = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+             "_scaled_dot_product_fused_attention_overrideable")
+    kept = {getattr(torch.ops.aten, name).default for name in names if hasattr(torch.ops.aten, name)}
+    functional = getattr(torch.ops, "_c10d_functional", None)
+    if functional is not None and hasattr(functional, "reduce_scatter_tensor"):
+        kept.add(functional.reduce_scatter_tensor.default)
+    return frozenset(kept)
+
+
+_KEPT = _kept_ops()
+
+
+def keep_every_other_matmul():
+    """A selective-checkpoint context for one block's forward (torchtitan's op-level policy): keep the
+    outputs of the 1st, 3rd, ... matmul (`mm`, `addmm`) and of the attention core, recompute the rest.
+    Over a block's wq, wk, wv, wo, w1, (w3,) w2 it keeps q, v, w1's output (and llama's w2 output),
+    and the backward reruns the norms, wk, rotary, wo, the activation (and w3). Dropout, if any, is
+    replayed with the forward's random state (checkpoint's `preserve_rng_state`)."""
+    count = Counter()
+
+    def policy(ctx, func, *args, **kwargs):
+        if func in _MATMULS:
+            count["forward" if not ctx.is_recompute else "recompute"] += 1
+            kept = count["recompute" if ctx.is_recompute else "forward"] % 2 == 1
+        else:
+            kept = func in _KEPT
+        return CheckpointPolicy.MUST_SAVE if kept else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def apply_ac(model: nn.Module, mode: ir.Recompute) -> None:
@@ -20,5 +63,7 @@ def apply_ac(model: nn.Module, mode: ir.Recompute) -> None:
     for name, block in layers.items():
         if mode is ir.Recompute.full:
             layers.register_module(name, checkpoint_wrapper(block))
+        elif mode is ir.Recompute.selective_op:
+            layers.register_module(name, checkpoint_wrapper(block, context_fn=keep_every_other_matmul))
         elif hasattr(block, "attn"):
             block.attn.register_module("core", checkpoint_wrapper(block.attn.core))

@@ -38,6 +38,15 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
         found.append(diag("E704", f"tensor parallelism needs a gpt or llama model; '{plan.model.name}' is "
                                   f"'{plan.model.kind}', whose modules have no tensor-parallel layout",
                           plan.tensor.span, hint="use the tensor axis for data parallelism instead"))
+    if plan.train.recompute is ir.Recompute.selective_op and (
+            not isinstance(plan.model, ir.TransformerModel) or plan.model.experts):
+        why = ("an MoE model, whose blocks run a matmul per local expert, so the count the policy keeps "
+               "every other one of depends on the experts a rank holds") \
+            if isinstance(plan.model, ir.TransformerModel) else f"'{plan.model.kind}', which has no transformer blocks"
+        found.append(diag("E704", f"`recompute: selective_op` needs a dense gpt or llama model: it keeps a block's "
+                                  f"q, v and w1 (and llama's w2) outputs by their place among its matmuls; "
+                                  f"'{plan.model.name}' is {why}", plan.train.span_of("recompute"),
+                          hint="use `recompute: selective` or `recompute: full`"))
     found += _context_refusals(plan, cuda)
     found += _expert_refusals(plan)
     if plan.shard:  # the rules DTensor cannot run as written (torch is imported only for such plans)

@@ -121,6 +121,20 @@ CASES = [
         data    = zero3 over dp
         context = ring over cp""", model="llama(layers=2, hidden=64, heads=4, kv_heads=2, seq=32, vocab=256)",
         train="{ global_batch: 8, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0, recompute: selective }"), 1e-5),
+    # selective_op (torchtitan's op-level policy): every other matmul output and the attention core kept
+    ("llama_fsdp_x_tp_sp_selective_op", _plan("[dp = 2, tp = 2]", """
+        data   = zero3 over dp
+        tensor = megatron over tp with sequence_parallel""",
+        model="llama(layers=2, hidden=64, heads=4, kv_heads=2, seq=32, vocab=256)",
+        train="{ global_batch: 8, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0, recompute: selective_op }"), 1e-5),
+    ("gather_cp_x_pp_selective_op", _plan("[pp = 2, cp = 2]", """
+        context  = allgather over cp
+        stages   = evenly over pp
+        schedule = 1f1b""", train="{ global_batch: 8, micro_batch: 2, precision: fp32, lr: 1e-3, seed: 0, "
+                                  "recompute: selective_op }"), 1e-5),
+    ("ring_cp_selective_op", _plan("[cp = 2]", "context = ring over cp",
+                                   train="{ global_batch: 8, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0, "
+                                         "recompute: selective_op }"), 1e-5),
     # gpt's key bias stays in 16 bits for the kernel. SGD: in bf16 each rank sums other tokens, and
     # Adam's first steps (update ~ lr * sign(g)) turn that rounding into sign flips on the biases whose
     # gradient is near zero (measured: 16 % on one wv.bias element with adam, 6.9e-3 with sgd)
@@ -177,13 +191,13 @@ def test_layout_trains_like_one_process(case):
 
 
 def test_recomputation_wraps_blocks_and_computes_the_same():
-    for mode in ("full", "selective"):
+    for mode in ("full", "selective", "selective_op"):
         text = _plan("[dp = 2]", "data = zero3 over dp",
                      train=f"{{ global_batch: 8, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0, recompute: {mode} }}")
         results = run_ranks(2, _train, text, deadline_s=100)
         _check(results)
         assert results[0]["recomputed"] == 4, mode  # the blocks really run under checkpoint_wrapper
-        wrapped = results[0]["wrapped"]  # selective: only the attention core (Korthikanti et al. 2022)
+        wrapped = results[0]["wrapped"]  # selective: only the attention core (Korthikanti et al. 2022); else blocks
         assert all(name.endswith(".attn.core" if mode == "selective" else "") for name in wrapped), wrapped
 
 
@@ -289,3 +303,12 @@ def test_context_parallelism_refuses_what_it_cannot_run():
     mlp = _plan("[cp = 2]", "context = allgather over cp", model="mlp(layers=2, hidden=16, input=8, output=4)",
                 train="{ global_batch: 8, micro_batch: 1, seq: 8 }")
     assert [d.code for d in refusals(load(mlp))] == ["E704"]
+
+
+def test_selective_op_refuses_moe_and_models_without_blocks():
+    from plandsl.runtime.support import refusals
+    train = "{ global_batch: 8, micro_batch: 1, seq: 16, recompute: selective_op }"
+    assert refusals(load(_plan("[dp = 2]", "data = zero3 over dp", train=train))) == []
+    for model in (_MOE, "mlp(layers=2, hidden=16, input=8, output=4)"):
+        (refused,) = refusals(load(_plan("[dp = 2]", "data = zero3 over dp", model=model, train=train)))
+        assert refused.code == "E704" and "selective_op" in refused.message and refused.span.line == 7, refused

@@ -171,6 +171,11 @@ SBH = S * B * H
     (8, True, "selective", SBH * 34 / 8),
     (8, False, "full", SBH * 2),
     (8, True, "full", SBH * 2 / 8),
+    # selective_op: input 2 (÷t with SP), q 2, v 2, core output 2, w1's output 2·4 (÷t); the score
+    # matrix is never kept (the core is an SDPA kernel, or recomputed)
+    (1, False, "selective_op", SBH * 16),
+    (8, False, "selective_op", SBH * (2 + 14 / 8)),
+    (8, True, "selective_op", SBH * 16 / 8),
 ])
 def test_korthikanti_per_layer(t, sequence_parallel, recompute, expected):
     p = plan(GPT3, [("tp", t)], recompute=recompute,
@@ -200,6 +205,20 @@ def test_fp32_doubles_and_context_parallel_splits_sequence():
         selective["ring"], block) == estimate_layer_activations(plan(GPT3, [("dp", 1)], recompute="selective"), block) / 4
 
 
+def test_selective_op_keeps_llamas_w2_output_whole():
+    """llama (GQA, SwiGLU) keeps w2's output too, before its reduction: whole, not ÷t; with sequence
+    parallelism also the reduce-scatter's (÷t)."""
+    llama = ir.TransformerModel(kind="llama", name="l", layers=2, hidden=4096, heads=32, kv_heads=8,
+                                seq=2048, vocab=128256, ffn_hidden=14336)
+    block = layers_of(llama)[1]
+    sbh = 2048 * 1 * 4096
+    for t, sp, expected in ((1, False, 2 + 2 + 0.5 + 2 + 7 + 2), (4, False, 2 + 11.5 / 4 + 2),
+                            (4, True, 2 / 4 + 11.5 / 4 + 2 + 2 / 4)):
+        p = plan(llama, [("tp", t)], recompute="selective_op",
+                 tensor=ir.TensorParallel(axis="tp", sequence_parallel=sp) if t > 1 else None)
+        assert estimate_layer_activations(p, block) == pytest.approx(sbh * expected, rel=1e-12), (t, sp)
+
+
 def test_logits_and_inflight_scale():
     layers = layers_of(GPT3)
     p = plan(GPT3, [("tp", 8)], tensor=ir.TensorParallel(axis="tp"))
@@ -210,13 +229,14 @@ def test_logits_and_inflight_scale():
     assert one.params == three.params
 
 
-def test_full_recompute_adds_one_layer_working_set():
+@pytest.mark.parametrize("recompute, kept", [("full", 2), ("selective_op", 16)])
+def test_recompute_adds_one_layer_working_set(recompute, kept):
     layers = layers_of(GPT3)
-    full = plan(GPT3, [("dp", 1)], recompute="full")
+    rerun = plan(GPT3, [("dp", 1)], recompute=recompute)
     none = plan(GPT3, [("dp", 1)])
-    [estimate] = estimate_memory(full, [layers], [[0]], [1])
-    stored = sum(estimate_layer_activations(full, layer) for layer in layers)
-    working = estimate_layer_activations(none, layers[1]) - 2 * SBH
+    [estimate] = estimate_memory(rerun, [layers], [[0]], [1])
+    stored = sum(estimate_layer_activations(rerun, layer) for layer in layers)
+    working = estimate_layer_activations(none, layers[1]) - kept * SBH
     assert estimate.activations == pytest.approx(stored + working)
 
 

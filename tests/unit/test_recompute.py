@@ -1,0 +1,91 @@
+"""What a recomputed block really keeps for its backward, against the memory model.
+
+One process, CPU, fp32: a block of the runtime's own modules under `apply_ac`, the bytes of every
+tensor its forward leaves alive (what autograd or the selective-checkpoint cache holds; the block's
+input belongs to the caller and is added as the model counts it), against
+`cost.memory.transformer_block_activations`. `selective_op` is checked to the byte class
+(flash attention's log-sum-exp is the only extra), `full` exactly.
+"""
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from plandsl import api, ir
+from plandsl.cost.memory import transformer_block_activations
+from plandsl.runtime.models import Block
+from plandsl.runtime.recompute import apply_ac
+
+SEQ, BATCH, HIDDEN = 32, 2, 64
+
+
+class _Outputs(TorchDispatchMode):
+    """Weak references to every tensor an op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.refs: list[weakref.ref] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.refs.append(weakref.ref(t))
+        return out
+
+
+def _kept_bytes(block: torch.nn.Module, x: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """Bytes of the storages the forward created that are still alive afterwards, its output excluded."""
+    outputs = _Outputs()
+    with outputs:
+        y = block(x)
+    gc.collect()
+    storages = {}
+    for ref in outputs.refs:
+        t = ref()
+        if t is not None:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    storages.pop(y.untyped_storage().data_ptr(), None)
+    return sum(storages.values()), y
+
+
+def _block(text: str, mode: str) -> tuple[ir.TransformerModel, torch.nn.Module]:
+    model = api.loads(f"model m = {text}\n", path="m.plan").models[0]
+    torch.manual_seed(0)
+    holder = torch.nn.Module()
+    holder.layers = torch.nn.ModuleDict({"0": Block(model)})
+    apply_ac(holder, ir.Recompute(mode))
+    return model, holder.layers["0"]
+
+
+MODELS = [f"gpt(layers=1, hidden={HIDDEN}, heads=4, seq={SEQ}, vocab=128)",
+          f"llama(layers=1, hidden={HIDDEN}, heads=4, kv_heads=1, seq={SEQ}, vocab=128, ffn=224)"]
+
+
+@pytest.mark.parametrize("text", MODELS, ids=["gpt", "llama_gqa"])
+@pytest.mark.parametrize("mode, tolerance", [("selective_op", 0.03), ("full", 0.0)])
+def test_block_keeps_what_the_memory_model_counts(text, mode, tolerance):
+    model, block = _block(text, mode)
+    x = torch.randn(BATCH, SEQ, HIDDEN, requires_grad=True)
+    kept, y = _kept_bytes(block, x)
+    measured = kept + x.numel() * x.element_size()  # the input, kept by the caller and counted by the model
+    modelled = transformer_block_activations(model, SEQ, BATCH, 1, False, ir.Recompute(mode), ir.Precision.fp32)
+    assert measured == pytest.approx(modelled, rel=tolerance, abs=0)
+    # and the backward still gives the gradients of the block without recomputation
+    y.sum().backward()
+    _, plain = _block(text, "none")
+    x2 = x.detach().clone().requires_grad_(True)
+    plain(x2).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, rtol=0, atol=0)
+
+
+def test_selective_op_keeps_less_than_none_and_more_than_full():
+    sizes = {}
+    for mode in ("none", "selective_op", "full"):
+        _, block = _block(MODELS[1], mode)
+        sizes[mode], _ = _kept_bytes(block, torch.randn(BATCH, SEQ, HIDDEN, requires_grad=True))
+    assert sizes["full"] < sizes["selective_op"] < sizes["none"] / 3
