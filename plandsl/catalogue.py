@@ -872,7 +872,8 @@ _entry("E703", """
     Two parallelisms the plan combines cannot run together with torch's building blocks.
     `zero1` shards the optimizer with `ZeroRedundancyOptimizer`, which broadcasts plain
     tensors: it takes neither tensor-parallel (DTensor) parameters nor expert shards. Expert
-    and context parallelism do not run with `hsdp`.
+    and context parallelism do not run with `hsdp`. `recompute: selective_op` does not run
+    with a schedule that splits the backward into I and W (`zbv`, the zero-bubble ones).
     """, _local_plan("data    = zero1 over dp\n      tensor  = megatron over tp", mesh="[dp = 2, tp = 2]"),
     "Shard the optimizer with FSDP instead (zero2 or zero3 run with tensor parallelism).",
     ("zero1 over dp", "zero3 over dp"))

@@ -10,7 +10,7 @@ the model's shapes allow (tp divides heads, kv heads, hidden, ffn and vocabulary
 ep the experts; pp at most the blocks; dp x ep the global batch), every order of the mesh axes that
 places the groups differently on the nodes, micro-batch sizes dividing the per-replica batch, the
 built-in schedules with their virtual stages (Chimera only when pinned: it holds two stages' weights
-per rank, which the memory model does not count), ZeRO stages 0-3 and recomputation none/selective/full.
+per rank, which the memory model does not count), ZeRO stages 0-3 and recomputation none/selective/selective_op/full.
 Blocks go to stages by `partition_blocks` (the fewest seconds on the slowest stage, within memory).
 
 Best-first branch and bound (Land & Doig 1960): a root (layout, mesh order) and a node (plus

@@ -239,7 +239,7 @@ def candidate_json(scored: Scored, text: str) -> dict:
 def format_table(result: SearchResult) -> str:
     head = (f"{'#':>2} {'step s':>9} {'tokens/s':>11} {'TFLOP/s':>8} {'MFU':>6} {'memory':>10}  "
             f"{'dp':>4} {'tp':>3} {'pp':>3} {'cp':>3} {'ep':>3} {'mb':>3} {'m':>5}  {'schedule':<24} "
-            f"{'zero':>4} {'recompute':<9} mesh")
+            f"{'zero':>4} {'recompute':<12} mesh")
     rows = [head]
     for i, s in enumerate(result.candidates, 1):
         c, e = s.candidate, s.estimate
@@ -247,7 +247,7 @@ def format_table(result: SearchResult) -> str:
         rows.append(f"{i:>2} {e.time.step:>9.4g} {e.tokens_per_s:>11,.0f} {e.tflops_per_device:>8.1f} "
                     f"{e.mfu:>6.1%} {format_bytes(e.peak_memory_bytes):>10}  {c.dp:>4} {c.tp:>3} {c.pp:>3} "
                     f"{c.cp:>3} {c.ep:>3} {c.micro_batch_size:>3} {c.num_microbatches:>5}  {schedule:<24} "
-                    f"{c.zero_stage:>4} {c.recompute:<9} [{', '.join(c.order) or 'dp'}]")
+                    f"{c.zero_stage:>4} {c.recompute:<12} [{', '.join(c.order) or 'dp'}]")
     return "\n".join(rows)
 
 

@@ -395,6 +395,8 @@ class Space:
             zeros = [z for z in zeros if z == 0] or zeros[:1]
         choices = schedule_choices(root.pp, node.microbatches, self.blocks, pins.get("schedule"),
                                    pins.get("virtual_stages"))
+        if node.recompute == "selective_op":  # its kept outputs serve one backward pass, not I then W (E703)
+            choices = [c for c in choices if c[0] not in SPLIT_BACKWARD] or choices
         out = []
         for zero in zeros:
             memory = self.layer_memory(node, zero)

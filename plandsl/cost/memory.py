@@ -324,14 +324,16 @@ def _selective_op_terms(model: ir.TransformerModel, tp: int, sequence_parallel: 
     (`runtime.recompute.keep_every_other_matmul`): the block input (2, ÷t with sequence
     parallelism), the 1st, 3rd, ... matmul outputs of wq, wk, wv, wo, w1, (w3,) w2 — q (2/t),
     v (2·kv/t), w1's (2·ffn/t) and, for llama, w2's before its reduction (2, whole: the partial
-    sums) with, under sequence parallelism, the reduce-scatter's (2/t) — and the attention core's
-    output (2/t; flash attention's log-sum-exp is per head, negligible). MoE blocks run refused
-    (E704); they are counted as dense blocks of top_k experts."""
+    sums) — the attention core's output (2/t; flash attention's log-sum-exp is per head,
+    negligible) and, under sequence parallelism, the reduce-scatters after wo and w2 (2/t each).
+    MoE blocks run refused (E704); they are counted as dense blocks of top_k experts."""
     ffn = model.ffn_hidden / model.hidden * (model.top_k if model.experts else 1)
     kv = kv_width(model) / model.hidden
     terms = (2 if not sequence_parallel else 2 / tp) + (2 + 2 * kv + 2 * ffn + 2) / tp
     if model.kind != "gpt":
-        terms += 2 + (2 / tp if sequence_parallel else 0.0)
+        terms += 2
+    if sequence_parallel:
+        terms += 2 * 2 / tp
     return terms
 
 

@@ -47,6 +47,13 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
                                   f"q, v and w1 (and llama's w2) outputs by their place among its matmuls; "
                                   f"'{plan.model.name}' is {why}", plan.train.span_of("recompute"),
                           hint="use `recompute: selective` or `recompute: full`"))
+    if plan.train.recompute is ir.Recompute.selective_op and _splits_backward(plan):
+        found.append(diag("E703", f"`recompute: selective_op` together with schedule '{plan.schedule.name}' cannot "
+                                  "run: the schedule computes each backward in two passes (input gradients, then "
+                                  "weight gradients), and torch's selective checkpointing serves the outputs it "
+                                  "kept to one pass only", plan.train.span_of("recompute"),
+                          hint="use `recompute: full` or `selective` with this schedule, or a schedule without "
+                               "I and W actions (1f1b, interleaved_1f1b)"))
     found += _context_refusals(plan, cuda)
     found += _expert_refusals(plan)
     if plan.shard:  # the rules DTensor cannot run as written (torch is imported only for such plans)
@@ -56,6 +63,16 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
         found.append(diag("E701", f"schedule '{name}' cannot run yet: {REFUSED_SCHEDULES[name]}",
                           plan.schedule.span, hint="estimate and render it; run 1f1b, zbv or interleaved_1f1b"))
     return found
+
+
+def _splits_backward(plan: ir.Plan) -> bool:
+    """Whether the plan's pipeline runs input and weight gradients as separate actions (I and W)."""
+    if plan.schedule is None or plan.stages is None or plan.pp == 1:
+        return False
+    from plandsl.check.schedule import plan_schedule
+    from plandsl.schedules.program import Kind
+    schedule, _ = plan_schedule(plan)
+    return schedule is not None and any(action.kind is Kind.I for row in schedule.actions for action in row)
 
 
 def _shard_refusals(plan: ir.Plan) -> list[Diagnostic]:

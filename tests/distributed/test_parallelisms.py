@@ -312,3 +312,17 @@ def test_selective_op_refuses_moe_and_models_without_blocks():
     for model in (_MOE, "mlp(layers=2, hidden=16, input=8, output=4)"):
         (refused,) = refusals(load(_plan("[dp = 2]", "data = zero3 over dp", model=model, train=train)))
         assert refused.code == "E704" and "selective_op" in refused.message and refused.span.line == 7, refused
+
+
+def test_selective_op_refuses_schedules_that_split_the_backward():
+    from plandsl.runtime.support import refusals
+    train = "{ global_batch: 8, micro_batch: 1, recompute: selective_op }"
+    one_pass = _plan("[pp = 2]", "stages = evenly over pp\nschedule = 1f1b", train=train)
+    assert refusals(load(one_pass)) == []
+    split = load(_plan("[pp = 2]", "stages = evenly over pp with virtual = 2, map = vshape\nschedule = zbv",
+                       train=train))
+    (refused,) = refusals(split)
+    assert refused.code == "E703" and "zbv" in refused.message and refused.span.line == 7, refused
+    full = load(_plan("[pp = 2]", "stages = evenly over pp with virtual = 2, map = vshape\nschedule = zbv",
+                      train=train.replace("selective_op", "full")))
+    assert refusals(full) == []

@@ -38,7 +38,7 @@ def problem(model="gpt", cluster="pair", batch=8, seq=None):
 
 CASES = [("gpt", "pair", 4, {}), ("tied", "pair", 4, {"recompute": "none"}),
          ("moe", "pair", 4, {"zero_stage": 1}), ("mlp", "pair", 4, {}), ("gpt", "mixed", 4, {"recompute": "full"}),
-         ("big", "pair", 4, {"recompute": "selective"})]
+         ("big", "pair", 4, {"recompute": "selective"}), ("deep", "pair", 8, {"recompute": "selective_op"})]
 
 
 @pytest.mark.parametrize("model, cluster, batch, pins", CASES)
@@ -58,6 +58,14 @@ def test_branch_and_bound_finds_the_brute_force_optimum(model, cluster, batch, p
     found = search(p, pins=pins, top=3)
     assert [s.estimate.time.step for s in found.candidates] == pytest.approx(sorted(everything)[:3], rel=1e-12)
     assert found.stats.simulated < len(everything)
+
+
+def test_selective_op_leaves_out_what_cannot_run_it():
+    """Split-backward schedules (the interpreter refuses them with selective_op, E703) and MoE (E704)."""
+    from plandsl.search_space import SPLIT_BACKWARD
+    found = search(problem("deep", "pair", 8), pins={"recompute": "selective_op", "pp": 2}, top=50)
+    assert found.candidates and all(c.candidate.schedule not in SPLIT_BACKWARD for c in found.candidates)
+    assert "selective_op" not in {c.candidate.recompute for c in search(problem("moe", "pair", 4), top=50).candidates}
 
 
 def test_brute_force_helper_ranks_every_feasible_plan():
