@@ -20,6 +20,55 @@ ROPE_THETA = 10_000.0  # Su et al. 2021, as in Llama
 
 
 # ---- building blocks ------------------------------------------------------------------
+# RMSNorm and SwiGLU's gate keep for their backward what fused kernels keep (the input and the
+# per-token rstd; the two projections' outputs), not every intermediate eager autograd would: what
+# the memory model counts (cost.memory, Korthikanti et al. 2022; tests/unit/test_recompute.py).
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """16-bit tensors in fp32; wider ones as they are."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+
+
+class _RMSNorm(torch.autograd.Function):
+    """(x · rsqrt(mean(x²) + eps)) in at least fp32, cast back to x's dtype, times the weight."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        rstd = torch.rsqrt(_wide(x).pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (_wide(x) * rstd).type_as(x) * weight
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        normed = _wide(x) * rstd
+        grad_weight = (grad * normed.type_as(x)).sum(dim=tuple(range(grad.ndim - 1)))
+        grad_normed = _wide(grad * weight)
+        grad_x = rstd * (grad_normed - normed * (grad_normed * normed).mean(-1, keepdim=True))
+        return grad_x.type_as(x), grad_weight, None
+
+
+class _SwiGLU(torch.autograd.Function):
+    """silu(a) · b (Shazeer 2020), silu recomputed in the backward from a (in at least fp32)."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return F.silu(a) * b
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        a, b = ctx.saved_tensors
+        a32, grad32 = _wide(a), _wide(grad)
+        sigmoid = torch.sigmoid(a32)
+        grad_a = grad32 * _wide(b) * sigmoid * (1 + a32 * (1 - sigmoid))
+        grad_b = grad32 * a32 * sigmoid
+        return grad_a.type_as(a), grad_b.type_as(b)
+
+
+def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return _SwiGLU.apply(a, b)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -27,8 +76,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
+        return _RMSNorm.apply(x, self.weight, self.eps)
 
 
 def rotary(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -101,7 +149,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is None:
             return self.w2(F.gelu(self.w1(x)))
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(swiglu(self.w1(x), self.w3(x)))
 
 
 class Experts(nn.Module):
@@ -127,7 +175,7 @@ def expert_mlps(routed: torch.Tensor, counts: list[int], w1: torch.Tensor, w2: t
         if w3 is None:
             outputs.append(F.gelu(rows @ w1[expert].t()) @ w2[expert].t())
         else:
-            outputs.append((F.silu(rows @ w1[expert].t()) * (rows @ w3[expert].t())) @ w2[expert].t())
+            outputs.append(swiglu(rows @ w1[expert].t(), rows @ w3[expert].t()) @ w2[expert].t())
     return torch.cat(outputs)
 
 

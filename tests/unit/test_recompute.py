@@ -1,10 +1,14 @@
-"""What a recomputed block really keeps for its backward, against the memory model.
+"""What a block of the runtime keeps for its backward, against the memory model.
 
 One process, CPU, fp32: a block of the runtime's own modules under `apply_ac`, the bytes of every
-tensor its forward leaves alive (what autograd or the selective-checkpoint cache holds; the block's
-input belongs to the caller and is added as the model counts it), against
-`cost.memory.transformer_block_activations`. `selective_op` is checked to the byte class
-(flash attention's log-sum-exp is the only extra), `full` exactly.
+activation-sized tensor its forward leaves alive (what autograd or the selective-checkpoint cache
+holds: parameters, the output and per-token or per-head scalars such as norms' rstd and flash
+attention's log-sum-exp left out; the block's input belongs to the caller and is added as the model
+counts it), against `cost.memory.transformer_block_activations`, byte for byte. Where the reference
+modules differ from the Megatron blocks the model describes, the test says by how much: gpt has no
+dropout (the model counts two masks, 2·s·b·h bytes at 16 bits), and llama's attention output, laid
+out by rotary as [b, heads, s, d], is copied into wo's input while SDPA keeps it too (2·s·b·h more
+without recomputation).
 """
 from __future__ import annotations
 
@@ -39,7 +43,7 @@ class _Outputs(TorchDispatchMode):
 
 
 def _kept_bytes(block: torch.nn.Module, x: torch.Tensor) -> tuple[int, torch.Tensor]:
-    """Bytes of the storages the forward created that are still alive afterwards, its output excluded."""
+    """Bytes of the activation-sized storages the forward created that are still alive afterwards."""
     outputs = _Outputs()
     with outputs:
         y = block(x)
@@ -47,9 +51,10 @@ def _kept_bytes(block: torch.nn.Module, x: torch.Tensor) -> tuple[int, torch.Ten
     storages = {}
     for ref in outputs.refs:
         t = ref()
-        if t is not None:
+        if t is not None and t.untyped_storage().nbytes() > x.untyped_storage().nbytes() // 16:
             storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    storages.pop(y.untyped_storage().data_ptr(), None)
+    for owned in (y, *block.parameters()):  # the output and views of the weights (w.t()) are not kept activations
+        storages.pop(owned.untyped_storage().data_ptr(), None)
     return sum(storages.values()), y
 
 
@@ -67,14 +72,19 @@ MODELS = [f"gpt(layers=1, hidden={HIDDEN}, heads=4, seq={SEQ}, vocab=128)",
 
 
 @pytest.mark.parametrize("text", MODELS, ids=["gpt", "llama_gqa"])
-@pytest.mark.parametrize("mode, tolerance", [("selective_op", 0.03), ("full", 0.0)])
-def test_block_keeps_what_the_memory_model_counts(text, mode, tolerance):
+@pytest.mark.parametrize("mode", ["none", "selective", "selective_op", "full"])
+def test_block_keeps_what_the_memory_model_counts(text, mode):
     model, block = _block(text, mode)
     x = torch.randn(BATCH, SEQ, HIDDEN, requires_grad=True)
     kept, y = _kept_bytes(block, x)
     measured = kept + x.numel() * x.element_size()  # the input, kept by the caller and counted by the model
     modelled = transformer_block_activations(model, SEQ, BATCH, 1, False, ir.Recompute(mode), ir.Precision.fp32)
-    assert measured == pytest.approx(modelled, rel=tolerance, abs=0)
+    unit = BATCH * SEQ * HIDDEN * 4  # 2·s·b·h bytes at 16 bits, in fp32
+    if mode in ("none", "selective") and model.kind == "gpt":
+        modelled -= unit  # no dropout masks
+    if mode == "none" and model.kind == "llama":
+        modelled += unit  # the core's output (kept by SDPA) and its copy as wo's input (after rotary's layout)
+    assert measured == modelled
     # and the backward still gives the gradients of the block without recomputation
     y.sum().backward()
     _, plain = _block(text, "none")
@@ -88,4 +98,4 @@ def test_selective_op_keeps_less_than_none_and_more_than_full():
     for mode in ("none", "selective_op", "full"):
         _, block = _block(MODELS[1], mode)
         sizes[mode], _ = _kept_bytes(block, torch.randn(BATCH, SEQ, HIDDEN, requires_grad=True))
-    assert sizes["full"] < sizes["selective_op"] < sizes["none"] / 3
+    assert sizes["full"] < sizes["selective_op"] < sizes["none"] / 2
