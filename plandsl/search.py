@@ -33,8 +33,8 @@ from plandsl import ir
 from plandsl.cost.compute import Efficiency
 from plandsl.cost.estimate import PlanEstimate
 from plandsl.schedules.registry import BUILTIN
-from plandsl.search_space import (AXES, RECOMPUTE, Leaf, Node, Root, Space, divisors, partition_blocks,
-                                  partition_layers, schedule_choices)
+from plandsl.search_choices import AXES, RECOMPUTE, divisors, schedule_choices
+from plandsl.search_space import Leaf, Node, Root, Space, partition_blocks, partition_layers
 
 PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
             "virtual_stages", "zero_stage", "recompute", "order", "tp_across_nodes")

@@ -8,81 +8,24 @@ identical, so a stage is (embedding?) + n blocks + (norm and head?).
 """
 from __future__ import annotations
 
-import functools
 import itertools
-import math
 from dataclasses import dataclass, field
 
 from plandsl import ir
 from plandsl.cost.compute import Efficiency, Work
 from plandsl.cost.estimate import estimate_plan, pipeline_p2p_seconds
-from plandsl.cost.layer import LayerTime, estimate_layer_time, mesh_links
-from plandsl.cost.stage import StageTime, fsdp_units, param_split, rank_tail, slowest, stage_time, zero_traffic
+from plandsl.cost.layer import LayerTime, estimate_layer_time
+from plandsl.cost.stage import StageTime, fsdp_units, param_split, rank_tail, stage_time, zero_traffic
 from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, gathered_bytes, inflight_microbatches,
                                  model_state_bytes, tied_embedding)
 from plandsl.models import Layer, layers_of
 from plandsl.schedules.registry import BUILTIN
+from plandsl.search_choices import (AXES, MAX_MICRO_BATCH, RECOMPUTE, SPLIT_BACKWARD, divisors, layouts, mesh_orders,
+                                    schedule_choices, stage_ranks, stages_by_rank)
 from plandsl.search_partition import partition_blocks, partition_layers
 from plandsl.units import format_bytes
 
-AXES = ("dp", "ep", "pp", "cp", "tp")  # the canonical mesh order, outermost first (Megatron's)
-RECOMPUTE = ("none", "selective", "selective_op", "full")
-VIRTUAL_CHOICES = (2, 3, 4, 6, 8)       # stages per rank tried for the looped schedules
-MAX_MICRO_BATCH = 256
 SAFE = 1 - 1e-9  # bounds add in another order than the exact figures: keep them strictly below
-SPLIT_BACKWARD = ("zb_h1", "zb_h2", "interleaved_zero_bubble", "zbv", "dualpipev")
-# Chimera keeps the weights of two stages per rank (one per pipeline) and all-reduces them between
-# its pipelines: the memory model counts both (`cost.memory.held_stages`), but the partition's
-# per-rank caps and the step time do not model the second copy, so the search tries it only when pinned.
-PIN_ONLY = ("chimera",)
-
-
-# ---- enumeration helpers ------------------------------------------------------------------------------------
-def divisors(n: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
-
-
-def schedule_choices(pp: int, m: int, blocks: int, pinned: str | None, virtual_pin: int | None):
-    """(schedule, virtual) pairs the generators accept for pp ranks and m microbatches."""
-    if pp == 1:
-        return [(pinned if pinned and pinned != "none" else "", 1)]
-    out = []
-    for name, info in BUILTIN.items():
-        if (pinned and name != pinned) or (not pinned and name in PIN_ONLY):
-            continue
-        if info.pipelines == 2:
-            virtuals = (1,)
-            if pp % 2 or m % pp or m < pp:
-                continue
-        elif info.virtual == "two":
-            virtuals = (2,)
-            if name == "dualpipev" and m < 2 * pp:
-                continue
-        elif info.virtual == "any":
-            virtuals = VIRTUAL_CHOICES
-            if m % max(1, m // pp):  # torch's rounds of microbatches must divide m
-                continue
-        else:
-            virtuals = (1,)
-            if info.min_microbatches == "ranks" and m < pp:
-                continue
-        out += [(name, v) for v in virtuals if (virtual_pin is None or v == virtual_pin) and pp * v <= blocks]
-    return out
-
-
-@functools.lru_cache(maxsize=4096)
-def stage_ranks(name: str, pp: int, virtual: int) -> tuple[int, ...]:
-    """Stage -> pipeline rank: a V for the V-shape schedules, a loop otherwise."""
-    info = BUILTIN.get(name)
-    if info is not None and info.virtual == "two" and info.pipelines == 1:
-        return tuple(s if s < pp else 2 * pp - 1 - s for s in range(2 * pp))
-    return tuple(s % pp for s in range(pp * virtual))
-
-
-@functools.lru_cache(maxsize=4096)
-def _by_rank(ranks: tuple[int, ...], pp: int) -> tuple[tuple[int, ...], ...]:
-    return tuple(tuple(s for s, r in enumerate(ranks) if r == rank) for rank in range(pp))
 
 
 # ---- the tree ------------------------------------------------------------------------------------------------
@@ -146,7 +89,6 @@ class Space:
             else len(self.layers)
         self.kinds = self._kinds()
         self.devices = problem.cluster.devices_in_order()
-        self.homogeneous = len({d.name for d in self.devices}) == 1
         self.base = self._base_plan()
         self._time_cache: dict = {}
         self._memory_cache: dict = {}
@@ -175,39 +117,9 @@ class Space:
 
     # -- roots: layouts and orders --
     def layouts(self, check_batch: bool = True) -> list[tuple[int, int, int, int, int]]:
-        p, pins, model = self.problem, self.pins, self.model
-        n, seq = p.cluster.num_devices, p.sequence
-        experts = getattr(model, "experts", 0)
-        out = []
-        for tp in divisors(n):
-            if not self._tp_ok(tp):
-                continue
-            for cp in divisors(n // tp):
-                if cp > 1 and (not self.transformer or seq % cp):
-                    continue
-                for ep in divisors(n // (tp * cp)):
-                    if ep > 1 and (not experts or experts % ep):
-                        continue
-                    for pp in divisors(n // (tp * cp * ep)):
-                        dp = n // (tp * cp * ep * pp)
-                        layout = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep}
-                        if any(k in pins and pins[k] != v for k, v in layout.items()):
-                            continue
-                        if pp > self.blocks or (check_batch and p.global_batch % (dp * ep)):
-                            continue
-                        out.append((dp, tp, pp, cp, ep))
-        return out
-
-    def _tp_ok(self, tp: int) -> bool:
-        if tp == 1:
-            return True
-        model = self.model
-        if not self.transformer:
-            return False
-        values = [model.heads, model.hidden, model.ffn_hidden, model.vocab]
-        if model.kv_heads != model.heads:
-            values.append(model.kv_heads)
-        return all(v % tp == 0 for v in values)
+        p = self.problem
+        return layouts(self.model, p.cluster.num_devices, p.sequence, p.global_batch, self.blocks, self.pins,
+                       check_batch)
 
     def roots(self) -> list[Root]:
         p, pins = self.problem, self.pins
@@ -237,41 +149,9 @@ class Space:
         return out
 
     def _orders(self, layout):
-        """Orders of the axes of size > 1 that place the groups differently, each once."""
-        dp, tp, pp, cp, ep = layout
-        sizes = {"dp": dp, "ep": ep, "pp": pp, "cp": cp, "tp": tp}
-        used = [a for a in AXES if sizes[a] > 1]
-        pinned = self.pins.get("order")
-        if pinned is not None:
-            permutations = [tuple(pinned)] if set(pinned) == set(used) else []
-        else:
-            permutations = list(itertools.permutations(used)) or [()]
-        seen, out = set(), []
-        for order in permutations:
-            axes = tuple((a, sizes[a]) for a in order) or (("dp", 1),)
-            data = ("dp",) if dp > 1 else (("ep",) if ep > 1 else ())
-            links = mesh_links(self.problem.cluster, axes, 0, data, "zero1", "tp" if tp > 1 else None,
-                               "cp" if cp > 1 else None, "ep" if ep > 1 else None, "pp" if pp > 1 else None)
-            if links.tp.nodes > 1 and not self.pins.get("tp_across_nodes"):
-                self.stats.tp_across_nodes += 1
-                continue  # tensor-parallel groups stay inside a node (search.PIN_KEYS)
-            devices, capacity = self._rank_devices(axes, pp)
-            key = (links, tuple(d.name for d in devices), capacity)
-            if key not in seen:
-                seen.add(key)
-                out.append((order, links, devices, capacity))
-        return out
-
-    def _rank_devices(self, axes, pp):
-        """(slowest device, smallest memory) per pipeline rank."""
-        if self.homogeneous:
-            device = self.devices[0]
-            return (device,) * pp, (device.memory,) * pp
-        names = [a for a, _ in axes]
-        stride = math.prod(size for _, size in axes[names.index("pp") + 1:]) if "pp" in names else 1
-        groups = [[d for i, d in enumerate(self.devices) if (i // stride) % pp == r] for r in range(pp)]
-        return (tuple(slowest(g, self.problem.precision) for g in groups),
-                tuple(min(d.memory for d in g) for g in groups))
+        orders, across = mesh_orders(self.problem.cluster, layout, self.pins, self.devices, self.problem.precision)
+        self.stats.tp_across_nodes += across
+        return orders
 
     def _states_may_fit(self, layout) -> bool:
         """ZeRO-3 model states spread perfectly over the pipeline: a necessary condition."""
@@ -545,7 +425,7 @@ class Space:
         """max over ranks of (first microbatch's arrival + busy + the last gradient's way back),
         plus the worst rank's exposed reduction and optimizer step."""
         root, m, pp = node.root, node.microbatches, node.root.pp
-        by_rank = _by_rank(ranks, pp)
+        by_rank = stages_by_rank(ranks, pp)
         tails: dict = {}
         worst_tail = 0.0
         for rank, owned in enumerate(by_rank):
@@ -600,5 +480,4 @@ class Space:
         return Scored(candidate, leaf.counts, estimate, plan)
 
 
-__all__ = ["Space", "Root", "Node", "Leaf", "partition_blocks", "partition_layers", "divisors", "schedule_choices",
-           "stage_ranks", "AXES", "RECOMPUTE", "VIRTUAL_CHOICES", "MAX_MICRO_BATCH"]
+__all__ = ["Space", "Root", "Node", "Leaf", "partition_blocks", "partition_layers"]

@@ -1,0 +1,167 @@
+"""What the search chooses among: layouts (the device count factorised into degrees), mesh orders,
+and the built-in schedules with their virtual stages.
+
+Stage: inside the search. Contract: pure functions of the problem and the pins. `layouts` lists the
+(dp, tp, pp, cp, ep) the model and the pins allow, `mesh_orders` the orders of a layout's axes that
+place its groups differently on the nodes, `schedule_choices` the (schedule, virtual) pairs the
+generators accept; `stage_ranks` maps stages to pipeline ranks.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from typing import Mapping, Sequence
+
+from plandsl import ir
+from plandsl.cost.layer import Links, mesh_links
+from plandsl.cost.stage import slowest
+from plandsl.schedules.registry import BUILTIN
+
+AXES = ("dp", "ep", "pp", "cp", "tp")  # the canonical mesh order, outermost first (Megatron's)
+RECOMPUTE = ("none", "selective", "selective_op", "full")
+VIRTUAL_CHOICES = (2, 3, 4, 6, 8)       # stages per rank tried for the looped schedules
+MAX_MICRO_BATCH = 256
+SPLIT_BACKWARD = ("zb_h1", "zb_h2", "interleaved_zero_bubble", "zbv", "dualpipev")
+# Chimera keeps the weights of two stages per rank (one per pipeline) and all-reduces them between
+# its pipelines: the memory model counts both (`cost.memory.held_stages`), but the partition's
+# per-rank caps and the step time do not model the second copy, so the search tries it only when pinned.
+PIN_ONLY = ("chimera",)
+
+Layout = tuple[int, int, int, int, int]  # dp, tp, pp, cp, ep
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+# ---- layouts ---------------------------------------------------------------------------------------------------
+def layouts(model: ir.Model, devices: int, sequence: int, global_batch: int, blocks: int, pins: Mapping,
+            check_batch: bool = True) -> list[Layout]:
+    """Every (dp, tp, pp, cp, ep) with dp·tp·pp·cp·ep = devices that the model and the pins allow: tp
+    divides the heads and widths, cp the sequence, ep the experts, pp at most the blocks, and dp·ep
+    the global batch (unless `check_batch` is off)."""
+    transformer = isinstance(model, ir.TransformerModel)
+    experts = getattr(model, "experts", 0)
+    out = []
+    for tp in divisors(devices):
+        if not tp_divides(model, tp):
+            continue
+        for cp in divisors(devices // tp):
+            if cp > 1 and (not transformer or sequence % cp):
+                continue
+            for ep in divisors(devices // (tp * cp)):
+                if ep > 1 and (not experts or experts % ep):
+                    continue
+                for pp in divisors(devices // (tp * cp * ep)):
+                    dp = devices // (tp * cp * ep * pp)
+                    layout = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep}
+                    if any(k in pins and pins[k] != v for k, v in layout.items()):
+                        continue
+                    if pp > blocks or (check_batch and global_batch % (dp * ep)):
+                        continue
+                    out.append((dp, tp, pp, cp, ep))
+    return out
+
+
+def tp_divides(model: ir.Model, tp: int) -> bool:
+    """Whether tensor parallelism of degree tp splits the model's heads and widths evenly."""
+    if tp == 1:
+        return True
+    if not isinstance(model, ir.TransformerModel):
+        return False
+    values = [model.heads, model.hidden, model.ffn_hidden, model.vocab]
+    if model.kv_heads != model.heads:
+        values.append(model.kv_heads)
+    return all(v % tp == 0 for v in values)
+
+
+def mesh_orders(cluster: ir.Cluster, layout: Layout, pins: Mapping, devices: Sequence[ir.DeviceType],
+                precision: ir.Precision) -> tuple[list[tuple[tuple[str, ...], Links, tuple, tuple]], int]:
+    """The orders of the axes of size > 1 that place the groups differently, each once, as
+    (order, links, slowest device per pipeline rank, smallest memory per rank); and how many orders
+    were left out for putting a tensor-parallel group across nodes (unless pinned `tp_across_nodes`)."""
+    dp, tp, pp, cp, ep = layout
+    sizes = {"dp": dp, "ep": ep, "pp": pp, "cp": cp, "tp": tp}
+    used = [a for a in AXES if sizes[a] > 1]
+    pinned = pins.get("order")
+    if pinned is not None:
+        permutations = [tuple(pinned)] if set(pinned) == set(used) else []
+    else:
+        permutations = list(itertools.permutations(used)) or [()]
+    seen, out, across = set(), [], 0
+    for order in permutations:
+        axes = tuple((a, sizes[a]) for a in order) or (("dp", 1),)
+        data = ("dp",) if dp > 1 else (("ep",) if ep > 1 else ())
+        links = mesh_links(cluster, axes, 0, data, "zero1", "tp" if tp > 1 else None,
+                           "cp" if cp > 1 else None, "ep" if ep > 1 else None, "pp" if pp > 1 else None)
+        if links.tp.nodes > 1 and not pins.get("tp_across_nodes"):
+            across += 1
+            continue  # tensor-parallel groups stay inside a node (search.PIN_KEYS)
+        ranks, capacity = rank_devices(devices, axes, pp, precision)
+        key = (links, tuple(d.name for d in ranks), capacity)
+        if key not in seen:
+            seen.add(key)
+            out.append((order, links, ranks, capacity))
+    return out, across
+
+
+def rank_devices(devices: Sequence[ir.DeviceType], axes: Sequence[tuple[str, int]], pp: int,
+                 precision: ir.Precision) -> tuple[tuple, tuple]:
+    """(slowest device, smallest memory) per pipeline rank of a mesh `axes` over `devices` in order."""
+    if len({d.name for d in devices}) == 1:
+        return (devices[0],) * pp, (devices[0].memory,) * pp
+    names = [a for a, _ in axes]
+    stride = math.prod(size for _, size in axes[names.index("pp") + 1:]) if "pp" in names else 1
+    groups = [[d for i, d in enumerate(devices) if (i // stride) % pp == r] for r in range(pp)]
+    return tuple(slowest(g, precision) for g in groups), tuple(min(d.memory for d in g) for g in groups)
+
+
+# ---- schedules -------------------------------------------------------------------------------------------------
+def schedule_choices(pp: int, m: int, blocks: int, pinned: str | None, virtual_pin: int | None):
+    """(schedule, virtual) pairs the generators accept for pp ranks and m microbatches."""
+    if pp == 1:
+        return [(pinned if pinned and pinned != "none" else "", 1)]
+    out = []
+    for name, info in BUILTIN.items():
+        if (pinned and name != pinned) or (not pinned and name in PIN_ONLY):
+            continue
+        if info.pipelines == 2:
+            virtuals = (1,)
+            if pp % 2 or m % pp or m < pp:
+                continue
+        elif info.virtual == "two":
+            virtuals = (2,)
+            if name == "dualpipev" and m < 2 * pp:
+                continue
+        elif info.virtual == "any":
+            virtuals = VIRTUAL_CHOICES
+            if m % max(1, m // pp):  # torch's rounds of microbatches must divide m
+                continue
+        else:
+            virtuals = (1,)
+            if info.min_microbatches == "ranks" and m < pp:
+                continue
+        out += [(name, v) for v in virtuals if (virtual_pin is None or v == virtual_pin) and pp * v <= blocks]
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def stage_ranks(name: str, pp: int, virtual: int) -> tuple[int, ...]:
+    """Stage -> pipeline rank: a V for the V-shape schedules, a loop otherwise."""
+    info = BUILTIN.get(name)
+    if info is not None and info.virtual == "two" and info.pipelines == 1:
+        return tuple(s if s < pp else 2 * pp - 1 - s for s in range(2 * pp))
+    return tuple(s % pp for s in range(pp * virtual))
+
+
+@functools.lru_cache(maxsize=4096)
+def stages_by_rank(ranks: tuple[int, ...], pp: int) -> tuple[tuple[int, ...], ...]:
+    """The stages each pipeline rank holds, from `stage_ranks`."""
+    return tuple(tuple(s for s, r in enumerate(ranks) if r == rank) for rank in range(pp))
+
+
+__all__ = ["AXES", "RECOMPUTE", "VIRTUAL_CHOICES", "MAX_MICRO_BATCH", "SPLIT_BACKWARD", "PIN_ONLY", "Layout",
+           "divisors", "layouts", "tp_divides", "mesh_orders", "rank_devices", "schedule_choices", "stage_ranks",
+           "stages_by_rank"]
