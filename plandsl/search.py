@@ -262,8 +262,11 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
 # ---- the search ---------------------------------------------------------------------------------------------------
 def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None = None, top: int = 5,
            efficiency: Efficiency | None = None,
-           progress: Callable[[int, int], None] | None = None) -> SearchResult:
-    """The `top` fastest candidates that fit, best first (exactly those brute force ranks first)."""
+           progress: Callable[[int, int], None] | None = None, explain: bool = True,
+           first: bool = False) -> SearchResult:
+    """The `top` fastest candidates that fit, best first (exactly those brute force ranks first);
+    `first`: the first candidate found that fits, not the best (whether any does). SearchError when
+    none does, saying why (`explain`; without it, only that none does)."""
     started = time.perf_counter()
     pins = parse_pins(pins)
     check_pins(problem, pins)
@@ -286,6 +289,9 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
         elif isinstance(item, Leaf):
             scored = space.evaluate(item)
             children = []
+            if scored is not None and first:
+                results.append(scored)
+                break
             if scored is not None:
                 heapq.heappush(heap, (scored.estimate.time.step, next(counter), scored))
         else:
@@ -297,6 +303,8 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
         progress(len(roots), len(roots))
     space.stats.seconds = time.perf_counter() - started
     if not results:
+        if not explain:
+            raise SearchError(f"no plan of '{problem.model.name}' on '{problem.cluster.name}'")
         from plandsl.search_emit import explain_empty
         raise SearchError(explain_empty(problem, pins, space))
     return SearchResult(tuple(results), space.stats)

@@ -351,8 +351,9 @@ def _smallest_cluster(problem: Problem, states: float, pins: dict) -> str:
                                 problem.optimizer)
             try:
                 search(candidate, pins={k: v for k, v in pins.items() if k not in ("dp", "tp", "pp", "cp", "ep")},
-                       top=1)
-            except Exception:
+                       top=1, explain=False, first=True)  # whether any plan fits; a failed probe does not
+                # probe larger clusters in turn
+            except SearchError:
                 continue
             return f"The smallest cluster that works of those tried: {node.name} x {count} ({count * node.devices} devices)"
     return f"Try at least {node.name} x {least} ({least * node.devices} devices)"

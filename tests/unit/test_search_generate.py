@@ -87,6 +87,26 @@ def test_a_model_too_large_names_a_cluster_that_would_work():
         search(problem)
 
 
+def test_probing_for_a_cluster_searches_each_size_once(monkeypatch):
+    """A model far too large at a small batch: the first sizes probed fail too. Each probe asks only
+    whether a plan fits (`first`) and, failing, does not probe larger clusters in turn (`explain`):
+    before, each failed probe probed again, and the message took minutes."""
+    import plandsl.search as search_module
+    calls = []
+    real = search_module.search
+
+    def counted(problem, *args, **kwargs):
+        calls.append((problem.cluster.name, kwargs.get("first", False), kwargs.get("explain", True)))
+        return real(problem, *args, **kwargs)
+
+    monkeypatch.setattr(search_module, "search", counted)
+    problem, _ = resolve_problem("gpt(layers=200, hidden=32768, heads=128, seq=2048, vocab=51200)", "dgx_a100", 8)
+    with pytest.raises(SearchError, match=r"smallest cluster that works of those tried: dgx_a100 x 128 "):
+        counted(problem)
+    assert calls[0] == ("dgx_a100", False, True)
+    assert calls[1:] == [(f"dgx_a100 x {n}", True, False) for n in (61, 64, 128)]
+
+
 def test_tensor_parallelism_stays_inside_a_node_unless_allowed():
     out = run(*SMALL, "--pin", "tp=16")
     assert out.exit_code == 1
