@@ -1,4 +1,5 @@
-"""Formatting stage: syntax tree -> canonical .plan text (what `plandsl fmt` writes).
+"""Formatting stage: syntax tree -> canonical .plan text (what `plandsl fmt` writes); statements and
+bodies here, expressions and the comments inside them in `plandsl.format_expr`.
 
 Contract: `parse(format(x)) == parse(x)`, `format(format(x)) == format(x)`, and every comment
 comes back exactly once, in source order (trailing whitespace removed). Layout: 2-space
@@ -11,36 +12,13 @@ into columns, and trailing comments of consecutive one-line statements start in 
 from __future__ import annotations
 
 import bisect
-import re
 from typing import Sequence
 
+from plandsl.format_expr import STEP, WIDTH, align_notes, assemble, comment_text, flat, inside, joined, quote, scope
 from plandsl.parser import parse_source
 from plandsl.source import SourceFile
-from plandsl.syntax import (ActionStmt, Attr, BinOp, Binding, Block, Bool, Call, Clause, Comment,
-                            Definition, DictExpr, DictItem, Entry, Float, For, If, Import, Int,
-                            KwArg, LayerDecl, Let, ListExpr, Member, Module, Name, Node, On, Param,
-                            Quantity, RankRow, ShardRule, Slice, Str, Subscript, Unary, WithItem)
-
-WIDTH = 100
-STEP = 2  # indentation per body
-MAX_BREAK_DEPTH = 100  # expression depth past which lines are not broken
-
-# Precedence, loosest first (grammar/plan.lark's expression rules).
-_BINARY_LEVEL = {"@": 1, "or": 2, "and": 3, "==": 5, "!=": 5, "<": 5, "<=": 5, ">": 5, ">=": 5,
-                 "..": 6, "x": 7, "+": 8, "-": 8, "*": 9, "/": 9, "//": 9, "%": 9}
-_NOT_LEVEL, _NEGATE_LEVEL, _POSTFIX_LEVEL, _ATOM_LEVEL = 4, 10, 11, 12
-_LEFT_ASSOCIATIVE = {"or", "and", "+", "-", "*", "/", "//", "%"}
-_ATOMS = (Int, Float, Quantity, Str, Name, Bool, ListExpr, DictExpr)
-
-# Units printed after one space even when written glued (`80GiB` -> `80 GiB`).
-_PREFIXES = ("", "K", "M", "G", "T", "P", "E")
-_UNITS = frozenset(
-    [f"{p}{u}" for p in _PREFIXES for u in ("B", "b", "B/s", "b/s", "FLOP", "FLOP/s", "bps")]
-    + [f"{p}{u}" for p in ("Ki", "Mi", "Gi", "Ti", "Pi") for u in ("B", "B/s")]
-    + ["s", "ms", "us", "ns", "min", "h"])
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_KEYWORDS = frozenset("and or not x true false over with in on rank if else for let layer shard "
-                      "import param device node cluster model plan schedule".split())
+from plandsl.syntax import (ActionStmt, Attr, Block, Comment, Definition, Entry, For, If, Import, LayerDecl, Let,
+                            Module, Node, On, Param, RankRow, ShardRule)
 
 
 # ---- entry points ----------------------------------------------------------------------
@@ -54,257 +32,6 @@ def format_module(module: Module) -> str:
     comments = sorted(module.comments, key=lambda c: c.span.start)
     _, lines = _body(module.items, comments, 0, top=True)
     return "\n".join(lines) + "\n" if lines else ""
-
-
-# ---- expressions ---------------------------------------------------------------------------
-def _level(node: Node) -> int:
-    if isinstance(node, BinOp):
-        return _BINARY_LEVEL[node.op]
-    if isinstance(node, Unary):
-        return _NOT_LEVEL if node.op == "not" else _NEGATE_LEVEL
-    if isinstance(node, (Member, Subscript, Call)):
-        return _POSTFIX_LEVEL
-    return _ATOM_LEVEL if isinstance(node, _ATOMS) else 0
-
-
-def _operand(node: Node, minimum: int) -> list:
-    return ["(", node, ")"] if _level(node) < minimum else [node]
-
-
-def _joined(nodes: Sequence[Node], separator: str = ", ") -> list:
-    parts: list = []
-    for index, node in enumerate(nodes):
-        parts += [separator, node] if index else [node]
-    return parts
-
-
-def _number(value: int | float) -> str:
-    return str(value) if isinstance(value, int) else repr(value)
-
-
-def _quote(text: str) -> str:
-    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
-    return f'"{escaped}"'
-
-
-def _quantity(node: Quantity) -> str:
-    number = node.text or _number(node.value)
-    glued = number + node.unit
-    keep_glued = (node.adjacent and node.unit not in _UNITS and node.unit[:1] not in ("e", "E")
-                  and not glued.startswith("1f1b"))
-    return glued if keep_glued else f"{number} {node.unit}"
-
-
-def _parts(node: Node) -> list:
-    """The pieces of `node` in order: literal text and child nodes (parentheses included)."""
-    match node:
-        case Int():
-            return [str(node.value)]
-        case Float():
-            return [node.text or repr(node.value)]
-        case Quantity():
-            return [_quantity(node)]
-        case Str():
-            return [_quote(node.value)]
-        case Name():
-            return [node.id]
-        case Bool():
-            return ["true" if node.value else "false"]
-        case ListExpr():
-            return ["[", *_joined(node.items), "]"] if node.items else ["[]"]
-        case DictExpr():
-            return ["{ ", *_joined(node.items), " }"] if node.items else ["{}"]
-        case DictItem():
-            key = node.key if _IDENTIFIER.fullmatch(node.key) and node.key not in _KEYWORDS else _quote(node.key)
-            return [key, ": ", node.value]
-        case Binding():
-            return [node.name, " = ", node.value]
-        case BinOp():
-            level = _BINARY_LEVEL[node.op]
-            left = _operand(node.left, level if node.op in _LEFT_ASSOCIATIVE else level + 1)
-            return [*left, ".." if node.op == ".." else f" {node.op} ", *_operand(node.right, level + 1)]
-        case Unary():
-            if node.op == "not":
-                return ["not ", *_operand(node.operand, _NOT_LEVEL)]
-            return ["-", *_operand(node.operand, _NEGATE_LEVEL)]
-        case Member():
-            needs_parentheses = isinstance(node.obj, Int) and node.name[:1].isdigit()  # `(1).3`, not `1.3`
-            obj = ["(", node.obj, ")"] if needs_parentheses else _operand(node.obj, _POSTFIX_LEVEL)
-            return [*obj, ".", node.name]
-        case Subscript():
-            return [*_operand(node.obj, _POSTFIX_LEVEL), "[", node.index, "]"]
-        case Slice():
-            return [*([node.lo] if node.lo is not None else []), ":", *([node.hi] if node.hi is not None else [])]
-        case Call():
-            return [*_operand(node.func, _POSTFIX_LEVEL), "(", *_joined(node.args + node.kwargs), ")"]
-        case KwArg():
-            return [node.name, "=", node.value]
-        case Clause():
-            parts = [node.subject]
-            if node.over is not None:
-                parts += [" over ", node.over]
-            if node.options:
-                parts += [" with ", *_joined(node.options)]
-            return parts
-        case WithItem():
-            return [node.name] if node.value is None else [node.name, " = ", node.value]
-    raise TypeError(f"cannot format {type(node).__name__}")
-
-
-def _flat(node: Node) -> str:
-    """`node` on one line (iterative: left-deep chains of hundreds of operators are fine)."""
-    pieces: list[str] = []
-    stack: list = [node]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            pieces.append(item)
-        else:
-            stack.extend(reversed(_parts(item)))
-    return "".join(pieces)
-
-
-def _breakable(node: Node) -> bool:
-    """A non-empty list, dict or call: what can be broken one item per line."""
-    if isinstance(node, Call):
-        return bool(node.args or node.kwargs)
-    return isinstance(node, (ListExpr, DictExpr)) and bool(node.items)
-
-
-def _has_container(node: Node) -> bool:
-    stack: list = [node]
-    while stack:
-        item = stack.pop()
-        if _breakable(item):
-            return True
-        stack.extend(part for part in _parts(item) if not isinstance(part, str))
-    return False
-
-
-def _render(node: Node, indent: int, column: int, tail: int = 0, depth: int = 0,
-            comments: Sequence[Comment] = (), loose: list[Comment] | None = None) -> str:
-    """`node` starting at `column` with `tail` characters after it; breaks containers to fit.
-
-    `comments` are the comments inside `node`, in source order: a list, dict or call holding some
-    is broken one item per line so that they stay beside their items; those that cannot stay where
-    they are (inside an operator, say) go to `loose`, to be put on lines before this one.
-    Below MAX_BREAK_DEPTH nested nodes everything stays flat, so recursion stays bounded."""
-    if comments and depth > MAX_BREAK_DEPTH:
-        loose.extend(comments)
-        comments = ()
-    flat = _flat(node)
-    if not comments and (column + len(flat) + tail <= WIDTH or depth > MAX_BREAK_DEPTH
-                         or not _has_container(node)):
-        return flat
-    if isinstance(node, (ListExpr, DictExpr)) and node.items:
-        opening, closing = ("[", "]") if isinstance(node, ListExpr) else ("{", "}")
-        return f"{opening}\n{_items(node.items, indent, depth, comments)}\n{' ' * indent}{closing}"
-    if isinstance(node, Call) and (node.args or node.kwargs):
-        return _render_call(node, indent, column, tail, depth, comments, loose)
-    return _assemble(_parts(node), indent, column, tail, depth + 1, comments, loose)
-
-
-def _render_call(node: Call, indent: int, column: int, tail: int, depth: int,
-                 comments: Sequence[Comment], loose: list[Comment] | None) -> str:
-    """A call too long for its line (or holding comments): `f({` ... `})` when its last argument
-    is a list or dict that can open on the first line, else one argument per line and `)` on a line
-    of its own."""
-    arguments = node.args + node.kwargs
-    if comments and any(a.span.start > b.span.start for a, b in zip(arguments, arguments[1:])):
-        loose.extend(comments)  # `f(k=1, a)` is printed `f(a, k=1)`: its comments would reorder
-        return _render(node, indent, column, tail, depth)
-    inside_func = [c for c in comments if c.span.start < node.func.span.end]
-    comments = comments[len(inside_func):]
-    head = _assemble([*_operand(node.func, _POSTFIX_LEVEL), "("], indent, column, 0, depth + 1,
-                     inside_func, loose)
-    column = len(head) - head.rfind("\n") - 1 if "\n" in head else column + len(head)
-    last = arguments[-1]
-    if (isinstance(last, (ListExpr, DictExpr)) and last.items
-            and all(_inside(comment, last) for comment in comments)):
-        before = "".join(_flat(argument) + ", " for argument in arguments[:-1])
-        if column + len(before) + 1 <= WIDTH:
-            text = _render(last, indent, column + len(before), tail + 1, depth + 1, comments, loose)
-            return head + before + text + ")"
-    return f"{head}\n{_items(arguments, indent, depth, comments)}\n{' ' * indent})"
-
-
-def _items(items: Sequence[Node], indent: int, depth: int, comments: Sequence[Comment]) -> str:
-    """The lines of a broken list, dict or argument list: one item a line, each with a comma,
-    one step in from `indent`; comments stay before, beside (aligned) or inside their items."""
-    inner = indent + STEP
-    pad = " " * inner
-    leading, within, trailing, end = _distribute(items, comments)
-    lines: list[str] = []
-    notes: list[str | None] = []
-    for index, item in enumerate(items):
-        hoisted, text = _scope([item], inner, inner, 1, depth + 1, within[index])
-        before = [pad + _comment(comment) for comment in leading[index] + hoisted]
-        item_lines = (pad + text + ",").split("\n")
-        note = _comment(trailing[index]) if trailing[index] is not None else None
-        if note is not None and len(item_lines) > 1:
-            item_lines[-1] += "  " + note
-            note = None
-        lines += before + item_lines
-        notes += [None] * (len(before) + len(item_lines) - 1) + [note]
-    lines += [pad + _comment(comment) for comment in end]
-    notes += [None] * len(end)
-    return "\n".join(_align_notes(lines, notes))
-
-
-def _distribute(items: Sequence[Node], comments: Sequence[Comment]):
-    """Comments of a broken container: (before each item, inside each, beside each, at the end)."""
-    leading: list[list[Comment]] = [[] for _ in items]
-    within: list[list[Comment]] = [[] for _ in items]
-    trailing: list[Comment | None] = [None] * len(items)
-    end: list[Comment] = []
-    starts = [item.span.start for item in items]
-    for comment in comments:
-        index = bisect.bisect_right(starts, comment.span.start) - 1
-        if index >= 0 and _inside(comment, items[index]):
-            within[index].append(comment)
-        elif (index >= 0 and not comment.own_line and trailing[index] is None
-              and items[index].span.end_line == comment.span.line):
-            trailing[index] = comment
-        elif index + 1 < len(items):
-            leading[index + 1].append(comment)
-        else:
-            end.append(comment)
-    return leading, within, trailing, end
-
-
-def _assemble(parts: list, indent: int, column: int, tail: int = 0, depth: int = 0,
-              comments: Sequence[Comment] = (), loose: list[Comment] | None = None) -> str:
-    flats = [part if isinstance(part, str) else _flat(part) for part in parts]
-    owned: dict[int, list[Comment]] = {id(part): [] for part in parts if not isinstance(part, str)}
-    for comment in comments:
-        owner = next((part for part in parts if not isinstance(part, str) and _inside(comment, part)), None)
-        (owned[id(owner)] if owner is not None else loose).append(comment)
-    text = ""
-    for index, part in enumerate(parts):
-        if isinstance(part, str):
-            piece = part
-        else:
-            piece = _render(part, indent, column, sum(map(len, flats[index + 1:])) + tail, depth,
-                            owned[id(part)], loose)
-        text += piece
-        column = len(piece) - piece.rfind("\n") - 1 if "\n" in piece else column + len(piece)
-    return text
-
-
-def _scope(parts: list, indent: int, column: int, tail: int, depth: int,
-           comments: Sequence[Comment]) -> tuple[list[Comment], str]:
-    """`parts` assembled as a line of their own (a statement, an item of a broken container), with
-    the comments inside them: (comments for the lines before it, text). When one that has to go
-    before would come after one that stays inside, all of them go before (order is kept)."""
-    if not comments:
-        return [], _assemble(parts, indent, column, tail, depth)
-    loose: list[Comment] = []
-    text = _assemble(parts, indent, column, tail, depth, comments, loose)
-    moved = {id(comment) for comment in loose}
-    stayed = [comment.span.start for comment in comments if id(comment) not in moved]
-    if loose and stayed and max(comment.span.start for comment in loose) > min(stayed):
-        return list(comments), _assemble(parts, indent, column, tail, depth)
-    return sorted(loose, key=lambda comment: comment.span.start), text
 
 
 # ---- statements ------------------------------------------------------------------------------
@@ -334,7 +61,7 @@ def _header(node: Node, indent: int) -> str:
     if isinstance(node, Definition):
         if node.kind != "schedule":
             return f"{pad}{node.kind} {node.name}"
-        params = [f"{p.name}: {p.dimension}" if p.dimension else f"{p.name} = {_flat(p.value)}"
+        params = [f"{p.name}: {p.dimension}" if p.dimension else f"{p.name} = {flat(p.value)}"
                   for p in node.params]
         return f"{pad}schedule {node.name}({', '.join(params)})"
     if isinstance(node, Block):
@@ -348,7 +75,7 @@ def _header(node: Node, indent: int) -> str:
         parts = ["on rank ", node.rank]
     else:
         parts = ["if ", node.cond]
-    return pad + _assemble(parts, indent, indent, 2)
+    return pad + assemble(parts, indent, indent, 2)
 
 
 def _simple(node: Node, indent: int, name_width,
@@ -359,7 +86,7 @@ def _simple(node: Node, indent: int, name_width,
     pad = " " * indent
     match node:
         case Import():
-            return list(comments), f"{pad}import {_quote(node.path)}"
+            return list(comments), f"{pad}import {quote(node.path)}"
         case RankRow():
             # A table is read by eye: columns line up (name_width is (rank digits, cell width)).
             rank_width, cell_width = name_width if isinstance(name_width, tuple) else (0, 0)
@@ -374,19 +101,15 @@ def _simple(node: Node, indent: int, name_width,
         case Definition():
             parts = [f"{node.kind} {node.name.ljust(name_width)} = ", node.value]
         case Entry():
-            parts = [f"{_flat(node.key)}:".ljust(name_width + 1) + " ", *_joined(node.values)]
+            parts = [f"{flat(node.key)}:".ljust(name_width + 1) + " ", *joined(node.values)]
         case ShardRule():
-            parts = [f"shard {_flat(node.target).ljust(name_width)} = ", node.value]
+            parts = [f"shard {flat(node.target).ljust(name_width)} = ", node.value]
         case ActionStmt():
             parts = [node.call]
         case _:
             raise TypeError(f"cannot format statement {type(node).__name__}")
-    hoisted, text = _scope(parts, indent, indent, 0, 0, comments)
+    hoisted, text = scope(parts, indent, indent, 0, 0, comments)
     return hoisted, pad + text
-
-
-def _comment(comment: Comment) -> str:
-    return comment.text.rstrip()
 
 
 def _statement(node: Node, comments: list[Comment], indent: int, name_width) -> tuple[list[str], int]:
@@ -395,9 +118,9 @@ def _statement(node: Node, comments: list[Comment], indent: int, name_width) -> 
     pad = " " * indent
     if _body_of(node) is None:
         hoisted, text = _simple(node, indent, name_width, comments)
-        return [pad + _comment(c) for c in hoisted] + text.split("\n"), len(hoisted)
+        return [pad + comment_text(c) for c in hoisted] + text.split("\n"), len(hoisted)
     end = _header_end(node)
-    lines = [pad + _comment(c) for c in comments if c.span.start < end]
+    lines = [pad + comment_text(c) for c in comments if c.span.start < end]
     before = len(lines)
     rest = [c for c in comments if c.span.start >= end]
     header = _header(node, indent).split("\n")
@@ -419,11 +142,11 @@ def _statement(node: Node, comments: list[Comment], indent: int, name_width) -> 
 
 
 def _open(head: str, comment: Comment | None) -> str:
-    return head + " {" + (f"  {_comment(comment)}" if comment else "")
+    return head + " {" + (f"  {comment_text(comment)}" if comment else "")
 
 
 def _actions(body: tuple) -> str:
-    return "; ".join(_flat(statement.call) for statement in body)
+    return "; ".join(flat(statement.call) for statement in body)
 
 
 def _fits_one_line(node: Node, body: tuple, head: str) -> bool:
@@ -477,10 +200,6 @@ def _place(comments: list[Comment], children: Sequence[Node], allow_header: bool
     return header, leading, trailing, end
 
 
-def _inside(comment: Comment, node: Node) -> bool:
-    return node.span.start <= comment.span.start < node.span.end
-
-
 def _alias(node: Node) -> bool:
     """`model m = ...`, `cluster c = ...`: a one-statement definition."""
     return isinstance(node, Definition) and node.body is None and node.value is not None
@@ -505,7 +224,7 @@ def _body(children: Sequence[Node], comments: list[Comment], indent: int, top: b
     starts = [child.span.start for child in children]
     for comment in comments:
         owner = bisect.bisect_right(starts, comment.span.start) - 1
-        if owner >= 0 and _inside(comment, children[owner]):
+        if owner >= 0 and inside(comment, children[owner]):
             inner[owner].append(comment)
         else:
             free.append(comment)
@@ -533,36 +252,17 @@ def _body(children: Sequence[Node], comments: list[Comment], indent: int, top: b
             lines.append("")
             notes.append(None)
         if isinstance(unit, Comment):
-            lines.append(pad + _comment(unit))
+            lines.append(pad + comment_text(unit))
             notes.append(None)
             continue
         statement, before = _statement(children[unit], inner[unit], indent, widths[unit])
-        note = _comment(trailing[unit]) if trailing[unit] is not None else None
+        note = comment_text(trailing[unit]) if trailing[unit] is not None else None
         if note is not None and len(statement) - before > 1:
             statement[-1] += "  " + note
             note = None
         lines += statement
         notes += [None] * (len(statement) - 1) + [note]
-    return header, _align_notes(lines, notes)
-
-
-def _align_notes(lines: list[str], notes: list[str | None]) -> list[str]:
-    """Append the trailing comments; in a run of consecutive lines that all have one, they start
-    in one column: two spaces after the longest line of the run (like gofmt)."""
-    out: list[str] = []
-    start = 0
-    while start < len(lines):
-        if notes[start] is None:
-            out.append(lines[start])
-            start += 1
-            continue
-        stop = start
-        while stop < len(lines) and notes[stop] is not None:
-            stop += 1
-        column = max(len(line) for line in lines[start:stop]) + 2
-        out += [line.ljust(column) + note for line, note in zip(lines[start:stop], notes[start:stop])]
-        start = stop
-    return out
+    return header, align_notes(lines, notes)
 
 
 def _aligned_text(node: Node) -> str | None:
@@ -570,9 +270,9 @@ def _aligned_text(node: Node) -> str | None:
     if isinstance(node, Attr) or _alias(node):
         return node.name
     if isinstance(node, Entry):
-        return _flat(node.key)
+        return flat(node.key)
     if isinstance(node, ShardRule):
-        return _flat(node.target)
+        return flat(node.target)
     return None
 
 

@@ -17,7 +17,8 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from plandsl.diagnostics import Diagnostic, Note, PlanError, diag
 from plandsl.source import SourceFile
-from plandsl.syntax import MAX_DIGITS, Builder, Comment, LiteralTooLong, Module
+from plandsl.syntax import Comment, Module
+from plandsl.syntax_build import MAX_DIGITS, Builder, LiteralTooLong
 
 MAX_BYTES = 2_000_000  # a plan is a page, not a data set; generated 10,000-layer plans are ~1 MB
 MAX_NESTING = 64       # brackets inside brackets
