@@ -80,12 +80,13 @@ class RMSNorm(nn.Module):
 
 
 def rotary(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-    """Rotary position embedding of x [batch, heads, seq, head_dim] (pairs of halves, as in GPT-NeoX);
-    `positions` are the tokens' positions in the sequence (None: 0, 1, ...)."""
-    seq, head_dim = x.shape[-2], x.shape[-1]
+    """Rotary position embedding of x [batch, seq, heads, head_dim] (pairs of halves, as in GPT-NeoX);
+    `positions` are the tokens' positions in the sequence (None: 0, 1, ...). In this layout the
+    attention core's output, transposed back to [batch, seq, hidden], needs no copy."""
+    seq, head_dim = x.shape[1], x.shape[-1]
     inverse = 1.0 / (ROPE_THETA ** (torch.arange(0, head_dim, 2, device=x.device, dtype=torch.float32) / head_dim))
     positions = torch.arange(seq, device=x.device) if positions is None else positions
-    angles = torch.outer(positions.to(torch.float32), inverse)
+    angles = torch.outer(positions.to(torch.float32), inverse)[:, None, :]  # [seq, 1 (heads), head_dim / 2]
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     first, second = x[..., : head_dim // 2], x[..., head_dim // 2:]
     return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
@@ -130,10 +131,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq = x.shape[0], x.shape[1]
-        q, k, v = (w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        q, k, v = (w(x).view(batch, seq, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
         if self.rope:
             q, k = rotary(q, self.positions), rotary(k, self.positions)
-        out = self.core(q, k, v)
+        out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 

@@ -46,9 +46,10 @@ def keep_every_other_matmul():
     count = Counter()
 
     def policy(ctx, func, *args, **kwargs):
-        if func in _MATMULS:
-            count["forward" if not ctx.is_recompute else "recompute"] += 1
-            kept = count["recompute" if ctx.is_recompute else "forward"] % 2 == 1
+        if func in _MATMULS:  # some torch versions ask again while recomputing: count each pass apart
+            key = "recompute" if ctx.is_recompute else "forward"
+            count[key] += 1
+            kept = count[key] % 2 == 1
         else:
             kept = func in _KEPT
         return CheckpointPolicy.MUST_SAVE if kept else CheckpointPolicy.PREFER_RECOMPUTE

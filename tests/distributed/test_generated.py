@@ -1,7 +1,8 @@
 """A plan `plandsl generate` writes runs: on one machine, for a small model, it trains like one process.
 
 The partial plan names the tiny GPT, a node of two CPU devices and tiny.plan's training settings; the
-search fills in the layout (the best one, and the best with tp, pp or cp pinned to 2), and each trains for two steps on 2
+search fills in the layout (the best one, and the best with tp, pp or cp pinned to 2, and pp with
+selective_op), and each trains for two steps on 2
 forked gloo ranks with `--check-equivalence`.
 """
 from __future__ import annotations
@@ -31,7 +32,8 @@ plan searched {
 '''
 
 
-@pytest.mark.parametrize("pins", [[], ["tp=2"], ["pp=2"], ["cp=2"]], ids=["best", "tp", "pp", "cp"])
+@pytest.mark.parametrize("pins", [[], ["tp=2"], ["pp=2"], ["cp=2"], ["pp=2", "recompute=selective_op"]],
+                         ids=["best", "tp", "pp", "cp", "pp_selective_op"])
 def test_the_generated_plan_trains_like_one_process(tmp_path, pins):
     path, plan_file = tmp_path / "partial.plan", tmp_path / "generated.plan"
     path.write_text(PARTIAL)
@@ -41,6 +43,11 @@ def test_the_generated_plan_trains_like_one_process(tmp_path, pins):
     assert "plan searched {" in plan_file.read_text()
     if "cp=2" in pins:
         assert "context  = allgather over cp" in plan_file.read_text()
+    if "recompute=selective_op" in pins:  # with a schedule that runs the backward in one pass (E703)
+        from plandsl import api
+        from plandsl.search_choices import SPLIT_BACKWARD
+        [plan] = api.load(str(plan_file)).plans
+        assert plan.train.recompute.value == "selective_op" and plan.schedule.name not in SPLIT_BACKWARD
     results = run_ranks(2, train, str(plan_file), steps=2, check_equivalence=True, deadline_s=100)
     assert [r["status"] for r in results] == [0, 0], results[0]["report_text"]
     report = results[0]["report"]

@@ -6,9 +6,7 @@ holds: parameters, the output and per-token or per-head scalars such as norms' r
 attention's log-sum-exp left out; the block's input belongs to the caller and is added as the model
 counts it), against `cost.memory.transformer_block_activations`, byte for byte. Where the reference
 modules differ from the Megatron blocks the model describes, the test says by how much: gpt has no
-dropout (the model counts two masks, 2·s·b·h bytes at 16 bits), and llama's attention output, laid
-out by rotary as [b, heads, s, d], is copied into wo's input while SDPA keeps it too (2·s·b·h more
-without recomputation).
+dropout (the model counts two masks, 2·s·b·h bytes at 16 bits).
 """
 from __future__ import annotations
 
@@ -82,8 +80,6 @@ def test_block_keeps_what_the_memory_model_counts(text, mode):
     unit = BATCH * SEQ * HIDDEN * 4  # 2·s·b·h bytes at 16 bits, in fp32
     if mode in ("none", "selective") and model.kind == "gpt":
         modelled -= unit  # no dropout masks
-    if mode == "none" and model.kind == "llama":
-        modelled += unit  # the core's output (kept by SDPA) and its copy as wo's input (after rotary's layout)
     assert measured == modelled
     # and the backward still gives the gradients of the block without recomputation
     y.sum().backward()
