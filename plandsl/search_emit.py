@@ -353,7 +353,7 @@ def _smallest_cluster(problem: Problem, states: float, pins: dict) -> str:
                 search(candidate, pins={k: v for k, v in pins.items() if k not in ("dp", "tp", "pp", "cp", "ep")},
                        top=1, explain=False, first=True)  # whether any plan fits; a failed probe does not
                 # probe larger clusters in turn
-            except SearchError:
+            except ValueError:  # SearchError, or a size the schedules or layouts cannot take: not this one
                 continue
             return f"The smallest cluster that works of those tried: {node.name} x {count} ({count * node.devices} devices)"
     return f"Try at least {node.name} x {least} ({least * node.devices} devices)"

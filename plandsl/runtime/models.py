@@ -41,7 +41,9 @@ class _RMSNorm(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         x, weight, rstd = ctx.saved_tensors
         normed = _wide(x) * rstd
-        grad_weight = (grad * normed.type_as(x)).sum(dim=tuple(range(grad.ndim - 1)))
+        grad_weight = grad * normed.type_as(x)
+        if grad.ndim > 1:  # summed over every token
+            grad_weight = grad_weight.sum(dim=tuple(range(grad.ndim - 1)))
         grad_normed = _wide(grad * weight)
         grad_x = rstd * (grad_normed - normed * (grad_normed * normed).mean(-1, keepdim=True))
         return grad_x.type_as(x), grad_weight, None

@@ -95,3 +95,21 @@ def test_selective_op_keeps_less_than_none_and_more_than_full():
         _, block = _block(MODELS[1], mode)
         sizes[mode], _ = _kept_bytes(block, torch.randn(BATCH, SEQ, HIDDEN, requires_grad=True))
     assert sizes["full"] < sizes["selective_op"] < sizes["none"] / 2
+
+
+@pytest.mark.parametrize("shape", [(8,), (3, 8), (2, 3, 8)])
+def test_fused_style_functions_have_the_right_gradients(shape):
+    from plandsl.runtime.models import _RMSNorm, _SwiGLU
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(shape[-1], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: _RMSNorm.apply(x, w, 1e-6), (x, w))
+    b = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(_SwiGLU.apply, (x, b))
+
+
+def test_rmsnorm_in_bf16_computes_what_the_eager_formula_does():
+    from plandsl.runtime.models import RMSNorm
+    norm = RMSNorm(32)
+    x = torch.randn(4, 16, 32).bfloat16()
+    eager = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + norm.eps)).type_as(x) * norm.weight
+    assert torch.equal(norm(x), eager) and norm(x).dtype == eager.dtype
