@@ -14,7 +14,8 @@ from __future__ import annotations
 import bisect
 from typing import Sequence
 
-from plandsl.format_expr import STEP, WIDTH, align_notes, assemble, comment_text, flat, inside, joined, quote, scope
+from plandsl.format_expr import (STEP, WIDTH, align_notes, assemble, by_owner, comment_text, flat, joined, quote,
+                                 scope)
 from plandsl.parser import parse_source
 from plandsl.source import SourceFile
 from plandsl.syntax import (ActionStmt, Attr, Block, Comment, Definition, Entry, For, If, Import, LayerDecl, Let,
@@ -219,15 +220,8 @@ def _separated(previous: Node, current: Node) -> bool:
 
 def _body(children: Sequence[Node], comments: list[Comment], indent: int, top: bool = False):
     """(comment after the opening brace, lines) of a body or of the whole module."""
-    inner: list[list[Comment]] = [[] for _ in children]
-    free: list[Comment] = []
-    starts = [child.span.start for child in children]
-    for comment in comments:
-        owner = bisect.bisect_right(starts, comment.span.start) - 1
-        if owner >= 0 and inside(comment, children[owner]):
-            inner[owner].append(comment)
-        else:
-            free.append(comment)
+    inner, between = by_owner(comments, children)
+    free = [comment for _, comment in between]
     header, leading, trailing, end = _place(free, children, allow_header=not top)
 
     # units in output order: (first line, last line, comment or child index); blank lines between

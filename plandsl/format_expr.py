@@ -234,16 +234,12 @@ def _items(items: Sequence[Node], indent: int, depth: int, comments: Sequence[Co
 def _distribute(items: Sequence[Node], comments: Sequence[Comment]):
     """Comments of a broken container: (before each item, inside each, beside each, at the end)."""
     leading: list[list[Comment]] = [[] for _ in items]
-    within: list[list[Comment]] = [[] for _ in items]
     trailing: list[Comment | None] = [None] * len(items)
     end: list[Comment] = []
-    starts = [item.span.start for item in items]
-    for comment in comments:
-        index = bisect.bisect_right(starts, comment.span.start) - 1
-        if index >= 0 and inside(comment, items[index]):
-            within[index].append(comment)
-        elif (index >= 0 and not comment.own_line and trailing[index] is None
-              and items[index].span.end_line == comment.span.line):
+    within, between = by_owner(comments, items)
+    for index, comment in between:
+        if (index >= 0 and not comment.own_line and trailing[index] is None
+                and items[index].span.end_line == comment.span.line):
             trailing[index] = comment
         elif index + 1 < len(items):
             leading[index + 1].append(comment)
@@ -294,6 +290,22 @@ def comment_text(comment: Comment) -> str:
 
 def inside(comment: Comment, node: Node) -> bool:
     return node.span.start <= comment.span.start < node.span.end
+
+
+def by_owner(comments: Sequence[Comment], nodes: Sequence[Node]
+             ) -> tuple[list[list[Comment]], list[tuple[int, Comment]]]:
+    """(the comments inside each node, the others with the index of the node they follow: -1
+    before the first), both in source order; `nodes` in source order."""
+    within: list[list[Comment]] = [[] for _ in nodes]
+    between: list[tuple[int, Comment]] = []
+    starts = [node.span.start for node in nodes]
+    for comment in comments:
+        index = bisect.bisect_right(starts, comment.span.start) - 1
+        if index >= 0 and inside(comment, nodes[index]):
+            within[index].append(comment)
+        else:
+            between.append((index, comment))
+    return within, between
 
 
 def align_notes(lines: list[str], notes: list[str | None]) -> list[str]:

@@ -6,6 +6,7 @@ from typing import Iterator
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, Note, diag
+from plandsl.lower_plan import DEFAULT_AXES  # the axis each role takes by default
 
 
 def used_axes(plan: ir.Plan) -> dict[str, str]:
@@ -80,11 +81,9 @@ def _shared_axes(plan: ir.Plan) -> Iterator[Diagnostic]:
         if other != role and {other, role} != {"data", "experts"}:
             yield diag("E307", f"mesh axis '{axis}' is used by both `{other}` and `{role}`; each splits its own "
                        "thing, so each needs an axis of its own", span,
-                       hint=f"add a mesh axis for `{role}`, e.g. `[..., {_DEFAULT_AXIS.get(role, role)} = 2]`, "
+                       hint=f"add a mesh axis for `{role}`, e.g. `[..., {DEFAULT_AXES[role]} = 2]`, "
                             "and name it here")
 
-
-_DEFAULT_AXIS = {"data": "dp", "tensor": "tp", "context": "cp", "experts": "ep", "stages": "pp"}
 
 
 def node_of_device(cluster: ir.Cluster) -> list[int]:
