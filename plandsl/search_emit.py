@@ -349,10 +349,9 @@ def _smallest_cluster(problem: Problem, states: float, pins: dict) -> str:
                                                 "name": f"{node.name} x {count}"})
             candidate = Problem(problem.model, bigger, problem.global_batch, problem.seq, problem.precision,
                                 problem.optimizer)
-            try:
+            try:  # only whether any plan fits; a failed probe does not probe larger clusters in turn
                 search(candidate, pins={k: v for k, v in pins.items() if k not in ("dp", "tp", "pp", "cp", "ep")},
-                       top=1, explain=False, first=True)  # whether any plan fits; a failed probe does not
-                # probe larger clusters in turn
+                       top=1, explain=False, first=True)
             except ValueError:  # SearchError, or a size the schedules or layouts cannot take: not this one
                 continue
             return f"The smallest cluster that works of those tried: {node.name} x {count} ({count * node.devices} devices)"
