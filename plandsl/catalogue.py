@@ -870,13 +870,14 @@ _entry("E702", """
 
 _entry("E703", """
     Two parallelisms the plan combines cannot run together with torch's building blocks.
-    `zero1` shards the optimizer with `ZeroRedundancyOptimizer`, which broadcasts plain
-    tensors: it takes neither tensor-parallel (DTensor) parameters nor expert shards. Expert
-    and context parallelism do not run with `hsdp`. `recompute: selective_op` does not run
-    with a schedule that splits the backward into I and W (`zbv`, the zero-bubble ones).
-    """, _local_plan("data    = zero1 over dp\n      tensor  = megatron over tp", mesh="[dp = 2, tp = 2]"),
-    "Shard the optimizer with FSDP instead (zero2 or zero3 run with tensor parallelism).",
-    ("zero1 over dp", "zero3 over dp"))
+    Context and expert parallelism do not run with `hsdp`: the context axis would have to join
+    its shard dimension, and the parameters besides the experts would need a 2-D mesh
+    replicated over the expert axis too. `recompute: selective_op` does not run with a
+    schedule that splits the backward into I and W (`zbv`, the zero-bubble ones): torch's
+    selective checkpointing serves the outputs it kept to one backward pass.
+    """, _local_plan("data    = hsdp over [r, s]\n      context = allgather over cp", mesh="[r = 2, s = 1, cp = 2]"),
+    "Shard over the data axes with zero3 (fsdp), which runs with context parallelism.",
+    ("data    = hsdp over [r, s]", "data    = zero3 over [r, s]"))
 
 _entry("E704", """
     The interpreter needs a torch module for the model, and has none. A model written layer
@@ -898,8 +899,9 @@ _entry("E704", """
 _entry("E705", """
     A shard rule asks for a placement the interpreter cannot run correctly: a norm's weight
     split (it normalises over the whole hidden dimension), `sequence` on a projection or
-    without sequence parallelism, a parameter left `Partial` or sharded over a data axis,
-    MoE routers and experts split over the tensor axis. docs/running.md lists what runs.
+    without sequence parallelism, a parameter left `Partial`, split over an axis that is
+    neither the tensor axis nor the one data axis gradients are reduced over, MoE routers and
+    experts split over the tensor axis. docs/running.md lists what runs.
     """, _local_plan("tensor  = megatron over tp\n      shard layers.*.norm1 = colwise over tp", mesh="[tp = 2]"),
     "Leave the norm replicated (or use `sequence` with sequence parallelism).",
     ("colwise over tp", "replicate"))

@@ -326,6 +326,13 @@ class Plan(Node):
             axes += (self.experts.axis,)
         return axes
 
+    def reduce_axes(self) -> tuple[str, ...]:
+        """The axes whose ranks hold the same parameters and different tokens: the batch axes and the
+        context axis (which splits each sequence). Gradients and the loss are averaged over them, and
+        ZeRO shards over them."""
+        context = (self.context.axis,) if self.context is not None and self.cp > 1 else ()
+        return self.batch_axes() + tuple(axis for axis in context if axis not in self.batch_axes())
+
     @property
     def dp(self) -> int:
         total = 1

@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from plandsl import ir
+from plandsl.runtime.zero import Zero1Optimizer
 
 RECORD = "plandsl.json"   # written last, by rank 0, inside the still-temporary directory
 FORMAT = 1
@@ -86,7 +87,7 @@ def _union(models: list[nn.Module]) -> nn.Module:
 
 def _optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The optimizer whose state this rank holds: ZeRO-1's local one over this rank's partition."""
-    return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+    return optimizer.optim if isinstance(optimizer, (ZeroRedundancyOptimizer, Zero1Optimizer)) else optimizer
 
 
 def _state(job) -> tuple[nn.Module, torch.optim.Optimizer, dict[str, Any]]:

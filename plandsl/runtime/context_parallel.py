@@ -26,7 +26,7 @@ computes:
 
 The loss each rank computes is the mean over its tokens, all ranks hold as many, so the mean over
 the axis is the sequence's mean: data parallelism averages gradients (and the loop the loss) over
-the context axis as over a data axis (`parallelize.reduce_axes`).
+the context axis as over a data axis (`ir.Plan.reduce_axes`).
 """
 from __future__ import annotations
 

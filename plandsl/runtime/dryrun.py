@@ -126,7 +126,7 @@ def _build_rank(plan: ir.Plan, model: torch.nn.Module, rank: int, world: int, st
     from plandsl.runtime.data_parallel import build_dp_optimizer
     from plandsl.runtime.faults import mesh_coordinate
     from plandsl.runtime.mesh import build_mesh
-    from plandsl.runtime.parallelize import data_mesh, parallelize
+    from plandsl.runtime.parallelize import data_mesh, expert_data_mesh, parallelize
     hook = sys.excepthook  # init_process_group wraps it ("[rankN]: " on each line), once per call
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
@@ -140,7 +140,7 @@ def _build_rank(plan: ir.Plan, model: torch.nn.Module, rank: int, world: int, st
                 parallelize(plan, model, mesh, META)
                 models, stages = [model], ()
         params = list({id(p): p for part in models for p in part.parameters()}.values())
-        optimizer = build_dp_optimizer(plan, params, data_mesh(plan, mesh))
+        optimizer = build_dp_optimizer(plan, models, data_mesh(plan, mesh), expert_data_mesh(plan, mesh))
         local_optimizer = getattr(optimizer, "optim", optimizer)  # ZeRO-1: this rank's partition
         stepped = [p for group in local_optimizer.param_groups for p in group["params"]]
     finally:

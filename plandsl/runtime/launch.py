@@ -2,7 +2,7 @@
 
 Stage: interpreter (the launcher side; torch is imported only to launch). Contract: `torchrun_args`
 builds the arguments `torchrun` itself would take (one process per device of the mesh, `-m plandsl.run`);
-`launch` runs them through `torch.distributed.run` and returns the exit status, naming failed ranks
+`check_fits` refuses a mesh larger than one node when one node is all the options give; `launch` runs them through `torch.distributed.run` and returns the exit status, naming failed ranks
 and where they were (`runtime.faults`).
 """
 from __future__ import annotations
@@ -73,6 +73,19 @@ def torchrun_args(plan: ir.Plan, plan_file: str, plan_name: str | None, params: 
     if options.resume:
         args.append("--resume")
     return args
+
+
+def check_fits(plan: ir.Plan, options: LaunchOptions) -> None:
+    """Refuse to start, on this machine alone, a mesh larger than one node of the plan's cluster, unless
+    `--nproc-per-node` asks for it: a 1,024-device plan started by mistake would fork 1,024 ranks here."""
+    per_node = max(group.node.devices for group in plan.cluster.groups)
+    if options.nnodes > 1 or options.nproc_per_node is not None or plan.mesh.size <= per_node:
+        return
+    nodes = -(-plan.mesh.size // per_node)
+    raise LaunchError(f"plan '{plan.name}': its mesh spans {plan.mesh.size} devices, {nodes} nodes of cluster "
+                      f"'{plan.cluster.name}' ({per_node} devices each); start it on every node with "
+                      f"--nnodes {nodes} --node-rank R --rdzv-endpoint HOST:PORT (docs/running.md), or give "
+                      f"--nproc-per-node {plan.mesh.size} to start all {plan.mesh.size} ranks on this machine")
 
 
 def command_line(args: list[str]) -> str:

@@ -21,17 +21,9 @@ from plandsl.runtime.recompute import apply_ac
 from plandsl.runtime.tensor_parallel import apply_tp, tp_rules
 
 
-def reduce_axes(plan: ir.Plan) -> tuple[str, ...]:
-    """The axes whose ranks hold the same parameters and different tokens: the batch axes (the data
-    axes, then the expert axis, which splits the batch too) and the context axis (which splits each
-    sequence). Gradients and the loss are averaged over them."""
-    context = (plan.context.axis,) if plan.context is not None and plan.cp > 1 else ()
-    return plan.batch_axes() + tuple(axis for axis in context if axis not in plan.batch_axes())
-
-
 def data_mesh(plan: ir.Plan, mesh: DeviceMesh) -> DeviceMesh | None:
-    """The mesh gradients are reduced over: `reduce_axes` (2-D for hsdp), None when they split nothing."""
-    axes = reduce_axes(plan)
+    """The mesh gradients are reduced over: `plan.reduce_axes()` (2-D for hsdp), None when they split nothing."""
+    axes = plan.reduce_axes()
     if math.prod(plan.mesh.degree(axis) for axis in axes) == 1:
         return None
     if plan.data is not None and plan.data.kind == "hsdp":
@@ -40,11 +32,11 @@ def data_mesh(plan: ir.Plan, mesh: DeviceMesh) -> DeviceMesh | None:
 
 
 def expert_data_mesh(plan: ir.Plan, mesh: DeviceMesh) -> DeviceMesh | None:
-    """The mesh expert parameters are reduced over: `reduce_axes` without the expert axis (each expert
+    """The mesh expert parameters are reduced over: `plan.reduce_axes()` without the expert axis (each expert
     rank holds other experts); None when those split nothing."""
     if plan.experts is None:
         return None
-    axes = tuple(axis for axis in reduce_axes(plan) if axis != plan.experts.axis)
+    axes = tuple(axis for axis in plan.reduce_axes() if axis != plan.experts.axis)
     if math.prod(plan.mesh.degree(axis) for axis in axes) == 1:
         return None
     return submesh(mesh, axes)
@@ -53,8 +45,9 @@ def expert_data_mesh(plan: ir.Plan, mesh: DeviceMesh) -> DeviceMesh | None:
 def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Module:
     model.to(device)
     # 1. Tensor parallelism first: it replaces parameters by DTensors that the later wrappers keep.
+    rules = tp_rules(plan)[0]
     if plan.tensor is not None and plan.tp > 1:
-        apply_tp(model, mesh[plan.tensor.axis], plan.tensor.sequence_parallel, tp_rules(plan)[0])
+        apply_tp(model, mesh[plan.tensor.axis], plan.tensor.sequence_parallel, rules)
     # 2. Expert parallelism: experts become DTensor shards over the expert axis, which data
     #    parallelism must then leave out of their reduction.
     if plan.experts is not None and plan.ep > 1:
@@ -68,5 +61,6 @@ def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch
     dp_mesh = data_mesh(plan, mesh)
     if dp_mesh is not None:
         kind = plan.data.kind if plan.data is not None else "replicate"  # expert axis alone: replicate
-        return apply_dp(model, kind, dp_mesh, device, expert_data_mesh(plan, mesh), pipelined=plan.stages is not None)
+        return apply_dp(model, kind, dp_mesh, device, expert_data_mesh(plan, mesh), pipelined=plan.stages is not None,
+                        data_shards={name: rule.data for name, rule in rules.items() if rule.data})
     return model

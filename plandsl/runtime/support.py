@@ -25,15 +25,6 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
         found.append(diag("E704", f"model '{plan.model.name}' has no `factory`, so there is no torch module to run",
                           plan.model.span, hint='add `factory = "package.module:function"` to the model '
                                                       "(docs/models.md)"))
-    if plan.data is not None and plan.data.kind == "zero1" and plan.tp > 1:
-        found.append(diag("E703", "zero1 together with tensor parallelism cannot run: ZeroRedundancyOptimizer "
-                                  "does not take DTensor parameters", plan.data.span,
-                          hint="use zero2, zero3 (fsdp, as stdlib_plans/local/3d.plan does) or replicate"))
-    if plan.data is not None and plan.data.kind == "zero1" and plan.stages is not None and plan.pp > 1:
-        found.append(diag("E703", "zero1 together with pipeline stages cannot run: data-parallel stages run on torch's "
-                                  "composable `replicate` (DistributedDataParallel does not survive every schedule's "
-                                  "order), whose DTensor parameters ZeroRedundancyOptimizer does not take",
-                          plan.data.span, hint="use zero2 or zero3 (as stdlib_plans/local/3d.plan does), or replicate"))
     if plan.tensor is not None and plan.tp > 1 and not isinstance(plan.model, ir.TransformerModel):
         found.append(diag("E704", f"tensor parallelism needs a gpt or llama model; '{plan.model.name}' is "
                                   f"'{plan.model.kind}', whose modules have no tensor-parallel layout",
@@ -119,16 +110,12 @@ def _has_cuda() -> bool:
 
 
 def _expert_refusals(plan: ir.Plan) -> list[Diagnostic]:
-    """Expert parallelism runs with every data kind but zero1 and hsdp, with tensor parallelism and pipelines."""
+    """Expert parallelism runs with every data kind but hsdp, with tensor parallelism and pipelines."""
     if plan.experts is None or plan.ep == 1:
         return []
     what = f"expert parallelism (`experts = {plan.experts.kind} over {plan.experts.axis}`)"
     found = []
     kind = plan.data.kind if plan.data is not None else None
-    if kind == "zero1":
-        found.append(diag("E703", f"zero1 together with {what} cannot run: ZeroRedundancyOptimizer broadcasts "
-                                  "plain tensors and expert shards are DTensors", plan.data.span,
-                          hint="use zero2, zero3 or replicate"))
     if kind == "hsdp":
         found.append(diag("E703", f"hsdp together with {what} cannot run: the other parameters would need a 2-D "
                                   "mesh replicated over the expert axis too", plan.data.span,

@@ -36,6 +36,9 @@ class ModuleRule:
     style: str
     placements: dict[str, int | None] = field(default_factory=dict)
     source: str = ""  # the rule's selector, for messages
+    data: dict[str, int] = field(default_factory=dict)
+    """Per parameter, the dim whose storage is split over the data axis (`Shard(d) @ dp`): FSDP's
+    sharding of that module (`data_parallel.shard_by_rules`), gathered for compute."""
 
 
 def _kind(module: str) -> str:
@@ -71,6 +74,7 @@ def _resolve(plan: ir.Plan, module: str, rule: ir.ShardRule, params: list[str]) 
     if not rule.params:
         return (None if problems else ModuleRule(rule.style, {}, source)), problems
     dims: dict[str, int | None] = {name: None for name in params}
+    data: dict[str, int] = {}
     if rule.style == "colwise":
         dims = {name: 0 for name in params}
     elif rule.style == "rowwise":
@@ -87,14 +91,39 @@ def _resolve(plan: ir.Plan, module: str, rule: ir.ShardRule, params: list[str]) 
                                     "gets the optimizer's update once per rank; the interpreter runs Shard and "
                                     "Replicate")
                 elif placement.kind == "shard" and placement.axis != axis:
-                    problems.append(f"{where} over '{placement.axis}'; the interpreter places parameters over "
-                                    f"the tensor axis '{axis}' only (ranks along '{placement.axis}' do not share "
-                                    "activations)")
+                    problem = _data_shard_problem(plan, placement.axis)
+                    if problem:
+                        problems.append(f"{where} over '{placement.axis}'; {problem}")
+                    else:
+                        data[name] = placement.dim
                 elif placement.kind == "shard":
                     dims[name] = placement.dim
+    if data and set(data) != set(params):
+        problems.append(f"shard rule '{source}' splits {', '.join(sorted(data))} of '{module}' over the data axis "
+                        f"but not {', '.join(sorted(set(params) - set(data)))}: FSDP shards a module's "
+                        "parameters together")
     if problems:
         return None, problems
-    return ModuleRule(_classify(dims, _kind(module)), dims, source), []
+    return ModuleRule(_classify(dims, _kind(module)), dims, source, data), []
+
+
+def _data_shard_problem(plan: ir.Plan, axis: str) -> str | None:
+    """Why a parameter cannot be split over `axis` (not the tensor axis), None when it can: over the one
+    axis gradients are reduced over, its storage is sharded as FSDP does (ZeRO-3 for that module)."""
+    group = plan.reduce_axes()
+    if axis not in group:
+        return (f"the interpreter places parameters over the tensor axis '{plan.tensor.axis}', and shards their "
+                f"storage over the data axis, only (ranks along '{axis}' do not share activations)")
+    if plan.data is not None and plan.data.kind == "hsdp":
+        return "hsdp already shards every parameter over its shard axis"
+    if group != (axis,):
+        return (f"its storage is sharded over the whole group gradients are reduced over "
+                f"({' x '.join(group)}), not over '{axis}' alone")
+    if plan.stages is not None and plan.pp > 1 and (plan.data is None or plan.data.kind in ("replicate", "zero1")):
+        return (f"on pipeline stages with {plan.data.kind if plan.data else 'replicate'} data parallelism the "
+                "module would be an FSDP group inside a `replicate` one, and torch's stages reduce the gradients "
+                "of `replicate`'s groups only; with zero2 or zero3 (fsdp) over the axis it runs")
+    return None
 
 
 def _classify(dims: dict[str, int | None], kind: str) -> str:
@@ -134,7 +163,10 @@ def tp_rules(plan: ir.Plan) -> tuple[dict[str, ModuleRule], list[tuple[str | Non
             continue
         kind, style, source = _kind(module), resolved.style, resolved.source
         why = ""
-        if kind == "moe" and style != "replicate":
+        if resolved.data and (kind == "moe" or (tied and module in ("embed.tok", "head"))):
+            why = ("its parameters are split over the data axis, which the interpreter does for dense modules that "
+                   "share no weight (experts are split by `experts =`; a tied head shares the embedding's)")
+        elif kind == "moe" and style != "replicate":
             why = "the router and experts stay replicated over the tensor axis (experts are split by `experts =`)"
         elif kind == "norm" and style not in ("replicate", "sequence"):
             why = "a norm's parameters stay whole: it normalises over the hidden dim (replicate or sequence only)"

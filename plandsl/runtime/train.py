@@ -28,7 +28,7 @@ from plandsl.runtime.mesh import DEFAULT_TIMEOUT_S, build_mesh, coordinate, init
 from plandsl.runtime.models import build_model, loss_fn
 from plandsl.runtime.optim import build_lr_scheduler
 from plandsl.runtime.context_parallel import sequence_columns
-from plandsl.runtime.parallelize import data_mesh, parallelize, reduce_axes
+from plandsl.runtime.parallelize import data_mesh, expert_data_mesh, parallelize
 from plandsl.runtime.precision import LossScaler, autocast, loss_scaler
 
 
@@ -96,14 +96,14 @@ def build_job(plan: ir.Plan, mesh: DeviceMesh, device: torch.device, config: Run
     else:
         parts = [parallelize(plan, model, mesh, device)]
         models = [model]
-    optimizer = build_dp_optimizer(plan, [p for part in models for p in part.parameters()], data_mesh(plan, mesh))
+    optimizer = build_dp_optimizer(plan, models, data_mesh(plan, mesh), expert_data_mesh(plan, mesh))
     scheduler = build_lr_scheduler(plan, optimizer, config.steps)
     dp_rank, dp = coordinate(mesh, plan.batch_axes())
     columns = None
     if plan.context is not None and plan.cp > 1:  # this rank's tokens of each sequence
         columns = sequence_columns(plan.seq, mesh.get_local_rank(plan.context.axis), plan.cp)
     # One rank per replica and sequence share reports the loss: the last pipeline stage, coordinate 0 elsewhere.
-    shared = reduce_axes(plan)
+    shared = plan.reduce_axes()
     others = [a.name for a in plan.mesh.axes if a.name not in shared and a.name != _pp_axis(plan)]
     owner = has_last and all(mesh.get_local_rank(axis) == 0 for axis in others)
     reporters = math.prod(plan.mesh.degree(axis) for axis in shared)

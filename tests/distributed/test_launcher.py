@@ -150,26 +150,31 @@ def test_plan_with_an_error_is_reported_and_never_launched(tmp_path):
     _assert_not_started(result, metrics)
 
 
-@pytest.mark.parametrize("case", ["cp_on_localhost", "long_context_example"])
-def test_plan_the_runtime_cannot_run_is_refused_before_launch(tmp_path, case):
-    if case == "cp_on_localhost":
-        plan = tmp_path / "cp.plan"
-        plan.write_text(CP_PLAN)
-    else:
-        plan = "stdlib_plans/examples/long_context.plan"  # shown as given
-    metrics = tmp_path / "cp.jsonl"
+def test_plan_the_runtime_cannot_run_is_refused_before_launch(tmp_path):
+    """A valid plan the interpreter refuses: every reason reported at its attribute, nothing started."""
+    plan, metrics = tmp_path / "cp.plan", tmp_path / "cp.jsonl"
+    plan.write_text(CP_PLAN)
     result = plandsl_run(plan, "--steps", 1, "--metrics", metrics, timeout=CHECK_ONLY_S)
     assert result.returncode == 1, result.output
     where = re.escape(str(plan))
-    if case == "cp_on_localhost":  # a valid plan the interpreter refuses, every reason reported at its attribute
-        assert re.search(rf"^{where}:9:13: error\[E704\]: context parallelism needs a gpt or llama model",
-                         result.output, re.M), result.output
-        assert re.search(rf"^{where}:8:13: error\[E703\]: hsdp together with context parallelism",
-                         result.output, re.M), result.output
-    else:  # all-gather context parallelism runs; zero1 with tensor parallelism does not
-        assert "E702" not in result.output, result.output
-        assert re.search(rf"^{where}:14:13: error\[E703\]: zero1 together with tensor parallelism",
-                         result.output, re.M), result.output
+    assert re.search(rf"^{where}:9:13: error\[E704\]: context parallelism needs a gpt or llama model",
+                     result.output, re.M), result.output
+    assert re.search(rf"^{where}:8:13: error\[E703\]: hsdp together with context parallelism",
+                     result.output, re.M), result.output
+    _assert_not_started(result, metrics)
+
+
+def test_a_mesh_larger_than_one_node_is_not_started_on_one_machine_unasked(tmp_path):
+    """GPT-3 175B's 1,024 ranks started here by mistake would fork 1,024 processes: `run` names the
+    multi-node command instead, and --dry-run still builds the ranks and prints it."""
+    metrics = tmp_path / "m.jsonl"
+    result = plandsl_run("stdlib_plans/examples/gpt3_175b_3d.plan", "--steps", 1, "--metrics", metrics,
+                         timeout=CHECK_ONLY_S)
+    assert result.returncode == 1, result.output
+    assert ("error: plan 'gpt3_megatron': its mesh spans 1024 devices, 128 nodes of cluster 'dgx_a100 x 128' "
+            "(8 devices each); start it on every node with --nnodes 128 --node-rank R --rdzv-endpoint HOST:PORT"
+            in result.output), result.output
+    assert "give --nproc-per-node 1024 to start all 1024 ranks on this machine" in result.output
     _assert_not_started(result, metrics)
 
 

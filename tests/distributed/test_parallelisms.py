@@ -65,6 +65,13 @@ def _check(results: list[dict], tolerance: float = 1e-5) -> dict:
     return first
 
 
+_DP_RULES = """
+        data   = zero1 over dp
+        tensor = megatron over tp with sequence_parallel
+        shard layers.1.mlp.w1 = { weight: [Shard(0) @ tp, Shard(1) @ dp], bias: [Shard(0) @ tp, Shard(0) @ dp] }
+        shard head            = [Shard(0) @ tp, Shard(1) @ dp]"""
+_RECOMPUTE = "{ global_batch: 8, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0, recompute: full }"
+
 # (id, world, plan text, tolerance)
 CASES = [
     ("hsdp_2x2", _plan("[replica = 2, shard = 2]", "data = hsdp over [replica, shard]"), 1e-5),
@@ -82,6 +89,11 @@ CASES = [
         shard layers.*.attn.wq  = colwise over tp
         shard layers.0.mlp.w2   = rowwise over tp
         shard layers[1:4].mlp.* = replicate"""), 1e-5),
+    # a rule's `Shard(d) @ dp`: that module's storage sharded over dp as FSDP does, the rest zero1 / fsdp
+    ("shard_rules_over_dp_zero1_recompute", _plan("[dp = 2, tp = 2]", _DP_RULES, train=_RECOMPUTE), 1e-5),
+    ("shard_rules_over_dp_fsdp_x_pp", _plan("[dp = 2, pp = 2, tp = 1]", _DP_RULES.replace("zero1", "zero3") + """
+        stages   = evenly over pp
+        schedule = 1f1b"""), 1e-5),
     ("ep_x_dp", _plan("[dp = 2, ep = 2]", """
         data    = replicate over dp
         experts = alltoall over ep""", model=_MOE), 1e-5),
@@ -102,7 +114,7 @@ CASES = [
     ("llama_gqa_fsdp_x_cp_recompute", _plan("[dp = 2, cp = 2]", """
         data    = zero3 over dp
         context = allgather over cp""", model="llama(layers=2, hidden=64, heads=4, kv_heads=2, seq=32, vocab=256)",
-        train="{ global_batch: 8, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0, recompute: full }"), 1e-5),
+        train=_RECOMPUTE), 1e-5),
     ("cp_x_tp_sp", _plan("[cp = 2, tp = 2]", """
         tensor  = megatron over tp with sequence_parallel
         context = allgather over cp"""), 1e-5),
@@ -326,3 +338,43 @@ def test_selective_op_refuses_schedules_that_split_the_backward():
     full = load(_plan("[pp = 2]", "stages = evenly over pp with virtual = 2, map = vshape\nschedule = zbv",
                       train=train.replace("selective_op", "full")))
     assert refusals(full) == []
+
+
+def _data_sharded(rank: int, text: str) -> dict:
+    """Where `head.weight` and `layers.1.mlp.w1.weight` live after one step, and who steps them."""
+    from plandsl.runtime.train import RunConfig, run
+    _, job = run(load(text), RunConfig(steps=1, quiet=True, timeout_s=60))
+    params = {name.replace("._checkpoint_wrapped_module", ""): p for part in job.models
+              for name, p in part.named_parameters()}
+    stepped = {id(p) for group in job.optimizer.optim.param_groups for p in group["params"]}
+    return {name: (tuple(repr(x) for x in params[name].placements), tuple(params[name].to_local().shape),
+                   id(params[name]) in stepped)
+            for name in ("head.weight", "layers.1.mlp.w1.weight", "layers.0.mlp.w1.weight")}
+
+
+def test_a_rule_over_the_data_axis_shards_that_module_as_fsdp_does():
+    """`shard head = [Shard(0) @ tp, Shard(1) @ dp]` next to zero1: the head's weight is stored 1/4 on each
+    rank (vocabulary over tp, hidden over dp) and every rank steps its own piece; the other modules stay
+    replicated over dp, and ZeRO-1 gives each of their tensors one owner per dp pair."""
+    results = run_ranks(4, _data_sharded, _plan("[dp = 2, tp = 2]", _DP_RULES, train=_RECOMPUTE), deadline_s=100)
+    for result in results:
+        assert result["head.weight"] == (("Shard(dim=1)", "Shard(dim=0)"), (128, 32), True)  # [256, 64] / (tp, dp)
+        assert result["layers.1.mlp.w1.weight"] == (("Shard(dim=1)", "Shard(dim=0)"), (128, 32), True)
+        assert result["layers.0.mlp.w1.weight"][:2] == (("Replicate()", "Shard(dim=0)"), (128, 64))
+    owners = [r["layers.0.mlp.w1.weight"][2] for r in results]  # ranks (dp, tp): 0 = (0, 0), 2 = (1, 0), ...
+    assert owners[0] != owners[2] and owners[1] != owners[3]
+
+
+def test_a_rule_over_the_data_axis_is_refused_where_it_cannot_run():
+    from plandsl.runtime.support import refusals
+    pipelined = "\n        stages   = evenly over pp\n        schedule = 1f1b"
+    refused = refusals(load(_plan("[dp = 2, pp = 2, tp = 1]", _DP_RULES + pipelined)))  # zero1 on stages
+    assert [d.code for d in refused] == ["E705", "E705"], refused  # one per rule
+    assert all("inside a `replicate` one" in d.message for d in refused), refused
+    assert refusals(load(_plan("[dp = 2, pp = 2, tp = 1]", _DP_RULES.replace("zero1", "zero2") + pipelined))) == []
+    with_cp = _DP_RULES + "\n        context = allgather over cp"
+    problems = [d.message for d in refusals(load(_plan("[dp = 2, cp = 2, tp = 1]", with_cp)))]
+    assert problems and all("(dp x cp), not over 'dp' alone" in m for m in problems), problems
+    part = _DP_RULES.replace("bias: [Shard(0) @ tp, Shard(0) @ dp]", "bias: Shard(0) @ tp")
+    (refused,) = refusals(load(_plan("[dp = 2, tp = 2]", part)))
+    assert "splits weight of 'layers.1.mlp.w1' over the data axis but not bias" in refused.message, refused

@@ -95,12 +95,3 @@ def test_chimera_is_refused_before_any_process_starts(tmp_path):
     assert "error[E701]: schedule 'chimera' cannot run yet" in result.output
     assert "schedule = chimera" in result.output and "^^^^^^^" in result.output  # the source line, a caret
     assert "torchrun" not in result.output  # no launch command: nothing started
-
-
-def test_zero1_with_pipeline_stages_is_refused():
-    """Data-parallel stages run on composable `replicate` (DTensor), which ZeroRedundancyOptimizer cannot take."""
-    text = _plan("1f1b").replace("mesh = [pp = 2] over devices[0:2]", "mesh = [dp = 2, pp = 2] over devices[0:4]")
-    text = text.replace("  schedule = 1f1b\n", "  schedule = 1f1b\n  data = zero1 over dp\n")
-    (refused,) = refusals(load(text))
-    assert refused.code == "E703" and "pipeline stages" in refused.message
-    assert refusals(load(text.replace("zero1", "zero2"))) == []

@@ -1,6 +1,7 @@
 """`plandsl generate`: the emitted plan checks clean and reproduces its predictions, the JSON
 record, the table and the why, and plain messages (exit 1, no traceback) for bad input."""
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -124,19 +125,31 @@ def test_tensor_parallelism_stays_inside_a_node_unless_allowed():
 
 def test_candidates_say_whether_plandsl_run_runs_them():
     """Long context on 8 H100 nodes: the cost model ties zero1 and zero2 with tp = 2 and cp = 8; the
-    interpreter refuses zero1 with tensor parallelism (E703), and the why names the best plan that runs."""
+    interpreter runs both (zero1 over tensor-parallel DTensors too), so no candidate is refused."""
     args = ["--model", "llama3_8b", "--cluster", "dgx_h100 x 8", "--global-batch", "16", "--seq-len", "131072",
             "--top", "3"]
     candidates = json.loads(run(*args, "--json").output)["candidates"]
     assert {c["cp"] for c in candidates} == {8} and all("context  = allgather over cp" in c["plan"] for c in candidates)
-    for c in candidates:
-        zero1_with_tp = c["zero_stage"] == 1 and c["tp"] > 1
-        assert c["runs"] is not zero1_with_tp
-        assert [r[:4] for r in c["refused"]] == (["E703"] if zero1_with_tp else [])
-    text = run(*args).output
-    first_runs = next(i for i, c in enumerate(candidates, 1) if c["runs"])
-    if first_runs > 1:
-        assert "note: `plandsl run` refuses #1 (E703: zero1 together with tensor parallelism" in text
-        assert f"#{first_runs} runs (" in text
-    else:
-        assert "refuses #1" not in text
+    assert any(c["zero_stage"] == 1 and c["tp"] > 1 for c in candidates)
+    assert all(c["runs"] and c["refused"] == [] for c in candidates)
+    assert "refuses #1" not in run(*args).output
+
+
+def test_a_refused_winner_is_named_with_the_best_plan_that_runs(monkeypatch):
+    """When the interpreter refuses #1, the why says so and names the first candidate that runs, or says
+    that none does (every candidate pinned to chimera, E701)."""
+    from plandsl import search_emit
+    real = search_emit.run_refusals
+    monkeypatch.setattr(search_emit, "run_refusals",  # as if zero1 could not run: #1 is zero1, #2 zero2
+                        lambda scored: ["E703: zero1 refused"] if scored.candidate.zero_stage == 1 else real(scored))
+    text = run(*SMALL, "--top", "4", "--pin", "dp=16").output
+    zero = [int(line.split()[15]) for line in text.splitlines() if re.match(r"^ *\d+ ", line)]  # its zero column
+    assert zero[:2] == [1, 2], text
+    assert "note: `plandsl run` refuses #1 (E703: zero1 refused); #2 runs (+0.0%)" in text
+    monkeypatch.setattr(search_emit, "run_refusals", real)
+    chimera = json.loads(run(*SMALL, "--top", "2", "--pin", "pp=2", "--pin", "schedule=chimera", "--json").output)
+    assert all(not c["runs"] and c["refused"][0].startswith("E701: schedule 'chimera' cannot run yet")
+               for c in chimera["candidates"])
+    text = run(*SMALL, "--top", "2", "--pin", "pp=2", "--pin", "schedule=chimera").output
+    assert "note: `plandsl run` refuses #1 (E701: schedule 'chimera' cannot run yet" in text
+    assert "none of the top runs: pin what runs" in text
