@@ -1,17 +1,19 @@
 """Benchmark: what `plandsl run` adds to a training step, and its start-up time.
 
-    python bench/bench_run.py                 # per-step overhead table (DDP, 1F1B pipeline, TP)
+    python bench/bench_run.py                 # per-step overhead table (DDP, 1F1B pipeline, TP, ZeRO-1)
     python bench/bench_run.py --startup       # time from the command to the first step
 
 Overhead. For each configuration, 2 gloo ranks are forked; each builds the job twice in the same
 process group: once from a plan through plandsl's interpreter (`runtime.train.build_job`, stepped by
 `train_step` plus the per-step metrics `train` records), once written by hand in the style of a torch
 tutorial with the same torch APIs (DistributedDataParallel; `PipelineStage` + `Schedule1F1B`;
-`parallelize_module` with Colwise/Rowwise styles), the same model class, sizes, optimizer and LR
+`parallelize_module` with Colwise/Rowwise styles; DDP with ZeroRedundancyOptimizer), the same model class, sizes, optimizer and LR
 scheduler, and the loss all-reduced for logging as any real loop does. The two loops alternate
 step by step (`--block`, default 1; the order flips each round) so that drift on a shared machine
 hits both alike; blocks of 5 steps left 5-10 % between runs here. The table reports each side's
-median step and the ratio. The issue's bound: overhead <= 3 %.
+median step and the ratio. The issue's bound: overhead <= 3 %. `zero1_impl` compares two optimizers
+instead of two loops: plandsl's `Zero1Optimizer` (what ZeRO-1 runs on for DTensors) against torch's
+ZeroRedundancyOptimizer, both in the hand-written DDP loop over plain tensors.
 
 Start-up. `plandsl run stdlib_plans/local/dp.plan` (checks the plan, launches torchrun, every rank
 loads the plan, builds mesh and model) against `torchrun` of this file's hand-written DDP loop, both
@@ -53,6 +55,10 @@ CONFIGS = {
     "ddp": dict(mesh="[dp = 2] over devices[0:2]", micro=4, body="  data = ddp over dp"),
     "1f1b": dict(mesh="[pp = 2] over devices[0:2]", micro=2, body="  stages = evenly over pp\n  schedule = 1f1b"),
     "tp": dict(mesh="[tp = 2] over devices[0:2]", micro=8, body="  tensor = megatron over tp"),
+    "zero1": dict(mesh="[dp = 2] over devices[0:2]", micro=4, body="  data = zero1 over dp"),
+    # not a plan against a hand loop: the same hand-written DDP loop with plandsl's ZeRO-1 for DTensors
+    # (`runtime.zero.Zero1Optimizer`, here over plain tensors) against torch's ZeroRedundancyOptimizer
+    "zero1_impl": dict(mesh="[dp = 2] over devices[0:2]", micro=4, body="  data = zero1 over dp"),
 }
 
 
@@ -77,10 +83,24 @@ def _cross_entropy(logits, targets):
     return torch.nn.functional.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
 
 
-def hand_ddp(plan, model):
+def _zero_redundancy(params, plan):
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    optimizer = ZeroRedundancyOptimizer(list(params), optimizer_class=torch.optim.AdamW, lr=plan.train.lr,
+                                        betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+
+def _zero1_plandsl(params, plan):
+    from plandsl.runtime.zero import Zero1Optimizer
+    optimizer = Zero1Optimizer([(list(params), dist.group.WORLD)], torch.optim.AdamW, lr=plan.train.lr,
+                               betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+
+def hand_ddp(plan, model, make_optimizer=_optimizer):
     from torch.nn.parallel import DistributedDataParallel
     ddp = DistributedDataParallel(model)
-    optimizer, scheduler = _optimizer(ddp.parameters(), plan)
+    optimizer, scheduler = make_optimizer(ddp.parameters(), plan)
     rows = plan.train.global_batch // dist.get_world_size()
 
     def step(index: int) -> float:
@@ -152,7 +172,9 @@ def hand_tp(plan, model):
     return step
 
 
-HAND = {"ddp": hand_ddp, "1f1b": hand_1f1b, "tp": hand_tp}
+HAND = {"ddp": hand_ddp, "1f1b": hand_1f1b, "tp": hand_tp,
+        "zero1": lambda plan, model: hand_ddp(plan, model, _zero_redundancy),
+        "zero1_impl": lambda plan, model: hand_ddp(plan, model, _zero_redundancy)}
 
 
 # ---- plandsl's loop --------------------------------------------------------------------------
@@ -176,7 +198,8 @@ def _rank(rank: int, world: int, config: str, store_dir: str, blocks: int, block
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=120))
     from plandsl.runtime.models import build_model
     plan = load(config)
-    loops = {"plandsl": plandsl_loop(plan), "hand": HAND[config](plan, build_model(plan.model, 0))}
+    ours = hand_ddp(plan, build_model(plan.model, 0), _zero1_plandsl) if config == "zero1_impl" else plandsl_loop(plan)
+    loops = {"plandsl": ours, "hand": HAND[config](plan, build_model(plan.model, 0))}
     times: dict[str, list[float]] = {name: [] for name in loops}
     index = 0
     for round_ in range(blocks + 1):  # the first round warms both up and is not counted
