@@ -900,8 +900,9 @@ _entry("E705", """
     A shard rule asks for a placement the interpreter cannot run correctly: a norm's weight
     split (it normalises over the whole hidden dimension), `sequence` on a projection or
     without sequence parallelism, a parameter left `Partial`, split over an axis that is
-    neither the tensor axis nor the one data axis gradients are reduced over, MoE routers and
-    experts split over the tensor axis. docs/running.md lists what runs.
+    neither the tensor axis nor the one axis gradients are reduced over, a module split over
+    that axis only in part, with `hsdp` or on `replicate`/`zero1` pipeline stages, MoE
+    routers and experts split over the tensor axis. docs/running.md lists what runs.
     """, _local_plan("tensor  = megatron over tp\n      shard layers.*.norm1 = colwise over tp", mesh="[tp = 2]"),
     "Leave the norm replicated (or use `sequence` with sequence parallelism).",
     ("colwise over tp", "replicate"))

@@ -263,7 +263,7 @@ def run_command(file, plan_name, nproc_per_node, nnodes, node_rank, rdzv_endpoin
                                    check_equivalence, data, checkpoint_dir, checkpoint_every, resume)
     try:
         args = launch.torchrun_args(plan, file, plan_name, overrides, options)
-        if not dry_run:  # a dry run only prints the command
+        if not dry_run:  # a dry run builds the ranks here and starts nothing
             launch.check_fits(plan, options)
     except launch.LaunchError as error:
         click.echo(f"{file}: error: {error}", err=True)

@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from plandsl import ir
@@ -92,8 +93,15 @@ def _optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
 def _state(job) -> tuple[nn.Module, torch.optim.Optimizer, dict[str, Any]]:
     model, optimizer = _union(job.models), _optimizer(job.optimizer)
+    if not _steps_anything(optimizer):  # ZeRO-1 with more ranks than tensors: this rank owns none
+        return model, optimizer, {"model": get_model_state_dict(model, options=_OPTIONS), "optimizer": {}}
     model_state, optimizer_state = get_state_dict(model, optimizer, options=_OPTIONS)
     return model, optimizer, {"model": model_state, "optimizer": optimizer_state}
+
+
+def _steps_anything(optimizer: torch.optim.Optimizer) -> bool:
+    """torch's get_state_dict and set_state_dict refuse an optimizer without parameters."""
+    return any(group["params"] for group in optimizer.param_groups)
 
 
 def fingerprint(model_state: dict[str, Any]) -> dict[str, list[int]]:
@@ -199,8 +207,11 @@ def restore(job, directory: str | Path, steps: int) -> Restored:
     model, optimizer, state = _state(job)
     check_compatible(record, job.plan, fingerprint(state["model"]), path)
     _load(state, path, tied=getattr(job.plan.model, "tied_embeddings", False))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
-                   options=_OPTIONS)
+    if _steps_anything(optimizer):
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                       options=_OPTIONS)
+    else:
+        set_model_state_dict(model, state["model"], options=_OPTIONS)
     _restore_schedule(job.scheduler, job.optimizer, record)
     scaler = getattr(job, "scaler", None)
     if record.get("loss_scale") and scaler is not None and scaler.enabled:

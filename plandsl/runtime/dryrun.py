@@ -100,7 +100,8 @@ def dry_run(plan: ir.Plan) -> DryRun:
 
 def representative_ranks(plan: ir.Plan) -> tuple[list[int], str]:
     """Every rank, or for meshes over MAX_RANKS one per (pipeline, tensor) coordinate, the other
-    axes at 0 (ranks differing only along data axes hold equal shares, up to uneven FSDP shards)."""
+    axes at 0 (ranks differing only along data axes hold equal shares, up to uneven FSDP shards and ZeRO-1's
+    whole-tensor partitions, whose first rank gets the largest tensor)."""
     from plandsl.runtime.faults import mesh_rank
     world = plan.mesh.size
     if world <= MAX_RANKS:
@@ -116,7 +117,7 @@ def representative_ranks(plan: ir.Plan) -> tuple[list[int], str]:
     along = " x ".join(f"'{name}'" for name in kept) or "no axis"
     return ranks, (f"the mesh has {world} devices (over {MAX_RANKS}): built one rank per coordinate along {along}, "
                    f"the other axes at 0; each stands for {world // len(ranks)} ranks (equal shares, up to "
-                   "uneven FSDP shards)")
+                   "uneven FSDP shards and ZeRO-1's whole-tensor partitions)")
 
 
 def _build_rank(plan: ir.Plan, model: torch.nn.Module, rank: int, world: int, states: int, predicted,

@@ -77,7 +77,8 @@ def torchrun_args(plan: ir.Plan, plan_file: str, plan_name: str | None, params: 
 
 def check_fits(plan: ir.Plan, options: LaunchOptions) -> None:
     """Refuse to start, on this machine alone, a mesh larger than one node of the plan's cluster, unless
-    `--nproc-per-node` asks for it: a 1,024-device plan started by mistake would fork 1,024 ranks here."""
+    `--nproc-per-node` or `--nnodes` says how: a 1,024-device plan started by mistake would fork 1,024 ranks
+    here. The suggested node count rounds up; `torchrun_args` checks the product."""
     per_node = max(group.node.devices for group in plan.cluster.groups)
     if options.nnodes > 1 or options.nproc_per_node is not None or plan.mesh.size <= per_node:
         return

@@ -128,3 +128,21 @@ def test_assign_gives_the_largest_first_to_the_least_loaded_rank():
     assert assign([10, 1, 7, 3, 3], 2) == [0, 1, 1, 1, 0]  # 10 -> 0; 7 -> 1; 3 -> 1 (7+3 = 10); 3 -> 0; 1 -> 1
     assert assign([5, 5, 5], 4) == [0, 1, 2]                # more ranks than tensors: some step nothing
     assert assign([], 3) == []
+
+
+_LONE = _PLAN.format(header="model tiny_llama = llama(layers=2, hidden=64, heads=4, kv_heads=2, seq=32, vocab=256)",
+                     model="tiny_llama", mesh="[dp = 2, pp = 2]", data="dp",
+                     lines="stages {\n    0: embed\n    1: layers[0:2], norm, head\n  }\n  schedule = 1f1b")
+
+
+def test_a_rank_that_owns_no_parameter_checkpoints_and_resumes(tmp_path):
+    """Stage 0 holds one tensor (llama's embedding) for two ZeRO-1 ranks: one of them steps nothing, and
+    torch's get_state_dict refuses an optimizer without parameters; that rank saves and loads its model only."""
+    directory = tmp_path / "ck"
+    first = run_ranks(4, _train_zero1, _LONE, checkpoint_dir=directory, deadline_s=150)
+    assert [r["status"] for r in first] == [0] * 4, first[0]["report_text"]
+    assert sorted(len(r["stepped"]) for r in first if r["coordinate"]["pp"] == 0) == [0, 1]  # stage 0's ranks
+    second = run_ranks(4, train, _LONE, steps=2 * STEPS, checkpoint_dir=directory, resume=True,
+                       check_equivalence=True, deadline_s=150)
+    assert [r["status"] for r in second] == [0] * 4, second[0]["report_text"]
+    assert second[0]["first_step"] == STEPS and second[0]["report"]["param_diff"] <= 1e-5
