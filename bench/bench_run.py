@@ -173,8 +173,8 @@ def hand_tp(plan, model):
 
 
 HAND = {"ddp": hand_ddp, "1f1b": hand_1f1b, "tp": hand_tp,
-        "zero1": lambda plan, model: hand_ddp(plan, model, _zero_redundancy),
-        "zero1_impl": lambda plan, model: hand_ddp(plan, model, _zero_redundancy)}
+        "zero1": lambda plan, model: hand_ddp(plan, model, _zero_redundancy)}
+HAND["zero1_impl"] = HAND["zero1"]
 
 
 # ---- plandsl's loop --------------------------------------------------------------------------

@@ -133,10 +133,11 @@ def build_dp_optimizer(plan: ir.Plan, models: list[nn.Module], dp_mesh: DeviceMe
     if not any(isinstance(p, DTensor) for p in params):
         return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=dp_mesh.get_group(), **kwargs)
     experts = {id(p) for model in models for module in expert_shards(model) for p in module.parameters()}
-    own = [p for p in params if id(p) not in experts and _split_over(p, dp_mesh)]  # a shard rule's `Shard(d) @ dp`: no copy elsewhere
-    shared = [p for p in params if id(p) not in experts and not _split_over(p, dp_mesh)]
+    shared, own, expert = [], [], []  # own: a shard rule's `Shard(d) @ dp`, held by no other rank
+    for p in params:
+        (expert if id(p) in experts else own if _split_over(p, dp_mesh) else shared).append(p)
     partitions = [(shared, dp_mesh.get_group()), (own, None),
-                  ([p for p in params if id(p) in experts], expert_mesh.get_group() if expert_mesh else None)]
+                  (expert, expert_mesh.get_group() if expert_mesh else None)]
     return Zero1Optimizer(partitions, cls, **kwargs)
 
 

@@ -20,10 +20,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from plandsl import ir
 from plandsl.cost.memory import MemoryEstimate
+from plandsl.runtime.zero import local as _local  # a DTensor's shard, else the tensor
 from plandsl.units import format_bytes
 
 MAX_RANKS = 64  # larger meshes: one rank per distinct (pipeline, tensor) coordinate
@@ -169,10 +169,6 @@ def _forget_rank() -> None:
     _clear_sharding_prop_cache()
     _redistribute._gen_transform_infos.cache_clear()
     _redistribute.clear_redistribute_planner_cache()  # its planners hold the mesh and read its coordinate
-
-
-def _local(param: torch.Tensor) -> torch.Tensor:
-    return param.to_local() if isinstance(param, DTensor) else param
 
 
 def _bytes(param: torch.Tensor) -> int:

@@ -2,8 +2,9 @@
 
 Stage: interpreter (the launcher side; torch is imported only to launch). Contract: `torchrun_args`
 builds the arguments `torchrun` itself would take (one process per device of the mesh, `-m plandsl.run`);
-`check_fits` refuses a mesh larger than one node when one node is all the options give; `launch` runs them through `torch.distributed.run` and returns the exit status, naming failed ranks
-and where they were (`runtime.faults`).
+`check_fits` refuses a mesh larger than one node when one node is all the options give; `launch`
+runs them through `torch.distributed.run` and returns the exit status, naming failed ranks and where
+they were (`runtime.faults`).
 """
 from __future__ import annotations
 

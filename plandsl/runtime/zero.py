@@ -65,7 +65,6 @@ class Zero1Optimizer(torch.optim.Optimizer):
                 mine = [p for p, o in zip(group_params, owners) if o == owner]
                 if mine:
                     self._broadcasts.append((group, dist.get_global_rank(group, owner), mine))
-        self.owned = owned
         self.optim = optimizer_class([{"params": owned}], **defaults)
 
     @torch.no_grad()
