@@ -281,6 +281,41 @@ def run_command(file, plan_name, nproc_per_node, nnodes, node_rank, rdzv_endpoin
     sys.exit(launch.launch(args))
 
 
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--plan", "plan_name", help="The plan of the file to scale down.")
+@click.option("--ranks", type=click.IntRange(min=1), default=8, show_default=True,
+              help="At most this many processes (devices of the scaled-down mesh).")
+@click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]),
+              help="Train in this precision instead of the plan's (fp32: equivalence holds to 1e-5).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the plan here (default: print it).")
+@param_option
+def shrink(file, plan_name, ranks, precision, output, params):
+    """Scale plan FILE down to one machine: the same layout on at most --ranks CPU processes, a tiny model.
+
+    Then `plandsl run OUT.plan --check-equivalence` trains it here against one process."""
+    import os
+    from plandsl.diagnostics import PlanError
+    from plandsl.shrink import ShrinkError, shrink as shrink_plan
+    try:
+        shrunk = shrink_plan(file, plan_name, _params(params), ranks, precision,
+                             os.path.dirname(os.path.abspath(output)) if output else None)
+    except PlanError as error:
+        _fail(error)
+    except ShrinkError as error:
+        click.echo(f"{file}: error: {error}", err=True)
+        sys.exit(1)
+    if not output:
+        click.echo(shrunk.text, nl=False)
+        return
+    with open(output, "w", encoding="utf-8") as handle:
+        handle.write(shrunk.text)
+    click.echo(f"wrote {output}: plan '{shrunk.plan.name}' on {shrunk.ranks} process(es)", err=True)
+    for line in shrunk.changes:
+        click.echo(f"  {line}", err=True)
+    click.echo(f"run it: plandsl run {output} --check-equivalence", err=True)
+
+
 @main.command("render")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--plan", "plan_name", help="The plan of the file to render.")

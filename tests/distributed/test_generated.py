@@ -51,4 +51,4 @@ def test_the_generated_plan_trains_like_one_process(tmp_path, pins):
     results = run_ranks(2, train, str(plan_file), steps=2, check_equivalence=True, deadline_s=100)
     assert [r["status"] for r in results] == [0, 0], results[0]["report_text"]
     report = results[0]["report"]
-    assert report["loss_diff"] <= 1e-5 and report["param_diff"] <= 1e-5, results[0]["report_text"]
+    assert report["loss_diff"] <= 1e-5 and report["tensor_diff"] <= 1e-5, results[0]["report_text"]

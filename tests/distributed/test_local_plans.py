@@ -41,7 +41,7 @@ def test_local_plan_matches_one_process(path, tiny_reference):
     assert [r["status"] for r in results] == [0] * plan.mesh.size, results[0]["report_text"]
     report = results[0]["report"]
     assert report["missing"] == () and report["tolerance"] == 1e-5
-    assert report["loss_diff"] <= 1e-5 and report["param_diff"] <= 1e-5, results[0]["report_text"]
+    assert report["loss_diff"] <= 1e-5 and report["tensor_diff"] <= 1e-5, results[0]["report_text"]
     assert len(results[0]["losses"]) == STEPS
     # every rank reports the same global loss (it is all-reduced)
     assert all(r["losses"] == results[0]["losses"] for r in results)

@@ -60,7 +60,7 @@ def _check(results: list[dict], tolerance: float = 1e-5) -> dict:
     report = first["report"]
     assert report["missing"] == () and report["tolerance"] == tolerance
     assert len(first["losses"]) == STEPS
-    assert report["loss_diff"] <= tolerance and report["param_diff"] <= tolerance, first["report_text"]
+    assert report["loss_diff"] <= tolerance and report["tensor_diff"] <= tolerance, first["report_text"]
     assert all(r["losses"] == first["losses"] for r in results)  # the loss is the global one on every rank
     return first
 

@@ -77,7 +77,7 @@ def test_schedule_trains_like_one_process(case):
     assert [r["runner"] for r in results] == [runner, runner]
     report = first["report"]
     assert report["missing"] == () and len(first["losses"]) == STEPS
-    assert report["loss_diff"] <= 1e-5 and report["param_diff"] <= 1e-5, first["report_text"]
+    assert report["loss_diff"] <= 1e-5 and report["tensor_diff"] <= 1e-5, first["report_text"]
     virtual = 2 if "virtual = 2" in text else 1
     held = sorted(s for r in results for s in r["stages"])
     assert held == list(range(2 * virtual))  # every stage on exactly one rank

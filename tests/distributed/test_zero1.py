@@ -98,7 +98,7 @@ def test_zero1_over_dtensors_matches_one_process_and_partitions_the_states(case)
     first = results[0]
     assert [r["status"] for r in results] == [0] * 4, first["report_text"]
     assert {r["optimizer"] for r in results} == {"Zero1Optimizer"}
-    assert first["report"]["loss_diff"] <= 1e-5 and first["report"]["param_diff"] <= 1e-5, first["report_text"]
+    assert first["report"]["loss_diff"] <= 1e-5 and first["report"]["tensor_diff"] <= 1e-5, first["report_text"]
     _assert_partitioned(results, group_axes)
 
 
@@ -145,4 +145,4 @@ def test_a_rank_that_owns_no_parameter_checkpoints_and_resumes(tmp_path):
     second = run_ranks(4, train, _LONE, steps=2 * STEPS, checkpoint_dir=directory, resume=True,
                        check_equivalence=True, deadline_s=150)
     assert [r["status"] for r in second] == [0] * 4, second[0]["report_text"]
-    assert second[0]["first_step"] == STEPS and second[0]["report"]["param_diff"] <= 1e-5
+    assert second[0]["first_step"] == STEPS and second[0]["report"]["tensor_diff"] <= 1e-5

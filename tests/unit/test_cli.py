@@ -269,6 +269,7 @@ EXPECTED_SURFACE = {
                                                "--resume", "--steps"}},
     "render": {"arguments": ["file"], "options": {"--color-by", "--format", "--output", "--param", "--plan", "--view",
                                                   "-o"}},
+    "shrink": {"arguments": ["file"], "options": {"--output", "--param", "--plan", "--precision", "--ranks", "-o"}},
     "estimate": {"arguments": ["file"], "options": {"--json", "--param", "--plan"}},
     "generate": {"arguments": [], "options": {"--cluster", "--global-batch", "--json", "--model", "--output", "--pin",
                                               "--precision", "--seq-len", "--top", "-o", "--from", "--plan", "--param"}},

@@ -1,0 +1,46 @@
+"""Every cluster-sized example, scaled down by `plandsl shrink`, trains on one machine like one process.
+
+The examples in stdlib_plans/examples/ are written for clusters of 8 to 1,024 GPUs. `shrink` keeps
+each one's layout (axes, parallelisms, stage list, schedule, shard rules, training settings) at a
+tiny size on 2 to 8 processes; here each trains for two steps on forked gloo ranks with
+`--check-equivalence` in fp32, so the tolerance is the documented 1e-5, and one keeps its bf16.
+"""
+from __future__ import annotations
+
+import pytest
+
+from plandsl.shrink import shrink
+from tests.conftest import STDLIB
+from tests.distributed.harness import run_ranks
+from tests.distributed.ranks import train
+
+pytestmark = pytest.mark.dist
+
+EXAMPLES = sorted((STDLIB / "examples").glob("*.plan"))
+STEPS = 2
+
+
+def _train_shrunk(path, tmp_path, precision):
+    shrunk = shrink(path, precision=precision, out_dir=tmp_path)
+    small = tmp_path / path.name
+    small.write_text(shrunk.text)
+    results = run_ranks(shrunk.ranks, train, str(small), steps=STEPS, check_equivalence=True,
+                        deadline_s=60 + 30 * shrunk.ranks)
+    assert [r["status"] for r in results] == [0] * shrunk.ranks, results[0]["report_text"]
+    assert all(r["losses"] == results[0]["losses"] for r in results) and len(results[0]["losses"]) == STEPS
+    print(f"{path.stem} ({shrunk.ranks} processes): {results[0]['report_text']}")  # the figures, with -s
+    return shrunk, results[0]["report"]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_the_shrunk_example_matches_one_process(path, tmp_path):
+    shrunk, report = _train_shrunk(path, tmp_path, "fp32")
+    assert 2 <= shrunk.ranks <= 8
+    assert report["missing"] == () and report["tolerance"] == 1e-5
+    assert report["loss_diff"] <= 1e-5 and report["param_diff"] <= 1e-5, report
+
+
+def test_a_shrunk_example_keeps_its_bf16(tmp_path):
+    shrunk, report = _train_shrunk(STDLIB / "examples" / "gpt3_175b_3d.plan", tmp_path, None)
+    assert shrunk.plan.train.precision.value == "bf16" and report["tolerance"] == 2e-2
+    assert report["loss_diff"] <= 2e-2 and report["param_diff"] <= 2e-2, report

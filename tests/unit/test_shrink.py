@@ -1,0 +1,163 @@
+"""`plandsl shrink`: a cluster plan scaled down to one machine keeps its layout and checks.
+
+Golden text per example (tests/golden/shrink/); then what the scaling keeps and changes: the axes
+and their order, pinned pipeline axes, layer names a plan refers to, a written model's sizes,
+imports of the user's files, other plans of the file; and the refusals. The shrunk examples train
+against one process in tests/distributed/test_shrunk_examples.py.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from plandsl import api
+from plandsl.cli import main
+from plandsl.shrink import ShrinkError, shrink
+from tests.conftest import STDLIB
+
+ROOT = STDLIB.parent
+EXAMPLES = sorted((STDLIB / "examples").glob("*.plan"))
+
+
+def _dump(node):
+    return None if node is None else node.model_dump(mode="json")  # spans left out
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_every_example_shrinks_to_a_checked_plan_on_one_machine(path, golden, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the header names the file as given: relative, so the golden text is portable
+    shrunk = shrink(f"stdlib_plans/examples/{path.name}")
+    golden(f"shrink/{path.stem}.plan", shrunk.text)
+    small, big = shrunk.plan, shrunk.original
+    assert 2 <= small.mesh.size <= 8 and small.cluster.name.startswith("localhost")
+    assert [a.name for a in small.mesh.axes] == [a.name for a in big.mesh.axes]
+    assert all(s.size <= max(b.size, 1) for s, b in zip(small.mesh.axes, big.mesh.axes))
+    # the layout is the plan's own: the same parallelisms over the same axes, schedule and rules
+    for key in ("data", "tensor", "context", "experts", "stages", "schedule"):
+        assert _dump(getattr(small, key)) == _dump(getattr(big, key)), key
+    assert [_dump(rule) for rule in small.shard] == [_dump(rule) for rule in big.shard]
+    sizes = {"global_batch": 1, "micro_batch": 1, "seq": None, "warmup_steps": 0}
+    assert _dump(small.train.model_copy(update=sizes)) == _dump(big.train.model_copy(update=sizes))
+    assert small.model.kind == big.model.kind and small.model.hidden < big.model.hidden
+    assert api.format_text(shrunk.text) == shrunk.text  # written in canonical layout
+    assert not api.checks(shrunk.text).errors
+
+
+def test_each_axis_becomes_two_and_data_axes_go_first_when_there_are_too_many():
+    gpt3 = STDLIB / "examples" / "gpt3_175b_3d.plan"
+    assert [a.size for a in shrink(gpt3).plan.mesh.axes] == [2, 2, 2]
+    assert [a.size for a in shrink(gpt3, ranks=4).plan.mesh.axes] == [1, 2, 2]   # dp first
+    assert [a.size for a in shrink(gpt3, ranks=2).plan.mesh.axes] == [1, 2, 1]   # then tp, pp last
+    assert [a.size for a in shrink(gpt3, ranks=1).plan.mesh.axes] == [1, 1, 1]
+    context = shrink(STDLIB / "examples" / "long_context.plan", ranks=4).plan.mesh.axes
+    assert [(a.name, a.size) for a in context] == [("dp", 1), ("cp", 2), ("tp", 2)]  # then context
+
+
+def test_a_pipeline_the_plan_numbers_keeps_its_size_and_its_layers():
+    uneven = shrink(STDLIB / "examples" / "uneven_pipeline.plan")  # stages { 0: ..., 1..7: ..., 7: ... }
+    assert uneven.plan.pp == 8 and [a.size for a in uneven.plan.mesh.axes] == [1, 8, 1]
+    assert uneven.plan.model.layers == uneven.original.model.layers == 80
+    table = shrink(STDLIB / "examples" / "schedule_table.plan")  # a table for 4 ranks and 8 microbatches
+    assert table.plan.pp == 4 and table.plan.num_microbatches == 8
+    with pytest.raises(ShrinkError, match=r"keeps pp = 8 \(`stages \{ \}` numbers the stages\), more than --ranks 4"):
+        shrink(STDLIB / "examples" / "uneven_pipeline.plan", ranks=4)
+
+
+def test_layers_go_down_unless_the_plan_names_them():
+    gpt3 = shrink(STDLIB / "examples" / "gpt3_175b_3d.plan").plan  # evenly over pp = 2 with virtual = 2
+    assert gpt3.model.layers == 8 and gpt3.num_microbatches == 4
+    rules = shrink(STDLIB / "examples" / "shard_rules.plan").plan  # `layers[0:4].mlp.*`, `layers.0.mlp.w2`
+    assert rules.model.layers == 32
+
+
+def test_the_tiny_model_divides_every_split():
+    for path in EXAMPLES:
+        plan = shrink(path).plan
+        model = plan.model
+        assert model.heads % plan.tp == 0 and model.kv_heads % plan.tp == 0 and model.vocab % plan.tp == 0
+        assert (model.kv_heads < model.heads) == (shrink(path).original.model.kv_heads
+                                                  < shrink(path).original.model.heads)  # GQA stays GQA
+        assert plan.seq % (plan.cp * plan.tp) == 0
+        if model.experts:
+            assert model.experts % plan.ep == 0 and model.top_k <= model.experts
+        assert plan.train.global_batch == plan.num_microbatches * plan.dp * plan.train.micro_batch
+
+
+def test_precision_can_be_overridden():
+    plan = shrink(STDLIB / "examples" / "fsdp.plan", precision="fp32").plan
+    assert plan.train.precision.value == "fp32"
+    assert plan.train.lr_schedule == "cosine" and plan.train.recompute.value == "selective"  # the rest is kept
+    assert plan.train.warmup_steps == 1  # of 2000: two steps move the parameters
+
+
+def test_a_users_files_keep_resolving_from_where_the_plan_is_written(tmp_path):
+    project, out = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    out.mkdir()
+    (project / "mymodels.plan").write_text("model wide = gpt(layers=12, hidden=768, heads=12, seq=1024, vocab=50304)\n")
+    (project / "job.plan").write_text('import "clusters/dgx_a100"\nimport "mymodels"\n\n'
+                                      "plan job {\n  model   = wide\n  cluster = dgx_a100\n"
+                                      "  mesh    = [dp = 2, tp = 4]\n  train   = { global_batch: 64 }\n"
+                                      "  data    = zero2 over dp\n  tensor  = megatron over tp\n}\n"
+                                      "plan other {\n  model   = wide\n  cluster = dgx_a100\n  mesh    = [dp = 8]\n"
+                                      "  train   = { global_batch: 64 }\n  data    = ddp over dp\n}\n")
+    result = CliRunner().invoke(main, ["shrink", str(project / "job.plan"), "--plan", "job",
+                                       "-o", str(out / "small.plan")])
+    assert result.exit_code == 0, result.output
+    text = (out / "small.plan").read_text()
+    assert 'import "../project/mymodels.plan"' in text and "plan other" not in text
+    assert "wrote" in result.output and "mesh [dp = 2, tp = 4] -> [dp = 2, tp = 2] (8 -> 4 devices)" in result.output
+    (plan,) = api.load(out / "small.plan").plans
+    assert plan.name == "job" and plan.mesh.size == 4 and plan.model.layers == 4
+
+
+def test_a_written_model_keeps_its_sizes(tmp_path):
+    (tmp_path / "mine.plan").write_text('import "clusters/dgx_a100"\n\n'
+                                        'model mine {\n  factory = "mypkg.models:build"\n  seq = 16\n'
+                                        "  layer a {\n    params = 100\n    output = 8\n  }\n"
+                                        "  layer b {\n    params = 100\n    output = 8\n  }\n}\n\n"
+                                        "plan p {\n  model   = mine\n  cluster = dgx_a100\n  mesh    = [dp = 8]\n"
+                                        "  train   = { global_batch: 64, micro_batch: 4 }\n  data    = ddp over dp\n}\n")
+    shrunk = shrink(tmp_path / "mine.plan")
+    assert _dump(shrunk.plan.model) == _dump(shrunk.original.model) and shrunk.plan.mesh.size == 2
+    assert "model mine: a written model keeps its own sizes" in shrunk.text
+
+
+def test_the_cli_prints_the_plan_and_refuses_what_it_cannot_scale(tmp_path):
+    result = CliRunner().invoke(main, ["shrink", str(STDLIB / "examples" / "hsdp.plan")])
+    assert result.exit_code == 0 and result.output.startswith("# Plan llama3_8b_hsdp of ")
+    assert "mesh    = [replica = 2, shard = 2] over devices[0:4]" in result.output
+    result = CliRunner().invoke(main, ["shrink", str(STDLIB / "examples" / "uneven_pipeline.plan"), "--ranks", "2"])
+    assert result.exit_code == 1 and "give --ranks 8 or more" in result.output
+    bad = tmp_path / "bad.plan"
+    bad.write_text("plan p { model = nothing }\n")
+    result = CliRunner().invoke(main, ["shrink", str(bad)])
+    assert result.exit_code == 1 and "error[E207]" in result.output  # the plan is checked first
+
+
+def test_what_the_header_says_changed_is_what_changed():
+    shrunk = shrink(STDLIB / "examples" / "moe_expert_parallel.plan")
+    big, small = shrunk.original, shrunk.plan
+    assert shrunk.changes[0] == "mesh [dp = 2, pp = 4, ep = 8] -> [dp = 2, pp = 2, ep = 2] (64 -> 8 devices)"
+    assert f"batch {big.train.global_batch:,} sequences" in shrunk.changes[2]
+    assert f"-> {small.train.global_batch} ({small.num_microbatches} of {small.train.micro_batch})" in shrunk.changes[2]
+    assert all(f"#   {line}" in shrunk.text for line in shrunk.changes)
+    assert math.prod(a.size for a in small.mesh.axes) == shrunk.ranks == 8
+
+
+def test_param_values_given_are_written_into_the_file():
+    shrunk = shrink(STDLIB / "examples" / "fsdp.plan", params={"nodes": 4})
+    assert shrunk.changes[0] == "mesh [dp = 32] -> [dp = 2] (32 -> 2 devices)"
+    assert "param nodes = 4\n" in shrunk.text  # so `run` of the written file needs no --param
+
+
+def test_context_and_sequence_parallelism_keep_tokens_on_every_rank():
+    shrunk = shrink(STDLIB / "examples" / "long_context.plan", ranks=64)
+    assert shrunk.plan.cp * shrunk.plan.tp == 4 and shrunk.plan.seq == 32
+    text = (STDLIB / "examples" / "long_context.plan").read_text().replace("[dp = 2, cp = 4, tp = 8]",
+                                                                            "[dp = 1, cp = 4, tp = 8]")
+    from plandsl.shrink import _seq
+    plan = api.loads(text, path=str(STDLIB / "examples" / "x.plan")).plans[0]
+    assert _seq(plan, {"dp": 1, "cp": 4, "tp": 8}) == 128
