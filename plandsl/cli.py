@@ -284,8 +284,8 @@ def run_command(file, plan_name, nproc_per_node, nnodes, node_rank, rdzv_endpoin
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--plan", "plan_name", help="The plan of the file to scale down.")
-@click.option("--ranks", type=click.IntRange(min=1), default=8, show_default=True,
-              help="At most this many processes (devices of the scaled-down mesh).")
+@click.option("--ranks", type=click.IntRange(min=1, max=8), default=8, show_default=True,
+              help="At most this many processes (devices of the scaled-down mesh; localhost has 8).")
 @click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]),
               help="Train in this precision instead of the plan's (fp32: equivalence holds to 1e-5).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the plan here (default: print it).")
@@ -308,8 +308,12 @@ def shrink(file, plan_name, ranks, precision, output, params):
     if not output:
         click.echo(shrunk.text, nl=False)
         return
-    with open(output, "w", encoding="utf-8") as handle:
-        handle.write(shrunk.text)
+    try:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(shrunk.text)
+    except OSError as error:
+        click.echo(f"{output}: error: cannot write: {error.strerror or error}", err=True)
+        sys.exit(1)
     click.echo(f"wrote {output}: plan '{shrunk.plan.name}' on {shrunk.ranks} process(es)", err=True)
     for line in shrunk.changes:
         click.echo(f"  {line}", err=True)

@@ -10,9 +10,9 @@ a cluster job is spent on it:
   list maps them, or the schedule is a table or written for fixed sizes), and while the mesh has more
   than `ranks` devices, axes go to 1: data axes first (outermost first), then context, expert, tensor
   and pipeline axes;
-- the model keeps its family at a tiny width that every split divides, and its layer count when the
-  plan names layers by index (a stage list, a shard rule on `layers[0:4]`), else 2 layers per
-  pipeline stage (4 without a pipeline); a written model keeps its own sizes;
+- the model keeps its family at a tiny width that every split divides, and its layer count when a
+  stage list names layers, else 2 layers per pipeline stage (4 without a pipeline) or as many as the
+  shard rules name (`layers[0:6]`: 6); a written model keeps its own sizes;
 - `train` keeps every setting but the sizes: micro_batch at most 2, as many microbatches as a table
   fixes, else at most 2 per pipeline rank (2 without a pipeline), the global batch to match, the
   sequence of the tiny model, and at most 1 warm-up step (a long warm-up would keep the few steps
@@ -41,6 +41,7 @@ MAX_EXPERTS = 8
 MAX_MICRO_BATCH = 2
 MAX_WARMUP = 1     # warm-up steps: a few steps must move the parameters for the comparison to mean much
 CLUSTER = "localhost"
+MAX_RANKS = 8      # the devices of one `localhost` node (stdlib_plans/clusters/local.plan)
 CLUSTER_IMPORT = "clusters/local"
 
 
@@ -67,11 +68,11 @@ def shrink(path: str | Path, name: str | None = None, params: dict[str, Any] | N
     will be written (relative imports are rewritten to resolve from there; default: the cwd)."""
     from plandsl import api
     from plandsl.select import select_plan
-    if ranks < 1:
-        raise ShrinkError(f"--ranks must be at least 1, got {ranks}")
+    if not 1 <= ranks <= MAX_RANKS:
+        raise ShrinkError(f"--ranks must be 1 to {MAX_RANKS} (the devices of one `{CLUSTER}` node), got {ranks}")
     path = str(path)
     original = select_plan(api.load(path, params), name)
-    text = Path(path).read_text(encoding="utf-8")
+    text = Path(path).read_text(encoding="utf-8-sig")  # the offsets of parse(text) below
     module = api.parse(text, path)
     definition = _plan_definition(module, original.name, path)
 
@@ -102,7 +103,7 @@ def shrink(path: str | Path, name: str | None = None, params: dict[str, Any] | N
             edits.append((close, close, f"  {key} = {value}\n"))
     for item in module.items:
         if isinstance(item, syntax.Definition) and item.kind == "plan" and item.name != original.name:
-            edits.append((item.span.start, item.span.end, ""))
+            edits.append((_leading(text, module, item), item.span.end, ""))  # its own comment goes with it
         if isinstance(item, syntax.Param) and params and item.name in params:
             edits.append((item.value.span.start, item.span.end, _literal(params[item.name])))
         if isinstance(item, syntax.Import):
@@ -113,7 +114,7 @@ def shrink(path: str | Path, name: str | None = None, params: dict[str, Any] | N
     if not any(_is_local_cluster(path, item.path) for item in imports):
         at = _line_end(text, imports[-1].span.end) if imports else 0
         edits.append((at, at, ("\n" if imports else "") + f'import "{CLUSTER_IMPORT}"' + ("" if imports else "\n")))
-    start = _line_start(text, definition.span.start)
+    start = _leading(text, module, definition)  # above the plan's own comment
     if model_text:
         edits.append((start, start, model_text + "\n\n"))
 
@@ -134,7 +135,7 @@ def shrink(path: str | Path, name: str | None = None, params: dict[str, Any] | N
         from plandsl.diagnostics import render_all
         raise ShrinkError(f"plan '{original.name}' scaled down to {total} processes does not check:\n"
                           + render_all(analysis.errors, analysis.sources)
-                          + "\n(raise --ranks, or write the small plan by hand from this text:)\n" + shrunk_text)
+                          + "\n(the text it would write, to finish by hand:)\n" + shrunk_text)
     return Shrunk(shrunk_text, select_plan(analysis.document, original.name), original, tuple(changes))
 
 
@@ -152,26 +153,31 @@ def _roles(plan: ir.Plan) -> dict[str, str]:
         roles.setdefault(plan.context.axis, "context")
     for axis in plan.data.axes if plan.data is not None else ():
         roles.setdefault(axis, "data")
+    for rule in plan.shard:  # an axis only shard rules split over carries layout all the same
+        for axis in [rule.axis] + [p.axis for param in rule.params for p in param.placements]:
+            if axis is not None:
+                roles.setdefault(axis, "shard")
     return roles
 
 
-DROP_ORDER = ("unused", "data", "context", "expert", "tensor", "pipeline")
+DROP_ORDER = ("unused", "data", "context", "expert", "shard", "tensor", "pipeline")
 
 
-def pinned_axes(plan: ir.Plan, definition: syntax.Definition) -> dict[str, str]:
-    """Axes whose size the plan's text fixes -> why (the pipeline axis only)."""
+def pinned_axes(plan: ir.Plan, definition: syntax.Definition) -> dict[str, tuple[str, str]]:
+    """Axes whose size the plan's text fixes -> (why, what would free it); the pipeline axis only."""
     if plan.stages is None or plan.pp == 1:
         return {}
     written = plan.schedule.definition if plan.schedule is not None else None
     why = None
     if any(isinstance(item, syntax.Block) and item.name == "stages" for item in definition.body or ()):
-        why = "`stages { }` numbers the stages"
+        why = "`stages { }` numbers the stages", f"split the stages `evenly over {plan.stages.axis}`"
     elif isinstance(plan.stages.rank_map, tuple):
-        why = "the stage-to-rank map lists ranks"
+        why = "the stage-to-rank map lists ranks", "drop the map list (`map = loop` or `vshape`)"
     elif written is not None and written.kind == "table":
-        why = f"schedule '{written.name}' is a table for {plan.pp} ranks"
-    elif written is not None and ("ranks" in written.sizes or "stages" in written.sizes):
-        why = f"schedule '{written.name}' is written for {plan.pp} ranks"
+        why = f"schedule '{written.name}' is a table for {plan.pp} ranks", "use a template over `ranks` or a built-in"
+    elif written is not None and ("ranks" in written.sizes or "stages" in written.sizes
+                                  or "ranks" not in written.variables.values()):
+        why = f"schedule '{written.name}' is written for {plan.pp} ranks", "write it over a `ranks` variable"
     return {plan.stages.axis: why} if why else {}
 
 
@@ -181,9 +187,10 @@ def _mesh_sizes(plan: ir.Plan, definition: syntax.Definition, ranks: int) -> dic
     sizes = {a.name: a.size if a.name in pinned else min(a.size, 2) for a in plan.mesh.axes}
     fixed = math.prod(sizes[a] for a in pinned)
     if fixed > ranks:
-        (axis, why), = pinned.items()
+        (axis, (why, fix)), = pinned.items()
+        more = f"give --ranks {fixed} or more, or " if fixed <= MAX_RANKS else ""
         raise ShrinkError(f"plan '{plan.name}' keeps {axis} = {sizes[axis]} ({why}), more than --ranks {ranks}: "
-                          f"give --ranks {fixed} or more, or let the stages be split `evenly over {axis}`")
+                          f"{more}{fix}")
     order = sorted((a.name for a in plan.mesh.axes if a.name not in pinned),
                    key=lambda axis: DROP_ORDER.index(roles.get(axis, "unused")))
     for axis in order:  # stable sort: outermost first within a role
@@ -198,7 +205,8 @@ def _microbatches(plan: ir.Plan, sizes: dict[str, int]) -> int:
     """How many microbatches each data rank runs per step: what a table fixes, else a few."""
     m = plan.num_microbatches
     written = plan.schedule.definition if plan.schedule is not None else None
-    if written is not None and (written.kind == "table" or "microbatches" in written.sizes):
+    if written is not None and (written.kind == "table" or "microbatches" in written.sizes
+                                or "microbatches" not in written.variables.values()):
         return m
     pp = sizes[plan.stages.axis] if plan.stages is not None else 1
     if pp > 1:
@@ -222,15 +230,16 @@ def _train_text(train: ir.Training) -> str:
 
 # ---- the model ---------------------------------------------------------------------------------------------
 def _layers(plan: ir.Plan, sizes: dict[str, int], definition: syntax.Definition) -> int:
-    """The layer count: the model's when the plan names layers by index (a `stages { }` block, a shard
-    rule on `layers[0:4]` or `layers.0`), else 2 per pipeline stage (4 without a pipeline)."""
-    named = any(isinstance(item, syntax.Block) and item.name == "stages" for item in definition.body or ())
-    named = named or any(part.kind == "range" or (part.name or "").isdigit()
-                         for rule in plan.shard for part in rule.target.parts)
-    if named:
+    """The layer count: the model's when a `stages { }` block lists layers, else 2 per pipeline stage
+    (4 without a pipeline), and at least enough for the highest layer a shard rule names
+    (`layers[0:4]`, `layers.0`)."""
+    if any(isinstance(item, syntax.Block) and item.name == "stages" for item in definition.body or ()):
         return plan.model.layers
     stages = sizes[plan.stages.axis] * plan.stages.virtual if plan.stages is not None else 1
-    return min(plan.model.layers, max(4, 2 * stages))
+    named = [part.hi if part.kind == "range" and part.hi is not None else int(part.name) + 1
+             for rule in plan.shard for part in rule.target.parts
+             if part.kind == "range" or (part.name or "").isdigit()]
+    return min(plan.model.layers, max(4, 2 * stages, *named))
 
 
 def _seq(plan: ir.Plan, sizes: dict[str, int]) -> int:
@@ -321,10 +330,12 @@ def _import_from(importer: str, name: str, out_dir: str | Path | None) -> str:
     """The import as the written file must spell it: a standard-library name stays, a file next to the
     plan is named relative to `out_dir`."""
     found = Loader().resolve(importer, name)
-    if found is None or Path(found).resolve().is_relative_to(stdlib_root().resolve()):
+    if found is None:
         return name
-    base = Path(out_dir or os.getcwd()).resolve()
-    return os.path.relpath(Path(found).resolve(), base)
+    found, root = Path(found).resolve(), stdlib_root().resolve()
+    if found.is_relative_to(root):  # `import "tiny"` next to a stdlib plan: its stdlib name resolves anywhere
+        return found.relative_to(root).with_suffix("").as_posix()
+    return os.path.relpath(found, Path(out_dir or os.getcwd()).resolve())
 
 
 def _literal(value: Any) -> str:
@@ -334,6 +345,18 @@ def _literal(value: Any) -> str:
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return repr(value)
+
+
+def _leading(text: str, module: syntax.Module, node: syntax.Node) -> int:
+    """Where `node` starts with the comment lines right above it (no blank line between)."""
+    start = _line_start(text, node.span.start)
+    for comment in sorted((c for c in module.comments if c.own_line and c.span.end <= start),
+                          key=lambda c: c.span.start, reverse=True):
+        between = text[comment.span.end:start]
+        if between.strip() or between.count("\n") > 1:
+            break
+        start = _line_start(text, comment.span.start)
+    return start
 
 
 def _line_start(text: str, offset: int) -> int:

@@ -105,7 +105,7 @@ def test_dp_plan_trains_writes_metrics_and_matches_one_process(tmp_path, referen
     _assert_close(printed, reference_losses, "printed losses")
     report = re.search(r"equivalence with one process: (\w+) \(tolerance 1e-05 relative\)\n"
                        r"  losses: +max relative difference (\S+) \(step \d+\)\n"
-                       r"  parameters: +max relative difference (\S+) ", result.output)
+                       r"  parameters: +relative difference (\S+) \(all together\)", result.output)
     assert report, result.output
     assert report[1] == "ok" and float(report[2]) <= 1e-5 and float(report[3]) <= 1e-5, report[0]
 

@@ -61,7 +61,8 @@ def test_a_pipeline_the_plan_numbers_keeps_its_size_and_its_layers():
     assert uneven.plan.model.layers == uneven.original.model.layers == 80
     table = shrink(STDLIB / "examples" / "schedule_table.plan")  # a table for 4 ranks and 8 microbatches
     assert table.plan.pp == 4 and table.plan.num_microbatches == 8
-    with pytest.raises(ShrinkError, match=r"keeps pp = 8 \(`stages \{ \}` numbers the stages\), more than --ranks 4"):
+    with pytest.raises(ShrinkError, match=r"keeps pp = 8 \(`stages \{ \}` numbers the stages\), more than --ranks 4: "
+                                          r"give --ranks 8 or more, or split the stages `evenly over pp`"):
         shrink(STDLIB / "examples" / "uneven_pipeline.plan", ranks=4)
 
 
@@ -69,7 +70,7 @@ def test_layers_go_down_unless_the_plan_names_them():
     gpt3 = shrink(STDLIB / "examples" / "gpt3_175b_3d.plan").plan  # evenly over pp = 2 with virtual = 2
     assert gpt3.model.layers == 8 and gpt3.num_microbatches == 4
     rules = shrink(STDLIB / "examples" / "shard_rules.plan").plan  # `layers[0:4].mlp.*`, `layers.0.mlp.w2`
-    assert rules.model.layers == 32
+    assert rules.model.layers == 4
 
 
 def test_the_tiny_model_divides_every_split():
@@ -154,10 +155,103 @@ def test_param_values_given_are_written_into_the_file():
 
 
 def test_context_and_sequence_parallelism_keep_tokens_on_every_rank():
-    shrunk = shrink(STDLIB / "examples" / "long_context.plan", ranks=64)
+    shrunk = shrink(STDLIB / "examples" / "long_context.plan", ranks=8)
     assert shrunk.plan.cp * shrunk.plan.tp == 4 and shrunk.plan.seq == 32
     text = (STDLIB / "examples" / "long_context.plan").read_text().replace("[dp = 2, cp = 4, tp = 8]",
                                                                             "[dp = 1, cp = 4, tp = 8]")
     from plandsl.shrink import _seq
     plan = api.loads(text, path=str(STDLIB / "examples" / "x.plan")).plans[0]
     assert _seq(plan, {"dp": 1, "cp": 4, "tp": 8}) == 128
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+PLAN = '''import "clusters/dgx_a100"
+
+model wide = gpt(layers=12, hidden=768, heads=12, seq=1024, vocab=50304)
+
+{schedule}
+# the plan's own comment
+plan job {{
+  model    = wide
+  cluster  = dgx_a100 x 2
+  mesh     = {mesh}
+  train    = {{ global_batch: 64 }}
+{body}
+}}
+'''
+
+
+def test_an_axis_only_shard_rules_use_goes_after_the_data_axes(tmp_path):
+    path = _write(tmp_path / "rules.plan", PLAN.format(schedule="", mesh="[dp = 2, mp = 4]", body=(
+        "  data     = ddp over dp\n  shard layers.*.attn.wq = colwise over mp")))
+    assert [a.size for a in shrink(path, ranks=2).plan.mesh.axes] == [1, 2]
+
+
+def test_a_template_without_a_ranks_variable_pins_the_pipeline_and_its_microbatches(tmp_path):
+    template = ("schedule four(m: microbatches) {\n  for r in 0..4 on rank r {\n    for i in 0..m { F(r, i) }\n"
+                "    for i in 0..m { B(r, i) }\n  }\n}\n"
+                "schedule sixteen(p: ranks) {\n  for r in 0..p on rank r {\n    for i in 0..16 { F(r, i) }\n"
+                "    for i in 0..16 { B(r, i) }\n  }\n}\n")
+    body = "  data     = ddp over dp\n  stages   = evenly over pp\n  schedule = {}"
+    path = _write(tmp_path / "four.plan", PLAN.format(schedule=template, mesh="[dp = 4, pp = 4]",
+                                                       body=body.format("four")))
+    plan = shrink(path).plan
+    assert plan.pp == 4 and [a.size for a in plan.mesh.axes] == [2, 4] and plan.num_microbatches == 8
+    path = _write(tmp_path / "sixteen.plan", PLAN.format(schedule=template, mesh="[dp = 4, pp = 4]",
+                                                          body=body.format("sixteen")))
+    plan = shrink(path).plan
+    assert plan.pp == 2 and plan.num_microbatches == 16  # the template fixes 16 microbatches
+
+
+def test_more_ranks_than_one_machine_is_refused():
+    with pytest.raises(ShrinkError, match="--ranks must be 1 to 8"):
+        shrink(STDLIB / "examples" / "gpt3_175b_3d.plan", ranks=16)
+    result = CliRunner().invoke(main, ["shrink", str(STDLIB / "examples" / "gpt3_175b_3d.plan"), "--ranks", "16"])
+    assert result.exit_code == 2 and "16 is not in the range 1<=x<=8" in result.output
+
+
+def test_a_stdlib_plans_own_import_and_a_byte_order_mark_survive(tmp_path):
+    result = CliRunner().invoke(main, ["shrink", str(STDLIB / "local" / "3d.plan"), "-o", str(tmp_path / "3d.plan")])
+    assert result.exit_code == 0, result.output
+    assert 'import "local/tiny"' in (tmp_path / "3d.plan").read_text()  # was `import "tiny"`, next to it
+    bom = _write(tmp_path / "bom.plan", "\ufeff" + PLAN.format(schedule="", mesh="[dp = 8]", body="  data = ddp over dp"))
+    assert shrink(bom).plan.mesh.size == 2
+
+
+def test_other_plans_go_with_their_comment_and_the_model_goes_above_the_plans(tmp_path):
+    other = "# the other plan's comment\nplan other {\n  model   = wide\n  cluster = dgx_a100\n" \
+            "  mesh    = [dp = 8]\n  train   = { global_batch: 64 }\n  data    = ddp over dp\n}\n"
+    path = _write(tmp_path / "two.plan", PLAN.format(schedule="", mesh="[dp = 8]", body="  data     = ddp over dp")
+                  + "\n" + other)
+    text = shrink(path, "job").text
+    assert "plan other" not in text and "the other plan's comment" not in text
+    assert text.index("model wide_small") < text.index("# the plan's own comment") < text.index("plan job")
+
+
+def test_an_unwritable_output_is_an_error_not_a_traceback(tmp_path):
+    result = CliRunner().invoke(main, ["shrink", str(STDLIB / "examples" / "hsdp.plan"),
+                                       "-o", str(tmp_path / "missing" / "x.plan")])
+    assert result.exit_code == 1 and "cannot write" in result.output and result.exception.__class__ is SystemExit
+
+
+def test_layers_a_shard_rule_names_are_kept(tmp_path):
+    path = _write(tmp_path / "named.plan", PLAN.format(schedule="", mesh="[dp = 2, tp = 2]", body=(
+        "  data     = ddp over dp\n  tensor   = megatron over tp\n  shard layers.5.attn.wq = colwise over tp")))
+    plan = shrink(path).plan
+    assert plan.model.layers == 6 and plan.shard[0].target.text == "layers.5.attn.wq"
+
+
+@pytest.mark.parametrize("ranks", range(1, 9))
+def test_any_rank_budget_gives_a_checked_plan_within_it_or_says_why(ranks):
+    for path in EXAMPLES:
+        try:
+            shrunk = shrink(path, ranks=ranks)
+        except ShrinkError as error:
+            assert "more than --ranks" in str(error) and f"--ranks {ranks}" in str(error), (path.name, error)
+            continue
+        assert shrunk.ranks <= ranks and [a.name for a in shrunk.plan.mesh.axes] == \
+            [a.name for a in shrunk.original.mesh.axes], path.name
