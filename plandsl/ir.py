@@ -326,6 +326,22 @@ class Plan(Node):
             axes += (self.experts.axis,)
         return axes
 
+    def axis_roles(self) -> dict[str, str]:
+        """Mesh axis -> the parallelism it carries: "tp", "pp", "cp", "ep" or "dp" (an expert axis that is
+        also a data axis is "ep"). Axes only shard rules use, and unused ones, are left out."""
+        roles: dict[str, str] = {}
+        if self.tensor is not None:
+            roles[self.tensor.axis] = "tp"
+        if self.stages is not None:
+            roles[self.stages.axis] = "pp"
+        if self.context is not None:
+            roles[self.context.axis] = "cp"
+        if self.experts is not None:
+            roles.setdefault(self.experts.axis, "ep")
+        for axis in self.data.axes if self.data is not None else ():
+            roles.setdefault(axis, "dp")
+        return roles
+
     def reduce_axes(self) -> tuple[str, ...]:
         """The axes whose ranks hold the same parameters and different tokens: the batch axes and the
         context axis (which splits each sequence). Gradients and the loss are averaged over them, and

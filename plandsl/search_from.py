@@ -226,17 +226,7 @@ def _choices_without_mesh(attrs: dict) -> dict[str, object]:
 
 
 def _mesh_pins(plan: ir.Plan) -> dict[str, object]:
-    roles = {}
-    if plan.tensor is not None:
-        roles[plan.tensor.axis] = "tp"
-    if plan.stages is not None:
-        roles[plan.stages.axis] = "pp"
-    if plan.context is not None:
-        roles[plan.context.axis] = "cp"
-    if plan.experts is not None:
-        roles.setdefault(plan.experts.axis, "ep")
-    for axis in plan.data.axes if plan.data is not None else ():
-        roles.setdefault(axis, "dp")
+    roles = plan.axis_roles()
     dp = math.prod(axis.size for axis in plan.mesh.axes if roles.get(axis.name) == "dp")
     pins: dict[str, object] = {"dp": dp, "tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "ep": plan.ep}
     if plan.tensor is not None and axis_group_span(plan, plan.tensor.axis) > 1:

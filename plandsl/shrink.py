@@ -141,18 +141,8 @@ def shrink(path: str | Path, name: str | None = None, params: dict[str, Any] | N
 
 # ---- the mesh ----------------------------------------------------------------------------------------------
 def _roles(plan: ir.Plan) -> dict[str, str]:
-    """Each axis's part in the plan: data, context, expert, tensor or pipeline (else unused)."""
-    roles: dict[str, str] = {}
-    if plan.stages is not None:
-        roles[plan.stages.axis] = "pipeline"
-    if plan.tensor is not None:
-        roles[plan.tensor.axis] = "tensor"
-    if plan.experts is not None:
-        roles.setdefault(plan.experts.axis, "expert")
-    if plan.context is not None:
-        roles.setdefault(plan.context.axis, "context")
-    for axis in plan.data.axes if plan.data is not None else ():
-        roles.setdefault(axis, "data")
+    """Each axis's part in the plan (`ir.Plan.axis_roles`), and "shard" for axes only shard rules use."""
+    roles = plan.axis_roles()
     for rule in plan.shard:  # an axis only shard rules split over carries layout all the same
         for axis in [rule.axis] + [p.axis for param in rule.params for p in param.placements]:
             if axis is not None:
@@ -160,7 +150,7 @@ def _roles(plan: ir.Plan) -> dict[str, str]:
     return roles
 
 
-DROP_ORDER = ("unused", "data", "context", "expert", "shard", "tensor", "pipeline")
+DROP_ORDER = ("unused", "dp", "cp", "ep", "shard", "tp", "pp")  # the order axes go to 1 in
 
 
 def pinned_axes(plan: ir.Plan, definition: syntax.Definition) -> dict[str, tuple[str, str]]:
