@@ -8,7 +8,15 @@ must produce its code) and every fix (it must not).
 
 An example is one file (`file`, `example.plan` unless said otherwise), self-contained
 apart from standard-library imports. The fix is a sentence and a list of `(old, new)`
-edits that turn the example into a plan without the problem; `fixed` applies them.
+edits that turn the example into a plan without the problem; `fixed` applies them:
+
+    _entry("E501", "why the rule exists", "<example plan>", "what to do, in a sentence",
+           ("global_batch: 30", "global_batch: 32"))        # (old, new): each old occurs once
+
+Every entry needs at least one edit (tests/unit/test_diagnostics.py fails, naming the code,
+when one has none), and the fixed example must check clean. A diagnostic whose hint is
+computed carries its own edits (`Diagnostic.edits`); tests/unit/test_hints.py applies those
+to the example too.
 """
 from __future__ import annotations
 
@@ -490,7 +498,9 @@ _entry("E401", """
 
 _entry("E402", """
     A `stages` block leaves a layer on no stage. Every layer of the model must run
-    somewhere; the message lists the unplaced ones as ranges.
+    somewhere; the message lists the unplaced ones as ranges, and the hint adds each to
+    the stage of the layer before it (the first stage for leading ones), so that
+    activations still flow forward through the stages (E410).
     """, f"""
     import "clusters/dgx_a100"
     plan p {{
@@ -562,7 +572,9 @@ _entry("E406", """
     Megatron tensor parallelism gives each of tp ranks heads/tp attention heads and
     ffn/tp MLP columns, and its kernels and collectives expect equal shards on every
     rank (uneven ones would also leave the slowest rank setting the pace). The hint
-    lists the axis sizes that would work.
+    names the sizes of the axis with which the whole plan checks (every dim the axis
+    splits, the cluster, the memory) and edits the mesh to the nearest, resizing a data
+    axis so the mesh keeps its devices when it can.
     """, """
     import "clusters/dgx_a100"
     plan p {

@@ -1,7 +1,9 @@
 """Diagnostics: the one type every user-facing problem is reported as.
 
 A `Diagnostic` has a stable code (catalogued in `plandsl.codes`), a message that shows
-the numbers involved, a span, an optional hint and notes pointing at related spans.
+the numbers involved, a span, an optional hint and notes pointing at related spans. A hint
+that names one concrete change also carries it as `edits` (text replacements), so tools and
+tests can apply it: applied, the plan no longer has this problem (tests/unit/test_hints.py).
 `render` draws it the way compilers do; `PlanError` carries a list of them across the
 API boundary.
 """
@@ -22,6 +24,13 @@ class Note:
 
 
 @dataclass(frozen=True, slots=True)
+class Edit:
+    """Replace the text of `span` (its [start, end) offsets in `span.file`) by `text`."""
+    span: Span
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class Diagnostic:
     code: str
     message: str
@@ -29,6 +38,7 @@ class Diagnostic:
     hint: str | None = None
     notes: tuple[Note, ...] = ()
     grid: str | None = None  # the step x rank grid of a schedule error, pre-rendered
+    edits: tuple[Edit, ...] = ()  # the hint as replacements, when it names one concrete change
 
     @property
     def severity(self) -> str:
@@ -49,15 +59,23 @@ class Diagnostic:
             "location": where(self.span), "hint": self.hint,
             "notes": [{"message": n.message, "location": where(n.span)} for n in self.notes],
             "grid": self.grid,
+            "edits": [{"location": where(e.span), "text": e.text} for e in self.edits],
         }
 
 
 def diag(code: str, message: str, span: Span | None = None, hint: str | None = None,
-         notes: Iterable[Note] = (), grid: str | None = None) -> Diagnostic:
+         notes: Iterable[Note] = (), grid: str | None = None, edits: Iterable[Edit] = ()) -> Diagnostic:
     """Build a diagnostic; the code must be registered in `plandsl.codes`."""
     if code not in CODES:
         raise KeyError(f"unregistered diagnostic code {code}")
-    return Diagnostic(code, message, span or NO_SPAN, hint, tuple(notes), grid)
+    return Diagnostic(code, message, span or NO_SPAN, hint, tuple(notes), grid, tuple(edits))
+
+
+def apply_edits(text: str, edits: Iterable[Edit]) -> str:
+    """`text` with every edit applied (edits must not overlap; later offsets first)."""
+    for edit in sorted(edits, key=lambda e: (e.span.start, e.span.end), reverse=True):
+        text = text[:edit.span.start] + edit.text + text[edit.span.end:]
+    return text
 
 
 class PlanError(ValueError):

@@ -11,8 +11,9 @@ import bisect
 from dataclasses import dataclass
 
 from plandsl import ir
-from plandsl.diagnostics import Diagnostic, Note, describe_numbers, diag
+from plandsl.diagnostics import Diagnostic, Edit, Note, describe_numbers, diag
 from plandsl.models import Layer, layers_of
+from plandsl.source import Span
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +190,7 @@ def _explicit(plan: ir.Plan, layers: list[Layer], count: int):
     by_stage: dict[int, list[int]] = {}
     declared = 0
     index = NameIndex([layer.name for layer in layers])
+    group_of: dict[str, ir.StageGroup] = {}
     for group in stages.groups:
         declared = max(declared, max(group.stages) + 1)
         chosen: list[int] = []
@@ -208,6 +210,7 @@ def _explicit(plan: ir.Plan, layers: list[Layer], count: int):
                                          notes=[Note(f"first placed by '{first.text}'", first.span)]))
                     continue
                 owner[name] = (group.stages[0], selector)
+                group_of[name] = group
                 chosen.append(i)
         chosen.sort()
         for stage, part in zip(group.stages, split_evenly(chosen, len(group.stages))):
@@ -223,9 +226,12 @@ def _explicit(plan: ir.Plan, layers: list[Layer], count: int):
     missing = [layer.name for layer in layers if layer.name not in owner]
     unmatched = any(d.code == "E405" for d in problems)  # those layers are missing because of it
     if missing and not unmatched:
+        edits = _placing_edits(layers, group_of)
+        where = "; ".join(f"`{_stage_label(group)}: ..., {names}`" for group, names in edits)
         problems.append(diag("E402", f"{len(missing)} layer(s) are on no stage: {compress_names(missing)}", stages.span,
-                             hint=f"add them to a stage, e.g. the last: `{max(declared - 1, 0)}: ..., "
-                             f"{compress_names(missing[-3:])}`"))
+                             hint=f"add them beside their neighbours: {where}",
+                             edits=[Edit(_end_of(group.selectors[-1].span), f", {names}") for group, names in edits
+                                    if group.selectors and group.selectors[-1].span is not None]))
     empty = [stage for stage in range(declared) if not by_stage.get(stage)]
     if empty:
         shown = describe_numbers(empty)
@@ -245,6 +251,31 @@ def _explicit(plan: ir.Plan, layers: list[Layer], count: int):
     return [[layers[i] for i in order[s]] for s in range(declared)], []
 
 
+def _placing_edits(layers: list[Layer], group_of: dict[str, ir.StageGroup]) -> list[tuple[ir.StageGroup, str]]:
+    """Where each unplaced layer can go without breaking the order of the stages: the group that
+    holds the nearest placed layer before it (or after it, for leading layers)."""
+    placed = [i for i, layer in enumerate(layers) if layer.name in group_of]
+    if not placed:
+        return []
+    targets: dict[int, tuple[ir.StageGroup, list[str]]] = {}
+    for i, layer in enumerate(layers):
+        if layer.name in group_of:
+            continue
+        before = [j for j in placed if j < i]
+        group = group_of[layers[before[-1] if before else placed[0]].name]
+        targets.setdefault(id(group), (group, []))[1].append(layer.name)
+    return [(group, compress_names(names, limit=None)) for group, names in targets.values()]
+
+
+def _stage_label(group: ir.StageGroup) -> str:
+    first, last = group.stages[0], group.stages[-1]
+    return str(first) if first == last else f"{first}..{last + 1}"
+
+
+def _end_of(span: Span) -> Span:
+    return Span(span.file, span.end_line, span.end_column, span.end_line, span.end_column, span.end, span.end)
+
+
 def _stage_span(stages: ir.Stages, stage: int):
     for group in stages.groups:
         if stage in group.stages:
@@ -252,7 +283,7 @@ def _stage_span(stages: ir.Stages, stage: int):
     return stages.span
 
 
-def compress_names(names: list[str]) -> str:
+def compress_names(names: list[str], limit: int | None = 8) -> str:
     """layers.3, layers.4, layers.5, head -> layers[3:6], head."""
     out: list[str] = []
     run: list[int] = []
@@ -275,7 +306,9 @@ def compress_names(names: list[str]) -> str:
             prefix = None
             out.append(name)
     flush()
-    return ", ".join(out[:8]) + (", ..." if len(out) > 8 else "")
+    if limit is None or len(out) <= limit:
+        return ", ".join(out)
+    return ", ".join(out[:limit]) + ", ..."
 
 
 def _layer_summary(layers: list[Layer]) -> str:

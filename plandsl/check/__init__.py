@@ -8,6 +8,7 @@ is reported once, not as a cascade.
 from __future__ import annotations
 
 from plandsl import ir
+from plandsl.check.axis_sizes import suggest_axis_size
 from plandsl.check.memory import check_memory
 from plandsl.check.mesh import check_mesh
 from plandsl.check.placement import check_placement
@@ -17,7 +18,9 @@ from plandsl.check.training import check_training
 from plandsl.diagnostics import Diagnostic
 
 
-def check_plan(plan: ir.Plan) -> list[Diagnostic]:
+def check_plan(plan: ir.Plan, suggest: bool = True) -> list[Diagnostic]:
+    """Every problem of `plan`; with `suggest`, hints that offer a new value are confirmed by
+    checking the plan with that value (`plandsl.check.axis_sizes`)."""
     found: list[Diagnostic] = list(check_mesh(plan))
     mesh_ok = not any(d.is_error for d in found)
     placement = list(check_placement(plan))
@@ -28,4 +31,6 @@ def check_plan(plan: ir.Plan) -> list[Diagnostic]:
     if mesh_ok and not any(d.is_error for d in placement + training):
         found += check_schedule(plan)
         found += check_memory(plan)
+    if suggest:
+        found = [suggest_axis_size(plan, d, found) if d.code == "E406" else d for d in found]
     return found

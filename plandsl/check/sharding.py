@@ -2,6 +2,7 @@
 against the model's modules (E405, E407, E408)."""
 from __future__ import annotations
 
+import math
 from typing import Iterator
 
 from plandsl import ir
@@ -10,60 +11,102 @@ from plandsl.models import layers_of
 from plandsl.placement import NameIndex, precision
 
 
-def _divisors(n: int, limit: int = 12) -> str:
-    values = [d for d in range(1, n + 1) if n % d == 0]
-    return ", ".join(map(str, values[:limit])) + (", ..." if len(values) > limit else "")
+def divisors(n: int, up_to: int) -> list[int]:
+    """The divisors of `n` that are at most `up_to`, ascending: at most min(sqrt(n), up_to) steps."""
+    found: set[int] = set()
+    d = 1
+    while d * d <= n and d <= up_to:
+        if n % d == 0:
+            found.add(d)
+            if n // d <= up_to:
+                found.add(n // d)
+        d += 1
+    return sorted(found)
 
 
-def _axis_divides(dims: dict[str, int], axis: str, size: int, span) -> Diagnostic | None:
-    """One diagnostic for every dim an axis fails to divide (one cause, one report)."""
+def _axis_divides(dims: dict[str, int], axis: str, size: int, span, devices: int) -> Diagnostic | None:
+    """One diagnostic for every dim an axis fails to divide (one cause, one report). Its hint
+    (the sizes that divide all of `dims`) is refined by `plandsl.check.axis_sizes`."""
     failing = {name: value for name, value in dims.items() if value % size}
     if not failing:
         return None
     if len(failing) == 1:
         ((name, value),) = failing.items()
-        return _not_divisible(name, value, axis, size, span)
-    listed = ", ".join(f"{name} ({value})" for name, value in failing.items())
-    common = [d for d in range(1, min(dims.values()) + 1) if all(v % d == 0 for v in dims.values())]
-    return diag("E406", f"axis '{axis}' ({size}) divides none of {listed}", span,
-                hint=f"'{axis}' in {{{', '.join(map(str, common[:12]))}{', ...' if len(common) > 12 else ''}}} "
-                f"divides all of {', '.join(dims)}")
+        message = f"{name} ({value}) is not divisible by axis '{axis}' ({size})"
+    else:
+        message = f"axis '{axis}' ({size}) divides none of " + ", ".join(f"{n} ({v})" for n, v in failing.items())
+    common = divisors(math.gcd(*dims.values()), devices)
+    return diag("E406", message, span, hint=f"'{axis}' in {{{', '.join(map(str, common[:12]))}"
+                f"{', ...' if len(common) > 12 else ''}}} divides all of {', '.join(dims)}")
 
 
-def _not_divisible(what: str, value: int, axis: str, size: int, span) -> Diagnostic:
-    return diag("E406", f"{what} ({value}) is not divisible by axis '{axis}' ({size})", span,
-                hint=f"'{axis}' in {{{_divisors(value)}}} divides {what}")
+def _not_divisible(what: str, value: int, axis: str, size: int, span, devices: int) -> Diagnostic:
+    return _axis_divides({what: value}, axis, size, span, devices)
+
+
+def tensor_dims(plan: ir.Plan) -> dict[str, int]:
+    """Every extent the tensor-parallel axis splits, by name."""
+    model = plan.model
+    dims: dict[str, int] = {}
+    if isinstance(model, ir.TransformerModel):
+        dims = {"heads": model.heads, "kv_heads": model.kv_heads, "hidden": model.hidden,
+                "ffn_hidden": model.ffn_hidden, "vocab": model.vocab}
+        if model.kv_heads == model.heads:
+            del dims["kv_heads"]  # multi-head attention: the same figure twice
+        if plan.tensor.sequence_parallel and plan.cp > 1 and plan.seq % plan.cp == 0:
+            dims["seq / cp"] = plan.seq // plan.cp  # each context rank's share is what is split
+        elif plan.tensor.sequence_parallel:
+            dims["seq"] = plan.seq
+    elif isinstance(model, ir.MLPModel):
+        dims = {"hidden": model.hidden}
+    return dims
+
+
+def split_extents(plan: ir.Plan, axis: str) -> dict[str, int]:
+    """The extents the built-in parallelisms split over `axis` (shard rules' dims are not listed:
+    `plandsl.check.axis_sizes` confirms every size it offers by checking the whole plan)."""
+    dims: dict[str, int] = {}
+    if plan.tensor and plan.tensor.axis == axis:
+        dims.update(tensor_dims(plan))
+    if plan.context and plan.context.axis == axis:
+        dims["seq"] = plan.seq
+    experts = getattr(plan.model, "experts", 0)
+    if plan.experts and plan.experts.axis == axis and experts:
+        dims["experts"] = experts
+    return dims
+
+
+def axis_at(plan: ir.Plan, span) -> str | None:
+    """The mesh axis an E406 at `span` is about (the line of the parallelism or placement that splits)."""
+    for part in (plan.tensor, plan.context, plan.experts):
+        if part is not None and part.span == span:
+            return part.axis
+    for rule in plan.shard:
+        for param_rule in rule.params:
+            for placement in param_rule.placements:
+                if placement.span == span:
+                    return placement.axis
+    return None
 
 
 def check_sharding(plan: ir.Plan) -> Iterator[Diagnostic]:
     model = plan.model
+    devices = min(plan.cluster.num_devices, ir.MAX_MESH_DEVICES)
     if plan.tensor:
-        dims: dict[str, int] = {}
-        if isinstance(model, ir.TransformerModel):
-            dims = {"heads": model.heads, "kv_heads": model.kv_heads, "hidden": model.hidden,
-                    "ffn_hidden": model.ffn_hidden, "vocab": model.vocab}
-            if model.kv_heads == model.heads:
-                del dims["kv_heads"]  # multi-head attention: the same figure twice
-            if plan.tensor.sequence_parallel and plan.cp > 1 and plan.seq % plan.cp == 0:
-                dims["seq / cp"] = plan.seq // plan.cp  # each context rank's share is what is split
-            elif plan.tensor.sequence_parallel:
-                dims["seq"] = plan.seq
-        elif isinstance(model, ir.MLPModel):
-            dims = {"hidden": model.hidden}
-        problem = _axis_divides(dims, plan.tensor.axis, plan.tp, plan.tensor.span)
+        problem = _axis_divides(tensor_dims(plan), plan.tensor.axis, plan.tp, plan.tensor.span, devices)
         if problem:
             yield problem
     if plan.context:
         c = plan.cp
         if plan.seq % c:
-            yield _not_divisible("seq", plan.seq, plan.context.axis, c, plan.context.span)
+            yield _not_divisible("seq", plan.seq, plan.context.axis, c, plan.context.span, devices)
     if plan.experts:
         experts = getattr(model, "experts", 0)
         if not experts:
             yield diag("E411", f"expert parallel over '{plan.experts.axis}', but model '{model.name}' has no experts",
                        plan.experts.span, hint="give the model `experts=` (llama) or drop the experts line")
         elif experts % plan.ep:
-            yield _not_divisible("experts", experts, plan.experts.axis, plan.ep, plan.experts.span)
+            yield _not_divisible("experts", experts, plan.experts.axis, plan.ep, plan.experts.span, devices)
     yield from _check_rules(plan)
 
 
@@ -119,7 +162,7 @@ def _check_param_rule(plan: ir.Plan, rule: ir.ShardRule, param_rule: ir.ParamRul
             extent = param.shape[placement.dim]
             if extent % size:
                 yield _not_divisible(f"dim {placement.dim} of '{param.name}'", extent, placement.axis, size,
-                                     placement.span)
+                                     placement.span, min(plan.cluster.num_devices, ir.MAX_MESH_DEVICES))
                 break
 
 

@@ -44,11 +44,15 @@ def test_example_produces_exactly_its_code(code):
 @pytest.mark.parametrize("code", sorted(CODES))
 def test_fix_removes_the_problem(code):
     entry = ENTRIES[code]
+    assert entry.edits or entry.encoding != entry.fixed_encoding, (
+        f"catalogue entry {code} has no machine-applicable fix: after the fix sentence, pass `(old, new)` "
+        "pairs that turn the example into a plan without the problem, e.g. `_entry(\"E501\", ..., "
+        "\"Make the batch divisible.\", (\"global_batch: 30\", \"global_batch: 32\"))`")
     for old, _ in entry.edits:
         assert entry.example.count(old) == 1, f"{code}: edit {old!r} must match the example exactly once"
-    assert entry.edits or entry.encoding != entry.fixed_encoding, f"{code}: the fix changes nothing"
     analysis, rendered = run_example(entry, fixed=True)
-    assert analysis.diagnostics == [], f"{code}'s fix still has problems:\n{rendered}"
+    assert code not in [d.code for d in analysis.diagnostics], f"{code}'s fix does not remove it:\n{rendered}"
+    assert analysis.diagnostics == [], f"{code}'s fix leaves other problems:\n{rendered}"
 
 
 # ---- (c) golden renderings ---------------------------------------------------------------------

@@ -1,0 +1,149 @@
+"""Hints, followed, give a valid plan.
+
+A hint that names one concrete change carries it as `Diagnostic.edits`. For every catalogue
+example whose diagnostic has edits, applying them must leave a plan without that problem (and
+without any error); the codes in `COMPUTED` must offer such edits on their example. The catalogue's
+own fixes are applied and re-checked in tests/unit/test_diagnostics.py.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from plandsl.analysis import Analysis, analyze
+from plandsl.catalogue import ENTRIES
+from plandsl.codes import CODES
+from plandsl.diagnostics import apply_edits, render_all
+
+# Codes whose hint is computed from the plan and names one change: their catalogue example must carry
+# edits, and following them must check. (Add a code here when its hint becomes machine-applicable.)
+COMPUTED = {"E402", "E406"}
+
+
+def _analyze(path: Path, text: str) -> Analysis:
+    path.write_text(text, encoding="utf-8")
+    return analyze(str(path))
+
+
+def _follow(tmp_path: Path, text: str, code: str) -> tuple[str, Analysis]:
+    """Check `text`, apply the edits of its first `code` diagnostic, check again: (new text, analysis)."""
+    path = tmp_path / "example.plan"
+    before = _analyze(path, text)
+    (problem, *_) = [d for d in before.diagnostics if d.code == code] or [None]
+    assert problem is not None, f"expected {code}:\n{render_all(before.diagnostics, before.sources)}"
+    assert problem.edits, f"{code}'s hint has no edits: {problem.hint}"
+    assert all(edit.span.file == str(path) for edit in problem.edits)
+    fixed = apply_edits(text, problem.edits)
+    return fixed, _analyze(path, fixed)
+
+
+def _errors(analysis: Analysis) -> list[str]:
+    return [d.code for d in analysis.diagnostics if d.is_error]
+
+
+@pytest.mark.parametrize("code", sorted(CODES))
+def test_following_a_computed_hint_removes_the_problem(code, tmp_path):
+    entry = ENTRIES[code]
+    if entry.encoding != "utf-8" or code.startswith("E7"):
+        pytest.skip("not a checker diagnostic of a UTF-8 file")
+    path = tmp_path / entry.file
+    before = _analyze(path, entry.example)
+    mine = [d for d in before.diagnostics if d.code == code]
+    if code in COMPUTED:
+        assert mine and mine[0].edits, f"{code}'s hint should come with edits: {mine and mine[0].hint}"
+    for problem in mine:
+        if not problem.edits:
+            continue
+        fixed = apply_edits(entry.example, problem.edits)
+        after = _analyze(path, fixed)
+        rendered = render_all(after.diagnostics, after.sources)
+        assert code not in [d.code for d in after.diagnostics], f"following {code}'s hint:\n{fixed}\n{rendered}"
+        assert _errors(after) == [], f"following {code}'s hint ({problem.hint}) gives errors:\n{fixed}\n{rendered}"
+
+
+# ---- E402: a layer on no stage goes beside its neighbours, never out of order (E410) ---------------
+_STAGED = """\
+import "clusters/dgx_a100"
+plan p {{
+  model   = gpt(layers=6, hidden=256, heads=8, seq=128, vocab=1024)
+  cluster = dgx_a100 x 1
+  mesh    = [dp = 2, pp = 4]
+  train   = {{ global_batch: 16, micro_batch: 1 }}
+  stages {{
+{groups}
+  }}
+}}
+"""
+
+
+@pytest.mark.parametrize("groups", [
+    "    0: layers[0:2]\n    1: layers[2:3]\n    2: layers[3:5]\n    3: layers.5, norm, head",  # embed first
+    "    0: embed, layers[0:2]\n    1: layers[3:4]\n    2: layers[4:5]\n    3: layers.5, norm",  # middle + head
+    "    0: embed, layers.0\n    1..3: layers[1:5]\n    3: layers.5, head",                      # norm, 2-stage group
+    "    0: embed, layers.0\n    1..3: layers[2:4]\n    3: norm, head",                          # around a group
+], ids=["first", "middle_and_last", "before_head", "around_a_group"])
+def test_following_e402_places_every_layer_in_order(groups, tmp_path):
+    fixed, after = _follow(tmp_path, _STAGED.format(groups=groups), "E402")
+    assert _errors(after) == [], f"{fixed}\n{render_all(after.diagnostics, after.sources)}"
+
+
+# ---- E406: every size offered checks, whatever else the axis splits -------------------------------
+_TENSOR = """\
+import "clusters/dgx_a100"
+plan p {{
+  model   = {model}
+  cluster = dgx_a100 x {nodes}
+  mesh    = [{mesh}]
+  train   = {{ global_batch: 64, micro_batch: 1, seq: {seq} }}
+  {lines}
+}}
+"""
+_E406 = {
+    # heads 12 allows 3 and 6; hidden, ffn and vocab (1024) forbid them
+    "heads_vs_vocab": dict(model="gpt(layers=4, hidden=384, heads=12, seq=128, vocab=1024)", mesh="dp = 1, tp = 8",
+                           lines="tensor = megatron over tp"),
+    # kv_heads 2 forbids 4 although heads 8 allows it
+    "kv_heads": dict(model="llama(layers=4, hidden=256, heads=8, kv_heads=2, seq=128, vocab=1024)",
+                     mesh="dp = 2, tp = 4", lines="tensor = megatron over tp", bad="kv_heads"),
+    # sequence parallelism splits seq (72) too: 16 divides the heads, not 72
+    "sequence_parallel": dict(model="gpt(layers=4, hidden=256, heads=16, seq=96, vocab=1024)", mesh="dp = 1, tp = 16",
+                              lines="tensor = megatron over tp with sequence_parallel", seq=72, nodes=2),
+    # context axis: seq 96 over cp 64 (no data axis to absorb the change)
+    "context": dict(model="gpt(layers=4, hidden=256, heads=8, seq=96, vocab=1024)", mesh="cp = 64",
+                    lines="context = allgather over cp", seq=96, nodes=8),
+    # experts over ep: 6 experts over ep 4
+    "experts": dict(model="llama(layers=4, hidden=256, heads=8, kv_heads=8, seq=128, vocab=1024, experts=6)",
+                    mesh="ep = 4, tp = 2", lines="experts = alltoall over ep\n  tensor = megatron over tp"),
+    # the only sizes dividing the dims do not fit the cluster's memory or size: whatever is offered checks
+    "one_node": dict(model="gpt(layers=4, hidden=480, heads=15, seq=128, vocab=1000)", mesh="tp = 8",
+                     lines="tensor = megatron over tp"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_E406))
+def test_every_e406_size_offered_checks(case, tmp_path):
+    spec = dict(nodes=1, seq=128) | _E406[case]
+    spec.pop("bad", None)
+    text = _TENSOR.format(**spec)
+    path = tmp_path / "example.plan"
+    before = _analyze(path, text)
+    (problem,) = [d for d in before.diagnostics if d.code == "E406"]
+    assert problem.edits, problem.hint
+    fixed, after = _follow(tmp_path, text, "E406")
+    assert _errors(after) == [], f"{problem.hint}\n{fixed}\n{render_all(after.diagnostics, after.sources)}"
+    axis = problem.edits[0].text.split(" = ")[0]
+    others = re.search(r"other sizes that check: ([\d, ]+)", problem.hint)
+    for size in (others.group(1).split(", ") if others else ()):
+        resized = re.sub(rf"\b{axis} = \d+", f"{axis} = {size}", text, count=1)
+        resized = resized.replace("mesh    = [", "mesh    = [", 1)
+        again = _analyze(path, resized)
+        assert "E406" not in _errors(again), f"'{axis}' = {size} was offered: {problem.hint}"
+
+
+def test_e406_lists_only_sizes_every_dim_allows():
+    text = _TENSOR.format(nodes=1, seq=128, **_E406["heads_vs_vocab"])
+    (problem,) = analyze("h.plan", text=text).diagnostics
+    assert problem.hint.startswith("set 'tp' to 4 and 'dp' to 2"), problem.hint
+    assert " 3" not in problem.hint and " 6" not in problem.hint and "12," not in problem.hint.split(":")[-1]
