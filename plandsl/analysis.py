@@ -35,9 +35,9 @@ class Analysis:
 
 
 def analyze(path: str | None = None, text: str | None = None, params: dict[str, Any] | None = None,
-            search_path: tuple[Path, ...] = (), check: bool = True) -> Analysis:
+            search_path: tuple[Path, ...] | None = None, check: bool = True) -> Analysis:
     """Load `path` (or `text`), resolve imports and parameters, lower and check every plan."""
-    loader = Loader(search_path=search_path)
+    loader = Loader() if search_path is None else Loader(search_path=search_path)
     root = loader.load_text(text, path or "<string>") if text is not None else loader.load_file(path)
     diagnostics = list(loader.diagnostics)
     if root is None or root.syntax is None or diagnostics:

@@ -21,8 +21,9 @@ def parse(text: str, path: str = "<string>") -> Module:
 
 
 def parse_file(path: str | Path) -> Module:
-    from plandsl.parser import decode, parse_source
-    return parse_source(decode(str(path), Path(path).read_bytes()))
+    from plandsl.loader import read_source
+    from plandsl.parser import parse_source
+    return parse_source(read_source(path))
 
 
 def check(path: str | Path, params: dict[str, Any] | None = None) -> Analysis:

@@ -38,6 +38,7 @@ class Entry:
     encoding: str = "utf-8"                    # how the example is saved (E105: latin-1)
     fixed_encoding: str = "utf-8"
     on_cuda: bool = False                      # E7xx: refused on a machine with CUDA (the example's rendering)
+    folders: tuple[str, ...] = ()              # folders next to the example (E107: one named like a plan)
 
     @property
     def fixed(self) -> str:
@@ -145,10 +146,11 @@ _entry("E105", """
     """, "Save the file as UTF-8 (the text itself is fine).", encoding="latin-1")
 
 _entry("E106", """
-    The file is larger than a plan can reasonably be (2 MB), or its brackets (all
-    kinds counted together) nest more than 64 deep. Both guard the parser and evaluator against generated or hostile
-    input; a real plan never comes close, so this usually means the wrong file or a
-    generator gone wrong.
+    The file is larger than a plan can reasonably be (2 MB; only that much is read), its brackets
+    (all kinds counted together) nest more than 64 deep, or its imports nest more than 64 deep
+    or load more than 256 files (8 MB together). All guard the parser and evaluator against
+    generated or hostile input; a real plan never comes close, so this usually means the wrong
+    file or a generator gone wrong.
     """, f"""
     import "clusters/dgx_a100"
     plan p {{
@@ -158,6 +160,40 @@ _entry("E106", """
       train   = {{ global_batch: {_DEEP}, micro_batch: 1 }}
     }}
     """, "Drop the redundant brackets, or split a deep expression into `let` definitions.", (_DEEP, "16"))
+
+_entry("E107", """
+    A file plandsl was asked to read (a plan, an import, a schedule CSV, a token file) is a
+    directory, a device, a FIFO or a socket. Only regular files are read: a device such as
+    `/dev/zero` never ends and a FIFO may never answer, so they are refused from what the
+    file system says they are, before a byte is read. Here the import names a folder that
+    happens to be called `shared.plan`.
+    """, f"""
+    import "clusters/dgx_a100"
+    import "shared"
+    plan p {{
+      model   = {_GPT}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 2, pp = 2, tp = 2]
+      train   = {{ global_batch: 16, micro_batch: 1 }}
+    }}
+    """, "Import a plan file (a folder's files are imported one by one: `import \"shared/models\"`).",
+    ('import "shared"\n', ""), folders=("shared.plan",))
+
+_entry("E109", """
+    The file exists but the system refuses to read it: permission denied, a path longer
+    than the file system allows (255 bytes a name on Linux), a loop of symbolic links. The
+    system's reason is given; nothing of the file is shown.
+    """, f"""
+    import "clusters/dgx_a100"
+    import "{"models_" * 40}"
+    plan p {{
+      model   = {_GPT}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 2, pp = 2, tp = 2]
+      train   = {{ global_batch: 16, micro_batch: 1 }}
+    }}
+    """, "Name a file the system can read (here a name of at most 255 bytes).",
+    (f'import "{"models_" * 40}"\n', ""))
 
 # ---- E2xx: names, types, units, imports ----------------------------------------------------
 _entry("E201", """
@@ -290,6 +326,26 @@ _entry("E208", """
       train   = {{ global_batch: 16, micro_batch: 1 }}
     }}
     """, "Import a file that exists (or create it next to this one).", ("cluster/", "clusters/"))
+
+_entry("E214", """
+    Imports read `.plan` files from three places only: the folder of the file named on the
+    command line and the folders below it, the standard library, and folders named with
+    `--include DIR` (repeatable) or the `PLANDSL_PATH` environment variable (folders separated
+    by `:`). A name that leaves them (`../`, an absolute path) or a symbolic link that leads
+    out of them is refused before anything is read, so a plan cannot make plandsl read (and
+    quote in a message) a file such as `/etc/shadow` or `/proc/self/environ`.
+    """, f"""
+    import "clusters/dgx_a100"
+    import "../shared/models"
+    plan p {{
+      model   = {_GPT}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 2, pp = 2, tp = 2]
+      train   = {{ global_batch: 16, micro_batch: 1 }}
+    }}
+    """, "Name the folder on the command line (`plandsl check example.plan --include ../shared`) and "
+    "import the file by its name there, or copy it next to the plan.",
+    ('import "../shared/models"\n', ""))
 
 _entry("E209", """
     Files import each other in a circle (here a file imports itself), so neither can

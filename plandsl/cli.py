@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
 import sys
 
 import click
@@ -37,6 +38,45 @@ param_option = click.option("--param", "params", multiple=True, metavar="KEY=VAL
                             help="Set a `param` of the file (repeatable).")
 
 
+def _include(ctx, param, values):
+    if values:
+        from plandsl.loader import include
+        ctx.with_resource(include(values))  # for this command only
+    return values
+
+
+include_option = click.option("--include", multiple=True, metavar="DIR", expose_value=False, callback=_include,
+                              type=click.Path(exists=True, file_okay=False), is_eager=True,
+                              help="Imports may also come from DIR (repeatable; also PLANDSL_PATH).")
+
+
+def _writable_file(ctx, param, value):
+    """An output file: refused before any work starts when it cannot be written (exit 2, the option named)."""
+    from plandsl.files import writable_file
+    reason = writable_file(value) if value else None
+    if reason:
+        raise click.BadParameter(f"cannot write '{value}': {reason}")
+    return value
+
+
+def _writable_dir(ctx, param, value):
+    from plandsl.files import writable_dir
+    reason = writable_dir(value) if value else None
+    if reason:
+        raise click.BadParameter(f"cannot write into '{value}': {reason}")
+    return value
+
+
+def _write(path: str, data: bytes | str) -> None:
+    """Write an output file; a failure the checks before the work could not see is exit 1, not a traceback."""
+    try:
+        with open(path, "wb") as handle:
+            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+    except OSError as error:
+        click.echo(f"{path}: error: cannot write: {error.strerror or error}", err=True)
+        sys.exit(1)
+
+
 def _print_diagnostics(analysis, output_format: str) -> None:
     from plandsl.diagnostics import render_all, to_json_lines
     if not analysis.diagnostics:
@@ -57,10 +97,11 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=click.Path())
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
               help="json: one object per diagnostic, one per line.")
 @param_option
+@include_option
 def check(files, output_format, params):
     """Check plan FILES; exit 1 if any has an error."""
     from plandsl import api
@@ -80,6 +121,7 @@ def check(files, output_format, params):
 @click.option("--json", "as_json", is_flag=True, help="Print the resolved IR as JSON.")
 @click.option("--plan", "plan_name", help="Only this plan of the file.")
 @param_option
+@include_option
 def show(file, as_json, plan_name, params):
     """Show the resolved plan (imports and parameters applied)."""
     from plandsl import api
@@ -130,18 +172,24 @@ def explain(code):
 
 
 @main.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("files", nargs=-1, required=True, type=click.Path(allow_dash=True))
 @click.option("--check", "check_only", is_flag=True, help="Change nothing; exit 1 if a file would change.")
 def fmt(files, check_only):
     """Rewrite plan FILES in canonical layout (comments kept); `-` reads stdin."""
-    from pathlib import Path
     from plandsl import api
     from plandsl.diagnostics import PlanError
+    from plandsl.files import FileProblem, read_bounded, read_stdin
+    from plandsl.parser import MAX_BYTES
     would_change = failed = False
     for file in files:
-        data = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
         try:
+            data = read_stdin(sys.stdin.buffer, MAX_BYTES) if file == "-" else read_bounded(file, MAX_BYTES,
+                                                                                             "plan file")
             formatted = api.format_bytes(data, "<stdin>" if file == "-" else file)
+        except FileProblem as problem:
+            click.echo(PlanError([problem.diagnostic()]), err=True)
+            failed = True
+            continue
         except PlanError as error:
             click.echo(str(error), err=True)
             failed = True
@@ -153,7 +201,7 @@ def fmt(files, check_only):
             if check_only:
                 click.echo(f"{file}: would reformat")
             else:
-                Path(file).write_text(formatted, encoding="utf-8")
+                _write(file, formatted)
                 click.echo(f"{file}: reformatted")
     sys.exit(1 if failed or (check_only and would_change) else 0)
 
@@ -168,7 +216,9 @@ def fmt(files, check_only):
 @click.option("--simulate", "run_simulation", is_flag=True, help="Simulate it with --costs instead.")
 @click.option("--costs", help="Seconds per action, e.g. F=1,B=2 or F=1,I=1,W=1,P2P=0.1.")
 @click.option("--json", "as_json", is_flag=True, help="With --simulate: the figures as JSON.")
-@click.option("--trace", type=click.Path(dir_okay=False), help="With --simulate: write a Chrome/Perfetto trace.")
+@click.option("--trace", type=click.Path(dir_okay=False), callback=_writable_file,
+              help="With --simulate: write a Chrome/Perfetto trace.")
+@include_option
 def schedule(name, ranks, microbatches, virtual, output_format, run_simulation, costs, as_json, trace):
     """Print schedule NAME (a built-in, FILE.csv or FILE.plan:NAME) for the given sizes."""
     from plandsl.diagnostics import PlanError
@@ -190,8 +240,10 @@ def schedule(name, ranks, microbatches, virtual, output_format, run_simulation, 
 @click.option("--plan", "plan_name", help="The plan of the file to simulate.")
 @click.option("--costs", help="Seconds per action instead of the plan's cost model, e.g. F=1,B=2,P2P=0.1.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-@click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome/Perfetto trace with real durations.")
+@click.option("--trace", type=click.Path(dir_okay=False), callback=_writable_file,
+              help="Write a Chrome/Perfetto trace with real durations.")
 @param_option
+@include_option
 def simulate(file, plan_name, costs, as_json, trace, params):
     """Simulate the pipeline schedule of a plan: makespan, bubbles, memory per rank."""
     from plandsl import api
@@ -216,11 +268,27 @@ def _emit_simulation(found, simulation, as_json, trace, memory_in_bytes, unit=""
     from plandsl.schedules.simulate import to_chrome_trace
     from plandsl.simulation import report
     if trace:
-        with open(trace, "w", encoding="utf-8") as handle:
-            json.dump(to_chrome_trace(simulation), handle)
+        _write(trace, json.dumps(to_chrome_trace(simulation)))
     click.echo(json.dumps(simulation.to_json(), indent=1) if as_json else report(found, simulation, unit, memory_in_bytes))
     if simulation.deadlock is not None:
         sys.exit(1)
+
+
+def _token_file(ctx, param, value):
+    from plandsl.files import FileProblem, check_regular
+    if value:
+        try:
+            check_regular(value, "token file")
+        except FileProblem as problem:
+            raise click.BadParameter(problem.message) from None
+    return value
+
+
+def _endpoint_problem(endpoint: str) -> str | None:
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return "expected HOST:PORT with a port from 1 to 65535"
+    return None
 
 
 def _fail(error) -> None:
@@ -238,16 +306,19 @@ def _fail(error) -> None:
 @click.option("--rdzv-endpoint", metavar="HOST:PORT", help="Node 0's address, with several nodes.")
 @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
               help="The step to stop at, counted from the start of training (also with --resume).")
-@click.option("--metrics", type=click.Path(dir_okay=False), help="Write one JSON object per step here.")
+@click.option("--metrics", type=click.Path(dir_okay=False), callback=_writable_file,
+              help="Write one JSON object per step here.")
 @click.option("--check-equivalence", is_flag=True, help="Compare losses and parameters with one process.")
-@click.option("--data", type=click.Path(exists=True, dir_okay=False), help="A uint16 token file (nanoGPT .bin).")
-@click.option("--checkpoint-dir", type=click.Path(file_okay=False),
+@click.option("--data", type=click.Path(exists=True, dir_okay=False), callback=_token_file,
+              help="A uint16 token file (nanoGPT .bin).")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False), callback=_writable_dir,
               help="Write checkpoints here (step-NNNNNN directories), always after the last step.")
 @click.option("--checkpoint-every", type=click.IntRange(min=1), metavar="K", help="A checkpoint every K steps.")
 @click.option("--resume", is_flag=True, help="Continue from the latest checkpoint in --checkpoint-dir.")
 @click.option("--dry-run", is_flag=True, help="Build every rank on the meta device; print its parameters, memory and "
                                                   "the torchrun command; start nothing.")
 @param_option
+@include_option
 def run_command(file, plan_name, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps, metrics,
                 check_equivalence, data, checkpoint_dir, checkpoint_every, resume, dry_run, params):
     """Check plan FILE, then train it on torch.distributed (one process per device of its mesh)."""
@@ -255,12 +326,23 @@ def run_command(file, plan_name, nproc_per_node, nnodes, node_rank, rdzv_endpoin
     from plandsl.diagnostics import PlanError
     from plandsl.runtime import launch
     overrides = _params(params)
+    if node_rank >= nnodes:
+        raise click.BadParameter(f"{node_rank} is not below --nnodes ({nnodes}): nodes are numbered 0 to "
+                                 f"{nnodes - 1}", param_hint="--node-rank")
+    if rdzv_endpoint is not None and _endpoint_problem(rdzv_endpoint):
+        raise click.BadParameter(f"'{rdzv_endpoint}': {_endpoint_problem(rdzv_endpoint)}",
+                                 param_hint="--rdzv-endpoint")
     try:
         plan = api.load_runnable(file, plan_name, overrides)  # checked, and runnable (E7xx otherwise)
     except PlanError as error:
         _fail(error)
     options = launch.LaunchOptions(nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps, metrics,
                                    check_equivalence, data, checkpoint_dir, checkpoint_every, resume)
+    if data:
+        from plandsl.runtime.data import token_file_problem
+        problem = token_file_problem(data, plan)
+        if problem:
+            raise click.BadParameter(problem, param_hint="--data")
     try:
         args = launch.torchrun_args(plan, file, plan_name, overrides, options)
         if not dry_run:  # a dry run builds the ranks here and starts nothing
@@ -288,8 +370,10 @@ def run_command(file, plan_name, nproc_per_node, nnodes, node_rank, rdzv_endpoin
               help="At most this many processes (devices of the scaled-down mesh; localhost has 8).")
 @click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]),
               help="Train in this precision instead of the plan's (fp32: equivalence holds to 1e-5).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the plan here (default: print it).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=_writable_file,
+              help="Write the plan here (default: print it).")
 @param_option
+@include_option
 def shrink(file, plan_name, ranks, precision, output, params):
     """Scale plan FILE down to one machine: the same layout on at most --ranks CPU processes, a tiny model.
 
@@ -308,16 +392,12 @@ def shrink(file, plan_name, ranks, precision, output, params):
     if not output:
         click.echo(shrunk.text, nl=False)
         return
-    try:
-        with open(output, "w", encoding="utf-8") as handle:
-            handle.write(shrunk.text)
-    except OSError as error:
-        click.echo(f"{output}: error: cannot write: {error.strerror or error}", err=True)
-        sys.exit(1)
+    _write(output, shrunk.text)
     click.echo(f"wrote {output}: plan '{shrunk.plan.name}' on {shrunk.ranks} process(es)", err=True)
     for line in shrunk.changes:
         click.echo(f"  {line}", err=True)
-    click.echo(f"run it: plandsl run {output} --check-equivalence", err=True)
+    folders = "".join(f" --include {shlex.quote(folder)}" for folder in shrunk.include)
+    click.echo(f"run it: plandsl run {shlex.quote(output)}{folders} --check-equivalence", err=True)
 
 
 @main.command("render")
@@ -325,11 +405,13 @@ def shrink(file, plan_name, ranks, precision, output, params):
 @click.option("--plan", "plan_name", help="The plan of the file to render.")
 @click.option("--view", type=click.Choice(["mesh", "placement", "schedule", "memory", "all"]), default="all",
               show_default=True, help="What to draw; all: every view on one HTML page.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write here (.dot .svg .png .pdf .html).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=_writable_file,
+              help="Write here (.dot .svg .png .pdf .html).")
 @click.option("--format", "output_format", type=click.Choice(["dot", "svg", "png", "pdf", "html"]),
               help="Default: from -o's suffix; DOT text (HTML for --view all) without -o.")
 @click.option("--color-by", metavar="AXIS", help="Mesh view: colour devices by this mesh axis.")
 @param_option
+@include_option
 def render_command(file, plan_name, view, output, output_format, color_by, params):
     """Draw a plan with graphviz: its mesh, placement, schedule or memory, or all on one HTML page."""
     from plandsl import api
@@ -355,8 +437,7 @@ def render_command(file, plan_name, view, output, output_format, color_by, param
         click.echo(f"{file}: error: {error}", err=True)
         sys.exit(1)
     if output:
-        with open(output, "wb") as handle:
-            handle.write(data)
+        _write(output, data)
     else:
         sys.stdout.buffer.write(data)
 
@@ -365,6 +446,7 @@ def render_command(file, plan_name, view, output, output_format, color_by, param
 @click.option("--plan", "plan_name", help="The plan of the file to estimate.")
 @click.option("--json", "as_json", is_flag=True, help="Print the breakdown as JSON.")
 @param_option
+@include_option
 def estimate(file, plan_name, as_json, params):
     """Predict a plan's step time, throughput and memory per device (docs/cost-model.md)."""
     from plandsl import api
@@ -391,8 +473,10 @@ def estimate(file, plan_name, as_json, params):
               help="Fix a choice: dp, tp, pp, cp, ep, micro_batch_size, num_microbatches, schedule, "
                    "virtual_stages, zero_stage, recompute, order, tp_across_nodes (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help='Print {"candidates": [...]}, best first.')
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the best plan to this file.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=_writable_file,
+              help="Write the best plan to this file.")
 @param_option
+@include_option
 def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_name, top, pins, as_json, output,
              params):
     """Search the fastest plans for MODEL on CLUSTER under the cost model and write the best.
@@ -437,8 +521,7 @@ def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_n
             bar.__exit__(None, None, None)
     texts = [write(s) for s in result.candidates]
     if output:
-        with open(output, "w", encoding="utf-8") as handle:
-            handle.write(texts[0])
+        _write(output, texts[0])
     if as_json:
         click.echo(json.dumps({"candidates": [candidate_json(s, t) for s, t in zip(result.candidates, texts)]},
                               indent=1))

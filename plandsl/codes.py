@@ -15,6 +15,8 @@ CODES: dict[str, str] = {
     "E104": "invalid character",
     "E105": "file is not UTF-8 text",
     "E106": "input too large or too deeply nested",
+    "E107": "not a regular file",
+    "E109": "file cannot be read",
     # E2xx: names, types, units, imports
     "E201": "unknown name",
     "E202": "duplicate definition",
@@ -29,6 +31,7 @@ CODES: dict[str, str] = {
     "E211": "bad arithmetic",
     "E212": "unknown model family or argument",
     "E213": "duplicate attribute",
+    "E214": "import outside the search path",
     # E3xx: clusters and meshes
     "E301": "mesh needs more devices than the cluster has",
     "E302": "unknown mesh axis",

@@ -20,6 +20,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("plan", help="the .plan file")
     parser.add_argument("--plan", dest="plan_name", help="which plan of the file (default: its only one)")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="set a `param` of the file")
+    parser.add_argument("--include", action="append", default=[], metavar="DIR",
+                        help="imports may also come from DIR (as `plandsl run --include`)")
     parser.add_argument("--steps", type=_positive, default=10,
                         help="the step to stop at, counted from the start of training (default 10)")
     parser.add_argument("--metrics", help="write one JSON object per step to this file (rank 0)")
@@ -50,8 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints a hung rank's stacks
     from plandsl import api
     from plandsl.diagnostics import PlanError
+    from plandsl.loader import include
     try:
-        plan = api.load_runnable(args.plan, args.plan_name, _params(args.param))  # E7xx: refused
+        with include(args.include):
+            plan = api.load_runnable(args.plan, args.plan_name, _params(args.param))  # E7xx: refused
     except PlanError as error:
         print(error, file=sys.stderr)
         return 1

@@ -54,11 +54,12 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
     """`params`: values for the file's `param`s (`--param`); the completed plan writes the values they give."""
     from plandsl import api
     from plandsl.diagnostics import PlanError
+    from plandsl.loader import read_source
     path = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise SearchError(f"cannot read --from {path}: {error}") from None
+        text = read_source(path).text  # bounded; BOM dropped, as parse() below drops it
+    except PlanError as error:
+        raise SearchError(f"--from: {error}") from None
     try:
         module = api.parse(text, path)
     except PlanError as error:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from plandsl import ir, syntax
-from plandsl.loader import Loader, stdlib_root
+from plandsl.loader import Loader, include, read_source, stdlib_root
 
 HEAD_DIM = 16      # the tiny model's width per attention head
 SEQ = 32           # its sequence length, at least (4 tokens per context x tensor rank)
@@ -55,6 +55,7 @@ class Shrunk:
     plan: ir.Plan          # the scaled-down plan, checked
     original: ir.Plan
     changes: tuple[str, ...]  # one line per size that changed, as the header comment says
+    include: tuple[str, ...] = ()  # folders outside the written file's tree that its imports read (--include)
 
     @property
     def ranks(self) -> int:
@@ -72,7 +73,7 @@ def shrink(path: str | Path, name: str | None = None, params: dict[str, Any] | N
         raise ShrinkError(f"--ranks must be 1 to {MAX_RANKS} (the devices of one `{CLUSTER}` node), got {ranks}")
     path = str(path)
     original = select_plan(api.load(path, params), name)
-    text = Path(path).read_text(encoding="utf-8-sig")  # the offsets of parse(text) below
+    text = read_source(path).text  # read again, bounded, BOM dropped: the offsets of parse(text) below
     module = api.parse(text, path)
     definition = _plan_definition(module, original.name, path)
 
@@ -130,13 +131,15 @@ def shrink(path: str | Path, name: str | None = None, params: dict[str, Any] | N
     except ValueError as error:  # PlanError: the splice broke the text (a bug here, not the user's)
         raise ShrinkError(f"the scaled-down plan does not parse: {error}") from None
     where = str(Path(out_dir or os.getcwd()) / "<shrunk>.plan")
-    analysis = api.checks(shrunk_text, params, path=where)
+    folders = _outside_folders(path, module, out_dir)
+    with include(folders):
+        analysis = api.checks(shrunk_text, params, path=where)
     if not analysis.ok or analysis.document is None:
         from plandsl.diagnostics import render_all
         raise ShrinkError(f"plan '{original.name}' scaled down to {total} processes does not check:\n"
                           + render_all(analysis.errors, analysis.sources)
                           + "\n(the text it would write, to finish by hand:)\n" + shrunk_text)
-    return Shrunk(shrunk_text, select_plan(analysis.document, original.name), original, tuple(changes))
+    return Shrunk(shrunk_text, select_plan(analysis.document, original.name), original, tuple(changes), folders)
 
 
 # ---- the mesh ----------------------------------------------------------------------------------------------
@@ -326,6 +329,22 @@ def _import_from(importer: str, name: str, out_dir: str | Path | None) -> str:
     if found.is_relative_to(root):  # `import "tiny"` next to a stdlib plan: its stdlib name resolves anywhere
         return found.relative_to(root).with_suffix("").as_posix()
     return os.path.relpath(found, Path(out_dir or os.getcwd()).resolve())
+
+
+def _outside_folders(importer: str, module: syntax.Module, out_dir: str | Path | None) -> tuple[str, ...]:
+    """The folders of the plan's own imports that are not below `out_dir` (nor in the standard library):
+    the written plan reads them only when they are named with `--include`."""
+    base = Path(out_dir or os.getcwd()).resolve()
+    folders = []
+    for item in module.items:
+        if isinstance(item, syntax.Import):
+            found = Loader().resolve(importer, item.path)
+            if found is None:
+                continue
+            found = Path(found).resolve()
+            if not found.is_relative_to(base) and not found.is_relative_to(stdlib_root().resolve()):
+                folders.append(str(found.parent))
+    return tuple(dict.fromkeys(folders))
 
 
 def _literal(value: Any) -> str:

@@ -51,6 +51,8 @@ def run_example(entry: Entry, fixed: bool = False) -> tuple[Analysis, str]:
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / entry.file
         path.write_bytes(text.encode(encoding))
+        for folder in entry.folders:
+            (Path(directory) / folder).mkdir()
         analysis = analyze(str(path))
         if entry.stage == "E7" and analysis.ok and analysis.document is not None:
             for plan in analysis.document.plans:  # what `plandsl run` adds (api.load_runnable)
@@ -68,8 +70,9 @@ def _code(text: str, language: str = "") -> list[str]:
 def _section(entry: Entry) -> list[str]:
     _, rendered = run_example(entry)
     saved = f" (saved as {entry.encoding})" if entry.encoding != "utf-8" else ""
+    beside = f" (beside it, `{'`, `'.join(entry.folders)}` is a folder)" if entry.folders else ""
     lines = [f"### {entry.code}: {entry.title}", "", entry.explanation, "",
-             f"Example, `{entry.file}`{saved}:", ""]
+             f"Example, `{entry.file}`{saved}{beside}:", ""]
     command = "plandsl run" if entry.stage == "E7" else "plandsl check"
     where = " on a machine with CUDA" if entry.on_cuda else ""
     lines += _code(entry.example, "plan") + ["", f"`{command}`{where} reports:", ""]

@@ -26,10 +26,12 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from plandsl import ir
+from plandsl.files import read_bounded
 from plandsl.runtime.zero import Zero1Optimizer
 
 RECORD = "plandsl.json"   # written last, by rank 0, inside the still-temporary directory
 FORMAT = 1
+RECORD_LIMIT = 1 << 20  # the record is a few hundred bytes of JSON; a larger one is not ours
 _STEP_DIR = re.compile(r"step-(\d+)")
 # Optimizer state keyed `state.<fqn>.exp_avg`, `param_groups.<fqn>.lr`: ranks holding different
 # parameters (pipeline stages, ZeRO-1 partitions) then write disjoint keys (torchtitan's choice).
@@ -261,8 +263,8 @@ def _pick(directory: str | Path) -> tuple[Path | None, dict | None]:
         path = latest(directory)
         if path is not None:
             try:
-                chosen = [str(path), json.loads((path / RECORD).read_text(encoding="utf-8"))]
-            except (OSError, ValueError) as error:
+                chosen = [str(path), json.loads(read_bounded(path / RECORD, RECORD_LIMIT, "checkpoint record"))]
+            except (OSError, ValueError) as error:  # FileProblem is a ValueError
                 chosen = [str(path), {"error": f"{path / RECORD}: {error}"}]
     dist.broadcast_object_list(chosen, src=0)
     path, record = chosen

@@ -24,12 +24,12 @@ class Batches:
         self.plan = plan
         self.size = plan.train.global_batch
         self.seq = plan.seq
-        self.tokens = np.memmap(token_file, dtype=np.uint16, mode="r") if token_file else None
-        if self.tokens is not None and len(self.tokens) <= self.seq + 1:
-            raise ValueError(f"{token_file}: {len(self.tokens)} tokens, fewer than seq + 1 ({self.seq + 1})")
-        vocab = getattr(plan.model, "vocab", None)
-        if self.tokens is not None and vocab is not None and int(self.tokens.max()) >= vocab:
-            raise ValueError(f"{token_file}: token id {int(self.tokens.max())} is outside the model's vocab ({vocab})")
+        self.tokens = None
+        if token_file:
+            problem = token_file_problem(token_file, plan)
+            if problem:
+                raise ValueError(f"{token_file}: {problem}")
+            self.tokens = np.memmap(token_file, dtype=np.uint16, mode="r")
         self.custom = model if isinstance(plan.model, ir.CustomModel) else None
 
     def _generator(self, step: int) -> torch.Generator:
@@ -62,6 +62,32 @@ class Batches:
         if columns is None:
             return inputs[rows], targets[rows]
         return inputs[rows][:, columns], targets[rows][:, columns]
+
+
+def token_file_problem(token_file: str | Path, plan: ir.Plan) -> str | None:
+    """Why `plan` cannot train on `token_file`, or None: it must be a regular file (checked first, so a
+    device or FIFO is never mapped) of more than seq + 1 uint16 tokens, each below the model's vocab
+    (read through a memory map in bounded chunks: constant memory whatever its size)."""
+    from plandsl.files import FileProblem, check_regular
+    try:
+        size = check_regular(token_file, "token file").st_size
+    except FileProblem as problem:
+        return problem.message
+    count = size // 2
+    if count <= plan.seq + 1:
+        return f"{count} tokens, fewer than seq + 2 ({plan.seq + 2}): a sequence and its next token"
+    vocab = getattr(plan.model, "vocab", None)
+    if vocab is None or vocab > 2**16:
+        return None
+    tokens = np.memmap(token_file, dtype=np.uint16, mode="r", shape=(count,))
+    for start in range(0, count, _SCAN):
+        largest = int(tokens[start:start + _SCAN].max())
+        if largest >= vocab:
+            return f"token id {largest} is outside the model's vocab ({vocab})"
+    return None
+
+
+_SCAN = 1 << 24  # tokens per chunk of the vocab check (32 MiB)
 
 
 def synthetic_tokens(rows: int, length: int, vocab: int, generator: torch.Generator) -> torch.Tensor:

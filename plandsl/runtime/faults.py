@@ -20,8 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from plandsl.files import read_bounded
+
 DIR_ENV = "PLANDSL_FAULT_DIR"
 INJECT_ENV = "PLANDSL_FAULT_INJECT"
+_RECORD_LIMIT = 1 << 20  # a rank's JSON report: its error message and position, far below this
 _SIZE = 64  # the progress file: step [0:12], action [12:28], phase [28:60], done flag [60]
 _STEP, _ACTION, _PHASE, _DONE = slice(0, 12), slice(12, 28), slice(28, 60), slice(60, 61)
 _KIND_PHASE = {"F": "forward", "B": "backward", "I": "backward", "W": "backward"}
@@ -240,7 +243,7 @@ def read_records(directory: str | Path) -> dict[int, RankRecord]:
     directory = Path(directory)
     for path in sorted(directory.glob("rank*.progress")):
         try:
-            data = path.read_bytes()[:_SIZE].decode(errors="replace")
+            data = read_bounded(path, _SIZE, "progress file").decode(errors="replace")
             rank = int(path.stem[4:])
             step = int(data[_STEP].strip() or 0)
         except (OSError, ValueError):
@@ -249,10 +252,10 @@ def read_records(directory: str | Path) -> dict[int, RankRecord]:
                                    data[_PHASE].strip())
     for path in sorted(directory.glob("rank*.json")):
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(read_bounded(path, _RECORD_LIMIT, "rank record"))
             records[data["rank"]] = RankRecord(data["rank"], data["step"], data["action"], data["done"],
                                                data["phase"], data["error"], data["time"])
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError):  # FileProblem is a ValueError
             continue
     return records
 

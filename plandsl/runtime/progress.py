@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import sys
 from pathlib import Path
 from typing import TextIO
 
 BAR_WIDTH = 24
+_LINE = 1 << 16  # a metrics line is ~200 bytes; a longer one is read in pieces and dropped
 _CLEAR = "\r\x1b[K"  # back to the start of the line, erase it
 
 
@@ -76,13 +78,14 @@ def bar_line(record: dict, steps: int, elapsed: list[float]) -> str:
 def _open_metrics(path: Path, first_step: int) -> TextIO:
     """The metrics file, emptied; when resuming after step `first_step`, with its lines up to that step."""
     kept = []
-    if first_step and path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                if json.loads(line)["step"] <= first_step:
-                    kept.append(line + "\n")
-            except (ValueError, KeyError, TypeError):
-                continue
+    if first_step and os.path.isfile(path):  # a regular file only, read a line at a time (a line at most _LINE)
+        with open(path, "rb") as handle:
+            while len(kept) < first_step and (line := handle.readline(_LINE)):
+                try:
+                    if json.loads(line)["step"] <= first_step:
+                        kept.append(line.decode("utf-8").rstrip("\r\n") + "\n")
+                except (ValueError, KeyError, TypeError):
+                    continue
     handle = open(path, "w", encoding="utf-8")
     handle.writelines(kept)
     handle.flush()

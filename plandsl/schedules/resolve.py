@@ -40,7 +40,7 @@ def parse_costs(text: str | None) -> Costs:
 def load_schedule(spec: str, ranks: int | None, microbatches: int | None, virtual: int | None) -> Schedule:
     """A built-in, a `.csv` file or `file.plan:NAME`, for the given sizes."""
     if spec.endswith(".csv"):
-        return schedule_from_csv(Path(spec).read_text(encoding="utf-8"), Path(spec).stem)
+        return schedule_from_csv(read_csv(spec), Path(spec).stem)
     if ".plan:" in spec:
         return _from_plan(spec, ranks, microbatches, virtual)
     from plandsl.schedules.generators import generate
@@ -53,6 +53,23 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, virtua
         return generate(spec, ranks, microbatches, virtual)
     except ValueError as error:
         raise PlanError([diag("E502", str(error))]) from None
+
+
+def read_csv(path: str) -> str:
+    """A schedule CSV's text, read bounded like a plan (PlanError: E208 missing, E107 not a regular file,
+    E106 too large, E109 unreadable, E105 binary or not UTF-8)."""
+    from plandsl.files import FileProblem, read_bounded
+    from plandsl.parser import MAX_BYTES, decode
+    try:
+        data = read_bounded(path, MAX_BYTES, "schedule CSV")
+    except FileProblem as problem:
+        raise PlanError([problem.diagnostic()]) from None
+    source = decode(path, data)
+    nul = source.text.find("\x00")
+    if nul != -1:
+        raise PlanError([diag("E105", f"{path} contains a NUL byte at offset {nul}: it is binary, not a CSV",
+                              hint="a schedule CSV is text: one row per rank, actions like 0F1 in its cells")])
+    return source.text
 
 
 def _from_plan(spec: str, ranks, microbatches, virtual) -> Schedule:

@@ -255,24 +255,27 @@ def test_version():
 # ---- the frozen surface ------------------------------------------------------------------------------
 # Changing the CLI is a deliberate act: update this table in the same change.
 EXPECTED_SURFACE = {
-    "check": {"arguments": ["files"], "options": {"--format", "--param"}},
-    "show": {"arguments": ["file"], "options": {"--json", "--plan", "--param"}},
+    "check": {"arguments": ["files"], "options": {"--format", "--param", "--include"}},
+    "show": {"arguments": ["file"], "options": {"--json", "--plan", "--param", "--include"}},
     "schema": {"arguments": [], "options": set()},
     "explain": {"arguments": ["code"], "options": set()},
     "fmt": {"arguments": ["files"], "options": {"--check"}},
     "schedule": {"arguments": ["name"], "options": {"--costs", "--format", "--json", "--microbatches", "--ranks",
-                                                    "--simulate", "--trace", "--virtual"}},
-    "simulate": {"arguments": ["file"], "options": {"--costs", "--json", "--param", "--plan", "--trace"}},
+                                                    "--simulate", "--trace", "--virtual", "--include"}},
+    "simulate": {"arguments": ["file"], "options": {"--costs", "--json", "--param", "--plan", "--trace",
+                                                    "--include"}},
     "run": {"arguments": ["file"], "options": {"--check-equivalence", "--checkpoint-dir", "--checkpoint-every",
                                                "--data", "--dry-run", "--metrics", "--nnodes", "--node-rank",
                                                "--nproc-per-node", "--param", "--plan", "--rdzv-endpoint",
-                                               "--resume", "--steps"}},
+                                               "--resume", "--steps", "--include"}},
     "render": {"arguments": ["file"], "options": {"--color-by", "--format", "--output", "--param", "--plan", "--view",
-                                                  "-o"}},
-    "shrink": {"arguments": ["file"], "options": {"--output", "--param", "--plan", "--precision", "--ranks", "-o"}},
-    "estimate": {"arguments": ["file"], "options": {"--json", "--param", "--plan"}},
+                                                  "-o", "--include"}},
+    "shrink": {"arguments": ["file"], "options": {"--output", "--param", "--plan", "--precision", "--ranks", "-o",
+                                                  "--include"}},
+    "estimate": {"arguments": ["file"], "options": {"--json", "--param", "--plan", "--include"}},
     "generate": {"arguments": [], "options": {"--cluster", "--global-batch", "--json", "--model", "--output", "--pin",
-                                              "--precision", "--seq-len", "--top", "-o", "--from", "--plan", "--param"}},
+                                              "--precision", "--seq-len", "--top", "-o", "--from", "--plan", "--param",
+                                              "--include"}},
 }
 EXPECTED_GROUP_OPTIONS = {"--version", "--help", "-h"}
 

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from plandsl import api
 from plandsl.cli import main
+from plandsl.loader import include
 from plandsl.shrink import ShrinkError, shrink
 from tests.conftest import STDLIB
 
@@ -110,7 +111,11 @@ def test_a_users_files_keep_resolving_from_where_the_plan_is_written(tmp_path):
     text = (out / "small.plan").read_text()
     assert 'import "../project/mymodels.plan"' in text and "plan other" not in text
     assert "wrote" in result.output and "mesh [dp = 2, tp = 4] -> [dp = 2, tp = 2] (8 -> 4 devices)" in result.output
-    (plan,) = api.load(out / "small.plan").plans
+    # project/ is outside the written file's folder: it reads it only when named with --include
+    assert f"run it: plandsl run {out / 'small.plan'} --include {project.resolve()} --check-equivalence" in result.output
+    assert [d.code for d in api.check(out / "small.plan").errors] == ["E214"]
+    with include([project]):
+        (plan,) = api.load(out / "small.plan").plans
     assert plan.name == "job" and plan.mesh.size == 4 and plan.model.layers == 4
 
 
@@ -235,7 +240,8 @@ def test_other_plans_go_with_their_comment_and_the_model_goes_above_the_plans(tm
 def test_an_unwritable_output_is_an_error_not_a_traceback(tmp_path):
     result = CliRunner().invoke(main, ["shrink", str(STDLIB / "examples" / "hsdp.plan"),
                                        "-o", str(tmp_path / "missing" / "x.plan")])
-    assert result.exit_code == 1 and "cannot write" in result.output and result.exception.__class__ is SystemExit
+    # refused before any work starts: a usage error naming the option
+    assert result.exit_code == 2 and "cannot write" in result.output and "'-o'" in result.output
 
 
 def test_layers_a_shard_rule_names_are_kept(tmp_path):

@@ -1,0 +1,200 @@
+"""The one way plandsl reads a file, and checks a path it will write, before any work starts.
+
+Stage: input (every stage that opens a file goes through here). Contract: `read_bounded` returns at
+most `limit` bytes of a regular file or raises `FileProblem`: a device, FIFO, socket or directory is
+refused from its `stat` without blocking (the open is non-blocking and checked again on the open
+descriptor), and at most `limit + 1` bytes are read, so an over-limit input answers at once with
+constant memory (a /proc file reports size 0: only the read tells its length). `read_stdin` does the
+same for standard input. `check_regular` is the regular-file test alone, for files read in chunks
+(token files). `writable_file`/`writable_dir` say why an output path cannot be written, or None.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import BinaryIO
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+_MISSING = (errno.ENOENT, errno.ENOTDIR)
+_CHUNK = 1 << 20
+
+
+class FileProblem(ValueError):
+    """Why a file cannot be read: `code` E208 (missing), E107 (not a regular file), E106 (over the
+    limit), E109 (any other OS error: permission, a name too long, a loop of links)."""
+
+    def __init__(self, code: str, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.hint = code, message, hint
+
+    def diagnostic(self, span=None):
+        """The problem as a Diagnostic at `span` (an import line), or at no place (a file named on the
+        command line)."""
+        from plandsl.diagnostics import diag
+        return diag(self.code, self.message, span, hint=self.hint)
+
+
+def kind_of(mode: int) -> str:
+    """`a directory`, `a character device`, ... for a mode that is not a regular file's."""
+    for test, name in _KINDS:
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _label(what: str, path: str) -> str:
+    return f"{what} {path}" if what else path
+
+
+def _os_problem(path: str, error: OSError, what: str) -> FileProblem:
+    reason = error.strerror or str(error)
+    if error.errno in _MISSING:
+        return FileProblem("E208", f"cannot read {_label(what, path)}: {reason}")
+    if error.errno == errno.ENAMETOOLONG:
+        return FileProblem("E109", f"cannot read {what or 'the file'}: its path is too long for the file system "
+                                   f"({len(os.fsencode(path)):,} bytes)", "is this the path you meant?")
+    if error.errno == errno.EISDIR:
+        return FileProblem("E107", f"{_label(what, path)} is a directory, not a file")
+    return FileProblem("E109", f"cannot read {_label(what, path)}: {reason}")
+
+
+def _not_regular(path: str, mode: int, what: str) -> FileProblem:
+    return FileProblem("E107", f"{_label(what, path)} is {kind_of(mode)}, not a regular file",
+                       "name a file (devices, pipes and directories are not read)")
+
+
+def check_regular(path: str | os.PathLike, what: str = "file") -> os.stat_result:
+    """The `stat` of `path` (links followed) when it is a regular file, else FileProblem."""
+    path = os.fspath(path)
+    try:
+        status = os.stat(path)
+    except (OSError, ValueError) as error:  # ValueError: a NUL in the name
+        raise _os_problem(path, error, what) if isinstance(error, OSError) else \
+            FileProblem("E109", f"cannot read {what or 'the file'}: its name contains a NUL character") from None
+    if not stat.S_ISREG(status.st_mode):
+        raise _not_regular(path, status.st_mode, what)
+    return status
+
+
+def read_bounded(path: str | os.PathLike, limit: int, what: str = "file") -> bytes:
+    """At most `limit` bytes of the regular file `path`; FileProblem otherwise (see the module)."""
+    path = os.fspath(path)
+    check_regular(path, what)  # refuse a device before opening it: opening one can have effects
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as error:
+        raise _os_problem(path, error, what) from None
+    try:
+        status = os.fstat(fd)  # the file opened may not be the one stat saw (a link changed meanwhile)
+        if not stat.S_ISREG(status.st_mode):
+            raise _not_regular(path, status.st_mode, what)
+        if status.st_size > limit:
+            raise _too_large(path, what, limit, status.st_size)
+        data = _read_at_most(fd, limit + 1)
+    except OSError as error:
+        raise _os_problem(path, error, what) from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise _too_large(path, what, limit, None)
+    return data
+
+
+def _read_at_most(fd: int, count: int) -> bytes:
+    chunks, left = [], count
+    while left > 0:
+        chunk = os.read(fd, min(left, _CHUNK))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_stdin(stream: BinaryIO, limit: int, what: str = "standard input") -> bytes:
+    """At most `limit` bytes of `stream` (read(limit + 1): never more, whatever is piped in)."""
+    chunks, left = [], limit + 1
+    while left > 0:
+        chunk = stream.read(min(left, _CHUNK))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise _too_large("-", what, limit, None)
+    return data
+
+
+def _too_large(path: str, what: str, limit: int, size: int | None) -> FileProblem:
+    has = f"has {size:,} bytes" if size is not None else f"has more than {limit:,} bytes"
+    shown = what if path == "-" else _label(what, path)
+    return FileProblem("E106", f"{shown} {has}; at most {limit:,} are read",
+                       "is this the file you meant? (plans are text of a few kilobytes)")
+
+
+# ---- outputs -------------------------------------------------------------------------------------
+def writable_file(path: str) -> str | None:
+    """Why `path` cannot be written as a file (without creating or changing it), or None."""
+    if not path:
+        return "the path is empty"
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        return _creatable(path)
+    except OSError as error:
+        return _reason(error)
+    if stat.S_ISDIR(status.st_mode):
+        return "it is a directory"
+    if stat.S_ISREG(status.st_mode) and not os.access(path, os.W_OK):
+        return "it is not writable"
+    return None  # a device or FIFO (/dev/null, /dev/stdout) is written as the user asked
+
+
+def writable_dir(path: str) -> str | None:
+    """Why `path` cannot be used (or created) as a directory to write into, or None."""
+    if not path:
+        return "the path is empty"
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        return _creatable(path, directory=True)
+    except OSError as error:
+        return _reason(error)
+    if not stat.S_ISDIR(status.st_mode):
+        return f"it is {kind_of(status.st_mode) if not stat.S_ISREG(status.st_mode) else 'a file'}, not a directory"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return "it is not writable"
+    return None
+
+
+def _creatable(path: str, directory: bool = False) -> str | None:
+    """A missing `path`: can it be created? (a file: its folder must exist; a directory: its nearest
+    existing ancestor must be a writable directory)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while directory and not os.path.lexists(parent) and parent != os.path.dirname(parent):
+        parent = os.path.dirname(parent)
+    try:
+        status = os.stat(parent)
+    except FileNotFoundError:
+        return f"its folder {parent} does not exist"
+    except OSError as error:
+        return _reason(error)
+    if not stat.S_ISDIR(status.st_mode):
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"its folder {parent} is not writable"
+    if len(os.path.basename(path).encode()) > 255:
+        return "its name is too long for the file system"
+    return None
+
+
+def _reason(error: OSError) -> str:
+    if error.errno == errno.ENOTDIR:
+        return "a part of the path before the name is a file, not a directory"
+    if error.errno == errno.ENAMETOOLONG:
+        return "the path is too long for the file system"
+    return error.strerror or str(error)
