@@ -9,11 +9,13 @@ so errors point at where a value was written.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from plandsl import syntax as s
-from plandsl.diagnostics import Diagnostic, Note, did_you_mean, diag
+from plandsl.diagnostics import Diagnostic, Note, diag, did_you_mean
+from plandsl.hints import dashed_name_hint, unknown_name_hint
 from plandsl.source import Span
 from plandsl.units import Dimension, lookup, suggest
 
@@ -54,8 +56,8 @@ class Reporter:
         self.diagnostics: list[Diagnostic] = []
 
     def error(self, code: str, message: str, span: Span | None, hint: str | None = None,
-              notes=()) -> Poison:
-        self.diagnostics.append(diag(code, message, span, hint, notes))
+              notes=(), edits=()) -> Poison:
+        self.diagnostics.append(diag(code, message, span, hint, notes, edits=edits))
         return Poison()
 
     def warn(self, code: str, message: str, span: Span | None, hint: str | None = None, notes=()) -> None:
@@ -104,6 +106,10 @@ class Scope:
         for other in self.imported:
             names |= set(other.params) | set(other.lets) | set(other.definitions)
         return names
+
+    def plan_names(self) -> set[str]:
+        return {name for scope in (self, *self.imported) for name, d in scope.definitions.items()
+                if getattr(d, "kind", None) == "plan"}
 
     def with_locals(self, values: dict[str, Any]) -> "Scope":
         child = Scope.__new__(Scope)
@@ -225,6 +231,8 @@ class Scope:
             return self.truth(self.eval(e.right), e.right)
         if e.op in ("..", "@"):
             raise self.reporter.error("E205", f"'{e.op}' is not allowed here", e.span)
+        if e.op == "-":
+            self.dashed(e)
         left, right = self.eval(e.left), self.eval(e.right)
         if isinstance(left, Q) or isinstance(right, Q):
             return self._quantity_op(e, left, right)
@@ -298,8 +306,20 @@ class Scope:
         return type(expr).__name__.lower()
 
     def unknown(self, word: Word) -> Poison:
-        return self.reporter.error("E201", f"unknown name '{word.name}'", word.span,
-                                   hint=did_you_mean(word.name, self.visible_names(), "names in scope"))
+        hint, edits = unknown_name_hint(word.name, word.span, self.visible_names() - self.plan_names(), self.source)
+        return self.reporter.error("E201", f"unknown name '{word.name}'", word.span, hint=hint, edits=edits)
+
+    def dashed(self, e: s.BinOp) -> None:
+        """`llama3-70b` where `llama3_70b` exists: E201 naming it (not E203 for `70 b`)."""
+        text = self.text(e)
+        first = re.match(r"[A-Za-z_][A-Za-z0-9_]*", text)
+        if first is None or first.group() in self.locals or self.find(first.group()) is not None:
+            return
+        found = dashed_name_hint(text, e.span, self.visible_names() - self.plan_names(), self.source)
+        if found is not None:
+            hint, edits = found
+            raise self.reporter.error("E201", f"unknown name '{first.group()}': `{text}` reads as a subtraction",
+                                      e.span, hint=hint, edits=edits)
 
     def integer(self, expr: s.Expr, what: str, minimum: int | None = None, maximum: int | None = None) -> int:
         value = self.number(self.eval(expr), expr)

@@ -19,7 +19,7 @@ from plandsl.diagnostics import apply_edits, render_all
 
 # Codes whose hint is computed from the plan and names one change: their catalogue example must carry
 # edits, and following them must check. (Add a code here when its hint becomes machine-applicable.)
-COMPUTED = {"E402", "E406"}
+COMPUTED = {"E201", "E402", "E406"}
 
 
 def _analyze(path: Path, text: str) -> Analysis:
@@ -147,3 +147,40 @@ def test_e406_lists_only_sizes_every_dim_allows():
     (problem,) = analyze("h.plan", text=text).diagnostics
     assert problem.hint.startswith("set 'tp' to 4 and 'dp' to 2"), problem.hint
     assert " 3" not in problem.hint and " 6" not in problem.hint and "12," not in problem.hint.split(":")[-1]
+
+
+# ---- E201: a name from the standard library, a name written with `-` ---------------------------------
+_NAMED = """\
+import "clusters/dgx_a100"
+{imports}plan gpt3_175b_3d {{
+  model   = {model}
+  cluster = {cluster} x 16
+  mesh    = [dp = 2, pp = 8, tp = 8]
+  train   = {{ global_batch: 64, micro_batch: 1 }}
+}}
+"""
+
+
+@pytest.mark.parametrize("imports,model,cluster,wanted", [
+    ("", "gpt3_175b", "dgx_a100", 'add `import "models/gpt3"`'),               # not the plan's own name
+    ("", "gpt3_175", "dgx_a100", "did you mean 'gpt3_175b'? add `import \"models/gpt3\"`"),
+    ('import "models/llama3"\n', "llama3-70b", "dgx_a100", "did you mean 'llama3_70b'?"),   # not 70 bits
+    ("", "llama3-70b", "dgx_a100", 'did you mean \'llama3_70b\'? names join words with `_`; add `import "models/llama3"`'),
+    ('import "models/gpt3"\n', "gpt3_175b", "dgx-a100", "did you mean 'dgx_a100'?"),
+    ('import "models/gpt3"\n', "gpt3_175b", "dgx_a10", "did you mean 'dgx_a100'?"),
+], ids=["missing_import", "misspelled_and_missing_import", "dashed", "dashed_and_missing_import", "dashed_cluster",
+        "misspelled_cluster"])
+def test_following_e201_gives_a_plan_that_knows_the_name(imports, model, cluster, wanted, tmp_path):
+    text = _NAMED.format(imports=imports, model=model, cluster=cluster)
+    (problem,) = analyze("n.plan", text=text).diagnostics
+    assert problem.code == "E201" and problem.hint.startswith(wanted), problem.hint
+    assert "gpt3_175b_3d" not in problem.hint, "a plan is never a value"
+    fixed, after = _follow(tmp_path, text, "E201")
+    assert not [d for d in after.diagnostics if d.code.startswith("E2")], \
+        f"{fixed}\n{render_all(after.diagnostics, after.sources)}"
+    assert _errors(after) == [], f"{fixed}\n{render_all(after.diagnostics, after.sources)}"
+
+
+def test_a_subtraction_of_defined_names_is_left_alone():
+    text = "param a = 3\nparam b = 1\nparam a_b = 7\nlet c = a-b\n"
+    assert [d.code for d in analyze("s.plan", text=text).diagnostics if d.is_error] == []
