@@ -744,10 +744,12 @@ _entry("E501", """
     """, "Use a global batch that dp x micro_batch divides (here 24 or 32).", ("global_batch: 30", "global_batch: 32"))
 
 _entry("E502", """
-    A pipeline schedule needs enough microbatches per step to keep its ranks busy;
-    some cannot run at all with fewer (zero-bubble schedules need at least one per
-    pipeline rank; interleaved 1F1B a multiple of the ranks). The count is
-    global_batch / (dp x micro_batch).
+    A pipeline schedule cannot run every microbatch count: the zero-bubble schedules
+    need at least one per pipeline rank, DualPipeV one per stage, chimera a multiple of
+    the ranks, and torch's interleaved schedules (interleaved 1F1B, interleaved zero
+    bubble) take them in max(1, m // pp) rounds, which must divide m (so 6 runs on 4
+    ranks and 9 does not; a multiple of the ranks is not needed). The count m is
+    global_batch / (dp x micro_batch); the hint names the nearest global batch that runs.
     """, f"""
     import "clusters/dgx_a100"
     plan p {{

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from plandsl import ir
-from plandsl.diagnostics import Diagnostic, diag
-from plandsl.schedules.registry import BUILTIN, min_microbatches
+from plandsl.diagnostics import Diagnostic, Edit, diag
+from plandsl.schedules.registry import BUILTIN, microbatches_fit, min_microbatches, nearest_fitting
 
 
 def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
@@ -14,26 +14,32 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
     dp = plan.dp
     axes = " * ".join(f"{a}({plan.mesh.degree(a)})" for a in plan.batch_axes()) or "dp(1)"
     per_step = dp * train.micro_batch
+    info = BUILTIN.get(plan.schedule.name) if plan.stages and plan.schedule else None
     if train.global_batch % per_step:
         lower = train.global_batch // per_step * per_step
         options = [b for b in (lower, lower + per_step) if b > 0]
+        fitting = [b for b in options if info is None or microbatches_fit(info, plan.pp, b // per_step)]
+        best = min(fitting or options, key=lambda b: (abs(b - train.global_batch), -b))
         yield diag("E501", f"global batch {train.global_batch} is not divisible by {axes} * micro_batch("
                    f"{train.micro_batch}) = {per_step}", train.span_of("global_batch"),
-                   hint=f"global_batch in {{{', '.join(map(str, options))}}} works with this layout")
-    if plan.stages and plan.schedule and plan.schedule.name in BUILTIN and not train.global_batch % per_step:
-        info = BUILTIN[plan.schedule.name]
+                   hint=f"global_batch in {{{', '.join(map(str, options))}}} works with this layout",
+                   edits=_global_batch(train, best))
+    elif info is not None and not microbatches_fit(info, plan.pp, train.global_batch // per_step):
         pp = plan.pp
         m = train.global_batch // per_step
         need = min_microbatches(info, pp)
+        fits = nearest_fitting(info, pp, m)
+        count = f"global_batch({train.global_batch}) / ({axes} * micro_batch({train.micro_batch})) = {m}"
         if m < need:
-            yield diag("E502", f"schedule '{info.name}' needs at least {need} microbatches with {pp} pipeline "
-                       f"ranks, but global_batch({train.global_batch}) / ({axes} * micro_batch({train.micro_batch}))"
-                       f" = {m}", plan.schedule.span,
-                       hint=f"raise global_batch to {need * per_step} or lower micro_batch")
+            message = f"schedule '{info.name}' needs at least {need} microbatches with {pp} pipeline ranks, but {count}"
         elif info.multiple_of_ranks and m % pp:
-            yield diag("E502", f"schedule '{info.name}' needs a multiple of the {pp} pipeline ranks as microbatch "
-                       f"count, found {m}", plan.schedule.span,
-                       hint=f"global_batch = {(m // pp + 1) * pp * per_step} gives {(m // pp + 1) * pp} microbatches")
+            message = f"schedule '{info.name}' needs a multiple of the {pp} pipeline ranks as microbatch count, but {count}"
+        else:  # torch's rounds
+            message = f"schedule '{info.name}' runs m microbatches in max(1, m // pp) rounds, which must divide m, " \
+                      f"but {count} microbatches make {m // pp} rounds (pp = {pp})"
+        yield diag("E502", message, plan.schedule.span,
+                   hint=f"global_batch = {fits * per_step} gives {fits} microbatches, which it runs",
+                   edits=_global_batch(train, fits * per_step))
     start = plan.mesh.first_device
     used = {d.name: d for d in plan.cluster.devices_in_order()[start:start + plan.mesh.size]}
     for device in used.values():
@@ -43,3 +49,9 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
                        hint=f"its peaks: {', '.join(p.value for p in device.peak)}; add "
                        f"`{train.precision.value}: ... TFLOP/s` to its peak, or change precision")
             break
+
+
+def _global_batch(train: ir.Training, value: int) -> tuple[Edit, ...]:
+    """The edit setting `global_batch: value`, where the plan wrote it as a key of `train`."""
+    span = train.field_spans.get("global_batch")
+    return (Edit(span, f"global_batch: {value}"),) if span is not None else ()

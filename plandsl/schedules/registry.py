@@ -4,8 +4,11 @@ Names are the surface syntax used everywhere (language, CLI, docs). `min_microba
 is the fewest microbatches the schedule can run with; `virtual` says how many stages a
 rank runs ("two" for chimera means one stage of each of its two pipelines, while the
 model itself is split into `ranks` stages); `multiple_of_ranks` whether the microbatch
-count must be a multiple of the pipeline ranks. The generators hold the exact rules;
-these give early, plain messages.
+count must be a multiple of the pipeline ranks; `rounds` whether it runs in torch's rounds
+(ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble: max(1, m // ranks) rounds, which
+must divide m; fewer microbatches than ranks is one round). `microbatches_fit` is the rule,
+`microbatch_rule` its wording in docs/language.md (a test keeps the two in step); the
+generators refuse the same sizes, as torch does (tests/unit/test_schedule_generators.py).
 """
 from __future__ import annotations
 
@@ -19,21 +22,24 @@ class ScheduleInfo:
     virtual: str = "one"          # "one": exactly 1 stage per rank; "any": >= 1; "two": exactly 2 (V-shape)
     min_microbatches: str = "1"   # "1", "ranks" (m >= p) or "2*ranks"
     multiple_of_ranks: bool = False
+    rounds: bool = False
     pipelines: int = 1
 
 
 BUILTIN: dict[str, ScheduleInfo] = {s.name: s for s in (
     ScheduleInfo("gpipe", "all forwards, then all backwards (Huang et al. 2019)"),
-    ScheduleInfo("1f1b", "PipeDream-Flush: warm-up forwards, then one forward one backward (Narayanan et al. 2021)"),
+    # torch's Schedule1F1B, which `plandsl run` uses, refuses fewer microbatches than stages
+    ScheduleInfo("1f1b", "PipeDream-Flush: warm-up forwards, then one forward one backward (Narayanan et al. 2021)",
+                 min_microbatches="ranks"),
     ScheduleInfo("interleaved_1f1b", "1F1B over several stages per rank (Megatron-LM, Narayanan et al. 2021)",
-                 virtual="any"),
+                 virtual="any", rounds=True),
     ScheduleInfo("looped_bfs", "breadth-first over looped stages (Lamy-Poirier 2023)", virtual="any"),
     ScheduleInfo("zb_h1", "zero bubble H1: backward split into input and weight gradients (Qi et al. 2024)",
                  min_microbatches="ranks"),
     ScheduleInfo("zb_h2", "zero bubble H2: more warm-up forwards to fill the bubble (Qi et al. 2024)",
                  min_microbatches="ranks"),
     ScheduleInfo("interleaved_zero_bubble", "zero bubble over several stages per rank (torch)",
-                 virtual="any"),
+                 virtual="any", rounds=True),
     ScheduleInfo("zbv", "zero bubble V-shape: two stages per rank (Qi et al. 2024)", virtual="two"),
     ScheduleInfo("dualpipev", "DualPipe on a V-shape with overlapped forward/backward (DeepSeek-V3)",
                  virtual="two", min_microbatches="2*ranks"),
@@ -44,3 +50,32 @@ BUILTIN: dict[str, ScheduleInfo] = {s.name: s for s in (
 
 def min_microbatches(info: ScheduleInfo, ranks: int) -> int:
     return {"1": 1, "ranks": ranks, "2*ranks": 2 * ranks}[info.min_microbatches]
+
+
+def microbatches_fit(info: ScheduleInfo, ranks: int, microbatches: int) -> bool:
+    """Whether the schedule runs `microbatches` per step on `ranks` pipeline ranks."""
+    m = microbatches
+    return m >= min_microbatches(info, ranks) and not (info.multiple_of_ranks and m % ranks) \
+        and not (info.rounds and m % max(1, m // ranks))
+
+
+def microbatch_rule(info: ScheduleInfo) -> str:
+    """The rule of `microbatches_fit` in words, as the table of docs/language.md section 13 has it."""
+    parts = {"1": [], "ranks": ["`m >= pp`"], "2*ranks": ["`m >= 2 * pp`"]}[info.min_microbatches]
+    if info.multiple_of_ranks:
+        parts.append("a multiple of `pp`")
+    if info.rounds:
+        parts.append("`max(1, m // pp)` (the rounds) divides `m`")
+    return ", ".join(parts) or "any"
+
+
+def nearest_fitting(info: ScheduleInfo, ranks: int, microbatches: int) -> int:
+    """The microbatch count closest to `microbatches` (the larger on a tie) that the schedule runs."""
+    need = min_microbatches(info, ranks)
+    if microbatches < need:
+        microbatches = need
+    for step in range(0, 2 * ranks + 1):  # a multiple of ranks is always within ranks, and fits every rule
+        for m in (microbatches + step, microbatches - step):
+            if m >= 1 and microbatches_fit(info, ranks, m):
+                return m
+    return (microbatches // ranks + 1) * ranks

@@ -1,0 +1,88 @@
+"""The microbatch counts each built-in schedule runs: the checker's rule (`registry.microbatches_fit`)
+is the rule of torch's class where `plandsl run` uses one, and docs/language.md states it."""
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+
+import pytest
+
+from plandsl.analysis import analyze
+from plandsl.schedules.registry import BUILTIN, microbatch_rule, microbatches_fit, nearest_fitting
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def torch_pipeline():
+    return pytest.importorskip("plandsl.runtime.pipeline")
+
+
+def _torch_accepts(cls, single: bool, ranks: int, microbatches: int, virtual: int) -> bool:
+    stages = [types.SimpleNamespace(num_stages=ranks * virtual, group_size=ranks, group_rank=0,
+                                    stage_index=local * ranks, submod=None, is_first=local == 0, is_last=False)
+              for local in range(virtual)]
+    try:
+        cls(stages[0] if single else stages, microbatches)
+    except ValueError:
+        return False
+    return True
+
+
+def test_the_checker_accepts_the_microbatch_counts_torch_runs(torch_pipeline):
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+    compared = 0
+    for name, (cls, _) in torch_pipeline.TORCH_SCHEDULES.items():
+        info = BUILTIN[name]
+        single = issubclass(cls, PipelineScheduleSingle)
+        virtual = 1 if single else 2
+        for ranks in (1, 2, 3, 4, 6):
+            for m in range(1, 3 * ranks + 3):
+                torch_says = _torch_accepts(cls, single, ranks, m, virtual)
+                assert microbatches_fit(info, ranks, m) == torch_says, \
+                    f"{name} ({cls.__name__}), pp={ranks}, m={m}: torch {'runs' if torch_says else 'refuses'} it"
+                compared += 1
+    assert compared > 100
+
+
+def test_docs_state_each_schedules_rule():
+    text = (ROOT / "docs" / "language.md").read_text(encoding="utf-8")
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \|[^\n]*\| ([^|\n]+) \|$", text, re.MULTILINE)
+            if m.group(1) in BUILTIN}
+    assert set(rows) == set(BUILTIN)
+    for name, info in BUILTIN.items():
+        assert rows[name] == microbatch_rule(info), f"docs/language.md's microbatch rule of {name}"
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+@pytest.mark.parametrize("ranks", [2, 4, 8])
+def test_nearest_fitting_count_fits(name, ranks):
+    info = BUILTIN[name]
+    for m in range(1, 4 * ranks):
+        fits = nearest_fitting(info, ranks, m)
+        assert microbatches_fit(info, ranks, fits)
+        assert fits == m or not microbatches_fit(info, ranks, m)
+
+
+_INTERLEAVED = """\
+import "clusters/dgx_a100"
+plan p {{
+  model    = gpt(layers=16, hidden=256, heads=8, seq=128, vocab=1024)
+  cluster  = dgx_a100 x 1
+  mesh     = [dp = 2, pp = 4]
+  train    = {{ global_batch: {batch}, micro_batch: 1 }}
+  stages   = evenly over pp with virtual = 2
+  schedule = interleaved_1f1b
+}}
+"""
+
+
+@pytest.mark.parametrize("microbatches,ok", [(3, True), (4, True), (6, True), (10, True), (9, False), (11, False)])
+def test_interleaved_needs_its_rounds_to_divide_m_not_a_multiple_of_pp(microbatches, ok):
+    problems = [d for d in analyze("i.plan", text=_INTERLEAVED.format(batch=2 * microbatches)).diagnostics
+                if d.is_error]
+    assert (problems == []) == ok, problems
+    if not ok:
+        (problem,) = problems
+        assert problem.code == "E502" and "rounds" in problem.message, problem.message
