@@ -20,17 +20,16 @@ _IMPORT_LINE = re.compile(r'^[ \t]*import[ \t]+"[^"\n]*"[^\n]*(?:\n|$)', re.MULT
 @lru_cache(maxsize=1)
 def stdlib_definitions() -> dict[str, str]:
     """Name -> the import that defines it (`gpt3_175b` -> `models/gpt3`), for the library folders."""
-    from plandsl.loader import stdlib_files, stdlib_root
-    from plandsl.parser import decode, parse_source
+    from plandsl.loader import read_source, stdlib_files, stdlib_root
+    from plandsl.parser import parse_source
     found: dict[str, str] = {}
     root = stdlib_root()
     for name in stdlib_files():
         if name.split("/")[0] not in LIBRARY_FOLDERS:
             continue
-        path = root / f"{name}.plan"
         try:
-            module = parse_source(decode(str(path), path.read_bytes()))
-        except (OSError, PlanError):
+            module = parse_source(read_source(root / f"{name}.plan"))
+        except PlanError:
             continue
         for item in module.items:
             defined = getattr(item, "name", None)
