@@ -339,7 +339,7 @@ def run_command(file, plan_name, nproc_per_node, nnodes, node_rank, rdzv_endpoin
     options = launch.LaunchOptions(nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps, metrics,
                                    check_equivalence, data, checkpoint_dir, checkpoint_every, resume)
     if data:
-        from plandsl.runtime.data import token_file_problem
+        from plandsl.runtime.tokens import token_file_problem
         problem = token_file_problem(data, plan)
         if problem:
             raise click.BadParameter(problem, param_hint="--data")

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from plandsl import ir
+from plandsl.runtime.tokens import token_file_problem
 
 MAX_STRIDE = 8  # synthetic sequences are arithmetic progressions mod vocab with strides 1..7
 
@@ -62,32 +63,6 @@ class Batches:
         if columns is None:
             return inputs[rows], targets[rows]
         return inputs[rows][:, columns], targets[rows][:, columns]
-
-
-def token_file_problem(token_file: str | Path, plan: ir.Plan) -> str | None:
-    """Why `plan` cannot train on `token_file`, or None: it must be a regular file (checked first, so a
-    device or FIFO is never mapped) of more than seq + 1 uint16 tokens, each below the model's vocab
-    (read through a memory map in bounded chunks: constant memory whatever its size)."""
-    from plandsl.files import FileProblem, check_regular
-    try:
-        size = check_regular(token_file, "token file").st_size
-    except FileProblem as problem:
-        return problem.message
-    count = size // 2
-    if count <= plan.seq + 1:
-        return f"{count} tokens, fewer than seq + 2 ({plan.seq + 2}): a sequence and its next token"
-    vocab = getattr(plan.model, "vocab", None)
-    if vocab is None or vocab > 2**16:
-        return None
-    tokens = np.memmap(token_file, dtype=np.uint16, mode="r", shape=(count,))
-    for start in range(0, count, _SCAN):
-        largest = int(tokens[start:start + _SCAN].max())
-        if largest >= vocab:
-            return f"token id {largest} is outside the model's vocab ({vocab})"
-    return None
-
-
-_SCAN = 1 << 24  # tokens per chunk of the vocab check (32 MiB)
 
 
 def synthetic_tokens(rows: int, length: int, vocab: int, generator: torch.Generator) -> torch.Tensor:

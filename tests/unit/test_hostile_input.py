@@ -1,0 +1,350 @@
+"""Hostile files and paths for every command that reads or writes one: each ends in a diagnostic
+(or a usage error naming the option), exit 1 or 2, within seconds, never a traceback, and never
+with the contents of a file outside the checked tree in the output.
+
+Most cases run the CLI in-process (click's CliRunner: fast); a few run it as a real process to
+measure its peak memory. Tests run as root, for whom chmod 000 files are readable: permission
+errors are simulated by a path through a file (`file.plan/x`: ENOTDIR) and by monkeypatching
+`os.open`/`os.access` inside plandsl.files.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from plandsl import files
+from plandsl.analysis import analyze
+from plandsl.cli import main
+from plandsl.files import FileProblem, read_bounded, read_stdin, writable_dir, writable_file
+from plandsl.loader import MAX_FILES, MAX_IMPORT_DEPTH, include
+from plandsl.parser import MAX_BYTES
+from tests.conftest import STDLIB
+
+SECRET = "PLANDSL_SECRET_7f3a9c"
+PIPELINE = str(STDLIB / "local" / "pp_1f1b.plan")  # a small valid plan with a pipeline
+LIMIT_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory) -> dict[str, str]:
+    """name -> path of each hostile input, in a project folder with an out-of-tree secret beside it."""
+    base = tmp_path_factory.mktemp("hostile")
+    outside, tree = base / "outside", base / "tree"
+    outside.mkdir()
+    tree.mkdir()
+    (outside / "secret.plan").write_text(f"{SECRET} = 1\n")
+    (outside / "secret.txt").write_text(f"{SECRET}\n")
+    os.mkfifo(tree / "fifo.plan")
+    os.mkfifo(tree / "fifo.csv")
+    (tree / "dir.plan").mkdir()
+    (tree / "dir.csv").mkdir()
+    (tree / "zero.plan").symlink_to("/dev/zero")
+    (tree / "zero.csv").symlink_to("/dev/zero")
+    (tree / "secret_link.plan").symlink_to(outside / "secret.plan")
+    for name in ("big.plan", "big.csv"):
+        with open(tree / name, "wb") as handle:
+            handle.truncate(100 * 2**20)  # sparse: 100 MB that take no disk
+    (tree / "binary.plan").write_bytes(bytes(range(256)) * 64)
+    (tree / "binary.csv").write_bytes(b"0F0,\x00\xff\xfe\n" * 10)
+    (tree / "file.plan").write_text("let x = 1\n")
+    paths = {name: str(tree / name) for name in os.listdir(tree)}
+    paths.update({"/dev/zero": "/dev/zero", "/dev/null": "/dev/null", "/dev/urandom": "/dev/urandom",
+                  "missing.plan": str(tree / "missing.plan"), "too_long.plan": str(tree / ("a" * 300 + ".plan")),
+                  "through_a_file": str(tree / "file.plan" / "x.plan"), "tree": str(tree),
+                  "outside": str(outside)})
+    return paths
+
+
+def invoke(*args: str, stdin: bytes | None = None):
+    """The CLI in-process; the checks every hostile case shares."""
+    start = time.perf_counter()
+    result = CliRunner().invoke(main, list(args), input=stdin)
+    elapsed = time.perf_counter() - start
+    output = result.output
+    assert elapsed < LIMIT_S, f"{args}: {elapsed:.1f} s"
+    assert result.exception is None or isinstance(result.exception, SystemExit), \
+        f"{args}: raised {result.exception!r}\n{output[-2000:]}"
+    assert "Traceback" not in output, output[-2000:]
+    assert result.exit_code in (1, 2), f"{args}: exit {result.exit_code}\n{output[-2000:]}"
+    assert SECRET not in output
+    return result
+
+
+# ---- every command that reads a plan, on every hostile file ----------------------------------------------
+PLAN_INPUTS = ["/dev/zero", "/dev/null", "/dev/urandom", "fifo.plan", "dir.plan", "zero.plan", "big.plan",
+               "binary.plan", "missing.plan", "too_long.plan", "through_a_file"]
+EXPECTED_CODE = {"/dev/zero": "E107", "/dev/null": "E107", "/dev/urandom": "E107", "fifo.plan": "E107",
+                 "dir.plan": "E107", "zero.plan": "E107", "big.plan": "E106", "binary.plan": "E105",
+                 "missing.plan": "E208", "too_long.plan": "E109", "through_a_file": "E208"}
+COMMANDS = {
+    "check": lambda p: ["check", p],
+    "check json": lambda p: ["check", "--format", "json", p],
+    "show": lambda p: ["show", p],
+    "fmt": lambda p: ["fmt", "--check", p],
+    "simulate": lambda p: ["simulate", p],
+    "estimate": lambda p: ["estimate", p],
+    "render": lambda p: ["render", p, "--view", "mesh"],
+    "generate --from": lambda p: ["generate", "--from", p],
+    "shrink": lambda p: ["shrink", p],
+    "run": lambda p: ["run", p],
+    "run --dry-run": lambda p: ["run", "--dry-run", p],
+    "schedule FILE.plan:NAME": lambda p: ["schedule", p + ":s"],
+}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+@pytest.mark.parametrize("name", PLAN_INPUTS)
+def test_every_command_refuses_every_hostile_plan_file(hostile, command, name):
+    result = invoke(*COMMANDS[command](hostile[name]))
+    expected = EXPECTED_CODE[name]
+    if command.startswith("schedule") and not hostile[name].endswith(".plan"):
+        expected = "E601"  # not FILE.plan:NAME: an unknown built-in schedule
+    if name == "dir.plan" and result.exit_code == 2:  # click refuses a directory for a FILE argument
+        assert "is a directory" in result.output
+        return
+    assert f"[{expected}]" in result.output or f'"code": "{expected}"' in result.output, result.output[-1500:]
+
+
+@pytest.mark.parametrize("name", ["fifo.csv", "dir.csv", "zero.csv", "big.csv", "binary.csv", "missing.csv"])
+def test_schedule_refuses_every_hostile_csv(hostile, name):
+    path = hostile.get(name) or str(Path(hostile["tree"]) / name)
+    result = invoke("schedule", path)
+    expected = {"fifo.csv": "E107", "dir.csv": "E107", "zero.csv": "E107", "big.csv": "E106",
+                "binary.csv": "E105", "missing.csv": "E208"}[name]
+    assert result.exit_code == 1 and f"[{expected}]" in result.output, result.output
+
+
+def test_fmt_stdin_reads_at_most_the_limit():
+    result = invoke("fmt", "-", stdin=b"# " + b"x" * (MAX_BYTES + 10))
+    assert result.exit_code == 1 and "[E106]" in result.output and "standard input" in result.output
+
+
+def test_check_goes_on_after_a_bad_file_and_json_says_so(hostile):
+    result = invoke("check", "--format", "json", hostile["dir.plan"], hostile["/dev/zero"], PIPELINE)
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["code"] for r in records if r["severity"] == "error"] == ["E107", "E107"]
+    result = invoke("check", hostile["big.plan"], PIPELINE)
+    assert "[E106]" in result.output and "pp_1f1b.plan: ok" in result.output, result.output
+
+
+# ---- imports -----------------------------------------------------------------------------------------------
+def _importing(tree: str, name: str, target: str) -> str:
+    path = Path(tree) / f"{name}.plan"
+    path.write_text(f'import "clusters/local"\nimport "{target}"\nlet y = 1\n')
+    return str(path)
+
+
+IMPORTS = {  # import "..." -> the code it gives
+    "/proc/self/environ": "E214", "/etc/shadow": "E214", "/etc/passwd.plan": "E214", "../../../etc/x": "E214",
+    "../outside/secret": "E214", "secret_link": "E214", "zero": "E214", "fifo": "E107", "dir": "E107",
+    "big": "E106", "a" * 300: "E109", "file.plan/x": "E208", "/dev/zero": "E214",
+}
+
+
+@pytest.mark.parametrize("target", list(IMPORTS), ids=lambda t: t[:20])
+def test_imports_outside_the_tree_or_not_files_are_refused_at_the_import_line(hostile, target):
+    path = _importing(hostile["tree"], "importer", target)
+    result = invoke("check", path)
+    code = IMPORTS[target]
+    assert f"importer.plan:2:1: error[{code}]" in result.output, result.output
+    assert f'2 | import "{target[:60]}' in result.output  # the import line is shown, never the target's
+    if code == "E214":
+        assert "--include" in result.output
+
+
+def test_include_and_plandsl_path_open_a_folder(hostile, monkeypatch):
+    path = _importing(hostile["tree"], "uses_outside", "secret.plan")
+    assert [d.code for d in analyze(path).errors] == ["E208"]  # not in the tree, not looked up elsewhere
+    with include([hostile["outside"]]):
+        analysis = analyze(path)
+    assert analysis.errors and analysis.errors[0].code == "E101"  # now read: the secret file is no plan
+    monkeypatch.setenv("PLANDSL_PATH", os.pathsep.join(["/nonexistent", hostile["outside"]]))
+    assert analyze(path).errors[0].code == "E101"
+    monkeypatch.delenv("PLANDSL_PATH")
+    result = CliRunner().invoke(main, ["check", path, "--include", hostile["outside"]])
+    assert result.exit_code == 1 and "[E101]" in result.output
+
+
+def test_a_link_inside_the_tree_to_a_file_inside_is_fine(tmp_path):
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "sizes.plan").write_text("let width = 64\n")
+    (tmp_path / "sizes.plan").symlink_to(tmp_path / "lib" / "sizes.plan")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.plan").write_text('import "../sizes"\nlet y = width\n')
+    (tmp_path / "main.plan").write_text('import "sub/a"\nimport "sizes"\nlet z = width\n')
+    assert analyze(str(tmp_path / "main.plan")).ok
+    # the same subfolder file checked on its own: its parent is outside its tree
+    assert [d.code for d in analyze(str(tmp_path / "sub" / "a.plan")).errors][:1] == ["E214"]
+
+
+def test_an_import_chain_of_500_files_is_bounded(tmp_path):
+    for i in range(500):
+        (tmp_path / f"f{i}.plan").write_text(f'import "f{i + 1}"\n' if i < 499 else "let x = 1\n")
+    start = time.perf_counter()
+    analysis = analyze(str(tmp_path / "f0.plan"))
+    assert time.perf_counter() - start < LIMIT_S
+    assert [d.code for d in analysis.errors] == ["E106"]
+    assert f"more than {MAX_IMPORT_DEPTH} deep" in analysis.errors[0].message
+
+
+def test_too_many_files_is_reported_once(tmp_path):
+    count = MAX_FILES + 10
+    (tmp_path / "root.plan").write_text("".join(f'import "w{i}"\n' for i in range(count)))
+    for i in range(count):
+        (tmp_path / f"w{i}.plan").write_text(f"let x{i} = 1\n")
+    errors = analyze(str(tmp_path / "root.plan")).errors
+    assert [d.code for d in errors] == ["E106"] and f"more than {MAX_FILES} files" in errors[0].message
+
+
+# ---- outputs and launch arguments: refused before any work, naming the option -----------------------------
+def _outputs(hostile) -> dict[str, str]:
+    return {"through a file": str(Path(hostile["file.plan"]) / "out"), "a directory": hostile["dir.plan"],
+            "missing folder": str(Path(hostile["tree"]) / "no" / "such" / "out"),
+            "too long": str(Path(hostile["tree"]) / ("o" * 300))}
+
+
+OUTPUT_OPTIONS = {
+    "render -o": (["render", PIPELINE, "--view", "mesh", "-o"], "-o"),
+    "generate -o": (["generate", "--from", PIPELINE, "-o"], "-o"),
+    "shrink -o": (["shrink", PIPELINE, "-o"], "-o"),
+    "simulate --trace": (["simulate", PIPELINE, "--trace"], "--trace"),
+    "schedule --trace": (["schedule", "1f1b", "--ranks", "2", "--microbatches", "4", "--simulate", "--trace"],
+                         "--trace"),
+    "run --metrics": (["run", PIPELINE, "--metrics"], "--metrics"),
+    "run --checkpoint-dir": (["run", PIPELINE, "--checkpoint-dir"], "--checkpoint-dir"),
+}
+
+
+@pytest.mark.parametrize("option", list(OUTPUT_OPTIONS))
+@pytest.mark.parametrize("where", ["through a file", "a directory", "missing folder", "too long"])
+def test_unwritable_outputs_are_usage_errors_before_work(hostile, option, where):
+    args, name = OUTPUT_OPTIONS[option]
+    target = _outputs(hostile)[where]
+    if option == "run --checkpoint-dir" and where in ("a directory", "missing folder"):
+        target = str(Path(hostile["binary.plan"]) / "ck")  # a directory is what it wants, a missing one is made
+    result = invoke(*args, target)
+    assert result.exit_code == 2 and f"'{name}'" in result.output, result.output
+
+
+RUN_ARGUMENTS = {
+    "node rank past the nodes": (["--nnodes", "2", "--node-rank", "5", "--rdzv-endpoint", "h:1"], "--node-rank"),
+    "endpoint without a port": (["--nnodes", "2", "--rdzv-endpoint", "host"], "--rdzv-endpoint"),
+    "endpoint port out of range": (["--nnodes", "2", "--rdzv-endpoint", "host:70000"], "--rdzv-endpoint"),
+    "data a device": (["--data", "/dev/zero"], "--data"),
+    "data a FIFO": (["--data", "fifo.plan"], "--data"),
+    "data a directory": (["--data", "dir.plan"], "--data"),
+    "data too short": (["--data", "file.plan"], "--data"),
+    "data out of vocab": (["--data", "binary.plan"], "--data"),
+    "include missing": (["--include", "no/such/dir"], "--include"),
+}
+
+
+@pytest.mark.parametrize("case", list(RUN_ARGUMENTS))
+@pytest.mark.parametrize("dry", [False, True])
+def test_run_refuses_bad_launch_arguments_before_starting(hostile, case, dry):
+    args, name = RUN_ARGUMENTS[case]
+    args = [hostile.get(a, a) if a in ("fifo.plan", "dir.plan", "file.plan", "binary.plan") else a for a in args]
+    result = invoke("run", PIPELINE, *args, *(["--dry-run"] if dry else []))
+    assert result.exit_code == 2 and name in result.output, result.output
+
+
+# ---- the reader itself --------------------------------------------------------------------------------------
+def test_reader_stops_at_the_limit_on_a_file_that_reports_size_zero():
+    # /proc files are regular and report size 0: only the read can tell their length
+    data = read_bounded("/proc/self/status", 1 << 20)
+    assert data
+    with pytest.raises(FileProblem) as caught:
+        read_bounded("/proc/self/status", 10)
+    assert caught.value.code == "E106"
+
+
+def test_reader_never_blocks_on_a_fifo(tmp_path):
+    os.mkfifo(tmp_path / "p")
+    start = time.perf_counter()
+    with pytest.raises(FileProblem) as caught:
+        read_bounded(tmp_path / "p", 100)
+    assert caught.value.code == "E107" and "FIFO" in caught.value.message
+    assert time.perf_counter() - start < LIMIT_S
+
+
+def test_permission_errors_are_E109(tmp_path, monkeypatch):
+    (tmp_path / "a.plan").write_text("let x = 1\n")
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+    monkeypatch.setattr(files.os, "open", refuse)
+    with pytest.raises(FileProblem) as caught:
+        read_bounded(tmp_path / "a.plan", 100, "plan file")
+    assert caught.value.code == "E109" and "Permission denied" in caught.value.message
+    assert [d.code for d in analyze(str(tmp_path / "a.plan")).errors] == ["E109"]
+
+
+def test_unwritable_paths_say_why(tmp_path, monkeypatch):
+    (tmp_path / "f").write_text("")
+    assert writable_file(str(tmp_path / "new.txt")) is None
+    assert writable_file("/dev/null") is None  # devices are written as asked
+    assert "directory" in writable_file(str(tmp_path))
+    assert "is a file" in writable_file(str(tmp_path / "f" / "x"))
+    assert writable_dir(str(tmp_path / "a" / "b")) is None  # made when needed
+    assert "not a directory" in writable_dir(str(tmp_path / "f"))
+    monkeypatch.setattr(files.os, "access", lambda *a, **k: False)
+    assert "not writable" in writable_file(str(tmp_path / "f"))
+    assert "not writable" in writable_dir(str(tmp_path))
+
+
+def test_stdin_is_read_bounded():
+    class Endless:
+        def __init__(self):
+            self.given = 0
+
+        def read(self, size):
+            self.given += size
+            return b"x" * size
+    stream = Endless()
+    with pytest.raises(FileProblem):
+        read_stdin(stream, 1000)
+    assert stream.given == 1001
+
+
+# ---- a few real processes: exit status, time and peak memory ----------------------------------------------
+_MEASURE = textwrap.dedent("""
+    import resource, subprocess, sys, time
+    stdin = open(sys.argv[1], "rb") if sys.argv[1] != "-" else subprocess.DEVNULL
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "plandsl.cli", *sys.argv[2:]], stdin=stdin,
+                          capture_output=True, text=True, timeout=60)
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
+    print(done.returncode, peak, time.monotonic() - start)
+    sys.stderr.write(done.stdout + done.stderr)
+""")
+
+
+@pytest.mark.parametrize("stdin, args", [
+    ("-", ["check", "/dev/zero"]),
+    ("-", ["check", "zero.plan"]),
+    ("-", ["estimate", "big.plan"]),
+    ("/dev/zero", ["fmt", "-"]),
+    ("-", ["schedule", "zero.csv"]),
+    ("-", ["run", "--dry-run", "importer_proc.plan"]),
+], ids=["check-dev-zero", "check-link-to-zero", "estimate-100MB", "fmt-stdin-zero", "schedule-csv-zero",
+        "run-dry-run-proc-import"])
+def test_real_processes_answer_quickly_in_little_memory(hostile, stdin, args):
+    tree = hostile["tree"]
+    _importing(tree, "importer_proc", "/proc/self/environ")
+    result = subprocess.run([sys.executable, "-c", _MEASURE, stdin, *args], cwd=tree, capture_output=True,
+                            text=True, timeout=120, env={**os.environ, SECRET: SECRET})
+    status, peak_kib, seconds = result.stdout.split()
+    assert int(status) in (1, 2), result.stderr
+    assert "Traceback" not in result.stderr and SECRET not in result.stderr, result.stderr[-2000:]
+    assert "error[E" in result.stderr, result.stderr[-2000:]
+    assert float(seconds) < LIMIT_S
+    assert int(peak_kib) < 2**20, f"peak {int(peak_kib) / 1024:.0f} MiB"  # under 1 GiB
