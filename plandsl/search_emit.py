@@ -10,6 +10,7 @@ figures as comments. Bad input raises `SearchError` with a plain message.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +71,7 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
         raise SearchError("--model and --cluster must not be empty")
     if ":" in model_text and "(" not in model_text:
         path, _, name = model_text.rpartition(":")
-        if not Path(path).is_file():
+        if not os.path.isfile(path):  # never raises (a name too long, a NUL)
             raise SearchError(f"cannot read model file '{path}' (from --model {model})")
         imports.append(str(Path(path).resolve()))
         model_text = name
@@ -101,8 +102,10 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
 def _resolve(imports: list[str], line: str, option: str, given: str):
     """One definition checked by the language; its first error as a plain message."""
     from plandsl import api
+    from plandsl.loader import include
     header = "".join(f'import "{i}"\n' for i in imports)
-    analysis = api.checks(header + line + "\n", path="<generate>")
+    with include(os.path.dirname(i) for i in imports if os.path.isabs(i)):  # a file named by --model
+        analysis = api.checks(header + line + "\n", path="<generate>")
     if not analysis.ok or analysis.document is None:
         first = analysis.errors[0]
         hint = f" ({first.hint})" if first.hint and "names in scope" not in first.hint else ""

@@ -348,3 +348,15 @@ def test_real_processes_answer_quickly_in_little_memory(hostile, stdin, args):
     assert "error[E" in result.stderr, result.stderr[-2000:]
     assert float(seconds) < LIMIT_S
     assert int(peak_kib) < 2**20, f"peak {int(peak_kib) / 1024:.0f} MiB"  # under 1 GiB
+
+
+def test_generate_reads_a_model_file_named_on_the_command_line_wherever_it_is(tmp_path, monkeypatch):
+    from plandsl.search_emit import resolve_problem
+    (tmp_path / "models").mkdir()
+    (tmp_path / "work").mkdir()
+    (tmp_path / "models" / "m.plan").write_text("model mm = gpt(layers=4, hidden=256, heads=8, seq=128, vocab=1024)\n")
+    monkeypatch.chdir(tmp_path / "work")  # the file is outside the working directory's tree: named, so read
+    problem, _ = resolve_problem(f"{tmp_path / 'models' / 'm.plan'}:mm", "dgx_a100 x 1", 8)
+    assert problem.model.layers == 4
+    result = invoke("generate", "--model", f"{'a' * 300}.plan:mm", "--cluster", "dgx_a100 x 1", "--global-batch", "8")
+    assert result.exit_code == 1 and "cannot read model file" in result.output
