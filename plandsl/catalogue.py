@@ -424,6 +424,86 @@ _entry("E213", """
     }}
     """, "Keep one of them.", ("  mesh    = [dp = 4, tp = 2]\n", ""))
 
+# ---- E22x: model shapes -----------------------------------------------------------------------
+_entry("E220", """
+    Attention splits the model width into `heads` heads of hidden/heads features each: the
+    query, key and value projections are viewed as [batch, seq, heads, hidden/heads], which
+    needs a whole number. The hint gives the widths nearest the written one that keep the
+    head count, and the head counts nearest the written one that divide the width.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = gpt(layers=12, hidden=768, heads=10, seq=1024, vocab=50304)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 2 }
+    }
+    """, "Use a head count that divides the width (GPT-2 small has 12 heads of 64).", ("heads=10", "heads=12"))
+
+_entry("E221", """
+    Grouped-query attention (Ainslie et al. 2023) shares each key/value head among an equal
+    group of query heads, heads/kv_heads of them, so `kv_heads` must divide `heads` (and so
+    be at most `heads`; `kv_heads = heads` is multi-head attention, 1 is multi-query).
+    Under tensor parallelism kv_heads is also split over the tensor axis (E406); the hint
+    lists values that satisfy both.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = llama(layers=16, hidden=2048, heads=16, kv_heads=6, seq=2048, vocab=32000)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 4, tp = 2]
+      train   = { global_batch: 64, micro_batch: 2 }
+      tensor  = megatron over tp
+    }
+    """, "Use a key/value head count that divides the query heads (4 query heads per key/value head here).",
+    ("kv_heads=6", "kv_heads=4"))
+
+_entry("E222", """
+    Rotary position embeddings (Su et al. 2021), which llama models use, rotate each head's
+    first half of features together with its second half, pair by pair, so the head
+    dimension hidden/heads must be even (Llama's is 128). gpt models add learned positions
+    instead and take any head dimension.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = llama(layers=16, hidden=1800, heads=24, seq=2048, vocab=32000)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 2 }
+    }
+    """, "Widen the model to an even head dimension (1920 / 24 = 80).", ("hidden=1800", "hidden=1920"))
+
+_entry("E223", """
+    A mixture-of-experts layer sends each token to the `top_k` experts its router scores
+    highest, so top_k must be at least 1 (0 would route nothing: the layer would add zero)
+    and at most `experts` (there are no more distinct experts to pick). Without `top_k`
+    a model with experts routes to min(2, experts), as Mixtral does.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = llama(layers=8, hidden=1024, heads=16, seq=2048, vocab=32000, experts=8, top_k=0)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 2 }
+    }
+    """, "Route each token to 2 of the 8 experts (or drop `experts` for a dense model).", ("top_k=0", "top_k=2"))
+
+_entry("E224", """
+    A gpt model learns one position embedding per position, `seq` of them; training on
+    longer sequences would look up positions that do not exist. (llama's rotary positions
+    have no such table: a llama model trains on any sequence length.) Train on at most the
+    model's `seq` tokens, or give the model more positions.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = gpt(layers=12, hidden=768, heads=12, seq=1024, vocab=50304)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 2, seq: 2048 }
+    }
+    """, "Train on the model's 1024 positions (or write seq=2048 in the model).", ("seq: 2048", "seq: 1024"))
+
+
 # ---- E3xx: clusters and meshes ---------------------------------------------------------------
 _entry("E301", """
     The device mesh is the grid every rank gets a coordinate in; its axis sizes

@@ -1,6 +1,6 @@
 """The registry of diagnostic codes: one entry per code, stable forever.
 
-E1xx syntax, E2xx names/types/units/imports, E3xx clusters and meshes, E4xx placement
+E1xx syntax, E2xx names/types/units/imports (E22x model shapes), E3xx clusters and meshes, E4xx placement
 and sharding, E5xx training and memory, E6xx schedules, E7xx what `plandsl run` refuses
 (valid plans the interpreter cannot run); W for warnings. The examples and fixes live in
 `plandsl/catalogue.py` (shown by `plandsl explain` and docs/errors.md).
@@ -32,6 +32,12 @@ CODES: dict[str, str] = {
     "E212": "unknown model family or argument",
     "E213": "duplicate attribute",
     "E214": "import outside the search path",
+    # E22x: model shapes (what the model's torch module needs to run)
+    "E220": "hidden size not divisible by attention heads",
+    "E221": "attention heads not divisible by key/value heads",
+    "E222": "odd head dimension under rotary embeddings",
+    "E223": "top_k outside 1 to experts",
+    "E224": "training sequence longer than the model's learned positions",
     # E3xx: clusters and meshes
     "E301": "mesh needs more devices than the cluster has",
     "E302": "unknown mesh axis",

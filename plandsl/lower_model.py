@@ -96,14 +96,15 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
         fields = dict(kv_heads=values.get("kv_heads", values["heads"]), ffn_hidden=values.get("ffn", llama_ffn(hidden)),
                       experts=values.get("experts", 0), top_k=values.get("top_k", 0),
                       tied_embeddings=values.get("tied", False))
-        if fields["experts"] and not fields["top_k"]:
-            fields["top_k"] = min(2, fields["experts"])
-        if fields["top_k"] > max(fields["experts"], 0) and fields["experts"]:
-            raise scope.reporter.error("E212", f"top_k ({fields['top_k']}) is larger than experts ({fields['experts']})",
-                                       args["top_k"].span)
+        if fields["experts"] and "top_k" not in values:
+            fields["top_k"] = min(2, fields["experts"])  # a top_k outside 1..experts is the checker's (E223)
+    spans = {_FIELDS.get(key, key): kwarg.span for key, kwarg in args.items()}  # where each shape was written
     return build(scope, ir.TransformerModel, call.span, kind=family, name=label, layers=values["layers"],
+                 field_spans=spans,
                  hidden=hidden, heads=values["heads"], seq=values["seq"], vocab=values["vocab"], **fields)
 
+
+_FIELDS = {"ffn": "ffn_hidden", "tied": "tied_embeddings"}  # argument -> ir.TransformerModel field
 
 LAYER_ATTRS = {"params": True, "flops": False, "activations": False, "output": False}
 MODEL_ATTRS = {"seq": False, "factory": False, "args": False}

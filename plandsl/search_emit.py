@@ -95,6 +95,7 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
     # Name them as the user did (the plan writes the expressions, not these names).
     found_model = found_model.model_copy(update={"name": model_text if _NAME.fullmatch(model_text) else "model"})
     found_cluster = found_cluster.model_copy(update={"name": cluster_text})
+    _runnable(found_model, model, seq_len)
     problem = Problem(found_model, found_cluster, global_batch, seq_len, found_precision)
     return problem, Source(tuple(imports), model_text, cluster_text)
 
@@ -113,6 +114,14 @@ def _resolve(imports: list[str], line: str, option: str, given: str):
     document = analysis.document
     found = [*document.models, *document.clusters]
     return next(item for item in found if item.name in ("__model", "__cluster"))
+
+
+def _runnable(model: ir.Model, given: str, seq_len: int | None) -> None:
+    """The shapes a model needs to run (E220-E224, as `check` has them): no plan is searched for one that has none."""
+    from plandsl.check.model import model_shapes
+    for problem in model_shapes(model, seq=seq_len):
+        hint = f"--seq-len {model.seq} or less" if problem.code == "E224" else problem.hint
+        raise SearchError(f"--model {given}: {problem.message} ({problem.code}; {hint})")
 
 
 def _known(text: str, what: str, options: list[str], imports: list[str]) -> None:

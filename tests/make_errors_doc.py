@@ -26,7 +26,8 @@ from plandsl.runtime.support import refusals  # noqa: E402
 
 STAGES = [
     ("E1", "E1xx: syntax", "The text is not a plan; nothing after the first syntax error is checked."),
-    ("E2", "E2xx: names, types, units and imports", "Found while giving the text its meaning (lowering)."),
+    ("E2", "E2xx: names, types, units and imports", "Found while giving the text its meaning (lowering); "
+     "E22x are the shapes a model needs to run, found by the checker."),
     ("E3", "E3xx: clusters and meshes", "The device mesh against the cluster it runs on."),
     ("E4", "E4xx: placement and sharding", "Layers onto pipeline stages, tensors onto mesh axes."),
     ("E5", "E5xx: training and memory", "The batch, the schedule's needs and the memory per device."),

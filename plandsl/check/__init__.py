@@ -1,6 +1,6 @@
 """The checker: a resolved `ir.Plan` -> every problem in it, as diagnostics.
 
-One module per family (`mesh`, `placement`, `sharding`, `training`, `schedule`, `memory`); each
+One module per family (`mesh`, `model`, `placement`, `sharding`, `training`, `schedule`, `memory`); each
 `check_*` yields diagnostics and never raises. Families that depend on another's result
 (memory needs a valid placement) are skipped when that one failed, so a single mistake
 is reported once, not as a cascade.
@@ -11,6 +11,7 @@ from plandsl import ir
 from plandsl.check.axis_sizes import suggest_axis_size
 from plandsl.check.memory import check_memory
 from plandsl.check.mesh import check_mesh
+from plandsl.check.model import check_model
 from plandsl.check.placement import check_placement
 from plandsl.check.schedule import check_schedule
 from plandsl.check.sharding import check_sharding
@@ -23,6 +24,7 @@ def check_plan(plan: ir.Plan, suggest: bool = True) -> list[Diagnostic]:
     checking the plan with that value (`plandsl.check.axis_sizes`)."""
     found: list[Diagnostic] = list(check_mesh(plan))
     mesh_ok = not any(d.is_error for d in found)
+    found += check_model(plan)
     placement = list(check_placement(plan))
     found += placement
     found += check_sharding(plan)

@@ -121,6 +121,11 @@ class Attention(nn.Module):
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, bias: bool, rope: bool):
         super().__init__()
+        # The shapes the checker requires (plandsl.check.model); a module built around them would fail at
+        # its first forward, or (an odd rotary head dim of 1 or 3) silently compute something else.
+        if hidden % heads or heads % kv_heads or (rope and hidden // heads % 2):
+            raise ValueError(f"attention with hidden {hidden}, heads {heads}, kv_heads {kv_heads}"
+                             f"{' and rotary positions' if rope else ''} cannot run (E220-E222)")
         self.head_dim = hidden // heads
         self.rope = rope
         kv = kv_heads * self.head_dim
@@ -189,6 +194,8 @@ class MoE(nn.Module):
 
     def __init__(self, hidden: int, ffn: int, experts: int, top_k: int, gated: bool):
         super().__init__()
+        if not 1 <= top_k <= experts:  # topk would fail, or (top_k = 0) route nothing (E223)
+            raise ValueError(f"top_k ({top_k}) must be 1 to experts ({experts})")
         self.top_k = top_k
         self.router = nn.Linear(hidden, experts, bias=False)
         self.experts = Experts(experts, hidden, ffn, gated)

@@ -1,0 +1,120 @@
+"""Model shapes (E220-E224): the sizes a gpt or llama model needs for its torch module to run.
+
+Stage: checker. Contract: `check_model(plan)` yields one diagnostic per shape rule the plan's model
+breaks, each at the argument that breaks it, with a hint whose numbers give a model that obeys every
+rule here (the axes that split the model are checked by `check.sharding`, E406). The rules are the
+reference model's own requirements (`plandsl.runtime.models`), each stated next to the line of it
+that fails otherwise:
+
+- E220 `hidden` divisible by `heads`: attention views q, k, v as [batch, seq, heads, hidden/heads];
+- E221 `heads` divisible by `kv_heads` (so `kv_heads <= heads`): grouped-query attention gives
+  each key/value head an equal group of query heads (SDPA's `enable_gqa`);
+- E222 llama's head dimension even: rotary embeddings rotate each head's two halves together;
+- E223 `1 <= top_k <= experts` in a mixture of experts: each token picks its top_k experts (`topk`);
+- E224 a gpt's training sequence no longer than its `seq`: learned positions hold one row each.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from plandsl import ir
+from plandsl.diagnostics import Diagnostic, Note, diag
+
+
+def check_model(plan: ir.Plan) -> Iterator[Diagnostic]:
+    tp = plan.tp if plan.tensor is not None else 1
+    yield from model_shapes(plan.model, tp, plan.seq, plan.train.span_of("seq"))
+
+
+def model_shapes(model: ir.Model, tp: int = 1, seq: int | None = None, seq_span=None) -> Iterator[Diagnostic]:
+    """The rules on their own: `tp` only shapes the hints, `seq` is the training sequence (None: the model's)."""
+    if not isinstance(model, ir.TransformerModel):
+        return
+    if model.hidden % model.heads:
+        yield _hidden_heads(model, tp)
+    elif model.kind == "llama" and (model.hidden // model.heads) % 2:
+        yield _odd_head_dim(model, tp)
+    if model.heads % model.kv_heads:
+        yield _kv_heads(model, tp)
+    if model.experts and not 1 <= model.top_k <= model.experts:
+        yield _top_k(model)
+    if model.kind == "gpt" and seq is not None and seq > model.seq:
+        yield _positions(model, seq, seq_span)
+
+
+def _shape_options(model: ir.TransformerModel, tp: int) -> str:
+    """Models next to this one that obey E220-E222 (and keep heads divisible by tp, E406): the multiples
+    of heads (of 2·heads for llama: an even head dim) nearest hidden, and the head counts nearest heads
+    that divide hidden (multiples of kv_heads under grouped-query attention, which keep kv_heads valid)."""
+    even = 2 if model.kind == "llama" else 1
+    step = model.heads * even
+    lower = model.hidden // step * step
+    hiddens = [h for h in (lower, lower + step) if h > 0 and h != model.hidden]
+    options = [" or ".join(f"hidden={h} (head dim {h // model.heads})" for h in hiddens) + f" with {model.heads} heads"]
+    gqa = model.kv_heads != model.heads  # else kv_heads follows heads (gpt; llama without kv_heads)
+    heads = _nearest(model.heads, lambda d: model.hidden % d == 0 and d % tp == 0 and (model.hidden // d) % even == 0
+                     and (not gqa or d % model.kv_heads == 0))
+    if heads:
+        options.append(" or ".join(f"heads={d}" for d in heads) + f" with hidden {model.hidden}")
+    return "; ".join(options)
+
+
+WINDOW = 4096  # how far from the written value hints look (bounded work whatever the numbers)
+
+
+def _nearest(value: int, fits, count: int = 2) -> list[int]:
+    """Up to `count` positive integers other than `value`, nearest it first, that `fits`, within WINDOW; ascending."""
+    found = []
+    for distance in range(1, WINDOW + 1):
+        for candidate in (value - distance, value + distance):
+            if candidate > 0 and len(found) < count and fits(candidate):
+                found.append(candidate)
+        if len(found) == count:
+            break
+    return sorted(found)
+
+
+def _hidden_heads(model: ir.TransformerModel, tp: int) -> Diagnostic:
+    return diag("E220", f"hidden ({model.hidden}) is not divisible by heads ({model.heads}): each attention head "
+                f"would be {model.hidden}/{model.heads} = {model.hidden / model.heads:g} wide",
+                model.span_of("heads"), hint=_shape_options(model, tp), notes=_note(model, "hidden"))
+
+
+def _odd_head_dim(model: ir.TransformerModel, tp: int) -> Diagnostic:
+    head_dim = model.hidden // model.heads
+    return diag("E222", f"head dim hidden/heads = {model.hidden}/{model.heads} = {head_dim} is odd: llama's rotary "
+                "embedding rotates each head's first half with its second, so they must be equally wide",
+                model.span_of("hidden"), hint=_shape_options(model, tp), notes=_note(model, "heads"))
+
+
+def _kv_heads(model: ir.TransformerModel, tp: int) -> Diagnostic:
+    """The hint: the kv_heads nearest the written one that divide heads and that tp divides (E406)."""
+    fit = _nearest(model.kv_heads, lambda d: model.heads % d == 0 and d % tp == 0 and d <= model.heads)
+    if not fit and model.heads % tp == 0:
+        fit = [model.heads]  # multi-head attention
+    why = (f"kv_heads ({model.kv_heads}) is more than heads ({model.heads})" if model.kv_heads > model.heads
+           else f"heads ({model.heads}) is not divisible by kv_heads ({model.kv_heads})")
+    where = f"divides heads ({model.heads})" + (f" and tp ({tp}) divides it" if tp > 1 else "")
+    return diag("E221", f"{why}: grouped-query attention gives each key/value head an equal group of query heads",
+                model.span_of("kv_heads"), hint=" or ".join(f"kv_heads={d}" for d in fit) + f" {where}"
+                if fit else f"kv_heads must divide heads ({model.heads})", notes=_note(model, "heads"))
+
+
+def _top_k(model: ir.TransformerModel) -> Diagnostic:
+    return diag("E223", f"top_k ({model.top_k}) must be 1 to experts ({model.experts}): each token is routed to "
+                f"top_k different experts", model.span_of("top_k"),
+                hint=f"top_k={min(2, model.experts)}" + (f" (any of 1..{model.experts})" if model.experts > 2 else ""),
+                notes=_note(model, "experts"))
+
+
+def _positions(model: ir.TransformerModel, seq: int, span) -> Diagnostic:
+    return diag("E224", f"train seq ({seq}) is longer than the {model.seq} learned positions of model "
+                f"'{model.name}': a gpt model's position embedding has one row per position (seq)", span,
+                hint=f"`seq: {model.seq}` in train (or less), or seq={seq} in the model",
+                notes=_note(model, "seq"))
+
+
+def _note(model: ir.TransformerModel, field: str) -> list[Note]:
+    """Where the other number of the rule was written (a model argument)."""
+    span = model.field_spans.get(field)
+    return [Note(f"model argument {field}={getattr(model, field)}", span)] if span is not None else []
