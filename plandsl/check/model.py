@@ -2,9 +2,8 @@
 
 Stage: checker. Contract: `check_model(plan)` yields one diagnostic per shape rule the plan's model
 breaks, each at the argument that breaks it, with a hint whose numbers give a model that obeys every
-rule here (the axes that split the model are checked by `check.sharding`, E406). The rules are the
-reference model's own requirements (`plandsl.runtime.models`), each stated next to the line of it
-that fails otherwise:
+rule here, its first option also as `edits` (the axes that split the model are `check.sharding`'s, E406). The rules are the
+reference model's own requirements (`plandsl.runtime.models`, whose constructors refuse the same):
 
 - E220 `hidden` divisible by `heads`: attention views q, k, v as [batch, seq, heads, hidden/heads];
 - E221 `heads` divisible by `kv_heads` (so `kv_heads <= heads`): grouped-query attention gives
@@ -18,16 +17,18 @@ from __future__ import annotations
 from typing import Iterator
 
 from plandsl import ir
-from plandsl.diagnostics import Diagnostic, Note, diag
+from plandsl.diagnostics import Diagnostic, Edit, Note, diag
 
 
 def check_model(plan: ir.Plan) -> Iterator[Diagnostic]:
     tp = plan.tp if plan.tensor is not None else 1
-    yield from model_shapes(plan.model, tp, plan.seq, plan.train.span_of("seq"))
+    yield from model_shapes(plan.model, tp, plan.seq, plan.train.span_of("seq"), plan.train.field_spans.get("seq"))
 
 
-def model_shapes(model: ir.Model, tp: int = 1, seq: int | None = None, seq_span=None) -> Iterator[Diagnostic]:
-    """The rules on their own: `tp` only shapes the hints, `seq` is the training sequence (None: the model's)."""
+def model_shapes(model: ir.Model, tp: int = 1, seq: int | None = None, seq_span=None,
+                 seq_item=None) -> Iterator[Diagnostic]:
+    """The rules on their own: `tp` only shapes the hints, `seq` is the training sequence (None: the model's),
+    `seq_span` where it is set and `seq_item` the `seq: N` item that sets it, when written."""
     if not isinstance(model, ir.TransformerModel):
         return
     if model.hidden % model.heads:
@@ -39,31 +40,33 @@ def model_shapes(model: ir.Model, tp: int = 1, seq: int | None = None, seq_span=
     if model.experts and not 1 <= model.top_k <= model.experts:
         yield _top_k(model)
     if model.kind == "gpt" and seq is not None and seq > model.seq:
-        yield _positions(model, seq, seq_span)
+        yield _positions(model, seq, seq_span, seq_item)
 
 
-def _shape_options(model: ir.TransformerModel, tp: int) -> str:
+def _shape_options(model: ir.TransformerModel, tp: int) -> tuple[str, list[int], list[int]]:
     """Models next to this one that obey E220-E222 (and keep heads divisible by tp, E406): the multiples
     of heads (of 2·heads for llama: an even head dim) nearest hidden, and the head counts nearest heads
-    that divide hidden (multiples of kv_heads under grouped-query attention, which keep kv_heads valid)."""
+    that divide hidden (multiples of kv_heads under grouped-query attention, which keep kv_heads valid).
+    (the hint, the hidden sizes, the head counts nearest first)."""
     even = 2 if model.kind == "llama" else 1
     step = model.heads * even
     lower = model.hidden // step * step
-    hiddens = [h for h in (lower, lower + step) if h > 0 and h != model.hidden]
-    options = [" or ".join(f"hidden={h} (head dim {h // model.heads})" for h in hiddens) + f" with {model.heads} heads"]
+    hiddens = [h for h in (lower + step, lower) if h > 0 and h != model.hidden]
+    options = [" or ".join(f"hidden={h} (head dim {h // model.heads})" for h in sorted(hiddens))
+               + f" with {model.heads} heads"]
     gqa = model.kv_heads != model.heads  # else kv_heads follows heads (gpt; llama without kv_heads)
     heads = _nearest(model.heads, lambda d: model.hidden % d == 0 and d % tp == 0 and (model.hidden // d) % even == 0
                      and (not gqa or d % model.kv_heads == 0))
     if heads:
-        options.append(" or ".join(f"heads={d}" for d in heads) + f" with hidden {model.hidden}")
-    return "; ".join(options)
+        options.append(" or ".join(f"heads={d}" for d in sorted(heads)) + f" with hidden {model.hidden}")
+    return "; ".join(options), hiddens, heads
 
 
 WINDOW = 4096  # how far from the written value hints look (bounded work whatever the numbers)
 
 
 def _nearest(value: int, fits, count: int = 2) -> list[int]:
-    """Up to `count` positive integers other than `value`, nearest it first, that `fits`, within WINDOW; ascending."""
+    """Up to `count` positive integers other than `value` that `fits`, within WINDOW of it, nearest first."""
     found = []
     for distance in range(1, WINDOW + 1):
         for candidate in (value - distance, value + distance):
@@ -71,20 +74,30 @@ def _nearest(value: int, fits, count: int = 2) -> list[int]:
                 found.append(candidate)
         if len(found) == count:
             break
-    return sorted(found)
+    return found
+
+
+def _edit(model: ir.TransformerModel, field: str, value: int) -> list[Edit]:
+    """The hint's first option as a replacement of the argument as written (none when it was not)."""
+    span = model.field_spans.get(field)
+    return [Edit(span, f"{field}={value}")] if span is not None else []
 
 
 def _hidden_heads(model: ir.TransformerModel, tp: int) -> Diagnostic:
+    hint, hiddens, heads = _shape_options(model, tp)
+    edits = _edit(model, "heads", heads[0]) if heads else _edit(model, "hidden", hiddens[0])
     return diag("E220", f"hidden ({model.hidden}) is not divisible by heads ({model.heads}): each attention head "
                 f"would be {model.hidden}/{model.heads} = {model.hidden / model.heads:g} wide",
-                model.span_of("heads"), hint=_shape_options(model, tp), notes=_note(model, "hidden"))
+                model.span_of("heads"), hint=hint, notes=_note(model, "hidden"), edits=edits)
 
 
 def _odd_head_dim(model: ir.TransformerModel, tp: int) -> Diagnostic:
     head_dim = model.hidden // model.heads
+    hint, hiddens, _ = _shape_options(model, tp)
     return diag("E222", f"head dim hidden/heads = {model.hidden}/{model.heads} = {head_dim} is odd: llama's rotary "
                 "embedding rotates each head's first half with its second, so they must be equally wide",
-                model.span_of("hidden"), hint=_shape_options(model, tp), notes=_note(model, "heads"))
+                model.span_of("hidden"), hint=hint, notes=_note(model, "heads"),
+                edits=_edit(model, "hidden", hiddens[0]))
 
 
 def _kv_heads(model: ir.TransformerModel, tp: int) -> Diagnostic:
@@ -96,22 +109,24 @@ def _kv_heads(model: ir.TransformerModel, tp: int) -> Diagnostic:
            else f"heads ({model.heads}) is not divisible by kv_heads ({model.kv_heads})")
     where = f"divides heads ({model.heads})" + (f" and tp ({tp}) divides it" if tp > 1 else "")
     return diag("E221", f"{why}: grouped-query attention gives each key/value head an equal group of query heads",
-                model.span_of("kv_heads"), hint=" or ".join(f"kv_heads={d}" for d in fit) + f" {where}"
-                if fit else f"kv_heads must divide heads ({model.heads})", notes=_note(model, "heads"))
+                model.span_of("kv_heads"), hint=" or ".join(f"kv_heads={d}" for d in sorted(fit)) + f" {where}"
+                if fit else f"kv_heads must divide heads ({model.heads})", notes=_note(model, "heads"),
+                edits=_edit(model, "kv_heads", fit[0]) if fit else [])
 
 
 def _top_k(model: ir.TransformerModel) -> Diagnostic:
+    top_k = min(2, model.experts)
     return diag("E223", f"top_k ({model.top_k}) must be 1 to experts ({model.experts}): each token is routed to "
                 f"top_k different experts", model.span_of("top_k"),
-                hint=f"top_k={min(2, model.experts)}" + (f" (any of 1..{model.experts})" if model.experts > 2 else ""),
-                notes=_note(model, "experts"))
+                hint=f"top_k={top_k}" + (f" (any of 1..{model.experts})" if model.experts > 2 else ""),
+                notes=_note(model, "experts"), edits=_edit(model, "top_k", top_k))
 
 
-def _positions(model: ir.TransformerModel, seq: int, span) -> Diagnostic:
+def _positions(model: ir.TransformerModel, seq: int, span, item) -> Diagnostic:
     return diag("E224", f"train seq ({seq}) is longer than the {model.seq} learned positions of model "
                 f"'{model.name}': a gpt model's position embedding has one row per position (seq)", span,
                 hint=f"`seq: {model.seq}` in train (or less), or seq={seq} in the model",
-                notes=_note(model, "seq"))
+                notes=_note(model, "seq"), edits=[Edit(item, f"seq: {model.seq}")] if item is not None else [])
 
 
 def _note(model: ir.TransformerModel, field: str) -> list[Note]:

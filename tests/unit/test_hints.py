@@ -19,7 +19,7 @@ from plandsl.diagnostics import apply_edits, render_all
 
 # Codes whose hint is computed from the plan and names one change: their catalogue example must carry
 # edits, and following them must check. (Add a code here when its hint becomes machine-applicable.)
-COMPUTED = {"E201", "E402", "E406", "E501", "E502"}
+COMPUTED = {"E201", "E220", "E221", "E222", "E223", "E224", "E402", "E406", "E501", "E502"}
 
 
 def _analyze(path: Path, text: str) -> Analysis:

@@ -10,6 +10,7 @@ import pytest
 
 from plandsl import api, ir
 from plandsl.analysis import analyze
+from plandsl.diagnostics import apply_edits
 
 HEADER = 'import "clusters/dgx_a100"\n'
 
@@ -81,6 +82,7 @@ def test_every_option_of_the_hint_gives_a_plan_that_checks(case):
     (d,) = [d for d in errors(text) if d.code == code]
     options = _options(d.hint)
     assert options, d.hint
+    assert d.edits and errors(apply_edits(text, d.edits)) == [], d.edits  # the first option, as edits
     for option in options:
         fixed = _follow(text, option)
         assert fixed != text, option
