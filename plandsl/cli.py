@@ -5,7 +5,6 @@ Heavy modules (pydantic, torch) are imported inside commands so `--help` starts 
 """
 from __future__ import annotations
 
-import functools
 import json
 import shlex
 import sys
@@ -291,9 +290,12 @@ def _endpoint_problem(endpoint: str) -> str | None:
     return None
 
 
-def _fail(error) -> None:
-    from plandsl.diagnostics import render_all
-    click.echo(render_all(error.diagnostics, error.sources), err=True)
+def _fail(error, output_format: str = "text") -> None:
+    from plandsl.diagnostics import render_all, to_json_lines
+    if output_format == "json":
+        click.echo(to_json_lines(error.diagnostics))
+    else:
+        click.echo(render_all(error.diagnostics, error.sources), err=True)
     sys.exit(1)
 
 
@@ -372,27 +374,31 @@ def run_command(file, plan_name, nproc_per_node, nnodes, node_rank, rdzv_endpoin
               help="Train in this precision instead of the plan's (fp32: equivalence holds to 1e-5).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), callback=_writable_file,
               help="Write the plan here (default: print it).")
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
+              help='json: diagnostics one object per line; the result as {"plan": ..., "changes": [...]}.')
 @param_option
 @include_option
-def shrink(file, plan_name, ranks, precision, output, params):
+def shrink(file, plan_name, ranks, precision, output, output_format, params):
     """Scale plan FILE down to one machine: the same layout on at most --ranks CPU processes, a tiny model.
 
     Then `plandsl run OUT.plan --check-equivalence` trains it here against one process."""
     import os
     from plandsl.diagnostics import PlanError
-    from plandsl.shrink import ShrinkError, shrink as shrink_plan
+    from plandsl.shrink import shrink as shrink_plan
     try:
         shrunk = shrink_plan(file, plan_name, _params(params), ranks, precision,
                              os.path.dirname(os.path.abspath(output)) if output else None)
     except PlanError as error:
-        _fail(error)
-    except ShrinkError as error:
-        click.echo(f"{file}: error: {error}", err=True)
-        sys.exit(1)
+        _fail(error, output_format)
+    if output:
+        _write(output, shrunk.text)
+    if output_format == "json":
+        click.echo(json.dumps({"plan": shrunk.text, "name": shrunk.plan.name, "ranks": shrunk.ranks,
+                               "changes": list(shrunk.changes), "output": output}, indent=1))
+        return
     if not output:
         click.echo(shrunk.text, nl=False)
         return
-    _write(output, shrunk.text)
     click.echo(f"wrote {output}: plan '{shrunk.plan.name}' on {shrunk.ranks} process(es)", err=True)
     for line in shrunk.changes:
         click.echo(f"  {line}", err=True)
@@ -473,19 +479,24 @@ def estimate(file, plan_name, as_json, params):
               help="Fix a choice: dp, tp, pp, cp, ep, micro_batch_size, num_microbatches, schedule, "
                    "virtual_stages, zero_stage, recompute, order, tp_across_nodes (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help='Print {"candidates": [...]}, best first.')
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
+              help="json: as --json, and diagnostics one object per line.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), callback=_writable_file,
               help="Write the best plan to this file.")
 @param_option
 @include_option
-def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_name, top, pins, as_json, output,
-             params):
+def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_name, top, pins, as_json,
+             output_format, output, params):
     """Search the fastest plans for MODEL on CLUSTER under the cost model and write the best.
 
-    With --from, a partial plan gives the model, cluster and training settings, and every choice it
-    writes (mesh, data, stages, schedule, micro_batch, recompute) is kept; -o writes the file completed."""
+    With --from, a partial plan gives the model, cluster and training settings, every decision it
+    writes is kept (its lines stay as written), and the search adds what it leaves out; -o writes
+    the file completed. The result passes `plandsl check` and `plandsl fmt --check`."""
+    from plandsl.diagnostics import PlanError
     from plandsl.search import SearchError, search
+    from plandsl.search_complete import generate_from
     from plandsl.search_emit import candidate_json, explain, format_table, plan_text, resolve_problem
-    from plandsl import search_from
+    as_json = as_json or output_format == "json"
     given = [f"--{name}" for name, value in (("model", model), ("cluster", cluster), ("global-batch", global_batch),
                                              ("seq-len", seq_len), ("precision", precision)) if value is not None]
     if from_file and given:
@@ -504,22 +515,22 @@ def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_n
             bar.update(done - bar.pos)
     try:
         if from_file:
-            partial = search_from.read_partial(from_file, plan_name, _params(params))
-            for note in partial.notes:
+            completed = generate_from(from_file, plan_name, _params(params), pins, top, progress, output)
+            for note in completed.notes:
                 click.echo(f"note: {note}", err=True)
-            problem, pins = partial.problem, search_from.pins_with(partial, pins)
-            write = functools.partial(search_from.render, partial)
+            result, texts = completed.result, list(completed.texts)
         else:
             problem, source = resolve_problem(model, cluster, global_batch, seq_len, precision or "bf16")
-            write = lambda scored: plan_text(scored, problem, source)  # noqa: E731
-        result = search(problem, pins, top, progress=progress)
+            result = search(problem, pins, top, progress=progress)
+            texts = [plan_text(s, problem, source) for s in result.candidates]
+    except PlanError as error:
+        _fail(error, output_format)
     except SearchError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(1)
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)
-    texts = [write(s) for s in result.candidates]
     if output:
         _write(output, texts[0])
     if as_json:

@@ -2,7 +2,8 @@
 
 E1xx syntax, E2xx names/types/units/imports (E22x model shapes), E3xx clusters and meshes, E4xx placement
 and sharding, E5xx training and memory, E6xx schedules, E7xx what `plandsl run` refuses
-(valid plans the interpreter cannot run); W for warnings. The examples and fixes live in
+(valid plans the interpreter cannot run), E8xx what `plandsl generate --from` cannot keep or
+`plandsl shrink` cannot do; W for warnings. The examples and fixes live in
 `plandsl/catalogue.py` (shown by `plandsl explain` and docs/errors.md).
 """
 from __future__ import annotations
@@ -78,6 +79,10 @@ CODES: dict[str, str] = {
     "E703": "parallelisms the interpreter cannot combine",
     "E704": "model with no torch module to run",
     "E705": "shard rule the interpreter cannot run",
+    # E8xx: what `plandsl generate --from` cannot keep, or `plandsl shrink` cannot do
+    "E801": "decision the search cannot keep",
+    "E802": "plan that cannot be scaled down",
+    "E803": "no plan keeps the partial plan's decisions",
     # warnings
     "W201": "unused definition or parameter",
     "W301": "mesh uses only part of the cluster",

@@ -20,8 +20,9 @@ a cluster job is spent on it:
 - the cluster becomes `localhost` (stdlib_plans/clusters/local.plan); the rest of the file stays
   as written (schedules, shard rules, comments), other plans of the file are left out.
 
-The result is checked by the language; a plan that cannot shrink raises `ShrinkError` with a plain
-message (a bad input plan raises `PlanError` with its diagnostics first).
+The result is checked by the language. Problems are `PlanError`s with diagnostics: the input plan's own
+(as `plandsl check` reports them), E802 (`ShrinkError`, a `PlanError`) for a plan that cannot be scaled
+down as written, at the line that fixes the size, and the scaled-down text's own when it does not check.
 """
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from plandsl import ir, syntax
+from plandsl.diagnostics import Note, PlanError, diag
 from plandsl.loader import Loader, include, read_source, stdlib_root
+from plandsl.source import Span
 
 HEAD_DIM = 16      # the tiny model's width per attention head
 SEQ = 32           # its sequence length, at least (4 tokens per context x tensor rank)
@@ -45,8 +48,12 @@ MAX_RANKS = 8      # the devices of one `localhost` node (stdlib_plans/clusters/
 CLUSTER_IMPORT = "clusters/local"
 
 
-class ShrinkError(ValueError):
-    """A plan `shrink` cannot scale down (the message says why and what to change)."""
+class ShrinkError(PlanError):
+    """A plan `shrink` cannot scale down: E802 at the line that says why, and what to change."""
+
+    def __init__(self, message: str, span: Span | None = None, hint: str | None = None,
+                 sources: dict | None = None):
+        super().__init__([diag("E802", message, span, hint=hint)], sources)
 
 
 @dataclass(frozen=True)
@@ -72,12 +79,15 @@ def shrink(path: str | Path, name: str | None = None, params: dict[str, Any] | N
     if not 1 <= ranks <= MAX_RANKS:
         raise ShrinkError(f"--ranks must be 1 to {MAX_RANKS} (the devices of one `{CLUSTER}` node), got {ranks}")
     path = str(path)
-    original = select_plan(api.load(path, params), name)
+    analysis = api.check(path, params)
+    if not analysis.ok or analysis.document is None:
+        raise PlanError(analysis.errors, analysis.sources)
+    original = select_plan(analysis.document, name)
     text = read_source(path).text  # read again, bounded, BOM dropped: the offsets of parse(text) below
     module = api.parse(text, path)
-    definition = _plan_definition(module, original.name, path)
+    definition = _plan_definition(module, original, path, analysis.sources)
 
-    sizes = _mesh_sizes(original, definition, ranks)
+    sizes = _mesh_sizes(original, definition, ranks, analysis.sources)
     microbatches = _microbatches(original, sizes)
     model_name, model_text, model_change = _model(original, sizes, module, definition)
     batch_degree = math.prod(sizes[axis] for axis in original.batch_axes())
@@ -126,19 +136,16 @@ def shrink(path: str | Path, name: str | None = None, params: dict[str, Any] | N
               *(f"#   {line}" for line in changes),
               "# The rest is the plan as written. Run: plandsl run THIS.plan --check-equivalence", ""]
     body = _apply(text, edits)
-    try:
-        shrunk_text = api.format_text("\n".join(header) + "\n" + body.lstrip("\n"), path)
-    except ValueError as error:  # PlanError: the splice broke the text (a bug here, not the user's)
-        raise ShrinkError(f"the scaled-down plan does not parse: {error}") from None
     where = str(Path(out_dir or os.getcwd()) / "<shrunk>.plan")
+    # The splice parses (a PlanError otherwise: a bug here, with the spliced text shown at the problem).
+    shrunk_text = api.format_text("\n".join(header) + "\n" + body.lstrip("\n"), where)
     folders = _outside_folders(path, module, out_dir)
     with include(folders):
         analysis = api.checks(shrunk_text, params, path=where)
     if not analysis.ok or analysis.document is None:
-        from plandsl.diagnostics import render_all
-        raise ShrinkError(f"plan '{original.name}' scaled down to {total} processes does not check:\n"
-                          + render_all(analysis.errors, analysis.sources)
-                          + "\n(the text it would write, to finish by hand:)\n" + shrunk_text)
+        note = Note(f"in plan '{original.name}' of {path} scaled down to {total} processes, as `plandsl shrink` "
+                    "would write it (run `plandsl check` on the original; the rest is to finish by hand)")
+        raise PlanError([replace(d, notes=d.notes + (note,)) for d in analysis.errors], analysis.sources)
     return Shrunk(shrunk_text, select_plan(analysis.document, original.name), original, tuple(changes), folders)
 
 
@@ -174,7 +181,7 @@ def pinned_axes(plan: ir.Plan, definition: syntax.Definition) -> dict[str, tuple
     return {plan.stages.axis: why} if why else {}
 
 
-def _mesh_sizes(plan: ir.Plan, definition: syntax.Definition, ranks: int) -> dict[str, int]:
+def _mesh_sizes(plan: ir.Plan, definition: syntax.Definition, ranks: int, sources: dict) -> dict[str, int]:
     pinned = pinned_axes(plan, definition)
     roles = _roles(plan)
     sizes = {a.name: a.size if a.name in pinned else min(a.size, 2) for a in plan.mesh.axes}
@@ -182,8 +189,9 @@ def _mesh_sizes(plan: ir.Plan, definition: syntax.Definition, ranks: int) -> dic
     if fixed > ranks:
         (axis, (why, fix)), = pinned.items()
         more = f"give --ranks {fixed} or more, or " if fixed <= MAX_RANKS else ""
-        raise ShrinkError(f"plan '{plan.name}' keeps {axis} = {sizes[axis]} ({why}), more than --ranks {ranks}: "
-                          f"{more}{fix}")
+        stages = plan.stages.span if plan.stages is not None else None
+        raise ShrinkError(f"plan '{plan.name}' keeps {axis} = {sizes[axis]} ({why}), more than --ranks {ranks}",
+                          stages or plan.mesh.span, f"{more}{fix}", sources)
     order = sorted((a.name for a in plan.mesh.axes if a.name not in pinned),
                    key=lambda axis: DROP_ORDER.index(roles.get(axis, "unused")))
     for axis in order:  # stable sort: outermost first within a role
@@ -307,11 +315,13 @@ def _changes(plan: ir.Plan, sizes: dict[str, int], total: int, microbatches: int
 
 
 # ---- the text ----------------------------------------------------------------------------------------------
-def _plan_definition(module: syntax.Module, name: str, path: str) -> syntax.Definition:
+def _plan_definition(module: syntax.Module, plan: ir.Plan, path: str, sources: dict) -> syntax.Definition:
     for item in module.items:
-        if isinstance(item, syntax.Definition) and item.kind == "plan" and item.name == name:
+        if isinstance(item, syntax.Definition) and item.kind == "plan" and item.name == plan.name:
             return item
-    raise ShrinkError(f"plan '{name}' is not written in {path} (shrink the file that defines it)")
+    raise ShrinkError(f"plan '{plan.name}' is not written in {path}", plan.span,
+                      f"shrink {plan.span.file if plan.span else 'the file that defines it'}, where it is written",
+                      sources)
 
 
 def _is_local_cluster(importer: str, name: str) -> bool:

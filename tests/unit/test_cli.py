@@ -270,10 +270,10 @@ EXPECTED_SURFACE = {
                                                "--resume", "--steps", "--include"}},
     "render": {"arguments": ["file"], "options": {"--color-by", "--format", "--output", "--param", "--plan", "--view",
                                                   "-o", "--include"}},
-    "shrink": {"arguments": ["file"], "options": {"--output", "--param", "--plan", "--precision", "--ranks", "-o",
+    "shrink": {"arguments": ["file"], "options": {"--format", "--output", "--param", "--plan", "--precision", "--ranks", "-o",
                                                   "--include"}},
     "estimate": {"arguments": ["file"], "options": {"--json", "--param", "--plan", "--include"}},
-    "generate": {"arguments": [], "options": {"--cluster", "--global-batch", "--json", "--model", "--output", "--pin",
+    "generate": {"arguments": [], "options": {"--cluster", "--format", "--global-batch", "--json", "--model", "--output", "--pin",
                                               "--precision", "--seq-len", "--top", "-o", "--from", "--plan", "--param",
                                               "--include"}},
 }

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from plandsl import api
 from plandsl.cli import main
 from plandsl.cost.estimate import estimate_plan
-from plandsl.search import SearchError
+from plandsl.diagnostics import PlanError
 from plandsl.search_from import read_partial
 
 HEADER = '''# a partial plan: the layout is left to the search
@@ -50,8 +50,8 @@ def test_the_file_comes_back_completed_and_checks_clean(tmp_path):
     out = generate("--from", path, "-o", out_path)
     assert out.exit_code == 0, out.output
     text = out_path.read_text()
-    assert text.startswith(HEADER)  # imports, comments, the model and the let, untouched
-    assert "plan mine {" in text and "  train    = recipe\n" in text  # its own train: it fixed what was searched
+    assert text.startswith(api.format_text(HEADER))  # imports, comments, the model and the let, untouched
+    assert "plan mine {" in text and "  train   = recipe\n" in text  # its own train: it fixed what was searched
     analysis = api.check(out_path)
     assert analysis.diagnostics == [], [d.message for d in analysis.diagnostics]
     (plan,) = analysis.document.plans
@@ -71,7 +71,7 @@ def test_a_written_mesh_fixes_every_degree_and_the_order(tmp_path):
                            "  data    = zero2 over dp\n  tensor  = megatron over tp with sequence_parallel\n  stages  = evenly over pp\n"
                            "  schedule = 1f1b\n")
     partial = read_partial(path)
-    assert partial.pins == {"dp": 4, "tp": 2, "pp": 2, "cp": 1, "ep": 1, "order": "pp,dp,tp", "zero_stage": 2,
+    assert partial.pins == {"dp": 4, "tp": 2, "pp": 2, "cp": 1, "ep": 1, "order": ("pp", "dp", "tp"), "zero_stage": 2,
                             "virtual_stages": 1, "schedule": "1f1b"}
     out = generate("--from", path, "--json")
     assert out.exit_code == 0, out.output
@@ -92,23 +92,70 @@ def test_command_line_pins_win_over_the_plan(tmp_path):
         assert plan.train.micro_batch == 1 and plan.train.lr == 1e-4  # the pin, not the let; the rest kept
 
 
-def test_tensor_without_a_mesh_says_it_fixes_nothing(tmp_path):
+def test_tensor_without_a_mesh_is_kept_over_an_axis_of_the_searched_mesh(tmp_path):
     path = write(tmp_path, "  train   = recipe\n  tensor  = megatron over tp\n")
-    (note,) = read_partial(path).notes
-    assert note.startswith("`tensor` without a mesh fixes nothing")
-    out = generate("--from", path, "--top", "1")
-    assert out.exit_code == 0 and "note: `tensor` without a mesh fixes nothing" in out.output
+    out = generate("--from", path, "--top", "3", "--json")
+    assert out.exit_code == 0, out.output
+    for c in json.loads(out.output)["candidates"]:
+        (plan,) = api.loads(c["plan"], path=str(path)).plans
+        assert plan.tensor is not None and plan.tensor.axis == "tp" and not plan.tensor.sequence_parallel
+        assert "  tensor  = megatron over tp\n" in c["plan"]  # the line as written (a tp of 1 when chosen)
 
 
-@pytest.mark.parametrize("body, message", [
-    ("  schedule = 1f1b\n", "needs `train`"),
-    ("  train   = recipe\n  schedule = mine\n", "'mine' is not one"),
-    ("  train   = { global_batch: 32, micro_batch: nope }\n", "does not read"),
+@pytest.mark.parametrize("body, code, line_text", [
+    ("  schedule = 1f1b\n", "E207", "plan mine {"),
+    ("  train   = recipe\n  schedule = mine\n", "E601", "schedule = mine"),
+    ("  train   = { global_batch: 32, micro_batch: nope }\n", "E201", "nope"),
+    ("  train   = { global_batch: 32, micro_bach: 2 }\n", "E206", "micro_bach"),
+    ("  train   = recipe\n  data    = zero4\n", "E210", "zero4"),
+    ("  train   = recipe\n  stages  = evenly over pp with virtual = 2, map = [0, 0, 1]\n", "E409", "map"),
 ])
-def test_bad_partial_plans_exit_1_with_a_message(tmp_path, body, message):
-    out = generate("--from", write(tmp_path, body))
-    assert out.exit_code == 1, out.output
-    assert message in out.output and "Traceback" not in out.output
+def test_bad_partial_plans_are_diagnostics_at_their_own_lines(tmp_path, body, code, line_text):
+    path = write(tmp_path, body)
+    out = generate("--from", path)
+    assert out.exit_code == 1 and "Traceback" not in out.output
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if line_text in text)
+    assert f"partial.plan:{line}:" in out.output and f"error[{code}]" in out.output, out.output
+    assert line_text in out.output  # the file's own line under the caret
+    objects = [json.loads(text) for text in generate("--from", path, "--format", "json").stdout.splitlines()]
+    assert {o["code"] for o in objects} == {code} and objects[0]["location"]["line"] == line
+
+
+def test_a_misspelled_train_key_is_the_code_check_gives(tmp_path):
+    path = write(tmp_path, "  mesh    = [dp = 16]\n  train   = { global_batch: 32, micro_bach: 2 }\n")
+    checked = [(d.code, d.span.line) for d in api.check(path).errors]
+    with pytest.raises(PlanError) as refused:
+        read_partial(path)
+    assert [(d.code, d.span.line) for d in refused.value.diagnostics] == checked and checked[0][0] == "E206"
+
+
+@pytest.mark.parametrize("body, line_text", [
+    ("  train   = recipe\n  shard layers.*.mlp.w1 = colwise over tp\n", "shard"),
+    ("  train   = recipe\n  data    = hsdp over [r, s]\n", "data"),
+    ("  train   = recipe\n  data    = zero1 over dp\n  experts = alltoall over dp\n", "data"),
+    ("  mesh    = [dp = 4, pp = 3] over devices[0:12]\n  train   = recipe\n  data    = zero1 over dp\n", "mesh"),
+])
+def test_what_the_search_cannot_keep_is_E801_at_its_line(tmp_path, body, line_text):
+    path = write(tmp_path, body)
+    out = generate("--from", path)
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if text.startswith(f"  {line_text}"))
+    assert out.exit_code == 1 and f"partial.plan:{line}:" in out.output and "error[E801]" in out.output, out.output
+
+
+def test_what_check_reports_comes_before_the_search(tmp_path):
+    path = write(tmp_path, "  mesh    = [dp = 16]\n  train   = { global_batch: 32, micro_batch: 4 }\n")
+    out = generate("--from", path)  # micro_batch and mesh written: E501 as check says, not a search failure
+    assert out.exit_code == 1 and "error[E501]" in out.output, out.output
+
+
+def test_nothing_that_keeps_the_decisions_is_E803_at_the_plan(tmp_path):
+    path = tmp_path / "big.plan"
+    path.write_text('import "clusters/dgx_a100"\nplan big {\n  model = gpt(layers=64, hidden=8192, heads=64, '
+                    'seq=2048, vocab=51200)\n  cluster = dgx_a100 x 1\n  mesh = [dp = 8]\n'
+                    '  train = { global_batch: 64 }\n}\n')
+    out = generate("--from", path)
+    assert out.exit_code == 1 and "big.plan:2:6: error[E803]" in out.output, out.output
+    assert "does not fit" in out.output and "dp=8" in out.output
 
 
 def test_from_excludes_the_problem_options_and_plan_needs_from(tmp_path):
@@ -122,7 +169,7 @@ def test_from_excludes_the_problem_options_and_plan_needs_from(tmp_path):
 def test_several_plans_need_plan(tmp_path):
     path = write(tmp_path, "  train   = recipe\n")
     path.write_text(path.read_text() + "\nplan other {\n  model = small\n  cluster = dgx_a100\n  train = recipe\n}\n")
-    with pytest.raises(SearchError, match="name one with --plan"):
+    with pytest.raises(PlanError, match="name one with --plan"):
         read_partial(path)
     assert read_partial(path, "other").name == "other"
 
@@ -152,23 +199,6 @@ def test_an_expert_parallel_mesh_pins_dp_and_ep_apart():
     assert out.exit_code == 0, out.output
 
 
-@pytest.mark.parametrize("name, message", [
-    ("hsdp", "`hsdp` over two is not kept"),
-    ("shard_rules", "writes 5 shard rule(s)"),
-    ("uneven_pipeline", "writes a `stages { }` block"),
-])
-def test_what_the_search_would_drop_is_an_error(name, message):
-    out = generate("--from", STDLIB_EXAMPLES / f"{name}.plan")
-    assert out.exit_code == 1 and message in out.output and "Traceback" not in out.output
-
-
-def test_a_mesh_over_part_of_the_cluster_is_an_error(tmp_path):
-    path = write(tmp_path, "  mesh    = [dp = 4, tp = 2] over devices[0:8]\n  train   = recipe\n"
-                           "  data    = zero1 over dp\n  tensor  = megatron over tp\n")
-    out = generate("--from", path)
-    assert out.exit_code == 1 and "the mesh covers 8 of the 16 devices" in out.output
-
-
 def test_errors_point_at_the_plans_own_lines(tmp_path):
     path = write(tmp_path, "  tensor  = megatron over tp\n  train   = { global_batch: 32,\n"
                            "              precision: fp8 }\n")
@@ -186,11 +216,11 @@ def test_completing_again_replaces_the_figures(tmp_path):
     assert api.check(path).diagnostics == []
 
 
-def test_a_train_let_of_another_file_is_searched_with_a_note(tmp_path):
+def test_a_train_let_of_another_file_is_kept_with_a_note(tmp_path):
     (tmp_path / "recipes.plan").write_text("let shared = { global_batch: 32, micro_batch: 2, precision: bf16 }\n")
     path = write(tmp_path, '  train   = shared\n', header=HEADER + 'import "recipes"\n')
     partial = read_partial(path)
-    assert "micro_batch_size" not in partial.pins
+    assert partial.pins["micro_batch_size"] == 2 and partial.pins["recompute"] == "none"  # what it says, kept
     assert any("is not a dict of this file" in note for note in partial.notes)
 
 
