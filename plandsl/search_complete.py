@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from plandsl import ir, syntax
@@ -68,8 +68,7 @@ def generate_from(path: str | Path, name: str | None = None, params: dict | None
     if not kept:
         bug = (Note("this is a bug of `plandsl generate --from`: the completed plan above should check; "
                       "please report it with the partial plan"),)
-        raise PlanError([d.__class__(d.code, d.message, d.span, d.hint, d.notes + notes, d.grid)
-                         for d in failure.diagnostics], failure.sources)
+        raise PlanError([replace(d, notes=d.notes + bug) for d in failure.diagnostics], failure.sources)
     return Completed(SearchResult(tuple(s for s, _ in kept), result.stats), tuple(t for _, t in kept), notes)
 
 

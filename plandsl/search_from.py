@@ -19,7 +19,7 @@ What the search cannot keep is refused with an E801 diagnostic at its line. Erro
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from plandsl import ir, syntax
@@ -351,9 +351,22 @@ def _remap_span(span: Span | None, path: str, source: SourceFile, inserted: list
     return source.span(min(start, len(source.text)), min(max(end, start), len(source.text)))
 
 
+def _touches_inserted(span: Span, path: str, inserted) -> bool:
+    if span.file != path:
+        return False
+    shift = 0
+    for at, piece in sorted(inserted):
+        if span.start <= at + shift + len(piece) and at + shift <= span.end:
+            return True
+        shift += len(piece)
+    return False
+
+
 def _remap(d: Diagnostic, path: str, source: SourceFile, inserted) -> Diagnostic:
     notes = tuple(Note(n.message, _remap_span(n.span, path, source, inserted)) for n in d.notes)
-    return Diagnostic(d.code, d.message, _remap_span(d.span, path, source, inserted), d.hint, notes, d.grid)
+    edits = tuple(replace(e, span=_remap_span(e.span, path, source, inserted)) for e in d.edits
+                  if not _touches_inserted(e.span, path, inserted))  # an edit of the probe's own text: no place here
+    return replace(d, span=_remap_span(d.span, path, source, inserted), notes=notes, edits=edits)
 
 
 def _apply(text: str, edits: list[tuple[int, int, str]]) -> str:
