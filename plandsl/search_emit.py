@@ -346,7 +346,7 @@ def explain_empty(problem: Problem, pins: dict, space) -> str:
             "and a multiple of pp; interleaved: rounds of pp), and stages need blocks")
 
 
-_BYTES_PER_PARAM = 16  # Adam: 16-bit 2 + 2 + 12 (ZeRO, Sec. 3.1); fp32 4 + 4 + 8
+_BYTES_PER_PARAM = 16  # Adam: fp32 parameters, gradients, m and v, 4 + 4 + 8 (cost.memory.STATE_BYTES)
 
 
 def _states_bytes(problem: Problem) -> float:

@@ -245,11 +245,12 @@ def estimate_optimizer_step(local_params: float, device: ir.DeviceType, optimize
     """Seconds of the optimizer step over the `local_params` a device updates (after ZeRO).
 
     Element-wise and memory bound: read and write every optimizer state (ZeRO's K bytes per
-    parameter, Rajbhandari et al. 2020, Sec. 3.1), read the gradient, write the parameter.
+    parameter, Rajbhandari et al. 2020, Sec. 3.1), read the gradient, read and write the parameter,
+    at the interpreter's dtypes (`cost.memory.STATE_BYTES`: fp32 whatever `precision` is). For Adam
+    that is 28 bytes per parameter, as Megatron's layout reads and writes (2·12 + 2 + 2).
     """
-    from plandsl.cost.memory import optimizer_bytes_per_param
-    state = optimizer_bytes_per_param(optimizer, precision)
-    per_param = 2 * state + precision.bytes + precision.bytes
+    from plandsl.cost.memory import STATE_BYTES, optimizer_bytes_per_param
+    per_param = 2 * optimizer_bytes_per_param(optimizer) + STATE_BYTES + 2 * STATE_BYTES
     return local_params * per_param / device.bandwidth
 
 

@@ -17,7 +17,7 @@ simulator's peak when higher.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from plandsl import ir
 from plandsl.cost.comm import collective_seconds
@@ -222,7 +222,7 @@ def _with_simulated_peaks(plan: ir.Plan, assignment, memory: list[MemoryEstimate
         working = max(0.0, estimate.activations - inflight[rank] * stored)
         simulated = peaks[rank] + working if rank < len(peaks) else 0.0
         if simulated > estimate.activations * (1 + 1e-9):
-            estimate = MemoryEstimate(estimate.params, estimate.grads, estimate.optimizer, simulated, estimate.other)
+            estimate = replace(estimate, activations=simulated)
         result.append(estimate)
     return result
 

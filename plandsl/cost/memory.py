@@ -6,11 +6,14 @@ tensor/data-parallel coordinate: model states follow ZeRO (Rajbhandari et al. 20
 ZeRO-2/3 hold unsharded while gathering and reducing (FSDP, Zhao et al. 2023), activations
 Korthikanti et al. 2022, in-flight microbatches the schedules' papers; a rank holds the weights of
 every stage any of the schedule's pipelines puts on it (Chimera: two). Sharding follows
-Megatron-style defaults, not a plan's own `shard` rules.
+Megatron-style defaults, not a plan's own `shard` rules. Dtypes are the interpreter's (`STATE_BYTES`):
+fp32 parameters, gradients and optimizer states under every precision, as `plandsl run` keeps them
+(docs/cost-model.md, "One memory model").
 """
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
@@ -23,22 +26,45 @@ from plandsl.models import EXPERTS, FFN, HEADS_X_HEAD_DIM, KV, VOCAB, Layer, Par
 # embedding and head. Everything else (norms, row-parallel biases, positions, router) is replicated.
 TENSOR_SHARDED_DIMS = (HEADS_X_HEAD_DIM, KV, FFN, VOCAB)
 
+# Bytes per element of a parameter, its gradient and each optimizer state, whatever `precision` says: the
+# interpreter keeps parameters in fp32 and computes under autocast (`runtime.precision`), so gradients
+# are fp32 too and Adam's m and v are fp32 tensors shaped like the parameters (torch.optim.AdamW); FSDP
+# (`runtime.data_parallel.apply_fsdp`, no MixedPrecisionPolicy) gathers and reduces fp32. This is
+# torchtitan's FSDP2 layout (sharded fp32 parameters), not Megatron's (16-bit parameters and gradients
+# beside an fp32 master copy in the optimizer): the same 16 bytes per parameter unsharded, split
+# differently by ZeRO-1/2.
+STATE_BYTES = 4
+
 
 @dataclass(frozen=True, slots=True)
 class MemoryEstimate:
     """Bytes on one device at its peak. `params` and `grads` are the ZeRO shards plus, with ZeRO-3
     (params) and ZeRO-2/3 (grads), the unsharded units being gathered and reduced
-    (`gathered_bytes`). `other` is 0: no allowance is invented (see `estimate_memory`)."""
+    (`gathered_bytes`), of which `gathered_params` and `gathered_grads` are those units. `other` is 0:
+    no allowance is invented (see `estimate_memory`)."""
 
     params: float
     grads: float
     optimizer: float
     activations: float
     other: float = 0.0
+    gathered_params: float = 0.0
+    gathered_grads: float = 0.0
 
     @property
     def total(self) -> float:
         return self.params + self.grads + self.optimizer + self.activations + self.other
+
+    @property
+    def states(self) -> float:
+        """Parameters, gradients and optimizer states, the gathered units included."""
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def stored_states(self) -> float:
+        """The states a rank stores between steps: its shards, without the units gathered during one
+        (what `plandsl run --dry-run` builds)."""
+        return self.states - self.gathered_params - self.gathered_grads
 
     def to_json(self) -> dict:
         return {**asdict(self), "total": self.total}
@@ -60,6 +86,9 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
     if len(inflight) != len(rank_stages):
         raise ValueError(f"inflight has {len(inflight)} entries for {len(rank_stages)} pipeline ranks")
     tied = tied_embedding(plan, [layer for stage in stage_layers for layer in stage])
+    # A built-in model's `Param`s are the interpreter's tensors; a custom model's are one synthetic
+    # tensor per authored layer, so its ZeRO-1 partition is taken as even.
+    whole_tensors = not isinstance(plan.model, ir.CustomModel)
     estimates = []
     for stages in held_stages(plan, rank_stages):
         layers = [layer for stage in stages for layer in stage_layers[stage]]
@@ -67,12 +96,13 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         # A tied head on a rank without the embedding keeps its own copy of the weight, kept in
         # sync by an all-reduce of the gradients (Megatron-LM, Narayanan et al. 2021).
         extra = [tied] if tied and "head" in kinds and "embed" not in kinds else []
-        params, grads, optimizer = model_state_bytes(plan, layers, extra)
+        params, grads, optimizer = model_state_bytes(plan, layers, extra, whole_tensors=whole_tensors)
         gathered_params, gathered_grads = gathered_bytes(plan, layers, extra)
         stored = sum(_layer_activations(plan, layer, plan.train.recompute, attention_matrix)
                      for layer in layers)
         activations = inflight[len(estimates)] * stored + _recompute_working_set(plan, layers, attention_matrix)
-        estimates.append(MemoryEstimate(params + gathered_params, grads + gathered_grads, optimizer, activations))
+        estimates.append(MemoryEstimate(params + gathered_params, grads + gathered_grads, optimizer, activations,
+                                        gathered_params=gathered_params, gathered_grads=gathered_grads))
     return estimates
 
 
@@ -140,17 +170,15 @@ def inflight_microbatches(schedule: str, pp: int, microbatches: int, virtual: in
 
 
 # ---- model states (ZeRO) --------------------------------------------------------------
-def optimizer_bytes_per_param(optimizer: ir.Optimizer, precision: ir.Precision) -> int:
-    """Optimizer-state bytes per parameter (ZeRO's K), before any sharding.
+def optimizer_bytes_per_param(optimizer: ir.Optimizer) -> int:
+    """Optimizer-state bytes per parameter (ZeRO's K), before any sharding, at any precision.
 
-    Adam, 16-bit training: fp32 master params + momentum + variance = 4 + 4 + 4 = 12 (ZeRO,
-    Sec. 3.1). Adam, fp32 training: the params are the master copy, so m and v only: 8.
-    SGD (no momentum): the fp32 master copy with 16-bit training, 4; nothing in fp32 training.
+    The parameters are fp32 and are their own master copy (`STATE_BYTES`), so the optimizer keeps its
+    states only, as the interpreter's (`runtime.optim.optimizer_settings`): AdamW's momentum and
+    variance, 4 + 4 = 8; SGD's momentum buffer, 4. (Megatron's layout would be K = 12 for Adam:
+    ZeRO, Sec. 3.1, with 2-byte parameters and gradients.)
     """
-    sixteen_bit = precision.bytes == 2
-    if optimizer is ir.Optimizer.adam:
-        return 12 if sixteen_bit else 8
-    return 4 if sixteen_bit else 0
+    return 2 * STATE_BYTES if optimizer is ir.Optimizer.adam else STATE_BYTES
 
 
 def local_numel(param: Param, tp: int, ep: int) -> int:
@@ -201,28 +229,54 @@ def zero_degrees(plan: ir.Plan) -> tuple[int, int, int]:
     return plan.data.zero_stage, replicas, max(1, replicas // plan.ep)
 
 
-def model_state_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = ()) -> tuple[float, float, float]:
-    """(params, grads, optimizer) bytes of these layers' (and `extra`) ZeRO shards on one device."""
-    return _model_states(plan, [p for layer in layers for p in layer.params] + list(extra))
+def model_state_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = (), *,
+                      whole_tensors: bool = False) -> tuple[float, float, float]:
+    """(params, grads, optimizer) bytes of these layers' (and `extra`) ZeRO shards on one device.
+
+    `whole_tensors`: ZeRO-1's optimizer states as the interpreter partitions them, whole tensors over
+    the data ranks (`zero_one_elements`), on the most loaded rank: exact for a rank's whole share, but
+    not additive over layers, so callers that sum per-layer figures (the search) leave it off and get
+    the even split, 1/N_d of the elements."""
+    return _model_states(plan, [p for layer in layers for p in layer.params] + list(extra), whole_tensors)
 
 
-def _model_states(plan: ir.Plan, params: list[Param]) -> tuple[float, float, float]:
+def _model_states(plan: ir.Plan, params: list[Param], whole_tensors: bool = False) -> tuple[float, float, float]:
     """(params, grads, optimizer) bytes for these params on one device."""
     tp, ep = plan.tp, plan.ep
-    dense = sum(local_numel(p, tp, ep) for p in params if not _is_expert(p))
-    expert = sum(local_numel(p, tp, ep) for p in params if _is_expert(p))
+    dense = [local_numel(p, tp, ep) for p in params if not _is_expert(p)]
+    expert = [local_numel(p, tp, ep) for p in params if _is_expert(p)]
     stage, dense_degree, expert_degree = zero_degrees(plan)
 
     def held(from_stage: int) -> float:  # elements kept per device: ZeRO stage s shards it if s >= from_stage
         if stage < from_stage:
-            return float(dense + expert)
-        return -(-dense // dense_degree) + -(-expert // expert_degree)
+            return float(sum(dense) + sum(expert))
+        if stage == 1 and whole_tensors:
+            return float(zero_one_elements(dense, dense_degree) + zero_one_elements(expert, expert_degree))
+        return -(-sum(dense) // dense_degree) + -(-sum(expert) // expert_degree)
 
-    precision = plan.train.precision
-    # ZeRO Sec. 3.1: 2Ψ params + 2Ψ grads (16-bit) + KΨ optimizer; stage 1 shards the optimizer
-    # states, stage 2 also the grads, stage 3 also the params (Sec. 5.1-5.3).
-    return (held(3) * precision.bytes, held(2) * precision.bytes,
-            held(1) * optimizer_bytes_per_param(plan.train.optimizer, precision))
+    # ZeRO Sec. 3.1 with the interpreter's dtypes: 4Ψ params + 4Ψ grads (fp32) + KΨ optimizer; stage 1
+    # shards the optimizer states, stage 2 also the grads, stage 3 also the params (Sec. 5.1-5.3).
+    return (held(3) * STATE_BYTES, held(2) * STATE_BYTES,
+            held(1) * optimizer_bytes_per_param(plan.train.optimizer))
+
+
+def zero_one_elements(sizes: Sequence[int], ranks: int) -> int:
+    """Elements of the most loaded of `ranks` ZeRO-1 partitions of tensors of these `sizes`.
+
+    The interpreter's ZeRO-1 (torch's ZeroRedundancyOptimizer, `runtime.zero.assign`) gives each
+    tensor whole to one rank, largest first, to the rank holding the fewest elements so far (Graham's
+    LPT): a few large tensors over many ranks load them unevenly (Mixtral's stages over 16 data ranks:
+    14 % above the even split). O(n log ranks) with a heap."""
+    if ranks <= 1 or not sizes:
+        return sum(sizes)
+    ordered = sorted(sizes, reverse=True)
+    if len(ordered) <= ranks:
+        return ordered[0]
+    load = [(0, rank) for rank in range(ranks)]  # (elements, rank): ties go to the lowest rank
+    for size in ordered:
+        elements, rank = heapq.heappop(load)
+        heapq.heappush(load, (elements + size, rank))
+    return max(elements for elements, _ in load)
 
 
 def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = ()) -> tuple[float, float]:
@@ -249,7 +303,7 @@ def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param
             units.append(count)
         else:
             root += count
-    live = sum(sorted(units + [root], reverse=True)[:2]) * plan.train.precision.bytes
+    live = sum(sorted(units + [root], reverse=True)[:2]) * STATE_BYTES  # fp32: no MixedPrecisionPolicy
     return (float(live) if stage >= 3 else 0.0), float(live)
 
 
@@ -399,4 +453,4 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
 __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estimate_layer_activations",
            "held_stages", "gathered_bytes", "model_state_bytes", "tied_embedding",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
-           "zero_degrees", "gathers_kv"]
+           "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES"]

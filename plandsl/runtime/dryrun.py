@@ -5,7 +5,8 @@ Contract: `dry_run(plan)` joins torch's fake process group once per rank (`FakeS
 are no-ops), builds that rank's model, parallelisms and optimizer with the interpreter's own
 functions on meta tensors, and returns its parameter, gradient and optimizer-state figures next to
 the cost model's prediction (`cost.estimate`); `dry_run_report(plan)` is that as a table.
-Private torch API used (torch 2.13): `torch.testing._internal.distributed.fake_pg.FakeStore`, and
+Private torch API used (torch 2.13): `torch.testing._internal.distributed.fake_pg.FakeStore`,
+ZeroRedundancyOptimizer's `_partition_parameters` (every rank's ZeRO-1 partition), and
 DistributedDataParallel's `_verify_param_shape_across_processes`, skipped while a rank is built, and
 DTensor's sharding-propagation, redistribution and planner caches, cleared after each rank (`_forget_rank`).
 """
@@ -49,6 +50,8 @@ class RankFigures:
     optimizer_bytes: int
     predicted: MemoryEstimate | None  # the cost model, for its pipeline rank's worst coordinate
     ranks_like_it: int = 1         # ranks this one stands for (meshes over MAX_RANKS)
+    most_loaded_optimizer_bytes: int = 0  # ZeRO-1: what the most loaded rank of its data group(s) steps;
+    # every rank computes the whole partition, so this is known without building that rank (else = optimizer_bytes)
 
     @property
     def states_bytes(self) -> int:
@@ -75,14 +78,18 @@ class DryRun:
                 "ranks": [r.to_json() for r in self.ranks]}
 
 
-def dry_run(plan: ir.Plan) -> DryRun:
+def dry_run(plan: ir.Plan, ranks: list[int] | None = None) -> DryRun:
+    """Every rank's share (meshes over MAX_RANKS: `representative_ranks`), or only `ranks`."""
     if dist.is_initialized():
         raise RuntimeError("a dry run builds every rank with its own fake process group; this process "
                            "already belongs to a process group")
     from plandsl.runtime.models import build_model
     from plandsl.runtime.optim import optimizer_settings
     world = plan.mesh.size
-    ranks, summary = representative_ranks(plan)
+    if ranks is None:
+        ranks, summary = representative_ranks(plan)
+    else:
+        summary = f"built ranks {', '.join(map(str, ranks))} only"
     predicted = _predicted(plan)
     cls, kwargs = optimizer_settings(plan)
     states = _states_per_element(cls, kwargs)
@@ -144,6 +151,7 @@ def _build_rank(plan: ir.Plan, model: torch.nn.Module, rank: int, world: int, st
         optimizer = build_dp_optimizer(plan, models, data_mesh(plan, mesh), expert_data_mesh(plan, mesh))
         local_optimizer = getattr(optimizer, "optim", optimizer)  # ZeRO-1: this rank's partition
         stepped = [p for group in local_optimizer.param_groups for p in group["params"]]
+        most_loaded = states * _most_loaded_partition(optimizer, sum(_bytes(p) for p in stepped))
     finally:
         dist.destroy_process_group()
         sys.excepthook = hook
@@ -155,7 +163,21 @@ def _build_rank(plan: ir.Plan, model: torch.nn.Module, rank: int, world: int, st
     pipeline_rank = dict(coordinate)[plan.stages.axis] if plan.stages is not None else 0
     return RankFigures(rank, coordinate, tuple(stages), sum(p.numel() for p in params), local, param_bytes,
                        grad_bytes, states * sum(_bytes(p) for p in stepped),
-                       predicted[pipeline_rank] if predicted else None, like)
+                       predicted[pipeline_rank] if predicted else None, like, most_loaded)
+
+
+def _most_loaded_partition(optimizer: torch.optim.Optimizer, own: int) -> int:
+    """Parameter bytes the most loaded rank of each ZeRO-1 group steps, summed over the groups (`own`, what
+    this rank steps, without ZeRO-1). Both ZeRO-1 optimizers compute every rank's partition on each rank."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from plandsl.runtime.zero import Zero1Optimizer
+    if isinstance(optimizer, Zero1Optimizer):
+        return sum(max(loads) for loads in optimizer.partition_bytes)
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        return max(sum(_bytes(p) for group in groups for p in group["params"])
+                   for groups in optimizer._partition_parameters())
+    return own
 
 
 def _forget_rank() -> None:
@@ -210,7 +232,7 @@ def _ddp_on_meta():
 
 # ---- the text -------------------------------------------------------------------------------------------
 _HEAD = ("rank", "mesh", "stages", "parameters", "local", "params", "grads", "optimizer", "states", "|",
-         "predicted states", "activations", "peak")
+         "predicted states", "gathered", "activations", "peak")
 
 
 def dry_run_report(plan: ir.Plan) -> str:
@@ -225,7 +247,8 @@ def format_dry_run(result: DryRun) -> str:
                      ",".join(map(str, r.stages)) or "-", f"{r.parameters:,}", f"{r.local_parameters:,}",
                      format_bytes(r.param_bytes), format_bytes(r.grad_bytes), format_bytes(r.optimizer_bytes),
                      format_bytes(r.states_bytes), "|",
-                     format_bytes(p.params + p.grads + p.optimizer) if p else "-",
+                     format_bytes(p.stored_states) if p else "-",
+                     format_bytes(p.gathered_params + p.gathered_grads) if p else "-",
                      format_bytes(p.activations) if p else "-", format_bytes(p.total) if p else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(_HEAD))]
     left = {1, 2, 9}
@@ -237,8 +260,16 @@ def format_dry_run(result: DryRun) -> str:
              "sharding; params, grads: their bytes (gradients shaped like the local parameters)",
              f"optimizer: {result.optimizer} of the parameters it steps (ZeRO-1: its partition of whole tensors), "
              "created at the first step",
-             "predicted: the cost model (`plandsl estimate`) for the rank's pipeline stage: parameters + gradients "
-             "+ optimizer states, the activations of its in-flight microbatches, and their sum, the peak"]
+             "predicted: the cost model (`plandsl estimate`, `plandsl check`) for the worst rank of the pipeline stage, "
+             "at the same dtypes: the states it stores (parameters + gradients + optimizer states, fp32), the "
+             "parameters and gradients ZeRO-2/3 hold unsharded while gathering and reducing, the activations of its "
+             "in-flight microbatches, and the peak, their sum"]
+    loaded = [r for r in result.ranks if r.most_loaded_optimizer_bytes > r.optimizer_bytes]
+    if loaded:
+        worst = max(loaded, key=lambda r: r.most_loaded_optimizer_bytes - r.optimizer_bytes)
+        lines.append(f"ZeRO-1 gives each tensor whole to one data rank: the most loaded rank of rank {worst.rank}'s "
+                     f"data group steps {format_bytes(worst.most_loaded_optimizer_bytes)} of optimizer states, "
+                     f"rank {worst.rank} {format_bytes(worst.optimizer_bytes)}; the prediction counts the most loaded")
     if result.summary:
         lines.append(f"note: {result.summary}")
     return "\n".join(lines)

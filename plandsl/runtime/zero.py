@@ -42,6 +42,11 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
+def _nbytes(tensor: torch.Tensor) -> int:
+    shard = local(tensor)
+    return shard.numel() * shard.element_size()
+
+
 class Zero1Optimizer(torch.optim.Optimizer):
     """`optimizer_class` over this rank's partition; the outer object holds every parameter (one group),
     so `zero_grad`, learning-rate schedulers and gradient clipping see the whole model."""
@@ -53,14 +58,21 @@ class Zero1Optimizer(torch.optim.Optimizer):
         owned: list[torch.Tensor] = []
         # (process group, the owner's global rank, the parameters it broadcasts), one per owner
         self._broadcasts: list[tuple[ProcessGroup, int, list[torch.Tensor]]] = []
+        self.partition_bytes: list[list[int]] = []
+        """Per partition, the bytes of the parameters each rank of its group steps (every rank computes all)."""
         for group_params, group in partitions:
             size = 1 if group is None else dist.get_world_size(group)
             if size == 1:
                 owned += group_params
+                self.partition_bytes.append([sum(_nbytes(p) for p in group_params)])
                 continue
             owners = assign([local(p).numel() for p in group_params], size)
             me = dist.get_rank(group)
             owned += [p for p, owner in zip(group_params, owners) if owner == me]
+            loads = [0] * size
+            for p, owner in zip(group_params, owners):
+                loads[owner] += _nbytes(p)
+            self.partition_bytes.append(loads)
             for owner in range(size):
                 mine = [p for p, o in zip(group_params, owners) if o == owner]
                 if mine:

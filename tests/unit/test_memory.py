@@ -3,7 +3,7 @@ import pytest
 
 from plandsl import ir
 from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, gathered_bytes, held_stages,
-                                 inflight_microbatches, optimizer_bytes_per_param)
+                                 inflight_microbatches, optimizer_bytes_per_param, zero_one_elements)
 from plandsl.schedules.generators import generate
 from plandsl.schedules.simulate import simulate
 from plandsl.models import layers_of, param_count
@@ -33,21 +33,54 @@ GPT2_SMALL = ir.TransformerModel(kind="gpt", name="g", layers=12, hidden=768, he
 
 
 # ---- ZeRO (Rajbhandari et al. 2020, Figure 1: 7.5B params, N_d = 64, Adam, fp16) ------------
+# The paper counts Megatron's layout, 2 + 2 + 12 bytes per parameter: 120, 31.4, 16.6, 1.9 GB. The
+# interpreter keeps fp32 parameters and gradients and Adam's m and v, 4 + 4 + 8 (cost.memory.STATE_BYTES):
+# the same 120 GB replicated and 1.9 GB under ZeRO-3, but ZeRO-1 shards 8 bytes, not 12, and ZeRO-2 12,
+# not 14: (4 + 4)Ψ + 8Ψ/64 = 60.9 GB and 4Ψ + 12Ψ/64 = 31.4 GB.
 @pytest.mark.parametrize("kind, gigabytes", [
-    ("replicate", 120.0), ("zero1", 31.4), ("zero2", 16.6), ("zero3", 1.9)])
+    ("replicate", 120.0), ("zero1", 60.9), ("zero2", 31.4), ("zero3", 1.9)])
 def test_zero_paper_example(kind, gigabytes):
     model = ir.CustomModel(kind="custom", name="c", layers=(
         ir.CustomLayer(name="all", params=7_500_000_000, flops=0, activations=0, output=1),))
     p = plan(model, [("dp", 64)], data=ir.DataParallel(kind=kind, axes=("dp",)), precision="fp16")
     [estimate] = estimate_memory(p, [layers_of(model)], [[0]], [1])
     states = estimate.params + estimate.grads + estimate.optimizer
-    # The paper's figure counts the shards; ZeRO-2/3 also hold the unit being reduced (and gathered).
-    unit = 7_500_000_000 * 2
+    # The paper's figure counts the shards; ZeRO-2/3 also hold the unit being reduced (and gathered), fp32.
+    unit = 7_500_000_000 * 4
     gathered = {"zero2": (0, unit), "zero3": (unit, unit)}.get(kind, (0, 0))
     assert gathered_bytes(p, layers_of(model)) == gathered
+    assert (estimate.gathered_params, estimate.gathered_grads) == gathered
     assert (states - sum(gathered)) / 1e9 == pytest.approx(gigabytes, rel=0.02)
+    assert estimate.stored_states == pytest.approx(states - sum(gathered)) and estimate.states == states
     assert estimate.activations == 0 and estimate.other == 0
     assert estimate.to_json()["total"] == estimate.total == states
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
+def test_states_are_fp32_whatever_the_precision(precision):
+    """The interpreter autocasts the compute and keeps fp32 parameters, gradients and Adam states."""
+    model = ir.CustomModel(kind="custom", name="c", layers=(
+        ir.CustomLayer(name="all", params=1000, flops=0, activations=0, output=1),))
+    for optimizer, states in (("adam", 8), ("sgd", 4)):
+        p = plan(model, [("dp", 1)], precision=precision, optimizer=optimizer)
+        [estimate] = estimate_memory(p, [layers_of(model)], [[0]], [1])
+        assert (estimate.params, estimate.grads, estimate.optimizer) == (4000, 4000, 1000 * states)
+
+
+def test_zero1_partitions_whole_tensors_like_the_interpreter():
+    """ZeRO-1 gives each tensor whole to one data rank (runtime.zero.assign, torch's
+    ZeroRedundancyOptimizer): the estimate is the most loaded rank's share, not 1/N_d."""
+    from plandsl.runtime.zero import assign
+    p = plan(GPT2_SMALL, [("dp", 16)], data=ir.DataParallel(kind="zero1", axes=("dp",)), optimizer="adam")
+    layers = layers_of(GPT2_SMALL)
+    [estimate] = estimate_memory(p, [layers], [[0]], [1])
+    sizes = [param.numel for layer in layers for param in layer.params]
+    load = [0] * 16
+    for size, owner in zip(sizes, assign(sizes, 16)):
+        load[owner] += size
+    assert estimate.optimizer == 8 * max(load) > 8 * sum(sizes) / 16
+    assert zero_one_elements(sizes, 16) == max(load)
+    assert zero_one_elements([5, 3], 4) == 5 and zero_one_elements([5, 3], 1) == 8 and zero_one_elements([], 3) == 0
 
 
 def test_hsdp_shards_over_last_axis_only():
@@ -56,15 +89,14 @@ def test_hsdp_shards_over_last_axis_only():
     p = plan(model, [("replicas", 4), ("shard", 8)],
              data=ir.DataParallel(kind="hsdp", axes=("replicas", "shard")))
     [estimate] = estimate_memory(p, [layers_of(model)], [[0]], [1])
-    gathered = 8_000 * 2  # the one unit, gathered whole (parameters) and reduced whole (gradients)
-    assert (estimate.params, estimate.grads, estimate.optimizer) == (2000 + gathered, 2000 + gathered, 12000)
+    gathered = 8_000 * 4  # the one unit, gathered whole (parameters) and reduced whole (gradients), fp32
+    assert (estimate.params, estimate.grads, estimate.optimizer) == (4000 + gathered, 4000 + gathered, 8000)
 
 
 def test_optimizer_bytes():
-    assert optimizer_bytes_per_param(ir.Optimizer.adam, ir.Precision.bf16) == 12
-    assert optimizer_bytes_per_param(ir.Optimizer.adam, ir.Precision.fp32) == 8
-    assert optimizer_bytes_per_param(ir.Optimizer.sgd, ir.Precision.fp16) == 4
-    assert optimizer_bytes_per_param(ir.Optimizer.sgd, ir.Precision.fp32) == 0
+    """The interpreter's optimizers (runtime.optim): AdamW's m and v, SGD's momentum buffer, fp32."""
+    assert optimizer_bytes_per_param(ir.Optimizer.adam) == 8
+    assert optimizer_bytes_per_param(ir.Optimizer.sgd) == 4
 
 
 def test_tensor_parallel_shards_only_sharded_params():
@@ -76,7 +108,7 @@ def test_tensor_parallel_shards_only_sharded_params():
     sharded = L * (4 * h * h + 3 * h + 2 * h * f + f) + v * h
     assert replicated + sharded == param_count(GPT2_SMALL)
     expected = replicated + sharded // t + (-(-v // t) * h - v * h // t)  # vocab rounds up
-    assert estimate.params == 2 * expected and estimate.optimizer == 12 * expected
+    assert estimate.params == 4 * expected and estimate.optimizer == 8 * expected
 
 
 def test_expert_params_divided_by_ep():
@@ -87,7 +119,7 @@ def test_expert_params_divided_by_ep():
     [a] = estimate_memory(dense, [layers_of(model)], [[0]], [0])
     [b] = estimate_memory(split, [layers_of(model)], [[0]], [0])
     experts = 3 * 8 * 64 * 128
-    assert a.params - b.params == 2 * (experts - experts // 4)
+    assert a.params - b.params == 4 * (experts - experts // 4)
 
 
 def test_pipeline_ranks_hold_their_layers_and_a_tied_head_copy():
@@ -97,8 +129,8 @@ def test_pipeline_ranks_hold_their_layers_and_a_tied_head_copy():
     first, last = estimate_memory(p, stage_layers, [[0], [1]], [2, 1])
     embed = 50257 * 768
     held = [sum(layer.param_count for layer in stage) for stage in stage_layers]
-    assert first.params == 2 * held[0]
-    assert last.params == 2 * (held[1] + embed)  # the tied head keeps its own copy
+    assert first.params == 4 * held[0]
+    assert last.params == 4 * (held[1] + embed)  # the tied head keeps its own copy
 
 
 # ---- ZeRO-2/3: the units held unsharded while gathering and reducing ----------------------
@@ -111,10 +143,10 @@ def test_fsdp_gathers_two_units(kind, params_units, grads_units):
     stage = [layers[1], layers[2], layers[3]]  # three blocks: the current one and the prefetched one
     p = plan(GPT3, [("dp", 8)], data=ir.DataParallel(kind=kind, axes=("dp",)))
     assert layers[1].param_count == GPT3_BLOCK
-    assert gathered_bytes(p, stage) == (2 * params_units * GPT3_BLOCK, 2 * grads_units * GPT3_BLOCK)
+    assert gathered_bytes(p, stage) == (4 * params_units * GPT3_BLOCK, 4 * grads_units * GPT3_BLOCK)
     [estimate] = estimate_memory(p, [stage], [[0]], [0])
     shard = -(-3 * GPT3_BLOCK // 8)
-    expected_params = 2 * (shard if kind == "zero3" else 3 * GPT3_BLOCK) + 2 * params_units * GPT3_BLOCK
+    expected_params = 4 * (shard if kind == "zero3" else 3 * GPT3_BLOCK) + 4 * params_units * GPT3_BLOCK
     assert estimate.params == expected_params
 
 
@@ -128,7 +160,7 @@ def test_fsdp_root_unit_is_embedding_norm_and_head():
     # tp 8 splits the vocabulary and the blocks' heads/ffn dims, not positions, norms or row biases.
     block_local = (12 * h * h) // 8 + (3 * h + 4 * h) // 8 + 6 * h
     root_local = 2 * (v // 8) * h + s * h + 2 * h
-    assert gathered_bytes(p, stage) == (2 * (root_local + block_local), 2 * (root_local + block_local))
+    assert gathered_bytes(p, stage) == (4 * (root_local + block_local), 4 * (root_local + block_local))
 
 
 def test_chimera_ranks_hold_two_stages():
@@ -141,8 +173,8 @@ def test_chimera_ranks_hold_two_stages():
     assert held_stages(p, [[0], [1], [2], [3]]) == [(0, 3), (1, 2), (1, 2), (0, 3)]
     estimates = estimate_memory(p, stage_layers, [[0], [1], [2], [3]], [1, 1, 1, 1])
     held = [sum(layer.param_count for layer in stage_layers[a] + stage_layers[b]) for a, b in ((0, 3), (1, 2))]
-    assert [e.params for e in estimates] == [2 * held[0], 2 * held[1], 2 * held[1], 2 * held[0]]
-    assert [e.optimizer for e in estimates] == [12 * held[0], 12 * held[1], 12 * held[1], 12 * held[0]]
+    assert [e.params for e in estimates] == [4 * held[0], 4 * held[1], 4 * held[1], 4 * held[0]]
+    assert [e.optimizer for e in estimates] == [8 * held[0], 8 * held[1], 8 * held[1], 8 * held[0]]
     one_pipeline = plan(model, [("pp", 4)], stages=ir.Stages(axis="pp"), schedule=ir.ScheduleRef(name="1f1b"))
     assert held_stages(one_pipeline, [[0], [1], [2], [3]]) == [(0,), (1,), (2,), (3,)]
 
