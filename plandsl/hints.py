@@ -1,12 +1,14 @@
-"""Hints about names (E201): the standard-library file that defines a name the file did not
-import, and a name written with `-` (`llama3-70b` reads as llama3 minus 70 bits).
+"""Hints about names (E201): the standard-library file (or a `.plan` beside the file) that defines a
+name the file did not import, and a name written with `-` (`llama3-70b` reads as llama3 minus 70 bits).
 
 Each hint comes with the `Edit`s that apply it, so following it gives a plan that knows the name.
 """
 from __future__ import annotations
 
+import os
 import re
 from functools import lru_cache
+from pathlib import Path
 
 from plandsl.diagnostics import Edit, PlanError, did_you_mean, nearest
 from plandsl.source import SourceFile, Span
@@ -33,8 +35,35 @@ def stdlib_definitions() -> dict[str, str]:
             continue
         for item in module.items:
             defined = getattr(item, "name", None)
-            if defined and type(item).__name__ not in ("Param", "Let"):
+            if defined and type(item).__name__ not in ("Param", "Let") and getattr(item, "kind", "") != "plan":
                 found.setdefault(defined, name)
+    return found
+
+
+SIBLINGS = 64  # .plan files of the importing file's folder read, at most, to find a name
+
+
+def sibling_definitions(source: SourceFile | None) -> dict[str, str]:
+    """Name -> the import that defines it, for the other `.plan` files of `source`'s folder."""
+    from plandsl.loader import read_source
+    from plandsl.parser import parse_source
+    if source is None or not os.path.isfile(source.path):
+        return {}
+    folder = Path(source.path).resolve().parent
+    found: dict[str, str] = {}
+    try:
+        files = sorted(p for p in folder.glob("*.plan") if p.resolve() != Path(source.path).resolve())[:SIBLINGS]
+    except OSError:
+        return {}
+    for path in files:
+        try:
+            module = parse_source(read_source(path))
+        except PlanError:
+            continue
+        for item in module.items:
+            defined = getattr(item, "name", None)
+            if defined and type(item).__name__ not in ("Param", "Let") and getattr(item, "kind", "") != "plan":
+                found.setdefault(defined, path.stem)
     return found
 
 
@@ -55,6 +84,8 @@ def missing_import(name: str, visible: set[str], source: SourceFile | None,
     """`name` is defined by a stdlib file the plan did not import (with `fuzzy`, a name close to it):
     (that name, the hint, the edit adding the import)."""
     library = stdlib_definitions()
+    if name not in library and not fuzzy:
+        library = {**sibling_definitions(source), **library}
     known = name if name in library else (nearest(name, [n for n in library if n not in visible]) if fuzzy else None)
     if known is None or known in visible:
         return None

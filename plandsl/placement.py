@@ -222,7 +222,9 @@ def _explicit(plan: ir.Plan, layers: list[Layer], count: int):
     if declared != count:
         problems.append(diag("E404", f"the stages block declares {declared} stages, but pp({plan.pp}) x "
                              f"virtual({stages.virtual}) = {count}", stages.span,
-                             hint=f"declare stages 0..{count} or change the '{stages.axis}' axis / virtual"))
+                             hint=f"declare stages 0..{count}" + (
+                                 f", or set '{stages.axis}' to {declared // stages.virtual}" if declared % stages.virtual
+                                 == 0 else "") + " (the axis size x virtual is the stage count)"))
     missing = [layer.name for layer in layers if layer.name not in owner]
     unmatched = any(d.code == "E405" for d in problems)  # those layers are missing because of it
     if missing and not unmatched:

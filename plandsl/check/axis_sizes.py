@@ -49,9 +49,14 @@ def _candidates(plan: ir.Plan, axis: str) -> list[dict[str, int]]:
     return out[:TRIES]
 
 
-def _errors(plan: ir.Plan) -> set[str]:
+def _key(problem: Diagnostic):
+    """What identifies an error across resizings: its code (E406: its code and place, one per axis)."""
+    return (problem.code, problem.span) if problem.code == "E406" else problem.code
+
+
+def _errors(plan: ir.Plan) -> set:
     from plandsl.check import check_plan  # the whole checker judges each resized plan
-    return {d.code for d in check_plan(plan, suggest=False) if d.is_error}
+    return {_key(d) for d in check_plan(plan, suggest=False) if d.is_error}
 
 
 def suggest_axis_size(plan: ir.Plan, problem: Diagnostic, found: list[Diagnostic]) -> Diagnostic:
@@ -59,11 +64,10 @@ def suggest_axis_size(plan: ir.Plan, problem: Diagnostic, found: list[Diagnostic
     axis = axis_at(plan, problem.span)
     if axis is None or plan.mesh.axis(axis) is None:
         return problem
-    already = {d.code for d in found if d.is_error and d.code != "E406"}
+    already = {_key(d) for d in found if d.is_error and d is not problem}  # errors it had anyway
     good = [sizes for sizes in _candidates(plan, axis) if _errors(_resized(plan, sizes)) <= already]
     if not good:
-        return replace(problem, hint=f"{problem.hint}; no such size fits this mesh and cluster: change the model "
-                                     f"or the cluster" if problem.hint else None)
+        return replace(problem, hint=_change_the_dims(plan, axis))
     best = good[0]
     change = " and ".join(f"'{name}' to {size}" for name, size in best.items())
     keeps = f" (the mesh keeps its {plan.mesh.size} devices)" if len(best) > 1 else ""
@@ -73,4 +77,20 @@ def suggest_axis_size(plan: ir.Plan, problem: Diagnostic, found: list[Diagnostic
     more = f"; other sizes that check: {', '.join(map(str, others))}" if others else ""
     edits = tuple(Edit(plan.mesh.axis(name).span, f"{name} = {size}") for name, size in best.items()
                   if plan.mesh.axis(name).span is not None)
-    return replace(problem, hint=f"set {change}{keeps}{splits}{more}", edits=edits)
+    old = plan.mesh.degree(axis)
+    keep = f"; or {_keeping(plan, axis)}" if not old / 2 <= best[axis] <= old * 2 else ""
+    return replace(problem, hint=f"set {change}{keeps}{splits}{more}{keep}", edits=edits)
+
+
+def _change_the_dims(plan: ir.Plan, axis: str) -> str:
+    """No size of `axis` checks: the dims it fails to divide are the ones to change."""
+    return f"no other size of '{axis}' checks with this model and cluster; {_keeping(plan, axis)}"
+
+
+def _keeping(plan: ir.Plan, axis: str) -> str:
+    """`to keep 'tp' = 8, change seq (131073) to 131072 or 131080`: the dims that fail, rounded."""
+    size = plan.mesh.degree(axis)
+    failing = {name: value for name, value in split_extents(plan, axis).items() if value % size}
+    near = ", ".join(f"{name} ({value}) to {value // size * size or size} or {(value // size + 1) * size}"
+                     for name, value in failing.items())
+    return f"to keep '{axis}' = {size}, change {near}" if near else f"change the dims '{axis}' splits"

@@ -52,8 +52,7 @@ def check_mesh(plan: ir.Plan) -> Iterator[Diagnostic]:
     for axis in mesh.axes:
         if axis.name not in used and axis.size > 1:
             yield diag("E306", f"mesh axis '{axis.name}' (size {axis.size}) is not used by data, tensor, context, "
-                       "expert parallelism or stages", axis.span,
-                       hint=f"add e.g. `data = zero1 over {axis.name}`, or name it dp/tp/pp/cp/ep for the default")
+                       "expert parallelism or stages", axis.span, hint=_use_hint(plan, axis.name))
     yield from _shared_axes(plan)
     if plan.tensor and mesh.first_device + mesh.size <= cluster.num_devices:
         span = axis_group_span(plan, plan.tensor.axis)
@@ -79,10 +78,37 @@ def _shared_axes(plan: ir.Plan) -> Iterator[Diagnostic]:
     for axis, role, span in roles:
         other = first.setdefault(axis, role)
         if other != role and {other, role} != {"data", "experts"}:
+            free = [a.name for a in plan.mesh.axes if a.name not in used_axes(plan)]
+            # the role whose usual axis is free moved off it by mistake; else the one written second
+            moved, named = next(((r, DEFAULT_AXES[r]) for r in (role, other) if DEFAULT_AXES[r] in free),
+                                (role, free[0] if len(free) == 1 else None))
             yield diag("E307", f"mesh axis '{axis}' is used by both `{other}` and `{role}`; each splits its own "
                        "thing, so each needs an axis of its own", span,
-                       hint=f"add a mesh axis for `{role}`, e.g. `[..., {DEFAULT_AXES[role]} = 2]`, "
-                            "and name it here")
+                       hint=f"the mesh's axis '{named}' is unused: `{moved} = {_role_line(plan, moved)} over {named}`"
+                       if named else f"add a mesh axis for `{role}`, e.g. `[..., {DEFAULT_AXES[role]} = 2]`, "
+                       "and name it here")
+
+
+def _role_line(plan: ir.Plan, role: str) -> str:
+    """What the plan's line for `role` says before `over` (`zero1`, `megatron`), for hints."""
+    kinds = {"data": plan.data.kind if plan.data else "zero1", "tensor": "megatron",
+             "context": plan.context.kind if plan.context else "allgather", "experts": "alltoall",
+             "stages": "evenly"}
+    return kinds[role]
+
+
+def _use_hint(plan: ir.Plan, name: str) -> str:
+    """How to use an axis no parallelism uses: the role its name says (tp: tensor, ...), else data."""
+    role = next((r for r, default in DEFAULT_AXES.items() if default == name), None)
+    if role is None:
+        return f"add e.g. `data = zero1 over {name}`, or name it dp/tp/pp/cp/ep for the default"
+    line = f"`{role} = {_role_line(plan, role)} over {name}`"
+    current = {"data": plan.data, "tensor": plan.tensor, "context": plan.context, "experts": plan.experts,
+               "stages": plan.stages}[role]
+    if current is None:
+        return f"add {line}"
+    where = ", ".join(current.axes) if role == "data" else current.axis
+    return f"`{role}` is over '{where}', not '{name}': did you mean {line}?"
 
 
 

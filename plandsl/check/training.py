@@ -18,11 +18,11 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
     if train.global_batch % per_step:
         lower = train.global_batch // per_step * per_step
         options = [b for b in (lower, lower + per_step) if b > 0]
-        fitting = [b for b in options if info is None or microbatches_fit(info, plan.pp, b // per_step)]
-        best = min(fitting or options, key=lambda b: (abs(b - train.global_batch), -b))
+        best = _nearest_batch(plan, per_step)
+        also = "" if best in options else f"; with the schedule, global_batch = {best} ({best // per_step} microbatches)"
         yield diag("E501", f"global batch {train.global_batch} is not divisible by {axes} * micro_batch("
                    f"{train.micro_batch}) = {per_step}", train.span_of("global_batch"),
-                   hint=f"global_batch in {{{', '.join(map(str, options))}}} works with this layout",
+                   hint=f"global_batch in {{{', '.join(map(str, options))}}} works with this layout{also}",
                    edits=_global_batch(train, best))
     elif info is not None and not microbatches_fit(info, plan.pp, train.global_batch // per_step):
         pp = plan.pp
@@ -55,3 +55,15 @@ def _global_batch(train: ir.Training, value: int) -> tuple[Edit, ...]:
     """The edit setting `global_batch: value`, where the plan wrote it as a key of `train`."""
     span = train.field_spans.get("global_batch")
     return (Edit(span, f"global_batch: {value}"),) if span is not None else ()
+
+
+def _nearest_batch(plan: ir.Plan, per_step: int) -> int:
+    """The global batch nearest the plan's that the layout divides and the schedule runs (a written
+    table runs the one microbatch count it was written for)."""
+    schedule = plan.schedule if plan.stages else None
+    definition = schedule.definition if schedule else None
+    if definition is not None and definition.kind == "table" and "microbatches" in definition.sizes:
+        return definition.sizes["microbatches"] * per_step
+    info = BUILTIN.get(schedule.name) if schedule and definition is None else None
+    m = max(1, round(plan.train.global_batch / per_step))
+    return (m if info is None else nearest_fitting(info, plan.pp, m)) * per_step

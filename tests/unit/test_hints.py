@@ -184,3 +184,44 @@ def test_following_e201_gives_a_plan_that_knows_the_name(imports, model, cluster
 def test_a_subtraction_of_defined_names_is_left_alone():
     text = "param a = 3\nparam b = 1\nparam a_b = 7\nlet c = a-b\n"
     assert [d.code for d in analyze("s.plan", text=text).diagnostics if d.is_error] == []
+
+
+def test_a_name_defined_beside_the_file_suggests_importing_that_file(tmp_path):
+    (tmp_path / "shared.plan").write_text("model my_net = gpt(layers=4, hidden=256, heads=8, seq=128, vocab=1024)\n",
+                                          encoding="utf-8")
+    text = _NAMED.format(imports="", model="my_net", cluster="dgx_a100").replace("x 16", "x 1") \
+        .replace("[dp = 2, pp = 8, tp = 8]", "[dp = 8]")
+    (problem,) = analyze("n.plan", text=text).diagnostics  # a string: no folder, no sibling to suggest
+    assert "import" not in (problem.hint or "")
+    fixed, after = _follow(tmp_path, text, "E201")
+    assert 'import "shared"' in fixed and _errors(after) == [], fixed
+
+
+# ---- one mistake in a stdlib example: the hint names the fix, not a detour ---------------------------
+_GPT3 = Path(__file__).resolve().parents[2] / "stdlib_plans" / "examples" / "gpt3_175b_3d.plan"
+
+
+@pytest.mark.parametrize("role,line,axis", [
+    ("data", "data     = zero1 over dp", "dp"), ("tensor", "tensor   = megatron over tp with", "tp"),
+    ("stages", "stages   = evenly over pp", "pp")])
+def test_a_parallelism_moved_to_the_wrong_axis_is_pointed_back(role, line, axis):
+    text = _GPT3.read_text(encoding="utf-8")
+    assert line in text
+    wrong = "tp" if axis != "tp" else "dp"
+    problems = {d.code: d for d in analyze("g.plan", text=text.replace(line, line.replace(f"over {axis}",
+                                                                                        f"over {wrong}"))).diagnostics}
+    assert f"over {axis}`" in problems["E306"].hint and f"`{role} = " in problems["E306"].hint, problems["E306"].hint
+    assert problems["E307"].hint.startswith(f"the mesh's axis '{axis}' is unused: `{role} = "), problems["E307"].hint
+
+
+def test_e501_offers_a_batch_the_schedule_runs(tmp_path):
+    text = _GPT3.read_text(encoding="utf-8").replace("dp = 16,", "dp = 15,")
+    fixed, after = _follow(tmp_path, text, "E501")
+    assert [d.code for d in after.diagnostics if d.code in ("E501", "E502")] == [], fixed
+
+
+def test_e406_names_the_dim_to_change_when_the_axis_cannot_move(tmp_path):
+    text = _TENSOR.format(nodes=1, seq=128, model="gpt(layers=4, hidden=256, heads=8, seq=128, vocab=1001)",
+                          mesh="tp = 8", lines="tensor = megatron over tp")
+    (problem,) = [d for d in analyze("v.plan", text=text).diagnostics if d.code == "E406"]
+    assert "to keep 'tp' = 8, change vocab (1001) to 1000 or 1008" in problem.hint, problem.hint
