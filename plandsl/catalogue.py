@@ -147,8 +147,8 @@ _entry("E105", """
     """, "Save the file as UTF-8 (the text itself is fine).", encoding="latin-1")
 
 _entry("E106", """
-    The file is larger than a plan can reasonably be (2 MB; only that much is read), its brackets
-    (all kinds counted together) nest more than 64 deep, or its imports nest more than 64 deep
+    The file is larger than a plan can reasonably be (2 MB; only that much is read, and at most
+    250,000 tokens are parsed), its brackets (all kinds counted together) nest more than 64 deep, or its imports nest more than 64 deep
     or load more than 256 files (8 MB together). All guard the parser and evaluator against
     generated or hostile input; a real plan never comes close, so this usually means the wrong
     file or a generator gone wrong.

@@ -22,6 +22,7 @@ from plandsl.syntax_build import MAX_DIGITS, Builder, LiteralTooLong
 
 MAX_BYTES = 2_000_000  # a plan is a page, not a data set; generated 10,000-layer plans are ~1 MB
 MAX_NESTING = 64       # brackets inside brackets
+MAX_TOKENS = 250_000   # lark parses ~50,000 tokens/s: a plan parses in seconds (a 1 MB 10,000-layer one has 220,000)
 
 _OPEN = {"LPAR": "RPAR", "LSQB": "RSQB", "LBRACE": "RBRACE"}
 _CLOSE = {v: k for k, v in _OPEN.items()}
@@ -32,6 +33,10 @@ class _TooDeep(Exception):
         self.token = token
 
 
+class _TooMany(_TooDeep):
+    """More than MAX_TOKENS tokens: the parse stops there, in time proportional to the limit."""
+
+
 class _PostLex:
     """Drops newlines inside ( ) and [ ], where they only continue a line; guards nesting."""
 
@@ -40,7 +45,9 @@ class _PostLex:
     def process(self, stream):
         stack: list[str] = []
         previous = None
-        for token in stream:
+        for count, token in enumerate(stream):
+            if count >= MAX_TOKENS:
+                raise _TooMany(token)
             kind = token.type
             if kind == "_NL" and previous == "_NL":
                 continue  # a comment line between two newlines
@@ -129,6 +136,12 @@ def parse_source(source: SourceFile) -> Module:
         token = long.token
         error = diag("E106", f"a number with {len(str(token))} digits; plans allow at most {MAX_DIGITS}",
                      source.span(token.start_pos, token.end_pos))
+    except _TooMany as many:
+        token = many.token
+        error = diag("E106", f"the file has more than {MAX_TOKENS:,} tokens (names, numbers and symbols); "
+                     "a plan may have at most that many", source.span(token.start_pos, token.end_pos),
+                     hint="write repeated layers as ranges (`layer blocks[0:100] { ... }`) and long lists with `let`"
+                          " and arithmetic; is this the file you meant?")
     except _TooDeep as deep:
         error = diag("E106", f"brackets nested more than {MAX_NESTING} deep",
                      source.span(deep.token.start_pos, deep.token.end_pos),

@@ -360,3 +360,12 @@ def test_generate_reads_a_model_file_named_on_the_command_line_wherever_it_is(tm
     assert problem.model.layers == 4
     result = invoke("generate", "--model", f"{'a' * 300}.plan:mm", "--cluster", "dgx_a100 x 1", "--global-batch", "8")
     assert result.exit_code == 1 and "cannot read model file" in result.output
+
+
+def test_the_parse_stops_at_the_token_limit(monkeypatch):
+    from plandsl import parser
+    monkeypatch.setattr(parser, "MAX_TOKENS", 1000)
+    analysis = analyze(text="let x = [" + "1, " * 600 + "1]\n")
+    (error,) = analysis.errors
+    assert error.code == "E106" and "more than 1,000 tokens" in error.message and error.span.column > 1000
+    assert analyze(text="let x = [" + "1, " * 400 + "1]\n").ok
