@@ -883,6 +883,24 @@ _entry("E504", """
     }
     """, "Train in a precision the device supports (fp16 on a V100).", ("precision: bf16", "precision: fp16"))
 
+_entry("E505", """
+    Every count a plan writes has a cap far beyond today's largest runs (global_batch at
+    most 2^32 sequences, micro_batch 2^20, seq 2^24 tokens, virtual 1,024 stages per rank,
+    a model family's layers 100,000 and widths 2^20; the table is under Limits in
+    docs/language.md). The caps keep the work of checking proportional to what was
+    written, not to the numbers in it: a typo that adds six zeros is answered at once.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model    = {_GPT}
+      cluster  = dgx_a100 x 1
+      mesh     = [dp = 2, pp = 4]
+      train    = {{ global_batch: 80000000000000, micro_batch: 1 }}
+      schedule = 1f1b
+    }}
+    """, "Write the count the run needs; a global batch is thousands of sequences, not trillions.",
+       ("global_batch: 80000000000000", "global_batch: 8"))
+
 # ---- E6xx: schedules --------------------------------------------------------------------------
 _entry("E601", """
     The plan names a pipeline schedule that is neither built in (gpipe, 1f1b,
@@ -975,6 +993,32 @@ _entry("E608", """
       rank 1: _ 1F0 1B0 1F1 1B1
     }
     """, "Make it a table with fixed sizes.", ("p: ranks, m: microbatches", "ranks = 2, microbatches = 2"))
+
+_entry("E609", """
+    A written schedule is laid out action by action for the plan's sizes before it is
+    validated, and a valid one holds at least F and B for every stage and microbatch.
+    Past 500,000 actions (`MAX_ACTIONS`) the template is not run: its table would take
+    longer to lay out and check than the plan is worth. Built-in schedules are checked
+    and estimated without laying them out, for any microbatch count; printing or
+    simulating their whole table (`plandsl schedule`, `simulate`, `render --view schedule`)
+    has the same cap.
+    """, """
+    import "clusters/dgx_a100"
+    schedule flush(p: ranks, m: microbatches) {
+      for r in 0..p on rank r {
+        for i in 0..m { F(r, i) }
+        for i in 0..m { B(r, i) }
+      }
+    }
+    plan p {
+      model    = gpt(layers=4, hidden=256, heads=8, seq=128, vocab=1024)
+      cluster  = dgx_a100 x 1
+      mesh     = [dp = 2, pp = 4]
+      train    = { global_batch: 200000, micro_batch: 1 }
+      schedule = flush
+    }
+    """, "Use a built-in schedule, which needs no table to check, or fewer microbatches (a larger micro_batch or a smaller global_batch).",
+       ("schedule = flush", "schedule = 1f1b"))
 
 # ---- E7xx: what `plandsl run` refuses --------------------------------------------------------
 # The plan checks clean (it can be estimated and rendered); `plandsl run` refuses it before any

@@ -11,6 +11,8 @@ import sys
 
 import click
 
+from plandsl import limits
+
 
 def _params(values: tuple[str, ...]) -> dict:
     params = {}
@@ -207,9 +209,10 @@ def fmt(files, check_only):
 
 @main.command()
 @click.argument("name")
-@click.option("--ranks", type=click.IntRange(min=1), help="Pipeline ranks.")
-@click.option("--microbatches", type=click.IntRange(min=1), help="Microbatches per step.")
-@click.option("--virtual", type=click.IntRange(min=1), help="Stages per rank (interleaved, V-shape).")
+@click.option("--ranks", type=click.IntRange(min=1, max=limits.MAX_STAGES), help="Pipeline ranks.")
+@click.option("--microbatches", type=click.IntRange(min=1, max=limits.MAX_MICROBATCHES), help="Microbatches per step.")
+@click.option("--virtual", type=click.IntRange(min=1, max=limits.MAX_VIRTUAL),
+              help="Stages per rank (interleaved, V-shape).")
 @click.option("--format", "output_format", type=click.Choice(["text", "csv", "json", "plan"]), default="text",
               help="text: the step x rank grid; csv: torch's compute-only CSV; plan: a table schedule.")
 @click.option("--simulate", "run_simulation", is_flag=True, help="Simulate it with --costs instead.")
@@ -306,7 +309,7 @@ def _fail(error, output_format: str = "text") -> None:
 @click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Machines taking part.")
 @click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This machine's index.")
 @click.option("--rdzv-endpoint", metavar="HOST:PORT", help="Node 0's address, with several nodes.")
-@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
+@click.option("--steps", type=click.IntRange(min=1, max=limits.MAX_STEPS), default=10, show_default=True,
               help="The step to stop at, counted from the start of training (also with --resume).")
 @click.option("--metrics", type=click.Path(dir_okay=False), callback=_writable_file,
               help="Write one JSON object per step here.")
@@ -468,8 +471,8 @@ def estimate(file, plan_name, as_json, params):
 @main.command()
 @click.option("--model", help="gpt(layers=96, ...), a stdlib model name or FILE.plan:NAME.")
 @click.option("--cluster", help="`dgx_a100 x 128`, a stdlib node or cluster name.")
-@click.option("--global-batch", type=click.IntRange(min=1), help="Sequences per step.")
-@click.option("--seq-len", type=click.IntRange(min=1), help="Sequence length (default: the model's).")
+@click.option("--global-batch", type=click.IntRange(min=1, max=limits.MAX_GLOBAL_BATCH), help="Sequences per step.")
+@click.option("--seq-len", type=click.IntRange(min=1, max=limits.MAX_SEQ), help="Sequence length (default: the model's).")
 @click.option("--precision", type=click.Choice(["bf16", "fp16", "fp32"]), help="[default: bf16]")
 @click.option("--from", "from_file", type=click.Path(dir_okay=False),
               help="A partial plan: its model, cluster and train are the problem, what else it writes is pinned.")

@@ -64,6 +64,7 @@ CODES: dict[str, str] = {
     "E502": "too few microbatches for the schedule",
     "E503": "estimated memory exceeds the device",
     "E504": "precision not supported by the device",
+    "E505": "count above plandsl's limit",
     # E6xx: schedules
     "E601": "unknown schedule",
     "E602": "action refers to a stage or microbatch that does not exist",
@@ -73,6 +74,7 @@ CODES: dict[str, str] = {
     "E606": "schedule deadlocks",
     "E607": "stage on more than one rank",
     "E608": "schedule template error",
+    "E609": "schedule too large to lay out",
     # E7xx: what `plandsl run` cannot run (the plan is valid; the interpreter refuses it)
     "E701": "schedule the interpreter cannot run",
     "E702": "parallelism the backend cannot run",

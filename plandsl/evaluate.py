@@ -4,7 +4,8 @@ Values are Python numbers, strings and booleans, `Q` for quantities with units (
 `Word` for a bare name that is not defined (an enum word or an axis name: its meaning
 is decided by where it is used), `Rep` for `8 x a100`, and IR objects for definitions.
 `let` names are macros: `Scope.deref` follows them to the expression they stand for,
-so errors point at where a value was written.
+so errors point at where a value was written; their values are computed once per name and
+scope (a chain `let a2 = a1 + a1` costs one evaluation per link, not 2^links).
 """
 from __future__ import annotations
 
@@ -85,6 +86,7 @@ class Scope:
         self.source = None  # the SourceFile, set by the lowering
         self.used: set[str] = set()
         self._param_values: dict[str, Any] = {}
+        self._let_values: dict[str, Any] = {}  # file:name -> value, for this scope's locals
         self._evaluating: set[str] = set()
 
     # ---- names -------------------------------------------------------------------
@@ -115,6 +117,7 @@ class Scope:
         child = Scope.__new__(Scope)
         child.__dict__.update(self.__dict__)
         child.locals = {**self.locals, **values}
+        child._let_values = {}  # a `let` may read the locals (a template's sizes): its value is the child's own
         return child
 
     def deref(self, expr: s.Expr) -> tuple[s.Expr, "Scope"]:
@@ -151,10 +154,18 @@ class Scope:
             if isinstance(node, s.Param):
                 return scope.param_value(node)
             if isinstance(node, s.Let):
-                return scope.eval(node.value)
+                return self._let_value(scope, node, key)
             return scope.resolve_definition(scope, node)
         finally:
             self._evaluating.discard(key)
+
+    def _let_value(self, scope: "Scope", node: s.Let, key: str) -> Any:
+        """The value of `let` `node` (found in `scope`), evaluated once. A `let` of this file is evaluated
+        in this scope (it may read the locals), an imported one in its own file's scope."""
+        cache = self._let_values if scope is self else scope._let_values
+        if key not in cache:
+            cache[key] = scope.eval(node.value)
+        return cache[key]
 
     def param_value(self, node: s.Param) -> Any:
         if node.name not in self._param_values:
@@ -331,7 +342,9 @@ class Scope:
         if minimum is not None and value < minimum:
             raise self.reporter.error("E205", f"{what} must be at least {minimum}, found {value}", expr.span)
         if maximum is not None and value > maximum:
-            raise self.reporter.error("E205", f"{what} must be at most {maximum:,}, found {value:,}", expr.span)
+            raise self.reporter.error("E505", f"{what} must be at most {maximum:,}, found {value:,}", expr.span,
+                                      hint="plandsl caps every count far beyond today's largest runs, so that "
+                                           "checking stays fast: see Limits in docs/language.md")
         return value
 
     def quantity(self, expr: s.Expr, dimension: Dimension, what: str, allow_zero: bool = False) -> float:

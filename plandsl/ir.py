@@ -13,13 +13,10 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
+from plandsl.limits import MAX_MESH_DEVICES, MAX_NODES, MAX_STAGES  # noqa: F401 - bounds on the IR, in limits.py
 from plandsl.source import Span
 
 IR_VERSION = 1
-# Bounds that keep checking fast on any input; far beyond today's largest clusters (~100k GPUs).
-MAX_NODES = 131_072
-MAX_MESH_DEVICES = 1_048_576
-MAX_STAGES = 100_000
 
 
 class Node(BaseModel):

@@ -6,7 +6,7 @@ node, reporting problems through the scope; `TRAIN_KEYS` are the keys `train` ta
 """
 from __future__ import annotations
 
-from plandsl import ir
+from plandsl import ir, limits
 from plandsl import syntax as s
 from plandsl.diagnostics import Note
 from plandsl.evaluate import Poison, Scope
@@ -92,7 +92,8 @@ def training(scope: Scope, expr: s.Expr) -> ir.Training:
     for key, item in items.items():
         try:
             if key in ("global_batch", "micro_batch", "seq", "warmup_steps", "seed"):
-                values[key] = scope.integer(item.value, key, minimum=0 if key in ("warmup_steps", "seed") else 1)
+                values[key] = scope.integer(item.value, key, minimum=0 if key in ("warmup_steps", "seed") else 1,
+                                            maximum=limits.TRAIN.get(key))
             elif key == "precision":
                 values[key] = scope.word(item.value, tuple(p.value for p in ir.Precision), "precision")
             elif key == "recompute":

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from plandsl import ir
+from plandsl import ir, limits
 from plandsl import syntax as s
 from plandsl.diagnostics import did_you_mean
 from plandsl.evaluate import Poison, Scope, Word
@@ -84,7 +84,8 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
             values[key] = scope.truth(scope.eval(kwarg.value), kwarg.value)
         else:
             minimum = 0 if key in ("experts", "top_k") else 1
-            values[key] = scope.integer(kwarg.value, f"{family}() argument '{key}'", minimum=minimum)
+            values[key] = scope.integer(kwarg.value, f"{family}() argument '{key}'", minimum=minimum,
+                                        maximum=limits.MODEL_ARGUMENTS.get(key))
     label = name or family
     if family == "mlp":
         return build(scope, ir.MLPModel, call.span, kind="mlp", name=label, **values)
@@ -144,7 +145,7 @@ def custom_model(lowering: "Lowering", scope: Scope, d: s.Definition) -> ir.Cust
     if not layers:
         raise scope.reporter.error("E207", f"model '{d.name}' declares no layers", d.name_span,
                                    hint="add `layer embed { params = 1000 }` lines")
-    seq = scope.integer(found["seq"].value, "seq", minimum=1) if "seq" in found else 1
+    seq = scope.integer(found["seq"].value, "seq", minimum=1, maximum=limits.MAX_SEQ) if "seq" in found else 1
     factory = None
     if "factory" in found:
         factory = scope.eval(found["factory"].value)

@@ -15,6 +15,7 @@ from plandsl import syntax as s
 from plandsl.diagnostics import Note, did_you_mean
 from plandsl.evaluate import Poison, Scope, Word
 from plandsl.lower_mesh import mesh, training
+from plandsl.limits import MAX_LAYERS, MAX_VIRTUAL
 from plandsl.lower_model import model_value
 from plandsl.schedules.registry import BUILTIN
 
@@ -29,7 +30,6 @@ TENSOR_STYLES = ("megatron", "none")
 CONTEXT_KINDS = ("ring", "allgather", "none")
 EXPERT_KINDS = ("alltoall", "none")
 STYLES = ("colwise", "rowwise", "sequence", "replicate")
-MAX_LAYERS = 100_000
 DEFAULT_AXES = {"data": "dp", "tensor": "tp", "context": "cp", "experts": "ep", "stages": "pp"}
 
 
@@ -210,7 +210,7 @@ def stages_clause(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.Stages:
     scope.word(subject, ("evenly",), "stage split")
     found = _options(scope, options, ("virtual", "map"), "stages")
     axis = one_axis(scope, over, m, "stages", expr.span)
-    virtual = scope.integer(found["virtual"].value, "virtual", minimum=1, maximum=1024) if "virtual" in found else 1
+    virtual = scope.integer(found["virtual"].value, "virtual", minimum=1, maximum=MAX_VIRTUAL) if "virtual" in found else 1
     mapping = rank_map(scope, found["map"].value) if "map" in found else "loop"
     return ir.Stages(axis=axis, mode="evenly", virtual=virtual, rank_map=mapping, span=expr.span)
 
@@ -222,7 +222,7 @@ def stages_block(scope: Scope, block: s.Block, m: ir.Mesh) -> ir.Stages:
     if m.axis(axis) is None:
         raise scope.reporter.error("E302", f"stages run over axis '{axis}', which the mesh does not have",
                                    block.name_span, hint="add `pp = <stages>` to the mesh or `axis = <name>` here")
-    virtual = scope.integer(found["virtual"].value, "virtual", minimum=1, maximum=1024) if "virtual" in found else 1
+    virtual = scope.integer(found["virtual"].value, "virtual", minimum=1, maximum=MAX_VIRTUAL) if "virtual" in found else 1
     mapping = rank_map(scope, found["map"].value) if "map" in found else "loop"
     groups = []
     for entry in block.body:
@@ -326,7 +326,7 @@ def layer_names(scope: Scope, expr: s.Expr) -> list[str]:
         pieces = [part.name] if part.kind == "name" else [str(i) for i in range(part.lo, min(part.hi, part.lo + MAX_LAYERS + 1))]
         names = [f"{n}.{p}" if n else p for n in names for p in pieces]
         if len(names) > MAX_LAYERS:
-            raise scope.reporter.error("E205", f"a model may declare at most {MAX_LAYERS:,} layers", expr.span)
+            raise scope.reporter.error("E505", f"a model may declare at most {MAX_LAYERS:,} layers", expr.span)
     return names
 
 

@@ -1,20 +1,24 @@
-"""The plan's schedule for the plan's sizes: a built-in must be able to run them (E502), a
-written schedule is instantiated and validated (E602-E608) and must put stages on the
-ranks the plan's stage map says (E409)."""
+"""The plan's schedule for the plan's sizes: a built-in must be able to run them (E502, its size
+rules only: nothing is laid out, whatever the microbatch count), a written schedule is
+instantiated and validated (E602-E608) and must put stages on the ranks the plan's stage map
+says (E409). `plan_schedule` lays the whole table out for the commands that print or simulate
+it, up to `generators.MAX_ACTIONS` actions (E609 past it)."""
 from __future__ import annotations
 
 from typing import Iterator
 
 from plandsl import ir
-from plandsl.diagnostics import Diagnostic, diag
+from plandsl.diagnostics import Diagnostic, PlanError, diag
 from plandsl.placement import rank_map
-from plandsl.schedules.generators import generate
+from plandsl.schedules.generators import MAX_ACTIONS, TooLarge, check_sizes, generate
+from plandsl.schedules.bounded import simulate_builtin
 from plandsl.schedules.registry import BUILTIN
+from plandsl.schedules.simulate import Simulation, simulate
 from plandsl.schedules.template import instantiate
 
 
 def plan_schedule(plan: ir.Plan):
-    """(Schedule or None, diagnostics) of the plan's pipeline for its sizes."""
+    """(Schedule or None, diagnostics) of the plan's pipeline for its sizes, laid out in full."""
     ref, stages = plan.schedule, plan.stages
     if ref is None or stages is None:
         return None, []
@@ -22,19 +26,66 @@ def plan_schedule(plan: ir.Plan):
     if ref.definition is not None:
         return instantiate(ref.definition, ref.definition.scope, ranks=plan.pp, microbatches=m,
                            virtual=stages.virtual)
-    info = BUILTIN[ref.name]
     try:
-        return generate(ref.name, plan.pp, m, None if info.pipelines == 2 else stages.virtual), []
+        return generate(ref.name, plan.pp, m, _builtin_virtual(plan)), []
+    except TooLarge as error:
+        return None, [too_large(plan, str(error))]
     except ValueError as error:
-        return None, [diag("E502", f"{error} (global_batch {plan.train.global_batch} / (dp {plan.dp} x micro_batch "
-                           f"{plan.train.micro_batch}) = {m} microbatches)", ref.span,
-                           hint="change global_batch or micro_batch so the microbatch count fits the schedule")]
+        return None, [_size_problem(plan, error)]
+
+
+def simulate_plan_schedule(plan: ir.Plan, costs) -> Simulation:
+    """The plan's pipeline simulated under `costs`: a built-in in bounded work for any microbatch
+    count (`schedules.bounded`), a written one in full; PlanError when it cannot be."""
+    if plan.schedule.definition is None:
+        problems = builtin_sizes(plan)
+        try:
+            if not problems:
+                return simulate_builtin(plan.schedule.name, plan.pp, plan.num_microbatches, _builtin_virtual(plan),
+                                        costs)
+        except TooLarge as error:
+            problems = [too_large(plan, str(error))]
+        raise PlanError(problems)
+    schedule, problems = plan_schedule(plan)
+    if schedule is None or problems:
+        raise PlanError(problems)
+    return simulate(schedule, costs)
+
+
+def too_large(plan: ir.Plan, message: str) -> Diagnostic:
+    return diag("E609", message, plan.schedule.span,
+                hint=f"`plandsl check` and `plandsl estimate` need no table; to print or simulate one, lower "
+                     f"global_batch or raise micro_batch (at most {MAX_ACTIONS:,} actions)")
+
+
+def builtin_sizes(plan: ir.Plan) -> list[Diagnostic]:
+    """E502 when the plan's built-in schedule cannot run its sizes; lays nothing out."""
+    try:
+        check_sizes(plan.schedule.name, plan.pp, plan.num_microbatches, _builtin_virtual(plan))
+    except ValueError as error:
+        return [_size_problem(plan, error)]
+    return []
+
+
+def _builtin_virtual(plan: ir.Plan) -> int | None:
+    return None if BUILTIN[plan.schedule.name].pipelines == 2 else plan.stages.virtual
+
+
+def _size_problem(plan: ir.Plan, error: ValueError) -> Diagnostic:
+    return diag("E502", f"{error} (global_batch {plan.train.global_batch} / (dp {plan.dp} x micro_batch "
+                f"{plan.train.micro_batch}) = {plan.num_microbatches} microbatches)", plan.schedule.span,
+                hint="change global_batch or micro_batch so the microbatch count fits the schedule")
 
 
 def check_schedule(plan: ir.Plan) -> Iterator[Diagnostic]:
+    if plan.schedule is None or plan.stages is None:
+        return
+    if plan.schedule.definition is None:
+        yield from builtin_sizes(plan)
+        return
     schedule, problems = plan_schedule(plan)
     yield from problems
-    if schedule is None or problems or plan.schedule.definition is None:
+    if schedule is None or problems:
         return
     expected, _ = rank_map(plan.stages, plan.pp)
     derived = schedule.stage_to_rank[0]

@@ -85,10 +85,10 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
     """The plan's step time, throughput and memory; PlanError when its placement or schedule is invalid.
     `efficiency` overrides every device's GEMM knobs (None: each device's own)."""
     from plandsl.check.memory import estimate_plan_memory, pipeline_rank_devices
-    from plandsl.check.schedule import plan_schedule
+    from plandsl.check.schedule import simulate_plan_schedule
     from plandsl.diagnostics import PlanError
     from plandsl.placement import assign_stages
-    from plandsl.schedules.simulate import Costs, simulate
+    from plandsl.schedules.simulate import Costs
 
     if assignment is None:
         assignment, problems = assign_stages(plan)
@@ -106,13 +106,10 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
     activations = tuple(sum(estimate_layer_activations(plan, layer) for layer in layers)
                         for layers in assignment.stage_layers)
     if plan.stages is not None and plan.schedule is not None:
-        schedule, problems = plan_schedule(plan)
-        if schedule is None or problems:
-            raise PlanError(problems)
         costs = Costs(stage_costs=tuple((s.forward, s.backward, s.input_grad, s.weight_grad) for s in stage_times),
                       p2p=p2p, activation_bytes=activations,
                       static_bytes=tuple(e.params + e.grads + e.optimizer for e in memory))
-        simulation = simulate(schedule, costs)
+        simulation = simulate_plan_schedule(plan, costs)
         if simulation.deadlock is not None:
             raise PlanError([_deadlock(plan, simulation)])
         makespan = simulation.makespan

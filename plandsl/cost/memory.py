@@ -125,15 +125,16 @@ def held_stages(plan: ir.Plan, rank_stages: Sequence[Sequence[int]]) -> list[tup
 @functools.lru_cache(maxsize=256)
 def _pipeline_maps(schedule: str, ranks: int) -> tuple[tuple[int, ...], ...]:
     """The stage -> rank map of each pipeline of a built-in schedule with several pipelines."""
-    from plandsl.schedules.generators import generate
+    from plandsl.schedules.generators import check_sizes, pipeline_maps
     from plandsl.schedules.registry import BUILTIN
     info = BUILTIN.get(schedule)
     if info is None or info.pipelines < 2:
         return ()
     try:  # the smallest run the generator accepts: one unit of `ranks` microbatches
-        return generate(schedule, ranks, ranks).stage_to_rank
+        check_sizes(schedule, ranks, ranks)
     except ValueError:  # the checker reports the schedule's own error (an odd pp for Chimera)
         return ()
+    return pipeline_maps(schedule, ranks)
 
 
 def inflight_microbatches(schedule: str, pp: int, microbatches: int, virtual: int) -> list[float]:

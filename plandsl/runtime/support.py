@@ -60,6 +60,9 @@ def _splits_backward(plan: ir.Plan) -> bool:
     """Whether the plan's pipeline runs input and weight gradients as separate actions (I and W)."""
     if plan.schedule is None or plan.stages is None or plan.pp == 1:
         return False
+    if plan.schedule.definition is None:  # a built-in: by name, without laying it out
+        from plandsl.schedules.generators import SPLIT_BACKWARD
+        return plan.schedule.name in SPLIT_BACKWARD
     from plandsl.check.schedule import plan_schedule
     from plandsl.schedules.program import Kind
     schedule, _ = plan_schedule(plan)

@@ -2,7 +2,8 @@
 
 Contract: `generate(name, ranks, microbatches, virtual=None) -> Schedule` holds compute actions
 only (F, then B or I and W) and never communication, which `schedules.lower` derives; it raises
-ValueError, with the numbers, for an unknown name or sizes the schedule cannot run. Where
+ValueError, with the numbers, for an unknown name or sizes the schedule cannot run
+(`check_sizes`, which lays nothing out), and TooLarge past `MAX_ACTIONS` actions. Where
 torch.distributed.pipelining ships the schedule (GPipe, Interleaved1F1B, LoopedBFS,
 InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) each rank's order is torch's, idle steps left
 out and DualPipeV's OVERLAP_F_B read as its forward then its backward; so are its size rules.
@@ -11,22 +12,52 @@ from __future__ import annotations
 
 from collections import deque
 
+from plandsl.limits import MAX_ACTIONS
+
 from .program import Action, Kind, Schedule, gc_paused, loop_map, vshape_map
 from .registry import BUILTIN
 
 F, B, I, W = Kind.F, Kind.B, Kind.I, Kind.W  # noqa: E741 - the notation's letters
 
 
+# `generate` lays out at most `limits.MAX_ACTIONS` actions (TooLarge past it, E609). Checking and
+# estimating never lay one out (`check_sizes`, `schedules.bounded`).
+
+
+class TooLarge(ValueError):
+    """The schedule's table would hold more than `MAX_ACTIONS` actions."""
+
+
 def generate(name: str, ranks: int, microbatches: int, virtual: int | None = None) -> Schedule:
-    with gc_paused():
-        return _generate(name, ranks, microbatches, virtual)
-
-
-def _generate(name: str, ranks: int, microbatches: int, virtual: int | None) -> Schedule:
     """The built-in schedule `name` for `ranks` x `microbatches` and `virtual` stages per rank.
 
     None for `virtual` means the schedule's usual count: 2 for the looped and V-shape schedules
-    and for chimera (one stage of each pipeline per rank), 1 for the others."""
+    and for chimera (one stage of each pipeline per rank), 1 for the others. ValueError when the
+    sizes do not fit the schedule (`check_sizes`), TooLarge past `MAX_ACTIONS` actions."""
+    virtual = check_sizes(name, ranks, microbatches, virtual)
+    actions = count_actions(name, ranks, microbatches, virtual)
+    if actions > MAX_ACTIONS:
+        raise TooLarge(f"schedule '{name}' for {ranks} ranks x {microbatches:,} microbatches"
+                       f"{f' x {virtual} stages per rank' if virtual > 1 else ''} is {actions:,} actions, more than "
+                       f"the {MAX_ACTIONS:,} a whole table is laid out with")
+    with gc_paused():
+        if BUILTIN[name].virtual == "any":
+            return _GENERATORS[name](ranks, microbatches, virtual)
+        return _GENERATORS[name](ranks, microbatches)
+
+
+SPLIT_BACKWARD = frozenset({"zb_h1", "zb_h2", "interleaved_zero_bubble", "zbv", "dualpipev"})
+"""The built-ins that run (some) backwards as I then W."""
+
+
+def count_actions(name: str, ranks: int, microbatches: int, virtual: int) -> int:
+    """Compute actions of the table, at most: F and B (or F, I and W) per stage and microbatch."""
+    return ranks * virtual * microbatches * (3 if name in SPLIT_BACKWARD else 2)
+
+
+def check_sizes(name: str, ranks: int, microbatches: int, virtual: int | None = None) -> int:
+    """The stages per rank `name` runs for these sizes (None: its usual count); ValueError, with
+    the numbers, when the schedule cannot run them. Constant time: nothing is laid out."""
     if name not in _GENERATORS:
         raise ValueError(f"unknown schedule '{name}'; the built-in ones are {', '.join(_GENERATORS)}")
     if ranks < 1 or microbatches < 1:
@@ -37,13 +68,27 @@ def _generate(name: str, ranks: int, microbatches: int, virtual: int | None) -> 
         virtual = 2 if virtual is None else virtual
         if virtual < 1:
             raise ValueError(f"schedule '{name}' needs at least 1 stage per rank, got virtual = {virtual}")
-        return _GENERATORS[name](ranks, microbatches, virtual)
-    needed = 2 if wanted == "two" else 1
-    if virtual not in (None, needed):
-        each = " (one of each pipeline)" if BUILTIN[name].pipelines == 2 else ""
-        raise ValueError(f"schedule '{name}' runs exactly {needed} stage{'s' if needed > 1 else ''} per rank"
-                         f"{each}, got virtual = {virtual}")
-    return _GENERATORS[name](ranks, microbatches)
+    else:
+        needed = 2 if wanted == "two" else 1
+        if virtual not in (None, needed):
+            each = " (one of each pipeline)" if BUILTIN[name].pipelines == 2 else ""
+            raise ValueError(f"schedule '{name}' runs exactly {needed} stage{'s' if needed > 1 else ''} per rank"
+                             f"{each}, got virtual = {virtual}")
+        virtual = needed
+    if name in ("zb_h1", "zb_h2"):
+        _need(microbatches >= ranks, f"{name} needs at least as many microbatches as ranks, "
+                                     f"got microbatches = {microbatches} < ranks = {ranks}")
+    elif name in ("interleaved_1f1b", "interleaved_zero_bubble"):
+        microbatches_per_round(name, ranks, microbatches)
+    elif name == "dualpipev":
+        _need(microbatches >= 2 * ranks, f"dualpipev needs at least as many microbatches as stages, "
+                                         f"got microbatches = {microbatches} < 2 * ranks = {2 * ranks}")
+    elif name == "chimera":
+        _need(ranks % 2 == 0, f"chimera needs an even number of ranks (two pipelines of p stages, "
+                              f"p/2 microbatches each per unit), got ranks = {ranks}")
+        _need(microbatches % ranks == 0, f"chimera runs whole units of p microbatches: m must be a multiple of "
+                                         f"ranks = {ranks}, got microbatches = {microbatches}")
+    return virtual
 
 
 def _schedule(name: str, ranks: int, stages: int, microbatches: int, rows: list[list[Action]],
@@ -86,8 +131,6 @@ def zb_h1(ranks: int, microbatches: int) -> Schedule:
     rank has p microbatches in flight (the peak of 1F1B's first rank) and the held-back W passes
     fill the cool-down bubble. The same order as torch's ScheduleInterleavedZeroBubble (ZB1P) with
     one stage per rank."""
-    _need(microbatches >= ranks, f"zb_h1 needs at least as many microbatches as ranks, "
-                                 f"got microbatches = {microbatches} < ranks = {ranks}")
     rows = [_interleaved_rank(rank, ranks, microbatches, 1, microbatches, zero_bubble=True)
             for rank in range(ranks)]
     return _schedule("zb_h1", ranks, ranks, microbatches, rows, loop_map(ranks, ranks))
@@ -100,8 +143,6 @@ def zb_h2(ranks: int, microbatches: int) -> Schedule:
     m - 2p + 1 microbatches; after each later I a single action, a forward while any remain, else
     a W; the W passes left (2r + 1 on rank r) close the row. The pipeline is a parallelogram:
     with T_F = T_I = T_W and m >= 2p - 1, every rank is busy from its first to its last action."""
-    _need(microbatches >= ranks, f"zb_h2 needs at least as many microbatches as ranks, "
-                                 f"got microbatches = {microbatches} < ranks = {ranks}")
     steady = max(0, microbatches - 2 * ranks + 1)  # I, W, F steps; the other I's get one action after them
     rows = []
     for rank in range(ranks):
@@ -140,34 +181,34 @@ def looped_bfs(ranks: int, microbatches: int, virtual: int = 2) -> Schedule:
     return _schedule("looped_bfs", ranks, ranks * virtual, microbatches, rows, loop_map(ranks, ranks * virtual))
 
 
-def interleaved_1f1b(ranks: int, microbatches: int, virtual: int = 2) -> Schedule:
+def interleaved_1f1b(ranks: int, microbatches: int, virtual: int = 2, per_round: int | None = None) -> Schedule:
     """Interleaved 1F1B (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
     Clusters Using Megatron-LM", section 2.2), as torch's ScheduleInterleaved1F1B: microbatches go
     in rounds of about p through the local stages depth-first. Like torch, and unlike Megatron, m
     need not be a multiple of p: there are max(1, m // p) rounds, which must divide m."""
-    per_round = _microbatches_per_round("interleaved_1f1b", ranks, microbatches)
+    per_round = per_round or microbatches_per_round("interleaved_1f1b", ranks, microbatches)
     rows = [_interleaved_rank(rank, ranks, microbatches, virtual, per_round, zero_bubble=False)
             for rank in range(ranks)]
     return _schedule("interleaved_1f1b", ranks, ranks * virtual, microbatches, rows,
                      loop_map(ranks, ranks * virtual))
 
 
-def interleaved_zero_bubble(ranks: int, microbatches: int, virtual: int = 2) -> Schedule:
+def interleaved_zero_bubble(ranks: int, microbatches: int, virtual: int = 2, per_round: int | None = None) -> Schedule:
     """Interleaved zero bubble, torch's ScheduleInterleavedZeroBubble (the ZB1P schedule of Qi et al.
     2024 over looped stages): interleaved 1F1B with half the warm-up, each backward split into I and
     W, rank r holding back its first r W passes to fill the cool-down."""
-    per_round = _microbatches_per_round("interleaved_zero_bubble", ranks, microbatches)
+    per_round = per_round or microbatches_per_round("interleaved_zero_bubble", ranks, microbatches)
     rows = [_interleaved_rank(rank, ranks, microbatches, virtual, per_round, zero_bubble=True)
             for rank in range(ranks)]
     return _schedule("interleaved_zero_bubble", ranks, ranks * virtual, microbatches, rows,
                      loop_map(ranks, ranks * virtual))
 
 
-def _microbatches_per_round(name: str, ranks: int, microbatches: int) -> int:
+def microbatches_per_round(name: str, ranks: int, microbatches: int) -> int:
     rounds = max(1, microbatches // ranks)
     if microbatches % rounds:
-        fits = [m for m in range(max(1, microbatches - ranks), microbatches + ranks + 1)
-                if m % max(1, m // ranks) == 0]
+        near = range(max(1, microbatches - min(ranks, 64)), microbatches + min(ranks, 64) + 1)  # bounded
+        fits = [m for m in near if m % max(1, m // ranks) == 0] or [rounds * ranks, (rounds + 1) * ranks]
         raise ValueError(f"{name} runs microbatches in max(1, m // ranks) = {rounds} rounds, which must divide "
                          f"m = {microbatches} (ranks = {ranks}); m in {{{', '.join(map(str, fits))}}} works")
     return microbatches // rounds
@@ -255,8 +296,6 @@ def dualpipev(ranks: int, microbatches: int) -> Schedule:
     """DualPipeV, torch's ScheduleDualPipeV: DualPipe (DeepSeek-AI 2024, "DeepSeek-V3 Technical
     Report", section 3.2.1) folded onto a V, after deepseek-ai/DualPipe. An overlapped pair
     (OVERLAP_F_B in torch) is written as its forward then its full backward. Needs m >= 2p."""
-    _need(microbatches >= 2 * ranks, f"dualpipev needs at least as many microbatches as stages, "
-                                     f"got microbatches = {microbatches} < 2 * ranks = {2 * ranks}")
     rows = []
     for rank in range(ranks):
         first, second = rank, 2 * ranks - 1 - rank
@@ -321,10 +360,6 @@ def chimera(ranks: int, microbatches: int) -> Schedule:
     into the bubbles that one leaves. Each rank runs its actions in the order of those steps (no
     two share a step), which leaves each rank p - 2 idle steps in all. Needs an even p and m a
     multiple of p (whole units)."""
-    _need(ranks % 2 == 0, f"chimera needs an even number of ranks (two pipelines of p stages, "
-                          f"p/2 microbatches each per unit), got ranks = {ranks}")
-    _need(microbatches % ranks == 0, f"chimera runs whole units of p microbatches: m must be a multiple of "
-                                     f"ranks = {ranks}, got microbatches = {microbatches}")
     half = ranks // 2
     timed: list[list[tuple[int, Action]]] = [[] for _ in range(ranks)]
     pipelines = []
@@ -338,8 +373,16 @@ def chimera(ranks: int, microbatches: int) -> Schedule:
             timed[rank].append((start + stage, Action(stage, F, microbatch)))
             timed[rank].append((start + 2 * ranks - 1 - stage, Action(stage, B, microbatch)))
     rows = [[action for _, action in sorted(row, key=lambda entry: entry[0])] for row in timed]
-    maps = (tuple(range(ranks)), tuple(reversed(range(ranks))))
+    maps = pipeline_maps("chimera", ranks)
     return Schedule("chimera", ranks, ranks, microbatches, maps, tuple(map(tuple, rows)), tuple(pipelines))
+
+
+def pipeline_maps(name: str, ranks: int) -> tuple[tuple[int, ...], ...]:
+    """The stage -> rank map of each pipeline of a schedule with two (chimera: stage s on rank s
+    down, on rank p - 1 - s up); () for the others. Closed form: nothing is laid out."""
+    if name != "chimera":
+        return ()
+    return tuple(range(ranks)), tuple(reversed(range(ranks)))
 
 
 _GENERATORS = {

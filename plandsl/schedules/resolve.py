@@ -43,7 +43,7 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, virtua
         return schedule_from_csv(read_csv(spec), Path(spec).stem)
     if ".plan:" in spec:
         return _from_plan(spec, ranks, microbatches, virtual)
-    from plandsl.schedules.generators import generate
+    from plandsl.schedules.generators import TooLarge, generate
     from plandsl.schedules.registry import BUILTIN
     if spec not in BUILTIN:
         raise PlanError([diag("E601", f"unknown schedule '{spec}'", hint=did_you_mean(spec, BUILTIN, "schedules"))])
@@ -51,6 +51,8 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, virtua
         raise PlanError([diag("E207", f"schedule '{spec}' needs --ranks and --microbatches")])
     try:
         return generate(spec, ranks, microbatches, virtual)
+    except TooLarge as error:
+        raise PlanError([diag("E609", str(error), hint="lower --ranks, --microbatches or --virtual")]) from None
     except ValueError as error:
         raise PlanError([diag("E502", str(error))]) from None
 

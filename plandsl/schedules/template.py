@@ -25,10 +25,10 @@ from plandsl import ir
 from plandsl import syntax as s
 from plandsl.diagnostics import Diagnostic, Note
 from plandsl.evaluate import Poison, Reporter, Scope
+from plandsl.schedules.generators import MAX_ACTIONS  # a template needs at most this many (E609)
 from plandsl.schedules.program import Action, Kind, Schedule, loop_map, parse_action
 from plandsl.source import NO_SPAN, SourceFile, Span
 
-MAX_ACTIONS = 10_000_000   # no template may emit more actions than this, whatever the sizes
 MAX_STEPS = 10_000_000     # statements and loop iterations run by one instantiation
 ACTION_KINDS = {"F": Kind.F, "B": Kind.B, "I": Kind.I, "W": Kind.W}
 
@@ -63,6 +63,14 @@ def expand(defn: ir.ScheduleDef, scope: Scope | None, ranks: int, microbatches: 
     problems = _size_mismatches(defn, definition, sizes, where)
     if problems:
         return Instance(None, {}, problems)
+    least = 2 * sizes["stages"] * microbatches  # F and B per stage and microbatch, at least
+    if defn.kind != "table" and least > MAX_ACTIONS:
+        return Instance(None, {}, [Diagnostic(
+            "E609", f"schedule '{defn.name}' for {_sizes_text(sizes)} needs at least {least:,} actions (F and B for "
+                    f"each of {sizes['stages']:,} stages x {microbatches:,} microbatches), more than the "
+                    f"{MAX_ACTIONS:,} a written schedule is laid out with", where,
+            "lower global_batch or raise micro_batch (fewer microbatches), or use a built-in schedule, which "
+            "`plandsl check` and `plandsl estimate` need not lay out")])
     try:
         if defn.kind == "table":
             rows, spans = _table(defn, definition, sizes, where)
@@ -211,7 +219,7 @@ class _Runner:
         self.rows: list[list[Action]] = [[] for _ in range(sizes["ranks"])]
         self.spans: dict[tuple[int, int], Span] = {}
         expected = 3 * sizes["stages"] * sizes["microbatches"]
-        self.max_actions = min(MAX_ACTIONS, max(10_000, 8 * expected))
+        self.max_actions = min(2 * MAX_ACTIONS, max(10_000, 8 * expected))
         self.max_steps = min(MAX_STEPS, max(100_000, 64 * expected))
         self.actions = 0
         self.steps = 0

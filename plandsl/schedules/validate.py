@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from plandsl.diagnostics import Diagnostic, Note, describe_numbers
+from plandsl.diagnostics import Diagnostic, Note
 from plandsl.schedules.program import COMPUTE, Action, Kind, Schedule, gc_paused
 from plandsl.source import NO_SPAN, Span
 
@@ -210,30 +210,27 @@ class _Validator:
         return set(seen)
 
     def check_missing(self, present: set[Action]) -> None:
+        """E603 per stage. Work is proportional to the actions written, not to the microbatch count:
+        what is missing is kept as ranges (a table declaring 10^12 microbatches and holding 8 says so
+        in one line)."""
         s = self.schedule
+        by_stage: dict[int, dict[Kind, set[int]]] = {}
+        for stage, kind, microbatch in present:
+            by_stage.setdefault(stage, {}).setdefault(kind, set()).add(microbatch)
         for stage in range(s.stages):
-            missing: dict[str, list[int]] = {}
-            for microbatch in range(s.microbatches):
-                if (stage, Kind.F, microbatch) not in present:
-                    missing.setdefault("F", []).append(microbatch)
-                if (stage, Kind.B, microbatch) in present:
-                    continue
-                has_i, has_w = (stage, Kind.I, microbatch) in present, (stage, Kind.W, microbatch) in present
-                if not has_i and not has_w:
-                    missing.setdefault("B", []).append(microbatch)
-                elif not has_i:
-                    missing.setdefault("I", []).append(microbatch)
-                elif not has_w:
-                    missing.setdefault("W", []).append(microbatch)
-            missing = {k: missing[k] for k in "FBIW" if k in missing}
+            written = by_stage.get(stage, {})
+            f, b, i, w = (written.get(k, set()) for k in (Kind.F, Kind.B, Kind.I, Kind.W))
+            missing = {"F": _absent(f, s.microbatches), "B": _absent(b | i | w, s.microbatches),
+                       "I": _ranges(sorted(w - i - b)), "W": _ranges(sorted(i - w - b))}
+            missing = {k: v for k, v in missing.items() if v}
             missing = self._unexplained(stage, missing)
             if not missing:
                 continue
             home = self.expected_rank(Action(stage, Kind.F, 0))
             if home is not None and not 0 <= home < len(self.entries):
                 home = None
-            what = " and ".join(f"{kind} for microbatch{'es' if len(mbs) > 1 else ''} {describe_numbers(mbs)}"
-                                for kind, mbs in missing.items())
+            what = " and ".join(f"{kind} for microbatch{'es' if _count(ranges) > 1 else ''} {_describe(ranges)}"
+                                for kind, ranges in missing.items())
             span, at = self.default, None
             if home is None:
                 where = f"stage {stage} has no rank"
@@ -249,8 +246,9 @@ class _Validator:
                      hint="every stage runs F and B (or I then W) once for each microbatch "
                           f"0..{s.microbatches - 1}")
 
-    def _unexplained(self, stage: int, missing: dict[str, list[int]]) -> dict[str, list[int]]:
-        """`missing` less the actions that were written but already reported (on another rank, twice)."""
+    def _unexplained(self, stage: int, missing: dict[str, list[tuple[int, int]]]) -> dict[str, list[tuple[int, int]]]:
+        """`missing` (ranges) less the actions that were written but already reported (on another rank,
+        twice)."""
         if self._reported is None:  # stage -> {(kind, microbatch)} of the excluded actions, built once
             self._reported = {}
             for rank, index in self.excluded:
@@ -258,9 +256,10 @@ class _Validator:
                 self._reported.setdefault(action.stage, set()).add((action.kind.value, action.microbatch))
         written = self._reported.get(stage, set())
         out = {}
-        for kind, mbs in missing.items():
+        for kind, ranges in missing.items():
             also = ("I", "W") if kind == "B" else ()
-            left = [mb for mb in mbs if (kind, mb) not in written and not any((k, mb) in written for k in also)]
+            cut = sorted({mb for k, mb in written if k == kind or k in also})
+            left = _subtract(ranges, cut)
             if left:
                 out[kind] = left
         return out
@@ -369,3 +368,49 @@ class _Validator:
             out[index] = replace(out[index], notes=out[index].notes + (
                 Note(f"and {count} more problem{'s' if count > 1 else ''} like this ({code}) not shown"),))
         return out
+
+
+# ---- microbatch ranges: (first, last) inclusive, sorted, disjoint ------------------------------
+def _ranges(ordered: list[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for value in ordered:
+        if out and value == out[-1][1] + 1:
+            out[-1] = (out[-1][0], value)
+        else:
+            out.append((value, value))
+    return out
+
+
+def _absent(values: set[int], total: int) -> list[tuple[int, int]]:
+    """The ranges of 0..total-1 not in `values` (in time proportional to len(values))."""
+    out, next_free = [], 0
+    for first, last in _ranges(sorted(v for v in values if 0 <= v < total)):
+        if first > next_free:
+            out.append((next_free, first - 1))
+        next_free = last + 1
+    if next_free < total:
+        out.append((next_free, total - 1))
+    return out
+
+
+def _subtract(ranges: list[tuple[int, int]], cut: list[int]) -> list[tuple[int, int]]:
+    """`ranges` without the sorted values `cut`."""
+    out = []
+    for first, last in ranges:
+        for value in cut:
+            if first <= value <= last:
+                if value > first:
+                    out.append((first, value - 1))
+                first = value + 1
+        if first <= last:
+            out.append((first, last))
+    return out
+
+
+def _count(ranges: list[tuple[int, int]]) -> int:
+    return sum(last - first + 1 for first, last in ranges)
+
+
+def _describe(ranges: list[tuple[int, int]]) -> str:
+    """[(0, 2), (5, 5)] -> '0..2, 5' (as `diagnostics.describe_numbers`)."""
+    return ", ".join(str(first) if first == last else f"{first}..{last}" for first, last in ranges)

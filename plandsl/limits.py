@@ -1,0 +1,36 @@
+"""Caps on every count a user writes, so that work follows what was written, not the numbers in it.
+
+Each is far beyond today's largest runs; past one, the checker answers E505 at the number (a
+command-line option: exit 2 naming the option). The table is docs/language.md's "Limits";
+tests/unit/test_hostile_sizes.py writes a number past each cap in every field.
+"""
+from __future__ import annotations
+
+# Imports nothing: the CLI reads it for its options' ranges before any heavy module is loaded.
+MAX_NODES = 131_072             # nodes of a cluster
+MAX_MESH_DEVICES = 1_048_576    # devices of a mesh
+MAX_STAGES = 100_000            # pipeline stages, pipeline ranks (`schedule --ranks`)
+MAX_ACTIONS = 500_000
+"""Compute actions a schedule table is laid out with, to print, simulate or validate it (E609).
+Checking and estimating a built-in schedule lay out none (`schedules.bounded`)."""
+MAX_GLOBAL_BATCH = 2**32        # sequences per step (GPT-3 used 3.2M tokens = 1,536 sequences)
+MAX_MICRO_BATCH = 2**20         # sequences per microbatch
+MAX_SEQ = 2**24                 # tokens per sequence (16M; the longest contexts trained are ~1M)
+MAX_VIRTUAL = 1024              # stages per pipeline rank
+MAX_LAYERS = 100_000            # blocks of a model family, layers of a written model
+MAX_WIDTH = 2**20               # hidden, ffn, input and output widths of a model family
+MAX_HEADS = 2**16               # attention heads and kv heads
+MAX_VOCAB = 2**24               # vocabulary entries
+MAX_EXPERTS = 2**16             # experts and top_k
+MAX_STEPS = 10**9               # warm-up steps, `run --steps`
+MAX_MICROBATCHES = MAX_GLOBAL_BATCH  # `schedule --microbatches`: a microbatch holds at least one sequence
+
+MODEL_ARGUMENTS = {"layers": MAX_LAYERS, "hidden": MAX_WIDTH, "ffn": MAX_WIDTH, "input": MAX_WIDTH,
+                   "output": MAX_WIDTH, "heads": MAX_HEADS, "kv_heads": MAX_HEADS, "seq": MAX_SEQ,
+                   "vocab": MAX_VOCAB, "experts": MAX_EXPERTS, "top_k": MAX_EXPERTS}
+TRAIN = {"global_batch": MAX_GLOBAL_BATCH, "micro_batch": MAX_MICRO_BATCH, "seq": MAX_SEQ,
+         "warmup_steps": MAX_STEPS}
+
+__all__ = ["MAX_ACTIONS", "MAX_EXPERTS", "MAX_GLOBAL_BATCH", "MAX_HEADS", "MAX_LAYERS", "MAX_MESH_DEVICES",
+           "MAX_MICROBATCHES", "MAX_MICRO_BATCH", "MAX_NODES", "MAX_SEQ", "MAX_STAGES", "MAX_STEPS", "MAX_VIRTUAL",
+           "MAX_VOCAB", "MAX_WIDTH", "MODEL_ARGUMENTS", "TRAIN"]

@@ -1,0 +1,291 @@
+"""Huge numbers in every field: work follows what was written, not the numbers in it.
+
+Each case ends in a diagnostic (E505 past a documented cap in plandsl/limits.py, E609 for a
+schedule table too large to lay out) or in a correct answer, within 10 s, never a traceback.
+The bounded analysis of built-in schedules (`schedules.bounded`) is compared with the full
+simulation for every built-in, ranks and virtual in a small grid, under unit and random
+per-stage costs: around where the extrapolation starts and well past it, and (slow tier) every
+microbatch count up to 300.
+"""
+from __future__ import annotations
+
+import math
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from plandsl import limits
+from plandsl.analysis import analyze
+from plandsl.codes import CODES
+from plandsl.schedules.bounded import WARMUP_PERIODS, extrapolated_past, simulate_builtin
+from plandsl.schedules.generators import check_sizes, generate
+from plandsl.schedules.registry import BUILTIN
+from plandsl.schedules.simulate import Costs, simulate
+from support import VALID_PLAN
+
+ROOT = Path(__file__).resolve().parents[2]
+LIMIT_S = 10.0
+HUGE = "1" + "0" * 18  # 10^18: past every cap, still a legal literal
+
+
+def analyzed(text: str, *codes: str):
+    """analyze(text) within LIMIT_S, with one of `codes` among its errors (none: no error)."""
+    start = time.perf_counter()
+    analysis = analyze(text=text)
+    elapsed = time.perf_counter() - start
+    assert elapsed < LIMIT_S, f"took {elapsed:.1f} s"
+    assert all(d.code in CODES for d in analysis.diagnostics)
+    found = {d.code for d in analysis.errors}
+    if codes:
+        assert found & set(codes), [(d.code, d.message) for d in analysis.errors]
+    else:
+        assert not found, [(d.code, d.message) for d in analysis.errors]
+    return analysis
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "plandsl.cli", *args], cwd=ROOT, capture_output=True,
+                            text=True, timeout=timeout)
+    assert time.monotonic() - start < LIMIT_S + 5, "took too long (startup included)"
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr[-3000:]
+    return result
+
+
+# ---- every field of a plan ----------------------------------------------------------------------
+FIELDS = {  # what to replace in VALID_PLAN -> with a huge number; the code expected
+    "global_batch": ("global_batch: 64", f"global_batch: {HUGE}", "E505"),
+    "micro_batch": ("micro_batch: 2", f"micro_batch: {HUGE}", "E505"),
+    "train seq": ("recompute: selective", f"recompute: selective, seq: {HUGE}", "E505"),
+    "warmup_steps": ("recompute: selective", f"recompute: selective, warmup_steps: {HUGE}", "E505"),
+    "layers": ("layers=8", f"layers={HUGE}", "E505"),
+    "hidden": ("hidden=1024", f"hidden={HUGE}", "E505"),
+    "heads": ("heads=16", f"heads={HUGE}", "E505"),
+    "model seq": ("seq=1024", f"seq={HUGE}", "E505"),
+    "vocab": ("vocab=50304", f"vocab={HUGE}", "E505"),
+    "virtual": ("stages  = evenly over pp", f"stages  = evenly over pp with virtual = {HUGE}", "E505"),
+    "mesh dp": ("[dp = nodes * 8 / 4,", f"[dp = {HUGE},", "E301"),
+    "mesh pp": ("pp = 2, tp = 2]", f"pp = {HUGE}, tp = 2]", "E301"),
+    "nodes": ("param nodes = 2", f"param nodes = {HUGE}", "E205"),
+}
+
+
+@pytest.mark.parametrize("field", list(FIELDS))
+def test_huge_number_in_every_field(field):
+    old, new, code = FIELDS[field]
+    assert old in VALID_PLAN
+    analysis = analyzed(VALID_PLAN.replace(old, new, 1), code)
+    if code == "E505":
+        assert any(f"{HUGE[:4]}" in d.message.replace(",", "") for d in analysis.errors)
+
+
+def test_caps_are_answered_at_the_cap_not_below():
+    """The largest allowed value is accepted by the lowering; one more is E505."""
+    at = VALID_PLAN.replace("global_batch: 64", f"global_batch: {limits.MAX_GLOBAL_BATCH}")
+    analyzed(at)  # 2^32 sequences: 2^29 microbatches, checked without laying the schedule out
+    past = VALID_PLAN.replace("global_batch: 64", f"global_batch: {limits.MAX_GLOBAL_BATCH + 1}")
+    analyzed(past, "E505")
+
+
+def test_huge_param_from_the_command_line(tmp_path):
+    path = tmp_path / "p.plan"
+    path.write_text(VALID_PLAN)
+    result = cli("check", str(path), "--param", f"nodes={HUGE}")
+    assert result.returncode == 1 and "error[" in result.stdout + result.stderr
+
+
+# ---- the schedule of a plan: any microbatch count checks in bounded work ---------------------
+FOUR_M = VALID_PLAN.replace("global_batch: 64", f"global_batch: {4 * 2**20 * 4 * 2}")  # dp 4, micro_batch 2
+
+
+@pytest.mark.parametrize("schedule, stages", [
+    ("1f1b", "evenly over pp"), ("gpipe", "evenly over pp"), ("zb_h1", "evenly over pp"),
+    ("interleaved_1f1b", "evenly over pp with virtual = 2"), ("zbv", "evenly over pp with virtual = 2, map = vshape"),
+    ("interleaved_zero_bubble", "evenly over pp with virtual = 2")])
+def test_four_million_microbatches_check_and_estimate(schedule, stages):
+    from plandsl.cost.estimate import estimate_plan
+    text = FOUR_M.replace("schedule = 1f1b", f"schedule = {schedule}").replace("evenly over pp", stages)
+    analysis = analyzed(text, *(("E503",) if schedule == "gpipe" else ()))  # gpipe holds every microbatch
+    plan = analysis.document.plans[0]
+    assert plan.num_microbatches == 4 * 2**20
+    if analysis.errors:
+        return
+    start = time.perf_counter()
+    result = estimate_plan(plan)
+    assert time.perf_counter() - start < LIMIT_S
+    assert result.microbatches == 4 * 2**20 and result.time.step > 0
+    # the bubble is the pipeline's fill and drain only: a vanishing share of 4M microbatches
+    assert result.time.bubble / result.time.step < 1e-3
+
+
+def test_let_chain_is_evaluated_once_per_name():
+    lets = "let a0 = 1\n" + "".join(f"let a{i} = a{i - 1} + a{i - 1}\n" for i in range(1, 1001))
+    text = lets + VALID_PLAN.replace("[dp = nodes * 8 / 4,", "[dp = a1000 / a998,")
+    analysis = analyzed(text)
+    assert analysis.document.plans[0].dp == 4
+
+
+def test_let_inside_a_template_still_reads_the_loop():
+    """Memoised lets are per scope: a template's `let` of a loop variable gets each value."""
+    text = VALID_PLAN.replace("schedule = 1f1b", "schedule = flush") + """
+schedule flush(p: ranks, m: microbatches) {
+  for r in 0..p on rank r {
+    let w = min(p - r - 1, m)
+    for i in 0..w { F(r, i) }
+    for i in 0..m - w { F(r, w + i); B(r, i) }
+    for i in m - w..m { B(r, i) }
+  }
+}
+"""
+    analyzed(text)
+
+
+def test_written_table_declaring_a_trillion_microbatches():
+    text = (ROOT / "stdlib_plans/examples/schedule_table.plan").read_text()
+    text = text.replace("microbatches = 8)", "microbatches = 1000000000000)")
+    text = text.replace("global_batch: 128,", "global_batch: 4294967296,")  # 2^28 microbatches of the plan
+    analysis = analyzed(text, "E608")
+    text = text.replace("microbatches = 1000000000000)", f"microbatches = {2**28})")
+    analysis = analyzed(text, "E603")
+    assert any(f"8..{2**28 - 1}" in d.message for d in analysis.errors)
+
+
+def test_template_too_large_to_lay_out_is_e609():
+    text = (ROOT / "stdlib_plans/examples/schedule_template.plan").read_text()
+    analysis = analyzed(text.replace("global_batch: 256,", "global_batch: 4294967296,"), "E609")
+    assert f"{limits.MAX_ACTIONS:,}" in analysis.errors[0].message
+
+
+# ---- the schedule command ---------------------------------------------------------------------
+@pytest.mark.parametrize("args, code, option", [
+    (["--ranks", "4", "--microbatches", "1000000000"], "E609", None),
+    (["--ranks", "100000", "--microbatches", "100000"], "E609", None),
+    (["--ranks", "1000000000", "--microbatches", "4"], None, "--ranks"),
+    (["--ranks", "4", "--microbatches", HUGE], None, "--microbatches"),
+    (["--ranks", "4", "--microbatches", "8", "--virtual", "100000"], None, "--virtual"),
+])
+def test_schedule_command_with_huge_counts(args, code, option):
+    name = "interleaved_1f1b" if "--virtual" in args else "1f1b"
+    result = cli("schedule", name, *args)
+    if code:
+        assert result.returncode == 1 and f"error[{code}]" in result.stdout + result.stderr
+    else:
+        assert result.returncode == 2 and option in result.stderr
+
+
+def test_schedule_command_template_with_huge_sizes():
+    plan = ROOT / "stdlib_plans/examples/schedule_template.plan"
+    result = cli("schedule", f"{plan}:pipedream_flush", "--ranks", "4", "--microbatches", "1000000000")
+    assert result.returncode == 1 and "error[E609]" in result.stdout + result.stderr
+
+
+def test_simulate_of_a_huge_plan_is_e609(tmp_path):
+    path = tmp_path / "big.plan"
+    path.write_text(FOUR_M)
+    result = cli("simulate", str(path))
+    assert result.returncode == 1 and "E609" in result.stdout + result.stderr
+
+
+# ---- bounded analysis of built-in schedules == the full one --------------------------------------
+def _grid(ranks_options=(1, 2, 3, 4), virtual_options=(1, 2, 3)):
+    for name, info in BUILTIN.items():
+        for ranks in ranks_options:
+            if name == "chimera" and ranks % 2:
+                continue
+            for virtual in (virtual_options if info.virtual == "any" else (None,)):
+                yield name, ranks, virtual
+
+
+def _costs(kind: str, stages: int, ranks: int, seed: int) -> Costs:
+    if kind == "unit":
+        return Costs()
+    rng = random.Random(seed)
+    return Costs(stage_costs=tuple((rng.uniform(.5, 2), rng.uniform(1, 3), rng.uniform(.3, 1.5), rng.uniform(.3, 1.5))
+                                   for _ in range(stages)),
+                 p2p=rng.uniform(0, .3), activation_bytes=tuple(rng.uniform(1, 5) for _ in range(stages)),
+                 static_bytes=tuple(rng.uniform(0, 9) for _ in range(ranks)))
+
+
+def _same(full, bounded) -> None:
+    close = dict(rel_tol=1e-9, abs_tol=1e-9)
+    assert math.isclose(full.makespan, bounded.makespan, **close)
+    assert math.isclose(full.bubble_fraction, bounded.bubble_fraction, **close)
+    for a, b in zip(full.ranks, bounded.ranks, strict=True):
+        assert a.peak_inflight_microbatches == b.peak_inflight_microbatches
+        assert math.isclose(a.peak_memory_bytes, b.peak_memory_bytes, **close)
+        assert math.isclose(a.busy, b.busy, **close) and math.isclose(a.idle, b.idle, **close)
+
+
+def _compare(name: str, ranks: int, virtual, counts) -> int:
+    compared = 0
+    for kind in ("unit", "random"):
+        for m in counts:
+            try:
+                check_sizes(name, ranks, m, virtual)
+            except ValueError:
+                continue
+            schedule = generate(name, ranks, m, virtual)
+            costs = _costs(kind, schedule.stages, ranks, seed=ranks * 1000 + (virtual or 0))
+            start = WARMUP_PERIODS * ranks * schedule.virtual
+            _same(simulate(schedule, costs), simulate_builtin(name, ranks, m, virtual, costs, start=start))
+            compared += 1
+    return compared
+
+
+@pytest.mark.parametrize("name, ranks, virtual", list(_grid((2, 3, 4), (1, 2))))
+def test_bounded_simulation_equals_the_full_one(name, ranks, virtual):
+    """Around where the extrapolation starts, and well past it (the full tier: every m to 300)."""
+    start = WARMUP_PERIODS * ranks * (virtual or 2)
+    past = max(extrapolated_past(name, ranks, ranks * k, virtual, start) for k in (16, 24, 32, 48))
+    counts = list(range(past - 3, past + 2 * ranks * (virtual or 2) + 3)) + [past + 101, 2 * past + 37]
+    assert _compare(name, ranks, virtual, counts) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, ranks, virtual", list(_grid((2, 3), (1, 2))))
+def test_bounded_simulation_equals_the_full_one_up_to_300(name, ranks, virtual):
+    assert _compare(name, ranks, virtual, range(1, 301)) > 0
+
+
+def test_bounded_simulation_lays_out_few_actions():
+    """4M microbatches: each run lays out a few rounds of ranks x virtual, not the table."""
+    import plandsl.schedules.bounded as bounded
+    seen = []
+    original = bounded._layout
+
+    def spy(*args):
+        schedule = original(*args)
+        seen.append(schedule.num_actions)
+        return schedule
+
+    bounded._layout = spy
+    try:
+        result = simulate_builtin("interleaved_1f1b", 8, 4 * 2**20, 2, Costs())
+    finally:
+        bounded._layout = original
+    assert len(seen) == 3 and max(seen) < 20_000  # the run that finds the cycle, then two runs a cycle apart
+    assert result.ranks[0].peak_inflight_microbatches == simulate(generate("interleaved_1f1b", 8, 256, 2)) \
+        .ranks[0].peak_inflight_microbatches
+
+
+def test_size_rules_are_the_generators():
+    """check_sizes (nothing laid out) refuses exactly what generate refuses."""
+    for name, info in BUILTIN.items():
+        for ranks in range(1, 7):
+            for m in range(1, 25):
+                for virtual in ((None, 1, 2, 3) if info.virtual == "any" else (None, 1, 2)):
+                    try:
+                        generate(name, ranks, m, virtual)
+                        generated = None
+                    except ValueError as error:
+                        generated = str(error)
+                    try:
+                        check_sizes(name, ranks, m, virtual)
+                        checked = None
+                    except ValueError as error:
+                        checked = str(error)
+                    assert generated == checked, (name, ranks, m, virtual)
