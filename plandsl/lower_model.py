@@ -84,8 +84,14 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
             values[key] = scope.truth(scope.eval(kwarg.value), kwarg.value)
         else:
             minimum = 0 if key in ("experts", "top_k") else 1
-            values[key] = scope.integer(kwarg.value, f"{family}() argument '{key}'", minimum=minimum,
-                                        maximum=limits.MODEL_ARGUMENTS.get(key))
+            what, cap = f"{family}() argument '{key}'", limits.MODEL_ARGUMENTS.get(key)
+            # layers past the cap would be walked one by one: refused; a width past its cap is
+            # reported and kept, so that the shape rules (E22x) still say what else is wrong
+            values[key] = scope.integer(kwarg.value, what, minimum=minimum, maximum=cap if key == "layers" else None)
+            if cap is not None and values[key] > cap:
+                scope.reporter.error("E505", f"{what} must be at most {cap:,}, found {values[key]:,}", kwarg.value.span,
+                                     hint="plandsl caps every count far beyond today's largest runs: see Limits in "
+                                          "docs/language.md")
     label = name or family
     if family == "mlp":
         return build(scope, ir.MLPModel, call.span, kind="mlp", name=label, **values)
