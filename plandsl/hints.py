@@ -35,7 +35,7 @@ def stdlib_definitions() -> dict[str, str]:
             continue
         for item in module.items:
             defined = getattr(item, "name", None)
-            if defined and type(item).__name__ not in ("Param", "Let") and getattr(item, "kind", "") != "plan":
+            if defined and getattr(item, "kind", "") != "plan":
                 found.setdefault(defined, name)
     return found
 
@@ -62,7 +62,7 @@ def sibling_definitions(source: SourceFile | None) -> dict[str, str]:
             continue
         for item in module.items:
             defined = getattr(item, "name", None)
-            if defined and type(item).__name__ not in ("Param", "Let") and getattr(item, "kind", "") != "plan":
+            if defined and getattr(item, "kind", "") != "plan":
                 found.setdefault(defined, path.stem)
     return found
 

@@ -51,6 +51,10 @@ def require(scope: Scope, found: dict[str, s.Attr], allowed: dict[str, bool], wh
 
 def dict_items(scope: Scope, expr: s.Expr, allowed: dict[str, bool], what: str) -> dict[str, s.DictItem]:
     expr, scope_ = scope.deref(expr)
+    if isinstance(expr, s.Name) and expr.id not in scope_.locals and scope_.find(expr.id) is None:
+        raise scope_.unknown(Word(expr.id, expr.span))  # `train = tiny_train` without its import
+    if isinstance(expr, s.BinOp) and expr.op == "-":
+        scope_.dashed(expr)  # `train = tiny-train`: E201 naming `tiny_train`
     if not isinstance(expr, s.DictExpr):
         raise scope.reporter.error("E205", f"{what} takes `{{ key: value, ... }}`", expr.span)
     found: dict[str, s.DictItem] = {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from plandsl import ir, limits
 from plandsl import syntax as s
-from plandsl.diagnostics import Note
+from plandsl.diagnostics import Edit, Note, nearest
 from plandsl.evaluate import Poison, Scope
 
 TRAIN_KEYS = {"global_batch": True, "micro_batch": False, "seq": False, "precision": False, "recompute": False,
@@ -65,8 +65,12 @@ def _mesh_part(scope: Scope, expr: s.Expr, cluster: ir.Cluster | None) -> tuple[
     """`over devices[0:16]` or `over nodes[2:4]` -> (first device, device count)."""
     if not (isinstance(expr, s.Subscript) and isinstance(expr.obj, s.Name) and expr.obj.id in ("devices", "nodes")
             and isinstance(expr.index, s.Slice)):
+        word = expr.obj if isinstance(expr, s.Subscript) and isinstance(expr.obj, s.Name) else None
+        close = nearest(word.id, ("devices", "nodes")) if word is not None else None
         raise scope.reporter.error("E205", "a mesh runs over part of the cluster as `over devices[a:b]` or "
-                                   "`over nodes[a:b]`", expr.span)
+                                   "`over nodes[a:b]`", expr.span,
+                                   hint=f"did you mean '{close}'?" if close else None,
+                                   edits=(Edit(word.span, close),) if close else ())
     lo = scope.integer(expr.index.lo, "range start", minimum=0) if expr.index.lo else 0
     if expr.index.hi is None:
         raise scope.reporter.error("E205", "give the end of the range: `devices[0:16]`", expr.span)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from plandsl import ir
 from plandsl import syntax as s
-from plandsl.diagnostics import Note, did_you_mean
+from plandsl.diagnostics import Edit, Note, did_you_mean, nearest
 from plandsl.evaluate import Poison, Scope, Word
 from plandsl.lower_mesh import mesh, training
 from plandsl.limits import MAX_LAYERS, MAX_VIRTUAL
@@ -259,6 +259,14 @@ def schedule_ref(scope: Scope, expr: s.Expr) -> ir.ScheduleRef:
                 raise scope.reporter.error("E205", "schedule options are numbers, names or booleans", kwarg.value.span)
             options[kwarg.name] = value
         target = target.func
+    if isinstance(target, s.BinOp) and target.op == "-":  # `interleaved-1f1b` for `interleaved_1f1b`
+        written = inner.text(target)
+        meant = written.replace("-", "_").replace(" ", "")
+        names = set(BUILTIN) | {n for n, d in inner.definitions.items() if d.kind == "schedule"}
+        if meant in names:
+            raise scope.reporter.error("E601", f"unknown schedule '{written}'", target.span,
+                                       hint=f"did you mean '{meant}'? names join words with `_`",
+                                       edits=(Edit(target.span, meant),))
     if not isinstance(target, s.Name):
         raise scope.reporter.error("E205", "schedule takes a schedule's name, like `1f1b`", expr.span)
     found = inner.find(target.id)
@@ -338,6 +346,11 @@ def shard_rule(scope: Scope, stmt: s.ShardRule, m: ir.Mesh) -> ir.ShardRule:
                        for item in value.items)
         return ir.ShardRule(target=target, params=params, span=stmt.span)
     subject, over, options = _clause(scope, value)
+    close = nearest(subject.id, STYLES) if isinstance(subject, s.Name) and subject.id not in STYLES else None
+    if close and subject.id != "Replicate":
+        raise scope.reporter.error("E408", f"'{subject.id}' is not a shard style", subject.span,
+                                   hint=f"did you mean '{close}'? (styles: {', '.join(STYLES)})",
+                                   edits=(Edit(subject.span, close),))
     if isinstance(subject, s.Name) and subject.id in STYLES:
         _options(scope, options, (), "shard")
         axis = one_axis(scope, over, m, f"'{subject.id}'", value.span) if subject.id != "replicate" else None
@@ -356,8 +369,12 @@ def placements(scope: Scope, expr: s.Expr, m: ir.Mesh) -> tuple[ir.Placement, ..
         if isinstance(item, s.Name) and item.id == "Replicate":
             continue  # replicated over every axis not named
         if not (isinstance(item, s.BinOp) and item.op == "@"):
+            close = nearest(item.id, STYLES) if isinstance(item, s.Name) else None
             raise scope.reporter.error("E408", "a placement is `Shard(dim) @ axis`, `Replicate @ axis` or "
-                                       "`Partial @ axis`", item.span)
+                                       "`Partial @ axis`", item.span,
+                                       hint=f"did you mean the style '{close}'? (`shard M = {close} over AXIS`; "
+                                       f"styles: {', '.join(STYLES)})" if close else None,
+                                       edits=(Edit(item.span, close),) if close else ())
         kind, dim = _placement_kind(inner, item.left)
         axis = one_axis(inner, item.right, m, "a placement", item.span)
         if axis in seen:

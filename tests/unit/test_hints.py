@@ -225,3 +225,29 @@ def test_e406_names_the_dim_to_change_when_the_axis_cannot_move(tmp_path):
                           mesh="tp = 8", lines="tensor = megatron over tp")
     (problem,) = [d for d in analyze("v.plan", text=text).diagnostics if d.code == "E406"]
     assert "to keep 'tp' = 8, change vocab (1001) to 1000 or 1008" in problem.hint, problem.hint
+
+
+_LOCAL = Path(__file__).resolve().parents[2] / "stdlib_plans" / "local"
+
+
+@pytest.mark.parametrize("file,old,new,code", [
+    ("3d.plan", 'import "tiny"\n', "", "E201"),                       # `train = tiny_train` (a let) without import
+    ("3d.plan", "train    = tiny_train", "train    = tiny-train", "E201"),   # was E205 "train takes { ... }"
+    ("3d.plan", "over devices[", "over devics[", "E205"),
+    ("pp_interleaved.plan", "schedule = interleaved_1f1b", "schedule = interleaved-1f1b", "E601"),
+], ids=["let_from_a_sibling", "dashed_let", "devices", "dashed_schedule"])
+def test_one_mistake_in_a_local_example_is_fixed_by_its_hint(file, old, new, code, tmp_path):
+    for sibling in _LOCAL.glob("*.plan"):
+        (tmp_path / sibling.name).write_text(sibling.read_text(encoding="utf-8"), encoding="utf-8")
+    text = (tmp_path / file).read_text(encoding="utf-8")
+    assert old in text, (file, old)
+    fixed, after = _follow(tmp_path, text.replace(old, new, 1), code)
+    assert _errors(after) == [], f"{fixed}\n{render_all(after.diagnostics, after.sources)}"
+
+
+def test_a_misspelled_shard_style_is_named(tmp_path):
+    text = (Path(__file__).resolve().parents[2] / "stdlib_plans" / "examples" / "shard_rules.plan").read_text(
+        encoding="utf-8")
+    assert "colwise over" in text
+    fixed, after = _follow(tmp_path, text.replace("colwise over", "colwse over", 1), "E408")
+    assert _errors(after) == [], fixed
