@@ -37,6 +37,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
         parser.error(f"{'--resume' if args.resume else '--checkpoint-every'} needs --checkpoint-dir")
+    from plandsl.files import writable_dir, writable_file
+    for option, path, problem in (("--metrics", args.metrics, writable_file),
+                                  ("--checkpoint-dir", args.checkpoint_dir, writable_dir)):
+        reason = problem(path) if path else None
+        if reason:  # before the job is built: every rank says so and exits 2, none trains
+            parser.error(f"{option} {path}: cannot write: {reason}")
     return args
 
 

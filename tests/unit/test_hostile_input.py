@@ -369,3 +369,11 @@ def test_the_parse_stops_at_the_token_limit(monkeypatch):
     (error,) = analysis.errors
     assert error.code == "E106" and "more than 1,000 tokens" in error.message and error.span.column > 1000
     assert analyze(text="let x = [" + "1, " * 400 + "1]\n").ok
+
+
+@pytest.mark.parametrize("option", ["--metrics", "--checkpoint-dir"])
+def test_the_rank_entry_point_refuses_unwritable_outputs_too(hostile, option, capsys):
+    from plandsl.run import parse_args
+    with pytest.raises(SystemExit) as caught:
+        parse_args([PIPELINE, option, str(Path(hostile["file.plan"]) / "out")])
+    assert caught.value.code == 2 and f"{option} " in capsys.readouterr().err
