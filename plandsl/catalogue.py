@@ -166,7 +166,9 @@ _entry("E107", """
     A file plandsl was asked to read (a plan, an import, a schedule CSV, a token file) is a
     directory, a device, a FIFO or a socket. Only regular files are read: a device such as
     `/dev/zero` never ends and a FIFO may never answer, so they are refused from what the
-    file system says they are, before a byte is read. Here the import names a folder that
+    file system says they are, before a byte is read. A file that says it is regular but
+    reports size 0 and has content is made up by the kernel (`/proc`, `/sys`) and is refused
+    too, without being shown. Here the import names a folder that
     happens to be called `shared.plan`.
     """, f"""
     import "clusters/dgx_a100"

@@ -4,7 +4,8 @@ Stage: input (every stage that opens a file goes through here). Contract: `read_
 most `limit` bytes of a regular file or raises `FileProblem`: a device, FIFO, socket or directory is
 refused from its `stat` without blocking (the open is non-blocking and checked again on the open
 descriptor), and at most `limit + 1` bytes are read, so an over-limit input answers at once with
-constant memory (a /proc file reports size 0: only the read tells its length). `read_stdin` does the
+constant memory; a file that reports size 0 yet has content (/proc, /sys) is refused after the read,
+without showing it. `read_stdin` does the
 same for standard input. `check_regular` is the regular-file test alone, for files read in chunks
 (token files). `writable_file`/`writable_dir` say why an output path cannot be written, or None.
 """
@@ -100,6 +101,9 @@ def read_bounded(path: str | os.PathLike, limit: int, what: str = "file") -> byt
         os.close(fd)
     if len(data) > limit:
         raise _too_large(path, what, limit, None)
+    if data and status.st_size == 0:  # /proc, /sys: "regular", size 0, content made up by the kernel
+        raise FileProblem("E107", f"{_label(what, path)} is a file the kernel generates (it reports size 0 and "
+                                  "has content), not a regular file", "name a file of your own")
     return data
 
 

@@ -258,13 +258,17 @@ def test_run_refuses_bad_launch_arguments_before_starting(hostile, case, dry):
 
 
 # ---- the reader itself --------------------------------------------------------------------------------------
-def test_reader_stops_at_the_limit_on_a_file_that_reports_size_zero():
-    # /proc files are regular and report size 0: only the read can tell their length
-    data = read_bounded("/proc/self/status", 1 << 20)
-    assert data
+def test_kernel_files_that_report_size_zero_are_refused(monkeypatch):
+    # /proc files are "regular" and report size 0: only the read tells their length and that they have content
     with pytest.raises(FileProblem) as caught:
         read_bounded("/proc/self/status", 10)
-    assert caught.value.code == "E106"
+    assert caught.value.code == "E106"  # stopped at the limit
+    monkeypatch.setenv(SECRET, SECRET)
+    with pytest.raises(FileProblem) as caught:
+        read_bounded("/proc/self/environ", 1 << 20)
+    assert caught.value.code == "E107" and SECRET not in str(caught.value)
+    result = invoke("check", "/proc/self/environ")  # named on the command line: refused all the same, unquoted
+    assert "[E107]" in result.output
 
 
 def test_reader_never_blocks_on_a_fifo(tmp_path):
