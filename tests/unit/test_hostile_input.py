@@ -381,3 +381,14 @@ def test_the_rank_entry_point_refuses_unwritable_outputs_too(hostile, option, ca
     with pytest.raises(SystemExit) as caught:
         parse_args([PIPELINE, option, str(Path(hostile["file.plan"]) / "out")])
     assert caught.value.code == 2 and f"{option} " in capsys.readouterr().err
+
+
+def test_run_passes_include_folders_on_to_the_ranks(tmp_path):
+    from plandsl import api
+    from plandsl.run import parse_args
+    from plandsl.runtime.launch import LaunchOptions, torchrun_args
+    plan = api.load_plan(PIPELINE)
+    with include([tmp_path]):
+        args = torchrun_args(plan, PIPELINE, None, {}, LaunchOptions())
+    assert args[args.index("--include") + 1] == str(tmp_path)
+    assert parse_args(args[args.index("plandsl.run") + 1:]).include == [str(tmp_path)]
