@@ -498,7 +498,7 @@ def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_n
     from plandsl.diagnostics import PlanError
     from plandsl.search import SearchError, search
     from plandsl.search_complete import generate_from
-    from plandsl.search_emit import candidate_json, explain, format_table, plan_text, resolve_problem
+    from plandsl.search_emit import candidate_json, checked_texts, explain, format_table, resolve_problem
     as_json = as_json or output_format == "json"
     given = [f"--{name}" for name, value in (("model", model), ("cluster", cluster), ("global-batch", global_batch),
                                              ("seq-len", seq_len), ("precision", precision)) if value is not None]
@@ -524,8 +524,7 @@ def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_n
             result, texts = completed.result, list(completed.texts)
         else:
             problem, source = resolve_problem(model, cluster, global_batch, seq_len, precision or "bf16")
-            result = search(problem, pins, top, progress=progress)
-            texts = [plan_text(s, problem, source) for s in result.candidates]
+            result, texts = checked_texts(search(problem, pins, top, progress=progress), problem, source, output)
     except PlanError as error:
         _fail(error, output_format)
     except SearchError as error:

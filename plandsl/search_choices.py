@@ -136,7 +136,7 @@ def schedule_choices(pp: int, m: int, blocks: int, pinned: str | None, virtual_p
             if name == "dualpipev" and m < 2 * pp:
                 continue
         elif info.virtual == "any":
-            virtuals = VIRTUAL_CHOICES
+            virtuals = VIRTUAL_CHOICES if virtual_pin is None else (virtual_pin,)  # a plan's own, as check takes it
             if m % max(1, m // pp):  # torch's rounds of microbatches must divide m
                 continue
         else:

@@ -22,7 +22,7 @@ from pathlib import Path
 from plandsl import ir, syntax
 from plandsl.diagnostics import Note, PlanError, diag
 from plandsl.loader import include
-from plandsl.search import CONTEXT, Candidate, Scored, SearchError, SearchResult, search
+from plandsl.search import CONTEXT, Candidate, Scored, SearchError, SearchResult, SearchStats, parse_pins, search
 from plandsl.search_from import Partial, other_plans, pins_with, read_partial
 from plandsl.source import SourceFile
 
@@ -48,7 +48,10 @@ def generate_from(path: str | Path, name: str | None = None, params: dict | None
     merged = pins_with(partial, pins)
     sources = {partial.path: SourceFile(partial.path, partial.text)}
     try:
-        result = search(partial.problem, merged, top, progress=progress)
+        if partial.decided and not parse_pins(pins):  # nothing to search: the plan as written, estimated
+            result = SearchResult((_as_written(partial),), SearchStats())
+        else:
+            result = search(partial.problem, merged, top, progress=progress)
     except SearchError as error:
         shown = ", ".join(f"{k}={','.join(v) if isinstance(v, tuple) else v}" for k, v in partial.pins.items())
         raise PlanError([diag("E803", str(error), partial.definition.name_span,
@@ -70,6 +73,12 @@ def generate_from(path: str | Path, name: str | None = None, params: dict | None
                       "please report it with the partial plan"),)
         raise PlanError([replace(d, notes=d.notes + bug) for d in failure.diagnostics], failure.sources)
     return Completed(SearchResult(tuple(s for s, _ in kept), result.stats), tuple(t for _, t in kept), notes)
+
+
+def _as_written(partial: Partial) -> Scored:
+    from plandsl.cost.estimate import estimate_plan
+    plan = partial.plan
+    return Scored(candidate_of(plan), (), estimate_plan(plan), plan)
 
 
 def complete(partial: Partial, scored: Scored, out_path: str | Path | None = None) -> tuple[Scored, str] | PlanError:
@@ -205,16 +214,15 @@ def _train_edits(partial: Partial, c: Candidate) -> list[tuple[int, int, str]]:
     if partial.train_local:
         value: syntax.DictExpr = attr.value
         items = {item.key: item for item in value.items}
-        edits = []
+        edits, added = [], ""
         for key, new in wanted.items():
             if key in items:
-                if _same(key, train, new):
-                    continue
-                edits.append((items[key].value.span.start, items[key].value.span.end, new))
+                if not _same(key, train, new):
+                    edits.append((items[key].value.span.start, items[key].value.span.end, new))
             else:
-                end = value.items[-1].span.end
-                edits.append((end, end, f", {key}: {new}"))
-        return edits
+                added += f", {key}: {new}"
+        end = value.items[-1].span.end
+        return edits + ([(end, end, added)] if added else [])
     if (train.micro_batch, train.recompute.value) == (c.micro_batch_size, c.recompute):
         return []  # a train the plan names: kept as it is
     if partial.train_items is not None:

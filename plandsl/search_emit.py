@@ -173,6 +173,30 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
     return api.format_text("\n".join(lines).lstrip("\n") + "\n", "<generate>")
 
 
+def checked_texts(result: SearchResult, problem: Problem, source: Source,
+                  path: str | None = None) -> tuple[SearchResult, list[str]]:
+    """The candidates whose plan text passes `plandsl check` (checked as the file `path` would be), and
+    their texts (already in `plandsl fmt`'s layout); PlanError with the first one's diagnostics, marked
+    as a bug, when none does."""
+    import os
+    from dataclasses import replace
+    from plandsl import api
+    from plandsl.diagnostics import Note, PlanError
+    where = path or os.path.join(os.getcwd(), "generated.plan")
+    kept, failure = [], None
+    for scored in result.candidates:
+        text = plan_text(scored, problem, source)
+        analysis = api.checks(text, path=where)
+        if analysis.ok:
+            kept.append((scored, text))
+        elif failure is None:
+            failure = analysis
+    if not kept:
+        bug = Note("this is a bug of `plandsl generate`: the plan it wrote should check; please report it")
+        raise PlanError([replace(d, notes=d.notes + (bug,)) for d in failure.errors], failure.sources)
+    return SearchResult(tuple(s for s, _ in kept), result.stats), [t for _, t in kept]
+
+
 def header(estimate) -> list[str]:
     """The predicted figures of a plan, as the comment lines above it (replaced when it is generated again)."""
     t, e = estimate.time, estimate
@@ -377,5 +401,5 @@ def _smallest_cluster(problem: Problem, states: float, pins: dict) -> str:
     return f"Try at least {node.name} x {least} ({least * node.devices} devices)"
 
 
-__all__ = ["Source", "resolve_problem", "plan_text", "header", "stage_lines", "candidate_json", "format_table", "explain", "explain_empty",
+__all__ = ["Source", "resolve_problem", "plan_text", "checked_texts", "header", "stage_lines", "candidate_json", "format_table", "explain", "explain_empty",
            "stdlib_names"]

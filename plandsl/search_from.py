@@ -53,6 +53,7 @@ class Partial:
     train_local: bool             # the train dict is written in the plan itself (edited in place)
     params: dict | None = None
     notes: tuple[str, ...] = field(default=())
+    decided: bool = False         # the plan leaves the search nothing to choose: it is estimated as written
 
     @property
     def name(self) -> str:
@@ -100,6 +101,9 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
         pins.update({k: v for k, v in _pipeline_pins(plan, stage_block).items() if k != "pp"})
     else:
         pins.update(_pipeline_pins(plan, stage_block))
+        for attr, role in ATTR_ROLE.items():  # `data = none`, `tensor = none`, ...: none of that parallelism
+            if attr in attrs and attr != "stages" and getattr(plan, attr) is None:
+                pins[role] = 1
     if "data" in attrs and plan.data is not None:
         pins["zero_stage"] = plan.data.zero_stage
     if ("stages" in attrs or stage_block is not None) and plan.stages is not None:
@@ -120,8 +124,9 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
     cluster = _covered(plan) if "mesh" in attrs else plan.cluster  # the devices a written mesh lays out
     problem = Problem(plan.model, cluster, plan.train.global_batch, plan.train.seq, plan.train.precision,
                       plan.train.optimizer)
+    decided = "mesh" in attrs and not free_choices(attrs, stage_block, plan)
     return Partial(path, text, module, definition, attrs, stage_block, plan, problem, parse_pins(pins), names,
-                   tuple(overs), train_items, local, params, tuple(notes))
+                   tuple(overs), train_items, local, params, tuple(notes), decided)
 
 
 def pins_with(partial: Partial, overrides) -> dict[str, object]:
@@ -251,7 +256,9 @@ def _checked(path: str, text: str, source: SourceFile, definition, attrs: dict, 
     others = other_plans(path, source.text, definition.name)
     if "mesh" in attrs:
         analysis = api.checks(text, params, path=path)
-        errors = [d for d in analysis.errors if not _fixable(d, attrs, definition, text) and not others(d)]
+        lowered = [p for p in (analysis.document.plans if analysis.document else ()) if p.name == definition.name]
+        free = free_choices(attrs, stage_block, lowered[0]) if lowered else set()
+        errors = [d for d in analysis.errors if not _fixable(d, free) and not others(d)]
         return _plan_of(analysis, definition.name, errors, lambda d: d, analysis.sources)
     edits = sorted(overs)
     probe = _apply(text, [(offset, offset, piece) for offset, piece in edits])
@@ -302,21 +309,28 @@ def _probe_axes(attrs: dict, stage_block, names: dict[str, str]) -> list[str]:
     return [names[role] for role in used]
 
 
-def _fixable(d: Diagnostic, attrs: dict, definition, text: str) -> bool:
+def _fixable(d: Diagnostic, free: set[str]) -> bool:
     """A problem of a plan with a mesh that a choice the plan leaves to the search may fix (or a warning)."""
     if not d.is_error:
         return True
-    keys = _written_train_keys(attrs)
-    free_batch = keys is not None and "micro_batch" not in keys
-    free = free_batch or (keys is not None and "recompute" not in keys) or any(
-        a not in attrs for a in ("data", "schedule"))
     if d.code == "E501":
-        return free_batch
+        return "micro_batch" in free
     if d.code in ("E502", "E602", "E603", "E604", "E605", "E606", "E607", "E608"):
-        return free_batch or "schedule" not in attrs
-    if d.code == "E503":
-        return free
-    return False
+        return bool(free & {"micro_batch", "stages", "schedule"})
+    return d.code == "E503" and bool(free)
+
+
+def free_choices(attrs: dict, stage_block, plan: ir.Plan) -> set[str]:
+    """What a plan with a mesh leaves to the search: micro_batch and recompute its train dict leaves out,
+    and the data, tensor, stages and schedule lines it leaves to the language's defaults."""
+    keys = _written_train_keys(attrs)
+    free = {key for key in ("micro_batch", "recompute") if keys is not None and key not in keys}
+    for attr in ("data", "tensor", "stages"):
+        if attr not in attrs and not (attr == "stages" and stage_block is not None) and getattr(plan, attr):
+            free.add(attr)
+    if "schedule" not in attrs and plan.stages is not None:
+        free.add("schedule")
+    return free
 
 
 def _written_train_keys(attrs: dict) -> set[str] | None:

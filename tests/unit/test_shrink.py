@@ -263,3 +263,19 @@ def test_any_rank_budget_gives_a_checked_plan_within_it_or_says_why(ranks):
             continue
         assert shrunk.ranks <= ranks and [a.name for a in shrunk.plan.mesh.axes] == \
             [a.name for a in shrunk.original.mesh.axes], path.name
+
+
+def test_shrink_reports_diagnostics_and_json(tmp_path):
+    """--format json: the refusal as one JSON object per line (as check prints), the result as one object."""
+    import json
+    result = CliRunner().invoke(main, ["shrink", str(STDLIB / "examples" / "uneven_pipeline.plan"), "--ranks", "4",
+                                       "--format", "json"])
+    assert result.exit_code == 1
+    (refusal,) = [json.loads(line) for line in result.stdout.splitlines()]
+    assert refusal["code"] == "E802" and refusal["location"]["line"] == 16
+    text = CliRunner().invoke(main, ["shrink", str(STDLIB / "examples" / "uneven_pipeline.plan"), "--ranks", "4"])
+    assert text.exit_code == 1 and "error[E802]" in text.output and "  stages {" in text.output  # caret, source line
+    done = CliRunner().invoke(main, ["shrink", str(STDLIB / "examples" / "data_parallel.plan"), "--format", "json"])
+    assert done.exit_code == 0, done.output
+    payload = json.loads(done.stdout)
+    assert payload["ranks"] >= 2 and payload["changes"] and api.checks(payload["plan"]).ok
