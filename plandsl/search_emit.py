@@ -182,7 +182,7 @@ def checked_texts(result: SearchResult, problem: Problem, source: Source,
     from dataclasses import replace
     from plandsl import api
     from plandsl.diagnostics import Note, PlanError
-    where = path or os.path.join(os.getcwd(), "generated.plan")
+    where = str(path) if path else os.path.join(os.getcwd(), "generated.plan")
     kept, failure = [], None
     for scored in result.candidates:
         text = plan_text(scored, problem, source)
