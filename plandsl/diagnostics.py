@@ -153,6 +153,18 @@ def nearest(name: str, options: Iterable[str]) -> str | None:
     return matches[0] if matches else None
 
 
+def respell(name: str, options: Iterable[str], span: Span | None, at_end: bool = False,
+            to: str | None = None) -> tuple[Edit, ...]:
+    """The edit of `did_you_mean`: `name`, written at the start (or `at_end`) of `span`, replaced by
+    the closest option (or by `to`); () when none is close or the span is unknown."""
+    close = to or nearest(name, list(options))
+    if close is None or span is None or span is NO_SPAN or span.end - span.start < len(name):
+        return ()
+    start = span.end - len(name) if at_end else span.start
+    line, column = (span.end_line, span.end_column - len(name)) if at_end else (span.line, span.column)
+    return (Edit(Span(span.file, line, column, line, column + len(name), start, start + len(name)), close),)
+
+
 def did_you_mean(name: str, options: Iterable[str], what: str = "") -> str | None:
     options = sorted(set(options))
     close = nearest(name, options)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from plandsl import syntax as s
-from plandsl.diagnostics import Diagnostic, Note, diag, did_you_mean
+from plandsl.diagnostics import Diagnostic, Note, diag, did_you_mean, respell
 from plandsl.hints import dashed_name_hint, unknown_name_hint
 from plandsl.source import Span
 from plandsl.units import Dimension, lookup, suggest
@@ -206,7 +206,8 @@ class Scope:
             close = suggest(e.unit)
             raise self.reporter.error("E204", f"unknown unit '{e.unit}'", e.span,
                                       hint=f"did you mean '{close}'?" if close else
-                                      "units: B KB MB GB KiB MiB GiB, B/s GB/s Gb/s, FLOP/s TFLOP/s, s ms us ns")
+                                      "units: B KB MB GB KiB MiB GiB, B/s GB/s Gb/s, FLOP/s TFLOP/s, s ms us ns",
+                                      edits=respell(e.unit, (), e.span, at_end=True, to=close) if close else ())
         dimension, factor = found
         return Q(float(f"{e.value * factor:.15g}"), dimension)  # 5 us is 5e-06, not 4.9999999999999996e-06
 
@@ -372,7 +373,8 @@ class Scope:
             if text in options:
                 return options[text] if isinstance(options, dict) else text
             raise self.reporter.error("E210", f"'{text}' is not a valid {what}", expr.span,
-                                      hint=did_you_mean(text, options, f"valid {what}s"))
+                                      hint=did_you_mean(text, options, f"valid {what}s"),
+                                      edits=respell(text, options, expr.span) if isinstance(expr, s.Name) else ())
         raise self.reporter.error("E205", f"expected a {what} ({', '.join(sorted(options))})", expr.span)
 
 

@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from plandsl.diagnostics import Diagnostic, Note, PlanError, did_you_mean, diag
+from plandsl.diagnostics import Diagnostic, Edit, Note, PlanError, did_you_mean, diag, nearest
 from plandsl.files import FileProblem, read_bounded
 from plandsl.parser import MAX_BYTES, decode, parse_source
 from plandsl.source import SourceFile
@@ -165,6 +165,7 @@ class Loader:
             self.diagnostics.append(diag(
                 "E208", f"cannot find import \"{item.path}\"", item.span,
                 hint=did_you_mean(item.path, options, "standard library files"),
+                edits=[Edit(item.span, f'import "{close}"') for close in [nearest(item.path, options)] if close],
                 notes=[Note("looked next to the importing file"
                             + (f", in {', '.join(extra)}" if extra else "")
                             + f" and in the standard library ({stdlib_root()})")]))

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from plandsl import ir
 from plandsl import syntax as s
-from plandsl.diagnostics import Note, did_you_mean
+from plandsl.diagnostics import Note, did_you_mean, respell
 from plandsl.evaluate import Poison, Rep, Reporter, Scope, Word
 from plandsl.loader import Loaded
 from plandsl.lower_plan import lower_plan
@@ -32,7 +32,8 @@ def attributes(scope: Scope, body: tuple, allowed: dict[str, bool], what: str) -
             continue
         if stmt.name not in allowed:
             scope.reporter.error("E206", f"{what} has no attribute '{stmt.name}'", stmt.name_span,
-                                 hint=did_you_mean(stmt.name, allowed, f"attributes of {what}"))
+                                 hint=did_you_mean(stmt.name, allowed, f"attributes of {what}"),
+                                 edits=respell(stmt.name, allowed, stmt.name_span))
         elif stmt.name in found:
             scope.reporter.error("E213", f"'{stmt.name}' is set twice", stmt.name_span,
                                  notes=[Note("first set", found[stmt.name].name_span)])
@@ -58,16 +59,22 @@ def dict_items(scope: Scope, expr: s.Expr, allowed: dict[str, bool], what: str) 
     if not isinstance(expr, s.DictExpr):
         raise scope.reporter.error("E205", f"{what} takes `{{ key: value, ... }}`", expr.span)
     found: dict[str, s.DictItem] = {}
+    respelled: set[str] = set()  # keys a misspelling stands for: not reported missing as well
     for item in expr.items:
         if item.key not in allowed:
+            edits = respell(item.key, allowed, item.key_span)
+            respelled.update(edit.text for edit in edits)
             scope.reporter.error("E206", f"{what} has no key '{item.key}'", item.key_span,
-                                 hint=did_you_mean(item.key, allowed, f"keys of {what}"))
+                                 hint=did_you_mean(item.key, allowed, f"keys of {what}"), edits=edits)
         elif item.key in found:
             scope.reporter.error("E213", f"'{item.key}' is given twice", item.key_span,
                                  notes=[Note("first given", found[item.key].key_span)])
         else:
             found[item.key] = item
     missing = [k for k, required in allowed.items() if required and k not in found]
+    if missing and set(missing) <= respelled:
+        raise Poison()  # reported as the misspelled key
+    missing = [k for k in missing if k not in respelled]
     if missing:
         raise scope.reporter.error("E207", f"{what} is missing {', '.join(repr(m) for m in missing)}", expr.span,
                                    hint=f"add {', '.join(f'{m}: ...' for m in missing)}")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from plandsl import ir, limits
 from plandsl import syntax as s
-from plandsl.diagnostics import did_you_mean
+from plandsl.diagnostics import did_you_mean, respell
 from plandsl.evaluate import Poison, Scope, Word
 from plandsl.units import BYTES
 
@@ -54,7 +54,8 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
     if not isinstance(call.func, s.Name) or call.func.id not in FAMILIES:
         shown = call.func.id if isinstance(call.func, s.Name) else "this"
         raise scope.reporter.error("E212", f"unknown model family '{shown}'", call.func.span,
-                                   hint=did_you_mean(shown, FAMILIES, "model families"))
+                                   hint=did_you_mean(shown, FAMILIES, "model families"),
+                                   edits=respell(shown, FAMILIES, call.func.span) if shown != "this" else ())
     family = call.func.id
     allowed = FAMILIES[family]
     if call.args:
@@ -62,17 +63,20 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
                                    hint=f"{family}({', '.join(f'{a}=...' for a, r in allowed.items() if r)})")
     args: dict[str, s.KwArg] = {}
     failed = False
+    respelled: set[str] = set()  # arguments a misspelling stands for: not reported missing as well
     for kwarg in call.kwargs:
         if kwarg.name not in allowed:
+            edits = respell(kwarg.name, allowed, kwarg.span)
+            respelled.update(edit.text for edit in edits)
             scope.reporter.error("E212", f"{family}() has no argument '{kwarg.name}'", kwarg.span,
-                                 hint=did_you_mean(kwarg.name, allowed, f"arguments of {family}()"))
+                                 hint=did_you_mean(kwarg.name, allowed, f"arguments of {family}()"), edits=edits)
             failed = True
         elif kwarg.name in args:
             scope.reporter.error("E213", f"argument '{kwarg.name}' is given twice", kwarg.span)
             failed = True
         else:
             args[kwarg.name] = kwarg
-    missing = [a for a, required in allowed.items() if required and a not in args]
+    missing = [a for a, required in allowed.items() if required and a not in args and a not in respelled]
     if missing:
         raise scope.reporter.error("E212", f"{family}() is missing {', '.join(missing)}", call.span,
                                    hint=f"add {', '.join(f'{m}=...' for m in missing)}")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from plandsl import ir
 from plandsl import syntax as s
-from plandsl.diagnostics import Edit, Note, did_you_mean, nearest
+from plandsl.diagnostics import Edit, Note, did_you_mean, nearest, respell
 from plandsl.evaluate import Poison, Scope, Word
 from plandsl.lower_mesh import mesh, training
 from plandsl.limits import MAX_LAYERS, MAX_VIRTUAL
@@ -120,6 +120,7 @@ def axis_names(scope: Scope, expr: s.Expr | None, m: ir.Mesh, what: str, span=No
         if m.axis(item.id) is None:
             raise scope.reporter.error("E302", f"the mesh has no axis '{item.id}'", item.span,
                                        hint=did_you_mean(item.id, [a.name for a in m.axes], "mesh axes"),
+                                       edits=respell(item.id, [a.name for a in m.axes], item.span),
                                        notes=[Note("mesh declared", m.span)])
         if item.id in names:
             raise scope.reporter.error("E303", f"axis '{item.id}' is used twice in {what}", item.span)
@@ -276,7 +277,8 @@ def schedule_ref(scope: Scope, expr: s.Expr) -> ir.ScheduleRef:
     if target.id not in BUILTIN:
         user = [n for n, d in inner.definitions.items() if d.kind == "schedule"]
         raise scope.reporter.error("E601", f"unknown schedule '{target.id}'", target.span,
-                                   hint=did_you_mean(target.id, list(BUILTIN) + user, "schedules"))
+                                   hint=did_you_mean(target.id, list(BUILTIN) + user, "schedules"),
+                                   edits=respell(target.id, list(BUILTIN) + user, target.span))
     return ir.ScheduleRef(name=target.id, options=options, span=expr.span)
 
 

@@ -19,7 +19,8 @@ from plandsl.diagnostics import apply_edits, render_all
 
 # Codes whose hint is computed from the plan and names one change: their catalogue example must carry
 # edits, and following them must check. (Add a code here when its hint becomes machine-applicable.)
-COMPUTED = {"E201", "E220", "E221", "E222", "E223", "E224", "E402", "E406", "E501", "E502"}
+COMPUTED = {"E201", "E204", "E206", "E208", "E210", "E220", "E221", "E222", "E223", "E224", "E402", "E406", "E501",
+            "E502", "E601"}
 
 
 def _analyze(path: Path, text: str) -> Analysis:
@@ -250,4 +251,38 @@ def test_a_misspelled_shard_style_is_named(tmp_path):
         encoding="utf-8")
     assert "colwise over" in text
     fixed, after = _follow(tmp_path, text.replace("colwise over", "colwse over", 1), "E408")
+    assert _errors(after) == [], fixed
+
+
+_SMALL = """\
+import "clusters/dgx_a100"
+plan p {
+  model   = gpt(layers=4, hidden=256, heads=8, seq=128, vocab=1024)
+  cluster = dgx_a100 x 1
+  mesh    = [dp = 2, pp = 2, tp = 2]
+  train   = { global_batch: 16, micro_batch: 1, precision: bf16 }
+  tensor  = megatron over tp
+  stages  = evenly over pp
+  schedule = 1f1b
+}
+"""
+
+
+@pytest.mark.parametrize("old,new,code", [
+    ("model   = gpt(", "model   = gtp(", "E212"), ("heads=8", "haeds=8", "E212"),
+    ("megatron over tp", "megatron over tpp", "E302"), ("micro_batch: 1", "micro_bacth: 1", "E206"),
+    ("precision: bf16", "precision: bf61", "E210"), ("schedule = 1f1b", "schedule = gpiep", "E601"),
+    ('import "clusters/dgx_a100"', 'import "cluster/dgx_a100"', "E208"),
+    ("tensor  = megatron", "tensr   = megatron", "E206"),
+])
+def test_a_misspelled_word_is_respelled_by_its_hint(old, new, code, tmp_path):
+    assert old in _SMALL
+    fixed, after = _follow(tmp_path, _SMALL.replace(old, new, 1), code)
+    assert _errors(after) == [], f"{fixed}\n{render_all(after.diagnostics, after.sources)}"
+
+
+def test_a_misspelled_required_key_is_one_problem(tmp_path):
+    fixed, after = _follow(tmp_path, _SMALL.replace("global_batch: 16", "global_bacth: 16"), "E206")
+    before = analyze("k.plan", text=_SMALL.replace("global_batch: 16", "global_bacth: 16")).diagnostics
+    assert [d.code for d in before] == ["E206"], before  # not E207 "missing 'global_batch'" as well
     assert _errors(after) == [], fixed
