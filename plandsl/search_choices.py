@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 from plandsl import ir
 from plandsl.cost.layer import Links, mesh_links
 from plandsl.cost.stage import slowest
-from plandsl.schedules.registry import BUILTIN
+from plandsl.schedules.registry import BUILTIN, microbatches_fit
 
 AXES = ("dp", "ep", "pp", "cp", "tp")  # the canonical mesh order, outermost first (Megatron's)
 RECOMPUTE = ("none", "selective", "selective_op", "full")
@@ -127,22 +127,18 @@ def schedule_choices(pp: int, m: int, blocks: int, pinned: str | None, virtual_p
     for name, info in BUILTIN.items():
         if (pinned and name != pinned) or (not pinned and name in PIN_ONLY):
             continue
+        if not microbatches_fit(info, pp, m):  # the checker's rule (E502): torch's, where run uses torch
+            continue
         if info.pipelines == 2:
             virtuals = (1,)
-            if pp % 2 or m % pp or m < pp:
+            if pp % 2:
                 continue
         elif info.virtual == "two":
             virtuals = (2,)
-            if name == "dualpipev" and m < 2 * pp:
-                continue
         elif info.virtual == "any":
             virtuals = VIRTUAL_CHOICES if virtual_pin is None else (virtual_pin,)  # a plan's own, as check takes it
-            if m % max(1, m // pp):  # torch's rounds of microbatches must divide m
-                continue
         else:
             virtuals = (1,)
-            if info.min_microbatches == "ranks" and m < pp:
-                continue
         out += [(name, v) for v in virtuals if (virtual_pin is None or v == virtual_pin) and pp * v <= blocks]
     return out
 

@@ -86,3 +86,13 @@ def test_interleaved_needs_its_rounds_to_divide_m_not_a_multiple_of_pp(microbatc
     if not ok:
         (problem,) = problems
         assert problem.code == "E502" and "rounds" in problem.message, problem.message
+
+
+def test_generate_offers_the_schedules_check_accepts():
+    from plandsl.search_choices import PIN_ONLY, schedule_choices
+    for pp, m in [(4, 9), (4, 3), (4, 6), (8, 12), (2, 1)]:
+        offered = {name for name, _ in schedule_choices(pp, m, 64, None, None)}
+        for name, info in BUILTIN.items():
+            if name in PIN_ONLY or (info.pipelines == 2 and pp % 2):
+                continue
+            assert (name in offered) == microbatches_fit(info, pp, m), (name, pp, m)
