@@ -7,6 +7,8 @@ forked gloo ranks with `--check-equivalence`.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 from click.testing import CliRunner
 
@@ -42,7 +44,7 @@ def test_the_generated_plan_trains_like_one_process(tmp_path, pins):
     assert out.exit_code == 0, out.output
     assert "plan searched {" in plan_file.read_text()
     if "cp=2" in pins:
-        assert "context  = allgather over cp" in plan_file.read_text()
+        assert re.search(r"^\s*context\s*=\s*allgather over cp\s*$", plan_file.read_text(), re.M)
     if "recompute=selective_op" in pins:  # with a schedule that runs the backward in one pass (E703)
         from plandsl import api
         from plandsl.search_choices import SPLIT_BACKWARD

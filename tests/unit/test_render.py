@@ -375,18 +375,18 @@ def test_render_is_the_same_in_another_process():
 def test_a_4096_device_mesh_is_summarised_fast():
     plan = api.loads(BIG_MESH).plans[0]
     assert plan.mesh.size == 4096
-    start = time.perf_counter()
+    start = time.process_time()  # this process's CPU time: other work on the machine does not count
     text = render(plan, "mesh")
-    assert time.perf_counter() - start < 2.0
+    assert time.process_time() - start < 2.0
     assert "4,096 devices: showing 9 nodes; 503 identical nodes collapsed (nodes 8..510)" in text
     assert len(node_ids(text)) < 200
 
 
 def test_a_64_rank_256_microbatch_schedule_fast():
     plan = api.loads(LONG_PIPELINE).plans[0]
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time, not wall time: a loaded machine must not fail the test
     text = render(plan, "schedule")
-    assert time.perf_counter() - start < 4.0  # simulation included; bench/bench_render.py times DOT alone
+    assert time.process_time() - start < 4.0  # simulation included; bench/bench_render.py times DOT alone
     assert "64 ranks, 64 stages, 256 microbatches" in text
 
 
