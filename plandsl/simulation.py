@@ -10,7 +10,7 @@ from plandsl.cost.pipeline import estimate_stage_costs
 from plandsl.diagnostics import PlanError, diag
 from plandsl.placement import assign_stages
 from plandsl.schedules.program import Schedule
-from plandsl.schedules.simulate import Costs, Simulation, simulate
+from plandsl.schedules.simulate import BUBBLE_DEFINITION, Costs, Simulation, simulate
 from plandsl.units import format_bytes
 
 
@@ -39,12 +39,16 @@ def report(schedule: Schedule, simulation: Simulation, unit: str = "", memory_in
     if simulation.deadlock is not None:
         lines.append(f"DEADLOCK: {simulation.deadlock}")
     lines.append(f"makespan {simulation.makespan:.6g}{unit}, bubble {simulation.bubble_fraction:.1%} "
-                 "(idle / (ranks x makespan))")
-    memory = "peak memory" if memory_in_bytes else "peak activations (units)"
-    lines.append(f"{'rank':>5} {'busy':>12} {'idle':>12} {'bubble':>7} {'in flight':>9} {memory:>24}")
+                 f"({BUBBLE_DEFINITION})")
+    memory = "simulated peak" if memory_in_bytes else "peak activations (units)"
+    lines.append(f"{'rank':>5} {'busy':>12} {'idle':>12} {'idle %':>7} {'in flight':>9} {memory:>24}")
     for stats in simulation.ranks:
         share = stats.idle / simulation.makespan if simulation.makespan else 0.0
         peak = format_bytes(stats.peak_memory_bytes) if memory_in_bytes else f"{stats.peak_memory_bytes:g}"
         lines.append(f"{stats.rank:>5} {stats.busy:>12.6g} {stats.idle:>12.6g} {share:>7.1%} "
                      f"{stats.peak_inflight_microbatches:>9} {peak:>24}")
+    if memory_in_bytes:
+        lines.append("simulated peak: parameters, gradients and optimizer states (as `plandsl estimate` counts them) "
+                     "+ the activations the simulated order holds at once; `estimate`'s peak also counts the "
+                     "recomputation working set and takes the schedule's in-flight bound when that is higher")
     return "\n".join(lines)

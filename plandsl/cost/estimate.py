@@ -25,6 +25,7 @@ from plandsl.cost.compute import Efficiency, Work, peak_of
 from plandsl.cost.layer import LayerTime, Links, estimate_layer_time, plan_links
 from plandsl.cost.memory import MemoryEstimate, estimate_layer_activations, gathers_kv, held_stages, zero_degrees
 from plandsl.cost.stage import StageTime, fsdp_units, param_split, rank_tail, slowest, stage_time
+from plandsl.schedules.simulate import BUBBLE_DEFINITION, bubble_seconds
 
 
 # ---- the whole plan -------------------------------------------------------------------------------------
@@ -40,6 +41,11 @@ class TimeBreakdown:
     optimizer: float
     pipeline: float        # the simulated makespan of the microbatches
     p2p: float             # one stage-to-stage transfer
+
+    @property
+    def bubble_fraction(self) -> float:
+        """`bubble` over the makespan: `schedules.simulate.BUBBLE_DEFINITION`, `plandsl simulate`'s figure."""
+        return self.bubble / self.pipeline if self.pipeline > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +73,8 @@ class PlanEstimate:
 
     def to_json(self) -> dict:
         return {"plan": self.plan, "devices": self.devices, "num_microbatches": self.microbatches,
-                "time": asdict(self.time), "step_time_s": self.time.step, "tokens_per_s": self.tokens_per_s,
+                "time": asdict(self.time), "step_time_s": self.time.step, "bubble_fraction": self.time.bubble_fraction,
+                "tokens_per_s": self.tokens_per_s,
                 "tflops_per_device": self.tflops_per_device, "mfu": self.mfu,
                 "flops_per_step": self.flops_per_step, "model_flops_per_step": self.model_flops_per_step,
                 "peak_memory_bytes": self.peak_memory_bytes, "fits": self.fits,
@@ -131,7 +138,7 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
     tail = max(range(len(ranks)), key=lambda r: tails[r].exposed + tails[r].optimizer)
     step = makespan + tails[tail].exposed + tails[tail].optimizer
     time = TimeBreakdown(step, busy[worst] - comm[worst], comm[worst] + tails[tail].exposed,
-                         max(0.0, makespan - busy[worst]), tails[tail].optimizer, makespan, p2p)
+                         bubble_seconds(makespan, busy), tails[tail].optimizer, makespan, p2p)
     devices = plan.mesh.size
     per_rank_devices = devices / len(ranks)
     model_flops = sum(3 * per_rank_devices * sum(n * stage_times[s].flops for s, n in run.items()) for run in runs)
@@ -242,7 +249,8 @@ def format_estimate(estimate: PlanEstimate) -> str:
              f"  step time      {t.step:10.4g} s",
              f"    compute      {share(t.compute)}",
              f"    comm exposed {share(t.communication)}",
-             f"    bubble       {share(t.bubble)}",
+             f"    bubble       {share(t.bubble)}   ({t.bubble_fraction:.1%} of the {t.pipeline:.4g} s makespan: "
+             f"{BUBBLE_DEFINITION})",
              f"    optimizer    {share(t.optimizer)}",
              f"  tokens/s       {estimate.tokens_per_s:10.4g}",
              f"  TFLOP/s/device {estimate.tflops_per_device:10.4g}   (executed, with recomputation)",
@@ -254,6 +262,9 @@ def format_estimate(estimate: PlanEstimate) -> str:
         lines.append(f"  {rank:>6} {format_bytes(m.params):>11} {format_bytes(m.grads):>11} "
                      f"{format_bytes(m.optimizer):>11} {format_bytes(m.activations):>11} "
                      f"{format_bytes(m.total):>11} {format_bytes(c):>11}{flag}")
+    lines.append("  params, grads, optimizer: fp32 as `plandsl run` keeps them, ZeRO-sharded, with the units ZeRO-2/3 "
+                 "gather; activations: the schedule's in-flight bound or the simulated peak, whichever is higher, "
+                 "plus the recomputation working set; total: their sum, the peak")
     return "\n".join(lines)
 
 

@@ -14,7 +14,7 @@ from plandsl import ir
 from plandsl.render.dot import FONT, Graph, NotApplicable, inches, pos, spline, text_width
 from plandsl.render.timeline import FIXED_GRAPH, TimeAxis, draw_time_axis, seconds_text, text_node, tick_step
 from plandsl.schedules.program import Kind, Schedule
-from plandsl.schedules.simulate import Event, Simulation
+from plandsl.schedules.simulate import BUBBLE_DEFINITION, Event, Simulation
 
 ENGINE = ("neato", "-n2")
 # Per kind, fills for a rank's first, second, ... stage (virtual stages get lighter shades).
@@ -282,7 +282,7 @@ def _header(graph: Graph, schedule: Schedule, simulation: Simulation, path: list
     """Title and key over the timeline; the key wraps into rows no wider than the timeline."""
     head = (f"{title + ' · ' if title else ''}schedule {schedule.name}: {schedule.ranks} ranks, "
             f"{schedule.stages} stages, {schedule.microbatches} microbatches · makespan "
-            f"{seconds_text(simulation.makespan)} · bubble {simulation.bubble_fraction:.1%} · critical path "
+            f"{seconds_text(simulation.makespan)} · bubble {simulation.bubble_fraction:.1%} ({BUBBLE_DEFINITION}) · critical path "
             f"{len(path)} actions")
     if simulation.deadlock is not None:
         head += f" · DEADLOCK: {simulation.deadlock}"
@@ -293,7 +293,7 @@ def _header(graph: Graph, schedule: Schedule, simulation: Simulation, path: list
         for chunk in range(min(virtual, len(FILLS[kind]))):
             keys.append((f"key_{kind.value}{chunk}", NAMES[kind] + (f" (stage chunk {chunk})" if virtual > 1 else ""),
                          {"fillcolor": FILLS[kind][chunk]}))
-    keys.append(("key_idle", "idle (bubble)", {"fillcolor": "#ececec", "color": "#ececec"}))
+    keys.append(("key_idle", "idle", {"fillcolor": "#ececec", "color": "#ececec"}))
     keys.append(("key_critical", "critical path; numbers: microbatch",
                  {"fillcolor": "white", "color": CRITICAL, "penwidth": 1.6}))
     rows: list[list[tuple[float, tuple]]] = [[]]

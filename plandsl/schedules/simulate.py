@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Iterable, NamedTuple
 from operator import attrgetter
 
 from .program import COMPUTE, Action, Kind, Schedule, gc_paused
@@ -35,6 +35,21 @@ from .program import COMPUTE, Action, Kind, Schedule, gc_paused
 # What an action makes available, as a tag in an integer key (stage, microbatch, tag).
 _F, _GRAD, _I, _SENT_F, _SENT_B, _RECV_F, _RECV_B, _W = range(8)
 _TAGS = 8
+
+
+BUBBLE_DEFINITION = "idle time of the busiest rank / makespan"
+"""What `bubble` means wherever plandsl prints one (`simulate`, `estimate`, `render`): `bubble_seconds`."""
+
+
+def bubble_seconds(makespan: float, busy: Iterable[float]) -> float:
+    """The pipeline bubble of a step: the busiest rank's idle time, makespan minus its busy (compute) time.
+
+    The step can be no shorter than the busiest rank's work; the bubble is what the schedule adds to it
+    (filling and draining the pipeline, waiting on transfers and on slower neighbours). A rank with less
+    work idles longer than that, which is imbalance between stages, not bubble: each rank's own idle
+    share is reported beside it. With balanced stages every rank idles alike and this is the textbook
+    (p - 1) / (m + p - 1) of GPipe and 1F1B (Narayanan et al. 2021, Sec. 2.2)."""
+    return max(0.0, makespan - max(busy, default=0.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +125,15 @@ class Deadlock:
 @dataclass(frozen=True, slots=True)
 class Simulation:
     makespan: float
-    bubble_fraction: float
+    bubble_fraction: float  # bubble_seconds / makespan: BUBBLE_DEFINITION
     ranks: tuple[RankStats, ...]
     events: tuple[Event, ...]
     deadlock: Deadlock | None = None
+
+    @property
+    def bubble(self) -> float:
+        """Seconds of bubble (`bubble_seconds`): the busiest rank's idle time."""
+        return bubble_seconds(self.makespan, (r.busy for r in self.ranks))
 
     def to_json(self) -> dict:
         deadlock = None if self.deadlock is None else {
@@ -244,8 +264,7 @@ def _simulate(schedule: Schedule, costs: Costs) -> Simulation:
     makespan = max((own[1] for own in state), default=0.0)
     stats = tuple(RankStats(rank, own[2], makespan - own[2], own[6], static[rank] + own[4])
                   for rank, own in enumerate(state))
-    idle = sum(s.idle for s in stats)
-    bubble = idle / (schedule.ranks * makespan) if makespan > 0 else 0.0
+    bubble = bubble_seconds(makespan, (s.busy for s in stats)) / makespan if makespan > 0 else 0.0
     deadlock = None
     if blocked:
         deadlock = Deadlock(makespan, tuple(

@@ -194,3 +194,53 @@ def test_allgather_context_parallelism_gathers_kv_on_the_critical_path_and_shard
     # ZeRO-1 shards the optimizer over all 16 ranks holding the same parameters, as dp = 16 does
     flat = load(mesh="dp = 16", recompute="none", extra="data = zero1 over dp")
     assert estimate_plan(gather).memory[0].optimizer == pytest.approx(estimate_plan(flat).memory[0].optimizer)
+
+
+# ---- one bubble, one peak: the same figures in estimate, simulate and render -----------------------------
+from pathlib import Path  # noqa: E402
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "stdlib_plans" / "examples").glob("*.plan"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_estimate_and_simulate_report_the_same_bubble(path):
+    """`schedules.simulate.bubble_seconds` is the one definition: the busiest rank's idle time over the
+    makespan, in `estimate` (seconds and fraction) as in `simulate`."""
+    from plandsl.schedules.simulate import bubble_seconds
+    from plandsl.simulation import simulate_plan
+    plan = api.load_plan(path)
+    t = estimate_plan(plan).time
+    if plan.stages is None or plan.schedule is None:
+        assert t.bubble == 0.0 and t.bubble_fraction == 0.0
+        return
+    _, simulation = simulate_plan(plan)
+    assert simulation.makespan == pytest.approx(t.pipeline, rel=1e-9)
+    assert simulation.bubble == pytest.approx(t.bubble, rel=1e-9, abs=1e-12)
+    assert simulation.bubble_fraction == pytest.approx(t.bubble_fraction, rel=1e-9, abs=1e-12)
+    busiest = max(r.busy for r in simulation.ranks)
+    assert simulation.bubble == pytest.approx(simulation.makespan - busiest) == \
+        pytest.approx(bubble_seconds(simulation.makespan, [r.busy for r in simulation.ranks]))
+
+
+def test_bubble_is_the_busiest_ranks_idle_time_not_the_mean():
+    """Unbalanced stages: the slow stage's rank is busy almost all the time; the others idle for the
+    imbalance, which the per-rank idle share shows and the bubble leaves out."""
+    from plandsl.schedules.generators import generate
+    from plandsl.schedules.simulate import Costs, simulate
+    schedule = generate("1f1b", 4, 8)
+    simulation = simulate(schedule, Costs(stage_costs=((1, 2, 1, 1),) * 3 + ((3, 6, 3, 3),)))
+    busy = [r.busy for r in simulation.ranks]
+    assert busy[3] == max(busy) == 8 * 9
+    mean_idle = sum(r.idle for r in simulation.ranks) / (4 * simulation.makespan)
+    assert simulation.bubble_fraction == pytest.approx((simulation.makespan - 72) / simulation.makespan)
+    assert simulation.bubble_fraction < mean_idle
+
+
+@pytest.mark.parametrize("command", ["estimate", "simulate"])
+def test_estimate_and_simulate_text(command, golden):
+    """Both print the bubble with its definition, and say what their peak memory counts."""
+    path = Path(__file__).resolve().parents[2] / "stdlib_plans" / "examples" / "gpt3_175b_3d.plan"
+    result = CliRunner().invoke(main, [command, str(path)])
+    assert result.exit_code == 0, result.output
+    assert "bubble" in result.output and "idle time of the busiest rank / makespan" in result.output
+    golden(f"cli/{command}_gpt3_175b_3d.txt", result.output)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ElementTree
+import html
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from plandsl import api
 from plandsl.cli import main
 from plandsl.render import VIEWS, GraphvizMissing, NotApplicable, engine, render, render_bytes, render_file
 from plandsl.render.output import INSTALL, graphviz_available
+from plandsl.units import format_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 STDLIB = ROOT / "stdlib_plans"
@@ -221,11 +223,33 @@ def test_html_report_is_well_formed_and_self_contained(name, tmp_path):
     assert "<?xml" not in page and "<!DOCTYPE svg" not in page
     assert 'class="estimate"' in page and "simulated peak" in page
     assert re.findall(r'\bid="(summary|estimate|mesh|placement|schedule|memory)"', page) == \
-        ["summary", "estimate", *VIEWS]
+        ["estimate", "summary", *VIEWS]  # the estimate's figures lead
     for block in re.findall(r"<svg.*?</svg>", page, flags=re.S):
         ElementTree.fromstring(block)
     outside = re.findall(r'(?<!xmlns)(?<!xmlns:xlink)="(?:https?:|file:|//)[^"]*"', page)
     assert outside == [], "only namespace names may be URLs"
+
+
+@pytest.mark.parametrize("name", ["examples/gpt3_175b_3d", "examples/fsdp"])
+def test_html_report_leads_with_the_estimates_figures(name):
+    """Step time, tokens/s, TFLOP/s per device, MFU, memory per device and the bubble, as `plandsl estimate`
+    computes them, in that order, before the per-rank table."""
+    from plandsl.cost.estimate import estimate_plan
+    from plandsl.render.html import estimate_table
+    plan = api.load_plan(STDLIB / f"{name}.plan")
+    estimate = estimate_plan(plan)
+    section = estimate_table(plan)
+    headline = re.findall(r"<tr><th>([^<]*)</th><td>([^<]*)</td></tr>", section)
+    assert [k for k, _ in headline] == ["step time", "tokens/s", "TFLOP/s per device", "MFU",
+                                       "memory per device (peak)", "bubble"]
+    values = dict(headline)
+    assert values["step time"] == f"{estimate.time.step:.4g} s"
+    assert values["tokens/s"] == f"{estimate.tokens_per_s:,.0f}"
+    assert values["TFLOP/s per device"].startswith(f"{estimate.tflops_per_device:.4g} ")
+    assert values["MFU"] == f"{estimate.mfu:.1%}"
+    assert values["memory per device (peak)"].startswith(format_bytes(estimate.peak_memory_bytes))
+    assert "idle time of the busiest rank / makespan" in html.unescape(values["bubble"])
+    assert section.index("step time") < section.index("<th>rank</th>")
 
 
 BROWSERS = ("chromium", "chromium-headless-shell", "google-chrome", "chrome")
