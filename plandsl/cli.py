@@ -320,8 +320,9 @@ def _fail(error, output_format: str = "text") -> None:
               help="Write checkpoints here (step-NNNNNN directories), always after the last step.")
 @click.option("--checkpoint-every", type=click.IntRange(min=1), metavar="K", help="A checkpoint every K steps.")
 @click.option("--resume", is_flag=True, help="Continue from the latest checkpoint in --checkpoint-dir.")
-@click.option("--dry-run", is_flag=True, help="Build every rank on the meta device; print its parameters, memory and "
-                                                  "the torchrun command; start nothing.")
+@click.option("--dry-run", is_flag=True, help="Build every rank's share in this process on the meta device (this "
+              "imports and calls the model's factory), print its parameters and memory, and the torchrun command "
+              "for every node; no rank is started, nothing trained or allocated.")
 @param_option
 @include_option
 def run_command(file, plan_name, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps, metrics,
@@ -362,7 +363,7 @@ def run_command(file, plan_name, nproc_per_node, nnodes, node_rank, rdzv_endpoin
         except DryRunError as error:
             click.echo(f"{file}: error: plan '{plan.name}': {error}", err=True)
             sys.exit(1)
-        click.echo(launch.command_line(args))
+        click.echo(launch.dry_run_commands(plan, args, options))
         sys.exit(0)
     click.echo(launch.command_line(args))
     sys.exit(launch.launch(args))

@@ -2,7 +2,8 @@
 
 Stage: interpreter (the launcher side; torch is imported only to launch). Contract: `torchrun_args`
 builds the arguments `torchrun` itself would take (one process per device of the mesh, `-m plandsl.run`);
-`check_fits` refuses a mesh larger than one node when one node is all the options give; `launch`
+`check_fits` refuses a mesh larger than one node when one node is all the options give; `dry_run_commands`
+is what `--dry-run` prints instead (the command for every node of such a mesh); `launch`
 runs them through `torch.distributed.run` and returns the exit status, naming failed ranks and where
 they were (`runtime.faults`).
 """
@@ -94,8 +95,61 @@ def check_fits(plan: ir.Plan, options: LaunchOptions) -> None:
 
 
 def command_line(args: list[str]) -> str:
-    """The same launch as a shell command (what `--dry-run` prints)."""
+    """The same launch as a shell command."""
     return shlex.join(["torchrun", *args])
+
+
+NODE_RANK, ENDPOINT = "NODE_RANK", "HOST:PORT"  # placeholders of the commands `dry_run_commands` prints
+
+
+def dry_run_commands(plan: ir.Plan, args: list[str], options: LaunchOptions) -> str:
+    """What `run --dry-run` prints after its table: the launch `args` as a command, as the options give it;
+    or, when they say nothing of nodes and the mesh spans more than one node of the plan's cluster (so that
+    `check_fits` would refuse to start it here), the command for every node: `--nnodes N --node-rank
+    NODE_RANK --rdzv-endpoint HOST:PORT --nproc-per-node D` (D: the devices of a node), with a line that says
+    what to put for the placeholders. Nodes holding different numbers of the mesh's devices (node types of
+    several sizes, a mesh ending inside a node) get one command per size, naming the nodes."""
+    if options.nnodes > 1 or options.nproc_per_node is not None or \
+            plan.mesh.size <= max(group.node.devices for group in plan.cluster.groups):
+        return command_line(args)
+    tail = args[args.index("-m"):]  # `-m plandsl.run PLAN ...`: the same on every node
+    nodes = _devices_per_node(plan)
+    lines = [f"# on each of the {len(nodes)} nodes, NODE_RANK its index (0 to {len(nodes) - 1}, node 0 first) and "
+             f"{ENDPOINT} node 0's address and a free port (docs/running.md, several machines):"]
+    for count in sorted(set(nodes)):
+        which = "" if len(set(nodes)) == 1 else \
+            f"# nodes {_ranges([i for i, n in enumerate(nodes) if n == count])} ({count} devices each):\n"
+        lines.append(which + command_line(["--nnodes", str(len(nodes)), "--node-rank", NODE_RANK,
+                                           "--rdzv-endpoint", ENDPOINT, "--nproc-per-node", str(count), *tail]))
+    return "\n".join(lines)
+
+
+def _devices_per_node(plan: ir.Plan) -> list[int]:
+    """How many of the mesh's devices each node it uses holds, nodes in the cluster's order (the mesh takes
+    `mesh.size` devices from `mesh.first_device` on). Counted per node group, not per device."""
+    start, end = plan.mesh.first_device, plan.mesh.first_device + plan.mesh.size
+    counts: list[int] = []
+    first = 0
+    for group in plan.cluster.groups:
+        devices = group.node.devices
+        last = first + group.count * devices
+        low, high = max(start, first), min(end, last)
+        for node in range((low - first) // devices, (high - 1 - first) // devices + 1) if low < high else ():
+            counts.append(min(high, first + (node + 1) * devices) - max(low, first + node * devices))
+        first = last
+    return counts
+
+
+def _ranges(indices: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    parts, start = [], None
+    for i, value in enumerate(indices):
+        if start is None:
+            start = value
+        if i + 1 == len(indices) or indices[i + 1] != value + 1:
+            parts.append(str(start) if start == value else f"{start}-{value}")
+            start = None
+    return ", ".join(parts)
 
 
 def launch(args: list[str]) -> int:

@@ -48,3 +48,67 @@ def test_a_multi_node_mesh_starts_on_one_machine_only_when_asked(options, fits):
 @pytest.mark.parametrize("path", sorted((STDLIB / "local").glob("*.plan")), ids=lambda p: p.stem)
 def test_every_local_plan_fits_this_machine(path):
     check_fits(api.load_plan(path), LaunchOptions())
+
+
+# ---- what `run --dry-run` prints after its table ---------------------------------------------------------
+def _dry_run_commands(path, text=None, **options):
+    from plandsl.runtime.launch import dry_run_commands
+    plan = api.loads(text).plans[0] if text else api.load_plan(path)
+    launch_options = LaunchOptions(**options)
+    name = path if text else path.relative_to(STDLIB.parent)  # the golden text holds no local path
+    return dry_run_commands(plan, torchrun_args(plan, str(name), None, {}, launch_options), launch_options)
+
+
+def test_dry_run_prints_the_command_for_every_node_of_a_multi_node_plan(golden):
+    """GPT-3 on 128 DGX nodes: not `--standalone --nproc-per-node 1024` (which `run` itself refuses), but
+    torchrun on each node, with placeholders for the node's index and node 0's address."""
+    text = _dry_run_commands(GPT3)
+    assert "--standalone" not in text and "--nproc-per-node 1024" not in text
+    [note, command] = text.splitlines()
+    assert command.split()[:9] == ["torchrun", "--nnodes", "128", "--node-rank", "NODE_RANK", "--rdzv-endpoint",
+                                   "HOST:PORT", "--nproc-per-node", "8"]
+    assert "NODE_RANK" in note and "0 to 127" in note and "HOST:PORT" in note
+    golden("launch/dry_run_gpt3_175b_3d.txt", text + "\n")
+
+
+def test_dry_run_prints_the_command_the_options_give():
+    """One node (the local plans), or nodes the user already named: that command, as `run` would start it."""
+    assert _dry_run_commands(LOCAL_3D).startswith("torchrun --standalone --nproc-per-node 8 -m plandsl.run ")
+    given = _dry_run_commands(GPT3, nnodes=128, node_rank=3, rdzv_endpoint="node0:29500")
+    assert given.startswith("torchrun --nnodes 128 --node-rank 3 --rdzv-endpoint node0:29500 --nproc-per-node 8 ")
+    assert _dry_run_commands(GPT3, nproc_per_node=1024).startswith("torchrun --standalone --nproc-per-node 1024 ")
+
+
+def test_dry_run_names_nodes_holding_fewer_devices():
+    """A mesh ending inside a node: that node runs fewer processes, and its command says which node it is."""
+    text = _dry_run_commands("partial.plan", """import "clusters/dgx_a100"
+plan partial {
+  model    = gpt(layers=8, hidden=1024, heads=16, seq=1024, vocab=50304)
+  cluster  = dgx_a100 x 3
+  mesh     = [dp = 5, pp = 2, tp = 2]
+  train    = { global_batch: 40, micro_batch: 2, precision: bf16 }
+  data     = zero1 over dp
+  tensor   = megatron over tp
+  stages   = evenly over pp
+  schedule = 1f1b
+}
+""")
+    lines = text.splitlines()
+    assert "each of the 3 nodes" in lines[0] and "0 to 2" in lines[0]
+    assert lines[1] == "# nodes 2 (4 devices each):" and " --nnodes 3 " in lines[2] and "--nproc-per-node 4 " in lines[2]
+    assert lines[3] == "# nodes 0-1 (8 devices each):" and "--nproc-per-node 8 " in lines[4]
+    assert all(line.endswith("-m plandsl.run partial.plan --steps 10") for line in lines[2::2])
+
+
+def test_run_dry_run_ends_with_every_nodes_command():
+    """`plandsl run --dry-run` of a two-node plan: the table, then torchrun for each node (not one machine)."""
+    from click.testing import CliRunner
+
+    from plandsl.cli import main
+    result = CliRunner().invoke(main, ["run", str(STDLIB / "examples" / "data_parallel.plan"), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("dry run of plan 'gpt2_medium_ddp': 16 of 16 ranks built on the meta device")
+    assert lines[-2].startswith("# on each of the 2 nodes, NODE_RANK its index (0 to 1")
+    assert lines[-1].startswith("torchrun --nnodes 2 --node-rank NODE_RANK --rdzv-endpoint HOST:PORT "
+                                "--nproc-per-node 8 -m plandsl.run ")
