@@ -29,7 +29,7 @@ from plandsl.limits import MAX_ACTIONS
 from .generators import TooLarge, check_sizes, count_actions, generate, microbatches_per_round
 from .generators import interleaved_1f1b, interleaved_zero_bubble
 from .program import Schedule
-from .simulate import Costs, RankStats, Simulation, simulate
+from .simulate import Costs, RankStats, Simulation, bubble_seconds, simulate
 
 _INTERLEAVED = {"interleaved_1f1b": interleaved_1f1b, "interleaved_zero_bubble": interleaved_zero_bubble}
 WARMUP_PERIODS = 4
@@ -127,8 +127,7 @@ def extrapolate(a: Simulation, b: Simulation, periods: int) -> Simulation:
                   for s, t in zip(a.ranks, b.ranks))
     ranks = tuple(RankStats(s.rank, s.busy, makespan - s.busy, s.peak_inflight_microbatches, s.peak_memory_bytes)
                   for s in ranks)
-    idle = sum(s.idle for s in ranks)
-    bubble = idle / (len(ranks) * makespan) if makespan > 0 else 0.0
+    bubble = bubble_seconds(makespan, (s.busy for s in ranks)) / makespan if makespan > 0 else 0.0
     return Simulation(makespan, bubble, ranks, a.events, None)
 
 
