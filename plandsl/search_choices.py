@@ -32,8 +32,31 @@ Layout = tuple[int, int, int, int, int]  # dp, tp, pp, cp, ep
 
 
 def divisors(n: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
+    """Every divisor of n, ascending, from its prime factors (trial division stops at the square
+    root of what is left, so a power of two of any size costs its exponent, not sqrt(n))."""
+    return list(_divisors(n))
+
+
+@functools.lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    factors: dict[int, int] = {}
+    rest, p = n, 2
+    while p * p <= rest:
+        while rest % p == 0:
+            factors[p] = factors.get(p, 0) + 1
+            rest //= p
+        p += 1 if p == 2 else 2
+    if rest > 1:
+        factors[rest] = factors.get(rest, 0) + 1
+    out = [1]
+    for prime, power in factors.items():
+        out = [d * prime ** k for d in out for k in range(power + 1)]
+    return tuple(sorted(out))
+
+
+def divisors_up_to(n: int, limit: int) -> list[int]:
+    """The divisors of n that are at most `limit`, ascending, in O(limit)."""
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
 # ---- layouts ---------------------------------------------------------------------------------------------------

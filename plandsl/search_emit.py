@@ -362,7 +362,7 @@ def explain_empty(problem: Problem, pins: dict, space) -> str:
                 f"'{cluster.name}' ({n} x {format_bytes(cluster.devices_in_order()[0].memory)}){pinned} in any "
                 f"layout: its weights, gradients and Adam states alone need {format_bytes(states)}"
                 + (f"; the closest: {stats.memory_example}" if stats.memory_example else "")
-                + f". {_smallest_cluster(problem, states, pins)}; on this cluster a model of at most "
+                + f". {_smallest_cluster(problem, states)}; on this cluster a model of at most "
                 f"~{capacity / _BYTES_PER_PARAM / 1e9:.3g}B parameters could hold its states")
     detail = ", ".join(f"{k}={v}" for k, v in pins.items()) or "none"
     return (f"no plan of '{model.name}' on '{cluster.name}' satisfies the pins ({detail}): the schedules need "
@@ -377,28 +377,16 @@ def _states_bytes(problem: Problem) -> float:
     return param_count(problem.model) * _BYTES_PER_PARAM
 
 
-def _smallest_cluster(problem: Problem, states: float, pins: dict) -> str:
-    """The fewest nodes (of this cluster's node type) on which the search finds a plan, trying the
-    bound from the model states and a few larger counts; a bound alone for mixed clusters."""
-    from plandsl.search import search
+def _smallest_cluster(problem: Problem, states: float) -> str:
+    """The fewest nodes (of this cluster's largest node type) whose memory holds the model states
+    with ZeRO-3 over every device: arithmetic, not a search of larger clusters in turn (which took
+    seconds to minutes). Activations need more, so it is a lower bound, said as one."""
     cluster = problem.cluster
     group = max(cluster.groups, key=lambda g: g.node.devices * g.node.device.memory)
     node = group.node
     least = max(cluster.num_nodes + 1, math.ceil(states / (node.devices * node.device.memory)))
-    if len(cluster.groups) == 1:
-        tried = sorted({least, 1 << (least - 1).bit_length(), 2 << (least - 1).bit_length()})
-        for count in tried:
-            bigger = cluster.model_copy(update={"groups": (group.model_copy(update={"count": count}),),
-                                                "name": f"{node.name} x {count}"})
-            candidate = Problem(problem.model, bigger, problem.global_batch, problem.seq, problem.precision,
-                                problem.optimizer)
-            try:  # only whether any plan fits; a failed probe does not probe larger clusters in turn
-                search(candidate, pins={k: v for k, v in pins.items() if k not in ("dp", "tp", "pp", "cp", "ep")},
-                       top=1, explain=False, first=True)
-            except ValueError:  # SearchError, or a size the schedules or layouts cannot take: not this one
-                continue
-            return f"The smallest cluster that works of those tried: {node.name} x {count} ({count * node.devices} devices)"
-    return f"Try at least {node.name} x {least} ({least * node.devices} devices)"
+    return (f"Its states alone need at least {node.name} x {least:,} ({least * node.devices:,} devices, ZeRO-3 over "
+            f"all of them); activations need more: run generate on a cluster at least that large")
 
 
 __all__ = ["Source", "resolve_problem", "plan_text", "checked_texts", "header", "stage_lines", "candidate_json", "format_table", "explain", "explain_empty",

@@ -20,8 +20,8 @@ from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, ga
                                  model_state_bytes, tied_embedding)
 from plandsl.models import Layer, layers_of
 from plandsl.schedules.registry import BUILTIN
-from plandsl.search_choices import (AXES, MAX_MICRO_BATCH, RECOMPUTE, SPLIT_BACKWARD, divisors, layouts, mesh_orders,
-                                    schedule_choices, stage_ranks, stages_by_rank)
+from plandsl.search_choices import (AXES, MAX_MICRO_BATCH, RECOMPUTE, SPLIT_BACKWARD, divisors_up_to, layouts,
+                                    mesh_orders, schedule_choices, stage_ranks, stages_by_rank)
 from plandsl.search_partition import partition_blocks, partition_layers
 from plandsl.units import format_bytes
 
@@ -127,8 +127,8 @@ class Space:
         for layout in self.layouts():
             dp, tp, pp, cp, ep = layout
             per_replica = p.global_batch // (dp * ep)
-            sizes = tuple(mb for mb in divisors(per_replica) if mb <= MAX_MICRO_BATCH
-                          and pins.get("micro_batch_size", mb) == mb
+            sizes = tuple(mb for mb in divisors_up_to(per_replica, MAX_MICRO_BATCH)
+                          if pins.get("micro_batch_size", mb) == mb
                           and pins.get("num_microbatches", per_replica // mb) == per_replica // mb)
             if not sizes:
                 continue
