@@ -114,6 +114,7 @@ def mesh_orders(cluster: ir.Cluster, layout: Layout, pins: Mapping, devices: Seq
     else:
         permutations = list(itertools.permutations(used)) or [()]
     seen, out, across = set(), [], 0
+    uniform = len({g.node.device.name for g in cluster.groups}) == 1
     for order in permutations:
         axes = tuple((a, sizes[a]) for a in order) or (("dp", 1),)
         data = ("dp",) if dp > 1 else (("ep",) if ep > 1 else ())
@@ -122,7 +123,7 @@ def mesh_orders(cluster: ir.Cluster, layout: Layout, pins: Mapping, devices: Seq
         if links.tp.nodes > 1 and not pins.get("tp_across_nodes"):
             across += 1
             continue  # tensor-parallel groups stay inside a node (search.PIN_KEYS)
-        ranks, capacity = rank_devices(devices, axes, pp, precision)
+        ranks, capacity = rank_devices(devices, axes, pp, precision, uniform)
         key = (links, tuple(d.name for d in ranks), capacity)
         if key not in seen:
             seen.add(key)
@@ -131,9 +132,10 @@ def mesh_orders(cluster: ir.Cluster, layout: Layout, pins: Mapping, devices: Seq
 
 
 def rank_devices(devices: Sequence[ir.DeviceType], axes: Sequence[tuple[str, int]], pp: int,
-                 precision: ir.Precision) -> tuple[tuple, tuple]:
-    """(slowest device, smallest memory) per pipeline rank of a mesh `axes` over `devices` in order."""
-    if len({d.name for d in devices}) == 1:
+                 precision: ir.Precision, uniform: bool | None = None) -> tuple[tuple, tuple]:
+    """(slowest device, smallest memory) per pipeline rank of a mesh `axes` over `devices` in order;
+    `uniform`: whether all devices are of one type, if the caller knows (else the list is walked)."""
+    if uniform if uniform is not None else len({d.name for d in devices}) == 1:
         return (devices[0],) * pp, (devices[0].memory,) * pp
     names = [a for a, _ in axes]
     stride = math.prod(size for _, size in axes[names.index("pp") + 1:]) if "pp" in names else 1

@@ -142,7 +142,7 @@ class Space:
                 # recomputation (GEMMs grow, latencies amortise): a bound for every node below.
                 largest = Node(root, sizes[-1], per_replica // sizes[-1], "none")
                 fastest = min(sum(count * (t.forward + t.backward) for t, (_, count) in
-                                  zip(self.kind_times(largest, d), self.kinds)) for d in devices)
+                                  zip(self.kind_times(largest, d), self.kinds)) for d in {d.name: d for d in devices}.values())
                 root.bound = largest.microbatches * fastest / pp * SAFE
                 out.append(root)
         self.stats.roots = len(out)
@@ -160,7 +160,7 @@ class Space:
         probe = Root(dp, tp, pp, cp, ep, tuple(a for a in AXES if sizes[a] > 1), None, (), (), False, (1,))
         per_kind = self.layer_memory(Node(probe, 1, 1, "full"), 3 if dp * ep > 1 else 0)[0]
         states = sum(count * per_kind[i][0] for i, (_, count) in enumerate(self.kinds))
-        capacity = max(d.memory for d in self.devices)
+        capacity = max(g.node.device.memory for g in self.problem.cluster.groups)
         if states / pp > capacity:
             self._note_memory(f"dp={dp} tp={tp} pp={pp} cp={cp} ep={ep} needs {format_bytes(states / pp)} of model "
                               f"states per device even with ZeRO-3", states / pp / capacity)

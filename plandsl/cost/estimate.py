@@ -91,7 +91,7 @@ def plan_work(plan: ir.Plan) -> Work:
 def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=None) -> PlanEstimate:
     """The plan's step time, throughput and memory; PlanError when its placement or schedule is invalid.
     `efficiency` overrides every device's GEMM knobs (None: each device's own)."""
-    from plandsl.check.memory import estimate_plan_memory, pipeline_rank_devices
+    from plandsl.check.memory import estimate_plan_memory, mesh_device_runs, pipeline_rank_device_types
     from plandsl.check.schedule import simulate_plan_schedule
     from plandsl.diagnostics import PlanError
     from plandsl.placement import assign_stages
@@ -103,7 +103,7 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
             raise PlanError(problems)
     precision = plan.train.precision
     work, links = plan_work(plan), plan_links(plan)
-    rank_devices = [slowest(devices, precision) for devices in pipeline_rank_devices(plan)]
+    rank_devices = [slowest(devices, precision) for devices in pipeline_rank_device_types(plan)]
     stage_times = estimate_stage_times(plan, assignment, efficiency, links, rank_devices)
     zero_stage, dense_degree, expert_degree = zero_degrees(plan)
     ranks = assignment.rank_stages()
@@ -144,11 +144,10 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
     model_flops = sum(3 * per_rank_devices * sum(n * stage_times[s].flops for s, n in run.items()) for run in runs)
     executed = model_flops + sum(per_rank_devices * sum(n * stage_times[s].recompute_flops for s, n in run.items())
                                  for run in runs)
-    start = plan.mesh.first_device
-    mesh_devices = plan.cluster.devices_in_order()[start:start + devices]
-    peak = sum(peak_of(d, precision) for d in mesh_devices) / max(1, len(mesh_devices))
+    runs = mesh_device_runs(plan)  # per node group, not per device
+    peak = sum((end - first) * peak_of(d, precision) for d, first, end in runs) / max(1, sum(e - f for _, f, e in runs))
     capacity = tuple(min(d.memory for d in group) if group else math.inf
-                     for group in pipeline_rank_devices(plan))
+                     for group in pipeline_rank_device_types(plan))
     return PlanEstimate(plan.name, devices, m, time, tuple(memory), capacity,
                         plan.train.global_batch * plan.seq / step if step else 0.0,
                         executed / step / devices / 1e12 if step else 0.0,
@@ -159,11 +158,11 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
 def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | None = None,
                          links: Links | None = None, rank_devices=None) -> list[StageTime]:
     """Per stage of `assignment`, the seconds of one microbatch's F, I and W on its rank's slowest device."""
-    from plandsl.check.memory import pipeline_rank_devices
+    from plandsl.check.memory import pipeline_rank_device_types
     precision = plan.train.precision
     work, links = plan_work(plan), links or plan_links(plan)
     if rank_devices is None:
-        rank_devices = [slowest(devices, precision) for devices in pipeline_rank_devices(plan)]
+        rank_devices = [slowest(devices, precision) for devices in pipeline_rank_device_types(plan)]
     zero_stage = zero_degrees(plan)[0]
     transformer = isinstance(plan.model, ir.TransformerModel)
     cache: dict[tuple, LayerTime] = {}

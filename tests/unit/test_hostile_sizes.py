@@ -289,3 +289,36 @@ def test_size_rules_are_the_generators():
                     except ValueError as error:
                         checked = str(error)
                     assert generated == checked, (name, ranks, m, virtual)
+
+
+# ---- generate ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("model, nodes, batch", [
+    ("gpt3_175b", 1, limits.MAX_GLOBAL_BATCH),                                      # nothing fits
+    ("gpt(layers=1000, hidden=91264, heads=713, seq=2048, vocab=51200)", 1, 1536),  # ~100T parameters
+])
+def test_generate_answers_a_hostile_input_quickly(model, nodes, batch):
+    from plandsl.search import SearchError, search
+    from plandsl.search_emit import resolve_problem
+    start = time.perf_counter()
+    problem, _ = resolve_problem(model, f"dgx_a100 x {nodes}", batch)
+    with pytest.raises(SearchError, match=r"states alone need at least dgx_a100 x [\d,]+"):
+        search(problem, top=1)
+    assert time.perf_counter() - start < LIMIT_S
+
+
+def test_generate_option_past_its_cap_names_it():
+    result = cli("generate", "--model", "gpt3_175b", "--cluster", "dgx_a100 x 1", "--global-batch", HUGE)
+    assert result.returncode == 2 and "--global-batch" in result.stderr
+
+
+def test_device_types_per_rank_are_the_devices_without_counts():
+    """The per-group walk gives, per pipeline rank, the types the per-device lists hold."""
+    from plandsl.check.memory import pipeline_rank_device_types, pipeline_rank_devices
+    checked = 0
+    for path in sorted((ROOT / "stdlib_plans").rglob("*.plan")):
+        analysis = analyze(str(path))
+        for plan in analysis.document.plans if analysis.document else ():
+            full = [[d.name for d in {d.name: d for d in rank}.values()] for rank in pipeline_rank_devices(plan)]
+            assert full == [[d.name for d in rank] for rank in pipeline_rank_device_types(plan)], (path, plan.name)
+            checked += 1
+    assert checked >= 20
