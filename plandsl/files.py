@@ -14,7 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
           (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
@@ -94,7 +94,7 @@ def read_bounded(path: str | os.PathLike, limit: int, what: str = "file") -> byt
             raise _not_regular(path, status.st_mode, what)
         if status.st_size > limit:
             raise _too_large(path, what, limit, status.st_size)
-        data = _read_at_most(fd, limit + 1)
+        data = _read_at_most(lambda size: os.read(fd, size), limit + 1)
     except OSError as error:
         raise _os_problem(path, error, what) from None
     finally:
@@ -107,10 +107,11 @@ def read_bounded(path: str | os.PathLike, limit: int, what: str = "file") -> byt
     return data
 
 
-def _read_at_most(fd: int, count: int) -> bytes:
+def _read_at_most(read: Callable[[int], bytes], count: int) -> bytes:
+    """At most `count` bytes from `read` (a file descriptor's or a stream's), in chunks of _CHUNK."""
     chunks, left = [], count
     while left > 0:
-        chunk = os.read(fd, min(left, _CHUNK))
+        chunk = read(min(left, _CHUNK))
         if not chunk:
             break
         chunks.append(chunk)
@@ -120,14 +121,7 @@ def _read_at_most(fd: int, count: int) -> bytes:
 
 def read_stdin(stream: BinaryIO, limit: int, what: str = "standard input") -> bytes:
     """At most `limit` bytes of `stream` (read(limit + 1): never more, whatever is piped in)."""
-    chunks, left = [], limit + 1
-    while left > 0:
-        chunk = stream.read(min(left, _CHUNK))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
-    data = b"".join(chunks)
+    data = _read_at_most(stream.read, limit + 1)
     if len(data) > limit:
         raise _too_large("-", what, limit, None)
     return data
