@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from timing import best  # noqa: E402
 
-from plandsl.analysis import analyze  # noqa: E402
+from plandsl.check.analysis import analyze  # noqa: E402
 from plandsl.cost.estimate import estimate_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

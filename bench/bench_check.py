@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from timing import best  # noqa: E402
 from gen_plans import big_custom_plan, big_gpt_explicit_plan, grouped_custom_plan  # noqa: E402
 
-from plandsl.analysis import analyze  # noqa: E402
-from plandsl.parser import decode, parse_source  # noqa: E402
+from plandsl.check.analysis import analyze  # noqa: E402
+from plandsl.syntax.parser import decode, parse_source  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

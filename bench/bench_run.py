@@ -91,7 +91,7 @@ def _zero_redundancy(params, plan):
 
 
 def _zero1_plandsl(params, plan):
-    from plandsl.runtime.zero import Zero1Optimizer
+    from plandsl.runtime.parallel.zero import Zero1Optimizer
     optimizer = Zero1Optimizer([(list(params), dist.group.WORLD)], torch.optim.AdamW, lr=plan.train.lr,
                                betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
@@ -179,7 +179,7 @@ HAND["zero1_impl"] = HAND["zero1"]
 
 # ---- plandsl's loop --------------------------------------------------------------------------
 def plandsl_loop(plan):
-    from plandsl.runtime.mesh import build_mesh
+    from plandsl.runtime.parallel.mesh import build_mesh
     from plandsl.runtime.train import RunConfig, build_job, peak_memory_bytes, train_step
     device = torch.device("cpu")
     job = build_job(plan, build_mesh(plan, device), device, RunConfig(steps=1000, quiet=True))

@@ -9,20 +9,20 @@ from pathlib import Path
 from typing import Any
 
 from plandsl import ir
-from plandsl.analysis import Analysis, analyze
+from plandsl.check.analysis import Analysis, analyze
 from plandsl.diagnostics import PlanError
 from plandsl.syntax import Module
 
 
 def parse(text: str, path: str = "<string>") -> Module:
     """Text -> syntax tree (no imports, no meaning)."""
-    from plandsl.parser import decode, parse_source
+    from plandsl.syntax.parser import decode, parse_source
     return parse_source(decode(path, text.encode("utf-8")))
 
 
 def parse_file(path: str | Path) -> Module:
-    from plandsl.loader import read_source
-    from plandsl.parser import parse_source
+    from plandsl.syntax.loader import read_source
+    from plandsl.syntax.parser import parse_source
     return parse_source(read_source(path))
 
 
@@ -46,7 +46,7 @@ def loads(text: str, params: dict[str, Any] | None = None, path: str = "<string>
 
 def load_plan(path: str | Path, name: str | None = None, params: dict[str, Any] | None = None) -> ir.Plan:
     """The plan called `name` (or the file's only plan), checked."""
-    from plandsl.select import select_plan
+    from plandsl.ir.select import select_plan
     return select_plan(load(path, params), name)
 
 
@@ -54,7 +54,7 @@ def load_runnable(path: str | Path, name: str | None = None, params: dict[str, A
     """`load_plan`, and what `plandsl run` needs on top: PlanError with the E7xx refusals when the
     interpreter cannot run the plan (`plandsl.runtime.support`)."""
     from plandsl.runtime.support import refusals
-    from plandsl.select import select_plan
+    from plandsl.ir.select import select_plan
     analysis = check(path, params)
     plan = select_plan(_document(analysis), name)
     refused = refusals(plan)
@@ -65,14 +65,14 @@ def load_runnable(path: str | Path, name: str | None = None, params: dict[str, A
 
 def format_text(text: str, path: str = "<string>") -> str:
     """Canonical layout of a plan's text (comments kept)."""
-    from plandsl.format import format_module
+    from plandsl.syntax.format import format_module
     return format_module(parse(text, path))
 
 
 def format_bytes(data: bytes, path: str = "<string>") -> str:
     """Canonical layout of a file's bytes; PlanError E105 when they are not UTF-8 text."""
-    from plandsl.format import format_module
-    from plandsl.parser import decode, parse_source
+    from plandsl.syntax.format import format_module
+    from plandsl.syntax.parser import decode, parse_source
     return format_module(parse_source(decode(path, data)))
 
 

@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from plandsl import limits
+from plandsl.diagnostics import limits
 
 
 def _params(values: tuple[str, ...]) -> dict:
@@ -41,7 +41,7 @@ param_option = click.option("--param", "params", multiple=True, metavar="KEY=VAL
 
 def _include(ctx, param, values):
     if values:
-        from plandsl.loader import include
+        from plandsl.syntax.loader import include
         ctx.with_resource(include(values))  # for this command only
     return values
 
@@ -53,7 +53,7 @@ include_option = click.option("--include", multiple=True, metavar="DIR", expose_
 
 def _writable_file(ctx, param, value):
     """An output file: refused before any work starts when it cannot be written (exit 2, the option named)."""
-    from plandsl.files import writable_file
+    from plandsl.syntax.files import writable_file
     reason = writable_file(value) if value else None
     if reason:
         raise click.BadParameter(f"cannot write '{value}': {reason}")
@@ -61,7 +61,7 @@ def _writable_file(ctx, param, value):
 
 
 def _writable_dir(ctx, param, value):
-    from plandsl.files import writable_dir
+    from plandsl.syntax.files import writable_dir
     reason = writable_dir(value) if value else None
     if reason:
         raise click.BadParameter(f"cannot write into '{value}': {reason}")
@@ -141,12 +141,12 @@ def show(file, as_json, plan_name, params):
         payload = document.model_dump(mode="json") if plan_name is None else plans[0].model_dump(mode="json")
         click.echo(json.dumps(payload, indent=2))
         return
-    from plandsl.summary import describe_document
+    from plandsl.render.summary import describe_document
     click.echo(describe_document(document, plans))
 
 
 def api_select(document, name):
-    from plandsl.select import select_plan
+    from plandsl.ir.select import select_plan
     return select_plan(document, name)
 
 
@@ -161,10 +161,10 @@ def schema():
 @click.argument("code")
 def explain(code):
     """Explain a diagnostic CODE (E101 ... W501): what it means, an example, the fix."""
-    from plandsl.catalogue import explain as explain_code
+    from plandsl.diagnostics.catalogue import explain as explain_code
     text = explain_code(code.upper())
     if text is None:
-        from plandsl.codes import CODES
+        from plandsl.diagnostics.codes import CODES
         from plandsl.diagnostics import did_you_mean
         suggestion = did_you_mean(code.upper(), CODES, "codes")
         click.echo(f"unknown code '{code}'" + (f"; {suggestion}" if suggestion else "; see docs/errors.md"), err=True)
@@ -179,8 +179,8 @@ def fmt(files, check_only):
     """Rewrite plan FILES in canonical layout (comments kept); `-` reads stdin."""
     from plandsl import api
     from plandsl.diagnostics import PlanError
-    from plandsl.files import FileProblem, read_bounded, read_stdin
-    from plandsl.parser import MAX_BYTES
+    from plandsl.syntax.files import FileProblem, read_bounded, read_stdin
+    from plandsl.syntax.parser import MAX_BYTES
     would_change = failed = False
     for file in files:
         try:
@@ -251,7 +251,7 @@ def simulate(file, plan_name, costs, as_json, trace, params):
     from plandsl import api
     from plandsl.diagnostics import PlanError
     from plandsl.schedules.resolve import parse_costs
-    from plandsl.simulation import simulate_plan
+    from plandsl.cost.simulation import simulate_plan
     try:
         plan = api.load_plan(file, plan_name, _params(params))
         schedule_, simulation = simulate_plan(plan, parse_costs(costs) if costs else None)
@@ -268,7 +268,7 @@ def _simulated(found, costs, as_json, trace, memory_in_bytes):
 
 def _emit_simulation(found, simulation, as_json, trace, memory_in_bytes, unit=""):
     from plandsl.schedules.simulate import to_chrome_trace
-    from plandsl.simulation import report
+    from plandsl.cost.simulation import report
     if trace:
         _write(trace, json.dumps(to_chrome_trace(simulation)))
     click.echo(json.dumps(simulation.to_json(), indent=1) if as_json else report(found, simulation, unit, memory_in_bytes))
@@ -277,7 +277,7 @@ def _emit_simulation(found, simulation, as_json, trace, memory_in_bytes, unit=""
 
 
 def _token_file(ctx, param, value):
-    from plandsl.files import FileProblem, check_regular
+    from plandsl.syntax.files import FileProblem, check_regular
     if value:
         try:
             check_regular(value, "token file")
@@ -388,7 +388,7 @@ def shrink(file, plan_name, ranks, precision, output, output_format, params):
     Then `plandsl run OUT.plan --check-equivalence` trains it here against one process."""
     import os
     from plandsl.diagnostics import PlanError
-    from plandsl.shrink import shrink as shrink_plan
+    from plandsl.rewrite.shrink import shrink as shrink_plan
     try:
         shrunk = shrink_plan(file, plan_name, _params(params), ranks, precision,
                              os.path.dirname(os.path.abspath(output)) if output else None)
@@ -498,8 +498,8 @@ def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_n
     the file completed. The result passes `plandsl check` and `plandsl fmt --check`."""
     from plandsl.diagnostics import PlanError
     from plandsl.search import SearchError, search
-    from plandsl.search_complete import generate_from
-    from plandsl.search_emit import candidate_json, checked_texts, explain, format_table, resolve_problem
+    from plandsl.rewrite.complete import generate_from
+    from plandsl.search.emit import candidate_json, checked_texts, explain, format_table, resolve_problem
     as_json = as_json or output_format == "json"
     given = [f"--{name}" for name, value in (("model", model), ("cluster", cluster), ("global-batch", global_batch),
                                              ("seq-len", seq_len), ("precision", precision)) if value is not None]

@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
         parser.error(f"{'--resume' if args.resume else '--checkpoint-every'} needs --checkpoint-dir")
-    from plandsl.files import writable_dir, writable_file
+    from plandsl.syntax.files import writable_dir, writable_file
     for option, path, problem in (("--metrics", args.metrics, writable_file),
                                   ("--checkpoint-dir", args.checkpoint_dir, writable_dir)):
         reason = problem(path) if path else None
@@ -58,14 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints a hung rank's stacks
     from plandsl import api
     from plandsl.diagnostics import PlanError
-    from plandsl.loader import include
+    from plandsl.syntax.loader import include
     try:
         with include(args.include):
             plan = api.load_runnable(args.plan, args.plan_name, _params(args.param))  # E7xx: refused
     except PlanError as error:
         print(error, file=sys.stderr)
         return 1
-    from plandsl.runtime.mesh import DEFAULT_TIMEOUT_S
+    from plandsl.runtime.parallel.mesh import DEFAULT_TIMEOUT_S
     from plandsl.runtime.train import RunConfig, main_error, run
     from plandsl.runtime.checkpoint import CheckpointError
     config = RunConfig(steps=args.steps, metrics=args.metrics, check_equivalence=args.check_equivalence,

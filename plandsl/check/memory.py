@@ -10,8 +10,8 @@ from typing import Iterator
 from plandsl import ir
 from plandsl.cost.memory import MemoryEstimate, estimate_memory, inflight_microbatches
 from plandsl.diagnostics import Diagnostic, Note, diag
-from plandsl.placement import Assignment, assign_stages
-from plandsl.units import format_bytes
+from plandsl.ir.placement import Assignment, assign_stages
+from plandsl.lower.units import format_bytes
 
 
 def pipeline_rank_devices(plan: ir.Plan) -> list[list[ir.DeviceType]]:

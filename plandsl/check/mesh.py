@@ -6,7 +6,7 @@ from typing import Iterator
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, Note, diag
-from plandsl.lower_plan import DEFAULT_AXES  # the axis each role takes by default
+from plandsl.lower.plan import DEFAULT_AXES  # the axis each role takes by default
 
 
 def used_axes(plan: ir.Plan) -> dict[str, str]:

@@ -6,7 +6,7 @@ from typing import Iterator
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, diag
-from plandsl.placement import assign_stages
+from plandsl.ir.placement import assign_stages
 from plandsl.schedules.registry import BUILTIN
 
 

@@ -9,12 +9,12 @@ from typing import Iterator
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, PlanError, diag
-from plandsl.placement import rank_map
+from plandsl.ir.placement import rank_map
 from plandsl.schedules.generators import MAX_ACTIONS, TooLarge, check_sizes, generate
 from plandsl.schedules.bounded import simulate_builtin
 from plandsl.schedules.registry import BUILTIN
 from plandsl.schedules.simulate import Simulation, simulate
-from plandsl.schedules.template import instantiate
+from plandsl.lower.schedule_template import instantiate
 
 
 def plan_schedule(plan: ir.Plan):

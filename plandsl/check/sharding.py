@@ -7,8 +7,8 @@ from typing import Iterator
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, Note, diag
-from plandsl.models import layers_of
-from plandsl.placement import NameIndex, precision
+from plandsl.ir.layers import layers_of
+from plandsl.ir.placement import NameIndex, precision
 
 
 def divisors(n: int, up_to: int) -> list[int]:

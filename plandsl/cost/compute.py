@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plandsl import ir
-from plandsl.models import Layer, kv_width
+from plandsl.ir.layers import Layer, kv_width
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,7 +94,7 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
     from plandsl.check.memory import estimate_plan_memory, mesh_device_runs, pipeline_rank_device_types
     from plandsl.check.schedule import simulate_plan_schedule
     from plandsl.diagnostics import PlanError
-    from plandsl.placement import assign_stages
+    from plandsl.ir.placement import assign_stages
     from plandsl.schedules.simulate import Costs
 
     if assignment is None:
@@ -204,7 +204,7 @@ def pipeline_p2p_seconds(model: ir.Model, work: Work, links: Links) -> float:
     if isinstance(model, ir.TransformerModel):
         size = work.tokens * model.hidden * work.precision.bytes / work.tp
     else:
-        from plandsl.models import layers_of
+        from plandsl.ir.layers import layers_of
         size = work.tokens * max(layer.output_width for layer in layers_of(model)) * work.precision.bytes
     return collective_seconds("p2p", size, links.pp)
 
@@ -238,7 +238,7 @@ def _deadlock(plan: ir.Plan, simulation):
 
 # ---- text ------------------------------------------------------------------------------------------------
 def format_estimate(estimate: PlanEstimate) -> str:
-    from plandsl.units import format_bytes
+    from plandsl.lower.units import format_bytes
     t = estimate.time
 
     def share(value: float) -> str:

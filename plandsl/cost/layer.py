@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from plandsl import ir
 from plandsl.cost.comm import NO_COMM, GroupLinks, collective_seconds, group_links
 from plandsl.cost.compute import Efficiency, LayerCompute, Work, estimate_layer_compute
-from plandsl.models import Layer, kv_width
+from plandsl.ir.layers import Layer, kv_width
 
 
 # ---- links of each parallel axis -----------------------------------------------------------------------

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 from plandsl import ir
-from plandsl.models import EXPERTS, FFN, HEADS_X_HEAD_DIM, KV, VOCAB, Layer, Param, kv_width
+from plandsl.ir.layers import EXPERTS, FFN, HEADS_X_HEAD_DIM, KV, VOCAB, Layer, Param, kv_width
 
 # Dim roles a tensor-parallel axis splits (Megatron, Shoeybi et al. 2019): column-parallel outputs
 # (q/k/v heads, MLP ffn), row-parallel inputs (o heads, MLP ffn) and the vocabulary of the

@@ -1,6 +1,6 @@
 """Plan -> per-stage action durations and memory for the schedule simulator (`schedules.simulate.Costs`).
 
-Stage: cost model, read by `plandsl.simulation`. Contract: `estimate_stage_costs(plan, assignment)`
+Stage: cost model, read by `plandsl.cost.simulation`. Contract: `estimate_stage_costs(plan, assignment)`
 returns the `Costs` of the plan's own cost model (`cost.estimate`): per stage, one microbatch's F,
 B, and the split backward's I and W, each its compute (`cost.compute`: GEMMs at an efficiency that
 depends on their size, other work at the memory bandwidth, recomputation inside the backward) plus
@@ -14,7 +14,7 @@ from plandsl.check.memory import estimate_plan_memory
 from plandsl.cost.estimate import estimate_stage_times, pipeline_p2p, plan_work
 from plandsl.cost.layer import plan_links
 from plandsl.cost.memory import estimate_layer_activations
-from plandsl.placement import Assignment
+from plandsl.ir.placement import Assignment
 from plandsl.schedules.simulate import Costs
 
 

@@ -16,7 +16,7 @@ from plandsl.cost.comm import collective_seconds
 from plandsl.cost.compute import estimate_optimizer_step, peak_of
 from plandsl.cost.layer import LayerTime, Links
 from plandsl.cost.memory import local_numel
-from plandsl.models import Layer
+from plandsl.ir.layers import Layer
 
 _EXPERT = "experts"
 

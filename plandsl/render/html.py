@@ -14,7 +14,7 @@ import re
 
 from plandsl import ir
 from plandsl.render.dot import NotApplicable
-from plandsl.units import format_bytes
+from plandsl.lower.units import format_bytes
 
 STYLE = """
 body { font-family: Helvetica, Arial, sans-serif; margin: 2em; color: #222; }
@@ -35,7 +35,7 @@ nav a { margin-right: 1em; }
 def render_html(plan: ir.Plan, color_by: str | None = None, timings: dict | None = None) -> str:
     from plandsl.render import VIEWS, engine, render
     from plandsl.render.output import to_image
-    from plandsl.summary import describe_plan
+    from plandsl.render.summary import describe_plan
     sections = []
     for view in VIEWS:
         try:

@@ -16,7 +16,7 @@ from plandsl.render.schedule import simulated
 from plandsl.render.timeline import FIXED_GRAPH, TimeAxis, draw_time_axis, grid_line, text_node, ticks
 from plandsl.schedules.program import Kind
 from plandsl.schedules.simulate import Simulation
-from plandsl.units import format_bytes
+from plandsl.lower.units import format_bytes
 
 ENGINE = ("neato", "-n2")
 LEFT, WIDTH, PANEL, GAP, BOTTOM = 120.0, 900.0, 92.0, 22.0, 46.0
@@ -50,7 +50,7 @@ def memory_over_time(plan: ir.Plan) -> tuple[list[RankMemory], Simulation]:
     """Per pipeline rank, memory over the simulated step; NotApplicable without a pipeline."""
     from plandsl.check.memory import estimate_plan_memory, pipeline_rank_devices
     from plandsl.cost.pipeline import estimate_stage_costs
-    from plandsl.placement import assign_stages
+    from plandsl.ir.placement import assign_stages
     schedule, simulation, _ = simulated(plan)
     assignment, _ = assign_stages(plan)
     costs = estimate_stage_costs(plan, assignment)

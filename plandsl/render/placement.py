@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from plandsl import ir
 from plandsl.cost.memory import TENSOR_SHARDED_DIMS
-from plandsl.models import EXPERTS, Layer, Param, layers_of
-from plandsl.placement import Assignment, NameIndex, assign_stages, compress_names, precision
+from plandsl.ir.layers import EXPERTS, Layer, Param, layers_of
+from plandsl.ir.placement import Assignment, NameIndex, assign_stages, compress_names, precision
 from plandsl.render.dot import FONT, Graph, Html, categorical, escape, text_width
 from plandsl.render.mesh import format_rate
-from plandsl.units import format_bytes
+from plandsl.lower.units import format_bytes
 
 ENGINE = ("dot",)
 WRAP = 40  # characters per line of a sharding list
@@ -174,7 +174,7 @@ def _beside_line(lines: list[str]) -> Html:
 
 
 def _title(plan: ir.Plan, assignment: Assignment) -> str:
-    from plandsl.models import param_count
+    from plandsl.ir.layers import param_count
     model = plan.model
     lines = [f"<b>plan {escape(plan.name)}</b> · model {escape(model.name)} "
              f"({_count(param_count(model))} parameters, {len(layers_of(model))} layers)"]

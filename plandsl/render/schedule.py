@@ -34,8 +34,8 @@ def simulated(plan: ir.Plan) -> tuple[Schedule, Simulation, float]:
         raise NotApplicable(f"no pipeline in this plan: '{plan.name}' has no stages over a pipeline axis, "
                             "so it has no schedule (try --view mesh or --view placement)")
     from plandsl.cost.pipeline import estimate_stage_costs
-    from plandsl.placement import assign_stages
-    from plandsl.simulation import simulate_plan
+    from plandsl.ir.placement import assign_stages
+    from plandsl.cost.simulation import simulate_plan
     schedule, simulation = simulate_plan(plan)
     assignment, _ = assign_stages(plan)
     return schedule, simulation, estimate_stage_costs(plan, assignment).p2p

@@ -26,8 +26,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from plandsl import ir
-from plandsl.files import read_bounded
-from plandsl.runtime.zero import Zero1Optimizer
+from plandsl.syntax.files import read_bounded
+from plandsl.runtime.parallel.zero import Zero1Optimizer
 
 RECORD = "plandsl.json"   # written last, by rank 0, inside the still-temporary directory
 FORMAT = 1

@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 from plandsl import ir
 from plandsl.cost.memory import MemoryEstimate
-from plandsl.runtime.zero import local as _local  # a DTensor's shard, else the tensor
-from plandsl.units import format_bytes
+from plandsl.runtime.parallel.zero import local as _local  # a DTensor's shard, else the tensor
+from plandsl.lower.units import format_bytes
 
 MAX_RANKS = 64  # larger meshes: one rank per distinct (pipeline, tensor) coordinate
 META = torch.device("meta")
@@ -131,17 +131,17 @@ def _build_rank(plan: ir.Plan, model: torch.nn.Module, rank: int, world: int, st
                 like: int) -> RankFigures:
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 
-    from plandsl.runtime.data_parallel import build_dp_optimizer
+    from plandsl.runtime.parallel.data_parallel import build_dp_optimizer
     from plandsl.runtime.faults import mesh_coordinate
-    from plandsl.runtime.mesh import build_mesh
-    from plandsl.runtime.parallelize import data_mesh, expert_data_mesh, parallelize
+    from plandsl.runtime.parallel.mesh import build_mesh
+    from plandsl.runtime.parallel.parallelize import data_mesh, expert_data_mesh, parallelize
     hook = sys.excepthook  # init_process_group wraps it ("[rankN]: " on each line), once per call
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
         mesh = build_mesh(plan, torch.device("cpu"))
         with _ddp_on_meta():
             if plan.stages is not None:
-                from plandsl.runtime.pipeline import build_pipeline
+                from plandsl.runtime.parallel.pipeline import build_pipeline
                 pipeline = build_pipeline(plan, model, mesh, META)
                 models, stages = pipeline.models, pipeline.stage_indices
             else:
@@ -171,7 +171,7 @@ def _most_loaded_partition(optimizer: torch.optim.Optimizer, own: int) -> int:
     this rank steps, without ZeRO-1). Both ZeRO-1 optimizers compute every rank's partition on each rank."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    from plandsl.runtime.zero import Zero1Optimizer
+    from plandsl.runtime.parallel.zero import Zero1Optimizer
     if isinstance(optimizer, Zero1Optimizer):
         return sum(max(loads) for loads in optimizer.partition_bytes)
     if isinstance(optimizer, ZeroRedundancyOptimizer):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plandsl.files import read_bounded
+from plandsl.syntax.files import read_bounded
 
 DIR_ENV = "PLANDSL_FAULT_DIR"
 INJECT_ENV = "PLANDSL_FAULT_INJECT"

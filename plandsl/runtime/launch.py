@@ -62,7 +62,7 @@ def torchrun_args(plan: ir.Plan, plan_file: str, plan_name: str | None, params: 
         args += ["--plan", plan_name]
     for key, value in params.items():
         args += ["--param", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
-    from plandsl.loader import included
+    from plandsl.syntax.loader import included
     for folder in included():  # the ranks read the plan's imports from the same folders
         args += ["--include", os.path.abspath(folder)]
     if options.metrics:

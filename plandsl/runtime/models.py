@@ -1,4 +1,4 @@
-"""Reference torch modules for the plan's model families, named exactly as `plandsl.models` lists them.
+"""Reference torch modules for the plan's model families, named exactly as `plandsl.ir.layers` lists them.
 
 Stage: interpreter. Contract: `build_model(plan.model, seed)` returns the full model, initialised from
 `seed` alone (never from the layout), with the top-level parts `embed`, `layers` (a ModuleDict keyed
@@ -109,7 +109,7 @@ class AttentionCore(nn.Module):
     heads under grouped-query attention (SDPA's `enable_gqa`: the kernel reads each kv head for its
     group of q heads, nothing widened is stored). No parameters: `selective` recomputation wraps
     exactly this (Korthikanti et al. 2022's attention core), and context parallelism replaces it
-    (plandsl.runtime.context_parallel)."""
+    (plandsl.runtime.parallel.context_parallel)."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
@@ -190,7 +190,7 @@ def expert_mlps(routed: torch.Tensor, counts: list[int], w1: torch.Tensor, w2: t
 class MoE(nn.Module):
     """Top-k routing (softmax over the chosen logits, as Mixtral), dropless: every token reaches its k
     experts. `dispatch` runs the experts on the rows grouped by expert; expert parallelism replaces it
-    by an all-to-all exchange (plandsl.runtime.expert_parallel), routing and combining stay here."""
+    by an all-to-all exchange (plandsl.runtime.parallel.expert_parallel), routing and combining stay here."""
 
     def __init__(self, hidden: int, ffn: int, experts: int, top_k: int, gated: bool):
         super().__init__()

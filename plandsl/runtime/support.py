@@ -71,7 +71,7 @@ def _splits_backward(plan: ir.Plan) -> bool:
 
 def _shard_refusals(plan: ir.Plan) -> list[Diagnostic]:
     """One E705 per shard rule that cannot run, at the rule (its first problem; how many more, e.g. per module)."""
-    from plandsl.runtime.tensor_parallel import rule_problems
+    from plandsl.runtime.parallel.tensor_parallel import rule_problems
     by_rule: dict[str | None, list[str]] = {}
     for rule, problem in rule_problems(plan):
         by_rule.setdefault(rule, []).append(problem)

@@ -23,12 +23,12 @@ from torch.distributed.tensor import DTensor
 
 from plandsl import ir
 from plandsl.runtime.data import Batches, microbatches
-from plandsl.runtime.data_parallel import build_dp_optimizer, gradient_sync
-from plandsl.runtime.mesh import DEFAULT_TIMEOUT_S, build_mesh, coordinate, init_distributed
+from plandsl.runtime.parallel.data_parallel import build_dp_optimizer, gradient_sync
+from plandsl.runtime.parallel.mesh import DEFAULT_TIMEOUT_S, build_mesh, coordinate, init_distributed
 from plandsl.runtime.models import build_model, loss_fn
 from plandsl.runtime.optim import build_lr_scheduler
-from plandsl.runtime.context_parallel import sequence_columns
-from plandsl.runtime.parallelize import data_mesh, expert_data_mesh, parallelize
+from plandsl.runtime.parallel.context_parallel import sequence_columns
+from plandsl.runtime.parallel.parallelize import data_mesh, expert_data_mesh, parallelize
 from plandsl.runtime.precision import LossScaler, autocast, loss_scaler
 
 
@@ -88,9 +88,9 @@ def build_job(plan: ir.Plan, mesh: DeviceMesh, device: torch.device, config: Run
     scaler = loss_scaler(plan, device)
     pipeline, has_first, has_last = None, True, True
     if plan.stages is not None:
-        # The one call into pipeline parallelism: plandsl.runtime.pipeline splits the model into this
+        # The one call into pipeline parallelism: plandsl.runtime.parallel.pipeline splits the model into this
         # rank's stages (applying `parallelize` to each) and returns a torch pipelining schedule.
-        from plandsl.runtime.pipeline import build_pipeline
+        from plandsl.runtime.parallel.pipeline import build_pipeline
         pipeline, parts, has_first, has_last = build_pipeline(plan, model, mesh, device, loss_fn=scaler.scaled(loss))
         models = list(parts)
     else:

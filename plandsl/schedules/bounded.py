@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from plandsl.limits import MAX_ACTIONS
+from plandsl.diagnostics.limits import MAX_ACTIONS
 
 from .generators import TooLarge, check_sizes, count_actions, generate, microbatches_per_round
 from .generators import interleaved_1f1b, interleaved_zero_bubble

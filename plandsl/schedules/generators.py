@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from plandsl.limits import MAX_ACTIONS
+from plandsl.diagnostics.limits import MAX_ACTIONS
 
 from .program import Action, Kind, Schedule, gc_paused, loop_map, vshape_map
 from .registry import BUILTIN

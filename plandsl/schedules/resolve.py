@@ -60,8 +60,8 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, virtua
 def read_csv(path: str) -> str:
     """A schedule CSV's text, read bounded like a plan (PlanError: E208 missing, E107 not a regular file,
     E106 too large, E109 unreadable, E105 binary or not UTF-8)."""
-    from plandsl.files import FileProblem, read_bounded
-    from plandsl.parser import MAX_BYTES, decode
+    from plandsl.syntax.files import FileProblem, read_bounded
+    from plandsl.syntax.parser import MAX_BYTES, decode
     try:
         data = read_bounded(path, MAX_BYTES, "schedule CSV")
     except FileProblem as problem:
@@ -75,8 +75,8 @@ def read_csv(path: str) -> str:
 
 
 def _from_plan(spec: str, ranks, microbatches, virtual) -> Schedule:
-    from plandsl.analysis import analyze
-    from plandsl.schedules.template import instantiate
+    from plandsl.check.analysis import analyze
+    from plandsl.lower.schedule_template import instantiate
     path, _, name = spec.rpartition(":")
     analysis = analyze(path, check=False)
     if not analysis.ok:
@@ -98,7 +98,7 @@ def _from_plan(spec: str, ranks, microbatches, virtual) -> Schedule:
 
 def schedule_from_csv(text: str, name: str = "csv") -> Schedule:
     """torch's compute-only CSV (rank rows, empty cells idle) -> a validated schedule."""
-    from plandsl.schedules.template import derive_stage_map
+    from plandsl.lower.schedule_template import derive_stage_map
     from plandsl.schedules.validate import validate
     try:
         grid = from_csv(text)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from plandsl.diagnostics import Diagnostic, Note
 from plandsl.schedules.program import COMPUTE, Action, Kind, Schedule, gc_paused
-from plandsl.source import NO_SPAN, Span
+from plandsl.diagnostics.source import NO_SPAN, Span
 
 LIMIT = 20  # diagnostics of one code per schedule; the last one says how many more there were
 _BACKWARD = (Kind.B, Kind.I)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from plandsl.runtime.dryrun import DryRun, dry_run, format_dry_run
 from plandsl.runtime.models import build_model
-from plandsl.runtime.pipeline import assign_stages
+from plandsl.runtime.parallel.pipeline import assign_stages
 from plandsl.runtime.reference import run_reference
 from tests.conftest import STDLIB
 from tests.distributed.harness import run_ranks

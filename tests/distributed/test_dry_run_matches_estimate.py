@@ -16,7 +16,7 @@ from plandsl.check.memory import estimate_plan_memory
 from plandsl.cost.estimate import estimate_plan
 from plandsl.runtime.dryrun import dry_run
 from plandsl.runtime.faults import mesh_rank
-from plandsl.simulation import simulate_plan
+from plandsl.cost.simulation import simulate_plan
 from tests.conftest import STDLIB
 from tests.distributed.ranks import load
 
@@ -61,7 +61,7 @@ def test_check_estimate_and_simulate_count_the_same_states(path):
     assert states == [m.states for m in estimate_plan_memory(plan)]
     if plan.stages is not None and plan.schedule is not None:
         from plandsl.cost.pipeline import estimate_stage_costs
-        from plandsl.placement import assign_stages
+        from plandsl.ir.placement import assign_stages
         assignment, _ = assign_stages(plan)
         assert list(estimate_stage_costs(plan, assignment).static_bytes) == states
         _, simulation = simulate_plan(plan)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from plandsl.shrink import shrink
+from plandsl.rewrite.shrink import shrink
 from tests.conftest import STDLIB
 from tests.distributed.harness import run_ranks
 from tests.distributed.ranks import train

@@ -16,7 +16,7 @@ from collections import defaultdict
 import pytest
 import torch
 
-from plandsl.runtime.zero import assign
+from plandsl.runtime.parallel.zero import assign
 from tests.conftest import STDLIB
 from tests.distributed.harness import run_ranks
 from tests.distributed.ranks import load, train

@@ -142,7 +142,7 @@ plan p {
 @given(small_plans())
 @example(EXPERT_PARALLEL)  # the 16 generated plans hold none (they are derandomized: the same in every run)
 def test_a_plan_check_accepts_trains_one_step(text):
-    from plandsl.shrink import shrink
+    from plandsl.rewrite.shrink import shrink
     from tests.distributed.harness import run_ranks
     from tests.distributed.ranks import train
     analysis, plan = _check(text)

@@ -3,7 +3,7 @@ token on exactly one rank, as many on each, and with the head-tail split the sam
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plandsl.runtime.context_parallel import sequence_columns
+from plandsl.runtime.parallel.context_parallel import sequence_columns
 
 
 @given(cp=st.integers(1, 16), chunks=st.integers(1, 8), balanced=st.booleans())

@@ -1,12 +1,12 @@
-"""Property tests of plandsl.format: formatting round-trips the syntax tree and is a fixed point."""
+"""Property tests of plandsl.syntax.format: formatting round-trips the syntax tree and is a fixed point."""
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from plandsl.format import format_module, format_source
-from plandsl.parser import parse_source
-from plandsl.source import SourceFile
+from plandsl.syntax.format import format_module, format_source
+from plandsl.syntax.parser import parse_source
+from plandsl.diagnostics.source import SourceFile
 from plandsl.syntax import (Attr, BinOp, Binding, Bool, Call, Definition, DictExpr, DictItem, Float,
                             Int, KwArg, ListExpr, Member, Module, Name, Quantity, Slice, Str,
                             Subscript, Unary)

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from plandsl.analysis import Analysis, analyze
-from plandsl.codes import CODES
+from plandsl.check.analysis import Analysis, analyze
+from plandsl.diagnostics.codes import CODES
 from plandsl.diagnostics import PlanError
-from plandsl.source import NO_SPAN
+from plandsl.diagnostics.source import NO_SPAN
 from support import VALID_PLAN
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -338,14 +338,14 @@ def test_param_overrides_of_any_type_only_give_diagnostics(text, params):
 # ---- (d) the formatter ---------------------------------------------------------------------------------
 def _format_text():
     try:
-        import plandsl.format  # noqa: F401
+        import plandsl.syntax.format  # noqa: F401
         from plandsl.api import format_text
     except ImportError:
-        pytest.skip("plandsl.format is not available")
+        pytest.skip("plandsl.syntax.format is not available")
     try:
         format_text(VALID_PLANS[0])
     except NotImplementedError:
-        pytest.skip("plandsl.format is not implemented yet")
+        pytest.skip("plandsl.syntax.format is not implemented yet")
     return format_text
 
 

@@ -1,6 +1,6 @@
 """Hostile and malformed input: every case ends in diagnostics, quickly, never in a traceback.
 
-In-process cases go through `plandsl.analysis.analyze` (which must never raise) and
+In-process cases go through `plandsl.check.analysis.analyze` (which must never raise) and
 `plandsl.api.loads` (which must raise only `PlanError`); file cases also go through the
 real `plandsl check` command in a subprocess (exit 1, no "Traceback" on stderr).
 """
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from plandsl import api
-from plandsl.analysis import Analysis, analyze
-from plandsl.codes import CODES
+from plandsl.check.analysis import Analysis, analyze
+from plandsl.diagnostics.codes import CODES
 from plandsl.diagnostics import PlanError
-from plandsl.parser import MAX_BYTES, MAX_NESTING, decode
+from plandsl.syntax.parser import MAX_BYTES, MAX_NESTING, decode
 from support import VALID_PLAN
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -248,7 +248,7 @@ SLOW_WALL_S = 60.0  # a hang is killed here; the verdict is each process's own C
 def slow_runs(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("slow")
     procs = {name: subprocess.Popen(
-        [sys.executable, "-c", f"from plandsl.analysis import analyze; analyze(text={text!r})"],
+        [sys.executable, "-c", f"from plandsl.check.analysis import analyze; analyze(text={text!r})"],
         cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for name, text in SLOW_CASES.items()}
     yield time.monotonic() + SLOW_WALL_S, procs
     for proc in procs.values():

@@ -210,7 +210,7 @@ def test_schema_is_json_schema():
 
 
 def test_explain_a_code():
-    pytest.importorskip("plandsl.catalogue")
+    pytest.importorskip("plandsl.diagnostics.catalogue")
     result = cli("explain", "E203")
     assert result.exit_code == 0
     assert result.stdout.startswith("E203")
@@ -218,8 +218,8 @@ def test_explain_a_code():
 
 
 def test_explain_every_registered_code():
-    pytest.importorskip("plandsl.catalogue")
-    from plandsl.codes import CODES
+    pytest.importorskip("plandsl.diagnostics.catalogue")
+    from plandsl.diagnostics.codes import CODES
     for code in CODES:
         result = cli("explain", code)
         assert result.exit_code == 0, code
@@ -227,7 +227,7 @@ def test_explain_every_registered_code():
 
 
 def test_explain_unknown_code():
-    pytest.importorskip("plandsl.catalogue")
+    pytest.importorskip("plandsl.diagnostics.catalogue")
     result = CliRunner().invoke(main, ["explain", "E999"])
     assert result.exit_code == 2
     assert "E999" in result.stderr

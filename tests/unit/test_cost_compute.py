@@ -5,7 +5,7 @@ import pytest
 from plandsl import ir
 from plandsl.cost.compute import (DEFAULT_EFFICIENCY, Efficiency, Work, estimate_layer_compute,
                                   estimate_optimizer_step)
-from plandsl.models import layers_of, transformer_block_flops
+from plandsl.ir.layers import layers_of, transformer_block_flops
 
 A100 = ir.DeviceType(name="a100", memory=80 * 2**30, bandwidth=2.0e12, peak={"bf16": 312e12, "fp32": 19.5e12})
 GPT = ir.TransformerModel(kind="gpt", name="g", layers=4, hidden=4096, heads=32, kv_heads=32, ffn_hidden=16384,

@@ -13,7 +13,7 @@ from plandsl.cost.estimate import estimate_plan
 from plandsl.cost.layer import plan_links
 from plandsl.cost.stage import rank_tail
 from plandsl.cost.pipeline import estimate_stage_costs
-from plandsl.placement import assign_stages
+from plandsl.ir.placement import assign_stages
 
 PLAN = """\
 import "clusters/dgx_a100"
@@ -172,7 +172,7 @@ def test_each_zero3_unit_pays_the_collective_latency():
 def test_allgather_context_parallelism_gathers_kv_on_the_critical_path_and_shards_zero_over_cp():
     from plandsl.cost.estimate import plan_work
     from plandsl.cost.layer import estimate_layer_time
-    from plandsl.models import layers_of
+    from plandsl.ir.layers import layers_of
     gather = load(mesh="dp = 4, cp = 4", recompute="none", extra="data = zero1 over dp\n  context = allgather over cp")
     ring = load(mesh="dp = 4, cp = 4", recompute="none", extra="data = zero1 over dp\n  context = ring over cp")
     block = layers_of(gather.model)[1]
@@ -207,7 +207,7 @@ def test_estimate_and_simulate_report_the_same_bubble(path):
     """`schedules.simulate.bubble_seconds` is the one definition: the busiest rank's idle time over the
     makespan, in `estimate` (seconds and fraction) as in `simulate`."""
     from plandsl.schedules.simulate import bubble_seconds
-    from plandsl.simulation import simulate_plan
+    from plandsl.cost.simulation import simulate_plan
     plan = api.load_plan(path)
     t = estimate_plan(plan).time
     if plan.stages is None or plan.schedule is None:

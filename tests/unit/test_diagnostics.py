@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from plandsl.analysis import analyze
-from plandsl.catalogue import ENTRIES, explain
+from plandsl.check.analysis import analyze
+from plandsl.diagnostics.catalogue import ENTRIES, explain
 from plandsl.cli import main
-from plandsl.codes import CODES
+from plandsl.diagnostics.codes import CODES
 from plandsl.diagnostics import MAX_PER_FILE, render_all
 
 ROOT = Path(__file__).resolve().parents[2]

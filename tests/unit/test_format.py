@@ -1,13 +1,13 @@
-"""Unit tests of plandsl.format: golden layouts, comments, parentheses, schedules, line breaking."""
+"""Unit tests of plandsl.syntax.format: golden layouts, comments, parentheses, schedules, line breaking."""
 from __future__ import annotations
 
 import textwrap
 
 import pytest
 
-from plandsl.format import format_module, format_source
-from plandsl.parser import parse_source
-from plandsl.source import SourceFile
+from plandsl.syntax.format import format_module, format_source
+from plandsl.syntax.parser import parse_source
+from plandsl.diagnostics.source import SourceFile
 
 
 def _fmt(text: str) -> str:

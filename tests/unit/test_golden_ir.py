@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from plandsl import ir
-from plandsl.analysis import analyze
+from plandsl.check.analysis import analyze
 
 ROOT = Path(__file__).resolve().parents[2]
 STDLIB = ROOT / "stdlib_plans"

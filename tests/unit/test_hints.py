@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from plandsl.analysis import Analysis, analyze
-from plandsl.catalogue import ENTRIES
-from plandsl.codes import CODES
+from plandsl.check.analysis import Analysis, analyze
+from plandsl.diagnostics.catalogue import ENTRIES
+from plandsl.diagnostics.codes import CODES
 from plandsl.diagnostics import apply_edits, render_all
 
 # Codes whose hint is computed from the plan and names one change: their catalogue example must carry

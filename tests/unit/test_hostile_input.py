@@ -5,7 +5,7 @@ with the contents of a file outside the checked tree in the output.
 Most cases run the CLI in-process (click's CliRunner: fast); a few run it as a real process to
 measure its peak memory. Tests run as root, for whom chmod 000 files are readable: permission
 errors are simulated by a path through a file (`file.plan/x`: ENOTDIR) and by monkeypatching
-`os.open`/`os.access` inside plandsl.files.
+`os.open`/`os.access` inside plandsl.syntax.files.
 """
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from plandsl import files
-from plandsl.analysis import analyze
+from plandsl.syntax import files
+from plandsl.check.analysis import analyze
 from plandsl.cli import main
-from plandsl.files import FileProblem, read_bounded, read_stdin, writable_dir, writable_file
-from plandsl.loader import MAX_FILES, MAX_IMPORT_DEPTH, include
-from plandsl.parser import MAX_BYTES
+from plandsl.syntax.files import FileProblem, read_bounded, read_stdin, writable_dir, writable_file
+from plandsl.syntax.loader import MAX_FILES, MAX_IMPORT_DEPTH, include
+from plandsl.syntax.parser import MAX_BYTES
 from tests.conftest import STDLIB
 
 SECRET = "PLANDSL_SECRET_7f3a9c"
@@ -355,7 +355,7 @@ def test_real_processes_answer_quickly_in_little_memory(hostile, stdin, args):
 
 
 def test_generate_reads_a_model_file_named_on_the_command_line_wherever_it_is(tmp_path, monkeypatch):
-    from plandsl.search_emit import resolve_problem
+    from plandsl.search.emit import resolve_problem
     (tmp_path / "models").mkdir()
     (tmp_path / "work").mkdir()
     (tmp_path / "models" / "m.plan").write_text("model mm = gpt(layers=4, hidden=256, heads=8, seq=128, vocab=1024)\n")
@@ -367,7 +367,7 @@ def test_generate_reads_a_model_file_named_on_the_command_line_wherever_it_is(tm
 
 
 def test_the_parse_stops_at_the_token_limit(monkeypatch):
-    from plandsl import parser
+    from plandsl.syntax import parser
     monkeypatch.setattr(parser, "MAX_TOKENS", 1000)
     analysis = analyze(text="let x = [" + "1, " * 600 + "1]\n")
     (error,) = analysis.errors

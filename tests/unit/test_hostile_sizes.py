@@ -1,6 +1,6 @@
 """Huge numbers in every field: work follows what was written, not the numbers in it.
 
-Each case ends in a diagnostic (E505 past a documented cap in plandsl/limits.py, E609 for a
+Each case ends in a diagnostic (E505 past a documented cap in plandsl/diagnostics/limits.py, E609 for a
 schedule table too large to lay out) or in a correct answer, within 10 s, never a traceback.
 The bounded analysis of built-in schedules (`schedules.bounded`) is compared with the full
 simulation for every built-in, ranks and virtual in a small grid, under unit and random
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from plandsl import limits
-from plandsl.analysis import analyze
-from plandsl.codes import CODES
+from plandsl.diagnostics import limits
+from plandsl.check.analysis import analyze
+from plandsl.diagnostics.codes import CODES
 from plandsl.schedules.bounded import WARMUP_PERIODS, extrapolated_past, simulate_builtin
 from plandsl.schedules.generators import check_sizes, generate
 from plandsl.schedules.registry import BUILTIN
@@ -298,7 +298,7 @@ def test_size_rules_are_the_generators():
 ])
 def test_generate_answers_a_hostile_input_quickly(model, nodes, batch):
     from plandsl.search import SearchError, search
-    from plandsl.search_emit import resolve_problem
+    from plandsl.search.emit import resolve_problem
     start = time.perf_counter()
     problem, _ = resolve_problem(model, f"dgx_a100 x {nodes}", batch)
     with pytest.raises(SearchError, match=r"states alone need at least dgx_a100 x [\d,]+"):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from plandsl import ir
-from plandsl.analysis import Analysis, analyze
+from plandsl.check.analysis import Analysis, analyze
 
 HEADER = 'import "clusters/dgx_a100"\nimport "clusters/local"\n'
 GPT = "gpt(layers=8, hidden=1024, heads=16, seq=1024, vocab=50304)"

@@ -6,7 +6,7 @@ from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, ga
                                  inflight_microbatches, optimizer_bytes_per_param, zero_one_elements)
 from plandsl.schedules.generators import generate
 from plandsl.schedules.simulate import simulate
-from plandsl.models import layers_of, param_count
+from plandsl.ir.layers import layers_of, param_count
 
 
 def cluster(devices):
@@ -70,7 +70,7 @@ def test_states_are_fp32_whatever_the_precision(precision):
 def test_zero1_partitions_whole_tensors_like_the_interpreter():
     """ZeRO-1 gives each tensor whole to one data rank (runtime.zero.assign, torch's
     ZeroRedundancyOptimizer): the estimate is the most loaded rank's share, not 1/N_d."""
-    from plandsl.runtime.zero import assign
+    from plandsl.runtime.parallel.zero import assign
     p = plan(GPT2_SMALL, [("dp", 16)], data=ir.DataParallel(kind="zero1", axes=("dp",)), optimizer="adam")
     layers = layers_of(GPT2_SMALL)
     [estimate] = estimate_memory(p, [layers], [[0]], [1])

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from plandsl import api, ir
-from plandsl.analysis import analyze
+from plandsl.check.analysis import analyze
 from plandsl.diagnostics import apply_edits
 
 HEADER = 'import "clusters/dgx_a100"\n'
@@ -142,7 +142,7 @@ def test_huge_numbers_answer_at_once():
 
 def test_generate_refuses_a_model_that_cannot_run():
     """`generate --model` searches no layout for a model `check` would refuse in any plan."""
-    from plandsl.search_emit import SearchError, resolve_problem
+    from plandsl.search.emit import SearchError, resolve_problem
     with pytest.raises(SearchError, match=r"E220; hidden=760 .* heads=8 or heads=12"):
         resolve_problem("gpt(layers=2, hidden=768, heads=10, seq=128, vocab=512)", "dgx_a100", 64)
     with pytest.raises(SearchError, match=r"E224; --seq-len 128 or less"):

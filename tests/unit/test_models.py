@@ -2,7 +2,7 @@
 import pytest
 
 from plandsl import ir
-from plandsl.models import DIM_ROLES, layers_of, modules_of, param_count
+from plandsl.ir.layers import DIM_ROLES, layers_of, modules_of, param_count
 
 
 def gpt(layers, hidden, heads, seq, vocab, tied=False):

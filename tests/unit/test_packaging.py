@@ -40,7 +40,7 @@ sys.path_importer_cache.clear()
 
 import plandsl.api as a, plandsl
 from importlib import resources
-from plandsl.loader import stdlib_files, stdlib_root
+from plandsl.syntax.loader import stdlib_files, stdlib_root
 
 module = a.parse(open("plan.plan", encoding="utf-8").read(), "plan.plan")
 document = a.load("plan.plan", {"nodes": 4})
@@ -202,12 +202,12 @@ def test_installed_console_script(wheel, tmp_path):
 
 
 def test_editable_install_loads_grammar_and_stdlib():
-    import plandsl.parser
-    if not Path(plandsl.parser.__file__).resolve().is_relative_to(ROOT):
+    import plandsl.syntax.parser
+    if not Path(plandsl.syntax.parser.__file__).resolve().is_relative_to(ROOT):
         pytest.skip("plandsl is not installed from this checkout")
     grammar = resources.files("plandsl.grammar").joinpath("plan.lark")
     assert grammar.read_text(encoding="utf-8") == (ROOT / "grammar" / "plan.lark").read_text(encoding="utf-8")
-    from plandsl.loader import stdlib_root
+    from plandsl.syntax.loader import stdlib_root
     assert stdlib_root().resolve() == (ROOT / "stdlib_plans").resolve()
     assert (stdlib_root() / "clusters" / "dgx_a100.plan").is_file()
 

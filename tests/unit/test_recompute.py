@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from plandsl import api, ir
 from plandsl.cost.memory import transformer_block_activations
 from plandsl.runtime.models import Block
-from plandsl.runtime.recompute import apply_ac
+from plandsl.runtime.parallel.recompute import apply_ac
 
 SEQ, BATCH, HIDDEN = 32, 2, 64
 

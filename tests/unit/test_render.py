@@ -22,7 +22,7 @@ from plandsl import api
 from plandsl.cli import main
 from plandsl.render import VIEWS, GraphvizMissing, NotApplicable, engine, render, render_bytes, render_file
 from plandsl.render.output import INSTALL, graphviz_available
-from plandsl.units import format_bytes
+from plandsl.lower.units import format_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 STDLIB = ROOT / "stdlib_plans"

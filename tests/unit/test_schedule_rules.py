@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from plandsl.analysis import analyze
+from plandsl.check.analysis import analyze
 from plandsl.schedules.registry import BUILTIN, microbatch_rule, microbatches_fit, nearest_fitting
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def torch_pipeline():
-    return pytest.importorskip("plandsl.runtime.pipeline")
+    return pytest.importorskip("plandsl.runtime.parallel.pipeline")
 
 
 def _torch_accepts(cls, single: bool, ranks: int, microbatches: int, virtual: int) -> bool:
@@ -89,7 +89,7 @@ def test_interleaved_needs_its_rounds_to_divide_m_not_a_multiple_of_pp(microbatc
 
 
 def test_generate_offers_the_schedules_check_accepts():
-    from plandsl.search_choices import PIN_ONLY, schedule_choices
+    from plandsl.search.choices import PIN_ONLY, schedule_choices
     for pp, m in [(4, 9), (4, 3), (4, 6), (8, 12), (2, 1)]:
         offered = {name for name, _ in schedule_choices(pp, m, 64, None, None)}
         for name, info in BUILTIN.items():

@@ -1,4 +1,4 @@
-"""Schedules written in the language: tables and templates -> the schedule IR (plandsl.schedules.template)."""
+"""Schedules written in the language: tables and templates -> the schedule IR (plandsl.lower.schedule_template)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from plandsl import api, syntax
 from plandsl.cli import main
 from plandsl.schedules.program import Action, Kind, parse_action
-from plandsl.schedules.template import expand, instantiate
+from plandsl.lower.schedule_template import expand, instantiate
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULES = ROOT / "stdlib_plans" / "schedules"
@@ -345,7 +345,7 @@ def test_actions_and_kinds():
 def test_with_the_lowering_scope():
     """Given the file's scope (as `plandsl check` would pass it), templates see its params, and tables
     get the spans of their cells even where the IR keeps no syntax."""
-    from plandsl.loader import Loader
+    from plandsl.syntax.loader import Loader
     from plandsl.lower import Lowering
     text = "param warm = 1\n" + TEMPLATE.replace("schedule t(", "schedule u(").replace(
         "min(p - r - 1, m)", "min(p - r - warm, m)") + "\n" + TABLE

@@ -8,7 +8,7 @@ import pytest
 from plandsl.schedules.program import Schedule, loop_map, parse_action
 from plandsl.diagnostics import describe_numbers as describe_microbatches
 from plandsl.schedules.validate import LIMIT, validate
-from plandsl.source import Span
+from plandsl.diagnostics.source import Span
 
 
 def schedule(*rows: str, microbatches: int = 2, virtual: int = 1, stage_to_rank=None) -> Schedule:

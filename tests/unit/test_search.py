@@ -7,10 +7,10 @@ import pytest
 from plandsl import api
 from plandsl.cost.compute import DEFAULT_EFFICIENCY
 from plandsl.cost.estimate import estimate_plan
-from plandsl.placement import assign_stages
+from plandsl.ir.placement import assign_stages
 from plandsl.search import Problem, SearchError, brute_force, parse_pins, search
-from plandsl.search_emit import Source, plan_text
-from plandsl.search_space import Space, partition_blocks, partition_layers
+from plandsl.search.emit import Source, plan_text
+from plandsl.search.space import Space, partition_blocks, partition_layers
 
 HARDWARE = """
 device gpu { memory = 16 GiB; bandwidth = 1000 GB/s; peak = { bf16: 200 TFLOP/s, fp32: 20 TFLOP/s } }
@@ -62,7 +62,7 @@ def test_branch_and_bound_finds_the_brute_force_optimum(model, cluster, batch, p
 
 def test_selective_op_leaves_out_what_cannot_run_it():
     """Split-backward schedules (the interpreter refuses them with selective_op, E703) and MoE (E704)."""
-    from plandsl.search_choices import SPLIT_BACKWARD
+    from plandsl.search.choices import SPLIT_BACKWARD
     found = search(problem("deep", "pair", 8), pins={"recompute": "selective_op", "pp": 2}, top=50)
     assert found.candidates and all(c.candidate.schedule not in SPLIT_BACKWARD for c in found.candidates)
     assert "selective_op" not in {c.candidate.recompute for c in search(problem("moe", "pair", 4), top=50).candidates}

@@ -10,7 +10,7 @@ from plandsl import api
 from plandsl.cli import main
 from plandsl.cost.estimate import estimate_plan
 from plandsl.diagnostics import PlanError
-from plandsl.search_from import read_partial
+from plandsl.search.partial import read_partial
 
 HEADER = '''# a partial plan: the layout is left to the search
 import "clusters/dgx_a100"

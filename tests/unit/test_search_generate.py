@@ -11,8 +11,8 @@ from plandsl import api
 from plandsl.cli import main
 from plandsl.cost.estimate import estimate_plan
 from plandsl.search import SearchError, search
-from plandsl.models import param_count
-from plandsl.search_emit import plan_text, resolve_problem
+from plandsl.ir.layers import param_count
+from plandsl.search.emit import plan_text, resolve_problem
 
 KEYS = {"degrees", "dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
         "virtual_stages", "zero_stage", "recompute", "step_time_s", "tokens_per_s", "tflops_per_device", "mfu",
@@ -141,7 +141,7 @@ def test_candidates_say_whether_plandsl_run_runs_them():
 def test_a_refused_winner_is_named_with_the_best_plan_that_runs(monkeypatch):
     """When the interpreter refuses #1, the why says so and names the first candidate that runs, or says
     that none does (every candidate pinned to chimera, E701)."""
-    from plandsl import search_emit
+    from plandsl.search import emit as search_emit
     real = search_emit.run_refusals
     monkeypatch.setattr(search_emit, "run_refusals",  # as if zero1 could not run: #1 is zero1, #2 zero2
                         lambda scored: ["E703: zero1 refused"] if scored.candidate.zero_stage == 1 else real(scored))

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from plandsl import api, syntax
-from plandsl.search_complete import HEADER, generate_from
-from plandsl.search_from import read_partial
+from plandsl.rewrite.complete import HEADER, generate_from
+from plandsl.search.partial import read_partial
 from tests.conftest import STDLIB
 
 EXAMPLES = sorted((STDLIB / "examples").glob("*.plan")) + sorted((STDLIB / "local").glob("*.plan"))
@@ -159,7 +159,7 @@ def test_none_is_a_decision_kept_as_a_degree_of_one(line, role, tmp_path):
 
 def test_plain_generate_writes_only_plans_that_check(monkeypatch):
     """The check before writing is in the code path: a text that does not check is a bug, reported."""
-    from plandsl import search_emit
+    from plandsl.search import emit as search_emit
     from plandsl.diagnostics import PlanError
     from plandsl.search import search
     problem, source = search_emit.resolve_problem("gpt(layers=8, hidden=1024, heads=16, seq=1024, vocab=51200)",

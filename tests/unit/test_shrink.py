@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from plandsl import api
 from plandsl.cli import main
-from plandsl.loader import include
-from plandsl.shrink import ShrinkError, shrink
+from plandsl.syntax.loader import include
+from plandsl.rewrite.shrink import ShrinkError, shrink
 from tests.conftest import STDLIB
 
 ROOT = STDLIB.parent
@@ -166,7 +166,7 @@ def test_context_and_sequence_parallelism_keep_tokens_on_every_rank():
     assert shrunk.plan.cp * shrunk.plan.tp == 4 and shrunk.plan.seq == 32
     text = (STDLIB / "examples" / "long_context.plan").read_text().replace("[dp = 2, cp = 4, tp = 8]",
                                                                             "[dp = 1, cp = 4, tp = 8]")
-    from plandsl.shrink import _seq
+    from plandsl.rewrite.shrink import _seq
     plan = api.loads(text, path=str(STDLIB / "examples" / "x.plan")).plans[0]
     assert _seq(plan, {"dp": 1, "cp": 4, "tp": 8}) == 128
 

@@ -39,7 +39,7 @@ def test_the_library_has_its_files():
 
 
 def test_stdlib_imports_resolve_to_this_tree():
-    from plandsl.loader import stdlib_files
+    from plandsl.syntax.loader import stdlib_files
     assert "clusters/dgx_h100" in stdlib_files()
     assert "models/llama3" in stdlib_files()
 
@@ -95,7 +95,7 @@ def test_examples_cover_the_features():
 
 def test_heterogeneous_example_gives_the_h100s_more_layers():
     from plandsl.check.memory import pipeline_rank_devices
-    from plandsl.placement import assign_stages
+    from plandsl.ir.placement import assign_stages
     (plan,) = api.load(STDLIB / "examples" / "heterogeneous.plan").plans
     devices = pipeline_rank_devices(plan)
     assert {d.name for d in devices[0]} == {"a100_80g"} and {d.name for d in devices[1]} == {"h100_80g"}
@@ -170,7 +170,7 @@ def validate_table(schedule, stages: int, microbatches: int) -> None:
 @pytest.mark.parametrize("path", [STDLIB / "local" / "pp_custom_schedule.plan",
                                   STDLIB / "examples" / "schedule_table.plan"], ids=_id)
 def test_table_schedules_are_valid_for_their_plan(path):
-    from plandsl.placement import assign_stages
+    from plandsl.ir.placement import assign_stages
     document = api.load(path)
     tables = {s.name: s for s in document.schedules if s.kind == "table"}
     (plan,) = document.plans

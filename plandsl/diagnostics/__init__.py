@@ -1,0 +1,177 @@
+"""Diagnostics: the one type every user-facing problem is reported as.
+
+A `Diagnostic` has a stable code (catalogued in `plandsl.diagnostics.codes`), a message that shows
+the numbers involved, a span, an optional hint and notes pointing at related spans. A hint
+that names one concrete change also carries it as `edits` (text replacements), so tools and
+tests can apply it: applied, the plan no longer has this problem (tests/unit/test_hints.py).
+`render` draws it the way compilers do; `PlanError` carries a list of them across the
+API boundary.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from plandsl.diagnostics.codes import CODES
+from plandsl.diagnostics.source import NO_SPAN, SourceFile, Span
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    message: str
+    span: Span | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Edit:
+    """Replace the text of `span` (its [start, end) offsets in `span.file`) by `text`."""
+    span: Span
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnostic:
+    code: str
+    message: str
+    span: Span = NO_SPAN
+    hint: str | None = None
+    notes: tuple[Note, ...] = ()
+    grid: str | None = None  # the step x rank grid of a schedule error, pre-rendered
+    edits: tuple[Edit, ...] = ()  # the hint as replacements, when it names one concrete change
+
+    @property
+    def severity(self) -> str:
+        return "warning" if self.code.startswith("W") else "error"
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity == "error"
+
+    def to_json(self) -> dict:
+        def where(span: Span | None) -> dict | None:
+            if span is None or span is NO_SPAN:
+                return None
+            return {"file": span.file, "line": span.line, "column": span.column,
+                    "end_line": span.end_line, "end_column": span.end_column}
+        return {
+            "code": self.code, "severity": self.severity, "message": self.message,
+            "location": where(self.span), "hint": self.hint,
+            "notes": [{"message": n.message, "location": where(n.span)} for n in self.notes],
+            "grid": self.grid,
+            "edits": [{"location": where(e.span), "text": e.text} for e in self.edits],
+        }
+
+
+def diag(code: str, message: str, span: Span | None = None, hint: str | None = None,
+         notes: Iterable[Note] = (), grid: str | None = None, edits: Iterable[Edit] = ()) -> Diagnostic:
+    """Build a diagnostic; the code must be registered in `plandsl.diagnostics.codes`."""
+    if code not in CODES:
+        raise KeyError(f"unregistered diagnostic code {code}")
+    return Diagnostic(code, message, span or NO_SPAN, hint, tuple(notes), grid, tuple(edits))
+
+
+def apply_edits(text: str, edits: Iterable[Edit]) -> str:
+    """`text` with every edit applied (edits must not overlap; later offsets first)."""
+    for edit in sorted(edits, key=lambda e: (e.span.start, e.span.end), reverse=True):
+        text = text[:edit.span.start] + edit.text + text[edit.span.end:]
+    return text
+
+
+class PlanError(ValueError):
+    """Raised at the API boundary when a plan has errors; `.diagnostics` has all of them."""
+
+    def __init__(self, diagnostics: Iterable[Diagnostic], sources: Mapping[str, SourceFile] | None = None):
+        self.diagnostics = tuple(diagnostics)
+        self.sources = dict(sources or {})
+        super().__init__(render_all(self.diagnostics, self.sources))
+
+
+def render(d: Diagnostic, sources: Mapping[str, SourceFile]) -> str:
+    lines = [f"{d.span}: {d.severity}[{d.code}]: {d.message}" if d.span is not NO_SPAN
+             else f"{d.severity}[{d.code}]: {d.message}"]
+    source = sources.get(d.span.file)
+    if source is not None:
+        lines += source.excerpt(d.span)
+    pad = " " * (len(str(d.span.line)) + 1)
+    if d.grid:
+        lines += [f"{pad}|"] + [f"{pad}| {row}" for row in d.grid.splitlines()]
+    if d.hint:
+        lines.append(f"{pad}= hint: {d.hint}")
+    for note in d.notes:
+        where = f" at {note.span}" if note.span and note.span is not NO_SPAN else ""
+        lines.append(f"{pad}= note: {note.message}{where}")
+    return "\n".join(lines)
+
+
+MAX_PER_FILE = 100
+
+
+def render_all(diagnostics: Iterable[Diagnostic], sources: Mapping[str, SourceFile],
+               limit: int = MAX_PER_FILE) -> str:
+    """Render diagnostics in order, at most `limit` per file, then say how many more."""
+    shown: dict[str, int] = {}
+    hidden: dict[str, int] = {}
+    parts = []
+    for d in diagnostics:
+        key = d.span.file
+        if shown.get(key, 0) >= limit:
+            hidden[key] = hidden.get(key, 0) + 1
+            continue
+        shown[key] = shown.get(key, 0) + 1
+        parts.append(render(d, sources))
+    for file, count in hidden.items():
+        parts.append(f"{file}: ... and {count} more problem{'s' if count > 1 else ''} not shown")
+    return "\n\n".join(parts)
+
+
+def to_json_lines(diagnostics: Iterable[Diagnostic]) -> str:
+    return "\n".join(json.dumps(d.to_json()) for d in diagnostics)
+
+
+def sort_key(d: Diagnostic) -> tuple:
+    return (d.span.file, d.span.line, d.span.column, d.code)
+
+
+def describe_numbers(values: Iterable[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0..2, 5, 7..8' (ranges in messages are inclusive)."""
+    ordered = sorted(set(values))
+    parts, i = [], 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}..{ordered[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def nearest(name: str, options: Iterable[str]) -> str | None:
+    """The option closest to `name` by edit distance, if it is close enough to suggest."""
+    import difflib
+    matches = difflib.get_close_matches(name, list(options), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def respell(name: str, options: Iterable[str], span: Span | None, at_end: bool = False,
+            to: str | None = None) -> tuple[Edit, ...]:
+    """The edit of `did_you_mean`: `name`, written at the start (or `at_end`) of `span`, replaced by
+    the closest option (or by `to`); () when none is close or the span is unknown."""
+    close = to or nearest(name, list(options))
+    if close is None or span is None or span is NO_SPAN or span.end - span.start < len(name):
+        return ()
+    start = span.end - len(name) if at_end else span.start
+    line, column = (span.end_line, span.end_column - len(name)) if at_end else (span.line, span.column)
+    return (Edit(Span(span.file, line, column, line, column + len(name), start, start + len(name)), close),)
+
+
+def did_you_mean(name: str, options: Iterable[str], what: str = "") -> str | None:
+    options = sorted(set(options))
+    close = nearest(name, options)
+    if close and len(options) <= 6:
+        return f"did you mean '{close}'? ({what or 'expected one of'}: {', '.join(options)})"
+    if close:
+        return f"did you mean '{close}'?"
+    if options and len(options) <= 12:
+        return f"{what or 'expected one of'}: {', '.join(options)}"
+    return None

@@ -1,0 +1,92 @@
+"""The registry of diagnostic codes: one entry per code, stable forever.
+
+E1xx syntax, E2xx names/types/units/imports (E22x model shapes), E3xx clusters and meshes, E4xx placement
+and sharding, E5xx training and memory, E6xx schedules, E7xx what `plandsl run` refuses
+(valid plans the interpreter cannot run), E8xx what `plandsl generate --from` cannot keep or
+`plandsl shrink` cannot do; W for warnings. The examples and fixes live in
+`plandsl/diagnostics/catalogue.py` (shown by `plandsl explain` and docs/errors.md).
+"""
+from __future__ import annotations
+
+CODES: dict[str, str] = {
+    # E1xx: the text is not a plan
+    "E101": "unexpected token",
+    "E102": "unexpected end of file",
+    "E103": "unterminated string",
+    "E104": "invalid character",
+    "E105": "file is not UTF-8 text",
+    "E106": "input too large or too deeply nested",
+    "E107": "not a regular file",
+    "E109": "file cannot be read",
+    # E2xx: names, types, units, imports
+    "E201": "unknown name",
+    "E202": "duplicate definition",
+    "E203": "wrong unit",
+    "E204": "unknown unit",
+    "E205": "wrong type of value",
+    "E206": "unknown attribute",
+    "E207": "missing attribute",
+    "E208": "import not found",
+    "E209": "import cycle",
+    "E210": "value not allowed here",
+    "E211": "bad arithmetic",
+    "E212": "unknown model family or argument",
+    "E213": "duplicate attribute",
+    "E214": "import outside the search path",
+    # E22x: model shapes (what the model's torch module needs to run)
+    "E220": "hidden size not divisible by attention heads",
+    "E221": "attention heads not divisible by key/value heads",
+    "E222": "odd head dimension under rotary embeddings",
+    "E223": "top_k outside 1 to experts",
+    "E224": "training sequence longer than the model's learned positions",
+    # E3xx: clusters and meshes
+    "E301": "mesh needs more devices than the cluster has",
+    "E302": "unknown mesh axis",
+    "E303": "axis used twice in one sharding",
+    "E304": "duplicate mesh axis",
+    "E305": "mesh axis size must be a positive integer",
+    "E306": "parallelism needs a mesh axis",
+    "E307": "mesh axis used by two parallelisms",
+    # E4xx: placement and sharding
+    "E401": "layer placed on two stages",
+    "E402": "layer not placed on any stage",
+    "E403": "empty pipeline stage",
+    "E404": "stage count does not match the pipeline axis",
+    "E405": "selector matches no layer",
+    "E406": "dimension not divisible by the axes it is sharded over",
+    "E407": "conflicting shard rules",
+    "E408": "invalid placement",
+    "E409": "invalid stage-to-rank map",
+    "E410": "layers out of order across stages",
+    "E411": "expert parallel on a model without experts",
+    # E5xx: training, batch, memory
+    "E501": "global batch not divisible by data parallel size x micro-batch",
+    "E502": "too few microbatches for the schedule",
+    "E503": "estimated memory exceeds the device",
+    "E504": "precision not supported by the device",
+    "E505": "count above plandsl's limit",
+    # E6xx: schedules
+    "E601": "unknown schedule",
+    "E602": "action refers to a stage or microbatch that does not exist",
+    "E603": "missing action",
+    "E604": "duplicated action",
+    "E605": "action before the action it depends on",
+    "E606": "schedule deadlocks",
+    "E607": "stage on more than one rank",
+    "E608": "schedule template error",
+    "E609": "schedule too large to lay out",
+    # E7xx: what `plandsl run` cannot run (the plan is valid; the interpreter refuses it)
+    "E701": "schedule the interpreter cannot run",
+    "E702": "parallelism the backend cannot run",
+    "E703": "parallelisms the interpreter cannot combine",
+    "E704": "model with no torch module to run",
+    "E705": "shard rule the interpreter cannot run",
+    # E8xx: what `plandsl generate --from` cannot keep, or `plandsl shrink` cannot do
+    "E801": "decision the search cannot keep",
+    "E802": "plan that cannot be scaled down",
+    "E803": "no plan keeps the partial plan's decisions",
+    # warnings
+    "W201": "unused definition or parameter",
+    "W301": "mesh uses only part of the cluster",
+    "W302": "tensor parallel axis spans nodes",
+}

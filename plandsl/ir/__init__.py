@@ -1,0 +1,387 @@
+"""The authored plan as typed, frozen data: what `plandsl show --json` prints.
+
+Produced by `plandsl.lower` from the syntax tree once imports and parameters are
+applied. Units are SI base units (bytes, seconds, FLOP/s, bytes/s). Every node keeps
+the span it came from, out of dumps and schema, so round trips compare `model_dump()`.
+Local invariants live in validators here; anything needing the whole plan is a check.
+"""
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
+
+from plandsl.diagnostics.limits import MAX_MESH_DEVICES, MAX_NODES, MAX_STAGES  # noqa: F401 - bounds on the IR, in limits.py
+from plandsl.diagnostics.source import Span
+
+IR_VERSION = 1
+
+
+class Node(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    span: SkipJsonSchema[Optional[Span]] = Field(default=None, exclude=True, repr=False)
+    field_spans: SkipJsonSchema[dict[str, Span]] = Field(default_factory=dict, exclude=True, repr=False)
+
+    def span_of(self, name: str) -> Optional[Span]:
+        """Where field `name` was written, else where the node was."""
+        return self.field_spans.get(name, self.span)
+
+
+class Precision(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+    @property
+    def bytes(self) -> int:
+        return 4 if self is Precision.fp32 else 2
+
+
+class Recompute(str, Enum):
+    """Activation recomputation of transformer blocks: `selective` reruns the attention core
+    (Korthikanti et al. 2022); `selective_op` keeps every other matmul's output and the attention
+    core's and reruns the rest (torchtitan's op-level selective checkpointing); `full` keeps only
+    each block's input."""
+    none = "none"
+    selective = "selective"
+    selective_op = "selective_op"
+    full = "full"
+
+
+class Optimizer(str, Enum):
+    adam = "adam"
+    sgd = "sgd"
+
+
+# ---- hardware -------------------------------------------------------------------------
+class Link(Node):
+    bandwidth: float = Field(gt=0, description="bytes/s, each direction")
+    latency: float = Field(ge=0, description="seconds")
+
+
+class DeviceEfficiency(Node):
+    """The GEMM model's two knobs (`cost.compute`): a GEMM takes 2mnk / (matmul · peak) +
+    bytes / bandwidth + kernel_latency. The defaults are the fit on Megatron-LM's A100 runs
+    (docs/validation.md)."""
+    matmul: float = Field(default=0.57, gt=0, le=1, description="fraction of the peak a large GEMM's FLOPs run at")
+    kernel_latency: float = Field(default=60e-6, ge=0, description="seconds per GEMM kernel")
+
+
+class DeviceType(Node):
+    name: str
+    memory: float = Field(gt=0, description="bytes")
+    bandwidth: float = Field(gt=0, description="memory bandwidth, bytes/s")
+    peak: dict[Precision, float] = Field(description="peak dense FLOP/s per precision")
+    efficiency: Optional[DeviceEfficiency] = Field(
+        default=None, description="the GEMM model's knobs; None: the fitted defaults (DeviceEfficiency())")
+
+
+class NodeType(Node):
+    name: str
+    device: DeviceType
+    devices: int = Field(gt=0, le=1024, description="devices per node")
+    link: Link = Field(description="intra-node link, per device")
+    nic: Optional[Link] = Field(default=None, description="inter-node injection, per node")
+
+
+class NodeGroup(Node):
+    node: NodeType
+    count: int = Field(gt=0, le=MAX_NODES)
+
+
+class Cluster(Node):
+    name: str
+    groups: tuple[NodeGroup, ...]
+    fabric: Optional[Link] = Field(default=None, description="inter-node fabric, per node")
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(g.count for g in self.groups)
+
+    @property
+    def num_devices(self) -> int:
+        return sum(g.count * g.node.devices for g in self.groups)
+
+    @property
+    def heterogeneous(self) -> bool:
+        return len({g.node.device.name for g in self.groups}) > 1
+
+    def devices_in_order(self) -> list[DeviceType]:
+        """Device type of each global device index (node-major)."""
+        return [g.node.device for g in self.groups for _ in range(g.count * g.node.devices)]
+
+
+# ---- models ---------------------------------------------------------------------------
+class TransformerModel(Node):
+    """A decoder-only transformer: `gpt(...)` (MHA, GELU MLP 4h) or `llama(...)` (GQA, SwiGLU)."""
+    kind: Literal["gpt", "llama"]
+    name: str
+    layers: int = Field(gt=0, le=100_000)
+    hidden: int = Field(gt=0)
+    heads: int = Field(gt=0)
+    kv_heads: int = Field(gt=0, description="key/value heads (GQA); = heads for MHA")
+    ffn_hidden: int = Field(gt=0)
+    seq: int = Field(gt=0, description="sequence length")
+    vocab: int = Field(gt=0)
+    experts: int = Field(default=0, ge=0, description="0 for a dense model")
+    top_k: int = Field(default=0, ge=0)
+    tied_embeddings: bool = False
+
+
+class MLPModel(Node):
+    kind: Literal["mlp"]
+    name: str
+    layers: int = Field(gt=0, le=100_000)
+    hidden: int = Field(gt=0)
+    input: int = Field(gt=0)
+    output: int = Field(gt=0)
+
+
+class CustomLayer(Node):
+    name: str
+    params: int = Field(ge=0, description="parameter count")
+    flops: float = Field(ge=0, description="forward FLOPs per token")
+    activations: float = Field(ge=0, description="bytes of activations kept for backward, per token")
+    output: int = Field(ge=0, description="width of the output per token (elements), sent between stages")
+
+
+class CustomModel(Node):
+    kind: Literal["custom"]
+    name: str
+    layers: tuple[CustomLayer, ...]
+    seq: int = Field(default=1, gt=0)
+    factory: Optional[str] = Field(default=None, description="'package.module:function' that builds the torch module")
+    factory_args: dict[str, Union[int, float, str, bool]] = Field(default_factory=dict)
+
+
+Model = Annotated[Union[TransformerModel, MLPModel, CustomModel], Field(discriminator="kind")]
+
+
+# ---- layout ---------------------------------------------------------------------------
+class Axis(Node):
+    name: str
+    size: int = Field(gt=0)
+
+
+class Mesh(Node):
+    """Named axes, outermost first: the last axis varies fastest over device indices.
+
+    The mesh covers devices `first_device .. first_device + size` of the cluster (node-major
+    order); `part` is True when the plan chose that range (`over devices[0:16]`).
+    """
+    axes: tuple[Axis, ...]
+    first_device: int = Field(default=0, ge=0, le=MAX_NODES * 1024)
+    part: Optional[int] = Field(default=None, description="devices claimed by `over devices[a:b]` / `over nodes[a:b]`")
+
+    @property
+    def size(self) -> int:
+        total = 1
+        for axis in self.axes:
+            total *= axis.size
+        return total
+
+    def axis(self, name: str) -> Axis | None:
+        return next((a for a in self.axes if a.name == name), None)
+
+    def degree(self, name: str | None) -> int:
+        axis = self.axis(name) if name else None
+        return axis.size if axis else 1
+
+
+class Training(Node):
+    global_batch: int = Field(gt=0, description="sequences per optimizer step")
+    micro_batch: int = Field(default=1, gt=0, description="sequences per microbatch per data-parallel rank")
+    seq: Optional[int] = Field(default=None, gt=0, description="sequence length; default: the model's")
+    precision: Precision = Precision.bf16
+    recompute: Recompute = Recompute.none
+    optimizer: Optimizer = Optimizer.adam
+    lr: float = Field(default=3e-4, gt=0)
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    warmup_steps: int = Field(default=0, ge=0)
+    grad_clip: Optional[float] = Field(default=1.0, gt=0)
+    seed: int = 0
+
+
+class DataParallel(Node):
+    """How parameters, gradients and optimizer states are kept across the data axes."""
+    kind: Literal["replicate", "zero1", "zero2", "zero3", "hsdp"]
+    axes: tuple[str, ...]
+
+    @property
+    def zero_stage(self) -> int:
+        return {"replicate": 0, "zero1": 1, "zero2": 2, "zero3": 3, "hsdp": 3}[self.kind]
+
+
+class TensorParallel(Node):
+    style: Literal["megatron"] = "megatron"
+    axis: str
+    sequence_parallel: bool = False
+
+
+class ContextParallel(Node):
+    kind: Literal["ring", "allgather"] = "allgather"
+    axis: str
+
+
+class ExpertParallel(Node):
+    kind: Literal["alltoall"] = "alltoall"
+    axis: str
+
+
+class SelectorPart(Node):
+    kind: Literal["name", "range", "any"]
+    name: Optional[str] = None
+    lo: Optional[int] = None
+    hi: Optional[int] = None
+
+
+class Selector(Node):
+    """A layer or module pattern: `embed`, `layers[0:8]`, `layers.*.mlp.w1`."""
+    text: str
+    parts: tuple[SelectorPart, ...]
+
+
+class StageGroup(Node):
+    """Stages `first..last+1` together hold the layers matched by `selectors`, split evenly."""
+    stages: tuple[int, ...]
+    selectors: tuple[Selector, ...]
+
+
+class Stages(Node):
+    axis: str = "pp"
+    mode: Literal["evenly", "explicit"] = "evenly"
+    virtual: int = Field(default=1, gt=0, le=1024, description="stages per pipeline rank")
+    rank_map: Union[Literal["loop", "vshape"], tuple[int, ...]] = "loop"
+    groups: tuple[StageGroup, ...] = ()
+
+
+class Placement(Node):
+    """One mesh axis of a DTensor placement: Shard(dim) @ axis, Replicate @ axis, Partial @ axis."""
+    kind: Literal["shard", "replicate", "partial"]
+    axis: str
+    dim: Optional[int] = None
+
+
+class ParamRule(Node):
+    param: str  # `weight`, `bias`, or `*`
+    placements: tuple[Placement, ...]
+
+
+class ShardRule(Node):
+    target: Selector
+    style: Optional[Literal["colwise", "rowwise", "sequence", "replicate"]] = None
+    axis: Optional[str] = None
+    params: tuple[ParamRule, ...] = ()
+
+
+
+
+class ScheduleDef(Node):
+    """A schedule written in the language: a table for one size or a template."""
+    name: str
+    kind: Literal["table", "template"]
+    sizes: dict[str, int] = Field(default_factory=dict, description="table: ranks, microbatches, ...")
+    variables: dict[str, str] = Field(default_factory=dict, description="template: variable -> dimension")
+    rows: tuple[tuple[str, ...], ...] = Field(default=(), description="table: actions per rank, '_' idle")
+    source: str = Field(default="", description="template: its text")
+    syntax: SkipJsonSchema[Optional[Any]] = Field(default=None, exclude=True, repr=False)
+    scope: SkipJsonSchema[Optional[Any]] = Field(default=None, exclude=True, repr=False,
+                                                description="the file scope its template evaluates in")
+
+
+class ScheduleRef(Node):
+    """The plan's schedule: a built-in by name, or a schedule written in the language."""
+    name: str
+    options: dict[str, Union[int, float, str, bool]] = Field(default_factory=dict)
+    definition: Optional[ScheduleDef] = Field(default=None, description="a written schedule; None for built-ins")
+
+
+class Plan(Node):
+    name: str
+    model: Model
+    cluster: Cluster
+    mesh: Mesh
+    train: Training
+    data: Optional[DataParallel] = None
+    tensor: Optional[TensorParallel] = None
+    context: Optional[ContextParallel] = None
+    experts: Optional[ExpertParallel] = None
+    stages: Optional[Stages] = None
+    schedule: Optional[ScheduleRef] = None
+    shard: tuple[ShardRule, ...] = ()
+
+    @property
+    def seq(self) -> int:
+        return self.train.seq or getattr(self.model, "seq", 1)
+
+    def batch_axes(self) -> tuple[str, ...]:
+        """Axes over which the global batch is split: data axes, then the expert axis."""
+        axes = tuple(self.data.axes) if self.data else ()
+        if self.experts and self.experts.axis not in axes:
+            axes += (self.experts.axis,)
+        return axes
+
+    def axis_roles(self) -> dict[str, str]:
+        """Mesh axis -> the parallelism it carries: "tp", "pp", "cp", "ep" or "dp" (an expert axis that is
+        also a data axis is "ep"). Axes only shard rules use, and unused ones, are left out."""
+        roles: dict[str, str] = {}
+        if self.tensor is not None:
+            roles[self.tensor.axis] = "tp"
+        if self.stages is not None:
+            roles[self.stages.axis] = "pp"
+        if self.context is not None:
+            roles[self.context.axis] = "cp"
+        if self.experts is not None:
+            roles.setdefault(self.experts.axis, "ep")
+        for axis in self.data.axes if self.data is not None else ():
+            roles.setdefault(axis, "dp")
+        return roles
+
+    def reduce_axes(self) -> tuple[str, ...]:
+        """The axes whose ranks hold the same parameters and different tokens: the batch axes and the
+        context axis (which splits each sequence). Gradients and the loss are averaged over them, and
+        ZeRO shards over them."""
+        context = (self.context.axis,) if self.context is not None and self.cp > 1 else ()
+        return self.batch_axes() + tuple(axis for axis in context if axis not in self.batch_axes())
+
+    @property
+    def dp(self) -> int:
+        total = 1
+        for name in self.batch_axes():
+            total *= self.mesh.degree(name)
+        return total
+
+    @property
+    def pp(self) -> int:
+        return self.mesh.degree(self.stages.axis) if self.stages else 1
+
+    @property
+    def tp(self) -> int:
+        return self.mesh.degree(self.tensor.axis) if self.tensor else 1
+
+    @property
+    def cp(self) -> int:
+        return self.mesh.degree(self.context.axis) if self.context else 1
+
+    @property
+    def ep(self) -> int:
+        return self.mesh.degree(self.experts.axis) if self.experts else 1
+
+    @property
+    def num_microbatches(self) -> int:
+        return max(1, self.train.global_batch // max(1, self.dp * self.train.micro_batch))
+
+
+class Document(Node):
+    """Everything one .plan file defines, resolved (imports and parameters applied)."""
+    version: int = IR_VERSION
+    file: str
+    params: dict[str, Union[int, float, str, bool]] = Field(default_factory=dict)
+    devices: tuple[DeviceType, ...] = ()
+    nodes: tuple[NodeType, ...] = ()
+    clusters: tuple[Cluster, ...] = ()
+    models: tuple[Model, ...] = ()
+    schedules: tuple[ScheduleDef, ...] = ()
+    plans: tuple[Plan, ...] = ()

@@ -1,0 +1,317 @@
+"""Plan -> which layers each pipeline stage holds and which rank runs each stage.
+
+`assign_stages` implements the placement semantics of the language: `evenly` splits the
+transformer blocks over pp x virtual stages (embedding on the first, final norm and head
+on the last); an explicit `stages { ... }` block places layers by name, range or glob.
+Problems come back as diagnostics (E401-E404, E409, E410), never as exceptions.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from plandsl import ir
+from plandsl.diagnostics import Diagnostic, Edit, Note, describe_numbers, diag
+from plandsl.ir.layers import Layer, layers_of
+from plandsl.diagnostics.source import Span
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    stage_layers: tuple[tuple[Layer, ...], ...]   # stage index -> its layers, in model order
+    rank_of_stage: tuple[int, ...]                # stage index -> pipeline rank
+    virtual: int
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_layers)
+
+    def rank_stages(self) -> tuple[tuple[int, ...], ...]:
+        """Pipeline rank -> its stages, in stage order."""
+        ranks = max(self.rank_of_stage, default=-1) + 1
+        return tuple(tuple(s for s, r in enumerate(self.rank_of_stage) if r == rank) for rank in range(ranks))
+
+
+def matches(selector: ir.Selector, name: str, prefix: bool = False) -> bool:
+    """Does `selector` match the dotted `name` (or, with `prefix`, a module under it)?"""
+    return _match_components(selector.parts, name.split("."), prefix)
+
+
+def _match_components(parts, components: list[str], prefix: bool) -> bool:
+    if len(components) < len(parts) or (not prefix and len(components) != len(parts)):
+        return False
+    for part, component in zip(parts, components):
+        if part.kind == "any":
+            continue
+        if part.kind == "name":
+            if part.name != component:
+                return False
+        else:
+            if not component.isdigit():
+                return False
+            index = int(component)
+            if index < part.lo or (part.hi is not None and index >= part.hi):
+                return False
+    return True
+
+
+class NameIndex:
+    """Dotted names (layers or modules) in order, for fast selector lookups."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.position = {name: i for i, name in enumerate(names)}
+        self._sorted: list[tuple[str, int]] | None = None
+        self._keys: list[str] = []
+
+    def select(self, selector: ir.Selector, prefix: bool = False) -> list[int]:
+        """Positions of the names `selector` matches, in order."""
+        parts = selector.parts
+        if not prefix and all(p.kind == "name" for p in parts):
+            found = self.position.get(".".join(p.name for p in parts))
+            return [] if found is None else [found]
+        last = parts[-1]
+        if not prefix and last.kind == "range" and last.hi is not None and all(p.kind == "name" for p in parts[:-1]):
+            head = ".".join(p.name for p in parts[:-1])
+            hits = (self.position.get(f"{head}.{i}" if head else str(i)) for i in range(last.lo, last.hi))
+            return sorted(h for h in hits if h is not None)
+        candidates = self._candidates(parts)
+        return [i for i in candidates if _match_components(parts, self.names[i].split("."), prefix)]
+
+    def _candidates(self, parts) -> list[int]:
+        """Positions of names that start with the selector's literal head (names and closed ranges)."""
+        heads = [""]
+        for part in parts:
+            if part.kind == "name":
+                heads = [f"{h}.{part.name}" if h else part.name for h in heads]
+            elif part.kind == "range" and part.hi is not None and len(heads) * (part.hi - part.lo) <= 100_000:
+                heads = [f"{h}.{i}" if h else str(i) for h in heads for i in range(part.lo, part.hi)]
+            else:
+                break
+        if heads == [""]:
+            return list(range(len(self.names)))
+        if self._sorted is None:
+            self._sorted = sorted((name, i) for i, name in enumerate(self.names))
+            self._keys = [name for name, _ in self._sorted]
+        found: list[int] = []
+        for head in heads:
+            start = bisect.bisect_left(self._keys, head)
+            for name, i in self._sorted[start:]:
+                if name != head and not name.startswith(head + "."):
+                    if not name.startswith(head):
+                        break
+                    continue
+                found.append(i)
+        return sorted(found)
+
+
+def precision(selector: ir.Selector) -> int:
+    """How precisely a selector names things: exact 3, ranges 2, globs 1."""
+    kinds = {p.kind for p in selector.parts}
+    return 1 if "any" in kinds else 2 if "range" in kinds else 3
+
+
+def split_evenly(items: list, parts: int) -> list[list]:
+    """Contiguous split; the first `len % parts` pieces get one more item."""
+    base, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for index in range(parts):
+        size = base + (1 if index < extra else 0)
+        out.append(items[start:start + size])
+        start += size
+    return out
+
+
+def rank_map(stages: ir.Stages, pp: int) -> tuple[tuple[int, ...], list[Diagnostic]]:
+    count = pp * stages.virtual
+    if stages.rank_map == "loop":
+        return tuple(s % pp for s in range(count)), []
+    if stages.rank_map == "vshape":
+        if stages.virtual != 2:
+            return (), [diag("E409", f"a V-shape map needs exactly 2 stages per rank, found virtual = {stages.virtual}",
+                             stages.span, hint="set `virtual = 2` or use `map = loop`")]
+        return tuple(s if s < pp else 2 * pp - 1 - s for s in range(count)), []
+    mapping = tuple(stages.rank_map)
+    problems = []
+    if len(mapping) != count:
+        problems.append(f"it lists {len(mapping)} stages, but pp({pp}) x virtual({stages.virtual}) = {count}")
+    bad = sorted({r for r in mapping if r >= pp})
+    if bad:
+        problems.append(f"rank(s) {', '.join(map(str, bad))} do not exist with pp = {pp}")
+    if not bad and len(mapping) == count:
+        wrong = [f"rank {rank} runs {mapping.count(rank)}" for rank in range(pp) if mapping.count(rank) != stages.virtual]
+        if wrong:
+            problems.append(f"{', '.join(wrong)} (each must run virtual = {stages.virtual} stage"
+                            f"{'s' if stages.virtual > 1 else ''})")
+    if problems:
+        return (), [diag("E409", "invalid stage-to-rank map: " + "; ".join(problems), stages.span,
+                         hint="each rank must run exactly `virtual` stages, e.g. V-shape [0, 1, 1, 0] for pp = 2")]
+    return mapping, []
+
+
+def assign_stages(plan: ir.Plan) -> tuple[Assignment | None, list[Diagnostic]]:
+    layers = list(layers_of(plan.model))
+    stages = plan.stages
+    if stages is None:
+        return Assignment((tuple(layers),), (0,), 1), []
+    pp = plan.pp
+    mapping, problems = rank_map(stages, pp)
+    count = pp * stages.virtual
+    if stages.mode == "evenly":
+        split, more = _evenly(plan, layers, count)
+    else:
+        split, more = _explicit(plan, layers, count)
+    problems += more
+    if problems or split is None:
+        return None, problems
+    return Assignment(tuple(tuple(s) for s in split), mapping, stages.virtual), []
+
+
+def _evenly(plan: ir.Plan, layers: list[Layer], count: int):
+    blocks = [layer for layer in layers if layer.kind == "block"] or layers
+    if len(blocks) < count:
+        pp, v = plan.pp, plan.stages.virtual
+        return None, [diag("E403", f"{count} stages (pp({pp}) x virtual({v})) but only {len(blocks)} layers to "
+                           "split: some stages would be empty", plan.stages.span,
+                           hint=f"use at most {len(blocks)} stages")]
+    split = split_evenly(blocks, count)
+    if len(blocks) != len(layers):
+        first = [layer for layer in layers if layer.kind == "embed"]
+        last = [layer for layer in layers if layer.kind in ("norm", "head")]
+        split[0] = first + split[0]
+        split[-1] = split[-1] + last
+    return split, []
+
+
+def _explicit(plan: ir.Plan, layers: list[Layer], count: int):
+    stages = plan.stages
+    problems: list[Diagnostic] = []
+    owner: dict[str, tuple[int, ir.Selector]] = {}
+    by_stage: dict[int, list[int]] = {}
+    declared = 0
+    index = NameIndex([layer.name for layer in layers])
+    group_of: dict[str, ir.StageGroup] = {}
+    for group in stages.groups:
+        declared = max(declared, max(group.stages) + 1)
+        chosen: list[int] = []
+        for selector in group.selectors:
+            # `layers` alone names the container: every layer under it
+            hits = index.select(selector) or index.select(selector, prefix=True)
+            if not hits:
+                problems.append(diag("E405", f"'{selector.text}' matches no layer of model '{plan.model.name}'",
+                                     selector.span, hint=_layer_summary(layers)))
+                continue
+            for i in hits:
+                name = layers[i].name
+                if name in owner:
+                    first_stage, first = owner[name]
+                    problems.append(diag("E401", f"layer '{name}' is placed on stage {first_stage} and again on "
+                                         f"stage {group.stages[0]}", selector.span,
+                                         notes=[Note(f"first placed by '{first.text}'", first.span)]))
+                    continue
+                owner[name] = (group.stages[0], selector)
+                group_of[name] = group
+                chosen.append(i)
+        chosen.sort()
+        for stage, part in zip(group.stages, split_evenly(chosen, len(group.stages))):
+            by_stage.setdefault(stage, []).extend(part)
+    if declared > len(layers):
+        return None, problems + [diag("E403", f"the stages block declares {declared:,} stages for {len(layers):,} "
+                                      "layers: some stages would be empty", stages.span,
+                                      hint=f"declare at most {len(layers)} stages")]
+    if declared != count:
+        problems.append(diag("E404", f"the stages block declares {declared} stages, but pp({plan.pp}) x "
+                             f"virtual({stages.virtual}) = {count}", stages.span,
+                             hint=f"declare stages 0..{count}" + (
+                                 f", or set '{stages.axis}' to {declared // stages.virtual}" if declared % stages.virtual
+                                 == 0 else "") + " (the axis size x virtual is the stage count)"))
+    missing = [layer.name for layer in layers if layer.name not in owner]
+    unmatched = any(d.code == "E405" for d in problems)  # those layers are missing because of it
+    if missing and not unmatched:
+        edits = _placing_edits(layers, group_of)
+        where = "; ".join(f"`{_stage_label(group)}: ..., {names}`" for group, names in edits)
+        problems.append(diag("E402", f"{len(missing)} layer(s) are on no stage: {compress_names(missing)}", stages.span,
+                             hint=f"add them beside their neighbours: {where}",
+                             edits=[Edit(_end_of(group.selectors[-1].span), f", {names}") for group, names in edits
+                                    if group.selectors and group.selectors[-1].span is not None]))
+    empty = [stage for stage in range(declared) if not by_stage.get(stage)]
+    if empty:
+        shown = describe_numbers(empty)
+        problems.append(diag("E403", f"stage{'s' if len(empty) > 1 else ''} {shown} hold{'' if len(empty) > 1 else 's'} "
+                             "no layer", _stage_span(stages, empty[0]),
+                             hint=f"give {'them' if len(empty) > 1 else 'it'} layers, or declare fewer stages"))
+    order = [sorted(by_stage.get(s, [])) for s in range(declared)]
+    flat = [i for stage in order for i in stage]
+    if not problems and flat != sorted(flat):
+        stage = next(s for s in range(1, declared) if order[s] and order[s - 1] and order[s][0] < order[s - 1][-1])
+        problems.append(diag("E410", f"stage {stage} holds '{layers[order[stage][0]].name}', which comes before "
+                             f"'{layers[order[stage - 1][-1]].name}' of stage {stage - 1}: activations only flow "
+                             "forward through the stages", _stage_span(stages, stage),
+                             hint="give each stage the layers that follow those of the stage before"))
+    if problems:
+        return None, problems
+    return [[layers[i] for i in order[s]] for s in range(declared)], []
+
+
+def _placing_edits(layers: list[Layer], group_of: dict[str, ir.StageGroup]) -> list[tuple[ir.StageGroup, str]]:
+    """Where each unplaced layer can go without breaking the order of the stages: the group that
+    holds the nearest placed layer before it (or after it, for leading layers)."""
+    placed = [i for i, layer in enumerate(layers) if layer.name in group_of]
+    if not placed:
+        return []
+    targets: dict[int, tuple[ir.StageGroup, list[str]]] = {}
+    for i, layer in enumerate(layers):
+        if layer.name in group_of:
+            continue
+        before = [j for j in placed if j < i]
+        group = group_of[layers[before[-1] if before else placed[0]].name]
+        targets.setdefault(id(group), (group, []))[1].append(layer.name)
+    return [(group, compress_names(names, limit=None)) for group, names in targets.values()]
+
+
+def _stage_label(group: ir.StageGroup) -> str:
+    first, last = group.stages[0], group.stages[-1]
+    return str(first) if first == last else f"{first}..{last + 1}"
+
+
+def _end_of(span: Span) -> Span:
+    return Span(span.file, span.end_line, span.end_column, span.end_line, span.end_column, span.end, span.end)
+
+
+def _stage_span(stages: ir.Stages, stage: int):
+    for group in stages.groups:
+        if stage in group.stages:
+            return group.span
+    return stages.span
+
+
+def compress_names(names: list[str], limit: int | None = 8) -> str:
+    """layers.3, layers.4, layers.5, head -> layers[3:6], head."""
+    out: list[str] = []
+    run: list[int] = []
+    prefix = None
+
+    def flush():
+        if run:
+            out.append(f"{prefix}.{run[0]}" if len(run) == 1 else f"{prefix}[{run[0]}:{run[-1] + 1}]")
+            run.clear()
+
+    for name in names:
+        head, _, tail = name.rpartition(".")
+        if tail.isdigit() and head == prefix and run and int(tail) == run[-1] + 1:
+            run.append(int(tail))
+        elif tail.isdigit():
+            flush()
+            prefix, run[:] = head, [int(tail)]
+        else:
+            flush()
+            prefix = None
+            out.append(name)
+    flush()
+    if limit is None or len(out) <= limit:
+        return ", ".join(out)
+    return ", ".join(out[:limit]) + ", ..."
+
+
+def _layer_summary(layers: list[Layer]) -> str:
+    return "its layers: " + compress_names([layer.name for layer in layers])

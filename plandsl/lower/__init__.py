@@ -1,0 +1,302 @@
+"""Syntax trees of loaded files -> the typed IR (`plandsl.ir.Document`), E2xx diagnostics.
+
+One `Scope` per file; definitions are lowered on first use and memoised, so a plan can
+use a cluster defined three imports away. Problems are collected, never raised: a value
+that fails is reported once and poisons only what depends on it, not its neighbours.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from plandsl import ir
+from plandsl import syntax as s
+from plandsl.diagnostics import Note, did_you_mean, respell
+from plandsl.lower.evaluate import Poison, Rep, Reporter, Scope, Word
+from plandsl.syntax.loader import Loaded
+from plandsl.lower.plan import lower_plan
+from plandsl.lower.units import BANDWIDTH, BYTES, FLOPS, TIME
+
+PRECISIONS = tuple(p.value for p in ir.Precision)
+
+
+def attributes(scope: Scope, body: tuple, allowed: dict[str, bool], what: str) -> dict[str, s.Attr]:
+    """The attributes of a body by name; reports unknown (E206), duplicate (E213), missing (E207).
+
+    `allowed` maps each attribute name to whether it is required.
+    """
+    found: dict[str, s.Attr] = {}
+    for stmt in body:
+        if not isinstance(stmt, s.Attr):
+            continue
+        if stmt.name not in allowed:
+            scope.reporter.error("E206", f"{what} has no attribute '{stmt.name}'", stmt.name_span,
+                                 hint=did_you_mean(stmt.name, allowed, f"attributes of {what}"),
+                                 edits=respell(stmt.name, allowed, stmt.name_span))
+        elif stmt.name in found:
+            scope.reporter.error("E213", f"'{stmt.name}' is set twice", stmt.name_span,
+                                 notes=[Note("first set", found[stmt.name].name_span)])
+        else:
+            found[stmt.name] = stmt
+    return found
+
+
+def require(scope: Scope, found: dict[str, s.Attr], allowed: dict[str, bool], what: str, span) -> bool:
+    missing = [name for name, required in allowed.items() if required and name not in found]
+    for name in missing:
+        scope.reporter.error("E207", f"{what} is missing '{name}'", span,
+                             hint=f"add `{name} = ...` to its body")
+    return not missing
+
+
+def dict_items(scope: Scope, expr: s.Expr, allowed: dict[str, bool], what: str) -> dict[str, s.DictItem]:
+    expr, scope_ = scope.deref(expr)
+    if isinstance(expr, s.Name) and expr.id not in scope_.locals and scope_.find(expr.id) is None:
+        raise scope_.unknown(Word(expr.id, expr.span))  # `train = tiny_train` without its import
+    if isinstance(expr, s.BinOp) and expr.op == "-":
+        scope_.dashed(expr)  # `train = tiny-train`: E201 naming `tiny_train`
+    if not isinstance(expr, s.DictExpr):
+        raise scope.reporter.error("E205", f"{what} takes `{{ key: value, ... }}`", expr.span)
+    found: dict[str, s.DictItem] = {}
+    respelled: set[str] = set()  # keys a misspelling stands for: not reported missing as well
+    for item in expr.items:
+        if item.key not in allowed:
+            edits = respell(item.key, allowed, item.key_span)
+            respelled.update(edit.text for edit in edits)
+            scope.reporter.error("E206", f"{what} has no key '{item.key}'", item.key_span,
+                                 hint=did_you_mean(item.key, allowed, f"keys of {what}"), edits=edits)
+        elif item.key in found:
+            scope.reporter.error("E213", f"'{item.key}' is given twice", item.key_span,
+                                 notes=[Note("first given", found[item.key].key_span)])
+        else:
+            found[item.key] = item
+    missing = [k for k, required in allowed.items() if required and k not in found]
+    if missing and set(missing) <= respelled:
+        raise Poison()  # reported as the misspelled key
+    missing = [k for k in missing if k not in respelled]
+    if missing:
+        raise scope.reporter.error("E207", f"{what} is missing {', '.join(repr(m) for m in missing)}", expr.span,
+                                   hint=f"add {', '.join(f'{m}: ...' for m in missing)}")
+    return found
+
+
+def build(scope: Scope, cls, span, /, **fields):
+    """Construct an IR node; a validator's complaint becomes E205 at `span`."""
+    try:
+        return cls(span=span, **fields)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise scope.reporter.error("E205", f"{where}: {first['msg'].lower()}", span) from None
+
+
+class Lowering:
+    """Lowers every loaded file; `document(root)` gives the root file's IR."""
+
+    def __init__(self, modules: dict[str, Loaded], param_overrides: dict[str, Any] | None = None):
+        self.reporter = Reporter()
+        self.scopes: dict[str, Scope] = {}
+        self.memo: dict[tuple[str, str], Any] = {}
+        self.in_progress: set[tuple[str, str]] = set()
+        for key, loaded in modules.items():
+            self.scopes[key] = self._scope(loaded)
+        for key, loaded in modules.items():
+            self.scopes[key].imported = [self.scopes[m.path] for _, m in loaded.imports if m is not None]
+        self.param_overrides = param_overrides or {}
+
+    @property
+    def diagnostics(self):
+        return self.reporter.diagnostics
+
+    def _scope(self, loaded: Loaded) -> Scope:
+        scope = Scope(self.reporter, loaded.path, self.resolve)
+        scope.source = loaded.source
+        seen: dict[str, s.Node] = {}
+        for item in loaded.syntax.items if loaded.syntax else ():
+            if isinstance(item, s.Import):
+                continue
+            name = item.name
+            if name in seen:
+                self.reporter.error("E202", f"'{name}' is defined twice", item.name_span,
+                                    notes=[Note("first defined", getattr(seen[name], "name_span", None))])
+                continue
+            seen[name] = item
+            if isinstance(item, s.Param):
+                scope.params[name] = item
+            elif isinstance(item, s.Let):
+                scope.lets[name] = item
+            else:
+                scope.definitions[name] = item
+        return scope
+
+    # ---- definitions ---------------------------------------------------------------
+    def resolve(self, scope: Scope, node: s.Definition | s.Call) -> Any:
+        if isinstance(node, s.Call):
+            from plandsl.lower.model import model_call
+            return model_call(scope, node, name=None)
+        key = (scope.file, node.name)
+        if key in self.memo:
+            value = self.memo[key]
+            if value is None:
+                raise Poison()
+            return value
+        if key in self.in_progress:
+            raise self.reporter.error("E211", f"'{node.name}' is defined in terms of itself", node.name_span)
+        self.in_progress.add(key)
+        try:
+            value = getattr(self, f"_{node.kind}")(scope, node)
+        except Poison:
+            self.memo[key] = None
+            raise
+        finally:
+            self.in_progress.discard(key)
+        self.memo[key] = value
+        return value
+
+    def _device(self, scope: Scope, d: s.Definition) -> ir.DeviceType:
+        allowed = {"memory": True, "bandwidth": True, "peak": True, "efficiency": False}
+        found = attributes(scope, d.body, allowed, f"device '{d.name}'")
+        if not require(scope, found, allowed, f"device '{d.name}'", d.name_span):
+            raise Poison()
+        memory = scope.quantity(found["memory"].value, BYTES, "memory")
+        bandwidth = scope.quantity(found["bandwidth"].value, BANDWIDTH, "bandwidth")
+        peaks = dict_items(scope, found["peak"].value, {p: False for p in PRECISIONS}, "peak")
+        peak = {ir.Precision(k): scope.quantity(item.value, FLOPS, f"peak {k}") for k, item in peaks.items()}
+        if not peak:
+            raise self.reporter.error("E207", "peak needs at least one precision", found["peak"].value.span,
+                                      hint="peak = { bf16: 312 TFLOP/s }")
+        efficiency = self.efficiency(scope, found["efficiency"].value) if "efficiency" in found else None
+        return build(scope, ir.DeviceType, d.span, name=d.name, memory=memory, bandwidth=bandwidth, peak=peak,
+                     efficiency=efficiency)
+
+    def efficiency(self, scope: Scope, expr: s.Expr) -> ir.DeviceEfficiency:
+        """`{ matmul: 0.57, kernel_latency: 60 us }`; an omitted key keeps its fitted default."""
+        items = dict_items(scope, expr, {"matmul": False, "kernel_latency": False}, "efficiency")
+        fields = {}
+        if "matmul" in items:
+            value = items["matmul"].value
+            fraction = scope.number(scope.eval(value), value)
+            if not 0 < fraction <= 1:
+                raise self.reporter.error("E205", f"efficiency matmul is a fraction of the peak in (0, 1], "
+                                          f"found {fraction:g}", value.span,
+                                          hint="e.g. `matmul: 0.57` (57 % of the peak for a large GEMM)")
+            fields["matmul"] = float(fraction)
+        if "kernel_latency" in items:
+            fields["kernel_latency"] = scope.quantity(items["kernel_latency"].value, TIME,
+                                                      "efficiency kernel_latency", allow_zero=True)
+        return build(scope, ir.DeviceEfficiency, expr.span, **fields)
+
+    def link(self, scope: Scope, expr: s.Expr, what: str) -> ir.Link:
+        items = dict_items(scope, expr, {"bandwidth": True, "latency": False}, what)
+        bandwidth = scope.quantity(items["bandwidth"].value, BANDWIDTH, f"{what} bandwidth")
+        latency = scope.quantity(items["latency"].value, TIME, f"{what} latency", allow_zero=True) \
+            if "latency" in items else 0.0
+        return build(scope, ir.Link, expr.span, bandwidth=bandwidth, latency=latency)
+
+    def _node(self, scope: Scope, d: s.Definition) -> ir.NodeType:
+        allowed = {"devices": True, "link": True, "nic": False}
+        found = attributes(scope, d.body, allowed, f"node '{d.name}'")
+        if not require(scope, found, allowed, f"node '{d.name}'", d.name_span):
+            raise Poison()
+        devices = scope.eval(found["devices"].value)
+        if not (isinstance(devices, Rep) and isinstance(devices.thing, ir.DeviceType)):
+            raise self._expected(scope, devices, found["devices"].value, "devices", "`8 x a100_80g` (a count x a device)")
+        count = scope.integer(devices.count_expr, "device count", minimum=1)
+        link = self.link(scope, found["link"].value, "link")
+        nic = self.link(scope, found["nic"].value, "nic") if "nic" in found else None
+        return build(scope, ir.NodeType, d.span, name=d.name, device=devices.thing, devices=count, link=link, nic=nic)
+
+    def _expected(self, scope: Scope, value, expr: s.Expr, what: str, example: str) -> Poison:
+        if isinstance(value, Word):
+            return scope.unknown(value)
+        if isinstance(value, Rep) and isinstance(value.thing, Word):
+            return scope.unknown(value.thing)
+        return self.reporter.error("E205", f"{what} takes {example}", expr.span)
+
+    def _cluster(self, scope: Scope, d: s.Definition) -> ir.Cluster:
+        if d.value is not None:
+            return self.cluster(scope, d.value, d.name)
+        allowed = {"nodes": True, "fabric": False}
+        found = attributes(scope, d.body, allowed, f"cluster '{d.name}'")
+        if not require(scope, found, allowed, f"cluster '{d.name}'", d.name_span):
+            raise Poison()
+        base = self.cluster(scope, found["nodes"].value, d.name)
+        fabric = self.link(scope, found["fabric"].value, "fabric") if "fabric" in found else None
+        return build(scope, ir.Cluster, d.span, name=d.name, groups=base.groups, fabric=fabric)
+
+    def cluster(self, scope: Scope, expr: s.Expr, name: str | None = None) -> ir.Cluster:
+        """`dgx_a100 x 64`, `[a x 4, b x 2]`, a cluster's name or a node's name (one node)."""
+        target, inner = scope.deref(expr)
+        items = target.items if isinstance(target, s.ListExpr) else (target,)
+        groups: list[ir.NodeGroup] = []
+        fabric = None
+        for item in items:
+            value = inner.eval(item)
+            if isinstance(value, ir.Cluster) and len(items) == 1:
+                return value if name is None else value.model_copy(update={"name": name})
+            if isinstance(value, ir.NodeType):
+                groups.append(build(inner, ir.NodeGroup, item.span, node=value, count=1))
+                continue
+            if isinstance(value, Rep) and isinstance(value.thing, ir.Cluster):
+                count = inner.integer(value.count_expr, "cluster count", minimum=1)
+                groups += [g.model_copy(update={"count": g.count * count}) for g in value.thing.groups]
+                fabric = value.thing.fabric
+                continue
+            if not (isinstance(value, Rep) and isinstance(value.thing, ir.NodeType)):
+                raise self._expected(inner, value, item, "a cluster", "`dgx_a100 x 64` (a node x a count)")
+            count = inner.integer(value.count_expr, "node count", minimum=1)
+            groups.append(build(inner, ir.NodeGroup, item.span, node=value.thing, count=count))
+        label = name or _cluster_label(groups)
+        return build(scope, ir.Cluster, expr.span, name=label, groups=tuple(groups), fabric=fabric)
+
+    def _model(self, scope: Scope, d: s.Definition) -> ir.Model:
+        from plandsl.lower.model import custom_model, model_value
+        if d.value is not None:
+            return model_value(scope, d.value, d.name)
+        return custom_model(self, scope, d)
+
+    def _schedule(self, scope: Scope, d: s.Definition) -> ir.ScheduleDef:
+        from plandsl.lower.model import schedule_def
+        return schedule_def(scope, d)
+
+    def _plan(self, scope: Scope, d: s.Definition) -> ir.Plan:
+        return lower_plan(self, scope, d)
+
+    # ---- documents -----------------------------------------------------------------
+    def document(self, root: Loaded) -> ir.Document:
+        scope = self.scopes[root.path]
+        scope.overrides = dict(self.param_overrides)
+        unknown = sorted(set(self.param_overrides) - set(scope.params))
+        for name in unknown:
+            self.reporter.error("E201", f"--param {name}: the file has no parameter '{name}'", None,
+                                hint=did_you_mean(name, scope.params, "parameters"))
+        params = {}
+        for name, node in scope.params.items():
+            try:
+                value = scope.param_value(node)
+            except Poison:
+                continue
+            if isinstance(value, (int, float, str, bool)):
+                params[name] = value
+        buckets: dict[str, list] = {k: [] for k in ("device", "node", "cluster", "model", "schedule", "plan")}
+        for name, node in scope.definitions.items():
+            try:
+                buckets[node.kind].append(self.resolve(scope, node))
+            except Poison:
+                pass
+        if scope.definitions and any(d.kind == "plan" for d in scope.definitions.values()) \
+                and not any(d.is_error for d in self.diagnostics):  # a file without plans is a library
+            for name, node in {**scope.params, **scope.lets}.items():
+                if name not in scope.used:
+                    kind = "parameter" if isinstance(node, s.Param) else "definition"
+                    self.reporter.warn("W201", f"{kind} '{name}' is never used", node.name_span,
+                                       hint="remove it, or use it in a plan")
+        return ir.Document(file=root.path, params=params, devices=tuple(buckets["device"]),
+                           nodes=tuple(buckets["node"]), clusters=tuple(buckets["cluster"]),
+                           models=tuple(buckets["model"]), schedules=tuple(buckets["schedule"]),
+                           plans=tuple(buckets["plan"]))
+
+
+def _cluster_label(groups: list[ir.NodeGroup]) -> str:
+    return " + ".join(f"{g.node.name} x {g.count}" for g in groups)

@@ -1,0 +1,128 @@
+"""Hints about names (E201): the standard-library file (or a `.plan` beside the file) that defines a
+name the file did not import, and a name written with `-` (`llama3-70b` reads as llama3 minus 70 bits).
+
+Each hint comes with the `Edit`s that apply it, so following it gives a plan that knows the name.
+"""
+from __future__ import annotations
+
+import os
+import re
+from functools import lru_cache
+from pathlib import Path
+
+from plandsl.diagnostics import Edit, PlanError, did_you_mean, nearest
+from plandsl.diagnostics.source import SourceFile, Span
+
+# Folders of the standard library whose files define things to import (examples and local/ define plans).
+LIBRARY_FOLDERS = ("clusters", "models", "schedules")
+_DASHED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)+")
+_IMPORT_LINE = re.compile(r'^[ \t]*import[ \t]+"[^"\n]*"[^\n]*(?:\n|$)', re.MULTILINE)
+
+
+@lru_cache(maxsize=1)
+def stdlib_definitions() -> dict[str, str]:
+    """Name -> the import that defines it (`gpt3_175b` -> `models/gpt3`), for the library folders."""
+    from plandsl.syntax.loader import read_source, stdlib_files, stdlib_root
+    from plandsl.syntax.parser import parse_source
+    found: dict[str, str] = {}
+    root = stdlib_root()
+    for name in stdlib_files():
+        if name.split("/")[0] not in LIBRARY_FOLDERS:
+            continue
+        try:
+            module = parse_source(read_source(root / f"{name}.plan"))
+        except PlanError:
+            continue
+        for item in module.items:
+            defined = getattr(item, "name", None)
+            if defined and getattr(item, "kind", "") != "plan":
+                found.setdefault(defined, name)
+    return found
+
+
+SIBLINGS = 64  # .plan files of the importing file's folder read, at most, to find a name
+
+
+def sibling_definitions(source: SourceFile | None) -> dict[str, str]:
+    """Name -> the import that defines it, for the other `.plan` files of `source`'s folder."""
+    from plandsl.syntax.loader import read_source
+    from plandsl.syntax.parser import parse_source
+    if source is None or not os.path.isfile(source.path):
+        return {}
+    folder = Path(source.path).resolve().parent
+    found: dict[str, str] = {}
+    try:
+        files = sorted(p for p in folder.glob("*.plan") if p.resolve() != Path(source.path).resolve())[:SIBLINGS]
+    except OSError:
+        return {}
+    for path in files:
+        try:
+            module = parse_source(read_source(path))
+        except PlanError:
+            continue
+        for item in module.items:
+            defined = getattr(item, "name", None)
+            if defined and getattr(item, "kind", "") != "plan":
+                found.setdefault(defined, path.stem)
+    return found
+
+
+def import_edit(source: SourceFile | None, file: str) -> Edit | None:
+    """Insert `import "file"` after the last import of `source` (or at its top)."""
+    if source is None:
+        return None
+    lines = list(_IMPORT_LINE.finditer(source.text))
+    at = lines[-1].end() if lines else 0
+    text = f'import "{file}"\n'
+    if lines and not source.text[:at].endswith("\n"):
+        text = "\n" + text.rstrip("\n")
+    return Edit(source.span(at, at), text)
+
+
+def missing_import(name: str, visible: set[str], source: SourceFile | None,
+                   fuzzy: bool = False) -> tuple[str, str, tuple[Edit, ...]] | None:
+    """`name` is defined by a stdlib file the plan did not import (with `fuzzy`, a name close to it):
+    (that name, the hint, the edit adding the import)."""
+    library = stdlib_definitions()
+    if name not in library and not fuzzy:
+        library = {**sibling_definitions(source), **library}
+    known = name if name in library else (nearest(name, [n for n in library if n not in visible]) if fuzzy else None)
+    if known is None or known in visible:
+        return None
+    edit = import_edit(source, library[known])
+    edits = (edit,) if edit else ()
+    if known == name:
+        return known, f'add `import "{library[known]}"`, which defines \'{name}\'', edits
+    return known, f"did you mean '{known}'? add `import \"{library[known]}\"`, which defines it", edits
+
+
+def unknown_name_hint(name: str, span: Span, visible: set[str], source: SourceFile | None
+                      ) -> tuple[str | None, tuple[Edit, ...]]:
+    """The hint for an unknown name and its edits: the import of the stdlib file that defines it, else
+    the closest name of all those in scope or in the standard library (with its import if needed)."""
+    library = missing_import(name, visible, source)
+    close = nearest(name, visible)
+    if library is None and close not in (None, nearest(name, visible | set(stdlib_definitions()))):
+        close = None  # a name of the standard library is closer
+    if library is None and close is None:
+        library = missing_import(name, visible, source, fuzzy=True)
+    if library is not None:
+        known, hint, edits = library
+        return hint, ((Edit(span, known),) if known != name else ()) + edits
+    return did_you_mean(name, visible, "names in scope"), (Edit(span, close),) if close else ()
+
+
+def dashed_name_hint(text: str, span: Span, visible: set[str], source: SourceFile | None
+                     ) -> tuple[str, tuple[Edit, ...]] | None:
+    """`text` is a name written with `-` for `_` (`llama3-70b` for `llama3_70b`) that exists in scope or
+    in the standard library: the hint and its edits."""
+    if not _DASHED.fullmatch(text):
+        return None
+    meant = text.replace("-", "_")
+    if meant not in visible and meant not in stdlib_definitions():
+        return None
+    hint, edits = f"did you mean '{meant}'? names join words with `_`", (Edit(span, meant),)
+    library = missing_import(meant, visible, source)
+    if library is not None:
+        hint, edits = f"{hint}; {library[1]}", edits + library[2]
+    return hint, edits

@@ -1,0 +1,252 @@
+"""Model expressions and schedule definitions -> IR (E212 for families and arguments).
+
+`gpt(layers=, hidden=, heads=, seq=, vocab=)`, `llama(...)` (GQA, SwiGLU, MoE with
+`experts=`/`top_k=`), `mlp(...)`, and models written out layer by layer.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from plandsl import ir
+from plandsl.diagnostics import limits
+from plandsl import syntax as s
+from plandsl.diagnostics import did_you_mean, respell
+from plandsl.lower.evaluate import Poison, Scope, Word
+from plandsl.lower.units import BYTES
+
+if TYPE_CHECKING:
+    from plandsl.lower import Lowering
+
+# family -> {argument: required}
+FAMILIES: dict[str, dict[str, bool]] = {
+    "gpt": {"layers": True, "hidden": True, "heads": True, "seq": True, "vocab": True,
+            "ffn": False, "tied": False},
+    "llama": {"layers": True, "hidden": True, "heads": True, "seq": True, "vocab": True,
+              "kv_heads": False, "ffn": False, "experts": False, "top_k": False, "tied": False},
+    "mlp": {"layers": True, "hidden": True, "input": True, "output": True},
+}
+
+
+def llama_ffn(hidden: int, multiple_of: int = 256) -> int:
+    """Llama's default SwiGLU width: 2/3 of 4h, rounded up to a multiple of 256 (Touvron et al. 2023)."""
+    width = int(2 * 4 * hidden / 3)
+    return multiple_of * ((width + multiple_of - 1) // multiple_of)
+
+
+def model_value(scope: Scope, expr: s.Expr, name: str | None) -> ir.Model:
+    """A model expression: a family call or the name of a model definition."""
+    target, inner = scope.deref(expr)
+    if isinstance(target, s.Call):
+        return model_call(inner, target, name)
+    value = inner.eval(target)
+    if isinstance(value, (ir.TransformerModel, ir.MLPModel, ir.CustomModel)):
+        return value if name is None else value.model_copy(update={"name": name})
+    if isinstance(value, Word):
+        if value.name in FAMILIES:
+            raise scope.reporter.error("E212", f"model family '{value.name}' needs its hyper-parameters",
+                                       expr.span, hint=f"{value.name}({', '.join(f'{a}=...' for a, r in FAMILIES[value.name].items() if r)})")
+        raise scope.unknown(value)
+    raise scope.reporter.error("E205", "expected a model: `gpt(...)`, `llama(...)`, `mlp(...)` or a model's name",
+                               expr.span)
+
+
+def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
+    from plandsl.lower import build
+    if not isinstance(call.func, s.Name) or call.func.id not in FAMILIES:
+        shown = call.func.id if isinstance(call.func, s.Name) else "this"
+        raise scope.reporter.error("E212", f"unknown model family '{shown}'", call.func.span,
+                                   hint=did_you_mean(shown, FAMILIES, "model families"),
+                                   edits=respell(shown, FAMILIES, call.func.span) if shown != "this" else ())
+    family = call.func.id
+    allowed = FAMILIES[family]
+    if call.args:
+        raise scope.reporter.error("E212", f"{family}() takes named arguments only", call.args[0].span,
+                                   hint=f"{family}({', '.join(f'{a}=...' for a, r in allowed.items() if r)})")
+    args: dict[str, s.KwArg] = {}
+    failed = False
+    respelled: set[str] = set()  # arguments a misspelling stands for: not reported missing as well
+    for kwarg in call.kwargs:
+        if kwarg.name not in allowed:
+            edits = respell(kwarg.name, allowed, kwarg.span)
+            respelled.update(edit.text for edit in edits)
+            scope.reporter.error("E212", f"{family}() has no argument '{kwarg.name}'", kwarg.span,
+                                 hint=did_you_mean(kwarg.name, allowed, f"arguments of {family}()"), edits=edits)
+            failed = True
+        elif kwarg.name in args:
+            scope.reporter.error("E213", f"argument '{kwarg.name}' is given twice", kwarg.span)
+            failed = True
+        else:
+            args[kwarg.name] = kwarg
+    missing = [a for a, required in allowed.items() if required and a not in args and a not in respelled]
+    if missing:
+        raise scope.reporter.error("E212", f"{family}() is missing {', '.join(missing)}", call.span,
+                                   hint=f"add {', '.join(f'{m}=...' for m in missing)}")
+    if failed:
+        raise Poison()
+    values = {}
+    for key, kwarg in args.items():
+        if key == "tied":
+            values[key] = scope.truth(scope.eval(kwarg.value), kwarg.value)
+        else:
+            minimum = 0 if key in ("experts", "top_k") else 1
+            what, cap = f"{family}() argument '{key}'", limits.MODEL_ARGUMENTS.get(key)
+            # layers past the cap would be walked one by one: refused; a width past its cap is
+            # reported and kept, so that the shape rules (E22x) still say what else is wrong
+            values[key] = scope.integer(kwarg.value, what, minimum=minimum, maximum=cap if key == "layers" else None)
+            if cap is not None and values[key] > cap:
+                scope.reporter.error("E505", f"{what} must be at most {cap:,}, found {values[key]:,}", kwarg.value.span,
+                                     hint="plandsl caps every count far beyond today's largest runs: see Limits in "
+                                          "docs/language.md")
+    label = name or family
+    if family == "mlp":
+        return build(scope, ir.MLPModel, call.span, kind="mlp", name=label, **values)
+    hidden = values["hidden"]
+    if family == "gpt":
+        fields = dict(kv_heads=values["heads"], ffn_hidden=values.get("ffn", 4 * hidden),
+                      tied_embeddings=values.get("tied", False))
+    else:
+        fields = dict(kv_heads=values.get("kv_heads", values["heads"]), ffn_hidden=values.get("ffn", llama_ffn(hidden)),
+                      experts=values.get("experts", 0), top_k=values.get("top_k", 0),
+                      tied_embeddings=values.get("tied", False))
+        if fields["experts"] and "top_k" not in values:
+            fields["top_k"] = min(2, fields["experts"])  # a top_k outside 1..experts is the checker's (E223)
+    spans = {_FIELDS.get(key, key): kwarg.span for key, kwarg in args.items()}  # where each shape was written
+    return build(scope, ir.TransformerModel, call.span, kind=family, name=label, layers=values["layers"],
+                 field_spans=spans,
+                 hidden=hidden, heads=values["heads"], seq=values["seq"], vocab=values["vocab"], **fields)
+
+
+_FIELDS = {"ffn": "ffn_hidden", "tied": "tied_embeddings"}  # argument -> ir.TransformerModel field
+
+LAYER_ATTRS = {"params": True, "flops": False, "activations": False, "output": False}
+MODEL_ATTRS = {"seq": False, "factory": False, "args": False}
+
+
+def custom_model(lowering: "Lowering", scope: Scope, d: s.Definition) -> ir.CustomModel:
+    from plandsl.lower import attributes, build, dict_items
+    from plandsl.lower.plan import layer_names
+    found = attributes(scope, d.body, MODEL_ATTRS, f"model '{d.name}'")
+    layers: list[ir.CustomLayer] = []
+    seen: dict[str, s.LayerDecl] = {}
+    for stmt in d.body:
+        if not isinstance(stmt, s.LayerDecl):
+            continue
+        try:
+            names = layer_names(scope, stmt.target)
+            attrs = attributes(scope, stmt.body, LAYER_ATTRS, f"layer {names[0] if len(names) == 1 else 'group'}")
+            if "params" not in attrs:
+                raise scope.reporter.error("E207", "a layer needs `params = <count>`", stmt.target.span)
+            params = scope.integer(attrs["params"].value, "params", minimum=0)
+            flops = _number(scope, attrs, "flops")
+            output = scope.integer(attrs["output"].value, "output", minimum=0) if "output" in attrs else 0
+            activations = 0.0
+            if "activations" in attrs:
+                value = scope.eval(attrs["activations"].value)
+                activations = scope.quantity(attrs["activations"].value, BYTES, "activations") \
+                    if not isinstance(value, (int, float)) else float(value)
+        except Poison:
+            continue
+        for layer_name in names:
+            if layer_name in seen:
+                scope.reporter.error("E202", f"layer '{layer_name}' is declared twice", stmt.target.span)
+                continue
+            seen[layer_name] = stmt
+            layers.append(build(scope, ir.CustomLayer, stmt.span, name=layer_name, params=params, flops=flops,
+                                activations=activations, output=output))
+    if not layers:
+        raise scope.reporter.error("E207", f"model '{d.name}' declares no layers", d.name_span,
+                                   hint="add `layer embed { params = 1000 }` lines")
+    seq = scope.integer(found["seq"].value, "seq", minimum=1, maximum=limits.MAX_SEQ) if "seq" in found else 1
+    factory = None
+    if "factory" in found:
+        factory = scope.eval(found["factory"].value)
+        if not isinstance(factory, str) or ":" not in factory:
+            raise scope.reporter.error("E205", "factory takes a string \"package.module:function\"",
+                                       found["factory"].value.span)
+    args = {}
+    if "args" in found:
+        items = dict_items(scope, found["args"].value, _AnyKey(), "args")
+        for key, item in items.items():
+            value = scope.eval(item.value)
+            if not isinstance(value, (int, float, str, bool)):
+                raise scope.reporter.error("E205", "factory arguments are numbers, strings or booleans", item.value.span)
+            args[key] = value
+    return build(scope, ir.CustomModel, d.span, kind="custom", name=d.name, layers=tuple(layers), seq=seq,
+                 factory=factory, factory_args=args)
+
+
+class _AnyKey(dict):
+    """An `allowed` mapping that allows every key and requires none."""
+
+    def __contains__(self, key) -> bool:
+        return True
+
+
+def _number(scope: Scope, attrs: dict, key: str) -> float:
+    if key not in attrs:
+        return 0.0
+    value = scope.number(scope.eval(attrs[key].value), attrs[key].value)
+    if value < 0:
+        raise scope.reporter.error("E205", f"{key} must not be negative", attrs[key].value.span)
+    return float(value)
+
+
+DIMENSIONS = ("ranks", "microbatches", "stages", "virtual")
+
+
+def schedule_def(scope: Scope, d: s.Definition) -> ir.ScheduleDef:
+    from plandsl.lower import build
+    rows = [stmt for stmt in d.body if isinstance(stmt, s.RankRow)]
+    others = [stmt for stmt in d.body if not isinstance(stmt, s.RankRow)]
+    sizes, variables = {}, {}
+    for param in d.params:
+        if param.dimension is not None:
+            if param.dimension not in DIMENSIONS:
+                scope.reporter.error("E210", f"'{param.dimension}' is not a schedule dimension", param.span,
+                                     hint=did_you_mean(param.dimension, DIMENSIONS, "dimensions"))
+                continue
+            variables[param.name] = param.dimension
+        else:
+            if param.name not in DIMENSIONS:
+                scope.reporter.error("E210", f"'{param.name}' is not a schedule dimension", param.span,
+                                     hint=did_you_mean(param.name, DIMENSIONS, "dimensions"))
+                continue
+            sizes[param.name] = scope.integer(param.value, param.name, minimum=1)
+    if rows and (others or variables):
+        raise scope.reporter.error("E608", "a schedule is either a table (`rank 0: ...` rows, fixed sizes) "
+                                   "or a template (loops over `p: ranks, m: microbatches`), not both", d.name_span)
+    if rows:
+        by_rank = {}
+        for row in rows:
+            if row.rank >= ir.MAX_STAGES:
+                raise scope.reporter.error("E205", f"rank {row.rank:,}: a table has at most {ir.MAX_STAGES:,} ranks",
+                                           row.span)
+            if row.rank in by_rank:
+                scope.reporter.error("E202", f"rank {row.rank} has two rows", row.span)
+            by_rank[row.rank] = row.cells
+        count = max(by_rank) + 1
+        return build(scope, ir.ScheduleDef, d.span, name=d.name, kind="table", sizes=sizes,
+                     rows=tuple(by_rank.get(r, ()) for r in range(count)), syntax=d, scope=scope)
+    _mark_used(scope, d.body)
+    return build(scope, ir.ScheduleDef, d.span, name=d.name, kind="template", sizes=sizes,
+                 variables=variables, source=_source_text(scope, d), syntax=d, scope=scope)
+
+
+def _mark_used(scope: Scope, body) -> None:
+    """Names a template's body uses count as used (W201), though they are evaluated only later."""
+    stack = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, s.Name):
+            found = scope.find(node.id)
+            if found is not None:
+                found[0].used.add(node.id)
+        elif isinstance(node, s.Node):
+            stack.extend(getattr(node, name) for name in node.__dataclass_fields__ if name != "span")
+        elif isinstance(node, tuple):
+            stack.extend(node)
+
+
+def _source_text(scope: Scope, d: s.Definition) -> str:
+    source = scope.source
+    return source.text[d.span.start:d.span.end] if source is not None else ""

@@ -1,0 +1,400 @@
+"""A `plan { ... }` block -> `ir.Plan`: model, cluster, mesh, training, parallelisms,
+stages, schedule and shard rules (E2xx, and E302/E304/E305 for mesh axes by name).
+
+Conventional axis names give defaults, so the common case stays short: an axis `dp`
+means plain data parallel over it, `tp` Megatron tensor parallel, `cp` all-gather context
+parallel, `ep` expert parallel and `pp` stages split evenly with the `1f1b` schedule,
+unless the plan says otherwise.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from plandsl import ir
+from plandsl import syntax as s
+from plandsl.diagnostics import Edit, Note, did_you_mean, nearest, respell
+from plandsl.lower.evaluate import Poison, Scope, Word
+from plandsl.lower.mesh import mesh, training
+from plandsl.diagnostics.limits import MAX_LAYERS, MAX_VIRTUAL
+from plandsl.lower.model import model_value
+from plandsl.schedules.registry import BUILTIN
+
+if TYPE_CHECKING:
+    from plandsl.lower import Lowering
+
+PLAN_ATTRS = {"model": True, "cluster": True, "mesh": True, "train": True, "data": False, "tensor": False,
+              "context": False, "experts": False, "stages": False, "schedule": False}
+DATA_KINDS = {"replicate": "replicate", "ddp": "replicate", "zero1": "zero1", "zero2": "zero2",
+              "zero3": "zero3", "fsdp": "zero3", "hsdp": "hsdp", "none": "none"}
+TENSOR_STYLES = ("megatron", "none")
+CONTEXT_KINDS = ("ring", "allgather", "none")
+EXPERT_KINDS = ("alltoall", "none")
+STYLES = ("colwise", "rowwise", "sequence", "replicate")
+DEFAULT_AXES = {"data": "dp", "tensor": "tp", "context": "cp", "experts": "ep", "stages": "pp"}
+
+
+def lower_plan(lowering: "Lowering", scope: Scope, d: s.Definition) -> ir.Plan:
+    from plandsl.lower import attributes, build, require
+    what = f"plan '{d.name}'"
+    found = attributes(scope, d.body, PLAN_ATTRS, what)
+    blocks = [b for b in d.body if isinstance(b, s.Block)]
+    for block in blocks:
+        if block.name != "stages":
+            scope.reporter.error("E206", f"{what} has no block '{block.name}'", block.name_span,
+                                 hint=did_you_mean(block.name, ["stages"], "blocks"))
+        elif "stages" in found:
+            scope.reporter.error("E213", "stages are given twice", block.name_span,
+                                 notes=[Note("first given", found["stages"].name_span)])
+    stage_block = next((b for b in blocks if b.name == "stages"), None)
+    if not require(scope, found, PLAN_ATTRS, what, d.name_span):
+        raise Poison()
+    fields: dict = {}
+    failed = False
+
+    def attempt(key, function, *args):
+        nonlocal failed
+        try:
+            fields[key] = function(*args)
+        except Poison:
+            failed = True
+
+    attempt("model", model_value, scope, found["model"].value, None)
+    attempt("cluster", lowering.cluster, scope, found["cluster"].value)
+    attempt("mesh", mesh, scope, found["mesh"].value, fields.get("cluster"))
+    attempt("train", training, scope, found["train"].value)
+    if "mesh" not in fields:
+        raise Poison()
+    m: ir.Mesh = fields["mesh"]
+    for key, function in (("data", data_parallel), ("tensor", tensor_parallel), ("context", context_parallel),
+                          ("experts", expert_parallel)):
+        if key in found:
+            attempt(key, function, scope, found[key].value, m)
+        elif m.axis(DEFAULT_AXES[key]):
+            fields[key] = _default(key, m)
+    if stage_block is not None:
+        attempt("stages", stages_block, scope, stage_block, m)
+    elif "stages" in found:
+        attempt("stages", stages_clause, scope, found["stages"].value, m)
+    elif m.axis("pp"):
+        fields["stages"] = ir.Stages(axis="pp", span=m.axis("pp").span)
+    if "schedule" in found:
+        attempt("schedule", schedule_ref, scope, found["schedule"].value)
+    elif fields.get("stages") is not None:
+        fields["schedule"] = ir.ScheduleRef(name="1f1b", span=fields["stages"].span)
+    rules = []
+    for stmt in d.body:
+        if isinstance(stmt, s.ShardRule):
+            try:
+                rules.append(shard_rule(scope, stmt, m))
+            except Poison:
+                failed = True
+    if failed:
+        raise Poison()
+    fields = {k: v for k, v in fields.items() if v is not None}
+    return build(scope, ir.Plan, d.span, name=d.name, shard=tuple(rules), **fields)
+
+
+def _default(key: str, m: ir.Mesh):
+    """The parallelism an axis's conventional name implies; it points at the axis in errors."""
+    axis = DEFAULT_AXES[key]
+    span = m.axis(axis).span
+    return {"data": lambda: ir.DataParallel(kind="replicate", axes=(axis,), span=span),
+            "tensor": lambda: ir.TensorParallel(axis=axis, span=span),
+            "context": lambda: ir.ContextParallel(axis=axis, span=span),
+            "experts": lambda: ir.ExpertParallel(axis=axis, span=span)}[key]()
+
+
+# ---- parallelisms ------------------------------------------------------------------------
+def axis_names(scope: Scope, expr: s.Expr | None, m: ir.Mesh, what: str, span=None) -> tuple[str, ...]:
+    """`over tp` or `over [dp, fsdp]`: names of mesh axes (E302 for unknown, E303 for repeats)."""
+    if expr is None:
+        raise scope.reporter.error("E306", f"{what} needs the mesh axis it runs over", span,
+                                   hint=f"add `over <axis>`; the mesh has {', '.join(a.name for a in m.axes)}")
+    # An axis's own name wins over a `let` of the same name: `over tp` means the mesh axis.
+    target = expr if isinstance(expr, s.Name) and m.axis(expr.id) else scope.deref(expr)[0]
+    items = target.items if isinstance(target, s.ListExpr) else (target,)
+    names: list[str] = []
+    for item in items:
+        if not isinstance(item, s.Name):
+            raise scope.reporter.error("E205", f"{what} runs over mesh axes by name, like `over tp`", item.span)
+        if m.axis(item.id) is None:
+            raise scope.reporter.error("E302", f"the mesh has no axis '{item.id}'", item.span,
+                                       hint=did_you_mean(item.id, [a.name for a in m.axes], "mesh axes"),
+                                       edits=respell(item.id, [a.name for a in m.axes], item.span),
+                                       notes=[Note("mesh declared", m.span)])
+        if item.id in names:
+            raise scope.reporter.error("E303", f"axis '{item.id}' is used twice in {what}", item.span)
+        names.append(item.id)
+    return tuple(names)
+
+
+def one_axis(scope: Scope, expr: s.Expr | None, m: ir.Mesh, what: str, span) -> str:
+    """`over tp`: exactly one mesh axis."""
+    names = axis_names(scope, expr, m, what, span)
+    if len(names) != 1:
+        raise scope.reporter.error("E205", f"{what} runs over one mesh axis, not {len(names)}", expr.span,
+                                   hint=f"fold them into one axis, e.g. `over {names[-1]}`")
+    return names[0]
+
+
+def _clause(scope: Scope, expr: s.Expr) -> tuple[s.Expr, s.Expr | None, tuple[s.WithItem, ...]]:
+    target, _ = scope.deref(expr)
+    if isinstance(target, s.Clause):
+        return target.subject, target.over, target.options
+    return target, None, ()
+
+
+def _options(scope: Scope, options: tuple[s.WithItem, ...], allowed: tuple[str, ...], what: str) -> dict:
+    found = {}
+    for option in options:
+        if option.name not in allowed:
+            scope.reporter.error("E206", f"{what} has no option '{option.name}'", option.span,
+                                 hint=did_you_mean(option.name, allowed, f"options of {what}"))
+            raise Poison()
+        found[option.name] = option
+    return found
+
+
+def data_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.DataParallel | None:
+    subject, over, options = _clause(scope, expr)
+    kind = scope.word(subject, DATA_KINDS, "data-parallel kind")
+    _options(scope, options, (), "data")
+    if kind == "none":
+        return None
+    axes = axis_names(scope, over, m, f"data parallel '{kind}'", expr.span)
+    if kind == "hsdp" and len(axes) != 2:
+        raise scope.reporter.error("E205", f"hsdp runs over two axes, [replicate, shard]; found {len(axes)}",
+                                   (over or expr).span, hint="data = hsdp over [dp_replicate, dp_shard]")
+    return ir.DataParallel(kind=kind, axes=axes, span=expr.span)
+
+
+def tensor_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.TensorParallel | None:
+    subject, over, options = _clause(scope, expr)
+    style = scope.word(subject, TENSOR_STYLES, "tensor-parallel style")
+    found = _options(scope, options, ("sequence_parallel",), "tensor")
+    if style == "none":
+        return None
+    axis = one_axis(scope, over, m, "tensor parallel", expr.span)
+    sp = "sequence_parallel" in found and (found["sequence_parallel"].value is None or
+                                           scope.truth(scope.eval(found["sequence_parallel"].value), found["sequence_parallel"].value))
+    return ir.TensorParallel(style=style, axis=axis, sequence_parallel=sp, span=expr.span)
+
+
+def context_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ContextParallel | None:
+    subject, over, options = _clause(scope, expr)
+    kind = scope.word(subject, CONTEXT_KINDS, "context-parallel kind")
+    _options(scope, options, (), "context")
+    if kind == "none":
+        return None
+    return ir.ContextParallel(kind=kind, axis=one_axis(scope, over, m, "context parallel", expr.span), span=expr.span)
+
+
+def expert_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ExpertParallel | None:
+    subject, over, options = _clause(scope, expr)
+    kind = scope.word(subject, EXPERT_KINDS, "expert-parallel kind")
+    _options(scope, options, (), "experts")
+    if kind == "none":
+        return None
+    return ir.ExpertParallel(kind=kind, axis=one_axis(scope, over, m, "expert parallel", expr.span), span=expr.span)
+
+
+# ---- stages and schedules -----------------------------------------------------------------
+def rank_map(scope: Scope, expr: s.Expr) -> str | tuple[int, ...]:
+    target, inner = scope.deref(expr)
+    if isinstance(target, s.ListExpr):
+        return tuple(inner.integer(item, "rank", minimum=0) for item in target.items)
+    return scope.word(target, ("loop", "vshape"), "stage-to-rank map")
+
+
+def stages_clause(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.Stages:
+    subject, over, options = _clause(scope, expr)
+    scope.word(subject, ("evenly",), "stage split")
+    found = _options(scope, options, ("virtual", "map"), "stages")
+    axis = one_axis(scope, over, m, "stages", expr.span)
+    virtual = scope.integer(found["virtual"].value, "virtual", minimum=1, maximum=MAX_VIRTUAL) if "virtual" in found else 1
+    mapping = rank_map(scope, found["map"].value) if "map" in found else "loop"
+    return ir.Stages(axis=axis, mode="evenly", virtual=virtual, rank_map=mapping, span=expr.span)
+
+
+def stages_block(scope: Scope, block: s.Block, m: ir.Mesh) -> ir.Stages:
+    from plandsl.lower import attributes
+    found = attributes(scope, block.body, {"axis": False, "virtual": False, "map": False}, "stages")
+    axis = one_axis(scope, found["axis"].value, m, "stages", block.name_span) if "axis" in found else "pp"
+    if m.axis(axis) is None:
+        raise scope.reporter.error("E302", f"stages run over axis '{axis}', which the mesh does not have",
+                                   block.name_span, hint="add `pp = <stages>` to the mesh or `axis = <name>` here")
+    virtual = scope.integer(found["virtual"].value, "virtual", minimum=1, maximum=MAX_VIRTUAL) if "virtual" in found else 1
+    mapping = rank_map(scope, found["map"].value) if "map" in found else "loop"
+    groups = []
+    for entry in block.body:
+        if not isinstance(entry, s.Entry):
+            continue
+        key, inner = scope.deref(entry.key)
+        if isinstance(key, s.BinOp) and key.op == "..":
+            first = inner.integer(key.left, "stage", minimum=0, maximum=ir.MAX_STAGES)
+            end = inner.integer(key.right, "stage", minimum=0, maximum=ir.MAX_STAGES)
+            if end <= first:
+                raise scope.reporter.error("E205", f"stage range {first}..{end} is empty (ranges leave out their end)",
+                                           key.span, hint=f"{first}..{first + 1} is stage {first} alone")
+            stages = tuple(range(first, end))
+        else:
+            stages = (inner.integer(key, "stage", minimum=0, maximum=ir.MAX_STAGES),)
+        groups.append(ir.StageGroup(stages=stages, selectors=tuple(selector(scope, v) for v in entry.values),
+                                    span=entry.span))
+    if not groups:
+        raise scope.reporter.error("E207", "a stages block needs `stage: layers` entries", block.name_span,
+                                   hint="0: embed, layers[0:16]")
+    return ir.Stages(axis=axis, mode="explicit", virtual=virtual, rank_map=mapping, groups=tuple(groups),
+                     span=block.span)
+
+
+def schedule_ref(scope: Scope, expr: s.Expr) -> ir.ScheduleRef:
+    target, inner = scope.deref(expr)
+    options: dict = {}
+    if isinstance(target, s.Call):
+        for kwarg in target.kwargs:
+            value = inner.eval(kwarg.value)
+            if isinstance(value, Word):
+                value = value.name
+            if not isinstance(value, (int, float, str, bool)):
+                raise scope.reporter.error("E205", "schedule options are numbers, names or booleans", kwarg.value.span)
+            options[kwarg.name] = value
+        target = target.func
+    if isinstance(target, s.BinOp) and target.op == "-":  # `interleaved-1f1b` for `interleaved_1f1b`
+        written = inner.text(target)
+        meant = written.replace("-", "_").replace(" ", "")
+        names = set(BUILTIN) | {n for n, d in inner.definitions.items() if d.kind == "schedule"}
+        if meant in names:
+            raise scope.reporter.error("E601", f"unknown schedule '{written}'", target.span,
+                                       hint=f"did you mean '{meant}'? names join words with `_`",
+                                       edits=(Edit(target.span, meant),))
+    if not isinstance(target, s.Name):
+        raise scope.reporter.error("E205", "schedule takes a schedule's name, like `1f1b`", expr.span)
+    found = inner.find(target.id)
+    if found is not None and isinstance(found[1], s.Definition) and found[1].kind == "schedule":
+        definition = inner.eval(target)  # lowers the user's schedule; the checker instantiates it
+        return ir.ScheduleRef(name=target.id, options=options, definition=definition, span=expr.span)
+    if target.id not in BUILTIN:
+        user = [n for n, d in inner.definitions.items() if d.kind == "schedule"]
+        raise scope.reporter.error("E601", f"unknown schedule '{target.id}'", target.span,
+                                   hint=did_you_mean(target.id, list(BUILTIN) + user, "schedules"),
+                                   edits=respell(target.id, list(BUILTIN) + user, target.span))
+    return ir.ScheduleRef(name=target.id, options=options, span=expr.span)
+
+
+# ---- selectors and shard rules --------------------------------------------------------------
+def selector(scope: Scope, expr: s.Expr) -> ir.Selector:
+    parts = _selector_parts(scope, expr)
+    return ir.Selector(text=selector_text(parts), parts=tuple(parts), span=expr.span)
+
+
+def _selector_parts(scope: Scope, expr: s.Expr) -> list[ir.SelectorPart]:
+    if isinstance(expr, s.Name):
+        return [ir.SelectorPart(kind="any" if expr.id == "*" else "name", name=expr.id)]
+    if isinstance(expr, s.Str):
+        parts = []
+        for piece in expr.value.split("."):
+            if not piece:
+                raise scope.reporter.error("E205", f"'{expr.value}' is not a layer name", expr.span)
+            parts.append(ir.SelectorPart(kind="any") if piece == "*" else ir.SelectorPart(kind="name", name=piece))
+        return parts
+    if isinstance(expr, s.Member):
+        part = ir.SelectorPart(kind="any") if expr.name == "*" else ir.SelectorPart(kind="name", name=expr.name)
+        return _selector_parts(scope, expr.obj) + [part]
+    if isinstance(expr, s.Subscript):
+        head = _selector_parts(scope, expr.obj)
+        if isinstance(expr.index, s.Slice):
+            lo = scope.integer(expr.index.lo, "range start", minimum=0) if expr.index.lo else 0
+            hi = scope.integer(expr.index.hi, "range end", minimum=0) if expr.index.hi else None
+            if hi is not None and hi <= lo:
+                raise scope.reporter.error("E205", f"range [{lo}:{hi}] is empty", expr.index.span)
+            return head + [ir.SelectorPart(kind="range", lo=lo, hi=hi)]
+        index = scope.integer(expr.index, "layer index", minimum=0)
+        return head + [ir.SelectorPart(kind="name", name=str(index))]
+    raise scope.reporter.error("E205", "expected a layer name, range or glob, like `layers[0:8]` or `layers.*.mlp`",
+                               expr.span)
+
+
+def selector_text(parts: list[ir.SelectorPart]) -> str:
+    text = ""
+    for part in parts:
+        if part.kind == "range":
+            text += f"[{part.lo}:{'' if part.hi is None else part.hi}]"
+        else:
+            text += ("." if text else "") + ("*" if part.kind == "any" else part.name)
+    return text
+
+
+def layer_names(scope: Scope, expr: s.Expr) -> list[str]:
+    """`blocks[0:12]` -> blocks.0 .. blocks.11; `embed` -> embed (layer declarations)."""
+    parts = _selector_parts(scope, expr)
+    names = [""]
+    for part in parts:
+        if part.kind == "any" or (part.kind == "range" and part.hi is None):
+            raise scope.reporter.error("E205", "a layer declaration names its layers exactly: no `*` or open ranges",
+                                       expr.span)
+        pieces = [part.name] if part.kind == "name" else [str(i) for i in range(part.lo, min(part.hi, part.lo + MAX_LAYERS + 1))]
+        names = [f"{n}.{p}" if n else p for n in names for p in pieces]
+        if len(names) > MAX_LAYERS:
+            raise scope.reporter.error("E505", f"a model may declare at most {MAX_LAYERS:,} layers", expr.span)
+    return names
+
+
+def shard_rule(scope: Scope, stmt: s.ShardRule, m: ir.Mesh) -> ir.ShardRule:
+    target = selector(scope, stmt.target)
+    value, inner = scope.deref(stmt.value)
+    if isinstance(value, s.DictExpr):
+        params = tuple(ir.ParamRule(param=item.key, placements=placements(inner, item.value, m), span=item.span)
+                       for item in value.items)
+        return ir.ShardRule(target=target, params=params, span=stmt.span)
+    subject, over, options = _clause(scope, value)
+    close = nearest(subject.id, STYLES) if isinstance(subject, s.Name) and subject.id not in STYLES else None
+    if close and subject.id != "Replicate":
+        raise scope.reporter.error("E408", f"'{subject.id}' is not a shard style", subject.span,
+                                   hint=f"did you mean '{close}'? (styles: {', '.join(STYLES)})",
+                                   edits=(Edit(subject.span, close),))
+    if isinstance(subject, s.Name) and subject.id in STYLES:
+        _options(scope, options, (), "shard")
+        axis = one_axis(scope, over, m, f"'{subject.id}'", value.span) if subject.id != "replicate" else None
+        return ir.ShardRule(target=target, style=subject.id, axis=axis, span=stmt.span)
+    return ir.ShardRule(target=target, params=(ir.ParamRule(param="*", placements=placements(inner, value, m),
+                                                            span=value.span),), span=stmt.span)
+
+
+def placements(scope: Scope, expr: s.Expr, m: ir.Mesh) -> tuple[ir.Placement, ...]:
+    """`Shard(0) @ tp`, `[Shard(0) @ tp, Shard(1) @ cp]`, `Replicate`: one placement per axis named."""
+    target, inner = scope.deref(expr)
+    items = target.items if isinstance(target, s.ListExpr) else (target,)
+    result: list[ir.Placement] = []
+    seen: dict[str, s.Expr] = {}
+    for item in items:
+        if isinstance(item, s.Name) and item.id == "Replicate":
+            continue  # replicated over every axis not named
+        if not (isinstance(item, s.BinOp) and item.op == "@"):
+            close = nearest(item.id, STYLES) if isinstance(item, s.Name) else None
+            raise scope.reporter.error("E408", "a placement is `Shard(dim) @ axis`, `Replicate @ axis` or "
+                                       "`Partial @ axis`", item.span,
+                                       hint=f"did you mean the style '{close}'? (`shard M = {close} over AXIS`; "
+                                       f"styles: {', '.join(STYLES)})" if close else None,
+                                       edits=(Edit(item.span, close),) if close else ())
+        kind, dim = _placement_kind(inner, item.left)
+        axis = one_axis(inner, item.right, m, "a placement", item.span)
+        if axis in seen:
+            raise scope.reporter.error("E303", f"axis '{axis}' is used twice in one sharding", item.right.span,
+                                       notes=[Note("first used", seen[axis].span)],
+                                       hint="a tensor dim can be split over several axes, but each axis places it once")
+        seen[axis] = item.right
+        result.append(ir.Placement(kind=kind, axis=axis, dim=dim, span=item.span))
+    return tuple(result)
+
+
+def _placement_kind(scope: Scope, expr: s.Expr) -> tuple[str, int | None]:
+    if isinstance(expr, s.Name) and expr.id in ("Replicate", "Partial"):
+        return expr.id.lower(), None
+    if isinstance(expr, s.Call) and isinstance(expr.func, s.Name) and expr.func.id == "Shard" \
+            and len(expr.args) == 1 and not expr.kwargs:
+        return "shard", scope.integer(expr.args[0], "Shard dim")
+    name = expr.func.id if isinstance(expr, s.Call) and isinstance(expr.func, s.Name) else \
+        expr.id if isinstance(expr, s.Name) else None
+    raise scope.reporter.error("E408", "expected Shard(dim), Replicate or Partial", expr.span,
+                               hint=did_you_mean(name, ("Shard", "Replicate", "Partial")) if name else None)

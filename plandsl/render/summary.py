@@ -1,0 +1,63 @@
+"""A resolved plan -> a short human-readable description (`plandsl show` without --json)."""
+from __future__ import annotations
+
+from plandsl import ir
+from plandsl.check.memory import estimate_plan_memory, pipeline_rank_devices
+from plandsl.ir.layers import param_count
+from plandsl.ir.placement import assign_stages, compress_names
+from plandsl.lower.units import format_bytes
+
+
+def _count(n: float) -> str:
+    for suffix, factor in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= factor:
+            return f"{n / factor:.1f}{suffix}"
+    return str(int(n))
+
+
+def describe_plan(plan: ir.Plan) -> str:
+    model, cluster, mesh, train = plan.model, plan.cluster, plan.mesh, plan.train
+    lines = [f"plan {plan.name}"]
+    lines.append(f"  model     {model.name} ({model.kind}, {_count(param_count(model))} parameters)")
+    lines.append(f"  cluster   {cluster.name}: {cluster.num_nodes} node(s), {cluster.num_devices} devices"
+                 + (" (heterogeneous)" if cluster.heterogeneous else ""))
+    axes = " x ".join(f"{a.name}={a.size}" for a in mesh.axes)
+    where = f" on devices [{mesh.first_device}:{mesh.first_device + mesh.size}]" if mesh.part is not None else ""
+    lines.append(f"  mesh      {axes} = {mesh.size} devices{where}")
+    parts = []
+    if plan.data:
+        parts.append(f"{plan.data.kind} over {', '.join(plan.data.axes)}")
+    if plan.tensor:
+        parts.append(f"{plan.tensor.style} tp over {plan.tensor.axis}" + (" + SP" if plan.tensor.sequence_parallel else ""))
+    if plan.context:
+        parts.append(f"{plan.context.kind} cp over {plan.context.axis}")
+    if plan.experts:
+        parts.append(f"experts over {plan.experts.axis}")
+    lines.append(f"  parallel  {'; '.join(parts) or 'none'}")
+    lines.append(f"  train     global batch {train.global_batch} = dp {plan.dp} x micro-batch {train.micro_batch} x "
+                 f"{plan.num_microbatches} microbatch(es); seq {plan.seq}; {train.precision.value}; "
+                 f"recompute {train.recompute.value}; {train.optimizer.value}")
+    assignment, _ = assign_stages(plan)
+    if plan.stages and assignment:
+        lines.append(f"  pipeline  {assignment.num_stages} stages over '{plan.stages.axis}' ({plan.pp} ranks x "
+                     f"virtual {plan.stages.virtual}), schedule {plan.schedule.name if plan.schedule else '-'}")
+        for stage, layers in enumerate(assignment.stage_layers):
+            lines.append(f"    stage {stage:>3} on rank {assignment.rank_of_stage[stage]:>3}: "
+                         f"{compress_names([layer.name for layer in layers])}")
+    estimates = estimate_plan_memory(plan, assignment) if assignment else None
+    if estimates:
+        lines.append("  memory    per device (estimate): rank: parameters + gradients + optimizer + activations = total / capacity")
+        for rank, (estimate, devices) in enumerate(zip(estimates, pipeline_rank_devices(plan))):
+            capacity = min((d.memory for d in devices), default=0)
+            lines.append(f"    {rank:>3}: {format_bytes(estimate.params)} + {format_bytes(estimate.grads)} + "
+                         f"{format_bytes(estimate.optimizer)} + {format_bytes(estimate.activations)} = "
+                         f"{format_bytes(estimate.total)} / {format_bytes(capacity)}")
+    return "\n".join(lines)
+
+
+def describe_document(document: ir.Document, plans: list[ir.Plan]) -> str:
+    if not plans:
+        names = [f"{len(getattr(document, k))} {k}" for k in ("devices", "nodes", "clusters", "models", "schedules")
+                 if getattr(document, k)]
+        return f"{document.file}: no plan; defines {', '.join(names) or 'nothing'}"
+    return "\n\n".join(describe_plan(plan) for plan in plans)

@@ -1,0 +1,160 @@
+"""Data parallelism: the plan's `data = KIND over AXES` with torch's own wrappers.
+
+Stage: interpreter. Contract: `apply_dp(model, kind, dp_mesh, device)` returns the module to run:
+replicate -> DistributedDataParallel (torch's composable `replicate` for TP's DTensor parameters and for
+pipeline stages: see `apply_ddp`), zero1 -> the same plus `build_dp_optimizer`'s ZeroRedundancyOptimizer
+(`zero.Zero1Optimizer` for DTensor parameters), zero2 -> fully_shard(reshard_after_forward=False),
+zero3 -> fully_shard, hsdp -> fully_shard on the 2-D (replicate, shard) mesh. Parameter names are kept.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+import warnings
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor, Shard
+from torch.nn.parallel import DistributedDataParallel
+
+from plandsl import ir
+from plandsl.runtime.parallel.expert_parallel import expert_shards
+from plandsl.runtime.optim import build_optimizer, optimizer_settings
+from plandsl.runtime.parallel.zero import Zero1Optimizer
+
+SHARDED = ("zero2", "zero3", "hsdp")
+_RECOMPUTE_WRAPPER = re.compile(r"\._checkpoint_wrapped_module(?=\.|$)")  # checkpoint_wrapper's child
+# FSDP2 warns when a wrapped module returns a view (the logits of `head`); nothing here edits it in place.
+warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+
+
+def apply_dp(model: nn.Module, kind: str, dp_mesh: DeviceMesh, device: torch.device,
+             expert_mesh: DeviceMesh | None = None, pipelined: bool = False,
+             data_shards: dict[str, dict[str, int]] | None = None) -> nn.Module:
+    """`expert_mesh`: what expert-parallel shards are reduced over (see `_group_experts`); `pipelined`:
+    `model` is a pipeline stage; `data_shards`: the modules shard rules split over the data axis
+    (`shard_by_rules`)."""
+    if data_shards:
+        shard_by_rules(model, data_shards, dp_mesh)
+    if kind in SHARDED:
+        return apply_fsdp(model, dp_mesh, reshard_after_forward=kind != "zero2", expert_mesh=expert_mesh)
+    return apply_ddp(model, dp_mesh, device, expert_mesh, pipelined)
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool,
+               expert_mesh: DeviceMesh | None = None) -> nn.Module:
+    """One FSDP group per block, the rest (embedding, final norm, head) in the root's group."""
+    ignored = _group_experts(model, expert_mesh, fully_shard, reshard_after_forward=reshard_after_forward)
+    blocks = _blocks(model)
+    for index, block in enumerate(blocks):
+        # The last block's parameters are needed again at once by the backward: keep them gathered.
+        last = index == len(blocks) - 1
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward and not last,
+                    ignored_params=ignored)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, ignored_params=ignored)
+    return model
+
+
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, device: torch.device,
+              expert_mesh: DeviceMesh | None = None, pipelined: bool = False) -> nn.Module:
+    """DistributedDataParallel, except for DTensor parameters (DDP does not take them) and pipeline
+    stages, which get torch's composable `replicate`: torch's stages run every forward under DDP's
+    `no_sync` and sync in the last backward only, which DDP's reducer does not survive with every
+    schedule (with GPipe's order its bucket rebuild fails on step 2, checked with torch 2.13), nor with
+    several stages per rank or a split backward (I, W); `replicate` is the FSDP2 machinery torch's
+    stages drive for every schedule."""
+    if pipelined or any(isinstance(p, DTensor) for p in model.parameters()):  # tensor or expert parallel
+        return apply_replicate(model, dp_mesh, expert_mesh)
+    device_ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids)
+
+
+def apply_replicate(model: nn.Module, dp_mesh: DeviceMesh, expert_mesh: DeviceMesh | None = None) -> nn.Module:
+    """Replication for tensor- and expert-parallel (DTensor) parameters, which DistributedDataParallel does
+    not take: torch's composable `replicate`, FSDP2's machinery without sharding, grouped like `apply_fsdp`."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    ignored = _group_experts(model, expert_mesh, replicate)
+    for block in _blocks(model):
+        replicate(block, mesh=dp_mesh, ignored_params=ignored)
+    replicate(model, mesh=dp_mesh, ignored_params=ignored)
+    return model
+
+
+def shard_by_rules(model: nn.Module, data_shards: dict[str, dict[str, int]], dp_mesh: DeviceMesh) -> None:
+    """Each module a shard rule splits over the data axis (module -> parameter -> dim, from
+    `tensor_parallel.tp_rules`) becomes an FSDP group of its own, every parameter sharded along its
+    rule's dim (FSDP2's `shard_placement_fn`; on top of a tensor-parallel split of another dim): its
+    storage is 1/N over the axis, gathered for compute and freed after, gradients reduce-scattered.
+    The data-parallel groups built next leave it out. Modules a pipeline stage lacks are skipped."""
+    modules = {_RECOMPUTE_WRAPPER.sub("", name): module for name, module in model.named_modules()}
+    for name, dims in data_shards.items():
+        module = modules.get(name)
+        if module is None:
+            continue
+        placements = {id(param): Shard(dims[param_name] % param.ndim)
+                      for param_name, param in module.named_parameters(recurse=False)}
+        fully_shard(module, mesh=dp_mesh, shard_placement_fn=lambda param, placements=placements: placements[id(param)])
+
+
+def _group_experts(model: nn.Module, expert_mesh: DeviceMesh | None, wrap, **options) -> set[nn.Parameter] | None:
+    """Expert-parallel shards differ between expert ranks, so the groups over the batch axes (which include
+    the expert axis) must leave them out: each layer's experts get a group of their own over `expert_mesh`
+    (the other batch axes; wrapped first, so the enclosing groups skip them), or, with no such axes, no
+    group: the returned parameters, for the other groups to ignore. Their gradients come already scaled
+    (`ExpertShards`), so the groups' mean over `expert_mesh` gives the global-batch mean."""
+    shards = expert_shards(model)
+    if not shards:
+        return None
+    if expert_mesh is None:
+        return {param for module in shards for param in module.parameters()}
+    for module in shards:
+        wrap(module, mesh=expert_mesh, **options)
+    return None
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    layers = getattr(model, "layers", None)
+    return list(layers.values()) if isinstance(layers, nn.ModuleDict) else []
+
+
+def build_dp_optimizer(plan: ir.Plan, models: list[nn.Module], dp_mesh: DeviceMesh | None,
+                       expert_mesh: DeviceMesh | None = None) -> torch.optim.Optimizer:
+    """The optimizer over every parameter of this rank's model parts (each once). ZeRO-1 partitions its
+    states over the data ranks: with torch's ZeroRedundancyOptimizer for plain parameters, with
+    `zero.Zero1Optimizer` for DTensors (tensor-parallel and expert shards, pipeline stages), where the
+    expert shards are partitioned over `expert_mesh` only (the ranks holding the same experts)."""
+    params = list({id(p): p for model in models for p in model.parameters()}.values())
+    if plan.data is None or plan.data.kind != "zero1" or dp_mesh is None:
+        return build_optimizer(plan, params)
+    cls, kwargs = optimizer_settings(plan)
+    if not any(isinstance(p, DTensor) for p in params):
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=dp_mesh.get_group(), **kwargs)
+    experts = {id(p) for model in models for module in expert_shards(model) for p in module.parameters()}
+    shared, own, expert = [], [], []  # own: a shard rule's `Shard(d) @ dp`, held by no other rank
+    for p in params:
+        (expert if id(p) in experts else own if _split_over(p, dp_mesh) else shared).append(p)
+    partitions = [(shared, dp_mesh.get_group()), (own, None),
+                  (expert, expert_mesh.get_group() if expert_mesh else None)]
+    return Zero1Optimizer(partitions, cls, **kwargs)
+
+
+def _split_over(param: torch.Tensor, mesh: DeviceMesh) -> bool:
+    """Whether a DTensor parameter is split (not replicated) over a dimension of `mesh`."""
+    if not isinstance(param, DTensor) or param.device_mesh.mesh_dim_names is None:
+        return False
+    return any(name in mesh.mesh_dim_names and not placement.is_replicate()
+               for name, placement in zip(param.device_mesh.mesh_dim_names, param.placements))
+
+
+def gradient_sync(module: nn.Module, enabled: bool):
+    """A context in which the backward does (or, to accumulate locally, does not) reduce gradients.
+
+    DDP skips its all-reduce inside `no_sync`; FSDP modules reduce-scatter every microbatch, as
+    torchtitan does, so gradients stay sharded while they accumulate.
+    """
+    if isinstance(module, DistributedDataParallel) and not enabled:
+        return module.no_sync()
+    return contextlib.nullcontext()

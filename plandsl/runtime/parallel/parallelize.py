@@ -1,0 +1,66 @@
+"""Apply the plan's parallelisms to a model (or to one pipeline stage of it), in a fixed order.
+
+Stage: interpreter. Contract: `parallelize(plan, model, mesh, device)` moves the model to `device`,
+chains the `apply_*` verbs and returns the module to call (a DDP wrapper, or the model itself when
+the wrappers are composable); parameter names stay the catalogue's, up to wrapper prefixes.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from plandsl import ir
+from plandsl.runtime.parallel.context_parallel import apply_cp
+from plandsl.runtime.parallel.data_parallel import apply_dp
+from plandsl.runtime.parallel.expert_parallel import apply_ep
+from plandsl.runtime.parallel.mesh import submesh
+from plandsl.runtime.parallel.recompute import apply_ac
+from plandsl.runtime.parallel.tensor_parallel import apply_tp, tp_rules
+
+
+def data_mesh(plan: ir.Plan, mesh: DeviceMesh) -> DeviceMesh | None:
+    """The mesh gradients are reduced over: `plan.reduce_axes()` (2-D for hsdp), None when they split nothing."""
+    axes = plan.reduce_axes()
+    if math.prod(plan.mesh.degree(axis) for axis in axes) == 1:
+        return None
+    if plan.data is not None and plan.data.kind == "hsdp":
+        return mesh[tuple(plan.data.axes)]
+    return submesh(mesh, axes)
+
+
+def expert_data_mesh(plan: ir.Plan, mesh: DeviceMesh) -> DeviceMesh | None:
+    """The mesh expert parameters are reduced over: `plan.reduce_axes()` without the expert axis (each expert
+    rank holds other experts); None when those split nothing."""
+    if plan.experts is None:
+        return None
+    axes = tuple(axis for axis in plan.reduce_axes() if axis != plan.experts.axis)
+    if math.prod(plan.mesh.degree(axis) for axis in axes) == 1:
+        return None
+    return submesh(mesh, axes)
+
+
+def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Module:
+    model.to(device)
+    # 1. Tensor parallelism first: it replaces parameters by DTensors that the later wrappers keep.
+    rules = tp_rules(plan)[0]
+    if plan.tensor is not None and plan.tp > 1:
+        apply_tp(model, mesh[plan.tensor.axis], plan.tensor.sequence_parallel, rules)
+    # 2. Expert parallelism: experts become DTensor shards over the expert axis, which data
+    #    parallelism must then leave out of their reduction.
+    if plan.experts is not None and plan.ep > 1:
+        apply_ep(model, mesh[plan.experts.axis])
+    # 3. Context parallelism: positions and attention's K/V gather; parameters are untouched.
+    if plan.context is not None and plan.cp > 1:
+        apply_cp(model, plan.context.kind, mesh[plan.context.axis], plan.seq, device)
+    # 4. Recomputation wraps blocks, so data parallelism sees (and shards) the wrapped blocks.
+    apply_ac(model, plan.train.recompute)
+    # 5. Data parallelism last: it reduces (and for ZeRO-2/3 shards) whatever parameters remain.
+    dp_mesh = data_mesh(plan, mesh)
+    if dp_mesh is not None:
+        kind = plan.data.kind if plan.data is not None else "replicate"  # expert axis alone: replicate
+        return apply_dp(model, kind, dp_mesh, device, expert_data_mesh(plan, mesh), pipelined=plan.stages is not None,
+                        data_shards={name: rule.data for name, rule in rules.items() if rule.data})
+    return model

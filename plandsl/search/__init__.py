@@ -1,0 +1,331 @@
+"""Search: the fastest plans for a model on a cluster under the cost model (`plandsl generate`).
+
+Stage: after the cost model. Contract: `search(problem, pins, top)` returns the `top` candidates
+with the lowest predicted step time that fit in memory, best first, each with its `PlanEstimate`
+(`cost.estimate`, the same figures `plandsl estimate` prints for the emitted plan) and its
+`ir.Plan`; a `SearchError` (a ValueError) with a plain message when nothing can run.
+
+The space (`Candidate`): every factorisation of the device count into dp x tp x pp x cp x ep that
+the model's shapes allow (tp divides heads, kv heads, hidden, ffn and vocabulary; cp the sequence;
+ep the experts; pp at most the blocks; dp x ep the global batch), every order of the mesh axes that
+places the groups differently on the nodes, micro-batch sizes dividing the per-replica batch, the
+built-in schedules with their virtual stages (Chimera only when pinned: it holds two stages' weights
+per rank, which the memory model does not count), ZeRO stages 0-3 and recomputation none/selective/selective_op/full.
+Blocks go to stages by `partition_blocks` (the fewest seconds on the slowest stage, within memory).
+
+Best-first branch and bound (Land & Doig 1960): a root (layout, mesh order) and a node (plus
+micro-batch, recomputation) bound every plan below by the work spread perfectly over the ranks; a leaf (plus ZeRO stage
+and schedule) by each rank's work after the first microbatch reached it and before the last
+gradient flows back, plus its exposed reduction and optimizer step. Memory prunes before any
+timing; a leaf is simulated only while its bound is below the k-th best simulated step, so the
+result is the top k of brute force (tests/unit/test_search.py checks it).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
+
+from plandsl import ir
+from plandsl.cost.compute import Efficiency
+from plandsl.cost.estimate import PlanEstimate
+from plandsl.schedules.registry import BUILTIN
+from plandsl.search.choices import AXES, RECOMPUTE, divisors, schedule_choices
+from plandsl.search.space import Leaf, Node, Root, Space, partition_blocks, partition_layers
+
+PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
+            "virtual_stages", "zero_stage", "recompute", "order", "tp_across_nodes")
+# Tensor parallelism stays inside a node unless pinned otherwise: its all-reduces sit on every layer's
+# critical path (Narayanan et al. 2021, Sec. 3.3: "tensor model parallelism ... within a multi-GPU
+# server"), where a node's link is an order of magnitude faster than the fabric.
+PIN_ALIASES = {"mb": "micro_batch_size", "micro_batch": "micro_batch_size", "microbatches": "num_microbatches",
+               "m": "num_microbatches", "virtual": "virtual_stages", "zero": "zero_stage"}
+# Context parallelism as the search proposes it: K and V all-gathered (Llama 3's choice), which
+# `plandsl run` runs on CPU and CUDA; `ring` is costed when a plan asks for it (it runs on CPU, E702 on CUDA).
+CONTEXT = "allgather"
+
+
+class SearchError(ValueError):
+    """Nothing in the space can run (with the reason and, where it helps, what would)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    model: ir.Model
+    cluster: ir.Cluster
+    global_batch: int
+    seq: int | None = None                     # None: the model's
+    precision: ir.Precision = ir.Precision.bf16
+    optimizer: ir.Optimizer = ir.Optimizer.adam
+
+    @property
+    def sequence(self) -> int:
+        return self.seq or getattr(self.model, "seq", 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One point of the space: a small frozen record, printable as the pins that select it."""
+
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    order: tuple[str, ...]      # mesh axes of size > 1, outermost first (the last is innermost)
+    micro_batch_size: int
+    num_microbatches: int
+    schedule: str               # "" without a pipeline
+    virtual_stages: int
+    zero_stage: int
+    recompute: str
+    sequence_parallel: bool
+
+    def degrees(self) -> dict[str, int]:
+        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep}
+
+    def pins(self) -> dict[str, object]:
+        return {**self.degrees(), "micro_batch_size": self.micro_batch_size, "schedule": self.schedule or "none",
+                "virtual_stages": self.virtual_stages, "zero_stage": self.zero_stage, "recompute": self.recompute,
+                "order": ",".join(self.order)}
+
+    def describe(self) -> str:
+        axes = " ".join(f"{k}={v}" for k, v in self.degrees().items() if v > 1) or "1 device"
+        pipeline = f" {self.schedule}" + (f" v={self.virtual_stages}" if self.virtual_stages > 1 else "") \
+            if self.pp > 1 and self.schedule else ""  # a node's record has no schedule yet
+        return (f"{axes} mb={self.micro_batch_size} m={self.num_microbatches}{pipeline} "
+                f"zero{self.zero_stage} recompute={self.recompute}")
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    candidate: Candidate
+    blocks: tuple[int, ...]     # layers per stage
+    estimate: PlanEstimate
+    plan: ir.Plan = field(repr=False)
+
+
+@dataclass
+class SearchStats:
+    roots: int = 0              # layouts x mesh orders
+    nodes: int = 0              # ... x micro-batch sizes x recomputation, expanded from the roots
+    expanded: int = 0
+    leaves: int = 0             # ... x ZeRO stages x schedules, with a bound
+    simulated: int = 0
+    memory_pruned: int = 0
+    invalid: int = 0
+    tp_across_nodes: int = 0    # mesh orders left out because a tensor-parallel group would span nodes
+    seconds: float = 0.0
+    memory_example: str = ""    # the plan that came closest to fitting, and what it needs
+    memory_example_ratio: float = math.inf
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    candidates: tuple[Scored, ...]
+    stats: SearchStats
+
+    @property
+    def best(self) -> Scored:
+        return self.candidates[0]
+
+
+# ---- pins -------------------------------------------------------------------------------------------------
+def parse_pins(pins: Mapping[str, object] | Iterable[str] | None) -> dict[str, object]:
+    """`{"tp": "8", ...}` or `["tp=8", ...]` -> typed pins; SearchError for unknown keys or values."""
+    if pins is None:
+        return {}
+    items = pins.items() if isinstance(pins, Mapping) else (_split_pin(p) for p in pins)
+    items = [(k, ",".join(v) if isinstance(v, (tuple, list)) else v) for k, v in items]
+    typed: dict[str, object] = {}
+    for raw_key, raw in items:
+        key = PIN_ALIASES.get(str(raw_key).strip(), str(raw_key).strip())
+        if key not in PIN_KEYS:
+            from plandsl.diagnostics import did_you_mean
+            hint = did_you_mean(key, PIN_KEYS, "pins")
+            raise SearchError(f"unknown pin '{raw_key}'" + (f"; {hint}" if hint else "")
+                              + f" (pins: {', '.join(PIN_KEYS)})")
+        value = str(raw).strip()
+        if key == "schedule":
+            if value not in BUILTIN and value != "none":
+                raise SearchError(f"unknown schedule '{value}' in --pin schedule; the built-in ones are "
+                                  f"{', '.join(BUILTIN)}")
+        elif key == "recompute":
+            if value not in RECOMPUTE:
+                raise SearchError(f"--pin recompute={value}: recompute is one of {', '.join(RECOMPUTE)}")
+        elif key == "tp_across_nodes":
+            if value.lower() not in ("true", "false", "yes", "no", "1", "0"):
+                raise SearchError(f"--pin tp_across_nodes={raw}: true or false")
+            value = value.lower() in ("true", "yes", "1")
+        elif key == "order":
+            value = tuple(a.strip() for a in value.split(",") if a.strip())
+            if len(set(value)) != len(value) or not set(value) <= set(AXES):
+                raise SearchError(f"--pin order={raw}: a comma-separated order of distinct axes among "
+                                  f"{', '.join(AXES)}, outermost first")
+        else:
+            try:
+                value = int(value)
+            except ValueError:
+                raise SearchError(f"--pin {key}={raw}: {key} is a whole number") from None
+            low = 0 if key == "zero_stage" else 1
+            if value < low or (key == "zero_stage" and value > 3):
+                raise SearchError(f"--pin {key}={raw}: {key} is " + ("0, 1, 2 or 3" if key == "zero_stage"
+                                                                     else "at least 1"))
+        if key in typed and typed[key] != value:
+            raise SearchError(f"contradictory pins: {key}={typed[key]} and {key}={raw}")
+        typed[key] = value
+    return typed
+
+
+def _split_pin(text: str) -> tuple[str, str]:
+    key, sep, value = str(text).partition("=")
+    if not sep or not key.strip():
+        raise SearchError(f"pin '{text}' is not KEY=VALUE (e.g. tp=8)")
+    return key, value
+
+
+def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
+    """Contradictions the pins carry on their own (before any search)."""
+    n = problem.cluster.num_devices
+    degrees = {k: pins[k] for k in ("dp", "tp", "pp", "cp", "ep") if k in pins}
+    product = math.prod(degrees.values()) if degrees else 1
+    shown = " * ".join(f"{k}({v})" for k, v in degrees.items())
+    if degrees and (n % product or (len(degrees) == 5 and product != n)):
+        raise SearchError(f"contradictory pins: {shown} = {product}, which "
+                          + (f"does not divide the {n} devices" if n % product else f"!= {n} devices")
+                          + f" of cluster '{problem.cluster.name}'")
+    smallest_node = min(group.node.devices for group in problem.cluster.groups)
+    if pins.get("tp", 1) > smallest_node and not pins.get("tp_across_nodes"):
+        raise SearchError(f"--pin tp={pins['tp']}: tensor parallelism stays inside a node (its all-reduces are on "
+                          f"every layer's critical path), and the nodes of cluster '{problem.cluster.name}' hold "
+                          f"{smallest_node} devices; pin tp to at most {smallest_node}, or allow it with "
+                          "--pin tp_across_nodes=true")
+    schedule = pins.get("schedule")
+    virtual = pins.get("virtual_stages")
+    if schedule and schedule != "none" and virtual is not None:
+        info = BUILTIN[schedule]
+        wanted = {"one": {1}, "two": {2}}.get(info.virtual)
+        if info.pipelines == 2:
+            wanted = {1}
+        if wanted is not None and virtual not in wanted:
+            raise SearchError(f"contradictory pins: schedule {schedule} runs {min(wanted)} stage(s) per rank, "
+                              f"virtual_stages={virtual}")
+    if all(k in pins for k in ("micro_batch_size", "num_microbatches")):
+        per_replica = pins["micro_batch_size"] * pins["num_microbatches"]
+        if problem.global_batch % per_replica:
+            raise SearchError(f"contradictory pins: micro_batch_size({pins['micro_batch_size']}) * "
+                              f"num_microbatches({pins['num_microbatches']}) = {per_replica} does not divide "
+                              f"the global batch {problem.global_batch}")
+    if "order" in pins:
+        named = [a for a in pins["order"]]
+        for axis in named:
+            if axis in pins and pins[axis] == 1:
+                raise SearchError(f"contradictory pins: order names '{axis}', pinned to size 1 "
+                                  "(the order lists the axes of size > 1)")
+
+
+def candidate_of(node: Node, schedule: str, virtual: int, zero: int) -> Candidate:
+    r = node.root
+    return Candidate(r.dp, r.tp, r.pp, r.cp, r.ep, r.order, node.micro_batch, node.microbatches, schedule, virtual,
+                     zero, node.recompute, r.sequence_parallel)
+
+
+def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
+    """The candidate as an `ir.Plan` (what `search_emit.plan_text` writes, once lowered); the
+    layers of its stages are given to `cost.estimate` as an assignment."""
+    sizes = c.degrees()
+    order = c.order or ("dp",)
+    mesh = ir.Mesh.model_construct(axes=tuple(ir.Axis.model_construct(name=a, size=sizes[a]) for a in order),
+                                   first_device=0, part=None)
+    kinds = {0: "replicate", 1: "zero1", 2: "zero2", 3: "zero3"}
+    data_axes = ("dp",) if c.dp > 1 else (("ep",) if c.ep > 1 else ())
+    data = ir.DataParallel.model_construct(kind=kinds[c.zero_stage], axes=data_axes) if data_axes else None
+    tensor = ir.TensorParallel.model_construct(style="megatron", axis="tp", sequence_parallel=c.sequence_parallel) \
+        if c.tp > 1 else None
+    context = ir.ContextParallel.model_construct(kind=CONTEXT, axis="cp") if c.cp > 1 else None
+    experts = ir.ExpertParallel.model_construct(kind="alltoall", axis="ep") if c.ep > 1 else None
+    stages = schedule = None
+    if c.pp > 1:
+        name = c.schedule or "1f1b"
+        two = BUILTIN[name].virtual == "two" and BUILTIN[name].pipelines == 1
+        stages = ir.Stages.model_construct(axis="pp", mode="explicit", virtual=c.virtual_stages,
+                                           rank_map="vshape" if two else "loop", groups=())
+        schedule = ir.ScheduleRef.model_construct(name=name, options={}, definition=None)
+    train = base.train.model_copy(update={"micro_batch": c.micro_batch_size, "recompute": ir.Recompute(c.recompute)})
+    return base.model_copy(update={"mesh": mesh, "train": train, "data": data, "tensor": tensor, "context": context,
+                                   "experts": experts, "stages": stages, "schedule": schedule})
+
+
+# ---- the search ---------------------------------------------------------------------------------------------------
+def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None = None, top: int = 5,
+           efficiency: Efficiency | None = None,
+           progress: Callable[[int, int], None] | None = None, explain: bool = True,
+           first: bool = False) -> SearchResult:
+    """The `top` fastest candidates that fit, best first (exactly those brute force ranks first);
+    `first`: the first candidate found that fits, not the best (whether any does). SearchError when
+    none does, saying why (`explain`; without it, only that none does)."""
+    started = time.perf_counter()
+    pins = parse_pins(pins)
+    check_pins(problem, pins)
+    space = Space(problem, pins, efficiency)
+    roots = space.roots()
+    counter = itertools.count()
+    heap: list = [(root.bound, next(counter), root) for root in roots]
+    heapq.heapify(heap)
+    results: list[Scored] = []
+    done = 0
+    while heap and len(results) < top:
+        _, _, item = heapq.heappop(heap)
+        if isinstance(item, Root):
+            done += 1
+            if progress:
+                progress(done, len(roots))
+            children = space.expand_root(item)
+        elif isinstance(item, Node):
+            children = space.expand(item)
+        elif isinstance(item, Leaf):
+            scored = space.evaluate(item)
+            children = []
+            if scored is not None and first:
+                results.append(scored)
+                break
+            if scored is not None:
+                heapq.heappush(heap, (scored.estimate.time.step, next(counter), scored))
+        else:
+            results.append(item)
+            continue
+        for child in children:
+            heapq.heappush(heap, (child.bound, next(counter), child))
+    if progress:
+        progress(len(roots), len(roots))
+    space.stats.seconds = time.perf_counter() - started
+    if not results:
+        if not explain:
+            raise SearchError(f"no plan of '{problem.model.name}' on '{problem.cluster.name}'")
+        from plandsl.search.emit import explain_empty
+        raise SearchError(explain_empty(problem, pins, space))
+    return SearchResult(tuple(results), space.stats)
+
+
+def brute_force(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None = None,
+                efficiency: Efficiency | None = None) -> list[Scored]:
+    """Every candidate of the space that fits, simulated, sorted by step time (for tests: small spaces only)."""
+    pins = parse_pins(pins)
+    check_pins(problem, pins)
+    space = Space(problem, pins, efficiency)
+    out = []
+    for root in space.roots():
+        for node in space.expand_root(root):
+            for leaf in space.expand(node):
+                scored = space.evaluate(leaf)
+                if scored is not None:
+                    out.append(scored)
+    return sorted(out, key=lambda s: s.estimate.time.step)
+
+
+__all__ = ["Problem", "Candidate", "Scored", "SearchResult", "SearchStats", "SearchError", "search", "brute_force",
+           "parse_pins", "check_pins", "partition_blocks", "partition_layers", "build_plan", "candidate_of",
+           "schedule_choices", "PIN_KEYS", "divisors"]

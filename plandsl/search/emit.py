@@ -1,0 +1,393 @@
+"""What `plandsl generate` reads and writes around the search: the model and cluster named on the
+command line, the emitted `.plan` text, the JSON record of a candidate, the table and the *why*.
+
+Stage: around `plandsl.search`. Contract: `resolve_problem(model, cluster, ...)` turns a model
+expression (`gpt(layers=96, ...)`), a stdlib model name or `FILE.plan:NAME`, and a cluster (`dgx_a100
+x 128`, a name) into a `Problem` and the import lines that define them, through the language itself;
+`plan_text(scored, source)` writes a plan that `plandsl check` passes unchanged, with its predicted
+figures as comments. Bad input raises `SearchError` with a plain message.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from plandsl import ir
+from plandsl.ir.layers import layers_of, param_count
+from plandsl.ir.placement import split_evenly
+from plandsl.schedules.registry import BUILTIN
+from plandsl.search import CONTEXT, Problem, Scored, SearchError, SearchResult
+from plandsl.lower.units import format_bytes
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Source:
+    """How the emitted plan names its model and cluster: imports and two expressions."""
+
+    imports: tuple[str, ...]
+    model: str
+    cluster: str
+
+
+# ---- reading the command line ----------------------------------------------------------------------------
+def _stdlib_names() -> dict[str, str]:
+    """Name -> the stdlib file (`clusters/dgx_a100`) that defines it, for clusters and models."""
+    from plandsl import api
+    from plandsl.syntax.loader import stdlib_files, stdlib_root
+    found: dict[str, str] = {}
+    for name in stdlib_files():
+        if not name.startswith(("clusters/", "models/")):
+            continue
+        document = api.load(stdlib_root() / f"{name}.plan")
+        local = [*document.devices, *document.nodes, *document.clusters, *document.models]
+        for item in local:
+            if item.name not in found and document.file.endswith(f"{name}.plan"):
+                found.setdefault(item.name, name)
+    return found
+
+
+_STDLIB: dict[str, str] | None = None
+
+
+def stdlib_names() -> dict[str, str]:
+    global _STDLIB
+    if _STDLIB is None:
+        _STDLIB = _stdlib_names()
+    return _STDLIB
+
+
+def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | None = None,
+                    precision: str = "bf16") -> tuple[Problem, Source]:
+    """The model and the cluster, resolved by the language (so they mean what they mean in a plan)."""
+    names = stdlib_names()
+    imports: list[str] = []
+    model_text, cluster_text = model.strip(), cluster.strip()
+    if not model_text or not cluster_text:
+        raise SearchError("--model and --cluster must not be empty")
+    if ":" in model_text and "(" not in model_text:
+        path, _, name = model_text.rpartition(":")
+        if not os.path.isfile(path):  # never raises (a name too long, a NUL)
+            raise SearchError(f"cannot read model file '{path}' (from --model {model})")
+        imports.append(str(Path(path).resolve()))
+        model_text = name
+    for text in (model_text, cluster_text):
+        for word in _NAME.findall(text):
+            if word in names and names[word] not in imports:
+                imports.append(names[word])
+    _known(model_text, "model", [n for n, f in names.items() if f.startswith("models/")], imports)
+    _known(cluster_text, "cluster", [n for n, f in names.items() if f.startswith("clusters/")], imports)
+    found_model = _resolve(imports, f"model __model = {model_text}", "--model", model)
+    found_cluster = _resolve(imports, f"cluster __cluster = {cluster_text}", "--cluster", cluster)
+    try:
+        found_precision = ir.Precision(precision)
+    except ValueError:
+        raise SearchError(f"--precision {precision}: one of {', '.join(p.value for p in ir.Precision)}") from None
+    missing = sorted({d.name for d in found_cluster.devices_in_order() if found_precision not in d.peak})
+    if missing:
+        raise SearchError(f"device(s) {', '.join(missing)} of cluster '{cluster}' give no peak for {precision}")
+    if global_batch < 1:
+        raise SearchError(f"--global-batch must be at least 1, got {global_batch}")
+    # Name them as the user did (the plan writes the expressions, not these names).
+    found_model = found_model.model_copy(update={"name": model_text if _NAME.fullmatch(model_text) else "model"})
+    found_cluster = found_cluster.model_copy(update={"name": cluster_text})
+    _runnable(found_model, model, seq_len)
+    problem = Problem(found_model, found_cluster, global_batch, seq_len, found_precision)
+    return problem, Source(tuple(imports), model_text, cluster_text)
+
+
+def _resolve(imports: list[str], line: str, option: str, given: str):
+    """One definition checked by the language; its first error as a plain message."""
+    from plandsl import api
+    from plandsl.syntax.loader import include
+    header = "".join(f'import "{i}"\n' for i in imports)
+    with include(os.path.dirname(i) for i in imports if os.path.isabs(i)):  # a file named by --model
+        analysis = api.checks(header + line + "\n", path="<generate>")
+    if not analysis.ok or analysis.document is None:
+        first = analysis.errors[0]
+        hint = f" ({first.hint})" if first.hint and "names in scope" not in first.hint else ""
+        raise SearchError(f"{option} {given}: {first.message}{hint}")
+    document = analysis.document
+    found = [*document.models, *document.clusters]
+    return next(item for item in found if item.name in ("__model", "__cluster"))
+
+
+def _runnable(model: ir.Model, given: str, seq_len: int | None) -> None:
+    """The shapes a model needs to run (E220-E224, as `check` has them): no plan is searched for one that has none."""
+    from plandsl.check.model import model_shapes
+    for problem in model_shapes(model, seq=seq_len):
+        hint = f"--seq-len {model.seq} or less" if problem.code == "E224" else problem.hint
+        raise SearchError(f"--model {given}: {problem.message} ({problem.code}; {hint})")
+
+
+def _known(text: str, what: str, options: list[str], imports: list[str]) -> None:
+    """A bare name must be a stdlib name (or come from an imported file)."""
+    from plandsl.diagnostics import did_you_mean
+    if not _NAME.fullmatch(text) or any(not i.startswith(("clusters/", "models/")) for i in imports):
+        return
+    names = stdlib_names()
+    if text not in names:
+        hint = did_you_mean(text, options, f"{what}s")
+        raise SearchError(f"unknown {what} '{text}'" + (f"; {hint}" if hint else "")
+                          + f" (standard {what}s: {', '.join(sorted(options))})")
+
+
+# ---- writing the plan ------------------------------------------------------------------------------------
+def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "generated",
+              train_extra: tuple[str, ...] = (), train_text: str | None = None) -> str:
+    """The candidate as a plan; `train_extra`: more `key: value` items for its train dict (the settings
+    the search does not choose, from a partial plan: `search_from`); `train_text`: the train expression
+    to write instead (a partial plan's own, when it fixed what the search would choose)."""
+    from plandsl import api
+    c = scored.candidate
+    sizes = c.degrees()
+    order = c.order or ("dp",)
+    mesh = ", ".join(f"{a} = {sizes[a]}" for a in order)
+    train = [f"global_batch: {problem.global_batch}", f"micro_batch: {c.micro_batch_size}"]
+    if problem.seq:
+        train.append(f"seq: {problem.seq}")
+    train += [f"precision: {problem.precision.value}", f"recompute: {c.recompute}", *train_extra]
+    lines = [f'import "{i}"' for i in source.imports]
+    lines += ["", *header(scored.estimate), "", f"plan {name} {{", f"  model    = {source.model}",
+              f"  cluster  = {source.cluster}", f"  mesh     = [{mesh}]",
+              f"  train    = {train_text or '{ ' + ', '.join(train) + ' }'}"]
+    kinds = {0: "replicate", 1: "zero1", 2: "zero2", 3: "zero3"}
+    if c.dp > 1 or c.ep > 1:
+        lines.append(f"  data     = {kinds[c.zero_stage]} over {'dp' if c.dp > 1 else 'ep'}")
+    if c.tp > 1:
+        lines.append("  tensor   = megatron over tp" + (" with sequence_parallel" if c.sequence_parallel else ""))
+    if c.cp > 1:
+        lines.append(f"  context  = {CONTEXT} over cp")
+    if c.ep > 1:
+        lines.append("  experts  = alltoall over ep")
+    if c.pp > 1:
+        lines += stage_lines(scored, problem)
+        lines.append(f"  schedule = {c.schedule}")
+    elif c.schedule:
+        lines.append(f"  # schedule {c.schedule} was pinned; with pp = 1 there is no pipeline to schedule")
+    lines.append("}")
+    return api.format_text("\n".join(lines).lstrip("\n") + "\n", "<generate>")
+
+
+def checked_texts(result: SearchResult, problem: Problem, source: Source,
+                  path: str | None = None) -> tuple[SearchResult, list[str]]:
+    """The candidates whose plan text passes `plandsl check` (checked as the file `path` would be), and
+    their texts (already in `plandsl fmt`'s layout); PlanError with the first one's diagnostics, marked
+    as a bug, when none does."""
+    import os
+    from dataclasses import replace
+    from plandsl import api
+    from plandsl.diagnostics import Note, PlanError
+    where = str(path) if path else os.path.join(os.getcwd(), "generated.plan")
+    kept, failure = [], None
+    for scored in result.candidates:
+        text = plan_text(scored, problem, source)
+        analysis = api.checks(text, path=where)
+        if analysis.ok:
+            kept.append((scored, text))
+        elif failure is None:
+            failure = analysis
+    if not kept:
+        bug = Note("this is a bug of `plandsl generate`: the plan it wrote should check; please report it")
+        raise PlanError([replace(d, notes=d.notes + (bug,)) for d in failure.errors], failure.sources)
+    return SearchResult(tuple(s for s, _ in kept), result.stats), [t for _, t in kept]
+
+
+def header(estimate) -> list[str]:
+    """The predicted figures of a plan, as the comment lines above it (replaced when it is generated again)."""
+    t, e = estimate.time, estimate
+    capacity = min(e.capacity) if e.capacity else 0
+    return ["# Generated by `plandsl generate` (cost model: docs/cost-model.md). Predicted:",
+            f"#   step {t.step:.4g} s = compute {t.compute:.4g} + exposed communication {t.communication:.4g} "
+            f"+ bubble {t.bubble:.4g} + optimizer {t.optimizer:.4g}",
+            f"#   {e.tokens_per_s:,.0f} tokens/s, {e.tflops_per_device:.1f} TFLOP/s per device, MFU {e.mfu:.1%}",
+            f"#   peak memory {format_bytes(e.peak_memory_bytes)} per device (of {format_bytes(capacity)})"]
+
+
+def stage_lines(scored: Scored, problem: Problem, axis: str = "pp") -> list[str]:
+    """The candidate's stages (over `axis`) as plan lines: `stages = evenly ...` or a `stages { }` block."""
+    c, counts = scored.candidate, scored.blocks
+    info = BUILTIN[c.schedule]
+    vshape = info.virtual == "two" and info.pipelines == 1
+    options = []
+    if c.virtual_stages > 1:
+        options.append(f"virtual = {c.virtual_stages}")
+    if vshape:
+        options.append("map = vshape")
+    layers = layers_of(problem.model)
+    transformer = isinstance(problem.model, ir.TransformerModel)
+    if transformer and list(counts) == [len(p) for p in split_evenly(list(range(sum(counts))), len(counts))]:
+        return [f"  stages   = evenly over {axis}" + (f" with {', '.join(options)}" if options else "")]
+    lines = ["  stages {"] + ([f"    axis = {axis}"] if axis != "pp" else [])
+    if transformer:
+        start = 0
+        spans = []
+        for count in counts:
+            spans.append((start, start + count))
+            start += count
+        last = len(counts) - 1
+        s = 0
+        while s <= last:
+            a, b = spans[s]
+            if s == 0:
+                lines.append(f"    0: embed, layers[{a}:{b}]" + (", norm, head" if last == 0 else ""))
+                s += 1
+                continue
+            if s == last:
+                lines.append(f"    {s}: layers[{a}:{b}], norm, head")
+                break
+            run = s
+            while run + 1 < last and counts[run + 1] == counts[s]:
+                run += 1
+            if run > s:
+                lines.append(f"    {s}..{run + 1}: layers[{a}:{spans[run][1]}]")
+            else:
+                lines.append(f"    {s}: layers[{a}:{b}]")
+            s = run + 1
+    else:
+        start = 0
+        for s, count in enumerate(counts):
+            lines.append(f"    {s}: {', '.join(layer.name for layer in layers[start:start + count])}")
+            start += count
+    lines += [f"    {option}" for option in options] + ["  }"]
+    return lines
+
+
+# ---- JSON and text -----------------------------------------------------------------------------------------
+def run_refusals(scored: Scored) -> list[str]:
+    """Why `plandsl run` would refuse the candidate's plan ("E703: ..."), empty when it runs. The cost
+    model ranks every plan; the interpreter runs most of them (docs/running.md, "Not supported yet")."""
+    from plandsl.runtime.support import refusals
+    return [f"{d.code}: {d.message}" for d in refusals(scored.plan, cuda=False)]
+
+
+def candidate_json(scored: Scored, text: str) -> dict:
+    c, e = scored.candidate, scored.estimate
+    refused = run_refusals(scored)
+    return {"runs": not refused, "refused": refused, "degrees": c.degrees(), **c.degrees(), "mesh_order": list(c.order),
+            "micro_batch_size": c.micro_batch_size, "num_microbatches": c.num_microbatches,
+            "schedule": c.schedule or None, "virtual_stages": c.virtual_stages, "zero_stage": c.zero_stage,
+            "recompute": c.recompute, "sequence_parallel": c.sequence_parallel, "layers_per_stage": list(scored.blocks),
+            "step_time_s": e.time.step, "tokens_per_s": e.tokens_per_s, "tflops_per_device": e.tflops_per_device,
+            "mfu": e.mfu, "peak_memory_bytes": e.peak_memory_bytes,
+            "time": {"compute_s": e.time.compute, "communication_s": e.time.communication,
+                     "bubble_s": e.time.bubble, "optimizer_s": e.time.optimizer},
+            "plan": text}
+
+
+def format_table(result: SearchResult) -> str:
+    head = (f"{'#':>2} {'step s':>9} {'tokens/s':>11} {'TFLOP/s':>8} {'MFU':>6} {'memory':>10}  "
+            f"{'dp':>4} {'tp':>3} {'pp':>3} {'cp':>3} {'ep':>3} {'mb':>3} {'m':>5}  {'schedule':<24} "
+            f"{'zero':>4} {'recompute':<12} mesh")
+    rows = [head]
+    for i, s in enumerate(result.candidates, 1):
+        c, e = s.candidate, s.estimate
+        schedule = (c.schedule + (f" v={c.virtual_stages}" if c.virtual_stages > 1 else "")) if c.pp > 1 else "-"
+        rows.append(f"{i:>2} {e.time.step:>9.4g} {e.tokens_per_s:>11,.0f} {e.tflops_per_device:>8.1f} "
+                    f"{e.mfu:>6.1%} {format_bytes(e.peak_memory_bytes):>10}  {c.dp:>4} {c.tp:>3} {c.pp:>3} "
+                    f"{c.cp:>3} {c.ep:>3} {c.micro_batch_size:>3} {c.num_microbatches:>5}  {schedule:<24} "
+                    f"{c.zero_stage:>4} {c.recompute:<12} [{', '.join(c.order) or 'dp'}]")
+    return "\n".join(rows)
+
+
+_PARTS = (("compute", "compute"), ("communication", "communication"), ("bubble", "pipeline bubble"),
+          ("optimizer", "optimizer step"))
+
+
+def explain(result: SearchResult) -> str:
+    """Why the winner won: its own breakdown, what bounded the runners-up, what memory ruled out."""
+    best = result.best
+    t = best.estimate.time
+    share = ", ".join(f"{label} {getattr(t, part) / t.step:.0%}" for part, label in _PARTS if t.step)
+    lines = [f"why #1: {best.candidate.describe()}: {share} of its {t.step:.4g} s step."]
+    for i, other in enumerate(result.candidates[1:], 2):
+        o = other.estimate.time
+        if o.step <= t.step * (1 + 1e-9):
+            lines.append(f"  #{i} ties with #1 ({other.candidate.describe()}); it holds "
+                         f"{format_bytes(other.estimate.peak_memory_bytes)} per device")
+            continue
+        worse = max(_PARTS, key=lambda p: getattr(o, p[0]) - getattr(t, p[0]))
+        delta = getattr(o, worse[0]) - getattr(t, worse[0])
+        lines.append(f"  #{i} is {o.step / t.step - 1:+.1%}: bounded by {worse[1]} "
+                     f"({getattr(o, worse[0]):.4g} s against {getattr(t, worse[0]):.4g} s, {delta:+.3g} s)")
+    refused = run_refusals(best)
+    if refused:
+        runs = next((i for i, other in enumerate(result.candidates[1:], 2) if not run_refusals(other)), None)
+        lines.append(f"  note: `plandsl run` refuses #1 ({refused[0]})"
+                     + (f"; #{runs} runs ({result.candidates[runs - 1].estimate.time.step / t.step - 1:+.1%})"
+                        if runs else "; none of the top runs: pin what runs, e.g. --pin zero_stage=2"))
+    stats = result.stats
+    if stats.memory_pruned:
+        lines.append(f"  memory ruled out {stats.memory_pruned:,} candidate(s)"
+                     + (f"; the closest: {stats.memory_example}" if stats.memory_example else ""))
+    lines.append(f"  searched {stats.roots:,} layouts x mesh orders, {stats.nodes:,} micro-batch/recompute "
+                 f"choices, bounded {stats.leaves:,} schedules/ZeRO stages, simulated {stats.simulated} "
+                 f"in {stats.seconds:.2f} s")
+    return "\n".join(lines)
+
+
+# ---- when nothing runs ------------------------------------------------------------------------------------------
+def explain_empty(problem: Problem, pins: dict, space) -> str:
+    """A plain message: which constraint left nothing, and what would work."""
+    model, cluster = problem.model, problem.cluster
+    n = cluster.num_devices
+    if not space.layouts():
+        if any(k in pins for k in ("dp", "tp", "pp", "cp", "ep")):
+            shown = ", ".join(f"{k}={v}" for k, v in pins.items() if k in ("dp", "tp", "pp", "cp", "ep"))
+            return (f"no layout of the {n} devices of '{cluster.name}' matches the pins {shown} for model "
+                    f"'{model.name}' and global batch {problem.global_batch} (tp must divide the heads, hidden, "
+                    "ffn and vocabulary; cp the sequence; ep the experts; pp at most the blocks; dp x ep the "
+                    "global batch)")
+        replicas = sorted({dp * ep for dp, _, _, _, ep in space.layouts(check_batch=False)})
+        shown = ", ".join(map(str, replicas[:8])) + (", ..." if len(replicas) > 8 else "")
+        smallest = replicas[0] if replicas else n
+        return (f"global batch {problem.global_batch} is not divisible by any data-parallel degree the layouts of "
+                f"'{model.name}' on {n} devices allow (dp x ep in {{{shown}}}); use a global batch that is a "
+                f"multiple of {smallest}, e.g. {smallest * max(1, -(-problem.global_batch // smallest))}")
+    stats = space.stats
+    if stats.tp_across_nodes and not stats.roots:
+        detail = ", ".join(f"{k}={','.join(v) if isinstance(v, tuple) else v}" for k, v in pins.items())
+        return (f"every mesh order the pins ({detail}) leave puts a tensor-parallel group across nodes of "
+                f"'{cluster.name}', and tensor parallelism stays inside a node (its all-reduces are on every "
+                "layer's critical path): put tp innermost in the order, or allow it with --pin tp_across_nodes=true")
+    if stats.memory_pruned and not stats.invalid:
+        states = _states_bytes(problem)
+        capacity = sum(d.memory for d in cluster.devices_in_order())
+        pinned = f" with the pins {', '.join(f'{k}={v}' for k, v in pins.items())}" if pins else ""
+        return (f"model '{model.name}' ({param_count(model) / 1e9:.3g}B parameters) does not fit on cluster "
+                f"'{cluster.name}' ({n} x {format_bytes(cluster.devices_in_order()[0].memory)}){pinned} in any "
+                f"layout: its weights, gradients and Adam states alone need {format_bytes(states)}"
+                + (f"; the closest: {stats.memory_example}" if stats.memory_example else "")
+                + f". {_smallest_cluster(problem, states)}; on this cluster a model of at most "
+                f"~{capacity / _BYTES_PER_PARAM / 1e9:.3g}B parameters could hold its states")
+    detail = ", ".join(f"{k}={v}" for k, v in pins.items()) or "none"
+    return (f"no plan of '{model.name}' on '{cluster.name}' satisfies the pins ({detail}): the schedules need "
+            "enough microbatches (1f1b-like: any; zb_h1/zb_h2/zbv: >= pp; dualpipev: >= 2 pp; chimera: an even pp "
+            "and a multiple of pp; interleaved: rounds of pp), and stages need blocks")
+
+
+_BYTES_PER_PARAM = 16  # Adam: fp32 parameters, gradients, m and v, 4 + 4 + 8 (cost.memory.STATE_BYTES)
+
+
+def _states_bytes(problem: Problem) -> float:
+    return param_count(problem.model) * _BYTES_PER_PARAM
+
+
+def _smallest_cluster(problem: Problem, states: float) -> str:
+    """The fewest nodes (of this cluster's largest node type) whose memory holds the model states
+    with ZeRO-3 over every device: arithmetic, not a search of larger clusters in turn (which took
+    seconds to minutes). Activations need more, so it is a lower bound, said as one."""
+    cluster = problem.cluster
+    group = max(cluster.groups, key=lambda g: g.node.devices * g.node.device.memory)
+    node = group.node
+    least = max(cluster.num_nodes + 1, math.ceil(states / (node.devices * node.device.memory)))
+    return (f"Its states alone need at least {node.name} x {least:,} ({least * node.devices:,} devices, ZeRO-3 over "
+            f"all of them); activations need more: run generate on a cluster at least that large")
+
+
+__all__ = ["Source", "resolve_problem", "plan_text", "checked_texts", "header", "stage_lines", "candidate_json", "format_table", "explain", "explain_empty",
+           "stdlib_names"]

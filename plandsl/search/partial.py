@@ -1,0 +1,436 @@
+"""A partial plan as the search's input: what it writes is kept (and pinned), the search fills in the rest.
+
+Stage: around `plandsl.search` (`plandsl generate --from FILE.plan`). Contract:
+`read_partial(path, name, params)` reads one plan of a file that may leave out the mesh and anything
+after it, and checks it the way `plandsl check` does (the same codes at the plan's own lines; a plan
+without a mesh is checked through a probe mesh whose axes are the ones its lines name, and only the
+problems no layout could fix are reported). Its model, cluster and `train` make the `Problem`, and every
+decision it writes becomes a pin:
+
+- `mesh = [...]`: every degree (dp, tp, pp, cp, ep by the role of each axis) and the axis order;
+- `data = KIND`: the ZeRO stage; `stages` (a clause or a `stages { }` block, its `virtual` and `map`):
+  the virtual stages and, where they fix it, the pipeline degree; `schedule = NAME`: a built-in
+  schedule, or (a table) its ranks and microbatches;
+- `micro_batch` and `recompute` written in the plan's `train` (or a train the file cannot see into).
+
+What the search cannot keep is refused with an E801 diagnostic at its line. Errors raise `PlanError`.
+`search_complete` writes the completed file.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from plandsl import ir, syntax
+from plandsl.check.mesh import axis_group_span
+from plandsl.diagnostics import Diagnostic, Note, PlanError, diag, did_you_mean
+from plandsl.schedules.registry import BUILTIN
+from plandsl.search import Problem, parse_pins
+from plandsl.diagnostics.source import SourceFile, Span
+
+ROLE_ATTR = {"dp": "data", "tp": "tensor", "cp": "context", "ep": "experts", "pp": "stages"}
+ATTR_ROLE = {attr: role for role, attr in ROLE_ATTR.items()}
+DEFAULT_NAMES = {"dp": "dp", "tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp"}
+# Problems of a probe (one device per axis) that a layout chosen by the search may not have.
+_PROBE_LAYOUT = {"E503", "E602", "E603", "E604", "E605", "E606", "E607", "E608"}
+
+
+@dataclass(frozen=True)
+class Partial:
+    path: str
+    text: str
+    module: syntax.Module
+    definition: syntax.Definition
+    attrs: dict                   # the plan's attributes by name (syntax.Attr)
+    stage_block: syntax.Block | None
+    plan: ir.Plan                 # the plan as written (through the probe mesh when it writes none)
+    problem: Problem
+    pins: dict[str, object]
+    names: dict[str, str]         # role (dp, tp, ...) -> the mesh axis that carries it
+    overs: tuple[tuple[int, str], ...]  # (offset, " over AXIS") for lines that name no axis yet
+    train_items: tuple[tuple[str, str], ...] | None  # the train dict's (key, text), when the file writes it
+    train_local: bool             # the train dict is written in the plan itself (edited in place)
+    params: dict | None = None
+    notes: tuple[str, ...] = field(default=())
+    decided: bool = False         # the plan leaves the search nothing to choose: it is estimated as written
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
+    @property
+    def mesh_written(self) -> bool:
+        return "mesh" in self.attrs
+
+    def written(self, attr: str) -> bool:
+        return attr in self.attrs or (attr == "stages" and self.stage_block is not None)
+
+
+def read_partial(path: str | Path, name: str | None = None, params: dict | None = None,
+                 text: str | None = None) -> Partial:
+    """`params`: values for the file's `param`s (`--param`); `text`: the file's text, already read."""
+    from plandsl import api
+    path = str(path)
+    if text is None:
+        text = _read(path)
+    module = api.parse(text, path)  # PlanError (E1xx) when it does not parse
+    source = SourceFile(path, text)
+    definition = _plan_definition(module, name, path)
+    attrs = {item.name: item for item in definition.body or () if isinstance(item, syntax.Attr)}
+    blocks = [item for item in definition.body or () if isinstance(item, syntax.Block) and item.name == "stages"]
+    stage_block = blocks[0] if blocks else None
+    missing = [key for key in ("model", "cluster", "train") if key not in attrs]
+    if missing:
+        raise PlanError([diag("E207", f"plan '{definition.name}' is missing '{key}'", definition.name_span,
+                              hint=f"add `{key} = ...`: the model, the cluster and the train's global batch are "
+                                   "the problem the search solves") for key in missing], {path: source})
+    refused = _unkept(definition, attrs, stage_block)
+    names, overs, refused2 = _axis_names(attrs, stage_block)
+    refused += refused2
+    if refused:
+        raise PlanError(refused, {path: source})
+    plan = _checked(path, text, source, definition, attrs, stage_block, names, overs, params)
+    notes: list[str] = []
+    pins: dict[str, object] = {}
+    if "mesh" in attrs:
+        refused = _mesh_refusals(plan, attrs)
+        if refused:
+            raise PlanError(refused, {path: source})
+        pins.update(_mesh_pins(plan))
+        pins.update({k: v for k, v in _pipeline_pins(plan, stage_block).items() if k != "pp"})
+    else:
+        pins.update(_pipeline_pins(plan, stage_block))
+        for attr, role in ATTR_ROLE.items():  # `data = none`, `tensor = none`, ...: none of that parallelism
+            if attr in attrs and attr != "stages" and getattr(plan, attr) is None:
+                pins[role] = 1
+    if "data" in attrs and plan.data is not None:
+        pins["zero_stage"] = plan.data.zero_stage
+    if ("stages" in attrs or stage_block is not None) and plan.stages is not None:
+        pins["virtual_stages"] = 2 if plan.stages.rank_map == "vshape" else plan.stages.virtual
+    if "schedule" in attrs and plan.schedule is not None and plan.schedule.definition is None:
+        pins["schedule"] = plan.schedule.name
+    elif plan.schedule is not None and plan.schedule.definition is not None:
+        pins.setdefault("virtual_stages", 1)  # a written schedule runs one stage per rank unless the stages say
+    train_items, local = _train_items(module, attrs["train"].value, text)
+    keys = {key for key, _ in train_items} if train_items is not None else None
+    if keys is None or "micro_batch" in keys:
+        pins["micro_batch_size"] = plan.train.micro_batch
+    if keys is None or "recompute" in keys:
+        pins["recompute"] = plan.train.recompute.value
+    if keys is None:
+        notes.append(f"`train` is not a dict of this file: its micro_batch ({plan.train.micro_batch}) and "
+                     f"recompute ({plan.train.recompute.value}) are kept as they are")
+    cluster = _covered(plan) if "mesh" in attrs else plan.cluster  # the devices a written mesh lays out
+    problem = Problem(plan.model, cluster, plan.train.global_batch, plan.train.seq, plan.train.precision,
+                      plan.train.optimizer)
+    decided = "mesh" in attrs and not free_choices(attrs, stage_block, plan)
+    return Partial(path, text, module, definition, attrs, stage_block, plan, problem, parse_pins(pins), names,
+                   tuple(overs), train_items, local, params, tuple(notes), decided)
+
+
+def pins_with(partial: Partial, overrides) -> dict[str, object]:
+    """The partial plan's pins, with `overrides` (`--pin K=V`, parsed by `search.parse_pins`) winning."""
+    return {**partial.pins, **parse_pins(overrides)}
+
+
+# ---- reading ------------------------------------------------------------------------------------------
+def _read(path: str) -> str:
+    """The file's text, read bounded (`loader.read_source`: E106-E109, E208 as diagnostics), BOM dropped."""
+    from plandsl.syntax.loader import read_source
+    return read_source(path).text
+
+
+def _plan_definition(module: syntax.Module, name: str | None, path: str) -> syntax.Definition:
+    plans = [item for item in module.items if isinstance(item, syntax.Definition) and item.kind == "plan"]
+    chosen = [p for p in plans if name is None or p.name == name]
+    if not plans:
+        raise PlanError([diag("E201", f"{path} defines no plan to start from", module.span,
+                              hint="add `plan NAME { model = ..., cluster = ..., train = { global_batch: ... } }`")])
+    if name is not None and not chosen:
+        raise PlanError([diag("E201", f"{path} has no plan '{name}'",
+                              hint=did_you_mean(name, [p.name for p in plans], "plans"))])
+    if len(chosen) > 1:
+        raise PlanError([diag("E201", f"{path} defines {len(chosen)} plans; name one with --plan",
+                              hint=", ".join(p.name for p in chosen))])
+    return chosen[0]
+
+
+# ---- what cannot be kept ------------------------------------------------------------------------------
+def _unkept(definition: syntax.Definition, attrs: dict, stage_block) -> list[Diagnostic]:
+    """Decisions the search cannot keep without a written mesh: it lays out one axis per parallelism."""
+    if "mesh" in attrs:
+        return []
+    found = []
+    for item in definition.body or ():
+        if isinstance(item, syntax.ShardRule):
+            found.append(diag("E801", "a shard rule names mesh axes, and the plan writes no mesh for them",
+                              item.span, hint="write the mesh (`mesh = [...]`) to keep the rule, or remove the "
+                                              "rule to search the layout"))
+    return found
+
+
+def _axis_names(attrs: dict, stage_block) -> tuple[dict[str, str], list[tuple[int, str]], list[Diagnostic]]:
+    """Role -> the axis the plan's lines name for it (the conventional name when they name none);
+    `over` insertions for lines that name no axis; E801 for lines one axis per role cannot keep."""
+    names: dict[str, str] = {}
+    overs: list[tuple[int, str]] = []
+    refused: list[Diagnostic] = []
+    written: dict[str, tuple[str, Span]] = {}
+    for attr, role in ATTR_ROLE.items():
+        if attr not in attrs:
+            continue
+        value = attrs[attr].value
+        over = value.over if isinstance(value, syntax.Clause) else None
+        subject = value.subject if isinstance(value, syntax.Clause) else value
+        if isinstance(subject, syntax.Name) and subject.id == "none":
+            continue
+        if over is None:
+            if "mesh" not in attrs:
+                overs.append((subject.span.end, role))
+            continue
+        items = over.items if isinstance(over, syntax.ListExpr) else (over,)
+        axes = [item.id for item in items if isinstance(item, syntax.Name)]
+        if len(axes) != 1:
+            if "mesh" not in attrs:
+                refused.append(diag("E801", f"`{attr}` runs over {len(items)} axes, and the search lays out one "
+                                            "axis per parallelism", value.span,
+                                    hint="write the mesh (`mesh = [...]`) to keep it"))
+            continue
+        written[role] = (axes[0], value.span)
+    if stage_block is not None:
+        axis = next((a for a in stage_block.body if isinstance(a, syntax.Attr) and a.name == "axis"), None)
+        if axis is None or isinstance(axis.value, syntax.Name):
+            written["pp"] = (axis.value.id if axis is not None else "pp", stage_block.name_span)
+    for role, (axis, span) in written.items():
+        other = next((r for r, (a, _) in written.items() if a == axis and r != role), None)
+        if other is not None and "mesh" not in attrs:
+            refused.append(diag("E801", f"axis '{axis}' carries both {ROLE_ATTR[other]} and {ROLE_ATTR[role]}, and "
+                                        "the search lays out one axis per parallelism", span,
+                                hint="write the mesh to keep it, or give each its own axis"))
+            break
+        names[role] = axis
+    taken = set(names.values())
+    for role, default in DEFAULT_NAMES.items():
+        if role not in names:
+            name = default
+            while name in taken:
+                name += "_"
+            names[role] = name
+            taken.add(name)
+    return names, [(offset, f" over {names[role]}") for offset, role in overs], refused
+
+
+def _mesh_refusals(plan: ir.Plan, attrs: dict) -> list[Diagnostic]:
+    if plan.mesh.size != plan.cluster.num_devices and _covered(plan) is None:
+        return [diag("E801", f"the mesh covers {plan.mesh.size} of the {plan.cluster.num_devices} devices of "
+                             f"'{plan.cluster.name}', and the search lays out a whole cluster of one kind of node",
+                     attrs["mesh"].value.span, hint="name a cluster of that size, or remove the mesh to search it")]
+    return []
+
+
+def _covered(plan: ir.Plan) -> ir.Cluster | None:
+    """The part of a cluster of one node type that the mesh covers, as a cluster (None: not one)."""
+    if plan.mesh.size == plan.cluster.num_devices:
+        return plan.cluster
+    if len(plan.cluster.groups) != 1:
+        return None
+    group = plan.cluster.groups[0]
+    node, size = group.node, plan.mesh.size
+    if size % node.devices == 0:
+        group = group.model_copy(update={"count": size // node.devices})
+    elif size < node.devices and plan.mesh.first_device % node.devices + size <= node.devices:
+        group = group.model_copy(update={"count": 1, "node": node.model_copy(update={"devices": size})})
+    else:
+        return None
+    return plan.cluster.model_copy(update={"groups": (group,)})
+
+
+# ---- checking what is written ---------------------------------------------------------------------------
+def _checked(path: str, text: str, source: SourceFile, definition, attrs: dict, stage_block,
+             names: dict[str, str], overs: list, params: dict | None) -> ir.Plan:
+    """The plan as the language reads it, checked like `plandsl check`; without a mesh, through a probe
+    mesh of the axes its lines name (one device each, the pipeline degree its stages fix), reporting what
+    no layout could fix. PlanError with the diagnostics at the file's own lines."""
+    from plandsl import api
+    others = other_plans(path, source.text, definition.name)
+    if "mesh" in attrs:
+        analysis = api.checks(text, params, path=path)
+        lowered = [p for p in (analysis.document.plans if analysis.document else ()) if p.name == definition.name]
+        free = free_choices(attrs, stage_block, lowered[0]) if lowered else set()
+        errors = [d for d in analysis.errors if not _fixable(d, free) and not others(d)]
+        return _plan_of(analysis, definition.name, errors, lambda d: d, analysis.sources)
+    edits = sorted(overs)
+    probe = _apply(text, [(offset, offset, piece) for offset, piece in edits])
+    close = definition.span.end - 1 + sum(len(piece) for _, piece in edits)
+    pp = 1
+    for _ in range(2):  # again with the pipeline degree the stages or the schedule fix, when they do
+        axes = [(axis, pp if axis == names["pp"] else 1) for axis in _probe_axes(attrs, stage_block, names)]
+        line = ("\n  mesh = [" + ", ".join(f"{a} = {s}" for a, s in axes)
+                + f"] over devices[0:{math.prod(s for _, s in axes)}]\n")
+        inserted = edits + [(definition.span.end - 1, line)]
+        analysis = api.checks(probe[:close] + line + probe[close:], params, path=path)
+        plans = [p for p in (analysis.document.plans if analysis.document else ()) if p.name == definition.name]
+        pinned = _pipeline_pins(plans[0], stage_block).get("pp", 1) if plans else 1
+        if pinned == pp or pinned > plans[0].cluster.num_devices:
+            break
+        pp = pinned
+
+    def back(d: Diagnostic) -> Diagnostic:
+        return _remap(d, path, source, inserted)
+    errors = [d for d in map(back, analysis.errors) if d.code not in _PROBE_LAYOUT and not others(d)]
+    sources = {**analysis.sources, path: source}
+    plan = _plan_of(analysis, definition.name, errors, back, sources)
+    missing = sorted({d.name for d in plan.cluster.devices_in_order() if plan.train.precision not in d.peak})
+    if missing:  # the search lays out every device of the cluster
+        device = next(d for d in plan.cluster.devices_in_order() if d.name == missing[0])
+        span = _remap_span(plan.train.span_of("precision"), path, source, inserted)
+        raise PlanError([diag("E504", f"device '{device.name}' gives no peak for {plan.train.precision.value}", span,
+                              hint=f"its peaks: {', '.join(p.value for p in device.peak)}; add "
+                                   f"`{plan.train.precision.value}: ... TFLOP/s` to its peak, or change precision")],
+                        sources)
+    return plan
+
+
+def other_plans(path: str, text: str, name: str):
+    """A test: is a diagnostic inside another plan of the file (left as written, its problems its own)?"""
+    from plandsl import api
+    spans = [(item.span.start, item.span.end) for item in api.parse(text, path).items
+             if isinstance(item, syntax.Definition) and item.kind == "plan" and item.name != name]
+    return lambda d: d.span.file == path and any(a <= d.span.start < b for a, b in spans)
+
+
+def _probe_axes(attrs: dict, stage_block, names: dict[str, str]) -> list[str]:
+    """The probe mesh's axes: one for every role the plan's lines name."""
+    used = [role for role in ROLE_ATTR
+            if ROLE_ATTR[role] in attrs or (role == "pp" and (stage_block is not None or "schedule" in attrs))]
+    if not used:
+        used = ["dp"]
+    return [names[role] for role in used]
+
+
+def _fixable(d: Diagnostic, free: set[str]) -> bool:
+    """A problem of a plan with a mesh that a choice the plan leaves to the search may fix (or a warning)."""
+    if not d.is_error:
+        return True
+    if d.code == "E501":
+        return "micro_batch" in free
+    if d.code in ("E502", "E602", "E603", "E604", "E605", "E606", "E607", "E608"):
+        return bool(free & {"micro_batch", "stages", "schedule"})
+    return d.code == "E503" and bool(free)
+
+
+def free_choices(attrs: dict, stage_block, plan: ir.Plan) -> set[str]:
+    """What a plan with a mesh leaves to the search: micro_batch and recompute its train dict leaves out,
+    and the data, tensor, stages and schedule lines it leaves to the language's defaults."""
+    keys = _written_train_keys(attrs)
+    free = {key for key in ("micro_batch", "recompute") if keys is not None and key not in keys}
+    for attr in ("data", "tensor", "stages"):
+        if attr not in attrs and not (attr == "stages" and stage_block is not None) and getattr(plan, attr):
+            free.add(attr)
+    if "schedule" not in attrs and plan.stages is not None:
+        free.add("schedule")
+    return free
+
+
+def _written_train_keys(attrs: dict) -> set[str] | None:
+    value = attrs["train"].value
+    return {item.key for item in value.items} if isinstance(value, syntax.DictExpr) else None
+
+
+def _plan_of(analysis, name: str, errors: list[Diagnostic], back, sources) -> ir.Plan:
+    plans = [p for p in (analysis.document.plans if analysis.document else ()) if p.name == name]
+    if errors or not plans:
+        if not errors:  # the plan did not lower: its problems are among the errors (poisoned)
+            errors = [back(d) for d in analysis.errors]
+        raise PlanError(errors, sources)
+    return plans[0]
+
+
+def _remap_span(span: Span | None, path: str, source: SourceFile, inserted: list[tuple[int, str]]) -> Span | None:
+    """A span of the probe text -> the same place in the file's own text."""
+    if span is None or span.file != path:
+        return span
+
+    def back(offset: int) -> int:
+        shift = 0
+        for at, piece in sorted(inserted):
+            if at + shift >= offset:
+                break
+            shift += len(piece)
+            if offset < at + shift:
+                return at
+        return offset - shift
+    start, end = back(span.start), back(span.end)
+    return source.span(min(start, len(source.text)), min(max(end, start), len(source.text)))
+
+
+def _touches_inserted(span: Span, path: str, inserted) -> bool:
+    if span.file != path:
+        return False
+    shift = 0
+    for at, piece in sorted(inserted):
+        if span.start <= at + shift + len(piece) and at + shift <= span.end:
+            return True
+        shift += len(piece)
+    return False
+
+
+def _remap(d: Diagnostic, path: str, source: SourceFile, inserted) -> Diagnostic:
+    notes = tuple(Note(n.message, _remap_span(n.span, path, source, inserted)) for n in d.notes)
+    edits = tuple(replace(e, span=_remap_span(e.span, path, source, inserted)) for e in d.edits
+                  if not _touches_inserted(e.span, path, inserted))  # an edit of the probe's own text: no place here
+    return replace(d, span=_remap_span(d.span, path, source, inserted), notes=notes, edits=edits)
+
+
+def _apply(text: str, edits: list[tuple[int, int, str]]) -> str:
+    for start, end, value in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
+        text = text[:start] + value + text[end:]
+    return text
+
+
+# ---- pins ---------------------------------------------------------------------------------------------
+def _mesh_pins(plan: ir.Plan) -> dict[str, object]:
+    roles = plan.axis_roles()
+    dp = math.prod(axis.size for axis in plan.mesh.axes if roles.get(axis.name) == "dp")
+    pins: dict[str, object] = {"dp": dp, "tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "ep": plan.ep}
+    if plan.tensor is not None and axis_group_span(plan, plan.tensor.axis) > 1:
+        pins["tp_across_nodes"] = True  # the plan chose it (W302 says so when it is checked)
+    order = [roles.get(axis.name) for axis in plan.mesh.axes if axis.size > 1]
+    if None not in order and len(set(order)) == len(order):  # hsdp's two data axes have no single order
+        pins["order"] = ",".join(order)
+    return pins
+
+
+def _pipeline_pins(plan: ir.Plan, stage_block) -> dict[str, object]:
+    """Without a mesh: the pipeline degree a stage map, a `stages { }` block or a schedule table fixes."""
+    pins: dict[str, object] = {}
+    stages = plan.stages
+    if stages is not None and isinstance(stages.rank_map, tuple):
+        pins["pp"] = max(stages.rank_map) + 1
+    elif stages is not None and stage_block is not None:
+        count = max(s for group in stages.groups for s in group.stages) + 1
+        per_rank = 2 if stages.rank_map == "vshape" else stages.virtual
+        pins["pp"] = max(1, count // per_rank)
+    written = plan.schedule.definition if plan.schedule is not None else None
+    if written is not None and written.kind == "table":
+        if "ranks" in written.sizes:
+            pins.setdefault("pp", written.sizes["ranks"])
+        if "microbatches" in written.sizes:
+            pins["num_microbatches"] = written.sizes["microbatches"]
+    return pins
+
+
+def _train_items(module: syntax.Module, value: syntax.Expr, text: str) -> tuple[tuple | None, bool]:
+    """The train dict's items as (key, value text) when this file writes it (in the plan, or in a `let`
+    of this file the plan names), and whether it is written in the plan itself."""
+    local = isinstance(value, syntax.DictExpr)
+    if isinstance(value, syntax.Name):
+        lets = {item.name: item.value for item in module.items if isinstance(item, syntax.Let)}
+        value = lets.get(value.id, value)
+    if isinstance(value, syntax.DictExpr):
+        return tuple((item.key, text[item.value.span.start:item.value.span.end]) for item in value.items), local
+    return None, False
+
+
+__all__ = ["Partial", "read_partial", "pins_with", "other_plans", "ROLE_ATTR"]
