@@ -42,9 +42,16 @@ def attributes(scope: Scope, body: tuple, allowed: dict[str, bool], what: str) -
     return found
 
 
-def require(scope: Scope, found: dict[str, s.Attr], allowed: dict[str, bool], what: str, span) -> bool:
+def require(scope: Scope, found: dict[str, s.Attr], allowed: dict[str, bool], what: str, span,
+            body: tuple = ()) -> bool:
+    """Report required attributes that are missing (E207), except one a misspelled attribute of `body`
+    stands for: that was reported once, as E206 with its did-you-mean."""
     missing = [name for name, required in allowed.items() if required and name not in found]
+    respelled = {edit.text for stmt in body if isinstance(stmt, s.Attr) and stmt.name not in allowed
+                 for edit in respell(stmt.name, allowed, stmt.name_span)}
     for name in missing:
+        if name in respelled:
+            continue
         scope.reporter.error("E207", f"{what} is missing '{name}'", span,
                              hint=f"add `{name} = ...` to its body")
     return not missing
@@ -157,7 +164,7 @@ class Lowering:
     def _device(self, scope: Scope, d: s.Definition) -> ir.DeviceType:
         allowed = {"memory": True, "bandwidth": True, "peak": True, "efficiency": False}
         found = attributes(scope, d.body, allowed, f"device '{d.name}'")
-        if not require(scope, found, allowed, f"device '{d.name}'", d.name_span):
+        if not require(scope, found, allowed, f"device '{d.name}'", d.name_span, d.body):
             raise Poison()
         memory = scope.quantity(found["memory"].value, BYTES, "memory")
         bandwidth = scope.quantity(found["bandwidth"].value, BANDWIDTH, "bandwidth")
@@ -197,7 +204,7 @@ class Lowering:
     def _node(self, scope: Scope, d: s.Definition) -> ir.NodeType:
         allowed = {"devices": True, "link": True, "nic": False}
         found = attributes(scope, d.body, allowed, f"node '{d.name}'")
-        if not require(scope, found, allowed, f"node '{d.name}'", d.name_span):
+        if not require(scope, found, allowed, f"node '{d.name}'", d.name_span, d.body):
             raise Poison()
         devices = scope.eval(found["devices"].value)
         if not (isinstance(devices, Rep) and isinstance(devices.thing, ir.DeviceType)):
@@ -219,7 +226,7 @@ class Lowering:
             return self.cluster(scope, d.value, d.name)
         allowed = {"nodes": True, "fabric": False}
         found = attributes(scope, d.body, allowed, f"cluster '{d.name}'")
-        if not require(scope, found, allowed, f"cluster '{d.name}'", d.name_span):
+        if not require(scope, found, allowed, f"cluster '{d.name}'", d.name_span, d.body):
             raise Poison()
         base = self.cluster(scope, found["nodes"].value, d.name)
         fabric = self.link(scope, found["fabric"].value, "fabric") if "fabric" in found else None

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from plandsl import ir
 from plandsl.diagnostics import limits
 from plandsl import syntax as s
-from plandsl.diagnostics import did_you_mean, respell
+from plandsl.diagnostics import did_you_mean, nearest, respell
 from plandsl.lower.evaluate import Poison, Scope, Word
 from plandsl.lower.units import BYTES
 
@@ -122,6 +122,12 @@ LAYER_ATTRS = {"params": True, "flops": False, "activations": False, "output": F
 MODEL_ATTRS = {"seq": False, "factory": False, "args": False}
 
 
+def _respells(body: tuple, name: str) -> bool:
+    """Some attribute of `body` is a misspelling of `name` (its E206 names it)."""
+    return any(isinstance(stmt, s.Attr) and stmt.name not in LAYER_ATTRS and nearest(stmt.name, LAYER_ATTRS) == name
+               for stmt in body)
+
+
 def custom_model(lowering: "Lowering", scope: Scope, d: s.Definition) -> ir.CustomModel:
     from plandsl.lower import attributes, build, dict_items
     from plandsl.lower.plan import layer_names
@@ -134,6 +140,8 @@ def custom_model(lowering: "Lowering", scope: Scope, d: s.Definition) -> ir.Cust
         try:
             names = layer_names(scope, stmt.target)
             attrs = attributes(scope, stmt.body, LAYER_ATTRS, f"layer {names[0] if len(names) == 1 else 'group'}")
+            if "params" not in attrs and _respells(stmt.body, "params"):
+                raise Poison()  # reported once, as the misspelled attribute (E206)
             if "params" not in attrs:
                 raise scope.reporter.error("E207", "a layer needs `params = <count>`", stmt.target.span)
             params = scope.integer(attrs["params"].value, "params", minimum=0)

@@ -46,7 +46,7 @@ def lower_plan(lowering: "Lowering", scope: Scope, d: s.Definition) -> ir.Plan:
             scope.reporter.error("E213", "stages are given twice", block.name_span,
                                  notes=[Note("first given", found["stages"].name_span)])
     stage_block = next((b for b in blocks if b.name == "stages"), None)
-    if not require(scope, found, PLAN_ATTRS, what, d.name_span):
+    if not require(scope, found, PLAN_ATTRS, what, d.name_span, d.body):
         raise Poison()
     fields: dict = {}
     failed = False

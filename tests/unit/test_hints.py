@@ -286,3 +286,21 @@ def test_a_misspelled_required_key_is_one_problem(tmp_path):
     before = analyze("k.plan", text=_SMALL.replace("global_batch: 16", "global_bacth: 16")).diagnostics
     assert [d.code for d in before] == ["E206"], before  # not E207 "missing 'global_batch'" as well
     assert _errors(after) == [], fixed
+
+
+@pytest.mark.parametrize("old,new", [
+    ("model   = gpt(", "modle   = gpt("), ("cluster = dgx_a100", "clustr  = dgx_a100"), ("mesh    = [", "mseh    = ["),
+    ("train   = {", "trian   = {"),
+])
+def test_a_misspelled_plan_attribute_is_one_problem(old, new, tmp_path):
+    text = _SMALL.replace(old, new, 1)
+    before = analyze("a.plan", text=text).diagnostics
+    assert [d.code for d in before] == ["E206"], before  # not E207 "missing 'model'" as well
+    assert "did you mean" in before[0].hint
+    fixed, after = _follow(tmp_path, text, "E206")
+    assert _errors(after) == [], fixed
+
+
+def test_a_misspelled_layer_attribute_is_one_problem():
+    text = "model m {\n  layer embed { parms = 10 }\n  layer head { params = 10 }\n}\n"
+    assert [d.code for d in analyze("m.plan", text=text).diagnostics] == ["E206"]
