@@ -8,7 +8,7 @@ is reported once, not as a cascade.
 from __future__ import annotations
 
 from plandsl import ir
-from plandsl.check.axis_sizes import suggest_axis_size
+from plandsl.check.axis_sizes import suggest_axis_size, suggest_mesh_fit, suggest_stage_axis
 from plandsl.check.memory import check_memory
 from plandsl.check.mesh import check_mesh
 from plandsl.check.model import check_model
@@ -34,5 +34,16 @@ def check_plan(plan: ir.Plan, suggest: bool = True) -> list[Diagnostic]:
         found += check_schedule(plan)
         found += check_memory(plan)
     if suggest:
-        found = [suggest_axis_size(plan, d, found) if d.code == "E406" else d for d in found]
+        found = [_suggest(plan, d, found) for d in found]
     return found
+
+
+def _suggest(plan: ir.Plan, problem: Diagnostic, found: list[Diagnostic]) -> Diagnostic:
+    """`problem` with a hint whose new sizes were checked, when it is one that offers sizes."""
+    if problem.code == "E406":
+        return suggest_axis_size(plan, problem, found)
+    if problem.code == "E301":
+        return suggest_mesh_fit(plan, problem, found)
+    if problem.code == "E404" and problem.message.startswith("the stages block declares"):
+        return suggest_stage_axis(plan, problem, found, int(problem.message.split()[4]))
+    return problem

@@ -1,4 +1,5 @@
-"""The hint of E406 (an axis that does not divide a dim it splits): the sizes of that axis that check.
+"""The hint of E406 (an axis that does not divide a dim it splits): the sizes of that axis that check; and
+of E301 (a mesh larger than the cluster) and E404 (stage count against pp): the resizing that checks.
 
 A size is offered only when the plan, resized to it, checks without errors it did not already
 have: it divides every extent split over the axis (heads, kv_heads, hidden, ffn, vocab, the
@@ -94,3 +95,72 @@ def _keeping(plan: ir.Plan, axis: str) -> str:
     near = ", ".join(f"{name} ({value}) to {value // size * size or size} or {(value // size + 1) * size}"
                      for name, value in failing.items())
     return f"to keep '{axis}' = {size}, change {near}" if near else f"change the dims '{axis}' splits"
+
+
+def _offer(plan: ir.Plan, problem: Diagnostic, found: list[Diagnostic], options: list[dict[str, int]]
+           ) -> dict[str, int] | None:
+    """The first resizing (of at most TRIES) after which the plan has no error it did not already have."""
+    already = {_key(d) for d in found if d.is_error and d is not problem}
+    for sizes in options[:TRIES]:
+        if _errors(_resized(plan, sizes)) <= already:
+            return sizes
+    return None
+
+
+def _size_edits(plan: ir.Plan, sizes: dict[str, int]) -> tuple[Edit, ...]:
+    axes = [plan.mesh.axis(name) for name in sizes]
+    if any(axis is None or axis.span is None for axis in axes):
+        return ()
+    return tuple(Edit(axis.span, f"{axis.name} = {sizes[axis.name]}") for axis in axes)
+
+
+def suggest_mesh_fit(plan: ir.Plan, problem: Diagnostic, found: list[Diagnostic]) -> Diagnostic:
+    """`problem` (an E301: the mesh needs more devices than it has) with the resizing that checks: the data
+    axis shrunk first (each rank keeps its share of the model), then the others, outermost first."""
+    mesh = plan.mesh
+    target = mesh.part if mesh.part is not None else plan.cluster.num_devices
+    if mesh.size <= target or mesh.first_device + (mesh.part or 0) > plan.cluster.num_devices:
+        return problem
+    data = [a for a in (plan.data.axes if plan.data else ()) if mesh.axis(a)]
+    order = data + [a.name for a in mesh.axes if a.name not in data]
+    options = []
+    for name in order:
+        old = mesh.degree(name)
+        others = mesh.size // old
+        for size in range(min(old - 1, target // others), 0, -1):
+            if old % size == 0 and (mesh.part is None or others * size == target):
+                options.append({name: size})
+                break
+    best = _offer(plan, problem, found, options)
+    edits = _size_edits(plan, best) if best else ()
+    if not edits:
+        return problem
+    name, size = next(iter(best.items()))
+    total = mesh.size // mesh.degree(name) * size
+    fits = " x ".join(str(best.get(a.name, a.size)) for a in mesh.axes) + " = " if len(mesh.axes) > 1 else ""
+    larger = ", or use a larger cluster" if mesh.part is None else ""
+    return replace(problem, hint=f"set '{name}' to {size} ({fits}{total} devices)"
+                   f"{larger}", edits=edits)
+
+
+def suggest_stage_axis(plan: ir.Plan, problem: Diagnostic, found: list[Diagnostic], declared: int) -> Diagnostic:
+    """`problem` (an E404: a stages block of `declared` stages, pp x virtual of another count) with the
+    pipeline axis resized to the declared stages when that checks, a data axis absorbing the change."""
+    stages = plan.stages
+    if stages is None or declared % stages.virtual or plan.mesh.axis(stages.axis) is None:
+        return problem
+    axis, want = stages.axis, declared // stages.virtual
+    old = plan.mesh.degree(axis)
+    data = next((a for a in (plan.data.axes if plan.data else ()) if a != axis and plan.mesh.axis(a)), None)
+    options = []
+    if data is not None and (plan.mesh.degree(data) * old) % want == 0:
+        options.append({axis: want, data: plan.mesh.degree(data) * old // want})
+    options.append({axis: want})
+    best = _offer(plan, problem, found, [o for o in options if _fits(plan, o)])
+    edits = _size_edits(plan, best) if best else ()
+    if not edits:
+        return problem
+    change = " and ".join(f"'{name}' to {size}" for name, size in best.items())
+    keeps = f" (the mesh keeps its {plan.mesh.size} devices)" if len(best) > 1 else ""
+    return replace(problem, hint=f"set {change}{keeps} for the {declared} stages declared, or declare "
+                   f"{old * stages.virtual} stages", edits=edits)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from plandsl import ir
-from plandsl.diagnostics import Diagnostic, Note, diag
+from plandsl.diagnostics import Diagnostic, Edit, Note, diag
+from plandsl.diagnostics.source import Span
 from plandsl.lower.plan import DEFAULT_AXES  # the axis each role takes by default
 
 
@@ -49,11 +50,14 @@ def check_mesh(plan: ir.Plan) -> Iterator[Diagnostic]:
                    f"{cluster.num_devices} devices of '{cluster.name}'", mesh.span,
                    hint="the rest stay idle; grow an axis to use them")
     used = used_axes(plan)
+    shared = list(_shared_axes(plan))
+    named = {d.edits[0].text for d in shared if d.edits}  # free axes E307 moves a parallelism to: said once
     for axis in mesh.axes:
-        if axis.name not in used and axis.size > 1:
+        if axis.name not in used and axis.size > 1 and axis.name not in named:
+            hint, edits = _use_hint(plan, axis.name)
             yield diag("E306", f"mesh axis '{axis.name}' (size {axis.size}) is not used by data, tensor, context, "
-                       "expert parallelism or stages", axis.span, hint=_use_hint(plan, axis.name))
-    yield from _shared_axes(plan)
+                       "expert parallelism or stages", axis.span, hint=hint, edits=edits)
+    yield from shared
     if plan.tensor and mesh.first_device + mesh.size <= cluster.num_devices:
         span = axis_group_span(plan, plan.tensor.axis)
         if span > 1:
@@ -86,7 +90,7 @@ def _shared_axes(plan: ir.Plan) -> Iterator[Diagnostic]:
                        "thing, so each needs an axis of its own", span,
                        hint=f"the mesh's axis '{named}' is unused: `{moved} = {_role_line(plan, moved)} over {named}`"
                        if named else f"add a mesh axis for `{role}`, e.g. `[..., {DEFAULT_AXES[role]} = 2]`, "
-                       "and name it here")
+                       "and name it here", edits=move_edit(plan, moved, named) if named else ())
 
 
 def _role_line(plan: ir.Plan, role: str) -> str:
@@ -97,19 +101,50 @@ def _role_line(plan: ir.Plan, role: str) -> str:
     return kinds[role]
 
 
-def _use_hint(plan: ir.Plan, name: str) -> str:
-    """How to use an axis no parallelism uses: the role its name says (tp: tensor, ...), else data."""
-    role = next((r for r, default in DEFAULT_AXES.items() if default == name), None)
-    if role is None:
-        return f"add e.g. `data = zero1 over {name}`, or name it dp/tp/pp/cp/ep for the default"
-    line = f"`{role} = {_role_line(plan, role)} over {name}`"
-    current = {"data": plan.data, "tensor": plan.tensor, "context": plan.context, "experts": plan.experts,
-               "stages": plan.stages}[role]
-    if current is None:
-        return f"add {line}"
-    where = ", ".join(current.axes) if role == "data" else current.axis
-    return f"`{role}` is over '{where}', not '{name}': did you mean {line}?"
+# Axis names people give a role other than its default name (`mp` for Megatron's model parallelism).
+ROLE_OF_NAME = {"mp": "tensor", "tensor": "tensor", "model": "tensor", "sp": "context", "context": "context",
+                "seq": "context", "pipe": "stages", "pipeline": "stages", "stage": "stages", "stages": "stages",
+                "expert": "experts", "experts": "experts", "moe": "experts"}
 
+
+def _role_of(plan: ir.Plan, role: str):
+    return {"data": plan.data, "tensor": plan.tensor, "context": plan.context, "experts": plan.experts,
+            "stages": plan.stages}[role]
+
+
+def move_edit(plan: ir.Plan, role: str, to: str) -> tuple[Edit, ...]:
+    """Rewrite the axis name in `role`'s `over ...` to `to` (when the role runs over one axis written there)."""
+    part = _role_of(plan, role)
+    if part is None:
+        return ()
+    axes = part.axes if role == "data" else (part.axis,)
+    span = part.field_spans.get("axes.0" if role == "data" else "axis")
+    if len(axes) != 1 or span is None or span.end - span.start != len(axes[0]):
+        return ()
+    return (Edit(span, to),)
+
+
+def add_line_edit(plan: ir.Plan, line: str) -> tuple[Edit, ...]:
+    """Insert `line` as the plan's last attribute, when its closing brace starts a line."""
+    span = plan.span
+    if span is None or span.end_column != 2 or span.end < 1:
+        return ()
+    at = span.end - 1
+    return (Edit(Span(span.file, span.end_line, 1, span.end_line, 1, at, at), f"  {line}\n"),)
+
+
+def _use_hint(plan: ir.Plan, name: str) -> tuple[str, tuple[Edit, ...]]:
+    """How to use an axis no parallelism uses: the role its name says (tp: tensor, mp: tensor, ...), else
+    data; with the edit that does it (the role's `over` moved to this axis, or a line added)."""
+    role = next((r for r, default in DEFAULT_AXES.items() if default == name), None) or ROLE_OF_NAME.get(name)
+    current = _role_of(plan, role) if role else None
+    if role is None or current is None:
+        line = f"{role or 'data'} = {_role_line(plan, role or 'data')} over {name}"
+        other = "" if role else ", or name it dp/tp/pp/cp/ep for the default"
+        return f"add `{line}`{other}", add_line_edit(plan, line)
+    line = f"`{role} = {_role_line(plan, role)} over {name}`"
+    where = ", ".join(current.axes) if role == "data" else current.axis
+    return f"`{role}` is over '{where}', not '{name}': did you mean {line}?", move_edit(plan, role, name)
 
 
 def node_of_device(cluster: ir.Cluster) -> list[int]:

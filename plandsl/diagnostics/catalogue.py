@@ -608,12 +608,12 @@ _entry("E307", """
     plan p {{
       model   = {_GPT}
       cluster = dgx_a100 x 1
-      mesh    = [dp = 2, tp = 4]
+      mesh    = [dp = 2, pp = 2, tp = 2]
       train   = {{ global_batch: 16, micro_batch: 1 }}
       tensor  = megatron over tp
       stages  = evenly over tp
     }}
-    """, "Give the pipeline an axis of its own.", ("[dp = 2, tp = 4]", "[pp = 2, tp = 4]"),
+    """, "Give the pipeline its own axis: here `pp`, which nothing uses yet.",
     ("stages  = evenly over tp", "stages  = evenly over pp"))
 
 # ---- E4xx: placement and sharding --------------------------------------------------------------
@@ -682,12 +682,13 @@ _entry("E404", """
       train   = {{ global_batch: 16, micro_batch: 1 }}
       stages {{
         0: embed, layers[0:1]
-        1: layers[1:3]
-        2: layers[3:4], norm, head
+        1: layers[1:2]
+        2: layers[2:3]
+        3: layers[3:4], norm, head
       }}
     }}
-    """, "Declare two stages for `pp = 2` (or make the pipeline axis 3 wide).",
-       ("  1: layers[1:3]\n    2: layers[3:4]", "  1: layers[1:4]"))
+    """, "Make the pipeline axis as wide as the stages declared (`pp = 4, dp = 1` keeps the 8 devices), "
+       "or declare two stages for `pp = 2`.", ("[dp = 2, pp = 2, tp = 2]", "[dp = 1, pp = 4, tp = 2]"))
 
 _entry("E405", """
     A layer selector (`layers[0:8]`, `layers.*.mlp`, `embed`) in a stage block or

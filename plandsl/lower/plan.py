@@ -18,6 +18,7 @@ from plandsl.lower.mesh import mesh, training
 from plandsl.diagnostics.limits import MAX_LAYERS, MAX_VIRTUAL
 from plandsl.lower.model import model_value
 from plandsl.schedules.registry import BUILTIN
+from plandsl.diagnostics.source import Span
 
 if TYPE_CHECKING:
     from plandsl.lower import Lowering
@@ -105,11 +106,38 @@ def _default(key: str, m: ir.Mesh):
 
 
 # ---- parallelisms ------------------------------------------------------------------------
+def axis_spans(scope: Scope, expr: s.Expr | None, m: ir.Mesh, key: str = "axis") -> dict:
+    """Where each axis name of `over ...` was written, as `field_spans` (`axis`, or `axes.0`, `axes.1`, ...):
+    hints that move a parallelism to another axis edit that name."""
+    if expr is None:
+        return {}
+    target = expr if isinstance(expr, s.Name) and m.axis(expr.id) else scope.deref(expr)[0]
+    items = target.items if isinstance(target, s.ListExpr) else (target,)
+    if key == "axis":
+        return {"axis": items[0].span} if len(items) == 1 and items[0].span else {}
+    return {f"{key}.{i}": item.span for i, item in enumerate(items) if item.span}
+
+
+def _over_edit(span, what: str, m: ir.Mesh) -> tuple[str, tuple[Edit, ...]]:
+    """The hint of a parallelism without `over`, and its edit when the mesh has the role's usual axis."""
+    role = next((r for r, words in _ROLE_WORDS.items() if what.startswith(words)), None)
+    usual = DEFAULT_AXES.get(role or "")
+    axes = ", ".join(a.name for a in m.axes)
+    if usual is None or m.axis(usual) is None or span is None:
+        return f"add `over <axis>`; the mesh has {axes}", ()
+    end = Span(span.file, span.end_line, span.end_column, span.end_line, span.end_column, span.end, span.end)
+    return f"add `over {usual}` (the mesh has {axes})", (Edit(end, f" over {usual}"),)
+
+
+_ROLE_WORDS = {"data": "data parallel", "tensor": "tensor parallel", "context": "context parallel",
+               "experts": "expert parallel", "stages": "stages"}
+
+
 def axis_names(scope: Scope, expr: s.Expr | None, m: ir.Mesh, what: str, span=None) -> tuple[str, ...]:
     """`over tp` or `over [dp, fsdp]`: names of mesh axes (E302 for unknown, E303 for repeats)."""
     if expr is None:
-        raise scope.reporter.error("E306", f"{what} needs the mesh axis it runs over", span,
-                                   hint=f"add `over <axis>`; the mesh has {', '.join(a.name for a in m.axes)}")
+        hint, edits = _over_edit(span, what, m)
+        raise scope.reporter.error("E306", f"{what} needs the mesh axis it runs over", span, hint=hint, edits=edits)
     # An axis's own name wins over a `let` of the same name: `over tp` means the mesh axis.
     target = expr if isinstance(expr, s.Name) and m.axis(expr.id) else scope.deref(expr)[0]
     items = target.items if isinstance(target, s.ListExpr) else (target,)
@@ -149,7 +177,8 @@ def _options(scope: Scope, options: tuple[s.WithItem, ...], allowed: tuple[str, 
     for option in options:
         if option.name not in allowed:
             scope.reporter.error("E206", f"{what} has no option '{option.name}'", option.span,
-                                 hint=did_you_mean(option.name, allowed, f"options of {what}"))
+                                 hint=did_you_mean(option.name, allowed, f"options of {what}"),
+                                 edits=respell(option.name, allowed, option.span))
             raise Poison()
         found[option.name] = option
     return found
@@ -165,7 +194,7 @@ def data_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.DataParallel | N
     if kind == "hsdp" and len(axes) != 2:
         raise scope.reporter.error("E205", f"hsdp runs over two axes, [replicate, shard]; found {len(axes)}",
                                    (over or expr).span, hint="data = hsdp over [dp_replicate, dp_shard]")
-    return ir.DataParallel(kind=kind, axes=axes, span=expr.span)
+    return ir.DataParallel(kind=kind, axes=axes, span=expr.span, field_spans=axis_spans(scope, over, m, "axes"))
 
 
 def tensor_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.TensorParallel | None:
@@ -177,7 +206,8 @@ def tensor_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.TensorParallel
     axis = one_axis(scope, over, m, "tensor parallel", expr.span)
     sp = "sequence_parallel" in found and (found["sequence_parallel"].value is None or
                                            scope.truth(scope.eval(found["sequence_parallel"].value), found["sequence_parallel"].value))
-    return ir.TensorParallel(style=style, axis=axis, sequence_parallel=sp, span=expr.span)
+    return ir.TensorParallel(style=style, axis=axis, sequence_parallel=sp, span=expr.span,
+                             field_spans=axis_spans(scope, over, m))
 
 
 def context_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ContextParallel | None:
@@ -186,7 +216,8 @@ def context_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ContextParall
     _options(scope, options, (), "context")
     if kind == "none":
         return None
-    return ir.ContextParallel(kind=kind, axis=one_axis(scope, over, m, "context parallel", expr.span), span=expr.span)
+    return ir.ContextParallel(kind=kind, axis=one_axis(scope, over, m, "context parallel", expr.span), span=expr.span,
+                              field_spans=axis_spans(scope, over, m))
 
 
 def expert_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ExpertParallel | None:
@@ -195,7 +226,8 @@ def expert_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ExpertParallel
     _options(scope, options, (), "experts")
     if kind == "none":
         return None
-    return ir.ExpertParallel(kind=kind, axis=one_axis(scope, over, m, "expert parallel", expr.span), span=expr.span)
+    return ir.ExpertParallel(kind=kind, axis=one_axis(scope, over, m, "expert parallel", expr.span), span=expr.span,
+                             field_spans=axis_spans(scope, over, m))
 
 
 # ---- stages and schedules -----------------------------------------------------------------
@@ -213,7 +245,8 @@ def stages_clause(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.Stages:
     axis = one_axis(scope, over, m, "stages", expr.span)
     virtual = scope.integer(found["virtual"].value, "virtual", minimum=1, maximum=MAX_VIRTUAL) if "virtual" in found else 1
     mapping = rank_map(scope, found["map"].value) if "map" in found else "loop"
-    return ir.Stages(axis=axis, mode="evenly", virtual=virtual, rank_map=mapping, span=expr.span)
+    return ir.Stages(axis=axis, mode="evenly", virtual=virtual, rank_map=mapping, span=expr.span,
+                     field_spans=axis_spans(scope, over, m))
 
 
 def stages_block(scope: Scope, block: s.Block, m: ir.Mesh) -> ir.Stages:

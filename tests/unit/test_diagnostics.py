@@ -205,7 +205,7 @@ _LLAMA_MOE = "llama(layers=4, hidden=256, heads=8, kv_heads=2, seq=128, vocab=10
 
 
 @pytest.mark.parametrize("mesh,lines,codes", [
-    ("dp = 2, cp = 4", "data = replicate over cp\n  context = allgather over cp", ["E306", "E307"]),
+    ("dp = 2, cp = 4", "data = replicate over cp\n  context = allgather over cp", ["E307"]),  # E307 names dp
     ("dp = 2, tp = 4", "data = zero1 over dp\n  stages = evenly over dp\n  tensor = megatron over tp", ["E307"]),
     ("dp = 2, ep = 4", "data = zero3 over [dp, ep]\n  experts = alltoall over ep", []),  # ep splits the batch too
 ], ids=["data_and_context", "data_and_stages", "data_and_experts"])

@@ -19,7 +19,8 @@ from plandsl.diagnostics import apply_edits, render_all
 
 # Codes whose hint is computed from the plan and names one change: their catalogue example must carry
 # edits, and following them must check. (Add a code here when its hint becomes machine-applicable.)
-COMPUTED = {"E201", "E204", "E206", "E208", "E210", "E220", "E221", "E222", "E223", "E224", "E402", "E406", "E501",
+COMPUTED = {"E201", "E204", "E206", "E208", "E210", "E220", "E221", "E222", "E223", "E224", "E301", "E306", "E307", "E402",
+            "E404", "E406", "E501",
             "E502", "E601"}
 
 
@@ -211,8 +212,9 @@ def test_a_parallelism_moved_to_the_wrong_axis_is_pointed_back(role, line, axis)
     wrong = "tp" if axis != "tp" else "dp"
     problems = {d.code: d for d in analyze("g.plan", text=text.replace(line, line.replace(f"over {axis}",
                                                                                         f"over {wrong}"))).diagnostics}
-    assert f"over {axis}`" in problems["E306"].hint and f"`{role} = " in problems["E306"].hint, problems["E306"].hint
+    assert "E306" not in problems, "one mistake, one report: E307 names the unused axis"
     assert problems["E307"].hint.startswith(f"the mesh's axis '{axis}' is unused: `{role} = "), problems["E307"].hint
+    assert [edit.text for edit in problems["E307"].edits] == [axis]
 
 
 def test_e501_offers_a_batch_the_schedule_runs(tmp_path):
@@ -274,6 +276,8 @@ plan p {
     ("precision: bf16", "precision: bf61", "E210"), ("schedule = 1f1b", "schedule = gpiep", "E601"),
     ('import "clusters/dgx_a100"', 'import "cluster/dgx_a100"', "E208"),
     ("tensor  = megatron", "tensr   = megatron", "E206"),
+    ("megatron over tp", "megatron over tp with sequnce_parallel", "E206"),
+    ("evenly over pp", "evenly over pp with vritual = 1", "E206"),
 ])
 def test_a_misspelled_word_is_respelled_by_its_hint(old, new, code, tmp_path):
     assert old in _SMALL
@@ -304,3 +308,28 @@ def test_a_misspelled_plan_attribute_is_one_problem(old, new, tmp_path):
 def test_a_misspelled_layer_attribute_is_one_problem():
     text = "model m {\n  layer embed { parms = 10 }\n  layer head { params = 10 }\n}\n"
     assert [d.code for d in analyze("m.plan", text=text).diagnostics] == ["E206"]
+
+
+# ---- E301, E306, E404: the mesh size, the axis a parallelism runs over, the stage count ----------------
+@pytest.mark.parametrize("changes,code", [
+    ([("[dp = 2, pp = 2, tp = 2]", "[dp = 4, pp = 2, tp = 2]")], "E301"),                  # 16 on 8 devices
+    ([("tensor  = megatron over tp", "tensor  = megatron")], "E306"),                       # `over` forgotten
+    ([("tp = 2]", "mp = 2]"), ("  tensor  = megatron over tp\n", "")], "E306"),            # Megatron's name
+    ([("stages  = evenly over pp", "stages  = evenly over tp")], "E307"),
+    ([("stages  = evenly over pp", "stages {\n    0: embed, layers.0\n    1: layers.1\n    2: layers.2\n"
+                                   "    3: layers.3, norm, head\n  }")], "E404"),
+], ids=["mesh_too_large", "over_forgotten", "mp_unused", "stages_on_tp", "four_stages_pp_2"])
+def test_following_a_mesh_hint_gives_a_plan_that_checks(changes, code, tmp_path):
+    text = _SMALL
+    for old, new in changes:
+        assert old in text
+        text = text.replace(old, new, 1)
+    assert [d.code for d in analyze("c.plan", text=text).diagnostics if d.is_error] == [code]
+    fixed, after = _follow(tmp_path, text, code)
+    assert _errors(after) == [], f"{fixed}\n{render_all(after.diagnostics, after.sources)}"
+
+
+def test_e301_over_a_device_range_keeps_the_range(tmp_path):
+    text = _SMALL.replace("mesh    = [dp = 2, pp = 2, tp = 2]", "mesh    = [dp = 2, pp = 2, tp = 2] over devices[0:4]")
+    fixed, after = _follow(tmp_path, text, "E301")
+    assert "over devices[0:4]" in fixed and _errors(after) == [], fixed
