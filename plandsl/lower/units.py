@@ -76,3 +76,20 @@ def format_bytes(value: float) -> str:
         if abs(value) >= factor:
             return f"{value / factor:.1f} {unit}"
     return f"{value:.0f} B"
+
+
+_COUNT_SUFFIXES = (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3))
+
+
+def format_count(value: float) -> str:
+    """A count (parameters, tokens) for people: 3 significant digits and a suffix (`235K`, `175B`, `100T`);
+    past 999T, which no real model reaches, plain scientific notation (`1.2e15`), never `1e+05B`."""
+    n = abs(float(value))
+    sign = "-" if value < 0 else ""
+    if n >= 999.5e12:
+        mantissa, exponent = f"{n:.2e}".split("e")
+        return f"{sign}{float(mantissa):.3g}e{int(exponent)}"
+    for suffix, factor in _COUNT_SUFFIXES:
+        if float(f"{n / factor:.3g}") >= 1:
+            return f"{sign}{float(f'{n / factor:.3g}'):g}{suffix}"
+    return f"{sign}{n:.3g}" if n != int(n) else f"{sign}{int(n)}"

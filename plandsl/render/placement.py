@@ -17,17 +17,10 @@ from plandsl.ir.layers import EXPERTS, Layer, Param, layers_of
 from plandsl.ir.placement import Assignment, NameIndex, assign_stages, compress_names, precision
 from plandsl.render.dot import FONT, Graph, Html, categorical, escape, text_width
 from plandsl.render.mesh import format_rate
-from plandsl.lower.units import format_bytes
+from plandsl.lower.units import format_bytes, format_count
 
 ENGINE = ("dot",)
 WRAP = 40  # characters per line of a sharding list
-
-
-def _count(n: float) -> str:
-    for suffix, factor in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= factor:
-            return f"{n / factor:.3g}{suffix}"
-    return str(int(n))
 
 
 # ---- sharding ---------------------------------------------------------------------------------
@@ -177,7 +170,7 @@ def _title(plan: ir.Plan, assignment: Assignment) -> str:
     from plandsl.ir.layers import param_count
     model = plan.model
     lines = [f"<b>plan {escape(plan.name)}</b> · model {escape(model.name)} "
-             f"({_count(param_count(model))} parameters, {len(layers_of(model))} layers)"]
+             f"({format_count(param_count(model))} parameters, {len(layers_of(model))} layers)"]
     if plan.stages:
         rank_map = plan.stages.rank_map if isinstance(plan.stages.rank_map, str) else list(plan.stages.rank_map)
         lines.append(f"{assignment.num_stages} stages over '{escape(plan.stages.axis)}': {plan.pp} ranks × "
@@ -229,7 +222,7 @@ def _stage_table(plan: ir.Plan, assignment: Assignment, stage: int, winners, fil
     layers = assignment.stage_layers[stage]
     rank = assignment.rank_of_stage[stage]
     params = sum(layer.param_count for layer in layers)
-    head = f"<b>stage {stage}</b> · rank {rank} · {_count(params)} parameters, {len(layers)} " \
+    head = f"<b>stage {stage}</b> · rank {rank} · {format_count(params)} parameters, {len(layers)} " \
            f"layer{'s' if len(layers) != 1 else ''}"
     rows = [f'<tr><td colspan="2" bgcolor="{fill}" align="left">{head}</td></tr>']
     for group, sharding in layer_groups(plan, layers, winners):
@@ -240,7 +233,7 @@ def _stage_table(plan: ir.Plan, assignment: Assignment, stage: int, winners, fil
         lines = _sharding_lines(sharding) or ["no parameters"]
         body = "<br align='left'/>".join(escape(line) for line in lines) + "<br align='left'/>"
         rows.append(f'<tr><td align="left" valign="top"><b>{escape(name)}</b><br align="left"/>{what}, '
-                    f'{_count(count)}<br align="left"/></td><td align="left" valign="top">'
+                    f'{format_count(count)}<br align="left"/></td><td align="left" valign="top">'
                     f'<font point-size="8">{body}</font></td></tr>')
     return '<table border="0" cellborder="1" cellspacing="0" cellpadding="3" color="#999999">' + "".join(rows) \
         + "</table>"

@@ -5,20 +5,13 @@ from plandsl import ir
 from plandsl.check.memory import estimate_plan_memory, pipeline_rank_devices
 from plandsl.ir.layers import param_count
 from plandsl.ir.placement import assign_stages, compress_names
-from plandsl.lower.units import format_bytes
-
-
-def _count(n: float) -> str:
-    for suffix, factor in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= factor:
-            return f"{n / factor:.1f}{suffix}"
-    return str(int(n))
+from plandsl.lower.units import format_bytes, format_count
 
 
 def describe_plan(plan: ir.Plan) -> str:
     model, cluster, mesh, train = plan.model, plan.cluster, plan.mesh, plan.train
     lines = [f"plan {plan.name}"]
-    lines.append(f"  model     {model.name} ({model.kind}, {_count(param_count(model))} parameters)")
+    lines.append(f"  model     {model.name} ({model.kind}, {format_count(param_count(model))} parameters)")
     lines.append(f"  cluster   {cluster.name}: {cluster.num_nodes} node(s), {cluster.num_devices} devices"
                  + (" (heterogeneous)" if cluster.heterogeneous else ""))
     axes = " x ".join(f"{a.name}={a.size}" for a in mesh.axes)

@@ -20,7 +20,7 @@ from plandsl.ir.layers import layers_of, param_count
 from plandsl.ir.placement import split_evenly
 from plandsl.schedules.registry import BUILTIN
 from plandsl.search import CONTEXT, Problem, Scored, SearchError, SearchResult
-from plandsl.lower.units import format_bytes
+from plandsl.lower.units import format_bytes, format_count
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -358,12 +358,12 @@ def explain_empty(problem: Problem, pins: dict, space) -> str:
         states = _states_bytes(problem)
         capacity = sum(d.memory for d in cluster.devices_in_order())
         pinned = f" with the pins {', '.join(f'{k}={v}' for k, v in pins.items())}" if pins else ""
-        return (f"model '{model.name}' ({param_count(model) / 1e9:.3g}B parameters) does not fit on cluster "
+        return (f"model '{model.name}' ({format_count(param_count(model))} parameters) does not fit on cluster "
                 f"'{cluster.name}' ({n} x {format_bytes(cluster.devices_in_order()[0].memory)}){pinned} in any "
                 f"layout: its weights, gradients and Adam states alone need {format_bytes(states)}"
                 + (f"; the closest: {stats.memory_example}" if stats.memory_example else "")
                 + f". {_smallest_cluster(problem, states)}; on this cluster a model of at most "
-                f"~{capacity / _BYTES_PER_PARAM / 1e9:.3g}B parameters could hold its states")
+                f"~{format_count(capacity / _BYTES_PER_PARAM)} parameters could hold its states")
     detail = ", ".join(f"{k}={v}" for k, v in pins.items()) or "none"
     return (f"no plan of '{model.name}' on '{cluster.name}' satisfies the pins ({detail}): the schedules need "
             "enough microbatches (1f1b-like: any; zb_h1/zb_h2/zbv: >= pp; dualpipev: >= 2 pp; chimera: an even pp "

@@ -322,3 +322,21 @@ def test_device_types_per_rank_are_the_devices_without_counts():
             assert full == [[d.name for d in rank] for rank in pipeline_rank_device_types(plan)], (path, plan.name)
             checked += 1
     assert checked >= 20
+
+
+@pytest.mark.parametrize("count,shown", [(0, "0"), (128, "128"), (4096, "4.1K"), (999_500, "1M"),
+                                         (174.6e9, "175B"), (1e14, "100T"), (999.6e12, "1e15"), (1.23e15, "1.23e15"),
+                                         (2**63, "9.22e18")])
+def test_counts_read_as_people_write_them(count, shown):
+    from plandsl.lower.units import format_count
+    assert format_count(count) == shown
+
+
+def test_a_100t_parameter_model_is_described_in_trillions():
+    from plandsl.ir.layers import param_count
+    from plandsl.render.summary import describe_plan
+    text = VALID_PLAN.replace("gpt(layers=8, hidden=1024, heads=16, seq=1024, vocab=50304)",
+                              "gpt(layers=1000, hidden=100000, heads=100, seq=1024, vocab=50000)")
+    plan = analyze("huge.plan", text=text).document.plans[0]
+    assert 1e14 < param_count(plan.model) < 1e15
+    assert "T parameters)" in describe_plan(plan) and "e+" not in describe_plan(plan)
