@@ -87,6 +87,7 @@ CODES: dict[str, str] = {
     "E803": "no plan keeps the partial plan's decisions",
     # warnings
     "W201": "unused definition or parameter",
+    "W202": "top_k on a model without experts",
     "W301": "mesh uses only part of the cluster",
     "W302": "tensor parallel axis spans nodes",
 }

@@ -61,8 +61,8 @@ class Reporter:
         self.diagnostics.append(diag(code, message, span, hint, notes, edits=edits))
         return Poison()
 
-    def warn(self, code: str, message: str, span: Span | None, hint: str | None = None, notes=()) -> None:
-        self.diagnostics.append(diag(code, message, span, hint, notes))
+    def warn(self, code: str, message: str, span: Span | None, hint: str | None = None, notes=(), edits=()) -> None:
+        self.diagnostics.append(diag(code, message, span, hint, notes, edits=edits))
 
 
 class Scope:

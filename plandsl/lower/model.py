@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from plandsl import ir
 from plandsl.diagnostics import limits
 from plandsl import syntax as s
-from plandsl.diagnostics import did_you_mean, nearest, respell
+from plandsl.diagnostics import Edit, did_you_mean, nearest, respell
 from plandsl.lower.evaluate import Poison, Scope, Word
 from plandsl.lower.units import BYTES
 
@@ -110,6 +110,8 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
                       tied_embeddings=values.get("tied", False))
         if fields["experts"] and "top_k" not in values:
             fields["top_k"] = min(2, fields["experts"])  # a top_k outside 1..experts is the checker's (E223)
+        if not fields["experts"] and fields["top_k"]:
+            _unrouted_top_k(scope, call, args)
     spans = {_FIELDS.get(key, key): kwarg.span for key, kwarg in args.items()}  # where each shape was written
     return build(scope, ir.TransformerModel, call.span, kind=family, name=label, layers=values["layers"],
                  field_spans=spans,
@@ -117,6 +119,25 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
 
 
 _FIELDS = {"ffn": "ffn_hidden", "tied": "tied_embeddings"}  # argument -> ir.TransformerModel field
+
+
+def _unrouted_top_k(scope: Scope, call: s.Call, args: dict[str, s.KwArg]) -> None:
+    """W202: `top_k` on a dense llama (no `experts`) routes nothing; the edit removes the argument with
+    the comma that joins it to its neighbour."""
+    top_k = args["top_k"]
+    kwargs = list(call.kwargs)
+    at = kwargs.index(top_k)
+    if at > 0:
+        start, end = kwargs[at - 1].span.end, top_k.span.end
+    elif len(kwargs) > 1:
+        start, end = top_k.span.start, kwargs[1].span.start
+    else:
+        start, end = top_k.span.start, top_k.span.end
+    source = scope.source
+    edits = (Edit(source.span(start, end), ""),) if source is not None and source.path == top_k.span.file else ()
+    scope.reporter.warn("W202", "top_k is set, but the model has no experts: a dense llama routes no tokens, so "
+                        "top_k changes nothing", top_k.span,
+                        hint="remove `top_k`, or add `experts=<count>` for a mixture of experts", edits=edits)
 
 LAYER_ATTRS = {"params": True, "flops": False, "activations": False, "output": False}
 MODEL_ATTRS = {"seq": False, "factory": False, "args": False}

@@ -21,7 +21,7 @@ from plandsl.diagnostics import apply_edits, render_all
 # edits, and following them must check. (Add a code here when its hint becomes machine-applicable.)
 COMPUTED = {"E201", "E204", "E206", "E208", "E210", "E220", "E221", "E222", "E223", "E224", "E301", "E306", "E307", "E402",
             "E404", "E406", "E501",
-            "E502", "E601"}
+            "E502", "E601", "W202"}
 
 
 def _analyze(path: Path, text: str) -> Analysis:
@@ -333,3 +333,15 @@ def test_e301_over_a_device_range_keeps_the_range(tmp_path):
     text = _SMALL.replace("mesh    = [dp = 2, pp = 2, tp = 2]", "mesh    = [dp = 2, pp = 2, tp = 2] over devices[0:4]")
     fixed, after = _follow(tmp_path, text, "E301")
     assert "over devices[0:4]" in fixed and _errors(after) == [], fixed
+
+
+@pytest.mark.parametrize("arguments", ["top_k=2, layers=4, hidden=256, heads=8, seq=128, vocab=1024",
+                                       "layers=4, hidden=256, top_k=1, heads=8, seq=128, vocab=1024",
+                                       "layers=4, hidden=256, heads=8, seq=128, vocab=1024, top_k=4"])
+def test_top_k_on_a_dense_llama_is_a_warning_its_edit_removes(arguments, tmp_path):
+    text = _SMALL.replace("gpt(layers=4, hidden=256, heads=8, seq=128, vocab=1024)", f"llama({arguments})")
+    assert [d.code for d in analyze("k.plan", text=text).diagnostics] == ["W202"]
+    fixed, after = _follow(tmp_path, text, "W202")
+    assert "top_k" not in fixed and list(after.diagnostics) == [], fixed
+    moe = text.replace("llama(", "llama(experts=4, ")
+    assert [d.code for d in analyze("k.plan", text=moe).diagnostics if d.code == "W202"] == []
