@@ -305,8 +305,10 @@ def _fail(error, output_format: str = "text") -> None:
 @main.command("run")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--plan", "plan_name", help="The plan of the file to run.")
-@click.option("--nproc-per-node", type=click.IntRange(min=1), help="Processes on this node (default: mesh size / nnodes).")
-@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="Machines taking part.")
+@click.option("--nproc-per-node", type=click.IntRange(min=1, max=limits.MAX_LOCAL_RANKS),
+              help=f"Processes on this node (default: mesh size / nnodes; at most {limits.MAX_LOCAL_RANKS}).")
+@click.option("--nnodes", type=click.IntRange(min=1, max=limits.MAX_NODES), default=1, show_default=True,
+              help="Machines taking part.")
 @click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This machine's index.")
 @click.option("--rdzv-endpoint", metavar="HOST:PORT", help="Node 0's address, with several nodes.")
 @click.option("--steps", type=click.IntRange(min=1, max=limits.MAX_STEPS), default=10, show_default=True,

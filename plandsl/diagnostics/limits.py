@@ -24,6 +24,9 @@ MAX_VOCAB = 2**24               # vocabulary entries
 MAX_EXPERTS = 2**16             # experts and top_k
 MAX_STEPS = 10**9               # warm-up steps, `run --steps`
 MAX_MICROBATCHES = MAX_GLOBAL_BATCH  # `schedule --microbatches`: a microbatch holds at least one sequence
+MAX_LOCAL_RANKS = 256
+"""Processes `run --nproc-per-node` starts on one machine: a node holds 8 to 16 accelerators today; 256 leaves
+room for many CPU (gloo) ranks, not for a typo that forks thousands."""
 
 MODEL_ARGUMENTS = {"layers": MAX_LAYERS, "hidden": MAX_WIDTH, "ffn": MAX_WIDTH, "input": MAX_WIDTH,
                    "output": MAX_WIDTH, "heads": MAX_HEADS, "kv_heads": MAX_HEADS, "seq": MAX_SEQ,
@@ -31,6 +34,7 @@ MODEL_ARGUMENTS = {"layers": MAX_LAYERS, "hidden": MAX_WIDTH, "ffn": MAX_WIDTH, 
 TRAIN = {"global_batch": MAX_GLOBAL_BATCH, "micro_batch": MAX_MICRO_BATCH, "seq": MAX_SEQ,
          "warmup_steps": MAX_STEPS}
 
-__all__ = ["MAX_ACTIONS", "MAX_EXPERTS", "MAX_GLOBAL_BATCH", "MAX_HEADS", "MAX_LAYERS", "MAX_MESH_DEVICES",
+__all__ = ["MAX_ACTIONS", "MAX_EXPERTS", "MAX_GLOBAL_BATCH", "MAX_HEADS", "MAX_LAYERS", "MAX_LOCAL_RANKS",
+           "MAX_MESH_DEVICES",
            "MAX_MICROBATCHES", "MAX_MICRO_BATCH", "MAX_NODES", "MAX_SEQ", "MAX_STAGES", "MAX_STEPS", "MAX_VIRTUAL",
            "MAX_VOCAB", "MAX_WIDTH", "MODEL_ARGUMENTS", "TRAIN"]

@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import dataclass
 
 from plandsl import ir
+from plandsl.diagnostics.limits import MAX_LOCAL_RANKS
 from plandsl.runtime import faults
 
 
@@ -88,10 +89,11 @@ def check_fits(plan: ir.Plan, options: LaunchOptions) -> None:
     if options.nnodes > 1 or options.nproc_per_node is not None or plan.mesh.size <= per_node:
         return
     nodes = -(-plan.mesh.size // per_node)
+    here = (f", or give --nproc-per-node {plan.mesh.size} to start all {plan.mesh.size} ranks on this machine"
+            if plan.mesh.size <= MAX_LOCAL_RANKS else "")
     raise LaunchError(f"plan '{plan.name}': its mesh spans {plan.mesh.size} devices, {nodes} nodes of cluster "
                       f"'{plan.cluster.name}' ({per_node} devices each); start it on every node with "
-                      f"--nnodes {nodes} --node-rank R --rdzv-endpoint HOST:PORT (docs/running.md), or give "
-                      f"--nproc-per-node {plan.mesh.size} to start all {plan.mesh.size} ranks on this machine")
+                      f"--nnodes {nodes} --node-rank R --rdzv-endpoint HOST:PORT (docs/running.md){here}")
 
 
 def command_line(args: list[str]) -> str:

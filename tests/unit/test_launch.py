@@ -112,3 +112,24 @@ def test_run_dry_run_ends_with_every_nodes_command():
     assert lines[-2].startswith("# on each of the 2 nodes, NODE_RANK its index (0 to 1")
     assert lines[-1].startswith("torchrun --nnodes 2 --node-rank NODE_RANK --rdzv-endpoint HOST:PORT "
                                 "--nproc-per-node 8 -m plandsl.run ")
+
+
+@pytest.mark.parametrize("option, value", [("--nproc-per-node", 257), ("--nproc-per-node", 10**12),
+                                           ("--nnodes", 131_073)])
+def test_run_refuses_a_process_count_past_its_cap_before_reading_the_plan(option, value, tmp_path):
+    """`run --nproc-per-node N` would fork N ranks here: past limits.MAX_LOCAL_RANKS it exits 2, naming it."""
+    from click.testing import CliRunner
+
+    from plandsl.cli import main
+    from plandsl.diagnostics.limits import MAX_LOCAL_RANKS
+    result = CliRunner().invoke(main, ["run", str(LOCAL_3D), option, str(value), "--dry-run"])
+    assert result.exit_code == 2, result.output
+    assert option in result.output and "Traceback" not in result.output
+    if option == "--nproc-per-node":
+        assert f"{MAX_LOCAL_RANKS}" in result.output
+
+
+def test_a_mesh_past_the_local_cap_is_not_offered_on_one_machine():
+    with pytest.raises(LaunchError) as error:
+        check_fits(api.load_plan(GPT3), LaunchOptions())
+    assert "--nproc-per-node 1024" not in str(error.value) and "--nnodes 128" in str(error.value)
