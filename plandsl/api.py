@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from plandsl import ir
-from plandsl.check.analysis import Analysis, analyze
+from plandsl.check.analysis import Analysis, analyze, checked_document
 from plandsl.diagnostics import PlanError
 from plandsl.syntax import Module
 
 
 def parse(text: str, path: str = "<string>") -> Module:
     """Text -> syntax tree (no imports, no meaning)."""
-    from plandsl.syntax.parser import decode, parse_source
-    return parse_source(decode(path, text.encode("utf-8")))
+    from plandsl.syntax.parser import parse_text
+    return parse_text(text, path)
 
 
 def parse_file(path: str | Path) -> Module:
@@ -46,8 +46,8 @@ def loads(text: str, params: dict[str, Any] | None = None, path: str = "<string>
 
 def load_plan(path: str | Path, name: str | None = None, params: dict[str, Any] | None = None) -> ir.Plan:
     """The plan called `name` (or the file's only plan), checked."""
-    from plandsl.ir.select import select_plan
-    return select_plan(load(path, params), name)
+    from plandsl.check.analysis import load_plan as load_checked_plan
+    return load_checked_plan(path, name, params)
 
 
 def load_runnable(path: str | Path, name: str | None = None, params: dict[str, Any] | None = None) -> ir.Plan:
@@ -63,10 +63,17 @@ def load_runnable(path: str | Path, name: str | None = None, params: dict[str, A
     return plan
 
 
+def run_refusals(plan: ir.Plan, cuda: bool | None = False) -> list:
+    """Every reason `plandsl run` refuses a checked plan (E7xx Diagnostics), empty when it runs; `cuda`:
+    whether its ranks run on CUDA (default: as on this CPU machine; None: whether this machine has CUDA)."""
+    from plandsl.runtime.support import refusals
+    return refusals(plan, cuda=cuda)
+
+
 def format_text(text: str, path: str = "<string>") -> str:
     """Canonical layout of a plan's text (comments kept)."""
-    from plandsl.syntax.format import format_module
-    return format_module(parse(text, path))
+    from plandsl.syntax.format import format_text as format_plan_text
+    return format_plan_text(text, path)
 
 
 def format_bytes(data: bytes, path: str = "<string>") -> str:
@@ -82,6 +89,4 @@ def schema() -> dict:
 
 
 def _document(analysis: Analysis) -> ir.Document:
-    if not analysis.ok or analysis.document is None:
-        raise PlanError(analysis.errors, analysis.sources)
-    return analysis.document
+    return checked_document(analysis)

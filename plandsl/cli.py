@@ -15,24 +15,11 @@ from plandsl.diagnostics import limits
 
 
 def _params(values: tuple[str, ...]) -> dict:
-    params = {}
-    for item in values:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"'{item}' is not KEY=VALUE", param_hint="--param")
-        params[key.strip()] = _scalar(raw.strip())
-    return params
-
-
-def _scalar(raw: str):
-    if raw in ("true", "false"):
-        return raw == "true"
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
+    from plandsl.runtime.options import parse_params
+    try:
+        return parse_params(values)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--param") from None
 
 
 param_option = click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
@@ -225,8 +212,9 @@ def schedule(name, ranks, microbatches, virtual, output_format, run_simulation, 
     """Print schedule NAME (a built-in, FILE.csv or FILE.plan:NAME) for the given sizes."""
     from plandsl.diagnostics import PlanError
     from plandsl.schedules import resolve
+    from plandsl.lower.schedule_spec import load_schedule
     try:
-        found = resolve.load_schedule(name, ranks, microbatches, virtual)
+        found = load_schedule(name, ranks, microbatches, virtual)
         if run_simulation:
             _simulated(found, resolve.parse_costs(costs), as_json, trace, memory_in_bytes=False)
             return
@@ -498,6 +486,7 @@ def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_n
     With --from, a partial plan gives the model, cluster and training settings, every decision it
     writes is kept (its lines stay as written), and the search adds what it leaves out; -o writes
     the file completed. The result passes `plandsl check` and `plandsl fmt --check`."""
+    from plandsl import api
     from plandsl.diagnostics import PlanError
     from plandsl.search import SearchError, search
     from plandsl.rewrite.complete import generate_from
@@ -539,11 +528,12 @@ def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_n
     if output:
         _write(output, texts[0])
     if as_json:
-        click.echo(json.dumps({"candidates": [candidate_json(s, t) for s, t in zip(result.candidates, texts)]},
+        click.echo(json.dumps({"candidates": [candidate_json(s, t, api.run_refusals)
+                                              for s, t in zip(result.candidates, texts)]},
                               indent=1))
         return
     click.echo(format_table(result))
-    click.echo(explain(result))
+    click.echo(explain(result, api.run_refusals))
     click.echo(f"wrote {output}" if output else "\n" + texts[0].rstrip("\n"))
 
 

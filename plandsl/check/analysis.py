@@ -12,9 +12,7 @@ from typing import Any
 from plandsl import ir
 from plandsl.check import check_plan
 from plandsl.diagnostics import Diagnostic, sort_key
-from plandsl.syntax.loader import Loader
-from plandsl.syntax.parser import deep_recursion
-from plandsl.lower import Lowering
+from plandsl.lower import lower_file
 from plandsl.diagnostics.source import SourceFile
 
 
@@ -37,23 +35,24 @@ class Analysis:
 def analyze(path: str | None = None, text: str | None = None, params: dict[str, Any] | None = None,
             search_path: tuple[Path, ...] | None = None, check: bool = True) -> Analysis:
     """Load `path` (or `text`), resolve imports and parameters, lower and check every plan."""
-    loader = Loader() if search_path is None else Loader(search_path=search_path)
-    root = loader.load_text(text, path or "<string>") if text is not None else loader.load_file(path)
-    diagnostics = list(loader.diagnostics)
-    if root is None or root.syntax is None or diagnostics:
-        key = root.path if root else (path or "<string>")
-        return Analysis(key, None, sorted(diagnostics, key=sort_key), loader.sources)
-    lowering = Lowering(loader.modules, params)
-    try:
-        with deep_recursion():
-            document = lowering.document(root)
-    except RecursionError:
-        from plandsl.diagnostics import diag
-        lowering.diagnostics.append(diag("E106", "an expression is nested too deeply to evaluate", root.syntax.span))
-        document = None
-    diagnostics += lowering.diagnostics
+    lowered = lower_file(path, text, params, search_path)
+    diagnostics, document = lowered.diagnostics, lowered.document
     if check and document is not None:
         for plan in document.plans:
             diagnostics += check_plan(plan)
     unique = list(dict.fromkeys(diagnostics))
-    return Analysis(root.path, document, sorted(unique, key=sort_key), loader.sources)
+    return Analysis(lowered.path, document, sorted(unique, key=sort_key), lowered.sources)
+
+
+def checked_document(analysis: Analysis) -> ir.Document:
+    """The analysed document; PlanError carrying every error when it has any."""
+    if not analysis.ok or analysis.document is None:
+        from plandsl.diagnostics import PlanError
+        raise PlanError(analysis.errors, analysis.sources)
+    return analysis.document
+
+
+def load_plan(path: str | Path, name: str | None = None, params: dict[str, Any] | None = None) -> ir.Plan:
+    """The plan called `name` (or the file's only plan), checked; PlanError otherwise."""
+    from plandsl.ir.select import select_plan
+    return select_plan(checked_document(analyze(str(path), params=params)), name)

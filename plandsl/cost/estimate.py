@@ -91,8 +91,9 @@ def plan_work(plan: ir.Plan) -> Work:
 def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=None) -> PlanEstimate:
     """The plan's step time, throughput and memory; PlanError when its placement or schedule is invalid.
     `efficiency` overrides every device's GEMM knobs (None: each device's own)."""
-    from plandsl.check.memory import estimate_plan_memory, mesh_device_runs, pipeline_rank_device_types
-    from plandsl.check.schedule import simulate_plan_schedule
+    from plandsl.cost.memory import estimate_plan_memory
+    from plandsl.ir.placement import mesh_device_runs, pipeline_rank_device_types
+    from plandsl.cost.schedule import simulate_plan_schedule
     from plandsl.diagnostics import PlanError
     from plandsl.ir.placement import assign_stages
     from plandsl.schedules.simulate import Costs
@@ -158,7 +159,7 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
 def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | None = None,
                          links: Links | None = None, rank_devices=None) -> list[StageTime]:
     """Per stage of `assignment`, the seconds of one microbatch's F, I and W on its rank's slowest device."""
-    from plandsl.check.memory import pipeline_rank_device_types
+    from plandsl.ir.placement import pipeline_rank_device_types
     precision = plan.train.precision
     work, links = plan_work(plan), links or plan_links(plan)
     if rank_devices is None:

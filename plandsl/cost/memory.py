@@ -20,6 +20,7 @@ from typing import Sequence
 
 from plandsl import ir
 from plandsl.ir.layers import EXPERTS, FFN, HEADS_X_HEAD_DIM, KV, VOCAB, Layer, Param, kv_width
+from plandsl.ir.placement import Assignment, assign_stages
 
 # Dim roles a tensor-parallel axis splits (Megatron, Shoeybi et al. 2019): column-parallel outputs
 # (q/k/v heads, MLP ffn), row-parallel inputs (o heads, MLP ffn) and the vocabulary of the
@@ -455,3 +456,16 @@ __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estima
            "held_stages", "gathered_bytes", "model_state_bytes", "tied_embedding",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
            "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES"]
+
+
+def estimate_plan_memory(plan: ir.Plan, assignment: Assignment | None = None) -> list[MemoryEstimate] | None:
+    """Per pipeline rank memory, or None when the placement is invalid."""
+    if assignment is None:
+        assignment, problems = assign_stages(plan)
+        if assignment is None:
+            return None
+    ranks = assignment.rank_stages()
+    schedule = plan.schedule.name if plan.schedule and plan.stages else "gpipe"
+    inflight = inflight_microbatches(schedule, len(ranks), plan.num_microbatches, assignment.virtual) \
+        if plan.stages else [1]
+    return estimate_memory(plan, assignment.stage_layers, ranks, inflight)

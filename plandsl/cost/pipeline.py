@@ -10,7 +10,7 @@ stage-to-stage transfer; activation bytes per stage and model-state bytes per ra
 from __future__ import annotations
 
 from plandsl import ir
-from plandsl.check.memory import estimate_plan_memory
+from plandsl.cost.memory import estimate_plan_memory
 from plandsl.cost.estimate import estimate_stage_times, pipeline_p2p, plan_work
 from plandsl.cost.layer import plan_links
 from plandsl.cost.memory import estimate_layer_activations

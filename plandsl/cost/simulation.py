@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from plandsl import ir
-from plandsl.check.schedule import plan_schedule
+from plandsl.cost.schedule import plan_schedule
 from plandsl.cost.pipeline import estimate_stage_costs
 from plandsl.diagnostics import PlanError, diag
 from plandsl.ir.placement import assign_stages

@@ -315,3 +315,55 @@ def compress_names(names: list[str], limit: int | None = 8) -> str:
 
 def _layer_summary(layers: list[Layer]) -> str:
     return "its layers: " + compress_names([layer.name for layer in layers])
+
+
+def pipeline_rank_devices(plan: ir.Plan) -> list[list[ir.DeviceType]]:
+    """Pipeline rank -> the device types of the mesh devices at that pp coordinate (one per device)."""
+    start = plan.mesh.first_device
+    devices = plan.cluster.devices_in_order()[start:start + plan.mesh.size]
+    if plan.stages is None:
+        return [devices]
+    names = [a.name for a in plan.mesh.axes]
+    position = names.index(plan.stages.axis)
+    stride = 1
+    for axis in plan.mesh.axes[position + 1:]:
+        stride *= axis.size
+    pp = plan.pp
+    return [[d for index, d in enumerate(devices) if (index // stride) % pp == rank] for rank in range(pp)]
+
+
+def pipeline_rank_device_types(plan: ir.Plan) -> list[list[ir.DeviceType]]:
+    """Pipeline rank -> the device types at that pp coordinate of the mesh, each once, in device
+    order (what `pipeline_rank_devices` holds, without the counts). Work is per run of one device
+    type (a node group) and rank, not per device: a million-device cluster costs what its few
+    groups do."""
+    pp = plan.pp if plan.stages is not None else 1
+    stride = 1
+    if plan.stages is not None:
+        names = [a.name for a in plan.mesh.axes]
+        for axis in plan.mesh.axes[names.index(plan.stages.axis) + 1:]:
+            stride *= axis.size
+    ranks: list[dict[str, ir.DeviceType]] = [{} for _ in range(pp)]
+    for device, first, end in mesh_device_runs(plan):
+        if end - first >= stride * pp:  # the run covers every rank
+            for found in ranks:
+                found.setdefault(device.name, device)
+            continue
+        block = first // stride
+        while block * stride < end:
+            ranks[block % pp].setdefault(device.name, device)
+            block += 1
+    return [list(found.values()) for found in ranks]
+
+
+def mesh_device_runs(plan: ir.Plan) -> list[tuple[ir.DeviceType, int, int]]:
+    """(device type, first, end) of each run of one node group inside the mesh, as mesh indices."""
+    start, size = plan.mesh.first_device, plan.mesh.size
+    runs, offset = [], 0
+    for group in plan.cluster.groups:
+        length = group.count * group.node.devices
+        first, end = max(offset, start), min(offset + length, start + size)
+        if first < end:
+            runs.append((group.node.device, first - start, end - start))
+        offset += length
+    return runs

@@ -6,6 +6,7 @@ that fails is reported once and poisons only what depends on it, not its neighbo
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -303,6 +304,39 @@ class Lowering:
                            nodes=tuple(buckets["node"]), clusters=tuple(buckets["cluster"]),
                            models=tuple(buckets["model"]), schedules=tuple(buckets["schedule"]),
                            plans=tuple(buckets["plan"]))
+
+
+@dataclass
+class Lowered:
+    """A file loaded and lowered: its document (None when it did not load or lower) and every
+    diagnostic so far, with the sources they point into."""
+    path: str
+    document: ir.Document | None
+    diagnostics: list
+    sources: dict
+
+
+def lower_file(path: str | None = None, text: str | None = None, params: dict[str, Any] | None = None,
+               search_path=None) -> Lowered:
+    """Load `path` (or `text`) with its imports, resolve parameters and lower every definition; never
+    raises on bad input (E1xx, E2xx diagnostics)."""
+    from plandsl.diagnostics import diag
+    from plandsl.syntax.loader import Loader
+    from plandsl.syntax.parser import deep_recursion
+    loader = Loader() if search_path is None else Loader(search_path=search_path)
+    root = loader.load_text(text, path or "<string>") if text is not None else loader.load_file(path)
+    diagnostics = list(loader.diagnostics)
+    if root is None or root.syntax is None or diagnostics:
+        key = root.path if root else (path or "<string>")
+        return Lowered(key, None, diagnostics, loader.sources)
+    lowering = Lowering(loader.modules, params)
+    try:
+        with deep_recursion():
+            document = lowering.document(root)
+    except RecursionError:
+        lowering.diagnostics.append(diag("E106", "an expression is nested too deeply to evaluate", root.syntax.span))
+        document = None
+    return Lowered(root.path, document, diagnostics + lowering.diagnostics, loader.sources)
 
 
 def _cluster_label(groups: list[ir.NodeGroup]) -> str:

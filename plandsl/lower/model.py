@@ -151,7 +151,7 @@ def _respells(body: tuple, name: str) -> bool:
 
 def custom_model(lowering: "Lowering", scope: Scope, d: s.Definition) -> ir.CustomModel:
     from plandsl.lower import attributes, build, dict_items
-    from plandsl.lower.plan import layer_names
+    from plandsl.lower.selectors import layer_names
     found = attributes(scope, d.body, MODEL_ATTRS, f"model '{d.name}'")
     layers: list[ir.CustomLayer] = []
     seen: dict[str, s.LayerDecl] = {}

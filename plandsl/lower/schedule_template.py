@@ -17,7 +17,6 @@ stage that also appears elsewhere is E607, reported by the validation.
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +25,7 @@ from plandsl import syntax as s
 from plandsl.diagnostics import Diagnostic, Note
 from plandsl.lower.evaluate import Poison, Reporter, Scope
 from plandsl.schedules.generators import MAX_ACTIONS  # a template needs at most this many (E609)
-from plandsl.schedules.program import Action, Kind, Schedule, loop_map, parse_action
+from plandsl.schedules.program import Action, Kind, Schedule, derive_stage_map, parse_action
 from plandsl.diagnostics.source import NO_SPAN, SourceFile, Span
 
 MAX_STEPS = 10_000_000     # statements and loop iterations run by one instantiation
@@ -89,21 +88,6 @@ def expand(defn: ir.ScheduleDef, scope: Scope | None, ranks: int, microbatches: 
         from plandsl.schedules.validate import validate as check
         diagnostics = check(schedule, spans, default_span=where)
     return Instance(schedule, spans, diagnostics)
-
-
-def derive_stage_map(rows, ranks: int, stages: int) -> tuple[int, ...]:
-    """Stage s -> the rank that runs most of its actions (the lowest on a tie; the loop map
-    for a stage that never runs)."""
-    counts: dict[int, Counter] = {}
-    for rank, row in enumerate(rows):
-        for action in row:
-            counts.setdefault(action.stage, Counter())[rank] += 1
-    default = loop_map(ranks, stages)
-    result = []
-    for stage in range(stages):
-        found = counts.get(stage)
-        result.append(min(found, key=lambda r: (-found[r], r)) if found else default[stage])
-    return tuple(result)
 
 
 # ---- helpers ------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def estimate_table(plan: ir.Plan) -> str:
     """The estimate's figures first (`plandsl estimate`: step time, tokens/s, TFLOP/s per device, MFU,
     memory per device, bubble), then per pipeline rank its memory against the smallest device and the
     simulated figures."""
-    from plandsl.check.memory import pipeline_rank_devices
+    from plandsl.ir.placement import pipeline_rank_devices
     from plandsl.cost.estimate import estimate_plan
     from plandsl.diagnostics import PlanError
     from plandsl.schedules.simulate import BUBBLE_DEFINITION

@@ -48,7 +48,8 @@ class RankMemory:
 
 def memory_over_time(plan: ir.Plan) -> tuple[list[RankMemory], Simulation]:
     """Per pipeline rank, memory over the simulated step; NotApplicable without a pipeline."""
-    from plandsl.check.memory import estimate_plan_memory, pipeline_rank_devices
+    from plandsl.cost.memory import estimate_plan_memory
+    from plandsl.ir.placement import pipeline_rank_devices
     from plandsl.cost.pipeline import estimate_stage_costs
     from plandsl.ir.placement import assign_stages
     schedule, simulation, _ = simulated(plan)

@@ -10,11 +10,10 @@ Device index = row-major over the mesh axes (last axis fastest), from `mesh.firs
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 
 from plandsl import ir
 from plandsl.render.dot import FONT, Graph, Html, categorical, escape, inches, pos, text_width
-from plandsl.render.mesh_lines import (DEVICE_GAP, DEVICE_HEIGHT, FRAME_GAP_Y, Grid, arc_space, draw_bundles,
+from plandsl.render.mesh_lines import (DEVICE_GAP, DEVICE_HEIGHT, FRAME_GAP_Y, Frame, Grid, arc_space, draw_bundles,
                                        draw_group_lines, draw_networks, find_links, format_rate)
 from plandsl.render.timeline import text_node
 
@@ -55,18 +54,6 @@ def axis_role(plan: ir.Plan, name: str) -> str:
             return ROLES["data"]
         return ROLES["zero"] if plan.data.zero_stage else ROLES["data"]
     return ROLES["none"]
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """A drawn node box: a cluster node (`node` >= 0) or a run of collapsed nodes (`collapsed` > 0)."""
-
-    node: int
-    group: int
-    first_device: int   # global index of its first device
-    devices: int
-    collapsed: int = 0  # nodes folded into this box
-    last_node: int = -1
 
 
 class ClusterIndex:

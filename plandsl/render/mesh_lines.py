@@ -9,16 +9,24 @@ bundles (one arc per pair of boxes further apart, so no line crosses the boxes i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from plandsl import ir
 from plandsl.render.dot import Graph, inches, num, pos, text_width
 
-if TYPE_CHECKING:
-    from plandsl.render.mesh import Frame
-
 FRAMES_PER_ROW = 8
 DEVICE_HEIGHT, DEVICE_GAP, FRAME_GAP_X, FRAME_GAP_Y = 28.0, 6.0, 44.0, 56.0
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A drawn node box: a cluster node (`node` >= 0) or a run of collapsed nodes (`collapsed` > 0)."""
+
+    node: int
+    group: int
+    first_device: int   # global index of its first device
+    devices: int
+    collapsed: int = 0  # nodes folded into this box
+    last_node: int = -1
 
 
 def format_rate(bytes_per_second: float) -> str:

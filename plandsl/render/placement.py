@@ -204,7 +204,7 @@ def _title(plan: ir.Plan, assignment: Assignment) -> str:
 
 def _rank_devices(plan: ir.Plan) -> list[str]:
     """Per pipeline rank, the label of its column: devices and their type."""
-    from plandsl.check.memory import pipeline_rank_devices
+    from plandsl.ir.placement import pipeline_rank_devices
     others = [a for a in plan.mesh.axes if not (plan.stages and a.name == plan.stages.axis)]
     spread = " × ".join(f"{a.name} {a.size}" for a in others if a.size > 1)
     out = []

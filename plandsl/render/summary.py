@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from plandsl import ir
-from plandsl.check.memory import estimate_plan_memory, pipeline_rank_devices
+from plandsl.cost.memory import estimate_plan_memory
+from plandsl.ir.placement import pipeline_rank_devices
 from plandsl.ir.layers import param_count
 from plandsl.ir.placement import assign_stages, compress_names
 from plandsl.lower.units import format_bytes, format_count

@@ -84,13 +84,13 @@ def _as_written(partial: Partial) -> Scored:
 def complete(partial: Partial, scored: Scored, out_path: str | Path | None = None) -> tuple[Scored, str] | PlanError:
     """The file with the partial plan completed by `scored`, formatted and checked; its figures. A
     PlanError (returned) with the completed text's diagnostics when it does not check."""
-    from plandsl import api
+    from plandsl.check.analysis import analyze
     from plandsl.cost.estimate import estimate_plan
     from plandsl.search.emit import header
     check_path = str(out_path) if out_path else partial.path
     body = _format(_apply(partial.text, _edits(partial, scored, out_path)), check_path)
     with include(_outside(partial, out_path)):  # imports of the user's files outside -o's folder tree
-        analysis = api.checks(body, partial.params, path=check_path)
+        analysis = analyze(check_path, text=body, params=partial.params)
     plans = [p for p in (analysis.document.plans if analysis.document else ()) if p.name == partial.name]
     others = other_plans(check_path, body, partial.name)  # other plans of the file stay as written
     errors = [d for d in analysis.errors if not others(d)]
@@ -271,8 +271,8 @@ def _outside(partial: Partial, out_path) -> tuple[str, ...]:
 
 
 def _format(text: str, path: str) -> str:
-    from plandsl import api
-    return api.format_text(text, path)
+    from plandsl.syntax.format import format_text
+    return format_text(text, path)
 
 
 def _apply(text: str, edits: list[tuple[int, int, str]]) -> str:

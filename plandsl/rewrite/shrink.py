@@ -74,17 +74,19 @@ def shrink(path: str | Path, name: str | None = None, params: dict[str, Any] | N
     """The plan of `path` scaled down to at most `ranks` processes on one machine; `precision`
     overrides the plan's (fp32 makes `--check-equivalence` hold to 1e-5); `out_dir`: where the text
     will be written (relative imports are rewritten to resolve from there; default: the cwd)."""
-    from plandsl import api
+    from plandsl.check.analysis import analyze
+    from plandsl.syntax.parser import parse_text
+    from plandsl.syntax.format import format_text
     from plandsl.ir.select import select_plan
     if not 1 <= ranks <= MAX_RANKS:
         raise ShrinkError(f"--ranks must be 1 to {MAX_RANKS} (the devices of one `{CLUSTER}` node), got {ranks}")
     path = str(path)
-    analysis = api.check(path, params)
+    analysis = analyze(str(path), params=params)
     if not analysis.ok or analysis.document is None:
         raise PlanError(analysis.errors, analysis.sources)
     original = select_plan(analysis.document, name)
     text = read_source(path).text  # read again, bounded, BOM dropped: the offsets of parse(text) below
-    module = api.parse(text, path)
+    module = parse_text(text, path)
     definition = _plan_definition(module, original, path, analysis.sources)
 
     sizes = _mesh_sizes(original, definition, ranks, analysis.sources)
@@ -138,10 +140,10 @@ def shrink(path: str | Path, name: str | None = None, params: dict[str, Any] | N
     body = _apply(text, edits)
     where = str(Path(out_dir or os.getcwd()) / "<shrunk>.plan")
     # The splice parses (a PlanError otherwise: a bug here, with the spliced text shown at the problem).
-    shrunk_text = api.format_text("\n".join(header) + "\n" + body.lstrip("\n"), where)
+    shrunk_text = format_text("\n".join(header) + "\n" + body.lstrip("\n"), where)
     folders = _outside_folders(path, module, out_dir)
     with include(folders):
-        analysis = api.checks(shrunk_text, params, path=where)
+        analysis = analyze(where, text=shrunk_text, params=params)
     if not analysis.ok or analysis.document is None:
         note = Note(f"in plan '{original.name}' of {path} scaled down to {total} processes, as `plandsl shrink` "
                     "would write it (run `plandsl check` on the original; the rest is to finish by hand)")

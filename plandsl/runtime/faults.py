@@ -289,7 +289,7 @@ def pipeline_grid(plan, records: dict[int, RankRecord], cause: int) -> str | Non
     record = records.get(cause)
     if plan is None or plan.stages is None or record is None or not record.action:
         return None
-    from plandsl.check.schedule import plan_schedule
+    from plandsl.cost.schedule import plan_schedule
     from plandsl.schedules.simulate import format_grid, step_grid
     program, _ = plan_schedule(plan)
     try:

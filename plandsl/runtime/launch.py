@@ -180,11 +180,11 @@ def launch(args: list[str]) -> int:
 
 def _plan_of(args: list[str]) -> ir.Plan | None:
     """The plan the ranks ran, from their arguments (for the schedule grid); None if it will not load."""
-    from plandsl import api
-    from plandsl.run import _params, parse_args
+    from plandsl.check.analysis import load_plan
+    from plandsl.runtime.options import parse_args, parse_params
     try:
         ranks = parse_args(args[args.index("plandsl.run") + 1:])
-        return api.load_plan(ranks.plan, ranks.plan_name, _params(ranks.param))
+        return load_plan(ranks.plan, ranks.plan_name, parse_params(ranks.param))
     except (Exception, SystemExit):  # noqa: BLE001 - the message is still given, without the grid
         return None
 

@@ -9,13 +9,7 @@ from __future__ import annotations
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, diag
-
-# Built-in schedules the interpreter cannot run yet, and why.
-REFUSED_SCHEDULES: dict[str, str] = {
-    "chimera": "it runs two pipelines in opposite directions (each rank holds one stage of each, and each "
-               "microbatch takes one of them), while torch.distributed.pipelining runs one chain of stages",
-}
-
+from plandsl.schedules.registry import BUILTIN
 
 def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
     """Every reason `plandsl run` refuses the plan (a checked plan), in the order of the plan's attributes.
@@ -49,9 +43,9 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
     found += _expert_refusals(plan)
     if plan.shard:  # the rules DTensor cannot run as written (torch is imported only for such plans)
         found += _shard_refusals(plan)
-    if plan.schedule is not None and plan.schedule.definition is None and plan.schedule.name in REFUSED_SCHEDULES:
+    if plan.schedule is not None and plan.schedule.definition is None and BUILTIN[plan.schedule.name].refused:
         name = plan.schedule.name
-        found.append(diag("E701", f"schedule '{name}' cannot run yet: {REFUSED_SCHEDULES[name]}",
+        found.append(diag("E701", f"schedule '{name}' cannot run yet: {BUILTIN[name].refused}",
                           plan.schedule.span, hint="estimate and render it; run 1f1b, zbv or interleaved_1f1b"))
     return found
 
@@ -63,7 +57,7 @@ def _splits_backward(plan: ir.Plan) -> bool:
     if plan.schedule.definition is None:  # a built-in: by name, without laying it out
         from plandsl.schedules.generators import SPLIT_BACKWARD
         return plan.schedule.name in SPLIT_BACKWARD
-    from plandsl.check.schedule import plan_schedule
+    from plandsl.cost.schedule import plan_schedule
     from plandsl.schedules.program import Kind
     schedule, _ = plan_schedule(plan)
     return schedule is not None and any(action.kind is Kind.I for row in schedule.actions for action in row)

@@ -10,6 +10,8 @@ hundreds of thousands of actions (actions are named tuples, for speed).
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import contextlib
 import gc
 import re
@@ -147,3 +149,18 @@ def from_csv(text: str) -> list[list[Action | None]]:
         except ValueError as error:
             raise ValueError(f"line {number}: {error}") from None
     return rows
+
+
+def derive_stage_map(rows, ranks: int, stages: int) -> tuple[int, ...]:
+    """Stage s -> the rank that runs most of its actions (the lowest on a tie; the loop map
+    for a stage that never runs)."""
+    counts: dict[int, Counter] = {}
+    for rank, row in enumerate(rows):
+        for action in row:
+            counts.setdefault(action.stage, Counter())[rank] += 1
+    default = loop_map(ranks, stages)
+    result = []
+    for stage in range(stages):
+        found = counts.get(stage)
+        result.append(min(found, key=lambda r: (-found[r], r)) if found else default[stage])
+    return tuple(result)

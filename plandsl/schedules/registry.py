@@ -24,6 +24,7 @@ class ScheduleInfo:
     multiple_of_ranks: bool = False
     rounds: bool = False
     pipelines: int = 1
+    refused: str = ""             # why the interpreter cannot run it yet (E701); "" when it runs
 
 
 BUILTIN: dict[str, ScheduleInfo] = {s.name: s for s in (
@@ -44,7 +45,10 @@ BUILTIN: dict[str, ScheduleInfo] = {s.name: s for s in (
     ScheduleInfo("dualpipev", "DualPipe on a V-shape with overlapped forward/backward (DeepSeek-V3)",
                  virtual="two", min_microbatches="2*ranks"),
     ScheduleInfo("chimera", "two pipelines in opposite directions (Li & Hoefler 2021)", virtual="two",
-                 min_microbatches="ranks", multiple_of_ranks=True, pipelines=2),
+                 min_microbatches="ranks", multiple_of_ranks=True, pipelines=2,
+                 refused="it runs two pipelines in opposite directions (each rank holds one stage of each, and "
+                         "each microbatch takes one of them), while torch.distributed.pipelining runs one chain "
+                         "of stages"),
 )}
 
 

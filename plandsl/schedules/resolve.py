@@ -38,11 +38,9 @@ def parse_costs(text: str | None) -> Costs:
 
 
 def load_schedule(spec: str, ranks: int | None, microbatches: int | None, virtual: int | None) -> Schedule:
-    """A built-in, a `.csv` file or `file.plan:NAME`, for the given sizes."""
+    """A built-in or a `.csv` file, for the given sizes (`file.plan:NAME`: `lower.schedule_spec`)."""
     if spec.endswith(".csv"):
         return schedule_from_csv(read_csv(spec), Path(spec).stem)
-    if ".plan:" in spec:
-        return _from_plan(spec, ranks, microbatches, virtual)
     from plandsl.schedules.generators import TooLarge, generate
     from plandsl.schedules.registry import BUILTIN
     if spec not in BUILTIN:
@@ -74,31 +72,9 @@ def read_csv(path: str) -> str:
     return source.text
 
 
-def _from_plan(spec: str, ranks, microbatches, virtual) -> Schedule:
-    from plandsl.check.analysis import analyze
-    from plandsl.lower.schedule_template import instantiate
-    path, _, name = spec.rpartition(":")
-    analysis = analyze(path, check=False)
-    if not analysis.ok:
-        raise PlanError(analysis.errors, analysis.sources)
-    definitions = {d.name: d for d in analysis.document.schedules}
-    if name not in definitions:
-        raise PlanError([diag("E601", f"{path} defines no schedule '{name}'",
-                              hint=did_you_mean(name, definitions, "schedules"))])
-    definition = definitions[name]
-    ranks = ranks or definition.sizes.get("ranks")
-    microbatches = microbatches or definition.sizes.get("microbatches")
-    if ranks is None or microbatches is None:
-        raise PlanError([diag("E207", f"template '{name}' needs --ranks and --microbatches")])
-    schedule, problems = instantiate(definition, definition.scope, ranks, microbatches, virtual or 1)
-    if problems:
-        raise PlanError(problems, analysis.sources)
-    return schedule
-
-
 def schedule_from_csv(text: str, name: str = "csv") -> Schedule:
     """torch's compute-only CSV (rank rows, empty cells idle) -> a validated schedule."""
-    from plandsl.lower.schedule_template import derive_stage_map
+    from plandsl.schedules.program import derive_stage_map
     from plandsl.schedules.validate import validate
     try:
         grid = from_csv(text)

@@ -9,6 +9,8 @@ figures as comments. Bad input raises `SearchError` with a plain message.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import math
 import os
 import re
@@ -37,13 +39,13 @@ class Source:
 # ---- reading the command line ----------------------------------------------------------------------------
 def _stdlib_names() -> dict[str, str]:
     """Name -> the stdlib file (`clusters/dgx_a100`) that defines it, for clusters and models."""
-    from plandsl import api
+    from plandsl.check.analysis import analyze, checked_document
     from plandsl.syntax.loader import stdlib_files, stdlib_root
     found: dict[str, str] = {}
     for name in stdlib_files():
         if not name.startswith(("clusters/", "models/")):
             continue
-        document = api.load(stdlib_root() / f"{name}.plan")
+        document = checked_document(analyze(str(stdlib_root() / f"{name}.plan")))
         local = [*document.devices, *document.nodes, *document.clusters, *document.models]
         for item in local:
             if item.name not in found and document.file.endswith(f"{name}.plan"):
@@ -102,11 +104,11 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
 
 def _resolve(imports: list[str], line: str, option: str, given: str):
     """One definition checked by the language; its first error as a plain message."""
-    from plandsl import api
+    from plandsl.check.analysis import analyze
     from plandsl.syntax.loader import include
     header = "".join(f'import "{i}"\n' for i in imports)
     with include(os.path.dirname(i) for i in imports if os.path.isabs(i)):  # a file named by --model
-        analysis = api.checks(header + line + "\n", path="<generate>")
+        analysis = analyze("<generate>", text=header + line + "\n")
     if not analysis.ok or analysis.document is None:
         first = analysis.errors[0]
         hint = f" ({first.hint})" if first.hint and "names in scope" not in first.hint else ""
@@ -142,7 +144,7 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
     """The candidate as a plan; `train_extra`: more `key: value` items for its train dict (the settings
     the search does not choose, from a partial plan: `search_from`); `train_text`: the train expression
     to write instead (a partial plan's own, when it fixed what the search would choose)."""
-    from plandsl import api
+    from plandsl.syntax.format import format_text
     c = scored.candidate
     sizes = c.degrees()
     order = c.order or ("dp",)
@@ -170,7 +172,7 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
     elif c.schedule:
         lines.append(f"  # schedule {c.schedule} was pinned; with pp = 1 there is no pipeline to schedule")
     lines.append("}")
-    return api.format_text("\n".join(lines).lstrip("\n") + "\n", "<generate>")
+    return format_text("\n".join(lines).lstrip("\n") + "\n", "<generate>")
 
 
 def checked_texts(result: SearchResult, problem: Problem, source: Source,
@@ -180,13 +182,13 @@ def checked_texts(result: SearchResult, problem: Problem, source: Source,
     as a bug, when none does."""
     import os
     from dataclasses import replace
-    from plandsl import api
+    from plandsl.check.analysis import analyze
     from plandsl.diagnostics import Note, PlanError
     where = str(path) if path else os.path.join(os.getcwd(), "generated.plan")
     kept, failure = [], None
     for scored in result.candidates:
         text = plan_text(scored, problem, source)
-        analysis = api.checks(text, path=where)
+        analysis = analyze(where, text=text)
         if analysis.ok:
             kept.append((scored, text))
         elif failure is None:
@@ -258,16 +260,20 @@ def stage_lines(scored: Scored, problem: Problem, axis: str = "pp") -> list[str]
 
 
 # ---- JSON and text -----------------------------------------------------------------------------------------
-def run_refusals(scored: Scored) -> list[str]:
-    """Why `plandsl run` would refuse the candidate's plan ("E703: ..."), empty when it runs. The cost
-    model ranks every plan; the interpreter runs most of them (docs/running.md, "Not supported yet")."""
-    from plandsl.runtime.support import refusals
-    return [f"{d.code}: {d.message}" for d in refusals(scored.plan, cuda=False)]
+Refusals = Callable[[ir.Plan], list]
+"""Why `plandsl run` would refuse a plan (Diagnostics, empty when it runs): the interpreter's own rule,
+`runtime.support.refusals`, which the caller passes in (the search sits below the interpreter). The cost
+model ranks every plan; the interpreter runs most of them (docs/running.md, "Not supported yet")."""
 
 
-def candidate_json(scored: Scored, text: str) -> dict:
+def run_refusals(scored: Scored, refusals: Refusals) -> list[str]:
+    """Why `plandsl run` would refuse the candidate's plan ("E703: ..."), empty when it runs."""
+    return [f"{d.code}: {d.message}" for d in refusals(scored.plan)]
+
+
+def candidate_json(scored: Scored, text: str, refusals: Refusals) -> dict:
     c, e = scored.candidate, scored.estimate
-    refused = run_refusals(scored)
+    refused = run_refusals(scored, refusals)
     return {"runs": not refused, "refused": refused, "degrees": c.degrees(), **c.degrees(), "mesh_order": list(c.order),
             "micro_batch_size": c.micro_batch_size, "num_microbatches": c.num_microbatches,
             "schedule": c.schedule or None, "virtual_stages": c.virtual_stages, "zero_stage": c.zero_stage,
@@ -298,7 +304,7 @@ _PARTS = (("compute", "compute"), ("communication", "communication"), ("bubble",
           ("optimizer", "optimizer step"))
 
 
-def explain(result: SearchResult) -> str:
+def explain(result: SearchResult, refusals: Refusals) -> str:
     """Why the winner won: its own breakdown, what bounded the runners-up, what memory ruled out."""
     best = result.best
     t = best.estimate.time
@@ -314,9 +320,9 @@ def explain(result: SearchResult) -> str:
         delta = getattr(o, worse[0]) - getattr(t, worse[0])
         lines.append(f"  #{i} is {o.step / t.step - 1:+.1%}: bounded by {worse[1]} "
                      f"({getattr(o, worse[0]):.4g} s against {getattr(t, worse[0]):.4g} s, {delta:+.3g} s)")
-    refused = run_refusals(best)
+    refused = run_refusals(best, refusals)
     if refused:
-        runs = next((i for i, other in enumerate(result.candidates[1:], 2) if not run_refusals(other)), None)
+        runs = next((i for i, other in enumerate(result.candidates[1:], 2) if not run_refusals(other, refusals)), None)
         lines.append(f"  note: `plandsl run` refuses #1 ({refused[0]})"
                      + (f"; #{runs} runs ({result.candidates[runs - 1].estimate.time.step / t.step - 1:+.1%})"
                         if runs else "; none of the top runs: pin what runs, e.g. --pin zero_stage=2"))

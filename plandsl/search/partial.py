@@ -25,7 +25,6 @@ from pathlib import Path
 from plandsl import ir, syntax
 from plandsl.check.mesh import axis_group_span
 from plandsl.diagnostics import Diagnostic, Note, PlanError, diag, did_you_mean
-from plandsl.schedules.registry import BUILTIN
 from plandsl.search import Problem, parse_pins
 from plandsl.diagnostics.source import SourceFile, Span
 
@@ -70,11 +69,11 @@ class Partial:
 def read_partial(path: str | Path, name: str | None = None, params: dict | None = None,
                  text: str | None = None) -> Partial:
     """`params`: values for the file's `param`s (`--param`); `text`: the file's text, already read."""
-    from plandsl import api
+    from plandsl.syntax.parser import parse_text
     path = str(path)
     if text is None:
         text = _read(path)
-    module = api.parse(text, path)  # PlanError (E1xx) when it does not parse
+    module = parse_text(text, path)  # PlanError (E1xx) when it does not parse
     source = SourceFile(path, text)
     definition = _plan_definition(module, name, path)
     attrs = {item.name: item for item in definition.body or () if isinstance(item, syntax.Attr)}
@@ -252,10 +251,10 @@ def _checked(path: str, text: str, source: SourceFile, definition, attrs: dict, 
     """The plan as the language reads it, checked like `plandsl check`; without a mesh, through a probe
     mesh of the axes its lines name (one device each, the pipeline degree its stages fix), reporting what
     no layout could fix. PlanError with the diagnostics at the file's own lines."""
-    from plandsl import api
+    from plandsl.check.analysis import analyze
     others = other_plans(path, source.text, definition.name)
     if "mesh" in attrs:
-        analysis = api.checks(text, params, path=path)
+        analysis = analyze(path, text=text, params=params)
         lowered = [p for p in (analysis.document.plans if analysis.document else ()) if p.name == definition.name]
         free = free_choices(attrs, stage_block, lowered[0]) if lowered else set()
         errors = [d for d in analysis.errors if not _fixable(d, free) and not others(d)]
@@ -269,7 +268,7 @@ def _checked(path: str, text: str, source: SourceFile, definition, attrs: dict, 
         line = ("\n  mesh = [" + ", ".join(f"{a} = {s}" for a, s in axes)
                 + f"] over devices[0:{math.prod(s for _, s in axes)}]\n")
         inserted = edits + [(definition.span.end - 1, line)]
-        analysis = api.checks(probe[:close] + line + probe[close:], params, path=path)
+        analysis = analyze(path, text=probe[:close] + line + probe[close:], params=params)
         plans = [p for p in (analysis.document.plans if analysis.document else ()) if p.name == definition.name]
         pinned = _pipeline_pins(plans[0], stage_block).get("pp", 1) if plans else 1
         if pinned == pp or pinned > plans[0].cluster.num_devices:
@@ -294,8 +293,8 @@ def _checked(path: str, text: str, source: SourceFile, definition, attrs: dict, 
 
 def other_plans(path: str, text: str, name: str):
     """A test: is a diagnostic inside another plan of the file (left as written, its problems its own)?"""
-    from plandsl import api
-    spans = [(item.span.start, item.span.end) for item in api.parse(text, path).items
+    from plandsl.syntax.parser import parse_text
+    spans = [(item.span.start, item.span.end) for item in parse_text(text, path).items
              if isinstance(item, syntax.Definition) and item.kind == "plan" and item.name != name]
     return lambda d: d.span.file == path and any(a <= d.span.start < b for a, b in spans)
 

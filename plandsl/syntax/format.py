@@ -16,7 +16,7 @@ from typing import Sequence
 
 from plandsl.syntax.format_expr import (STEP, WIDTH, align_notes, assemble, by_owner, comment_text, flat, joined, quote,
                                  scope)
-from plandsl.syntax.parser import parse_source
+from plandsl.syntax.parser import parse_source, parse_text
 from plandsl.diagnostics.source import SourceFile
 from plandsl.syntax import (ActionStmt, Attr, Block, Comment, Definition, Entry, For, If, Import, LayerDecl, Let,
                             Module, Node, On, Param, RankRow, ShardRule)
@@ -26,6 +26,11 @@ from plandsl.syntax import (ActionStmt, Attr, Block, Comment, Definition, Entry,
 def format_source(source: SourceFile) -> str:
     """Parse `source` and return its canonical text (raises PlanError on bad input)."""
     return format_module(parse_source(source))
+
+
+def format_text(text: str, path: str = "<string>") -> str:
+    """Canonical layout of a plan's text (comments kept); PlanError (E1xx) when it does not parse."""
+    return format_module(parse_text(text, path))
 
 
 def format_module(module: Module) -> str:

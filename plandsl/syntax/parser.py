@@ -166,6 +166,11 @@ def _precheck(source: SourceFile) -> Diagnostic | None:
     return None
 
 
+def parse_text(text: str, path: str = "<string>") -> Module:
+    """Text -> syntax tree (no imports, no meaning); PlanError (E1xx) when it does not parse."""
+    return parse_source(decode(path, text.encode("utf-8")))
+
+
 def decode(path: str, data: bytes) -> SourceFile:
     """Bytes -> SourceFile, or PlanError E105 for bytes that are not UTF-8."""
     try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from plandsl.check.memory import estimate_plan_memory
+from plandsl.cost.memory import estimate_plan_memory
 from plandsl.cost.estimate import estimate_plan
 from plandsl.runtime.dryrun import dry_run
 from plandsl.runtime.faults import mesh_rank

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from plandsl import api
-from plandsl.check.memory import estimate_plan_memory
+from plandsl.cost.memory import estimate_plan_memory
 from plandsl.cli import main
 from plandsl.cost.comm import collective_seconds
 from plandsl.cost.estimate import estimate_plan

@@ -377,7 +377,7 @@ def test_the_parse_stops_at_the_token_limit(monkeypatch):
 
 @pytest.mark.parametrize("option", ["--metrics", "--checkpoint-dir"])
 def test_the_rank_entry_point_refuses_unwritable_outputs_too(hostile, option, capsys):
-    from plandsl.run import parse_args
+    from plandsl.runtime.options import parse_args
     with pytest.raises(SystemExit) as caught:
         parse_args([PIPELINE, option, str(Path(hostile["file.plan"]) / "out")])
     assert caught.value.code == 2 and f"{option} " in capsys.readouterr().err
@@ -385,7 +385,7 @@ def test_the_rank_entry_point_refuses_unwritable_outputs_too(hostile, option, ca
 
 def test_run_passes_include_folders_on_to_the_ranks(tmp_path):
     from plandsl import api
-    from plandsl.run import parse_args
+    from plandsl.runtime.options import parse_args
     from plandsl.runtime.launch import LaunchOptions, torchrun_args
     plan = api.load_plan(PIPELINE)
     with include([tmp_path]):

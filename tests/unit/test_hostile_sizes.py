@@ -313,7 +313,7 @@ def test_generate_option_past_its_cap_names_it():
 
 def test_device_types_per_rank_are_the_devices_without_counts():
     """The per-group walk gives, per pipeline rank, the types the per-device lists hold."""
-    from plandsl.check.memory import pipeline_rank_device_types, pipeline_rank_devices
+    from plandsl.ir.placement import pipeline_rank_device_types, pipeline_rank_devices
     checked = 0
     for path in sorted((ROOT / "stdlib_plans").rglob("*.plan")):
         analysis = analyze(str(path))

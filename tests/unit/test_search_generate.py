@@ -141,15 +141,17 @@ def test_candidates_say_whether_plandsl_run_runs_them():
 def test_a_refused_winner_is_named_with_the_best_plan_that_runs(monkeypatch):
     """When the interpreter refuses #1, the why says so and names the first candidate that runs, or says
     that none does (every candidate pinned to chimera, E701)."""
-    from plandsl.search import emit as search_emit
-    real = search_emit.run_refusals
-    monkeypatch.setattr(search_emit, "run_refusals",  # as if zero1 could not run: #1 is zero1, #2 zero2
-                        lambda scored: ["E703: zero1 refused"] if scored.candidate.zero_stage == 1 else real(scored))
+    from plandsl.diagnostics import diag
+    from plandsl.runtime import support
+    real = support.refusals
+    monkeypatch.setattr(support, "refusals",  # as if zero1 could not run: #1 is zero1, #2 zero2
+                        lambda plan, cuda=None: [diag("E703", "zero1 refused")]
+                        if plan.data is not None and plan.data.kind == "zero1" else real(plan, cuda))
     text = run(*SMALL, "--top", "4", "--pin", "dp=16").output
     zero = [int(line.split()[15]) for line in text.splitlines() if re.match(r"^ *\d+ ", line)]  # its zero column
     assert zero[:2] == [1, 2], text
     assert "note: `plandsl run` refuses #1 (E703: zero1 refused); #2 runs (+0.0%)" in text
-    monkeypatch.setattr(search_emit, "run_refusals", real)
+    monkeypatch.setattr(support, "refusals", real)
     chimera = json.loads(run(*SMALL, "--top", "2", "--pin", "pp=2", "--pin", "schedule=chimera", "--json").output)
     assert all(not c["runs"] and c["refused"][0].startswith("E701: schedule 'chimera' cannot run yet")
                for c in chimera["candidates"])

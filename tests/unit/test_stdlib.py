@@ -94,7 +94,7 @@ def test_examples_cover_the_features():
 
 
 def test_heterogeneous_example_gives_the_h100s_more_layers():
-    from plandsl.check.memory import pipeline_rank_devices
+    from plandsl.ir.placement import pipeline_rank_devices
     from plandsl.ir.placement import assign_stages
     (plan,) = api.load(STDLIB / "examples" / "heterogeneous.plan").plans
     devices = pipeline_rank_devices(plan)

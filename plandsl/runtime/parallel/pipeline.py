@@ -36,10 +36,9 @@ from torch.distributed.pipelining.schedules import PipelineScheduleSingle, _Acti
 from torch.nn.parallel import DistributedDataParallel
 
 from plandsl import ir
-from plandsl.check.schedule import plan_schedule
+from plandsl.cost.schedule import plan_schedule
 from plandsl.ir.placement import Assignment, assign_stages
 from plandsl.runtime.precision import autocast
-from plandsl.runtime.support import REFUSED_SCHEDULES
 from plandsl.schedules.generators import generate
 from plandsl.schedules.program import Kind, Schedule, loop_map, vshape_map
 from plandsl.schedules.registry import BUILTIN
@@ -159,8 +158,8 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
     if plan.stages is None or plan.schedule is None:
         raise PipelineError(f"plan '{plan.name}' has no pipeline: it needs `stages` and `schedule`")
     name = plan.schedule.name
-    if plan.schedule.definition is None and name in REFUSED_SCHEDULES:  # `plandsl run` refuses it first (E701)
-        raise UnsupportedScheduleError(f"schedule '{name}' cannot run yet: {REFUSED_SCHEDULES[name]}")
+    if plan.schedule.definition is None and BUILTIN[name].refused:  # `plandsl run` refuses it first (E701)
+        raise UnsupportedScheduleError(f"schedule '{name}' cannot run yet: {BUILTIN[name].refused}")
     microbatches = plan.num_microbatches if microbatches is None else microbatches
     assignment, problems = assign_stages(plan)
     if problems or assignment is None:

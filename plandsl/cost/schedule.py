@@ -1,0 +1,73 @@
+"""A plan's pipeline schedule laid out and simulated: the built-in generator for the plan's sizes or the
+plan's own table or template, instantiated for its stages. `plan_schedule` lays the whole table out for
+the commands that print or simulate it, up to `generators.MAX_ACTIONS` actions (E609 past it);
+`simulate_plan_schedule` simulates a built-in in bounded work for any microbatch count."""
+from __future__ import annotations
+
+from plandsl import ir
+from plandsl.diagnostics import Diagnostic, PlanError, diag
+from plandsl.lower.schedule_template import instantiate
+from plandsl.schedules.bounded import simulate_builtin
+from plandsl.schedules.generators import MAX_ACTIONS, TooLarge, check_sizes, generate
+from plandsl.schedules.registry import BUILTIN
+from plandsl.schedules.simulate import Simulation, simulate
+
+
+def plan_schedule(plan: ir.Plan):
+    """(Schedule or None, diagnostics) of the plan's pipeline for its sizes, laid out in full."""
+    ref, stages = plan.schedule, plan.stages
+    if ref is None or stages is None:
+        return None, []
+    m = plan.num_microbatches
+    if ref.definition is not None:
+        return instantiate(ref.definition, ref.definition.scope, ranks=plan.pp, microbatches=m,
+                           virtual=stages.virtual)
+    try:
+        return generate(ref.name, plan.pp, m, _builtin_virtual(plan)), []
+    except TooLarge as error:
+        return None, [too_large(plan, str(error))]
+    except ValueError as error:
+        return None, [_size_problem(plan, error)]
+
+
+def simulate_plan_schedule(plan: ir.Plan, costs) -> Simulation:
+    """The plan's pipeline simulated under `costs`: a built-in in bounded work for any microbatch
+    count (`schedules.bounded`), a written one in full; PlanError when it cannot be."""
+    if plan.schedule.definition is None:
+        problems = builtin_sizes(plan)
+        try:
+            if not problems:
+                return simulate_builtin(plan.schedule.name, plan.pp, plan.num_microbatches, _builtin_virtual(plan),
+                                        costs)
+        except TooLarge as error:
+            problems = [too_large(plan, str(error))]
+        raise PlanError(problems)
+    schedule, problems = plan_schedule(plan)
+    if schedule is None or problems:
+        raise PlanError(problems)
+    return simulate(schedule, costs)
+
+
+def too_large(plan: ir.Plan, message: str) -> Diagnostic:
+    return diag("E609", message, plan.schedule.span,
+                hint=f"`plandsl check` and `plandsl estimate` need no table; to print or simulate one, lower "
+                     f"global_batch or raise micro_batch (at most {MAX_ACTIONS:,} actions)")
+
+
+def builtin_sizes(plan: ir.Plan) -> list[Diagnostic]:
+    """E502 when the plan's built-in schedule cannot run its sizes; lays nothing out."""
+    try:
+        check_sizes(plan.schedule.name, plan.pp, plan.num_microbatches, _builtin_virtual(plan))
+    except ValueError as error:
+        return [_size_problem(plan, error)]
+    return []
+
+
+def _builtin_virtual(plan: ir.Plan) -> int | None:
+    return None if BUILTIN[plan.schedule.name].pipelines == 2 else plan.stages.virtual
+
+
+def _size_problem(plan: ir.Plan, error: ValueError) -> Diagnostic:
+    return diag("E502", f"{error} (global_batch {plan.train.global_batch} / (dp {plan.dp} x micro_batch "
+                f"{plan.train.micro_batch}) = {plan.num_microbatches} microbatches)", plan.schedule.span,
+                hint="change global_batch or micro_batch so the microbatch count fits the schedule")
