@@ -25,6 +25,7 @@ from plandsl.cost.compute import Efficiency, Work, peak_of
 from plandsl.cost.layer import LayerTime, Links, estimate_layer_time, plan_links
 from plandsl.cost.memory import MemoryEstimate, estimate_layer_activations, gathers_kv, held_stages, zero_degrees
 from plandsl.cost.stage import StageTime, fsdp_units, param_split, rank_tail, slowest, stage_time
+from plandsl.schedules.registry import pipelines_of
 from plandsl.schedules.simulate import BUBBLE_DEFINITION, bubble_seconds
 
 
@@ -186,7 +187,7 @@ def _stage_runs(plan: ir.Plan, assignment, m: int) -> list[dict[int, float]]:
     m times, except Chimera's (Li & Hoefler 2021), whose two pipelines each take half the
     microbatches: rank r runs stage r for one and stage p - 1 - r for the other."""
     ranks = assignment.rank_stages()
-    if plan.schedule is not None and plan.stages is not None and plan.schedule.name == "chimera":
+    if plan.schedule is not None and plan.stages is not None and pipelines_of(plan.schedule.name) == 2:
         p = len(ranks)
         return [{r: m / 2, p - 1 - r: m / 2} if r != p - 1 - r else {r: m} for r in range(p)]
     return [{s: m for s in stages} for stages in ranks]

@@ -21,6 +21,7 @@ from typing import Sequence
 from plandsl import ir
 from plandsl.ir.layers import EXPERTS, FFN, HEADS_X_HEAD_DIM, KV, VOCAB, Layer, Param, kv_width
 from plandsl.ir.placement import Assignment, assign_stages
+from plandsl.schedules.registry import BUILTIN
 
 # Dim roles a tensor-parallel axis splits (Megatron, Shoeybi et al. 2019): column-parallel outputs
 # (q/k/v heads, MLP ffn), row-parallel inputs (o heads, MLP ffn) and the vocabulary of the
@@ -127,7 +128,6 @@ def held_stages(plan: ir.Plan, rank_stages: Sequence[Sequence[int]]) -> list[tup
 def _pipeline_maps(schedule: str, ranks: int) -> tuple[tuple[int, ...], ...]:
     """The stage -> rank map of each pipeline of a built-in schedule with several pipelines."""
     from plandsl.schedules.generators import check_sizes, pipeline_maps
-    from plandsl.schedules.registry import BUILTIN
     info = BUILTIN.get(schedule)
     if info is None or info.pipelines < 2:
         return ()
@@ -139,31 +139,34 @@ def _pipeline_maps(schedule: str, ranks: int) -> tuple[tuple[int, ...], ...]:
 
 
 def inflight_microbatches(schedule: str, pp: int, microbatches: int, virtual: int) -> list[float]:
-    """Peak microbatches whose activations a pipeline rank holds at once, per rank.
+    """Peak microbatches whose activations a pipeline rank holds at once, per rank, by the built-in's
+    in-flight rule (`ScheduleInfo.inflight`; names that are no built-in take `depth`).
 
     Counted in units of one microbatch through all the rank's layers (all its virtual stages).
-    gpipe, looped_bfs: every microbatch (Huang et al. 2019). 1f1b, zb_h1 and unknown names:
-    min(pp - rank, m) (Narayanan et al. 2021; ZB-H1 matches 1F1B's memory, Qi et al. 2023).
-    zb_h2: min(2(pp - rank) - 1, m) (Qi et al. 2023, Table 1: (2p - 1)·M_B on the first rank).
-    zbv: min(pp, m) on every rank (Qi et al. 2023, Sec. 6: p·M_B, balanced across ranks).
-    chimera: half of p/2 + 1 + min(r, p - 1 - r) stage-microbatches (the rank's two stages).
-    interleaved_1f1b (virtual v > 1): Megatron-LM warms up 2(pp - rank - 1) + (v - 1)·pp chunk
-    microbatches, so 2(pp - rank - 1) + (v - 1)·pp + 1 chunk microbatches are in flight, each 1/v
-    of the rank: we return that over v, rounded UP to an int (rank 0: pp·(1 + (pp - 1)/(pp·v)),
-    Korthikanti et al. 2022, Sec. 4.2.3), capped at m.
+    `every` (gpipe, looped_bfs): every microbatch (Huang et al. 2019). `depth` (1f1b, zb_h1,
+    interleaved_zero_bubble, dualpipev, other names): min(pp - rank, m) (Narayanan et al. 2021;
+    ZB-H1 matches 1F1B's memory, Qi et al. 2023). `double_depth` (zb_h2): min(2(pp - rank) - 1, m)
+    (Qi et al. 2023, Table 1: (2p - 1)·M_B on the first rank). `full_depth` (zbv): min(pp, m) on
+    every rank (Qi et al. 2023, Sec. 6: p·M_B, balanced across ranks). `two_pipelines` (chimera):
+    half of p/2 + 1 + min(r, p - 1 - r) stage-microbatches (the rank's two stages).
+    `interleaved` (interleaved_1f1b, virtual v > 1; `depth` for v = 1): Megatron-LM warms up
+    2(pp - rank - 1) + (v - 1)·pp chunk microbatches, so 2(pp - rank - 1) + (v - 1)·pp + 1 chunk
+    microbatches are in flight, each 1/v of the rank: we return that over v, rounded UP to an int
+    (rank 0: pp·(1 + (pp - 1)/(pp·v)), Korthikanti et al. 2022, Sec. 4.2.3), capped at m.
     """
-    name = schedule.lower().replace("-", "_")
+    info = BUILTIN.get(schedule)
+    rule = info.inflight if info is not None else "depth"
     m = microbatches
-    if name in ("gpipe", "looped_bfs", "loopedbfs"):
+    if rule == "every":
         return [m] * pp
-    if name in ("interleaved_1f1b", "interleaved1f1b", "interleaved_zb") and virtual > 1:
+    if rule == "interleaved" and virtual > 1:
         chunks = [2 * (pp - rank - 1) + (virtual - 1) * pp + 1 for rank in range(pp)]
         return [min(m, -(-count // virtual)) for count in chunks]
-    if name in ("zb_h2", "zbh2"):
+    if rule == "double_depth":
         return [min(m, 2 * (pp - rank) - 1) for rank in range(pp)]
-    if name in ("zbv", "zb_v", "zbvzerobubble"):
+    if rule == "full_depth":
         return [min(m, pp)] * pp
-    if name == "chimera":
+    if rule == "two_pipelines":
         # Li & Hoefler 2021, Table 2: between (p/2 + 1) and p stage-microbatches per worker; the
         # generated schedule holds p/2 + 1 + min(r, p - 1 - r) on rank r. A rank holds two stages
         # (`held_stages`), so in units of both: half of that.

@@ -10,6 +10,7 @@ from plandsl.cost.pipeline import estimate_stage_costs
 from plandsl.diagnostics import PlanError, diag
 from plandsl.ir.placement import assign_stages
 from plandsl.schedules.program import Schedule
+from plandsl.schedules.registry import pipelines_of
 from plandsl.schedules.simulate import BUBBLE_DEFINITION, Costs, Simulation, simulate
 from plandsl.lower.units import format_bytes
 
@@ -27,7 +28,7 @@ def simulate_plan(plan: ir.Plan, costs: Costs | None = None) -> tuple[Schedule, 
     if costs is not None:
         plan_costs = dataclasses.replace(costs, activation_bytes=plan_costs.activation_bytes,
                                          static_bytes=plan_costs.static_bytes)
-        if plan.schedule.name == "chimera" or schedule.stages != len(plan_costs.activation_bytes):
+        if pipelines_of(plan.schedule.name) == 2 or schedule.stages != len(plan_costs.activation_bytes):
             plan_costs = dataclasses.replace(plan_costs, activation_bytes=(), static_bytes=())
     return schedule, simulate(schedule, plan_costs)
 

@@ -18,7 +18,7 @@ from plandsl.lower.mesh import mesh, training
 from plandsl.diagnostics.limits import MAX_VIRTUAL
 from plandsl.lower.model import model_value
 from plandsl.lower.selectors import selector
-from plandsl.schedules.registry import BUILTIN
+from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE
 from plandsl.diagnostics.source import Span
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def lower_plan(lowering: "Lowering", scope: Scope, d: s.Definition) -> ir.Plan:
     if "schedule" in found:
         attempt("schedule", schedule_ref, scope, found["schedule"].value)
     elif fields.get("stages") is not None:
-        fields["schedule"] = ir.ScheduleRef(name="1f1b", span=fields["stages"].span)
+        fields["schedule"] = ir.ScheduleRef(name=DEFAULT_SCHEDULE, span=fields["stages"].span)
     rules = []
     for stmt in d.body:
         if isinstance(stmt, s.ShardRule):

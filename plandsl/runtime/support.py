@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, diag
-from plandsl.schedules.registry import BUILTIN
+from plandsl.schedules.registry import BUILTIN, splits_backward
 
 def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
     """Every reason `plandsl run` refuses the plan (a checked plan), in the order of the plan's attributes.
@@ -55,8 +55,7 @@ def _splits_backward(plan: ir.Plan) -> bool:
     if plan.schedule is None or plan.stages is None or plan.pp == 1:
         return False
     if plan.schedule.definition is None:  # a built-in: by name, without laying it out
-        from plandsl.schedules.generators import SPLIT_BACKWARD
-        return plan.schedule.name in SPLIT_BACKWARD
+        return splits_backward(plan.schedule.name)
     from plandsl.cost.schedule import plan_schedule
     from plandsl.schedules.program import Kind
     schedule, _ = plan_schedule(plan)

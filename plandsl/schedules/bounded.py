@@ -27,12 +27,11 @@ import math
 
 from plandsl.diagnostics.limits import MAX_ACTIONS
 
-from .generators import TooLarge, check_sizes, count_actions, generate, microbatches_per_round
-from .generators import interleaved_1f1b, interleaved_zero_bubble
+from .generators import TooLarge, check_sizes, count_actions, generate, generate_rounds, microbatches_per_round
 from .program import Schedule
+from .registry import BUILTIN
 from .simulate import Costs, RankStats, Simulation, bubble_seconds, simulate
 
-_INTERLEAVED = {"interleaved_1f1b": interleaved_1f1b, "interleaved_zero_bubble": interleaved_zero_bubble}
 WARMUP_PERIODS = 4
 """Microbatches laid out before extrapolating: this many times ranks x virtual, at least."""
 
@@ -147,9 +146,10 @@ def extrapolate(a: Simulation, b: Simulation, periods: int) -> Simulation:
 
 def _period(name: str, ranks: int, microbatches: int) -> int:
     """Microbatches per repeat of the schedule's steady state."""
-    if name in _INTERLEAVED:
+    info = BUILTIN[name]
+    if info.rounds:
         return microbatches_per_round(name, ranks, microbatches)
-    if name == "chimera":
+    if info.pipelines == 2:  # chimera: whole units of `ranks` microbatches
         return ranks
     return 1
 
@@ -160,6 +160,6 @@ def _layout(name: str, ranks: int, microbatches: int, virtual: int, period: int)
         raise TooLarge(f"schedule '{name}' for {ranks} ranks{f' x {virtual} stages per rank' if virtual > 1 else ''}"
                        f" is simulated over {microbatches:,} microbatches ({actions:,} actions) before its "
                        f"figures repeat, more than the {MAX_ACTIONS:,} a simulation lays out")
-    if name in _INTERLEAVED:  # the rounds of the full schedule, fewer of them
-        return _INTERLEAVED[name](ranks, microbatches, virtual, per_round=period)
+    if BUILTIN[name].rounds:  # the rounds of the full schedule, fewer of them
+        return generate_rounds(name, ranks, microbatches, virtual, period)
     return generate(name, ranks, microbatches, virtual)

@@ -15,7 +15,7 @@ from collections import deque
 from plandsl.diagnostics.limits import MAX_ACTIONS
 
 from .program import Action, Kind, Schedule, gc_paused, loop_map, vshape_map
-from .registry import BUILTIN
+from .registry import BUILTIN, pipelines_of, splits_backward
 
 F, B, I, W = Kind.F, Kind.B, Kind.I, Kind.W  # noqa: E741 - the notation's letters
 
@@ -46,13 +46,15 @@ def generate(name: str, ranks: int, microbatches: int, virtual: int | None = Non
         return _GENERATORS[name](ranks, microbatches)
 
 
-SPLIT_BACKWARD = frozenset({"zb_h1", "zb_h2", "interleaved_zero_bubble", "zbv", "dualpipev"})
-"""The built-ins that run (some) backwards as I then W."""
+def generate_rounds(name: str, ranks: int, microbatches: int, virtual: int, per_round: int) -> Schedule:
+    """A built-in that runs in rounds (`ScheduleInfo.rounds`) with `per_round` microbatches a round,
+    whatever m's own rounds would be (`schedules.bounded` lays out fewer rounds of the full schedule)."""
+    return _GENERATORS[name](ranks, microbatches, virtual, per_round=per_round)
 
 
 def count_actions(name: str, ranks: int, microbatches: int, virtual: int) -> int:
     """Compute actions of the table, at most: F and B (or F, I and W) per stage and microbatch."""
-    return ranks * virtual * microbatches * (3 if name in SPLIT_BACKWARD else 2)
+    return ranks * virtual * microbatches * (3 if splits_backward(name) else 2)
 
 
 def check_sizes(name: str, ranks: int, microbatches: int, virtual: int | None = None) -> int:
@@ -78,7 +80,7 @@ def check_sizes(name: str, ranks: int, microbatches: int, virtual: int | None = 
     if name in ("zb_h1", "zb_h2"):
         _need(microbatches >= ranks, f"{name} needs at least as many microbatches as ranks, "
                                      f"got microbatches = {microbatches} < ranks = {ranks}")
-    elif name in ("interleaved_1f1b", "interleaved_zero_bubble"):
+    elif BUILTIN[name].rounds:
         microbatches_per_round(name, ranks, microbatches)
     elif name == "dualpipev":
         _need(microbatches >= 2 * ranks, f"dualpipev needs at least as many microbatches as stages, "
@@ -380,7 +382,7 @@ def chimera(ranks: int, microbatches: int) -> Schedule:
 def pipeline_maps(name: str, ranks: int) -> tuple[tuple[int, ...], ...]:
     """The stage -> rank map of each pipeline of a schedule with two (chimera: stage s on rank s
     down, on rank p - 1 - s up); () for the others. Closed form: nothing is laid out."""
-    if name != "chimera":
+    if pipelines_of(name) != 2:
         return ()
     return tuple(range(ranks)), tuple(reversed(range(ranks)))
 

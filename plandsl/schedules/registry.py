@@ -9,10 +9,31 @@ count must be a multiple of the pipeline ranks; `rounds` whether it runs in torc
 must divide m; fewer microbatches than ranks is one round). `microbatches_fit` is the rule,
 `microbatch_rule` its wording in docs/language.md (a test keeps the two in step); the
 generators refuse the same sizes, as torch does (tests/unit/test_schedule_generators.py).
+
+Every other fact about a built-in schedule is a column here too, and its consumers read it rather
+than a list of names of their own: `split_backward` (the table runs backwards as input-gradient I
+then weight-gradient W actions: the generators' action count, the interpreter's refusals of
+selective_op recomputation and DDP stages, the search's step time), `torch_class` (the
+torch.distributed.pipelining class `plandsl run` builds, by name so that nothing here imports
+torch; "" when the interpreter feeds the generated table to torch's `_PipelineScheduleRuntime`),
+`rank_map` (the stage -> rank map the schedule runs: `loop`, stage s on rank s mod pp, or `vshape`,
+rank r holding stages r and 2pp-1-r; chimera's second pipeline is `generators.pipeline_maps`),
+`searched` (whether `generate` tries it without a pin) and `inflight` (which rule the memory model,
+`cost.memory.inflight_microbatches`, applies for the microbatches whose activations a rank holds).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+InflightRule = Literal["every", "depth", "interleaved", "double_depth", "full_depth", "two_pipelines"]
+"""Peak microbatches in flight on pipeline rank r of p with m microbatches (`cost.memory` has the
+formulas and their sources): `every`: m; `depth`: min(p - r, m); `interleaved`: Megatron-LM's
+warm-up over v virtual stages (`depth` when v = 1); `double_depth`: min(2(p - r) - 1, m);
+`full_depth`: min(p, m) on every rank; `two_pipelines`: chimera's, in units of the rank's two stages."""
+
+DEFAULT_SCHEDULE = "1f1b"
+"""The schedule of a plan with stages that names none, and of the search's pipelines when unpinned."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,31 +46,59 @@ class ScheduleInfo:
     rounds: bool = False
     pipelines: int = 1
     refused: str = ""             # why the interpreter cannot run it yet (E701); "" when it runs
+    split_backward: bool = False  # backwards are I (input gradients) then W (weight gradients)
+    torch_class: str = ""         # torch.distributed.pipelining class run uses; "" = _PipelineScheduleRuntime
+    rank_map: Literal["loop", "vshape"] = "loop"  # the stage -> rank map, as `stages ... map =` writes it
+    searched: bool = True         # `generate` tries it unpinned
+    inflight: InflightRule = "depth"  # the memory model's in-flight microbatches (`InflightRule`)
 
 
 BUILTIN: dict[str, ScheduleInfo] = {s.name: s for s in (
-    ScheduleInfo("gpipe", "all forwards, then all backwards (Huang et al. 2019)"),
+    ScheduleInfo("gpipe", "all forwards, then all backwards (Huang et al. 2019)",
+                 torch_class="ScheduleGPipe", inflight="every"),
     # torch's Schedule1F1B, which `plandsl run` uses, refuses fewer microbatches than stages
     ScheduleInfo("1f1b", "PipeDream-Flush: warm-up forwards, then one forward one backward (Narayanan et al. 2021)",
-                 min_microbatches="ranks"),
+                 min_microbatches="ranks", torch_class="Schedule1F1B"),
     ScheduleInfo("interleaved_1f1b", "1F1B over several stages per rank (Megatron-LM, Narayanan et al. 2021)",
-                 virtual="any", rounds=True),
-    ScheduleInfo("looped_bfs", "breadth-first over looped stages (Lamy-Poirier 2023)", virtual="any"),
+                 virtual="any", rounds=True, torch_class="ScheduleInterleaved1F1B", inflight="interleaved"),
+    ScheduleInfo("looped_bfs", "breadth-first over looped stages (Lamy-Poirier 2023)", virtual="any",
+                 torch_class="ScheduleLoopedBFS", inflight="every"),
+    # torch ships no class for H1 and H2: the interpreter runs the generated table
     ScheduleInfo("zb_h1", "zero bubble H1: backward split into input and weight gradients (Qi et al. 2024)",
-                 min_microbatches="ranks"),
+                 min_microbatches="ranks", split_backward=True),
     ScheduleInfo("zb_h2", "zero bubble H2: more warm-up forwards to fill the bubble (Qi et al. 2024)",
-                 min_microbatches="ranks"),
+                 min_microbatches="ranks", split_backward=True, inflight="double_depth"),
+    # the memory model has counted 1F1B's depth for it, not the interleaved warm-up (the estimate
+    # takes the simulated peak where the table holds more: cost.estimate)
     ScheduleInfo("interleaved_zero_bubble", "zero bubble over several stages per rank (torch)",
-                 virtual="any", rounds=True),
-    ScheduleInfo("zbv", "zero bubble V-shape: two stages per rank (Qi et al. 2024)", virtual="two"),
+                 virtual="any", rounds=True, split_backward=True, torch_class="ScheduleInterleavedZeroBubble"),
+    ScheduleInfo("zbv", "zero bubble V-shape: two stages per rank (Qi et al. 2024)", virtual="two",
+                 split_backward=True, torch_class="ScheduleZBVZeroBubble", rank_map="vshape", inflight="full_depth"),
     ScheduleInfo("dualpipev", "DualPipe on a V-shape with overlapped forward/backward (DeepSeek-V3)",
-                 virtual="two", min_microbatches="2*ranks"),
+                 virtual="two", min_microbatches="2*ranks", split_backward=True, torch_class="ScheduleDualPipeV",
+                 rank_map="vshape"),
+    # Chimera keeps the weights of two stages per rank (one per pipeline) and all-reduces them between
+    # its pipelines: the memory model counts both (`cost.memory.held_stages`), but the partition's
+    # per-rank caps and the step time do not model the second copy, so the search tries it only when pinned.
     ScheduleInfo("chimera", "two pipelines in opposite directions (Li & Hoefler 2021)", virtual="two",
-                 min_microbatches="ranks", multiple_of_ranks=True, pipelines=2,
+                 min_microbatches="ranks", multiple_of_ranks=True, pipelines=2, searched=False,
+                 inflight="two_pipelines",
                  refused="it runs two pipelines in opposite directions (each rank holds one stage of each, and "
                          "each microbatch takes one of them), while torch.distributed.pipelining runs one chain "
                          "of stages"),
 )}
+
+
+def pipelines_of(name: str) -> int:
+    """How many pipelines the built-in `name` runs (1 for other names)."""
+    info = BUILTIN.get(name)
+    return 1 if info is None else info.pipelines
+
+
+def splits_backward(name: str) -> bool:
+    """Whether `name` is a built-in whose table runs backwards as I then W (False for other names)."""
+    info = BUILTIN.get(name)
+    return info is not None and info.split_backward
 
 
 def min_microbatches(info: ScheduleInfo, ranks: int) -> int:

@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Mapping
 from plandsl import ir
 from plandsl.cost.compute import Efficiency
 from plandsl.cost.estimate import PlanEstimate
-from plandsl.schedules.registry import BUILTIN
+from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE
 from plandsl.search.choices import AXES, RECOMPUTE, divisors, schedule_choices
 from plandsl.search.space import Leaf, Node, Root, Space, partition_blocks, partition_layers
 
@@ -249,10 +249,9 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
     experts = ir.ExpertParallel.model_construct(kind="alltoall", axis="ep") if c.ep > 1 else None
     stages = schedule = None
     if c.pp > 1:
-        name = c.schedule or "1f1b"
-        two = BUILTIN[name].virtual == "two" and BUILTIN[name].pipelines == 1
+        name = c.schedule or DEFAULT_SCHEDULE
         stages = ir.Stages.model_construct(axis="pp", mode="explicit", virtual=c.virtual_stages,
-                                           rank_map="vshape" if two else "loop", groups=())
+                                           rank_map=BUILTIN[name].rank_map, groups=())
         schedule = ir.ScheduleRef.model_construct(name=name, options={}, definition=None)
     train = base.train.model_copy(update={"micro_batch": c.micro_batch_size, "recompute": ir.Recompute(c.recompute)})
     return base.model_copy(update={"mesh": mesh, "train": train, "data": data, "tensor": tensor, "context": context,

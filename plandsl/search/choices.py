@@ -22,11 +22,6 @@ AXES = ("dp", "ep", "pp", "cp", "tp")  # the canonical mesh order, outermost fir
 RECOMPUTE = ("none", "selective", "selective_op", "full")
 VIRTUAL_CHOICES = (2, 3, 4, 6, 8)       # stages per rank tried for the looped schedules
 MAX_MICRO_BATCH = 256
-SPLIT_BACKWARD = ("zb_h1", "zb_h2", "interleaved_zero_bubble", "zbv", "dualpipev")
-# Chimera keeps the weights of two stages per rank (one per pipeline) and all-reduces them between
-# its pipelines: the memory model counts both (`cost.memory.held_stages`), but the partition's
-# per-rank caps and the step time do not model the second copy, so the search tries it only when pinned.
-PIN_ONLY = ("chimera",)
 
 Layout = tuple[int, int, int, int, int]  # dp, tp, pp, cp, ep
 
@@ -150,7 +145,7 @@ def schedule_choices(pp: int, m: int, blocks: int, pinned: str | None, virtual_p
         return [(pinned if pinned and pinned != "none" else "", 1)]
     out = []
     for name, info in BUILTIN.items():
-        if (pinned and name != pinned) or (not pinned and name in PIN_ONLY):
+        if (pinned and name != pinned) or (not pinned and not info.searched):  # chimera: when pinned only
             continue
         if not microbatches_fit(info, pp, m):  # the checker's rule (E502): torch's, where run uses torch
             continue
@@ -170,9 +165,9 @@ def schedule_choices(pp: int, m: int, blocks: int, pinned: str | None, virtual_p
 
 @functools.lru_cache(maxsize=4096)
 def stage_ranks(name: str, pp: int, virtual: int) -> tuple[int, ...]:
-    """Stage -> pipeline rank: a V for the V-shape schedules, a loop otherwise."""
+    """Stage -> pipeline rank: a V for the V-shape schedules, a loop otherwise (`ScheduleInfo.rank_map`)."""
     info = BUILTIN.get(name)
-    if info is not None and info.virtual == "two" and info.pipelines == 1:
+    if info is not None and info.rank_map == "vshape":
         return tuple(s if s < pp else 2 * pp - 1 - s for s in range(2 * pp))
     return tuple(s % pp for s in range(pp * virtual))
 
@@ -183,6 +178,6 @@ def stages_by_rank(ranks: tuple[int, ...], pp: int) -> tuple[tuple[int, ...], ..
     return tuple(tuple(s for s, r in enumerate(ranks) if r == rank) for rank in range(pp))
 
 
-__all__ = ["AXES", "RECOMPUTE", "VIRTUAL_CHOICES", "MAX_MICRO_BATCH", "SPLIT_BACKWARD", "PIN_ONLY", "Layout",
+__all__ = ["AXES", "RECOMPUTE", "VIRTUAL_CHOICES", "MAX_MICRO_BATCH", "Layout",
            "divisors", "layouts", "tp_divides", "mesh_orders", "rank_devices", "schedule_choices", "stage_ranks",
            "stages_by_rank"]

@@ -214,7 +214,7 @@ def stage_lines(scored: Scored, problem: Problem, axis: str = "pp") -> list[str]
     """The candidate's stages (over `axis`) as plan lines: `stages = evenly ...` or a `stages { }` block."""
     c, counts = scored.candidate, scored.blocks
     info = BUILTIN[c.schedule]
-    vshape = info.virtual == "two" and info.pipelines == 1
+    vshape = info.rank_map == "vshape"
     options = []
     if c.virtual_stages > 1:
         options.append(f"virtual = {c.virtual_stages}")

@@ -19,8 +19,8 @@ from plandsl.cost.stage import StageTime, fsdp_units, param_split, rank_tail, st
 from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, gathered_bytes, inflight_microbatches,
                                  model_state_bytes, tied_embedding)
 from plandsl.ir.layers import Layer, layers_of
-from plandsl.schedules.registry import BUILTIN
-from plandsl.search.choices import (AXES, MAX_MICRO_BATCH, RECOMPUTE, SPLIT_BACKWARD, divisors_up_to, layouts,
+from plandsl.schedules.registry import BUILTIN, splits_backward
+from plandsl.search.choices import (AXES, MAX_MICRO_BATCH, RECOMPUTE, divisors_up_to, layouts,
                                     mesh_orders, schedule_choices, stage_ranks, stages_by_rank)
 from plandsl.search.partition import partition_blocks, partition_layers
 from plandsl.lower.units import format_bytes
@@ -276,7 +276,7 @@ class Space:
         choices = schedule_choices(root.pp, node.microbatches, self.blocks, pins.get("schedule"),
                                    pins.get("virtual_stages"))
         if node.recompute == "selective_op":  # its kept outputs serve one backward pass, not I then W (E703)
-            choices = [c for c in choices if c[0] not in SPLIT_BACKWARD] or choices
+            choices = [c for c in choices if not splits_backward(c[0])] or choices
         out = []
         for zero in zeros:
             memory = self.layer_memory(node, zero)
@@ -441,7 +441,7 @@ class Space:
             return m * sum(s.forward + s.backward for s in stages) + worst_tail
         p2p = pipeline_p2p_seconds(self.model, self.work(node), root.links)
         two_pipelines = BUILTIN[schedule].pipelines == 2
-        split = schedule in SPLIT_BACKWARD
+        split = BUILTIN[schedule].split_backward
         cost = [s.forward + s.backward for s in stages]
         forward_prefix = list(itertools.accumulate((s.forward for s in stages), initial=0.0))
         backward_prefix = list(itertools.accumulate((s.backward for s in stages), initial=0.0))

@@ -47,9 +47,9 @@ def test_the_generated_plan_trains_like_one_process(tmp_path, pins):
         assert re.search(r"^\s*context\s*=\s*allgather over cp\s*$", plan_file.read_text(), re.M)
     if "recompute=selective_op" in pins:  # with a schedule that runs the backward in one pass (E703)
         from plandsl import api
-        from plandsl.search.choices import SPLIT_BACKWARD
+        from plandsl.schedules.registry import splits_backward
         [plan] = api.load(str(plan_file)).plans
-        assert plan.train.recompute.value == "selective_op" and plan.schedule.name not in SPLIT_BACKWARD
+        assert plan.train.recompute.value == "selective_op" and not splits_backward(plan.schedule.name)
     results = run_ranks(2, train, str(plan_file), steps=2, check_equivalence=True, deadline_s=100)
     assert [r["status"] for r in results] == [0, 0], results[0]["report_text"]
     report = results[0]["report"]

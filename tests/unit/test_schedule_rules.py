@@ -33,7 +33,7 @@ def _torch_accepts(cls, single: bool, ranks: int, microbatches: int, virtual: in
 def test_the_checker_accepts_the_microbatch_counts_torch_runs(torch_pipeline):
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
     compared = 0
-    for name, (cls, _) in torch_pipeline.TORCH_SCHEDULES.items():
+    for name, cls in torch_pipeline.TORCH_SCHEDULES.items():
         info = BUILTIN[name]
         single = issubclass(cls, PipelineScheduleSingle)
         virtual = 1 if single else 2
@@ -89,10 +89,33 @@ def test_interleaved_needs_its_rounds_to_divide_m_not_a_multiple_of_pp(microbatc
 
 
 def test_generate_offers_the_schedules_check_accepts():
-    from plandsl.search.choices import PIN_ONLY, schedule_choices
+    from plandsl.search.choices import schedule_choices
     for pp, m in [(4, 9), (4, 3), (4, 6), (8, 12), (2, 1)]:
         offered = {name for name, _ in schedule_choices(pp, m, 64, None, None)}
         for name, info in BUILTIN.items():
-            if name in PIN_ONLY or (info.pipelines == 2 and pp % 2):
+            if not info.searched or (info.pipelines == 2 and pp % 2):
                 continue
             assert (name in offered) == microbatches_fit(info, pp, m), (name, pp, m)
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_the_registry_columns_describe_the_generated_table(name):
+    """`split_backward` and `rank_map` are what the generator lays out (the table has I and W actions,
+    its stages sit on the ranks of the map), for the few sizes every built-in runs."""
+    from plandsl.schedules.generators import generate
+    from plandsl.schedules.program import Kind, loop_map, vshape_map
+    info = BUILTIN[name]
+    for ranks, microbatches in ((2, 4), (4, 8)):
+        table = generate(name, ranks, microbatches)
+        assert any(a.kind is Kind.I for row in table.actions for a in row) == info.split_backward
+        assert any(a.kind is Kind.W for row in table.actions for a in row) == info.split_backward
+        expected = vshape_map(ranks) if info.rank_map == "vshape" else loop_map(ranks, table.stages)
+        assert tuple(table.stage_to_rank[0]) == tuple(expected)
+
+
+def test_torch_classes_are_named_in_the_registry(torch_pipeline):
+    import torch.distributed.pipelining as pipelining
+    named = {name: info.torch_class for name, info in BUILTIN.items() if info.torch_class}
+    assert set(torch_pipeline.TORCH_SCHEDULES) == set(named) and "zb_h1" not in named and "chimera" not in named
+    for name, cls in torch_pipeline.TORCH_SCHEDULES.items():
+        assert cls is getattr(pipelining, named[name]) and cls.__name__ == named[name]

@@ -62,9 +62,9 @@ def test_branch_and_bound_finds_the_brute_force_optimum(model, cluster, batch, p
 
 def test_selective_op_leaves_out_what_cannot_run_it():
     """Split-backward schedules (the interpreter refuses them with selective_op, E703) and MoE (E704)."""
-    from plandsl.search.choices import SPLIT_BACKWARD
+    from plandsl.schedules.registry import splits_backward
     found = search(problem("deep", "pair", 8), pins={"recompute": "selective_op", "pp": 2}, top=50)
-    assert found.candidates and all(c.candidate.schedule not in SPLIT_BACKWARD for c in found.candidates)
+    assert found.candidates and all(not splits_backward(c.candidate.schedule) for c in found.candidates)
     assert "selective_op" not in {c.candidate.recompute for c in search(problem("moe", "pair", 4), top=50).candidates}
 
 

@@ -19,18 +19,10 @@ from typing import Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
+import torch.distributed.pipelining as pipelining
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleDualPipeV,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-    ScheduleInterleavedZeroBubble,
-    ScheduleLoopedBFS,
-    ScheduleZBVZeroBubble,
-)
+from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor import DTensor
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, _Action, _PipelineScheduleRuntime
 from torch.nn.parallel import DistributedDataParallel
@@ -44,21 +36,11 @@ from plandsl.schedules.program import Kind, Schedule, loop_map, vshape_map
 from plandsl.schedules.registry import BUILTIN
 from plandsl.lower.schedule_template import instantiate
 
-# Built-ins torch ships, with the stage -> rank map its class assumes ("loop": stage s on rank
-# s mod pp; "vshape": rank r holds stages r and 2pp-1-r). Every other schedule over one chain of
-# stages (zb_h1, zb_h2, written tables and templates) runs through `_PipelineScheduleRuntime`.
-TORCH_SCHEDULES: dict[str, tuple[type, str]] = {
-    "gpipe": (ScheduleGPipe, "loop"),
-    "1f1b": (Schedule1F1B, "loop"),
-    "interleaved_1f1b": (ScheduleInterleaved1F1B, "loop"),
-    "looped_bfs": (ScheduleLoopedBFS, "loop"),
-    "interleaved_zero_bubble": (ScheduleInterleavedZeroBubble, "loop"),
-    "zbv": (ScheduleZBVZeroBubble, "vshape"),
-    "dualpipev": (ScheduleDualPipeV, "vshape"),
-}
-
-# torch-run built-ins whose backward is split into input (I) and weight (W) gradients.
-_SPLIT_BACKWARD = frozenset({"interleaved_zero_bubble", "zbv", "dualpipev"})
+# The built-ins torch ships, name -> class (`ScheduleInfo.torch_class`; the class assumes the
+# schedule's `rank_map`). Every other schedule over one chain of stages (zb_h1, zb_h2, written
+# tables and templates) runs through `_PipelineScheduleRuntime`.
+TORCH_SCHEDULES: dict[str, type] = {name: getattr(pipelining, info.torch_class)
+                                    for name, info in BUILTIN.items() if info.torch_class}
 
 class PipelineError(RuntimeError):
     """The plan's pipeline cannot be built on this process group."""
@@ -194,7 +176,7 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
     tied = tie_embeddings(plan, assignment, models, local, mesh)
 
     if program is None:
-        schedule_class = TORCH_SCHEDULES[name][0]
+        schedule_class = TORCH_SCHEDULES[name]
         first = stages[0] if issubclass(schedule_class, PipelineScheduleSingle) else stages
         schedule = schedule_class(first, microbatches, loss_fn=loss_fn, scale_grads=True)
         runner = schedule_class.__name__
@@ -273,8 +255,7 @@ def _program_and_map(plan: ir.Plan, microbatches: int, name: str) -> tuple[Sched
     """(the plan's compute-only program when the runtime runs it, else None; the runner's stage map)."""
     pp, virtual = plan.pp, plan.stages.virtual
     if plan.schedule.definition is None and name in TORCH_SCHEDULES:
-        style = TORCH_SCHEDULES[name][1]
-        return None, vshape_map(pp) if style == "vshape" else loop_map(pp, pp * virtual)
+        return None, vshape_map(pp) if BUILTIN[name].rank_map == "vshape" else loop_map(pp, pp * virtual)
     if microbatches == plan.num_microbatches:
         program, problems = plan_schedule(plan)
     elif plan.schedule.definition is not None:
@@ -303,7 +284,7 @@ def _check_map(name: str, runner_map: tuple[int, ...], plan_map: tuple[int, ...]
         raise PipelineError(f"schedule '{name}' runs {len(runner_map)} stages, but the plan has {len(plan_map)}")
     stage = next(s for s, (a, b) in enumerate(zip(runner_map, plan_map)) if a != b)
     hint = ""
-    if name in TORCH_SCHEDULES and BUILTIN[name].virtual == "two":
+    if name in TORCH_SCHEDULES and BUILTIN[name].rank_map == "vshape":
         hint = " (set `map = vshape` in the stages)"
     elif name in TORCH_SCHEDULES:
         hint = " (torch's class places stage s on rank s mod pp: set `map = loop` in the stages)"
@@ -317,8 +298,8 @@ def _check_ddp(name: str, modules: list[nn.Module], program: Schedule | None) ->
     gradients (silently wrong), and two DDP stages on one rank break its reducer (bucket rebuild)."""
     if not any(isinstance(module, DistributedDataParallel) for module in modules):
         return
-    split = name in _SPLIT_BACKWARD or (program is not None and any(
-        action.kind is Kind.I for row in program.actions for action in row))
+    split = BUILTIN[name].split_backward if program is None else any(  # None: torch's class runs it
+        action.kind is Kind.I for row in program.actions for action in row)
     if split or len(modules) > 1:
         why = "it splits the backward into I and W" if split else "it runs several stages per rank"
         raise PipelineError(f"schedule '{name}' cannot run stages wrapped in DistributedDataParallel: {why}; "
