@@ -1,37 +1,68 @@
 """plandsl as a library: one function per stage, like `json` (load/loads, dump/dumps).
 
-No logic lives here; each function calls the module that owns its stage. Functions that
-return a checked plan raise `PlanError` (a ValueError) carrying every diagnostic.
+No logic lives here; each function calls the module that owns its stage and returns what it returns
+(IR, dataclasses, bytes), never printed text except where text is the stage's output (a format, a
+report). Functions that need a checked plan raise `PlanError` (a ValueError) carrying every diagnostic.
+
+The CLI imports this module at start-up, so it imports only `plandsl.diagnostics` (the error type, its
+printing and the limits on counts) at the top: each stage is imported inside the functions that use it
+(marked `# stage`), so `plandsl --help` loads neither pydantic nor lark, and torch only `run` loads.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, ContextManager
 
-from plandsl import ir
-from plandsl.check.analysis import Analysis, analyze, checked_document
-from plandsl.diagnostics import PlanError
-from plandsl.syntax import Module
+from plandsl.diagnostics import Diagnostic, PlanError, limits, render_all, to_json_lines
 
+if TYPE_CHECKING:
+    from plandsl import ir
+    from plandsl.check.analysis import Analysis
+    from plandsl.cost.estimate import PlanEstimate as Estimate
+    from plandsl.rewrite.generate import Generated, Request as GenerateRequest
+    from plandsl.rewrite.shrink import Shrunk
+    from plandsl.runtime.dryrun import DryRun
+    from plandsl.runtime.launch import LaunchOptions
+    from plandsl.schedules.program import Schedule
+    from plandsl.schedules.simulate import Costs, Simulation
+    from plandsl.syntax import Module
+
+Progress = Callable[[int, int], None]
+"""`progress(done, total)`, called as long work advances (the CLI draws a bar on a terminal)."""
+
+__all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "parse", "parse_file", "check",
+           "checks", "load", "loads", "load_plan", "load_runnable", "select_plan", "run_refusals", "format_text",
+           "format_bytes", "format_file", "describe", "schema", "explain", "unknown_code", "schedule",
+           "schedule_as", "parse_costs", "simulate_schedule", "simulate", "simulation_report", "chrome_trace",
+           "estimate", "format_estimate", "generate", "generate_request", "generate_errors", "generate_json", "generate_report", "render",
+           "render_format", "color_by_problem", "render_errors", "shrink", "launch_options", "check_launch_options",
+           "prepare_run", "launch_errors", "dry_run", "dry_run_errors", "format_dry_run",
+           "dry_run_commands", "launch", "command_line", "parse_params", "include", "writable_file",
+           "writable_dir", "regular_file_problem"]
+
+
+# ---- load and check ---------------------------------------------------------------------------------------
 
 def parse(text: str, path: str = "<string>") -> Module:
     """Text -> syntax tree (no imports, no meaning)."""
-    from plandsl.syntax.parser import parse_text
+    from plandsl.syntax.parser import parse_text  # stage
     return parse_text(text, path)
 
 
 def parse_file(path: str | Path) -> Module:
-    from plandsl.syntax.loader import read_source
-    from plandsl.syntax.parser import parse_source
+    from plandsl.syntax.loader import read_source  # stage
+    from plandsl.syntax.parser import parse_source  # stage
     return parse_source(read_source(path))
 
 
 def check(path: str | Path, params: dict[str, Any] | None = None) -> Analysis:
     """Every diagnostic of a file and what it imports; never raises on bad input."""
+    from plandsl.check.analysis import analyze  # stage
     return analyze(str(path), params=params)
 
 
 def checks(text: str, params: dict[str, Any] | None = None, path: str = "<string>") -> Analysis:
+    from plandsl.check.analysis import analyze  # stage
     return analyze(path, text=text, params=params)
 
 
@@ -46,15 +77,20 @@ def loads(text: str, params: dict[str, Any] | None = None, path: str = "<string>
 
 def load_plan(path: str | Path, name: str | None = None, params: dict[str, Any] | None = None) -> ir.Plan:
     """The plan called `name` (or the file's only plan), checked."""
-    from plandsl.check.analysis import load_plan as load_checked_plan
+    from plandsl.check.analysis import load_plan as load_checked_plan  # stage
     return load_checked_plan(path, name, params)
+
+
+def select_plan(document: ir.Document, name: str | None = None) -> ir.Plan:
+    """The plan called `name` of a checked document (or its only plan); PlanError naming the plans otherwise."""
+    from plandsl.ir.select import select_plan as select  # stage
+    return select(document, name)
 
 
 def load_runnable(path: str | Path, name: str | None = None, params: dict[str, Any] | None = None) -> ir.Plan:
     """`load_plan`, and what `plandsl run` needs on top: PlanError with the E7xx refusals when the
     interpreter cannot run the plan (`plandsl.runtime.support`)."""
-    from plandsl.runtime.support import refusals
-    from plandsl.ir.select import select_plan
+    from plandsl.runtime.support import refusals  # stage
     analysis = check(path, params)
     plan = select_plan(_document(analysis), name)
     refused = refusals(plan)
@@ -63,30 +99,268 @@ def load_runnable(path: str | Path, name: str | None = None, params: dict[str, A
     return plan
 
 
-def run_refusals(plan: ir.Plan, cuda: bool | None = False) -> list:
+def run_refusals(plan: ir.Plan, cuda: bool | None = False) -> list[Diagnostic]:
     """Every reason `plandsl run` refuses a checked plan (E7xx Diagnostics), empty when it runs; `cuda`:
     whether its ranks run on CUDA (default: as on this CPU machine; None: whether this machine has CUDA)."""
-    from plandsl.runtime.support import refusals
+    from plandsl.runtime.support import refusals  # stage
     return refusals(plan, cuda=cuda)
 
 
+def _document(analysis: Analysis) -> ir.Document:
+    from plandsl.check.analysis import checked_document  # stage
+    return checked_document(analysis)
+
+
+# ---- format, show, explain ---------------------------------------------------------------------------------
+
 def format_text(text: str, path: str = "<string>") -> str:
     """Canonical layout of a plan's text (comments kept)."""
-    from plandsl.syntax.format import format_text as format_plan_text
+    from plandsl.syntax.format import format_text as format_plan_text  # stage
     return format_plan_text(text, path)
 
 
 def format_bytes(data: bytes, path: str = "<string>") -> str:
     """Canonical layout of a file's bytes; PlanError E105 when they are not UTF-8 text."""
-    from plandsl.syntax.format import format_module
-    from plandsl.syntax.parser import decode, parse_source
+    from plandsl.syntax.format import format_module  # stage
+    from plandsl.syntax.parser import decode, parse_source  # stage
     return format_module(parse_source(decode(path, data)))
+
+
+def format_file(path: str, stdin: BinaryIO | None = None) -> tuple[bytes, str]:
+    """A plan file's bytes (`-`: `stdin`'s, bounded) and their canonical layout; PlanError when they cannot
+    be read or parsed."""
+    from plandsl.syntax.format import format_file as read_and_format  # stage
+    return read_and_format(path, stdin)
+
+
+def describe(document: ir.Document, plans: list[ir.Plan] | None = None) -> str:
+    """`plandsl show`'s summary of a checked document (only `plans`, when given)."""
+    from plandsl.render.summary import describe_document  # stage
+    return describe_document(document, list(document.plans) if plans is None else plans)
 
 
 def schema() -> dict:
     """JSON Schema of the resolved IR (`plandsl show --json`)."""
+    from plandsl import ir  # stage
     return ir.Document.model_json_schema()
 
 
-def _document(analysis: Analysis) -> ir.Document:
-    return checked_document(analysis)
+def explain(code: str) -> str | None:
+    """What diagnostic `code` means, an example and its fix; None for an unknown code."""
+    from plandsl.diagnostics.catalogue import explain as explain_code  # the catalogue: 1,000 lines, not at start-up
+    return explain_code(code.upper())
+
+
+def unknown_code(code: str) -> str:
+    from plandsl.diagnostics.catalogue import unknown_code as unknown  # the catalogue, as `explain`
+    return unknown(code)
+
+
+# ---- schedules, simulation, cost -----------------------------------------------------------------------------
+
+def schedule(name: str, ranks: int | None = None, microbatches: int | None = None,
+             virtual: int | None = None) -> Schedule:
+    """Schedule `name` (a built-in, FILE.csv or FILE.plan:NAME) at these sizes; PlanError otherwise."""
+    from plandsl.lower.schedule_spec import load_schedule  # stage
+    return load_schedule(name, ranks, microbatches, virtual)
+
+
+def schedule_as(found: Schedule, fmt: str) -> str:
+    """A schedule as text (the step x rank grid), csv (torch's), plan (a table schedule) or json."""
+    from plandsl.schedules.resolve import to_format  # stage
+    return to_format(found, fmt)
+
+
+def parse_costs(text: str | None) -> Costs:
+    """`F=1,B=2,P2P=0.1` -> seconds per action; PlanError naming a bad entry."""
+    from plandsl.schedules.resolve import parse_costs as parse  # stage
+    return parse(text)
+
+
+def simulate_schedule(found: Schedule, costs: Costs) -> Simulation:
+    from plandsl.schedules.simulate import simulate as run  # stage
+    return run(found, costs)
+
+
+def simulate(plan: ir.Plan, costs: Costs | None = None) -> tuple[Schedule, Simulation]:
+    """A checked plan's pipeline schedule, simulated with its cost model's durations (or `costs`)."""
+    from plandsl.cost.simulation import simulate_plan  # stage
+    return simulate_plan(plan, costs)
+
+
+def simulation_report(found: Schedule, simulation: Simulation, unit: str = "", memory_in_bytes: bool = False) -> str:
+    from plandsl.cost.simulation import report  # stage
+    return report(found, simulation, unit, memory_in_bytes)
+
+
+def chrome_trace(simulation: Simulation) -> dict:
+    """A simulation as a Chrome/Perfetto trace."""
+    from plandsl.schedules.simulate import to_chrome_trace  # stage
+    return to_chrome_trace(simulation)
+
+
+def estimate(plan: ir.Plan) -> Estimate:
+    """A checked plan's predicted step time, throughput and memory per device (docs/cost-model.md)."""
+    from plandsl.cost.estimate import estimate_plan  # stage
+    return estimate_plan(plan)
+
+
+def format_estimate(result: Estimate) -> str:
+    from plandsl.cost.estimate import format_estimate as format_result  # stage
+    return format_result(result)
+
+
+# ---- generate, shrink, render ------------------------------------------------------------------------------
+
+def generate(request: GenerateRequest, progress: Progress | None = None) -> Generated:
+    """The fastest plans for a model on a cluster, or a partial plan completed (`request.from_file`), each
+    passing `plandsl check`; `rewrite.generate.UsageProblem` when options do not go together, SearchError or
+    PlanError otherwise."""
+    from plandsl.rewrite.generate import generate as run_generate  # stage
+    return run_generate(request, progress)
+
+
+def generate_request(**options) -> GenerateRequest:
+    """A `generate` request from its options (`rewrite.generate.Request`'s fields)."""
+    from plandsl.rewrite.generate import Request  # stage
+    return Request(**options)
+
+
+def generate_errors() -> tuple[type[Exception], type[Exception]]:
+    """(UsageProblem, SearchError): what `generate` raises besides PlanError (to catch without importing)."""
+    from plandsl.rewrite.generate import UsageProblem  # stage
+    from plandsl.search import SearchError  # stage
+    return UsageProblem, SearchError
+
+
+def generate_json(generated: Generated) -> dict:
+    """`generate --json`: each candidate's figures, plan text and whether `plandsl run` runs it."""
+    from plandsl.rewrite.generate import candidates_json  # stage
+    return candidates_json(generated, run_refusals)
+
+
+def generate_report(generated: Generated) -> str:
+    """`generate`'s table of candidates and why the best won."""
+    from plandsl.rewrite.generate import report  # stage
+    return report(generated, run_refusals)
+
+
+def shrink(path: str | Path, name: str | None = None, params: dict[str, Any] | None = None, ranks: int = 8,
+           precision: str | None = None, out_dir: str | Path | None = None) -> Shrunk:
+    """The plan scaled down to at most `ranks` CPU processes on one machine (`plandsl shrink`)."""
+    from plandsl.rewrite.shrink import shrink as shrink_plan  # stage
+    return shrink_plan(path, name, params, ranks, precision, out_dir)
+
+
+def render(plan: ir.Plan, view: str, fmt: str = "dot", color_by: str | None = None) -> bytes:
+    """One view of a checked plan (mesh, placement, schedule, memory; `all` as HTML) in `fmt`;
+    `render.RenderError` when graphviz is missing or fails, or the view does not apply."""
+    from plandsl.render import render_bytes  # stage
+    return render_bytes(plan, view, fmt, color_by)
+
+
+def render_format(output: str | None, fmt: str | None, view: str) -> str | None:
+    from plandsl.render import output_format  # stage
+    return output_format(output, fmt, view)
+
+
+def color_by_problem(plan: ir.Plan, axis: str | None) -> str | None:
+    from plandsl.render import color_by_problem as problem  # stage
+    return problem(plan, axis)
+
+
+def render_errors() -> tuple[type[Exception], ...]:
+    """The exceptions `render` raises for a plan it cannot draw (to catch them without importing render)."""
+    from plandsl.render import RenderError  # stage
+    return RenderError
+
+
+# ---- run -----------------------------------------------------------------------------------------------------
+
+def launch_options(**options) -> LaunchOptions:
+    from plandsl.runtime.launch import LaunchOptions  # stage
+    return LaunchOptions(**options)
+
+
+def check_launch_options(options: LaunchOptions) -> None:
+    """`runtime.launch.OptionError` (with `.option`) for a value wrong before the plan is read."""
+    from plandsl.runtime.launch import check_options  # stage
+    check_options(options)
+
+
+def prepare_run(plan: ir.Plan, path: str, name: str | None, params: dict[str, Any], options: LaunchOptions,
+                dry_run: bool = False) -> list[str]:
+    """torchrun's arguments for a runnable plan (`load_runnable`); `runtime.launch.LaunchError` (OptionError
+    for one option) when the options do not fit it."""
+    from plandsl.runtime.launch import prepare  # stage
+    return prepare(plan, path, name, params, options, dry_run)
+
+
+def launch_errors() -> tuple[type[Exception], type[Exception]]:
+    """(LaunchError, OptionError): what `check_launch_options` and `prepare_run` raise."""
+    from plandsl.runtime.launch import LaunchError, OptionError  # stage
+    return LaunchError, OptionError
+
+
+def dry_run(plan: ir.Plan, progress: Progress | None = None) -> DryRun:
+    """Every rank's share of a plan built in this process on the meta device (imports torch and the model's
+    factory); `DryRunError` naming the rank that cannot be built."""
+    from plandsl.runtime.dryrun import dry_run as build  # stage: torch
+    return build(plan, progress=progress)
+
+
+def dry_run_errors() -> type[Exception]:
+    from plandsl.runtime.dryrun import DryRunError  # stage: torch
+    return DryRunError
+
+
+def format_dry_run(result: DryRun) -> str:
+    from plandsl.runtime.dryrun import format_dry_run as format_result  # stage: torch
+    return format_result(result)
+
+
+def dry_run_commands(plan: ir.Plan, args: list[str], options: LaunchOptions) -> str:
+    """The torchrun command(s) `run --dry-run` prints: one, or one per node of a mesh over several."""
+    from plandsl.runtime.launch import dry_run_commands as commands  # stage
+    return commands(plan, args, options)
+
+
+def command_line(args: list[str]) -> str:
+    from plandsl.runtime.launch import command_line as line  # stage
+    return line(args)
+
+
+def launch(args: list[str]) -> int:
+    """Start torchrun with `args` in this process; its exit status, failed ranks named on stderr."""
+    from plandsl.runtime.launch import launch as start  # stage: torch
+    return start(args)
+
+
+# ---- what every command shares -----------------------------------------------------------------------------
+
+def parse_params(items) -> dict:
+    """`KEY=VALUE` items -> {key: value} (true/false, integers and floats typed); ValueError otherwise."""
+    from plandsl.runtime.options import parse_params as parse  # stage
+    return parse(items)
+
+
+def include(folders) -> ContextManager[None]:
+    """A context inside which imports may also come from `folders` (`--include`)."""
+    from plandsl.syntax.loader import include as including  # stage
+    return including(folders)
+
+
+def writable_file(path: str) -> str | None:
+    """Why an output file cannot be written, or None (checked before work starts)."""
+    from plandsl.syntax.files import writable_file as problem  # stage
+    return problem(path)
+
+
+def writable_dir(path: str) -> str | None:
+    from plandsl.syntax.files import writable_dir as problem  # stage
+    return problem(path)
+
+
+def regular_file_problem(path: str, what: str = "file") -> str | None:
+    from plandsl.syntax.files import regular_file_problem as problem  # stage
+    return problem(path, what)

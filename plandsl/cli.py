@@ -1,23 +1,26 @@
 """The `plandsl` command: a few lines per command over `plandsl.api`.
 
 Exit status: 0 success, 1 the input has problems (diagnostics printed), 2 usage errors.
-Heavy modules (pydantic, torch) are imported inside commands so `--help` starts fast.
+It imports only click, the standard library and `plandsl.api` (pyproject's import-linter contract), which
+loads each stage inside the function that calls it: `--help` loads neither pydantic nor torch.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shlex
 import sys
 
 import click
 
-from plandsl.diagnostics import limits
+from plandsl import api
+from plandsl.api import limits
 
 
 def _params(values: tuple[str, ...]) -> dict:
-    from plandsl.runtime.options import parse_params
     try:
-        return parse_params(values)
+        return api.parse_params(values)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--param") from None
 
@@ -28,8 +31,7 @@ param_option = click.option("--param", "params", multiple=True, metavar="KEY=VAL
 
 def _include(ctx, param, values):
     if values:
-        from plandsl.syntax.loader import include
-        ctx.with_resource(include(values))  # for this command only
+        ctx.with_resource(api.include(values))  # for this command only
     return values
 
 
@@ -40,16 +42,14 @@ include_option = click.option("--include", multiple=True, metavar="DIR", expose_
 
 def _writable_file(ctx, param, value):
     """An output file: refused before any work starts when it cannot be written (exit 2, the option named)."""
-    from plandsl.syntax.files import writable_file
-    reason = writable_file(value) if value else None
+    reason = api.writable_file(value) if value else None
     if reason:
         raise click.BadParameter(f"cannot write '{value}': {reason}")
     return value
 
 
 def _writable_dir(ctx, param, value):
-    from plandsl.syntax.files import writable_dir
-    reason = writable_dir(value) if value else None
+    reason = api.writable_dir(value) if value else None
     if reason:
         raise click.BadParameter(f"cannot write into '{value}': {reason}")
     return value
@@ -65,14 +65,32 @@ def _write(path: str, data: bytes | str) -> None:
         sys.exit(1)
 
 
+@contextlib.contextmanager
+def _progress(label: str):
+    """The one progress display of long work: yields `progress(done, total)` for the stage to call; click's
+    bar on stderr when stderr is a terminal (drawn from the first call that knows the total), else nothing."""
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None and total and sys.stderr.isatty():
+            bar = click.progressbar(length=total, label=label, file=sys.stderr).__enter__()
+        if bar is not None:
+            bar.update(done - bar.pos)
+    try:
+        yield progress
+    finally:
+        if bar is not None:
+            bar.__exit__(None, None, None)
+
+
 def _print_diagnostics(analysis, output_format: str) -> None:
-    from plandsl.diagnostics import render_all, to_json_lines
     if not analysis.diagnostics:
         return
     if output_format == "json":
-        click.echo(to_json_lines(analysis.diagnostics))
+        click.echo(api.to_json_lines(analysis.diagnostics))
     else:
-        click.echo(render_all(analysis.diagnostics, analysis.sources), err=True)
+        click.echo(api.render_all(analysis.diagnostics, analysis.sources), err=True)
         errors = len(analysis.errors)
         warnings = len(analysis.diagnostics) - errors
         click.echo(f"{analysis.path}: {errors} error(s), {warnings} warning(s)", err=True)
@@ -92,7 +110,6 @@ def main() -> None:
 @include_option
 def check(files, output_format, params):
     """Check plan FILES; exit 1 if any has an error."""
-    from plandsl import api
     overrides = _params(params)
     failed = False
     for file in files:
@@ -112,35 +129,26 @@ def check(files, output_format, params):
 @include_option
 def show(file, as_json, plan_name, params):
     """Show the resolved plan (imports and parameters applied)."""
-    from plandsl import api
-    from plandsl.diagnostics import PlanError
     analysis = api.check(file, _params(params))
     if not analysis.ok:
         _print_diagnostics(analysis, "text")
         sys.exit(1)
     document = analysis.document
     try:
-        plans = [api_select(document, plan_name)] if plan_name else list(document.plans)
-    except PlanError as error:
+        plans = [api.select_plan(document, plan_name)] if plan_name else list(document.plans)
+    except api.PlanError as error:
         click.echo(str(error), err=True)
         sys.exit(1)
     if as_json:
         payload = document.model_dump(mode="json") if plan_name is None else plans[0].model_dump(mode="json")
         click.echo(json.dumps(payload, indent=2))
         return
-    from plandsl.render.summary import describe_document
-    click.echo(describe_document(document, plans))
-
-
-def api_select(document, name):
-    from plandsl.ir.select import select_plan
-    return select_plan(document, name)
+    click.echo(api.describe(document, plans))
 
 
 @main.command()
 def schema():
     """Print the JSON Schema of the resolved IR."""
-    from plandsl import api
     click.echo(json.dumps(api.schema(), indent=2))
 
 
@@ -148,13 +156,9 @@ def schema():
 @click.argument("code")
 def explain(code):
     """Explain a diagnostic CODE (E101 ... W501): what it means, an example, the fix."""
-    from plandsl.diagnostics.catalogue import explain as explain_code
-    text = explain_code(code.upper())
+    text = api.explain(code)
     if text is None:
-        from plandsl.diagnostics.codes import CODES
-        from plandsl.diagnostics import did_you_mean
-        suggestion = did_you_mean(code.upper(), CODES, "codes")
-        click.echo(f"unknown code '{code}'" + (f"; {suggestion}" if suggestion else "; see docs/errors.md"), err=True)
+        click.echo(api.unknown_code(code), err=True)
         sys.exit(2)
     click.echo(text)
 
@@ -164,21 +168,11 @@ def explain(code):
 @click.option("--check", "check_only", is_flag=True, help="Change nothing; exit 1 if a file would change.")
 def fmt(files, check_only):
     """Rewrite plan FILES in canonical layout (comments kept); `-` reads stdin."""
-    from plandsl import api
-    from plandsl.diagnostics import PlanError
-    from plandsl.syntax.files import FileProblem, read_bounded, read_stdin
-    from plandsl.syntax.parser import MAX_BYTES
     would_change = failed = False
     for file in files:
         try:
-            data = read_stdin(sys.stdin.buffer, MAX_BYTES) if file == "-" else read_bounded(file, MAX_BYTES,
-                                                                                             "plan file")
-            formatted = api.format_bytes(data, "<stdin>" if file == "-" else file)
-        except FileProblem as problem:
-            click.echo(PlanError([problem.diagnostic()]), err=True)
-            failed = True
-            continue
-        except PlanError as error:
+            data, formatted = api.format_file(file, sys.stdin.buffer if file == "-" else None)
+        except api.PlanError as error:
             click.echo(str(error), err=True)
             failed = True
             continue
@@ -210,19 +204,15 @@ def fmt(files, check_only):
 @include_option
 def schedule(name, ranks, microbatches, virtual, output_format, run_simulation, costs, as_json, trace):
     """Print schedule NAME (a built-in, FILE.csv or FILE.plan:NAME) for the given sizes."""
-    from plandsl.diagnostics import PlanError
-    from plandsl.schedules import resolve
-    from plandsl.lower.schedule_spec import load_schedule
     try:
-        found = load_schedule(name, ranks, microbatches, virtual)
+        found = api.schedule(name, ranks, microbatches, virtual)
         if run_simulation:
-            _simulated(found, resolve.parse_costs(costs), as_json, trace, memory_in_bytes=False)
+            simulation = api.simulate_schedule(found, api.parse_costs(costs))
+            _emit_simulation(found, simulation, as_json, trace, memory_in_bytes=False)
             return
-    except PlanError as error:
+    except api.PlanError as error:
         _fail(error)
-    writers = {"text": resolve.to_text, "csv": resolve.to_torch_csv, "plan": resolve.to_plan,
-               "json": lambda s: json.dumps(resolve.to_json(s), indent=1)}
-    click.echo(writers[output_format](found).rstrip("\n"))
+    click.echo(api.schedule_as(found, output_format))
 
 
 @main.command()
@@ -236,57 +226,36 @@ def schedule(name, ranks, microbatches, virtual, output_format, run_simulation, 
 @include_option
 def simulate(file, plan_name, costs, as_json, trace, params):
     """Simulate the pipeline schedule of a plan: makespan, bubbles, memory per rank."""
-    from plandsl import api
-    from plandsl.diagnostics import PlanError
-    from plandsl.schedules.resolve import parse_costs
-    from plandsl.cost.simulation import simulate_plan
     try:
         plan = api.load_plan(file, plan_name, _params(params))
-        schedule_, simulation = simulate_plan(plan, parse_costs(costs) if costs else None)
-    except PlanError as error:
+        schedule_, simulation = api.simulate(plan, api.parse_costs(costs) if costs else None)
+    except api.PlanError as error:
         _fail(error)
     _emit_simulation(schedule_, simulation, as_json, trace, memory_in_bytes=True,
                      unit="" if costs else " s")
 
 
-def _simulated(found, costs, as_json, trace, memory_in_bytes):
-    from plandsl.schedules.simulate import simulate as run
-    _emit_simulation(found, run(found, costs), as_json, trace, memory_in_bytes)
-
-
 def _emit_simulation(found, simulation, as_json, trace, memory_in_bytes, unit=""):
-    from plandsl.schedules.simulate import to_chrome_trace
-    from plandsl.cost.simulation import report
     if trace:
-        _write(trace, json.dumps(to_chrome_trace(simulation)))
-    click.echo(json.dumps(simulation.to_json(), indent=1) if as_json else report(found, simulation, unit, memory_in_bytes))
+        _write(trace, json.dumps(api.chrome_trace(simulation)))
+    click.echo(json.dumps(simulation.to_json(), indent=1) if as_json
+               else api.simulation_report(found, simulation, unit, memory_in_bytes))
     if simulation.deadlock is not None:
         sys.exit(1)
 
 
 def _token_file(ctx, param, value):
-    from plandsl.syntax.files import FileProblem, check_regular
-    if value:
-        try:
-            check_regular(value, "token file")
-        except FileProblem as problem:
-            raise click.BadParameter(problem.message) from None
+    problem = api.regular_file_problem(value, "token file") if value else None
+    if problem:
+        raise click.BadParameter(problem)
     return value
 
 
-def _endpoint_problem(endpoint: str) -> str | None:
-    host, sep, port = endpoint.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        return "expected HOST:PORT with a port from 1 to 65535"
-    return None
-
-
 def _fail(error, output_format: str = "text") -> None:
-    from plandsl.diagnostics import render_all, to_json_lines
     if output_format == "json":
-        click.echo(to_json_lines(error.diagnostics))
+        click.echo(api.to_json_lines(error.diagnostics))
     else:
-        click.echo(render_all(error.diagnostics, error.sources), err=True)
+        click.echo(api.render_all(error.diagnostics, error.sources), err=True)
     sys.exit(1)
 
 
@@ -318,45 +287,39 @@ def _fail(error, output_format: str = "text") -> None:
 def run_command(file, plan_name, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps, metrics,
                 check_equivalence, data, checkpoint_dir, checkpoint_every, resume, dry_run, params):
     """Check plan FILE, then train it on torch.distributed (one process per device of its mesh)."""
-    from plandsl import api
-    from plandsl.diagnostics import PlanError
-    from plandsl.runtime import launch
     overrides = _params(params)
-    if node_rank >= nnodes:
-        raise click.BadParameter(f"{node_rank} is not below --nnodes ({nnodes}): nodes are numbered 0 to "
-                                 f"{nnodes - 1}", param_hint="--node-rank")
-    if rdzv_endpoint is not None and _endpoint_problem(rdzv_endpoint):
-        raise click.BadParameter(f"'{rdzv_endpoint}': {_endpoint_problem(rdzv_endpoint)}",
-                                 param_hint="--rdzv-endpoint")
+    options = api.launch_options(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+                                 rdzv_endpoint=rdzv_endpoint, steps=steps, metrics=metrics,
+                                 check_equivalence=check_equivalence, data=data, checkpoint_dir=checkpoint_dir,
+                                 checkpoint_every=checkpoint_every, resume=resume)
+    launch_error, option_error = api.launch_errors()
+    try:
+        api.check_launch_options(options)
+    except option_error as error:
+        raise click.BadParameter(str(error), param_hint=error.option) from None
     try:
         plan = api.load_runnable(file, plan_name, overrides)  # checked, and runnable (E7xx otherwise)
-    except PlanError as error:
+    except api.PlanError as error:
         _fail(error)
-    options = launch.LaunchOptions(nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps, metrics,
-                                   check_equivalence, data, checkpoint_dir, checkpoint_every, resume)
-    if data:
-        from plandsl.runtime.tokens import token_file_problem
-        problem = token_file_problem(data, plan)
-        if problem:
-            raise click.BadParameter(problem, param_hint="--data")
     try:
-        args = launch.torchrun_args(plan, file, plan_name, overrides, options)
-        if not dry_run:  # a dry run builds the ranks here and starts nothing
-            launch.check_fits(plan, options)
-    except launch.LaunchError as error:
+        args = api.prepare_run(plan, file, plan_name, overrides, options, dry_run)
+    except option_error as error:
+        raise click.BadParameter(str(error), param_hint=error.option) from None
+    except launch_error as error:
         click.echo(f"{file}: error: {error}", err=True)
         sys.exit(1)
     if dry_run:  # every rank built here on the meta device, its figures, then the command; nothing starts
-        from plandsl.runtime.dryrun import DryRunError, dry_run_report
         try:
-            click.echo(dry_run_report(plan))
-        except DryRunError as error:
+            with _progress("building ranks") as progress:
+                result = api.dry_run(plan, progress)
+        except api.dry_run_errors() as error:
             click.echo(f"{file}: error: plan '{plan.name}': {error}", err=True)
             sys.exit(1)
-        click.echo(launch.dry_run_commands(plan, args, options))
+        click.echo(api.format_dry_run(result))
+        click.echo(api.dry_run_commands(plan, args, options))
         sys.exit(0)
-    click.echo(launch.command_line(args))
-    sys.exit(launch.launch(args))
+    click.echo(api.command_line(args))
+    sys.exit(api.launch(args))
 
 
 @main.command()
@@ -376,13 +339,10 @@ def shrink(file, plan_name, ranks, precision, output, output_format, params):
     """Scale plan FILE down to one machine: the same layout on at most --ranks CPU processes, a tiny model.
 
     Then `plandsl run OUT.plan --check-equivalence` trains it here against one process."""
-    import os
-    from plandsl.diagnostics import PlanError
-    from plandsl.rewrite.shrink import shrink as shrink_plan
     try:
-        shrunk = shrink_plan(file, plan_name, _params(params), ranks, precision,
-                             os.path.dirname(os.path.abspath(output)) if output else None)
-    except PlanError as error:
+        shrunk = api.shrink(file, plan_name, _params(params), ranks, precision,
+                            os.path.dirname(os.path.abspath(output)) if output else None)
+    except api.PlanError as error:
         _fail(error, output_format)
     if output:
         _write(output, shrunk.text)
@@ -414,26 +374,23 @@ def shrink(file, plan_name, ranks, precision, output, output_format, params):
 @include_option
 def render_command(file, plan_name, view, output, output_format, color_by, params):
     """Draw a plan with graphviz: its mesh, placement, schedule or memory, or all on one HTML page."""
-    from plandsl import api
-    from plandsl.diagnostics import PlanError
-    from plandsl.render import RenderError, format_of, render_bytes
-    fmt = format_of(output, output_format) or ("html" if view == "all" else None if output else "dot")
+    fmt = api.render_format(output, output_format, view)
     if fmt is None:
         raise click.BadParameter(f"cannot tell the format from '{output}'; add --format", param_hint="-o")
     if (view == "all") != (fmt == "html"):
         raise click.UsageError("--view all writes one HTML page; the other views write dot, svg, png or pdf")
     try:
         plan = api.load_plan(file, plan_name, _params(params))
-    except PlanError as error:
+    except api.PlanError as error:
         _fail(error)
-    if color_by and plan.mesh.axis(color_by) is None:
-        raise click.BadParameter(f"the mesh has no axis '{color_by}' (its axes: "
-                                 f"{', '.join(a.name for a in plan.mesh.axes)})", param_hint="--color-by")
+    problem = api.color_by_problem(plan, color_by)
+    if problem:
+        raise click.BadParameter(problem, param_hint="--color-by")
     try:
-        data = render_bytes(plan, view, fmt, color_by)
-    except PlanError as error:
+        data = api.render(plan, view, fmt, color_by)
+    except api.PlanError as error:
         _fail(error)
-    except RenderError as error:
+    except api.render_errors() as error:
         click.echo(f"{file}: error: {error}", err=True)
         sys.exit(1)
     if output:
@@ -449,14 +406,11 @@ def render_command(file, plan_name, view, output, output_format, color_by, param
 @include_option
 def estimate(file, plan_name, as_json, params):
     """Predict a plan's step time, throughput and memory per device (docs/cost-model.md)."""
-    from plandsl import api
-    from plandsl.cost.estimate import estimate_plan, format_estimate
-    from plandsl.diagnostics import PlanError
     try:
-        result = estimate_plan(api.load_plan(file, plan_name, _params(params)))
-    except PlanError as error:
+        result = api.estimate(api.load_plan(file, plan_name, _params(params)))
+    except api.PlanError as error:
         _fail(error)
-    click.echo(json.dumps(result.to_json(), indent=1) if as_json else format_estimate(result))
+    click.echo(json.dumps(result.to_json(), indent=1) if as_json else api.format_estimate(result))
 
 
 @main.command()
@@ -486,55 +440,30 @@ def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_n
     With --from, a partial plan gives the model, cluster and training settings, every decision it
     writes is kept (its lines stay as written), and the search adds what it leaves out; -o writes
     the file completed. The result passes `plandsl check` and `plandsl fmt --check`."""
-    from plandsl import api
-    from plandsl.diagnostics import PlanError
-    from plandsl.search import SearchError, search
-    from plandsl.rewrite.complete import generate_from
-    from plandsl.search.emit import candidate_json, checked_texts, explain, format_table, resolve_problem
     as_json = as_json or output_format == "json"
-    given = [f"--{name}" for name, value in (("model", model), ("cluster", cluster), ("global-batch", global_batch),
-                                             ("seq-len", seq_len), ("precision", precision)) if value is not None]
-    if from_file and given:
-        raise click.UsageError(f"{', '.join(given)}: the --from plan gives these (edit the plan instead)")
-    if not from_file and (model is None or cluster is None or global_batch is None):
-        raise click.UsageError("--model, --cluster and --global-batch are required (or --from PLAN)")
-    if (plan_name or params) and not from_file:
-        raise click.UsageError(f"{'--plan' if plan_name else '--param'} is for the --from file")
-    bar = None
-
-    def progress(done, total):
-        nonlocal bar
-        if bar is None and sys.stderr.isatty() and total:
-            bar = click.progressbar(length=total, label="searching", file=sys.stderr).__enter__()
-        if bar is not None:
-            bar.update(done - bar.pos)
+    request = api.generate_request(model=model, cluster=cluster, global_batch=global_batch, seq_len=seq_len,
+                                   precision=precision, from_file=from_file, plan_name=plan_name,
+                                   params=_params(params), pins=pins, top=top, output=output)
+    usage_problem, search_error = api.generate_errors()
     try:
-        if from_file:
-            completed = generate_from(from_file, plan_name, _params(params), pins, top, progress, output)
-            for note in completed.notes:
-                click.echo(f"note: {note}", err=True)
-            result, texts = completed.result, list(completed.texts)
-        else:
-            problem, source = resolve_problem(model, cluster, global_batch, seq_len, precision or "bf16")
-            result, texts = checked_texts(search(problem, pins, top, progress=progress), problem, source, output)
-    except PlanError as error:
+        with _progress("searching") as progress:
+            generated = api.generate(request, progress)
+    except usage_problem as error:
+        raise click.UsageError(str(error)) from None
+    except api.PlanError as error:
         _fail(error, output_format)
-    except SearchError as error:
+    except search_error as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(1)
-    finally:
-        if bar is not None:
-            bar.__exit__(None, None, None)
+    for note in generated.notes:
+        click.echo(f"note: {note}", err=True)
     if output:
-        _write(output, texts[0])
+        _write(output, generated.texts[0])
     if as_json:
-        click.echo(json.dumps({"candidates": [candidate_json(s, t, api.run_refusals)
-                                              for s, t in zip(result.candidates, texts)]},
-                              indent=1))
+        click.echo(json.dumps(api.generate_json(generated), indent=1))
         return
-    click.echo(format_table(result))
-    click.echo(explain(result, api.run_refusals))
-    click.echo(f"wrote {output}" if output else "\n" + texts[0].rstrip("\n"))
+    click.echo(api.generate_report(generated))
+    click.echo(f"wrote {output}" if output else "\n" + generated.texts[0].rstrip("\n"))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 
+from plandsl.diagnostics import did_you_mean
 from plandsl.diagnostics.codes import CODES
 
 
@@ -1242,3 +1243,10 @@ def explain(code: str) -> str | None:
     if entry.edits:
         lines.append(textwrap.indent(entry.fixed, "    ").rstrip("\n"))
     return "\n".join(lines)
+
+
+def unknown_code(code: str) -> str:
+    """What `plandsl explain CODE` says of a code it does not know: the nearest known codes, else where the
+    list is."""
+    suggestion = did_you_mean(code.upper(), CODES, "codes")
+    return f"unknown code '{code}'" + (f"; {suggestion}" if suggestion else "; see docs/errors.md")

@@ -18,7 +18,7 @@ VIEWS = ("mesh", "placement", "schedule", "memory")
 RenderError = (NotApplicable, GraphvizMissing, GraphvizFailed)
 
 __all__ = ["VIEWS", "FORMATS", "NotApplicable", "GraphvizMissing", "GraphvizFailed", "RenderError", "render",
-           "engine", "render_bytes", "render_file", "format_of"]
+           "engine", "render_bytes", "render_file", "format_of", "output_format", "color_by_problem"]
 
 
 def _module(view: str):
@@ -55,6 +55,19 @@ def render_bytes(plan, view: str, fmt: str = "dot", color_by: str | None = None,
     if fmt == "dot":
         return text.encode("utf-8")
     return to_image(text, fmt, engine(view), timings)
+
+
+def output_format(output: str | None, fmt: str | None, view: str) -> str | None:
+    """`render`'s format: `fmt`, else `output`'s suffix; without -o, HTML for `all` and DOT text for a view;
+    None when `output`'s suffix does not tell it."""
+    return format_of(output, fmt) or ("html" if view == "all" else None if output else "dot")
+
+
+def color_by_problem(plan, axis: str | None) -> str | None:
+    """Why the mesh view cannot colour devices by `axis` (the plan's mesh has no such axis), or None."""
+    if axis and plan.mesh.axis(axis) is None:
+        return f"the mesh has no axis '{axis}' (its axes: {', '.join(a.name for a in plan.mesh.axes)})"
+    return None
 
 
 def render_file(plan, view: str, out_path: str | Path, fmt: str | None = None,

@@ -78,8 +78,9 @@ class DryRun:
                 "ranks": [r.to_json() for r in self.ranks]}
 
 
-def dry_run(plan: ir.Plan, ranks: list[int] | None = None) -> DryRun:
-    """Every rank's share (meshes over MAX_RANKS: `representative_ranks`), or only `ranks`."""
+def dry_run(plan: ir.Plan, ranks: list[int] | None = None, progress=None) -> DryRun:
+    """Every rank's share (meshes over MAX_RANKS: `representative_ranks`), or only `ranks`; `progress(done,
+    total)` is called after each rank is built."""
     if dist.is_initialized():
         raise RuntimeError("a dry run builds every rank with its own fake process group; this process "
                            "already belongs to a process group")
@@ -101,6 +102,8 @@ def dry_run(plan: ir.Plan, ranks: list[int] | None = None) -> DryRun:
             built.append(_build_rank(plan, copy.deepcopy(model), rank, world, states, predicted, world // len(ranks)))
         except Exception as error:  # noqa: BLE001 - one message naming the rank, as a running rank reports it
             raise DryRunError(f"rank {rank}: {type(error).__name__}: {error}") from error
+        if progress is not None:
+            progress(len(built), len(ranks))
     return DryRun(plan.name, world, tuple(built), f"{cls.__name__}, {states} state{'s' if states != 1 else ''} "
                                              "per parameter element", summary)
 

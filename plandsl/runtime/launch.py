@@ -25,6 +25,14 @@ class LaunchError(ValueError):
     """The options do not fit the plan (e.g. the process count)."""
 
 
+class OptionError(LaunchError):
+    """One option's value is wrong on its own (the CLI's exit 2, naming `option`)."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(message)
+        self.option = option
+
+
 @dataclass(frozen=True)
 class LaunchOptions:
     nproc_per_node: int | None = None
@@ -41,6 +49,38 @@ class LaunchOptions:
     """Checkpoints go here (docs/running.md, Checkpoints); None: none."""
     checkpoint_every: int | None = None
     resume: bool = False
+
+
+def check_options(options: LaunchOptions) -> None:
+    """OptionError for a value wrong before any plan is read: a node rank past --nnodes, a malformed endpoint."""
+    if options.node_rank >= options.nnodes:
+        raise OptionError("--node-rank", f"{options.node_rank} is not below --nnodes ({options.nnodes}): nodes are "
+                                         f"numbered 0 to {options.nnodes - 1}")
+    if options.rdzv_endpoint is not None and _endpoint_problem(options.rdzv_endpoint):
+        raise OptionError("--rdzv-endpoint", f"'{options.rdzv_endpoint}': {_endpoint_problem(options.rdzv_endpoint)}")
+
+
+def _endpoint_problem(endpoint: str) -> str | None:
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return "expected HOST:PORT with a port from 1 to 65535"
+    return None
+
+
+def prepare(plan: ir.Plan, plan_file: str, plan_name: str | None, params: dict, options: LaunchOptions,
+            dry_run: bool = False) -> list[str]:
+    """torchrun's arguments for a checked, runnable plan: OptionError when `--data` does not fit the plan,
+    LaunchError when the options do not fit its mesh, or (unless `dry_run`, which starts nothing here) when
+    the mesh is larger than this machine and the options do not say how (`check_fits`)."""
+    if options.data:
+        from plandsl.runtime.tokens import token_file_problem  # numpy: only when a token file is given
+        problem = token_file_problem(options.data, plan)
+        if problem:
+            raise OptionError("--data", problem)
+    args = torchrun_args(plan, plan_file, plan_name, params, options)
+    if not dry_run:
+        check_fits(plan, options)
+    return args
 
 
 def torchrun_args(plan: ir.Plan, plan_file: str, plan_name: str | None, params: dict, options: LaunchOptions) -> list[str]:

@@ -6,6 +6,7 @@ schedule written in a plan file (`my.plan:NAME`). Costs are written `F=1,B=2,I=1
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from plandsl.diagnostics import PlanError, did_you_mean, diag
@@ -121,6 +122,16 @@ def to_plan(schedule: Schedule) -> str:
         cells = " ".join(("_" if a is None else str(a)).ljust(width) for a in row).rstrip()
         lines.append(f"  rank {rank}: {cells}")
     return "\n".join(lines + ["}", ""])
+
+
+WRITERS = {"text": to_text, "csv": to_torch_csv, "plan": to_plan,
+           "json": lambda schedule: json.dumps(to_json(schedule), indent=1)}
+"""`plandsl schedule --format`: text (the step x rank grid), csv (torch's), plan (a table schedule), json."""
+
+
+def to_format(schedule: Schedule, fmt: str) -> str:
+    """The schedule written in one of `WRITERS`' formats, without a trailing newline."""
+    return WRITERS[fmt](schedule).rstrip("\n")
 
 
 def _identifier(name: str) -> str:

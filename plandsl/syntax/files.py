@@ -79,6 +79,15 @@ def check_regular(path: str | os.PathLike, what: str = "file") -> os.stat_result
     return status
 
 
+def regular_file_problem(path: str | os.PathLike, what: str = "file") -> str | None:
+    """Why `path` cannot be read as a regular file (`check_regular`'s message), or None."""
+    try:
+        check_regular(path, what)
+    except FileProblem as problem:
+        return problem.message
+    return None
+
+
 def read_bounded(path: str | os.PathLike, limit: int, what: str = "file") -> bytes:
     """At most `limit` bytes of the regular file `path`; FileProblem otherwise (see the module)."""
     path = os.fspath(path)

@@ -12,11 +12,13 @@ into columns, and trailing comments of consecutive one-line statements start in 
 from __future__ import annotations
 
 import bisect
-from typing import Sequence
+from typing import BinaryIO, Sequence
 
 from plandsl.syntax.format_expr import (STEP, WIDTH, align_notes, assemble, by_owner, comment_text, flat, joined, quote,
                                  scope)
-from plandsl.syntax.parser import parse_source, parse_text
+from plandsl.syntax.files import FileProblem, read_bounded, read_stdin
+from plandsl.syntax.parser import MAX_BYTES, decode, parse_source, parse_text
+from plandsl.diagnostics import PlanError
 from plandsl.diagnostics.source import SourceFile
 from plandsl.syntax import (ActionStmt, Attr, Block, Comment, Definition, Entry, For, If, Import, LayerDecl, Let,
                             Module, Node, On, Param, RankRow, ShardRule)
@@ -31,6 +33,16 @@ def format_source(source: SourceFile) -> str:
 def format_text(text: str, path: str = "<string>") -> str:
     """Canonical layout of a plan's text (comments kept); PlanError (E1xx) when it does not parse."""
     return format_module(parse_text(text, path))
+
+
+def format_file(path: str, stdin: BinaryIO | None = None) -> tuple[bytes, str]:
+    """A plan file's bytes (`-`: `stdin`'s), read bounded like every plan file, and their canonical layout;
+    PlanError when they cannot be read (E106-E109) or are not a plan (E1xx)."""
+    try:
+        data = read_stdin(stdin, MAX_BYTES) if path == "-" else read_bounded(path, MAX_BYTES, "plan file")
+    except FileProblem as problem:
+        raise PlanError([problem.diagnostic()]) from None
+    return data, format_module(parse_source(decode("<stdin>" if path == "-" else path, data)))
 
 
 def format_module(module: Module) -> str:

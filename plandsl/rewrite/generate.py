@@ -1,0 +1,86 @@
+"""`plandsl generate`: a request (a model on a cluster, or a partial plan) -> the fastest checked plans.
+
+Stage: rewrite (from scratch it runs the search; with a partial plan, `complete.generate_from` keeps what
+the plan writes). Contract: `generate(request, progress)` refuses arguments that do not go together
+(`UsageProblem`, naming the options; before any work), resolves the problem, searches, and returns the
+candidates with their plan texts, each passing `plandsl check`; `candidates_json` and `report` are what
+`generate --json` and `generate` print, given the interpreter's refusals (`api.run_refusals`, from above
+this layer). SearchError or PlanError otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from plandsl.rewrite.complete import generate_from
+from plandsl.search import SearchResult, search
+from plandsl.search.emit import Refusals, candidate_json, checked_texts, explain, format_table, resolve_problem
+
+
+class UsageProblem(ValueError):
+    """Options that do not go together (the CLI's exit 2)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What `plandsl generate` was asked: the problem by options, or `from_file` (a partial plan)."""
+    model: str | None = None
+    cluster: str | None = None
+    global_batch: int | None = None
+    seq_len: int | None = None
+    precision: str | None = None
+    from_file: str | None = None
+    plan_name: str | None = None
+    params: Mapping[str, object] = field(default_factory=dict)
+    pins: tuple[str, ...] = ()
+    top: int = 5
+    output: str | None = None
+    """Where the best plan will be written (relative imports resolve from there)."""
+
+
+@dataclass(frozen=True)
+class Generated:
+    result: SearchResult
+    texts: tuple[str, ...]
+    """The candidates' plan texts, best first, in `plandsl fmt`'s layout."""
+    notes: tuple[str, ...] = ()
+    """What the user should know about a completed plan (`note: ...` lines)."""
+
+
+def usage_problem(request: Request) -> str | None:
+    given = [f"--{name}" for name, value in (("model", request.model), ("cluster", request.cluster),
+                                             ("global-batch", request.global_batch), ("seq-len", request.seq_len),
+                                             ("precision", request.precision)) if value is not None]
+    if request.from_file and given:
+        return f"{', '.join(given)}: the --from plan gives these (edit the plan instead)"
+    if not request.from_file and (request.model is None or request.cluster is None or request.global_batch is None):
+        return "--model, --cluster and --global-batch are required (or --from PLAN)"
+    if (request.plan_name or request.params) and not request.from_file:
+        return f"{'--plan' if request.plan_name else '--param'} is for the --from file"
+    return None
+
+
+def generate(request: Request, progress: Callable[[int, int], None] | None = None) -> Generated:
+    problem = usage_problem(request)
+    if problem:
+        raise UsageProblem(problem)
+    if request.from_file:
+        completed = generate_from(request.from_file, request.plan_name, dict(request.params), request.pins,
+                                  request.top, progress, request.output)
+        return Generated(completed.result, tuple(completed.texts), tuple(completed.notes))
+    problem_, source = resolve_problem(request.model, request.cluster, request.global_batch, request.seq_len,
+                                       request.precision or "bf16")
+    result, texts = checked_texts(search(problem_, request.pins, request.top, progress=progress), problem_, source,
+                                  request.output)
+    return Generated(result, tuple(texts))
+
+
+def candidates_json(generated: Generated, refusals: Refusals) -> dict:
+    """`generate --json`: {"candidates": [...]}, best first."""
+    return {"candidates": [candidate_json(s, t, refusals) for s, t in zip(generated.result.candidates,
+                                                                          generated.texts)]}
+
+
+def report(generated: Generated, refusals: Refusals) -> str:
+    """`generate`'s table of candidates and why the best won (and whether `plandsl run` runs it)."""
+    return format_table(generated.result) + "\n" + explain(generated.result, refusals)
