@@ -95,7 +95,7 @@ def _shared_axes(plan: ir.Plan) -> Iterator[Diagnostic]:
 
 def _role_line(plan: ir.Plan, role: str) -> str:
     """What the plan's line for `role` says before `over` (`zero1`, `megatron`), for hints."""
-    kinds = {"data": plan.data.kind if plan.data else "zero1", "tensor": "megatron",
+    kinds = {"data": plan.data.kind if plan.data else ir.DataKind.zero1, "tensor": "megatron",
              "context": plan.context.kind if plan.context else "allgather", "experts": "alltoall",
              "stages": "evenly"}
     return kinds[role]

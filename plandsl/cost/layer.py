@@ -32,13 +32,13 @@ class Links:
 
 def plan_links(plan: ir.Plan) -> Links:
     return mesh_links(plan.cluster, tuple((a.name, a.size) for a in plan.mesh.axes), plan.mesh.first_device,
-                      tuple(plan.data.axes) if plan.data else (), plan.data.kind if plan.data else "",
+                      tuple(plan.data.axes) if plan.data else (), plan.data.kind if plan.data else None,
                       plan.tensor.axis if plan.tensor else None, plan.context.axis if plan.context else None,
                       plan.experts.axis if plan.experts else None, plan.stages.axis if plan.stages else None)
 
 
 def mesh_links(cluster: ir.Cluster, axes: tuple[tuple[str, int], ...], first_device: int,
-               data_axes: tuple[str, ...], data_kind: str, tensor: str | None, context: str | None,
+               data_axes: tuple[str, ...], data_kind: ir.DataKind | None, tensor: str | None, context: str | None,
                expert: str | None, stage: str | None) -> Links:
     """Links of every parallel group of a mesh whose axes play the given roles."""
     def links(*names: str | None) -> GroupLinks:
@@ -46,7 +46,7 @@ def mesh_links(cluster: ir.Cluster, axes: tuple[tuple[str, int], ...], first_dev
         return group_links(cluster, axes, wanted, first_device) if wanted else NO_COMM
 
     shard_axes, replicate = data_axes, NO_COMM
-    if data_kind == "hsdp":
+    if data_kind is not None and ir.DataKind(data_kind).hybrid:
         shard_axes, replicate = data_axes[-1:], links(*data_axes[:-1])
     # The context axis holds the same parameters for other tokens: gradients are reduced (and ZeRO
     # shards) over it too (cost.memory.zero_degrees).

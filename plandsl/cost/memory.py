@@ -225,7 +225,7 @@ def zero_degrees(plan: ir.Plan) -> tuple[int, int, int]:
     """
     if plan.data is None:
         return 0, 1, 1
-    if plan.data.kind == "hsdp":  # the context axis joins the shard axis (torchtitan's dp_shard_cp)
+    if plan.data.hybrid:  # the context axis joins the shard axis (torchtitan's dp_shard_cp)
         shard_axis = plan.data.axes[-1]
         dense = plan.mesh.degree(shard_axis) * plan.cp
         expert = plan.cp if plan.experts and plan.experts.axis == shard_axis else dense

@@ -204,14 +204,63 @@ class Training(Node):
     seed: int = 0
 
 
+class DataKind(str, Enum):
+    """How data parallelism keeps parameters, gradients and optimizer states; the values are the
+    surface syntax (`data = zero2 over dp`). The one home of the kind <-> ZeRO stage map (Rajbhandari
+    et al. 2020): every stage, the search and the interpreter read `zero_stage`, `sharded`, `hybrid`
+    and `of_zero_stage` rather than lists of names. Formatted as its value (`f"{kind}"` is `zero2`)."""
+    replicate = "replicate"   # ZeRO-0: every state whole on every data rank (DDP)
+    zero1 = "zero1"           # optimizer states sharded
+    zero2 = "zero2"           # and gradients
+    zero3 = "zero3"           # and parameters (FSDP)
+    hsdp = "hsdp"             # ZeRO-3 over the last data axis, replicated over the others
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+    @property
+    def zero_stage(self) -> int:
+        """The ZeRO stage: 0 (replicate) to 3 (zero3, and hsdp within its shard axis)."""
+        return _ZERO_STAGE[self]
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the interpreter shards the stored gradients (or parameters) with FSDP: ZeRO-2 and up."""
+        return self.zero_stage >= 2
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether it shards over its last data axis only and replicates over the others (hsdp)."""
+        return self is DataKind.hsdp
+
+    @classmethod
+    def of_zero_stage(cls, stage: int) -> "DataKind":
+        """The kind over one data axis that runs ZeRO stage `stage` (0-3), as the search writes it."""
+        return (cls.replicate, cls.zero1, cls.zero2, cls.zero3)[stage]
+
+
+_ZERO_STAGE = {DataKind.replicate: 0, DataKind.zero1: 1, DataKind.zero2: 2, DataKind.zero3: 3, DataKind.hsdp: 3}
+ZERO_STAGES = tuple(sorted(set(_ZERO_STAGE.values())))  # 0, 1, 2, 3
+DATA_KIND_SPELLINGS: dict[str, DataKind] = {"ddp": DataKind.replicate, "fsdp": DataKind.zero3}
+"""Other names the language accepts for a kind (PyTorch's): the IR holds the kind."""
+
+
 class DataParallel(Node):
     """How parameters, gradients and optimizer states are kept across the data axes."""
-    kind: Literal["replicate", "zero1", "zero2", "zero3", "hsdp"]
+    kind: DataKind
     axes: tuple[str, ...]
 
     @property
     def zero_stage(self) -> int:
-        return {"replicate": 0, "zero1": 1, "zero2": 2, "zero3": 3, "hsdp": 3}[self.kind]
+        return DataKind(self.kind).zero_stage
+
+    @property
+    def sharded(self) -> bool:
+        return DataKind(self.kind).sharded
+
+    @property
+    def hybrid(self) -> bool:
+        return DataKind(self.kind).hybrid
 
 
 class TensorParallel(Node):

@@ -26,8 +26,10 @@ if TYPE_CHECKING:
 
 PLAN_ATTRS = {"model": True, "cluster": True, "mesh": True, "train": True, "data": False, "tensor": False,
               "context": False, "experts": False, "stages": False, "schedule": False}
-DATA_KINDS = {"replicate": "replicate", "ddp": "replicate", "zero1": "zero1", "zero2": "zero2",
-              "zero3": "zero3", "fsdp": "zero3", "hsdp": "hsdp", "none": "none"}
+DATA_KINDS: dict[str, ir.DataKind | str] = {  # each kind, then its other spellings (`ddp`, `fsdp`), then `none`
+    **{name: kind for kind in ir.DataKind
+       for name in (kind.value, *(other for other, meant in ir.DATA_KIND_SPELLINGS.items() if meant is kind))},
+    "none": "none"}
 TENSOR_STYLES = ("megatron", "none")
 CONTEXT_KINDS = ("ring", "allgather", "none")
 EXPERT_KINDS = ("alltoall", "none")
@@ -100,7 +102,7 @@ def _default(key: str, m: ir.Mesh):
     """The parallelism an axis's conventional name implies; it points at the axis in errors."""
     axis = DEFAULT_AXES[key]
     span = m.axis(axis).span
-    return {"data": lambda: ir.DataParallel(kind="replicate", axes=(axis,), span=span),
+    return {"data": lambda: ir.DataParallel(kind=ir.DataKind.replicate, axes=(axis,), span=span),
             "tensor": lambda: ir.TensorParallel(axis=axis, span=span),
             "context": lambda: ir.ContextParallel(axis=axis, span=span),
             "experts": lambda: ir.ExpertParallel(axis=axis, span=span)}[key]()
@@ -192,7 +194,7 @@ def data_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.DataParallel | N
     if kind == "none":
         return None
     axes = axis_names(scope, over, m, f"data parallel '{kind}'", expr.span)
-    if kind == "hsdp" and len(axes) != 2:
+    if kind.hybrid and len(axes) != 2:
         raise scope.reporter.error("E205", f"hsdp runs over two axes, [replicate, shard]; found {len(axes)}",
                                    (over or expr).span, hint="data = hsdp over [dp_replicate, dp_shard]")
     return ir.DataParallel(kind=kind, axes=axes, span=expr.span, field_spans=axis_spans(scope, over, m, "axes"))

@@ -50,7 +50,7 @@ def axis_role(plan: ir.Plan, name: str) -> str:
     if plan.stages and plan.stages.axis == name:
         return ROLES["stages"]
     if plan.data and name in plan.data.axes:
-        if plan.data.kind == "hsdp" and name == plan.data.axes[0]:
+        if plan.data.hybrid and name == plan.data.axes[0]:
             return ROLES["data"]
         return ROLES["zero"] if plan.data.zero_stage else ROLES["data"]
     return ROLES["none"]

@@ -186,7 +186,7 @@ def _title(plan: ir.Plan, assignment: Assignment) -> str:
         what = {0: "parameters replicated, gradients all-reduced", 1: "optimizer states Shard(0)@{a}",
                 2: "gradients and optimizer states Shard(0)@{a}",
                 3: "parameters, gradients and optimizer states Shard(0)@{a}"}[plan.data.zero_stage]
-        shard_axis = plan.data.axes[-1] if plan.data.kind == "hsdp" else "+".join(plan.data.axes)
+        shard_axis = plan.data.axes[-1] if plan.data.hybrid else "+".join(plan.data.axes)
         if plan.context is not None and plan.cp > 1:
             shard_axis += f"+{plan.context.axis}"  # the context axis holds the same parameters (cost.memory.zero_degrees)
         parts.append(f"data: {plan.data.kind} over {', '.join(plan.data.axes)} ({plan.dp}): "

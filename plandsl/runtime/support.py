@@ -93,7 +93,7 @@ def _context_refusals(plan: ir.Plan, cuda: bool | None) -> list[Diagnostic]:
         found.append(diag("E704", f"context parallelism needs a gpt or llama model; '{plan.model.name}' is "
                                   f"'{plan.model.kind}', which has no attention to split the sequence for",
                           span, hint="use the context axis for data parallelism instead"))
-    if plan.data is not None and plan.data.kind == "hsdp":
+    if plan.data is not None and plan.data.hybrid:
         found.append(diag("E703", f"hsdp together with {what} cannot run: the context axis would have to join "
                                   "hsdp's shard dimension", plan.data.span,
                           hint="use zero3 (fsdp) or replicate over the data axis"))
@@ -111,8 +111,7 @@ def _expert_refusals(plan: ir.Plan) -> list[Diagnostic]:
         return []
     what = f"expert parallelism (`experts = {plan.experts.kind} over {plan.experts.axis}`)"
     found = []
-    kind = plan.data.kind if plan.data is not None else None
-    if kind == "hsdp":
+    if plan.data is not None and plan.data.hybrid:
         found.append(diag("E703", f"hsdp together with {what} cannot run: the other parameters would need a 2-D "
                                   "mesh replicated over the expert axis too", plan.data.span,
                           hint="use zero3 or replicate"))

@@ -170,10 +170,10 @@ def parse_pins(pins: Mapping[str, object] | Iterable[str] | None) -> dict[str, o
                 value = int(value)
             except ValueError:
                 raise SearchError(f"--pin {key}={raw}: {key} is a whole number") from None
-            low = 0 if key == "zero_stage" else 1
-            if value < low or (key == "zero_stage" and value > 3):
-                raise SearchError(f"--pin {key}={raw}: {key} is " + ("0, 1, 2 or 3" if key == "zero_stage"
-                                                                     else "at least 1"))
+            stages = ir.ZERO_STAGES
+            if (key == "zero_stage" and value not in stages) or (key != "zero_stage" and value < 1):
+                raise SearchError(f"--pin {key}={raw}: {key} is " + (
+                    f"{', '.join(map(str, stages[:-1]))} or {stages[-1]}" if key == "zero_stage" else "at least 1"))
         if key in typed and typed[key] != value:
             raise SearchError(f"contradictory pins: {key}={typed[key]} and {key}={raw}")
         typed[key] = value
@@ -240,9 +240,8 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
     order = c.order or ("dp",)
     mesh = ir.Mesh.model_construct(axes=tuple(ir.Axis.model_construct(name=a, size=sizes[a]) for a in order),
                                    first_device=0, part=None)
-    kinds = {0: "replicate", 1: "zero1", 2: "zero2", 3: "zero3"}
     data_axes = ("dp",) if c.dp > 1 else (("ep",) if c.ep > 1 else ())
-    data = ir.DataParallel.model_construct(kind=kinds[c.zero_stage], axes=data_axes) if data_axes else None
+    data = ir.DataParallel.model_construct(kind=ir.DataKind.of_zero_stage(c.zero_stage), axes=data_axes) if data_axes else None
     tensor = ir.TensorParallel.model_construct(style="megatron", axis="tp", sequence_parallel=c.sequence_parallel) \
         if c.tp > 1 else None
     context = ir.ContextParallel.model_construct(kind=CONTEXT, axis="cp") if c.cp > 1 else None

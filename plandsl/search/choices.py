@@ -113,7 +113,7 @@ def mesh_orders(cluster: ir.Cluster, layout: Layout, pins: Mapping, devices: Seq
     for order in permutations:
         axes = tuple((a, sizes[a]) for a in order) or (("dp", 1),)
         data = ("dp",) if dp > 1 else (("ep",) if ep > 1 else ())
-        links = mesh_links(cluster, axes, 0, data, "zero1", "tp" if tp > 1 else None,
+        links = mesh_links(cluster, axes, 0, data, ir.DataKind.zero1, "tp" if tp > 1 else None,
                            "cp" if cp > 1 else None, "ep" if ep > 1 else None, "pp" if pp > 1 else None)
         if links.tp.nodes > 1 and not pins.get("tp_across_nodes"):
             across += 1

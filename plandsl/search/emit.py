@@ -157,9 +157,8 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
     lines += ["", *header(scored.estimate), "", f"plan {name} {{", f"  model    = {source.model}",
               f"  cluster  = {source.cluster}", f"  mesh     = [{mesh}]",
               f"  train    = {train_text or '{ ' + ', '.join(train) + ' }'}"]
-    kinds = {0: "replicate", 1: "zero1", 2: "zero2", 3: "zero3"}
     if c.dp > 1 or c.ep > 1:
-        lines.append(f"  data     = {kinds[c.zero_stage]} over {'dp' if c.dp > 1 else 'ep'}")
+        lines.append(f"  data     = {ir.DataKind.of_zero_stage(c.zero_stage)} over {'dp' if c.dp > 1 else 'ep'}")
     if c.tp > 1:
         lines.append("  tensor   = megatron over tp" + (" with sequence_parallel" if c.sequence_parallel else ""))
     if c.cp > 1:

@@ -270,7 +270,7 @@ class Space:
     def expand(self, node: Node) -> list[Leaf]:
         self.stats.expanded += 1
         root, pins = node.root, self.pins
-        zeros = [pins["zero_stage"]] if "zero_stage" in pins else [0, 1, 2, 3]
+        zeros = [pins["zero_stage"]] if "zero_stage" in pins else list(ir.ZERO_STAGES)
         if root.dp * root.ep == 1:
             zeros = [z for z in zeros if z == 0] or zeros[:1]
         choices = schedule_choices(root.pp, node.microbatches, self.blocks, pins.get("schedule"),

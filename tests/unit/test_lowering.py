@@ -709,3 +709,20 @@ def test_device_efficiency_keys_and_defaults():
 def test_bad_device_efficiency_is_a_coded_error(value, code, words):
     diagnostic = one(EFF_DEVICE.format(extra=f"; efficiency = {value}"), code)
     assert words in diagnostic.message
+
+
+# ---- the data-parallel kind: one enum, its ZeRO stage, its spellings ---------------------------
+@pytest.mark.parametrize("written,kind,stage", [("replicate", "replicate", 0), ("ddp", "replicate", 0),
+                                                ("zero1", "zero1", 1), ("zero2", "zero2", 2), ("zero3", "zero3", 3),
+                                                ("fsdp", "zero3", 3)])
+def test_a_data_kind_lowers_to_the_enum_with_its_zero_stage(written, kind, stage):
+    data = the_plan(plan(extra=f"  data    = {written} over dp")).data
+    assert data.kind is ir.DataKind(kind) and data.zero_stage == stage and f"{data.kind}" == kind
+    assert ir.DataKind.of_zero_stage(stage) is data.kind  # what the search writes for the stage reads back
+    assert data.sharded == (stage >= 2) and not data.hybrid
+
+
+def test_hsdp_is_zero3_over_its_shard_axis():
+    data = the_plan(plan(mesh="[dp = 2, shard = 4]", extra="  data    = hsdp over [dp, shard]")).data
+    assert data.kind is ir.DataKind.hsdp and data.zero_stage == 3 and data.hybrid and data.sharded
+    assert ir.ZERO_STAGES == tuple(sorted({k.zero_stage for k in ir.DataKind})) == (0, 1, 2, 3)

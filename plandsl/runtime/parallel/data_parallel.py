@@ -25,13 +25,12 @@ from plandsl.runtime.parallel.expert_parallel import expert_shards
 from plandsl.runtime.optim import build_optimizer, optimizer_settings
 from plandsl.runtime.parallel.zero import Zero1Optimizer
 
-SHARDED = ("zero2", "zero3", "hsdp")
 _RECOMPUTE_WRAPPER = re.compile(r"\._checkpoint_wrapped_module(?=\.|$)")  # checkpoint_wrapper's child
 # FSDP2 warns when a wrapped module returns a view (the logits of `head`); nothing here edits it in place.
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 
 
-def apply_dp(model: nn.Module, kind: str, dp_mesh: DeviceMesh, device: torch.device,
+def apply_dp(model: nn.Module, kind: ir.DataKind | str, dp_mesh: DeviceMesh, device: torch.device,
              expert_mesh: DeviceMesh | None = None, pipelined: bool = False,
              data_shards: dict[str, dict[str, int]] | None = None) -> nn.Module:
     """`expert_mesh`: what expert-parallel shards are reduced over (see `_group_experts`); `pipelined`:
@@ -39,8 +38,9 @@ def apply_dp(model: nn.Module, kind: str, dp_mesh: DeviceMesh, device: torch.dev
     (`shard_by_rules`)."""
     if data_shards:
         shard_by_rules(model, data_shards, dp_mesh)
-    if kind in SHARDED:
-        return apply_fsdp(model, dp_mesh, reshard_after_forward=kind != "zero2", expert_mesh=expert_mesh)
+    kind = ir.DataKind(kind)
+    if kind.sharded:  # ZeRO-2 keeps the parameters gathered between forward and backward, ZeRO-3 reshards
+        return apply_fsdp(model, dp_mesh, reshard_after_forward=kind.zero_stage == 3, expert_mesh=expert_mesh)
     return apply_ddp(model, dp_mesh, device, expert_mesh, pipelined)
 
 
@@ -127,7 +127,7 @@ def build_dp_optimizer(plan: ir.Plan, models: list[nn.Module], dp_mesh: DeviceMe
     `zero.Zero1Optimizer` for DTensors (tensor-parallel and expert shards, pipeline stages), where the
     expert shards are partitioned over `expert_mesh` only (the ranks holding the same experts)."""
     params = list({id(p): p for model in models for p in model.parameters()}.values())
-    if plan.data is None or plan.data.kind != "zero1" or dp_mesh is None:
+    if plan.data is None or plan.data.zero_stage != 1 or dp_mesh is None:
         return build_optimizer(plan, params)
     cls, kwargs = optimizer_settings(plan)
     if not any(isinstance(p, DTensor) for p in params):

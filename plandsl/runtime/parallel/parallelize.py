@@ -26,7 +26,7 @@ def data_mesh(plan: ir.Plan, mesh: DeviceMesh) -> DeviceMesh | None:
     axes = plan.reduce_axes()
     if math.prod(plan.mesh.degree(axis) for axis in axes) == 1:
         return None
-    if plan.data is not None and plan.data.kind == "hsdp":
+    if plan.data is not None and plan.data.hybrid:
         return mesh[tuple(plan.data.axes)]
     return submesh(mesh, axes)
 
@@ -60,7 +60,7 @@ def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch
     # 5. Data parallelism last: it reduces (and for ZeRO-2/3 shards) whatever parameters remain.
     dp_mesh = data_mesh(plan, mesh)
     if dp_mesh is not None:
-        kind = plan.data.kind if plan.data is not None else "replicate"  # expert axis alone: replicate
+        kind = plan.data.kind if plan.data is not None else ir.DataKind.replicate  # expert axis alone: replicate
         return apply_dp(model, kind, dp_mesh, device, expert_data_mesh(plan, mesh), pipelined=plan.stages is not None,
                         data_shards={name: rule.data for name, rule in rules.items() if rule.data})
     return model

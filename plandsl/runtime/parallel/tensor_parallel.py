@@ -114,12 +114,12 @@ def _data_shard_problem(plan: ir.Plan, axis: str) -> str | None:
     if axis not in group:
         return (f"the interpreter places parameters over the tensor axis '{plan.tensor.axis}', and shards their "
                 f"storage over the data axis, only (ranks along '{axis}' do not share activations)")
-    if plan.data is not None and plan.data.kind == "hsdp":
+    if plan.data is not None and plan.data.hybrid:
         return "hsdp already shards every parameter over its shard axis"
     if group != (axis,):
         return (f"its storage is sharded over the whole group gradients are reduced over "
                 f"({' x '.join(group)}), not over '{axis}' alone")
-    if plan.stages is not None and plan.pp > 1 and (plan.data is None or plan.data.kind in ("replicate", "zero1")):
+    if plan.stages is not None and plan.pp > 1 and (plan.data is None or not plan.data.sharded):
         return (f"on pipeline stages with {plan.data.kind if plan.data else 'replicate'} data parallelism the "
                 "module would be an FSDP group inside a `replicate` one, and torch's stages reduce the gradients "
                 "of `replicate`'s groups only; with zero2 or zero3 (fsdp) over the axis it runs")
