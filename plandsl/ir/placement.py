@@ -230,7 +230,8 @@ def _explicit(plan: ir.Plan, layers: list[Layer], count: int):
     if missing and not unmatched:
         edits = _placing_edits(layers, group_of)
         where = "; ".join(f"`{_stage_label(group)}: ..., {names}`" for group, names in edits)
-        problems.append(diag("E402", f"{len(missing)} layer(s) are on no stage: {compress_names(missing)}", stages.span,
+        at = edits[0][0].span if edits and edits[0][0].span is not None else stages.span  # where they go
+        problems.append(diag("E402", f"{len(missing)} layer(s) are on no stage: {compress_names(missing)}", at,
                              hint=f"add them beside their neighbours: {where}",
                              edits=[Edit(_end_of(group.selectors[-1].span), f", {names}") for group, names in edits
                                     if group.selectors and group.selectors[-1].span is not None]))
@@ -279,9 +280,20 @@ def _end_of(span: Span) -> Span:
 
 
 def _stage_span(stages: ir.Stages, stage: int):
+    """The entry that declares `stage`; for a stage no entry declares, the range that stops just short of
+    it (`1..6` for `1..7`), else the entry of the next stage declared (`2:` for `1:`), else the one before."""
     for group in stages.groups:
         if stage in group.stages:
             return group.span
+    after = [g for g in stages.groups if g.stages[0] > stage and g.span is not None]
+    before = [g for g in stages.groups if g.stages[-1] < stage and g.span is not None]
+    short = [g for g in before if g.stages[-1] == stage - 1 and len(g.stages) > 1]
+    if short:
+        return short[0].span
+    if after:
+        return min(after, key=lambda g: g.stages[0]).span
+    if before:
+        return max(before, key=lambda g: g.stages[-1]).span
     return stages.span
 
 
