@@ -4,10 +4,11 @@ instantiated and validated (E602-E608) and must put stages on the ranks the plan
 says (E409). The table itself is laid out by `cost.schedule.plan_schedule`."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterator
 
 from plandsl import ir
-from plandsl.diagnostics import Diagnostic, diag
+from plandsl.diagnostics import Diagnostic, Edit, Note, diag
 from plandsl.ir.placement import rank_map
 from plandsl.cost.schedule import builtin_sizes, plan_schedule
 
@@ -19,7 +20,7 @@ def check_schedule(plan: ir.Plan) -> Iterator[Diagnostic]:
         yield from builtin_sizes(plan)
         return
     schedule, problems = plan_schedule(plan)
-    yield from problems
+    yield from (_at_the_plan(plan, problem) for problem in problems)
     if schedule is None or problems:
         return
     expected, _ = rank_map(plan.stages, plan.pp)
@@ -30,3 +31,34 @@ def check_schedule(plan: ir.Plan) -> Iterator[Diagnostic]:
                    f"plan's stage map puts it on rank {expected[wrong[0]]}", plan.schedule.span,
                    hint=f"the schedule's map is {list(derived)}: set `map = {list(derived)}` in the stages, or "
                    "change the schedule")
+
+
+def _at_the_plan(plan: ir.Plan, problem: Diagnostic) -> Diagnostic:
+    """A table written for other sizes than the plan's (E608) is reported at the plan's line that sets
+    the size (the global batch for microbatches, the pipeline axis for ranks): a one-size table is
+    usually right and the plan changed; the table's header becomes a note."""
+    words = problem.message.split()
+    if problem.code != "E608" or len(words) < 8 or words[2:5] != ["is", "written", "for"] or \
+            words[5] not in ("microbatches", "ranks"):
+        return problem
+    size, declared = words[5], words[7].rstrip(",")
+    if size == "microbatches":
+        span = plan.train.span_of("global_batch")
+        why = (f"global_batch {plan.train.global_batch} / (dp {plan.dp} x micro_batch {plan.train.micro_batch}) = "
+               f"{plan.num_microbatches} microbatches")
+        fit = int(declared) * plan.dp * plan.train.micro_batch
+        hint = f"global_batch: {fit} gives the table's {declared} microbatches"
+        item = plan.train.field_spans.get("global_batch")
+        edits = (Edit(item, f"global_batch: {fit}"),) if item is not None else ()
+    else:
+        axis = plan.mesh.axis(plan.stages.axis)
+        span = axis.span if axis is not None else plan.mesh.span
+        why = f"the pipeline axis '{plan.stages.axis}' has {plan.pp} ranks"
+        hint = f"{plan.stages.axis} = {declared} (and the other axes to match), or write the table for {plan.pp} ranks"
+        edits = ()
+    if span is None:
+        return problem
+    return replace(problem, message=f"{why}, but schedule '{plan.schedule.name}' is written for {size} = {declared}",
+                   span=span, hint=f"{hint}; or make the schedule a template (`schedule name(p: ranks, m: "
+                   "microbatches) { ... }`), which fits any size", edits=edits,
+                   notes=(Note(f"'{plan.schedule.name}' declares {size} = {declared}", problem.span),) + problem.notes)
