@@ -90,13 +90,15 @@ def dict_items(scope: Scope, expr: s.Expr, allowed: dict[str, bool], what: str) 
 
 
 def build(scope: Scope, cls, span, /, **fields):
-    """Construct an IR node; a validator's complaint becomes E205 at `span`."""
+    """Construct an IR node; a validator's complaint becomes E205 at the field it names (when `field_spans`
+    says where that field was written), else at `span`."""
     try:
         return cls(span=span, **fields)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise scope.reporter.error("E205", f"{where}: {first['msg'].lower()}", span) from None
+        at = (fields.get("field_spans") or {}).get(str(first["loc"][0])) if first["loc"] else None
+        raise scope.reporter.error("E205", f"{where}: {first['msg'].lower()}", at or span) from None
 
 
 class Lowering:
