@@ -213,14 +213,42 @@ def _syntax_error(source: SourceFile, exc: UnexpectedInput) -> Diagnostic:
         unclosed = _unclosed(source.text)
         notes = [Note(f"'{source.text[unclosed]}' opened here is never closed", source.span(unclosed, unclosed + 1))] \
             if unclosed is not None else []
-        return diag("E102", "the file ends in the middle of a statement", source.end_span(),
+        last = len(source.text.rstrip())  # the end of the last line written, not the empty line after it
+        at = source.span(last, last + 1) if 0 < last < len(source.text) else source.end_span()
+        return diag("E102", "the file ends in the middle of a statement", at,
                     hint=_expected(exc, names) or "is a '}' or ')' missing?", notes=notes)
     assert isinstance(exc, UnexpectedToken)
     token = exc.token
     span = source.span(token.start_pos, token.end_pos) if token.start_pos is not None else source.end_span()
     found = "a new line" if token.type == "_NL" else f"'{token}'"
-    hint = _missing_comma(source, token, set(exc.expected or ())) or _expected(exc, names)
+    expected = set(exc.expected or ())
+    opener = _open_on_an_earlier_line(source, token, expected)
+    if opener is not None:
+        char = source.text[opener]
+        closer = {"[": "]", "(": ")", "{": "}"}[char]
+        return diag("E101", f"'{char}' is not closed on its line", source.span(opener, opener + 1),
+                    hint=f"add '{closer}' at the end of line {source.position(opener)[0]}",
+                    notes=[Note(f"the next line is read as part of it: unexpected {found}", span)])
+    hint = _missing_comma(source, token, expected) or _expected(exc, names)
     return diag("E101", f"unexpected {found}", span, hint=hint)
+
+
+def _open_on_an_earlier_line(source: SourceFile, token: Token, expected: set[str]) -> int | None:
+    """`mesh = [dp = 2, tp = 2` with its `]` forgotten: the bracket still open where the parser stopped,
+    when it was opened on an earlier line that goes on after it (a list, call or dict written on one line,
+    not one laid out over several; a block's `{` ends its line) and, for '[' and '(', its closer is one of
+    the tokens expected (a dict's items may also be separated by new lines)."""
+    if token.start_pos is None:
+        return None
+    opener = _unclosed(source.text[:token.start_pos])
+    if opener is None:
+        return None
+    closer = {"[": "RSQB", "(": "RPAR"}.get(source.text[opener])
+    line_end = source.text.find("\n", opener)
+    rest = source.text[opener + 1:line_end].split("#")[0].strip()
+    if (closer is not None and closer not in expected) or line_end == -1 or line_end >= token.start_pos or not rest or rest.endswith(","):
+        return None
+    return opener
 
 
 _VALUE_STARTS = {"NAME", "INT", "FLOAT", "STRING", "LPAR", "LSQB", "LBRACE", "MINUS", "NOT", "TRUE", "FALSE",
