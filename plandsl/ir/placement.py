@@ -240,7 +240,8 @@ def _explicit(plan: ir.Plan, layers: list[Layer], count: int):
         shown = describe_numbers(empty)
         problems.append(diag("E403", f"stage{'s' if len(empty) > 1 else ''} {shown} hold{'' if len(empty) > 1 else 's'} "
                              "no layer", _stage_span(stages, empty[0]),
-                             hint=f"give {'them' if len(empty) > 1 else 'it'} layers, or declare fewer stages"))
+                             hint=_short_range(stages, empty[0]) or
+                             f"give {'them' if len(empty) > 1 else 'it'} layers, or declare fewer stages"))
     order = [sorted(by_stage.get(s, [])) for s in range(declared)]
     flat = [i for stage in order for i in stage]
     if not problems and flat != sorted(flat):
@@ -277,6 +278,16 @@ def _stage_label(group: ir.StageGroup) -> str:
 
 def _end_of(span: Span) -> Span:
     return Span(span.file, span.end_line, span.end_column, span.end_line, span.end_column, span.end, span.end)
+
+
+def _short_range(stages: ir.Stages, stage: int) -> str | None:
+    """`1..6: ...` then nothing for stage 6: the range was most likely meant to include it."""
+    for group in stages.groups:
+        first, last = group.stages[0], group.stages[-1]
+        if len(group.stages) > 1 and last == stage - 1:
+            return (f"`{first}..{last + 1}` is stages {first} to {last}: a range leaves out its end; "
+                    f"did you mean `{first}..{stage + 1}`?")
+    return None
 
 
 def _stage_span(stages: ir.Stages, stage: int):
