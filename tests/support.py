@@ -1,6 +1,13 @@
-"""What several test files share: a valid plan to mutate, and reference schedules written from
-their papers' definitions (independent of plandsl.schedules.generators)."""
+"""What several test files share: a valid plan to mutate, reference schedules written from their
+papers' definitions (independent of plandsl.schedules.generators), `bounded` for "this input
+costs little work", and `lazy` for modules that import torch."""
 from __future__ import annotations
+
+import importlib
+import os
+import time
+import types
+from contextlib import contextmanager
 
 from plandsl.schedules.program import Action, Kind, Schedule, loop_map
 
@@ -33,3 +40,40 @@ def pipedream_flush(p: int, m: int) -> Schedule:
             row.append(Action(r, Kind.B, i))
         rows.append(tuple(row))
     return Schedule("1f1b", p, p, m, (loop_map(p, p),), tuple(rows))
+
+
+class lazy(types.ModuleType):  # noqa: N801 - used like the module it stands for
+    """`torch = lazy("torch")`: the module, imported on first attribute access.
+
+    pytest imports every test module to collect it, in each xdist worker, before `-m` deselects
+    anything; a module-level `import torch` (or of a plandsl.runtime module, which imports torch,
+    torch.distributed.checkpoint or torch._dynamo) costs 2-4 s of CPU there even when no test of
+    the module runs. With `lazy` only the tests that touch torch pay for it."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.__dict__["_lazy_name"] = name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("_"):  # pytest probes every module global (`__test__`, fixture markers):
+            raise AttributeError(attr)  # answering those must not import the module
+        return getattr(importlib.import_module(self.__dict__["_lazy_name"]), attr)
+
+
+HANG_S = 300.0  # wall clock: only a hang or a blocking wait comes near it, however loaded the machine
+
+
+@contextmanager
+def bounded(cpu_s: float, what: str = "the block"):
+    """Fail if the block used more than `cpu_s` seconds of CPU time (this process's and that of the
+    children it waited for, e.g. a `subprocess.run` of the CLI) or more than HANG_S of wall time.
+
+    CPU time, not wall time, judges how much work an input bought: with other test runs sharing the
+    2 cores (or pytest-xdist's workers) wall time stretches several-fold while the work does not.
+    A wall-clock bound that tight once failed clean-clone CI runs on a loaded machine (issue 17)."""
+    before, start = os.times(), time.monotonic()
+    yield
+    after, wall = os.times(), time.monotonic() - start
+    cpu = sum(getattr(after, f) - getattr(before, f) for f in ("user", "system", "children_user", "children_system"))
+    assert cpu < cpu_s, f"{what} used {cpu:.1f} s of CPU (bound {cpu_s:g} s)"
+    assert wall < HANG_S, f"{what} took {wall:.0f} s of wall time (a hang?)"

@@ -25,6 +25,10 @@ from typing import Any, Callable
 import pytest
 
 ERROR_GRACE_S = 3.0  # after a rank raises, how long the others get to finish (they are then killed)
+# `deadline_s` is what a run may take on the quiet 2-core machine; the harness waits LOAD_MARGIN times that
+# before calling it a deadlock, because other test runs (or pytest-xdist workers) sharing the cores stretch
+# wall time several-fold: the deadline is for hangs, not for speed
+LOAD_MARGIN = 3.0
 
 
 def free_port() -> int:
@@ -60,7 +64,8 @@ def run_ranks(world: int, fn: Callable[..., Any], *args: Any, deadline_s: float 
     The results must be picklable (they travel back through files); `rank_env` is added to each
     rank's environment."""
     context = multiprocessing.get_context("fork")
-    port = free_port()
+    port = free_port()  # the OS picks a free port: distinct across concurrent xdist workers
+    deadline_s *= LOAD_MARGIN
     with tempfile.TemporaryDirectory(prefix="plandsl-ranks-") as directory:
         out = Path(directory)
         processes = [context.Process(target=_rank_main, args=(rank, world, port, out, rank_env or {}, fn, args, kwargs),

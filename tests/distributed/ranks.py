@@ -6,7 +6,8 @@ from pathlib import Path
 
 from plandsl import api
 
-RANK_TIMEOUT_S = 60.0  # a collective waiting longer fails the rank (the harness's deadline is longer)
+RANK_TIMEOUT_S = 180.0  # a collective waiting longer fails the rank (the harness's deadline is longer); a
+# peer still importing or building its model on a loaded machine can keep a healthy rank waiting a minute
 
 
 def load(source: str | Path, name: str | None = None, params: dict | None = None):

@@ -17,15 +17,16 @@ import json
 import shutil
 
 import pytest
-import torch
 
-from plandsl.runtime import checkpoint
-from plandsl.runtime.checkpoint import CheckpointError
 from tests.conftest import STDLIB
 from tests.distributed.harness import run_ranks
 from tests.distributed.ranks import load, train
+from tests.support import lazy
 
-pytestmark = pytest.mark.dist
+torch = lazy("torch")
+checkpoint = lazy("plandsl.runtime.checkpoint")
+
+pytestmark = [pytest.mark.dist, pytest.mark.xdist_group("checkpoint")]  # one worker: `uninterrupted` is cached per module
 
 LOCAL = STDLIB / "local"
 STEPS = 4
@@ -386,14 +387,17 @@ def test_check_compatible_names_the_difference(tmp_path):
     record = {"model": dict(shapes), "optimizer": "adam", "plan": "tiny_other"}
     checkpoint.check_compatible(record, plan, dict(shapes), tmp_path)  # the same: no error
     narrower = {**shapes, "embed.tok.weight": [256, 32]}
-    with pytest.raises(CheckpointError, match=r"plan 'tiny_other'\) holds a different model than plan 'tiny_dp': "
-                                              r"embed\.tok\.weight is \[256, 64\] there, \[256, 32\] here"):
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=r"plan 'tiny_other'\) holds a different model than plan 'tiny_dp': "
+                             r"embed\.tok\.weight is \[256, 64\] there, \[256, 32\] here"):
         checkpoint.check_compatible(record, plan, narrower, tmp_path)
     fewer = {name: shape for name, shape in shapes.items() if name != "norm.weight"}
-    with pytest.raises(CheckpointError, match=r"norm\.weight is only there"):
+    with pytest.raises(checkpoint.CheckpointError, match=r"norm\.weight is only there"):
         checkpoint.check_compatible(record, plan, fewer, tmp_path)
     many = {**shapes, **{f"layers.{i}.w": [1] for i in range(4)}}
-    with pytest.raises(CheckpointError, match=r"only here; layers\.\d\.w is only here \(and 2 more differences\)"):
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=r"only here; layers\.\d\.w is only here \(and 2 more differences\)"):
         checkpoint.check_compatible(record, plan, many, tmp_path)
-    with pytest.raises(CheckpointError, match=r"holds sgd optimizer state, but plan 'tiny_dp' trains with adam"):
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=r"holds sgd optimizer state, but plan 'tiny_dp' trains with adam"):
         checkpoint.check_compatible({**record, "optimizer": "sgd"}, plan, dict(shapes), tmp_path)

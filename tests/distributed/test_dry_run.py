@@ -15,16 +15,18 @@ from __future__ import annotations
 import sys
 
 import pytest
-import torch
-import torch.distributed as dist
 
-from plandsl.runtime.dryrun import DryRun, dry_run, format_dry_run
-from plandsl.runtime.models import build_model
-from plandsl.runtime.parallel.pipeline import assign_stages
-from plandsl.runtime.reference import run_reference
 from tests.conftest import STDLIB
 from tests.distributed.harness import run_ranks
 from tests.distributed.ranks import load, train
+from tests.support import lazy
+
+torch = lazy("torch")
+dist = lazy("torch.distributed")
+dryrun = lazy("plandsl.runtime.dryrun")
+models = lazy("plandsl.runtime.models")
+pipeline = lazy("plandsl.runtime.parallel.pipeline")
+runtime_reference = lazy("plandsl.runtime.reference")
 
 pytestmark = pytest.mark.dist
 
@@ -40,15 +42,15 @@ TP_REPLICATED = ("norm", "attn.wo.bias", "mlp.w2.bias", "embed.pos.")
 
 def _model_params(plan) -> dict[str, int]:
     with torch.device("meta"):
-        model = build_model(plan.model, plan.train.seed)
+        model = models.build_model(plan.model, plan.train.seed)
     return {name: param.numel() for name, param in model.named_parameters()}
 
 
-def _dry_run(plan) -> DryRun:
+def _dry_run(plan) -> dryrun.DryRun:
     """dry_run, checking it leaves this process as it found it."""
     hook = sys.excepthook
     assert not dist.is_initialized()
-    result = dry_run(plan)
+    result = dryrun.dry_run(plan)
     assert not dist.is_initialized(), "dry_run left a default process group behind"
     assert sys.excepthook is hook, "dry_run left torch's '[rankN]:' excepthook wrapper(s) installed"
     return result
@@ -72,7 +74,7 @@ def test_dry_run_figures_add_up(name):
 
     # ---- elements: who holds and stores what
     if name == "pp_1f1b":
-        assignment, problems = assign_stages(plan)
+        assignment, problems = pipeline.assign_stages(plan)
         assert not problems
         assert [r.stages for r in ranks] == [(0,), (1,)]
         for r in ranks:
@@ -127,7 +129,7 @@ def test_dry_run_figures_add_up(name):
         assert (p.params - p.gathered_params, p.grads - p.gathered_grads, p.optimizer) == \
             pytest.approx((r.param_bytes, r.grad_bytes, r.most_loaded_optimizer_bytes))
 
-    text = format_dry_run(result)
+    text = dryrun.format_dry_run(result)
     assert text.startswith(f"dry run of plan '{plan.name}': {world} of {world} ranks built")
     rows = [line.split() for line in text.splitlines() if line.split() and line.split()[0].isdigit()]
     assert [int(row[0]) for row in rows] == list(range(world))
@@ -139,7 +141,7 @@ def test_dry_run_refuses_inside_a_process_group():
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1)
     try:
         with pytest.raises(RuntimeError, match="already belongs to a process group"):
-            dry_run(load(LOCAL / "dp.plan"))
+            dryrun.dry_run(load(LOCAL / "dp.plan"))
     finally:
         dist.destroy_process_group()
         sys.excepthook = hook
@@ -155,7 +157,7 @@ def test_training_after_dry_runs_is_unaffected(tmp_path):
     results = run_ranks(2, train, LOCAL / "fsdp.plan", steps=steps, checkpoint_dir=tmp_path, deadline_s=90)
     assert [r["status"] for r in results] == [0, 0]
     assert (tmp_path / "step-000002" / "plandsl.json").is_file()
-    reference = run_reference(load(LOCAL / "fsdp.plan"), steps).losses
+    reference = runtime_reference.run_reference(load(LOCAL / "fsdp.plan"), steps).losses
     for got, want in zip(results[0]["losses"], reference, strict=True):
         assert abs(got - want) <= 1e-5 * abs(want), (got, want)
     assert not dist.is_initialized()

@@ -14,11 +14,13 @@ import pytest
 
 from plandsl.cost.memory import estimate_plan_memory
 from plandsl.cost.estimate import estimate_plan
-from plandsl.runtime.dryrun import dry_run
 from plandsl.runtime.faults import mesh_rank
 from plandsl.cost.simulation import simulate_plan
 from tests.conftest import STDLIB
 from tests.distributed.ranks import load
+from tests.support import lazy
+
+dryrun = lazy("plandsl.runtime.dryrun")
 
 EXAMPLES = sorted((STDLIB / "examples").glob("*.plan"))
 TOLERANCE = 0.02
@@ -40,7 +42,7 @@ def test_every_example_is_compared():
 def test_dry_run_states_match_the_estimate(path):
     plan = load(path)
     estimate = estimate_plan(plan)
-    result = dry_run(plan, _first_rank_of_each_stage(plan))
+    result = dryrun.dry_run(plan, _first_rank_of_each_stage(plan))
     assert len(result.ranks) == max(1, plan.pp)
     for pipeline_rank, built in enumerate(result.ranks):
         predicted = estimate.memory[pipeline_rank]

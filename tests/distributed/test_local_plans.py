@@ -11,10 +11,12 @@ from __future__ import annotations
 import pytest
 
 from plandsl import api
-from plandsl.runtime.reference import run_reference
 from tests.conftest import STDLIB
 from tests.distributed.harness import run_ranks
 from tests.distributed.ranks import train
+from tests.support import lazy
+
+runtime_reference = lazy("plandsl.runtime.reference")
 
 pytestmark = pytest.mark.dist
 
@@ -30,7 +32,7 @@ def _plan(path):
 @pytest.fixture(scope="module")
 def tiny_reference():
     """The tiny GPT trained in this process: the losses every dense layout must reproduce."""
-    return run_reference(_plan(STDLIB / "local" / "dp.plan"), STEPS).losses
+    return runtime_reference.run_reference(_plan(STDLIB / "local" / "dp.plan"), STEPS).losses
 
 
 @pytest.mark.parametrize("path", LOCAL, ids=lambda p: p.stem)

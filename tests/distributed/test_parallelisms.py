@@ -12,10 +12,12 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-import torch
 
 from tests.distributed.harness import run_ranks
 from tests.distributed.ranks import load
+from tests.support import lazy
+
+torch = lazy("torch")
 
 pytestmark = pytest.mark.dist
 

@@ -14,12 +14,14 @@ import math
 from collections import defaultdict
 
 import pytest
-import torch
 
-from plandsl.runtime.parallel.zero import assign
 from tests.conftest import STDLIB
 from tests.distributed.harness import run_ranks
 from tests.distributed.ranks import load, train
+from tests.support import lazy
+
+torch = lazy("torch")
+zero = lazy("plandsl.runtime.parallel.zero")
 
 pytestmark = pytest.mark.dist
 
@@ -125,9 +127,9 @@ def test_dtensor_states_resume_resharded_under_plain_zero1(tmp_path):
 
 
 def test_assign_gives_the_largest_first_to_the_least_loaded_rank():
-    assert assign([10, 1, 7, 3, 3], 2) == [0, 1, 1, 1, 0]  # 10 -> 0; 7 -> 1; 3 -> 1 (7+3 = 10); 3 -> 0; 1 -> 1
-    assert assign([5, 5, 5], 4) == [0, 1, 2]                # more ranks than tensors: some step nothing
-    assert assign([], 3) == []
+    assert zero.assign([10, 1, 7, 3, 3], 2) == [0, 1, 1, 1, 0]  # 10 -> 0; 7 -> 1; 3 -> 1 (7+3 = 10); 3 -> 0; 1 -> 1
+    assert zero.assign([5, 5, 5], 4) == [0, 1, 2]                # more ranks than tensors: some step nothing
+    assert zero.assign([], 3) == []
 
 
 _LONE = _PLAN.format(header="model tiny_llama = llama(layers=2, hidden=64, heads=4, kv_heads=2, seq=32, vocab=256)",

@@ -23,7 +23,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import torch
 from hypothesis import HealthCheck, Phase, assume, example, given, settings
 from hypothesis import strategies as st
 
@@ -101,6 +100,8 @@ def _check(text: str):
 
 def _one_step(model: ir.Model, seq: int) -> float:
     """Build the reference model and train one step on one sequence of `seq` tokens; the loss."""
+    import torch  # here, not at the top: collecting the module must not import torch
+
     from plandsl.runtime.models import build_model, loss_fn
     module = build_model(model, seed=0)
     tokens = torch.randint(model.vocab, (1, seq + 1), generator=torch.Generator().manual_seed(0))
@@ -110,6 +111,7 @@ def _one_step(model: ir.Model, seq: int) -> float:
 
 
 # ---- (a) one process: the shape rules against the reference model ---------------------------------------
+@pytest.mark.slow  # 150 models built and stepped: ~25 CPU-s quiet, the largest test of the unit tier
 @settings(max_examples=150, **COMMON)
 @given(small_plans())
 def test_the_shape_rules_are_exactly_what_the_model_needs(text):

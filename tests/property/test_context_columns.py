@@ -3,7 +3,9 @@ token on exactly one rank, as many on each, and with the head-tail split the sam
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plandsl.runtime.parallel.context_parallel import sequence_columns
+from support import lazy
+
+context_parallel = lazy("plandsl.runtime.parallel.context_parallel")
 
 
 @given(cp=st.integers(1, 16), chunks=st.integers(1, 8), balanced=st.booleans())
@@ -12,7 +14,7 @@ def test_every_token_on_one_rank_and_the_causal_work_balanced(cp, chunks, balanc
     if not balanced and seq % (2 * cp) == 0:
         seq += cp  # odd number of chunks per rank pair: the contiguous split
         chunks = seq // cp
-    parts = [sequence_columns(seq, rank, cp).tolist() for rank in range(cp)]
+    parts = [context_parallel.sequence_columns(seq, rank, cp).tolist() for rank in range(cp)]
     assert sorted(p for part in parts for p in part) == list(range(seq))
     assert all(len(part) == seq // cp for part in parts)
     assert all(part == sorted(part) for part in parts)

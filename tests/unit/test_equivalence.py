@@ -1,35 +1,36 @@
 """`compare`: the equivalence verdict on all parameters together, the worst tensor shown beside it."""
 from __future__ import annotations
 
-import torch
+from support import lazy
 
-from plandsl.runtime.equivalence import compare
-from plandsl.runtime.reference import RunResult
+torch = lazy("torch")
+equivalence = lazy("plandsl.runtime.equivalence")
+runtime_reference = lazy("plandsl.runtime.reference")
 
 
-def _reference() -> RunResult:
+def _reference() -> runtime_reference.RunResult:
     generator = torch.Generator().manual_seed(0)
-    return RunResult([2.0, 1.5], {"w": torch.randn(128, 128, generator=generator),
-                                  "bias": torch.full((64,), 1e-3)})
+    return runtime_reference.RunResult([2.0, 1.5], {"w": torch.randn(128, 128, generator=generator),
+                                                    "bias": torch.full((64,), 1e-3)})
 
 
-def _run(reference: RunResult, **changes) -> RunResult:
+def _run(reference: runtime_reference.RunResult, **changes) -> runtime_reference.RunResult:
     params = {name: tensor.clone() for name, tensor in reference.params.items()}
     for name, change in changes.items():
         change(params[name])
-    return RunResult(list(reference.losses), params)
+    return runtime_reference.RunResult(list(reference.losses), params)
 
 
 def test_the_same_parameters_pass():
     reference = _reference()
-    report = compare(_run(reference), reference, 1e-5)
+    report = equivalence.compare(_run(reference), reference, 1e-5)
     assert report.ok and report.param_diff == report.tensor_diff == 0.0 and "note" not in str(report)
 
 
 def test_one_element_of_a_small_tensor_moves_that_tensor_only():
     # What Adam does with an element whose gradient is near its eps: one step of about lr differs.
     reference = _reference()
-    report = compare(_run(reference, bias=lambda b: b.__setitem__(3, b[3] + 1e-5)), reference, 1e-5)
+    report = equivalence.compare(_run(reference, bias=lambda b: b.__setitem__(3, b[3] + 1e-5)), reference, 1e-5)
     assert report.tensor_name == "bias" and report.tensor_diff > 1e-3
     assert report.param_diff < 1e-5 and report.ok
     assert "largest in one tensor 1.250e-03 (bias)" in str(report) and "note: bias alone" in str(report)
@@ -38,7 +39,7 @@ def test_one_element_of_a_small_tensor_moves_that_tensor_only():
 def test_a_tensor_off_by_a_learning_rate_step_fails():
     # What a layout bug does (a gradient not reduced, a shard not broadcast): the whole tensor moves.
     reference = _reference()
-    report = compare(_run(reference, w=lambda w: w.add_(3e-4 * torch.sign(w))), reference, 1e-5)
+    report = equivalence.compare(_run(reference, w=lambda w: w.add_(3e-4 * torch.sign(w))), reference, 1e-5)
     assert not report.ok and report.tensor_name == "w" and report.param_diff > 1e-5
     assert str(report).startswith("equivalence with one process: FAILED")
 
@@ -46,7 +47,7 @@ def test_a_tensor_off_by_a_learning_rate_step_fails():
 def test_the_whole_model_ratio_never_exceeds_the_worst_tensor():
     reference = _reference()
     run = _run(reference, w=lambda w: w.mul_(1 + 1e-6), bias=lambda b: b.mul_(1 + 3e-4))
-    report = compare(run, reference, 1e-5)
+    report = equivalence.compare(run, reference, 1e-5)
     assert report.param_diff <= report.tensor_diff
 
 
@@ -54,9 +55,9 @@ def test_a_loss_that_differs_fails_and_a_missing_parameter_fails():
     reference = _reference()
     run = _run(reference)
     run.losses[1] *= 1 + 1e-4
-    report = compare(run, reference, 1e-5)
+    report = equivalence.compare(run, reference, 1e-5)
     assert not report.ok and report.loss_step == 2
     run = _run(reference)
     del run.params["bias"]
-    report = compare(run, reference, 1e-5)
+    report = equivalence.compare(run, reference, 1e-5)
     assert not report.ok and report.missing == ("bias",)

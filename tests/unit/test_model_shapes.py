@@ -4,13 +4,13 @@ refuses the same shapes (so `check` and `run` agree; tests/property/test_check_r
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
 from plandsl import api, ir
 from plandsl.check.analysis import analyze
 from plandsl.diagnostics import apply_edits
+from support import bounded
 
 HEADER = 'import "clusters/dgx_a100"\n'
 
@@ -132,12 +132,11 @@ def _model_fields(call: str) -> dict:
 
 
 def test_huge_numbers_answer_at_once():
-    start = time.monotonic()
-    text = plan_text(f"llama(layers=2, hidden={10**18 + 1}, heads={10**9 + 7}, kv_heads={10**9}, seq=128, "
-                     f"vocab=512, experts={10**12}, top_k={10**13})")
-    codes = {d.code for d in errors(text)}
+    with bounded(10, "analyze"):
+        text = plan_text(f"llama(layers=2, hidden={10**18 + 1}, heads={10**9 + 7}, kv_heads={10**9}, seq=128, "
+                         f"vocab=512, experts={10**12}, top_k={10**13})")
+        codes = {d.code for d in errors(text)}
     assert {"E220", "E221", "E223"} <= codes, codes
-    assert time.monotonic() - start < 10
 
 
 def test_generate_refuses_a_model_that_cannot_run():

@@ -22,6 +22,9 @@ import pytest
 
 from support import VALID_PLAN
 
+# one worker builds the wheel (module-scoped) and runs every test that installs it
+pytestmark = pytest.mark.xdist_group("packaging")
+
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 

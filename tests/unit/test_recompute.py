@@ -14,35 +14,41 @@ import gc
 import weakref
 
 import pytest
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from plandsl import api, ir
 from plandsl.cost.memory import transformer_block_activations
-from plandsl.runtime.models import Block
-from plandsl.runtime.parallel.recompute import apply_ac
+from support import lazy
+
+torch = lazy("torch")
+models = lazy("plandsl.runtime.models")
+recompute = lazy("plandsl.runtime.parallel.recompute")
 
 SEQ, BATCH, HIDDEN = 32, 2, 64
 
 
-class _Outputs(TorchDispatchMode):
-    """Weak references to every tensor an op returns."""
+def _outputs():
+    """A dispatch mode that keeps weak references to every tensor an op returns (made here, not at
+    import: collecting this module must not import torch)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    def __init__(self):
-        super().__init__()
-        self.refs: list[weakref.ref] = []
+    class Outputs(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.refs: list[weakref.ref] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.refs.append(weakref.ref(t))
-        return out
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.refs.append(weakref.ref(t))
+            return out
+
+    return Outputs()
 
 
 def _kept_bytes(block: torch.nn.Module, x: torch.Tensor) -> tuple[int, torch.Tensor]:
     """Bytes of the activation-sized storages the forward created that are still alive afterwards."""
-    outputs = _Outputs()
+    outputs = _outputs()
     with outputs:
         y = block(x)
     gc.collect()
@@ -60,8 +66,8 @@ def _block(text: str, mode: str) -> tuple[ir.TransformerModel, torch.nn.Module]:
     model = api.loads(f"model m = {text}\n", path="m.plan").models[0]
     torch.manual_seed(0)
     holder = torch.nn.Module()
-    holder.layers = torch.nn.ModuleDict({"0": Block(model)})
-    apply_ac(holder, ir.Recompute(mode))
+    holder.layers = torch.nn.ModuleDict({"0": models.Block(model)})
+    recompute.apply_ac(holder, ir.Recompute(mode))
     return model, holder.layers["0"]
 
 

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# one worker runs the whole module under pytest-xdist, so `bench.validate` (seconds) runs once
+pytestmark = pytest.mark.xdist_group("validation")
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_search.py"
 
 
