@@ -1,9 +1,18 @@
-"""Shared test options: `--update-golden` rewrites golden files instead of comparing."""
+"""Shared test options: `--update-golden` rewrites golden files instead of comparing; hypothesis's
+profile."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# No per-example wall-clock deadline (hypothesis's default is 200 ms): with other runs or xdist
+# workers sharing the cores, or a first example that imports torch, a correct example takes longer,
+# and hypothesis then reports it as a flaky failure. Work is bounded where it matters by
+# tests/support.py's `bounded` (CPU time); a hang still fails through the tests' own deadlines.
+settings.register_profile("plandsl", deadline=None)
+settings.load_profile("plandsl")
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
