@@ -5,6 +5,7 @@ import importlib.util
 import pytest
 
 from plandsl.schedules.lower import add_send_recv
+from plandsl.schedules.registry import BUILTIN
 from plandsl.schedules.program import (Action, Kind, Schedule, format_rows, loop_map, parse_action,
                                        vshape_map)
 from support import pipedream_flush as one_f_one_b
@@ -110,3 +111,17 @@ def test_generated_schedules_round_trip_through_lowering(name):
     from plandsl.schedules.generators import generate
     schedule = generate(name, 4, 8)
     assert add_send_recv(schedule).compute_only() == schedule.compute_only()
+
+
+@pytest.mark.skipif(not HAVE_GENERATORS, reason="plandsl.schedules.generators is not available")
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_lowered_builtin_golden(name, golden):
+    """Every built-in on 4 ranks x 8 microbatches (its usual stages per rank), lowered, as torch's
+    lowered CSV (`_dump_csv` of `pipeline_order_with_comms`): one row per rank, one action a cell,
+    in order. The file reads back to the same rows (tests/golden/schedules/lowered/)."""
+    from plandsl.schedules.generators import generate
+    lowered = add_send_recv(generate(name, 4, 8))
+    text = "".join(",".join(str(a) for a in row) + "\n" for row in lowered.actions)
+    assert [tuple(parse_action(cell) for cell in line.split(",")) for line in text.splitlines()] == \
+        [tuple(row) for row in lowered.actions]
+    golden(f"schedules/lowered/{name}_p4_m8.csv", text)
