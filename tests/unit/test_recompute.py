@@ -105,12 +105,17 @@ def test_selective_op_keeps_less_than_none_and_more_than_full():
 
 @pytest.mark.parametrize("shape", [(8,), (3, 8), (2, 3, 8)])
 def test_fused_style_functions_have_the_right_gradients(shape):
-    from plandsl.runtime.models import _RMSNorm, _SwiGLU
+    """RMSNorm and swiglu write their own backward (autograd Functions): it must be the derivative of
+    their forward, for the input and for the norm's weight."""
+    from torch.func import functional_call
+
+    from plandsl.runtime.models import RMSNorm, swiglu
     x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
     w = torch.randn(shape[-1], dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x, w: _RMSNorm.apply(x, w, 1e-6), (x, w))
+    norm = RMSNorm(shape[-1], eps=1e-6).double()
+    assert torch.autograd.gradcheck(lambda x, w: functional_call(norm, {"weight": w}, (x,)), (x, w))
     b = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(_SwiGLU.apply, (x, b))
+    assert torch.autograd.gradcheck(swiglu, (x, b))
 
 
 def test_rmsnorm_in_bf16_computes_what_the_eager_formula_does():
