@@ -5,7 +5,8 @@ Values are Python numbers, strings and booleans, `Q` for quantities with units (
 is decided by where it is used), `Rep` for `8 x a100`, and IR objects for definitions.
 `let` names are macros: `Scope.deref` follows them to the expression they stand for,
 so errors point at where a value was written; their values are computed once per name and
-scope (a chain `let a2 = a1 + a1` costs one evaluation per link, not 2^links).
+scope (a chain `let a2 = a1 + a1` costs one evaluation per link, not 2^links), and a chain of
+any length is computed from a stack of bounded depth (`names.Chain`).
 """
 from __future__ import annotations
 
@@ -17,12 +18,9 @@ from typing import Any, Callable
 from plandsl import syntax as s
 from plandsl.diagnostics import Diagnostic, Note, diag, did_you_mean, respell
 from plandsl.lower.hints import dashed_name_hint, unknown_name_hint
+from plandsl.lower.names import Chain, Poison
 from plandsl.diagnostics.source import Span
 from plandsl.lower.units import Dimension, lookup, suggest
-
-
-class Poison(Exception):
-    """A value that could not be computed; its diagnostic has already been reported."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +53,7 @@ MATH: dict[str, Callable[..., Any]] = {
 class Reporter:
     def __init__(self) -> None:
         self.diagnostics: list[Diagnostic] = []
+        self.chain = Chain()  # one per reporter: the scopes that report together evaluate together
 
     def error(self, code: str, message: str, span: Span | None, hint: str | None = None,
               notes=(), edits=()) -> Poison:
@@ -152,28 +151,19 @@ class Scope:
         self._evaluating.add(key)
         try:
             if isinstance(node, s.Param):
-                return scope.param_value(node)
+                return scope.param_value(node, self._evaluating, key)
             if isinstance(node, s.Let):
-                return self._let_value(scope, node, key)
+                # evaluated once, in the scope it was found in: this one for a `let` of this file (it may
+                # read the locals: `with_locals` gives a child its own cache), its own file's for an import
+                return self.reporter.chain.value(scope._let_values, key, scope, node.value, self._evaluating, key)
             return scope.resolve_definition(scope, node)
         finally:
             self._evaluating.discard(key)
 
-    def _let_value(self, scope: "Scope", node: s.Let, key: str) -> Any:
-        """The value of `let` `node` (found in `scope`), evaluated once. A `let` of this file is evaluated
-        in this scope (it may read the locals), an imported one in its own file's scope."""
-        cache = self._let_values if scope is self else scope._let_values
-        if key not in cache:
-            cache[key] = scope.eval(node.value)
-        return cache[key]
-
-    def param_value(self, node: s.Param) -> Any:
-        if node.name not in self._param_values:
-            if node.name in self.overrides:
-                self._param_values[node.name] = self.overrides[node.name]
-            else:
-                self._param_values[node.name] = self.eval(node.value)
-        return self._param_values[node.name]
+    def param_value(self, node: s.Param, evaluating: set[str] | None = None, mark: str | None = None) -> Any:
+        if node.name in self.overrides:
+            return self._param_values.setdefault(node.name, self.overrides[node.name])
+        return self.reporter.chain.value(self._param_values, node.name, self, node.value, evaluating, mark)
 
     def eval(self, expr: s.Expr) -> Any:
         method = getattr(self, f"_eval_{type(expr).__name__}", None)

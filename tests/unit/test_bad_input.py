@@ -153,8 +153,20 @@ def test_long_chains_get_a_diagnostic(name, text):
 
 
 def test_deep_let_chain_in_evaluation():
+    """A long chain of `let`s is evaluated from a bounded stack (no E106): see test_hostile_sizes."""
     lets = "let a0 = 1\n" + "".join(f"let a{i} = a{i - 1} + 0\n" for i in range(1, 3001))
-    diagnosed(lets + _plan_with_mesh("[dp = 4 * a3000, pp = 2, tp = 2]"), "E106")
+    analysis = analyze(text=lets + _plan_with_mesh("[dp = 4 * a3000, pp = 2, tp = 2]"))
+    assert analysis.ok, analysis.diagnostics
+    assert analysis.document.plans[0].dp == 4
+
+
+def test_deep_expressions_in_a_let_chain_point_at_a_let():
+    """Sums thousands of operators deep, in `let`s that use one another: E106 at a `let`, not at line 1."""
+    terms = " + 1" * 2000
+    lets = "let a0 = 1\n" + "".join(f"let a{i} = a{i - 1}{terms}\n" for i in range(1, 8))
+    analysis = diagnosed(lets + _plan_with_mesh("[dp = a7 - a7 + 4, pp = 2, tp = 2]"), "E106")
+    (error,) = analysis.errors
+    assert "nested too deeply" in error.message and 2 <= error.span.line <= 8
     assert_parser_still_works()
 
 

@@ -125,6 +125,45 @@ def test_let_chain_is_evaluated_once_per_name():
     assert analysis.document.plans[0].dp == 4
 
 
+def _doubling(links: int, first: str = "1") -> str:
+    return f"let a0 = {first}\n" + "".join(f"let a{i} = a{i - 1} + a{i - 1}\n" for i in range(1, links + 1))
+
+
+def test_a_10000_link_let_chain_is_evaluated_without_deep_recursion():
+    text = _doubling(10_000) + VALID_PLAN.replace("[dp = nodes * 8 / 4,", "[dp = a10000 / a9998,")
+    analysis = analyzed(text)
+    assert analysis.document.plans[0].dp == 4
+
+
+def test_a_long_chain_through_params_and_an_imported_file(tmp_path):
+    """The chain crosses a param and an import; a param override still wins over its expression."""
+    (tmp_path / "numbers.plan").write_text(_doubling(5_000))
+    lets = "param q = a5000\n" + "".join(f"let b{i} = {'q' if i == 0 else f'b{i - 1}'} + 0\n" for i in range(5_000))
+    plan = tmp_path / "main.plan"
+    plan.write_text('import "numbers"\n' + lets + VALID_PLAN.replace("[dp = nodes * 8 / 4,", "[dp = b4999 / a4998,"))
+    start = time.perf_counter()
+    analysis = analyze(str(plan))
+    assert time.perf_counter() - start < LIMIT_S
+    assert analysis.ok, analysis.diagnostics
+    assert analysis.document.plans[0].dp == 4
+    overridden = analyze(str(plan), params={"q": 2**4999})
+    assert overridden.ok and overridden.document.plans[0].dp == 2
+
+
+def test_a_long_let_cycle_is_a_cycle():
+    text = _doubling(5_000, first="a5000") + VALID_PLAN.replace("[dp = nodes * 8 / 4,", "[dp = a5000,")
+    analysis = analyzed(text, "E211")
+    assert [d.code for d in analysis.errors] == ["E211"]
+    assert "defined in terms of itself" in analysis.errors[0].message
+
+
+def test_an_error_at_the_end_of_a_long_chain_is_reported_once():
+    text = _doubling(3_000, first="1 / 0") + VALID_PLAN.replace("[dp = nodes * 8 / 4,", "[dp = a3000,")
+    analysis = analyzed(text, "E211")
+    assert [(d.code, d.span.line) for d in analysis.errors] == [("E211", 1)]
+    assert "division by zero" in analysis.errors[0].message
+
+
 def test_let_inside_a_template_still_reads_the_loop():
     """Memoised lets are per scope: a template's `let` of a loop variable gets each value."""
     text = VALID_PLAN.replace("schedule = 1f1b", "schedule = flush") + """
