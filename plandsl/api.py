@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, ContextManager
 
 from plandsl.diagnostics import Diagnostic, PlanError, limits, render_all, to_json_lines
+from plandsl.diagnostics.internal import guard
 
 if TYPE_CHECKING:
     from plandsl import ir
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 Progress = Callable[[int, int], None]
 """`progress(done, total)`, called as long work advances (the CLI draws a bar on a terminal)."""
 
-__all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "parse", "parse_file", "check",
+__all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "guard", "parse", "parse_file", "check",
            "checks", "load", "loads", "load_plan", "load_runnable", "select_plan", "run_refusals", "format_text",
            "format_bytes", "format_file", "describe", "schema", "explain", "unknown_code", "schedule",
            "schedule_as", "parse_costs", "simulate_schedule", "simulate", "simulation_report", "chrome_trace",
@@ -56,14 +57,18 @@ def parse_file(path: str | Path) -> Module:
 
 
 def check(path: str | Path, params: dict[str, Any] | None = None) -> Analysis:
-    """Every diagnostic of a file and what it imports; never raises on bad input."""
-    from plandsl.check.analysis import analyze  # stage
-    return analyze(str(path), params=params)
+    """Every diagnostic of a file and what it imports; never raises (a plandsl bug is E108)."""
+    from plandsl.check.analysis import Analysis, analyze  # stage
+    with guard(str(path)) as bug:
+        return analyze(str(path), params=params)
+    return Analysis(str(path), None, [bug.diagnostic])
 
 
 def checks(text: str, params: dict[str, Any] | None = None, path: str = "<string>") -> Analysis:
-    from plandsl.check.analysis import analyze  # stage
-    return analyze(path, text=text, params=params)
+    from plandsl.check.analysis import Analysis, analyze  # stage
+    with guard(path) as bug:
+        return analyze(path, text=text, params=params)
+    return Analysis(path, None, [bug.diagnostic])
 
 
 def load(path: str | Path, params: dict[str, Any] | None = None) -> ir.Document:

@@ -96,7 +96,25 @@ def _print_diagnostics(analysis, output_format: str) -> None:
         click.echo(f"{analysis.path}: {errors} error(s), {warnings} warning(s)", err=True)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Command(click.Command):
+    """Every command runs inside the boundary (`diagnostics.internal.guard`): an exception nothing
+    expected is printed as E108 for the command's file (JSON with `--format json`), exit 1."""
+
+    def invoke(self, ctx: click.Context):
+        expected = (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, api.PlanError)
+        try:
+            with api.guard(ctx.params.get("file"), expected) as bug:
+                return super().invoke(ctx)
+        except api.PlanError as error:  # a stage's diagnostics that the command did not print itself
+            _fail(error, ctx.params.get("output_format") or "text")
+        _fail(api.PlanError([bug.diagnostic]), ctx.params.get("output_format") or "text")
+
+
+class _Group(click.Group):
+    command_class = _Command
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="plandsl")
 def main() -> None:
     """plandsl: write, check, generate, render and run distributed training plans."""

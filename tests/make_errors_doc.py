@@ -64,6 +64,14 @@ def _command(entry: Entry, path: Path) -> Analysis:
     return Analysis(str(path), None, [], {})
 
 
+def _internal(path: Path) -> Analysis:
+    """`plandsl check` of the example (api.check, the boundary) while the checker raises KeyError('tp')."""
+    from unittest import mock
+    from plandsl import api
+    with mock.patch("plandsl.check.analysis.check_plan", side_effect=KeyError("tp")):
+        return api.check(path)
+
+
 def run_example(entry: Entry, fixed: bool = False) -> tuple[Analysis, str]:
     """Analyse the entry's example (or its fix) as a file; (analysis, normalized rendering)."""
     text = entry.fixed if fixed else entry.example
@@ -73,7 +81,10 @@ def run_example(entry: Entry, fixed: bool = False) -> tuple[Analysis, str]:
         path.write_bytes(text.encode(encoding))
         for folder in entry.folders:
             (Path(directory) / folder).mkdir()
-        analysis = _command(entry, path) if entry.command else analyze(str(path))
+        if entry.internal and not fixed:
+            analysis = _internal(path)
+        else:
+            analysis = _command(entry, path) if entry.command else analyze(str(path))
         if entry.stage == "E7" and analysis.ok and analysis.document is not None:
             for plan in analysis.document.plans:  # what `plandsl run` adds (api.load_runnable)
                 analysis.diagnostics += refusals(plan, cuda=entry.on_cuda)

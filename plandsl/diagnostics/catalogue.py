@@ -41,6 +41,7 @@ class Entry:
     on_cuda: bool = False                      # E7xx: refused on a machine with CUDA (the example's rendering)
     folders: tuple[str, ...] = ()              # folders next to the example (E107: one named like a plan)
     command: tuple[str, ...] = ()              # E8xx: the command that reports it (`generate --from`, `shrink`)
+    internal: bool = False                     # E108: no plan triggers it; the example's check has a stage raise
 
     @property
     def fixed(self) -> str:
@@ -182,6 +183,25 @@ _entry("E107", """
     }}
     """, "Import a plan file (a folder's files are imported one by one: `import \"shared/models\"`).",
     ('import "shared"\n', ""), folders=("shared.plan",))
+
+_entry("E108", """
+    plandsl itself failed: an exception it did not expect escaped a stage while it worked on
+    this file. That is a bug in plandsl, not a problem of the plan, and the message names the
+    exception (its type and message). The command reports it like any other problem of that
+    file and goes on with the next one (`check a.plan b.plan` still checks `b.plan`); it exits
+    with status 1. Set `PLANDSL_DEBUG=1` to have the traceback added as a note. In this
+    example the plan is fine and a stage was made to raise `KeyError('tp')`.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model   = {_GPT}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 2, pp = 2, tp = 2]
+      train   = {{ global_batch: 16, micro_batch: 1 }}
+    }}
+    """, "Report it to the plandsl maintainers with the command, the plan file(s) and the message "
+         "(run it again with `PLANDSL_DEBUG=1` for the traceback); the plan itself needs no change.",
+    internal=True)
 
 _entry("E109", """
     The file exists but the system refuses to read it: permission denied, a path longer

@@ -17,6 +17,7 @@ CODES: dict[str, str] = {
     "E105": "file is not UTF-8 text",
     "E106": "input too large or too deeply nested",
     "E107": "not a regular file",
+    "E108": "internal error (a plandsl bug)",
     "E109": "file cannot be read",
     # E2xx: names, types, units, imports
     "E201": "unknown name",

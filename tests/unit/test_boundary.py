@@ -1,0 +1,103 @@
+"""The API/CLI boundary: a plandsl bug in one file's work is E108 for that file, never a traceback.
+
+A stage is made to raise (monkeypatched) and the real commands run in process: `check` reports
+E108 for that file and goes on with the others (text and `--format json`), exit 1; every other
+command goes through the same boundary; PLANDSL_DEBUG=1 adds the traceback as a note.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from plandsl import api
+from plandsl.check import analysis
+from plandsl.cli import main
+from plandsl.cost import estimate
+from support import VALID_PLAN
+
+
+def _files(tmp_path: Path) -> list[str]:
+    paths = []
+    for name in ("a", "b", "c"):
+        path = tmp_path / f"{name}.plan"
+        path.write_text(VALID_PLAN.replace("plan p {", f"plan {name} {{"))
+        paths.append(str(path))
+    return paths
+
+
+@pytest.fixture
+def broken_b(monkeypatch):
+    """The checker raises, as a bug would, on plan `b` only."""
+    real = analysis.check_plan
+
+    def check_plan(plan):
+        if plan.name == "b":
+            raise RuntimeError("boom in the checker")
+        return real(plan)
+    monkeypatch.setattr(analysis, "check_plan", check_plan)
+
+
+def test_check_reports_the_bug_for_its_file_and_checks_the_others(tmp_path, broken_b):
+    a, b, c = _files(tmp_path)
+    result = CliRunner().invoke(main, ["check", a, b, c])
+    assert result.exit_code == 1
+    assert f"{a}: ok" in result.output and f"{c}: ok" in result.output
+    assert f"{b}:1:1: error[E108]: internal error: RuntimeError: boom in the checker" in result.output
+    assert "report it" in result.output and "Traceback" not in result.output
+
+
+def test_check_json_has_the_bug_as_one_line(tmp_path, broken_b):
+    a, b, c = _files(tmp_path)
+    result = CliRunner().invoke(main, ["check", "--format", "json", a, b, c])
+    assert result.exit_code == 1
+    (line,) = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    assert line["code"] == "E108" and line["location"]["file"] == b
+    assert "RuntimeError: boom in the checker" in line["message"]
+    assert all("Traceback" not in note["message"] for note in line["notes"])
+
+
+def test_plandsl_debug_adds_the_traceback(tmp_path, broken_b, monkeypatch):
+    monkeypatch.setenv("PLANDSL_DEBUG", "1")
+    _, b, _ = _files(tmp_path)
+    result = CliRunner().invoke(main, ["check", "--format", "json", b])
+    (line,) = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    assert "Traceback" in line["notes"][0]["message"] and "boom in the checker" in line["notes"][0]["message"]
+
+
+def test_the_api_never_raises_on_a_bug(tmp_path, broken_b):
+    _, b, _ = _files(tmp_path)
+    checked = api.check(b)
+    assert [d.code for d in checked.diagnostics] == ["E108"] and not checked.ok
+    assert [d.code for d in api.checks(Path(b).read_text()).diagnostics] == ["E108"]
+
+
+def test_every_command_goes_through_the_boundary(tmp_path, monkeypatch):
+    def broken(plan):
+        raise ZeroDivisionError("in the cost model")
+    monkeypatch.setattr(estimate, "estimate_plan", broken)
+    a, _, _ = _files(tmp_path)
+    result = CliRunner().invoke(main, ["estimate", a])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"{a}:1:1: error[E108]: internal error: ZeroDivisionError: in the cost model" in result.output
+    assert not isinstance(result.exception, ZeroDivisionError)
+
+
+def test_a_command_without_a_file_reports_the_bug_without_a_location(monkeypatch):
+    from plandsl.schedules import resolve
+
+    def broken(*args, **kwargs):
+        raise KeyError("ranks")
+    monkeypatch.setattr(resolve, "load_schedule", broken)
+    result = CliRunner().invoke(main, ["schedule", "1f1b", "--ranks", "4", "--microbatches", "8"])
+    assert result.exit_code == 1
+    assert result.output.startswith("error[E108]: internal error: KeyError: 'ranks'")
+
+
+def test_usage_errors_and_exits_pass_through(tmp_path):
+    result = CliRunner().invoke(main, ["schedule", "1f1b", "--ranks", "0"])
+    assert result.exit_code == 2 and "E108" not in result.output
+    a, _, _ = _files(tmp_path)
+    assert CliRunner().invoke(main, ["check", a]).exit_code == 0
