@@ -37,6 +37,15 @@ class _TooMany(_TooDeep):
     """More than MAX_TOKENS tokens: the parse stops there, in time proportional to the limit."""
 
 
+class _TooLong(_TooDeep):
+    """More than MAX_DEPTH operators in a row (each nests the tree one level deeper): refused as read."""
+
+
+# operators, each one more level of the tree in a chain (`..` and `//` are lark's anonymous terminals)
+_CHAIN = {"PLUS", "MINUS", "STAR", "SLASH", "PERCENT", "AT", "DOT", "CMP_OP", "X", "OR", "AND", "NOT"}
+_SEPARATORS = {"COMMA", "EQUAL", "COLON", "_NL"}
+
+
 class _PostLex:
     """Drops newlines inside ( ) and [ ], where they only continue a line; guards nesting."""
 
@@ -44,6 +53,7 @@ class _PostLex:
 
     def process(self, stream):
         stack: list[str] = []
+        in_a_row = [0]  # operators since the last separator, per bracket level
         previous = None
         for count, token in enumerate(stream):
             if count >= MAX_TOKENS:
@@ -53,13 +63,21 @@ class _PostLex:
                 continue  # a comment line between two newlines
             if kind in _OPEN:
                 stack.append(kind)
+                in_a_row.append(0)
                 if len(stack) > MAX_NESTING:
                     raise _TooDeep(token)
             elif kind in _CLOSE:
                 if stack and stack[-1] == _CLOSE[kind]:
                     stack.pop()
+                    in_a_row.pop()
             elif kind == "_NL" and stack and stack[-1] != "LBRACE":
                 continue
+            elif kind in _CHAIN or kind.startswith("__ANON"):
+                in_a_row[-1] += 1
+                if in_a_row[-1] > MAX_DEPTH:
+                    raise _TooLong(token)
+            elif kind in _SEPARATORS:
+                in_a_row[-1] = 0
             previous = kind
             yield token
 
@@ -162,6 +180,8 @@ def parse_source(source: SourceFile) -> Module:
                      "a plan may have at most that many", source.span(token.start_pos, token.end_pos),
                      hint="write repeated layers as ranges (`layer blocks[0:100] { ... }`) and long lists with `let`"
                           " and arithmetic; is this the file you meant?")
+    except _TooLong as long_:
+        error = _too_deep(source.span(long_.token.start_pos, long_.token.end_pos))
     except _TooDeep as deep:
         error = diag("E106", f"brackets nested more than {MAX_NESTING} deep",
                      source.span(deep.token.start_pos, deep.token.end_pos),
@@ -169,10 +189,13 @@ def parse_source(source: SourceFile) -> Module:
     except UnexpectedInput as exc:
         error = _syntax_error(source, exc)
     except TreeTooDeep:
-        error = diag("E106", "an expression is too long or nested too deeply to parse "
-                     f"(more than about {MAX_DEPTH:,} operators in a row)", source.span(0, 1),
-                     hint="split it with `let` definitions")
+        error = _too_deep(source.span(0, 1))
     raise PlanError([error], {source.path: source})
+
+
+def _too_deep(span) -> Diagnostic:
+    return diag("E106", "an expression is too long or nested too deeply to parse "
+                f"(more than about {MAX_DEPTH:,} operators in a row)", span, hint="split it with `let` definitions")
 
 
 def _precheck(source: SourceFile) -> Diagnostic | None:

@@ -69,10 +69,24 @@ def test_fast_parse_equals_lark(plain, path):
     assert _spans(got, []) == _spans(expected, [])
 
 
-def test_a_tree_deeper_than_the_limit_is_E106_not_a_recursion_error():
-    text = "let x = " + " + ".join(["1"] * (MAX_DEPTH + 10)) + "\n"
+def test_more_operators_in_a_row_than_the_limit_are_refused_as_read():
+    """The parse stops at the operator past the limit (not 200,000 tokens later); separators reset it."""
+    text = "let x = " + " + ".join(["1"] * 100_000) + "\n"
     with pytest.raises(PlanError) as caught:
-        parse_source(SourceFile("deep.plan", text))
+        parse_source(SourceFile("long.plan", text))
+    (error,) = caught.value.diagnostics
+    assert error.code == "E106" and error.span.column == len("let x = ") + 4 * MAX_DEPTH + 3
+    parse_source(SourceFile("list.plan", "let x = [" + ", ".join(["1 + 2 * 3"] * 3 * MAX_DEPTH) + "]\n"))
+
+
+def test_a_tree_deeper_than_the_limit_is_E106_not_a_recursion_error():
+    """Chains under the limit, one inside the other, still make a tree too deep: refused as it is built."""
+    chain = " + ".join(["1"] * (MAX_DEPTH * 3 // 4))
+    with pytest.raises(PlanError) as caught:
+        parse_source(SourceFile("deep.plan", f"let x = ({chain}) + {chain}\n"))
     (error,) = caught.value.diagnostics
     assert error.code == "E106" and f"{MAX_DEPTH:,}" in error.message
+
+
+def test_operators_just_under_the_limit_parse():
     parse_source(SourceFile("ok.plan", "let x = " + " + ".join(["1"] * (MAX_DEPTH - 10)) + "\n"))
