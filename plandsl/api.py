@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from plandsl.runtime.dryrun import DryRun
     from plandsl.runtime.launch import LaunchOptions
     from plandsl.schedules.program import Schedule
+    from plandsl.cost.simulation import Outline
+    from plandsl.diagnostics.source import Span
     from plandsl.schedules.simulate import Costs, Simulation
     from plandsl.syntax import Module
 
@@ -34,7 +36,7 @@ Progress = Callable[[int, int], None]
 __all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "guard", "parse", "parse_file", "check",
            "checks", "load", "loads", "load_plan", "load_runnable", "select_plan", "run_refusals", "format_text",
            "format_bytes", "format_file", "describe", "schema", "explain", "unknown_code", "schedule",
-           "schedule_as", "parse_costs", "simulate_schedule", "simulate", "simulation_report", "chrome_trace",
+           "schedule_as", "parse_costs", "simulate_schedule", "simulate_named", "simulate", "simulation_report", "chrome_trace",
            "estimate", "format_estimate", "generate", "generate_request", "generate_errors", "generate_json", "generate_report", "render",
            "render_format", "color_by_problem", "render_errors", "shrink", "launch_options", "check_launch_options",
            "prepare_run", "launch_errors", "dry_run", "dry_run_errors", "format_dry_run",
@@ -187,20 +189,34 @@ def simulate_schedule(found: Schedule, costs: Costs) -> Simulation:
     return run(found, costs)
 
 
-def simulate(plan: ir.Plan, costs: Costs | None = None) -> tuple[Schedule, Simulation]:
-    """A checked plan's pipeline schedule, simulated with its cost model's durations (or `costs`)."""
+def simulate_named(name: str, ranks: int | None, microbatches: int | None, virtual: int | None,
+                   costs: Costs) -> tuple[Schedule | Outline, Simulation]:
+    """`schedule(name, ...)` simulated; a built-in too large to lay out is simulated in bounded work
+    (its steady state extrapolated, `Simulation.extrapolated`), with an `Outline` for the table."""
+    from plandsl.cost.simulation import simulate_named as run  # stage
+    return run(name, ranks, microbatches, virtual, costs)
+
+
+def simulate(plan: ir.Plan, costs: Costs | None = None) -> tuple[Schedule | Outline, Simulation]:
+    """A checked plan's pipeline schedule, simulated with its cost model's durations (or `costs`); a
+    built-in too large to lay out is simulated in bounded work, as `estimate` does it."""
     from plandsl.cost.simulation import simulate_plan  # stage
     return simulate_plan(plan, costs)
 
 
-def simulation_report(found: Schedule, simulation: Simulation, unit: str = "", memory_in_bytes: bool = False) -> str:
+def simulation_report(found: Schedule | Outline, simulation: Simulation, unit: str = "", memory_in_bytes: bool = False) -> str:
     from plandsl.cost.simulation import report  # stage
     return report(found, simulation, unit, memory_in_bytes)
 
 
-def chrome_trace(simulation: Simulation) -> dict:
-    """A simulation as a Chrome/Perfetto trace."""
+def chrome_trace(simulation: Simulation, span: Span | None = None) -> dict:
+    """A simulation as a Chrome/Perfetto trace; PlanError (E609, at `span`) for one whose steady state
+    was extrapolated, which has no event for most of its actions."""
+    from plandsl.cost.simulation import trace_problem  # stage
     from plandsl.schedules.simulate import to_chrome_trace  # stage
+    problem = trace_problem(simulation, span)
+    if problem is not None:
+        raise problem
     return to_chrome_trace(simulation)
 
 

@@ -223,11 +223,11 @@ def fmt(files, check_only):
 def schedule(name, ranks, microbatches, virtual, output_format, run_simulation, costs, as_json, trace):
     """Print schedule NAME (a built-in, FILE.csv or FILE.plan:NAME) for the given sizes."""
     try:
-        found = api.schedule(name, ranks, microbatches, virtual)
         if run_simulation:
-            simulation = api.simulate_schedule(found, api.parse_costs(costs))
+            found, simulation = api.simulate_named(name, ranks, microbatches, virtual, api.parse_costs(costs))
             _emit_simulation(found, simulation, as_json, trace, memory_in_bytes=False)
             return
+        found = api.schedule(name, ranks, microbatches, virtual)
     except api.PlanError as error:
         _fail(error)
     click.echo(api.schedule_as(found, output_format))
@@ -250,12 +250,15 @@ def simulate(file, plan_name, costs, as_json, trace, params):
     except api.PlanError as error:
         _fail(error)
     _emit_simulation(schedule_, simulation, as_json, trace, memory_in_bytes=True,
-                     unit="" if costs else " s")
+                     unit="" if costs else " s", span=plan.schedule.span)
 
 
-def _emit_simulation(found, simulation, as_json, trace, memory_in_bytes, unit=""):
+def _emit_simulation(found, simulation, as_json, trace, memory_in_bytes, unit="", span=None):
     if trace:
-        _write(trace, json.dumps(api.chrome_trace(simulation)))
+        try:
+            _write(trace, json.dumps(api.chrome_trace(simulation, span)))
+        except api.PlanError as error:
+            _fail(error)
     click.echo(json.dumps(simulation.to_json(), indent=1) if as_json
                else api.simulation_report(found, simulation, unit, memory_in_bytes))
     if simulation.deadlock is not None:

@@ -4,8 +4,10 @@ the commands that print or simulate it, up to `generators.MAX_ACTIONS` actions (
 `simulate_plan_schedule` simulates a built-in in bounded work for any microbatch count."""
 from __future__ import annotations
 
+import dataclasses
+
 from plandsl import ir
-from plandsl.diagnostics import Diagnostic, PlanError, diag
+from plandsl.diagnostics import Diagnostic, Note, PlanError, diag
 from plandsl.lower.schedule_template import instantiate
 from plandsl.schedules.bounded import simulate_builtin
 from plandsl.schedules.generators import MAX_ACTIONS, TooLarge, check_sizes, generate
@@ -20,10 +22,11 @@ def plan_schedule(plan: ir.Plan):
         return None, []
     m = plan.num_microbatches
     if ref.definition is not None:
-        return instantiate(ref.definition, ref.definition.scope, ranks=plan.pp, microbatches=m,
-                           virtual=stages.virtual)
+        schedule, problems = instantiate(ref.definition, ref.definition.scope, ranks=plan.pp, microbatches=m,
+                                         virtual=stages.virtual)
+        return schedule, [_at_the_plan(plan, d) if d.code == "E609" else d for d in problems]
     try:
-        return generate(ref.name, plan.pp, m, _builtin_virtual(plan)), []
+        return generate(ref.name, plan.pp, m, builtin_virtual(plan)), []
     except TooLarge as error:
         return None, [too_large(plan, str(error))]
     except ValueError as error:
@@ -37,7 +40,7 @@ def simulate_plan_schedule(plan: ir.Plan, costs) -> Simulation:
         problems = builtin_sizes(plan)
         try:
             if not problems:
-                return simulate_builtin(plan.schedule.name, plan.pp, plan.num_microbatches, _builtin_virtual(plan),
+                return simulate_builtin(plan.schedule.name, plan.pp, plan.num_microbatches, builtin_virtual(plan),
                                         costs)
         except TooLarge as error:
             problems = [too_large(plan, str(error))]
@@ -49,21 +52,34 @@ def simulate_plan_schedule(plan: ir.Plan, costs) -> Simulation:
 
 
 def too_large(plan: ir.Plan, message: str) -> Diagnostic:
-    return diag("E609", message, plan.schedule.span,
-                hint=f"`plandsl check` and `plandsl estimate` need no table; to print or simulate one, lower "
-                     f"global_batch or raise micro_batch (at most {MAX_ACTIONS:,} actions)")
+    return diag("E609", message, plan.schedule.span, notes=[_microbatches(plan)],
+                hint=f"`plandsl simulate` and `plandsl estimate` give the figures at this size (step time, bubble, "
+                     f"peaks); to print, draw or trace every action, use fewer microbatches: lower global_batch or "
+                     f"raise micro_batch (at most {MAX_ACTIONS:,} actions)")
+
+
+def _at_the_plan(plan: ir.Plan, problem: Diagnostic) -> Diagnostic:
+    """A written schedule too large for the plan's sizes (E609), shown where the plan names it and where
+    the microbatches come from, with the definition as a note."""
+    return dataclasses.replace(problem, span=plan.schedule.span, notes=(
+        Note(f"schedule '{plan.schedule.name}' defined here", problem.span), _microbatches(plan), *problem.notes))
+
+
+def _microbatches(plan: ir.Plan) -> Note:
+    return Note(f"{plan.num_microbatches:,} microbatches = global_batch {plan.train.global_batch:,} / (dp {plan.dp} "
+                f"x micro_batch {plan.train.micro_batch})", plan.train.span)
 
 
 def builtin_sizes(plan: ir.Plan) -> list[Diagnostic]:
     """E502 when the plan's built-in schedule cannot run its sizes; lays nothing out."""
     try:
-        check_sizes(plan.schedule.name, plan.pp, plan.num_microbatches, _builtin_virtual(plan))
+        check_sizes(plan.schedule.name, plan.pp, plan.num_microbatches, builtin_virtual(plan))
     except ValueError as error:
         return [_size_problem(plan, error)]
     return []
 
 
-def _builtin_virtual(plan: ir.Plan) -> int | None:
+def builtin_virtual(plan: ir.Plan) -> int | None:
     return None if BUILTIN[plan.schedule.name].pipelines == 2 else plan.stages.virtual
 
 

@@ -1023,9 +1023,11 @@ _entry("E609", """
     validated, and a valid one holds at least F and B for every stage and microbatch.
     Past 500,000 actions (`MAX_ACTIONS`) the template is not run: its table would take
     longer to lay out and check than the plan is worth. Built-in schedules are checked
-    and estimated without laying them out, for any microbatch count; printing or
-    simulating their whole table (`plandsl schedule`, `simulate`, `render --view schedule`)
-    has the same cap.
+    and estimated without laying them out, for any microbatch count, and `plandsl simulate`
+    gives their figures past the cap by extrapolating the steady state; printing, drawing or
+    tracing every action (`plandsl schedule`, `render --view schedule`, `simulate --trace`)
+    has the same cap. The error points at the plan's `schedule =` line, with notes at the
+    definition and at where the microbatch count comes from.
     """, """
     import "clusters/dgx_a100"
     schedule flush(p: ranks, m: microbatches) {

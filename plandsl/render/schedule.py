@@ -36,7 +36,7 @@ def simulated(plan: ir.Plan) -> tuple[Schedule, Simulation, float]:
     from plandsl.cost.pipeline import estimate_stage_costs
     from plandsl.ir.placement import assign_stages
     from plandsl.cost.simulation import simulate_plan
-    schedule, simulation = simulate_plan(plan)
+    schedule, simulation = simulate_plan(plan, every_action=True)
     assignment, _ = assign_stages(plan)
     return schedule, simulation, estimate_stage_costs(plan, assignment).p2p
 

@@ -23,6 +23,7 @@ extrapolation starts and well past it, and (slow tier) every m up to 300.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from plandsl.diagnostics.limits import MAX_ACTIONS
@@ -30,7 +31,7 @@ from plandsl.diagnostics.limits import MAX_ACTIONS
 from .generators import TooLarge, check_sizes, count_actions, generate, generate_rounds, microbatches_per_round
 from .program import Schedule
 from .registry import BUILTIN
-from .simulate import Costs, RankStats, Simulation, bubble_seconds, simulate
+from .simulate import Costs, Extrapolation, RankStats, Simulation, bubble_seconds, simulate
 
 WARMUP_PERIODS = 4
 """Microbatches laid out before extrapolating: this many times ranks x virtual, at least."""
@@ -71,7 +72,9 @@ def simulate_builtin(name: str, ranks: int, microbatches: int, virtual: int | No
     b = simulate(_layout(name, ranks, first + step, virtual, period), costs)
     if a.deadlock is not None or b.deadlock is not None:
         return a if a.deadlock is not None else b
-    return extrapolate(a, b, (microbatches - first) // step)
+    repeats = (microbatches - first) // step
+    return dataclasses.replace(extrapolate(a, b, repeats),
+                               extrapolated=Extrapolation(microbatches, first, step, cycle, repeats))
 
 
 def extrapolated_past(name: str, ranks: int, microbatches: int, virtual: int | None, start: int | None = None) -> int:

@@ -51,7 +51,8 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, virtua
     try:
         return generate(spec, ranks, microbatches, virtual)
     except TooLarge as error:
-        raise PlanError([diag("E609", str(error), hint="lower --ranks, --microbatches or --virtual")]) from None
+        raise PlanError([diag("E609", str(error), hint="to print the table, lower --microbatches (or --ranks, --virtual); "
+                                                    "`--simulate` gives the figures at this size")]) from None
     except ValueError as error:
         raise PlanError([diag("E502", str(error))]) from None
 

@@ -123,12 +123,36 @@ class Deadlock:
 
 
 @dataclass(frozen=True, slots=True)
+class Extrapolation:
+    """How a bounded simulation (`schedules.bounded`) got its figures: runs of `first` and
+    `first + cycle` microbatches laid out and simulated, and what the second adds to the first (one
+    cycle of the steady state, `periods` repeats of the schedule's pattern) added `repeats` more times."""
+
+    microbatches: int
+    first: int
+    cycle: int
+    periods: int
+    repeats: int
+
+    def __str__(self) -> str:
+        return (f"steady state extrapolated: runs of {self.first:,} and {self.first + self.cycle:,} microbatches "
+                f"simulated, their difference (one cycle: {self.cycle:,} microbatch{'es' if self.cycle != 1 else ''}, {self.periods:,} period"
+                f"{'s' if self.periods != 1 else ''} of the schedule) added {self.repeats:,} more times for "
+                f"{self.microbatches:,}")
+
+    def to_json(self) -> dict:
+        return {"microbatches": self.microbatches, "first": self.first, "cycle": self.cycle,
+                "periods": self.periods, "repeats": self.repeats}
+
+
+@dataclass(frozen=True, slots=True)
 class Simulation:
     makespan: float
     bubble_fraction: float  # bubble_seconds / makespan: BUBBLE_DEFINITION
     ranks: tuple[RankStats, ...]
-    events: tuple[Event, ...]
+    events: tuple[Event, ...]  # with `extrapolated`, those of the first run only
     deadlock: Deadlock | None = None
+    extrapolated: Extrapolation | None = None  # None: every action was laid out and simulated
 
     @property
     def bubble(self) -> float:
@@ -144,7 +168,8 @@ class Simulation:
                 "ranks": [{"rank": s.rank, "busy": s.busy, "idle": s.idle,
                            "peak_inflight_microbatches": s.peak_inflight_microbatches,
                            "peak_memory_bytes": s.peak_memory_bytes} for s in self.ranks],
-                "deadlock": deadlock}
+                "deadlock": deadlock,
+                **({"extrapolated": self.extrapolated.to_json()} if self.extrapolated is not None else {})}
 
 
 def simulate(schedule: Schedule, costs: Costs = Costs()) -> Simulation:

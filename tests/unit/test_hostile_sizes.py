@@ -9,6 +9,7 @@ microbatch count up to 300.
 """
 from __future__ import annotations
 
+import json
 import math
 import random
 import subprocess
@@ -218,11 +219,63 @@ def test_schedule_command_template_with_huge_sizes():
     assert result.returncode == 1 and "error[E609]" in result.stdout + result.stderr
 
 
-def test_simulate_of_a_huge_plan_is_e609(tmp_path):
+def _bounded_figures(text: str):
+    """What `estimate` simulates for the plan (schedules.bounded, with the plan's own stage costs)."""
+    from plandsl.cost.pipeline import estimate_stage_costs
+    from plandsl.cost.schedule import simulate_plan_schedule
+    from plandsl.ir.placement import assign_stages
+    plan = analyzed(text).document.plans[0]
+    return simulate_plan_schedule(plan, estimate_stage_costs(plan, assign_stages(plan)[0]))
+
+
+def test_simulate_past_the_action_cap_gives_the_bounded_figures(tmp_path):
+    """4M microbatches: the figures estimate has (step time, bubble, peaks), said to be extrapolated."""
     path = tmp_path / "big.plan"
     path.write_text(FOUR_M)
-    result = cli("simulate", str(path))
-    assert result.returncode == 1 and "E609" in result.stdout + result.stderr
+    result = cli("simulate", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    figures, expected = json.loads(result.stdout), _bounded_figures(FOUR_M)
+    assert expected.extrapolated is not None
+    assert figures["makespan"] == expected.makespan and figures["bubble_fraction"] == expected.bubble_fraction
+    assert [r["peak_memory_bytes"] for r in figures["ranks"]] == [r.peak_memory_bytes for r in expected.ranks]
+    assert figures["extrapolated"]["microbatches"] == 4 * 2**20
+    text = cli("simulate", str(path))
+    assert text.returncode == 0 and "steady state extrapolated" in text.stdout and "4,194,304" in text.stdout
+
+
+def test_a_trace_or_a_timeline_past_the_cap_is_e609_saying_what_to_do(tmp_path):
+    path = tmp_path / "big.plan"
+    path.write_text(FOUR_M)
+    line = FOUR_M.splitlines().index("  schedule = 1f1b") + 1
+    traced = cli("simulate", str(path), "--trace", str(tmp_path / "trace.json"))
+    assert traced.returncode == 1 and f"big.plan:{line}:" in traced.stderr and "error[E609]" in traced.stderr
+    assert "drop --trace" in traced.stderr and not (tmp_path / "trace.json").exists()
+    drawn = cli("render", str(path), "--view", "schedule", "-o", str(tmp_path / "s.svg"))
+    assert drawn.returncode == 1 and f"big.plan:{line}:" in drawn.stderr and "plandsl simulate" in drawn.stderr
+
+
+def test_schedule_simulate_past_the_cap_gives_the_figures():
+    """1F1B with F=1, B=2 on p ranks: (m + p - 1) x 3, exactly, for a billion microbatches too."""
+    result = cli("schedule", "1f1b", "--ranks", "4", "--microbatches", "1000000000", "--simulate",
+                 "--costs", "F=1,B=2", "--json")
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert figures["makespan"] == (10**9 + 3) * 3 and figures["extrapolated"]["microbatches"] == 10**9
+    printed = cli("schedule", "1f1b", "--ranks", "4", "--microbatches", "1000000000")
+    assert printed.returncode == 1 and "--simulate" in printed.stdout + printed.stderr
+
+
+def test_a_small_simulation_is_not_extrapolated():
+    result = cli("schedule", "1f1b", "--ranks", "4", "--microbatches", "8", "--simulate", "--costs", "F=1,B=2", "--json")
+    assert "extrapolated" not in json.loads(result.stdout)
+
+
+def test_a_written_schedule_too_large_points_at_the_plans_schedule_line():
+    text = (ROOT / "stdlib_plans/examples/schedule_template.plan").read_text()
+    text = text.replace("global_batch: 256,", "global_batch: 4294967296,")
+    (error,) = analyzed(text, "E609").errors
+    assert text.splitlines()[error.span.line - 1].strip().startswith("schedule =")
+    assert [n.message.split()[0] for n in error.notes][:1] == ["schedule"]
 
 
 # ---- bounded analysis of built-in schedules == the full one --------------------------------------
