@@ -9,6 +9,7 @@ from plandsl import ir
 from plandsl.diagnostics import Diagnostic, Note, diag
 from plandsl.ir.layers import layers_of
 from plandsl.ir.placement import NameIndex, precision
+from plandsl.ir.shapes import context_extents, expert_extents, indivisible, tensor_extents
 
 
 def divisors(n: int, up_to: int) -> list[int]:
@@ -27,7 +28,7 @@ def divisors(n: int, up_to: int) -> list[int]:
 def _axis_divides(dims: dict[str, int], axis: str, size: int, span, devices: int) -> Diagnostic | None:
     """One diagnostic for every dim an axis fails to divide (one cause, one report). Its hint
     (the sizes that divide all of `dims`) is refined by `plandsl.check.axis_sizes`."""
-    failing = {name: value for name, value in dims.items() if value % size}
+    failing = indivisible(dims, size)
     if not failing:
         return None
     if len(failing) == 1:
@@ -45,21 +46,8 @@ def _not_divisible(what: str, value: int, axis: str, size: int, span, devices: i
 
 
 def tensor_dims(plan: ir.Plan) -> dict[str, int]:
-    """Every extent the tensor-parallel axis splits, by name."""
-    model = plan.model
-    dims: dict[str, int] = {}
-    if isinstance(model, ir.TransformerModel):
-        dims = {"heads": model.heads, "kv_heads": model.kv_heads, "hidden": model.hidden,
-                "ffn_hidden": model.ffn_hidden, "vocab": model.vocab}
-        if model.kv_heads == model.heads:
-            del dims["kv_heads"]  # multi-head attention: the same figure twice
-        if plan.tensor.sequence_parallel and plan.cp > 1 and plan.seq % plan.cp == 0:
-            dims["seq / cp"] = plan.seq // plan.cp  # each context rank's share is what is split
-        elif plan.tensor.sequence_parallel:
-            dims["seq"] = plan.seq
-    elif isinstance(model, ir.MLPModel):
-        dims = {"hidden": model.hidden}
-    return dims
+    """Every extent the tensor-parallel axis splits, by name (`ir.shapes.tensor_extents`, the search's rule too)."""
+    return tensor_extents(plan.model, plan.seq if plan.tensor.sequence_parallel else None, plan.cp)
 
 
 def split_extents(plan: ir.Plan, axis: str) -> dict[str, int]:
@@ -69,10 +57,9 @@ def split_extents(plan: ir.Plan, axis: str) -> dict[str, int]:
     if plan.tensor and plan.tensor.axis == axis:
         dims.update(tensor_dims(plan))
     if plan.context and plan.context.axis == axis:
-        dims["seq"] = plan.seq
-    experts = getattr(plan.model, "experts", 0)
-    if plan.experts and plan.experts.axis == axis and experts:
-        dims["experts"] = experts
+        dims.update(context_extents(plan.seq))
+    if plan.experts and plan.experts.axis == axis:
+        dims.update(expert_extents(plan.model))
     return dims
 
 
@@ -97,16 +84,18 @@ def check_sharding(plan: ir.Plan) -> Iterator[Diagnostic]:
         if problem:
             yield problem
     if plan.context:
-        c = plan.cp
-        if plan.seq % c:
-            yield _not_divisible("seq", plan.seq, plan.context.axis, c, plan.context.span, devices)
+        problem = _axis_divides(context_extents(plan.seq), plan.context.axis, plan.cp, plan.context.span, devices)
+        if problem:
+            yield problem
     if plan.experts:
-        experts = getattr(model, "experts", 0)
+        experts = expert_extents(model)
         if not experts:
             yield diag("E411", f"expert parallel over '{plan.experts.axis}', but model '{model.name}' has no experts",
                        plan.experts.span, hint="give the model `experts=` (llama) or drop the experts line")
-        elif experts % plan.ep:
-            yield _not_divisible("experts", experts, plan.experts.axis, plan.ep, plan.experts.span, devices)
+        else:
+            problem = _axis_divides(experts, plan.experts.axis, plan.ep, plan.experts.span, devices)
+            if problem:
+                yield problem
     yield from _check_rules(plan)
 
 

@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 from plandsl import ir
 from plandsl.cost.layer import Links, mesh_links
 from plandsl.cost.stage import slowest
+from plandsl.ir.shapes import context_extents, expert_extents, indivisible, tensor_extents
 from plandsl.schedules.registry import BUILTIN, microbatches_fit
 
 AXES = ("dp", "ep", "pp", "cp", "tp")  # the canonical mesh order, outermost first (Megatron's)
@@ -61,16 +62,16 @@ def layouts(model: ir.Model, devices: int, sequence: int, global_batch: int, blo
     divides the heads and widths, cp the sequence, ep the experts, pp at most the blocks, and dp·ep
     the global batch (unless `check_batch` is off)."""
     transformer = isinstance(model, ir.TransformerModel)
-    experts = getattr(model, "experts", 0)
+    experts = expert_extents(model)
     out = []
     for tp in divisors(devices):
         if not tp_divides(model, tp):
             continue
         for cp in divisors(devices // tp):
-            if cp > 1 and (not transformer or sequence % cp):
+            if cp > 1 and (not transformer or indivisible(context_extents(sequence), cp)):
                 continue
             for ep in divisors(devices // (tp * cp)):
-                if ep > 1 and (not experts or experts % ep):
+                if ep > 1 and (not experts or indivisible(experts, ep)):
                     continue
                 for pp in divisors(devices // (tp * cp * ep)):
                     dp = devices // (tp * cp * ep * pp)
@@ -84,15 +85,18 @@ def layouts(model: ir.Model, devices: int, sequence: int, global_batch: int, blo
 
 
 def tp_divides(model: ir.Model, tp: int) -> bool:
-    """Whether tensor parallelism of degree tp splits the model's heads and widths evenly."""
+    """Whether tensor parallelism of degree tp splits the model's heads and widths evenly: the checker's
+    rule (E406, `ir.shapes`). Only for gpt and llama: the interpreter has no tensor-parallel layout for
+    other models (E704), so the search keeps their tp at 1."""
     if tp == 1:
         return True
-    if not isinstance(model, ir.TransformerModel):
-        return False
-    values = [model.heads, model.hidden, model.ffn_hidden, model.vocab]
-    if model.kv_heads != model.heads:
-        values.append(model.kv_heads)
-    return all(v % tp == 0 for v in values)
+    return isinstance(model, ir.TransformerModel) and not indivisible(tensor_extents(model), tp)
+
+
+def sequence_parallel(model: ir.Model, sequence: int, tp: int, cp: int) -> bool:
+    """Whether the search turns on sequence parallelism: tp > 1 splits each context rank's share of the
+    sequence evenly too (the checker's rule, E406)."""
+    return tp > 1 and not indivisible(tensor_extents(model, sequence, cp), tp)
 
 
 def mesh_orders(cluster: ir.Cluster, layout: Layout, pins: Mapping, devices: Sequence[ir.DeviceType],
@@ -179,5 +183,5 @@ def stages_by_rank(ranks: tuple[int, ...], pp: int) -> tuple[tuple[int, ...], ..
 
 
 __all__ = ["AXES", "RECOMPUTE", "VIRTUAL_CHOICES", "MAX_MICRO_BATCH", "Layout",
-           "divisors", "layouts", "tp_divides", "mesh_orders", "rank_devices", "schedule_choices", "stage_ranks",
+           "divisors", "layouts", "tp_divides", "sequence_parallel", "mesh_orders", "rank_devices", "schedule_choices", "stage_ranks",
            "stages_by_rank"]

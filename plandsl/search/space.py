@@ -20,8 +20,8 @@ from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, ga
                                  model_state_bytes, tied_embedding)
 from plandsl.ir.layers import Layer, layers_of
 from plandsl.schedules.registry import BUILTIN, splits_backward
-from plandsl.search.choices import (AXES, MAX_MICRO_BATCH, RECOMPUTE, divisors_up_to, layouts,
-                                    mesh_orders, schedule_choices, stage_ranks, stages_by_rank)
+from plandsl.search.choices import (AXES, MAX_MICRO_BATCH, RECOMPUTE, divisors_up_to, layouts, mesh_orders,
+                                    schedule_choices, sequence_parallel, stage_ranks, stages_by_rank)
 from plandsl.search.partition import partition_blocks, partition_layers
 from plandsl.lower.units import format_bytes
 
@@ -135,9 +135,9 @@ class Space:
             if not self._states_may_fit(layout):
                 self.stats.memory_pruned += 1
                 continue
-            sequence_parallel = tp > 1 and p.sequence % tp == 0
+            splits_sequence = sequence_parallel(self.model, p.sequence, tp, cp)
             for order, links, devices, capacity in self._orders(layout):
-                root = Root(dp, tp, pp, cp, ep, order, links, devices, capacity, sequence_parallel, sizes)
+                root = Root(dp, tp, pp, cp, ep, order, links, devices, capacity, splits_sequence, sizes)
                 # Per token, a microbatch costs least at the largest micro-batch size and without
                 # recomputation (GEMMs grow, latencies amortise): a bound for every node below.
                 largest = Node(root, sizes[-1], per_replica // sizes[-1], "none")
