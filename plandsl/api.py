@@ -38,7 +38,7 @@ __all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "
            "format_bytes", "format_file", "describe", "schema", "explain", "unknown_code", "schedule",
            "schedule_as", "parse_costs", "simulate_schedule", "simulate_named", "simulate", "simulation_report", "chrome_trace",
            "estimate", "format_estimate", "generate", "generate_request", "generate_errors", "generate_json", "generate_report", "render",
-           "render_format", "color_by_problem", "render_errors", "shrink", "launch_options", "check_launch_options",
+           "render_format", "color_by_problem", "render_errors", "shrink", "rank_options", "launch_options", "check_launch_options",
            "prepare_run", "launch_errors", "dry_run", "dry_run_errors", "format_dry_run",
            "dry_run_commands", "launch", "command_line", "parse_params", "include", "writable_file",
            "writable_dir", "regular_file_problem"]
@@ -297,6 +297,12 @@ def render_errors() -> tuple[type[Exception], ...]:
 
 
 # ---- run -----------------------------------------------------------------------------------------------------
+
+def rank_options() -> tuple:
+    """The options every rank takes (`runtime.options.RankOption`s), which `plandsl run` accepts and forwards."""
+    from plandsl.runtime.options import RANK_OPTIONS  # stage (argparse only: cheap at the CLI's start-up)
+    return RANK_OPTIONS
+
 
 def launch_options(**options) -> LaunchOptions:
     from plandsl.runtime.launch import LaunchOptions  # stage

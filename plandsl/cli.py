@@ -280,39 +280,51 @@ def _fail(error, output_format: str = "text") -> None:
     sys.exit(1)
 
 
+def _rank_option(option):
+    """`plandsl run`'s click option for one option of the ranks' table (`runtime.options.RANK_OPTIONS`)."""
+    kwargs = {"help": option.help, "metavar": option.metavar}
+    if option.kind == "flag":
+        return click.option(option.flag, option.dest, is_flag=True, help=option.help)
+    if option.kind in ("int", "float"):
+        kind = click.IntRange if option.kind == "int" else click.FloatRange
+        kwargs["type"] = kind(min=option.minimum, max=option.maximum) \
+            if (option.minimum, option.maximum) != (None, None) else {"int": int, "float": float}[option.kind]
+    paths = {"out_file": (click.Path(dir_okay=False), _writable_file),
+             "out_dir": (click.Path(file_okay=False), _writable_dir),
+             "token_file": (click.Path(exists=True, dir_okay=False), _token_file)}
+    if option.path:
+        kwargs["type"], kwargs["callback"] = paths[option.path]
+    if option.default is not None:
+        kwargs.update(default=option.default, show_default=True)
+    return click.option(option.flag, option.dest, **kwargs)
+
+
+def _rank_options(command):
+    """Every option of the ranks' table but --param and --include, which every command that loads a plan takes."""
+    for option in reversed([o for o in api.rank_options() if not o.each_command]):
+        command = _rank_option(option)(command)
+    return command
+
+
 @main.command("run")
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--plan", "plan_name", help="The plan of the file to run.")
 @click.option("--nproc-per-node", type=click.IntRange(min=1, max=limits.MAX_LOCAL_RANKS),
               help=f"Processes on this node (default: mesh size / nnodes; at most {limits.MAX_LOCAL_RANKS}).")
 @click.option("--nnodes", type=click.IntRange(min=1, max=limits.MAX_NODES), default=1, show_default=True,
               help="Machines taking part.")
 @click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This machine's index.")
 @click.option("--rdzv-endpoint", metavar="HOST:PORT", help="Node 0's address, with several nodes.")
-@click.option("--steps", type=click.IntRange(min=1, max=limits.MAX_STEPS), default=10, show_default=True,
-              help="The step to stop at, counted from the start of training (also with --resume).")
-@click.option("--metrics", type=click.Path(dir_okay=False), callback=_writable_file,
-              help="Write one JSON object per step here.")
-@click.option("--check-equivalence", is_flag=True, help="Compare losses and parameters with one process.")
-@click.option("--data", type=click.Path(exists=True, dir_okay=False), callback=_token_file,
-              help="A uint16 token file (nanoGPT .bin).")
-@click.option("--checkpoint-dir", type=click.Path(file_okay=False), callback=_writable_dir,
-              help="Write checkpoints here (step-NNNNNN directories), always after the last step.")
-@click.option("--checkpoint-every", type=click.IntRange(min=1), metavar="K", help="A checkpoint every K steps.")
-@click.option("--resume", is_flag=True, help="Continue from the latest checkpoint in --checkpoint-dir.")
+@_rank_options
 @click.option("--dry-run", is_flag=True, help="Build every rank's share in this process on the meta device (this "
               "imports and calls the model's factory), print its parameters and memory, and the torchrun command "
               "for every node; no rank is started, nothing trained or allocated.")
 @param_option
 @include_option
-def run_command(file, plan_name, nproc_per_node, nnodes, node_rank, rdzv_endpoint, steps, metrics,
-                check_equivalence, data, checkpoint_dir, checkpoint_every, resume, dry_run, params):
+def run_command(file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, dry_run, params, plan_name, **ranks):
     """Check plan FILE, then train it on torch.distributed (one process per device of its mesh)."""
     overrides = _params(params)
     options = api.launch_options(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
-                                 rdzv_endpoint=rdzv_endpoint, steps=steps, metrics=metrics,
-                                 check_equivalence=check_equivalence, data=data, checkpoint_dir=checkpoint_dir,
-                                 checkpoint_every=checkpoint_every, resume=resume)
+                                 rdzv_endpoint=rdzv_endpoint, **ranks)
     launch_error, option_error = api.launch_errors()
     try:
         api.check_launch_options(options)

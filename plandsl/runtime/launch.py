@@ -9,6 +9,7 @@ they were (`runtime.faults`).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import shutil
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from plandsl import ir
 from plandsl.diagnostics.limits import MAX_LOCAL_RANKS
 from plandsl.runtime import faults
+from plandsl.runtime.options import forward, format_params, option_problem
+from plandsl.syntax.loader import included
 
 
 class LaunchError(ValueError):
@@ -41,10 +44,14 @@ class LaunchOptions:
     node_rank: int = 0
     rdzv_endpoint: str | None = None
     """HOST:PORT of node 0 (several nodes); one node uses a private local rendezvous."""
+    # What the ranks take (`runtime.options.RANK_OPTIONS`, by `dest`; tests/unit/test_launch.py checks that
+    # every option of the table but --plan/--param/--include, which come with the plan, is a field here).
     steps: int = 10
     metrics: str | None = None
     check_equivalence: bool = False
     data: str | None = None
+    timeout: float | None = None
+    """Seconds a collective may wait; None: the ranks' default (`parallel.mesh.DEFAULT_TIMEOUT_S`)."""
     checkpoint_dir: str | None = None
     """Checkpoints go here (docs/running.md, Checkpoints); None: none."""
     checkpoint_every: int | None = None
@@ -84,8 +91,10 @@ def prepare(plan: ir.Plan, plan_file: str, plan_name: str | None, params: dict, 
 
 
 def torchrun_args(plan: ir.Plan, plan_file: str, plan_name: str | None, params: dict, options: LaunchOptions) -> list[str]:
-    if (options.resume or options.checkpoint_every) and not options.checkpoint_dir:
-        raise LaunchError(f"{'--resume' if options.resume else '--checkpoint-every'} needs --checkpoint-dir")
+    values = dataclasses.asdict(options)
+    problem = option_problem(values)
+    if problem:
+        raise LaunchError(problem)
     size = plan.mesh.size
     nproc = options.nproc_per_node or size // options.nnodes
     if nproc * options.nnodes != size:
@@ -98,27 +107,9 @@ def torchrun_args(plan: ir.Plan, plan_file: str, plan_name: str | None, params: 
                 "--rdzv-endpoint", options.rdzv_endpoint]
     else:
         args = ["--standalone"]
-    args += ["--nproc-per-node", str(nproc), "-m", "plandsl.run", plan_file, "--steps", str(options.steps)]
-    if plan_name:
-        args += ["--plan", plan_name]
-    for key, value in params.items():
-        args += ["--param", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
-    from plandsl.syntax.loader import included
-    for folder in included():  # the ranks read the plan's imports from the same folders
-        args += ["--include", os.path.abspath(folder)]
-    if options.metrics:
-        args += ["--metrics", options.metrics]
-    if options.check_equivalence:
-        args.append("--check-equivalence")
-    if options.data:
-        args += ["--data", options.data]
-    if options.checkpoint_dir:
-        args += ["--checkpoint-dir", options.checkpoint_dir]
-    if options.checkpoint_every:
-        args += ["--checkpoint-every", str(options.checkpoint_every)]
-    if options.resume:
-        args.append("--resume")
-    return args
+    values.update(plan_name=plan_name, param=format_params(params),  # the ranks read the plan's imports
+                  include=[os.path.abspath(folder) for folder in included()])  # from the same folders
+    return args + ["--nproc-per-node", str(nproc), "-m", "plandsl.run", plan_file, *forward(values)]
 
 
 def check_fits(plan: ir.Plan, options: LaunchOptions) -> None:

@@ -1,9 +1,83 @@
-"""The arguments every rank takes (`python -m plandsl.run PLAN ...`), defined once: `plandsl.run` parses
-them on each rank and the launcher reads back the plan its ranks ran; `--param KEY=VALUE` values are
-parsed here for every command."""
+"""The options of `plandsl run` that every rank takes (`python -m plandsl.run PLAN ...`), defined once.
+
+Stage: interpreter (both sides). Contract: `RANK_OPTIONS` is the one table of them; `parse_args` builds
+each rank's argparse parser from it, the CLI builds `plandsl run`'s click options from it
+(`plandsl.api.rank_options`), and the launcher forwards the values given to `plandsl run` to the ranks
+with `forward`, in the table's order: an option added to the table is accepted, forwarded and parsed on
+every side. `option_problem` is the rule between options both sides apply. `--param KEY=VALUE` values
+are parsed here for every command (`parse_params`).
+"""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from plandsl.diagnostics.limits import MAX_STEPS
+
+
+@dataclass(frozen=True)
+class RankOption:
+    flag: str
+    dest: str
+    help: str
+    kind: str = "str"
+    """str, int, float, flag (present or not), or list (repeatable)."""
+    default: Any = None
+    minimum: int | None = None
+    maximum: int | None = None
+    metavar: str | None = None
+    path: str | None = None
+    """out_file, out_dir (checked writable before any work) or token_file (a regular file that exists)."""
+    each_command: bool = False
+    """The CLI gives it to every command that loads plans (`--plan`, `--param`, `--include`), not only run."""
+
+
+RANK_OPTIONS: tuple[RankOption, ...] = (
+    RankOption("--steps", "steps", "The step to stop at, counted from the start of training (also with --resume).",
+               "int", 10, 1, MAX_STEPS),
+    RankOption("--plan", "plan_name", "The plan of the file to run."),
+    RankOption("--param", "param", "Set a `param` of the file (repeatable).", "list", metavar="KEY=VALUE",
+               each_command=True),
+    RankOption("--include", "include", "Imports may also come from DIR (repeatable; also PLANDSL_PATH).", "list",
+               metavar="DIR", each_command=True),
+    RankOption("--metrics", "metrics", "Write one JSON object per step here.", path="out_file"),
+    RankOption("--check-equivalence", "check_equivalence", "Compare losses and parameters with one process.",
+               "flag", False),
+    RankOption("--data", "data", "A uint16 token file (nanoGPT .bin).", path="token_file"),
+    RankOption("--timeout", "timeout", "Seconds a collective may wait before the job fails (default 300).",
+               "float", metavar="SECONDS"),
+    RankOption("--checkpoint-dir", "checkpoint_dir",
+               "Write checkpoints here (step-NNNNNN directories), always after the last step.", path="out_dir"),
+    RankOption("--checkpoint-every", "checkpoint_every", "A checkpoint every K steps.", "int", minimum=1,
+               metavar="K"),
+    RankOption("--resume", "resume", "Continue from the latest checkpoint in --checkpoint-dir.", "flag", False),
+)
+
+
+def option_problem(values: Mapping[str, Any]) -> str | None:
+    """Options that need another one: --resume and --checkpoint-every need --checkpoint-dir."""
+    if (values.get("resume") or values.get("checkpoint_every")) and not values.get("checkpoint_dir"):
+        return f"{'--resume' if values.get('resume') else '--checkpoint-every'} needs --checkpoint-dir"
+    return None
+
+
+def forward(values: Mapping[str, Any]) -> list[str]:
+    """The rank arguments that give each option its value in `values` (by `dest`; absent, None, False or
+    empty: not given), in the table's order."""
+    args: list[str] = []
+    for option in RANK_OPTIONS:
+        value = values.get(option.dest)
+        if value is None or value is False or (option.kind == "list" and not value):
+            continue
+        if option.kind == "flag":
+            args.append(option.flag)
+        elif option.kind == "list":
+            for item in value:
+                args += [option.flag, str(item)]
+        else:
+            args += [option.flag, str(value)]
+    return args
 
 
 def parse_params(items) -> dict:
@@ -16,6 +90,11 @@ def parse_params(items) -> dict:
             raise ValueError(f"'{item}' is not KEY=VALUE")
         params[key.strip()] = _scalar(raw.strip())
     return params
+
+
+def format_params(params: Mapping[str, Any]) -> list[str]:
+    """{key: value} -> `KEY=VALUE` items that `parse_params` reads back as the same values."""
+    return [f"{key}={str(value).lower() if isinstance(value, bool) else value}" for key, value in params.items()]
 
 
 def _scalar(raw: str):
@@ -33,36 +112,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m plandsl.run", description="The torchrun entry point: `torchrun "
                                      "--nproc-per-node N -m plandsl.run PLAN [--steps S] [--resume] ...`.")
     parser.add_argument("plan", help="the .plan file")
-    parser.add_argument("--plan", dest="plan_name", help="which plan of the file (default: its only one)")
-    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="set a `param` of the file")
-    parser.add_argument("--include", action="append", default=[], metavar="DIR",
-                        help="imports may also come from DIR (as `plandsl run --include`)")
-    parser.add_argument("--steps", type=_positive, default=10,
-                        help="the step to stop at, counted from the start of training (default 10)")
-    parser.add_argument("--metrics", help="write one JSON object per step to this file (rank 0)")
-    parser.add_argument("--check-equivalence", action="store_true",
-                        help="compare losses and final parameters with a one-process run")
-    parser.add_argument("--data", help="a uint16 token file (nanoGPT train.bin) instead of synthetic tokens")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds a collective may wait")
-    parser.add_argument("--checkpoint-dir", help="write checkpoints here (step-NNNNNN directories), and after "
-                                                 "the last step")
-    parser.add_argument("--checkpoint-every", type=_positive, metavar="K", help="a checkpoint every K steps")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the latest checkpoint in --checkpoint-dir (step 1 if none)")
+    for option in RANK_OPTIONS:
+        if option.kind == "flag":
+            parser.add_argument(option.flag, dest=option.dest, action="store_true", help=option.help)
+        elif option.kind == "list":
+            parser.add_argument(option.flag, dest=option.dest, action="append", default=[], metavar=option.metavar,
+                                help=option.help)
+        else:
+            parser.add_argument(option.flag, dest=option.dest, type=_typed(option), default=option.default,
+                                metavar=option.metavar, help=option.help)
     args = parser.parse_args(argv)
-    if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
-        parser.error(f"{'--resume' if args.resume else '--checkpoint-every'} needs --checkpoint-dir")
-    from plandsl.syntax.files import writable_dir, writable_file
-    for option, path, problem in (("--metrics", args.metrics, writable_file),
-                                  ("--checkpoint-dir", args.checkpoint_dir, writable_dir)):
-        reason = problem(path) if path else None
+    problem = option_problem(vars(args))
+    if problem:
+        parser.error(problem)
+    from plandsl.syntax.files import regular_file_problem, writable_dir, writable_file  # ranks only: not at start-up
+    checks = {"out_file": writable_file, "out_dir": writable_dir,
+              "token_file": lambda path: regular_file_problem(path, "token file")}
+    for option in RANK_OPTIONS:
+        path = getattr(args, option.dest)
+        reason = checks[option.path](path) if option.path and path else None
         if reason:  # before the job is built: every rank says so and exits 2, none trains
-            parser.error(f"{option} {path}: cannot write: {reason}")
+            parser.error(f"{option.flag} {path}: cannot {'read' if option.path == 'token_file' else 'write'}: {reason}")
     return args
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
-    return value
+def _typed(option: RankOption):
+    """argparse's `type` for an int or float option, with the table's bounds."""
+    kind = {"int": int, "float": float, "str": str}[option.kind]
+
+    def convert(text: str):
+        value = kind(text)
+        if option.minimum is not None and value < option.minimum or option.maximum is not None and value > option.maximum:
+            raise argparse.ArgumentTypeError(f"{value} is not in the range {option.minimum} to {option.maximum}")
+        return value
+    convert.__name__ = option.kind  # argparse names the type in its message: "invalid int value"
+    return convert

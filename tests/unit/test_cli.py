@@ -267,7 +267,7 @@ EXPECTED_SURFACE = {
     "run": {"arguments": ["file"], "options": {"--check-equivalence", "--checkpoint-dir", "--checkpoint-every",
                                                "--data", "--dry-run", "--metrics", "--nnodes", "--node-rank",
                                                "--nproc-per-node", "--param", "--plan", "--rdzv-endpoint",
-                                               "--resume", "--steps", "--include"}},
+                                               "--resume", "--steps", "--timeout", "--include"}},
     "render": {"arguments": ["file"], "options": {"--color-by", "--format", "--output", "--param", "--plan", "--view",
                                                   "-o", "--include"}},
     "shrink": {"arguments": ["file"], "options": {"--format", "--output", "--param", "--plan", "--precision", "--ranks", "-o",

@@ -133,3 +133,57 @@ def test_a_mesh_past_the_local_cap_is_not_offered_on_one_machine():
     with pytest.raises(LaunchError) as error:
         check_fits(api.load_plan(GPT3), LaunchOptions())
     assert "--nproc-per-node 1024" not in str(error.value) and "--nnodes 128" in str(error.value)
+
+
+# ---- one definition of the ranks' options (runtime.options.RANK_OPTIONS) -----------------------------------
+def test_every_rank_option_is_accepted_by_plandsl_run_and_forwarded(tmp_path, monkeypatch):
+    """`plandsl run` with a value for every option of the ranks' table: the ranks' own parser reads back
+    from torchrun's arguments exactly what was given (the launch itself is replaced by a recorder)."""
+    import dataclasses
+
+    import numpy as np
+    from click.testing import CliRunner
+
+    from plandsl.cli import main
+    from plandsl.runtime.options import RANK_OPTIONS, parse_args
+    plan = tmp_path / "dp.plan"
+    plan.write_text((STDLIB / "local" / "dp.plan").read_text().replace('import "tiny"\n',
+                                                                        'import "local/tiny"\nparam width = 2\n'))
+    np.full(4096, 1, dtype=np.uint16).tofile(tmp_path / "tokens.bin")
+    (tmp_path / "lib").mkdir()
+    given = {"steps": 7, "plan_name": "tiny_dp", "param": ["width=3"], "include": [str(tmp_path / "lib")],
+             "metrics": str(tmp_path / "m.jsonl"), "check_equivalence": True, "data": str(tmp_path / "tokens.bin"),
+             "timeout": 12.5, "checkpoint_dir": str(tmp_path / "ckpt"), "checkpoint_every": 3, "resume": True}
+    assert set(given) == {option.dest for option in RANK_OPTIONS}, "give every option of the table a value"
+    argv = ["run", str(plan)]
+    for option in RANK_OPTIONS:
+        value = given[option.dest]
+        if option.kind == "flag":
+            argv.append(option.flag)
+        else:
+            for item in value if option.kind == "list" else [value]:
+                argv += [option.flag, str(item)]
+    launched = []
+    monkeypatch.setattr(api, "launch", lambda args: launched.append(args) or 0)
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 0, result.output
+    (args,) = launched
+    ranks = parse_args(args[args.index("plandsl.run") + 1:])
+    assert ranks.plan == str(plan)
+    assert {option.dest: getattr(ranks, option.dest) for option in RANK_OPTIONS} == given
+    # the launcher's options carry every option of the table but those that come with the plan
+    fields = {field.name for field in dataclasses.fields(LaunchOptions)}
+    assert {o.dest for o in RANK_OPTIONS} - fields == {"plan_name", "param", "include"}
+
+
+def test_the_ranks_refuse_what_plandsl_run_refuses(tmp_path, capsys):
+    """The rule between options is one function: --resume without --checkpoint-dir, on both sides."""
+    from click.testing import CliRunner
+
+    from plandsl.cli import main
+    from plandsl.runtime.options import parse_args
+    with pytest.raises(SystemExit) as caught:
+        parse_args([str(LOCAL_3D), "--resume"])
+    assert caught.value.code == 2 and "--resume needs --checkpoint-dir" in capsys.readouterr().err
+    result = CliRunner().invoke(main, ["run", str(LOCAL_3D), "--resume"])
+    assert result.exit_code == 1 and "--resume needs --checkpoint-dir" in result.output
