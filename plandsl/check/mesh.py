@@ -79,15 +79,19 @@ def _shared_axes(plan: ir.Plan) -> Iterator[Diagnostic]:
         if part is not None:
             roles.append((part.axis, role, part.span))
     first: dict[str, str] = {}
+    where: dict[str, object] = {}  # role -> where it was written
     for axis, role, span in roles:
         other = first.setdefault(axis, role)
+        where.setdefault(role, span)
         if other != role and {other, role} != {"data", "experts"}:
             free = [a.name for a in plan.mesh.axes if a.name not in used_axes(plan)]
             # the role whose usual axis is free moved off it by mistake; else the one written second
             moved, named = next(((r, DEFAULT_AXES[r]) for r in (role, other) if DEFAULT_AXES[r] in free),
                                 (role, free[0] if len(free) == 1 else None))
+            stays = other if moved == role else role
             yield diag("E307", f"mesh axis '{axis}' is used by both `{other}` and `{role}`; each splits its own "
-                       "thing, so each needs an axis of its own", span,
+                       "thing, so each needs an axis of its own", where.get(moved) or span,  # the line to change
+                       notes=[Note(f"`{stays}` runs over '{axis}' here", where.get(stays))] if where.get(stays) else [],
                        hint=f"the mesh's axis '{named}' is unused: `{moved} = {_role_line(plan, moved)} over {named}`"
                        if named else f"add a mesh axis for `{role}`, e.g. `[..., {DEFAULT_AXES[role]} = 2]`, "
                        "and name it here", edits=move_edit(plan, moved, named) if named else ())

@@ -76,6 +76,7 @@ MISTAKES = [
     ("shard_rules", "Shard(0) @ tp }", "Shard(0) @ tpp }", "E302", ()),
     ("gpt3_175b_3d", "evenly over pp", "evenly over dp", "E307", ()),
     ("gpt3_175b_3d", "megatron over tp", "megatron over dp", "E307", ()),
+    ("gpt3_175b_3d", "zero1 over dp", "zero1 over pp", "E307", ()),  # at the data line, not the stages line
     ("long_context", "context = allgather over cp", "context = allgather over dp", "E307", ()),
     ("moe_expert_parallel", "experts = alltoall over ep", "experts = alltoall over dp", "E306", ("mesh    =",)),
     ("fsdp", "data    = fsdp over dp", "data    = fsdp", "E306", ()),
