@@ -42,9 +42,12 @@ STAGES = [
 
 
 def normalize(text: str, directory: str) -> str:
-    """Paths as the user wrote them: the temporary directory and the stdlib location removed."""
+    """Paths as the user wrote them: the temporary directory and the stdlib location removed, the
+    folder above the temporary directory (where `../` leads) shown as `<tmp>`."""
     for prefix in (os.path.realpath(directory), directory):
         text = text.replace(prefix + os.sep, "")
+    for prefix in (os.path.dirname(os.path.realpath(directory)), os.path.dirname(directory)):
+        text = text.replace(prefix + os.sep, "<tmp>" + os.sep)
     return text.replace(str(stdlib_root()), "<stdlib>")
 
 

@@ -14,7 +14,8 @@ from typing import Callable, Mapping
 
 from plandsl.rewrite.complete import generate_from
 from plandsl.search import SearchResult, search
-from plandsl.search.emit import Refusals, candidate_json, checked_texts, explain, format_table, resolve_problem
+from plandsl.search.emit import (Refusals, candidate_json, checked_texts, explain, format_table, include_note,
+                                 resolve_problem, written_from)
 
 
 class UsageProblem(ValueError):
@@ -72,7 +73,8 @@ def generate(request: Request, progress: Callable[[int, int], None] | None = Non
                                        request.precision or "bf16")
     result, texts = checked_texts(search(problem_, request.pins, request.top, progress=progress), problem_, source,
                                   request.output)
-    return Generated(result, tuple(texts))
+    note = include_note(written_from(source, request.output or "generated.plan"))
+    return Generated(result, tuple(texts), (note,) if note else ())
 
 
 def candidates_json(generated: Generated, refusals: Refusals) -> dict:

@@ -174,20 +174,48 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
     return format_text("\n".join(lines).lstrip("\n") + "\n", "<generate>")
 
 
+def written_from(source: Source, path: str | os.PathLike) -> Source:
+    """The imports as the file `path` must spell them: a model file given by its path (`--model
+    DIR/x.plan:m`) is named relative to the file's folder when it lies in that folder's tree, so the
+    written plan checks as it is and moves with its folder; elsewhere it stays absolute (`outside`)."""
+    base = Path(os.path.abspath(path)).parent.resolve()
+    imports = []
+    for name in source.imports:
+        found = Path(name)
+        if found.is_absolute() and found.resolve().is_relative_to(base):
+            name = found.resolve().relative_to(base).with_suffix("").as_posix()
+        imports.append(name)
+    return Source(tuple(imports), source.model, source.cluster)
+
+
+def outside(source: Source) -> tuple[str, ...]:
+    """The folders of the imports a written plan reads only when they are named with `--include`."""
+    return tuple(dict.fromkeys(os.path.dirname(i) for i in source.imports if os.path.isabs(i)))
+
+
+def include_note(source: Source) -> str | None:
+    """What to pass to check or run the written plan, when its model file lies outside its folder tree."""
+    folders = outside(source)
+    return (f"the plan imports from {', '.join(folders)}, outside its folder: check or run it with "
+            + " ".join(f"--include {f}" for f in folders)) if folders else None
+
+
 def checked_texts(result: SearchResult, problem: Problem, source: Source,
                   path: str | None = None) -> tuple[SearchResult, list[str]]:
-    """The candidates whose plan text passes `plandsl check` (checked as the file `path` would be), and
-    their texts (already in `plandsl fmt`'s layout); PlanError with the first one's diagnostics, marked
-    as a bug, when none does."""
-    import os
+    """The candidates whose plan text passes `plandsl check` (checked as the file `path` would be, with
+    `--include` for the folders `include_note` names), and their texts (already in `plandsl fmt`'s
+    layout); PlanError with the first one's diagnostics, marked as a bug, when none does."""
     from dataclasses import replace
     from plandsl.check.analysis import analyze
     from plandsl.diagnostics import Note, PlanError
+    from plandsl.syntax.loader import include
     where = str(path) if path else os.path.join(os.getcwd(), "generated.plan")
+    source = written_from(source, where)
     kept, failure = [], None
     for scored in result.candidates:
         text = plan_text(scored, problem, source)
-        analysis = analyze(where, text=text)
+        with include(outside(source)):
+            analysis = analyze(where, text=text)
         if analysis.ok:
             kept.append((scored, text))
         elif failure is None:
@@ -394,5 +422,5 @@ def _smallest_cluster(problem: Problem, states: float) -> str:
             f"all of them); activations need more: run generate on a cluster at least that large")
 
 
-__all__ = ["Source", "resolve_problem", "plan_text", "checked_texts", "header", "stage_lines", "candidate_json", "format_table", "explain", "explain_empty",
+__all__ = ["Source", "resolve_problem", "plan_text", "checked_texts", "written_from", "include_note", "header", "stage_lines", "candidate_json", "format_table", "explain", "explain_empty",
            "stdlib_names"]

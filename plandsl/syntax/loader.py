@@ -246,16 +246,18 @@ class Loader:
             real = os.path.realpath(path)
             if not _inside(real, self.roots):
                 raise FileProblem("E214", f"import \"{_short(name)}\" leads by a link to {real}, outside the "
-                                  "folders imports are read from", self._hint())
+                                  "folders imports are read from", self._hint(real))
             return Path(path)
         if outside is not None:
             raise FileProblem("E214", f"import \"{_short(name)}\" names a file outside the folders imports are "
-                              "read from", self._hint())
+                              "read from", self._hint(outside))
         return None
 
-    def _hint(self) -> str:
+    def _hint(self, path: str) -> str:
+        folder = os.path.dirname(path)
         return ("imports are read from the folder of the file being checked and below, the standard library, "
-                f"and folders named with --include DIR or {PATH_ENV}: add the file's folder there")
+                f"and folders named with --include DIR or {PATH_ENV}: if you trust {_short(folder)}, "
+                f"pass --include {_short(folder)}")
 
 
 def _short(name: str) -> str:

@@ -153,3 +153,54 @@ def test_a_refused_winner_is_named_with_the_best_plan_that_runs(monkeypatch):
     text = run(*SMALL, "--top", "2", "--pin", "pp=2", "--pin", "schedule=chimera").output
     assert "note: `plandsl run` refuses #1 (E701: schedule 'chimera' cannot run yet" in text
     assert "none of the top runs: pin what runs" in text
+
+
+TINY = "model tiny = gpt(layers=4, hidden=256, heads=4, seq=128, vocab=1024)\n"
+
+
+def _cli(*args, cwd):
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.run([sys.executable, "-m", "plandsl.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+
+
+def test_a_model_file_below_the_output_folder_is_imported_relative_to_it(tmp_path):
+    """generate then check: the written plan checks as it is, and still does when its folder moves."""
+    import shutil
+    project = tmp_path / "project"
+    (project / "models").mkdir(parents=True)
+    (project / "models" / "m.plan").write_text(TINY)
+    out = _cli("generate", "--model", f"{project / 'models' / 'm.plan'}:tiny", "--cluster", "dgx_a100 x 1",
+               "--global-batch", "8", "-o", "best.plan", cwd=project)
+    assert out.returncode == 0, out.stderr
+    assert "--include" not in out.stderr
+    text = (project / "best.plan").read_text()
+    assert 'import "models/m"' in text and str(tmp_path) not in text
+    check = _cli("check", "best.plan", cwd=project)
+    assert check.returncode == 0, check.stdout + check.stderr
+    shutil.move(project, tmp_path / "moved")
+    check = _cli("check", str(tmp_path / "moved" / "best.plan"), cwd=tmp_path)
+    assert check.returncode == 0, check.stdout + check.stderr
+    # to stdout: named from the current folder, as `check` of a file saved there reads it
+    out = _cli("generate", "--model", f"{tmp_path / 'moved' / 'models' / 'm.plan'}:tiny", "--cluster",
+               "dgx_a100 x 1", "--global-batch", "8", cwd=tmp_path / "moved")
+    assert out.returncode == 0 and 'import "models/m"' in out.stdout, out.stderr
+
+
+def test_a_model_file_outside_the_output_folder_says_what_to_pass(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "m.plan").write_text(TINY)
+    (tmp_path / "out").mkdir()
+    out = _cli("generate", "--model", "../models/m.plan:tiny", "--cluster", "dgx_a100 x 1", "--global-batch", "8",
+               "-o", "o.plan", cwd=tmp_path / "out")
+    assert out.returncode == 0, out.stderr
+    folder = str((tmp_path / "models").resolve())
+    assert f"--include {folder}" in out.stderr  # the note names exactly what to pass
+    check = _cli("check", "o.plan", cwd=tmp_path / "out")
+    assert check.returncode == 1 and "E214" in check.stdout + check.stderr
+    assert f"pass --include {folder}" in check.stdout + check.stderr  # and so does check's hint
+    check = _cli("check", "o.plan", "--include", folder, cwd=tmp_path / "out")
+    assert check.returncode == 0, check.stdout + check.stderr
