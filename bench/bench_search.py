@@ -30,8 +30,8 @@ from plandsl.cost.compute import DEFAULT_EFFICIENCY, Efficiency
 from plandsl.search import Problem, SearchError, search
 
 # The inter-node bandwidth per node that DeepSpeed's 2021 ZeRO-3 got on Selene (GB/s), fitted by
-# `--fit` on its 768-GPU run: 8 % of the 8 x 200 Gb/s HDR rails NCCL's rings reach (docs/validation.md).
-ZERO3_2021_NIC = 16.5
+# `--fit` on its 768-GPU run (gradients reduced at fp32): 11 % of the 8 x 200 Gb/s HDR rails NCCL's rings reach (docs/validation.md).
+ZERO3_2021_NIC = 22.3
 
 # Hardware the stdlib does not describe, from the runs' own papers.
 HARDWARE = """

@@ -15,10 +15,14 @@ from plandsl import ir
 from plandsl.cost.comm import collective_seconds
 from plandsl.cost.compute import estimate_optimizer_step, peak_of
 from plandsl.cost.layer import LayerTime, Links
-from plandsl.cost.memory import local_numel
+from plandsl.cost.memory import STATE_BYTES, local_numel
 from plandsl.ir.layers import Layer
 
 _EXPERT = "experts"
+# Gradients travel at the dtype they are kept in: fp32 (`cost.memory.STATE_BYTES`), as the interpreter
+# holds them (fp32 parameters under autocast) and as Megatron-LM reduces its fp32 main-grad buffers by
+# default (`accumulate_allreduce_grads_in_fp32`, on for bf16); parameter gathers move `element`.
+GRADIENT_BYTES = STATE_BYTES
 
 
 # ---- stages and ranks ------------------------------------------------------------------------------------
@@ -86,10 +90,11 @@ def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: fl
     hide behind; the last unit's reduce-scatter is asynchronous and runs behind whatever the rank
     computes next. With u equal units of compute c and traffic x (backward: all-gather g plus
     reduce-scatter s) a pass takes g + (u - 1)·max(c, x) + c: for the forward max(C, X) + min(c, x).
+    Gradients move at `GRADIENT_BYTES` (fp32), parameters at `element` (the compute precision).
     """
     if zero_stage >= 2:
         units = max(1, units)
-        scatter = _over_data("reduce_scatter", dense / units, expert / units, element, links)
+        scatter = _over_data("reduce_scatter", dense / units, expert / units, GRADIENT_BYTES, links)
         gather = _over_data("all_gather", dense / units, expert / units, element, links) \
             if zero_stage >= 3 else 0.0
         backward = input_grad + weight_grad
@@ -131,6 +136,7 @@ def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, 
     optimizer); ZeRO-2 reduced them already, and gathers the parameters; ZeRO-3 has nothing left.
     hsdp adds an all-reduce of its shard over the replicate axis. The optimizer step updates the
     parameters a device owns: all of them, or 1/N_d with ZeRO >= 1 (Rajbhandari et al. 2020).
+    Gradients are reduced at `GRADIENT_BYTES` (fp32), parameters gathered at `element`.
     """
     dense = sum(s.dense_params for s in stages)
     expert = sum(s.expert_params for s in stages)
@@ -138,16 +144,16 @@ def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, 
     forward = sum(s.forward for s in stages)
     exposed = 0.0
     if zero_stage == 0:
-        exposed = max(0.0, _over_data("all_reduce", dense, expert, element, links) - backward)
+        exposed = max(0.0, _over_data("all_reduce", dense, expert, GRADIENT_BYTES, links) - backward)
     elif zero_stage == 1:
-        exposed = max(0.0, _over_data("reduce_scatter", dense, expert, element, links) - backward)
+        exposed = max(0.0, _over_data("reduce_scatter", dense, expert, GRADIENT_BYTES, links) - backward)
         exposed += max(0.0, _over_data("all_gather", dense, expert, element, links) - forward)
     elif zero_stage == 2:
         exposed = max(0.0, _over_data("all_gather", dense, expert, element, links) - forward)
     dense_degree, expert_degree = degrees
     if links.replicate.size > 1:
         shard = dense / dense_degree + expert / expert_degree
-        exposed += max(0.0, collective_seconds("all_reduce", shard * element, links.replicate) - backward)
+        exposed += max(0.0, collective_seconds("all_reduce", shard * GRADIENT_BYTES, links.replicate) - backward)
     owned = dense + expert if zero_stage == 0 else math.ceil(dense / dense_degree) + math.ceil(expert / expert_degree)
     return RankTail(exposed, estimate_optimizer_step(owned, device, optimizer, precision))
 
@@ -157,5 +163,5 @@ def slowest(devices: Sequence[ir.DeviceType], precision: ir.Precision) -> ir.Dev
     return min(devices, key=lambda d: (peak_of(d, precision), d.bandwidth, d.memory))
 
 
-__all__ = ["StageTime", "stage_time", "zero_traffic", "fsdp_units", "param_split", "RankTail", "rank_tail",
+__all__ = ["GRADIENT_BYTES", "StageTime", "stage_time", "zero_traffic", "fsdp_units", "param_split", "RankTail", "rank_tail",
            "slowest"]

@@ -68,7 +68,7 @@ def test_gradient_reduction_hides_behind_the_last_backward():
     e = estimate_plan(plan)
     [stage] = e.stage_times
     links = plan_links(plan)
-    reduce = collective_seconds("all_reduce", (stage.dense_params + stage.expert_params) * 2, links.data)
+    reduce = collective_seconds("all_reduce", (stage.dense_params + stage.expert_params) * 4, links.data)  # fp32 gradients
     tail = rank_tail([stage], 0, (16, 16), 2, links, plan.cluster.groups[0].node.device, plan.train.optimizer,
                      plan.train.precision)
     assert tail.exposed == pytest.approx(max(0.0, reduce - stage.backward))
@@ -138,8 +138,8 @@ def test_zero3_overlaps_each_unit_with_its_neighbours_compute_only(compute_per_u
     # next work (Zhao et al. 2023, prefetching): g + (u - 1)·max(c, traffic) + c.
     from plandsl.cost.comm import GroupLinks
     from plandsl.cost.layer import Links
-    from plandsl.cost.stage import zero_traffic
-    u, element, dense = 4, 2, 1e9
+    from plandsl.cost.stage import GRADIENT_BYTES, zero_traffic
+    u, element, dense = 4, GRADIENT_BYTES, 1e9  # fp32 compute: parameters gathered as wide as gradients
     # One node of 2 devices, no latency: an all-gather or reduce-scatter of S bytes takes S/2/bandwidth.
     bandwidth = dense / u * element / 2 / traffic_per_unit
     links = Links(data=GroupLinks(2, 2, 1, bandwidth, 0.0, bandwidth, 0.0))
@@ -152,6 +152,11 @@ def test_zero3_overlaps_each_unit_with_its_neighbours_compute_only(compute_per_u
     zero2 = zero_traffic(u * c, u * c, u * c, 0.0, 1.0, 0.0, dense, 0.0, 2, element, links, units=u)
     assert zero2.forward == u * c
     assert zero2.backward == pytest.approx({(3.0, 1.0): 24.0, (1.0, 3.0): 11.0}[(c, x)])
+    # 16-bit compute: the gradients still move at fp32, the parameters at 2 bytes (half the gather).
+    half = zero_traffic(u * c, u * c, u * c, 0.0, 1.0, 0.0, dense, 0.0, 2, 2, links, units=u)
+    assert half.backward == pytest.approx(zero2.backward)
+    half3 = zero_traffic(u * c, u * c, u * c, 0.0, 1.0, 0.0, dense, 0.0, 3, 2, links, units=u)
+    assert half3.forward == pytest.approx(max(u * c, u * x / 2) + min(c, x / 2))
 
 
 def test_each_zero3_unit_pays_the_collective_latency():
