@@ -125,9 +125,15 @@ def _transformer_layers(model: ir.TransformerModel) -> tuple[Layer, ...]:
         embed.append(Param("embed.pos.weight", "embed.pos", (model.seq, hidden), (OTHER, HIDDEN)))
     layers = [_layer("embed", "embed", embed, 0, hidden)]
 
+    # Blocks differ only in their names: one block's params, renamed per index (no shapes rebuilt).
     flops = transformer_block_flops(model)
+    first = _block_params(model, 0)
+    count, cut = sum(p.numel for p in first), len("layers.0.")
+    shapes = [(p.name[cut:], p.module[cut:], p.shape, p.dims) for p in first]
     for index in range(model.layers):
-        layers.append(_layer(f"layers.{index}", "block", _block_params(model, index), flops, hidden))
+        prefix = f"layers.{index}."
+        params = tuple([Param(prefix + name, prefix + module, shape, dims) for name, module, shape, dims in shapes])
+        layers.append(Layer(f"layers.{index}", "block", params, count, float(flops), hidden))
 
     layers.append(_layer("norm", "norm", _norm("norm", hidden, bias=gpt), 0, hidden))
     head = [] if model.tied_embeddings else _linear("head", vocab, hidden, VOCAB, HIDDEN, bias=False)

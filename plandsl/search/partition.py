@@ -9,6 +9,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import struct
+from collections import Counter
 
 
 def partition_blocks(blocks: int, fixed: list[float], per_block: list[float],
@@ -24,6 +26,8 @@ def partition_blocks(blocks: int, fixed: list[float], per_block: list[float],
     caps = caps if caps is not None else [blocks] * stages
     if stages > blocks or min(caps, default=0) < 1 or sum(min(c, blocks) for c in caps) < blocks:
         return None
+    if blocks - stages > GREEDY_STEPS:
+        return _partition_by_threshold(blocks, fixed, per_block, [min(c, blocks) for c in caps])
     counts = [1] * stages
     heap = [(fixed[s] + 2 * per_block[s], s) for s in range(stages) if caps[s] > 1]
     heapq.heapify(heap)
@@ -34,6 +38,70 @@ def partition_blocks(blocks: int, fixed: list[float], per_block: list[float],
         if counts[s] < caps[s]:
             push(heap, (fixed[s] + (counts[s] + 1) * per_block[s], s))
     return tuple(counts)
+
+
+# Past this many blocks to hand out one at a time, `partition_blocks` answers in closed form instead
+# (work by the stages, not by the blocks: a 100,000-block model on thousands of stages).
+GREEDY_STEPS = 4096
+
+
+def _partition_by_threshold(blocks: int, fixed: list[float], per_block: list[float],
+                            caps: list[int]) -> tuple[int, ...]:
+    """What the greedy of `partition_blocks` ends with, without its steps. The greedy hands out the
+    blocks beyond one per stage in the order of (fixed[s] + k * per_block[s], s) for k = 2.. caps[s]
+    (each stage's costs rise with k, so the heap pops their sorted merge): it takes the q = blocks -
+    stages smallest. Bisecting over the bit patterns of non-negative floats (ordered as the floats)
+    finds the q-th smallest cost V exactly in 64 rounds over the distinct stages; every cost below V is taken,
+    then those equal to V stage by stage, as the heap's ties go."""
+    extra = blocks - len(fixed)
+
+    kinds = Counter(zip(fixed, per_block, caps))  # stages alike count once, times how many
+
+    def taken(s: int, limit: float) -> int:
+        return taken_of(fixed[s], per_block[s], caps[s], limit)
+
+    def taken_of(f: float, b: float, cap: int, limit: float) -> int:
+        """How many of a stage's costs f + k * b, k = 2..cap, are <= limit (the greedy's float expression)."""
+        if f + 2 * b > limit:
+            return 0
+        if b <= 0.0:
+            return cap - 1
+        k = min(cap, max(2, int((limit - f) / b)))
+        while k < cap and f + (k + 1) * b <= limit:
+            k += 1
+        while k > 2 and f + k * b > limit:
+            k -= 1
+        return k - 1
+
+    def count(limit: float) -> int:
+        return sum(n * taken_of(f, b, cap, limit) for (f, b, cap), n in kinds.items())
+
+    low, high = 0, _bits(max(f + c * b for f, b, c in zip(fixed, per_block, caps)))
+    if count(_float(low)) < extra:  # the q-th smallest cost is above 0.0: the least bits that reach it
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if count(_float(middle)) >= extra else (middle, high)
+        value = _float(high)
+        below = _float(high - 1)
+    else:
+        value, below = _float(low), None
+    counts = [1 + (taken(s, below) if below is not None else 0) for s in range(len(fixed))]
+    left = extra - (sum(counts) - len(fixed))
+    for s in range(len(fixed)):
+        if left <= 0:
+            break
+        more = min(left, taken(s, value) + 1 - counts[s])
+        counts[s] += more
+        left -= more
+    return tuple(counts)
+
+
+def _bits(value: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", value))[0]
+
+
+def _float(bits: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", bits))[0]
 
 
 def partition_layers(costs: list[list[float]], memory: list[list[float]] | None = None,

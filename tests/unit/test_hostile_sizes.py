@@ -427,3 +427,12 @@ def test_a_100t_parameter_model_is_described_in_trillions():
     plan = analyze("huge.plan", text=text).document.plans[0]
     assert 1e14 < param_count(plan.model) < 1e15
     assert "T parameters)" in describe_plan(plan) and "e+" not in describe_plan(plan)
+
+
+def test_partition_of_a_hundred_thousand_blocks_is_closed_form():
+    """100,000 blocks over 4,096 stages: bisection over the distinct stages, not a step per block."""
+    from plandsl.search.partition import partition_blocks
+    start = time.perf_counter()
+    counts = partition_blocks(limits.MAX_LAYERS, [0.5] + [0.0] * 4094 + [0.9], [0.01] * 4096)
+    assert time.perf_counter() - start < LIMIT_S
+    assert sum(counts) == limits.MAX_LAYERS and max(counts) - min(counts) <= 90

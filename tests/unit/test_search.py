@@ -1,6 +1,7 @@
 """The search finds the true optimum of its own cost model: branch and bound against brute force on
 small spaces, bounds below exact figures, the partition against enumeration, and pins."""
 import itertools
+import random
 
 import pytest
 
@@ -105,6 +106,30 @@ def test_partition_is_the_minimax_of_all_compositions(blocks, fixed, per_block, 
 
 def test_equal_costs_split_like_the_language():
     assert partition_blocks(10, [0.0] * 4, [1.0] * 4) == (3, 3, 2, 2)
+
+
+def test_closed_form_partition_is_the_greedy(monkeypatch):
+    """Past GREEDY_STEPS blocks the partition is found by bisection, not block by block: the same
+    counts as the greedy, ties and free blocks (per_block 0) included."""
+    from plandsl.search import partition
+    rng = random.Random(7)
+    cases = 0
+    for _ in range(1500):
+        stages = rng.randint(1, 9)
+        blocks = rng.randint(stages, 150)
+        if rng.random() < 0.4:  # many ties
+            fixed = [rng.choice([0.0, 1.0, 2.5]) for _ in range(stages)]
+            per_block = [rng.choice([0.0, 0.5, 1.0, 3.0]) for _ in range(stages)]
+        else:
+            fixed = [rng.uniform(0, 5) * rng.choice([0, 1]) for _ in range(stages)]
+            per_block = [rng.uniform(0, 2) for _ in range(stages)]
+        caps = None if rng.random() < 0.5 else [rng.randint(1, blocks) for _ in range(stages)]
+        monkeypatch.setattr(partition, "GREEDY_STEPS", 10**9)
+        greedy = partition_blocks(blocks, fixed, per_block, caps)
+        monkeypatch.setattr(partition, "GREEDY_STEPS", -1)
+        assert partition_blocks(blocks, fixed, per_block, caps) == greedy, (blocks, fixed, per_block, caps)
+        cases += greedy is not None
+    assert cases > 1000
 
 
 def test_layer_partition_by_dynamic_programming_matches_enumeration():
