@@ -67,10 +67,40 @@ def in_process() -> list[tuple[str, float, float, str]]:
     return rows
 
 
-def shell(args: list[str]) -> tuple[float, int, str]:
+def search_parts() -> list[tuple[str, float, float, str]]:
+    """The search's per-layer parts on a 100,000-layer model: the partition of identical blocks over
+    stages (closed form; peer: the greedy it replaces, one block at a time) and the layer catalogue."""
+    from plandsl.ir import layers
+    from plandsl.search import partition
+    rows = []
+    for stages in (512, 4096):
+        fixed, per_block = [0.5] + [0.0] * (stages - 2) + [0.9], [0.01] * stages
+        closed = best(lambda: partition.partition_blocks(100_000, fixed, per_block), 3)[0]
+        saved, partition.GREEDY_STEPS = partition.GREEDY_STEPS, 10**9
+        try:
+            greedy = best(lambda: partition.partition_blocks(100_000, fixed, per_block), 3)[0]
+        finally:
+            partition.GREEDY_STEPS = saved
+        rows.append((f"partition of 100,000 identical blocks over {stages:,} stages (peer: the greedy)", closed,
+                     greedy, "-"))
+    from plandsl.search.emit import resolve_problem
+    model = resolve_problem("gpt(layers=100000, hidden=4096, heads=32, seq=2048, vocab=51200)", "dgx_a100 x 1",
+                            8)[0].model
+    small = resolve_problem("gpt(layers=1000, hidden=4096, heads=32, seq=2048, vocab=51200)", "dgx_a100 x 1",
+                            8)[0].model
+    rows.append(("layer catalogue (`layers_of`) of a 100,000-layer gpt (peer: 1,000 layers)",
+                 best(lambda: layers._transformer_layers(model), 1)[0],
+                 best(lambda: layers._transformer_layers(small), 3)[0], "-"))
+    return rows
+
+
+def shell(args: list[str], limit: float = 120) -> tuple[float, int | str, str]:
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "plandsl.cli", *args], capture_output=True, text=True,
-                            timeout=120, cwd=ROOT)
+    try:
+        result = subprocess.run([sys.executable, "-m", "plandsl.cli", *args], capture_output=True, text=True,
+                                timeout=limit, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return time.perf_counter() - start, "killed", f"still running after {limit:.0f} s"
     elapsed = time.perf_counter() - start
     output = (result.stdout + result.stderr).strip().splitlines()
     first = next((line for line in output if line.strip()), "")
@@ -87,11 +117,14 @@ SHELL = [
     ["generate", "--model", "gpt(layers=1000, hidden=91264, heads=713, seq=2048, vocab=51200)", "--cluster",
      "dgx_a100 x 1", "--global-batch", "1536"],
     ["generate", "--model", "gpt3_175b", "--cluster", "dgx_a100 x 128", "--global-batch", "1536"],
+    ["generate", "--model", "gpt3_175b", "--cluster", "dgx_a100 x 131072", "--global-batch", "1536"],
+    ["generate", "--model", "gpt(layers=100000, hidden=4096, heads=32, seq=2048, vocab=51200)", "--cluster",
+     "dgx_a100 x 4096", "--global-batch", "1536"],
 ]
 
 
 def main() -> None:
-    rows = in_process()
+    rows = in_process() + search_parts()
     print("| case | time (s) | peer (s) | ratio | diagnostics |")
     print("|---|---|---|---|---|")
     for name, time_s, peer, codes in rows:
