@@ -44,6 +44,7 @@ STAGES = [
 def normalize(text: str, directory: str) -> str:
     """Paths as the user wrote them: the temporary directory and the stdlib location removed, the
     folder above the temporary directory (where `../` leads) shown as `<tmp>`."""
+    text = text.replace(str(stdlib_root()), "<stdlib>")  # first: the stdlib may lie under the temporary folder's parent
     for prefix in (os.path.realpath(directory), directory):
         text = text.replace(prefix + os.sep, "")
     for prefix in (os.path.dirname(os.path.realpath(directory)), os.path.dirname(directory)):

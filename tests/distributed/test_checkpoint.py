@@ -93,7 +93,7 @@ def _attempt(rank: int, source, **config):
     """`ranks.train`, returning a CheckpointError's message instead of raising it."""
     try:
         return "trained", train(rank, source, **config)
-    except CheckpointError as error:
+    except checkpoint.CheckpointError as error:
         return "refused", str(error)
 
 

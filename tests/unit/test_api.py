@@ -18,7 +18,7 @@ from plandsl.schedules.program import Schedule
 from plandsl.schedules.simulate import Simulation
 from plandsl.syntax import Module
 
-STDLIB = Path(__file__).resolve().parents[2] / "plandsl" / "stdlib_plans"
+STDLIB = Path(__file__).resolve().parents[2] / "stdlib_plans"
 GPT3 = STDLIB / "examples" / "gpt3_175b_3d.plan"
 PP = STDLIB / "local" / "pp_1f1b.plan"
 
