@@ -57,12 +57,20 @@ def _writable_dir(ctx, param, value):
 
 def _write(path: str, data: bytes | str) -> None:
     """Write an output file; a failure the checks before the work could not see is exit 1, not a traceback."""
+    problem = _write_problem(path, data)
+    if problem:
+        click.echo(f"{path}: error: cannot write: {problem}", err=True)
+        sys.exit(1)
+
+
+def _write_problem(path: str, data: bytes | str) -> str | None:
+    """Write `data` to `path`; why that failed, or None."""
     try:
         with open(path, "wb") as handle:
             handle.write(data.encode("utf-8") if isinstance(data, str) else data)
     except OSError as error:
-        click.echo(f"{path}: error: cannot write: {error.strerror or error}", err=True)
-        sys.exit(1)
+        return error.strerror or str(error)
+    return None
 
 
 @contextlib.contextmanager
@@ -185,25 +193,40 @@ def explain(code):
 @click.argument("files", nargs=-1, required=True, type=click.Path(allow_dash=True))
 @click.option("--check", "check_only", is_flag=True, help="Change nothing; exit 1 if a file would change.")
 def fmt(files, check_only):
-    """Rewrite plan FILES in canonical layout (comments kept); `-` reads stdin."""
-    would_change = failed = False
+    """Rewrite plan FILES in canonical layout (comments kept); `-` reads stdin.
+
+    Each file on its own: one that cannot be read, parsed or written is reported and the next is formatted."""
+    outcomes = set()
     for file in files:
-        try:
-            data, formatted = api.format_file(file, sys.stdin.buffer if file == "-" else None)
-        except api.PlanError as error:
-            click.echo(str(error), err=True)
-            failed = True
-            continue
-        if file == "-":
-            click.echo(formatted, nl=False)
-        elif formatted.encode("utf-8") != data:
-            would_change = True
-            if check_only:
-                click.echo(f"{file}: would reformat")
-            else:
-                _write(file, formatted)
-                click.echo(f"{file}: reformatted")
-    sys.exit(1 if failed or (check_only and would_change) else 0)
+        with api.guard(None if file == "-" else file) as bug:  # a plandsl bug on this file: E108, then the next
+            outcomes.add(_format_one(file, check_only))
+        if bug.diagnostic is not None:
+            click.echo(api.render_all([bug.diagnostic], {}), err=True)
+            outcomes.add("failed")
+    sys.exit(1 if outcomes & {"failed", "would change"} else 0)
+
+
+def _format_one(file: str, check_only: bool) -> str:
+    """Format (or with `check_only`, compare) one file: "failed", "would change", "changed" or "same"."""
+    try:
+        data, formatted = api.format_file(file, sys.stdin.buffer if file == "-" else None)
+    except api.PlanError as error:
+        click.echo(str(error), err=True)
+        return "failed"
+    if file == "-":
+        click.echo(formatted, nl=False)
+        return "same"
+    if formatted.encode("utf-8") == data:
+        return "same"
+    if check_only:
+        click.echo(f"{file}: would reformat")
+        return "would change"
+    problem = _write_problem(file, formatted)
+    if problem:
+        click.echo(f"{file}: error: cannot write: {problem}", err=True)
+        return "failed"
+    click.echo(f"{file}: reformatted")
+    return "changed"
 
 
 @main.command()
