@@ -8,6 +8,7 @@ is reported once, not as a cascade.
 from __future__ import annotations
 
 from plandsl import ir
+from plandsl.check.axis_roles import suggest_axis_split, suggest_axis_use
 from plandsl.check.axis_sizes import suggest_axis_size, suggest_mesh_fit, suggest_stage_axis
 from plandsl.check.memory import check_memory
 from plandsl.check.mesh import check_mesh
@@ -44,6 +45,10 @@ def _suggest(plan: ir.Plan, problem: Diagnostic, found: list[Diagnostic]) -> Dia
         return suggest_axis_size(plan, problem, found)
     if problem.code == "E301":
         return suggest_mesh_fit(plan, problem, found)
+    if problem.code == "E306":
+        return suggest_axis_use(plan, problem, found)
+    if problem.code == "E307":
+        return suggest_axis_split(plan, problem, found)
     if problem.code == "E404" and problem.message.startswith("the stages block declares"):
         return suggest_stage_axis(plan, problem, found, int(problem.message.split()[4]))
     return problem

@@ -145,22 +145,70 @@ def suggest_mesh_fit(plan: ir.Plan, problem: Diagnostic, found: list[Diagnostic]
 
 def suggest_stage_axis(plan: ir.Plan, problem: Diagnostic, found: list[Diagnostic], declared: int) -> Diagnostic:
     """`problem` (an E404: a stages block of `declared` stages, pp x virtual of another count) with the
-    pipeline axis resized to the declared stages when that checks, a data axis absorbing the change."""
+    pipeline axis resized to the declared stages when that checks, a data axis absorbing the change (the
+    stages stay as written); else, with more stages declared than the axis has, the stages merged into
+    that many; else the hint says what stops the resizing."""
     stages = plan.stages
-    if stages is None or declared % stages.virtual or plan.mesh.axis(stages.axis) is None:
+    if stages is None or plan.mesh.axis(stages.axis) is None:
         return problem
-    axis, want = stages.axis, declared // stages.virtual
+    axis, count = stages.axis, plan.pp * stages.virtual
     old = plan.mesh.degree(axis)
-    data = next((a for a in (plan.data.axes if plan.data else ()) if a != axis and plan.mesh.axis(a)), None)
     options = []
-    if data is not None and (plan.mesh.degree(data) * old) % want == 0:
-        options.append({axis: want, data: plan.mesh.degree(data) * old // want})
-    options.append({axis: want})
-    best = _offer(plan, problem, found, [o for o in options if _fits(plan, o)])
+    want = declared // stages.virtual if declared % stages.virtual == 0 else None
+    if want is not None:
+        data = next((a for a in (plan.data.axes if plan.data else ()) if a != axis and plan.mesh.axis(a)), None)
+        if data is not None and (plan.mesh.degree(data) * old) % want == 0:
+            options.append({axis: want, data: plan.mesh.degree(data) * old // want})
+        options.append({axis: want})
+    fitting = [o for o in options if _fits(plan, o)]
+    best = _offer(plan, problem, found, fitting)
     edits = _size_edits(plan, best) if best else ()
-    if not edits:
-        return problem
-    change = " and ".join(f"'{name}' to {size}" for name, size in best.items())
-    keeps = f" (the mesh keeps its {plan.mesh.size} devices)" if len(best) > 1 else ""
-    return replace(problem, hint=f"set {change}{keeps} for the {declared} stages declared, or declare "
-                   f"{old * stages.virtual} stages", edits=edits)
+    if edits:
+        change = " and ".join(f"'{name}' to {size}" for name, size in best.items())
+        keeps = f" (the mesh keeps its {plan.mesh.size} devices)" if len(best) > 1 else ""
+        return replace(problem, hint=f"set {change}{keeps} for the {declared} stages declared, or declare "
+                       f"{count} stages", edits=edits)
+    why = _why_not(plan, problem, found, fitting, options, axis, want)
+    merged = _merged(plan, declared, count) if declared > count else None
+    if merged is not None and _errors(merged[0]) <= {_key(d) for d in found if d.is_error and d is not problem}:
+        return replace(problem, hint=f"merge the {declared} stages into the {count} of {axis}({old}) x "
+                       f"virtual({stages.virtual}): {merged[2]}{why}", edits=merged[1])
+    return replace(problem, hint=(problem.hint or "") + why)
+
+
+def _why_not(plan: ir.Plan, problem: Diagnostic, found: list[Diagnostic], fitting: list[dict[str, int]],
+             options: list[dict[str, int]], axis: str, want: int | None) -> str:
+    """Why '{axis}' cannot become `want`: it is not a whole number, the mesh outgrows the cluster, or the
+    error the resized plan would have."""
+    if want is None:
+        return ""
+    if not fitting:
+        has = f"it runs over {plan.mesh.part}" if plan.mesh.part is not None else \
+            f"the cluster has {plan.cluster.num_devices}"
+        return f"; '{axis}' = {want} needs {plan.mesh.size // plan.mesh.degree(axis) * want} devices, {has}" \
+            if options else ""
+    from plandsl.check import check_plan  # the whole checker judges the resized plan
+    already = {_key(d) for d in found if d.is_error and d is not problem}
+    error = next((d for d in check_plan(_resized(plan, fitting[0]), suggest=False)
+                  if d.is_error and _key(d) not in already), None)
+    return f"; '{axis}' = {want} gives {error.code}: {error.message}" if error else ""
+
+
+def _merged(plan: ir.Plan, declared: int, count: int) -> tuple[ir.Plan, tuple[Edit, ...], str] | None:
+    """The stages block with its `declared` stages relabelled into `count` (stage s -> s * count //
+    declared, in order): the changed plan, the edits of each entry's label, and the labels' change."""
+    stages = plan.stages
+    groups, edits, shown = [], [], []
+    for group in stages.groups:
+        first, last = group.stages[0] * count // declared, group.stages[-1] * count // declared
+        label = str(first) if first == last else f"{first}..{last + 1}"
+        old = str(group.stages[0]) if len(group.stages) == 1 else f"{group.stages[0]}..{group.stages[-1] + 1}"
+        span = group.field_spans.get("stages")
+        if span is None:
+            return None
+        groups.append(group.model_copy(update={"stages": tuple(range(first, last + 1))}))
+        if label != old:
+            edits.append(Edit(span, label))
+            shown.append(f"{old} -> {label}")
+    merged = plan.model_copy(update={"stages": stages.model_copy(update={"groups": tuple(groups)})})
+    return merged, tuple(edits), ", ".join(shown)

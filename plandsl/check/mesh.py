@@ -85,19 +85,21 @@ def _shared_axes(plan: ir.Plan) -> Iterator[Diagnostic]:
         where.setdefault(role, span)
         if other != role and {other, role} != {"data", "experts"}:
             free = [a.name for a in plan.mesh.axes if a.name not in used_axes(plan)]
-            # the role whose usual axis is free moved off it by mistake; else the one written second
+            # the role whose usual axis is free moved off it by mistake; else the one off its usual axis
+            # (`tensor` over pp beside `stages`), else the one written second
             moved, named = next(((r, DEFAULT_AXES[r]) for r in (role, other) if DEFAULT_AXES[r] in free),
-                                (role, free[0] if len(free) == 1 else None))
+                                (next((r for r in (role, other) if DEFAULT_AXES[r] != axis), role),
+                                 free[0] if len(free) == 1 else None))
             stays = other if moved == role else role
             yield diag("E307", f"mesh axis '{axis}' is used by both `{other}` and `{role}`; each splits its own "
                        "thing, so each needs an axis of its own", where.get(moved) or span,  # the line to change
                        notes=[Note(f"`{stays}` runs over '{axis}' here", where.get(stays))] if where.get(stays) else [],
-                       hint=f"the mesh's axis '{named}' is unused: `{moved} = {_role_line(plan, moved)} over {named}`"
-                       if named else f"add a mesh axis for `{role}`, e.g. `[..., {DEFAULT_AXES[role]} = 2]`, "
+                       hint=f"the mesh's axis '{named}' is unused: `{moved} = {role_line(plan, moved)} over {named}`"
+                       if named else f"add a mesh axis for `{moved}`, e.g. `[..., {DEFAULT_AXES[moved]} = 2]`, "
                        "and name it here", edits=move_edit(plan, moved, named) if named else ())
 
 
-def _role_line(plan: ir.Plan, role: str) -> str:
+def role_line(plan: ir.Plan, role: str) -> str:
     """What the plan's line for `role` says before `over` (`zero1`, `megatron`), for hints."""
     kinds = {"data": plan.data.kind if plan.data else ir.DataKind.zero1, "tensor": "megatron",
              "context": plan.context.kind if plan.context else "allgather", "experts": "alltoall",
@@ -111,14 +113,14 @@ ROLE_OF_NAME = {"mp": "tensor", "tensor": "tensor", "model": "tensor", "sp": "co
                 "expert": "experts", "experts": "experts", "moe": "experts"}
 
 
-def _role_of(plan: ir.Plan, role: str):
+def role_of(plan: ir.Plan, role: str):
     return {"data": plan.data, "tensor": plan.tensor, "context": plan.context, "experts": plan.experts,
             "stages": plan.stages}[role]
 
 
 def move_edit(plan: ir.Plan, role: str, to: str) -> tuple[Edit, ...]:
     """Rewrite the axis name in `role`'s `over ...` to `to` (when the role runs over one axis written there)."""
-    part = _role_of(plan, role)
+    part = role_of(plan, role)
     if part is None:
         return ()
     axes = part.axes if role == "data" else (part.axis,)
@@ -141,12 +143,12 @@ def _use_hint(plan: ir.Plan, name: str) -> tuple[str, tuple[Edit, ...]]:
     """How to use an axis no parallelism uses: the role its name says (tp: tensor, mp: tensor, ...), else
     data; with the edit that does it (the role's `over` moved to this axis, or a line added)."""
     role = next((r for r, default in DEFAULT_AXES.items() if default == name), None) or ROLE_OF_NAME.get(name)
-    current = _role_of(plan, role) if role else None
+    current = role_of(plan, role) if role else None
     if role is None or current is None:
-        line = f"{role or 'data'} = {_role_line(plan, role or 'data')} over {name}"
+        line = f"{role or 'data'} = {role_line(plan, role or 'data')} over {name}"
         other = "" if role else ", or name it dp/tp/pp/cp/ep for the default"
         return f"add `{line}`{other}", add_line_edit(plan, line)
-    line = f"`{role} = {_role_line(plan, role)} over {name}`"
+    line = f"`{role} = {role_line(plan, role)} over {name}`"
     where = ", ".join(current.axes) if role == "data" else current.axis
     return f"`{role}` is over '{where}', not '{name}': did you mean {line}?", move_edit(plan, role, name)
 

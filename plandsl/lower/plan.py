@@ -276,7 +276,7 @@ def stages_block(scope: Scope, block: s.Block, m: ir.Mesh) -> ir.Stages:
         else:
             stages = (inner.integer(key, "stage", minimum=0, maximum=ir.MAX_STAGES),)
         groups.append(ir.StageGroup(stages=stages, selectors=tuple(selector(scope, v) for v in entry.values),
-                                    span=entry.span))
+                                    span=entry.span, field_spans={"stages": entry.key.span} if entry.key.span else {}))
     if not groups:
         raise scope.reporter.error("E207", "a stages block needs `stage: layers` entries", block.name_span,
                                    hint="0: embed, layers[0:16]")

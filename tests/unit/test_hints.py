@@ -345,3 +345,73 @@ def test_top_k_on_a_dense_llama_is_a_warning_its_edit_removes(arguments, tmp_pat
     assert "top_k" not in fixed and list(after.diagnostics) == [], fixed
     moe = text.replace("llama(", "llama(experts=4, ")
     assert [d.code for d in analyze("k.plan", text=moe).diagnostics if d.code == "W202"] == []
+
+
+# ---- E306, E307, E404 beyond the usual names: each edit re-checks, or the hint says why there is none ----
+_ROLES = """\
+import "clusters/dgx_a100"
+plan p {{
+  model   = gpt(layers=4, hidden=256, heads=8, seq=128, vocab=1024)
+  cluster = dgx_a100 x {nodes}
+  mesh    = [{mesh}]
+  train   = {{ global_batch: 16, micro_batch: 1, precision: bf16 }}
+{lines}
+}}
+"""
+_FIXED = {
+    # an axis with a name no role has: the data parallelism takes it too, never a second `data` line (E213)
+    "unused_beside_data": ("dp = 2, x = 2, tp = 2", "  data    = zero1 over dp\n  tensor  = megatron over tp",
+                           "E306", "data    = zero1 over [dp, x]"),
+    "unused_beside_a_data_list": ("dp = 2, fsdp = 2, y = 2", "  data    = zero3 over [dp, fsdp]", "E306",
+                                  "over [dp, fsdp, y]"),
+    "unused_beside_default_data": ("dp = 2, x = 2, tp = 2", "  tensor  = megatron over tp", "E306",
+                                   "data = replicate over [dp, x]"),
+    # the batch does not split over dp x 3: the axis goes
+    "unused_and_the_batch_forbids_it": ("dp = 2, x = 3, tp = 1", "  data    = zero1 over dp", "E306", "x = 1"),
+    # no free axis: a new one split off the data axis, for the parallelism off its usual axis
+    "stages_on_the_data_axis": ("dp = 4, tp = 2", "  data    = zero1 over dp\n  stages  = evenly over dp\n"
+                                "  schedule = 1f1b", "E307", "dp = 2, pp = 2"),
+    "tensor_on_the_pipeline_axis": ("dp = 2, pp = 4", "  stages  = evenly over pp\n  schedule = 1f1b\n"
+                                    "  tensor  = megatron over pp", "E307", "tensor  = megatron over tp"),
+    # pp cannot grow to the 3 stages declared on one node of 8: the stages merge into pp's 2
+    "three_stages_on_pp_2": ("dp = 2, pp = 2, tp = 2", "  tensor  = megatron over tp\n  stages {\n"
+                             "    0: embed, layers.0\n    1: layers.1, layers.2\n    2: layers.3, norm, head\n  }",
+                             "E404", "    0: layers.1, layers.2\n    1: layers.3, norm, head"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_FIXED))
+def test_a_role_or_stage_hint_checks_when_followed(case, tmp_path):
+    mesh, lines, code, expected = _FIXED[case]
+    text = _ROLES.format(nodes=1, mesh=mesh, lines=lines)
+    assert [d.code for d in analyze("r.plan", text=text).diagnostics if d.is_error] == [code]
+    fixed, after = _follow(tmp_path, text, code)
+    assert expected in fixed, fixed
+    assert _errors(after) == [], f"{fixed}\n{render_all(after.diagnostics, after.sources)}"
+
+
+def test_e307_the_parallelism_off_its_usual_axis_is_the_one_moved():
+    text = _ROLES.format(nodes=1, mesh="dp = 2, pp = 4", lines=_FIXED["tensor_on_the_pipeline_axis"][1])
+    (problem,) = analyze("r.plan", text=text).diagnostics
+    assert problem.span.line == 9 and "`tensor = megatron over tp`" in problem.hint, problem
+
+
+def test_e307_without_room_for_an_axis_says_so_without_an_edit():
+    text = _ROLES.format(nodes=1, mesh="pp = 8", lines="  tensor  = megatron over pp\n  stages  = evenly over pp")
+    (problem,) = [d for d in analyze("r.plan", text=text).diagnostics if d.code == "E307"]
+    assert problem.edits == () and "no free axis, no data axis to split" in problem.hint, problem.hint
+
+
+def test_e306_when_no_change_checks_the_hint_says_what_stops_it():
+    text = _ROLES.format(nodes=2, mesh="dp = 2, x = 3, tp = 2] over devices[0:12",
+                         lines="  data    = zero1 over dp\n  tensor  = megatron over tp")
+    (problem,) = analyze("r.plan", text=text).diagnostics
+    assert problem.code == "E306" and problem.edits == ()
+    assert "no one change makes the plan check (`data = zero1 over [dp, x]` gives E501" in problem.hint, problem.hint
+
+
+def test_e404_says_why_pp_cannot_take_the_stages_declared():
+    text = _ROLES.format(nodes=1, mesh="dp = 2, pp = 2, tp = 2", lines=_FIXED["three_stages_on_pp_2"][1])
+    (problem,) = analyze("r.plan", text=text).diagnostics
+    assert problem.hint.startswith("merge the 3 stages into the 2 of pp(2) x virtual(1): 1 -> 0, 2 -> 1; "
+                                   "'pp' = 3 needs 12 devices, the cluster has 8"), problem.hint
