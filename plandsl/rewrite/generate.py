@@ -74,6 +74,8 @@ def generate(request: Request, progress: Callable[[int, int], None] | None = Non
     result, texts = checked_texts(search(problem_, request.pins, request.top, progress=progress), problem_, source,
                                   request.output)
     note = include_note(written_from(source, request.output or "generated.plan"))
+    if note:  # said in the file too, where whoever checks or runs it later reads it
+        texts = [f"# {note[0].upper()}{note[1:]}\n" + text for text in texts]
     return Generated(result, tuple(texts), (note,) if note else ())
 
 

@@ -199,6 +199,9 @@ def test_a_model_file_outside_the_output_folder_says_what_to_pass(tmp_path):
     assert out.returncode == 0, out.stderr
     folder = str((tmp_path / "models").resolve())
     assert f"--include {folder}" in out.stderr  # the note names exactly what to pass
+    first = (tmp_path / "out" / "o.plan").read_text().splitlines()[0]
+    assert first.startswith("# ") and first.endswith(f"--include {folder}")  # and the written plan says it
+    assert _cli("fmt", "--check", "o.plan", cwd=tmp_path / "out").returncode == 0
     check = _cli("check", "o.plan", cwd=tmp_path / "out")
     assert check.returncode == 1 and "E214" in check.stdout + check.stderr
     assert f"pass --include {folder}" in check.stdout + check.stderr  # and so does check's hint
