@@ -2,9 +2,9 @@
 
     python bench/bench_input.py            # prints a Markdown table for docs/benchmarks.md
 
-Each case runs the CLI in a child process and reports its exit status, wall time and peak resident
-memory (getrusage(RUSAGE_CHILDREN).ru_maxrss of a fresh wrapper process, so only that child counts;
-not RLIMIT_AS: torch maps much virtual memory). Target (issue 16): a diagnostic and exit 1 or 2 within
+Each case runs the CLI in a child process and reports its exit status, wall time, CPU time (user +
+system, which a loaded machine does not inflate) and peak resident memory (getrusage(RUSAGE_CHILDREN)
+of a fresh wrapper process, so only that child counts; not RLIMIT_AS: torch maps much virtual memory). Target (issue 16): a diagnostic and exit 1 or 2 within
 10 s and under 1 GB, whatever the input.
 """
 from __future__ import annotations
@@ -22,14 +22,15 @@ import resource, subprocess, sys, time
 stdin = open(sys.argv[1], "rb") if sys.argv[1] != "-" else subprocess.DEVNULL
 start = time.perf_counter()
 done = subprocess.run([sys.executable, "-m", "plandsl.cli", *sys.argv[2:]], stdin=stdin, capture_output=True)
-print(done.returncode, time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(done.returncode, time.perf_counter() - start, usage.ru_utime + usage.ru_stime, usage.ru_maxrss)
 """
 
 
-def measure(directory: str, stdin: str, *args: str) -> tuple[int, float, float]:
+def measure(directory: str, stdin: str, *args: str) -> tuple[int, float, float, float]:
     out = subprocess.run([sys.executable, "-c", _MEASURE, stdin, *args], cwd=directory, capture_output=True,
                          text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.split()
-    return int(out[0]), float(out[1]), int(out[2]) / 1024
+    return int(out[0]), float(out[1]), float(out[2]), int(out[3]) / 1024
 
 
 def main() -> None:
@@ -52,12 +53,13 @@ def main() -> None:
             ("`plandsl check lets.plan` (52,000 `let` lines: stops at 250,000 tokens)", "-", ["check", "lets.plan"]),
         ]
         (base / "zero.plan.csv").symlink_to("/dev/zero")
-        print("| case | exit | wall (s) | peak RSS (MiB) |")
-        print("|---|---:|---:|---:|")
+        print("| case | exit | wall (s) | CPU (s) | peak RSS (MiB) |")
+        print("|---|---:|---:|---:|---:|")
         for name, stdin, args in cases:
-            status, seconds, peak = measure(directory, stdin, *args)
-            print(f"| {name} | {status} | {seconds:.2f} | {peak:.0f} |")
-    print(f"\nmachine: {os.cpu_count()} cores, Python {sys.version.split()[0]}")
+            status, seconds, cpu, peak = measure(directory, stdin, *args)
+            print(f"| {name} | {status} | {seconds:.2f} | {cpu:.2f} | {peak:.0f} |")
+    print(f"\nmachine: {os.cpu_count()} cores, Python {sys.version.split()[0]}, load average "
+          f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1 / 5 / 15 min) at the end")
 
 
 if __name__ == "__main__":
