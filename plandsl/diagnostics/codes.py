@@ -4,7 +4,8 @@ E1xx syntax, E2xx names/types/units/imports (E22x model shapes), E3xx clusters a
 and sharding, E5xx training and memory, E6xx schedules, E7xx what `plandsl run` refuses
 (valid plans the interpreter cannot run), E8xx what `plandsl generate --from` cannot keep or
 `plandsl shrink` cannot do; W for warnings. The examples and fixes live in
-`plandsl/diagnostics/catalogue.py` (shown by `plandsl explain` and docs/errors.md).
+`plandsl/diagnostics/catalogue/`, one module per family (shown by `plandsl explain` and
+docs/errors.md).
 """
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ code (and its fix does not), rendered output matches tests/golden/diagnostics/, 
 stay generated, the CLI explains and reports, and a file's problems come all at once."""
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import re
@@ -12,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from plandsl.check.analysis import analyze
-from plandsl.diagnostics.catalogue import ENTRIES, explain
+from plandsl.diagnostics.catalogue import ENTRIES, FAMILIES, explain
 from plandsl.cli import main
 from plandsl.diagnostics.codes import CODES
 from plandsl.diagnostics import MAX_PER_FILE, render_all
@@ -32,6 +33,26 @@ def test_every_code_has_an_entry_and_every_entry_a_code():
         assert entry.title == CODES[code]
         assert entry.explanation and entry.fix and entry.example.strip()
 
+
+
+# One module of plandsl/diagnostics/catalogue/ per family, named for what its codes are about.
+FAMILY_MODULES = {"syntax": "E1", "names": "E2", "meshes": "E3", "placement": "E4", "training": "E5",
+                  "schedules": "E6", "refusals": "E7", "rewrite": "E8", "warnings": "W"}
+
+
+def test_each_family_module_holds_exactly_its_family_and_together_they_hold_every_code():
+    folder = ROOT / "plandsl" / "diagnostics" / "catalogue"
+    assert {p.stem for p in folder.glob("*.py")} - {"__init__", "entry"} == set(FAMILY_MODULES)
+    held: list[str] = []
+    for name, prefix in FAMILY_MODULES.items():
+        family = importlib.import_module(f"plandsl.diagnostics.catalogue.{name}").FAMILY
+        assert family.prefix == prefix and family in FAMILIES
+        codes = [entry.code for entry in family.entries]
+        expected = {code for code in CODES if (code[:1] if code.startswith("W") else code[:2]) == prefix}
+        assert sorted(codes) == sorted(expected), f"{name}.py must hold exactly the {prefix} codes"
+        held += codes
+    assert sorted(held) == sorted(CODES)
+    assert len(FAMILIES) == len(FAMILY_MODULES)
 
 # ---- (b) examples produce their code; fixes remove it ---------------------------------------
 @pytest.mark.parametrize("code", sorted(CODES))

@@ -1,0 +1,319 @@
+"""E2xx: names, types, units and imports, found while lowering; E22x: the shapes a model needs
+to run, found by the checker.
+
+Each `_entry(...)` is one code: why the rule exists, a failing example and the fix; see
+`plandsl.diagnostics.catalogue.entry` for the form."""
+from __future__ import annotations
+
+from plandsl.diagnostics.catalogue.entry import GPT, Family
+
+FAMILY = Family("E2")
+_entry = FAMILY.add
+
+
+_entry("E201", """
+    A name that is not defined in this file nor in any file it imports. Devices, nodes,
+    clusters and models come into scope through `import`; the hint suggests the
+    closest name that is in scope.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model   = {GPT}
+      cluster = dgx_a10 x 1
+      mesh    = [dp = 2, pp = 2, tp = 2]
+      train   = {{ global_batch: 16, micro_batch: 1 }}
+    }}
+    """, "Use the node's real name.", ("dgx_a10 x", "dgx_a100 x"))
+
+_entry("E202", """
+    Two top-level definitions (params, lets, devices, nodes, clusters, models,
+    schedules, plans) share a name in one file, so every use of it would be ambiguous.
+    The second one is reported; the note points at the first.
+    """, f"""
+    import "clusters/dgx_a100"
+    model small = {GPT}
+    model small = gpt(layers=8, hidden=512, heads=8, seq=128, vocab=1024)
+    plan p {{
+      model   = small
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 2, pp = 2, tp = 2]
+      train   = {{ global_batch: 16, micro_batch: 1 }}
+    }}
+    """, "Give each definition its own name.", ("model small = gpt(layers=8", "model medium = gpt(layers=8"))
+
+_entry("E203", """
+    A quantity of the wrong dimension: a bandwidth where a memory size belongs, a time
+    where a bandwidth belongs. Memory, bandwidth and FLOP/s feed the memory check and
+    the cost model directly, so a swapped unit would silently give nonsense estimates.
+    """, """
+    device v100 {
+      memory    = 900 GB/s
+      bandwidth = 900 GB/s
+      peak      = { fp32: 15.7 TFLOP/s, fp16: 125 TFLOP/s }
+    }
+    node dgx1 {
+      devices = 8 x v100
+      link    = { bandwidth: 150 GB/s, latency: 2 us }
+    }
+    plan p {
+      model   = gpt(layers=4, hidden=256, heads=8, seq=128, vocab=1024)
+      cluster = dgx1 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 16, micro_batch: 1, precision: fp16 }
+    }
+    """, "Give the device memory in bytes.", ("memory    = 900 GB/s", "memory    = 32 GiB"))
+
+_entry("E204", """
+    A number carries a unit the language does not know. Units are case-sensitive:
+    `GiB` (2^30 bytes) and `GB` (10^9 bytes) are sizes, `Gb/s` is bits per second,
+    `TFLOP/s` is compute, `us`/`ms`/`s` are times.
+    """, """
+    device v100 {
+      memory    = 32 Gib
+      bandwidth = 900 GB/s
+      peak      = { fp32: 15.7 TFLOP/s, fp16: 125 TFLOP/s }
+    }
+    node dgx1 {
+      devices = 8 x v100
+      link    = { bandwidth: 150 GB/s, latency: 2 us }
+    }
+    plan p {
+      model   = gpt(layers=4, hidden=256, heads=8, seq=128, vocab=1024)
+      cluster = dgx1 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 16, micro_batch: 1, precision: fp16 }
+    }
+    """, "Write the unit as `GiB`.", ("32 Gib", "32 GiB"))
+
+_entry("E205", """
+    A value of the wrong kind for where it is used: a number where a list of mesh
+    axes is expected, a string where a number is expected. The message says what the
+    attribute takes.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model   = {GPT}
+      cluster = dgx_a100 x 1
+      mesh    = 8
+      train   = {{ global_batch: 16, micro_batch: 1 }}
+    }}
+    """, "A mesh is a list of named axes whose sizes multiply to the devices used.",
+       ("mesh    = 8", "mesh    = [dp = 8]"))
+
+_entry("E206", """
+    An attribute, key or option that the thing it is written in does not have: a typo,
+    or a setting that belongs elsewhere (the optimizer goes in `train`, not in the
+    plan). Unknown settings are errors rather than ignored, so a misspelt
+    `micro_batch` cannot silently fall back to its default of 1.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model   = {GPT}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 2, pp = 2, tp = 2]
+      train   = {{ global_batch: 16, microbatch: 2 }}
+    }}
+    """, "Spell the key as the hint suggests.", ("microbatch: 2", "micro_batch: 2"))
+
+_entry("E207", """
+    A required attribute is missing. A plan needs `model`, `cluster`, `mesh` and `train`
+    (with at least `global_batch`): without them there is nothing to lay out, nothing
+    to lay it out on, or no batch to split.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model   = {GPT}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 2, pp = 2, tp = 2]
+    }}
+    """, "Add the missing attribute.", ("tp = 2]\n", "tp = 2]\n  train   = { global_batch: 16, micro_batch: 1 }\n"))
+
+_entry("E208", """
+    An imported file does not exist next to the importing file nor in the standard
+    library (`clusters/dgx_a100`, `clusters/local`, ...). `.plan` may be left off the
+    name. The hint suggests the closest standard-library file.
+    """, f"""
+    import "cluster/dgx_a100"
+    plan p {{
+      model   = {GPT}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 2, pp = 2, tp = 2]
+      train   = {{ global_batch: 16, micro_batch: 1 }}
+    }}
+    """, "Import a file that exists (or create it next to this one).", ("cluster/", "clusters/"))
+
+_entry("E214", """
+    Imports read `.plan` files from three places only: the folder of the file named on the
+    command line and the folders below it, the standard library, and folders named with
+    `--include DIR` (repeatable) or the `PLANDSL_PATH` environment variable (folders separated
+    by `:`). A name that leaves them (`../`, an absolute path) or a symbolic link that leads
+    out of them is refused before anything is read, so a plan cannot make plandsl read (and
+    quote in a message) a file such as `/etc/shadow` or `/proc/self/environ`.
+    """, f"""
+    import "clusters/dgx_a100"
+    import "../shared/models"
+    plan p {{
+      model   = {GPT}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 2, pp = 2, tp = 2]
+      train   = {{ global_batch: 16, micro_batch: 1 }}
+    }}
+    """, "Name the folder on the command line (`plandsl check example.plan --include ../shared`) and "
+    "import the file by its name there, or copy it next to the plan.",
+    ('import "../shared/models"\n', ""))
+
+_entry("E209", """
+    Files import each other in a circle (here a file imports itself), so neither can
+    be loaded first. Every file on the cycle is listed. Shared definitions (devices,
+    nodes, models) belong in a file that the others import and that imports none of
+    them.
+    """, f"""
+    import "self.plan"
+    import "clusters/dgx_a100"
+    plan p {{
+      model   = {GPT}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 2, pp = 2, tp = 2]
+      train   = {{ global_batch: 16, micro_batch: 1 }}
+    }}
+    """, "Remove the import of the file itself.", ('import "self.plan"\n', ""), file="self.plan")
+
+_entry("E210", """
+    A word that is not one of the values this setting accepts: a precision other than
+    fp32/bf16/fp16, a data-parallel kind other than ddp/zero1/zero2/zero3/fsdp/hsdp, a
+    recompute mode, an optimizer. The hint lists the valid ones.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model   = {GPT}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 2, pp = 2, tp = 2]
+      train   = {{ global_batch: 16, micro_batch: 1, precision: bf32 }}
+    }}
+    """, "Use one of the valid precisions.", ("bf32", "bf16"))
+
+_entry("E211", """
+    Arithmetic that has no answer here: a division by zero, a fraction where a count
+    is needed (a batch of 15.6 sequences does not exist), or a `let` defined in terms
+    of itself. Counts are never rounded silently, because rounding a batch or an axis
+    changes the plan.
+    """, f"""
+    import "clusters/dgx_a100"
+    param tokens_per_step = 2000
+    plan p {{
+      model   = {GPT}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 2, pp = 2, tp = 2]
+      train   = {{ global_batch: tokens_per_step / 128, micro_batch: 1 }}
+    }}
+    """, "Choose numbers that divide: 2048 tokens per step are 16 sequences of 128.",
+       ("tokens_per_step = 2000", "tokens_per_step = 2048"))
+
+_entry("E212", """
+    A model family that does not exist (the families are `gpt`, `llama` and `mlp`), or
+    an argument the family does not take or is missing. The hyper-parameters decide
+    every tensor shape the sharding and memory checks reason about, so they are never
+    guessed.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = gpt(layers=4, hidden=256, heads=8, seq=128, vocab=1024, dropout=0.1)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 2, pp = 2, tp = 2]
+      train   = { global_batch: 16, micro_batch: 1 }
+    }
+    """, "Drop the argument; dropout does not change the layout, so plans do not describe it.",
+       (", dropout=0.1", ""))
+
+_entry("E213", """
+    The same attribute, key or argument is given twice in one body. Rather than let
+    the last one win silently, both are pointed at.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model   = {GPT}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 2, pp = 2, tp = 2]
+      train   = {{ global_batch: 16, micro_batch: 1 }}
+      mesh    = [dp = 4, tp = 2]
+    }}
+    """, "Keep one of them.", ("  mesh    = [dp = 4, tp = 2]\n", ""))
+
+# ---- E22x: model shapes -----------------------------------------------------------------------
+_entry("E220", """
+    Attention splits the model width into `heads` heads of hidden/heads features each: the
+    query, key and value projections are viewed as [batch, seq, heads, hidden/heads], which
+    needs a whole number. The hint gives the widths nearest the written one that keep the
+    head count, and the head counts nearest the written one that divide the width.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = gpt(layers=12, hidden=768, heads=10, seq=1024, vocab=50304)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 2 }
+    }
+    """, "Use a head count that divides the width (GPT-2 small has 12 heads of 64).", ("heads=10", "heads=12"))
+
+_entry("E221", """
+    Grouped-query attention (Ainslie et al. 2023) shares each key/value head among an equal
+    group of query heads, heads/kv_heads of them, so `kv_heads` must divide `heads` (and so
+    be at most `heads`; `kv_heads = heads` is multi-head attention, 1 is multi-query).
+    Under tensor parallelism kv_heads is also split over the tensor axis (E406); the hint
+    lists values that satisfy both.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = llama(layers=16, hidden=2048, heads=16, kv_heads=6, seq=2048, vocab=32000)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 4, tp = 2]
+      train   = { global_batch: 64, micro_batch: 2 }
+      tensor  = megatron over tp
+    }
+    """, "Use a key/value head count that divides the query heads (4 query heads per key/value head here).",
+    ("kv_heads=6", "kv_heads=4"))
+
+_entry("E222", """
+    Rotary position embeddings (Su et al. 2021), which llama models use, rotate each head's
+    first half of features together with its second half, pair by pair, so the head
+    dimension hidden/heads must be even (Llama's is 128). gpt models add learned positions
+    instead and take any head dimension.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = llama(layers=16, hidden=1800, heads=24, seq=2048, vocab=32000)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 2 }
+    }
+    """, "Widen the model to an even head dimension (1920 / 24 = 80).", ("hidden=1800", "hidden=1920"))
+
+_entry("E223", """
+    A mixture-of-experts layer sends each token to the `top_k` experts its router scores
+    highest, so top_k must be at least 1 (0 would route nothing: the layer would add zero)
+    and at most `experts` (there are no more distinct experts to pick). Without `top_k`
+    a model with experts routes to min(2, experts), as Mixtral does.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = llama(layers=8, hidden=1024, heads=16, seq=2048, vocab=32000, experts=8, top_k=0)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 2 }
+    }
+    """, "Route each token to 2 of the 8 experts (or drop `experts` for a dense model).", ("top_k=0", "top_k=2"))
+
+_entry("E224", """
+    A gpt model learns one position embedding per position, `seq` of them; training on
+    longer sequences would look up positions that do not exist. (llama's rotary positions
+    have no such table: a llama model trains on any sequence length.) Train on at most the
+    model's `seq` tokens, or give the model more positions.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = gpt(layers=12, hidden=768, heads=12, seq=1024, vocab=50304)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 2, seq: 2048 }
+    }
+    """, "Train on the model's 1024 positions (or write seq=2048 in the model).", ("seq: 2048", "seq: 1024"))

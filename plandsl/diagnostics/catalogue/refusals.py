@@ -1,0 +1,93 @@
+"""E7xx: valid plans `plandsl run` refuses before any process starts (what the interpreter
+cannot run yet).
+
+Each `_entry(...)` is one code: why the rule exists, a failing example and the fix; see
+`plandsl.diagnostics.catalogue.entry` for the form."""
+from __future__ import annotations
+
+from plandsl.diagnostics.catalogue.entry import Family
+
+FAMILY = Family("E7")
+_entry = FAMILY.add
+
+
+# The plan checks clean (it can be estimated and rendered); `plandsl run` refuses it before any
+# process starts, rather than run something else. tests/make_errors_doc.py runs these examples
+# through `plandsl.runtime.support.refusals` as well.
+_LOCAL_GPT = "gpt(layers=4, hidden=64, heads=4, seq=32, vocab=256)"
+
+
+def _local_plan(lines: str, mesh: str = "[pp = 2]", model: str = _LOCAL_GPT, header: str = "") -> str:
+    return f"""
+    import "clusters/local"
+    {header}plan p {{
+      model   = {model}
+      cluster = localhost
+      mesh    = {mesh} over devices[0:{2 if mesh.count("=") == 1 else 4}]
+      train   = {{ global_batch: 8, micro_batch: 1 }}
+      {lines}
+    }}
+    """
+
+
+_entry("E701", """
+    The plan names a built-in schedule the interpreter cannot run yet. `chimera` runs two
+    pipelines in opposite directions, each rank holding one stage of each and each microbatch
+    taking one of them; torch.distributed.pipelining runs one chain of stages, so there is no
+    faithful way to run it. The cost model and the renderer handle it; `plandsl run` refuses
+    it rather than run another schedule under its name.
+    """, _local_plan("stages   = evenly over pp\n      schedule = chimera"),
+    "Run a schedule over one chain of stages with a similar bubble (1f1b, or zbv with a V-shape map).",
+    ("schedule = chimera", "schedule = 1f1b"))
+
+_entry("E702", """
+    The plan splits the sequence over a context-parallel axis in a way the interpreter cannot
+    run on this machine's backend. `ring` runs torch's ring attention (the algorithm behind
+    torch's `context_parallel`) over the CPU flash-attention kernel with gloo; on CUDA it
+    would need the CUDA attention kernels, whose outputs it merges differently, and that path
+    is not written yet (no GPU has checked it), so with CUDA present `plandsl run` refuses
+    it. `allgather` computes the same attention with public torch only (functional
+    collectives and SDPA with a mask), on CPU and CUDA: each layer all-gathers K and V over
+    the axis before the attention core (Llama 3's context parallelism).
+    """, _local_plan("context = ring over cp", mesh="[cp = 2]"),
+    "Gather K and V instead of passing them around the ring; the ring plan still estimates, renders and runs on CPU.",
+    ("context = ring over cp", "context = allgather over cp"), on_cuda=True)
+
+_entry("E703", """
+    Two parallelisms the plan combines cannot run together with torch's building blocks.
+    Context and expert parallelism do not run with `hsdp`: the context axis would have to join
+    its shard dimension, and the parameters besides the experts would need a 2-D mesh
+    replicated over the expert axis too. `recompute: selective_op` does not run with a
+    schedule that splits the backward into I and W (`zbv`, the zero-bubble ones): torch's
+    selective checkpointing serves the outputs it kept to one backward pass.
+    """, _local_plan("data    = hsdp over [r, s]\n      context = allgather over cp", mesh="[r = 2, s = 1, cp = 2]"),
+    "Shard over the data axes with zero3 (fsdp), which runs with context parallelism.",
+    ("data    = hsdp over [r, s]", "data    = zero3 over [r, s]"))
+
+_entry("E704", """
+    The interpreter needs a torch module for the model, and has none. A model written layer
+    by layer describes sizes for the cost model; to run it, `factory` names the Python
+    function that builds it (docs/models.md says what the module must look like). Tensor
+    parallelism, context parallelism and `recompute: selective_op` also need to know the
+    module's layout, which only the gpt and llama families have (`selective_op` only their
+    dense blocks).
+    """, _local_plan("data    = replicate over dp", mesh="[dp = 2]", model="tiny_written", header="""model tiny_written {
+      layer blocks[0:2] {
+        params = 64 * 64
+        flops  = 2 * 64 * 64
+        output = 64
+      }
+    }
+    """),
+    "Add a factory that builds the module.", ("model tiny_written {", 'model tiny_written {\n  factory = "my_models:build"'))
+
+_entry("E705", """
+    A shard rule asks for a placement the interpreter cannot run correctly: a norm's weight
+    split (it normalises over the whole hidden dimension), `sequence` on a projection or
+    without sequence parallelism, a parameter left `Partial`, split over an axis that is
+    neither the tensor axis nor the one axis gradients are reduced over, a module split over
+    that axis only in part, with `hsdp` or on `replicate`/`zero1` pipeline stages, MoE
+    routers and experts split over the tensor axis. docs/running.md lists what runs.
+    """, _local_plan("tensor  = megatron over tp\n      shard layers.*.norm1 = colwise over tp", mesh="[tp = 2]"),
+    "Leave the norm replicated (or use `sequence` with sequence parallelism).",
+    ("colwise over tp", "replicate"))

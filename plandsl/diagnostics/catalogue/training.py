@@ -1,0 +1,104 @@
+"""E5xx: training and memory, the batch, the schedule's needs and the memory per device.
+
+Each `_entry(...)` is one code: why the rule exists, a failing example and the fix; see
+`plandsl.diagnostics.catalogue.entry` for the form."""
+from __future__ import annotations
+
+from plandsl.diagnostics.catalogue.entry import GPT, Family
+
+FAMILY = Family("E5")
+_entry = FAMILY.add
+
+
+_entry("E501", """
+    Each step, the global batch is split evenly over the data-parallel ranks (the
+    data axes, and the expert axis), and each rank's share is cut into microbatches
+    of `micro_batch` sequences. Every data-parallel rank must get the same whole
+    number of microbatches, or the gradient all-reduce would average unequal
+    batches, so global_batch must be a multiple of dp x micro_batch.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model   = {GPT}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 4, tp = 2]
+      train   = {{ global_batch: 30, micro_batch: 2 }}
+    }}
+    """, "Use a global batch that dp x micro_batch divides (here 24 or 32).", ("global_batch: 30", "global_batch: 32"))
+
+_entry("E502", """
+    A pipeline schedule cannot run every microbatch count: the zero-bubble schedules
+    need at least one per pipeline rank, DualPipeV one per stage, chimera a multiple of
+    the ranks, and torch's interleaved schedules (interleaved 1F1B, interleaved zero
+    bubble) take them in max(1, m // pp) rounds, which must divide m (so 6 runs on 4
+    ranks and 9 does not; a multiple of the ranks is not needed). The count m is
+    global_batch / (dp x micro_batch); the hint names the nearest global batch that runs.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model    = {GPT}
+      cluster  = dgx_a100 x 1
+      mesh     = [dp = 2, pp = 4]
+      train    = {{ global_batch: 4, micro_batch: 1 }}
+      schedule = zb_h1
+    }}
+    """, "Raise the global batch (or lower micro_batch) so there are at least pp microbatches.",
+       ("global_batch: 4", "global_batch: 8"))
+
+_entry("E503", """
+    The estimated peak memory of one device (parameters, gradients, optimizer states
+    and activations, with the plan's sharding, pipeline split and schedule) exceeds
+    the device's memory: the job would die with an out-of-memory error. The message
+    breaks the total down; the hint says which part dominates and what shrinks it.
+    Plain data parallelism keeps a full copy of the model states on every rank, about
+    16 bytes per parameter with Adam in mixed precision.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = llama(layers=32, hidden=4096, heads=32, seq=4096, vocab=32000)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 1, recompute: full }
+    }
+    """, "Shard the model states over the data axis (ZeRO-3 / FSDP).",
+       ("recompute: full }\n", "recompute: full }\n  data    = zero3 over dp\n"))
+
+_entry("E504", """
+    The plan trains in a precision the device has no peak throughput for, and usually
+    no hardware support for either: a V100 has no bfloat16 units. The cost model
+    could not estimate the step, and the run would fall back to slow emulation or fail.
+    """, """
+    device v100 {
+      memory    = 32 GiB
+      bandwidth = 900 GB/s
+      peak      = { fp32: 15.7 TFLOP/s, fp16: 125 TFLOP/s }
+    }
+    node dgx1 {
+      devices = 8 x v100
+      link    = { bandwidth: 150 GB/s, latency: 2 us }
+    }
+    plan p {
+      model   = gpt(layers=4, hidden=256, heads=8, seq=128, vocab=1024)
+      cluster = dgx1 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 16, micro_batch: 1, precision: bf16 }
+    }
+    """, "Train in a precision the device supports (fp16 on a V100).", ("precision: bf16", "precision: fp16"))
+
+_entry("E505", """
+    Every count a plan writes has a cap far beyond today's largest runs (global_batch at
+    most 2^32 sequences, micro_batch 2^20, seq 2^24 tokens, virtual 1,024 stages per rank,
+    a model family's layers 100,000 and widths 2^20; the table is under Limits in
+    docs/language.md). The caps keep the work of checking proportional to what was
+    written, not to the numbers in it: a typo that adds six zeros is answered at once.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model    = {GPT}
+      cluster  = dgx_a100 x 1
+      mesh     = [dp = 2, pp = 4]
+      train    = {{ global_batch: 80000000000000, micro_batch: 1 }}
+      schedule = 1f1b
+    }}
+    """, "Write the count the run needs; a global batch is thousands of sequences, not trillions.",
+       ("global_batch: 80000000000000", "global_batch: 8"))
