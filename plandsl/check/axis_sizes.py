@@ -134,13 +134,43 @@ def suggest_mesh_fit(plan: ir.Plan, problem: Diagnostic, found: list[Diagnostic]
     best = _offer(plan, problem, found, options)
     edits = _size_edits(plan, best) if best else ()
     if not edits:
-        return problem
+        return _grow_cluster(plan, problem, found, options)
     name, size = next(iter(best.items()))
     total = mesh.size // mesh.degree(name) * size
     fits = " x ".join(str(best.get(a.name, a.size)) for a in mesh.axes) + " = " if len(mesh.axes) > 1 else ""
     larger = ", or use a larger cluster" if mesh.part is None else ""
     return replace(problem, hint=f"set '{name}' to {size} ({fits}{total} devices)"
                    f"{larger}", edits=edits)
+
+
+def _grow_cluster(plan: ir.Plan, problem: Diagnostic, found: list[Diagnostic],
+                  shrunk: list[dict[str, int]]) -> Diagnostic:
+    """E301 when no smaller axis checks: the cluster's node count grown to hold the mesh (a cluster of one
+    kind of node whose count is a number written in the plan's file), when that checks; else the hint
+    says what stops the smaller mesh."""
+    mesh, cluster = plan.mesh, plan.cluster
+    from plandsl.check import check_plan  # the whole checker judges the changed plan
+    already = {_key(d) for d in found if d.is_error and d is not problem}
+    why = ""
+    if shrunk:
+        error = next((d for d in check_plan(_resized(plan, shrunk[0]), suggest=False)
+                      if d.is_error and _key(d) not in already), None)
+        name, size = next(iter(shrunk[0].items()))
+        why = f"; a smaller mesh does not check ('{name}' = {size} gives {error.code}: {error.message})" \
+            if error else ""
+    span = cluster.groups[0].field_spans.get("count") if len(cluster.groups) == 1 else None
+    if mesh.part is not None or span is None or plan.span is None or span.file != plan.span.file:
+        return replace(problem, hint=(problem.hint or "") + why)
+    group = cluster.groups[0]
+    nodes = -(-(mesh.first_device + mesh.size) // group.node.devices)
+    if nodes > ir.MAX_NODES:
+        return replace(problem, hint=(problem.hint or "") + why)
+    grown = plan.model_copy(update={"cluster": cluster.model_copy(update={
+        "groups": (group.model_copy(update={"count": nodes}),)})})
+    if _errors(grown) - already:
+        return replace(problem, hint=(problem.hint or "") + why)
+    return replace(problem, hint=f"use {nodes} nodes ({nodes} x {group.node.devices} = "
+                   f"{nodes * group.node.devices} devices){why}", edits=(Edit(span, str(nodes)),))
 
 
 def suggest_stage_axis(plan: ir.Plan, problem: Diagnostic, found: list[Diagnostic], declared: int) -> Diagnostic:

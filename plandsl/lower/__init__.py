@@ -256,7 +256,9 @@ class Lowering:
             if not (isinstance(value, Rep) and isinstance(value.thing, ir.NodeType)):
                 raise self._expected(inner, value, item, "a cluster", "`dgx_a100 x 64` (a node x a count)")
             count = inner.integer(value.count_expr, "node count", minimum=1)
-            groups.append(build(inner, ir.NodeGroup, item.span, node=value.thing, count=count))
+            written = value.count_expr.span if isinstance(value.count_expr, s.Int) else None  # E301's edit grows it
+            groups.append(build(inner, ir.NodeGroup, item.span, node=value.thing, count=count,
+                                field_spans={"count": written} if written else {}))
         label = name or _cluster_label(groups)
         return build(scope, ir.Cluster, expr.span, name=label, groups=tuple(groups), fabric=fabric)
 

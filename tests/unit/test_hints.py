@@ -415,3 +415,31 @@ def test_e404_says_why_pp_cannot_take_the_stages_declared():
     (problem,) = analyze("r.plan", text=text).diagnostics
     assert problem.hint.startswith("merge the 3 stages into the 2 of pp(2) x virtual(1): 1 -> 0, 2 -> 1; "
                                    "'pp' = 3 needs 12 devices, the cluster has 8"), problem.hint
+
+
+# ---- E301 when no smaller mesh checks: the cluster grows, when its node count is written as a number -----
+_ZERO3 = """\
+import "clusters/dgx_a100"
+{param}plan p {{
+  model   = gpt(layers=48, hidden=8192, heads=64, seq=2048, vocab=51200)
+  cluster = dgx_a100 x {nodes}
+  mesh    = [dp = 16]
+  train   = {{ global_batch: 64, micro_batch: 1, precision: bf16, recompute: full }}
+  data    = zero3 over dp
+}}
+"""
+
+
+def test_e301_grows_the_cluster_when_a_smaller_mesh_runs_out_of_memory(tmp_path):
+    text = _ZERO3.format(param="", nodes="1")
+    (problem,) = analyze("z.plan", text=text).diagnostics
+    assert problem.hint.startswith("use 2 nodes (2 x 8 = 16 devices); a smaller mesh does not check "
+                                   "('dp' = 8 gives E503"), problem.hint
+    fixed, after = _follow(tmp_path, text, "E301")
+    assert "cluster = dgx_a100 x 2" in fixed and _errors(after) == [], fixed
+
+
+def test_e301_with_a_param_node_count_says_why_without_an_edit():
+    (problem,) = analyze("z.plan", text=_ZERO3.format(param="param nodes = 1\n", nodes="nodes")).diagnostics
+    assert problem.code == "E301" and problem.edits == ()
+    assert "or use a larger cluster; a smaller mesh does not check ('dp' = 8 gives E503" in problem.hint, problem.hint
