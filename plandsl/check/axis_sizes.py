@@ -13,6 +13,7 @@ import math
 from dataclasses import replace
 
 from plandsl import ir
+from plandsl.check.mesh import used_axes
 from plandsl.check.sharding import axis_at, divisors, split_extents
 from plandsl.diagnostics import Diagnostic, Edit
 
@@ -115,14 +116,16 @@ def _size_edits(plan: ir.Plan, sizes: dict[str, int]) -> tuple[Edit, ...]:
 
 
 def suggest_mesh_fit(plan: ir.Plan, problem: Diagnostic, found: list[Diagnostic]) -> Diagnostic:
-    """`problem` (an E301: the mesh needs more devices than it has) with the resizing that checks: the data
-    axis shrunk first (each rank keeps its share of the model), then the others, outermost first."""
+    """`problem` (an E301: the mesh needs more devices than it has) with the resizing that checks: an axis
+    nothing uses shrunk first, then the data axis (each rank keeps its share of the model), then the
+    others, outermost first."""
     mesh = plan.mesh
     target = mesh.part if mesh.part is not None else plan.cluster.num_devices
     if mesh.size <= target or mesh.first_device + (mesh.part or 0) > plan.cluster.num_devices:
         return problem
+    unused = [a.name for a in mesh.axes if a.name not in used_axes(plan)]  # an axis nothing uses goes first
     data = [a for a in (plan.data.axes if plan.data else ()) if mesh.axis(a)]
-    order = data + [a.name for a in mesh.axes if a.name not in data]
+    order = unused + data + [a.name for a in mesh.axes if a.name not in data + unused]
     options = []
     for name in order:
         old = mesh.degree(name)

@@ -443,3 +443,10 @@ def test_e301_with_a_param_node_count_says_why_without_an_edit():
     (problem,) = analyze("z.plan", text=_ZERO3.format(param="param nodes = 1\n", nodes="nodes")).diagnostics
     assert problem.code == "E301" and problem.edits == ()
     assert "or use a larger cluster; a smaller mesh does not check ('dp' = 8 gives E503" in problem.hint, problem.hint
+
+
+def test_e301_shrinks_an_axis_nothing_uses_first(tmp_path):
+    text = _ROLES.format(nodes=1, mesh="x = 2, dp = 4, tp = 2", lines="  tensor  = megatron over tp")
+    assert [d.code for d in analyze("u.plan", text=text).diagnostics if d.is_error] == ["E301", "E306"]
+    fixed, after = _follow(tmp_path, text, "E301")
+    assert "[x = 1, dp = 4, tp = 2]" in fixed and _errors(after) == [], fixed
