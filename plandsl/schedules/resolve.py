@@ -65,7 +65,7 @@ def read_csv(path: str) -> str:
     try:
         data = read_bounded(path, MAX_BYTES, "schedule CSV")
     except FileProblem as problem:
-        raise PlanError([problem.diagnostic()]) from None
+        raise PlanError([problem.diagnostic(file=path)]) from None
     source = decode(path, data)
     nul = source.text.find("\x00")
     if nul != -1:

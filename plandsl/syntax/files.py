@@ -26,14 +26,19 @@ class FileProblem(ValueError):
     """Why a file cannot be read: `code` E208 (missing), E107 (not a regular file), E106 (over the
     limit), E109 (any other OS error: permission, a name too long, a loop of links)."""
 
-    def __init__(self, code: str, message: str, hint: str | None = None):
+    def __init__(self, code: str, message: str, hint: str | None = None, path_shown: bool = True):
         super().__init__(message)
         self.code, self.message, self.hint = code, message, hint
+        self.path_shown = path_shown  # False when the path itself is the problem (too long, a NUL in it)
 
-    def diagnostic(self, span=None):
-        """The problem as a Diagnostic at `span` (an import line), or at no place (a file named on the
-        command line)."""
+    def diagnostic(self, span=None, file: str | None = None):
+        """The problem as a Diagnostic at `span` (an import line), or for `file` named on the command line
+        at its line 1, so that `check a b --format json` says which file each problem is about (at no
+        place when the path itself is the problem)."""
         from plandsl.diagnostics import diag
+        from plandsl.diagnostics.source import Span
+        if span is None and file is not None and self.path_shown:
+            span = Span(file, 1, 1, 1, 1)
         return diag(self.code, self.message, span, hint=self.hint)
 
 
@@ -55,7 +60,7 @@ def _os_problem(path: str, error: OSError, what: str) -> FileProblem:
         return FileProblem("E208", f"cannot read {_label(what, path)}: {reason}")
     if error.errno == errno.ENAMETOOLONG:
         return FileProblem("E109", f"cannot read {what or 'the file'}: its path is too long for the file system "
-                                   f"({len(os.fsencode(path)):,} bytes)", "is this the path you meant?")
+                                   f"({len(os.fsencode(path)):,} bytes)", "is this the path you meant?", path_shown=False)
     if error.errno == errno.EISDIR:
         return FileProblem("E107", f"{_label(what, path)} is a directory, not a file")
     return FileProblem("E109", f"cannot read {_label(what, path)}: {reason}")
@@ -73,7 +78,8 @@ def check_regular(path: str | os.PathLike, what: str = "file") -> os.stat_result
         status = os.stat(path)
     except (OSError, ValueError) as error:  # ValueError: a NUL in the name
         raise _os_problem(path, error, what) if isinstance(error, OSError) else \
-            FileProblem("E109", f"cannot read {what or 'the file'}: its name contains a NUL character") from None
+            FileProblem("E109", f"cannot read {what or 'the file'}: its name contains a NUL character",
+                        path_shown=False) from None
     if not stat.S_ISREG(status.st_mode):
         raise _not_regular(path, status.st_mode, what)
     return status

@@ -41,7 +41,7 @@ def format_file(path: str, stdin: BinaryIO | None = None) -> tuple[bytes, str]:
     try:
         data = read_stdin(stdin, MAX_BYTES) if path == "-" else read_bounded(path, MAX_BYTES, "plan file")
     except FileProblem as problem:
-        raise PlanError([problem.diagnostic()]) from None
+        raise PlanError([problem.diagnostic(file=None if path == "-" else path)]) from None
     return data, format_module(parse_source(decode("<stdin>" if path == "-" else path, data)))
 
 

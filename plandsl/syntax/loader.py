@@ -47,7 +47,7 @@ def read_source(path: str | os.PathLike) -> SourceFile:
     try:
         data = read_bounded(path, MAX_BYTES, "plan file")
     except FileProblem as problem:
-        raise PlanError([problem.diagnostic()]) from None
+        raise PlanError([problem.diagnostic(file=os.fspath(path))]) from None
     return decode(os.fspath(path), data)
 
 
@@ -100,7 +100,7 @@ class Loader:
         try:
             data = read_bounded(path, MAX_BYTES, "plan file")
         except FileProblem as problem:
-            self.diagnostics.append(problem.diagnostic())
+            self.diagnostics.append(problem.diagnostic(file=path))
             return None
         self.total_bytes += len(data)
         return self._load(self._key(Path(path)), data, ())

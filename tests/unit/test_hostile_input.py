@@ -131,6 +131,12 @@ def test_check_goes_on_after_a_bad_file_and_json_says_so(hostile):
     result = invoke("check", "--format", "json", hostile["dir.plan"], hostile["/dev/zero"], PIPELINE)
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["code"] for r in records if r["severity"] == "error"] == ["E107", "E107"]
+    # each line names the file it is about, as every other diagnostic does
+    assert [r["location"]["file"] for r in records] == [hostile["dir.plan"], hostile["/dev/zero"]]
+    missing = invoke("check", "--format", "json", hostile["missing.plan"], hostile["too_long.plan"])
+    (found, too_long) = [json.loads(line) for line in missing.stdout.splitlines()]
+    assert found["code"] == "E208" and found["location"]["file"] == hostile["missing.plan"]
+    assert too_long["code"] == "E109" and too_long["location"] is None  # the path itself is the problem: not echoed
     result = invoke("check", hostile["big.plan"], PIPELINE)
     assert "[E106]" in result.output and "pp_1f1b.plan: ok" in result.output, result.output
 
