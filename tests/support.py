@@ -1,13 +1,18 @@
 """What several test files share: a valid plan to mutate, reference schedules written from their
 papers' definitions (independent of plandsl.schedules.generators), `bounded` for "this input
-costs little work", and `lazy` for modules that import torch."""
+costs little work", `lazy` for modules that import torch, and `cli_in_process` for the command line
+without a new interpreter."""
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import subprocess
 import time
+import traceback
 import types
 from contextlib import contextmanager
+from pathlib import Path
 
 from plandsl.schedules.program import Action, Kind, Schedule, loop_map
 
@@ -77,3 +82,19 @@ def bounded(cpu_s: float, what: str = "the block"):
     cpu = sum(getattr(after, f) - getattr(before, f) for f in ("user", "system", "children_user", "children_system"))
     assert cpu < cpu_s, f"{what} used {cpu:.1f} s of CPU (bound {cpu_s:g} s)"
     assert wall < HANG_S, f"{what} took {wall:.0f} s of wall time (a hang?)"
+
+
+def cli_in_process(*args, cwd: str | Path | None = None, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m plandsl.cli *args` run from `cwd`, in this process (click's CliRunner): the same
+    exit code, stdout and stderr as the real process, without its ~1 s of interpreter start and
+    imports. An exception that escapes the command is in stderr as its traceback, as Python would
+    print it. tests/unit/test_cli.py keeps real processes for the entry point and the streams."""
+    from click.testing import CliRunner
+
+    from plandsl.cli import main
+    with contextlib.chdir(cwd) if cwd is not None else contextlib.nullcontext():
+        result = CliRunner().invoke(main, [str(a) for a in args], input=stdin, prog_name="plandsl")
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "Traceback (most recent call last):\n" + "".join(traceback.format_exception(result.exception))
+    return subprocess.CompletedProcess(["plandsl", *map(str, args)], result.exit_code, result.stdout, stderr)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 
 from lark import Lark, Token
@@ -168,6 +168,23 @@ def parse_source(source: SourceFile) -> Module:
     problem = _precheck(source)
     if problem:
         raise PlanError([problem], {source.path: source})
+    if len(source.text) <= CACHED_BYTES:
+        return _parse_cached(source.path, source.text)
+    return _parse_checked(source)
+
+
+CACHED_BYTES = 64_000  # the stdlib's files and hand-written plans; generated 10,000-layer plans are parsed afresh
+
+
+@lru_cache(maxsize=256)
+def _parse_cached(path: str, text: str) -> Module:
+    """The tree of a small file, kept: the stdlib's clusters and models are imported by every plan a
+    process loads (a search checks dozens); the tree is immutable and depends only on path and text.
+    A file that does not parse raises each time (lru_cache keeps no exceptions)."""
+    return _parse_checked(SourceFile(path, text))
+
+
+def _parse_checked(source: SourceFile) -> Module:
     try:
         return _parser().parse(source)
     except LiteralTooLong as long:

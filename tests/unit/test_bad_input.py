@@ -21,7 +21,7 @@ from plandsl.check.analysis import Analysis, analyze
 from plandsl.diagnostics.codes import CODES
 from plandsl.diagnostics import PlanError
 from plandsl.syntax.parser import MAX_BYTES, MAX_NESTING, decode
-from support import HANG_S, VALID_PLAN, bounded
+from support import HANG_S, VALID_PLAN, bounded, cli_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,17 +48,23 @@ def diagnosed(text: str, *codes: str, limit: float = 15.0) -> Analysis:
     return analysis
 
 
-def run_check(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "plandsl.cli", "check", *args], cwd=cwd,
-                            capture_output=True, text=True, timeout=timeout)
+def run_check(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`plandsl check *args` in `cwd` (in this process; test_cli_missing_file_and_directory starts a real one)."""
+    result = cli_in_process("check", *args, cwd=cwd)
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "Traceback" not in result.stdout, result.stdout[-3000:]
     return result
 
 
+_fresh = 0
+
+
 def assert_parser_still_works() -> None:
-    """After a RecursionError deep in lark, the shared parser must still parse normally."""
-    analysis = analyze(text=VALID)
+    """After a RecursionError deep in lark, the shared parser must still parse normally (a text never
+    seen before: the parser keeps the trees of small files it parsed, which would answer without it)."""
+    global _fresh
+    _fresh += 1
+    analysis = analyze(text=VALID + f"# fresh text {_fresh}\n")
     assert analysis.ok, analysis.diagnostics
     assert [p.name for p in analysis.document.plans] == ["p"]
 

@@ -11,9 +11,6 @@ line for microbatches that do not divide a mesh axis that changed).
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +18,7 @@ import pytest
 from plandsl.check.analysis import analyze
 from plandsl.diagnostics import render_all
 from plandsl.diagnostics.codes import CODES
-from support import bounded
+from support import bounded, cli_in_process
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "stdlib_plans" / "examples"
 
@@ -219,10 +216,7 @@ def test_the_command_line_reports_every_mistake_without_a_traceback(tmp_path):
         path = tmp_path / f"{i:03d}_{example}.plan"
         path.write_text(text, encoding="utf-8")
         files.append(str(path))
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    result = subprocess.run([sys.executable, "-m", "plandsl.cli", "check", *files], capture_output=True, text=True,
-                            timeout=300, env=env, cwd=root)
+    result = cli_in_process("check", *files, cwd=Path(__file__).resolve().parents[2])
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-2000:]
     assert "Traceback" not in output, output[-4000:]

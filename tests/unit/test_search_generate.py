@@ -13,7 +13,7 @@ from plandsl.cost.estimate import estimate_plan
 from plandsl.search import SearchError, search
 from plandsl.ir.layers import param_count
 from plandsl.search.emit import plan_text, resolve_problem
-from support import bounded
+from support import bounded, cli_in_process
 
 KEYS = {"degrees", "dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
         "virtual_stages", "zero_stage", "recompute", "step_time_s", "tokens_per_s", "tflops_per_device", "mfu",
@@ -159,12 +159,7 @@ TINY = "model tiny = gpt(layers=4, hidden=256, heads=4, seq=128, vocab=1024)\n"
 
 
 def _cli(*args, cwd):
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[2]
-    return subprocess.run([sys.executable, "-m", "plandsl.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    return cli_in_process(*args, cwd=cwd)  # the command as run from `cwd`, which names the written imports
 
 
 def test_a_model_file_below_the_output_folder_is_imported_relative_to_it(tmp_path):
