@@ -1,7 +1,8 @@
 """Run a function on N gloo ranks forked from the test process, with a deadline.
 
-Forking from a process that has already imported torch starts a rank in ~0.2 s (spawn and torchrun
-take 4-17 s), so most multi-process tests fork; a few go through the real launcher (test_launcher.py).
+Forking from a process that has already imported torch and the runtime (run_ranks imports them first)
+starts a rank in ~0.2 s (spawn and torchrun take 4-17 s), so most multi-process tests fork; a few go
+through the real launcher (test_launcher.py).
 Each rank gets the environment torchrun would give it (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT), one intra-op thread, and leaves with `os._exit` after writing its result: destroying a
 gloo group at exit can deadlock in torch 2.13 (plandsl.run.entry does the same). A rank that raises
@@ -57,12 +58,23 @@ def _rank_main(rank: int, world: int, port: int, out: Path, env: dict[str, str],
         os._exit(status)
 
 
+def _import_what_ranks_import() -> None:
+    """Import torch and the runtime here, once per test process, before forking: a rank forked from a
+    process that has them starts with them, while each rank importing them itself costs ~4 s of CPU
+    (torch, torch.distributed, the checkpoint and dynamo modules the trainer pulls in), per rank and test."""
+    import torch  # noqa: F401
+
+    import plandsl.runtime.equivalence
+    import plandsl.runtime.train  # noqa: F401
+
+
 def run_ranks(world: int, fn: Callable[..., Any], *args: Any, deadline_s: float = 90.0,
               rank_env: dict[str, str] | None = None, **kwargs: Any) -> list[Any]:
     """`fn(rank, *args, **kwargs)` on `world` forked ranks; their return values, rank 0 first.
 
     The results must be picklable (they travel back through files); `rank_env` is added to each
     rank's environment."""
+    _import_what_ranks_import()
     context = multiprocessing.get_context("fork")
     port = free_port()  # the OS picks a free port: distinct across concurrent xdist workers
     deadline_s *= LOAD_MARGIN

@@ -158,12 +158,20 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-@pytest.mark.slow
-def test_installed_wheel_works_outside_the_repo(wheel, tmp_path):
-    python = _venv(tmp_path)
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
+    """A venv with the wheel installed (once for the module: the tests only read it); its python."""
+    home = tmp_path_factory.mktemp("installed")
+    python = _venv(home)
     install = subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
                              capture_output=True, text=True, timeout=300, env=_clean_env())
     assert install.returncode == 0, install.stderr
+    return python
+
+
+@pytest.mark.slow
+def test_installed_wheel_works_outside_the_repo(installed, tmp_path):
+    python = installed
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     (outside / "plan.plan").write_text(PLAN, encoding="utf-8")
@@ -171,7 +179,7 @@ def test_installed_wheel_works_outside_the_repo(wheel, tmp_path):
                             timeout=120, env=_clean_env())
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    venv = str(tmp_path / "venv")
+    venv = str(python.parent.parent)
 
     assert report["ok"] and report["plans"] == ["p"] and report["dp"] == 8 and report["items"] == 3
     assert [p for p in report["package_path"] if not p.startswith(venv)] == [], report["package_path"]
@@ -188,11 +196,8 @@ def test_installed_wheel_works_outside_the_repo(wheel, tmp_path):
 
 
 @pytest.mark.slow
-def test_installed_console_script(wheel, tmp_path):
-    python = _venv(tmp_path)
-    subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
-                   check=True, capture_output=True, timeout=300, env=_clean_env())
-    script = python.parent / ("plandsl.exe" if os.name == "nt" else "plandsl")
+def test_installed_console_script(installed, tmp_path):
+    script = installed.parent / ("plandsl.exe" if os.name == "nt" else "plandsl")
     assert script.exists()
     (tmp_path / "plan.plan").write_text(PLAN, encoding="utf-8")
     (tmp_path / "bad.plan").write_text(PLAN.replace("/ 4", "/ 3"), encoding="utf-8")
