@@ -12,24 +12,25 @@ import os
 import signal
 import sys
 import traceback
+from plandsl.runtime.options import parse_args, parse_params
+from plandsl import api
+from plandsl.diagnostics import PlanError
+from plandsl.syntax.loader import include
 
 
 def main(argv: list[str] | None = None) -> int:
-    from plandsl.runtime.options import parse_args, parse_params
     args = parse_args(argv)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints a hung rank's stacks
-    from plandsl import api
-    from plandsl.diagnostics import PlanError
-    from plandsl.syntax.loader import include
     try:
         with include(args.include):
             plan = api.load_runnable(args.plan, args.plan_name, parse_params(args.param))  # E7xx: refused
     except PlanError as error:
         print(error, file=sys.stderr)
         return 1
+    # lazy: torch after the plan checked (a bad plan fails without torch's seconds of import)
     from plandsl.runtime.parallel.mesh import DEFAULT_TIMEOUT_S
-    from plandsl.runtime.train import RunConfig, main_error, run
-    from plandsl.runtime.checkpoint import CheckpointError
+    from plandsl.runtime.train import RunConfig, main_error, run  # lazy: torch (as above)
+    from plandsl.runtime.checkpoint import CheckpointError  # lazy: torch (as above)
     config = RunConfig(steps=args.steps, metrics=args.metrics, check_equivalence=args.check_equivalence,
                        token_file=args.data, timeout_s=args.timeout or DEFAULT_TIMEOUT_S,
                        checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,

@@ -11,7 +11,7 @@ from typing import Any
 
 from plandsl import ir
 from plandsl.check import check_plan
-from plandsl.diagnostics import Diagnostic, sort_key
+from plandsl.diagnostics import Diagnostic, PlanError, sort_key
 from plandsl.lower import lower_file
 from plandsl.diagnostics.source import SourceFile
 
@@ -47,12 +47,11 @@ def analyze(path: str | None = None, text: str | None = None, params: dict[str, 
 def checked_document(analysis: Analysis) -> ir.Document:
     """The analysed document; PlanError carrying every error when it has any."""
     if not analysis.ok or analysis.document is None:
-        from plandsl.diagnostics import PlanError
         raise PlanError(analysis.errors, analysis.sources)
     return analysis.document
 
 
 def load_plan(path: str | Path, name: str | None = None, params: dict[str, Any] | None = None) -> ir.Plan:
     """The plan called `name` (or the file's only plan), checked; PlanError otherwise."""
-    from plandsl.ir.select import select_plan
+    from plandsl.ir.select import select_plan  # lazy: `check` never picks one plan; `run` and the API do
     return select_plan(checked_document(analyze(str(path), params=params)), name)

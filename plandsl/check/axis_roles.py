@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from plandsl import ir
+from plandsl.check.families import check_families
 from plandsl.check.mesh import ROLE_OF_NAME, add_line_edit, move_edit, role_line, role_of, used_axes
 from plandsl.diagnostics import Diagnostic, Edit
 from plandsl.diagnostics.source import Span
@@ -34,9 +35,8 @@ def _key(problem: Diagnostic) -> tuple:
 
 def _new_errors(change: Change, problem: Diagnostic, found: list[Diagnostic]) -> list[Diagnostic]:
     """The errors of the changed plan it did not have anyway (the problem itself counts as new)."""
-    from plandsl.check import check_plan  # the whole checker judges each changed plan
     already = {_key(d) for d in found if d.is_error and d is not problem}
-    return [d for d in check_plan(change.plan, suggest=False) if d.is_error and _key(d) not in already]
+    return [d for d in check_families(change.plan) if d.is_error and _key(d) not in already]  # the whole checker
 
 
 def _best(problem: Diagnostic, found: list[Diagnostic], changes: list[Change], fallback: str) -> Diagnostic:

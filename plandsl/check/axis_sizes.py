@@ -13,6 +13,7 @@ import math
 from dataclasses import replace
 
 from plandsl import ir
+from plandsl.check.families import check_families
 from plandsl.check.mesh import used_axes
 from plandsl.check.sharding import axis_at, divisors, split_extents
 from plandsl.diagnostics import Diagnostic, Edit
@@ -57,8 +58,7 @@ def _key(problem: Diagnostic):
 
 
 def _errors(plan: ir.Plan) -> set:
-    from plandsl.check import check_plan  # the whole checker judges each resized plan
-    return {_key(d) for d in check_plan(plan, suggest=False) if d.is_error}
+    return {_key(d) for d in check_families(plan) if d.is_error}  # the whole checker judges each resized plan
 
 
 def suggest_axis_size(plan: ir.Plan, problem: Diagnostic, found: list[Diagnostic]) -> Diagnostic:
@@ -152,11 +152,10 @@ def _grow_cluster(plan: ir.Plan, problem: Diagnostic, found: list[Diagnostic],
     kind of node whose count is a number written in the plan's file), when that checks; else the hint
     says what stops the smaller mesh."""
     mesh, cluster = plan.mesh, plan.cluster
-    from plandsl.check import check_plan  # the whole checker judges the changed plan
     already = {_key(d) for d in found if d.is_error and d is not problem}
     why = ""
     if shrunk:
-        error = next((d for d in check_plan(_resized(plan, shrunk[0]), suggest=False)
+        error = next((d for d in check_families(_resized(plan, shrunk[0]))  # the whole checker judges it
                       if d.is_error and _key(d) not in already), None)
         name, size = next(iter(shrunk[0].items()))
         why = f"; a smaller mesh does not check ('{name}' = {size} gives {error.code}: {error.message})" \
@@ -220,9 +219,8 @@ def _why_not(plan: ir.Plan, problem: Diagnostic, found: list[Diagnostic], fittin
             f"the cluster has {plan.cluster.num_devices}"
         return f"; '{axis}' = {want} needs {plan.mesh.size // plan.mesh.degree(axis) * want} devices, {has}" \
             if options else ""
-    from plandsl.check import check_plan  # the whole checker judges the resized plan
     already = {_key(d) for d in found if d.is_error and d is not problem}
-    error = next((d for d in check_plan(_resized(plan, fitting[0]), suggest=False)
+    error = next((d for d in check_families(_resized(plan, fitting[0]))  # the whole checker judges it
                   if d.is_error and _key(d) not in already), None)
     return f"; '{axis}' = {want} gives {error.code}: {error.message}" if error else ""
 

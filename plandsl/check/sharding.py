@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from typing import Iterator
+import re
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, Note, diag
@@ -157,8 +158,7 @@ def _check_param_rule(plan: ir.Plan, rule: ir.ShardRule, param_rule: ir.ParamRul
 
 def _module_hint(text: str, modules) -> str:
     """The module patterns closest to a selector that matched nothing (`layers.*.mlp.w1`, ...)."""
-    import difflib
-    import re
+    import difflib  # lazy: difflib only for a misspelt name, never on a clean check
     patterns = list(dict.fromkeys(re.sub(r"\.\d+(?=\.|$)", ".*", m) for m in modules))
     wanted = re.sub(r"\[[^]]*\]|\.\d+(?=\.|$)", ".*", text)
     close = difflib.get_close_matches(wanted, patterns, n=4, cutoff=0.4) or patterns[:4]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Sequence
+import bisect
 
 from plandsl import ir
 
@@ -118,7 +119,6 @@ def _local_members(cluster: ir.Cluster, axes: list[tuple[int, int]], first_devic
 
 
 def _node_index(cluster: ir.Cluster):
-    import bisect
     starts, total = [], 0
     for group in cluster.groups:
         for _ in range(min(group.count, 1_000_000)):

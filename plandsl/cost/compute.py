@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from plandsl import ir
 from plandsl.ir.layers import Layer, kv_width
+from plandsl.cost.memory import STATE_BYTES, optimizer_bytes_per_param
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +250,6 @@ def estimate_optimizer_step(local_params: float, device: ir.DeviceType, optimize
     at the interpreter's dtypes (`cost.memory.STATE_BYTES`: fp32 whatever `precision` is). For Adam
     that is 28 bytes per parameter, as Megatron's layout reads and writes (2·12 + 2 + 2).
     """
-    from plandsl.cost.memory import STATE_BYTES, optimizer_bytes_per_param
     per_param = 2 * optimizer_bytes_per_param(optimizer) + STATE_BYTES + 2 * STATE_BYTES
     return local_params * per_param / device.bandwidth
 

@@ -23,10 +23,16 @@ from plandsl import ir
 from plandsl.cost.comm import collective_seconds
 from plandsl.cost.compute import Efficiency, Work, peak_of
 from plandsl.cost.layer import LayerTime, Links, estimate_layer_time, plan_links
-from plandsl.cost.memory import MemoryEstimate, estimate_layer_activations, gathers_kv, held_stages, zero_degrees
+from plandsl.cost.memory import (MemoryEstimate, estimate_layer_activations, estimate_plan_memory, gathers_kv, held_stages,
+                                 inflight_microbatches, zero_degrees)
 from plandsl.cost.stage import StageTime, fsdp_units, param_split, rank_tail, slowest, stage_time
 from plandsl.schedules.registry import pipelines_of
-from plandsl.schedules.simulate import BUBBLE_DEFINITION, bubble_seconds
+from plandsl.schedules.simulate import BUBBLE_DEFINITION, Costs, bubble_seconds
+from plandsl.ir.placement import assign_stages, mesh_device_runs, pipeline_rank_device_types
+from plandsl.cost.schedule import simulate_plan_schedule
+from plandsl.diagnostics import PlanError, diag
+from plandsl.ir.layers import layers_of
+from plandsl.lower.units import format_bytes
 
 
 # ---- the whole plan -------------------------------------------------------------------------------------
@@ -92,13 +98,6 @@ def plan_work(plan: ir.Plan) -> Work:
 def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=None) -> PlanEstimate:
     """The plan's step time, throughput and memory; PlanError when its placement or schedule is invalid.
     `efficiency` overrides every device's GEMM knobs (None: each device's own)."""
-    from plandsl.cost.memory import estimate_plan_memory
-    from plandsl.ir.placement import mesh_device_runs, pipeline_rank_device_types
-    from plandsl.cost.schedule import simulate_plan_schedule
-    from plandsl.diagnostics import PlanError
-    from plandsl.ir.placement import assign_stages
-    from plandsl.schedules.simulate import Costs
-
     if assignment is None:
         assignment, problems = assign_stages(plan)
         if assignment is None:
@@ -160,7 +159,6 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
 def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | None = None,
                          links: Links | None = None, rank_devices=None) -> list[StageTime]:
     """Per stage of `assignment`, the seconds of one microbatch's F, I and W on its rank's slowest device."""
-    from plandsl.ir.placement import pipeline_rank_device_types
     precision = plan.train.precision
     work, links = plan_work(plan), links or plan_links(plan)
     if rank_devices is None:
@@ -206,7 +204,6 @@ def pipeline_p2p_seconds(model: ir.Model, work: Work, links: Links) -> float:
     if isinstance(model, ir.TransformerModel):
         size = work.tokens * model.hidden * work.precision.bytes / work.tp
     else:
-        from plandsl.ir.layers import layers_of
         size = work.tokens * max(layer.output_width for layer in layers_of(model)) * work.precision.bytes
     return collective_seconds("p2p", size, links.pp)
 
@@ -214,7 +211,6 @@ def pipeline_p2p_seconds(model: ir.Model, work: Work, links: Links) -> float:
 def _with_simulated_peaks(plan: ir.Plan, assignment, memory: list[MemoryEstimate], activations, peaks) -> list[MemoryEstimate]:
     """Activation memory: the in-flight formula of `cost.memory`, or the simulated peak when higher
     (plus the recomputation working set the formula adds)."""
-    from plandsl.cost.memory import inflight_microbatches
     ranks = held_stages(plan, assignment.rank_stages())
     if plan.stages is not None:
         schedule = plan.schedule.name if plan.schedule else "gpipe"
@@ -233,14 +229,12 @@ def _with_simulated_peaks(plan: ir.Plan, assignment, memory: list[MemoryEstimate
 
 
 def _deadlock(plan: ir.Plan, simulation):
-    from plandsl.diagnostics import diag
     return diag("E502", f"schedule '{plan.schedule.name}' deadlocks on this plan: {simulation.deadlock}",
                 plan.schedule.span)
 
 
 # ---- text ------------------------------------------------------------------------------------------------
 def format_estimate(estimate: PlanEstimate) -> str:
-    from plandsl.lower.units import format_bytes
     t = estimate.time
 
     def share(value: float) -> str:

@@ -22,6 +22,7 @@ from plandsl import ir
 from plandsl.ir.layers import EXPERTS, FFN, HEADS_X_HEAD_DIM, KV, VOCAB, Layer, Param, kv_width
 from plandsl.ir.placement import Assignment, assign_stages
 from plandsl.schedules.registry import BUILTIN
+from plandsl.schedules.generators import check_sizes, pipeline_maps
 
 # Dim roles a tensor-parallel axis splits (Megatron, Shoeybi et al. 2019): column-parallel outputs
 # (q/k/v heads, MLP ffn), row-parallel inputs (o heads, MLP ffn) and the vocabulary of the
@@ -127,7 +128,6 @@ def held_stages(plan: ir.Plan, rank_stages: Sequence[Sequence[int]]) -> list[tup
 @functools.lru_cache(maxsize=256)
 def _pipeline_maps(schedule: str, ranks: int) -> tuple[tuple[int, ...], ...]:
     """The stage -> rank map of each pipeline of a built-in schedule with several pipelines."""
-    from plandsl.schedules.generators import check_sizes, pipeline_maps
     info = BUILTIN.get(schedule)
     if info is None or info.pipelines < 2:
         return ()

@@ -16,6 +16,7 @@ from plandsl.schedules.program import Schedule
 from plandsl.schedules.registry import BUILTIN, pipelines_of
 from plandsl.schedules.simulate import BUBBLE_DEFINITION, Costs, Simulation, simulate
 from plandsl.lower.units import format_bytes
+from plandsl.lower.schedule_spec import load_schedule
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,6 @@ def simulate_named(name: str, ranks: int | None, microbatches: int | None, virtu
                    costs: Costs) -> tuple[Schedule | Outline, Simulation]:
     """`plandsl schedule NAME --simulate`: the schedule laid out and simulated, or, for a built-in too
     large to lay out (E609), simulated in bounded work like `simulate_plan`."""
-    from plandsl.lower.schedule_spec import load_schedule
     try:
         found = load_schedule(name, ranks, microbatches, virtual)
     except PlanError as error:

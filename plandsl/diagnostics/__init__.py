@@ -148,7 +148,7 @@ def describe_numbers(values: Iterable[int]) -> str:
 
 def nearest(name: str, options: Iterable[str]) -> str | None:
     """The option closest to `name` by edit distance, if it is close enough to suggest."""
-    import difflib
+    import difflib  # lazy: difflib only for a misspelt name; `plandsl --help` loads this package
     matches = difflib.get_close_matches(name, list(options), n=1, cutoff=0.6)
     return matches[0] if matches else None
 

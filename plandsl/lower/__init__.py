@@ -9,96 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from plandsl import ir
 from plandsl import syntax as s
-from plandsl.diagnostics import Note, did_you_mean, respell
+from plandsl.diagnostics import Note, diag, did_you_mean
+from plandsl.lower.bodies import attributes, build, dict_items, require
 from plandsl.lower.evaluate import Poison, Rep, Reporter, Scope, Word
-from plandsl.syntax.loader import Loaded
+from plandsl.lower.model import custom_model, model_call, model_value, schedule_def
+from plandsl.syntax.loader import Loaded, Loader
 from plandsl.lower.plan import lower_plan
 from plandsl.lower.units import BANDWIDTH, BYTES, FLOPS, TIME
+from plandsl.syntax.parser import deep_recursion
 
 PRECISIONS = tuple(p.value for p in ir.Precision)
-
-
-def attributes(scope: Scope, body: tuple, allowed: dict[str, bool], what: str) -> dict[str, s.Attr]:
-    """The attributes of a body by name; reports unknown (E206), duplicate (E213), missing (E207).
-
-    `allowed` maps each attribute name to whether it is required.
-    """
-    found: dict[str, s.Attr] = {}
-    for stmt in body:
-        if not isinstance(stmt, s.Attr):
-            continue
-        if stmt.name not in allowed:
-            scope.reporter.error("E206", f"{what} has no attribute '{stmt.name}'", stmt.name_span,
-                                 hint=did_you_mean(stmt.name, allowed, f"attributes of {what}"),
-                                 edits=respell(stmt.name, allowed, stmt.name_span))
-        elif stmt.name in found:
-            scope.reporter.error("E213", f"'{stmt.name}' is set twice", stmt.name_span,
-                                 notes=[Note("first set", found[stmt.name].name_span)])
-        else:
-            found[stmt.name] = stmt
-    return found
-
-
-def require(scope: Scope, found: dict[str, s.Attr], allowed: dict[str, bool], what: str, span,
-            body: tuple = ()) -> bool:
-    """Report required attributes that are missing (E207), except one a misspelled attribute of `body`
-    stands for: that was reported once, as E206 with its did-you-mean."""
-    missing = [name for name, required in allowed.items() if required and name not in found]
-    respelled = {edit.text for stmt in body if isinstance(stmt, s.Attr) and stmt.name not in allowed
-                 for edit in respell(stmt.name, allowed, stmt.name_span)}
-    for name in missing:
-        if name in respelled:
-            continue
-        scope.reporter.error("E207", f"{what} is missing '{name}'", span,
-                             hint=f"add `{name} = ...` to its body")
-    return not missing
-
-
-def dict_items(scope: Scope, expr: s.Expr, allowed: dict[str, bool], what: str) -> dict[str, s.DictItem]:
-    expr, scope_ = scope.deref(expr)
-    if isinstance(expr, s.Name) and expr.id not in scope_.locals and scope_.find(expr.id) is None:
-        raise scope_.unknown(Word(expr.id, expr.span))  # `train = tiny_train` without its import
-    if isinstance(expr, s.BinOp) and expr.op == "-":
-        scope_.dashed(expr)  # `train = tiny-train`: E201 naming `tiny_train`
-    if not isinstance(expr, s.DictExpr):
-        raise scope.reporter.error("E205", f"{what} takes `{{ key: value, ... }}`", expr.span)
-    found: dict[str, s.DictItem] = {}
-    respelled: set[str] = set()  # keys a misspelling stands for: not reported missing as well
-    for item in expr.items:
-        if item.key not in allowed:
-            edits = respell(item.key, allowed, item.key_span)
-            respelled.update(edit.text for edit in edits)
-            scope.reporter.error("E206", f"{what} has no key '{item.key}'", item.key_span,
-                                 hint=did_you_mean(item.key, allowed, f"keys of {what}"), edits=edits)
-        elif item.key in found:
-            scope.reporter.error("E213", f"'{item.key}' is given twice", item.key_span,
-                                 notes=[Note("first given", found[item.key].key_span)])
-        else:
-            found[item.key] = item
-    missing = [k for k, required in allowed.items() if required and k not in found]
-    if missing and set(missing) <= respelled:
-        raise Poison()  # reported as the misspelled key
-    missing = [k for k in missing if k not in respelled]
-    if missing:
-        raise scope.reporter.error("E207", f"{what} is missing {', '.join(repr(m) for m in missing)}", expr.span,
-                                   hint=f"add {', '.join(f'{m}: ...' for m in missing)}")
-    return found
-
-
-def build(scope: Scope, cls, span, /, **fields):
-    """Construct an IR node; a validator's complaint becomes E205 at the field it names (when `field_spans`
-    says where that field was written), else at `span`."""
-    try:
-        return cls(span=span, **fields)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        at = (fields.get("field_spans") or {}).get(str(first["loc"][0])) if first["loc"] else None
-        raise scope.reporter.error("E205", f"{where}: {first['msg'].lower()}", at or span) from None
 
 
 class Lowering:
@@ -143,7 +65,6 @@ class Lowering:
     # ---- definitions ---------------------------------------------------------------
     def resolve(self, scope: Scope, node: s.Definition | s.Call) -> Any:
         if isinstance(node, s.Call):
-            from plandsl.lower.model import model_call
             return model_call(scope, node, name=None)
         key = (scope.file, node.name)
         if key in self.memo:
@@ -263,13 +184,11 @@ class Lowering:
         return build(scope, ir.Cluster, expr.span, name=label, groups=tuple(groups), fabric=fabric)
 
     def _model(self, scope: Scope, d: s.Definition) -> ir.Model:
-        from plandsl.lower.model import custom_model, model_value
         if d.value is not None:
             return model_value(scope, d.value, d.name)
         return custom_model(self, scope, d)
 
     def _schedule(self, scope: Scope, d: s.Definition) -> ir.ScheduleDef:
-        from plandsl.lower.model import schedule_def
         return schedule_def(scope, d)
 
     def _plan(self, scope: Scope, d: s.Definition) -> ir.Plan:
@@ -324,9 +243,6 @@ def lower_file(path: str | None = None, text: str | None = None, params: dict[st
                search_path=None) -> Lowered:
     """Load `path` (or `text`) with its imports, resolve parameters and lower every definition; never
     raises on bad input (E1xx, E2xx diagnostics)."""
-    from plandsl.diagnostics import diag
-    from plandsl.syntax.loader import Loader
-    from plandsl.syntax.parser import deep_recursion
     loader = Loader() if search_path is None else Loader(search_path=search_path)
     root = loader.load_text(text, path or "<string>") if text is not None else loader.load_file(path)
     diagnostics = list(loader.diagnostics)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from plandsl.diagnostics import Edit, PlanError, did_you_mean, nearest
 from plandsl.diagnostics.source import SourceFile, Span
+from plandsl.syntax.loader import read_source, stdlib_files, stdlib_root
+from plandsl.syntax.parser import parse_source
 
 # Folders of the standard library whose files define things to import (examples and local/ define plans).
 LIBRARY_FOLDERS = ("clusters", "models", "schedules")
@@ -22,8 +24,6 @@ _IMPORT_LINE = re.compile(r'^[ \t]*import[ \t]+"[^"\n]*"[^\n]*(?:\n|$)', re.MULT
 @lru_cache(maxsize=1)
 def stdlib_definitions() -> dict[str, str]:
     """Name -> the import that defines it (`gpt3_175b` -> `models/gpt3`), for the library folders."""
-    from plandsl.syntax.loader import read_source, stdlib_files, stdlib_root
-    from plandsl.syntax.parser import parse_source
     found: dict[str, str] = {}
     root = stdlib_root()
     for name in stdlib_files():
@@ -45,8 +45,6 @@ SIBLINGS = 64  # .plan files of the importing file's folder read, at most, to fi
 
 def sibling_definitions(source: SourceFile | None) -> dict[str, str]:
     """Name -> the import that defines it, for the other `.plan` files of `source`'s folder."""
-    from plandsl.syntax.loader import read_source
-    from plandsl.syntax.parser import parse_source
     if source is None or not os.path.isfile(source.path):
         return {}
     folder = Path(source.path).resolve().parent

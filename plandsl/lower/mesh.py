@@ -10,6 +10,7 @@ from plandsl import ir
 from plandsl.diagnostics import limits
 from plandsl import syntax as s
 from plandsl.diagnostics import Edit, Note, nearest
+from plandsl.lower.bodies import build, dict_items
 from plandsl.lower.evaluate import Poison, Scope
 
 TRAIN_KEYS = {"global_batch": True, "micro_batch": False, "seq": False, "precision": False, "recompute": False,
@@ -90,7 +91,6 @@ def _mesh_part(scope: Scope, expr: s.Expr, cluster: ir.Cluster | None) -> tuple[
 
 
 def training(scope: Scope, expr: s.Expr) -> ir.Training:
-    from plandsl.lower import build, dict_items
     items = dict_items(scope, expr, TRAIN_KEYS, "train")
     values: dict = {}
     failed = False

@@ -11,7 +11,9 @@ from plandsl import ir
 from plandsl.diagnostics import limits
 from plandsl import syntax as s
 from plandsl.diagnostics import Edit, did_you_mean, nearest, respell
+from plandsl.lower.bodies import attributes, build, dict_items
 from plandsl.lower.evaluate import Poison, Scope, Word
+from plandsl.lower.selectors import layer_names
 from plandsl.lower.units import BYTES
 
 if TYPE_CHECKING:
@@ -51,7 +53,6 @@ def model_value(scope: Scope, expr: s.Expr, name: str | None) -> ir.Model:
 
 
 def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
-    from plandsl.lower import build
     if not isinstance(call.func, s.Name) or call.func.id not in FAMILIES:
         shown = call.func.id if isinstance(call.func, s.Name) else "this"
         raise scope.reporter.error("E212", f"unknown model family '{shown}'", call.func.span,
@@ -150,8 +151,6 @@ def _respells(body: tuple, name: str) -> bool:
 
 
 def custom_model(lowering: "Lowering", scope: Scope, d: s.Definition) -> ir.CustomModel:
-    from plandsl.lower import attributes, build, dict_items
-    from plandsl.lower.selectors import layer_names
     found = attributes(scope, d.body, MODEL_ATTRS, f"model '{d.name}'")
     layers: list[ir.CustomLayer] = []
     seen: dict[str, s.LayerDecl] = {}
@@ -224,7 +223,6 @@ DIMENSIONS = ("ranks", "microbatches", "stages", "virtual")
 
 
 def schedule_def(scope: Scope, d: s.Definition) -> ir.ScheduleDef:
-    from plandsl.lower import build
     rows = [stmt for stmt in d.body if isinstance(stmt, s.RankRow)]
     others = [stmt for stmt in d.body if not isinstance(stmt, s.RankRow)]
     sizes, variables = {}, {}

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from plandsl import ir
 from plandsl import syntax as s
 from plandsl.diagnostics import Edit, Note, did_you_mean, nearest, respell
+from plandsl.lower.bodies import attributes, build, require
 from plandsl.lower.evaluate import Poison, Scope, Word
 from plandsl.lower.mesh import mesh, training
 from plandsl.diagnostics.limits import MAX_VIRTUAL
@@ -38,7 +39,6 @@ DEFAULT_AXES = {"data": "dp", "tensor": "tp", "context": "cp", "experts": "ep", 
 
 
 def lower_plan(lowering: "Lowering", scope: Scope, d: s.Definition) -> ir.Plan:
-    from plandsl.lower import attributes, build, require
     what = f"plan '{d.name}'"
     found = attributes(scope, d.body, PLAN_ATTRS, what)
     blocks = [b for b in d.body if isinstance(b, s.Block)]
@@ -253,7 +253,6 @@ def stages_clause(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.Stages:
 
 
 def stages_block(scope: Scope, block: s.Block, m: ir.Mesh) -> ir.Stages:
-    from plandsl.lower import attributes
     found = attributes(scope, block.body, {"axis": False, "virtual": False, "map": False}, "stages")
     axis = one_axis(scope, found["axis"].value, m, "stages", block.name_span) if "axis" in found else "pp"
     if m.axis(axis) is None:

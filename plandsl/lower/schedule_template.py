@@ -22,11 +22,12 @@ from typing import Any
 
 from plandsl import ir
 from plandsl import syntax as s
-from plandsl.diagnostics import Diagnostic, Note
+from plandsl.diagnostics import Diagnostic, Note, PlanError
 from plandsl.lower.evaluate import Poison, Reporter, Scope
 from plandsl.schedules.generators import MAX_ACTIONS  # a template needs at most this many (E609)
 from plandsl.schedules.program import Action, Kind, Schedule, derive_stage_map, parse_action
 from plandsl.diagnostics.source import NO_SPAN, SourceFile, Span
+from plandsl.syntax.parser import parse_source
 
 MAX_STEPS = 10_000_000     # statements and loop iterations run by one instantiation
 ACTION_KINDS = {"F": Kind.F, "B": Kind.B, "I": Kind.I, "W": Kind.W}
@@ -85,6 +86,7 @@ def expand(defn: ir.ScheduleDef, scope: Scope | None, ranks: int, microbatches: 
                         tuple(tuple(row) for row in rows))
     diagnostics: list[Diagnostic] = []
     if validate:
+        # lazy: ~7 ms, only a plan with a written template needs it
         from plandsl.schedules.validate import validate as check
         diagnostics = check(schedule, spans, default_span=where)
     return Instance(schedule, spans, diagnostics)
@@ -135,8 +137,6 @@ def _definition(defn: ir.ScheduleDef, scope: Scope | None) -> tuple[s.Definition
         source = SourceFile("<schedule>", text)
     if isinstance(defn.syntax, s.Definition):
         return defn.syntax, source
-    from plandsl.diagnostics import PlanError
-    from plandsl.syntax.parser import parse_source
     try:
         module = parse_source(source)
     except PlanError:

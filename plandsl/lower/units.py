@@ -62,7 +62,7 @@ def suggest(unit: str) -> str | None:
     folded = [u for u in UNITS if u.lower() == unit.lower()]
     if folded:
         return folded[0] if len(folded) == 1 else next((u for u in folded if "i" in u), folded[0])
-    import difflib
+    import difflib  # lazy: difflib only for a misspelt name, never on a clean check
     close = difflib.get_close_matches(unit, list(UNITS), n=1, cutoff=0.6)
     return close[0] if close else None
 

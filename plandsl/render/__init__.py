@@ -4,8 +4,8 @@ Stage: after checking (and simulating, for schedule and memory). Contract: `rend
 returns DOT text, deterministic for golden tests and needing no graphviz; `render_bytes` and
 `render_file` run graphviz for images (`GraphvizMissing` when it is not installed) and write the
 `all` view as one self-contained HTML page. A view that does not apply raises `NotApplicable`.
-One module per view: `mesh`, `placement`, `schedule`, `memory`; `dot` writes DOT text, `output`
-runs graphviz, `html` assembles the report.
+One module per view: `mesh`, `placement`, `schedule`, `memory` (`views` picks one by name); `dot` writes
+DOT text, `output` runs graphviz, `html` assembles the report.
 """
 from __future__ import annotations
 
@@ -13,32 +13,12 @@ from pathlib import Path
 
 from plandsl.render.dot import NotApplicable
 from plandsl.render.output import FORMATS, GraphvizFailed, GraphvizMissing, format_of, to_image
+from plandsl.render.views import VIEWS, engine, render
 
-VIEWS = ("mesh", "placement", "schedule", "memory")
 RenderError = (NotApplicable, GraphvizMissing, GraphvizFailed)
 
 __all__ = ["VIEWS", "FORMATS", "NotApplicable", "GraphvizMissing", "GraphvizFailed", "RenderError", "render",
            "engine", "render_bytes", "render_file", "format_of", "output_format", "color_by_problem"]
-
-
-def _module(view: str):
-    if view not in VIEWS:
-        raise ValueError(f"unknown view '{view}': choose one of {', '.join(VIEWS)} or all")
-    from plandsl.render import memory, mesh, placement, schedule
-    return {"mesh": mesh, "placement": placement, "schedule": schedule, "memory": memory}[view]
-
-
-def render(plan, view: str, color_by: str | None = None) -> str:
-    """DOT text of one view of a checked plan (`color_by`: the mesh view's colouring axis)."""
-    module = _module(view)
-    if view == "mesh":
-        return module.render_mesh(plan, color_by)
-    return getattr(module, f"render_{view}")(plan)
-
-
-def engine(view: str) -> tuple[str, ...]:
-    """The graphviz program (and flags) that lays out the view's DOT text."""
-    return _module(view).ENGINE
 
 
 def render_bytes(plan, view: str, fmt: str = "dot", color_by: str | None = None,
@@ -49,7 +29,7 @@ def render_bytes(plan, view: str, fmt: str = "dot", color_by: str | None = None,
             raise ValueError("HTML is the format of --view all (every view on one page)")
         if fmt not in ("html", None):
             raise ValueError(f"--view all writes one HTML page, not {fmt}")
-        from plandsl.render.html import render_html
+        from plandsl.render.html import render_html  # lazy: the report pulls the estimate; `show` imports this package
         return render_html(plan, color_by, timings=timings).encode("utf-8")
     text = render(plan, view, color_by)
     if fmt == "dot":

@@ -15,6 +15,14 @@ import re
 from plandsl import ir
 from plandsl.render.dot import NotApplicable
 from plandsl.lower.units import format_bytes
+from plandsl.render.views import VIEWS, engine, render
+from plandsl.render.output import to_image
+from plandsl.render.summary import describe_plan
+from plandsl.ir.placement import pipeline_rank_devices
+from plandsl.cost.estimate import estimate_plan
+from plandsl.diagnostics import PlanError
+from plandsl.schedules.simulate import BUBBLE_DEFINITION
+from plandsl.render.schedule import simulated
 
 STYLE = """
 body { font-family: Helvetica, Arial, sans-serif; margin: 2em; color: #222; }
@@ -33,9 +41,6 @@ nav a { margin-right: 1em; }
 
 
 def render_html(plan: ir.Plan, color_by: str | None = None, timings: dict | None = None) -> str:
-    from plandsl.render import VIEWS, engine, render
-    from plandsl.render.output import to_image
-    from plandsl.render.summary import describe_plan
     sections = []
     for view in VIEWS:
         try:
@@ -73,10 +78,6 @@ def estimate_table(plan: ir.Plan) -> str:
     """The estimate's figures first (`plandsl estimate`: step time, tokens/s, TFLOP/s per device, MFU,
     memory per device, bubble), then per pipeline rank its memory against the smallest device and the
     simulated figures."""
-    from plandsl.ir.placement import pipeline_rank_devices
-    from plandsl.cost.estimate import estimate_plan
-    from plandsl.diagnostics import PlanError
-    from plandsl.schedules.simulate import BUBBLE_DEFINITION
     try:
         estimate = estimate_plan(plan)
     except PlanError:
@@ -98,7 +99,6 @@ def estimate_table(plan: ir.Plan) -> str:
         f'optimizer {t.optimizer:.4g} s (the busiest pipeline rank).</p>']
     simulation = None
     if plan.stages is not None and plan.schedule is not None:
-        from plandsl.render.schedule import simulated
         _, simulation, _ = simulated(plan)
     head = ["rank", "devices", "parameters", "gradients", "optimizer", "activations", "peak", "capacity", "use"]
     if simulation:

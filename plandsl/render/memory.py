@@ -17,6 +17,9 @@ from plandsl.render.timeline import FIXED_GRAPH, TimeAxis, draw_time_axis, grid_
 from plandsl.schedules.program import Kind
 from plandsl.schedules.simulate import Simulation
 from plandsl.lower.units import format_bytes
+from plandsl.cost.memory import estimate_plan_memory
+from plandsl.ir.placement import assign_stages, pipeline_rank_devices
+from plandsl.cost.pipeline import estimate_stage_costs
 
 ENGINE = ("neato", "-n2")
 LEFT, WIDTH, PANEL, GAP, BOTTOM = 120.0, 900.0, 92.0, 22.0, 46.0
@@ -48,10 +51,6 @@ class RankMemory:
 
 def memory_over_time(plan: ir.Plan) -> tuple[list[RankMemory], Simulation]:
     """Per pipeline rank, memory over the simulated step; NotApplicable without a pipeline."""
-    from plandsl.cost.memory import estimate_plan_memory
-    from plandsl.ir.placement import pipeline_rank_devices
-    from plandsl.cost.pipeline import estimate_stage_costs
-    from plandsl.ir.placement import assign_stages
     schedule, simulation, _ = simulated(plan)
     assignment, _ = assign_stages(plan)
     costs = estimate_stage_costs(plan, assignment)

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from plandsl import ir
 from plandsl.cost.memory import TENSOR_SHARDED_DIMS
-from plandsl.ir.layers import EXPERTS, Layer, Param, layers_of
-from plandsl.ir.placement import Assignment, NameIndex, assign_stages, compress_names, precision
+from plandsl.ir.layers import EXPERTS, Layer, Param, layers_of, param_count
+from plandsl.ir.placement import (Assignment, NameIndex, assign_stages, compress_names, pipeline_rank_devices,
+                                  precision)
 from plandsl.render.dot import FONT, Graph, Html, categorical, escape, text_width
 from plandsl.render.mesh import format_rate
 from plandsl.lower.units import format_bytes, format_count
+from plandsl.diagnostics import PlanError
 
 ENGINE = ("dot",)
 WRAP = 40  # characters per line of a sharding list
@@ -123,7 +125,6 @@ def layer_groups(plan: ir.Plan, layers: tuple[Layer, ...], winners) -> list[tupl
 
 # ---- the picture -------------------------------------------------------------------------------
 def render_placement(plan: ir.Plan) -> str:
-    from plandsl.diagnostics import PlanError
     assignment, problems = assign_stages(plan)
     if assignment is None:
         raise PlanError(problems)
@@ -167,7 +168,6 @@ def _beside_line(lines: list[str]) -> Html:
 
 
 def _title(plan: ir.Plan, assignment: Assignment) -> str:
-    from plandsl.ir.layers import param_count
     model = plan.model
     lines = [f"<b>plan {escape(plan.name)}</b> · model {escape(model.name)} "
              f"({format_count(param_count(model))} parameters, {len(layers_of(model))} layers)"]
@@ -204,7 +204,6 @@ def _title(plan: ir.Plan, assignment: Assignment) -> str:
 
 def _rank_devices(plan: ir.Plan) -> list[str]:
     """Per pipeline rank, the label of its column: devices and their type."""
-    from plandsl.ir.placement import pipeline_rank_devices
     others = [a for a in plan.mesh.axes if not (plan.stages and a.name == plan.stages.axis)]
     spread = " × ".join(f"{a.name} {a.size}" for a in others if a.size > 1)
     out = []

@@ -15,6 +15,9 @@ from plandsl.render.dot import FONT, Graph, NotApplicable, inches, pos, spline, 
 from plandsl.render.timeline import FIXED_GRAPH, TimeAxis, draw_time_axis, seconds_text, text_node, tick_step
 from plandsl.schedules.program import Kind, Schedule
 from plandsl.schedules.simulate import BUBBLE_DEFINITION, Event, Simulation
+from plandsl.cost.pipeline import estimate_stage_costs
+from plandsl.ir.placement import assign_stages
+from plandsl.cost.simulation import simulate_plan
 
 ENGINE = ("neato", "-n2")
 # Per kind, fills for a rank's first, second, ... stage (virtual stages get lighter shades).
@@ -33,9 +36,6 @@ def simulated(plan: ir.Plan) -> tuple[Schedule, Simulation, float]:
     if plan.stages is None or plan.schedule is None:
         raise NotApplicable(f"no pipeline in this plan: '{plan.name}' has no stages over a pipeline axis, "
                             "so it has no schedule (try --view mesh or --view placement)")
-    from plandsl.cost.pipeline import estimate_stage_costs
-    from plandsl.ir.placement import assign_stages
-    from plandsl.cost.simulation import simulate_plan
     schedule, simulation = simulate_plan(plan, every_action=True)
     assignment, _ = assign_stages(plan)
     return schedule, simulation, estimate_stage_costs(plan, assignment).p2p

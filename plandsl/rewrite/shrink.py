@@ -36,6 +36,10 @@ from plandsl import ir, syntax
 from plandsl.diagnostics import Note, PlanError, diag
 from plandsl.syntax.loader import Loader, include, read_source, stdlib_root
 from plandsl.diagnostics.source import Span
+from plandsl.check.analysis import analyze
+from plandsl.syntax.parser import parse_text
+from plandsl.syntax.format import format_text
+from plandsl.ir.select import select_plan
 
 HEAD_DIM = 16      # the tiny model's width per attention head
 SEQ = 32           # its sequence length, at least (4 tokens per context x tensor rank)
@@ -74,10 +78,6 @@ def shrink(path: str | Path, name: str | None = None, params: dict[str, Any] | N
     """The plan of `path` scaled down to at most `ranks` processes on one machine; `precision`
     overrides the plan's (fp32 makes `--check-equivalence` hold to 1e-5); `out_dir`: where the text
     will be written (relative imports are rewritten to resolve from there; default: the cwd)."""
-    from plandsl.check.analysis import analyze
-    from plandsl.syntax.parser import parse_text
-    from plandsl.syntax.format import format_text
-    from plandsl.ir.select import select_plan
     if not 1 <= ranks <= MAX_RANKS:
         raise ShrinkError(f"--ranks must be 1 to {MAX_RANKS} (the devices of one `{CLUSTER}` node), got {ranks}")
     path = str(path)

@@ -21,11 +21,20 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from plandsl import ir
 from plandsl.cost.memory import MemoryEstimate
-from plandsl.runtime.parallel.zero import local as _local  # a DTensor's shard, else the tensor
+from plandsl.runtime.parallel.zero import Zero1Optimizer, local as _local  # a DTensor's shard, else the tensor
 from plandsl.lower.units import format_bytes
+from plandsl.runtime.models import build_model
+from plandsl.runtime.optim import optimizer_settings
+from plandsl.runtime.faults import mesh_coordinate, mesh_rank
+from plandsl.runtime.parallel.data_parallel import build_dp_optimizer
+from plandsl.runtime.parallel.mesh import build_mesh
+from plandsl.runtime.parallel.parallelize import data_mesh, expert_data_mesh, parallelize
+from plandsl.cost.estimate import estimate_plan
+from plandsl.diagnostics import PlanError
 
 MAX_RANKS = 64  # larger meshes: one rank per distinct (pipeline, tensor) coordinate
 META = torch.device("meta")
@@ -84,8 +93,6 @@ def dry_run(plan: ir.Plan, ranks: list[int] | None = None, progress=None) -> Dry
     if dist.is_initialized():
         raise RuntimeError("a dry run builds every rank with its own fake process group; this process "
                            "already belongs to a process group")
-    from plandsl.runtime.models import build_model
-    from plandsl.runtime.optim import optimizer_settings
     world = plan.mesh.size
     if ranks is None:
         ranks, summary = representative_ranks(plan)
@@ -112,7 +119,6 @@ def representative_ranks(plan: ir.Plan) -> tuple[list[int], str]:
     """Every rank, or for meshes over MAX_RANKS one per (pipeline, tensor) coordinate, the other
     axes at 0 (ranks differing only along data axes hold equal shares, up to uneven FSDP shards and ZeRO-1's
     whole-tensor partitions, whose first rank gets the largest tensor)."""
-    from plandsl.runtime.faults import mesh_rank
     world = plan.mesh.size
     if world <= MAX_RANKS:
         return list(range(world)), ""
@@ -134,16 +140,13 @@ def _build_rank(plan: ir.Plan, model: torch.nn.Module, rank: int, world: int, st
                 like: int) -> RankFigures:
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 
-    from plandsl.runtime.parallel.data_parallel import build_dp_optimizer
-    from plandsl.runtime.faults import mesh_coordinate
-    from plandsl.runtime.parallel.mesh import build_mesh
-    from plandsl.runtime.parallel.parallelize import data_mesh, expert_data_mesh, parallelize
     hook = sys.excepthook  # init_process_group wraps it ("[rankN]: " on each line), once per call
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
         mesh = build_mesh(plan, torch.device("cpu"))
         with _ddp_on_meta():
             if plan.stages is not None:
+                # lazy: torch's pipelining takes seconds to import; only a pipelined plan needs it
                 from plandsl.runtime.parallel.pipeline import build_pipeline
                 pipeline = build_pipeline(plan, model, mesh, META)
                 models, stages = pipeline.models, pipeline.stage_indices
@@ -172,9 +175,7 @@ def _build_rank(plan: ir.Plan, model: torch.nn.Module, rank: int, world: int, st
 def _most_loaded_partition(optimizer: torch.optim.Optimizer, own: int) -> int:
     """Parameter bytes the most loaded rank of each ZeRO-1 group steps, summed over the groups (`own`, what
     this rank steps, without ZeRO-1). Both ZeRO-1 optimizers compute every rank's partition on each rank."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    from plandsl.runtime.parallel.zero import Zero1Optimizer
     if isinstance(optimizer, Zero1Optimizer):
         return sum(max(loads) for loads in optimizer.partition_bytes)
     if isinstance(optimizer, ZeroRedundancyOptimizer):
@@ -189,8 +190,9 @@ def _forget_rank() -> None:
     coordinate) or plans computed from it: left filled, the next rank built here, and ranks forked from
     this process later (tests), would get this fake rank's shard offsets (DCP then saves overlapping
     chunks: "Failed to validate global plan")."""
+    # torch internals, only for this workaround: a torch without them fails here, not at import
     from torch.distributed.tensor import _redistribute
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache  # torch internals (as above)
     _clear_sharding_prop_cache()
     _redistribute._gen_transform_infos.cache_clear()
     _redistribute.clear_redistribute_planner_cache()  # its planners hold the mesh and read its coordinate
@@ -212,8 +214,6 @@ def _states_per_element(cls: type, kwargs: dict) -> int:
 
 
 def _predicted(plan: ir.Plan) -> list[MemoryEstimate] | None:
-    from plandsl.cost.estimate import estimate_plan
-    from plandsl.diagnostics import PlanError
     try:
         return list(estimate_plan(plan).memory)
     except PlanError:
@@ -224,6 +224,7 @@ def _predicted(plan: ir.Plan) -> list[MemoryEstimate] | None:
 def _ddp_on_meta():
     """DistributedDataParallel compares parameter shapes across ranks (`.item()` on a count): with
     meta tensors and a fake group there is nothing to compare, so that one check is skipped."""
+    # torch internals, only for this workaround: a torch without them fails here, not at import
     import torch.nn.parallel.distributed as ddp
     saved = ddp._verify_param_shape_across_processes
     ddp._verify_param_shape_across_processes = lambda *args, **kwargs: None

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from plandsl.syntax.files import read_bounded
+from plandsl.cost.schedule import plan_schedule
+from plandsl.schedules.simulate import format_grid, step_grid
 
 DIR_ENV = "PLANDSL_FAULT_DIR"
 INJECT_ENV = "PLANDSL_FAULT_INJECT"
@@ -127,7 +129,7 @@ def progress() -> Progress:
     """This process's record (made on first use from RANK, $PLANDSL_FAULT_DIR and the test hook)."""
     global _PROGRESS
     if _PROGRESS is None:
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: the launcher imports this module without torch
         rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
         text = os.environ.get(INJECT_ENV)
         _PROGRESS = Progress(rank, os.environ.get(DIR_ENV), Injection.parse(text) if text else None)
@@ -289,8 +291,6 @@ def pipeline_grid(plan, records: dict[int, RankRecord], cause: int) -> str | Non
     record = records.get(cause)
     if plan is None or plan.stages is None or record is None or not record.action:
         return None
-    from plandsl.cost.schedule import plan_schedule
-    from plandsl.schedules.simulate import format_grid, step_grid
     program, _ = plan_schedule(plan)
     try:
         grid = [list(row) for row in step_grid(program)] if program is not None else None

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from plandsl import ir
 from plandsl.diagnostics.limits import MAX_LOCAL_RANKS
 from plandsl.runtime import faults
-from plandsl.runtime.options import forward, format_params, option_problem
+from plandsl.runtime.options import format_params, forward, option_problem, parse_args, parse_params
 from plandsl.syntax.loader import included
+from plandsl.check.analysis import load_plan
 
 
 class LaunchError(ValueError):
@@ -80,7 +81,7 @@ def prepare(plan: ir.Plan, plan_file: str, plan_name: str | None, params: dict, 
     LaunchError when the options do not fit its mesh, or (unless `dry_run`, which starts nothing here) when
     the mesh is larger than this machine and the options do not say how (`check_fits`)."""
     if options.data:
-        from plandsl.runtime.tokens import token_file_problem  # numpy: only when a token file is given
+        from plandsl.runtime.tokens import token_file_problem  # lazy: numpy, only when a token file is given
         problem = token_file_problem(options.data, plan)
         if problem:
             raise OptionError("--data", problem)
@@ -186,8 +187,9 @@ def _ranges(indices: list[int]) -> str:
 
 
 def launch(args: list[str]) -> int:
+    # lazy: torch only to launch; `plandsl run` checks the plan and its options without it
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+    from torch.distributed.run import parse_args, run  # lazy: torch (as above)
     nproc = int(args[args.index("--nproc-per-node") + 1])
     # torchrun would set 1 thread per process (and warn); share this machine's cores out instead.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -211,8 +213,6 @@ def launch(args: list[str]) -> int:
 
 def _plan_of(args: list[str]) -> ir.Plan | None:
     """The plan the ranks ran, from their arguments (for the schedule grid); None if it will not load."""
-    from plandsl.check.analysis import load_plan
-    from plandsl.runtime.options import parse_args, parse_params
     try:
         ranks = parse_args(args[args.index("plandsl.run") + 1:])
         return load_plan(ranks.plan, ranks.plan_name, parse_params(ranks.param))

@@ -125,7 +125,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     problem = option_problem(vars(args))
     if problem:
         parser.error(problem)
-    from plandsl.syntax.files import regular_file_problem, writable_dir, writable_file  # ranks only: not at start-up
+    # lazy: ranks only; `plandsl --help` builds its options from this module
+    from plandsl.syntax.files import regular_file_problem, writable_dir, writable_file
     checks = {"out_file": writable_file, "out_dir": writable_dir,
               "token_file": lambda path: regular_file_problem(path, "token file")}
     for option in RANK_OPTIONS:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, diag
 from plandsl.schedules.registry import BUILTIN, splits_backward
+from plandsl.cost.schedule import plan_schedule
+from plandsl.schedules.program import Kind
 
 def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
     """Every reason `plandsl run` refuses the plan (a checked plan), in the order of the plan's attributes.
@@ -56,15 +58,13 @@ def _splits_backward(plan: ir.Plan) -> bool:
         return False
     if plan.schedule.definition is None:  # a built-in: by name, without laying it out
         return splits_backward(plan.schedule.name)
-    from plandsl.cost.schedule import plan_schedule
-    from plandsl.schedules.program import Kind
     schedule, _ = plan_schedule(plan)
     return schedule is not None and any(action.kind is Kind.I for row in schedule.actions for action in row)
 
 
 def _shard_refusals(plan: ir.Plan) -> list[Diagnostic]:
     """One E705 per shard rule that cannot run, at the rule (its first problem; how many more, e.g. per module)."""
-    from plandsl.runtime.parallel.tensor_parallel import rule_problems
+    from plandsl.runtime.parallel.tensor_parallel import rule_problems  # lazy: torch; refusals come before it loads
     by_rule: dict[str | None, list[str]] = {}
     for rule, problem in rule_problems(plan):
         by_rule.setdefault(rule, []).append(problem)
@@ -101,7 +101,7 @@ def _context_refusals(plan: ir.Plan, cuda: bool | None) -> list[Diagnostic]:
 
 
 def _has_cuda() -> bool:
-    import torch  # only for plans that ask for a ring
+    import torch  # lazy: torch only for plans that ask for a ring
     return torch.cuda.is_available()
 
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 
 from plandsl import ir
+from plandsl.syntax.files import FileProblem, check_regular
 
 
 def token_file_problem(token_file: str | Path, plan: ir.Plan) -> str | None:
     """Why `plan` cannot train on `token_file`, or None: it must be a regular file (checked first, so a
     device or FIFO is never mapped) of more than seq + 1 uint16 tokens, each below the model's vocab
     (read through a memory map in bounded chunks: constant memory whatever its size)."""
-    from plandsl.syntax.files import FileProblem, check_regular
     try:
         size = check_regular(token_file, "token file").st_size
     except FileProblem as problem:

@@ -30,6 +30,11 @@ from plandsl.runtime.optim import build_lr_scheduler
 from plandsl.runtime.parallel.context_parallel import sequence_columns
 from plandsl.runtime.parallel.parallelize import data_mesh, expert_data_mesh, parallelize
 from plandsl.runtime.precision import LossScaler, autocast, loss_scaler
+from plandsl.runtime import checkpoint, faults
+from plandsl.runtime.progress import Reporter
+from plandsl.runtime.equivalence import compare, gather_params, tolerance
+from plandsl.runtime.reference import RunResult, run_reference
+from plandsl.runtime.faults import report_error
 
 
 @dataclass
@@ -90,6 +95,7 @@ def build_job(plan: ir.Plan, mesh: DeviceMesh, device: torch.device, config: Run
     if plan.stages is not None:
         # The one call into pipeline parallelism: plandsl.runtime.parallel.pipeline splits the model into this
         # rank's stages (applying `parallelize` to each) and returns a torch pipelining schedule.
+        # lazy: torch's pipelining takes seconds to import; only a pipelined plan needs it
         from plandsl.runtime.parallel.pipeline import build_pipeline
         pipeline, parts, has_first, has_last = build_pipeline(plan, model, mesh, device, loss_fn=scaler.scaled(loss))
         models = list(parts)
@@ -247,8 +253,6 @@ def run(plan: ir.Plan, config: RunConfig) -> tuple[int, Job]:
 
 def train(job: Job, config: RunConfig) -> None:
     """Steps `job.first_step + 1 .. config.steps` (after restoring the latest checkpoint with `resume`)."""
-    from plandsl.runtime import checkpoint, faults
-    from plandsl.runtime.progress import Reporter
     rank0 = dist.get_rank() == 0
     note = ""
     if config.resume:
@@ -282,8 +286,6 @@ def train(job: Job, config: RunConfig) -> None:
 
 def check_equivalence(job: Job, config: RunConfig) -> int:
     """Rank 0 compares with the reference run in-process; every rank returns the verdict (0 or 1)."""
-    from plandsl.runtime.equivalence import compare, gather_params, tolerance
-    from plandsl.runtime.reference import RunResult, run_reference
     params = gather_params(job.models)
     verdict = [0]
     if dist.get_rank() == 0:
@@ -300,7 +302,6 @@ def check_equivalence(job: Job, config: RunConfig) -> int:
 
 def main_error(error: BaseException) -> None:
     """How a rank reports a failure before exiting non-zero (torchrun then stops the others)."""
-    from plandsl.runtime.faults import report_error
     rank = dist.get_rank() if dist.is_initialized() else os.environ.get("RANK", "?")
     where = report_error(error)  # rank R's JSON for the launcher's message; where it was
     print(f"plandsl run: rank {rank}: {where}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)

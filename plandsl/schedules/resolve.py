@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+import re
 
 from plandsl.diagnostics import PlanError, did_you_mean, diag
-from plandsl.schedules.program import Schedule, format_rows, from_csv, to_csv
+from plandsl.schedules.program import Schedule, derive_stage_map, format_rows, from_csv, to_csv
 from plandsl.schedules.simulate import Costs, format_grid, step_grid
+from plandsl.schedules.generators import TooLarge, generate
+from plandsl.schedules.registry import BUILTIN
+from plandsl.syntax.files import FileProblem, read_bounded
+from plandsl.syntax.parser import MAX_BYTES, decode
+from plandsl.schedules.validate import validate
 
 COST_KEYS = {"F": "F", "B": "B", "I": "I", "W": "W", "P2P": "p2p"}
 
@@ -42,8 +48,6 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, virtua
     """A built-in or a `.csv` file, for the given sizes (`file.plan:NAME`: `lower.schedule_spec`)."""
     if spec.endswith(".csv"):
         return schedule_from_csv(read_csv(spec), Path(spec).stem)
-    from plandsl.schedules.generators import TooLarge, generate
-    from plandsl.schedules.registry import BUILTIN
     if spec not in BUILTIN:
         raise PlanError([diag("E601", f"unknown schedule '{spec}'", hint=did_you_mean(spec, BUILTIN, "schedules"))])
     if ranks is None or microbatches is None:
@@ -60,8 +64,6 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, virtua
 def read_csv(path: str) -> str:
     """A schedule CSV's text, read bounded like a plan (PlanError: E208 missing, E107 not a regular file,
     E106 too large, E109 unreadable, E105 binary or not UTF-8)."""
-    from plandsl.syntax.files import FileProblem, read_bounded
-    from plandsl.syntax.parser import MAX_BYTES, decode
     try:
         data = read_bounded(path, MAX_BYTES, "schedule CSV")
     except FileProblem as problem:
@@ -76,8 +78,6 @@ def read_csv(path: str) -> str:
 
 def schedule_from_csv(text: str, name: str = "csv") -> Schedule:
     """torch's compute-only CSV (rank rows, empty cells idle) -> a validated schedule."""
-    from plandsl.schedules.program import derive_stage_map
-    from plandsl.schedules.validate import validate
     try:
         grid = from_csv(text)
     except ValueError as error:
@@ -138,7 +138,6 @@ def to_format(schedule: Schedule, fmt: str) -> str:
 def _identifier(name: str) -> str:
     """A table's name in a plan: `table_` + the name made an identifier (`1f1b` -> `table_1f1b`,
     `my-order` -> `table_my_order`), so it never shadows the built-in it came from."""
-    import re
     return "table_" + re.sub(r"\W", "_", name)
 
 

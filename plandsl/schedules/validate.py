@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from plandsl.diagnostics import Diagnostic, Note
 from plandsl.schedules.program import COMPUTE, Action, Kind, Schedule, gc_paused
 from plandsl.diagnostics.source import NO_SPAN, Span
+from plandsl.schedules.simulate import Costs, format_grid, simulate, step_grid
 
 LIMIT = 20  # diagnostics of one code per schedule; the last one says how many more there were
 _BACKWARD = (Kind.B, Kind.I)
@@ -90,7 +91,6 @@ class _Validator:
             grid = None
             if all(self.in_range(a) for entries in self.entries for _, a in entries):
                 try:
-                    from plandsl.schedules.simulate import step_grid
                     grid = step_grid(self.schedule)
                 except Exception:  # noqa: BLE001 - a broken schedule falls back to its order
                     grid = None
@@ -301,7 +301,6 @@ class _Validator:
                         break
 
     def check_deadlock(self) -> None:
-        from plandsl.schedules.simulate import Costs, simulate
         unit = Costs(F=1.0, B=1.0, I=1.0, W=1.0, p2p=0.0)
         if self.simulation is not None and self.simulation.deadlock is None:
             return
@@ -341,7 +340,6 @@ class _Validator:
     def render(self) -> list[Diagnostic]:
         if not self.problems:
             return []
-        from plandsl.schedules.simulate import format_grid
         out: list[Diagnostic] = []
         counts: dict[str, int] = {}
         skipped: dict[str, int] = {}

@@ -26,15 +26,17 @@ import heapq
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 from plandsl import ir
 from plandsl.cost.compute import Efficiency
-from plandsl.cost.estimate import PlanEstimate
-from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE
+from plandsl.schedules.registry import BUILTIN
 from plandsl.search.choices import AXES, RECOMPUTE, divisors, schedule_choices
-from plandsl.search.space import Leaf, Node, Root, Space, partition_blocks, partition_layers
+from plandsl.search.emit import explain_empty
+from plandsl.search.problem import (CONTEXT, Candidate, Problem, Scored, SearchError, SearchResult, SearchStats,
+                                    build_plan)
+from plandsl.search.space import Leaf, Node, Root, Space, candidate_of, partition_blocks, partition_layers
+from plandsl.diagnostics import did_you_mean
 
 PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
             "virtual_stages", "zero_stage", "recompute", "order", "tp_across_nodes")
@@ -43,96 +45,6 @@ PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches"
 # server"), where a node's link is an order of magnitude faster than the fabric.
 PIN_ALIASES = {"mb": "micro_batch_size", "micro_batch": "micro_batch_size", "microbatches": "num_microbatches",
                "m": "num_microbatches", "virtual": "virtual_stages", "zero": "zero_stage"}
-# Context parallelism as the search proposes it: K and V all-gathered (Llama 3's choice), which
-# `plandsl run` runs on CPU and CUDA; `ring` is costed when a plan asks for it (it runs on CPU, E702 on CUDA).
-CONTEXT = "allgather"
-
-
-class SearchError(ValueError):
-    """Nothing in the space can run (with the reason and, where it helps, what would)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    model: ir.Model
-    cluster: ir.Cluster
-    global_batch: int
-    seq: int | None = None                     # None: the model's
-    precision: ir.Precision = ir.Precision.bf16
-    optimizer: ir.Optimizer = ir.Optimizer.adam
-
-    @property
-    def sequence(self) -> int:
-        return self.seq or getattr(self.model, "seq", 1)
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """One point of the space: a small frozen record, printable as the pins that select it."""
-
-    dp: int
-    tp: int
-    pp: int
-    cp: int
-    ep: int
-    order: tuple[str, ...]      # mesh axes of size > 1, outermost first (the last is innermost)
-    micro_batch_size: int
-    num_microbatches: int
-    schedule: str               # "" without a pipeline
-    virtual_stages: int
-    zero_stage: int
-    recompute: str
-    sequence_parallel: bool
-
-    def degrees(self) -> dict[str, int]:
-        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep}
-
-    def pins(self) -> dict[str, object]:
-        return {**self.degrees(), "micro_batch_size": self.micro_batch_size, "schedule": self.schedule or "none",
-                "virtual_stages": self.virtual_stages, "zero_stage": self.zero_stage, "recompute": self.recompute,
-                "order": ",".join(self.order)}
-
-    def describe(self) -> str:
-        axes = " ".join(f"{k}={v}" for k, v in self.degrees().items() if v > 1) or "1 device"
-        pipeline = f" {self.schedule}" + (f" v={self.virtual_stages}" if self.virtual_stages > 1 else "") \
-            if self.pp > 1 and self.schedule else ""  # a node's record has no schedule yet
-        return (f"{axes} mb={self.micro_batch_size} m={self.num_microbatches}{pipeline} "
-                f"zero{self.zero_stage} recompute={self.recompute}")
-
-
-@dataclass(frozen=True, slots=True)
-class Scored:
-    candidate: Candidate
-    blocks: tuple[int, ...]     # layers per stage
-    estimate: PlanEstimate
-    plan: ir.Plan = field(repr=False)
-
-
-@dataclass
-class SearchStats:
-    roots: int = 0              # layouts x mesh orders
-    nodes: int = 0              # ... x micro-batch sizes x recomputation, expanded from the roots
-    expanded: int = 0
-    leaves: int = 0             # ... x ZeRO stages x schedules, with a bound
-    simulated: int = 0
-    memory_pruned: int = 0
-    invalid: int = 0
-    tp_across_nodes: int = 0    # mesh orders left out because a tensor-parallel group would span nodes
-    seconds: float = 0.0
-    memory_example: str = ""    # the plan that came closest to fitting, and what it needs
-    memory_example_ratio: float = math.inf
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    candidates: tuple[Scored, ...]
-    stats: SearchStats
-
-    @property
-    def best(self) -> Scored:
-        return self.candidates[0]
-
-
 # ---- pins -------------------------------------------------------------------------------------------------
 def parse_pins(pins: Mapping[str, object] | Iterable[str] | None) -> dict[str, object]:
     """`{"tp": "8", ...}` or `["tp=8", ...]` -> typed pins; SearchError for unknown keys or values."""
@@ -144,7 +56,6 @@ def parse_pins(pins: Mapping[str, object] | Iterable[str] | None) -> dict[str, o
     for raw_key, raw in items:
         key = PIN_ALIASES.get(str(raw_key).strip(), str(raw_key).strip())
         if key not in PIN_KEYS:
-            from plandsl.diagnostics import did_you_mean
             hint = did_you_mean(key, PIN_KEYS, "pins")
             raise SearchError(f"unknown pin '{raw_key}'" + (f"; {hint}" if hint else "")
                               + f" (pins: {', '.join(PIN_KEYS)})")
@@ -227,36 +138,6 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
                                   "(the order lists the axes of size > 1)")
 
 
-def candidate_of(node: Node, schedule: str, virtual: int, zero: int) -> Candidate:
-    r = node.root
-    return Candidate(r.dp, r.tp, r.pp, r.cp, r.ep, r.order, node.micro_batch, node.microbatches, schedule, virtual,
-                     zero, node.recompute, r.sequence_parallel)
-
-
-def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
-    """The candidate as an `ir.Plan` (what `search_emit.plan_text` writes, once lowered); the
-    layers of its stages are given to `cost.estimate` as an assignment."""
-    sizes = c.degrees()
-    order = c.order or ("dp",)
-    mesh = ir.Mesh.model_construct(axes=tuple(ir.Axis.model_construct(name=a, size=sizes[a]) for a in order),
-                                   first_device=0, part=None)
-    data_axes = ("dp",) if c.dp > 1 else (("ep",) if c.ep > 1 else ())
-    data = ir.DataParallel.model_construct(kind=ir.DataKind.of_zero_stage(c.zero_stage), axes=data_axes) if data_axes else None
-    tensor = ir.TensorParallel.model_construct(style="megatron", axis="tp", sequence_parallel=c.sequence_parallel) \
-        if c.tp > 1 else None
-    context = ir.ContextParallel.model_construct(kind=CONTEXT, axis="cp") if c.cp > 1 else None
-    experts = ir.ExpertParallel.model_construct(kind="alltoall", axis="ep") if c.ep > 1 else None
-    stages = schedule = None
-    if c.pp > 1:
-        name = c.schedule or DEFAULT_SCHEDULE
-        stages = ir.Stages.model_construct(axis="pp", mode="explicit", virtual=c.virtual_stages,
-                                           rank_map=BUILTIN[name].rank_map, groups=())
-        schedule = ir.ScheduleRef.model_construct(name=name, options={}, definition=None)
-    train = base.train.model_copy(update={"micro_batch": c.micro_batch_size, "recompute": ir.Recompute(c.recompute)})
-    return base.model_copy(update={"mesh": mesh, "train": train, "data": data, "tensor": tensor, "context": context,
-                                   "experts": experts, "stages": stages, "schedule": schedule})
-
-
 # ---- the search ---------------------------------------------------------------------------------------------------
 def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None = None, top: int = 5,
            efficiency: Efficiency | None = None,
@@ -303,7 +184,6 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
     if not results:
         if not explain:
             raise SearchError(f"no plan of '{problem.model.name}' on '{problem.cluster.name}'")
-        from plandsl.search.emit import explain_empty
         raise SearchError(explain_empty(problem, pins, space))
     return SearchResult(tuple(results), space.stats)
 
@@ -324,6 +204,6 @@ def brute_force(problem: Problem, pins: Mapping[str, object] | Iterable[str] | N
     return sorted(out, key=lambda s: s.estimate.time.step)
 
 
-__all__ = ["Problem", "Candidate", "Scored", "SearchResult", "SearchStats", "SearchError", "search", "brute_force",
-           "parse_pins", "check_pins", "partition_blocks", "partition_layers", "build_plan", "candidate_of",
+__all__ = ["CONTEXT", "Problem", "Candidate", "Scored", "SearchResult", "SearchStats", "SearchError", "search",
+           "brute_force", "parse_pins", "check_pins", "partition_blocks", "partition_layers", "build_plan", "candidate_of",
            "schedule_choices", "PIN_KEYS", "divisors"]

@@ -14,15 +14,20 @@ from typing import Callable
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from plandsl import ir
 from plandsl.ir.layers import layers_of, param_count
 from plandsl.ir.placement import split_evenly
 from plandsl.schedules.registry import BUILTIN
-from plandsl.search import CONTEXT, Problem, Scored, SearchError, SearchResult
+from plandsl.search.problem import CONTEXT, Problem, Scored, SearchError, SearchResult
 from plandsl.lower.units import format_bytes, format_count
+from plandsl.check.analysis import analyze, checked_document
+from plandsl.syntax.loader import include, stdlib_files, stdlib_root
+from plandsl.check.model import model_shapes
+from plandsl.diagnostics import Note, PlanError, did_you_mean
+from plandsl.syntax.format import format_text
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -39,8 +44,6 @@ class Source:
 # ---- reading the command line ----------------------------------------------------------------------------
 def _stdlib_names() -> dict[str, str]:
     """Name -> the stdlib file (`clusters/dgx_a100`) that defines it, for clusters and models."""
-    from plandsl.check.analysis import analyze, checked_document
-    from plandsl.syntax.loader import stdlib_files, stdlib_root
     found: dict[str, str] = {}
     for name in stdlib_files():
         if not name.startswith(("clusters/", "models/")):
@@ -104,8 +107,6 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
 
 def _resolve(imports: list[str], line: str, option: str, given: str):
     """One definition checked by the language; its first error as a plain message."""
-    from plandsl.check.analysis import analyze
-    from plandsl.syntax.loader import include
     header = "".join(f'import "{i}"\n' for i in imports)
     with include(os.path.dirname(i) for i in imports if os.path.isabs(i)):  # a file named by --model
         analysis = analyze("<generate>", text=header + line + "\n")
@@ -120,7 +121,6 @@ def _resolve(imports: list[str], line: str, option: str, given: str):
 
 def _runnable(model: ir.Model, given: str, seq_len: int | None) -> None:
     """The shapes a model needs to run (E220-E224, as `check` has them): no plan is searched for one that has none."""
-    from plandsl.check.model import model_shapes
     for problem in model_shapes(model, seq=seq_len):
         hint = f"--seq-len {model.seq} or less" if problem.code == "E224" else problem.hint
         raise SearchError(f"--model {given}: {problem.message} ({problem.code}; {hint})")
@@ -128,7 +128,6 @@ def _runnable(model: ir.Model, given: str, seq_len: int | None) -> None:
 
 def _known(text: str, what: str, options: list[str], imports: list[str]) -> None:
     """A bare name must be a stdlib name (or come from an imported file)."""
-    from plandsl.diagnostics import did_you_mean
     if not _NAME.fullmatch(text) or any(not i.startswith(("clusters/", "models/")) for i in imports):
         return
     names = stdlib_names()
@@ -144,7 +143,6 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
     """The candidate as a plan; `train_extra`: more `key: value` items for its train dict (the settings
     the search does not choose, from a partial plan: `search_from`); `train_text`: the train expression
     to write instead (a partial plan's own, when it fixed what the search would choose)."""
-    from plandsl.syntax.format import format_text
     c = scored.candidate
     sizes = c.degrees()
     order = c.order or ("dp",)
@@ -205,10 +203,6 @@ def checked_texts(result: SearchResult, problem: Problem, source: Source,
     """The candidates whose plan text passes `plandsl check` (checked as the file `path` would be, with
     `--include` for the folders `include_note` names), and their texts (already in `plandsl fmt`'s
     layout); PlanError with the first one's diagnostics, marked as a bug, when none does."""
-    from dataclasses import replace
-    from plandsl.check.analysis import analyze
-    from plandsl.diagnostics import Note, PlanError
-    from plandsl.syntax.loader import include
     where = str(path) if path else os.path.join(os.getcwd(), "generated.plan")
     source = written_from(source, where)
     kept, failure = [], None

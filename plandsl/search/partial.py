@@ -27,6 +27,9 @@ from plandsl.check.mesh import axis_group_span
 from plandsl.diagnostics import Diagnostic, Note, PlanError, diag, did_you_mean
 from plandsl.search import Problem, parse_pins
 from plandsl.diagnostics.source import SourceFile, Span
+from plandsl.syntax.parser import parse_text
+from plandsl.syntax.loader import read_source
+from plandsl.check.analysis import analyze
 
 ROLE_ATTR = {"dp": "data", "tp": "tensor", "cp": "context", "ep": "experts", "pp": "stages"}
 ATTR_ROLE = {attr: role for role, attr in ROLE_ATTR.items()}
@@ -69,7 +72,6 @@ class Partial:
 def read_partial(path: str | Path, name: str | None = None, params: dict | None = None,
                  text: str | None = None) -> Partial:
     """`params`: values for the file's `param`s (`--param`); `text`: the file's text, already read."""
-    from plandsl.syntax.parser import parse_text
     path = str(path)
     if text is None:
         text = _read(path)
@@ -136,7 +138,6 @@ def pins_with(partial: Partial, overrides) -> dict[str, object]:
 # ---- reading ------------------------------------------------------------------------------------------
 def _read(path: str) -> str:
     """The file's text, read bounded (`loader.read_source`: E106-E109, E208 as diagnostics), BOM dropped."""
-    from plandsl.syntax.loader import read_source
     return read_source(path).text
 
 
@@ -251,7 +252,6 @@ def _checked(path: str, text: str, source: SourceFile, definition, attrs: dict, 
     """The plan as the language reads it, checked like `plandsl check`; without a mesh, through a probe
     mesh of the axes its lines name (one device each, the pipeline degree its stages fix), reporting what
     no layout could fix. PlanError with the diagnostics at the file's own lines."""
-    from plandsl.check.analysis import analyze
     others = other_plans(path, source.text, definition.name)
     if "mesh" in attrs:
         analysis = analyze(path, text=text, params=params)
@@ -293,7 +293,6 @@ def _checked(path: str, text: str, source: SourceFile, definition, attrs: dict, 
 
 def other_plans(path: str, text: str, name: str):
     """A test: is a diagnostic inside another plan of the file (left as written, its problems its own)?"""
-    from plandsl.syntax.parser import parse_text
     spans = [(item.span.start, item.span.end) for item in parse_text(text, path).items
              if isinstance(item, syntax.Definition) and item.kind == "plan" and item.name != name]
     return lambda d: d.span.file == path and any(a <= d.span.start < b for a, b in spans)

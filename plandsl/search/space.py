@@ -23,7 +23,10 @@ from plandsl.schedules.registry import BUILTIN, splits_backward
 from plandsl.search.choices import (AXES, MAX_MICRO_BATCH, RECOMPUTE, divisors_up_to, layouts, mesh_orders,
                                     schedule_choices, sequence_parallel, stage_ranks, stages_by_rank)
 from plandsl.search.partition import partition_blocks, partition_layers
+from plandsl.search.problem import Candidate, Scored, SearchStats, build_plan
 from plandsl.lower.units import format_bytes
+from plandsl.diagnostics import PlanError
+from plandsl.ir.placement import Assignment
 
 SAFE = 1 - 1e-9  # bounds add in another order than the exact figures: keep them strictly below
 
@@ -96,7 +99,6 @@ class Space:
         self._stage_cache: dict = {}
         self._partition_cache: dict = {}
         self._gathered_cache: dict = {}
-        from plandsl.search import SearchStats
         self.stats = SearchStats()
 
     def _kinds(self) -> list[tuple[Layer, int]]:
@@ -237,7 +239,6 @@ class Space:
         key = (root.tp, root.cp, root.ep, root.dp, node.micro_batch, zero, node.recompute, root.sequence_parallel)
         found = self._memory_cache.get(key)
         if found is None:
-            from plandsl.search import build_plan, candidate_of
             plan = build_plan(self.base, candidate_of(node, "", 1, zero))
             per_kind = []
             for layer, _ in self.kinds:
@@ -285,7 +286,6 @@ class Space:
             stored = sum(count * per_kind[i][1] for i, (_, count) in enumerate(self.kinds))
             if (states + stored) / root.pp > max(root.capacity):
                 self.stats.memory_pruned += len(choices)
-                from plandsl.search import candidate_of
                 self._note_memory(f"{candidate_of(node, '', 1, zero).describe()} needs at least "
                                   f"{format_bytes((states + stored) / root.pp)} per device "
                                   f"(of {format_bytes(max(root.capacity))})",
@@ -460,9 +460,6 @@ class Space:
     # -- the exact figures --
     def evaluate(self, leaf: Leaf):
         """The emitted plan through `cost.estimate` (simulation included); None if it does not fit."""
-        from plandsl.diagnostics import PlanError
-        from plandsl.ir.placement import Assignment
-        from plandsl.search import Scored, build_plan, candidate_of
         self.stats.simulated += 1
         node = leaf.node
         candidate = candidate_of(node, leaf.schedule, leaf.virtual, leaf.zero)
@@ -480,4 +477,10 @@ class Space:
         return Scored(candidate, leaf.counts, estimate, plan)
 
 
-__all__ = ["Space", "Root", "Node", "Leaf", "partition_blocks", "partition_layers"]
+__all__ = ["Space", "Root", "Node", "Leaf", "candidate_of", "partition_blocks", "partition_layers"]
+
+
+def candidate_of(node: Node, schedule: str, virtual: int, zero: int) -> Candidate:
+    r = node.root
+    return Candidate(r.dp, r.tp, r.pp, r.cp, r.ep, r.order, node.micro_batch, node.microbatches, schedule, virtual,
+                     zero, node.recompute, r.sequence_parallel)

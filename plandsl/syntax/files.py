@@ -16,6 +16,9 @@ import os
 import stat
 from typing import BinaryIO, Callable
 
+from plandsl.diagnostics import diag
+from plandsl.diagnostics.source import Span
+
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
           (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
 _MISSING = (errno.ENOENT, errno.ENOTDIR)
@@ -35,8 +38,6 @@ class FileProblem(ValueError):
         """The problem as a Diagnostic at `span` (an import line), or for `file` named on the command line
         at its line 1, so that `check a b --format json` says which file each problem is about (at no
         place when the path itself is the problem)."""
-        from plandsl.diagnostics import diag
-        from plandsl.diagnostics.source import Span
         if span is None and file is not None and self.path_shown:
             span = Span(file, 1, 1, 1, 1)
         return diag(self.code, self.message, span, hint=self.hint)

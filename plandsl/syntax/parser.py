@@ -126,6 +126,7 @@ def _pass_children_through(lark: Lark) -> None:
     `children[0]` gives the same tree and metas, and parses ~20 % faster. Any other lark layout:
     left as it is."""
     try:
+        # lark internals: a lark without them skips this
         from lark.parse_tree_builder import ExpandSingleChild, PropagatePositions
         callbacks = lark._callbacks
     except (ImportError, AttributeError):

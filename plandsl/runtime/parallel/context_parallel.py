@@ -88,6 +88,7 @@ class RingAttentionCore(nn.Module):
 def _ring_options(balanced: bool):
     """torch's ring reads process-wide options: a ring (`permute_tensor`, not one all-gather) and the
     load balance of our split, set for the call and restored after."""
+    # torch's experimental ring attention, only for a ring
     from torch.distributed.tensor.experimental._context_parallel import _attention
     options = _attention._cp_options
     saved = (options.rotate_method, options.enable_load_balance)

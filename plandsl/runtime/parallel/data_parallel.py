@@ -75,7 +75,7 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, device: torch.device,
 def apply_replicate(model: nn.Module, dp_mesh: DeviceMesh, expert_mesh: DeviceMesh | None = None) -> nn.Module:
     """Replication for tensor- and expert-parallel (DTensor) parameters, which DistributedDataParallel does
     not take: torch's composable `replicate`, FSDP2's machinery without sharding, grouped like `apply_fsdp`."""
-    from torch.distributed._composable.replicate_with_fsdp import replicate
+    from torch.distributed._composable.replicate_with_fsdp import replicate  # a private torch API, only for replicate
     ignored = _group_experts(model, expert_mesh, replicate)
     for block in _blocks(model):
         replicate(block, mesh=dp_mesh, ignored_params=ignored)

@@ -35,6 +35,8 @@ from plandsl.schedules.generators import generate
 from plandsl.schedules.program import Kind, Schedule, loop_map, vshape_map
 from plandsl.schedules.registry import BUILTIN
 from plandsl.lower.schedule_template import instantiate
+from plandsl.runtime.parallel.parallelize import parallelize as parallelize_plan
+from plandsl.runtime.models import loss_fn as default_loss
 
 # The built-ins torch ships, name -> class (`ScheduleInfo.torch_class`; the class assumes the
 # schedule's `rank_map`). Every other schedule over one chain of stages (zb_h1, zb_h2, written
@@ -151,10 +153,8 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
     device = torch.device(device)
     group = _pipeline_group(mesh, plan.stages.axis)
     if parallelize is None and _is_plan_mesh(mesh, plan):
-        from plandsl.runtime.parallel.parallelize import parallelize as parallelize_plan
         parallelize = lambda module, stage_index: parallelize_plan(plan, module, mesh, device)  # noqa: E731
     if loss_fn is None:
-        from plandsl.runtime.models import loss_fn as default_loss
         loss_fn = getattr(model, "loss", default_loss)
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     if size != plan.pp:
