@@ -19,6 +19,20 @@ GOLDEN = ROOT / "tests" / "golden"
 STDLIB = ROOT / "stdlib_plans"
 
 
+# The modules whose tests import torch in the test process (through `support.lazy`, on first use). Under
+# pytest-xdist they are one group, so one worker imports torch and the runtime (~2-4 s of CPU), not each.
+TORCH_MODULES = {"test_context_columns.py", "test_equivalence.py", "test_launch.py", "test_memory.py",
+                 "test_model_shapes.py", "test_recompute.py", "test_schedule_generators.py",
+                 "test_schedule_rules.py", "test_schedule_templates.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist names each test's group (its nodeid's @suffix)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in TORCH_MODULES and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group("torch"))
+
+
 def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", default=False,
                      help="rewrite golden files from the current output (review the diff like code)")

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-# one worker runs the whole module under pytest-xdist, so `bench.validate` (seconds) runs once
+# one worker runs the whole module under pytest-xdist, so `bench.validate` runs once; it searches each of
+# 32 published runs on their clusters (up to 16,384 GPUs): ~7 CPU-s, so the tests that read it are `slow`
+# (`.ci/run` runs them; after a change to the cost model or the search: pytest -m slow tests/unit/test_validation.py)
 pytestmark = pytest.mark.xdist_group("validation")
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_search.py"
@@ -31,12 +33,14 @@ def results(bench):
     return bench.validate(None)
 
 
+@pytest.mark.slow
 def test_every_published_run_is_predicted(bench, results):
     predicted = {run.name for run, _, _ in results}
     missing = [run.name for run in bench.published() if run.name not in predicted]
     assert missing == []
 
 
+@pytest.mark.slow
 def test_held_out_error_within_target(bench, results):
     errors = {run.name: abs(bench.error(run, value)) for run, value, _ in results
               if not run.fit and run.family != "info"}
@@ -45,6 +49,7 @@ def test_held_out_error_within_target(bench, results):
     assert max(errors.values()) <= 0.30, errors
 
 
+@pytest.mark.slow
 def test_fit_rows_reproduce_the_stated_figures(bench, results):
     """The stated knobs are the fit's: each fit row lands where docs/validation.md says (±1 %)."""
     by_name = {run.name: bench.error(run, value) for run, value, _ in results}
