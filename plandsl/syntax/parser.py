@@ -177,7 +177,7 @@ def parse_source(source: SourceFile) -> Module:
 CACHED_BYTES = 64_000  # the stdlib's files and hand-written plans; generated 10,000-layer plans are parsed afresh
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=128)
 def _parse_cached(path: str, text: str) -> Module:
     """The tree of a small file, kept: the stdlib's clusters and models are imported by every plan a
     process loads (a search checks dozens); the tree is immutable and depends only on path and text.

@@ -90,3 +90,19 @@ def test_a_tree_deeper_than_the_limit_is_E106_not_a_recursion_error():
 
 def test_operators_just_under_the_limit_parse():
     parse_source(SourceFile("ok.plan", "let x = " + " + ".join(["1"] * (MAX_DEPTH - 10)) + "\n"))
+
+
+def test_a_kept_tree_is_the_one_of_its_path_and_text():
+    """parse_source keeps small files' trees: the same path and text give the same tree, another path
+    gives spans in that file, another text a new parse."""
+    text = (ROOT / "stdlib_plans" / "clusters" / "dgx_a100.plan").read_text(encoding="utf-8")
+    first = parse_source(SourceFile("a.plan", text))
+    assert parse_source(SourceFile("a.plan", text)) is first
+    other = parse_source(SourceFile("b.plan", text))
+    assert other.items == first.items and other.file == "b.plan" and {i.span.file for i in other.items} == {"b.plan"}
+    edited = parse_source(SourceFile("a.plan", text + "\nlet kept_tree_probe = 1\n"))
+    assert len(edited.items) == len(first.items) + 1
+    with pytest.raises(PlanError):  # a file that does not parse is refused every time, not kept
+        parse_source(SourceFile("a.plan", text + "\nlet = \n"))
+    with pytest.raises(PlanError):
+        parse_source(SourceFile("a.plan", text + "\nlet = \n"))
