@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shlex
 import sys
@@ -38,6 +39,13 @@ def _include(ctx, param, values):
 include_option = click.option("--include", multiple=True, metavar="DIR", expose_value=False, callback=_include,
                               type=click.Path(exists=True, file_okay=False), is_eager=True,
                               help="Imports may also come from DIR (repeatable; also PLANDSL_PATH).")
+
+
+def _a_number(ctx, param, value):
+    """Refuse NaN, which every range admits (no comparison with it is true)."""
+    if value is not None and math.isnan(value):
+        raise click.BadParameter("not a number", ctx, param)
+    return value
 
 
 def _writable_file(ctx, param, value):
@@ -482,6 +490,9 @@ def estimate(file, plan_name, as_json, params):
 @click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
               help="Fix a choice: dp, tp, pp, cp, ep, micro_batch_size, num_microbatches, schedule, "
                    "virtual_stages, zero_stage, recompute, order, tp_across_nodes (repeatable).")
+@click.option("--time-limit", type=click.FloatRange(min=0, max=limits.MAX_GENERATE_SECONDS),
+              default=limits.GENERATE_SECONDS, show_default=True, metavar="SECONDS", callback=_a_number,
+              help="Stop the search there with the fastest plans found (said so); 0: search to the end.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"candidates": [...]}, best first.')
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
               help="json: as --json, and diagnostics one object per line.")
@@ -489,7 +500,7 @@ def estimate(file, plan_name, as_json, params):
               help="Write the best plan to this file.")
 @param_option
 @include_option
-def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_name, top, pins, as_json,
+def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_name, top, pins, time_limit, as_json,
              output_format, output, params):
     """Search the fastest plans for MODEL on CLUSTER under the cost model and write the best.
 
@@ -499,7 +510,8 @@ def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_n
     as_json = as_json or output_format == "json"
     request = api.generate_request(model=model, cluster=cluster, global_batch=global_batch, seq_len=seq_len,
                                    precision=precision, from_file=from_file, plan_name=plan_name,
-                                   params=_params(params), pins=pins, top=top, output=output)
+                                   params=_params(params), pins=pins, top=top, output=output,
+                                   time_limit=time_limit or None)
     usage_problem, search_error = api.generate_errors()
     try:
         with _progress("searching") as progress:

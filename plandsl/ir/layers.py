@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import weakref
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pydantic import TypeAdapter
@@ -43,13 +44,55 @@ class Param:
         return math.prod(self.shape)
 
 
+class BlockParams(Sequence):
+    """Block `index`'s parameters: one template, renamed `layers.{index}.` when first read.
+
+    A 100,000-block model would otherwise build 1.3M `Param`s (5 s) that the search, which reads
+    one block per kind, never looks at; a sequence of `Param`s like the tuple it stands for."""
+
+    __slots__ = ("prefix", "template", "_params")
+
+    def __init__(self, prefix: str, template: tuple[tuple[str, str, tuple[int, ...], tuple[str, ...]], ...]):
+        self.prefix, self.template, self._params = prefix, template, None
+
+    def _built(self) -> tuple[Param, ...]:
+        if self._params is None:
+            prefix = self.prefix
+            self._params = tuple([Param(prefix + name, prefix + module, shape, dims)
+                                  for name, module, shape, dims in self.template])
+        return self._params
+
+    def __getitem__(self, index):
+        return self._built()[index]
+
+    def __len__(self) -> int:
+        return len(self.template)
+
+    def __iter__(self):
+        return iter(self._built())
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, BlockParams):
+            return self.prefix == other.prefix and self.template == other.template
+        return isinstance(other, tuple) and self._built() == other
+
+    def __hash__(self) -> int:  # the tuple's: equal to it, so hashed as it is
+        return hash(self._built())
+
+    def __reduce__(self):
+        return BlockParams, (self.prefix, self.template)
+
+    def __repr__(self) -> str:
+        return repr(self._built())
+
+
 @dataclass(frozen=True, slots=True)
 class Layer:
     """One top-level pipeline unit: the smallest thing a stage boundary can fall between."""
 
     name: str
     kind: str  # "embed" | "block" | "norm" | "head" | "custom"
-    params: tuple[Param, ...]
+    params: Sequence[Param]  # a tuple, or a block's `BlockParams`
     param_count: int
     flops_per_token: float  # forward, 2 FLOPs per multiply-add
     output_width: int  # elements per token handed to the next layer
@@ -125,15 +168,14 @@ def _transformer_layers(model: ir.TransformerModel) -> tuple[Layer, ...]:
         embed.append(Param("embed.pos.weight", "embed.pos", (model.seq, hidden), (OTHER, HIDDEN)))
     layers = [_layer("embed", "embed", embed, 0, hidden)]
 
-    # Blocks differ only in their names: one block's params, renamed per index (no shapes rebuilt).
+    # Blocks differ only in their names: one block's params, renamed per index when read (`BlockParams`).
     flops = transformer_block_flops(model)
     first = _block_params(model, 0)
     count, cut = sum(p.numel for p in first), len("layers.0.")
-    shapes = [(p.name[cut:], p.module[cut:], p.shape, p.dims) for p in first]
+    shapes = tuple((p.name[cut:], p.module[cut:], p.shape, p.dims) for p in first)
+    flops = float(flops)
     for index in range(model.layers):
-        prefix = f"layers.{index}."
-        params = tuple([Param(prefix + name, prefix + module, shape, dims) for name, module, shape, dims in shapes])
-        layers.append(Layer(f"layers.{index}", "block", params, count, float(flops), hidden))
+        layers.append(Layer(f"layers.{index}", "block", BlockParams(f"layers.{index}.", shapes), count, flops, hidden))
 
     layers.append(_layer("norm", "norm", _norm("norm", hidden, bias=gpt), 0, hidden))
     head = [] if model.tied_embeddings else _linear("head", vocab, hidden, VOCAB, HIDDEN, bias=False)

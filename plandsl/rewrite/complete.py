@@ -45,7 +45,8 @@ class Completed:
 
 
 def generate_from(path: str | Path, name: str | None = None, params: dict | None = None, pins=None, top: int = 5,
-                  progress=None, out_path: str | Path | None = None, text: str | None = None) -> Completed:
+                  progress=None, out_path: str | Path | None = None, text: str | None = None,
+                  time_limit: float | None = None) -> Completed:
     """The partial plan of `path` completed by the `top` fastest candidates that keep its decisions;
     `pins`: `--pin K=V` (winning over the plan's); `out_path`: where the text will be written (relative
     imports are rewritten to resolve from there). SearchError for a bad `--pin`; PlanError otherwise."""
@@ -56,7 +57,7 @@ def generate_from(path: str | Path, name: str | None = None, params: dict | None
         if partial.decided and not parse_pins(pins):  # nothing to search: the plan as written, estimated
             result = SearchResult((_as_written(partial),), SearchStats())
         else:
-            result = search(partial.problem, merged, top, progress=progress)
+            result = search(partial.problem, merged, top, progress=progress, time_limit=time_limit)
     except SearchError as error:
         shown = ", ".join(f"{k}={','.join(v) if isinstance(v, tuple) else v}" for k, v in partial.pins.items())
         raise PlanError([diag("E803", str(error), partial.definition.name_span,

@@ -37,6 +37,8 @@ class Request:
     top: int = 5
     output: str | None = None
     """Where the best plan will be written (relative imports resolve from there)."""
+    time_limit: float | None = None
+    """Seconds the search may take (`search.search`); None or 0: until it is done."""
 
 
 @dataclass(frozen=True)
@@ -67,11 +69,12 @@ def generate(request: Request, progress: Callable[[int, int], None] | None = Non
         raise UsageProblem(problem)
     if request.from_file:
         completed = generate_from(request.from_file, request.plan_name, dict(request.params), request.pins,
-                                  request.top, progress, request.output)
+                                  request.top, progress, request.output, time_limit=request.time_limit)
         return Generated(completed.result, tuple(completed.texts), tuple(completed.notes))
     problem_, source = resolve_problem(request.model, request.cluster, request.global_batch, request.seq_len,
                                        request.precision or "bf16")
-    result, texts = checked_texts(search(problem_, request.pins, request.top, progress=progress), problem_, source,
+    result, texts = checked_texts(search(problem_, request.pins, request.top, progress=progress,
+                                           time_limit=request.time_limit), problem_, source,
                                   request.output)
     note = include_note(written_from(source, request.output or "generated.plan"))
     if note:  # said in the file too, where whoever checks or runs it later reads it

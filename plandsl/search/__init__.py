@@ -32,7 +32,7 @@ from plandsl import ir
 from plandsl.cost.compute import Efficiency
 from plandsl.schedules.registry import BUILTIN
 from plandsl.search.choices import AXES, RECOMPUTE, divisors, schedule_choices
-from plandsl.search.emit import explain_empty
+from plandsl.search.emit import explain_empty, explain_stopped
 from plandsl.search.problem import (CONTEXT, Candidate, Problem, Scored, SearchError, SearchResult, SearchStats,
                                     build_plan)
 from plandsl.search.space import Leaf, Node, Root, Space, candidate_of, partition_blocks, partition_layers
@@ -142,14 +142,21 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
 def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None = None, top: int = 5,
            efficiency: Efficiency | None = None,
            progress: Callable[[int, int], None] | None = None, explain: bool = True,
-           first: bool = False) -> SearchResult:
+           first: bool = False, time_limit: float | None = None) -> SearchResult:
     """The `top` fastest candidates that fit, best first (exactly those brute force ranks first);
     `first`: the first candidate found that fits, not the best (whether any does). SearchError when
-    none does, saying why (`explain`; without it, only that none does)."""
+    none does, saying why (`explain`; without it, only that none does).
+
+    `time_limit`: seconds after which the search stops where it is (`stats.stopped`) and returns the
+    fastest plans it has simulated, which fit but are not proven the fastest; with none simulated
+    yet, a SearchError saying so. The work of a step is bounded (one root, node or leaf), so the
+    search ends within the limit plus one step, whatever the model, cluster or batch."""
     started = time.perf_counter()
+    deadline = started + time_limit if time_limit else math.inf
     pins = parse_pins(pins)
     check_pins(problem, pins)
     space = Space(problem, pins, efficiency)
+    space.stats.time_limit = time_limit or None
     roots = space.roots()
     counter = itertools.count()
     heap: list = [(root.bound, next(counter), root) for root in roots]
@@ -157,6 +164,9 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
     results: list[Scored] = []
     done = 0
     while heap and len(results) < top:
+        if time.perf_counter() > deadline:
+            _stop(space.stats, heap, results, top)
+            break
         _, _, item = heapq.heappop(heap)
         if isinstance(item, Root):
             done += 1
@@ -184,8 +194,17 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
     if not results:
         if not explain:
             raise SearchError(f"no plan of '{problem.model.name}' on '{problem.cluster.name}'")
-        raise SearchError(explain_empty(problem, pins, space))
+        raise SearchError(explain_stopped(problem, space.stats) if space.stats.stopped
+                          else explain_empty(problem, pins, space))
     return SearchResult(tuple(results), space.stats)
+
+
+def _stop(stats: SearchStats, heap: list, results: list[Scored], top: int) -> None:
+    """At the time limit: after the proven best (`results`), the fastest plans simulated so far."""
+    stats.stopped = True
+    stats.roots_open = sum(1 for _, _, item in heap if isinstance(item, Root))
+    found = sorted((item for _, _, item in heap if isinstance(item, Scored)), key=lambda s: s.estimate.time.step)
+    results.extend(found[:top - len(results)])
 
 
 def brute_force(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None = None,

@@ -90,6 +90,9 @@ class SearchStats:
     seconds: float = 0.0
     memory_example: str = ""    # the plan that came closest to fitting, and what it needs
     memory_example_ratio: float = math.inf
+    time_limit: float | None = None  # seconds the search may take (None: until it is done)
+    stopped: bool = False       # the time limit ended it: the candidates are the best found, not proven the best
+    roots_open: int = 0         # layouts x mesh orders not yet expanded when it stopped
 
 
 @dataclass(frozen=True)

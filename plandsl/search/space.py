@@ -9,6 +9,8 @@ identical, so a stage is (embedding?) + n blocks + (norm and head?).
 from __future__ import annotations
 
 import itertools
+
+import numpy as np
 from dataclasses import dataclass, field
 
 from plandsl import ir
@@ -95,10 +97,14 @@ class Space:
         self.base = self._base_plan()
         self._time_cache: dict = {}
         self._memory_cache: dict = {}
+        self._states_cache: dict = {}
+        self._activations_cache: dict = {}
         self._param_cache: dict = {}
         self._stage_cache: dict = {}
         self._partition_cache: dict = {}
         self._gathered_cache: dict = {}
+        self._capacity_cache: dict = {}
+        self._inflight_cache: dict = {}
         self.stats = SearchStats()
 
     def _kinds(self) -> list[tuple[Layer, int]]:
@@ -233,23 +239,44 @@ class Space:
 
     # -- memory per layer kind, from the one memory model --
     def layer_memory(self, node: Node, zero: int):
-        """Per kind (model-state bytes, activation bytes per microbatch, recompute working set), and
-        the states a head adds on a rank without its tied embedding."""
+        """Per kind (model-state bytes, activation bytes per microbatch, recompute working set), the
+        states a head adds on a rank without its tied embedding, and a plan with the node's states."""
         root = node.root
         key = (root.tp, root.cp, root.ep, root.dp, node.micro_batch, zero, node.recompute, root.sequence_parallel)
         found = self._memory_cache.get(key)
         if found is None:
+            states, tied, plan = self._states(node, zero)
+            kept = self._activations(node, zero)
+            found = self._memory_cache[key] = ([(s, *a) for s, a in zip(states, kept)], tied, plan)
+        return found
+
+    def _states(self, node: Node, zero: int):
+        """Model states per kind: a function of the degrees and the ZeRO stage, not of the micro-batch
+        or the recomputation (`cost.memory.model_state_bytes`), so one per layout and stage."""
+        root = node.root
+        key = (root.tp, root.cp, root.ep, root.dp, zero)
+        found = self._states_cache.get(key)
+        if found is None:
             plan = build_plan(self.base, candidate_of(node, "", 1, zero))
-            per_kind = []
-            for layer, _ in self.kinds:
-                idle = estimate_memory(plan, [[layer]], [[0]], [0])[0]
-                per_kind.append((sum(model_state_bytes(plan, [layer])), estimate_layer_activations(plan, layer),
-                                 idle.activations))
+            states = [sum(model_state_bytes(plan, [layer])) for layer, _ in self.kinds]
             tied = 0.0
             if self.transformer and getattr(self.model, "tied_embeddings", False):
                 copy = tied_embedding(plan, self.layers)
                 tied = sum(model_state_bytes(plan, [], [copy])) if copy is not None else 0.0
-            found = self._memory_cache[key] = (per_kind, tied, plan)
+            found = self._states_cache[key] = (states, tied, plan)
+        return found
+
+    def _activations(self, node: Node, zero: int):
+        """(stored per microbatch, recompute working set) per kind: a function of the micro-batch, the
+        recomputation and the tensor and context split, not of dp or ZeRO (`cost.memory._layer_activations`)."""
+        root = node.root
+        key = (root.tp, root.cp, root.ep, node.micro_batch, node.recompute, root.sequence_parallel)
+        found = self._activations_cache.get(key)
+        if found is None:
+            plan = build_plan(self.base, candidate_of(node, "", 1, zero))
+            found = self._activations_cache[key] = [
+                (estimate_layer_activations(plan, layer), estimate_memory(plan, [[layer]], [[0]], [0])[0].activations)
+                for layer, _ in self.kinds]
         return found
 
     def gathered(self, memory, first: bool, last: bool, blocks: int) -> float:
@@ -258,7 +285,7 @@ class Space:
         plan = memory[2]
         if plan.data is None or plan.data.zero_stage < 2:
             return 0.0
-        key = (id(memory), first, last, min(blocks, 2))
+        key = (id(plan), first, last, min(blocks, 2))  # the plan of the states: one per layout and stage
         found = self._gathered_cache.get(key)
         if found is None:
             embed, block, norm, head = (layer for layer, _ in self.kinds)
@@ -302,7 +329,7 @@ class Space:
         root = node.root
         pp, m = root.pp, node.microbatches
         ranks = stage_ranks(schedule, pp, virtual) if pp > 1 else (0,)
-        inflight = inflight_microbatches(schedule or "gpipe", pp, m, virtual) if pp > 1 else [1]
+        inflight = self._inflight(schedule, pp, m, virtual) if pp > 1 else np.ones(1)
         if self.transformer:
             counts = self._transformer_partition(node, ranks, inflight, memory, virtual)
         else:
@@ -313,34 +340,70 @@ class Space:
         stages = self.stage_times(node, zero, ranks, counts)
         return Leaf(node, schedule, virtual, zero, counts, self._bound(node, schedule, ranks, stages, zero) * SAFE)
 
-    def _transformer_partition(self, node: Node, ranks, inflight, memory, virtual):
-        root = node.root
-        stages = len(ranks)
+    def _rank_caps(self, root: Root, ranks, inflight: np.ndarray, memory) -> np.ndarray:
+        """The most blocks each rank holds within its memory: its capacity less the embedding (first
+        stage), the norm and head (last), the working set and ZeRO's gathered units, over a block's
+        states plus its in-flight microbatches' activations. One array operation over the ranks (a
+        pipeline of 4,096 ranks costs what one of 4 does, per leaf)."""
         per_kind, tied, _ = memory
         (embed_s, embed_a, _), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, _) = per_kind
         first_rank, last_rank = ranks[0], ranks[-1]
-        fixed_memory = [0.0] * root.pp
-        fixed_memory[first_rank] += embed_s + inflight[first_rank] * embed_a
-        fixed_memory[last_rank] += norm_s + head_s + inflight[last_rank] * (norm_a + head_a)
+        fixed = {first_rank: 0.0, last_rank: 0.0}
+        fixed[first_rank] += embed_s + inflight[first_rank] * embed_a
+        fixed[last_rank] += norm_s + head_s + inflight[last_rank] * (norm_a + head_a)
         if tied and first_rank != last_rank:
-            fixed_memory[last_rank] += tied
-        rank_caps = []
-        gathered_of: dict = {}  # (first, last, blocks) -> bytes: a few values for all the ranks
-        for r in range(root.pp):
-            per = block_s + inflight[r] * block_a
+            fixed[last_rank] += tied
+        capacity = self._capacity(root)
+        per = block_s + inflight * block_a
+
+        def fit(room, per, gathered):  # blocks that fit in `room` less the gathered units, at least 0
+            return (room - gathered) // per
+
+        free = per <= 0  # a block that costs a rank nothing (no states, no activations): any number fits
+        if free.any():
+            per = np.where(free, 1.0, per)
+        room = capacity - working
+        one, two = self.gathered(memory, False, False, 1), self.gathered(memory, False, False, 2)
+        caps = fit(room, per, two)
+        if one != two:  # a rank with 1 block gathers less than one with >= 2 blocks
+            caps = np.where(caps >= 2, caps, fit(room, per, one))
+        if free.any():
+            caps = np.where(free, float(self.blocks), caps)
+        for r in fixed:  # the first and last ranks, one at a time (`cost.memory` order of terms)
+            room = float(capacity[r]) - fixed[r] - working
             cap = self.blocks
-            for blocks in (2, 1):  # the gathered units depend on whether the rank holds 1 or >= 2 blocks
-                where = (r == first_rank, r == last_rank, blocks)
-                gathered = gathered_of.get(where)
-                if gathered is None:
-                    gathered = gathered_of[where] = self.gathered(memory, *where)
-                room = root.capacity[r] - fixed_memory[r] - working - gathered
-                cap = max(0, int(room // per)) if per > 0 else self.blocks
+            for blocks in (2, 1):
+                if free[r]:
+                    break
+                cap = room - self.gathered(memory, r == first_rank, r == last_rank, blocks)
+                cap = cap // float(per[r])
                 if cap >= 2:
                     break
-            rank_caps.append(cap)
-        if sum(rank_caps) < self.blocks or min(rank_caps) < virtual:
+            caps[r] = cap
+        return np.clip(caps, 0, 2**62).astype(np.int64)
+
+    def _capacity(self, root: Root) -> np.ndarray:
+        found = self._capacity_cache.get(root.capacity)
+        if found is None:
+            found = self._capacity_cache[root.capacity] = np.array(root.capacity, dtype=np.float64)
+        return found
+
+    def _inflight(self, schedule: str, pp: int, microbatches: int, virtual: int) -> np.ndarray:
+        """`cost.memory.inflight_microbatches` per rank, once per (schedule, pp, m, v) of the search."""
+        key = (schedule, pp, microbatches, virtual)
+        found = self._inflight_cache.get(key)
+        if found is None:
+            found = self._inflight_cache[key] = np.array(inflight_microbatches(schedule, pp, microbatches, virtual),
+                                                         dtype=np.float64)
+        return found
+
+    def _transformer_partition(self, node: Node, ranks, inflight, memory, virtual):
+        root = node.root
+        stages = len(ranks)
+        rank_caps = self._rank_caps(root, ranks, inflight, memory)
+        if int(rank_caps.sum()) < self.blocks or int(rank_caps.min()) < virtual:
             return None  # memory: no split fits, before any timing
+        rank_caps = rank_caps.tolist()
         key = (node.ident, ranks, tuple(rank_caps))
         found = self._partition_cache.get(key, False)
         if found is not False:

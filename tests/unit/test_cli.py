@@ -275,7 +275,7 @@ EXPECTED_SURFACE = {
     "estimate": {"arguments": ["file"], "options": {"--json", "--param", "--plan", "--include"}},
     "generate": {"arguments": [], "options": {"--cluster", "--format", "--global-batch", "--json", "--model", "--output", "--pin",
                                               "--precision", "--seq-len", "--top", "-o", "--from", "--plan", "--param",
-                                              "--include"}},
+                                              "--include", "--time-limit"}},
 }
 EXPECTED_GROUP_OPTIONS = {"--version", "--help", "-h"}
 

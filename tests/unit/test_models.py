@@ -1,7 +1,7 @@
 """Layer catalogue: parameter counts against published figures, names, FLOPs."""
 import pytest
 
-from plandsl import ir
+from plandsl import api, ir
 from plandsl.ir.layers import DIM_ROLES, layers_of, modules_of, param_count
 
 
@@ -135,3 +135,19 @@ def test_custom_model():
 
 def test_layers_are_cached():
     assert layers_of(LLAMA2_7B) is layers_of(llama(32, 4096, 32, 32, 11008, 32000))
+
+
+def test_renamed_blocks_read_as_the_tuples_they_stand_for():
+    import pickle
+    from plandsl.ir.layers import BlockParams, Param, _block_params
+    model = api.loads("model m = llama(layers=3, hidden=256, heads=4, kv_heads=2, seq=128, vocab=512)\n").models[0]
+    blocks = [layer for layer in layers_of(model) if layer.kind == "block"]
+    for index, block in enumerate(blocks):
+        built = tuple(_block_params(model, index))  # each block's params built in full, as before
+        assert isinstance(block.params, BlockParams)
+        assert tuple(block.params) == built and block.params == built and len(block.params) == len(built)
+        assert block.params[0] == built[0] and block.params[-1] == built[-1] and block.params[1:3] == built[1:3]
+        assert all(isinstance(p, Param) for p in block.params)
+        assert pickle.loads(pickle.dumps(block)) == block
+    assert blocks[0].params != blocks[1].params and blocks[0] != blocks[1]
+    assert hash(blocks[1].params) == hash(tuple(_block_params(model, 1))) == hash(BlockParams("layers.1.", blocks[1].params.template))

@@ -212,3 +212,96 @@ def test_bad_pins_say_why(pins, message):
 def test_pin_aliases():
     assert parse_pins(["mb=2", "virtual=2", "zero=1"]) == {"micro_batch_size": 2, "virtual_stages": 2,
                                                            "zero_stage": 1}
+
+
+def _rank_caps_one_by_one(space, root, ranks, inflight, memory):
+    """The definition `Space._rank_caps` computes over all ranks at once, rank by rank."""
+    per_kind, tied, _ = memory
+    (embed_s, embed_a, _), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, _) = per_kind
+    first, last = ranks[0], ranks[-1]
+    fixed = [0.0] * root.pp
+    fixed[first] += embed_s + inflight[first] * embed_a
+    fixed[last] += norm_s + head_s + inflight[last] * (norm_a + head_a)
+    if tied and first != last:
+        fixed[last] += tied
+    caps = []
+    for r in range(root.pp):
+        per = block_s + inflight[r] * block_a
+        cap = space.blocks
+        for blocks in (2, 1):
+            room = root.capacity[r] - fixed[r] - working - space.gathered(memory, r == first, r == last, blocks)
+            cap = max(0, int(room // per)) if per > 0 else space.blocks
+            if cap >= 2:
+                break
+        caps.append(cap)
+    return caps
+
+
+@pytest.mark.parametrize("model, cluster, batch", [("tied", "pair", 8), ("deep", "mixed", 16), ("big", "pair", 8)])
+def test_rank_caps_over_all_ranks_at_once_are_each_ranks_own(model, cluster, batch):
+    from plandsl.search.choices import stage_ranks
+    p = problem(model, cluster, batch)
+    space = Space(p, {}, DEFAULT_EFFICIENCY)
+    compared = 0
+    for root in space.roots():
+        if root.pp == 1:
+            continue
+        for node in space.expand_root(root):
+            for zero in (0, 3):
+                memory = space.layer_memory(node, zero)
+                for schedule, virtual in (("1f1b", 1), ("gpipe", 1), ("interleaved_1f1b", 2), ("zbv", 2)):
+                    ranks = stage_ranks(schedule, root.pp, virtual)
+                    inflight = space._inflight(schedule, root.pp, node.microbatches, virtual)
+                    assert space._rank_caps(root, ranks, inflight, memory).tolist() == \
+                        _rank_caps_one_by_one(space, root, ranks, inflight, memory)
+                    compared += 1
+    assert compared > 50
+
+
+class _Clock:
+    """`time.perf_counter` that moves one second per reading: a time limit of N stops after N steps."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        self.now += 1.0
+        return self.now
+
+
+def test_a_time_limit_returns_the_fastest_plans_found_and_says_they_are_not_proven(monkeypatch):
+    import plandsl.search as searching
+    from plandsl.search.emit import explain
+    p = problem("deep", "pair", 8)
+    exact = search(p, top=3)
+    assert not exact.stats.stopped
+    stopped = None
+    for steps in range(1, 400):
+        monkeypatch.setattr(searching.time, "perf_counter", _Clock())
+        try:
+            result = search(p, top=3, time_limit=steps + 0.5)
+        except SearchError as error:
+            assert "time limit" in str(error) and "--time-limit" in str(error)
+            continue
+        if result.stats.stopped:
+            stopped = result
+            break
+    assert stopped is not None, "some limit stops the search after it simulated a plan that fits"
+    steps = [s.estimate.time.step for s in stopped.candidates]
+    assert steps == sorted(steps) and all(s.estimate.fits for s in stopped.candidates)
+    assert steps[0] >= exact.candidates[0].estimate.time.step * (1 - 1e-12)  # found, not better than the best
+    assert "not proven the fastest" in explain(stopped, lambda plan: [])
+
+
+def test_no_time_limit_or_a_long_one_finds_what_the_full_search_finds(monkeypatch):
+    import plandsl.search as searching
+    p = problem("gpt", "pair", 4)
+    exact = [s.estimate.time.step for s in search(p, top=3).candidates]
+    monkeypatch.setattr(searching.time, "perf_counter", _Clock())
+    result = search(p, top=3, time_limit=10**6)
+    assert not result.stats.stopped and [s.estimate.time.step for s in result.candidates] == exact
+
+
+def test_a_time_limit_before_any_plan_says_what_was_searched():
+    with pytest.raises(SearchError, match=r"within the time limit .*of \d+ layouts x mesh orders searched.*--time-limit"):
+        search(problem("deep", "pair", 8), top=3, time_limit=1e-9)
