@@ -492,7 +492,7 @@ def estimate(file, plan_name, as_json, params):
                    "virtual_stages, zero_stage, recompute, order, tp_across_nodes (repeatable).")
 @click.option("--time-limit", type=click.FloatRange(min=0, max=limits.MAX_GENERATE_SECONDS),
               default=limits.GENERATE_SECONDS, show_default=True, metavar="SECONDS", callback=_a_number,
-              help="Stop the search there with the fastest plans found (said so); 0: search to the end.")
+              help="CPU seconds, after which the search stops with the fastest plans found (said so); 0: none.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"candidates": [...]}, best first.')
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
               help="json: as --json, and diagnostics one object per line.")

@@ -39,6 +39,6 @@ __all__ = ["MAX_ACTIONS", "MAX_EXPERTS", "MAX_GLOBAL_BATCH", "MAX_HEADS", "MAX_L
            "MAX_MICROBATCHES", "MAX_MICRO_BATCH", "MAX_NODES", "MAX_SEQ", "MAX_STAGES", "MAX_STEPS", "MAX_VIRTUAL",
            "MAX_VOCAB", "MAX_WIDTH", "MODEL_ARGUMENTS", "TRAIN"]
 GENERATE_SECONDS = 6.0
-"""`generate --time-limit`'s default: the search stops there with the fastest plans it simulated (marked as not
+"""`generate --time-limit`'s default (CPU seconds of the search): it stops there with the fastest plans it simulated (marked as not
 proven the fastest), so `generate` answers any input within seconds; 0 searches to the end."""
 MAX_GENERATE_SECONDS = 86_400.0

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import OrderedDict
 
 from plandsl.diagnostics.limits import MAX_ACTIONS
 
@@ -157,7 +158,31 @@ def _period(name: str, ranks: int, microbatches: int) -> int:
     return 1
 
 
+LAYOUT_CACHE_ACTIONS = 250_000
+"""Actions of the layouts kept for reuse: a layout depends on its sizes only, not on the costs, and the
+search simulates the same few sizes thousands of times with other costs (~25 MB at most)."""
+_layouts: OrderedDict[tuple, Schedule] = OrderedDict()
+_held = [0]  # actions in `_layouts`
+
+
 def _layout(name: str, ranks: int, microbatches: int, virtual: int, period: int) -> Schedule:
+    key = (name, ranks, microbatches, virtual, period)
+    found = _layouts.get(key)
+    if found is not None:
+        _layouts.move_to_end(key)
+        return found
+    schedule = _lay_out(name, ranks, microbatches, virtual, period)
+    size = sum(len(actions) for actions in schedule.actions)
+    if size <= LAYOUT_CACHE_ACTIONS // 4:
+        _layouts[key] = schedule
+        _held[0] += size
+        while _held[0] > LAYOUT_CACHE_ACTIONS:
+            _, dropped = _layouts.popitem(last=False)
+            _held[0] -= sum(len(actions) for actions in dropped.actions)
+    return schedule
+
+
+def _lay_out(name: str, ranks: int, microbatches: int, virtual: int, period: int) -> Schedule:
     actions = count_actions(name, ranks, microbatches, virtual)
     if actions > MAX_ACTIONS:
         raise TooLarge(f"schedule '{name}' for {ranks} ranks{f' x {virtual} stages per rank' if virtual > 1 else ''}"

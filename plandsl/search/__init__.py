@@ -35,7 +35,7 @@ from plandsl.search.choices import AXES, RECOMPUTE, divisors, schedule_choices
 from plandsl.search.emit import explain_empty, explain_stopped
 from plandsl.search.problem import (CONTEXT, Candidate, Problem, Scored, SearchError, SearchResult, SearchStats,
                                     build_plan)
-from plandsl.search.space import Leaf, Node, Root, Space, candidate_of, partition_blocks, partition_layers
+from plandsl.search.space import SAFE, Leaf, Node, Root, Space, candidate_of, partition_blocks, partition_layers
 from plandsl.diagnostics import did_you_mean
 
 PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
@@ -147,12 +147,15 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
     `first`: the first candidate found that fits, not the best (whether any does). SearchError when
     none does, saying why (`explain`; without it, only that none does).
 
-    `time_limit`: seconds after which the search stops where it is (`stats.stopped`) and returns the
+    `time_limit`: CPU seconds after which the search stops where it is (`stats.stopped`) and returns the
     fastest plans it has simulated, which fit but are not proven the fastest; with none simulated
     yet, a SearchError saying so. The work of a step is bounded (one root, node or leaf), so the
     search ends within the limit plus one step, whatever the model, cluster or batch."""
     started = time.perf_counter()
-    deadline = started + time_limit if time_limit else math.inf
+    # The limit counts this process's CPU seconds, not the wall clock: on a machine shared with other
+    # jobs, the same search stops at the same place (it is the wall time on an idle one).
+    cpu = time.process_time()
+    deadline = cpu + time_limit if time_limit else math.inf
     pins = parse_pins(pins)
     check_pins(problem, pins)
     space = Space(problem, pins, efficiency)
@@ -163,11 +166,30 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
     heapq.heapify(heap)
     results: list[Scored] = []
     done = 0
-    while heap and len(results) < top:
-        if time.perf_counter() > deadline:
+    # Under a time limit, a search that has simulated no plan a quarter of the way in dives: it takes
+    # the lowest-bound child of what it expanded last (depth first) until a plan fits, so the limit
+    # finds it with a plan to show. Every child also stays on the heap (an entry taken by the dive is
+    # skipped when popped), so the order changes and the result of a finished search does not.
+    dive_at = cpu + time_limit / 4 if time_limit else math.inf
+    stack: list = []
+    dived: set[int] = set()
+    found = False
+    while (heap or stack) and len(results) < top:
+        now = time.process_time()
+        if now > deadline:
             _stop(space.stats, heap, results, top)
             break
-        _, _, item = heapq.heappop(heap)
+        diving = not found and now > dive_at
+        if diving and stack:
+            entry = stack.pop()
+            dived.add(entry[1])
+        elif heap:
+            entry = heapq.heappop(heap)
+            if entry[1] in dived:
+                continue
+        else:
+            break
+        item = entry[2]
         if isinstance(item, Root):
             done += 1
             if progress:
@@ -182,12 +204,17 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
                 results.append(scored)
                 break
             if scored is not None:
+                found = True
+                stack.clear()
                 heapq.heappush(heap, (scored.estimate.time.step, next(counter), scored))
         else:
             results.append(item)
             continue
-        for child in children:
-            heapq.heappush(heap, (child.bound, next(counter), child))
+        entries = [(child.bound, next(counter), child) for child in children]
+        for child_entry in entries:
+            heapq.heappush(heap, child_entry)
+        if diving:
+            stack.extend(sorted(entries, key=lambda e: (e[0], e[1]), reverse=True))  # the lowest bound on top
     if progress:
         progress(len(roots), len(roots))
     space.stats.seconds = time.perf_counter() - started
@@ -202,7 +229,9 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
 def _stop(stats: SearchStats, heap: list, results: list[Scored], top: int) -> None:
     """At the time limit: after the proven best (`results`), the fastest plans simulated so far."""
     stats.stopped = True
-    stats.roots_open = sum(1 for _, _, item in heap if isinstance(item, Root))
+    stats.roots_open = sum(1 for _, _, item in heap if isinstance(item, Root))  # (a dive expands none)
+    open_bounds = [bound for bound, _, item in heap if not isinstance(item, Scored)]
+    stats.lower_bound = min(open_bounds) / SAFE if open_bounds else 0.0
     found = sorted((item for _, _, item in heap if isinstance(item, Scored)), key=lambda s: s.estimate.time.step)
     results.extend(found[:top - len(results)])
 

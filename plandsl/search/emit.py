@@ -355,16 +355,18 @@ def explain(result: SearchResult, refusals: Refusals) -> str:
                  f"choices, bounded {stats.leaves:,} schedules/ZeRO stages, simulated {stats.simulated} "
                  f"in {stats.seconds:.2f} s")
     if stats.stopped:
-        lines.append(f"  note: the search stopped at its time limit ({stats.time_limit:g} s) with "
+        lines.append(f"  note: the search stopped at its time limit ({stats.time_limit:g} CPU s) with "
                      f"{stats.roots_open:,} of {stats.roots:,} layouts x mesh orders not yet searched: these are the "
-                     "fastest plans it simulated, not proven the fastest; --time-limit 0 searches to the end")
+                     "fastest plans it simulated, not proven the fastest"
+                     + (f" (no plan it left takes less than {stats.lower_bound:.4g} s a step)" if stats.lower_bound else "")
+                     + "; --time-limit 0 searches to the end")
     return "\n".join(lines)
 
 
 def explain_stopped(problem: Problem, stats) -> str:
     """No plan simulated before the time limit: what was searched, the closest, how to search on."""
     return (f"no plan of '{problem.model.name}' on '{problem.cluster.name}' found within the time limit "
-            f"({stats.time_limit:g} s): {stats.roots - stats.roots_open:,} of {stats.roots:,} layouts x mesh orders "
+            f"({stats.time_limit:g} CPU s): {stats.roots - stats.roots_open:,} of {stats.roots:,} layouts x mesh orders "
             f"searched, {stats.leaves:,} schedules/ZeRO stages bounded, none simulated that fits"
             + (f"; the closest: {stats.memory_example}" if stats.memory_example else "")
             + "; search longer with --time-limit SECONDS (0: until the search is done)")

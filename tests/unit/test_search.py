@@ -259,7 +259,7 @@ def test_rank_caps_over_all_ranks_at_once_are_each_ranks_own(model, cluster, bat
 
 
 class _Clock:
-    """`time.perf_counter` that moves one second per reading: a time limit of N stops after N steps."""
+    """`time.process_time` that moves one second per reading: a time limit of N stops after N steps."""
 
     def __init__(self):
         self.now = 0.0
@@ -277,7 +277,7 @@ def test_a_time_limit_returns_the_fastest_plans_found_and_says_they_are_not_prov
     assert not exact.stats.stopped
     stopped = None
     for steps in range(1, 400):
-        monkeypatch.setattr(searching.time, "perf_counter", _Clock())
+        monkeypatch.setattr(searching.time, "process_time", _Clock())
         try:
             result = search(p, top=3, time_limit=steps + 0.5)
         except SearchError as error:
@@ -289,7 +289,9 @@ def test_a_time_limit_returns_the_fastest_plans_found_and_says_they_are_not_prov
     assert stopped is not None, "some limit stops the search after it simulated a plan that fits"
     steps = [s.estimate.time.step for s in stopped.candidates]
     assert steps == sorted(steps) and all(s.estimate.fits for s in stopped.candidates)
-    assert steps[0] >= exact.candidates[0].estimate.time.step * (1 - 1e-12)  # found, not better than the best
+    best = exact.candidates[0].estimate.time.step
+    assert steps[0] >= best * (1 - 1e-12)  # found, not better than the best
+    assert min(stopped.stats.lower_bound, steps[0]) <= best * (1 + 1e-9)  # a true bound on what it left
     assert "not proven the fastest" in explain(stopped, lambda plan: [])
 
 
@@ -297,7 +299,7 @@ def test_no_time_limit_or_a_long_one_finds_what_the_full_search_finds(monkeypatc
     import plandsl.search as searching
     p = problem("gpt", "pair", 4)
     exact = [s.estimate.time.step for s in search(p, top=3).candidates]
-    monkeypatch.setattr(searching.time, "perf_counter", _Clock())
+    monkeypatch.setattr(searching.time, "process_time", _Clock())
     result = search(p, top=3, time_limit=10**6)
     assert not result.stats.stopped and [s.estimate.time.step for s in result.candidates] == exact
 
@@ -305,3 +307,30 @@ def test_no_time_limit_or_a_long_one_finds_what_the_full_search_finds(monkeypatc
 def test_a_time_limit_before_any_plan_says_what_was_searched():
     with pytest.raises(SearchError, match=r"within the time limit .*of \d+ layouts x mesh orders searched.*--time-limit"):
         search(problem("deep", "pair", 8), top=3, time_limit=1e-9)
+
+
+@pytest.mark.parametrize("limit", [200, 240, 280])
+def test_the_dive_under_a_time_limit_leaves_a_finished_search_unchanged(monkeypatch, limit):
+    """A search that dives (no plan a quarter of the way into its limit) and still ends within the
+    limit returns exactly what the search without a limit returns. Without a limit, this search
+    reads the clock 139 times and simulates its first plan that fits at the 74th reading; the
+    dive starts at limit / 4 = 50 to 70 readings, before that."""
+    import plandsl.search as searching
+    from plandsl.search.space import Space
+    p = problem("big", "pair", 8)
+    exact = [s.estimate.time.step for s in search(p, top=3).candidates]
+    clock, first_fit = _Clock(), []
+    evaluate = Space.evaluate
+
+    def spy(self, leaf):
+        scored = evaluate(self, leaf)
+        if scored is not None and not first_fit:
+            first_fit.append(clock.now)
+        return scored
+
+    monkeypatch.setattr(searching.time, "process_time", clock)
+    monkeypatch.setattr(Space, "evaluate", spy)
+    result = search(p, top=3, time_limit=float(limit))
+    assert not result.stats.stopped
+    assert [s.estimate.time.step for s in result.candidates] == pytest.approx(exact, rel=1e-12)
+    assert first_fit and first_fit[0] < 74  # the dive reached a plan sooner than best-first order did
