@@ -2,10 +2,17 @@
 profile."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
+
+# One intra-op thread for torch in the test processes (and the CLI processes and ranks they start), set
+# before anything imports torch: pytest-xdist already runs one worker per core, and torch's second
+# OpenMP thread there only contends for the other worker's core. test_recompute's tiny blocks took
+# ~4x the CPU with two threads (6 of the unit tier's ~150 CPU-s). An OMP_NUM_THREADS given is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # No per-example wall-clock deadline (hypothesis's default is 200 ms): with other runs or xdist
 # workers sharing the cores, or a first example that imports torch, a correct example takes longer,

@@ -4,8 +4,8 @@ Each case ends in a diagnostic (E505 past a documented cap in plandsl/diagnostic
 schedule table too large to lay out) or in a correct answer, within 10 s, never a traceback.
 The bounded analysis of built-in schedules (`schedules.bounded`) is compared with the full
 simulation for every built-in, ranks and virtual in a small grid, under unit and random
-per-stage costs: around where the extrapolation starts and well past it, and (slow tier) every
-microbatch count up to 300.
+per-stage costs: around where the extrapolation starts and well past it (4 ranks in the slow tier),
+and (slow tier) every microbatch count up to 300.
 """
 from __future__ import annotations
 
@@ -321,7 +321,12 @@ def _compare(name: str, ranks: int, virtual, counts) -> int:
     return compared
 
 
-@pytest.mark.parametrize("name, ranks, virtual", list(_grid((2, 3, 4), (1, 2))))
+def _slow_past(cases, ranks: int):
+    """4 ranks (two thirds of the grid's CPU: ~8 s) run in the slow tier; 2 and 3 take the same path here."""
+    return [pytest.param(*case, marks=pytest.mark.slow) if case[1] >= ranks else case for case in cases]
+
+
+@pytest.mark.parametrize("name, ranks, virtual", _slow_past(_grid((2, 3, 4), (1, 2)), ranks=4))
 def test_bounded_simulation_equals_the_full_one(name, ranks, virtual):
     """Around where the extrapolation starts, and well past it (the full tier: every m to 300)."""
     start = WARMUP_PERIODS * ranks * (virtual or 2)
