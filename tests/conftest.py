@@ -28,6 +28,8 @@ STDLIB = ROOT / "stdlib_plans"
 
 # The modules whose tests import torch in the test process (through `support.lazy`, on first use). Under
 # pytest-xdist they are one group, so one worker imports torch and the runtime (~2-4 s of CPU), not each.
+# A single test elsewhere that imports torch joins the group with @pytest.mark.xdist_group("torch")
+# (test_diagnostics: E705's example).
 TORCH_MODULES = {"test_context_columns.py", "test_equivalence.py", "test_launch.py", "test_memory.py",
                  "test_model_shapes.py", "test_recompute.py", "test_schedule_generators.py",
                  "test_schedule_rules.py", "test_schedule_templates.py"}

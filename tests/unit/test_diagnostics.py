@@ -54,15 +54,22 @@ def test_each_family_module_holds_exactly_its_family_and_together_they_hold_ever
     assert sorted(held) == sorted(CODES)
     assert len(FAMILIES) == len(FAMILY_MODULES)
 
+# E705's example (a shard rule) makes `plandsl run`'s checks import torch (~3 CPU-s): its cases run in
+# the xdist group of the modules that import torch (tests/conftest.py), so only one worker pays for it
+TORCH_CODES = {"E705"}
+ALL_CODES = [pytest.param(code, marks=pytest.mark.xdist_group("torch")) if code in TORCH_CODES else code
+             for code in sorted(CODES)]
+
+
 # ---- (b) examples produce their code; fixes remove it ---------------------------------------
-@pytest.mark.parametrize("code", sorted(CODES))
+@pytest.mark.parametrize("code", ALL_CODES)
 def test_example_produces_exactly_its_code(code):
     analysis, _ = run_example(ENTRIES[code])
     assert [d.code for d in analysis.diagnostics] == [code], \
         f"{code}'s example should give one {code} and nothing else"
 
 
-@pytest.mark.parametrize("code", sorted(CODES))
+@pytest.mark.parametrize("code", ALL_CODES)
 def test_fix_removes_the_problem(code):
     entry = ENTRIES[code]
     assert entry.edits or entry.encoding != entry.fixed_encoding or entry.internal, (
@@ -77,7 +84,7 @@ def test_fix_removes_the_problem(code):
 
 
 # ---- (c) golden renderings ---------------------------------------------------------------------
-@pytest.mark.parametrize("code", sorted(CODES))
+@pytest.mark.parametrize("code", ALL_CODES)
 def test_rendered_example_matches_golden(code, golden):
     _, rendered = run_example(ENTRIES[code])
     first = rendered.splitlines()[0]
@@ -87,6 +94,7 @@ def test_rendered_example_matches_golden(code, golden):
 
 
 # ---- docs/errors.md is generated from the catalogue -----------------------------------------
+@pytest.mark.xdist_group("torch")  # it runs every example, E705's too
 def test_errors_doc_is_up_to_date():
     expected = make_errors_doc.render_errors_doc()
     doc = ROOT / "docs" / "errors.md"
