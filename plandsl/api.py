@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from plandsl import ir
     from plandsl.check.analysis import Analysis
     from plandsl.cost.estimate import PlanEstimate as Estimate
+    from plandsl.ir.inspected import CacheState, InspectedModel
     from plandsl.rewrite.generate import Generated, Request as GenerateRequest
     from plandsl.rewrite.shrink import Shrunk
     from plandsl.runtime.dryrun import DryRun
@@ -37,7 +38,8 @@ __all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "
            "checks", "load", "loads", "load_plan", "load_runnable", "select_plan", "run_refusals", "format_text",
            "format_bytes", "format_file", "describe", "schema", "explain", "unknown_code", "schedule",
            "schedule_as", "parse_costs", "simulate_schedule", "simulate_named", "simulate", "simulation_report", "chrome_trace",
-           "estimate", "format_estimate", "generate", "generate_request", "generate_errors", "generate_json", "generate_report", "render",
+           "estimate", "format_estimate", "inspect_model", "format_inspected", "write_inspected", "read_inspected",
+           "generate", "generate_request", "generate_errors", "generate_json", "generate_report", "render",
            "render_format", "color_by_problem", "render_errors", "shrink", "rank_options", "launch_options", "check_launch_options",
            "prepare_run", "launch_errors", "dry_run", "dry_run_errors", "format_dry_run",
            "dry_run_commands", "launch", "command_line", "parse_params", "include", "writable_file",
@@ -229,6 +231,36 @@ def estimate(plan: ir.Plan) -> Estimate:
 def format_estimate(result: Estimate) -> str:
     from plandsl.cost.estimate import format_estimate as format_result  # stage
     return format_result(result)
+
+
+# ---- inspect: a user's torch module as a layer table ----------------------------------------------------
+
+def inspect_model(source: str, seq: int = 2048, dtype: str = "bfloat16",
+                  search_path: tuple[str, ...] = (".",)) -> InspectedModel:
+    """`pkg.mod:fn(k=v)` or `hf("Class", k=v)` built on the meta device and read as a layer table (imports
+    torch, transformers and the user's code, from `search_path` first); PlanError E901-E904. ValueError
+    when `source` is not a model source."""
+    from plandsl.ir.inspected import parse_source  # stage
+    from plandsl.runtime.inspect import inspect_model as derive  # stage: torch
+    return derive(parse_source(source), seq, dtype, search_path)
+
+
+def format_inspected(model: InspectedModel) -> str:
+    from plandsl.ir.inspected import summary  # stage
+    return summary(model)
+
+
+def write_inspected(model: InspectedModel, path: str | Path) -> None:
+    from plandsl.ir.inspected import write_cache  # stage
+    write_cache(model, path)
+
+
+def read_inspected(path: str | Path, source: str | None = None, seq: int | None = None,
+                   dtype: str | None = None) -> CacheState:
+    """The cache at `path` and whether it is fresh for `source` at `seq` and `dtype` and the installed
+    torch, transformers and plandsl (torch is not imported)."""
+    from plandsl.ir.inspected import parse_source, read_cache  # stage
+    return read_cache(path, parse_source(source) if source else None, seq, dtype)
 
 
 # ---- generate, shrink, render ------------------------------------------------------------------------------

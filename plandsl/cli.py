@@ -477,6 +477,31 @@ def estimate(file, plan_name, as_json, params):
     click.echo(json.dumps(result.to_json(), indent=1) if as_json else api.format_estimate(result))
 
 
+@main.command("inspect")
+@click.argument("source")
+@click.option("--seq", type=click.IntRange(min=2, max=limits.MAX_SEQ), default=2048, show_default=True,
+              help="Sequence length the model is traced at.")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16", show_default=True,
+              help="Default dtype the model is built under.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=_writable_file,
+              help="Write the table (the JSON cache) to this file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
+def inspect_command(source, seq, dtype, output, as_json):
+    """Build SOURCE on the meta device and print its layer table: pkg.module:function(key=value, ...)
+    or hf("LlamaForCausalLM", hidden_size=..., ...) (config only, no download); the current folder is
+    searched first for the module (docs/models.md)."""
+    try:
+        model = api.inspect_model(source, seq=seq, dtype=dtype)
+    except api.PlanError as error:
+        _fail(error)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="SOURCE") from None
+    text = model.model_dump_json(indent=1) + "\n"
+    if output:
+        _write(output, text)
+    click.echo(text.rstrip("\n") if as_json else api.format_inspected(model))
+
+
 @main.command()
 @click.option("--model", help="gpt(layers=96, ...), a stdlib model name or FILE.plan:NAME.")
 @click.option("--cluster", help="`dgx_a100 x 128`, a stdlib node or cluster name.")

@@ -31,7 +31,7 @@ STDLIB = ROOT / "stdlib_plans"
 # A single test elsewhere that imports torch joins the group with @pytest.mark.xdist_group("torch")
 # (test_diagnostics: E705's example).
 TORCH_MODULES = {"test_context_columns.py", "test_equivalence.py", "test_launch.py", "test_memory.py",
-                 "test_model_shapes.py", "test_recompute.py", "test_schedule_generators.py",
+                 "test_model_shapes.py", "test_recompute.py", "test_schedule_generators.py", "test_inspect.py",
                  "test_schedule_rules.py", "test_schedule_templates.py"}
 
 

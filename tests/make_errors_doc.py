@@ -37,6 +37,9 @@ STAGES = [
     ("E8", "E8xx: what generate --from cannot keep, shrink cannot do", "Reported by `plandsl generate --from` "
      "(a partial plan completed by the search) and `plandsl shrink` (a plan scaled down to one machine), "
      "with the checker's codes for everything `plandsl check` itself reports."),
+    ("E9", "E9xx: what plandsl inspect cannot derive", "Reported by `plandsl inspect` (a user's torch module, "
+     "a factory or a Hugging Face config, built on the meta device and read as a layer table); the example "
+     "is the user's Python file."),
     ("W", "Warnings", "The plan is valid, but probably not what was meant."),
 ]
 
@@ -53,8 +56,10 @@ def normalize(text: str, directory: str) -> str:
 
 
 def _command(entry: Entry, path: Path) -> Analysis:
-    """What `plandsl generate --from` or `plandsl shrink` (entry.command) reports on the example."""
+    """What `plandsl generate --from`, `plandsl shrink` or `plandsl inspect` (entry.command) reports on the example."""
     from plandsl.diagnostics import PlanError
+    if entry.command[0] == "inspect":
+        return _inspect(entry, path)
     from plandsl.rewrite.complete import generate_from
     from plandsl.rewrite.shrink import shrink
     try:
@@ -65,6 +70,20 @@ def _command(entry: Entry, path: Path) -> Analysis:
             shrink(path, ranks=ranks)
     except PlanError as error:
         return Analysis(str(path), None, list(error.diagnostics), dict(error.sources))
+    return Analysis(str(path), None, [], {})
+
+
+def _inspect(entry: Entry, path: Path) -> Analysis:
+    """`plandsl inspect SOURCE` run in the example's folder (the module it imports forgotten afterwards)."""
+    from plandsl.diagnostics import PlanError
+    from plandsl.ir.inspected import parse_source
+    from plandsl.runtime.inspect import inspect_model
+    try:
+        inspect_model(parse_source(entry.command[1]), seq=16, search_path=(str(path.parent),))
+    except PlanError as error:
+        return Analysis(str(path), None, list(error.diagnostics), dict(error.sources))
+    finally:
+        sys.modules.pop(path.stem, None)
     return Analysis(str(path), None, [], {})
 
 
@@ -112,10 +131,13 @@ def _section(entry: Entry) -> list[str]:
     if entry.command:
         command = f"plandsl {' '.join(entry.command)} {entry.file}"
     where = " on a machine with CUDA" if entry.on_cuda else ""
-    lines += _code(entry.example, "plan") + ["", f"`{command}`{where} reports:", ""]
+    language = "python" if entry.file.endswith(".py") else "plan"
+    if entry.command[:1] == ("inspect",):
+        command = f"plandsl inspect '{entry.command[1]}'"
+    lines += _code(entry.example, language) + ["", f"`{command}`{where} reports:", ""]
     lines += _code(rendered, "text") + ["", f"**Fix:** {entry.fix}", ""]
     if entry.edits:
-        lines += _code(entry.fixed, "plan") + [""]
+        lines += _code(entry.fixed, language) + [""]
     return lines
 
 

@@ -3,7 +3,7 @@
 E1xx syntax, E2xx names/types/units/imports (E22x model shapes), E3xx clusters and meshes, E4xx placement
 and sharding, E5xx training and memory, E6xx schedules, E7xx what `plandsl run` refuses
 (valid plans the interpreter cannot run), E8xx what `plandsl generate --from` cannot keep or
-`plandsl shrink` cannot do; W for warnings. The examples and fixes live in
+`plandsl shrink` cannot do; E9xx what `plandsl inspect` cannot derive from a torch module; W for warnings. The examples and fixes live in
 `plandsl/diagnostics/catalogue/`, one module per family (shown by `plandsl explain` and
 docs/errors.md).
 """
@@ -87,6 +87,11 @@ CODES: dict[str, str] = {
     "E801": "decision the search cannot keep",
     "E802": "plan that cannot be scaled down",
     "E803": "no plan keeps the partial plan's decisions",
+    # E9xx: what `plandsl inspect` cannot derive from a user's torch module
+    "E901": "model cannot be imported",
+    "E902": "model cannot be built as a torch module",
+    "E903": "model forward fails on meta tensors",
+    "E904": "no block list found in the model",
     # warnings
     "W201": "unused definition or parameter",
     "W202": "top_k on a model without experts",

@@ -273,6 +273,7 @@ EXPECTED_SURFACE = {
     "shrink": {"arguments": ["file"], "options": {"--format", "--output", "--param", "--plan", "--precision", "--ranks", "-o",
                                                   "--include"}},
     "estimate": {"arguments": ["file"], "options": {"--json", "--param", "--plan", "--include"}},
+    "inspect": {"arguments": ["source"], "options": {"--dtype", "--json", "--output", "--seq", "-o"}},
     "generate": {"arguments": [], "options": {"--cluster", "--format", "--global-batch", "--json", "--model", "--output", "--pin",
                                               "--precision", "--seq-len", "--top", "-o", "--from", "--plan", "--param",
                                               "--include", "--time-limit"}},

@@ -37,7 +37,7 @@ def test_every_code_has_an_entry_and_every_entry_a_code():
 
 # One module of plandsl/diagnostics/catalogue/ per family, named for what its codes are about.
 FAMILY_MODULES = {"syntax": "E1", "names": "E2", "meshes": "E3", "placement": "E4", "training": "E5",
-                  "schedules": "E6", "refusals": "E7", "rewrite": "E8", "warnings": "W"}
+                  "schedules": "E6", "refusals": "E7", "rewrite": "E8", "models": "E9", "warnings": "W"}
 
 
 def test_each_family_module_holds_exactly_its_family_and_together_they_hold_every_code():

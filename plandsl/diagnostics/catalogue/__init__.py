@@ -5,7 +5,8 @@ why the rule exists on a real cluster, not only what the checker compares. One m
 codes fills a `Family` (`entry.py` says how an entry is written):
 
     syntax (E1xx)  names (E2xx, E22x model shapes)  meshes (E3xx)  placement (E4xx)  training (E5xx)
-    schedules (E6xx)  refusals (E7xx, `plandsl run`)  rewrite (E8xx, generate --from and shrink)  warnings (W)
+    schedules (E6xx)  refusals (E7xx, `plandsl run`)  rewrite (E8xx, generate --from and shrink)
+    models (E9xx, `plandsl inspect`)  warnings (W)
 
 `explain(code)` is the text `plandsl explain CODE` prints; docs/errors.md is generated from these
 entries by tests/make_errors_doc.py, and tests/unit/test_diagnostics.py runs every example (it
@@ -16,16 +17,16 @@ from __future__ import annotations
 import textwrap
 
 from plandsl.diagnostics import did_you_mean
-from plandsl.diagnostics.catalogue import (meshes, names, placement, refusals, rewrite, schedules, syntax, training,
-                                           warnings)
+from plandsl.diagnostics.catalogue import (meshes, models, names, placement, refusals, rewrite, schedules, syntax,
+                                           training, warnings)
 from plandsl.diagnostics.catalogue.entry import Entry, Family, family_of
 from plandsl.diagnostics.codes import CODES
 
 __all__ = ["ENTRIES", "FAMILIES", "Entry", "Family", "explain", "family_of", "unknown_code"]
 
-# In the order of docs/errors.md: E1xx ... E8xx, then the warnings.
+# In the order of docs/errors.md: E1xx ... E9xx, then the warnings.
 FAMILIES: tuple[Family, ...] = tuple(module.FAMILY for module in (
-    syntax, names, meshes, placement, training, schedules, refusals, rewrite, warnings))
+    syntax, names, meshes, placement, training, schedules, refusals, rewrite, models, warnings))
 
 ENTRIES: dict[str, Entry] = {e.code: e for e in sorted((e for f in FAMILIES for e in f.entries), key=lambda e: e.code)}
 

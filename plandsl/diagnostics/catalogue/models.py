@@ -1,0 +1,91 @@
+"""E9xx: what `plandsl inspect` cannot derive from a user's torch module (a factory or a Hugging Face
+config built on the meta device).
+
+Each `_entry(...)` is one code: why the rule exists, a failing example and the fix; see
+`plandsl.diagnostics.catalogue.entry` for the form. Here the example is the user's Python file
+(`my_models.py`) and the command `plandsl inspect my_models:build()` run beside it."""
+from __future__ import annotations
+
+from plandsl.diagnostics.catalogue.entry import Family
+
+FAMILY = Family("E9")
+_entry = FAMILY.add
+
+_COMMAND = ("inspect", "my_models:build()")
+
+
+def _models(imports: str = "", forward: str = "", build: str = "return Model(vocab, width, depth)",
+            blocks: str = "nn.ModuleList(Block(width) for _ in range(depth))",
+            loop: str = "for block in self.layers:\n                x = block(x)") -> str:
+    return f"""
+    import torch
+    from torch import nn
+    {imports}
+
+    class Block(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.norm = nn.LayerNorm(width)
+            self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+        def forward(self, x):
+            return x + self.mlp(self.norm(x))
+
+
+    class Model(nn.Module):
+        def __init__(self, vocab, width, depth):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, width)
+            self.layers = {blocks}
+            self.head = nn.Linear(width, vocab)
+
+        def forward(self, tokens):{forward}
+            x = self.embed(tokens)
+            {loop}
+            return self.head(x)
+
+
+    def build(vocab=256, width=64, depth=2):
+        {build}
+    """
+
+
+_entry("E901", """
+    `plandsl inspect` imports the module a factory names (`pkg.module:function`, the current folder
+    searched first) or the Hugging Face class an `hf(...)` source names, and that failed: the module is
+    not on the path, it raises while it is imported (here it imports a package that is not installed),
+    or it has no such function or class. Nothing of the model can be known without its code.
+    """, _models(imports="import fused_kernels_not_installed"),
+    "Install what the module imports, or remove the import.",
+    ("import fused_kernels_not_installed", ""), file="my_models.py", command=_COMMAND)
+
+_entry("E902", """
+    The factory ran but did not hand back one `torch.nn.Module` (here a dict holding it), or it raised,
+    or a Hugging Face config refused its keys (an unknown key is refused rather than silently kept, as
+    transformers would). plandsl reads the module tree, parameters and forward of that one module.
+    """, _models(build='return {"model": Model(vocab, width, depth)}'),
+    "Return the model itself.",
+    ('return {"model": Model(vocab, width, depth)}', "return Model(vocab, width, depth)"),
+    file="my_models.py", command=_COMMAND)
+
+_entry("E903", """
+    `plandsl inspect` builds the model on the meta device (no memory, no weights) and runs its forward on
+    token ids [1, seq] to count FLOPs and the activations kept for backward. Meta tensors have shapes but
+    no values, so a forward that reads a value (`.item()`, a Python `if` on a tensor, a shape computed
+    from data) cannot run there; here a check of the token ids.
+    """, _models(forward="\n            if tokens.max() >= self.embed.num_embeddings:\n"
+                         "                raise ValueError('token id out of range')"),
+    "Check the data outside the model (in the data pipeline), or only when not tracing.",
+    ("\n        if tokens.max() >= self.embed.num_embeddings:\n            raise ValueError('token id out of range')",
+     ""), file="my_models.py", command=_COMMAND)
+
+_entry("E904", """
+    Pipeline stages fall between the model's blocks, and the cost model costs one block per kind, so
+    `plandsl inspect` needs the block list: Hugging Face's `base_model_pp_plan` where the model has one,
+    else an `nn.ModuleList` named `layers` (torchtitan's convention), else the largest `nn.ModuleList`
+    of modules of one class. Blocks chained in an `nn.Sequential` are none of these.
+    """, _models(blocks="nn.Sequential(*(Block(width) for _ in range(depth)))", loop="x = self.layers(x)"),
+    "Hold the blocks in an nn.ModuleList and loop over them in forward.",
+    ("nn.Sequential(*(Block(width) for _ in range(depth)))", "nn.ModuleList(Block(width) for _ in range(depth))"),
+    ("x = self.layers(x)", "for block in self.layers:\n            x = block(x)"),
+    file="my_models.py", command=_COMMAND)

@@ -1,0 +1,256 @@
+"""A user's torch module as plandsl's layer table (`plandsl inspect`), and the model source it came from.
+
+Stage: IR, torch-free. `runtime/inspect` derives an `InspectedModel` on the meta device; this module
+parses a model source (`pkg.mod:fn(k=v)`, `hf("LlamaForCausalLM", k=v)`: literals only, nothing
+evaluated), writes and reads the JSON cache and says whether a cache is stale for a source, its
+settings and the installed library versions (read from package metadata: torch is not imported).
+"""
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+CACHE_VERSION = 1
+LIBRARIES = ("torch", "transformers", "plandsl")  # the versions a cache is keyed by
+
+Literal_ = Union[int, float, str, bool, None]
+_FACTORY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What builds the model: a factory `module:function` called with `args`, or (`kind="hf"`) a Hugging
+    Face model class built from its config class with `args` as config keys."""
+
+    kind: Literal["factory", "hf"]
+    target: str  # "pkg.mod:fn" or the Hugging Face class name
+    args: tuple[tuple[str, Literal_], ...] = ()
+
+    @property
+    def text(self) -> str:
+        """The canonical spelling (arguments in the order written): the cache's key."""
+        args = ", ".join(f"{key}={value!r}" for key, value in self.args)
+        if self.kind == "hf":
+            return f"hf({self.target!r}{', ' + args if args else ''})"
+        return f"{self.target}({args})"
+
+
+def parse_source(text: str) -> ModelSource:
+    """`pkg.mod:fn`, `pkg.mod:fn(k=v, ...)` or `hf("Class", k=v, ...)`, keyword arguments of literals only
+    (numbers, strings, booleans, None, and tuples/lists of those); ValueError saying what is wrong."""
+    text = text.strip()
+    if _FACTORY.fullmatch(text):
+        return ModelSource("factory", text)
+    head, paren, _ = text.partition("(")
+    if not paren or not (head == "hf" or _FACTORY.fullmatch(head)):
+        raise ValueError(f"'{text}' is not a model source: write pkg.module:function(key=value, ...) "
+                         'or hf("LlamaForCausalLM", key=value, ...)')
+    try:  # the call with its head replaced by a plain name: Python's parser, then literals only
+        call = ast.parse("f" + text[len(head):], mode="eval").body
+    except SyntaxError as error:
+        raise ValueError(f"'{text}' does not parse: {error.msg}") from None
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+        raise ValueError(f"'{text}' is not one call")
+    positional = [_literal(arg, text) for arg in call.args]
+    args = []
+    for keyword in call.keywords:
+        if keyword.arg is None:
+            raise ValueError(f"'{text}': ** arguments are not allowed, write each key=value")
+        if keyword.arg in dict(args):
+            raise ValueError(f"'{text}': argument '{keyword.arg}' is given twice")
+        args.append((keyword.arg, _literal(keyword.value, text)))
+    if head == "hf":
+        if len(positional) != 1 or not isinstance(positional[0], str):
+            raise ValueError(f"'{text}': hf() takes the model class name first, "
+                             'e.g. hf("LlamaForCausalLM", hidden_size=4096)')
+        return ModelSource("hf", positional[0], tuple(args))
+    if positional:
+        raise ValueError(f"'{text}': a factory takes keyword arguments only (key=value)")
+    return ModelSource("factory", head, tuple(args))
+
+
+def _literal(node: ast.expr, text: str) -> Literal_:
+    try:
+        value = ast.literal_eval(node)
+    except ValueError:
+        raise ValueError(f"'{text}': arguments must be literals (numbers, strings, booleans, None), "
+                         f"found '{ast.unparse(node)}'") from None
+    if isinstance(value, list):
+        value = tuple(value)
+    if isinstance(value, tuple):
+        if not all(isinstance(item, (int, float, str, bool)) or item is None for item in value):
+            raise ValueError(f"'{text}': a list argument may hold only numbers, strings and booleans")
+        return value
+    if not (isinstance(value, (int, float, str, bool)) or value is None) or (
+            isinstance(value, float) and not math.isfinite(value)):
+        raise ValueError(f"'{text}': arguments must be finite numbers, strings, booleans or None, "
+                         f"found '{ast.unparse(node)}'")
+    return value
+
+
+def library_versions() -> dict[str, str]:
+    """The installed versions a cache is keyed by, from package metadata ("" when not installed)."""
+    found = {}
+    for name in LIBRARIES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = ""
+    return found
+
+
+# ---- the table --------------------------------------------------------------------------------------------
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class InspectedModule(_Frozen):
+    """One module of the tree, by its fully qualified name ("" is the root)."""
+    name: str
+    type: str  # the class name, e.g. "LlamaDecoderLayer"
+    params: int = Field(ge=0, description="parameters held directly (not by children); a tied one counted once")
+
+
+class InspectedParam(_Frozen):
+    name: str  # fully qualified, as `named_parameters()` names it
+    shape: tuple[int, ...]
+    dtype: str
+    tied_to: Optional[str] = Field(default=None, description="the first name of the same tensor, when tied")
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class Figures(_Frozen):
+    """Measured per token at the table's `seq`: forward FLOPs and bytes saved for backward, each split into
+    a part linear in the sequence (per token) and one quadratic in it (per token per position: attention
+    scores), so that figures at another sequence length s are `linear + per_position * s`."""
+    flops: float = Field(ge=0)
+    flops_per_position: float = Field(ge=0)
+    activation_bytes: float = Field(ge=0)
+    activation_bytes_per_position: float = Field(ge=0)
+
+    def flops_at(self, seq: int) -> float:
+        return self.flops + self.flops_per_position * seq
+
+    def activation_bytes_at(self, seq: int) -> float:
+        return self.activation_bytes + self.activation_bytes_per_position * seq
+
+
+class InspectedBlock(_Frozen):
+    """One entry of the block list (a pipeline unit): its parameters, its figures and its boundary."""
+    name: str  # e.g. "model.layers.3"
+    type: str  # the block's class name
+    shape_key: int = Field(ge=0, description="blocks with equal keys have equal parameters and were traced once")
+    params: int = Field(ge=0)
+    figures: Figures
+    input_bytes: float = Field(ge=0, description="bytes per token of the tensors entering the block")
+    output_bytes: float = Field(ge=0, description="bytes per token of the tensors leaving the block")
+
+
+class InspectedModel(_Frozen):
+    """A torch module as the table the rest of plandsl speaks, and the key it was derived under."""
+    version: Literal[1] = CACHE_VERSION
+    source: str  # `ModelSource.text`
+    seq: int = Field(gt=0)
+    dtype: str  # the default dtype the model was built under ("bfloat16")
+    versions: dict[str, str]
+    model_type: str
+    params: int = Field(ge=0, description="every parameter, a tied one counted once")
+    param_list: tuple[InspectedParam, ...]
+    modules: tuple[InspectedModule, ...]
+    block_list: str  # FQN of the ModuleList holding the blocks
+    block_list_from: Literal["base_model_pp_plan", "layers", "largest ModuleList"]
+    blocks: tuple[InspectedBlock, ...]
+    rest: Figures  # everything outside the blocks (embedding, final norm, head, loss-free logits)
+    rest_params: int = Field(ge=0)
+    traced_blocks: int = Field(ge=1, description="blocks actually traced: one per distinct shape key")
+
+    @property
+    def tied(self) -> tuple[tuple[str, str], ...]:
+        return tuple((p.name, p.tied_to) for p in self.param_list if p.tied_to)
+
+    def flops_per_token(self) -> float:
+        """Forward FLOPs per token of the whole model at its `seq`."""
+        return self.rest.flops_at(self.seq) + sum(b.figures.flops_at(self.seq) for b in self.blocks)
+
+    def activation_bytes_per_token(self) -> float:
+        """Bytes saved for backward per token of the whole model at its `seq` (no recomputation)."""
+        return self.rest.activation_bytes_at(self.seq) + sum(b.figures.activation_bytes_at(self.seq)
+                                                             for b in self.blocks)
+
+
+def write_cache(model: InspectedModel, path: str | Path) -> None:
+    Path(path).write_text(model.model_dump_json(indent=1) + "\n", encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class CacheState:
+    """A cache read for a source: `model` when it is there and fresh, else why not (`missing`/`stale`)."""
+    model: Optional[InspectedModel]
+    problem: Optional[str] = None  # None: fresh
+
+    @property
+    def fresh(self) -> bool:
+        return self.problem is None
+
+
+def read_cache(path: str | Path, source: ModelSource | None = None, seq: int | None = None,
+               dtype: str | None = None, versions: dict[str, str] | None = None) -> CacheState:
+    """The cache at `path`, and whether it is stale for this source, settings and library versions (the
+    installed ones unless given); never raises for a missing or unreadable file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        return CacheState(None, f"missing: {error.strerror or error}")
+    try:
+        model = InspectedModel.model_validate_json(text)
+    except ValidationError as error:
+        return CacheState(None, f"stale: not a cache of this plandsl ({error.error_count()} problem(s))")
+    if source is not None and model.source != source.text:
+        return CacheState(model, f"stale: made for {model.source}")
+    if seq is not None and model.seq != seq:
+        return CacheState(model, f"stale: made for seq {model.seq}, not {seq}")
+    if dtype is not None and model.dtype != dtype:
+        return CacheState(model, f"stale: made for dtype {model.dtype}, not {dtype}")
+    versions = library_versions() if versions is None else versions
+    changed = [f"{name} {model.versions.get(name, '')!r} -> {versions.get(name, '')!r}" for name in LIBRARIES
+               if model.versions.get(name, "") != versions.get(name, "")]
+    if changed:
+        return CacheState(model, f"stale: {', '.join(changed)}")
+    return CacheState(model)
+
+
+def summary(model: InspectedModel) -> str:
+    """`plandsl inspect`'s text: the model, its parameters, and one row per run of blocks of one shape."""
+    seq = model.seq
+    lines = [f"{model.model_type} from {model.source} (seq {seq:,}, {model.dtype})",
+             f"parameters: {model.params:,}" + "".join(f"; {a} tied to {b}" for a, b in model.tied),
+             f"block list: {model.block_list} (from {model.block_list_from}), {len(model.blocks)} blocks, "
+             f"{model.traced_blocks} traced",
+             f"{'':<28}{'params':>16}{'FLOPs/token':>16}{'saved B/token':>16}{'boundary B/token':>18}"]
+    runs: list[list[InspectedBlock]] = []
+    for block in model.blocks:
+        if runs and runs[-1][-1].shape_key == block.shape_key:
+            runs[-1].append(block)
+        else:
+            runs.append([block])
+    for run in runs:
+        first, last = run[0], run[-1]
+        label = first.name if len(run) == 1 else f"{first.name}..{last.name.rsplit('.', 1)[-1]} ({first.type})"
+        lines.append(f"{label:<28}{first.params:>16,}{first.figures.flops_at(seq):>16,.0f}"
+                     f"{first.figures.activation_bytes_at(seq):>16,.0f}{first.output_bytes:>18,.0f}"
+                     + (" each" if len(run) > 1 else ""))
+    lines.append(f"{'the rest':<28}{model.rest_params:>16,}{model.rest.flops_at(seq):>16,.0f}"
+                 f"{model.rest.activation_bytes_at(seq):>16,.0f}")
+    lines.append(f"{'total':<28}{model.params:>16,}{model.flops_per_token():>16,.0f}"
+                 f"{model.activation_bytes_per_token():>16,.0f}")
+    return "\n".join(lines)
