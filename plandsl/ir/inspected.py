@@ -8,6 +8,7 @@ settings and the installed library versions (read from package metadata: torch i
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.metadata
 import math
 import re
@@ -95,6 +96,14 @@ def _literal(node: ast.expr, text: str) -> Literal_:
     return value
 
 
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file's bytes ("" when it cannot be read): a factory's module changing makes its cache stale."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
 def library_versions() -> dict[str, str]:
     """The installed versions a cache is keyed by, from package metadata ("" when not installed)."""
     found = {}
@@ -163,6 +172,7 @@ class InspectedModel(_Frozen):
     seq: int = Field(gt=0)
     dtype: str  # the default dtype the model was built under ("bfloat16")
     versions: dict[str, str]
+    files: dict[str, str] = Field(default_factory=dict, description="the factory's module file -> its sha256")
     model_type: str
     params: int = Field(ge=0, description="every parameter, a tied one counted once")
     param_list: tuple[InspectedParam, ...]
@@ -226,31 +236,35 @@ def read_cache(path: str | Path, source: ModelSource | None = None, seq: int | N
                if model.versions.get(name, "") != versions.get(name, "")]
     if changed:
         return CacheState(model, f"stale: {', '.join(changed)}")
+    edited = [name for name, digest in model.files.items() if file_digest(name) != digest]
+    if edited:
+        return CacheState(model, f"stale: {edited[0]} changed since it was inspected")
     return CacheState(model)
 
 
 def summary(model: InspectedModel) -> str:
     """`plandsl inspect`'s text: the model, its parameters, and one row per run of blocks of one shape."""
     seq = model.seq
-    lines = [f"{model.model_type} from {model.source} (seq {seq:,}, {model.dtype})",
-             f"parameters: {model.params:,}" + "".join(f"; {a} tied to {b}" for a, b in model.tied),
-             f"block list: {model.block_list} (from {model.block_list_from}), {len(model.blocks)} blocks, "
-             f"{model.traced_blocks} traced",
-             f"{'':<28}{'params':>16}{'FLOPs/token':>16}{'saved B/token':>16}{'boundary B/token':>18}"]
     runs: list[list[InspectedBlock]] = []
     for block in model.blocks:
         if runs and runs[-1][-1].shape_key == block.shape_key:
             runs[-1].append(block)
         else:
             runs.append([block])
+    rows = []
     for run in runs:
         first, last = run[0], run[-1]
-        label = first.name if len(run) == 1 else f"{first.name}..{last.name.rsplit('.', 1)[-1]} ({first.type})"
-        lines.append(f"{label:<28}{first.params:>16,}{first.figures.flops_at(seq):>16,.0f}"
-                     f"{first.figures.activation_bytes_at(seq):>16,.0f}{first.output_bytes:>18,.0f}"
-                     + (" each" if len(run) > 1 else ""))
-    lines.append(f"{'the rest':<28}{model.rest_params:>16,}{model.rest.flops_at(seq):>16,.0f}"
-                 f"{model.rest.activation_bytes_at(seq):>16,.0f}")
-    lines.append(f"{'total':<28}{model.params:>16,}{model.flops_per_token():>16,.0f}"
-                 f"{model.activation_bytes_per_token():>16,.0f}")
+        label = first.name if len(run) == 1 else f"{first.name}..{last.name.rsplit('.', 1)[-1]} x{len(run)} ({first.type})"
+        rows.append((label, first.params, first.figures.flops_at(seq), first.figures.activation_bytes_at(seq),
+                     f"{first.output_bytes:,.0f}" + (" each" if len(run) > 1 else "")))
+    rows.append(("the rest", model.rest_params, model.rest.flops_at(seq), model.rest.activation_bytes_at(seq), ""))
+    rows.append(("total", model.params, model.flops_per_token(), model.activation_bytes_per_token(), ""))
+    width = max(len(row[0]) for row in rows) + 2
+    lines = [f"{model.model_type} from {model.source} (seq {seq:,}, {model.dtype})",
+             f"parameters: {model.params:,}" + "".join(f"; {a} tied to {b}" for a, b in model.tied),
+             f"block list: {model.block_list} (from {model.block_list_from}), {len(model.blocks)} blocks, "
+             f"{model.traced_blocks} traced",
+             f"{'':<{width}}{'params':>16}{'FLOPs/token':>18}{'saved B/token':>16}{'boundary B/token':>22}"]
+    lines += [f"{label:<{width}}{params:>16,}{flops:>18,.0f}{saved:>16,.0f}{boundary:>22}"
+              for label, params, flops, saved, boundary in rows]
     return "\n".join(lines)

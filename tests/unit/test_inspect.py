@@ -114,7 +114,7 @@ def test_a_user_factory_in_a_test_file():
 
 
 def test_a_deep_model_is_traced_once_per_block_shape():
-    config = dict(LLAMA, num_hidden_layers=12)
+    config = dict(LLAMA, num_hidden_layers=12, rope_theta=500000.0)  # a legacy key transformers still takes
     table = api.inspect_model(_hf("LlamaForCausalLM", **config), seq=16)
     assert table.traced_blocks == 1 and len(table.blocks) == 12
     assert len({block.figures for block in table.blocks}) == 1
@@ -167,12 +167,24 @@ def test_the_cache_is_keyed_by_source_settings_and_versions(llama, tmp_path):
     assert "stale" in read_cache(path, source).problem
 
 
+def test_a_factory_cache_is_stale_once_its_module_changes(tmp_path):
+    module = tmp_path / "edited_model.py"
+    module.write_text((Path(HERE) / "inspect_models" / "tiny.py").read_text(encoding="utf-8"), encoding="utf-8")
+    table = api.inspect_model("edited_model:build(depth=1)", seq=8, search_path=(str(tmp_path),))
+    assert set(table.files) == {str(module.resolve())}
+    api.write_inspected(table, tmp_path / "cache.json")
+    assert api.read_inspected(tmp_path / "cache.json", "edited_model:build(depth=1)", 8).fresh
+    module.write_text(module.read_text(encoding="utf-8") + "\n# edited\n", encoding="utf-8")
+    state = api.read_inspected(tmp_path / "cache.json", "edited_model:build(depth=1)", 8)
+    assert not state.fresh and "edited_model.py changed" in state.problem
+
+
 def test_the_cli_prints_and_writes_the_table(tmp_path, monkeypatch):
     monkeypatch.chdir(HERE)
     out = tmp_path / "tiny.json"
     result = CliRunner().invoke(main, ["inspect", "inspect_models.tiny:build(depth=2)", "--seq", "16", "-o", str(out)])
     assert result.exit_code == 0, result.output
-    assert "layers.0..1 (Block)" in result.stdout and "tied to tok.weight" in result.stdout
+    assert "layers.0..1 x2 (Block)" in result.stdout and "tied to tok.weight" in result.stdout
     assert api.read_inspected(out, "inspect_models.tiny:build(depth=2)", 16).fresh
     assert json.loads(out.read_text())["block_list"] == "layers"
     bad = CliRunner().invoke(main, ["inspect", "m:f(x=y)"])

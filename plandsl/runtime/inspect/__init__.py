@@ -6,7 +6,7 @@ checker and the cost model read the cache without importing any of them.
 """
 from __future__ import annotations
 
-from plandsl.ir.inspected import InspectedModel, ModelSource, library_versions
+from plandsl.ir.inspected import InspectedModel, ModelSource, file_digest, library_versions
 from plandsl.runtime.inspect.factory import DTYPES, Failure, build
 from plandsl.runtime.inspect.trace import block_table, find_block_list, parameters
 
@@ -15,9 +15,10 @@ __all__ = ["DTYPES", "inspect_model"]
 
 def inspect_model(source: ModelSource, seq: int = 2048, dtype: str = "bfloat16",
                   search_path: tuple[str, ...] = (".",)) -> InspectedModel:
-    """The table of `source` at sequence length `seq`; PlanError (E901-E904) when it cannot be derived."""
+    """The table of `source` at sequence length `seq`; PlanError (E901-E904) when it cannot be derived.
+    `search_path`: folders searched first for a factory's module."""
     try:
-        model = build(source, dtype, search_path)
+        model, files = build(source, dtype, search_path)
         params, modules, total = parameters(model)
         blocks = find_block_list(model, source)
         rows, rest, traced = block_table(model, blocks, seq, source)
@@ -26,6 +27,7 @@ def inspect_model(source: ModelSource, seq: int = 2048, dtype: str = "bfloat16",
     block_params = {id(p) for block in blocks.blocks for p in block.parameters()}
     rest_params = sum(p.numel() for p in model.parameters() if id(p) not in block_params)
     return InspectedModel(source=source.text, seq=seq, dtype=dtype, versions=library_versions(),
+                          files={path: file_digest(path) for path in files},
                           model_type=type(model).__name__, params=total, param_list=params, modules=modules,
                           block_list=blocks.name, block_list_from=blocks.found_by, blocks=rows, rest=rest,
                           rest_params=rest_params, traced_blocks=traced)

@@ -94,15 +94,16 @@ def default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(saved)
 
 
-def build(source: ModelSource, dtype: str, search_path: tuple[str, ...]) -> nn.Module:
-    """The source's module on the meta device, its floating parameters `dtype` by default; `Failure`."""
+def build(source: ModelSource, dtype: str, search_path: tuple[str, ...]) -> tuple[nn.Module, tuple[str, ...]]:
+    """The source's module on the meta device, its floating parameters `dtype` by default, and the file of
+    the factory's module (none for a Hugging Face class); `Failure`."""
     with _on_path(search_path), default_dtype(DTYPES[dtype]):
         if source.kind == "hf":
-            return _build_hf(source)
+            return _build_hf(source), ()
         return _build_factory(source)
 
 
-def _build_factory(source: ModelSource) -> nn.Module:
+def _build_factory(source: ModelSource) -> tuple[nn.Module, tuple[str, ...]]:
     module_name, _, function_name = source.target.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -128,7 +129,8 @@ def _build_factory(source: ModelSource) -> nn.Module:
     if not isinstance(built, nn.Module):
         raise fail("E902", f"factory '{source.target}' returned {type(built).__name__}, not a torch.nn.Module",
                    definition(factory), hint="return the model (an nn.Module instance) from the factory")
-    return built
+    path = getattr(module, "__file__", None)
+    return built, (str(Path(path).resolve()),) if path else ()
 
 
 def definition(obj) -> tuple[Span, dict[str, SourceFile]] | None:
@@ -154,14 +156,33 @@ def _build_hf(source: ModelSource) -> nn.Module:
                    hint=did_you_mean(source.target, names, "transformers model classes")
                    or "a class such as LlamaForCausalLM, GPT2LMHeadModel, MixtralForCausalLM")
     config_class = cls.config_class
-    known = set(config_class().to_dict()) | set(getattr(config_class, "attribute_map", {}))
-    unknown = [key for key, _ in source.args if key not in known]
-    if unknown:
-        raise fail("E902", f"{config_class.__name__} has no key '{unknown[0]}'",
-                   hint=did_you_mean(unknown[0], sorted(known), f"keys of {config_class.__name__}"))
     try:
         config = config_class(**dict(source.args))
-        with torch.device("meta"):
-            return cls(config)
+        unknown = _unknown_key(config_class, dict(source.args), config.to_dict())
+        if unknown is None:
+            with torch.device("meta"):
+                return cls(config)
     except Exception as error:  # noqa: BLE001 - a config transformers refuses is E902
         raise fail("E902", f"{source.target} cannot be built from this config: {_described(error)}") from error
+    known = _config_keys(config_class)
+    raise fail("E902", f"{config_class.__name__} has no key '{unknown}'",
+               hint=did_you_mean(unknown, sorted(known), f"keys of {config_class.__name__}"))
+
+
+def _config_keys(config_class) -> set[str]:
+    """The keys a config class names: its constructor's parameters, its defaults, its aliases."""
+    return (set(pyinspect.signature(config_class.__init__).parameters) - {"self", "kwargs"}
+            | set(config_class().to_dict()) | set(getattr(config_class, "attribute_map", {})))
+
+
+def _unknown_key(config_class, args: dict, built: dict) -> str | None:
+    """A key the config class would keep as a stray attribute (a misspelling, silently kept by transformers):
+    not one it names, and changing nothing but itself (a legacy key like `rope_theta` changes another)."""
+    known = _config_keys(config_class)
+    for key in args:
+        if key in known:
+            continue
+        without = config_class(**{k: v for k, v in args.items() if k != key}).to_dict()
+        if all(built.get(name) == without.get(name) for name in built if name != key):
+            return key
+    return None

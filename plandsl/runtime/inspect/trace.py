@@ -170,8 +170,9 @@ def trace(model: nn.Module, blocks: BlockList, traced: int, seq: int, source: Mo
     except Failure:
         raise
     except Exception as error:  # noqa: BLE001 - the model's forward failing on meta tensors is E903
-        raise fail("E903", f"the forward of {type(model).__name__} fails on meta tensors "
-                   f"(token ids [1, {seq}]): {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
+        reason = (f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                  if "DataDependent" not in type(error).__name__ else "it reads a tensor's value, which meta tensors lack")
+        raise fail("E903", f"the forward of {type(model).__name__} fails on meta tensors (token ids [1, {seq}]): {reason}",
                    user_frame(error),
                    hint="inspect calls the model on token ids [batch, seq]; avoid reading tensor values "
                         "(.item(), data-dependent shapes) in forward") from error
