@@ -191,7 +191,7 @@ class Space:
         for mb in root.micro_batches:
             for recompute in recomputes:
                 node = Node(root, mb, per_replica // mb, recompute)
-                node.bound = node.microbatches * self._microbatch_work(node) * SAFE
+                node.bound = max(node.microbatches * self._microbatch_work(node), self._chain(node)) * SAFE
                 out.append(node)
         self.stats.nodes += len(out)
         return out
@@ -229,6 +229,15 @@ class Space:
         ratio = {name: min((c / b for c, b in zip(costs, base) if b > 0), default=1.0)
                  for name, costs in per_device.items()}
         return totals[fastest] / sum(1.0 / ratio[d.name] for d in node.root.rank_devices)
+
+    def _chain(self, node: Node) -> float:
+        """A bound on any step: one microbatch's F through every layer, then its I back (B = I + W;
+        W may wait), each layer on the fastest device for it. With fewer microbatches than
+        pipeline ranks this, not the work spread over the ranks, bounds the step (`_bound`'s chain)."""
+        devices = {d.name: d for d in node.root.rank_devices}.values()
+        per_device = [self.kind_times(node, d) for d in devices]
+        return sum(count * min(times[i].forward + times[i].input_grad for times in per_device)
+                   for i, (_, count) in enumerate(self.kinds))
 
     def params(self, layer: Layer, tp: int, ep: int) -> tuple[int, int]:
         key = (layer.kind if self.transformer else layer.name, tp, ep)
@@ -508,7 +517,12 @@ class Space:
         cost = [s.forward + s.backward for s in stages]
         forward_prefix = list(itertools.accumulate((s.forward for s in stages), initial=0.0))
         backward_prefix = list(itertools.accumulate((s.backward for s in stages), initial=0.0))
-        best = 0.0
+        # Every microbatch runs F through all the stages and then I (or B) back through all of them,
+        # one hop between ranks each way (the dependency chain; W may wait): with few microbatches
+        # over many stages this, not a rank's work, is the step (m = 1: the whole model in series).
+        hops = sum(1 for a, b in zip(ranks, ranks[1:]) if a != b)
+        back = sum(s.input_grad for s in stages) if split else backward_prefix[-1]
+        best = forward_prefix[-1] + back + 2 * hops * p2p
         for rank, owned in enumerate(by_rank):
             first = owned[0]
             if two_pipelines:  # Chimera: half the microbatches run stage r, half stage p - 1 - r
