@@ -16,12 +16,13 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from plandsl import ir, syntax
 from plandsl.diagnostics import Note, PlanError, diag
-from plandsl.syntax.loader import include
+from plandsl.syntax.loader import include, include_flags
 from plandsl.search import CONTEXT, Candidate, Scored, SearchError, SearchResult, SearchStats, parse_pins, search
 from plandsl.search.partial import Partial, other_plans, pins_with, read_partial
 from plandsl.diagnostics.source import SourceFile
@@ -64,8 +65,8 @@ def generate_from(path: str | Path, name: str | None = None, params: dict | None
                               hint="the plan's decisions are pins of the search" + (f": {shown}" if shown else "")
                                    + "; free one (remove its line or key) to widen the search")], sources) from None
     folders = _outside(partial, out_path)
-    notes = partial.notes + ((f"the completed plan imports from {', '.join(folders)}: check or run it with "
-                              + " ".join(f"--include {f}" for f in folders),) if folders else ())
+    notes = partial.notes + ((f"the completed plan imports from {', '.join(shlex.quote(f) for f in folders)}: "
+                              f"check or run it with {include_flags(folders)}",) if folders else ())
     kept: list[tuple[Scored, str]] = []
     failure = None
     for scored in result.candidates:

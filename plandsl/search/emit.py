@@ -14,6 +14,7 @@ from typing import Callable
 import math
 import os
 import re
+import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from plandsl.schedules.registry import BUILTIN
 from plandsl.search.problem import CONTEXT, Problem, Scored, SearchError, SearchResult
 from plandsl.lower.units import format_bytes, format_count
 from plandsl.check.analysis import analyze, checked_document
-from plandsl.syntax.loader import include, stdlib_files, stdlib_root
+from plandsl.syntax.loader import include, include_flags, stdlib_files, stdlib_root
 from plandsl.check.model import model_shapes
 from plandsl.diagnostics import Note, PlanError, did_you_mean
 from plandsl.syntax.format import format_text
@@ -194,8 +195,8 @@ def outside(source: Source) -> tuple[str, ...]:
 def include_note(source: Source) -> str | None:
     """What to pass to check or run the written plan, when its model file lies outside its folder tree."""
     folders = outside(source)
-    return (f"the plan imports from {', '.join(folders)}, outside its folder: check or run it with "
-            + " ".join(f"--include {f}" for f in folders)) if folders else None
+    return (f"the plan imports from {', '.join(shlex.quote(f) for f in folders)}, outside its folder: check or "
+            f"run it with {include_flags(folders)}") if folders else None
 
 
 def checked_texts(result: SearchResult, problem: Problem, source: Source,

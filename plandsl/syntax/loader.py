@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shlex
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from importlib import resources
@@ -257,7 +258,12 @@ class Loader:
         folder = os.path.dirname(path)
         return ("imports are read from the folder of the file being checked and below, the standard library, "
                 f"and folders named with --include DIR or {PATH_ENV}: if you trust {_short(folder)}, "
-                f"pass --include {_short(folder)}")
+                f"pass --include {shlex.quote(_short(folder))}")
+
+
+def include_flags(folders) -> str:
+    """`--include DIR` for each folder, quoted for a POSIX shell (a folder may hold spaces or `$`)."""
+    return " ".join(f"--include {shlex.quote(str(folder))}" for folder in folders)
 
 
 def _short(name: str) -> str:

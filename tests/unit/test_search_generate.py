@@ -3,6 +3,7 @@ record, the table and the why, and plain messages (exit 1, no traceback) for bad
 import json
 import math
 import re
+import shlex
 
 import pytest
 from click.testing import CliRunner
@@ -185,20 +186,24 @@ def test_a_model_file_below_the_output_folder_is_imported_relative_to_it(tmp_pat
     assert out.returncode == 0 and 'import "models/m"' in out.stdout, out.stderr
 
 
-def test_a_model_file_outside_the_output_folder_says_what_to_pass(tmp_path):
-    (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "m.plan").write_text(TINY)
+@pytest.mark.parametrize("models", ["models", "my models $HOME"])
+def test_a_model_file_outside_the_output_folder_says_what_to_pass(models, tmp_path):
+    (tmp_path / models).mkdir()
+    (tmp_path / models / "m.plan").write_text(TINY)
     (tmp_path / "out").mkdir()
-    out = _cli("generate", "--model", "../models/m.plan:tiny", "--cluster", "dgx_a100 x 1", "--global-batch", "8",
+    out = _cli("generate", "--model", f"../{models}/m.plan:tiny", "--cluster", "dgx_a100 x 1", "--global-batch", "8",
                "-o", "o.plan", cwd=tmp_path / "out")
     assert out.returncode == 0, out.stderr
-    folder = str((tmp_path / "models").resolve())
-    assert f"--include {folder}" in out.stderr  # the note names exactly what to pass
+    folder = str((tmp_path / models).resolve())
+    flag = f"--include {shlex.quote(folder)}"  # as a shell reads it back: one argument, spaces and `$` kept
+    assert flag in out.stderr  # the note names exactly what to pass
+    assert shlex.split(out.stderr.split("check or run it with ")[1].splitlines()[0]) == ["--include", folder]
     first = (tmp_path / "out" / "o.plan").read_text().splitlines()[0]
-    assert first.startswith("# ") and first.endswith(f"--include {folder}")  # and the written plan says it
+    assert first.startswith("# ") and first.endswith(flag)  # and the written plan says it
     assert _cli("fmt", "--check", "o.plan", cwd=tmp_path / "out").returncode == 0
     check = _cli("check", "o.plan", cwd=tmp_path / "out")
     assert check.returncode == 1 and "E214" in check.stdout + check.stderr
-    assert f"pass --include {folder}" in check.stdout + check.stderr  # and so does check's hint
+    hint = (check.stdout + check.stderr).split("pass --include ")[1]  # and so does check's hint (quoted,
+    assert hint.startswith(flag[len("--include "):][:24])                 # the folder shortened when long)
     check = _cli("check", "o.plan", "--include", folder, cwd=tmp_path / "out")
     assert check.returncode == 0, check.stdout + check.stderr
