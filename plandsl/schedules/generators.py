@@ -15,7 +15,7 @@ from collections import deque
 from plandsl.diagnostics.limits import MAX_ACTIONS
 
 from .program import Action, Kind, Schedule, gc_paused, loop_map, vshape_map
-from .registry import BUILTIN, pipelines_of, splits_backward
+from .registry import BUILTIN, min_microbatches, pipelines_of, splits_backward
 
 F, B, I, W = Kind.F, Kind.B, Kind.I, Kind.W  # noqa: E741 - the notation's letters
 
@@ -59,13 +59,15 @@ def count_actions(name: str, ranks: int, microbatches: int, virtual: int) -> int
 
 def check_sizes(name: str, ranks: int, microbatches: int, virtual: int | None = None) -> int:
     """The stages per rank `name` runs for these sizes (None: its usual count); ValueError, with
-    the numbers, when the schedule cannot run them. Constant time: nothing is laid out."""
+    the numbers, when the schedule cannot run them. The rules are the columns of its `ScheduleInfo`
+    (`registry`), so a new schedule needs no edit here. Constant time: nothing is laid out."""
     if name not in _GENERATORS:
         raise ValueError(f"unknown schedule '{name}'; the built-in ones are {', '.join(_GENERATORS)}")
     if ranks < 1 or microbatches < 1:
         raise ValueError(f"schedule '{name}' needs at least 1 rank and 1 microbatch, "
                          f"got ranks = {ranks}, microbatches = {microbatches}")
-    wanted = BUILTIN[name].virtual
+    info = BUILTIN[name]
+    wanted = info.virtual
     if wanted == "any":
         virtual = 2 if virtual is None else virtual
         if virtual < 1:
@@ -73,23 +75,23 @@ def check_sizes(name: str, ranks: int, microbatches: int, virtual: int | None = 
     else:
         needed = 2 if wanted == "two" else 1
         if virtual not in (None, needed):
-            each = " (one of each pipeline)" if BUILTIN[name].pipelines == 2 else ""
+            each = " (one of each pipeline)" if info.pipelines == 2 else ""
             raise ValueError(f"schedule '{name}' runs exactly {needed} stage{'s' if needed > 1 else ''} per rank"
                              f"{each}, got virtual = {virtual}")
         virtual = needed
-    if name in ("zb_h1", "zb_h2"):
-        _need(microbatches >= ranks, f"{name} needs at least as many microbatches as ranks, "
-                                     f"got microbatches = {microbatches} < ranks = {ranks}")
-    elif BUILTIN[name].rounds:
-        microbatches_per_round(name, ranks, microbatches)
-    elif name == "dualpipev":
-        _need(microbatches >= 2 * ranks, f"dualpipev needs at least as many microbatches as stages, "
-                                         f"got microbatches = {microbatches} < 2 * ranks = {2 * ranks}")
-    elif name == "chimera":
-        _need(ranks % 2 == 0, f"chimera needs an even number of ranks (two pipelines of p stages, "
+    need = min_microbatches(info, ranks)
+    if not info.lays_out_fewer:
+        written = {"1": "1", "ranks": "ranks", "2*ranks": "2 * ranks"}[info.min_microbatches]
+        _need(microbatches >= need, f"{name} needs at least {written} microbatches, "
+                                    f"got microbatches = {microbatches} < {written} = {need}")
+    if info.pipelines == 2:
+        _need(ranks % 2 == 0, f"{name} needs an even number of ranks (two pipelines of p stages, "
                               f"p/2 microbatches each per unit), got ranks = {ranks}")
-        _need(microbatches % ranks == 0, f"chimera runs whole units of p microbatches: m must be a multiple of "
+    if info.multiple_of_ranks:
+        _need(microbatches % ranks == 0, f"{name} runs whole units of p microbatches: m must be a multiple of "
                                          f"ranks = {ranks}, got microbatches = {microbatches}")
+    if info.rounds:
+        microbatches_per_round(name, ranks, microbatches)
     return virtual
 
 

@@ -8,7 +8,9 @@ count must be a multiple of the pipeline ranks; `rounds` whether it runs in torc
 (ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble: max(1, m // ranks) rounds, which
 must divide m; fewer microbatches than ranks is one round). `microbatches_fit` is the rule,
 `microbatch_rule` its wording in docs/language.md (a test keeps the two in step); the
-generators refuse the same sizes, as torch does (tests/unit/test_schedule_generators.py).
+generators refuse the same sizes, as torch does (`generators.check_sizes` reads these columns;
+tests/unit/test_schedule_generators.py), except below `min_microbatches` where `lays_out_fewer` (1F1B's
+table is drawn for any m, while torch's class refuses m < pp, and so does the checker).
 
 Every other fact about a built-in schedule is a column here too, and its consumers read it rather
 than a list of names of their own: `split_backward` (the table runs backwards as input-gradient I
@@ -42,6 +44,7 @@ class ScheduleInfo:
     summary: str
     virtual: str = "one"          # "one": exactly 1 stage per rank; "any": >= 1; "two": exactly 2 (V-shape)
     min_microbatches: str = "1"   # "1", "ranks" (m >= p) or "2*ranks"
+    lays_out_fewer: bool = False  # the generator lays out fewer microbatches than that (the minimum is torch's class's)
     multiple_of_ranks: bool = False
     rounds: bool = False
     pipelines: int = 1
@@ -58,7 +61,7 @@ BUILTIN: dict[str, ScheduleInfo] = {s.name: s for s in (
                  torch_class="ScheduleGPipe", inflight="every"),
     # torch's Schedule1F1B, which `plandsl run` uses, refuses fewer microbatches than stages
     ScheduleInfo("1f1b", "PipeDream-Flush: warm-up forwards, then one forward one backward (Narayanan et al. 2021)",
-                 min_microbatches="ranks", torch_class="Schedule1F1B"),
+                 min_microbatches="ranks", lays_out_fewer=True, torch_class="Schedule1F1B"),
     ScheduleInfo("interleaved_1f1b", "1F1B over several stages per rank (Megatron-LM, Narayanan et al. 2021)",
                  virtual="any", rounds=True, torch_class="ScheduleInterleaved1F1B", inflight="interleaved"),
     ScheduleInfo("looped_bfs", "breadth-first over looped stages (Lamy-Poirier 2023)", virtual="any",

@@ -10,12 +10,13 @@ from __future__ import annotations
 import re
 import types
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
-from plandsl.schedules.generators import generate
+from plandsl.schedules.generators import check_sizes, generate
 from plandsl.schedules.program import Action, Kind, Schedule, format_rows, parse_action
-from plandsl.schedules.registry import BUILTIN
+from plandsl.schedules.registry import BUILTIN, microbatches_fit, min_microbatches
 
 F, B, I, W = Kind.F, Kind.B, Kind.I, Kind.W  # noqa: E741
 
@@ -343,6 +344,34 @@ def test_defaults_for_virtual():
 def test_sizes_the_schedule_cannot_run(name, ranks, microbatches, virtual, words):
     with pytest.raises(ValueError, match=re.escape(words)):
         generate(name, ranks, microbatches, virtual)
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_the_sizes_refused_are_the_tables(name):
+    """check_sizes reads the schedule's ScheduleInfo: it refuses what `microbatches_fit` refuses (below the
+    minimum only where the table is not laid out for fewer), and two pipelines need an even rank count."""
+    info = BUILTIN[name]
+    for ranks in (1, 2, 3, 4):
+        for microbatches in range(1, 4 * ranks + 3):
+            fits = microbatches_fit(info, ranks, microbatches) or (
+                info.lays_out_fewer and microbatches < min_microbatches(info, ranks))
+            fits = fits and not (info.pipelines == 2 and ranks % 2)
+            try:
+                check_sizes(name, ranks, microbatches)
+            except ValueError:
+                assert not fits, (name, ranks, microbatches)
+            else:
+                assert fits, (name, ranks, microbatches)
+
+
+def test_a_new_column_value_needs_no_edit_of_check_sizes(monkeypatch):
+    monkeypatch.setitem(BUILTIN, "gpipe", replace(BUILTIN["gpipe"], min_microbatches="2*ranks", multiple_of_ranks=True))
+    with pytest.raises(ValueError, match=re.escape("gpipe needs at least 2 * ranks microbatches, got microbatches = "
+                                                   "7 < 2 * ranks = 8")):
+        check_sizes("gpipe", 4, 7)
+    with pytest.raises(ValueError, match="m must be a multiple of ranks = 4, got microbatches = 10"):
+        check_sizes("gpipe", 4, 10)
+    assert check_sizes("gpipe", 4, 12) == 1
 
 
 def test_every_builtin_name_has_a_generator():
