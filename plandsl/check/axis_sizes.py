@@ -17,6 +17,7 @@ from plandsl.check.families import check_families
 from plandsl.check.mesh import used_axes
 from plandsl.check.sharding import axis_at, divisors, split_extents
 from plandsl.diagnostics import Diagnostic, Edit
+from plandsl.ir.shapes import indivisible
 
 TRIES = 6  # plans re-checked per diagnostic, nearest sizes first
 
@@ -92,7 +93,7 @@ def _change_the_dims(plan: ir.Plan, axis: str) -> str:
 def _keeping(plan: ir.Plan, axis: str) -> str:
     """`to keep 'tp' = 8, change seq (131073) to 131072 or 131080`: the dims that fail, rounded."""
     size = plan.mesh.degree(axis)
-    failing = {name: value for name, value in split_extents(plan, axis).items() if value % size}
+    failing = indivisible(split_extents(plan, axis), size)
     near = ", ".join(f"{name} ({value}) to {value // size * size or size} or {(value // size + 1) * size}"
                      for name, value in failing.items())
     return f"to keep '{axis}' = {size}, change {near}" if near else f"change the dims '{axis}' splits"

@@ -18,6 +18,7 @@ from typing import Iterator
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, Edit, Note, diag
+from plandsl.ir.shapes import tp_splits
 
 
 def check_model(plan: ir.Plan) -> Iterator[Diagnostic]:
@@ -55,8 +56,8 @@ def _shape_options(model: ir.TransformerModel, tp: int) -> tuple[str, list[int],
     options = [" or ".join(f"hidden={h} (head dim {h // model.heads})" for h in sorted(hiddens))
                + f" with {model.heads} heads"]
     gqa = model.kv_heads != model.heads  # else kv_heads follows heads (gpt; llama without kv_heads)
-    heads = _nearest(model.heads, lambda d: model.hidden % d == 0 and d % tp == 0 and (model.hidden // d) % even == 0
-                     and (not gqa or d % model.kv_heads == 0))
+    heads = _nearest(model.heads, lambda d: model.hidden % d == 0 and (model.hidden // d) % even == 0
+                     and (not gqa or d % model.kv_heads == 0) and _splits(model, tp, heads=d))
     if heads:
         options.append(" or ".join(f"heads={d}" for d in sorted(heads)) + f" with hidden {model.hidden}")
     return "; ".join(options), hiddens, heads
@@ -75,6 +76,16 @@ def _nearest(value: int, fits, count: int = 2) -> list[int]:
         if len(found) == count:
             break
     return found
+
+
+def _splits(model: ir.TransformerModel, tp: int, **changed: int) -> bool:
+    """Whether tp splits what the hint changes of `model` (E406's rule, `ir.shapes.tp_splits`); kv_heads
+    follows heads without grouped queries, and equal to heads it is heads (one extent)."""
+    if "heads" in changed and model.kv_heads == model.heads:
+        changed["kv_heads"] = changed["heads"]
+    changed_model = model.model_copy(update=changed)
+    same = ("heads",) if changed_model.kv_heads == changed_model.heads else ()
+    return tp_splits(changed_model, tp, only=tuple(changed) + same)
 
 
 def _edit(model: ir.TransformerModel, field: str, value: int) -> list[Edit]:
@@ -102,8 +113,8 @@ def _odd_head_dim(model: ir.TransformerModel, tp: int) -> Diagnostic:
 
 def _kv_heads(model: ir.TransformerModel, tp: int) -> Diagnostic:
     """The hint: the kv_heads nearest the written one that divide heads and that tp divides (E406)."""
-    fit = _nearest(model.kv_heads, lambda d: model.heads % d == 0 and d % tp == 0 and d <= model.heads)
-    if not fit and model.heads % tp == 0:
+    fit = _nearest(model.kv_heads, lambda d: model.heads % d == 0 and d <= model.heads and _splits(model, tp, kv_heads=d))
+    if not fit and _splits(model, tp, kv_heads=model.heads):
         fit = [model.heads]  # multi-head attention
     why = (f"kv_heads ({model.kv_heads}) is more than heads ({model.heads})" if model.kv_heads > model.heads
            else f"heads ({model.heads}) is not divisible by kv_heads ({model.kv_heads})")

@@ -1,8 +1,9 @@
 """What each parallelism splits of a model, and the rule that its axis divides every such extent.
 
 Stage: IR, under both the checker and the search. Contract: `tensor_extents`, `context_extents` and
-`expert_extents` name the extents a tensor-, context- or expert-parallel axis splits; `indivisible`
-says which of them an axis size leaves a remainder of. The checker reports those as E406
+`expert_extents` name the extents a tensor-parallel, context- or expert-parallel axis splits; `indivisible`
+says which of them an axis size leaves a remainder of, and `tp_splits` whether a tensor-parallel degree
+leaves none (the checker's model hints and the search ask it). The checker reports those as E406
 (`check.sharding`, and `check.axis_sizes` for the sizes it offers); the search proposes only the
 degrees that leave none (`search.choices.layouts`, sequence parallelism in `search.space`), so it
 never writes a plan the checker refuses for it (tests/unit/test_shapes.py).
@@ -49,3 +50,10 @@ def expert_extents(model: ir.Model) -> dict[str, int]:
 def indivisible(extents: dict[str, int], size: int) -> dict[str, int]:
     """The extents an axis of `size` leaves a remainder of ({} when it splits them all evenly)."""
     return {name: value for name, value in extents.items() if value % size}
+
+
+def tp_splits(model: ir.Model, tp: int, only: tuple[str, ...] | None = None) -> bool:
+    """Whether a tensor-parallel axis of size `tp` splits the model's `tensor_extents` evenly (E406's rule);
+    with `only`, just those extents (a hint that changes heads asks about heads and kv_heads)."""
+    extents = tensor_extents(model)
+    return not indivisible({k: v for k, v in extents.items() if only is None or k in only}, tp)

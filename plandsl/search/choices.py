@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 from plandsl import ir
 from plandsl.cost.layer import Links, mesh_links
 from plandsl.cost.stage import slowest
-from plandsl.ir.shapes import context_extents, expert_extents, indivisible, tensor_extents
+from plandsl.ir.shapes import context_extents, expert_extents, indivisible, tensor_extents, tp_splits
 from plandsl.schedules.registry import BUILTIN, microbatches_fit
 
 AXES = ("dp", "ep", "pp", "cp", "tp")  # the canonical mesh order, outermost first (Megatron's)
@@ -90,7 +90,7 @@ def tp_divides(model: ir.Model, tp: int) -> bool:
     other models (E704), so the search keeps their tp at 1."""
     if tp == 1:
         return True
-    return isinstance(model, ir.TransformerModel) and not indivisible(tensor_extents(model), tp)
+    return isinstance(model, ir.TransformerModel) and tp_splits(model, tp)
 
 
 def sequence_parallel(model: ir.Model, sequence: int, tp: int, cp: int) -> bool:

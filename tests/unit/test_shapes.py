@@ -2,7 +2,12 @@
 degrees, and the sequence parallelism, that the checker accepts (E406), for a few models."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
+
+import plandsl
 
 from plandsl.check.analysis import analyze
 from plandsl.ir.shapes import indivisible, tensor_extents
@@ -75,3 +80,11 @@ def test_sequence_parallel_splits_each_context_ranks_share():
     model = _model("moe")  # seq 36: tp 4 divides it, not the 18 each of 2 context ranks holds
     assert indivisible(tensor_extents(model, 36, 2), 4) == {"seq / cp": 18}
     assert not sequence_parallel(model, 36, 4, 2) and sequence_parallel(model, 36, 4, 1)
+
+
+def test_the_tensor_parallel_divisibility_rule_has_one_home():
+    """`% tp` is written only in ir/shapes: E406, the checker's model hints (E220, E221) and the search ask it."""
+    root = Path(plandsl.__file__).parent
+    written = [f"{path.relative_to(root)}:{number}" for path in sorted(root.rglob("*.py")) if path.name != "shapes.py"
+               for number, line in enumerate(path.read_text().splitlines(), 1) if re.search(r"%\s*tp\b", line)]
+    assert written == []
