@@ -1,14 +1,15 @@
 """The attributes of a body and the keys of a `{ ... }` value, checked against what a definition allows
 (E205-E207, E213), and IR nodes built with a validator's complaint as E205 at the field that caused it.
-Shared by every lowering module; imports nothing else of `plandsl.lower` but the evaluator.
+Shared by every lowering module; imports nothing else of `plandsl.lower` but the evaluator and its hints.
 """
 from __future__ import annotations
 
 from pydantic import ValidationError
 
 from plandsl import syntax as s
-from plandsl.diagnostics import Note, did_you_mean, respell
+from plandsl.diagnostics import Note
 from plandsl.lower.evaluate import Poison, Scope, Word
+from plandsl.lower.hints import report_misspelled, respelled
 
 
 def attributes(scope: Scope, body: tuple, allowed: dict[str, bool], what: str) -> dict[str, s.Attr]:
@@ -21,9 +22,8 @@ def attributes(scope: Scope, body: tuple, allowed: dict[str, bool], what: str) -
         if not isinstance(stmt, s.Attr):
             continue
         if stmt.name not in allowed:
-            scope.reporter.error("E206", f"{what} has no attribute '{stmt.name}'", stmt.name_span,
-                                 hint=did_you_mean(stmt.name, allowed, f"attributes of {what}"),
-                                 edits=respell(stmt.name, allowed, stmt.name_span))
+            report_misspelled(scope.reporter, "E206", f"{what} has no attribute '{stmt.name}'", stmt.name,
+                              stmt.name_span, allowed, f"attributes of {what}")
         elif stmt.name in found:
             scope.reporter.error("E213", f"'{stmt.name}' is set twice", stmt.name_span,
                                  notes=[Note("first set", found[stmt.name].name_span)])
@@ -37,10 +37,9 @@ def require(scope: Scope, found: dict[str, s.Attr], allowed: dict[str, bool], wh
     """Report required attributes that are missing (E207), except one a misspelled attribute of `body`
     stands for: that was reported once, as E206 with its did-you-mean."""
     missing = [name for name, required in allowed.items() if required and name not in found]
-    respelled = {edit.text for stmt in body if isinstance(stmt, s.Attr) and stmt.name not in allowed
-                 for edit in respell(stmt.name, allowed, stmt.name_span)}
+    meant = respelled([(stmt.name, stmt.name_span) for stmt in body if isinstance(stmt, s.Attr)], allowed)
     for name in missing:
-        if name in respelled:
+        if name in meant:
             continue
         scope.reporter.error("E207", f"{what} is missing '{name}'", span,
                              hint=f"add `{name} = ...` to its body")
@@ -56,22 +55,20 @@ def dict_items(scope: Scope, expr: s.Expr, allowed: dict[str, bool], what: str) 
     if not isinstance(expr, s.DictExpr):
         raise scope.reporter.error("E205", f"{what} takes `{{ key: value, ... }}`", expr.span)
     found: dict[str, s.DictItem] = {}
-    respelled: set[str] = set()  # keys a misspelling stands for: not reported missing as well
+    meant: set[str] = set()  # keys a misspelling stands for: not reported missing as well
     for item in expr.items:
         if item.key not in allowed:
-            edits = respell(item.key, allowed, item.key_span)
-            respelled.update(edit.text for edit in edits)
-            scope.reporter.error("E206", f"{what} has no key '{item.key}'", item.key_span,
-                                 hint=did_you_mean(item.key, allowed, f"keys of {what}"), edits=edits)
+            meant |= report_misspelled(scope.reporter, "E206", f"{what} has no key '{item.key}'", item.key,
+                                       item.key_span, allowed, f"keys of {what}")
         elif item.key in found:
             scope.reporter.error("E213", f"'{item.key}' is given twice", item.key_span,
                                  notes=[Note("first given", found[item.key].key_span)])
         else:
             found[item.key] = item
     missing = [k for k, required in allowed.items() if required and k not in found]
-    if missing and set(missing) <= respelled:
+    if missing and set(missing) <= meant:
         raise Poison()  # reported as the misspelled key
-    missing = [k for k in missing if k not in respelled]
+    missing = [k for k in missing if k not in meant]
     if missing:
         raise scope.reporter.error("E207", f"{what} is missing {', '.join(repr(m) for m in missing)}", expr.span,
                                    hint=f"add {', '.join(f'{m}: ...' for m in missing)}")

@@ -1,5 +1,7 @@
-"""Hints about names (E201): the standard-library file (or a `.plan` beside the file) that defines a
-name the file did not import, and a name written with `-` (`llama3-70b` reads as llama3 minus 70 bits).
+"""Hints about names: the standard-library file (or a `.plan` beside the file) that defines a name the
+file did not import and a name written with `-` (`llama3-70b` reads as llama3 minus 70 bits) (E201); a
+misspelled attribute, key, block, option or argument, family, axis or schedule, respelled as the nearest
+allowed name (`report_misspelled`: E206, E212, E302, E601).
 
 Each hint comes with the `Edit`s that apply it, so following it gives a plan that knows the name.
 """
@@ -9,8 +11,9 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
+from typing import Iterable
 
-from plandsl.diagnostics import Edit, PlanError, did_you_mean, nearest
+from plandsl.diagnostics import Edit, PlanError, did_you_mean, nearest, respell
 from plandsl.diagnostics.source import SourceFile, Span
 from plandsl.syntax.loader import read_source, stdlib_files, stdlib_root
 from plandsl.syntax.parser import parse_source
@@ -124,3 +127,21 @@ def dashed_name_hint(text: str, span: Span, visible: set[str], source: SourceFil
     if library is not None:
         hint, edits = f"{hint}; {library[1]}", edits + library[2]
     return hint, edits
+
+
+def report_misspelled(reporter, code: str, message: str, name: str, span: Span | None,
+                      allowed: Iterable[str], listed: str, notes=()) -> set[str]:
+    """Report `name`, none of `allowed`, to `reporter` (the evaluator's `Reporter`; not imported, the evaluator
+    imports this module) as `code` with the nearest allowed name as its did-you-mean and its edit; the
+    allowed names it stands for, which the caller does not report missing as well (E207)."""
+    allowed = list(allowed)
+    edits = respell(name, allowed, span)
+    reporter.error(code, message, span, hint=did_you_mean(name, allowed, listed), notes=notes, edits=edits)
+    return {edit.text for edit in edits}
+
+
+def respelled(names: Iterable[tuple[str, Span | None]], allowed: Iterable[str]) -> set[str]:
+    """The allowed names that the unknown ones of `names` (name, where written) stand for, as
+    `report_misspelled` reported them."""
+    allowed = list(allowed)
+    return {edit.text for name, span in names if name not in allowed for edit in respell(name, allowed, span)}

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING
 from plandsl import ir
 from plandsl.diagnostics import limits
 from plandsl import syntax as s
-from plandsl.diagnostics import Edit, did_you_mean, nearest, respell
+from plandsl.diagnostics import Edit, did_you_mean
 from plandsl.lower.bodies import attributes, build, dict_items
 from plandsl.lower.evaluate import Poison, Scope, Word
+from plandsl.lower.hints import report_misspelled, respelled
 from plandsl.lower.selectors import layer_names
 from plandsl.lower.units import BYTES
 
@@ -55,9 +56,9 @@ def model_value(scope: Scope, expr: s.Expr, name: str | None) -> ir.Model:
 def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
     if not isinstance(call.func, s.Name) or call.func.id not in FAMILIES:
         shown = call.func.id if isinstance(call.func, s.Name) else "this"
-        raise scope.reporter.error("E212", f"unknown model family '{shown}'", call.func.span,
-                                   hint=did_you_mean(shown, FAMILIES, "model families"),
-                                   edits=respell(shown, FAMILIES, call.func.span) if shown != "this" else ())
+        report_misspelled(scope.reporter, "E212", f"unknown model family '{shown}'", shown,
+                          call.func.span if shown != "this" else None, FAMILIES, "model families")
+        raise Poison()
     family = call.func.id
     allowed = FAMILIES[family]
     if call.args:
@@ -65,20 +66,18 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
                                    hint=f"{family}({', '.join(f'{a}=...' for a, r in allowed.items() if r)})")
     args: dict[str, s.KwArg] = {}
     failed = False
-    respelled: set[str] = set()  # arguments a misspelling stands for: not reported missing as well
+    meant: set[str] = set()  # arguments a misspelling stands for: not reported missing as well
     for kwarg in call.kwargs:
         if kwarg.name not in allowed:
-            edits = respell(kwarg.name, allowed, kwarg.span)
-            respelled.update(edit.text for edit in edits)
-            scope.reporter.error("E212", f"{family}() has no argument '{kwarg.name}'", kwarg.span,
-                                 hint=did_you_mean(kwarg.name, allowed, f"arguments of {family}()"), edits=edits)
+            meant |= report_misspelled(scope.reporter, "E212", f"{family}() has no argument '{kwarg.name}'",
+                                       kwarg.name, kwarg.span, allowed, f"arguments of {family}()")
             failed = True
         elif kwarg.name in args:
             scope.reporter.error("E213", f"argument '{kwarg.name}' is given twice", kwarg.span)
             failed = True
         else:
             args[kwarg.name] = kwarg
-    missing = [a for a, required in allowed.items() if required and a not in args and a not in respelled]
+    missing = [a for a, required in allowed.items() if required and a not in args and a not in meant]
     if missing:
         raise scope.reporter.error("E212", f"{family}() is missing {', '.join(missing)}", call.span,
                                    hint=f"add {', '.join(f'{m}=...' for m in missing)}")
@@ -146,8 +145,7 @@ MODEL_ATTRS = {"seq": False, "factory": False, "args": False}
 
 def _respells(body: tuple, name: str) -> bool:
     """Some attribute of `body` is a misspelling of `name` (its E206 names it)."""
-    return any(isinstance(stmt, s.Attr) and stmt.name not in LAYER_ATTRS and nearest(stmt.name, LAYER_ATTRS) == name
-               for stmt in body)
+    return name in respelled([(stmt.name, stmt.name_span) for stmt in body if isinstance(stmt, s.Attr)], LAYER_ATTRS)
 
 
 def custom_model(lowering: "Lowering", scope: Scope, d: s.Definition) -> ir.CustomModel:

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 from plandsl import ir
 from plandsl import syntax as s
-from plandsl.diagnostics import Edit, Note, did_you_mean, nearest, respell
+from plandsl.diagnostics import Edit, Note, did_you_mean, nearest
 from plandsl.lower.bodies import attributes, build, require
 from plandsl.lower.evaluate import Poison, Scope, Word
+from plandsl.lower.hints import report_misspelled
 from plandsl.lower.mesh import mesh, training
 from plandsl.diagnostics.limits import MAX_VIRTUAL
 from plandsl.lower.model import model_value
@@ -44,8 +45,8 @@ def lower_plan(lowering: "Lowering", scope: Scope, d: s.Definition) -> ir.Plan:
     blocks = [b for b in d.body if isinstance(b, s.Block)]
     for block in blocks:
         if block.name != "stages":
-            scope.reporter.error("E206", f"{what} has no block '{block.name}'", block.name_span,
-                                 hint=did_you_mean(block.name, ["stages"], "blocks"))
+            report_misspelled(scope.reporter, "E206", f"{what} has no block '{block.name}'", block.name,
+                              block.name_span, ["stages"], "blocks")
         elif "stages" in found:
             scope.reporter.error("E213", "stages are given twice", block.name_span,
                                  notes=[Note("first given", found["stages"].name_span)])
@@ -149,10 +150,9 @@ def axis_names(scope: Scope, expr: s.Expr | None, m: ir.Mesh, what: str, span=No
         if not isinstance(item, s.Name):
             raise scope.reporter.error("E205", f"{what} runs over mesh axes by name, like `over tp`", item.span)
         if m.axis(item.id) is None:
-            raise scope.reporter.error("E302", f"the mesh has no axis '{item.id}'", item.span,
-                                       hint=did_you_mean(item.id, [a.name for a in m.axes], "mesh axes"),
-                                       edits=respell(item.id, [a.name for a in m.axes], item.span),
-                                       notes=[Note("mesh declared", m.span)])
+            report_misspelled(scope.reporter, "E302", f"the mesh has no axis '{item.id}'", item.id, item.span,
+                              [a.name for a in m.axes], "mesh axes", notes=[Note("mesh declared", m.span)])
+            raise Poison()
         if item.id in names:
             raise scope.reporter.error("E303", f"axis '{item.id}' is used twice in {what}", item.span)
         names.append(item.id)
@@ -179,9 +179,8 @@ def _options(scope: Scope, options: tuple[s.WithItem, ...], allowed: tuple[str, 
     found = {}
     for option in options:
         if option.name not in allowed:
-            scope.reporter.error("E206", f"{what} has no option '{option.name}'", option.span,
-                                 hint=did_you_mean(option.name, allowed, f"options of {what}"),
-                                 edits=respell(option.name, allowed, option.span))
+            report_misspelled(scope.reporter, "E206", f"{what} has no option '{option.name}'", option.name,
+                              option.span, allowed, f"options of {what}")
             raise Poison()
         found[option.name] = option
     return found
@@ -311,9 +310,9 @@ def schedule_ref(scope: Scope, expr: s.Expr) -> ir.ScheduleRef:
         return ir.ScheduleRef(name=target.id, options=options, definition=definition, span=expr.span)
     if target.id not in BUILTIN:
         user = [n for n, d in inner.definitions.items() if d.kind == "schedule"]
-        raise scope.reporter.error("E601", f"unknown schedule '{target.id}'", target.span,
-                                   hint=did_you_mean(target.id, list(BUILTIN) + user, "schedules"),
-                                   edits=respell(target.id, list(BUILTIN) + user, target.span))
+        report_misspelled(scope.reporter, "E601", f"unknown schedule '{target.id}'", target.id, target.span,
+                          list(BUILTIN) + user, "schedules")
+        raise Poison()
     return ir.ScheduleRef(name=target.id, options=options, span=expr.span)
 
 

@@ -278,6 +278,8 @@ plan p {
     ("tensor  = megatron", "tensr   = megatron", "E206"),
     ("megatron over tp", "megatron over tp with sequnce_parallel", "E206"),
     ("evenly over pp", "evenly over pp with vritual = 1", "E206"),
+    ("stages  = evenly over pp", "stagse {\n    0: embed, layers.0, layers.1\n    1: layers.2, layers.3, norm, head\n  }",
+     "E206"),  # a block: respelled by the same helper as attributes, keys, options and arguments
 ])
 def test_a_misspelled_word_is_respelled_by_its_hint(old, new, code, tmp_path):
     assert old in _SMALL
