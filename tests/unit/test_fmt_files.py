@@ -4,12 +4,15 @@ formatted (or compared, with `--check`); the exit status is the worst outcome (1
 or, with `--check`, would change)."""
 from __future__ import annotations
 
+import os
+import stat
+import tempfile
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from plandsl import api, cli
+from plandsl import api
 from plandsl.cli import main
 from plandsl.syntax import format as syntax_format
 from support import VALID_PLAN
@@ -79,14 +82,54 @@ def test_a_plandsl_bug_on_one_file_is_e108_for_it_and_the_others_are_formatted(f
 
 
 def test_a_file_that_cannot_be_written_is_reported_and_the_next_is_written(files, monkeypatch):
-    real_open = open
+    real_mkstemp = tempfile.mkstemp
 
-    def refusing_open(path, mode="r", *args, **kwargs):
-        if str(path) == files["messy1"] and "w" in mode:
-            raise PermissionError(13, "Permission denied", str(path))
-        return real_open(path, mode, *args, **kwargs)
-    monkeypatch.setattr(cli, "open", refusing_open, raising=False)
+    def refusing_mkstemp(*args, prefix="", **kwargs):  # fmt writes through a temporary file beside the plan
+        if prefix.startswith(".messy1.plan"):
+            raise PermissionError(13, "Permission denied", prefix)
+        return real_mkstemp(*args, prefix=prefix, **kwargs)
+    monkeypatch.setattr(tempfile, "mkstemp", refusing_mkstemp)
     result = _run("fmt", files["messy1"], files["messy2"])
     assert result.exit_code == 1
     assert f"{files['messy1']}: error: cannot write: Permission denied" in result.output
     assert Path(files["messy2"]).read_text() == TIDY.replace("plan p {", "plan messy2 {")
+
+
+# ---- the rewrite is atomic: a temporary file beside the plan, fsynced, then os.replace over it ---------------
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+def test_a_failure_between_write_and_replace_leaves_the_original(files, monkeypatch):
+    messy = MESSY.replace("plan p {", "plan messy1 {")
+
+    def failing_replace(source, target):
+        assert Path(source).read_text() == TIDY.replace("plan p {", "plan messy1 {")  # written in full, then
+        raise OSError(28, "No space left on device")                                    # the rename fails
+    monkeypatch.setattr(os, "replace", failing_replace)
+    result = _run("fmt", files["messy1"], files["tidy"])
+    assert result.exit_code == 1
+    assert f"{files['messy1']}: error: cannot write: No space left on device" in result.output
+    assert Path(files["messy1"]).read_text() == messy  # untouched
+    assert _leftovers(Path(files["messy1"]).parent) == []  # and no temporary file left behind
+
+
+def test_the_rewritten_file_keeps_its_permission_bits(files):
+    os.chmod(files["messy1"], 0o640)
+    os.chmod(files["messy2"], 0o604 | stat.S_ISGID)
+    assert _run("fmt", files["messy1"], files["messy2"]).exit_code == 0
+    assert stat.S_IMODE(os.stat(files["messy1"]).st_mode) == 0o640
+    assert stat.S_IMODE(os.stat(files["messy2"]).st_mode) == 0o604 | stat.S_ISGID
+    assert Path(files["messy1"]).read_text() == TIDY.replace("plan p {", "plan messy1 {")
+    assert _leftovers(Path(files["messy1"]).parent) == []
+
+
+def test_a_symlinked_plan_stays_a_link_and_its_target_is_rewritten(files, tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    link = tmp_path / "elsewhere" / "link.plan"
+    link.symlink_to(files["messy1"])
+    result = _run("fmt", str(link))
+    assert result.exit_code == 0 and f"{link}: reformatted" in result.output
+    assert link.is_symlink() and os.readlink(link) == files["messy1"]
+    assert Path(files["messy1"]).read_text() == TIDY.replace("plan p {", "plan messy1 {")
+    assert _leftovers(tmp_path / "elsewhere") == [] and _leftovers(tmp_path) == []
