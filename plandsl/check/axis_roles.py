@@ -2,19 +2,23 @@
 of roles or of the mesh after which the plan checks, each confirmed by checking the changed plan.
 
 E306: the role the axis's name says (`tp`, `mp`: tensor), else the data parallelism takes the axis too
-(`over [dp, x]`), else the axis shrinks to 1. E307: one of the two moves to a free axis, else to a new
+(`over [dp, x]`), else the axis shrinks to 1; at a parallelism written without `over`, the `over` the
+lowering offers, with that change after it when the plan then leaves an axis unused (`confirm_over`). E307: one of the two moves to a free axis, else to a new
 axis split off a data axis (`dp = 8` -> `dp = 4, pp = 2`) or, when the cluster has room, added. When no
 change checks, the hint says what stops the plain one instead of offering an edit.
 """
 from __future__ import annotations
 
+import difflib
+import os
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from plandsl import ir
 from plandsl.check.families import check_families
 from plandsl.check.mesh import ROLE_OF_NAME, add_line_edit, move_edit, role_line, role_of, used_axes
-from plandsl.diagnostics import Diagnostic, Edit
-from plandsl.diagnostics.source import Span
+from plandsl.diagnostics import Diagnostic, Edit, apply_edits
+from plandsl.diagnostics.source import SourceFile, Span
 from plandsl.lower.plan import DEFAULT_AXES
 from plandsl.schedules.registry import DEFAULT_SCHEDULE
 
@@ -110,6 +114,47 @@ def _shrink(plan: ir.Plan, axis: ir.Axis) -> list[Change]:
     return [Change(_sized(plan, {axis.name: 1}), (Edit(axis.span, f"{axis.name} = 1"),),
                    f"set '{axis.name}' to 1 (no parallelism runs over it; the mesh keeps "
                    f"{plan.mesh.size // axis.size} devices)", f"'{axis.name}' = 1")]
+
+
+# ---- E306 at a parallelism without `over`: the lowering's edit, checked ---------------------------------
+def confirm_over(problem: Diagnostic, source: SourceFile, errors_of: Callable[[str], list[Diagnostic]]
+                 ) -> Diagnostic:
+    """`problem` (the lowering's E306 at a parallelism written without `over`, whose edit adds one) with an
+    edit that checks: its own; else its own and then the edit of the one error the edited plan has, when
+    that is an unused axis (E306, `suggest_axis_use`: `over [dp, x]`, or x = 1), as one change; else no
+    edit, and the hint says what stops it. `errors_of(text)`: the errors of `source` with that text."""
+    edited = apply_edits(source.text, problem.edits)
+    errors = errors_of(edited)
+    if not errors:
+        return problem
+    then = errors[0]
+    if len(errors) == 1 and then.code == "E306" and then.edits and all(e.span.file == source.path for e in then.edits):
+        final = apply_edits(edited, then.edits)
+        after = errors_of(final)
+        if not after:
+            return replace(problem, hint=f"{problem.hint}; then {then.hint}", edits=edits_between(source, final))
+        then = after[0]
+    return replace(problem, edits=(), hint=f"{problem.hint}; no one change makes the plan check (with it the plan "
+                   f"has {then.code}: {then.message})")
+
+
+def edits_between(source: SourceFile, text: str) -> tuple[Edit, ...]:
+    """`text` as replacements of `source`'s text: one per run of changed lines, trimmed to what changed."""
+    before = source.text
+    start = len(os.path.commonprefix([before, text]))
+    tail = len(os.path.commonprefix([before[start:][::-1], text[start:][::-1]]))
+    old = before[start:len(before) - tail].splitlines(keepends=True)
+    new = text[start:len(text) - tail].splitlines(keepends=True)
+    edits = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        at = start + sum(map(len, old[:i1]))
+        was, now = "".join(old[i1:i2]), "".join(new[j1:j2])
+        same = len(os.path.commonprefix([was, now]))
+        same_end = len(os.path.commonprefix([was[same:][::-1], now[same:][::-1]]))
+        edits.append(Edit(source.span(at + same, at + len(was) - same_end), now[same:len(now) - same_end]))
+    return tuple(edits)
 
 
 # ---- E307: an axis two parallelisms use -----------------------------------------------------------------

@@ -123,14 +123,21 @@ def axis_spans(scope: Scope, expr: s.Expr | None, m: ir.Mesh, key: str = "axis")
 
 
 def _over_edit(span, what: str, m: ir.Mesh) -> tuple[str, tuple[Edit, ...]]:
-    """The hint of a parallelism without `over`, and its edit when the mesh has the role's usual axis."""
+    """The hint of a parallelism without `over`, and its edit when the mesh has the role's usual axis (for
+    data: else the first axis no other role's name claims; hsdp's two). The checker's analysis checks the
+    edited plan before it offers the edit (`check.axis_roles.confirm_over`)."""
     role = next((r for r, words in _ROLE_WORDS.items() if what.startswith(words)), None)
     usual = DEFAULT_AXES.get(role or "")
     axes = ", ".join(a.name for a in m.axes)
-    if usual is None or m.axis(usual) is None or span is None:
+    names = [usual] if usual is not None and m.axis(usual) is not None else []
+    if role == "data":
+        names += [a.name for a in m.axes if a.name not in DEFAULT_AXES.values()]
+        names = names[:2] if what.endswith("'hsdp'") else names[:1]
+    if not names or (what.endswith("'hsdp'") and len(names) < 2) or span is None:
         return f"add `over <axis>`; the mesh has {axes}", ()
+    over = names[0] if len(names) == 1 else f"[{', '.join(names)}]"
     end = Span(span.file, span.end_line, span.end_column, span.end_line, span.end_column, span.end, span.end)
-    return f"add `over {usual}` (the mesh has {axes})", (Edit(end, f" over {usual}"),)
+    return f"add `over {over}` (the mesh has {axes})", (Edit(end, f" over {over}"),)
 
 
 _ROLE_WORDS = {"data": "data parallel", "tensor": "tensor parallel", "context": "context parallel",

@@ -412,6 +412,38 @@ def test_e306_when_no_change_checks_the_hint_says_what_stops_it():
     assert "no one change makes the plan check (`data = zero1 over [dp, x]` gives E501" in problem.hint, problem.hint
 
 
+# E306 at a data parallelism written without `over`: the `over` it needs, checked with the rest of the plan
+_NO_OVER = {
+    "dp_and_an_axis_no_role_names": ("dp = 2, x = 2, tp = 2", "  data    = zero1\n  tensor  = megatron over tp",
+                                     "data    = zero1 over [dp, x]\n"),
+    "no_dp_axis": ("x = 2, tp = 4", "  data    = zero1\n  tensor  = megatron over tp", "data    = zero1 over x\n"),
+    "no_dp_axis_two_free": ("x = 2, y = 2, tp = 2", "  data    = zero3\n  tensor  = megatron over tp",
+                            "data    = zero3 over [x, y]\n"),
+    "the_batch_forbids_the_free_axis": ("dp = 2, x = 3, tp = 1", "  data    = zero1", "[dp = 2, x = 1, tp = 1]"),
+    "hsdp_takes_two": ("dp = 2, x = 2, tp = 2", "  data    = hsdp\n  tensor  = megatron over tp",
+                       "data    = hsdp over [dp, x]\n"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_NO_OVER))
+def test_e306_without_over_offers_an_over_that_checks(case, tmp_path):
+    mesh, lines, expected = _NO_OVER[case]
+    text = _ROLES.format(nodes=1, mesh=mesh, lines=lines)
+    assert [d.code for d in analyze("r.plan", text=text).diagnostics if d.is_error] == ["E306"]
+    fixed, after = _follow(tmp_path, text, "E306")
+    assert expected in fixed, fixed
+    assert _errors(after) == [], f"{fixed}\n{render_all(after.diagnostics, after.sources)}"
+
+
+def test_e306_without_over_when_no_change_checks_says_why_without_an_edit():
+    text = _ROLES.format(nodes=2, mesh="dp = 2, x = 3, tp = 2] over devices[0:12",
+                         lines="  data    = zero1\n  tensor  = megatron over tp")
+    (problem,) = analyze("r.plan", text=text).diagnostics
+    assert problem.code == "E306" and problem.edits == (), problem
+    assert problem.hint.startswith("add `over dp` (the mesh has dp, x, tp); no one change makes the plan check "
+                                   "(with it the plan has E306: mesh axis 'x' (size 3) is not used"), problem.hint
+
+
 def test_e404_says_why_pp_cannot_take_the_stages_declared():
     text = _ROLES.format(nodes=1, mesh="dp = 2, pp = 2, tp = 2", lines=_FIXED["three_stages_on_pp_2"][1])
     (problem,) = analyze("r.plan", text=text).diagnostics

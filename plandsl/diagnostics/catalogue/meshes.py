@@ -83,11 +83,12 @@ _entry("E305", """
     """, "Leave the pipeline axis out (or give it size 1).", ("dp = 8, pp = 0", "dp = 8"))
 
 _entry("E306", """
-    A mesh axis larger than 1 that no parallelism uses, or a parallelism that says
-    which axis it runs over. An unused axis multiplies the device count while every
+    A mesh axis larger than 1 that no parallelism uses, or a parallelism that does not
+    say which axis it runs over. An unused axis multiplies the device count while every
     rank along it does identical work on identical data: pure waste. Axes named
     dp/tp/pp/cp/ep get their conventional use by default; other names need e.g.
-    `data = zero1 over <axis>`.
+    `data = zero1 over <axis>`. The hint's change is checked before it is offered: for
+    `data = zero1` without `over`, the axes that leave none unused (`over [dp, x]`).
     """, f"""
     import "clusters/dgx_a100"
     plan p {{
