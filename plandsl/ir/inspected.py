@@ -180,8 +180,10 @@ class InspectedModel(_Frozen):
     block_list: str  # FQN of the ModuleList holding the blocks
     block_list_from: Literal["base_model_pp_plan", "layers", "largest ModuleList"]
     blocks: tuple[InspectedBlock, ...]
-    rest: Figures  # everything outside the blocks (embedding, final norm, head, loss-free logits)
-    rest_params: int = Field(ge=0)
+    before: Figures  # what runs before the first block (the embedding)
+    after: Figures  # what runs after the last block (final norm, head; no loss)
+    before_params: int = Field(ge=0, description="parameters outside the blocks, before the block list in the tree")
+    after_params: int = Field(ge=0, description="parameters outside the blocks, after the block list (a tied head: 0)")
     traced_blocks: int = Field(ge=1, description="blocks actually traced: one per distinct shape key")
 
     @property
@@ -190,12 +192,13 @@ class InspectedModel(_Frozen):
 
     def flops_per_token(self) -> float:
         """Forward FLOPs per token of the whole model at its `seq`."""
-        return self.rest.flops_at(self.seq) + sum(b.figures.flops_at(self.seq) for b in self.blocks)
+        return (self.before.flops_at(self.seq) + self.after.flops_at(self.seq)
+                + sum(b.figures.flops_at(self.seq) for b in self.blocks))
 
     def activation_bytes_per_token(self) -> float:
         """Bytes saved for backward per token of the whole model at its `seq` (no recomputation)."""
-        return self.rest.activation_bytes_at(self.seq) + sum(b.figures.activation_bytes_at(self.seq)
-                                                             for b in self.blocks)
+        return (self.before.activation_bytes_at(self.seq) + self.after.activation_bytes_at(self.seq)
+                + sum(b.figures.activation_bytes_at(self.seq) for b in self.blocks))
 
 
 def write_cache(model: InspectedModel, path: str | Path) -> None:
@@ -251,13 +254,13 @@ def summary(model: InspectedModel) -> str:
             runs[-1].append(block)
         else:
             runs.append([block])
-    rows = []
+    rows = [("before the blocks", model.before_params, model.before.flops_at(seq), model.before.activation_bytes_at(seq), "")]
     for run in runs:
         first, last = run[0], run[-1]
         label = first.name if len(run) == 1 else f"{first.name}..{last.name.rsplit('.', 1)[-1]} x{len(run)} ({first.type})"
         rows.append((label, first.params, first.figures.flops_at(seq), first.figures.activation_bytes_at(seq),
                      f"{first.output_bytes:,.0f}" + (" each" if len(run) > 1 else "")))
-    rows.append(("the rest", model.rest_params, model.rest.flops_at(seq), model.rest.activation_bytes_at(seq), ""))
+    rows.append(("after the blocks", model.after_params, model.after.flops_at(seq), model.after.activation_bytes_at(seq), ""))
     rows.append(("total", model.params, model.flops_per_token(), model.activation_bytes_per_token(), ""))
     width = max(len(row[0]) for row in rows) + 2
     lines = [f"{model.model_type} from {model.source} (seq {seq:,}, {model.dtype})",

@@ -45,7 +45,8 @@ def test_hf_llama_parameters_equal_plandsl_llama_exactly(llama):
     assert llama.params == ir_layers.param_count(model)
     blocks = [layer for layer in ours if layer.kind == "block"]
     assert [b.params for b in llama.blocks] == [b.param_count for b in blocks]
-    assert llama.rest_params == sum(layer.param_count for layer in ours if layer.kind != "block")
+    assert llama.before_params == next(layer.param_count for layer in ours if layer.kind == "embed")
+    assert llama.after_params == sum(layer.param_count for layer in ours if layer.kind in ("norm", "head"))
     assert llama.block_list == "model.layers" and llama.block_list_from == "base_model_pp_plan"
     assert llama.traced_blocks == 1 and {b.shape_key for b in llama.blocks} == {0}
 
@@ -60,7 +61,8 @@ def test_hf_llama_flops_equal_plandsl_llama(llama):
         assert block.figures.flops_at(SEQ) == pytest.approx(expected, rel=1e-3)
         assert block.figures.flops_per_position == pytest.approx(4 * 256, rel=1e-3)  # Q·Kᵀ and scores·V: 4·h per position
     head = next(layer for layer in ir_layers.layers_of(model) if layer.kind == "head")
-    assert llama.rest.flops_at(SEQ) == pytest.approx(head.flops_per_token, rel=1e-3)
+    assert llama.after.flops_at(SEQ) == pytest.approx(head.flops_per_token, rel=1e-3)
+    assert llama.before.flops_at(SEQ) == 0  # an embedding is a lookup
 
 
 def test_hf_llama_activations_against_plandsl_llama(llama):
@@ -108,7 +110,8 @@ def test_a_user_factory_in_a_test_file():
     assert table.params == 100 * 32 + 3 * (2 * 32 + 32 * 64 + 64 + 64 * 32 + 32)
     block = table.blocks[0].figures
     assert block.flops == pytest.approx(2 * 2 * 32 * 64) and block.flops_per_position == 0
-    assert table.rest.flops == pytest.approx(2 * 32 * 100)
+    assert table.after.flops == pytest.approx(2 * 32 * 100) and table.before.flops == 0
+    assert (table.before_params, table.after_params) == (100 * 32, 0)  # the head is tied to the embedding
     root = next(m for m in table.modules if m.name == "")
     assert root.type == "Tiny" and {m.name for m in table.modules} >= {"layers.0.up", "layers.2.down", "out"}
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from plandsl.ir.inspected import InspectedModel, ModelSource, file_digest, library_versions
 from plandsl.runtime.inspect.factory import DTYPES, Failure, build
-from plandsl.runtime.inspect.trace import block_table, find_block_list, parameters
+from plandsl.runtime.inspect.trace import block_table, find_block_list, parameters, split_parameters
 
 __all__ = ["DTYPES", "inspect_model"]
 
@@ -21,13 +21,13 @@ def inspect_model(source: ModelSource, seq: int = 2048, dtype: str = "bfloat16",
         model, files = build(source, dtype, search_path)
         params, modules, total = parameters(model)
         blocks = find_block_list(model, source)
-        rows, rest, traced = block_table(model, blocks, seq, source)
+        rows, before, after, traced = block_table(model, blocks, seq, source)
     except Failure as failure:
         raise failure.error() from None
-    block_params = {id(p) for block in blocks.blocks for p in block.parameters()}
-    rest_params = sum(p.numel() for p in model.parameters() if id(p) not in block_params)
+    before_params, after_params = split_parameters(model, blocks)
     return InspectedModel(source=source.text, seq=seq, dtype=dtype, versions=library_versions(),
                           files={path: file_digest(path) for path in files},
                           model_type=type(model).__name__, params=total, param_list=params, modules=modules,
-                          block_list=blocks.name, block_list_from=blocks.found_by, blocks=rows, rest=rest,
-                          rest_params=rest_params, traced_blocks=traced)
+                          block_list=blocks.name, block_list_from=blocks.found_by, blocks=rows, before=before,
+                          after=after, before_params=before_params, after_params=after_params,
+                          traced_blocks=traced)

@@ -104,9 +104,10 @@ def shape_keys(blocks: nn.ModuleList) -> list[int]:
 
 @dataclass
 class _Trace:
-    """What one forward recorded: per traced block index, FLOPs, saved bytes and boundary bytes; the rest."""
-    flops: dict[int | None, float] = field(default_factory=dict)
-    saved: dict[int | None, dict[int, int]] = field(default_factory=dict)
+    """What one forward recorded: per traced block index, FLOPs, saved bytes and boundary bytes; what ran before
+    the first block ("before") and after the last ("after")."""
+    flops: dict[int | str, float] = field(default_factory=dict)
+    saved: dict[int | str, dict[int, int]] = field(default_factory=dict)
     inputs: dict[int, int] = field(default_factory=dict)
     outputs: dict[int, int] = field(default_factory=dict)
 
@@ -128,7 +129,7 @@ def _bytes(tensor: torch.Tensor) -> int:
 def trace(model: nn.Module, blocks: BlockList, traced: int, seq: int, source: ModelSource) -> _Trace:
     """One forward of `model` with its block list cut to the first `traced` blocks, at batch 1 and `seq`."""
     record = _Trace()
-    current: list[int | None] = [None]
+    current: list[int | str] = ["before"]
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     counter = FlopCounterMode(display=False)
     start: list[float] = [0.0]
@@ -137,6 +138,8 @@ def trace(model: nn.Module, blocks: BlockList, traced: int, seq: int, source: Mo
         def hook(module, args, kwargs):
             current[0] = index
             start[0] = counter.get_total_flops()
+            if index == 0:
+                record.flops["before"] = start[0]
             first = next(iter(_tensors(list(args) + list(kwargs.values()))), None)
             record.inputs[index] = _bytes(first) if first is not None else 0
         return hook
@@ -145,7 +148,7 @@ def trace(model: nn.Module, blocks: BlockList, traced: int, seq: int, source: Mo
         def hook(module, args, kwargs, output):
             record.flops[index] = counter.get_total_flops() - start[0]
             record.outputs[index] = sum(_bytes(t) for t in _tensors(output))
-            current[0] = None
+            current[0] = "after"
         return hook
 
     def pack(tensor):
@@ -180,7 +183,8 @@ def trace(model: nn.Module, blocks: BlockList, traced: int, seq: int, source: Mo
         blocks.parent._modules[blocks.attribute] = blocks.blocks
         for handle in handles:
             handle.remove()
-    record.flops[None] = counter.get_total_flops() - sum(record.flops.values())
+    blocks_flops = sum(value for key, value in record.flops.items() if isinstance(key, int))
+    record.flops["after"] = counter.get_total_flops() - blocks_flops - record.flops.get("before", 0.0)
     return record
 
 
@@ -196,8 +200,9 @@ def figures(at_seq: tuple[float, float], at_half: tuple[float, float], seq: int,
 
 
 def block_table(model: nn.Module, blocks: BlockList, seq: int, source: ModelSource
-                ) -> tuple[tuple[InspectedBlock, ...], Figures, int]:
-    """Every block's row and the figures of the rest, from traces of one block per shape key."""
+                ) -> tuple[tuple[InspectedBlock, ...], Figures, Figures, int]:
+    """Every block's row and the figures of what runs before and after the blocks, from traces of one block
+    per shape key."""
     keys = shape_keys(blocks.blocks)
     first = {key: keys.index(key) for key in dict.fromkeys(keys)}
     traced = max(first.values()) + 1
@@ -213,7 +218,7 @@ def block_table(model: nn.Module, blocks: BlockList, seq: int, source: ModelSour
         except Failure:
             raise failure from None
 
-    def measured(run: _Trace, index: int | None) -> tuple[float, float]:
+    def measured(run: _Trace, index: int | str) -> tuple[float, float]:
         return run.flops.get(index, 0.0), float(sum(run.saved.get(index, {}).values()))
 
     rows = []
@@ -224,5 +229,20 @@ def block_table(model: nn.Module, blocks: BlockList, seq: int, source: ModelSour
             params=sum(p.numel() for p in block.parameters()),
             figures=figures(measured(runs[0], traced_index), measured(runs[1], traced_index), seq, half),
             input_bytes=runs[0].inputs.get(traced_index, 0) / seq, output_bytes=runs[0].outputs.get(traced_index, 0) / seq))
-    rest = figures(measured(runs[0], None), measured(runs[1], None), seq, half)
-    return tuple(rows), rest, traced
+    before, after = (figures(measured(runs[0], part), measured(runs[1], part), seq, half) for part in ("before", "after"))
+    return tuple(rows), before, after, traced
+
+
+def split_parameters(model: nn.Module, blocks: BlockList) -> tuple[int, int]:
+    """Parameters outside the blocks, (before, after) the block list in the module tree's order (a tied one
+    counted where it first appears: GPT-2's head in its embedding)."""
+    inside = {id(p) for p in blocks.blocks.parameters()}
+    seen, counts, part = set(inside), [0, 0], 0
+    for name, module in model.named_modules():
+        if name == blocks.name:
+            part = 1
+        for param in module.parameters(recurse=False):
+            if id(param) not in seen:
+                seen.add(id(param))
+                counts[part] += param.numel()
+    return counts[0], counts[1]
