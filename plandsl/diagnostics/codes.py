@@ -35,6 +35,7 @@ CODES: dict[str, str] = {
     "E212": "unknown model family or argument",
     "E213": "duplicate attribute",
     "E214": "import outside the search path",
+    "E215": "model's layer table missing or stale (run plandsl inspect)",
     # E22x: model shapes (what the model's torch module needs to run)
     "E220": "hidden size not divisible by attention heads",
     "E221": "attention heads not divisible by key/value heads",

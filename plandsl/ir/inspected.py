@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.metadata
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -36,11 +37,19 @@ class ModelSource:
 
     @property
     def text(self) -> str:
-        """The canonical spelling (arguments in the order written): the cache's key."""
-        args = ", ".join(f"{key}={value!r}" for key, value in self.args)
+        """The canonical spelling (arguments in the order written, strings in double quotes): the cache's key."""
+        args = ", ".join(f"{key}={_shown(value)}" for key, value in self.args)
         if self.kind == "hf":
-            return f"hf({self.target!r}{', ' + args if args else ''})"
+            return f"hf({_shown(self.target)}{', ' + args if args else ''})"
         return f"{self.target}({args})"
+
+
+def _shown(value) -> str:
+    if isinstance(value, str):
+        return json.dumps(value)  # a Python string literal too
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_shown(item) for item in value) + "]"
+    return repr(value)
 
 
 def parse_source(text: str) -> ModelSource:
@@ -223,7 +232,8 @@ def read_cache(path: str | Path, source: ModelSource | None = None, seq: int | N
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
-        return CacheState(None, f"missing: {error.strerror or error}")
+        return CacheState(None, "missing" if isinstance(error, FileNotFoundError) else
+                          f"missing: {error.strerror or error}")
     try:
         model = InspectedModel.model_validate_json(text)
     except ValidationError as error:

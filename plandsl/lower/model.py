@@ -14,6 +14,7 @@ from plandsl.diagnostics import Edit, did_you_mean
 from plandsl.lower.bodies import attributes, build, dict_items
 from plandsl.lower.evaluate import Poison, Scope, Word
 from plandsl.lower.hints import report_misspelled, respelled
+from plandsl.lower.inspected import SOURCES, inspected_model
 from plandsl.lower.selectors import layer_names
 from plandsl.lower.units import BYTES
 
@@ -54,6 +55,8 @@ def model_value(scope: Scope, expr: s.Expr, name: str | None) -> ir.Model:
 
 
 def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
+    if isinstance(call.func, s.Name) and call.func.id in SOURCES:  # a model written in torch, read from its cache
+        return inspected_model(scope, call, name)
     if not isinstance(call.func, s.Name) or call.func.id not in FAMILIES:
         shown = call.func.id if isinstance(call.func, s.Name) else "this"
         report_misspelled(scope.reporter, "E212", f"unknown model family '{shown}'", shown,

@@ -194,3 +194,71 @@ def test_the_cli_prints_and_writes_the_table(tmp_path, monkeypatch):
     assert bad.exit_code == 2 and "literals" in bad.output
     missing = CliRunner().invoke(main, ["inspect", "inspect_models.not_there:build"])
     assert missing.exit_code == 1 and "E901" in missing.output
+
+
+PLAN = """\
+import "clusters/dgx_a100"
+plan p {
+  model   = MODEL
+  cluster = dgx_a100 x 1
+  mesh    = [dp = 2, pp = 2, tp = 2]
+  train   = { global_batch: 16, micro_batch: 1, seq: 64 }
+  stages  = evenly over pp
+}
+"""
+HF_CALL = ('hf("LlamaForCausalLM", hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8, '
+           'num_key_value_heads=2, vocab_size=1000, max_position_embeddings=64, tie_word_embeddings=false)')
+
+
+def test_a_plan_over_a_torch_model_reads_its_cache_and_says_how_to_make_it(tmp_path):
+    plan = tmp_path / "hf.plan"
+    plan.write_text(PLAN.replace("MODEL", HF_CALL), encoding="utf-8")
+    missing = api.check(plan)
+    assert [d.code for d in missing.diagnostics] == ["E215"]
+    hint = missing.diagnostics[0].hint
+    assert "is missing" in missing.diagnostics[0].message and "plandsl inspect 'hf(\"LlamaForCausalLM\"" in hint
+    source, seq, output = hint.split("plandsl inspect ")[1].split("'")[1], 64, hint.rsplit("-o ", 1)[1]
+    assert f"--seq {seq}" in hint and output.startswith(str(tmp_path / ".plandsl"))
+    (tmp_path / ".plandsl").mkdir()
+    api.write_inspected(api.inspect_model(source, seq=seq), output)
+
+    analysis = api.check(plan)
+    assert analysis.ok, [d.message for d in analysis.diagnostics]
+    model = analysis.document.plans[0].model
+    names = [layer.name for layer in model.layers]
+    assert names == ["embed", "model.layers.0", "model.layers.1", "model.layers.2", "model.layers.3", "head"]
+    ours = _plandsl_llama()
+    assert sum(layer.params for layer in model.layers) == ir_layers.param_count(ours)
+    assert model.layers[1].flops == pytest.approx(ir_layers.transformer_block_flops(ours), rel=1e-3)
+    assert model.layers[1].output == 256
+    estimate = api.estimate(analysis.document.plans[0])
+    assert estimate.to_json()  # the cost model reads the table like a written model
+
+    cache = json.loads(Path(output).read_text(encoding="utf-8"))
+    cache["versions"]["torch"] = "1.0"
+    Path(output).write_text(json.dumps(cache), encoding="utf-8")
+    stale = api.check(plan)
+    assert [d.code for d in stale.diagnostics] == ["E215"]
+    assert "stale: torch '1.0' ->" in stale.diagnostics[0].message
+
+
+def test_a_factory_in_a_plan(tmp_path):
+    plan = tmp_path / "tiny.plan"
+    plan.write_text(PLAN.replace("MODEL", 'factory("inspect_models.tiny:build", depth=4)')
+                    .replace("[dp = 2, pp = 2, tp = 2]", "[dp = 4, pp = 2]"), encoding="utf-8")
+    hint = api.check(plan).diagnostics[0].hint
+    assert "plandsl inspect 'inspect_models.tiny:build(depth=4)' --seq 2048" in hint
+    (tmp_path / ".plandsl").mkdir()
+    table = api.inspect_model("inspect_models.tiny:build(depth=4)", seq=2048, search_path=(HERE,))
+    api.write_inspected(table, hint.rsplit("-o ", 1)[1])
+    analysis = api.check(plan)
+    assert analysis.ok, [d.message for d in analysis.diagnostics]
+    assert [layer.name for layer in analysis.document.plans[0].model.layers][1:-1] == [f"layers.{i}" for i in range(4)]
+
+
+@pytest.mark.parametrize("call, code", [('hf(hidden_size=4)', "E212"), ('factory("no_colon")', "E205"),
+                                        ('hf("X", a=[1])', "E205"), ('hf("X", a=1, a=2)', "E213")])
+def test_a_torch_model_call_is_checked_before_its_cache_is_read(tmp_path, call, code):
+    plan = tmp_path / "bad.plan"
+    plan.write_text(PLAN.replace("MODEL", call), encoding="utf-8")
+    assert code in [d.code for d in api.check(plan).diagnostics]

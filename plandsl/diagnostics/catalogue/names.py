@@ -162,6 +162,28 @@ _entry("E214", """
     "import the file by its name there, or copy it next to the plan.",
     ('import "../shared/models"\n', ""))
 
+_entry("E215", """
+    A model written in torch (`hf("LlamaForCausalLM", ...)`, a Hugging Face class built from
+    config keys, or `factory("pkg.module:function", ...)`) is known to plandsl through its layer
+    table, which `plandsl inspect` derives by building the model on the meta device and writes
+    beside the plan (`.plandsl/`). Checking never imports torch or runs the model's code, so it
+    reads that table, and refuses a missing one, or one made for other arguments, another torch,
+    transformers or plandsl, or an older version of the factory's file. The hint is the command
+    that writes it.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = hf("LlamaForCausalLM", hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                   num_attention_heads=8, num_key_value_heads=2, vocab_size=1024)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 16, micro_batch: 1, seq: 128 }
+    }
+    """, "Run the command of the hint (or describe the model with a family, as here).",
+    ("""hf("LlamaForCausalLM", hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+               num_attention_heads=8, num_key_value_heads=2, vocab_size=1024)""",
+     "llama(layers=4, hidden=256, heads=8, kv_heads=2, ffn=688, seq=2048, vocab=1024)"))
+
 _entry("E209", """
     Files import each other in a circle (here a file imports itself), so neither can
     be loaded first. Every file on the cycle is listed. Shared definitions (devices,

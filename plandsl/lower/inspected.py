@@ -1,0 +1,88 @@
+"""A model written in torch, in a plan: `hf("LlamaForCausalLM", key=value, ...)` or
+`factory("pkg.module:function", key=value, ...)` -> `ir.CustomModel` whose layers are read from
+`plandsl inspect`'s cache beside the plan (E215 when it is missing or stale, naming the command).
+
+Stage: lowering. No code runs here: the cache is JSON (`ir.inspected`), read without torch.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+
+from plandsl import ir
+from plandsl import syntax as s
+from plandsl.ir.inspected import InspectedModel, ModelSource, read_cache
+from plandsl.lower.bodies import build
+from plandsl.lower.evaluate import Poison, Scope
+
+SOURCES = ("hf", "factory")  # the calls that name a model written in torch
+DEFAULT_SEQ = 2048
+DTYPE, DTYPE_BYTES = "bfloat16", 2
+_SEQ_KEYS = ("max_position_embeddings", "n_positions")  # a Hugging Face config's sequence length
+
+
+def cache_path(plan_file: str, source: ModelSource, seq: int) -> str:
+    """Where `plandsl inspect` writes the table of `source` for a plan in `plan_file`: `.plandsl/` beside it,
+    named by the source, seq and dtype (the library versions and the factory's file are checked inside)."""
+    key = hashlib.sha256(f"{source.text}|{seq}|{DTYPE}".encode()).hexdigest()[:16]
+    return os.path.join(os.path.dirname(plan_file), ".plandsl", f"inspect-{key}.json")
+
+
+def inspected_model(scope: Scope, call: s.Call, name: str | None) -> ir.CustomModel:
+    """The call's model, its layers from the cache: the part before the blocks (`embed`), each block by its
+    fully qualified name, the part after them (`head`)."""
+    kind = call.func.id
+    source = _source(scope, call, kind)
+    seq = next((value for key, value in source.args if key in _SEQ_KEYS and isinstance(value, int) and value > 0),
+               DEFAULT_SEQ)
+    path = cache_path(call.span.file, source, seq)
+    state = read_cache(path, source, seq, DTYPE)
+    if not state.fresh:
+        folder = os.path.dirname(path) or "."
+        command = (f"mkdir -p {shlex.quote(folder)} && " if state.model is None else "") + \
+            f"plandsl inspect {shlex.quote(source.text)} --seq {seq} -o {shlex.quote(path)}"
+        raise scope.reporter.error("E215", f"the layer table of {source.text} is {state.problem}", call.span,
+                                   hint=f"run: {command}")
+    return build(scope, ir.CustomModel, call.span, kind="custom", name=name or source.target.rpartition(":")[2],
+                 layers=_layers(scope, call, state.model), seq=seq)
+
+
+def _source(scope: Scope, call: s.Call, kind: str) -> ModelSource:
+    if len(call.args) != 1 or not isinstance(call.args[0], s.Str):
+        example = 'hf("LlamaForCausalLM", hidden_size=4096, ...)' if kind == "hf" else \
+            'factory("my_models.llama:build", depth=32)'
+        raise scope.reporter.error("E212", f"{kind}() takes one string first, then named arguments", call.span,
+                                   hint=example)
+    target = call.args[0].value
+    if kind == "factory" and ":" not in target:
+        raise scope.reporter.error("E205", 'factory() takes "package.module:function"', call.args[0].span)
+    args, failed = [], False
+    for kwarg in call.kwargs:
+        value = scope.eval(kwarg.value)
+        if not isinstance(value, (int, float, str, bool)):
+            scope.reporter.error("E205", f"argument '{kwarg.name}' must be a number, string or boolean",
+                                 kwarg.value.span)
+            failed = True
+        elif kwarg.name in dict(args):
+            scope.reporter.error("E213", f"argument '{kwarg.name}' is given twice", kwarg.span)
+            failed = True
+        else:
+            args.append((kwarg.name, value))
+    if failed:
+        raise Poison()
+    return ModelSource(kind if kind == "hf" else "factory", target, tuple(args))
+
+
+def _layers(scope: Scope, call: s.Call, table: InspectedModel) -> tuple[ir.CustomLayer, ...]:
+    seq = table.seq
+    width = max(1, int(table.blocks[0].input_bytes // DTYPE_BYTES)) if table.blocks else 0
+    layers = [build(scope, ir.CustomLayer, call.span, name="embed", params=table.before_params,
+                    flops=table.before.flops_at(seq), activations=table.before.activation_bytes_at(seq), output=width)]
+    for block in table.blocks:
+        layers.append(build(scope, ir.CustomLayer, call.span, name=block.name, params=block.params,
+                            flops=block.figures.flops_at(seq), activations=block.figures.activation_bytes_at(seq),
+                            output=int(block.output_bytes // DTYPE_BYTES)))
+    layers.append(build(scope, ir.CustomLayer, call.span, name="head", params=table.after_params,
+                        flops=table.after.flops_at(seq), activations=table.after.activation_bytes_at(seq), output=0))
+    return tuple(layers)
