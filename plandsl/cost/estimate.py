@@ -31,7 +31,7 @@ from plandsl.schedules.simulate import BUBBLE_DEFINITION, Costs, bubble_seconds
 from plandsl.ir.placement import assign_stages, mesh_device_runs, pipeline_rank_device_types
 from plandsl.cost.schedule import simulate_plan_schedule
 from plandsl.diagnostics import PlanError, diag
-from plandsl.ir.layers import layers_of
+from plandsl.ir.layers import figures_key, layers_of
 from plandsl.lower.units import format_bytes
 
 
@@ -166,6 +166,7 @@ def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | Non
     zero_stage = zero_degrees(plan)[0]
     transformer = isinstance(plan.model, ir.TransformerModel)
     cache: dict[tuple, LayerTime] = {}
+    splits: dict = {}
     result = []
     for stage, layers in enumerate(assignment.stage_layers):
         device = rank_devices[assignment.rank_of_stage[stage]]
@@ -175,7 +176,12 @@ def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | Non
             if key not in cache:
                 cache[key] = estimate_layer_time(plan.model, layer, work, device, links, efficiency)
             times.append(cache[key])
-        params = [param_split(layer, plan.tp, plan.ep) for layer in layers]
+        params = []
+        for layer in layers:  # a family's blocks share one split (`figures_key`)
+            key = figures_key(layer)
+            if key not in splits:
+                splits[key] = param_split(layer, plan.tp, plan.ep)
+            params.append(splits[key])
         result.append(stage_time(times, params, zero_stage, precision.bytes, links, fsdp_units(layers)))
     return result
 

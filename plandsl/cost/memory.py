@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 from plandsl import ir
-from plandsl.ir.layers import EXPERTS, FFN, HEADS_X_HEAD_DIM, KV, VOCAB, Layer, Param, kv_width
+from plandsl.ir.layers import EXPERTS, FFN, HEADS_X_HEAD_DIM, KV, VOCAB, Layer, Param, figures_key, kv_width
 from plandsl.ir.placement import Assignment, assign_stages
 from plandsl.schedules.registry import BUILTIN
 from plandsl.schedules.generators import check_sizes, pipeline_maps
@@ -92,6 +92,7 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
     # A built-in model's `Param`s are the interpreter's tensors; a custom model's are one synthetic
     # tensor per authored layer, so its ZeRO-1 partition is taken as even.
     whole_tensors = not isinstance(plan.model, ir.CustomModel)
+    kept: dict = {}  # activations per `figures_key`: the same for every rank
     estimates = []
     for stages in held_stages(plan, rank_stages):
         layers = [layer for stage in stages for layer in stage_layers[stage]]
@@ -101,7 +102,8 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         extra = [tied] if tied and "head" in kinds and "embed" not in kinds else []
         params, grads, optimizer = model_state_bytes(plan, layers, extra, whole_tensors=whole_tensors)
         gathered_params, gathered_grads = gathered_bytes(plan, layers, extra)
-        stored = sum(_layer_activations(plan, layer, plan.train.recompute, attention_matrix)
+        stored = sum(_figures(layer, kept, lambda layer: _layer_activations(plan, layer, plan.train.recompute,
+                                                                           attention_matrix))
                      for layer in layers)
         activations = inflight[len(estimates)] * stored + _recompute_working_set(plan, layers, attention_matrix)
         estimates.append(MemoryEstimate(params + gathered_params, grads + gathered_grads, optimizer, activations,
@@ -242,14 +244,30 @@ def model_state_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Pa
     the data ranks (`zero_one_elements`), on the most loaded rank: exact for a rank's whole share, but
     not additive over layers, so callers that sum per-layer figures (the search) leave it off and get
     the even split, 1/N_d of the elements."""
-    return _model_states(plan, [p for layer in layers for p in layer.params] + list(extra), whole_tensors)
-
-
-def _model_states(plan: ir.Plan, params: list[Param], whole_tensors: bool = False) -> tuple[float, float, float]:
-    """(params, grads, optimizer) bytes for these params on one device."""
     tp, ep = plan.tp, plan.ep
-    dense = [local_numel(p, tp, ep) for p in params if not _is_expert(p)]
-    expert = [local_numel(p, tp, ep) for p in params if _is_expert(p)]
+    dense: list[int] = []
+    expert: list[int] = []
+    seen: dict = {}
+    for layer in layers:  # a family's blocks share one set of sizes (`figures_key`)
+        key = figures_key(layer)
+        sizes = seen.get(key)
+        if sizes is None:
+            sizes = seen[key] = _sizes(layer.params, tp, ep)
+        dense += sizes[0]
+        expert += sizes[1]
+    more = _sizes(extra, tp, ep)
+    return _model_states(plan, dense + more[0], expert + more[1], whole_tensors)
+
+
+def _sizes(params: Sequence[Param], tp: int, ep: int) -> tuple[list[int], list[int]]:
+    """(dense, expert) elements of each of these params on one device."""
+    return ([local_numel(p, tp, ep) for p in params if not _is_expert(p)],
+            [local_numel(p, tp, ep) for p in params if _is_expert(p)])
+
+
+def _model_states(plan: ir.Plan, dense: list[int], expert: list[int],
+                  whole_tensors: bool = False) -> tuple[float, float, float]:
+    """(params, grads, optimizer) bytes for params of these sizes (elements per device) on one device."""
     stage, dense_degree, expert_degree = zero_degrees(plan)
 
     def held(from_stage: int) -> float:  # elements kept per device: ZeRO stage s shards it if s >= from_stage
@@ -302,8 +320,12 @@ def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param
         return 0.0, 0.0
     tp, ep = plan.tp, plan.ep
     units, root = [], sum(local_numel(p, tp, ep) for p in extra)
+    seen: dict = {}
     for layer in layers:
-        count = sum(local_numel(p, tp, ep) for p in layer.params)
+        key = figures_key(layer)
+        count = seen.get(key)
+        if count is None:
+            count = seen[key] = sum(local_numel(p, tp, ep) for p in layer.params)
         if layer.kind in ("block", "custom"):
             units.append(count)
         else:
@@ -451,8 +473,18 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
     blocks = [layer for layer in layers if layer.kind in ("block", "custom")]
     if not blocks or isinstance(plan.model, ir.CustomModel):
         return 0.0
-    return max(_layer_activations(plan, b, ir.Recompute.none, attention_matrix)
-               - _layer_activations(plan, b, recompute, attention_matrix) for b in blocks)
+    seen: dict = {}
+    return max(_figures(b, seen, lambda b: _layer_activations(plan, b, ir.Recompute.none, attention_matrix)
+                        - _layer_activations(plan, b, recompute, attention_matrix)) for b in blocks)
+
+
+def _figures(layer: Layer, seen: dict, figure):
+    """`figure(layer)`, once per `figures_key` in `seen` (a model's blocks differ in their names only)."""
+    key = figures_key(layer)
+    found = seen.get(key)
+    if found is None:
+        found = seen[key] = figure(layer)
+    return found
 
 
 __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estimate_layer_activations",

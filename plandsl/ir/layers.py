@@ -86,6 +86,16 @@ class BlockParams(Sequence):
         return repr(self._built())
 
 
+def figures_key(layer: "Layer") -> object:
+    """Equal for layers whose parameter shapes and figures are equal, whatever their names: the
+    blocks of a family (one `BlockParams` template) share one, so a walk over 100,000 blocks computes
+    a block's figures once. Any other layer is its own."""
+    params = layer.params
+    if isinstance(params, BlockParams):
+        return (layer.kind, id(params.template), layer.param_count, layer.flops_per_token, layer.output_width)
+    return id(layer)
+
+
 @dataclass(frozen=True, slots=True)
 class Layer:
     """One top-level pipeline unit: the smallest thing a stage boundary can fall between."""
