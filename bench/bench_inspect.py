@@ -51,7 +51,7 @@ def main() -> None:
         runs = [child(source, seq) for _ in range(args.repeat)]
         wall, cpu = min(r[0] for r in runs), min(r[1] for r in runs)
         api.inspect_model(source, seq=seq)  # warm: torch and transformers imported
-        inside, table = best(lambda: api.inspect_model(source, seq=seq), args.repeat)
+        inside, table = best(lambda source=source, seq=seq: api.inspect_model(source, seq=seq), args.repeat)
         print(f"| {name} | {seq:,} | {wall:.2f} s | {cpu:.2f} s | {inside:.2f} s | {table.params:,} | "
               f"{table.traced_blocks} of {len(table.blocks)} |")
 

@@ -14,7 +14,6 @@ from plandsl import api
 from plandsl.cli import main
 from plandsl.ir import layers as ir_layers
 from plandsl.ir.inspected import InspectedModel, ModelSource, parse_source, read_cache
-from plandsl.lower.model import llama_ffn
 
 pytest.importorskip("transformers")
 

@@ -107,7 +107,7 @@ def _build_factory(source: ModelSource) -> tuple[nn.Module, tuple[str, ...]]:
     module_name, _, function_name = source.target.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as error:  # noqa: BLE001 - any failure of the user's import is E901
+    except Exception as error:  # any failure of the user's import is E901
         missing = isinstance(error, ModuleNotFoundError) and error.name and module_name.startswith(error.name)
         raise fail("E901", f"cannot import '{module_name}' for model '{source.target}': {_described(error)}",
                    None if missing else user_frame(error),
@@ -123,7 +123,7 @@ def _build_factory(source: ModelSource) -> tuple[nn.Module, tuple[str, ...]]:
     try:
         with torch.device("meta"):
             built = factory(**dict(source.args))
-    except Exception as error:  # noqa: BLE001 - the user's factory raising is E902
+    except Exception as error:  # the user's factory raising is E902
         raise fail("E902", f"factory '{source.target}' raised {_described(error)}",
                    user_frame(error) or definition(factory)) from error
     if not isinstance(built, nn.Module):
@@ -162,7 +162,7 @@ def _build_hf(source: ModelSource) -> nn.Module:
         if unknown is None:
             with torch.device("meta"):
                 return cls(config)
-    except Exception as error:  # noqa: BLE001 - a config transformers refuses is E902
+    except Exception as error:  # a config transformers refuses is E902
         raise fail("E902", f"{source.target} cannot be built from this config: {_described(error)}") from error
     known = _config_keys(config_class)
     raise fail("E902", f"{config_class.__name__} has no key '{unknown}'",

@@ -8,7 +8,6 @@ runs twice, at `seq` and `seq // 2`, to split the figures into parts linear and 
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -172,7 +171,7 @@ def trace(model: nn.Module, blocks: BlockList, traced: int, seq: int, source: Mo
                 model(tokens)
     except Failure:
         raise
-    except Exception as error:  # noqa: BLE001 - the model's forward failing on meta tensors is E903
+    except Exception as error:  # the model's forward failing on meta tensors is E903
         reason = (f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
                   if "DataDependent" not in type(error).__name__ else "it reads a tensor's value, which meta tensors lack")
         raise fail("E903", f"the forward of {type(model).__name__} fails on meta tensors (token ids [1, {seq}]): {reason}",
@@ -191,7 +190,7 @@ def trace(model: nn.Module, blocks: BlockList, traced: int, seq: int, source: Mo
 def figures(at_seq: tuple[float, float], at_half: tuple[float, float], seq: int, half: int) -> Figures:
     """Per-token figures at two sequence lengths -> their linear and per-position (quadratic) parts."""
     parts = []
-    for full, short in zip(at_seq, at_half):
+    for full, short in zip(at_seq, at_half, strict=True):
         per_full, per_half = full / seq, short / half
         slope = max(0.0, (per_full - per_half) / (seq - half)) if seq != half else 0.0
         parts += [max(0.0, per_full - slope * seq), slope]
