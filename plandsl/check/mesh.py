@@ -164,6 +164,24 @@ def node_of_device(cluster: ir.Cluster) -> list[int]:
     return nodes
 
 
+def _span_on_equal_nodes(per_node: int, first: int, devices: int, stride: int, size: int) -> int:
+    """`axis_group_span` where every node holds `per_node` devices. A group's members lie `stride`
+    apart: at least a node apart, each is on its own node; closer, the group touches every node from
+    its first member's to its last's, which depends on where the first sits in its node only, so the
+    groups of D = `per_node` consecutive periods cover every case (at most D x stride groups)."""
+    if size == 1:
+        return 1
+    if stride >= per_node:
+        return size
+    period = stride * size
+    worst = 1
+    for q in range(min(devices // period, per_node)):
+        for j in range(stride):
+            start = first + q * period + j
+            worst = max(worst, (start + (size - 1) * stride) // per_node - start // per_node + 1)
+    return worst
+
+
 def axis_group_span(plan: ir.Plan, axis: str) -> int:
     """The most nodes any group of `axis` (devices differing only in that coordinate) touches."""
     mesh = plan.mesh
@@ -173,6 +191,9 @@ def axis_group_span(plan: ir.Plan, axis: str) -> int:
     for inner in mesh.axes[position + 1:]:
         stride *= inner.size
     size = mesh.axes[position].size
+    per_node = {group.node.devices for group in plan.cluster.groups}
+    if len(per_node) == 1:  # nodes alike: a closed form, not a walk over every device
+        return _span_on_equal_nodes(per_node.pop(), mesh.first_device, mesh.size, stride, size)
     nodes = node_of_device(plan.cluster)
     worst = 1
     for base in range(mesh.size):

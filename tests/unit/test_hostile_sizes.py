@@ -438,3 +438,36 @@ def test_partition_of_a_hundred_thousand_blocks_is_closed_form():
     with bounded(LIMIT_S, "partition_blocks"):
         counts = partition_blocks(limits.MAX_LAYERS, [0.5] + [0.0] * 4094 + [0.9], [0.01] * 4096)
     assert sum(counts) == limits.MAX_LAYERS and max(counts) - min(counts) <= 90
+
+
+def _span_walked(per_node, first, sizes, position):
+    """axis_group_span's walk over every device (what the closed form replaces), nodes of `per_node`."""
+    stride = 1
+    for inner in sizes[position + 1:]:
+        stride *= inner
+    size, total = sizes[position], 1
+    for s in sizes:
+        total *= s
+    worst = 1
+    for base in range(total):
+        if (base // stride) % size:
+            continue
+        worst = max(worst, len({(first + base + k * stride) // per_node for k in range(size)}))
+    return worst
+
+
+def test_group_span_on_equal_nodes_is_the_walk_over_every_device():
+    import itertools
+    import math
+    from plandsl.check.mesh import _span_on_equal_nodes
+    compared = 0
+    for per_node in (1, 2, 3, 4, 8):
+        for sizes in itertools.product((1, 2, 3, 4, 6), repeat=3):
+            total = sizes[0] * sizes[1] * sizes[2]
+            for first in (0, 1, 3, 5):
+                for position in range(3):
+                    stride = math.prod(sizes[position + 1:])
+                    assert _span_on_equal_nodes(per_node, first, total, stride, sizes[position]) == \
+                        _span_walked(per_node, first, sizes, position), (per_node, first, sizes, position)
+                    compared += 1
+    assert compared == 5 * 125 * 4 * 3
