@@ -9,6 +9,7 @@ cost. The shell figures include Python's start-up and the imports (~0.4 s here).
 """
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -94,17 +95,21 @@ def search_parts() -> list[tuple[str, float, float, str]]:
     return rows
 
 
-def shell(args: list[str], limit: float = 120) -> tuple[float, int | str, str]:
-    start = time.perf_counter()
+def shell(args: list[str], limit: float = 120) -> tuple[float, float, int | str, str]:
+    """(wall s, CPU s of the child, exit status, the first line; for `generate`, whether the search stopped)."""
+    start, before = time.perf_counter(), os.times()
     try:
         result = subprocess.run([sys.executable, "-m", "plandsl.cli", *args], capture_output=True, text=True,
                                 timeout=limit, cwd=ROOT)
     except subprocess.TimeoutExpired:
-        return time.perf_counter() - start, "killed", f"still running after {limit:.0f} s"
-    elapsed = time.perf_counter() - start
+        return time.perf_counter() - start, math.nan, "killed", f"still running after {limit:.0f} s"
+    elapsed, after = time.perf_counter() - start, os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
     output = (result.stdout + result.stderr).strip().splitlines()
     first = next((line for line in output if line.strip()), "")
-    return elapsed, result.returncode, first[:90]
+    if "stopped at its time limit" in result.stdout:
+        first = "(stopped at the time limit) " + first
+    return elapsed, cpu, result.returncode, first[:110]
 
 
 SHELL = [
@@ -117,6 +122,9 @@ SHELL = [
     ["generate", "--model", "gpt(layers=1000, hidden=91264, heads=713, seq=2048, vocab=51200)", "--cluster",
      "dgx_a100 x 1", "--global-batch", "1536"],
     ["generate", "--model", "gpt3_175b", "--cluster", "dgx_a100 x 128", "--global-batch", "1536"],
+    ["generate", "--model", "gpt3_175b", "--cluster", "dgx_a100 x 128", "--global-batch", "1536", "--time-limit", "0"],
+    ["generate", "--model", "gpt(layers=1000, hidden=1024, heads=16, seq=2048, vocab=51200)", "--cluster",
+     "dgx_a100 x 256", "--global-batch", "1536"],
     ["generate", "--model", "gpt3_175b", "--cluster", "dgx_a100 x 131072", "--global-batch", "1536"],
     ["generate", "--model", "gpt(layers=100000, hidden=4096, heads=32, seq=2048, vocab=51200)", "--cluster",
      "dgx_a100 x 4096", "--global-batch", "1536"],
@@ -130,13 +138,13 @@ def main() -> None:
     for name, time_s, peer, codes in rows:
         print(f"| {name} | {time_s:.3f} | {peer:.3f} | {time_s / peer:.2f} | {codes} |")
     print()
-    print("| command (`plandsl ...`) | wall time (s) | exit | first line |")
-    print("|---|---|---|---|")
+    print("| command (`plandsl ...`) | wall time (s) | CPU time (s) | exit | first line |")
+    print("|---|---|---|---|---|")
     for args in SHELL:
-        elapsed, code, first = shell(args)
+        elapsed, cpu, code, first = shell(args)
         shown = " ".join(f'"{a}"' if " " in a else a for a in args)
-        print(f"| `{shown}` | {elapsed:.2f} | {code} | {first.replace('|', '/')} |")
-    print(f"\nmachine: {os.cpu_count()} cores, Python {sys.version.split()[0]}")
+        print(f"| `{shown}` | {elapsed:.2f} | {cpu:.2f} | {code} | {first.replace('|', '/')} |")
+    print(f"\nmachine: {os.cpu_count()} cores, Python {sys.version.split()[0]}, load {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
