@@ -10,6 +10,7 @@ printing and the limits on counts) at the top: each stage is imported inside the
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, ContextManager
 
@@ -38,7 +39,7 @@ __all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "
            "checks", "load", "loads", "load_plan", "load_runnable", "select_plan", "run_refusals", "format_text",
            "format_bytes", "format_file", "describe", "schema", "explain", "unknown_code", "schedule",
            "schedule_as", "parse_costs", "simulate_schedule", "simulate_named", "simulate", "simulation_report", "chrome_trace",
-           "estimate", "format_estimate", "inspect_model", "format_inspected", "write_inspected", "read_inspected",
+           "estimate", "format_estimate", "inspect_model", "inspect_plan", "format_inspected", "write_inspected", "read_inspected",
            "generate", "generate_request", "generate_errors", "generate_json", "generate_report", "render",
            "render_format", "color_by_problem", "render_errors", "shrink", "rank_options", "launch_options", "check_launch_options",
            "prepare_run", "launch_errors", "dry_run", "dry_run_errors", "format_dry_run",
@@ -243,6 +244,23 @@ def inspect_model(source: str, seq: int = 2048, dtype: str = "bfloat16",
     from plandsl.ir.inspected import parse_source  # stage
     from plandsl.runtime.inspect import inspect_model as derive  # stage: torch
     return derive(parse_source(source), seq, dtype, search_path)
+
+
+def inspect_plan(path: str | Path) -> list[tuple[InspectedModel, str]]:
+    """Every `hf(...)`/`factory(...)` model a plan file writes, inspected at its seq and written where the plan
+    reads it (`.plandsl/` beside it, created): (table, cache path) each. The file's folder and the current
+    one are searched first for a factory's module. PlanError (syntax, E901-E904); ValueError for a call whose
+    arguments are not literals."""
+    from plandsl.lower.inspected import written_sources  # stage
+    from plandsl.ir.inspected import write_cache  # stage
+    from plandsl.runtime.inspect import inspect_model as derive  # stage: torch
+    written = []
+    for source, seq, cache in written_sources(parse_file(path)):
+        table = derive(source, seq, "bfloat16", (os.path.dirname(str(path)) or ".", "."))
+        os.makedirs(os.path.dirname(cache) or ".", exist_ok=True)
+        write_cache(table, cache)
+        written.append((table, cache))
+    return written
 
 
 def format_inspected(model: InspectedModel) -> str:

@@ -529,7 +529,21 @@ def estimate(file, plan_name, as_json, params):
 def inspect_command(source, seq, dtype, output, as_json):
     """Build SOURCE on the meta device and print its layer table: pkg.module:function(key=value, ...)
     or hf("LlamaForCausalLM", hidden_size=..., ...) (config only, no download); the current folder is
-    searched first for the module (docs/models.md)."""
+    searched first for the module (docs/models.md). Given FILE.plan, every hf()/factory() model it
+    writes, at its own seq, each table written where the plan reads it (.plandsl/ beside it)."""
+    if source.endswith(".plan"):
+        try:
+            written = api.inspect_plan(source)
+        except api.PlanError as error:
+            _fail(error)
+        except ValueError as error:
+            click.echo(f"error: {error}", err=True)
+            sys.exit(1)
+        for model, path in written:
+            click.echo(api.format_inspected(model) + f"\nwrote {path}")
+        if not written:
+            click.echo(f"{source}: no hf(...) or factory(...) model")
+        return
     try:
         model = api.inspect_model(source, seq=seq, dtype=dtype)
     except api.PlanError as error:

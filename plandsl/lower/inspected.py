@@ -43,7 +43,7 @@ def inspected_model(scope: Scope, call: s.Call, name: str | None) -> ir.CustomMo
         command = (f"mkdir -p {shlex.quote(folder)} && " if state.model is None else "") + \
             f"plandsl inspect {shlex.quote(source.text)} --seq {seq} -o {shlex.quote(path)}"
         raise scope.reporter.error("E215", f"the layer table of {source.text} is {state.problem}", call.span,
-                                   hint=f"run: {command}")
+                                   hint=f"run: plandsl inspect {shlex.quote(call.span.file)} (or: {command})")
     return build(scope, ir.CustomModel, call.span, kind="custom", name=name or source.target.rpartition(":")[2],
                  layers=_layers(scope, call, state.model), seq=seq)
 
@@ -86,3 +86,48 @@ def _layers(scope: Scope, call: s.Call, table: InspectedModel) -> tuple[ir.Custo
     layers.append(build(scope, ir.CustomLayer, call.span, name="head", params=table.after_params,
                         flops=table.after.flops_at(seq), activations=table.after.activation_bytes_at(seq), output=0))
     return tuple(layers)
+
+
+def written_sources(module: s.Module) -> list[tuple[ModelSource, int, str]]:
+    """Every `hf(...)`/`factory(...)` call of a parsed file whose arguments are literals, with its seq and the
+    cache path a plan in that file reads (what `plandsl inspect FILE.plan` writes); ValueError naming a call
+    whose arguments are not literals (a `param` or `let`: give the model source to `plandsl inspect` instead)."""
+    found: dict[str, tuple[ModelSource, int, str]] = {}
+    for call in _calls(module):
+        literal = [_literal(arg) for arg in call.args] + [_literal(kwarg.value) for kwarg in call.kwargs]
+        if any(value is _NOT_LITERAL for value in literal) or not call.args or not isinstance(literal[0], str):
+            raise ValueError(f"{call.span}: {call.func.id}(...) has arguments that are not literals; "
+                             "run plandsl inspect with its model source instead")
+        source = ModelSource("hf" if call.func.id == "hf" else "factory", literal[0],
+                             tuple((kwarg.name, value) for kwarg, value in zip(call.kwargs, literal[1:], strict=True)))
+        seq = next((value for key, value in source.args if key in _SEQ_KEYS and isinstance(value, int) and value > 0),
+                   DEFAULT_SEQ)
+        found.setdefault(source.text, (source, seq, cache_path(module.file, source, seq)))
+    return list(found.values())
+
+
+_NOT_LITERAL = object()
+
+
+def _literal(expr: s.Expr):
+    if isinstance(expr, (s.Int, s.Float, s.Str, s.Bool)):
+        return expr.value
+    if isinstance(expr, s.Unary) and expr.op == "-" and isinstance(expr.operand, (s.Int, s.Float)):
+        return -expr.operand.value
+    return _NOT_LITERAL
+
+
+def _calls(node) -> list[s.Call]:
+    """The `hf(...)`/`factory(...)` calls under a syntax node, in source order (a stack walk: no recursion)."""
+    found, stack = [], [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, s.Call) and isinstance(item.func, s.Name) and item.func.id in SOURCES:
+            found.append(item)
+            continue
+        if isinstance(item, (tuple, list)):
+            stack.extend(reversed(item))
+        elif hasattr(item, "__dataclass_fields__"):
+            stack.extend(reversed([getattr(item, name) for name in item.__dataclass_fields__
+                                   if name not in ("span", "comments")]))
+    return found

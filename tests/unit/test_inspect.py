@@ -216,7 +216,8 @@ def test_a_plan_over_a_torch_model_reads_its_cache_and_says_how_to_make_it(tmp_p
     assert [d.code for d in missing.diagnostics] == ["E215"]
     hint = missing.diagnostics[0].hint
     assert "is missing" in missing.diagnostics[0].message and "plandsl inspect 'hf(\"LlamaForCausalLM\"" in hint
-    source, seq, output = hint.split("plandsl inspect ")[1].split("'")[1], 64, hint.rsplit("-o ", 1)[1]
+    assert hint.startswith(f"run: plandsl inspect {plan} (or: ")
+    source, seq, output = hint.split("plandsl inspect ")[2].split("'")[1], 64, hint.rsplit("-o ", 1)[1].rstrip(")")
     assert f"--seq {seq}" in hint and output.startswith(str(tmp_path / ".plandsl"))
     (tmp_path / ".plandsl").mkdir()
     api.write_inspected(api.inspect_model(source, seq=seq), output)
@@ -249,7 +250,7 @@ def test_a_factory_in_a_plan(tmp_path):
     assert "plandsl inspect 'inspect_models.tiny:build(depth=4)' --seq 2048" in hint
     (tmp_path / ".plandsl").mkdir()
     table = api.inspect_model("inspect_models.tiny:build(depth=4)", seq=2048, search_path=(HERE,))
-    api.write_inspected(table, hint.rsplit("-o ", 1)[1])
+    api.write_inspected(table, hint.rsplit("-o ", 1)[1].rstrip(")"))
     analysis = api.check(plan)
     assert analysis.ok, [d.message for d in analysis.diagnostics]
     assert [layer.name for layer in analysis.document.plans[0].model.layers][1:-1] == [f"layers.{i}" for i in range(4)]
@@ -261,3 +262,19 @@ def test_a_torch_model_call_is_checked_before_its_cache_is_read(tmp_path, call, 
     plan = tmp_path / "bad.plan"
     plan.write_text(PLAN.replace("MODEL", call), encoding="utf-8")
     assert code in [d.code for d in api.check(plan).diagnostics]
+
+
+def test_inspect_of_a_plan_file_writes_every_table_where_the_plan_reads_it(tmp_path, monkeypatch):
+    plan = tmp_path / "both.plan"
+    plan.write_text(PLAN.replace("MODEL", "tiny_b").replace("plan p {", 'model tiny_a = factory("inspect_models.tiny:build", '
+                    'depth=2)\nmodel tiny_b = factory("inspect_models.tiny:build", depth=3)\nplan p {'), encoding="utf-8")
+    assert [d.code for d in api.check(plan).diagnostics] == ["E215", "E215"]
+    monkeypatch.chdir(HERE)  # the factory's package is found from the current folder
+    result = CliRunner().invoke(main, ["inspect", str(plan)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("wrote ") == 2 and len(list((tmp_path / ".plandsl").iterdir())) == 2
+    assert api.check(plan).ok
+    plan.write_text(PLAN.replace("MODEL", 'factory("inspect_models.tiny:build", depth=n)').replace(
+        "plan p {", "param n = 2\nplan p {"), encoding="utf-8")
+    refused = CliRunner().invoke(main, ["inspect", str(plan)])
+    assert refused.exit_code == 1 and "not literals" in refused.output
