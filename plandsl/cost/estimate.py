@@ -26,7 +26,7 @@ from plandsl.cost.layer import LayerTime, Links, estimate_layer_time, plan_links
 from plandsl.cost.memory import (MemoryEstimate, estimate_layer_activations, estimate_plan_memory, gathers_kv, held_stages,
                                  inflight_microbatches, zero_degrees)
 from plandsl.cost.stage import StageTime, fsdp_units, param_split, rank_tail, slowest, stage_time
-from plandsl.schedules.registry import pipelines_of
+from plandsl.schedules.registry import DEFAULT_SCHEDULE, pipelines_of
 from plandsl.schedules.simulate import BUBBLE_DEFINITION, Costs, bubble_seconds
 from plandsl.ir.placement import assign_stages, mesh_device_runs, pipeline_rank_device_types
 from plandsl.cost.schedule import simulate_plan_schedule
@@ -219,7 +219,7 @@ def _with_simulated_peaks(plan: ir.Plan, assignment, memory: list[MemoryEstimate
     (plus the recomputation working set the formula adds)."""
     ranks = held_stages(plan, assignment.rank_stages())
     if plan.stages is not None:
-        schedule = plan.schedule.name if plan.schedule else "gpipe"
+        schedule = plan.schedule.name if plan.schedule else DEFAULT_SCHEDULE  # as lowering fills it in
         inflight = inflight_microbatches(schedule, len(ranks), plan.num_microbatches, assignment.virtual)
     else:
         inflight = [1]

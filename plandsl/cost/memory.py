@@ -21,7 +21,7 @@ from typing import Sequence
 from plandsl import ir
 from plandsl.ir.layers import EXPERTS, FFN, HEADS_X_HEAD_DIM, KV, VOCAB, Layer, Param, figures_key, kv_width
 from plandsl.ir.placement import Assignment, assign_stages
-from plandsl.schedules.registry import BUILTIN
+from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE
 from plandsl.schedules.generators import check_sizes, pipeline_maps
 
 # Dim roles a tensor-parallel axis splits (Megatron, Shoeybi et al. 2019): column-parallel outputs
@@ -500,7 +500,7 @@ def estimate_plan_memory(plan: ir.Plan, assignment: Assignment | None = None) ->
         if assignment is None:
             return None
     ranks = assignment.rank_stages()
-    schedule = plan.schedule.name if plan.schedule and plan.stages else "gpipe"
+    schedule = plan.schedule.name if plan.schedule and plan.stages else DEFAULT_SCHEDULE  # as lowering fills it in
     inflight = inflight_microbatches(schedule, len(ranks), plan.num_microbatches, assignment.virtual) \
         if plan.stages else [1]
     return estimate_memory(plan, assignment.stage_layers, ranks, inflight)
