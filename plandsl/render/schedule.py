@@ -184,6 +184,19 @@ class Layout:
         return min(self.lines - 1, max(0, int(seconds / self.slice))) if self.slice > 0 else 0
 
 
+class _Lines:
+    """A layout's per-line figures computed once (a picture asks for them ~10^5 times): the same numbers
+    as `Layout.axis`, `Layout.row_y` and `Layout.line_of`."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.axes = [layout.axis(line) for line in range(layout.lines)]
+        self.row_y = [[layout.row_y(line, rank) for rank in range(layout.ranks)] for line in range(layout.lines)]
+        self._slice, self._last = layout.slice, layout.lines - 1
+
+    def line_of(self, seconds: float) -> int:
+        return min(self._last, max(0, int(seconds / self._slice))) if self._slice > 0 else 0
+
+
 def layout_for(ranks: int, per_rank: int, makespan: float) -> Layout:
     """About 14 pt per action, wrapped at LINE_WIDTH; at most ~128 rows of ranks in all."""
     total = min(max(720.0, per_rank * 14.0), 9600.0)
@@ -222,17 +235,18 @@ def draw_schedule(schedule: Schedule, simulation: Simulation, p2p: float = 0.0, 
                 text_node(graph, f"idle{rank}", LEFT + layout.width + 6, y, f"idle {share:.0%}", size=8, align="l")
     ends: dict[int, tuple[int, float, float]] = {}    # event index -> (line, x, y) of its start / end
     starts: dict[int, tuple[int, float, float]] = {}
+    lines = _Lines(layout)
     for rank, row in enumerate(rows):
         for number, block in enumerate(row):
-            _block(graph, f"b{rank}_{number}", block, simulation.events, layout)
-            first_line, last_line = layout.line_of(block.start), layout.line_of(block.end)
-            starts[block.first] = (first_line, layout.axis(first_line).x(block.start), layout.row_y(first_line, rank))
-            ends[block.last] = (last_line, layout.axis(last_line).x(block.end), layout.row_y(last_line, rank))
+            _block(graph, f"b{rank}_{number}", block, simulation.events, lines)
+            first_line, last_line = lines.line_of(block.start), lines.line_of(block.end)
+            starts[block.first] = (first_line, lines.axes[first_line].x(block.start), lines.row_y[first_line][rank])
+            ends[block.last] = (last_line, lines.axes[last_line].x(block.end), lines.row_y[last_line][rank])
     _path_edges(graph, simulation, path, starts, ends)
     return graph.source()
 
 
-def _block(graph: Graph, node_id: str, block: Block, events: tuple[Event, ...], layout: Layout) -> None:
+def _block(graph: Graph, node_id: str, block: Block, events: tuple[Event, ...], layout: _Lines) -> None:
     """The block, cut where the timeline wraps; each piece labelled if its number fits."""
     fills = FILLS[block.kind]
     fill = fills[block.chunk % len(fills)]
@@ -243,13 +257,13 @@ def _block(graph: Graph, node_id: str, block: Block, events: tuple[Event, ...], 
         label, tip = f"{first.microbatch}-{last.microbatch}", f"{first}..{last}"
     first_line, last_line = layout.line_of(block.start), layout.line_of(block.end)
     for line in range(first_line, last_line + 1):
-        axis = layout.axis(line)
+        axis = layout.axes[line]
         x0 = axis.x(max(block.start, axis.start))
         x1 = axis.x(min(block.end, axis.start + axis.span))
         if x1 - x0 < 0.05 and line != first_line:
             continue
         shown = label if x1 - x0 >= _label_width(label) else None
-        attrs: dict[str, object] = {"pos": pos((x0 + x1) / 2, layout.row_y(line, block.rank)),
+        attrs: dict[str, object] = {"pos": pos((x0 + x1) / 2, layout.row_y[line][block.rank]),
                                     "width": inches(max(x1 - x0, 0.5)), "fillcolor": fill, "label": shown,
                                     "tooltip": tip}
         if fill in DARK and shown:
