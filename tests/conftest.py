@@ -2,11 +2,33 @@
 profile."""
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+
+
+def _import_unrewritten(*names: str) -> None:
+    """Import `names` with pytest's assertion rewriter off the import path.
+
+    pytest rewrites the asserts of every module of an installed plugin's distribution when it is first
+    imported; hypothesis is one (a pytest11 entry point), so its ~75 modules were parsed and rewritten in each
+    of pytest's processes (the xdist controller and both workers), ~0.9 CPU-s each, every run (nothing is
+    cached where bytecode is not written). Only the tests' own asserts need rewriting."""
+    rewriters = [finder for finder in sys.meta_path if type(finder).__name__ == "AssertionRewritingHook"]
+    for finder in rewriters:
+        sys.meta_path.remove(finder)
+    try:
+        for name in names:
+            importlib.import_module(name)
+    finally:
+        sys.meta_path[:0] = rewriters
+
+
+_import_unrewritten("hypothesis", "hypothesis.strategies")
+from hypothesis import settings  # noqa: E402 - after the import above
 
 # One intra-op thread for torch in the test processes (and the CLI processes and ranks they start), set
 # before anything imports torch: pytest-xdist already runs one worker per core, and torch's second
