@@ -9,12 +9,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "plandsl"
 
-importlinter = pytest.importorskip("importlinter.cli", reason="import-linter is in the `test` extra")
-
 
 def test_the_layers_contract_holds():
     """Every contract of `[tool.importlinter]`: stages import downward only, torch only under runtime/,
     no cycles between the modules of one stage. A failure prints the offending import chains."""
+    # imported here, not at collection, where every xdist worker paid for it (~0.4 CPU-s with its imports)
+    importlinter = pytest.importorskip("importlinter.cli", reason="import-linter is in the `test` extra")
     assert importlinter.lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True,
                                      no_logo=True) == 0
 
