@@ -111,7 +111,9 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
     m = plan.num_microbatches
     p2p = pipeline_p2p(plan, links, work)
     memory = estimate_plan_memory(plan, assignment) or []
-    activations = tuple(sum(estimate_layer_activations(plan, layer) for layer in layers)
+    kept: dict = {}  # per `figures_key`: a family's blocks keep the same bytes
+    activations = tuple(sum(_once(kept, layer, lambda layer: estimate_layer_activations(plan, layer))
+                            for layer in layers)
                         for layers in assignment.stage_layers)
     if plan.stages is not None and plan.schedule is not None:
         costs = Costs(stage_costs=tuple((s.forward, s.backward, s.input_grad, s.weight_grad) for s in stage_times),
@@ -154,6 +156,15 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
                         executed / step / devices / 1e12 if step else 0.0,
                         model_flops / (step * devices * peak) if step else 0.0,
                         executed, model_flops, tuple(stage_times))
+
+
+def _once(seen: dict, layer, figure):
+    """`figure(layer)`, computed once per `figures_key` in `seen`."""
+    key = figures_key(layer)
+    found = seen.get(key)
+    if found is None:
+        found = seen[key] = figure(layer)
+    return found
 
 
 def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | None = None,

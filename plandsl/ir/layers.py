@@ -50,10 +50,11 @@ class BlockParams(Sequence):
     A 100,000-block model would otherwise build 1.3M `Param`s (5 s) that the search, which reads
     one block per kind, never looks at; a sequence of `Param`s like the tuple it stands for."""
 
-    __slots__ = ("prefix", "template", "_params")
+    __slots__ = ("prefix", "template", "_params", "key")
 
     def __init__(self, prefix: str, template: tuple[tuple[str, str, tuple[int, ...], tuple[str, ...]], ...]):
         self.prefix, self.template, self._params = prefix, template, None
+        self.key = ("block", id(template))  # `figures_key`: the blocks sharing a template have equal figures
 
     def _built(self) -> tuple[Param, ...]:
         if self._params is None:
@@ -88,12 +89,11 @@ class BlockParams(Sequence):
 
 def figures_key(layer: "Layer") -> object:
     """Equal for layers whose parameter shapes and figures are equal, whatever their names: the
-    blocks of a family (one `BlockParams` template) share one, so a walk over 100,000 blocks computes
-    a block's figures once. Any other layer is its own."""
+    blocks of one catalogue share its `BlockParams` template (`_transformer_layers` builds them with
+    the same kind, shapes, FLOPs and width), so a walk over 100,000 blocks computes a block's
+    figures once. Any other layer is its own. For keys within one walk, while the layers live."""
     params = layer.params
-    if isinstance(params, BlockParams):
-        return (layer.kind, id(params.template), layer.param_count, layer.flops_per_token, layer.output_width)
-    return id(layer)
+    return params.key if type(params) is BlockParams else id(layer)
 
 
 @dataclass(frozen=True, slots=True)
