@@ -433,6 +433,12 @@ def writable_file(path: str) -> str | None:
     return problem(path)
 
 
+def replace_file(path: str, text: str) -> str | None:
+    """Write `text` over the file `path` atomically (`fmt`): why it could not, or None."""
+    from plandsl.syntax.files import replace_file as replace  # stage
+    return replace(path, text)
+
+
 def writable_dir(path: str) -> str | None:
     from plandsl.syntax.files import writable_dir as problem  # stage
     return problem(path)

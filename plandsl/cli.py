@@ -7,12 +7,10 @@ loads each stage inside the function that calls it: `--help` loads neither pydan
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import math
 import os
 import shlex
-import stat
 import sys
 
 import click
@@ -80,44 +78,6 @@ def _write_problem(path: str, data: bytes | str) -> str | None:
             handle.write(data.encode("utf-8") if isinstance(data, str) else data)
     except OSError as error:
         return error.strerror or str(error)
-    return None
-
-
-def _replace_problem(path: str, text: str) -> str | None:
-    """Write `text` over the existing file `path` atomically (`fmt`): into a temporary file beside it, flushed
-    and fsynced, given the file's permission bits (and owner, where allowed), then `os.replace`d over it, so
-    that a reader sees the old file or the new one, never a part. A symlink's target is replaced and the link
-    kept. On any failure the file is left as it was and the temporary file removed: why, or None."""
-    import tempfile  # lazy: only fmt writes through a temporary file (random, shutil: not for --help)
-    target = os.path.realpath(path)
-    temporary = None
-    try:
-        status = os.stat(target)
-        if not os.access(target, os.W_OK):  # a read-only file stays read-only, as an in-place write would
-            return os.strerror(errno.EACCES)
-        descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".fmt",
-                                                 dir=os.path.dirname(target))
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(text.encode("utf-8"))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, stat.S_IMODE(status.st_mode))
-        with contextlib.suppress(OSError):  # only root may give a file away; the bits above still hold
-            os.chown(temporary, status.st_uid, status.st_gid)
-        os.replace(temporary, target)
-        temporary = None
-    except OSError as error:
-        return error.strerror or str(error)
-    finally:
-        if temporary is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-    with contextlib.suppress(OSError):  # the rename itself on disk (POSIX: fsync the folder)
-        folder = os.open(os.path.dirname(target), os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
     return None
 
 
@@ -269,7 +229,7 @@ def _format_one(file: str, check_only: bool) -> str:
     if check_only:
         click.echo(f"{file}: would reformat")
         return "would change"
-    problem = _replace_problem(file, formatted)
+    problem = api.replace_file(file, formatted)
     if problem:
         click.echo(f"{file}: error: cannot write: {problem}", err=True)
         return "failed"

@@ -11,6 +11,7 @@ same for standard input. `check_regular` is the regular-file test alone, for fil
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -212,3 +213,41 @@ def _reason(error: OSError) -> str:
     if error.errno == errno.ENAMETOOLONG:
         return "the path is too long for the file system"
     return error.strerror or str(error)
+
+
+def replace_file(path: str, text: str) -> str | None:
+    """Write `text` over the existing file `path` atomically (`fmt`): into a temporary file beside it, flushed
+    and fsynced, given the file's permission bits (and owner, where allowed), then `os.replace`d over it, so
+    that a reader sees the old file or the new one, never a part. A symlink's target is replaced and the link
+    kept. On any failure the file is left as it was and the temporary file removed: why, or None."""
+    import tempfile  # lazy: only fmt writes through a temporary file (it imports random and shutil)
+    target = os.path.realpath(path)
+    temporary = None
+    try:
+        status = os.stat(target)
+        if not os.access(target, os.W_OK):  # a read-only file stays read-only, as an in-place write would
+            return os.strerror(errno.EACCES)
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".fmt",
+                                                 dir=os.path.dirname(target))
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(text.encode("utf-8"))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, stat.S_IMODE(status.st_mode))
+        with contextlib.suppress(OSError):  # only root may give a file away; the bits above still hold
+            os.chown(temporary, status.st_uid, status.st_gid)
+        os.replace(temporary, target)
+        temporary = None
+    except OSError as error:
+        return error.strerror or str(error)
+    finally:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+    with contextlib.suppress(OSError):  # the rename itself on disk (POSIX: fsync the folder)
+        folder = os.open(os.path.dirname(target), os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    return None
