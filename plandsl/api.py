@@ -433,6 +433,12 @@ def writable_file(path: str) -> str | None:
     return problem(path)
 
 
+def include_flags(folders) -> str:
+    """`--include DIR` for each folder, quoted for a POSIX shell."""
+    from plandsl.syntax.loader import include_flags as flags  # stage
+    return flags(folders)
+
+
 def replace_file(path: str, text: str) -> str | None:
     """Write `text` over the file `path` atomically (`fmt`): why it could not, or None."""
     from plandsl.syntax.files import replace_file as replace  # stage

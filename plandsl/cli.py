@@ -420,8 +420,9 @@ def shrink(file, plan_name, ranks, precision, output, output_format, params):
     click.echo(f"wrote {output}: plan '{shrunk.plan.name}' on {shrunk.ranks} process(es)", err=True)
     for line in shrunk.changes:
         click.echo(f"  {line}", err=True)
-    folders = "".join(f" --include {shlex.quote(folder)}" for folder in shrunk.include)
-    click.echo(f"run it: plandsl run {shlex.quote(output)}{folders} --check-equivalence", err=True)
+    folders = api.include_flags(shrunk.include)
+    click.echo(f"run it: plandsl run {shlex.quote(output)}{' ' + folders if folders else ''} --check-equivalence",
+               err=True)
 
 
 @main.command("render")

@@ -31,7 +31,7 @@ from plandsl.schedules.simulate import BUBBLE_DEFINITION, Costs, bubble_seconds
 from plandsl.ir.placement import assign_stages, mesh_device_runs, pipeline_rank_device_types
 from plandsl.cost.schedule import simulate_plan_schedule
 from plandsl.diagnostics import PlanError, diag
-from plandsl.ir.layers import figures_key, layers_of
+from plandsl.ir.layers import layers_of, once_per_figures
 from plandsl.lower.units import format_bytes
 
 
@@ -112,7 +112,7 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
     p2p = pipeline_p2p(plan, links, work)
     memory = estimate_plan_memory(plan, assignment) or []
     kept: dict = {}  # per `figures_key`: a family's blocks keep the same bytes
-    activations = tuple(sum(_once(kept, layer, lambda layer: estimate_layer_activations(plan, layer))
+    activations = tuple(sum(once_per_figures(kept, layer, lambda layer: estimate_layer_activations(plan, layer))
                             for layer in layers)
                         for layers in assignment.stage_layers)
     if plan.stages is not None and plan.schedule is not None:
@@ -158,15 +158,6 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
                         executed, model_flops, tuple(stage_times))
 
 
-def _once(seen: dict, layer, figure):
-    """`figure(layer)`, computed once per `figures_key` in `seen`."""
-    key = figures_key(layer)
-    found = seen.get(key)
-    if found is None:
-        found = seen[key] = figure(layer)
-    return found
-
-
 def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | None = None,
                          links: Links | None = None, rank_devices=None) -> list[StageTime]:
     """Per stage of `assignment`, the seconds of one microbatch's F, I and W on its rank's slowest device."""
@@ -187,12 +178,8 @@ def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | Non
             if key not in cache:
                 cache[key] = estimate_layer_time(plan.model, layer, work, device, links, efficiency)
             times.append(cache[key])
-        params = []
-        for layer in layers:  # a family's blocks share one split (`figures_key`)
-            key = figures_key(layer)
-            if key not in splits:
-                splits[key] = param_split(layer, plan.tp, plan.ep)
-            params.append(splits[key])
+        params = [once_per_figures(splits, layer, lambda layer: param_split(layer, plan.tp, plan.ep))
+                  for layer in layers]  # a family's blocks share one split (`figures_key`)
         result.append(stage_time(times, params, zero_stage, precision.bytes, links, fsdp_units(layers)))
     return result
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 from plandsl import ir
-from plandsl.ir.layers import EXPERTS, FFN, HEADS_X_HEAD_DIM, KV, VOCAB, Layer, Param, figures_key, kv_width
+from plandsl.ir.layers import EXPERTS, FFN, HEADS_X_HEAD_DIM, KV, VOCAB, Layer, Param, kv_width, once_per_figures
 from plandsl.ir.placement import Assignment, assign_stages
 from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE
 from plandsl.schedules.generators import check_sizes, pipeline_maps
@@ -102,9 +102,8 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         extra = [tied] if tied and "head" in kinds and "embed" not in kinds else []
         params, grads, optimizer = model_state_bytes(plan, layers, extra, whole_tensors=whole_tensors)
         gathered_params, gathered_grads = gathered_bytes(plan, layers, extra)
-        stored = sum(_figures(layer, kept, lambda layer: _layer_activations(plan, layer, plan.train.recompute,
-                                                                           attention_matrix))
-                     for layer in layers)
+        stored = sum(once_per_figures(kept, layer, lambda layer: _layer_activations(
+                         plan, layer, plan.train.recompute, attention_matrix)) for layer in layers)
         activations = inflight[len(estimates)] * stored + _recompute_working_set(plan, layers, attention_matrix)
         estimates.append(MemoryEstimate(params + gathered_params, grads + gathered_grads, optimizer, activations,
                                         gathered_params=gathered_params, gathered_grads=gathered_grads))
@@ -249,10 +248,7 @@ def model_state_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Pa
     expert: list[int] = []
     seen: dict = {}
     for layer in layers:  # a family's blocks share one set of sizes (`figures_key`)
-        key = figures_key(layer)
-        sizes = seen.get(key)
-        if sizes is None:
-            sizes = seen[key] = _sizes(layer.params, tp, ep)
+        sizes = once_per_figures(seen, layer, lambda layer: _sizes(layer.params, tp, ep))
         dense += sizes[0]
         expert += sizes[1]
     more = _sizes(extra, tp, ep)
@@ -322,10 +318,7 @@ def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param
     units, root = [], sum(local_numel(p, tp, ep) for p in extra)
     seen: dict = {}
     for layer in layers:
-        key = figures_key(layer)
-        count = seen.get(key)
-        if count is None:
-            count = seen[key] = sum(local_numel(p, tp, ep) for p in layer.params)
+        count = once_per_figures(seen, layer, lambda layer: sum(local_numel(p, tp, ep) for p in layer.params))
         if layer.kind in ("block", "custom"):
             units.append(count)
         else:
@@ -474,17 +467,8 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
     if not blocks or isinstance(plan.model, ir.CustomModel):
         return 0.0
     seen: dict = {}
-    return max(_figures(b, seen, lambda b: _layer_activations(plan, b, ir.Recompute.none, attention_matrix)
-                        - _layer_activations(plan, b, recompute, attention_matrix)) for b in blocks)
-
-
-def _figures(layer: Layer, seen: dict, figure):
-    """`figure(layer)`, once per `figures_key` in `seen` (a model's blocks differ in their names only)."""
-    key = figures_key(layer)
-    found = seen.get(key)
-    if found is None:
-        found = seen[key] = figure(layer)
-    return found
+    return max(once_per_figures(seen, b, lambda b: _layer_activations(plan, b, ir.Recompute.none, attention_matrix)
+                                - _layer_activations(plan, b, recompute, attention_matrix)) for b in blocks)
 
 
 __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estimate_layer_activations",

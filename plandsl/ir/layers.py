@@ -96,6 +96,15 @@ def figures_key(layer: "Layer") -> object:
     return params.key if type(params) is BlockParams else id(layer)
 
 
+def once_per_figures(seen: dict, layer: "Layer", figure):
+    """`figure(layer)`, computed once per `figures_key` in `seen` (one dict per walk)."""
+    key = figures_key(layer)
+    found = seen.get(key)
+    if found is None:
+        found = seen[key] = figure(layer)
+    return found
+
+
 @dataclass(frozen=True, slots=True)
 class Layer:
     """One top-level pipeline unit: the smallest thing a stage boundary can fall between."""
@@ -179,11 +188,10 @@ def _transformer_layers(model: ir.TransformerModel) -> tuple[Layer, ...]:
     layers = [_layer("embed", "embed", embed, 0, hidden)]
 
     # Blocks differ only in their names: one block's params, renamed per index when read (`BlockParams`).
-    flops = transformer_block_flops(model)
+    flops = float(transformer_block_flops(model))
     first = _block_params(model, 0)
     count, cut = sum(p.numel for p in first), len("layers.0.")
     shapes = tuple((p.name[cut:], p.module[cut:], p.shape, p.dims) for p in first)
-    flops = float(flops)
     for index in range(model.layers):
         layers.append(Layer(f"layers.{index}", "block", BlockParams(f"layers.{index}.", shapes), count, flops, hidden))
 

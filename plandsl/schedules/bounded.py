@@ -161,7 +161,7 @@ def _period(name: str, ranks: int, microbatches: int) -> int:
 LAYOUT_CACHE_ACTIONS = 250_000
 """Actions of the layouts kept for reuse: a layout depends on its sizes only, not on the costs, and the
 search simulates the same few sizes thousands of times with other costs (~25 MB at most)."""
-_layouts: OrderedDict[tuple, Schedule] = OrderedDict()
+_layouts: OrderedDict[tuple, tuple[Schedule, int]] = OrderedDict()  # sizes -> (layout, its actions)
 _held = [0]  # actions in `_layouts`
 
 
@@ -170,15 +170,14 @@ def _layout(name: str, ranks: int, microbatches: int, virtual: int, period: int)
     found = _layouts.get(key)
     if found is not None:
         _layouts.move_to_end(key)
-        return found
+        return found[0]
     schedule = _lay_out(name, ranks, microbatches, virtual, period)
     size = sum(len(actions) for actions in schedule.actions)
     if size <= LAYOUT_CACHE_ACTIONS // 4:
-        _layouts[key] = schedule
+        _layouts[key] = (schedule, size)
         _held[0] += size
         while _held[0] > LAYOUT_CACHE_ACTIONS:
-            _, dropped = _layouts.popitem(last=False)
-            _held[0] -= sum(len(actions) for actions in dropped.actions)
+            _held[0] -= _layouts.popitem(last=False)[1][1]
     return schedule
 
 

@@ -9,9 +9,9 @@ identical, so a stage is (embedding?) + n blocks + (norm and head?).
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass, field
 
 import numpy as np
-from dataclasses import dataclass, field
 
 from plandsl import ir
 from plandsl.cost.compute import Efficiency, Work
@@ -365,18 +365,16 @@ class Space:
         capacity = self._capacity(root)
         per = block_s + inflight * block_a
 
-        def fit(room, per, gathered):  # blocks that fit in `room` less the gathered units, at least 0
-            return (room - gathered) // per
-
         free = per <= 0  # a block that costs a rank nothing (no states, no activations): any number fits
-        if free.any():
+        any_free = bool(free.any())
+        if any_free:
             per = np.where(free, 1.0, per)
         room = capacity - working
         one, two = self.gathered(memory, False, False, 1), self.gathered(memory, False, False, 2)
-        caps = fit(room, per, two)
+        caps = (room - two) // per  # blocks that fit in the room less the gathered units
         if one != two:  # a rank with 1 block gathers less than one with >= 2 blocks
-            caps = np.where(caps >= 2, caps, fit(room, per, one))
-        if free.any():
+            caps = np.where(caps >= 2, caps, (room - one) // per)
+        if any_free:
             caps = np.where(free, float(self.blocks), caps)
         for r in fixed:  # the first and last ranks, one at a time (`cost.memory` order of terms)
             room = float(capacity[r]) - fixed[r] - working
@@ -392,10 +390,12 @@ class Space:
         return np.clip(caps, 0, 2**62).astype(np.int64)
 
     def _capacity(self, root: Root) -> np.ndarray:
-        found = self._capacity_cache.get(root.capacity)
-        if found is None:
-            found = self._capacity_cache[root.capacity] = np.array(root.capacity, dtype=np.float64)
-        return found
+        """The ranks' capacities as an array, once per root (keyed by identity: hashing a 4,096-entry
+        tuple on every leaf would cost what the array saves)."""
+        found = self._capacity_cache.get(id(root))
+        if found is None or found[0] is not root:
+            found = self._capacity_cache[id(root)] = (root, np.array(root.capacity, dtype=np.float64))
+        return found[1]
 
     def _inflight(self, schedule: str, pp: int, microbatches: int, virtual: int) -> np.ndarray:
         """`cost.memory.inflight_microbatches` per rank, once per (schedule, pp, m, v) of the search."""
