@@ -154,6 +154,11 @@ class CustomModel(Node):
     seq: int = Field(default=1, gt=0)
     factory: Optional[str] = Field(default=None, description="'package.module:function' that builds the torch module")
     factory_args: dict[str, Union[int, float, str, bool]] = Field(default_factory=dict)
+    source: Optional[str] = Field(default=None, description="a model written in torch: its source as `plandsl inspect` "
+                                  "reads it (`hf(\"LlamaForCausalLM\", ...)`, `pkg.mod:fn(k=v)`); the module is run "
+                                  "unchanged, its layers are the inspected table's")
+    block_list: Optional[str] = Field(default=None, description="with `source`: the FQN of the module list holding "
+                                      "the blocks (the layers between `embed` and `head`)")
 
 
 Model = Annotated[Union[TransformerModel, MLPModel, CustomModel], Field(discriminator="kind")]

@@ -45,7 +45,8 @@ def inspected_model(scope: Scope, call: s.Call, name: str | None) -> ir.CustomMo
         raise scope.reporter.error("E215", f"the layer table of {source.text} is {state.problem}", call.span,
                                    hint=f"run: plandsl inspect {shlex.quote(call.span.file)} (or: {command})")
     return build(scope, ir.CustomModel, call.span, kind="custom", name=name or source.target.rpartition(":")[2],
-                 layers=_layers(scope, call, state.model), seq=seq)
+                 layers=_layers(scope, call, state.model), seq=seq, source=source.text,
+                 block_list=state.model.block_list)
 
 
 def _source(scope: Scope, call: s.Call, kind: str) -> ModelSource:
