@@ -94,16 +94,18 @@ def default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(saved)
 
 
-def build(source: ModelSource, dtype: str, search_path: tuple[str, ...]) -> tuple[nn.Module, tuple[str, ...]]:
-    """The source's module on the meta device, its floating parameters `dtype` by default, and the file of
-    the factory's module (none for a Hugging Face class); `Failure`."""
+def build(source: ModelSource, dtype: str, search_path: tuple[str, ...],
+          device: str = "meta") -> tuple[nn.Module, tuple[str, ...]]:
+    """The source's module on `device` (the meta device: nothing allocated; the interpreter builds on the
+    CPU), its floating parameters `dtype` by default, and the file of the factory's module (none for a
+    Hugging Face class); `Failure`."""
     with _on_path(search_path), default_dtype(DTYPES[dtype]):
         if source.kind == "hf":
-            return _build_hf(source), ()
-        return _build_factory(source)
+            return _build_hf(source, device), ()
+        return _build_factory(source, device)
 
 
-def _build_factory(source: ModelSource) -> tuple[nn.Module, tuple[str, ...]]:
+def _build_factory(source: ModelSource, device: str) -> tuple[nn.Module, tuple[str, ...]]:
     module_name, _, function_name = source.target.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -121,7 +123,7 @@ def _build_factory(source: ModelSource) -> tuple[nn.Module, tuple[str, ...]]:
             raise fail("E901", f"module '{module_name}' has no '{function_name}'",
                        definition(module), hint=did_you_mean(function_name, names, f"names in {module_name}"))
     try:
-        with torch.device("meta"):
+        with torch.device(device):
             built = factory(**dict(source.args))
     except Exception as error:  # the user's factory raising is E902
         raise fail("E902", f"factory '{source.target}' raised {_described(error)}",
@@ -143,7 +145,7 @@ def definition(obj) -> tuple[Span, dict[str, SourceFile]] | None:
     return line_span(path, line) if path else None
 
 
-def _build_hf(source: ModelSource) -> nn.Module:
+def _build_hf(source: ModelSource, device: str) -> nn.Module:
     try:
         import transformers  # lazy: only a Hugging Face source needs it (~2 s)
     except ImportError as error:
@@ -160,7 +162,7 @@ def _build_hf(source: ModelSource) -> nn.Module:
         config = config_class(**dict(source.args))
         unknown = _unknown_key(config_class, dict(source.args), config.to_dict())
         if unknown is None:
-            with torch.device("meta"):
+            with torch.device(device):
                 return cls(config)
     except Exception as error:  # a config transformers refuses is E902
         raise fail("E902", f"{source.target} cannot be built from this config: {_described(error)}") from error
