@@ -159,6 +159,8 @@ class CustomModel(Node):
                                   "unchanged, its layers are the inspected table's")
     block_list: Optional[str] = Field(default=None, description="with `source`: the FQN of the module list holding "
                                       "the blocks (the layers between `embed` and `head`)")
+    pp_plan: bool = Field(default=False, description="with `source`: the model declares how its modules run in "
+                          "pipeline stages (transformers' `base_model_pp_plan`)")
 
 
 Model = Annotated[Union[TransformerModel, MLPModel, CustomModel], Field(discriminator="kind")]

@@ -46,7 +46,7 @@ def inspected_model(scope: Scope, call: s.Call, name: str | None) -> ir.CustomMo
                                    hint=f"run: plandsl inspect {shlex.quote(call.span.file)} (or: {command})")
     return build(scope, ir.CustomModel, call.span, kind="custom", name=name or source.target.rpartition(":")[2],
                  layers=_layers(scope, call, state.model), seq=seq, source=source.text,
-                 block_list=state.model.block_list)
+                 block_list=state.model.block_list, pp_plan=state.model.block_list_from == "base_model_pp_plan")
 
 
 def _source(scope: Scope, call: s.Call, kind: str) -> ModelSource:

@@ -32,6 +32,8 @@ class Batches:
                 raise ValueError(f"{token_file}: {problem}")
             self.tokens = np.memmap(token_file, dtype=np.uint16, mode="r")
         self.custom = model if isinstance(plan.model, ir.CustomModel) else None
+        # a model from torch that takes token ids (plandsl.runtime.torch_model) reads a token file like a family
+        self.vocab = getattr(plan.model, "vocab", None) or getattr(model, "vocab", None)
 
     def _generator(self, step: int) -> torch.Generator:
         return torch.Generator().manual_seed(self.plan.train.seed * 1_000_003 + step)
@@ -40,7 +42,7 @@ class Batches:
         """Every sequence of step `step` (0-based): inputs and targets, `global_batch` rows each."""
         generator = self._generator(step)
         model = self.plan.model
-        if self.custom is not None:
+        if self.custom is not None and (self.tokens is None or not self.vocab):
             return self.custom.make_batch(self.size, self.seq, generator)
         if isinstance(model, ir.MLPModel):
             inputs = torch.randn(self.size, model.input, generator=generator)
@@ -50,7 +52,7 @@ class Batches:
             rows = np.stack([self.tokens[s:s + self.seq + 1].astype(np.int64) for s in starts])
             tokens = torch.from_numpy(rows)
         else:
-            tokens = synthetic_tokens(self.size, self.seq + 1, model.vocab, generator)
+            tokens = synthetic_tokens(self.size, self.seq + 1, self.vocab, generator)
         return tokens[:, :-1], tokens[:, 1:]
 
     def local_batch(self, step: int, dp_rank: int, dp: int,

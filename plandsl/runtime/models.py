@@ -326,6 +326,9 @@ def build_model(model: ir.Model, seed: int) -> nn.Module:
         module = Transformer(model)
     elif isinstance(model, ir.MLPModel):
         module = MLPNet(model)
+    elif model.source:  # a model from torch, run unchanged
+        from plandsl.runtime.torch_model import build  # lazy: it imports the user's code (and transformers)
+        return build(model, seed)
     else:
         return _from_factory(model, seed)
     module.init_weights(generator)

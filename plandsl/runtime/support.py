@@ -17,11 +17,14 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
     """Every reason `plandsl run` refuses the plan (a checked plan), in the order of the plan's attributes.
     `cuda`: whether the ranks will run on CUDA (None: whether this machine has it, as `runtime.mesh` decides)."""
     found = []
-    if isinstance(plan.model, ir.CustomModel) and not plan.model.factory:
+    if isinstance(plan.model, ir.CustomModel) and plan.model.source:
+        found += _torch_model_refusals(plan, plan.model)
+    elif isinstance(plan.model, ir.CustomModel) and not plan.model.factory:
         found.append(diag("E704", f"model '{plan.model.name}' has no `factory`, so there is no torch module to run",
                           plan.model.span, hint='add `factory = "package.module:function"` to the model '
                                                       "(docs/models.md)"))
-    if plan.tensor is not None and plan.tp > 1 and not isinstance(plan.model, ir.TransformerModel):
+    if plan.tensor is not None and plan.tp > 1 and not isinstance(plan.model, ir.TransformerModel) and not (
+            isinstance(plan.model, ir.CustomModel) and plan.model.source):
         found.append(diag("E704", f"tensor parallelism needs a gpt or llama model; '{plan.model.name}' is "
                                   f"'{plan.model.kind}', whose modules have no tensor-parallel layout",
                           plan.tensor.span, hint="use the tensor axis for data parallelism instead"))
@@ -43,12 +46,55 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
                                "I and W actions (1f1b, interleaved_1f1b)"))
     found += _context_refusals(plan, cuda)
     found += _expert_refusals(plan)
-    if plan.shard:  # the rules DTensor cannot run as written (torch is imported only for such plans)
+    if plan.shard and not (isinstance(plan.model, ir.CustomModel) and plan.model.source):
+        # the rules DTensor cannot run as written (torch is imported only for such plans)
         found += _shard_refusals(plan)
     if plan.schedule is not None and plan.schedule.definition is None and BUILTIN[plan.schedule.name].refused:
         name = plan.schedule.name
         found.append(diag("E701", f"schedule '{name}' cannot run yet: {BUILTIN[name].refused}",
                           plan.schedule.span, hint="estimate and render it; run 1f1b, zbv or interleaved_1f1b"))
+    return found
+
+
+def _torch_model_refusals(plan: ir.Plan, model: ir.CustomModel) -> list[Diagnostic]:
+    """What a model from torch (`hf(...)`, `factory(...)`), run unchanged, cannot do yet: tensor parallelism
+    other than the model's own plan, pipeline stages without the model's stage convention, recomputation of
+    parts of a block."""
+    found = []
+    hf = model.source.startswith("hf(")
+    if plan.tensor is not None and plan.tp > 1:
+        styles = dict(getattr(model, "tp_plan", ()) or ())
+        if not hf or not styles:
+            found.append(diag("E704", f"tensor parallelism of '{model.source}' needs the model's own tensor-parallel "
+                                      "plan (transformers' `base_model_tp_plan`), and it has none",
+                              plan.tensor.span, hint="use the tensor axis for data parallelism (or FSDP) instead"))
+        elif plan.tensor.sequence_parallel:
+            found.append(diag("E704", "sequence parallelism of a model from torch cannot run yet: its norms and the "
+                                      "activations between its blocks would have to be split along the sequence, "
+                                      "which the model's tensor-parallel plan does not say",
+                              plan.tensor.span, hint=f"drop `with sequence_parallel`: `tensor = megatron over "
+                                                     f"{plan.tensor.axis}` runs the model's own plan"))
+        else:
+            from plandsl.runtime.parallel.tensor_parallel import MODEL_STYLES  # lazy: torch, for such plans only
+            odd = [f"'{pattern}': {style}" for pattern, style in styles.items() if style not in MODEL_STYLES]
+            if odd:
+                found.append(diag("E704", f"the tensor-parallel plan of '{model.source}' has styles plandsl cannot run "
+                                          f"yet: {', '.join(odd)}", plan.tensor.span,
+                                  hint=f"plandsl runs {', '.join(MODEL_STYLES)}; use the tensor axis for data "
+                                       "parallelism instead"))
+    if plan.stages is not None and plan.pp > 1 and not model.pp_plan:
+        why = ("a factory's module: plandsl does not know how its forward passes one block's output to the next"
+               if not hf else "its class declares no `base_model_pp_plan` (which modules run before the blocks)")
+        found.append(diag("E704", f"'{model.source}' cannot be split into pipeline stages: {why}",
+                          plan.stages.span, hint="use the pipeline axis for data parallelism (or FSDP) instead"))
+    if plan.train.recompute is ir.Recompute.selective:
+        found.append(diag("E704", "`recompute: selective` recomputes plandsl's own attention core; the blocks of a "
+                                  f"model from torch ('{model.source}') are recomputed whole",
+                          plan.train.span_of("recompute"), hint="use `recompute: full`"))
+    if plan.shard:
+        found.append(diag("E704", f"shard rules on a model from torch ('{model.source}') cannot run yet: its tensor "
+                                  "parallelism is the model's own plan", plan.shard[0].span,
+                          hint="remove the shard rules; `tensor = megatron over AXIS` runs the model's plan"))
     return found
 
 

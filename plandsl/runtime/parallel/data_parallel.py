@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from plandsl import ir
 from plandsl.runtime.parallel.expert_parallel import expert_shards
 from plandsl.runtime.optim import build_optimizer, optimizer_settings
+from plandsl.runtime.torch_model import blocks
 from plandsl.runtime.parallel.zero import Zero1Optimizer
 
 _RECOMPUTE_WRAPPER = re.compile(r"\._checkpoint_wrapped_module(?=\.|$)")  # checkpoint_wrapper's child
@@ -116,8 +117,8 @@ def _group_experts(model: nn.Module, expert_mesh: DeviceMesh | None, wrap, **opt
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
-    layers = getattr(model, "layers", None)
-    return list(layers.values()) if isinstance(layers, nn.ModuleDict) else []
+    container, names = blocks(model)
+    return [container.get_submodule(name) for name in names]
 
 
 def build_dp_optimizer(plan: ir.Plan, models: list[nn.Module], dp_mesh: DeviceMesh | None,

@@ -18,7 +18,8 @@ from plandsl.runtime.parallel.data_parallel import apply_dp
 from plandsl.runtime.parallel.expert_parallel import apply_ep
 from plandsl.runtime.parallel.mesh import submesh
 from plandsl.runtime.parallel.recompute import apply_ac
-from plandsl.runtime.parallel.tensor_parallel import apply_tp, tp_rules
+from plandsl.runtime.parallel.tensor_parallel import apply_model_tp, apply_tp, tp_rules
+from plandsl.runtime.torch_model import TorchModel
 
 
 def data_mesh(plan: ir.Plan, mesh: DeviceMesh) -> DeviceMesh | None:
@@ -46,7 +47,9 @@ def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch
     model.to(device)
     # 1. Tensor parallelism first: it replaces parameters by DTensors that the later wrappers keep.
     rules = tp_rules(plan)[0]
-    if plan.tensor is not None and plan.tp > 1:
+    if plan.tensor is not None and plan.tp > 1 and isinstance(model, TorchModel):  # its own plan
+        apply_model_tp(model, mesh[plan.tensor.axis], model.tp_plan())
+    elif plan.tensor is not None and plan.tp > 1:
         apply_tp(model, mesh[plan.tensor.axis], plan.tensor.sequence_parallel, rules)
     # 2. Expert parallelism: experts become DTensor shards over the expert axis, which data
     #    parallelism must then leave out of their reduction.

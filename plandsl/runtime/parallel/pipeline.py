@@ -37,6 +37,7 @@ from plandsl.schedules.registry import BUILTIN
 from plandsl.lower.schedule_template import instantiate
 from plandsl.runtime.parallel.parallelize import parallelize as parallelize_plan
 from plandsl.runtime.models import loss_fn as default_loss
+from plandsl.runtime.torch_model import TorchModel
 
 # The built-ins torch ships, name -> class (`ScheduleInfo.torch_class`; the class assumes the
 # schedule's `rank_map`). Every other schedule over one chain of stages (zb_h1, zb_h2, written
@@ -216,6 +217,8 @@ def runtime_schedule(stages: list[PipelineStage], program: Schedule,
 def split_stage(model: nn.Module, keep: set[str], layer_names: list[str]) -> nn.Module:
     """A deep copy of `model` without the top-level layers (`embed`, `layers.3`, `norm`, `head`) that
     are not in `keep`: removed from a `ModuleDict`, set to None elsewhere (torchtitan's way)."""
+    if isinstance(model, TorchModel):  # a model from torch: its own convention (runtime.torch_model)
+        return model.split_stage(keep)
     stage = copy.deepcopy(model)
     for name in layer_names:
         if name in keep:

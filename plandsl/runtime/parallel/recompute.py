@@ -16,6 +16,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from plandsl import ir
+from plandsl.runtime.torch_model import blocks
 
 _MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 
@@ -58,10 +59,11 @@ def keep_every_other_matmul():
 
 
 def apply_ac(model: nn.Module, mode: ir.Recompute) -> None:
-    layers = getattr(model, "layers", None)
+    layers, names = blocks(model)
     if mode is ir.Recompute.none or layers is None:
         return
-    for name, block in layers.items():
+    for name in names:
+        block = layers.get_submodule(name)
         if mode is ir.Recompute.full:
             layers.register_module(name, checkpoint_wrapper(block))
         elif mode is ir.Recompute.selective_op:

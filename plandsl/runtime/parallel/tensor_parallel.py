@@ -9,6 +9,7 @@ never sees a DTensor activation. `rule_problems(plan)` says which rules cannot r
 """
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -292,3 +293,34 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool,
         if sequence_parallel and ffn == "moe":  # experts stay replicated over tp: scatter back to shards
             parallelize_module(block.moe, tp_mesh, PrepareModuleOutput(
                 output_layouts=Replicate(), desired_output_layouts=stream, use_local_output=True))
+
+
+# ---- a model from torch: its own plan ---------------------------------------------------------
+# transformers' style names (`base_model_tp_plan`, a class's `_tp_plan`) -> torch's styles: the styles
+# `plandsl run` runs; `replicated_with_grad_allreduce` (Qwen3's per-head norms) and the packed and
+# expert styles are refused before any process starts (runtime.support).
+MODEL_STYLES = {
+    "colwise": lambda: ColwiseParallel(),
+    "rowwise": lambda: RowwiseParallel(),
+    "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+    "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
+}
+
+
+def model_tp_problems(plan_styles: dict[str, str]) -> list[str]:
+    """The entries of a model's tensor-parallel plan the interpreter cannot run (style names it does not map)."""
+    return [f"'{pattern}': {style}" for pattern, style in plan_styles.items() if style not in MODEL_STYLES]
+
+
+def apply_model_tp(model: nn.Module, tp_mesh: DeviceMesh, plan_styles: dict[str, str]) -> None:
+    """A model from torch split as its own plan says (FQN pattern -> style): Megatron's pairs, as
+    transformers writes them (q, k, v and the MLP's gate and up colwise, o and down rowwise, the head's
+    output gathered). Patterns that match no module with parameters of this (stage) module are left out
+    (a pipeline stage holds pass-throughs for the modules of other stages)."""
+    problems = model_tp_problems(plan_styles)
+    if problems:
+        raise ValueError(f"the model's tensor-parallel plan has styles plandsl cannot run: {', '.join(problems)}")
+    names = [name for name, module in model.named_modules() if next(module.parameters(recurse=False), None) is not None]
+    present = {pattern: MODEL_STYLES[style]() for pattern, style in plan_styles.items()
+               if any(fnmatch.fnmatchcase(name, pattern) and name.count(".") == pattern.count(".") for name in names)}
+    parallelize_module(model, tp_mesh, present)

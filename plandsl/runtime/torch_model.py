@@ -1,0 +1,223 @@
+"""A user's torch module, run unchanged: a Hugging Face causal LM (`hf(...)`) or a factory's module
+(`factory("pkg.mod:fn", ...)`), the models `plandsl inspect` reads.
+
+Stage: interpreter. Contract: `build(model, seed)` returns a `TorchModel`: the user's module, built on the
+CPU from the seed alone, behind the calling convention the trainer speaks (token ids -> logits,
+`loss(outputs, targets)`, `make_batch`); its parameter names are the module's own fully qualified names
+(`model.layers.3.self_attn.q_proj.weight`). `blocks(model)` is its block list (FSDP groups, recomputation);
+`split_stage` makes a pipeline stage of it; `tp_plan` is the tensor-parallel plan the model declares.
+
+How a Hugging Face model runs in stages is its own convention (transformers' `base_model_pp_plan`, and
+what transformers' naive pipeline does): a stage after the first feeds what it receives as
+`inputs_embeds`; the modules before the block list that it does not hold are replaced, the token
+embedding by nothing, an additive one (GPT-2's positions) by a zero, one on the hidden states by a
+pass-through; blocks and the modules after the list (final norm, head) by pass-throughs.
+"""
+from __future__ import annotations
+
+import copy
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plandsl import ir
+from plandsl.ir.inspected import parse_source
+from plandsl.runtime.data import synthetic_tokens
+
+
+class ModelError(ValueError):
+    """The user's module cannot be run as the plan asks (said before training starts)."""
+
+
+class PassThrough(nn.Module):
+    """Stands for a module this pipeline stage does not hold: returns its first input unchanged."""
+
+    def forward(self, *args, **kwargs):
+        return args[0] if args else next(iter(kwargs.values()))
+
+
+class Zero(nn.Module):
+    """Stands for an additive module before the blocks (GPT-2's position embedding) on a later stage:
+    what it adds was added on the first stage."""
+
+    def forward(self, *args, **kwargs):
+        return torch.zeros(())
+
+
+class Absent(nn.Module):
+    """Stands for the token embedding on a later stage, which feeds `inputs_embeds` instead."""
+
+    def forward(self, *args, **kwargs):
+        raise ModelError("a later pipeline stage called the token embedding it does not hold")
+
+
+class TorchModel(nn.Module):
+    """The user's module behind the trainer's calling convention. Its children are the module's own (so
+    parameter names are the module's), and `inner` (not a child) is the module itself, whose `forward`
+    runs: a Hugging Face model with `input_ids` (or, on a later pipeline stage, `inputs_embeds`) and
+    `use_cache=False`, returning `.logits`; a factory's module with the token ids, returning its output."""
+
+    def __init__(self, module: nn.Module, source: str, block_list: str, hf: bool):
+        super().__init__()
+        own = [name for name, _ in module.named_parameters(recurse=False)] + \
+              [name for name, _ in module.named_buffers(recurse=False)]
+        if own:
+            raise ModelError(f"{source}: the model's root holds '{own[0]}' itself; plandsl runs modules whose "
+                             "parameters live in submodules (wrap it in a module that holds it)")
+        for name, child in module.named_children():
+            self.add_module(name, child)
+        self.__dict__["inner"] = module  # shared children; deep-copied along with them
+        self.source, self.block_list, self.hf = source, block_list, hf
+        self.first = self.last = True  # which ends of the model this (stage) module holds
+        self.vocab = _vocab(module, hf)
+
+    def train(self, mode: bool = True):
+        self.inner.training = mode  # transformers reads the root's flag (its own checkpointing)
+        return super().train(mode)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.hf:
+            return self.inner(x)
+        return self.inner(**{"input_ids" if self.first else "inputs_embeds": x}, use_cache=False).logits
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The model's own loss: a Hugging Face model's `loss_function` (its causal-LM cross entropy, told the
+        targets are already shifted), a factory module's `loss(outputs, targets)`, else mean cross entropy."""
+        if self.hf:
+            return self.inner.loss_function(logits=outputs, labels=None, vocab_size=self.vocab,
+                                             shift_labels=targets.contiguous())
+        own = getattr(self.inner, "loss", None)
+        if callable(own):
+            return own(outputs, targets)
+        return F.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten())
+
+    def make_batch(self, batch: int, seq: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """The module's own `make_batch` when it has one, else synthetic token sequences over its vocabulary."""
+        own = getattr(self.inner, "make_batch", None)
+        if callable(own):
+            return own(batch, seq, generator)
+        if self.vocab is None:
+            raise ModelError(f"{self.source}: the model has no token embedding to size synthetic token ids by; "
+                             "give it a `make_batch(batch, seq, generator)` method")
+        tokens = synthetic_tokens(batch, seq + 1, self.vocab, generator)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    # ---- what the parallelisms need -----------------------------------------------------------------
+    def block_container(self) -> nn.Module:
+        return self.get_submodule(self.block_list)
+
+    def split_stage(self, keep: set[str]) -> "TorchModel":
+        """A deep copy holding only the layers in `keep` (`embed`, block FQNs, `head`), the rest replaced."""
+        if not self.hf:
+            raise ModelError(f"{self.source}: a factory's module cannot be split into pipeline stages: plandsl does "
+                             "not know how its forward feeds one block's output to the next")
+        pp_plan = self.pp_plan()
+        if pp_plan is None:
+            raise ModelError(f"{self.source}: {type(self.inner).__name__} declares no `base_model_pp_plan`, so "
+                             "plandsl does not know which of its modules run before the blocks")
+        stage = copy.deepcopy(self)
+        stage.first, stage.last = "embed" in keep, "head" in keep
+        base = stage.inner.base_model_prefix
+        blocks = stage.block_container()
+        for index in range(len(blocks)):
+            if f"{self.block_list}.{index}" not in keep:
+                blocks[index] = PassThrough()
+        if not stage.first:
+            for name, (inputs, _) in _before_blocks(pp_plan, self.block_list, base):
+                stage._replace(name, Absent() if "input_ids" in inputs else
+                               PassThrough() if "hidden_states" in inputs else Zero())
+        if not stage.last:
+            for name in _after_blocks(pp_plan, self.block_list, base, type(self.inner)):
+                stage._replace(name, PassThrough())
+        _refuse_split_ties(self, stage)
+        return stage
+
+    def _replace(self, fqn: str, module: nn.Module) -> None:
+        parent_name, _, child = fqn.rpartition(".")
+        setattr(self.inner.get_submodule(parent_name), child, module)
+        if not parent_name:  # a child of the root: ours too
+            setattr(self, child, module)
+
+    def pp_plan(self) -> dict | None:
+        """transformers' `base_model_pp_plan` of the model (module -> (inputs, outputs)), None without one."""
+        config = getattr(self.inner, "config", None)
+        return getattr(config, "base_model_pp_plan", None) or None
+
+    def tp_plan(self) -> dict[str, str]:
+        """The model's tensor-parallel plan, FQN pattern -> transformers' style: the config's
+        `base_model_tp_plan` under the base model's prefix, and the class's own `_tp_plan` (the head)."""
+        if not self.hf:
+            return {}
+        base = getattr(self.inner.config, "base_model_tp_plan", None) or {}
+        prefix = self.inner.base_model_prefix
+        found = {f"{prefix}.{key}": style for key, style in base.items()}
+        found.update(getattr(type(self.inner), "_tp_plan", None) or {})
+        return found
+
+
+def _vocab(module: nn.Module, hf: bool) -> int | None:
+    if hf:
+        return getattr(getattr(module, "config", None), "vocab_size", None)
+    embedding = next((m for m in module.modules() if isinstance(m, nn.Embedding)), None)
+    return embedding.num_embeddings if embedding is not None else None
+
+
+def _before_blocks(pp_plan: dict, block_list: str, base: str) -> list[tuple[str, tuple[list, list]]]:
+    names = list(pp_plan)
+    cut = names.index(block_list.removeprefix(f"{base}.")) if block_list.removeprefix(f"{base}.") in names else 0
+    return [(f"{base}.{name}", pp_plan[name]) for name in names[:cut]]
+
+
+def _after_blocks(pp_plan: dict, block_list: str, base: str, cls: type) -> list[str]:
+    names = list(pp_plan)
+    key = block_list.removeprefix(f"{base}.")
+    after = [f"{base}.{name}" for name in names[names.index(key) + 1:]] if key in names else []
+    return after + list(getattr(cls, "_pp_plan", None) or {})
+
+
+def _refuse_split_ties(full: TorchModel, stage: TorchModel) -> None:
+    """A parameter the stage holds that is also used by a module it left out (a tied embedding and head on
+    two stages) would train as two copies; the checker refuses such plans, and so does this."""
+    kept = {id(p) for p in stage.parameters()}
+    if not kept or (stage.first and stage.last):
+        return
+    names = {id(p): name for name, p in full.named_parameters(remove_duplicate=False)}
+    by_name = {name: p for name, p in full.named_parameters(remove_duplicate=False)}
+    stage_names = {name for name, _ in stage.named_parameters(remove_duplicate=False)}
+    for name, param in by_name.items():
+        first = names[id(param)]
+        if first != name and (first in stage_names) != (name in stage_names):
+            raise ModelError(f"{full.source}: '{name}' is tied to '{first}', and the plan puts them on different "
+                             "pipeline stages; untie them (e.g. `tie_word_embeddings=false`) or keep both on one stage")
+
+
+def build(model: ir.CustomModel, seed: int) -> TorchModel:
+    """The model's module on the CPU in float32, its parameters drawn from `seed` alone (the module's own
+    initialisation under `torch.manual_seed`), in training mode, without a key/value cache."""
+    from plandsl.runtime.inspect.factory import Failure, build as build_module  # the same builder as inspect
+    source = parse_source(model.source)
+    search = tuple(dict.fromkeys((os.path.dirname(model.span.file) if model.span else "", ".")))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            module, _ = build_module(source, "float32", tuple(folder or "." for folder in search), device="cpu")
+        except Failure as failure:
+            raise ModelError(f"{failure.diagnostic.code}: {failure.diagnostic.message}") from None
+    config = getattr(module, "config", None)
+    if config is not None and hasattr(config, "use_cache"):
+        config.use_cache = False
+    wrapped = TorchModel(module, source.text, model.block_list or "", source.kind == "hf")
+    wrapped.train()
+    return wrapped
+
+
+def blocks(model: nn.Module) -> tuple[nn.Module | None, list[str]]:
+    """The container of a model's blocks and the names of the blocks it still holds: a `TorchModel`'s block
+    list (without the pass-throughs of a stage), else plandsl's `layers` ModuleDict."""
+    if isinstance(model, TorchModel):
+        container = model.block_container()
+        return container, [name for name, block in container.named_children() if not isinstance(block, PassThrough)]
+    layers = getattr(model, "layers", None)
+    return (layers, list(layers.keys())) if isinstance(layers, nn.ModuleDict) else (None, [])

@@ -1,0 +1,84 @@
+"""Hugging Face `transformers` models (and a user's own module), unchanged, trained by `plandsl run`'s
+interpreter on forked gloo ranks with `--check-equivalence` against the same module on one process.
+
+Each plan names its model with `hf(...)`/`factory(...)`; its layer table is derived once per test session
+with `plandsl inspect` (the meta device) and written beside the plan, as a user does. No network: models are
+built from small configs with random weights.
+"""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from plandsl import api
+from plandsl.ir.inspected import write_cache
+from plandsl.lower.inspected import written_sources
+from tests.distributed.harness import run_ranks
+from tests.distributed.ranks import train
+
+pytestmark = pytest.mark.dist
+
+STEPS = 2
+LLAMA = ('hf("LlamaForCausalLM", hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, '
+         'num_key_value_heads=2, vocab_size=128, max_position_embeddings=16, tie_word_embeddings=false)')
+TRAIN = "{ global_batch: 8, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0 }"
+RECOMPUTE = TRAIN.replace("seed: 0", "seed: 0, recompute: full")
+MICRO2 = TRAIN.replace("micro_batch: 1", "micro_batch: 2")
+
+
+def _write(folder: Path, name: str, model: str, mesh: str, lines: str, train_: str = TRAIN) -> Path:
+    """A plan file over `model` in `folder`, with the layer table it reads beside it."""
+    size = 1
+    for part in mesh.strip("[]").split(","):
+        size *= int(part.split("=")[1])
+    body = textwrap.indent(textwrap.dedent(lines).strip(), "  ")
+    path = folder / f"{name}.plan"
+    path.write_text(f'import "clusters/local"\nplan p {{\n  model = {model}\n  cluster = localhost\n'
+                    f"  mesh = {mesh} over devices[0:{size}]\n  train = {train_}\n{body}\n}}\n", encoding="utf-8")
+    for source, seq, cache in written_sources(api.parse_file(path)):
+        target = Path(cache)
+        if not target.exists():
+            target.parent.mkdir(exist_ok=True)
+            write_cache(_table(source.text, seq), target)
+    return path
+
+
+_TABLES: dict[tuple[str, int], object] = {}
+
+
+def _table(source: str, seq: int):
+    if (source, seq) not in _TABLES:
+        _TABLES[source, seq] = api.inspect_model(source, seq=seq)
+    return _TABLES[source, seq]
+
+
+def _check(results: list[dict], tolerance: float = 1e-5) -> dict:
+    first = results[0]
+    assert [r["status"] for r in results] == [0] * len(results), first["report_text"]
+    report = first["report"]
+    assert report["missing"] == () and len(first["losses"]) == STEPS
+    assert report["loss_diff"] <= tolerance and report["param_diff"] <= tolerance, first["report_text"]
+    assert all(r["losses"] == first["losses"] for r in results)
+    return first
+
+
+# (id, world, model, mesh, plan lines[, train])
+CASES = [
+    ("llama_gqa_fsdp", 2, LLAMA, "[dp = 2]", "data = zero3 over dp"),
+    ("llama_gqa_ddp_recompute", 2, LLAMA, "[dp = 2]", "data = replicate over dp", RECOMPUTE),
+    ("llama_gqa_tp", 2, LLAMA, "[tp = 2]", "tensor = megatron over tp"),
+    ("llama_gqa_fsdp_x_tp", 4, LLAMA, "[dp = 2, tp = 2]", "data = zero3 over dp\ntensor = megatron over tp"),
+    ("llama_gqa_1f1b", 2, LLAMA, "[pp = 2]", "stages = evenly over pp\nschedule = 1f1b", MICRO2),
+    ("llama_gqa_interleaved", 2, LLAMA, "[pp = 2]", "stages = evenly over pp with virtual = 2\nschedule = interleaved_1f1b", MICRO2),
+    ("llama_gqa_3d", 8, LLAMA, "[dp = 2, pp = 2, tp = 2]",
+     "data = zero3 over dp\ntensor = megatron over tp\nstages = evenly over pp\nschedule = 1f1b", MICRO2),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_a_hugging_face_model_trains_like_one_process(case, tmp_path):
+    name, world, model, mesh, lines, *train_ = case
+    plan = _write(tmp_path, name, model, mesh, lines, *train_)
+    _check(run_ranks(world, train, str(plan), check_equivalence=True, steps=STEPS, deadline_s=120))

@@ -1,0 +1,81 @@
+"""What `plandsl run` refuses of a model from torch (`hf(...)`, `factory(...)`), before any process starts
+(E704, `runtime.support.refusals`), and what it accepts. The runs themselves: tests/distributed/test_torch_models.py."""
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+
+from plandsl import api
+from plandsl.ir.inspected import write_cache
+from plandsl.lower.inspected import written_sources
+from plandsl.runtime.support import refusals
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = 'factory("inspect_models.tiny:build", depth=4)'
+
+
+@pytest.fixture(scope="module")
+def table():
+    from plandsl.lower.inspected import DEFAULT_SEQ  # a factory's table is read at this seq
+    return api.inspect_model("inspect_models.tiny:build(depth=4)", seq=DEFAULT_SEQ, search_path=(HERE,))
+
+
+def _plan(tmp_path, table, mesh: str, lines: str, train: str = "{ global_batch: 8, micro_batch: 1, seed: 0 }",
+          **model):
+    body = textwrap.indent(textwrap.dedent(lines).strip(), "  ")
+    path = tmp_path / "p.plan"
+    path.write_text(f'import "clusters/local"\nplan p {{\n  model = {SOURCE}\n  cluster = localhost\n'
+                    f"  mesh = {mesh} over devices[0:4]\n  train = {train}\n{body}\n}}\n", encoding="utf-8")
+    [(_, _, cache)] = written_sources(api.parse_file(path))
+    os.makedirs(os.path.dirname(cache), exist_ok=True)
+    write_cache(table, cache)
+    analysis = api.check(path)
+    assert analysis.ok, [d.message for d in analysis.diagnostics]
+    plan = analysis.document.plans[0]
+    return plan.model_copy(update={"model": plan.model.model_copy(update=model)}) if model else plan
+
+
+def test_data_parallelism_and_fsdp_of_a_factory_module_run(tmp_path, table):
+    plan = _plan(tmp_path, table, "[dp = 4]", "data = zero3 over dp",
+                 train="{ global_batch: 8, micro_batch: 1, seed: 0, recompute: full }")
+    assert plan.model.source == "inspect_models.tiny:build(depth=4)" and plan.model.block_list == "layers"
+    assert refusals(plan) == []
+
+
+def test_a_factory_module_is_not_split_into_stages(tmp_path, table):
+    plan = _plan(tmp_path, table, "[dp = 2, pp = 2]", "stages = evenly over pp\nschedule = 1f1b")
+    [refused] = refusals(plan)
+    assert refused.code == "E704" and "cannot be split into pipeline stages: a factory's module" in refused.message
+    assert refused.span.line == 7  # the stages
+    assert refusals(plan.model_copy(update={"model": plan.model.model_copy(
+        update={"source": 'hf("LlamaForCausalLM")', "pp_plan": True})})) == []
+    refused = refusals(plan.model_copy(update={"model": plan.model.model_copy(update={"source": 'hf("GPT2LMHeadModel")'})}))
+    assert "declares no `base_model_pp_plan`" in refused[0].message
+
+
+def test_tensor_parallelism_runs_the_models_own_plan_only(tmp_path, table):
+    plan = _plan(tmp_path, table, "[dp = 2, tp = 2]", "tensor = megatron over tp")
+    [refused] = refusals(plan)
+    assert refused.code == "E704" and "needs the model's own tensor-parallel plan" in refused.message
+    hf = plan.model.model_copy(update={"source": 'hf("LlamaForCausalLM")'})
+    own = (("model.layers.*.self_attn.q_proj", "colwise"), ("model.layers.*.self_attn.o_proj", "rowwise"),
+           ("lm_head", "colwise_gather_output"))
+    if "tp_plan" not in type(hf).model_fields:  # the IR carries the model's plan once the checker reads it
+        pytest.skip("ir.CustomModel has no tp_plan yet")
+    assert refusals(plan.model_copy(update={"model": hf.model_copy(update={"tp_plan": own})})) == []
+    odd = own + (("model.layers.*.self_attn.q_norm", "replicated_with_grad_allreduce"),)
+    [refused] = refusals(plan.model_copy(update={"model": hf.model_copy(update={"tp_plan": odd})}))
+    assert "replicated_with_grad_allreduce" in refused.message and "colwise_gather_output" in refused.hint
+    sequence = _plan(tmp_path, table, "[dp = 2, tp = 2]", "tensor = megatron over tp with sequence_parallel",
+                     source='hf("LlamaForCausalLM")', tp_plan=own)
+    [refused] = refusals(sequence)
+    assert "sequence parallelism of a model from torch" in refused.message and "drop `with sequence_parallel`" in refused.hint
+
+
+def test_selective_recomputation_is_refused(tmp_path, table):
+    plan = _plan(tmp_path, table, "[dp = 4]", "data = zero3 over dp",
+                 train="{ global_batch: 8, micro_batch: 1, seed: 0, recompute: selective }")
+    [refused] = refusals(plan)
+    assert refused.code == "E704" and "are recomputed whole" in refused.message and refused.hint == "use `recompute: full`"
