@@ -104,6 +104,9 @@ def run_example(entry: Entry, fixed: bool = False) -> tuple[Analysis, str]:
         path.write_bytes(text.encode(encoding))
         for folder in entry.folders:
             (Path(directory) / folder).mkdir()
+        if entry.inspect:  # the tables of its hf()/factory() models, where the plan reads them
+            from plandsl import api
+            api.inspect_plan(path)
         if entry.internal and not fixed:
             analysis = _internal(path)
         else:
@@ -128,6 +131,8 @@ def _section(entry: Entry) -> list[str]:
     lines = [f"### {entry.code}: {entry.title}", "", entry.explanation, "",
              f"Example, `{entry.file}`{saved}{beside}:", ""]
     command = "plandsl run" if entry.stage == "E7" else "plandsl check"
+    if entry.inspect:
+        lines[-2] = lines[-2].rstrip(":") + f" (`plandsl inspect {entry.file}` wrote its model's table first):"
     if entry.command:
         command = f"plandsl {' '.join(entry.command)} {entry.file}"
     where = " on a machine with CUDA" if entry.on_cuda else ""

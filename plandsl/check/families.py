@@ -11,6 +11,7 @@ from plandsl.check.model import check_model
 from plandsl.check.placement import check_placement
 from plandsl.check.schedule import check_schedule
 from plandsl.check.sharding import check_sharding
+from plandsl.check.torch_model import check_torch_model
 from plandsl.check.training import check_training
 from plandsl.diagnostics import Diagnostic
 
@@ -24,6 +25,7 @@ def check_families(plan: ir.Plan) -> list[Diagnostic]:
     placement = list(check_placement(plan))
     found += placement
     found += check_sharding(plan)
+    found += check_torch_model(plan, placement_ok=not any(d.is_error for d in placement))
     training = list(check_training(plan))
     found += training
     if mesh_ok and not any(d.is_error for d in placement + training):

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plandsl import ir
-from plandsl.ir.layers import Layer, kv_width
+from plandsl.ir.layers import TP_SPLIT, Layer, kv_width
 from plandsl.cost.memory import STATE_BYTES, optimizer_bytes_per_param
 
 
@@ -152,12 +152,24 @@ def estimate_layer_compute(model: ir.Model, layer: Layer, work: Work, device: ir
         other = 2 * tokens * out_features * precision.bytes / device.bandwidth  # bias + activation
         flops = 2.0 * tokens * in_features * out_features
     else:  # custom layer: authored FLOPs per token, no shapes: the large-GEMM efficiency
-        flops = layer.flops_per_token * tokens
+        flops = _tensor_parallel_flops(layer, work.tp) * tokens
         matmul = efficiency.kernel(flops, 0.0, device, precision) if flops else 0.0
         other = 2 * tokens * layer.output_width * precision.bytes / device.bandwidth
     full = work.recompute is ir.Recompute.full
     return LayerCompute(matmul, other, 2 * matmul, 2 * other, (matmul + other) if full else 0.0,
                         flops=flops, recompute_flops=flops if full else 0.0)
+
+
+def _tensor_parallel_flops(layer: Layer, tp: int) -> float:
+    """A custom layer's forward FLOPs per token on one device. A torch model's tensor-parallel plan splits
+    some Linear weights (`ir.layers.TP_SPLIT`): each such weight's 2·in·out multiply-adds per token are
+    shared by the tp ranks. What the table measured beyond them (the attention core, elementwise work) is
+    kept whole: a bound from above, as the split of the core follows the heads, which the table does not
+    name. An embedding's lookup has no FLOPs to split (the layer's figure caps the share)."""
+    if tp <= 1:
+        return layer.flops_per_token
+    split = sum(2.0 * p.numel for p in layer.params if len(p.shape) == 2 and TP_SPLIT in p.dims)
+    return layer.flops_per_token - min(split, layer.flops_per_token) * (1 - 1 / tp)
 
 
 def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, device: ir.DeviceType,

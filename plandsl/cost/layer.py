@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from plandsl import ir
 from plandsl.cost.comm import NO_COMM, GroupLinks, collective_seconds, group_links
 from plandsl.cost.compute import Efficiency, LayerCompute, Work, estimate_layer_compute
+from plandsl.ir import layers as ir_layers
 from plandsl.ir.layers import Layer, kv_width
 
 
@@ -85,6 +86,8 @@ def estimate_layer_time(model: ir.Model, layer: Layer, work: Work, device: ir.De
 
 def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute: LayerCompute) -> tuple[float, float]:
     """(forward, backward) seconds of communication a layer waits for, per microbatch."""
+    if isinstance(model, ir.CustomModel) and work.tp > 1:
+        return _torch_layer_comm(layer, work, links)
     if not isinstance(model, ir.TransformerModel):
         return 0.0, 0.0  # mlp and written layers are not tensor parallel (cost.memory's defaults)
     element = work.precision.bytes
@@ -144,6 +147,33 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         backward += 2 * pair  # the forward's collectives, rerun by the recomputation
     elif work.recompute is ir.Recompute.selective_op:
         backward += pair  # the attention half's (wo's reduction, or sequence parallelism's gathers) rerun
+    return forward, backward
+
+
+def _torch_layer_comm(layer: Layer, work: Work, links: Links) -> tuple[float, float]:
+    """(forward, backward) seconds of a torch model's tensor-parallel collectives in one layer, from the dims
+    its plan splits (`ir.layers.TP_SPLIT`, a weight [out, in]): a row-split Linear (rowwise) leaves partial
+    sums, all-reduced over the axis in the forward ([tokens, out]), and the column-split Linears that feed
+    it all-reduce their input's gradient in the backward, one as large (Megatron's f and g, Shoeybi et al.
+    2019, Sec. 3); a row-split embedding (`embedding_rowwise`, in `embed`) all-reduces its output; a
+    column-split head (`colwise_gather_output`) all-gathers its logits. Full recomputation reruns the
+    forward's collectives in the backward."""
+    element = work.precision.bytes
+    forward = backward = 0.0
+    for param in layer.params:
+        if len(param.shape) != 2 or ir_layers.TP_SPLIT not in param.dims:
+            continue
+        rows, columns = param.shape
+        if param.dims[1] == ir_layers.TP_SPLIT:  # rowwise Linear: [tokens, out] partial sums
+            pair = collective_seconds("all_reduce", work.tokens * rows * element, links.tp)
+            forward, backward = forward + pair, backward + pair
+        elif layer.name == "embed":  # a vocabulary-split embedding: its [tokens, dim] output
+            forward += collective_seconds("all_reduce", work.tokens * columns * element, links.tp)
+        elif layer.name == "head":  # the logits, gathered
+            forward += collective_seconds("all_gather", work.tokens * rows * element, links.tp)
+            backward += collective_seconds("all_reduce", work.tokens * columns * element, links.tp)
+    if work.recompute is ir.Recompute.full:
+        backward += forward
     return forward, backward
 
 

@@ -62,6 +62,9 @@ CODES: dict[str, str] = {
     "E409": "invalid stage-to-rank map",
     "E410": "layers out of order across stages",
     "E411": "expert parallel on a model without experts",
+    "E412": "tied parameters on different pipeline stages",
+    "E413": "tensor parallel over a torch model with no tensor-parallel plan",
+    "E414": "a tensor-parallel style the module cannot take",
     # E5xx: training, batch, memory
     "E501": "global batch not divisible by data parallel size x micro-batch",
     "E502": "too few microbatches for the schedule",

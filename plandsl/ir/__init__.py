@@ -161,6 +161,19 @@ class CustomModel(Node):
                                       "the blocks (the layers between `embed` and `head`)")
     pp_plan: bool = Field(default=False, description="with `source`: the model declares how its modules run in "
                           "pipeline stages (transformers' `base_model_pp_plan`)")
+    modules: tuple[tuple[str, str], ...] = Field(default=(), description="with `source`: every module of the tree "
+                                                 "as (FQN, class name), in the tree's order (the root is \"\")")
+    parameters: tuple[tuple[str, tuple[int, ...]], ...] = Field(
+        default=(), description="with `source`: every parameter as (FQN, shape), in the tree's order; a tied one "
+                                "once, under the first name of its tensor")
+    tied: tuple[tuple[str, str], ...] = Field(default=(), description="with `source`: (parameter, the parameter "
+                                              "it is the same tensor as), e.g. (lm_head.weight, transformer.wte.weight)")
+    tp_plan: tuple[tuple[str, str], ...] = Field(
+        default=(), description="with `source`: the model's own tensor-parallel plan as (FQN pattern, style), "
+                                "`*` one name component, styles as Hugging Face writes them (`colwise`, `rowwise`, "
+                                "`colwise_gather_output`, `embedding_rowwise`, `replicated_with_grad_allreduce`, "
+                                "...): its `tp_plan` (the class's `_tp_plan` and the config's `base_model_tp_plan` "
+                                "under their module's prefix), applied with `tensor = megatron over AXIS`")
 
 
 Model = Annotated[Union[TransformerModel, MLPModel, CustomModel], Field(discriminator="kind")]

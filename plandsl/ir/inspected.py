@@ -19,7 +19,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: the model's tensor-parallel plan (`tp_plan`)
 LIBRARIES = ("torch", "transformers", "plandsl")  # the versions a cache is keyed by
 
 Literal_ = Union[int, float, str, bool, None]
@@ -176,7 +176,7 @@ class InspectedBlock(_Frozen):
 
 class InspectedModel(_Frozen):
     """A torch module as the table the rest of plandsl speaks, and the key it was derived under."""
-    version: Literal[1] = CACHE_VERSION
+    version: Literal[2] = CACHE_VERSION
     source: str  # `ModelSource.text`
     seq: int = Field(gt=0)
     dtype: str  # the default dtype the model was built under ("bfloat16")
@@ -194,6 +194,9 @@ class InspectedModel(_Frozen):
     before_params: int = Field(ge=0, description="parameters outside the blocks, before the block list in the tree")
     after_params: int = Field(ge=0, description="parameters outside the blocks, after the block list (a tied head: 0)")
     traced_blocks: int = Field(ge=1, description="blocks actually traced: one per distinct shape key")
+    tp_plan: tuple[tuple[str, str], ...] = Field(default=(), description="the model's own tensor-parallel plan, "
+                                                 "(FQN pattern, style): a Hugging Face model's `tp_plan`, else a "
+                                                 "`tp_plan`/`_tp_plan` dict the module has")
 
     @property
     def tied(self) -> tuple[tuple[str, str], ...]:

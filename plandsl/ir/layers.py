@@ -27,7 +27,8 @@ EXPERTS = "experts"
 INPUT = "input"
 OUTPUT = "output"
 OTHER = "other"
-DIM_ROLES = (HIDDEN, HEADS_X_HEAD_DIM, KV, FFN, VOCAB, EXPERTS, INPUT, OUTPUT, OTHER)
+TP_SPLIT = "tp_split"  # a dim of a torch model's parameter that its tensor-parallel plan splits
+DIM_ROLES = (HIDDEN, HEADS_X_HEAD_DIM, KV, FFN, VOCAB, EXPERTS, INPUT, OUTPUT, OTHER, TP_SPLIT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,11 +278,41 @@ def _mlp_layers(model: ir.MLPModel) -> tuple[Layer, ...]:
 
 
 def _custom_layers(model: ir.CustomModel) -> tuple[Layer, ...]:
-    """One layer per authored layer; its parameters as one synthetic flat tensor."""
+    """One layer per authored layer; its parameters as one synthetic flat tensor, or for a model from torch
+    its real parameters by FQN, the dims its own tensor-parallel plan splits marked `TP_SPLIT`."""
+    real = _torch_params(model) if model.source and model.parameters else None
     layers = []
     for authored in model.layers:
+        if real is not None:
+            params = real.get(authored.name, [])
+            layer = Layer(authored.name, "custom", tuple(params), authored.params, float(authored.flops),
+                          authored.output)
+            layers.append(dataclasses.replace(layer, activation_bytes_per_token=authored.activations))
+            continue
         params = ([Param(f"{authored.name}.weight", authored.name, (authored.params,), (OTHER,))]
                   if authored.params else [])
         layer = _layer(authored.name, "custom", params, authored.flops, authored.output)
         layers.append(dataclasses.replace(layer, activation_bytes_per_token=authored.activations))
     return tuple(layers)
+
+
+def _torch_params(model: ir.CustomModel) -> dict[str, list[Param]]:
+    """Layer name -> its parameters (a tied one once, where it first appears), each dim the model's
+    tensor-parallel plan splits as `TP_SPLIT` (`ir.torch_plan.split_dim`; the plan's first pattern wins)."""
+    from plandsl.ir import torch_plan  # torch_plan imports ir: here, not at the top
+    layer_of = torch_plan.layer_of_module(model)
+    types = dict(model.modules)
+    styles: dict[str, str] = {}
+    for pattern, style in model.tp_plan:
+        for fqn in torch_plan.matching(pattern, types):
+            styles.setdefault(fqn, style)
+    found: dict[str, list[Param]] = {}
+    for name, shape in model.parameters:
+        module, _, local = name.rpartition(".")
+        dims = [OTHER] * len(shape)
+        style = styles.get(module)
+        dim = torch_plan.split_dim(style, types.get(module, ""), local, len(shape)) if style else None
+        if dim is not None:
+            dims[dim] = TP_SPLIT
+        found.setdefault(layer_of.get(module, "embed"), []).append(Param(name, module, tuple(shape), tuple(dims)))
+    return found

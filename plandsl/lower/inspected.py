@@ -46,7 +46,16 @@ def inspected_model(scope: Scope, call: s.Call, name: str | None) -> ir.CustomMo
                                    hint=f"run: plandsl inspect {shlex.quote(call.span.file)} (or: {command})")
     return build(scope, ir.CustomModel, call.span, kind="custom", name=name or source.target.rpartition(":")[2],
                  layers=_layers(scope, call, state.model), seq=seq, source=source.text,
-                 block_list=state.model.block_list, pp_plan=state.model.block_list_from == "base_model_pp_plan")
+                 block_list=state.model.block_list, pp_plan=state.model.block_list_from == "base_model_pp_plan",
+                 **torch_names(state.model))
+
+
+def torch_names(table: InspectedModel) -> dict:
+    """What placement and sharding by the model's own names read: its module tree, its parameters (a tied
+    one once), the tied pairs and its tensor-parallel plan (`ir.CustomModel`'s fields of the same names)."""
+    return dict(modules=tuple((m.name, m.type) for m in table.modules),
+                parameters=tuple((p.name, p.shape) for p in table.param_list if p.tied_to is None),
+                tied=table.tied, tp_plan=table.tp_plan)
 
 
 def _source(scope: Scope, call: s.Call, kind: str) -> ModelSource:

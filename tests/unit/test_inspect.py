@@ -252,7 +252,8 @@ def test_a_factory_in_a_plan(tmp_path):
     table = api.inspect_model("inspect_models.tiny:build(depth=4)", seq=2048, search_path=(HERE,))
     api.write_inspected(table, hint.rsplit("-o ", 1)[1].rstrip(")"))
     analysis = api.check(plan)
-    assert analysis.ok, [d.message for d in analysis.diagnostics]
+    # tiny ties its head to its embedding, which two pipeline stages cannot share (tests/unit/test_torch_names.py)
+    assert [d.code for d in analysis.diagnostics] == ["E412"], [d.message for d in analysis.diagnostics]
     assert [layer.name for layer in analysis.document.plans[0].model.layers][1:-1] == [f"layers.{i}" for i in range(4)]
 
 
@@ -273,7 +274,9 @@ def test_inspect_of_a_plan_file_writes_every_table_where_the_plan_reads_it(tmp_p
     result = CliRunner().invoke(main, ["inspect", str(plan)])
     assert result.exit_code == 0, result.output
     assert result.stdout.count("wrote ") == 2 and len(list((tmp_path / ".plandsl").iterdir())) == 2
-    assert api.check(plan).ok
+    # the tables are read; what is left (tests/unit/test_torch_names.py): tiny has no tensor-parallel plan for
+    # tp = 2 (E413) and ties its head to its embedding across the pipeline (E412)
+    assert sorted(d.code for d in api.check(plan).diagnostics) == ["E412", "E413"]
     plan.write_text(PLAN.replace("MODEL", 'factory("inspect_models.tiny:build", depth=n)').replace(
         "plan p {", "param n = 2\nplan p {"), encoding="utf-8")
     refused = CliRunner().invoke(main, ["inspect", str(plan)])

@@ -43,6 +43,7 @@ class Entry:
     folders: tuple[str, ...] = ()              # folders next to the example (E107: one named like a plan)
     command: tuple[str, ...] = ()              # E8xx: the command that reports it (`generate --from`, `shrink`)
     internal: bool = False                     # E108: no plan triggers it; the example's check has a stage raise
+    inspect: bool = False                      # E412-E414: `plandsl inspect FILE.plan` writes its models' tables first
 
     @property
     def fixed(self) -> str:

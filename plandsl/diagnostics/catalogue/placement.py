@@ -202,3 +202,59 @@ _entry("E411", """
     }}
     """, "Use a model with experts (`llama(..., experts=8)`), or use the axis for something else.",
        ("ep = 4", "tp = 4"), ("experts = alltoall over ep", "tensor  = megatron over tp"))
+
+# E412-E414: a model from torch (`hf(...)`, `factory(...)`), its table written by `plandsl inspect` first.
+_GPT2 = 'hf("GPT2LMHeadModel", n_embd=64, n_layer=4, n_head=4, n_positions=128, vocab_size=512)'
+_LLAMA = ('hf("LlamaForCausalLM", hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,\n'
+          '                   num_key_value_heads=2, vocab_size=512, max_position_embeddings=128)')
+
+_entry("E412", """
+    A model from torch runs unchanged, split at its block boundaries into one module per pipeline stage.
+    Two names of one tensor (GPT-2's `lm_head.weight` is `transformer.wte.weight`: tied embeddings) in
+    layers on different stages would be two copies that drift apart, and the interpreter cannot keep them
+    in sync for a module it did not write (plandsl's own families all-reduce the tied gradients). With a
+    pipeline the embedding is on the first stage and the head on the last, so untie them.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model   = {_GPT2}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 4, pp = 2]
+      train   = {{ global_batch: 16, micro_batch: 1 }}
+    }}
+    """, "Untie the head from the embedding (each trains its own weight), or do without the pipeline.",
+    ("vocab_size=512)", "vocab_size=512, tie_word_embeddings=false)"), inspect=True)
+
+_entry("E413", """
+    `tensor = megatron over tp` on a model from torch applies the model's own tensor-parallel plan (a
+    Hugging Face class's `base_model_tp_plan`, which Llama, Qwen3, Mistral and many others have) with the
+    plan's shard rules over it. This model has no plan (GPT-2's config has none), and no shard rule says
+    which of its modules to split over the axis, so the axis would only replicate the work.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model   = {_GPT2}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 4, tp = 2]
+      train   = {{ global_batch: 16, micro_batch: 1 }}
+    }}
+    """, "Use the axis for data parallelism (or write shard rules naming the model's nn.Linear modules).",
+    ("[dp = 4, tp = 2]", "[dp = 8]"), inspect=True)
+
+_entry("E414", """
+    torch's tensor-parallel styles split nn.Linear (colwise: the output features, weight dim 0; rowwise:
+    the input features, dim 1) and nn.Embedding modules; a shard rule or the model's own plan that
+    gives `colwise` or `rowwise` to another module (a norm, a container, GPT-2's Conv1D) cannot be
+    applied, nor can a Hugging Face style plandsl does not know (e.g. `grouped_gemm`).
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model   = {_LLAMA}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 4, tp = 2]
+      train   = {{ global_batch: 16, micro_batch: 1 }}
+      shard model.layers.*.input_layernorm = colwise over tp
+    }}
+    """, "Name the Linear modules to split, or replicate the norm.",
+    ("shard model.layers.*.input_layernorm = colwise over tp", "shard model.layers.*.input_layernorm = replicate"),
+    inspect=True)

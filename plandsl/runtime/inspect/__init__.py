@@ -30,4 +30,18 @@ def inspect_model(source: ModelSource, seq: int = 2048, dtype: str = "bfloat16",
                           model_type=type(model).__name__, params=total, param_list=params, modules=modules,
                           block_list=blocks.name, block_list_from=blocks.found_by, blocks=rows, before=before,
                           after=after, before_params=before_params, after_params=after_params,
-                          traced_blocks=traced)
+                          traced_blocks=traced, tp_plan=tp_plan(model))
+
+
+def tp_plan(model) -> tuple[tuple[str, str], ...]:
+    """The module's own tensor-parallel plan by FQN pattern: a Hugging Face model's `tp_plan` (its class's
+    `_tp_plan` and its config's `base_model_tp_plan`, merged by transformers under each module's prefix),
+    else a `tp_plan` or `_tp_plan` dict of the module; entries that are not (str, str) are left out."""
+    for name in ("tp_plan", "_tp_plan"):
+        try:
+            found = getattr(model, name, None)
+        except Exception:  # a property of the user's class that raises: no plan
+            found = None
+        if isinstance(found, dict) and found:
+            return tuple((k, v) for k, v in found.items() if isinstance(k, str) and isinstance(v, str))
+    return ()

@@ -1,0 +1,97 @@
+"""A model written in torch, by its own names: which of its modules a pattern names, which dim of a
+parameter a tensor-parallel style splits, and which layer (`embed`, a block, `head`) holds a module.
+
+Stage: IR, torch-free (read by the layer catalogue, the checker and the cost model). Patterns are
+Hugging Face's: dotted FQNs where `*` is any one name component (`model.layers.*.self_attn.q_proj`).
+Styles are the plan language's (`colwise`, `rowwise`, `sequence`, `replicate`) and Hugging Face's
+(`colwise_gather_output`, `embedding_rowwise`, `replicated_with_grad_allreduce`, ...), as registered
+in transformers' `distributed/tensor_parallel.py`.
+"""
+from __future__ import annotations
+
+import bisect
+import functools
+
+from plandsl import ir
+
+# Styles that split a Linear's weight [out, in] along dim 0 (its output features) or 1 (its inputs);
+# on an Embedding [num, dim] torch's ColwiseParallel splits dim 1 and RowwiseParallel dim 0.
+COLWISE = frozenset({"colwise", "colwise_gather_output", "colwise_rep", "unit_colwise", "packed_colwise"})
+ROWWISE = frozenset({"rowwise", "unit_rowwise", "rowwise_split_input", "rowwise_rep", "packed_rowwise"})
+EMBEDDING = {"embedding_rowwise": 0, "embedding_colwise": 1}
+# Styles that keep the weights whole (activations split along the sequence, or replicated weights).
+WHOLE = frozenset({"sequence", "sequence_parallel", "replicate", "replicated_with_grad_allreduce", "all_reduce"})
+KNOWN_STYLES = COLWISE | ROWWISE | set(EMBEDDING) | WHOLE
+
+
+def matches(pattern: str, fqn: str) -> bool:
+    """Does the pattern name the module `fqn` exactly (`*`: one name component)?"""
+    parts, names = pattern.split("."), fqn.split(".")
+    return len(parts) == len(names) and all(p in ("*", n) for p, n in zip(parts, names))
+
+
+def matching(pattern: str, fqns) -> list[str]:
+    """The FQNs the pattern names exactly, in their order."""
+    return [fqn for fqn in fqns if matches(pattern, fqn)]
+
+
+def supports_style(module_type: str) -> bool:
+    """Whether torch's ColwiseParallel / RowwiseParallel take the module (nn.Linear, nn.Embedding and their
+    subclasses; known here by the class name's ending, the table holds names, not classes)."""
+    return module_type.endswith(("Linear", "Embedding"))
+
+
+def split_dim(style: str, module_type: str, param: str, ndim: int) -> int | None:
+    """The dim of the module's parameter `param` (`weight`, `bias`) that `style` splits over the tensor axis;
+    None when it keeps the parameter whole."""
+    embedding = module_type.endswith("Embedding")
+    if style in EMBEDDING:
+        dim = EMBEDDING[style]
+    elif style in COLWISE:
+        dim = 1 if embedding else 0
+    elif style in ROWWISE:
+        dim = 0 if embedding else 1
+    else:
+        return None
+    if param == "bias":  # colwise splits the bias with the outputs; rowwise adds the whole bias once
+        return 0 if dim == 0 and not embedding else None
+    return dim if dim < ndim else None
+
+
+def closest(pattern: str, fqns) -> str:
+    """The module names nearest a pattern that names none (for a hint), as patterns (`*` for indices)."""
+    import difflib  # lazy: only for a pattern that names nothing
+    import re  # lazy, with difflib
+    shapes = list(dict.fromkeys(re.sub(r"\.\d+(?=\.|$)", ".*", f) for f in fqns if f))
+    found = difflib.get_close_matches(re.sub(r"\.\d+(?=\.|$)", ".*", pattern), shapes, n=3, cutoff=0.5)
+    return ", ".join(found or shapes[:3])
+
+
+@functools.lru_cache(maxsize=64)
+def _layer_index(blocks: tuple[str, ...], modules: tuple[str, ...], block_list: str) -> dict[str, str]:
+    """Module FQN -> the layer holding it: a block by its FQN prefix, else `embed` before the block list in
+    the tree's order and `head` after it (as `plandsl inspect` splits the parameters outside the blocks)."""
+    ordered = sorted(blocks)
+    found: dict[str, str] = {}
+    after = False
+    for fqn in modules:
+        if fqn == block_list:
+            after = True
+        index = bisect.bisect_right(ordered, fqn) - 1
+        if index >= 0 and (fqn == ordered[index] or fqn.startswith(ordered[index] + ".")):
+            found[fqn] = ordered[index]
+        else:
+            found[fqn] = "head" if after else "embed"
+    return found
+
+
+def layer_of_module(model: ir.CustomModel) -> dict[str, str]:
+    """Module FQN -> the name of the layer that holds it, for a model from torch ({} for any other)."""
+    if not model.source or not model.modules:
+        return {}
+    blocks = tuple(layer.name for layer in model.layers[1:-1])
+    return _layer_index(blocks, tuple(m for m, _ in model.modules), model.block_list or "")
+
+
+def layer_of_param(model: ir.CustomModel, param: str) -> str | None:
+    return layer_of_module(model).get(param.rpartition(".")[0])

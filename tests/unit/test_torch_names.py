@@ -1,0 +1,138 @@
+"""Placement and sharding of a model from torch by its own names (issue 18): pipeline stages by FQN ranges,
+shard rules by FQN patterns with torch's styles, a Hugging Face model's own tensor-parallel plan taken by
+`tensor = megatron over tp` and checked against the real module tree, tied parameters refused across
+stages, and the cost model counting that tensor parallelism. Real transformers models from small configs
+(Llama with GQA, GPT-2 with its tied head, Qwen3), their tables built once for the module."""
+from __future__ import annotations
+
+import pytest
+
+from plandsl import api
+from plandsl.ir import layers as ir_layers
+from plandsl.ir.inspected import ModelSource
+from plandsl.lower.inspected import cache_path
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.xdist_group("torch")  # one worker imports torch and transformers
+
+SEQ = 64
+LLAMA = ModelSource("hf", "LlamaForCausalLM", (
+    ("hidden_size", 256), ("intermediate_size", 688), ("num_hidden_layers", 4), ("num_attention_heads", 8),
+    ("num_key_value_heads", 2), ("vocab_size", 1000), ("max_position_embeddings", SEQ), ("tie_word_embeddings", False)))
+GPT2 = ModelSource("hf", "GPT2LMHeadModel", (("n_embd", 64), ("n_layer", 4), ("n_head", 4), ("n_positions", SEQ),
+                                             ("vocab_size", 500)))
+QWEN3 = ModelSource("hf", "Qwen3ForCausalLM", (
+    ("hidden_size", 128), ("intermediate_size", 384), ("num_hidden_layers", 2), ("num_attention_heads", 4),
+    ("num_key_value_heads", 2), ("head_dim", 32), ("vocab_size", 512), ("max_position_embeddings", SEQ)))
+
+
+def _call(source: ModelSource) -> str:
+    return source.text.replace("False", "false").replace("True", "true")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A folder whose `.plandsl/` holds the three tables, as `plandsl inspect FILE.plan` writes them."""
+    where = tmp_path_factory.mktemp("torch_names")
+    (where / ".plandsl").mkdir()
+    for source in (LLAMA, GPT2, QWEN3):
+        table = api.inspect_model(source.text, seq=SEQ)
+        api.write_inspected(table, cache_path(str(where / "p.plan"), source, SEQ))
+    return where
+
+
+def _check(folder, body: str, model: ModelSource = LLAMA, mesh: str = "[dp = 2, pp = 2, tp = 2]"):
+    text = (f'import "clusters/dgx_a100"\nplan p {{\n  model   = {_call(model)}\n  cluster = dgx_a100 x 1\n'
+            f'  mesh    = {mesh}\n  train   = {{ global_batch: 16, micro_batch: 1, seq: {SEQ} }}\n{body}}}\n')
+    path = folder / "p.plan"
+    path.write_text(text, encoding="utf-8")
+    return api.check(path)
+
+
+def _codes(analysis) -> list[str]:
+    return [d.code for d in analysis.diagnostics]
+
+
+def test_the_table_records_a_hugging_face_models_tensor_parallel_plan(folder):
+    model = _check(folder, "").document.plans[0].model
+    plan = dict(model.tp_plan)
+    assert plan["model.layers.*.self_attn.q_proj"] == "colwise" and plan["model.layers.*.mlp.down_proj"] == "rowwise"
+    assert plan["lm_head"] == "colwise_gather_output" and plan["model.embed_tokens"] == "embedding_rowwise"
+    assert model.block_list == "model.layers" and ("model.layers.0.self_attn.k_proj", "Linear") in model.modules
+    # the catalogue's layers hold the real parameters, by FQN, the same count as the table's
+    layers = ir_layers.layers_of(model)
+    assert [p.name for p in layers[0].params] == ["model.embed_tokens.weight"]
+    assert layers[-1].params[-1].name == "lm_head.weight"
+    for layer, authored in zip(layers, model.layers, strict=True):
+        assert sum(p.numel for p in layer.params) == authored.params
+    k_proj = next(p for p in layers[1].params if p.name == "model.layers.0.self_attn.k_proj.weight")
+    o_proj = next(p for p in layers[1].params if p.name == "model.layers.0.self_attn.o_proj.weight")
+    assert k_proj.shape == (64, 256) and k_proj.dims == (ir_layers.TP_SPLIT, ir_layers.OTHER)
+    assert o_proj.dims == (ir_layers.OTHER, ir_layers.TP_SPLIT)
+
+
+def test_stages_by_fqn_ranges(folder):
+    stages = "  stages {\n    0: embed, model.layers[0:3]\n    1: model.layers[3:], head\n  }\n"
+    analysis = _check(folder, stages)
+    assert analysis.ok, [d.message for d in analysis.diagnostics]
+    from plandsl.ir.placement import assign_stages
+    assignment, _ = assign_stages(analysis.document.plans[0])
+    assert [[layer.name for layer in stage] for stage in assignment.stage_layers] == [
+        ["embed", "model.layers.0", "model.layers.1", "model.layers.2"], ["model.layers.3", "head"]]
+    assert _check(folder, "  stages = evenly over pp\n").ok
+    assert _codes(_check(folder, stages.replace("model.layers[3:]", "model.layer[3:]"))) == ["E405"]
+    overlapping = _check(folder, stages.replace("model.layers[3:]", "model.layers[2:]"))
+    assert _codes(overlapping) == ["E401"]
+    backwards = _check(folder, "  stages {\n    0: embed, model.layers[2:4]\n    1: model.layers[0:2], head\n  }\n")
+    assert _codes(backwards) == ["E410"]
+
+
+def test_tied_parameters_across_stages_are_refused(folder):
+    analysis = _check(folder, "", model=GPT2, mesh="[dp = 4, pp = 2]")
+    assert _codes(analysis) == ["E412"]
+    diagnostic = analysis.diagnostics[0]
+    assert "'lm_head.weight' is the same tensor as 'transformer.wte.weight'" in diagnostic.message
+    assert "tie_word_embeddings=false" in diagnostic.hint
+    assert _check(folder, "", model=GPT2, mesh="[dp = 8]").ok  # one stage: the tie stays inside it
+
+
+def test_megatron_takes_the_models_own_plan_and_checks_it(folder):
+    assert _check(folder, "  stages = evenly over pp\n").ok  # kv heads 2, tp 2
+    four = _check(folder, "", mesh="[dp = 2, tp = 4]")
+    assert _codes(four) == ["E406"]
+    assert "num_key_value_heads (2) is not divisible by axis 'tp' (4)" in four.diagnostics[0].message
+    assert _check(folder, "", model=QWEN3, mesh="[dp = 4, tp = 2]").ok  # q_norm, k_norm: replicated
+    three = _check(folder, "", model=QWEN3, mesh="[dp = 2, tp = 3]", ).diagnostics  # 6 devices of 8: W301
+    assert {d.code for d in three if d.is_error} == {"E406"}
+    assert any("dim 0 of 'model.layers.0.self_attn.q_proj.weight' (128)" in d.message for d in three)
+
+
+def test_shard_rules_name_modules_by_fqn_patterns(folder):
+    rules = ("  tensor  = none\n  shard model.layers.*.mlp.gate_proj = colwise over dp\n"
+             "  shard model.layers.*.mlp.down_proj = rowwise over dp\n")
+    assert _check(folder, rules, mesh="[dp = 8]").ok
+    typo = _check(folder, "  shard model.layers.*.mlp.gate_prj = colwise over tp\n", mesh="[dp = 4, tp = 2]")
+    assert _codes(typo) == ["E405"] and "model.layers.*.mlp.gate_proj" in typo.diagnostics[0].hint
+    odd = _check(folder, "  tensor  = none\n  shard model.layers.*.mlp.gate_proj = colwise over tp\n",
+                 mesh="[dp = 2, tp = 3]")  # 6 of the 8 devices: W301 besides
+    errors = [d for d in odd.diagnostics if d.is_error]
+    assert [d.code for d in errors] == ["E406"]
+    assert "dim 0 of 'model.layers.0.mlp.gate_proj.weight' (688)" in errors[0].message
+
+
+def test_tensor_parallel_needs_a_plan_or_rules(folder):
+    analysis = _check(folder, "", model=GPT2, mesh="[dp = 4, tp = 2]")
+    assert _codes(analysis) == ["E413"]
+    conv = _check(folder, "  shard transformer.h.*.mlp.c_fc = colwise over tp\n", model=GPT2, mesh="[dp = 4, tp = 2]")
+    assert _codes(conv) == ["E414"] and "Conv1D" in conv.diagnostics[0].message
+
+
+def test_the_cost_model_counts_the_models_tensor_parallelism(folder):
+    plain = _check(folder, "", mesh="[dp = 8]").document.plans[0]
+    split = _check(folder, "", mesh="[dp = 4, tp = 2]").document.plans[0]
+    one, two = api.estimate(plain), api.estimate(split)
+    # parameters: every colwise/rowwise weight halves (the norms stay whole)
+    assert two.memory[0].params < 0.6 * one.memory[0].params
+    # work per device falls, and the all-reduces of the rowwise outputs are paid
+    assert two.stage_times[0].flops < one.stage_times[0].flops
+    assert two.stage_times[0].comm > 0 and one.stage_times[0].comm == 0
