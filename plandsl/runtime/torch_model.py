@@ -194,15 +194,17 @@ def _refuse_split_ties(full: TorchModel, stage: TorchModel) -> None:
 
 
 def build(model: ir.CustomModel, seed: int) -> TorchModel:
-    """The model's module on the CPU in float32, its parameters drawn from `seed` alone (the module's own
-    initialisation under `torch.manual_seed`), in training mode, without a key/value cache."""
+    """The model's module in float32 on the default device (the CPU; the meta device in a dry run), its
+    parameters drawn from `seed` alone (the module's own initialisation under `torch.manual_seed`), in
+    training mode, without a key/value cache."""
     from plandsl.runtime.inspect.factory import Failure, build as build_module  # the same builder as inspect
     source = parse_source(model.source)
     search = tuple(dict.fromkeys((os.path.dirname(model.span.file) if model.span else "", ".")))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
-            module, _ = build_module(source, "float32", tuple(folder or "." for folder in search), device="cpu")
+            module, _ = build_module(source, "float32", tuple(folder or "." for folder in search),
+                                     device=str(torch.get_default_device()))  # the dry run's meta device
         except Failure as failure:
             raise ModelError(f"{failure.diagnostic.code}: {failure.diagnostic.message}") from None
     config = getattr(module, "config", None)

@@ -23,6 +23,14 @@ pytestmark = pytest.mark.dist
 STEPS = 2
 LLAMA = ('hf("LlamaForCausalLM", hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, '
          'num_key_value_heads=2, vocab_size=128, max_position_embeddings=16, tie_word_embeddings=false)')
+GPT2 = ('hf("GPT2LMHeadModel", n_embd=64, n_layer=2, n_head=4, n_positions=16, vocab_size=128, resid_pdrop=0.0, '
+        'embd_pdrop=0.0, attn_pdrop=0.0)')  # tied head; no dropout, whose masks differ between layouts
+MIXTRAL = ('hf("MixtralForCausalLM", hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, '
+           'num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, vocab_size=128, '
+           'max_position_embeddings=16, tie_word_embeddings=false)')
+MISTRAL = ('hf("MistralForCausalLM", hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, '
+           'num_key_value_heads=2, vocab_size=128, max_position_embeddings=16, tie_word_embeddings=false)')
+FACTORY = 'factory("inspect_models.tiny:build", depth=3)'
 TRAIN = "{ global_batch: 8, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0 }"
 RECOMPUTE = TRAIN.replace("seed: 0", "seed: 0, recompute: full")
 MICRO2 = TRAIN.replace("micro_batch: 1", "micro_batch: 2")
@@ -50,7 +58,7 @@ _TABLES: dict[tuple[str, int], object] = {}
 
 def _table(source: str, seq: int):
     if (source, seq) not in _TABLES:
-        _TABLES[source, seq] = api.inspect_model(source, seq=seq)
+        _TABLES[source, seq] = api.inspect_model(source, seq=seq, search_path=(str(Path(__file__).parents[1] / "unit"),))
     return _TABLES[source, seq]
 
 
@@ -72,13 +80,19 @@ CASES = [
     ("llama_gqa_fsdp_x_tp", 4, LLAMA, "[dp = 2, tp = 2]", "data = zero3 over dp\ntensor = megatron over tp"),
     ("llama_gqa_1f1b", 2, LLAMA, "[pp = 2]", "stages = evenly over pp\nschedule = 1f1b", MICRO2),
     ("llama_gqa_interleaved", 2, LLAMA, "[pp = 2]", "stages = evenly over pp with virtual = 2\nschedule = interleaved_1f1b", MICRO2),
+    ("gpt2_tied_ddp", 2, GPT2, "[dp = 2]", "data = replicate over dp"),
+    ("mixtral_moe_fsdp", 2, MIXTRAL, "[dp = 2]", "data = zero3 over dp"),
+    ("mistral_fsdp_x_tp_recompute", 4, MISTRAL, "[dp = 2, tp = 2]", "data = zero3 over dp\ntensor = megatron over tp",
+     RECOMPUTE),
+    ("factory_tied_zero2", 2, FACTORY, "[dp = 2]", "data = zero2 over dp"),
     ("llama_gqa_3d", 8, LLAMA, "[dp = 2, pp = 2, tp = 2]",
      "data = zero3 over dp\ntensor = megatron over tp\nstages = evenly over pp\nschedule = 1f1b", MICRO2),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_a_hugging_face_model_trains_like_one_process(case, tmp_path):
+def test_a_hugging_face_model_trains_like_one_process(case, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "unit"))  # the factory's package (forked ranks inherit it)
     name, world, model, mesh, lines, *train_ = case
     plan = _write(tmp_path, name, model, mesh, lines, *train_)
     _check(run_ranks(world, train, str(plan), check_equivalence=True, steps=STEPS, deadline_s=120))
