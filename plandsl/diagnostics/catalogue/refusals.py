@@ -70,7 +70,11 @@ _entry("E704", """
     function that builds it (docs/models.md says what the module must look like). Tensor
     parallelism, context parallelism and `recompute: selective_op` also need to know the
     module's layout, which only the gpt and llama families have (`selective_op` only their
-    dense blocks).
+    dense blocks). A model from torch (`hf(...)`, `factory(...)`) runs unchanged, and what it
+    cannot do yet is refused here too: tensor parallelism without the model's own plan
+    (transformers' `base_model_tp_plan`) or with sequence parallelism, pipeline stages without
+    transformers' `base_model_pp_plan` (a factory's module, GPT-2), `recompute: selective` and
+    shard rules (docs/models.md).
     """, _local_plan("data    = replicate over dp", mesh="[dp = 2]", model="tiny_written", header="""model tiny_written {
       layer blocks[0:2] {
         params = 64 * 64

@@ -1,0 +1,64 @@
+"""`runtime.torch_model`: a user's module behind the trainer's calling convention, on one process. The
+distributed runs (Hugging Face models split, sharded and pipelined) are tests/distributed/test_torch_models.py."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from plandsl import ir
+from tests.support import lazy
+
+torch = lazy("torch")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.syspath_prepend(HERE)
+    from plandsl.runtime.torch_model import build
+    model = ir.CustomModel(kind="custom", name="tiny", layers=(ir.CustomLayer(name="embed", params=0, flops=0,
+                           activations=0, output=0),), source="inspect_models.tiny:build(depth=3, width=16)",
+                           block_list="layers")
+    return build(model, seed=0)
+
+
+def test_the_modules_own_names_and_values_from_the_seed(tiny, monkeypatch):
+    import inspect_models.tiny as module
+    torch.manual_seed(0)
+    direct = module.build(depth=3, width=16)
+    assert [name for name, _ in tiny.named_parameters()] == [name for name, _ in direct.named_parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(tiny.parameters(), direct.parameters()))
+    assert tiny.out.weight is tiny.tok.weight  # the tie survives: the wrapper's children are the module's
+    assert tiny.vocab == 100 and tiny.training and tiny.inner.training
+
+
+def test_batches_and_loss_of_a_token_model(tiny):
+    inputs, targets = tiny.make_batch(4, 8, torch.Generator().manual_seed(1))
+    assert inputs.shape == targets.shape == (4, 8) and torch.equal(inputs[:, 1:], targets[:, :-1])
+    logits = tiny(inputs)
+    assert logits.shape == (4, 8, 100)
+    expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    assert torch.allclose(tiny.loss(logits, targets), expected)
+
+
+def test_blocks_are_the_block_list_and_recomputation_wraps_each(tiny):
+    from plandsl.runtime.equivalence import clean_name
+    from plandsl.runtime.parallel.recompute import apply_ac
+    from plandsl.runtime.torch_model import blocks
+    container, names = blocks(tiny)
+    assert container is tiny.layers and names == ["0", "1", "2"]
+    before = [name for name, _ in tiny.named_parameters()]
+    apply_ac(tiny, ir.Recompute.full)
+    wrapped = [type(block).__name__ for block in tiny.layers]
+    assert wrapped == ["CheckpointWrapper"] * 3
+    assert [clean_name(name) for name, _ in tiny.named_parameters()] == before
+    inputs, targets = tiny.make_batch(2, 8, torch.Generator().manual_seed(1))
+    tiny.loss(tiny(inputs), targets).backward()  # the wrapped blocks still run inside the module's own forward
+    assert all(p.grad is not None for p in tiny.parameters())
+
+
+def test_a_factory_module_is_not_split_into_stages(tiny):
+    from plandsl.runtime.torch_model import ModelError
+    with pytest.raises(ModelError, match="cannot be split into pipeline stages"):
+        tiny.split_stage({"embed", "layers.0"})
