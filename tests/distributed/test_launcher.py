@@ -317,3 +317,28 @@ def test_dry_run_prints_per_rank_figures_and_the_command_and_starts_nothing(tmp_
                      rf"--metrics {re.escape(str(metrics))} --checkpoint-dir {re.escape(str(directory))}$", out, re.M), out
     assert not re.search(r"^step \d", out, re.M) and "Traceback" not in out, out
     assert not metrics.exists() and not directory.exists()
+
+
+def test_a_hugging_face_model_runs_through_the_launcher_as_written(tmp_path):
+    """A plan over `hf(...)`: inspected once (the table beside it), then `plandsl run` trains the transformers
+    module on 2 stages x 2 FSDP ranks and compares with one process; a tensor-parallel plan with sequence
+    parallelism is refused before launch (E704)."""
+    plan = tmp_path / "llama.plan"
+    model = ('hf("LlamaForCausalLM", hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, '
+             'num_key_value_heads=2, vocab_size=128, max_position_embeddings=16, tie_word_embeddings=false)')
+    plan.write_text(f'import "clusters/local"\nplan p {{\n  model = {model}\n  cluster = localhost\n'
+                    "  mesh = [dp = 2, pp = 2] over devices[0:4]\n"
+                    "  train = { global_batch: 8, micro_batch: 2, precision: fp32, lr: 1e-3, seed: 0 }\n"
+                    "  data = zero3 over dp\n  stages = evenly over pp\n  schedule = 1f1b\n}\n", encoding="utf-8")
+    api.inspect_plan(plan)
+    done = plandsl_run(plan, "--steps", 2, "--check-equivalence")
+    assert done.returncode == 0, done.output
+    assert "equivalence with one process: ok" in done.output and "step 2: loss" in done.output, done.output
+    assert "model.layers." in done.output  # the report names the module's own parameters
+
+    plan.write_text(plan.read_text(encoding="utf-8").replace("[dp = 2, pp = 2]", "[dp = 2, tp = 2]").replace(
+        "  stages = evenly over pp\n  schedule = 1f1b\n", "  tensor = megatron over tp with sequence_parallel\n"),
+        encoding="utf-8")
+    refused = plandsl_run(plan, "--steps", 1, timeout=CHECK_ONLY_S)
+    assert refused.returncode != 0 and "error[E704]" in refused.output and "torchrun" not in refused.output, \
+        refused.output
