@@ -1,6 +1,7 @@
 """Benchmark: what `plandsl run` adds to a training step, and its start-up time.
 
-    python bench/bench_run.py                 # per-step overhead table (DDP, 1F1B pipeline, TP, ZeRO-1)
+    python bench/bench_run.py                 # per-step overhead table (DDP, 1F1B pipeline, TP, ZeRO-1; a Hugging
+                                              # Face Llama under DDP, FSDP and its own TP plan)
     python bench/bench_run.py --startup       # time from the command to the first step
 
 Overhead. For each configuration, 2 gloo ranks are forked; each builds the job twice in the same
@@ -62,9 +63,28 @@ CONFIGS = {
 }
 
 
+# A Hugging Face Llama (transformers' own module, unchanged) against the same module driven by hand
+HF_MODEL = ('hf("LlamaForCausalLM", hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8, '
+            'num_key_value_heads=4, vocab_size=2048, max_position_embeddings=128, tie_word_embeddings=false)')
+CONFIGS["hf_ddp"] = dict(CONFIGS["ddp"], model=HF_MODEL)
+CONFIGS["hf_fsdp"] = dict(mesh="[dp = 2] over devices[0:2]", micro=4, body="  data = zero3 over dp", model=HF_MODEL)
+CONFIGS["hf_tp"] = dict(CONFIGS["tp"], model=HF_MODEL)
+HF_FOLDER = Path(tempfile.gettempdir()) / "plandsl-bench-hf"  # the plan and its layer table (`plandsl inspect`)
+
+
 def load(config: str):
     from plandsl import api
-    return api.loads(PLAN.format(**CONFIGS[config]), path=str(ROOT / "bench" / "bench_run.plan")).plans[0]
+    settings = CONFIGS[config]
+    text = PLAN.format(**settings)
+    if "model" not in settings:
+        return api.loads(text, path=str(ROOT / "bench" / "bench_run.plan")).plans[0]
+    text = text.replace("model   = bench_gpt", f"model   = {settings['model']}")
+    HF_FOLDER.mkdir(exist_ok=True)
+    path = HF_FOLDER / f"{config}.plan"
+    path.write_text(text, encoding="utf-8")
+    if not api.check(path).ok:  # the table is missing (inspected once, in the parent before the ranks fork)
+        api.inspect_plan(path)
+    return api.load_plan(path)
 
 
 # ---- the hand-written loops ------------------------------------------------------------------
@@ -75,7 +95,8 @@ def _optimizer(model_params, plan):
 
 def _tokens(plan, rows: int, step: int):
     generator = torch.Generator().manual_seed(step)
-    tokens = torch.randint(plan.model.vocab, (rows, plan.seq + 1), generator=generator)
+    vocab = getattr(plan.model, "vocab", 2048)  # a model from torch: HF_MODEL's vocab_size
+    tokens = torch.randint(vocab, (rows, plan.seq + 1), generator=generator)
     return tokens[:, :-1], tokens[:, 1:]
 
 
@@ -172,7 +193,68 @@ def hand_tp(plan, model):
     return step
 
 
+def hand_hf_tp(plan, module):
+    """transformers' module split by its own plan with torch's styles, written out by hand."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    parallelize_module(module, mesh, {"lm_head": ColwiseParallel(output_layouts=Replicate()),
+                                      **{f"model.layers.*.{name}": ColwiseParallel() for name in (
+                                          "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                          "mlp.gate_proj", "mlp.up_proj")},
+                                      "model.layers.*.self_attn.o_proj": RowwiseParallel(),
+                                      "model.layers.*.mlp.down_proj": RowwiseParallel()})
+    optimizer, scheduler = _optimizer(module.parameters(), plan)
+
+    def step(index: int) -> float:
+        inputs, targets = _tokens(plan, plan.train.global_batch, index)
+        optimizer.zero_grad()
+        loss = _hf_loss(module, module(input_ids=inputs, use_cache=False).logits, targets)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        return loss.item()
+    return step
+
+
+def hand_hf_data(plan, module, shard: bool):
+    """DDP, or FSDP2 per decoder layer then the root, around transformers' module, by hand."""
+    if shard:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for index, layer in enumerate(module.model.layers):
+            fully_shard(layer, mesh=mesh, reshard_after_forward=index < len(module.model.layers) - 1)
+        wrapped = fully_shard(module, mesh=mesh)
+    else:
+        from torch.nn.parallel import DistributedDataParallel
+        wrapped = DistributedDataParallel(module)
+    optimizer, scheduler = _optimizer(wrapped.parameters(), plan)
+    rows = plan.train.global_batch // dist.get_world_size()
+
+    def step(index: int) -> float:
+        inputs, targets = _tokens(plan, rows, index)
+        optimizer.zero_grad()
+        loss = _hf_loss(module, wrapped(input_ids=inputs, use_cache=False).logits, targets)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        logged = loss.detach().clone()
+        dist.all_reduce(logged)
+        return logged.item() / dist.get_world_size()
+    return step
+
+
+def _hf_loss(module, logits, targets):
+    return module.loss_function(logits=logits, labels=None, vocab_size=module.config.vocab_size,
+                                shift_labels=targets.contiguous())
+
+
 HAND = {"ddp": hand_ddp, "1f1b": hand_1f1b, "tp": hand_tp,
+        "hf_ddp": lambda plan, model: hand_hf_data(plan, model.inner, shard=False),
+        "hf_fsdp": lambda plan, model: hand_hf_data(plan, model.inner, shard=True),
+        "hf_tp": lambda plan, model: hand_hf_tp(plan, model.inner),
         "zero1": lambda plan, model: hand_ddp(plan, model, _zero_redundancy)}
 HAND["zero1_impl"] = HAND["zero1"]
 
@@ -307,6 +389,8 @@ def main() -> None:
     print("| configuration (2 ranks, gloo, CPU) | plandsl step (ms) | hand-written step (ms) | overhead |")
     print("|---|---|---|---|")
     for config in args.configs:
+        if "model" in CONFIGS[config]:
+            load(config)  # inspect the model once, here, before the ranks fork
         ours, hand = overhead(config, args.blocks, args.block)
         print(f"| {config} | {ours * 1e3:.1f} | {hand * 1e3:.1f} | {(ours / hand - 1) * 100:+.1f} % |", flush=True)
 
