@@ -236,14 +236,19 @@ def format_estimate(result: Estimate) -> str:
 
 # ---- inspect: a user's torch module as a layer table ----------------------------------------------------
 
-def inspect_model(source: str, seq: int = 2048, dtype: str = "bfloat16",
+def inspect_model(source: str, seq: int | None = None, dtype: str = "bfloat16",
                   search_path: tuple[str, ...] = (".",)) -> InspectedModel:
     """`pkg.mod:fn(k=v)` or `hf("Class", k=v)` built on the meta device and read as a layer table (imports
-    torch, transformers and the user's code, from `search_path` first); PlanError E901-E904. ValueError
-    when `source` is not a model source."""
+    torch, transformers and the user's code, from `search_path` first), at `seq` (default 2048), or per
+    sample for a source with `input=image(...)`; PlanError E901-E904. ValueError when `source` is not a
+    model source, or `seq` is given for images."""
     from plandsl.ir.inspected import parse_source  # stage
     from plandsl.runtime.inspect import inspect_model as derive  # stage: torch
-    return derive(parse_source(source), seq, dtype, search_path)
+    parsed = parse_source(source)
+    if parsed.image and seq is not None:
+        raise ValueError(f"'{source}' takes images (input=image(...)): it is traced per sample, not at a sequence "
+                         "length (leave out seq)")
+    return derive(parsed, 2048 if seq is None else seq, dtype, search_path)
 
 
 def inspect_plan(path: str | Path) -> list[tuple[InspectedModel, str]]:

@@ -481,7 +481,8 @@ def estimate(file, plan_name, as_json, params):
 @main.command("inspect")
 @click.argument("source")
 @click.option("--seq", type=click.IntRange(min=2, max=limits.MAX_SEQ), default=2048, show_default=True,
-              help="Sequence length the model is traced at.")
+              help="Sequence length the model is traced at (token ids; a source with input=image(...) is traced "
+                   "per sample).")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16", show_default=True,
               help="Default dtype the model is built under.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), callback=_writable_file,
@@ -490,8 +491,10 @@ def estimate(file, plan_name, as_json, params):
 def inspect_command(source, seq, dtype, output, as_json):
     """Build SOURCE on the meta device and print its layer table: pkg.module:function(key=value, ...)
     or hf("LlamaForCausalLM", hidden_size=..., ...) (config only, no download); the current folder is
-    searched first for the module (docs/models.md). Given FILE.plan, every hf()/factory() model it
-    writes, at its own seq, each table written where the plan reads it (.plandsl/ beside it)."""
+    searched first for the module (docs/models.md). The model runs on token ids [1, seq], or with
+    input=image(C, H, W) among the arguments on images, figures per sample. Given FILE.plan, every
+    hf()/factory() model it writes, at its own seq, each table written where the plan reads it
+    (.plandsl/ beside it)."""
     if source.endswith(".plan"):
         try:
             written = api.inspect_plan(source)
@@ -505,8 +508,9 @@ def inspect_command(source, seq, dtype, output, as_json):
         if not written:
             click.echo(f"{source}: no hf(...) or factory(...) model")
         return
+    given = click.get_current_context().get_parameter_source("seq") is not click.core.ParameterSource.DEFAULT
     try:
-        model = api.inspect_model(source, seq=seq, dtype=dtype)
+        model = api.inspect_model(source, seq=seq if given else None, dtype=dtype)
     except api.PlanError as error:
         _fail(error)
     except ValueError as error:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from plandsl import ir
 from plandsl.check.memory import check_memory
+from plandsl.check.images import check_images
 from plandsl.check.mesh import check_mesh
 from plandsl.check.model import check_model
 from plandsl.check.placement import check_placement
@@ -22,6 +23,7 @@ def check_families(plan: ir.Plan) -> list[Diagnostic]:
     found: list[Diagnostic] = list(check_mesh(plan))
     mesh_ok = not any(d.is_error for d in found)
     found += check_model(plan)
+    found += check_images(plan)
     placement = list(check_placement(plan))
     found += placement
     found += check_sharding(plan)

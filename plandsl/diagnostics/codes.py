@@ -65,6 +65,7 @@ CODES: dict[str, str] = {
     "E412": "tied parameters on different pipeline stages",
     "E413": "tensor parallel over a torch model with no tensor-parallel plan",
     "E414": "a tensor-parallel style the module cannot take",
+    "E415": "a sample of a model that takes images split or sized as a sequence (spatial sharding)",
     # E5xx: training, batch, memory
     "E501": "global batch not divisible by data parallel size x micro-batch",
     "E502": "too few microbatches for the schedule",

@@ -158,7 +158,15 @@ class CustomModel(Node):
                                   "reads it (`hf(\"LlamaForCausalLM\", ...)`, `pkg.mod:fn(k=v)`); the module is run "
                                   "unchanged, its layers are the inspected table's")
     block_list: Optional[str] = Field(default=None, description="with `source`: the FQN of the module list holding "
-                                      "the blocks (the layers between `embed` and `head`)")
+                                      "the blocks (the layers between `embed` and `head`); None when the blocks are "
+                                      "the children of several containers (a ResNet's layer1 .. layer4)")
+    blocks: tuple[str, ...] = Field(default=(), description="with `source`: every block's FQN in forward order "
+                                    "(`model.layers.0`, ...; `layer1.0` .. `layer4.1`): the layers between `embed` "
+                                    "and `head`, where pipeline stages may be split")
+    image: Optional[tuple[int, ...]] = Field(default=None, description="with `source` or a written model: the shape "
+                                             "of one sample, [channels, *spatial], of a model that takes images "
+                                             "(`input=image(...)`; seq is 1: its figures are per sample); None: token "
+                                             "ids [batch, seq]")
     pp_plan: bool = Field(default=False, description="with `source`: the model declares how its modules run in "
                           "pipeline stages (transformers' `base_model_pp_plan`)")
     modules: tuple[tuple[str, str], ...] = Field(default=(), description="with `source`: every module of the tree "

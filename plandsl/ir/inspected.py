@@ -2,7 +2,7 @@
 
 Stage: IR, torch-free. `runtime/inspect` derives an `InspectedModel` on the meta device; this module
 parses a model source (`pkg.mod:fn(k=v)`, `hf("LlamaForCausalLM", k=v)`: literals only, nothing
-evaluated), writes and reads the JSON cache and says whether a cache is stale for a source, its
+evaluated; `input=image(C, H, W)` says the model takes images instead of token ids), writes and reads the JSON cache and says whether a cache is stale for a source, its
 settings and the installed library versions (read from package metadata: torch is not imported).
 """
 from __future__ import annotations
@@ -26,19 +26,45 @@ Literal_ = Union[int, float, str, bool, None]
 _FACTORY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
+INPUT_KEY = "input"  # `input=image(C, H, W)`: the model's input, not an argument of the factory or config
+IMAGE_DIMS = (2, 4)  # image(C, L), image(C, H, W), image(C, D, H, W): channels, then 1 to 3 spatial dims
+MAX_IMAGE_DIM = 1 << 16
+
+
+def image_text(image: tuple[int, ...]) -> str:
+    return f"image({', '.join(str(size) for size in image)})"
+
+
+def check_image(sizes: tuple, where: str) -> tuple[int, ...]:
+    """`image(...)`'s sizes: 2 to 4 positive integers (channels, then the spatial dims); ValueError naming
+    what is wrong."""
+    if not all(isinstance(size, int) and not isinstance(size, bool) for size in sizes):
+        raise ValueError(f"{where}: image() takes integer sizes, e.g. image(3, 224, 224) for [channels, height, width]")
+    if not IMAGE_DIMS[0] <= len(sizes) <= IMAGE_DIMS[1]:
+        raise ValueError(f"{where}: image() takes the channels and 1 to 3 spatial sizes (image(3, 224, 224) is "
+                         f"[channels, height, width]), not {len(sizes)} size(s)")
+    if not all(0 < size <= MAX_IMAGE_DIM for size in sizes):
+        raise ValueError(f"{where}: image() sizes must be between 1 and {MAX_IMAGE_DIM:,}, not {tuple(sizes)}")
+    return tuple(sizes)
+
+
 @dataclass(frozen=True)
 class ModelSource:
     """What builds the model: a factory `module:function` called with `args`, or (`kind="hf"`) a Hugging
-    Face model class built from its config class with `args` as config keys."""
+    Face model class built from its config class with `args` as config keys; `image`: the shape of one
+    sample, [channels, *spatial], when the model takes images (None: token ids)."""
 
     kind: Literal["factory", "hf"]
     target: str  # "pkg.mod:fn" or the Hugging Face class name
     args: tuple[tuple[str, Literal_], ...] = ()
+    image: Optional[tuple[int, ...]] = None
 
     @property
     def text(self) -> str:
-        """The canonical spelling (arguments in the order written, strings in double quotes): the cache's key."""
-        args = ", ".join(f"{key}={_shown(value)}" for key, value in self.args)
+        """The canonical spelling (arguments in the order written, strings in double quotes, the input last):
+        the cache's key."""
+        args = ", ".join([f"{key}={_shown(value)}" for key, value in self.args]
+                         + ([f"{INPUT_KEY}={image_text(self.image)}"] if self.image else []))
         if self.kind == "hf":
             return f"hf({_shown(self.target)}{', ' + args if args else ''})"
         return f"{self.target}({args})"
@@ -54,7 +80,8 @@ def _shown(value) -> str:
 
 def parse_source(text: str) -> ModelSource:
     """`pkg.mod:fn`, `pkg.mod:fn(k=v, ...)` or `hf("Class", k=v, ...)`, keyword arguments of literals only
-    (numbers, strings, booleans, None, and tuples/lists of those); ValueError saying what is wrong."""
+    (numbers, strings, booleans, None, and tuples/lists of those), and `input=image(C, H, W)`; ValueError
+    saying what is wrong."""
     text = text.strip()
     if _FACTORY.fullmatch(text):
         return ModelSource("factory", text)
@@ -69,21 +96,32 @@ def parse_source(text: str) -> ModelSource:
     if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
         raise ValueError(f"'{text}' is not one call")
     positional = [_literal(arg, text) for arg in call.args]
-    args = []
+    args, image = [], None
     for keyword in call.keywords:
         if keyword.arg is None:
             raise ValueError(f"'{text}': ** arguments are not allowed, write each key=value")
-        if keyword.arg in dict(args):
+        if keyword.arg in dict(args) or (keyword.arg == INPUT_KEY and image):
             raise ValueError(f"'{text}': argument '{keyword.arg}' is given twice")
-        args.append((keyword.arg, _literal(keyword.value, text)))
+        if keyword.arg == INPUT_KEY and isinstance(keyword.value, ast.Call):
+            image = _image(keyword.value, text)
+        else:
+            args.append((keyword.arg, _literal(keyword.value, text)))
     if head == "hf":
         if len(positional) != 1 or not isinstance(positional[0], str):
             raise ValueError(f"'{text}': hf() takes the model class name first, "
                              'e.g. hf("LlamaForCausalLM", hidden_size=4096)')
-        return ModelSource("hf", positional[0], tuple(args))
+        return ModelSource("hf", positional[0], tuple(args), image)
     if positional:
         raise ValueError(f"'{text}': a factory takes keyword arguments only (key=value)")
-    return ModelSource("factory", head, tuple(args))
+    return ModelSource("factory", head, tuple(args), image)
+
+
+def _image(call: ast.Call, text: str) -> tuple[int, ...]:
+    """`input=image(3, 224, 224)`: the one input kind besides token ids."""
+    if not (isinstance(call.func, ast.Name) and call.func.id == "image") or call.keywords:
+        raise ValueError(f"'{text}': {INPUT_KEY}= takes image(channels, height, width), "
+                         f"found '{ast.unparse(call)}'")
+    return check_image(tuple(_literal(arg, text) for arg in call.args), f"'{text}'")
 
 
 def _literal(node: ast.expr, text: str) -> Literal_:
@@ -150,7 +188,8 @@ class InspectedParam(_Frozen):
 class Figures(_Frozen):
     """Measured per token at the table's `seq`: forward FLOPs and bytes saved for backward, each split into
     a part linear in the sequence (per token) and one quadratic in it (per token per position: attention
-    scores), so that figures at another sequence length s are `linear + per_position * s`."""
+    scores), so that figures at another sequence length s are `linear + per_position * s`. For a model that
+    takes images the "token" is one sample (an image; `seq` is 1, nothing is per position)."""
     flops: float = Field(ge=0)
     flops_per_position: float = Field(ge=0)
     activation_bytes: float = Field(ge=0)
@@ -170,15 +209,21 @@ class InspectedBlock(_Frozen):
     shape_key: int = Field(ge=0, description="blocks with equal keys have equal parameters and were traced once")
     params: int = Field(ge=0)
     figures: Figures
-    input_bytes: float = Field(ge=0, description="bytes per token of the tensors entering the block")
-    output_bytes: float = Field(ge=0, description="bytes per token of the tensors leaving the block")
+    input_bytes: float = Field(ge=0, description="bytes per token (per sample for images) of the tensor entering "
+                               "the block")
+    output_bytes: float = Field(ge=0, description="bytes per token (per sample for images) of the tensors leaving "
+                                "the block")
 
 
 class InspectedModel(_Frozen):
     """A torch module as the table the rest of plandsl speaks, and the key it was derived under."""
     version: Literal[2] = CACHE_VERSION
     source: str  # `ModelSource.text`
-    seq: int = Field(gt=0)
+    seq: int = Field(gt=0, description="the sequence length traced at; 1 for a model that takes images")
+    image: Optional[tuple[int, ...]] = Field(default=None, description="the shape of one sample, [channels, "
+                                             "*spatial], for a model that takes images; None: token ids [1, seq]")
+    output_shape: tuple[int, ...] = Field(default=(), description="the model's output per sample (the first "
+                                          "tensor it returns, without the batch dim): [seq, vocab], [classes]")
     dtype: str  # the default dtype the model was built under ("bfloat16")
     versions: dict[str, str]
     files: dict[str, str] = Field(default_factory=dict, description="the factory's module file -> its sha256")
@@ -186,9 +231,13 @@ class InspectedModel(_Frozen):
     params: int = Field(ge=0, description="every parameter, a tied one counted once")
     param_list: tuple[InspectedParam, ...]
     modules: tuple[InspectedModule, ...]
-    block_list: str  # FQN of the ModuleList holding the blocks
-    block_list_from: Literal["base_model_pp_plan", "layers", "largest ModuleList"]
-    blocks: tuple[InspectedBlock, ...]
+    block_list: Optional[str] = Field(description="FQN of the one ModuleList holding the blocks; None when the "
+                                      "blocks are the children of several containers (`containers`)")
+    containers: tuple[str, ...] = Field(default=(), description="FQNs of the containers whose children are the "
+                                        "blocks, in forward order: (`model.layers`,); a ResNet's nn.Sequential "
+                                        "stages (`layer1`, ..., `layer4`)")
+    block_list_from: Literal["base_model_pp_plan", "layers", "largest ModuleList", "nn.Sequential"]
+    blocks: tuple[InspectedBlock, ...]  # in forward order; each block's `name` is its FQN
     before: Figures  # what runs before the first block (the embedding)
     after: Figures  # what runs after the last block (final norm, head; no loss)
     before_params: int = Field(ge=0, description="parameters outside the blocks, before the block list in the tree")
@@ -260,7 +309,7 @@ def read_cache(path: str | Path, source: ModelSource | None = None, seq: int | N
 
 def summary(model: InspectedModel) -> str:
     """`plandsl inspect`'s text: the model, its parameters, and one row per run of blocks of one shape."""
-    seq = model.seq
+    seq, unit = model.seq, "sample" if model.image else "token"
     runs: list[list[InspectedBlock]] = []
     for block in model.blocks:
         if runs and runs[-1][-1].shape_key == block.shape_key:
@@ -276,11 +325,12 @@ def summary(model: InspectedModel) -> str:
     rows.append(("after the blocks", model.after_params, model.after.flops_at(seq), model.after.activation_bytes_at(seq), ""))
     rows.append(("total", model.params, model.flops_per_token(), model.activation_bytes_per_token(), ""))
     width = max(len(row[0]) for row in rows) + 2
-    lines = [f"{model.model_type} from {model.source} (seq {seq:,}, {model.dtype})",
+    traced = f"input {image_text(model.image)} per sample" if model.image else f"seq {seq:,}"
+    lines = [f"{model.model_type} from {model.source} ({traced}, {model.dtype})",
              f"parameters: {model.params:,}" + "".join(f"; {a} tied to {b}" for a, b in model.tied),
-             f"block list: {model.block_list} (from {model.block_list_from}), {len(model.blocks)} blocks, "
-             f"{model.traced_blocks} traced",
-             f"{'':<{width}}{'params':>16}{'FLOPs/token':>18}{'saved B/token':>16}{'boundary B/token':>22}"]
+             f"block list: {model.block_list or ', '.join(model.containers)} (from {model.block_list_from}), "
+             f"{len(model.blocks)} blocks, {model.traced_blocks} traced",
+             f"{'':<{width}}{'params':>16}{'FLOPs/' + unit:>18}{'saved B/' + unit:>16}{'boundary B/' + unit:>22}"]
     lines += [f"{label:<{width}}{params:>16,}{flops:>18,.0f}{saved:>16,.0f}{boundary:>22}"
               for label, params, flops, saved, boundary in rows]
     return "\n".join(lines)

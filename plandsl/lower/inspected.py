@@ -1,6 +1,7 @@
 """A model written in torch, in a plan: `hf("LlamaForCausalLM", key=value, ...)` or
 `factory("pkg.module:function", key=value, ...)` -> `ir.CustomModel` whose layers are read from
 `plandsl inspect`'s cache beside the plan (E215 when it is missing or stale, naming the command).
+`input=image(C, H, W)` among the arguments: the model takes images, its figures are per sample (seq 1).
 
 Stage: lowering. No code runs here: the cache is JSON (`ir.inspected`), read without torch.
 """
@@ -12,7 +13,7 @@ import shlex
 
 from plandsl import ir
 from plandsl import syntax as s
-from plandsl.ir.inspected import InspectedModel, ModelSource, read_cache
+from plandsl.ir.inspected import INPUT_KEY, InspectedModel, ModelSource, check_image, read_cache
 from plandsl.lower.bodies import build
 from plandsl.lower.evaluate import Poison, Scope
 
@@ -20,6 +21,20 @@ SOURCES = ("hf", "factory")  # the calls that name a model written in torch
 DEFAULT_SEQ = 2048
 DTYPE, DTYPE_BYTES = "bfloat16", 2
 _SEQ_KEYS = ("max_position_embeddings", "n_positions")  # a Hugging Face config's sequence length
+
+
+def model_seq(source: ModelSource) -> int:
+    """The sequence length a source is inspected at: 1 for images (one sample), else its config's, else 2048."""
+    if source.image:
+        return 1
+    return next((value for key, value in source.args if key in _SEQ_KEYS and isinstance(value, int) and value > 0),
+                DEFAULT_SEQ)
+
+
+def inspect_command(source: ModelSource, seq: int, path: str) -> str:
+    """The `plandsl inspect` command that writes the table of `source` to `path`."""
+    return (f"plandsl inspect {shlex.quote(source.text)}" + ("" if source.image else f" --seq {seq}")
+            + f" -o {shlex.quote(path)}")
 
 
 def cache_path(plan_file: str, source: ModelSource, seq: int) -> str:
@@ -34,20 +49,20 @@ def inspected_model(scope: Scope, call: s.Call, name: str | None) -> ir.CustomMo
     fully qualified name, the part after them (`head`)."""
     kind = call.func.id
     source = _source(scope, call, kind)
-    seq = next((value for key, value in source.args if key in _SEQ_KEYS and isinstance(value, int) and value > 0),
-               DEFAULT_SEQ)
+    seq = model_seq(source)
     path = cache_path(call.span.file, source, seq)
     state = read_cache(path, source, seq, DTYPE)
     if not state.fresh:
         folder = os.path.dirname(path) or "."
         command = (f"mkdir -p {shlex.quote(folder)} && " if state.model is None else "") + \
-            f"plandsl inspect {shlex.quote(source.text)} --seq {seq} -o {shlex.quote(path)}"
+            inspect_command(source, seq, path)
         raise scope.reporter.error("E215", f"the layer table of {source.text} is {state.problem}", call.span,
                                    hint=f"run: plandsl inspect {shlex.quote(call.span.file)} (or: {command})")
+    table = state.model
     return build(scope, ir.CustomModel, call.span, kind="custom", name=name or source.target.rpartition(":")[2],
-                 layers=_layers(scope, call, state.model), seq=seq, source=source.text,
-                 block_list=state.model.block_list, pp_plan=state.model.block_list_from == "base_model_pp_plan",
-                 **torch_names(state.model))
+                 layers=_layers(scope, call, table), seq=seq, source=source.text, block_list=table.block_list,
+                 blocks=tuple(block.name for block in table.blocks), image=source.image,
+                 pp_plan=table.block_list_from == "base_model_pp_plan", **torch_names(table))
 
 
 def torch_names(table: InspectedModel) -> dict:
@@ -67,8 +82,15 @@ def _source(scope: Scope, call: s.Call, kind: str) -> ModelSource:
     target = call.args[0].value
     if kind == "factory" and ":" not in target:
         raise scope.reporter.error("E205", 'factory() takes "package.module:function"', call.args[0].span)
-    args, failed = [], False
+    args, image, failed = [], None, False
     for kwarg in call.kwargs:
+        if kwarg.name == INPUT_KEY and _is_image(kwarg.value):
+            if image is not None:
+                scope.reporter.error("E213", f"argument '{kwarg.name}' is given twice", kwarg.span)
+                failed = True
+            elif (image := _image(scope, kwarg.value)) is None:
+                failed = True
+            continue
         value = scope.eval(kwarg.value)
         if not isinstance(value, (int, float, str, bool)):
             scope.reporter.error("E205", f"argument '{kwarg.name}' must be a number, string or boolean",
@@ -81,7 +103,34 @@ def _source(scope: Scope, call: s.Call, kind: str) -> ModelSource:
             args.append((kwarg.name, value))
     if failed:
         raise Poison()
-    return ModelSource(kind if kind == "hf" else "factory", target, tuple(args))
+    return ModelSource(kind if kind == "hf" else "factory", target, tuple(args), image)
+
+
+def _is_image(expr: s.Expr) -> bool:
+    return isinstance(expr, s.Call) and isinstance(expr.func, s.Name) and expr.func.id == "image"
+
+
+def _image(scope: Scope, call: s.Call) -> tuple[int, ...] | None:
+    """`input=image(3, 224, 224)`: [channels, height, width] of one sample; None after reporting E205."""
+    sizes = tuple(scope.eval(arg) for arg in call.args)
+    try:
+        if call.kwargs:
+            raise ValueError("image() takes its sizes in order: image(channels, height, width)")
+        return check_image(sizes, "input")
+    except ValueError as error:
+        scope.reporter.error("E205", str(error), call.span, hint="input=image(3, 224, 224): channels, height, width")
+        return None
+
+
+def model_input(scope: Scope, expr: s.Expr) -> tuple[int, ...]:
+    """A written model's `input = image(C, H, W)`: the shape of one sample; E205 for anything else."""
+    if not _is_image(expr):
+        raise scope.reporter.error("E205", "input takes image(channels, height, width)", expr.span,
+                                   hint="input = image(3, 224, 224)")
+    image = _image(scope, expr)
+    if image is None:
+        raise Poison()
+    return image
 
 
 def _layers(scope: Scope, call: s.Call, table: InspectedModel) -> tuple[ir.CustomLayer, ...]:
@@ -104,14 +153,18 @@ def written_sources(module: s.Module) -> list[tuple[ModelSource, int, str]]:
     whose arguments are not literals (a `param` or `let`: give the model source to `plandsl inspect` instead)."""
     found: dict[str, tuple[ModelSource, int, str]] = {}
     for call in _calls(module):
-        literal = [_literal(arg) for arg in call.args] + [_literal(kwarg.value) for kwarg in call.kwargs]
-        if any(value is _NOT_LITERAL for value in literal) or not call.args or not isinstance(literal[0], str):
+        inputs = [kwarg for kwarg in call.kwargs if kwarg.name == INPUT_KEY and _is_image(kwarg.value)]
+        kwargs = [kwarg for kwarg in call.kwargs if kwarg not in inputs]
+        literal = [_literal(arg) for arg in call.args] + [_literal(kwarg.value) for kwarg in kwargs]
+        sizes = [tuple(_literal(arg) for arg in kwarg.value.args) for kwarg in inputs]
+        if any(value is _NOT_LITERAL for value in literal + [size for image in sizes for size in image]) \
+                or not call.args or not isinstance(literal[0], str) or len(inputs) > 1:
             raise ValueError(f"{call.span}: {call.func.id}(...) has arguments that are not literals; "
                              "run plandsl inspect with its model source instead")
         source = ModelSource("hf" if call.func.id == "hf" else "factory", literal[0],
-                             tuple((kwarg.name, value) for kwarg, value in zip(call.kwargs, literal[1:], strict=True)))
-        seq = next((value for key, value in source.args if key in _SEQ_KEYS and isinstance(value, int) and value > 0),
-                   DEFAULT_SEQ)
+                             tuple((kwarg.name, value) for kwarg, value in zip(kwargs, literal[1:], strict=True)),
+                             check_image(sizes[0], f"{call.span}: input") if sizes else None)
+        seq = model_seq(source)
         found.setdefault(source.text, (source, seq, cache_path(module.file, source, seq)))
     return list(found.values())
 

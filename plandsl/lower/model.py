@@ -14,7 +14,7 @@ from plandsl.diagnostics import Edit, did_you_mean
 from plandsl.lower.bodies import attributes, build, dict_items
 from plandsl.lower.evaluate import Poison, Scope, Word
 from plandsl.lower.hints import report_misspelled, respelled
-from plandsl.lower.inspected import SOURCES, inspected_model
+from plandsl.lower.inspected import SOURCES, inspected_model, model_input
 from plandsl.lower.selectors import layer_names
 from plandsl.lower.units import BYTES
 
@@ -143,7 +143,7 @@ def _unrouted_top_k(scope: Scope, call: s.Call, args: dict[str, s.KwArg]) -> Non
                         hint="remove `top_k`, or add `experts=<count>` for a mixture of experts", edits=edits)
 
 LAYER_ATTRS = {"params": True, "flops": False, "activations": False, "output": False}
-MODEL_ATTRS = {"seq": False, "factory": False, "args": False}
+MODEL_ATTRS = {"seq": False, "factory": False, "args": False, "input": False}
 
 
 def _respells(body: tuple, name: str) -> bool:
@@ -186,6 +186,10 @@ def custom_model(lowering: "Lowering", scope: Scope, d: s.Definition) -> ir.Cust
         raise scope.reporter.error("E207", f"model '{d.name}' declares no layers", d.name_span,
                                    hint="add `layer embed { params = 1000 }` lines")
     seq = scope.integer(found["seq"].value, "seq", minimum=1, maximum=limits.MAX_SEQ) if "seq" in found else 1
+    image = model_input(scope, found["input"].value) if "input" in found else None
+    if image is not None and seq != 1:
+        raise scope.reporter.error("E205", f"a model that takes images has its figures per sample (seq 1), "
+                                   f"not seq {seq}", found["seq"].value.span, hint="remove `seq`")
     factory = None
     if "factory" in found:
         factory = scope.eval(found["factory"].value)
@@ -201,7 +205,7 @@ def custom_model(lowering: "Lowering", scope: Scope, d: s.Definition) -> ir.Cust
                 raise scope.reporter.error("E205", "factory arguments are numbers, strings or booleans", item.value.span)
             args[key] = value
     return build(scope, ir.CustomModel, d.span, kind="custom", name=d.name, layers=tuple(layers), seq=seq,
-                 factory=factory, factory_args=args)
+                 factory=factory, factory_args=args, image=image)
 
 
 class _AnyKey(dict):

@@ -83,9 +83,11 @@ _entry("E904", """
     Pipeline stages fall between the model's blocks, and the cost model costs one block per kind, so
     `plandsl inspect` needs the block list: Hugging Face's `base_model_pp_plan` where the model has one,
     else an `nn.ModuleList` named `layers` (torchtitan's convention), else the largest `nn.ModuleList`
-    of modules of one class. Blocks chained in an `nn.Sequential` are none of these.
-    """, _models(blocks="nn.Sequential(*(Block(width) for _ in range(depth)))", loop="x = self.layers(x)"),
+    of modules of one class, else the blocks of a run of `nn.Sequential` stages (torchvision's ResNet:
+    `layer1` .. `layer4`, each a Sequential of BasicBlocks). A block held as a plain attribute is none
+    of these.
+    """, _models(blocks="Block(width)", loop="x = self.layers(x)"),
     "Hold the blocks in an nn.ModuleList and loop over them in forward.",
-    ("nn.Sequential(*(Block(width) for _ in range(depth)))", "nn.ModuleList(Block(width) for _ in range(depth))"),
+    ("Block(width)\n", "nn.ModuleList(Block(width) for _ in range(depth))\n"),
     ("x = self.layers(x)", "for block in self.layers:\n            x = block(x)"),
     file="my_models.py", command=_COMMAND)

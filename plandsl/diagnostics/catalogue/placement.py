@@ -258,3 +258,49 @@ _entry("E414", """
     """, "Name the Linear modules to split, or replicate the norm.",
     ("shard model.layers.*.input_layernorm = colwise over tp", "shard model.layers.*.input_layernorm = replicate"),
     inspect=True)
+
+# A CNN written layer by layer (docs/language.md section 7): ResNet-18's stem, four of its 64-channel blocks and
+# a 10-class head, per 32x32 sample, as `plandsl inspect` measures them (docs/models.md).
+_CNN = """
+    model cnn {
+      input = image(3, 32, 32)
+      layer embed {
+        params = 9536
+        flops  = 4816896
+        output = 4096
+      }
+      layer blocks[0:4] {
+        params      = 73984
+        flops       = 9437184
+        activations = 41728
+        output      = 4096
+      }
+      layer head {
+        params = 650
+        flops  = 1280
+        output = 10
+      }
+    }
+"""
+
+_entry("E415", """
+    A model that takes images (`input = image(C, H, W)`, a CNN) is costed per sample: one image is
+    one "token" and its sequence length is 1. Splitting one image over ranks (spatial, height/width
+    parallelism: `context`, a `sequence` shard rule) needs each rank to exchange
+    the border rows of its part (a halo) with its neighbours before every convolution and pooling,
+    and BatchNorm's statistics reduced over the split. torch's DTensor shards a convolution by the
+    batch only (weights replicated); its experimental halo exchange (`torch.distributed.tensor._tp_conv`)
+    splits the width only, over the whole world, with stride 1 wherever there is padding, which a
+    ResNet's stride-2 convolutions break. plandsl neither costs nor runs it; a train `seq` other
+    than 1 would multiply the per-sample figures.
+    """, _CNN + """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = cnn
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 4, sp = 2]
+      train   = { global_batch: 64, micro_batch: 8 }
+      shard blocks[0:2] = sequence over sp
+    }
+    """, "Split the batch instead: use the axis for data parallelism.",
+       ("[dp = 4, sp = 2]", "[dp = 8]"), ("  shard blocks[0:2] = sequence over sp\n", ""))

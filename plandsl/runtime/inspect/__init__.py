@@ -8,29 +8,31 @@ from __future__ import annotations
 
 from plandsl.ir.inspected import InspectedModel, ModelSource, file_digest, library_versions
 from plandsl.runtime.inspect.factory import DTYPES, Failure, build
-from plandsl.runtime.inspect.trace import block_table, find_block_list, parameters, split_parameters
+from plandsl.runtime.inspect.trace import Inputs, block_table, find_block_list, parameters, split_parameters
 
 __all__ = ["DTYPES", "inspect_model"]
 
 
 def inspect_model(source: ModelSource, seq: int = 2048, dtype: str = "bfloat16",
                   search_path: tuple[str, ...] = (".",)) -> InspectedModel:
-    """The table of `source` at sequence length `seq`; PlanError (E901-E904) when it cannot be derived.
-    `search_path`: folders searched first for a factory's module."""
+    """The table of `source` at sequence length `seq` (per sample, seq 1, for a source with `input=image(...)`);
+    PlanError (E901-E904) when it cannot be derived. `search_path`: folders searched first for a factory's module."""
+    seq = 1 if source.image else seq
     try:
         model, files = build(source, dtype, search_path)
         params, modules, total = parameters(model)
         blocks = find_block_list(model, source)
-        rows, before, after, traced = block_table(model, blocks, seq, source)
+        table = block_table(model, blocks, Inputs(source, seq, DTYPES[dtype]))
     except Failure as failure:
         raise failure.error() from None
     before_params, after_params = split_parameters(model, blocks)
-    return InspectedModel(source=source.text, seq=seq, dtype=dtype, versions=library_versions(),
+    return InspectedModel(source=source.text, seq=seq, image=source.image, output_shape=table.output_shape,
+                          dtype=dtype, versions=library_versions(),
                           files={path: file_digest(path) for path in files},
                           model_type=type(model).__name__, params=total, param_list=params, modules=modules,
-                          block_list=blocks.name, block_list_from=blocks.found_by, blocks=rows, before=before,
-                          after=after, before_params=before_params, after_params=after_params,
-                          traced_blocks=traced, tp_plan=tp_plan(model))
+                          block_list=blocks.name, containers=blocks.containers, block_list_from=blocks.found_by,
+                          blocks=table.rows, before=table.before, after=table.after, before_params=before_params,
+                          after_params=after_params, traced_blocks=table.traced, tp_plan=tp_plan(model))
 
 
 def tp_plan(model) -> tuple[tuple[str, str], ...]:

@@ -3,8 +3,10 @@ and per block forward FLOPs (`FlopCounterMode`), bytes saved for backward (`save
 storages, parameters excluded) and boundary sizes. E903: the forward fails on meta tensors; E904: no block list.
 
 Cheap for deep models: the block list is cut, for the trace, to the blocks up to the last first block of
-each distinct shape (one block for a uniform model); blocks of one shape share its figures. Each trace
-runs twice, at `seq` and `seq // 2`, to split the figures into parts linear and quadratic in the sequence.
+each distinct shape (one block for a uniform model); blocks of one shape share its figures. Each trace of
+token ids runs twice, at `seq` and `seq // 2`, to split the figures into parts linear and quadratic in the
+sequence. A model that takes images runs once, on a batch of 2 (BatchNorm in training mode needs more than
+one value per channel), every block traced (its blocks' shapes change from stage to stage), per sample.
 """
 from __future__ import annotations
 
@@ -15,17 +17,24 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from plandsl.ir.inspected import (Figures, InspectedBlock, InspectedModule, InspectedParam, ModelSource)
+from plandsl.ir.inspected import (Figures, InspectedBlock, InspectedModule, InspectedParam, ModelSource, image_text)
 from plandsl.runtime.inspect.factory import Failure, definition, fail, user_frame
+
+IMAGE_BATCH = 2
 
 
 @dataclass
 class BlockList:
-    name: str  # FQN of the ModuleList
+    """The pipeline units: `blocks` (FQN, module) in forward order, the children of `containers` (FQNs);
+    `name` is the one ModuleList's FQN when there is one container (None for a CNN's several stages)."""
+    name: str | None
     found_by: str
-    parent: nn.Module
-    attribute: str
-    blocks: nn.ModuleList
+    containers: tuple[str, ...]
+    blocks: list[tuple[str, nn.Module]]
+
+    @property
+    def modules(self) -> list[nn.Module]:
+        return [module for _, module in self.blocks]
 
 
 def parameters(model: nn.Module) -> tuple[tuple[InspectedParam, ...], tuple[InspectedModule, ...], int]:
@@ -51,7 +60,8 @@ def parameters(model: nn.Module) -> tuple[tuple[InspectedParam, ...], tuple[Insp
 
 def find_block_list(model: nn.Module, source: ModelSource) -> BlockList:
     """Hugging Face's `base_model_pp_plan` (its ModuleList entry), else a ModuleList named `layers`, else the
-    largest ModuleList of blocks of one class; E904 when there is none."""
+    largest ModuleList of blocks of one class, else the children of the longest run of nn.Sequential siblings
+    (a ResNet's `layer1` .. `layer4`: blocks `layer1.0` .. `layer4.1`); E904 when there is none."""
     names = {module: name for name, module in model.named_modules()}
     config = getattr(model, "config", None)
     plan = getattr(config, "base_model_pp_plan", None) or {}
@@ -69,10 +79,45 @@ def find_block_list(model: nn.Module, source: ModelSource) -> BlockList:
                if len({type(child) for child in module}) == 1]
     if uniform:
         return _block_list(model, max(uniform)[2], "largest ModuleList")
+    stages = _sequential_stages(model)
+    if stages:
+        return BlockList(None, "nn.Sequential", tuple(stages),
+                         [(_join(stage, child), module) for stage in stages
+                          for child, module in model.get_submodule(stage).named_children()])
     raise fail("E904", f"no block list found in {type(model).__name__}: no base_model_pp_plan, no ModuleList "
-               "named 'layers', no ModuleList of blocks of one class",
+               "named 'layers', no ModuleList of blocks of one class, no nn.Sequential of blocks",
                definition(type(model)) if source.kind == "factory" else None,
-               hint="hold the repeated blocks in an nn.ModuleList (torchtitan and Hugging Face name it `layers`)")
+               hint="hold the repeated blocks in an nn.ModuleList (torchtitan and Hugging Face name it `layers`) "
+                    "or in nn.Sequential stages (torchvision's ResNet: layer1 .. layer4)")
+
+
+def _join(parent: str, child: str) -> str:
+    return f"{parent}.{child}" if parent else child
+
+
+def _sequential_stages(model: nn.Module) -> list[str]:
+    """The FQNs of the run of consecutive nn.Sequential children of one module (the root itself when it is
+    one) holding the most blocks: children that have children and parameters of their own (a BasicBlock, not
+    a Conv2d or a ReLU: a Sequential of layers is one block's insides); the shallowest run on a tie. Empty
+    when there is none."""
+    best: tuple[int, int, list[str]] = (0, 0, [])
+    candidates = [("", [("", model)])] if isinstance(model, nn.Sequential) else []
+    for name, module in model.named_modules():
+        run: list[tuple[str, nn.Module]] = []
+        for child, sub in list(module.named_children()) + [("", None)]:
+            if isinstance(sub, nn.Sequential) and len(sub):
+                run.append((_join(name, child), sub))
+                continue
+            if run:
+                candidates.append((name, run))
+            run = []
+    for parent, run in candidates:  # (blocks, -depth) decides: most blocks, then the shallowest
+        units = sum(1 for _, stage in run for block in stage.children()
+                    if any(True for _ in block.children()) and any(True for _ in block.parameters()))
+        depth = -parent.count(".") - bool(parent)
+        if (units, depth) > best[:2]:
+            best = (units, depth, [stage for stage, _ in run])
+    return best[2]
 
 
 def _has(root: nn.Module, key: str) -> bool:
@@ -84,12 +129,11 @@ def _has(root: nn.Module, key: str) -> bool:
 
 
 def _block_list(model: nn.Module, name: str, found_by: str) -> BlockList:
-    parent_name, _, attribute = name.rpartition(".")
-    parent = model.get_submodule(parent_name)
-    return BlockList(name, found_by, parent, attribute, getattr(parent, attribute))
+    blocks = model.get_submodule(name)
+    return BlockList(name, found_by, (name,), [(f"{name}.{index}", block) for index, block in enumerate(blocks)])
 
 
-def shape_keys(blocks: nn.ModuleList) -> list[int]:
+def shape_keys(blocks: list[nn.Module]) -> list[int]:
     """Equal keys for blocks of one class, parameter names, shapes and dtypes (and attention type, where a
     model alternates sliding and full attention): those are traced once."""
     seen: dict[tuple, int] = {}
@@ -104,11 +148,12 @@ def shape_keys(blocks: nn.ModuleList) -> list[int]:
 @dataclass
 class _Trace:
     """What one forward recorded: per traced block index, FLOPs, saved bytes and boundary bytes; what ran before
-    the first block ("before") and after the last ("after")."""
+    the first block ("before") and after the last ("after"); the first tensor the model returned."""
     flops: dict[int | str, float] = field(default_factory=dict)
     saved: dict[int | str, dict[int, int]] = field(default_factory=dict)
     inputs: dict[int, int] = field(default_factory=dict)
     outputs: dict[int, int] = field(default_factory=dict)
+    result: tuple[int, ...] = ()
 
 
 def _tensors(value) -> list[torch.Tensor]:
@@ -125,8 +170,39 @@ def _bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def trace(model: nn.Module, blocks: BlockList, traced: int, seq: int, source: ModelSource) -> _Trace:
-    """One forward of `model` with its block list cut to the first `traced` blocks, at batch 1 and `seq`."""
+@dataclass(frozen=True)
+class Inputs:
+    """What the forward is called on: token ids [1, seq], or a batch of `IMAGE_BATCH` images; `per` is how many
+    tokens (samples, for images) the measured figures are for."""
+    source: ModelSource
+    seq: int
+    dtype: torch.dtype
+
+    @property
+    def per(self) -> int:
+        return IMAGE_BATCH if self.source.image else self.seq
+
+    def describe(self) -> str:
+        if self.source.image:
+            return f"images [{IMAGE_BATCH}, {', '.join(map(str, self.source.image))}] ({image_text(self.source.image)})"
+        return f"token ids [1, {self.seq}]"
+
+    def call(self, model: nn.Module):
+        if self.source.image:
+            images = torch.zeros(IMAGE_BATCH, *self.source.image, dtype=self.dtype, device="meta")
+            return model(pixel_values=images) if self.source.kind == "hf" else model(images)
+        tokens = torch.zeros(1, self.seq, dtype=torch.long, device="meta")
+        return model(input_ids=tokens, use_cache=False) if self.source.kind == "hf" else model(tokens)
+
+
+def cuttable(blocks: BlockList) -> bool:
+    """Whether the trace may run a prefix of the blocks: one ModuleList the forward loops over (a decoder, whose
+    blocks keep the hidden size); a CNN's stages change the shape the layers after them take."""
+    return blocks.name is not None and blocks.found_by != "nn.Sequential"
+
+
+def trace(model: nn.Module, blocks: BlockList, traced: int, inputs: Inputs) -> _Trace:
+    """One forward of `model` with its block list cut to the first `traced` blocks (when `cuttable`)."""
     record = _Trace()
     current: list[int | str] = ["before"]
     fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -157,88 +233,110 @@ def trace(model: nn.Module, blocks: BlockList, traced: int, seq: int, source: Mo
             record.saved.setdefault(current[0], {})[storage._cdata] = storage.nbytes()
         return tensor
 
-    kept = nn.ModuleList(list(blocks.blocks)[:traced])
-    handles = [hook for index, block in enumerate(kept) for hook in (
+    run = blocks.modules[:traced]
+    handles = [hook for index, block in enumerate(run) for hook in (
         block.register_forward_pre_hook(before(index), with_kwargs=True),
         block.register_forward_hook(after(index), with_kwargs=True))]
-    blocks.parent._modules[blocks.attribute] = kept
+    cut = cuttable(blocks) and traced < len(blocks.blocks)
+    if cut:
+        parent_name, _, attribute = blocks.name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        whole = parent._modules[attribute]
+        parent._modules[attribute] = nn.ModuleList(run)
     try:
         with fake, counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            tokens = torch.zeros(1, seq, dtype=torch.long, device="meta")
-            if source.kind == "hf":
-                model(input_ids=tokens, use_cache=False)
-            else:
-                model(tokens)
+            result = next(iter(_tensors(inputs.call(model))), None)
+            record.result = tuple(result.shape[1:]) if result is not None and result.dim() else ()
     except Failure:
         raise
     except Exception as error:  # the model's forward failing on meta tensors is E903
         reason = (f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
                   if "DataDependent" not in type(error).__name__ else "it reads a tensor's value, which meta tensors lack")
-        raise fail("E903", f"the forward of {type(model).__name__} fails on meta tensors (token ids [1, {seq}]): {reason}",
-                   user_frame(error),
-                   hint="inspect calls the model on token ids [batch, seq]; avoid reading tensor values "
-                        "(.item(), data-dependent shapes) in forward") from error
+        hint = ("inspect calls the model on the images input=image(...) gives, a batch of "
+                f"{IMAGE_BATCH} [{IMAGE_BATCH}, channels, height, width]: give the shape the model takes"
+                if inputs.source.image else
+                "inspect calls the model on token ids [batch, seq] (a model that takes images: add "
+                "input=image(channels, height, width) to its source)")
+        raise fail("E903", f"the forward of {type(model).__name__} fails on meta tensors ({inputs.describe()}): {reason}",
+                   user_frame(error), hint=hint + "; avoid reading tensor values (.item(), data-dependent shapes) "
+                                                  "in forward") from error
     finally:
-        blocks.parent._modules[blocks.attribute] = blocks.blocks
+        if cut:
+            parent._modules[attribute] = whole
         for handle in handles:
             handle.remove()
     blocks_flops = sum(value for key, value in record.flops.items() if isinstance(key, int))
     record.flops["after"] = counter.get_total_flops() - blocks_flops - record.flops.get("before", 0.0)
     return record
-
-
-def figures(at_seq: tuple[float, float], at_half: tuple[float, float], seq: int, half: int) -> Figures:
-    """Per-token figures at two sequence lengths -> their linear and per-position (quadratic) parts."""
+def figures(at_seq: tuple[float, float], at_half: tuple[float, float] | None, seq: int, half: int) -> Figures:
+    """Per-token figures at two sequence lengths -> their linear and per-position (quadratic) parts; from one
+    measurement (`at_half` None: images), all linear."""
     parts = []
-    for full, short in zip(at_seq, at_half, strict=True):
-        per_full, per_half = full / seq, short / half
+    for index, full in enumerate(at_seq):
+        per_full = full / seq
+        per_half = at_half[index] / half if at_half is not None else per_full
         slope = max(0.0, (per_full - per_half) / (seq - half)) if seq != half else 0.0
         parts += [max(0.0, per_full - slope * seq), slope]
     return Figures(flops=parts[0], flops_per_position=parts[1], activation_bytes=parts[2],
                    activation_bytes_per_position=parts[3])
 
 
-def block_table(model: nn.Module, blocks: BlockList, seq: int, source: ModelSource
-                ) -> tuple[tuple[InspectedBlock, ...], Figures, Figures, int]:
+@dataclass(frozen=True)
+class Table:
+    """`block_table`'s result: every block's row, what runs before and after, blocks traced, output per sample."""
+    rows: tuple[InspectedBlock, ...]
+    before: Figures
+    after: Figures
+    traced: int
+    output_shape: tuple[int, ...]
+
+
+def block_table(model: nn.Module, blocks: BlockList, inputs: Inputs) -> Table:
     """Every block's row and the figures of what runs before and after the blocks, from traces of one block
-    per shape key."""
-    keys = shape_keys(blocks.blocks)
+    per shape key (every block when the list cannot be cut)."""
+    modules = blocks.modules
+    keys = shape_keys(modules)
     first = {key: keys.index(key) for key in dict.fromkeys(keys)}
-    traced = max(first.values()) + 1
-    half = max(1, seq // 2)
+    traced = max(first.values()) + 1 if cuttable(blocks) else len(modules)
+    half = max(1, inputs.seq // 2)
+    lengths = (inputs,) if inputs.source.image else (inputs, Inputs(inputs.source, half, inputs.dtype))
     try:
-        runs = [trace(model, blocks, traced, length, source) for length in (seq, half)]
+        runs = [trace(model, blocks, traced, length) for length in lengths]
     except Failure as failure:
-        if traced == len(blocks.blocks):
+        if traced == len(modules):
             raise
         try:  # a forward that needs every block (indexes the list by config.num_hidden_layers): all of them
-            traced = len(blocks.blocks)
-            runs = [trace(model, blocks, traced, length, source) for length in (seq, half)]
+            traced = len(modules)
+            runs = [trace(model, blocks, traced, length) for length in lengths]
         except Failure:
             raise failure from None
 
     def measured(run: _Trace, index: int | str) -> tuple[float, float]:
         return run.flops.get(index, 0.0), float(sum(run.saved.get(index, {}).values()))
 
+    def row_figures(index: int | str) -> Figures:
+        return figures(measured(runs[0], index), measured(runs[1], index) if len(runs) > 1 else None,
+                       inputs.per, half if len(runs) > 1 else inputs.per)
+
+    per = inputs.per
     rows = []
-    for index, block in enumerate(blocks.blocks):
+    for index, (name, block) in enumerate(blocks.blocks):
         traced_index = index if index < traced else first[keys[index]]
         rows.append(InspectedBlock(
-            name=f"{blocks.name}.{index}", type=type(block).__name__, shape_key=keys[index],
-            params=sum(p.numel() for p in block.parameters()),
-            figures=figures(measured(runs[0], traced_index), measured(runs[1], traced_index), seq, half),
-            input_bytes=runs[0].inputs.get(traced_index, 0) / seq, output_bytes=runs[0].outputs.get(traced_index, 0) / seq))
-    before, after = (figures(measured(runs[0], part), measured(runs[1], part), seq, half) for part in ("before", "after"))
-    return tuple(rows), before, after, traced
+            name=name, type=type(block).__name__, shape_key=keys[index],
+            params=sum(p.numel() for p in block.parameters()), figures=row_figures(traced_index),
+            input_bytes=runs[0].inputs.get(traced_index, 0) / per, output_bytes=runs[0].outputs.get(traced_index, 0) / per))
+    return Table(tuple(rows), row_figures("before"), row_figures("after"), traced, runs[0].result)
 
 
 def split_parameters(model: nn.Module, blocks: BlockList) -> tuple[int, int]:
-    """Parameters outside the blocks, (before, after) the block list in the module tree's order (a tied one
+    """Parameters outside the blocks, (before, after) the first block in the module tree's order (a tied one
     counted where it first appears: GPT-2's head in its embedding)."""
-    inside = {id(p) for p in blocks.blocks.parameters()}
+    inside = {id(p) for block in blocks.modules for p in block.parameters()}
     seen, counts, part = set(inside), [0, 0], 0
+    first = blocks.containers[0] if blocks.name is None else blocks.name
     for name, module in model.named_modules():
-        if name == blocks.name:
+        if name == first:
             part = 1
         for param in module.parameters(recurse=False):
             if id(param) not in seen:
