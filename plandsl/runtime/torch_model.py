@@ -215,6 +215,11 @@ def build(model: ir.CustomModel, seed: int) -> TorchModel:
     return wrapped
 
 
+def block_list_name(model: nn.Module) -> str:
+    """The FQN of a model's block list: a `TorchModel`'s, else plandsl's `layers`."""
+    return model.block_list if isinstance(model, TorchModel) else "layers"
+
+
 def blocks(model: nn.Module) -> tuple[nn.Module | None, list[str]]:
     """The container of a model's blocks and the names of the blocks it still holds: a `TorchModel`'s block
     list (without the pass-throughs of a stage), else plandsl's `layers` ModuleDict."""

@@ -312,15 +312,76 @@ def model_tp_problems(plan_styles: dict[str, str]) -> list[str]:
     return [f"'{pattern}': {style}" for pattern, style in plan_styles.items() if style not in MODEL_STYLES]
 
 
-def apply_model_tp(model: nn.Module, tp_mesh: DeviceMesh, plan_styles: dict[str, str]) -> None:
+def apply_model_tp(model: nn.Module, tp_mesh: DeviceMesh, plan_styles: dict[str, str],
+                   sequence_parallel: bool = False) -> None:
     """A model from torch split as its own plan says (FQN pattern -> style): Megatron's pairs, as
     transformers writes them (q, k, v and the MLP's gate and up colwise, o and down rowwise, the head's
     output gathered). Patterns that match no module with parameters of this (stage) module are left out
-    (a pipeline stage holds pass-throughs for the modules of other stages)."""
+    (a pipeline stage holds pass-throughs for the modules of other stages).
+
+    With `sequence_parallel` (Korthikanti et al. 2022) the residual stream between the first and the last
+    block this module holds is split along the sequence (dim 1): the first block scatters its input (a
+    local chunk), the modules holding a colwise projection (attention, MLP) all-gather theirs, the rowwise
+    projections reduce-scatter their output, and the blocks' norms (modules outside the plan whose
+    parameters are all 1-D) run on sequence shards as torch's `SequenceParallel`; the last block gathers
+    its output, so the model's own code around the blocks (masks and rotary positions from the full
+    shape, the final norm, a pipeline stage's boundary) sees whole sequences."""
     problems = model_tp_problems(plan_styles)
     if problems:
         raise ValueError(f"the model's tensor-parallel plan has styles plandsl cannot run: {', '.join(problems)}")
-    names = [name for name, module in model.named_modules() if next(module.parameters(recurse=False), None) is not None]
+    holders = {name: module for name, module in model.named_modules()
+               if next(module.parameters(recurse=False), None) is not None}
+    matched = {name: style for pattern, style in plan_styles.items() for name in holders
+               if fnmatch.fnmatchcase(name, pattern) and name.count(".") == pattern.count(".")}
     present = {pattern: MODEL_STYLES[style]() for pattern, style in plan_styles.items()
-               if any(fnmatch.fnmatchcase(name, pattern) and name.count(".") == pattern.count(".") for name in names)}
+               if any(fnmatch.fnmatchcase(name, pattern) and name.count(".") == pattern.count(".") for name in holders)}
+    if sequence_parallel:
+        present = {pattern: RowwiseParallel(output_layouts=Shard(1)) if plan_styles[pattern] == "rowwise" else style
+                   for pattern, style in present.items()}
     parallelize_module(model, tp_mesh, present)
+    if sequence_parallel:
+        _sequence_parallel_blocks(model, tp_mesh, holders, matched)
+
+
+def _sequence_parallel_blocks(model: nn.Module, mesh: DeviceMesh, holders: dict[str, nn.Module],
+                              matched: dict[str, str]) -> None:
+    from plandsl.runtime.torch_model import ModelError, block_list_name, blocks  # the model's block list
+    container, names = blocks(model)
+    if container is None or not names:
+        return
+    prefix = block_list_name(model)
+    for name in names:
+        block_prefix = f"{prefix}.{name}."
+        for module_name, module in holders.items():
+            if not module_name.startswith(block_prefix) or module_name in matched:
+                continue
+            odd = [f"{param_name} {tuple(param.shape)}" for param_name, param in module.named_parameters(recurse=False)
+                   if param.ndim != 1]
+            if odd:
+                raise ModelError(f"sequence parallelism: '{module_name}' holds {', '.join(odd)}, which the model's "
+                                 "tensor-parallel plan does not split and a sequence shard cannot train alone")
+            parallelize_module(module, mesh, SequenceParallel(use_local_output=True))
+        gathering = {module_name.rpartition(".")[0] for module_name, style in matched.items()
+                     if module_name.startswith(block_prefix) and style.startswith("colwise")}
+        for module_name in gathering:
+            model.get_submodule(module_name).register_forward_pre_hook(
+                _on_hidden_states(mesh, Shard(1), Replicate()), with_kwargs=True)
+    first, last = container.get_submodule(names[0]), container.get_submodule(names[-1])
+    first.register_forward_pre_hook(_on_hidden_states(mesh, Replicate(), Shard(1)), with_kwargs=True)
+    last.register_forward_hook(lambda module, args, output: _relayout(output, mesh, Shard(1), Replicate()))
+
+
+def _on_hidden_states(mesh: DeviceMesh, given: Placement, wanted: Placement):
+    """A forward pre-hook that re-lays out a module's hidden states (its first positional argument, or
+    `hidden_states=`) from `given` to `wanted` over `mesh`, differentiably."""
+    def hook(module, args, kwargs):
+        if args:
+            return (_relayout(args[0], mesh, given, wanted), *args[1:]), kwargs
+        if "hidden_states" in kwargs:
+            return args, {**kwargs, "hidden_states": _relayout(kwargs["hidden_states"], mesh, given, wanted)}
+        return None
+    return hook
+
+
+def _relayout(tensor, mesh: DeviceMesh, given: Placement, wanted: Placement):
+    return DTensor.from_local(tensor, mesh, [given], run_check=False).redistribute(mesh, [wanted]).to_local()
