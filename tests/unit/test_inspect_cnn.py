@@ -65,8 +65,8 @@ def test_resnet18_boundaries_and_activations_per_sample(resnet):
     """The boundary a stage sends is the block's output per image (bf16): 64·8·8 after layer1, 512·1·1 after
     layer4. A BasicBlock without downsample keeps exactly five tensors of its output's size (its input, conv1's
     and conv2's outputs for their BatchNorms, the two ReLU outputs) and, per channel and per traced batch of 2,
-    each BatchNorm's saved mean and inverse std (fp32) and its running mean and variance (bf16 buffers, which
-    batch_norm saves too): 2·C·12 bytes per batch, 12·C per sample."""
+    each BatchNorm's saved mean and inverse std (fp32): 2·C·8 bytes per batch, 8·C per sample. Its running mean
+    and variance, which batch_norm saves too, are buffers, not activations."""
     sizes = {1: 64 * 8 * 8 * 2, 2: 128 * 4 * 4 * 2, 3: 256 * 2 * 2 * 2, 4: 512 * 2}
     for block in resnet.blocks:
         stage = int(block.name[5])
@@ -74,7 +74,7 @@ def test_resnet18_boundaries_and_activations_per_sample(resnet):
         assert block.input_bytes == (sizes[stage] if block.name != f"layer{stage}.0" or stage == 1 else 2 * sizes[stage])
         if block.name.endswith(".1") or block.name == "layer1.0":
             channels = 64 * 2 ** (stage - 1)
-            assert block.figures.activation_bytes == 5 * sizes[stage] + 12 * channels
+            assert block.figures.activation_bytes == 5 * sizes[stage] + 8 * channels
 
 
 def test_the_input_spec_is_part_of_the_source_and_its_key():

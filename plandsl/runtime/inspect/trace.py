@@ -1,6 +1,6 @@
 """A meta-device module -> plandsl's layer table: module tree, parameters (tied ones found), the block list,
 and per block forward FLOPs (`FlopCounterMode`), bytes saved for backward (`saved_tensors_hooks`, unique
-storages, parameters excluded) and boundary sizes. E903: the forward fails on meta tensors; E904: no block list.
+storages, parameters and buffers excluded) and boundary sizes. E903: the forward fails on meta tensors; E904: no block list.
 
 Cheap for deep models: the block list is cut, for the trace, to the blocks up to the last first block of
 each distinct shape (one block for a uniform model); blocks of one shape share its figures. Each trace of
@@ -226,9 +226,12 @@ def trace(model: nn.Module, blocks: BlockList, traced: int, inputs: Inputs) -> _
             current[0] = "after"
         return hook
 
+    buffers = {id(buffer) for buffer in model.buffers()}
+
     def pack(tensor):
         base = tensor if tensor._base is None else tensor._base
-        if not (base.is_leaf and base.requires_grad):  # a parameter (or a view of one) is no activation
+        # a parameter (or a view of one) is no activation, nor is a buffer (BatchNorm's running statistics)
+        if not (base.is_leaf and base.requires_grad) and id(base) not in buffers:
             storage = tensor.untyped_storage()
             record.saved.setdefault(current[0], {})[storage._cdata] = storage.nbytes()
         return tensor
