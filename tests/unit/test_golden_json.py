@@ -31,8 +31,20 @@ def _rounded(value):
     return value
 
 
-@pytest.mark.parametrize("command", list(COMMANDS))
-@pytest.mark.parametrize("example", EXAMPLES)
+# `generate --json` reports whether `plandsl run` runs each candidate; for per-module shard rules it asks
+# runtime/parallel/tensor_parallel, which imports torch (~3 CPU-s). Such cases join the xdist group of the
+# modules that import torch (tests/conftest.py), so that one worker imports it, not both.
+IMPORTS_TORCH = {("generate", "shard_rules")}
+
+
+def _cases():
+    for example in EXAMPLES:
+        for command in COMMANDS:
+            marks = [pytest.mark.xdist_group("torch")] if (command, example) in IMPORTS_TORCH else []
+            yield pytest.param(command, example, marks=marks, id=f"{example}-{command}")
+
+
+@pytest.mark.parametrize("command, example", list(_cases()))
 def test_json_of_every_example(command, example, golden, monkeypatch):
     monkeypatch.chdir(ROOT)
     result = CliRunner().invoke(main, COMMANDS[command](f"stdlib_plans/examples/{example}.plan"))

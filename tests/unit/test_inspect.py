@@ -4,6 +4,7 @@ model source parser; the command line. The bad-input codes E901-E904 run in test
 (each catalogue example and its fix); the Hugging Face ones here."""
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -15,7 +16,9 @@ from plandsl.cli import main
 from plandsl.ir import layers as ir_layers
 from plandsl.ir.inspected import InspectedModel, ModelSource, parse_source, read_cache
 
-pytest.importorskip("transformers")
+# Skip without transformers, as importorskip did, but without importing it at collection: each xdist worker
+# collects every module, and importing transformers (and huggingface_hub, httpx, trio...) cost ~1 CPU-s there.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
 
 HERE = str(Path(__file__).resolve().parent)
 SEQ = 64
