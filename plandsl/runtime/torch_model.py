@@ -59,7 +59,8 @@ class TorchModel(nn.Module):
     runs: a Hugging Face model with `input_ids` (or, on a later pipeline stage, `inputs_embeds`) and
     `use_cache=False`, returning `.logits`; a factory's module with the token ids, returning its output."""
 
-    def __init__(self, module: nn.Module, source: str, block_list: str, hf: bool):
+    def __init__(self, module: nn.Module, source: str, block_list: str | None, hf: bool,
+                 block_names: tuple[str, ...] = (), image: tuple[int, ...] | None = None):
         super().__init__()
         own = [name for name, _ in module.named_parameters(recurse=False)] + \
               [name for name, _ in module.named_buffers(recurse=False)]
@@ -70,8 +71,11 @@ class TorchModel(nn.Module):
             self.add_module(name, child)
         self.__dict__["inner"] = module  # shared children; deep-copied along with them
         self.source, self.block_list, self.hf = source, block_list, hf
+        self.block_names = block_names  # every block's FQN, for a model whose blocks sit in several containers
         self.first = self.last = True  # which ends of the model this (stage) module holds
-        self.vocab = _vocab(module, hf)
+        self.image = image  # the shape of one sample of a model that takes images (a CNN), else None: token ids
+        self.vocab = None if image else _vocab(module, hf)
+        self.classes = _classes(module, image) if image else None
 
     def train(self, mode: bool = True):
         self.inner.training = mode  # transformers reads the root's flag (its own checkpointing)
@@ -98,6 +102,9 @@ class TorchModel(nn.Module):
         own = getattr(self.inner, "make_batch", None)
         if callable(own):
             return own(batch, seq, generator)
+        if self.image:  # random images and labels of the right shape: a smoke run (the module's own data: make_batch)
+            return (torch.randn(batch, *self.image, generator=generator),
+                    torch.randint(self.classes, (batch,), generator=generator))
         if self.vocab is None:
             raise ModelError(f"{self.source}: the model has no token embedding to size synthetic token ids by; "
                              "give it a `make_batch(batch, seq, generator)` method")
@@ -106,7 +113,8 @@ class TorchModel(nn.Module):
 
     # ---- what the parallelisms need -----------------------------------------------------------------
     def block_container(self) -> nn.Module:
-        return self.get_submodule(self.block_list)
+        """The module holding the blocks: the block list, or (blocks in several containers) the model itself."""
+        return self.get_submodule(self.block_list) if self.block_list else self
 
     def split_stage(self, keep: set[str]) -> "TorchModel":
         """A deep copy holding only the layers in `keep` (`embed`, block FQNs, `head`), the rest replaced."""
@@ -164,6 +172,23 @@ def _vocab(module: nn.Module, hf: bool) -> int | None:
     return embedding.num_embeddings if embedding is not None else None
 
 
+def _classes(module: nn.Module, image: tuple[int, ...]) -> int:
+    """The number of classes an image model outputs: its output's last size on one sample (evaluation mode,
+    so batch statistics are not needed; on the meta device in a dry run)."""
+    training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            output = module(torch.zeros(1, *image))
+    finally:
+        module.train(training)
+    logits = getattr(output, "logits", output)
+    if not isinstance(logits, torch.Tensor) or logits.ndim != 2:
+        raise ModelError(f"an image model must return logits [batch, classes]; it returned "
+                         f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__}")
+    return logits.shape[-1]
+
+
 def _before_blocks(pp_plan: dict, block_list: str, base: str) -> list[tuple[str, tuple[list, list]]]:
     names = list(pp_plan)
     cut = names.index(block_list.removeprefix(f"{base}.")) if block_list.removeprefix(f"{base}.") in names else 0
@@ -210,19 +235,23 @@ def build(model: ir.CustomModel, seed: int) -> TorchModel:
     config = getattr(module, "config", None)
     if config is not None and hasattr(config, "use_cache"):
         config.use_cache = False
-    wrapped = TorchModel(module, source.text, model.block_list or "", source.kind == "hf")
+    wrapped = TorchModel(module, source.text, model.block_list, source.kind == "hf", tuple(model.blocks),
+                         source.image)
     wrapped.train()
     return wrapped
 
 
 def block_list_name(model: nn.Module) -> str:
-    """The FQN of a model's block list: a `TorchModel`'s, else plandsl's `layers`."""
-    return model.block_list if isinstance(model, TorchModel) else "layers"
+    """The FQN of a model's block list: a `TorchModel`'s ("" when its blocks sit in several containers and
+    are named in full), else plandsl's `layers`."""
+    return (model.block_list or "") if isinstance(model, TorchModel) else "layers"
 
 
 def blocks(model: nn.Module) -> tuple[nn.Module | None, list[str]]:
     """The container of a model's blocks and the names of the blocks it still holds: a `TorchModel`'s block
     list (without the pass-throughs of a stage), else plandsl's `layers` ModuleDict."""
+    if isinstance(model, TorchModel) and not model.block_list:  # blocks in several containers: by their FQNs
+        return model, [name for name in model.block_names if not isinstance(model.get_submodule(name), PassThrough)]
     if isinstance(model, TorchModel):
         container = model.block_container()
         return container, [name for name, block in container.named_children() if not isinstance(block, PassThrough)]

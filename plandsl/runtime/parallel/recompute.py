@@ -64,9 +64,11 @@ def apply_ac(model: nn.Module, mode: ir.Recompute) -> None:
         return
     for name in names:
         block = layers.get_submodule(name)
+        parent_name, _, child = name.rpartition(".")  # a block named in full (layer1.0) sits in its own container
+        parent = layers.get_submodule(parent_name)
         if mode is ir.Recompute.full:
-            layers.register_module(name, checkpoint_wrapper(block))
+            parent.register_module(child, checkpoint_wrapper(block))
         elif mode is ir.Recompute.selective_op:
-            layers.register_module(name, checkpoint_wrapper(block, context_fn=keep_every_other_matmul))
+            parent.register_module(child, checkpoint_wrapper(block, context_fn=keep_every_other_matmul))
         elif hasattr(block, "attn"):
             block.attn.register_module("core", checkpoint_wrapper(block.attn.core))

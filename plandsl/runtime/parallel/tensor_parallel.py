@@ -351,7 +351,7 @@ def _sequence_parallel_blocks(model: nn.Module, mesh: DeviceMesh, holders: dict[
         return
     prefix = block_list_name(model)
     for name in names:
-        block_prefix = f"{prefix}.{name}."
+        block_prefix = f"{prefix}.{name}." if prefix else f"{name}."
         for module_name, module in holders.items():
             if not module_name.startswith(block_prefix) or module_name in matched:
                 continue
