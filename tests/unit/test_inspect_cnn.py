@@ -77,6 +77,24 @@ def test_resnet18_boundaries_and_activations_per_sample(resnet):
             assert block.figures.activation_bytes == 5 * sizes[stage] + 8 * channels
 
 
+def test_resnet50_bottlenecks_and_a_features_classifier_layout():
+    """ResNet-50 as torchvision's: 25,557,032 parameters, 16 Bottleneck blocks, 8.18 GFLOPs per 224x224 image
+    (torchvision's 4.09 G multiply-adds), here at 32x32, where every conv's output has 1/49 of the positions.
+    `small`: the run of Sequentials `features`, `classifier` loses `classifier`, which holds no block."""
+    table = api.inspect_model("inspect_models.resnet:resnet50(input=image(3, 32, 32))", search_path=(HERE,))
+    assert table.params == 25_557_032 and len(table.blocks) == 16 and table.containers == resnet_containers()
+    assert table.blocks[0].name == "layer1.0" and {b.type for b in table.blocks} == {"Bottleneck"}
+    head = 2 * 2048 * 1000  # fc is the one figure that does not scale with the image
+    assert table.flops_per_token() - head == pytest.approx((8.178e9 - head) / 49, rel=2e-3)
+    small = api.inspect_model("inspect_models.resnet:small(input=image(3, 16, 16))", search_path=(HERE,))
+    assert small.containers == ("features",) and [b.name for b in small.blocks] == [f"features.{i}" for i in range(4)]
+    assert small.after_params == 16 * 10 + 10 and small.after.flops == 2 * 16 * 10  # the classifier, after them
+
+
+def resnet_containers() -> tuple[str, ...]:
+    return ("layer1", "layer2", "layer3", "layer4")
+
+
 def test_the_input_spec_is_part_of_the_source_and_its_key():
     source = parse_source(RESNET)
     assert source.image == (3, 32, 32) and dict(source.args) == {"num_classes": 10}

@@ -98,8 +98,9 @@ def _join(parent: str, child: str) -> str:
 def _sequential_stages(model: nn.Module) -> list[str]:
     """The FQNs of the run of consecutive nn.Sequential children of one module (the root itself when it is
     one) holding the most blocks: children that have children and parameters of their own (a BasicBlock, not
-    a Conv2d or a ReLU: a Sequential of layers is one block's insides); the shallowest run on a tie. Empty
-    when there is none."""
+    a Conv2d or a ReLU: a Sequential of layers is one block's insides); the shallowest run on a tie. Sequentials
+    without blocks at either end of the run are left out (a classifier head after the features, a stem before
+    them). Empty when there is none."""
     best: tuple[int, int, list[str]] = (0, 0, [])
     candidates = [("", [("", model)])] if isinstance(model, nn.Sequential) else []
     for name, module in model.named_modules():
@@ -112,12 +113,20 @@ def _sequential_stages(model: nn.Module) -> list[str]:
                 candidates.append((name, run))
             run = []
     for parent, run in candidates:  # (blocks, -depth) decides: most blocks, then the shallowest
-        units = sum(1 for _, stage in run for block in stage.children()
-                    if any(True for _ in block.children()) and any(True for _ in block.parameters()))
+        counts = [_blocks_in(stage) for _, stage in run]
+        if not any(counts):
+            continue
+        first = next(index for index, count in enumerate(counts) if count)
+        last = max(index for index, count in enumerate(counts) if count)
         depth = -parent.count(".") - bool(parent)
-        if (units, depth) > best[:2]:
-            best = (units, depth, [stage for stage, _ in run])
+        if (sum(counts), depth) > best[:2]:
+            best = (sum(counts), depth, [stage for stage, _ in run[first:last + 1]])
     return best[2]
+
+
+def _blocks_in(stage: nn.Module) -> int:
+    return sum(1 for block in stage.children()
+               if any(True for _ in block.children()) and any(True for _ in block.parameters()))
 
 
 def _has(root: nn.Module, key: str) -> bool:
