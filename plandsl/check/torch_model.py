@@ -13,11 +13,7 @@ from typing import Iterator
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, diag
 from plandsl.ir import torch_plan
-from plandsl.ir.inspected import parse_source
 from plandsl.ir.placement import Assignment, assign_stages, matches
-
-_HEAD_KEYS = ("num_attention_heads", "num_key_value_heads")  # a Hugging Face config's head counts
-
 
 def check_torch_model(plan: ir.Plan, placement_ok: bool = True) -> Iterator[Diagnostic]:
     """`placement_ok`: whether the placement checked clean (else the tied pairs are not checked)."""
@@ -114,12 +110,8 @@ def _split(hit: list[str], style: str, modules: dict[str, str], shapes: dict[str
 def _heads(model: ir.CustomModel, axis: str, size: int, span) -> Iterator[Diagnostic]:
     """A Hugging Face config's head counts: each rank computes whole heads (the attention reshapes its
     share of q, k, v by the head dim)."""
-    if not model.source.startswith("hf("):
-        return
-    args = dict(parse_source(model.source).args)
-    for key in _HEAD_KEYS:
-        value = args.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value % size:
+    for key, value in torch_plan.head_counts(model).items():
+        if value % size:
             yield diag("E406", f"{key} ({value}) is not divisible by axis '{axis}' ({size}): each tensor-parallel "
                        "rank computes whole attention heads", span,
                        hint=f"'{axis}' must divide {value}: one of "

@@ -95,3 +95,53 @@ def layer_of_module(model: ir.CustomModel) -> dict[str, str]:
 
 def layer_of_param(model: ir.CustomModel, param: str) -> str | None:
     return layer_of_module(model).get(param.rpartition(".")[0])
+
+
+def ties_across_layers(model: ir.Model) -> bool:
+    """Whether a model from torch has a tensor under two names in different layers (GPT-2's head and
+    embedding): its pipeline stages could not share it (E412), so it runs without a pipeline."""
+    if not isinstance(model, ir.CustomModel) or not model.tied:
+        return False
+    layer_of = layer_of_module(model)
+    return any(layer_of.get(a.rpartition(".")[0]) != layer_of.get(b.rpartition(".")[0]) for a, b in model.tied)
+
+
+HEAD_KEYS = ("num_attention_heads", "num_key_value_heads")  # a Hugging Face config's head counts
+
+
+def head_counts(model: ir.CustomModel) -> dict[str, int]:
+    """The head counts a Hugging Face source sets ({} for a factory, or keys left at their defaults)."""
+    if not model.source or not model.source.startswith("hf("):
+        return {}
+    from plandsl.ir.inspected import parse_source  # lazy: ir.inspected imports pydantic models of its own
+    args = dict(parse_source(model.source).args)
+    return {key: args[key] for key in HEAD_KEYS
+            if isinstance(args.get(key), int) and not isinstance(args[key], bool) and args[key] > 0}
+
+
+def tp_splits(model: ir.Model, tp: int) -> bool:
+    """Whether `tensor = megatron` of degree tp applies a torch model's own plan cleanly (the checker's
+    E405, E406, E413 and E414 rules, `check.torch_model`): styles it knows on modules torch splits, every
+    split dim and head count divisible. False for a model with no plan (and for any other model)."""
+    if not isinstance(model, ir.CustomModel) or not model.tp_plan:
+        return False
+    if tp == 1:
+        return True
+    if any(count % tp for count in head_counts(model).values()):
+        return False
+    types = dict(model.modules)
+    shapes: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+    for name, shape in model.parameters:
+        module, _, local = name.rpartition(".")
+        shapes.setdefault(module, []).append((local, tuple(shape)))
+    for pattern, style in model.tp_plan:
+        hit = matching(pattern, types)
+        if style not in KNOWN_STYLES or not hit:
+            return False
+        for module in hit:
+            dims = [(shape, split_dim(style, types[module], local, len(shape))) for local, shape in shapes.get(module, ())]
+            if any(dim is not None for _, dim in dims) and not supports_style(types[module]):
+                return False
+            if any(dim is not None and shape[dim] % tp for shape, dim in dims):
+                return False
+    return True

@@ -9,6 +9,7 @@ this layer). SearchError or PlanError otherwise.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -72,7 +73,8 @@ def generate(request: Request, progress: Callable[[int, int], None] | None = Non
                                   request.top, progress, request.output, time_limit=request.time_limit)
         return Generated(completed.result, tuple(completed.texts), tuple(completed.notes))
     problem_, source = resolve_problem(request.model, request.cluster, request.global_batch, request.seq_len,
-                                       request.precision or "bf16")
+                                       request.precision or "bf16",
+                                       request.output or os.path.join(os.getcwd(), "generated.plan"))
     result, texts = checked_texts(search(problem_, request.pins, request.top, progress=progress,
                                            time_limit=request.time_limit), problem_, source,
                                   request.output)

@@ -17,6 +17,7 @@ from plandsl import ir
 from plandsl.cost.layer import Links, mesh_links
 from plandsl.cost.stage import slowest
 from plandsl.ir.shapes import context_extents, expert_extents, indivisible, tensor_extents, tp_splits
+from plandsl.ir.torch_plan import ties_across_layers, tp_splits as torch_tp_splits
 from plandsl.schedules.registry import BUILTIN, microbatches_fit
 
 AXES = ("dp", "ep", "pp", "cp", "tp")  # the canonical mesh order, outermost first (Megatron's)
@@ -63,6 +64,7 @@ def layouts(model: ir.Model, devices: int, sequence: int, global_batch: int, blo
     the global batch (unless `check_batch` is off)."""
     transformer = isinstance(model, ir.TransformerModel)
     experts = expert_extents(model)
+    one_stage = ties_across_layers(model)  # a tensor two stages would share (E412)
     out = []
     for tp in divisors(devices):
         if not tp_divides(model, tp):
@@ -78,7 +80,7 @@ def layouts(model: ir.Model, devices: int, sequence: int, global_batch: int, blo
                     layout = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep}
                     if any(k in pins and pins[k] != v for k, v in layout.items()):
                         continue
-                    if pp > blocks or (check_batch and global_batch % (dp * ep)):
+                    if pp > blocks or (pp > 1 and one_stage) or (check_batch and global_batch % (dp * ep)):
                         continue
                     out.append((dp, tp, pp, cp, ep))
     return out
@@ -86,16 +88,19 @@ def layouts(model: ir.Model, devices: int, sequence: int, global_batch: int, blo
 
 def tp_divides(model: ir.Model, tp: int) -> bool:
     """Whether tensor parallelism of degree tp splits the model's heads and widths evenly: the checker's
-    rule (E406, `ir.shapes`). Only for gpt and llama: the interpreter has no tensor-parallel layout for
-    other models (E704), so the search keeps their tp at 1."""
+    rule (E406, `ir.shapes`). For gpt and llama, and for a model from torch with its own tensor-parallel plan
+    (`ir.torch_plan.tp_splits`): the interpreter has no tensor-parallel layout for other models (E704), so
+    the search keeps their tp at 1."""
     if tp == 1:
         return True
-    return isinstance(model, ir.TransformerModel) and tp_splits(model, tp)
+    return (isinstance(model, ir.TransformerModel) and tp_splits(model, tp)) or torch_tp_splits(model, tp)
 
 
 def sequence_parallel(model: ir.Model, sequence: int, tp: int, cp: int) -> bool:
     """Whether the search turns on sequence parallelism: tp > 1 splits each context rank's share of the
     sequence evenly too (the checker's rule, E406)."""
+    if isinstance(model, ir.CustomModel):
+        return False  # a torch model's own plan says nothing of its norms' sequence (E704 at run)
     return tp > 1 and not indivisible(tensor_extents(model, sequence, cp), tp)
 
 

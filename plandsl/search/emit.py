@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import json
 import math
 import os
 import re
@@ -19,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from plandsl import ir
+from plandsl.ir.inspected import parse_source
 from plandsl.ir.layers import layers_of, param_count
 from plandsl.ir.placement import split_evenly
 from plandsl.schedules.registry import BUILTIN
@@ -68,17 +70,23 @@ def stdlib_names() -> dict[str, str]:
 
 
 def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | None = None,
-                    precision: str = "bf16") -> tuple[Problem, Source]:
-    """The model and the cluster, resolved by the language (so they mean what they mean in a plan)."""
+                    precision: str = "bf16", plan_file: str | None = None) -> tuple[Problem, Source]:
+    """The model and the cluster, resolved by the language (so they mean what they mean in a plan).
+    `plan_file`: where the plan will be written; a model from torch (`hf(...)`, `pkg.mod:fn(...)`) is read
+    from the layer table `plandsl inspect` wrote beside it (`.plandsl/`), as the plan will read it."""
     names = stdlib_names()
     imports: list[str] = []
     model_text, cluster_text = model.strip(), cluster.strip()
     if not model_text or not cluster_text:
         raise SearchError("--model and --cluster must not be empty")
-    if ":" in model_text and "(" not in model_text:
+    torch_call = torch_model_call(model_text)
+    if torch_call is not None:
+        model_text = torch_call
+    elif ":" in model_text and "(" not in model_text:
         path, _, name = model_text.rpartition(":")
         if not os.path.isfile(path):  # never raises (a name too long, a NUL)
-            raise SearchError(f"cannot read model file '{path}' (from --model {model})")
+            raise SearchError(f"cannot read model file '{path}' (from --model {model}; a factory is written "
+                              "pkg.module:function(...))")
         imports.append(str(Path(path).resolve()))
         model_text = name
     for text in (model_text, cluster_text):
@@ -87,7 +95,7 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
                 imports.append(names[word])
     _known(model_text, "model", [n for n, f in names.items() if f.startswith("models/")], imports)
     _known(cluster_text, "cluster", [n for n, f in names.items() if f.startswith("clusters/")], imports)
-    found_model = _resolve(imports, f"model __model = {model_text}", "--model", model)
+    found_model = _resolve(imports, f"model __model = {model_text}", "--model", model, plan_file)
     found_cluster = _resolve(imports, f"cluster __cluster = {cluster_text}", "--cluster", cluster)
     try:
         found_precision = ir.Precision(precision)
@@ -106,18 +114,47 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
     return problem, Source(tuple(imports), model_text, cluster_text)
 
 
-def _resolve(imports: list[str], line: str, option: str, given: str):
-    """One definition checked by the language; its first error as a plain message."""
+def _resolve(imports: list[str], line: str, option: str, given: str, plan_file: str | None = None):
+    """One definition checked by the language (as if in `plan_file`); its first error as a plain message."""
     header = "".join(f'import "{i}"\n' for i in imports)
     with include(os.path.dirname(i) for i in imports if os.path.isabs(i)):  # a file named by --model
-        analysis = analyze("<generate>", text=header + line + "\n")
+        analysis = analyze(plan_file or "<generate>", text=header + line + "\n")
     if not analysis.ok or analysis.document is None:
         first = analysis.errors[0]
         hint = f" ({first.hint})" if first.hint and "names in scope" not in first.hint else ""
+        if first.code == "E215" and first.hint and "(or: " in first.hint:  # the one command that writes it
+            hint = f" (E215; run: {first.hint.split('(or: ', 1)[1].removesuffix(')')})"
         raise SearchError(f"{option} {given}: {first.message}{hint}")
     document = analysis.document
     found = [*document.models, *document.clusters]
     return next(item for item in found if item.name in ("__model", "__cluster"))
+
+
+_FACTORY_CALL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_.]*\(")
+
+
+def torch_model_call(text: str) -> str | None:
+    """`hf("LlamaForCausalLM", k=v, ...)` or `pkg.mod:fn(k=v, ...)` (a model source, as `plandsl inspect`
+    takes it) as the plan language writes it: `hf(...)`, `factory("pkg.mod:fn", ...)`; None for any other
+    --model; SearchError for a source that does not parse or an argument the language cannot write."""
+    if not (text.startswith("hf(") or _FACTORY_CALL.match(text)):
+        return None
+    try:
+        source = parse_source(text)
+    except ValueError as error:
+        raise SearchError(f"--model {text}: {error}") from None
+    args = [json.dumps(source.target, ensure_ascii=False)]
+    for key, value in source.args:
+        if isinstance(value, bool):
+            args.append(f"{key}={'true' if value else 'false'}")
+        elif isinstance(value, (int, float)):
+            args.append(f"{key}={value!r}")
+        elif isinstance(value, str) and not any(ord(c) < 32 and c not in "\n\t" for c in value):
+            args.append(f"{key}={json.dumps(value, ensure_ascii=False)}")
+        else:
+            raise SearchError(f"--model {text}: argument '{key}' ({value!r}) cannot be written in a plan: "
+                              "numbers, strings and booleans only")
+    return f"{'hf' if source.kind == 'hf' else 'factory'}({', '.join(args)})"
 
 
 def _runnable(model: ir.Model, given: str, seq_len: int | None) -> None:

@@ -136,3 +136,32 @@ def test_the_cost_model_counts_the_models_tensor_parallelism(folder):
     # work per device falls, and the all-reduces of the rowwise outputs are paid
     assert two.stage_times[0].flops < one.stage_times[0].flops
     assert two.stage_times[0].comm > 0 and one.stage_times[0].comm == 0
+
+
+def _generate(folder, model: str, *pins: str, output: str = "g.plan"):
+    request = api.generate_request(model=model, cluster="dgx_a100", global_batch=64, top=5, pins=pins,
+                                   output=str(folder / output))
+    return api.generate(request)
+
+
+def test_generate_takes_a_hugging_face_model_and_writes_a_plan_that_checks(folder):
+    generated = _generate(folder, LLAMA.text, "tp=2")  # Python's spelling, as plandsl inspect takes it
+    best = generated.texts[0]
+    assert 'model   = hf(\n    "LlamaForCausalLM",' in best and "tie_word_embeddings=false," in best
+    assert "tensor  = megatron over tp\n" in best  # the model's own plan; no sequence parallelism
+    (folder / "g.plan").write_text(best, encoding="utf-8")
+    assert api.check(folder / "g.plan").ok
+    # GPT-2's tied head: never a pipeline (E412), never tensor parallel (no plan, E413)
+    tied = _generate(folder, GPT2.text)
+    assert tied.result.candidates and all(s.candidate.pp == 1 and s.candidate.tp == 1 for s in tied.result.candidates)
+
+
+def test_generate_says_how_to_write_a_missing_table(folder, tmp_path):
+    _, search_error = api.generate_errors()
+    with pytest.raises(search_error) as raised:
+        _generate(tmp_path, GPT2.text.replace("n_layer=4", "n_layer=3"))
+    message = str(raised.value)
+    assert "is missing (E215; run: mkdir -p" in message and "plandsl inspect 'hf(\"GPT2LMHeadModel\"" in message
+    assert f"-o {tmp_path}/.plandsl/inspect-" in message
+    with pytest.raises(search_error, match="cannot be written in a plan"):
+        _generate(folder, 'hf("GPT2LMHeadModel", n_embd=None)')
