@@ -418,7 +418,10 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
     tokens = seq * plan.train.micro_batch
     precision = plan.train.precision
     if isinstance(model, ir.CustomModel):
-        return layer.activation_bytes_per_token * tokens  # authored bytes per token
+        if model.source and recompute is ir.Recompute.full and layer.name not in ("embed", "head"):
+            # a torch model's block rerun whole in its backward keeps only its input (the boundary before it)
+            return float(_block_input_width(model, layer) * precision.bytes * tokens)
+        return layer.activation_bytes_per_token * tokens  # authored (or measured) bytes per token
     if isinstance(model, ir.MLPModel):
         # Each Linear keeps its input (weight gradient) and output (activation backward); with
         # full recompute only the input. Not tensor-parallel by default.
@@ -446,6 +449,13 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
     return 0.0
 
 
+def _block_input_width(model: ir.CustomModel, layer: Layer) -> int:
+    """Elements per token entering a torch model's block: the output of the layer before it."""
+    names = [authored.name for authored in model.layers]
+    index = names.index(layer.name) if layer.name in names else 0
+    return model.layers[index - 1].output if index > 0 else layer.output_width
+
+
 def _kv_gathered(plan: ir.Plan, recompute: ir.Recompute) -> int:
     """Over how many ranks' sequences a block keeps K and V: all-gather context parallelism keeps the
     gathered ones, unless recomputation reruns the core (and its gather) in the backward."""
@@ -464,7 +474,11 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
     if recompute not in (ir.Recompute.full, ir.Recompute.selective_op):
         return 0.0
     blocks = [layer for layer in layers if layer.kind in ("block", "custom")]
-    if not blocks or isinstance(plan.model, ir.CustomModel):
+    if isinstance(plan.model, ir.CustomModel) and plan.model.source and recompute is ir.Recompute.full:
+        blocks = [layer for layer in blocks if layer.name not in ("embed", "head")]  # a torch model's blocks
+    elif isinstance(plan.model, ir.CustomModel):
+        return 0.0
+    if not blocks:
         return 0.0
     seen: dict = {}
     return max(once_per_figures(seen, b, lambda b: _layer_activations(plan, b, ir.Recompute.none, attention_matrix)

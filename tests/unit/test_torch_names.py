@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from plandsl import api
+from plandsl.ir import Recompute
 from plandsl.ir import layers as ir_layers
 from plandsl.ir.inspected import ModelSource
 from plandsl.lower.inspected import cache_path
@@ -136,6 +137,10 @@ def test_the_cost_model_counts_the_models_tensor_parallelism(folder):
     # work per device falls, and the all-reduces of the rowwise outputs are paid
     assert two.stage_times[0].flops < one.stage_times[0].flops
     assert two.stage_times[0].comm > 0 and one.stage_times[0].comm == 0
+    # full recomputation: each block keeps its input (256 bf16 values per token), not what the table measured
+    text = _check(folder, "", mesh="[dp = 8]").document.plans[0]
+    full = text.model_copy(update={"train": text.train.model_copy(update={"recompute": Recompute.full})})
+    assert api.estimate(full).memory[0].activations < 0.5 * one.memory[0].activations
 
 
 def _generate(folder, model: str, *pins: str, output: str = "g.plan"):
