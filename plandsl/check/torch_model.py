@@ -14,6 +14,7 @@ from plandsl import ir
 from plandsl.diagnostics import Diagnostic, diag
 from plandsl.ir import torch_plan
 from plandsl.ir.placement import Assignment, assign_stages, matches
+from plandsl.ir.shapes import indivisible
 
 def check_torch_model(plan: ir.Plan, placement_ok: bool = True) -> Iterator[Diagnostic]:
     """`placement_ok`: whether the placement checked clean (else the tied pairs are not checked)."""
@@ -99,7 +100,7 @@ def _split(hit: list[str], style: str, modules: dict[str, str], shapes: dict[str
                        span, hint="name the Linear modules inside it (e.g. its projections), or replicate it")
             return
         for local, shape, dim in splits:
-            if dim is not None and shape[dim] % size:
+            if dim is not None and indivisible({local: shape[dim]}, size):
                 yield diag("E406", f"dim {dim} of '{module}.{local}' ({shape[dim]}), which {what} splits, is not "
                            f"divisible by axis '{axis}' ({size})", span,
                            hint=f"'{axis}' must divide {shape[dim]}: one of "
@@ -110,8 +111,8 @@ def _split(hit: list[str], style: str, modules: dict[str, str], shapes: dict[str
 def _heads(model: ir.CustomModel, axis: str, size: int, span) -> Iterator[Diagnostic]:
     """A Hugging Face config's head counts: each rank computes whole heads (the attention reshapes its
     share of q, k, v by the head dim)."""
-    for key, value in torch_plan.head_counts(model).items():
-        if value % size:
+    for key, value in indivisible(torch_plan.head_counts(model), size).items():
+        if value:
             yield diag("E406", f"{key} ({value}) is not divisible by axis '{axis}' ({size}): each tensor-parallel "
                        "rank computes whole attention heads", span,
                        hint=f"'{axis}' must divide {value}: one of "

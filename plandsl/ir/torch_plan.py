@@ -13,6 +13,7 @@ import bisect
 import functools
 
 from plandsl import ir
+from plandsl.ir.shapes import indivisible
 
 # Styles that split a Linear's weight [out, in] along dim 0 (its output features) or 1 (its inputs);
 # on an Embedding [num, dim] torch's ColwiseParallel splits dim 1 and RowwiseParallel dim 0.
@@ -119,16 +120,12 @@ def head_counts(model: ir.CustomModel) -> dict[str, int]:
             if isinstance(args.get(key), int) and not isinstance(args[key], bool) and args[key] > 0}
 
 
-def tp_splits(model: ir.Model, tp: int) -> bool:
-    """Whether `tensor = megatron` of degree tp applies a torch model's own plan cleanly (the checker's
-    E405, E406, E413 and E414 rules, `check.torch_model`): styles it knows on modules torch splits, every
-    split dim and head count divisible. False for a model with no plan (and for any other model)."""
-    if not isinstance(model, ir.CustomModel) or not model.tp_plan:
-        return False
-    if tp == 1:
-        return True
-    if any(count % tp for count in head_counts(model).values()):
-        return False
+def split_extents(model: ir.CustomModel) -> dict[str, int] | None:
+    """Every extent the model's own tensor-parallel plan splits, by name (its config's head counts, each
+    split dim of a matched parameter: `dim 0 of 'model.layers.0.self_attn.q_proj.weight'`); None when the
+    plan cannot apply (a style plandsl does not know, a pattern naming no module, a module torch cannot
+    split so: the checker's E405 and E414)."""
+    extents: dict[str, int] = dict(head_counts(model))
     types = dict(model.modules)
     shapes: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
     for name, shape in model.parameters:
@@ -137,11 +134,23 @@ def tp_splits(model: ir.Model, tp: int) -> bool:
     for pattern, style in model.tp_plan:
         hit = matching(pattern, types)
         if style not in KNOWN_STYLES or not hit:
-            return False
+            return None
         for module in hit:
-            dims = [(shape, split_dim(style, types[module], local, len(shape))) for local, shape in shapes.get(module, ())]
-            if any(dim is not None for _, dim in dims) and not supports_style(types[module]):
-                return False
-            if any(dim is not None and shape[dim] % tp for shape, dim in dims):
-                return False
-    return True
+            for local, shape in shapes.get(module, ()):
+                dim = split_dim(style, types[module], local, len(shape))
+                if dim is None:
+                    continue
+                if not supports_style(types[module]):
+                    return None
+                extents[f"dim {dim} of '{module}.{local}'"] = shape[dim]
+    return extents
+
+
+def tp_splits(model: ir.Model, tp: int) -> bool:
+    """Whether `tensor = megatron` of degree tp applies a torch model's own plan cleanly (the checker's rules,
+    `check.torch_model`): its `split_extents` exist and the degree divides them all (`ir.shapes.indivisible`).
+    False for a model with no plan (and for any other model)."""
+    if not isinstance(model, ir.CustomModel) or not model.tp_plan:
+        return False
+    extents = split_extents(model)
+    return extents is not None and (tp == 1 or not indivisible(extents, tp))
