@@ -74,7 +74,7 @@ def generate(request: Request, progress: Callable[[int, int], None] | None = Non
         return Generated(completed.result, tuple(completed.texts), tuple(completed.notes))
     problem_, source = resolve_problem(request.model, request.cluster, request.global_batch, request.seq_len,
                                        request.precision or "bf16",
-                                       request.output or os.path.join(os.getcwd(), "generated.plan"))
+                                       str(request.output or os.path.join(os.getcwd(), "generated.plan")))
     result, texts = checked_texts(search(problem_, request.pins, request.top, progress=progress,
                                            time_limit=request.time_limit), problem_, source,
                                   request.output)
