@@ -69,18 +69,17 @@ def closest(pattern: str, fqns) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _layer_index(blocks: tuple[str, ...], modules: tuple[str, ...], block_list: str) -> dict[str, str]:
-    """Module FQN -> the layer holding it: a block by its FQN prefix, else `embed` before the block list in
+def _layer_index(blocks: tuple[str, ...], modules: tuple[str, ...]) -> dict[str, str]:
+    """Module FQN -> the layer holding it: a block by its FQN prefix, else `embed` before the first block in
     the tree's order and `head` after it (as `plandsl inspect` splits the parameters outside the blocks)."""
     ordered = sorted(blocks)
     found: dict[str, str] = {}
     after = False
     for fqn in modules:
-        if fqn == block_list:
-            after = True
         index = bisect.bisect_right(ordered, fqn) - 1
         if index >= 0 and (fqn == ordered[index] or fqn.startswith(ordered[index] + ".")):
             found[fqn] = ordered[index]
+            after = True
         else:
             found[fqn] = "head" if after else "embed"
     return found
@@ -91,7 +90,7 @@ def layer_of_module(model: ir.CustomModel) -> dict[str, str]:
     if not model.source or not model.modules:
         return {}
     blocks = tuple(layer.name for layer in model.layers[1:-1])
-    return _layer_index(blocks, tuple(m for m, _ in model.modules), model.block_list or "")
+    return _layer_index(blocks, tuple(m for m, _ in model.modules))
 
 
 def layer_of_param(model: ir.CustomModel, param: str) -> str | None:
