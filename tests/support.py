@@ -1,7 +1,7 @@
 """What several test files share: a valid plan to mutate, reference schedules written from their
 papers' definitions (independent of plandsl.schedules.generators), `bounded` for "this input
-costs little work", `lazy` for modules that import torch, and `cli_in_process` for the command line
-without a new interpreter."""
+costs little work", `lazy` for modules that import torch, `cli_in_process` for the command line
+without a new interpreter, and `example_tiers` for a property test's example count in each tier."""
 from __future__ import annotations
 
 import contextlib
@@ -13,6 +13,8 @@ import traceback
 import types
 from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from plandsl.schedules.program import Action, Kind, Schedule, loop_map
 
@@ -98,3 +100,12 @@ def cli_in_process(*args, cwd: str | Path | None = None, stdin: str | None = Non
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         stderr += "Traceback (most recent call last):\n" + "".join(traceback.format_exception(result.exception))
     return subprocess.CompletedProcess(["plandsl", *map(str, args)], result.exit_code, result.stdout, stderr)
+
+
+def example_tiers(full: int) -> list:
+    """`@pytest.mark.parametrize("examples", example_tiers(200))` over a property test: the unit tier
+    runs a quarter of its examples (at least 20), the slow tier (which `.ci/run` runs) all of them.
+    Examples are drawn anew every run, so the unit tier still fuzzes, in a quarter of the CPU time."""
+    fast = max(20, full // 4)
+    return [pytest.param(fast, id=f"{fast}-examples"),
+            pytest.param(full, id=f"{full}-examples", marks=pytest.mark.slow)]

@@ -1,6 +1,7 @@
 """Property tests of plandsl.syntax.format: formatting round-trips the syntax tree and is a fixed point."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -10,8 +11,10 @@ from plandsl.diagnostics.source import SourceFile
 from plandsl.syntax import (Attr, BinOp, Binding, Bool, Call, Definition, DictExpr, DictItem, Float,
                             Int, KwArg, ListExpr, Member, Module, Name, Quantity, Slice, Str,
                             Subscript, Unary)
+from support import example_tiers
 
-# 100 random examples a run (each run draws new ones): ~0.6 CPU-s a property
+# 100 random examples a run in .ci/run (each run draws new ones): ~0.6 CPU-s a property; a quarter in the
+# unit tier (support.example_tiers)
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 NAMES = ["a", "b", "tp", "dp", "layers", "weight_1", "_hidden", "a_rather_long_name_to_fill_lines"]
@@ -60,14 +63,17 @@ def _plan(expression) -> Module:
     return Module("p.plan", (Definition("plan", "p", body=(Attr("x", expression),)),))
 
 
-@SETTINGS
-@given(expressions)
-def test_expressions_round_trip(expression):
-    module = _plan(expression)
-    text = format_module(module)
-    reparsed = _parse(text)
-    assert reparsed.items == module.items, text
-    assert format_module(reparsed) == text
+@pytest.mark.parametrize("examples", example_tiers(100))
+def test_expressions_round_trip(examples):
+    @settings(SETTINGS, max_examples=examples)
+    @given(expressions)
+    def check(expression):
+        module = _plan(expression)
+        text = format_module(module)
+        reparsed = _parse(text)
+        assert reparsed.items == module.items, text
+        assert format_module(reparsed) == text
+    check()
 
 
 # ---- whole plans with comments in random places ----------------------------------------------
@@ -112,15 +118,18 @@ def plans_with_comments(draw):
     return "\n".join(lines) + "\n"
 
 
-@SETTINGS
-@given(plans_with_comments())
-def test_comments_survive(text):
+def _comments_survive(text: str) -> None:
     original = _parse(text)
     formatted = format_source(SourceFile("p.plan", text))
     reparsed = _parse(formatted)
     assert reparsed.items == original.items
     assert [c.text for c in reparsed.comments] == [c.text.rstrip() for c in original.comments]
     assert format_source(SourceFile("p.plan", formatted)) == formatted
+
+
+@pytest.mark.parametrize("examples", example_tiers(100))
+def test_comments_survive(examples):
+    settings(SETTINGS, max_examples=examples)(given(plans_with_comments())(_comments_survive))()
 
 
 @st.composite
@@ -160,7 +169,6 @@ def schedules_with_comments(draw):
     return "\n".join(lines) + "\n"
 
 
-@SETTINGS
-@given(schedules_with_comments())
-def test_schedule_comments_survive(text):
-    test_comments_survive.hypothesis.inner_test(text)
+@pytest.mark.parametrize("examples", example_tiers(100))
+def test_schedule_comments_survive(examples):
+    settings(SETTINGS, max_examples=examples)(given(schedules_with_comments())(_comments_survive))()

@@ -20,10 +20,11 @@ from plandsl.check.analysis import Analysis, analyze
 from plandsl.diagnostics.codes import CODES
 from plandsl.diagnostics import PlanError
 from plandsl.diagnostics.source import NO_SPAN
-from support import VALID_PLAN
+from support import VALID_PLAN, example_tiers
 
 # Examples are random (no database, not derandomized): each run tries new ones, so the counts are per run,
-# 100-200 for the costliest (~2 CPU-ms per analysis; issue 17's 60 s unit tier), more where examples are cheap.
+# 100-200 for the costliest (~2 CPU-ms per analysis), more where examples are cheap; the unit tier runs a
+# quarter of them and the slow tier (in .ci/run) all of them (support.example_tiers; issue 17's 60 s unit tier).
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
                     database=None)
 
@@ -149,16 +150,22 @@ def token_soup(draw) -> str:
     return draw(st.sampled_from(SOUP_PREFIXES)) + soup + draw(st.sampled_from(SOUP_SUFFIXES))
 
 
-@settings(SETTINGS, max_examples=200)
-@given(token_soup())
-def test_token_soup_only_gives_diagnostics(text):
-    check_analysis(text)
+@pytest.mark.parametrize("examples", example_tiers(200))
+def test_token_soup_only_gives_diagnostics(examples):
+    @settings(SETTINGS, max_examples=examples)
+    @given(token_soup())
+    def check(text):
+        check_analysis(text)
+    check()
 
 
-@settings(SETTINGS, max_examples=150)
-@given(st.lists(st.sampled_from(VALID_PLANS[0].split()), max_size=80).map(" ".join))
-def test_shuffled_words_of_a_plan(text):
-    check_analysis(text)
+@pytest.mark.parametrize("examples", example_tiers(150))
+def test_shuffled_words_of_a_plan(examples):
+    @settings(SETTINGS, max_examples=examples)
+    @given(st.lists(st.sampled_from(VALID_PLANS[0].split()), max_size=80).map(" ".join))
+    def check(text):
+        check_analysis(text)
+    check()
 
 
 # ---- (b) mutations of valid plans ---------------------------------------------------------------------
@@ -221,10 +228,13 @@ def mutated_plan(draw) -> str:
     return text
 
 
-@settings(SETTINGS, max_examples=200)
-@given(mutated_plan())
-def test_mutated_plans_only_give_diagnostics(text):
-    check_analysis(text)
+@pytest.mark.parametrize("examples", example_tiers(200))
+def test_mutated_plans_only_give_diagnostics(examples):
+    @settings(SETTINGS, max_examples=examples)
+    @given(mutated_plan())
+    def check(text):
+        check_analysis(text)
+    check()
 
 
 def test_the_seed_plans_are_valid():
@@ -307,13 +317,16 @@ def generated_plan(draw) -> str:
     return header + "plan gen {\n" + "\n".join(lines) + "\n}\n"
 
 
-@settings(SETTINGS, max_examples=100)
-@given(generated_plan())
-def test_generated_plans_diagnostics_are_well_formed(text):
-    analysis = check_analysis(text)
-    if analysis.ok:
-        (plan,) = analysis.document.plans
-        assert plan.mesh.size == eval_mesh_size(text)
+@pytest.mark.parametrize("examples", example_tiers(100))
+def test_generated_plans_diagnostics_are_well_formed(examples):
+    @settings(SETTINGS, max_examples=examples)
+    @given(generated_plan())
+    def check(text):
+        analysis = check_analysis(text)
+        if analysis.ok:
+            (plan,) = analysis.document.plans
+            assert plan.mesh.size == eval_mesh_size(text)
+    check()
 
 
 def eval_mesh_size(text: str) -> int:
@@ -325,16 +338,19 @@ def eval_mesh_size(text: str) -> int:
     return size
 
 
-@settings(SETTINGS, max_examples=100)
-@given(generated_plan(), st.dictionaries(st.sampled_from(["nodes", "n", "x"]),
-                                         st.one_of(st.integers(-2, 64), st.floats(-4, 64),
-                                                   st.sampled_from([float("nan"), float("inf"), -float("inf")]),
-                                                   st.text(max_size=4), st.booleans()), max_size=2))
-def test_param_overrides_of_any_type_only_give_diagnostics(text, params):
-    text = text.replace("plan gen {", "param n = 2\nparam nodes = 1\nplan gen {").replace(" x 1\n", " x nodes\n")
-    analysis = analyze(text=text, params=params)
-    for d in analysis.diagnostics:
-        assert d.code in CODES
+@pytest.mark.parametrize("examples", example_tiers(100))
+def test_param_overrides_of_any_type_only_give_diagnostics(examples):
+    @settings(SETTINGS, max_examples=examples)
+    @given(generated_plan(), st.dictionaries(st.sampled_from(["nodes", "n", "x"]),
+                                             st.one_of(st.integers(-2, 64), st.floats(-4, 64),
+                                                       st.sampled_from([float("nan"), float("inf"), -float("inf")]),
+                                                       st.text(max_size=4), st.booleans()), max_size=2))
+    def check(text, params):
+        text = text.replace("plan gen {", "param n = 2\nparam nodes = 1\nplan gen {").replace(" x 1\n", " x nodes\n")
+        analysis = analyze(text=text, params=params)
+        for d in analysis.diagnostics:
+            assert d.code in CODES
+    check()
 
 
 # ---- (d) the formatter ---------------------------------------------------------------------------------
@@ -367,36 +383,45 @@ def valid_text(draw) -> str:
     return text
 
 
-@settings(SETTINGS, max_examples=120)
-@given(valid_text())
-def test_formatter_raises_only_plan_error(text):
-    format_text = _format_text()
-    try:
+@pytest.mark.parametrize("examples", example_tiers(120))
+def test_formatter_raises_only_plan_error(examples):
+    @settings(SETTINGS, max_examples=examples)
+    @given(valid_text())
+    def check(text):
+        format_text = _format_text()
+        try:
+            formatted = format_text(text)
+        except PlanError as error:
+            assert error.diagnostics and all(d.code in CODES for d in error.diagnostics)
+            return
+        assert isinstance(formatted, str)
+    check()
+
+
+@pytest.mark.parametrize("examples", example_tiers(100))
+def test_formatter_on_mutated_plans_raises_only_plan_error(examples):
+    @settings(SETTINGS, max_examples=examples)
+    @given(mutated_plan())
+    def check(text):
+        format_text = _format_text()
+        try:
+            format_text(text)
+        except PlanError:
+            pass
+    check()
+
+
+@pytest.mark.parametrize("examples", example_tiers(60))
+def test_formatting_keeps_the_meaning(examples):
+    @settings(SETTINGS, max_examples=examples)
+    @given(valid_text())
+    def check(text):
+        format_text = _format_text()
+        before = analyze(text=text)
+        assume(before.document is not None)
         formatted = format_text(text)
-    except PlanError as error:
-        assert error.diagnostics and all(d.code in CODES for d in error.diagnostics)
-        return
-    assert isinstance(formatted, str)
-
-
-@settings(SETTINGS, max_examples=100)
-@given(mutated_plan())
-def test_formatter_on_mutated_plans_raises_only_plan_error(text):
-    format_text = _format_text()
-    try:
-        format_text(text)
-    except PlanError:
-        pass
-
-
-@settings(SETTINGS, max_examples=60)
-@given(valid_text())
-def test_formatting_keeps_the_meaning(text):
-    format_text = _format_text()
-    before = analyze(text=text)
-    assume(before.document is not None)
-    formatted = format_text(text)
-    after = analyze(text=formatted)
-    assert after.document is not None, [(d.code, d.message) for d in after.diagnostics]
-    assert after.document.model_dump() == before.document.model_dump()
-    assert [d.code for d in after.diagnostics] == [d.code for d in before.diagnostics]
+        after = analyze(text=formatted)
+        assert after.document is not None, [(d.code, d.message) for d in after.diagnostics]
+        assert after.document.model_dump() == before.document.model_dump()
+        assert [d.code for d in after.diagnostics] == [d.code for d in before.diagnostics]
+    check()

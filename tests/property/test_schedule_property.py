@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from plandsl.schedules.program import Action, Kind, Schedule, loop_map
 from plandsl.schedules.simulate import simulate
 from plandsl.schedules.validate import validate
+from support import example_tiers
 
 F, B, I, W = Kind.F, Kind.B, Kind.I, Kind.W  # noqa: E741 - the notation's letters
 
@@ -121,24 +123,30 @@ def runs_cleanly(base: Schedule, schedule: Schedule) -> bool:
     return simulate(schedule).deadlock is None
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(mutated())
-def test_validator_agrees_with_the_simulator(case):
-    base, schedule = case
-    assert validate(base) == []
-    problems = validate(schedule)
-    clean = runs_cleanly(base, schedule)
-    assert (not problems) == clean, [f"{d.code} {d.message}" for d in problems]
-    for d in problems:
-        assert d.code in {"E602", "E603", "E604", "E605", "E606", "E607"}
-        assert "rank" in d.message
-        assert d.grid is None or "Rank 0" in d.grid
-    if not clean:
-        assert problems
+@pytest.mark.parametrize("examples", example_tiers(300))
+def test_validator_agrees_with_the_simulator(examples):
+    @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=examples)
+    @given(mutated())
+    def check(case):
+        base, schedule = case
+        assert validate(base) == []
+        problems = validate(schedule)
+        clean = runs_cleanly(base, schedule)
+        assert (not problems) == clean, [f"{d.code} {d.message}" for d in problems]
+        for d in problems:
+            assert d.code in {"E602", "E603", "E604", "E605", "E606", "E607"}
+            assert "rank" in d.message
+            assert d.grid is None or "Rank 0" in d.grid
+        if not clean:
+            assert problems
+    check()
 
 
-@settings(max_examples=100, deadline=None)
-@given(valid_schedules())
-def test_valid_schedules_validate_clean(schedule):
-    assert validate(schedule) == []
-    assert simulate(schedule).deadlock is None
+@pytest.mark.parametrize("examples", example_tiers(100))
+def test_valid_schedules_validate_clean(examples):
+    @settings(deadline=None, max_examples=examples)
+    @given(valid_schedules())
+    def check(schedule):
+        assert validate(schedule) == []
+        assert simulate(schedule).deadlock is None
+    check()
