@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -49,12 +50,15 @@ STDLIB = ROOT / "stdlib_plans"
 
 
 # The modules whose tests import torch in the test process (through `support.lazy`, on first use). Under
-# pytest-xdist they are one group, so one worker imports torch and the runtime (~2-4 s of CPU), not each.
+# pytest-xdist they are one group, so one worker imports torch and the runtime (~3-5 s of CPU), not each.
 # A single test elsewhere that imports torch joins the group with @pytest.mark.xdist_group("torch")
-# (test_diagnostics: E705's example).
+# (test_diagnostics: E705's example; test_golden_json: shard_rules' generate), a module with
+# `pytestmark = pytest.mark.xdist_group("torch")` (test_inspect_cnn) or here. A test outside the group
+# that imports torch is named in the warnings summary (`pytest_runtest_teardown` below).
 TORCH_MODULES = {"test_context_columns.py", "test_equivalence.py", "test_launch.py", "test_memory.py",
                  "test_model_shapes.py", "test_recompute.py", "test_schedule_generators.py", "test_inspect.py",
-                 "test_schedule_rules.py", "test_schedule_templates.py"}
+                 "test_schedule_rules.py", "test_schedule_templates.py", "test_torch_model.py",
+                 "test_torch_model_refusals.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist names each test's group (its nodeid's @suffix)
@@ -62,6 +66,31 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in TORCH_MODULES and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group("torch"))
+
+
+class TorchOutsideItsGroup(UserWarning):
+    """A test outside the 'torch' xdist group imported torch: under xdist both workers may then pay for it."""
+
+
+_TORCH_BEFORE = pytest.StashKey[bool]()
+
+
+def _in_torch_group(item) -> bool:
+    marker = item.get_closest_marker("xdist_group")
+    return marker is not None and (marker.args[:1] == ("torch",) or marker.kwargs.get("name") == "torch")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_TORCH_BEFORE] = "torch" in sys.modules
+
+
+@pytest.hookimpl(trylast=True)  # after the test's fixtures are torn down
+def pytest_runtest_teardown(item, nextitem):
+    if not item.stash.get(_TORCH_BEFORE, True) and "torch" in sys.modules and not _in_torch_group(item):
+        warnings.warn(TorchOutsideItsGroup(
+            f"{item.nodeid} imported torch outside the 'torch' xdist group: add its module to "
+            "tests/conftest.py's TORCH_MODULES or mark it @pytest.mark.xdist_group('torch')"))
 
 
 def pytest_addoption(parser):
