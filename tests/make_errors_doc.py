@@ -95,6 +95,21 @@ def _internal(path: Path) -> Analysis:
         return api.check(path)
 
 
+_TABLES: dict = {}  # (source, seq) -> its table: each model of E412-E414's examples is built once per process
+
+
+def _write_tables(path: Path) -> None:
+    """What `plandsl inspect FILE.plan` writes beside the example (its models' tables), each built once."""
+    from plandsl import api
+    from plandsl.lower.inspected import written_sources
+    for source, seq, cache in written_sources(api.parse_file(path)):
+        key = (source.text, seq)
+        if key not in _TABLES:
+            _TABLES[key] = api.inspect_model(source.text, seq=seq)
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        api.write_inspected(_TABLES[key], cache)
+
+
 def run_example(entry: Entry, fixed: bool = False) -> tuple[Analysis, str]:
     """Analyse the entry's example (or its fix) as a file; (analysis, normalized rendering)."""
     text = entry.fixed if fixed else entry.example
@@ -105,8 +120,7 @@ def run_example(entry: Entry, fixed: bool = False) -> tuple[Analysis, str]:
         for folder in entry.folders:
             (Path(directory) / folder).mkdir()
         if entry.inspect:  # the tables of its hf()/factory() models, where the plan reads them
-            from plandsl import api
-            api.inspect_plan(path)
+            _write_tables(path)
         if entry.internal and not fixed:
             analysis = _internal(path)
         else:
