@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, Edit, Note, describe_numbers, diag
 from plandsl.ir.layers import Layer, layers_of
+from plandsl.ir.torch_plan import layer_of_module
 from plandsl.diagnostics.source import Span
 
 
@@ -197,12 +198,21 @@ def _explicit(plan: ir.Plan, layers: list[Layer], count: int):
         for selector in group.selectors:
             # `layers` alone names the container: every layer under it
             hits = index.select(selector) or index.select(selector, prefix=True)
+            by_module = False
+            if not hits:  # a model from torch: the modules of `embed` and `head` by their own names
+                hits, problem = _module_layers(plan.model, selector, index)
+                by_module = bool(hits)
+                if problem is not None:
+                    problems.append(problem)
+                    continue
             if not hits:
                 problems.append(diag("E405", f"'{selector.text}' matches no layer of model '{plan.model.name}'",
-                                     selector.span, hint=_layer_summary(layers)))
+                                     selector.span, hint=_layer_summary(layers, plan.model)))
                 continue
             for i in hits:
                 name = layers[i].name
+                if by_module and name in owner and group_of.get(name) is group:
+                    continue  # `model.norm, lm_head`: both name the head, placed once
                 if name in owner:
                     first_stage, first = owner[name]
                     problems.append(diag("E401", f"layer '{name}' is placed on stage {first_stage} and again on "
@@ -336,8 +346,40 @@ def compress_names(names: list[str], limit: int | None = 8) -> str:
     return ", ".join(out[:limit]) + ", ..."
 
 
-def _layer_summary(layers: list[Layer]) -> str:
-    return "its layers: " + compress_names([layer.name for layer in layers])
+def _layer_summary(layers: list[Layer], model: ir.Model | None = None) -> str:
+    text = "its layers: " + compress_names([layer.name for layer in layers])
+    parts = _outside_modules(model) if isinstance(model, ir.CustomModel) else {}
+    shown = [f"{layer} holds {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}" for layer, names in parts.items()]
+    return text + (f" ({'; '.join(shown)})" if shown else "")
+
+
+def _outside_modules(model: ir.CustomModel) -> dict[str, list[str]]:
+    """`embed` and `head` of a model from torch -> the modules holding their parameters, by FQN."""
+    layer_of = layer_of_module(model)
+    found: dict[str, list[str]] = {}
+    for name, _ in model.parameters:
+        module = name.rpartition(".")[0]
+        layer = layer_of.get(module)
+        if layer in ("embed", "head") and module not in found.get(layer, []):
+            found.setdefault(layer, []).append(module)
+    return found
+
+
+def _module_layers(model: ir.Model, selector: ir.Selector, index: NameIndex) -> tuple[list[int], Diagnostic | None]:
+    """A stage selector that names modules of a model from torch (`model.embed_tokens`, `lm_head`,
+    `model.norm`): the layers holding them; E405 when it names part of a block (a stage holds whole blocks)."""
+    if not isinstance(model, ir.CustomModel) or not model.modules:
+        return [], None
+    layer_of = layer_of_module(model)
+    named = [m for m, _ in model.modules if m and matches(selector, m, prefix=True)]
+    inside = [m for m in named if layer_of.get(m) not in (None, "embed", "head") and layer_of[m] != m]
+    if inside:
+        block = layer_of[inside[0]]
+        through = "" if inside[0] == selector.text else f" ('{inside[0]}')"
+        return [], diag("E405", f"'{selector.text}' names a part of block '{block}'{through}: a stage holds whole "
+                        "layers", selector.span, hint=f"name the block: {block}")
+    found = sorted({index.position[layer_of[m]] for m in named if layer_of.get(m) in index.position})
+    return found, None
 
 
 def pipeline_rank_devices(plan: ir.Plan) -> list[list[ir.DeviceType]]:

@@ -88,6 +88,22 @@ def test_stages_by_fqn_ranges(folder):
     assert _codes(backwards) == ["E410"]
 
 
+def test_stages_name_the_embedding_and_the_head_by_their_modules(folder):
+    by_modules = _check(folder, "  stages {\n    0: model.embed_tokens, model.layers[0:2]\n"
+                                "    1: model.layers[2:], model.norm, lm_head\n  }\n")
+    assert by_modules.ok, [d.message for d in by_modules.diagnostics]
+    from plandsl.ir.placement import assign_stages
+    assignment, _ = assign_stages(by_modules.document.plans[0])
+    assert [stage[0].name for stage in assignment.stage_layers] == ["embed", "model.layers.2"]
+    assert assignment.stage_layers[-1][-1].name == "head"
+    part = _check(folder, "  stages {\n    0: embed, model.layers[0:2], model.layers.2.mlp\n"
+                          "    1: model.layers.3, head, lm_hed\n  }\n")
+    assert _codes(part) == ["E405", "E405"]
+    assert "names a part of block 'model.layers.2'" in part.diagnostics[0].message
+    assert part.diagnostics[0].hint == "name the block: model.layers.2"
+    assert "head holds model.norm, lm_head" in part.diagnostics[1].hint
+
+
 def test_tied_parameters_across_stages_are_refused(folder):
     analysis = _check(folder, "", model=GPT2, mesh="[dp = 4, pp = 2]")
     assert _codes(analysis) == ["E412"]
