@@ -167,8 +167,10 @@ class CustomModel(Node):
                                              "of one sample, [channels, *spatial], of a model that takes images "
                                              "(`input=image(...)`; seq is 1: its figures are per sample); None: token "
                                              "ids [batch, seq]")
-    pp_plan: bool = Field(default=False, description="with `source`: the model declares how its modules run in "
-                          "pipeline stages (transformers' `base_model_pp_plan`)")
+    stages_by: Optional[Literal["base_model_pp_plan", "trace"]] = Field(
+        default=None, description="with `source`: how `plandsl run` splits the module into pipeline stages: by the "
+        "model's own convention (transformers' `base_model_pp_plan`), by tracing its forward with torch's pipeline "
+        "frontend (a factory's module that `plandsl inspect` traced), or not at all (None)")
     modules: tuple[tuple[str, str], ...] = Field(default=(), description="with `source`: every module of the tree "
                                                  "as (FQN, class name), in the tree's order (the root is \"\")")
     parameters: tuple[tuple[str, tuple[int, ...]], ...] = Field(

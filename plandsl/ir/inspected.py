@@ -19,7 +19,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-CACHE_VERSION = 2  # 2: the model's tensor-parallel plan (`tp_plan`)
+CACHE_VERSION = 3  # 2: the model's tensor-parallel plan (`tp_plan`); 3: whether torch's pipeline frontend cuts it
 LIBRARIES = ("torch", "transformers", "plandsl")  # the versions a cache is keyed by
 
 Literal_ = Union[int, float, str, bool, None]
@@ -217,7 +217,7 @@ class InspectedBlock(_Frozen):
 
 class InspectedModel(_Frozen):
     """A torch module as the table the rest of plandsl speaks, and the key it was derived under."""
-    version: Literal[2] = CACHE_VERSION
+    version: Literal[3] = CACHE_VERSION
     source: str  # `ModelSource.text`
     seq: int = Field(gt=0, description="the sequence length traced at; 1 for a model that takes images")
     image: Optional[tuple[int, ...]] = Field(default=None, description="the shape of one sample, [channels, "
@@ -246,6 +246,9 @@ class InspectedModel(_Frozen):
     tp_plan: tuple[tuple[str, str], ...] = Field(default=(), description="the model's own tensor-parallel plan, "
                                                  "(FQN pattern, style): a Hugging Face model's `tp_plan`, else a "
                                                  "`tp_plan`/`_tp_plan` dict the module has")
+    traceable: bool = Field(default=False, description="a factory's module that torch's pipeline frontend "
+                            "(torch.export) cut at its second block on the meta device: `plandsl run` can split it "
+                            "into pipeline stages at its blocks")
 
     @property
     def tied(self) -> tuple[tuple[str, str], ...]:

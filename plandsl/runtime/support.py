@@ -7,6 +7,8 @@ for what cannot run, empty when the plan can run. A refused plan is never run so
 """
 from __future__ import annotations
 
+import fnmatch
+
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, diag
 from plandsl.schedules.registry import BUILTIN, splits_backward
@@ -63,15 +65,14 @@ def _torch_model_refusals(plan: ir.Plan, model: ir.CustomModel) -> list[Diagnost
     found = []
     hf = model.source.startswith("hf(")
     if plan.tensor is not None and plan.tp > 1:
-        styles = dict(getattr(model, "tp_plan", ()) or ())
-        if not hf or not styles:
+        styles = dict(model.tp_plan)
+        sequence = _sequence_parallel_problem(plan, model, styles) if plan.tensor.sequence_parallel else None
+        if not styles:
             found.append(diag("E704", f"tensor parallelism of '{model.source}' needs the model's own tensor-parallel "
                                       "plan (transformers' `base_model_tp_plan`), and it has none",
                               plan.tensor.span, hint="use the tensor axis for data parallelism (or FSDP) instead"))
-        elif plan.tensor.sequence_parallel:
-            found.append(diag("E704", "sequence parallelism of a model from torch cannot run yet: its norms and the "
-                                      "activations between its blocks would have to be split along the sequence, "
-                                      "which the model's tensor-parallel plan does not say",
+        elif sequence:
+            found.append(diag("E704", f"sequence parallelism of '{model.source}' cannot run: {sequence}",
                               plan.tensor.span, hint=f"drop `with sequence_parallel`: `tensor = megatron over "
                                                      f"{plan.tensor.axis}` runs the model's own plan"))
         else:
@@ -82,8 +83,9 @@ def _torch_model_refusals(plan: ir.Plan, model: ir.CustomModel) -> list[Diagnost
                                           f"yet: {', '.join(odd)}", plan.tensor.span,
                                   hint=f"plandsl runs {', '.join(MODEL_STYLES)}; use the tensor axis for data "
                                        "parallelism instead"))
-    if plan.stages is not None and plan.pp > 1 and not model.pp_plan:
-        why = ("a factory's module: plandsl does not know how its forward passes one block's output to the next"
+    if plan.stages is not None and plan.pp > 1 and not model.stages_by:
+        why = ("torch's pipeline frontend (torch.export) could not trace its forward when `plandsl inspect` tried "
+               "(data-dependent control flow, or code export does not capture)"
                if not hf else "its class declares no `base_model_pp_plan` (which modules run before the blocks)")
         found.append(diag("E704", f"'{model.source}' cannot be split into pipeline stages: {why}",
                           plan.stages.span, hint="use the pipeline axis for data parallelism (or FSDP) instead"))
@@ -96,6 +98,24 @@ def _torch_model_refusals(plan: ir.Plan, model: ir.CustomModel) -> list[Diagnost
                                   "parallelism is the model's own plan", plan.shard[0].span,
                           hint="remove the shard rules; `tensor = megatron over AXIS` runs the model's plan"))
     return found
+
+
+def _sequence_parallel_problem(plan: ir.Plan, model: ir.CustomModel, styles: dict[str, str]) -> str | None:
+    """Why a model from torch cannot split its residual stream along the sequence over the tensor axis
+    (`runtime.parallel.tensor_parallel.apply_model_tp`), or None: the sequence must split evenly, and every
+    parameter inside a block that the model's plan does not split must be 1-D (a norm's, whose gradient the
+    shards sum), not a router's or an expert's matrix, which a sequence shard cannot train alone."""
+    if plan.seq % plan.tp:
+        return f"its sequence ({plan.seq}) does not split evenly over {plan.tp} ranks"
+    prefixes = tuple(f"{block}." for block in model.blocks)
+    for name, shape in model.parameters:
+        owner = name.rpartition(".")[0]
+        if not name.startswith(prefixes) or len(shape) == 1 or any(
+                fnmatch.fnmatchcase(owner, pattern) and owner.count(".") == pattern.count(".") for pattern in styles):
+            continue
+        return (f"'{name}' {list(shape)} sits in a block outside the model's tensor-parallel plan, and a sequence "
+                "shard cannot train it alone (only 1-D parameters, a norm's, run on sequence shards)")
+    return None
 
 
 def _splits_backward(plan: ir.Plan) -> bool:

@@ -116,11 +116,52 @@ class TorchModel(nn.Module):
         """The module holding the blocks: the block list, or (blocks in several containers) the model itself."""
         return self.get_submodule(self.block_list) if self.block_list else self
 
+    def stage_modules(self, stages: list[set[str]], wanted: list[int], example: torch.Tensor) -> dict[int, "TorchModel"]:
+        """The stage modules `wanted` of the split into `stages` (each the layer names it holds, in order): a
+        Hugging Face model by its own convention (`split_stage`); any other module traced by torch's pipeline
+        frontend (`torch.distributed.pipelining.pipeline`, torch.export) on `example` (one microbatch) and cut
+        at the first block of each stage (`SplitPoint.BEGINNING`; after the last block when a stage holds only
+        the head), so its own forward, including what it computes between blocks, is what runs."""
+        if self.hf:
+            return {index: self.split_stage(stages[index]) for index in wanted}
+        from torch.distributed.pipelining import SplitPoint, pipeline  # lazy: torch's pipelining takes seconds
+        order = [name for name in self.all_block_names()]
+        spec = {}
+        for layers in stages[1:]:
+            first = next((name for name in order if name in layers), None)
+            if first is not None:
+                spec[first] = SplitPoint.BEGINNING
+            elif "head" in layers and order:
+                spec[order[-1]] = SplitPoint.END
+        full = copy.deepcopy(self.inner)  # the trace's stages share its parameters: never the caller's module
+        try:
+            pipe = pipeline(full, mb_args=(example,), split_spec=spec)
+        except Exception as error:  # torch.export could not capture the forward
+            raise ModelError(f"{self.source}: torch's pipeline frontend cannot trace the module's forward to split it "
+                             f"into stages ({type(error).__name__}: {str(error).splitlines()[0][:300]})") from error
+        if pipe.num_stages != len(stages):
+            raise ModelError(f"{self.source}: the trace cut the module into {pipe.num_stages} stages, not {len(stages)}")
+        found = {}
+        for index in wanted:
+            module = pipe.get_stage_module(index)
+            stage = TorchModel(module, self.source, self.block_list, False,
+                               tuple(name for name in self.block_names if _holds(module, name)))
+            stage.first, stage.last = index == 0, index == len(stages) - 1
+            stage.image, stage.vocab, stage.classes = self.image, self.vocab, self.classes
+            found[index] = stage
+        return found
+
+    def all_block_names(self) -> list[str]:
+        """Every block's FQN in forward order."""
+        if not self.block_list:
+            return list(self.block_names)
+        return [f"{self.block_list}.{name}" for name, _ in self.block_container().named_children()]
+
     def split_stage(self, keep: set[str]) -> "TorchModel":
-        """A deep copy holding only the layers in `keep` (`embed`, block FQNs, `head`), the rest replaced."""
+        """A deep copy holding only the layers in `keep` (`embed`, block FQNs, `head`), the rest replaced
+        (a Hugging Face model: see the module docstring)."""
         if not self.hf:
-            raise ModelError(f"{self.source}: a factory's module cannot be split into pipeline stages: plandsl does "
-                             "not know how its forward feeds one block's output to the next")
+            raise ModelError(f"{self.source}: a factory's module is split by tracing (`stage_modules`)")
         pp_plan = self.pp_plan()
         if pp_plan is None:
             raise ModelError(f"{self.source}: {type(self.inner).__name__} declares no `base_model_pp_plan`, so "
@@ -170,6 +211,14 @@ def _vocab(module: nn.Module, hf: bool) -> int | None:
         return getattr(getattr(module, "config", None), "vocab_size", None)
     embedding = next((m for m in module.modules() if isinstance(m, nn.Embedding)), None)
     return embedding.num_embeddings if embedding is not None else None
+
+
+def _holds(module: nn.Module, name: str) -> bool:
+    try:
+        module.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
 
 
 def _classes(module: nn.Module, image: tuple[int, ...]) -> int:

@@ -321,8 +321,8 @@ def test_dry_run_prints_per_rank_figures_and_the_command_and_starts_nothing(tmp_
 
 def test_a_hugging_face_model_runs_through_the_launcher_as_written(tmp_path):
     """A plan over `hf(...)`: inspected once (the table beside it), then `plandsl run` trains the transformers
-    module on 2 stages x 2 FSDP ranks and compares with one process; a tensor-parallel plan with sequence
-    parallelism is refused before launch (E704)."""
+    module on 2 stages x 2 FSDP ranks and compares with one process; `recompute: selective` (plandsl's own
+    attention core) is refused before launch (E704)."""
     plan = tmp_path / "llama.plan"
     model = ('hf("LlamaForCausalLM", hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, '
              'num_key_value_heads=2, vocab_size=128, max_position_embeddings=16, tie_word_embeddings=false)')
@@ -336,9 +336,9 @@ def test_a_hugging_face_model_runs_through_the_launcher_as_written(tmp_path):
     assert "equivalence with one process: ok" in done.output and "step 2: loss" in done.output, done.output
     assert "model.layers." in done.output  # the report names the module's own parameters
 
-    plan.write_text(plan.read_text(encoding="utf-8").replace("[dp = 2, pp = 2]", "[dp = 2, tp = 2]").replace(
-        "  stages = evenly over pp\n  schedule = 1f1b\n", "  tensor = megatron over tp with sequence_parallel\n"),
-        encoding="utf-8")
+    plan.write_text(plan.read_text(encoding="utf-8").replace("seed: 0", "seed: 0, recompute: selective"),
+                    encoding="utf-8")
     refused = plandsl_run(plan, "--steps", 1, timeout=CHECK_ONLY_S)
-    assert refused.returncode != 0 and "error[E704]" in refused.output and "torchrun" not in refused.output, \
+    assert refused.returncode != 0 and "error[E704]: `recompute: selective`" in refused.output \
+        and "torchrun" not in refused.output, \
         refused.output

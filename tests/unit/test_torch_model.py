@@ -58,7 +58,20 @@ def test_blocks_are_the_block_list_and_recomputation_wraps_each(tiny):
     assert all(p.grad is not None for p in tiny.parameters())
 
 
-def test_a_factory_module_is_not_split_into_stages(tiny):
-    from plandsl.runtime.torch_model import ModelError
-    with pytest.raises(ModelError, match="cannot be split into pipeline stages"):
-        tiny.split_stage({"embed", "layers.0"})
+def test_a_factory_module_is_split_into_stages_by_tracing(monkeypatch):
+    """torch's pipeline frontend cuts the module at the stages' first blocks; the stages keep the module's
+    names and, run one after the other, compute what the whole module computes."""
+    monkeypatch.syspath_prepend(HERE)
+    from plandsl.runtime.torch_model import build
+    model = build(ir.CustomModel(kind="custom", name="tiny", layers=(), block_list="layers",
+                                 source="inspect_models.tiny:build(depth=4, width=16, tied=False)"), seed=0)
+    stages = [{"embed", "layers.0"}, {"layers.1", "layers.2"}, {"layers.3", "head"}]
+    inputs, _ = model.make_batch(2, 8, torch.Generator().manual_seed(1))
+    parts = model.stage_modules(stages, [0, 1, 2], inputs)
+    names = [[name for name, _ in parts[index].named_parameters()] for index in range(3)]
+    assert names[0] == ["tok.weight"] + [f"layers.0.{n}" for n, _ in model.layers[0].named_parameters()]
+    assert names[2][-1] == "out.weight" and all(name.startswith(("layers.3.", "out.")) for name in names[2])
+    assert (parts[0].first, parts[0].last, parts[2].first, parts[2].last) == (True, False, False, True)
+    hidden = parts[1](parts[0](inputs))
+    assert torch.allclose(parts[2](hidden), model(inputs), atol=1e-6)
+    assert all(p.data_ptr() != q.data_ptr() for p in parts[0].parameters() for q in model.parameters())  # copies

@@ -23,12 +23,12 @@ def table():
 
 
 def _plan(tmp_path, table, mesh: str, lines: str, train: str = "{ global_batch: 8, micro_batch: 1, seed: 0 }",
-          checked: tuple[str, ...] = (), **model):
+          checked: tuple[str, ...] = (), written: str = SOURCE, **model):
     """The plan over tiny's table; `checked`: the codes `check` itself reports first (E412: tiny's tied head
     across stages, E413: tensor parallelism with no plan; tests/unit/test_torch_names.py)."""
     body = textwrap.indent(textwrap.dedent(lines).strip(), "  ")
     path = tmp_path / "p.plan"
-    path.write_text(f'import "clusters/local"\nplan p {{\n  model = {SOURCE}\n  cluster = localhost\n'
+    path.write_text(f'import "clusters/local"\nplan p {{\n  model = {written}\n  cluster = localhost\n'
                     f"  mesh = {mesh} over devices[0:4]\n  train = {train}\n{body}\n}}\n", encoding="utf-8")
     [(_, _, cache)] = written_sources(api.parse_file(path))
     os.makedirs(os.path.dirname(cache), exist_ok=True)
@@ -46,15 +46,24 @@ def test_data_parallelism_and_fsdp_of_a_factory_module_run(tmp_path, table):
     assert refusals(plan) == []
 
 
-def test_a_factory_module_is_not_split_into_stages(tmp_path, table):
-    plan = _plan(tmp_path, table, "[dp = 2, pp = 2]", "stages = evenly over pp\nschedule = 1f1b", checked=("E412",))
-    [refused] = refusals(plan)
-    assert refused.code == "E704" and "cannot be split into pipeline stages: a factory's module" in refused.message
+@pytest.fixture(scope="module")
+def untied():
+    from plandsl.lower.inspected import DEFAULT_SEQ
+    return api.inspect_model("inspect_models.tiny:build(depth=4, tied=False)", seq=DEFAULT_SEQ, search_path=(HERE,))
+
+
+def test_a_module_is_split_into_stages_by_its_convention_or_a_trace(tmp_path, untied):
+    assert untied.traceable  # inspect cut it at its second block with torch's pipeline frontend, on the meta device
+    plan = _plan(tmp_path, untied, "[dp = 2, pp = 2]", "stages = evenly over pp\nschedule = 1f1b",
+                 written='factory("inspect_models.tiny:build", depth=4, tied=false)')
+    assert plan.model.stages_by == "trace" and refusals(plan) == []
+    [refused] = refusals(plan.model_copy(update={"model": plan.model.model_copy(update={"stages_by": None})}))
+    assert refused.code == "E704" and "cannot be split into pipeline stages: torch's pipeline frontend" in refused.message
     assert refused.span.line == 7  # the stages
-    assert refusals(plan.model_copy(update={"model": plan.model.model_copy(
-        update={"source": 'hf("LlamaForCausalLM")', "pp_plan": True})})) == []
-    refused = refusals(plan.model_copy(update={"model": plan.model.model_copy(update={"source": 'hf("GPT2LMHeadModel")'})}))
-    assert "declares no `base_model_pp_plan`" in refused[0].message
+    hf = plan.model.model_copy(update={"source": 'hf("GPT2LMHeadModel")', "stages_by": None})
+    assert "declares no `base_model_pp_plan`" in refusals(plan.model_copy(update={"model": hf}))[0].message
+    hf = hf.model_copy(update={"source": 'hf("LlamaForCausalLM")', "stages_by": "base_model_pp_plan"})
+    assert refusals(plan.model_copy(update={"model": hf})) == []
 
 
 def test_tensor_parallelism_runs_the_models_own_plan_only(tmp_path, table):
@@ -64,16 +73,19 @@ def test_tensor_parallelism_runs_the_models_own_plan_only(tmp_path, table):
     hf = plan.model.model_copy(update={"source": 'hf("LlamaForCausalLM")'})
     own = (("model.layers.*.self_attn.q_proj", "colwise"), ("model.layers.*.self_attn.o_proj", "rowwise"),
            ("lm_head", "colwise_gather_output"))
-    if "tp_plan" not in type(hf).model_fields:  # the IR carries the model's plan once the checker reads it
-        pytest.skip("ir.CustomModel has no tp_plan yet")
     assert refusals(plan.model_copy(update={"model": hf.model_copy(update={"tp_plan": own})})) == []
     odd = own + (("model.layers.*.self_attn.q_norm", "replicated_with_grad_allreduce"),)
     [refused] = refusals(plan.model_copy(update={"model": hf.model_copy(update={"tp_plan": odd})}))
     assert "replicated_with_grad_allreduce" in refused.message and "colwise_gather_output" in refused.hint
     sequence = _plan(tmp_path, table, "[dp = 2, tp = 2]", "tensor = megatron over tp with sequence_parallel",
                      checked=("E413",), source='hf("LlamaForCausalLM")', tp_plan=own)
-    [refused] = refusals(sequence)
-    assert "sequence parallelism of a model from torch" in refused.message and "drop `with sequence_parallel`" in refused.hint
+    [refused] = refusals(sequence)  # tiny's blocks hold up and down, which this plan does not name
+    assert "'layers.0.up.weight' [64, 32] sits in a block outside the model's tensor-parallel plan" in refused.message
+    assert "drop `with sequence_parallel`" in refused.hint
+    mlp = own + (("layers.*.up", "colwise"), ("layers.*.down", "rowwise"))
+    assert refusals(sequence.model_copy(update={"model": sequence.model.model_copy(update={"tp_plan": mlp})})) == []
+    odd_seq = sequence.model_copy(update={"train": sequence.train.model_copy(update={"seq": 7})})
+    assert "does not split evenly over 2 ranks" in refusals(odd_seq)[0].message
 
 
 def test_selective_recomputation_is_refused(tmp_path, table):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from plandsl.ir.inspected import InspectedModel, ModelSource, file_digest, library_versions
 from plandsl.runtime.inspect.factory import DTYPES, Failure, build
-from plandsl.runtime.inspect.trace import Inputs, block_table, find_block_list, parameters, split_parameters
+from plandsl.runtime.inspect.trace import BlockList, Inputs, block_table, find_block_list, parameters, split_parameters
 
 __all__ = ["DTYPES", "inspect_model"]
 
@@ -22,6 +22,7 @@ def inspect_model(source: ModelSource, seq: int = 2048, dtype: str = "bfloat16",
         model, files = build(source, dtype, search_path)
         params, modules, total = parameters(model)
         blocks = find_block_list(model, source)
+        traceable = source.kind == "factory" and stage_trace_problem(model, blocks, Inputs(source, seq, DTYPES[dtype])) is None
         table = block_table(model, blocks, Inputs(source, seq, DTYPES[dtype]))
     except Failure as failure:
         raise failure.error() from None
@@ -32,7 +33,23 @@ def inspect_model(source: ModelSource, seq: int = 2048, dtype: str = "bfloat16",
                           model_type=type(model).__name__, params=total, param_list=params, modules=modules,
                           block_list=blocks.name, containers=blocks.containers, block_list_from=blocks.found_by,
                           blocks=table.rows, before=table.before, after=table.after, before_params=before_params,
-                          after_params=after_params, traced_blocks=table.traced, tp_plan=tp_plan(model))
+                          after_params=after_params, traced_blocks=table.traced, tp_plan=tp_plan(model),
+                          traceable=traceable)
+
+
+def stage_trace_problem(model, blocks: BlockList, inputs: Inputs) -> str | None:
+    """Why torch's pipeline frontend (`torch.distributed.pipelining.pipeline`, through torch.export) cannot cut
+    the module at its second block on the meta device, or None when it can: what `plandsl run` does to split
+    a factory's module into pipeline stages (`runtime.torch_model.TorchModel.stage_modules`)."""
+    if len(blocks.blocks) < 2:
+        return "it has fewer than two blocks"
+    from torch.distributed.pipelining import SplitPoint, pipeline  # lazy: seconds to import, factories only
+    example = inputs.example()
+    try:
+        pipeline(model, mb_args=(example,), split_spec={blocks.blocks[1][0]: SplitPoint.BEGINNING})
+    except Exception as error:  # torch.export cannot capture the forward (data-dependent control flow, ...)
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return None
 
 
 def tp_plan(model) -> tuple[tuple[str, str], ...]:

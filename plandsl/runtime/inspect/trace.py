@@ -196,6 +196,12 @@ class Inputs:
             return f"images [{IMAGE_BATCH}, {', '.join(map(str, self.source.image))}] ({image_text(self.source.image)})"
         return f"token ids [1, {self.seq}]"
 
+    def example(self) -> torch.Tensor:
+        """What a factory's module is called on, on the meta device (its one positional input)."""
+        if self.source.image:
+            return torch.zeros(IMAGE_BATCH, *self.source.image, dtype=self.dtype, device="meta")
+        return torch.zeros(1, self.seq, dtype=torch.long, device="meta")
+
     def call(self, model: nn.Module):
         if self.source.image:
             images = torch.zeros(IMAGE_BATCH, *self.source.image, dtype=self.dtype, device="meta")

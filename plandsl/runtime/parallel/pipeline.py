@@ -166,9 +166,13 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
     layer_names = [layer.name for layers in assignment.stage_layers for layer in layers]
     local = assignment.rank_stages()[rank]
     modules, models, stages = [], [], []
+    torch_parts = None
+    if isinstance(model, TorchModel):  # a model from torch: split by its own convention, or traced (runtime.torch_model)
+        keeps = [{layer.name for layer in layers} for layers in assignment.stage_layers]
+        torch_parts = model.stage_modules(keeps, list(local), _example(plan, model, microbatches))
     for stage_index in local:
         keep = {layer.name for layer in assignment.stage_layers[stage_index]}
-        part = split_stage(model, keep, layer_names).to(device)
+        part = (torch_parts[stage_index] if torch_parts is not None else split_stage(model, keep, layer_names)).to(device)
         module = part if parallelize is None else parallelize(part, stage_index)  # may wrap `part` (DDP)
         models.append(part)
         modules.append(module)
@@ -381,6 +385,14 @@ def tie_embeddings(plan: ir.Plan, assignment: Assignment, models: list[nn.Module
     if not params:
         return None
     return TiedEmbeddings(params, group, duplicates)
+
+
+def _example(plan: ir.Plan, model: TorchModel, microbatches: int) -> torch.Tensor:
+    """One microbatch of the model's inputs (zeros): what torch's pipeline frontend traces a module on."""
+    rows = max(1, plan.train.micro_batch)
+    if model.image:
+        return torch.zeros(rows, *model.image)
+    return torch.zeros(rows, plan.seq, dtype=torch.long)
 
 
 def _need_split(batch: torch.Tensor | None, microbatches: int, what: str) -> None:

@@ -304,6 +304,7 @@ MODEL_STYLES = {
     "rowwise": lambda: RowwiseParallel(),
     "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
     "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
+    "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),  # the vocabulary split, output summed
 }
 
 
@@ -338,9 +339,30 @@ def apply_model_tp(model: nn.Module, tp_mesh: DeviceMesh, plan_styles: dict[str,
     if sequence_parallel:
         present = {pattern: RowwiseParallel(output_layouts=Shard(1)) if plan_styles[pattern] == "rowwise" else style
                    for pattern, style in present.items()}
+    ties = _ties(model)
     parallelize_module(model, tp_mesh, present)
+    for (module, attr), (owner, owner_attr) in ties:  # each side was distributed apart: one tensor again
+        shared, copy = getattr(owner, owner_attr), getattr(module, attr)
+        if isinstance(shared, DTensor) != isinstance(copy, DTensor) or (
+                isinstance(shared, DTensor) and tuple(shared.placements) != tuple(copy.placements)):
+            raise ValueError(f"a tied parameter ({attr}) is split one way by the model's tensor-parallel plan and "
+                             "another way where it is tied: untie it or give both the same style")
+        setattr(module, attr, shared)
     if sequence_parallel:
         _sequence_parallel_blocks(model, tp_mesh, holders, matched)
+
+
+def _ties(model: nn.Module) -> list[tuple[tuple[nn.Module, str], tuple[nn.Module, str]]]:
+    """Each later holder of a tied parameter, with the first: ((module, attribute), (module, attribute))."""
+    first: dict[int, tuple[nn.Module, str]] = {}
+    found = []
+    for module in model.modules():
+        for attr, param in module.named_parameters(recurse=False):
+            if id(param) in first:
+                found.append(((module, attr), first[id(param)]))
+            else:
+                first[id(param)] = (module, attr)
+    return found
 
 
 def _sequence_parallel_blocks(model: nn.Module, mesh: DeviceMesh, holders: dict[str, nn.Module],

@@ -16,12 +16,13 @@ class Block(nn.Module):
 
 
 class Tiny(nn.Module):
-    def __init__(self, vocab: int, width: int, ffn: int, depth: int):
+    def __init__(self, vocab: int, width: int, ffn: int, depth: int, tied: bool = True):
         super().__init__()
         self.tok = nn.Embedding(vocab, width)
         self.layers = nn.ModuleList(Block(width, ffn) for _ in range(depth))
         self.out = nn.Linear(width, vocab, bias=False)
-        self.out.weight = self.tok.weight  # tied
+        if tied:
+            self.out.weight = self.tok.weight
 
     def forward(self, tokens):
         x = self.tok(tokens)
@@ -30,5 +31,5 @@ class Tiny(nn.Module):
         return self.out(x)
 
 
-def build(vocab: int = 100, width: int = 32, ffn: int = 64, depth: int = 3) -> nn.Module:
-    return Tiny(vocab, width, ffn, depth)
+def build(vocab: int = 100, width: int = 32, ffn: int = 64, depth: int = 3, tied: bool = True) -> nn.Module:
+    return Tiny(vocab, width, ffn, depth, tied)
