@@ -81,7 +81,8 @@ def load(config: str):
     text = text.replace("model   = bench_gpt", f"model   = {settings['model']}")
     HF_FOLDER.mkdir(exist_ok=True)
     path = HF_FOLDER / f"{config}.plan"
-    path.write_text(text, encoding="utf-8")
+    if not path.exists() or path.read_text(encoding="utf-8") != text:  # the parent writes it; the ranks read it
+        path.write_text(text, encoding="utf-8")
     if not api.check(path).ok:  # the table is missing (inspected once, in the parent before the ranks fork)
         api.inspect_plan(path)
     return api.load_plan(path)
