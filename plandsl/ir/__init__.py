@@ -171,6 +171,10 @@ class CustomModel(Node):
         default=None, description="with `source`: how `plandsl run` splits the module into pipeline stages: by the "
         "model's own convention (transformers' `base_model_pp_plan`), by tracing its forward with torch's pipeline "
         "frontend (a factory's module that `plandsl inspect` traced), or not at all (None)")
+    experts: int = Field(default=0, ge=0, description="with `source`: experts per MoE layer (0: dense), what an "
+                         "expert axis splits (`experts = alltoall over AXIS`)")
+    ep_plan: tuple[tuple[str, str], ...] = Field(default=(), description="with `source`: the model's own "
+                                                 "expert-parallel plan as (FQN pattern, style), transformers' `ep_plan`")
     modules: tuple[tuple[str, str], ...] = Field(default=(), description="with `source`: every module of the tree "
                                                  "as (FQN, class name), in the tree's order (the root is \"\")")
     parameters: tuple[tuple[str, tuple[int, ...]], ...] = Field(

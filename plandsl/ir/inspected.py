@@ -19,7 +19,8 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-CACHE_VERSION = 3  # 2: the model's tensor-parallel plan (`tp_plan`); 3: whether torch's pipeline frontend cuts it
+CACHE_VERSION = 3  # 2: the model's tensor-parallel plan (`tp_plan`); 3: whether torch's pipeline frontend cuts
+# it (`traceable`), its expert-parallel plan and experts
 LIBRARIES = ("torch", "transformers", "plandsl")  # the versions a cache is keyed by
 
 Literal_ = Union[int, float, str, bool, None]
@@ -246,6 +247,11 @@ class InspectedModel(_Frozen):
     tp_plan: tuple[tuple[str, str], ...] = Field(default=(), description="the model's own tensor-parallel plan, "
                                                  "(FQN pattern, style): a Hugging Face model's `tp_plan`, else a "
                                                  "`tp_plan`/`_tp_plan` dict the module has")
+    ep_plan: tuple[tuple[str, str], ...] = Field(default=(), description="the model's own expert-parallel plan, "
+                                                 "(FQN pattern, style): transformers' `ep_plan` (`grouped_gemm` "
+                                                 "parameters split by expert, `ep_dispatch_experts` modules)")
+    experts: int = Field(default=0, ge=0, description="experts per MoE layer (0: a dense model), the first dim of "
+                         "the parameters the expert-parallel plan splits")
     traceable: bool = Field(default=False, description="a factory's module that torch's pipeline frontend "
                             "(torch.export) cut at its second block on the meta device: `plandsl run` can split it "
                             "into pipeline stages at its blocks")

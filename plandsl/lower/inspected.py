@@ -71,7 +71,7 @@ def torch_names(table: InspectedModel) -> dict:
     one once), the tied pairs and its tensor-parallel plan (`ir.CustomModel`'s fields of the same names)."""
     return dict(modules=tuple((m.name, m.type) for m in table.modules),
                 parameters=tuple((p.name, p.shape) for p in table.param_list if p.tied_to is None),
-                tied=table.tied, tp_plan=table.tp_plan)
+                tied=table.tied, tp_plan=table.tp_plan, experts=table.experts, ep_plan=table.ep_plan)
 
 
 def _source(scope: Scope, call: s.Call, kind: str) -> ModelSource:

@@ -28,6 +28,7 @@ from plandsl.runtime.parallel.mesh import DEFAULT_TIMEOUT_S, build_mesh, coordin
 from plandsl.runtime.models import build_model, loss_fn
 from plandsl.runtime.optim import build_lr_scheduler
 from plandsl.runtime.parallel.context_parallel import sequence_columns
+from plandsl.runtime.parallel.expert_parallel import finish_expert_grads, unscaled_expert_params
 from plandsl.runtime.parallel.parallelize import data_mesh, expert_data_mesh, parallelize
 from plandsl.runtime.precision import LossScaler, autocast, loss_scaler
 from plandsl.runtime import checkpoint, faults
@@ -83,6 +84,7 @@ class Job:
     first_step: int = 0      # steps done before this run (restored from a checkpoint)
     report: Any = None       # rank 0, after `check_equivalence`: an equivalence.Report
     scaler: LossScaler = field(default_factory=lambda: LossScaler(enabled=False))  # fp16: dynamic loss scaling
+    expert_grads_summed: list = field(default_factory=list)  # expert parameters train_step scales by 1/ep
 
 
 def build_job(plan: ir.Plan, mesh: DeviceMesh, device: torch.device, config: RunConfig) -> Job:
@@ -115,7 +117,8 @@ def build_job(plan: ir.Plan, mesh: DeviceMesh, device: torch.device, config: Run
     reporters = math.prod(plan.mesh.degree(axis) for axis in shared)
     return Job(plan, mesh, device, parts, models, optimizer, scheduler, batches, dp_rank, dp,
                loss_weight=1.0 / reporters if owner else 0.0, loss=loss, pipeline=pipeline,
-               has_first=has_first, has_last=has_last, scaler=scaler, columns=columns)
+               has_first=has_first, has_last=has_last, scaler=scaler, columns=columns,
+               expert_grads_summed=unscaled_expert_params(models) if plan.ep > 1 else [])
 
 
 def _pp_axis(plan: ir.Plan) -> str | None:
@@ -159,6 +162,9 @@ def train_step(job: Job, step: int) -> float:
         for index, (x, y) in enumerate(chunks):
             with gradient_sync(job.parts[0], enabled=index == len(chunks) - 1):
                 loss += forward_backward_step(job, x, y, 1.0 / len(chunks)) / len(chunks)
+    if job.expert_grads_summed:  # transformers' expert parallelism: the ep shares' sum, per tensor rank's slice
+        tp_group = job.mesh[job.plan.tensor.axis].get_group() if job.plan.tensor and job.plan.tp > 1 else None
+        finish_expert_grads(job.expert_grads_summed, job.plan.ep, tp_group)
     params = [p for part in job.models for p in part.parameters()]
     found_inf = job.scaler.unscale_(params)  # fp16: an inf or nan gradient on any rank skips the step
     job.scaler.update(found_inf)

@@ -105,6 +105,9 @@ CASES = [
      CNN_TRAIN),
     ("factory_gpipe", 2, 'factory("inspect_models.tiny:build", depth=4, tied=false)', "[pp = 2]",
      "stages = evenly over pp\nschedule = gpipe", MICRO2),
+    ("mixtral_ep_x_dp", 4, MIXTRAL, "[dp = 2, ep = 2]", "data = replicate over dp\nexperts = alltoall over ep"),
+    ("mixtral_ep_x_fsdp", 4, MIXTRAL, "[dp = 2, ep = 2]", "data = zero3 over dp\nexperts = alltoall over ep"),
+    ("mixtral_ep_x_tp", 4, MIXTRAL, "[ep = 2, tp = 2]", "tensor = megatron over tp\nexperts = alltoall over ep"),
     ("llama_gqa_3d", 8, LLAMA, "[dp = 2, pp = 2, tp = 2]",
      "data = zero3 over dp\ntensor = megatron over tp\nstages = evenly over pp\nschedule = 1f1b", MICRO2),
 ]

@@ -34,7 +34,19 @@ def inspect_model(source: ModelSource, seq: int = 2048, dtype: str = "bfloat16",
                           block_list=blocks.name, containers=blocks.containers, block_list_from=blocks.found_by,
                           blocks=table.rows, before=table.before, after=table.after, before_params=before_params,
                           after_params=after_params, traced_blocks=table.traced, tp_plan=tp_plan(model),
-                          traceable=traceable)
+                          traceable=traceable, ep_plan=tp_plan(model, ("ep_plan",)),
+                          experts=experts(params, tp_plan(model, ("ep_plan",))))
+
+
+def experts(params, plan: tuple[tuple[str, str], ...]) -> int:
+    """The experts per MoE layer: the first dim of the parameters the expert-parallel plan splits by expert
+    (`grouped_gemm`: one [experts, out, in] tensor per projection); 0 without such a plan."""
+    import fnmatch
+    patterns = [pattern for pattern, style in plan if style == "grouped_gemm"]
+    for param in params:
+        if param.shape and any(fnmatch.fnmatchcase(param.name, pattern) for pattern in patterns):
+            return param.shape[0]
+    return 0
 
 
 def stage_trace_problem(model, blocks: BlockList, inputs: Inputs) -> str | None:
@@ -52,11 +64,12 @@ def stage_trace_problem(model, blocks: BlockList, inputs: Inputs) -> str | None:
     return None
 
 
-def tp_plan(model) -> tuple[tuple[str, str], ...]:
+def tp_plan(model, names: tuple[str, ...] = ("tp_plan", "_tp_plan")) -> tuple[tuple[str, str], ...]:
     """The module's own tensor-parallel plan by FQN pattern: a Hugging Face model's `tp_plan` (its class's
     `_tp_plan` and its config's `base_model_tp_plan`, merged by transformers under each module's prefix),
-    else a `tp_plan` or `_tp_plan` dict of the module; entries that are not (str, str) are left out."""
-    for name in ("tp_plan", "_tp_plan"):
+    else a `tp_plan` or `_tp_plan` dict of the module; entries that are not (str, str) are left out. With
+    `names=("ep_plan",)`, its expert-parallel plan likewise (transformers' `base_model_ep_plan`)."""
+    for name in names:
         try:
             found = getattr(model, name, None)
         except Exception:  # a property of the user's class that raises: no plan

@@ -28,10 +28,57 @@ def moe_layers(model: nn.Module) -> list[MoE]:
     return [module for module in model.modules() if isinstance(module, MoE)]
 
 
-def expert_shards(model: nn.Module) -> list[ExpertShards]:
+def expert_shards(model: nn.Module) -> list[nn.Module]:
     """The modules whose parameters differ between expert ranks (data parallelism must not reduce them over
-    the expert axis)."""
-    return [module for module in model.modules() if isinstance(module, ExpertShards)]
+    the expert axis): plandsl's `ExpertShards`, and a model from torch's experts that transformers' expert
+    parallelism split (`_is_expert_parallel`, `apply_model_ep`)."""
+    return [module for module in model.modules()
+            if isinstance(module, ExpertShards) or getattr(module, "_is_expert_parallel", False)]
+
+
+def unscaled_expert_params(models: list[nn.Module]) -> list[nn.Parameter]:
+    """The expert parameters whose gradients sum the expert axis's batch shares rather than average them
+    (transformers' expert parallelism; plandsl's `ExpertShards` scale theirs inside): `train_step` scales
+    them by 1/ep after the backward, which data parallelism's averaging over the other axes commutes with."""
+    return [param for model in models for module in expert_shards(model) if not isinstance(module, ExpertShards)
+            for param in module.parameters()]
+
+
+@torch.no_grad()
+def finish_expert_grads(params: list[nn.Parameter], ep: int, tp_group) -> None:
+    """After the backward, transformers' expert gradients as the global batch's mean: summed over the tensor
+    axis (`tp_group`; each of its ranks sent its own slice of their shared batch, AllToAllEP), then the ep
+    batch shares they sum averaged (1/ep)."""
+    for param in params:
+        if param.grad is None:
+            continue
+        local = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
+        if tp_group is not None:
+            dist.all_reduce(local, group=tp_group)  # in place: a DTensor's local shard is its storage
+        local.mul_(1.0 / ep)
+
+
+def apply_model_ep(model: nn.Module, ep_mesh: DeviceMesh, batch_mesh: DeviceMesh | None, plan: dict[str, str]) -> None:
+    """A model from torch's experts split as its own expert-parallel plan says, by transformers' own
+    implementation (`transformers.distributed.expert_parallel.apply_expert_parallelism`, the model's library):
+    `grouped_gemm` parameters Shard(0) over the expert axis (rank r keeps experts [r*E/ep, (r+1)*E/ep)),
+    `ep_dispatch_experts` modules exchanging their routed tokens with all-to-all. `batch_mesh`: the ranks
+    holding the same batch (the tensor axis; None: each rank alone). Patterns that match nothing in this
+    (stage) module are left out."""
+    from transformers.distributed.expert_parallel import apply_expert_parallelism  # lazy: the model's library
+    if batch_mesh is None:  # a one-rank mesh per rank (created on every rank: meshes are collective)
+        from torch.distributed.device_mesh import init_device_mesh
+        batch_mesh = init_device_mesh(ep_mesh.device_type, (dist.get_world_size(), 1),
+                                      mesh_dim_names=("_world", "_alone"))["_alone"]
+    import fnmatch
+    modules = dict(model.named_modules())
+    params = dict(model.named_parameters())
+    present = {}
+    for pattern, style in plan.items():
+        for name in list(modules) + list(params):
+            if fnmatch.fnmatchcase(name, pattern) and name.count(".") == pattern.count("."):
+                present[name] = style
+    apply_expert_parallelism(model, ep_mesh, batch_mesh, present)
 
 
 class ExpertShards(Experts):

@@ -15,7 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from plandsl import ir
 from plandsl.runtime.parallel.context_parallel import apply_cp
 from plandsl.runtime.parallel.data_parallel import apply_dp
-from plandsl.runtime.parallel.expert_parallel import apply_ep
+from plandsl.runtime.parallel.expert_parallel import apply_ep, apply_model_ep
 from plandsl.runtime.parallel.mesh import submesh
 from plandsl.runtime.parallel.recompute import apply_ac
 from plandsl.runtime.parallel.tensor_parallel import apply_model_tp, apply_tp, tp_rules
@@ -54,7 +54,10 @@ def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch
         apply_tp(model, mesh[plan.tensor.axis], plan.tensor.sequence_parallel, rules)
     # 2. Expert parallelism: experts become DTensor shards over the expert axis, which data
     #    parallelism must then leave out of their reduction.
-    if plan.experts is not None and plan.ep > 1:
+    if plan.experts is not None and plan.ep > 1 and isinstance(model, TorchModel):  # its own plan
+        tp_mesh = mesh[plan.tensor.axis] if plan.tensor is not None and plan.tp > 1 else None
+        apply_model_ep(model, mesh[plan.experts.axis], tp_mesh, dict(plan.model.ep_plan))
+    elif plan.experts is not None and plan.ep > 1:
         apply_ep(model, mesh[plan.experts.axis])
     # 3. Context parallelism: positions and attention's K/V gather; parameters are untouched.
     if plan.context is not None and plan.cp > 1:
