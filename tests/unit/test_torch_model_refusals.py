@@ -13,13 +13,13 @@ from plandsl.lower.inspected import written_sources
 from plandsl.runtime.support import refusals
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE = 'factory("inspect_models.tiny:build", depth=4)'
+SOURCE = 'factory("inspect_models.tiny:build", depth=4, tied=false)'
 
 
 @pytest.fixture(scope="module")
 def table():
     from plandsl.lower.inspected import DEFAULT_SEQ  # a factory's table is read at this seq
-    return api.inspect_model("inspect_models.tiny:build(depth=4)", seq=DEFAULT_SEQ, search_path=(HERE,))
+    return api.inspect_model("inspect_models.tiny:build(depth=4, tied=False)", seq=DEFAULT_SEQ, search_path=(HERE,))
 
 
 def _plan(tmp_path, table, mesh: str, lines: str, train: str = "{ global_batch: 8, micro_batch: 1, seed: 0 }",
@@ -42,20 +42,13 @@ def _plan(tmp_path, table, mesh: str, lines: str, train: str = "{ global_batch: 
 def test_data_parallelism_and_fsdp_of_a_factory_module_run(tmp_path, table):
     plan = _plan(tmp_path, table, "[dp = 4]", "data = zero3 over dp",
                  train="{ global_batch: 8, micro_batch: 1, seed: 0, recompute: full }")
-    assert plan.model.source == "inspect_models.tiny:build(depth=4)" and plan.model.block_list == "layers"
+    assert plan.model.source == "inspect_models.tiny:build(depth=4, tied=False)" and plan.model.block_list == "layers"
     assert refusals(plan) == []
 
 
-@pytest.fixture(scope="module")
-def untied():
-    from plandsl.lower.inspected import DEFAULT_SEQ
-    return api.inspect_model("inspect_models.tiny:build(depth=4, tied=False)", seq=DEFAULT_SEQ, search_path=(HERE,))
-
-
-def test_a_module_is_split_into_stages_by_its_convention_or_a_trace(tmp_path, untied):
-    assert untied.traceable  # inspect cut it at its second block with torch's pipeline frontend, on the meta device
-    plan = _plan(tmp_path, untied, "[dp = 2, pp = 2]", "stages = evenly over pp\nschedule = 1f1b",
-                 written='factory("inspect_models.tiny:build", depth=4, tied=false)')
+def test_a_module_is_split_into_stages_by_its_convention_or_a_trace(tmp_path, table):
+    assert table.traceable  # inspect cut it at its second block with torch's pipeline frontend, on the meta device
+    plan = _plan(tmp_path, table, "[dp = 2, pp = 2]", "stages = evenly over pp\nschedule = 1f1b")
     assert plan.model.stages_by == "trace" and refusals(plan) == []
     [refused] = refusals(plan.model_copy(update={"model": plan.model.model_copy(update={"stages_by": None})}))
     assert refused.code == "E704" and "cannot be split into pipeline stages: torch's pipeline frontend" in refused.message
