@@ -163,12 +163,15 @@ def estimate_layer_compute(model: ir.Model, layer: Layer, work: Work, device: ir
 def _tensor_parallel_flops(layer: Layer, tp: int) -> float:
     """A custom layer's forward FLOPs per token on one device. A torch model's tensor-parallel plan splits
     some Linear weights (`ir.layers.TP_SPLIT`): each such weight's 2·in·out multiply-adds per token are
-    shared by the tp ranks. What the table measured beyond them (the attention core, elementwise work) is
-    kept whole: a bound from above, as the split of the core follows the heads, which the table does not
-    name. An embedding's lookup has no FLOPs to split (the layer's figure caps the share)."""
+    shared by the tp ranks, and so is the attention core the table measured (the part of the FLOPs that
+    grows with the sequence: each rank computes the scores of its share of the heads, as column-split q, k
+    and v give it). Elementwise work is not counted by the table. An embedding's lookup has no FLOPs to
+    split (the layer's figure caps the share)."""
     if tp <= 1:
         return layer.flops_per_token
     split = sum(2.0 * p.numel for p in layer.params if len(p.shape) == 2 and TP_SPLIT in p.dims)
+    if split:
+        split += layer.attention_flops_per_token
     return layer.flops_per_token - min(split, layer.flops_per_token) * (1 - 1 / tp)
 
 

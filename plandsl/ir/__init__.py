@@ -145,6 +145,8 @@ class CustomLayer(Node):
     flops: float = Field(ge=0, description="forward FLOPs per token")
     activations: float = Field(ge=0, description="bytes of activations kept for backward, per token")
     output: int = Field(ge=0, description="width of the output per token (elements), sent between stages")
+    attention_flops: float = Field(default=0, ge=0, description="of `flops`, the part that grows with the "
+                                   "sequence (attention scores and values), measured by `plandsl inspect`")
 
 
 class CustomModel(Node):

@@ -117,6 +117,7 @@ class Layer:
     flops_per_token: float  # forward, 2 FLOPs per multiply-add
     output_width: int  # elements per token handed to the next layer
     activation_bytes_per_token: float = 0.0  # authored figure of a custom layer (built-ins derive theirs)
+    attention_flops_per_token: float = 0.0  # of a torch model's block's FLOPs, the attention core's (its table)
 
 
 _BY_ID: dict[int, tuple[weakref.ref, tuple[Layer, ...]]] = {}
@@ -287,7 +288,8 @@ def _custom_layers(model: ir.CustomModel) -> tuple[Layer, ...]:
             params = real.get(authored.name, [])
             layer = Layer(authored.name, "custom", tuple(params), authored.params, float(authored.flops),
                           authored.output)
-            layers.append(dataclasses.replace(layer, activation_bytes_per_token=authored.activations))
+            layers.append(dataclasses.replace(layer, activation_bytes_per_token=authored.activations,
+                                              attention_flops_per_token=authored.attention_flops))
             continue
         params = ([Param(f"{authored.name}.weight", authored.name, (authored.params,), (OTHER,))]
                   if authored.params else [])

@@ -142,7 +142,8 @@ def _layers(scope: Scope, call: s.Call, table: InspectedModel) -> tuple[ir.Custo
     for block in table.blocks:
         layers.append(build(scope, ir.CustomLayer, call.span, name=block.name, params=block.params,
                             flops=block.figures.flops_at(seq), activations=block.figures.activation_bytes_at(seq),
-                            output=int(block.output_bytes // DTYPE_BYTES)))
+                            output=int(block.output_bytes // DTYPE_BYTES),
+                            attention_flops=block.figures.flops_per_position * seq))
     layers.append(build(scope, ir.CustomLayer, call.span, name="head", params=table.after_params,
                         flops=table.after.flops_at(seq), activations=table.after.activation_bytes_at(seq), output=0))
     return tuple(layers)

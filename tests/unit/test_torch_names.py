@@ -150,6 +150,11 @@ def test_the_cost_model_counts_the_models_tensor_parallelism(folder):
     one, two = api.estimate(plain), api.estimate(split)
     # parameters: every colwise/rowwise weight halves (the norms stay whole)
     assert two.memory[0].params < 0.6 * one.memory[0].params
+    # every matmul of a Llama block is split (q, k, v, o, gate, up, down and the attention core): half each
+    from plandsl.cost.compute import _tensor_parallel_flops
+    block = ir_layers.layers_of(split.model)[1]
+    assert block.attention_flops_per_token == pytest.approx(4 * 256 * SEQ, rel=1e-3)
+    assert _tensor_parallel_flops(block, 2) == pytest.approx(block.flops_per_token / 2, rel=1e-6)
     # work per device falls, and the all-reduces of the rowwise outputs are paid
     assert two.stage_times[0].flops < one.stage_times[0].flops
     assert two.stage_times[0].comm > 0 and one.stage_times[0].comm == 0
