@@ -91,6 +91,21 @@ def test_resnet50_bottlenecks_and_a_features_classifier_layout():
     assert small.after_params == 16 * 10 + 10 and small.after.flops == 2 * 16 * 10  # the classifier, after them
 
 
+@pytest.mark.slow  # imports transformers (~3 CPU-s) when no test before it on the worker has
+def test_hugging_face_vision_models_take_images():
+    """`hf(..., input=image(...))` calls the model with `pixel_values=`: a Hugging Face ResNet (its stages a
+    ModuleList, each traced: they differ in resolution) and a ViT (its encoder's `layers`, one traced)."""
+    pytest.importorskip("transformers")
+    resnet = api.inspect_model('hf("ResNetForImageClassification", embedding_size=16, hidden_sizes=[16, 32], '
+                               'depths=[1, 1], layer_type="basic", num_labels=10, input=image(3, 32, 32))')
+    assert resnet.block_list == "resnet.encoder.stages" and resnet.traced_blocks == 2
+    assert resnet.output_shape == (10,) and [b.output_bytes for b in resnet.blocks] == [16 * 8 * 8 * 2, 32 * 4 * 4 * 2]
+    vit = api.inspect_model('hf("ViTForImageClassification", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,'
+                            ' intermediate_size=128, image_size=32, patch_size=8, num_labels=10, input=image(3, 32, 32))')
+    assert vit.seq == 1 and vit.image == (3, 32, 32) and len(vit.blocks) == 2 and vit.output_shape == (10,)
+    assert vit.blocks[0].output_bytes == (16 + 1) * 64 * 2  # 16 patches and the class token per image, bf16
+
+
 def resnet_containers() -> tuple[str, ...]:
     return ("layer1", "layer2", "layer3", "layer4")
 

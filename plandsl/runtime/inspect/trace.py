@@ -210,10 +210,11 @@ class Inputs:
         return model(input_ids=tokens, use_cache=False) if self.source.kind == "hf" else model(tokens)
 
 
-def cuttable(blocks: BlockList) -> bool:
-    """Whether the trace may run a prefix of the blocks: one ModuleList the forward loops over (a decoder, whose
-    blocks keep the hidden size); a CNN's stages change the shape the layers after them take."""
-    return blocks.name is not None and blocks.found_by != "nn.Sequential"
+def cuttable(blocks: BlockList, inputs: Inputs) -> bool:
+    """Whether the trace may run a prefix of the blocks: one ModuleList the forward loops over, on token ids (a
+    decoder, whose blocks keep the hidden size). A model that takes images is traced whole: its stages change
+    the shape the layers after them take, and blocks of one shape cost more at a higher resolution."""
+    return blocks.name is not None and blocks.found_by != "nn.Sequential" and not inputs.source.image
 
 
 def trace(model: nn.Module, blocks: BlockList, traced: int, inputs: Inputs) -> _Trace:
@@ -255,7 +256,7 @@ def trace(model: nn.Module, blocks: BlockList, traced: int, inputs: Inputs) -> _
     handles = [hook for index, block in enumerate(run) for hook in (
         block.register_forward_pre_hook(before(index), with_kwargs=True),
         block.register_forward_hook(after(index), with_kwargs=True))]
-    cut = cuttable(blocks) and traced < len(blocks.blocks)
+    cut = cuttable(blocks, inputs) and traced < len(blocks.blocks)
     if cut:
         parent_name, _, attribute = blocks.name.rpartition(".")
         parent = model.get_submodule(parent_name)
@@ -315,7 +316,7 @@ def block_table(model: nn.Module, blocks: BlockList, inputs: Inputs) -> Table:
     modules = blocks.modules
     keys = shape_keys(modules)
     first = {key: keys.index(key) for key in dict.fromkeys(keys)}
-    traced = max(first.values()) + 1 if cuttable(blocks) else len(modules)
+    traced = max(first.values()) + 1 if cuttable(blocks, inputs) else len(modules)
     half = max(1, inputs.seq // 2)
     lengths = (inputs,) if inputs.source.image else (inputs, Inputs(inputs.source, half, inputs.dtype))
     try:
