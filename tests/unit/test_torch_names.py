@@ -191,3 +191,23 @@ def test_generate_says_how_to_write_a_missing_table(folder, tmp_path):
     assert f"-o {tmp_path}/.plandsl/inspect-" in message
     with pytest.raises(search_error, match="cannot be written in a plan"):
         _generate(folder, 'hf("GPT2LMHeadModel", n_embd=None)')
+
+
+def test_generate_takes_a_factory_and_the_cli_says_how_to_inspect(folder, tmp_path):
+    from pathlib import Path
+
+    from plandsl.lower.inspected import DEFAULT_SEQ
+    from support import cli_in_process
+    here = str(Path(__file__).resolve().parent)
+    source = ModelSource("factory", "inspect_models.tiny:build", (("depth", 2),))
+    table = api.inspect_model(source.text, seq=DEFAULT_SEQ, search_path=(here,))
+    api.write_inspected(table, cache_path(str(folder / "f.plan"), source, DEFAULT_SEQ))
+    generated = _generate(folder, source.text, output="f.plan")
+    assert 'model   = factory("inspect_models.tiny:build", depth=2)' in generated.texts[0]
+    assert all(s.candidate.pp == 1 for s in generated.result.candidates)  # tiny ties its head to its embedding
+    (folder / "f.plan").write_text(generated.texts[0], encoding="utf-8")
+    assert api.check(folder / "f.plan").ok
+    missing = cli_in_process("generate", "--model", source.text, "--cluster", "dgx_a100", "--global-batch", "8",
+                             cwd=tmp_path)
+    assert missing.returncode == 1 and "(E215; run: mkdir -p " in missing.stderr
+    assert "plandsl inspect 'inspect_models.tiny:build(depth=2)' --seq 2048 -o " in missing.stderr
