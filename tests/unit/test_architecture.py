@@ -47,19 +47,29 @@ def _function_level_imports():
         if {"grammar", "stdlib_plans"} & set(path.relative_to(PACKAGE).parts):
             continue
         lines = path.read_text().splitlines()
-        functions = [node for node in ast.walk(ast.parse("\n".join(lines)))
-                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        # The imports under a function: a walk of the statements only (an import is one, and so is every
+        # block that holds one), not of every expression node (~1 CPU-s less over the package)
+        inside, pending = [], [(node, False) for node in ast.parse("\n".join(lines)).body]
+        while pending:
+            node, in_function = pending.pop()
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                if in_function:
+                    inside.append(node)
+                continue
+            in_function = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for field in ("body", "orelse", "finalbody", "handlers", "cases"):  # blocks, except clauses, match cases
+                body = getattr(node, field, ())
+                pending.extend((child, in_function) for child in (body if isinstance(body, list) else ()))
         seen = set()
-        for function in functions:
-            for node in ast.walk(function):
-                if isinstance(node, (ast.Import, ast.ImportFrom)) and node.lineno not in seen:
-                    seen.add(node.lineno)
-                    comments = [line.partition("#")[2].strip() for line in
-                                (lines[node.lineno - 1], lines[node.end_lineno - 1])]
-                    above = lines[node.lineno - 2].strip()
-                    comments.append(above[1:].strip() if above.startswith("#") else "")
-                    reason = next((c for c in comments if c and not c.startswith(("noqa", "type:", "pragma"))), "")
-                    yield path.relative_to(ROOT), node.lineno, lines[node.lineno - 1].strip(), reason
+        for node in sorted(inside, key=lambda node: node.lineno):
+            if node.lineno not in seen:
+                seen.add(node.lineno)
+                comments = [line.partition("#")[2].strip() for line in
+                            (lines[node.lineno - 1], lines[node.end_lineno - 1])]
+                above = lines[node.lineno - 2].strip()
+                comments.append(above[1:].strip() if above.startswith("#") else "")
+                reason = next((c for c in comments if c and not c.startswith(("noqa", "type:", "pragma"))), "")
+                yield path.relative_to(ROOT), node.lineno, lines[node.lineno - 1].strip(), reason
 
 
 def test_every_import_inside_a_function_says_why():

@@ -128,8 +128,11 @@ def _doubling(links: int, first: str = "1") -> str:
     return f"let a0 = {first}\n" + "".join(f"let a{i} = a{i - 1} + a{i - 1}\n" for i in range(1, links + 1))
 
 
-def test_a_10000_link_let_chain_is_evaluated_without_deep_recursion():
-    text = _doubling(10_000) + VALID_PLAN.replace("[dp = nodes * 8 / 4,", "[dp = a10000 / a9998,")
+# 10,000 links: past what a recursive evaluation survives under parser.RECURSION_LIMIT (~2 CPU-s, mostly
+# parsing 10,000 lines; slow tier); 1,000 in the unit tier: the same path, without the depth
+@pytest.mark.parametrize("links", [1_000, pytest.param(10_000, marks=pytest.mark.slow)])
+def test_a_long_let_chain_is_evaluated_without_deep_recursion(links):
+    text = _doubling(links) + VALID_PLAN.replace("[dp = nodes * 8 / 4,", f"[dp = a{links} / a{links - 2},")
     analysis = analyzed(text)
     assert analysis.document.plans[0].dp == 4
 
@@ -149,8 +152,9 @@ def test_a_long_chain_through_params_and_an_imported_file(tmp_path, links):
     assert overridden.ok and overridden.document.plans[0].dp == 2
 
 
-def test_a_long_let_cycle_is_a_cycle():
-    text = _doubling(5_000, first="a5000") + VALID_PLAN.replace("[dp = nodes * 8 / 4,", "[dp = a5000,")
+@pytest.mark.parametrize("links", [500, pytest.param(5_000, marks=pytest.mark.slow)])  # 5,000: ~1 CPU-s
+def test_a_long_let_cycle_is_a_cycle(links):
+    text = _doubling(links, first=f"a{links}") + VALID_PLAN.replace("[dp = nodes * 8 / 4,", f"[dp = a{links},")
     analysis = analyzed(text, "E211")
     assert [d.code for d in analysis.errors] == ["E211"]
     assert "defined in terms of itself" in analysis.errors[0].message
