@@ -68,8 +68,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("torch"))
 
 
-class TorchOutsideItsGroup(UserWarning):
-    """A test outside the 'torch' xdist group imported torch: under xdist both workers may then pay for it."""
+class HeavyImport(UserWarning):
+    """torch or transformers imported where every xdist worker may pay for it: at collection, or by a test
+    outside the 'torch' group."""
+
+
+def pytest_collection_finish(session):
+    """Collecting imports every test module in each xdist worker, before `-m` deselects anything: a
+    module-level `import torch` or `pytest.importorskip("transformers")` costs ~1-4 CPU-s there per worker."""
+    heavy = [name for name in ("torch", "transformers") if name in sys.modules]
+    if heavy:
+        warnings.warn(HeavyImport(
+            f"collecting the tests imported {' and '.join(heavy)}: import it inside the tests (support.lazy), and "
+            "skip without it by `pytest.mark.skipif(importlib.util.find_spec(...) is None, ...)`, not importorskip"))
 
 
 _TORCH_BEFORE = pytest.StashKey[bool]()
@@ -88,7 +99,7 @@ def pytest_runtest_setup(item):
 @pytest.hookimpl(trylast=True)  # after the test's fixtures are torn down
 def pytest_runtest_teardown(item, nextitem):
     if not item.stash.get(_TORCH_BEFORE, True) and "torch" in sys.modules and not _in_torch_group(item):
-        warnings.warn(TorchOutsideItsGroup(
+        warnings.warn(HeavyImport(
             f"{item.nodeid} imported torch outside the 'torch' xdist group: add its module to "
             "tests/conftest.py's TORCH_MODULES or mark it @pytest.mark.xdist_group('torch')"))
 
