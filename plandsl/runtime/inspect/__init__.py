@@ -6,6 +6,8 @@ checker and the cost model read the cache without importing any of them.
 """
 from __future__ import annotations
 
+import fnmatch
+
 from plandsl.ir.inspected import InspectedModel, ModelSource, file_digest, library_versions
 from plandsl.runtime.inspect.factory import DTYPES, Failure, build
 from plandsl.runtime.inspect.trace import BlockList, Inputs, block_table, find_block_list, parameters, split_parameters
@@ -41,7 +43,6 @@ def inspect_model(source: ModelSource, seq: int = 2048, dtype: str = "bfloat16",
 def experts(params, plan: tuple[tuple[str, str], ...]) -> int:
     """The experts per MoE layer: the first dim of the parameters the expert-parallel plan splits by expert
     (`grouped_gemm`: one [experts, out, in] tensor per projection); 0 without such a plan."""
-    import fnmatch
     patterns = [pattern for pattern, style in plan if style == "grouped_gemm"]
     for param in params:
         if param.shape and any(fnmatch.fnmatchcase(param.name, pattern) for pattern in patterns):
