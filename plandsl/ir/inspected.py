@@ -125,7 +125,12 @@ def _image(call: ast.Call, text: str) -> tuple[int, ...]:
     return check_image(tuple(_literal(arg, text) for arg in call.args), f"'{text}'")
 
 
+_PLAN_WORDS = {"true": True, "false": False}  # the plan language's booleans, as a plan's hf(...) writes them
+
+
 def _literal(node: ast.expr, text: str) -> Literal_:
+    if isinstance(node, ast.Name) and node.id in _PLAN_WORDS:
+        return _PLAN_WORDS[node.id]
     try:
         value = ast.literal_eval(node)
     except ValueError:

@@ -154,6 +154,8 @@ def test_the_source_parser_reads_factories_and_configs():
         ("a", 1), ("b", "x"), ("c", (1, 2)), ("d", None))
     source = parse_source('hf("LlamaForCausalLM", hidden_size=64, rope_theta=5e5)')
     assert source.kind == "hf" and parse_source(source.text) == source
+    # as a plan writes it (true/false) or as Python does: the same source, the same cache key
+    assert parse_source('hf("X", tie_word_embeddings=false)') == parse_source('hf("X", tie_word_embeddings=False)')
 
 
 def test_the_cache_is_keyed_by_source_settings_and_versions(llama, tmp_path):
