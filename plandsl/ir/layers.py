@@ -300,7 +300,8 @@ def _custom_layers(model: ir.CustomModel) -> tuple[Layer, ...]:
 
 def _torch_params(model: ir.CustomModel) -> dict[str, list[Param]]:
     """Layer name -> its parameters (a tied one once, where it first appears), each dim the model's
-    tensor-parallel plan splits as `TP_SPLIT` (`ir.torch_plan.split_dim`; the plan's first pattern wins)."""
+    tensor-parallel plan splits as `TP_SPLIT` (`ir.torch_plan.split_dim`; the plan's first pattern wins), the
+    leading dim of the grouped expert tensors its expert-parallel plan names as `EXPERTS`."""
     from plandsl.ir import torch_plan  # torch_plan imports ir: here, not at the top
     layer_of = torch_plan.layer_of_module(model)
     types = dict(model.modules)
@@ -316,5 +317,8 @@ def _torch_params(model: ir.CustomModel) -> dict[str, list[Param]]:
         dim = torch_plan.split_dim(style, types.get(module, ""), local, len(shape)) if style else None
         if dim is not None:
             dims[dim] = TP_SPLIT
+        if len(shape) == 3 and model.experts and shape[0] == model.experts and any(
+                torch_plan.matches(pattern, name) or torch_plan.matches(pattern, module) for pattern, _ in model.ep_plan):
+            dims[0] = EXPERTS  # grouped experts [experts, out, in], what the expert axis splits (its ep_plan)
         found.setdefault(layer_of.get(module, "embed"), []).append(Param(name, module, tuple(shape), tuple(dims)))
     return found

@@ -29,6 +29,11 @@ QWEN3 = ModelSource("hf", "Qwen3ForCausalLM", (
     ("hidden_size", 128), ("intermediate_size", 384), ("num_hidden_layers", 2), ("num_attention_heads", 4),
     ("num_key_value_heads", 2), ("head_dim", 32), ("vocab_size", 512), ("max_position_embeddings", SEQ)))
 
+MIXTRAL = ModelSource("hf", "MixtralForCausalLM", (
+    ("hidden_size", 64), ("intermediate_size", 128), ("num_hidden_layers", 2), ("num_attention_heads", 4),
+    ("num_key_value_heads", 2), ("num_local_experts", 4), ("num_experts_per_tok", 2), ("vocab_size", 300),
+    ("max_position_embeddings", SEQ)))
+
 
 def _call(source: ModelSource) -> str:
     return source.text.replace("False", "false").replace("True", "true")
@@ -36,10 +41,10 @@ def _call(source: ModelSource) -> str:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    """A folder whose `.plandsl/` holds the three tables, as `plandsl inspect FILE.plan` writes them."""
+    """A folder whose `.plandsl/` holds the four tables, as `plandsl inspect FILE.plan` writes them."""
     where = tmp_path_factory.mktemp("torch_names")
     (where / ".plandsl").mkdir()
-    for source in (LLAMA, GPT2, QWEN3):
+    for source in (LLAMA, GPT2, QWEN3, MIXTRAL):
         table = api.inspect_model(source.text, seq=SEQ)
         api.write_inspected(table, cache_path(str(where / "p.plan"), source, SEQ))
     return where
@@ -214,3 +219,15 @@ def test_generate_takes_a_factory_and_the_cli_says_how_to_inspect(folder, tmp_pa
                              cwd=tmp_path)
     assert missing.returncode == 1 and "(E215; run: mkdir -p " in missing.stderr
     assert "plandsl inspect 'inspect_models.tiny:build(depth=2)' --seq 2048 -o " in missing.stderr
+
+
+def test_the_expert_axis_splits_a_hugging_face_moes_grouped_experts(folder):
+    dense = _check(folder, "", model=MIXTRAL, mesh="[dp = 8]").document.plans[0]
+    split = _check(folder, "  experts = alltoall over ep\n", model=MIXTRAL, mesh="[dp = 2, ep = 4]")
+    assert split.ok, [d.message for d in split.diagnostics]
+    experts = [p for layer in ir_layers.layers_of(dense.model) for p in layer.params if p.dims[0] == ir_layers.EXPERTS]
+    assert [p.name for p in experts][:2] == ["model.layers.0.mlp.experts.gate_up_proj",
+                                             "model.layers.0.mlp.experts.down_proj"]
+    # each rank holds 1 of the 4 experts of every grouped tensor (fp32 parameters: 4 bytes)
+    held = api.estimate(dense).memory[0].params - api.estimate(split.document.plans[0]).memory[0].params
+    assert held == 4 * sum(p.numel for p in experts) * 3 / 4
