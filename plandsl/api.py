@@ -44,7 +44,7 @@ __all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "
            "render_format", "color_by_problem", "render_errors", "shrink", "rank_options", "launch_options", "check_launch_options",
            "prepare_run", "launch_errors", "dry_run", "dry_run_errors", "format_dry_run",
            "dry_run_commands", "launch", "command_line", "parse_params", "include", "writable_file",
-           "writable_dir", "regular_file_problem"]
+           "writable_dir", "regular_file_problem", "data_path_problem"]
 
 
 # ---- load and check ---------------------------------------------------------------------------------------
@@ -452,6 +452,12 @@ def replace_file(path: str, text: str) -> str | None:
 
 def writable_dir(path: str) -> str | None:
     from plandsl.syntax.files import writable_dir as problem  # stage
+    return problem(path)
+
+
+def data_path_problem(path: str) -> str | None:
+    """Why `plandsl run --data PATH` cannot read PATH (a token file or a Hugging Face dataset folder), or None."""
+    from plandsl.runtime.tokens import data_path_problem as problem  # stage: numpy only
     return problem(path)
 
 

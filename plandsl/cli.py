@@ -297,7 +297,7 @@ def _emit_simulation(found, simulation, as_json, trace, memory_in_bytes, unit=""
 
 
 def _token_file(ctx, param, value):
-    problem = api.regular_file_problem(value, "token file") if value else None
+    problem = api.data_path_problem(value) if value else None
     if problem:
         raise click.BadParameter(problem)
     return value
@@ -322,7 +322,7 @@ def _rank_option(option):
             if (option.minimum, option.maximum) != (None, None) else {"int": int, "float": float}[option.kind]
     paths = {"out_file": (click.Path(dir_okay=False), _writable_file),
              "out_dir": (click.Path(file_okay=False), _writable_dir),
-             "token_file": (click.Path(exists=True, dir_okay=False), _token_file)}
+             "token_file": (click.Path(exists=True), _token_file)}
     if option.path:
         kwargs["type"], kwargs["callback"] = paths[option.path]
     if option.default is not None:

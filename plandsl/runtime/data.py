@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from plandsl import ir
-from plandsl.runtime.tokens import token_file_problem
+from plandsl.runtime.tokens import dataset_rows, is_dataset, load_dataset, token_file_problem
 
 MAX_STRIDE = 8  # synthetic sequences are arithmetic progressions mod vocab with strides 1..7
 
@@ -26,11 +26,16 @@ class Batches:
         self.size = plan.train.global_batch
         self.seq = plan.seq
         self.tokens = None
+        self.dataset, self.rows = None, None
         if token_file:
             problem = token_file_problem(token_file, plan)
             if problem:
                 raise ValueError(f"{token_file}: {problem}")
-            self.tokens = np.memmap(token_file, dtype=np.uint16, mode="r")
+            if is_dataset(token_file):  # a Hugging Face dataset on disk: rows of token ids
+                self.dataset = load_dataset(token_file)
+                self.rows = dataset_rows(self.dataset, plan.seq + 1)
+            else:
+                self.tokens = np.memmap(token_file, dtype=np.uint16, mode="r")
         self.custom = model if isinstance(plan.model, ir.CustomModel) else None
         # a model from torch that takes token ids (plandsl.runtime.torch_model) reads a token file like a family
         self.vocab = getattr(plan.model, "vocab", None) or getattr(model, "vocab", None)
@@ -42,12 +47,21 @@ class Batches:
         """Every sequence of step `step` (0-based): inputs and targets, `global_batch` rows each."""
         generator = self._generator(step)
         model = self.plan.model
-        if self.custom is not None and (self.tokens is None or not self.vocab):
+        reads_tokens = self.tokens is not None or self.dataset is not None
+        if self.custom is not None and (not reads_tokens or not self.vocab):
             return self.custom.make_batch(self.size, self.seq, generator)
         if isinstance(model, ir.MLPModel):
             inputs = torch.randn(self.size, model.input, generator=generator)
             return inputs, torch.randn(self.size, model.output, generator=generator)
-        if self.tokens is not None:
+        if self.dataset is not None:  # a random row of at least seq + 1 tokens, from a random start in it
+            picks = self.rows[torch.randint(len(self.rows), (self.size,), generator=generator).numpy()]
+            rows = []
+            for index in picks.tolist():
+                ids = self.dataset[index]["input_ids"]
+                start = int(torch.randint(len(ids) - self.seq, (1,), generator=generator))
+                rows.append(np.asarray(ids[start:start + self.seq + 1], dtype=np.int64))
+            tokens = torch.from_numpy(np.stack(rows))
+        elif self.tokens is not None:
             starts = torch.randint(len(self.tokens) - self.seq - 1, (self.size,), generator=generator).tolist()
             rows = np.stack([self.tokens[s:s + self.seq + 1].astype(np.int64) for s in starts])
             tokens = torch.from_numpy(rows)

@@ -44,7 +44,8 @@ RANK_OPTIONS: tuple[RankOption, ...] = (
     RankOption("--metrics", "metrics", "Write one JSON object per step here.", path="out_file"),
     RankOption("--check-equivalence", "check_equivalence", "Compare losses and parameters with one process.",
                "flag", False),
-    RankOption("--data", "data", "A uint16 token file (nanoGPT .bin).", path="token_file"),
+    RankOption("--data", "data", "A uint16 token file (nanoGPT .bin), or a Hugging Face dataset saved to disk "
+               "(its `input_ids`).", path="token_file"),
     RankOption("--timeout", "timeout", "Seconds a collective may wait before the job fails (default 300).",
                "float", metavar="SECONDS"),
     RankOption("--checkpoint-dir", "checkpoint_dir",
@@ -126,9 +127,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if problem:
         parser.error(problem)
     # lazy: ranks only; `plandsl --help` builds its options from this module
-    from plandsl.syntax.files import regular_file_problem, writable_dir, writable_file
-    checks = {"out_file": writable_file, "out_dir": writable_dir,
-              "token_file": lambda path: regular_file_problem(path, "token file")}
+    from plandsl.runtime.tokens import data_path_problem  # lazy: numpy; `plandsl --help` reads this module
+    from plandsl.syntax.files import writable_dir, writable_file  # lazy: ranks only, as above
+    checks = {"out_file": writable_file, "out_dir": writable_dir, "token_file": data_path_problem}
     for option in RANK_OPTIONS:
         path = getattr(args, option.dest)
         reason = checks[option.path](path) if option.path and path else None

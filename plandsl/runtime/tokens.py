@@ -10,13 +10,65 @@ from pathlib import Path
 import numpy as np
 
 from plandsl import ir
-from plandsl.syntax.files import FileProblem, check_regular
+from plandsl.syntax.files import FileProblem, check_regular, regular_file_problem
+
+
+DATASET_FILES = ("dataset_info.json", "state.json")  # what `datasets.Dataset.save_to_disk` writes
+TOKENS_COLUMN = "input_ids"
+
+
+def is_dataset(path: str | Path) -> bool:
+    """Whether `path` is a Hugging Face `datasets` dataset saved to disk (a folder with its two JSON files)."""
+    return Path(path).is_dir() and all((Path(path) / name).is_file() for name in DATASET_FILES)
+
+
+def load_dataset(path: str | Path):
+    """The dataset at `path` (`datasets.load_from_disk`: memory-mapped Arrow files, read lazily), ValueError
+    saying what is wrong with it: not a single split, no `input_ids` column."""
+    try:
+        import datasets  # lazy: only for a dataset on disk
+    except ImportError:
+        raise ValueError(f"{path} is a Hugging Face dataset, and the `datasets` package is not installed "
+                         "(python -m pip install datasets)") from None
+    data = datasets.load_from_disk(str(path))
+    if not isinstance(data, datasets.Dataset):
+        raise ValueError(f"{path} holds several splits ({', '.join(data)}); give the folder of one, e.g. {path}/train")
+    if TOKENS_COLUMN not in data.column_names:
+        raise ValueError(f"{path} has no `{TOKENS_COLUMN}` column (its columns: {', '.join(data.column_names)}); "
+                         "tokenize it first (`dataset.map(tokenizer)`)")
+    return data
+
+
+def dataset_rows(data, length: int):
+    """The indices of the rows holding at least `length` tokens (numpy, int64), computed from the Arrow
+    list offsets without reading the tokens."""
+    column = data.data.column(TOKENS_COLUMN).combine_chunks()
+    offsets = np.asarray(column.offsets)
+    lengths = offsets[1:] - offsets[:-1]
+    if data._indices is not None:  # a selected or shuffled view: its rows in its order
+        lengths = lengths[np.asarray(data._indices.column(0))]
+    return np.flatnonzero(lengths >= length)
+
+
+def data_path_problem(path: str | Path) -> str | None:
+    """Why `--data PATH` cannot be read at all (before the plan is known), or None: a regular file (a token
+    file) or a Hugging Face dataset folder."""
+    return None if is_dataset(path) else regular_file_problem(path, "token file")
 
 
 def token_file_problem(token_file: str | Path, plan: ir.Plan) -> str | None:
     """Why `plan` cannot train on `token_file`, or None: it must be a regular file (checked first, so a
     device or FIFO is never mapped) of more than seq + 1 uint16 tokens, each below the model's vocab
-    (read through a memory map in bounded chunks: constant memory whatever its size)."""
+    (read through a memory map in bounded chunks: constant memory whatever its size); or a Hugging Face
+    dataset saved to disk whose `input_ids` rows include one of at least seq + 1 tokens."""
+    if is_dataset(token_file):
+        try:
+            data = load_dataset(token_file)
+        except ValueError as error:
+            return str(error)
+        if not len(dataset_rows(data, (plan.seq or 0) + 1)):
+            return f"no row of its `{TOKENS_COLUMN}` holds seq + 1 ({(plan.seq or 0) + 1}) tokens: a sequence and its next token"
+        return None
     try:
         size = check_regular(token_file, "token file").st_size
     except FileProblem as problem:

@@ -119,3 +119,17 @@ def test_a_hugging_face_model_trains_like_one_process(case, tmp_path, monkeypatc
     name, world, model, mesh, lines, *train_ = case
     plan = _write(tmp_path, name, model, mesh, lines, *train_)
     _check(run_ranks(world, train, str(plan), check_equivalence=True, steps=STEPS, deadline_s=120))
+
+
+def test_a_hugging_face_dataset_on_disk_feeds_the_model(tmp_path, monkeypatch):
+    """`--data FOLDER`: token ids from a `datasets` dataset saved to disk (rows of at least seq + 1 tokens),
+    the same global batch whatever the layout: FSDP on 2 ranks against one process reading it too."""
+    datasets = pytest.importorskip("datasets")
+    rows = [[(7 * row + 3 * i) % 128 for i in range(40 + row)] for row in range(12)]
+    folder = tmp_path / "tokens"
+    datasets.Dataset.from_dict({"input_ids": rows}).save_to_disk(str(folder))
+    plan = _write(tmp_path, "data", LLAMA, "[dp = 2]", "data = zero3 over dp")
+    first = _check(run_ranks(2, train, str(plan), check_equivalence=True, steps=STEPS, token_file=str(folder),
+                             deadline_s=120))
+    synthetic = run_ranks(2, train, str(plan), steps=STEPS, deadline_s=120)[0]
+    assert first["losses"] != synthetic["losses"]  # the dataset's tokens, not synthetic ones

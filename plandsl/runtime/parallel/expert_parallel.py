@@ -8,11 +8,13 @@ model's, and no token is dropped, so the layer computes what one process compute
 """
 from __future__ import annotations
 
+import fnmatch
+
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
 from plandsl.runtime.models import Experts, MoE, expert_mlps
@@ -67,10 +69,8 @@ def apply_model_ep(model: nn.Module, ep_mesh: DeviceMesh, batch_mesh: DeviceMesh
     (stage) module are left out."""
     from transformers.distributed.expert_parallel import apply_expert_parallelism  # lazy: the model's library
     if batch_mesh is None:  # a one-rank mesh per rank (created on every rank: meshes are collective)
-        from torch.distributed.device_mesh import init_device_mesh
         batch_mesh = init_device_mesh(ep_mesh.device_type, (dist.get_world_size(), 1),
                                       mesh_dim_names=("_world", "_alone"))["_alone"]
-    import fnmatch
     modules = dict(model.named_modules())
     params = dict(model.named_parameters())
     present = {}
