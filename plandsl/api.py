@@ -245,7 +245,7 @@ def inspect_model(source: str, seq: int | None = None, dtype: str = "bfloat16",
     from plandsl.ir.inspected import parse_source  # stage
     from plandsl.runtime.inspect import inspect_model as derive  # stage: torch
     parsed = parse_source(source)
-    if parsed.image and seq is not None:
+    if parsed.image and seq not in (None, 1):
         raise ValueError(f"'{source}' takes images (input=image(...)): it is traced per sample, not at a sequence "
                          "length (leave out seq)")
     return derive(parsed, 2048 if seq is None else seq, dtype, search_path)

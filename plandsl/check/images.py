@@ -1,9 +1,10 @@
-"""A model that takes images (`input = image(C, H, W)`: a CNN): what no plan over it may ask (E415).
+"""A model that takes images (`input = image(C, H, W)`: a CNN): what no plan over it may ask (E415, E506).
 
 Stage: checker. Contract: `check_images(plan)` yields one diagnostic per request the plan makes that splits
 or sizes one image as a sequence (E415: `context`, `sequence` shard rules, a train `seq` other than 1), each
 at the attribute that asks. Such a model's figures are per sample (seq 1, docs/models.md); neither the cost
-model nor `plandsl run` has a layout that splits a convolution within a sample. (Tensor parallelism over a
+model nor `plandsl run` has a layout that splits a convolution within a sample. E506: a microbatch that gives
+a BatchNorm one value per channel (any model from torch: `plandsl inspect` records the fewest it sees). (Tensor parallelism over a
 CNN from torch is E413/E414, `check.sharding`: it has no tensor-parallel plan, and torch's styles take
 Linear and Embedding modules, not convolutions.)
 """
@@ -29,6 +30,14 @@ def image_model(plan: ir.Plan) -> tuple[int, ...] | None:
 
 
 def check_images(plan: ir.Plan) -> Iterator[Diagnostic]:
+    model = plan.model
+    norm_values = model.norm_values if isinstance(model, ir.CustomModel) else 0
+    if norm_values and plan.train.micro_batch * norm_values < 2:
+        yield diag("E506", f"micro_batch ({plan.train.micro_batch}) x {norm_values} value(s) per channel per sample = "
+                           f"{plan.train.micro_batch * norm_values}: a BatchNorm of model '{model.name}' (where its "
+                           "maps are smallest) would normalise each channel over one value, which torch refuses in "
+                           "training ('Expected more than 1 value per channel')",
+                   plan.train.span_of("micro_batch"), hint="micro_batch: 2 or more")
     image = image_model(plan)
     if image is None:
         return

@@ -72,6 +72,7 @@ CODES: dict[str, str] = {
     "E503": "estimated memory exceeds the device",
     "E504": "precision not supported by the device",
     "E505": "count above plandsl's limit",
+    "E506": "a microbatch too small for the model's BatchNorm",
     # E6xx: schedules
     "E601": "unknown schedule",
     "E602": "action refers to a stage or microbatch that does not exist",

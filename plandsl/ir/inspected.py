@@ -19,8 +19,8 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-CACHE_VERSION = 3  # 2: the model's tensor-parallel plan (`tp_plan`); 3: whether torch's pipeline frontend cuts
-# it (`traceable`), its expert-parallel plan and experts
+CACHE_VERSION = 4  # 2: the model's tensor-parallel plan (`tp_plan`); 3: whether torch's pipeline frontend cuts
+# it (`traceable`), its expert-parallel plan and experts; 4: the values per channel its BatchNorms see (`norm_values`)
 LIBRARIES = ("torch", "transformers", "plandsl")  # the versions a cache is keyed by
 
 Literal_ = Union[int, float, str, bool, None]
@@ -223,13 +223,16 @@ class InspectedBlock(_Frozen):
 
 class InspectedModel(_Frozen):
     """A torch module as the table the rest of plandsl speaks, and the key it was derived under."""
-    version: Literal[3] = CACHE_VERSION
+    version: Literal[4] = CACHE_VERSION
     source: str  # `ModelSource.text`
     seq: int = Field(gt=0, description="the sequence length traced at; 1 for a model that takes images")
     image: Optional[tuple[int, ...]] = Field(default=None, description="the shape of one sample, [channels, "
                                              "*spatial], for a model that takes images; None: token ids [1, seq]")
     output_shape: tuple[int, ...] = Field(default=(), description="the model's output per sample (the first "
                                           "tensor it returns, without the batch dim): [seq, vocab], [classes]")
+    norm_values: int = Field(default=0, ge=0, description="the fewest values per channel per sample any BatchNorm "
+                             "normalises (its input's height x width: 1 for a ResNet's last stage at 32x32); 0: no "
+                             "BatchNorm. A training microbatch must give each more than one")
     dtype: str  # the default dtype the model was built under ("bfloat16")
     versions: dict[str, str]
     files: dict[str, str] = Field(default_factory=dict, description="the factory's module file -> its sha256")

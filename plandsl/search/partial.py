@@ -277,7 +277,10 @@ def _checked(path: str, text: str, source: SourceFile, definition, attrs: dict, 
 
     def back(d: Diagnostic) -> Diagnostic:
         return _remap(d, path, source, inserted)
-    errors = [d for d in map(back, analysis.errors) if d.code not in _PROBE_LAYOUT and not others(d)]
+    keys = _written_train_keys(attrs)
+    searched = keys is not None and "micro_batch" not in keys  # E506: a micro_batch the search chooses
+    errors = [d for d in map(back, analysis.errors)
+              if d.code not in _PROBE_LAYOUT and not (d.code == "E506" and searched) and not others(d)]
     sources = {**analysis.sources, path: source}
     plan = _plan_of(analysis, definition.name, errors, back, sources)
     missing = sorted({d.name for d in plan.cluster.devices_in_order() if plan.train.precision not in d.peak})
@@ -311,7 +314,7 @@ def _fixable(d: Diagnostic, free: set[str]) -> bool:
     """A problem of a plan with a mesh that a choice the plan leaves to the search may fix (or a warning)."""
     if not d.is_error:
         return True
-    if d.code == "E501":
+    if d.code in ("E501", "E506"):
         return "micro_batch" in free
     if d.code in ("E502", "E602", "E603", "E604", "E605", "E606", "E607", "E608"):
         return bool(free & {"micro_batch", "stages", "schedule"})

@@ -90,6 +90,8 @@ class Space:
         self.model = problem.model
         self.layers = layers_of(problem.model)
         self.transformer = isinstance(problem.model, ir.TransformerModel)
+        # E506: a microbatch must give each of the model's BatchNorms more than one value per channel
+        self.norm_values = problem.model.norm_values if isinstance(problem.model, ir.CustomModel) else 0
         self.blocks = sum(1 for layer in self.layers if layer.kind == "block") if self.transformer \
             else len(self.layers)
         self.kinds = self._kinds()
@@ -136,7 +138,7 @@ class Space:
             dp, tp, pp, cp, ep = layout
             per_replica = p.global_batch // (dp * ep)
             sizes = tuple(mb for mb in divisors_up_to(per_replica, MAX_MICRO_BATCH)
-                          if pins.get("micro_batch_size", mb) == mb
+                          if pins.get("micro_batch_size", mb) == mb and mb * self.norm_values >= min(2, self.norm_values)
                           and pins.get("num_microbatches", per_replica // mb) == per_replica // mb)
             if not sizes:
                 continue

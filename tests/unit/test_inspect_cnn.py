@@ -40,6 +40,7 @@ def test_resnet18_parameters_and_block_list(resnet):
     assert [block.name for block in resnet.blocks] == BLOCKS
     assert {block.type for block in resnet.blocks} == {"BasicBlock"} and resnet.traced_blocks == 8
     assert resnet.seq == 1 and resnet.image == (3, 32, 32) and resnet.output_shape == (10,)
+    assert resnet.norm_values == 1  # layer4's BatchNorms see 1x1 maps: a microbatch needs 2 images (E506)
     # before: conv1 (3·49·64) and bn1 (2·64); after: fc
     assert (resnet.before_params, resnet.after_params) == (3 * 49 * 64 + 2 * 64, 512 * 10 + 10)
     assert resnet.before_params + sum(b.params for b in resnet.blocks) + resnet.after_params == resnet.params
@@ -89,6 +90,7 @@ def test_resnet50_bottlenecks_and_a_features_classifier_layout():
     small = api.inspect_model("inspect_models.resnet:small(input=image(3, 16, 16))", search_path=(HERE,))
     assert small.containers == ("features",) and [b.name for b in small.blocks] == [f"features.{i}" for i in range(4)]
     assert small.after_params == 16 * 10 + 10 and small.after.flops == 2 * 16 * 10  # the classifier, after them
+    assert small.norm_values == 16 * 16  # no stride: every BatchNorm sees the whole 16x16 map
 
 
 @pytest.mark.slow  # imports transformers (~3 CPU-s) when no test before it on the worker has
@@ -196,6 +198,17 @@ def test_a_resnet_plan_checks_estimates_renders_and_simulates(plan_of):
     for command in (["estimate"], ["simulate"], ["render", "--view", "placement"]):
         result = CliRunner().invoke(main, [*command, str(plan)])
         assert result.exit_code == 0, (command, result.output)
+
+
+def test_a_microbatch_of_one_image_is_E506_and_generate_gives_two(plan_of, tmp_path):
+    plan = plan_of(mesh="mesh    = [dp = 8]", extra="")
+    plan.write_text(plan.read_text().replace("global_batch: 256, micro_batch: 8", "global_batch: 8, micro_batch: 1"))
+    assert [d.code for d in api.check(plan).diagnostics] == ["E506"]
+    plan.write_text(plan.read_text().replace(", micro_batch: 1", "").replace("  mesh    = [dp = 8]\n", ""))
+    result = CliRunner().invoke(main, ["generate", "--from", str(plan), "--top", "5", "--json"])
+    assert result.exit_code == 0, result.output
+    candidates = json.loads(result.stdout)["candidates"]
+    assert candidates and all(c["micro_batch_size"] >= 2 for c in candidates)
 
 
 def test_generate_proposes_data_parallel_and_pipeline_plans_without_tensor_parallelism(plan_of, tmp_path):

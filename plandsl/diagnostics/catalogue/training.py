@@ -102,3 +102,20 @@ _entry("E505", """
     }}
     """, "Write the count the run needs; a global batch is thousands of sequences, not trillions.",
        ("global_batch: 80000000000000", "global_batch: 8"))
+
+_entry("E506", """
+    BatchNorm in training normalises each channel over the values a microbatch gives it: batch x height x
+    width. Where a CNN's maps are smallest (a ResNet's last stage: 1 x 1 from a small image) one image per
+    microbatch is one value per channel, whose variance torch refuses to divide by ("Expected more than 1
+    value per channel when training"). `plandsl inspect` records the fewest values per channel per image
+    any BatchNorm of the model sees (`norm_values`), and the microbatch must make it at least 2.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = hf("ResNetForImageClassification", layer_type="basic", num_labels=10, input=image(3, 8, 8))
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 8, micro_batch: 1 }
+    }
+    """, "Give each microbatch two images or more.",
+    ("global_batch: 8, micro_batch: 1", "global_batch: 16, micro_batch: 2"), inspect=True)

@@ -30,6 +30,7 @@ def inspect_model(source: ModelSource, seq: int = 2048, dtype: str = "bfloat16",
         raise failure.error() from None
     before_params, after_params = split_parameters(model, blocks)
     return InspectedModel(source=source.text, seq=seq, image=source.image, output_shape=table.output_shape,
+                          norm_values=table.norm_values,
                           dtype=dtype, versions=library_versions(),
                           files={path: file_digest(path) for path in files},
                           model_type=type(model).__name__, params=total, param_list=params, modules=modules,

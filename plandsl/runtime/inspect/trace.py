@@ -163,6 +163,7 @@ class _Trace:
     inputs: dict[int, int] = field(default_factory=dict)
     outputs: dict[int, int] = field(default_factory=dict)
     result: tuple[int, ...] = ()
+    norm_values: int = 0  # the fewest values per channel a BatchNorm saw, per sample (0: none ran)
 
 
 def _tensors(value) -> list[torch.Tensor]:
@@ -252,8 +253,16 @@ def trace(model: nn.Module, blocks: BlockList, traced: int, inputs: Inputs) -> _
             record.saved.setdefault(current[0], {})[storage._cdata] = storage.nbytes()
         return tensor
 
+    def batch_norm(module, args):
+        first = next(iter(_tensors(args)), None)
+        if module.training and first is not None and first.dim() >= 2 and first.shape[1]:
+            values = first.numel() // (first.shape[1] * (IMAGE_BATCH if inputs.source.image else 1))
+            record.norm_values = min(record.norm_values or values, values)
+
     run = blocks.modules[:traced]
-    handles = [hook for index, block in enumerate(run) for hook in (
+    handles = [module.register_forward_pre_hook(batch_norm) for module in model.modules()
+               if isinstance(module, nn.modules.batchnorm._BatchNorm)]
+    handles += [hook for index, block in enumerate(run) for hook in (
         block.register_forward_pre_hook(before(index), with_kwargs=True),
         block.register_forward_hook(after(index), with_kwargs=True))]
     cut = cuttable(blocks, inputs) and traced < len(blocks.blocks)
@@ -308,6 +317,7 @@ class Table:
     after: Figures
     traced: int
     output_shape: tuple[int, ...]
+    norm_values: int
 
 
 def block_table(model: nn.Module, blocks: BlockList, inputs: Inputs) -> Table:
@@ -345,7 +355,7 @@ def block_table(model: nn.Module, blocks: BlockList, inputs: Inputs) -> Table:
             name=name, type=type(block).__name__, shape_key=keys[index],
             params=sum(p.numel() for p in block.parameters()), figures=row_figures(traced_index),
             input_bytes=runs[0].inputs.get(traced_index, 0) / per, output_bytes=runs[0].outputs.get(traced_index, 0) / per))
-    return Table(tuple(rows), row_figures("before"), row_figures("after"), traced, runs[0].result)
+    return Table(tuple(rows), row_figures("before"), row_figures("after"), traced, runs[0].result, runs[0].norm_values)
 
 
 def split_parameters(model: nn.Module, blocks: BlockList) -> tuple[int, int]:
