@@ -426,6 +426,18 @@ def parse_params(items) -> dict:
     return parse(items)
 
 
+def model_imports() -> ContextManager[None]:
+    """A context inside which a plan's missing or stale model table (`hf(...)`, `factory(...)`) is derived with
+    `plandsl inspect` and written where the plan reads it, instead of E215 (`--allow-model-import`: imports
+    torch, transformers and the model's code, searched first in the plan's folder and the current one)."""
+    from plandsl.lower.inspected import model_imports as allowing  # stage
+
+    def derive(source, seq: int, plan_file: str):
+        from plandsl.runtime.inspect import inspect_model as derive_table  # stage: torch
+        return derive_table(source, seq, "bfloat16", (os.path.dirname(plan_file) or ".", "."))
+    return allowing(derive)
+
+
 def include(folders) -> ContextManager[None]:
     """A context inside which imports may also come from `folders` (`--include`)."""
     from plandsl.syntax.loader import include as including  # stage

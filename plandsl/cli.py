@@ -41,6 +41,17 @@ include_option = click.option("--include", multiple=True, metavar="DIR", expose_
                               help="Imports may also come from DIR (repeatable; also PLANDSL_PATH).")
 
 
+def _model_imports(ctx, param, value):
+    if value:
+        ctx.with_resource(api.model_imports())  # for this command only
+    return value
+
+
+model_import_option = click.option(
+    "--allow-model-import", is_flag=True, expose_value=False, callback=_model_imports, is_eager=True,
+    help="Inspect a model from torch whose layer table is missing or stale (imports its code) instead of E215.")
+
+
 def _a_number(ctx, param, value):
     """Refuse NaN, which every range admits (no comparison with it is true)."""
     if value is not None and math.isnan(value):
@@ -142,6 +153,7 @@ def main() -> None:
               help="json: one object per diagnostic, one per line.")
 @param_option
 @include_option
+@model_import_option
 def check(files, output_format, params):
     """Check plan FILES; exit 1 if any has an error."""
     overrides = _params(params)
@@ -161,6 +173,7 @@ def check(files, output_format, params):
 @click.option("--plan", "plan_name", help="Only this plan of the file.")
 @param_option
 @include_option
+@model_import_option
 def show(file, as_json, plan_name, params):
     """Show the resolved plan (imports and parameters applied)."""
     analysis = api.check(file, _params(params))
@@ -251,6 +264,7 @@ def _format_one(file: str, check_only: bool) -> str:
 @click.option("--trace", type=click.Path(dir_okay=False), callback=_writable_file,
               help="With --simulate: write a Chrome/Perfetto trace.")
 @include_option
+@model_import_option
 def schedule(name, ranks, microbatches, virtual, output_format, run_simulation, costs, as_json, trace):
     """Print schedule NAME (a built-in, FILE.csv or FILE.plan:NAME) for the given sizes."""
     try:
@@ -273,6 +287,7 @@ def schedule(name, ranks, microbatches, virtual, output_format, run_simulation, 
               help="Write a Chrome/Perfetto trace with real durations.")
 @param_option
 @include_option
+@model_import_option
 def simulate(file, plan_name, costs, as_json, trace, params):
     """Simulate the pipeline schedule of a plan: makespan, bubbles, memory per rank."""
     try:
@@ -351,6 +366,7 @@ def _rank_options(command):
               "for every node; no rank is started, nothing trained or allocated.")
 @param_option
 @include_option
+@model_import_option
 def run_command(file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, dry_run, params, plan_name, **ranks):
     """Check plan FILE, then train it on torch.distributed (one process per device of its mesh)."""
     overrides = _params(params)
@@ -399,6 +415,7 @@ def run_command(file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, dry_run,
               help='json: diagnostics one object per line; the result as {"plan": ..., "changes": [...]}.')
 @param_option
 @include_option
+@model_import_option
 def shrink(file, plan_name, ranks, precision, output, output_format, params):
     """Scale plan FILE down to one machine: the same layout on at most --ranks CPU processes, a tiny model.
 
@@ -437,6 +454,7 @@ def shrink(file, plan_name, ranks, precision, output, output_format, params):
 @click.option("--color-by", metavar="AXIS", help="Mesh view: colour devices by this mesh axis.")
 @param_option
 @include_option
+@model_import_option
 def render_command(file, plan_name, view, output, output_format, color_by, params):
     """Draw a plan with graphviz: its mesh, placement, schedule or memory, or all on one HTML page."""
     fmt = api.render_format(output, output_format, view)
@@ -469,6 +487,7 @@ def render_command(file, plan_name, view, output, output_format, color_by, param
 @click.option("--json", "as_json", is_flag=True, help="Print the breakdown as JSON.")
 @param_option
 @include_option
+@model_import_option
 def estimate(file, plan_name, as_json, params):
     """Predict a plan's step time, throughput and memory per device (docs/cost-model.md)."""
     try:
@@ -544,6 +563,7 @@ def inspect_command(source, seq, dtype, output, as_json):
               help="Write the best plan to this file.")
 @param_option
 @include_option
+@model_import_option
 def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_name, top, pins, time_limit, as_json,
              output_format, output, params):
     """Search the fastest plans for MODEL on CLUSTER under the cost model and write the best.

@@ -7,13 +7,17 @@ Stage: lowering. No code runs here: the cache is JSON (`ir.inspected`), read wit
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import os
 import shlex
+from typing import Callable
 
 from plandsl import ir
 from plandsl import syntax as s
-from plandsl.ir.inspected import INPUT_KEY, InspectedModel, ModelSource, check_image, read_cache
+from plandsl.diagnostics import PlanError
+from plandsl.ir.inspected import INPUT_KEY, InspectedModel, ModelSource, check_image, read_cache, write_cache
 from plandsl.lower.bodies import build
 from plandsl.lower.evaluate import Poison, Scope
 
@@ -44,6 +48,21 @@ def cache_path(plan_file: str, source: ModelSource, seq: int) -> str:
     return os.path.join(os.path.dirname(plan_file), ".plandsl", f"inspect-{key}.json")
 
 
+_DERIVE: contextvars.ContextVar = contextvars.ContextVar("plandsl_model_import", default=None)
+
+
+@contextlib.contextmanager
+def model_imports(derive: Callable[[ModelSource, int, str], InspectedModel]):
+    """A context inside which a missing or stale table is derived, `derive(source, seq, plan_file)` (the API
+    passes `plandsl inspect`: lowering itself never imports torch or the user's code), and written where the
+    plan reads it (`--allow-model-import`)."""
+    token = _DERIVE.set(derive)
+    try:
+        yield
+    finally:
+        _DERIVE.reset(token)
+
+
 def inspected_model(scope: Scope, call: s.Call, name: str | None) -> ir.CustomModel:
     """The call's model, its layers from the cache: the part before the blocks (`embed`), each block by its
     fully qualified name, the part after them (`head`)."""
@@ -52,6 +71,8 @@ def inspected_model(scope: Scope, call: s.Call, name: str | None) -> ir.CustomMo
     seq = model_seq(source)
     path = cache_path(call.span.file, source, seq)
     state = read_cache(path, source, seq, DTYPE)
+    if not state.fresh and _DERIVE.get() is not None:
+        state = _derived(scope, call, source, seq, path, state.problem)
     if not state.fresh:
         folder = os.path.dirname(path) or "."
         command = (f"mkdir -p {shlex.quote(folder)} && " if state.model is None else "") + \
@@ -65,6 +86,23 @@ def inspected_model(scope: Scope, call: s.Call, name: str | None) -> ir.CustomMo
                  norm_values=table.norm_values,
                  stages_by="base_model_pp_plan" if table.block_list_from == "base_model_pp_plan" else
                  "trace" if table.traceable else None, **torch_names(table))
+
+
+def _derived(scope: Scope, call: s.Call, source: ModelSource, seq: int, path: str, problem: str):
+    """The table derived now and written to `path` (`--allow-model-import`); E215 naming why it could not be."""
+    try:
+        table = _DERIVE.get()(source, seq, call.span.file)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        write_cache(table, path)
+    except PlanError as error:
+        first = error.diagnostics[0]
+        raise scope.reporter.error("E215", f"the layer table of {source.text} is {problem}, and inspecting the "
+                                           f"model failed: error[{first.code}]: {first.message}", call.span,
+                                   hint=f"run plandsl inspect {shlex.quote(source.text)} to see where") from None
+    except OSError as error:
+        raise scope.reporter.error("E215", f"the layer table of {source.text} is {problem}, and it cannot be "
+                                           f"written to {path}: {error.strerror or error}", call.span) from None
+    return read_cache(path, source, seq, DTYPE)
 
 
 def torch_names(table: InspectedModel) -> dict:

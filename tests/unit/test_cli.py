@@ -255,28 +255,28 @@ def test_version():
 # ---- the frozen surface ------------------------------------------------------------------------------
 # Changing the CLI is a deliberate act: update this table in the same change.
 EXPECTED_SURFACE = {
-    "check": {"arguments": ["files"], "options": {"--format", "--param", "--include"}},
-    "show": {"arguments": ["file"], "options": {"--json", "--plan", "--param", "--include"}},
+    "check": {"arguments": ["files"], "options": {"--format", "--param", "--include", "--allow-model-import"}},
+    "show": {"arguments": ["file"], "options": {"--json", "--plan", "--param", "--include", "--allow-model-import"}},
     "schema": {"arguments": [], "options": set()},
     "explain": {"arguments": ["code"], "options": set()},
     "fmt": {"arguments": ["files"], "options": {"--check"}},
     "schedule": {"arguments": ["name"], "options": {"--costs", "--format", "--json", "--microbatches", "--ranks",
-                                                    "--simulate", "--trace", "--virtual", "--include"}},
+                                                    "--simulate", "--trace", "--virtual", "--include", "--allow-model-import"}},
     "simulate": {"arguments": ["file"], "options": {"--costs", "--json", "--param", "--plan", "--trace",
-                                                    "--include"}},
+                                                    "--include", "--allow-model-import"}},
     "run": {"arguments": ["file"], "options": {"--check-equivalence", "--checkpoint-dir", "--checkpoint-every",
                                                "--data", "--dry-run", "--metrics", "--nnodes", "--node-rank",
                                                "--nproc-per-node", "--param", "--plan", "--rdzv-endpoint",
-                                               "--resume", "--steps", "--timeout", "--include"}},
+                                               "--resume", "--steps", "--timeout", "--include", "--allow-model-import"}},
     "render": {"arguments": ["file"], "options": {"--color-by", "--format", "--output", "--param", "--plan", "--view",
-                                                  "-o", "--include"}},
+                                                  "-o", "--include", "--allow-model-import"}},
     "shrink": {"arguments": ["file"], "options": {"--format", "--output", "--param", "--plan", "--precision", "--ranks", "-o",
-                                                  "--include"}},
-    "estimate": {"arguments": ["file"], "options": {"--json", "--param", "--plan", "--include"}},
+                                                  "--include", "--allow-model-import"}},
+    "estimate": {"arguments": ["file"], "options": {"--json", "--param", "--plan", "--include", "--allow-model-import"}},
     "inspect": {"arguments": ["source"], "options": {"--dtype", "--json", "--output", "--seq", "-o"}},
     "generate": {"arguments": [], "options": {"--cluster", "--format", "--global-batch", "--json", "--model", "--output", "--pin",
                                               "--precision", "--seq-len", "--top", "-o", "--from", "--plan", "--param",
-                                              "--include", "--time-limit"}},
+                                              "--include", "--time-limit", "--allow-model-import"}},
 }
 EXPECTED_GROUP_OPTIONS = {"--version", "--help", "-h"}
 

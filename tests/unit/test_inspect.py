@@ -247,6 +247,29 @@ def test_a_plan_over_a_torch_model_reads_its_cache_and_says_how_to_make_it(tmp_p
     assert "stale: torch '1.0' ->" in stale.diagnostics[0].message
 
 
+def test_allow_model_import_inspects_what_is_missing_or_stale(tmp_path, monkeypatch):
+    """`--allow-model-import` (api.model_imports): the table is derived and written where the plan reads it;
+    a model that cannot be inspected is still E215, naming the inspect error."""
+    monkeypatch.syspath_prepend(HERE)
+    plan = tmp_path / "tiny.plan"
+    plan.write_text(PLAN.replace("MODEL", 'factory("inspect_models.tiny:build", depth=2, tied=false)')
+                    .replace("[dp = 2, pp = 2, tp = 2]", "[dp = 8]").replace("  stages  = evenly over pp\n", ""),
+                    encoding="utf-8")
+    assert [d.code for d in api.check(plan).diagnostics] == ["E215"]
+    with api.model_imports():
+        analysis = api.check(plan)
+    assert analysis.ok, [d.message for d in analysis.diagnostics]
+    assert api.check(plan).ok and len(list((tmp_path / ".plandsl").iterdir())) == 1  # written, read next time
+    plan.write_text(plan.read_text(encoding="utf-8").replace("inspect_models.tiny:build", "inspect_models.tiny:nothing"),
+                    encoding="utf-8")
+    with api.model_imports():
+        [refused] = api.check(plan).diagnostics
+    assert refused.code == "E215" and "inspecting the model failed: error[E901]: module 'inspect_models.tiny' has no 'nothing'" \
+        in refused.message
+    result = CliRunner().invoke(main, ["check", str(plan), "--allow-model-import"])
+    assert result.exit_code == 1 and "inspecting the model failed" in result.output
+
+
 def test_a_factory_in_a_plan(tmp_path):
     plan = tmp_path / "tiny.plan"
     plan.write_text(PLAN.replace("MODEL", 'factory("inspect_models.tiny:build", depth=4)')

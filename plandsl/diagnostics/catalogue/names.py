@@ -169,7 +169,8 @@ _entry("E215", """
     beside the plan (`.plandsl/`). Checking never imports torch or runs the model's code, so it
     reads that table, and refuses a missing one, or one made for other arguments, another torch,
     transformers or plandsl, or an older version of the factory's file. The hint is the command
-    that writes it.
+    that writes it; `--allow-model-import` (check, estimate, render, simulate, generate, run, ...)
+    runs it instead, importing the model's code.
     """, """
     import "clusters/dgx_a100"
     plan p {

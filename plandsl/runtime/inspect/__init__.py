@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import fnmatch
 
+import contextlib
+import io
+import logging
+
 from plandsl.ir.inspected import InspectedModel, ModelSource, file_digest, library_versions
 from plandsl.runtime.inspect.factory import DTYPES, Failure, build
 from plandsl.runtime.inspect.trace import BlockList, Inputs, block_table, find_block_list, parameters, split_parameters
@@ -59,10 +63,16 @@ def stage_trace_problem(model, blocks: BlockList, inputs: Inputs) -> str | None:
         return "it has fewer than two blocks"
     from torch.distributed.pipelining import SplitPoint, pipeline  # lazy: seconds to import, factories only
     example = inputs.example()
+    torch_log = logging.getLogger("torch")
+    level = torch_log.level
+    torch_log.setLevel(logging.ERROR)  # a failed export logs and prints the graph it got: not the user's output
     try:
-        pipeline(model, mb_args=(example,), split_spec={blocks.blocks[1][0]: SplitPoint.BEGINNING})
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            pipeline(model, mb_args=(example,), split_spec={blocks.blocks[1][0]: SplitPoint.BEGINNING})
     except Exception as error:  # torch.export cannot capture the forward (data-dependent control flow, ...)
         return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    finally:
+        torch_log.setLevel(level)
     return None
 
 
