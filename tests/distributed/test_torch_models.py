@@ -17,6 +17,9 @@ from plandsl.ir.inspected import write_cache
 from plandsl.lower.inspected import written_sources
 from tests.distributed.harness import run_ranks
 from tests.distributed.ranks import train
+from tests.support import lazy
+
+torch = lazy("torch")
 
 pytestmark = pytest.mark.dist
 
@@ -133,3 +136,18 @@ def test_a_hugging_face_dataset_on_disk_feeds_the_model(tmp_path, monkeypatch):
                              deadline_s=120))
     synthetic = run_ranks(2, train, str(plan), steps=STEPS, deadline_s=120)[0]
     assert first["losses"] != synthetic["losses"]  # the dataset's tokens, not synthetic ones
+
+
+def test_a_hugging_face_model_checkpoints_and_resumes_exactly(tmp_path):
+    """Checkpoints of transformers' module (torch.distributed.checkpoint, its own parameter names) under FSDP
+    x 1F1B: trained 1 step, resumed to 3, equal to 3 steps in one go (same layout: exactly)."""
+    plan = _write(tmp_path, "ck", LLAMA, "[dp = 2, pp = 2]", "data = zero3 over dp\nstages = evenly over pp\n"
+                  "schedule = 1f1b", MICRO2)
+    directory = tmp_path / "ck"
+    first = run_ranks(4, train, str(plan), steps=1, checkpoint_dir=str(directory), deadline_s=120)[0]
+    second = run_ranks(4, train, str(plan), steps=3, checkpoint_dir=str(directory), resume=True, gather=True,
+                       deadline_s=120)[0]
+    whole = run_ranks(4, train, str(plan), steps=3, gather=True, deadline_s=120)[0]
+    assert second["first_step"] == 1 and first["losses"] + second["losses"] == whole["losses"]
+    assert sorted(second["params"]) == sorted(whole["params"]) and any("model.layers.3." in n for n in whole["params"])
+    assert all(torch.equal(second["params"][name], whole["params"][name]) for name in whole["params"])
