@@ -33,6 +33,8 @@ MIXTRAL = ('hf("MixtralForCausalLM", hidden_size=64, intermediate_size=64, num_h
            'max_position_embeddings=16, tie_word_embeddings=false)')
 MISTRAL = ('hf("MistralForCausalLM", hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, '
            'num_key_value_heads=2, vocab_size=128, max_position_embeddings=16, tie_word_embeddings=false)')
+QWEN3 = ('hf("Qwen3ForCausalLM", hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, '
+         'num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=16, tie_word_embeddings=false)')
 FACTORY = 'factory("inspect_models.tiny:build", depth=3)'
 RESNET = 'factory("inspect_models.resnet:resnet18", num_classes=10, width=8, input=image(3, 64, 64))'
 TRAIN = "{ global_batch: 8, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0 }"
@@ -111,6 +113,10 @@ CASES = [
     ("mixtral_ep_x_dp", 4, MIXTRAL, "[dp = 2, ep = 2]", "data = replicate over dp\nexperts = alltoall over ep"),
     ("mixtral_ep_x_fsdp", 4, MIXTRAL, "[dp = 2, ep = 2]", "data = zero3 over dp\nexperts = alltoall over ep"),
     ("mixtral_ep_x_tp", 4, MIXTRAL, "[ep = 2, tp = 2]", "tensor = megatron over tp\nexperts = alltoall over ep"),
+    # Qwen3's per-head q_norm and k_norm: whole on every rank, their gradients summed over the heads' ranks
+    ("qwen3_tp", 2, QWEN3, "[tp = 2]", "tensor = megatron over tp"),
+    ("qwen3_fsdp_x_tp_1f1b", 8, QWEN3, "[dp = 2, pp = 2, tp = 2]",
+     "data = zero3 over dp\ntensor = megatron over tp\nstages = evenly over pp\nschedule = 1f1b", MICRO2),
     ("llama_gqa_3d", 8, LLAMA, "[dp = 2, pp = 2, tp = 2]",
      "data = zero3 over dp\ntensor = megatron over tp\nstages = evenly over pp\nschedule = 1f1b", MICRO2),
 ]

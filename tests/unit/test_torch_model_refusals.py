@@ -67,9 +67,9 @@ def test_tensor_parallelism_runs_the_models_own_plan_only(tmp_path, table):
     own = (("model.layers.*.self_attn.q_proj", "colwise"), ("model.layers.*.self_attn.o_proj", "rowwise"),
            ("lm_head", "colwise_gather_output"))
     assert refusals(plan.model_copy(update={"model": hf.model_copy(update={"tp_plan": own})})) == []
-    odd = own + (("model.layers.*.self_attn.q_norm", "replicated_with_grad_allreduce"),)
+    odd = own + (("model.layers.*.mlp.gate_up_proj", "packed_colwise"),)
     [refused] = refusals(plan.model_copy(update={"model": hf.model_copy(update={"tp_plan": odd})}))
-    assert "replicated_with_grad_allreduce" in refused.message and "colwise_gather_output" in refused.hint
+    assert "packed_colwise" in refused.message and "replicated_with_grad_allreduce" in refused.hint
     sequence = _plan(tmp_path, table, "[dp = 2, tp = 2]", "tensor = megatron over tp with sequence_parallel",
                      checked=("E413",), source='hf("LlamaForCausalLM")', tp_plan=own)
     [refused] = refusals(sequence)  # tiny's blocks hold up and down, which this plan does not name

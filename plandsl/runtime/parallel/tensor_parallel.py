@@ -305,7 +305,24 @@ MODEL_STYLES = {
     "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
     "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
     "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),  # the vocabulary split, output summed
+    "replicated_with_grad_allreduce": lambda: PerHeadReplicated(),
 }
+
+
+class PerHeadReplicated(SequenceParallel):
+    """transformers' `replicated_with_grad_allreduce` (Qwen3's `q_norm`, `k_norm`): a module inside attention
+    whose input a colwise projection has split by heads ([..., heads, head_dim], the heads dim -2) and whose
+    weight is whole on every rank: torch's `SequenceParallel` over that dim, so the weight is a Replicate
+    DTensor and its gradient, summed over each rank's heads, is all-reduced."""
+
+    def __init__(self):
+        super().__init__(sequence_dim=-2, use_local_output=True)
+
+    def _prepare_input_fn(self, sequence_sharding, mod, inputs, device_mesh):  # the heads dim of this input
+        x = inputs[0]
+        if isinstance(x, DTensor):
+            return inputs
+        return (DTensor.from_local(x, device_mesh, (Shard(x.ndim - 2),), run_check=False), *inputs[1:])
 
 
 def model_tp_problems(plan_styles: dict[str, str]) -> list[str]:
