@@ -1,6 +1,7 @@
 """Benchmark: how long `plandsl check` takes, in-process and from the shell.
 
     python bench/bench_check.py            # prints a Markdown table for docs/benchmarks.md
+    python bench/bench_check.py --torch    # a plan over a cached Hugging Face model against the same family
 
 Cases (issue 2's speed targets): a generated plan with 10,000 layers on a 16,384-device mesh
 (< 1 s), a typical 50-line plan after start-up (< 50 ms), `plandsl --help` start-up (< 0.5 s).
@@ -38,7 +39,46 @@ def shell(args: list[str], repeat: int = 5) -> float:
     return best(lambda: subprocess.run(args, capture_output=True, check=False), repeat)[0]
 
 
+TORCH_PAIR = ("""import "clusters/dgx_a100"
+plan p {{
+  model   = {model}
+  cluster = dgx_a100 x 8
+  mesh    = [dp = 4, pp = 4, tp = 4]
+  train   = {{ global_batch: 64, micro_batch: 1, seq: 8192, recompute: full }}
+  data    = zero3 over dp
+  tensor  = megatron over tp
+  stages  = evenly over pp
+  schedule = 1f1b
+}}
+""", 'hf("LlamaForCausalLM", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64, '
+     'num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, tie_word_embeddings=false)',
+     "llama(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256, seq=8192)")
+
+
+def torch_pair() -> None:
+    """Issue 18: `check` of a plan over a cached model from torch (Llama-3-70B's shape through `hf(...)`,
+    its table inspected once beforehand) against the same plan over plandsl's `llama(...)` family."""
+    from plandsl import api
+    text, hf, family = TORCH_PAIR
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {}
+        for name, model in (("hf(...) from its cached table", hf), ("llama(...) family", family)):
+            paths[name] = Path(tmp) / f"{len(paths)}.plan"
+            paths[name].write_text(text.format(model=model))
+        api.inspect_plan(paths["hf(...) from its cached table"])  # the table beside the plan, once
+        print("| Llama-3-70B shape, 128 devices | check in process (s) | `plandsl check` wall (s) | diagnostics |")
+        print("|---|---|---|---|")
+        for name, path in paths.items():
+            _, _, check, _, codes = case(name, path, repeat=10)
+            command = shell([sys.executable, "-m", "plandsl.cli", "check", str(path)])
+            print(f"| {name} | {check:.3f} | {command:.3f} | {', '.join(codes) or '-'} |")
+    print(f"\nmachine: {os.cpu_count()} cores, Python {sys.version.split()[0]}")
+
+
 def main() -> None:
+    if "--torch" in sys.argv:
+        torch_pair()
+        return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         files = {

@@ -8,11 +8,14 @@ settings and the installed library versions (read from package metadata: torch i
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib.metadata
 import json
 import math
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional, Union
@@ -157,8 +160,10 @@ def file_digest(path: str | Path) -> str:
         return ""
 
 
+@functools.lru_cache(maxsize=1)
 def library_versions() -> dict[str, str]:
-    """The installed versions a cache is keyed by, from package metadata ("" when not installed)."""
+    """The installed versions a cache is keyed by, from package metadata ("" when not installed); read once
+    per process (the metadata files are parsed as email headers: ~3 ms a library)."""
     found = {}
     for name in LIBRARIES:
         try:
@@ -294,19 +299,35 @@ class CacheState:
         return self.problem is None
 
 
+MAX_CACHE_BYTES = 256 << 20  # a 100k-block model's table is a few MB
+_PARSED: dict[tuple, "InspectedModel"] = {}
+
+
 def read_cache(path: str | Path, source: ModelSource | None = None, seq: int | None = None,
                dtype: str | None = None, versions: dict[str, str] | None = None) -> CacheState:
     """The cache at `path`, and whether it is stale for this source, settings and library versions (the
-    installed ones unless given); never raises for a missing or unreadable file."""
+    installed ones unless given); never raises for a missing or unreadable file. A regular file of at most
+    `MAX_CACHE_BYTES` is read; its table is parsed once per (path, modification time, size)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as error:
+        status = os.stat(path)
+        if not stat.S_ISREG(status.st_mode):
+            return CacheState(None, "missing: not a regular file")
+        if status.st_size > MAX_CACHE_BYTES:
+            return CacheState(None, f"stale: {status.st_size:,} bytes, more than a table holds ({MAX_CACHE_BYTES:,})")
+        key = (os.fspath(path), status.st_mtime_ns, status.st_size)
+        model = _PARSED.get(key)
+        text = Path(path).read_text(encoding="utf-8") if model is None else None
+    except (OSError, ValueError, UnicodeDecodeError) as error:
         return CacheState(None, "missing" if isinstance(error, FileNotFoundError) else
-                          f"missing: {error.strerror or error}")
-    try:
-        model = InspectedModel.model_validate_json(text)
-    except ValidationError as error:
-        return CacheState(None, f"stale: not a cache of this plandsl ({error.error_count()} problem(s))")
+                          f"missing: {getattr(error, 'strerror', None) or error}")
+    if model is None:
+        try:
+            model = InspectedModel.model_validate_json(text)
+        except ValidationError as error:
+            return CacheState(None, f"stale: not a cache of this plandsl ({error.error_count()} problem(s))")
+        _PARSED[key] = model
+        while len(_PARSED) > 16:  # the tables of the last few plans
+            _PARSED.pop(next(iter(_PARSED)))
     if source is not None and model.source != source.text:
         return CacheState(model, f"stale: made for {model.source}")
     if seq is not None and model.seq != seq:

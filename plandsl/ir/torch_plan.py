@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import re
 
 from plandsl import ir
 from plandsl.ir.shapes import indivisible
@@ -27,13 +28,19 @@ KNOWN_STYLES = COLWISE | ROWWISE | set(EMBEDDING) | WHOLE
 
 def matches(pattern: str, fqn: str) -> bool:
     """Does the pattern name the module `fqn` exactly (`*`: one name component)?"""
-    parts, names = pattern.split("."), fqn.split(".")
-    return len(parts) == len(names) and all(p in ("*", n) for p, n in zip(parts, names))
+    return _compiled(pattern).fullmatch(fqn) is not None
 
 
 def matching(pattern: str, fqns) -> list[str]:
     """The FQNs the pattern names exactly, in their order."""
-    return [fqn for fqn in fqns if matches(pattern, fqn)]
+    match = _compiled(pattern).fullmatch
+    return [fqn for fqn in fqns if match(fqn)]
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(pattern: str) -> re.Pattern:
+    """The pattern as a regular expression: each component literally, `*` any one component."""
+    return re.compile(r"\.".join("[^.]+" if part == "*" else re.escape(part) for part in pattern.split(".")))
 
 
 def supports_style(module_type: str) -> bool:
