@@ -24,6 +24,7 @@ from torch import nn
 
 from plandsl import ir
 from plandsl.ir.inspected import parse_source
+from plandsl.runtime.inspect.trace import has_submodule
 from plandsl.runtime.data import synthetic_tokens
 
 
@@ -145,7 +146,7 @@ class TorchModel(nn.Module):
         for index in wanted:
             module = pipe.get_stage_module(index)
             stage = TorchModel(module, self.source, self.block_list, False,
-                               tuple(name for name in self.block_names if _holds(module, name)))
+                               tuple(name for name in self.block_names if has_submodule(module, name)))
             stage.first, stage.last = index == 0, index == len(stages) - 1
             stage.image, stage.vocab, stage.classes = self.image, self.vocab, self.classes
             found[index] = stage
@@ -211,14 +212,6 @@ def _vocab(module: nn.Module, hf: bool) -> int | None:
         return getattr(getattr(module, "config", None), "vocab_size", None)
     embedding = next((m for m in module.modules() if isinstance(m, nn.Embedding)), None)
     return embedding.num_embeddings if embedding is not None else None
-
-
-def _holds(module: nn.Module, name: str) -> bool:
-    try:
-        module.get_submodule(name)
-    except AttributeError:
-        return False
-    return True
 
 
 def _classes(module: nn.Module, image: tuple[int, ...]) -> int:

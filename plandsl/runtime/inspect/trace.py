@@ -67,7 +67,7 @@ def find_block_list(model: nn.Module, source: ModelSource) -> BlockList:
     plan = getattr(config, "base_model_pp_plan", None) or {}
     base = getattr(model, "base_model", model)
     for key in plan:
-        found = base.get_submodule(key) if _has(base, key) else None
+        found = base.get_submodule(key) if has_submodule(base, key) else None
         if isinstance(found, nn.ModuleList) and len(found):
             return _block_list(model, names[found], "base_model_pp_plan")
     lists = [(name, module) for name, module in model.named_modules()
@@ -129,7 +129,8 @@ def _blocks_in(stage: nn.Module) -> int:
                if any(True for _ in block.children()) and any(True for _ in block.parameters()))
 
 
-def _has(root: nn.Module, key: str) -> bool:
+def has_submodule(root: nn.Module, key: str) -> bool:
+    """Whether `root.get_submodule(key)` finds a module."""
     try:
         root.get_submodule(key)
     except AttributeError:
