@@ -126,7 +126,7 @@ class TorchModel(nn.Module):
         if self.hf:
             return {index: self.split_stage(stages[index]) for index in wanted}
         from torch.distributed.pipelining import SplitPoint, pipeline  # lazy: torch's pipelining takes seconds
-        order = [name for name in self.all_block_names()]
+        order = self.all_block_names()
         spec = {}
         for layers in stages[1:]:
             first = next((name for name in order if name in layers), None)
