@@ -190,6 +190,16 @@ def test_generate_takes_a_hugging_face_model_and_writes_a_plan_that_checks(folde
     assert tied.result.candidates and all(s.candidate.pp == 1 and s.candidate.tp == 1 for s in tied.result.candidates)
 
 
+@pytest.mark.parametrize("source", [QWEN3, MIXTRAL], ids=["qwen3", "mixtral"])
+def test_generate_proposes_plans_that_check_for_each_model(folder, source):
+    """Every Hugging Face model of these tests through generate: its best plan, written out, checks."""
+    generated = _generate(folder, source.text, output=f"{source.target}.plan")
+    assert generated.result.candidates and f'"{source.target}",' in generated.texts[0]
+    (folder / f"{source.target}.plan").write_text(generated.texts[0], encoding="utf-8")
+    analysis = api.check(folder / f"{source.target}.plan")
+    assert analysis.ok, [d.message for d in analysis.diagnostics]
+
+
 def test_generate_says_how_to_write_a_missing_table(folder, tmp_path):
     _, search_error = api.generate_errors()
     with pytest.raises(search_error) as raised:
