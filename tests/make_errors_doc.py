@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,8 +111,11 @@ def _write_tables(path: Path) -> None:
         api.write_inspected(_TABLES[key], cache)
 
 
+@lru_cache(maxsize=None)
 def run_example(entry: Entry, fixed: bool = False) -> tuple[Analysis, str]:
-    """Analyse the entry's example (or its fix) as a file; (analysis, normalized rendering)."""
+    """Analyse the entry's example (or its fix) as a file; (analysis, normalized rendering). Kept per
+    process (entries are frozen; callers only read the result): test_diagnostics' example and golden
+    tests and docs/errors.md's test analyse the same examples."""
     text = entry.fixed if fixed else entry.example
     encoding = entry.fixed_encoding if fixed else entry.encoding
     with tempfile.TemporaryDirectory() as directory:
