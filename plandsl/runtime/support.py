@@ -7,10 +7,9 @@ for what cannot run, empty when the plan can run. A refused plan is never run so
 """
 from __future__ import annotations
 
-import fnmatch
-
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, diag
+from plandsl.ir.torch_plan import matches
 from plandsl.schedules.registry import BUILTIN, splits_backward
 from plandsl.cost.schedule import plan_schedule
 from plandsl.schedules.program import Kind
@@ -76,8 +75,8 @@ def _torch_model_refusals(plan: ir.Plan, model: ir.CustomModel) -> list[Diagnost
                               plan.tensor.span, hint=f"drop `with sequence_parallel`: `tensor = megatron over "
                                                      f"{plan.tensor.axis}` runs the model's own plan"))
         else:
-            from plandsl.runtime.parallel.tensor_parallel import MODEL_STYLES  # lazy: torch, for such plans only
-            odd = [f"'{pattern}': {style}" for pattern, style in styles.items() if style not in MODEL_STYLES]
+            from plandsl.runtime.parallel.tensor_parallel import MODEL_STYLES, model_tp_problems  # lazy: torch
+            odd = model_tp_problems(styles)
             if odd:
                 found.append(diag("E704", f"the tensor-parallel plan of '{model.source}' has styles plandsl cannot run "
                                           f"yet: {', '.join(odd)}", plan.tensor.span,
@@ -110,8 +109,7 @@ def _sequence_parallel_problem(plan: ir.Plan, model: ir.CustomModel, styles: dic
     prefixes = tuple(f"{block}." for block in model.blocks)
     for name, shape in model.parameters:
         owner = name.rpartition(".")[0]
-        if not name.startswith(prefixes) or len(shape) == 1 or any(
-                fnmatch.fnmatchcase(owner, pattern) and owner.count(".") == pattern.count(".") for pattern in styles):
+        if not name.startswith(prefixes) or len(shape) == 1 or any(matches(pattern, owner) for pattern in styles):
             continue
         return (f"'{name}' {list(shape)} sits in a block outside the model's tensor-parallel plan, and a sequence "
                 "shard cannot train it alone (only 1-D parameters, a norm's, run on sequence shards)")

@@ -5,7 +5,8 @@ Stage: interpreter. Contract: `build(model, seed)` returns a `TorchModel`: the u
 CPU from the seed alone, behind the calling convention the trainer speaks (token ids -> logits,
 `loss(outputs, targets)`, `make_batch`); its parameter names are the module's own fully qualified names
 (`model.layers.3.self_attn.q_proj.weight`). `blocks(model)` is its block list (FSDP groups, recomputation);
-`split_stage` makes a pipeline stage of it; `tp_plan` is the tensor-parallel plan the model declares.
+`stage_modules` makes its pipeline stages (its tensor-parallel plan comes from `plandsl inspect`'s table,
+`ir.CustomModel.tp_plan`).
 
 How a Hugging Face model runs in stages is its own convention (transformers' `base_model_pp_plan`, and
 what transformers' naive pipeline does): a stage after the first feeds what it receives as
@@ -194,17 +195,6 @@ class TorchModel(nn.Module):
         """transformers' `base_model_pp_plan` of the model (module -> (inputs, outputs)), None without one."""
         config = getattr(self.inner, "config", None)
         return getattr(config, "base_model_pp_plan", None) or None
-
-    def tp_plan(self) -> dict[str, str]:
-        """The model's tensor-parallel plan, FQN pattern -> transformers' style: the config's
-        `base_model_tp_plan` under the base model's prefix, and the class's own `_tp_plan` (the head)."""
-        if not self.hf:
-            return {}
-        base = getattr(self.inner.config, "base_model_tp_plan", None) or {}
-        prefix = self.inner.base_model_prefix
-        found = {f"{prefix}.{key}": style for key, style in base.items()}
-        found.update(getattr(type(self.inner), "_tp_plan", None) or {})
-        return found
 
 
 def _vocab(module: nn.Module, hf: bool) -> int | None:

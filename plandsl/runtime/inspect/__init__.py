@@ -6,13 +6,13 @@ checker and the cost model read the cache without importing any of them.
 """
 from __future__ import annotations
 
-import fnmatch
 
 import contextlib
 import io
 import logging
 
 from plandsl.ir.inspected import InspectedModel, ModelSource, file_digest, library_versions
+from plandsl.ir.torch_plan import matches
 from plandsl.runtime.inspect.factory import DTYPES, Failure, build
 from plandsl.runtime.inspect.trace import BlockList, Inputs, block_table, find_block_list, parameters, split_parameters
 
@@ -50,7 +50,7 @@ def experts(params, plan: tuple[tuple[str, str], ...]) -> int:
     (`grouped_gemm`: one [experts, out, in] tensor per projection); 0 without such a plan."""
     patterns = [pattern for pattern, style in plan if style == "grouped_gemm"]
     for param in params:
-        if param.shape and any(fnmatch.fnmatchcase(param.name, pattern) for pattern in patterns):
+        if param.shape and any(matches(pattern, param.name) for pattern in patterns):
             return param.shape[0]
     return 0
 

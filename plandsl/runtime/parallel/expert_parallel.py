@@ -8,8 +8,6 @@ model's, and no token is dropped, so the layer computes what one process compute
 """
 from __future__ import annotations
 
-import fnmatch
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -17,6 +15,7 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
+from plandsl.ir.torch_plan import matches
 from plandsl.runtime.models import Experts, MoE, expert_mlps
 
 
@@ -73,11 +72,8 @@ def apply_model_ep(model: nn.Module, ep_mesh: DeviceMesh, batch_mesh: DeviceMesh
                                       mesh_dim_names=("_world", "_alone"))["_alone"]
     modules = dict(model.named_modules())
     params = dict(model.named_parameters())
-    present = {}
-    for pattern, style in plan.items():
-        for name in list(modules) + list(params):
-            if fnmatch.fnmatchcase(name, pattern) and name.count(".") == pattern.count("."):
-                present[name] = style
+    present = {name: style for pattern, style in plan.items() for name in [*modules, *params]
+               if matches(pattern, name)}
     apply_expert_parallelism(model, ep_mesh, batch_mesh, present)
 
 

@@ -48,8 +48,7 @@ def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch
     # 1. Tensor parallelism first: it replaces parameters by DTensors that the later wrappers keep.
     rules = tp_rules(plan)[0]
     if plan.tensor is not None and plan.tp > 1 and isinstance(model, TorchModel):  # its own plan
-        apply_model_tp(model, mesh[plan.tensor.axis], dict(plan.model.tp_plan) or model.tp_plan(),
-                       plan.tensor.sequence_parallel)
+        apply_model_tp(model, mesh[plan.tensor.axis], dict(plan.model.tp_plan), plan.tensor.sequence_parallel)
     elif plan.tensor is not None and plan.tp > 1:
         apply_tp(model, mesh[plan.tensor.axis], plan.tensor.sequence_parallel, rules)
     # 2. Expert parallelism: experts become DTensor shards over the expert axis, which data

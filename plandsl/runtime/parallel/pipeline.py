@@ -169,7 +169,7 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
     torch_parts = None
     if isinstance(model, TorchModel):  # a model from torch: split by its own convention, or traced (runtime.torch_model)
         keeps = [{layer.name for layer in layers} for layers in assignment.stage_layers]
-        torch_parts = model.stage_modules(keeps, list(local), _example(plan, model, microbatches))
+        torch_parts = model.stage_modules(keeps, list(local), _example(plan, model))
     for stage_index in local:
         keep = {layer.name for layer in assignment.stage_layers[stage_index]}
         part = (torch_parts[stage_index] if torch_parts is not None else split_stage(model, keep, layer_names)).to(device)
@@ -387,7 +387,7 @@ def tie_embeddings(plan: ir.Plan, assignment: Assignment, models: list[nn.Module
     return TiedEmbeddings(params, group, duplicates)
 
 
-def _example(plan: ir.Plan, model: TorchModel, microbatches: int) -> torch.Tensor:
+def _example(plan: ir.Plan, model: TorchModel) -> torch.Tensor:
     """One microbatch of the model's inputs (zeros): what torch's pipeline frontend traces a module on."""
     rows = max(1, plan.train.micro_batch)
     if model.image:

@@ -9,7 +9,6 @@ never sees a DTensor activation. `rule_problems(plan)` says which rules cannot r
 """
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -21,6 +20,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, P
 
 from plandsl import ir
 from plandsl.ir.layers import layers_of
+from plandsl.ir.torch_plan import matches
 from plandsl.ir.placement import NameIndex, precision
 
 # Megatron's pairs in a block: producers split their output features over tp, the consumer its input
@@ -297,8 +297,8 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool,
 
 # ---- a model from torch: its own plan ---------------------------------------------------------
 # transformers' style names (`base_model_tp_plan`, a class's `_tp_plan`) -> torch's styles: the styles
-# `plandsl run` runs; `replicated_with_grad_allreduce` (Qwen3's per-head norms) and the packed and
-# expert styles are refused before any process starts (runtime.support).
+# `plandsl run` runs; the others (the packed and local ones) are refused before any process starts
+# (runtime.support).
 MODEL_STYLES = {
     "colwise": lambda: ColwiseParallel(),
     "rowwise": lambda: RowwiseParallel(),
@@ -349,10 +349,9 @@ def apply_model_tp(model: nn.Module, tp_mesh: DeviceMesh, plan_styles: dict[str,
         raise ValueError(f"the model's tensor-parallel plan has styles plandsl cannot run: {', '.join(problems)}")
     holders = {name: module for name, module in model.named_modules()
                if next(module.parameters(recurse=False), None) is not None}
-    matched = {name: style for pattern, style in plan_styles.items() for name in holders
-               if fnmatch.fnmatchcase(name, pattern) and name.count(".") == pattern.count(".")}
-    present = {pattern: MODEL_STYLES[style]() for pattern, style in plan_styles.items()
-               if any(fnmatch.fnmatchcase(name, pattern) and name.count(".") == pattern.count(".") for name in holders)}
+    hits = {pattern: [name for name in holders if matches(pattern, name)] for pattern in plan_styles}
+    matched = {name: plan_styles[pattern] for pattern, names in hits.items() for name in names}
+    present = {pattern: MODEL_STYLES[plan_styles[pattern]]() for pattern, names in hits.items() if names}
     if sequence_parallel:
         present = {pattern: RowwiseParallel(output_layouts=Shard(1)) if plan_styles[pattern] == "rowwise" else style
                    for pattern, style in present.items()}
