@@ -120,12 +120,12 @@ class TorchModel(nn.Module):
 
     def stage_modules(self, stages: list[set[str]], wanted: list[int], example: torch.Tensor) -> dict[int, "TorchModel"]:
         """The stage modules `wanted` of the split into `stages` (each the layer names it holds, in order): a
-        Hugging Face model by its own convention (`split_stage`); any other module traced by torch's pipeline
+        Hugging Face model by its own convention (`_hf_stage`); any other module traced by torch's pipeline
         frontend (`torch.distributed.pipelining.pipeline`, torch.export) on `example` (one microbatch) and cut
         at the first block of each stage (`SplitPoint.BEGINNING`; after the last block when a stage holds only
         the head), so its own forward, including what it computes between blocks, is what runs."""
         if self.hf:
-            return {index: self.split_stage(stages[index]) for index in wanted}
+            return {index: self._hf_stage(stages[index]) for index in wanted}
         from torch.distributed.pipelining import SplitPoint, pipeline  # lazy: torch's pipelining takes seconds
         order = self.all_block_names()
         spec = {}
@@ -159,11 +159,9 @@ class TorchModel(nn.Module):
             return list(self.block_names)
         return [f"{self.block_list}.{name}" for name, _ in self.block_container().named_children()]
 
-    def split_stage(self, keep: set[str]) -> "TorchModel":
-        """A deep copy holding only the layers in `keep` (`embed`, block FQNs, `head`), the rest replaced
-        (a Hugging Face model: see the module docstring)."""
-        if not self.hf:
-            raise ModelError(f"{self.source}: a factory's module is split by tracing (`stage_modules`)")
+    def _hf_stage(self, keep: set[str]) -> "TorchModel":
+        """A Hugging Face model's stage: a deep copy holding only the layers in `keep` (`embed`, block FQNs,
+        `head`), the rest replaced by transformers' convention (the module docstring)."""
         pp_plan = self.pp_plan()
         if pp_plan is None:
             raise ModelError(f"{self.source}: {type(self.inner).__name__} declares no `base_model_pp_plan`, so "

@@ -221,8 +221,6 @@ def runtime_schedule(stages: list[PipelineStage], program: Schedule,
 def split_stage(model: nn.Module, keep: set[str], layer_names: list[str]) -> nn.Module:
     """A deep copy of `model` without the top-level layers (`embed`, `layers.3`, `norm`, `head`) that
     are not in `keep`: removed from a `ModuleDict`, set to None elsewhere (torchtitan's way)."""
-    if isinstance(model, TorchModel):  # a model from torch: its own convention (runtime.torch_model)
-        return model.split_stage(keep)
     stage = copy.deepcopy(model)
     for name in layer_names:
         if name in keep:
