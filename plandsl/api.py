@@ -97,13 +97,15 @@ def select_plan(document: ir.Document, name: str | None = None) -> ir.Plan:
     return select(document, name)
 
 
-def load_runnable(path: str | Path, name: str | None = None, params: dict[str, Any] | None = None) -> ir.Plan:
+def load_runnable(path: str | Path, name: str | None = None, params: dict[str, Any] | None = None,
+                  cuda: bool | None = None) -> ir.Plan:
     """`load_plan`, and what `plandsl run` needs on top: PlanError with the E7xx refusals when the
-    interpreter cannot run the plan (`plandsl.runtime.support`)."""
+    interpreter cannot run the plan (`plandsl.runtime.support`); `cuda`: whether the ranks run on CUDA
+    (None: whether this machine has it, as `run` without `--device` decides)."""
     from plandsl.runtime.support import refusals  # stage
     analysis = check(path, params)
     plan = select_plan(_document(analysis), name)
-    refused = refusals(plan)
+    refused = refusals(plan, cuda=cuda)
     if refused:
         raise PlanError(refused, analysis.sources)
     return plan

@@ -340,6 +340,8 @@ def _rank_option(option):
              "token_file": (click.Path(exists=True), _token_file)}
     if option.path:
         kwargs["type"], kwargs["callback"] = paths[option.path]
+    if option.choices:
+        kwargs["type"] = click.Choice(option.choices)
     if option.default is not None:
         kwargs.update(default=option.default, show_default=True)
     return click.option(option.flag, option.dest, **kwargs)
@@ -378,7 +380,8 @@ def run_command(file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, dry_run,
     except option_error as error:
         raise click.BadParameter(str(error), param_hint=error.option) from None
     try:
-        plan = api.load_runnable(file, plan_name, overrides)  # checked, and runnable (E7xx otherwise)
+        plan = api.load_runnable(file, plan_name, overrides,  # checked, and runnable (E7xx otherwise)
+                                 cuda=ranks["device"] and ranks["device"] == "cuda")
     except api.PlanError as error:
         _fail(error)
     try:

@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints a hung rank's stacks
     try:
         with include(args.include):
-            plan = api.load_runnable(args.plan, args.plan_name, parse_params(args.param))  # E7xx: refused
+            plan = api.load_runnable(args.plan, args.plan_name, parse_params(args.param),  # E7xx: refused
+                                     cuda=args.device and args.device == "cuda")
     except PlanError as error:
         print(error, file=sys.stderr)
         return 1
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     config = RunConfig(steps=args.steps, metrics=args.metrics, check_equivalence=args.check_equivalence,
                        token_file=args.data, timeout_s=args.timeout or DEFAULT_TIMEOUT_S,
                        checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                       resume=args.resume)
+                       resume=args.resume, device=args.device)
     try:
         status, job = run(plan, config)
     except CheckpointError as error:  # every rank refuses alike, before training; rank 0 says why

@@ -57,6 +57,8 @@ class LaunchOptions:
     """Checkpoints go here (docs/running.md, Checkpoints); None: none."""
     checkpoint_every: int | None = None
     resume: bool = False
+    device: str | None = None
+    """cpu, cuda, or None: cuda where this machine has a GPU (`parallel.mesh.resolve_device`)."""
 
 
 def check_options(options: LaunchOptions) -> None:
@@ -88,6 +90,7 @@ def prepare(plan: ir.Plan, plan_file: str, plan_name: str | None, params: dict, 
     args = torchrun_args(plan, plan_file, plan_name, params, options)
     if not dry_run:
         check_fits(plan, options)
+        check_devices(int(args[args.index("--nproc-per-node") + 1]), options.device)
     return args
 
 
@@ -126,6 +129,25 @@ def check_fits(plan: ir.Plan, options: LaunchOptions) -> None:
     raise LaunchError(f"plan '{plan.name}': its mesh spans {plan.mesh.size} devices, {nodes} nodes of cluster "
                       f"'{plan.cluster.name}' ({per_node} devices each); start it on every node with "
                       f"--nnodes {nodes} --node-rank R --rdzv-endpoint HOST:PORT (docs/running.md){here}")
+
+
+def check_devices(nproc: int, device: str | None) -> None:
+    """Refuse, before any rank starts, ranks this machine has no device for: with CUDA each of the node's
+    `nproc` processes takes its own GPU (cuda:LOCAL_RANK, nccl), so a node with fewer GPUs than processes
+    would fail in every rank at once; `--device cuda` on a machine without one likewise."""
+    gpus = cuda_device_count()
+    if device == "cuda" and gpus == 0:
+        raise OptionError("--device", "cuda: this machine has no CUDA device torch can use; give --device cpu")
+    if device != "cpu" and 0 < gpus < nproc:
+        raise LaunchError(f"this node starts {nproc} processes and each takes a GPU of its own, but torch sees "
+                          f"{gpus} (CUDA_VISIBLE_DEVICES narrows them); give --nproc-per-node {gpus} with more "
+                          f"nodes, or --device cpu to run the ranks on the CPU with gloo")
+
+
+def cuda_device_count() -> int:
+    """GPUs torch can use here; 0 without CUDA."""
+    import torch  # lazy: torch only to launch (see `launch`)
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def command_line(args: list[str]) -> str:

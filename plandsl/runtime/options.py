@@ -15,6 +15,9 @@ from typing import Any, Mapping
 
 from plandsl.diagnostics.limits import MAX_STEPS
 
+DEVICES = ("cpu", "cuda")
+"""`--device`; not given, cuda where `torch.cuda.is_available()`, else cpu (`parallel.mesh.resolve_device`)."""
+
 
 @dataclass(frozen=True)
 class RankOption:
@@ -31,6 +34,8 @@ class RankOption:
     """out_file, out_dir (checked writable before any work) or token_file (a regular file that exists)."""
     each_command: bool = False
     """The CLI gives it to every command that loads plans (`--plan`, `--param`, `--include`), not only run."""
+    choices: tuple[str, ...] | None = None
+    """The values a str option may take (None: any)."""
 
 
 RANK_OPTIONS: tuple[RankOption, ...] = (
@@ -53,6 +58,8 @@ RANK_OPTIONS: tuple[RankOption, ...] = (
     RankOption("--checkpoint-every", "checkpoint_every", "A checkpoint every K steps.", "int", minimum=1,
                metavar="K"),
     RankOption("--resume", "resume", "Continue from the latest checkpoint in --checkpoint-dir.", "flag", False),
+    RankOption("--device", "device", "Where the ranks compute: cuda (one GPU per process, nccl) or cpu (gloo); "
+               "default: cuda when this machine has a GPU.", choices=DEVICES),
 )
 
 
@@ -121,7 +128,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 help=option.help)
         else:
             parser.add_argument(option.flag, dest=option.dest, type=_typed(option), default=option.default,
-                                metavar=option.metavar, help=option.help)
+                                metavar=option.metavar, choices=option.choices, help=option.help)
     args = parser.parse_args(argv)
     problem = option_problem(vars(args))
     if problem:

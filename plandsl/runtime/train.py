@@ -58,6 +58,8 @@ class RunConfig:
     """Write a checkpoint every this many steps; with `checkpoint_dir` one is always written after the last step."""
     resume: bool = False
     """Continue from the latest checkpoint in `checkpoint_dir` (from step 1 when there is none)."""
+    device: str | None = None
+    """cpu, cuda, or None: cuda where this machine has it (`parallel.mesh.resolve_device`)."""
 
 
 @dataclass
@@ -250,7 +252,7 @@ def peak_memory_bytes(device: torch.device) -> int:
 # ---- the run --------------------------------------------------------------------------
 def run(plan: ir.Plan, config: RunConfig) -> tuple[int, Job]:
     """Train on this rank; (exit status, the job). The process group stays up: see `plandsl.run.entry`."""
-    device = init_distributed(config.timeout_s)
+    device = init_distributed(config.timeout_s, config.device)
     torch.manual_seed(plan.train.seed)
     job = build_job(plan, build_mesh(plan, device), device, config)
     train(job, config)

@@ -265,7 +265,7 @@ EXPECTED_SURFACE = {
     "simulate": {"arguments": ["file"], "options": {"--costs", "--json", "--param", "--plan", "--trace",
                                                     "--include", "--allow-model-import"}},
     "run": {"arguments": ["file"], "options": {"--check-equivalence", "--checkpoint-dir", "--checkpoint-every",
-                                               "--data", "--dry-run", "--metrics", "--nnodes", "--node-rank",
+                                               "--data", "--device", "--dry-run", "--metrics", "--nnodes", "--node-rank",
                                                "--nproc-per-node", "--param", "--plan", "--rdzv-endpoint",
                                                "--resume", "--steps", "--timeout", "--include", "--allow-model-import"}},
     "render": {"arguments": ["file"], "options": {"--color-by", "--format", "--output", "--param", "--plan", "--view",

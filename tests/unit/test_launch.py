@@ -153,7 +153,8 @@ def test_every_rank_option_is_accepted_by_plandsl_run_and_forwarded(tmp_path, mo
     (tmp_path / "lib").mkdir()
     given = {"steps": 7, "plan_name": "tiny_dp", "param": ["width=3"], "include": [str(tmp_path / "lib")],
              "metrics": str(tmp_path / "m.jsonl"), "check_equivalence": True, "data": str(tmp_path / "tokens.bin"),
-             "timeout": 12.5, "checkpoint_dir": str(tmp_path / "ckpt"), "checkpoint_every": 3, "resume": True}
+             "timeout": 12.5, "checkpoint_dir": str(tmp_path / "ckpt"), "checkpoint_every": 3, "resume": True,
+             "device": "cpu"}
     assert set(given) == {option.dest for option in RANK_OPTIONS}, "give every option of the table a value"
     argv = ["run", str(plan)]
     for option in RANK_OPTIONS:
@@ -187,3 +188,32 @@ def test_the_ranks_refuse_what_plandsl_run_refuses(tmp_path, capsys):
     assert caught.value.code == 2 and "--resume needs --checkpoint-dir" in capsys.readouterr().err
     result = CliRunner().invoke(main, ["run", str(LOCAL_3D), "--resume"])
     assert result.exit_code == 1 and "--resume needs --checkpoint-dir" in result.output
+
+
+@pytest.mark.parametrize("device, gpus, nproc, refused", [
+    (None, 0, 4, None),                   # no GPU: every rank on the CPU, gloo
+    (None, 1, 1, None),
+    (None, 1, 2, "torch sees 1"),         # two ranks would both take cuda:0 .. and cuda:1 does not exist
+    ("cuda", 8, 8, None),
+    ("cuda", 2, 4, "torch sees 2"),
+    ("cuda", 0, 1, "no CUDA device"),
+    ("cpu", 1, 4, None),                  # --device cpu: gloo ranks whatever the GPUs
+])
+def test_ranks_without_a_device_of_their_own_are_refused_before_launch(monkeypatch, device, gpus, nproc, refused):
+    from plandsl.runtime import launch
+    monkeypatch.setattr(launch, "cuda_device_count", lambda: gpus)
+    if refused is None:
+        launch.check_devices(nproc, device)
+        return
+    with pytest.raises(LaunchError, match=refused) as caught:
+        launch.check_devices(nproc, device)
+    assert "--device cpu" in str(caught.value)
+    assert getattr(caught.value, "option", None) == ("--device" if gpus == 0 else None)
+
+
+def test_the_ranks_take_the_device_the_launcher_was_given():
+    from plandsl.runtime.options import parse_args
+    args = _args(STDLIB / "local" / "dp.plan", device="cpu")
+    assert args[args.index("--device") + 1] == "cpu" and parse_args(args[args.index("plandsl.run") + 1:]).device == "cpu"
+    with pytest.raises(SystemExit):
+        parse_args(["x.plan", "--device", "tpu"])

@@ -1,7 +1,7 @@
 """The process group and the plan's mesh: `init_device_mesh` with the plan's axis names, outermost first.
 
-Stage: interpreter. Contract: `init_distributed()` joins the job torchrun (or a test) started, with
-nccl when CUDA is present and gloo otherwise; `build_mesh(plan, device)` raises `RuntimeError`
+Stage: interpreter. Contract: `init_distributed(timeout_s, device_kind)` joins the job torchrun (or a
+test) started, with nccl on CUDA and gloo on the CPU (`resolve_device`: CUDA when present unless `--device` says); `build_mesh(plan, device)` raises `RuntimeError`
 showing the arithmetic when the plan's mesh does not cover WORLD_SIZE processes.
 """
 from __future__ import annotations
@@ -18,9 +18,15 @@ from plandsl import ir
 DEFAULT_TIMEOUT_S = 300  # a collective that waits longer than this fails the job instead of hanging
 
 
-def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> torch.device:
-    """Join the process group (unless the caller already did) and return this rank's device."""
-    use_cuda = torch.cuda.is_available()
+def resolve_device(device: str | None = None) -> str:
+    """`--device`: cpu or cuda as given; None: cuda where torch has it, else cpu."""
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S, device_kind: str | None = None) -> torch.device:
+    """Join the process group (unless the caller already did) and return this rank's device: with CUDA
+    (`device_kind` cuda, or None on a machine with it) cuda:LOCAL_RANK and nccl, else the CPU and gloo."""
+    use_cuda = resolve_device(device_kind) == "cuda"
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
