@@ -153,7 +153,9 @@ def pipeline_forward_backward_step(job: Job, inputs: torch.Tensor, targets: torc
 def train_step(job: Job, step: int) -> float:
     """One optimizer step on the global batch of `step` (0-based); returns its mean loss."""
     inputs, targets = job.batches.local_batch(step, job.dp_rank, job.dp, job.columns)
-    inputs, targets = inputs.to(job.device), targets.to(job.device)
+    # contiguous: a batch is two overlapping views of seq + 1 tokens, and torch's pipelining (2.11) refuses
+    # a stage input whose strides differ from the (contiguous) example it was built with
+    inputs, targets = inputs.to(job.device).contiguous(), targets.to(job.device).contiguous()
     job.optimizer.zero_grad()
     if job.pipeline is not None:
         loss = pipeline_forward_backward_step(job, inputs, targets)

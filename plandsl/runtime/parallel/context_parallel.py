@@ -35,7 +35,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed._functional_collectives import all_gather_single_autograd
+from torch.distributed._functional_collectives import all_gather_tensor_autograd  # in torch 2.6 and later
 from torch.distributed.device_mesh import DeviceMesh
 
 from plandsl.runtime.models import Attention, Embedding
@@ -66,7 +66,7 @@ class GatheredAttentionCore(nn.Module):
         self.mask = keys[None, :] <= queries[:, None]  # True: the query attends to the key
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        k, v = (all_gather_single_autograd(t.contiguous(), SEQ_DIM, self.group) for t in (k, v))
+        k, v = (all_gather_tensor_autograd(t.contiguous(), SEQ_DIM, self.group) for t in (k, v))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, enable_gqa=k.shape[1] != q.shape[1])
 
 
