@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from plandsl.runtime.launch import LaunchOptions
     from plandsl.schedules.program import Schedule
     from plandsl.cost.simulation import Outline
+    from plandsl.interop.result import Exported, Imported
     from plandsl.diagnostics.source import Span
     from plandsl.schedules.simulate import Costs, Simulation
     from plandsl.syntax import Module
@@ -43,7 +44,7 @@ __all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "
            "generate", "generate_request", "generate_errors", "generate_json", "generate_report", "render",
            "render_format", "color_by_problem", "render_errors", "shrink", "rank_options", "launch_options", "check_launch_options",
            "prepare_run", "launch_errors", "dry_run", "dry_run_errors", "format_dry_run",
-           "dry_run_commands", "launch", "command_line", "parse_params", "include", "writable_file",
+           "dry_run_commands", "launch", "command_line", "export", "import_config", "interop_targets", "args_text", "read_args_file", "parse_params", "include", "writable_file",
            "writable_dir", "regular_file_problem", "data_path_problem"]
 
 
@@ -351,6 +352,39 @@ def render_errors() -> tuple[type[Exception], ...]:
     """The exceptions `render` raises for a plan it cannot draw (to catch them without importing render)."""
     from plandsl.render import RenderError  # stage
     return RenderError
+
+
+# ---- export and import: other tools' configurations ------------------------------------------------------------
+
+def interop_targets() -> tuple[str, ...]:
+    """The tools `export` writes and `import_config` reads (`megatron`)."""
+    return ("megatron",)  # plandsl.interop.TARGETS, kept here so that `plandsl --help` imports no stage
+
+
+def export(plan: ir.Plan, target: str) -> Exported:
+    """A checked plan in `target`'s own format, with one E808 per part of it the target cannot express."""
+    from plandsl.interop import export_plan  # stage
+    return export_plan(plan, target)
+
+
+def import_config(target: str, text: str, path: str, world_size: int | None = None, cluster: str | None = None,
+                  name: str = "imported", plan_path: str = "imported.plan") -> Imported:
+    """`target`'s configuration (Megatron-LM's flags as `text`, read from `path`) as a formatted plan that passes
+    `check`, or the diagnostics that stop it (E804-E807, or the checker's)."""
+    from plandsl.interop import import_text  # stage
+    return import_text(target, text, path, world_size, cluster, name, plan_path)
+
+
+def args_text(args) -> str:
+    """Command-line arguments as the one shell line `import_config` reads (each quoted where needed)."""
+    from plandsl.interop import args_text as line  # stage
+    return line(args)
+
+
+def read_args_file(path: str) -> str:
+    """A file of flags (a launch script's arrays), read bounded; PlanError E105-E109 when it cannot be read."""
+    from plandsl.syntax.loader import read_source  # stage
+    return read_source(path).text
 
 
 # ---- run -----------------------------------------------------------------------------------------------------

@@ -601,5 +601,86 @@ def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_n
     click.echo(f"wrote {output}" if output else "\n" + generated.texts[0].rstrip("\n"))
 
 
+@main.command("export")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--to", "target", type=click.Choice(api.interop_targets()), required=True, help="The tool to write for.")
+@click.option("--plan", "plan_name", help="The plan of the file to export.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=_writable_file,
+              help="Write here (default: print it).")
+@click.option("--lossy", is_flag=True, help="Write it even where the tool cannot express part of the plan "
+              "(what is lost is listed on stderr).")
+@param_option
+@include_option
+@model_import_option
+def export_command(file, target, plan_name, output, lossy, params):
+    """Write plan FILE in another tool's format (Megatron-LM's arguments); exit 1, writing nothing, when the
+    tool cannot express part of the plan, unless --lossy (docs/interop.md)."""
+    analysis = api.check(file, _params(params))
+    if not analysis.ok:
+        _print_diagnostics(analysis, "text")
+        sys.exit(1)
+    try:
+        plan = api.select_plan(analysis.document, plan_name)
+    except api.PlanError as error:
+        _fail(error)
+    exported = api.export(plan, target)
+    if exported.lost and not lossy:
+        click.echo(api.render_all(exported.lost, analysis.sources), err=True)
+        click.echo(f"{file}: {len(exported.lost)} part(s) of plan '{plan.name}' lost in {target}'s format; "
+                   "nothing written (--lossy writes it anyway)", err=True)
+        sys.exit(1)
+    for lost in exported.lost:
+        click.echo(f"{lost.span}: lost: {lost.message}", err=True)
+    if output:
+        _write(output, exported.text)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(exported.text, nl=False)
+
+
+@main.command("import", context_settings={"ignore_unknown_options": True})
+@click.option("--from", "source", type=click.Choice(api.interop_targets()), required=True, help="The tool whose "
+              "configuration to read: megatron reads Megatron-LM's flags, after `--` or from --args-file.")
+@click.option("--world-size", type=click.IntRange(min=1, max=limits.MAX_MESH_DEVICES),
+              help="Devices the configuration runs on (default: those of --cluster).")
+@click.option("--cluster", help="The cluster, as `generate --cluster`: `dgx_a100 x 16`, a stdlib name "
+              "(default: nodes of 8 H100s, dgx_h100).")
+@click.option("--args-file", type=click.Path(dir_okay=False), help="Read the flags from FILE (a launch script's "
+              "bash arrays, comments and \\-continued lines allowed).")
+@click.option("--name", help="The plan's name (default: the output file's).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=_writable_file, required=True,
+              help="Write the plan here.")
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
+              help="json: diagnostics one object per line.")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def import_command(source, world_size, cluster, args_file, name, output, output_format, args):
+    """Read another tool's configuration as a plan (-o OUT.plan) that passes `plandsl check`:
+    `plandsl import --from megatron --world-size 64 -o my.plan -- --tensor-model-parallel-size 8 ...`."""
+    if bool(args) == bool(args_file):
+        raise click.UsageError("give the flags after `--`, or --args-file FILE (one of them)")
+    if world_size is None and cluster is None:
+        raise click.UsageError("--world-size N or --cluster CLUSTER: the flags do not say how many devices")
+    if args_file:
+        try:
+            text, path = api.read_args_file(args_file), args_file
+        except api.PlanError as error:
+            _fail(error, output_format)
+    else:
+        text, path = api.args_text(args), "<flags>"
+    stem = os.path.splitext(os.path.basename(output))[0]
+    name = name or ("".join(c if c.isalnum() or c == "_" else "_" for c in stem).lstrip("0123456789") or "imported")
+    try:
+        imported = api.import_config(source, text, path, world_size, cluster, name, output)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--cluster") from None
+    if not imported.ok:
+        _fail(api.PlanError(imported.diagnostics, imported.sources), output_format)
+    if imported.ignored:
+        click.echo(f"note: left out (no meaning in a plan): {' '.join(imported.ignored)}", err=True)
+    _write(output, imported.text)
+    click.echo(f"wrote {output}: plan '{name}'" + (f" ({len(imported.diagnostics)} warning(s))"
+                                                    if imported.diagnostics else ""), err=True)
+
+
 if __name__ == "__main__":
     main()

@@ -35,9 +35,11 @@ STAGES = [
     ("E6", "E6xx: schedules", "Pipeline schedules, built in and user-defined."),
     ("E7", "E7xx: what plandsl run refuses", "Valid plans (they check, estimate and render) that the interpreter "
      "cannot run; `plandsl run` refuses them before any process starts."),
-    ("E8", "E8xx: what generate --from cannot keep, shrink cannot do", "Reported by `plandsl generate --from` "
-     "(a partial plan completed by the search) and `plandsl shrink` (a plan scaled down to one machine), "
-     "with the checker's codes for everything `plandsl check` itself reports."),
+    ("E8", "E8xx: what generate --from cannot keep, shrink cannot do, import cannot read, export cannot write",
+     "Reported by `plandsl generate --from` (a partial plan completed by the search), `plandsl shrink` (a plan "
+     "scaled down to one machine), `plandsl import` (another tool's configuration; the example is its flags, as "
+     "`--args-file`) and `plandsl export` (a plan in another tool's format), with the checker's codes for "
+     "everything `plandsl check` itself reports."),
     ("E9", "E9xx: what plandsl inspect cannot derive", "Reported by `plandsl inspect` (a user's torch module, "
      "a factory or a Hugging Face config, built on the meta device and read as a layer table); the example "
      "is the user's Python file."),
@@ -61,6 +63,8 @@ def _command(entry: Entry, path: Path) -> Analysis:
     from plandsl.diagnostics import PlanError
     if entry.command[0] == "inspect":
         return _inspect(entry, path)
+    if entry.command[0] in ("import", "export"):
+        return _interop(entry, path)
     from plandsl.rewrite.complete import generate_from
     from plandsl.rewrite.shrink import shrink
     try:
@@ -72,6 +76,23 @@ def _command(entry: Entry, path: Path) -> Analysis:
     except PlanError as error:
         return Analysis(str(path), None, list(error.diagnostics), dict(error.sources))
     return Analysis(str(path), None, [], {})
+
+
+def _interop(entry: Entry, path: Path) -> Analysis:
+    """`plandsl import --from TOOL --world-size N --args-file EXAMPLE` (its diagnostics, or the checker's on the plan
+    written), or `plandsl export EXAMPLE --to TOOL` (what the tool cannot express)."""
+    from plandsl import api
+    tool = entry.command[2]
+    if entry.command[0] == "import":
+        world = int(entry.command[entry.command.index("--world-size") + 1])
+        imported = api.import_config(tool, path.read_text(encoding="utf-8"), str(path), world_size=world,
+                                     name="imported", plan_path=str(path.parent / "imported.plan"))
+        return Analysis(str(path), None, list(imported.diagnostics), dict(imported.sources))
+    analysis = analyze(str(path))
+    if not analysis.ok:
+        return analysis
+    lost = [d for plan in analysis.document.plans for d in api.export(plan, tool).lost]
+    return Analysis(str(path), None, lost, dict(analysis.sources))
 
 
 def _inspect(entry: Entry, path: Path) -> Analysis:
@@ -154,7 +175,9 @@ def _section(entry: Entry) -> list[str]:
     if entry.command:
         command = f"plandsl {' '.join(entry.command)} {entry.file}"
     where = " on a machine with CUDA" if entry.on_cuda else ""
-    language = "python" if entry.file.endswith(".py") else "plan"
+    language = "python" if entry.file.endswith(".py") else "bash" if entry.file.endswith(".args") else "plan"
+    if entry.command[:1] == ("import",):
+        command = f"plandsl {' '.join(entry.command)} --args-file {entry.file} -o imported.plan"
     if entry.command[:1] == ("inspect",):
         command = f"plandsl inspect '{entry.command[1]}'"
     lines += _code(entry.example, language) + ["", f"`{command}`{where} reports:", ""]

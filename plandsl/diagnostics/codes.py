@@ -2,8 +2,8 @@
 
 E1xx syntax, E2xx names/types/units/imports (E22x model shapes), E3xx clusters and meshes, E4xx placement
 and sharding, E5xx training and memory, E6xx schedules, E7xx what `plandsl run` refuses
-(valid plans the interpreter cannot run), E8xx what `plandsl generate --from` cannot keep or
-`plandsl shrink` cannot do; E9xx what `plandsl inspect` cannot derive from a torch module; W for warnings. The examples and fixes live in
+(valid plans the interpreter cannot run), E8xx what `plandsl generate --from` cannot keep,
+`plandsl shrink` cannot do, `plandsl import` cannot read or `plandsl export` cannot write; E9xx what `plandsl inspect` cannot derive from a torch module; W for warnings. The examples and fixes live in
 `plandsl/diagnostics/catalogue/`, one module per family (shown by `plandsl explain` and
 docs/errors.md).
 """
@@ -93,6 +93,12 @@ CODES: dict[str, str] = {
     "E801": "decision the search cannot keep",
     "E802": "plan that cannot be scaled down",
     "E803": "no plan keeps the partial plan's decisions",
+    # E804-E808: what `plandsl import` cannot read of another tool's configuration, `plandsl export` cannot write
+    "E804": "unknown, missing or malformed flag",
+    "E805": "contradictory flags",
+    "E806": "world size not divisible by the parallel degrees",
+    "E807": "setting plandsl cannot express",
+    "E808": "part of the plan the target cannot express",
     # E9xx: what `plandsl inspect` cannot derive from a user's torch module
     "E901": "model cannot be imported",
     "E902": "model cannot be built as a torch module",

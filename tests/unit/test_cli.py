@@ -277,6 +277,10 @@ EXPECTED_SURFACE = {
     "generate": {"arguments": [], "options": {"--cluster", "--format", "--global-batch", "--json", "--model", "--output", "--pin",
                                               "--precision", "--seq-len", "--top", "-o", "--from", "--plan", "--param",
                                               "--include", "--time-limit", "--allow-model-import"}},
+    "export": {"arguments": ["file"], "options": {"--to", "--plan", "--output", "-o", "--lossy", "--param", "--include",
+                                                  "--allow-model-import"}},
+    "import": {"arguments": ["args"], "options": {"--from", "--world-size", "--cluster", "--args-file", "--name",
+                                                  "--output", "-o", "--format"}},
 }
 EXPECTED_GROUP_OPTIONS = {"--version", "--help", "-h"}
 

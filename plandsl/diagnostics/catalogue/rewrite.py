@@ -69,3 +69,83 @@ _entry("E803", """
     }
     """, "Give the plan more devices (or a smaller model).",
     ("dgx_a100 x 1", "dgx_a100 x 2"), ("[dp = 8]", "[dp = 16]"), command=("generate", "--from"))
+
+# ---- plandsl import and export: other tools' configurations (plandsl/interop/) ----------------------------------
+# The flags of a small GPT as a launch script's bash array (the examples add one line or more before its end).
+_FLAGS = """MEGATRON_ARGS=(
+        --num-layers 4 --hidden-size 256 --num-attention-heads 8
+        --seq-length 128 --max-position-embeddings 128 --padded-vocab-size 1024
+        --micro-batch-size 1 --global-batch-size 16"""
+_IMPORT = ("import", "--from", "megatron", "--world-size", "8")
+
+_entry("E804", """
+    `plandsl import --from megatron` reads Megatron-LM's flags as its launch scripts spell them. A flag it does
+    not know is an error, not something to skip: Megatron-LM itself would stop on a misspelt one, and a plan
+    built without it would describe another run. A flag that needs a value and has none or a malformed one,
+    or a required one that is missing (the model's shape, the micro-batch size, the vocabulary, which
+    Megatron-LM otherwise reads from a tokenizer file), is reported the same way, the flag under the caret.
+    Flags that mean nothing in a plan (data paths, logging, checkpoints) are read and listed as left out.
+    """, f"""
+    {_FLAGS}
+        --tensor-model-paralel-size 2
+    )
+    """, "Spell the flag as Megatron-LM does.",
+    ("--tensor-model-paralel-size", "--tensor-model-parallel-size"), file="megatron.args", command=_IMPORT)
+
+_entry("E805", """
+    Megatron-LM refuses some pairs of flags, or keeps the last of a flag given twice without a word. A
+    virtual-stage count and a pipeline layout both say how many stages each rank runs; Megatron-LM's
+    `validate_args` takes at most one of `--pipeline-model-parallel-layout`,
+    `--num-virtual-stages-per-pipeline-rank` and `--num-layers-per-virtual-pipeline-stage`. The import
+    reports such flags before it writes a plan, naming the second one.
+    """, f"""
+    {_FLAGS}
+        --pipeline-model-parallel-size 2
+        --pipeline-model-parallel-layout 'Et|t|t|tL'
+        --num-virtual-stages-per-pipeline-rank 2
+    )
+    """, "Keep the layout (its four stages on two ranks are two virtual stages each) and drop the count.",
+    ("\n    --num-virtual-stages-per-pipeline-rank 2", ""), file="megatron.args", command=_IMPORT)
+
+_entry("E806", """
+    Megatron-LM's data-parallel size is what is left of the world size after the tensor, pipeline and
+    context parallel degrees: world / (tp x pp x cp), which must be a whole number (`validate_args`), and
+    the expert-parallel degree must divide it. The world size is the import's `--world-size`, or the
+    devices of its `--cluster`.
+    """, f"""
+    {_FLAGS}
+        --tensor-model-parallel-size 3
+    )
+    """, "Use a tensor-parallel degree that divides the world size (or another world size).",
+    ("--tensor-model-parallel-size 3", "--tensor-model-parallel-size 2"), file="megatron.args", command=_IMPORT)
+
+_entry("E807", """
+    Megatron-LM has settings a plan has no word for: Ulysses context parallelism (`--cp-comm-type a2a`) or
+    a type per layer, partial recomputation (`--recompute-method block`, or more than one block per
+    recomputed unit), expert tensor parallelism that differs from the tensor axis, several distributed
+    optimizer instances, a model whose norm, activation, positions and biases are neither plandsl's gpt(...)
+    nor its llama(...). The import stops rather than write a plan that would estimate another run.
+    """, f"""
+    {_FLAGS}
+        --context-parallel-size 2 --cp-comm-type a2a
+    )
+    """, "Use a kind of context parallelism a plan has: all_gather (or p2p, a ring).",
+    ("--cp-comm-type a2a", "--cp-comm-type all_gather"), file="megatron.args", command=_IMPORT)
+
+_entry("E808", f"""
+    `plandsl export --to megatron` writes only what Megatron-LM can be told. Megatron-LM runs 1F1B, or
+    interleaved 1F1B with virtual stages placed round robin; it lays ranks out innermost first as
+    tp-cp-ep-dp-pp (or tp-cp-ep-pp-dp); it has one data axis, no shard rules and no op-level
+    recomputation. Each part of the plan outside that is listed, and nothing is written unless `--lossy`
+    is given, so that a run launched from the export is the run the plan describes.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model    = {GPT}
+      cluster  = dgx_a100 x 1
+      mesh     = [dp = 4, pp = 2]
+      train    = {{ global_batch: 16, micro_batch: 1 }}
+      schedule = gpipe
+    }}
+    """, "Use a schedule Megatron-LM runs (or export with --lossy and launch its 1F1B knowingly).",
+    ("schedule = gpipe", "schedule = 1f1b"), command=("export", "--to", "megatron"))

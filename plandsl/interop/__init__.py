@@ -1,0 +1,30 @@
+"""Other tools' configurations in and out: `plandsl export --to TARGET` and `plandsl import --from TARGET`.
+
+Stage: interop, beside render and rewrite, below the API (no torch: each adapter writes and reads the target's
+own text, and the tests hold it against the target's installed code). One module per target:
+`megatron` (Megatron-LM's arguments, megatron-core 0.16.1; `megatron_import` reads them back). Results are
+`result.Exported` and `result.Imported`.
+"""
+from __future__ import annotations
+
+from plandsl import ir
+from plandsl.interop import megatron, megatron_import
+from plandsl.interop.flags import args_text
+from plandsl.interop.result import Exported, Imported
+
+EXPORTERS = {megatron.TARGET: megatron.export_plan}
+IMPORTERS = {megatron.TARGET: megatron_import.import_flags}
+TARGETS = tuple(EXPORTERS)
+
+__all__ = ["EXPORTERS", "IMPORTERS", "TARGETS", "Exported", "Imported", "args_text", "export_plan", "import_text"]
+
+
+def export_plan(plan: ir.Plan, target: str) -> Exported:
+    """A checked plan in `target`'s format, with what it cannot express; KeyError for an unknown target."""
+    return EXPORTERS[target](plan)
+
+
+def import_text(target: str, text: str, path: str, world_size: int | None = None, cluster: str | None = None,
+                name: str = "imported", plan_path: str = "imported.plan") -> Imported:
+    """`target`'s configuration `text` (read from `path`) as a checked plan called `name`."""
+    return IMPORTERS[target](text, path, world_size=world_size, cluster=cluster, name=name, plan_path=plan_path)

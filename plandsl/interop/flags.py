@@ -1,0 +1,93 @@
+"""Command-line flags as a launch script spells them -> `Flag`s with the span each was written at.
+
+Stage: below the adapters (`megatron`). Contract: `read_flags(text, path)` splits shell words the way bash
+would for flags and their values (single and double quotes, backslash escapes, `\\`-newline continuations,
+`#` comments, and bash arrays `NAME=(` ... `)` as Megatron-LM's example scripts group them) and never
+raises: a word that is neither a flag nor a flag's value is a `Flag` named by the word (the adapter reports
+it). `args_text(args)` is the one line a list of arguments (after `plandsl import ... --`) reads as.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+from plandsl.diagnostics.source import SourceFile, Span
+
+# One shell word: runs of unquoted characters, '...' and "..." strings, and backslash escapes.
+_WORD = re.compile(r"""(?:[^\s'"\\#]|'[^']*'|"(?:[^"\\]|\\.)*"|\\[^\n]|(?<=\S)\#)+""")
+_SPACE = re.compile(r"(?:[ \t\r]|\\\n)+")
+_COMMENT = re.compile(r"#[^\n]*")
+_ARRAY_START = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=\($")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """`--name` and the values written after it (none for a switch); `name` is as written (`--fp16`), or a
+    stray word that is no flag (the adapter reports it)."""
+    name: str
+    values: tuple[str, ...]
+    span: Span          # the flag itself
+    value_span: Span    # its values (the flag when it has none)
+
+    @property
+    def text(self) -> str:
+        return " ".join((self.name, *self.values))
+
+
+def _words(source: SourceFile) -> list[tuple[str, Span]]:
+    """(unquoted word, span) for each shell word of the text, comments and array brackets left out."""
+    text, words, at = source.text, [], 0
+    while at < len(text):
+        space = _SPACE.match(text, at)
+        if space:
+            at = space.end()
+            continue
+        if text[at] == "\n":
+            at += 1
+            continue
+        if text[at] == "#":
+            at = _COMMENT.match(text, at).end()
+            continue
+        word = _WORD.match(text, at)
+        if word is None:  # an unterminated quote: the rest of the line is one word
+            end = text.find("\n", at)
+            end = len(text) if end == -1 else end
+            words.append((text[at:end], source.span(at, end)))
+            at = end
+            continue
+        raw = word.group(0)
+        try:
+            value = shlex.split(raw)[0] if raw.strip() else raw
+        except (ValueError, IndexError):
+            value = raw
+        if not (_ARRAY_START.match(raw) or raw == ")"):
+            words.append((value, source.span(at, word.end())))
+        at = word.end()
+    return words
+
+
+def read_flags(text: str, path: str) -> tuple[SourceFile, list[Flag]]:
+    """The flags of `text` in order; `--name=value` is split into the flag and one value."""
+    source = SourceFile(path, text)
+    flags: list[Flag] = []
+    for word, span in _words(source):
+        if word.startswith("--") and len(word) > 2:
+            name, equals, value = word.partition("=")
+            if equals:
+                flag_span = source.span(span.start, span.start + len(name))
+                flags.append(Flag(name, (value,), flag_span, source.span(flag_span.end + 1, span.end)))
+            else:
+                flags.append(Flag(name, (), span, span))
+        elif flags and flags[-1].name.startswith("--"):
+            last = flags[-1]
+            value_span = span if not last.values else last.value_span.to(span)
+            flags[-1] = Flag(last.name, (*last.values, word), last.span, value_span)
+        else:
+            flags.append(Flag(word, (), span, span))
+    return source, flags
+
+
+def args_text(args: list[str] | tuple[str, ...]) -> str:
+    """The arguments as one shell line (each quoted where it needs it), which `read_flags` splits back."""
+    return " ".join(shlex.quote(arg) for arg in args) + "\n"

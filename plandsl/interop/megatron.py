@@ -1,0 +1,255 @@
+"""A checked plan -> Megatron-LM's command-line arguments (megatron-core 0.16.1), and what they cannot say.
+
+Stage: interop, beside render. Contract: `export_plan(plan)` returns the arguments as a bash array (the way
+Megatron-LM's example scripts group them) and one E808 per part of the plan Megatron cannot express; it
+never raises on a checked plan. Every fact is megatron-core 0.16.1's (tag core_v0.16.1 of NVIDIA/Megatron-LM),
+cited where it is used; tests/unit/test_interop_megatron.py holds them against megatron-core's own code.
+The flag table (`FLAGS`) is shared with the import (`megatron_import`).
+"""
+from __future__ import annotations
+
+import shlex
+
+from plandsl import ir
+from plandsl.diagnostics import Diagnostic, diag
+from plandsl.interop.result import Exported
+from plandsl.ir.placement import assign_stages
+
+TARGET = "megatron"
+VERSION = "megatron-core 0.16.1"
+
+# Megatron's rank order, innermost first (megatron/training/initialize.py, `initialize_model_parallel(order=
+# 'tp-cp-ep-dp-pp' if not args.use_tp_pp_dp_mapping else 'tp-cp-ep-pp-dp')`; parallel_state.RankGenerator).
+ORDER = ("tp", "cp", "ep", "dp", "pp")
+ORDER_TP_PP_DP = ("tp", "cp", "ep", "pp", "dp")
+
+# Every flag the adapters read or write, by the kind of value it takes. Names are Megatron-LM's
+# (megatron/training/arguments.py, and the flags it generates from TransformerConfig/ModelParallelConfig
+# fields: `--field-name`, a bool field defaulting to False a switch).
+INT_FLAGS = (
+    "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
+    "--seq-length", "--max-position-embeddings", "--padded-vocab-size", "--vocab-size",
+    "--make-vocab-size-divisible-by", "--num-experts", "--moe-router-topk",
+    "--micro-batch-size", "--global-batch-size", "--recompute-num-layers", "--lr-warmup-iters", "--seed",
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank",
+    "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
+    "--decoder-last-pipeline-num-layers", "--context-parallel-size", "--expert-model-parallel-size",
+    "--expert-tensor-parallel-size", "--num-distributed-optimizer-instances",
+)
+FLOAT_FLAGS = ("--lr", "--clip-grad")
+CHOICE_FLAGS: dict[str, tuple[str, ...]] = {
+    "--normalization": ("LayerNorm", "RMSNorm"),
+    "--position-embedding-type": ("learned_absolute", "rope", "mrope", "relative", "none"),
+    "--recompute-granularity": ("full", "selective"),
+    "--recompute-method": ("uniform", "block"),
+    # TransformerConfig.cp_comm_type: "p2p", "all_gather", "a2a", "a2a+p2p" (transformer_config.py; the
+    # --help text of arguments.py says "allgather", which Transformer Engine refuses)
+    "--cp-comm-type": ("p2p", "all_gather", "a2a", "a2a+p2p"),
+    "--data-parallel-sharding-strategy": ("no_shard", "optim", "optim_grads", "optim_grads_params"),
+    "--optimizer": ("adam", "sgd", "muon", "dist_muon"),
+    "--lr-decay-style": ("constant", "linear", "cosine", "inverse-square-root", "WSD"),
+    "--ckpt-format": ("torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"),
+}
+TEXT_FLAGS = ("--pipeline-model-parallel-layout",)
+SWITCHES = (
+    "--bf16", "--fp16", "--swiglu", "--untie-embeddings-and-output-weights", "--group-query-attention",
+    "--disable-bias-linear", "--use-rotary-position-embeddings", "--recompute-activations",
+    "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-tp-pp-dp-mapping",
+    "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+)
+# Flags of Megatron-LM's launch scripts that mean nothing in a plan (data, tokenizer, logging, checkpoints,
+# initialisation, fusions, kernels, the optimizer's other constants): read, listed, left out.
+IGNORED = (
+    "--data-path", "--split", "--vocab-file", "--merge-file", "--tokenizer-type", "--tokenizer-model", "--mock-data",
+    "--train-iters", "--train-samples", "--rampup-batch-size", "--min-lr", "--lr-decay-iters", "--lr-decay-samples",
+    "--lr-warmup-fraction", "--lr-warmup-samples", "--weight-decay", "--adam-beta1", "--adam-beta2", "--adam-eps",
+    "--init-method-std", "--attention-dropout", "--hidden-dropout", "--log-interval", "--save-interval",
+    "--eval-interval", "--eval-iters", "--save", "--load", "--tensorboard-dir", "--wandb-project", "--log-throughput",
+    "--attention-backend", "--transformer-impl", "--use-mcore-models", "--use-flash-attn", "--distributed-backend",
+    "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--no-masked-softmax-fusion",
+    "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion", "--rotary-base",
+    "--rotary-percent", "--moe-token-dispatcher-type", "--moe-grouped-gemm", "--moe-aux-loss-coeff",
+    "--moe-router-load-balancing-type", "--exit-duration-in-mins", "--timing-log-level", "--distributed-timeout-minutes",
+)
+
+# plandsl's training precision -> Megatron's switch (ModelParallelConfig.bf16 / .fp16; fp32 is neither).
+PRECISION_SWITCH = {ir.Precision.bf16: "--bf16", ir.Precision.fp16: "--fp16"}
+# A data-parallel kind -> Megatron's arguments: ZeRO-1 is the distributed optimizer; ZeRO-2/3 are Megatron-FSDP's
+# sharding strategies (arguments.py: --data-parallel-sharding-strategy), which need --ckpt-format fsdp_dtensor
+# ("Megatron FSDP only supports fsdp_dtensor checkpoint format", validate_args).
+DATA_ARGS: dict[ir.DataKind, tuple[tuple[str, str | None], ...]] = {
+    ir.DataKind.replicate: (),
+    ir.DataKind.zero1: (("--use-distributed-optimizer", None),),
+    ir.DataKind.zero2: (("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", "optim_grads"),
+                        ("--ckpt-format", "fsdp_dtensor")),
+    ir.DataKind.zero3: (("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", "optim_grads_params"),
+                        ("--ckpt-format", "fsdp_dtensor")),
+}
+SHARDING_KIND = {"no_shard": ir.DataKind.replicate, "optim": ir.DataKind.zero1, "optim_grads": ir.DataKind.zero2,
+                 "optim_grads_params": ir.DataKind.zero3}
+CONTEXT_COMM = {"allgather": "all_gather", "ring": "p2p"}   # plandsl's kind -> --cp-comm-type
+LR_STYLES = ("constant", "cosine", "linear")                 # the --lr-decay-style values plandsl has
+
+
+def export_plan(plan: ir.Plan) -> Exported:
+    """`plan` as Megatron-LM arguments, and an E808 for each part of it they cannot express."""
+    args: list[tuple[str, str | None]] = []
+    lost: list[Diagnostic] = []
+
+    def lose(message: str, field: str, hint: str | None = None) -> None:
+        node = getattr(plan, field, None)
+        span = getattr(node, "span", None) or plan.span_of(field)
+        lost.append(diag("E808", f"Megatron-LM cannot express {message}", span, hint=hint))
+
+    _model_args(plan, args, lose)
+    _train_args(plan, args, lose)
+    _parallel_args(plan, args, lose)
+    lost.extend(diag("E808", f"Megatron-LM cannot express shard rule `{rule.target.text}` (its tensor parallelism "
+                     "is the model's own split: --tensor-model-parallel-size)", rule.span) for rule in plan.shard)
+    lines = [f"# Megatron-LM arguments ({VERSION}) of plan '{plan.name}' (plandsl export --to megatron):",
+             f"# {plan.mesh.size} processes; torchrun ... pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\"",
+             "MEGATRON_ARGS=("]
+    lines += [f"    {flag}" + ("" if value is None else f" {shlex.quote(value)}") for flag, value in args]
+    return Exported(TARGET, "\n".join(lines + [")"]) + "\n", tuple(lost))
+
+
+def _model_args(plan: ir.Plan, args: list, lose) -> None:
+    model = plan.model
+    if not isinstance(model, ir.TransformerModel):
+        lose(f"a {model.kind} model (only gpt(...) and llama(...) are Megatron's GPTModel)", "model")
+        return
+    args += [("--num-layers", str(model.layers)), ("--hidden-size", str(model.hidden)),
+             ("--ffn-hidden-size", str(model.ffn_hidden)), ("--num-attention-heads", str(model.heads))]
+    if model.kv_heads != model.heads:
+        args += [("--group-query-attention", None), ("--num-query-groups", str(model.kv_heads))]
+    # validate_args: max_position_embeddings >= seq_length; a gpt model's are its learned positions (the
+    # checker's E224 keeps the training sequence within them), a llama model's rotary ones have no table
+    positions = model.seq if model.kind == "gpt" else max(model.seq, plan.seq)
+    args += [("--seq-length", str(plan.seq)), ("--max-position-embeddings", str(positions)),
+             ("--padded-vocab-size", str(model.vocab))]
+    if model.kind == "llama":  # RMSNorm, SwiGLU, rotary positions, no biases (docs/language.md, section 7)
+        args += [("--normalization", "RMSNorm"), ("--swiglu", None), ("--position-embedding-type", "rope"),
+                 ("--disable-bias-linear", None)]
+    else:  # Megatron's defaults: LayerNorm, GELU, learned absolute positions, biases
+        args += [("--position-embedding-type", "learned_absolute")]
+    if not model.tied_embeddings:
+        args.append(("--untie-embeddings-and-output-weights", None))
+    if model.experts:
+        args += [("--num-experts", str(model.experts)), ("--moe-router-topk", str(model.top_k))]
+
+
+def _train_args(plan: ir.Plan, args: list, lose) -> None:
+    train = plan.train
+    args += [("--micro-batch-size", str(train.micro_batch)), ("--global-batch-size", str(train.global_batch))]
+    if train.precision in PRECISION_SWITCH:
+        args.append((PRECISION_SWITCH[train.precision], None))
+    if train.recompute is ir.Recompute.selective:  # recompute_modules defaults to ["core_attn"]: the attention core
+        args.append(("--recompute-granularity", "selective"))
+    elif train.recompute is ir.Recompute.full:  # every block from its input: uniform, one block per unit
+        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                 ("--recompute-num-layers", "1")]
+    elif train.recompute is ir.Recompute.selective_op:
+        lose("recompute: selective_op (op-level selective checkpointing; Megatron recomputes modules: "
+             "--recompute-granularity selective)", "train", hint="use recompute: selective or full")
+    args += [("--optimizer", train.optimizer.value), ("--lr", _number(train.lr)),
+             ("--lr-decay-style", train.lr_schedule), ("--lr-warmup-iters", str(train.warmup_steps)),
+             # clip_grad 0 turns clipping off (megatron/core/optimizer/optimizer.py: `if config.clip_grad > 0.0`)
+             ("--clip-grad", _number(train.grad_clip if train.grad_clip is not None else 0.0)),
+             ("--seed", str(train.seed))]
+
+
+def _number(value: float) -> str:
+    return repr(float(value))
+
+
+def _parallel_args(plan: ir.Plan, args: list, lose) -> None:
+    order = mesh_order(plan)
+    if isinstance(order, str):
+        lose(order, "mesh", hint="order the mesh, outermost first, as [pp, dp, ep, cp, tp] (or [dp, pp, cp, tp])")
+    args += [("--tensor-model-parallel-size", str(plan.tp))]
+    if plan.tensor is not None and plan.tensor.sequence_parallel and plan.tp > 1:
+        args.append(("--sequence-parallel", None))
+    args.append(("--pipeline-model-parallel-size", str(plan.pp)))
+    if plan.pp > 1 or (plan.stages is not None and plan.stages.virtual > 1):
+        _pipeline_args(plan, args, lose)
+    if plan.context is not None and plan.cp > 1:
+        args += [("--context-parallel-size", str(plan.cp)), ("--cp-comm-type", CONTEXT_COMM[plan.context.kind])]
+        if plan.seq % (2 * plan.cp):  # validate_args: seq-length a multiple of 2 * context-parallel-size
+            lose(f"a sequence of {plan.seq} over context parallel {plan.cp} (Megatron needs a multiple of "
+                 f"2 x {plan.cp} = {2 * plan.cp})", "context")
+    if plan.experts is not None and plan.ep > 1:
+        args.append(("--expert-model-parallel-size", str(plan.ep)))
+    if order == ORDER_TP_PP_DP:
+        args.append(("--use-tp-pp-dp-mapping", None))
+    if plan.data is not None:
+        if plan.data.kind in DATA_ARGS:
+            args += DATA_ARGS[plan.data.kind]
+        else:
+            lose(f"data = {plan.data.kind} (Megatron-FSDP's sharding strategies shard over the whole data-parallel "
+                 "group)", "data", hint="use zero3 over one data axis")
+
+
+def mesh_order(plan: ir.Plan) -> tuple[str, ...] | str:
+    """Megatron's rank order that lays the plan's mesh out (ORDER or ORDER_TP_PP_DP), or why none does."""
+    roles = plan.axis_roles()
+    data_axes = [a for a in (plan.data.axes if plan.data else ()) if roles.get(a) == "dp" and plan.mesh.degree(a) > 1]
+    if len(data_axes) > 1:
+        return f"data parallelism over {len(data_axes)} axes ({', '.join(data_axes)}): Megatron has one data axis"
+    inner_first = [axis for axis in reversed(plan.mesh.axes) if axis.size > 1]
+    unused = [axis.name for axis in inner_first if axis.name not in roles]
+    if unused:
+        return f"mesh axis '{unused[0]}', which only shard rules use"
+    if plan.cp > 1 and plan.ep > 1:
+        return ("context and expert parallelism together (Megatron folds the expert axis into context x data: "
+                "parallel_state's expert rank generator has no cp)")
+    written = tuple(roles[axis.name] for axis in inner_first)
+    for order in (ORDER, ORDER_TP_PP_DP):
+        if written == tuple(role for role in order if role in written):
+            if order == ORDER_TP_PP_DP and plan.ep > 1 and plan.pp > 1 and "dp" in written:
+                break  # initialize_model_parallel: pp-last order, or one data size for attention and MoE layers
+            return order
+    shown = ", ".join(f"{axis.name}({roles[axis.name]})" for axis in reversed(inner_first))
+    return (f"the mesh order [{shown}] (Megatron lays ranks out innermost first as tp-cp-ep-dp-pp, or "
+            "tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping)")
+
+
+def _pipeline_args(plan: ir.Plan, args: list, lose) -> None:
+    stages = plan.stages
+    name = plan.schedule.name if plan.schedule is not None else "1f1b"
+    # Megatron runs 1F1B with one stage per rank and interleaved 1F1B with several (schedules.py:
+    # get_forward_backward_func), its virtual stages round robin (PipelineParallelLayerLayout: stage
+    # vpp_rank * pp + pp_rank on pp_rank)
+    expected = "interleaved_1f1b" if stages.virtual > 1 else "1f1b"
+    if plan.schedule is not None and (plan.schedule.definition is not None or name != expected):
+        lose(f"schedule = {name} (Megatron has 1F1B, and interleaved 1F1B with virtual stages)", "schedule",
+             hint=f"use schedule = {expected}")
+    if stages.rank_map != "loop" and tuple(stages.rank_map) != tuple(s % plan.pp for s in range(plan.pp * stages.virtual)):
+        lose(f"the stage-to-rank map {_map_text(stages.rank_map)} (Megatron places virtual stages round robin)",
+             "stages", hint="use map = loop")
+    assignment, _ = assign_stages(plan)
+    if assignment is None:
+        return
+    layout = []
+    for index, layers in enumerate(assignment.stage_layers):
+        kinds = [layer.kind for layer in layers]
+        if "norm" in kinds and "head" not in kinds or "head" in kinds and "norm" not in kinds:
+            lose(f"the final norm and the head on different stages (stage {index} holds only one: Megatron "
+                 "builds both where the loss is, 'L')", "stages")
+            return
+        layout.append(("E" if "embed" in kinds else "") + _blocks(kinds.count("block")) + ("L" if "head" in kinds else ""))
+    blocks = plan.model.layers if isinstance(plan.model, ir.TransformerModel) else 0
+    count = len(layout)
+    even = [("E" if s == 0 else "") + _blocks(blocks // count) + ("L" if s == count - 1 else "") for s in range(count)]
+    if blocks % count == 0 and layout == even:
+        if stages.virtual > 1:
+            args.append(("--num-virtual-stages-per-pipeline-rank", str(stages.virtual)))
+    else:
+        args.append(("--pipeline-model-parallel-layout", "|".join(layout)))
+
+
+def _blocks(count: int) -> str:
+    return "" if count == 0 else "t" if count == 1 else f"t*{count}"
+
+
+def _map_text(rank_map) -> str:
+    return rank_map if isinstance(rank_map, str) else "[" + ", ".join(map(str, rank_map)) + "]"

@@ -1,0 +1,523 @@
+"""Megatron-LM's command-line arguments (megatron-core 0.16.1) -> a formatted plan that passes `plandsl check`.
+
+Stage: interop, beside render. Contract: `import_flags(text, path, world_size, cluster)` reads the flags as a
+launch script spells them (`interop.flags`), and returns the plan's text, or Diagnostics naming the offending
+flag with a caret under it: E804 (unknown, missing or malformed), E805 (contradictory), E806 (a world size the
+degrees do not divide), E807 (a setting plandsl has no word for); else the checker's diagnostics on the plan
+written. It never raises on flags. The facts (flag names, rank order, defaults) are `interop.megatron`'s.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from plandsl import ir
+from plandsl.check.analysis import analyze
+from plandsl.diagnostics import Diagnostic, did_you_mean, diag
+from plandsl.diagnostics.source import SourceFile, Span
+from plandsl.interop import megatron as facts
+from plandsl.interop.flags import Flag, read_flags
+from plandsl.interop.result import Imported
+from plandsl.search.emit import stdlib_names
+from plandsl.syntax.format import format_text
+
+DEFAULT_NODE = "dgx_h100"   # the cluster of an import given only --world-size: nodes of 8 H100s
+KNOWN = (*facts.INT_FLAGS, *facts.FLOAT_FLAGS, *facts.CHOICE_FLAGS, *facts.TEXT_FLAGS, *facts.SWITCHES)
+
+
+@dataclass
+class _Read:
+    """The flags' values by name (the flag that gave each, for spans) and the problems found so far."""
+    values: dict[str, object]
+    given: dict[str, Flag]
+    problems: list[Diagnostic]
+    ignored: list[str]
+    source: SourceFile
+
+    def get(self, name: str, default=None):
+        return self.values.get(name, default)
+
+    def span(self, *names: str) -> Span:
+        for name in names:
+            if name in self.given:
+                return self.given[name].span
+        return self.source.span(0, max(0, min(len(self.source.text.rstrip()), 1)))
+
+    def problem(self, code: str, message: str, *names: str, hint: str | None = None) -> None:
+        self.problems.append(diag(code, message, self.span(*names), hint=hint))
+
+
+def import_flags(text: str, path: str, world_size: int | None = None, cluster: str | None = None,
+                 name: str = "megatron", plan_path: str = "megatron.plan") -> Imported:
+    """The plan Megatron-LM's arguments `text` (read from `path`) describe, on `world_size` devices of
+    `cluster` (a cluster expression, as `generate --cluster`; default: nodes of 8 H100s); `plan_path` is
+    where the plan will be written (its imports resolve from there). ValueError for a `cluster` that is no
+    cluster (it is the caller's option, not a flag)."""
+    if cluster is not None:
+        _cluster_devices(cluster)
+    source, flags = read_flags(text, path)
+    read = _read(flags, source)
+    sources = {path: source}
+    if read.problems:
+        return Imported(None, tuple(read.problems), sources, tuple(read.ignored))
+    plan = _plan_text(read, world_size, cluster, name)
+    if read.problems or plan is None:
+        return Imported(None, tuple(read.problems), sources, tuple(read.ignored))
+    formatted = format_text(plan, plan_path)
+    analysis = analyze(plan_path, text=formatted)
+    sources.update(analysis.sources)
+    if not analysis.ok:
+        return Imported(None, tuple(analysis.diagnostics), sources, tuple(read.ignored))
+    return Imported(formatted, tuple(analysis.diagnostics), sources, tuple(read.ignored))
+
+
+# ---- reading the flags ----------------------------------------------------------------------------------------
+def _read(flags: list[Flag], source: SourceFile) -> _Read:
+    read = _Read({}, {}, [], [], source)
+    for flag in flags:
+        value = _value(flag, read)
+        if value is None:
+            continue
+        earlier = read.given.get(flag.name)
+        if earlier is not None and read.values[flag.name] != value:
+            read.problems.append(diag("E805", f"{flag.name} is given twice, as `{earlier.text}` and `{flag.text}` "
+                                      "(Megatron-LM would keep the last silently)", flag.span,
+                                      hint=f"keep one {flag.name}"))
+        read.values[flag.name], read.given[flag.name] = value, flag
+    return read
+
+
+def _value(flag: Flag, read: _Read):
+    """The typed value of one flag (True for a switch), None when it is reported or left out."""
+    name, values = flag.name, flag.values
+    if not name.startswith("--"):
+        read.problems.append(diag("E804", f"`{name}` is not a flag (Megatron-LM's flags start with --)", flag.span,
+                                  hint="give flags and their values only, as after `pretrain_gpt.py`"))
+        return None
+    if name in facts.IGNORED:
+        read.ignored.append(flag.text)
+        return None
+    if name not in KNOWN:
+        suggestion = did_you_mean(name, (*KNOWN, *facts.IGNORED), "flags")
+        read.problems.append(diag("E804", f"unknown flag {name}", flag.span,
+                                  hint=suggestion or "plandsl reads Megatron-LM's parallelism, model shape, batch, "
+                                  "precision and recompute flags (docs/interop.md)"))
+        return None
+    if name in facts.SWITCHES:
+        if values:
+            read.problems.append(diag("E804", f"{name} is a switch and takes no value, found `{' '.join(values)}`",
+                                      flag.value_span, hint=f"write {name} alone"))
+            return None
+        return True
+    if name == "--cp-comm-type" and len(values) > 1:  # one type per layer (arguments.py: nargs='+')
+        if len(set(values)) == 1:
+            values = values[:1]
+        else:
+            read.problems.append(diag("E807", f"--cp-comm-type gives layers different types ({' '.join(values)}): "
+                                      "a plan's context parallelism is one kind for every layer", flag.value_span))
+            return None
+    if len(values) != 1:
+        read.problems.append(diag("E804", f"{name} takes one value, found {len(values)}",
+                                  flag.value_span if values else flag.span, hint=f"write {name} VALUE"))
+        return None
+    text = values[0]
+    if name in facts.INT_FLAGS:
+        if not re.fullmatch(r"\d+", text) or int(text) < 1 and name not in ("--lr-warmup-iters", "--seed"):
+            read.problems.append(diag("E804", f"{name} takes a positive integer, found `{text}`", flag.value_span))
+            return None
+        return int(text)
+    if name in facts.FLOAT_FLAGS:
+        try:
+            number = float(text)
+        except ValueError:
+            number = math.nan
+        if not math.isfinite(number) or number < 0:
+            read.problems.append(diag("E804", f"{name} takes a number of zero or more, found `{text}`", flag.value_span))
+            return None
+        return number
+    if name in facts.CHOICE_FLAGS:
+        choices = facts.CHOICE_FLAGS[name]
+        if text not in choices:
+            nearest = did_you_mean(text, choices, "values")
+            read.problems.append(diag("E804", f"{name} {text}: not one of {', '.join(choices)}", flag.value_span,
+                                      hint=nearest or f"one of {', '.join(choices)}"))
+            return None
+    return text
+
+
+# ---- the plan ---------------------------------------------------------------------------------------------------
+def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: str) -> str | None:
+    model = _model(read)
+    degrees = _degrees(read, world_size, cluster)
+    train = _train(read)
+    if model is None or degrees is None or train is None:
+        return None
+    tp, pp, cp, ep, dp, world = degrees
+    layers = read.get("--num-layers")
+    stages = _stages(read, layers, pp)
+    if stages is None:
+        return None
+    data = _data_kind(read)
+    if data is None:
+        return None
+    mapped = bool(read.get("--use-tp-pp-dp-mapping"))
+    if mapped and ep > 1 and pp > 1:  # initialize_model_parallel's assertion (parallel_state.py)
+        read.problem("E805", "--use-tp-pp-dp-mapping with expert parallelism and a pipeline: Megatron-LM needs the "
+                     "pp-last order, or one data-parallel size for attention and MoE layers", "--use-tp-pp-dp-mapping",
+                     hint="leave out --use-tp-pp-dp-mapping")
+        return None
+    # Megatron's order, innermost first; a plandsl mesh lists axes outermost first. The data axis keeps size 1
+    # when ZeRO is asked for (its axis names where the optimizer states are sharded).
+    order = facts.ORDER_TP_PP_DP if mapped else facts.ORDER
+    sizes = {"tp": tp, "cp": cp, "ep": ep, "dp": dp // ep, "pp": pp}
+    axes = [role for role in reversed(order) if sizes[role] > 1 or role == "dp" and data is not ir.DataKind.replicate]
+    if not axes:
+        axes = ["dp"]
+    mesh = "[" + ", ".join(f"{role} = {sizes[role]}" for role in axes) + "]"
+    cluster_text, imports, part = _cluster(cluster, world)
+    lines = [f"# Imported from Megatron-LM arguments ({facts.VERSION}) by `plandsl import --from megatron`."]
+    if read.ignored:
+        lines.append("# Left out (no meaning in a plan): " + " ".join(read.ignored))
+    lines += [f'import "{i}"' for i in imports] + ["", f"plan {name} {{", f"  model = {model}",
+                                                    f"  cluster = {cluster_text}",
+                                                    f"  mesh = {mesh}" + (f" over devices[0:{world}]" if part else ""),
+                                                    f"  train = {train}"]
+    if "dp" in axes:
+        lines.append(f"  data = {data.value} over dp")
+    elif data is not ir.DataKind.replicate and ep > 1:
+        lines.append(f"  data = {data.value} over ep")
+    if tp > 1:
+        lines.append("  tensor = megatron over tp" + (" with sequence_parallel" if read.get("--sequence-parallel") else ""))
+    if cp > 1:
+        kind = {v: k for k, v in facts.CONTEXT_COMM.items()}[read.get("--cp-comm-type", "p2p")]
+        lines.append(f"  context = {kind} over cp")
+    if ep > 1:
+        lines.append("  experts = alltoall over ep")
+    lines += stages
+    return "\n".join(lines + ["}"]) + "\n"
+
+
+def _model(read: _Read) -> str | None:
+    missing = [flag for flag in ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length")
+               if flag not in read.values]
+    if "--max-position-embeddings" not in read.values and "--seq-length" in read.values:
+        pass  # arguments.py requires it; plandsl takes the sequence length for it
+    if "--padded-vocab-size" not in read.values and "--vocab-size" not in read.values:
+        missing.append("--padded-vocab-size")
+    if missing:
+        read.problem("E804", f"missing {', '.join(missing)} (Megatron-LM requires them, or reads the vocabulary from "
+                     "a tokenizer file plandsl does not open)", hint=f"add {' '.join(f'{m} N' for m in missing)}")
+        return None
+    hidden, heads = read.get("--hidden-size"), read.get("--num-attention-heads")
+    seq = read.get("--max-position-embeddings", read.get("--seq-length"))
+    if read.get("--seq-length") > seq:  # validate_args
+        read.problem("E805", f"--seq-length {read.get('--seq-length')} is longer than --max-position-embeddings {seq}",
+                     "--seq-length", "--max-position-embeddings")
+        return None
+    vocab = _vocab(read)
+    if vocab is None:
+        return None
+    position = read.get("--position-embedding-type", "rope" if read.get("--use-rotary-position-embeddings")
+                        else "learned_absolute")
+    llama = read.get("--normalization") == "RMSNorm"
+    family = {"--normalization": ("RMSNorm" if llama else "LayerNorm"),
+              "--swiglu": read.get("--swiglu", False), "--position-embedding-type": position,
+              "--disable-bias-linear": read.get("--disable-bias-linear", False)}
+    wanted = {"--normalization": "RMSNorm", "--swiglu": True, "--position-embedding-type": "rope",
+              "--disable-bias-linear": True} if llama else {
+        "--normalization": "LayerNorm", "--swiglu": False, "--position-embedding-type": "learned_absolute",
+        "--disable-bias-linear": False}
+    odd = [flag for flag in family if family[flag] != wanted[flag]]
+    if odd:
+        kind = "llama(...) (RMSNorm, SwiGLU, rotary positions, no biases)" if llama else \
+            "gpt(...) (LayerNorm, GELU, learned positions, biases)"
+        read.problem("E807", f"{odd[0]}{'' if family[odd[0]] is True else ' ' + str(family[odd[0]])} does not fit "
+                     f"the other flags' model: plandsl's {kind}", odd[0], "--normalization", hint=" ".join(
+                         f"{f}" if wanted[f] is True else f"{f} {wanted[f]}" for f in odd if wanted[f] is not False)
+                     or f"leave out {' '.join(odd)}")
+        return None
+    ffn = read.get("--ffn-hidden-size")
+    if ffn is None:  # validate_args: int((4h * 2/3) / 64) * 64 with --swiglu, else 4h
+        ffn = int((4 * hidden * 2 / 3) / 64) * 64 if llama else 4 * hidden
+    args = [f"layers={read.get('--num-layers')}", f"hidden={hidden}", f"heads={heads}"]
+    if read.get("--group-query-attention"):  # core_transformer_config_from_args: num_query_groups only with it
+        args.append(f"kv_heads={read.get('--num-query-groups', 1)}")
+    elif "--num-query-groups" in read.values:
+        read.problem("E805", "--num-query-groups without --group-query-attention (Megatron-LM then ignores it)",
+                     "--num-query-groups", hint="add --group-query-attention")
+        return None
+    args += [f"ffn={ffn}", f"seq={seq}", f"vocab={vocab}"]
+    if read.get("--num-experts"):
+        if not llama:
+            read.problem("E807", "--num-experts with a gpt(...) model: plandsl's mixtures of experts are llama(...) "
+                         "models", "--num-experts", hint="add --normalization RMSNorm --swiglu "
+                         "--position-embedding-type rope --disable-bias-linear")
+            return None
+        args += [f"experts={read.get('--num-experts')}", f"top_k={read.get('--moe-router-topk', 2)}"]
+    elif "--moe-router-topk" in read.values:
+        read.problem("E805", "--moe-router-topk without --num-experts", "--moe-router-topk", hint="add --num-experts N")
+        return None
+    args.append(f"tied={'false' if read.get('--untie-embeddings-and-output-weights') else 'true'}")
+    return f"{'llama' if llama else 'gpt'}({', '.join(args)})"
+
+
+def _vocab(read: _Read) -> int | None:
+    padded, raw = read.get("--padded-vocab-size"), read.get("--vocab-size")
+    if raw is None:
+        return padded
+    # tokenizer._vocab_size_with_padding: up to a multiple of make_vocab_size_divisible_by x tp
+    multiple = read.get("--make-vocab-size-divisible-by", 128) * read.get("--tensor-model-parallel-size", 1)
+    rounded = -(-raw // multiple) * multiple
+    if padded is not None and padded != rounded:
+        read.problem("E805", f"--padded-vocab-size {padded} but --vocab-size {raw} pads to {rounded}",
+                     "--padded-vocab-size", hint="keep one of them")
+        return None
+    return rounded
+
+
+def _train(read: _Read) -> str | None:
+    micro = read.get("--micro-batch-size")
+    if micro is None:
+        read.problem("E804", "missing --micro-batch-size (Megatron-LM requires it)", hint="add --micro-batch-size N")
+        return None
+    if read.get("--bf16") and read.get("--fp16"):
+        read.problem("E805", "both --bf16 and --fp16", "--fp16", hint="keep one")
+        return None
+    precision = "bf16" if read.get("--bf16") else "fp16" if read.get("--fp16") else "fp32"
+    recompute = _recompute(read)
+    if recompute is None:
+        return None
+    items = [f"global_batch: {read.get('--global-batch-size', 0)}", f"micro_batch: {micro}",
+             f"precision: {precision}", f"recompute: {recompute}"]
+    seq, positions = read.get("--seq-length"), read.get("--max-position-embeddings")
+    if positions is not None and seq != positions:
+        items.append(f"seq: {seq}")
+    optimizer = read.get("--optimizer", "adam")
+    if optimizer not in ("adam", "sgd"):
+        read.problem("E807", f"--optimizer {optimizer}: a plan's optimizer is adam or sgd", "--optimizer")
+        return None
+    style = read.get("--lr-decay-style", "linear")  # SchedulerConfig.lr_decay_style defaults to linear
+    if style not in facts.LR_STYLES:
+        read.problem("E807", f"--lr-decay-style {style}: a plan's lr_schedule is constant, cosine or linear",
+                     "--lr-decay-style")
+        return None
+    clip = read.get("--clip-grad", 1.0)
+    items += [f"optimizer: {optimizer}", f"lr: {read.get('--lr', 3e-4)!r}", f"lr_schedule: {style}",
+              f"warmup_steps: {read.get('--lr-warmup-iters', 0)}",
+              f"grad_clip: {repr(clip) if clip > 0 else 'none'}", f"seed: {read.get('--seed', 1234)}"]
+    return "{ " + ", ".join(items) + " }"
+
+
+def _recompute(read: _Read) -> str | None:
+    granularity = read.get("--recompute-granularity", "selective" if read.get("--recompute-activations") else None)
+    method, count = read.get("--recompute-method"), read.get("--recompute-num-layers")
+    if granularity is None:
+        if method is not None or count is not None:
+            read.problem("E805", "--recompute-method or --recompute-num-layers without --recompute-granularity",
+                         "--recompute-method", "--recompute-num-layers", hint="add --recompute-granularity full")
+            return None
+        return "none"
+    if granularity == "selective":
+        if method is not None or count is not None:  # validate_args / TransformerConfig: selective takes neither
+            read.problem("E805", "--recompute-granularity selective takes no --recompute-method or "
+                         "--recompute-num-layers", "--recompute-method", "--recompute-num-layers")
+            return None
+        return "selective"
+    if method is None or count is None:  # TransformerConfig.__post_init__: full needs a method and a count
+        read.problem("E804", "--recompute-granularity full needs --recompute-method and --recompute-num-layers",
+                     "--recompute-granularity", hint="add --recompute-method uniform --recompute-num-layers 1")
+        return None
+    if method != "uniform" or count != 1:
+        read.problem("E807", f"--recompute-method {method} --recompute-num-layers {count}: a plan recomputes every "
+                     "block from its own input (uniform, 1) or none", "--recompute-method",
+                     hint="use --recompute-method uniform --recompute-num-layers 1")
+        return None
+    return "full"
+
+
+def _degrees(read: _Read, world_size: int | None, cluster: str | None):
+    tp, pp = read.get("--tensor-model-parallel-size", 1), read.get("--pipeline-model-parallel-size", 1)
+    cp, ep = read.get("--context-parallel-size", 1), read.get("--expert-model-parallel-size", 1)
+    for flag in ("--expert-tensor-parallel-size", "--num-distributed-optimizer-instances"):
+        default = tp if flag == "--expert-tensor-parallel-size" else 1
+        if read.get(flag, default) != default:
+            read.problem("E807", f"{flag} {read.get(flag)}: a plan splits experts over the tensor axis and shards "
+                         "optimizer states over the whole data axis", flag)
+            return None
+    comm = read.get("--cp-comm-type", "p2p")
+    if cp > 1 and comm not in facts.CONTEXT_COMM.values():
+        read.problem("E807", f"--cp-comm-type {comm}: a plan's context parallelism gathers K and V (all_gather) or "
+                     "passes them around a ring (p2p)", "--cp-comm-type", hint="use --cp-comm-type all_gather or p2p")
+        return None
+    if cp > 1 and ep > 1:
+        read.problem("E807", "--context-parallel-size with --expert-model-parallel-size: Megatron-LM folds the expert "
+                     "axis into context x data, which a plan's separate axes do not say", "--expert-model-parallel-size")
+        return None
+    world = world_size if world_size is not None else _cluster_devices(cluster)
+    if world is None:
+        return None
+    model = tp * pp * cp
+    if world % model:  # validate_args: world size divisible by tp x pp x cp
+        read.problem("E806", f"world size {world} is not divisible by tensor({tp}) x pipeline({pp}) x context({cp}) "
+                     f"= {model}", "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+                     hint=f"a world size that is a multiple of {model}")
+        return None
+    dp = world // model
+    if dp % ep:  # initialize_model_parallel: expert data parallel = world / (tp x ep x pp)
+        read.problem("E806", f"data-parallel size {dp} (world {world} / {model}) is not divisible by "
+                     f"--expert-model-parallel-size {ep}", "--expert-model-parallel-size",
+                     hint=f"a world size that is a multiple of {model * ep}")
+        return None
+    if "--global-batch-size" not in read.values:  # validate_args: micro x data parallel
+        read.values["--global-batch-size"] = read.get("--micro-batch-size", 1) * dp
+    return tp, pp, cp, ep, dp, world
+
+
+def _cluster_devices(cluster: str | None) -> int | None:
+    """The devices of a cluster expression (None for None); ValueError with the language's complaint."""
+    if cluster is None:
+        return None
+    names = stdlib_names()
+    imports = sorted({names[word] for word in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", cluster) if word in names})
+    header = "".join(f'import "{i}"\n' for i in imports)
+    analysis = analyze("<cluster>", text=f"{header}cluster __cluster = {cluster.strip() or '_'}\n")
+    found = next((c for c in analysis.document.clusters if c.name == "__cluster"), None) \
+        if analysis.ok and analysis.document is not None else None
+    if found is None:
+        first = analysis.errors[0].message if analysis.errors else "not a cluster"
+        raise ValueError(f"--cluster {cluster}: {first}")
+    return found.num_devices
+
+
+def _cluster(cluster: str | None, world: int | None) -> tuple[str, list[str], bool]:
+    """The cluster expression, the stdlib files it needs, and whether the mesh covers only part of it."""
+    if cluster is None:
+        nodes = -(-(world or 1) // 8)
+        text, part = f"{DEFAULT_NODE} x {nodes}", (world or 1) % 8 != 0
+    else:
+        text, part = cluster.strip(), False
+    names = stdlib_names()
+    imports = sorted({names[word] for word in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text) if word in names})
+    if cluster is not None and world is not None:
+        part = _cluster_devices(cluster) > world  # fewer devices: the checker's E301
+    return text, imports, part
+
+
+def _data_kind(read: _Read) -> ir.DataKind | None:
+    optimizer, fsdp = read.get("--use-distributed-optimizer"), read.get("--use-megatron-fsdp")
+    strategy = read.get("--data-parallel-sharding-strategy")
+    if fsdp:
+        if read.get("--ckpt-format") != "fsdp_dtensor":  # validate_args
+            read.problem("E805", "--use-megatron-fsdp needs --ckpt-format fsdp_dtensor (Megatron-LM: \"Megatron FSDP "
+                         "only supports fsdp_dtensor checkpoint format\")", "--use-megatron-fsdp",
+                         hint="add --ckpt-format fsdp_dtensor")
+            return None
+        return facts.SHARDING_KIND[strategy or "no_shard"]
+    if strategy not in (None, "no_shard"):
+        read.problem("E805", f"--data-parallel-sharding-strategy {strategy} without --use-megatron-fsdp "
+                     "(Megatron-LM's DDP ignores it)", "--data-parallel-sharding-strategy",
+                     hint="add --use-megatron-fsdp --ckpt-format fsdp_dtensor")
+        return None
+    return ir.DataKind.zero1 if optimizer else ir.DataKind.replicate
+
+
+def _stages(read: _Read, layers: int, pp: int) -> list[str] | None:
+    """The plan's `stages` and `schedule` lines (none without a pipeline)."""
+    chosen = [flag for flag in ("--pipeline-model-parallel-layout", "--num-virtual-stages-per-pipeline-rank",
+                                "--num-layers-per-virtual-pipeline-stage") if flag in read.values]
+    chosen.sort(key=lambda flag: read.given[flag].span.start)  # the caret under the one written later
+    if len(chosen) > 1:  # validate_args: "No more than one of the following arguments can be set at the same time"
+        read.problem("E805", f"both {chosen[0]} and {chosen[1]}: Megatron-LM takes at most one of them", chosen[1],
+                     hint=f"keep {chosen[0]} or {chosen[1]}")
+        return None
+    for flag in ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"):
+        if read.get(flag):
+            read.problem("E807", f"{flag}: a plan's stages hold transformer blocks, the embedding joining the first "
+                         "and the head the last", flag, hint="write the split as --pipeline-model-parallel-layout")
+            return None
+    first, last = read.get("--decoder-first-pipeline-num-layers"), read.get("--decoder-last-pipeline-num-layers")
+    if "--pipeline-model-parallel-layout" in read.values:
+        counts = _layout(read, layers, pp)
+    elif first is not None or last is not None:
+        counts = _first_last(read, layers, pp, first, last)
+    else:
+        virtual = read.get("--num-virtual-stages-per-pipeline-rank", 1)
+        per_stage = read.get("--num-layers-per-virtual-pipeline-stage")
+        if per_stage is not None:
+            if layers % (pp * per_stage):  # validate_args
+                read.problem("E805", f"--num-layers {layers} is not pipeline({pp}) x "
+                             f"--num-layers-per-virtual-pipeline-stage({per_stage}) x virtual stages",
+                             "--num-layers-per-virtual-pipeline-stage")
+                return None
+            virtual = layers // (pp * per_stage)
+        if layers % (pp * virtual):  # get_num_layers_to_build: an even split
+            read.problem("E805", f"--num-layers {layers} is not divisible by pipeline({pp}) x virtual stages({virtual})"
+                         " (Megatron-LM splits blocks evenly unless --pipeline-model-parallel-layout says how)",
+                         "--num-layers", hint="give --pipeline-model-parallel-layout")
+            return None
+        if pp == 1:
+            return []
+        lines = [f"  stages = evenly over pp" + (f" with virtual = {virtual}" if virtual > 1 else "")]
+        return lines + [f"  schedule = {'interleaved_1f1b' if virtual > 1 else '1f1b'}"]
+    if counts is None:
+        return None
+    if pp == 1:
+        return []
+    virtual = len(counts) // pp
+    lines, start = ["  stages {"], 0
+    for index, (embed, blocks, head) in enumerate(counts):
+        parts = (["embed"] if embed else []) + ([f"layers[{start}:{start + blocks}]"] if blocks else []) \
+            + (["norm", "head"] if head else [])
+        lines.append(f"    {index}: {', '.join(parts)}")
+        start += blocks
+    if virtual > 1:
+        lines.append(f"    virtual = {virtual}")
+    return lines + ["  }", f"  schedule = {'interleaved_1f1b' if virtual > 1 else '1f1b'}"]
+
+
+def _layout(read: _Read, layers: int, pp: int) -> list[tuple[bool, int, bool]] | None:
+    """(embedding, blocks, loss) per stage of --pipeline-model-parallel-layout, read as
+    PipelineParallelLayerLayout.parse_str_to_list does (commas dropped, `(...)*n` and `x*n` unrolled)."""
+    text = read.get("--pipeline-model-parallel-layout").replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
+    stages = text.split("|")
+    bad = sorted({c for c in text if c not in "ELtm|"})
+    problem = None
+    if bad:
+        problem = f"it holds `{bad[0]}`, not one of E (embedding), t (block), L (loss), m (MTP)"
+    elif "m" in text:
+        problem = "it places MTP layers (m), which a plan's models do not have"
+    elif len(stages) % pp:
+        problem = f"its {len(stages)} stages are not a multiple of --pipeline-model-parallel-size {pp}"
+    elif text.count("t") != layers:
+        problem = f"it places {text.count('t')} blocks, but --num-layers is {layers}"
+    elif text.count("E") != 1 or text.count("L") != 1 or not text.startswith("E") or not text.endswith("L"):
+        problem = "it must start with E and end with L, each once (validate_layer_layout)"
+    if problem:
+        read.problem("E805", f"--pipeline-model-parallel-layout: {problem}", "--pipeline-model-parallel-layout")
+        return None
+    return [("E" in stage, stage.count("t"), "L" in stage) for stage in stages]
+
+
+def _first_last(read: _Read, layers: int, pp: int, first: int | None, last: int | None):
+    """Per-stage counts of --decoder-first/last-pipeline-num-layers (get_num_layers_to_build's uneven split)."""
+    if read.get("--num-virtual-stages-per-pipeline-rank", 1) > 1:
+        read.problem("E807", "--decoder-first/last-pipeline-num-layers with virtual stages: write the split as "
+                     "--pipeline-model-parallel-layout", "--num-virtual-stages-per-pipeline-rank")
+        return None
+    middle = layers - (first or 0) - (last or 0)
+    left = pp - (first is not None) - (last is not None)
+    if middle < 0 or (left > 0 and middle % left) or (left == 0 and middle):
+        read.problem("E805", f"--num-layers {layers} leaves {middle} blocks for {left} middle stages "
+                     "(get_num_layers_to_build: they must divide evenly)", "--decoder-first-pipeline-num-layers",
+                     "--decoder-last-pipeline-num-layers")
+        return None
+    each = middle // left if left else 0
+    counts = [each] * pp
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    return [(s == 0, count, s == pp - 1) for s, count in enumerate(counts)]

@@ -1,0 +1,295 @@
+"""`plandsl export --to megatron` and `plandsl import --from megatron`: the exported arguments of every stdlib
+plan (golden files), what each plan Megatron-LM cannot express loses, round trips both ways, the published
+Megatron-LM configurations, bad flags as diagnostics (never a traceback) and the CLI. megatron-core's own code
+judges the same exports in test_interop_megatron_core.py."""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from plandsl import api
+from plandsl.cli import main
+from plandsl.interop import export_plan, import_text
+from plandsl.ir.placement import assign_stages
+
+ROOT = Path(__file__).resolve().parents[2]
+PLANS = sorted(p for p in (ROOT / "stdlib_plans").rglob("*.plan") if p.parent.name in ("examples", "local"))
+ALL = [pytest.param(plan, id=f"{path.parent.name}/{path.stem}:{plan.name}")
+       for path in PLANS for plan in api.load(path).plans]
+EXPRESSIBLE = [param for param in ALL if not export_plan(param.values[0], "megatron").lost]
+
+# What Megatron-LM cannot express of the other stdlib plans, as the E808 messages say it.
+LOST = {
+    "llama3_8b_hsdp": ["data parallelism over 2 axes (replica, shard)", "data = hsdp"],
+    "mixtral_8x7b_ep": ["the mesh order [dp(dp), pp(pp), ep(ep)]"],
+    "gpt3_6_7b_table": ["schedule = one_f_one_b_4x8"],
+    "gpt3_6_7b_template": ["schedule = pipedream_flush"],
+    "gpt3_6_7b_rules": ["shard rule `embed.tok`", "shard rule `layers.*.attn.wq`", "shard rule `layers[0:4].mlp.*`",
+                        "shard rule `layers.0.mlp.w2`", "shard rule `head`"],
+    "llama2_70b_zbv": ["schedule = zbv", "the stage-to-rank map vshape"],
+    "tiny_pp_custom": ["schedule = tiny_1f1b"],
+}
+
+
+def _flags(text: str) -> list[str]:
+    return [w for w in shlex.split(text, comments=True) if w not in ("MEGATRON_ARGS=(", ")")]
+
+
+def _body(text: str) -> str:
+    """The exported arguments without the header comment (which names the plan)."""
+    return "".join(line + "\n" for line in text.splitlines() if not line.startswith("#"))
+
+
+def _reimport(plan, **options):
+    exported = export_plan(plan, "megatron")
+    imported = import_text("megatron", exported.text, "plan.args", world_size=options.pop("world_size", plan.mesh.size),
+                           name=plan.name, **options)
+    assert imported.ok, api.render_all(imported.diagnostics, imported.sources)
+    return exported, imported
+
+
+def test_every_stdlib_plan_is_expressible_or_says_what_is_lost():
+    names = {param.values[0].name for param in ALL} - {param.values[0].name for param in EXPRESSIBLE}
+    assert names == set(LOST)
+    for param in ALL:
+        plan = param.values[0]
+        lost = [d.message.removeprefix("Megatron-LM cannot express ") for d in export_plan(plan, "megatron").lost]
+        assert all(d.startswith(tuple(LOST.get(plan.name, ()))) for d in lost) and len(lost) == len(LOST.get(plan.name, ()))
+        for expected in LOST.get(plan.name, ()):
+            assert any(message.startswith(expected) for message in lost), (plan.name, expected, lost)
+
+
+@pytest.mark.parametrize("plan", EXPRESSIBLE)
+def test_exported_arguments_match_golden(plan, golden):
+    golden(f"interop/megatron/{plan.name}.args", export_plan(plan, "megatron").text)
+
+
+@pytest.mark.parametrize("plan", EXPRESSIBLE)
+def test_import_of_the_export_is_the_plan(plan):
+    """import(export(plan)) keeps everything Megatron-LM's arguments say: the model (a llama's positions are no
+    table: only the training sequence counts), the training settings, each parallelism's degree and kind, the
+    mesh order, the layers of every stage and the schedule; the cluster is the launcher's, not Megatron's."""
+    _, imported = _reimport(plan)
+    back = api.select_plan(api.loads(imported.text, path="back.plan"))
+    skip = {"name"} | ({"seq"} if plan.model.kind == "llama" else set())
+    assert back.model.model_dump(exclude=skip) == plan.model.model_dump(exclude=skip)
+    assert back.seq == plan.seq
+    assert back.train.model_dump(exclude={"seq"}) == plan.train.model_dump(exclude={"seq"})
+    assert (back.tp, back.pp, back.cp, back.ep, back.dp) == (plan.tp, plan.pp, plan.cp, plan.ep, plan.dp)
+    roles, back_roles = plan.axis_roles(), back.axis_roles()
+    order = [roles[a.name] for a in plan.mesh.axes if a.size > 1]
+    assert [back_roles[a.name] for a in back.mesh.axes if a.size > 1] == order
+    assert (back.data.zero_stage if back.data else 0) == (plan.data.zero_stage if plan.data else 0)
+    assert bool(back.tensor and back.tensor.sequence_parallel) == bool(plan.tensor and plan.tensor.sequence_parallel
+                                                                       and plan.tp > 1)
+    assert (back.context.kind if back.context else None) == (plan.context.kind if plan.context and plan.cp > 1 else None)
+    stages, back_stages = assign_stages(plan)[0], assign_stages(back)[0]
+    assert [[layer.name for layer in s] for s in back_stages.stage_layers] == \
+           [[layer.name for layer in s] for s in stages.stage_layers]
+    assert back_stages.rank_of_stage == stages.rank_of_stage
+    if plan.pp > 1:
+        assert back.schedule.name == (plan.schedule.name if plan.schedule else "1f1b")
+
+
+@pytest.mark.parametrize("plan", EXPRESSIBLE)
+def test_export_of_the_import_is_the_arguments(plan):
+    exported, imported = _reimport(plan)
+    again = export_plan(api.select_plan(api.loads(imported.text, path="back.plan")), "megatron")
+    assert not again.lost
+    assert _body(again.text) == _body(exported.text)
+
+
+# A launch script's arrays as Megatron-LM's users write them: other spellings of the same settings
+# (layers per virtual stage, an unpadded vocabulary, --recompute-activations, Megatron-FSDP's ZeRO-1), flags
+# that mean nothing in a plan, comments and continued lines.
+SCRIPT = """\
+GPT_MODEL_ARGS=(
+    --num-layers 24 --hidden-size 2048 --num-attention-heads 16  # a 1.3B GPT
+    --seq-length 2048 --max-position-embeddings 2048 \\
+    --vocab-size 50257 --make-vocab-size-divisible-by 128
+)
+TRAINING_ARGS=(
+    --micro-batch-size 2 --global-batch-size 256 --train-iters 500000 --weight-decay 0.1
+    --bf16 --recompute-activations --lr 6.0e-4 --lr-decay-style cosine --min-lr 6.0e-5
+    --data-path "$DATA_PATH" --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt
+)
+MODEL_PARALLEL_ARGS=(
+    --tensor-model-parallel-size 2 --sequence-parallel
+    --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 3
+    --use-megatron-fsdp --data-parallel-sharding-strategy optim --ckpt-format fsdp_dtensor
+)
+"""
+
+
+def test_a_launch_scripts_arrays_import_and_export_to_the_same_settings():
+    imported = import_text("megatron", SCRIPT, "train.sh", world_size=64, name="gpt_1_3b")
+    assert imported.ok, api.render_all(imported.diagnostics, imported.sources)
+    plan = api.select_plan(api.loads(imported.text, path="gpt.plan"))
+    assert (plan.tp, plan.pp, plan.dp, plan.stages.virtual) == (2, 4, 8, 2)
+    assert plan.model.vocab == 50432   # 50257 padded to a multiple of 128 x tp(2) (_vocab_size_with_padding)
+    assert plan.train.recompute.value == "selective" and plan.data.kind.value == "zero1"
+    assert plan.model.tied_embeddings and plan.train.lr_schedule == "cosine"
+    assert "--weight-decay 0.1" in imported.ignored and "--data-path $DATA_PATH" in imported.ignored
+    flags = _flags(export_plan(plan, "megatron").text)
+    for setting in ("--num-virtual-stages-per-pipeline-rank 2", "--padded-vocab-size 50432",
+                    "--recompute-granularity selective", "--use-distributed-optimizer", "--sequence-parallel"):
+        assert setting in " ".join(flags)
+    again = import_text("megatron", export_plan(plan, "megatron").text, "x.args", world_size=64, name="gpt_1_3b")
+    assert again.text.split("\n", 2)[2] == imported.text.split("\n", 3)[3]  # the same plan, less the left-out comment
+
+
+# Published Megatron-LM runs (docs/validation.md's sources): Narayanan et al. 2021 (arXiv:2104.04473) Table 1
+# and Table 2 (PTD-P), Korthikanti et al. 2022 (arXiv:2205.05198) Table 3, BigScience's BLOOM, and Megatron-LM's
+# own examples/gpt3/train_gpt3_175b_distributed.sh at core_v0.16.1 (TP 8, PP 16, batch 1536, micro-batch 1,
+# fp16): (model, world size, global batch, micro batch, tp, pp, extra train keys, extra plan lines, the flags).
+PUBLISHED = [
+    ("gpt(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200)", 1024, 1536, 1, 8, 16, "precision: fp16", "",
+     "--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 2048 --max-position-embeddings 2048 "
+     "--micro-batch-size 1 --global-batch-size 1536 --fp16 --tensor-model-parallel-size 8 "
+     "--pipeline-model-parallel-size 16"),
+    ("gpt(layers=48, hidden=8192, heads=64, seq=2048, vocab=51200)", 512, 1536, 1, 8, 2, "recompute: full",
+     "stages = evenly over pp with virtual = 2\n  schedule = interleaved_1f1b", "--num-layers 48 --tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 "
+     "--num-virtual-stages-per-pipeline-rank 2 --global-batch-size 1536"),
+    ("gpt(layers=128, hidden=25600, heads=160, seq=2048, vocab=51200)", 3072, 3072, 1, 8, 64, "recompute: full", "",
+     "--num-layers 128 --hidden-size 25600 --num-attention-heads 160 --tensor-model-parallel-size 8 "
+     "--pipeline-model-parallel-size 64 --global-batch-size 3072"),
+    ("gpt(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200)", 1536, 1536, 1, 8, 12, "recompute: full",
+     "stages = evenly over pp with virtual = 2\n  schedule = interleaved_1f1b", "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 12 "
+     "--num-virtual-stages-per-pipeline-rank 2 --global-batch-size 1536 --micro-batch-size 1"),
+    ("gpt(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200)", 64, 64, 1, 8, 8, "recompute: selective",
+     "tensor = megatron over tp with sequence_parallel", "--tensor-model-parallel-size 8 --sequence-parallel "
+     "--pipeline-model-parallel-size 8 --recompute-granularity selective --global-batch-size 64"),
+    ("gpt(layers=70, hidden=14336, heads=112, seq=2048, vocab=250880)", 384, 2048, 2, 4, 12, "recompute: full",
+     "data = zero1 over dp\n  stages = evenly over pp", "--tensor-model-parallel-size 4 --pipeline-model-parallel-size 12 "
+     "--micro-batch-size 2 --global-batch-size 2048 --use-distributed-optimizer --pipeline-model-parallel-layout "
+     "Et*6|t*6|t*6|t*6|t*6|t*6|t*6|t*6|t*6|t*6|t*5|t*5L"),
+]
+
+
+@pytest.mark.parametrize("model, world, batch, micro, tp, pp, train, extra, flags", PUBLISHED,
+                         ids=["megatron-example-175b", "table1-39b", "table1-1t", "table2-175b", "sp-selective-175b",
+                              "bloom-176b"])
+def test_published_configurations_export_to_the_flags_those_runs_used(model, world, batch, micro, tp, pp, train,
+                                                                      extra, flags):
+    dp = world // (tp * pp)
+    text = f"""import "clusters/dgx_a100"
+plan run {{
+  model   = {model}
+  cluster = dgx_a100 x {world // 8}
+  mesh    = [pp = {pp}, dp = {dp}, tp = {tp}]
+  train   = {{ global_batch: {batch}, micro_batch: {micro}, {train} }}
+  {extra}
+}}
+"""
+    plan = api.select_plan(api.loads(text, path="run.plan"))
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost
+    assert f"# {world} processes;" in exported.text
+    written = " ".join(_flags(exported.text))
+    for flag, value in re.findall(r"(--[a-z0-9-]+)(?: ([^-][^ ]*))?", flags):
+        assert (f"{flag} {value}" if value else flag) in written, f"{flag} {value}"
+    assert "--use-tp-pp-dp-mapping" not in written  # pp outermost: Megatron's default order
+
+
+# ---- bad flags: the offending flag named, never a traceback ----------------------------------------------------
+BASE = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 128 --max-position-embeddings 128 "
+        "--padded-vocab-size 1024 --micro-batch-size 1 --global-batch-size 16")
+BAD = [
+    ("--tensor-model-paralel-size 2", "E804", "--tensor-model-paralel-size"),
+    ("--tensor-model-parallel-size two", "E804", "two"),
+    ("--fp16 yes", "E804", "yes"),
+    ("--cp-comm-type allgather --context-parallel-size 2", "E804", "allgather"),
+    ("--recompute-granularity full", "E804", "--recompute-granularity"),
+    ("--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 "
+     "--num-virtual-stages-per-pipeline-rank 2", "E805", "--num-virtual-stages-per-pipeline-rank"),
+    ("--bf16 --fp16", "E805", "--fp16"),
+    ("--micro-batch-size 2", "E805", "--micro-batch-size"),
+    ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et|t|tL", "E805",
+     "--pipeline-model-parallel-layout"),
+    ("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads", "E805", "--use-megatron-fsdp"),
+    ("--pipeline-model-parallel-size 3", "E806", "--pipeline-model-parallel-size"),
+    ("--recompute-granularity full --recompute-method block --recompute-num-layers 2", "E807", "--recompute-method"),
+    ("--swiglu", "E807", "--swiglu"),
+    ("--expert-tensor-parallel-size 2 --tensor-model-parallel-size 1", "E807", "--expert-tensor-parallel-size"),
+]
+
+
+@pytest.mark.parametrize("extra, code, shown", BAD, ids=[f"{c}:{e[:40]}" for e, c, _ in BAD])
+def test_bad_flags_are_diagnostics_naming_the_flag(extra, code, shown):
+    text = f"{BASE} {extra}\n"
+    imported = import_text("megatron", text, "flags", world_size=8)
+    assert not imported.ok
+    assert [d.code for d in imported.diagnostics] == [code]
+    span = imported.diagnostics[0].span
+    assert text[span.start:span.end].startswith(shown), (text[span.start:span.end], shown)
+
+
+def test_a_plan_the_checker_refuses_comes_back_as_the_checkers_diagnostics():
+    imported = import_text("megatron", BASE.replace("16", "12") + "\n", "flags", world_size=8)
+    assert [d.code for d in imported.diagnostics] == ["E501"] and imported.text is None
+    assert imported.diagnostics[0].span.file == "imported.plan"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(["--num-layers", "--tensor-model-parallel-size", "--pipeline-model-parallel-layout",
+                                 "--fp16", "--swiglu", "--cp-comm-type", "--context-parallel-size", "4", "0", "x",
+                                 "'Et|tL'", '"', "(", ")", "\\\n", "#", "--", "=", "E|t*3|L", "--num-experts=2"]),
+                max_size=12))
+def test_no_flags_raise(words):
+    imported = import_text("megatron", BASE + " " + " ".join(words) + "\n", "flags", world_size=8)
+    assert imported.ok or imported.diagnostics
+
+
+# ---- the CLI -------------------------------------------------------------------------------------------------------
+def test_cli_exports_and_imports_back(tmp_path):
+    runner = CliRunner()
+    plan = ROOT / "stdlib_plans" / "examples" / "gpt3_175b_3d.plan"
+    args = tmp_path / "gpt3.args"
+    result = runner.invoke(main, ["export", str(plan), "--to", "megatron", "-o", str(args)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(main, ["import", "--from", "megatron", "--world-size", "1024", "--args-file", str(args),
+                                  "-o", str(tmp_path / "gpt3.plan")])
+    assert result.exit_code == 0, result.output
+    assert "plan gpt3 {" in (tmp_path / "gpt3.plan").read_text()
+    assert runner.invoke(main, ["check", str(tmp_path / "gpt3.plan")]).exit_code == 0
+    result = runner.invoke(main, ["import", "--from", "megatron", "--cluster", "dgx_a100 x 2", "-o",
+                                  str(tmp_path / "small.plan"), "--", *BASE.split()])
+    assert result.exit_code == 0, result.output
+    assert "cluster = dgx_a100 x 2" in (tmp_path / "small.plan").read_text()
+
+
+def test_cli_refuses_a_lossy_export_unless_asked(tmp_path):
+    runner = CliRunner()
+    plan = ROOT / "stdlib_plans" / "examples" / "zero_bubble_v.plan"
+    out = tmp_path / "zbv.args"
+    result = runner.invoke(main, ["export", str(plan), "--to", "megatron", "-o", str(out)])
+    assert result.exit_code == 1 and not out.exists()
+    assert "error[E808]" in result.output and "schedule = zbv" in result.output
+    result = runner.invoke(main, ["export", str(plan), "--to", "megatron", "-o", str(out), "--lossy"])
+    assert result.exit_code == 0 and out.exists()
+    assert "lost: Megatron-LM cannot express schedule = zbv" in result.output
+
+
+def test_cli_import_names_the_flag_and_writes_nothing(tmp_path):
+    out = tmp_path / "x.plan"
+    result = CliRunner().invoke(main, ["import", "--from", "megatron", "--world-size", "8", "-o", str(out), "--",
+                                       *BASE.split(), "--tensor-model-paralel-size", "2"])
+    assert result.exit_code == 1 and not out.exists()
+    assert "<flags>:1:" in result.output and "error[E804]: unknown flag --tensor-model-paralel-size" in result.output
+    assert "did you mean '--tensor-model-parallel-size'" in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-o", "x.plan", "--", "--num-layers", "4"], "--world-size N or --cluster"),
+    (["--world-size", "8", "-o", "x.plan"], "after `--`, or --args-file"),
+    (["--cluster", "dgx_a1000 x 2", "-o", "x.plan", "--", "--num-layers", "4"], "unknown name 'dgx_a1000'"),
+])
+def test_cli_import_usage_errors(tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["import", "--from", "megatron", *args])
+    assert result.exit_code == 2 and message in result.output, result.output

@@ -1,0 +1,248 @@
+"""`plandsl export --to megatron` held against megatron-core 0.16.1's own code (skipped without it; the
+`interop` extra installs it): its TransformerConfig, ModelParallelConfig, DistributedDataParallelConfig and
+OptimizerConfig take the exported settings, its PipelineParallelLayerLayout takes the exported layout, its
+per-rank layer assignment (get_num_layers_to_build, get_transformer_layer_offset) is plandsl's stages for
+every stdlib plan Megatron can express, and its RankGenerator lays the ranks out as the plan's mesh does."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import shlex
+import warnings
+from pathlib import Path
+
+import pytest
+
+from plandsl import api
+from plandsl.interop import export_plan
+from plandsl.ir.placement import assign_stages
+
+pytestmark = pytest.mark.xdist_group("torch")  # megatron-core imports torch
+
+ROOT = Path(__file__).resolve().parents[2]
+PLANS = sorted(p for p in (ROOT / "stdlib_plans").rglob("*.plan")
+               if p.parent.name in ("examples", "local"))
+
+# The flags Megatron-LM's own parser adds by hand (megatron/training/arguments.py at core_v0.16.1, not in the
+# megatron-core wheel), which `core_transformer_config_from_args` turns into config fields or the model's
+# arguments: each with where it lands.
+TRAINING_FLAGS = {
+    "--seq-length": "GPTModel(max_sequence_length) and the data loader",
+    "--max-position-embeddings": "GPTModel(max_sequence_length)",
+    "--padded-vocab-size": "GPTModel(vocab_size)",
+    "--position-embedding-type": "GPTModel(position_embedding_type)",
+    "--untie-embeddings-and-output-weights": "GPTModel(share_embeddings_and_output_weights)",
+    "--swiglu": "gated_linear_unit + activation_func silu",
+    "--group-query-attention": "num_query_groups kept",
+    "--num-experts": "num_moe_experts",
+    "--num-virtual-stages-per-pipeline-rank": "virtual_pipeline_model_parallel_size",
+    "--micro-batch-size": "the microbatch calculator", "--global-batch-size": "the microbatch calculator",
+    "--lr-decay-style": "OptimizerParamScheduler", "--lr-warmup-iters": "OptimizerParamScheduler",
+    "--seed": "the RNG", "--use-tp-pp-dp-mapping": "initialize_model_parallel(order='tp-cp-ep-pp-dp')",
+    "--ckpt-format": "the checkpointer",
+}
+
+
+@pytest.fixture(scope="module")
+def mcore():
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e .[interop])")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed"
+        import megatron.core as core
+        from megatron.core import parallel_state
+        from megatron.core.distributed import DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig
+        from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+        from megatron.core.transformer.transformer_block import get_num_layers_to_build
+        from megatron.core.transformer.transformer_config import TransformerConfig
+        from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+    assert core.__version__ == "0.16.1", core.__version__
+    return dict(parallel_state=parallel_state, DDP=DistributedDataParallelConfig, Optimizer=OptimizerConfig,
+                Layout=PipelineParallelLayerLayout, TransformerConfig=TransformerConfig,
+                layers_to_build=get_num_layers_to_build, layer_offset=get_transformer_layer_offset)
+
+
+def _flags(text: str) -> dict[str, object]:
+    """The exported bash array as {flag: value}, read with shlex (independently of plandsl's reader)."""
+    words = [w for w in shlex.split(text, comments=True) if w not in ("MEGATRON_ARGS=(", ")")]
+    flags: dict[str, object] = {}
+    for word in words:
+        if word.startswith("--"):
+            flags[word], last = True, word
+        else:
+            flags[last] = word
+    return flags
+
+
+def _field_flags(cls) -> dict[str, str]:
+    """Flag -> field, as Megatron-LM's ArgumentGroupFactory names them (megatron/training/argument_utils.py:
+    `--field-name`, a bool field defaulting to True as --no-/--disable-, argparse_meta's arg_names first)."""
+    names = {}
+    for field in dataclasses.fields(cls):
+        meta = field.metadata.get("argparse_meta", {}) if field.metadata else {}
+        if "arg_names" in meta:
+            for name in meta["arg_names"]:
+                names[name] = field.name
+        elif field.type in (bool, "bool") and field.default is True:
+            names["--no-" + field.name.replace("_", "-")] = field.name
+            names["--disable-" + field.name.replace("_", "-")] = field.name
+        else:
+            names["--" + field.name.replace("_", "-")] = field.name
+    return names
+
+
+def _typed(value, field):
+    if value is True or field.type in ("str", str) or "Literal" in str(field.type) or "str" == str(field.type):
+        return value
+    text = str(value)
+    return int(text) if text.isdigit() else float(text) if text.replace(".", "", 1).replace("e-", "", 1).isdigit() \
+        else value
+
+
+def _configs(mcore, flags: dict[str, object]):
+    """What `core_transformer_config_from_args` (arguments.py) and the DDP and optimizer setup build from the
+    flags: (TransformerConfig, DistributedDataParallelConfig, OptimizerConfig)."""
+    import torch
+    import torch.nn.functional as F
+    built = {}
+    for cls in (mcore["TransformerConfig"], mcore["DDP"], mcore["Optimizer"]):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        by_flag = _field_flags(cls)
+        kwargs = {}
+        for flag, value in flags.items():
+            if flag in by_flag:
+                field = fields[by_flag[flag]]
+                kwargs[field.name] = (not value) if flag.startswith(("--no-", "--disable-")) else _typed(value, field)
+        built[cls] = kwargs
+    config = built[mcore["TransformerConfig"]]
+    if "--swiglu" in flags:
+        config.update(gated_linear_unit=True, activation_func=F.silu)
+    if "--group-query-attention" not in flags:
+        config["num_query_groups"] = None
+    if "--num-experts" in flags:
+        config["num_moe_experts"] = int(flags["--num-experts"])
+    if "--num-virtual-stages-per-pipeline-rank" in flags:
+        config["virtual_pipeline_model_parallel_size"] = int(flags["--num-virtual-stages-per-pipeline-rank"])
+    layout = flags.get("--pipeline-model-parallel-layout")
+    if layout is not None:
+        stages = mcore["Layout"].get_num_stages_from_str(layout)
+        pp = int(flags["--pipeline-model-parallel-size"])
+        config["virtual_pipeline_model_parallel_size"] = stages // pp if stages // pp > 1 else None
+    dtype = torch.bfloat16 if "--bf16" in flags else torch.float16 if "--fp16" in flags else torch.float32
+    config.update(params_dtype=dtype, pipeline_dtype=dtype)
+    return (mcore["TransformerConfig"](**config), mcore["DDP"](**built[mcore["DDP"]]),
+            mcore["Optimizer"](**built[mcore["Optimizer"]]))
+
+
+def _expressible():
+    found = []
+    for path in PLANS:
+        for plan in api.load(path).plans:
+            exported = export_plan(plan, "megatron")
+            if not exported.lost:
+                found.append(pytest.param(plan, exported, id=f"{path.parent.name}/{path.stem}:{plan.name}"))
+    return found
+
+
+EXPRESSIBLE = _expressible()
+
+
+def test_most_stdlib_plans_are_expressible():
+    assert len(EXPRESSIBLE) >= 20
+
+
+@pytest.mark.parametrize("plan, exported", EXPRESSIBLE)
+def test_every_exported_flag_is_megatrons_and_its_configs_accept_them(mcore, plan, exported):
+    flags = _flags(exported.text)
+    known = set(TRAINING_FLAGS)
+    for cls in (mcore["TransformerConfig"], mcore["DDP"], mcore["Optimizer"]):
+        known |= set(_field_flags(cls))
+    assert set(flags) <= known, f"not Megatron-LM flags: {sorted(set(flags) - known)}"
+    config, ddp, optimizer = _configs(mcore, flags)
+    assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (plan.tp, plan.pp)
+    assert (config.context_parallel_size, config.expert_model_parallel_size) == (plan.cp, plan.ep)
+    assert config.num_layers == plan.model.layers and config.hidden_size == plan.model.hidden
+    assert config.ffn_hidden_size == plan.model.ffn_hidden
+    assert (config.num_query_groups or config.num_attention_heads) == plan.model.kv_heads
+    assert config.sequence_parallel == bool(plan.tensor and plan.tensor.sequence_parallel and plan.tp > 1)
+    assert config.normalization == ("RMSNorm" if plan.model.kind == "llama" else "LayerNorm")
+    assert config.add_bias_linear == (plan.model.kind == "gpt")
+    assert (config.num_moe_experts or 0) == plan.model.experts
+    recompute = {"none": None, "selective": "selective", "full": "full"}[plan.train.recompute.value]
+    assert config.recompute_granularity == recompute
+    zero = plan.data.zero_stage if plan.data else 0
+    strategy = ddp.data_parallel_sharding_strategy if ddp.use_megatron_fsdp else "no_shard"
+    assert (ddp.use_distributed_optimizer, strategy) == (zero == 1, {0: "no_shard", 1: "no_shard", 2: "optim_grads",
+                                                                      3: "optim_grads_params"}[zero])
+    assert optimizer.lr == plan.train.lr and optimizer.optimizer == plan.train.optimizer.value
+    assert (optimizer.bf16, optimizer.fp16) == (plan.train.precision.value == "bf16", plan.train.precision.value == "fp16")
+
+
+def _pipelined():
+    return [param for param in EXPRESSIBLE if param.values[0].pp > 1]
+
+
+@pytest.mark.parametrize("plan, exported", _pipelined())
+def test_megatrons_layer_assignment_is_the_plans_stages(mcore, monkeypatch, plan, exported):
+    flags = _flags(exported.text)
+    config, _, _ = _configs(mcore, flags)
+    assignment, problems = assign_stages(plan)
+    assert not problems
+    pp, virtual = plan.pp, assignment.virtual
+    state = mcore["parallel_state"]
+    rank = {"pp": 0}
+    monkeypatch.setattr(state, "get_pipeline_model_parallel_rank", lambda: rank["pp"])
+    monkeypatch.setattr(state, "get_pipeline_model_parallel_world_size", lambda: pp)
+    monkeypatch.setattr(state, "get_virtual_pipeline_model_parallel_world_size", lambda: virtual if virtual > 1 else None)
+    layout = config.pipeline_model_parallel_layout
+    if "--pipeline-model-parallel-layout" in flags:
+        assert layout is not None
+        layout.validate_layer_layout(config.num_layers, None)
+    start = 0
+    for stage, layers in enumerate(assignment.stage_layers):
+        rank["pp"] = stage % pp
+        vp_stage = stage // pp if virtual > 1 else None
+        count = mcore["layers_to_build"](config, vp_stage=vp_stage, pp_rank=stage % pp)
+        offset = mcore["layer_offset"](config, vp_stage=vp_stage, pp_rank=stage % pp)
+        blocks = [layer.name for layer in layers if layer.kind == "block"]
+        assert blocks == [f"layers.{i}" for i in range(offset, offset + count)], f"stage {stage}"
+        assert offset == start
+        start += count
+        kinds = {layer.kind for layer in layers}
+        if layout is not None:  # where Megatron builds the embedding (E) and the final norm, head and loss (L)
+            held = layout.layout[stage % pp][stage // pp]
+            assert ("embed" in kinds, "head" in kinds) == (any(t.name == "embedding" for t in held),
+                                                           any(t.name == "loss" for t in held))
+        else:  # the first stage of rank 0 pre-processes, the last stage of the last rank post-processes
+            assert ("embed" in kinds, "head" in kinds) == (stage == 0, stage == len(assignment.stage_layers) - 1)
+    assert start == plan.model.layers
+
+
+def _groups(sizes: list[int], varying: set[int]) -> set[tuple[int, ...]]:
+    """The rank groups of a row-major mesh of `sizes` (last innermost) whose members differ in `varying` axes only."""
+    ranks = {}
+    for coords in itertools.product(*(range(s) for s in sizes)):
+        index = 0
+        for size, c in zip(sizes, coords):
+            index = index * size + c
+        key = tuple(c for i, c in enumerate(coords) if i not in varying)
+        ranks.setdefault(key, []).append(index)
+    return {tuple(sorted(group)) for group in ranks.values()}
+
+
+@pytest.mark.parametrize("plan, exported", EXPRESSIBLE)
+def test_megatrons_rank_groups_are_the_plans_mesh_axes(mcore, plan, exported):
+    flags = _flags(exported.text)
+    order = "tp-cp-ep-pp-dp" if "--use-tp-pp-dp-mapping" in flags else "tp-cp-ep-dp-pp"  # initialize.py
+    sizes = [axis.size for axis in plan.mesh.axes]
+    roles = plan.axis_roles()
+    index = {role: {i for i, axis in enumerate(plan.mesh.axes) if roles.get(axis.name) == role}
+             for role in ("tp", "cp", "ep", "dp", "pp")}
+    generator = mcore["parallel_state"].RankGenerator
+    decoder = generator(tp=plan.tp, ep=1, dp=plan.dp, pp=plan.pp, cp=plan.cp, order=order)
+    for token, roles_of in (("tp", {"tp"}), ("pp", {"pp"}), ("cp", {"cp"}), ("dp", {"dp", "ep"})):
+        varying = set().union(*(index[r] for r in roles_of))
+        assert {tuple(sorted(g)) for g in decoder.get_ranks(token)} == _groups(sizes, varying), token
+    if plan.ep > 1:
+        experts = generator(tp=plan.tp, ep=plan.ep, dp=plan.dp // plan.ep, pp=plan.pp, cp=1, order=order)
+        assert {tuple(sorted(g)) for g in experts.get_ranks("ep")} == _groups(sizes, index["ep"])
