@@ -8,6 +8,7 @@ written. It never raises on flags. The facts (flag names, rank order, defaults) 
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -19,8 +20,20 @@ from plandsl.diagnostics.source import SourceFile, Span
 from plandsl.interop import megatron as facts
 from plandsl.interop.flags import Flag, read_flags
 from plandsl.interop.result import Imported
-from plandsl.search.emit import stdlib_names
 from plandsl.syntax.format import format_text
+from plandsl.syntax.loader import stdlib_files, stdlib_root
+
+@functools.lru_cache(maxsize=1)
+def stdlib_names() -> dict[str, str]:
+    """Device, node and cluster name -> the stdlib file defining it (`clusters/dgx_a100`), for a --cluster's imports."""
+    names: dict[str, str] = {}
+    for name in stdlib_files():
+        if name.startswith("clusters/"):
+            text = (stdlib_root() / f"{name}.plan").read_text(encoding="utf-8")
+            for word in re.findall(r"^(?:device|node|cluster)\s+([A-Za-z_][A-Za-z0-9_]*)", text, re.M):
+                names.setdefault(word, name)
+    return names
+
 
 DEFAULT_NODE = "dgx_h100"   # the cluster of an import given only --world-size: nodes of 8 H100s
 KNOWN = (*facts.INT_FLAGS, *facts.FLOAT_FLAGS, *facts.CHOICE_FLAGS, *facts.TEXT_FLAGS, *facts.SWITCHES)
@@ -199,10 +212,10 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
 
 
 def _model(read: _Read) -> str | None:
-    missing = [flag for flag in ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length")
-               if flag not in read.values]
-    if "--max-position-embeddings" not in read.values and "--seq-length" in read.values:
-        pass  # arguments.py requires it; plandsl takes the sequence length for it
+    # validate_args' required_args (num_layers, hidden_size, num_attention_heads, max_position_embeddings), and
+    # the sequence length it asserts
+    missing = [flag for flag in ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length",
+                                 "--max-position-embeddings") if flag not in read.values]
     if "--padded-vocab-size" not in read.values and "--vocab-size" not in read.values:
         missing.append("--padded-vocab-size")
     if missing:
@@ -210,7 +223,7 @@ def _model(read: _Read) -> str | None:
                      "a tokenizer file plandsl does not open)", hint=f"add {' '.join(f'{m} N' for m in missing)}")
         return None
     hidden, heads = read.get("--hidden-size"), read.get("--num-attention-heads")
-    seq = read.get("--max-position-embeddings", read.get("--seq-length"))
+    seq = read.get("--max-position-embeddings")
     if read.get("--seq-length") > seq:  # validate_args
         read.problem("E805", f"--seq-length {read.get('--seq-length')} is longer than --max-position-embeddings {seq}",
                      "--seq-length", "--max-position-embeddings")

@@ -4,6 +4,7 @@ Megatron-LM configurations, bad flags as diagnostics (never a traceback) and the
 judges the same exports in test_interop_megatron_core.py."""
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from pathlib import Path
@@ -19,9 +20,6 @@ from plandsl.ir.placement import assign_stages
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANS = sorted(p for p in (ROOT / "stdlib_plans").rglob("*.plan") if p.parent.name in ("examples", "local"))
-ALL = [pytest.param(plan, id=f"{path.parent.name}/{path.stem}:{plan.name}")
-       for path in PLANS for plan in api.load(path).plans]
-EXPRESSIBLE = [param for param in ALL if not export_plan(param.values[0], "megatron").lost]
 
 # What Megatron-LM cannot express of the other stdlib plans, as the E808 messages say it.
 LOST = {
@@ -34,6 +32,17 @@ LOST = {
     "llama2_70b_zbv": ["schedule = zbv", "the stage-to-rank map vshape"],
     "tiny_pp_custom": ["schedule = tiny_1f1b"],
 }
+
+# Every plan of the stdlib examples, found by name (loading them all at collection would cost every xdist worker
+# ~1 CPU-s); `stdlib_plan` loads one when a test runs.
+NAMED = [(str(path), name) for path in PLANS for name in re.findall(r"^plan (\w+)", path.read_text(), re.M)]
+ALL = [pytest.param(path, name, id=f"{Path(path).parent.name}/{Path(path).stem}:{name}") for path, name in NAMED]
+EXPRESSIBLE = [param for param in ALL if param.values[1] not in LOST]
+
+
+@functools.lru_cache(maxsize=None)
+def stdlib_plan(path: str, name: str):
+    return api.select_plan(api.load(path), name)
 
 
 def _flags(text: str) -> list[str]:
@@ -54,26 +63,27 @@ def _reimport(plan, **options):
 
 
 def test_every_stdlib_plan_is_expressible_or_says_what_is_lost():
-    names = {param.values[0].name for param in ALL} - {param.values[0].name for param in EXPRESSIBLE}
-    assert names == set(LOST)
-    for param in ALL:
-        plan = param.values[0]
+    assert set(LOST) <= {name for _, name in NAMED}
+    for path, name in NAMED:
+        plan = stdlib_plan(path, name)
         lost = [d.message.removeprefix("Megatron-LM cannot express ") for d in export_plan(plan, "megatron").lost]
         assert all(d.startswith(tuple(LOST.get(plan.name, ()))) for d in lost) and len(lost) == len(LOST.get(plan.name, ()))
         for expected in LOST.get(plan.name, ()):
             assert any(message.startswith(expected) for message in lost), (plan.name, expected, lost)
 
 
-@pytest.mark.parametrize("plan", EXPRESSIBLE)
-def test_exported_arguments_match_golden(plan, golden):
+@pytest.mark.parametrize("path, name", EXPRESSIBLE)
+def test_exported_arguments_match_golden(path, name, golden):
+    plan = stdlib_plan(path, name)
     golden(f"interop/megatron/{plan.name}.args", export_plan(plan, "megatron").text)
 
 
-@pytest.mark.parametrize("plan", EXPRESSIBLE)
-def test_import_of_the_export_is_the_plan(plan):
+@pytest.mark.parametrize("path, name", EXPRESSIBLE)
+def test_import_of_the_export_is_the_plan(path, name):
     """import(export(plan)) keeps everything Megatron-LM's arguments say: the model (a llama's positions are no
     table: only the training sequence counts), the training settings, each parallelism's degree and kind, the
     mesh order, the layers of every stage and the schedule; the cluster is the launcher's, not Megatron's."""
+    plan = stdlib_plan(path, name)
     _, imported = _reimport(plan)
     back = api.select_plan(api.loads(imported.text, path="back.plan"))
     skip = {"name"} | ({"seq"} if plan.model.kind == "llama" else set())
@@ -96,9 +106,9 @@ def test_import_of_the_export_is_the_plan(plan):
         assert back.schedule.name == (plan.schedule.name if plan.schedule else "1f1b")
 
 
-@pytest.mark.parametrize("plan", EXPRESSIBLE)
-def test_export_of_the_import_is_the_arguments(plan):
-    exported, imported = _reimport(plan)
+@pytest.mark.parametrize("path, name", EXPRESSIBLE)
+def test_export_of_the_import_is_the_arguments(path, name):
+    exported, imported = _reimport(stdlib_plan(path, name))
     again = export_plan(api.select_plan(api.loads(imported.text, path="back.plan")), "megatron")
     assert not again.lost
     assert _body(again.text) == _body(exported.text)
@@ -229,6 +239,13 @@ def test_bad_flags_are_diagnostics_naming_the_flag(extra, code, shown):
     assert text[span.start:span.end].startswith(shown), (text[span.start:span.end], shown)
 
 
+def test_missing_required_flags_are_named_together():
+    text = BASE.replace("--max-position-embeddings 128 ", "").replace("--padded-vocab-size 1024 ", "") + "\n"
+    imported = import_text("megatron", text, "flags", world_size=8)
+    assert [d.code for d in imported.diagnostics] == ["E804"]
+    assert "missing --max-position-embeddings, --padded-vocab-size" in imported.diagnostics[0].message
+
+
 def test_a_plan_the_checker_refuses_comes_back_as_the_checkers_diagnostics():
     imported = import_text("megatron", BASE.replace("16", "12") + "\n", "flags", world_size=8)
     assert [d.code for d in imported.diagnostics] == ["E501"] and imported.text is None
@@ -293,3 +310,26 @@ def test_cli_import_usage_errors(tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(main, ["import", "--from", "megatron", *args])
     assert result.exit_code == 2 and message in result.output, result.output
+
+
+# ---- docs/interop.md: its commands run, and print and write what it shows ---------------------------------------
+def test_the_interop_doc_commands_run_as_shown(tmp_path, monkeypatch):
+    doc = (ROOT / "docs" / "interop.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```(\w+)\n(.*?)```", doc, re.S)
+    (_, script), (_, commands), (_, plan), (_, exported) = blocks[:4]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train_args.sh").write_text(script, encoding="utf-8")
+    runner = CliRunner()
+    for line in commands.strip().splitlines():
+        words = shlex.split(line)
+        assert words[0] == "plandsl"
+        result = runner.invoke(main, words[1:])
+        assert result.exit_code == 0, f"{line}\n{result.output}"
+    assert (tmp_path / "llama3_8b.plan").read_text(encoding="utf-8") == plan
+    assert (tmp_path / "llama3_8b.args").read_text(encoding="utf-8") == exported
+    refused = next(text for language, text in blocks if text.startswith("$ plandsl export"))
+    command, *shown = refused.splitlines()
+    monkeypatch.chdir(ROOT)
+    result = runner.invoke(main, shlex.split(command)[2:])
+    assert result.exit_code == 1 and not (ROOT / "zbv.args").exists()
+    assert result.output.splitlines()[:len(shown) - 1] == shown[:-1] and shown[-1] == "..."

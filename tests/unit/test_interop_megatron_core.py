@@ -13,15 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from plandsl import api
 from plandsl.interop import export_plan
 from plandsl.ir.placement import assign_stages
+from test_interop_megatron import EXPRESSIBLE, stdlib_plan  # the stdlib plans Megatron-LM expresses, found by name
 
 pytestmark = pytest.mark.xdist_group("torch")  # megatron-core imports torch
-
-ROOT = Path(__file__).resolve().parents[2]
-PLANS = sorted(p for p in (ROOT / "stdlib_plans").rglob("*.plan")
-               if p.parent.name in ("examples", "local"))
 
 # The flags Megatron-LM's own parser adds by hand (megatron/training/arguments.py at core_v0.16.1, not in the
 # megatron-core wheel), which `core_transformer_config_from_args` turns into config fields or the model's
@@ -134,25 +130,20 @@ def _configs(mcore, flags: dict[str, object]):
             mcore["Optimizer"](**built[mcore["Optimizer"]]))
 
 
-def _expressible():
-    found = []
-    for path in PLANS:
-        for plan in api.load(path).plans:
-            exported = export_plan(plan, "megatron")
-            if not exported.lost:
-                found.append(pytest.param(plan, exported, id=f"{path.parent.name}/{path.stem}:{plan.name}"))
-    return found
-
-
-EXPRESSIBLE = _expressible()
+def _exported(path: str, name: str):
+    plan = stdlib_plan(path, name)
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost
+    return plan, exported
 
 
 def test_most_stdlib_plans_are_expressible():
     assert len(EXPRESSIBLE) >= 20
 
 
-@pytest.mark.parametrize("plan, exported", EXPRESSIBLE)
-def test_every_exported_flag_is_megatrons_and_its_configs_accept_them(mcore, plan, exported):
+@pytest.mark.parametrize("path, name", EXPRESSIBLE)
+def test_every_exported_flag_is_megatrons_and_its_configs_accept_them(mcore, path, name):
+    plan, exported = _exported(path, name)
     flags = _flags(exported.text)
     known = set(TRAINING_FLAGS)
     for cls in (mcore["TransformerConfig"], mcore["DDP"], mcore["Optimizer"]):
@@ -178,12 +169,9 @@ def test_every_exported_flag_is_megatrons_and_its_configs_accept_them(mcore, pla
     assert (optimizer.bf16, optimizer.fp16) == (plan.train.precision.value == "bf16", plan.train.precision.value == "fp16")
 
 
-def _pipelined():
-    return [param for param in EXPRESSIBLE if param.values[0].pp > 1]
-
-
-@pytest.mark.parametrize("plan, exported", _pipelined())
-def test_megatrons_layer_assignment_is_the_plans_stages(mcore, monkeypatch, plan, exported):
+@pytest.mark.parametrize("path, name", EXPRESSIBLE)
+def test_megatrons_layer_assignment_is_the_plans_stages(mcore, monkeypatch, path, name):
+    plan, exported = _exported(path, name)  # without a pipeline: every block on the one stage
     flags = _flags(exported.text)
     config, _, _ = _configs(mcore, flags)
     assignment, problems = assign_stages(plan)
@@ -230,8 +218,9 @@ def _groups(sizes: list[int], varying: set[int]) -> set[tuple[int, ...]]:
     return {tuple(sorted(group)) for group in ranks.values()}
 
 
-@pytest.mark.parametrize("plan, exported", EXPRESSIBLE)
-def test_megatrons_rank_groups_are_the_plans_mesh_axes(mcore, plan, exported):
+@pytest.mark.parametrize("path, name", EXPRESSIBLE)
+def test_megatrons_rank_groups_are_the_plans_mesh_axes(mcore, path, name):
+    plan, exported = _exported(path, name)
     flags = _flags(exported.text)
     order = "tp-cp-ep-pp-dp" if "--use-tp-pp-dp-mapping" in flags else "tp-cp-ep-dp-pp"  # initialize.py
     sizes = [axis.size for axis in plan.mesh.axes]
