@@ -10,9 +10,13 @@ a cluster job is spent on it:
   list maps them, or the schedule is a table or written for fixed sizes), and while the mesh has more
   than `ranks` devices, axes go to 1: data axes first (outermost first), then context, expert, tensor
   and pipeline axes;
-- the model keeps its family at a tiny width that every split divides, and its layer count when a
-  stage list names layers, else 2 layers per pipeline stage (4 without a pipeline) or as many as the
-  shard rules name (`layers[0:6]`: 6); a written model keeps its own sizes;
+- the model keeps its family at a tiny width that every split divides, and about 2 layers per pipeline
+  stage (4 without a pipeline), or as many as the shard rules name (`layers[0:6]`: 6); a `stages { }`
+  block that places layers by number (`layers[0:12]`, `layers.5`) is scaled with it, each range to
+  about the same share of fewer layers (at least one, and one per stage that shares it: `0: layers[0:12]`,
+  `1: layers[12:40]` become `layers[0:1]`, `layers[1:4]`); a block that names layers otherwise, or a plan
+  that also names layers elsewhere (shard rules), keeps the model's layer count; a written model keeps
+  its own sizes;
 - `train` keeps every setting but the sizes: micro_batch at most 2, as many microbatches as a table
   fixes, else at most 2 per pipeline rank (2 without a pipeline), the global batch to match, the
   sequence of the tiny model, and at most 1 warm-up step (a long warm-up would keep the few steps
@@ -91,7 +95,8 @@ def shrink(path: str | Path, name: str | None = None, params: dict[str, Any] | N
 
     sizes = _mesh_sizes(original, definition, ranks, analysis.sources)
     microbatches = _microbatches(original, sizes)
-    model_name, model_text, model_change = _model(original, sizes, module, definition)
+    stage_layers = _stage_layers(original, definition)
+    model_name, model_text, model_change = _model(original, sizes, module, definition, stage_layers)
     batch_degree = math.prod(sizes[axis] for axis in original.batch_axes())
     micro_batch = min(original.train.micro_batch, MAX_MICRO_BATCH)
     train = original.train.model_copy(update={
@@ -104,7 +109,7 @@ def shrink(path: str | Path, name: str | None = None, params: dict[str, Any] | N
     replacements = {"model": model_name, "cluster": CLUSTER, "mesh": f"[{mesh}] over devices[0:{total}]",
                     "train": _train_text(train)}
 
-    edits: list[tuple[int, int, str]] = []
+    edits: list[tuple[int, int, str]] = list(stage_layers[1]) if stage_layers and model_text else []
     attrs = {item.name: item for item in definition.body or () if isinstance(item, syntax.Attr)}
     for key, value in replacements.items():
         if key == "model" and not model_text:
@@ -232,10 +237,13 @@ def _train_text(train: ir.Training) -> str:
 
 
 # ---- the model ---------------------------------------------------------------------------------------------
-def _layers(plan: ir.Plan, sizes: dict[str, int], definition: syntax.Definition) -> int:
-    """The layer count: the model's when a `stages { }` block lists layers, else 2 per pipeline stage
-    (4 without a pipeline), and at least enough for the highest layer a shard rule names
-    (`layers[0:4]`, `layers.0`)."""
+def _layers(plan: ir.Plan, sizes: dict[str, int], definition: syntax.Definition,
+            stage_layers: tuple[int, list] | None) -> int:
+    """The layer count: a `stages { }` block's scaled count (`_stage_layers`), the model's when the block
+    names layers otherwise, else 2 per pipeline stage (4 without a pipeline), and at least enough for the
+    highest layer a shard rule names (`layers[0:4]`, `layers.0`)."""
+    if stage_layers is not None:
+        return stage_layers[0]
     if any(isinstance(item, syntax.Block) and item.name == "stages" for item in definition.body or ()):
         return plan.model.layers
     stages = sizes[plan.stages.axis] * plan.stages.virtual if plan.stages is not None else 1
@@ -243,6 +251,88 @@ def _layers(plan: ir.Plan, sizes: dict[str, int], definition: syntax.Definition)
              for rule in plan.shard for part in rule.target.parts
              if part.kind == "range" or (part.name or "").isdigit()]
     return min(plan.model.layers, max(4, 2 * stages, *named))
+
+
+def _names_layers(node: Any) -> bool:
+    """Whether the syntax below `node` names the model's `layers` (`layers.3`, `layers[0:4]`, ...)."""
+    if isinstance(node, syntax.Name):
+        return node.id == "layers"
+    if isinstance(node, (tuple, list)):
+        return any(_names_layers(item) for item in node)
+    if isinstance(node, syntax.Node):
+        return any(_names_layers(getattr(node, name)) for name in node.__dataclass_fields__ if name != "span")
+    return False
+
+
+def _stage_layers(plan: ir.Plan, definition: syntax.Definition) -> tuple[int, list[tuple[int, int, str]]] | None:
+    """A `stages { }` block that places a built-in model's layers by number, scaled down: (the new layer
+    count, the edits to the block's numbers); None when there is no such block or it cannot be scaled as
+    written (a key or selector that is not a literal, layers named elsewhere in the plan).
+
+    The numbers cut the layers into runs; each run keeps about its share of 2 layers per stage (the
+    model's layers over `2 x stages`, rounded), at least one, and an entry at least one per stage it
+    spreads over, so the uneven splits stay uneven and every stage keeps its own layers."""
+    block = next((item for item in definition.body or () if isinstance(item, syntax.Block) and item.name == "stages"),
+                 None)
+    if block is None or isinstance(plan.model, ir.CustomModel) or plan.stages is None:
+        return None
+    if any(_names_layers(item) for item in definition.body if item is not block):
+        return None  # shard rules and the like keep their layer numbers: the model keeps its count
+    total = plan.model.layers
+    entries: list[tuple[int, list[tuple[int, int, syntax.Node]]]] = []  # (stages, [(lo, hi, selector)])
+    for item in block.body:
+        if not isinstance(item, syntax.Entry):
+            if _names_layers(item):
+                return None
+            continue
+        key = item.key
+        if isinstance(key, syntax.Int):
+            count = 1
+        elif (isinstance(key, syntax.BinOp) and key.op == ".." and isinstance(key.left, syntax.Int)
+              and isinstance(key.right, syntax.Int)):
+            count = key.right.value - key.left.value
+        else:
+            return None
+        runs = []
+        for value in item.values:
+            if not _names_layers(value):
+                continue  # embed, norm, head
+            if (isinstance(value, syntax.Member) and isinstance(value.obj, syntax.Name) and value.name.isdigit()):
+                runs.append((int(value.name), int(value.name) + 1, value))
+            elif (isinstance(value, syntax.Subscript) and isinstance(value.obj, syntax.Name)
+                  and isinstance(value.index, syntax.Slice)
+                  and all(end is None or isinstance(end, syntax.Int) for end in (value.index.lo, value.index.hi))):
+                lo = value.index.lo.value if value.index.lo is not None else 0
+                hi = value.index.hi.value if value.index.hi is not None else total
+                runs.append((lo, hi, value))
+            else:
+                return None  # `layers.*` and other selectors: the layer count stays
+        entries.append((count, runs))
+    cuts = sorted({0, total} | {end for _, runs in entries for lo, hi, _ in runs for end in (lo, hi)})
+    if cuts[0] != 0 or cuts[-1] != total or not any(runs for _, runs in entries):
+        return None
+    per = max(1, total // (2 * plan.pp * plan.stages.virtual))  # old layers per new one
+    kept = {(a, b): max(1, math.floor((b - a) / per + 0.5)) for a, b in zip(cuts, cuts[1:])}
+    for count, runs in entries:  # an entry spread over several stages keeps a layer for each
+        pieces = [(a, b) for lo, hi, _ in runs for a, b in zip(cuts, cuts[1:]) if lo <= a and b <= hi]
+        short = count - sum(kept[piece] for piece in pieces)
+        if short > 0 and pieces:
+            kept[max(pieces, key=lambda piece: piece[1] - piece[0])] += short
+    new = {0: 0}
+    for a, b in zip(cuts, cuts[1:]):
+        new[b] = new[a] + kept[(a, b)]
+    if new[total] >= total:
+        return None
+    edits = []
+    for _, runs in entries:
+        for lo, hi, value in runs:
+            if isinstance(value, syntax.Member):
+                edits.append((value.span.start, value.span.end, f"layers.{new[lo]}"))
+                continue
+            for end, at in ((value.index.lo, lo), (value.index.hi, hi)):
+                if end is not None:
+                    edits.append((end.span.start, end.span.end, str(new[at])))
+    return new[total], edits
 
 
 def _seq(plan: ir.Plan, sizes: dict[str, int]) -> int:
@@ -253,8 +343,8 @@ def _seq(plan: ir.Plan, sizes: dict[str, int]) -> int:
     return max(SEQ, 4 * cp * tp)
 
 
-def _model(plan: ir.Plan, sizes: dict[str, int], module: syntax.Module,
-           definition: syntax.Definition) -> tuple[str, str, str]:
+def _model(plan: ir.Plan, sizes: dict[str, int], module: syntax.Module, definition: syntax.Definition,
+           stage_layers: tuple[int, list] | None) -> tuple[str, str, str]:
     """(name, definition text, what changed) of the tiny model; ("", "", note) for a written model."""
     model = plan.model
     if isinstance(model, ir.CustomModel):
@@ -263,7 +353,7 @@ def _model(plan: ir.Plan, sizes: dict[str, int], module: syntax.Module,
     name = f"{model.name}_small"
     while name in taken:
         name += "_"
-    layers = _layers(plan, sizes, definition)
+    layers = _layers(plan, sizes, definition, stage_layers)
     same = "the same" if layers == model.layers else f"{model.layers} ->"
     if isinstance(model, ir.MLPModel):
         hidden, inp, out = 32, min(model.input, 32), min(model.output, 32)

@@ -16,6 +16,7 @@ from plandsl import api
 from plandsl.cli import main
 from plandsl.syntax.loader import include
 from plandsl.rewrite.shrink import ShrinkError, shrink
+from plandsl.ir.placement import assign_stages
 from tests.conftest import STDLIB
 
 ROOT = STDLIB.parent
@@ -24,6 +25,24 @@ EXAMPLES = sorted((STDLIB / "examples").glob("*.plan"))
 
 def _dump(node):
     return None if node is None else node.model_dump(mode="json")  # spans left out
+
+
+def _unnumbered(stages):
+    """A stage list without the numbers of its layer ranges (`layers[0:12]` -> `layers[:]`)."""
+    if stages is None:
+        return None
+    groups = [group.model_copy(update={"selectors": tuple(
+        selector.model_copy(update={"text": "", "parts": tuple(
+            part.model_copy(update={"lo": None, "hi": None, "name": None if part.kind == "range" or (part.name or "").isdigit()
+                                    else part.name}) for part in selector.parts)})
+        for selector in group.selectors)}) for group in stages.groups]
+    return stages.model_copy(update={"groups": tuple(groups)})
+
+
+def _layers_per_stage(plan) -> list[int]:
+    assignment, problems = assign_stages(plan)
+    assert not problems
+    return [sum(layer.kind == "block" for layer in stage) for stage in assignment.stage_layers]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
@@ -35,9 +54,13 @@ def test_every_example_shrinks_to_a_checked_plan_on_one_machine(path, golden, mo
     assert 2 <= small.mesh.size <= 8 and small.cluster.name.startswith("localhost")
     assert [a.name for a in small.mesh.axes] == [a.name for a in big.mesh.axes]
     assert all(s.size <= max(b.size, 1) for s, b in zip(small.mesh.axes, big.mesh.axes))
-    # the layout is the plan's own: the same parallelisms over the same axes, schedule and rules
-    for key in ("data", "tensor", "context", "experts", "stages", "schedule"):
+    # the layout is the plan's own: the same parallelisms over the same axes, schedule and rules; a stage
+    # list the same but for its layer numbers, scaled with the layer count (test_a_pipeline_the_plan_numbers_...)
+    for key in ("data", "tensor", "context", "experts", "schedule"):
         assert _dump(getattr(small, key)) == _dump(getattr(big, key)), key
+    assert _dump(_unnumbered(small.stages)) == _dump(_unnumbered(big.stages))
+    if big.stages is None or big.stages.mode != "explicit":
+        assert _dump(small.stages) == _dump(big.stages)
     assert [_dump(rule) for rule in small.shard] == [_dump(rule) for rule in big.shard]
     sizes = {"global_batch": 1, "micro_batch": 1, "seq": None, "warmup_steps": 0}
     assert _dump(small.train.model_copy(update=sizes)) == _dump(big.train.model_copy(update=sizes))
@@ -56,10 +79,20 @@ def test_each_axis_becomes_two_and_data_axes_go_first_when_there_are_too_many():
     assert [(a.name, a.size) for a in context] == [("dp", 1), ("cp", 2), ("tp", 2)]  # then context
 
 
-def test_a_pipeline_the_plan_numbers_keeps_its_size_and_its_layers():
+def test_a_pipeline_the_plan_numbers_keeps_its_size_and_scales_its_layers():
     uneven = shrink(STDLIB / "examples" / "uneven_pipeline.plan")  # stages { 0: ..., 1..7: ..., 7: ... }
     assert uneven.plan.pp == 8 and [a.size for a in uneven.plan.mesh.axes] == [1, 8, 1]
-    assert uneven.plan.model.layers == uneven.original.model.layers == 80
+    # 80 layers cut at 9 and 72, about 2 per stage: 80 // 16 = 5 old layers per new one, each run rounded
+    # (9 -> 2, 63 -> 13, 8 -> 2); the six stages of `1..7` share their 13 as they shared 63, the first ones
+    # getting the extra
+    assert uneven.original.model.layers == 80 and uneven.plan.model.layers == 17
+    assert _layers_per_stage(uneven.original) == [9, 11, 11, 11, 10, 10, 10, 8]
+    assert _layers_per_stage(uneven.plan) == [2, 3, 2, 2, 2, 2, 2, 2]
+    assert [s.text for g in uneven.plan.stages.groups for s in g.selectors if "layers" in s.text] == \
+        ["layers[0:2]", "layers[2:15]", "layers[15:17]"]
+    mixed = shrink(STDLIB / "examples" / "heterogeneous.plan")  # 0: embed, layers[0:12]  1: layers[12:40], ...
+    assert mixed.plan.pp == 2 and _layers_per_stage(mixed.original) == [12, 28]
+    assert mixed.plan.model.layers == 4 and _layers_per_stage(mixed.plan) == [1, 3]  # 40 // 4 = 10 per new one
     table = shrink(STDLIB / "examples" / "schedule_table.plan")  # a table for 4 ranks and 8 microbatches
     assert table.plan.pp == 4 and table.plan.num_microbatches == 8
     with pytest.raises(ShrinkError) as refused:
@@ -248,6 +281,37 @@ def test_an_unwritable_output_is_an_error_not_a_traceback(tmp_path):
                                        "-o", str(tmp_path / "missing" / "x.plan")])
     # refused before any work starts: a usage error naming the option
     assert result.exit_code == 2 and "cannot write" in result.output and "'-o'" in result.output
+
+
+@pytest.mark.parametrize("pp, stages, selectors, per_stage", [
+    # about 2 layers per stage, at least one per run: 12 // 4 = 3 old layers per new one
+    (2, "0: embed, layers[0:2]\n    1: layers[2:12], norm, head", ["layers[0:1]", "layers[1:4]"], [1, 3]),
+    # 12 // 6 = 2; a single layer stays one, an open range stays open
+    (3, "0: embed, layers.0\n    1..2: layers[1:11]\n    2: layers[11:], norm, head",
+     ["layers.0", "layers[1:6]", "layers[6:]"], [1, 5, 1]),
+    # a range shared by 2 stages keeps a block for each, though its share would be 1 (2 of 12 // 6 = 2): as
+    # written, its 2 blocks, norm and head split evenly, 2 blocks on stage 1, norm and head on stage 2
+    (3, "0: embed, layers[0:10]\n    1..3: layers[10:12], norm, head", ["layers[0:5]", "layers[5:7]"], [5, 2, 0]),
+])
+def test_a_stage_list_is_scaled_with_the_layers(tmp_path, pp, stages, selectors, per_stage):
+    body = f"  stages {{\n    {stages}\n  }}\n  schedule = 1f1b"
+    path = _write(tmp_path / "staged.plan", PLAN.format(schedule="", mesh=f"[pp = {pp}]", body=body))
+    shrunk = shrink(path)
+    assert [s.text for g in shrunk.plan.stages.groups for s in g.selectors if "layers" in s.text] == selectors
+    assert shrunk.plan.model.layers == sum(per_stage) and _layers_per_stage(shrunk.plan) == per_stage
+    assert _layers_per_stage(shrunk.original) != per_stage and shrunk.original.model.layers == 12
+
+
+def test_a_stage_list_keeps_its_numbers_when_shard_rules_name_layers_too(tmp_path):
+    body = ("  tensor   = megatron over tp\n  shard layers.5.attn.wq = colwise over tp\n"
+            "  stages {\n    0: embed, layers[0:4]\n    1: layers[4:12], norm, head\n  }\n  schedule = 1f1b")
+    shrunk = shrink(_write(tmp_path / "named.plan", PLAN.format(schedule="", mesh="[pp = 2, tp = 2]", body=body)))
+    assert shrunk.plan.model.layers == 12 and "1: layers[4:12], norm, head" in shrunk.text
+    assert _layers_per_stage(shrunk.plan) == [4, 8]
+    # a selector that is not a number (`layers.*`: every block) leaves the list and the layer count as written
+    body = "  stages {\n    0: embed\n    1: layers.*, norm, head\n  }\n  schedule = 1f1b"
+    shrunk = shrink(_write(tmp_path / "every.plan", PLAN.format(schedule="", mesh="[pp = 2]", body=body)))
+    assert shrunk.plan.model.layers == 12 and _layers_per_stage(shrunk.plan) == [0, 12]
 
 
 def test_layers_a_shard_rule_names_are_kept(tmp_path):
