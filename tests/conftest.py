@@ -29,6 +29,14 @@ def _import_unrewritten(*names: str) -> None:
         sys.meta_path[:0] = rewriters
 
 
+# Bytecode is cached (in __pycache__ folders, git-ignored) even where PYTHONDONTWRITEBYTECODE is set, as it is
+# in the environment CI runs in. Without a cache, every pytest process rewrote the asserts of every test module
+# again (pytest caches the rewritten modules only where bytecode is written: ~3 CPU-s per xdist worker, at
+# collection, every run), and every `plandsl` subprocess a test starts compiled the package again (~0.2 CPU-s
+# each; they read the bytecode the workers write, though the variable still keeps them from writing any).
+# The suite writes beside the sources already (.hypothesis/, .pytest_cache/).
+sys.dont_write_bytecode = False
+
 _import_unrewritten("hypothesis", "hypothesis.strategies")
 from hypothesis import settings  # noqa: E402 - after the import above
 

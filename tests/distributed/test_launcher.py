@@ -321,15 +321,17 @@ def test_dry_run_prints_per_rank_figures_and_the_command_and_starts_nothing(tmp_
 
 def test_a_hugging_face_model_runs_through_the_launcher_as_written(tmp_path):
     """A plan over `hf(...)`: inspected once (the table beside it), then `plandsl run` trains the transformers
-    module on 2 stages x 2 FSDP ranks and compares with one process; `recompute: selective` (plandsl's own
-    attention core) is refused before launch (E704)."""
+    module on 2 pipeline stages and compares with one process; `recompute: selective` (plandsl's own
+    attention core) is refused before launch (E704). Two ranks: FSDP x pipeline of the same module, forked, is
+    test_torch_models' llama_gqa_3d; here the launcher is what is tested (each rank it starts imports torch and
+    transformers, ~5 CPU-s)."""
     plan = tmp_path / "llama.plan"
     model = ('hf("LlamaForCausalLM", hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, '
              'num_key_value_heads=2, vocab_size=128, max_position_embeddings=16, tie_word_embeddings=false)')
     plan.write_text(f'import "clusters/local"\nplan p {{\n  model = {model}\n  cluster = localhost\n'
-                    "  mesh = [dp = 2, pp = 2] over devices[0:4]\n"
-                    "  train = { global_batch: 8, micro_batch: 2, precision: fp32, lr: 1e-3, seed: 0 }\n"
-                    "  data = zero3 over dp\n  stages = evenly over pp\n  schedule = 1f1b\n}\n", encoding="utf-8")
+                    "  mesh = [pp = 2] over devices[0:2]\n"
+                    "  train = { global_batch: 4, micro_batch: 2, precision: fp32, lr: 1e-3, seed: 0 }\n"
+                    "  stages = evenly over pp\n  schedule = 1f1b\n}\n", encoding="utf-8")
     api.inspect_plan(plan)
     done = plandsl_run(plan, "--steps", 2, "--check-equivalence")
     assert done.returncode == 0, done.output

@@ -78,6 +78,9 @@ def test_resnet18_boundaries_and_activations_per_sample(resnet):
             assert block.figures.activation_bytes == 5 * sizes[stage] + 8 * channels
 
 
+# ~3 CPU-s (25.6 M parameters initialised and traced): the slow tier, which `.ci/run` runs; ResNet-18 above takes
+# the same path in the unit tier
+@pytest.mark.slow
 def test_resnet50_bottlenecks_and_a_features_classifier_layout():
     """ResNet-50 as torchvision's: 25,557,032 parameters, 16 Bottleneck blocks, 8.18 GFLOPs per 224x224 image
     (torchvision's 4.09 G multiply-adds), here at 32x32, where every conv's output has 1/49 of the positions.
