@@ -21,16 +21,25 @@ def check_memory(plan: ir.Plan) -> Iterator[Diagnostic]:
     for rank, (estimate, devices) in enumerate(zip(estimates, pipeline_rank_device_types(plan))):
         if not devices:
             continue
-        device = min(devices, key=lambda d: d.memory)
-        if estimate.total > device.memory:
+        device = min(devices, key=lambda d: d.usable_memory)
+        if estimate.total > device.usable_memory:
             where = f"pipeline rank {rank}" if plan.stages else "each device"
             parts = (f"parameters {format_bytes(estimate.params)}, gradients {format_bytes(estimate.grads)}, "
                      f"optimizer {format_bytes(estimate.optimizer)}, activations {format_bytes(estimate.activations)}")
             yield diag("E503", f"{where} needs about {format_bytes(estimate.total)} ({parts}), but "
-                       f"'{device.name}' has {format_bytes(device.memory)}", plan.mesh.span or plan.span,
+                       f"'{device.name}' has {_room(device)}", plan.mesh.span or plan.span,
                        hint=_memory_hint(plan, estimate),
                        notes=[Note(f"plan '{plan.name}'", plan.span)])
             return  # one report per plan: the other ranks share the cause
+
+
+def _room(device: ir.DeviceType) -> str:
+    """The memory a plan's tensors may use on the device, with its reserve when it keeps one."""
+    reserve = device.memory - device.usable_memory
+    if not reserve:
+        return format_bytes(device.memory)
+    return f"{format_bytes(device.usable_memory)} for them ({format_bytes(device.memory)} less a reserve of " \
+           f"{format_bytes(reserve)})"
 
 
 def _memory_hint(plan: ir.Plan, estimate: MemoryEstimate) -> str:

@@ -62,7 +62,7 @@ class PlanEstimate:
     microbatches: int
     time: TimeBreakdown
     memory: tuple[MemoryEstimate, ...]       # per pipeline rank, worst device
-    capacity: tuple[float, ...]              # per pipeline rank, smallest device memory
+    capacity: tuple[float, ...]              # per pipeline rank, smallest device memory less its reserve
     tokens_per_s: float
     tflops_per_device: float                 # executed FLOPs (with recomputation) / step / devices
     mfu: float                               # model FLOPs (no recomputation) / (step x devices x peak)
@@ -149,7 +149,7 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
                                  for run in runs)
     runs = mesh_device_runs(plan)  # per node group, not per device
     peak = sum((end - first) * peak_of(d, precision) for d, first, end in runs) / max(1, sum(e - f for _, f, e in runs))
-    capacity = tuple(min(d.memory for d in group) if group else math.inf
+    capacity = tuple(min(d.usable_memory for d in group) if group else math.inf
                      for group in pipeline_rank_device_types(plan))
     return PlanEstimate(plan.name, devices, m, time, tuple(memory), capacity,
                         plan.train.global_batch * plan.seq / step if step else 0.0,
@@ -263,7 +263,8 @@ def format_estimate(estimate: PlanEstimate) -> str:
                      f"{format_bytes(m.total):>11} {format_bytes(c):>11}{flag}")
     lines.append("  params, grads, optimizer: fp32 as `plandsl run` keeps them, ZeRO-sharded, with the units ZeRO-2/3 "
                  "gather; activations: the schedule's in-flight bound or the simulated peak, whichever is higher, "
-                 "plus the recomputation working set; total: their sum, the peak")
+                 "plus the recomputation working set or the loss's backward; total: their sum, the peak; capacity: "
+                 "the device's memory less its reserve (allocator, context, communication buffers)")
     return "\n".join(lines)
 
 

@@ -104,7 +104,8 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         gathered_params, gathered_grads = gathered_bytes(plan, layers, extra)
         stored = sum(once_per_figures(kept, layer, lambda layer: _layer_activations(
                          plan, layer, plan.train.recompute, attention_matrix)) for layer in layers)
-        activations = inflight[len(estimates)] * stored + _recompute_working_set(plan, layers, attention_matrix)
+        activations = inflight[len(estimates)] * stored + max(_recompute_working_set(plan, layers, attention_matrix),
+                                                              loss_backward_bytes(plan, layers))
         estimates.append(MemoryEstimate(params + gathered_params, grads + gathered_grads, optimizer, activations,
                                         gathered_params=gathered_params, gathered_grads=gathered_grads))
     return estimates
@@ -447,6 +448,18 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
         # Sec. 4.3: the head keeps its input (2sbh) and the cross entropy fp32 logits (4sbV/t).
         return 2 * sbh * scale / divisor + 4.0 * tokens * -(-model.vocab // tp)
     return 0.0
+
+
+def loss_backward_bytes(plan: ir.Plan, layers: Sequence[Layer]) -> float:
+    """The loss's backward on the rank holding a transformer's head: beside the fp32 log-probabilities
+    the cross entropy keeps (the head's 4sbV/t, counted in its activations), it makes the gradient of
+    those and then of the fp32 logits, two more fp32 tensors of the logits' shape, alive together
+    (torch's `log_softmax_backward`). A peak of the moment the backward starts, as the block the
+    recomputation rebuilds is of a later moment: the larger of the two counts (`estimate_memory`)."""
+    if not isinstance(plan.model, ir.TransformerModel) or not any(layer.kind == "head" for layer in layers):
+        return 0.0
+    tokens = -(-plan.seq // plan.cp) * plan.train.micro_batch
+    return 2 * 4.0 * tokens * -(-plan.model.vocab // plan.tp)
 
 
 def _block_input_width(model: ir.CustomModel, layer: Layer) -> int:

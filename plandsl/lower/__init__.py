@@ -17,7 +17,7 @@ from plandsl.lower.evaluate import Poison, Rep, Reporter, Scope, Word
 from plandsl.lower.model import custom_model, model_call, model_value, schedule_def
 from plandsl.syntax.loader import Loaded, Loader
 from plandsl.lower.plan import lower_plan
-from plandsl.lower.units import BANDWIDTH, BYTES, FLOPS, TIME
+from plandsl.lower.units import BANDWIDTH, BYTES, FLOPS, TIME, format_bytes
 from plandsl.syntax.parser import deep_recursion
 
 PRECISIONS = tuple(p.value for p in ir.Precision)
@@ -86,7 +86,7 @@ class Lowering:
         return value
 
     def _device(self, scope: Scope, d: s.Definition) -> ir.DeviceType:
-        allowed = {"memory": True, "bandwidth": True, "peak": True, "efficiency": False}
+        allowed = {"memory": True, "bandwidth": True, "peak": True, "efficiency": False, "reserve": False}
         found = attributes(scope, d.body, allowed, f"device '{d.name}'")
         if not require(scope, found, allowed, f"device '{d.name}'", d.name_span, d.body):
             raise Poison()
@@ -98,8 +98,17 @@ class Lowering:
             raise self.reporter.error("E207", "peak needs at least one precision", found["peak"].value.span,
                                       hint="peak = { bf16: 312 TFLOP/s }")
         efficiency = self.efficiency(scope, found["efficiency"].value) if "efficiency" in found else None
+        reserve = None
+        if "reserve" in found:
+            value = found["reserve"].value
+            reserve = scope.quantity(value, BYTES, "reserve", allow_zero=True)
+            if reserve >= memory:
+                raise self.reporter.error("E205", f"reserve {format_bytes(reserve)} leaves nothing of the device's "
+                                          f"memory {format_bytes(memory)} for a plan's tensors", value.span,
+                                          hint="the reserve is what the allocator, the CUDA context and communication "
+                                               "buffers take, a few GiB of a GPU's memory")
         return build(scope, ir.DeviceType, d.span, name=d.name, memory=memory, bandwidth=bandwidth, peak=peak,
-                     efficiency=efficiency)
+                     efficiency=efficiency, reserve=reserve)
 
     def efficiency(self, scope: Scope, expr: s.Expr) -> ir.DeviceEfficiency:
         """`{ matmul: 0.57, kernel_latency: 60 us }`; an omitted key keeps its fitted default."""

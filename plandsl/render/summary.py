@@ -42,7 +42,7 @@ def describe_plan(plan: ir.Plan) -> str:
     if estimates:
         lines.append("  memory    per device (estimate): rank: parameters + gradients + optimizer + activations = total / capacity")
         for rank, (estimate, devices) in enumerate(zip(estimates, pipeline_rank_devices(plan))):
-            capacity = min((d.memory for d in devices), default=0)
+            capacity = min((d.usable_memory for d in devices), default=0)
             lines.append(f"    {rank:>3}: {format_bytes(estimate.params)} + {format_bytes(estimate.grads)} + "
                          f"{format_bytes(estimate.optimizer)} + {format_bytes(estimate.activations)} = "
                          f"{format_bytes(estimate.total)} / {format_bytes(capacity)}")

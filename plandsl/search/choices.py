@@ -140,11 +140,11 @@ def rank_devices(devices: Sequence[ir.DeviceType], axes: Sequence[tuple[str, int
     """(slowest device, smallest memory) per pipeline rank of a mesh `axes` over `devices` in order;
     `uniform`: whether all devices are of one type, if the caller knows (else the list is walked)."""
     if uniform if uniform is not None else len({d.name for d in devices}) == 1:
-        return (devices[0],) * pp, (devices[0].memory,) * pp
+        return (devices[0],) * pp, (devices[0].usable_memory,) * pp
     names = [a for a, _ in axes]
     stride = math.prod(size for _, size in axes[names.index("pp") + 1:]) if "pp" in names else 1
     groups = [[d for i, d in enumerate(devices) if (i // stride) % pp == r] for r in range(pp)]
-    return tuple(slowest(g, precision) for g in groups), tuple(min(d.memory for d in g) for g in groups)
+    return tuple(slowest(g, precision) for g in groups), tuple(min(d.usable_memory for d in g) for g in groups)
 
 
 # ---- schedules -------------------------------------------------------------------------------------------------

@@ -436,7 +436,7 @@ def explain_empty(problem: Problem, pins: dict, space) -> str:
                 "layer's critical path): put tp innermost in the order, or allow it with --pin tp_across_nodes=true")
     if stats.memory_pruned and not stats.invalid:
         states = _states_bytes(problem)
-        capacity = sum(d.memory for d in cluster.devices_in_order())
+        capacity = sum(d.usable_memory for d in cluster.devices_in_order())
         pinned = f" with the pins {', '.join(f'{k}={v}' for k, v in pins.items())}" if pins else ""
         return (f"model '{model.name}' ({format_count(param_count(model))} parameters) does not fit on cluster "
                 f"'{cluster.name}' ({n} x {format_bytes(cluster.devices_in_order()[0].memory)}){pinned} in any "
@@ -462,9 +462,9 @@ def _smallest_cluster(problem: Problem, states: float) -> str:
     with ZeRO-3 over every device: arithmetic, not a search of larger clusters in turn (which took
     seconds to minutes). Activations need more, so it is a lower bound, said as one."""
     cluster = problem.cluster
-    group = max(cluster.groups, key=lambda g: g.node.devices * g.node.device.memory)
+    group = max(cluster.groups, key=lambda g: g.node.devices * g.node.device.usable_memory)
     node = group.node
-    least = max(cluster.num_nodes + 1, math.ceil(states / (node.devices * node.device.memory)))
+    least = max(cluster.num_nodes + 1, math.ceil(states / (node.devices * node.device.usable_memory)))
     return (f"Its states alone need at least {node.name} x {least:,} ({least * node.devices:,} devices, ZeRO-3 over "
             f"all of them); activations need more: run generate on a cluster at least that large")
 

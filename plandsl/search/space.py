@@ -170,7 +170,7 @@ class Space:
         probe = Root(dp, tp, pp, cp, ep, tuple(a for a in AXES if sizes[a] > 1), None, (), (), False, (1,))
         per_kind = self.layer_memory(Node(probe, 1, 1, "full"), 3 if dp * ep > 1 else 0)[0]
         states = sum(count * per_kind[i][0] for i, (_, count) in enumerate(self.kinds))
-        capacity = max(g.node.device.memory for g in self.problem.cluster.groups)
+        capacity = max(g.node.device.usable_memory for g in self.problem.cluster.groups)
         if states / pp > capacity:
             self._note_memory(f"dp={dp} tp={tp} pp={pp} cp={cp} ep={ep} needs {format_bytes(states / pp)} of model "
                               f"states per device even with ZeRO-3", states / pp / capacity)
@@ -357,11 +357,13 @@ class Space:
         states plus its in-flight microbatches' activations. One array operation over the ranks (a
         pipeline of 4,096 ranks costs what one of 4 does, per leaf)."""
         per_kind, tied, _ = memory
-        (embed_s, embed_a, _), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, _) = per_kind
+        (embed_s, embed_a, _), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind
         first_rank, last_rank = ranks[0], ranks[-1]
         fixed = {first_rank: 0.0, last_rank: 0.0}
         fixed[first_rank] += embed_s + inflight[first_rank] * embed_a
-        fixed[last_rank] += norm_s + head_s + inflight[last_rank] * (norm_a + head_a)
+        # the head's working set is the loss's backward (`cost.memory.loss_backward_bytes`): the last rank's
+        # peak moment is the larger of it and the block rebuilt by recomputation
+        fixed[last_rank] += norm_s + head_s + inflight[last_rank] * (norm_a + head_a) + max(0.0, loss - working)
         if tied and first_rank != last_rank:
             fixed[last_rank] += tied
         capacity = self._capacity(root)

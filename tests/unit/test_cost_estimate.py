@@ -5,7 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from plandsl import api
+from plandsl import api, ir
 from plandsl.cost.memory import estimate_plan_memory
 from plandsl.cli import main
 from plandsl.cost.comm import collective_seconds
@@ -87,7 +87,7 @@ def test_memory_is_the_memory_model_with_the_schedules_inflight_microbatches():
     e = estimate_plan(plan)
     expected = estimate_plan_memory(plan, assignment)
     assert [m.total for m in e.memory] == pytest.approx([m.total for m in expected])
-    assert e.capacity == (80 * 2**30,) * 4
+    assert e.capacity == pytest.approx((80 * 2**30 * (1 - ir.DEFAULT_RESERVE),) * 4)  # the device's memory less its reserve
     assert e.fits
 
 

@@ -257,8 +257,30 @@ def test_logits_and_inflight_scale():
     head = estimate_layer_activations(p, layers[-1])
     assert head == 2 * SBH + 4 * S * B * 51200 / 8
     one, three = (estimate_memory(p, [layers], [[0]], [n])[0] for n in (1, 3))
-    assert three.activations == pytest.approx(3 * one.activations)
+    # the loss's backward: two more fp32 tensors of the logits' shape, once, whatever is in flight
+    loss = 8 * S * B * 51200 / 8
+    assert three.activations - loss == pytest.approx(3 * (one.activations - loss))
     assert one.params == three.params
+    without_head = estimate_memory(p, [layers[:-1]], [[0]], [1])[0]
+    assert one.activations - without_head.activations == pytest.approx(head + loss)
+
+
+def test_the_loss_backward_and_the_recomputed_block_are_peaks_of_different_moments():
+    """A rank counts the larger of the two, not their sum: small blocks and a large vocabulary make the
+    loss's backward the larger; large blocks with full recomputation the rebuilt block."""
+    small = ir.TransformerModel(kind="llama", name="l", layers=4, hidden=256, heads=4, kv_heads=4,
+                                ffn_hidden=512, seq=1024, vocab=128256)
+    wide = ir.TransformerModel(kind="gpt", name="w", layers=4, hidden=12288, heads=96, kv_heads=96,
+                               ffn_hidden=4 * 12288, seq=2048, vocab=8192)
+    for model, larger in ((small, "loss"), (wide, "block")):
+        layers = layers_of(model)
+        full, none = plan(model, [("dp", 1)], recompute="full"), plan(model, [("dp", 1)])
+        [estimate] = estimate_memory(full, [layers], [[0]], [1])
+        stored = sum(estimate_layer_activations(full, layer) for layer in layers)
+        block = estimate_layer_activations(none, layers[1]) - estimate_layer_activations(full, layers[1])
+        loss = 8.0 * model.seq * model.vocab
+        assert (loss > block) == (larger == "loss")
+        assert estimate.activations == pytest.approx(stored + max(block, loss))
 
 
 @pytest.mark.parametrize("recompute, kept", [("full", 2), ("selective_op", 16)])
@@ -269,7 +291,8 @@ def test_recompute_adds_one_layer_working_set(recompute, kept):
     [estimate] = estimate_memory(rerun, [layers], [[0]], [1])
     stored = sum(estimate_layer_activations(rerun, layer) for layer in layers)
     working = estimate_layer_activations(none, layers[1]) - kept * SBH
-    assert estimate.activations == pytest.approx(stored + working)
+    loss = 8 * S * B * 51200  # the loss's backward, a peak of another moment (the larger of the two counts)
+    assert estimate.activations == pytest.approx(stored + max(working, loss))
 
 
 # ---- in-flight microbatches --------------------------------------------------------------

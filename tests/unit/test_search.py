@@ -217,11 +217,12 @@ def test_pin_aliases():
 def _rank_caps_one_by_one(space, root, ranks, inflight, memory):
     """The definition `Space._rank_caps` computes over all ranks at once, rank by rank."""
     per_kind, tied, _ = memory
-    (embed_s, embed_a, _), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, _) = per_kind
+    (embed_s, embed_a, _), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind
     first, last = ranks[0], ranks[-1]
     fixed = [0.0] * root.pp
     fixed[first] += embed_s + inflight[first] * embed_a
-    fixed[last] += norm_s + head_s + inflight[last] * (norm_a + head_a)
+    # the last rank's peak: the larger of the loss's backward and the block recomputation rebuilds
+    fixed[last] += norm_s + head_s + inflight[last] * (norm_a + head_a) + max(0.0, loss - working)
     if tied and first != last:
         fixed[last] += tied
     caps = []

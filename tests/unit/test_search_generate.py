@@ -13,6 +13,7 @@ from plandsl.cli import main
 from plandsl.cost.estimate import estimate_plan
 from plandsl.search import SearchError, search
 from plandsl.ir.layers import param_count
+from plandsl.ir import DEFAULT_RESERVE
 from plandsl.search.emit import plan_text, resolve_problem
 from support import bounded, cli_in_process
 
@@ -101,7 +102,7 @@ def test_a_model_too_large_is_answered_without_probing_larger_clusters():
         problem, _ = resolve_problem("gpt(layers=200, hidden=32768, heads=128, seq=2048, vocab=51200)",
                                      "dgx_a100", 8)
         states = param_count(problem.model) * 16  # fp32 parameters, gradients, Adam m and v
-        least = math.ceil(states / (8 * 80 * 2**30))
+        least = math.ceil(states / (8 * 80 * 2**30 * (1 - DEFAULT_RESERVE)))  # what each device's reserve leaves
         with pytest.raises(SearchError, match=rf"at least dgx_a100 x {least} \({least * 8} devices"):
             search(problem)
 
@@ -122,13 +123,14 @@ def test_tensor_parallelism_stays_inside_a_node_unless_allowed():
 
 
 def test_candidates_say_whether_plandsl_run_runs_them():
-    """Long context on 8 H100 nodes: the cost model ties zero1 and zero2 with tp = 2 and cp = 8; the
-    interpreter runs both (zero1 over tensor-parallel DTensors too), so no candidate is refused."""
+    """Long context on 8 H100 nodes: the cost model ranks ZeRO-1, 2 and 3 with tp = 2-4 and cp = 4-16
+    within 2 % of each other; the interpreter runs them all (zero1 over tensor-parallel DTensors too), so
+    no candidate is refused."""
     args = ["--model", "llama3_8b", "--cluster", "dgx_h100 x 8", "--global-batch", "16", "--seq-len", "131072",
-            "--top", "3"]
+            "--top", "8"]
     candidates = json.loads(run(*args, "--json").output)["candidates"]
-    assert {c["cp"] for c in candidates} == {8} and all(re.search(r"context\s+= allgather over cp", c["plan"])
-                                                 for c in candidates)
+    assert all(c["cp"] >= 4 for c in candidates) and all(re.search(r"context\s+= allgather over cp", c["plan"])
+                                                        for c in candidates)
     assert any(c["zero_stage"] == 1 and c["tp"] > 1 for c in candidates)
     assert all(c["runs"] and c["refused"] == [] for c in candidates)
     assert "refuses #1" not in run(*args).output
