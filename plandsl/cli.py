@@ -640,26 +640,30 @@ def export_command(file, target, plan_name, output, lossy, params):
 
 @main.command("import", context_settings={"ignore_unknown_options": True})
 @click.option("--from", "source", type=click.Choice(api.interop_targets()), required=True, help="The tool whose "
-              "configuration to read: megatron reads Megatron-LM's flags, after `--` or from --args-file.")
+              "configuration to read: megatron reads Megatron-LM's flags (after `--` or --args-file), deepspeed "
+              "its JSON config (--args-file).")
 @click.option("--world-size", type=click.IntRange(min=1, max=limits.MAX_MESH_DEVICES),
               help="Devices the configuration runs on (default: those of --cluster).")
 @click.option("--cluster", help="The cluster, as `generate --cluster`: `dgx_a100 x 16`, a stdlib name "
               "(default: nodes of 8 H100s, dgx_h100).")
 @click.option("--args-file", type=click.Path(dir_okay=False), help="Read the flags from FILE (a launch script's "
               "bash arrays, comments and \\-continued lines allowed).")
+@click.option("--model", help="deepspeed: the model, as `generate --model` (its config does not say it).")
 @click.option("--name", help="The plan's name (default: the output file's).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), callback=_writable_file, required=True,
               help="Write the plan here.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
               help="json: diagnostics one object per line.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def import_command(source, world_size, cluster, args_file, name, output, output_format, args):
+def import_command(source, world_size, cluster, args_file, model, name, output, output_format, args):
     """Read another tool's configuration as a plan (-o OUT.plan) that passes `plandsl check`:
     `plandsl import --from megatron --world-size 64 -o my.plan -- --tensor-model-parallel-size 8 ...`."""
     if bool(args) == bool(args_file):
         raise click.UsageError("give the flags after `--`, or --args-file FILE (one of them)")
     if world_size is None and cluster is None:
         raise click.UsageError("--world-size N or --cluster CLUSTER: the flags do not say how many devices")
+    if (source == "deepspeed") != (model is not None):
+        raise click.UsageError("--model is needed for deepspeed (its config does not say the model), and only there")
     if args_file:
         try:
             text, path = api.read_args_file(args_file), args_file
@@ -670,13 +674,13 @@ def import_command(source, world_size, cluster, args_file, name, output, output_
     stem = os.path.splitext(os.path.basename(output))[0]
     name = name or ("".join(c if c.isalnum() or c == "_" else "_" for c in stem).lstrip("0123456789") or "imported")
     try:
-        imported = api.import_config(source, text, path, world_size, cluster, name, output)
+        imported = api.import_config(source, text, path, world_size, cluster, name, output, model)
     except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="--cluster") from None
+        raise click.UsageError(str(error)) from None
     if not imported.ok:
         _fail(api.PlanError(imported.diagnostics, imported.sources), output_format)
     if imported.ignored:
-        click.echo(f"note: left out (no meaning in a plan): {' '.join(imported.ignored)}", err=True)
+        click.echo(f"note: left out (a plan does not hold them): {' '.join(imported.ignored)}", err=True)
     _write(output, imported.text)
     click.echo(f"wrote {output}: plan '{name}'" + (f" ({len(imported.diagnostics)} warning(s))"
                                                     if imported.diagnostics else ""), err=True)

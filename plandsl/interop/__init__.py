@@ -2,18 +2,19 @@
 
 Stage: interop, beside render and rewrite, below the API (no torch: each adapter writes and reads the target's
 own text, and the tests hold it against the target's installed code). One module per target:
-`megatron` (Megatron-LM's arguments, megatron-core 0.16.1; `megatron_import` reads them back). Results are
-`result.Exported` and `result.Imported`.
+`megatron` (Megatron-LM's arguments, megatron-core 0.16.1; `megatron_import` reads them back) and `deepspeed`
+(DeepSpeed's JSON config, 0.19.8; the model comes from `--model`, the config does not name it). Results are
+`result.Exported` and `result.Imported`; `cluster` reads the cluster an import is given.
 """
 from __future__ import annotations
 
 from plandsl import ir
-from plandsl.interop import megatron, megatron_import
+from plandsl.interop import deepspeed, megatron, megatron_import
 from plandsl.interop.flags import args_text
 from plandsl.interop.result import Exported, Imported
 
-EXPORTERS = {megatron.TARGET: megatron.export_plan}
-IMPORTERS = {megatron.TARGET: megatron_import.import_flags}
+EXPORTERS = {megatron.TARGET: megatron.export_plan, deepspeed.TARGET: deepspeed.export_plan}
+IMPORTERS = {megatron.TARGET: megatron_import.import_flags, deepspeed.TARGET: deepspeed.import_json}
 TARGETS = tuple(EXPORTERS)
 
 __all__ = ["EXPORTERS", "IMPORTERS", "TARGETS", "Exported", "Imported", "args_text", "export_plan", "import_text"]
@@ -25,6 +26,12 @@ def export_plan(plan: ir.Plan, target: str) -> Exported:
 
 
 def import_text(target: str, text: str, path: str, world_size: int | None = None, cluster: str | None = None,
-                name: str = "imported", plan_path: str = "imported.plan") -> Imported:
-    """`target`'s configuration `text` (read from `path`) as a checked plan called `name`."""
-    return IMPORTERS[target](text, path, world_size=world_size, cluster=cluster, name=name, plan_path=plan_path)
+                name: str = "imported", plan_path: str = "imported.plan", model: str | None = None) -> Imported:
+    """`target`'s configuration `text` (read from `path`) as a checked plan called `name`; ValueError for a
+    `cluster` that is no cluster, or a `model` the target needs (deepspeed) or says itself (megatron)."""
+    options = dict(world_size=world_size, cluster=cluster, name=name, plan_path=plan_path)
+    if target == megatron.TARGET:
+        if model is not None:
+            raise ValueError("--model: Megatron-LM's flags say the model (--num-layers, --hidden-size, ...)")
+        return IMPORTERS[target](text, path, **options)
+    return IMPORTERS[target](text, path, model=model, **options)

@@ -8,7 +8,6 @@ written. It never raises on flags. The facts (flag names, rank order, defaults) 
 """
 from __future__ import annotations
 
-import functools
 import math
 import re
 from dataclasses import dataclass
@@ -20,22 +19,9 @@ from plandsl.diagnostics.source import SourceFile, Span
 from plandsl.interop import megatron as facts
 from plandsl.interop.flags import Flag, read_flags
 from plandsl.interop.result import Imported
+from plandsl.interop.cluster import cluster_devices, cluster_lines
 from plandsl.syntax.format import format_text
-from plandsl.syntax.loader import stdlib_files, stdlib_root
 
-@functools.lru_cache(maxsize=1)
-def stdlib_names() -> dict[str, str]:
-    """Device, node and cluster name -> the stdlib file defining it (`clusters/dgx_a100`), for a --cluster's imports."""
-    names: dict[str, str] = {}
-    for name in stdlib_files():
-        if name.startswith("clusters/"):
-            text = (stdlib_root() / f"{name}.plan").read_text(encoding="utf-8")
-            for word in re.findall(r"^(?:device|node|cluster)\s+([A-Za-z_][A-Za-z0-9_]*)", text, re.M):
-                names.setdefault(word, name)
-    return names
-
-
-DEFAULT_NODE = "dgx_h100"   # the cluster of an import given only --world-size: nodes of 8 H100s
 KNOWN = (*facts.INT_FLAGS, *facts.FLOAT_FLAGS, *facts.CHOICE_FLAGS, *facts.TEXT_FLAGS, *facts.SWITCHES)
 
 
@@ -68,7 +54,7 @@ def import_flags(text: str, path: str, world_size: int | None = None, cluster: s
     where the plan will be written (its imports resolve from there). ValueError for a `cluster` that is no
     cluster (it is the caller's option, not a flag)."""
     if cluster is not None:
-        _cluster_devices(cluster)
+        cluster_devices(cluster)
     source, flags = read_flags(text, path)
     read = _read(flags, source)
     sources = {path: source}
@@ -188,10 +174,10 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
     if not axes:
         axes = ["dp"]
     mesh = "[" + ", ".join(f"{role} = {sizes[role]}" for role in axes) + "]"
-    cluster_text, imports, part = _cluster(cluster, world)
+    cluster_text, imports, part = cluster_lines(cluster, world)
     lines = [f"# Imported from Megatron-LM arguments ({facts.VERSION}) by `plandsl import --from megatron`."]
     if read.ignored:
-        lines.append("# Left out (no meaning in a plan): " + " ".join(read.ignored))
+        lines.append("# Left out (a plan does not hold them): " + " ".join(read.ignored))
     lines += [f'import "{i}"' for i in imports] + ["", f"plan {name} {{", f"  model = {model}",
                                                     f"  cluster = {cluster_text}",
                                                     f"  mesh = {mesh}" + (f" over devices[0:{world}]" if part else ""),
@@ -367,7 +353,7 @@ def _degrees(read: _Read, world_size: int | None, cluster: str | None):
         read.problem("E807", "--context-parallel-size with --expert-model-parallel-size: Megatron-LM folds the expert "
                      "axis into context x data, which a plan's separate axes do not say", "--expert-model-parallel-size")
         return None
-    world = world_size if world_size is not None else _cluster_devices(cluster)
+    world = world_size if world_size is not None else cluster_devices(cluster)
     if world is None:
         return None
     model = tp * pp * cp
@@ -385,36 +371,6 @@ def _degrees(read: _Read, world_size: int | None, cluster: str | None):
     if "--global-batch-size" not in read.values:  # validate_args: micro x data parallel
         read.values["--global-batch-size"] = read.get("--micro-batch-size", 1) * dp
     return tp, pp, cp, ep, dp, world
-
-
-def _cluster_devices(cluster: str | None) -> int | None:
-    """The devices of a cluster expression (None for None); ValueError with the language's complaint."""
-    if cluster is None:
-        return None
-    names = stdlib_names()
-    imports = sorted({names[word] for word in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", cluster) if word in names})
-    header = "".join(f'import "{i}"\n' for i in imports)
-    analysis = analyze("<cluster>", text=f"{header}cluster __cluster = {cluster.strip() or '_'}\n")
-    found = next((c for c in analysis.document.clusters if c.name == "__cluster"), None) \
-        if analysis.ok and analysis.document is not None else None
-    if found is None:
-        first = analysis.errors[0].message if analysis.errors else "not a cluster"
-        raise ValueError(f"--cluster {cluster}: {first}")
-    return found.num_devices
-
-
-def _cluster(cluster: str | None, world: int | None) -> tuple[str, list[str], bool]:
-    """The cluster expression, the stdlib files it needs, and whether the mesh covers only part of it."""
-    if cluster is None:
-        nodes = -(-(world or 1) // 8)
-        text, part = f"{DEFAULT_NODE} x {nodes}", (world or 1) % 8 != 0
-    else:
-        text, part = cluster.strip(), False
-    names = stdlib_names()
-    imports = sorted({names[word] for word in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text) if word in names})
-    if cluster is not None and world is not None:
-        part = _cluster_devices(cluster) > world  # fewer devices: the checker's E301
-    return text, imports, part
 
 
 def _data_kind(read: _Read) -> ir.DataKind | None:

@@ -279,7 +279,7 @@ EXPECTED_SURFACE = {
                                               "--include", "--time-limit", "--allow-model-import"}},
     "export": {"arguments": ["file"], "options": {"--to", "--plan", "--output", "-o", "--lossy", "--param", "--include",
                                                   "--allow-model-import"}},
-    "import": {"arguments": ["args"], "options": {"--from", "--world-size", "--cluster", "--args-file", "--name",
+    "import": {"arguments": ["args"], "options": {"--from", "--world-size", "--cluster", "--args-file", "--name", "--model",
                                                   "--output", "-o", "--format"}},
 }
 EXPECTED_GROUP_OPTIONS = {"--version", "--help", "-h"}

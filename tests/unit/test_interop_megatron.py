@@ -333,3 +333,11 @@ def test_the_interop_doc_commands_run_as_shown(tmp_path, monkeypatch):
     result = runner.invoke(main, shlex.split(command)[2:])
     assert result.exit_code == 1 and not (ROOT / "zbv.args").exists()
     assert result.output.splitlines()[:len(shown) - 1] == shown[:-1] and shown[-1] == "..."
+    (_, config), (_, commands), (_, plan), (_, exported) = blocks[5:9]  # the DeepSpeed section
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds_config.json").write_text(config, encoding="utf-8")
+    for line in commands.strip().splitlines():
+        result = runner.invoke(main, shlex.split(line)[1:])
+        assert result.exit_code == 0, f"{line}\n{result.output}"
+    assert (tmp_path / "llama2_7b_zero3.plan").read_text(encoding="utf-8") == plan
+    assert (tmp_path / "ds_config_back.json").read_text(encoding="utf-8") == exported

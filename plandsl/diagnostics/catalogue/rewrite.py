@@ -85,6 +85,8 @@ _entry("E804", """
     or a required one that is missing (the model's shape, the micro-batch size, the vocabulary, which
     Megatron-LM otherwise reads from a tokenizer file), is reported the same way, the flag under the caret.
     Flags that mean nothing in a plan (data paths, logging, checkpoints) are read and listed as left out.
+    `plandsl import --from deepspeed` reports an unknown key of DeepSpeed's JSON config the same way:
+    DeepSpeed itself ignores keys it does not know, so a misspelt `gradient_cliping` would go unnoticed.
     """, f"""
     {_FLAGS}
         --tensor-model-paralel-size 2

@@ -1,0 +1,207 @@
+"""A checked plan <-> DeepSpeed's JSON configuration (DeepSpeed 0.19.8).
+
+Stage: interop, beside render. Contract: `export_plan(plan)` writes the JSON and one E808 per part of the plan
+it cannot say; `import_json(text, path, world_size, cluster, model)` reads a JSON config (with the model, which
+DeepSpeed's config does not name) as a formatted plan that passes `check`, or E804-E807 with a caret under the
+key, or the checker's diagnostics. DeepSpeed's config says the batch, ZeRO, precision, clipping, optimizer and
+learning-rate schedule; the model, its tensor, pipeline, context and expert parallelism and what it recomputes
+live in the training script (PipelineModule, deepspeed.checkpointing, MoE layers), so a plan with them is
+lossy. DeepSpeed accepts unknown top-level keys silently (`DeepSpeedConfig` reads the keys it knows), so the
+import checks every key itself. Facts are deepspeed/runtime/{config,constants,lr_schedules}.py and
+zero/config.py at 0.19.8; tests/unit/test_interop_deepspeed.py holds them against DeepSpeedConfig.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from plandsl import ir
+from plandsl.check.analysis import analyze
+from plandsl.diagnostics import Diagnostic, did_you_mean, diag
+from plandsl.diagnostics.source import SourceFile
+from plandsl.interop.cluster import cluster_devices, cluster_lines, stdlib_imports
+from plandsl.interop.result import Exported, Imported
+from plandsl.syntax.format import format_text
+
+TARGET = "deepspeed"
+VERSION = "DeepSpeed 0.19.8"
+
+# The keys the import reads (constants.py), and those of DeepSpeed's config that mean nothing in a plan: read,
+# listed, left out. Any other top-level key is a typo DeepSpeed itself would silently ignore: E804.
+READ = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
+        "bf16", "fp16", "gradient_clipping", "optimizer", "scheduler")
+IGNORED = ("steps_per_print", "wall_clock_breakdown", "dump_state", "memory_breakdown", "tensorboard", "wandb",
+           "csv_monitor", "comet", "flops_profiler", "comms_logger", "checkpoint", "zero_allow_untested_optimizer",
+           "zero_force_ds_cpu_optimizer", "prescale_gradients", "gradient_predivide_factor", "communication_data_type",
+           "seq_parallel_communication_data_type", "dataloader_drop_last", "aio", "activation_checkpointing",
+           "data_types", "disable_allgather", "sparse_gradients", "timers")
+OPTIMIZERS = {"Adam": ir.Optimizer.adam, "AdamW": ir.Optimizer.adam, "SGD": ir.Optimizer.sgd}
+SGD_MOMENTUM = 0.9   # plandsl's sgd (runtime/optim.py)
+
+
+def export_plan(plan: ir.Plan) -> Exported:
+    lost: list[Diagnostic] = []
+
+    def lose(message: str, field: str, hint: str | None = None) -> None:
+        node = getattr(plan, field, None)
+        span = getattr(node, "span", None) or plan.span_of(field)
+        lost.append(diag("E808", f"DeepSpeed's config cannot express {message}", span, hint=hint))
+
+    train = plan.train
+    for what, degree, field in (("tensor", plan.tp, "tensor"), ("pipeline", plan.pp, "stages"),
+                                ("context", plan.cp, "context"), ("expert", plan.ep, "experts")):
+        if degree > 1:
+            lose(f"{what} parallelism ({degree}: the training script builds it, not the JSON)", field)
+    if plan.data is not None and (plan.data.hybrid or len(plan.data.axes) > 1):
+        lose(f"data = {plan.data.kind} over {len(plan.data.axes)} axes (ZeRO shards over the whole data-parallel "
+             "group)", "data")
+    if train.recompute is not ir.Recompute.none:
+        lose(f"recompute: {train.recompute.value} (the model's code calls deepspeed.checkpointing)", "train")
+    if train.lr_schedule != "constant":
+        lose(f"lr_schedule: {train.lr_schedule} (WarmupCosineLR and WarmupDecayLR need total_num_steps, which a "
+             "plan does not fix)", "train")
+    if train.seed != 0:
+        lose(f"seed: {train.seed} (the training script seeds)", "train")
+    lost.extend(diag("E808", f"DeepSpeed's config cannot express shard rule `{rule.target.text}`", rule.span)
+                for rule in plan.shard)
+    config: dict = {
+        "train_batch_size": train.global_batch,
+        "train_micro_batch_size_per_gpu": train.micro_batch,
+        "gradient_accumulation_steps": plan.num_microbatches,   # train_batch = micro x accumulation x dp
+        "zero_optimization": {"stage": plan.data.zero_stage if plan.data else 0},
+        "bf16": {"enabled": train.precision is ir.Precision.bf16},
+        "fp16": {"enabled": train.precision is ir.Precision.fp16},
+        # 0 turns clipping off (engine.py: `if self.gradient_clipping() > 0.0`)
+        "gradient_clipping": train.grad_clip if train.grad_clip is not None else 0.0,
+        # plandsl's adam is AdamW without weight decay (runtime/optim.py), DeepSpeed's Adam is AdamW-mode with
+        # weight_decay 0 by default; its sgd has momentum 0.9, DeepSpeed's SGD (torch's) 0 unless told
+        "optimizer": {"type": "Adam", "params": {"lr": train.lr}} if train.optimizer is ir.Optimizer.adam else
+                     {"type": "SGD", "params": {"lr": train.lr, "momentum": SGD_MOMENTUM}},
+    }
+    if train.warmup_steps:  # WarmupLR's default warmup_type is log: plandsl's warm-up is linear
+        config["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": train.lr,
+                                                              "warmup_num_steps": train.warmup_steps,
+                                                              "warmup_type": "linear"}}
+    return Exported(TARGET, json.dumps(config, indent=2) + "\n", tuple(lost))
+
+
+def _span(source: SourceFile, key: str):
+    """Where `"key"` is first written (the file's start when it is not)."""
+    found = re.search(rf'"{re.escape(key)}"\s*:', source.text)
+    return source.span(found.start(), found.start() + len(key) + 2) if found else source.span(0, 1)
+
+
+def import_json(text: str, path: str, world_size: int | None = None, cluster: str | None = None,
+                model: str | None = None, name: str = "deepspeed", plan_path: str = "deepspeed.plan") -> Imported:
+    source = SourceFile(path, text)
+    sources = {path: source}
+    problems: list[Diagnostic] = []
+
+    def problem(code: str, message: str, key: str, hint: str | None = None) -> None:
+        problems.append(diag(code, message, _span(source, key), hint=hint))
+
+    try:
+        config = json.loads(text)
+    except ValueError as error:
+        line, column = getattr(error, "lineno", 1), getattr(error, "colno", 1)
+        offset = getattr(error, "pos", 0)
+        problems.append(diag("E804", f"not JSON: {getattr(error, 'msg', error)} (line {line}, column {column})",
+                             source.span(offset, offset + 1)))
+        return Imported(None, tuple(problems), sources)
+    if not isinstance(config, dict):
+        problems.append(diag("E804", "a DeepSpeed config is a JSON object", source.span(0, 1)))
+        return Imported(None, tuple(problems), sources)
+    if model is None:
+        raise ValueError("--model: DeepSpeed's config does not say the model (gpt(...), llama(...) or a stdlib name)")
+    ignored = [key for key in config if key in IGNORED]
+    zero = config.get("zero_optimization", {})
+    for key in config:
+        if key not in READ and key not in IGNORED:
+            problem("E804", f"unknown key \"{key}\" (DeepSpeed would ignore it without a word)", key,
+                    hint=did_you_mean(key, READ + IGNORED, "keys") or "docs/interop.md lists the keys plandsl reads")
+    world = world_size if world_size is not None else cluster_devices(cluster)
+    numbers = {}
+    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+        value = config.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            problem("E804", f"\"{key}\" must be a positive integer, found {json.dumps(value)}", key)
+        numbers[key] = value
+    if problems:
+        return Imported(None, tuple(problems), sources, tuple(ignored))
+    batch, micro, accumulation = (numbers[k] for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                                        "gradient_accumulation_steps"))
+    # config.py _set_batch_related_parameters: any two give the third; _batch_assertion: train_batch_size =
+    # micro x accumulation x world size
+    if batch is None and micro is None:
+        problem("E804", "missing \"train_batch_size\" and \"train_micro_batch_size_per_gpu\" (DeepSpeed needs one)",
+                "train_batch_size")
+        return Imported(None, tuple(problems), sources, tuple(ignored))
+    if micro is None:
+        if batch % ((accumulation or 1) * world):
+            problem("E806", f"\"train_batch_size\" {batch} is not divisible by gradient_accumulation_steps x world "
+                    f"size ({accumulation or 1} x {world})", "train_batch_size")
+            return Imported(None, tuple(problems), sources, tuple(ignored))
+        micro = batch // ((accumulation or 1) * world)
+    if batch is None:
+        batch = micro * (accumulation or 1) * world
+    if batch % (micro * world):
+        problem("E806", f"\"train_batch_size\" {batch} is not divisible by train_micro_batch_size_per_gpu x world "
+                f"size ({micro} x {world})", "train_batch_size")
+        return Imported(None, tuple(problems), sources, tuple(ignored))
+    if accumulation is not None and accumulation != batch // (micro * world):
+        problem("E805", f"\"train_batch_size\" {batch} != train_micro_batch_size_per_gpu {micro} x "
+                f"gradient_accumulation_steps {accumulation} x world size {world} (= {micro * accumulation * world})",
+                "gradient_accumulation_steps")
+        return Imported(None, tuple(problems), sources, tuple(ignored))
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else (1 if zero else 0)
+    if stage not in (0, 1, 2, 3):
+        problem("E804", f"zero_optimization stage {json.dumps(stage)}: one of 0, 1, 2, 3", "zero_optimization")
+    bf16 = bool((config.get("bf16") or {}).get("enabled")) if isinstance(config.get("bf16"), dict) else False
+    fp16 = bool((config.get("fp16") or {}).get("enabled")) if isinstance(config.get("fp16"), dict) else False
+    if bf16 and fp16:
+        problem("E805", "bf16 and fp16 both enabled", "fp16", hint="enable one")
+    optimizer = config.get("optimizer", {"type": "Adam", "params": {}})
+    kind = optimizer.get("type") if isinstance(optimizer, dict) else None
+    if kind not in OPTIMIZERS:
+        problem("E807", f"optimizer {json.dumps(kind)}: a plan's optimizer is adam or sgd", "optimizer")
+    params = (optimizer.get("params") or {}) if isinstance(optimizer, dict) else {}
+    lr = params.get("lr", 1e-3)
+    if kind == "SGD" and params.get("momentum", 0) != SGD_MOMENTUM:
+        problem("E807", f"SGD with momentum {params.get('momentum', 0)}: a plan's sgd has momentum {SGD_MOMENTUM}",
+                "optimizer")
+    # what the sections say besides what a plan keeps: listed as left out
+    ignored += [f"optimizer.params.{k}" for k in params if k not in ("lr", "momentum")]
+    ignored += [f"zero_optimization.{k}" for k in (zero if isinstance(zero, dict) else {}) if k != "stage"]
+    warmup = 0
+    scheduler = config.get("scheduler")
+    if scheduler is not None:
+        params = scheduler.get("params", {}) if isinstance(scheduler, dict) else {}
+        if not isinstance(scheduler, dict) or scheduler.get("type") != "WarmupLR" \
+                or params.get("warmup_type", "log") != "linear" or params.get("warmup_min_lr", 0) != 0:
+            problem("E807", "scheduler: a plan's warm-up is WarmupLR, linear from 0 to the optimizer's lr", "scheduler")
+        else:
+            warmup = params.get("warmup_num_steps", 1000)
+            lr = params.get("warmup_max_lr", lr)
+    clip = config.get("gradient_clipping", 0.0)
+    if problems:
+        return Imported(None, tuple(problems), sources, tuple(ignored))
+    cluster_text, imports, part = cluster_lines(cluster, world)
+    imports = sorted(set(imports) | set(stdlib_imports(model)))
+    precision = "bf16" if bf16 else "fp16" if fp16 else "fp32"
+    data = ir.DataKind.of_zero_stage(stage).value
+    lines = [f"# Imported from a DeepSpeed config ({VERSION}) by `plandsl import --from deepspeed`."]
+    if ignored:
+        lines.append("# Left out (a plan does not hold them): " + ", ".join(ignored))
+    lines += [f'import "{i}"' for i in imports] + [
+        "", f"plan {name} {{", f"  model = {model}", f"  cluster = {cluster_text}",
+        f"  mesh = [dp = {world}]" + (f" over devices[0:{world}]" if part else ""),
+        f"  train = {{ global_batch: {batch}, micro_batch: {micro}, precision: {precision}, "
+        f"optimizer: {OPTIMIZERS[kind].value}, lr: {float(lr)!r}, warmup_steps: {warmup}, "
+        f"grad_clip: {repr(float(clip)) if clip else 'none'} }}",
+        f"  data = {data} over dp", "}"]
+    formatted = format_text("\n".join(lines) + "\n", plan_path)
+    analysis = analyze(plan_path, text=formatted)
+    sources.update(analysis.sources)
+    if not analysis.ok:
+        return Imported(None, tuple(analysis.diagnostics), sources, tuple(ignored))
+    return Imported(formatted, tuple(analysis.diagnostics), sources, tuple(ignored))

@@ -1,0 +1,147 @@
+"""`plandsl export --to deepspeed` and `plandsl import --from deepspeed`: DeepSpeed's JSON config (0.19.8). Every
+stdlib plan's export (golden files for those DeepSpeed expresses; E808 for the rest), round trips, keys DeepSpeed
+would silently ignore as E804, and the exports held against DeepSpeed's own DeepSpeedConfig (skipped without it:
+`DS_BUILD_OPS=0 pip install -e .[deepspeed]`)."""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from plandsl import api
+from plandsl.cli import main
+from plandsl.interop import deepspeed, export_plan, import_text
+from test_interop_megatron import ALL, stdlib_plan  # the stdlib plans, found by name
+
+# The stdlib plans DeepSpeed's config expresses whole: data parallelism alone, no recomputation, a constant
+# learning rate, seed 0 (the rest of a plan lives in DeepSpeed's training script).
+EXPRESSED = {"gpt2_medium_ddp", "tiny_dp", "tiny_fsdp", "tiny_zero1", "tiny_zero2"}
+WHOLE = [param for param in ALL if param.values[1] in EXPRESSED]
+MODELS = {"gpt2_medium_ddp": "gpt2_medium", "tiny_dp": "gpt(layers=4, hidden=64, heads=4, seq=32, vocab=256)"}
+
+
+def test_deepspeed_expresses_exactly_the_data_parallel_plans():
+    whole = {name for path, name in (p.values for p in ALL) if not export_plan(stdlib_plan(path, name), "deepspeed").lost}
+    assert whole == EXPRESSED
+
+
+@pytest.mark.parametrize("path, name", WHOLE)
+def test_exported_config_matches_golden(path, name, golden):
+    golden(f"interop/deepspeed/{name}.json", export_plan(stdlib_plan(path, name), "deepspeed").text)
+
+
+@pytest.mark.parametrize("path, name", WHOLE)
+def test_import_of_the_export_is_the_plan(path, name):
+    plan = stdlib_plan(path, name)
+    exported = export_plan(plan, "deepspeed")
+    model = MODELS.get(name, MODELS["tiny_dp"])
+    imported = import_text("deepspeed", exported.text, "ds.json", world_size=plan.mesh.size, name=name, model=model)
+    assert imported.ok, api.render_all(imported.diagnostics, imported.sources)
+    back = api.select_plan(api.loads(imported.text, path="back.plan"))
+    assert back.train == plan.train.model_copy(update={"seq": None}) or back.train.model_dump() == plan.train.model_dump()
+    assert (back.dp, back.data.zero_stage) == (plan.dp, plan.data.zero_stage)
+    assert export_plan(back, "deepspeed").text == exported.text
+
+
+def test_what_deepspeed_cannot_express_is_listed():
+    plan = stdlib_plan(str(Path(__file__).resolve().parents[2] / "stdlib_plans/examples/gpt3_175b_3d.plan"), "gpt3_megatron")
+    lost = [d.message.removeprefix("DeepSpeed's config cannot express ") for d in export_plan(plan, "deepspeed").lost]
+    assert [m.split(" (")[0] for m in lost] == ["tensor parallelism", "pipeline parallelism", "recompute: full"]
+
+
+BASE = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2},
+        "bf16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
+MODEL = "gpt(layers=4, hidden=256, heads=8, seq=128, vocab=1024)"
+
+
+@pytest.mark.parametrize("change, code, key", [
+    ({"train_batch_sise": 16}, "E804", '"train_batch_sise"'),
+    ({"train_micro_batch_size_per_gpu": 0}, "E804", '"train_micro_batch_size_per_gpu"'),
+    ({"gradient_accumulation_steps": 4}, "E805", '"gradient_accumulation_steps"'),
+    ({"train_batch_size": 12}, "E806", '"train_batch_size"'),
+    ({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 10}}}, "E807", '"scheduler"'),
+    ({"fp16": {"enabled": True}}, "E805", '"fp16"'),
+])
+def test_bad_configs_are_diagnostics_naming_the_key(change, code, key):
+    text = json.dumps({**BASE, **change}, indent=1)
+    imported = import_text("deepspeed", text, "ds.json", world_size=8, model=MODEL)
+    assert [d.code for d in imported.diagnostics] == [code]
+    span = imported.diagnostics[0].span
+    assert text[span.start:span.end] == key
+
+
+def test_a_typo_is_named_with_the_nearest_key():
+    imported = import_text("deepspeed", json.dumps({**BASE, "gradient_cliping": 1.0}), "ds.json", world_size=8,
+                           model=MODEL)
+    assert "did you mean 'gradient_clipping'" in (imported.diagnostics[0].hint or "")
+
+
+def test_not_json_is_a_diagnostic():
+    imported = import_text("deepspeed", '{"train_batch_size": 16,', "ds.json", world_size=8, model=MODEL)
+    assert [d.code for d in imported.diagnostics] == ["E804"] and "not JSON" in imported.diagnostics[0].message
+
+
+def test_cli_imports_a_config_with_its_model(tmp_path):
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps(BASE))
+    runner = CliRunner()
+    result = runner.invoke(main, ["import", "--from", "deepspeed", "--world-size", "8", "--args-file", str(config),
+                                  "-o", str(tmp_path / "ds.plan")])
+    assert result.exit_code == 2 and "--model is needed" in result.output
+    result = runner.invoke(main, ["import", "--from", "deepspeed", "--world-size", "8", "--model", MODEL,
+                                  "--args-file", str(config), "-o", str(tmp_path / "ds.plan")])
+    assert result.exit_code == 0, result.output
+    assert "data    = zero2 over dp" in (tmp_path / "ds.plan").read_text()
+
+
+# ---- against DeepSpeed's own code ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ds_config():
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (DS_BUILD_OPS=0 pip install -e .[deepspeed])")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import deepspeed
+        from deepspeed.runtime import config
+    assert deepspeed.__version__ == "0.19.8", deepspeed.__version__
+    return config
+
+
+class _DataParallel:
+    """The `mpu` DeepSpeedConfig asks for the data-parallel world size."""
+    def __init__(self, size: int):
+        self.size = size
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.size
+
+
+@pytest.mark.parametrize("path, name", ALL)
+def test_deepspeed_config_accepts_every_export(ds_config, monkeypatch, path, name):
+    plan = stdlib_plan(path, name)
+    config = json.loads(export_plan(plan, "deepspeed").text)
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda: 0)
+    parsed = ds_config.DeepSpeedConfig(config, mpu=_DataParallel(plan.dp))
+    assert (parsed.train_batch_size, parsed.train_micro_batch_size_per_gpu, parsed.gradient_accumulation_steps) == \
+           (plan.train.global_batch, plan.train.micro_batch, plan.num_microbatches)
+    assert parsed.zero_optimization_stage == (plan.data.zero_stage if plan.data else 0)
+    assert (parsed.bfloat16_config.enabled, parsed.float16_config.enabled) == (plan.train.precision.value == "bf16",
+                                                              plan.train.precision.value == "fp16")
+    assert parsed.gradient_clipping == (plan.train.grad_clip or 0.0)
+    assert parsed.optimizer_name == ("adam" if plan.train.optimizer.value == "adam" else "sgd")
+
+
+def test_deepspeed_silently_accepts_the_typo_the_import_refuses(ds_config, monkeypatch):
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda: 0)
+    ds_config.DeepSpeedConfig({**BASE, "gradient_cliping": 1.0}, mpu=_DataParallel(16))  # no complaint
+    assert not import_text("deepspeed", json.dumps({**BASE, "gradient_cliping": 1.0}), "ds.json", world_size=16,
+                           model=MODEL).ok
+
+
+def test_every_key_the_import_knows_is_deepspeeds(ds_config):
+    package = Path(ds_config.__file__).resolve().parents[1]
+    source = "".join(p.read_text(encoding="utf-8", errors="replace") for p in package.rglob("*.py"))
+    for key in deepspeed.READ + deepspeed.IGNORED:
+        assert f'"{key}"' in source or f"'{key}'" in source, key
