@@ -434,15 +434,32 @@ def _stages(read: _Read, layers: int, pp: int) -> list[str] | None:
     if pp == 1:
         return []
     virtual = len(counts) // pp
-    lines, start = ["  stages {"], 0
-    for index, (embed, blocks, head) in enumerate(counts):
-        parts = (["embed"] if embed else []) + ([f"layers[{start}:{start + blocks}]"] if blocks else []) \
+    lines, start, index = ["  stages {"], 0, 0
+    while index < len(counts):
+        embed, blocks, head = counts[index]
+        end = _even_run(counts, index) if blocks and not embed and not head else index + 1
+        total = sum(count for _, count, _ in counts[index:end])
+        parts = (["embed"] if embed else []) + ([f"layers[{start}:{start + total}]"] if total else []) \
             + (["norm", "head"] if head else [])
-        lines.append(f"    {index}: {', '.join(parts)}")
-        start += blocks
+        lines.append(f"    {index}{f'..{end}' if end > index + 1 else ''}: {', '.join(parts)}")
+        start, index = start + total, end
     if virtual > 1:
         lines.append(f"    virtual = {virtual}")
     return lines + ["  }", f"  schedule = {'interleaved_1f1b' if virtual > 1 else '1f1b'}"]
+
+
+def _even_run(counts: list[tuple[bool, int, bool]], first: int) -> int:
+    """The end of the longest run of block-only stages from `first` that `FIRST..END: layers[a:b]` writes: the
+    language splits a range evenly, the first stages taking one block more (ir.placement.split_evenly)."""
+    best = first + 1
+    for end in range(first + 2, len(counts) + 1):
+        run = counts[first:end]
+        if any(embed or head or not blocks for embed, blocks, head in run):
+            break
+        base, extra = divmod(sum(blocks for _, blocks, _ in run), len(run))
+        if [blocks for _, blocks, _ in run] == [base + (i < extra) for i in range(len(run))]:
+            best = end
+    return best
 
 
 def _layout(read: _Read, layers: int, pp: int) -> list[tuple[bool, int, bool]] | None:

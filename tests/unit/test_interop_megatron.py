@@ -341,3 +341,11 @@ def test_the_interop_doc_commands_run_as_shown(tmp_path, monkeypatch):
         assert result.exit_code == 0, f"{line}\n{result.output}"
     assert (tmp_path / "llama2_7b_zero3.plan").read_text(encoding="utf-8") == plan
     assert (tmp_path / "ds_config_back.json").read_text(encoding="utf-8") == exported
+
+
+def test_an_uneven_layout_imports_as_the_stage_ranges_a_plan_writes():
+    text = (BASE.replace("--num-layers 4", "--num-layers 80") + " --pipeline-model-parallel-size 8 "
+            "--pipeline-model-parallel-layout 'Et*9|t*11|t*11|t*11|t*10|t*10|t*10|t*8L'\n")
+    imported = import_text("megatron", text, "flags", world_size=8)
+    assert imported.ok, api.render_all(imported.diagnostics, imported.sources)
+    assert "0:    embed, layers[0:9]\n    1..7: layers[9:72]\n    7:    layers[72:80], norm, head\n" in imported.text
