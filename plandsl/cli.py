@@ -613,8 +613,8 @@ def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_n
 @include_option
 @model_import_option
 def export_command(file, target, plan_name, output, lossy, params):
-    """Write plan FILE in another tool's format (Megatron-LM's arguments); exit 1, writing nothing, when the
-    tool cannot express part of the plan, unless --lossy (docs/interop.md)."""
+    """Write plan FILE in another tool's format (Megatron-LM's arguments, DeepSpeed's JSON); exit 1, writing
+    nothing, when the tool cannot express part of the plan, unless --lossy (docs/interop.md)."""
     analysis = api.check(file, _params(params))
     if not analysis.ok:
         _print_diagnostics(analysis, "text")

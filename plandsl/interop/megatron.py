@@ -69,7 +69,8 @@ IGNORED = (
     "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--no-masked-softmax-fusion",
     "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion", "--rotary-base",
     "--rotary-percent", "--moe-token-dispatcher-type", "--moe-grouped-gemm", "--moe-aux-loss-coeff",
-    "--moe-router-load-balancing-type", "--exit-duration-in-mins", "--timing-log-level", "--distributed-timeout-minutes",
+    "--moe-router-load-balancing-type", "--exit-duration-in-mins", "--timing-log-level",
+    "--distributed-timeout-minutes",
 )
 
 # plandsl's training precision -> Megatron's switch (ModelParallelConfig.bf16 / .fp16; fp32 is neither).
@@ -223,7 +224,8 @@ def _pipeline_args(plan: ir.Plan, args: list, lose) -> None:
     if plan.schedule is not None and (plan.schedule.definition is not None or name != expected):
         lose(f"schedule = {name} (Megatron has 1F1B, and interleaved 1F1B with virtual stages)", "schedule",
              hint=f"use schedule = {expected}")
-    if stages.rank_map != "loop" and tuple(stages.rank_map) != tuple(s % plan.pp for s in range(plan.pp * stages.virtual)):
+    round_robin = tuple(s % plan.pp for s in range(plan.pp * stages.virtual))
+    if stages.rank_map != "loop" and tuple(stages.rank_map) != round_robin:
         lose(f"the stage-to-rank map {_map_text(stages.rank_map)} (Megatron places virtual stages round robin)",
              "stages", hint="use map = loop")
     assignment, _ = assign_stages(plan)
@@ -236,7 +238,8 @@ def _pipeline_args(plan: ir.Plan, args: list, lose) -> None:
             lose(f"the final norm and the head on different stages (stage {index} holds only one: Megatron "
                  "builds both where the loss is, 'L')", "stages")
             return
-        layout.append(("E" if "embed" in kinds else "") + _blocks(kinds.count("block")) + ("L" if "head" in kinds else ""))
+        layout.append(("E" if "embed" in kinds else "") + _blocks(kinds.count("block"))
+                      + ("L" if "head" in kinds else ""))
     blocks = plan.model.layers if isinstance(plan.model, ir.TransformerModel) else 0
     count = len(layout)
     even = [("E" if s == 0 else "") + _blocks(blocks // count) + ("L" if s == count - 1 else "") for s in range(count)]

@@ -132,7 +132,8 @@ def _value(flag: Flag, read: _Read):
         except ValueError:
             number = math.nan
         if not math.isfinite(number) or number < 0:
-            read.problems.append(diag("E804", f"{name} takes a number of zero or more, found `{text}`", flag.value_span))
+            read.problems.append(diag("E804", f"{name} takes a number of zero or more, found `{text}`",
+                                      flag.value_span))
             return None
         return number
     if name in facts.CHOICE_FLAGS:
@@ -187,7 +188,8 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
     elif data is not ir.DataKind.replicate and ep > 1:
         lines.append(f"  data = {data.value} over ep")
     if tp > 1:
-        lines.append("  tensor = megatron over tp" + (" with sequence_parallel" if read.get("--sequence-parallel") else ""))
+        parallel = " with sequence_parallel" if read.get("--sequence-parallel") else ""
+        lines.append("  tensor = megatron over tp" + parallel)
     if cp > 1:
         kind = {v: k for k, v in facts.CONTEXT_COMM.items()}[read.get("--cp-comm-type", "p2p")]
         lines.append(f"  context = {kind} over cp")
@@ -351,7 +353,8 @@ def _degrees(read: _Read, world_size: int | None, cluster: str | None):
         return None
     if cp > 1 and ep > 1:
         read.problem("E807", "--context-parallel-size with --expert-model-parallel-size: Megatron-LM folds the expert "
-                     "axis into context x data, which a plan's separate axes do not say", "--expert-model-parallel-size")
+                     "axis into context x data, which a plan's separate axes do not say",
+                     "--expert-model-parallel-size")
         return None
     world = world_size if world_size is not None else cluster_devices(cluster)
     if world is None:
