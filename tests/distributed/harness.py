@@ -1,4 +1,5 @@
-"""Run a function on N gloo ranks forked from the test process, with a deadline.
+"""Run a function on N gloo ranks forked from the test process (or, on a CUDA build of torch, from a
+forkserver: `start_method`), with a deadline.
 
 Forking from a process that has already imported torch and the runtime (run_ranks imports them first)
 starts a rank in ~0.2 s (spawn and torchrun take 4-17 s), so most multi-process tests fork; a few go
@@ -68,6 +69,20 @@ def _import_what_ranks_import() -> None:
     import plandsl.runtime.train  # noqa: F401
 
 
+def start_method() -> str:
+    """fork, or forkserver on a CUDA build of torch (PLANDSL_TEST_START overrides). A CUDA build's autograd
+    starts its device threads at a process's first backward, and a rank forked after that fails its own
+    backward ("Unable to handle autograd's threading in combination with fork-based multiprocessing"):
+    seen with torch 2.11+cu130 on the GPU machine once an earlier test in the same pytest worker had
+    trained in-process. The forkserver forks ranks from a clean process that only imported what ranks
+    import (`_import_what_ranks_import`'s modules, preloaded), so they still start in a fraction of a second."""
+    import torch
+    method = os.environ.get("PLANDSL_TEST_START") or ("forkserver" if torch.version.cuda else "fork")
+    if method == "forkserver":
+        multiprocessing.set_forkserver_preload(["torch", "plandsl.runtime.equivalence", "plandsl.runtime.train"])
+    return method
+
+
 def run_ranks(world: int, fn: Callable[..., Any], *args: Any, deadline_s: float = 90.0,
               rank_env: dict[str, str] | None = None, **kwargs: Any) -> list[Any]:
     """`fn(rank, *args, **kwargs)` on `world` forked ranks; their return values, rank 0 first.
@@ -75,7 +90,7 @@ def run_ranks(world: int, fn: Callable[..., Any], *args: Any, deadline_s: float 
     The results must be picklable (they travel back through files); `rank_env` is added to each
     rank's environment."""
     _import_what_ranks_import()
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context(start_method())
     port = free_port()  # the OS picks a free port: distinct across concurrent xdist workers
     deadline_s *= LOAD_MARGIN
     with tempfile.TemporaryDirectory(prefix="plandsl-ranks-") as directory:
