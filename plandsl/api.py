@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from plandsl.rewrite.shrink import Shrunk
     from plandsl.runtime.dryrun import DryRun
     from plandsl.runtime.launch import LaunchOptions
+    from plandsl.runtime.profile.job import ProfileOptions
+    from plandsl.runtime.profile.results import Profile
     from plandsl.schedules.program import Schedule
     from plandsl.cost.simulation import Outline
     from plandsl.interop.result import Exported, Imported
@@ -44,7 +46,9 @@ __all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "
            "generate", "generate_request", "generate_errors", "generate_json", "generate_report", "render",
            "render_format", "color_by_problem", "render_errors", "shrink", "rank_options", "launch_options", "check_launch_options",
            "prepare_run", "launch_errors", "dry_run", "dry_run_errors", "format_dry_run",
-           "dry_run_commands", "launch", "command_line", "export", "import_config", "interop_targets", "args_text", "read_args_file", "parse_params", "include", "writable_file",
+           "dry_run_commands", "launch", "command_line", "export", "import_config", "interop_targets", "args_text",
+           "read_args_file", "profile_options", "profile_problems", "profile", "profile_errors", "write_profile",
+           "profile_report", "parse_params", "include", "writable_file",
            "writable_dir", "regular_file_problem", "data_path_problem"]
 
 
@@ -453,6 +457,44 @@ def launch(args: list[str]) -> int:
     """Start torchrun with `args` in this process; its exit status, failed ranks named on stderr."""
     from plandsl.runtime.launch import launch as start  # stage: torch
     return start(args)
+
+
+# ---- profile -------------------------------------------------------------------------------------------------
+
+def profile_options(**options) -> ProfileOptions:
+    from plandsl.runtime.profile.job import ProfileOptions  # stage
+    return ProfileOptions(**options)
+
+
+def profile_problems(options: ProfileOptions) -> list[Diagnostic]:
+    """E505 for every `plandsl profile` option past its cap (asks torch how many GPUs this machine has)."""
+    from plandsl.runtime.profile.job import option_problems  # stage: torch
+    return option_problems(options)
+
+
+def profile(options: ProfileOptions, progress: Progress | None = None) -> Profile | None:
+    """Measure this machine through torch (`plandsl profile`): its `Profile` on node 0, None on the other nodes;
+    `profile_errors()` when a rank fails. Writes nothing."""
+    from plandsl.runtime.profile.job import run_profile  # stage: torch
+    return run_profile(options, progress)
+
+
+def profile_errors() -> type[Exception]:
+    from plandsl.runtime.profile.job import ProfileError  # stage
+    return ProfileError
+
+
+def write_profile(profile: Profile, path: str) -> str:
+    """Write `profile` as a cluster file at `path` (atomically: the old file or the new one, never a part);
+    the text written. OSError when it cannot."""
+    from plandsl.runtime.profile.job import write_cluster  # stage
+    return write_cluster(profile, path)
+
+
+def profile_report(profile: Profile) -> str:
+    """The measurements with their spread and the fitted figures, as `plandsl profile` prints them."""
+    from plandsl.runtime.profile.write import report_text  # stage
+    return report_text(profile)
 
 
 # ---- what every command shares -----------------------------------------------------------------------------

@@ -543,6 +543,46 @@ def inspect_command(source, seq, dtype, output, as_json):
     click.echo(text.rstrip("\n") if as_json else api.format_inspected(model))
 
 
+@main.command("profile")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=_writable_file, required=True,
+              help="Write the cluster file here (its name, less .plan, names the node); on node 0 only.")
+@click.option("--nproc-per-node", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Processes on this node, one per device (a GPU each on CUDA); 2 or more measure the collectives "
+                   f"(at most {limits.MAX_LOCAL_RANKS}, and the GPUs of the machine).")
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help=f"Machines taking part, each running this command (at most {limits.MAX_PROFILE_NODES}).")
+@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This machine's index.")
+@click.option("--rdzv-endpoint", metavar="HOST:PORT", help="Node 0's address, with several nodes.")
+@click.option("--quick", is_flag=True, help="Fewer shapes, sizes and repeats: seconds instead of tens of seconds.")
+def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, quick):
+    """Measure this machine through torch (GEMMs per precision and shape, memory bandwidth, collectives) and
+    write it as a cluster file that check, estimate and generate read (docs/cli.md, profile)."""
+    options = api.profile_options(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+                                  rdzv_endpoint=rdzv_endpoint, quick=quick)
+    problems = api.profile_problems(options)
+    if problems:
+        _fail(api.PlanError(problems))
+    try:
+        with _progress("profiling") as progress:
+            measured = api.profile(options, progress)
+    except api.profile_errors() as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo(f"interrupted: nothing written to {output}", err=True)
+        sys.exit(130)
+    if measured is None:
+        click.echo(f"node {node_rank}: measured with the others; node 0 writes the cluster file", err=True)
+        return
+    click.echo(api.profile_report(measured))
+    try:
+        api.write_profile(measured, output)
+    except OSError as error:
+        click.echo(f"{output}: error: cannot write: {error.strerror or error}", err=True)
+        sys.exit(1)
+    click.echo(f"wrote {output}")
+
+
 @main.command()
 @click.option("--model", help="gpt(layers=96, ...), a stdlib model name or FILE.plan:NAME.")
 @click.option("--cluster", help="`dgx_a100 x 128`, a stdlib node or cluster name.")

@@ -21,6 +21,8 @@ memory bandwidth; fused attention (Dao et al. 2022) reads Q, K, V and writes O o
 """
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass
 
 from plandsl import ir
@@ -30,12 +32,24 @@ from plandsl.cost.memory import STATE_BYTES, optimizer_bytes_per_param
 
 @dataclass(frozen=True, slots=True)
 class Efficiency:
-    """The two fitted knobs of the GEMM model (see the module docstring)."""
+    """The two fitted knobs of the GEMM model (see the module docstring), per precision when the device
+    gives them so, corrected by measured GEMMs when it has them (`device_efficiency`)."""
 
     peak_fraction: float
     """Fraction of the peak the FLOPs of a large GEMM run at (cuBLAS: 0.7-0.9 of the datasheet)."""
     kernel_seconds: float
     """Fixed seconds per GEMM kernel: launch, and the tail wave that leaves most of the device idle."""
+    corrections: tuple[tuple[float, float], ...] = ()
+    """(ln FLOPs, measured / modelled seconds) of the device's measured GEMMs, by FLOPs: between two the
+    model's time is scaled by the ratio interpolated linearly in ln FLOPs, beyond the ends by the end's."""
+    precisions: tuple[tuple[ir.Precision, "Efficiency"], ...] = ()
+    """The knobs of each precision, where they differ from these."""
+
+    def of(self, precision: ir.Precision) -> "Efficiency":
+        for own, knobs in self.precisions:
+            if own is precision:
+                return knobs
+        return self
 
     def gemm_seconds(self, m: float, n: float, k: float, device: ir.DeviceType,
                      precision: ir.Precision, count: float = 1.0) -> float:
@@ -48,8 +62,24 @@ class Efficiency:
 
     def kernel(self, flops: float, moved: float, device: ir.DeviceType, precision: ir.Precision) -> float:
         """Seconds of one compute kernel of `flops` FLOPs that moves `moved` bytes."""
-        return flops / (self.peak_fraction * peak_of(device, precision)) + moved / device.bandwidth + \
-            self.kernel_seconds
+        knobs = self.of(precision) if self.precisions else self
+        seconds = flops / (knobs.peak_fraction * peak_of(device, precision)) + moved / device.bandwidth + \
+            knobs.kernel_seconds
+        return seconds * knobs.correction(flops) if knobs.corrections and flops > 0 else seconds
+
+    def correction(self, flops: float) -> float:
+        """The measured / modelled ratio at `flops` (1 without measured GEMMs)."""
+        points = self.corrections
+        if not points:
+            return 1.0
+        x = math.log(flops)
+        if x <= points[0][0]:
+            return points[0][1]
+        if x >= points[-1][0]:
+            return points[-1][1]
+        i = bisect.bisect_right(points, (x, math.inf))
+        (x0, r0), (x1, r1) = points[i - 1], points[i]
+        return r0 + (r1 - r0) * (x - x0) / (x1 - x0)
 
     def efficiency(self, m: float, n: float, k: float, device: ir.DeviceType, precision: ir.Precision) -> float:
         """Achieved fraction of the peak for one m x k by k x n GEMM."""
@@ -58,11 +88,39 @@ class Efficiency:
 
 
 def device_efficiency(device: ir.DeviceType) -> Efficiency:
-    """The device's own knobs (`device ... { efficiency = { matmul, kernel_latency } }`), else the
-    language's defaults (`ir.DeviceEfficiency`), fitted on Megatron-LM's A100 weak-scaling runs
-    (Narayanan et al. 2021, Table 1, every other row; `python bench/bench_search.py --fit`)."""
+    """The device's own knobs (`device ... { efficiency = { matmul, kernel_latency } }`, per precision
+    `{ bf16: { ... } }`, with `measured` GEMMs), else the language's defaults (`ir.DeviceEfficiency`),
+    fitted on Megatron-LM's A100 weak-scaling runs (Narayanan et al. 2021, Table 1, every other row;
+    `python bench/bench_search.py --fit`)."""
+    found = _DEVICE_CACHE.get(id(device))
+    if found is not None and found[0] is device:
+        return found[1]
     knobs = device.efficiency or _DEFAULT_KNOBS
-    return Efficiency(knobs.matmul, knobs.kernel_latency)
+    if not knobs.precisions and not knobs.measured:
+        efficiency = Efficiency(knobs.matmul, knobs.kernel_latency)
+    else:
+        efficiency = Efficiency(knobs.matmul, knobs.kernel_latency, precisions=tuple(
+            (precision, _measured(knobs.precisions.get(precision, knobs), device, precision))
+            for precision in device.peak))
+    if len(_DEVICE_CACHE) > 4096:
+        _DEVICE_CACHE.clear()
+    _DEVICE_CACHE[id(device)] = (device, efficiency)
+    return efficiency
+
+
+_DEVICE_CACHE: dict[int, tuple[ir.DeviceType, Efficiency]] = {}  # the IR holds dicts: not hashable, keyed by id
+
+
+def _measured(knobs: ir.DeviceEfficiency, device: ir.DeviceType, precision: ir.Precision) -> Efficiency:
+    """One precision's knobs, with the ratios of its measured GEMMs to the two-knob curve (GEMMs of equal
+    FLOPs: their geometric mean)."""
+    plain = Efficiency(knobs.matmul, knobs.kernel_latency)
+    ratios: dict[float, list[float]] = {}
+    for point in knobs.measured:
+        modelled = plain.gemm_seconds(point.m, point.n, point.k, device, precision)
+        ratios.setdefault(math.log(2.0 * point.m * point.n * point.k), []).append(math.log(point.seconds / modelled))
+    corrections = tuple((x, math.exp(sum(logs) / len(logs))) for x, logs in sorted(ratios.items()))
+    return Efficiency(knobs.matmul, knobs.kernel_latency, corrections)
 
 
 _DEFAULT_KNOBS = ir.DeviceEfficiency()

@@ -69,12 +69,26 @@ configuration (78.4 of 80 GiB in that layout) no longer fits; the default rises 
 16-bit layout such runs use."""
 
 
+class GemmPoint(Node):
+    """One measured GEMM of a device (`plandsl profile`): m x k by k x n took `seconds`."""
+    m: int = Field(gt=0)
+    n: int = Field(gt=0)
+    k: int = Field(gt=0)
+    seconds: float = Field(gt=0)
+
+
 class DeviceEfficiency(Node):
     """The GEMM model's two knobs (`cost.compute`): a GEMM takes 2mnk / (matmul · peak) +
     bytes / bandwidth + kernel_latency. The defaults are the fit on Megatron-LM's A100 runs
-    (docs/validation.md)."""
+    (docs/validation.md). `measured` GEMM times, when given, correct that curve: the cost model
+    interpolates the ratio of measured to modelled time between them (`cost.compute`). `precisions`
+    holds knobs for one precision (written `bf16: { ... }` inside the device's `efficiency`), which
+    hold no `precisions` of their own; a precision not listed takes these."""
     matmul: float = Field(default=0.57, gt=0, le=1, description="fraction of the peak a large GEMM's FLOPs run at")
     kernel_latency: float = Field(default=60e-6, ge=0, description="seconds per GEMM kernel")
+    measured: tuple[GemmPoint, ...] = Field(default=(), description="measured GEMMs the cost model interpolates")
+    precisions: dict[Precision, "DeviceEfficiency"] = Field(
+        default_factory=dict, description="knobs of one precision, which take the place of these for it")
 
 
 class DeviceType(Node):

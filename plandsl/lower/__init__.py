@@ -17,6 +17,7 @@ from plandsl.lower.evaluate import Poison, Rep, Reporter, Scope, Word
 from plandsl.lower.model import custom_model, model_call, model_value, schedule_def
 from plandsl.syntax.loader import Loaded, Loader
 from plandsl.lower.plan import lower_plan
+from plandsl.lower.measured import measured_table
 from plandsl.lower.units import BANDWIDTH, BYTES, FLOPS, TIME, format_bytes
 from plandsl.syntax.parser import deep_recursion
 
@@ -97,7 +98,7 @@ class Lowering:
         if not peak:
             raise self.reporter.error("E207", "peak needs at least one precision", found["peak"].value.span,
                                       hint="peak = { bf16: 312 TFLOP/s }")
-        efficiency = self.efficiency(scope, found["efficiency"].value) if "efficiency" in found else None
+        efficiency = self.efficiency(scope, found["efficiency"].value, peak) if "efficiency" in found else None
         reserve = None
         if "reserve" in found:
             value = found["reserve"].value
@@ -110,9 +111,30 @@ class Lowering:
         return build(scope, ir.DeviceType, d.span, name=d.name, memory=memory, bandwidth=bandwidth, peak=peak,
                      efficiency=efficiency, reserve=reserve)
 
-    def efficiency(self, scope: Scope, expr: s.Expr) -> ir.DeviceEfficiency:
-        """`{ matmul: 0.57, kernel_latency: 60 us }`; an omitted key keeps its fitted default."""
-        items = dict_items(scope, expr, {"matmul": False, "kernel_latency": False}, "efficiency")
+    def efficiency(self, scope: Scope, expr: s.Expr, peak: dict[ir.Precision, float]) -> ir.DeviceEfficiency:
+        """`{ matmul: 0.57, kernel_latency: 60 us }`, optionally `measured: [[m, n, k, time], ...]` and, per
+        precision, `bf16: { matmul, kernel_latency, measured }` (its omitted keys take the outer ones); an
+        omitted key keeps its fitted default. Bad tables: E216, E217."""
+        keys = {"matmul": False, "kernel_latency": False, "measured": False}
+        items = dict_items(scope, expr, {**keys, **{p: False for p in PRECISIONS}}, "efficiency")
+        fields = self._knobs(scope, items, max(peak.values()), "any precision")
+        precisions = {}
+        for name in PRECISIONS:
+            if name not in items:
+                continue
+            precision = ir.Precision(name)
+            value = items[name].value
+            if precision not in peak:
+                raise self.reporter.error("E217", f"efficiency for {name}, but the device has no {name} peak",
+                                          items[name].key_span, hint=f"add `{name}: ...` to `peak`, or remove "
+                                          f"the `{name}` efficiency")
+            inner = dict_items(scope, value, keys, f"efficiency {name}")
+            own = {k: v for k, v in fields.items() if k != "measured"}
+            own.update(self._knobs(scope, inner, peak[precision], name))
+            precisions[precision] = build(scope, ir.DeviceEfficiency, value.span, **own)
+        return build(scope, ir.DeviceEfficiency, expr.span, **fields, precisions=precisions)
+
+    def _knobs(self, scope: Scope, items: dict, peak: float, precision: str) -> dict:
         fields = {}
         if "matmul" in items:
             value = items["matmul"].value
@@ -125,7 +147,9 @@ class Lowering:
         if "kernel_latency" in items:
             fields["kernel_latency"] = scope.quantity(items["kernel_latency"].value, TIME,
                                                       "efficiency kernel_latency", allow_zero=True)
-        return build(scope, ir.DeviceEfficiency, expr.span, **fields)
+        if "measured" in items:
+            fields["measured"] = measured_table(scope, items["measured"].value, peak, precision)
+        return fields
 
     def link(self, scope: Scope, expr: s.Expr, what: str) -> ir.Link:
         items = dict_items(scope, expr, {"bandwidth": True, "latency": False}, what)

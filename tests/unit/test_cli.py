@@ -273,6 +273,8 @@ EXPECTED_SURFACE = {
     "shrink": {"arguments": ["file"], "options": {"--format", "--output", "--param", "--plan", "--precision", "--ranks", "-o",
                                                   "--include", "--allow-model-import"}},
     "estimate": {"arguments": ["file"], "options": {"--json", "--param", "--plan", "--include", "--allow-model-import"}},
+    "profile": {"arguments": [], "options": {"--nnodes", "--node-rank", "--nproc-per-node", "--output", "--quick",
+                                             "--rdzv-endpoint", "-o"}},
     "inspect": {"arguments": ["source"], "options": {"--dtype", "--json", "--output", "--seq", "-o"}},
     "generate": {"arguments": [], "options": {"--cluster", "--format", "--global-batch", "--json", "--model", "--output", "--pin",
                                               "--precision", "--seq-len", "--top", "-o", "--from", "--plan", "--param",

@@ -220,6 +220,7 @@ OUTPUT_OPTIONS = {
     "render -o": (["render", PIPELINE, "--view", "mesh", "-o"], "-o"),
     "generate -o": (["generate", "--from", PIPELINE, "-o"], "-o"),
     "shrink -o": (["shrink", PIPELINE, "-o"], "-o"),
+    "profile -o": (["profile", "--quick", "-o"], "-o"),
     "simulate --trace": (["simulate", PIPELINE, "--trace"], "--trace"),
     "schedule --trace": (["schedule", "1f1b", "--ranks", "2", "--microbatches", "4", "--simulate", "--trace"],
                          "--trace"),

@@ -185,6 +185,54 @@ _entry("E215", """
                num_attention_heads=8, num_key_value_heads=2, vocab_size=1024)""",
      "llama(layers=4, hidden=256, heads=8, kv_heads=2, ffn=688, seq=2048, vocab=1024)"))
 
+_entry("E216", """
+    A device's `measured` GEMM table (what `plandsl profile` writes inside `efficiency`, for the
+    cost model to interpolate between) is a list of `[m, n, k, time]` rows: the GEMM of an m x k
+    by a k x n matrix and the time it took, each shape once, at most 256 rows. Anything else
+    would leave the cost model a curve through points that are not there.
+    """, f"""
+    device box {{
+      memory     = 16 GiB
+      bandwidth  = 20 GB/s
+      peak       = {{ fp32: 100 GFLOP/s }}
+      efficiency = {{ fp32: {{ measured: [[512, 512, 512, 3 ms], [1024, 1024, 4.2 ms]] }} }}
+    }}
+    node one {{
+      devices = 2 x box
+      link    = {{ bandwidth: 5 GB/s, latency: 20 us }}
+    }}
+    plan p {{
+      model   = {GPT}
+      cluster = one x 1
+      mesh    = [dp = 2]
+      train   = {{ global_batch: 16, micro_batch: 1, precision: fp32 }}
+    }}
+    """, "Give every row its m, n and k and its time.", ("[1024, 1024, 4.2 ms]", "[1024, 1024, 1024, 24 ms]"))
+
+_entry("E217", """
+    A measured GEMM cannot run faster than the device's peak for its precision: 2·m·n·k FLOPs
+    in the time given would need more FLOP/s than the device has. Either the peak is too low
+    (`plandsl profile` writes the fastest GEMM it measured as the peak) or the time is wrong;
+    an `efficiency` entry for a precision the device has no peak for is refused too.
+    """, f"""
+    device box {{
+      memory     = 16 GiB
+      bandwidth  = 20 GB/s
+      peak       = {{ fp32: 100 GFLOP/s }}
+      efficiency = {{ fp32: {{ measured: [[512, 512, 512, 3 ms], [1024, 1024, 1024, 2.4 ms]] }} }}
+    }}
+    node one {{
+      devices = 2 x box
+      link    = {{ bandwidth: 5 GB/s, latency: 20 us }}
+    }}
+    plan p {{
+      model   = {GPT}
+      cluster = one x 1
+      mesh    = [dp = 2]
+      train   = {{ global_batch: 16, micro_batch: 1, precision: fp32 }}
+    }}
+    """, "Correct the time (or the peak).", ("1024, 2.4 ms]", "1024, 24 ms]"))
+
 _entry("E209", """
     Files import each other in a circle (here a file imports itself), so neither can
     be loaded first. Every file on the cycle is listed. Shared definitions (devices,

@@ -1,0 +1,64 @@
+"""A device's measured GEMM table, `measured: [[m, n, k, time], ...]` (what `plandsl profile` writes), -> IR.
+
+Stage: lowering. Contract: `measured_table(scope, expr, peak, precision)` returns the rows as
+`ir.GemmPoint`s sorted by FLOPs, or reports E216 (not a table of [m, n, k, time] rows with positive whole
+m, n, k, each shape once, at most `MAX_MEASURED` rows) and E217 (a row faster than the device's peak
+allows: 2mnk / time above the peak of its precision), each at the row that breaks it.
+"""
+from __future__ import annotations
+
+from plandsl import ir
+from plandsl import syntax as s
+from plandsl.diagnostics import Note
+from plandsl.lower.bodies import build
+from plandsl.lower.evaluate import Scope, Word
+from plandsl.lower.units import TIME
+
+MAX_MEASURED = 256
+"""Rows of one table: `plandsl profile` writes at most a dozen; the cost model reads them per GEMM."""
+ROW = "[m, n, k, time]"
+
+
+def measured_table(scope: Scope, expr: s.Expr, peak: float, precision: str) -> tuple[ir.GemmPoint, ...]:
+    expr, inner = scope.deref(expr)
+    if not isinstance(expr, s.ListExpr) or not expr.items:
+        raise scope.reporter.error("E216", f"measured takes a list of {ROW} rows", expr.span,
+                                   hint="e.g. `measured: [[1024, 1024, 1024, 2.9 ms], [4096, 4096, 4096, 160 ms]]`")
+    if len(expr.items) > MAX_MEASURED:
+        raise scope.reporter.error("E216", f"measured has {len(expr.items)} rows, above the limit of {MAX_MEASURED}",
+                                   expr.span, hint="keep a row per shape that matters: sizes spaced by 2x to 4x")
+    rows: list[ir.GemmPoint] = []
+    seen: dict[tuple[int, int, int], s.Expr] = {}
+    for item in expr.items:
+        row, row_scope = inner.deref(item)
+        if not isinstance(row, s.ListExpr) or len(row.items) != 4:
+            raise scope.reporter.error("E216", f"a measured row is {ROW}, found `{inner.text(item)}`", item.span,
+                                       hint="e.g. `[1024, 1024, 1024, 2.9 ms]`: the GEMM's m, n and k, and its time")
+        shape = tuple(_dimension(row_scope, e, name) for e, name in zip(row.items[:3], "mnk"))
+        seconds = row_scope.quantity(row.items[3], TIME, "a measured GEMM's time")
+        if shape in seen:
+            raise scope.reporter.error("E216", f"GEMM {' x '.join(map(str, shape))} is measured twice", item.span,
+                                       notes=[Note("first measured", seen[shape].span)],
+                                       hint="keep one row per shape (the median of its runs)")
+        seen[shape] = item
+        rate = 2.0 * shape[0] * shape[1] * shape[2] / seconds
+        if rate > peak * (1 + 1e-9):
+            raise scope.reporter.error("E217", f"GEMM {' x '.join(map(str, shape))} in {inner.text(row.items[3])} "
+                                       f"runs at {rate / 1e12:.4g} TFLOP/s, above the device's {precision} peak "
+                                       f"({peak / 1e12:.4g} TFLOP/s)", item.span,
+                                       hint="a measured time cannot beat the peak: raise the peak to the fastest "
+                                            "GEMM measured, or correct the time")
+        rows.append(build(row_scope, ir.GemmPoint, item.span, m=shape[0], n=shape[1], k=shape[2], seconds=seconds))
+    return tuple(sorted(rows, key=lambda p: (p.m * p.n * p.k, p.m, p.n, p.k)))
+
+
+def _dimension(scope: Scope, expr: s.Expr, name: str) -> int:
+    value = scope.eval(expr)
+    if isinstance(value, Word):
+        raise scope.unknown(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise scope.reporter.error("E216", f"a measured row's {name} is a positive whole number, found "
+                                   f"`{scope.text(expr)}`", expr.span, hint=f"rows are {ROW}")
+    return value

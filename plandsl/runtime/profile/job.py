@@ -1,0 +1,175 @@
+"""`plandsl profile`: check the options, measure (in this process, or on ranks torch's launcher starts), write.
+
+Stage: interpreter (profile). Contract: `option_problems(options)` lists the Diagnostics of options past
+their caps (E505) before anything starts; `run_profile(options, progress)` measures and returns the
+`Profile` on node 0 (None on the other nodes, which only take part); `write_cluster(profile, path)` writes
+the cluster file through a temporary file renamed over `path`, so an interrupted profile (Ctrl-C, a rank
+that fails: the launcher stops the others) leaves `path` as it was. One process measures here, in this
+process; several are started by `torch.distributed.run` (as `plandsl run` starts its ranks) running
+`plandsl.runtime.profile.rank`, and rank 0 hands its `Profile` back through a file.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from plandsl.diagnostics import Diagnostic, diag
+from plandsl.diagnostics.limits import MAX_LOCAL_RANKS, MAX_PROFILE_NODES
+from plandsl.runtime.profile.results import Profile
+from plandsl.runtime.profile.write import cluster_text
+
+Progress = Callable[[int, int], None]
+TIMEOUT_S = 300
+"""Seconds a rank waits for the others in one collective before the job fails (a lost peer)."""
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    quick: bool = False
+
+
+def option_problems(options: ProfileOptions, cuda_devices: int | None = None) -> list[Diagnostic]:
+    """E505 for every option past its cap: processes per node (at most `MAX_LOCAL_RANKS`, and on a machine
+    with CUDA at most its GPUs: `cuda_devices`, None to ask torch), nodes (`MAX_PROFILE_NODES`); E505 too for
+    a node rank outside the nodes, or several nodes without --rdzv-endpoint (what node 0's address is)."""
+    problems = []
+    if options.nproc_per_node > MAX_LOCAL_RANKS:
+        problems.append(diag("E505", f"--nproc-per-node {options.nproc_per_node} is above plandsl's limit of "
+                                     f"{MAX_LOCAL_RANKS} processes per node", hint="a node holds 8 to 16 "
+                                     "accelerators today; give the processes of one node"))
+    if cuda_devices is None:
+        cuda_devices = _cuda_devices()
+    if cuda_devices and options.nproc_per_node > cuda_devices:
+        problems.append(diag("E505", f"--nproc-per-node {options.nproc_per_node} is above the {cuda_devices} CUDA "
+                                     f"device(s) of this machine (one process per GPU)",
+                             hint=f"--nproc-per-node {cuda_devices}"))
+    if options.nnodes > MAX_PROFILE_NODES:
+        problems.append(diag("E505", f"--nnodes {options.nnodes} is above plandsl profile's limit of "
+                                     f"{MAX_PROFILE_NODES} nodes", hint="two nodes measure the links between "
+                                     "nodes; more add time, not figures"))
+    if options.node_rank >= options.nnodes:
+        problems.append(diag("E505", f"--node-rank {options.node_rank} is not below --nnodes ({options.nnodes}): "
+                                     f"nodes are numbered 0 to {options.nnodes - 1}"))
+    if options.nnodes > 1 and not options.rdzv_endpoint:
+        problems.append(diag("E505", f"--nnodes {options.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's "
+                                     "address, the same on every node)"))
+    return problems
+
+
+def _cuda_devices() -> int:
+    import torch  # lazy: torch (the count needs no CUDA context)
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def run_profile(options: ProfileOptions, progress: Progress | None = None) -> Profile | None:
+    """Measure this machine (and with --nnodes the others, which run the same command); the `Profile` on
+    node 0, None on the others. `ProfileError` when a rank fails; KeyboardInterrupt passes through."""
+    if options.nproc_per_node == 1 and options.nnodes == 1:
+        from plandsl.runtime.profile.measure import Settings, measure  # lazy: torch
+        return measure(Settings(quick=options.quick), progress=progress)
+    return _launch(options, progress)
+
+
+class ProfileError(RuntimeError):
+    """A rank failed (its error was printed by the rank); nothing was written."""
+
+
+def _launch(options: ProfileOptions, progress: Progress | None) -> Profile | None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # lazy: torch
+    from torch.distributed.run import parse_args, run  # lazy: torch
+    directory = tempfile.mkdtemp(prefix="plandsl-profile-")
+    try:
+        job = os.path.join(directory, "job.json")
+        output, progress_file = os.path.join(directory, "profile.json"), os.path.join(directory, "progress")
+        Path(job).write_text(json.dumps({"quick": options.quick, "output": output, "progress": progress_file,
+                                         "timeout_s": TIMEOUT_S}), encoding="utf-8")
+        if options.nnodes > 1:
+            where = ["--nnodes", str(options.nnodes), "--node-rank", str(options.node_rank),
+                     "--rdzv-endpoint", options.rdzv_endpoint]
+        else:
+            where = ["--standalone"]
+        args = where + ["--nproc-per-node", str(options.nproc_per_node), "-m", "plandsl.runtime.profile.rank", job]
+        # torchrun would set 1 thread per process (and warn); share this machine's cores out instead.
+        threads = str(max(1, (os.cpu_count() or 1) // options.nproc_per_node))
+        with _environment("OMP_NUM_THREADS", threads), _polling(progress_file, progress):
+            try:
+                run(parse_args(args))
+            except ChildFailedError as error:
+                ranks = ", ".join(str(rank) for rank in sorted(error.failures))
+                raise ProfileError(f"rank(s) {ranks} failed (above); nothing was written") from None
+        if not os.path.exists(output):
+            return None  # not node 0: rank 0 wrote it on its own machine
+        return Profile.from_json(Path(output).read_text(encoding="utf-8"))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str):
+    previous = os.environ.get(name)
+    os.environ.setdefault(name, value)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+
+
+@contextlib.contextmanager
+def _polling(path: str, progress: Progress | None, every_s: float = 0.2):
+    """Call `progress(done, total)` from what rank 0 writes to `path`, in a thread, while the ranks run."""
+    if progress is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def poll() -> None:
+        seen = None
+        while not stop.wait(every_s):
+            with contextlib.suppress(OSError, ValueError):
+                done, total = (int(part) for part in Path(path).read_text(encoding="utf-8").split())
+                if (done, total) != seen:
+                    seen = (done, total)
+                    progress(done, total)
+    thread = threading.Thread(target=poll, name="plandsl-profile-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def write_cluster(profile: Profile, path: str) -> str:
+    """Write the cluster file for `profile` to `path` (its stem names the node) through a temporary file beside
+    it, renamed over `path` at the end; the text written. OSError when it cannot."""
+    text = cluster_text(profile, Path(path).stem)
+    folder = os.path.dirname(os.path.abspath(path))
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # as open() would create it (mkstemp's is 0600)
+        os.replace(temporary, path)
+        temporary = None
+    finally:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+    return text
+
+
+__all__ = ["ProfileOptions", "ProfileError", "option_problems", "run_profile", "write_cluster", "TIMEOUT_S"]

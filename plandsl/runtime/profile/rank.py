@@ -1,0 +1,68 @@
+"""The torchrun entry point of `plandsl profile` with several processes: `-m plandsl.runtime.profile.rank JOB.json`.
+
+Stage: interpreter (profile). Contract: every rank joins the process group (NCCL on CUDA, one GPU per local
+rank; gloo on a CPU), runs `measure.measure` with the others, and rank 0 writes the `Profile` as JSON where
+the job file says (a temporary name renamed at the end, so the command reads a whole file or none) and
+its progress, `done total`, to the job's progress file. Exit status 0, or 1 with the rank's error.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from plandsl.runtime.profile.measure import Settings, World, measure
+
+
+def main(job_file: str) -> int:
+    with open(job_file, encoding="utf-8") as handle:
+        job = json.load(handle)
+    world = World(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"]),
+                  int(os.environ["LOCAL_WORLD_SIZE"]))
+    timeout = datetime.timedelta(seconds=job["timeout_s"])
+    if torch.cuda.is_available():
+        device = torch.device("cuda", world.local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+    settings = Settings(quick=job["quick"], nproc_per_node=world.local_size, nnodes=world.size // world.local_size)
+
+    def progress(done: int, total: int) -> None:
+        _write(job["progress"], f"{done} {total}\n")
+    profile = measure(settings, world, progress)
+    if profile is not None:
+        _write(job["output"], profile.to_json())
+    dist.barrier()
+    return 0
+
+
+def _write(path: str, text: str) -> None:
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(temporary, path)
+
+
+def entry() -> None:
+    """`main`, then leave without tearing the process group down (as `plandsl.run.entry`: a gloo group's
+    teardown can hang the rank at exit); the launcher sees the status."""
+    status = 1
+    try:
+        status = main(sys.argv[1])
+    except BaseException:  # noqa: BLE001 - printed with the rank's number, then exit 1
+        print(f"plandsl profile: rank {os.environ.get('RANK', '?')} failed:", file=sys.stderr)
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,107 @@
+"""What `plandsl profile` measured, as plain frozen records that travel as JSON from rank 0 to the command.
+
+Stage: interpreter (profile). Contract: `Profile` holds every timing with its spread over repeats
+(`Spread`: median, min, max; over every rank too when several measured at once) and the facts about
+the machine the cluster file states; `to_json`/`from_json` round-trip it. No torch here.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """Seconds of one repeated measurement: the median, the fastest and the slowest repeat, and how many."""
+
+    median: float
+    low: float
+    high: float
+    count: int
+
+    @staticmethod
+    def of(values: Sequence[float]) -> "Spread":
+        if not values:
+            raise ValueError("a spread of no values")
+        return Spread(statistics.median(values), min(values), max(values), len(values))
+
+
+@dataclass(frozen=True, slots=True)
+class GemmTiming:
+    """m x k by k x n in `precision` (fp32 with TF32 off; tf32 and fp8 are extra rows the language has no
+    precision for, written as comments)."""
+
+    precision: str
+    m: int
+    n: int
+    k: int
+    seconds: Spread
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+    @property
+    def rate(self) -> float:
+        """FLOP/s at the median."""
+        return self.flops / self.seconds.median
+
+
+@dataclass(frozen=True, slots=True)
+class CommTiming:
+    """A collective (`cost.comm.COLLECTIVES`) of `bytes` (as the cost model counts them) over `size` ranks,
+    inside one node (`across_nodes` False: every rank of a node) or across nodes (one rank of each node per
+    group, every local rank's group at once)."""
+
+    collective: str
+    size: int
+    bytes: int
+    across_nodes: bool
+    seconds: Spread
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    host: str
+    date: str                       # ISO 8601, UTC
+    torch: str
+    backend: str                    # gloo or nccl ("" with one process: no collectives)
+    kind: str                       # cpu or cuda
+    device_name: str                # the CPU model or the GPU's name
+    device_memory: int              # bytes per device (a CPU process: the machine's memory / processes per node)
+    threads: int                    # CPU threads per process (torch.get_num_threads)
+    nproc_per_node: int
+    nnodes: int
+    quick: bool
+    memory_copy_bytes: int          # bytes of the copy that measured the memory bandwidth (read + write counted)
+    memory_seconds: Spread
+    gemms: tuple[GemmTiming, ...]
+    comms: tuple[CommTiming, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+    wall_seconds: float = 0.0
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    @property
+    def memory_bandwidth(self) -> float:
+        """bytes/s at the median copy: read and write both move `memory_copy_bytes` / 2."""
+        return self.memory_copy_bytes / self.memory_seconds.median
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @staticmethod
+    def from_json(text: str) -> "Profile":
+        data = json.loads(text)
+        data["memory_seconds"] = Spread(**data["memory_seconds"])
+        data["gemms"] = tuple(GemmTiming(**{**g, "seconds": Spread(**g["seconds"])}) for g in data["gemms"])
+        data["comms"] = tuple(CommTiming(**{**c, "seconds": Spread(**c["seconds"])}) for c in data["comms"])
+        data["notes"] = tuple(data["notes"])
+        return Profile(**data)
+
+
+__all__ = ["Spread", "GemmTiming", "CommTiming", "Profile"]

@@ -1,0 +1,265 @@
+"""A `Profile` -> the cluster file `plandsl profile` writes, and the report it prints.
+
+Stage: interpreter (profile; pure, no torch). Contract: `fit_profile(profile)` derives the figures the
+cost model takes (per precision: the peak, the GEMM knobs fitted by `cost.fit.fit_gemm`, and the
+measured GEMM table when the two knobs miss a measured point by more than `TABLE_ABOVE`; the memory
+bandwidth; the node's link and NIC fitted by `cost.fit.fit_link`); `cluster_text(profile, name)` writes
+them in the plan language (docs/language.md, "Measured clusters") with every measurement's spread as
+comments; `report_text(profile)` is the same as a table for the terminal.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from plandsl.cost.fit import CommSample, GemmFit, GemmSample, LinkFit, fit_gemm, fit_link
+from plandsl.syntax.format import format_text
+from plandsl.runtime.profile.results import CommTiming, GemmTiming, Profile, Spread
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+"""The language's precisions (`ir.Precision`), in the order the file lists them."""
+ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+TABLE_ABOVE = 0.10
+"""The measured GEMMs are written as a table the cost model interpolates (`measured: [...]`) when the
+fitted two-knob curve misses one of them by more than this fraction."""
+KEYWORDS = frozenset("import param let device node cluster model plan schedule layer shard over with rank for in "
+                     "on if else x true false or and not".split())
+
+
+@dataclass(frozen=True)
+class PrecisionFit:
+    precision: str
+    peak: float
+    fit: GemmFit
+    timings: tuple[GemmTiming, ...]
+
+    @property
+    def table(self) -> bool:
+        return self.fit.worst > TABLE_ABOVE
+
+
+@dataclass(frozen=True)
+class Fitted:
+    precisions: tuple[PrecisionFit, ...]
+    extras: tuple[GemmTiming, ...]         # tf32, fp8: comments only
+    bandwidth: float
+    link: LinkFit | None                   # None: one process per node, nothing measured
+    nic: LinkFit | None                    # per device (the file writes it per node)
+
+
+def round_up(value: float, digits: int = 3) -> float:
+    """`value` rounded up to `digits` significant digits (a peak never below a measured rate)."""
+    if value <= 0 or not math.isfinite(value):
+        return value
+    scale = 10 ** (digits - 1 - math.floor(math.log10(value)))
+    return math.ceil(value * scale - 1e-9) / scale
+
+
+def fit_profile(profile: Profile) -> Fitted:
+    bandwidth = profile.memory_bandwidth
+    fits = []
+    for precision in PRECISIONS:
+        timings = tuple(g for g in profile.gemms if g.precision == precision)
+        if not timings:
+            continue
+        peak = round_up(max(g.rate for g in timings))
+        samples = [GemmSample(g.m, g.n, g.k, g.seconds.median, ELEMENT_BYTES[precision]) for g in timings]
+        fits.append(PrecisionFit(precision, peak, fit_gemm(samples, peak, bandwidth), timings))
+    extras = tuple(g for g in profile.gemms if g.precision not in PRECISIONS)
+    return Fitted(tuple(fits), extras, bandwidth, _link(profile.comms, False), _link(profile.comms, True))
+
+
+def _link(comms: tuple[CommTiming, ...], across_nodes: bool) -> LinkFit | None:
+    samples = [CommSample(c.collective, c.size, c.bytes, c.seconds.median) for c in comms
+               if c.across_nodes == across_nodes]
+    return fit_link(samples, across_nodes) if samples else None
+
+
+# ---- numbers with units, as the language reads them ------------------------------------------------------
+def quantity(value: float, units: tuple[tuple[str, float], ...], digits: int = 4) -> str:
+    """`value` in the largest unit it is at least 1 of, `digits` significant digits: `61.23 us`."""
+    for unit, factor in units:
+        if abs(value) >= factor or factor == units[-1][1]:
+            return f"{_significant(value / factor, digits)} {unit}"
+    raise AssertionError("unreachable: the last unit always matches")
+
+
+def _significant(value: float, digits: int) -> str:
+    """`value` to `digits` significant digits as a plain decimal (no exponent, no trailing zeros)."""
+    if value == 0 or not math.isfinite(value):
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    text = f"{value:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+TIME_UNITS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))
+FLOPS_UNITS = (("PFLOP/s", 1e15), ("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6), ("FLOP/s", 1.0))
+BANDWIDTH_UNITS = (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3), ("B/s", 1.0))
+SIZE_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
+
+
+def seconds(value: float) -> str:
+    return quantity(value, TIME_UNITS)
+
+
+def spread(s: Spread, unit=seconds) -> str:
+    """`61.23 us (60.10-63.02 us, 7 runs)`: the median, then the fastest and slowest repeat."""
+    return f"{unit(s.median)} (min {unit(s.low)}, max {unit(s.high)}, {s.count} runs)"
+
+
+def _rate_spread(flops: float, s: Spread) -> str:
+    rate = lambda t: quantity(flops / t, FLOPS_UNITS, 3)  # noqa: E731 - three uses below
+    return f"{rate(s.median)} (min {rate(s.high)}, max {rate(s.low)})"
+
+
+def identifier(stem: str) -> str:
+    """A file stem as a name of the language: `my-box.2` -> `my_box_2`."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", stem) or "profiled"
+    if name[0].isdigit():
+        name = "m_" + name
+    return name + "_host" if name in KEYWORDS else name
+
+
+# ---- the cluster file ---------------------------------------------------------------------------------
+def cluster_text(profile: Profile, name: str) -> str:
+    """The cluster file: a device `<name>_<cpu|gpu>`, a node `<name>` of `nproc_per_node` of them, and with
+    several nodes a cluster `<name>_cluster`. Names are `identifier(name)`."""
+    fitted = fit_profile(profile)
+    name = identifier(name)
+    device = f"{name}_{'gpu' if profile.kind == 'cuda' else 'cpu'}"
+    out = [f"# Measured by `plandsl profile` on {profile.host}, {profile.date} (torch {profile.torch}"
+           + (f", {profile.backend}" if profile.backend else "") + f", {profile.nproc_per_node} process(es) per node"
+           + (f" x {profile.nnodes} nodes" if profile.nnodes > 1 else "") + ("; --quick" if profile.quick else "") + ").",
+           f"# Device: {profile.device_name}" + (f", {profile.threads} thread(s) per process" if profile.kind == "cpu" else "")
+           + ". Every figure is the median of repeated runs; the min and max are in the comments.",
+           *(f"# note: {note}" for note in profile.notes),
+           f"device {device} {{",
+           f"  memory    = {quantity(profile.device_memory, SIZE_UNITS)}"
+           + ("  # the machine's memory / processes per node" if profile.kind == "cpu" else ""),
+           f"  bandwidth = {quantity(fitted.bandwidth, BANDWIDTH_UNITS)}  # copy of "
+           f"{quantity(profile.memory_copy_bytes / 2, SIZE_UNITS)}: {spread(profile.memory_seconds)}",
+           "  peak      = { " + ", ".join(f"{p.precision}: {quantity(p.peak, FLOPS_UNITS, 3)}" for p in fitted.precisions)
+           + " }  # the fastest GEMM measured in each precision",
+           "  # The GEMM model's knobs per precision, fitted to the GEMMs below (docs/cost-model.md): t = "
+           "2mnk / (matmul * peak) + bytes / bandwidth + kernel_latency;",
+           f"  # where they miss a GEMM by more than {TABLE_ABOVE:.0%}, the measured times (m, n, k, seconds) are "
+           "given too and the cost model interpolates them.",
+           "  efficiency = {"]
+    for p in fitted.precisions:
+        fit = p.fit
+        head = f"    {p.precision}: {{ matmul: {_significant(fit.peak_fraction, 3)}, " \
+               f"kernel_latency: {seconds(fit.kernel_seconds) if fit.kernel_seconds else '0 us'}"
+        misses = f"  # the fit misses the GEMMs by {fit.typical:.0%} (median), {fit.worst:.0%} (max)"
+        if not p.table:
+            out.append(head + " }" + misses)
+            continue
+        out.append(head + "," + misses)
+        rows = sorted(p.timings, key=lambda g: (g.flops, g.m, g.n, g.k))
+        out.append("      measured: [" + ", ".join(f"[{g.m}, {g.n}, {g.k}, {seconds(g.seconds.median)}]"
+                                                  for g in rows) + "]")
+        out.append("    }")
+    out.append("  }")
+    out.append("}")
+    out += _gemm_comments(fitted, profile)
+    out.append("")
+    out += _node(profile, fitted, name, device)
+    return format_text("\n".join(out) + "\n", f"{name}.plan")  # laid out as `plandsl fmt` lays it out
+
+
+def _gemm_comments(fitted: Fitted, profile: Profile) -> list[str]:
+    lines = ["# GEMMs measured (m x n x k: median time, min and max over the runs; FLOP/s at the median; the "
+             "fitted curve's error):"]
+    for p in fitted.precisions:
+        for g, error in zip(p.timings, p.fit.errors):
+            lines.append(f"#   {p.precision:5} {g.m:>6} x {g.n:>6} x {g.k:>6}: {spread(g.seconds)}, "
+                         f"{quantity(g.rate, FLOPS_UNITS, 3)}, fit {error:+.0%}")
+    for g in fitted.extras:
+        lines.append(f"#   {g.precision:5} {g.m:>6} x {g.n:>6} x {g.k:>6}: {spread(g.seconds)}, "
+                     f"{quantity(g.rate, FLOPS_UNITS, 3)} (no precision of the language: a comment only)")
+    return lines
+
+
+def _node(profile: Profile, fitted: Fitted, name: str, device: str) -> list[str]:
+    lines = [f"node {name} {{", f"  devices = {profile.nproc_per_node} x {device}"]
+    if fitted.link is None:
+        lines.append(f"  link    = {{ bandwidth: {quantity(fitted.bandwidth, BANDWIDTH_UNITS)}, latency: 0 us }}"
+                     "  # not measured: one process per node (the memory bandwidth stands in; no plan on one "
+                     "device uses it)")
+    else:
+        lines.append(f"  link    = {_link_text(fitted.link, 1)}  # {profile.backend}, fitted to every collective "
+                     f"inside the node: misses by {fitted.link.typical:.0%} (median), {fitted.link.worst:.0%} (max)")
+    if fitted.nic is not None:
+        lines.append(f"  nic     = {_link_text(fitted.nic, profile.nproc_per_node)}  # per node: every local rank "
+                     f"at once across nodes; misses by {fitted.nic.typical:.0%} (median), {fitted.nic.worst:.0%} (max)")
+    lines.append("}")
+    if profile.nnodes > 1:
+        lines += ["", f"cluster {name}_cluster {{", f"  nodes = [{name} x {profile.nnodes}]", "}"]
+    if profile.comms:
+        lines.append("# Collectives measured (bytes as the cost model counts them: median time, min and max; the "
+                     "fitted link's error):")
+        for comm, error in zip(_ordered(profile.comms, False), fitted.link.errors if fitted.link else ()):
+            lines.append(_comm_comment(comm, error))
+        for comm, error in zip(_ordered(profile.comms, True), fitted.nic.errors if fitted.nic else ()):
+            lines.append(_comm_comment(comm, error))
+    else:
+        lines.append("# Collectives: not measured (world size 1: give --nproc-per-node 2 or more).")
+    return lines
+
+
+def _ordered(comms: tuple[CommTiming, ...], across_nodes: bool) -> list[CommTiming]:
+    """The samples in the order `_link` fitted them (so the errors line up)."""
+    return [c for c in comms if c.across_nodes == across_nodes]
+
+
+def _comm_comment(comm: CommTiming, error: float) -> str:
+    where = "across nodes" if comm.across_nodes else "in the node"
+    return (f"#   {comm.collective:14} {quantity(comm.bytes, SIZE_UNITS, 3):>9} over {comm.size} {where}: "
+            f"{spread(comm.seconds)}, fit {error:+.0%}")
+
+
+def _link_text(fit: LinkFit, devices: int) -> str:
+    return (f"{{ bandwidth: {quantity(fit.bandwidth * devices, BANDWIDTH_UNITS)}, "
+            f"latency: {seconds(fit.latency) if fit.latency else '0 us'} }}")
+
+
+# ---- the report ---------------------------------------------------------------------------------------
+def report_text(profile: Profile) -> str:
+    """What `plandsl profile` prints: every measurement with its spread, and the fitted figures."""
+    fitted = fit_profile(profile)
+    lines = [f"{profile.host}: {profile.device_name}, {profile.nproc_per_node} process(es) per node"
+             + (f" x {profile.nnodes} nodes" if profile.nnodes > 1 else "") + f", torch {profile.torch}"
+             + (f", {profile.backend}" if profile.backend else "") + f" ({profile.wall_seconds:.1f} s)",
+             f"memory bandwidth  {quantity(fitted.bandwidth, BANDWIDTH_UNITS)}  (copy: {spread(profile.memory_seconds)})",
+             "GEMM   m x n x k               median time (min, max)                   FLOP/s (min, max)         fit"]
+    for p in fitted.precisions:
+        for g, error in zip(p.timings, p.fit.errors):
+            lines.append(f"{p.precision:5} {g.m:>5} x {g.n:>5} x {g.k:>5}  {spread(g.seconds):44} "
+                         f"{_rate_spread(g.flops, g.seconds):26} {error:+.0%}")
+        lines.append(f"  {p.precision}: peak {quantity(p.peak, FLOPS_UNITS, 3)}, matmul {p.fit.peak_fraction:.3g}, "
+                     f"kernel_latency {seconds(p.fit.kernel_seconds)}; misses by {p.fit.typical:.0%} (median), "
+                     f"{p.fit.worst:.0%} (max)" + ("; the measured table is written" if p.table else ""))
+    for g in fitted.extras:
+        lines.append(f"{g.precision:5} {g.m:>5} x {g.n:>5} x {g.k:>5}  {spread(g.seconds):44} "
+                     f"{_rate_spread(g.flops, g.seconds)}")
+    for across, fit in ((False, fitted.link), (True, fitted.nic)):
+        comms = _ordered(profile.comms, across)
+        if not comms:
+            continue
+        lines.append(f"collective ({'across nodes' if across else 'inside the node'})   bytes  ranks  median time "
+                     "(min, max)                     fit")
+        for comm, error in zip(comms, fit.errors):
+            lines.append(f"{comm.collective:14} {quantity(comm.bytes, SIZE_UNITS, 3):>9} {comm.size:6}  "
+                         f"{spread(comm.seconds):44} {error:+.0%}")
+        scale = profile.nproc_per_node if across else 1
+        lines.append(f"  {'nic (per node)' if across else 'link'}: {_link_text(fit, scale)}; misses by "
+                     f"{fit.typical:.0%} (median), {fit.worst:.0%} (max)")
+    if not profile.comms:
+        lines.append("collectives: skipped (world size 1)")
+    lines += [f"note: {note}" for note in profile.notes]
+    return "\n".join(lines)
+
+
+__all__ = ["Fitted", "PrecisionFit", "fit_profile", "cluster_text", "report_text", "identifier", "round_up",
+           "TABLE_ABOVE"]

@@ -1,0 +1,332 @@
+"""`plandsl profile` without timing anything: the fits recover known knobs from synthetic timings, the file it
+writes checks and the cost model reads its figures, an interrupted profile writes nothing, options past their
+caps are E505 Diagnostics, the measured GEMM table's own errors (E216, E217). The end-to-end run is
+test_profile_run.py (slow)."""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from plandsl import api, ir
+from plandsl.cli import main
+from plandsl.cost.comm import GroupLinks, estimate_collective
+from plandsl.cost.compute import Efficiency, device_efficiency
+from plandsl.cost.fit import CommSample, GemmSample, fit_gemm, fit_link, gemm_model
+from plandsl.runtime.profile import job
+from plandsl.runtime.profile.job import ProfileError, ProfileOptions, option_problems, write_cluster
+from plandsl.runtime.profile.results import CommTiming, GemmTiming, Profile, Spread
+from plandsl.runtime.profile.write import TABLE_ABOVE, cluster_text, fit_profile, identifier, round_up
+
+PEAK, BANDWIDTH = 100e9, 20e9
+SHAPES = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 256, 512)]
+
+
+def _gemms(fraction: float, kernel: float, element_bytes: int = 4) -> list[GemmSample]:
+    """Timings exactly as the model with these knobs gives them."""
+    samples = []
+    for m, n, k in SHAPES:
+        sample = GemmSample(m, n, k, 1.0, element_bytes)
+        samples.append(GemmSample(m, n, k, gemm_model(sample, PEAK, BANDWIDTH, fraction, kernel), element_bytes))
+    return samples
+
+
+# ---- the fits ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fraction, kernel", [(0.8, 12e-6), (0.55, 60e-6), (1.0, 0.0), (0.93, 2e-6)])
+def test_the_gemm_fit_recovers_the_knobs_that_made_the_timings(fraction, kernel):
+    fit = fit_gemm(_gemms(fraction, kernel), PEAK, BANDWIDTH)
+    assert fit.peak_fraction == pytest.approx(fraction, rel=1e-6)
+    assert fit.kernel_seconds == pytest.approx(kernel, rel=1e-6, abs=1e-12)
+    assert fit.worst < 1e-6
+
+
+def test_the_gemm_fit_keeps_its_knobs_in_their_bounds():
+    # Faster than the peak allows (a fraction above 1) and a negative kernel time are not physical: the
+    # fit stays at fraction 1 and kernel 0 and says how far it misses.
+    samples = [GemmSample(s.m, s.n, s.k, s.seconds * 0.5, s.element_bytes) for s in _gemms(1.0, 0.0)]
+    fit = fit_gemm(samples, PEAK, BANDWIDTH)
+    assert fit.peak_fraction == 1.0 and fit.kernel_seconds == 0.0
+    assert fit.worst == pytest.approx(1.0, rel=1e-6)  # the model takes twice the time: +100 %
+
+
+def test_the_gemm_fit_weighs_errors_relatively():
+    # With noise of +-5 % on each sample, the fit stays near the knobs: the small GEMMs count as much as the big.
+    noisy = [GemmSample(s.m, s.n, s.k, s.seconds * (1.05 if i % 2 else 0.95), s.element_bytes)
+             for i, s in enumerate(_gemms(0.7, 30e-6))]
+    fit = fit_gemm(noisy, PEAK, BANDWIDTH)
+    assert fit.peak_fraction == pytest.approx(0.7, rel=0.06)
+    assert fit.kernel_seconds == pytest.approx(30e-6, rel=0.15)
+    assert fit.worst < 0.1
+
+
+@pytest.mark.parametrize("across", [False, True])
+def test_the_link_fit_recovers_bandwidth_and_latency(across):
+    bandwidth, latency = 3e9, 40e-6
+    samples = []
+    for collective in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"):
+        for size in (4, 2):
+            for nbytes in (4096, 65536, 2**20, 2**23):
+                group = size if collective != "p2p" else 2
+                links = GroupLinks(group, 1, group, 1.0, 0.0, bandwidth, latency) if across else \
+                    GroupLinks(group, group, 1, bandwidth, latency, 1.0, 0.0)
+                seconds = estimate_collective(collective, nbytes, links).seconds
+                samples.append(CommSample(collective, group, nbytes, seconds))
+    fit = fit_link(samples, across_nodes=across)
+    assert fit.bandwidth == pytest.approx(bandwidth, rel=1e-6)
+    assert fit.latency == pytest.approx(latency, rel=1e-6)
+    assert fit.worst < 1e-6
+
+
+# ---- the file ---------------------------------------------------------------------------------------------
+def _spread(seconds: float) -> Spread:
+    return Spread(seconds, seconds * 0.97, seconds * 1.1, 7)
+
+
+def synthetic_profile(table: bool = True, comms: bool = True, nnodes: int = 1) -> Profile:
+    """fp32 exactly on a two-knob curve (no table needed); bf16 off it at one shape by 40 % (the table)."""
+    fp32 = [GemmTiming("fp32", s.m, s.n, s.k, _spread(s.seconds)) for s in _gemms(0.8, 12e-6)]
+    bf16 = [GemmTiming("bf16", s.m, s.n, s.k, _spread(s.seconds * (1.4 if table and s.m == 256 else 1.0)))
+            for s in _gemms(0.9, 5e-6, 2)]
+    links = GroupLinks(2, 2, 1, 3e9, 40e-6, 1.0, 0.0)
+    timings = tuple(CommTiming(c, 2, b, False, _spread(estimate_collective(c, b, links).seconds))
+                    for c in ("all_reduce", "all_gather", "p2p") for b in (4096, 2**20)) if comms else ()
+    if nnodes > 1:
+        inter = GroupLinks(nnodes, 1, nnodes, 1.0, 0.0, 1e9, 8e-6)
+        timings += tuple(CommTiming(c, nnodes, b, True, _spread(estimate_collective(c, b, inter).seconds))
+                         for c in ("all_reduce", "p2p") for b in (4096, 2**20))
+    return Profile(host="testhost", date="2026-12-04 18:00 UTC", torch="2.x", backend="gloo" if comms else "",
+                   kind="cpu", device_name="Test CPU (2 cores)", device_memory=8 * 2**30, threads=1,
+                   nproc_per_node=2 if comms else 1, nnodes=nnodes, quick=False,
+                   memory_copy_bytes=2 * 2**26, memory_seconds=_spread(2 * 2**26 / BANDWIDTH),
+                   gemms=tuple(fp32 + bf16), comms=timings, notes=("fp8 and tf32 not measured on a CPU",))
+
+
+def test_the_profile_travels_as_json():
+    profile = synthetic_profile()
+    assert Profile.from_json(profile.to_json()) == profile
+
+
+PLAN = """import "{name}"
+plan p {{
+  model   = gpt(layers=2, hidden=256, heads=4, seq=128, vocab=512)
+  cluster = {cluster}
+  mesh    = [dp = 2]
+  train   = {{ global_batch: 8, micro_batch: 1, precision: {precision} }}
+}}
+"""
+
+
+def _use(tmp_path: Path, name: str, precision: str = "fp32", cluster: str | None = None) -> Path:
+    plan = tmp_path / "use.plan"
+    plan.write_text(PLAN.format(name=name, cluster=cluster or f"{name} x 1", precision=precision))
+    return plan
+
+
+def test_the_written_file_checks_is_formatted_and_states_what_was_measured(tmp_path):
+    path = tmp_path / "lab box.plan"  # the stem becomes a name of the language
+    text = write_cluster(synthetic_profile(), str(path))
+    assert path.read_text() == text and identifier("lab box") == "lab_box"
+    assert api.format_text(text) == text  # as `plandsl fmt` lays it out
+    analysis = api.check(str(path))
+    assert analysis.ok, api.render_all(analysis.diagnostics, analysis.sources)
+    for words in ("testhost", "2026-12-04 18:00 UTC", "Test CPU (2 cores)", "min ", "max ", "7 runs",
+                  "fp8 and tf32 not measured"):
+        assert words in text
+    [device] = api.load(str(path)).devices
+    profile = synthetic_profile()
+    assert device.memory == 8 * 2**30
+    assert device.bandwidth == pytest.approx(BANDWIDTH, rel=1e-3)
+    assert set(device.peak) == {ir.Precision.fp32, ir.Precision.bf16}
+    for precision in ("fp32", "bf16"):  # the peak: the fastest GEMM, rounded up
+        fastest = max(g.rate for g in profile.gemms if g.precision == precision)
+        assert fastest <= device.peak[ir.Precision(precision)] <= fastest * 1.01
+
+
+def test_the_knobs_are_per_precision_and_a_table_only_where_the_curve_misses(tmp_path):
+    path = tmp_path / "box.plan"
+    write_cluster(synthetic_profile(), str(path))
+    [device] = api.load(str(path)).devices
+    fitted = {p.precision: p for p in fit_profile(synthetic_profile()).precisions}
+    fp32, bf16 = (device.efficiency.precisions[ir.Precision(p)] for p in ("fp32", "bf16"))
+    assert fp32.matmul == pytest.approx(fitted["fp32"].fit.peak_fraction, rel=2e-3)
+    assert fp32.kernel_latency == pytest.approx(fitted["fp32"].fit.kernel_seconds, rel=2e-3)
+    assert fitted["fp32"].fit.worst < TABLE_ABOVE and fp32.measured == ()
+    assert fitted["bf16"].fit.worst > TABLE_ABOVE and len(bf16.measured) == len(SHAPES)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_cost_model_uses_the_measured_figures(tmp_path, precision):
+    """Profile -> file -> plan over it: check and estimate succeed, and every measured GEMM costs what was
+    measured (the table exactly, the fitted curve within its error)."""
+    write_cluster(synthetic_profile(), str(tmp_path / "box.plan"))
+    plan_file = _use(tmp_path, "box", precision)
+    assert api.check(str(plan_file)).ok
+    plan = api.load_plan(str(plan_file))
+    device = plan.cluster.groups[0].node.device
+    efficiency = device_efficiency(device)
+    profile = synthetic_profile()
+    worst = max(abs(e) for p in fit_profile(profile).precisions if p.precision == precision for e in p.fit.errors)
+    for g in (g for g in profile.gemms if g.precision == precision):
+        predicted = efficiency.gemm_seconds(g.m, g.n, g.k, device, ir.Precision(precision))
+        tolerance = 2e-3 if precision == "bf16" else worst + 2e-3  # bf16: the table (4 digits in the file)
+        assert predicted == pytest.approx(g.seconds.median, rel=tolerance)
+    estimate = api.estimate(plan)
+    default = api.estimate(plan.model_copy(update={"cluster": _without_efficiency(plan.cluster)}))
+    assert estimate.time.step != pytest.approx(default.time.step, rel=1e-3)  # the file's figures, not the defaults
+
+
+def _without_efficiency(cluster: ir.Cluster) -> ir.Cluster:
+    group = cluster.groups[0]
+    device = group.node.device.model_copy(update={"efficiency": None})
+    return cluster.model_copy(update={"groups": (group.model_copy(update={
+        "node": group.node.model_copy(update={"device": device})}),)})
+
+
+def test_the_link_and_nic_are_the_fitted_ones(tmp_path):
+    write_cluster(synthetic_profile(nnodes=2), str(tmp_path / "two.plan"))
+    plan_file = _use(tmp_path, "two", cluster="two_cluster")
+    analysis = api.check(str(plan_file))
+    assert analysis.ok, api.render_all(analysis.diagnostics, analysis.sources)
+    node = api.load_plan(str(plan_file)).cluster.groups[0].node
+    assert node.link.bandwidth == pytest.approx(3e9, rel=1e-3) and node.link.latency == pytest.approx(40e-6, rel=1e-3)
+    assert node.nic.bandwidth == pytest.approx(2 * 1e9, rel=1e-3)  # per node: both local ranks at once
+    assert node.nic.latency == pytest.approx(8e-6, rel=1e-3)
+
+
+def test_one_process_writes_no_collectives_and_says_so(tmp_path):
+    text = write_cluster(synthetic_profile(comms=False), str(tmp_path / "one.plan"))
+    assert "not measured (world size 1" in text and "devices = 1 x one_cpu" in text
+    assert api.check(str(tmp_path / "one.plan")).ok
+
+
+def test_round_up_never_goes_below():
+    for value in (1.0, 123.456, 9.999e12, 1.234e9, 0.0012345):
+        rounded = round_up(value)
+        assert value <= rounded <= value * 1.01
+
+
+# ---- interrupted: nothing written ----------------------------------------------------------------------
+@pytest.mark.parametrize("failure", [KeyboardInterrupt, ProfileError])
+def test_an_interrupted_profile_writes_nothing(tmp_path, monkeypatch, failure):
+    target = tmp_path / "box.plan"
+    target.write_text("# the file from before\n")
+
+    def interrupted(options, progress=None):
+        if progress:
+            progress(3, 10)
+        raise failure() if failure is KeyboardInterrupt else failure("rank(s) 1 failed (above); nothing was written")
+    monkeypatch.setattr(job, "run_profile", interrupted)
+    monkeypatch.setattr(job, "_cuda_devices", lambda: 0)
+    result = CliRunner().invoke(main, ["profile", "--quick", "-o", str(target)])
+    assert result.exit_code == (130 if failure is KeyboardInterrupt else 1), result.output
+    assert "nothing" in result.output
+    assert target.read_text() == "# the file from before\n"
+    assert sorted(os.listdir(tmp_path)) == ["box.plan"]  # no temporary file left either
+
+
+def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
+    target = tmp_path / "box.plan"
+    target.write_text("# before\n")
+
+    def broken(profile, name):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(job, "cluster_text", broken)
+    with pytest.raises(OSError):
+        write_cluster(synthetic_profile(), str(target))
+    assert target.read_text() == "# before\n" and sorted(os.listdir(tmp_path)) == ["box.plan"]
+
+
+# ---- bounded options --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("options, cuda, words", [
+    (ProfileOptions(nproc_per_node=100_000), 0, "above plandsl's limit of 256 processes per node"),
+    (ProfileOptions(nproc_per_node=4), 1, "above the 1 CUDA device(s) of this machine"),
+    (ProfileOptions(nnodes=1_000_000, rdzv_endpoint="h:1"), 0, "above plandsl profile's limit of 64 nodes"),
+    (ProfileOptions(nnodes=2), 0, "needs --rdzv-endpoint"),
+    (ProfileOptions(nnodes=2, node_rank=2, rdzv_endpoint="h:1"), 0, "is not below --nnodes (2)"),
+])
+def test_options_past_their_caps_are_diagnostics(options, cuda, words):
+    [problem] = option_problems(options, cuda_devices=cuda)
+    assert problem.code == "E505" and words in problem.message
+
+
+def test_the_command_refuses_past_a_cap_before_measuring(tmp_path, monkeypatch):
+    def measured(options, progress=None):
+        raise AssertionError("measured although an option is past its cap")
+    monkeypatch.setattr(job, "run_profile", measured)
+    monkeypatch.setattr(job, "_cuda_devices", lambda: 0)
+    result = CliRunner().invoke(main, ["profile", "--nproc-per-node", "100000", "-o", str(tmp_path / "x.plan")])
+    assert result.exit_code == 1 and "error[E505]" in result.output
+    assert not (tmp_path / "x.plan").exists()
+
+
+def test_the_command_prints_the_spread_and_writes_the_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(job, "run_profile", lambda options, progress=None: synthetic_profile())
+    monkeypatch.setattr(job, "_cuda_devices", lambda: 0)
+    target = tmp_path / "box.plan"
+    result = CliRunner().invoke(main, ["profile", "-o", str(target)])
+    assert result.exit_code == 0, result.output
+    assert "(min " in result.output and "max " in result.output and f"wrote {target}" in result.output
+    assert api.check(str(target)).ok
+
+
+# ---- the measured table's own errors ------------------------------------------------------------------
+DEVICE = """device box {{
+  memory     = 16 GiB
+  bandwidth  = 20 GB/s
+  peak       = {{ fp32: 100 GFLOP/s }}
+  efficiency = {efficiency}
+}}
+"""
+
+
+def _codes(efficiency: str) -> list[tuple[str, str]]:
+    analysis = api.checks(DEVICE.format(efficiency=efficiency))
+    return [(d.code, d.message) for d in analysis.diagnostics]
+
+
+@pytest.mark.parametrize("efficiency, code, words", [
+    ("{ measured: 3 }", "E216", "a list of [m, n, k, time] rows"),
+    ("{ measured: [] }", "E216", "a list of [m, n, k, time] rows"),
+    ("{ measured: [[1, 2, 3]] }", "E216", "found `[1, 2, 3]`"),
+    ("{ measured: [[0, 2, 3, 1 s]] }", "E216", "m is a positive whole number"),
+    ("{ measured: [[4, 2.5, 3, 1 s]] }", "E216", "n is a positive whole number"),
+    ("{ measured: [[4, 4, 4, 1 s], [4, 4, 4, 2 s]] }", "E216", "4 x 4 x 4 is measured twice"),
+    ("{ measured: [[4, 4, 4, 1 GB]] }", "E203", "takes a time quantity"),
+    ("{ fp32: { measured: [[1024, 1024, 1024, 1 ms]] } }", "E217", "above the device's fp32 peak"),
+    ("{ bf16: { matmul: 0.5 } }", "E217", "efficiency for bf16, but the device has no bf16 peak"),
+    ("{ fp32: { matmull: 0.5 } }", "E206", "no key 'matmull'"),
+])
+def test_bad_measured_tables_are_coded_errors(efficiency, code, words):
+    found = _codes(efficiency)
+    assert any(c == code and words in message for c, message in found), found
+
+
+def test_too_many_rows_is_E216():
+    rows = ", ".join(f"[{i}, 4, 4, 1 s]" for i in range(1, 258))
+    assert any(c == "E216" and "257 rows, above the limit of 256" in m for c, m in _codes(f"{{ measured: [{rows}] }}"))
+
+
+def test_a_precision_takes_the_outer_knobs_it_does_not_give():
+    document = api.loads(DEVICE.format(efficiency="{ matmul: 0.6, kernel_latency: 9 us, fp32: { matmul: 0.8 } }"))
+    [device] = document.devices
+    fp32 = device.efficiency.precisions[ir.Precision.fp32]
+    assert (fp32.matmul, fp32.kernel_latency) == (0.8, 9e-6)
+
+
+def test_the_measured_table_is_interpolated_between_its_points():
+    device = ir.DeviceType(name="d", memory=2**30, bandwidth=BANDWIDTH, peak={"fp32": PEAK}, efficiency=ir.DeviceEfficiency(
+        matmul=1.0, kernel_latency=0.0, measured=(ir.GemmPoint(m=64, n=64, k=64, seconds=1e-4),
+                                                  ir.GemmPoint(m=1024, n=1024, k=1024, seconds=0.05))))
+    efficiency = device_efficiency(device)
+    fp32 = ir.Precision.fp32
+    assert efficiency.gemm_seconds(64, 64, 64, device, fp32) == pytest.approx(1e-4, rel=1e-9)
+    assert efficiency.gemm_seconds(1024, 1024, 1024, device, fp32) == pytest.approx(0.05, rel=1e-9)
+    plain = Efficiency(1.0, 0.0)
+    ratio = lambda m: efficiency.gemm_seconds(m, m, m, device, fp32) / plain.gemm_seconds(m, m, m, device, fp32)  # noqa: E731
+    low, high = ratio(64), ratio(1024)
+    assert min(low, high) <= ratio(256) <= max(low, high)  # between the points: between their ratios
+    assert ratio(8192) == pytest.approx(high, rel=1e-9) and ratio(16) == pytest.approx(low, rel=1e-9)  # beyond: the end's
+    assert math.isclose(Efficiency(0.5, 1e-6).correction(1e9), 1.0)
