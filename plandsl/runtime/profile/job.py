@@ -74,7 +74,8 @@ def _cuda_devices() -> int:
 
 def run_profile(options: ProfileOptions, progress: Progress | None = None) -> Profile | None:
     """Measure this machine (and with --nnodes the others, which run the same command); the `Profile` on
-    node 0, None on the others. `ProfileError` when a rank fails; KeyboardInterrupt passes through."""
+    node 0, None on the others. `ProfileError` when a rank fails; KeyboardInterrupt on Ctrl-C or a signal that
+    stopped the launcher."""
     if options.nproc_per_node == 1 and options.nnodes == 1:
         from plandsl.runtime.profile.measure import Settings, measure  # lazy: torch
         return measure(Settings(quick=options.quick), progress=progress)
@@ -87,6 +88,7 @@ class ProfileError(RuntimeError):
 
 def _launch(options: ProfileOptions, progress: Progress | None) -> Profile | None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # lazy: torch
+    from torch.distributed.elastic.multiprocessing.api import SignalException  # lazy: torch
     from torch.distributed.run import parse_args, run  # lazy: torch
     directory = tempfile.mkdtemp(prefix="plandsl-profile-")
     try:
@@ -108,6 +110,8 @@ def _launch(options: ProfileOptions, progress: Progress | None) -> Profile | Non
             except ChildFailedError as error:
                 ranks = ", ".join(str(rank) for rank in sorted(error.failures))
                 raise ProfileError(f"rank(s) {ranks} failed (above); nothing was written") from None
+            except SignalException as error:  # the launcher's own Ctrl-C or SIGTERM: it stopped the ranks
+                raise KeyboardInterrupt(str(error)) from None
         if not os.path.exists(output):
             return None  # not node 0: rank 0 wrote it on its own machine
         return Profile.from_json(Path(output).read_text(encoding="utf-8"))

@@ -10,6 +10,7 @@ a GPU (the events bracket `calls` launches, so one launch's overhead is amortise
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import os
@@ -78,7 +79,8 @@ def measure(settings: Settings, world: World = World(), progress: Progress | Non
     timer = _Timer(device, world)
     plan = _gemm_plan(kind, settings.quick, device)
     sizes = COMM_SIZES[(kind, settings.quick)] if world.size > 1 else ()
-    scopes = [False] + ([True] if settings.nnodes > 1 else [])
+    # inside a node when it has several processes; across nodes when there are several
+    scopes = ([False] if settings.nproc_per_node > 1 else []) + ([True] if settings.nnodes > 1 else [])
     total = len(plan) + 1 + len(sizes) * len(COLLECTIVES) * len(scopes)
     done = 0
 
@@ -187,9 +189,10 @@ def _gemm_plan(kind: str, quick: bool, device: torch.device) -> list[tuple[str, 
     shapes = CUDA_SHAPES_QUICK if quick else CUDA_SHAPES
     fp32 = CUDA_SHAPES_QUICK[:2] if quick else CUDA_FP32_SHAPES
     plan = ([("bf16", s, _matmul(torch.bfloat16, device)) for s in shapes]
-            + [("fp16", s, _matmul(torch.float16, device)) for s in shapes]
-            + [("fp32", s, _matmul(torch.float32, device, tf32=False)) for s in fp32]
-            + [("tf32", s, _matmul(torch.float32, device, tf32=True)) for s in fp32])
+            + [("fp16", s, _matmul(torch.float16, device)) for s in shapes])
+    if _fp32_problem() is None:
+        plan += ([("fp32", s, _matmul(torch.float32, device, tf32=False)) for s in fp32]
+                 + [("tf32", s, _matmul(torch.float32, device, tf32=True)) for s in fp32])
     if _fp8_problem(device) is None:
         plan += [("fp8", s, _scaled_mm(device)) for s in shapes]
     return plan
@@ -198,11 +201,13 @@ def _gemm_plan(kind: str, quick: bool, device: torch.device) -> list[tuple[str, 
 def _skipped(kind: str, device: torch.device) -> list[str]:
     if kind != "cuda":
         return ["fp8 and tf32 not measured on a CPU"]
-    problem = _fp8_problem(device)
-    return [f"fp8 not measured: {problem}"] if problem else []
+    notes = [f"fp8 not measured: {problem}"] if (problem := _fp8_problem(device)) else []
+    return notes + ([f"fp32 and tf32 not measured: {problem}"] if (problem := _fp32_problem()) else [])
 
 
 def _matmul(dtype: torch.dtype, device: torch.device, tf32: bool | None = None):
+    """`make(m, n, k)` -> the call of one GEMM (`out=`: no allocation in the timed loop). `tf32` (float32 on
+    CUDA): the call runs with TF32 tensor cores on or off (`_fp32_mode`), whatever the process's setting."""
     def make(m: int, n: int, k: int) -> Callable[[], object]:
         a = torch.randn(m, k, device=device, dtype=dtype)
         b = torch.randn(k, n, device=device, dtype=dtype)
@@ -211,15 +216,41 @@ def _matmul(dtype: torch.dtype, device: torch.device, tf32: bool | None = None):
             return lambda: torch.matmul(a, b, out=out)
 
         def call():
-            # "highest": full fp32 (TF32 off), what the language's fp32 means; "high": TF32 tensor cores
-            previous = torch.get_float32_matmul_precision()
-            torch.set_float32_matmul_precision("high" if tf32 else "highest")
-            try:
+            with _fp32_mode(tf32):
                 return torch.matmul(a, b, out=out)
-            finally:
-                torch.set_float32_matmul_precision(previous)
         return call
     return make
+
+
+@contextlib.contextmanager
+def _fp32_mode(tf32: bool):
+    """float32 GEMMs on TF32 tensor cores or in full fp32 ("ieee", what the language's fp32 means), through
+    torch's setting since 2.9 (`torch.backends.cuda.matmul.fp32_precision`) or the one before it; restored."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        previous = matmul.fp32_precision
+        matmul.fp32_precision = "tf32" if tf32 else "ieee"
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = previous
+        return
+    previous = matmul.allow_tf32
+    matmul.allow_tf32 = tf32
+    try:
+        yield
+    finally:
+        matmul.allow_tf32 = previous
+
+
+def _fp32_problem() -> str | None:
+    """Why float32 GEMMs cannot be pinned to TF32 on or off here (both are then skipped), or None."""
+    try:
+        with _fp32_mode(True), _fp32_mode(False):
+            pass
+    except Exception as error:  # noqa: BLE001 - a torch without either setting: say why and skip
+        return f"{type(error).__name__}: {str(error)[:120]}"
+    return None
 
 
 def _fp8_problem(device: torch.device) -> str | None:
