@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from plandsl import ir
     from plandsl.check.analysis import Analysis
     from plandsl.cost.estimate import PlanEstimate as Estimate
+    from plandsl.cost.against import Against
     from plandsl.ir.inspected import CacheState, InspectedModel
     from plandsl.rewrite.generate import Generated, Request as GenerateRequest
     from plandsl.rewrite.shrink import Shrunk
@@ -42,7 +43,7 @@ __all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "
            "checks", "load", "loads", "load_plan", "load_runnable", "select_plan", "run_refusals", "format_text",
            "format_bytes", "format_file", "describe", "schema", "explain", "unknown_code", "schedule",
            "schedule_as", "parse_costs", "simulate_schedule", "simulate_named", "simulate", "simulation_report", "chrome_trace",
-           "estimate", "format_estimate", "inspect_model", "inspect_plan", "format_inspected", "write_inspected", "read_inspected",
+           "estimate", "estimate_against", "format_against", "format_estimate", "inspect_model", "inspect_plan", "format_inspected", "write_inspected", "read_inspected",
            "generate", "generate_request", "generate_errors", "generate_json", "generate_report", "render",
            "render_format", "color_by_problem", "render_errors", "shrink", "rank_options", "launch_options", "check_launch_options",
            "prepare_run", "launch_errors", "dry_run", "dry_run_errors", "format_dry_run",
@@ -234,6 +235,19 @@ def estimate(plan: ir.Plan) -> Estimate:
     """A checked plan's predicted step time, throughput and memory per device (docs/cost-model.md)."""
     from plandsl.cost.estimate import estimate_plan  # stage
     return estimate_plan(plan)
+
+
+def estimate_against(result: Estimate, metrics: str | Path) -> Against:
+    """The estimate beside what a run measured (`plandsl run --metrics`'s JSON lines at `metrics`): step time,
+    tokens/s and peak memory, the median over the steps after the first with their min and max;
+    `MetricsError` (a ValueError) when the file cannot be read or a line is not a step's record."""
+    from plandsl.cost.against import compare, read_metrics  # stage
+    return compare(result, read_metrics(str(metrics)), str(metrics))
+
+
+def format_against(against: Against) -> str:
+    from plandsl.cost.against import format_against as format_result  # stage
+    return format_result(against)
 
 
 def format_estimate(result: Estimate) -> str:

@@ -488,16 +488,28 @@ def render_command(file, plan_name, view, output, output_format, color_by, param
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--plan", "plan_name", help="The plan of the file to estimate.")
 @click.option("--json", "as_json", is_flag=True, help="Print the breakdown as JSON.")
+@click.option("--against", type=click.Path(dir_okay=False), metavar="METRICS.jsonl",
+              help="A run's metrics (`plandsl run --metrics`): the prediction beside what was measured.")
 @param_option
 @include_option
 @model_import_option
-def estimate(file, plan_name, as_json, params):
+def estimate(file, plan_name, as_json, against, params):
     """Predict a plan's step time, throughput and memory per device (docs/cost-model.md)."""
     try:
         result = api.estimate(api.load_plan(file, plan_name, _params(params)))
     except api.PlanError as error:
         _fail(error)
-    click.echo(json.dumps(result.to_json(), indent=1) if as_json else api.format_estimate(result))
+    try:
+        compared = api.estimate_against(result, against) if against else None
+    except ValueError as error:  # cost.against.MetricsError: the file, or a line of it, named
+        click.echo(f"error: {error}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps({**result.to_json(), **({"against": compared.to_json()} if compared else {})}, indent=1))
+        return
+    click.echo(api.format_estimate(result))
+    if compared:
+        click.echo(api.format_against(compared))
 
 
 @main.command("inspect")

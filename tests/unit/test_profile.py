@@ -4,8 +4,10 @@ caps are E505 Diagnostics, the measured GEMM table's own errors (E216, E217). Th
 test_profile_run.py (slow)."""
 from __future__ import annotations
 
+import json
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -330,3 +332,82 @@ def test_the_measured_table_is_interpolated_between_its_points():
     assert min(low, high) <= ratio(256) <= max(low, high)  # between the points: between their ratios
     assert ratio(8192) == pytest.approx(high, rel=1e-9) and ratio(16) == pytest.approx(low, rel=1e-9)  # beyond: the end's
     assert math.isclose(Efficiency(0.5, 1e-6).correction(1e9), 1.0)
+
+
+# ---- estimate --against: the prediction beside a run's metrics ----------------------------------------------
+def _metrics(path: Path, times: list[float], memory: int = 2**28, extra: str = "") -> Path:
+    lines = [f'{{"step": {i + 1}, "loss": 6.9, "step_time_s": {t}, "tokens_per_s": {1024 / t}, '
+             f'"peak_memory_bytes": {memory}}}' for i, t in enumerate(times)]
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path
+
+
+def test_estimate_against_a_run_sets_prediction_beside_measurement(tmp_path):
+    write_cluster(synthetic_profile(), str(tmp_path / "box.plan"))
+    plan_file = _use(tmp_path, "box")
+    predicted = api.estimate(api.load_plan(str(plan_file)))
+    step = predicted.time.step
+    metrics = _metrics(tmp_path / "m.jsonl", [10 * step, 2 * step, 1.5 * step, 2.5 * step])  # the first: warm-up
+    against = api.estimate_against(predicted, metrics)
+    assert against.steps == (2, 3, 4) and against.skipped == 1
+    time_row = against.rows[0]
+    assert (time_row.predicted, time_row.measured, time_row.low, time_row.high) == pytest.approx(
+        (step, 2 * step, 1.5 * step, 2.5 * step))
+    assert time_row.error == pytest.approx(-0.5)
+    result = CliRunner().invoke(main, ["estimate", str(plan_file), "--against", str(metrics)])
+    assert result.exit_code == 0, result.output
+    assert "step time (s)" in result.output and "-50.0%" in result.output and "peak memory" in result.output
+    result = CliRunner().invoke(main, ["estimate", str(plan_file), "--against", str(metrics), "--json"])
+    payload = __import__("json").loads(result.output)
+    assert payload["against"]["rows"][0]["measured_median"] == pytest.approx(2 * step)
+
+
+@pytest.mark.parametrize("extra, words", [("not json\n", "m.jsonl:5: not a step's record"),
+                                          ('{"step": 5}\n', "no number 'step_time_s'"),
+                                          ("[1, 2]\n", "not an object")])
+def test_a_malformed_metrics_line_is_named(tmp_path, extra, words):
+    write_cluster(synthetic_profile(), str(tmp_path / "box.plan"))
+    plan_file = _use(tmp_path, "box")
+    metrics = _metrics(tmp_path / "m.jsonl", [0.1] * 4, extra=extra)
+    result = CliRunner().invoke(main, ["estimate", str(plan_file), "--against", str(metrics)])
+    assert result.exit_code == 1 and words in result.output, result.output
+
+
+def test_metrics_that_are_no_file_are_refused(tmp_path):
+    write_cluster(synthetic_profile(), str(tmp_path / "box.plan"))
+    plan_file = _use(tmp_path, "box")
+    for target in (tmp_path, tmp_path / "missing.jsonl", Path("/dev/zero")):
+        result = CliRunner().invoke(main, ["estimate", str(plan_file), "--against", str(target)])
+        assert result.exit_code in (1, 2) and "Traceback" not in result.output, result.output
+
+
+def test_a_shape_measured_twice_is_written_once(tmp_path):
+    profile = synthetic_profile()
+    text = write_cluster(replace(profile, gemms=profile.gemms + profile.gemms[:2]), str(tmp_path / "box.plan"))
+    assert api.check(str(tmp_path / "box.plan")).ok, text
+
+
+def test_a_gpu_profile_from_an_h200s_gemms(tmp_path):
+    """The CUDA side of the file, from the GEMMs bench/gpu/gemm.py timed on one H200 (torch 2.11, CUDA 13):
+    bf16/fp16/fp32 are the language's precisions, TF32 and FP8 comments only; the file checks and a plan on
+    it is estimated; where the two knobs miss by more than 10 % the measured table is written."""
+    data = json.loads((Path(__file__).parents[2] / "bench/gpu/results/h200_gemm.json").read_text())
+    gemms = tuple(GemmTiming(p["dtype"], p["m"], p["n"], p["k"], Spread(p["median_s"], p["min_s"], p["max_s"],
+                                                                        p["repeats"])) for p in data["points"])
+    copy = data["copy"]
+    profile = Profile(host="h200", date="2026-12-04 18:35 UTC", torch=data["torch"], backend="", kind="cuda",
+                      device_name=data["device"], device_memory=data["memory_bytes"], threads=1, nproc_per_node=1,
+                      nnodes=1, quick=False, memory_copy_bytes=copy["bytes_read_and_written"],
+                      memory_seconds=Spread(copy["median_s"], copy["median_s"], copy["median_s"], 1), gemms=gemms)
+    text = write_cluster(profile, str(tmp_path / "h200.plan"))
+    assert "device h200_gpu" in text and "tf32" in text and "fp8" in text
+    [device] = api.load(str(tmp_path / "h200.plan")).devices
+    assert set(device.peak) == {ir.Precision.fp32, ir.Precision.bf16, ir.Precision.fp16}  # no tf32, fp8 peaks
+    best_bf16 = max(g.rate for g in gemms if g.precision == "bf16")
+    assert best_bf16 <= device.peak[ir.Precision.bf16] <= 1.01 * best_bf16 and best_bf16 > 500e12
+    assert device.bandwidth == pytest.approx(copy["gb_per_s"] * 1e9, rel=1e-3)
+    plan = tmp_path / "use.plan"
+    plan.write_text(PLAN.format(name="h200", cluster="h200 x 1", precision="bf16").replace("[dp = 2]", "[dp = 1]"))
+    analysis = api.check(str(plan))
+    assert analysis.ok, api.render_all(analysis.diagnostics, analysis.sources)
+    assert api.estimate(api.load_plan(str(plan))).time.step > 0

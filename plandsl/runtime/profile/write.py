@@ -58,15 +58,19 @@ def round_up(value: float, digits: int = 3) -> float:
 
 def fit_profile(profile: Profile) -> Fitted:
     bandwidth = profile.memory_bandwidth
+    first: dict[tuple, GemmTiming] = {}
+    for g in profile.gemms:  # a shape measured twice: its first timing (a table gives each shape once)
+        first.setdefault((g.precision, g.m, g.n, g.k), g)
+    gemms = tuple(first.values())
     fits = []
     for precision in PRECISIONS:
-        timings = tuple(g for g in profile.gemms if g.precision == precision)
+        timings = tuple(g for g in gemms if g.precision == precision)
         if not timings:
             continue
         peak = round_up(max(g.rate for g in timings))
         samples = [GemmSample(g.m, g.n, g.k, g.seconds.median, ELEMENT_BYTES[precision]) for g in timings]
         fits.append(PrecisionFit(precision, peak, fit_gemm(samples, peak, bandwidth), timings))
-    extras = tuple(g for g in profile.gemms if g.precision not in PRECISIONS)
+    extras = tuple(g for g in gemms if g.precision not in PRECISIONS)
     return Fitted(tuple(fits), extras, bandwidth, _link(profile.comms, False), _link(profile.comms, True))
 
 
@@ -106,7 +110,7 @@ def seconds(value: float) -> str:
 
 def spread(s: Spread, unit=seconds) -> str:
     """`61.23 us (60.10-63.02 us, 7 runs)`: the median, then the fastest and slowest repeat."""
-    return f"{unit(s.median)} (min {unit(s.low)}, max {unit(s.high)}, {s.count} runs)"
+    return f"{unit(s.median)} (min {unit(s.low)}, max {unit(s.high)}, {s.count} run{'s' if s.count != 1 else ''})"
 
 
 def _rate_spread(flops: float, s: Spread) -> str:

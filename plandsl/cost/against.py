@@ -1,0 +1,113 @@
+"""A plan's estimate against what a run of it measured: `plandsl estimate PLAN --against METRICS.jsonl`.
+
+Stage: cost model. Contract: `read_metrics(path)` reads the JSON lines `plandsl run --metrics` writes (one
+per step: `step`, `step_time_s`, `tokens_per_s`, `peak_memory_bytes`), bounded, refusing a malformed line
+with its number (`MetricsError`, a ValueError); `compare(estimate, records)` sets each figure the cost
+model predicts beside the measured one, as the median over the steps after the first `warmup` (the first
+step allocates and warms caches) with their min and max, and the error; `format_against` prints it.
+The metrics hold a step's totals only: its compute, communication and bubble cannot be told apart.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+
+from plandsl.cost.estimate import PlanEstimate
+from plandsl.lower.units import format_bytes
+from plandsl.syntax.files import FileProblem, read_bounded
+
+MAX_METRICS_BYTES = 64 * 2**20
+"""A metrics line is ~150 bytes: 64 MiB holds ~400,000 steps."""
+WARMUP_STEPS = 1
+
+
+class MetricsError(ValueError):
+    """The metrics file cannot be read, or a line of it is not a step's record."""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    name: str
+    predicted: float
+    measured: float      # the median over the steps compared
+    low: float
+    high: float
+    note: str = ""
+
+    @property
+    def error(self) -> float:
+        """(predicted - measured) / measured."""
+        return (self.predicted - self.measured) / self.measured if self.measured else float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class Against:
+    path: str
+    steps: tuple[int, ...]        # the steps compared
+    skipped: int                  # the warm-up steps left out
+    rows: tuple[Row, ...]
+
+    def to_json(self) -> dict:
+        return {"metrics": self.path, "steps": list(self.steps), "warmup_steps_skipped": self.skipped,
+                "rows": [{"name": r.name, "predicted": r.predicted, "measured_median": r.measured,
+                          "measured_min": r.low, "measured_max": r.high, "error": r.error, "note": r.note}
+                         for r in self.rows]}
+
+
+def read_metrics(path: str) -> list[dict]:
+    try:
+        data = read_bounded(path, MAX_METRICS_BYTES, "metrics file")
+    except FileProblem as problem:
+        raise MetricsError(str(problem)) from None
+    records = []
+    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError("not an object")
+            for key in ("step", "step_time_s", "tokens_per_s"):
+                if not isinstance(record.get(key), (int, float)) or isinstance(record.get(key), bool):
+                    raise ValueError(f"no number '{key}'")
+        except ValueError as error:
+            raise MetricsError(f"{path}:{number}: not a step's record of `plandsl run --metrics` ({error})") from None
+        records.append(record)
+    if not records:
+        raise MetricsError(f"{path}: no step recorded")
+    return records
+
+
+def compare(estimate: PlanEstimate, records: list[dict], path: str = "", warmup: int = WARMUP_STEPS) -> Against:
+    ordered = sorted(records, key=lambda r: r["step"])
+    skipped = min(warmup, len(ordered) - 1)
+    kept = ordered[skipped:]
+
+    def row(name: str, predicted: float, values: list[float], note: str = "") -> Row:
+        return Row(name, predicted, statistics.median(values), min(values), max(values), note)
+
+    rows = [row("step time (s)", estimate.time.step, [r["step_time_s"] for r in kept],
+                "the metrics give a step's total: compute, communication and bubble are not told apart"),
+            row("tokens/s", estimate.tokens_per_s, [r["tokens_per_s"] for r in kept])]
+    memory = [r["peak_memory_bytes"] for r in kept if isinstance(r.get("peak_memory_bytes"), (int, float))]
+    if memory:
+        rows.append(row("peak memory (bytes)", estimate.peak_memory_bytes, memory,
+                        "CUDA: allocated by torch; CPU: the process's resident set, the interpreter and torch included"))
+    return Against(path, tuple(r["step"] for r in kept), skipped, tuple(rows))
+
+
+def format_against(against: Against) -> str:
+    lines = [f"against {against.path}: steps {against.steps[0]}-{against.steps[-1]} ({len(against.steps)}; the first "
+             f"{against.skipped} left out as warm-up)" if against.skipped else
+             f"against {against.path}: steps {against.steps[0]}-{against.steps[-1]} ({len(against.steps)})",
+             f"  {'':20} {'predicted':>12} {'measured':>12} {'(min':>12} {'max)':>12} {'error':>8}"]
+    for r in against.rows:
+        show = format_bytes if "bytes" in r.name else (lambda v: f"{v:.4g}")
+        lines.append(f"  {r.name:20} {show(r.predicted):>12} {show(r.measured):>12} {show(r.low):>12} "
+                     f"{show(r.high):>12} {r.error:>+8.1%}")
+    lines += [f"  note: {r.name}: {r.note}" for r in against.rows if r.note]
+    return "\n".join(lines)
+
+
+__all__ = ["Against", "Row", "MetricsError", "read_metrics", "compare", "format_against", "MAX_METRICS_BYTES"]
