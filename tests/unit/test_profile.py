@@ -187,6 +187,18 @@ def _without_efficiency(cluster: ir.Cluster) -> ir.Cluster:
         "node": group.node.model_copy(update={"device": device})}),)})
 
 
+def test_generate_completes_a_plan_over_the_written_cluster(tmp_path):
+    write_cluster(synthetic_profile(), str(tmp_path / "box.plan"))
+    partial = tmp_path / "partial.plan"
+    partial.write_text('import "box"\nplan p {\n  model   = gpt(layers=2, hidden=256, heads=4, seq=128, vocab=512)\n'
+                       '  cluster = box x 1\n  train   = { global_batch: 8, precision: fp32 }\n}\n')
+    result = CliRunner().invoke(main, ["generate", "--from", str(partial), "-o", str(tmp_path / "gen.plan")])
+    assert result.exit_code == 0, result.output
+    plan = api.load_plan(str(tmp_path / "gen.plan"))
+    assert plan.cluster.groups[0].node.device.efficiency.precisions  # the measured knobs, through the import
+    assert api.estimate(plan).time.step > 0
+
+
 def test_the_link_and_nic_are_the_fitted_ones(tmp_path):
     write_cluster(synthetic_profile(nnodes=2), str(tmp_path / "two.plan"))
     plan_file = _use(tmp_path, "two", cluster="two_cluster")
