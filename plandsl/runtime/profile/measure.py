@@ -93,8 +93,11 @@ def measure(settings: Settings, world: World = World(), progress: Progress | Non
     notes: list[str] = []
     gemms: list[GemmTiming] = []
     for precision, shape, run in plan:
-        samples = timer.repeat(run(*shape), settings.quick)
-        gemms.append(GemmTiming(precision, *shape, Spread.of(samples)))
+        samples = _gemm_samples(run, shape, timer, settings.quick, world)
+        if samples is None:
+            notes.append(f"{precision} {' x '.join(map(str, shape))}: skipped, out of device memory")
+        else:
+            gemms.append(GemmTiming(precision, *shape, Spread.of(samples)))
         step()
     notes += [note for note in _skipped(kind, device)]
     copy_bytes = CUDA_COPY_BYTES if cuda else CPU_COPY_BYTES
@@ -196,6 +199,24 @@ def _gemm_plan(kind: str, quick: bool, device: torch.device) -> list[tuple[str, 
     if _fp8_problem(device) is None:
         plan += [("fp8", s, _scaled_mm(device)) for s in shapes]
     return plan
+
+
+def _gemm_samples(run, shape: tuple[int, int, int], timer: "_Timer", quick: bool, world: World) -> list[float] | None:
+    """Every rank's repeats of one GEMM, or None on every rank when one of them ran out of device memory for
+    its operands (a small GPU: the shape is skipped with a note, the profile goes on)."""
+    try:
+        call = run(*shape)
+        failed = 0.0
+    except torch.cuda.OutOfMemoryError:
+        call, failed = None, 1.0
+    if world.size > 1 or failed:
+        failed = max(timer.gather([failed]))  # every rank takes the same branch (they time in step)
+    if failed:
+        del call
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return None
+    return timer.repeat(call, quick)
 
 
 def _skipped(kind: str, device: torch.device) -> list[str]:
