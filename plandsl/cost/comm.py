@@ -12,13 +12,13 @@ nodes runs hierarchically (inside the node, then across nodes on 1/k of the data
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 import bisect
 
 from plandsl import ir
 
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "p2p")
+COLLECTIVES = ir.COLLECTIVES
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,11 @@ class GroupLinks:
     intra_latency: float
     inter_bandwidth: float
     inter_latency: float
+    intra_measured: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
+    """Per collective, (ln bytes, measured / modelled seconds) of the intra-node link's `measured` table, by
+    bytes (`measured_ratios`); empty: the alpha-beta model as it is."""
+    inter_measured: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
+    """The same for the link between nodes (the NIC's table)."""
 
     @property
     def kind(self) -> str:
@@ -101,8 +106,49 @@ def _group_links(cluster: ir.Cluster, sizes: tuple[int, ...], chosen: tuple[int,
     links = [g.node.link for g in cluster.groups]
     intra = min(links, key=lambda link: link.bandwidth)
     inter_bandwidth, inter_latency = _inter_link(cluster)
-    return GroupLinks(size, local, nodes, intra.bandwidth, max(link.latency for link in links),
-                      inter_bandwidth, inter_latency)
+    found = GroupLinks(size, local, nodes, intra.bandwidth, max(link.latency for link in links),
+                       inter_bandwidth, inter_latency)
+    nic = min((g.node.nic or g.node.link for g in cluster.groups), key=lambda link: link.bandwidth)
+    if not (intra.measured or nic.measured):
+        return found
+    return replace(found, intra_measured=measured_ratios(intra, found, False),
+                   inter_measured=measured_ratios(nic, found, True))
+
+
+def measured_ratios(link: ir.Link, found: GroupLinks, across_nodes: bool) -> tuple:
+    """For each collective of the link's `measured` table, (ln bytes, measured / modelled seconds) by bytes:
+    the model of the row's own group (its ranks inside one node, or one per node across nodes) on the
+    figures `found` holds. Rows of equal bytes (other group sizes): the geometric mean of their ratios."""
+    tables = []
+    for collective, points in link.measured.items():
+        logs: dict[float, list[float]] = {}
+        for point in points:
+            n = point.ranks
+            unit = GroupLinks(n, 1, n, 1.0, 0.0, found.inter_bandwidth, found.inter_latency) if across_nodes else \
+                GroupLinks(n, n, 1, found.intra_bandwidth, found.intra_latency, 1.0, 0.0)
+            modelled = estimate_collective(collective, point.bytes, unit).seconds
+            if modelled > 0:
+                logs.setdefault(math.log(point.bytes), []).append(math.log(point.seconds / modelled))
+        ratios = tuple((x, math.exp(sum(v) / len(v))) for x, v in sorted(logs.items()))
+        if ratios:
+            tables.append((collective, ratios))
+    return tuple(tables)
+
+
+def _ratio(tables: tuple, collective: str, size_bytes: float) -> float:
+    """The measured / modelled ratio of `collective` at `size_bytes`, interpolated linearly in ln bytes between
+    the table's rows (beyond them, the end's); 1 without a row for the collective."""
+    points = next((ratios for name, ratios in tables if name == collective), ())
+    if not points or size_bytes <= 0:
+        return 1.0
+    x = math.log(size_bytes)
+    if x <= points[0][0]:
+        return points[0][1]
+    if x >= points[-1][0]:
+        return points[-1][1]
+    i = bisect.bisect_right(points, (x, math.inf))
+    (x0, r0), (x1, r1) = points[i - 1], points[i]
+    return r0 + (r1 - r0) * (x - x0) / (x1 - x0)
 
 
 def _local_members(cluster: ir.Cluster, axes: list[tuple[int, int]], first_device: int) -> tuple[int, int]:
@@ -163,6 +209,8 @@ def estimate_collective(collective: str, size_bytes: float, links: GroupLinks) -
     """
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective '{collective}'; one of {', '.join(COLLECTIVES)}")
+    if links.intra_measured or links.inter_measured:
+        return _measured_collective(collective, size_bytes, links)
     n, k, nodes = links.size, links.local, links.nodes
     if n <= 1 or size_bytes <= 0:
         return CommEstimate(collective, float(size_bytes), 0.0, 0.0, 0.0)
@@ -182,6 +230,23 @@ def estimate_collective(collective: str, size_bytes: float, links: GroupLinks) -
     inter = steps * (nodes - 1) / nodes * (s / k) / b_out if nodes > 1 else 0.0
     latency = steps * ((n - nodes) * a_in + (nodes - 1) * a_out)
     return CommEstimate(collective, s, latency, intra, inter)
+
+
+def _measured_collective(collective: str, size_bytes: float, links: GroupLinks) -> CommEstimate:
+    """`estimate_collective` on links with measured tables: the intra-node terms (latency steps inside nodes,
+    bytes over the node's link) scaled by the intra-node table's ratio at the bytes that level moves, the
+    inter-node terms by the NIC table's."""
+    plain = replace(links, intra_measured=(), inter_measured=())
+    inside = replace(plain, inter_latency=0.0)                     # the latency steps inside nodes only
+    estimate = estimate_collective(collective, size_bytes, plain)
+    if estimate.seconds == 0:
+        return estimate
+    latency_in = estimate_collective(collective, size_bytes, inside).latency
+    latency_out = estimate.latency - latency_in
+    r_in = _ratio(links.intra_measured, collective, size_bytes)
+    r_out = _ratio(links.inter_measured, collective, size_bytes / max(1, links.local))
+    return CommEstimate(collective, estimate.bytes, latency_in * r_in + latency_out * r_out,
+                        estimate.intra * r_in, estimate.inter * r_out)
 
 
 def collective_seconds(collective: str, size_bytes: float, links: GroupLinks) -> float:

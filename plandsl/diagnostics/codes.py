@@ -36,7 +36,7 @@ CODES: dict[str, str] = {
     "E213": "duplicate attribute",
     "E214": "import outside the search path",
     "E215": "model's layer table missing or stale (run plandsl inspect)",
-    "E216": "malformed measured GEMM table",
+    "E216": "malformed measured table (GEMMs of a device, collectives of a link)",
     "E217": "measured GEMM table inconsistent with the device's peak",
     # E22x: model shapes (what the model's torch module needs to run)
     "E220": "hidden size not divisible by attention heads",

@@ -56,9 +56,24 @@ class Optimizer(str, Enum):
 
 
 # ---- hardware -------------------------------------------------------------------------
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "p2p")
+"""The collectives the cost model prices (`cost.comm`), by the names a link's `measured` table uses."""
+
+
+class CommPoint(Node):
+    """One measured collective (`plandsl profile`): over `ranks` ranks, `bytes` as `cost.comm` counts them
+    (the all-reduced buffer, the gathered output, ...) took `seconds`."""
+    ranks: int = Field(gt=1)
+    bytes: float = Field(gt=0)
+    seconds: float = Field(gt=0)
+
+
 class Link(Node):
     bandwidth: float = Field(gt=0, description="bytes/s, each direction")
     latency: float = Field(ge=0, description="seconds")
+    measured: dict[Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "p2p"], tuple[CommPoint, ...]] = \
+        Field(default_factory=dict, description="measured collectives per name (COLLECTIVES); the cost model scales "
+                                                "its alpha-beta time by the measured ratio, interpolated in the bytes")
 
 
 DEFAULT_RESERVE = 0.0

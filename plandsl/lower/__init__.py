@@ -17,7 +17,7 @@ from plandsl.lower.evaluate import Poison, Rep, Reporter, Scope, Word
 from plandsl.lower.model import custom_model, model_call, model_value, schedule_def
 from plandsl.syntax.loader import Loaded, Loader
 from plandsl.lower.plan import lower_plan
-from plandsl.lower.measured import measured_table
+from plandsl.lower.measured import measured_collectives, measured_table
 from plandsl.lower.units import BANDWIDTH, BYTES, FLOPS, TIME, format_bytes
 from plandsl.syntax.parser import deep_recursion
 
@@ -152,11 +152,12 @@ class Lowering:
         return fields
 
     def link(self, scope: Scope, expr: s.Expr, what: str) -> ir.Link:
-        items = dict_items(scope, expr, {"bandwidth": True, "latency": False}, what)
+        items = dict_items(scope, expr, {"bandwidth": True, "latency": False, "measured": False}, what)
         bandwidth = scope.quantity(items["bandwidth"].value, BANDWIDTH, f"{what} bandwidth")
         latency = scope.quantity(items["latency"].value, TIME, f"{what} latency", allow_zero=True) \
             if "latency" in items else 0.0
-        return build(scope, ir.Link, expr.span, bandwidth=bandwidth, latency=latency)
+        measured = measured_collectives(scope, items["measured"].value, what) if "measured" in items else {}
+        return build(scope, ir.Link, expr.span, bandwidth=bandwidth, latency=latency, measured=measured)
 
     def _node(self, scope: Scope, d: s.Definition) -> ir.NodeType:
         allowed = {"devices": True, "link": True, "nic": False}

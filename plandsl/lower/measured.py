@@ -1,9 +1,13 @@
-"""A device's measured GEMM table, `measured: [[m, n, k, time], ...]` (what `plandsl profile` writes), -> IR.
+"""Measured tables (what `plandsl profile` writes) -> IR: a device's GEMMs and a link's collectives.
 
-Stage: lowering. Contract: `measured_table(scope, expr, peak, precision)` returns the rows as
-`ir.GemmPoint`s sorted by FLOPs, or reports E216 (not a table of [m, n, k, time] rows with positive whole
-m, n, k, each shape once, at most `MAX_MEASURED` rows) and E217 (a row faster than the device's peak
-allows: 2mnk / time above the peak of its precision), each at the row that breaks it.
+Stage: lowering. Contract: `measured_table(scope, expr, peak, precision)` returns a device's
+`measured: [[m, n, k, time], ...]` as `ir.GemmPoint`s sorted by FLOPs, or reports E216 (not a table of
+[m, n, k, time] rows with positive whole m, n, k, each shape once, at most `MAX_MEASURED` rows) and E217
+(a row faster than the device's peak allows: 2mnk / time above the peak of its precision);
+`measured_collectives(scope, expr, what)` returns a link's `measured: { all_reduce: [[ranks, bytes, time],
+...], ... }` as `ir.CommPoint`s per collective sorted by bytes, or reports E216 (an unknown collective, a
+row that is not [ranks, bytes, time] with ranks a whole number of at least 2, a (ranks, bytes) twice).
+Each error points at the row or key that breaks it.
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from plandsl import syntax as s
 from plandsl.diagnostics import Note
 from plandsl.lower.bodies import build
 from plandsl.lower.evaluate import Scope, Word
-from plandsl.lower.units import TIME
+from plandsl.lower.units import BYTES, TIME
 
 MAX_MEASURED = 256
 """Rows of one table: `plandsl profile` writes at most a dozen; the cost model reads them per GEMM."""
@@ -50,6 +54,45 @@ def measured_table(scope: Scope, expr: s.Expr, peak: float, precision: str) -> t
                                             "GEMM measured, or correct the time")
         rows.append(build(row_scope, ir.GemmPoint, item.span, m=shape[0], n=shape[1], k=shape[2], seconds=seconds))
     return tuple(sorted(rows, key=lambda p: (p.m * p.n * p.k, p.m, p.n, p.k)))
+
+
+def measured_collectives(scope: Scope, expr: s.Expr, what: str) -> dict[str, tuple[ir.CommPoint, ...]]:
+    expr, inner = scope.deref(expr)
+    if not isinstance(expr, s.DictExpr) or not expr.items:
+        raise scope.reporter.error("E216", f"{what} measured takes `{{ collective: [[ranks, bytes, time], ...] }}`",
+                                   expr.span, hint="e.g. `measured: { all_reduce: [[2, 1 MiB, 2.3 ms]] }`")
+    tables: dict[str, tuple[ir.CommPoint, ...]] = {}
+    for item in expr.items:
+        if item.key not in ir.COLLECTIVES:
+            raise scope.reporter.error("E216", f"{what} measured: no collective '{item.key}'", item.key_span,
+                                       hint=f"one of {', '.join(ir.COLLECTIVES)}")
+        if item.key in tables:
+            raise scope.reporter.error("E216", f"{what} measured: '{item.key}' is given twice", item.key_span)
+        rows, row_scope = inner.deref(item.value)
+        if not isinstance(rows, s.ListExpr) or not rows.items or len(rows.items) > MAX_MEASURED:
+            raise scope.reporter.error("E216", f"{what} measured {item.key} takes 1 to {MAX_MEASURED} rows "
+                                       "[ranks, bytes, time]", item.value.span)
+        points: dict[tuple[int, float], ir.CommPoint] = {}
+        for row_expr in rows.items:
+            row, cell_scope = row_scope.deref(row_expr)
+            if not isinstance(row, s.ListExpr) or len(row.items) != 3:
+                raise scope.reporter.error("E216", f"a measured {item.key} row is [ranks, bytes, time], found "
+                                           f"`{row_scope.text(row_expr)}`", row_expr.span,
+                                           hint="e.g. `[2, 1 MiB, 2.3 ms]`: the ranks, the bytes, the time")
+            ranks = _dimension(cell_scope, row.items[0], "ranks")
+            if ranks < 2:
+                raise scope.reporter.error("E216", f"a measured {item.key} runs over 2 or more ranks, found {ranks}",
+                                           row.items[0].span)
+            nbytes = cell_scope.quantity(row.items[1], BYTES, f"a measured {item.key}'s bytes")
+            seconds = cell_scope.quantity(row.items[2], TIME, f"a measured {item.key}'s time")
+            if (ranks, nbytes) in points:
+                raise scope.reporter.error("E216", f"{item.key} over {ranks} ranks of {cell_scope.text(row.items[1])} "
+                                           "is measured twice", row_expr.span,
+                                           hint="keep one row per size (the median of its runs)")
+            points[(ranks, nbytes)] = build(cell_scope, ir.CommPoint, row_expr.span, ranks=ranks, bytes=nbytes,
+                                            seconds=seconds)
+        tables[item.key] = tuple(sorted(points.values(), key=lambda p: (p.bytes, p.ranks)))
+    return tables
 
 
 def _dimension(scope: Scope, expr: s.Expr, name: str) -> int:

@@ -423,3 +423,53 @@ def test_a_gpu_profile_from_an_h200s_gemms(tmp_path):
     analysis = api.check(str(plan))
     assert analysis.ok, api.render_all(analysis.diagnostics, analysis.sources)
     assert api.estimate(api.load_plan(str(plan))).time.step > 0
+
+
+# ---- a link's measured collectives ------------------------------------------------------------------------
+NODE = """device d {{ memory = 1 GiB; bandwidth = 1 GB/s; peak = {{ fp32: 1 GFLOP/s }} }}
+node n {{ devices = 2 x d; link = {{ bandwidth: 1 GB/s, latency: 10 us, measured: {measured} }} }}
+"""
+
+
+@pytest.mark.parametrize("measured, code, words", [
+    ("3", "E216", "takes `{ collective: [[ranks, bytes, time], ...] }`"),
+    ("{ allreduce: [[2, 4 KiB, 1 ms]] }", "E216", "no collective 'allreduce'"),
+    ("{ p2p: [] }", "E216", "takes 1 to 256 rows"),
+    ("{ p2p: [[1, 4 KiB, 1 ms]] }", "E216", "over 2 or more ranks, found 1"),
+    ("{ p2p: [[2, 4 KiB]] }", "E216", "row is [ranks, bytes, time], found `[2, 4 KiB]`"),
+    ("{ p2p: [[2, 4 KiB, 1 ms], [2, 4 KiB, 2 ms]] }", "E216", "p2p over 2 ranks of 4 KiB is measured twice"),
+    ("{ p2p: [[2, 4, 1 ms]] }", "E203", "takes a bytes quantity"),
+])
+def test_bad_link_tables_are_coded_errors(measured, code, words):
+    found = [(d.code, d.message) for d in api.checks(NODE.format(measured=measured)).diagnostics]
+    assert any(c == code and words in message for c, message in found), found
+
+
+def test_the_cost_model_prices_a_measured_collective_as_measured():
+    document = api.loads(NODE.format(measured="{ all_reduce: [[2, 4 KiB, 1 ms], [2, 1 MiB, 3 ms]] }"))
+    cluster = ir.Cluster(name="c", groups=(ir.NodeGroup(node=document.nodes[0], count=1),))
+    from plandsl.cost.comm import group_links
+    links = group_links(cluster, (("dp", 2),), ("dp",))
+    assert estimate_collective("all_reduce", 4096, links).seconds == pytest.approx(1e-3, rel=1e-9)
+    assert estimate_collective("all_reduce", 2**20, links).seconds == pytest.approx(3e-3, rel=1e-9)
+    between = estimate_collective("all_reduce", 2**16, links).seconds
+    assert 1e-3 < between < 3e-3
+    plain = GroupLinks(2, 2, 1, 1e9, 10e-6, 1e9, 10e-6)  # the collectives without a row: the alpha-beta model
+    assert estimate_collective("p2p", 2**20, links).seconds == pytest.approx(
+        estimate_collective("p2p", 2**20, plain).seconds, rel=1e-12)
+
+
+def test_a_link_the_fit_misses_is_written_with_its_measured_collectives(tmp_path):
+    profile = synthetic_profile()
+    slow = tuple(replace(c, seconds=_spread(c.seconds.median * (3.0 if c.collective == "all_reduce" else 1.0)))
+                 for c in profile.comms)
+    text = write_cluster(replace(profile, comms=slow), str(tmp_path / "box.plan"))
+    assert "measured: {" in text and "all_reduce: [[2, 4 KiB," in text
+    plan_file = _use(tmp_path, "box")
+    assert api.check(str(plan_file)).ok
+    cluster = api.load_plan(str(plan_file)).cluster
+    from plandsl.cost.comm import group_links
+    links = group_links(cluster, (("dp", 2),), ("dp",))
+    for comm in slow:
+        assert estimate_collective(comm.collective, comm.bytes, links).seconds == pytest.approx(
+            comm.seconds.median, rel=2e-3)  # 4 digits in the file

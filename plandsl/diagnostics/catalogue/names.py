@@ -188,8 +188,11 @@ _entry("E215", """
 _entry("E216", """
     A device's `measured` GEMM table (what `plandsl profile` writes inside `efficiency`, for the
     cost model to interpolate between) is a list of `[m, n, k, time]` rows: the GEMM of an m x k
-    by a k x n matrix and the time it took, each shape once, at most 256 rows. Anything else
-    would leave the cost model a curve through points that are not there.
+    by a k x n matrix and the time it took, each shape once, at most 256 rows. A link's `measured`
+    table is `{ collective: [[ranks, bytes, time], ...] }` with the cost model's collectives
+    (all_reduce, reduce_scatter, all_gather, all_to_all, p2p), 2 ranks or more, each (ranks,
+    bytes) once. Anything else would leave the cost model a curve through points that are not
+    there.
     """, f"""
     device box {{
       memory     = 16 GiB

@@ -192,11 +192,13 @@ def _node(profile: Profile, fitted: Fitted, name: str, device: str) -> list[str]
                      "  # not measured: one process per node (the memory bandwidth stands in; no plan on one "
                      "device uses it)")
     else:
-        lines.append(f"  link    = {_link_text(fitted.link, 1)}  # {profile.backend}, fitted to every collective "
-                     f"inside the node: misses by {fitted.link.typical:.0%} (median), {fitted.link.worst:.0%} (max)")
+        lines.append(f"  link    = {_link_text(fitted.link, 1, _ordered(profile.comms, False))}  # {profile.backend}, "
+                     f"fitted to every collective inside the node: misses by {fitted.link.typical:.0%} (median), "
+                     f"{fitted.link.worst:.0%} (max)")
     if fitted.nic is not None:
-        lines.append(f"  nic     = {_link_text(fitted.nic, profile.nproc_per_node)}  # per node: every local rank "
-                     f"at once across nodes; misses by {fitted.nic.typical:.0%} (median), {fitted.nic.worst:.0%} (max)")
+        lines.append(f"  nic     = {_link_text(fitted.nic, profile.nproc_per_node, _ordered(profile.comms, True))}  "
+                     f"# per node: every local rank at once across nodes; misses by {fitted.nic.typical:.0%} "
+                     f"(median), {fitted.nic.worst:.0%} (max)")
     lines.append("}")
     if profile.nnodes > 1:
         lines += ["", f"cluster {name}_cluster {{", f"  nodes = [{name} x {profile.nnodes}]", "}"]
@@ -223,9 +225,19 @@ def _comm_comment(comm: CommTiming, error: float) -> str:
             f"{spread(comm.seconds)}, fit {error:+.0%}")
 
 
-def _link_text(fit: LinkFit, devices: int) -> str:
-    return (f"{{ bandwidth: {quantity(fit.bandwidth * devices, BANDWIDTH_UNITS)}, "
-            f"latency: {seconds(fit.latency) if fit.latency else '0 us'} }}")
+def _link_text(fit: LinkFit, devices: int, comms: list[CommTiming] = ()) -> str:
+    """`{ bandwidth, latency }`, and the measured collectives (`measured: { all_reduce: [[ranks, bytes, time],
+    ...], ... }`) when the fitted pair misses one of `comms` by more than `TABLE_ABOVE`."""
+    text = (f"{{ bandwidth: {quantity(fit.bandwidth * devices, BANDWIDTH_UNITS)}, "
+            f"latency: {seconds(fit.latency) if fit.latency else '0 us'}")
+    if comms and fit.worst > TABLE_ABOVE:
+        tables = []
+        for collective in dict.fromkeys(c.collective for c in comms):
+            rows = sorted((c for c in comms if c.collective == collective), key=lambda c: (c.bytes, c.size))
+            tables.append(f"{collective}: [" + ", ".join(f"[{c.size}, {quantity(c.bytes, SIZE_UNITS)}, "
+                                                          f"{seconds(c.seconds.median)}]" for c in rows) + "]")
+        text += ", measured: { " + ", ".join(tables) + " }"
+    return text + " }"
 
 
 # ---- the report ---------------------------------------------------------------------------------------
@@ -258,7 +270,8 @@ def report_text(profile: Profile) -> str:
                          f"{spread(comm.seconds):44} {error:+.0%}")
         scale = profile.nproc_per_node if across else 1
         lines.append(f"  {'nic (per node)' if across else 'link'}: {_link_text(fit, scale)}; misses by "
-                     f"{fit.typical:.0%} (median), {fit.worst:.0%} (max)")
+                     f"{fit.typical:.0%} (median), {fit.worst:.0%} (max)"
+                     + ("; the measured table is written" if fit.worst > TABLE_ABOVE else ""))
     if not profile.comms:
         lines.append("collectives: skipped (world size 1)")
     lines += [f"note: {note}" for note in profile.notes]
