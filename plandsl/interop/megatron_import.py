@@ -362,7 +362,9 @@ def _degrees(read: _Read, world_size: int | None, cluster: str | None):
     model = tp * pp * cp
     if world % model:  # validate_args: world size divisible by tp x pp x cp
         read.problem("E806", f"world size {world} is not divisible by tensor({tp}) x pipeline({pp}) x context({cp}) "
-                     f"= {model}", "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+                     f"= {model}", *[flag for flag, degree in (("--tensor-model-parallel-size", tp),
+                                                               ("--pipeline-model-parallel-size", pp),
+                                                               ("--context-parallel-size", cp)) if degree > 1],
                      hint=f"a world size that is a multiple of {model}")
         return None
     dp = world // model

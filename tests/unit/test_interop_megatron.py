@@ -223,6 +223,8 @@ BAD = [
      "--pipeline-model-parallel-layout"),
     ("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads", "E805", "--use-megatron-fsdp"),
     ("--pipeline-model-parallel-size 3", "E806", "--pipeline-model-parallel-size"),
+    ("--context-parallel-size 3", "E806", "--context-parallel-size"),
+    ("--tensor-model-parallel-size 2 --tensor-model-parallel-size 4", "E805", "--tensor-model-parallel-size 4"),
     ("--recompute-granularity full --recompute-method block --recompute-num-layers 2", "E807", "--recompute-method"),
     ("--swiglu", "E807", "--swiglu"),
     ("--expert-tensor-parallel-size 2 --tensor-model-parallel-size 1", "E807", "--expert-tensor-parallel-size"),
@@ -236,7 +238,7 @@ def test_bad_flags_are_diagnostics_naming_the_flag(extra, code, shown):
     assert not imported.ok
     assert [d.code for d in imported.diagnostics] == [code]
     span = imported.diagnostics[0].span
-    assert text[span.start:span.end].startswith(shown), (text[span.start:span.end], shown)
+    assert span.end > span.start and text[span.start:].startswith(shown), (text[span.start:span.end], shown)
 
 
 def test_missing_required_flags_are_named_together():
@@ -299,6 +301,18 @@ def test_cli_import_names_the_flag_and_writes_nothing(tmp_path):
     assert result.exit_code == 1 and not out.exists()
     assert "<flags>:1:" in result.output and "error[E804]: unknown flag --tensor-model-paralel-size" in result.output
     assert "did you mean '--tensor-model-parallel-size'" in result.output
+
+
+def test_cli_import_json_diagnostics_and_a_cluster_too_small(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(main, ["import", "--from", "megatron", "--world-size", "8", "--format", "json", "-o",
+                                  str(tmp_path / "x.plan"), "--", *BASE.split(), "--fp16", "--bf16"])
+    assert result.exit_code == 1
+    (line,) = result.stdout.strip().splitlines()
+    assert '"code": "E805"' in line and '"file": "<flags>"' in line
+    result = runner.invoke(main, ["import", "--from", "megatron", "--world-size", "16", "--cluster", "dgx_a100 x 1",
+                                  "-o", str(tmp_path / "x.plan"), "--", *BASE.split()])
+    assert result.exit_code == 1 and "error[E301]" in result.output and not (tmp_path / "x.plan").exists()
 
 
 @pytest.mark.parametrize("args, message", [
