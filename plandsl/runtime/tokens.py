@@ -50,6 +50,26 @@ def dataset_rows(data, length: int):
     return np.flatnonzero(lengths >= length)
 
 
+def _dataset_vocab_problem(data, rows, vocab: int) -> str | None:
+    """A token id outside [0, vocab) in a row training draws from (`rows`: long enough), or None. One Arrow
+    chunk of the column at a time: memory is a chunk's tokens, whatever the dataset's size; rows too short
+    to be drawn are not read into the verdict."""
+    import pyarrow.compute as pc  # lazy: with `datasets` only
+    used = rows if data._indices is None else np.asarray(data._indices.column(0))[rows]
+    first = 0
+    for chunk in data.data.column(TOKENS_COLUMN).chunks:
+        values = np.asarray(pc.list_flatten(chunk))
+        outside = (values < 0) | (values >= vocab)
+        if outside.any():
+            parents = np.asarray(pc.list_parent_indices(chunk))[outside] + first
+            drawn = np.isin(parents, used)
+            if drawn.any():
+                return (f"row {int(parents[drawn][0])} of its `{TOKENS_COLUMN}` holds token id "
+                        f"{int(values[outside][drawn][0])}, outside the model's vocab ({vocab})")
+        first += len(chunk)
+    return None
+
+
 def data_path_problem(path: str | Path) -> str | None:
     """Why `--data PATH` cannot be read at all (before the plan is known), or None: a regular file (a token
     file) or a Hugging Face dataset folder."""
@@ -60,15 +80,18 @@ def token_file_problem(token_file: str | Path, plan: ir.Plan) -> str | None:
     """Why `plan` cannot train on `token_file`, or None: it must be a regular file (checked first, so a
     device or FIFO is never mapped) of more than seq + 1 uint16 tokens, each below the model's vocab
     (read through a memory map in bounded chunks: constant memory whatever its size); or a Hugging Face
-    dataset saved to disk whose `input_ids` rows include one of at least seq + 1 tokens."""
+    dataset saved to disk whose `input_ids` rows include one of at least seq + 1 tokens, and whose rows that
+    long hold only ids below the vocab (read one Arrow chunk at a time)."""
     if is_dataset(token_file):
         try:
             data = load_dataset(token_file)
         except ValueError as error:
             return str(error)
-        if not len(dataset_rows(data, (plan.seq or 0) + 1)):
+        rows = dataset_rows(data, (plan.seq or 0) + 1)
+        if not len(rows):
             return f"no row of its `{TOKENS_COLUMN}` holds seq + 1 ({(plan.seq or 0) + 1}) tokens: a sequence and its next token"
-        return None
+        vocab = getattr(plan.model, "vocab", None)
+        return _dataset_vocab_problem(data, rows, vocab) if vocab is not None else None
     try:
         size = check_regular(token_file, "token file").st_size
     except FileProblem as problem:

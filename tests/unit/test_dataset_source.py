@@ -61,3 +61,34 @@ def test_a_dataset_that_cannot_feed_the_plan_is_refused_before_launch(tmp_path, 
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"input_ids": [[1] * 20]})}).save_to_disk(str(splits))
     assert api.data_path_problem(str(splits)) is not None  # a DatasetDict folder is not one dataset
     assert "is not a regular file" in api.data_path_problem(str(tmp_path)) or api.data_path_problem(str(tmp_path))
+
+
+def test_a_token_outside_the_vocabulary_is_refused_before_launch_in_the_rows_training_reads(tmp_path, plan):
+    """The vocab is 64: an id of 64 (or below 0) in a row long enough to be drawn is named with its row; the
+    same id in a row too short to be drawn, or in a row a selected view leaves out, is never read."""
+    from plandsl.runtime.tokens import token_file_problem
+    good = list(range(20))
+    bad = _save(tmp_path / "bad", [good, good[:10] + [64] + good[11:]])
+    assert token_file_problem(bad, plan) == "row 1 of its `input_ids` holds token id 64, outside the model's vocab (64)"
+    negative = _save(tmp_path / "negative", [[-1] + good[1:]])
+    assert "holds token id -1" in token_file_problem(negative, plan)
+    short = _save(tmp_path / "short", [good, [64, 65]])  # seq + 1 = 9 tokens: the short row is never drawn
+    assert token_file_problem(short, plan) is None
+    view = tmp_path / "view"
+    datasets.load_from_disk(str(bad)).select([0]).save_to_disk(str(view))
+    assert token_file_problem(view, plan) is None
+    flattened = tmp_path / "flat"
+    datasets.load_from_disk(str(bad)).select([1]).flatten_indices().save_to_disk(str(flattened))
+    assert "holds token id 64" in token_file_problem(flattened, plan)
+
+
+def test_a_selected_view_is_checked_on_the_rows_it_selects(tmp_path):
+    """In memory, `select` keeps the table and an index mapping: the check reads the table's rows the view maps to."""
+    from plandsl.runtime.tokens import _dataset_vocab_problem, dataset_rows
+    good = list(range(20))
+    data = datasets.load_from_disk(str(_save(tmp_path, [good, good[:10] + [64] + good[11:], good])))
+    for selected, refused in (([2, 0], False), ([0, 2, 1], True), ([1, 0], True)):  # not contiguous: an index map
+        view = data.select(selected)
+        assert view._indices is not None
+        problem = _dataset_vocab_problem(view, dataset_rows(view, 9), 64)
+        assert (problem is not None) == refused, (selected, problem)
