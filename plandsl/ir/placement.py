@@ -73,11 +73,35 @@ class NameIndex:
             return [] if found is None else [found]
         last = parts[-1]
         if not prefix and last.kind == "range" and last.hi is not None and all(p.kind == "name" for p in parts[:-1]):
-            head = ".".join(p.name for p in parts[:-1])
-            hits = (self.position.get(f"{head}.{i}" if head else str(i)) for i in range(last.lo, last.hi))
-            return sorted(h for h in hits if h is not None)
+            return sorted(self._range_positions(".".join(p.name for p in parts[:-1]), last.lo, last.hi).values())
         candidates = self._candidates(parts)
         return [i for i in candidates if _match_components(parts, self.names[i].split("."), prefix)]
+
+    def _range_positions(self, head: str, lo: int, hi: int) -> dict[int, int]:
+        """{index: position} of the names `head.i` for lo <= i < hi: by the range when it is no longer than
+        the names, else by the names (work bounded by the model, not by a range's end: `layers[0:10**12]`)."""
+        if hi - lo <= len(self.names):
+            found = ((i, self.position.get(f"{head}.{i}" if head else str(i))) for i in range(lo, hi))
+            return {i: position for i, position in found if position is not None}
+        prefix = f"{head}." if head else ""
+        out = {}
+        for name, position in self.position.items():
+            rest = name[len(prefix):] if name.startswith(prefix) else None
+            if rest is not None and rest.isdigit() and lo <= int(rest) < hi and rest == str(int(rest)):
+                out[int(rest)] = position
+        return out
+
+    def past_the_end(self, selector: ir.Selector) -> tuple[int, int] | None:
+        """For `head[lo:hi]` whose head names some layers `head.i`: (the count of those, hi) when the range
+        reaches past the last of them (a plan written for a deeper model), else None."""
+        parts = selector.parts
+        last = parts[-1]
+        if last.kind != "range" or last.hi is None or not all(p.kind == "name" for p in parts[:-1]):
+            return None
+        indices = self._range_positions(".".join(p.name for p in parts[:-1]), 0, last.hi + 1 + len(self.names))
+        if not indices or last.hi <= max(indices) + 1:
+            return None
+        return max(indices) + 1, last.hi
 
     def _candidates(self, parts) -> list[int]:
         """Positions of names that start with the selector's literal head (names and closed ranges)."""
@@ -208,6 +232,13 @@ def _explicit(plan: ir.Plan, layers: list[Layer], count: int):
             if not hits:
                 problems.append(diag("E405", f"'{selector.text}' matches no layer of model '{plan.model.name}'",
                                      selector.span, hint=_layer_summary(layers, plan.model)))
+                continue
+            beyond = index.past_the_end(selector)
+            if beyond is not None:  # `layers[60:80]` on a 64-layer model: written for another model
+                head = selector.text.rsplit("[", 1)[0]
+                problems.append(diag("E405", f"'{selector.text}' reaches past the end of model '{plan.model.name}', "
+                                     f"whose last is '{head}.{beyond[0] - 1}' ({head}[{beyond[0]}:{beyond[1]}] do not "
+                                     "exist)", selector.span, hint=_layer_summary(layers, plan.model)))
                 continue
             for i in hits:
                 name = layers[i].name

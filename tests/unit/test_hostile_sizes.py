@@ -475,3 +475,33 @@ def test_group_span_on_equal_nodes_is_the_walk_over_every_device():
                         _span_walked(per_node, first, sizes, position), (per_node, first, sizes, position)
                     compared += 1
     assert compared == 5 * 125 * 4 * 3
+
+
+# ---- a stage range's end ------------------------------------------------------------------------
+RANGE_PLAN = """\
+import "clusters/local"
+model m = gpt(layers=4, hidden=64, heads=4, seq=32, vocab=256)
+plan p {
+  model   = m
+  cluster = localhost
+  mesh    = [pp = 2] over devices[0:2]
+  train   = { global_batch: 8, micro_batch: 1 }
+  stages {
+    0: embed, layers[0:2]
+    1: layers[2:END], norm, head
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("end", ["4", "5", "9", HUGE])
+def test_a_stage_range_past_the_last_layer_is_e405_in_time_bounded_by_the_model(end):
+    """`layers[2:9]` on a 4-layer model was accepted (Python's slice clamps), and `layers[2:10^18]` looped over
+    its whole range: now both are E405 naming the last layer, in work bounded by the model's layers."""
+    text = RANGE_PLAN.replace("END", end)
+    if end == "4":
+        analyzed(text)
+        return
+    [error] = analyzed(text, "E405").errors
+    assert f"'layers[2:{end}]' reaches past the end of model 'm', whose last is 'layers.3' (layers[4:{end}] do not " \
+           "exist)" in error.message

@@ -85,9 +85,11 @@ _entry("E404", """
 
 _entry("E405", """
     A layer selector (`layers[0:8]`, `layers.*.mlp`, `embed`) in a stage block or
-    shard rule matches nothing in the model. A rule that applies to nothing is almost
-    always a misspelt module name, and ignoring it would leave the intended tensors
-    unsharded.
+    shard rule matches nothing in the model, or a stage's range reaches past the model's
+    last layer (`layers[60:80]` on a 64-layer model: written for another model). A rule
+    that applies to nothing is almost always a misspelt module name, and ignoring it
+    would leave the intended tensors unsharded; a range clamped silently would place
+    fewer layers than the author counted.
     """, f"""
     import "clusters/dgx_a100"
     plan p {{
