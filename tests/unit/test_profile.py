@@ -20,7 +20,7 @@ from plandsl.cost.compute import Efficiency, device_efficiency
 from plandsl.cost.fit import CommSample, GemmSample, fit_gemm, fit_link, gemm_model
 from plandsl.runtime.profile import job
 from plandsl.runtime.profile.job import ProfileError, ProfileOptions, option_problems, write_cluster
-from plandsl.runtime.profile.results import CommTiming, GemmTiming, Profile, Spread
+from plandsl.runtime.profile.results import CommTiming, GemmTiming, KernelTiming, Profile, Spread
 from plandsl.runtime.profile.write import TABLE_ABOVE, cluster_text, fit_profile, identifier, round_up
 
 PEAK, BANDWIDTH = 100e9, 20e9
@@ -103,7 +103,9 @@ def synthetic_profile(table: bool = True, comms: bool = True, nnodes: int = 1) -
                    kind="cpu", device_name="Test CPU (2 cores)", device_memory=8 * 2**30, threads=1,
                    nproc_per_node=2 if comms else 1, nnodes=nnodes, quick=False,
                    memory_copy_bytes=2 * 2**26, memory_seconds=_spread(2 * 2**26 / BANDWIDTH),
-                   gemms=tuple(fp32 + bf16), comms=timings, notes=("fp8 and tf32 not measured on a CPU",))
+                   gemms=tuple(fp32 + bf16), comms=timings, notes=("fp8 and tf32 not measured on a CPU",),
+                   kernels=(KernelTiming("layer_norm", 2**25, _spread(2**25 / 2e9)),
+                            KernelTiming("gelu", 2**25, _spread(2**25 / 1e9))))
 
 
 def test_the_profile_travels_as_json():
@@ -135,7 +137,7 @@ def test_the_written_file_checks_is_formatted_and_states_what_was_measured(tmp_p
     analysis = api.check(str(path))
     assert analysis.ok, api.render_all(analysis.diagnostics, analysis.sources)
     for words in ("testhost", "2026-12-04 18:00 UTC", "Test CPU (2 cores)", "min ", "max ", "7 runs",
-                  "fp8 and tf32 not measured"):
+                  "fp8 and tf32 not measured", "layer_norm 2 GB/s", "gelu 1000 MB/s"):  # the kernels: comments
         assert words in text
     [device] = api.load(str(path)).devices
     profile = synthetic_profile()

@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from plandsl.runtime.profile.results import CommTiming, GemmTiming, Profile, Spread
+from plandsl.runtime.profile.results import CommTiming, GemmTiming, KernelTiming, Profile, Spread
 
 Progress = Callable[[int, int], None]
 
@@ -81,7 +81,7 @@ def measure(settings: Settings, world: World = World(), progress: Progress | Non
     sizes = COMM_SIZES[(kind, settings.quick)] if world.size > 1 else ()
     # inside a node when it has several processes; across nodes when there are several
     scopes = ([False] if settings.nproc_per_node > 1 else []) + ([True] if settings.nnodes > 1 else [])
-    total = len(plan) + 1 + len(sizes) * len(COLLECTIVES) * len(scopes)
+    total = len(plan) + 2 + len(sizes) * len(COLLECTIVES) * len(scopes)
     done = 0
 
     def step() -> None:
@@ -103,6 +103,9 @@ def measure(settings: Settings, world: World = World(), progress: Progress | Non
     copy_bytes = CUDA_COPY_BYTES if cuda else CPU_COPY_BYTES
     memory = Spread.of(timer.repeat(_copy(copy_bytes, device), settings.quick))
     step()
+    kernels = tuple(KernelTiming(name, moved, Spread.of(timer.repeat(call, settings.quick)))
+                    for name, moved, call in _memory_bound(device))
+    step()
     comms: list[CommTiming] = []
     for across in scopes:
         group, size = _group(world, settings, across)
@@ -120,7 +123,7 @@ def measure(settings: Settings, world: World = World(), progress: Progress | Non
                    threads=torch.get_num_threads(), nproc_per_node=settings.nproc_per_node, nnodes=settings.nnodes,
                    quick=settings.quick, memory_copy_bytes=2 * copy_bytes, memory_seconds=memory,
                    gemms=tuple(gemms), comms=tuple(comms), notes=tuple(notes),
-                   wall_seconds=time.perf_counter() - started)
+                   wall_seconds=time.perf_counter() - started, kernels=kernels)
 
 
 # ---- timing -------------------------------------------------------------------------------------------
@@ -296,6 +299,25 @@ def _scaled_mm(device: torch.device):
         scale = torch.ones((), device=device, dtype=torch.float32)
         return lambda: torch._scaled_mm(a, b, scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16)
     return make
+
+
+ELEMENTWISE_SHAPE = {"cpu": (1024, 4096), "cuda": (32768, 4096)}
+"""[rows, hidden] of the memory-bound kernels: 16 MiB in fp32 on a CPU, 256 MiB in bf16 on a GPU (past the caches)."""
+
+
+def _memory_bound(device: torch.device) -> list[tuple[str, int, Callable[[], object]]]:
+    """(name, bytes moved per call, call) of the kernels outside the GEMMs a training step runs most: a norm
+    (read, write), an activation (read, write), a residual add (read two, write one), in the training dtype
+    (bf16 on a GPU, fp32 on a CPU)."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    rows, hidden = ELEMENTWISE_SHAPE[device.type]
+    x = torch.randn(rows, hidden, device=device, dtype=dtype)
+    y, out = torch.randn_like(x), torch.empty_like(x)
+    weight, bias = torch.ones(hidden, device=device, dtype=dtype), torch.zeros(hidden, device=device, dtype=dtype)
+    size = x.numel() * x.element_size()
+    return [("layer_norm", 2 * size, lambda: torch.nn.functional.layer_norm(x, (hidden,), weight, bias)),
+            ("gelu", 2 * size, lambda: torch.nn.functional.gelu(x)),
+            ("add", 3 * size, lambda: torch.add(x, y, out=out))]
 
 
 def _copy(nbytes: int, device: torch.device) -> Callable[[], object]:

@@ -63,6 +63,20 @@ class CommTiming:
 
 
 @dataclass(frozen=True, slots=True)
+class KernelTiming:
+    """A memory-bound kernel of a training step (`layer_norm`, `gelu`, `add`) that moves `bytes` (reads and
+    writes) per call, in `seconds`: the bandwidth the work outside the GEMMs gets."""
+
+    name: str
+    bytes: int
+    seconds: Spread
+
+    @property
+    def bandwidth(self) -> float:
+        return self.bytes / self.seconds.median
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     host: str
     date: str                       # ISO 8601, UTC
@@ -81,6 +95,14 @@ class Profile:
     comms: tuple[CommTiming, ...] = ()
     notes: tuple[str, ...] = field(default=())
     wall_seconds: float = 0.0
+    kernels: tuple[KernelTiming, ...] = ()
+
+    @property
+    def kernel_bandwidth(self) -> float | None:
+        """bytes/s the memory-bound kernels reach (the median over them), None when none was timed."""
+        if not self.kernels:
+            return None
+        return statistics.median(k.bandwidth for k in self.kernels)
 
     @property
     def world_size(self) -> int:
@@ -101,7 +123,8 @@ class Profile:
         data["gemms"] = tuple(GemmTiming(**{**g, "seconds": Spread(**g["seconds"])}) for g in data["gemms"])
         data["comms"] = tuple(CommTiming(**{**c, "seconds": Spread(**c["seconds"])}) for c in data["comms"])
         data["notes"] = tuple(data["notes"])
+        data["kernels"] = tuple(KernelTiming(**{**k, "seconds": Spread(**k["seconds"])}) for k in data.get("kernels", ()))
         return Profile(**data)
 
 
-__all__ = ["Spread", "GemmTiming", "CommTiming", "Profile"]
+__all__ = ["Spread", "GemmTiming", "CommTiming", "KernelTiming", "Profile"]

@@ -57,7 +57,7 @@ def round_up(value: float, digits: int = 3) -> float:
 
 
 def fit_profile(profile: Profile) -> Fitted:
-    bandwidth = profile.memory_bandwidth
+    bandwidth = device_bandwidth(profile)
     first: dict[tuple, GemmTiming] = {}
     for g in profile.gemms:  # a shape measured twice: its first timing (a table gives each shape once)
         first.setdefault((g.precision, g.m, g.n, g.k), g)
@@ -72,6 +72,14 @@ def fit_profile(profile: Profile) -> Fitted:
         fits.append(PrecisionFit(precision, peak, fit_gemm(samples, peak, bandwidth), timings))
     extras = tuple(g for g in gemms if g.precision not in PRECISIONS)
     return Fitted(tuple(fits), extras, bandwidth, _link(profile.comms, False), _link(profile.comms, True))
+
+
+def device_bandwidth(profile: Profile) -> float:
+    """The device's `bandwidth`: the copy's. The memory-bound kernels of a step (a norm, an activation, an
+    add) are written beside it as comments only: on a CPU they range over ten times (GeLU computes its erf,
+    an add streams) and the cost model moves every byte outside the GEMMs, the optimizer step's included,
+    at one bandwidth."""
+    return profile.memory_bandwidth
 
 
 def _link(comms: tuple[CommTiming, ...], across_nodes: bool) -> LinkFit | None:
@@ -142,8 +150,7 @@ def cluster_text(profile: Profile, name: str) -> str:
            f"device {device} {{",
            f"  memory    = {quantity(profile.device_memory, SIZE_UNITS)}"
            + ("  # the machine's memory / processes per node" if profile.kind == "cpu" else ""),
-           f"  bandwidth = {quantity(fitted.bandwidth, BANDWIDTH_UNITS)}  # copy of "
-           f"{quantity(profile.memory_copy_bytes / 2, SIZE_UNITS)}: {spread(profile.memory_seconds)}",
+           f"  bandwidth = {quantity(fitted.bandwidth, BANDWIDTH_UNITS)}  # {_bandwidth_comment(profile)}",
            "  peak      = { " + ", ".join(f"{p.precision}: {quantity(p.peak, FLOPS_UNITS, 3)}" for p in fitted.precisions)
            + " }  # the fastest GEMM measured in each precision",
            "  # The GEMM model's knobs per precision, fitted to the GEMMs below (docs/cost-model.md): t = "
@@ -170,6 +177,16 @@ def cluster_text(profile: Profile, name: str) -> str:
     out.append("")
     out += _node(profile, fitted, name, device)
     return format_text("\n".join(out) + "\n", f"{name}.plan")  # laid out as `plandsl fmt` lays it out
+
+
+def _bandwidth_comment(profile: Profile) -> str:
+    copy = (f"a copy of {quantity(profile.memory_copy_bytes / 2, SIZE_UNITS)}: "
+            f"{quantity(profile.memory_bandwidth, BANDWIDTH_UNITS)}, {spread(profile.memory_seconds)}")
+    if not profile.kernels:
+        return copy
+    kernels = "; ".join(f"{k.name} {quantity(k.bandwidth, BANDWIDTH_UNITS)}, {spread(k.seconds)}"
+                        for k in profile.kernels)
+    return f"{copy}; a step's memory-bound kernels: {kernels}"
 
 
 def _gemm_comments(fitted: Fitted, profile: Profile) -> list[str]:
@@ -247,7 +264,7 @@ def report_text(profile: Profile) -> str:
     lines = [f"{profile.host}: {profile.device_name}, {profile.nproc_per_node} process(es) per node"
              + (f" x {profile.nnodes} nodes" if profile.nnodes > 1 else "") + f", torch {profile.torch}"
              + (f", {profile.backend}" if profile.backend else "") + f" ({profile.wall_seconds:.1f} s)",
-             f"memory bandwidth  {quantity(fitted.bandwidth, BANDWIDTH_UNITS)}  (copy: {spread(profile.memory_seconds)})",
+             f"memory bandwidth  {quantity(fitted.bandwidth, BANDWIDTH_UNITS)}  ({_bandwidth_comment(profile)})",
              "GEMM   m x n x k               median time (min, max)                   FLOP/s (min, max)         fit"]
     for p in fitted.precisions:
         for g, error in zip(p.timings, p.fit.errors):
