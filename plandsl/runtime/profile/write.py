@@ -263,7 +263,7 @@ def report_text(profile: Profile) -> str:
     fitted = fit_profile(profile)
     lines = [f"{profile.host}: {profile.device_name}, {profile.nproc_per_node} process(es) per node"
              + (f" x {profile.nnodes} nodes" if profile.nnodes > 1 else "") + f", torch {profile.torch}"
-             + (f", {profile.backend}" if profile.backend else "") + f" ({profile.wall_seconds:.1f} s)",
+             + (f", {profile.backend}" if profile.backend else "") + f"; measured in {profile.wall_seconds:.1f} s",
              f"memory bandwidth  {quantity(fitted.bandwidth, BANDWIDTH_UNITS)}  ({_bandwidth_comment(profile)})",
              "GEMM   m x n x k               median time (min, max)                   FLOP/s (min, max)         fit"]
     for p in fitted.precisions:
