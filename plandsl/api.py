@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from plandsl.cost.against import Against
     from plandsl.ir.inspected import CacheState, InspectedModel
     from plandsl.rewrite.generate import Generated, Request as GenerateRequest
+    from plandsl.rewrite.diff import PlanDiff
     from plandsl.rewrite.shrink import Shrunk
     from plandsl.runtime.dryrun import DryRun
     from plandsl.runtime.launch import LaunchOptions
@@ -44,7 +45,7 @@ __all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "
            "format_bytes", "format_file", "describe", "schema", "explain", "unknown_code", "schedule",
            "schedule_as", "parse_costs", "simulate_schedule", "simulate_named", "simulate", "simulation_report", "chrome_trace",
            "estimate", "estimate_against", "format_against", "format_estimate", "inspect_model", "inspect_plan", "format_inspected", "write_inspected", "read_inspected",
-           "generate", "generate_request", "generate_errors", "generate_json", "generate_report", "render",
+           "generate", "generate_request", "generate_errors", "generate_json", "generate_report", "diff_plans", "format_diff", "diff_json", "render",
            "render_format", "color_by_problem", "render_errors", "shrink", "rank_options", "launch_options", "check_launch_options",
            "prepare_run", "launch_errors", "dry_run", "dry_run_errors", "format_dry_run",
            "dry_run_commands", "launch", "command_line", "export", "import_config", "interop_targets", "args_text",
@@ -347,6 +348,24 @@ def shrink(path: str | Path, name: str | None = None, params: dict[str, Any] | N
     """The plan scaled down to at most `ranks` CPU processes on one machine (`plandsl shrink`)."""
     from plandsl.rewrite.shrink import shrink as shrink_plan  # stage
     return shrink_plan(path, name, params, ranks, precision, out_dir)
+
+
+def diff_plans(a: ir.Plan, b: ir.Plan, files: tuple[str, str] | None = None) -> PlanDiff:
+    """What differs from checked plan `a` to `b` (layout, moved layers, sharding, schedule, batch, training),
+    each change once, with `estimate`'s predictions for both (`plandsl diff`); `files` name them in its text."""
+    from plandsl.rewrite.diff import diff_plans as compare  # stage
+    return compare(a, b, files)
+
+
+def format_diff(diff: PlanDiff) -> str:
+    from plandsl.rewrite.diff import format_diff as format_result  # stage
+    return format_result(diff)
+
+
+def diff_json(diff: PlanDiff) -> dict:
+    """`diff --format json`: the stable structure of docs/cli.md's "diff"."""
+    from plandsl.rewrite.diff import diff_json as to_json  # stage
+    return to_json(diff)
 
 
 def render(plan: ir.Plan, view: str, fmt: str = "dot", color_by: str | None = None) -> bytes:

@@ -653,6 +653,27 @@ def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_n
     click.echo(f"wrote {output}" if output else "\n" + generated.texts[0].rstrip("\n"))
 
 
+@main.command("diff")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("other", type=click.Path(dir_okay=False))
+@click.option("--plan-a", "plan_a", help="The plan of FILE (default: its only plan).")
+@click.option("--plan-b", "plan_b", help="The plan of OTHER (default: its only plan).")
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
+              help="json: the diff as one object (docs/cli.md); diagnostics one object per line.")
+def diff_command(file, other, plan_a, plan_b, output_format):
+    """What differs from plan FILE to plan OTHER, each change with the predicted step time, memory per device
+    and exposed communication of both (docs/cli.md)."""
+    try:
+        a, b = api.load_plan(file, plan_a), api.load_plan(other, plan_b)
+        diff = api.diff_plans(a, b, (file, other))
+    except api.PlanError as error:
+        _fail(error, output_format)
+    if output_format == "json":
+        click.echo(json.dumps(api.diff_json(diff), indent=1))
+    else:
+        click.echo(api.format_diff(diff))
+
+
 @main.command("export")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--to", "target", type=click.Choice(api.interop_targets()), required=True, help="The tool to write for.")

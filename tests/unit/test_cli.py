@@ -280,6 +280,7 @@ EXPECTED_SURFACE = {
     "generate": {"arguments": [], "options": {"--cluster", "--format", "--global-batch", "--json", "--model", "--output", "--pin",
                                               "--precision", "--seq-len", "--top", "-o", "--from", "--plan", "--param",
                                               "--include", "--time-limit", "--allow-model-import"}},
+    "diff": {"arguments": ["file", "other"], "options": {"--plan-a", "--plan-b", "--format"}},
     "export": {"arguments": ["file"], "options": {"--to", "--plan", "--output", "-o", "--lossy", "--param", "--include",
                                                   "--allow-model-import"}},
     "import": {"arguments": ["args"], "options": {"--from", "--world-size", "--cluster", "--args-file", "--name", "--model",
