@@ -1,2 +1,3 @@
 """Rewrites of whole plans: `shrink` (a cluster plan scaled down to one machine) and `generate --from`
-(a partial plan completed in place by the search)."""
+(a partial plan completed in place by the search); and `diff`, two plans compared (what changed, and the
+cost model's prediction for both)."""

@@ -145,3 +145,18 @@ def test_diff_is_antisymmetric(data):
            [(p.metric, p.new, p.old, p.comparable, p.why) for p in again]
     assert (i == j) <= (not forward and not ahead)
 
+
+
+# ---- the documentation ----------------------------------------------------------------------------------
+def test_the_cli_doc_names_every_field_and_metric_and_quotes_the_golden_figures():
+    from plandsl.rewrite.diff import FIELDS, METRICS
+    doc = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## `plandsl diff"):doc.index("## `plandsl inspect")]
+    for _, field, _ in FIELDS:
+        assert f"`{field}`" in section, field
+    for metric, *_ in METRICS:
+        assert f'"{metric}"' in section, metric
+    golden = (ROOT / "tests" / "golden" / "diff" / "gpt3_tp4_pp32.txt").read_text(encoding="utf-8")
+    assert "32.36 s -> 38.15 s" in golden and "32.36 s -> 38.15 s" in section
+    small = (ROOT / "tests" / "golden" / "diff" / "dp_zero1.txt").read_text(encoding="utf-8")
+    assert "4.2 MiB -> 3.3 MiB" in small and "4.2 MiB -> 3.3 MiB" in section
