@@ -11,12 +11,13 @@ nodes runs hierarchically (inside the node, then across nodes on 1/k of the data
 """
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, replace
 from typing import Sequence
-import bisect
 
 from plandsl import ir
+from plandsl.cost.measured import ratio_at
 
 COLLECTIVES = ir.COLLECTIVES
 
@@ -138,17 +139,7 @@ def measured_ratios(link: ir.Link, found: GroupLinks, across_nodes: bool) -> tup
 def _ratio(tables: tuple, collective: str, size_bytes: float) -> float:
     """The measured / modelled ratio of `collective` at `size_bytes`, interpolated linearly in ln bytes between
     the table's rows (beyond them, the end's); 1 without a row for the collective."""
-    points = next((ratios for name, ratios in tables if name == collective), ())
-    if not points or size_bytes <= 0:
-        return 1.0
-    x = math.log(size_bytes)
-    if x <= points[0][0]:
-        return points[0][1]
-    if x >= points[-1][0]:
-        return points[-1][1]
-    i = bisect.bisect_right(points, (x, math.inf))
-    (x0, r0), (x1, r1) = points[i - 1], points[i]
-    return r0 + (r1 - r0) * (x - x0) / (x1 - x0)
+    return ratio_at(next((ratios for name, ratios in tables if name == collective), ()), size_bytes)
 
 
 def _local_members(cluster: ir.Cluster, axes: list[tuple[int, int]], first_device: int) -> tuple[int, int]:

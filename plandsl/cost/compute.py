@@ -21,12 +21,12 @@ memory bandwidth; fused attention (Dao et al. 2022) reads Q, K, V and writes O o
 """
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass
 
 from plandsl import ir
 from plandsl.ir.layers import TP_SPLIT, Layer, kv_width
+from plandsl.cost.measured import ratio_at
 from plandsl.cost.memory import STATE_BYTES, optimizer_bytes_per_param
 
 
@@ -69,17 +69,7 @@ class Efficiency:
 
     def correction(self, flops: float) -> float:
         """The measured / modelled ratio at `flops` (1 without measured GEMMs)."""
-        points = self.corrections
-        if not points:
-            return 1.0
-        x = math.log(flops)
-        if x <= points[0][0]:
-            return points[0][1]
-        if x >= points[-1][0]:
-            return points[-1][1]
-        i = bisect.bisect_right(points, (x, math.inf))
-        (x0, r0), (x1, r1) = points[i - 1], points[i]
-        return r0 + (r1 - r0) * (x - x0) / (x1 - x0)
+        return ratio_at(self.corrections, flops)
 
     def efficiency(self, m: float, n: float, k: float, device: ir.DeviceType, precision: ir.Precision) -> float:
         """Achieved fraction of the peak for one m x k by k x n GEMM."""

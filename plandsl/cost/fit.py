@@ -37,12 +37,11 @@ class GemmSample:
         return (self.m * self.k + self.k * self.n + self.m * self.n) * self.element_bytes
 
 
-@dataclass(frozen=True, slots=True)
-class GemmFit:
-    peak_fraction: float
-    kernel_seconds: float
+class _Errors:
+    """What a fit's per-sample relative errors (`errors`: (model - measured) / measured) say."""
+
+    __slots__ = ()
     errors: tuple[float, ...]
-    """Per sample, (model - measured) / measured."""
 
     @property
     def worst(self) -> float:
@@ -51,6 +50,14 @@ class GemmFit:
     @property
     def typical(self) -> float:
         return statistics.median(abs(e) for e in self.errors) if self.errors else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GemmFit(_Errors):
+    peak_fraction: float
+    kernel_seconds: float
+    errors: tuple[float, ...]
+    """Per sample, (model - measured) / measured."""
 
 
 def gemm_model(sample: GemmSample, peak: float, bandwidth: float, peak_fraction: float, kernel_seconds: float) -> float:
@@ -83,20 +90,12 @@ class CommSample:
 
 
 @dataclass(frozen=True, slots=True)
-class LinkFit:
+class LinkFit(_Errors):
     bandwidth: float
     """bytes/s per device, each direction"""
     latency: float
     """seconds per step of a ring"""
     errors: tuple[float, ...]
-
-    @property
-    def worst(self) -> float:
-        return max((abs(e) for e in self.errors), default=0.0)
-
-    @property
-    def typical(self) -> float:
-        return statistics.median(abs(e) for e in self.errors) if self.errors else 0.0
 
 
 def _coefficients(sample: CommSample, across_nodes: bool) -> tuple[float, float]:
