@@ -395,7 +395,8 @@ def render_errors() -> tuple[type[Exception], ...]:
 
 def interop_targets() -> tuple[str, ...]:
     """The tools `export` writes and `import_config` reads (`megatron`)."""
-    return ("megatron", "deepspeed")  # plandsl.interop.TARGETS, kept here so that `plandsl --help` imports no stage
+    return ("megatron", "deepspeed", "torch-csv", "torch-csv-comms")  # plandsl.interop.TARGETS, kept here so that
+    # `plandsl --help` imports no stage
 
 
 def export(plan: ir.Plan, target: str) -> Exported:

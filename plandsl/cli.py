@@ -686,8 +686,9 @@ def diff_command(file, other, plan_a, plan_b, output_format):
 @include_option
 @model_import_option
 def export_command(file, target, plan_name, output, lossy, params):
-    """Write plan FILE in another tool's format (Megatron-LM's arguments, DeepSpeed's JSON); exit 1, writing
-    nothing, when the tool cannot express part of the plan, unless --lossy (docs/interop.md)."""
+    """Write plan FILE in another tool's format (Megatron-LM's arguments, DeepSpeed's JSON, torch's pipeline
+    schedule CSV); exit 1, writing nothing, when the tool cannot express part of the plan, unless --lossy
+    (docs/interop.md)."""
     analysis = api.check(file, _params(params))
     if not analysis.ok:
         _print_diagnostics(analysis, "text")
@@ -714,7 +715,8 @@ def export_command(file, target, plan_name, output, lossy, params):
 @main.command("import", context_settings={"ignore_unknown_options": True})
 @click.option("--from", "source", type=click.Choice(api.interop_targets()), required=True, help="The tool whose "
               "configuration to read: megatron reads Megatron-LM's flags (after `--` or --args-file), deepspeed "
-              "its JSON config (--args-file).")
+              "its JSON config (--args-file), torch-csv / torch-csv-comms torch's schedule CSV (--args-file; -o "
+              "then holds a schedule table).")
 @click.option("--world-size", type=click.IntRange(min=1, max=limits.MAX_MESH_DEVICES),
               help="Devices the configuration runs on (default: those of --cluster).")
 @click.option("--cluster", help="The cluster, as `generate --cluster`: `dgx_a100 x 16`, a stdlib name "
@@ -733,7 +735,8 @@ def import_command(source, world_size, cluster, args_file, model, name, output, 
     `plandsl import --from megatron --world-size 64 -o my.plan -- --tensor-model-parallel-size 8 ...`."""
     if bool(args) == bool(args_file):
         raise click.UsageError("give the flags after `--`, or --args-file FILE (one of them)")
-    if world_size is None and cluster is None:
+    schedule_only = source.startswith("torch-csv")  # a schedule CSV: no devices, no model
+    if world_size is None and cluster is None and not schedule_only:
         raise click.UsageError("--world-size N or --cluster CLUSTER: the flags do not say how many devices")
     if (source == "deepspeed") != (model is not None):
         raise click.UsageError("--model is needed for deepspeed (its config does not say the model), and only there")
@@ -755,7 +758,8 @@ def import_command(source, world_size, cluster, args_file, model, name, output, 
     if imported.ignored:
         click.echo(f"note: left out (a plan does not hold them): {' '.join(imported.ignored)}", err=True)
     _write(output, imported.text)
-    click.echo(f"wrote {output}: plan '{name}'" + (f" ({len(imported.diagnostics)} warning(s))"
+    click.echo(f"wrote {output}: {'schedule' if schedule_only else 'plan'} '{name}'"
+               + (f" ({len(imported.diagnostics)} warning(s))"
                                                     if imported.diagnostics else ""), err=True)
 
 

@@ -1,0 +1,87 @@
+"""A plan's pipeline schedule <-> torch's schedule CSV (`_PipelineScheduleRuntime._load_csv`, torch 2.13).
+
+Stage: interop, beside render. Contract: `export_plan(plan)` writes the compute-only CSV (`torch-csv`: one
+row per pipeline rank, one action a cell, `0F1` = stage 0's forward of microbatch 1, an empty cell an idle
+step, what `_load_csv(format="compute_only")` reads and lowers itself) and `export_comms(plan)` the lowered
+one (`torch-csv-comms`: the same with the send/recv actions `schedules.lower.add_send_recv` places, what
+`_load_csv(format="compute_comms")` reads as written), each for the plan's own sizes (ranks, microbatches,
+stages per rank), with an E808 when the plan has no pipeline or its schedule runs a stage on two ranks
+(Chimera's two pipelines: torch maps each stage to one rank). The CSV says the schedule only; the rest of
+the plan (model, mesh, sharding) is not its to say, and is not reported lost. `import_csv(text, path, name)`
+reads either CSV (send/recv actions are dropped: `plandsl run` lowers the compute again) as a file holding
+one `schedule table_NAME(ranks, microbatches) { ... }` table, checked, that plans import and name
+(`schedule = table_NAME`), or E602/E603 and the schedule rules' diagnostics. tests/unit/test_interop_torch_csv.py
+loads the exports into torch's own `_PipelineScheduleRuntime` on a fake process group and runs its simulator.
+"""
+from __future__ import annotations
+
+from plandsl import ir
+from plandsl.check.analysis import analyze
+from plandsl.cost.schedule import plan_schedule
+from plandsl.diagnostics import PlanError, diag
+from plandsl.interop.result import Exported, Imported
+from plandsl.schedules.lower import add_send_recv
+from plandsl.schedules.resolve import schedule_from_csv, to_plan, to_torch_csv
+from plandsl.syntax.format import format_text
+
+TARGET = "torch-csv"
+COMMS = "torch-csv-comms"
+
+
+def _schedule(plan: ir.Plan):
+    """(the plan's laid-out schedule or None, its E808s)."""
+    field = "schedule" if plan.schedule is not None else "stages"
+    span = getattr(getattr(plan, field, None), "span", None) or plan.span_of(field) or plan.span
+    if plan.stages is None or plan.schedule is None:
+        return None, (diag("E808", f"torch's schedule CSV holds a pipeline schedule, and plan '{plan.name}' has "
+                                   "no pipeline", span, hint="export a plan with `stages` over a pipeline axis"),)
+    schedule, problems = plan_schedule(plan)
+    if schedule is None:
+        return None, tuple(problems)
+    if len(schedule.stage_to_rank) > 1:  # Chimera: a pipeline in each direction, each stage on two ranks
+        return None, (diag("E808", f"torch's schedule runtime maps each stage to one rank; schedule "
+                                   f"'{plan.schedule.name}' runs its stages on {len(schedule.stage_to_rank)} "
+                                   "pipelines at once", span),)
+    return schedule, ()
+
+
+def export_plan(plan: ir.Plan) -> Exported:
+    schedule, lost = _schedule(plan)
+    return Exported(TARGET, to_torch_csv(schedule) if schedule is not None else "", lost)
+
+
+def export_comms(plan: ir.Plan) -> Exported:
+    schedule, lost = _schedule(plan)
+    if schedule is None:
+        return Exported(COMMS, "", lost)
+    lowered = add_send_recv(schedule)
+    return Exported(COMMS, "".join(",".join(str(a) for a in row) + "\n" for row in lowered.actions), lost)
+
+
+def import_csv(text: str, path: str, name: str = "imported", plan_path: str = "imported.plan") -> Imported:
+    """Either torch CSV as a checked file holding the schedule `name` (its communication actions dropped)."""
+    try:
+        schedule = schedule_from_csv(_compute_cells(text), name).compute_only()
+    except PlanError as error:
+        return Imported(None, tuple(error.diagnostics))
+    body = to_plan(schedule)
+    written_name = body.split("(", 1)[0].removeprefix("schedule ").strip()  # `table_NAME`: never a built-in's
+    header = (f"# Imported from {path} (torch's schedule CSV): {schedule.ranks} pipeline ranks, "
+              f"{schedule.microbatches} microbatches, {schedule.stages} stages.\n"
+              f"# A plan uses it with `import \"{plan_path.rsplit('/', 1)[-1].removesuffix('.plan')}\"` and "
+              f"`schedule = {written_name}`.\n")
+    written = format_text(header + body)
+    analysis = analyze(plan_path, text=written)
+    return Imported(written if analysis.ok else None, tuple(analysis.diagnostics), analysis.sources)
+
+
+def _compute_cells(text: str) -> str:
+    """The CSV with its send/recv cells removed (a lowered CSV: each row's actions in order, no idle steps)."""
+    comms = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
+    if not any(kind in text for kind in comms):
+        return text
+    rows = []
+    for line in text.splitlines():
+        cells = [cell for cell in line.split(",") if cell.strip() and not any(k in cell for k in comms)]
+        rows.append(",".join(cells))
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,119 @@
+"""`plandsl export --to torch-csv|torch-csv-comms` and `import --from torch-csv`, held against torch's own
+`_PipelineScheduleRuntime`: it loads every exported built-in on a fake process group (compute-only: it lowers
+it itself; lowered: as written) and its simulator runs the lowered schedule to the end, without a deadlock."""
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from plandsl import api
+from plandsl.cli import main
+from plandsl.schedules.registry import BUILTIN
+from tests.support import lazy
+
+torch = lazy("torch")
+
+PLAN = """\
+import "clusters/local"
+model m = gpt(layers=16, hidden=32, heads=4, seq=16, vocab=64)
+plan p {{
+  model    = m
+  cluster  = localhost
+  mesh     = [pp = 4] over devices[0:4]
+  train    = {{ global_batch: 8, micro_batch: 1 }}
+  stages   = evenly over pp{virtual}
+  schedule = {schedule}
+}}
+"""
+STAGES_PER_RANK = {"interleaved_1f1b": "2", "looped_bfs": "2", "interleaved_zero_bubble": "2", "zbv": "2, map = vshape",
+                   "dualpipev": "2, map = vshape"}
+RUNS_IN_TORCH = sorted(name for name in BUILTIN if name != "chimera")  # chimera: two pipelines, below
+
+
+def _plan(schedule: str):
+    virtual = STAGES_PER_RANK.get(schedule)
+    text = PLAN.format(schedule=schedule, virtual=f" with virtual = {virtual}" if virtual else "")
+    return api.select_plan(api.loads(text, path="p.plan"))
+
+
+def _torch_loads(path, ranks: int, stages: int, rank_stages, microbatches: int, fmt: str):
+    """torch's runtime on fake rank 0 of `ranks` loads the CSV; its lowered order, simulated."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime, _simulate_comms_compute
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ranks)
+    try:
+        held = [PipelineStage(torch.nn.Linear(4, 4), s, stages, torch.device("cpu")) for s in rank_stages]
+        runtime = _PipelineScheduleRuntime(held, microbatches)
+        runtime._load_csv(str(path), format=fmt)
+        order = runtime.pipeline_order_with_comms
+        assert sorted(order) == list(range(ranks))
+        mapping = dict(runtime.stage_index_to_group_rank)
+        # its simulator follows compute and send/recv; the rank-local FSDP actions its lowering adds (UNSHARD,
+        # RESHARD, REDUCE_GRAD) wait for nobody, and it does not know them
+        local = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
+        _simulate_comms_compute({r: [a for a in actions if a is None or a.computation_type.name not in local]
+                                 for r, actions in order.items()}, lambda s: mapping[s], stages)
+        return order
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.xdist_group("torch")
+@pytest.mark.parametrize("schedule", RUNS_IN_TORCH)
+@pytest.mark.parametrize("target, fmt", [("torch-csv", "compute_only"), ("torch-csv-comms", "compute_comms")])
+def test_torch_loads_and_simulates_every_exported_builtin(schedule, target, fmt, tmp_path):
+    plan = _plan(schedule)
+    exported = api.export(plan, target)
+    assert exported.lost == () and exported.text
+    path = tmp_path / "schedule.csv"
+    path.write_text(exported.text)
+    from plandsl.cost.schedule import plan_schedule
+    program, _ = plan_schedule(plan)
+    rank0 = sorted(s for s, r in enumerate(program.stage_to_rank[0]) if r == 0)
+    order = _torch_loads(path, 4, program.stages, rank0, plan.num_microbatches, fmt)
+    compute = ("FORWARD", "FULL_BACKWARD", "BACKWARD_INPUT", "BACKWARD_WEIGHT")
+    computed = [[a for a in order[r] if a is not None and a.computation_type.name in compute] for r in range(4)]
+    assert [len(row) for row in computed] == [len(row) for row in program.compute_only().actions]
+
+
+@pytest.mark.parametrize("schedule", RUNS_IN_TORCH)
+@pytest.mark.parametrize("target", ["torch-csv", "torch-csv-comms"])
+def test_import_of_an_export_names_the_same_schedule(schedule, target, tmp_path):
+    """export -> import -> a plan over the imported table -> export again: the same compute-only CSV."""
+    plan = _plan(schedule)
+    imported = api.import_config(target, api.export(plan, target).text, "schedule.csv", name="mine",
+                                 plan_path=str(tmp_path / "mine.plan"))
+    assert imported.ok, imported.diagnostics
+    (tmp_path / "mine.plan").write_text(imported.text)
+    virtual = STAGES_PER_RANK.get(schedule)
+    again = PLAN.format(schedule="table_mine", virtual=f" with virtual = {virtual}" if virtual else "")
+    (tmp_path / "p.plan").write_text(again.replace('import "clusters/local"', 'import "clusters/local"\nimport "mine"'))
+    reloaded = api.load_plan(tmp_path / "p.plan")
+    assert api.export(reloaded, "torch-csv").text == api.export(plan, "torch-csv").text
+
+
+def test_what_a_schedule_csv_cannot_say_is_lost():
+    chimera = api.export(_plan("chimera"), "torch-csv")
+    assert [d.code for d in chimera.lost] == ["E808"] and "2 pipelines" in chimera.lost[0].message
+    from tests.conftest import STDLIB
+    flat = api.load_plan(STDLIB / "local" / "dp.plan")
+    [lost] = api.export(flat, "torch-csv-comms").lost
+    assert lost.code == "E808" and "has no pipeline" in lost.message
+
+
+def test_the_cli_reads_a_csv_without_devices_and_refuses_them(tmp_path):
+    csv = tmp_path / "s.csv"
+    csv.write_text(api.export(_plan("1f1b"), "torch-csv").text)
+    runner = CliRunner()
+    out = runner.invoke(main, ["import", "--from", "torch-csv", "--args-file", str(csv), "-o", str(tmp_path / "s.plan")])
+    assert out.exit_code == 0, out.output
+    assert "schedule table_s(ranks = 4, microbatches = 8)" in (tmp_path / "s.plan").read_text()
+    refused = runner.invoke(main, ["import", "--from", "torch-csv", "--world-size", "4", "--args-file", str(csv),
+                                   "-o", str(tmp_path / "t.plan")])
+    assert refused.exit_code == 2 and "a schedule CSV says the schedule only" in refused.output
+    bad = tmp_path / "bad.csv"
+    bad.write_text("0F0,0X1\n")
+    broken = runner.invoke(main, ["import", "--from", "torch-csv", "--args-file", str(bad), "-o", str(tmp_path / "b.plan")])
+    assert broken.exit_code == 1 and "E602" in broken.output and "Traceback" not in broken.output
