@@ -343,7 +343,11 @@ def test_bounded_simulation_equals_the_full_one(name, ranks, virtual):
 @pytest.mark.slow
 @pytest.mark.parametrize("name, ranks, virtual", list(_grid((2, 3), (1, 2))))
 def test_bounded_simulation_equals_the_full_one_up_to_300(name, ranks, virtual):
-    assert _compare(name, ranks, virtual, range(1, 301)) > 0
+    """Every m to 128, then counts spread to 300 (primes, powers of two and their neighbours): the extrapolation
+    repeats a period of ranks x virtual microbatches, so a wrong period shows at many counts past its start;
+    the full simulation of every m to 300 cost ~115 CPU-s of the slow tier for counts that test nothing new."""
+    counts = list(range(1, 129)) + [131, 157, 191, 199, 223, 255, 256, 257, 263, 293, 299, 300]
+    assert _compare(name, ranks, virtual, counts) > 0
 
 
 def test_bounded_simulation_lays_out_few_actions():
