@@ -40,6 +40,7 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
         yield diag("E502", message, plan.schedule.span,
                    hint=f"global_batch = {fits * per_step} gives {fits} microbatches, which it runs",
                    edits=_global_batch(train, fits * per_step))
+    yield from _recompute_layers(plan)
     start = plan.mesh.first_device
     used = {d.name: d for d in plan.cluster.devices_in_order()[start:start + plan.mesh.size]}
     for device in used.values():
@@ -49,6 +50,25 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
                        hint=f"its peaks: {', '.join(p.value for p in device.peak)}; add "
                        f"`{train.precision.value}: ... TFLOP/s` to its peak, or change precision")
             break
+
+
+def _recompute_layers(plan: ir.Plan) -> Iterator[Diagnostic]:
+    """`recompute_layers` counts blocks that `recompute: full` reruns: it needs `full` and a model with blocks."""
+    train, count = plan.train, plan.train.recompute_layers
+    if count is None:
+        return
+    span = train.span_of("recompute_layers")
+    if train.recompute is not ir.Recompute.full:
+        yield diag("E205", f"recompute_layers counts the blocks of each stage that `recompute: full` reruns; "
+                   f"with recompute {train.recompute.value} there are none to count", span,
+                   hint="set `recompute: full`, or drop recompute_layers")
+    elif isinstance(plan.model, ir.MLPModel):
+        yield diag("E205", f"recompute_layers counts transformer blocks; mlp model '{plan.model.name}' has none",
+                   span, hint="use `recompute: full` alone")
+    elif isinstance(plan.model, ir.TransformerModel) and count > plan.model.layers:
+        yield diag("E205", f"recompute_layers({count}) is more than the {plan.model.layers} blocks of model "
+                   f"'{plan.model.name}'", span,
+                   hint=f"recompute_layers: {plan.model.layers} recomputes every block, as `recompute: full` alone")
 
 
 def _global_batch(train: ir.Training, value: int) -> tuple[Edit, ...]:

@@ -24,6 +24,7 @@ from plandsl.cost.comm import collective_seconds
 from plandsl.cost.compute import Efficiency, Work, peak_of
 from plandsl.cost.layer import LayerTime, Links, estimate_layer_time, plan_links
 from plandsl.cost.memory import (MemoryEstimate, estimate_layer_activations, estimate_plan_memory, gathers_kv, held_stages,
+                                 layer_recompute,
                                  inflight_microbatches, zero_degrees)
 from plandsl.cost.stage import StageTime, fsdp_units, param_split, rank_tail, slowest, stage_time
 from plandsl.schedules.registry import DEFAULT_SCHEDULE, pipelines_of
@@ -112,8 +113,9 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
     p2p = pipeline_p2p(plan, links, work)
     memory = estimate_plan_memory(plan, assignment) or []
     kept: dict = {}  # per `figures_key`: a family's blocks keep the same bytes
-    activations = tuple(sum(once_per_figures(kept, layer, lambda layer: estimate_layer_activations(plan, layer))
-                            for layer in layers)
+    activations = tuple(sum(once_per_figures(kept.setdefault(mode, {}), layer, lambda layer, mode=mode:
+                                             estimate_layer_activations(plan, layer, recompute=mode))
+                            for layer, mode in zip(layers, layer_recompute(plan, layers)))
                         for layers in assignment.stage_layers)
     if plan.stages is not None and plan.schedule is not None:
         costs = Costs(stage_costs=tuple((s.forward, s.backward, s.input_grad, s.weight_grad) for s in stage_times),
@@ -173,10 +175,11 @@ def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | Non
     for stage, layers in enumerate(assignment.stage_layers):
         device = rank_devices[assignment.rank_of_stage[stage]]
         times = []
-        for layer in layers:
-            key = (layer.kind, "" if transformer else layer.name, id(device))
+        for layer, mode in zip(layers, layer_recompute(plan, layers)):  # recompute_layers: per block
+            key = (layer.kind, "" if transformer else layer.name, id(device), mode)
             if key not in cache:
-                cache[key] = estimate_layer_time(plan.model, layer, work, device, links, efficiency)
+                cache[key] = estimate_layer_time(plan.model, layer, replace(work, recompute=mode), device, links,
+                                                 efficiency)
             times.append(cache[key])
         params = [once_per_figures(splits, layer, lambda layer: param_split(layer, plan.tp, plan.ep))
                   for layer in layers]  # a family's blocks share one split (`figures_key`)

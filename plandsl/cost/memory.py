@@ -102,9 +102,12 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         extra = [tied] if tied and "head" in kinds and "embed" not in kinds else []
         params, grads, optimizer = model_state_bytes(plan, layers, extra, whole_tensors=whole_tensors)
         gathered_params, gathered_grads = gathered_bytes(plan, layers, extra)
-        stored = sum(once_per_figures(kept, layer, lambda layer: _layer_activations(
-                         plan, layer, plan.train.recompute, attention_matrix)) for layer in layers)
-        activations = inflight[len(estimates)] * stored + max(_recompute_working_set(plan, layers, attention_matrix),
+        stored = sum(once_per_figures(kept.setdefault(mode, {}), layer, lambda layer, mode=mode: _layer_activations(
+                         plan, layer, mode, attention_matrix))
+                     for stage in stages for layer, mode in zip(stage_layers[stage], layer_recompute(plan, stage_layers[stage])))
+        rerun = [layer for stage in stages for layer, mode in zip(stage_layers[stage], layer_recompute(plan, stage_layers[stage]))
+                 if mode is plan.train.recompute]  # with recompute_layers, the blocks `full` reruns
+        activations = inflight[len(estimates)] * stored + max(_recompute_working_set(plan, rerun, attention_matrix),
                                                               loss_backward_bytes(plan, layers))
         estimates.append(MemoryEstimate(params + gathered_params, grads + gathered_grads, optimizer, activations,
                                         gathered_params=gathered_params, gathered_grads=gathered_grads))
@@ -337,9 +340,34 @@ def tied_embedding(plan: ir.Plan, layers: Sequence[Layer]) -> Param | None:
 
 
 # ---- activations (Korthikanti et al. 2022) ---------------------------------------------
-def estimate_layer_activations(plan: ir.Plan, layer: Layer, *, attention_matrix: bool = False) -> float:
-    """Bytes one microbatch leaves stored in `layer` for backward, on one device."""
-    return _layer_activations(plan, layer, plan.train.recompute, attention_matrix)
+def estimate_layer_activations(plan: ir.Plan, layer: Layer, *, attention_matrix: bool = False,
+                               recompute: ir.Recompute | None = None) -> float:
+    """Bytes one microbatch leaves stored in `layer` for backward, on one device; `recompute`: the
+    layer's own mode (`layer_recompute`), default the plan's."""
+    return _layer_activations(plan, layer, plan.train.recompute if recompute is None else recompute, attention_matrix)
+
+
+def is_block(plan: ir.Plan, layer: Layer) -> bool:
+    """Whether `layer` is a block that recomputation reruns: a transformer block or a written (torch) model's layer,
+    not its embedding or head."""
+    return layer.kind == "block" or (layer.kind == "custom" and layer.name not in ("embed", "head"))
+
+
+def layer_recompute(plan: ir.Plan, layers: Sequence[Layer]) -> list[ir.Recompute]:
+    """The recomputation of each layer of one stage (virtual chunk): the plan's mode, or with
+    `recompute_layers: N` (Megatron's `--recompute-method block`) `full` for the stage's first N blocks
+    and `none` for its other blocks and its non-block layers (embedding, norm, head)."""
+    train = plan.train
+    if train.recompute_layers is None:
+        return [train.recompute] * len(layers)
+    modes, index = [], 0
+    for layer in layers:
+        if is_block(plan, layer):
+            modes.append(train.block_recompute(index))
+            index += 1
+        else:
+            modes.append(ir.Recompute.none)
+    return modes
 
 
 def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_batch: int, tp: int,
@@ -498,7 +526,7 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
                                 - _layer_activations(plan, b, recompute, attention_matrix)) for b in blocks)
 
 
-__all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estimate_layer_activations",
+__all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estimate_layer_activations", "layer_recompute",
            "held_stages", "gathered_bytes", "model_state_bytes", "tied_embedding",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
            "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES"]

@@ -13,7 +13,7 @@ from plandsl import ir
 from plandsl.cost.memory import estimate_plan_memory
 from plandsl.cost.estimate import estimate_stage_times, pipeline_p2p, plan_work
 from plandsl.cost.layer import plan_links
-from plandsl.cost.memory import estimate_layer_activations
+from plandsl.cost.memory import estimate_layer_activations, layer_recompute
 from plandsl.ir.placement import Assignment
 from plandsl.schedules.simulate import Costs
 
@@ -23,7 +23,8 @@ def estimate_stage_costs(plan: ir.Plan, assignment: Assignment) -> Costs:
     stages = estimate_stage_times(plan, assignment, links=links)
     memory = estimate_plan_memory(plan, assignment) or []
     static = tuple(m.params + m.grads + m.optimizer for m in memory)
-    activations = tuple(sum(estimate_layer_activations(plan, layer) for layer in layers)
+    activations = tuple(sum(estimate_layer_activations(plan, layer, recompute=mode)
+                            for layer, mode in zip(layers, layer_recompute(plan, layers)))
                         for layers in assignment.stage_layers)
     return Costs(stage_costs=tuple((s.forward, s.backward, s.input_grad, s.weight_grad) for s in stages),
                  p2p=pipeline_p2p(plan, links, plan_work(plan)), activation_bytes=activations,

@@ -146,6 +146,10 @@ def _train_args(plan: ir.Plan, args: list, lose) -> None:
         args.append((PRECISION_SWITCH[train.precision], None))
     if train.recompute is ir.Recompute.selective:  # recompute_modules defaults to ["core_attn"]: the attention core
         args.append(("--recompute-granularity", "selective"))
+    elif train.recompute is ir.Recompute.full and train.recompute_layers is not None:
+        if train.recompute_layers:  # the first N blocks of each stage (virtual chunk); 0 recomputes none
+            args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+                     ("--recompute-num-layers", str(train.recompute_layers))]
     elif train.recompute is ir.Recompute.full:  # every block from its input: uniform, one block per unit
         args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                  ("--recompute-num-layers", "1")]

@@ -290,7 +290,7 @@ def _train(read: _Read) -> str | None:
     if recompute is None:
         return None
     items = [f"global_batch: {read.get('--global-batch-size', 0)}", f"micro_batch: {micro}",
-             f"precision: {precision}", f"recompute: {recompute}"]
+             f"precision: {precision}", *recompute]
     seq, positions = read.get("--seq-length"), read.get("--max-position-embeddings")
     if positions is not None and seq != positions:
         items.append(f"seq: {seq}")
@@ -310,7 +310,8 @@ def _train(read: _Read) -> str | None:
     return "{ " + ", ".join(items) + " }"
 
 
-def _recompute(read: _Read) -> str | None:
+def _recompute(read: _Read) -> list[str] | None:
+    """The plan's recompute items: `recompute: MODE`, and `recompute_layers: N` for the block method."""
     granularity = read.get("--recompute-granularity", "selective" if read.get("--recompute-activations") else None)
     method, count = read.get("--recompute-method"), read.get("--recompute-num-layers")
     if granularity is None:
@@ -318,23 +319,25 @@ def _recompute(read: _Read) -> str | None:
             read.problem("E805", "--recompute-method or --recompute-num-layers without --recompute-granularity",
                          "--recompute-method", "--recompute-num-layers", hint="add --recompute-granularity full")
             return None
-        return "none"
+        return ["recompute: none"]
     if granularity == "selective":
         if method is not None or count is not None:  # validate_args / TransformerConfig: selective takes neither
             read.problem("E805", "--recompute-granularity selective takes no --recompute-method or "
                          "--recompute-num-layers", "--recompute-method", "--recompute-num-layers")
             return None
-        return "selective"
+        return ["recompute: selective"]
     if method is None or count is None:  # TransformerConfig.__post_init__: full needs a method and a count
         read.problem("E804", "--recompute-granularity full needs --recompute-method and --recompute-num-layers",
                      "--recompute-granularity", hint="add --recompute-method uniform --recompute-num-layers 1")
         return None
+    if method == "block":  # the first N blocks of each stage (virtual chunk) from their inputs
+        return ["recompute: full", f"recompute_layers: {count}"]
     if method != "uniform" or count != 1:
         read.problem("E807", f"--recompute-method {method} --recompute-num-layers {count}: a plan recomputes every "
-                     "block from its own input (uniform, 1) or none", "--recompute-method",
-                     hint="use --recompute-method uniform --recompute-num-layers 1")
+                     "block from its own input (uniform, 1), the first N of each stage (block, N) or none",
+                     "--recompute-method", hint="use --recompute-method uniform --recompute-num-layers 1")
         return None
-    return "full"
+    return ["recompute: full"]
 
 
 def _degrees(read: _Read, world_size: int | None, cluster: str | None):

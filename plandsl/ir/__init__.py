@@ -280,12 +280,22 @@ class Training(Node):
     seq: Optional[int] = Field(default=None, gt=0, description="sequence length; default: the model's")
     precision: Precision = Precision.bf16
     recompute: Recompute = Recompute.none
+    recompute_layers: Optional[int] = Field(
+        default=None, ge=0, description="with `recompute: full`, recompute only the first N blocks of each "
+        "stage (virtual chunk) and keep the others' activations (Megatron's --recompute-method block "
+        "--recompute-num-layers N); None: every block")
     optimizer: Optimizer = Optimizer.adam
     lr: float = Field(default=3e-4, gt=0)
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
     warmup_steps: int = Field(default=0, ge=0)
     grad_clip: Optional[float] = Field(default=1.0, gt=0)
     seed: int = 0
+
+    def block_recompute(self, index: int) -> Recompute:
+        """The recomputation of a stage's (virtual chunk's) `index`-th transformer block, from 0."""
+        if self.recompute_layers is None:
+            return self.recompute
+        return Recompute.full if index < self.recompute_layers else Recompute.none
 
 
 class DataKind(str, Enum):

@@ -14,7 +14,7 @@ from plandsl.lower.bodies import build, dict_items
 from plandsl.lower.evaluate import Poison, Scope
 
 TRAIN_KEYS = {"global_batch": True, "micro_batch": False, "seq": False, "precision": False, "recompute": False,
-              "optimizer": False, "lr": False, "lr_schedule": False, "warmup_steps": False, "grad_clip": False,
+              "recompute_layers": False, "optimizer": False, "lr": False, "lr_schedule": False, "warmup_steps": False, "grad_clip": False,
               "seed": False}
 
 
@@ -96,8 +96,9 @@ def training(scope: Scope, expr: s.Expr) -> ir.Training:
     failed = False
     for key, item in items.items():
         try:
-            if key in ("global_batch", "micro_batch", "seq", "warmup_steps", "seed"):
-                values[key] = scope.integer(item.value, key, minimum=0 if key in ("warmup_steps", "seed") else 1,
+            if key in ("global_batch", "micro_batch", "seq", "warmup_steps", "seed", "recompute_layers"):
+                values[key] = scope.integer(item.value, key,
+                                            minimum=0 if key in ("warmup_steps", "seed", "recompute_layers") else 1,
                                             maximum=limits.TRAIN.get(key))
             elif key == "precision":
                 values[key] = scope.word(item.value, tuple(p.value for p in ir.Precision), "precision")
@@ -115,6 +116,11 @@ def training(scope: Scope, expr: s.Expr) -> ir.Training:
                 values[key] = float(scope.number(scope.eval(item.value), item.value))
         except Poison:
             failed = True
+    if "recompute_layers" in values and values.get("recompute") != ir.Recompute.full.value:
+        scope.reporter.error("E205", "recompute_layers counts the blocks of each stage that `recompute: full` "
+                             f"reruns; with recompute {values.get('recompute', 'none')} there are none to count",
+                             items["recompute_layers"].span, hint="add `recompute: full`, or drop recompute_layers")
+        failed = True
     if failed:
         raise Poison()
     return build(scope, ir.Training, expr.span, field_spans={k: item.span for k, item in items.items()}, **values)

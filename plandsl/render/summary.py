@@ -30,7 +30,9 @@ def describe_plan(plan: ir.Plan) -> str:
     lines.append(f"  parallel  {'; '.join(parts) or 'none'}")
     lines.append(f"  train     global batch {train.global_batch} = dp {plan.dp} x micro-batch {train.micro_batch} x "
                  f"{plan.num_microbatches} microbatch(es); seq {plan.seq}; {train.precision.value}; "
-                 f"recompute {train.recompute.value}; {train.optimizer.value}")
+                 f"recompute {train.recompute.value}"
+                 f"{'' if train.recompute_layers is None else f' (first {train.recompute_layers} blocks per stage)'}; "
+                 f"{train.optimizer.value}")
     assignment, _ = assign_stages(plan)
     if plan.stages and assignment:
         lines.append(f"  pipeline  {assignment.num_stages} stages over '{plan.stages.axis}' ({plan.pp} ranks x "

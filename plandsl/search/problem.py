@@ -125,6 +125,7 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
         stages = ir.Stages.model_construct(axis="pp", mode="explicit", virtual=c.virtual_stages,
                                            rank_map=BUILTIN[name].rank_map, groups=())
         schedule = ir.ScheduleRef.model_construct(name=name, options={}, definition=None)
-    train = base.train.model_copy(update={"micro_batch": c.micro_batch_size, "recompute": ir.Recompute(c.recompute)})
+    train = base.train.model_copy(update={"micro_batch": c.micro_batch_size, "recompute": ir.Recompute(c.recompute),
+                                        "recompute_layers": None})  # the search leaves recompute_layers out
     return base.model_copy(update={"mesh": mesh, "train": train, "data": data, "tensor": tensor, "context": context,
                                    "experts": experts, "stages": stages, "schedule": schedule})

@@ -215,6 +215,18 @@ def test_recomputation_wraps_blocks_and_computes_the_same():
         assert all(name.endswith(".attn.core" if mode == "selective" else "") for name in wrapped), wrapped
 
 
+def test_recompute_layers_wraps_the_first_blocks_of_each_stage():
+    """`recompute_layers: 1` with pp = 2 (Megatron's --recompute-method block --recompute-num-layers 1):
+    each stage of the 4-block model reruns its first block only, and trains as one process does."""
+    text = _plan("[pp = 2]", """
+        stages   = evenly over pp
+        schedule = 1f1b""", train="{ global_batch: 8, micro_batch: 2, precision: fp32, lr: 1e-3, seed: 0, "
+                                  "recompute: full, recompute_layers: 1 }")
+    results = run_ranks(2, _train, text, deadline_s=100)
+    _check(results)
+    assert [r["wrapped"] for r in results] == [["layers.0"], ["layers.2"]], [r["wrapped"] for r in results]
+
+
 def test_tensor_parallel_parameters_are_dtensors():
     results = run_ranks(2, _train, _plan("[tp = 2]", "tensor = megatron over tp"), deadline_s=100)
     _check(results)

@@ -225,7 +225,7 @@ BAD = [
     ("--pipeline-model-parallel-size 3", "E806", "--pipeline-model-parallel-size"),
     ("--context-parallel-size 3", "E806", "--context-parallel-size"),
     ("--tensor-model-parallel-size 2 --tensor-model-parallel-size 4", "E805", "--tensor-model-parallel-size 4"),
-    ("--recompute-granularity full --recompute-method block --recompute-num-layers 2", "E807", "--recompute-method"),
+    ("--recompute-granularity full --recompute-method uniform --recompute-num-layers 2", "E807", "--recompute-method"),
     ("--swiglu", "E807", "--swiglu"),
     ("--expert-tensor-parallel-size 2 --tensor-model-parallel-size 1", "E807", "--expert-tensor-parallel-size"),
 ]

@@ -1,6 +1,7 @@
 """Activation recomputation (`train.recompute`) with torch's checkpoint_wrapper.
 
-Stage: interpreter. Contract: `apply_ac(model, mode)` wraps in place: `full` recomputes whole blocks
+Stage: interpreter. Contract: `apply_ac(model, mode, count)` wraps in place (the first `count` blocks only,
+when given): `full` recomputes whole blocks
 (wrapping inserts `_checkpoint_wrapped_module` into their parameter names), `selective` only each
 block's attention core (`attn.core`: the softmax(q kᵀ) v of Korthikanti et al. 2022, Sec. 5, whose
 activations grow with seq²; it holds no parameters), `selective_op` whole blocks under torch's
@@ -58,11 +59,13 @@ def keep_every_other_matmul():
     return create_selective_checkpoint_contexts(policy)
 
 
-def apply_ac(model: nn.Module, mode: ir.Recompute) -> None:
+def apply_ac(model: nn.Module, mode: ir.Recompute, count: int | None = None) -> None:
+    """`count`: wrap only the first `count` blocks of `model` (one pipeline stage or virtual chunk:
+    Megatron's `--recompute-method block`, `train.recompute_layers`); None: every block."""
     layers, names = blocks(model)
     if mode is ir.Recompute.none or layers is None:
         return
-    for name in names:
+    for name in names[:count]:
         block = layers.get_submodule(name)
         parent_name, _, child = name.rpartition(".")  # a block named in full (layer1.0) sits in its own container
         parent = layers.get_submodule(parent_name)
