@@ -55,6 +55,7 @@ FIELDS: tuple[tuple[str, str, Callable[[ir.Plan], Value]], ...] = (
     ("batch", "seq", lambda p: p.seq),
     ("training", "train.precision", lambda p: p.train.precision.value),
     ("training", "train.recompute", lambda p: p.train.recompute.value),
+    ("training", "train.recompute_layers", lambda p: p.train.recompute_layers),
     ("training", "train.optimizer", lambda p: p.train.optimizer.value),
     ("training", "train.lr", lambda p: p.train.lr),
     ("training", "train.lr_schedule", lambda p: p.train.lr_schedule),

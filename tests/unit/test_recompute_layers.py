@@ -119,3 +119,10 @@ def test_megatron_block_method_both_ways(count, flags):
     assert imported.ok, [str(d) for d in imported.diagnostics]
     back = api.select_plan(api.loads(imported.text, path="back.plan"))
     assert (back.train.recompute, back.train.recompute_layers) == (ir.Recompute.full, count)
+
+
+def test_diff_names_the_change():
+    from plandsl.rewrite.diff import changes
+    a = _estimate("recompute: full")[0]
+    b = _estimate("recompute: full, recompute_layers: 2")[0]
+    assert [(c.field, c.old, c.new) for c in changes(a, b)] == [("train.recompute_layers", None, 2)]
