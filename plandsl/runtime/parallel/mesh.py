@@ -1,8 +1,9 @@
 """The process group and the plan's mesh: `init_device_mesh` with the plan's axis names, outermost first.
 
 Stage: interpreter. Contract: `init_distributed(timeout_s, device_kind)` joins the job torchrun (or a
-test) started, with nccl on CUDA and gloo on the CPU (`resolve_device`: CUDA when present unless `--device` says); `build_mesh(plan, device)` raises `RuntimeError`
-showing the arithmetic when the plan's mesh does not cover WORLD_SIZE processes.
+test) started, with nccl on CUDA and gloo on the CPU (`resolve_device`: CUDA when present unless
+`--device` says); `build_mesh(plan, device)` raises `RuntimeError` showing the arithmetic when the plan's
+mesh does not cover WORLD_SIZE processes.
 """
 from __future__ import annotations
 
