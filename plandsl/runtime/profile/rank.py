@@ -7,15 +7,14 @@ its progress, `done total`, to the job's progress file. Exit status 0, or 1 with
 """
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import sys
 import traceback
 
-import torch
 import torch.distributed as dist
 
+from plandsl.runtime.parallel.mesh import init_distributed
 from plandsl.runtime.profile.measure import Settings, World, measure
 
 
@@ -24,13 +23,7 @@ def main(job_file: str) -> int:
         job = json.load(handle)
     world = World(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"]),
                   int(os.environ["LOCAL_WORLD_SIZE"]))
-    timeout = datetime.timedelta(seconds=job["timeout_s"])
-    if torch.cuda.is_available():
-        device = torch.device("cuda", world.local_rank)
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", timeout=timeout, device_id=device)
-    else:
-        dist.init_process_group("gloo", timeout=timeout)
+    init_distributed(job["timeout_s"])  # as `plandsl run`'s ranks: cuda:LOCAL_RANK and nccl, else gloo
     settings = Settings(quick=job["quick"], nproc_per_node=world.local_size, nnodes=world.size // world.local_size)
 
     def progress(done: int, total: int) -> None:
