@@ -66,11 +66,11 @@ def check_options(options: LaunchOptions) -> None:
     if options.node_rank >= options.nnodes:
         raise OptionError("--node-rank", f"{options.node_rank} is not below --nnodes ({options.nnodes}): nodes are "
                                          f"numbered 0 to {options.nnodes - 1}")
-    if options.rdzv_endpoint is not None and _endpoint_problem(options.rdzv_endpoint):
-        raise OptionError("--rdzv-endpoint", f"'{options.rdzv_endpoint}': {_endpoint_problem(options.rdzv_endpoint)}")
+    if options.rdzv_endpoint is not None and endpoint_problem(options.rdzv_endpoint):
+        raise OptionError("--rdzv-endpoint", f"'{options.rdzv_endpoint}': {endpoint_problem(options.rdzv_endpoint)}")
 
 
-def _endpoint_problem(endpoint: str) -> str | None:
+def endpoint_problem(endpoint: str) -> str | None:
     host, sep, port = endpoint.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         return "expected HOST:PORT with a port from 1 to 65535"

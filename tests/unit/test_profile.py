@@ -262,6 +262,8 @@ def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
     (ProfileOptions(nnodes=1_000_000, rdzv_endpoint="h:1"), 0, "above plandsl profile's limit of 64 nodes"),
     (ProfileOptions(nnodes=2), 0, "needs --rdzv-endpoint"),
     (ProfileOptions(nnodes=2, node_rank=2, rdzv_endpoint="h:1"), 0, "is not below --nnodes (2)"),
+    (ProfileOptions(nnodes=2, rdzv_endpoint="node0"), 0, "'node0': expected HOST:PORT"),  # as `run` checks it
+    (ProfileOptions(nnodes=2, rdzv_endpoint="node0:99999"), 0, "a port from 1 to 65535"),
 ])
 def test_options_past_their_caps_are_diagnostics(options, cuda, words):
     [problem] = option_problems(options, cuda_devices=cuda)

@@ -22,6 +22,7 @@ from typing import Callable
 
 from plandsl.diagnostics import Diagnostic, diag
 from plandsl.diagnostics.limits import MAX_LOCAL_RANKS, MAX_PROFILE_NODES
+from plandsl.runtime.launch import endpoint_problem
 from plandsl.runtime.profile.results import Profile
 from plandsl.runtime.profile.write import cluster_text
 
@@ -42,7 +43,8 @@ class ProfileOptions:
 def option_problems(options: ProfileOptions, cuda_devices: int | None = None) -> list[Diagnostic]:
     """E505 for every option past its cap: processes per node (at most `MAX_LOCAL_RANKS`, and on a machine
     with CUDA at most its GPUs: `cuda_devices`, None to ask torch), nodes (`MAX_PROFILE_NODES`); E505 too for
-    a node rank outside the nodes, or several nodes without --rdzv-endpoint (what node 0's address is)."""
+    a node rank outside the nodes, an endpoint that is not HOST:PORT, or several nodes without --rdzv-endpoint
+    (what node 0's address is)."""
     problems = []
     if options.nproc_per_node > MAX_LOCAL_RANKS:
         problems.append(diag("E505", f"--nproc-per-node {options.nproc_per_node} is above plandsl's limit of "
@@ -61,6 +63,9 @@ def option_problems(options: ProfileOptions, cuda_devices: int | None = None) ->
     if options.node_rank >= options.nnodes:
         problems.append(diag("E505", f"--node-rank {options.node_rank} is not below --nnodes ({options.nnodes}): "
                                      f"nodes are numbered 0 to {options.nnodes - 1}"))
+    if options.rdzv_endpoint is not None and endpoint_problem(options.rdzv_endpoint):
+        problems.append(diag("E505", f"--rdzv-endpoint '{options.rdzv_endpoint}': "
+                                     f"{endpoint_problem(options.rdzv_endpoint)}"))
     if options.nnodes > 1 and not options.rdzv_endpoint:
         problems.append(diag("E505", f"--nnodes {options.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's "
                                      "address, the same on every node)"))
