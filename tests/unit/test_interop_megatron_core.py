@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from plandsl import api
 from plandsl.interop import export_plan
 from plandsl.ir.placement import assign_stages
 from test_interop_megatron import EXPRESSIBLE, stdlib_plan  # the stdlib plans Megatron-LM expresses, found by name
@@ -235,3 +236,26 @@ def test_megatrons_rank_groups_are_the_plans_mesh_axes(mcore, path, name):
     if plan.ep > 1:
         experts = generator(tp=plan.tp, ep=plan.ep, dp=plan.dp // plan.ep, pp=plan.pp, cp=1, order=order)
         assert {tuple(sorted(g)) for g in experts.get_ranks("ep")} == _groups(sizes, index["ep"])
+
+
+@pytest.mark.parametrize("count, virtual", [(1, ""), (3, ""), (2, " with virtual = 2")])
+def test_the_block_method_export_is_what_megatron_core_recomputes(mcore, count, virtual):
+    """`recompute: full, recompute_layers: N` exports as the block method, which megatron-core's TransformerConfig
+    accepts as such (granularity full, method block, N layers), interleaved pipelines included."""
+    text = f"""\
+import "clusters/dgx_a100"
+plan p {{
+  model    = gpt(layers=16, hidden=1024, heads=16, seq=1024, vocab=51200)
+  cluster  = dgx_a100 x 2
+  mesh     = [dp = 2, pp = 4, tp = 2]
+  train    = {{ global_batch: 64, micro_batch: 2, recompute: full, recompute_layers: {count} }}
+  stages   = evenly over pp{virtual}
+  schedule = {"interleaved_1f1b" if virtual else "1f1b"}
+}}
+"""
+    plan = api.select_plan(api.loads(text, path="p.plan"))
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost
+    config, _, _ = _configs(mcore, _flags(exported.text))
+    assert (config.recompute_granularity, config.recompute_method, config.recompute_num_layers) == \
+        ("full", "block", count)
