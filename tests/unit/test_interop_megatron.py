@@ -355,6 +355,18 @@ def test_the_interop_doc_commands_run_as_shown(tmp_path, monkeypatch):
         assert result.exit_code == 0, f"{line}\n{result.output}"
     assert (tmp_path / "llama2_7b_zero3.plan").read_text(encoding="utf-8") == plan
     assert (tmp_path / "ds_config_back.json").read_text(encoding="utf-8") == exported
+    # improve the imported run with the search, diff the two, export the result (llama3_8b.plan is here)
+    partial = next(text for language, text in blocks if text.startswith("# llama3_8b.plan's model"))
+    commands = next(text for language, text in blocks if text.startswith("plandsl generate --from"))
+    shown = next(text for language, text in blocks if text.startswith("plan 'llama3_8b' (llama3_8b.plan) ->"))
+    (tmp_path / "llama3_8b_partial.plan").write_text(partial, encoding="utf-8")
+    outputs = []
+    for line in commands.strip().splitlines():
+        result = runner.invoke(main, shlex.split(line)[1:])
+        assert result.exit_code == 0, f"{line}\n{result.output}"
+        outputs.append(result.output)
+    assert outputs[1] == shown
+    assert "--use-megatron-fsdp" in (tmp_path / "llama3_8b_generated.args").read_text(encoding="utf-8")
 
 
 def test_an_uneven_layout_imports_as_the_stage_ranges_a_plan_writes():
