@@ -420,8 +420,12 @@ def args_text(args) -> str:
     return line(args)
 
 
-def read_args_file(path: str) -> str:
-    """A file of flags (a launch script's arrays), read bounded; PlanError E105-E109 when it cannot be read."""
+def read_args_file(path: str, schedule_csv: bool = False) -> str:
+    """A file of flags (a launch script's arrays), or with `schedule_csv` a torch schedule CSV, read bounded;
+    PlanError E105-E109 when it cannot be read."""
+    if schedule_csv:
+        from plandsl.schedules.resolve import read_csv  # stage
+        return read_csv(path)
     from plandsl.syntax.loader import read_source  # stage
     return read_source(path).text
 

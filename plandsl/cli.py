@@ -742,7 +742,7 @@ def import_command(source, world_size, cluster, args_file, model, name, output, 
         raise click.UsageError("--model is needed for deepspeed (its config does not say the model), and only there")
     if args_file:
         try:
-            text, path = api.read_args_file(args_file), args_file
+            text, path = api.read_args_file(args_file, schedule_csv=schedule_only), args_file
         except api.PlanError as error:
             _fail(error, output_format)
     else:
