@@ -64,6 +64,7 @@ class NameIndex:
         self.position = {name: i for i, name in enumerate(names)}
         self._sorted: list[tuple[str, int]] | None = None
         self._keys: list[str] = []
+        self._last_index: dict[str, int | None] = {}  # `past_the_end`'s, per head
 
     def select(self, selector: ir.Selector, prefix: bool = False) -> list[int]:
         """Positions of the names `selector` matches, in order."""
@@ -98,10 +99,14 @@ class NameIndex:
         last = parts[-1]
         if last.kind != "range" or last.hi is None or not all(p.kind == "name" for p in parts[:-1]):
             return None
-        indices = self._range_positions(".".join(p.name for p in parts[:-1]), 0, last.hi + 1 + len(self.names))
-        if not indices or last.hi <= max(indices) + 1:
+        head = ".".join(p.name for p in parts[:-1])
+        if head not in self._last_index:  # once per head: a stages block of many ranges reads the names once
+            indices = self._range_positions(head, 0, 1 << 62)  # > len(names): by the names
+            self._last_index[head] = max(indices) if indices else None
+        last_index = self._last_index[head]
+        if last_index is None or last.hi <= last_index + 1:
             return None
-        return max(indices) + 1, last.hi
+        return last_index + 1, last.hi
 
     def _candidates(self, parts) -> list[int]:
         """Positions of names that start with the selector's literal head (names and closed ranges)."""
