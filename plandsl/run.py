@@ -11,7 +11,7 @@ import faulthandler
 import os
 import signal
 import sys
-import traceback
+from plandsl.runtime.leave import run_then_leave
 from plandsl.runtime.options import parse_args, parse_params
 from plandsl import api
 from plandsl.diagnostics import PlanError
@@ -53,24 +53,8 @@ _KEEP: list = []
 
 
 def entry() -> None:
-    """Run `main` and leave without tearing torch.distributed down.
-
-    Destroying a gloo process group from Python joins its worker threads while holding the GIL;
-    a worker still releasing its last collective's tensors needs the GIL, and the rank hangs
-    (seen with torch 2.13 at the end of a run, e.g. DDP's Reducer dropping its group). The rank is
-    done, so it flushes its output and exits at once; the launcher and peers see a clean exit.
-    """
-    status = 1
-    try:
-        status = main()
-    except SystemExit as error:
-        status = error.code if isinstance(error.code, int) else 1
-    except BaseException:  # noqa: BLE001 - printed like Python would, then exit 1
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
+    """Run `main` and leave without tearing torch.distributed down (`runtime.leave` says why)."""
+    run_then_leave(main)
 
 
 

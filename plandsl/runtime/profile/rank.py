@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
 
 import torch.distributed as dist
 
+from plandsl.runtime.leave import run_then_leave
 from plandsl.runtime.parallel.mesh import init_distributed
 from plandsl.runtime.profile.measure import Settings, World, measure
 
@@ -43,18 +43,9 @@ def _write(path: str, text: str) -> None:
 
 
 def entry() -> None:
-    """`main`, then leave without tearing the process group down (as `plandsl.run.entry`: a gloo group's
-    teardown can hang the rank at exit); the launcher sees the status."""
-    status = 1
-    try:
-        status = main(sys.argv[1])
-    except BaseException:  # noqa: BLE001 - printed with the rank's number, then exit 1
-        print(f"plandsl profile: rank {os.environ.get('RANK', '?')} failed:", file=sys.stderr)
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
+    """`main`, then leave without tearing the process group down (`runtime.leave` says why); the launcher
+    sees the status, and a failure is printed with the rank's number."""
+    run_then_leave(lambda: main(sys.argv[1]), f"plandsl profile: rank {os.environ.get('RANK', '?')} failed:")
 
 
 if __name__ == "__main__":
