@@ -22,7 +22,7 @@ from typing import Callable
 
 from plandsl.diagnostics import Diagnostic, diag
 from plandsl.diagnostics.limits import MAX_LOCAL_RANKS, MAX_PROFILE_NODES
-from plandsl.runtime.launch import endpoint_problem
+from plandsl.runtime.launch import cuda_device_count as _cuda_devices, endpoint_problem  # as `run` counts them
 from plandsl.runtime.profile.results import Profile
 from plandsl.runtime.profile.write import cluster_text
 
@@ -70,11 +70,6 @@ def option_problems(options: ProfileOptions, cuda_devices: int | None = None) ->
         problems.append(diag("E505", f"--nnodes {options.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's "
                                      "address, the same on every node)"))
     return problems
-
-
-def _cuda_devices() -> int:
-    import torch  # lazy: torch (the count needs no CUDA context)
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def run_profile(options: ProfileOptions, progress: Progress | None = None) -> Profile | None:
