@@ -21,6 +21,7 @@ from plandsl.cost.schedule import plan_schedule
 from plandsl.diagnostics import PlanError, diag
 from plandsl.interop.result import Exported, Imported
 from plandsl.schedules.lower import add_send_recv
+from plandsl.schedules.program import to_csv
 from plandsl.schedules.resolve import schedule_from_csv, to_plan, to_torch_csv
 from plandsl.syntax.format import format_text
 
@@ -55,7 +56,7 @@ def export_comms(plan: ir.Plan) -> Exported:
     if schedule is None:
         return Exported(COMMS, "", lost)
     lowered = add_send_recv(schedule)
-    return Exported(COMMS, "".join(",".join(str(a) for a in row) + "\n" for row in lowered.actions), lost)
+    return Exported(COMMS, to_csv(lowered.actions), lost)  # each rank's actions in order, no idle cells
 
 
 def import_csv(text: str, path: str, name: str = "imported", plan_path: str = "imported.plan") -> Imported:
