@@ -211,6 +211,20 @@ def explain(code):
 
 
 @main.command()
+def lsp():
+    """Serve the language server on stdin/stdout for an editor: diagnostics, hover, completion, go to
+    definition, formatting, quick fixes (needs the `lsp` extra: pygls)."""
+    try:
+        from plandsl.lsp.server import serve  # lazy: pygls and the stages only for the language server
+    except ImportError as error:
+        if (error.name or "").split(".")[0] not in ("pygls", "lsprotocol", "cattrs", "attrs"):
+            raise
+        click.echo(f"error: plandsl lsp needs pygls: pip install 'plandsl[lsp]' ({error})", err=True)
+        sys.exit(2)
+    serve()
+
+
+@main.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(allow_dash=True))
 @click.option("--check", "check_only", is_flag=True, help="Change nothing; exit 1 if a file would change.")
 def fmt(files, check_only):

@@ -22,6 +22,12 @@ from plandsl.lower.units import BANDWIDTH, BYTES, FLOPS, TIME, format_bytes
 from plandsl.syntax.parser import deep_recursion
 
 PRECISIONS = tuple(p.value for p in ir.Precision)
+# attribute (or key) -> required, of each definition and `{ }` value lowered here (the language server completes them)
+DEVICE_ATTRS = {"memory": True, "bandwidth": True, "peak": True, "efficiency": False, "reserve": False}
+NODE_ATTRS = {"devices": True, "link": True, "nic": False}
+CLUSTER_ATTRS = {"nodes": True, "fabric": False}
+LINK_KEYS = {"bandwidth": True, "latency": False, "measured": False}
+EFFICIENCY_KEYS = {"matmul": False, "kernel_latency": False, "measured": False}
 
 
 class Lowering:
@@ -87,7 +93,7 @@ class Lowering:
         return value
 
     def _device(self, scope: Scope, d: s.Definition) -> ir.DeviceType:
-        allowed = {"memory": True, "bandwidth": True, "peak": True, "efficiency": False, "reserve": False}
+        allowed = DEVICE_ATTRS
         found = attributes(scope, d.body, allowed, f"device '{d.name}'")
         if not require(scope, found, allowed, f"device '{d.name}'", d.name_span, d.body):
             raise Poison()
@@ -115,7 +121,7 @@ class Lowering:
         """`{ matmul: 0.57, kernel_latency: 60 us }`, optionally `measured: [[m, n, k, time], ...]` and, per
         precision, `bf16: { matmul, kernel_latency, measured }` (its omitted keys take the outer ones); an
         omitted key keeps its fitted default. Bad tables: E216, E217."""
-        keys = {"matmul": False, "kernel_latency": False, "measured": False}
+        keys = EFFICIENCY_KEYS
         items = dict_items(scope, expr, {**keys, **{p: False for p in PRECISIONS}}, "efficiency")
         fields = self._knobs(scope, items, max(peak.values()), "any precision")
         precisions = {}
@@ -152,7 +158,7 @@ class Lowering:
         return fields
 
     def link(self, scope: Scope, expr: s.Expr, what: str) -> ir.Link:
-        items = dict_items(scope, expr, {"bandwidth": True, "latency": False, "measured": False}, what)
+        items = dict_items(scope, expr, LINK_KEYS, what)
         bandwidth = scope.quantity(items["bandwidth"].value, BANDWIDTH, f"{what} bandwidth")
         latency = scope.quantity(items["latency"].value, TIME, f"{what} latency", allow_zero=True) \
             if "latency" in items else 0.0
@@ -160,7 +166,7 @@ class Lowering:
         return build(scope, ir.Link, expr.span, bandwidth=bandwidth, latency=latency, measured=measured)
 
     def _node(self, scope: Scope, d: s.Definition) -> ir.NodeType:
-        allowed = {"devices": True, "link": True, "nic": False}
+        allowed = NODE_ATTRS
         found = attributes(scope, d.body, allowed, f"node '{d.name}'")
         if not require(scope, found, allowed, f"node '{d.name}'", d.name_span, d.body):
             raise Poison()
@@ -182,7 +188,7 @@ class Lowering:
     def _cluster(self, scope: Scope, d: s.Definition) -> ir.Cluster:
         if d.value is not None:
             return self.cluster(scope, d.value, d.name)
-        allowed = {"nodes": True, "fabric": False}
+        allowed = CLUSTER_ATTRS
         found = attributes(scope, d.body, allowed, f"cluster '{d.name}'")
         if not require(scope, found, allowed, f"cluster '{d.name}'", d.name_span, d.body):
             raise Poison()

@@ -158,6 +158,14 @@ def terminal_names() -> dict[str, str]:
     return names
 
 
+def keywords() -> tuple[str, ...]:
+    """The grammar's keywords (`plan`, `over`, `with`, `x`, ...): its string terminals that are words, which the
+    contextual lexer treats as keywords only where the grammar expects them (the language server completes
+    them; tests/unit/test_tmgrammar.py holds the editor grammar to them)."""
+    return tuple(sorted({t.pattern.value for t in _parser().lark.terminals
+                         if t.pattern.type == "str" and t.pattern.value.isalpha()}))
+
+
 def _comment(source: SourceFile, token: Token) -> Comment:
     line_start = source.text.rfind("\n", 0, token.start_pos) + 1
     own_line = source.text[line_start:token.start_pos].strip() == ""

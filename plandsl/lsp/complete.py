@@ -1,0 +1,150 @@
+"""Completion: what may be written at the cursor, from the tables the lowering checks against: the
+grammar's keywords (`syntax.parser.keywords`), the attributes of the definition (or `{ }` value) around
+the cursor, the words an attribute takes, names in scope, the plan's mesh axes (after `over`, in `with`),
+schedule names (built-ins and the file's), and units after a number."""
+from __future__ import annotations
+
+import re
+
+from lsprotocol import types
+
+from plandsl import ir
+from plandsl.lower import (
+    CLUSTER_ATTRS,
+    DEVICE_ATTRS,
+    EFFICIENCY_KEYS,
+    LINK_KEYS,
+    NODE_ATTRS,
+    PRECISIONS,
+)
+from plandsl.lower.mesh import TRAIN_KEYS
+from plandsl.lower.model import FAMILIES, LAYER_ATTRS, MODEL_ATTRS
+from plandsl.lower.plan import (
+    CONTEXT_KINDS,
+    DATA_KINDS,
+    EXPERT_KINDS,
+    PLAN_ATTRS,
+    TENSOR_STYLES,
+)
+from plandsl.lower.units import UNITS
+from plandsl.lsp.document import Snapshot
+from plandsl.schedules.registry import BUILTIN
+from plandsl.syntax.parser import keywords
+
+Kind = types.CompletionItemKind
+TOP_LEVEL = ("import", "param", "let", "device", "node", "cluster", "model", "plan", "schedule")
+BODIES: dict[str, tuple[str, ...]] = {  # a definition's kind -> what its body's statements start with
+    "device": tuple(DEVICE_ATTRS), "node": tuple(NODE_ATTRS), "cluster": tuple(CLUSTER_ATTRS),
+    "model": (*MODEL_ATTRS, "layer"), "plan": (*PLAN_ATTRS, "shard"), "layer": tuple(LAYER_ATTRS),
+    "stages": ("axis", "virtual", "map"),
+}
+KEYS: dict[str, tuple[str, ...]] = {  # an attribute whose value is `{ }` -> its keys
+    "train": tuple(TRAIN_KEYS), "peak": PRECISIONS, "efficiency": (*EFFICIENCY_KEYS, *PRECISIONS),
+    "link": tuple(LINK_KEYS), "nic": tuple(LINK_KEYS), "fabric": tuple(LINK_KEYS),
+}
+WORDS: dict[str, tuple[str, ...]] = {  # an attribute or key -> the words it takes
+    "data": tuple(DATA_KINDS), "tensor": TENSOR_STYLES, "context": CONTEXT_KINDS, "experts": EXPERT_KINDS,
+    "precision": PRECISIONS, "recompute": tuple(r.value for r in ir.Recompute),
+    "optimizer": tuple(o.value for o in ir.Optimizer), "lr_schedule": ("constant", "cosine", "linear"),
+    "model": tuple(FAMILIES), "stages": ("evenly",),
+}
+AFTER_NUMBER = re.compile(r"(?<![A-Za-z_])[0-9][0-9_]*(\.[0-9_]+)?([eE][+-]?[0-9]+)?\s*$")
+DEFINITION = re.compile(r"^\s*(device|node|cluster|model|plan|schedule)\s+[A-Za-z_]\w*")
+OPENED_BY = re.compile(r"(?:^|[\s{,])(\w+)\s*[=:]\s*$")  # `train = {` or `peak: {`
+ASSIGNED = re.compile(r"(?:^|[\s{,])(\w+)\s*[=:]\s*[^=:{}]*$")  # the attribute or key whose value is being written
+
+
+def completions(snapshot: Snapshot, offset: int, previous: Snapshot | None = None) -> list[types.CompletionItem]:
+    """Completion items at character `offset`; `previous`: the last version that lowered, for the names and
+    axes of a file being edited into a state that does not parse."""
+    text = snapshot.text
+    line_start = text.rfind("\n", 0, offset) + 1
+    before = text[line_start:offset]
+    word = re.search(r"\w*$", before).group()
+    head = before[:len(before) - len(word)]
+    if AFTER_NUMBER.search(head) and not word[:1].isdigit():
+        return [_item(unit, Kind.Unit, f"{dimension.name} x {factor:g}") for unit, (dimension, factor) in UNITS.items()]
+    opener, definition = _context(text, offset - len(word))
+    items: list[types.CompletionItem] = []
+    starts = head.strip() == "" or opener in KEYS and head.rstrip().endswith(("{", ","))  # a statement or a key
+    if starts:
+        if opener is None:
+            return [_item(k, Kind.Keyword) for k in TOP_LEVEL]
+        items += [_item(name, Kind.Property) for name in BODIES.get(opener, KEYS.get(opener, ()))]
+    assigned = ASSIGNED.search(head)
+    key = assigned.group(1) if assigned else None
+    if key == "schedule" or opener == "plan" and key is None:
+        items += [_item(name, Kind.Function, info.summary) for name, info in BUILTIN.items()]
+    items += [_item(word_, Kind.EnumMember) for word_ in WORDS.get(key or "", ())]
+    if opener in KEYS and starts:
+        return items
+    plan = _plan(snapshot, previous, definition)
+    if plan is not None and (re.search(r"\b(over|with)\b", head) or key in ("axis",)):
+        items += [_item(axis.name, Kind.Variable, f"mesh axis of size {axis.size}") for axis in plan.mesh.axes]
+    names = snapshot.names or (previous.names if previous else None)
+    if names is not None:
+        for name in sorted(names.scope.visible_names()):
+            found = names.find(name)
+            node = found[1] if found else None
+            kind = getattr(node, "kind", None) or type(node).__name__.lower()
+            items.append(_item(name, Kind.Function if kind == "schedule" else Kind.Variable, kind))
+    items += [_item(k, Kind.Keyword) for k in keywords() if k not in TOP_LEVEL or opener is None]
+    return list({item.label: item for item in items}.values())
+
+
+def _item(label: str, kind: types.CompletionItemKind, detail: str | None = None) -> types.CompletionItem:
+    return types.CompletionItem(label=label, kind=kind, detail=detail)
+
+
+def _context(text: str, end: int) -> tuple[str | None, str | None]:
+    """What the innermost `{` open before `end` belongs to (a definition's kind, `layer`, `stages`, or the
+    attribute whose value it opens) and the name of the top-level definition it is in."""
+    depth, opener_at, definition = 0, None, None
+    position = end
+    while position > 0:
+        position = max(text.rfind("{", 0, position), text.rfind("}", 0, position))
+        if position < 0:
+            break
+        if _in_comment_or_string(text, position):
+            continue
+        if text[position] == "}":
+            depth += 1
+        elif depth:
+            depth -= 1
+        elif opener_at is None:
+            opener_at = position
+    if opener_at is None:
+        return None, None
+    line_start = text.rfind("\n", 0, opener_at) + 1
+    lead = text[line_start:opener_at]
+    top = _top_level(text, opener_at)
+    definition = top.group(0).split()[-1] if top else None
+    if DEFINITION.match(lead):
+        return DEFINITION.match(lead).group(1), definition
+    if re.match(r"^\s*layer\b", lead):
+        return "layer", definition
+    if re.match(r"^\s*stages\s*$", lead):
+        return "stages", definition
+    opened = OPENED_BY.search(lead)
+    return (opened.group(1) if opened else None), definition
+
+
+def _top_level(text: str, offset: int) -> re.Match | None:
+    """The last top-level definition line that starts before `offset`."""
+    found = None
+    for match in re.finditer(r"^(device|node|cluster|model|plan|schedule)\s+[A-Za-z_]\w*", text[:offset], re.MULTILINE):
+        found = match
+    return found
+
+
+def _in_comment_or_string(text: str, position: int) -> bool:
+    line = text[text.rfind("\n", 0, position) + 1:position]
+    return "#" in line.split('"')[0] or line.count('"') % 2 == 1
+
+
+def _plan(snapshot: Snapshot, previous: Snapshot | None, name: str | None) -> ir.Plan | None:
+    for version in (snapshot, previous):
+        plan = version.plan(name) if version is not None and name else None
+        if plan is not None:
+            return plan
+    return None
