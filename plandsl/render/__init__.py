@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from plandsl.render.dot import NotApplicable
-from plandsl.render.output import FORMATS, GraphvizFailed, GraphvizMissing, format_of, to_image
+from plandsl.render.output import FORMATS, GraphvizFailed, GraphvizMissing, format_of, readable_titles, to_image
 from plandsl.render.views import VIEWS, engine, render
 
 RenderError = (NotApplicable, GraphvizMissing, GraphvizFailed)
@@ -34,7 +34,8 @@ def render_bytes(plan, view: str, fmt: str = "dot", color_by: str | None = None,
     text = render(plan, view, color_by)
     if fmt == "dot":
         return text.encode("utf-8")
-    return to_image(text, fmt, engine(view), timings)
+    image = to_image(text, fmt, engine(view), timings)
+    return readable_titles(image.decode("utf-8")).encode("utf-8") if fmt == "svg" else image
 
 
 def output_format(output: str | None, fmt: str | None, view: str) -> str | None:

@@ -16,7 +16,7 @@ from plandsl import ir
 from plandsl.render.dot import NotApplicable
 from plandsl.lower.units import format_bytes
 from plandsl.render.views import VIEWS, engine, render
-from plandsl.render.output import to_image
+from plandsl.render.output import readable_titles, to_image
 from plandsl.render.summary import describe_plan
 from plandsl.ir.placement import pipeline_rank_devices
 from plandsl.cost.estimate import estimate_plan
@@ -48,7 +48,7 @@ def render_html(plan: ir.Plan, color_by: str | None = None, timings: dict | None
         except NotApplicable as reason:
             sections.append((view, f'<p class="note">{html.escape(str(reason))}</p>'))
             continue
-        svg = to_image(text, "svg", engine(view), timings).decode("utf-8")
+        svg = readable_titles(to_image(text, "svg", engine(view), timings).decode("utf-8"))
         # a checkbox, not a script, switches between the whole picture and its real size
         toggle = (f'<input type="checkbox" class="fit" id="fit_{view}" checked>'
                   f'<label for="fit_{view}">fit to the page width (untick for full size)</label>')

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from plandsl import ir
 from plandsl.render.dot import FONT, Graph, NotApplicable, inches, pos, spline
 from plandsl.render.schedule import simulated
-from plandsl.render.timeline import FIXED_GRAPH, TimeAxis, draw_time_axis, grid_line, text_node, ticks
+from plandsl.render.timeline import FIXED_GRAPH, TimeAxis, draw_time_axis, grid_line, text_node, tick_step, ticks
 from plandsl.schedules.program import Kind
 from plandsl.schedules.simulate import Simulation
 from plandsl.lower.units import format_bytes
@@ -22,7 +22,7 @@ from plandsl.ir.placement import assign_stages, pipeline_rank_devices
 from plandsl.cost.pipeline import estimate_stage_costs
 
 ENGINE = ("neato", "-n2")
-LEFT, WIDTH, PANEL, GAP, BOTTOM = 120.0, 900.0, 92.0, 22.0, 46.0
+LEFT, WIDTH, PANEL, GAP, BOTTOM = 150.0, 900.0, 92.0, 22.0, 46.0
 BANDS = (("parameters", "#a6c8e8"), ("gradients", "#ffc999"), ("optimizer", "#d8b5d0"))
 LINE, CAPACITY = "#222222", "#d62728"
 MAX_PANELS = 16
@@ -114,6 +114,20 @@ def _peak_envelope(steps: tuple[tuple[float, float], ...], axis: TimeAxis, makes
     return deduped
 
 
+def byte_axis(value: float) -> tuple[float, float, str, float]:
+    """(axis top, tick step, unit, bytes per unit) for levels up to `value` bytes: the step 1, 2 or 5 x 10^k
+    of the unit (GiB for 86.4 GiB: steps of 20 GiB), the top the first tick at or above `value`."""
+    unit, factor = next(((u, f) for u, f in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+                         if value >= f), ("B", 1))
+    step = tick_step(value / factor, target=5) * factor
+    return max(step, -(-value // step) * step), step, unit, factor
+
+
+def tick_text(value: float, unit: str, factor: float) -> str:
+    """`20 GiB`, `2.5 GiB`: a tick's label, no more digits than it needs."""
+    return f"{value / factor:g} {unit}" if value else "0"
+
+
 def render_memory(plan: ir.Plan) -> str:
     ranks, simulation = memory_over_time(plan)
     return draw_memory(ranks, simulation.makespan, title=f"plan {plan.name}")
@@ -124,36 +138,42 @@ def draw_memory(ranks: list[RankMemory], makespan: float, title: str = "") -> st
     peak = max((r.peak for r in ranks), default=0.0) or 1.0
     capacity = min((r.capacity for r in ranks if r.capacity), default=0.0)
     on_scale = 0 < capacity <= 4 * peak
-    top_value = max(peak, capacity if on_scale else 0.0) * 1.08
+    top_value, tick, unit, factor = byte_axis(max(peak, capacity if on_scale else 0.0) * 1.04)
     axis = TimeAxis(makespan, LEFT, WIDTH)
     graph = Graph("memory", comment=f"plandsl render --view memory: {title}\nlay out with: neato -n2",
                   graph={**FIXED_GRAPH, "outputorder": "nodesfirst"},
                   node={"shape": "box", "fixedsize": True, "style": "filled", "fontname": FONT, "fontsize": 8,
                         "penwidth": 0, "label": ""},
                   edge={"dir": "none"})
-    panels_top = BOTTOM + len(shown) * (PANEL + GAP)
+    panel = panel_height(len(shown))
+    panels_top = BOTTOM + len(shown) * (panel + GAP)
     _header(graph, ranks, shown, panels_top, title, capacity, on_scale, peak)
     step = draw_time_axis(graph, axis, panels_top - GAP, BOTTOM - 4, grid=False)
     for slot, memory in enumerate(shown):
-        base = BOTTOM + (len(shown) - 1 - slot) * (PANEL + GAP)
-        _panel(graph, memory, axis, makespan, base, top_value, on_scale)
+        base = BOTTOM + (len(shown) - 1 - slot) * (panel + GAP)
+        _panel(graph, memory, axis, makespan, base, panel, top_value, on_scale, (tick, unit, factor))
         # grid lines above the bands only: through them they would strike out the bands' labels
-        states = base + memory.static * PANEL / top_value
+        states = base + memory.static * panel / top_value
         for index, x in ticks(axis, step):
-            grid_line(graph, f"grid{memory.rank}_{index}", x, states, base + PANEL)
+            grid_line(graph, f"grid{memory.rank}_{index}", x, states, base + panel)
     return graph.source()
 
 
-def _panel(graph: Graph, memory: RankMemory, axis: TimeAxis, makespan: float, base: float, top_value: float,
-           on_scale: bool) -> None:
+def panel_height(panels: int) -> float:
+    """A panel's height: PANEL for up to four, then lower, so eight ranks fit one screen (~640 pt of panels)."""
+    return max(56.0, min(PANEL, 640.0 / max(1, panels) - GAP))
+
+
+def _panel(graph: Graph, memory: RankMemory, axis: TimeAxis, makespan: float, base: float, panel: float,
+           top_value: float, on_scale: bool, ticks_of: tuple[float, str, float]) -> None:
     rank = memory.rank
-    scale = PANEL / top_value
+    scale = panel / top_value
 
     def y(level: float) -> float:
         return base + level * scale
 
-    graph.node(f"frame{rank}", pos=pos(LEFT + WIDTH / 2, base + PANEL / 2), width=inches(WIDTH),
-               height=inches(PANEL), style="solid", color="#bbbbbb", penwidth=0.6)
+    graph.node(f"frame{rank}", pos=pos(LEFT + WIDTH / 2, base + panel / 2), width=inches(WIDTH),
+               height=inches(panel), style="solid", color="#bbbbbb", penwidth=0.6)
     bottom = 0.0
     for (name, fill), value in zip(BANDS, (memory.params, memory.grads, memory.optimizer)):
         height = value * scale
@@ -176,12 +196,19 @@ def _panel(graph: Graph, memory: RankMemory, axis: TimeAxis, makespan: float, ba
     peak_text = f"peak {format_bytes(memory.peak)}"
     if memory.capacity:
         peak_text += f" = {percent(memory.peak / memory.capacity)}"
-    text_node(graph, f"label{rank}", LEFT - 8, base + PANEL / 2 + 7, f"rank {rank}", size=10, align="r")
-    text_node(graph, f"peak{rank}", LEFT - 8, base + PANEL / 2 - 7, peak_text, size=8, align="r")
-    text_node(graph, f"static{rank}", LEFT - 8, base + PANEL / 2 - 19, f"states {format_bytes(memory.static)}",
+    text_node(graph, f"label{rank}", LEFT - 40, base + panel / 2 + 7, f"rank {rank}", size=10, align="r")
+    text_node(graph, f"peak{rank}", LEFT - 40, base + panel / 2 - 7, peak_text, size=8, align="r")
+    text_node(graph, f"static{rank}", LEFT - 40, base + panel / 2 - 19, f"states {format_bytes(memory.static)}",
               size=8, align="r")
-    text_node(graph, f"zero{rank}", LEFT - 4, base + 3, "0", size=7, align="r")
-    text_node(graph, f"top{rank}", LEFT - 4, base + PANEL - 3, format_bytes(top_value), size=7, align="r")
+    step, unit, factor = ticks_of
+    count = round(top_value / step)
+    every = 1 if panel / count >= 14 else 2  # labels 14 pt apart at least: 0, 40, 80 GiB on a low panel
+    for number in range(count + 1):  # round levels: 0, 20 GiB, 40 GiB, ...
+        level = y(number * step)
+        _line(graph, f"ytick{rank}_{number}", [(LEFT - 3, level), (LEFT, level)], color="#888888", penwidth=0.6)
+        if number % every == 0:
+            text_node(graph, f"ylabel{rank}_{number}", LEFT - 5, level, tick_text(number * step, unit, factor),
+                      size=7, align="r")
 
 
 def _line(graph: Graph, name: str, points: list[tuple[float, float]], **attrs: object) -> None:

@@ -30,14 +30,23 @@ ROLES = {"tensor": "tensor parallel: all-reduce activations", "data": "data para
          "experts": "expert parallel: all-to-all of tokens", "none": "no parallelism uses this axis"}
 
 
-def default_axis(plan: ir.Plan) -> str:
-    """The axis to colour by: tensor, context, expert, the last data axis, pipeline, else the last."""
-    for name in (plan.tensor and plan.tensor.axis, plan.context and plan.context.axis,
-                 plan.experts and plan.experts.axis, plan.data and plan.data.axes[-1],
-                 plan.stages and plan.stages.axis):
-        if name and plan.mesh.degree(name) > 1:
-            return name
-    return plan.mesh.axes[-1].name
+def default_axis(plan: ir.Plan, frames: list[Frame] | None = None) -> str:
+    """The axis to colour by: the one that tells the drawn nodes apart. Of the axes of size > 1, the
+    one taking the most coordinates over the first devices of the drawn nodes (`frames`), the outermost
+    among equals; a mesh inside one node (no axis tells nodes apart) takes its outermost such axis."""
+    mesh = plan.mesh
+    sizes = [a.size for a in mesh.axes]
+    strides = [1] * len(sizes)
+    for i in range(len(sizes) - 2, -1, -1):
+        strides[i] = strides[i + 1] * sizes[i + 1]
+    firsts = [max(0, f.first_device - mesh.first_device) for f in (frames or []) if not f.collapsed]
+    firsts = [i for i in firsts if i < mesh.size]
+    best, most = None, -1
+    for axis, stride, size in zip(mesh.axes, strides, sizes):
+        count = len({first // stride % size for first in firsts})
+        if size > 1 and count > most:
+            best, most = axis.name, count
+    return best or mesh.axes[-1].name
 
 
 def axis_role(plan: ir.Plan, name: str) -> str:
@@ -121,7 +130,9 @@ def shown_slots(devices: int) -> list[int | None]:
 def render_mesh(plan: ir.Plan, color_by: str | None = None) -> str:
     mesh = plan.mesh
     names = [a.name for a in mesh.axes]
-    axis = color_by or default_axis(plan)
+    index = ClusterIndex(plan.cluster)
+    frames = frames_of(plan, index)
+    axis = color_by or default_axis(plan, frames)
     if axis not in names:
         raise ValueError(f"--color-by '{axis}': the mesh has no such axis; its axes: {', '.join(names)}")
     sizes = [a.size for a in mesh.axes]
@@ -130,8 +141,6 @@ def render_mesh(plan: ir.Plan, color_by: str | None = None) -> str:
         strides[i] = strides[i + 1] * sizes[i + 1]
     which = names.index(axis)
     fills = categorical(sizes[which])
-    index = ClusterIndex(plan.cluster)
-    frames = frames_of(plan, index)
     type_names = list(dict.fromkeys(g.node.device.name for g in plan.cluster.groups))
 
     def coords(mesh_index: int) -> list[int]:

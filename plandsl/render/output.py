@@ -6,6 +6,7 @@ exits non-zero. DOT text itself never needs graphviz: `--format dot` works witho
 """
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
@@ -57,3 +58,18 @@ def to_image(dot_text: str, fmt: str, engine: tuple[str, ...] = ("dot",), timing
         raise GraphvizFailed(f"{engine[0]} failed (exit {result.returncode}): "
                              + (message[0] if message else "no message"))
     return result.stdout
+
+
+_ELEMENT = re.compile(r'(<g id="[^"]*" class="(?:node|edge|cluster)">\n)<title>[^<]*</title>\n'
+                      r'(<g id="a_[^"]*"><a xlink:title="([^"]*)">)?')
+_COMMENT = re.compile(r"^<!-- .*? -->\n", flags=re.M)
+
+
+def readable_titles(svg: str) -> str:
+    """Graphviz's SVG with hover titles for people: each node's and edge's `<title>` (its DOT id, as
+    `t0_0_a->t0_0_b`) becomes its tooltip (`rank 2 · stage 5 · forward · microbatch 0 · ...`), or goes
+    where it has none; the `<!-- id -->` comments before each go too."""
+    def title(match: re.Match) -> str:
+        tooltip = match.group(3)
+        return match.group(1) + (f"<title>{tooltip}</title>\n{match.group(2)}" if tooltip is not None else "")
+    return _ELEMENT.sub(title, _COMMENT.sub("", svg))

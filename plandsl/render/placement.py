@@ -2,9 +2,11 @@
 (interleaved and V-shape maps drawn as they are), how each layer group's parameters are sharded
 (`Shard(0)@tp`), and what crosses each stage boundary per microbatch and per step.
 
-Contract: `render_placement(plan) -> DOT text` for `dot`. Each pipeline rank is a column; its
-stages stack in the order it holds them, so a loop map reads left to right row by row and a
-V-shape map comes back right to left. A plan without a pipeline is one stage on every device.
+Contract: `render_placement(plan) -> DOT text` for `dot`. Each pipeline rank is a row; its stages
+follow in the order it holds them, so a loop map reads down one column and then the next, and a
+V-shape map comes back up. Columns wrap into bands under each other so a band fits PAGE_WIDTH.
+What crosses to the next stage is written in the stage's table, so it stays with its arrow. A
+plan without a pipeline is one stage on every device.
 Sharding: Megatron's defaults for `tensor = megatron` (the first tensor-sharded dim of each
 parameter over the tensor axis, experts over the expert axis), then the plan's `shard` rules,
 the most precise selector winning, as the checker resolves them.
@@ -22,7 +24,7 @@ from plandsl.lower.units import format_bytes, format_count
 from plandsl.diagnostics import PlanError
 
 ENGINE = ("dot",)
-WRAP = 40  # characters per line of a sharding list
+WRAP = 52  # characters per line of a sharding list
 
 
 # ---- sharding ---------------------------------------------------------------------------------
@@ -124,6 +126,10 @@ def layer_groups(plan: ir.Plan, layers: tuple[Layer, ...], winners) -> list[tupl
 
 
 # ---- the picture -------------------------------------------------------------------------------
+PAGE_WIDTH = 1150.0   # points: a band of columns fits a 1,600-pixel page (graphviz draws 96 pixels an inch)
+COLUMN_GAP = 18.0     # nodesep, in points
+
+
 def render_placement(plan: ir.Plan) -> str:
     assignment, problems = assign_stages(plan)
     if assignment is None:
@@ -134,37 +140,80 @@ def render_placement(plan: ir.Plan) -> str:
     ranks = assignment.rank_stages()
     fills = categorical(len(ranks))
     graph = Graph("placement", comment=f"plandsl render --view placement: plan {plan.name}\nlay out with: dot",
-                  graph={"rankdir": "LR", "nodesep": 0.6, "ranksep": 1.4, "fontname": FONT,
-                         "fontsize": 10, "labelloc": "t", "labeljust": "l", "bgcolor": "white",
+                  graph={"rankdir": "TB", "nodesep": round(COLUMN_GAP / 72, 3), "ranksep": 0.3, "newrank": True,
+                         "fontname": FONT, "fontsize": 10, "labelloc": "t", "labeljust": "l", "bgcolor": "white",
                          "label": Html(_title(plan, assignment))},
                   node={"shape": "plain", "fontname": FONT, "fontsize": 9},
                   edge={"fontname": FONT, "fontsize": 8})
     devices = _rank_devices(plan)
-    with graph.subgraph("ranks", rank="same"):
-        for rank in range(len(ranks)):
-            graph.node(f"rank{rank}", shape="box", style="rounded,filled", fillcolor=fills[rank], color="#888888",
-                       margin="0.12,0.06", label=devices[rank])
-    for rank in range(len(ranks) - 1):
-        graph.edge(f"rank{rank}", f"rank{rank + 1}", style="invis")
-    for rank, stages in enumerate(ranks):
-        for stage in stages:
-            graph.node(f"stage{stage}", label=Html(_stage_table(plan, assignment, stage, winners, fills[rank])))
-        chain = [f"rank{rank}"] + [f"stage{stage}" for stage in stages]
-        for left, right in zip(chain, chain[1:]):
-            graph.edge(left, right, style="invis", weight=20)
+    tables = {stage: _stage_table(plan, assignment, stage, winners, fills[rank])
+              for rank, stages in enumerate(ranks) for stage in stages}
+    columns = max(len(stages) for stages in ranks)
+    per_band = columns_per_band(max(width for _, width in tables.values()), columns, max(map(_label_width, devices)))
+    cell: dict[int, tuple[int, int, int]] = {}  # stage -> (band, rank, column in its band)
+    previous_row = None
+    for band_start in range(0, columns, per_band):
+        band = band_start // per_band
+        band_columns = range(band_start, min(columns, band_start + per_band))
+        for rank, stages in enumerate(ranks):
+            row = [_rank_id(band, rank)]
+            with graph.subgraph(f"row{band}_{rank}", rank="same"):
+                graph.node(row[0], shape="box", style="rounded,filled", fillcolor=fills[rank], color="#888888",
+                           margin="0.12,0.06", label=devices[rank], tooltip=devices[rank].replace("\\n", ", "))
+                for column in band_columns:
+                    if column < len(stages):
+                        stage = stages[column]
+                        cell[stage] = (band, rank, column - band_start)
+                        graph.node(f"stage{stage}", label=Html(tables[stage][0]),
+                                   tooltip=_stage_tooltip(plan, assignment, stage))
+                        row.append(f"stage{stage}")
+                    else:  # an empty place keeps the column straight
+                        row.append(f"gap{band}_{rank}_{column}")
+                        graph.node(row[-1], shape="point", style="invis", width=0.01)
+            for left, right in zip(row, row[1:]):  # left to right along the row
+                graph.edge(left, right, style="invis")
+            if previous_row is not None:  # each column straight down (and the next band under the last)
+                for upper, lower in zip(previous_row, row if len(row) == len(previous_row) else row[:1]):
+                    graph.edge(upper, lower, style="invis", weight=10)
+            previous_row = row
     for stage in range(assignment.num_stages - 1):
+        ports = _ports(cell[stage], cell[stage + 1])
         graph.edge(f"stage{stage}", f"stage{stage + 1}", constraint=False, penwidth=1.4, color="#333333",
-                   label=_beside_line(_boundary(plan, assignment, stage)), fontcolor="#333333")
+                   tooltip=f"stage {stage} -> stage {stage + 1}: " + ", ".join(_boundary(plan, assignment, stage)),
+                   **ports)
     return graph.source()
 
 
-def _beside_line(lines: list[str]) -> Html:
-    """An edge label whose text ends where the line is: `dot` centres a label between ranks on
-    the edge itself, so an empty cell as wide as the text fills the right half."""
-    width = max(text_width(line, 8) for line in lines)
-    text = "".join(f"{escape(line)}<br align='right'/>" for line in lines)
-    return Html(f'<table border="0" cellspacing="0" cellpadding="0"><tr><td>{text}</td>'
-                f'<td width="{round(width)}" height="1" fixedsize="true"></td></tr></table>')
+def columns_per_band(table_width: float, columns: int, label_width: float) -> int:
+    """How many columns of stages fit PAGE_WIDTH beside the ranks' labels (at least one)."""
+    room = PAGE_WIDTH - label_width - COLUMN_GAP
+    return max(1, min(columns, int((room + COLUMN_GAP) // (table_width + COLUMN_GAP))))
+
+
+def _rank_id(band: int, rank: int) -> str:
+    return f"rank{rank}" if band == 0 else f"rank{rank}_{band}"
+
+
+def _label_width(label: str) -> float:
+    return max(text_width(line, 9) for line in label.split("\\n")) + 20
+
+
+def _ports(tail: tuple[int, int, int], head: tuple[int, int, int]) -> dict[str, str]:
+    """Where an arrow leaves and enters: straight down (or up, a V-shape's way back) within a column,
+    sideways between neighbours on one rank; elsewhere graphviz chooses."""
+    (band_a, rank_a, column_a), (band_b, rank_b, column_b) = tail, head
+    if band_a == band_b and column_a == column_b and abs(rank_a - rank_b) == 1:
+        return {"tailport": "s", "headport": "n"} if rank_b > rank_a else {"tailport": "n", "headport": "s"}
+    if band_a == band_b and rank_a == rank_b and column_b == column_a + 1:
+        return {"tailport": "e", "headport": "w"}
+    return {}
+
+
+def _stage_tooltip(plan: ir.Plan, assignment: Assignment, stage: int) -> str:
+    layers = assignment.stage_layers[stage]
+    names = compress_names([layer.name for layer in layers])
+    return (f"stage {stage} on pipeline rank {assignment.rank_of_stage[stage]}: {names} "
+            f"({format_count(sum(layer.param_count for layer in layers))} parameters)")
 
 
 def _title(plan: ir.Plan, assignment: Assignment) -> str:
@@ -198,7 +247,8 @@ def _title(plan: ir.Plan, assignment: Assignment) -> str:
         parts.append(f"experts: {plan.experts.kind} over {plan.experts.axis} ({plan.ep})")
     if parts:
         lines.append(escape(" · ".join(parts)))
-    lines.append("arrows: activations forward (gradients of the same size come back) per microbatch and per step")
+    lines.append("→ rows: the activations each stage sends to the next, per microbatch and per step (gradients "
+                 "of the same size come back)")
     return "<br align='left'/>".join(lines) + "<br align='left'/>"
 
 
@@ -217,13 +267,17 @@ def _rank_devices(plan: ir.Plan) -> list[str]:
     return out
 
 
-def _stage_table(plan: ir.Plan, assignment: Assignment, stage: int, winners, fill: str) -> str:
+def _stage_table(plan: ir.Plan, assignment: Assignment, stage: int, winners, fill: str) -> tuple[str, float]:
+    """The stage's table and its estimated width in points: head, a row per layer group, and what goes
+    to the next stage (its arrow's label, kept in the table so it cannot drift from the arrow)."""
     layers = assignment.stage_layers[stage]
     rank = assignment.rank_of_stage[stage]
     params = sum(layer.param_count for layer in layers)
-    head = f"<b>stage {stage}</b> · rank {rank} · {format_count(params)} parameters, {len(layers)} " \
+    head = f"stage {stage} · rank {rank} · {format_count(params)} parameters, {len(layers)} " \
            f"layer{'s' if len(layers) != 1 else ''}"
-    rows = [f'<tr><td colspan="2" bgcolor="{fill}" align="left">{head}</td></tr>']
+    rows = [f'<tr><td colspan="2" bgcolor="{fill}" align="left"><b>stage {stage}</b>{escape(head[len(f"stage {stage}"):])}'
+            f'</td></tr>']
+    width = text_width(head, 9) * 1.05
     for group, sharding in layer_groups(plan, layers, winners):
         name = compress_names([layer.name for layer in group])
         kind = group[0].kind
@@ -234,8 +288,16 @@ def _stage_table(plan: ir.Plan, assignment: Assignment, stage: int, winners, fil
         rows.append(f'<tr><td align="left" valign="top"><b>{escape(name)}</b><br align="left"/>{what}, '
                     f'{format_count(count)}<br align="left"/></td><td align="left" valign="top">'
                     f'<font point-size="8">{body}</font></td></tr>')
-    return '<table border="0" cellborder="1" cellspacing="0" cellpadding="3" color="#999999">' + "".join(rows) \
-        + "</table>"
+        width = max(width, max(text_width(name, 9) * 1.05, text_width(f"{what}, {format_count(count)}", 9))
+                    + max(text_width(line, 8) for line in lines) + 12)
+    if stage + 1 < assignment.num_stages:
+        size, *link = _boundary(plan, assignment, stage)
+        lines = [" · ".join([f"to stage {stage + 1} (rank {assignment.rank_of_stage[stage + 1]})", *link]), size]
+        rows.append('<tr><td colspan="2" align="left" bgcolor="#f4f4f4"><font point-size="8" color="#333333">&#8594; '
+                    + "<br align='left'/>".join(escape(line) for line in lines) + "<br align='left'/></font></td></tr>")
+        width = max(width, max(text_width(line, 8) for line in lines) + 16)
+    return ('<table border="0" cellborder="1" cellspacing="0" cellpadding="3" color="#999999">' + "".join(rows)
+            + "</table>", width + 8)
 
 
 def _boundary(plan: ir.Plan, assignment: Assignment, stage: int) -> list[str]:
