@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from plandsl import api
+from plandsl import api, ir
 from plandsl.cost.compute import DEFAULT_EFFICIENCY, Efficiency
 from plandsl.search import Problem, SearchError, search
 
@@ -104,6 +104,7 @@ class Run:
     fit: bool = False
     note: str = ""
     family: str = ""        # "" or "deepspeed-zero3-2021" (counted; the latter also summed apart), "info" (not counted)
+    dtypes: dict = field(default_factory=dict)  # the run's master_dtype, grad_dtype, optimizer_dtype (default fp32)
 
 
 def gpt(layers, hidden, heads, vocab=51200, seq=2048):
@@ -191,6 +192,20 @@ def published() -> list[Run]:
     runs.append(Run("torchtitan Llama 3.1 405B, FSDP 16 x TP 8, 128 H100", "pytorch/torchtitan docs/performance.md (2024)",
                     "llama3_405b", "h100_94g_host x 16", 32, 0.290, metric="mfu",
                     pins={"dp": 16, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 2, "recompute": "full"}))
+    # NeMo 24.11's Nemotron-4 340B on 16 DGX H100 (NVIDIA/dgxc-benchmarking nemotron/README_340b.md): 4.61 s per
+    # step of 32 x 4096 tokens, 28,432 tokens/s; the recipe (NeMo-Framework-Launcher nemotron_340b.yaml) keeps
+    # Adam's states and the gradients in bf16 (`optim.dtype: bf16`, `grad_sync_dtype: bf16`) beside an fp32 master
+    # (bf16 weights plus 16-bit remainders), with the distributed optimizer (ZeRO-1) and no recomputation.
+    # Nemotron's MLP is squared-ReLU with ffn 4h (two matrices); llama's SwiGLU at ffn 8h/3 = 49152 has the
+    # same parameters and FLOPs (three matrices of h x 8h/3).
+    runs.append(Run("Nemotron-4 340B (t8 p8 v12), 128 H100, bf16 states", "NVIDIA dgxc-benchmarking, NeMo 24.11 (2024)",
+                    "llama(layers=96, hidden=18432, heads=96, kv_heads=8, ffn=49152, vocab=256000, seq=4096)",
+                    "dgx_h100 x 16", 32, 32 * 4096 / 4.61 / 128, metric="tokens_per_device",
+                    pins={"tp": 8, "pp": 8, "dp": 2, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1,
+                          "schedule": "interleaved_1f1b", "virtual_stages": 12},
+                    dtypes={"grad_dtype": "bf16", "optimizer_dtype": "bf16"},
+                    note="fp32 states need 5.0 TiB and do not fit 128 x 80 GB; NeMo's TP communication overlap "
+                         "(ub_tp_comm_overlap) is not modelled"))
     return runs
 
 
@@ -199,7 +214,8 @@ def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
                          + f"model run_model = {run.model}\ncluster run_cluster = {run.cluster}\n", path="bench.plan")
     model = next(m for m in document.models if m.name == "run_model")
     cluster = next(c for c in document.clusters if c.name == "run_cluster")
-    return Problem(model, cluster, run.global_batch, run.seq)
+    return Problem(model, cluster, run.global_batch, run.seq,
+                   **{key: ir.Precision(value) for key, value in run.dtypes.items()})
 
 
 def predict(run: Run, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC):

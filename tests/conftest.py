@@ -66,7 +66,7 @@ STDLIB = ROOT / "stdlib_plans"
 # that imports torch is named in the warnings summary (`pytest_runtest_teardown` below).
 TORCH_MODULES = {"test_context_columns.py", "test_equivalence.py", "test_launch.py", "test_memory.py",
                  "test_model_shapes.py", "test_recompute.py", "test_schedule_generators.py", "test_inspect.py",
-                 "test_schedule_rules.py", "test_schedule_templates.py", "test_torch_model.py",
+                 "test_schedule_rules.py", "test_schedule_templates.py", "test_torch_model.py", "test_state_dtypes.py",
                  "test_torch_model_refusals.py"}
 
 

@@ -1,5 +1,6 @@
 """Training against the layout: batch divisibility (E501), microbatches for the schedule
-(E502), precision against the devices (E504)."""
+(E502), precision against the devices (E504), recompute_layers and master_dtype against the rest of
+`train` (E205)."""
 from __future__ import annotations
 
 from typing import Iterator
@@ -41,6 +42,11 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
                    hint=f"global_batch = {fits * per_step} gives {fits} microbatches, which it runs",
                    edits=_global_batch(train, fits * per_step))
     yield from _recompute_layers(plan)
+    if train.master_dtype.bytes < train.precision.bytes:
+        yield diag("E205", f"master_dtype {train.master_dtype.value} is narrower than precision "
+                   f"{train.precision.value}: weights kept in {train.master_dtype.value} would make every matmul "
+                   f"compute in {train.master_dtype.value}", train.span_of("master_dtype"),
+                   hint=f"master_dtype: {train.precision.value} (or wider), or precision: {train.master_dtype.value}")
     start = plan.mesh.first_device
     used = {d.name: d for d in plan.cluster.devices_in_order()[start:start + plan.mesh.size]}
     for device in used.values():

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from plandsl import ir
 from plandsl.ir.layers import TP_SPLIT, Layer, kv_width
 from plandsl.cost.measured import ratio_at
-from plandsl.cost.memory import STATE_BYTES, optimizer_bytes_per_param
+from plandsl.cost.memory import FP32_STATES, StateBytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,15 +305,15 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
 
 
 def estimate_optimizer_step(local_params: float, device: ir.DeviceType, optimizer: ir.Optimizer,
-                            precision: ir.Precision) -> float:
+                            precision: ir.Precision, states: StateBytes = FP32_STATES) -> float:
     """Seconds of the optimizer step over the `local_params` a device updates (after ZeRO).
 
     Element-wise and memory bound: read and write every optimizer state (ZeRO's K bytes per
     parameter, Rajbhandari et al. 2020, Sec. 3.1), read the gradient, read and write the parameter,
-    at the interpreter's dtypes (`cost.memory.STATE_BYTES`: fp32 whatever `precision` is). For Adam
-    that is 28 bytes per parameter, as Megatron's layout reads and writes (2·12 + 2 + 2).
+    at the plan's dtypes (`cost.memory.StateBytes`; fp32 by default whatever `precision` is). For fp32
+    Adam that is 28 bytes per parameter, as Megatron's layout reads and writes (2·12 + 2 + 2).
     """
-    per_param = 2 * optimizer_bytes_per_param(optimizer) + STATE_BYTES + 2 * STATE_BYTES
+    per_param = 2 * states.optimizer(optimizer) + states.grads + 2 * states.params
     return local_params * per_param / device.bandwidth
 
 

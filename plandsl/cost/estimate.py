@@ -23,7 +23,7 @@ from plandsl import ir
 from plandsl.cost.comm import collective_seconds
 from plandsl.cost.compute import Efficiency, Work, peak_of
 from plandsl.cost.layer import LayerTime, Links, estimate_layer_time, plan_links
-from plandsl.cost.memory import (MemoryEstimate, estimate_layer_activations, estimate_plan_memory, gathers_kv, held_stages,
+from plandsl.cost.memory import (MemoryEstimate, StateBytes, estimate_layer_activations, estimate_plan_memory, gathers_kv, held_stages,
                                  layer_recompute,
                                  inflight_microbatches, zero_degrees)
 from plandsl.cost.stage import StageTime, fsdp_units, param_split, rank_tail, slowest, stage_time
@@ -133,7 +133,7 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
     degrees = (dense_degree, expert_degree)
     # A rank reduces and updates the weights of every stage it holds (Chimera: one of each pipeline).
     tails = [rank_tail([stage_times[s] for s in stages], zero_stage, degrees, precision.bytes, links,
-                       rank_devices[rank], plan.train.optimizer, precision)
+                       rank_devices[rank], plan.train.optimizer, precision, StateBytes.of(plan.train))
              for rank, stages in enumerate(held_stages(plan, ranks))]
     runs = _stage_runs(plan, assignment, m)
     busy = [sum(runs[r][s] * (stage_times[s].forward + stage_times[s].backward) for s in runs[r])
@@ -183,7 +183,8 @@ def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | Non
             times.append(cache[key])
         params = [once_per_figures(splits, layer, lambda layer: param_split(layer, plan.tp, plan.ep))
                   for layer in layers]  # a family's blocks share one split (`figures_key`)
-        result.append(stage_time(times, params, zero_stage, precision.bytes, links, fsdp_units(layers)))
+        result.append(stage_time(times, params, zero_stage, precision.bytes, links, fsdp_units(layers),
+                                 plan.train.grad_dtype.bytes))
     return result
 
 
@@ -264,7 +265,8 @@ def format_estimate(estimate: PlanEstimate) -> str:
         lines.append(f"  {rank:>6} {format_bytes(m.params):>11} {format_bytes(m.grads):>11} "
                      f"{format_bytes(m.optimizer):>11} {format_bytes(m.activations):>11} "
                      f"{format_bytes(m.total):>11} {format_bytes(c):>11}{flag}")
-    lines.append("  params, grads, optimizer: fp32 as `plandsl run` keeps them, ZeRO-sharded, with the units ZeRO-2/3 "
+    lines.append("  params, grads, optimizer: at the plan's master_dtype, grad_dtype and optimizer_dtype (fp32 unless "
+                 "it says), ZeRO-sharded, with the units ZeRO-2/3 "
                  "gather; activations: the schedule's in-flight bound or the simulated peak, whichever is higher, "
                  "plus the recomputation working set or the loss's backward; total: their sum, the peak; capacity: "
                  "the device's memory less its reserve (allocator, context, communication buffers)")

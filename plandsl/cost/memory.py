@@ -6,9 +6,9 @@ tensor/data-parallel coordinate: model states follow ZeRO (Rajbhandari et al. 20
 ZeRO-2/3 hold unsharded while gathering and reducing (FSDP, Zhao et al. 2023), activations
 Korthikanti et al. 2022, in-flight microbatches the schedules' papers; a rank holds the weights of
 every stage any of the schedule's pipelines puts on it (Chimera: two). Sharding follows
-Megatron-style defaults, not a plan's own `shard` rules. Dtypes are the interpreter's (`STATE_BYTES`):
-fp32 parameters, gradients and optimizer states under every precision, as `plandsl run` keeps them
-(docs/cost-model.md, "One memory model").
+Megatron-style defaults, not a plan's own `shard` rules. Dtypes are the plan's `master_dtype`,
+`grad_dtype` and `optimizer_dtype` (`StateBytes`), fp32 by default under every precision, as `plandsl run`
+keeps them (docs/cost-model.md, "One memory model").
 """
 from __future__ import annotations
 
@@ -29,14 +29,43 @@ from plandsl.schedules.generators import check_sizes, pipeline_maps
 # embedding and head. Everything else (norms, row-parallel biases, positions, router) is replicated.
 TENSOR_SHARDED_DIMS = (HEADS_X_HEAD_DIM, KV, FFN, VOCAB, TP_SPLIT)  # TP_SPLIT: a torch model's own plan
 
-# Bytes per element of a parameter, its gradient and each optimizer state, whatever `precision` says: the
-# interpreter keeps parameters in fp32 and computes under autocast (`runtime.precision`), so gradients
-# are fp32 too and Adam's m and v are fp32 tensors shaped like the parameters (torch.optim.AdamW); FSDP
-# (`runtime.data_parallel.apply_fsdp`, no MixedPrecisionPolicy) gathers and reduces fp32. This is
+# Bytes per element of a parameter, its gradient and each optimizer state by default, whatever `precision`
+# says: the interpreter keeps parameters in fp32 and computes under autocast (`runtime.precision`), so
+# gradients are fp32 too and Adam's m and v are fp32 tensors shaped like the parameters (torch.optim.AdamW);
+# FSDP (`runtime.data_parallel.apply_fsdp`, no MixedPrecisionPolicy) gathers and reduces fp32. This is
 # torchtitan's FSDP2 layout (sharded fp32 parameters), not Megatron's (16-bit parameters and gradients
 # beside an fp32 master copy in the optimizer): the same 16 bytes per parameter unsharded, split
-# differently by ZeRO-1/2.
+# differently by ZeRO-1/2. A plan's `master_dtype`, `grad_dtype` and `optimizer_dtype` change them (`StateBytes`).
 STATE_BYTES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class StateBytes:
+    """Bytes per element of what training keeps for each parameter: the weights (the master copy the
+    optimizer updates), their gradient, and each optimizer state (Adam's m and v, SGD's momentum).
+
+    16-bit optimizer states and gradients are today's large-model recipes: Nemotron-4 340B's (NeMo's
+    distributed Adam with `dtype: bf16`, `grad_sync_dtype: bf16`), Megatron-Core's precision-aware
+    optimizer (`--exp-avg-dtype`, `--main-grads-dtype`, `--main-params-dtype`)."""
+
+    params: int = STATE_BYTES
+    grads: int = STATE_BYTES
+    state: int = STATE_BYTES
+
+    @classmethod
+    def of(cls, train: ir.Training) -> "StateBytes":
+        return cls(train.master_dtype.bytes, train.grad_dtype.bytes, train.optimizer_dtype.bytes)
+
+    def optimizer(self, optimizer: ir.Optimizer) -> int:
+        """Optimizer-state bytes per parameter (ZeRO's K): Adam's two moments, SGD's one."""
+        return (2 if optimizer is ir.Optimizer.adam else 1) * self.state
+
+    def per_param(self, optimizer: ir.Optimizer) -> int:
+        """Weights, gradient and optimizer states of one parameter, unsharded (16 for fp32 Adam)."""
+        return self.params + self.grads + self.optimizer(optimizer)
+
+
+FP32_STATES = StateBytes()
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,15 +209,15 @@ def inflight_microbatches(schedule: str, pp: int, microbatches: int, virtual: in
 
 
 # ---- model states (ZeRO) --------------------------------------------------------------
-def optimizer_bytes_per_param(optimizer: ir.Optimizer) -> int:
+def optimizer_bytes_per_param(optimizer: ir.Optimizer, states: StateBytes = FP32_STATES) -> int:
     """Optimizer-state bytes per parameter (ZeRO's K), before any sharding, at any precision.
 
-    The parameters are fp32 and are their own master copy (`STATE_BYTES`), so the optimizer keeps its
-    states only, as the interpreter's (`runtime.optim.optimizer_settings`): AdamW's momentum and
-    variance, 4 + 4 = 8; SGD's momentum buffer, 4. (Megatron's layout would be K = 12 for Adam:
-    ZeRO, Sec. 3.1, with 2-byte parameters and gradients.)
+    The parameters are their own master copy (`master_dtype`), so the optimizer keeps its states only,
+    as the interpreter's (`runtime.optim.optimizer_settings`): AdamW's momentum and variance, 4 + 4 = 8
+    in fp32; SGD's momentum buffer, 4. (Megatron's layout would be K = 12 for Adam: ZeRO, Sec. 3.1,
+    with 2-byte parameters and gradients.)
     """
-    return 2 * STATE_BYTES if optimizer is ir.Optimizer.adam else STATE_BYTES
+    return states.optimizer(optimizer)
 
 
 def local_numel(param: Param, tp: int, ep: int) -> int:
@@ -277,10 +306,10 @@ def _model_states(plan: ir.Plan, dense: list[int], expert: list[int],
             return float(zero_one_elements(dense, dense_degree) + zero_one_elements(expert, expert_degree))
         return -(-sum(dense) // dense_degree) + -(-sum(expert) // expert_degree)
 
-    # ZeRO Sec. 3.1 with the interpreter's dtypes: 4Ψ params + 4Ψ grads (fp32) + KΨ optimizer; stage 1
+    # ZeRO Sec. 3.1 with the plan's dtypes (fp32 by default: 4Ψ params + 4Ψ grads + KΨ optimizer); stage 1
     # shards the optimizer states, stage 2 also the grads, stage 3 also the params (Sec. 5.1-5.3).
-    return (held(3) * STATE_BYTES, held(2) * STATE_BYTES,
-            held(1) * optimizer_bytes_per_param(plan.train.optimizer))
+    states = StateBytes.of(plan.train)
+    return (held(3) * states.params, held(2) * states.grads, held(1) * states.optimizer(plan.train.optimizer))
 
 
 def zero_one_elements(sizes: Sequence[int], ranks: int) -> int:
@@ -327,8 +356,9 @@ def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param
             units.append(count)
         else:
             root += count
-    live = sum(sorted(units + [root], reverse=True)[:2]) * STATE_BYTES  # fp32: no MixedPrecisionPolicy
-    return (float(live) if stage >= 3 else 0.0), float(live)
+    live = sum(sorted(units + [root], reverse=True)[:2])  # at the kept dtypes: no MixedPrecisionPolicy
+    states = StateBytes.of(plan.train)
+    return (float(live * states.params) if stage >= 3 else 0.0), float(live * states.grads)
 
 
 def tied_embedding(plan: ir.Plan, layers: Sequence[Layer]) -> Param | None:
@@ -529,7 +559,7 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
 __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estimate_layer_activations", "layer_recompute",
            "held_stages", "gathered_bytes", "model_state_bytes", "tied_embedding",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
-           "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES"]
+           "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES", "StateBytes", "FP32_STATES"]
 
 
 def estimate_plan_memory(plan: ir.Plan, assignment: Assignment | None = None) -> list[MemoryEstimate] | None:

@@ -15,14 +15,14 @@ from plandsl import ir
 from plandsl.cost.comm import collective_seconds
 from plandsl.cost.compute import estimate_optimizer_step, peak_of
 from plandsl.cost.layer import LayerTime, Links
-from plandsl.cost.memory import STATE_BYTES, local_numel
+from plandsl.cost.memory import FP32_STATES, STATE_BYTES, StateBytes, local_numel
 from plandsl.ir.layers import Layer
 
 _EXPERT = "experts"
-# Gradients travel at the dtype they are kept in: fp32 (`cost.memory.STATE_BYTES`), as the interpreter
-# holds them (fp32 parameters under autocast) and as Megatron-LM reduces its fp32 main-grad buffers by
-# default (`accumulate_allreduce_grads_in_fp32`, on for bf16); parameter gathers move `element`.
-GRADIENT_BYTES = STATE_BYTES
+# Gradients travel at the dtype they are kept in: fp32 by default (`cost.memory.STATE_BYTES`), as the
+# interpreter holds them (fp32 parameters under autocast) and as Megatron-LM reduces its fp32 main-grad
+# buffers by default (`accumulate_allreduce_grads_in_fp32`, on for bf16); a plan's `grad_dtype` changes
+# it (`grad_bytes`, `StateBytes.grads`); parameter gathers move `element`.
 
 
 # ---- stages and ranks ------------------------------------------------------------------------------------
@@ -68,18 +68,18 @@ def fsdp_units(layers: Sequence[Layer]) -> int:
 
 
 def stage_time(times: Sequence[LayerTime], params: Sequence[tuple[int, int]], zero_stage: int,
-               element: int, links: Links, units: int | None = None) -> StageTime:
+               element: int, links: Links, units: int | None = None, grad_bytes: int = STATE_BYTES) -> StageTime:
     """Sum the layers of a stage (then `zero_traffic`); `units`: its FSDP units (default: one per layer)."""
     return zero_traffic(sum(t.forward for t in times), sum(t.input_grad for t in times),
                         sum(t.weight_grad for t in times), sum(t.forward_comm + t.backward_comm for t in times),
                         sum(t.flops for t in times), sum(t.recompute_flops for t in times),
                         float(sum(p[0] for p in params)), float(sum(p[1] for p in params)),
-                        zero_stage, element, links, units or len(times))
+                        zero_stage, element, links, units or len(times), grad_bytes)
 
 
 def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: float, flops: float,
                  recompute_flops: float, dense: float, expert: float, zero_stage: int, element: int,
-                 links: Links, units: int = 1) -> StageTime:
+                 links: Links, units: int = 1, grad_bytes: int = STATE_BYTES) -> StageTime:
     """A stage's microbatch with ZeRO's per-microbatch traffic, one collective per unit.
 
     ZeRO-3 all-gathers every unit's parameters before its forward and again before its backward,
@@ -90,11 +90,12 @@ def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: fl
     hide behind; the last unit's reduce-scatter is asynchronous and runs behind whatever the rank
     computes next. With u equal units of compute c and traffic x (backward: all-gather g plus
     reduce-scatter s) a pass takes g + (u - 1)·max(c, x) + c: for the forward max(C, X) + min(c, x).
-    Gradients move at `GRADIENT_BYTES` (fp32), parameters at `element` (the compute precision).
+    Gradients move at `grad_bytes` (the plan's `grad_dtype`, fp32 by default), parameters at `element`
+    (the compute precision).
     """
     if zero_stage >= 2:
         units = max(1, units)
-        scatter = _over_data("reduce_scatter", dense / units, expert / units, GRADIENT_BYTES, links)
+        scatter = _over_data("reduce_scatter", dense / units, expert / units, grad_bytes, links)
         gather = _over_data("all_gather", dense / units, expert / units, element, links) \
             if zero_stage >= 3 else 0.0
         backward = input_grad + weight_grad
@@ -127,7 +128,7 @@ class RankTail:
 
 def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, int], element: int,
               links: Links, device: ir.DeviceType, optimizer: ir.Optimizer,
-              precision: ir.Precision) -> RankTail:
+              precision: ir.Precision, states: StateBytes = FP32_STATES) -> RankTail:
     """Exposed data-parallel traffic and the optimizer step of one pipeline rank.
 
     ZeRO-0 all-reduces the gradients (bucketed, behind the backward of the last microbatch, as
@@ -136,26 +137,28 @@ def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, 
     optimizer); ZeRO-2 reduced them already, and gathers the parameters; ZeRO-3 has nothing left.
     hsdp adds an all-reduce of its shard over the replicate axis. The optimizer step updates the
     parameters a device owns: all of them, or 1/N_d with ZeRO >= 1 (Rajbhandari et al. 2020).
-    Gradients are reduced at `GRADIENT_BYTES` (fp32), parameters gathered at `element`.
+    Gradients are reduced at `states.grads` (the plan's `grad_dtype`, fp32 by default), parameters
+    gathered at `element`; the optimizer step reads and writes the plan's dtypes (`states`).
     """
+    grad_bytes = states.grads
     dense = sum(s.dense_params for s in stages)
     expert = sum(s.expert_params for s in stages)
     backward = sum(s.backward for s in stages)
     forward = sum(s.forward for s in stages)
     exposed = 0.0
     if zero_stage == 0:
-        exposed = max(0.0, _over_data("all_reduce", dense, expert, GRADIENT_BYTES, links) - backward)
+        exposed = max(0.0, _over_data("all_reduce", dense, expert, grad_bytes, links) - backward)
     elif zero_stage == 1:
-        exposed = max(0.0, _over_data("reduce_scatter", dense, expert, GRADIENT_BYTES, links) - backward)
+        exposed = max(0.0, _over_data("reduce_scatter", dense, expert, grad_bytes, links) - backward)
         exposed += max(0.0, _over_data("all_gather", dense, expert, element, links) - forward)
     elif zero_stage == 2:
         exposed = max(0.0, _over_data("all_gather", dense, expert, element, links) - forward)
     dense_degree, expert_degree = degrees
     if links.replicate.size > 1:
         shard = dense / dense_degree + expert / expert_degree
-        exposed += max(0.0, collective_seconds("all_reduce", shard * GRADIENT_BYTES, links.replicate) - backward)
+        exposed += max(0.0, collective_seconds("all_reduce", shard * grad_bytes, links.replicate) - backward)
     owned = dense + expert if zero_stage == 0 else math.ceil(dense / dense_degree) + math.ceil(expert / expert_degree)
-    return RankTail(exposed, estimate_optimizer_step(owned, device, optimizer, precision))
+    return RankTail(exposed, estimate_optimizer_step(owned, device, optimizer, precision, states))
 
 
 def slowest(devices: Sequence[ir.DeviceType], precision: ir.Precision) -> ir.DeviceType:
@@ -163,5 +166,5 @@ def slowest(devices: Sequence[ir.DeviceType], precision: ir.Precision) -> ir.Dev
     return min(devices, key=lambda d: (peak_of(d, precision), d.bandwidth, d.memory))
 
 
-__all__ = ["GRADIENT_BYTES", "StageTime", "stage_time", "zero_traffic", "fsdp_units", "param_split", "RankTail", "rank_tail",
+__all__ = ["StageTime", "stage_time", "zero_traffic", "fsdp_units", "param_split", "RankTail", "rank_tail",
            "slowest"]

@@ -49,13 +49,23 @@ CHOICE_FLAGS: dict[str, tuple[str, ...]] = {
     "--optimizer": ("adam", "sgd", "muon", "dist_muon"),
     "--lr-decay-style": ("constant", "linear", "cosine", "inverse-square-root", "WSD"),
     "--ckpt-format": ("torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"),
+    # the precision-aware optimizer (OptimizerConfig: main_params_dtype, main_grads_dtype, exp_avg_dtype,
+    # exp_avg_sq_dtype), with --use-precision-aware-optimizer: Adam and the distributed optimizer only
+    "--main-params-dtype": ("fp32", "fp16"),
+    "--main-grads-dtype": ("fp32", "bf16"),
+    "--exp-avg-dtype": ("fp32", "fp16", "bf16", "fp8"),
+    "--exp-avg-sq-dtype": ("fp32", "fp16", "bf16", "fp8"),
 }
+# A plan's train key -> the precision-aware optimizer's flags that say it
+DTYPE_FLAGS = {"master_dtype": ("--main-params-dtype",), "grad_dtype": ("--main-grads-dtype",),
+               "optimizer_dtype": ("--exp-avg-dtype", "--exp-avg-sq-dtype")}
 TEXT_FLAGS = ("--pipeline-model-parallel-layout",)
 SWITCHES = (
     "--bf16", "--fp16", "--swiglu", "--untie-embeddings-and-output-weights", "--group-query-attention",
     "--disable-bias-linear", "--use-rotary-position-embeddings", "--recompute-activations",
     "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-tp-pp-dp-mapping",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+    "--use-precision-aware-optimizer",
 )
 # Flags of Megatron-LM's launch scripts that mean nothing in a plan (data, tokenizer, logging, checkpoints,
 # initialisation, fusions, kernels, the optimizer's other constants): read, listed, left out.
@@ -144,6 +154,7 @@ def _train_args(plan: ir.Plan, args: list, lose) -> None:
     args += [("--micro-batch-size", str(train.micro_batch)), ("--global-batch-size", str(train.global_batch))]
     if train.precision in PRECISION_SWITCH:
         args.append((PRECISION_SWITCH[train.precision], None))
+    _dtype_args(plan, args, lose)
     if train.recompute is ir.Recompute.selective:  # recompute_modules defaults to ["core_attn"]: the attention core
         args.append(("--recompute-granularity", "selective"))
     elif train.recompute is ir.Recompute.full and train.recompute_layers is not None:
@@ -161,6 +172,28 @@ def _train_args(plan: ir.Plan, args: list, lose) -> None:
              # clip_grad 0 turns clipping off (megatron/core/optimizer/optimizer.py: `if config.clip_grad > 0.0`)
              ("--clip-grad", _number(train.grad_clip if train.grad_clip is not None else 0.0)),
              ("--seed", str(train.seed))]
+
+
+def _dtype_args(plan: ir.Plan, args: list, lose) -> None:
+    """master_dtype, grad_dtype and optimizer_dtype as Megatron-Core's precision-aware optimizer flags, which
+    it takes with Adam and the distributed optimizer only (OptimizerConfig.__post_init__)."""
+    train = plan.train
+    given = {key: getattr(train, key).value for key in DTYPE_FLAGS if getattr(train, key) is not ir.Precision.fp32}
+    if not given:
+        return
+    if train.optimizer is not ir.Optimizer.adam or plan.data is None or plan.data.zero_stage < 1:
+        lose(f"{', '.join(f'{k}: {v}' for k, v in given.items())} without Adam and a sharded optimizer "
+             "(Megatron's --use-precision-aware-optimizer needs --optimizer adam and the distributed optimizer)",
+             "train", hint="use optimizer: adam with data = zero1 (or zero2, zero3)")
+        return
+    flags = [("--use-precision-aware-optimizer", None)]
+    for key, value in given.items():
+        names = DTYPE_FLAGS[key]
+        if value not in CHOICE_FLAGS[names[0]]:
+            lose(f"{key}: {value} (its {names[0]} takes {', '.join(CHOICE_FLAGS[names[0]])})", "train")
+            continue
+        flags += [(name, value) for name in names]
+    args += flags
 
 
 def _number(value: float) -> str:

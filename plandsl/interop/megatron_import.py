@@ -277,6 +277,33 @@ def _vocab(read: _Read) -> int | None:
     return rounded
 
 
+def _dtypes(read: _Read) -> list[str] | None:
+    """The precision-aware optimizer's dtype flags as the plan's master_dtype, grad_dtype, optimizer_dtype."""
+    given = [name for names in facts.DTYPE_FLAGS.values() for name in names if read.get(name) is not None]
+    if not read.get("--use-precision-aware-optimizer"):
+        if given:
+            read.problem("E805", f"{given[0]} without --use-precision-aware-optimizer, which Megatron-LM's optimizer "
+                         "reads it with", given[0], hint="add --use-precision-aware-optimizer, or drop the dtype flags")
+            return None
+        return []
+    if not (read.get("--use-distributed-optimizer") or read.get("--use-megatron-fsdp")):
+        read.problem("E805", "--use-precision-aware-optimizer without the distributed optimizer (Megatron-Core: "
+                     "\"only supported with distributed optimizer\")", "--use-precision-aware-optimizer",
+                     hint="add --use-distributed-optimizer")
+        return None
+    average, square = read.get("--exp-avg-dtype", "fp32"), read.get("--exp-avg-sq-dtype", "fp32")
+    if average != square:
+        read.problem("E807", f"--exp-avg-dtype {average} and --exp-avg-sq-dtype {square}: a plan keeps Adam's m and v "
+                     "in one optimizer_dtype", "--exp-avg-sq-dtype", hint=f"--exp-avg-sq-dtype {average}")
+        return None
+    if average == "fp8":
+        read.problem("E807", "--exp-avg-dtype fp8: a plan's optimizer_dtype is fp32, bf16 or fp16", "--exp-avg-dtype")
+        return None
+    values = {"master_dtype": read.get("--main-params-dtype", "fp32"), "grad_dtype": read.get("--main-grads-dtype", "fp32"),
+              "optimizer_dtype": average}
+    return [f"{key}: {value}" for key, value in values.items() if value != "fp32"]
+
+
 def _train(read: _Read) -> str | None:
     micro = read.get("--micro-batch-size")
     if micro is None:
@@ -303,6 +330,10 @@ def _train(read: _Read) -> str | None:
         read.problem("E807", f"--lr-decay-style {style}: a plan's lr_schedule is constant, cosine or linear",
                      "--lr-decay-style")
         return None
+    dtypes = _dtypes(read)
+    if dtypes is None:
+        return None
+    items += dtypes
     clip = read.get("--clip-grad", 1.0)
     items += [f"optimizer: {optimizer}", f"lr: {read.get('--lr', 3e-4)!r}", f"lr_schedule: {style}",
               f"warmup_steps: {read.get('--lr-warmup-iters', 0)}",

@@ -285,6 +285,15 @@ class Training(Node):
         "stage (virtual chunk) and keep the others' activations (Megatron's --recompute-method block "
         "--recompute-num-layers N); None: every block")
     optimizer: Optimizer = Optimizer.adam
+    master_dtype: Precision = Field(
+        default=Precision.fp32, description="the dtype the weights are kept and updated in (the optimizer's "
+        "master copy; `precision` is what matmuls compute in): Megatron's --main-params-dtype")
+    grad_dtype: Precision = Field(
+        default=Precision.fp32, description="the dtype gradients are accumulated and reduced in: Megatron's "
+        "--main-grads-dtype, DeepSpeed's and Apex's grad_sync_dtype")
+    optimizer_dtype: Precision = Field(
+        default=Precision.fp32, description="the dtype of the optimizer's states (Adam's m and v, SGD's "
+        "momentum): Megatron's --exp-avg-dtype and --exp-avg-sq-dtype")
     lr: float = Field(default=3e-4, gt=0)
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
     warmup_steps: int = Field(default=0, ge=0)

@@ -14,7 +14,8 @@ from plandsl.lower.bodies import build, dict_items
 from plandsl.lower.evaluate import Poison, Scope
 
 TRAIN_KEYS = {"global_batch": True, "micro_batch": False, "seq": False, "precision": False, "recompute": False,
-              "recompute_layers": False, "optimizer": False, "lr": False, "lr_schedule": False, "warmup_steps": False, "grad_clip": False,
+              "recompute_layers": False, "optimizer": False,
+              "master_dtype": False, "grad_dtype": False, "optimizer_dtype": False, "lr": False, "lr_schedule": False, "warmup_steps": False, "grad_clip": False,
               "seed": False}
 
 
@@ -100,8 +101,9 @@ def training(scope: Scope, expr: s.Expr) -> ir.Training:
                 values[key] = scope.integer(item.value, key,
                                             minimum=0 if key in ("warmup_steps", "seed", "recompute_layers") else 1,
                                             maximum=limits.TRAIN.get(key))
-            elif key == "precision":
-                values[key] = scope.word(item.value, tuple(p.value for p in ir.Precision), "precision")
+            elif key in ("precision", "master_dtype", "grad_dtype", "optimizer_dtype"):
+                values[key] = scope.word(item.value, tuple(p.value for p in ir.Precision),
+                                         "precision" if key == "precision" else "dtype")
             elif key == "recompute":
                 values[key] = scope.word(item.value, tuple(r.value for r in ir.Recompute), "recompute mode")
             elif key == "optimizer":

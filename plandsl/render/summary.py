@@ -32,7 +32,7 @@ def describe_plan(plan: ir.Plan) -> str:
                  f"{plan.num_microbatches} microbatch(es); seq {plan.seq}; {train.precision.value}; "
                  f"recompute {train.recompute.value}"
                  f"{'' if train.recompute_layers is None else f' (first {train.recompute_layers} blocks per stage)'}; "
-                 f"{train.optimizer.value}")
+                 f"{train.optimizer.value}{_dtypes(train)}")
     assignment, _ = assign_stages(plan)
     if plan.stages and assignment:
         lines.append(f"  pipeline  {assignment.num_stages} stages over '{plan.stages.axis}' ({plan.pp} ranks x "
@@ -57,3 +57,11 @@ def describe_document(document: ir.Document, plans: list[ir.Plan]) -> str:
                  if getattr(document, k)]
         return f"{document.file}: no plan; defines {', '.join(names) or 'nothing'}"
     return "\n\n".join(describe_plan(plan) for plan in plans)
+
+
+def _dtypes(train: ir.Training) -> str:
+    """` (states bf16, grads bf16)`: the kept dtypes that are not the default fp32."""
+    named = [(word, getattr(train, key)) for word, key in (("weights", "master_dtype"), ("grads", "grad_dtype"),
+                                                           ("states", "optimizer_dtype"))]
+    given = [f"{word} {dtype.value}" for word, dtype in named if dtype is not ir.Precision.fp32]
+    return f" ({', '.join(given)})" if given else ""

@@ -28,6 +28,7 @@ from plandsl.cost.memory import MemoryEstimate
 from plandsl.runtime.parallel.zero import Zero1Optimizer, local as _local  # a DTensor's shard, else the tensor
 from plandsl.lower.units import format_bytes
 from plandsl.runtime.models import build_model
+from plandsl.runtime.precision import keep_weights
 from plandsl.runtime.optim import optimizer_settings
 from plandsl.runtime.faults import mesh_coordinate, mesh_rank
 from plandsl.runtime.parallel.data_parallel import build_dp_optimizer
@@ -101,12 +102,14 @@ def dry_run(plan: ir.Plan, ranks: list[int] | None = None, progress=None) -> Dry
     predicted = _predicted(plan)
     cls, kwargs = optimizer_settings(plan)
     states = _states_per_element(cls, kwargs)
+    # state bytes per parameter byte: the states are kept in optimizer_dtype, the parameters in master_dtype
+    state_bytes = states * plan.train.optimizer_dtype.bytes / plan.train.master_dtype.bytes
     with META:  # built once: initialising meta tensors costs time and sets nothing
-        model = build_model(plan.model, plan.train.seed)
+        model = keep_weights(plan, build_model(plan.model, plan.train.seed))
     built = []
     for rank in ranks:
         try:
-            built.append(_build_rank(plan, copy.deepcopy(model), rank, world, states, predicted, world // len(ranks)))
+            built.append(_build_rank(plan, copy.deepcopy(model), rank, world, state_bytes, predicted, world // len(ranks)))
         except Exception as error:  # noqa: BLE001 - one message naming the rank, as a running rank reports it
             raise DryRunError(f"rank {rank}: {type(error).__name__}: {error}") from error
         if progress is not None:
@@ -136,8 +139,9 @@ def representative_ranks(plan: ir.Plan) -> tuple[list[int], str]:
                    "uneven FSDP shards and ZeRO-1's whole-tensor partitions)")
 
 
-def _build_rank(plan: ir.Plan, model: torch.nn.Module, rank: int, world: int, states: int, predicted,
+def _build_rank(plan: ir.Plan, model: torch.nn.Module, rank: int, world: int, states: float, predicted,
                 like: int) -> RankFigures:
+    """`states`: optimizer-state bytes per byte of a stepped parameter."""
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 
     hook = sys.excepthook  # init_process_group wraps it ("[rankN]: " on each line), once per call
@@ -157,7 +161,7 @@ def _build_rank(plan: ir.Plan, model: torch.nn.Module, rank: int, world: int, st
         optimizer = build_dp_optimizer(plan, models, data_mesh(plan, mesh), expert_data_mesh(plan, mesh))
         local_optimizer = getattr(optimizer, "optim", optimizer)  # ZeRO-1: this rank's partition
         stepped = [p for group in local_optimizer.param_groups for p in group["params"]]
-        most_loaded = states * _most_loaded_partition(optimizer, sum(_bytes(p) for p in stepped))
+        most_loaded = round(states * _most_loaded_partition(optimizer, sum(_bytes(p) for p in stepped)))
     finally:
         dist.destroy_process_group()
         sys.excepthook = hook
@@ -168,7 +172,7 @@ def _build_rank(plan: ir.Plan, model: torch.nn.Module, rank: int, world: int, st
     coordinate = tuple(mesh_coordinate(plan, rank).items())
     pipeline_rank = dict(coordinate)[plan.stages.axis] if plan.stages is not None else 0
     return RankFigures(rank, coordinate, tuple(stages), sum(p.numel() for p in params), local, param_bytes,
-                       grad_bytes, states * sum(_bytes(p) for p in stepped),
+                       grad_bytes, round(states * sum(_bytes(p) for p in stepped)),
                        predicted[pipeline_rank] if predicted else None, like, most_loaded)
 
 

@@ -1,15 +1,21 @@
 """The plan's optimizer and learning-rate schedule, shared by the reference and the distributed run.
 
 Stage: interpreter. Contract: `build_optimizer(plan, params)` and `build_lr_scheduler(plan, optimizer,
-steps)` depend on the plan only, so every layout and the single-process reference step alike.
+steps)` depend on the plan only, so every layout and the single-process reference step alike. An
+`optimizer_dtype` other than the weights' (`master_dtype`) keeps the states in that dtype between steps
+and updates in fp32 (`AdamWStates`, `SGDStates`), as Transformer Engine's FusedAdam does with
+Megatron's `--exp-avg-dtype`.
 """
 from __future__ import annotations
 
 import math
 
 import torch
+from torch.optim.adam import adam
+from torch.optim.sgd import sgd
 
 from plandsl import ir
+from plandsl.runtime.precision import DTYPES
 
 ADAM_BETAS = (0.9, 0.95)  # GPT-3 (Brown et al. 2020, Appendix B) and Llama
 ADAM_EPS = 1e-8
@@ -20,9 +26,87 @@ SGD_MOMENTUM = 0.9
 def optimizer_settings(plan: ir.Plan) -> tuple[type[torch.optim.Optimizer], dict]:
     """The optimizer class and its keyword arguments (ZeroRedundancyOptimizer takes them apart)."""
     train = plan.train
+    states = {} if train.optimizer_dtype is train.master_dtype else {"state_dtype": DTYPES[train.optimizer_dtype]}
     if train.optimizer is ir.Optimizer.sgd:
-        return torch.optim.SGD, dict(lr=train.lr, momentum=SGD_MOMENTUM)
-    return torch.optim.AdamW, dict(lr=train.lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY)
+        return (SGDStates if states else torch.optim.SGD), dict(lr=train.lr, momentum=SGD_MOMENTUM, **states)
+    return (AdamWStates if states else torch.optim.AdamW), dict(lr=train.lr, betas=ADAM_BETAS, eps=ADAM_EPS,
+                                                              weight_decay=WEIGHT_DECAY, **states)
+
+
+def _wide(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` in fp32: itself when it is fp32 (updated in place), else an fp32 copy to write back."""
+    return tensor.float()
+
+
+def _kept(state: dict, key: str, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`state[key]` in `dtype`, created as zeros like `like` (a DTensor stays one) or re-cast after a
+    `load_state_dict`, which casts floating states to the parameter's dtype."""
+    value = state.get(key)
+    if value is None:
+        value = state[key] = torch.zeros_like(like, dtype=dtype, memory_format=torch.preserve_format)
+    elif value.dtype != dtype:
+        value = state[key] = value.to(dtype)
+    return value
+
+
+class AdamWStates(torch.optim.AdamW):
+    """AdamW whose m and v are kept in `state_dtype` (16-bit optimizer states) and whose update runs in
+    fp32 through torch's own `adam` on fp32 views: per parameter, widen the weight, gradient, m and v,
+    step, and write the weight and the states back in their dtypes."""
+
+    def __init__(self, params, *, state_dtype: torch.dtype, **kwargs):
+        super().__init__(params, **kwargs)
+        self.state_dtype = state_dtype
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                state = self.state[param]
+                if "step" not in state:
+                    state["step"] = torch.tensor(0.0)
+                kept = [_kept(state, key, param, self.state_dtype) for key in ("exp_avg", "exp_avg_sq")]
+                wide = [_wide(t) for t in (param, *kept)]
+                adam([wide[0]], [_wide(param.grad)], [wide[1]], [wide[2]], [], [state["step"]], foreach=False,
+                     decoupled_weight_decay=True, amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"],
+                     weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
+                for target, value in zip((param, *kept), wide):
+                    if value is not target:
+                        target.copy_(value)
+        return loss
+
+
+class SGDStates(torch.optim.SGD):
+    """SGD with momentum whose momentum buffer is kept in `state_dtype`, updated in fp32 (`AdamWStates`)."""
+
+    def __init__(self, params, *, state_dtype: torch.dtype, **kwargs):
+        super().__init__(params, **kwargs)
+        self.state_dtype = state_dtype
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                state = self.state[param]
+                fresh = "momentum_buffer" not in state
+                kept = _kept(state, "momentum_buffer", param, self.state_dtype)
+                weight = _wide(param)
+                buffers = [None if fresh else _wide(kept)]  # None: torch starts it as a copy of the gradient
+                sgd([weight], [_wide(param.grad)], buffers, foreach=False,
+                    weight_decay=group["weight_decay"], momentum=group["momentum"], lr=group["lr"],
+                    dampening=group["dampening"], nesterov=group["nesterov"], maximize=False)
+                if weight is not param:
+                    param.copy_(weight)
+                if buffers[0] is not kept:
+                    kept.copy_(buffers[0])
+        return loss
 
 
 def build_optimizer(plan: ir.Plan, params) -> torch.optim.Optimizer:

@@ -1,7 +1,8 @@
 """The plan's precision: an autocast context, and dynamic loss scaling for fp16.
 
 Stage: interpreter. Contract: `autocast(plan, device_type)` is a no-op for fp32 and autocasts matmuls to
-bf16 or fp16; parameters and optimizer states stay fp32 (master weights). `loss_scaler(plan, ...)` is a
+bf16 or fp16; parameters are the master weights, fp32 unless the plan's `master_dtype` says otherwise
+(`keep_weights`), and gradients take their dtype (a narrower `grad_dtype` is the cost model's only). `loss_scaler(plan, ...)` is a
 `LossScaler`, enabled for fp16 only, that every rank (and the one-process reference) steps alike.
 """
 from __future__ import annotations
@@ -21,7 +22,14 @@ GROWTH_FACTOR = 2.0
 BACKOFF_FACTOR = 0.5
 GROWTH_INTERVAL = 2000
 
-DTYPES = {ir.Precision.bf16: torch.bfloat16, ir.Precision.fp16: torch.float16}
+DTYPES = {ir.Precision.fp32: torch.float32, ir.Precision.bf16: torch.bfloat16, ir.Precision.fp16: torch.float16}
+
+
+def keep_weights(plan: ir.Plan, model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with its floating parameters and buffers in the plan's `master_dtype` (fp32 by default: left
+    as built). Applied to the full model before any parallelism, in the reference and every rank alike."""
+    dtype = DTYPES[plan.train.master_dtype]
+    return model if dtype is torch.float32 else model.to(dtype)
 
 
 def autocast(plan: ir.Plan, device_type: str):

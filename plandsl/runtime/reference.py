@@ -16,7 +16,7 @@ from plandsl import ir
 from plandsl.runtime.data import Batches, microbatches
 from plandsl.runtime.models import build_model, loss_fn
 from plandsl.runtime.optim import build_lr_scheduler, build_optimizer
-from plandsl.runtime.precision import autocast, loss_scaler
+from plandsl.runtime.precision import autocast, keep_weights, loss_scaler
 
 
 @dataclass
@@ -30,7 +30,7 @@ class RunResult:
 def run_reference(plan: ir.Plan, steps: int, token_file: str | Path | None = None,
                   device: torch.device | str = "cpu") -> RunResult:
     device = torch.device(device)
-    model = build_model(plan.model, plan.train.seed).to(device)
+    model = keep_weights(plan, build_model(plan.model, plan.train.seed)).to(device)
     batches = Batches(plan, token_file, model)
     optimizer = build_optimizer(plan, model.parameters())
     scheduler = build_lr_scheduler(plan, optimizer, steps)

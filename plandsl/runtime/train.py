@@ -30,7 +30,7 @@ from plandsl.runtime.optim import build_lr_scheduler
 from plandsl.runtime.parallel.context_parallel import sequence_columns
 from plandsl.runtime.parallel.expert_parallel import finish_expert_grads, unscaled_expert_params
 from plandsl.runtime.parallel.parallelize import data_mesh, expert_data_mesh, parallelize
-from plandsl.runtime.precision import LossScaler, autocast, loss_scaler
+from plandsl.runtime.precision import LossScaler, autocast, keep_weights, loss_scaler
 from plandsl.runtime import checkpoint, faults
 from plandsl.runtime.progress import Reporter
 from plandsl.runtime.equivalence import compare, gather_params, tolerance
@@ -91,7 +91,7 @@ class Job:
 
 def build_job(plan: ir.Plan, mesh: DeviceMesh, device: torch.device, config: RunConfig) -> Job:
     # The full model, initialised from the seed alone, so every layout starts from the same values.
-    model = build_model(plan.model, plan.train.seed)
+    model = keep_weights(plan, build_model(plan.model, plan.train.seed))  # the plan's master_dtype
     batches = Batches(plan, config.token_file, model)
     loss = getattr(model, "loss", loss_fn)
     scaler = loss_scaler(plan, device)

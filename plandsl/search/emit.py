@@ -188,7 +188,8 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
     train = [f"global_batch: {problem.global_batch}", f"micro_batch: {c.micro_batch_size}"]
     if problem.seq:
         train.append(f"seq: {problem.seq}")
-    train += [f"precision: {problem.precision.value}", f"recompute: {c.recompute}", *train_extra]
+    train += [f"precision: {problem.precision.value}", f"recompute: {c.recompute}", *problem.dtype_items(),
+              *train_extra]
     lines = [f'import "{i}"' for i in source.imports]
     lines += ["", *header(scored.estimate), "", f"plan {name} {{", f"  model    = {source.model}",
               f"  cluster  = {source.cluster}", f"  mesh     = [{mesh}]",
@@ -443,18 +444,17 @@ def explain_empty(problem: Problem, pins: dict, space) -> str:
                 f"layout: its weights, gradients and Adam states alone need {format_bytes(states)}"
                 + (f"; the closest: {stats.memory_example}" if stats.memory_example else "")
                 + f". {_smallest_cluster(problem, states)}; on this cluster a model of at most "
-                f"~{format_count(capacity / _BYTES_PER_PARAM)} parameters could hold its states")
+                f"~{format_count(capacity / problem.states.per_param(problem.optimizer))} parameters could hold its states")
     detail = ", ".join(f"{k}={v}" for k, v in pins.items()) or "none"
     return (f"no plan of '{model.name}' on '{cluster.name}' satisfies the pins ({detail}): the schedules need "
             "enough microbatches (1f1b-like: any; zb_h1/zb_h2/zbv: >= pp; dualpipev: >= 2 pp; chimera: an even pp "
             "and a multiple of pp; interleaved: rounds of pp), and stages need blocks")
 
 
-_BYTES_PER_PARAM = 16  # Adam: fp32 parameters, gradients, m and v, 4 + 4 + 8 (cost.memory.STATE_BYTES)
-
-
 def _states_bytes(problem: Problem) -> float:
-    return param_count(problem.model) * _BYTES_PER_PARAM
+    """Weights, gradients and optimizer states of the whole model at the problem's dtypes (16 bytes a
+    parameter for fp32 Adam: `cost.memory.StateBytes`)."""
+    return param_count(problem.model) * problem.states.per_param(problem.optimizer)
 
 
 def _smallest_cluster(problem: Problem, states: float) -> str:

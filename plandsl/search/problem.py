@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from plandsl import ir
 from plandsl.cost.estimate import PlanEstimate
+from plandsl.cost.memory import StateBytes
 from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE
 
 # Context parallelism as the search proposes it: K and V all-gathered (Llama 3's choice), which
@@ -29,10 +30,22 @@ class Problem:
     seq: int | None = None                     # None: the model's
     precision: ir.Precision = ir.Precision.bf16
     optimizer: ir.Optimizer = ir.Optimizer.adam
+    master_dtype: ir.Precision = ir.Precision.fp32    # the kept weights, gradients and optimizer states:
+    grad_dtype: ir.Precision = ir.Precision.fp32      # given, as `precision` is, not searched
+    optimizer_dtype: ir.Precision = ir.Precision.fp32
 
     @property
     def sequence(self) -> int:
         return self.seq or getattr(self.model, "seq", 1)
+
+    @property
+    def states(self) -> StateBytes:
+        return StateBytes(self.master_dtype.bytes, self.grad_dtype.bytes, self.optimizer_dtype.bytes)
+
+    def dtype_items(self) -> list[str]:
+        """The train items of the dtypes that are not the default (fp32), as a plan writes them."""
+        return [f"{key}: {getattr(self, key).value}" for key in ("master_dtype", "grad_dtype", "optimizer_dtype")
+                if getattr(self, key) is not ir.Precision.fp32]
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,7 +119,8 @@ class Space:
 
     def _base_plan(self) -> ir.Plan:
         p = self.problem
-        train = ir.Training(global_batch=p.global_batch, seq=p.seq, precision=p.precision, optimizer=p.optimizer)
+        train = ir.Training(global_batch=p.global_batch, seq=p.seq, precision=p.precision, optimizer=p.optimizer,
+                            master_dtype=p.master_dtype, grad_dtype=p.grad_dtype, optimizer_dtype=p.optimizer_dtype)
         mesh = ir.Mesh(axes=(ir.Axis(name="dp", size=1),))
         return ir.Plan.model_construct(name="generated", model=p.model, cluster=p.cluster, mesh=mesh, train=train,
                                        data=None, tensor=None, context=None, experts=None, stages=None,
@@ -472,7 +473,8 @@ class Space:
                 device = root.rank_devices[ranks[s]]
                 times = [self.kind_times(node, device)[self.layers.index(layer)] for layer in layers]
                 params = [self.params(layer, root.tp, root.ep) for layer in layers]
-                out.append(stage_time(times, params, zero, element, root.links, fsdp_units(layers)))
+                out.append(stage_time(times, params, zero, element, root.links, fsdp_units(layers),
+                                      self.problem.grad_dtype.bytes))
             return out
         out = []
         for s, n in enumerate(counts):
@@ -493,7 +495,8 @@ class Space:
                     d, e = self.params(self.kinds[index][0], root.tp, root.ep)
                     dense, expert = dense + count * d, expert + count * e
                 units = n + (1 if s == 0 or s == last else 0)  # the blocks, and the root (`fsdp_units`)
-                found = self._stage_cache[key] = zero_traffic(*sums, dense, expert, zero, element, root.links, units)
+                found = self._stage_cache[key] = zero_traffic(*sums, dense, expert, zero, element, root.links, units,
+                                                              self.problem.grad_dtype.bytes)
             out.append(found)
         return out
 
@@ -511,7 +514,7 @@ class Space:
                 replicas = root.dp * root.ep * root.cp  # cost.memory.zero_degrees
                 tail = tails[key] = rank_tail([stages[s] for s in owned], zero, (replicas, replicas // root.ep),
                                               self.problem.precision.bytes, root.links, root.rank_devices[rank],
-                                              self.problem.optimizer, self.problem.precision)
+                                              self.problem.optimizer, self.problem.precision, self.problem.states)
             worst_tail = max(worst_tail, tail.exposed + tail.optimizer)
         if pp == 1:
             return m * sum(s.forward + s.backward for s in stages) + worst_tail

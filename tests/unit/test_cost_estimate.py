@@ -138,8 +138,9 @@ def test_zero3_overlaps_each_unit_with_its_neighbours_compute_only(compute_per_u
     # next work (Zhao et al. 2023, prefetching): g + (u - 1)·max(c, traffic) + c.
     from plandsl.cost.comm import GroupLinks
     from plandsl.cost.layer import Links
-    from plandsl.cost.stage import GRADIENT_BYTES, zero_traffic
-    u, element, dense = 4, GRADIENT_BYTES, 1e9  # fp32 compute: parameters gathered as wide as gradients
+    from plandsl.cost.memory import STATE_BYTES
+    from plandsl.cost.stage import zero_traffic
+    u, element, dense = 4, STATE_BYTES, 1e9  # fp32 compute: parameters gathered as wide as gradients
     # One node of 2 devices, no latency: an all-gather or reduce-scatter of S bytes takes S/2/bandwidth.
     bandwidth = dense / u * element / 2 / traffic_per_unit
     links = Links(data=GroupLinks(2, 2, 1, bandwidth, 0.0, bandwidth, 0.0))

@@ -63,3 +63,19 @@ def test_zero3_runs_on_the_datasheet_nic_are_far_off(bench):
     runs = bench.zero3_2021("dgx_a100")
     value, _ = bench.predict(runs[-1], None)
     assert bench.error(runs[-1], value) > 1.0
+
+
+@pytest.mark.slow
+def test_nemotron_fits_only_with_its_16_bit_states(bench):
+    """Nemotron-4 340B's published 128-H100 layout (bf16 gradients and Adam states) fits; the same layout with
+    fp32 states does not fit anywhere: the dtypes, not the layout, make the recipe possible."""
+    import dataclasses
+
+    from plandsl.search import SearchError
+
+    run = next(run for run in bench.published() if run.name.startswith("Nemotron-4 340B"))
+    value, best = bench.predict(run, None)
+    assert max(m.total for m in best.estimate.memory) <= min(best.estimate.capacity)
+    assert abs(bench.error(run, value)) < 0.30
+    with pytest.raises(SearchError, match="does not fit"):
+        bench.predict(dataclasses.replace(run, dtypes={}), None)

@@ -1,0 +1,54 @@
+"""`master_dtype` and `optimizer_dtype` on the interpreter, against one process.
+
+The optimizer keeps its states in `optimizer_dtype` (`runtime.optim.AdamWStates`: 16-bit m and v, the
+update in fp32), the weights in `master_dtype` (`runtime.precision.keep_weights`); the reference does the
+same, so `--check-equivalence` holds: ZeRO-1 over torch's ZeroRedundancyOptimizer, whose local optimizer is
+`AdamWStates`, and FSDP (zero3) over bf16 weights.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed.harness import run_ranks
+from tests.distributed.ranks import load
+from tests.support import lazy
+
+torch = lazy("torch")
+
+pytestmark = pytest.mark.dist
+
+_PLAN = """import "clusters/local"
+import "local/tiny"
+plan p {{
+  model   = tiny_gpt
+  cluster = localhost
+  mesh    = [dp = 2] over devices[0:2]
+  train   = {{ global_batch: 8, micro_batch: 2, precision: {precision}, lr: 1e-3, seed: 0, {dtypes} }}
+  data    = {data} over dp
+}}
+"""
+
+
+def _train_dtypes(rank: int, source) -> dict:
+    from plandsl.runtime.train import RunConfig, run
+    plan = load(source)
+    status, job = run(plan, RunConfig(steps=2, check_equivalence=True, quiet=True, timeout_s=60))
+    inner = getattr(job.optimizer, "optim", job.optimizer)
+    return {"status": status, "optimizer": type(inner).__name__,
+            "params": sorted({str(p.dtype) for model in job.models for p in model.parameters()}),
+            "states": sorted({str(v.dtype) for state in inner.state.values() for k, v in state.items() if k != "step"}),
+            "report": job.report.__dict__ if job.report else None,
+            "report_text": str(job.report) if job.report else None}
+
+
+@pytest.mark.parametrize("data, precision, dtypes, optimizer, params, states", [
+    ("zero1", "bf16", "optimizer_dtype: bf16, grad_dtype: bf16", "AdamWStates", ["torch.float32"], ["torch.bfloat16"]),
+    ("zero3", "bf16", "master_dtype: bf16, optimizer_dtype: fp32", "AdamWStates", ["torch.bfloat16"], ["torch.float32"]),
+], ids=["zero1_bf16_states", "fsdp_bf16_weights"])
+def test_state_dtypes_run_and_match_one_process(data, precision, dtypes, optimizer, params, states):
+    text = _PLAN.format(precision=precision, dtypes=dtypes, data=data)
+    results = run_ranks(2, _train_dtypes, text, deadline_s=120)
+    assert [r["status"] for r in results] == [0, 0], results[0]["report_text"]
+    for result in results:
+        assert (result["optimizer"], result["params"], result["states"]) == (optimizer, params, states)
+    assert results[0]["report"]["loss_diff"] <= 1e-3, results[0]["report_text"]
