@@ -54,7 +54,7 @@ def in_process() -> list[tuple[str, float, float, str]]:
         plan_big, plan_small = analyze(text=big).document.plans[0], analyze(text=small).document.plans[0]
         est_big = best(lambda: estimate_plan(plan_big), 3)[0]
         est_small = best(lambda: estimate_plan(plan_small), 3)[0]
-        rows.append((f"estimate, same plan, 4,194,304 microbatches (peer: 64)", est_big, est_small, "-"))
+        rows.append(("estimate, same plan, 4,194,304 microbatches (peer: 64)", est_big, est_small, "-"))
     short = let_chain(10)
     short_s = best(lambda: analyze(text=short), 3)[0]
     for links in (1_000, 10_000):

@@ -466,7 +466,7 @@ def _stages(read: _Read, layers: int, pp: int) -> list[str] | None:
             return None
         if pp == 1:
             return []
-        lines = [f"  stages = evenly over pp" + (f" with virtual = {virtual}" if virtual > 1 else "")]
+        lines = ["  stages = evenly over pp" + (f" with virtual = {virtual}" if virtual > 1 else "")]
         return lines + [f"  schedule = {'interleaved_1f1b' if virtual > 1 else '1f1b'}"]
     if counts is None:
         return None

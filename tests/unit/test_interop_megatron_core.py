@@ -9,7 +9,6 @@ import dataclasses
 import itertools
 import shlex
 import warnings
-from pathlib import Path
 
 import pytest
 

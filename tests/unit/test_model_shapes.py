@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from plandsl import api, ir
+from plandsl import ir
 from plandsl.check.analysis import analyze
 from plandsl.diagnostics import apply_edits
 from support import bounded

@@ -21,7 +21,7 @@ from plandsl.cost.fit import CommSample, GemmSample, fit_gemm, fit_link, gemm_mo
 from plandsl.runtime.profile import job
 from plandsl.runtime.profile.job import ProfileError, ProfileOptions, option_problems, write_cluster
 from plandsl.runtime.profile.results import CommTiming, GemmTiming, KernelTiming, Profile, Spread
-from plandsl.runtime.profile.write import TABLE_ABOVE, cluster_text, fit_profile, identifier, round_up
+from plandsl.runtime.profile.write import TABLE_ABOVE, fit_profile, identifier, round_up
 
 PEAK, BANDWIDTH = 100e9, 20e9
 SHAPES = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 256, 512)]

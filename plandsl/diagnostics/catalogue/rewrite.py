@@ -134,7 +134,7 @@ _entry("E807", """
     """, "Use a kind of context parallelism a plan has: all_gather (or p2p, a ring).",
     ("--cp-comm-type a2a", "--cp-comm-type all_gather"), file="megatron.args", command=_IMPORT)
 
-_entry("E808", f"""
+_entry("E808", """
     `plandsl export --to megatron` writes only what Megatron-LM can be told. Megatron-LM runs 1F1B, or
     interleaved 1F1B with virtual stages placed round robin; it lays ranks out innermost first as
     tp-cp-ep-dp-pp (or tp-cp-ep-pp-dp); it has one data axis, no shard rules and no op-level

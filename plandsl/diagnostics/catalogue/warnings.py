@@ -30,14 +30,14 @@ _entry("W202", """
     without `experts` is dense: every token goes through the one MLP of each block, and `top_k`
     changes nothing in the model, its cost or its memory. Usually `experts=` was forgotten,
     or the argument was copied from a MoE model.
-    """, f"""
+    """, """
     import "clusters/dgx_a100"
-    plan p {{
+    plan p {
       model   = llama(layers=4, hidden=256, heads=8, seq=128, vocab=1024, top_k=2)
       cluster = dgx_a100 x 1
       mesh    = [dp = 8]
-      train   = {{ global_batch: 16, micro_batch: 1 }}
-    }}
+      train   = { global_batch: 16, micro_batch: 1 }
+    }
     """, "Remove `top_k` (or add `experts=8` to make it a mixture of experts).", (", top_k=2)", ")"))
 
 _entry("W301", """
