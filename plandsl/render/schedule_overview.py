@@ -13,14 +13,16 @@ from plandsl.render.dot import FONT, Graph, inches, pos, spline
 from plandsl.render.schedule_timeline import (BLOCK, FILLS, LABEL_SIZE, LEFT, LINE_WIDTH, _header,
                                      _block, _path_edges, action_text, blocks_of, chunk_count, chunk_fills,
                                      critical_path)
-from plandsl.render.timeline import FIXED_GRAPH, TimeAxis, draw_time_axis, seconds_text, text_node, tick_step
+from plandsl.render.timeline import (FIXED_GRAPH, TimeAxis, draw_time_axis, seconds_text, text_node, tick_step,
+                                     time_unit)
 from plandsl.schedules.program import Schedule
 from plandsl.schedules.simulate import Simulation
 
 WINDOW_ACTIONS = 32   # actions of a rank in the zoomed window: about 30 pt each, 3-digit numbers fit
 COLUMN = 4.0          # points of step per utilisation column
 BUSY, IDLE, MARK = "#5b6f86", "#ececec", "#222222"
-QUANTUM = 10          # busy shares drawn to 1/10, so steady runs merge into one box
+MAX_ZOOMED = 16       # ranks drawn in the window, as the memory view's panels
+QUANTUM = 10          # busy shares drawn to 1/10 at most (a point a level), so steady runs merge into one box
 
 
 def steady_window(simulation: Simulation, ranks: int, per_rank: int) -> tuple[float, float]:
@@ -58,32 +60,39 @@ def draw_overview(schedule: Schedule, simulation: Simulation, p2p: float = 0.0, 
     begin, end = steady_window(simulation, ranks, per_rank)
     zoom = TimeAxis(end - begin, LEFT, LINE_WIDTH, start=begin)
     whole = TimeAxis(makespan, LEFT, LINE_WIDTH)
-    row = 20.0 if ranks <= 24 else 12.0              # the zoomed window's rows
-    bar = max(6.0, min(14.0, 240.0 / ranks))         # the utilisation bars' rows
+    row = 20.0                                       # the zoomed window's rows, as the full timeline's
+    bar = max(4.0, min(14.0, 240.0 / ranks))         # the utilisation bars' rows
+    shown = zoomed_ranks(ranks)
     path = critical_path(schedule, simulation, p2p)
     graph = Graph("schedule", comment=f"plandsl render --view schedule: {title}\nlay out with: neato -n2",
                   graph=FIXED_GRAPH, node={"shape": "box", "fixedsize": True, "style": "filled", "label": "",
                                            "fontname": FONT, "fontsize": LABEL_SIZE, "penwidth": 0.4,
-                                           "color": "white", "height": inches(min(BLOCK, row - 5))},
+                                           "color": "white", "height": inches(BLOCK)},
                   edge={"arrowsize": 0.4})
     zoom_bottom = 46.0
-    zoom_top = zoom_bottom + ranks * row
+    zoom_top = zoom_bottom + (len(shown) + (len(shown) < ranks)) * row
     bars_bottom = zoom_top + 76.0
     bars_top = bars_bottom + ranks * bar
     columns = max(1, round(LINE_WIDTH / COLUMN))
     subtitle = (f"top: each rank's busy share over the whole step ({seconds_text(makespan / columns)} columns), "
                 f"the box marks the window drawn below · below: {seconds_text(begin)} to {seconds_text(end)} "
-                f"of the steady state, action by action")
+                f"of the steady state, action by action"
+                + (f", ranks {shown[MAX_ZOOMED - 5] + 1}..{shown[-4] - 1} left out" if len(shown) < ranks else ""))
     _header(graph, schedule, simulation, path, LEFT, bars_top + 22, title, LINE_WIDTH, subtitle)
     _bars(graph, simulation, ranks, whole, bars_bottom, bar, columns)
     _marker(graph, whole, zoom, begin, end, bars_bottom, bars_top, zoom_top)
-    _zoomed(graph, schedule, simulation, zoom, zoom_bottom, row, path)
+    _zoomed(graph, schedule, simulation, zoom, zoom_bottom, row, path, shown)
     return graph.source()
 
 
+def zoomed_ranks(ranks: int) -> list[int]:
+    """The ranks the window draws: every one up to MAX_ZOOMED, else the first 12 and the last 4."""
+    return list(range(ranks)) if ranks <= MAX_ZOOMED else list(range(MAX_ZOOMED - 4)) + list(range(ranks - 4, ranks))
+
+
 def _rank_label_every(height: float) -> int:
-    """Label every rank when rows are 9 pt or more, else every n-th so labels stay 9 pt apart."""
-    return max(1, -(-9 // int(max(1.0, height))))
+    """Label every rank when rows are 8 pt or more, else every n-th so labels (7 pt) stay 8 pt apart."""
+    return max(1, -(-8 // int(max(1.0, height))))
 
 
 def _bars(graph: Graph, simulation: Simulation, ranks: int, axis: TimeAxis, bottom: float, height: float,
@@ -94,6 +103,8 @@ def _bars(graph: Graph, simulation: Simulation, ranks: int, axis: TimeAxis, bott
     shares = utilisation(simulation, ranks, columns)
     width = axis.width / columns
     every = _rank_label_every(height)
+    levels = max(2, min(QUANTUM, int(height - 1)))
+    unit = time_unit(axis.span)
     for rank in range(ranks):
         y = bottom + (ranks - 1 - rank) * height + height / 2
         stats = simulation.ranks[rank]
@@ -102,11 +113,12 @@ def _bars(graph: Graph, simulation: Simulation, ranks: int, axis: TimeAxis, bott
                    height=inches(height - 1), fillcolor=IDLE, color=IDLE, label="",
                    tooltip=f"rank {rank}: busy {busy:.1%} of the step ({seconds_text(stats.busy)}), "
                            f"idle {seconds_text(stats.idle)}")
-        if rank % every == 0 or rank == ranks - 1:
-            text_node(graph, f"urank{rank}", axis.left - 6, y, f"rank {rank}", size=min(9.0, height), align="r")
-        text_node(graph, f"ubusy{rank}", axis.left + axis.width + 6, y, f"busy {busy:.0%}", size=min(8.0, height),
-                  align="l")
-        quantised = [round(share * QUANTUM) for share in shares[rank]]
+        if (rank % every == 0 and ranks - 1 - rank >= every) or rank == ranks - 1:  # the last, never crowded
+            text_node(graph, f"urank{rank}", axis.left - 6, y, f"rank {rank}", size=9.0 if every == 1 else 7.0,
+                      align="r")
+            text_node(graph, f"ubusy{rank}", axis.left + axis.width + 6, y, f"busy {busy:.0%}",
+                      size=8.0 if every == 1 else 7.0, align="l")
+        quantised = [round(share * levels) for share in shares[rank]]
         column = 0
         while column < columns:
             level, run = quantised[column], column
@@ -114,11 +126,11 @@ def _bars(graph: Graph, simulation: Simulation, ranks: int, axis: TimeAxis, bott
                 run += 1
             if level:
                 x0, x1 = axis.left + column * width, axis.left + (run + 1) * width
-                tall = (height - 1) * level / QUANTUM
+                tall = (height - 1) * level / levels
                 graph.node(f"u{rank}_{column}", pos=pos((x0 + x1) / 2, y - (height - 1) / 2 + tall / 2),
                            width=inches(x1 - x0), height=inches(tall), fillcolor=BUSY, color=BUSY, penwidth=0,
-                           tooltip=f"rank {rank} · {seconds_text(column * axis.span / columns)}-"
-                                   f"{seconds_text((run + 1) * axis.span / columns)}: busy {level * 100 // QUANTUM}%")
+                           tooltip=f"rank {rank} · {seconds_text(column * axis.span / columns, unit)}-"
+                                   f"{seconds_text((run + 1) * axis.span / columns, unit)}: busy {level * 100 // levels}%")
             column = run + 1
 
 
@@ -138,17 +150,23 @@ def _marker(graph: Graph, whole: TimeAxis, zoom: TimeAxis, begin: float, end: fl
 
 
 def _zoomed(graph: Graph, schedule: Schedule, simulation: Simulation, axis: TimeAxis, bottom: float, row: float,
-            path: list[int]) -> None:
-    """The window block by block, as the full timeline draws them, blocks cut at its edges."""
+            path: list[int], shown: list[int]) -> None:
+    """The window block by block, as the full timeline draws them, blocks cut at its edges; of many
+    ranks the `shown` ones, a row saying how many are left out between them."""
     ranks = schedule.ranks
-    draw_time_axis(graph, axis, bottom + ranks * row, bottom - 4, step=tick_step(axis.span), prefix="z")
-    ys = [bottom + (ranks - 1 - rank) * row + row / 2 for rank in range(ranks)]
-    every = _rank_label_every(row)
-    for rank in range(ranks):
+    slots = len(shown) + (len(shown) < ranks)
+    draw_time_axis(graph, axis, bottom + slots * row, bottom - 4, step=tick_step(axis.span), prefix="z")
+    ys: list[float | None] = [None] * ranks
+    for slot, rank in enumerate(shown):
+        slot += slot >= MAX_ZOOMED - 4 and len(shown) < ranks  # past the row that says what is left out
+        ys[rank] = bottom + (slots - 1 - slot) * row + row / 2
         graph.node(f"zrow{rank}", pos=pos(axis.left + axis.width / 2, ys[rank]), width=inches(axis.width),
                    height=inches(row - 3), fillcolor=IDLE, color=IDLE, label="")
-        if rank % every == 0 or rank == ranks - 1:
-            text_node(graph, f"zrank{rank}", axis.left - 6, ys[rank], f"rank {rank}", size=9, align="r")
+        text_node(graph, f"zrank{rank}", axis.left - 6, ys[rank], f"rank {rank}", size=9, align="r")
+    if len(shown) < ranks:
+        left_out = shown[-4] - shown[MAX_ZOOMED - 5] - 1
+        text_node(graph, "zgap", axis.left + axis.width / 2, bottom + (slots - MAX_ZOOMED + 3.5) * row,
+                  f"... ranks {shown[MAX_ZOOMED - 5] + 1}..{shown[-4] - 1} ({left_out}) not drawn ...", size=9)
     lines = _Window(axis, ys)
     chunks = chunk_count(schedule)
     fills = {kind: chunk_fills(kind, chunks) for kind in FILLS}
@@ -156,6 +174,8 @@ def _zoomed(graph: Graph, schedule: Schedule, simulation: Simulation, axis: Time
     starts: dict[int, tuple[int, float, float]] = {}
     ends: dict[int, tuple[int, float, float]] = {}
     for rank, blocks in enumerate(rows):
+        if ys[rank] is None:
+            continue
         for number, block in enumerate(blocks):
             _block(graph, f"b{rank}_{number}", block, simulation.events, lines, fills,
                    action_text(schedule, simulation.events, block, chunks))
@@ -169,7 +189,7 @@ def _zoomed(graph: Graph, schedule: Schedule, simulation: Simulation, axis: Time
 class _Window:
     """One line of timeline for `_block`: the window's axis and its rows."""
 
-    def __init__(self, axis: TimeAxis, ys: list[float]) -> None:
+    def __init__(self, axis: TimeAxis, ys: list[float | None]) -> None:
         self.axes, self.row_y = [axis], [ys]
 
     def line_of(self, seconds: float) -> int:
