@@ -211,7 +211,8 @@ def explain(code):
 
 
 @main.command()
-def lsp():
+@click.option("--stdio", is_flag=True, help="Talk over stdin/stdout (the only transport; clients often pass it).")
+def lsp(stdio):
     """Serve the language server on stdin/stdout for an editor: diagnostics, hover, completion, go to
     definition, formatting, quick fixes (needs the `lsp` extra: pygls)."""
     try:

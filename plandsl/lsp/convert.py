@@ -2,7 +2,9 @@
 file keys <-> URIs, and plandsl's `Diagnostic` -> LSP's, its code linked to `plandsl explain CODE`."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -105,6 +107,7 @@ class Explanations:
         try:
             if self._folder is None:
                 self._folder = tempfile.mkdtemp(prefix="plandsl-explain-")
+                atexit.register(shutil.rmtree, self._folder, True)  # the server's own folder goes with it
             path = Path(self._folder) / f"{code}.md"
             path.write_text(f"`plandsl explain {code}`\n\n```\n{text}\n```\n", encoding="utf-8")
         except OSError:

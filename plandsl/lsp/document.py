@@ -94,6 +94,13 @@ class Snapshot:
                 self._estimates[plan.name] = None
         return self._estimates[plan.name]
 
+    def axis(self, offset: int, name: str) -> ir.Axis | None:
+        """The mesh axis `name` of the plan around `offset` (of this version, or None)."""
+        names = self.names
+        definition = names.enclosing(offset) if names is not None else None
+        plan = self.plan(definition.name) if definition is not None and definition.kind == "plan" else None
+        return next((axis for axis in plan.mesh.axes if axis.name == name), None) if plan else None
+
     def word_at(self, offset: int) -> tuple[int, int, str] | None:
         """The name (or number, or code) around character `offset`: (start, end, text)."""
         for match in WORD.finditer(self.text, max(0, offset - 200), offset + 200):

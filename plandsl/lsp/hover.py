@@ -27,6 +27,7 @@ from plandsl.schedules.registry import BUILTIN
 CODE = re.compile(r"^[EW][0-9]{3}$")
 BINARY_OR_BITS = re.compile(r"^[KMGTP]i|b")
 MAX_VALUE_TEXT = 400
+MAX_TENSORS = 12  # parameter tensors of one layer listed
 MODELS = (ir.TransformerModel, ir.MLPModel, ir.CustomModel)  # ir.Model's members  # characters of a value shown; a list of 10,000 layers is not a hover
 
 
@@ -56,6 +57,9 @@ def _word(snapshot: Snapshot, word: str, offset: int) -> str | None:
     if names is not None:
         if names.find(word) is not None:
             return _name(snapshot, word)
+        axis = snapshot.axis(offset, word)
+        if axis is not None:
+            return f"mesh axis **{axis.name}** of size {axis.size}"
         definition = names.enclosing(offset)
         layer = _layer(snapshot, definition, word) if definition is not None else None
         if layer:
@@ -124,6 +128,11 @@ def _layer(snapshot: Snapshot, definition: s.Definition, word: str) -> str | Non
     text = f"layer{'s' if len(chosen) > 1 else ''} **{compress_names([layer.name for layer in chosen])}** of model " \
            f"`{model.name}`: {format_count(sum(layer.param_count for layer in chosen))} parameters " \
            f"(of {format_count(param_count(model))}), {_kinds(chosen)}"
+    if len(chosen) == 1:
+        shown = list(chosen[0].params[:MAX_TENSORS])
+        text += "\n\n" + "\n".join(f"- `{p.name}` {list(p.shape)}" for p in shown)
+        if len(chosen[0].params) > MAX_TENSORS:
+            text += f"\n- ... ({len(chosen[0].params)} tensors)"
     if plan is not None and plan.stages is not None:
         assignment, _ = assign_stages(plan)
         if assignment is not None:

@@ -24,7 +24,8 @@ def definition(snapshot: Snapshot, offset: int, positions: Positions) -> types.L
         return None
     found = names.find(word[2])
     if found is None:
-        return None
+        axis = snapshot.axis(offset, word[2])  # `over dp` -> `dp = 16` in the plan's mesh
+        return positions.location(axis.span) if axis is not None and axis.span is not None else None
     scope, node = found
     span = getattr(node, "name_span", None) or node.span
     positions.sources.setdefault(scope.file, scope.source)

@@ -87,7 +87,7 @@ def hover(ls: PlanServer, params: types.HoverParams) -> types.Hover | None:
 
 
 @server.feature(types.TEXT_DOCUMENT_COMPLETION,
-                types.CompletionOptions(trigger_characters=[" ", "{", "(", ",", "="]))
+                types.CompletionOptions(trigger_characters=["{", "(", ",", "."]))
 def completion(ls: PlanServer, params: types.CompletionParams) -> types.CompletionList | None:
     uri = params.text_document.uri
     snapshot = ls.snapshots.get(uri)

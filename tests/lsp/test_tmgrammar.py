@@ -100,6 +100,6 @@ def test_the_samples_pass_vscode_tmgrammar_test():
         pytest.skip("vscode-tmgrammar-test or node is missing: "
                     f"npm install --prefix .ci/node vscode-tmgrammar-test@{TOOL_VERSION} (see the README)")
     result = subprocess.run([*tool, "--config", str(EXTENSION / "package.json"), "tests/tmgrammar/*.plan"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+                            cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert len(re.findall(r"run successfuly|run successfully", result.stdout)) == len(SAMPLES), result.stdout

@@ -260,7 +260,7 @@ EXPECTED_SURFACE = {
     "schema": {"arguments": [], "options": set()},
     "explain": {"arguments": ["code"], "options": set()},
     "fmt": {"arguments": ["files"], "options": {"--check"}},
-    "lsp": {"arguments": [], "options": set()},
+    "lsp": {"arguments": [], "options": {"--stdio"}},
     "schedule": {"arguments": ["name"], "options": {"--costs", "--format", "--json", "--microbatches", "--ranks",
                                                     "--simulate", "--trace", "--virtual", "--include", "--allow-model-import"}},
     "simulate": {"arguments": ["file"], "options": {"--costs", "--json", "--param", "--plan", "--trace",
