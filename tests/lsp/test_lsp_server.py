@@ -1,5 +1,7 @@
-"""`plandsl lsp` driven as an editor drives it: pytest-lsp starts the real command and speaks LSP over its
-stdio. One server for the module (started once: ~1 s of the module's time); each test opens its own file."""
+"""`plandsl lsp` driven as an editor drives it: pytest-lsp's client starts the real command and speaks LSP over
+its stdio. One server for the module (started once: ~1 s of the module's time); each test opens its own file.
+pytest-lsp's plugin is off (pyproject's addopts: its entry point imports lsprotocol into every pytest process,
+~0.5 CPU-s each), so the fixture below starts the client itself, and lsprotocol loads only when a test runs."""
 from __future__ import annotations
 
 import asyncio
@@ -8,17 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import lazy
 
 pytestmark = [pytest.mark.xdist_group("lsp"),  # one worker starts the one server of the module
               pytest.mark.skipif(importlib.util.find_spec("pytest_lsp") is None,
                                  reason="pytest-lsp is not installed (the `test` extra has it)")]
-
-if importlib.util.find_spec("pytest_lsp") is not None:
-    import pytest_lsp
-    from lsprotocol import types
-    from pytest_lsp import ClientServerConfig, LanguageClient
-else:  # the module is skipped; the fixture below is never used
-    pytest_lsp = None
+types = lazy("lsprotocol.types")
 
 ROOT = Path(__file__).resolve().parents[2]
 # The model's factory module raises (and leaves a mark) if anything imports it: the server must not.
@@ -51,13 +48,18 @@ def at(text: str, needle: str, offset: int = 0) -> types.Position:
     return types.Position(line=line, character=index - (text.rfind("\n", 0, index) + 1))
 
 
-if pytest_lsp is not None:
-    @pytest_lsp.fixture(scope="module", config=ClientServerConfig(
-        server_command=[sys.executable, "-m", "plandsl.cli", "lsp", "--stdio"]))
-    async def client(lsp_client: LanguageClient):
+if importlib.util.find_spec("pytest_lsp") is not None:
+    import pytest_asyncio
+
+    @pytest_asyncio.fixture(scope="module", loop_scope="module")
+    async def client():
+        from pytest_lsp import ClientServerConfig
+        config = ClientServerConfig(server_command=[sys.executable, "-m", "plandsl.cli", "lsp", "--stdio"])
+        lsp_client = await config.start()
         await lsp_client.initialize_session(types.InitializeParams(capabilities=types.ClientCapabilities()))
-        yield
+        yield lsp_client
         await lsp_client.shutdown_session()
+        await lsp_client.stop()
 
 
 @pytest.fixture(scope="module")
@@ -197,23 +199,17 @@ async def test_a_model_written_in_torch_is_never_imported(client, folder):
     assert not (folder / "imported.txt").exists()
 
 
-def test_the_server_imports_no_torch(folder):
-    """Starting the server and answering on a plan load neither torch nor numpy (the checker's own rule)."""
-    import subprocess
-    path = folder / "no_torch.plan"
-    path.write_text(OK_PLAN)
-    script = ("import sys\nimport plandsl.lsp.server\nfrom plandsl.lsp.document import Snapshot\n"
-              "from plandsl.lsp.hover import hover_text\nfrom plandsl.lsp.complete import completions\n"
-              f"text = open({str(path)!r}).read()\nsnapshot = Snapshot('file:///x', {str(path)!r}, text)\n"
-              "assert hover_text(snapshot, text.index('plan p') + 5) and completions(snapshot, text.index('over dp') + 5)\n"
-              "print(sorted({'torch', 'numpy'} & set(sys.modules)))\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
-
-
 @pytest.mark.asyncio(loop_scope="module")
 async def test_ranges_count_utf16_code_units(client, folder):
     text = 'param s = "😀é" )\n'  # the client counts 😀 as two UTF-16 code units, Python as one character
     _, found = await open_file(client, folder, "utf16.plan", text)
     assert [(d.code, d.range.start) for d in found] == [("E101", types.Position(line=0, character=text.index(")") + 1))]
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the server's mapped files from /proc (Linux)")
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_server_loaded_no_torch_and_no_numpy(client):
+    """After every request above (checks, estimates, hovers, completions, formatting), the server process has
+    mapped neither torch's nor numpy's compiled libraries: it imported neither (the checker's own rule)."""
+    maps = Path(f"/proc/{client._server.pid}/maps").read_text()
+    assert "/torch/" not in maps and "/numpy/" not in maps
