@@ -469,7 +469,8 @@ def shrink(file, plan_name, ranks, precision, output, output_format, params):
               help="Write here (.dot .svg .png .pdf .html).")
 @click.option("--format", "output_format", type=click.Choice(["dot", "svg", "png", "pdf", "html"]),
               help="Default: from -o's suffix; DOT text (HTML for --view all) without -o.")
-@click.option("--color-by", metavar="AXIS", help="Mesh view: colour devices by this mesh axis.")
+@click.option("--color-by", metavar="AXIS", help="Mesh view: colour devices by this mesh axis (default: the one that "
+              "tells the drawn nodes apart).")
 @param_option
 @include_option
 @model_import_option
