@@ -155,7 +155,9 @@ def _zoomed(graph: Graph, schedule: Schedule, simulation: Simulation, axis: Time
     ranks the `shown` ones, a row saying how many are left out between them."""
     ranks = schedule.ranks
     slots = len(shown) + (len(shown) < ranks)
-    draw_time_axis(graph, axis, bottom + slots * row, bottom - 4, step=tick_step(axis.span), prefix="z")
+    step = tick_step(axis.span)  # the unit of the window's end: 10.5 s, not 1.05e+04 ms
+    draw_time_axis(graph, axis, bottom + slots * row, bottom - 4, step=step, prefix="z",
+                   unit=time_unit(max(step * 5, axis.start + axis.span)))
     ys: list[float | None] = [None] * ranks
     for slot, rank in enumerate(shown):
         slot += slot >= MAX_ZOOMED - 4 and len(shown) < ranks  # past the row that says what is left out

@@ -66,11 +66,12 @@ def grid_line(graph: Graph, name: str, x: float, bottom: float, top: float) -> N
 
 
 def draw_time_axis(graph: Graph, axis: TimeAxis, top: float, bottom: float, step: float | None = None,
-                   prefix: str = "tick", grid: bool = True) -> float:
+                   prefix: str = "tick", grid: bool = True, unit: tuple[str, float] | None = None) -> float:
     """Tick labels under `bottom` and (with `grid`) light grid lines from `bottom` to `top` (y grows
-    upwards); returns the tick step in seconds, for views that draw their own grid lines."""
+    upwards); returns the tick step in seconds, for views that draw their own grid lines. The labels'
+    unit is `unit`, else the one of five steps."""
     step = step or tick_step(axis.span)
-    unit = time_unit(step * 5)
+    unit = unit or time_unit(step * 5)
     for index, x in ticks(axis, step):
         if grid:
             grid_line(graph, f"{prefix}{index}", x, bottom, top)

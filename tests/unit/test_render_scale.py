@@ -109,6 +109,10 @@ def test_a_long_schedule_is_an_overview_with_a_zoomed_window(dots):
     assert width * 72 == pytest.approx(float(bars.group(2)) * 72 * (end - begin) / makespan, abs=2)
     assert len(re.findall(r'^  urow\d+ ', text, flags=re.M)) == 4
     assert "busy 100%" in text
+    zbv = render(api.load_plan(STDLIB / "examples/zero_bubble_v.plan"), "schedule")  # a window at 10.4-10.9 s
+    for dot in (text, zbv):
+        ticks = re.findall(r'^  z-?\d+ \[.*label="([^"]*)"', dot, flags=re.M)
+        assert ticks and all(re.fullmatch(r"\d+(\.\d+)? m?s", tick) for tick in ticks), ticks
     short = render(api.load_plan(STDLIB / "local/pp_1f1b.plan"), "schedule")
     assert "window" not in short and "urow" not in short, "a short schedule is still drawn whole"
 
