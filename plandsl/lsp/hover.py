@@ -25,10 +25,10 @@ from plandsl.lsp.document import Snapshot
 from plandsl.schedules.registry import BUILTIN
 
 CODE = re.compile(r"^[EW][0-9]{3}$")
-BINARY_OR_BITS = re.compile(r"^[KMGTP]i|b")
-MAX_VALUE_TEXT = 400
+BINARY_OR_BITS = re.compile(r"^[KMGTP]i|b")  # units left out of a value's display: binary prefixes, bits
+MAX_VALUE_TEXT = 400  # characters of a value shown; a list of 10,000 layers is not a hover
 MAX_TENSORS = 12  # parameter tensors of one layer listed
-MODELS = (ir.TransformerModel, ir.MLPModel, ir.CustomModel)  # ir.Model's members  # characters of a value shown; a list of 10,000 layers is not a hover
+MODELS = (ir.TransformerModel, ir.MLPModel, ir.CustomModel)  # ir.Model's members
 
 
 def hover_text(snapshot: Snapshot, offset: int) -> str | None:
@@ -110,7 +110,8 @@ def _device(snapshot: Snapshot, device: ir.DeviceType) -> str:
         if estimate is not None:
             capacity = min(estimate.capacity, default=0)
             lines.append(f"plan {plan.name}: peak {format_bytes(estimate.peak_memory_bytes)} of "
-                         f"{format_bytes(capacity)} per device (estimate)" + ("" if estimate.fits else ": does not fit"))
+                         f"{format_bytes(capacity)} per device (estimate)"
+                         + ("" if estimate.fits else ": does not fit"))
     return "\n\n".join(lines)
 
 

@@ -1,10 +1,13 @@
 """`plandsl lsp`: the language server over stdio (pygls), wiring LSP requests to this package's answers.
 
 Each open document is analysed when it opens or changes (`document.Snapshot`: `plandsl check`'s
-diagnostics, published at once); requests read the latest snapshot. The last version that lowered is
-kept, so that completion still knows the file's names and axes while the text is half-typed.
+diagnostics, published at once; of changes that arrived together, only the last is checked); a request
+reads the snapshot of the latest text. The last version that lowered is kept, so that completion still
+knows the file's names and axes while the text is half-typed.
 """
 from __future__ import annotations
+
+import asyncio
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
@@ -48,6 +51,14 @@ class PlanServer(LanguageServer):
             self.text_document_publish_diagnostics(types.PublishDiagnosticsParams(
                 uri=file_uri, diagnostics=found, version=document.version if file_uri == uri else None))
 
+    def current(self, uri: str) -> Snapshot | None:
+        """The snapshot of the document's latest text (analysed now if a change has not been yet)."""
+        snapshot = self.snapshots.get(uri)
+        if snapshot is not None and snapshot.version != self.workspace.get_text_document(uri).version:
+            self.analyse(uri)
+            snapshot = self.snapshots[uri]
+        return snapshot
+
     def positions(self, snapshot: Snapshot) -> Positions:
         return Positions(snapshot.analysis.sources, self.workspace.position_codec)
 
@@ -64,8 +75,12 @@ def did_open(ls: PlanServer, params: types.DidOpenTextDocumentParams) -> None:
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
-def did_change(ls: PlanServer, params: types.DidChangeTextDocumentParams) -> None:
-    ls.analyse(params.text_document.uri)
+async def did_change(ls: PlanServer, params: types.DidChangeTextDocumentParams) -> None:
+    # Changes already sent are applied first: of a burst typed while a long check ran, only the last is checked.
+    await asyncio.sleep(0)
+    uri = params.text_document.uri
+    if ls.workspace.get_text_document(uri).version == params.text_document.version:
+        ls.analyse(uri)
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
@@ -79,7 +94,7 @@ def did_close(ls: PlanServer, params: types.DidCloseTextDocumentParams) -> None:
 
 @server.feature(types.TEXT_DOCUMENT_HOVER)
 def hover(ls: PlanServer, params: types.HoverParams) -> types.Hover | None:
-    snapshot = ls.snapshots.get(params.text_document.uri)
+    snapshot = ls.current(params.text_document.uri)
     if snapshot is None:
         return None
     text = hover_text(snapshot, ls.offset(snapshot.uri, params.position))
@@ -90,7 +105,7 @@ def hover(ls: PlanServer, params: types.HoverParams) -> types.Hover | None:
                 types.CompletionOptions(trigger_characters=["{", "(", ",", "."]))
 def completion(ls: PlanServer, params: types.CompletionParams) -> types.CompletionList | None:
     uri = params.text_document.uri
-    snapshot = ls.snapshots.get(uri)
+    snapshot = ls.current(uri)
     if snapshot is None:
         return None
     items = completions(snapshot, ls.offset(uri, params.position), ls.lowered.get(uri))
@@ -99,7 +114,7 @@ def completion(ls: PlanServer, params: types.CompletionParams) -> types.Completi
 
 @server.feature(types.TEXT_DOCUMENT_DEFINITION)
 def go_to_definition(ls: PlanServer, params: types.DefinitionParams) -> types.Location | None:
-    snapshot = ls.snapshots.get(params.text_document.uri)
+    snapshot = ls.current(params.text_document.uri)
     if snapshot is None:
         return None
     return definition(snapshot, ls.offset(snapshot.uri, params.position), ls.positions(snapshot))
@@ -107,7 +122,7 @@ def go_to_definition(ls: PlanServer, params: types.DefinitionParams) -> types.Lo
 
 @server.feature(types.TEXT_DOCUMENT_FORMATTING)
 def format_document(ls: PlanServer, params: types.DocumentFormattingParams) -> list[types.TextEdit] | None:
-    snapshot = ls.snapshots.get(params.text_document.uri)
+    snapshot = ls.current(params.text_document.uri)
     return formatting(snapshot, ls.positions(snapshot)) if snapshot else None
 
 
@@ -115,7 +130,7 @@ def format_document(ls: PlanServer, params: types.DocumentFormattingParams) -> l
                 types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.QuickFix]))
 def code_actions(ls: PlanServer, params: types.CodeActionParams) -> list[types.CodeAction] | None:
     uri = params.text_document.uri
-    snapshot = ls.snapshots.get(uri)
+    snapshot = ls.current(uri)
     if snapshot is None:
         return None
     return quick_fixes(snapshot, params.range, ls.positions(snapshot), ls.shown.get(uri, {}))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -19,7 +20,8 @@ types = lazy("lsprotocol.types")
 
 ROOT = Path(__file__).resolve().parents[2]
 # The model's factory module raises (and leaves a mark) if anything imports it: the server must not.
-TRAP = 'from pathlib import Path\nPath(__file__).with_name("imported.txt").write_text("imported")\nraise SystemExit(3)\n'
+TRAP = ('from pathlib import Path\nPath(__file__).with_name("imported.txt").write_text("imported")\n'
+        "raise SystemExit(3)\n")
 PLAN = """\
 import "clusters/dgx_a100"
 import "models/gpt3"
@@ -52,9 +54,12 @@ if importlib.util.find_spec("pytest_lsp") is not None:
     import pytest_asyncio
 
     @pytest_asyncio.fixture(scope="module", loop_scope="module")
-    async def client():
+    async def client(folder):
         from pytest_lsp import ClientServerConfig
-        config = ClientServerConfig(server_command=[sys.executable, "-m", "plandsl.cli", "lsp", "--stdio"])
+        # `folder` is on the server's import path: the trap model there would be imported if anything tried
+        path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
+        config = ClientServerConfig(server_command=[sys.executable, "-m", "plandsl.cli", "lsp", "--stdio"],
+                                    server_env={**os.environ, "PYTHONPATH": path})
         lsp_client = await config.start()
         await lsp_client.initialize_session(types.InitializeParams(capabilities=types.ClientCapabilities()))
         yield lsp_client
@@ -134,7 +139,8 @@ async def test_hover_values_units_layers_devices_and_codes(client, folder):
 
 @pytest.mark.asyncio(loop_scope="module")
 async def test_hover_on_a_layer_and_a_device(client, folder):
-    text = OK_PLAN.replace("  stages   = evenly over pp\n", "  stages { 0: embed, layers[0:16]\n 1: layers[16:32], norm, head }\n")
+    text = OK_PLAN.replace("  stages   = evenly over pp\n",
+                           "  stages { 0: embed, layers[0:16]\n 1: layers[16:32], norm, head }\n")
     uri, found = await open_file(client, folder, "layers.plan", text)
     assert not [d for d in found if d.severity == types.DiagnosticSeverity.Error], found
     layer = await client.text_document_hover_async(types.HoverParams(
@@ -182,7 +188,8 @@ async def test_completion_definition_and_formatting(client, folder):
     messy = "param   micro=1\nplan q {\nmodel=gpt(layers=2,hidden=8,heads=2,seq=4,vocab=16)\n}\n"
     uri, _ = await open_file(client, folder, "messy.plan", messy)
     edits = await client.text_document_formatting_async(types.DocumentFormattingParams(
-        text_document=types.TextDocumentIdentifier(uri=uri), options=types.FormattingOptions(tab_size=2, insert_spaces=True)))
+        text_document=types.TextDocumentIdentifier(uri=uri),
+        options=types.FormattingOptions(tab_size=2, insert_spaces=True)))
     from plandsl import api
     assert len(edits) == 1 and edits[0].new_text == api.format_text(messy)
     assert edits[0].range.end.line == len(messy.splitlines())

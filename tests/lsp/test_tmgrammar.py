@@ -86,6 +86,9 @@ def test_the_samples_are_plans():
     assert SAMPLES
     for sample in SAMPLES:
         api.parse(sample.read_text(), str(sample))  # raises PlanError on a sample that is not a plan
+    shipped = ROOT / "tests" / "tmgrammar" / "gpt3_175b_3d.plan"  # the stdlib file, assertions interleaved
+    lines = [line for line in shipped.read_text().splitlines()[1:] if not re.match(r"#\s*(\^|<-)", line)]
+    assert lines == (ROOT / "stdlib_plans" / "examples" / "gpt3_175b_3d.plan").read_text().splitlines()
 
 
 def _tool() -> list[str] | None:

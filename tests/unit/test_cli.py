@@ -233,6 +233,16 @@ def test_explain_unknown_code():
     assert "E999" in result.stderr
 
 
+def test_lsp_without_pygls_says_what_to_install(monkeypatch):
+    """`plandsl lsp` where pygls is not installed (simulated: importing it fails): exit 2 and the extra to install."""
+    monkeypatch.setitem(sys.modules, "pygls", None)  # `import pygls...` raises ImportError, as when it is missing
+    for name in [m for m in sys.modules if m.startswith("plandsl.lsp.")]:
+        monkeypatch.delitem(sys.modules, name)
+    result = CliRunner().invoke(main, ["lsp"])
+    assert result.exit_code == 2
+    assert "pip install 'plandsl[lsp]'" in result.stderr
+
+
 def test_help_lists_the_commands():
     result = cli("--help")
     assert result.exit_code == 0
