@@ -12,6 +12,7 @@ deadlock fails instead of hanging.
 """
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import pickle
@@ -59,14 +60,22 @@ def _rank_main(rank: int, world: int, port: int, out: Path, env: dict[str, str],
         os._exit(status)
 
 
-def _import_what_ranks_import() -> None:
-    """Import torch and the runtime here, once per test process, before forking: a rank forked from a
-    process that has them starts with them, while each rank importing them itself costs ~4 s of CPU
-    (torch, torch.distributed, the checkpoint and dynamo modules the trainer pulls in), per rank and test."""
-    import torch  # noqa: F401
+# What ranks import beyond the trainer's own imports, lazily, while they build and train: torch._dynamo
+# (torch's tensor-parallel styles and FSDP import it on first use, ~1 CPU-s), the pipelining package,
+# DCP's filesystem layer (fsspec). Measured by listing the modules a forked rank added to sys.modules:
+# 56 of 92 ranks of a sample of 21 multi-process tests imported ~220 modules each, ~1 CPU-s per rank.
+PRELOAD = ("torch", "torch._dynamo", "torch.distributed.tensor.parallel", "torch.distributed.pipelining",
+           "torch.distributed.checkpoint", "fsspec", "numpy.random",
+           "plandsl.runtime.equivalence", "plandsl.runtime.train", "plandsl.runtime.parallel.pipeline")
 
-    import plandsl.runtime.equivalence
-    import plandsl.runtime.train  # noqa: F401
+
+def _import_what_ranks_import() -> None:
+    """Import torch, the runtime and what ranks import on first use here, once per test process, before
+    forking: a rank forked from a process that has them starts with them, while each rank importing them
+    itself costs ~4 s of CPU (torch, torch.distributed, the checkpoint and dynamo modules the trainer
+    pulls in), per rank and test."""
+    for name in PRELOAD:
+        importlib.import_module(name)
 
 
 def start_method() -> str:
@@ -79,7 +88,7 @@ def start_method() -> str:
     import torch
     method = os.environ.get("PLANDSL_TEST_START") or ("forkserver" if torch.version.cuda else "fork")
     if method == "forkserver":
-        multiprocessing.set_forkserver_preload(["torch", "plandsl.runtime.equivalence", "plandsl.runtime.train"])
+        multiprocessing.set_forkserver_preload(list(PRELOAD))
     return method
 
 

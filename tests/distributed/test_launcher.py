@@ -336,7 +336,11 @@ def test_a_hugging_face_model_runs_through_the_launcher_as_written(tmp_path):
     done = plandsl_run(plan, "--steps", 2, "--check-equivalence")
     assert done.returncode == 0, done.output
     assert "equivalence with one process: ok" in done.output and "step 2: loss" in done.output, done.output
-    assert "model.layers." in done.output  # the report names the module's own parameters
+    # the report names the module's own parameters (transformers' `model.*` and `lm_head.*`, not plandsl's
+    # `embed.tok`, `layers.N`, `head`); which one is largest depends on the run (two fp32 pipeline stages may
+    # match the one process exactly, and then the first tensor is named)
+    named = re.search(r"largest in one tensor \S+ \((\S+)\)", done.output)
+    assert named and named[1].startswith(("model.", "lm_head.")), done.output
 
     plan.write_text(plan.read_text(encoding="utf-8").replace("seed: 0", "seed: 0, recompute: selective"),
                     encoding="utf-8")
