@@ -9,6 +9,7 @@ import re
 from lsprotocol import types
 
 from plandsl import ir
+from plandsl.ir.layers import layers_of
 from plandsl.lower import (
     CLUSTER_ATTRS,
     DEVICE_ATTRS,
@@ -33,6 +34,7 @@ from plandsl.syntax.parser import keywords
 
 Kind = types.CompletionItemKind
 TOP_LEVEL = ("import", "param", "let", "device", "node", "cluster", "model", "plan", "schedule")
+STATEMENT_STARTS = ("layer", "shard", "rank", "for", "on", "if", "else", "in")  # keywords no value contains
 BODIES: dict[str, tuple[str, ...]] = {  # a definition's kind -> what its body's statements start with
     "device": tuple(DEVICE_ATTRS), "node": tuple(NODE_ATTRS), "cluster": tuple(CLUSTER_ATTRS),
     "model": (*MODEL_ATTRS, "layer"), "plan": (*PLAN_ATTRS, "shard"), "layer": tuple(LAYER_ATTRS),
@@ -71,29 +73,38 @@ def completions(snapshot: Snapshot, offset: int, previous: Snapshot | None = Non
         if opener is None:
             return [_item(k, Kind.Keyword) for k in TOP_LEVEL]
         items += [_item(name, Kind.Property) for name in BODIES.get(opener, KEYS.get(opener, ()))]
+        if opener in BODIES or opener in KEYS:  # a body's statement or a `{ }` value's key: nothing else fits
+            return items
     assigned = ASSIGNED.search(head)
     key = assigned.group(1) if assigned else None
-    if key == "schedule" or opener == "plan" and key is None:
-        items += [_item(name, Kind.Function, info.summary) for name, info in BUILTIN.items()]
-    items += [_item(word_, Kind.EnumMember) for word_ in WORDS.get(key or "", ())]
-    if opener in KEYS and starts:
-        return items
+    if key == "schedule":
+        items += [_item(name, Kind.Function, info.summary, "0") for name, info in BUILTIN.items()]
+    clause = re.search(r"\b(over|with)\b", head)  # `data = zero1 over |`: axes now, not the attribute's words
+    if not clause:
+        items += [_item(word_, Kind.EnumMember, None, "0") for word_ in WORDS.get(key or "", ())]
     plan = _plan(snapshot, previous, definition)
-    if plan is not None and (re.search(r"\b(over|with)\b", head) or key in ("axis",)):
-        items += [_item(axis.name, Kind.Variable, f"mesh axis of size {axis.size}") for axis in plan.mesh.axes]
+    if plan is not None and (clause or key == "axis"):
+        items += [_item(axis.name, Kind.Variable, f"mesh axis of size {axis.size}", "0") for axis in plan.mesh.axes]
+    if plan is not None and opener == "stages":  # `0: embed, layers[0:8]`: the model's layers, by group
+        groups = dict.fromkeys(layer.name.split(".")[0] for layer in layers_of(plan.model))
+        items += [_item(group, Kind.Field, f"layers of {plan.model.name}", "0") for group in groups]
     names = snapshot.names or (previous.names if previous else None)
     if names is not None:
         for name in sorted(names.scope.visible_names()):
             found = names.find(name)
             node = found[1] if found else None
             kind = getattr(node, "kind", None) or type(node).__name__.lower()
-            items.append(_item(name, Kind.Function if kind == "schedule" else Kind.Variable, kind))
-    items += [_item(k, Kind.Keyword) for k in keywords() if k not in TOP_LEVEL or opener is None]
-    return list({item.label: item for item in items}.values())
+            items.append(_item(name, Kind.Function if kind == "schedule" else Kind.Variable, kind, "1"))
+    statement = starts and opener not in KEYS
+    items += [_item(k, Kind.Keyword, None, "2") for k in keywords()
+              if k not in TOP_LEVEL and (statement or k not in STATEMENT_STARTS)]
+    return list({item.label: item for item in reversed(items)}.values())[::-1]  # the first of each label
 
 
-def _item(label: str, kind: types.CompletionItemKind, detail: str | None = None) -> types.CompletionItem:
-    return types.CompletionItem(label=label, kind=kind, detail=detail)
+def _item(label: str, kind: types.CompletionItemKind, detail: str | None = None,
+          rank: str = "1") -> types.CompletionItem:
+    """`rank` orders the list: "0" what the position takes (words, axes, schedules), "1" names, "2" keywords."""
+    return types.CompletionItem(label=label, kind=kind, detail=detail, sort_text=f"{rank}{label}")
 
 
 def _context(text: str, end: int) -> tuple[str | None, str | None]:

@@ -147,6 +147,9 @@ async def test_hover_on_a_layer_and_a_device(client, folder):
         text_document=types.TextDocumentIdentifier(uri=uri), position=at(text, "embed", 1)))
     assert "embed" in layer.contents.value and "stage 0 on pipeline rank 0" in layer.contents.value
     assert "`embed.tok.weight` [51200, 4096]" in layer.contents.value  # its tensors, as torch names them
+    found = await client.text_document_completion_async(types.CompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=at(text, "layers[16:32]", 0)))
+    assert {"embed", "layers", "norm", "head"} <= {item.label for item in found.items}  # the model's layers
     axis = await client.text_document_hover_async(types.HoverParams(
         text_document=types.TextDocumentIdentifier(uri=uri), position=at(text, "over tp", 5)))
     assert axis.contents.value == "mesh axis **tp** of size 2"
@@ -169,11 +172,14 @@ async def test_completion_definition_and_formatting(client, folder):
 
     assert {"import", "plan", "device"} <= await labels(types.Position(line=len(text.splitlines()), character=0))
     assert {"data", "tensor", "schedule", "stages"} <= await labels(at(text, "  model", 2))  # a plan's attributes
-    assert {"dp", "pp", "tp"} <= await labels(at(text, "over dp", 5))  # mesh axes
+    after_over = await labels(at(text, "over dp", 5))
+    assert {"dp", "pp", "tp"} <= after_over and "zero1" not in after_over  # mesh axes, not data's kinds
     assert {"zbv", "interleaved_1f1b", "gpipe"} <= await labels(at(text, "1f1b"))  # built-in schedules
     assert {"precision", "micro_batch", "global_batch"} <= await labels(at(text, "micro_batch"))  # train's keys
     assert {"GiB", "TFLOP/s", "us"} <= await labels(at(text, "GiB"))  # units after a number
-    assert {"gpt3_175b", "dgx_a100", "micro", "memory_per_node"} <= await labels(at(text, "gpt3_6_7b"))
+    value = await labels(at(text, "gpt3_6_7b"))
+    assert {"gpt3_175b", "dgx_a100", "micro", "memory_per_node", "gpt", "llama"} <= value
+    assert not {"for", "layer", "rank", "import"} & value  # statement keywords have no place in a value
 
     target = await client.text_document_definition_async(types.DefinitionParams(
         text_document=types.TextDocumentIdentifier(uri=uri), position=at(text, "gpt3_6_7b", 2)))
