@@ -1,5 +1,5 @@
 """Training against the layout: batch divisibility (E501), microbatches for the schedule
-(E502), precision against the devices (E504), recompute_layers and master_dtype against the rest of
+(E502), precision against the devices (E504; fp8 needs bf16 too), recompute_layers and master_dtype against the rest of
 `train` (E205)."""
 from __future__ import annotations
 
@@ -49,12 +49,17 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
                    hint=f"master_dtype: {train.precision.value} (or wider), or precision: {train.master_dtype.value}")
     start = plan.mesh.first_device
     used = {d.name: d for d in plan.cluster.devices_in_order()[start:start + plan.mesh.size]}
+    needed = dict.fromkeys((train.precision, train.precision.unquantized))  # fp8: bf16 too (attention, head)
     for device in used.values():
-        if train.precision not in device.peak:
-            yield diag("E504", f"device '{device.name}' gives no peak for {train.precision.value}",
-                       train.span_of("precision"),
+        missing = [p for p in needed if p not in device.peak]
+        if missing:
+            why = "" if missing == [train.precision] else \
+                f" (fp8 runs the blocks' linear layers in FP8 and the attention core, embedding and head in " \
+                f"{train.precision.unquantized.value})"
+            yield diag("E504", f"device '{device.name}' gives no peak for {' and '.join(p.value for p in missing)}"
+                       f"{why}", train.span_of("precision"),
                        hint=f"its peaks: {', '.join(p.value for p in device.peak)}; add "
-                       f"`{train.precision.value}: ... TFLOP/s` to its peak, or change precision")
+                       f"`{missing[0].value}: ... TFLOP/s` to its peak, or change precision")
             break
 
 

@@ -57,7 +57,7 @@ class Efficiency:
         if m <= 0 or n <= 0 or k <= 0 or count <= 0:
             return 0.0
         flops = 2.0 * m * n * k * count
-        moved = (m * k + k * n + m * n) * precision.bytes * count
+        moved = (m * k + k * n + m * n) * precision.gemm_bytes * count
         return self.kernel(flops, moved, device, precision)
 
     def kernel(self, flops: float, moved: float, device: ir.DeviceType, precision: ir.Precision) -> float:
@@ -240,7 +240,7 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         return LayerCompute(0.0, other, 0.0, 2 * other, 0.0)
     if layer.kind == "head":
         vocab = -(-model.vocab // tp)
-        matmul = gemm(tokens, vocab, h, device, precision)
+        matmul = gemm(tokens, vocab, h, device, precision.unquantized)  # fp8: the output layer stays 16-bit
         # Cross entropy over fp32 logits (Korthikanti et al. 2022, Sec. 4.3): write the 16-bit
         # logits, read them, write fp32 probabilities; backward reads them and writes the gradient.
         forward_other = tokens * vocab * (element + element + 4) / bandwidth
@@ -260,7 +260,7 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
     attention_flops = 4.0 * work.micro_batch * seq_q * work.seq * head_dim * heads  # Q·Kᵀ and P·V
     attention = efficiency.kernel(attention_flops, work.micro_batch * (2 * seq_q * head_dim * heads
                                                                      + 2 * work.seq * kv / tp) * element,
-                                  device, precision)
+                                  device, precision.unquantized)  # fp8: attention stays 16-bit
     projections = 3 if not gpt else 2                                      # SwiGLU: w1, w3 and w2
     if model.experts:
         experts = model.experts

@@ -91,6 +91,7 @@ CODES: dict[str, str] = {
     "E703": "parallelisms the interpreter cannot combine",
     "E704": "model with no torch module to run",
     "E705": "shard rule the interpreter cannot run",
+    "E706": "precision the interpreter cannot run",
     # E8xx: what `plandsl generate --from` cannot keep, or `plandsl shrink` cannot do
     "E801": "decision the search cannot keep",
     "E802": "plan that cannot be scaled down",

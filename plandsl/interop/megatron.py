@@ -51,6 +51,8 @@ CHOICE_FLAGS: dict[str, tuple[str, ...]] = {
     "--ckpt-format": ("torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"),
     # the precision-aware optimizer (OptimizerConfig: main_params_dtype, main_grads_dtype, exp_avg_dtype,
     # exp_avg_sq_dtype), with --use-precision-aware-optimizer: Adam and the distributed optimizer only
+    # Transformer Engine's FP8 for the blocks' linear layers (TransformerConfig.fp8), beside --bf16
+    "--fp8-format": ("e4m3", "hybrid"),
     "--main-params-dtype": ("fp32", "fp16"),
     "--main-grads-dtype": ("fp32", "bf16"),
     "--exp-avg-dtype": ("fp32", "fp16", "bf16", "fp8"),
@@ -154,6 +156,8 @@ def _train_args(plan: ir.Plan, args: list, lose) -> None:
     args += [("--micro-batch-size", str(train.micro_batch)), ("--global-batch-size", str(train.global_batch))]
     if train.precision in PRECISION_SWITCH:
         args.append((PRECISION_SWITCH[train.precision], None))
+    elif train.precision is ir.Precision.fp8:  # TE's delayed-scaling recipe: e4m3 forward, e5m2 gradients
+        args += [("--bf16", None), ("--fp8-format", "hybrid")]
     _dtype_args(plan, args, lose)
     if train.recompute is ir.Recompute.selective:  # recompute_modules defaults to ["core_attn"]: the attention core
         args.append(("--recompute-granularity", "selective"))

@@ -313,6 +313,12 @@ def _train(read: _Read) -> str | None:
         read.problem("E805", "both --bf16 and --fp16", "--fp16", hint="keep one")
         return None
     precision = "bf16" if read.get("--bf16") else "fp16" if read.get("--fp16") else "fp32"
+    if read.get("--fp8-format") is not None:
+        if precision != "bf16":
+            read.problem("E807", f"--fp8-format with {precision}: a plan's fp8 runs the matmuls it leaves out of FP8 in "
+                         "bf16", "--fp8-format", hint="add --bf16")
+            return None
+        precision = "fp8"  # either format: the plan's fp8 is the blocks' linear layers in FP8
     recompute = _recompute(read)
     if recompute is None:
         return None

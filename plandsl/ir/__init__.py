@@ -30,13 +30,35 @@ class Node(BaseModel):
 
 
 class Precision(str, Enum):
+    """What the matmuls compute in (`train.precision`), and the dtypes training keeps (`master_dtype`, ...;
+    not fp8). `fp8` is Transformer Engine's recipe: the linear layers of the transformer blocks run their
+    GEMMs in FP8 (e4m3 forward, e5m2 gradients), everything else in bf16 (`unquantized`)."""
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
+    fp8 = "fp8"
 
     @property
     def bytes(self) -> int:
+        """Bytes of an element of the activations and of what moves between devices: 16-bit under fp8 too
+        (Transformer Engine keeps the tensors between its GEMMs, and the communication, in bf16)."""
         return 4 if self is Precision.fp32 else 2
+
+    @property
+    def gemm_bytes(self) -> int:
+        """Bytes of a GEMM's operand elements: 1 for fp8 (as `plandsl profile` measures `torch._scaled_mm`)."""
+        return 1 if self is Precision.fp8 else self.bytes
+
+    @property
+    def unquantized(self) -> "Precision":
+        """The precision of the matmuls FP8 training leaves in 16 bits (the attention core, the embedding
+        and the output layer: Megatron-LM's --fp8-format applies to the blocks' linear layers): bf16 for
+        fp8, the precision itself otherwise."""
+        return Precision.bf16 if self is Precision.fp8 else self
+
+
+KEPT_DTYPES = (Precision.fp32, Precision.bf16, Precision.fp16)
+"""The dtypes `master_dtype`, `grad_dtype` and `optimizer_dtype` take (no FP8 weights, gradients or states)."""
 
 
 class Recompute(str, Enum):

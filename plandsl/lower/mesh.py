@@ -101,9 +101,10 @@ def training(scope: Scope, expr: s.Expr) -> ir.Training:
                 values[key] = scope.integer(item.value, key,
                                             minimum=0 if key in ("warmup_steps", "seed", "recompute_layers") else 1,
                                             maximum=limits.TRAIN.get(key))
-            elif key in ("precision", "master_dtype", "grad_dtype", "optimizer_dtype"):
-                values[key] = scope.word(item.value, tuple(p.value for p in ir.Precision),
-                                         "precision" if key == "precision" else "dtype")
+            elif key == "precision":
+                values[key] = scope.word(item.value, tuple(p.value for p in ir.Precision), "precision")
+            elif key in ("master_dtype", "grad_dtype", "optimizer_dtype"):
+                values[key] = scope.word(item.value, tuple(p.value for p in ir.KEPT_DTYPES), "dtype")
             elif key == "recompute":
                 values[key] = scope.word(item.value, tuple(r.value for r in ir.Recompute), "recompute mode")
             elif key == "optimizer":

@@ -2,7 +2,7 @@
 
 Stage: interpreter (imported by the CLI without torch; torch only for shard rules and ring context
 parallelism). Contract: `refusals(plan, cuda=None)` returns
-`Diagnostic`s (E701-E705, catalogued in docs/errors.md) pointing at the plan's attribute that asks
+`Diagnostic`s (E701-E706, catalogued in docs/errors.md) pointing at the plan's attribute that asks
 for what cannot run, empty when the plan can run. A refused plan is never run some other way.
 """
 from __future__ import annotations
@@ -18,6 +18,11 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
     """Every reason `plandsl run` refuses the plan (a checked plan), in the order of the plan's attributes.
     `cuda`: whether the ranks will run on CUDA (None: whether this machine has it, as `runtime.mesh` decides)."""
     found = []
+    if plan.train.precision is ir.Precision.fp8:
+        found.append(diag("E706", "precision fp8 cannot run yet: its GEMMs need a GPU with FP8 tensor cores and "
+                                  "per-tensor scaling (Transformer Engine's recipe), which no run of the interpreter "
+                                  "has checked; check, estimate and generate model it", plan.train.span_of("precision"),
+                          hint="run it with `precision: bf16`"))
     if isinstance(plan.model, ir.CustomModel) and plan.model.source:
         found += _torch_model_refusals(plan, plan.model)
     elif isinstance(plan.model, ir.CustomModel) and not plan.model.factory:

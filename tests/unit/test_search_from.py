@@ -201,11 +201,11 @@ def test_an_expert_parallel_mesh_pins_dp_and_ep_apart():
 
 def test_errors_point_at_the_plans_own_lines(tmp_path):
     path = write(tmp_path, "  tensor  = megatron over tp\n  train   = { global_batch: 32,\n"
-                           "              precision: fp8 }\n")
+                           "              precision: fp4 }\n")
     out = generate("--from", path)
-    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if "fp8" in text)
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if "fp4" in text)
     assert out.exit_code == 1 and f"partial.plan:{line}:" in out.output and "error[E210]" in out.output
-    assert "precision: fp8" in out.output  # the file's own line under the caret
+    assert "precision: fp4" in out.output  # the file's own line under the caret
 
 
 def test_completing_again_replaces_the_figures(tmp_path):

@@ -95,3 +95,17 @@ _entry("E705", """
     """, _local_plan("tensor  = megatron over tp\n      shard layers.*.norm1 = colwise over tp", mesh="[tp = 2]"),
     "Leave the norm replicated (or use `sequence` with sequence parallelism).",
     ("colwise over tp", "replicate"))
+
+
+_entry("E706", """
+    The plan trains in FP8 (`precision: fp8`: the blocks' linear layers in FP8, as Transformer
+    Engine's recipe does), which `check`, `estimate`, the search and the renderer model from the
+    devices' FP8 peaks; the interpreter does not run it yet: FP8 GEMMs need a GPU with FP8 tensor
+    cores (Hopper, Ada or later) and per-tensor scaling that no run here has checked. It refuses
+    rather than run the plan in another precision under its name.
+    """, _local_plan("", mesh="[dp = 2]", header="device fp8_cpu {\n      memory    = 16 GiB\n      bandwidth = 50 GB/s\n"
+                                                  "      peak      = { bf16: 1 TFLOP/s, fp8: 2 TFLOP/s }\n    }\n"
+                                                  "    node fp8_box {\n      devices = 2 x fp8_cpu\n      link    = "
+                                                  "{ bandwidth: 5 GB/s, latency: 20 us }\n    }\n    ").replace(
+        "cluster = localhost", "cluster = fp8_box").replace("micro_batch: 1 }", "micro_batch: 1, precision: fp8 }"),
+    "Run it in bf16 here; keep fp8 for `estimate` and `generate`.", ("precision: fp8", "precision: bf16"))

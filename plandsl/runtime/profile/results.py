@@ -30,8 +30,8 @@ class Spread:
 
 @dataclass(frozen=True, slots=True)
 class GemmTiming:
-    """m x k by k x n in `precision` (fp32 with TF32 off; tf32 and fp8 are extra rows the language has no
-    precision for, written as comments)."""
+    """m x k by k x n in `precision` (fp32 with TF32 off; tf32 is an extra row the language has no precision
+    for, written as a comment)."""
 
     precision: str
     m: int

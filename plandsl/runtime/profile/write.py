@@ -13,11 +13,12 @@ import math
 import re
 from dataclasses import dataclass
 
+from plandsl import ir
 from plandsl.cost.fit import CommSample, GemmFit, GemmSample, LinkFit, fit_gemm, fit_link
 from plandsl.syntax.format import format_text
 from plandsl.runtime.profile.results import CommTiming, GemmTiming, Profile, Spread
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = tuple(p.value for p in ir.Precision)
 """The language's precisions (`ir.Precision`), in the order the file lists them."""
 ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 TABLE_ABOVE = 0.10
@@ -42,7 +43,7 @@ class PrecisionFit:
 @dataclass(frozen=True)
 class Fitted:
     precisions: tuple[PrecisionFit, ...]
-    extras: tuple[GemmTiming, ...]         # tf32, fp8: comments only
+    extras: tuple[GemmTiming, ...]         # tf32: comments only
     bandwidth: float
     link: LinkFit | None                   # None: one process per node, nothing measured
     nic: LinkFit | None                    # per device (the file writes it per node)

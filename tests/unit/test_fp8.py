@@ -1,0 +1,95 @@
+"""`precision: fp8`: Transformer Engine's recipe as the cost model prices it. The blocks' linear layers run
+their GEMMs at the device's FP8 peak; the attention core, the embedding and the output layer stay bf16, as
+do activations and communication. `check` needs both peaks (E504), `run` refuses it (E706), Megatron's
+`--fp8-format` says it both ways."""
+from __future__ import annotations
+
+import pytest
+
+from plandsl import api, ir
+from plandsl.cost.estimate import estimate_plan
+from plandsl.interop import export_plan, import_text
+
+PLAN = """\
+import "clusters/dgx_h100"
+{devices}
+plan p {{
+  model    = llama(layers=16, hidden=4096, heads=32, kv_heads=8, seq=4096, vocab=128256)
+  cluster  = {cluster}
+  mesh     = [dp = 2, pp = 2, tp = 4]
+  train    = {{ global_batch: 32, micro_batch: 1, precision: {precision} }}
+  data     = zero1 over dp
+  tensor   = megatron over tp with sequence_parallel
+  stages   = evenly over pp
+  schedule = 1f1b
+}}
+"""
+
+
+def _plan(precision: str) -> ir.Plan:
+    return api.loads(PLAN.format(devices="", cluster="dgx_h100 x 2", precision=precision)).plans[0]
+
+
+def test_fp8_speeds_up_the_blocks_linear_layers_only():
+    bf16, fp8 = estimate_plan(_plan("bf16")), estimate_plan(_plan("fp8"))
+    assert fp8.time.step < bf16.time.step
+    assert fp8.flops_per_step == pytest.approx(bf16.flops_per_step)  # the same work, at a higher peak
+    assert [m.activations for m in fp8.memory] == [m.activations for m in bf16.memory]  # 16-bit activations
+    assert [m.total for m in fp8.memory] == [m.total for m in bf16.memory]
+    plan = _plan("fp8")
+    h100 = plan.cluster.devices_in_order()[0]
+    assert fp8.mfu == pytest.approx(fp8.model_flops_per_step / (fp8.time.step * fp8.devices * h100.peak[ir.Precision.fp8]))
+
+
+def test_attention_and_the_output_layer_stay_16_bit():
+    from plandsl.cost.compute import Work, estimate_layer_compute
+    from plandsl.ir.placement import assign_stages
+    plan = _plan("bf16")
+    model, device = plan.model, plan.cluster.devices_in_order()[0]
+    assignment, _ = assign_stages(plan)
+    layers = {layer.kind: layer for stage in assignment.stage_layers for layer in stage}
+    times = {(kind, p): estimate_layer_compute(model, layers[kind], Work(1, 4096, tp=4, precision=ir.Precision(p)),
+                                               device)
+             for kind in ("head", "block") for p in ("bf16", "fp8")}
+    assert times["head", "fp8"].forward_matmul == pytest.approx(times["head", "bf16"].forward_matmul)
+    fp8, bf16 = times["block", "fp8"], times["block", "bf16"]
+    assert fp8.attention == pytest.approx(bf16.attention) and fp8.attention > 0
+    # the linear layers at twice the peak
+    assert fp8.forward_matmul - fp8.attention < (bf16.forward_matmul - bf16.attention) / 1.5
+
+
+def test_fp8_needs_the_bf16_peak_too_and_run_refuses_it():
+    device = ("device fp8_only {\n  memory = 80 GiB\n  bandwidth = 3350 GB/s\n  peak = { fp8: 1979 TFLOP/s }\n}\n"
+              "node box {\n  devices = 8 x fp8_only\n  link = { bandwidth: 450 GB/s, latency: 2 us }\n"
+              "  nic = { bandwidth: 400 GB/s, latency: 5 us }\n}\n")
+    analysis = api.checks(PLAN.format(devices=device, cluster="box x 2", precision="fp8"))
+    assert [d.code for d in analysis.errors] == ["E504"] and "bf16" in analysis.errors[0].message
+    refusals = api.run_refusals(_plan("fp8"))
+    assert [d.code for d in refusals] == ["E706"]
+    assert api.run_refusals(_plan("bf16")) == []
+
+
+def test_megatron_fp8_format_both_ways():
+    plan = _plan("fp8")
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost
+    text = " ".join(line.strip() for line in exported.text.splitlines() if not line.startswith("#"))
+    assert "--bf16" in text and "--fp8-format hybrid" in text
+    imported = import_text("megatron", exported.text, "plan.args", world_size=plan.mesh.size, name=plan.name)
+    assert imported.ok, [str(d) for d in imported.diagnostics]
+    assert api.select_plan(api.loads(imported.text, path="back.plan")).train.precision is ir.Precision.fp8
+    bad = exported.text.replace("--bf16", "--fp16")
+    refused = import_text("megatron", bad, "plan.args", world_size=plan.mesh.size, name=plan.name)
+    assert "E807" in [d.code for d in refused.diagnostics]
+
+
+def test_deepspeed_export_says_it_loses_fp8():
+    exported = export_plan(_plan("fp8"), "deepspeed")
+    assert any("precision: fp8" in d.message for d in exported.lost)
+
+
+def test_generate_searches_in_fp8():
+    generated = api.generate(api.generate_request(model="llama3_8b", cluster="dgx_h100", global_batch=64,
+                                                  precision="fp8", top=1))
+    plan = api.select_plan(api.loads(generated.texts[0], path="gen.plan"))
+    assert plan.train.precision is ir.Precision.fp8
