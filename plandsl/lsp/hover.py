@@ -44,9 +44,10 @@ def hover_text(snapshot: Snapshot, offset: int) -> str | None:
 
 
 def _diagnostic(problem) -> str:
-    text = api.explain(problem.code)
-    meaning = text.split("\n\n")[1] if text and "\n\n" in text else ""
-    return f"**{problem.code}** {meaning}\n\n(`plandsl explain {problem.code}`)".strip()
+    """The catalogue's title and meaning of a diagnostic's code (`E201: unknown name`, then a paragraph)."""
+    parts = (api.explain(problem.code) or problem.code).split("\n\n")
+    meaning = " ".join(parts[1].split()) if len(parts) > 1 else ""
+    return f"**{parts[0]}**\n\n{meaning}\n\n(`plandsl explain {problem.code}`: an example and its fix)"
 
 
 def _word(snapshot: Snapshot, word: str, offset: int) -> str | None:

@@ -95,6 +95,9 @@ async def test_diagnostics_as_you_type_with_codes_and_a_quick_fix(client, folder
     assert [(d.code, d.range.start.line, d.severity) for d in found] == [("E201", 8, types.DiagnosticSeverity.Error)]
     problem = found[0]
     assert problem.range == types.Range(start=at(PLAN, "dgx_a10 "), end=at(PLAN, "dgx_a10 ", 7))
+    hover = await client.text_document_hover_async(types.HoverParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=at(PLAN, "dgx_a10 ", 2)))
+    assert hover.contents.value.startswith("**E201: unknown name**\n\nA name that is not defined")
     assert "unknown name 'dgx_a10'" in problem.message and "dgx_a100" in problem.message
     explained = Path.from_uri(problem.code_description.href) if sys.version_info >= (3, 13) else \
         Path(problem.code_description.href.removeprefix("file://"))
