@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from plandsl.cli import main
 from plandsl.runtime.support import refusals
 from tests.distributed.harness import run_ranks
-from tests.distributed.ranks import load
+from tests.distributed.ranks import RANK_TIMEOUT_S, load
 
 pytestmark = pytest.mark.dist
 
@@ -60,7 +60,7 @@ def _train_pipeline(rank: int, text: str) -> dict:
     from dataclasses import asdict
 
     from plandsl.runtime.train import RunConfig, run
-    status, job = run(load(text), RunConfig(steps=STEPS, check_equivalence=True, quiet=True, timeout_s=60))
+    status, job = run(load(text), RunConfig(steps=STEPS, check_equivalence=True, quiet=True, timeout_s=RANK_TIMEOUT_S))
     return {"status": status, "runner": job.pipeline.runner if job.pipeline else None,
             "stages": job.pipeline.stage_indices if job.pipeline else None,
             "losses": list(job.losses), "report": asdict(job.report) if job.report else None,

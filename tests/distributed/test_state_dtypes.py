@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.distributed.harness import run_ranks
-from tests.distributed.ranks import load
+from tests.distributed.ranks import RANK_TIMEOUT_S, load
 from tests.support import lazy
 
 torch = lazy("torch")
@@ -32,7 +32,7 @@ plan p {{
 def _train_dtypes(rank: int, source) -> dict:
     from plandsl.runtime.train import RunConfig, run
     plan = load(source)
-    status, job = run(plan, RunConfig(steps=2, check_equivalence=True, quiet=True, timeout_s=60))
+    status, job = run(plan, RunConfig(steps=2, check_equivalence=True, quiet=True, timeout_s=RANK_TIMEOUT_S))
     inner = getattr(job.optimizer, "optim", job.optimizer)
     return {"status": status, "optimizer": type(inner).__name__,
             "params": sorted({str(p.dtype) for model in job.models for p in model.parameters()}),

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import STDLIB
 from tests.distributed.harness import run_ranks
-from tests.distributed.ranks import load, train
+from tests.distributed.ranks import RANK_TIMEOUT_S, load, train
 from tests.support import lazy
 
 torch = lazy("torch")
@@ -59,7 +59,8 @@ def _train_zero1(rank: int, source, **config) -> dict:
     from plandsl.runtime.faults import mesh_coordinate
     from plandsl.runtime.train import RunConfig, run
     plan = load(source)
-    status, job = run(plan, RunConfig(steps=STEPS, check_equivalence=True, quiet=True, timeout_s=60, **config))
+    status, job = run(plan, RunConfig(steps=STEPS, check_equivalence=True, quiet=True, timeout_s=RANK_TIMEOUT_S,
+                                      **config))
     names = {id(p): name for model in job.models for name, p in model.named_parameters()}
     local = {name: (p.to_local() if hasattr(p, "to_local") else p).numel()
              for model in job.models for name, p in model.named_parameters()}
