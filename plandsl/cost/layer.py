@@ -112,7 +112,10 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
     if layer.kind != "block":
         return 0.0, 0.0
     pair = tp_pair()
-    forward, backward = 2 * pair, 2 * pair  # after attention and after the MLP, both directions
+    # After attention and after the MLP, both directions; parallel blocks add the two row-parallel partial
+    # sums before one reduction (and the two branches' input gradients before one): GPT-NeoX's residual.
+    per_block = 1 if model.parallel_blocks else 2
+    forward, backward = per_block * pair, per_block * pair
     if model.experts and links.ep.size > 1:
         # Dispatch and combine all-to-alls of the routed tokens (Lepikhin et al. 2020, GShard), twice
         # in each direction; sequence parallelism leaves each tensor-parallel rank 1/t of the tokens.
@@ -144,7 +147,7 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         if work.recompute is not ir.Recompute.none:  # full, or selective: the core with its ring
             backward += exposed
     if full:
-        backward += 2 * pair  # the forward's collectives, rerun by the recomputation
+        backward += per_block * pair  # the forward's collectives, rerun by the recomputation
     elif work.recompute is ir.Recompute.selective_op:
         backward += pair  # the attention half's (wo's reduction, or sequence parallelism's gathers) rerun
     return forward, backward

@@ -436,8 +436,8 @@ def _block_terms(model: ir.TransformerModel, seq: int, kv_gathered: int = 1) -> 
     kv = kv_width(model) / model.hidden
     dropout = 1.0 if gpt else 0.0
     # Outside tensor parallelism: two norm inputs (4), the q/k/v input (2), the MLP input (2),
-    # the attention and MLP dropout masks (1 + 1).
-    replicated = 4 + 2 + 2 + 2 * dropout
+    # the attention and MLP dropout masks (1 + 1). Parallel blocks normalise one input twice: 2, not 4.
+    replicated = (2 if model.parallel_blocks else 4) + 2 + 2 + 2 * dropout
     # Inside: Q (2) and K (2·kv), V (2·kv), the out-projection input (2);
     # gpt MLP: GELU input (2·ffn) and w2 input (2·ffn); llama SwiGLU: w1 and w3 outputs, w2 input.
     attention = 2 + 4 * kv * kv_gathered + 2

@@ -147,6 +147,9 @@ def _model_args(plan: ir.Plan, args: list, lose) -> None:
         args += [("--position-embedding-type", "learned_absolute")]
     if not model.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
+    if model.parallel_blocks:
+        lose("parallel blocks (GPT-NeoX's parallel residual: Megatron-Core's transformer layer adds the attention, "
+             "then feeds the MLP)", "model")
     if model.experts:
         args += [("--num-experts", str(model.experts)), ("--moe-router-topk", str(model.top_k))]
 

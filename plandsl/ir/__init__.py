@@ -195,6 +195,9 @@ class TransformerModel(Node):
     experts: int = Field(default=0, ge=0, description="0 for a dense model")
     top_k: int = Field(default=0, ge=0)
     tied_embeddings: bool = False
+    parallel_blocks: bool = Field(default=False, description="GPT-NeoX's parallel residual: each block adds "
+                                  "attn(norm1 x) and mlp(norm2 x) to the same input x (Black et al. 2022), "
+                                  "instead of feeding the MLP x + attn(norm1 x)")
 
 
 class MLPModel(Node):

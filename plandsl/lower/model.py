@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 # family -> {argument: required}
 FAMILIES: dict[str, dict[str, bool]] = {
     "gpt": {"layers": True, "hidden": True, "heads": True, "seq": True, "vocab": True,
-            "ffn": False, "tied": False},
+            "ffn": False, "tied": False, "parallel": False},
     "llama": {"layers": True, "hidden": True, "heads": True, "seq": True, "vocab": True,
-              "kv_heads": False, "ffn": False, "experts": False, "top_k": False, "tied": False},
+              "kv_heads": False, "ffn": False, "experts": False, "top_k": False, "tied": False, "parallel": False},
     "mlp": {"layers": True, "hidden": True, "input": True, "output": True},
 }
 
@@ -88,7 +88,7 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
         raise Poison()
     values = {}
     for key, kwarg in args.items():
-        if key == "tied":
+        if key in ("tied", "parallel"):
             values[key] = scope.truth(scope.eval(kwarg.value), kwarg.value)
         else:
             minimum = 0 if key in ("experts", "top_k") else 1
@@ -106,11 +106,11 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
     hidden = values["hidden"]
     if family == "gpt":
         fields = dict(kv_heads=values["heads"], ffn_hidden=values.get("ffn", 4 * hidden),
-                      tied_embeddings=values.get("tied", False))
+                      tied_embeddings=values.get("tied", False), parallel_blocks=values.get("parallel", False))
     else:
         fields = dict(kv_heads=values.get("kv_heads", values["heads"]), ffn_hidden=values.get("ffn", llama_ffn(hidden)),
                       experts=values.get("experts", 0), top_k=values.get("top_k", 0),
-                      tied_embeddings=values.get("tied", False))
+                      tied_embeddings=values.get("tied", False), parallel_blocks=values.get("parallel", False))
         if fields["experts"] and "top_k" not in values:
             fields["top_k"] = min(2, fields["experts"])  # a top_k outside 1..experts is the checker's (E223)
         if not fields["experts"] and fields["top_k"]:
@@ -121,7 +121,7 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
                  hidden=hidden, heads=values["heads"], seq=values["seq"], vocab=values["vocab"], **fields)
 
 
-_FIELDS = {"ffn": "ffn_hidden", "tied": "tied_embeddings"}  # argument -> ir.TransformerModel field
+_FIELDS = {"ffn": "ffn_hidden", "tied": "tied_embeddings", "parallel": "parallel_blocks"}  # argument -> ir.TransformerModel field
 
 
 def _unrouted_top_k(scope: Scope, call: s.Call, args: dict[str, s.KwArg]) -> None:

@@ -220,10 +220,12 @@ class MoE(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(norm1 x), then + mlp/moe(norm2 x)."""
+    """Pre-norm transformer block: x + attn(norm1 x), then + mlp/moe(norm2 x); with `parallel_blocks`
+    (GPT-NeoX's parallel residual) x + attn(norm1 x) + mlp/moe(norm2 x)."""
 
     def __init__(self, model: ir.TransformerModel):
         super().__init__()
+        self.parallel = model.parallel_blocks
         gpt = model.kind == "gpt"
         norm = (lambda: nn.LayerNorm(model.hidden)) if gpt else (lambda: RMSNorm(model.hidden))
         self.norm1 = norm()
@@ -235,8 +237,10 @@ class Block(nn.Module):
             self.mlp = MLP(model.hidden, model.ffn_hidden, gated=not gpt, bias=gpt)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
         ffn = self.moe if hasattr(self, "moe") else self.mlp
+        if self.parallel:
+            return x + self.attn(self.norm1(x)) + ffn(self.norm2(x))
+        x = x + self.attn(self.norm1(x))
         return x + ffn(self.norm2(x))
 
 
