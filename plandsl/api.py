@@ -395,7 +395,7 @@ def render_errors() -> tuple[type[Exception], ...]:
 
 def interop_targets() -> tuple[str, ...]:
     """The tools `export` writes and `import_config` reads (`megatron`)."""
-    return ("megatron", "deepspeed", "torch-csv", "torch-csv-comms")  # plandsl.interop.TARGETS, kept here so that
+    return ("megatron", "torchtitan", "deepspeed", "torch-csv", "torch-csv-comms")  # plandsl.interop.TARGETS, kept here so that
     # `plandsl --help` imports no stage
 
 
@@ -407,7 +407,7 @@ def export(plan: ir.Plan, target: str) -> Exported:
 
 def import_config(target: str, text: str, path: str, world_size: int | None = None, cluster: str | None = None,
                   name: str = "imported", plan_path: str = "imported.plan", model: str | None = None) -> Imported:
-    """`target`'s configuration (Megatron-LM's flags, DeepSpeed's JSON as `text`, read from `path`) as a formatted
+    """`target`'s configuration (Megatron-LM's or torchtitan's flags, DeepSpeed's JSON as `text`, read from `path`) as a formatted
     plan that passes `check`, or the diagnostics that stop it (E804-E807, or the checker's); ValueError for a
     --cluster that is no cluster or a --model the target needs or says itself."""
     from plandsl.interop import import_text  # stage

@@ -702,8 +702,8 @@ def diff_command(file, other, plan_a, plan_b, output_format):
 @include_option
 @model_import_option
 def export_command(file, target, plan_name, output, lossy, params):
-    """Write plan FILE in another tool's format (Megatron-LM's arguments, DeepSpeed's JSON, torch's pipeline
-    schedule CSV); exit 1, writing nothing, when the tool cannot express part of the plan, unless --lossy
+    """Write plan FILE in another tool's format (Megatron-LM's or torchtitan's arguments, DeepSpeed's JSON, torch's
+    pipeline schedule CSV); exit 1, writing nothing, when the tool cannot express part of the plan, unless --lossy
     (docs/interop.md)."""
     analysis = api.check(file, _params(params))
     if not analysis.ok:
@@ -730,7 +730,8 @@ def export_command(file, target, plan_name, output, lossy, params):
 
 @main.command("import", context_settings={"ignore_unknown_options": True})
 @click.option("--from", "source", type=click.Choice(api.interop_targets()), required=True, help="The tool whose "
-              "configuration to read: megatron reads Megatron-LM's flags (after `--` or --args-file), deepspeed "
+              "configuration to read: megatron reads Megatron-LM's flags, torchtitan torchtitan's (after `--` or "
+              "--args-file), deepspeed "
               "its JSON config (--args-file), torch-csv / torch-csv-comms torch's schedule CSV (--args-file; -o "
               "then holds a schedule table).")
 @click.option("--world-size", type=click.IntRange(min=1, max=limits.MAX_MESH_DEVICES),

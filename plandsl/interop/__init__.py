@@ -2,7 +2,8 @@
 
 Stage: interop, beside render and rewrite, below the API (no torch: each adapter writes and reads the target's
 own text, and the tests hold it against the target's installed code). One module per target:
-`megatron` (Megatron-LM's arguments, megatron-core 0.16.1; `megatron_import` reads them back) and `deepspeed`
+`megatron` (Megatron-LM's arguments, megatron-core 0.16.1; `megatron_import` reads them back), `torchtitan`
+(torchtitan 0.3.0's arguments; `torchtitan_import` reads them back), `deepspeed`
 (DeepSpeed's JSON config, 0.19.8; the model comes from `--model`, the config does not name it), and
 `torch_csv` (torch's pipeline schedule CSV, compute-only or lowered: a plan's schedule out, a schedule table in). Results are
 `result.Exported` and `result.Imported`; `cluster` reads the cluster an import is given.
@@ -10,13 +11,15 @@ own text, and the tests hold it against the target's installed code). One module
 from __future__ import annotations
 
 from plandsl import ir
-from plandsl.interop import deepspeed, megatron, megatron_import, torch_csv
+from plandsl.interop import deepspeed, megatron, megatron_import, torch_csv, torchtitan, torchtitan_import
 from plandsl.interop.flags import args_text
 from plandsl.interop.result import Exported, Imported
 
-EXPORTERS = {megatron.TARGET: megatron.export_plan, deepspeed.TARGET: deepspeed.export_plan,
+EXPORTERS = {megatron.TARGET: megatron.export_plan, torchtitan.TARGET: torchtitan.export_plan,
+             deepspeed.TARGET: deepspeed.export_plan,
              torch_csv.TARGET: torch_csv.export_plan, torch_csv.COMMS: torch_csv.export_comms}
-IMPORTERS = {megatron.TARGET: megatron_import.import_flags, deepspeed.TARGET: deepspeed.import_json,
+IMPORTERS = {megatron.TARGET: megatron_import.import_flags, torchtitan.TARGET: torchtitan_import.import_flags,
+             deepspeed.TARGET: deepspeed.import_json,
              torch_csv.TARGET: torch_csv.import_csv, torch_csv.COMMS: torch_csv.import_csv}
 TARGETS = tuple(EXPORTERS)
 
@@ -38,8 +41,9 @@ def import_text(target: str, text: str, path: str, world_size: int | None = None
             raise ValueError("--model, --world-size, --cluster: a schedule CSV says the schedule only; import it "
                              "into a plan's file and name it there (`schedule = NAME`)")
         return IMPORTERS[target](text, path, name=name, plan_path=plan_path)
-    if target == megatron.TARGET:
+    if target in (megatron.TARGET, torchtitan.TARGET):
         if model is not None:
-            raise ValueError("--model: Megatron-LM's flags say the model (--num-layers, --hidden-size, ...)")
+            raise ValueError("--model: Megatron-LM's flags say the model (--num-layers, --hidden-size, ...)"
+                             if target == megatron.TARGET else "--model: torchtitan's --config says the model")
         return IMPORTERS[target](text, path, **options)
     return IMPORTERS[target](text, path, model=model, **options)

@@ -103,7 +103,6 @@ class Space:
         self._activations_cache: dict = {}
         self._param_cache: dict = {}
         self._stage_cache: dict = {}
-        self._tail_cache: dict = {}
         self._partition_cache: dict = {}
         self._gathered_cache: dict = {}
         self._capacity_cache: dict = {}
@@ -331,9 +330,6 @@ class Space:
                                   f"(of {format_bytes(max(root.capacity))})",
                                   (states + stored) / root.pp / max(root.capacity))
                 continue
-            if choices and self.transformer and root.pp > 1 and not self._any_fits(node, choices, memory):
-                self.stats.memory_pruned += len(choices)  # no schedule's blocks fit: none is bounded
-                continue
             for schedule, virtual in choices:
                 self.stats.leaves += 1
                 leaf = self._leaf(node, zero, schedule, virtual, memory)
@@ -356,17 +352,6 @@ class Space:
         stages = self.stage_times(node, zero, ranks, counts)
         return Leaf(node, schedule, virtual, zero, counts, self._bound(node, schedule, ranks, stages, zero) * SAFE)
 
-    def _any_fits(self, node: Node, choices, memory) -> bool:
-        """Whether the model's blocks could fit on the ranks under any of these schedules: the blocks each
-        rank holds within its memory with the fewest microbatches in flight any of them keeps there, and
-        without the embedding, norm and head (`_rank_caps` less its first and last ranks' own terms): at
-        least as many as under each schedule, so when even these do not add up to the model's blocks, no
-        schedule's leaf can, and none needs its partition."""
-        root = node.root
-        inflight = np.minimum.reduce([self._inflight(schedule, root.pp, node.microbatches, virtual)
-                                      for schedule, virtual in choices])
-        return int(self._rank_caps(root, (), inflight, memory).sum()) >= self.blocks
-
     def _rank_caps(self, root: Root, ranks, inflight: np.ndarray, memory) -> np.ndarray:
         """The most blocks each rank holds within its memory: its capacity less the embedding (first
         stage), the norm and head (last), the working set and ZeRO's gathered units, over a block's
@@ -374,16 +359,14 @@ class Space:
         pipeline of 4,096 ranks costs what one of 4 does, per leaf)."""
         per_kind, tied, _ = memory
         (embed_s, embed_a, _), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind
-        fixed: dict = {}
-        if ranks:  # `_any_fits` passes none: a bound that leaves the first and last ranks' own terms out
-            first_rank, last_rank = ranks[0], ranks[-1]
-            fixed = {first_rank: 0.0, last_rank: 0.0}
-            fixed[first_rank] += embed_s + inflight[first_rank] * embed_a
-            # the head's working set is the loss's backward (`cost.memory.loss_backward_bytes`): the last
-            # rank's peak moment is the larger of it and the block rebuilt by recomputation
-            fixed[last_rank] += norm_s + head_s + inflight[last_rank] * (norm_a + head_a) + max(0.0, loss - working)
-            if tied and first_rank != last_rank:
-                fixed[last_rank] += tied
+        first_rank, last_rank = ranks[0], ranks[-1]
+        fixed = {first_rank: 0.0, last_rank: 0.0}
+        fixed[first_rank] += embed_s + inflight[first_rank] * embed_a
+        # the head's working set is the loss's backward (`cost.memory.loss_backward_bytes`): the last rank's
+        # peak moment is the larger of it and the block rebuilt by recomputation
+        fixed[last_rank] += norm_s + head_s + inflight[last_rank] * (norm_a + head_a) + max(0.0, loss - working)
+        if tied and first_rank != last_rank:
+            fixed[last_rank] += tied
         capacity = self._capacity(root)
         per = block_s + inflight * block_a
 
@@ -522,12 +505,10 @@ class Space:
         plus the worst rank's exposed reduction and optimizer step."""
         root, m, pp = node.root, node.microbatches, node.root.pp
         by_rank = stages_by_rank(ranks, pp)
-        tails = self._tail_cache if self.transformer else {}  # other models' stage times are not cached objects
+        tails: dict = {}
         worst_tail = 0.0
         for rank, owned in enumerate(by_rank):
-            # the stage times are the space's cached objects (`stage_times`), alive as long as it is: their
-            # ids name them, so a rank's tail is computed once per search, not once per leaf
-            key = (id(root), zero, root.rank_devices[rank].name, tuple(id(stages[s]) for s in owned))
+            key = (root.rank_devices[rank].name, tuple(id(stages[s]) for s in owned))
             tail = tails.get(key)
             if tail is None:
                 replicas = root.dp * root.ep * root.cp  # cost.memory.zero_degrees

@@ -1,0 +1,252 @@
+"""A checked plan -> torchtitan's command-line arguments (torchtitan 0.3.0), and what they cannot say.
+
+Stage: interop, beside render. Contract: `export_plan(plan)` returns the arguments as a bash array and one E808
+per part of the plan torchtitan cannot express; it never raises on a checked plan. torchtitan 0.3.0 picks the
+model and its defaults with `--module llama3 --config FUNCTION` (a config_registry function: model sizes are
+registry flavors, not flags) and overrides them with `--SECTION.KEY VALUE` (tyro), the activation checkpointing
+policy last, as a subcommand. Facts are torchtitan 0.3.0's (config/configs.py, trainer.py,
+distributed/{parallel_dims,pipeline_parallel,activation_checkpoint}.py, models/llama3/{__init__,
+config_registry}.py), shared with the import (`torchtitan_import`); tests/unit/test_interop_torchtitan.py holds
+them against torchtitan's own ConfigManager and ParallelDims.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from plandsl import ir
+from plandsl.diagnostics import Diagnostic, diag
+from plandsl.interop.result import Exported
+from plandsl.ir.placement import assign_stages
+
+TARGET = "torchtitan"
+VERSION = "torchtitan 0.3.0"
+MODULE = "llama3"
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """A llama3 config_registry function's model (models/llama3/__init__.py's registry flavor)."""
+    flavor: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    tied: bool = False   # Llama3Model.Config.enable_weight_tying (only 1B and 3B tie, and no config builds them)
+
+
+# The config functions of models/llama3/config_registry.py whose model ConfigManager builds with torchtitan's own
+# dependencies (llama3_405b adds a Float8 converter that needs torchao, and 1B/3B have no config function).
+CONFIGS = {
+    "llama3_debugmodel": Flavor("debugmodel", layers=6, hidden=256, heads=16, kv_heads=16, ffn=768, vocab=2048),
+    "llama3_8b": Flavor("8B", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256),
+    "llama3_70b": Flavor("70B", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256),
+}
+# ParallelDims' world mesh, outermost first (parallel_dims.py: ["pp", "dp_replicate", "dp_shard", "cp", "tp"]).
+MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+DEGREES = {"pp": "--parallelism.pipeline_parallel_degree", "dp_replicate":
+           "--parallelism.data_parallel_replicate_degree", "dp_shard": "--parallelism.data_parallel_shard_degree",
+           "cp": "--parallelism.context_parallel_degree", "tp": "--parallelism.tensor_parallel_degree"}
+EXPERT_DEGREE = "--parallelism.expert_parallel_degree"
+# plandsl's built-in schedule -> torch's schedule name (get_schedule_class), which torchtitan passes through.
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B", "looped_bfs": "LoopedBFS",
+             "interleaved_zero_bubble": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
+SINGLE_STAGE = ("GPipe", "1F1B")   # PipelineScheduleSingle: one stage per rank
+# plandsl's recompute -> torchtitan's activation checkpointing subcommand (ActivationCheckpointingConfig):
+# SelectiveAC is op-level (keeps matmuls and attention, recomputes every other matmul): plandsl's selective_op.
+RECOMPUTE = {ir.Recompute.none: "none", ir.Recompute.selective_op: "selective", ir.Recompute.full: "full"}
+SUBCOMMAND = "activation-checkpoint:"
+# LR schedules: warm-up, then the plan's decay over the rest of training (decay_ratio None), or none (0.0).
+DECAY = {"cosine": "cosine", "linear": "linear"}
+# The module names of a llama3 model, for module_fqns_per_model_part (Llama3Model: tok_embeddings, layers.N,
+# norm, lm_head).
+MODULES = {"embed": "tok_embeddings", "norm": "norm", "head": "lm_head"}
+LR = "--optimizer.param_groups.0.optimizer_kwargs.lr"
+WEIGHT_DECAY = "--optimizer.param_groups.0.optimizer_kwargs.weight_decay"   # default_adamw's is 0.1; plandsl's 0
+
+
+def config_of(model: ir.Model) -> str | None:
+    """The config function whose registry model is `model` (sizes and tying), None when none is."""
+    if not isinstance(model, ir.TransformerModel) or model.kind != "llama" or model.experts or model.parallel_blocks:
+        return None
+    for name, flavor in CONFIGS.items():
+        if (model.layers, model.hidden, model.heads, model.kv_heads, model.ffn_hidden, model.vocab,
+                model.tied_embeddings) == (flavor.layers, flavor.hidden, flavor.heads, flavor.kv_heads, flavor.ffn,
+                                           flavor.vocab, flavor.tied):
+            return name
+    return None
+
+
+def export_plan(plan: ir.Plan) -> Exported:
+    """`plan` as torchtitan arguments, and an E808 for each part of it they cannot express."""
+    args: list[tuple[str, str | None]] = []
+    lost: list[Diagnostic] = []
+
+    def lose(message: str, field: str, hint: str | None = None) -> None:
+        node = getattr(plan, field, None)
+        span = getattr(node, "span", None) or plan.span_of(field)
+        lost.append(diag("E808", f"torchtitan cannot express {message}", span, hint=hint))
+
+    config = config_of(plan.model)
+    if config is None:
+        lose(f"{_model_text(plan.model)}: its models are registry flavors chosen by --config, and "
+             f"{MODULE}'s are {', '.join(f'{n} ({f.flavor})' for n, f in CONFIGS.items())}", "model",
+             hint="use models/llama3's llama3_8b or llama3_70b, or the sizes of a flavor (docs/interop.md)")
+        config = _nearest(plan.model)
+    args += [("--module", MODULE), ("--config", config)]
+    degrees = _parallel_args(plan, args, lose)
+    _train_args(plan, args, lose, degrees)
+    lost.extend(diag("E808", f"torchtitan cannot express shard rule `{rule.target.text}` (its tensor parallelism "
+                     "is the model's own plan: --parallelism.tensor_parallel_degree)", rule.span)
+                for rule in plan.shard)
+    lines = [f"# torchtitan arguments ({VERSION}) of plan '{plan.name}' (plandsl export --to torchtitan):",
+             f"# {plan.mesh.size} processes; torchrun ... -m torchtitan.train \"${{TORCHTITAN_ARGS[@]}}\"",
+             "TORCHTITAN_ARGS=("]
+    lines += [f"    {flag}" + "".join(f" {shlex.quote(word)}" for word in _words(value)) for flag, value in args]
+    return Exported(TARGET, "\n".join(lines + [")"]) + "\n", tuple(lost))
+
+
+def _words(value: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    return () if value is None else (value,) if isinstance(value, str) else value
+
+
+def _model_text(model: ir.Model) -> str:
+    if not isinstance(model, ir.TransformerModel):
+        return f"a {model.kind} model"
+    if model.kind != "llama":
+        return f"a {model.kind}(...) model (torchtitan's {MODULE} is RMSNorm, SwiGLU, rotary, no biases)"
+    if model.parallel_blocks:
+        return f"parallel blocks (GPT-NeoX's parallel residual; {MODULE}'s blocks are sequential)"
+    if model.experts:
+        return f"a mixture of {model.experts} experts ({MODULE} is dense; --parallelism.expert_parallel_degree " \
+               "is for other modules' MoE models)"
+    return (f"llama(layers={model.layers}, hidden={model.hidden}, heads={model.heads}, kv_heads={model.kv_heads}, "
+            f"ffn={model.ffn_hidden}, vocab={model.vocab}{'' if not model.tied_embeddings else ', tied=true'})")
+
+
+def _nearest(model: ir.Model) -> str:
+    """The config written for --lossy: the flavor nearest in width, then depth."""
+    if not isinstance(model, ir.TransformerModel):
+        return "llama3_debugmodel"
+    return min(CONFIGS, key=lambda n: (abs(CONFIGS[n].hidden - model.hidden), abs(CONFIGS[n].layers - model.layers)))
+
+
+def _parallel_args(plan: ir.Plan, args: list, lose) -> dict[str, int]:
+    """The --parallelism.* degrees (all written: a config function sets its own), the pipeline's split and
+    schedule; returns the degrees by torchtitan's axis name."""
+    roles = plan.axis_roles()
+    degrees = dict.fromkeys(MESH_ORDER, 1)
+    written: list[str] = []   # torchtitan's axis of each plan mesh axis of size > 1, outermost first
+    data = plan.data
+    for axis in plan.mesh.axes:
+        if axis.size == 1:
+            continue
+        role = roles.get(axis.name)
+        if role is None:
+            lose(f"mesh axis '{axis.name}', which only shard rules use", "mesh")
+            continue
+        if role == "ep":
+            lose(f"expert parallelism over '{axis.name}' ({MODULE} has no experts)", "experts")
+            continue
+        if role == "dp":
+            shard = data.kind is not ir.DataKind.replicate and (not data.hybrid or axis.name == data.axes[-1])
+            role = "dp_shard" if shard else "dp_replicate"
+        degrees[role] *= axis.size
+        written.append(role)
+    order = [role for index, role in enumerate(written) if index == 0 or written[index - 1] != role]
+    if order != [role for role in MESH_ORDER if role in order]:
+        shown = ", ".join(f"{a.name}({r})" for a, r in zip([a for a in plan.mesh.axes if a.size > 1], written))
+        lose(f"the mesh order [{shown}] (torchtitan lays ranks out outermost first as pp, dp_replicate, dp_shard, "
+             "cp, tp)", "mesh", hint="order the mesh [pp, dp, cp, tp]")
+    if data is not None and data.kind in (ir.DataKind.zero1, ir.DataKind.zero2):
+        lose(f"data = {data.kind} (torchtitan has no ZeRO-1 or ZeRO-2: its FSDP, "
+             "--parallelism.data_parallel_shard_degree, shards parameters too, as zero3 does)", "data",
+             hint="use data = zero3 (or hsdp, or replicate)")
+    args += [(DEGREES[role], str(degrees[role])) for role in ("dp_replicate", "dp_shard", "tp")]
+    if degrees["tp"] > 1:
+        sequence = plan.tensor.sequence_parallel
+        args.append(("--parallelism.enable_sequence_parallel" if sequence else
+                     "--parallelism.no_enable_sequence_parallel", None))
+    args.append((DEGREES["cp"], str(degrees["cp"])))
+    if plan.context is not None and plan.cp > 1 and plan.context.kind != "allgather":
+        lose(f"context = {plan.context.kind} (torch's context_parallel, which torchtitan runs, gathers K and V: "
+             "allgather)", "context", hint="use context = allgather")
+    args += [(EXPERT_DEGREE, "1"), (DEGREES["pp"], str(degrees["pp"]))]
+    if plan.stages is not None and (plan.pp > 1 or plan.stages.virtual > 1):
+        _pipeline_args(plan, args, lose)
+    return degrees
+
+
+def _pipeline_args(plan: ir.Plan, args: list, lose) -> None:
+    stages = plan.stages
+    name = plan.schedule.name if plan.schedule is not None else "1f1b"
+    schedule = SCHEDULES.get(name) if plan.schedule is None or plan.schedule.definition is None else None
+    if schedule is None:
+        lose(f"schedule = {name} (torchtitan runs torch's schedule classes, {', '.join(SCHEDULES.values())}, or a "
+             "CSV file: --parallelism.pipeline_parallel_schedule_csv)", "schedule",
+             hint="export the schedule with `plandsl export --to torch-csv` and pass its file")
+        schedule = "1F1B" if stages.virtual == 1 else "Interleaved1F1B"
+    # pipeline_llm places stages on ranks as torch's schedule does: round robin, V-shape for ZBV and DualPipeV
+    style = "vshape" if schedule in ("ZBVZeroBubble", "DualPipeV") else "loop"
+    if stages.rank_map != style:
+        shown = stages.rank_map if isinstance(stages.rank_map, str) else list(stages.rank_map)
+        lose(f"the stage-to-rank map {shown} with {schedule} (torchtitan places its stages {style})", "stages",
+             hint=f"use map = {style}")
+    args.append(("--parallelism.pipeline_parallel_schedule", schedule))
+    args.append(("--parallelism.pipeline_parallel_microbatch_size", str(plan.train.micro_batch)))
+    assignment, _ = assign_stages(plan)
+    if assignment is not None:  # one comma-separated list per stage (ConfigManager's list[str] rule)
+        parts = [",".join(MODULES.get(layer.kind, layer.name) for layer in layers)
+                 for layers in assignment.stage_layers]
+        args.append(("--parallelism.module_fqns_per_model_part", tuple(parts)))
+
+
+def _train_args(plan: ir.Plan, args: list, lose, degrees: dict[str, int]) -> None:
+    train = plan.train
+    dp = degrees["dp_replicate"] * degrees["dp_shard"]
+    if degrees["pp"] > 1:  # the pipeline splits the local batch into microbatches (pipeline_parallel.py)
+        local = train.global_batch // dp
+    else:                  # gradient accumulation: global_batch_size / (local_batch_size x dp) steps
+        local = train.micro_batch
+    args += [("--training.local_batch_size", str(local)), ("--training.global_batch_size", str(train.global_batch)),
+             ("--training.seq_len", str(plan.seq)),
+             # clip_grad_norm_ with max_norm; plandsl's grad_clip none is no clipping: an infinite norm
+             ("--training.max_norm", repr(float(train.grad_clip)) if train.grad_clip is not None else "inf")]
+    if degrees["pp"] > 1:  # Trainer.Config._validate_cuda_graphs: "CUDA graphs do not support pipeline parallelism"
+        args.append(("--training.disable_cuda_graphs", None))
+    if train.precision in (ir.Precision.bf16, ir.Precision.fp32):
+        args.append(("--training.mixed_precision_param", "bfloat16" if train.precision is ir.Precision.bf16
+                     else "float32"))
+    else:
+        lose(f"precision: {train.precision.value} (torchtitan trains in bfloat16 or float32; its float8 is a "
+             "model converter of other config functions)", "train", hint="use precision: bf16")
+    dtypes = {key: getattr(train, key) for key in ("master_dtype", "grad_dtype", "optimizer_dtype")}
+    if all(value is ir.Precision.bf16 for value in dtypes.values()) and train.precision is ir.Precision.bf16:
+        args.append(("--training.dtype", "bfloat16"))  # everything bf16, no fp32 copy (TrainingConfig.dtype)
+    else:
+        if any(value is not ir.Precision.fp32 for value in dtypes.values()):
+            kept = ", ".join(f"{k}: {v.value}" for k, v in dtypes.items() if v is not ir.Precision.fp32)
+            lose(f"{kept} (torchtitan keeps fp32 weights, gradients and optimizer states, or, with --training.dtype "
+                 "bfloat16, all three in bf16)", "train")
+        args.append(("--training.dtype", "float32"))
+    if train.optimizer is not ir.Optimizer.adam:
+        lose(f"optimizer: {train.optimizer.value} (the config functions build AdamW)", "train",
+             hint="use optimizer: adam")
+    args += [(LR, repr(float(train.lr))), (WEIGHT_DECAY, "0.0"),
+             ("--lr_scheduler.warmup_steps", str(train.warmup_steps))]
+    if train.lr_schedule == "constant":
+        args.append(("--lr_scheduler.decay_ratio", "0.0"))  # no decay steps: warm-up, then stable
+    else:
+        args += [("--lr_scheduler.decay_ratio", "None"), ("--lr_scheduler.decay_type", DECAY[train.lr_schedule]),
+                 ("--lr_scheduler.min_lr_factor", "0.0")]
+    args.append(("--debug.seed", str(train.seed)))
+    mode = RECOMPUTE.get(train.recompute)
+    if mode is None or train.recompute_layers is not None:
+        what = f"recompute: {train.recompute.value}" + (f", recompute_layers: {train.recompute_layers}"
+                                                        if train.recompute_layers is not None else "")
+        lose(f"{what} (torchtitan checkpoints every block, fully or op by op: none, selective (= plandsl's "
+             "selective_op), full)", "train", hint="use recompute: selective_op or full")
+        mode = mode or "selective"
+    args.append((SUBCOMMAND + mode, None))

@@ -1,0 +1,407 @@
+"""torchtitan's command-line arguments (torchtitan 0.3.0) -> a formatted plan that passes `plandsl check`.
+
+Stage: interop, beside render. Contract: `import_flags(text, path, world_size, cluster)` reads the arguments as a
+launch script spells them (`interop.flags`; tyro's `-` or `_` in names, the activation checkpointing subcommand
+as a word of its own), starting from the values of the `--config` function they name, and returns the plan's
+text, or Diagnostics naming the offending flag with a caret under it: E804 (unknown, missing or malformed), E805
+(contradictory), E806 (a world size the degrees do not make), E807 (a setting plandsl has no word for); else the
+checker's diagnostics on the plan written. It never raises on flags. The facts are `interop.torchtitan`'s.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+from plandsl.check.analysis import analyze
+from plandsl.diagnostics import diag, did_you_mean
+from plandsl.diagnostics.source import SourceFile
+from plandsl.interop import torchtitan as facts
+from plandsl.interop.cluster import cluster_devices, cluster_lines
+from plandsl.interop.flags import Flag, read_flags
+from plandsl.interop.megatron_import import _even_run, _Read
+from plandsl.interop.result import Imported
+from plandsl.syntax.format import format_text
+
+P, T, O = "--parallelism.", "--training.", "--lr_scheduler."
+INT_FLAGS = (*facts.DEGREES.values(), facts.EXPERT_DEGREE, P + "pipeline_parallel_microbatch_size",
+             T + "local_batch_size", T + "global_batch_size", T + "seq_len", O + "warmup_steps", "--debug.seed",
+             P + "pipeline_parallel_layers_per_stage")
+NEGATIVE_OK = {P + "data_parallel_shard_degree": -1, T + "global_batch_size": -1}   # -1: "the rest" (configs.py)
+FLOAT_FLAGS = (T + "max_norm", facts.LR, facts.WEIGHT_DECAY, O + "decay_ratio", O + "min_lr_factor")
+CHOICE_FLAGS = {"--module": (facts.MODULE,), "--config": tuple(facts.CONFIGS),
+                P + "pipeline_parallel_schedule": (*facts.SCHEDULES.values(), "PipelineScheduleSingle",
+                                                   "PipelineScheduleMulti"),
+                T + "mixed_precision_param": ("bfloat16", "float32"), T + "dtype": ("bfloat16", "float32"),
+                O + "decay_type": ("linear", "sqrt", "cosine")}
+LIST_FLAGS = (P + "module_fqns_per_model_part",)
+TEXT_FLAGS = (P + "pipeline_parallel_schedule_csv",)
+SWITCHES = {P + "enable_sequence_parallel": True, P + "no_enable_sequence_parallel": False,
+            T + "disable_cuda_graphs": True, T + "no_disable_cuda_graphs": False}
+KNOWN = (*INT_FLAGS, *FLOAT_FLAGS, *CHOICE_FLAGS, *LIST_FLAGS, *TEXT_FLAGS, *SWITCHES)
+# Sections and keys of torchtitan's config that mean nothing in a plan (logging, data, checkpoints, compilation,
+# the optimizer's other constants): read, listed, left out.
+IGNORED_SECTIONS = ("--metrics.", "--checkpoint.", "--profiler.", "--comm.", "--dataloader.", "--validator.",
+                    "--compile.", "--tokenizer.", "--loss.", "--override.")
+IGNORED = ("--dump_folder", "--hf_assets_path", T + "steps", T + "gc_freq", T + "enable_cpu_offload",
+           P + "fsdp_reshard_after_forward", P + "spmd_backend", P + "context_parallel_load_balancer",
+           facts.WEIGHT_DECAY, "--optimizer.param_groups.0.optimizer_kwargs.betas",
+           "--optimizer.param_groups.0.optimizer_kwargs.eps", "--optimizer.implementation")
+# What the config functions set that the import reads (config_registry.py; the dataclasses' defaults otherwise).
+DEFAULTS = {P + "data_parallel_replicate_degree": 1, P + "data_parallel_shard_degree": -1,
+            P + "tensor_parallel_degree": 1, P + "context_parallel_degree": 1, P + "pipeline_parallel_degree": 1,
+            facts.EXPERT_DEGREE: 1, P + "enable_sequence_parallel": True, P + "pipeline_parallel_schedule": "1F1B",
+            P + "pipeline_parallel_microbatch_size": 1, T + "global_batch_size": -1, T + "max_norm": 1.0,
+            T + "mixed_precision_param": "bfloat16", T + "dtype": "float32", O + "warmup_steps": 200,
+            O + "decay_ratio": None, O + "decay_type": "linear", O + "min_lr_factor": 0.0, "--debug.seed": None,
+            "activation": "selective"}
+CONFIG_DEFAULTS = {
+    "llama3_debugmodel": {P + "pipeline_parallel_schedule": "Interleaved1F1B", T + "local_batch_size": 8,
+                          T + "seq_len": 2048, facts.LR: 8e-4, O + "warmup_steps": 2, O + "decay_ratio": 0.8},
+    "llama3_8b": {T + "local_batch_size": 1, T + "seq_len": 8192, facts.LR: 3e-4},
+    "llama3_70b": {P + "tensor_parallel_degree": 8, T + "local_batch_size": 8, T + "seq_len": 8192,
+                   facts.LR: 1.5e-4, "activation": "full"},
+}
+PLAN_RECOMPUTE = {mode: recompute.value for recompute, mode in facts.RECOMPUTE.items()}
+PLAN_SCHEDULE = {torch: name for name, torch in facts.SCHEDULES.items()}
+
+
+def _name(word: str) -> str:
+    """A flag as this module spells it: tyro accepts `-` and `_` alike after `--`."""
+    return "--" + word[2:].replace("-", "_") if word.startswith("--") else word
+
+
+def import_flags(text: str, path: str, world_size: int | None = None, cluster: str | None = None,
+                 name: str = "torchtitan", plan_path: str = "torchtitan.plan") -> Imported:
+    """The plan torchtitan's arguments `text` (read from `path`) describe, on `world_size` devices of `cluster`
+    (default: nodes of 8 H100s); ValueError for a `cluster` that is no cluster (the caller's option)."""
+    if cluster is not None:
+        cluster_devices(cluster)
+    source, flags = read_flags(text, path)
+    read = _read(flags, source)
+    sources = {path: source}
+    if not read.problems:
+        plan = _plan_text(read, world_size, cluster, name)
+        if plan is not None and not read.problems:
+            formatted = format_text(plan, plan_path)
+            analysis = analyze(plan_path, text=formatted)
+            sources.update(analysis.sources)
+            if not analysis.ok:
+                return Imported(None, tuple(analysis.diagnostics), sources, tuple(read.ignored))
+            return Imported(formatted, tuple(analysis.diagnostics), sources, tuple(read.ignored))
+    return Imported(None, tuple(read.problems), sources, tuple(read.ignored))
+
+
+# ---- reading the flags ----------------------------------------------------------------------------------------
+def _split_subcommand(flags: list[Flag], source: SourceFile) -> list[Flag]:
+    """The activation checkpointing subcommand as a flag of its own (`read_flags` hands a word after a switch to
+    the switch as its value)."""
+    out: list[Flag] = []
+    for flag in flags:
+        values = list(flag.values)
+        at = next((i for i, v in enumerate(values) if v.startswith(facts.SUBCOMMAND)), None)
+        if at is None or not flag.name.startswith("--"):
+            out.append(flag)
+            continue
+        out.append(Flag(flag.name, tuple(values[:at]), flag.span, flag.value_span if at else flag.span))
+        start = source.text.find(values[at], flag.span.end)
+        span = source.span(start, start + len(values[at])) if start >= 0 else flag.value_span
+        out.append(Flag(values[at], (), span, span))
+        out.extend(Flag(word, (), span, span) for word in values[at + 1:])
+    return out
+
+
+def _read(flags: list[Flag], source: SourceFile) -> _Read:
+    read = _Read({}, {}, [], [], source)
+    for flag in _split_subcommand(flags, source):
+        flag = Flag(_name(flag.name), flag.values, flag.span, flag.value_span)
+        key, value = _value(flag, read)
+        if key is None:
+            continue
+        earlier = read.given.get(key)
+        if earlier is not None and read.values[key] != value:
+            read.problems.append(diag("E805", f"{key} is given twice, as `{earlier.text}` and `{flag.text}` "
+                                      "(torchtitan would keep the last silently)", flag.span, hint=f"keep one {key}"))
+        read.values[key], read.given[key] = value, flag
+    return read
+
+
+def _value(flag: Flag, read: _Read):
+    """(the key, the typed value) of one flag, (None, None) when it is reported or left out."""
+    name, values = flag.name, flag.values
+    if name.startswith(facts.SUBCOMMAND):
+        mode = name.removeprefix(facts.SUBCOMMAND)
+        if mode not in PLAN_RECOMPUTE:
+            read.problems.append(diag("E807" if mode == "memory-budget" else "E804",
+                                      f"`{name}`: a plan recomputes with none, selective or full",
+                                      flag.span, hint="activation-checkpoint:none, :selective or :full"))
+            return None, None
+        return "activation", mode
+    if not name.startswith("--"):
+        read.problems.append(diag("E804", f"`{name}` is not a flag (torchtitan's flags start with --, its "
+                                  f"activation checkpointing is `{facts.SUBCOMMAND}MODE`)", flag.span,
+                                  hint="give flags and their values only, as after `-m torchtitan.train`"))
+        return None, None
+    if name in IGNORED or name.startswith(IGNORED_SECTIONS):
+        read.ignored.append(flag.text)
+        return None, None
+    if name not in KNOWN:
+        suggestion = did_you_mean(name, (*KNOWN, *IGNORED), "flags")
+        read.problems.append(diag("E804", f"unknown flag {name}", flag.span,
+                                  hint=suggestion or "plandsl reads torchtitan's --module, --config, --parallelism.*, "
+                                  "batch, precision and activation checkpointing flags (docs/interop.md)"))
+        return None, None
+    if name in SWITCHES:
+        if values:
+            read.problems.append(diag("E804", f"{name} is a switch and takes no value, found `{' '.join(values)}`",
+                                      flag.value_span, hint=f"write {name} alone"))
+            return None, None
+        key = name.replace(".no_", ".")
+        return key, SWITCHES[name]
+    if name in LIST_FLAGS:
+        if not values:
+            read.problems.append(diag("E804", f"{name} takes one comma-separated list of modules per stage",
+                                      flag.span))
+            return None, None
+        return name, tuple(tuple(part.split(",")) for part in values)
+    if len(values) != 1:
+        read.problems.append(diag("E804", f"{name} takes one value, found {len(values)}",
+                                  flag.value_span if values else flag.span, hint=f"write {name} VALUE"))
+        return None, None
+    text = values[0]
+    if name in INT_FLAGS:
+        allowed = NEGATIVE_OK.get(name)
+        low = 0 if name in (facts.LR, O + "warmup_steps", "--debug.seed") else 1
+        if not re.fullmatch(r"-?\d+", text) or int(text) < low and int(text) != allowed:
+            read.problems.append(diag("E804", f"{name} takes an integer of {low} or more"
+                                      + (f" (or {allowed})" if allowed else "") + f", found `{text}`",
+                                      flag.value_span))
+            return None, None
+        return name, int(text)
+    if name in FLOAT_FLAGS:
+        if text == "None" and name == O + "decay_ratio":
+            return name, None
+        try:
+            number = float(text)
+        except ValueError:
+            number = math.nan
+        if math.isnan(number) or number < 0 or (math.isinf(number) and name != T + "max_norm"):
+            read.problems.append(diag("E804", f"{name} takes a number of zero or more, found `{text}`",
+                                      flag.value_span))
+            return None, None
+        return name, number
+    if name in CHOICE_FLAGS:
+        choices = CHOICE_FLAGS[name]
+        found = next((c for c in choices if c.lower() == text.lower()), None)  # get_schedule_class: any case
+        if found is None:
+            read.problems.append(diag("E807" if name in ("--module", "--config") else "E804",
+                                      f"{name} {text}: not one of {', '.join(choices)}", flag.value_span,
+                                      hint=did_you_mean(text, choices, "values") or f"one of {', '.join(choices)}"))
+            return None, None
+        return name, found
+    return name, text
+
+
+# ---- the plan ---------------------------------------------------------------------------------------------------
+def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: str) -> str | None:
+    for flag in ("--module", "--config"):
+        if flag not in read.values:  # ConfigManager._load_config: "--module is required", "--config is required"
+            read.problem("E804", f"missing {flag} (torchtitan requires --module and --config)",
+                         hint="add --module llama3 --config llama3_8b")
+            return None
+    config = read.values["--config"]
+    values = {**DEFAULTS, **CONFIG_DEFAULTS[config], **read.values}
+    get = values.get
+    for flag, why in ((P + "pipeline_parallel_schedule_csv", "import the CSV with `plandsl import --from "
+                       "torch-csv` and name its table in the plan"),
+                      (P + "pipeline_parallel_layers_per_stage", "write the split as "
+                       "--parallelism.module_fqns_per_model_part")):
+        if get(flag):
+            read.problem("E807", f"{flag}: {why}", flag)
+            return None
+    if get(facts.EXPERT_DEGREE) != 1:
+        read.problem("E807", f"{facts.EXPERT_DEGREE} {get(facts.EXPERT_DEGREE)}: {facts.MODULE}'s models have no "
+                     "experts", facts.EXPERT_DEGREE)
+        return None
+    degrees = {role: get(flag) for role, flag in facts.DEGREES.items()}
+    world = world_size if world_size is not None else cluster_devices(cluster)
+    fixed = degrees["dp_replicate"] * degrees["cp"] * degrees["tp"] * degrees["pp"]
+    if degrees["dp_shard"] == -1:  # ParallelDims._validate: the leftover ranks
+        degrees["dp_shard"] = world // fixed
+    total = fixed * degrees["dp_shard"]
+    if total != world or degrees["dp_shard"] < 1:
+        shown = " * ".join(f"{role}({degrees[role]})" for role in ("dp_replicate", "dp_shard", "cp", "tp", "pp"))
+        read.problem("E806", f"{shown} != world size {world} (ParallelDims: the degrees must multiply to it)",
+                     *[flag for role, flag in facts.DEGREES.items() if degrees[role] > 1 or flag in read.values],
+                     hint=f"a world size that is a multiple of {fixed}")
+        return None
+    flavor = facts.CONFIGS[config]
+    model = (f"llama(layers={flavor.layers}, hidden={flavor.hidden}, heads={flavor.heads}, kv_heads={flavor.kv_heads}, "
+             f"ffn={flavor.ffn}, seq={get(T + 'seq_len')}, vocab={flavor.vocab}, tied={str(flavor.tied).lower()})")
+    train = _train(read, values, degrees)
+    stages = _stages(read, values, flavor.layers, degrees["pp"]) if degrees["pp"] > 1 else []
+    if train is None or stages is None:
+        return None
+    sizes = {"pp": degrees["pp"], "cp": degrees["cp"], "tp": degrees["tp"]}
+    data_axes = {"dp_replicate": degrees["dp_replicate"], "dp_shard": degrees["dp_shard"]}
+    both = all(size > 1 for size in data_axes.values())
+    axes: list[tuple[str, int]] = []
+    for role in facts.MESH_ORDER:
+        if role in sizes and sizes[role] > 1:
+            axes.append((role, sizes[role]))
+        elif role in data_axes and data_axes[role] > 1:
+            axes.append((role if both else "dp", data_axes[role]))
+    data = None
+    if both:
+        data = "hsdp over [dp_replicate, dp_shard]"
+    elif degrees["dp_shard"] > 1:
+        data = "zero3 over dp"
+    elif degrees["dp_replicate"] > 1:
+        data = "replicate over dp"
+    if not axes:
+        axes, data = [("dp", 1)], "zero3 over dp"   # one device: torchtitan's FSDP over a size-1 axis
+    cluster_text, imports, part = cluster_lines(cluster, world)
+    lines = [f"# Imported from torchtitan arguments ({facts.VERSION}) by `plandsl import --from torchtitan`."]
+    if read.ignored:
+        lines.append("# Left out (a plan does not hold them): " + " ".join(read.ignored))
+    mesh = "[" + ", ".join(f"{axis} = {size}" for axis, size in axes) + "]"
+    lines += [f'import "{i}"' for i in imports] + [
+        "", f"plan {name} {{", f"  model = {model}", f"  cluster = {cluster_text}",
+        f"  mesh = {mesh}" + (f" over devices[0:{world}]" if part else ""), f"  train = {train}"]
+    if data:
+        lines.append(f"  data = {data}")
+    if degrees["tp"] > 1:
+        lines.append("  tensor = megatron over tp" + (" with sequence_parallel" if get(P + "enable_sequence_parallel")
+                                                      else ""))
+    if degrees["cp"] > 1:
+        lines.append("  context = allgather over cp")
+    lines += stages
+    return "\n".join(lines + ["}"]) + "\n"
+
+
+def _train(read: _Read, values: dict, degrees: dict[str, int]) -> str | None:
+    get = values.get
+    dp = degrees["dp_replicate"] * degrees["dp_shard"]
+    local, micro = get(T + "local_batch_size"), get(P + "pipeline_parallel_microbatch_size")
+    batch = get(T + "global_batch_size")
+    batch = local * dp if batch == -1 else batch
+    if batch % (local * dp):  # trainer.py: global_batch_size % (local_batch_size * dp) == 0
+        read.problem("E806", f"--training.global_batch_size {batch} is not a multiple of local_batch_size x "
+                     f"data parallel ({local} x {dp})", T + "global_batch_size", T + "local_batch_size")
+        return None
+    if degrees["pp"] > 1:
+        if local % micro:  # Trainer.Config.__post_init__
+            read.problem("E805", f"--training.local_batch_size {local} is not divisible by "
+                         f"--parallelism.pipeline_parallel_microbatch_size {micro}", T + "local_batch_size",
+                         P + "pipeline_parallel_microbatch_size")
+            return None
+        if batch != local * dp:
+            read.problem("E807", f"gradient accumulation ({batch // (local * dp)} steps) with a pipeline: a plan's "
+                         "pipeline runs every microbatch of a step in one schedule", T + "global_batch_size",
+                         hint=f"--training.local_batch_size {batch // dp}")
+            return None
+    else:
+        micro = local
+    param, dtype = get(T + "mixed_precision_param"), get(T + "dtype")
+    if dtype == "bfloat16":
+        if param != "bfloat16":
+            read.problem("E805", "--training.dtype bfloat16 with --training.mixed_precision_param float32",
+                         T + "dtype", hint="--training.mixed_precision_param bfloat16")
+            return None
+        precision = ["precision: bf16", "master_dtype: bf16", "grad_dtype: bf16", "optimizer_dtype: bf16"]
+    else:
+        precision = [f"precision: {'bf16' if param == 'bfloat16' else 'fp32'}"]
+    decay, ratio = get(O + "decay_type"), get(O + "decay_ratio")
+    if ratio == 0.0:
+        schedule = "constant"
+    elif ratio is None and decay in facts.DECAY.values() and get(O + "min_lr_factor") == 0.0:
+        schedule = decay
+    else:
+        read.problem("E807", f"--lr_scheduler.decay_ratio {ratio} --lr_scheduler.decay_type {decay} "
+                     f"--lr_scheduler.min_lr_factor {get(O + 'min_lr_factor')}: a plan's lr_schedule decays from the "
+                     "warm-up's end to 0 (linear, cosine) or not at all (constant)",
+                     O + "decay_ratio", O + "decay_type", O + "min_lr_factor", "--config",
+                     hint="--lr_scheduler.decay_ratio 0.0 (constant) or None (linear, cosine)")
+        return None
+    clip = get(T + "max_norm")
+    items = [f"global_batch: {batch}", f"micro_batch: {micro}", *precision,
+             f"recompute: {PLAN_RECOMPUTE[get('activation')]}", "optimizer: adam", f"lr: {float(get(facts.LR))!r}",
+             f"lr_schedule: {schedule}", f"warmup_steps: {get(O + 'warmup_steps')}",
+             f"grad_clip: {repr(float(clip)) if math.isfinite(clip) and clip > 0 else 'none'}",
+             f"seed: {get('--debug.seed') or 0}"]
+    return "{ " + ", ".join(items) + " }"
+
+
+def _stages(read: _Read, values: dict, layers: int, pp: int) -> list[str] | None:
+    """The plan's `stages` and `schedule` lines for pipeline degree `pp`."""
+    schedule = values[P + "pipeline_parallel_schedule"]
+    if schedule not in PLAN_SCHEDULE:
+        read.problem("E807", f"--parallelism.pipeline_parallel_schedule {schedule}: a plan names a schedule "
+                     "(GPipe, 1F1B, Interleaved1F1B, ...)", P + "pipeline_parallel_schedule")
+        return None
+    parts = values.get(P + "module_fqns_per_model_part")
+    flag = P + "module_fqns_per_model_part"
+    if parts is None:  # pipeline_parallel.py: 1 stage per rank for single-stage schedules, else 2
+        count = pp * (1 if schedule in facts.SINGLE_STAGE else 2)
+        parts = default_split(count, layers)
+        if parts is None:
+            read.problem("E805", f"{count} stages over {layers} blocks: torchtitan's split leaves a stage without a "
+                         "block", P + "pipeline_parallel_degree")
+            return None
+    modules = [module for part in parts for module in part]
+    expected = ["tok_embeddings", *(f"layers.{i}" for i in range(layers)), "norm", "lm_head"]
+    problem = None
+    if modules != expected:
+        odd = next((m for m in modules if m not in expected), None)
+        problem = (f"`{odd}` is not a module of {facts.MODULE} (tok_embeddings, layers.0-{layers - 1}, norm, lm_head)"
+                   if odd else "its stages must hold tok_embeddings, layers.0, layers.1, ..., norm, lm_head, each once "
+                   "and in order")
+    elif len(parts) % pp:
+        problem = f"its {len(parts)} stages are not a multiple of the pipeline degree {pp}"
+    elif any("norm" in part and "lm_head" not in part for part in parts):
+        problem = "norm and lm_head are on different stages"
+    elif (len(parts) == pp) != (schedule in facts.SINGLE_STAGE):
+        problem = f"{schedule} runs {'one stage' if schedule in facts.SINGLE_STAGE else 'two or more'} per rank, " \
+                  f"and it makes {len(parts) // pp}"
+    if problem:
+        read.problem("E805", f"{flag}: {problem}", flag, P + "pipeline_parallel_schedule")
+        return None
+    counts = [("tok_embeddings" in part, sum(m.startswith("layers.") for m in part), "lm_head" in part)
+              for part in parts]
+    virtual = len(parts) // pp
+    lines, start, index = ["  stages {"], 0, 0
+    while index < len(counts):
+        embed, blocks, head = counts[index]
+        end = _even_run(counts, index) if blocks and not embed and not head else index + 1
+        total = sum(count for _, count, _ in counts[index:end])
+        names = (["embed"] if embed else []) + ([f"layers[{start}:{start + total}]"] if total else []) \
+            + (["norm", "head"] if head else [])
+        lines.append(f"    {index}{f'..{end}' if end > index + 1 else ''}: {', '.join(names)}")
+        start, index = start + total, end
+    if virtual > 1:
+        lines.append(f"    virtual = {virtual}")
+    if PLAN_SCHEDULE[schedule] in ("zbv", "dualpipev"):
+        lines.append("    map = vshape")
+    return lines + ["  }", f"  schedule = {PLAN_SCHEDULE[schedule]}"]
+
+
+def default_split(stages: int, layers: int, first_less: int = 1, last_less: int = 1) -> list[list[str]] | None:
+    """torchtitan's split without module_fqns_per_model_part (pipeline_parallel.py,
+    _generate_llm_fqn_per_model_part: the embedding and the output count as one block each); None where it
+    raises."""
+    effective = layers + first_less + last_less
+    each, extra = divmod(effective, stages)
+    if stages > effective or each == 0 or first_less > each or last_less > each:
+        return None
+    parts, block = [], 0
+    for stage in range(stages):
+        size = each + (stage < extra)
+        part = ["tok_embeddings"] if stage == 0 else []
+        size -= first_less if stage == 0 else last_less if stage == stages - 1 else 0
+        for _ in range(size):
+            if block < layers:
+                part.append(f"layers.{block}")
+                block += 1
+        if stage == stages - 1:
+            part += ["norm", "lm_head"]
+        parts.append(part)
+    return parts

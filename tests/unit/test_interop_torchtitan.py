@@ -1,0 +1,294 @@
+"""`plandsl export --to torchtitan` and `plandsl import --from torchtitan`: torchtitan 0.3.0's arguments. Every
+stdlib plan's export (what torchtitan cannot express as E808), golden files, round trips, bad flags as E804-E807,
+and the exports held against torchtitan's own ConfigManager, ParallelDims, config functions and pipeline split
+(skipped without torchtitan: .ci/run installs it with --no-deps, README)."""
+from __future__ import annotations
+
+import functools
+import shlex
+
+import pytest
+from click.testing import CliRunner
+from test_interop_megatron import ALL, stdlib_plan  # the stdlib plans, found by name
+
+from plandsl import api
+from plandsl.cli import main
+from plandsl.interop import export_plan, import_text, torchtitan
+from plandsl.interop.torchtitan_import import CONFIG_DEFAULTS, DEFAULTS, default_split
+
+pytestmark = pytest.mark.xdist_group("torchtitan")  # one worker imports torchtitan once (~15 s wall)
+
+EXPRESSED = {"llama3_8b_hsdp"}   # the stdlib plans torchtitan expresses whole: llama3 8B, hsdp, full recompute
+WHOLE = [param for param in ALL if param.values[1] in EXPRESSED]
+
+# Plans torchtitan expresses whole, beyond the stdlib's one: each parallelism it has, its schedules, precisions,
+# recomputation and learning-rate schedules.
+HEADER = 'import "clusters/dgx_h100"\nimport "models/llama3"\n'
+VARIANTS = {
+    "fsdp_tp_pp_interleaved": """plan fsdp_tp_pp_interleaved {
+  model = llama3_8b
+  cluster = dgx_h100 x 1
+  mesh = [pp = 2, dp = 2, tp = 2]
+  train = { global_batch: 16, micro_batch: 1, precision: bf16, recompute: selective_op, lr: 1e-4 }
+  data = zero3 over dp
+  tensor = megatron over tp with sequence_parallel
+  stages = evenly over pp with virtual = 2
+  schedule = interleaved_1f1b
+}""",
+    "context_bf16_everywhere": """plan context_bf16_everywhere {
+  model = llama3_8b
+  cluster = dgx_h100 x 1
+  mesh = [dp = 4, cp = 2]
+  train = { global_batch: 32, micro_batch: 2, seq: 32768, precision: bf16, master_dtype: bf16, grad_dtype: bf16,
+            optimizer_dtype: bf16, recompute: full, lr_schedule: linear, warmup_steps: 100 }
+  data = zero3 over dp
+  context = allgather over cp
+}""",
+    "debug_gpipe_ddp": """plan debug_gpipe_ddp {
+  model = llama(layers=6, hidden=256, heads=16, ffn=768, seq=2048, vocab=2048)
+  cluster = dgx_h100 x 1
+  mesh = [pp = 2, dp = 2]
+  train = { global_batch: 16, micro_batch: 2, precision: fp32, lr: 8e-4, lr_schedule: cosine, warmup_steps: 2,
+            grad_clip: none, seed: 3 }
+  data = replicate over dp
+  stages = evenly over pp
+  schedule = gpipe
+}""",
+    "llama3_70b_zbv_tp": """plan llama3_70b_zbv_tp {
+  model = llama3_70b
+  cluster = dgx_h100 x 8
+  mesh = [pp = 4, dp = 2, tp = 8]
+  train = { global_batch: 32, micro_batch: 1, precision: bf16, recompute: full }
+  data = zero3 over dp
+  tensor = megatron over tp
+  stages = evenly over pp with virtual = 2, map = vshape
+  schedule = zbv
+}""",
+}
+
+
+@functools.cache
+def variant(name: str):
+    return api.select_plan(api.loads(HEADER + VARIANTS[name] + "\n", path=f"{name}.plan"))
+
+
+def plans():
+    """(name, plan) of every plan torchtitan expresses whole: the stdlib's, then the variants."""
+    return [(p.values[1], stdlib_plan(*p.values)) for p in WHOLE] + [(n, variant(n)) for n in VARIANTS]
+
+
+def _words(text: str) -> list[str]:
+    """The exported arguments as torchrun hands them to torchtitan (the bash array's words)."""
+    return [w for w in shlex.split(text, comments=True) if w not in ("TORCHTITAN_ARGS=(", ")")]
+
+
+def test_torchtitan_expresses_exactly_the_llama3_flavor_plans():
+    whole = {name for path, name in (p.values for p in ALL) if not export_plan(stdlib_plan(path, name), "torchtitan").lost}
+    assert whole == EXPRESSED
+    assert all(not export_plan(variant(name), "torchtitan").lost for name in VARIANTS)
+
+
+@pytest.mark.parametrize("name", [*EXPRESSED, *VARIANTS])
+def test_exported_arguments_match_golden(name, golden):
+    plan = dict(plans())[name]
+    golden(f"interop/torchtitan/{name}.args", export_plan(plan, "torchtitan").text)
+
+
+@pytest.mark.parametrize("name", [*EXPRESSED, *VARIANTS])
+def test_import_of_the_export_is_the_plan(name):
+    plan = dict(plans())[name]
+    exported = export_plan(plan, "torchtitan")
+    imported = import_text("torchtitan", exported.text, "plan.args", world_size=plan.mesh.size, name=plan.name)
+    assert imported.ok, api.render_all(imported.diagnostics, imported.sources)
+    back = api.select_plan(api.loads(imported.text, path="back.plan"))
+    assert export_plan(back, "torchtitan").text == exported.text
+    assert (back.dp, back.tp, back.pp, back.cp, back.data.kind) == (plan.dp, plan.tp, plan.pp, plan.cp, plan.data.kind)
+    assert back.train.model_dump(exclude={"seq"}) == plan.train.model_dump(exclude={"seq"}) and back.seq == plan.seq
+
+
+def test_what_torchtitan_cannot_express_is_listed():
+    plan = stdlib_plan(next(p.values[0] for p in ALL if p.values[1] == "gpt3_megatron"), "gpt3_megatron")
+    lost = [d.message.removeprefix("torchtitan cannot express ").split(" (")[0] for d in
+            export_plan(plan, "torchtitan").lost]
+    assert lost == ["a gpt(...) model", "the mesh order [dp(dp_shard), pp(pp), tp(tp)]", "data = zero1"]
+
+
+def test_a_model_of_no_flavor_is_named_with_the_flavors():
+    plan = stdlib_plan(next(p.values[0] for p in ALL if p.values[1] == "llama2_7b_fsdp"), "llama2_7b_fsdp")
+    message = export_plan(plan, "torchtitan").lost[0].message
+    assert "llama(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000)" in message
+    assert "llama3_8b (8B)" in message and "llama3_70b (70B)" in message
+
+
+BASE = ["--module", "llama3", "--config", "llama3_8b", "--parallelism.tensor_parallel_degree", "2"]
+
+
+@pytest.mark.parametrize("extra, code, offending", [
+    (["--parallelism.tensor_parallel_dgree", "2"], "E804", "--parallelism.tensor_parallel_dgree"),
+    (["--training.local_batch_size", "x"], "E804", "x"),
+    (["--config", "llama3_405b"], "E807", "llama3_405b"),
+    (["--parallelism.pipeline_parallel_degree", "3"], "E806", "--parallelism.pipeline_parallel_degree"),
+    (["--parallelism.tensor_parallel_degree", "4"], "E805", "--parallelism.tensor_parallel_degree"),
+    (["--parallelism.expert_parallel_degree", "2"], "E807", "--parallelism.expert_parallel_degree"),
+    (["--parallelism.pipeline_parallel_degree", "2", "--parallelism.module_fqns_per_model_part",
+      "tok_embeddings,layers.0", "layers.2,norm,lm_head"], "E805", "--parallelism.module_fqns_per_model_part"),
+    (["--lr_scheduler.decay_type", "sqrt"], "E807", "--lr_scheduler.decay_type"),
+    (["activation-checkpoint:memory-budget"], "E807", "activation-checkpoint:memory-budget"),
+    (["--training.disable_cuda_graphs", "stray"], "E804", "stray"),
+    (["--parallelism.data_parallel_shard_degree", "-2"], "E804", "-2"),
+])
+def test_bad_flags_are_diagnostics_naming_the_flag(extra, code, offending):
+    text = shlex.join(BASE + extra) + "\n"
+    imported = import_text("torchtitan", text, "<flags>", world_size=8)
+    assert [d.code for d in imported.diagnostics] == [code], api.render_all(imported.diagnostics, imported.sources)
+    span = imported.diagnostics[0].span
+    assert text[span.start:span.end] == offending
+
+
+def test_a_typo_is_named_with_the_nearest_flag():
+    imported = import_text("torchtitan", shlex.join(BASE + ["--training.seq-lenn", "4096"]), "<flags>", world_size=8)
+    assert "did you mean '--training.seq_len'" in (imported.diagnostics[0].hint or "")
+
+
+def test_a_bare_config_is_read_with_its_own_values():
+    """The config function's defaults fill what the flags leave out: llama3_70b's tensor degree 8 and full
+    checkpointing, its local batch of 8 sequences of 8192 tokens, dp_shard the leftover ranks."""
+    imported = import_text("torchtitan", "--module llama3 --config llama3_70b --lr_scheduler.warmup_steps 0\n",
+                           "<flags>", world_size=64)
+    assert imported.ok, api.render_all(imported.diagnostics, imported.sources)
+    plan = api.select_plan(api.loads(imported.text, path="back.plan"))
+    assert (plan.tp, plan.dp, plan.data.kind, plan.train.recompute.value) == (8, 8, "zero3", "full")
+    assert (plan.train.global_batch, plan.train.micro_batch, plan.seq, plan.train.lr) == (64, 8, 8192, 1.5e-4)
+    assert plan.tensor.sequence_parallel and torchtitan.config_of(plan.model) == "llama3_70b"
+
+
+def test_default_split_counts_the_embedding_and_the_output_as_a_block_each():
+    # 6 blocks + 2 over 4 stages: 2 each, the embedding and the output taking one block's place
+    assert default_split(4, 6) == [["tok_embeddings", "layers.0"], ["layers.1", "layers.2"], ["layers.3", "layers.4"],
+                                   ["layers.5", "norm", "lm_head"]]
+    assert default_split(8, 2) is None
+
+
+def test_cli_export_refuses_a_lossy_plan_and_imports_flags(tmp_path):
+    runner = CliRunner()
+    path = next(p.values[0] for p in ALL if p.values[1] == "gpt3_megatron")
+    result = runner.invoke(main, ["export", path, "--to", "torchtitan"])
+    assert result.exit_code == 1 and "E808" in result.output and "nothing written" in result.output
+    result = runner.invoke(main, ["export", path, "--to", "torchtitan", "--lossy", "-o", str(tmp_path / "t.args")])
+    assert result.exit_code == 0 and "lost: torchtitan cannot express data = zero1" in result.output
+    result = runner.invoke(main, ["import", "--from", "torchtitan", "--world-size", "16", "-o",
+                                  str(tmp_path / "titan.plan"), "--", *BASE, "activation-checkpoint:none"])
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "titan.plan").read_text()
+    assert "mesh    = [dp = 8, tp = 2]" in text and "recompute: none" in text
+
+
+# ---- against torchtitan's own code -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def titan():
+    """torchtitan's ConfigManager, ParallelDims and the llama3 config functions, imported once (~5-10 s)."""
+    pytest.importorskip("tyro", reason="torchtitan is not installed (.ci/run installs it: README)")
+    pytest.importorskip("torchtitan", reason="torchtitan is not installed (.ci/run installs it: README)")
+    import importlib.metadata
+    import logging
+
+    from torchtitan.config.manager import ConfigManager
+    from torchtitan.distributed import pipeline_parallel
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    from torchtitan.models.llama3 import config_registry
+    assert importlib.metadata.version("torchtitan") == "0.3.0"
+    logging.getLogger("torchtitan").setLevel(logging.ERROR)   # "HF assets path ... does not exist"
+    return ConfigManager, ParallelDims, config_registry, pipeline_parallel
+
+
+def _parse(titan, words: list[str]):
+    return titan[0]().parse_args(words)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [*EXPRESSED, *VARIANTS])
+def test_config_manager_parses_the_export_into_the_plan(titan, name):
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    plan = dict(plans())[name]
+    config = _parse(titan, _words(export_plan(plan, "torchtitan").text))
+    parallel = config.parallelism
+    dims = titan[1].from_config(parallel, plan.mesh.size)   # its own check: the degrees multiply to the world
+    assert dims.dp_replicate * dims.dp_shard * dims.cp * dims.tp * dims.pp == plan.mesh.size
+    assert (dims.dp_replicate * dims.dp_shard, dims.tp, dims.pp, dims.cp, dims.ep) == (plan.dp, plan.tp, plan.pp,
+                                                                                       plan.cp, 1)
+    assert dims.dp_shard == (1 if plan.data.kind == "replicate" else plan.mesh.degree(plan.data.axes[-1]))
+    assert parallel.enable_sequence_parallel == (plan.tensor is None or plan.tensor.sequence_parallel)
+    assert config.training.seq_len == plan.seq and config.training.global_batch_size == plan.train.global_batch
+    assert config.model_spec.flavor == torchtitan.CONFIGS[torchtitan.config_of(plan.model)].flavor
+    recompute = {"none": type(None), "selective_op": SelectiveAC.Config, "full": FullAC.Config}
+    assert type(config.activation_checkpoint) is recompute[plan.train.recompute.value]
+    assert config.optimizer.param_groups[0].optimizer_kwargs["lr"] == plan.train.lr
+    if plan.pp > 1:
+        from plandsl.ir.placement import assign_stages
+        assignment, _ = assign_stages(plan)
+        names = {"embed": "tok_embeddings", "head": "lm_head"}
+        assert parallel.module_fqns_per_model_part == [[names.get(layer.name, layer.name) for layer in stage]
+                                                       for stage in assignment.stage_layers]
+        schedule = titan[3].get_schedule_class(parallel.pipeline_parallel_schedule)
+        assert schedule.__name__ == f"Schedule{parallel.pipeline_parallel_schedule}"
+        assert config.training.local_batch_size // parallel.pipeline_parallel_microbatch_size == \
+            plan.num_microbatches
+    else:
+        assert config.training.local_batch_size == plan.train.micro_batch
+
+
+@pytest.mark.slow
+def test_the_flavor_table_and_defaults_are_torchtitans(titan):
+    """CONFIGS (the registry's model sizes) and the import's defaults are what the config functions build."""
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    modes = {SelectiveAC.Config: "selective", FullAC.Config: "full", type(None): "none"}
+    for name, flavor in torchtitan.CONFIGS.items():
+        config = getattr(titan[2], name)()
+        model = config.model_spec.model
+        attention, ffn = model.layers[0].attention, model.layers[0].feed_forward
+        found = (config.model_spec.flavor, len(model.layers), model.dim, attention.n_heads,
+                 attention.n_kv_heads or attention.n_heads, ffn.w1.out_features, model.vocab_size,
+                 bool(getattr(model, "enable_weight_tying", False)))
+        assert found == (flavor.flavor, flavor.layers, flavor.hidden, flavor.heads, flavor.kv_heads, flavor.ffn,
+                         flavor.vocab, flavor.tied), name
+        read = {
+            "--parallelism." + key: getattr(config.parallelism, key) for key in (
+                "data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
+                "context_parallel_degree", "pipeline_parallel_degree", "expert_parallel_degree",
+                "enable_sequence_parallel", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size")}
+        read |= {"--training." + key: getattr(config.training, key) for key in (
+            "local_batch_size", "global_batch_size", "seq_len", "max_norm", "mixed_precision_param", "dtype")}
+        read |= {"--lr_scheduler." + key: getattr(config.lr_scheduler, key) for key in (
+            "warmup_steps", "decay_ratio", "decay_type", "min_lr_factor")}
+        read |= {"--debug.seed": config.debug.seed, torchtitan.LR: config.optimizer.param_groups[0].optimizer_kwargs["lr"],
+                 "activation": modes[type(config.activation_checkpoint)]}
+        assert {key: {**DEFAULTS, **CONFIG_DEFAULTS[name]}.get(key) for key in read} == read, name
+
+
+@pytest.mark.slow
+def test_default_split_is_torchtitans(titan):
+    for stages in range(2, 9):
+        for layers in range(1, 20):
+            try:
+                theirs = titan[3]._generate_llm_fqn_per_model_part(stages, layers)
+            except ValueError:
+                theirs = None
+            assert default_split(stages, layers) == theirs, (stages, layers)
+
+
+# ---- docs/interop.md's torchtitan section: its commands run and write what it shows ---------------------------
+def test_the_interop_doc_torchtitan_commands_run_as_shown(tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "interop.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## torchtitan"):doc.index("## torch's pipeline schedule CSV")]
+    (_, args), (_, commands), (_, plan) = re.findall(r"```(\w+)\n(.*?)```", section, re.DOTALL)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "titan_args.sh").write_text(args, encoding="utf-8")
+    runner = CliRunner()
+    for line in commands.strip().splitlines():
+        result = runner.invoke(main, shlex.split(line)[1:])
+        assert result.exit_code == 0, f"{line}\n{result.output}"
+    assert (tmp_path / "llama3_8b_titan.plan").read_text(encoding="utf-8") == plan
+    back = _words((tmp_path / "titan_args_back.sh").read_text(encoding="utf-8"))
+    assert "--parallelism.data_parallel_shard_degree" in back and back[-1] == "activation-checkpoint:selective"
