@@ -1,4 +1,4 @@
-"""Model shapes (E220-E224): the sizes a gpt or llama model needs for its torch module to run.
+"""Model shapes (E220-E225): the sizes a gpt or llama model needs for its torch module to run.
 
 Stage: checker. Contract: `check_model(plan)` yields one diagnostic per shape rule the plan's model
 breaks, each at the argument that breaks it, with a hint whose numbers give a model that obeys every
@@ -10,7 +10,8 @@ reference model's own requirements (`plandsl.runtime.models`, whose constructors
   each key/value head an equal group of query heads (SDPA's `enable_gqa`);
 - E222 llama's head dimension even: rotary embeddings rotate each head's two halves together;
 - E223 `1 <= top_k <= experts` in a mixture of experts: each token picks its top_k experts (`topk`);
-- E224 a gpt's training sequence no longer than its `seq`: learned positions hold one row each.
+- E224 a gpt's training sequence no longer than its `seq`: learned positions hold one row each;
+- E225 `shared_experts` only beside routed `experts` (they join a mixture-of-experts layer).
 """
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ def model_shapes(model: ir.Model, tp: int = 1, seq: int | None = None, seq_span=
         yield _kv_heads(model, tp)
     if model.experts and not 1 <= model.top_k <= model.experts:
         yield _top_k(model)
+    if model.shared_experts and not model.experts:
+        yield diag("E225", f"shared_experts ({model.shared_experts}) on model '{model.name}', which has no experts: "
+                   "shared experts sit beside routed ones in a mixture-of-experts layer", model.span_of("shared_experts"),
+                   hint="add experts=N (and top_k), or drop shared_experts and widen ffn")
     if model.kind == "gpt" and seq is not None and seq > model.seq:
         yield _positions(model, seq, seq_span, seq_item)
 

@@ -272,6 +272,12 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         matmul += gemm(routed, h, ffn / tp, device, precision, count=local)
         flops += 2.0 * tokens * model.top_k * projections * h * ffn / tp
         mlp_elements = model.top_k * ((2 if gpt else 3) * ffn / tp + 4 * h) + 2 * experts
+        if model.shared_experts:  # every token through one MLP of shared_experts x ffn (DeepSeekMoE)
+            width = model.shared_experts * ffn
+            matmul += gemm(tokens, (projections - 1) * width / tp, h, device, precision)
+            matmul += gemm(tokens, h, width / tp, device, precision)
+            flops += 2.0 * tokens * projections * h * width / tp
+            mlp_elements += 3 * width / tp
     else:
         matmul += gemm(tokens, (projections - 1) * ffn / tp, h, device, precision)
         matmul += gemm(tokens, h, ffn / tp, device, precision)

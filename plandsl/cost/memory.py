@@ -446,7 +446,7 @@ def _block_terms(model: ir.TransformerModel, seq: int, kv_gathered: int = 1) -> 
         # Each token visits top_k experts (load-balanced, so top_k·tokens per device): their
         # dispatched inputs next to the router's input, and their internals.
         replicated += 2 * model.top_k
-        mlp *= model.top_k
+        mlp *= model.top_k + model.shared_experts  # the shared experts' internals, for every token
     # Scores: softmax output (2), plus gpt's dropout mask (1) and output (2): 5as/h (2as/h llama).
     matrix = (2 + 3 * dropout) * model.heads * seq / model.hidden
     return replicated, attention + mlp, matrix

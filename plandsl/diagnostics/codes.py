@@ -44,6 +44,7 @@ CODES: dict[str, str] = {
     "E222": "odd head dimension under rotary embeddings",
     "E223": "top_k outside 1 to experts",
     "E224": "training sequence longer than the model's learned positions",
+    "E225": "shared experts on a model without experts",
     # E3xx: clusters and meshes
     "E301": "mesh needs more devices than the cluster has",
     "E302": "unknown mesh axis",

@@ -29,7 +29,7 @@ ORDER_TP_PP_DP = ("tp", "cp", "ep", "pp", "dp")
 INT_FLAGS = (
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
     "--seq-length", "--max-position-embeddings", "--padded-vocab-size", "--vocab-size",
-    "--make-vocab-size-divisible-by", "--num-experts", "--moe-router-topk",
+    "--make-vocab-size-divisible-by", "--num-experts", "--moe-router-topk", "--moe-shared-expert-intermediate-size",
     "--micro-batch-size", "--global-batch-size", "--recompute-num-layers", "--lr-warmup-iters", "--seed",
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank",
     "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
@@ -152,6 +152,8 @@ def _model_args(plan: ir.Plan, args: list, lose) -> None:
              "then feeds the MLP)", "model")
     if model.experts:
         args += [("--num-experts", str(model.experts)), ("--moe-router-topk", str(model.top_k))]
+        if model.shared_experts:  # TransformerConfig.moe_shared_expert_intermediate_size: one MLP that wide
+            args.append(("--moe-shared-expert-intermediate-size", str(model.shared_experts * model.ffn_hidden)))
 
 
 def _train_args(plan: ir.Plan, args: list, lose) -> None:

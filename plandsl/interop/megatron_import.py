@@ -256,6 +256,14 @@ def _model(read: _Read) -> str | None:
                          "--position-embedding-type rope --disable-bias-linear")
             return None
         args += [f"experts={read.get('--num-experts')}", f"top_k={read.get('--moe-router-topk', 2)}"]
+        shared = read.get("--moe-shared-expert-intermediate-size")
+        if shared:
+            if shared % ffn:
+                read.problem("E807", f"--moe-shared-expert-intermediate-size {shared}: a plan's shared experts are a "
+                             f"whole number of experts of --ffn-hidden-size {ffn}", "--moe-shared-expert-intermediate-size",
+                             hint=f"--moe-shared-expert-intermediate-size {max(1, round(shared / ffn)) * ffn}")
+                return None
+            args.append(f"shared_experts={shared // ffn}")
     elif "--moe-router-topk" in read.values:
         read.problem("E805", "--moe-router-topk without --num-experts", "--moe-router-topk", hint="add --num-experts N")
         return None

@@ -194,6 +194,8 @@ class TransformerModel(Node):
     vocab: int = Field(gt=0)
     experts: int = Field(default=0, ge=0, description="0 for a dense model")
     top_k: int = Field(default=0, ge=0)
+    shared_experts: int = Field(default=0, ge=0, description="experts every token runs through besides its "
+                                "top_k routed ones (DeepSeekMoE, Dai et al. 2024): one MLP of shared_experts x ffn")
     tied_embeddings: bool = False
     parallel_blocks: bool = Field(default=False, description="GPT-NeoX's parallel residual: each block adds "
                                   "attn(norm1 x) and mlp(norm2 x) to the same input x (Black et al. 2022), "

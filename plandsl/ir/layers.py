@@ -233,6 +233,11 @@ def _moe_params(model: ir.TransformerModel, prefix: str) -> list[Param]:
     params.append(Param(f"{module}.w2", module, (experts, hidden, ffn), (EXPERTS, HIDDEN, FFN)))
     if model.kind == "llama":
         params.append(Param(f"{module}.w3", module, (experts, ffn, hidden), (EXPERTS, FFN, HIDDEN)))
+    if model.shared_experts:  # one MLP of shared_experts x ffn, every token through it (DeepSeekMoE)
+        width = model.shared_experts * ffn
+        params += _linear(f"{prefix}.shared.w1", width, hidden, FFN, HIDDEN, bias=False)
+        params += _linear(f"{prefix}.shared.w2", hidden, width, HIDDEN, FFN, bias=False)
+        params += _linear(f"{prefix}.shared.w3", width, hidden, FFN, HIDDEN, bias=False)
     return params
 
 
@@ -257,8 +262,9 @@ def transformer_block_flops(model: ir.TransformerModel) -> float:
     matmuls = 2 if model.kind == "gpt" else 3
     mlp = 2 * matmuls * hidden * model.ffn_hidden
     if model.experts:
-        # Router h·E, then each token runs through top_k experts (Fedus et al. 2021, Switch).
-        mlp = 2 * hidden * model.experts + model.top_k * mlp
+        # Router h·E, then each token runs through top_k experts (Fedus et al. 2021, Switch) and the
+        # shared ones (DeepSeekMoE).
+        mlp = 2 * hidden * model.experts + (model.top_k + model.shared_experts) * mlp
     return float(projections + attention + mlp)
 
 

@@ -26,7 +26,8 @@ FAMILIES: dict[str, dict[str, bool]] = {
     "gpt": {"layers": True, "hidden": True, "heads": True, "seq": True, "vocab": True,
             "ffn": False, "tied": False, "parallel": False},
     "llama": {"layers": True, "hidden": True, "heads": True, "seq": True, "vocab": True,
-              "kv_heads": False, "ffn": False, "experts": False, "top_k": False, "tied": False, "parallel": False},
+              "kv_heads": False, "ffn": False, "experts": False, "top_k": False, "shared_experts": False,
+              "tied": False, "parallel": False},
     "mlp": {"layers": True, "hidden": True, "input": True, "output": True},
 }
 
@@ -91,7 +92,7 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
         if key in ("tied", "parallel"):
             values[key] = scope.truth(scope.eval(kwarg.value), kwarg.value)
         else:
-            minimum = 0 if key in ("experts", "top_k") else 1
+            minimum = 0 if key in ("experts", "top_k", "shared_experts") else 1
             what, cap = f"{family}() argument '{key}'", limits.MODEL_ARGUMENTS.get(key)
             # layers past the cap would be walked one by one: refused; a width past its cap is
             # reported and kept, so that the shape rules (E22x) still say what else is wrong
@@ -110,7 +111,7 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
     else:
         fields = dict(kv_heads=values.get("kv_heads", values["heads"]), ffn_hidden=values.get("ffn", llama_ffn(hidden)),
                       experts=values.get("experts", 0), top_k=values.get("top_k", 0),
-                      tied_embeddings=values.get("tied", False), parallel_blocks=values.get("parallel", False))
+                      shared_experts=values.get("shared_experts", 0), tied_embeddings=values.get("tied", False), parallel_blocks=values.get("parallel", False))
         if fields["experts"] and "top_k" not in values:
             fields["top_k"] = min(2, fields["experts"])  # a top_k outside 1..experts is the checker's (E223)
         if not fields["experts"] and fields["top_k"]:

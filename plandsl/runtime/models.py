@@ -192,13 +192,15 @@ class MoE(nn.Module):
     experts. `dispatch` runs the experts on the rows grouped by expert; expert parallelism replaces it
     by an all-to-all exchange (plandsl.runtime.parallel.expert_parallel), routing and combining stay here."""
 
-    def __init__(self, hidden: int, ffn: int, experts: int, top_k: int, gated: bool):
+    def __init__(self, hidden: int, ffn: int, experts: int, top_k: int, gated: bool, shared: int = 0):
         super().__init__()
         if not 1 <= top_k <= experts:  # topk would fail, or (top_k = 0) route nothing (E223)
             raise ValueError(f"top_k ({top_k}) must be 1 to experts ({experts})")
         self.top_k = top_k
         self.router = nn.Linear(hidden, experts, bias=False)
         self.experts = Experts(experts, hidden, ffn, gated)
+        # DeepSeekMoE's shared experts, one MLP of shared x ffn every token runs through
+        self.shared = MLP(hidden, shared * ffn, gated=gated, bias=False) if shared else None
         self.dispatch = None  # None: every expert is local; else (routed, counts, experts) -> outputs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -216,7 +218,8 @@ class MoE(nn.Module):
             outputs = self.dispatch(routed, counts, self.experts)
         # Each token's k outputs are added in expert order, whatever the layout.
         combined = torch.zeros_like(tokens).index_add(0, rows, weights.flatten()[order, None] * outputs)
-        return combined.view_as(x)
+        combined = combined.view_as(x)
+        return combined if self.shared is None else combined + self.shared(x)
 
 
 class Block(nn.Module):
@@ -232,7 +235,8 @@ class Block(nn.Module):
         self.attn = Attention(model.hidden, model.heads, model.kv_heads, bias=gpt, rope=not gpt)
         self.norm2 = norm()
         if model.experts:
-            self.moe = MoE(model.hidden, model.ffn_hidden, model.experts, model.top_k, gated=not gpt)
+            self.moe = MoE(model.hidden, model.ffn_hidden, model.experts, model.top_k, gated=not gpt,
+                           shared=model.shared_experts)
         else:
             self.mlp = MLP(model.hidden, model.ffn_hidden, gated=not gpt, bias=gpt)
 
@@ -295,7 +299,7 @@ class Transformer(nn.Module):
                 nn.init.zeros_(param)
             elif ".norm" in f".{name}" and leaf == "weight":
                 nn.init.ones_(param)
-            elif name.endswith(("attn.wo.weight", "mlp.w2.weight", "experts.w2")):
+            elif name.endswith(("attn.wo.weight", "mlp.w2.weight", "experts.w2", "shared.w2.weight")):
                 nn.init.normal_(param, 0.0, residual_std, generator=generator)
             else:
                 nn.init.normal_(param, 0.0, INIT_STD, generator=generator)

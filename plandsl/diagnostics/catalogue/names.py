@@ -391,3 +391,18 @@ _entry("E224", """
       train   = { global_batch: 64, micro_batch: 2, seq: 2048 }
     }
     """, "Train on the model's 1024 positions (or write seq=2048 in the model).", ("seq: 2048", "seq: 1024"))
+
+_entry("E225", """
+    `shared_experts` are the experts of a mixture-of-experts layer that every token runs
+    through besides the `top_k` its router picks (DeepSeekMoE, Dai et al. 2024; DeepSeek-V2
+    and V3, Qwen-MoE): a model without `experts` has no such layer to add them to. For a
+    dense model, widen `ffn` instead.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = llama(layers=8, hidden=1024, heads=16, seq=2048, vocab=32000, shared_experts=2)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 2 }
+    }
+    """, "Add the routed experts the shared ones sit beside.", ("shared_experts=2", "experts=8, shared_experts=2"))

@@ -1,0 +1,54 @@
+"""Model variants against one process (`--check-equivalence`): parallel blocks (`llama(..., parallel=true)`,
+GPT-NeoX's residual) under tensor and sequence parallelism and a pipeline; shared experts (DeepSeekMoE) under
+expert parallelism with ZeRO-1."""
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed.harness import run_ranks
+from tests.distributed.ranks import train
+
+pytestmark = pytest.mark.dist
+
+_PLAN = """import "clusters/local"
+import "local/tiny"
+model tiny_parallel = llama(layers=4, hidden=64, heads=4, kv_heads=2, seq=32, vocab=256, parallel=true)
+plan p {
+  model    = tiny_parallel
+  cluster  = localhost
+  mesh     = [pp = 2, tp = 2] over devices[0:4]
+  train    = tiny_train
+  tensor   = megatron over tp with sequence_parallel
+  stages   = evenly over pp
+  schedule = 1f1b
+}
+"""
+
+
+def test_parallel_blocks_under_tp_sp_and_pp_match_one_process():
+    results = run_ranks(4, train, _PLAN, steps=2, check_equivalence=True, deadline_s=150)
+    assert [r["status"] for r in results] == [0] * 4, results[0]["report_text"]
+    report = results[0]["report"]
+    assert report["loss_diff"] <= 1e-5 and report["tensor_diff"] <= 1e-5, results[0]["report_text"]
+
+
+_MOE = """import "clusters/local"
+import "local/tiny"
+model tiny_shared = llama(layers=2, hidden=64, heads=4, kv_heads=2, seq=32, vocab=256, ffn=64, experts=4, top_k=2,
+                          shared_experts=1)
+plan p {
+  model   = tiny_shared
+  cluster = localhost
+  mesh    = [dp = 2, ep = 2] over devices[0:4]
+  train   = tiny_train
+  data    = zero1 over dp
+  experts = alltoall over ep
+}
+"""
+
+
+def test_shared_experts_under_expert_parallelism_match_one_process():
+    results = run_ranks(4, train, _MOE, steps=2, check_equivalence=True, deadline_s=150)
+    assert [r["status"] for r in results] == [0] * 4, results[0]["report_text"]
+    report = results[0]["report"]
+    assert report["loss_diff"] <= 1e-5 and report["tensor_diff"] <= 1e-5, results[0]["report_text"]
