@@ -141,6 +141,8 @@ def _value(flag: Flag, read: _Read):
                                   f"activation checkpointing is `{facts.SUBCOMMAND}MODE`)", flag.span,
                                   hint="give flags and their values only, as after `-m torchtitan.train`"))
         return None, None
+    if name == facts.WEIGHT_DECAY and len(values) == 1 and values[0] in ("0", "0.0"):
+        return None, None   # a plan's adam: AdamW without weight decay, as the export writes it
     if name in IGNORED or name.startswith(IGNORED_SECTIONS):
         read.ignored.append(flag.text)
         return None, None

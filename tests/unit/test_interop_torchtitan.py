@@ -180,7 +180,7 @@ def test_cli_export_refuses_a_lossy_plan_and_imports_flags(tmp_path):
                                   str(tmp_path / "titan.plan"), "--", *BASE, "activation-checkpoint:none"])
     assert result.exit_code == 0, result.output
     text = (tmp_path / "titan.plan").read_text()
-    assert "mesh    = [dp = 8, tp = 2]" in text and "recompute: none" in text
+    assert "mesh    = [dp = 8, tp = 2]" in text and "recompute: none" in text and "Left out" not in text
 
 
 # ---- against torchtitan's own code -----------------------------------------------------------------------------
@@ -229,6 +229,10 @@ def test_config_manager_parses_the_export_into_the_plan(titan, name):
         names = {"embed": "tok_embeddings", "head": "lm_head"}
         assert parallel.module_fqns_per_model_part == [[names.get(layer.name, layer.name) for layer in stage]
                                                        for stage in assignment.stage_layers]
+        # torchtitan's stage -> rank placement (round robin, V-shape for ZBV and DualPipeV) is the plan's
+        ranks = [titan[3]._get_pp_rank_to_stage_indices_mapping(rank, plan.pp, parallel.pipeline_parallel_schedule,
+                                                                 assignment.num_stages) for rank in range(plan.pp)]
+        assert tuple(tuple(sorted(stages)) for stages in ranks) == assignment.rank_stages()
         schedule = titan[3].get_schedule_class(parallel.pipeline_parallel_schedule)
         assert schedule.__name__ == f"Schedule{parallel.pipeline_parallel_schedule}"
         assert config.training.local_batch_size // parallel.pipeline_parallel_microbatch_size == \

@@ -126,7 +126,9 @@ _entry("E807", """
     a type per layer, partial recomputation (`--recompute-method block`, or more than one block per
     recomputed unit), expert tensor parallelism that differs from the tensor axis, several distributed
     optimizer instances, a model whose norm, activation, positions and biases are neither plandsl's gpt(...)
-    nor its llama(...). The import stops rather than write a plan that would estimate another run.
+    nor its llama(...). torchtitan's have theirs too: memory-budget checkpointing, a schedule CSV, gradient
+    accumulation with a pipeline, expert parallelism for llama3, a learning-rate decay that stops short of
+    0. The import stops rather than write a plan that would estimate another run.
     """, f"""
     {_FLAGS}
         --context-parallel-size 2 --cp-comm-type a2a
@@ -138,8 +140,11 @@ _entry("E808", """
     `plandsl export --to megatron` writes only what Megatron-LM can be told. Megatron-LM runs 1F1B, or
     interleaved 1F1B with virtual stages placed round robin; it lays ranks out innermost first as
     tp-cp-ep-dp-pp (or tp-cp-ep-pp-dp); it has one data axis, no shard rules and no op-level
-    recomputation. Each part of the plan outside that is listed, and nothing is written unless `--lossy`
-    is given, so that a run launched from the export is the run the plan describes.
+    recomputation. `--to torchtitan` likewise: its models are its llama3 config functions' registry
+    flavors, its FSDP is ZeRO-3 (no zero1 or zero2), its mesh is pp, dp_replicate, dp_shard, cp, tp
+    outermost first, and its selective checkpointing is op-level. Each part of the plan outside that is
+    listed, and nothing is written unless `--lossy` is given, so that a run launched from the export is
+    the run the plan describes.
     """, f"""
     import "clusters/dgx_a100"
     plan p {{
