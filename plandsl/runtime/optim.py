@@ -49,39 +49,10 @@ def _kept(state: dict, key: str, like: torch.Tensor, dtype: torch.dtype) -> torc
     return value
 
 
-class AdamWStates(torch.optim.AdamW):
-    """AdamW whose m and v are kept in `state_dtype` (16-bit optimizer states) and whose update runs in
-    fp32 through torch's own `adam` on fp32 views: per parameter, widen the weight, gradient, m and v,
-    step, and write the weight and the states back in their dtypes."""
-
-    def __init__(self, params, *, state_dtype: torch.dtype, **kwargs):
-        super().__init__(params, **kwargs)
-        self.state_dtype = state_dtype
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                state = self.state[param]
-                if "step" not in state:
-                    state["step"] = torch.tensor(0.0)
-                kept = [_kept(state, key, param, self.state_dtype) for key in ("exp_avg", "exp_avg_sq")]
-                wide = [_wide(t) for t in (param, *kept)]
-                adam([wide[0]], [_wide(param.grad)], [wide[1]], [wide[2]], [], [state["step"]], foreach=False,
-                     decoupled_weight_decay=True, amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"],
-                     weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
-                for target, value in zip((param, *kept), wide):
-                    if value is not target:
-                        target.copy_(value)
-        return loss
-
-
-class SGDStates(torch.optim.SGD):
-    """SGD with momentum whose momentum buffer is kept in `state_dtype`, updated in fp32 (`AdamWStates`)."""
+class _StatesIn:
+    """An optimizer whose states are kept in `state_dtype` between steps while each update runs in fp32
+    through torch's own functional step on fp32 views (`_update`, per parameter), as Transformer Engine's
+    FusedAdam does with Megatron's --exp-avg-dtype; weights and states are written back in their dtypes."""
 
     def __init__(self, params, *, state_dtype: torch.dtype, **kwargs):
         super().__init__(params, **kwargs)
@@ -92,21 +63,46 @@ class SGDStates(torch.optim.SGD):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
             for param in group["params"]:
-                if param.grad is None:
-                    continue
-                state = self.state[param]
-                fresh = "momentum_buffer" not in state
-                kept = _kept(state, "momentum_buffer", param, self.state_dtype)
-                weight = _wide(param)
-                buffers = [None if fresh else _wide(kept)]  # None: torch starts it as a copy of the gradient
-                sgd([weight], [_wide(param.grad)], buffers, foreach=False,
-                    weight_decay=group["weight_decay"], momentum=group["momentum"], lr=group["lr"],
-                    dampening=group["dampening"], nesterov=group["nesterov"], maximize=False)
-                if weight is not param:
-                    param.copy_(weight)
-                if buffers[0] is not kept:
-                    kept.copy_(buffers[0])
+                if param.grad is not None:
+                    weight = _wide(param)
+                    self._update(group, self.state[param], param, weight, _wide(param.grad))
+                    if weight is not param:
+                        param.copy_(weight)
         return loss
+
+    @staticmethod
+    def _write_back(kept: list[torch.Tensor], wide: list[torch.Tensor]) -> None:
+        for target, value in zip(kept, wide):
+            if value is not target:
+                target.copy_(value)
+
+
+class AdamWStates(_StatesIn, torch.optim.AdamW):
+    """AdamW with m and v kept in `state_dtype` (16-bit optimizer states), updated by torch's `adam` in fp32."""
+
+    def _update(self, group: dict, state: dict, param, weight, grad) -> None:
+        if "step" not in state:
+            state["step"] = torch.tensor(0.0)
+        kept = [_kept(state, key, param, self.state_dtype) for key in ("exp_avg", "exp_avg_sq")]
+        wide = [_wide(t) for t in kept]
+        beta1, beta2 = group["betas"]
+        adam([weight], [grad], wide[:1], wide[1:], [], [state["step"]], foreach=False, decoupled_weight_decay=True,
+             amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
+             eps=group["eps"], maximize=False)
+        self._write_back(kept, wide)
+
+
+class SGDStates(_StatesIn, torch.optim.SGD):
+    """SGD with momentum whose buffer is kept in `state_dtype`, updated by torch's `sgd` in fp32."""
+
+    def _update(self, group: dict, state: dict, param, weight, grad) -> None:
+        fresh = "momentum_buffer" not in state
+        kept = _kept(state, "momentum_buffer", param, self.state_dtype)
+        buffers = [None if fresh else _wide(kept)]  # None: torch starts it as a copy of the gradient
+        sgd([weight], [grad], buffers, foreach=False, weight_decay=group["weight_decay"],
+            momentum=group["momentum"], lr=group["lr"], dampening=group["dampening"],
+            nesterov=group["nesterov"], maximize=False)
+        self._write_back([kept], buffers)
 
 
 def build_optimizer(plan: ir.Plan, params) -> torch.optim.Optimizer:
