@@ -213,10 +213,10 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
     config = read.values["--config"]
     values = {**DEFAULTS, **CONFIG_DEFAULTS[config], **read.values}
     get = values.get
-    for flag, why in ((P + "pipeline_parallel_schedule_csv", "import the CSV with `plandsl import --from "
-                       "torch-csv` and name its table in the plan"),
-                      (P + "pipeline_parallel_layers_per_stage", "write the split as "
-                       "--parallelism.module_fqns_per_model_part")):
+    for flag, why in ((P + "pipeline_parallel_schedule_csv", ("import the CSV with `plandsl import --from "
+                                                              "torch-csv` and name its table in the plan")),
+                      (P + "pipeline_parallel_layers_per_stage", ("write the split as "
+                                                                  "--parallelism.module_fqns_per_model_part"))):
         if get(flag):
             read.problem("E807", f"{flag}: {why}", flag)
             return None

@@ -134,6 +134,11 @@ BASE = ["--module", "llama3", "--config", "llama3_8b", "--parallelism.tensor_par
       "tok_embeddings,layers.0", "layers.2,norm,lm_head"], "E805", "--parallelism.module_fqns_per_model_part"),
     (["--lr_scheduler.decay_type", "sqrt"], "E807", "--lr_scheduler.decay_type"),
     (["activation-checkpoint:memory-budget"], "E807", "activation-checkpoint:memory-budget"),
+    (["--parallelism.pipeline_parallel_schedule_csv", "mine.csv"], "E807",
+     "--parallelism.pipeline_parallel_schedule_csv"),
+    (["--parallelism.pipeline_parallel_degree", "2", "--training.global_batch_size", "64"], "E807",
+     "--training.global_batch_size"),
+    (["--module", "qwen3"], "E807", "qwen3"),
     (["--training.disable_cuda_graphs", "stray"], "E804", "stray"),
     (["--parallelism.data_parallel_shard_degree", "-2"], "E804", "-2"),
 ])
