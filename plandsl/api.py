@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from plandsl.rewrite.shrink import Shrunk
     from plandsl.runtime.dryrun import DryRun
     from plandsl.runtime.launch import LaunchOptions
+    from plandsl.runtime.submit import JobOptions, Submitted
     from plandsl.runtime.profile.job import ProfileOptions
     from plandsl.runtime.profile.results import Profile
     from plandsl.schedules.program import Schedule
@@ -48,7 +49,8 @@ __all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "
            "generate", "generate_request", "generate_errors", "generate_json", "generate_report", "diff_plans", "format_diff", "diff_json", "render",
            "render_format", "color_by_problem", "render_errors", "shrink", "rank_options", "launch_options", "check_launch_options",
            "prepare_run", "launch_errors", "dry_run", "dry_run_errors", "format_dry_run",
-           "dry_run_commands", "launch", "command_line", "export", "import_config", "interop_targets", "args_text",
+           "dry_run_commands", "launch", "command_line", "launch_schedulers", "job_options", "check_job_options",
+           "load_launchable", "launch_refusals", "cluster_job", "submit_job", "job_errors", "export", "import_config", "interop_targets", "args_text",
            "read_args_file", "profile_options", "profile_problems", "profile", "profile_errors", "write_profile",
            "profile_report", "parse_params", "include", "writable_file",
            "writable_dir", "regular_file_problem", "data_path_problem"]
@@ -495,6 +497,67 @@ def launch(args: list[str]) -> int:
     """Start torchrun with `args` in this process; its exit status, failed ranks named on stderr."""
     from plandsl.runtime.launch import launch as start  # stage: torch
     return start(args)
+
+
+# ---- launch on a cluster's scheduler --------------------------------------------------------------------------
+
+def launch_schedulers() -> tuple[str, ...]:
+    """The schedulers `plandsl launch` submits to through TorchX."""
+    return ("slurm", "kubernetes")  # plandsl.runtime.submit.SCHEDULERS, kept here so that `plandsl --help` imports
+    # no stage
+
+
+def job_options(**options) -> JobOptions:
+    from plandsl.runtime.submit import JobOptions  # stage
+    return JobOptions(**options)
+
+
+def check_job_options(job: JobOptions) -> None:
+    """`runtime.launch.OptionError` (with `.option`) for an option the scheduler cannot do without."""
+    from plandsl.runtime.submit import check_job_options as check_options  # stage
+    check_options(job)
+
+
+def load_launchable(path: str | Path, name: str | None = None, params: dict[str, Any] | None = None,
+                    cuda: bool = True) -> ir.Plan:
+    """`load_runnable` for `plandsl launch`: PlanError with the E7xx refusals when the ranks could not run the
+    plan (`cuda`: whether they run on GPUs, as a cluster's nodes do), and E707 when one TorchX job cannot start
+    its nodes."""
+    from plandsl.runtime.submit import refusals  # stage
+    analysis = check(path, params)
+    plan = select_plan(_document(analysis), name)
+    refused = refusals(plan, cuda=cuda)
+    if refused:
+        raise PlanError(refused, analysis.sources)
+    return plan
+
+
+def launch_refusals(plan: ir.Plan, cuda: bool = True) -> list[Diagnostic]:
+    """Every reason `plandsl launch` refuses a checked plan (E7xx), empty when it submits it."""
+    from plandsl.runtime.submit import refusals  # stage
+    return refusals(plan, cuda=cuda)
+
+
+def cluster_job(plan: ir.Plan, path: str, name: str | None, params: dict[str, Any], ranks: LaunchOptions,
+                job: JobOptions) -> Any:
+    """A plan `load_launchable` passed as TorchX's `AppDef`, built by TorchX's `dist.torchrun` (imports TorchX):
+    `plandsl.run` with the rank options on every node; `job_errors()` when TorchX is missing, LaunchError for
+    rank options that need another."""
+    from plandsl.runtime.submit import app  # stage
+    return app(plan, path, name, params, ranks, job)
+
+
+def submit_job(app: Any, job: JobOptions) -> Submitted:
+    """TorchX's dry run of the job on `job.scheduler` (the sbatch script, the Volcano job), or its submission and
+    handle; `job_errors()` for options TorchX refuses, a scheduler that refuses the job, TorchX missing."""
+    from plandsl.runtime.submit import submit  # stage
+    return submit(app, job)
+
+
+def job_errors() -> tuple[type[Exception], type[Exception]]:
+    """(JobError, TorchXMissing): what `cluster_job` and `submit_job` raise (TorchXMissing is a JobError)."""
+    from plandsl.runtime.submit import JobError, TorchXMissing  # stage
+    return JobError, TorchXMissing
 
 
 # ---- profile -------------------------------------------------------------------------------------------------

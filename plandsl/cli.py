@@ -7,6 +7,7 @@ loads each stage inside the function that calls it: `--help` loads neither pydan
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -341,8 +342,9 @@ def _fail(error, output_format: str = "text") -> None:
     sys.exit(1)
 
 
-def _rank_option(option):
-    """`plandsl run`'s click option for one option of the ranks' table (`runtime.options.RANK_OPTIONS`)."""
+def _rank_option(option, local: bool = True):
+    """`plandsl run`'s click option for one option of the ranks' table (`runtime.options.RANK_OPTIONS`);
+    `local=False` (`plandsl launch`): its paths are the cluster's, so this machine does not check them."""
     kwargs = {"help": option.help, "metavar": option.metavar}
     if option.kind == "flag":
         return click.option(option.flag, option.dest, is_flag=True, help=option.help)
@@ -353,8 +355,10 @@ def _rank_option(option):
     paths = {"out_file": (click.Path(dir_okay=False), _writable_file),
              "out_dir": (click.Path(file_okay=False), _writable_dir),
              "token_file": (click.Path(exists=True), _token_file)}
-    if option.path:
+    if option.path and local:
         kwargs["type"], kwargs["callback"] = paths[option.path]
+    elif option.path:
+        kwargs["type"] = paths[option.path][0] if option.path != "token_file" else click.Path()
     if option.choices:
         kwargs["type"] = click.Choice(option.choices)
     if option.default is not None:
@@ -362,10 +366,10 @@ def _rank_option(option):
     return click.option(option.flag, option.dest, **kwargs)
 
 
-def _rank_options(command):
+def _rank_options(command, local: bool = True):
     """Every option of the ranks' table but --param and --include, which every command that loads a plan takes."""
     for option in reversed([o for o in api.rank_options() if not o.each_command]):
-        command = _rank_option(option)(command)
+        command = _rank_option(option, local)(command)
     return command
 
 
@@ -418,6 +422,57 @@ def run_command(file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, dry_run,
         sys.exit(0)
     click.echo(api.command_line(args))
     sys.exit(api.launch(args))
+
+
+@main.command("launch")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--scheduler", type=click.Choice(api.launch_schedulers()), required=True,
+              help="The cluster's scheduler, which TorchX writes the job for and submits it to.")
+@click.option("--dryrun", "--dry-run", "dryrun", is_flag=True, help="Print the job TorchX would submit (slurm: "
+              "the sbatch script; kubernetes: the Volcano job as YAML) and submit nothing.")
+@click.option("--cfg", multiple=True, metavar="KEY=VALUE[,KEY=VALUE]", help="The scheduler's options as TorchX "
+              "takes them (repeatable; `torchx runopts SCHEDULER` lists them): slurm partition=, time=, account=, "
+              "qos=, ...; kubernetes queue= (required), namespace=, ...")
+@click.option("--image", help="The container image every node runs (kubernetes; it holds plandsl, torch and the "
+              "plan's files).")
+@click.option("--cpu", type=click.IntRange(min=1), default=2, show_default=True, help="CPUs per node for the job.")
+@click.option("--mem-mb", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Memory per node for the job, in MB.")
+@click.option("--name", help="The job's name (default: the plan's).")
+@functools.partial(_rank_options, local=False)
+@param_option
+@include_option
+@model_import_option
+def launch_command(file, scheduler, dryrun, cfg, image, cpu, mem_mb, name, params, plan_name, **ranks):
+    """Check plan FILE, then submit it to a Slurm or Kubernetes cluster through TorchX: a node per node of its
+    mesh, each running torchrun over `plandsl run`'s ranks (docs/running.md, Cluster schedulers)."""
+    overrides = _params(params)
+    job = api.job_options(scheduler=scheduler, cfg=cfg, image=image, cpu=cpu, mem_mb=mem_mb, name=name,
+                          dryrun=dryrun)
+    launch_error, option_error = api.launch_errors()
+    try:
+        api.check_job_options(job)
+    except option_error as error:
+        raise click.UsageError(f"Missing option '{error.option}': {error}") from None
+    try:
+        plan = api.load_launchable(file, plan_name, overrides, cuda=ranks["device"] != "cpu")
+    except api.PlanError as error:
+        _fail(error)
+    job_error, torchx_missing = api.job_errors()
+    try:
+        submitted = api.submit_job(api.cluster_job(plan, file, plan_name, overrides, api.launch_options(**ranks),
+                                                   job), job)
+    except torchx_missing as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(2)
+    except (launch_error, job_error) as error:
+        click.echo(f"{file}: error: {error}", err=True)
+        sys.exit(1)
+    for warning in submitted.warnings:
+        click.echo(f"note: TorchX: {warning}", err=True)
+    click.echo(submitted.text)
+    if submitted.handle:
+        click.echo(f"follow it: torchx status {submitted.handle}; torchx log {submitted.handle}", err=True)
 
 
 @main.command()

@@ -2,7 +2,7 @@
 
 E1xx syntax, E2xx names/types/units/imports (E22x model shapes), E3xx clusters and meshes, E4xx placement
 and sharding, E5xx training and memory, E6xx schedules, E7xx what `plandsl run` refuses
-(valid plans the interpreter cannot run), E8xx what `plandsl generate --from` cannot keep,
+(valid plans the interpreter cannot run) or `plandsl launch` cannot submit as one job, E8xx what `plandsl generate --from` cannot keep,
 `plandsl shrink` cannot do, `plandsl import` cannot read or `plandsl export` cannot write; E9xx what `plandsl inspect` cannot derive from a torch module; W for warnings. The examples and fixes live in
 `plandsl/diagnostics/catalogue/`, one module per family (shown by `plandsl explain` and
 docs/errors.md).
@@ -86,13 +86,14 @@ CODES: dict[str, str] = {
     "E607": "stage on more than one rank",
     "E608": "schedule template error",
     "E609": "schedule too large to lay out",
-    # E7xx: what `plandsl run` cannot run (the plan is valid; the interpreter refuses it)
+    # E7xx: what `plandsl run` cannot run or `plandsl launch` cannot submit (the plan is valid; they refuse it)
     "E701": "schedule the interpreter cannot run",
     "E702": "parallelism the backend cannot run",
     "E703": "parallelisms the interpreter cannot combine",
     "E704": "model with no torch module to run",
     "E705": "shard rule the interpreter cannot run",
     "E706": "precision the interpreter cannot run",
+    "E707": "mesh whose nodes one cluster job cannot start",
     # E8xx: what `plandsl generate --from` cannot keep, or `plandsl shrink` cannot do
     "E801": "decision the search cannot keep",
     "E802": "plan that cannot be scaled down",

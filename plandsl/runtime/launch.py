@@ -1,8 +1,8 @@
 """`plandsl run`: turn a checked plan into torchrun's argument list and launch it in this process.
 
 Stage: interpreter (the launcher side; torch is imported only to launch). Contract: `torchrun_args`
-builds the arguments `torchrun` itself would take (one process per device of the mesh, `-m plandsl.run`);
-`check_fits` refuses a mesh larger than one node when one node is all the options give; `dry_run_commands`
+builds the arguments `torchrun` itself would take (one process per device of the mesh, `-m plandsl.run`:
+`rank_command`, which `plandsl launch` hands TorchX too, as it does `mesh_nodes`); `check_fits` refuses a mesh larger than one node when one node is all the options give; `dry_run_commands`
 is what `--dry-run` prints instead (the command for every node of such a mesh); `launch`
 runs them through `torch.distributed.run` and returns the exit status, naming failed ranks and where
 they were (`runtime.faults`).
@@ -95,10 +95,7 @@ def prepare(plan: ir.Plan, plan_file: str, plan_name: str | None, params: dict, 
 
 
 def torchrun_args(plan: ir.Plan, plan_file: str, plan_name: str | None, params: dict, options: LaunchOptions) -> list[str]:
-    values = dataclasses.asdict(options)
-    problem = option_problem(values)
-    if problem:
-        raise LaunchError(problem)
+    command = rank_command(plan_file, plan_name, params, options)
     size = plan.mesh.size
     nproc = options.nproc_per_node or size // options.nnodes
     if nproc * options.nnodes != size:
@@ -111,9 +108,19 @@ def torchrun_args(plan: ir.Plan, plan_file: str, plan_name: str | None, params: 
                 "--rdzv-endpoint", options.rdzv_endpoint]
     else:
         args = ["--standalone"]
+    return args + ["--nproc-per-node", str(nproc), *command]
+
+
+def rank_command(plan_file: str, plan_name: str | None, params: dict, options: LaunchOptions) -> list[str]:
+    """What torchrun starts on every rank, the same on every node: `-m plandsl.run PLAN` and the rank options
+    given (`runtime.options.forward`); LaunchError for options that need another (`option_problem`)."""
+    values = dataclasses.asdict(options)
+    problem = option_problem(values)
+    if problem:
+        raise LaunchError(problem)
     values.update(plan_name=plan_name, param=format_params(params),  # the ranks read the plan's imports
                   include=[os.path.abspath(folder) for folder in included()])  # from the same folders
-    return args + ["--nproc-per-node", str(nproc), "-m", "plandsl.run", plan_file, *forward(values)]
+    return ["-m", "plandsl.run", plan_file, *forward(values)]
 
 
 def check_fits(plan: ir.Plan, options: LaunchOptions) -> None:
@@ -174,29 +181,33 @@ def dry_run_commands(plan: ir.Plan, args: list[str], options: LaunchOptions) -> 
              f"{ENDPOINT} node 0's address and a free port (docs/running.md, several machines):"]
     for count in sorted(set(nodes)):
         which = "" if len(set(nodes)) == 1 else \
-            f"# nodes {_ranges([i for i, n in enumerate(nodes) if n == count])} ({count} devices each):\n"
+            f"# nodes {index_ranges([i for i, n in enumerate(nodes) if n == count])} ({count} devices each):\n"
         lines.append(which + command_line(["--nnodes", str(len(nodes)), "--node-rank", NODE_RANK,
                                            "--rdzv-endpoint", ENDPOINT, "--nproc-per-node", str(count), *tail]))
     return "\n".join(lines)
 
 
 def _devices_per_node(plan: ir.Plan) -> list[int]:
-    """How many of the mesh's devices each node it uses holds, nodes in the cluster's order (the mesh takes
-    `mesh.size` devices from `mesh.first_device` on). Counted per node group, not per device."""
+    return [count for _, count in mesh_nodes(plan)]
+
+
+def mesh_nodes(plan: ir.Plan) -> list[tuple[ir.NodeType, int]]:
+    """Each node the mesh uses, in the cluster's order, with how many of the mesh's devices it holds (the mesh
+    takes `mesh.size` devices from `mesh.first_device` on). Counted per node group, not per device."""
     start, end = plan.mesh.first_device, plan.mesh.first_device + plan.mesh.size
-    counts: list[int] = []
+    nodes: list[tuple[ir.NodeType, int]] = []
     first = 0
     for group in plan.cluster.groups:
         devices = group.node.devices
         last = first + group.count * devices
         low, high = max(start, first), min(end, last)
         for node in range((low - first) // devices, (high - 1 - first) // devices + 1) if low < high else ():
-            counts.append(min(high, first + (node + 1) * devices) - max(low, first + node * devices))
+            nodes.append((group.node, min(high, first + (node + 1) * devices) - max(low, first + node * devices)))
         first = last
-    return counts
+    return nodes
 
 
-def _ranges(indices: list[int]) -> str:
+def index_ranges(indices: list[int]) -> str:
     """[0, 1, 2, 5] -> '0-2, 5'."""
     parts, start = [], None
     for i, value in enumerate(indices):
@@ -208,13 +219,18 @@ def _ranges(indices: list[int]) -> str:
     return ", ".join(parts)
 
 
+def threads_per_process(cores: int, nproc: int) -> int:
+    """OMP_NUM_THREADS for each of a node's `nproc` ranks: its `cores` shared out (torchrun would give 1)."""
+    return max(1, cores // nproc)
+
+
 def launch(args: list[str]) -> int:
     # lazy: torch only to launch; `plandsl run` checks the plan and its options without it
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run  # lazy: torch (as above)
     nproc = int(args[args.index("--nproc-per-node") + 1])
     # torchrun would set 1 thread per process (and warn); share this machine's cores out instead.
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(os.cpu_count() or 1, nproc)))
     # Each rank keeps its position (and its error, when it raises) in this directory (runtime.faults).
     directory = tempfile.mkdtemp(prefix="plandsl-run-")
     previous = os.environ.get(faults.DIR_ENV)

@@ -5,6 +5,7 @@ judges the same exports in test_interop_megatron_core.py."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 import re
 import shlex
 from pathlib import Path
@@ -367,6 +368,23 @@ def test_the_interop_doc_commands_run_as_shown(tmp_path, monkeypatch):
         outputs.append(result.output)
     assert outputs[1] == shown
     assert "--use-megatron-fsdp" in (tmp_path / "llama3_8b_generated.args").read_text(encoding="utf-8")
+    # and submit it to Slurm or Kubernetes: TorchX's dry runs (no `sinfo` on the PATH: TorchX assumes Slurm 24.05)
+    if importlib.util.find_spec("torchx") is None:
+        pytest.skip("TorchX is not installed (pip install 'plandsl[launch]'): the walkthrough's last step not run")
+    launches = next(text for language, text in blocks if text.startswith("plandsl launch"))
+    script = next(text for language, text in blocks if text.startswith("sbatch --parsable"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    outputs = []
+    for line in launches.strip().splitlines():
+        result = runner.invoke(main, shlex.split(line)[1:])
+        assert result.exit_code == 0, f"{line}\n{result.output}"
+        words = " ".join(result.stdout.split())  # the YAML folds long lines
+        assert words.count("--nnodes 8 --nproc_per_node 8") == 8, result.stdout
+        assert words.count("-m plandsl.run llama3_8b_generated.plan --steps 100000") == 8, result.stdout
+        outputs.append(result.stdout)
+    *lines, more = script.splitlines()
+    assert outputs[0].splitlines()[:len(lines)] == lines and more == "..."
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in outputs[0] + outputs[1]
 
 
 def test_an_uneven_layout_imports_as_the_stage_ranges_a_plan_writes():

@@ -1,11 +1,11 @@
 """E7xx: valid plans `plandsl run` refuses before any process starts (what the interpreter
-cannot run yet).
+cannot run yet), and `plandsl launch` cannot submit as one cluster job (E707).
 
 Each `_entry(...)` is one code: why the rule exists, a failing example and the fix; see
 `plandsl.diagnostics.catalogue.entry` for the form."""
 from __future__ import annotations
 
-from plandsl.diagnostics.catalogue.entry import Family
+from plandsl.diagnostics.catalogue.entry import GPT, Family
 
 FAMILY = Family("E7")
 _entry = FAMILY.add
@@ -109,3 +109,20 @@ _entry("E706", """
                                                   "{ bandwidth: 5 GB/s, latency: 20 us }\n    }\n    ").replace(
         "cluster = localhost", "cluster = fp8_box").replace("micro_batch: 1 }", "micro_batch: 1, precision: fp8 }"),
     "Run it in bf16 here; keep fp8 for `estimate` and `generate`.", ("precision: fp8", "precision: bf16"))
+
+_entry("E707", """
+    `plandsl launch` submits a plan to Slurm or Kubernetes as one TorchX job built by its `dist.torchrun`
+    component: one role, whose nodes are all of one kind and each start the same number of processes
+    (torchrun's `--nproc-per-node`). A mesh that holds more devices of one node than of another (12 devices
+    on nodes of 8: 8 and 4), or that spans nodes of different types, has no such job. `plandsl run`
+    still starts it, node by node: `plandsl run --dry-run` prints each node's command.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model   = {GPT}
+      cluster = dgx_a100 x 2
+      mesh    = [dp = 12] over devices[0:12]
+      train   = {{ global_batch: 48, micro_batch: 1 }}
+    }}
+    """, "Give the mesh whole nodes: 16 devices, two nodes of 8.",
+    ("[dp = 12] over devices[0:12]", "[dp = 16]"), command=("launch", "--scheduler", "slurm", "--dryrun"))

@@ -1,0 +1,202 @@
+"""`plandsl launch`: a checked plan submitted to a cluster scheduler (Slurm, Kubernetes) through TorchX.
+
+Stage: interpreter (the launcher side; TorchX is imported only to build and submit the job, torch not at all).
+Contract: `refusals` is what `plandsl run` refuses and E707 for a mesh whose nodes TorchX cannot start as one
+job; `app` builds the job with TorchX's own `dist.torchrun` component (a node per node of the mesh, each running
+torchrun over `plandsl.run` with `runtime.launch.rank_command`'s arguments, in the environment the plan needs);
+`submit` hands it to TorchX's runner: its dry run (the sbatch script, the Volcano job) or its submission.
+No launcher of our own: TorchX writes the scheduler's job, the scheduler starts the nodes, torchrun the ranks.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from plandsl import ir
+from plandsl.diagnostics import Diagnostic, diag
+from plandsl.runtime import support
+from plandsl.runtime.launch import LaunchOptions, OptionError, index_ranges, mesh_nodes, rank_command, \
+    threads_per_process
+
+SCHEDULERS = ("slurm", "kubernetes")
+"""TorchX's schedulers `plandsl launch` submits to (`plandsl.api.launch_schedulers` repeats them for the CLI)."""
+EXTRA = "pip install 'plandsl[launch]'"
+"""How to install TorchX (torchx-nightly: the 0.7.0 release pins urllib3<1.27; README, Install)."""
+
+
+class JobError(ValueError):
+    """TorchX refused the job or its scheduler options, or the scheduler refused the submission."""
+
+
+class TorchXMissing(JobError):
+    """TorchX (or the Kubernetes client its kubernetes scheduler needs) is not installed."""
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    scheduler: str
+    """slurm or kubernetes (`SCHEDULERS`)."""
+    cfg: tuple[str, ...] = ()
+    """The scheduler's options as TorchX takes them (`KEY=VALUE[,KEY=VALUE]`; `torchx runopts SCHEDULER`)."""
+    image: str | None = None
+    """The container every node runs (kubernetes; slurm runs in the submitting folder's environment)."""
+    cpu: int = 2
+    """CPUs per node; 2 and 1,024 MB are the defaults of TorchX's dist.torchrun."""
+    mem_mb: int = 1024
+    name: str | None = None
+    """The job's name; None: the plan's."""
+    dryrun: bool = False
+    """Build the scheduler's job (TorchX's dry run) and return it as text; submit nothing."""
+
+
+@dataclass(frozen=True)
+class Submitted:
+    text: str
+    """The dry run as TorchX prints it (the sbatch script, the Volcano job as YAML), or the job's handle."""
+    handle: str | None
+    """The job's TorchX handle (`slurm://torchx/1234`) when it was submitted; None for a dry run."""
+    warnings: tuple[str, ...] = ()
+    """What TorchX warned of on the way (no `sinfo` on this machine, ...)."""
+
+
+def check_job_options(job: JobOptions) -> None:
+    """OptionError for an option the scheduler cannot do without: kubernetes runs every node in a container."""
+    if job.scheduler == "kubernetes" and not job.image:
+        raise OptionError("--image", "kubernetes runs every node in a container: give the image, one with plandsl "
+                                     "and torch installed and the plan's files at the path given")
+
+
+def refusals(plan: ir.Plan, cuda: bool = True) -> list[Diagnostic]:
+    """Every reason `plandsl launch` refuses a checked plan: what `plandsl run` refuses with ranks on CUDA
+    (`cuda`, the default: a cluster's nodes compute on their GPUs), then E707 for its nodes."""
+    return support.refusals(plan, cuda=cuda) + node_refusals(plan)
+
+
+def node_refusals(plan: ir.Plan) -> list[Diagnostic]:
+    """E707 when the nodes the mesh spans differ in how many of its devices they hold, or in their type:
+    TorchX's dist.torchrun is one role, the same node type and process count on every node."""
+    nodes = mesh_nodes(plan)
+    counts = [count for _, count in nodes]
+    kinds = sorted({node.name for node, _ in nodes})
+    span = plan.mesh.span or plan.span
+    yourself = "or start each node yourself: `plandsl run --dry-run` prints its command"
+    if len(set(counts)) > 1:
+        per = max(node.devices for node, _ in nodes)
+        whole = sorted({size for size in (plan.mesh.size // per * per, -(-plan.mesh.size // per) * per) if size})
+        hint = f"give the mesh whole nodes ({' or '.join(map(str, whole))} devices, {per} a node), {yourself}"
+        held = ", ".join(f"{'node' if len(at) == 1 else 'nodes'} {index_ranges(at)}: {count}"
+                         for count in sorted(set(counts), reverse=True)
+                         for at in [[i for i, c in enumerate(counts) if c == count]])
+        return [diag("E707", f"plan '{plan.name}': its {plan.mesh.size} devices fill the {len(nodes)} nodes they "
+                             f"span unevenly ({held}); a TorchX job starts the same number of processes on every "
+                             "node", span, hint=hint)]
+    if len(kinds) > 1:
+        return [diag("E707", f"plan '{plan.name}': its mesh spans nodes of {len(kinds)} types ({', '.join(kinds)}); "
+                             "a TorchX job asks the scheduler for nodes of one kind", span,
+                     hint=f"keep the mesh on nodes of one type (`over nodes[a:b]`), {yourself}")]
+    return []
+
+
+def environment(plan: ir.Plan, cuda: bool, cpu: int, nproc: int) -> dict[str, str]:
+    """What every node's torchrun starts in, besides what TorchX sets:
+
+    1. OMP_NUM_THREADS: the node's CPUs shared out among its ranks, as `plandsl run` does on one machine
+       (`launch.threads_per_process`; torchrun alone would set 1).
+    2. CUDA_DEVICE_MAX_CONNECTIONS=1 where Megatron-LM requires it: tensor or context parallelism (degree > 1)
+       on GPUs, unless the data axis is sharded with FSDP (ZeRO-2/3, hsdp), which wants several hardware
+       queues (Megatron-LM's `validate_args`: one queue makes the kernels start in the order they are issued,
+       so each layer's communication goes ahead of the computation it overlaps; with FSDP it only warns)."""
+    env = {"OMP_NUM_THREADS": str(threads_per_process(cpu, nproc))}
+    fsdp = plan.data is not None and plan.data.kind.sharded
+    if cuda and (plan.tp > 1 or plan.cp > 1) and not fsdp:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    return env
+
+
+def app(plan: ir.Plan, plan_file: str, plan_name: str | None, params: dict, ranks: LaunchOptions, job: JobOptions):
+    """The job as TorchX's `AppDef`, built by its `dist.torchrun` component: `nodes x processes` from the mesh
+    (a plan `refusals` passed), GPUs per node as many as processes unless the ranks run on the CPU, each node
+    running `torchrun ... -m plandsl.run PLAN [rank options]`. LaunchError for rank options that need another."""
+    command = rank_command(plan_file, plan_name, params, ranks)  # ["-m", "plandsl.run", PLAN, ...]
+    nodes = mesh_nodes(plan)
+    nproc, cuda = nodes[0][1], ranks.device != "cpu"
+    dist = _torchx("torchx.components.dist")
+    name = job.name or plan.name
+    options: dict[str, Any] = {"image": job.image} if job.image else {}
+    application = dist.torchrun(*command[2:], m=command[1], name=name, j=f"{len(nodes)}x{nproc}", cpu=job.cpu,
+                                memMB=job.mem_mb, gpu=nproc if cuda else 0,
+                                env=environment(plan, cuda, job.cpu, nproc), **options)
+    application.roles[0].name = name  # the scheduler's name for each node's part (`squeue`), not `run`
+    return application
+
+
+def submit(application, job: JobOptions) -> Submitted:
+    """TorchX's dry run of `application` on `job.scheduler` with its options: the scheduler's job as text
+    (`job.dryrun`), or that job submitted and its handle. JobError for options TorchX refuses (named, with the
+    options it knows) and for a scheduler that refuses the job or cannot be reached."""
+    runner_api = _torchx("torchx.runner")
+    specs = _torchx("torchx.specs")
+    with warnings.catch_warnings(record=True) as caught, runner_api.get_runner() as runner:
+        warnings.simplefilter("always")
+        cfg = _cfg(runner, job, specs.InvalidRunConfigException)
+        try:
+            info = runner.dryrun(application, job.scheduler, cfg=cfg)
+        except (specs.InvalidRunConfigException, ValueError) as error:
+            raise JobError(f"TorchX's {job.scheduler} scheduler: {error}") from None
+        except ImportError as error:
+            raise TorchXMissing(_missing(error)) from None
+        except Exception as error:  # noqa: BLE001 - only a submission reaches the cluster here (validate_spec)
+            if job.dryrun:
+                raise
+            raise JobError(f"TorchX could not check the job with {job.scheduler}: {error}") from None
+        handle = None
+        if not job.dryrun:
+            try:
+                handle = runner.schedule(info)
+            except Exception as error:  # noqa: BLE001 - the scheduler's own failure (no sbatch, no cluster)
+                raise JobError(f"TorchX could not submit the job to {job.scheduler}: {error}") from None
+    notes = tuple(dict.fromkeys(str(w.message) for w in caught))
+    return Submitted(handle if handle else str(info), handle, notes)
+
+
+def _cfg(runner, job: JobOptions, invalid: type[Exception]) -> dict:
+    """The `--cfg` items parsed by the scheduler's own run options (types cast, unknown keys refused with the
+    nearest one named); a dry run does not ask a Kubernetes API server to validate the job unless told to."""
+    cfg: dict = {}
+    options = runner.scheduler_run_opts(job.scheduler)
+    for item in job.cfg:
+        try:
+            cfg.update(options.cfg_from_str(item))
+        except (invalid, ValueError) as error:
+            raise JobError(f"--cfg {item}: TorchX's {job.scheduler} scheduler: {error}{_nearest(item, options)}") \
+                from None
+    if job.dryrun and options.get("validate_spec") is not None and \
+            not any(options.canonical_key(key) == "validate_spec" for key in cfg):
+        cfg["validate_spec"] = False
+    return cfg
+
+
+def _nearest(item: str, options) -> str:
+    """' (did you mean `namespace`?)' for the first key of `item` that is no option of the scheduler."""
+    known = [name for name, _ in options]
+    for key in re.findall(r"(?:^|[,;])\s*([^=,;]+?)\s*=", item):
+        if options.canonical_key(key) is None:
+            close = difflib.get_close_matches(key, known, n=1)
+            return f" (did you mean `{close[0]}`?)" if close else ""
+    return ""
+
+
+def _torchx(module: str):
+    """A TorchX module, or TorchXMissing saying how to install it."""
+    try:
+        return importlib.import_module(module)  # TorchX only for `plandsl launch`, and only when it runs
+    except ImportError as error:
+        raise TorchXMissing(_missing(error)) from None
+
+
+def _missing(error: ImportError) -> str:
+    return f"plandsl launch needs TorchX and the Kubernetes client: {EXTRA} ({error})"

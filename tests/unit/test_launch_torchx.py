@@ -1,0 +1,249 @@
+"""`plandsl launch`: a plan as a TorchX job for Slurm or Kubernetes, held to TorchX's own dry run.
+
+The golden files are what TorchX itself writes (its slurm scheduler's sbatch script, its kubernetes scheduler's
+Volcano job) for a 2-node and a 1-node plan, with its random parts (a session id, the job name's suffix) fixed. TorchX is imported by one fixture, once per worker that runs this module (xdist group `torchx`)."""
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from plandsl import api
+from plandsl.cli import main
+from plandsl.runtime import submit
+from plandsl.runtime.launch import LaunchOptions, rank_command, torchrun_args
+from tests.conftest import ROOT, STDLIB
+
+pytestmark = pytest.mark.xdist_group("torchx")  # one worker imports TorchX and the Kubernetes client (~1 s)
+
+TWO_NODES = "stdlib_plans/examples/data_parallel.plan"  # GPT-2 medium, dp 16 on two DGX A100 nodes
+ONE_NODE = "stdlib_plans/local/tp_sp.plan"               # tp 2 with sequence parallelism, 2 processes on one node
+IMAGE = "registry.example.com/plandsl:latest"
+
+
+@pytest.fixture(scope="module")
+def torchx():
+    """TorchX's runner, imported once; skipped, saying how to install it, where the `launch` extra is missing."""
+    return pytest.importorskip("torchx.runner", reason="TorchX is not installed: pip install 'plandsl[launch]'")
+
+
+@pytest.fixture(autouse=True)
+def in_the_checkout(monkeypatch):
+    """The plans are named as a user in the checkout names them (the golden files hold those paths)."""
+    monkeypatch.chdir(ROOT)
+
+
+@pytest.fixture
+def no_slurm(torchx, monkeypatch, tmp_path):
+    """A PATH without `sinfo` or `sbatch`: TorchX then assumes Slurm 24.05 (as off a cluster's login node), so
+    the script is the same on every machine, and a submission finds no sbatch. The Kubernetes job's name takes
+    `-random` for its random suffix (11 to 14 letters, which would move the YAML's line breaks)."""
+    from torchx.schedulers import kubernetes_scheduler
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(kubernetes_scheduler, "make_unique", lambda name, string_length=0: f"{name}-random")
+
+
+def launch(*args: str):
+    return CliRunner().invoke(main, ["launch", *args])
+
+
+def normalized(text: str) -> str:
+    """TorchX's session id (a random UUID in every node's environment) as `<session-id>`."""
+    return re.sub(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", "<session-id>", text)
+
+
+# ---- TorchX's own dry run: the scheduler's job ---------------------------------------------------------------
+CASES = [("slurm", TWO_NODES, ()), ("slurm", ONE_NODE, ()),
+         ("kubernetes", TWO_NODES, ("--image", IMAGE, "--cfg", "queue=default")),
+         ("kubernetes", ONE_NODE, ("--image", IMAGE, "--cfg", "queue=default"))]
+
+
+@pytest.mark.parametrize("scheduler, path, options", CASES, ids=[f"{s}-{p.split('/')[-1][:-5]}" for s, p, _ in CASES])
+def test_the_dry_run_is_torchxs_job_for_the_plan(no_slurm, golden, scheduler, path, options):
+    result = launch(path, "--scheduler", scheduler, "--dryrun", "--steps", "5", *options)
+    assert result.exit_code == 0, result.output
+    extension = "sh" if scheduler == "slurm" else "yaml"
+    golden(f"launch/{scheduler}_{path.split('/')[-1][:-5]}.{extension}", normalized(result.stdout))
+
+
+def _torchrun(command: str) -> list[str]:
+    """The torchrun command a node runs (`bash -c '...'`), as words."""
+    return shlex.split(command)
+
+
+@pytest.mark.parametrize("path, nodes, nproc", [(TWO_NODES, 2, 8), (ONE_NODE, 1, 2)])
+def test_the_volcano_job_has_a_task_per_node_each_running_plandsl_run_under_torchrun(no_slurm, path, nodes, nproc):
+    """Read back from the YAML: one task per node of the mesh, a GPU per process, torchrun with the mesh's
+    nodes and processes starting `plandsl.run` with the arguments `plandsl run` gives its own torchrun."""
+    result = launch(path, "--scheduler", "kubernetes", "--dryrun", "--image", IMAGE, "--cfg", "queue=default",
+                    "--steps", "5", "--metrics", "/shared/metrics.jsonl")
+    assert result.exit_code == 0, result.output
+    import yaml  # PyYAML: TorchX's own dependency
+    job = yaml.safe_load(result.stdout)
+    assert job["kind"] == "Job" and job["apiVersion"].startswith("batch.volcano.sh/")
+    tasks = job["spec"]["tasks"]
+    assert len(tasks) == nodes
+    plan = api.load_plan(path)
+    for task in tasks:
+        [container] = task["template"]["spec"]["containers"]
+        assert container["image"] == IMAGE
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == str(nproc)
+        words = _torchrun(container["command"][2])
+        assert words[0] == "torchrun"
+        assert words[words.index("--nnodes") + 1] == str(nodes)
+        assert words[words.index("--nproc_per_node") + 1] == str(nproc)
+        assert nodes * nproc == plan.mesh.size
+        ranks = rank_command(path, None, {}, LaunchOptions(steps=5, metrics="/shared/metrics.jsonl"))
+        assert words[words.index("-m"):] == ranks
+        assert ranks == torchrun_args(plan, path, None, {}, LaunchOptions(
+            steps=5, metrics="/shared/metrics.jsonl", nnodes=nodes, rdzv_endpoint="node0:29500"))[-len(ranks):]
+        env = {item["name"]: item["value"] for item in container["env"]}
+        assert env.get("CUDA_DEVICE_MAX_CONNECTIONS") == ("1" if plan.tp > 1 else None)
+        assert env["OMP_NUM_THREADS"] == str(max(1, 2 // nproc))
+
+
+def test_the_sbatch_script_starts_every_node_of_the_mesh(no_slurm):
+    result = launch(TWO_NODES, "--scheduler", "slurm", "--dryrun", "--cfg", "partition=gpu,time=60",
+                    "--cfg", "account=ml", "--cpu", "96", "--mem-mb", "1000000", "--name", "gpt2-ddp")
+    assert result.exit_code == 0, result.output
+    script = result.stdout
+    assert script.startswith("sbatch --parsable --account=ml $SBATCH_SCRIPT")
+    groups = re.findall(r"^#SBATCH (--job-name=.*)$", script, re.M)
+    assert len(groups) == 2 and "#SBATCH hetjob" in script
+    for index, group in enumerate(groups):
+        assert group.split()[:5] == [f"--job-name=gpt2-ddp-{index}", "--requeue", "--partition=gpu", "--time=60",
+                                     "--ntasks-per-node=1"]
+        assert "--cpus-per-task=96" in group and "--mem=1000000" in group and "--gpus-per-task=8" in group
+    assert script.count("--nnodes 2 --nproc_per_node 8") == 2
+    assert script.count(f"-m plandsl.run {TWO_NODES} --steps 10") == 2
+    assert "OMP_NUM_THREADS=12" in script and "CUDA_DEVICE_MAX_CONNECTIONS" not in script
+
+
+def test_ranks_on_the_cpu_ask_for_no_gpu_and_no_single_hardware_queue(no_slurm):
+    result = launch(ONE_NODE, "--scheduler", "slurm", "--dryrun", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert "gpus-per" not in result.stdout and "CUDA_DEVICE_MAX_CONNECTIONS" not in result.stdout
+    assert f"-m plandsl.run {ONE_NODE} --steps 10 --device cpu" in result.stdout
+
+
+# ---- the environment the plan needs (no TorchX) --------------------------------------------------------------
+def _plan(tensor: str = "tensor = megatron over tp with sequence_parallel", data: str = "data = zero1 over dp",
+          mesh: str = "[dp = 2, tp = 4]", extra: str = "") -> object:
+    return api.loads(f"""import "clusters/dgx_a100"
+plan p {{
+  model   = gpt(layers=4, hidden=256, heads=8, seq=128, vocab=1024)
+  cluster = dgx_a100 x 1
+  mesh    = {mesh}
+  train   = {{ global_batch: 16, micro_batch: 1 }}
+  {data}
+  {tensor}
+  {extra}
+}}
+""", path=str(ROOT / "p.plan")).plans[0]
+
+
+@pytest.mark.parametrize("plan, cuda, expected", [
+    (dict(), True, "1"),                                              # tensor parallel: Megatron-LM's rule
+    (dict(tensor="", mesh="[dp = 2, cp = 4]", extra="context = allgather over cp"), True, "1"),  # context parallel
+    (dict(data="data = zero3 over dp"), True, None),                  # FSDP wants several hardware queues
+    (dict(tensor="", mesh="[dp = 8]"), True, None),                   # neither
+    (dict(), False, None),                                            # the ranks on the CPU
+])
+def test_cuda_device_max_connections_is_set_where_megatron_lm_requires_it(plan, cuda, expected):
+    env = submit.environment(_plan(**plan), cuda=cuda, cpu=64, nproc=8)
+    assert env.get("CUDA_DEVICE_MAX_CONNECTIONS") == expected
+    assert env["OMP_NUM_THREADS"] == "8"
+
+
+# ---- bad input: diagnostics and errors, exit 1 (usage: 2), never a traceback --------------------------------
+def _refused(result, code: int, *needles: str):
+    assert result.exit_code == code, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    for needle in needles:
+        assert needle in result.output, result.output
+
+
+def test_a_scheduler_option_torchx_does_not_know_is_named_with_the_nearest_one(no_slurm):
+    result = launch(TWO_NODES, "--scheduler", "kubernetes", "--dryrun", "--image", IMAGE,
+                    "--cfg", "queue=default,namespce=ml")
+    _refused(result, 1, f"{TWO_NODES}: error: --cfg queue=default,namespce=ml: TorchX's kubernetes scheduler: "
+                        "Unknown run option `namespce`", "(did you mean `namespace`?)")
+
+
+@pytest.mark.parametrize("scheduler, options, message", [
+    ("kubernetes", ("--image", IMAGE), "Required run option: queue"),
+    ("kubernetes", ("--image", IMAGE, "--cfg", "queue=default,reserved_memmb=lots"),
+     "--cfg queue=default,reserved_memmb=lots"),
+    ("slurm", ("--cfg", "partition"), "--cfg partition: TorchX's slurm scheduler"),
+])
+def test_scheduler_options_torchx_refuses_are_errors(no_slurm, scheduler, options, message):
+    _refused(launch(TWO_NODES, "--scheduler", scheduler, "--dryrun", *options), 1, message)
+
+
+def test_a_plan_that_does_not_check_is_its_diagnostics(tmp_path):
+    bad = tmp_path / "bad.plan"
+    bad.write_text((STDLIB / "examples" / "data_parallel.plan").read_text().replace("global_batch: 512",
+                                                                                     "global_batch: 500"))
+    _refused(launch(str(bad), "--scheduler", "slurm", "--dryrun", "--include", str(STDLIB)), 1, "error[E501]")
+
+
+def test_a_plan_plandsl_run_refuses_is_refused(tmp_path):
+    plan = tmp_path / "chimera.plan"
+    plan.write_text((STDLIB / "local" / "pp_1f1b.plan").read_text().replace("schedule = 1f1b",
+                                                                             "schedule = chimera"))
+    assert "chimera" in plan.read_text()
+    _refused(launch(str(plan), "--scheduler", "slurm", "--dryrun", "--include", str(STDLIB / "local")), 1,
+             "error[E701]")
+
+
+def test_a_mesh_over_nodes_of_two_types_is_e707():
+    _refused(launch("stdlib_plans/examples/heterogeneous.plan", "--scheduler", "slurm", "--dryrun"), 1,
+             "error[E707]", "2 types (dgx_a100, dgx_h100)")
+
+
+def test_rank_options_that_need_another_are_an_error():
+    _refused(launch(TWO_NODES, "--scheduler", "slurm", "--dryrun", "--resume"), 1, "--resume needs --checkpoint-dir")
+
+
+def test_kubernetes_without_an_image_is_a_usage_error():
+    _refused(launch(TWO_NODES, "--scheduler", "kubernetes", "--dryrun", "--cfg", "queue=default"), 2,
+             "Missing option '--image'")
+
+
+def test_an_unknown_scheduler_is_a_usage_error():
+    _refused(launch(TWO_NODES, "--scheduler", "ray", "--dryrun"), 2, "'ray' is not one of 'slurm', 'kubernetes'")
+
+
+def test_a_submission_without_sbatch_is_an_error_not_a_traceback(no_slurm):
+    _refused(launch(ONE_NODE, "--scheduler", "slurm"), 1, "TorchX could not submit the job to slurm")
+
+
+def test_without_torchx_launch_says_how_to_install_it(monkeypatch):
+    for name in [name for name in sys.modules if name == "torchx" or name.startswith("torchx.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torchx", None)  # import torchx... raises ImportError
+    _refused(launch(ONE_NODE, "--scheduler", "slurm", "--dryrun"), 2, "pip install 'plandsl[launch]'")
+
+
+def test_the_api_names_the_schedulers_of_the_launcher():
+    assert api.launch_schedulers() == submit.SCHEDULERS
+
+
+def test_the_api_builds_the_job_and_returns_torchxs_dry_run(no_slurm):
+    plan = api.load_launchable(ONE_NODE)
+    job = api.job_options(scheduler="slurm", dryrun=True)
+    api.check_job_options(job)
+    submitted = api.submit_job(api.cluster_job(plan, ONE_NODE, None, {}, api.launch_options(steps=3), job), job)
+    assert submitted.handle is None and submitted.text.startswith("sbatch --parsable")
+    assert f"--nnodes 1 --nproc_per_node 2 --tee 3 --role '\"'\"''\"'\"' -m plandsl.run {ONE_NODE} --steps 3" \
+        in submitted.text
+    mixed = "stdlib_plans/examples/heterogeneous.plan"
+    assert [d.code for d in api.launch_refusals(api.load_plan(mixed))] == ["E707"]
+    with pytest.raises(api.PlanError):
+        api.load_launchable(mixed)
+    job_error, missing = api.job_errors()
+    assert issubclass(missing, job_error) and issubclass(job_error, ValueError)
