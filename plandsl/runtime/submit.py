@@ -146,21 +146,37 @@ def submit(application, job: JobOptions) -> Submitted:
         try:
             info = runner.dryrun(application, job.scheduler, cfg=cfg)
         except (specs.InvalidRunConfigException, ValueError) as error:
-            raise JobError(f"TorchX's {job.scheduler} scheduler: {error}") from None
+            raise JobError(f"TorchX's {job.scheduler} scheduler: {error}{_required(str(error))}") from None
         except ImportError as error:
             raise TorchXMissing(_missing(error)) from None
         except Exception as error:  # noqa: BLE001 - only a submission reaches the cluster here (validate_spec)
             if job.dryrun:
                 raise
-            raise JobError(f"TorchX could not check the job with {job.scheduler}: {error}") from None
+            raise JobError(f"TorchX could not check the job with {job.scheduler}: {error}{_warned(caught)}") \
+                from None
         handle = None
         if not job.dryrun:
             try:
                 handle = runner.schedule(info)
             except Exception as error:  # noqa: BLE001 - the scheduler's own failure (no sbatch, no cluster)
-                raise JobError(f"TorchX could not submit the job to {job.scheduler}: {error}") from None
-    notes = tuple(dict.fromkeys(str(w.message) for w in caught))
-    return Submitted(handle if handle else str(info), handle, notes)
+                raise JobError(f"TorchX could not submit the job to {job.scheduler}: {error}{_warned(caught)}") \
+                    from None
+    return Submitted(handle if handle else str(info), handle, _notes(caught))
+
+
+def _notes(caught) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(str(warning.message) for warning in caught))
+
+
+def _warned(caught) -> str:
+    """What TorchX warned of before a failure (often its cause: no kubeconfig), as the error's last sentence."""
+    return "".join(f"; TorchX warned: {note}" for note in _notes(caught))
+
+
+def _required(message: str) -> str:
+    """How to give a required option TorchX found missing (`Required run option: queue, ...`)."""
+    missing = re.match(r"Required run option: (\S+?),", message)
+    return f" (give it: --cfg {missing.group(1)}=VALUE)" if missing else ""
 
 
 def _cfg(runner, job: JobOptions, invalid: type[Exception]) -> dict:

@@ -176,6 +176,7 @@ def test_a_scheduler_option_torchx_does_not_know_is_named_with_the_nearest_one(n
 
 @pytest.mark.parametrize("scheduler, options, message", [
     ("kubernetes", ("--image", IMAGE), "Required run option: queue"),
+    ("kubernetes", ("--image", IMAGE), "(give it: --cfg queue=VALUE)"),
     ("kubernetes", ("--image", IMAGE, "--cfg", "queue=default,reserved_memmb=lots"),
      "--cfg queue=default,reserved_memmb=lots"),
     ("slurm", ("--cfg", "partition"), "--cfg partition: TorchX's slurm scheduler"),
