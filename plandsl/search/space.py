@@ -103,6 +103,7 @@ class Space:
         self._activations_cache: dict = {}
         self._param_cache: dict = {}
         self._stage_cache: dict = {}
+        self._tail_cache: dict = {}
         self._partition_cache: dict = {}
         self._gathered_cache: dict = {}
         self._capacity_cache: dict = {}
@@ -505,10 +506,13 @@ class Space:
         plus the worst rank's exposed reduction and optimizer step."""
         root, m, pp = node.root, node.microbatches, node.root.pp
         by_rank = stages_by_rank(ranks, pp)
-        tails: dict = {}
+        tails = self._tail_cache if self.transformer else {}  # other models' stage times are not cached objects
         worst_tail = 0.0
         for rank, owned in enumerate(by_rank):
-            key = (root.rank_devices[rank].name, tuple(id(stages[s]) for s in owned))
+            # a transformer's stage times are the space's cached objects (`stage_times`, keyed by the node's
+            # ident, never evicted): their ids name them for the whole search, so a rank's tail is computed
+            # once per search, not once per leaf
+            key = (id(root), zero, root.rank_devices[rank].name, tuple(id(stages[s]) for s in owned))
             tail = tails.get(key)
             if tail is None:
                 replicas = root.dp * root.ep * root.cp  # cost.memory.zero_degrees
