@@ -501,6 +501,12 @@ def launch(args: list[str]) -> int:
 
 # ---- launch on a cluster's scheduler --------------------------------------------------------------------------
 
+def precisions() -> tuple[str, ...]:
+    """The training precisions `generate --precision` takes: `ir.Precision`'s values, kept here so that
+    `plandsl --help` imports no stage (tests/unit/test_fp8.py holds them equal)."""
+    return ("bf16", "fp16", "fp32", "fp8")
+
+
 def launch_schedulers() -> tuple[str, ...]:
     """The schedulers `plandsl launch` submits to through TorchX."""
     return ("slurm", "kubernetes")  # plandsl.runtime.submit.SCHEDULERS, kept here so that `plandsl --help` imports

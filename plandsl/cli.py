@@ -671,7 +671,7 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
 @click.option("--cluster", help="`dgx_a100 x 128`, a stdlib node or cluster name.")
 @click.option("--global-batch", type=click.IntRange(min=1, max=limits.MAX_GLOBAL_BATCH), help="Sequences per step.")
 @click.option("--seq-len", type=click.IntRange(min=1, max=limits.MAX_SEQ), help="Sequence length (default: the model's).")
-@click.option("--precision", type=click.Choice(["bf16", "fp16", "fp32"]), help="[default: bf16]")
+@click.option("--precision", type=click.Choice(api.precisions()), help="[default: bf16]")
 @click.option("--from", "from_file", type=click.Path(dir_okay=False),
               help="A partial plan: its model, cluster and train are the problem, what else it writes is pinned.")
 @click.option("--plan", "plan_name", help="The plan of the --from file.")

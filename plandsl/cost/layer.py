@@ -113,9 +113,10 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         return 0.0, 0.0
     pair = tp_pair()
     # After attention and after the MLP, both directions; parallel blocks add the two row-parallel partial
-    # sums before one reduction (and the two branches' input gradients before one): GPT-NeoX's residual.
+    # sums before one forward reduction (GPT-NeoX's residual), while the backward still reduces each
+    # branch's input gradient at its own column-parallel input (Megatron's `f` operator after each norm).
     per_block = 1 if model.parallel_blocks else 2
-    forward, backward = per_block * pair, per_block * pair
+    forward, backward = per_block * pair, 2 * pair
     if model.experts and links.ep.size > 1:
         # Dispatch and combine all-to-alls of the routed tokens (Lepikhin et al. 2020, GShard), twice
         # in each direction; sequence parallelism leaves each tensor-parallel rank 1/t of the tokens.

@@ -32,7 +32,8 @@ MAX_PROFILE_NODES = 64
 
 MODEL_ARGUMENTS = {"layers": MAX_LAYERS, "hidden": MAX_WIDTH, "ffn": MAX_WIDTH, "input": MAX_WIDTH,
                    "output": MAX_WIDTH, "heads": MAX_HEADS, "kv_heads": MAX_HEADS, "seq": MAX_SEQ,
-                   "vocab": MAX_VOCAB, "experts": MAX_EXPERTS, "top_k": MAX_EXPERTS}
+                   "vocab": MAX_VOCAB, "experts": MAX_EXPERTS, "top_k": MAX_EXPERTS,
+                   "shared_experts": MAX_EXPERTS}
 TRAIN = {"global_batch": MAX_GLOBAL_BATCH, "micro_batch": MAX_MICRO_BATCH, "seq": MAX_SEQ, "recompute_layers": MAX_LAYERS,
          "warmup_steps": MAX_STEPS}
 

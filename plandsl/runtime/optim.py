@@ -1,10 +1,11 @@
 """The plan's optimizer and learning-rate schedule, shared by the reference and the distributed run.
 
 Stage: interpreter. Contract: `build_optimizer(plan, params)` and `build_lr_scheduler(plan, optimizer,
-steps)` depend on the plan only, so every layout and the single-process reference step alike. An
-`optimizer_dtype` other than the weights' (`master_dtype`) keeps the states in that dtype between steps
-and updates in fp32 (`AdamWStates`, `SGDStates`), as Transformer Engine's FusedAdam does with
-Megatron's `--exp-avg-dtype`.
+steps)` depend on the plan only, so every layout and the single-process reference step alike. A
+`master_dtype` or `optimizer_dtype` other than fp32 keeps the weights and states in those dtypes between
+steps and updates in fp32 (`AdamWStates`, `SGDStates`), as Transformer Engine's FusedAdam does with
+Megatron's `--exp-avg-dtype` (16-bit arithmetic would lose Adam's eps: 1e-8 is 0 in fp16). fp16 states
+need a per-tensor scale, which these do not keep: `plandsl run` refuses them (E706).
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ SGD_MOMENTUM = 0.9
 def optimizer_settings(plan: ir.Plan) -> tuple[type[torch.optim.Optimizer], dict]:
     """The optimizer class and its keyword arguments (ZeroRedundancyOptimizer takes them apart)."""
     train = plan.train
-    states = {} if train.optimizer_dtype is train.master_dtype else {"state_dtype": DTYPES[train.optimizer_dtype]}
+    wide = (train.master_dtype, train.optimizer_dtype) == (ir.Precision.fp32, ir.Precision.fp32)
+    states = {} if wide else {"state_dtype": DTYPES[train.optimizer_dtype]}
     if train.optimizer is ir.Optimizer.sgd:
         return (SGDStates if states else torch.optim.SGD), dict(lr=train.lr, momentum=SGD_MOMENTUM, **states)
     return (AdamWStates if states else torch.optim.AdamW), dict(lr=train.lr, betas=ADAM_BETAS, eps=ADAM_EPS,
@@ -57,6 +59,26 @@ class _StatesIn:
     def __init__(self, params, *, state_dtype: torch.dtype, **kwargs):
         super().__init__(params, **kwargs)
         self.state_dtype = state_dtype
+        # torch's load_state_dict casts every floating state to its parameter's dtype: the hooks keep the
+        # states' own dtype through a checkpoint's resume (fp32 states of bf16 weights are not rounded, bf16
+        # states of fp32 weights not widened)
+        self.register_load_state_dict_pre_hook(_StatesIn._stash)
+        self.register_load_state_dict_post_hook(_StatesIn._restore)
+
+    @staticmethod
+    def _stash(optimizer, state_dict):
+        optimizer._loading = {index: dict(state) for index, state in state_dict["state"].items()}
+        return None
+
+    @staticmethod
+    def _restore(optimizer) -> None:
+        loading = optimizer.__dict__.pop("_loading", {})
+        params = [param for group in optimizer.param_groups for param in group["params"]]
+        for index, values in loading.items():
+            state = optimizer.state[params[index]]
+            for key, value in values.items():
+                if key != "step" and torch.is_tensor(value) and value.is_floating_point():
+                    state[key] = value.to(device=state[key].device, dtype=optimizer.state_dtype)
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -26,10 +26,13 @@ DTYPES = {ir.Precision.fp32: torch.float32, ir.Precision.bf16: torch.bfloat16, i
 
 
 def keep_weights(plan: ir.Plan, model: torch.nn.Module) -> torch.nn.Module:
-    """`model` with its floating parameters and buffers in the plan's `master_dtype` (fp32 by default: left
-    as built). Applied to the full model before any parallelism, in the reference and every rank alike."""
+    """`model` with its parameters in the plan's `master_dtype` (fp32 by default: left as built; buffers keep
+    their dtype). Applied to the full model before any parallelism, in the reference and every rank alike."""
     dtype = DTYPES[plan.train.master_dtype]
-    return model if dtype is torch.float32 else model.to(dtype)
+    if dtype is not torch.float32:  # the parameters only: buffers (a torch model's rotary inv_freq) keep theirs
+        for param in model.parameters():
+            param.data = param.data.to(dtype)
+    return model
 
 
 def autocast(plan: ir.Plan, device_type: str):

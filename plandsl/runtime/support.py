@@ -23,6 +23,11 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
                                   "per-tensor scaling (Transformer Engine's recipe), which no run of the interpreter "
                                   "has checked; check, estimate and generate model it", plan.train.span_of("precision"),
                           hint="run it with `precision: bf16`"))
+    if plan.train.optimizer_dtype is ir.Precision.fp16:
+        found.append(diag("E706", "optimizer_dtype fp16 cannot run yet: Adam's second moment (about 0.05 g^2) flushes "
+                                  "to zero in fp16 for gradients below ~2e-4 unless each state tensor keeps a scale "
+                                  "(Transformer Engine's FusedAdam does), which the interpreter's optimizer does not",
+                          plan.train.span_of("optimizer_dtype"), hint="run it with `optimizer_dtype: bf16`"))
     if isinstance(plan.model, ir.CustomModel) and plan.model.source:
         found += _torch_model_refusals(plan, plan.model)
     elif isinstance(plan.model, ir.CustomModel) and not plan.model.factory:

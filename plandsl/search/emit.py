@@ -101,9 +101,11 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
         found_precision = ir.Precision(precision)
     except ValueError:
         raise SearchError(f"--precision {precision}: one of {', '.join(p.value for p in ir.Precision)}") from None
-    missing = sorted({d.name for d in found_cluster.devices_in_order() if found_precision not in d.peak})
+    needed = dict.fromkeys((found_precision, found_precision.unquantized))  # fp8: bf16 too (check's E504)
+    missing = sorted({d.name for d in found_cluster.devices_in_order() if any(p not in d.peak for p in needed)})
     if missing:
-        raise SearchError(f"device(s) {', '.join(missing)} of cluster '{cluster}' give no peak for {precision}")
+        raise SearchError(f"device(s) {', '.join(missing)} of cluster '{cluster}' give no peak for "
+                          f"{' and '.join(p.value for p in needed)}")
     if global_batch < 1:
         raise SearchError(f"--global-batch must be at least 1, got {global_batch}")
     # Name them as the user did (the plan writes the expressions, not these names).

@@ -88,8 +88,17 @@ def test_deepspeed_export_says_it_loses_fp8():
     assert any("precision: fp8" in d.message for d in exported.lost)
 
 
+def test_the_clis_precisions_are_the_languages():
+    assert sorted(api.precisions()) == sorted(p.value for p in ir.Precision)
+
+
 def test_generate_searches_in_fp8():
     generated = api.generate(api.generate_request(model="llama3_8b", cluster="dgx_h100", global_batch=64,
                                                   precision="fp8", top=1))
     plan = api.select_plan(api.loads(generated.texts[0], path="gen.plan"))
     assert plan.train.precision is ir.Precision.fp8
+    from click.testing import CliRunner
+    from plandsl.cli import main
+    out = CliRunner().invoke(main, ["generate", "--model", "llama3_8b", "--cluster", "dgx_a100", "--global-batch", "64",
+                                    "--precision", "fp8"])
+    assert out.exit_code == 1 and "give no peak for fp8" in out.output, out.output  # the A100 has no FP8

@@ -1,6 +1,7 @@
 """`parallel=true` on gpt and llama: GPT-NeoX's parallel residual, x + attn(norm1 x) + mlp(norm2 x) (Black et
 al. 2022). The same parameters and FLOPs as the sequential block; one block input kept for both norms
-(2·s·b·h bytes less per block), and one tensor-parallel reduction per direction instead of two."""
+(2·s·b·h bytes less per block), and one tensor-parallel reduction in the forward instead of two (the backward
+still reduces each branch's input gradient)."""
 from __future__ import annotations
 
 import pytest
@@ -39,7 +40,7 @@ def test_parallel_is_a_family_argument(family):
 
 
 @pytest.mark.parametrize("sp", [False, True])
-def test_one_block_input_less_and_half_the_tensor_parallel_traffic(sp):
+def test_one_block_input_less_and_one_forward_reduction(sp):
     sequential, parallel = estimate_plan(_plan(sp=sp)), estimate_plan(_plan(parallel=True, sp=sp))
     assert parallel.flops_per_step == pytest.approx(sequential.flops_per_step)
     assert [m.params for m in parallel.memory] == [m.params for m in sequential.memory]
@@ -57,7 +58,7 @@ def test_one_block_input_less_and_half_the_tensor_parallel_traffic(sp):
         times.append(estimate_layer_time(p.model, block, plan_work(p), p.cluster.devices_in_order()[0],
                                          plan_links(p)))
     assert times[1].forward_comm == pytest.approx(times[0].forward_comm / 2) and times[1].forward_comm > 0
-    assert times[1].backward_comm == pytest.approx(times[0].backward_comm / 2)
+    assert times[1].backward_comm == pytest.approx(times[0].backward_comm)  # each branch's input gradient reduced
 
 
 def test_megatron_export_says_it_loses_parallel_blocks():

@@ -166,9 +166,31 @@ def test_fp32_states_are_torchs_optimizer_exactly_and_16_bit_states_stay_16_bit(
     states = steppers[2].state[narrow]
     assert {key: value.dtype for key, value in states.items() if key != "step"} == \
         dict.fromkeys([k for k in states if k != "step"], torch.bfloat16)
-    # a checkpoint's load casts the states to the parameter's dtype; the next step puts them back
+    # torch's load_state_dict casts floating states to the parameter's dtype; the optimizer's hooks keep its own
+    saved = steppers[2].state_dict()
     resumed = cls([narrow], state_dtype=torch.bfloat16, **kwargs)
-    resumed.load_state_dict(steppers[2].state_dict())
-    narrow.grad = torch.ones(5, 4)
-    resumed.step()
-    assert all(v.dtype == torch.bfloat16 for k, v in resumed.state[narrow].items() if k != "step")
+    resumed.load_state_dict(saved)
+    assert all(v.dtype == torch.bfloat16 and torch.equal(v, states[k])
+               for k, v in resumed.state[narrow].items() if k != "step")
+
+
+def test_fp32_states_of_bf16_weights_resume_unrounded():
+    from plandsl.runtime.optim import AdamWStates
+    weight = torch.nn.Parameter(torch.randn(6, 5).to(torch.bfloat16))
+    kwargs = dict(state_dtype=torch.float32, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    first = AdamWStates([weight], **kwargs)
+    for _ in range(3):
+        weight.grad = torch.randn(6, 5).to(torch.bfloat16)
+        first.step()
+    resumed = AdamWStates([weight], **kwargs)
+    resumed.load_state_dict(first.state_dict())
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert resumed.state[weight][key].dtype == torch.float32
+        assert torch.equal(resumed.state[weight][key], first.state[weight][key])
+
+
+@pytest.mark.parametrize("dtypes, refused", [("optimizer_dtype: fp16", True), ("optimizer_dtype: bf16", False),
+                                             ("master_dtype: fp16, precision: fp16", False)])
+def test_run_refuses_fp16_states_only(dtypes, refused):
+    codes = [d.code for d in api.run_refusals(_plan(dtypes))]
+    assert codes == (["E706"] if refused else [])

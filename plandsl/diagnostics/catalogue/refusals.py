@@ -102,7 +102,9 @@ _entry("E706", """
     Engine's recipe does), which `check`, `estimate`, the search and the renderer model from the
     devices' FP8 peaks; the interpreter does not run it yet: FP8 GEMMs need a GPU with FP8 tensor
     cores (Hopper, Ada or later) and per-tensor scaling that no run here has checked. It refuses
-    rather than run the plan in another precision under its name.
+    rather than run the plan in another precision under its name. Likewise `optimizer_dtype: fp16`:
+    Adam's second moment underflows in fp16 unless each state tensor keeps a scale (Transformer
+    Engine's FusedAdam does), which the interpreter's optimizer does not; bf16 states run.
     """, _local_plan("", mesh="[dp = 2]", header="device fp8_cpu {\n      memory    = 16 GiB\n      bandwidth = 50 GB/s\n"
                                                   "      peak      = { bf16: 1 TFLOP/s, fp8: 2 TFLOP/s }\n    }\n"
                                                   "    node fp8_box {\n      devices = 2 x fp8_cpu\n      link    = "
