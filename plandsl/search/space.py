@@ -378,8 +378,8 @@ class Space:
         room = capacity - working
         one, two = self.gathered(memory, False, False, 1), self.gathered(memory, False, False, 2)
         caps = (room - two) // per  # blocks that fit in the room less the gathered units
-        if one != two:  # a rank with 1 block gathers less than one with >= 2 blocks
-            caps = np.where(caps >= 2, caps, (room - one) // per)
+        if one != two:  # a rank with 1 block gathers less than one with >= 2 blocks: where 2 do not fit, 1 may
+            caps = np.where(caps >= 2, caps, np.minimum((room - one) // per, 1))
         if any_free:
             caps = np.where(free, float(self.blocks), caps)
         for r in fixed:  # the first and last ranks, one at a time (`cost.memory` order of terms)
@@ -392,6 +392,8 @@ class Space:
                 cap = cap // float(per[r])
                 if cap >= 2:
                     break
+                if blocks == 1:  # gathering one unit, the rank holds one block at most (two gather two)
+                    cap = min(cap, 1.0)
             caps[r] = cap
         return np.clip(caps, 0, 2**62).astype(np.int64)
 
