@@ -435,9 +435,11 @@ def run_command(file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, dry_run,
               "qos=, ...; kubernetes queue= (required), namespace=, ...")
 @click.option("--image", help="The container image every node runs (kubernetes; it holds plandsl, torch and the "
               "plan's files).")
-@click.option("--cpu", type=click.IntRange(min=1), default=2, show_default=True, help="CPUs per node for the job.")
-@click.option("--mem-mb", type=click.IntRange(min=1), default=1024, show_default=True,
-              help="Memory per node for the job, in MB.")
+@click.option("--cpu", type=click.IntRange(min=1), help="CPUs per node for the job (required to submit; a dry run "
+              "shows TorchX's default, 2).")
+@click.option("--mem-mb", type=click.IntRange(min=1), help="Host memory per node for the job, in MB (required to "
+              "submit: every rank builds the model on the host before sharding it; a dry run shows TorchX's "
+              "default, 1024).")
 @click.option("--name", help="The job's name (default: the plan's).")
 @functools.partial(_rank_options, local=False)
 @param_option
@@ -447,8 +449,11 @@ def launch_command(file, scheduler, dryrun, cfg, image, cpu, mem_mb, name, param
     """Check plan FILE, then submit it to a Slurm or Kubernetes cluster through TorchX: a node per node of its
     mesh, each running torchrun over `plandsl run`'s ranks (docs/running.md, Cluster schedulers)."""
     overrides = _params(params)
-    job = api.job_options(scheduler=scheduler, cfg=cfg, image=image, cpu=cpu, mem_mb=mem_mb, name=name,
-                          dryrun=dryrun)
+    if not dryrun and (cpu is None or mem_mb is None):
+        raise click.UsageError("give the nodes' --cpu and --mem-mb to submit: TorchX's defaults (2 CPUs, 1024 MB "
+                               "per node) would start every node's ranks in too little host memory")
+    sizes = {key: value for key, value in (("cpu", cpu), ("mem_mb", mem_mb)) if value is not None}
+    job = api.job_options(scheduler=scheduler, cfg=cfg, image=image, name=name, dryrun=dryrun, **sizes)
     launch_error, option_error = api.launch_errors()
     try:
         api.check_job_options(job)

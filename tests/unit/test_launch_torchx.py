@@ -220,7 +220,13 @@ def test_an_unknown_scheduler_is_a_usage_error():
 
 
 def test_a_submission_without_sbatch_is_an_error_not_a_traceback(no_slurm):
-    _refused(launch(ONE_NODE, "--scheduler", "slurm"), 1, "TorchX could not submit the job to slurm")
+    _refused(launch(ONE_NODE, "--scheduler", "slurm", "--cpu", "16", "--mem-mb", "64000"), 1,
+             "TorchX could not submit the job to slurm")
+
+
+def test_a_submission_needs_the_nodes_cpus_and_memory(no_slurm):
+    _refused(launch(ONE_NODE, "--scheduler", "slurm"), 2, "--cpu and --mem-mb to submit")
+    _refused(launch(ONE_NODE, "--scheduler", "slurm", "--cpu", "16"), 2, "--cpu and --mem-mb to submit")
 
 
 def test_without_torchx_launch_says_how_to_install_it(monkeypatch):
