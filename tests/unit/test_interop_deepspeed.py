@@ -1,7 +1,7 @@
 """`plandsl export --to deepspeed` and `plandsl import --from deepspeed`: DeepSpeed's JSON config (0.19.8). Every
 stdlib plan's export (golden files for those DeepSpeed expresses; E808 for the rest), round trips, keys DeepSpeed
-would silently ignore as E804, and the exports held against DeepSpeed's own DeepSpeedConfig (skipped without it:
-`DS_BUILD_OPS=0 pip install -e .[deepspeed]`)."""
+would silently ignore as E804, and the exports held against DeepSpeed's own DeepSpeedConfig (the `interop` extra
+installs it; skipped without it)."""
 from __future__ import annotations
 
 import json
@@ -100,7 +100,7 @@ def test_cli_imports_a_config_with_its_model(tmp_path):
 # ---- against DeepSpeed's own code ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ds_config():
-    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (DS_BUILD_OPS=0 pip install -e .[deepspeed])")
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install -e .[deepspeed])")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import deepspeed
