@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from plandsl import ir
 from plandsl.cost.comm import collective_seconds
 from plandsl.cost.compute import Efficiency, Work, peak_of
-from plandsl.cost.layer import LayerTime, Links, estimate_layer_time, plan_links
+from plandsl.cost.layer import NOTHING_MOVED, LayerTime, Links, Moved, estimate_layer_time, plan_links
 from plandsl.cost.memory import (MemoryEstimate, StateBytes, estimate_layer_activations, estimate_plan_memory, gathers_kv, held_stages,
                                  layer_recompute,
                                  inflight_microbatches, zero_degrees)
@@ -70,6 +70,7 @@ class PlanEstimate:
     flops_per_step: float
     model_flops_per_step: float
     stage_times: tuple[StageTime, ...] = field(repr=False, default=())
+    communication: Moved = NOTHING_MOVED     # bytes one device of the busiest pipeline rank moves per step
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -86,6 +87,7 @@ class PlanEstimate:
                 "tflops_per_device": self.tflops_per_device, "mfu": self.mfu,
                 "flops_per_step": self.flops_per_step, "model_flops_per_step": self.model_flops_per_step,
                 "peak_memory_bytes": self.peak_memory_bytes, "fits": self.fits,
+                "communication_bytes": {**asdict(self.communication), "total": self.communication.total},
                 "memory": [{"pipeline_rank": r, **m.to_json(), "capacity": c}
                            for r, (m, c) in enumerate(zip(self.memory, self.capacity))]}
 
@@ -153,11 +155,36 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
     peak = sum((end - first) * peak_of(d, precision) for d, first, end in runs) / max(1, sum(e - f for _, f, e in runs))
     capacity = tuple(min(d.usable_memory for d in group) if group else math.inf
                      for group in pipeline_rank_device_types(plan))
+    moved = [_moved(plan, assignment, stage_times, run, tails[rank].moved, work)
+             for rank, run in enumerate(_stage_runs(plan, assignment, m))]
     return PlanEstimate(plan.name, devices, m, time, tuple(memory), capacity,
                         plan.train.global_batch * plan.seq / step if step else 0.0,
                         executed / step / devices / 1e12 if step else 0.0,
                         model_flops / (step * devices * peak) if step else 0.0,
-                        executed, model_flops, tuple(stage_times))
+                        executed, model_flops, tuple(stage_times), max(moved, key=lambda v: v.total))
+
+
+def _volume_parts(moved: Moved) -> str:
+    """`   (tensor 1.2 GiB, data 300 MiB)`: the axes that moved anything, for the busiest pipeline rank."""
+    parts = [f"{name} {format_bytes(value)}" for name, value in zip(("tensor", "context", "expert", "pipeline", "data"),
+                                                                       moved.astuple()) if value]
+    return f"   ({', '.join(parts)}; the busiest pipeline rank)" if parts else ""
+
+
+def _moved(plan: ir.Plan, assignment, stage_times: list[StageTime], run: dict[int, float], tail: float,
+           work: Work) -> Moved:
+    """Bytes one device of a pipeline rank moves in a step: its stages' collectives for each microbatch they
+    run (`StageTime.moved`), a message in and one out for every microbatch at each edge of its stages whose
+    neighbour is on another rank (activations forward, gradients back: `pipeline_message_bytes`), and the
+    data-parallel reduction and gather after the last backward (`RankTail.moved`)."""
+    owner = assignment.rank_of_stage
+    message = pipeline_message_bytes(plan.model, work) if plan.stages is not None and plan.pp > 1 else 0.0
+    total = Moved(data=tail)
+    for stage, microbatches in run.items():
+        edges = sum(1 for other in (stage - 1, stage + 1)
+                    if 0 <= other < len(owner) and owner[other] != owner[stage])
+        total = total + stage_times[stage].moved * microbatches + Moved(pipeline=2 * edges * microbatches * message)
+    return total
 
 
 def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | None = None,
@@ -206,14 +233,17 @@ def pipeline_p2p(plan: ir.Plan, links: Links, work: Work) -> float:
 
 
 def pipeline_p2p_seconds(model: ir.Model, work: Work, links: Links) -> float:
-    """One microbatch's activations between neighbouring pipeline ranks. Megatron's scatter/gather
-    optimisation (Narayanan et al. 2021, Sec. 4.1) sends 1/t of the [b, s, h] tensor per
-    tensor-parallel rank; other models send their widest layer output."""
+    """One microbatch's activations between neighbouring pipeline ranks (`pipeline_message_bytes`)."""
+    return collective_seconds("p2p", pipeline_message_bytes(model, work), links.pp)
+
+
+def pipeline_message_bytes(model: ir.Model, work: Work) -> float:
+    """Bytes of one microbatch's activations from a pipeline rank to the next. Megatron's scatter/gather
+    optimisation (Narayanan et al. 2021, Sec. 4.1) sends 1/t of the [b, s, h] tensor per tensor-parallel
+    rank; other models send their widest layer output."""
     if isinstance(model, ir.TransformerModel):
-        size = work.tokens * model.hidden * work.precision.bytes / work.tp
-    else:
-        size = work.tokens * max(layer.output_width for layer in layers_of(model)) * work.precision.bytes
-    return collective_seconds("p2p", size, links.pp)
+        return work.tokens * model.hidden * work.precision.bytes / work.tp
+    return work.tokens * max(layer.output_width for layer in layers_of(model)) * work.precision.bytes
 
 
 def _with_simulated_peaks(plan: ir.Plan, assignment, memory: list[MemoryEstimate], activations, peaks) -> list[MemoryEstimate]:
@@ -258,6 +288,8 @@ def format_estimate(estimate: PlanEstimate) -> str:
              f"  tokens/s       {estimate.tokens_per_s:10.4g}",
              f"  TFLOP/s/device {estimate.tflops_per_device:10.4g}   (executed, with recomputation)",
              f"  MFU            {estimate.mfu:10.1%}",
+             f"  comm volume    {format_bytes(estimate.communication.total):>10} per device per step"
+             + _volume_parts(estimate.communication),
              "  memory per device (worst device of each pipeline rank):",
              f"  {'rank':>6} {'params':>11} {'grads':>11} {'optimizer':>11} {'activations':>11} {'total':>11} {'capacity':>11}"]
     for rank, (m, c) in enumerate(zip(estimate.memory, estimate.capacity)):

@@ -60,6 +60,34 @@ def mesh_links(cluster: ir.Cluster, axes: tuple[tuple[str, int], ...], first_dev
 
 # ---- one layer: compute plus critical-path communication ------------------------------------------------
 @dataclass(frozen=True, slots=True)
+class Moved:
+    """Bytes one device moves per microbatch (or per step), per parallel axis, at the sizes `cost.comm` prices:
+    the all-reduced buffer, a gather's output, a scatter's input, an all-to-all's buffer, a message."""
+
+    tensor: float = 0.0
+    context: float = 0.0
+    expert: float = 0.0
+    pipeline: float = 0.0
+    data: float = 0.0
+
+    def __add__(self, other: "Moved") -> "Moved":
+        return Moved(*(a + b for a, b in zip(self.astuple(), other.astuple())))
+
+    def __mul__(self, factor: float) -> "Moved":
+        return Moved(*(a * factor for a in self.astuple()))
+
+    def astuple(self) -> tuple[float, ...]:
+        return (self.tensor, self.context, self.expert, self.pipeline, self.data)
+
+    @property
+    def total(self) -> float:
+        return sum(self.astuple())
+
+
+NOTHING_MOVED = Moved()
+
+
+@dataclass(frozen=True, slots=True)
 class LayerTime:
     """Seconds of one microbatch through one layer on one device, communication included."""
 
@@ -70,59 +98,76 @@ class LayerTime:
     backward_comm: float
     flops: float
     recompute_flops: float
+    moved: Moved = NOTHING_MOVED  # bytes of the collectives above, per parallel axis
 
     @property
     def backward(self) -> float:
         return self.input_grad + self.weight_grad
 
 
+
+
 def estimate_layer_time(model: ir.Model, layer: Layer, work: Work, device: ir.DeviceType, links: Links,
                         efficiency: Efficiency | None = None) -> LayerTime:
     compute = estimate_layer_compute(model, layer, work, device, efficiency)
-    forward_comm, backward_comm = _layer_comm(model, layer, work, links, compute)
+    moved: dict[str, float] = {}
+    forward_comm, backward_comm = _layer_comm(model, layer, work, links, compute, moved)
     return LayerTime(compute.forward + forward_comm, compute.input_grad + backward_comm, compute.weight_grad,
-                     forward_comm, backward_comm, compute.flops, compute.recompute_flops)
+                     forward_comm, backward_comm, compute.flops, compute.recompute_flops,
+                     Moved(**moved) if moved else NOTHING_MOVED)
 
 
-def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute: LayerCompute) -> tuple[float, float]:
-    """(forward, backward) seconds of communication a layer waits for, per microbatch."""
+def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute: LayerCompute,
+                moved: dict[str, float]) -> tuple[float, float]:
+    """(forward, backward) seconds of communication a layer waits for, per microbatch; `moved` gathers the
+    bytes of those collectives per parallel axis (`Moved`'s fields)."""
+    def count(axis: str, size: float, times: float = 1.0) -> None:
+        if size and times and links_of[axis].size > 1:
+            moved[axis] = moved.get(axis, 0.0) + size * times
+
+    links_of = {"tensor": links.tp, "context": links.cp, "expert": links.ep}
     if isinstance(model, ir.CustomModel) and work.tp > 1:
-        return _torch_layer_comm(layer, work, links)
+        return _torch_layer_comm(layer, work, links, count)
     if not isinstance(model, ir.TransformerModel):
         return 0.0, 0.0  # mlp and written layers are not tensor parallel (cost.memory's defaults)
     element = work.precision.bytes
     activation = work.tokens * model.hidden * element  # one [b, s/cp, h] tensor
     full = work.recompute is ir.Recompute.full
+    # Megatron (Shoeybi et al. 2019, Sec. 3): one all-reduce of [b, s, h]; with sequence parallelism an
+    # all-gather plus a reduce-scatter of the same volume (Korthikanti et al. 2022, Sec. 4.2.2).
+    pair_bytes = 2 * activation if work.sequence_parallel else activation
+    pair = (collective_seconds("all_gather", activation, links.tp)
+            + collective_seconds("reduce_scatter", activation, links.tp)) if work.sequence_parallel \
+        else collective_seconds("all_reduce", activation, links.tp)
 
     def tp_pair() -> float:
-        # Megatron (Shoeybi et al. 2019, Sec. 3): one all-reduce of [b, s, h]; with sequence
-        # parallelism an all-gather plus a reduce-scatter of the same volume (Korthikanti et al. 2022, Sec. 4.2.2).
-        if work.sequence_parallel:
-            return (collective_seconds("all_gather", activation, links.tp)
-                    + collective_seconds("reduce_scatter", activation, links.tp))
-        return collective_seconds("all_reduce", activation, links.tp)
+        count("tensor", pair_bytes)
+        return pair
 
     if layer.kind == "embed":
         return tp_pair(), 0.0  # vocabulary-parallel embedding: partial sums reduced once
     if layer.kind == "head":
         gather = collective_seconds("all_gather", activation, links.tp) if work.sequence_parallel else 0.0
+        count("tensor", activation if work.sequence_parallel else 0.0)
         # Vocabulary-parallel cross entropy: max, sum and target logit per token (3 fp32 all-reduces).
         loss = collective_seconds("all_reduce", 3 * 4 * work.tokens, links.tp)
+        count("tensor", 3 * 4 * work.tokens)
         return gather + loss, tp_pair()
     if layer.kind != "block":
         return 0.0, 0.0
-    pair = tp_pair()
     # After attention and after the MLP, both directions; parallel blocks add the two row-parallel partial
     # sums before one forward reduction (GPT-NeoX's residual), while the backward still reduces each
     # branch's input gradient at its own column-parallel input (Megatron's `f` operator after each norm).
     per_block = 1 if model.parallel_blocks else 2
     forward, backward = per_block * pair, 2 * pair
+    count("tensor", pair_bytes, per_block + 2)
     if model.experts and links.ep.size > 1:
         # Dispatch and combine all-to-alls of the routed tokens (Lepikhin et al. 2020, GShard), twice
         # in each direction; sequence parallelism leaves each tensor-parallel rank 1/t of the tokens.
         routed = work.tokens * model.top_k * model.hidden * element / (work.tp if work.sequence_parallel else 1)
         a2a = collective_seconds("all_to_all", routed, links.ep)
         forward, backward = forward + 2 * a2a, backward + 2 * a2a
+        count("expert", routed, 6 if full else 4)
         if full:
             backward += 2 * a2a
     if links.cp.size > 1 and work.gather_kv:
@@ -134,6 +179,7 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         gather = collective_seconds("all_gather", gathered, links.cp)
         forward += gather
         backward += collective_seconds("reduce_scatter", gathered, links.cp)
+        count("context", gathered, 2 if work.recompute is ir.Recompute.none else 3)
         if work.recompute is not ir.Recompute.none:
             backward += gather
     elif links.cp.size > 1:
@@ -142,6 +188,8 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         # and their gradients (twice the bytes) behind a core twice as long.
         chunk = 2 * work.tokens * kv_width(model) / work.tp * element
         ring = (links.cp.size - 1) * collective_seconds("p2p", chunk, links.cp)
+        # every pass moves all of its chunks, hidden or not: forward 1, backward 2 (and the rerun's 1)
+        count("context", (links.cp.size - 1) * chunk, 3 if work.recompute is ir.Recompute.none else 4)
         exposed = max(0.0, ring - compute.attention)
         forward += exposed
         backward += max(0.0, 2 * ring - 2 * compute.attention)
@@ -149,12 +197,14 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
             backward += exposed
     if full:
         backward += per_block * pair  # the forward's collectives, rerun by the recomputation
+        count("tensor", pair_bytes, per_block)
     elif work.recompute is ir.Recompute.selective_op:
         backward += pair  # the attention half's (wo's reduction, or sequence parallelism's gathers) rerun
+        count("tensor", pair_bytes)
     return forward, backward
 
 
-def _torch_layer_comm(layer: Layer, work: Work, links: Links) -> tuple[float, float]:
+def _torch_layer_comm(layer: Layer, work: Work, links: Links, count) -> tuple[float, float]:
     """(forward, backward) seconds of a torch model's tensor-parallel collectives in one layer, from the dims
     its plan splits (`ir.layers.TP_SPLIT`, a weight [out, in]): a row-split Linear (rowwise) leaves partial
     sums, all-reduced over the axis in the forward ([tokens, out]), and the column-split Linears that feed
@@ -163,7 +213,7 @@ def _torch_layer_comm(layer: Layer, work: Work, links: Links) -> tuple[float, fl
     column-split head (`colwise_gather_output`) all-gathers its logits. Full recomputation reruns the
     forward's collectives in the backward."""
     element = work.precision.bytes
-    forward = backward = 0.0
+    forward = backward = forward_bytes = 0.0
     for param in layer.params:
         if len(param.shape) != 2 or ir_layers.TP_SPLIT not in param.dims:
             continue
@@ -171,14 +221,21 @@ def _torch_layer_comm(layer: Layer, work: Work, links: Links) -> tuple[float, fl
         if param.dims[1] == ir_layers.TP_SPLIT:  # rowwise Linear: [tokens, out] partial sums
             pair = collective_seconds("all_reduce", work.tokens * rows * element, links.tp)
             forward, backward = forward + pair, backward + pair
+            count("tensor", work.tokens * rows * element, 2)
+            forward_bytes += work.tokens * rows * element
         elif layer.name == "embed":  # a vocabulary-split embedding: its [tokens, dim] output
             forward += collective_seconds("all_reduce", work.tokens * columns * element, links.tp)
+            count("tensor", work.tokens * columns * element)
+            forward_bytes += work.tokens * columns * element
         elif layer.name == "head":  # the logits, gathered
             forward += collective_seconds("all_gather", work.tokens * rows * element, links.tp)
             backward += collective_seconds("all_reduce", work.tokens * columns * element, links.tp)
+            count("tensor", work.tokens * (rows + columns) * element)
+            forward_bytes += work.tokens * rows * element
     if work.recompute is ir.Recompute.full:
         backward += forward
+        count("tensor", forward_bytes)
     return forward, backward
 
 
-__all__ = ["Links", "plan_links", "mesh_links", "LayerTime", "estimate_layer_time"]
+__all__ = ["Links", "plan_links", "mesh_links", "LayerTime", "Moved", "NOTHING_MOVED", "estimate_layer_time"]

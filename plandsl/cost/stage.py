@@ -14,7 +14,7 @@ from typing import Sequence
 from plandsl import ir
 from plandsl.cost.comm import collective_seconds
 from plandsl.cost.compute import estimate_optimizer_step, peak_of
-from plandsl.cost.layer import LayerTime, Links
+from plandsl.cost.layer import NOTHING_MOVED, LayerTime, Links, Moved
 from plandsl.cost.memory import FP32_STATES, STATE_BYTES, StateBytes, local_numel
 from plandsl.ir.layers import Layer
 
@@ -38,6 +38,7 @@ class StageTime:
     recompute_flops: float
     dense_params: float  # parameters held per device (after tensor/expert parallelism)
     expert_params: float
+    moved: Moved = NOTHING_MOVED  # bytes its collectives move (layers' and ZeRO-2/3's), per microbatch
 
     @property
     def backward(self) -> float:
@@ -74,12 +75,14 @@ def stage_time(times: Sequence[LayerTime], params: Sequence[tuple[int, int]], ze
                         sum(t.weight_grad for t in times), sum(t.forward_comm + t.backward_comm for t in times),
                         sum(t.flops for t in times), sum(t.recompute_flops for t in times),
                         float(sum(p[0] for p in params)), float(sum(p[1] for p in params)),
-                        zero_stage, element, links, units or len(times), grad_bytes)
+                        zero_stage, element, links, units or len(times), grad_bytes,
+                        sum((t.moved for t in times), NOTHING_MOVED))
 
 
 def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: float, flops: float,
                  recompute_flops: float, dense: float, expert: float, zero_stage: int, element: int,
-                 links: Links, units: int = 1, grad_bytes: int = STATE_BYTES) -> StageTime:
+                 links: Links, units: int = 1, grad_bytes: int = STATE_BYTES,
+                 moved: Moved = NOTHING_MOVED) -> StageTime:
     """A stage's microbatch with ZeRO's per-microbatch traffic, one collective per unit.
 
     ZeRO-3 all-gathers every unit's parameters before its forward and again before its backward,
@@ -109,7 +112,14 @@ def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: fl
         longer_backward = overlapped(backward, gather + scatter, gather)
         comm += (longer_forward - forward) + (longer_backward - backward)
         forward, input_grad = longer_forward, input_grad + longer_backward - backward
-    return StageTime(forward, input_grad, weight_grad, comm, flops, recompute_flops, dense, expert)
+        moved = moved + Moved(data=_data_bytes(dense, expert, grad_bytes, links)
+                              + (2 * _data_bytes(dense, expert, element, links) if zero_stage >= 3 else 0.0))
+    return StageTime(forward, input_grad, weight_grad, comm, flops, recompute_flops, dense, expert, moved)
+
+
+def _data_bytes(dense: float, expert: float, element: float, links: Links) -> float:
+    """Bytes of one collective over the data (+expert) axes of these parameters (`_over_data`'s buffers)."""
+    return (dense * element if links.data.size > 1 else 0.0) + (expert * element if links.expert_data.size > 1 else 0.0)
 
 
 def _over_data(collective: str, dense: float, expert: float, element: int, links: Links) -> float:
@@ -124,6 +134,7 @@ class RankTail:
 
     exposed: float
     optimizer: float
+    moved: float = 0.0  # bytes its data-parallel collectives move
 
 
 def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, int], element: int,
@@ -145,20 +156,24 @@ def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, 
     expert = sum(s.expert_params for s in stages)
     backward = sum(s.backward for s in stages)
     forward = sum(s.forward for s in stages)
-    exposed = 0.0
+    exposed = moved = 0.0
     if zero_stage == 0:
         exposed = max(0.0, _over_data("all_reduce", dense, expert, grad_bytes, links) - backward)
+        moved = _data_bytes(dense, expert, grad_bytes, links)
     elif zero_stage == 1:
         exposed = max(0.0, _over_data("reduce_scatter", dense, expert, grad_bytes, links) - backward)
         exposed += max(0.0, _over_data("all_gather", dense, expert, element, links) - forward)
+        moved = _data_bytes(dense, expert, grad_bytes, links) + _data_bytes(dense, expert, element, links)
     elif zero_stage == 2:
         exposed = max(0.0, _over_data("all_gather", dense, expert, element, links) - forward)
+        moved = _data_bytes(dense, expert, element, links)
     dense_degree, expert_degree = degrees
     if links.replicate.size > 1:
         shard = dense / dense_degree + expert / expert_degree
         exposed += max(0.0, collective_seconds("all_reduce", shard * grad_bytes, links.replicate) - backward)
+        moved += shard * grad_bytes
     owned = dense + expert if zero_stage == 0 else math.ceil(dense / dense_degree) + math.ceil(expert / expert_degree)
-    return RankTail(exposed, estimate_optimizer_step(owned, device, optimizer, precision, states))
+    return RankTail(exposed, estimate_optimizer_step(owned, device, optimizer, precision, states), moved)
 
 
 def slowest(devices: Sequence[ir.DeviceType], precision: ir.Precision) -> ir.DeviceType:

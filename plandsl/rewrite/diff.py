@@ -186,18 +186,21 @@ METRICS = (
     ("tokens_per_s", "tokens/s", lambda e: e.tokens_per_s, ""),
     ("peak_memory_bytes", "memory per device", lambda e: e.peak_memory_bytes, "B"),
     ("exposed_comm_s", "comm exposed", lambda e: e.time.communication, "s"),
+    ("comm_bytes", "comm volume", lambda e: e.communication.total, "B"),
 )
 """What each plan's estimate predicts, as `plandsl estimate` prints it: the step time; tokens per second;
 memory per device, the peak over devices (`PlanEstimate.peak_memory_bytes`, the worst device of the worst
-pipeline rank); and the communication the step waits for, in seconds (`TimeBreakdown.communication`: the
+pipeline rank); the communication the step waits for, in seconds (`TimeBreakdown.communication`: the
 busiest rank's tensor/expert/context/ZeRO-2/3 collectives inside F and B plus the data-parallel reduction
-not hidden behind the backward). The cost model prices each collective in seconds and keeps no byte count
-per step, so the diff reports this exposed time rather than a volume."""
+not hidden behind the backward); and the communication volume per step, the bytes one device of the busiest
+pipeline rank moves (`PlanEstimate.communication`: every collective and pipeline message of the step, hidden or
+not, at the sizes the cost model prices them)."""
 
 
 def predictions(a: ir.Plan, b: ir.Plan, old: PlanEstimate, new: PlanEstimate) -> tuple[Prediction, ...]:
     """Each metric of `METRICS` for both plans; not comparable where the plans train different models (every
-    metric) or run on different clusters (the times: other hardware; memory per device still compares)."""
+    metric) or run on different clusters (the times: other hardware; memory and communication volume per device
+    still compare)."""
     other_model = _dump(a.model) != _dump(b.model)
     other_cluster = _dump(a.cluster) != _dump(b.cluster)
     result = []
@@ -205,7 +208,7 @@ def predictions(a: ir.Plan, b: ir.Plan, old: PlanEstimate, new: PlanEstimate) ->
         why = None
         if other_model:
             why = "the plans train different models"
-        elif other_cluster and metric != "peak_memory_bytes":
+        elif other_cluster and metric not in ("peak_memory_bytes", "comm_bytes"):  # bytes are not the hardware's
             why = "the plans run on different clusters"
         result.append(Prediction(metric, value(old), value(new), why is None, why))
     return tuple(result)
@@ -267,7 +270,7 @@ def format_diff(diff: PlanDiff) -> str:
         note = f"   not comparable: {prediction.why}" if not prediction.comparable else f"   ({relative})"
         lines.append(f"    {label:<26} {_figure(prediction.old, unit)} -> {_figure(prediction.new, unit)}{note}")
     lines.append("  memory per device: the peak over devices; comm exposed: the seconds of communication the step "
-                 "waits for (the cost model keeps no byte volume per step)")
+                 "waits for; comm volume: the bytes one device of the busiest pipeline rank moves per step")
     return "\n".join(lines)
 
 

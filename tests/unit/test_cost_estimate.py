@@ -12,6 +12,7 @@ from plandsl.cost.comm import collective_seconds
 from plandsl.cost.estimate import estimate_plan
 from plandsl.cost.layer import plan_links
 from plandsl.cost.stage import rank_tail
+from tests.conftest import STDLIB
 from plandsl.cost.pipeline import estimate_stage_costs
 from plandsl.ir.placement import assign_stages
 
@@ -250,3 +251,28 @@ def test_estimate_and_simulate_text(command, golden):
     assert result.exit_code == 0, result.output
     assert "bubble" in result.output and "idle time of the busiest rank / makespan" in result.output
     golden(f"cli/{command}_gpt3_175b_3d.txt", result.output)
+
+
+def test_communication_volume_counts_each_axis_as_the_layout_moves_it():
+    """`PlanEstimate.communication`: the bytes one device of the busiest pipeline rank moves in a step. For the
+    stdlib's GPT-3 175B (tp 8 with SP, pp 8 interleaved v 2, dp 16 ZeRO-1, full recompute, micro-batch 1, 96
+    microbatches): per block and microbatch 6 SP pairs (2 forward, 2 backward, 2 rerun) of an all-gather and a
+    reduce-scatter of [s, h] bf16; a pipeline message in and out at each edge to another rank; the ZeRO-1
+    reduce-scatter of fp32 gradients and all-gather of bf16 parameters once a step."""
+    from plandsl.cost.estimate import plan_work, pipeline_message_bytes
+    plan = api.load_plan(STDLIB / "examples" / "gpt3_175b_3d.plan")
+    estimate = api.estimate(plan)
+    moved = estimate.communication
+    s, h = 2048, 12288
+    pair = 2 * s * h * 2
+    blocks_per_rank = 96 // 8
+    assert moved.tensor >= 96 * blocks_per_rank * 6 * pair
+    assert moved.tensor < 96 * (blocks_per_rank * 6 * pair + 8 * pair)  # plus the embedding's and head's
+    message = pipeline_message_bytes(plan.model, plan_work(plan))
+    assert message == s * h * 2 / 8
+    assert moved.pipeline in (96 * 2 * 3 * message, 96 * 2 * 4 * message)  # 3 edges on the first/last rank, else 4
+    assert moved.context == moved.expert == 0
+    params = max(m.params for m in estimate.memory) / 4  # fp32 parameters held per device
+    assert moved.data == pytest.approx(params * (4 + 2), rel=0.1)
+    dp_only = api.estimate(api.load_plan(STDLIB / "examples" / "data_parallel.plan")).communication
+    assert dp_only.tensor == dp_only.pipeline == 0 and dp_only.data > 0

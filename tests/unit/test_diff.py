@@ -81,7 +81,8 @@ def test_other_model_and_cluster_are_diffed_and_predictions_marked_not_comparabl
     plan = api.load_plan(ROOT / DP)
     other = plan.model_copy(update={"cluster": api.load_plan(ROOT / GPT3).cluster})
     marked = {p.metric: p.comparable for p in diff_plans(plan, other).predictions}
-    assert marked == {"step_time_s": False, "tokens_per_s": False, "peak_memory_bytes": True, "exposed_comm_s": False}
+    assert marked == {"step_time_s": False, "tokens_per_s": False, "peak_memory_bytes": True, "exposed_comm_s": False,
+                      "comm_bytes": True}
 
 
 def test_a_model_of_the_same_name_lists_the_fields_that_differ():
