@@ -342,6 +342,7 @@ def test_the_interop_doc_commands_run_as_shown(tmp_path, monkeypatch):
         assert result.exit_code == 0, f"{line}\n{result.output}"
     assert (tmp_path / "llama3_8b.plan").read_text(encoding="utf-8") == plan
     assert (tmp_path / "llama3_8b.args").read_text(encoding="utf-8") == exported
+    assert "<svg" in (tmp_path / "llama3_8b.html").read_text(encoding="utf-8")  # the rendered report
     refused = next(text for language, text in blocks if text.startswith("$ plandsl export"))
     command, *shown = refused.splitlines()
     monkeypatch.chdir(ROOT)
