@@ -112,9 +112,14 @@ def load_runnable(path: str | Path, name: str | None = None, params: dict[str, A
     interpreter cannot run the plan (`plandsl.runtime.support`); `cuda`: whether the ranks run on CUDA
     (None: whether this machine has it, as `run` without `--device` decides)."""
     from plandsl.runtime.support import refusals  # stage
+    return _load_unrefused(path, name, params, lambda plan: refusals(plan, cuda=cuda))
+
+
+def _load_unrefused(path, name, params, refusals: Callable[[ir.Plan], list[Diagnostic]]) -> ir.Plan:
+    """The checked plan, or PlanError with what `refusals` finds in it (with the file's sources)."""
     analysis = check(path, params)
     plan = select_plan(_document(analysis), name)
-    refused = refusals(plan, cuda=cuda)
+    refused = refusals(plan)
     if refused:
         raise PlanError(refused, analysis.sources)
     return plan
@@ -530,12 +535,7 @@ def load_launchable(path: str | Path, name: str | None = None, params: dict[str,
     plan (`cuda`: whether they run on GPUs, as a cluster's nodes do), and E707 when one TorchX job cannot start
     its nodes."""
     from plandsl.runtime.submit import refusals  # stage
-    analysis = check(path, params)
-    plan = select_plan(_document(analysis), name)
-    refused = refusals(plan, cuda=cuda)
-    if refused:
-        raise PlanError(refused, analysis.sources)
-    return plan
+    return _load_unrefused(path, name, params, lambda plan: refusals(plan, cuda=cuda))
 
 
 def launch_refusals(plan: ir.Plan, cuda: bool = True) -> list[Diagnostic]:

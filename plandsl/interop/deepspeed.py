@@ -16,12 +16,10 @@ import json
 import re
 
 from plandsl import ir
-from plandsl.check.analysis import analyze
 from plandsl.diagnostics import Diagnostic, did_you_mean, diag
 from plandsl.diagnostics.source import SourceFile
 from plandsl.interop.cluster import cluster_devices, cluster_lines, stdlib_imports
-from plandsl.interop.result import Exported, Imported
-from plandsl.syntax.format import format_text
+from plandsl.interop.result import Exported, Imported, loser, checked
 
 TARGET = "deepspeed"
 VERSION = "DeepSpeed 0.19.8"
@@ -42,10 +40,7 @@ SGD_MOMENTUM = 0.9   # plandsl's sgd (runtime/optim.py)
 def export_plan(plan: ir.Plan) -> Exported:
     lost: list[Diagnostic] = []
 
-    def lose(message: str, field: str, hint: str | None = None) -> None:
-        node = getattr(plan, field, None)
-        span = getattr(node, "span", None) or plan.span_of(field)
-        lost.append(diag("E808", f"DeepSpeed's config cannot express {message}", span, hint=hint))
+    lose = loser(plan, "DeepSpeed's config", lost)
 
     train = plan.train
     for what, degree, field in (("tensor", plan.tp, "tensor"), ("pipeline", plan.pp, "stages"),
@@ -207,9 +202,4 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
         f"optimizer: {OPTIMIZERS[kind].value}, lr: {float(lr)!r}, warmup_steps: {warmup}, "
         f"grad_clip: {repr(float(clip)) if clip else 'none'} }}",
         f"  data = {data} over dp", "}"]
-    formatted = format_text("\n".join(lines) + "\n", plan_path)
-    analysis = analyze(plan_path, text=formatted)
-    sources.update(analysis.sources)
-    if not analysis.ok:
-        return Imported(None, tuple(analysis.diagnostics), sources, tuple(ignored))
-    return Imported(formatted, tuple(analysis.diagnostics), sources, tuple(ignored))
+    return checked("\n".join(lines) + "\n", plan_path, sources, ignored)

@@ -12,7 +12,7 @@ import shlex
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, diag
-from plandsl.interop.result import Exported
+from plandsl.interop.result import Exported, loser
 from plandsl.ir.placement import assign_stages
 
 TARGET = "megatron"
@@ -109,10 +109,7 @@ def export_plan(plan: ir.Plan) -> Exported:
     args: list[tuple[str, str | None]] = []
     lost: list[Diagnostic] = []
 
-    def lose(message: str, field: str, hint: str | None = None) -> None:
-        node = getattr(plan, field, None)
-        span = getattr(node, "span", None) or plan.span_of(field)
-        lost.append(diag("E808", f"Megatron-LM cannot express {message}", span, hint=hint))
+    lose = loser(plan, "Megatron-LM", lost)
 
     _model_args(plan, args, lose)
     _train_args(plan, args, lose)

@@ -13,14 +13,12 @@ import re
 from dataclasses import dataclass
 
 from plandsl import ir
-from plandsl.check.analysis import analyze
 from plandsl.diagnostics import Diagnostic, did_you_mean, diag
 from plandsl.diagnostics.source import SourceFile, Span
 from plandsl.interop import megatron as facts
 from plandsl.interop.flags import Flag, read_flags
-from plandsl.interop.result import Imported
+from plandsl.interop.result import Imported, checked
 from plandsl.interop.cluster import cluster_devices, cluster_lines
-from plandsl.syntax.format import format_text
 
 KNOWN = (*facts.INT_FLAGS, *facts.FLOAT_FLAGS, *facts.CHOICE_FLAGS, *facts.TEXT_FLAGS, *facts.SWITCHES)
 
@@ -63,12 +61,7 @@ def import_flags(text: str, path: str, world_size: int | None = None, cluster: s
     plan = _plan_text(read, world_size, cluster, name)
     if read.problems or plan is None:
         return Imported(None, tuple(read.problems), sources, tuple(read.ignored))
-    formatted = format_text(plan, plan_path)
-    analysis = analyze(plan_path, text=formatted)
-    sources.update(analysis.sources)
-    if not analysis.ok:
-        return Imported(None, tuple(analysis.diagnostics), sources, tuple(read.ignored))
-    return Imported(formatted, tuple(analysis.diagnostics), sources, tuple(read.ignored))
+    return checked(plan, plan_path, sources, read.ignored)
 
 
 # ---- reading the flags ----------------------------------------------------------------------------------------
@@ -487,6 +480,13 @@ def _stages(read: _Read, layers: int, pp: int) -> list[str] | None:
     if pp == 1:
         return []
     virtual = len(counts) // pp
+    return stages_lines(counts, virtual) + ["  }", f"  schedule = {'interleaved_1f1b' if virtual > 1 else '1f1b'}"]
+
+
+def stages_lines(counts: list[tuple[bool, int, bool]], virtual: int) -> list[str]:
+    """A `stages { ... }` block's opening and entries for stages that hold (the embedding, blocks, the norm
+    and head) in order, runs of equal block-only stages as one `FIRST..END: layers[a:b]` entry; the caller
+    closes it (and may add `map = vshape` first)."""
     lines, start, index = ["  stages {"], 0, 0
     while index < len(counts):
         embed, blocks, head = counts[index]
@@ -498,7 +498,7 @@ def _stages(read: _Read, layers: int, pp: int) -> list[str] | None:
         start, index = start + total, end
     if virtual > 1:
         lines.append(f"    virtual = {virtual}")
-    return lines + ["  }", f"  schedule = {'interleaved_1f1b' if virtual > 1 else '1f1b'}"]
+    return lines
 
 
 def _even_run(counts: list[tuple[bool, int, bool]], first: int) -> int:

@@ -6,9 +6,23 @@ plan or on flags, it returns their problems as Diagnostics (`lost`, `diagnostics
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
-from plandsl.diagnostics import Diagnostic
+from plandsl import ir
+from plandsl.check.analysis import analyze
+from plandsl.diagnostics import Diagnostic, diag
 from plandsl.diagnostics.source import SourceFile
+from plandsl.syntax.format import format_text
+
+
+def loser(plan: ir.Plan, tool: str, lost: list[Diagnostic]) -> Callable[..., None]:
+    """`lose(message, field, hint=None)`: appends to `lost` the E808 "{tool} cannot express {message}" at the
+    plan's attribute `field` (where it was written, else the plan)."""
+    def lose(message: str, field: str, hint: str | None = None) -> None:
+        node = getattr(plan, field, None)
+        span = getattr(node, "span", None) or plan.span_of(field)
+        lost.append(diag("E808", f"{tool} cannot express {message}", span, hint=hint))
+    return lose
 
 
 @dataclass(frozen=True)
@@ -32,3 +46,12 @@ class Imported:
     @property
     def ok(self) -> bool:
         return self.text is not None and not any(d.is_error for d in self.diagnostics)
+
+
+def checked(plan: str, plan_path: str, sources: dict[str, SourceFile], ignored=()) -> "Imported":
+    """An import's plan text, formatted and checked: the plan, or the checker's diagnostics on it (`sources`
+    gains the files they point into)."""
+    formatted = format_text(plan, plan_path)
+    analysis = analyze(plan_path, text=formatted)
+    sources.update(analysis.sources)
+    return Imported(formatted if analysis.ok else None, tuple(analysis.diagnostics), sources, tuple(ignored))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, diag
-from plandsl.interop.result import Exported
+from plandsl.interop.result import Exported, loser
 from plandsl.ir.placement import assign_stages
 
 TARGET = "torchtitan"
@@ -84,10 +84,7 @@ def export_plan(plan: ir.Plan) -> Exported:
     args: list[tuple[str, str | None]] = []
     lost: list[Diagnostic] = []
 
-    def lose(message: str, field: str, hint: str | None = None) -> None:
-        node = getattr(plan, field, None)
-        span = getattr(node, "span", None) or plan.span_of(field)
-        lost.append(diag("E808", f"torchtitan cannot express {message}", span, hint=hint))
+    lose = loser(plan, "torchtitan", lost)
 
     config = config_of(plan.model)
     if config is None:

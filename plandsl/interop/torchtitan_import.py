@@ -12,15 +12,13 @@ from __future__ import annotations
 import math
 import re
 
-from plandsl.check.analysis import analyze
 from plandsl.diagnostics import diag, did_you_mean
 from plandsl.diagnostics.source import SourceFile
 from plandsl.interop import torchtitan as facts
 from plandsl.interop.cluster import cluster_devices, cluster_lines
 from plandsl.interop.flags import Flag, read_flags
-from plandsl.interop.megatron_import import _even_run, _Read
-from plandsl.interop.result import Imported
-from plandsl.syntax.format import format_text
+from plandsl.interop.megatron_import import _Read, stages_lines
+from plandsl.interop.result import Imported, checked
 
 P, T, O = "--parallelism.", "--training.", "--lr_scheduler."
 INT_FLAGS = (*facts.DEGREES.values(), facts.EXPERT_DEGREE, P + "pipeline_parallel_microbatch_size",
@@ -82,12 +80,7 @@ def import_flags(text: str, path: str, world_size: int | None = None, cluster: s
     if not read.problems:
         plan = _plan_text(read, world_size, cluster, name)
         if plan is not None and not read.problems:
-            formatted = format_text(plan, plan_path)
-            analysis = analyze(plan_path, text=formatted)
-            sources.update(analysis.sources)
-            if not analysis.ok:
-                return Imported(None, tuple(analysis.diagnostics), sources, tuple(read.ignored))
-            return Imported(formatted, tuple(analysis.diagnostics), sources, tuple(read.ignored))
+            return checked(plan, plan_path, sources, read.ignored)
     return Imported(None, tuple(read.problems), sources, tuple(read.ignored))
 
 
@@ -369,18 +362,7 @@ def _stages(read: _Read, values: dict, layers: int, pp: int) -> list[str] | None
         return None
     counts = [("tok_embeddings" in part, sum(m.startswith("layers.") for m in part), "lm_head" in part)
               for part in parts]
-    virtual = len(parts) // pp
-    lines, start, index = ["  stages {"], 0, 0
-    while index < len(counts):
-        embed, blocks, head = counts[index]
-        end = _even_run(counts, index) if blocks and not embed and not head else index + 1
-        total = sum(count for _, count, _ in counts[index:end])
-        names = (["embed"] if embed else []) + ([f"layers[{start}:{start + total}]"] if total else []) \
-            + (["norm", "head"] if head else [])
-        lines.append(f"    {index}{f'..{end}' if end > index + 1 else ''}: {', '.join(names)}")
-        start, index = start + total, end
-    if virtual > 1:
-        lines.append(f"    virtual = {virtual}")
+    lines = stages_lines(counts, len(parts) // pp)
     if PLAN_SCHEDULE[schedule] in ("zbv", "dualpipev"):
         lines.append("    map = vshape")
     return lines + ["  }", f"  schedule = {PLAN_SCHEDULE[schedule]}"]

@@ -15,6 +15,7 @@ from plandsl import api
 from plandsl.render import render, render_bytes
 from plandsl.render.output import graphviz_available, readable_titles
 from plandsl.render.schedule import FILLS, chunk_fills
+from tests.unit.test_render import LONG_PIPELINE  # 128 blocks over 64 pipeline ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 STDLIB = ROOT / "stdlib_plans"
@@ -205,20 +206,6 @@ def test_readable_titles_replace_ids_with_tooltips():
     assert "<title>rank 0 · stage 1</title>" in out and "b0_1" not in out and "t0_0" not in out
     ElementTree.fromstring(f'<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink">'
                            f'{out}</svg>')
-
-
-LONG_PIPELINE = """\
-import "clusters/dgx_h100"
-model deep = gpt(layers=128, hidden=2048, heads=16, seq=1024, vocab=50304)
-plan long_pipeline {
-  model    = deep
-  cluster  = dgx_h100 x 8
-  mesh     = [pp = 64]
-  train    = { global_batch: 256, micro_batch: 1, precision: bf16, recompute: full }
-  stages   = evenly over pp
-  schedule = 1f1b
-}
-"""
 
 
 def test_a_64_rank_overview_draws_16_ranks_of_the_window_and_stays_small():
