@@ -78,7 +78,10 @@ class _StatesIn:
             state = optimizer.state[params[index]]
             for key, value in values.items():
                 if key != "step" and torch.is_tensor(value) and value.is_floating_point():
-                    state[key] = value.to(device=state[key].device, dtype=optimizer.state_dtype)
+                    restored = value.to(dtype=optimizer.state_dtype)  # a DTensor stays on its mesh
+                    if restored.device != state[key].device:
+                        restored = restored.to(state[key].device)
+                    state[key] = restored
 
     @torch.no_grad()
     def step(self, closure=None):
