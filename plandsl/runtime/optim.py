@@ -67,21 +67,24 @@ class _StatesIn:
 
     @staticmethod
     def _stash(optimizer, state_dict):
-        optimizer._loading = {index: dict(state) for index, state in state_dict["state"].items()}
+        # the saved groups name their parameters (indices, or the FQNs DCP's set_state_dict writes) in the
+        # order of the optimizer's own groups, as torch's load_state_dict pairs them
+        keys = [key for group in state_dict["param_groups"] for key in group["params"]]
+        optimizer._loading = (keys, {key: dict(state) for key, state in state_dict["state"].items()})
         return None
 
     @staticmethod
     def _restore(optimizer) -> None:
-        loading = optimizer.__dict__.pop("_loading", {})
-        params = [param for group in optimizer.param_groups for param in group["params"]]
-        for index, values in loading.items():
-            state = optimizer.state[params[index]]
-            for key, value in values.items():
-                if key != "step" and torch.is_tensor(value) and value.is_floating_point():
+        keys, loading = optimizer.__dict__.pop("_loading", ((), {}))
+        params = dict(zip(keys, (param for group in optimizer.param_groups for param in group["params"])))
+        for key, values in loading.items():
+            state = optimizer.state[params[key]]
+            for name, value in values.items():
+                if name != "step" and torch.is_tensor(value) and value.is_floating_point():
                     restored = value.to(dtype=optimizer.state_dtype)  # a DTensor stays on its mesh
-                    if restored.device != state[key].device:
-                        restored = restored.to(state[key].device)
-                    state[key] = restored
+                    if restored.device != state[name].device:
+                        restored = restored.to(state[name].device)
+                    state[name] = restored
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -52,3 +52,17 @@ def test_state_dtypes_run_and_match_one_process(data, precision, dtypes, optimiz
     for result in results:
         assert (result["optimizer"], result["params"], result["states"]) == (optimizer, params, states)
     assert results[0]["report"]["loss_diff"] <= 1e-3, results[0]["report_text"]
+
+
+def test_16_bit_states_resume_from_a_checkpoint_as_if_never_stopped(tmp_path):
+    """bf16 Adam states through a DCP checkpoint: 2 steps, then 2 more resumed, lose what 4 uninterrupted steps
+    lose (the states come back in bf16, not widened by torch's load, nor rounded twice)."""
+    from tests.distributed.ranks import train
+    text = _PLAN.format(precision="bf16", dtypes="optimizer_dtype: bf16", data="zero3")
+    whole = run_ranks(2, train, text, steps=4, deadline_s=120)[0]["losses"]
+    first = run_ranks(2, train, text, steps=2, checkpoint_dir=tmp_path / "ck", deadline_s=120)
+    second = run_ranks(2, train, text, steps=4, checkpoint_dir=tmp_path / "ck", resume=True, deadline_s=120)
+    assert [r["status"] for r in first + second] == [0] * 4
+    assert second[0]["first_step"] == 2
+    for got, want in zip(first[0]["losses"] + second[0]["losses"], whole):
+        assert abs(got - want) <= 1e-5 * abs(want), (got, want)
