@@ -60,8 +60,7 @@ def export_plan(plan: ir.Plan) -> Exported:
     if train.precision is ir.Precision.fp8:
         lose("precision: fp8 (Transformer Engine's FP8 is the model code's, not the JSON's)", "train",
              hint="precision: bf16 is what the JSON can say")
-    kept = [f"{key}: {getattr(train, key).value}" for key in ("master_dtype", "grad_dtype", "optimizer_dtype")
-            if getattr(train, key) is not ir.Precision.fp32]
+    kept = [f"{key}: {value.value}" for key, value in train.given_dtypes().items()]
     if kept:
         lose(f"{', '.join(kept)} (DeepSpeed keeps fp32 master weights and optimizer states under bf16 and fp16)",
              "train")

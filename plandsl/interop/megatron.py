@@ -184,7 +184,7 @@ def _dtype_args(plan: ir.Plan, args: list, lose) -> None:
     """master_dtype, grad_dtype and optimizer_dtype as Megatron-Core's precision-aware optimizer flags, which
     it takes with Adam and the distributed optimizer only (OptimizerConfig.__post_init__)."""
     train = plan.train
-    given = {key: getattr(train, key).value for key in DTYPE_FLAGS if getattr(train, key) is not ir.Precision.fp32}
+    given = {key: value.value for key, value in train.given_dtypes().items()}
     if not given:
         return
     if train.optimizer is not ir.Optimizer.adam or plan.data is None or plan.data.zero_stage < 1:

@@ -219,12 +219,12 @@ def _train_args(plan: ir.Plan, args: list, lose, degrees: dict[str, int]) -> Non
     else:
         lose(f"precision: {train.precision.value} (torchtitan trains in bfloat16 or float32; its float8 is a "
              "model converter of other config functions)", "train", hint="use precision: bf16")
-    dtypes = {key: getattr(train, key) for key in ("master_dtype", "grad_dtype", "optimizer_dtype")}
+    dtypes = {key: getattr(train, key) for key in ir.KEPT_DTYPE_KEYS}
     if all(value is ir.Precision.bf16 for value in dtypes.values()) and train.precision is ir.Precision.bf16:
         args.append(("--training.dtype", "bfloat16"))  # everything bf16, no fp32 copy (TrainingConfig.dtype)
     else:
-        if any(value is not ir.Precision.fp32 for value in dtypes.values()):
-            kept = ", ".join(f"{k}: {v.value}" for k, v in dtypes.items() if v is not ir.Precision.fp32)
+        if train.given_dtypes():
+            kept = ", ".join(f"{k}: {v.value}" for k, v in train.given_dtypes().items())
             lose(f"{kept} (torchtitan keeps fp32 weights, gradients and optimizer states, or, with --training.dtype "
                  "bfloat16, all three in bf16)", "train")
         args.append(("--training.dtype", "float32"))

@@ -59,6 +59,8 @@ class Precision(str, Enum):
 
 KEPT_DTYPES = (Precision.fp32, Precision.bf16, Precision.fp16)
 """The dtypes `master_dtype`, `grad_dtype` and `optimizer_dtype` take (no FP8 weights, gradients or states)."""
+KEPT_DTYPE_KEYS = ("master_dtype", "grad_dtype", "optimizer_dtype")
+"""The train keys of the dtypes training keeps (weights, gradients, optimizer states), fp32 by default."""
 
 
 class Recompute(str, Enum):
@@ -326,6 +328,10 @@ class Training(Node):
     warmup_steps: int = Field(default=0, ge=0)
     grad_clip: Optional[float] = Field(default=1.0, gt=0)
     seed: int = 0
+
+    def given_dtypes(self) -> dict[str, Precision]:
+        """The kept dtypes (`KEPT_DTYPE_KEYS`) set to other than their default, fp32, by key."""
+        return {key: getattr(self, key) for key in KEPT_DTYPE_KEYS if getattr(self, key) is not Precision.fp32}
 
     def block_recompute(self, index: int) -> Recompute:
         """The recomputation of a stage's (virtual chunk's) `index`-th transformer block, from 0."""

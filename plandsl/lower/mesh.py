@@ -103,7 +103,7 @@ def training(scope: Scope, expr: s.Expr) -> ir.Training:
                                             maximum=limits.TRAIN.get(key))
             elif key == "precision":
                 values[key] = scope.word(item.value, tuple(p.value for p in ir.Precision), "precision")
-            elif key in ("master_dtype", "grad_dtype", "optimizer_dtype"):
+            elif key in ir.KEPT_DTYPE_KEYS:
                 values[key] = scope.word(item.value, tuple(p.value for p in ir.KEPT_DTYPES), "dtype")
             elif key == "recompute":
                 values[key] = scope.word(item.value, tuple(r.value for r in ir.Recompute), "recompute mode")

@@ -232,8 +232,7 @@ def _train_edits(partial: Partial, c: Candidate) -> list[tuple[int, int, str]]:
         items = {key: _literal(getattr(train, key)) for key in ("global_batch", "seq", "precision", "optimizer", "lr",
                                                                  "lr_schedule", "warmup_steps", "grad_clip", "seed")
                  if getattr(train, key) is not None or key == "grad_clip"}
-        items.update({key: getattr(train, key).value for key in ("master_dtype", "grad_dtype", "optimizer_dtype")
-                      if getattr(train, key) is not ir.Precision.fp32})
+        items.update({key: value.value for key, value in train.given_dtypes().items()})
     items.update(wanted)
     value = attr.value
     return [(value.span.start, value.span.end, "{ " + ", ".join(f"{k}: {v}" for k, v in items.items()) + " }")]

@@ -44,7 +44,7 @@ class Problem:
 
     def dtype_items(self) -> list[str]:
         """The train items of the dtypes that are not the default (fp32), as a plan writes them."""
-        return [f"{key}: {getattr(self, key).value}" for key in ("master_dtype", "grad_dtype", "optimizer_dtype")
+        return [f"{key}: {getattr(self, key).value}" for key in ir.KEPT_DTYPE_KEYS
                 if getattr(self, key) is not ir.Precision.fp32]
 
 
