@@ -1,4 +1,4 @@
-"""Model shapes (E220-E225): the sizes a gpt or llama model needs for its torch module to run.
+"""Model shapes (E220-E229): the sizes a gpt or llama model needs for its torch module to run.
 
 Stage: checker. Contract: `check_model(plan)` yields one diagnostic per shape rule the plan's model
 breaks, each at the argument that breaks it, with a hint whose numbers give a model that obeys every
@@ -11,7 +11,12 @@ reference model's own requirements (`plandsl.runtime.models`, whose constructors
 - E222 llama's head dimension even: rotary embeddings rotate each head's two halves together;
 - E223 `1 <= top_k <= experts` in a mixture of experts: each token picks its top_k experts (`topk`);
 - E224 a gpt's training sequence no longer than its `seq`: learned positions hold one row each;
-- E225 `shared_experts` only beside routed `experts` (they join a mixture-of-experts layer).
+- E225 `shared_experts` only beside routed `experts` (they join a mixture-of-experts layer);
+- E226 multi-head latent attention's other arguments only with `kv_lora_rank` (which turns it on); under it the
+  head dims are its own (E220 does not apply) and E222 asks for an even `qk_rope_head_dim`;
+- E227 under MLA `kv_heads` equal to `heads`: each head up-projects its own keys and values from the latent;
+- E228 `dense_layers` fewer than `layers` (some block must be a mixture of experts);
+- E229 `dense_layers` and `dense_ffn` only on a mixture of experts, and `dense_ffn` only with `dense_layers`.
 """
 from __future__ import annotations
 
@@ -33,20 +38,70 @@ def model_shapes(model: ir.Model, tp: int = 1, seq: int | None = None, seq_span=
     `seq_span` where it is set and `seq_item` the `seq: N` item that sets it, when written."""
     if not isinstance(model, ir.TransformerModel):
         return
-    if model.hidden % model.heads:
-        yield _hidden_heads(model, tp)
-    elif model.kind == "llama" and (model.hidden // model.heads) % 2:
-        yield _odd_head_dim(model, tp)
-    if model.heads % model.kv_heads:
-        yield _kv_heads(model, tp)
+    if model.latent_attention:
+        yield from _latent_attention(model)
+    else:
+        if model.hidden % model.heads:
+            yield _hidden_heads(model, tp)
+        elif model.kind == "llama" and (model.hidden // model.heads) % 2:
+            yield _odd_head_dim(model, tp)
+        if model.heads % model.kv_heads:
+            yield _kv_heads(model, tp)
+        written = [key for key in LATENT_ARGUMENTS if getattr(model, key)]
+        if written:
+            yield diag("E226", f"{', '.join(f'{key}={getattr(model, key)}' for key in written)} without kv_lora_rank: "
+                       "multi-head latent attention is on only with a key/value latent", model.span_of(written[0]),
+                       hint="add kv_lora_rank=N (DeepSeek-V3: 512), or drop "
+                            f"{' and '.join(written)} for grouped-query attention")
     if model.experts and not 1 <= model.top_k <= model.experts:
         yield _top_k(model)
     if model.shared_experts and not model.experts:
         yield diag("E225", f"shared_experts ({model.shared_experts}) on model '{model.name}', which has no experts: "
                    "shared experts sit beside routed ones in a mixture-of-experts layer", model.span_of("shared_experts"),
                    hint="add experts=N (and top_k), or drop shared_experts and widen ffn")
+    yield from _dense_layers(model)
     if model.kind == "gpt" and seq is not None and seq > model.seq:
         yield _positions(model, seq, seq_span, seq_item)
+
+
+LATENT_ARGUMENTS = ("q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+"""MLA's arguments besides kv_lora_rank, which turns it on (`lower.model.LATENT_ATTENTION`)."""
+
+
+def _latent_attention(model: ir.TransformerModel) -> Iterator[Diagnostic]:
+    if model.qk_rope_head_dim % 2:
+        rope = model.qk_rope_head_dim + 1
+        yield diag("E222", f"qk_rope_head_dim ({model.qk_rope_head_dim}) is odd: the rotary embedding rotates each "
+                   "head's rotary part's first half with its second, so they must be equally wide",
+                   model.span_of("qk_rope_head_dim"), hint=f"qk_rope_head_dim={rope} or {rope - 2}" if rope > 2
+                   else f"qk_rope_head_dim={rope}", edits=_edit(model, "qk_rope_head_dim", rope))
+    if model.kv_heads != model.heads:
+        yield diag("E227", f"kv_heads ({model.kv_heads}) differs from heads ({model.heads}) under multi-head latent "
+                   "attention: every head up-projects its own keys and values from the shared latent, so there are "
+                   "as many key/value heads as heads", model.span_of("kv_heads"),
+                   hint=f"kv_heads={model.heads}, or drop kv_heads (MLA saves on keys and values by their latent, kv_lora_rank)", notes=_note(model, "kv_lora_rank"),
+                   edits=[Edit(model.field_spans["kv_heads"], f"kv_heads={model.heads}")]
+                   if "kv_heads" in model.field_spans else [])
+
+
+def _dense_layers(model: ir.TransformerModel) -> Iterator[Diagnostic]:
+    if not model.dense_layers and not model.dense_ffn:
+        return
+    if not model.experts:
+        written = "dense_layers" if model.dense_layers else "dense_ffn"
+        yield diag("E229", f"{written}={getattr(model, written)} on model '{model.name}', which has no experts: "
+                   "dense layers come before the mixture-of-experts layers of a model that has them",
+                   model.span_of(written), hint="add experts=N (and top_k), or drop dense_layers and dense_ffn: "
+                   "every block of a dense model is dense")
+    elif not model.dense_layers:
+        yield diag("E229", f"dense_ffn={model.dense_ffn} without dense_layers: no block of model '{model.name}' is "
+                   "dense", model.span_of("dense_ffn"), hint="add dense_layers=N (DeepSeek-V3: 3), or drop dense_ffn")
+    elif model.dense_layers >= model.layers:
+        fewer = model.layers - 1
+        yield diag("E228", f"dense_layers ({model.dense_layers}) leaves none of the {model.layers} layers a mixture "
+                   "of experts", model.span_of("dense_layers"),
+                   hint=f"dense_layers={fewer} or fewer" if fewer else "drop dense_layers, or add layers",
+                   notes=_note(model, "layers"), edits=_edit(model, "dense_layers", fewer) if fewer else [])
 
 
 def _shape_options(model: ir.TransformerModel, tp: int) -> tuple[str, list[int], list[int]]:

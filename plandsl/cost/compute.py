@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 
 from plandsl import ir
-from plandsl.ir.layers import TP_SPLIT, Layer, kv_width
+from plandsl.ir.layers import TP_SPLIT, Layer, attention_projections, attention_widths, block_model, kv_width
 from plandsl.cost.measured import ratio_at
 from plandsl.cost.memory import FP32_STATES, StateBytes
 
@@ -247,19 +247,23 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         backward_other = tokens * vocab * (4 + element) / bandwidth
         flops = 2.0 * tokens * vocab * h
         return LayerCompute(matmul, forward_other, 2 * matmul, backward_other, 0.0, flops=flops)
-    # A block: fused QKV, attention core, output projection, MLP (or experts), as Megatron runs it.
+    # A block: fused QKV (or MLA's down- and up-projections), attention core, output projection, MLP (or
+    # experts), as Megatron runs it; a dense block of a dense-then-MoE model as the dense model it is.
+    model = block_model(model, layer)
     kv = kv_width(model)
     ffn = model.ffn_hidden
     gpt = model.kind == "gpt"
-    head_dim = h // model.heads
-    matmul = gemm(tokens, (h + 2 * kv) / tp, h, device, precision)          # wq, wk, wv (column-parallel)
-    matmul += gemm(tokens, h, h / tp, device, precision)                   # wo (row-parallel)
-    flops = 2.0 * tokens * h * (h + 2 * kv) / tp + 2.0 * tokens * h * h / tp
+    widths = attention_widths(model)
+    matmul = flops = 0.0
+    for out, features, splits in attention_projections(model):  # wq, wk, wv (column-parallel), wo (row-parallel)
+        out, features = (out / tp, features) if splits == "out" else (out, features / tp) if splits else (out, features)
+        matmul += gemm(tokens, out, features, device, precision)
+        flops += 2.0 * tokens * out * features
     seq_q = -(-work.seq // work.cp)
-    heads = model.heads / tp
-    attention_flops = 4.0 * work.micro_batch * seq_q * work.seq * head_dim * heads  # Q·Kᵀ and P·V
-    attention = efficiency.kernel(attention_flops, work.micro_batch * (2 * seq_q * head_dim * heads
-                                                                     + 2 * work.seq * kv / tp) * element,
+    # Q·Kᵀ and P·V over this rank's heads (MLA: q and k (nope + rope) wide per head, v and the output v wide)
+    attention_flops = 2.0 * work.micro_batch * seq_q * work.seq * (widths.q + widths.o) / tp
+    attention = efficiency.kernel(attention_flops, work.micro_batch * (seq_q * (widths.q + widths.o)
+                                                                     + work.seq * (widths.k + widths.v)) / tp * element,
                                   device, precision.unquantized)  # fp8: attention stays 16-bit
     projections = 3 if not gpt else 2                                      # SwiGLU: w1, w3 and w2
     if model.experts:
@@ -288,6 +292,9 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
     # the activation function and llama's rotary embedding on q and k (read, write: 2(h + kv)).
     replicated = (4 + 6 + (1 if gpt else 0)) * h / split
     sharded = mlp_elements + (0 if gpt else 2 * (h + kv) / tp)
+    if model.latent_attention:  # MLA: the latents' norms (read, write), rotary on its rope parts only
+        replicated += 2 * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim) / split
+        sharded = mlp_elements + 2 * model.heads * model.qk_rope_head_dim / tp
     other = tokens * (replicated + sharded) * element / bandwidth
     flops += attention_flops
     recompute, recompute_flops = 0.0, 0.0

@@ -14,7 +14,7 @@ from plandsl import ir
 from plandsl.cost.comm import NO_COMM, GroupLinks, collective_seconds, group_links
 from plandsl.cost.compute import Efficiency, LayerCompute, Work, estimate_layer_compute
 from plandsl.ir import layers as ir_layers
-from plandsl.ir.layers import Layer, kv_width
+from plandsl.ir.layers import Layer, attention_widths, block_model, kv_width
 
 
 # ---- links of each parallel axis -----------------------------------------------------------------------
@@ -155,12 +155,16 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         return gather + loss, tp_pair()
     if layer.kind != "block":
         return 0.0, 0.0
+    model = block_model(model, layer)  # a dense block of a dense-then-MoE model: no experts
     # After attention and after the MLP, both directions; parallel blocks add the two row-parallel partial
     # sums before one forward reduction (GPT-NeoX's residual), while the backward still reduces each
     # branch's input gradient at its own column-parallel input (Megatron's `f` operator after each norm).
     per_block = 1 if model.parallel_blocks else 2
-    forward, backward = per_block * pair, 2 * pair
-    count("tensor", pair_bytes, per_block + 2)
+    if model.latent_attention:
+        forward, backward, rerun = _latent_comm(model, work, links, activation, count)
+    else:
+        forward, backward, rerun = per_block * pair, 2 * pair, (per_block * pair, per_block * pair_bytes, pair, pair_bytes)
+        count("tensor", pair_bytes, per_block + 2)
     if model.experts and links.ep.size > 1:
         # Dispatch and combine all-to-alls of the routed tokens (Lepikhin et al. 2020, GShard), twice
         # in each direction; sequence parallelism leaves each tensor-parallel rank 1/t of the tokens.
@@ -196,12 +200,41 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         if work.recompute is not ir.Recompute.none:  # full, or selective: the core with its ring
             backward += exposed
     if full:
-        backward += per_block * pair  # the forward's collectives, rerun by the recomputation
-        count("tensor", pair_bytes, per_block)
+        backward += rerun[0]  # the forward's collectives, rerun by the recomputation
+        count("tensor", rerun[1])
     elif work.recompute is ir.Recompute.selective_op:
-        backward += pair  # the attention half's (wo's reduction, or sequence parallelism's gathers) rerun
-        count("tensor", pair_bytes)
+        backward += rerun[2]  # the attention half's (wo's reduction, or sequence parallelism's gathers) rerun
+        count("tensor", rerun[3])
     return forward, backward
+
+
+def _latent_comm(model: ir.TransformerModel, work: Work, links: Links, activation: float, count):
+    """A multi-head latent attention block's tensor-parallel collectives: (forward, backward seconds, what
+    recomputation reruns: (full's seconds, bytes, selective_op's seconds, bytes)). The latents are computed
+    by every rank (Megatron-Core's `duplicated` down-projections), so the attention half's column-parallel
+    input is the latents (`AttentionWidths.latent`), not the block input: without sequence parallelism the
+    backward all-reduces their gradient, with it the forward all-gathers them (and the backward
+    reduce-scatters their gradient); wo's reduction is the block input's width, as the MLP's is."""
+    element = work.precision.bytes
+    latent = work.tokens * attention_widths(model).latent * element
+    sp = work.sequence_parallel
+    reduce = collective_seconds("reduce_scatter" if sp else "all_reduce", activation, links.tp)  # after wo, w2
+
+    def gather(size: float) -> float:
+        return collective_seconds("all_gather", size, links.tp) if sp else 0.0
+
+    def input_grad(size: float) -> float:
+        return collective_seconds("reduce_scatter" if sp else "all_reduce", size, links.tp)
+
+    attention = (gather(latent) + reduce, gather(activation) + input_grad(latent))
+    attention_bytes = ((latent if sp else 0.0) + activation, (activation if sp else 0.0) + latent)
+    mlp = (gather(activation) + reduce, gather(activation) + input_grad(activation))
+    mlp_bytes = ((2 if sp else 1) * activation,) * 2
+    merged = reduce if model.parallel_blocks else 0.0  # GPT-NeoX's residual: one forward reduction
+    forward = attention[0] + mlp[0] - merged
+    forward_bytes = attention_bytes[0] + mlp_bytes[0] - (activation if model.parallel_blocks else 0.0)
+    count("tensor", forward_bytes + attention_bytes[1] + mlp_bytes[1])
+    return forward, attention[1] + mlp[1], (forward, forward_bytes, attention[0], attention_bytes[0])
 
 
 def _torch_layer_comm(layer: Layer, work: Work, links: Links, count) -> tuple[float, float]:

@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 from plandsl import ir
-from plandsl.ir.layers import EXPERTS, FFN, HEADS_X_HEAD_DIM, KV, TP_SPLIT, VOCAB, Layer, Param, kv_width, once_per_figures
+from plandsl.ir.layers import (EXPERTS, FFN, HEADS_X_HEAD_DIM, KV, TP_SPLIT, VOCAB, Layer, Param, attention_widths,
+                               block_model, kv_width, once_per_figures)
 from plandsl.ir.placement import Assignment, assign_stages
 from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE
 from plandsl.schedules.generators import check_sizes, pipeline_maps
@@ -441,6 +442,14 @@ def _block_terms(model: ir.TransformerModel, seq: int, kv_gathered: int = 1) -> 
     # Inside: Q (2) and K (2·kv), V (2·kv), the out-projection input (2);
     # gpt MLP: GELU input (2·ffn) and w2 input (2·ffn); llama SwiGLU: w1 and w3 outputs, w2 input.
     attention = 2 + 4 * kv * kv_gathered + 2
+    if model.latent_attention:
+        # MLA (DeepSeek-AI 2024, arXiv:2405.04434): outside tensor parallelism the latents, each kept as its
+        # norm's input and as the up-projection's input (2 + 2 per element: the query latent, the key/value
+        # latent) and the shared rotary key (2); inside, per head, Q and K (nope + rope), V and the output
+        # (v_head_dim), each 2 bytes.
+        widths = attention_widths(model)
+        replicated += (4 * (model.q_lora_rank + model.kv_lora_rank) + 2 * model.qk_rope_head_dim) / model.hidden
+        attention = (2 * widths.q + 2 * (widths.k + widths.v) * kv_gathered + 2 * widths.o) / model.hidden
     mlp = (4 if gpt else 6) * ffn
     if model.experts:
         # Each token visits top_k experts (load-balanced, so top_k·tokens per device): their
@@ -461,8 +470,9 @@ def _selective_op_terms(model: ir.TransformerModel, tp: int, sequence_parallel: 
     negligible) and, under sequence parallelism, the reduce-scatters after wo and w2 (2/t each).
     MoE blocks run refused (E704); they are counted as dense blocks of top_k experts."""
     ffn = model.ffn_hidden / model.hidden * (model.top_k if model.experts else 1)
-    kv = kv_width(model) / model.hidden
-    terms = (2 if not sequence_parallel else 2 / tp) + (2 + 2 * kv + 2 * ffn + 2) / tp
+    widths = attention_widths(model)  # MLA's q, v and output widths; hidden, kv, hidden otherwise
+    q, v, o = widths.q / model.hidden, widths.v / model.hidden, widths.o / model.hidden
+    terms = (2 if not sequence_parallel else 2 / tp) + (2 * q + 2 * v + 2 * ffn + 2 * o) / tp
     if model.kind != "gpt":
         terms += 2
     if sequence_parallel:
@@ -493,7 +503,7 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
     sbh = tokens * model.hidden
     scale = precision.bytes / 2
     if layer.kind == "block":
-        return transformer_block_activations(model, seq, plan.train.micro_batch, tp,
+        return transformer_block_activations(block_model(model, layer), seq, plan.train.micro_batch, tp,
                                              sequence_parallel, recompute, precision,
                                              attention_matrix, _kv_gathered(plan, recompute))
     if layer.kind == "embed":

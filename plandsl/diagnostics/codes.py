@@ -45,6 +45,10 @@ CODES: dict[str, str] = {
     "E223": "top_k outside 1 to experts",
     "E224": "training sequence longer than the model's learned positions",
     "E225": "shared experts on a model without experts",
+    "E226": "multi-head latent attention argument without kv_lora_rank",
+    "E227": "kv_heads differs from heads under multi-head latent attention",
+    "E228": "dense_layers leaves no mixture-of-experts layer",
+    "E229": "dense layers on a model without experts (or dense_ffn without dense_layers)",
     # E3xx: clusters and meshes
     "E301": "mesh needs more devices than the cluster has",
     "E302": "unknown mesh axis",

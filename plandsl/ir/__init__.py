@@ -184,7 +184,8 @@ class Cluster(Node):
 
 # ---- models ---------------------------------------------------------------------------
 class TransformerModel(Node):
-    """A decoder-only transformer: `gpt(...)` (MHA, GELU MLP 4h) or `llama(...)` (GQA, SwiGLU)."""
+    """A decoder-only transformer: `gpt(...)` (MHA, GELU MLP 4h) or `llama(...)` (GQA or multi-head latent
+    attention, SwiGLU, a mixture of experts, optionally after `dense_layers` dense blocks)."""
     kind: Literal["gpt", "llama"]
     name: str
     layers: int = Field(gt=0, le=100_000)
@@ -198,10 +199,31 @@ class TransformerModel(Node):
     top_k: int = Field(default=0, ge=0)
     shared_experts: int = Field(default=0, ge=0, description="experts every token runs through besides its "
                                 "top_k routed ones (DeepSeekMoE, Dai et al. 2024): one MLP of shared_experts x ffn")
+    q_lora_rank: int = Field(default=0, ge=0, description="with multi-head latent attention: the rank of the "
+                             "queries' compression, q = wq_b(norm(wq_a x)); 0: q = wq x (DeepSeek-V2-Lite)")
+    kv_lora_rank: int = Field(default=0, ge=0, description="multi-head latent attention (MLA, DeepSeek-AI 2024, "
+                              "arXiv:2405.04434): keys and values up-projected per head from one normed latent of "
+                              "this width, k and v = wkv_b(norm(wkv_a x)), beside a rotary key part all heads share; "
+                              "0: grouped-query attention")
+    qk_rope_head_dim: int = Field(default=0, ge=0, description="with MLA: per head, the width of the query and key "
+                                  "parts that carry rotary positions (the key's one for all heads)")
+    qk_nope_head_dim: int = Field(default=0, ge=0, description="with MLA: per head, the width of the query and key "
+                                  "parts without positions")
+    v_head_dim: int = Field(default=0, ge=0, description="with MLA: per head, the width of a value (and of the "
+                            "attention output wo reads)")
+    dense_layers: int = Field(default=0, ge=0, description="with experts: the first dense_layers blocks are dense "
+                              "(a SwiGLU MLP of dense_ffn), the others mixture-of-experts layers (DeepSeek-V3's "
+                              "first_k_dense_replace)")
+    dense_ffn: int = Field(default=0, ge=0, description="the dense blocks' MLP width, with dense_layers")
     tied_embeddings: bool = False
     parallel_blocks: bool = Field(default=False, description="GPT-NeoX's parallel residual: each block adds "
                                   "attn(norm1 x) and mlp(norm2 x) to the same input x (Black et al. 2022), "
                                   "instead of feeding the MLP x + attn(norm1 x)")
+
+    @property
+    def latent_attention(self) -> bool:
+        """Whether attention is multi-head latent attention (MLA): `kv_lora_rank` set."""
+        return self.kv_lora_rank > 0
 
 
 class MLPModel(Node):

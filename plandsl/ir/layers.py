@@ -189,12 +189,18 @@ def _transformer_layers(model: ir.TransformerModel) -> tuple[Layer, ...]:
         embed.append(Param("embed.pos.weight", "embed.pos", (model.seq, hidden), (OTHER, HIDDEN)))
     layers = [_layer("embed", "embed", embed, 0, hidden)]
 
-    # Blocks differ only in their names: one block's params, renamed per index when read (`BlockParams`).
-    flops = float(transformer_block_flops(model))
-    first = _block_params(model, 0)
-    count, cut = sum(p.numel for p in first), len("layers.0.")
-    shapes = tuple((p.name[cut:], p.module[cut:], p.shape, p.dims) for p in first)
+    # Blocks of one kind differ only in their names: one block's params, renamed per index when read
+    # (`BlockParams`). Two kinds with `dense_layers`: the dense blocks first, then the MoE ones.
+    kinds = {}
     for index in range(model.layers):
+        view = block_model(model, index)
+        kind = kinds.get(id(view))
+        if kind is None:
+            first = _block_params(view, 0)
+            cut = len("layers.0.")
+            kind = kinds[id(view)] = (tuple((p.name[cut:], p.module[cut:], p.shape, p.dims) for p in first),
+                                      sum(p.numel for p in first), float(transformer_block_flops(view)))
+        shapes, count, flops = kind
         layers.append(Layer(f"layers.{index}", "block", BlockParams(f"layers.{index}.", shapes), count, flops, hidden))
 
     layers.append(_layer("norm", "norm", _norm("norm", hidden, bias=gpt), 0, hidden))
@@ -204,15 +210,37 @@ def _transformer_layers(model: ir.TransformerModel) -> tuple[Layer, ...]:
     return tuple(layers)
 
 
+_DENSE_VIEWS: dict[int, tuple[weakref.ref, ir.TransformerModel]] = {}
+
+
+def block_model(model: ir.Model, block: "int | Layer") -> ir.Model:
+    """The model as block `block` (its index, or its layer) sees it: a dense block of a dense-then-MoE model
+    (`dense_layers`) is a dense llama block with `dense_ffn`, every other block the model itself. The cost
+    model and the catalogue size a block from this, so a kind of block is computed once (the same object
+    for every dense block of a model, while the model lives)."""
+    if not isinstance(model, ir.TransformerModel) or not model.dense_layers:
+        return model
+    if isinstance(block, Layer):
+        if block.kind != "block":
+            return model
+        block = int(block.name.rpartition(".")[2])
+    if block >= model.dense_layers or not model.experts:
+        return model
+    found = _DENSE_VIEWS.get(id(model))
+    if found is not None and found[0]() is model:
+        return found[1]
+    view = model.model_copy(update={"experts": 0, "top_k": 0, "shared_experts": 0, "ffn_hidden": model.dense_ffn,
+                                    "dense_layers": 0, "dense_ffn": 0})
+    _DENSE_VIEWS[id(model)] = (weakref.ref(model, lambda _, key=id(model): _DENSE_VIEWS.pop(key, None)), view)
+    return view
+
+
 def _block_params(model: ir.TransformerModel, index: int) -> list[Param]:
     gpt = model.kind == "gpt"
-    hidden, ffn, kv = model.hidden, model.ffn_hidden, kv_width(model)
+    hidden, ffn = model.hidden, model.ffn_hidden
     prefix = f"layers.{index}"
     params = _norm(f"{prefix}.norm1", hidden, bias=gpt)
-    params += _linear(f"{prefix}.attn.wq", hidden, hidden, HEADS_X_HEAD_DIM, HIDDEN, bias=gpt)
-    params += _linear(f"{prefix}.attn.wk", kv, hidden, KV, HIDDEN, bias=gpt)
-    params += _linear(f"{prefix}.attn.wv", kv, hidden, KV, HIDDEN, bias=gpt)
-    params += _linear(f"{prefix}.attn.wo", hidden, hidden, HIDDEN, HEADS_X_HEAD_DIM, bias=gpt)
+    params += _attention_params(model, f"{prefix}.attn")
     params += _norm(f"{prefix}.norm2", hidden, bias=gpt)
     if model.experts:
         params += _moe_params(model, f"{prefix}.moe")
@@ -241,8 +269,89 @@ def _moe_params(model: ir.TransformerModel, prefix: str) -> list[Param]:
     return params
 
 
+def _attention_params(model: ir.TransformerModel, module: str) -> list[Param]:
+    """wq, wk, wv, wo (grouped-query attention), or multi-head latent attention's projections (DeepSeek-AI
+    2024, arXiv:2405.04434, Sec. 2.1): the queries from a normed latent (wq_a, q_norm, wq_b; wq without
+    `q_lora_rank`), the keys' and values' latent with the shared rotary key part (wkv_a: kv_lora_rank + rope
+    outputs), its norm, and their per-head up-projection (wkv_b: heads x (nope + v)); wo reads heads x v.
+    The latents are replicated over a tensor-parallel axis, the up-projections split by heads (Megatron-Core's
+    MLA: its down-projections are `duplicated`)."""
+    gpt = model.kind == "gpt"
+    hidden = model.hidden
+    widths = attention_widths(model)
+    if not model.latent_attention:
+        return (_linear(f"{module}.wq", widths.q, hidden, HEADS_X_HEAD_DIM, HIDDEN, bias=gpt)
+                + _linear(f"{module}.wk", widths.k, hidden, KV, HIDDEN, bias=gpt)
+                + _linear(f"{module}.wv", widths.v, hidden, KV, HIDDEN, bias=gpt)
+                + _linear(f"{module}.wo", hidden, widths.o, HIDDEN, HEADS_X_HEAD_DIM, bias=gpt))
+    heads, rope = model.heads, model.qk_rope_head_dim
+    if model.q_lora_rank:
+        params = _linear(f"{module}.wq_a", model.q_lora_rank, hidden, OTHER, HIDDEN, bias=False)
+        params.append(Param(f"{module}.q_norm.weight", f"{module}.q_norm", (model.q_lora_rank,), (OTHER,)))
+        params += _linear(f"{module}.wq_b", widths.q, model.q_lora_rank, HEADS_X_HEAD_DIM, OTHER, bias=False)
+    else:
+        params = _linear(f"{module}.wq", widths.q, hidden, HEADS_X_HEAD_DIM, HIDDEN, bias=False)
+    params += _linear(f"{module}.wkv_a", model.kv_lora_rank + rope, hidden, OTHER, HIDDEN, bias=False)
+    params.append(Param(f"{module}.kv_norm.weight", f"{module}.kv_norm", (model.kv_lora_rank,), (OTHER,)))
+    params += _linear(f"{module}.wkv_b", heads * (model.qk_nope_head_dim + model.v_head_dim), model.kv_lora_rank,
+                      HEADS_X_HEAD_DIM, OTHER, bias=False)
+    params += _linear(f"{module}.wo", hidden, widths.o, HIDDEN, HEADS_X_HEAD_DIM, bias=False)
+    return params
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionWidths:
+    """Elements per token of one block's attention tensors, over all heads: the queries, keys and values the
+    core reads (`q`, `k`, `v`), its output (`o`, what wo reads), and under MLA the latents (`latent`: the
+    compressed queries, or the block input wq reads without them, plus the key/value latent and the shared
+    rotary key, what a tensor-parallel rank gathers under sequence parallelism). `qk_head_dim` and
+    `v_head_dim` are per head."""
+
+    q: int
+    k: int
+    v: int
+    o: int
+    qk_head_dim: int
+    v_head_dim: int
+    latent: int = 0
+
+
+def attention_widths(model: ir.TransformerModel) -> AttentionWidths:
+    """Grouped-query attention: q = o = hidden, k = v = kv_heads x hidden/heads. MLA: q and k heads x (nope +
+    rope), v and o heads x v_head_dim."""
+    if not model.latent_attention:
+        head_dim = model.hidden // model.heads
+        kv = model.kv_heads * head_dim
+        return AttentionWidths(model.heads * head_dim, kv, kv, model.heads * head_dim, head_dim, head_dim)
+    qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+    latent = (model.q_lora_rank or model.hidden) + model.kv_lora_rank + model.qk_rope_head_dim
+    return AttentionWidths(model.heads * qk, model.heads * qk, model.heads * model.v_head_dim,
+                           model.heads * model.v_head_dim, qk, model.v_head_dim, latent)
+
+
+def attention_projections(model: ir.TransformerModel) -> tuple[tuple[int, int, str], ...]:
+    """One block's attention GEMMs as (out features, in features, what a tensor-parallel axis splits: "out"
+    for a column-parallel one, "in" for a row-parallel one, "" for a replicated one), in the order they run:
+    the fused q/k/v and wo of grouped-query attention, MLA's down- and up-projections and wo."""
+    widths = attention_widths(model)
+    if not model.latent_attention:
+        return ((widths.q + widths.k + widths.v, model.hidden, "out"), (model.hidden, widths.o, "in"))
+    hidden = model.hidden
+    if model.q_lora_rank:
+        queries = ((model.q_lora_rank, hidden, ""), (widths.q, model.q_lora_rank, "out"))
+    else:
+        queries = ((widths.q, hidden, "out"),)
+    return queries + ((model.kv_lora_rank + model.qk_rope_head_dim, hidden, ""),
+                      (widths.k - model.heads * model.qk_rope_head_dim + widths.v, model.kv_lora_rank, "out"),
+                      (hidden, widths.o, "in"))
+
+
 def kv_width(model: ir.TransformerModel) -> int:
-    """Output features of wk and wv: kv_heads · head_dim (GQA; = hidden for MHA)."""
+    """Output features of wk and wv: kv_heads · head_dim (GQA; = hidden for MHA); under MLA the mean of the
+    keys' and values' widths, so that 2 x kv_width is what the attention core reads of both."""
+    if model.latent_attention:
+        widths = attention_widths(model)
+        return (widths.k + widths.v) // 2
     return model.kv_heads * (model.hidden // model.heads)
 
 
@@ -253,11 +362,14 @@ def transformer_block_flops(model: ir.TransformerModel) -> float:
     Sec. 5.1) count 24·b·s·h² + 4·b·s²·h per layer per batch for GPT (MHA, ffn = 4h); per token
     that is 24·h² + 4·s·h, which these terms reproduce exactly for such a model.
     """
-    hidden, seq, kv = model.hidden, model.seq, kv_width(model)
-    # q and o projections h·h each, k and v h·kv each (GQA shrinks kv); 2 FLOPs per multiply-add.
-    projections = 2 * (2 * hidden * hidden + 2 * hidden * kv)
-    # Q·Kᵀ and scores·V: 2·s·h each per token (Narayanan et al. 2021); full s², no causal halving.
-    attention = 4 * seq * hidden
+    hidden, seq = model.hidden, model.seq
+    # q and o projections h·h each, k and v h·kv each (GQA shrinks kv); MLA's down- and up-projections;
+    # 2 FLOPs per multiply-add.
+    projections = 2 * sum(out * features for out, features, _ in attention_projections(model))
+    # Q·Kᵀ and scores·V: 2·s·h each per token (Narayanan et al. 2021); full s², no causal halving. Under MLA
+    # 2·s·heads·(nope + rope) and 2·s·heads·v.
+    widths = attention_widths(model)
+    attention = 2 * seq * (widths.q + widths.o)
     # gpt: two h×ffn matmuls (GELU MLP); llama SwiGLU: three (gate, up, down).
     matmuls = 2 if model.kind == "gpt" else 3
     mlp = 2 * matmuls * hidden * model.ffn_hidden

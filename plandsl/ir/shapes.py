@@ -17,8 +17,9 @@ def tensor_extents(model: ir.Model, seq: int | None = None, cp: int = 1) -> dict
     """Every extent a tensor-parallel axis splits, by name (as E406 names them).
 
     A transformer's heads, kv_heads (when they differ from heads: with multi-head attention it is
-    the same figure twice), hidden, ffn_hidden and vocab (Megatron-LM's column and row splits and
-    its vocabulary-parallel embedding); with sequence parallelism (`seq` given) also the sequence
+    the same figure twice, and multi-head latent attention has as many), hidden, ffn_hidden (and the
+    dense blocks' dense_ffn) and vocab (Megatron-LM's column and row splits and its vocabulary-parallel
+    embedding; MLA's latents are replicated, its up-projections split by heads); with sequence parallelism (`seq` given) also the sequence
     each context rank holds, `seq / cp` when the `cp` context ranks split it evenly. An MLP's hidden.
     Nothing for a model without a tensor-parallel layout."""
     if isinstance(model, ir.TransformerModel):
@@ -26,6 +27,8 @@ def tensor_extents(model: ir.Model, seq: int | None = None, cp: int = 1) -> dict
                 "ffn_hidden": model.ffn_hidden, "vocab": model.vocab}
         if model.kv_heads == model.heads:
             del dims["kv_heads"]
+        if model.dense_layers and model.experts:  # the dense blocks' MLP, split as ffn_hidden is
+            dims["dense_ffn"] = model.dense_ffn
         if seq is not None and cp > 1 and seq % cp == 0:
             dims["seq / cp"] = seq // cp  # each context rank's share is what is split
         elif seq is not None:

@@ -1,7 +1,8 @@
 """Model expressions and schedule definitions -> IR (E212 for families and arguments).
 
-`gpt(layers=, hidden=, heads=, seq=, vocab=)`, `llama(...)` (GQA, SwiGLU, MoE with
-`experts=`/`top_k=`), `mlp(...)`, and models written out layer by layer.
+`gpt(layers=, hidden=, heads=, seq=, vocab=)`, `llama(...)` (GQA or multi-head latent attention, SwiGLU, MoE
+with `experts=`/`top_k=`/`shared_experts=`, dense blocks before the MoE ones), `mlp(...)`, and models written out
+layer by layer.
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ FAMILIES: dict[str, dict[str, bool]] = {
             "ffn": False, "tied": False, "parallel": False},
     "llama": {"layers": True, "hidden": True, "heads": True, "seq": True, "vocab": True,
               "kv_heads": False, "ffn": False, "experts": False, "top_k": False, "shared_experts": False,
-              "tied": False, "parallel": False},
+              "q_lora_rank": False, "kv_lora_rank": False, "qk_rope_head_dim": False, "qk_nope_head_dim": False,
+              "v_head_dim": False, "dense_layers": False, "dense_ffn": False, "tied": False, "parallel": False},
     "mlp": {"layers": True, "hidden": True, "input": True, "output": True},
 }
 
@@ -92,7 +94,7 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
         if key in ("tied", "parallel"):
             values[key] = scope.truth(scope.eval(kwarg.value), kwarg.value)
         else:
-            minimum = 0 if key in ("experts", "top_k", "shared_experts") else 1
+            minimum = 0 if key in _MAY_BE_ZERO else 1
             what, cap = f"{family}() argument '{key}'", limits.MODEL_ARGUMENTS.get(key)
             # layers past the cap would be walked one by one: refused; a width past its cap is
             # reported and kept, so that the shape rules (E22x) still say what else is wrong
@@ -112,6 +114,7 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
         fields = dict(kv_heads=values.get("kv_heads", values["heads"]), ffn_hidden=values.get("ffn", llama_ffn(hidden)),
                       experts=values.get("experts", 0), top_k=values.get("top_k", 0),
                       shared_experts=values.get("shared_experts", 0), tied_embeddings=values.get("tied", False), parallel_blocks=values.get("parallel", False))
+        fields.update(_latent_attention(values, hidden), **_dense_layers(values, hidden))
         if fields["experts"] and "top_k" not in values:
             fields["top_k"] = min(2, fields["experts"])  # a top_k outside 1..experts is the checker's (E223)
         if not fields["experts"] and fields["top_k"]:
@@ -123,6 +126,31 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
 
 
 _FIELDS = {"ffn": "ffn_hidden", "tied": "tied_embeddings", "parallel": "parallel_blocks"}  # argument -> ir.TransformerModel field
+_MAY_BE_ZERO = ("experts", "top_k", "shared_experts", "q_lora_rank", "kv_lora_rank", "dense_layers")
+LATENT_ATTENTION = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+"""llama()'s arguments of multi-head latent attention, named as Hugging Face's DeepseekV3Config names them."""
+
+
+def _latent_attention(values: dict, hidden: int) -> dict:
+    """MLA's fields as written; with `kv_lora_rank`, the head dims not written follow the head dim hidden/heads
+    as DeepSeek-V2(-Lite) has them (nope = v = hidden/heads, rope half of it, even) and kv_heads is heads
+    (each head its own keys and values; another kv_heads is the checker's E227). Without kv_lora_rank the other
+    arguments are kept as written, for the checker's E226."""
+    fields = {key: values[key] for key in LATENT_ATTENTION if key in values}
+    if not values.get("kv_lora_rank"):
+        return fields
+    nope = fields.setdefault("qk_nope_head_dim", max(1, hidden // values["heads"]))
+    fields.setdefault("qk_rope_head_dim", 2 * max(1, nope // 4))
+    fields.setdefault("v_head_dim", nope)
+    return fields
+
+
+def _dense_layers(values: dict, hidden: int) -> dict:
+    """`dense_layers` dense blocks before the MoE ones, `dense_ffn` wide (Llama's default width unless written)."""
+    fields = {key: values[key] for key in ("dense_layers", "dense_ffn") if key in values}
+    if fields.get("dense_layers"):
+        fields.setdefault("dense_ffn", llama_ffn(hidden))
+    return fields
 
 
 def _unrouted_top_k(scope: Scope, call: s.Call, args: dict[str, s.KwArg]) -> None:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plandsl import ir
+from plandsl.ir.layers import block_model
 
 INIT_STD = 0.02  # GPT-2 (Radford et al. 2019); residual projections get INIT_STD / sqrt(2 * layers)
 ROPE_THETA = 10_000.0  # Su et al. 2021, as in Llama
@@ -145,6 +146,56 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
+class LatentAttention(Attention):
+    """Multi-head latent attention (DeepSeek-AI 2024, arXiv:2405.04434, Sec. 2.1; Hugging Face's
+    DeepseekV3Attention): q = wq_b(q_norm(wq_a x)) (or wq x), each head's (nope + rope) wide; the key/value
+    latent and one rotary key part for all heads from wkv_a, each head's keys (nope) and values from
+    wkv_b(kv_norm(latent)); rotary positions on the rope parts only; wo reads heads x v_head_dim. The same
+    core and positions as `Attention` (recomputation and context parallelism replace them alike); head
+    counts are read from the local widths, so tensor parallelism splits wq_b (wq), wkv_b and wo by heads and
+    leaves the latents whole, with `reduce_rope_key` summing the shared rotary key's gradient over the
+    tensor axis (each rank's heads use it)."""
+
+    def __init__(self, model: ir.TransformerModel):
+        nn.Module.__init__(self)
+        if model.qk_rope_head_dim % 2 or model.kv_heads != model.heads:
+            raise ValueError(f"latent attention with qk_rope_head_dim {model.qk_rope_head_dim} and kv_heads "
+                             f"{model.kv_heads} of {model.heads} heads cannot run (E222, E227)")
+        hidden, heads = model.hidden, model.heads
+        self.nope, self.rope, self.v_dim = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
+        self.lora = model.kv_lora_rank
+        qk = self.nope + self.rope
+        if model.q_lora_rank:
+            self.wq_a = nn.Linear(hidden, model.q_lora_rank, bias=False)
+            self.q_norm = RMSNorm(model.q_lora_rank)
+            self.wq_b = nn.Linear(model.q_lora_rank, heads * qk, bias=False)
+        else:
+            self.wq = nn.Linear(hidden, heads * qk, bias=False)
+        self.wkv_a = nn.Linear(hidden, model.kv_lora_rank + self.rope, bias=False)
+        self.kv_norm = RMSNorm(model.kv_lora_rank)
+        self.wkv_b = nn.Linear(model.kv_lora_rank, heads * (self.nope + self.v_dim), bias=False)
+        self.wo = nn.Linear(heads * self.v_dim, hidden, bias=False)
+        self.core = AttentionCore()
+        self.positions: torch.Tensor | None = None
+        self.reduce_rope_key = None  # tensor parallelism: the shared rotary key's gradient, summed over the axis
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq = x.shape[0], x.shape[1]
+        queries = self.wq_b(self.q_norm(self.wq_a(x))) if hasattr(self, "wq_a") else self.wq(x)
+        q = queries.view(batch, seq, -1, self.nope + self.rope)
+        q_nope, q_rope = q.split((self.nope, self.rope), dim=-1)
+        latent, k_rope = self.wkv_a(x).split((self.lora, self.rope), dim=-1)
+        kv = self.wkv_b(self.kv_norm(latent)).view(batch, seq, -1, self.nope + self.v_dim)
+        k_nope, v = kv.split((self.nope, self.v_dim), dim=-1)
+        q_rope, k_rope = rotary(q_rope, self.positions), rotary(k_rope.view(batch, seq, 1, self.rope), self.positions)
+        if self.reduce_rope_key is not None:
+            k_rope = self.reduce_rope_key(k_rope)
+        q = torch.cat((q_nope, q_rope), dim=-1)
+        k = torch.cat((k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)), dim=-1)
+        out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
 class MLP(nn.Module):
     """gpt: w2(gelu(w1 x)); llama: SwiGLU w2(silu(w1 x) * w3 x)."""
 
@@ -224,7 +275,8 @@ class MoE(nn.Module):
 
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm1 x), then + mlp/moe(norm2 x); with `parallel_blocks`
-    (GPT-NeoX's parallel residual) x + attn(norm1 x) + mlp/moe(norm2 x)."""
+    (GPT-NeoX's parallel residual) x + attn(norm1 x) + mlp/moe(norm2 x). `model` as the block sees it
+    (`ir.layers.block_model`: a dense block of a dense-then-MoE model is a dense model's)."""
 
     def __init__(self, model: ir.TransformerModel):
         super().__init__()
@@ -232,7 +284,8 @@ class Block(nn.Module):
         gpt = model.kind == "gpt"
         norm = (lambda: nn.LayerNorm(model.hidden)) if gpt else (lambda: RMSNorm(model.hidden))
         self.norm1 = norm()
-        self.attn = Attention(model.hidden, model.heads, model.kv_heads, bias=gpt, rope=not gpt)
+        self.attn = LatentAttention(model) if model.latent_attention else \
+            Attention(model.hidden, model.heads, model.kv_heads, bias=gpt, rope=not gpt)
         self.norm2 = norm()
         if model.experts:
             self.moe = MoE(model.hidden, model.ffn_hidden, model.experts, model.top_k, gated=not gpt,
@@ -276,7 +329,8 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = model
         self.embed = Embedding(model.vocab, model.hidden, model.seq if model.kind == "gpt" else None)
-        self.layers = nn.ModuleDict({str(i): Block(model) for i in range(model.layers)})
+        # a dense-then-MoE model's first `dense_layers` blocks are dense (`ir.layers.block_model`)
+        self.layers = nn.ModuleDict({str(i): Block(block_model(model, i)) for i in range(model.layers)})
         self.norm = nn.LayerNorm(model.hidden) if model.kind == "gpt" else RMSNorm(model.hidden)
         self.head = nn.Linear(model.hidden, model.vocab, bias=False)
         if model.tied_embeddings:

@@ -52,3 +52,49 @@ def test_shared_experts_under_expert_parallelism_match_one_process():
     assert [r["status"] for r in results] == [0] * 4, results[0]["report_text"]
     report = results[0]["report"]
     assert report["loss_diff"] <= 1e-5 and report["tensor_diff"] <= 1e-5, results[0]["report_text"]
+
+
+# DeepSeek's shape at tiny widths: multi-head latent attention (a query latent, the key/value latent and its
+# shared rotary key), the first block dense, the others MoE with a shared expert
+_DEEPSEEK = """import "clusters/local"
+import "local/tiny"
+model tiny_deepseek = llama(layers=4, hidden=64, heads=4, seq=32, vocab=256, q_lora_rank=24, kv_lora_rank=16,
+                            qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, ffn=32, experts=4, top_k=2,
+                            shared_experts=1, dense_layers=1, dense_ffn=96)
+plan p {{
+  model   = tiny_deepseek
+  cluster = localhost
+{layout}
+}}
+"""
+_LAYOUTS = {
+    "tp_sp_pp": """  mesh     = [pp = 2, tp = 2] over devices[0:4]
+  train    = tiny_train
+  tensor   = megatron over tp with sequence_parallel
+  stages   = evenly over pp
+  schedule = 1f1b""",
+    "tp": """  mesh   = [dp = 2, tp = 2] over devices[0:4]
+  train  = tiny_train
+  data   = zero1 over dp
+  tensor = megatron over tp""",
+    "cp": """  mesh    = [dp = 2, cp = 2] over devices[0:4]
+  train   = tiny_train
+  data    = zero1 over dp
+  context = allgather over cp""",
+    "ep": """  mesh    = [dp = 2, ep = 2] over devices[0:4]
+  train   = tiny_train
+  data    = zero1 over dp
+  experts = alltoall over ep""",
+}
+
+
+@pytest.mark.parametrize("layout", list(_LAYOUTS))
+def test_deepseek_shape_matches_one_process(layout):
+    """MLA's heads split by tp (the latents whole, the shared rotary key's gradient summed), the dense block
+    and the MoE blocks on their stages, K and V gathered over cp, the experts over ep: each as one process
+    computes it."""
+    plan = _DEEPSEEK.format(layout=_LAYOUTS[layout])
+    results = run_ranks(4, train, plan, steps=2, check_equivalence=True, deadline_s=150)
+    assert [r["status"] for r in results] == [0] * 4, results[0]["report_text"]
+    report = results[0]["report"]
+    assert report["loss_diff"] <= 1e-5 and report["tensor_diff"] <= 1e-5, results[0]["report_text"]

@@ -406,3 +406,61 @@ _entry("E225", """
       train   = { global_batch: 64, micro_batch: 2 }
     }
     """, "Add the routed experts the shared ones sit beside.", ("shared_experts=2", "experts=8, shared_experts=2"))
+
+_entry("E226", """
+    Multi-head latent attention (MLA, DeepSeek-V2 and V3: DeepSeek-AI 2024, arXiv:2405.04434 and
+    arXiv:2412.19437) is on when `kv_lora_rank` gives the width of the key/value latent; its other
+    arguments (`q_lora_rank`, `qk_rope_head_dim`, `qk_nope_head_dim`, `v_head_dim`) shape it and mean
+    nothing without it. Add `kv_lora_rank`, or drop them for grouped-query attention.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = llama(layers=8, hidden=1024, heads=16, seq=2048, vocab=32000, q_lora_rank=256)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 2 }
+    }
+    """, "Give the key/value latent that turns MLA on.", ("q_lora_rank=256", "q_lora_rank=256, kv_lora_rank=128"))
+
+_entry("E227", """
+    Under multi-head latent attention every head up-projects its own keys and values from one
+    shared latent (`wkv_b`), so there are exactly as many key/value heads as heads: grouped
+    queries have nothing to share. MLA's saving on keys and values is the latent itself
+    (`kv_lora_rank`). Drop `kv_heads`, or set it to `heads`.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = llama(layers=8, hidden=1024, heads=16, kv_heads=4, seq=2048, vocab=32000, kv_lora_rank=128)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 2 }
+    }
+    """, "One key/value head per head.", ("kv_heads=4", "kv_heads=16"))
+
+_entry("E228", """
+    `dense_layers=N` makes the first N blocks of a mixture-of-experts model dense (DeepSeek-V3
+    keeps 3 of its 61 dense: its `first_k_dense_replace`); N must leave at least one block a
+    mixture of experts. For a model that is dense throughout, drop `experts` instead.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = llama(layers=8, hidden=1024, heads=16, seq=2048, vocab=32000, experts=8, dense_layers=8)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 2 }
+    }
+    """, "Keep some blocks a mixture of experts.", ("dense_layers=8", "dense_layers=2"))
+
+_entry("E229", """
+    `dense_layers` and `dense_ffn` shape the dense blocks that come before the mixture-of-experts
+    blocks of a model with `experts`; a dense model's blocks are all dense already (their width is
+    `ffn`), and `dense_ffn` without `dense_layers` makes no block dense.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = llama(layers=8, hidden=1024, heads=16, seq=2048, vocab=32000, dense_layers=2, dense_ffn=4096)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 2 }
+    }
+    """, "Add the experts the dense layers come before.", ("dense_layers=2", "experts=8, dense_layers=2"))

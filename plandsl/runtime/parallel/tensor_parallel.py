@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module, distribute_tensor
@@ -24,8 +26,26 @@ from plandsl.ir.torch_plan import matches
 from plandsl.ir.placement import NameIndex, precision
 
 # Megatron's pairs in a block: producers split their output features over tp, the consumer its input
-# features, so what passes between them (attention heads, the MLP's hidden) stays split locally.
-PAIRS = {"attn": (("wq", "wk", "wv"), "wo"), "mlp": (("w1", "w3"), "w2")}
+# features, so what passes between them (attention heads, the MLP's hidden) stays split locally. Multi-head
+# latent attention's producers are its up-projections (wq_b or wq, wkv_b); its down-projections wq_a and
+# wkv_a and their norms stay whole on every rank (Megatron-Core's `duplicated` linears).
+PAIRS = {"attn": (("wq", "wk", "wv", "wq_b", "wkv_b"), "wo"), "mlp": (("w1", "w3"), "w2")}
+
+
+class _SumGradient(torch.autograd.Function):
+    """Identity forward, gradient summed over `group` backward (Megatron's `f` operator): MLA's shared rotary key,
+    which each tensor-parallel rank's heads use, so each rank holds a part of its gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
 
 
 # ---- the rules, resolved per module (no torch needed) -----------------------------------------
@@ -290,6 +310,9 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool,
                                         use_local_output=True)
             plan.update({"norm1": SequenceParallel(), "attn": gather, "norm2": SequenceParallel(), ffn: gather})
         parallelize_module(block, tp_mesh, plan)
+        if hasattr(block.attn, "reduce_rope_key"):
+            group = tp_mesh.get_group()
+            block.attn.reduce_rope_key = lambda x, group=group: _SumGradient.apply(x, group)
         if sequence_parallel and ffn == "moe":  # experts stay replicated over tp: scatter back to shards
             parallelize_module(block.moe, tp_mesh, PrepareModuleOutput(
                 output_layouts=Replicate(), desired_output_layouts=stream, use_local_output=True))

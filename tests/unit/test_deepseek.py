@@ -1,0 +1,240 @@
+"""DeepSeek-style models in the llama family: multi-head latent attention (`kv_lora_rank`, `q_lora_rank`, the head
+dims) and dense blocks before the mixture-of-experts ones (`dense_layers`, `dense_ffn`). The catalogue's parameters
+against Hugging Face's DeepseekV3ForCausalLM (built on the meta device) and the published counts; two kinds of
+block in the catalogue, the memory and time models; the checker's E222 and E226-E229."""
+from __future__ import annotations
+
+import pytest
+
+from plandsl import api, ir
+from plandsl.cost.estimate import estimate_plan, plan_work
+from plandsl.cost.layer import estimate_layer_time, plan_links
+from plandsl.cost.memory import estimate_layer_activations
+from plandsl.ir.layers import (
+    attention_widths,
+    block_model,
+    figures_key,
+    layers_of,
+    param_count,
+)
+from plandsl.ir.shapes import tensor_extents
+from tests.support import lazy
+
+torch = lazy("torch")
+
+SMALL = {"layers": 4, "hidden": 64, "heads": 4, "seq": 128, "vocab": 256, "q_lora_rank": 24, "kv_lora_rank": 16,
+         "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16, "experts": 8, "top_k": 2, "shared_experts": 1,
+         "ffn": 32, "dense_layers": 1, "dense_ffn": 96}
+
+
+def _model(**arguments) -> ir.TransformerModel:
+    text = ", ".join(f"{key}={value}" for key, value in arguments.items())
+    return api.loads(f"model m = llama({text})\n").models[0]
+
+
+def _stdlib(name: str) -> ir.TransformerModel:
+    return next(m for m in api.load(api_stdlib("models/deepseek.plan")).models if m.name == name)
+
+
+def api_stdlib(relative: str) -> str:
+    from plandsl.syntax.loader import stdlib_root
+    return str(stdlib_root() / relative)
+
+
+def _active(model: ir.TransformerModel) -> int:
+    """Parameters one token runs through: all but the experts it is not routed to."""
+    expert = 3 * model.ffn_hidden * model.hidden
+    return param_count(model) - (model.layers - model.dense_layers) * (model.experts - model.top_k) * expert
+
+
+def test_deepseek_v3_has_its_published_671b_and_37b_active():
+    model = _stdlib("deepseek_v3")
+    assert param_count(model) == 671_026_404_352  # DeepSeek-AI 2024, arXiv:2412.19437: 671B total
+    assert _active(model) == pytest.approx(37e9, rel=0.02)  # 37B activated for each token
+    lite = _stdlib("deepseek_v2_lite")
+    assert param_count(lite) == pytest.approx(15.7e9, rel=0.01)  # arXiv:2405.04434, Appendix B: 15.7B
+    assert _active(lite) - lite.vocab * lite.hidden == pytest.approx(2.4e9, rel=0.03)  # 2.4B active (no embedding)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("q_lora", [24, 0], ids=["q_lora", "no_q_lora"])
+def test_parameters_match_transformers_deepseek_v3(q_lora):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.DeepseekV3Config(
+        vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2,
+        first_k_dense_replace=1, q_lora_rank=q_lora or None, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
+        v_head_dim=16, n_group=1, topk_group=1, max_position_embeddings=128, tie_word_embeddings=False)
+    with torch.device("meta"):
+        reference = transformers.DeepseekV3ForCausalLM(config)
+    theirs = {name: param.numel() for name, param in reference.named_parameters()}
+    model = _model(**{**SMALL, "q_lora_rank": q_lora})
+    assert param_count(model) == sum(theirs.values())
+    ours = {p.name: p.numel for layer in layers_of(model) for p in layer.params}
+    for index in range(model.layers):  # block by block, so a dense block cannot pay for an MoE one
+        prefix = f"model.layers.{index}."
+        assert sum(n for name, n in ours.items() if name.startswith(f"layers.{index}.")) == \
+            sum(n for name, n in theirs.items() if name.startswith(prefix))
+    assert ours["layers.0.attn.wkv_a.weight"] == theirs["model.layers.0.self_attn.kv_a_proj_with_mqa.weight"]
+    assert ours["layers.0.attn.wkv_b.weight"] == theirs["model.layers.0.self_attn.kv_b_proj.weight"]
+
+
+def test_two_kinds_of_block_each_computed_once():
+    model = _model(**SMALL)
+    blocks = [layer for layer in layers_of(model) if layer.kind == "block"]
+    assert [any(".moe." in p.name for p in b.params) for b in blocks] == [False, True, True, True]
+    assert "layers.0.mlp.w1.weight" in {p.name for p in blocks[0].params}
+    assert {p.name: p.shape for p in blocks[0].params}["layers.0.mlp.w1.weight"] == (96, 64)
+    keys = [figures_key(b) for b in blocks]
+    assert keys[0] != keys[1] and keys[1] == keys[2] == keys[3]
+    assert block_model(model, blocks[0]).ffn_hidden == 96 and not block_model(model, blocks[0]).experts
+    assert block_model(model, blocks[1]) is model and block_model(model, blocks[0]) is block_model(model, 0)
+    # FLOPs: 2 per multiply-add of each matmul's weights, plus the core's Q·Kᵀ (nope + rope) and P·V (v)
+    dense = blocks[0]
+    weights = sum(p.numel for p in dense.params if len(p.shape) == 2)
+    assert dense.flops_per_token == 2 * weights + 2 * 128 * 4 * (16 + 8 + 16)
+
+
+def test_latent_attention_defaults_and_widths():
+    model = _model(layers=2, hidden=2048, heads=16, seq=128, vocab=256, kv_lora_rank=512)
+    assert model.latent_attention and model.kv_heads == 16
+    assert (model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim, model.q_lora_rank) == (128, 64, 128, 0)
+    widths = attention_widths(model)
+    assert (widths.q, widths.k, widths.v, widths.o) == (16 * 192, 16 * 192, 16 * 128, 16 * 128)
+    assert widths.latent == 2048 + 512 + 64  # no query latent: the block input itself, then the kv latent and rope
+    assert not _model(layers=2, hidden=64, heads=4, seq=8, vocab=8).latent_attention
+
+
+def test_tensor_parallel_splits_dense_ffn_too():
+    model = _model(**SMALL)
+    assert tensor_extents(model)["dense_ffn"] == 96 and "kv_heads" not in tensor_extents(model)
+
+
+PLAN = """\
+import "clusters/dgx_a100"
+plan p {{
+  model   = llama(layers=4, hidden=1024, heads=16, seq=1024, vocab=32000, ffn=512, experts=8, top_k=2,
+                  shared_experts=1{extra})
+  cluster = dgx_a100
+  mesh    = [dp = 2, ep = 2, tp = 2]
+  train   = {{ global_batch: 16, micro_batch: 2 }}
+  data    = zero1 over dp
+  experts = alltoall over ep
+  tensor  = megatron over tp{sp}
+}}
+"""
+MLA = ", q_lora_rank=384, kv_lora_rank=128, qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64"
+
+
+def _plan(extra: str = "", sp: bool = False) -> ir.Plan:
+    return api.loads(PLAN.format(extra=extra, sp=" with sequence_parallel" if sp else "")).plans[0]
+
+
+def _block_times(plan: ir.Plan):
+    blocks = [layer for layer in layers_of(plan.model) if layer.kind == "block"]
+    device = plan.cluster.devices_in_order()[0]
+    return [estimate_layer_time(plan.model, b, plan_work(plan), device, plan_links(plan)) for b in blocks]
+
+
+def test_dense_blocks_cost_as_dense_blocks_and_route_nothing():
+    plan = _plan(", dense_layers=1, dense_ffn=4096")
+    dense, moe = _block_times(plan)[:2]
+    assert dense.moved.expert == 0 and moe.moved.expert > 0  # no all-to-all in a dense block
+    assert dense.moved.tensor == moe.moved.tensor
+    blocks = [layer for layer in layers_of(plan.model) if layer.kind == "block"]
+    assert dense.flops == pytest.approx(2 * 1024 * blocks[0].flops_per_token / 2)  # tokens x FLOPs / tp
+    all_moe = estimate_plan(_plan())
+    mixed = estimate_plan(plan)
+    widened = 3 * 4096 * 1024 - (3 * 512 * 1024 * (8 + 1) + 8 * 1024)  # the dense MLP against the MoE layer
+    assert mixed.flops_per_step != all_moe.flops_per_step
+    assert sum(layer.param_count for layer in layers_of(plan.model)) - \
+        sum(layer.param_count for layer in layers_of(_plan().model)) == widened
+    kept = [estimate_layer_activations(plan, b) for b in blocks[:2]]
+    assert kept[0] != kept[1]
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_latent_attention_keeps_and_moves_its_latents(sp):
+    plan = _plan(MLA, sp)
+    block = next(layer for layer in layers_of(plan.model) if layer.kind == "block")
+    # kept: 2 bytes per element: the block's norms, inputs, latents (query 384, kv 128, twice: norm input and
+    # up-projection input), rope key (32), per-head Q, K (96 wide), V and output (64 wide) split by tp, the
+    # experts'; against the GQA block of the same model: the attention terms differ only
+    gqa = _plan(sp=sp)
+    tokens = 1024 * 2
+    divisor = 2 if sp else 1
+    difference = estimate_layer_activations(plan, block) - estimate_layer_activations(
+        gqa, next(layer for layer in layers_of(gqa.model) if layer.kind == "block"))
+    mla_terms = (4 * (384 + 128) + 2 * 32) / divisor + (2 * 16 * 96 * 2 + 2 * 16 * 64 * 2) / 2
+    gqa_terms = (2 * 1024 + 4 * 1024 + 2 * 1024) / 2
+    assert difference == pytest.approx(tokens * (mla_terms - gqa_terms))
+    time = _block_times(plan)[0]
+    activation, latent = tokens * 1024 * 2, tokens * (384 + 128 + 32) * 2
+    # the attention half's column-parallel input is the latents: all-gathered (sp) or all-reduced (backward)
+    expected = (activation + latent) * 2 + 2 * activation * 2 if sp else activation * 2 + latent + activation
+    assert time.moved.tensor == pytest.approx(expected)
+    estimate = estimate_plan(plan)
+    assert estimate.fits and estimate.flops_per_step > 0
+
+
+CHECKED = """\
+import "clusters/dgx_a100"
+plan p {{
+  model   = llama(layers=8, hidden=1024, heads=16, seq=2048, vocab=32000{args})
+  cluster = dgx_a100 x 1
+  mesh    = [dp = 8]
+  train   = {{ global_batch: 64, micro_batch: 2 }}
+}}
+"""
+
+
+@pytest.mark.parametrize("args, codes", [
+    (", q_lora_rank=256, v_head_dim=64", ["E226"]),
+    (", kv_lora_rank=128, kv_heads=4", ["E227"]),
+    (", kv_lora_rank=128, qk_rope_head_dim=31", ["E222"]),
+    (", experts=8, dense_layers=8", ["E228"]),
+    (", dense_layers=2", ["E229"]),
+    (", experts=8, dense_ffn=4096", ["E229"]),
+    (", kv_lora_rank=128, hidden=1000", None),  # under MLA the head dims are its own: hidden/heads need not divide
+    (", experts=8, dense_layers=2, kv_lora_rank=64, q_lora_rank=96", []),
+], ids=["E226", "E227", "E222", "E228", "E229", "E229_ffn", "mla_hidden", "clean"])
+def test_checker_rules(args, codes):
+    if codes is None:  # a second `hidden`: E213; written once instead
+        text = CHECKED.format(args=", kv_lora_rank=128, qk_nope_head_dim=64").replace("hidden=1024", "hidden=1000")
+        assert not api.checks(text).errors, [str(d) for d in api.checks(text).errors]
+        return
+    analysis = api.checks(CHECKED.format(args=args))
+    assert [d.code for d in analysis.errors] == codes, [str(d) for d in analysis.errors]
+
+
+def test_gpt_takes_no_latent_attention():
+    analysis = api.checks(CHECKED.format(args=", kv_lora_rank=128").replace("llama(", "gpt("))
+    assert [d.code for d in analysis.errors] == ["E212"]
+
+
+def test_tensor_parallel_degree_must_divide_dense_ffn():
+    text = CHECKED.format(args=", experts=8, dense_layers=2, dense_ffn=4098").replace("[dp = 8]", "[dp = 2, tp = 4]")
+    text = text.replace("micro_batch: 2 }", "micro_batch: 2 }\n  tensor  = megatron over tp")
+    analysis = api.checks(text)
+    assert [d.code for d in analysis.errors] == ["E406"] and "dense_ffn" in analysis.errors[0].message
+
+
+@pytest.mark.parametrize("q_lora", [24, 0], ids=["q_lora", "no_q_lora"])
+def test_the_interpreters_module_is_the_catalogue(q_lora):
+    from plandsl.runtime.models import build_model
+    model = _model(**{**SMALL, "q_lora_rank": q_lora})
+    module = build_model(model, seed=0)
+    assert {name: tuple(p.shape) for name, p in module.named_parameters()} == \
+        {p.name: p.shape for layer in layers_of(model) for p in layer.params}
+    logits = module(torch.randint(0, 256, (2, 16)))
+    logits.float().sum().backward()
+    assert logits.shape == (2, 16, 256) and all(p.grad is not None for p in module.parameters())
+
+
+def test_ring_context_parallelism_refuses_narrow_values():
+    from plandsl.runtime.support import refusals
+    text = CHECKED.format(args=", kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64")
+    text = text.replace("[dp = 8]", "[dp = 4, cp = 2]").replace("micro_batch: 2 }", "micro_batch: 2 }\n  context = {kind} over cp")
+    ring = api.loads(text.replace("{kind}", "ring")).plans[0]
+    assert [d.code for d in refusals(ring, cuda=False)] == ["E704"]
+    assert refusals(api.loads(text.replace("{kind}", "allgather")).plans[0], cuda=False) == []
