@@ -32,7 +32,7 @@ from plandsl.schedules.simulate import BUBBLE_DEFINITION, Costs, bubble_seconds
 from plandsl.ir.placement import assign_stages, mesh_device_runs, pipeline_rank_device_types
 from plandsl.cost.schedule import simulate_plan_schedule
 from plandsl.diagnostics import PlanError, diag
-from plandsl.ir.layers import layers_of, once_per_figures
+from plandsl.ir.layers import figures_key, layers_of, once_per_figures
 from plandsl.lower.units import format_bytes
 
 
@@ -195,7 +195,6 @@ def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | Non
     if rank_devices is None:
         rank_devices = [slowest(devices, precision) for devices in pipeline_rank_device_types(plan)]
     zero_stage = zero_degrees(plan)[0]
-    transformer = isinstance(plan.model, ir.TransformerModel)
     cache: dict[tuple, LayerTime] = {}
     splits: dict = {}
     result = []
@@ -203,7 +202,7 @@ def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | Non
         device = rank_devices[assignment.rank_of_stage[stage]]
         times = []
         for layer, mode in zip(layers, layer_recompute(plan, layers)):  # recompute_layers: per block
-            key = (layer.kind, "" if transformer else layer.name, id(device), mode)
+            key = (figures_key(layer), id(device), mode)  # a kind of block once (a dense-then-MoE model has two)
             if key not in cache:
                 cache[key] = estimate_layer_time(plan.model, layer, replace(work, recompute=mode), device, links,
                                                  efficiency)

@@ -1,8 +1,8 @@
 """Layers onto pipeline stages for the search: the fewest seconds on the slowest stage, within memory.
 
 Stage: inside `plandsl.search`. Contract: `partition_blocks` (identical blocks, a greedy that is exact
-for this minimax) and `partition_layers` (layers that differ, dynamic programming) return layers
-per stage, or None when no split fits.
+for this minimax) and `partition_layers` (layers that differ, dynamic programming; a transformer's two
+kinds of block) return layers per stage, or None when no split fits.
 """
 from __future__ import annotations
 
@@ -105,11 +105,12 @@ def _float(bits: int) -> float:
 
 
 def partition_layers(costs: list[list[float]], memory: list[list[float]] | None = None,
-                     caps: list[float] | None = None) -> tuple[int, ...] | None:
-    """Layers per stage for layers that differ (written models, mlp): dynamic programming over the
-    layers, f[s][i] = min over j of max(f[s-1][j], cost of layers j..i on stage s), each stage
-    holding at least one layer and at most caps[s] bytes. `costs[s][i]` is layer i's seconds on
-    stage s's device, `memory[s][i]` its bytes there. O(stages x layers^2)."""
+                     caps: list[float] | None = None, fixed: list[float] | None = None) -> tuple[int, ...] | None:
+    """Layers per stage for layers that differ (written models, mlp, a transformer's dense blocks before
+    its MoE ones): dynamic programming over the layers, f[s][i] = min over j of max(f[s-1][j], fixed[s] +
+    cost of layers j..i on stage s), each stage holding at least one layer and at most caps[s] bytes.
+    `costs[s][i]` is layer i's seconds on stage s's device, `memory[s][i]` its bytes there, `fixed[s]` the
+    seconds stage s spends besides them (a transformer's embedding, norm and head). O(stages x layers^2)."""
     stages, layers = len(costs), len(costs[0]) if costs else 0
     if stages > layers:
         return None
@@ -126,7 +127,7 @@ def partition_layers(costs: list[list[float]], memory: list[list[float]] | None 
                     continue
                 if held is not None and caps is not None and held[s - 1][i] - held[s - 1][j] > caps[s - 1]:
                     continue
-                value = max(best[s - 1][j], prefix[s - 1][i] - prefix[s - 1][j])
+                value = max(best[s - 1][j], (fixed[s - 1] if fixed else 0.0) + prefix[s - 1][i] - prefix[s - 1][j])
                 if value < best[s][i]:
                     best[s][i], cut[s][i] = value, j
     if best[stages][layers] == inf:

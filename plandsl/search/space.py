@@ -3,8 +3,9 @@
 Stage: inside the search. Contract: `Space` enumerates roots (layout and mesh order), nodes (plus
 micro-batch size and recomputation) and leaves (plus ZeRO stage, schedule and virtual stages),
 each with a lower bound on the step time of every plan below it, and `evaluate` gives a leaf's exact
-figures through `cost.estimate`. Per-layer costs, memory and stage sums are memoised: blocks are
-identical, so a stage is (embedding?) + n blocks + (norm and head?).
+figures through `cost.estimate`. Per-layer costs, memory and stage sums are memoised: blocks of a kind are
+identical, so a stage is (embedding?) + n blocks + (norm and head?) (a dense-then-MoE model: n blocks of
+two kinds).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from plandsl.cost.layer import LayerTime, estimate_layer_time
 from plandsl.cost.stage import StageTime, fsdp_units, param_split, rank_tail, stage_time, zero_traffic
 from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, gathered_bytes, inflight_microbatches,
                                  model_state_bytes, tied_embedding)
-from plandsl.ir.layers import Layer, layers_of
+from plandsl.ir.layers import Layer, figures_key, layers_of
 from plandsl.schedules.registry import BUILTIN, splits_backward
 from plandsl.search.choices import (AXES, MAX_MICRO_BATCH, RECOMPUTE, divisors_up_to, layouts, mesh_orders,
                                     schedule_choices, sequence_parallel, stage_ranks, stages_by_rank)
@@ -94,6 +95,7 @@ class Space:
         self.norm_values = problem.model.norm_values if isinstance(problem.model, ir.CustomModel) else 0
         self.blocks = sum(1 for layer in self.layers if layer.kind == "block") if self.transformer \
             else len(self.layers)
+        self.dense_blocks = 0  # a dense-then-MoE transformer's leading dense blocks (`_kinds`)
         self.kinds = self._kinds()
         self.devices = problem.cluster.devices_in_order()
         self.base = self._base_plan()
@@ -111,12 +113,19 @@ class Space:
         self.stats = SearchStats()
 
     def _kinds(self) -> list[tuple[Layer, int]]:
-        """(layer, count): transformers are an embedding, L identical blocks, a norm and a head."""
+        """(layer, count): transformers are an embedding, L identical blocks, a norm and a head; a dense-then-MoE
+        one (`dense_layers`) has its D leading dense blocks as a fifth kind after them, the L - D MoE blocks
+        as the second (`dense_blocks` = D; its stages are partitioned over the blocks in order,
+        `_mixed_partition`)."""
         if not self.transformer:
             return [(layer, 1) for layer in self.layers]
-        first_block = next(layer for layer in self.layers if layer.kind == "block")
+        blocks = [layer for layer in self.layers if layer.kind == "block"]
+        last = figures_key(blocks[-1])
+        self.dense_blocks = next((i for i, block in enumerate(blocks) if figures_key(block) == last), 0)
         by_kind = {layer.kind: layer for layer in self.layers if layer.kind != "block"}
-        return [(by_kind["embed"], 1), (first_block, self.blocks), (by_kind["norm"], 1), (by_kind["head"], 1)]
+        kinds = [(by_kind["embed"], 1), (blocks[-1], self.blocks - self.dense_blocks), (by_kind["norm"], 1),
+                 (by_kind["head"], 1)]
+        return kinds + ([(blocks[0], self.dense_blocks)] if self.dense_blocks else [])
 
     def _base_plan(self) -> ir.Plan:
         p = self.problem
@@ -211,7 +220,7 @@ class Space:
             work, links = self.work(node), node.root.links
             found = []
             for layer, _ in self.kinds:
-                key = (work, layer.kind if self.transformer else layer.name, device.name, links.tp, links.cp, links.ep)
+                key = (work, figures_key(layer), device.name, links.tp, links.cp, links.ep)
                 time = self._time_cache.get(key)
                 if time is None:
                     time = self._time_cache[key] = estimate_layer_time(self.model, layer, work, device, links,
@@ -244,7 +253,7 @@ class Space:
                    for i, (_, count) in enumerate(self.kinds))
 
     def params(self, layer: Layer, tp: int, ep: int) -> tuple[int, int]:
-        key = (layer.kind if self.transformer else layer.name, tp, ep)
+        key = (figures_key(layer), tp, ep)
         found = self._param_cache.get(key)
         if found is None:
             found = self._param_cache[key] = param_split(layer, tp, ep)
@@ -301,8 +310,10 @@ class Space:
         key = (id(plan), first, last, min(blocks, 2))  # the plan of the states: one per layout and stage
         found = self._gathered_cache.get(key)
         if found is None:
-            embed, block, norm, head = (layer for layer, _ in self.kinds)
+            embed, block, norm, head = (layer for layer, _ in self.kinds[:4])
             layers = ([embed] if first else []) + [block] * min(blocks, 2) + ([norm, head] if last else [])
+            if self.dense_blocks:  # either kind may be the two gathered: the two largest of both (a bound)
+                layers += [self.kinds[4][0]] * min(blocks, 2)
             copy = tied_embedding(plan, self.layers) if last and not first else None
             found = self._gathered_cache[key] = sum(gathered_bytes(plan, layers, [copy] if copy else []))
         return found
@@ -343,7 +354,9 @@ class Space:
         pp, m = root.pp, node.microbatches
         ranks = stage_ranks(schedule, pp, virtual) if pp > 1 else (0,)
         inflight = self._inflight(schedule, pp, m, virtual) if pp > 1 else np.ones(1)
-        if self.transformer:
+        if self.dense_blocks:
+            counts = self._mixed_partition(node, zero, ranks, inflight, memory)
+        elif self.transformer:
             counts = self._transformer_partition(node, ranks, inflight, memory, virtual)
         else:
             counts = self._layer_partition(node, ranks, inflight, memory)
@@ -443,6 +456,40 @@ class Space:
         found = self._partition_cache[key] = partition_blocks(self.blocks, fixed, per_block, caps)
         return found
 
+    def _mixed_partition(self, node: Node, zero: int, ranks, inflight, memory):
+        """Blocks per stage of a transformer with two kinds of block, the dense ones first: the dynamic
+        programme over the blocks in order (`partition_layers`), each block at its own kind's seconds and
+        bytes on its stage's rank, the embedding and the norm and head as fixed seconds and bytes of the
+        first and last stage, a rank's room shared evenly by its stages, ZeRO's gathered units taken as the
+        two largest of either kind (a bound)."""
+        root = node.root
+        key = (node.ident, zero, ranks, inflight.tobytes())
+        found = self._partition_cache.get(key, False)
+        if found is not False:
+            return found
+        per_kind, tied, _ = memory
+        (embed_s, embed_a, _), (moe_s, moe_a, moe_w), (norm_s, norm_a, _), (head_s, head_a, loss), \
+            (dense_s, dense_a, dense_w) = per_kind
+        working = max(moe_w, dense_w)
+        first_rank, last_rank, last = ranks[0], ranks[-1], len(ranks) - 1
+        dense, moe = self.dense_blocks, self.blocks - self.dense_blocks
+        costs, held, caps, fixed = [], [], [], []
+        for s, r in enumerate(ranks):
+            embed, block, norm, head, dense_block = self.kind_times(node, root.rank_devices[r])
+            costs.append([dense_block.forward + dense_block.backward] * dense + [block.forward + block.backward] * moe)
+            fixed.append((embed.forward + embed.backward if s == 0 else 0.0)
+                         + (norm.forward + norm.backward + head.forward + head.backward if s == last else 0.0))
+            held.append([dense_s + inflight[r] * dense_a] * dense + [moe_s + inflight[r] * moe_a] * moe)
+            room = root.capacity[r] - working - self.gathered(memory, r == first_rank, r == last_rank, 2)
+            if r == first_rank:
+                room -= embed_s + inflight[r] * embed_a
+            if r == last_rank:
+                room -= norm_s + head_s + inflight[r] * (norm_a + head_a) + max(0.0, loss - working)
+                room -= tied if tied and first_rank != last_rank else 0.0
+            caps.append(room / sum(1 for q in ranks if q == r))
+        found = self._partition_cache[key] = partition_layers(costs, held, caps, fixed)
+        return found
+
     def _layer_partition(self, node: Node, ranks, inflight, layer_memory):
         root = node.root
         per_kind, plan = layer_memory[0], layer_memory[2]
@@ -480,13 +527,18 @@ class Space:
                                       self.problem.grad_dtype.bytes))
             return out
         out = []
+        start = 0
         for s, n in enumerate(counts):
             device = root.rank_devices[ranks[s]]
-            key = (node.ident, zero, device.name, n, s == 0, s == last)
+            dense = max(0, min(start + n, self.dense_blocks) - start)  # of a dense-then-MoE model's blocks
+            start += n
+            key = (node.ident, zero, device.name, n, s == 0, s == last, dense)
             found = self._stage_cache.get(key)
             if found is None:
                 parts = [(0, 1)] if s == 0 else []
-                parts.append((1, n))
+                parts.append((1, n - dense))
+                if dense:
+                    parts.append((4, dense))
                 if s == last:
                     parts += [(2, 1), (3, 1)]
                 times = self.kind_times(node, device)

@@ -238,3 +238,76 @@ def test_ring_context_parallelism_refuses_narrow_values():
     ring = api.loads(text.replace("{kind}", "ring")).plans[0]
     assert [d.code for d in refusals(ring, cuda=False)] == ["E704"]
     assert refusals(api.loads(text.replace("{kind}", "allgather")).plans[0], cuda=False) == []
+
+
+# ---- the search -------------------------------------------------------------------------------------------
+HARDWARE = """
+device gpu { memory = 16 GiB; bandwidth = 1000 GB/s; peak = { bf16: 200 TFLOP/s, fp32: 20 TFLOP/s } }
+node box { devices = 2 x gpu; link = { bandwidth: 100 GB/s, latency: 2 us }; nic = { bandwidth: 20 GB/s, latency: 5 us } }
+cluster pair = box x 2
+"""
+MIXED = ("llama(layers=6, hidden=512, heads=8, seq=512, vocab=4096, kv_lora_rank=64, q_lora_rank=96, experts=4, "
+         "top_k=2, ffn=256, dense_layers={dense}, dense_ffn=32768)")
+
+
+def _problem(dense: int = 2):
+    from plandsl.search import Problem
+    document = api.loads(HARDWARE + f"model m = {MIXED.format(dense=dense)}\n")
+    return Problem(document.models[0], document.clusters[0], 8, None)
+
+
+def test_the_search_finds_the_brute_force_optimum_of_two_kinds_of_block():
+    from plandsl.cost.compute import DEFAULT_EFFICIENCY
+    from plandsl.search import search
+    from plandsl.search.space import Space
+    problem = _problem()
+    pins = {"recompute": "none", "zero_stage": 1}
+    space = Space(problem, pins, DEFAULT_EFFICIENCY)
+    everything = []
+    for root in space.roots():  # every leaf's bound at most its exact step
+        for node in space.expand_root(root):
+            for leaf in space.expand(node):
+                scored = space.evaluate(leaf)
+                if scored is not None:
+                    assert leaf.bound <= scored.estimate.time.step
+                    everything.append(scored.estimate.time.step)
+    found = search(problem, pins=pins, top=3)
+    assert [s.estimate.time.step for s in found.candidates] == pytest.approx(sorted(everything)[:3], rel=1e-12)
+
+
+@pytest.mark.parametrize("dense", [1, 3])
+def test_stages_split_the_blocks_in_order_at_their_own_costs(dense):
+    """The pipeline's blocks per stage minimise the slowest stage over every split of the blocks in order,
+    each block at its kind's seconds (the heavy dense blocks first), not as if all were the first block."""
+    from plandsl.cost.compute import DEFAULT_EFFICIENCY
+    from plandsl.search.space import Space
+    space = Space(_problem(dense), {"pp": 2, "dp": 2, "tp": 1, "schedule": "1f1b", "virtual_stages": 1,
+                                    "recompute": "none", "zero_stage": 1, "micro_batch_size": 1,
+                                    "order": ("pp", "dp")}, DEFAULT_EFFICIENCY)
+    (root,) = space.roots()
+    (node,) = space.expand_root(root)
+    (leaf,) = space.expand(node)
+    seconds = [t.forward + t.backward for t in space.kind_times(node, root.rank_devices[0])]
+    blocks = [seconds[4]] * dense + [seconds[1]] * (6 - dense)
+
+    def slowest(counts):
+        return max(seconds[0] + sum(blocks[:counts[0]]), sum(blocks[counts[0]:]) + seconds[2] + seconds[3])
+
+    best = min(slowest((n, 6 - n)) for n in range(1, 6))
+    assert slowest(leaf.counts) == pytest.approx(best)
+    if dense == 3:  # three heavy blocks first: the first stage takes fewer than half
+        assert leaf.counts[0] < 3 and slowest((3, 3)) > best
+
+
+def test_a_mixed_stage_is_timed_block_by_block():
+    """The estimate times each kind of block on its own (a cache keyed by the layer's kind gave every block of a
+    stage the first one's time)."""
+    from plandsl.cost.estimate import estimate_stage_times
+    from plandsl.ir.placement import assign_stages
+    plan = _plan(", dense_layers=1, dense_ffn=4096")
+    assignment = assign_stages(plan)[0]
+    (stage,) = estimate_stage_times(plan, assignment)
+    device = plan.cluster.devices_in_order()[0]
+    expected = sum(estimate_layer_time(plan.model, layer, plan_work(plan), device, plan_links(plan)).flops
+                   for layer in assignment.stage_layers[0])
+    assert stage.flops == pytest.approx(expected)
