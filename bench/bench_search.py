@@ -176,7 +176,8 @@ def published() -> list[Run]:
                                          (16384, 8, 16, 131072, 128, 0.38)):
         runs.append(Run(f"Llama 3 405B, {gpus} H100, cp {cp}, seq {seq}", "Llama Team 2024, arXiv:2407.21783, Table 4",
                         "llama3_405b", f"dgx_h100 x {gpus // 8}", batch, mfu, metric="mfu", seq=seq,
-                        pins={"tp": 8, "pp": 16, "cp": cp, "dp": dp, "zero_stage": 2}))
+                        pins={"tp": 8, "pp": 16, "cp": cp, "dp": dp, "zero_stage": 2, "schedule": "interleaved_1f1b"},
+                        note="Sec. 3.3.2: the interleaved schedule of Narayanan et al. 2021 (virtual stages not given)"))
     runs.append(Run("torchtitan Llama 3 8B, FSDP 64 A100, selective op", "pytorch/torchtitan docs/performance.md (2024)",
                     "llama3_8b", "dgx_a100 x 8", 64, 2973, metric="tokens_per_device",
                     pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 1, "recompute": "selective_op"}))
@@ -212,7 +213,35 @@ def published() -> list[Run]:
                     runs[-1].model, "dgx_h100 x 16", 32, 32 * 4096 / 3.16 / 128, metric="tokens_per_device",
                     pins=dict(runs[-1].pins), dtypes={**runs[-1].dtypes, "precision": "fp8"},
                     note="the blocks' linear layers at the FP8 peak, attention and the output layer in bf16"))
+    runs += nemo_h100()
     return runs
+
+
+# NVIDIA Megatron-Bridge's published step rates (docs/performance-summary-archive.md, DGX-H100 tables of the
+# NeMo 25.11 and 26.02 containers; recipes in scripts/performance/configs/llama/*_workload_base_configs.py):
+# FP8 with current scaling (Transformer Engine), Megatron's distributed optimizer, no recomputation except
+# where noted. FSDP > 0 in the tables is Megatron-FSDP over all the data-parallel ranks (ZeRO-3).
+NEMO_BRIDGE = "NVIDIA Megatron-Bridge, performance summary"
+
+
+def nemo_h100() -> list[Run]:
+    def run(name, container, model, gpus, batch, measured, note="", **pins):
+        base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1}
+        if pins.get("pp", 1) > 1:
+            base["schedule"] = "interleaved_1f1b"
+        return Run(f"NeMo {name}, {gpus} H100, FP8", f"{NEMO_BRIDGE}, NeMo {container}", model,
+                   f"dgx_h100 x {gpus // 8}", batch, measured, metric="tokens_per_device",
+                   pins={**base, **pins}, dtypes={"precision": "fp8"}, note=note)
+    return [run("Llama 3 8B (FSDP 8)", "25.11", "llama3_8b", 8, 128, 14451, dp=8, tp=1, pp=1, zero_stage=3,
+                note="the recipe recomputes 5 of the 32 layers (recompute_num_layers=5), pinned here as none"),
+            run("Llama 3 70B (t4 p8 v5), gbs 128", "25.11", "llama3_70b", 64, 128, 1602, dp=2, tp=4, pp=8,
+                virtual_stages=5),
+            run("Llama 3 70B (t4 p8 v5), gbs 256", "26.02", "llama3_70b", 64, 256, 1621, dp=2, tp=4, pp=8,
+                virtual_stages=5),
+            run("Llama 3.1 405B (t8 p8 c2 v8), gbs 512", "25.11", "llama3_405b", 1024, 512, 292, dp=8, tp=8, pp=8,
+                cp=2, virtual_stages=8),
+            run("Llama 3.1 405B (t8 p8 c2 v8), gbs 1536", "26.02", "llama3_405b", 1024, 1536, 311, dp=8, tp=8, pp=8,
+                cp=2, virtual_stages=8)]
 
 
 def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:

@@ -413,7 +413,8 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
     sequence parallel). The terms below are the paper's, sized from the model's own shapes.
     fp32 activations double every term. `kv_gathered`: all-gather context parallelism over that
     many ranks keeps K and V of the whole sequence for the attention backward, not the local part
-    (selective recomputation reruns the core with its gather, so 1 then).
+    (selective recomputation reruns the core with its gather, so 1 then). Under `precision: fp8` the
+    linear layers' saved inputs are FP8 (`_fp8_saved_terms`).
     """
     sbh = seq * micro_batch * model.hidden
     scale = precision.bytes / 2
@@ -423,6 +424,9 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
     if recompute is ir.Recompute.selective_op:
         return sbh * _selective_op_terms(model, tp, sequence_parallel) * scale
     replicated, sharded, matrix = _block_terms(model, seq, kv_gathered)
+    if precision is ir.Precision.fp8:
+        saved_replicated, saved_sharded = _fp8_saved_terms(model)
+        replicated, sharded = replicated - saved_replicated, sharded - saved_sharded
     if not attention_matrix or recompute is ir.Recompute.selective:
         matrix = 0.0  # selective recompute (Sec. 5) recomputes exactly the attention core
     if sequence_parallel:  # Sec. 4.2.2: the replicated parts are split along the sequence too
@@ -459,6 +463,19 @@ def _block_terms(model: ir.TransformerModel, seq: int, kv_gathered: int = 1) -> 
     # Scores: softmax output (2), plus gpt's dropout mask (1) and output (2): 5as/h (2as/h llama).
     matrix = (2 + 3 * dropout) * model.heads * seq / model.hidden
     return replicated, attention + mlp, matrix
+
+
+def _fp8_saved_terms(model: ir.TransformerModel) -> tuple[float, float]:
+    """What FP8 saves of `_block_terms`, in the same units: Transformer Engine keeps the input each FP8
+    linear layer saves for its weight gradient in FP8, one byte instead of two (its `Linear` and
+    `LayerNormLinear` save the quantized input they already made for the forward GEMM): the q/k/v input and the MLP input outside
+    tensor parallelism (SwiGLU's w1 and w3 share theirs), the out-projection input and the w2 input inside.
+    Each token's routed experts (top_k) and the shared ones save their own inputs."""
+    ffn = model.ffn_hidden / model.hidden
+    if not model.experts:
+        return 1.0 + 1.0, 1.0 + ffn
+    visits = model.top_k + model.shared_experts
+    return 1.0 + model.top_k, 1.0 + visits * ffn
 
 
 def _selective_op_terms(model: ir.TransformerModel, tp: int, sequence_parallel: bool) -> float:

@@ -40,13 +40,31 @@ def test_every_published_run_is_predicted(bench, results):
     assert missing == []
 
 
+def _held_out(bench, results, generation: str = "") -> dict[str, float]:
+    return {run.name: abs(bench.error(run, value)) for run, value, _ in results
+            if not run.fit and run.family != "info" and generation in run.name}
+
+
 @pytest.mark.slow
 def test_held_out_error_within_target(bench, results):
-    errors = {run.name: abs(bench.error(run, value)) for run, value, _ in results
-              if not run.fit and run.family != "info"}
-    assert len(errors) >= 20
-    assert statistics.median(errors.values()) <= 0.15, errors
+    """Issue 20's targets: median |error| <= 10 % over every held-out run and over the A100 and the H100 runs
+    apart; max <= 20 % for the A100 runs. The H100 runs' max is still torchtitan's power-capped 500 W
+    hosts (+29 %, docs/validation.md), held at 30 % until the model knows a power limit."""
+    errors = _held_out(bench, results)
+    assert len(errors) >= 30
+    assert statistics.median(errors.values()) <= 0.10, errors
     assert max(errors.values()) <= 0.30, errors
+    for generation, worst in (("A100", 0.20), ("H100", 0.30)):
+        apart = _held_out(bench, results, generation)
+        assert len(apart) >= 10 and statistics.median(apart.values()) <= 0.10, (generation, apart)
+        assert max(apart.values()) <= worst, (generation, apart)
+
+
+@pytest.mark.slow
+def test_nemotron_340b_within_15_percent(bench, results):
+    """Issue 20: the published Nemotron-4 340B recipe on 128 H100s is predicted within 15 %."""
+    errors = {run.name: bench.error(run, value) for run, value, _ in results if run.name.startswith("Nemotron-4 340B")}
+    assert len(errors) == 2 and all(abs(e) <= 0.15 for e in errors.values()), errors
 
 
 @pytest.mark.slow
