@@ -35,6 +35,9 @@ INT_FLAGS = (
     "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--context-parallel-size", "--expert-model-parallel-size",
     "--expert-tensor-parallel-size", "--num-distributed-optimizer-instances",
+    # multi-head latent attention (MLATransformerConfig: q_lora_rank, kv_lora_rank, qk_head_dim = plandsl's
+    # qk_nope_head_dim, qk_pos_emb_head_dim = qk_rope_head_dim, v_head_dim) and the MoE layers' own width
+    "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--moe-ffn-hidden-size",
 )
 FLOAT_FLAGS = ("--lr", "--clip-grad")
 CHOICE_FLAGS: dict[str, tuple[str, ...]] = {
@@ -57,17 +60,21 @@ CHOICE_FLAGS: dict[str, tuple[str, ...]] = {
     "--main-grads-dtype": ("fp32", "bf16"),
     "--exp-avg-dtype": ("fp32", "fp16", "bf16", "fp8"),
     "--exp-avg-sq-dtype": ("fp32", "fp16", "bf16", "fp8"),
+    # MLATransformerConfig.rope_type: MLA takes YaRN by default; plandsl's rotary positions are plain rope
+    "--rope-type": ("rope", "yarn"),
 }
 # A plan's train key -> the precision-aware optimizer's flags that say it
 DTYPE_FLAGS = {"master_dtype": ("--main-params-dtype",), "grad_dtype": ("--main-grads-dtype",),
                "optimizer_dtype": ("--exp-avg-dtype", "--exp-avg-sq-dtype")}
-TEXT_FLAGS = ("--pipeline-model-parallel-layout",)
+# --moe-layer-freq: an int N (one MoE layer every N) or a Python list expression of 0 (dense) and 1 (MoE) per layer,
+# "([0]*3+[1]*58)" (TransformerConfig.moe_layer_freq, Megatron-LM's moe_freq_type)
+TEXT_FLAGS = ("--pipeline-model-parallel-layout", "--moe-layer-freq")
 SWITCHES = (
     "--bf16", "--fp16", "--swiglu", "--untie-embeddings-and-output-weights", "--group-query-attention",
     "--disable-bias-linear", "--use-rotary-position-embeddings", "--recompute-activations",
     "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-tp-pp-dp-mapping",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-    "--use-precision-aware-optimizer",
+    "--use-precision-aware-optimizer", "--multi-latent-attention",
 )
 # Flags of Megatron-LM's launch scripts that mean nothing in a plan (data, tokenizer, logging, checkpoints,
 # initialisation, fusions, kernels, the optimizer's other constants): read, listed, left out.
@@ -82,7 +89,9 @@ IGNORED = (
     "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion", "--rotary-base",
     "--rotary-percent", "--moe-token-dispatcher-type", "--moe-grouped-gemm", "--moe-aux-loss-coeff",
     "--moe-router-load-balancing-type", "--exit-duration-in-mins", "--timing-log-level",
-    "--distributed-timeout-minutes",
+    "--distributed-timeout-minutes", "--rotary-scaling-factor", "--mscale", "--mscale-all-dim",
+    "--moe-router-score-function", "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor",
+    "--moe-router-num-groups", "--moe-router-group-topk", "--moe-router-pre-softmax", "--moe-router-dtype",
 )
 
 # plandsl's training precision -> Megatron's switch (ModelParallelConfig.bf16 / .fp16; fp32 is neither).
@@ -128,8 +137,18 @@ def _model_args(plan: ir.Plan, args: list, lose) -> None:
     if not isinstance(model, ir.TransformerModel):
         lose(f"a {model.kind} model (only gpt(...) and llama(...) are Megatron's GPTModel)", "model")
         return
+    # with dense layers first, --ffn-hidden-size is the dense layers' MLP and --moe-ffn-hidden-size the experts'
+    dense = model.dense_layers and model.experts
     args += [("--num-layers", str(model.layers)), ("--hidden-size", str(model.hidden)),
-             ("--ffn-hidden-size", str(model.ffn_hidden)), ("--num-attention-heads", str(model.heads))]
+             ("--ffn-hidden-size", str(model.dense_ffn if dense else model.ffn_hidden)),
+             ("--num-attention-heads", str(model.heads))]
+    if model.latent_attention:
+        args += [("--multi-latent-attention", None)]
+        if model.q_lora_rank:  # Megatron-LM's default None: queries projected directly, as without it here
+            args.append(("--q-lora-rank", str(model.q_lora_rank)))
+        args += [("--kv-lora-rank", str(model.kv_lora_rank)), ("--qk-head-dim", str(model.qk_nope_head_dim)),
+                 ("--qk-pos-emb-head-dim", str(model.qk_rope_head_dim)), ("--v-head-dim", str(model.v_head_dim)),
+                 ("--rope-type", "rope")]
     if model.kv_heads != model.heads:
         args += [("--group-query-attention", None), ("--num-query-groups", str(model.kv_heads))]
     # validate_args: max_position_embeddings >= seq_length; a gpt model's are its learned positions (the
@@ -151,6 +170,14 @@ def _model_args(plan: ir.Plan, args: list, lose) -> None:
         args += [("--num-experts", str(model.experts)), ("--moe-router-topk", str(model.top_k))]
         if model.shared_experts:  # TransformerConfig.moe_shared_expert_intermediate_size: one MLP that wide
             args.append(("--moe-shared-expert-intermediate-size", str(model.shared_experts * model.ffn_hidden)))
+        if dense:
+            args += [("--moe-ffn-hidden-size", str(model.ffn_hidden)),
+                     ("--moe-layer-freq", dense_pattern(model.dense_layers, model.layers))]
+
+
+def dense_pattern(dense: int, layers: int) -> str:
+    """--moe-layer-freq for `dense` dense layers, then MoE ones: "([0]*3+[1]*58)", as DeepSeek-V3's recipes write it."""
+    return f"([0]*{dense}+[1]*{layers - dense})"
 
 
 def _train_args(plan: ir.Plan, args: list, lose) -> None:

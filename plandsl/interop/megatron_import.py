@@ -241,6 +241,14 @@ def _model(read: _Read) -> str | None:
         read.problem("E805", "--num-query-groups without --group-query-attention (Megatron-LM then ignores it)",
                      "--num-query-groups", hint="add --group-query-attention")
         return None
+    latent = _latent_attention(read)
+    if latent is None:
+        return None
+    args += latent
+    if read.get("--num-experts") and read.get("--moe-ffn-hidden-size"):
+        dense_ffn, ffn = ffn, read.get("--moe-ffn-hidden-size")  # --ffn-hidden-size is then the dense layers'
+    else:
+        dense_ffn = None
     args += [f"ffn={ffn}", f"seq={seq}", f"vocab={vocab}"]
     if read.get("--num-experts"):
         if not llama:
@@ -257,11 +265,98 @@ def _model(read: _Read) -> str | None:
                              hint=f"--moe-shared-expert-intermediate-size {max(1, round(shared / ffn)) * ffn}")
                 return None
             args.append(f"shared_experts={shared // ffn}")
-    elif "--moe-router-topk" in read.values:
-        read.problem("E805", "--moe-router-topk without --num-experts", "--moe-router-topk", hint="add --num-experts N")
+        dense = _dense_layers(read, read.get("--num-layers"))
+        if dense is None:
+            return None
+        if dense:
+            args += [f"dense_layers={dense}", f"dense_ffn={dense_ffn or ffn}"]
+    elif "--moe-router-topk" in read.values or "--moe-layer-freq" in read.values or \
+            "--moe-ffn-hidden-size" in read.values:
+        given = next(f for f in ("--moe-router-topk", "--moe-layer-freq", "--moe-ffn-hidden-size") if f in read.values)
+        read.problem("E805", f"{given} without --num-experts", given, hint="add --num-experts N")
         return None
     args.append(f"tied={'false' if read.get('--untie-embeddings-and-output-weights') else 'true'}")
     return f"{'llama' if llama else 'gpt'}({', '.join(args)})"
+
+
+LATENT_FLAGS = {"--q-lora-rank": "q_lora_rank", "--kv-lora-rank": "kv_lora_rank", "--qk-head-dim": "qk_nope_head_dim",
+                "--qk-pos-emb-head-dim": "qk_rope_head_dim", "--v-head-dim": "v_head_dim"}
+# Megatron-LM's defaults of the MLA flags (arguments.py, _add_mla_args): no query latent, 32, 128, 64, 128
+LATENT_DEFAULTS = {"--q-lora-rank": None, "--kv-lora-rank": 32, "--qk-head-dim": 128, "--qk-pos-emb-head-dim": 64,
+                   "--v-head-dim": 128}
+
+
+def _latent_attention(read: _Read) -> list[str] | None:
+    """--multi-latent-attention and its shapes as llama()'s MLA arguments (Megatron-LM's defaults where not
+    given; its YaRN positions are plain rotary ones in a plan: no parameter or FLOP differs)."""
+    given = [flag for flag in LATENT_FLAGS if flag in read.values]
+    if not read.get("--multi-latent-attention"):
+        if given:
+            read.problem("E805", f"{given[0]} without --multi-latent-attention (Megatron-LM then ignores it)",
+                         given[0], hint="add --multi-latent-attention")
+            return None
+        return []
+    if read.get("--normalization") != "RMSNorm":
+        read.problem("E807", "--multi-latent-attention with a gpt(...) model: plandsl's multi-head latent attention "
+                     "is llama(...)'s", "--multi-latent-attention", hint="add --normalization RMSNorm --swiglu "
+                     "--position-embedding-type rope --disable-bias-linear")
+        return None
+    if read.get("--group-query-attention"):
+        read.problem("E807", "--group-query-attention with --multi-latent-attention: every MLA head has its own keys "
+                     "and values", "--group-query-attention", hint="leave out --group-query-attention")
+        return None
+    values = {flag: read.get(flag, default) for flag, default in LATENT_DEFAULTS.items()}
+    return [f"{LATENT_FLAGS[flag]}={value}" for flag, value in values.items() if value is not None]
+
+
+def _dense_layers(read: _Read, layers: int) -> int | None:
+    """--moe-layer-freq as dense_layers: an int 1 (every layer MoE, 0 dense) or a list of D zeros then ones (D);
+    another pattern (MoE layers between dense ones) is E807."""
+    text = read.get("--moe-layer-freq")
+    if text is None:
+        return 0
+    pattern = _layer_pattern(text, layers)
+    if pattern is None:
+        read.problem("E804", f"--moe-layer-freq {text}: an integer or a list of 0 (dense) and 1 (MoE) per layer, "
+                     f"{layers} long", "--moe-layer-freq", hint=f"--moe-layer-freq \"([0]*1+[1]*{layers - 1})\"")
+        return None
+    dense = pattern.index(1) if 1 in pattern else len(pattern)
+    if dense == layers or not all(pattern[dense:]):
+        read.problem("E807", f"--moe-layer-freq {text}: a plan's dense layers are its first ones, every later layer "
+                     "a mixture of experts", "--moe-layer-freq",
+                     hint=f"--moe-layer-freq \"([0]*{min(dense, layers - 1)}+[1]*{layers - min(dense, layers - 1)})\"")
+        return None
+    return dense
+
+
+def _layer_pattern(text: str, layers: int) -> list[int] | None:
+    """Megatron-LM's moe_freq_type without eval: an integer N (layer i is MoE when i % N == 0), or an expression of
+    list literals of 0 and 1, `*` by integers and `+` (at most `layers` entries, as the pattern must have)."""
+    import ast  # lazy: only a --moe-layer-freq pattern parses Python
+    if re.fullmatch(r"\d+", text.strip()):
+        every = int(text)
+        return [1 if i % every == 0 else 0 for i in range(layers)] if every > 0 else None
+
+    def value(node):
+        if isinstance(node, ast.List) and all(isinstance(e, ast.Constant) and e.value in (0, 1) and
+                                              type(e.value) is int for e in node.elts):
+            return [e.value for e in node.elts]
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+                return left + right
+            if isinstance(node.op, ast.Mult) and {type(left), type(right)} == {list, int}:
+                items, times = (left, right) if isinstance(left, list) else (right, left)
+                return items * times if 0 <= times and len(items) * times <= layers else None
+        return None
+
+    try:
+        found = value(ast.parse(text.strip(), mode="eval").body)
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    return found if isinstance(found, list) and len(found) == layers else None
 
 
 def _vocab(read: _Read) -> int | None:

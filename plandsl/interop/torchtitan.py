@@ -69,7 +69,8 @@ WEIGHT_DECAY = "--optimizer.param_groups.0.optimizer_kwargs.weight_decay"   # de
 
 def config_of(model: ir.Model) -> str | None:
     """The config function whose registry model is `model` (sizes and tying), None when none is."""
-    if not isinstance(model, ir.TransformerModel) or model.kind != "llama" or model.experts or model.parallel_blocks:
+    if not isinstance(model, ir.TransformerModel) or model.kind != "llama" or model.experts or model.parallel_blocks \
+            or model.latent_attention:
         return None
     for name, flavor in CONFIGS.items():
         if (model.layers, model.hidden, model.heads, model.kv_heads, model.ffn_hidden, model.vocab,
@@ -116,6 +117,9 @@ def _model_text(model: ir.Model) -> str:
         return f"a {model.kind}(...) model (torchtitan's {MODULE} is RMSNorm, SwiGLU, rotary, no biases)"
     if model.parallel_blocks:
         return f"parallel blocks (GPT-NeoX's parallel residual; {MODULE}'s blocks are sequential)"
+    if model.latent_attention:
+        return f"multi-head latent attention (kv_lora_rank={model.kv_lora_rank}; {MODULE}'s attention is grouped-query " \
+               "attention: DeepSeek's are torchtitan's deepseek_v3 module)"
     if model.experts:
         return f"a mixture of {model.experts} experts ({MODULE} is dense; --parallelism.expert_parallel_degree " \
                "is for other modules' MoE models)"

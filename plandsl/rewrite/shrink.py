@@ -383,12 +383,33 @@ def _model(plan: ir.Plan, sizes: dict[str, int], module: syntax.Module, definiti
         top_k = min(model.top_k, count)
         args += [f"experts={count}", f"top_k={top_k}"]
         experts = f", {count} experts (top {top_k})"
+        if model.shared_experts:
+            args.append(f"shared_experts={min(model.shared_experts, 2)}")
+        if model.dense_layers:  # dense blocks first stay so, at least one MoE block after them
+            dense = min(model.dense_layers, max(1, layers - 1))
+            dense_ffn = max(step, round(model.dense_ffn / model.hidden * hidden / step) * step)
+            args += [f"dense_layers={dense}", f"dense_ffn={dense_ffn}"] if dense < layers else []
+            experts += f", the first {dense} dense" if dense < layers else ""
+    args += _latent_args(model)
+    if model.parallel_blocks:
+        args.append("parallel=true")
     if model.tied_embeddings:
         args.append("tied=true")
     change = (f"model {model.name} (hidden {model.hidden}, {model.heads} heads, seq {model.seq}, vocab {model.vocab}"
               f"{f', {model.experts} experts' if model.experts else ''}) -> {name}: {same} {layers} layers, "
               f"hidden {hidden}, {heads} heads, seq {seq}, vocab {VOCAB}{experts}")
     return name, f"model {name} = {model.kind}({', '.join(args)})", change
+
+
+def _latent_args(model: ir.TransformerModel) -> list[str]:
+    """Multi-head latent attention stays so at the tiny size: latents of 2 and 1 head widths (the query's only where
+    the model compresses queries), the head dims HEAD_DIM (rope half of it), values as wide as the model's ratio."""
+    if not model.latent_attention:
+        return []
+    args = [f"q_lora_rank={2 * HEAD_DIM}"] if model.q_lora_rank else []
+    value = HEAD_DIM if model.v_head_dim == model.qk_nope_head_dim else HEAD_DIM * 3 // 4
+    return args + [f"kv_lora_rank={HEAD_DIM}", f"qk_rope_head_dim={HEAD_DIM // 2}", f"qk_nope_head_dim={HEAD_DIM}",
+                   f"v_head_dim={value}"]
 
 
 def _changes(plan: ir.Plan, sizes: dict[str, int], total: int, microbatches: int, micro_batch: int,

@@ -311,3 +311,94 @@ def test_a_mixed_stage_is_timed_block_by_block():
     expected = sum(estimate_layer_time(plan.model, layer, plan_work(plan), device, plan_links(plan)).flops
                    for layer in assignment.stage_layers[0])
     assert stage.flops == pytest.approx(expected)
+
+
+# ---- interop ----------------------------------------------------------------------------------------------
+RECIPE = """--num-layers 61 --hidden-size 7168 --ffn-hidden-size 18432 --num-attention-heads 128
+--multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 --qk-head-dim 128 --qk-pos-emb-head-dim 64
+--v-head-dim 128 --rotary-scaling-factor 40 --mscale 1.0 --mscale-all-dim 1.0
+--seq-length 4096 --max-position-embeddings 4096 --padded-vocab-size 129280 --normalization RMSNorm --swiglu
+--position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights
+--num-experts 256 --moe-router-topk 8 --moe-ffn-hidden-size 2048 --moe-shared-expert-intermediate-size 2048
+--moe-layer-freq ([0]*3+[1]*58) --moe-router-score-function sigmoid --moe-router-enable-expert-bias
+--micro-batch-size 1 --global-batch-size 15360 --bf16 --tensor-model-parallel-size 1
+--pipeline-model-parallel-size 16 --decoder-first-pipeline-num-layers 3 --decoder-last-pipeline-num-layers 2
+--expert-model-parallel-size 64 --use-distributed-optimizer --use-precision-aware-optimizer --main-grads-dtype bf16
+--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --recompute-granularity full --recompute-method uniform
+--recompute-num-layers 1
+"""
+
+
+def _imported(text: str, world_size: int = 2048):
+    from plandsl.interop import import_text
+    return import_text("megatron", text, "recipe.args", world_size=world_size, cluster="dgx_h100 x 256")
+
+
+def test_megatron_recipe_of_deepseek_v3_imports_as_models_deepseek():
+    """DeepSeek-V3's Megatron-LM flags (MLA, dense layers first by --moe-layer-freq, the experts' own width;
+    YaRN and the sigmoid router, which change no parameter or FLOP, read and left out) are models/deepseek's."""
+    imported = _imported(RECIPE)
+    assert imported.ok, [str(d) for d in imported.diagnostics]
+    model = api.select_plan(api.loads(imported.text, path="recipe.plan")).model
+    assert model.model_dump(exclude={"name"}) == _stdlib("deepseek_v3").model_dump(exclude={"name"})
+
+
+@pytest.mark.parametrize("q_lora", [True, False])
+def test_megatron_export_and_import_round_trip(q_lora):
+    from plandsl.interop import export_plan
+    plan = _plan(MLA if q_lora else MLA.replace("q_lora_rank=384, ", "") + ", dense_layers=1, dense_ffn=4096")
+    exported = export_plan(plan, "megatron")
+    assert ("--q-lora-rank 384" in exported.text) == q_lora and "--multi-latent-attention" in exported.text
+    imported = _imported(exported.text, world_size=plan.mesh.size)
+    assert imported.ok, [str(d) for d in imported.diagnostics]
+    back = api.select_plan(api.loads(imported.text, path="back.plan")).model
+    assert back.model_dump(exclude={"name"}) == plan.model.model_dump(exclude={"name"})
+
+
+@pytest.mark.parametrize("change, code", [
+    (("--multi-latent-attention ", ""), "E805"),                         # MLA's shapes without it: ignored there
+    (("--moe-layer-freq ([0]*3+[1]*58)", "--moe-layer-freq 2"), "E807"),  # dense and MoE layers interleaved
+    (("--moe-layer-freq ([0]*3+[1]*58)", "--moe-layer-freq ([0]*3+[1]*57)"), "E804"),  # not one entry per layer
+    (("--moe-layer-freq ([0]*3+[1]*58)", "--moe-layer-freq __import__('os')"), "E804"),  # no code is run
+    (("--num-experts 256 --moe-router-topk 8", ""), "E805"),             # an expert width without experts
+])
+def test_megatron_import_says_what_a_plan_cannot_hold(change, code):
+    imported = _imported(RECIPE.replace(*change))
+    assert not imported.ok and code in [d.code for d in imported.diagnostics], [str(d) for d in imported.diagnostics]
+
+
+def test_torchtitan_cannot_express_latent_attention():
+    from plandsl.interop import export_plan
+    text = """import "clusters/dgx_h100"
+plan p {
+  model = llama(layers=32, hidden=4096, heads=32, ffn=14336, seq=8192, vocab=128256, kv_lora_rank=512)
+  cluster = dgx_h100
+  mesh = [dp = 8]
+  train = { global_batch: 16 }
+  data = zero3 over dp
+}
+"""
+    lost = export_plan(api.loads(text).plans[0], "torchtitan").lost
+    assert [d.code for d in lost] == ["E808"] and "multi-head latent attention" in lost[0].message
+
+
+def test_shrink_keeps_the_architecture(tmp_path):
+    """`plandsl shrink` of a DeepSeek plan is a tiny DeepSeek: latent attention (with its query latent), shared
+    experts and the dense blocks first stay, as does a parallel residual."""
+    path = tmp_path / "v3.plan"
+    path.write_text("""import "clusters/dgx_h100"
+import "models/deepseek"
+plan v3 {
+  model   = deepseek_v3
+  cluster = dgx_h100 x 256
+  mesh    = [dp = 2, pp = 16, ep = 64]
+  train   = { global_batch: 15360, micro_batch: 1, recompute: full, grad_dtype: bf16, optimizer_dtype: bf16 }
+  data    = zero1 over dp
+  experts = alltoall over ep
+  stages  = evenly over pp
+}
+""")
+    small = api.shrink(path).plan.model
+    assert small.latent_attention and small.q_lora_rank and small.kv_heads == small.heads
+    assert small.shared_experts == 1 and 0 < small.dense_layers < small.layers and small.dense_ffn
+    assert small.hidden <= 128 and small.experts <= 8

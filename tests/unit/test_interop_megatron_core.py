@@ -50,11 +50,13 @@ def mcore():
         from megatron.core.optimizer import OptimizerConfig
         from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
         from megatron.core.transformer.transformer_block import get_num_layers_to_build
-        from megatron.core.transformer.transformer_config import TransformerConfig
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs
+        from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
         from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
     assert core.__version__ == "0.16.1", core.__version__
     return dict(parallel_state=parallel_state, DDP=DistributedDataParallelConfig, Optimizer=OptimizerConfig,
                 Layout=PipelineParallelLayerLayout, TransformerConfig=TransformerConfig,
+                MLATransformerConfig=MLATransformerConfig, layer_specs=get_gpt_decoder_layer_specs,
                 layers_to_build=get_num_layers_to_build, layer_offset=get_transformer_layer_offset)
 
 
@@ -95,13 +97,20 @@ def _typed(value, field):
         else value
 
 
+def _moe_freq(text: str):
+    """Megatron-LM's moe_freq_type (arguments.py): an int, or the string's Python list expression evaluated."""
+    return int(text) if text.isdigit() else eval(text)  # the test's own exported text, as Megatron-LM evaluates it
+
+
 def _configs(mcore, flags: dict[str, object]):
     """What `core_transformer_config_from_args` (arguments.py) and the DDP and optimizer setup build from the
-    flags: (TransformerConfig, DistributedDataParallelConfig, OptimizerConfig)."""
+    flags: (TransformerConfig, or MLATransformerConfig with --multi-latent-attention, DistributedDataParallelConfig,
+    OptimizerConfig)."""
     import torch
     import torch.nn.functional as F
     built = {}
-    for cls in (mcore["TransformerConfig"], mcore["DDP"], mcore["Optimizer"]):
+    transformer = mcore["MLATransformerConfig"] if "--multi-latent-attention" in flags else mcore["TransformerConfig"]
+    for cls in (transformer, mcore["DDP"], mcore["Optimizer"]):
         fields = {f.name: f for f in dataclasses.fields(cls)}
         by_flag = _field_flags(cls)
         kwargs = {}
@@ -110,7 +119,11 @@ def _configs(mcore, flags: dict[str, object]):
                 field = fields[by_flag[flag]]
                 kwargs[field.name] = (not value) if flag.startswith(("--no-", "--disable-")) else _typed(value, field)
         built[cls] = kwargs
-    config = built[mcore["TransformerConfig"]]
+    config = built[transformer]
+    if "--multi-latent-attention" in flags and "--q-lora-rank" not in flags:
+        config["q_lora_rank"] = None  # Megatron-LM's default: no query latent (MLATransformerConfig's is 512)
+    if "--moe-layer-freq" in flags:
+        config["moe_layer_freq"] = _moe_freq(str(flags["--moe-layer-freq"]))
     if "--swiglu" in flags:
         config.update(gated_linear_unit=True, activation_func=F.silu)
     if "--group-query-attention" not in flags:
@@ -126,7 +139,7 @@ def _configs(mcore, flags: dict[str, object]):
         config["virtual_pipeline_model_parallel_size"] = stages // pp if stages // pp > 1 else None
     dtype = torch.bfloat16 if "--bf16" in flags else torch.float16 if "--fp16" in flags else torch.float32
     config.update(params_dtype=dtype, pipeline_dtype=dtype)
-    return (mcore["TransformerConfig"](**config), mcore["DDP"](**built[mcore["DDP"]]),
+    return (transformer(**config), mcore["DDP"](**built[mcore["DDP"]]),
             mcore["Optimizer"](**built[mcore["Optimizer"]]))
 
 
@@ -258,3 +271,44 @@ plan p {{
     config, _, _ = _configs(mcore, _flags(exported.text))
     assert (config.recompute_granularity, config.recompute_method, config.recompute_num_layers) == \
         ("full", "block", count)
+
+
+_DEEPSEEK = """import "clusters/dgx_a100"
+plan tiny_deepseek {{
+  model    = llama(layers=6, hidden=512, heads=8, seq=1024, vocab=32000, {q_lora}kv_lora_rank=64,
+                   qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=48, experts=8, top_k=2, shared_experts=1,
+                   ffn=256, dense_layers=2, dense_ffn=2048)
+  cluster  = dgx_a100
+  mesh     = [pp = 2, ep = 2, tp = 2]
+  train    = {{ global_batch: 16, micro_batch: 1 }}
+  tensor   = megatron over tp with sequence_parallel
+  experts  = alltoall over ep
+  stages   = evenly over pp
+  schedule = 1f1b
+}}
+"""
+
+
+@pytest.mark.parametrize("q_lora", ["q_lora_rank=96, ", ""], ids=["q_lora", "no_q_lora"])
+def test_deepseek_exports_megatrons_latent_attention_and_dense_then_moe_layers(mcore, q_lora):
+    """Multi-head latent attention as MLATransformerConfig takes it, and the dense layers first as Megatron-Core's own
+    decoder spec builds them from --moe-layer-freq: an MLP in the first two layers, a MoELayer in the others."""
+    plan = api.loads(_DEEPSEEK.format(q_lora=q_lora)).plans[0]
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost, [d.message for d in exported.lost]
+    flags = _flags(exported.text)
+    known = set(TRAINING_FLAGS)
+    for cls in (mcore["TransformerConfig"], mcore["MLATransformerConfig"], mcore["DDP"], mcore["Optimizer"]):
+        known |= set(_field_flags(cls))  # --multi-latent-attention: TransformerConfig's switch
+    assert set(flags) <= known, f"not Megatron-LM flags: {sorted(set(flags) - known)}"
+    config, _, _ = _configs(mcore, flags)
+    model = plan.model
+    assert config.multi_latent_attention and config.rope_type == "rope"
+    assert (config.q_lora_rank or 0, config.kv_lora_rank) == (model.q_lora_rank, model.kv_lora_rank)
+    assert (config.qk_head_dim, config.qk_pos_emb_head_dim, config.v_head_dim) == \
+        (model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim)
+    assert (config.ffn_hidden_size, config.moe_ffn_hidden_size) == (model.dense_ffn, model.ffn_hidden)
+    assert config.moe_shared_expert_intermediate_size == model.ffn_hidden
+    specs = mcore["layer_specs"](config, use_transformer_engine=False)
+    assert [spec.submodules.mlp.module.__name__ for spec in specs] == ["MLP"] * 2 + ["MoELayer"] * 4
+    assert {spec.submodules.self_attention.module.__name__ for spec in specs} == {"MLASelfAttention"}
