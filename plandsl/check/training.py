@@ -47,6 +47,16 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
                    f"{train.precision.value}: weights kept in {train.master_dtype.value} would make every matmul "
                    f"compute in {train.master_dtype.value}", train.span_of("master_dtype"),
                    hint=f"master_dtype: {train.precision.value} (or wider), or precision: {train.master_dtype.value}")
+    if train.param_dtype is not None and train.param_dtype.bytes < train.precision.bytes:
+        yield diag("E205", f"param_dtype {train.param_dtype.value} is narrower than precision {train.precision.value}: "
+                   f"weights kept in {train.param_dtype.value} would make every matmul compute in "
+                   f"{train.param_dtype.value}", train.span_of("param_dtype"),
+                   hint=f"param_dtype: {train.precision.value}")
+    elif train.param_dtype is not None and train.param_dtype.bytes > train.master_dtype.bytes:
+        yield diag("E205", f"param_dtype {train.param_dtype.value} is wider than master_dtype "
+                   f"{train.master_dtype.value}: the weights would hold more than the master copy they are made from",
+                   train.span_of("param_dtype"),
+                   hint=f"param_dtype: {train.master_dtype.value} (or narrower), or master_dtype: {train.param_dtype.value}")
     start = plan.mesh.first_device
     used = {d.name: d for d in plan.cluster.devices_in_order()[start:start + plan.mesh.size]}
     needed = dict.fromkeys((train.precision, train.precision.unquantized))  # fp8: bf16 too (attention, head)

@@ -296,8 +296,9 @@ def format_estimate(estimate: PlanEstimate) -> str:
         lines.append(f"  {rank:>6} {format_bytes(m.params):>11} {format_bytes(m.grads):>11} "
                      f"{format_bytes(m.optimizer):>11} {format_bytes(m.activations):>11} "
                      f"{format_bytes(m.total):>11} {format_bytes(c):>11}{flag}")
-    lines.append("  params, grads, optimizer: at the plan's master_dtype, grad_dtype and optimizer_dtype (fp32 unless "
-                 "it says), ZeRO-sharded, with the units ZeRO-2/3 "
+    lines.append("  params, grads, optimizer: at the plan's master_dtype (or param_dtype: then the master copy counts "
+                 "with the optimizer), grad_dtype and optimizer_dtype (fp32 unless it says), ZeRO-sharded, with the "
+                 "units ZeRO-2/3 "
                  "gather; activations: the schedule's in-flight bound or the simulated peak, whichever is higher, "
                  "plus the recomputation working set or the loss's backward; total: their sum, the peak; capacity: "
                  "the device's memory less its reserve (allocator, context, communication buffers)")

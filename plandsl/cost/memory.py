@@ -42,8 +42,10 @@ STATE_BYTES = 4
 
 @dataclass(frozen=True, slots=True)
 class StateBytes:
-    """Bytes per element of what training keeps for each parameter: the weights (the master copy the
-    optimizer updates), their gradient, and each optimizer state (Adam's m and v, SGD's momentum).
+    """Bytes per element of what training keeps for each parameter: the weights, their gradient, each
+    optimizer state (Adam's m and v, SGD's momentum) and, when the weights are kept narrower than the master
+    copy the optimizer updates (`param_dtype`), that copy (`master`), which the optimizer holds and ZeRO
+    shards with its states (Rajbhandari et al. 2020, Sec. 3.1: K = 12 for fp16 weights and fp32 Adam).
 
     16-bit optimizer states and gradients are today's large-model recipes: Nemotron-4 340B's (NeMo's
     distributed Adam with `dtype: bf16`, `grad_sync_dtype: bf16`), Megatron-Core's precision-aware
@@ -52,14 +54,17 @@ class StateBytes:
     params: int = STATE_BYTES
     grads: int = STATE_BYTES
     state: int = STATE_BYTES
+    master: int = 0
 
     @classmethod
     def of(cls, train: ir.Training) -> "StateBytes":
-        return cls(train.master_dtype.bytes, train.grad_dtype.bytes, train.optimizer_dtype.bytes)
+        return cls(train.weights_dtype.bytes, train.grad_dtype.bytes, train.optimizer_dtype.bytes,
+                   train.master_dtype.bytes if train.master_copy else 0)
 
     def optimizer(self, optimizer: ir.Optimizer) -> int:
-        """Optimizer-state bytes per parameter (ZeRO's K): Adam's two moments, SGD's one."""
-        return (2 if optimizer is ir.Optimizer.adam else 1) * self.state
+        """Optimizer-state bytes per parameter (ZeRO's K): Adam's two moments, SGD's one, and the master copy
+        when the weights are kept apart from it."""
+        return (2 if optimizer is ir.Optimizer.adam else 1) * self.state + self.master
 
     def per_param(self, optimizer: ir.Optimizer) -> int:
         """Weights, gradient and optimizer states of one parameter, unsharded (16 for fp32 Adam)."""

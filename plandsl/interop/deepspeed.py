@@ -60,7 +60,9 @@ def export_plan(plan: ir.Plan) -> Exported:
     if train.precision is ir.Precision.fp8:
         lose("precision: fp8 (Transformer Engine's FP8 is the model code's, not the JSON's)", "train",
              hint="precision: bf16 is what the JSON can say")
-    kept = [f"{key}: {value.value}" for key, value in train.given_dtypes().items()]
+    # DeepSpeed's own layout: the weights in the compute precision, an fp32 master copy with the states
+    native = {"param_dtype": train.precision} if train.precision is not ir.Precision.fp32 else {}
+    kept = [f"{key}: {value.value}" for key, value in train.given_dtypes().items() if native.get(key) is not value]
     if kept:
         lose(f"{', '.join(kept)} (DeepSpeed keeps fp32 master weights and optimizer states under bf16 and fp16)",
              "train")

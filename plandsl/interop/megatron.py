@@ -212,6 +212,12 @@ def _dtype_args(plan: ir.Plan, args: list, lose) -> None:
     it takes with Adam and the distributed optimizer only (OptimizerConfig.__post_init__)."""
     train = plan.train
     given = {key: value.value for key, value in train.given_dtypes().items()}
+    if "param_dtype" in given:  # Megatron keeps its weights in the compute dtype and an fp32 master beside them
+        if train.param_dtype is not train.precision or train.master_dtype is not ir.Precision.fp32:
+            lose(f"param_dtype: {given['param_dtype']} (Megatron keeps the weights in the compute precision, "
+                 f"{train.precision.value}, beside an fp32 master copy)", "train",
+                 hint=f"param_dtype: {train.precision.value} with master_dtype: fp32")
+        del given["param_dtype"]
     if not given:
         return
     if train.optimizer is not ir.Optimizer.adam or plan.data is None or plan.data.zero_stage < 1:

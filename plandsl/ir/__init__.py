@@ -345,15 +345,33 @@ class Training(Node):
     optimizer_dtype: Precision = Field(
         default=Precision.fp32, description="the dtype of the optimizer's states (Adam's m and v, SGD's "
         "momentum): Megatron's --exp-avg-dtype and --exp-avg-sq-dtype")
+    param_dtype: Optional[Precision] = Field(
+        default=None, description="the dtype the model's weights are kept in between steps, when narrower than "
+        "master_dtype: the optimizer then keeps the master copy at master_dtype beside its states, sharded as "
+        "they are (Megatron-LM's and DeepSpeed's 16-bit weights with an fp32 master, Micikevicius et al. 2018); "
+        "None: master_dtype, the weights are the master copy")
     lr: float = Field(default=3e-4, gt=0)
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
     warmup_steps: int = Field(default=0, ge=0)
     grad_clip: Optional[float] = Field(default=1.0, gt=0)
     seed: int = 0
 
+    @property
+    def weights_dtype(self) -> Precision:
+        """The dtype the model's weights are kept in: `param_dtype`, or `master_dtype` when it is not given."""
+        return self.param_dtype or self.master_dtype
+
+    @property
+    def master_copy(self) -> bool:
+        """Whether the optimizer keeps a master copy of the weights apart from them (`param_dtype` narrower
+        than `master_dtype`)."""
+        return self.weights_dtype.bytes < self.master_dtype.bytes
+
     def given_dtypes(self) -> dict[str, Precision]:
-        """The kept dtypes (`KEPT_DTYPE_KEYS`) set to other than their default, fp32, by key."""
-        return {key: getattr(self, key) for key in KEPT_DTYPE_KEYS if getattr(self, key) is not Precision.fp32}
+        """The kept dtypes (`KEPT_DTYPE_KEYS`) set to other than their default, fp32, by key, and `param_dtype`
+        when it is given."""
+        given = {key: getattr(self, key) for key in KEPT_DTYPE_KEYS if getattr(self, key) is not Precision.fp32}
+        return given | ({"param_dtype": self.param_dtype} if self.param_dtype is not None else {})
 
     def block_recompute(self, index: int) -> Recompute:
         """The recomputation of a stage's (virtual chunk's) `index`-th transformer block, from 0."""

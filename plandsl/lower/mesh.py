@@ -15,7 +15,7 @@ from plandsl.lower.evaluate import Poison, Scope
 
 TRAIN_KEYS = {"global_batch": True, "micro_batch": False, "seq": False, "precision": False, "recompute": False,
               "recompute_layers": False, "optimizer": False,
-              "master_dtype": False, "grad_dtype": False, "optimizer_dtype": False, "lr": False, "lr_schedule": False, "warmup_steps": False, "grad_clip": False,
+              "master_dtype": False, "grad_dtype": False, "optimizer_dtype": False, "param_dtype": False, "lr": False, "lr_schedule": False, "warmup_steps": False, "grad_clip": False,
               "seed": False}
 
 
@@ -103,7 +103,7 @@ def training(scope: Scope, expr: s.Expr) -> ir.Training:
                                             maximum=limits.TRAIN.get(key))
             elif key == "precision":
                 values[key] = scope.word(item.value, tuple(p.value for p in ir.Precision), "precision")
-            elif key in ir.KEPT_DTYPE_KEYS:
+            elif key in ir.KEPT_DTYPE_KEYS or key == "param_dtype":
                 values[key] = scope.word(item.value, tuple(p.value for p in ir.KEPT_DTYPES), "dtype")
             elif key == "recompute":
                 values[key] = scope.word(item.value, tuple(r.value for r in ir.Recompute), "recompute mode")

@@ -60,8 +60,11 @@ def describe_document(document: ir.Document, plans: list[ir.Plan]) -> str:
 
 
 def _dtypes(train: ir.Training) -> str:
-    """` (states bf16, grads bf16)`: the kept dtypes that are not the default fp32."""
-    named = [(word, getattr(train, key)) for word, key in (("weights", "master_dtype"), ("grads", "grad_dtype"),
+    """` (states bf16, grads bf16)`: the kept dtypes that are not the default fp32, and a master copy apart from
+    the weights (`param_dtype`)."""
+    named = [(word, getattr(train, key)) for word, key in (("weights", "weights_dtype"), ("grads", "grad_dtype"),
                                                            ("states", "optimizer_dtype"))]
     given = [f"{word} {dtype.value}" for word, dtype in named if dtype is not ir.Precision.fp32]
+    if train.master_copy:
+        given.append(f"master {train.master_dtype.value}")
     return f" ({', '.join(given)})" if given else ""

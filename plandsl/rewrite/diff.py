@@ -55,6 +55,7 @@ FIELDS: tuple[tuple[str, str, Callable[[ir.Plan], Value]], ...] = (
     ("batch", "seq", lambda p: p.seq),
     ("training", "train.precision", lambda p: p.train.precision.value),
     ("training", "train.master_dtype", lambda p: p.train.master_dtype.value),
+    ("training", "train.param_dtype", lambda p: p.train.weights_dtype.value),
     ("training", "train.grad_dtype", lambda p: p.train.grad_dtype.value),
     ("training", "train.optimizer_dtype", lambda p: p.train.optimizer_dtype.value),
     ("training", "train.recompute", lambda p: p.train.recompute.value),

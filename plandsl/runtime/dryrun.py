@@ -102,8 +102,11 @@ def dry_run(plan: ir.Plan, ranks: list[int] | None = None, progress=None) -> Dry
     predicted = _predicted(plan)
     cls, kwargs = optimizer_settings(plan)
     states = _states_per_element(cls, kwargs)
-    # state bytes per parameter byte: the states are kept in optimizer_dtype, the parameters in master_dtype
-    state_bytes = states * plan.train.optimizer_dtype.bytes / plan.train.master_dtype.bytes
+    # state bytes per parameter byte: the states are kept in optimizer_dtype (a master copy in master_dtype),
+    # the parameters in param_dtype or master_dtype
+    train = plan.train
+    state_bytes = (states * train.optimizer_dtype.bytes + (train.master_dtype.bytes if train.master_copy else 0)) \
+        / train.weights_dtype.bytes
     with META:  # built once: initialising meta tensors costs time and sets nothing
         model = keep_weights(plan, build_model(plan.model, plan.train.seed))
     built = []

@@ -5,7 +5,11 @@ steps)` depend on the plan only, so every layout and the single-process referenc
 `master_dtype` or `optimizer_dtype` other than fp32 keeps the weights and states in those dtypes between
 steps and updates in fp32 (`AdamWStates`, `SGDStates`), as Transformer Engine's FusedAdam does with
 Megatron's `--exp-avg-dtype` (16-bit arithmetic would lose Adam's eps: 1e-8 is 0 in fp16). fp16 states
-need a per-tensor scale, which these do not keep: `plandsl run` refuses them (E706).
+need a per-tensor scale, which these do not keep: `plandsl run` refuses them (E706). A `param_dtype`
+narrower than `master_dtype` keeps the weights in it and the master copy as one more state ("master", in
+`master_dtype`): each step updates the master and copies it into the weight, as Megatron-LM's
+Float16OptimizerWithFloat16Params and DeepSpeed's bf16 optimizer do (Micikevicius et al. 2018, Sec. 3.1);
+ZeRO shards it with the other states.
 """
 from __future__ import annotations
 
@@ -27,8 +31,11 @@ SGD_MOMENTUM = 0.9
 def optimizer_settings(plan: ir.Plan) -> tuple[type[torch.optim.Optimizer], dict]:
     """The optimizer class and its keyword arguments (ZeroRedundancyOptimizer takes them apart)."""
     train = plan.train
-    wide = (train.master_dtype, train.optimizer_dtype) == (ir.Precision.fp32, ir.Precision.fp32)
+    wide = (train.master_dtype, train.optimizer_dtype) == (ir.Precision.fp32, ir.Precision.fp32) \
+        and not train.master_copy
     states = {} if wide else {"state_dtype": DTYPES[train.optimizer_dtype]}
+    if train.master_copy:
+        states["master_dtype"] = DTYPES[train.master_dtype]
     if train.optimizer is ir.Optimizer.sgd:
         return (SGDStates if states else torch.optim.SGD), dict(lr=train.lr, momentum=SGD_MOMENTUM, **states)
     return (AdamWStates if states else torch.optim.AdamW), dict(lr=train.lr, betas=ADAM_BETAS, eps=ADAM_EPS,
@@ -56,9 +63,10 @@ class _StatesIn:
     through torch's own functional step on fp32 views (`_update`, per parameter), as Transformer Engine's
     FusedAdam does with Megatron's --exp-avg-dtype; weights and states are written back in their dtypes."""
 
-    def __init__(self, params, *, state_dtype: torch.dtype, **kwargs):
+    def __init__(self, params, *, state_dtype: torch.dtype, master_dtype: torch.dtype | None = None, **kwargs):
         super().__init__(params, **kwargs)
         self.state_dtype = state_dtype
+        self.master_dtype = master_dtype  # None: the weights are the master copy
         # torch's load_state_dict casts every floating state to its parameter's dtype: the hooks keep the
         # states' own dtype through a checkpoint's resume (fp32 states of bf16 weights are not rounded, bf16
         # states of fp32 weights not widened)
@@ -81,7 +89,8 @@ class _StatesIn:
             state = optimizer.state[params[key]]
             for name, value in values.items():
                 if name != "step" and torch.is_tensor(value) and value.is_floating_point():
-                    restored = value.to(dtype=optimizer.state_dtype)  # a DTensor stays on its mesh
+                    dtype = optimizer.master_dtype if name == "master" else optimizer.state_dtype
+                    restored = value.to(dtype=dtype)  # a DTensor stays on its mesh
                     if restored.device != state[name].device:
                         restored = restored.to(state[name].device)
                     state[name] = restored
@@ -92,8 +101,19 @@ class _StatesIn:
         for group in self.param_groups:
             for param in group["params"]:
                 if param.grad is not None:
+                    state = self.state[param]
+                    if self.master_dtype is not None:  # the master copy, made from the weight at the first step
+                        if "master" not in state:
+                            state["master"] = param.detach().to(self.master_dtype, copy=True)
+                        master = state["master"]
+                        weight = _wide(master)
+                        self._update(group, state, param, weight, _wide(param.grad))
+                        if weight is not master:
+                            master.copy_(weight)
+                        param.copy_(master)
+                        continue
                     weight = _wide(param)
-                    self._update(group, self.state[param], param, weight, _wide(param.grad))
+                    self._update(group, state, param, weight, _wide(param.grad))
                     if weight is not param:
                         param.copy_(weight)
         return loss

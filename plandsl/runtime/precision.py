@@ -1,8 +1,8 @@
 """The plan's precision: an autocast context, and dynamic loss scaling for fp16.
 
 Stage: interpreter. Contract: `autocast(plan, device_type)` is a no-op for fp32 and autocasts matmuls to
-bf16 or fp16; parameters are the master weights, fp32 unless the plan's `master_dtype` says otherwise
-(`keep_weights`), and gradients take their dtype (a narrower `grad_dtype` is the cost model's only). `loss_scaler(plan, ...)` is a
+bf16 or fp16; parameters are the master weights, fp32 unless the plan's `master_dtype` says otherwise,
+or kept in `param_dtype` beside an optimizer-held master copy (`keep_weights`), and gradients take their dtype (a narrower `grad_dtype` is the cost model's only). `loss_scaler(plan, ...)` is a
 `LossScaler`, enabled for fp16 only, that every rank (and the one-process reference) steps alike.
 """
 from __future__ import annotations
@@ -26,9 +26,10 @@ DTYPES = {ir.Precision.fp32: torch.float32, ir.Precision.bf16: torch.bfloat16, i
 
 
 def keep_weights(plan: ir.Plan, model: torch.nn.Module) -> torch.nn.Module:
-    """`model` with its parameters in the plan's `master_dtype` (fp32 by default: left as built; buffers keep
-    their dtype). Applied to the full model before any parallelism, in the reference and every rank alike."""
-    dtype = DTYPES[plan.train.master_dtype]
+    """`model` with its parameters in the plan's `param_dtype`, else `master_dtype` (fp32 by default: left as
+    built; buffers keep their dtype). Applied to the full model before any parallelism, in the reference and
+    every rank alike."""
+    dtype = DTYPES[plan.train.weights_dtype]
     if dtype is not torch.float32:  # the parameters only: buffers (a torch model's rotary inv_freq) keep theirs
         for param in model.parameters():
             param.data = param.data.to(dtype)

@@ -124,7 +124,8 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                      f"recompute ({plan.train.recompute.value}) are kept as they are")
     cluster = _covered(plan) if "mesh" in attrs else plan.cluster  # the devices a written mesh lays out
     problem = Problem(plan.model, cluster, plan.train.global_batch, plan.train.seq, plan.train.precision,
-                      plan.train.optimizer, plan.train.master_dtype, plan.train.grad_dtype, plan.train.optimizer_dtype)
+                      plan.train.optimizer, plan.train.master_dtype, plan.train.grad_dtype, plan.train.optimizer_dtype,
+                      plan.train.param_dtype)
     decided = "mesh" in attrs and not free_choices(attrs, stage_block, plan)
     return Partial(path, text, module, definition, attrs, stage_block, plan, problem, parse_pins(pins), names,
                    tuple(overs), train_items, local, params, tuple(notes), decided)

@@ -33,6 +33,7 @@ class Problem:
     master_dtype: ir.Precision = ir.Precision.fp32    # the kept weights, gradients and optimizer states:
     grad_dtype: ir.Precision = ir.Precision.fp32      # given, as `precision` is, not searched
     optimizer_dtype: ir.Precision = ir.Precision.fp32
+    param_dtype: ir.Precision | None = None           # the weights kept narrower than the master copy; None: master
 
     @property
     def sequence(self) -> int:
@@ -40,12 +41,19 @@ class Problem:
 
     @property
     def states(self) -> StateBytes:
-        return StateBytes(self.master_dtype.bytes, self.grad_dtype.bytes, self.optimizer_dtype.bytes)
+        weights = self.param_dtype or self.master_dtype
+        master = self.master_dtype.bytes if weights.bytes < self.master_dtype.bytes else 0
+        return StateBytes(weights.bytes, self.grad_dtype.bytes, self.optimizer_dtype.bytes, master)
+
+    def training(self, **fields) -> ir.Training:
+        """The problem's `train` (its batch, precision, optimizer and kept dtypes), with `fields` added."""
+        return ir.Training(global_batch=self.global_batch, seq=self.seq, precision=self.precision,
+                           optimizer=self.optimizer, master_dtype=self.master_dtype, grad_dtype=self.grad_dtype,
+                           optimizer_dtype=self.optimizer_dtype, param_dtype=self.param_dtype, **fields)
 
     def dtype_items(self) -> list[str]:
         """The train items of the dtypes that are not the default (fp32), as a plan writes them."""
-        return [f"{key}: {getattr(self, key).value}" for key in ir.KEPT_DTYPE_KEYS
-                if getattr(self, key) is not ir.Precision.fp32]
+        return [f"{key}: {value.value}" for key, value in self.training().given_dtypes().items()]
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,8 +129,7 @@ class Space:
 
     def _base_plan(self) -> ir.Plan:
         p = self.problem
-        train = ir.Training(global_batch=p.global_batch, seq=p.seq, precision=p.precision, optimizer=p.optimizer,
-                            master_dtype=p.master_dtype, grad_dtype=p.grad_dtype, optimizer_dtype=p.optimizer_dtype)
+        train = p.training()
         mesh = ir.Mesh(axes=(ir.Axis(name="dp", size=1),))
         return ir.Plan.model_construct(name="generated", model=p.model, cluster=p.cluster, mesh=mesh, train=train,
                                        data=None, tensor=None, context=None, experts=None, stages=None,

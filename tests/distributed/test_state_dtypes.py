@@ -1,4 +1,4 @@
-"""`master_dtype` and `optimizer_dtype` on the interpreter, against one process.
+"""`master_dtype`, `optimizer_dtype` and `param_dtype` on the interpreter, against one process.
 
 The optimizer keeps its states in `optimizer_dtype` (`runtime.optim.AdamWStates`: 16-bit m and v, the
 update in fp32), the weights in `master_dtype` (`runtime.precision.keep_weights`); the reference does the
@@ -44,7 +44,11 @@ def _train_dtypes(rank: int, source) -> dict:
 @pytest.mark.parametrize("data, precision, dtypes, optimizer, params, states", [
     ("zero1", "bf16", "optimizer_dtype: bf16, grad_dtype: bf16", "AdamWStates", ["torch.float32"], ["torch.bfloat16"]),
     ("zero3", "bf16", "master_dtype: bf16, optimizer_dtype: fp32", "AdamWStates", ["torch.bfloat16"], ["torch.float32"]),
-], ids=["zero1_bf16_states", "fsdp_bf16_weights"])
+    # Megatron's layout: bf16 weights, the fp32 master copy a state of the optimizer (ZeRO shards it with m and v)
+    ("zero1", "bf16", "param_dtype: bf16", "AdamWStates", ["torch.bfloat16"], ["torch.float32"]),
+    ("zero3", "bf16", "param_dtype: bf16, optimizer_dtype: bf16", "AdamWStates", ["torch.bfloat16"],
+     ["torch.bfloat16", "torch.float32"]),
+], ids=["zero1_bf16_states", "fsdp_bf16_weights", "zero1_bf16_weights_fp32_master", "fsdp_bf16_weights_fp32_master"])
 def test_state_dtypes_run_and_match_one_process(data, precision, dtypes, optimizer, params, states):
     text = _PLAN.format(precision=precision, dtypes=dtypes, data=data)
     results = run_ranks(2, _train_dtypes, text, deadline_s=120)
@@ -64,5 +68,18 @@ def test_16_bit_states_resume_from_a_checkpoint_as_if_never_stopped(tmp_path):
     second = run_ranks(2, train, text, steps=4, checkpoint_dir=tmp_path / "ck", resume=True, deadline_s=120)
     assert [r["status"] for r in first + second] == [0] * 4
     assert second[0]["first_step"] == 2
+    for got, want in zip(first[0]["losses"] + second[0]["losses"], whole):
+        assert abs(got - want) <= 1e-5 * abs(want), (got, want)
+
+
+def test_fp32_master_copy_resumes_from_a_checkpoint_as_if_never_stopped(tmp_path):
+    """bf16 weights with their fp32 master copy kept by the optimizer: the master comes back in fp32 (torch's load
+    would cast it to the weights' bf16, and the resumed run would then step from the rounded weights)."""
+    from tests.distributed.ranks import train
+    text = _PLAN.format(precision="bf16", dtypes="param_dtype: bf16, optimizer_dtype: bf16", data="zero3")
+    whole = run_ranks(2, train, text, steps=4, deadline_s=120)[0]["losses"]
+    first = run_ranks(2, train, text, steps=2, checkpoint_dir=tmp_path / "ck", deadline_s=120)
+    second = run_ranks(2, train, text, steps=4, checkpoint_dir=tmp_path / "ck", resume=True, deadline_s=120)
+    assert [r["status"] for r in first + second] == [0] * 4
     for got, want in zip(first[0]["losses"] + second[0]["losses"], whole):
         assert abs(got - want) <= 1e-5 * abs(want), (got, want)

@@ -194,3 +194,78 @@ def test_fp32_states_of_bf16_weights_resume_unrounded():
 def test_run_refuses_fp16_states_only(dtypes, refused):
     codes = [d.code for d in api.run_refusals(_plan(dtypes))]
     assert codes == (["E706"] if refused else [])
+
+
+# ---- param_dtype: 16-bit weights beside an fp32 master copy the optimizer keeps (Megatron's, DeepSpeed's layout) --
+@pytest.mark.parametrize("data", ["replicate", "zero1", "zero3"])
+def test_a_master_copy_counts_with_the_optimizer_and_is_sharded_as_it_is(data):
+    """param_dtype: bf16 with an fp32 master: the weights take 2 bytes, the optimizer 8 + 4 (ZeRO's K = 12,
+    Rajbhandari et al. 2020, Sec. 3.1), each sharded by its own ZeRO stage; activations and gradients as before."""
+    wide = estimate_plan(_plan(data=data)).memory
+    kept = estimate_plan(_plan("param_dtype: bf16", data)).memory
+    for w, k in zip(wide, kept):
+        assert k.params == pytest.approx(w.params / 2)
+        assert k.optimizer == pytest.approx(w.optimizer * 12 / 8)
+        assert (k.grads, k.activations) == (w.grads, w.activations)
+    if data == "zero1":  # the master copy is sharded, the weights are not: less than the fp32 weights' layout
+        assert all(k.total < w.total for k, w in zip(kept, wide))
+    same = _plan("param_dtype: fp32", data)  # the weights are the master copy: nothing apart
+    assert estimate_plan(same).memory == wide and not same.train.master_copy
+
+
+@pytest.mark.parametrize("train, words", [
+    ("precision: bf16, param_dtype: fp8", "not a valid dtype"),
+    ("precision: fp32, param_dtype: bf16", "narrower than precision"),
+    ("precision: bf16, master_dtype: bf16, param_dtype: fp32", "wider than master_dtype"),
+])
+def test_bad_param_dtypes_are_diagnostics(train, words):
+    analysis = api.checks(PLAN.format(train=train, data="zero1"))
+    assert len(analysis.errors) == 1 and words in analysis.errors[0].message, [str(d) for d in analysis.errors]
+
+
+@pytest.mark.parametrize("target", ["megatron", "deepspeed"])
+def test_exports_keep_their_own_layout_and_refuse_another(target):
+    """Megatron and DeepSpeed keep the weights in the compute precision beside an fp32 master: param_dtype equal
+    to `precision` is their layout; other weights are not."""
+    def refused(train: str) -> list[str]:  # (DeepSpeed's JSON also loses this plan's tensor and pipeline axes)
+        return [d.code for d in export_plan(_plan(train), target).lost if "_dtype" in d.message]
+    assert refused("precision: bf16, param_dtype: bf16") == []
+    assert set(refused("precision: bf16, param_dtype: bf16, master_dtype: bf16")) == {"E808"}
+
+
+def test_generate_and_show_carry_param_dtype(tmp_path):
+    partial = tmp_path / "partial.plan"
+    partial.write_text('import "clusters/dgx_a100"\nplan p {\n  model = gpt(layers=8, hidden=1024, heads=16, seq=1024, '
+                       'vocab=51200)\n  cluster = dgx_a100\n  train = { global_batch: 64, param_dtype: bf16 }\n}\n')
+    result = api.generate(api.generate_request(from_file=str(partial), top=1))
+    plan = api.select_plan(api.loads(result.texts[0], path=str(tmp_path / "out.plan")))
+    assert (plan.train.param_dtype, plan.train.master_dtype, plan.train.master_copy) == \
+        (ir.Precision.bf16, ir.Precision.fp32, True)
+    assert "(weights bf16, master fp32)" in api.describe(api.loads(result.texts[0], path=str(tmp_path / "o.plan")))
+
+
+def test_the_master_copy_is_updated_in_fp32_and_resumes_unrounded():
+    """The optimizer steps the fp32 master (torch's AdamW on it, exactly) and writes it into the bf16 weight; a
+    resume brings the master back in fp32, though torch's load casts every state to its parameter's dtype."""
+    from plandsl.runtime.optim import AdamWStates
+    torch.manual_seed(0)
+    start = torch.randn(6, 5)
+    weight = torch.nn.Parameter(start.to(torch.bfloat16))
+    reference = torch.nn.Parameter(start.to(torch.bfloat16).float())  # the master starts from the bf16 weight
+    kwargs = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    ours = AdamWStates([weight], state_dtype=torch.bfloat16, master_dtype=torch.float32, **kwargs)
+    torchs = torch.optim.AdamW([reference], **kwargs)
+    for _ in range(3):
+        grad = torch.randn(6, 5).to(torch.bfloat16)
+        weight.grad, reference.grad = grad, grad.float()
+        ours.step()
+        torchs.step()
+    master = ours.state[weight]["master"]
+    assert master.dtype == torch.float32 and weight.dtype == torch.bfloat16
+    assert torch.equal(weight, master.to(torch.bfloat16))
+    assert torch.allclose(master, reference, rtol=0, atol=1e-2 * 3 / 128)  # bf16 m and v: close, not equal
+    resumed = AdamWStates([weight], state_dtype=torch.bfloat16, master_dtype=torch.float32, **kwargs)
+    resumed.load_state_dict(ours.state_dict())
+    assert resumed.state[weight]["master"].dtype == torch.float32
+    assert torch.equal(resumed.state[weight]["master"], master)
+    assert resumed.state[weight]["exp_avg"].dtype == torch.bfloat16
