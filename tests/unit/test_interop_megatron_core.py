@@ -159,14 +159,16 @@ def test_every_exported_flag_is_megatrons_and_its_configs_accept_them(mcore, pat
     plan, exported = _exported(path, name)
     flags = _flags(exported.text)
     known = set(TRAINING_FLAGS)
-    for cls in (mcore["TransformerConfig"], mcore["DDP"], mcore["Optimizer"]):
+    for cls in (mcore["TransformerConfig"], mcore["MLATransformerConfig"], mcore["DDP"], mcore["Optimizer"]):
         known |= set(_field_flags(cls))
     assert set(flags) <= known, f"not Megatron-LM flags: {sorted(set(flags) - known)}"
     config, ddp, optimizer = _configs(mcore, flags)
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (plan.tp, plan.pp)
     assert (config.context_parallel_size, config.expert_model_parallel_size) == (plan.cp, plan.ep)
     assert config.num_layers == plan.model.layers and config.hidden_size == plan.model.hidden
-    assert config.ffn_hidden_size == plan.model.ffn_hidden
+    dense = plan.model.dense_layers  # then --ffn-hidden-size is the dense layers' MLP, --moe-ffn-hidden-size the experts'
+    assert config.ffn_hidden_size == (plan.model.dense_ffn if dense else plan.model.ffn_hidden)
+    assert (config.moe_ffn_hidden_size or config.ffn_hidden_size) == plan.model.ffn_hidden
     assert (config.num_query_groups or config.num_attention_heads) == plan.model.kv_heads
     assert config.sequence_parallel == bool(plan.tensor and plan.tensor.sequence_parallel and plan.tp > 1)
     assert config.normalization == ("RMSNorm" if plan.model.kind == "llama" else "LayerNorm")
