@@ -10,6 +10,7 @@ two kinds).
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -472,20 +473,29 @@ class Space:
         working = max(moe_w, dense_w)
         first_rank, last_rank, last = ranks[0], ranks[-1], len(ranks) - 1
         dense, moe = self.dense_blocks, self.blocks - self.dense_blocks
-        costs, held, caps, fixed = [], [], [], []
-        for s, r in enumerate(ranks):
-            embed, block, norm, head, dense_block = self.kind_times(node, root.rank_devices[r])
-            costs.append([dense_block.forward + dense_block.backward] * dense + [block.forward + block.backward] * moe)
-            fixed.append((embed.forward + embed.backward if s == 0 else 0.0)
-                         + (norm.forward + norm.backward + head.forward + head.backward if s == last else 0.0))
-            held.append([dense_s + inflight[r] * dense_a] * dense + [moe_s + inflight[r] * moe_a] * moe)
+        shares = Counter(ranks)  # a rank's room is shared by its stages
+        held, caps = [], []
+        for r in ranks:
+            held.append((dense_s + inflight[r] * dense_a, moe_s + inflight[r] * moe_a))
             room = root.capacity[r] - working - self.gathered(memory, r == first_rank, r == last_rank, 2)
             if r == first_rank:
                 room -= embed_s + inflight[r] * embed_a
             if r == last_rank:
                 room -= norm_s + head_s + inflight[r] * (norm_a + head_a) + max(0.0, loss - working)
                 room -= tied if tied and first_rank != last_rank else 0.0
-            caps.append(room / sum(1 for q in ranks if q == r))
+            caps.append(room / shares[r])
+        # memory first, before any timing: the most blocks of the lighter kind each stage could hold
+        most = [self.blocks if min(pair) <= 0 else max(0.0, cap) // min(pair) for pair, cap in zip(held, caps)]
+        if min(most) < 1 or sum(most) < self.blocks:
+            self._partition_cache[key] = None
+            return None
+        costs, fixed = [], []
+        for s, r in enumerate(ranks):
+            embed, block, norm, head, dense_block = self.kind_times(node, root.rank_devices[r])
+            costs.append([dense_block.forward + dense_block.backward] * dense + [block.forward + block.backward] * moe)
+            fixed.append((embed.forward + embed.backward if s == 0 else 0.0)
+                         + (norm.forward + norm.backward + head.forward + head.backward if s == last else 0.0))
+        held = [[dense_bytes] * dense + [moe_bytes] * moe for dense_bytes, moe_bytes in held]
         found = self._partition_cache[key] = partition_layers(costs, held, caps, fixed)
         return found
 

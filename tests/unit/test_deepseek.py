@@ -402,3 +402,25 @@ plan v3 {
     assert small.latent_attention and small.q_lora_rank and small.kv_heads == small.heads
     assert small.shared_experts == 1 and 0 < small.dense_layers < small.layers and small.dense_ffn
     assert small.hidden <= 128 and small.experts <= 8
+
+
+def test_the_partition_table_row_at_once_is_the_loop(monkeypatch):
+    """`partition_layers` computes each stage's row of its table as one array (a DeepSeek-V3 leaf: 0.45 ms instead
+    of 9.5): the same splits as the cell-by-cell loop, ties (the smallest cut) and memory caps included."""
+    import random
+
+    from plandsl.search import partition
+    rng = random.Random(20)
+    found = 0
+    for _ in range(400):
+        stages, layers = rng.randint(1, 5), rng.randint(1, 10)
+        costs = [[rng.choice([0.0, 0.1, 0.5, 1.0, 3.0]) for _ in range(layers)] for _ in range(stages)]
+        memory = [[rng.choice([0.0, 1.0, 2.0]) for _ in range(layers)] for _ in range(stages)]
+        caps = [rng.choice([1.0, 2.0, 4.0, 100.0]) for _ in range(stages)]
+        fixed = [rng.choice([0.0, 0.3, 1.5]) for _ in range(stages)]
+        table = partition.partition_layers(costs, memory, caps, fixed)
+        with monkeypatch.context() as patched:
+            patched.setattr(partition, "TABLE_LAYERS", 0)
+            assert partition.partition_layers(costs, memory, caps, fixed) == table
+        found += table is not None
+    assert found > 100
