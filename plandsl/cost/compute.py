@@ -257,8 +257,9 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
     matmul = flops = 0.0
     for out, features, splits in attention_projections(model):  # wq, wk, wv (column-parallel), wo (row-parallel)
         out, features = (out / tp, features) if splits == "out" else (out, features / tp) if splits else (out, features)
-        matmul += gemm(tokens, out, features, device, precision)
-        flops += 2.0 * tokens * out * features
+        rows = tokens if splits else tokens / split  # MLA's replicated down-projections: the sequence shard under SP
+        matmul += gemm(rows, out, features, device, precision)
+        flops += 2.0 * rows * out * features
     seq_q = -(-work.seq // work.cp)
     # Q·Kᵀ and P·V over this rank's heads (MLA: q and k (nope + rope) wide per head, v and the output v wide)
     attention_flops = 2.0 * work.micro_batch * seq_q * work.seq * (widths.q + widths.o) / tp

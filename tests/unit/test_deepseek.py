@@ -177,6 +177,14 @@ def test_latent_attention_keeps_and_moves_its_latents(sp):
     assert estimate.fits and estimate.flops_per_step > 0
 
 
+def test_sequence_parallelism_splits_the_latents_down_projections():
+    """Megatron-Core runs MLA's replicated down-projections (wq_a, wkv_a) on each rank's sequence shard under
+    sequence parallelism, then gathers the latents; without it every rank computes them for every token."""
+    whole, shard = (_block_times(_plan(MLA, sp))[0].flops for sp in (False, True))
+    tokens, hidden, tp = 2 * 1024, 1024, 2
+    assert whole - shard == pytest.approx(2 * tokens * (1 - 1 / tp) * hidden * (384 + 128 + 32))
+
+
 CHECKED = """\
 import "clusters/dgx_a100"
 plan p {{
