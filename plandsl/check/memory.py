@@ -1,21 +1,25 @@
 """Estimated memory per device against the device's capacity (E503).
 
 Uses the one memory model (`plandsl.cost.memory`) with the plan's real stage placement;
-the capacity of a pipeline rank is that of the smallest device holding it.
+the capacity of a pipeline rank is that of the smallest device holding it. With `batch_shares`, the
+replica with the most microbatches (the most activations in flight) stands for every replica.
 """
 from __future__ import annotations
 
 from typing import Iterator
 
 from plandsl import ir
+from plandsl.cost.estimate import data_shares
 from plandsl.cost.memory import MemoryEstimate, estimate_plan_memory
 from plandsl.diagnostics import Diagnostic, Note, diag
+from plandsl.ir import shares as batch
 from plandsl.ir.placement import pipeline_rank_device_types
 from plandsl.lower.units import format_bytes
 
 
 def check_memory(plan: ir.Plan) -> Iterator[Diagnostic]:
-    estimates = estimate_plan_memory(plan)
+    shares = data_shares(plan) if batch.uneven(plan) else None
+    estimates = estimate_plan_memory(batch.replica_plan(plan, max(shares)) if shares else plan)
     if estimates is None:
         return
     for rank, (estimate, devices) in enumerate(zip(estimates, pipeline_rank_device_types(plan))):

@@ -1,7 +1,8 @@
 """The plan's schedule for the plan's sizes: a built-in must be able to run them (E502, its size
 rules only: nothing is laid out, whatever the microbatch count), a written schedule is
 instantiated and validated (E602-E608) and must put stages on the ranks the plan's stage map
-says (E409). The table itself is laid out by `cost.schedule.plan_schedule`."""
+says (E409). The table itself is laid out by `cost.schedule.plan_schedule`. With `batch_shares` each
+replica runs its own microbatch count: every distinct one is checked."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -9,12 +10,31 @@ from typing import Iterator
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, Edit, Note, diag
+from plandsl.ir import shares as batch
 from plandsl.ir.placement import rank_map
+from plandsl.schedules.registry import BUILTIN, microbatches_fit, min_microbatches
+from plandsl.cost.estimate import data_shares, format_shares
 from plandsl.cost.schedule import builtin_sizes, plan_schedule
 
 
 def check_schedule(plan: ir.Plan) -> Iterator[Diagnostic]:
     if plan.schedule is None or plan.stages is None:
+        return
+    if batch.uneven(plan):  # each replica's own microbatch count (the training check passed: shares are valid)
+        shares = data_shares(plan)
+        info = BUILTIN.get(plan.schedule.name) if plan.schedule.definition is None else None
+        for share in sorted(set(shares or ())):
+            m = share // plan.train.micro_batch
+            found = [diag("E502", f"schedule '{info.name}' needs at least {min_microbatches(info, plan.pp)} "
+                          f"microbatches with {plan.pp} pipeline ranks, or a count it runs", plan.schedule.span)] \
+                if info is not None and not microbatches_fit(info, plan.pp, m) else \
+                list(check_schedule(batch.replica_plan(plan, share)))
+            if found:
+                rank = shares.index(share)
+                yield replace(found[0], message=f"data rank {rank}'s share ({share} sequences, {share // plan.train.micro_batch} "
+                              f"microbatches; batch_shares: {format_shares(plan, shares)}): {found[0].message}",
+                              hint="batch shares whose microbatch counts the schedule runs", edits=())
+                return
         return
     if plan.schedule.definition is None:
         yield from builtin_sizes(plan)

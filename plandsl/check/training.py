@@ -1,5 +1,5 @@
-"""Training against the layout: batch divisibility (E501), microbatches for the schedule
-(E502), precision against the devices (E504; fp8 needs bf16 too), recompute_layers and master_dtype against the rest of
+"""Training against the layout: batch divisibility (E501), the data ranks' shares of it (E507-E509),
+microbatches for the schedule (E502), precision against the devices (E504; fp8 needs bf16 too), recompute_layers and master_dtype against the rest of
 `train` (E205)."""
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Iterator
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, Edit, diag
+from plandsl.ir import shares as batch
 from plandsl.schedules.registry import BUILTIN, microbatches_fit, min_microbatches, nearest_fitting
 
 
@@ -16,7 +17,9 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
     axes = " * ".join(f"{a}({plan.mesh.degree(a)})" for a in plan.batch_axes()) or "dp(1)"
     per_step = dp * train.micro_batch
     info = BUILTIN.get(plan.schedule.name) if plan.stages and plan.schedule else None
-    if train.global_batch % per_step:
+    if batch.uneven(plan):
+        yield from _batch_shares(plan, axes)
+    elif train.global_batch % per_step:
         lower = train.global_batch // per_step * per_step
         options = [b for b in (lower, lower + per_step) if b > 0]
         best = _nearest_batch(plan, per_step)
@@ -71,6 +74,44 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
                        hint=f"its peaks: {', '.join(p.value for p in device.peak)}; add "
                        f"`{missing[0].value}: ... TFLOP/s` to its peak, or change precision")
             break
+
+
+def _batch_shares(plan: ir.Plan, axes: str) -> Iterator[Diagnostic]:
+    """`batch_shares`: one per data rank (E507), summing to the global batch (E508), each a positive whole
+    number of microbatches (E509); `speed` needs at least one microbatch per rank (E509). Whether the schedule
+    runs each replica's count is the schedule check's (E502)."""
+    train, dp = plan.train, batch.data_ranks(plan)
+    span = train.span_of("batch_shares")
+    mb = train.micro_batch
+    if train.batch_shares == batch.SPEED:
+        if train.global_batch % mb or train.global_batch // mb < dp:
+            yield diag("E509", f"batch_shares: speed deals whole microbatches of micro_batch({mb}) to the {axes} = {dp} "
+                       f"data ranks, at least one each, but global_batch({train.global_batch}) makes "
+                       f"{train.global_batch / mb:g}", span,
+                       hint=f"global_batch a multiple of {mb} and at least {dp * mb}")
+            return
+    else:
+        shares = train.batch_shares
+        if len(shares) != dp:
+            yield diag("E507", f"batch_shares gives {len(shares)} shares, but the batch is split over {axes} = {dp} "
+                       "data ranks: one share each, in data-rank order", span,
+                       hint=f"write {dp} shares, or `batch_shares: speed`")
+            return
+        if sum(shares) != train.global_batch:
+            terms = " + ".join(map(str, shares)) if len(shares) <= 8 else f"{len(shares)} shares"
+            yield diag("E508", f"batch_shares sum to {terms} = {sum(shares)}, but "
+                       f"global_batch is {train.global_batch}: each step trains on the global batch, cut into "
+                       "these shares", span,
+                       hint=f"shares that sum to {train.global_batch}, or global_batch: {sum(shares)}")
+            return
+        bad = [(rank, share) for rank, share in enumerate(shares) if share <= 0 or share % mb]
+        if bad:
+            rank, share = bad[0]
+            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+            yield diag("E509", f"data rank {rank}'s share, {share} sequences, is not a positive multiple of "
+                       f"micro_batch({mb}){more}: each rank trains on whole microbatches, at least one", span,
+                       hint=f"shares in multiples of {mb}, at least {mb} each")
+            return
 
 
 def _recompute_layers(plan: ir.Plan) -> Iterator[Diagnostic]:

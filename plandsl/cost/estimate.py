@@ -13,6 +13,11 @@ all-gather of ZeRO-1/2 the first forward of the next step; ZeRO-2/3 reduce and g
 microbatch behind each F and B: `cost.stage.rank_tail`). Memory is `cost.memory` (the one memory
 model, as `plandsl check` uses it) with the in-flight microbatches of the schedule, or the
 simulator's peak when higher.
+
+With `batch_shares` each replica is priced by its own local batch on its own devices: its microbatch
+count and the slowest device of each of its pipeline ranks (`ir.shares`), one estimate per distinct
+(share, devices); then step time = the slowest replica's makespan + the largest data-parallel tail, the
+memory of each pipeline rank the most any replica needs there.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from plandsl import ir
+from plandsl.ir import shares as batch
 from plandsl.cost.comm import collective_seconds
 from plandsl.cost.compute import Efficiency, Work, peak_of
 from plandsl.cost.layer import NOTHING_MOVED, LayerTime, Links, Moved, estimate_layer_time, plan_links
@@ -27,10 +33,11 @@ from plandsl.cost.memory import (MemoryEstimate, StateBytes, estimate_layer_acti
                                  layer_recompute,
                                  inflight_microbatches, zero_degrees)
 from plandsl.cost.stage import StageTime, fsdp_units, param_split, rank_tail, slowest, stage_time
-from plandsl.schedules.registry import DEFAULT_SCHEDULE, pipelines_of
+from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE, microbatches_fit, min_microbatches, pipelines_of
 from plandsl.schedules.simulate import BUBBLE_DEFINITION, Costs, bubble_seconds
 from plandsl.ir.placement import assign_stages, mesh_device_runs, pipeline_rank_device_types
 from plandsl.cost.schedule import simulate_plan_schedule
+from plandsl.cost.shares import balance
 from plandsl.diagnostics import PlanError, diag
 from plandsl.ir.layers import figures_key, layers_of, once_per_figures
 from plandsl.lower.units import format_bytes
@@ -71,6 +78,8 @@ class PlanEstimate:
     model_flops_per_step: float
     stage_times: tuple[StageTime, ...] = field(repr=False, default=())
     communication: Moved = NOTHING_MOVED     # bytes one device of the busiest pipeline rank moves per step
+    shares: tuple[int, ...] = ()             # batch_shares: sequences per data rank (empty: global_batch / dp each)
+    replica_steps: tuple[float, ...] = ()    # batch_shares: each data rank's makespan + tail, seconds
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -89,7 +98,9 @@ class PlanEstimate:
                 "peak_memory_bytes": self.peak_memory_bytes, "fits": self.fits,
                 "communication_bytes": {**asdict(self.communication), "total": self.communication.total},
                 "memory": [{"pipeline_rank": r, **m.to_json(), "capacity": c}
-                           for r, (m, c) in enumerate(zip(self.memory, self.capacity))]}
+                           for r, (m, c) in enumerate(zip(self.memory, self.capacity))],
+                **({"batch_shares": list(self.shares), "replica_step_time_s": list(self.replica_steps)}
+                   if self.shares else {})}
 
 
 def plan_work(plan: ir.Plan) -> Work:
@@ -98,16 +109,21 @@ def plan_work(plan: ir.Plan) -> Work:
                 plan.train.precision, plan.train.recompute, gather_kv=gathers_kv(plan))
 
 
-def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=None) -> PlanEstimate:
+def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=None,
+                  rank_devices: list[ir.DeviceType] | None = None) -> PlanEstimate:
     """The plan's step time, throughput and memory; PlanError when its placement or schedule is invalid.
-    `efficiency` overrides every device's GEMM knobs (None: each device's own)."""
+    `efficiency` overrides every device's GEMM knobs (None: each device's own); `rank_devices` the device
+    each pipeline rank is timed on (None: its slowest over the mesh)."""
     if assignment is None:
         assignment, problems = assign_stages(plan)
         if assignment is None:
             raise PlanError(problems)
+    if batch.uneven(plan) and rank_devices is None:
+        return _estimate_replicas(plan, efficiency, assignment)
     precision = plan.train.precision
     work, links = plan_work(plan), plan_links(plan)
-    rank_devices = [slowest(devices, precision) for devices in pipeline_rank_device_types(plan)]
+    if rank_devices is None:
+        rank_devices = [slowest(devices, precision) for devices in pipeline_rank_device_types(plan)]
     stage_times = estimate_stage_times(plan, assignment, efficiency, links, rank_devices)
     zero_stage, dense_degree, expert_degree = zero_degrees(plan)
     ranks = assignment.rank_stages()
@@ -162,6 +178,111 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
                         executed / step / devices / 1e12 if step else 0.0,
                         model_flops / (step * devices * peak) if step else 0.0,
                         executed, model_flops, tuple(stage_times), max(moved, key=lambda v: v.total))
+
+
+def data_shares(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=None) -> tuple[int, ...] | None:
+    """Sequences per data rank and step: as the plan writes them (`ir.shares.written_shares`), or for
+    `batch_shares: speed` the whole microbatches that balance the replicas' predicted makespans, each replica
+    timed on its own devices at two microbatch counts (`cost.shares.balance`; by the replicas' summed peaks
+    where the plan cannot be estimated); None when there are fewer microbatches than data ranks (E509)."""
+    written = batch.written_shares(plan)
+    if written is not None:
+        return written
+    train, dp = plan.train, batch.data_ranks(plan)
+    total = train.global_batch // train.micro_batch
+    if train.global_batch % train.micro_batch or total < dp:
+        return None
+    pp = plan.pp if plan.stages is not None else 1
+    info = BUILTIN.get(plan.schedule.name) if plan.stages is not None and plan.schedule is not None \
+        and plan.schedule.definition is None else None
+    least = min_microbatches(info, pp) if info is not None else 1
+    if assignment is None:
+        assignment = assign_stages(plan)[0]
+    first = pp * -(-least // pp)  # a multiple of the ranks: every built-in schedule runs it
+    devices = batch.replica_devices(plan)
+    kinds = {tuple(d.name for d in replica): replica for replica in devices}
+
+    def line(replica, m: int) -> tuple[float, float]:
+        """The replica's makespan as a + b·m through m and m + first microbatches."""
+        times = [estimate_plan(batch.replica_plan(plan, count * train.micro_batch), efficiency, assignment,
+                               list(replica)).time.pipeline for count in (m, m + first)]
+        return 2 * times[0] - times[1] if m == first else times[0] - m * (times[1] - times[0]) / first, \
+            (times[1] - times[0]) / first
+
+    lines: dict[tuple[str, ...], tuple[float, float]] = {}
+    for key, replica in kinds.items():
+        try:
+            lines[key] = line(replica, first)
+        except PlanError:  # placement or schedule invalid (the checker says so): by the devices' peaks
+            lines[key] = (0.0, 1.0 / sum(peak_of(d, train.precision) for d in replica))
+    keys = [tuple(d.name for d in replica) for replica in devices]
+    counts = balance(total, [lines[key] for key in keys], least)
+    # Once more through the counts each kind got (a pipeline's makespan bends at few microbatches): the line
+    # through the kind's own count and one more round, where that count runs on the schedule.
+    for key, replica in kinds.items():
+        m = max(count for count, k in zip(counts, keys) if k == key)
+        if m != first and (info is None or microbatches_fit(info, pp, m) and microbatches_fit(info, pp, m + first)):
+            try:
+                lines[key] = line(replica, m)
+            except PlanError:
+                pass
+    counts = balance(total, [lines[key] for key in keys], least)
+    return tuple(count * train.micro_batch for count in counts)
+
+
+def format_shares(plan: ir.Plan, shares: tuple[int, ...] | None) -> str:
+    """`5, 3 sequences by speed (5, 3 microbatches of 1)`: what `show` and `estimate` print for `batch_shares`."""
+    if shares is None:
+        return "none (the global batch is fewer whole microbatches than data ranks)"
+    mb = plan.train.micro_batch
+    how = " by speed" if plan.train.batch_shares == batch.SPEED else ""
+    cut = 16
+    more = f" ... ({len(shares)} data ranks)" if len(shares) > cut else ""
+    return (f"{', '.join(map(str, shares[:cut]))}{more} sequences{how} ({', '.join(str(s // mb) for s in shares[:cut])}"
+            f"{' ...' if more else ''} microbatches of {mb})")
+
+
+def _estimate_replicas(plan: ir.Plan, efficiency: Efficiency | None, assignment) -> PlanEstimate:
+    """`batch_shares`: each replica estimated as the even plan of its share on its own devices (one estimate per
+    distinct pair); the step waits for the slowest replica's pipeline, then for the largest tail (the gradient
+    reduction joins every replica). FLOPs are each replica's; memory and capacity per pipeline rank the worst."""
+    shares = data_shares(plan, efficiency, assignment)
+    if shares is None:
+        why = "batch_shares: speed cannot split this global batch into whole microbatches for every data rank"
+        raise PlanError([diag("E509", why, plan.train.span_of("batch_shares"))])
+    dp = len(shares)
+    found: dict[tuple, PlanEstimate] = {}
+    keys = []
+    for share, devices in zip(shares, batch.replica_devices(plan)):
+        key = (share, tuple(d.name for d in devices))
+        if key not in found:
+            found[key] = estimate_plan(batch.replica_plan(plan, share), efficiency, assignment, list(devices))
+        keys.append(key)
+    replicas = [found[key] for key in keys]
+    makespans = [e.time.pipeline for e in replicas]
+    tails = [e.time.step - e.time.pipeline for e in replicas]
+    slow = max(range(dp), key=lambda r: makespans[r])
+    tail = max(tails)
+    step = makespans[slow] + tail
+    t = replicas[slow].time
+    time = replace(t, step=step, communication=t.communication - tails[slow] + tail - t.optimizer
+                   + replicas[tails.index(tail)].time.optimizer, optimizer=replicas[tails.index(tail)].time.optimizer)
+    executed = sum(e.flops_per_step for e in replicas) / dp  # each replica estimate counts dp copies of itself
+    model_flops = sum(e.model_flops_per_step for e in replicas) / dp
+    runs = mesh_device_runs(plan)
+    peak = sum((end - first) * peak_of(d, plan.train.precision) for d, first, end in runs) / \
+        max(1, sum(e - f for _, f, e in runs))
+    memory = tuple(max(ms, key=lambda m: m.total) for ms in zip(*(e.memory for e in found.values())))
+    capacity = tuple(min(d.usable_memory for d in group) if group else math.inf
+                     for group in pipeline_rank_device_types(plan))
+    devices = plan.mesh.size
+    return PlanEstimate(plan.name, devices, max(e.microbatches for e in replicas), time, memory, capacity,
+                        plan.train.global_batch * plan.seq / step if step else 0.0,
+                        executed / step / devices / 1e12 if step else 0.0,
+                        model_flops / (step * devices * peak) if step else 0.0,
+                        executed, model_flops, replicas[slow].stage_times,
+                        max((e.communication for e in replicas), key=lambda v: v.total), shares,
+                        tuple(m + t for m, t in zip(makespans, tails)))
 
 
 def _volume_parts(moved: Moved) -> str:
@@ -277,13 +398,15 @@ def format_estimate(estimate: PlanEstimate) -> str:
     def share(value: float) -> str:
         return f"{value:10.4g} s  {value / t.step:6.1%}" if t.step else f"{value:10.4g} s"
 
-    lines = [f"plan {estimate.plan}: {estimate.devices} devices, {estimate.microbatches} microbatches per step",
+    lines = [f"plan {estimate.plan}: {estimate.devices} devices, {estimate.microbatches} microbatches per step"
+             + (" (the most of any replica)" if estimate.shares else ""),
              f"  step time      {t.step:10.4g} s",
              f"    compute      {share(t.compute)}",
              f"    comm exposed {share(t.communication)}",
-             f"    bubble       {share(t.bubble)}   ({t.bubble_fraction:.1%} of the {t.pipeline:.4g} s makespan: "
-             f"{BUBBLE_DEFINITION})",
+             (f"    bubble       {share(t.bubble)}   ({t.bubble_fraction:.1%} of the {t.pipeline:.4g} s makespan: "
+              f"{BUBBLE_DEFINITION})"),
              f"    optimizer    {share(t.optimizer)}",
+             *_share_lines(estimate),
              f"  tokens/s       {estimate.tokens_per_s:10.4g}",
              f"  TFLOP/s/device {estimate.tflops_per_device:10.4g}   (executed, with recomputation)",
              f"  MFU            {estimate.mfu:10.1%}",
@@ -305,5 +428,16 @@ def format_estimate(estimate: PlanEstimate) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["TimeBreakdown", "PlanEstimate", "estimate_plan", "plan_work", "pipeline_p2p", "pipeline_p2p_seconds",
+def _share_lines(estimate: PlanEstimate) -> list[str]:
+    """`batch_shares`: each data rank's sequences and its own step (makespan + tail), the slowest marked."""
+    if not estimate.shares:
+        return []
+    slowest_rank = max(range(len(estimate.replica_steps)), key=lambda r: estimate.replica_steps[r])
+    shown = ", ".join(f"{share}" for share in estimate.shares[:16]) + (" ..." if len(estimate.shares) > 16 else "")
+    return [f"  batch shares   {shown} sequences per data rank; data rank {slowest_rank} is the slowest "
+            f"({estimate.replica_steps[slowest_rank]:.4g} s with its tail; the fastest "
+            f"{min(estimate.replica_steps):.4g} s)"]
+
+
+__all__ = ["TimeBreakdown", "PlanEstimate", "estimate_plan", "data_shares", "format_shares", "plan_work", "pipeline_p2p", "pipeline_p2p_seconds",
            "estimate_stage_times", "format_estimate"]

@@ -80,6 +80,9 @@ CODES: dict[str, str] = {
     "E504": "precision not supported by the device",
     "E505": "count above plandsl's limit",
     "E506": "a microbatch too small for the model's BatchNorm",
+    "E507": "batch shares not one per data rank",
+    "E508": "batch shares that do not sum to the global batch",
+    "E509": "a batch share that is not whole microbatches",
     # E6xx: schedules
     "E601": "unknown schedule",
     "E602": "action refers to a stage or microbatch that does not exist",

@@ -43,6 +43,9 @@ def export_plan(plan: ir.Plan) -> Exported:
     lose = loser(plan, "DeepSpeed's config", lost)
 
     train = plan.train
+    if train.batch_shares is not None:
+        lose("batch_shares (uneven data-parallel shares: every rank takes train_micro_batch_size_per_gpu x "
+             "gradient_accumulation_steps)", "train")
     for what, degree, field in (("tensor", plan.tp, "tensor"), ("pipeline", plan.pp, "stages"),
                                 ("context", plan.cp, "context"), ("expert", plan.ep, "experts")):
         if degree > 1:

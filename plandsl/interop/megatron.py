@@ -123,6 +123,8 @@ def export_plan(plan: ir.Plan) -> Exported:
     _model_args(plan, args, lose)
     _train_args(plan, args, lose)
     _parallel_args(plan, args, lose)
+    if plan.train.batch_shares is not None:
+        lose("batch_shares (uneven data-parallel shares: every data rank takes --global-batch-size / dp)", "train")
     lost.extend(diag("E808", f"Megatron-LM cannot express shard rule `{rule.target.text}` (its tensor parallelism "
                      "is the model's own split: --tensor-model-parallel-size)", rule.span) for rule in plan.shard)
     lines = [f"# Megatron-LM arguments ({VERSION}) of plan '{plan.name}' (plandsl export --to megatron):",

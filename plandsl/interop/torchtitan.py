@@ -96,6 +96,8 @@ def export_plan(plan: ir.Plan) -> Exported:
     args += [("--module", MODULE), ("--config", config)]
     degrees = _parallel_args(plan, args, lose)
     _train_args(plan, args, lose, degrees)
+    if plan.train.batch_shares is not None:
+        lose("batch_shares (uneven data-parallel shares: every data rank takes the same local batch)", "train")
     lost.extend(diag("E808", f"torchtitan cannot express shard rule `{rule.target.text}` (its tensor parallelism "
                      "is the model's own plan: --parallelism.tensor_parallel_degree)", rule.span)
                 for rule in plan.shard)

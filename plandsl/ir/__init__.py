@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 from pydantic.json_schema import SkipJsonSchema
 
 from plandsl.diagnostics.limits import MAX_MESH_DEVICES, MAX_NODES, MAX_STAGES  # noqa: F401 - bounds on the IR, in limits.py
@@ -355,6 +355,19 @@ class Training(Node):
     warmup_steps: int = Field(default=0, ge=0)
     grad_clip: Optional[float] = Field(default=1.0, gt=0)
     seed: int = 0
+    batch_shares: tuple[int, ...] | Literal["speed"] | None = Field(
+        default=None, description="sequences of the global batch each data rank trains on per step, in data-rank "
+        "order (the batch axes' coordinates, outermost first): written per rank, or `speed` (in proportion to each "
+        "replica's device peaks, `ir.shares`); None: global_batch / dp each")
+
+    @model_serializer(mode="wrap")
+    def _without_unset_shares(self, handler):
+        """A plan that sets no `batch_shares` dumps (and hashes: checkpoints name plans by it) as before the
+        key existed."""
+        data = handler(self)
+        if self.batch_shares is None and isinstance(data, dict):
+            data.pop("batch_shares", None)
+        return data
 
     @property
     def weights_dtype(self) -> Precision:

@@ -16,7 +16,7 @@ from plandsl.lower.evaluate import Poison, Scope
 TRAIN_KEYS = {"global_batch": True, "micro_batch": False, "seq": False, "precision": False, "recompute": False,
               "recompute_layers": False, "optimizer": False,
               "master_dtype": False, "grad_dtype": False, "optimizer_dtype": False, "param_dtype": False, "lr": False, "lr_schedule": False, "warmup_steps": False, "grad_clip": False,
-              "seed": False}
+              "seed": False, "batch_shares": False}
 
 
 def mesh(scope: Scope, expr: s.Expr, cluster: ir.Cluster | None = None) -> ir.Mesh:
@@ -111,6 +111,8 @@ def training(scope: Scope, expr: s.Expr) -> ir.Training:
                 values[key] = scope.word(item.value, tuple(o.value for o in ir.Optimizer), "optimizer")
             elif key == "lr_schedule":
                 values[key] = scope.word(item.value, ("constant", "cosine", "linear"), "learning-rate schedule")
+            elif key == "batch_shares":
+                values[key] = _batch_shares(scope, item.value)
             elif key == "grad_clip":
                 target, _ = scope.deref(item.value)
                 values[key] = None if isinstance(target, s.Name) and target.id == "none" else \
@@ -127,3 +129,25 @@ def training(scope: Scope, expr: s.Expr) -> ir.Training:
     if failed:
         raise Poison()
     return build(scope, ir.Training, expr.span, field_spans={k: item.span for k, item in items.items()}, **values)
+
+
+def _batch_shares(scope: Scope, expr: s.Expr) -> tuple[int, ...] | str:
+    """`batch_shares: [48, 16]` (sequences per data rank) or `batch_shares: speed`."""
+    target, inner = scope.deref(expr)
+    if isinstance(target, s.ListExpr) and target.items:
+        if len(target.items) > ir.MAX_MESH_DEVICES:
+            raise scope.reporter.error("E505", f"batch_shares lists {len(target.items):,} data ranks; a mesh has at "
+                                       f"most {ir.MAX_MESH_DEVICES:,} devices", expr.span)
+        shares, failed = [], False
+        for item in target.items:
+            try:
+                shares.append(inner.integer(item, "a batch share", minimum=0, maximum=limits.TRAIN["global_batch"]))
+            except Poison:
+                failed = True
+        if failed:
+            raise Poison()
+        return tuple(shares)
+    if isinstance(target, (s.Name, s.Str)):
+        return inner.word(target, ("speed",), "batch_shares")
+    raise scope.reporter.error("E205", "batch_shares takes the sequences of each data rank, like `[48, 16]`, or "
+                               "`speed`", expr.span)

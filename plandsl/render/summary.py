@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from plandsl import ir
+from plandsl.cost.estimate import data_shares, format_shares
 from plandsl.cost.memory import estimate_plan_memory
+from plandsl.ir import shares as batch
 from plandsl.ir.placement import pipeline_rank_devices
 from plandsl.ir.layers import param_count
 from plandsl.ir.placement import assign_stages, compress_names
@@ -28,8 +30,10 @@ def describe_plan(plan: ir.Plan) -> str:
     if plan.experts:
         parts.append(f"experts over {plan.experts.axis}")
     lines.append(f"  parallel  {'; '.join(parts) or 'none'}")
-    lines.append(f"  train     global batch {train.global_batch} = dp {plan.dp} x micro-batch {train.micro_batch} x "
-                 f"{plan.num_microbatches} microbatch(es); seq {plan.seq}; {train.precision.value}; "
+    shares = data_shares(plan) if batch.uneven(plan) else None
+    split = f"dp {plan.dp} x micro-batch {train.micro_batch} x {plan.num_microbatches} microbatch(es)" if shares is None \
+        else f"per data rank {format_shares(plan, shares)}"
+    lines.append(f"  train     global batch {train.global_batch} = {split}; seq {plan.seq}; {train.precision.value}; "
                  f"recompute {train.recompute.value}"
                  f"{'' if train.recompute_layers is None else f' (first {train.recompute_layers} blocks per stage)'}; "
                  f"{train.optimizer.value}{_dtypes(train)}")
@@ -40,7 +44,8 @@ def describe_plan(plan: ir.Plan) -> str:
         for stage, layers in enumerate(assignment.stage_layers):
             lines.append(f"    stage {stage:>3} on rank {assignment.rank_of_stage[stage]:>3}: "
                          f"{compress_names([layer.name for layer in layers])}")
-    estimates = estimate_plan_memory(plan, assignment) if assignment else None
+    most = batch.replica_plan(plan, max(shares)) if shares else plan  # the most microbatches in flight
+    estimates = estimate_plan_memory(most, assignment) if assignment else None
     if estimates:
         lines.append("  memory    per device (estimate): rank: parameters + gradients + optimizer + activations = total / capacity")
         for rank, (estimate, devices) in enumerate(zip(estimates, pipeline_rank_devices(plan))):

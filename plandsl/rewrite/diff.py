@@ -53,6 +53,7 @@ FIELDS: tuple[tuple[str, str, Callable[[ir.Plan], Value]], ...] = (
     ("batch", "train.global_batch", lambda p: p.train.global_batch),
     ("batch", "train.micro_batch", lambda p: p.train.micro_batch),
     ("batch", "seq", lambda p: p.seq),
+    ("batch", "train.batch_shares", lambda p: p.train.batch_shares),
     ("training", "train.precision", lambda p: p.train.precision.value),
     ("training", "train.master_dtype", lambda p: p.train.master_dtype.value),
     ("training", "train.param_dtype", lambda p: p.train.weights_dtype.value),

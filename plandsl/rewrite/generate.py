@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from plandsl.rewrite.complete import generate_from
+from plandsl.rewrite.mixed import Gain, faster_alone, mixed_plans
 from plandsl.search import SearchResult, search
 from plandsl.search.emit import (Refusals, candidate_json, checked_texts, explain, format_table, include_note,
                                  resolve_problem, written_from)
@@ -49,6 +50,8 @@ class Generated:
     """The candidates' plan texts, best first, in `plandsl fmt`'s layout."""
     notes: tuple[str, ...] = ()
     """What the user should know about a completed plan (`note: ...` lines)."""
+    gain: Gain | None = None
+    """On a cluster of several device types: the best plan against the best on its fastest devices alone."""
 
 
 def usage_problem(request: Request) -> str | None:
@@ -78,18 +81,30 @@ def generate(request: Request, progress: Callable[[int, int], None] | None = Non
     result, texts = checked_texts(search(problem_, request.pins, request.top, progress=progress,
                                            time_limit=request.time_limit), problem_, source,
                                   request.output)
+    gain = None
+    if problem_.cluster.heterogeneous:  # uneven data-parallel shares, and what the mix gains (rewrite.mixed)
+        result, texts = mixed_plans(result, texts, problem_, source, request.output, request.pins, request.top,
+                                    request.time_limit)
+        gain = faster_alone(problem_, result.best.estimate, request.pins, request.time_limit)
     note = include_note(written_from(source, request.output or "generated.plan"))
     if note:  # said in the file too, where whoever checks or runs it later reads it
         texts = [f"# {note[0].upper()}{note[1:]}\n" + text for text in texts]
-    return Generated(result, tuple(texts), (note,) if note else ())
+    return Generated(result, tuple(texts), (note,) if note else (), gain)
 
 
 def candidates_json(generated: Generated, refusals: Refusals) -> dict:
     """`generate --json`: {"candidates": [...]}, best first."""
-    return {"candidates": [candidate_json(s, t, refusals) for s, t in zip(generated.result.candidates,
-                                                                          generated.texts)]}
+    found = {"candidates": [candidate_json(s, t, refusals) for s, t in zip(generated.result.candidates,
+                                                                           generated.texts)]}
+    for scored, record in zip(generated.result.candidates, found["candidates"]):
+        if scored.estimate.shares:  # batch_shares: speed (rewrite.mixed)
+            record["batch_shares"] = list(scored.estimate.shares)
+    if generated.gain is not None:
+        found["heterogeneity"] = generated.gain.to_json()
+    return found
 
 
 def report(generated: Generated, refusals: Refusals) -> str:
     """`generate`'s table of candidates and why the best won (and whether `plandsl run` runs it)."""
-    return format_table(generated.result) + "\n" + explain(generated.result, refusals)
+    text = format_table(generated.result) + "\n" + explain(generated.result, refusals)
+    return text + ("\n" + generated.gain.line() if generated.gain is not None else "")

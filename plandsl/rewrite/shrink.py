@@ -233,6 +233,8 @@ def _train_text(train: ir.Training) -> str:
             continue
         value = value.value if hasattr(value, "value") else value
         items.append(f"{key}: {'none' if value is None else value}")
+    if train.batch_shares is not None:  # uneven shares: the cost model's at the small size (a written list would not sum)
+        items.append("batch_shares: speed")
     return "{ " + ", ".join(items) + " }"
 
 

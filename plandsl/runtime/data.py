@@ -2,8 +2,8 @@
 
 Stage: interpreter. Contract: `Batches.global_batch(step)` depends only on the plan's seed, the step
 and the source (synthetic tokens, or a nanoGPT-style uint16 `.bin` token file); `local_batch` is the
-contiguous rows `[r * G/dp, (r+1) * G/dp)` of data rank r (of each, a context rank's
-positions); `microbatches` splits rows in order.
+contiguous rows `[r * G/dp, (r+1) * G/dp)` of data rank r, or with `batch_shares` the rows after the
+shares of ranks 0..r-1 (of each, a context rank's positions); `microbatches` splits rows in order.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from plandsl import ir
+from plandsl.cost.estimate import data_shares
 from plandsl.runtime.tokens import dataset_rows, is_dataset, load_dataset, token_file_problem
 
 MAX_STRIDE = 8  # synthetic sequences are arithmetic progressions mod vocab with strides 1..7
@@ -24,6 +25,7 @@ class Batches:
     def __init__(self, plan: ir.Plan, token_file: str | Path | None = None, model: torch.nn.Module | None = None):
         self.plan = plan
         self.size = plan.train.global_batch
+        self.shares = data_shares(plan)  # sequences per data rank (the checker made them valid)
         self.seq = plan.seq
         self.tokens = None
         self.dataset, self.rows = None, None
@@ -72,10 +74,11 @@ class Batches:
     def local_batch(self, step: int, dp_rank: int, dp: int,
                     columns: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Data rank `dp_rank`'s contiguous share of the global batch of `step`; of each sequence only the
-        positions `columns` when given (context parallelism)."""
-        share = self.size // dp
+        positions `columns` when given (context parallelism); with `batch_shares`, its own share."""
+        shares = self.shares if self.shares is not None and len(self.shares) == dp else (self.size // dp,) * dp
         inputs, targets = self.global_batch(step)
-        rows = slice(dp_rank * share, (dp_rank + 1) * share)
+        first = sum(shares[:dp_rank])
+        rows = slice(first, first + shares[dp_rank])
         if columns is None:
             return inputs[rows], targets[rows]
         return inputs[rows][:, columns], targets[rows][:, columns]

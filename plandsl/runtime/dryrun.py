@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from plandsl import ir
+from plandsl.ir.shares import uneven
 from plandsl.cost.memory import MemoryEstimate
 from plandsl.runtime.parallel.zero import Zero1Optimizer, local as _local  # a DTensor's shard, else the tensor
 from plandsl.lower.units import format_bytes
@@ -34,7 +35,7 @@ from plandsl.runtime.faults import mesh_coordinate, mesh_rank
 from plandsl.runtime.parallel.data_parallel import build_dp_optimizer
 from plandsl.runtime.parallel.mesh import build_mesh
 from plandsl.runtime.parallel.parallelize import data_mesh, expert_data_mesh, parallelize
-from plandsl.cost.estimate import estimate_plan
+from plandsl.cost.estimate import data_shares, estimate_plan
 from plandsl.diagnostics import PlanError
 
 MAX_RANKS = 64  # larger meshes: one rank per distinct (pipeline, tensor) coordinate
@@ -155,7 +156,9 @@ def _build_rank(plan: ir.Plan, model: torch.nn.Module, rank: int, world: int, st
             if plan.stages is not None:
                 # lazy: torch's pipelining takes seconds to import; only a pipelined plan needs it
                 from plandsl.runtime.parallel.pipeline import build_pipeline
-                pipeline = build_pipeline(plan, model, mesh, META)
+                shares = data_shares(plan) if uneven(plan) else None  # any replica's count builds the same stages
+                pipeline = build_pipeline(plan, model, mesh, META,
+                                          microbatches=max(shares) // plan.train.micro_batch if shares else None)
                 models, stages = pipeline.models, pipeline.stage_indices
             else:
                 parallelize(plan, model, mesh, META)

@@ -77,6 +77,8 @@ class Job:
     dp_rank: int
     dp: int
     loss_weight: float       # this rank's share when averaging the loss over the world
+    grad_weight: float = 1.0  # batch_shares: local share x dp / global batch, so the data-parallel mean is the global one
+    loss_scale: float = 1.0   # what a pipeline's loss function multiplies each microbatch's loss by (fp16's scale aside)
     columns: torch.Tensor | None = None  # context parallelism: the positions of each sequence this rank holds
     loss: Any = loss_fn
     pipeline: Any = None     # a torch.distributed.pipelining schedule, or None
@@ -95,20 +97,32 @@ def build_job(plan: ir.Plan, mesh: DeviceMesh, device: torch.device, config: Run
     batches = Batches(plan, config.token_file, model)
     loss = getattr(model, "loss", loss_fn)
     scaler = loss_scaler(plan, device)
-    pipeline, has_first, has_last = None, True, True
+    dp_rank, dp = coordinate(mesh, plan.batch_axes())
+    share = batches.shares[dp_rank] if batches.shares is not None else plan.train.global_batch // dp
+    # Data parallelism averages gradients over the dp ranks (DDP, FSDP2, replicate; ZeRO-1 steps the mean), each
+    # the mean over its own share: weighting rank r by share_r * dp / G makes that average the global batch's mean.
+    grad_weight = share * dp / plan.train.global_batch
+    pipeline, has_first, has_last, loss_scale = None, True, True, 1.0
     if plan.stages is not None:
         # The one call into pipeline parallelism: plandsl.runtime.parallel.pipeline splits the model into this
-        # rank's stages (applying `parallelize` to each) and returns a torch pipelining schedule.
+        # rank's stages (applying `parallelize` to each) and returns a torch pipelining schedule, which runs
+        # this replica's own microbatch count (its share: `batch_shares`).
         # lazy: torch's pipelining takes seconds to import; only a pipelined plan needs it
         from plandsl.runtime.parallel.pipeline import build_pipeline
-        pipeline, parts, has_first, has_last = build_pipeline(plan, model, mesh, device, loss_fn=scaler.scaled(loss))
+        microbatches = share // plan.train.micro_batch
+        # torch divides the gradients by the microbatch count after the data-parallel reduction; with counts
+        # that differ between replicas each divides its own loss instead, before the reduction
+        own = plan.train.batch_shares is not None
+        loss_scale = grad_weight / microbatches if own else 1.0
+        pipeline, parts, has_first, has_last = build_pipeline(
+            plan, model, mesh, device, loss_fn=scaler.scaled(_weighted(loss, loss_scale)), microbatches=microbatches,
+            scale_grads=not own)
         models = list(parts)
     else:
         parts = [parallelize(plan, model, mesh, device)]
         models = [model]
     optimizer = build_dp_optimizer(plan, models, data_mesh(plan, mesh), expert_data_mesh(plan, mesh))
     scheduler = build_lr_scheduler(plan, optimizer, config.steps)
-    dp_rank, dp = coordinate(mesh, plan.batch_axes())
     columns = None
     if plan.context is not None and plan.cp > 1:  # this rank's tokens of each sequence
         columns = sequence_columns(plan.seq, mesh.get_local_rank(plan.context.axis), plan.cp)
@@ -118,9 +132,18 @@ def build_job(plan: ir.Plan, mesh: DeviceMesh, device: torch.device, config: Run
     owner = has_last and all(mesh.get_local_rank(axis) == 0 for axis in others)
     reporters = math.prod(plan.mesh.degree(axis) for axis in shared)
     return Job(plan, mesh, device, parts, models, optimizer, scheduler, batches, dp_rank, dp,
-               loss_weight=1.0 / reporters if owner else 0.0, loss=loss, pipeline=pipeline,
+               loss_weight=grad_weight / reporters if owner else 0.0, grad_weight=grad_weight,
+               loss_scale=loss_scale, loss=loss,
+               pipeline=pipeline,
                has_first=has_first, has_last=has_last, scaler=scaler, columns=columns,
                expert_grads_summed=unscaled_expert_params(models) if plan.ep > 1 else [])
+
+
+def _weighted(loss: Any, weight: float) -> Any:
+    """`loss` times `weight` (1: `loss` itself), for a pipeline schedule, which scales no loss of its own."""
+    if weight == 1.0:
+        return loss
+    return lambda outputs, targets: loss(outputs, targets) * weight
 
 
 def _pp_axis(plan: ir.Plan) -> str | None:
@@ -129,8 +152,8 @@ def _pp_axis(plan: ir.Plan) -> str | None:
 
 # ---- the step -------------------------------------------------------------------------
 def forward_backward_step(job: Job, inputs: torch.Tensor, targets: torch.Tensor, scale: float) -> torch.Tensor:
-    """One microbatch through the model; the backward sees the loss times `scale` (1 / microbatches),
-    and times the loss scale with fp16."""
+    """One microbatch through the model; the backward sees the loss times `scale` (1 / microbatches, times
+    the rank's share weight with `batch_shares`), and times the loss scale with fp16."""
     with autocast(job.plan, job.device.type):
         loss = job.loss(job.parts[0](inputs), targets)
     job.scaler.scale_loss(loss * scale).backward()
@@ -147,7 +170,9 @@ def pipeline_forward_backward_step(job: Job, inputs: torch.Tensor, targets: torc
             job.pipeline.step(inputs, target=target, losses=losses)
         else:
             job.pipeline.step(target=target, losses=losses)
-    return torch.stack(losses).mean().detach() / job.scaler.scale if losses else torch.zeros((), device=job.device)
+    if not losses:
+        return torch.zeros((), device=job.device)
+    return torch.stack(losses).mean().detach() / (job.scaler.scale * job.loss_scale)
 
 
 def train_step(job: Job, step: int) -> float:
@@ -164,8 +189,9 @@ def train_step(job: Job, step: int) -> float:
         chunks = microbatches(inputs, targets, job.plan.train.micro_batch)
         loss = torch.zeros((), device=job.device)
         for index, (x, y) in enumerate(chunks):
-            with gradient_sync(job.parts[0], enabled=index == len(chunks) - 1):
-                loss += forward_backward_step(job, x, y, 1.0 / len(chunks)) / len(chunks)
+            with gradient_sync(job.parts[0], enabled=index == len(chunks) - 1,
+                               every_microbatch=job.plan.train.batch_shares is None):
+                loss += forward_backward_step(job, x, y, job.grad_weight / len(chunks)) / len(chunks)
     if job.expert_grads_summed:  # transformers' expert parallelism: the ep shares' sum, per tensor rank's slice
         tp_group = job.mesh[job.plan.tensor.axis].get_group() if job.plan.tensor and job.plan.tp > 1 else None
         finish_expert_grads(job.expert_grads_summed, job.plan.ep, tp_group)

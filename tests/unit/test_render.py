@@ -32,7 +32,7 @@ STDLIB = ROOT / "stdlib_plans"
 FILES = sorted((STDLIB / "examples").glob("*.plan")) + sorted((STDLIB / "local").glob("*.plan"))
 PIPELINED = {"gpt3_175b_3d", "heterogeneous", "moe_expert_parallel", "schedule_table", "schedule_template",
              "uneven_pipeline", "zero_bubble_v", "3d", "dp_pp", "pp_1f1b", "pp_custom_schedule",
-             "pp_interleaved", "tp_pp", "megatron"}
+             "pp_interleaved", "tp_pp", "megatron", "hetero"}
 needs_graphviz = pytest.mark.skipif(not graphviz_available(), reason="graphviz's dot is not installed")
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -111,7 +111,8 @@ def _local_plans():
 
 def test_local_plans_train_the_same_model_the_same_way():
     """Every dense local plan trains tiny.plan's GPT; expert parallelism needs experts, so ep.plan's
-    MoE Llama and deepseek.plan's tiny DeepSeek are the other models. All train with the same settings."""
+    MoE Llama and deepseek.plan's tiny DeepSeek are the other models. All train with the same settings
+    (hetero.plan cuts the same batch into uneven shares)."""
     plans = _local_plans()
     dense = [(path, plan) for path, plan in plans if plan.model.experts == 0]
     moe = [(path, plan) for path, plan in plans if plan.model.experts > 0]
@@ -120,7 +121,7 @@ def test_local_plans_train_the_same_model_the_same_way():
     for path, plan in dense:
         assert plan.model.model_dump() == tiny.model.model_dump(), path
     for path, plan in plans:
-        assert plan.train.model_dump() == tiny.train.model_dump(), path
+        assert plan.train.model_dump(exclude={"batch_shares"}) == tiny.train.model_dump(), path
 
 
 @pytest.mark.parametrize("path", LOCAL, ids=_id)
@@ -128,7 +129,7 @@ def test_local_plan_runs_on_2_to_8_processes(path):
     for plan in api.load(path).plans:
         assert 2 <= plan.mesh.size <= 8
         assert plan.mesh.part == plan.mesh.size and plan.mesh.first_device == 0
-        assert [g.node.name for g in plan.cluster.groups] == ["localhost"]
+        assert [g.node.name for g in plan.cluster.groups] in (["localhost"], ["fast_cpus", "slow_cpus"])  # local_mixed
 
 
 @pytest.mark.parametrize("path", LOCAL, ids=_id)

@@ -119,3 +119,78 @@ _entry("E506", """
     }
     """, "Give each microbatch two images or more.",
     ("global_batch: 8, micro_batch: 1", "global_batch: 16, micro_batch: 2"), inspect=True)
+
+_MIXED = """
+    device fast {
+      memory = 80 GiB
+      bandwidth = 3 TB/s
+      peak = { bf16: 900 TFLOP/s }
+    }
+    device slow {
+      memory = 80 GiB
+      bandwidth = 2 TB/s
+      peak = { bf16: 300 TFLOP/s }
+    }
+    node fast_node {
+      devices = 8 x fast
+      link    = { bandwidth: 300 GB/s, latency: 2 us }
+      nic     = { bandwidth: 200 GB/s, latency: 5 us }
+    }
+    node slow_node {
+      devices = 8 x slow
+      link    = { bandwidth: 300 GB/s, latency: 2 us }
+      nic     = { bandwidth: 200 GB/s, latency: 5 us }
+    }
+    cluster mixed {
+      nodes = [fast_node x 1, slow_node x 1]
+    }"""
+
+_entry("E507", """
+    `batch_shares` says how many sequences of the global batch each data rank trains on per
+    step (faster replicas take more), one share per data rank in data-rank order: the
+    batch axes' coordinates, outermost first. A list of another length leaves ranks
+    without a share, or shares without a rank. `batch_shares: speed` derives them from the
+    devices' peaks instead.
+    """, f"""{_MIXED}
+    plan p {{
+      model   = {GPT}
+      cluster = mixed
+      mesh    = [dp = 2, tp = 8]
+      train   = {{ global_batch: 64, micro_batch: 4, batch_shares: [48, 8, 8] }}
+      data    = ddp over dp
+      tensor  = megatron over tp
+    }}
+    """, "Give one share per data rank (dp = 2 here).", ("batch_shares: [48, 8, 8]", "batch_shares: [48, 16]"))
+
+_entry("E508", """
+    A step trains on the whole global batch, cut into the data ranks' shares, so the shares
+    must add up to `global_batch`: fewer would silently train on a smaller batch than the
+    plan says (and the learning rate was chosen for that batch), more would need sequences
+    the step does not have.
+    """, f"""{_MIXED}
+    plan p {{
+      model   = {GPT}
+      cluster = mixed
+      mesh    = [dp = 2, tp = 8]
+      train   = {{ global_batch: 64, micro_batch: 4, batch_shares: [48, 32] }}
+      data    = ddp over dp
+      tensor  = megatron over tp
+    }}
+    """, "Make the shares sum to the global batch.", ("batch_shares: [48, 32]", "batch_shares: [48, 16]"))
+
+_entry("E509", """
+    Each data rank runs its share as whole microbatches of `micro_batch` sequences (a
+    pipeline runs them through its schedule), and every rank runs at least one: a rank
+    with no sequences would still join the gradient reduction, with nothing to add. So each
+    share is a positive multiple of micro_batch; with `batch_shares: speed`, the global
+    batch must be whole microbatches, at least one per data rank.
+    """, f"""{_MIXED}
+    plan p {{
+      model   = {GPT}
+      cluster = mixed
+      mesh    = [dp = 2, tp = 8]
+      train   = {{ global_batch: 64, micro_batch: 4, batch_shares: [50, 14] }}
+      data    = ddp over dp
+      tensor  = megatron over tp
+    }}
+    """, "Use multiples of micro_batch (here 4).", ("batch_shares: [50, 14]", "batch_shares: [48, 16]"))

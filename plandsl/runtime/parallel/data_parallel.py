@@ -15,7 +15,7 @@ import warnings
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor, Shard
 from torch.nn.parallel import DistributedDataParallel
@@ -150,12 +150,26 @@ def _split_over(param: torch.Tensor, mesh: DeviceMesh) -> bool:
                for name, placement in zip(param.device_mesh.mesh_dim_names, param.placements))
 
 
-def gradient_sync(module: nn.Module, enabled: bool):
+def gradient_sync(module: nn.Module, enabled: bool, every_microbatch: bool = True):
     """A context in which the backward does (or, to accumulate locally, does not) reduce gradients.
 
-    DDP skips its all-reduce inside `no_sync`; FSDP modules reduce-scatter every microbatch, as
-    torchtitan does, so gradients stay sharded while they accumulate.
+    DDP skips its all-reduce inside `no_sync`; FSDP modules (and composable `replicate`) reduce-scatter every
+    microbatch, as torchtitan does, so gradients stay sharded while they accumulate, unless
+    `every_microbatch` is False: replicas with their own microbatch counts (`batch_shares`) would call a
+    different number of collectives, so they accumulate and reduce once, after the last (`replicate`'s
+    all-reduce; FSDP's per-forward all-gathers still differ, so `runtime.support` refuses it with shares).
     """
     if isinstance(module, DistributedDataParallel) and not enabled:
         return module.no_sync()
+    if not every_microbatch and isinstance(module, FSDPModule):
+        return _fsdp_sync(module, enabled)
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp_sync(module: FSDPModule, enabled: bool):
+    module.set_requires_gradient_sync(enabled)  # recursively, for every FSDP (or replicate) unit inside
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)

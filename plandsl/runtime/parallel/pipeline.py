@@ -128,7 +128,8 @@ class Pipeline:
 def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device | str,
                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                    microbatches: int | None = None,
-                   parallelize: Callable[[nn.Module, int], nn.Module] | None = None) -> Pipeline:
+                   parallelize: Callable[[nn.Module, int], nn.Module] | None = None,
+                   scale_grads: bool = True) -> Pipeline:
     """This rank's pipeline for `plan`.
 
     `model` is the full model (top level `embed`, `layers` as an `nn.ModuleDict`, `norm`, `head`,
@@ -139,6 +140,9 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
     `parallelize(module, stage_index)` is applied to each stage module before it is wrapped (tensor,
     data parallelism, recomputation: torchtitan's order) and returns the module to run; default, given
     the plan's whole mesh: `runtime.parallelize.parallelize` over it, else only the move to `device`.
+    `scale_grads`: torch divides the gradients by `microbatches` after the backward, which is after the
+    data-parallel reduction; replicas with their own microbatch counts (`batch_shares`) must not, and
+    divide their losses instead (`runtime.train`).
     """
     if plan.stages is None or plan.schedule is None:
         raise PipelineError(f"plan '{plan.name}' has no pipeline: it needs `stages` and `schedule`")
@@ -183,10 +187,10 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
     if program is None:
         schedule_class = TORCH_SCHEDULES[name]
         first = stages[0] if issubclass(schedule_class, PipelineScheduleSingle) else stages
-        schedule = schedule_class(first, microbatches, loss_fn=loss_fn, scale_grads=True)
+        schedule = schedule_class(first, microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
         runner = schedule_class.__name__
     else:
-        schedule = runtime_schedule(stages, program, loss_fn)
+        schedule = runtime_schedule(stages, program, loss_fn, scale_grads)
         runner = _PipelineScheduleRuntime.__name__
     mapping = getattr(schedule, "stage_index_to_group_rank", None) or stages[0].stage_index_to_group_rank
     used = tuple(mapping[s] for s in range(num_stages))
@@ -198,7 +202,7 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
 
 
 def runtime_schedule(stages: list[PipelineStage], program: Schedule,
-                     loss_fn: Callable) -> _PipelineScheduleRuntime:
+                     loss_fn: Callable, scale_grads: bool = True) -> _PipelineScheduleRuntime:
     """torch's action-list runtime running `program` (compute-only, one chain of stages).
 
     Each action goes through its text (`2F0`, `1I3`, `0W1`: the notation is torch's), and torch's
@@ -211,7 +215,7 @@ def runtime_schedule(stages: list[PipelineStage], program: Schedule,
         raise PipelineError(f"schedule '{program.name}' needs torch's private _PipelineScheduleRuntime."
                             f"_prepare_schedule_with_comms (written against torch 2.13); torch "
                             f"{torch.__version__} lacks it")
-    schedule = _PipelineScheduleRuntime(stages, program.microbatches, loss_fn=loss_fn, scale_grads=True)
+    schedule = _PipelineScheduleRuntime(stages, program.microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
     schedule.pipeline_order = {rank: [_Action.from_str(str(action)) for action in row]
                                for rank, row in enumerate(program.compute_only().actions)}
     schedule._prepare_schedule_with_comms(schedule.pipeline_order)  # validates, infers the map, lowers

@@ -1,0 +1,202 @@
+"""Uneven data-parallel shares of the global batch (`batch_shares`): the language, the checker's codes
+(E507-E509, E502 per replica), `speed` resolved by the cost model, each replica priced by its own local
+batch on its own devices, and `show`/`estimate` saying the shares."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from plandsl import api
+from plandsl.cost.estimate import data_shares, estimate_plan, format_estimate
+from plandsl.cost.shares import balance
+from plandsl.ir import shares as batch
+from plandsl.runtime.support import refusals
+from tests.conftest import STDLIB
+
+MIXED = """\
+import "clusters/mixed_a100_h100"
+import "models/llama2"
+plan p {{
+  model    = gpt(layers=8, hidden=8192, heads=64, seq=2048, vocab=32000)
+  cluster  = mixed_a100_h100
+  mesh     = {mesh}
+  train    = {{ global_batch: {batch}, micro_batch: {mb}, batch_shares: {shares} }}
+  data     = zero1 over dp
+  tensor   = megatron over tp
+{extra}}}
+"""
+
+
+def _text(shares="speed", mesh="[dp = 2, tp = 8] over devices[24:40]", batch=64, mb=2, extra=""):
+    return MIXED.format(shares=shares, mesh=mesh, batch=batch, mb=mb, extra=extra)
+
+
+def _codes(text: str) -> list[str]:
+    return [d.code for d in api.checks(text).diagnostics if d.is_error]
+
+
+def _plan(text: str):
+    return api.loads(text).plans[0]
+
+
+def test_batch_shares_lowers_as_a_list_or_speed():
+    assert _plan(_text("[48, 16]")).train.batch_shares == (48, 16)
+    assert _plan(_text()).train.batch_shares == "speed"
+    assert _codes(_text("fastest")) == ["E210"]
+    assert _codes(_text("4 GiB")) == ["E205"]
+
+
+def test_a_plan_without_shares_dumps_as_before():
+    """No `batch_shares` key in the IR dump, so the plan hashes (checkpoints) of existing plans stay."""
+    plan = api.load_plan(STDLIB / "local" / "dp.plan")
+    assert "batch_shares" not in plan.train.model_dump() and "batch_shares" not in plan.model_dump_json()
+    assert _plan(_text("[48, 16]")).train.model_dump()["batch_shares"] == (48, 16)
+
+
+def test_E507_one_share_per_data_rank():
+    assert _codes(_text("[32, 16, 16]")) == ["E507"]
+
+
+def test_E508_shares_sum_to_the_global_batch():
+    (problem,) = [d for d in api.checks(_text("[48, 32]")).diagnostics if d.is_error]
+    assert problem.code == "E508" and "48 + 32 = 80" in problem.message and "64" in problem.message
+
+
+def test_E509_whole_microbatches_at_least_one():
+    assert _codes(_text("[63, 1]")) == ["E509"]
+    assert _codes(_text("[64, 0]")) == ["E509"]
+    assert _codes(_text("speed", batch=2, mb=2)) == ["E509"]  # one microbatch, two data ranks
+    assert _codes(_text("speed", batch=63, mb=2)) == ["E509"]
+
+
+def test_shares_replace_the_even_split_rule():
+    """62 is not a multiple of dp x micro_batch = 4 (E501), but it splits into 46 + 16."""
+    assert _codes(_text("[46, 16]", batch=62)) == []
+    assert _codes(_text("[46, 16]", batch=62).replace(", batch_shares: [46, 16]", "")) == ["E501"]
+
+
+def test_E502_each_replica_runs_the_schedule():
+    """1F1B over 2 pipeline ranks needs 2 microbatches a replica: shares of 3 and 1 leave one replica short."""
+    extra = "  stages   = evenly over pp\n  schedule = 1f1b\n"
+    mesh = "[dp = 2, pp = 2, tp = 8] over devices[0:32]"
+    (problem,) = [d for d in api.checks(_text("[6, 2]", mesh=mesh, batch=8, mb=2, extra=extra)).diagnostics
+                  if d.is_error]
+    assert problem.code == "E502" and problem.message.startswith("data rank 1's share (2 sequences, 1 microbatches")
+    assert _codes(_text("[4, 4]", mesh=mesh, batch=8, mb=2, extra=extra)) == []
+
+
+def test_replicas_are_numbered_as_the_interpreter_numbers_data_ranks():
+    """devices[24:40]: data rank 0 is the last A100 node, data rank 1 the first H100 node."""
+    plan = _plan(_text())
+    assert [[d.name for d in r] for r in batch.replica_devices(plan)] == [["a100_80g"], ["h100_80g"]]
+
+
+def test_speed_gives_the_faster_replica_more_and_evens_the_replicas():
+    plan = _plan(_text())
+    shares = data_shares(plan)
+    assert sum(shares) == 64 and all(s % 2 == 0 for s in shares) and shares[1] > 2 * shares[0]
+    estimate = estimate_plan(plan)
+    assert estimate.shares == shares
+    even = estimate_plan(_plan(_text("[32, 32]")))
+    assert estimate.time.step < 0.75 * even.time.step  # the H100s no longer wait for the A100s
+    # each replica priced on its own devices: the even plan's A100 replica is its slowest
+    assert max(range(2), key=lambda r: even.replica_steps[r]) == 0
+    spread = max(estimate.replica_steps) - min(estimate.replica_steps)
+    assert spread < even.replica_steps[0] - even.replica_steps[1]
+
+
+def test_the_step_waits_for_the_slowest_replica():
+    plan = _plan(_text("[16, 48]"))
+    estimate = estimate_plan(plan)
+    rank0 = estimate_plan(batch.replica_plan(plan, 16), rank_devices=list(batch.replica_devices(plan)[0]))
+    rank1 = estimate_plan(batch.replica_plan(plan, 48), rank_devices=list(batch.replica_devices(plan)[1]))
+    assert estimate.replica_steps == pytest.approx((rank0.time.step, rank1.time.step))
+    assert estimate.time.step == pytest.approx(max(rank0.time.pipeline, rank1.time.pipeline)
+                                               + max(rank0.time.step - rank0.time.pipeline,
+                                                     rank1.time.step - rank1.time.pipeline))
+    assert estimate.flops_per_step == pytest.approx((rank0.flops_per_step + rank1.flops_per_step) / 2)
+
+
+def test_estimate_and_show_say_the_shares():
+    plan = _plan(_text("[16, 48]"))
+    estimate = estimate_plan(plan)
+    assert "batch shares   16, 48 sequences per data rank; data rank 1 is the slowest" in format_estimate(estimate)
+    assert estimate.to_json()["batch_shares"] == [16, 48]
+    assert "batch_shares" not in estimate_plan(_plan(_text("[32, 32]").replace(", batch_shares: [32, 32]", ""))
+                                               ).to_json()
+    shown = api.describe(api.loads(_text("[16, 48]")))
+    assert "global batch 64 = per data rank 16, 48 sequences (8, 24 microbatches of 2)" in shown
+
+
+def test_the_two_type_local_plan():
+    plan = api.load_plan(STDLIB / "local" / "hetero.plan")
+    assert plan.cluster.heterogeneous and data_shares(plan) == (5, 3)
+    assert [[d.name for d in r] for r in batch.replica_devices(plan)] == [["cpu_fast"] * 2, ["cpu_slow"] * 2]
+
+
+@pytest.mark.parametrize("lines,total,least", [
+    ([(0.0, 1.0), (0.0, 2.0)], 9, 1), ([(5.0, 1.0), (0.0, 1.0), (1.0, 3.0)], 10, 2),
+    ([(0.0, 1.0)] * 3, 3, 1), ([(100.0, 1.0), (0.0, 1.0)], 4, 1),
+])
+def test_balance_is_the_min_max_split(lines, total, least):
+    """Against every split of `total` with at least `least` each: the slowest replica is as early as can be."""
+    counts = balance(total, lines, least)
+    assert sum(counts) == total and min(counts) >= least
+
+    def worst(split):
+        return max(a + b * m for (a, b), m in zip(lines, split))
+    best = min(worst(split) for split in itertools.product(range(least, total + 1), repeat=len(lines))
+               if sum(split) == total)
+    assert worst(counts) == pytest.approx(best)
+
+
+def test_run_refuses_shares_with_expert_parallelism():
+    text = """\
+import "clusters/local"
+import "local/tiny"
+plan p {
+  model   = llama(layers=2, hidden=64, heads=4, seq=32, vocab=256, experts=4, top_k=2)
+  cluster = localhost
+  mesh    = [ep = 2] over devices[0:2]
+  train   = { global_batch: 8, micro_batch: 1, precision: fp32, batch_shares: [6, 2] }
+  experts = alltoall over ep
+}
+"""
+    assert [d.code for d in refusals(_plan(text))] == ["E703"]
+
+
+def test_run_refuses_shares_with_fsdp():
+    """FSDP all-gathers for every microbatch's forward: replicas with other counts would call other collectives."""
+    for kind, codes in (("zero1", []), ("replicate", []), ("zero2", ["E703"]), ("zero3", ["E703"])):
+        plan = _plan(_text("[16, 48]").replace("data     = zero1 over dp", f"data     = {kind} over dp"))
+        assert [d.code for d in refusals(plan)] == codes, kind
+
+
+# ---- generate on a mixed cluster ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_generate_on_a_mixed_cluster_shares_the_batch_and_says_the_gain():
+    """A 1.3B GPT on 4 DGX A100 + 2 DGX H100 (no pipeline splits them into two equal halves): the best plan is
+    data parallel with the batch dealt by speed (the H100 replicas take more), ahead of the pipelines the
+    search ranks first, and the mix runs faster than the 16 H100s alone."""
+    request = api.generate_request(model="gpt(layers=24, hidden=2048, heads=16, seq=2048, vocab=50304)",
+                                   cluster="[dgx_a100 x 4, dgx_h100 x 2]", global_batch=480, top=3, time_limit=0)
+    generated = api.generate(request)
+    found = api.generate_json(generated)
+    best = found["candidates"][0]
+    assert best["mesh_order"] == ["dp"] and "batch_shares: speed" in best["plan"]
+    shares = best["batch_shares"]
+    assert sum(shares) == 480 and min(shares[32:]) > max(shares[:32])  # devices 32-47 are the H100s
+    plan = api.loads(best["plan"]).plans[0]
+    assert api.estimate(plan).time.step == pytest.approx(best["step_time_s"])
+    gain = found["heterogeneity"]
+    assert gain["faster_device"] == "h100_80g" and gain["faster_devices"] == 16 and gain["gain"] > 1.3
+    assert gain["mixed_step_time_s"] == pytest.approx(best["step_time_s"])
+    assert "heterogeneity: the best plan on all 48 devices runs" in api.generate_report(generated)
+
+
+def test_generate_on_one_device_type_says_nothing_of_heterogeneity():
+    request = api.generate_request(model="gpt(layers=2, hidden=256, heads=4, seq=128, vocab=1024)",
+                                   cluster="dgx_a100 x 1", global_batch=16, top=1)
+    generated = api.generate(request)
+    assert generated.gain is None and "heterogeneity" not in api.generate_json(generated)
