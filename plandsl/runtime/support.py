@@ -40,10 +40,14 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
                                   f"'{plan.model.kind}', whose modules have no tensor-parallel layout",
                           plan.tensor.span, hint="use the tensor axis for data parallelism instead"))
     if plan.train.recompute is ir.Recompute.selective_op and (
-            not isinstance(plan.model, ir.TransformerModel) or plan.model.experts):
-        why = ("an MoE model, whose blocks run a matmul per local expert, so the count the policy keeps "
-               "every other one of depends on the experts a rank holds") \
-            if isinstance(plan.model, ir.TransformerModel) else f"'{plan.model.kind}', which has no transformer blocks"
+            not isinstance(plan.model, ir.TransformerModel) or plan.model.experts or plan.model.latent_attention):
+        why = f"'{plan.model.kind}', which has no transformer blocks"
+        if isinstance(plan.model, ir.TransformerModel) and plan.model.experts:
+            why = ("an MoE model, whose blocks run a matmul per local expert, so the count the policy keeps "
+                   "every other one of depends on the experts a rank holds")
+        elif isinstance(plan.model, ir.TransformerModel):
+            why = ("multi-head latent attention, whose down- and up-projections put other outputs at the places "
+                   "the policy keeps (the latents, not q and v)")
         found.append(diag("E704", f"`recompute: selective_op` needs a dense gpt or llama model: it keeps a block's "
                                   f"q, v and w1 (and llama's w2) outputs by their place among its matmuls; "
                                   f"'{plan.model.name}' is {why}", plan.train.span_of("recompute"),

@@ -197,7 +197,7 @@ class Space:
         recomputes = [self.pins["recompute"]] if "recompute" in self.pins else list(RECOMPUTE)
         # No attention core without a transformer; selective_op keeps dense blocks' matmuls only (E704).
         dropped = ("selective", "selective_op") if not self.transformer else \
-            ("selective_op",) if self.problem.model.experts else ()
+            ("selective_op",) if self.problem.model.experts or self.problem.model.latent_attention else ()
         recomputes = [r for r in recomputes if r not in dropped] or recomputes
         per_replica = self.problem.global_batch // (root.dp * root.ep)
         out = []

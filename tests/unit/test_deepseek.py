@@ -432,3 +432,20 @@ def test_the_partition_table_row_at_once_is_the_loop(monkeypatch):
             assert partition.partition_layers(costs, memory, caps, fixed) == table
         found += table is not None
     assert found > 100
+
+
+def test_selective_op_refuses_latent_attention_and_the_search_leaves_it_out():
+    """torch's op-level policy keeps every other matmul's output: under MLA those are the latents, not what
+    the memory model counts, so run refuses it (E704) and the search does not propose it."""
+    from plandsl.cost.compute import DEFAULT_EFFICIENCY
+    from plandsl.runtime.support import refusals
+    from plandsl.search.space import Space
+    plan = api.loads(CHECKED.format(args=", kv_lora_rank=128").replace("micro_batch: 2 }",
+                                                                       "micro_batch: 2, recompute: selective_op }")).plans[0]
+    assert [d.code for d in refusals(plan, cuda=False)] == ["E704"] and "latent" in refusals(plan, cuda=False)[0].message
+    from plandsl.search import Problem
+    document = api.loads(HARDWARE + "model m = llama(layers=4, hidden=512, heads=8, seq=512, vocab=4096, "
+                                    "kv_lora_rank=64)\n")
+    space = Space(Problem(document.models[0], document.clusters[0], 8, None), {"pp": 1, "tp": 1, "cp": 1},
+                  DEFAULT_EFFICIENCY)
+    assert {node.recompute for root in space.roots() for node in space.expand_root(root)} == {"none", "selective", "full"}
