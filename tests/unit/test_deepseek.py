@@ -79,6 +79,16 @@ def test_parameters_match_transformers_deepseek_v3(q_lora):
     assert ours["layers.0.attn.wkv_b.weight"] == theirs["model.layers.0.self_attn.kv_b_proj.weight"]
 
 
+@pytest.mark.slow
+def test_deepseek_v3_is_transformers_default_deepseek_v3():
+    """DeepseekV3Config's defaults are DeepSeek-V3's: its model on the meta device (about 8 s) holds as many
+    parameters as models/deepseek's deepseek_v3, 671,026,404,352."""
+    transformers = pytest.importorskip("transformers")
+    with torch.device("meta"):
+        reference = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config())
+    assert sum(param.numel() for param in reference.parameters()) == param_count(_stdlib("deepseek_v3"))
+
+
 def test_two_kinds_of_block_each_computed_once():
     model = _model(**SMALL)
     blocks = [layer for layer in layers_of(model) if layer.kind == "block"]
