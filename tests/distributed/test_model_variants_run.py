@@ -81,6 +81,15 @@ _LAYOUTS = {
   train   = tiny_train
   data    = zero1 over dp
   context = allgather over cp""",
+    "pp_ep": """  mesh     = [pp = 2, ep = 2] over devices[0:4]
+  train    = tiny_train
+  experts  = alltoall over ep
+  stages   = evenly over pp
+  schedule = 1f1b""",
+    "fsdp_tp": """  mesh   = [dp = 2, tp = 2] over devices[0:4]
+  train  = tiny_train
+  data   = zero3 over dp
+  tensor = megatron over tp""",
     "ep": """  mesh    = [dp = 2, ep = 2] over devices[0:4]
   train   = tiny_train
   data    = zero1 over dp
@@ -91,8 +100,8 @@ _LAYOUTS = {
 @pytest.mark.parametrize("layout", list(_LAYOUTS))
 def test_deepseek_shape_matches_one_process(layout):
     """MLA's heads split by tp (the latents whole, the shared rotary key's gradient summed), the dense block
-    and the MoE blocks on their stages, K and V gathered over cp, the experts over ep: each as one process
-    computes it."""
+    and the MoE blocks on their stages (with tp and sp, or with the experts over ep), FSDP's units, K and V
+    gathered over cp, the experts over ep: each as one process computes it."""
     plan = _DEEPSEEK.format(layout=_LAYOUTS[layout])
     results = run_ranks(4, train, plan, steps=2, check_equivalence=True, deadline_s=150)
     assert [r["status"] for r in results] == [0] * 4, results[0]["report_text"]
