@@ -140,7 +140,7 @@ def _with_shares(scored: Scored, text: str, problem: Problem, source: Source, wh
     plan = _checked(text, where, source)
     if plan is None or (plan.data is not None and plan.data.sharded) or \
             len({tuple(d.name for d in r) for r in batch.replica_devices(plan)}) < 2:
-        return scored, text  # FSDP with shares is not run yet (E703): only plans `plandsl run` runs
+        return scored, text  # FSDP with shares holds every unit gathered through the step, which the memory model does not count
     first = plan_text(scored, problem, source, train_extra=(SHARES,))
     shared = _checked(first, where, source)
     if shared is None:

@@ -61,11 +61,6 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
                                "I and W actions (1f1b, interleaved_1f1b)"))
     found += _context_refusals(plan, cuda)
     found += _expert_refusals(plan)
-    if plan.train.batch_shares is not None and plan.data is not None and plan.data.sharded:
-        found.append(diag("E703", f"batch_shares together with `data = {plan.data.kind}` cannot run: FSDP gathers the "
-                                  "parameters for every microbatch's forward, so replicas with their own microbatch "
-                                  "counts would call different numbers of collectives", plan.train.span_of("batch_shares"),
-                          hint="use `data = zero1` or `replicate` with batch_shares, or split the batch evenly"))
     if plan.shard and not (isinstance(plan.model, ir.CustomModel) and plan.model.source):
         # the rules DTensor cannot run as written (torch is imported only for such plans)
         found += _shard_refusals(plan)

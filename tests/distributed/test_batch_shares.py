@@ -3,7 +3,9 @@
 Each data rank trains on its own share (its own microbatch count, in a pipeline its own schedule length)
 and weights its loss by share x dp / global batch, so the data-parallel mean is the global batch's:
 `--check-equivalence` against one process, with DDP, ZeRO-1 (torch's and plandsl's DTensor one, whose
-composable `replicate` reduces once, after the last microbatch) and pipelines (FSDP is refused: E703). The two-device-type local plan (stdlib_plans/local/hetero.plan) gives each replica the
+composable `replicate` reduces once, after the last microbatch), FSDP (ZeRO-2 and 3, gathered from the first
+forward to the last backward, so every rank calls the same collectives) and pipelines (torch's single- and
+multi-stage classes and its action runtime) over each. The two-device-type local plan (stdlib_plans/local/hetero.plan) gives each replica the
 microbatches its devices' speed earns.
 """
 from __future__ import annotations
@@ -45,11 +47,21 @@ def _matches(text: str, ranks: int) -> list[dict]:
 @pytest.mark.parametrize("mesh,data,shares,micro_batch,extra", [
     ("[dp = 2] over devices[0:2]", "ddp over dp", "[6, 2]", 2, ""),            # DDP, gradient accumulation 3 + 1
     ("[dp = 2] over devices[0:2]", "zero1 over dp", "[1, 7]", 1, ""),          # torch's ZeroRedundancyOptimizer
+    ("[dp = 2] over devices[0:2]", "fsdp over dp", "[5, 3]", 1, ""),           # FSDP2, gathered through the step
+    ("[dp = 2] over devices[0:2]", "zero2 over dp", "[2, 6]", 2, ""),
+    ("[dp = 2, pp = 2] over devices[0:4]", "fsdp over dp", "[6, 2]", 1,        # FSDP2 stages of a 1F1B pipeline
+     "  stages  = evenly over pp\n  schedule = 1f1b\n"),
+    ("[dp = 2, pp = 2] over devices[0:4]", "fsdp over dp", "[6, 2]", 1,        # ... of GPipe
+     "  stages  = evenly over pp\n  schedule = gpipe\n"),
+    ("[dp = 2, pp = 2] over devices[0:4]", "fsdp over dp", "[6, 2]", 1,        # ... interleaved (torch's Multi)
+     "  stages  = evenly over pp with virtual = 2\n  schedule = interleaved_1f1b\n"),
+    ("[dp = 2, pp = 2] over devices[0:4]", "fsdp over dp", "[6, 2]", 1,        # ... zb_h1 (plandsl's table, torch's
+     "  stages  = evenly over pp\n  schedule = zb_h1\n"),                      # runtime: UNSHARD/RESHARD actions)
     ("[dp = 2, tp = 2] over devices[0:4]", "zero1 over dp", "[6, 2]", 1,       # Zero1Optimizer over DTensors
      "  tensor  = megatron over tp\n"),
     ("[dp = 2, pp = 2] over devices[0:4]", "ddp over dp", "[6, 2]", 1,         # 1F1B, 6 and 2 microbatches
      "  stages  = evenly over pp\n  schedule = 1f1b\n"),
-], ids=["ddp", "zero1", "zero1_tp", "pp_1f1b"])
+], ids=["ddp", "zero1", "fsdp", "zero2", "fsdp_1f1b", "fsdp_gpipe", "fsdp_interleaved", "fsdp_zb_h1", "zero1_tp", "pp_1f1b"])
 def test_uneven_shares_match_one_process(mesh, data, shares, micro_batch, extra):
     text = _plan(mesh, data, shares, micro_batch, extra)
     _matches(text, load(text).mesh.size)

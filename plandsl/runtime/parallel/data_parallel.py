@@ -33,16 +33,22 @@ warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a vi
 
 def apply_dp(model: nn.Module, kind: ir.DataKind | str, dp_mesh: DeviceMesh, device: torch.device,
              expert_mesh: DeviceMesh | None = None, pipelined: bool = False,
-             data_shards: dict[str, dict[str, int]] | None = None) -> nn.Module:
+             data_shards: dict[str, dict[str, int]] | None = None, uneven: bool = False) -> nn.Module:
     """`expert_mesh`: what expert-parallel shards are reduced over (see `_group_experts`); `pipelined`:
     `model` is a pipeline stage; `data_shards`: the modules shard rules split over the data axis
-    (`shard_by_rules`)."""
+    (`shard_by_rules`); `uneven`: the data ranks run their own microbatch counts (`batch_shares`), so FSDP
+    keeps the parameters gathered from a step's first forward to its last backward (`gradient_sync`): one
+    all-gather and one reduce-scatter per unit and step on every rank, whatever its count."""
     if data_shards:
         shard_by_rules(model, data_shards, dp_mesh)
     kind = ir.DataKind(kind)
     if kind.sharded:  # ZeRO-2 keeps the parameters gathered between forward and backward, ZeRO-3 reshards
-        return apply_fsdp(model, dp_mesh, reshard_after_forward=kind.zero_stage == 3, expert_mesh=expert_mesh)
-    return apply_ddp(model, dp_mesh, device, expert_mesh, pipelined)
+        model = apply_fsdp(model, dp_mesh, reshard_after_forward=kind.zero_stage == 3, expert_mesh=expert_mesh)
+    if uneven:  # every FSDP unit, a shard rule's too
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_reshard_after_forward(False, recurse=False)
+    return model if kind.sharded else apply_ddp(model, dp_mesh, device, expert_mesh, pipelined)
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool,
@@ -156,20 +162,27 @@ def gradient_sync(module: nn.Module, enabled: bool, every_microbatch: bool = Tru
     DDP skips its all-reduce inside `no_sync`; FSDP modules (and composable `replicate`) reduce-scatter every
     microbatch, as torchtitan does, so gradients stay sharded while they accumulate, unless
     `every_microbatch` is False: replicas with their own microbatch counts (`batch_shares`) would call a
-    different number of collectives, so they accumulate and reduce once, after the last (`replicate`'s
-    all-reduce; FSDP's per-forward all-gathers still differ, so `runtime.support` refuses it with shares).
+    different number of collectives, so they accumulate and reduce once, after the last, and FSDP keeps
+    the parameters gathered from the first forward on (`apply_dp(uneven=True)`).
     """
     if isinstance(module, DistributedDataParallel) and not enabled:
         return module.no_sync()
-    if not every_microbatch and isinstance(module, FSDPModule):
+    if not every_microbatch and any(isinstance(m, FSDPModule) for m in module.modules()):
         return _fsdp_sync(module, enabled)
     return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
-def _fsdp_sync(module: FSDPModule, enabled: bool):
-    module.set_requires_gradient_sync(enabled)  # recursively, for every FSDP (or replicate) unit inside
+def _fsdp_sync(module: nn.Module, enabled: bool):
+    """Every FSDP (or `replicate`) unit inside `module` reduces and reshards after this backward only if
+    `enabled` (the last microbatch); their parameters stay gathered until then (`apply_dp(uneven=True)`)."""
+    units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.set_requires_gradient_sync(enabled, recurse=False)
+        unit.set_reshard_after_backward(enabled, recurse=False)
     try:
         yield
     finally:
-        module.set_requires_gradient_sync(True)
+        for unit in units:
+            unit.set_requires_gradient_sync(True, recurse=False)
+            unit.set_reshard_after_backward(True, recurse=False)

@@ -68,5 +68,6 @@ def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch
     if dp_mesh is not None:
         kind = plan.data.kind if plan.data is not None else ir.DataKind.replicate  # expert axis alone: replicate
         return apply_dp(model, kind, dp_mesh, device, expert_data_mesh(plan, mesh), pipelined=plan.stages is not None,
-                        data_shards={name: rule.data for name, rule in rules.items() if rule.data})
+                        data_shards={name: rule.data for name, rule in rules.items() if rule.data},
+                        uneven=plan.train.batch_shares is not None)
     return model
