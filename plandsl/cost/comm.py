@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -144,21 +145,27 @@ def _ratio(tables: tuple, collective: str, size_bytes: float) -> float:
 
 def _local_members(cluster: ir.Cluster, axes: list[tuple[int, int]], first_device: int) -> tuple[int, int]:
     """(most members sharing a node, nodes touched) of the group of device `first_device`, enumerated."""
-    node_of = _node_index(cluster)
     members = [first_device]
     for size, stride in axes:
         members = [m + c * stride for m in members for c in range(size)]
-    counts: dict[int, int] = {}
-    for m in members:
-        node = node_of(min(m, cluster.num_devices - 1))
-        counts[node] = counts.get(node, 0) + 1
-    return max(counts.values()), len(counts)
+    last = cluster.num_devices - 1
+    per_node = {g.node.devices for g in cluster.groups}
+    if len(per_node) == 1 and all(g.count <= _NODES_LISTED for g in cluster.groups):  # nodes alike: a division
+        node_devices = per_node.pop()
+        nodes = Counter((m if m < last else last) // node_devices for m in members)
+    else:
+        node_of = _node_index(cluster)
+        nodes = Counter(node_of(min(m, last)) for m in members)
+    return max(nodes.values()), len(nodes)
+
+
+_NODES_LISTED = 1_000_000  # nodes per group `_node_index` lists (bounded work on any cluster)
 
 
 def _node_index(cluster: ir.Cluster):
     starts, total = [], 0
     for group in cluster.groups:
-        for _ in range(min(group.count, 1_000_000)):
+        for _ in range(min(group.count, _NODES_LISTED)):
             starts.append(total)
             total += group.node.devices
     return lambda device: bisect.bisect_right(starts, device) - 1

@@ -22,6 +22,8 @@ result is the top k of brute force (tests/unit/test_search.py checks it).
 """
 from __future__ import annotations
 
+import functools
+import gc
 import heapq
 import itertools
 import math
@@ -35,7 +37,7 @@ from plandsl.search.choices import AXES, RECOMPUTE, divisors, schedule_choices
 from plandsl.search.emit import explain_empty, explain_stopped
 from plandsl.search.problem import (CONTEXT, Candidate, Problem, Scored, SearchError, SearchResult, SearchStats,
                                     build_plan)
-from plandsl.search.space import SAFE, Leaf, Node, Root, Space, candidate_of, partition_blocks, partition_layers
+from plandsl.search.space import SAFE, Leaf, Node, Pending, Root, Space, candidate_of, partition_blocks, partition_layers
 from plandsl.diagnostics import did_you_mean
 
 PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
@@ -139,6 +141,24 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
 
 
 # ---- the search ---------------------------------------------------------------------------------------------------
+def _collector_paused(function: Callable) -> Callable:
+    """`function` with Python's cyclic garbage collector paused (and restored after): a search makes
+    ~10^5 acyclic records (nodes, stage times, heap entries) that live until it returns, and the
+    collector's passes over them took 13 % of a 6,144-GPU search. Reference counting still frees
+    everything else as it goes; anything cyclic is collected after."""
+    @functools.wraps(function)
+    def paused(*args, **kwargs):
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            if enabled:
+                gc.enable()
+    return paused
+
+
+@_collector_paused
 def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None = None, top: int = 5,
            efficiency: Efficiency | None = None,
            progress: Callable[[int, int], None] | None = None, explain: bool = True,
@@ -196,7 +216,10 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
                 progress(done, len(roots))
             children = space.expand_root(item)
         elif isinstance(item, Node):
-            children = space.expand(item)
+            pending = space.pending(item)
+            children = [pending] if pending is not None else []
+        elif isinstance(item, Pending):
+            children = [child for child in space.resolve(item) if child is not None]
         elif isinstance(item, Leaf):
             scored = space.evaluate(item)
             children = []
@@ -236,6 +259,7 @@ def _stop(stats: SearchStats, heap: list, results: list[Scored], top: int) -> No
     results.extend(found[:top - len(results)])
 
 
+@_collector_paused
 def brute_force(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None = None,
                 efficiency: Efficiency | None = None) -> list[Scored]:
     """Every candidate of the space that fits, simulated, sorted by step time (for tests: small spaces only)."""

@@ -11,6 +11,7 @@ import itertools
 import math
 import struct
 from collections import Counter
+from typing import Mapping
 
 import numpy as np
 
@@ -106,6 +107,34 @@ def _float(bits: int) -> float:
     return struct.unpack("<d", struct.pack("<q", bits))[0]
 
 
+def least_slowest(blocks: int, ranks: Mapping[tuple[float, float, int], int]) -> float:
+    """A lower bound on min over whole splits N_r >= least_r, sum N_r = blocks, of max_r fixed_r + N_r·per_block_r,
+    for `ranks` = {(fixed, per_block, least): how many ranks}: the least value T at which the ranks hold the
+    blocks, counting each rank's floor((T - fixed) / per_block) generously (a hair more blocks, so
+    T comes out at most a hair low); math.inf when the ranks' `least` add up to more than the blocks.
+
+    The optimum is one of the values fixed_r + N·per_block_r. It is at least the ranks' floor (each
+    holds `least`) and the weighted mean (the max is at least any mean); from there the candidates
+    are walked upward, the next being the least fixed_r + (N_r(T) + 1)·per_block_r, never past the
+    optimum: within one block of the mean per kind of rank, so a few steps."""
+    if sum(n * least for (_, _, least), n in ranks.items()) > blocks:
+        return math.inf
+    floor = max(fixed + least * per for fixed, per, least in ranks)
+    if any(per <= 0.0 for _, per, _ in ranks):
+        return floor  # a rank holds any number of blocks at its fixed cost
+
+    def held(limit: float) -> int:
+        return sum(n * max(least, int((limit - fixed) / per + 1e-9)) for (fixed, per, least), n in ranks.items())
+
+    weight = sum(n / per for (_, per, _), n in ranks.items())
+    mean = (blocks + sum(n * fixed / per for (fixed, per, _), n in ranks.items())) / weight
+    limit = max(floor, mean)
+    while held(limit) < blocks:  # the next candidate: no optimum lies between (each rank's count is exact here)
+        step = min(fixed + (max(least, int((limit - fixed) / per)) + 1) * per for fixed, per, least in ranks)
+        limit = max(step, math.nextafter(limit, math.inf))
+    return limit
+
+
 def partition_layers(costs: list[list[float]], memory: list[list[float]] | None = None,
                      caps: list[float] | None = None, fixed: list[float] | None = None) -> tuple[int, ...] | None:
     """Layers per stage for layers that differ (written models, mlp, a transformer's dense blocks before
@@ -179,4 +208,4 @@ def _partition_by_table(prefix: list[list[float]], held: list[list[float]] | Non
     return tuple(reversed(counts))
 
 
-__all__ = ["partition_blocks", "partition_layers"]
+__all__ = ["partition_blocks", "partition_layers", "least_slowest"]

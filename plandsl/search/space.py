@@ -9,6 +9,7 @@ two kinds).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,13 +27,14 @@ from plandsl.ir.layers import Layer, figures_key, layers_of
 from plandsl.schedules.registry import BUILTIN, splits_backward
 from plandsl.search.choices import (AXES, MAX_MICRO_BATCH, RECOMPUTE, divisors_up_to, layouts, mesh_orders,
                                     schedule_choices, sequence_parallel, stage_ranks, stages_by_rank)
-from plandsl.search.partition import partition_blocks, partition_layers
+from plandsl.search.partition import least_slowest, partition_blocks, partition_layers
 from plandsl.search.problem import Candidate, Scored, SearchStats, build_plan
 from plandsl.lower.units import format_bytes
 from plandsl.diagnostics import PlanError
 from plandsl.ir.placement import Assignment
 
 SAFE = 1 - 1e-9  # bounds add in another order than the exact figures: keep them strictly below
+_ONE_IN_FLIGHT = np.ones(1)  # a single stage's microbatches in flight (one object: `_caps_cache` keys by identity)
 
 
 # ---- the tree ------------------------------------------------------------------------------------------------
@@ -68,7 +70,7 @@ class Node:
     ident: int = field(default_factory=lambda: next(_IDENT))
 
 
-@dataclass
+@dataclass(slots=True)
 class Leaf:
     node: Node
     schedule: str
@@ -76,6 +78,21 @@ class Leaf:
     zero: int
     counts: tuple[int, ...]
     bound: float
+
+
+@dataclass(slots=True)
+class Pending:
+    """A node's leaves before their partition, best bound first: the search holds one entry per node, for
+    the next leaf (`bound`), and partitions them one at a time (`Space.resolve`)."""
+
+    node: Node
+    leaves: list            # (bound, index, zero, schedule, virtual), ascending
+    memory: dict            # ZeRO stage -> `Space.layer_memory`
+    next: int = 0
+
+    @property
+    def bound(self) -> float:
+        return self.leaves[self.next][0]
 
 
 _FIELDS = 7  # forward, input_grad, weight_grad, comm, flops, recompute_flops, (params below)
@@ -111,6 +128,10 @@ class Space:
         self._gathered_cache: dict = {}
         self._capacity_cache: dict = {}
         self._inflight_cache: dict = {}
+        self._types_cache: dict = {}
+        self._caps_cache: dict = {}
+        self._links_cache: dict = {}
+        self._links_numbers: dict = {}
         self.stats = SearchStats()
 
     def _kinds(self) -> list[tuple[Layer, int]]:
@@ -214,13 +235,30 @@ class Space:
         return Work(node.micro_batch, self.problem.sequence, root.tp, root.cp, root.ep, root.sequence_parallel,
                     self.problem.precision, ir.Recompute(node.recompute), gather_kv=root.cp > 1)  # search.CONTEXT
 
+    def _device_types(self, root: Root) -> dict:
+        """The root's device types by name, once per root."""
+        found = self._types_cache.get(id(root))
+        if found is None or found[0] is not root:
+            found = self._types_cache[id(root)] = (root, {d.name: d for d in root.rank_devices})
+        return found[1]
+
+    def _layer_links(self, links) -> int:
+        """The tensor, context and expert links that a layer's time depends on, as a number: one per
+        distinct three (hashing the links on every lookup would cost more than the lookup saves)."""
+        found = self._links_cache.get(id(links))
+        if found is None or found[0] is not links:
+            number = self._links_numbers.setdefault((links.tp, links.cp, links.ep), len(self._links_numbers))
+            found = self._links_cache[id(links)] = (links, number)
+        return found[1]
+
     def kind_times(self, node: Node, device: ir.DeviceType) -> list[LayerTime]:
         found = node.times.get(device.name)
         if found is None:
             work, links = self.work(node), node.root.links
+            layer_links = self._layer_links(links)
             found = []
             for layer, _ in self.kinds:
-                key = (work, figures_key(layer), device.name, links.tp, links.cp, links.ep)
+                key = (work, figures_key(layer), device.name, layer_links)
                 time = self._time_cache.get(key)
                 if time is None:
                     time = self._time_cache[key] = estimate_layer_time(self.model, layer, work, device, links,
@@ -234,9 +272,11 @@ class Space:
 
         On rank r's device every kind of layer takes at least ratio_r times its time on the
         fastest device, so max_r busy_r >= W_fast / sum_r (1 / ratio_r) (= W / pp when all match)."""
-        devices = {d.name: d for d in node.root.rank_devices}
+        devices = self._device_types(node.root)
         per_device = {name: [t.forward + t.backward for t in self.kind_times(node, d)] for name, d in devices.items()}
         totals = {name: sum(c * count for c, (_, count) in zip(costs, self.kinds)) for name, costs in per_device.items()}
+        if len(totals) == 1:  # one device type: every ratio is 1
+            return next(iter(totals.values())) / len(node.root.rank_devices)
         fastest = min(totals, key=totals.get)
         base = per_device[fastest]
         ratio = {name: min((c / b for c, b in zip(costs, base) if b > 0), default=1.0)
@@ -247,8 +287,7 @@ class Space:
         """A bound on any step: one microbatch's F through every layer, then its I back (B = I + W;
         W may wait), each layer on the fastest device for it. With fewer microbatches than
         pipeline ranks this, not the work spread over the ranks, bounds the step (`_bound`'s chain)."""
-        devices = {d.name: d for d in node.root.rank_devices}.values()
-        per_device = [self.kind_times(node, d) for d in devices]
+        per_device = [self.kind_times(node, d) for d in self._device_types(node.root).values()]
         return sum(count * min(times[i].forward + times[i].input_grad for times in per_device)
                    for i, (_, count) in enumerate(self.kinds))
 
@@ -320,6 +359,23 @@ class Space:
 
     # -- leaves: ZeRO stage, schedule, virtual stages --
     def expand(self, node: Node) -> list[Leaf]:
+        """Every leaf below a node, each with its bound, in the space's order (brute force; the search
+        partitions them lazily, `pending`)."""
+        pending = self.pending(node)
+        if pending is None:
+            return []
+        out = []
+        for _, _, zero, schedule, virtual in sorted(pending.leaves, key=lambda entry: entry[1]):
+            self.stats.leaves += 1
+            leaf = self._leaf(node, zero, schedule, virtual, pending.memory[zero])
+            if leaf is not None:
+                out.append(leaf)
+        return out
+
+    def pending(self, node: Node) -> Pending | None:
+        """The node's leaves before their partition, each bounded by its busiest rank over every split
+        of the blocks (`_busy_bound`), best first: a leaf is partitioned and given its exact bound only
+        when the search reaches that bound, and most never are (a 6,144-GPU search partitions 1 in 5)."""
         self.stats.expanded += 1
         root, pins = node.root, self.pins
         zeros = [pins["zero_stage"]] if "zero_stage" in pins else list(ir.ZERO_STAGES)
@@ -329,7 +385,7 @@ class Space:
                                    pins.get("virtual_stages"))
         if node.recompute == "selective_op":  # its kept outputs serve one backward pass, not I then W (E703)
             choices = [c for c in choices if not splits_backward(c[0])] or choices
-        out = []
+        leaves, memories, busy = [], {}, {}
         for zero in zeros:
             memory = self.layer_memory(node, zero)
             per_kind = memory[0]
@@ -342,18 +398,75 @@ class Space:
                                   f"(of {format_bytes(max(root.capacity))})",
                                   (states + stored) / root.pp / max(root.capacity))
                 continue
+            memories[zero] = memory
             for schedule, virtual in choices:
-                self.stats.leaves += 1
-                leaf = self._leaf(node, zero, schedule, virtual, memory)
-                if leaf is not None:
-                    out.append(leaf)
-        return out
+                key = (zero if zero >= 2 else 0, schedule if schedule not in BUILTIN else BUILTIN[schedule].rank_map,
+                       virtual)  # ZeRO-0/1 add no traffic to a microbatch; the stages' ranks
+                bound = busy.get(key)
+                if bound is None:
+                    bound = busy[key] = self._busy_bound(node, zero, schedule, virtual, busy) \
+                        if self.transformer else 0.0
+                leaves.append((max(node.bound, bound * SAFE * SAFE), len(leaves), zero, schedule, virtual))
+        if not leaves:
+            return None
+        leaves.sort()
+        return Pending(node, leaves, memories)
+
+    def resolve(self, pending: Pending) -> tuple[Leaf | None, Pending | None]:
+        """The pending node's next leaf partitioned and bounded (None when no partition fits), and the
+        node's leaves left (None when none is)."""
+        self.stats.leaves += 1
+        _, _, zero, schedule, virtual = pending.leaves[pending.next]
+        leaf = self._leaf(pending.node, zero, schedule, virtual, pending.memory[zero])
+        rest = None
+        if pending.next + 1 < len(pending.leaves):
+            rest = Pending(pending.node, pending.leaves, pending.memory, pending.next + 1)
+        return leaf, rest
+
+    def _busy_bound(self, node: Node, zero: int, schedule: str, virtual: int, found: dict) -> float:
+        """m x the least seconds per microbatch of the busiest pipeline rank over every split of the blocks
+        onto the stages (each stage at least one): below `_bound`, whose ranks' busy time is one term
+        of its maximum, for whatever split the partition picks. A stage holding n blocks and neither
+        the embedding nor the head takes exactly a + n·b (ZeRO-2/3's units are its blocks, so their
+        traffic is the same per unit: `cost.stage.zero_traffic` is affine in n); the two stages with
+        them take at least their compute, fixed + n·(a block's F + B), ZeRO's traffic only adding. A
+        rank's stages sum to at least A + N·B over the N blocks it holds (B the least slope of its
+        stages), and `least_slowest` gives the least max over whole splits of the blocks. Chimera's
+        ranks run half the microbatches of two stages each, and a dense-then-MoE model's stages hold
+        blocks of two kinds: their leaves keep the node's bound."""
+        root, info = node.root, BUILTIN.get(schedule)
+        if (info is not None and info.pipelines == 2) or self.dense_blocks:
+            return 0.0
+        ranks = stage_ranks(schedule, root.pp, virtual) if root.pp > 1 else (0,)
+        last = len(ranks) - 1
+        devices = root.rank_devices
+        kinds: dict = {}
+
+        def add(kind: tuple, count: int = 1) -> None:
+            kinds[kind] = kinds.get(kind, 0) + count
+
+        ends, others = _rank_shapes(ranks, root.pp)
+        for rank, owned in ends:  # the ranks of the embedding's and the head's stages
+            offset, middle, compute, embed_cost, head_cost = self._slopes(node, zero, devices[rank], found)
+            fixed = sum(offset for s in owned if 0 < s < last)
+            fixed += (embed_cost if 0 in owned else 0.0) + (head_cost if last in owned else 0.0)
+            add((fixed, min(compute, middle), len(owned)))
+        if len(self._device_types(root)) == 1:  # on one device type, the others differ only in their stages
+            offset, middle = self._slopes(node, zero, devices[0], found)[:2]
+            for stages, count in others.items():
+                add((stages * offset, middle, stages), count)
+        else:
+            for rank, owned in enumerate(stages_by_rank(ranks, root.pp)):
+                if all(rank != r for r, _ in ends):
+                    offset, middle = self._slopes(node, zero, devices[rank], found)[:2]
+                    add((len(owned) * offset, middle, len(owned)))
+        return node.microbatches * least_slowest(self.blocks, kinds)
 
     def _leaf(self, node: Node, zero: int, schedule: str, virtual: int, memory) -> Leaf | None:
         root = node.root
         pp, m = root.pp, node.microbatches
         ranks = stage_ranks(schedule, pp, virtual) if pp > 1 else (0,)
-        inflight = self._inflight(schedule, pp, m, virtual) if pp > 1 else np.ones(1)
+        inflight = self._inflight(schedule, pp, m, virtual) if pp > 1 else _ONE_IN_FLIGHT
         if self.dense_blocks:
             counts = self._mixed_partition(node, zero, ranks, inflight, memory)
         elif self.transformer:
@@ -430,10 +543,15 @@ class Space:
     def _transformer_partition(self, node: Node, ranks, inflight, memory, virtual):
         root = node.root
         stages = len(ranks)
-        rank_caps = self._rank_caps(root, ranks, inflight, memory)
-        if int(rank_caps.sum()) < self.blocks or int(rank_caps.min()) < virtual:
+        # The caps depend on memory, not on where the groups sit: once for every mesh order of a layout.
+        caps_key = (id(memory), ranks, id(inflight), root.capacity)  # memory and inflight: cached, never evicted
+        rank_caps = self._caps_cache.get(caps_key, False)
+        if rank_caps is False:
+            rank_caps = self._rank_caps(root, ranks, inflight, memory)
+            fits = int(rank_caps.sum()) >= self.blocks and int(rank_caps.min()) >= virtual
+            rank_caps = self._caps_cache[caps_key] = rank_caps.tolist() if fits else None
+        if rank_caps is None:
             return None  # memory: no split fits, before any timing
-        rank_caps = rank_caps.tolist()
         key = (node.ident, ranks, tuple(rank_caps))
         found = self._partition_cache.get(key, False)
         if found is not False:
@@ -535,34 +653,54 @@ class Space:
                 out.append(stage_time(times, params, zero, element, root.links, fsdp_units(layers),
                                       self.problem.grad_dtype.bytes))
             return out
-        out = []
-        start = 0
+        out, start = [], 0
         for s, n in enumerate(counts):
-            device = root.rank_devices[ranks[s]]
             dense = max(0, min(start + n, self.dense_blocks) - start)  # of a dense-then-MoE model's blocks
             start += n
-            key = (node.ident, zero, device.name, n, s == 0, s == last, dense)
-            found = self._stage_cache.get(key)
-            if found is None:
-                parts = [(0, 1)] if s == 0 else []
-                parts.append((1, n - dense))
-                if dense:
-                    parts.append((4, dense))
-                if s == last:
-                    parts += [(2, 1), (3, 1)]
-                times = self.kind_times(node, device)
-                sums = [0.0] * 6
-                dense = expert = 0.0
-                for index, count in parts:
-                    for i, value in enumerate(_sums(times[index], count)):
-                        sums[i] += value
-                    d, e = self.params(self.kinds[index][0], root.tp, root.ep)
-                    dense, expert = dense + count * d, expert + count * e
-                units = n + (1 if s == 0 or s == last else 0)  # the blocks, and the root (`fsdp_units`)
-                found = self._stage_cache[key] = zero_traffic(*sums, dense, expert, zero, element, root.links, units,
-                                                              self.problem.grad_dtype.bytes)
-            out.append(found)
+            out.append(self._stage_time(node, zero, root.rank_devices[ranks[s]], n, s == 0, s == last, dense))
         return out
+
+    def _slopes(self, node: Node, zero: int, device, found: dict) -> tuple[float, ...]:
+        """`_busy_bound`'s figures on a device: a stage without an end, a + n·b, as (a, b); a block's F + B;
+        the embedding's and the norm and head's F + B (`found`: the node's, by ZeRO stage and device)."""
+        key = (zero if zero >= 2 else 0, device.name)  # ZeRO-0/1 add no traffic to a microbatch
+        slope = found.get(key)
+        if slope is None:
+            embed, block, norm, head = self.kind_times(node, device)[:4]
+            one, two = (self._stage_time(node, zero, device, n, False, False) for n in (1, 2))
+            middle = (two.forward + two.backward) - (one.forward + one.backward)
+            slope = found[key] = (one.forward + one.backward - middle, middle, block.forward + block.backward,
+                                          embed.forward + embed.backward,
+                                          norm.forward + norm.backward + head.forward + head.backward)
+        return slope
+
+    def _stage_time(self, node: Node, zero: int, device, n: int, first: bool, last: bool,
+                    dense_blocks: int = 0) -> StageTime:
+        """One transformer stage of n blocks (`dense_blocks` of them a dense-then-MoE model's dense ones; the
+        embedding on the first stage, the norm and head on the last), once per node, ZeRO stage, device
+        and shape."""
+        root = node.root
+        key = (node.ident, zero, device.name, n, first, last, dense_blocks)
+        found = self._stage_cache.get(key)
+        if found is None:
+            parts = [(0, 1)] if first else []
+            parts.append((1, n - dense_blocks))
+            if dense_blocks:
+                parts.append((4, dense_blocks))
+            if last:
+                parts += [(2, 1), (3, 1)]
+            times = self.kind_times(node, device)
+            sums = [0.0] * 6
+            dense = expert = 0.0
+            for index, count in parts:
+                for i, value in enumerate(_sums(times[index], count)):
+                    sums[i] += value
+                d, e = self.params(self.kinds[index][0], root.tp, root.ep)
+                dense, expert = dense + count * d, expert + count * e
+            units = n + (1 if first or last else 0)  # the blocks, and the root (`fsdp_units`)
+            found = self._stage_cache[key] = zero_traffic(*sums, dense, expert, zero, self.problem.precision.bytes,
+                                                          root.links, units, self.problem.grad_dtype.bytes)
+        return found
 
     def _bound(self, node: Node, schedule: str, ranks, stages: list[StageTime], zero: int) -> float:
         """max over ranks of (first microbatch's arrival + busy + the last gradient's way back),
@@ -628,7 +766,20 @@ class Space:
         return Scored(candidate, leaf.counts, estimate, plan)
 
 
-__all__ = ["Space", "Root", "Node", "Leaf", "candidate_of", "partition_blocks", "partition_layers"]
+__all__ = ["Space", "Root", "Node", "Pending", "Leaf", "candidate_of", "partition_blocks", "partition_layers"]
+
+
+@functools.lru_cache(maxsize=4096)
+def _rank_shapes(ranks: tuple[int, ...], pp: int) -> tuple[tuple, dict]:
+    """The ranks holding the first and the last stage, with their stages, and how many other ranks hold
+    each number of stages (`_busy_bound`, on one device type)."""
+    by_rank = stages_by_rank(ranks, pp)
+    ends = tuple((rank, by_rank[rank]) for rank in sorted({ranks[0], ranks[-1]}))
+    others: dict = {}
+    for rank, owned in enumerate(by_rank):
+        if rank not in (ranks[0], ranks[-1]):
+            others[len(owned)] = others.get(len(owned), 0) + 1
+    return ends, others
 
 
 def candidate_of(node: Node, schedule: str, virtual: int, zero: int) -> Candidate:
