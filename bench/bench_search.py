@@ -2,6 +2,7 @@
 model's predictions against published training runs.
 
     python bench/bench_search.py              # search time vs cluster size (Markdown)
+    python bench/bench_search.py --peer DIR   # ... beside another checkout's, in turns (CPU seconds and their ratio)
     python bench/bench_search.py --validate   # published runs: measured, predicted, error (Markdown)
     python bench/bench_search.py --fit        # refit the GEMM efficiency and the ZeRO-3 NIC on the fit runs, then validate
 
@@ -19,11 +20,15 @@ the middle one of DeepSpeed's three ZeRO-3 runs (Table 2) sets the NIC bandwidth
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from plandsl import api, ir
 from plandsl.cost.compute import DEFAULT_EFFICIENCY, Efficiency
@@ -353,22 +358,59 @@ def datasheet_zero3(efficiency: Efficiency | None) -> str:
     return "\n".join(lines)
 
 
-def timings() -> str:
-    lines = ["| model | cluster | devices | global batch | search (s) | layouts x orders | leaves bounded | "
-             "simulated | best plan |", "|---|---|---|---|---|---|---|---|---|"]
-    cases = [("GPT-3 175B", gpt(96, 12288, 96), nodes, 1536) for nodes in (8, 32, 128, 256, 512)]
-    cases += [("GPT 1T", gpt(128, 25600, 160), nodes, 4096) for nodes in (128, 256, 512)]
-    cases += [("Llama 3 70B", "llama3_70b", nodes, 1024) for nodes in (16, 128)]
-    for name, model, nodes, batch in cases:
-        run = Run(name, "", model, f"dgx_a100 x {nodes}", batch, 1.0)
-        problem = problem_of(run)
-        start = time.perf_counter()
-        result = search(problem, top=5)
-        seconds = time.perf_counter() - start
-        s = result.stats
-        lines.append(f"| {name} | dgx_a100 x {nodes} | {nodes * 8:,} | {batch} | {seconds:.2f} | {s.roots:,} | "
-                     f"{s.leaves:,} | {s.simulated} | {result.best.candidate.describe()} |")
+NEMOTRON_340B = "llama(layers=96, hidden=18432, heads=96, kv_heads=8, ffn=49152, vocab=256000, seq=4096)"
+
+
+def timing_cases() -> list[Run]:
+    cases = [Run("GPT-3 175B", "", gpt(96, 12288, 96), f"dgx_a100 x {nodes}", 1536, 1.0) for nodes in (8, 32, 128, 256, 512)]
+    cases += [Run("GPT 1T", "", gpt(128, 25600, 160), f"dgx_a100 x {nodes}", 4096, 1.0) for nodes in (128, 256, 512)]
+    cases += [Run("Llama 3 70B", "", "llama3_70b", f"dgx_a100 x {nodes}", 1024, 1.0) for nodes in (16, 128)]
+    # issue 20's speed target: a 340B model on 6,144 GPUs in under 10 s (Nemotron-4's bf16 states)
+    cases.append(Run("Nemotron-4 340B", "", NEMOTRON_340B, "dgx_h100 x 768", 2304, 1.0,
+                     dtypes={"grad_dtype": "bf16", "optimizer_dtype": "bf16"}))
+    return cases
+
+
+def time_case(index: int) -> dict:
+    """One timing case searched in this process: wall and CPU seconds, the counters, the best plan."""
+    problem = problem_of(timing_cases()[index])
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = search(problem, top=5)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    s = result.stats
+    return {"wall": wall, "cpu": cpu, "roots": s.roots, "leaves": s.leaves, "simulated": s.simulated,
+            "best": result.best.candidate.describe(), "steps": [c.estimate.time.step for c in result.candidates]}
+
+
+def timings(peer: str | None = None) -> str:
+    """Search time per case; with `peer` (another checkout's root), each case also runs there, both in child
+    processes taking turns, so that a shared machine's load falls on both alike: CPU seconds and their ratio."""
+    head = "| model | cluster | devices | global batch | search (s) | CPU (s) | layouts x orders | leaves bounded | " \
+           "simulated | best plan |"
+    if peer:
+        head += " peer CPU (s) | peer / this | same top 5 |"
+    lines = [head, "|" + "---|" * head.count(" | ")]
+    for index, run in enumerate(timing_cases()):
+        if peer:
+            here, there = _child(index, None), _child(index, peer)
+        else:
+            here = time_case(index)
+        devices = int(run.cluster.split(" x ")[1]) * 8
+        line = (f"| {run.name} | {run.cluster} | {devices:,} | {run.global_batch} | {here['wall']:.2f} | "
+                f"{here['cpu']:.2f} | {here['roots']:,} | {here['leaves']:,} | {here['simulated']} | {here['best']} |")
+        if peer:
+            line += f" {there['cpu']:.2f} | {there['cpu'] / here['cpu']:.2f} | " \
+                    f"{'yes' if there['steps'] == here['steps'] and there['best'] == here['best'] else 'NO'} |"
+        lines.append(line)
     return "\n".join(lines)
+
+
+def _child(index: int, root: str | None) -> dict:
+    """`time_case(index)` in a child process importing plandsl from `root` (None: this checkout)."""
+    env = dict(os.environ, PYTHONPATH=root or str(Path(__file__).resolve().parent.parent))
+    out = subprocess.run([sys.executable, __file__, "--case", str(index)], env=env, check=True, capture_output=True,
+                         text=True).stdout
+    return json.loads(out.splitlines()[-1])
 
 
 def main(argv: list[str]) -> None:
@@ -381,9 +423,11 @@ def main(argv: list[str]) -> None:
         print(report(validate(None), None))
         print()
         print(datasheet_zero3(None))
+    elif "--case" in argv:
+        print(json.dumps(time_case(int(argv[argv.index("--case") + 1]))))
     else:
-        print(timings())
-        print(f"\nmachine: {__import__('os').cpu_count()} cores, Python {sys.version.split()[0]}")
+        print(timings(argv[argv.index("--peer") + 1] if "--peer" in argv else None))
+        print(f"\nmachine: {os.cpu_count()} cores, Python {sys.version.split()[0]}")
 
 
 if __name__ == "__main__":
