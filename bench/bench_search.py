@@ -92,6 +92,8 @@ node selene_zero3_2021 {{
 
 MEGATRON = "Narayanan et al. 2021, arXiv:2104.04473"
 KORTHIKANTI = "Korthikanti et al. 2022, arXiv:2205.05198"
+# Megatron-Core's (and Meta's, NeMo's) layout: bf16 weights, the fp32 master copy with the optimizer's states
+MEGATRON_CORE = {"param_dtype": "bf16"}
 MEGATRON_2021 = {"recompute": "full", "zero_stage": 0}  # eq. 3 counts the recomputed forward; no distributed optimizer
 
 
@@ -182,6 +184,7 @@ def published() -> list[Run]:
         runs.append(Run(f"Llama 3 405B, {gpus} H100, cp {cp}, seq {seq}", "Llama Team 2024, arXiv:2407.21783, Table 4",
                         "llama3_405b", f"dgx_h100 x {gpus // 8}", batch, mfu, metric="mfu", seq=seq,
                         pins={"tp": 8, "pp": 16, "cp": cp, "dp": dp, "zero_stage": 2, "schedule": "interleaved_1f1b"},
+                        dtypes=dict(MEGATRON_CORE),
                         note="Sec. 3.3.2: the interleaved schedule of Narayanan et al. 2021 (virtual stages not given)"))
     runs.append(Run("torchtitan Llama 3 8B, FSDP 64 A100, selective op", "pytorch/torchtitan docs/performance.md (2024)",
                     "llama3_8b", "dgx_a100 x 8", 64, 2973, metric="tokens_per_device",
@@ -210,7 +213,7 @@ def published() -> list[Run]:
                     "dgx_h100 x 16", 32, 32 * 4096 / 4.61 / 128, metric="tokens_per_device",
                     pins={"tp": 8, "pp": 8, "dp": 2, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1,
                           "schedule": "interleaved_1f1b", "virtual_stages": 12},
-                    dtypes={"grad_dtype": "bf16", "optimizer_dtype": "bf16"},
+                    dtypes={"param_dtype": "bf16", "grad_dtype": "bf16", "optimizer_dtype": "bf16"},
                     note="fp32 states need 5.0 TiB and do not fit 128 x 80 GB; NeMo's TP communication overlap "
                          "(ub_tp_comm_overlap) is not modelled"))
     # The same recipe in FP8 (--fp8-format hybrid): 3.16 s per step, 41,478 tokens/s (the same table).
@@ -236,7 +239,7 @@ def nemo_h100() -> list[Run]:
             base["schedule"] = "interleaved_1f1b"
         return Run(f"NeMo {name}, {gpus} H100, FP8", f"{NEMO_BRIDGE}, NeMo {container}", model,
                    f"dgx_h100 x {gpus // 8}", batch, measured, metric="tokens_per_device",
-                   pins={**base, **pins}, dtypes={"precision": "fp8"}, note=note)
+                   pins={**base, **pins}, dtypes={"precision": "fp8", **MEGATRON_CORE}, note=note)
     return [run("Llama 3 8B (FSDP 8)", "25.11", "llama3_8b", 8, 128, 14451, dp=8, tp=1, pp=1, zero_stage=3,
                 note="the recipe recomputes 5 of the 32 layers (recompute_num_layers=5), pinned here as none"),
             run("Llama 3 70B (t4 p8 v5), gbs 128", "25.11", "llama3_70b", 64, 128, 1602, dp=2, tp=4, pp=8,

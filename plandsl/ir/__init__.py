@@ -100,12 +100,11 @@ class Link(Node):
                                                 "its alpha-beta time by the measured ratio, interpolated in the bytes")
 
 
-DEFAULT_RESERVE = 0.0
-"""The fraction of a device's memory no plan's tensors may use when its description gives no `reserve`.
-0 for now: the measurements say 8 % (docs/cost-model.md, "Reserve"), but the memory model counts the
-interpreter's fp32 parameters and gradients, and with 8 % kept free the published Llama 3 405B
-configuration (78.4 of 80 GiB in that layout) no longer fits; the default rises once a plan can say the
-16-bit layout such runs use."""
+DEFAULT_RESERVE = 0.08
+"""The fraction of a device's memory no plan's tensors may use when its description gives no `reserve`: the
+caching allocator's slack, the CUDA context and library workspaces, the communication buffers. 8 %: torchtitan's
+published H100 run reserves 4.2 % above the tensors the model counts, the context and NCCL's buffers come on top,
+and one H200 measured here left 3.2 of 31.9 GiB to what the model does not count (docs/cost-model.md, "Reserve")."""
 
 
 class GemmPoint(Node):

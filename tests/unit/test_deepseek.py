@@ -392,7 +392,7 @@ plan p {
   model = llama(layers=32, hidden=4096, heads=32, ffn=14336, seq=8192, vocab=128256, kv_lora_rank=512)
   cluster = dgx_h100
   mesh = [dp = 8]
-  train = { global_batch: 16 }
+  train = { global_batch: 16, recompute: full }
   data = zero3 over dp
 }
 """

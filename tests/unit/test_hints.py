@@ -158,7 +158,7 @@ import "clusters/dgx_a100"
   model   = {model}
   cluster = {cluster} x 16
   mesh    = [dp = 2, pp = 8, tp = 8]
-  train   = {{ global_batch: 64, micro_batch: 1 }}
+  train   = {{ global_batch: 64, micro_batch: 1, recompute: full }}
 }}
 """
 
