@@ -292,7 +292,9 @@ def stages_block(scope: Scope, block: s.Block, m: ir.Mesh) -> ir.Stages:
 def schedule_ref(scope: Scope, expr: s.Expr) -> ir.ScheduleRef:
     target, inner = scope.deref(expr)
     options: dict = {}
+    first_option = None
     if isinstance(target, s.Call):
+        first_option = target.kwargs[0] if target.kwargs else None
         for kwarg in target.kwargs:
             value = inner.eval(kwarg.value)
             if isinstance(value, Word):
@@ -320,6 +322,13 @@ def schedule_ref(scope: Scope, expr: s.Expr) -> ir.ScheduleRef:
         report_misspelled(scope.reporter, "E601", f"unknown schedule '{target.id}'", target.id, target.span,
                           list(BUILTIN) + user, "schedules")
         raise Poison()
+    if first_option is not None:  # a built-in is generated from the plan alone: an option would be ignored
+        virtual = first_option.name == "virtual"
+        raise scope.reporter.error(
+            "E206", f"the built-in schedule '{target.id}' takes no options ('{first_option.name}' would be ignored)",
+            first_option.span,
+            hint="virtual stages are the stages' own: `stages = evenly over pp with virtual = N`" if virtual else
+            f"write `schedule = {target.id}`; ranks and microbatches come from the mesh and the batch")
     return ir.ScheduleRef(name=target.id, options=options, span=expr.span)
 
 

@@ -729,3 +729,15 @@ def test_hsdp_is_zero3_over_its_shard_axis():
     data = the_plan(plan(mesh="[dp = 2, shard = 4]", extra="  data    = hsdp over [dp, shard]")).data
     assert data.kind is ir.DataKind.hsdp and data.zero_stage == 3 and data.hybrid and data.sharded
     assert ir.ZERO_STAGES == tuple(sorted({k.zero_stage for k in ir.DataKind})) == (0, 1, 2, 3)
+
+
+def test_a_built_in_schedule_takes_no_options():
+    """`interleaved_1f1b(virtual = 5)` used to lower with the option recorded and then ignored (the stages kept
+    virtual 1, the schedule ran as 1F1B): now E206, whose hint says where virtual stages are set."""
+    text = plan(mesh="[dp = 2, pp = 4]", extra="  schedule = interleaved_1f1b(virtual = 5)")
+    error = one(text, "E206")
+    assert "takes no options" in error.message and "with virtual = N" in error.hint
+    other = one(plan(mesh="[dp = 2, pp = 4]", extra="  schedule = 1f1b(microbatches = 8)"), "E206")
+    assert "'microbatches' would be ignored" in other.message and "schedule = 1f1b`" in other.hint
+    assert the_plan(plan(mesh="[dp = 2, pp = 4]", extra="  stages = evenly over pp with virtual = 2\n"
+                                                        "  schedule = interleaved_1f1b")).stages.virtual == 2
