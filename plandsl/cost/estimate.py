@@ -236,10 +236,23 @@ def format_shares(plan: ir.Plan, shares: tuple[int, ...] | None) -> str:
         return "none (the global batch is fewer whole microbatches than data ranks)"
     mb = plan.train.micro_batch
     how = " by speed" if plan.train.batch_shares == batch.SPEED else ""
-    cut = 16
-    more = f" ... ({len(shares)} data ranks)" if len(shares) > cut else ""
-    return (f"{', '.join(map(str, shares[:cut]))}{more} sequences{how} ({', '.join(str(s // mb) for s in shares[:cut])}"
-            f"{' ...' if more else ''} microbatches of {mb})")
+    return (f"{share_runs(shares)} sequences{how} ({share_runs(tuple(s // mb for s in shares))} "
+            f"microbatches of {mb})")
+
+
+def share_runs(values: tuple[int, ...], most: int = 16) -> str:
+    """`5, 3`, or with runs of equal values `10 x 16, 40 x 8` (value x data ranks, as the language writes a
+    repetition), the first `most` runs."""
+    runs: list[list[int]] = []
+    for value in values:
+        if runs and runs[-1][0] == value:
+            runs[-1][1] += 1
+        else:
+            runs.append([value, 1])
+    if len(runs) == len(values) and len(values) <= most:
+        return ", ".join(map(str, values))
+    shown = ", ".join(f"{value} x {count}" if count > 1 else str(value) for value, count in runs[:most])
+    return shown + (f", ... ({len(values)} data ranks)" if len(runs) > most else "")
 
 
 def _estimate_replicas(plan: ir.Plan, efficiency: Efficiency | None, assignment) -> PlanEstimate:
@@ -433,11 +446,10 @@ def _share_lines(estimate: PlanEstimate) -> list[str]:
     if not estimate.shares:
         return []
     slowest_rank = max(range(len(estimate.replica_steps)), key=lambda r: estimate.replica_steps[r])
-    shown = ", ".join(f"{share}" for share in estimate.shares[:16]) + (" ..." if len(estimate.shares) > 16 else "")
-    return [f"  batch shares   {shown} sequences per data rank; data rank {slowest_rank} is the slowest "
+    return [f"  batch shares   {share_runs(estimate.shares)} sequences per data rank; data rank {slowest_rank} is the slowest "
             f"({estimate.replica_steps[slowest_rank]:.4g} s with its tail; the fastest "
             f"{min(estimate.replica_steps):.4g} s)"]
 
 
-__all__ = ["TimeBreakdown", "PlanEstimate", "estimate_plan", "data_shares", "format_shares", "plan_work", "pipeline_p2p", "pipeline_p2p_seconds",
+__all__ = ["TimeBreakdown", "PlanEstimate", "estimate_plan", "data_shares", "format_shares", "share_runs", "plan_work", "pipeline_p2p", "pipeline_p2p_seconds",
            "estimate_stage_times", "format_estimate"]

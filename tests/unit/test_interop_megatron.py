@@ -33,6 +33,7 @@ LOST = {
     "llama2_70b_zbv": ["schedule = zbv", "the stage-to-rank map vshape"],
     "tiny_pp_custom": ["schedule = tiny_1f1b"],
     "tiny_hetero": ["batch_shares"],
+    "gpt_1b3_shares": ["batch_shares"],
 }
 
 # Every plan of the stdlib examples, found by name (loading them all at collection would cost every xdist worker
