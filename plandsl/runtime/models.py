@@ -192,7 +192,11 @@ class LatentAttention(Attention):
             k_rope = self.reduce_rope_key(k_rope)
         q = torch.cat((q_nope, q_rope), dim=-1)
         k = torch.cat((k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)), dim=-1)
-        out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        # Values padded with zeros to the query/key head width (a copy of v either way, so wkv_b's output, k_nope
+        # with it, is not kept): fused attention kernels take one head size (softmax(q kᵀ) [v, 0] = [o, 0])
+        width = self.nope + self.rope
+        v = F.pad(v, (0, width - self.v_dim)) if width > self.v_dim else v.contiguous()
+        out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))[..., : self.v_dim]
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 

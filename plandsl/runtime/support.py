@@ -156,7 +156,7 @@ def _shard_refusals(plan: ir.Plan) -> list[Diagnostic]:
 
 def _context_refusals(plan: ir.Plan, cuda: bool | None) -> list[Diagnostic]:
     """Context parallelism runs for gpt and llama, with every data kind but hsdp: `allgather` on CPU and
-    CUDA, `ring` on CPU (runtime.context_parallel) for attention whose heads are one size for q, k and v."""
+    CUDA, `ring` on CPU (runtime.context_parallel)."""
     if plan.context is None or plan.cp == 1:
         return []
     what = f"context parallelism (`context = {plan.context.kind} over {plan.context.axis}`)"
@@ -173,11 +173,11 @@ def _context_refusals(plan: ir.Plan, cuda: bool | None) -> list[Diagnostic]:
                           span, hint="use the context axis for data parallelism instead"))
     model = plan.model
     if plan.context.kind == "ring" and isinstance(model, ir.TransformerModel) and model.latent_attention and \
-            model.v_head_dim != model.qk_nope_head_dim + model.qk_rope_head_dim:
+            model.v_head_dim > model.qk_nope_head_dim + model.qk_rope_head_dim:
         found.append(diag("E704", f"{what} cannot run multi-head latent attention whose values ({model.v_head_dim} "
-                                  f"per head) are narrower than its queries and keys ({model.qk_nope_head_dim} + "
+                                  f"per head) are wider than its queries and keys ({model.qk_nope_head_dim} + "
                                   f"{model.qk_rope_head_dim}): the CPU flash-attention kernel each ring step calls "
-                                  "takes one head size for q, k and v", span,
+                                  "takes one head size, and the interpreter pads narrower values only", span,
                           hint=f"`context = allgather over {plan.context.axis}` runs it"))
     if plan.data is not None and plan.data.hybrid:
         found.append(diag("E703", f"hsdp together with {what} cannot run: the context axis would have to join "

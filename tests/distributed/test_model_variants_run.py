@@ -81,6 +81,10 @@ _LAYOUTS = {
   train   = tiny_train
   data    = zero1 over dp
   context = allgather over cp""",
+    "cp_ring": """  mesh    = [dp = 2, cp = 2] over devices[0:4]
+  train   = tiny_train
+  data    = zero1 over dp
+  context = ring over cp""",
     "pp_ep": """  mesh     = [pp = 2, ep = 2] over devices[0:4]
   train    = tiny_train
   experts  = alltoall over ep

@@ -249,13 +249,19 @@ def test_the_interpreters_module_is_the_catalogue(q_lora):
     assert logits.shape == (2, 16, 256) and all(p.grad is not None for p in module.parameters())
 
 
-def test_ring_context_parallelism_refuses_narrow_values():
+def test_ring_context_parallelism_refuses_values_wider_than_keys():
+    """The interpreter pads MLA's values to the query/key head width, so that the fused kernels (the CPU flash
+    kernel every ring step calls) run: narrower values run under ring, wider ones cannot be padded (E704)."""
     from plandsl.runtime.support import refusals
-    text = CHECKED.format(args=", kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64")
-    text = text.replace("[dp = 8]", "[dp = 4, cp = 2]").replace("micro_batch: 2 }", "micro_batch: 2 }\n  context = {kind} over cp")
-    ring = api.loads(text.replace("{kind}", "ring")).plans[0]
-    assert [d.code for d in refusals(ring, cuda=False)] == ["E704"]
-    assert refusals(api.loads(text.replace("{kind}", "allgather")).plans[0], cuda=False) == []
+    text = CHECKED.format(args=", kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=VALUE")
+    text = text.replace("[dp = 8]", "[dp = 4, cp = 2]").replace("micro_batch: 2 }", "micro_batch: 2 }\n  context = KIND over cp")
+
+    def plan(value: int, kind: str) -> ir.Plan:
+        return api.loads(text.replace("VALUE", str(value)).replace("KIND", kind)).plans[0]
+
+    assert [d.code for d in refusals(plan(128, "ring"), cuda=False)] == ["E704"]
+    for value, kind in ((128, "allgather"), (64, "ring"), (96, "ring")):
+        assert refusals(plan(value, kind), cuda=False) == []
 
 
 # ---- the search -------------------------------------------------------------------------------------------
@@ -459,3 +465,25 @@ def test_selective_op_refuses_latent_attention_and_the_search_leaves_it_out():
     space = Space(Problem(document.models[0], document.clusters[0], 8, None), {"pp": 1, "tp": 1, "cp": 1},
                   DEFAULT_EFFICIENCY)
     assert {node.recompute for root in space.roots() for node in space.expand_root(root)} == {"none", "selective", "full"}
+
+
+@pytest.mark.parametrize("q_lora", [24, 0], ids=["q_lora", "no_q_lora"])
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+@pytest.mark.parametrize("value", [24, 12], ids=["v_as_wide", "v_narrower"])
+def test_a_latent_attention_block_keeps_what_the_memory_model_counts(mode, q_lora, value):
+    """tests/unit/test_recompute.py's measurement on an MLA block: the bytes the runtime's block leaves alive for
+    its backward are the memory model's, byte for byte (the latents before and after their norms, the shared
+    rotary key, per head q, k, v and the core's output), when values are as wide as queries and keys. Narrower
+    ones the interpreter pads to that width for the fused kernel: it keeps heads x (qk - v) more per token (the
+    padding), and without recomputing the core heads x qk more (the padded output beside wo's input)."""
+    from test_recompute import BATCH, HIDDEN, SEQ, _block, _kept_bytes
+
+    from plandsl.cost.memory import transformer_block_activations
+    text = (f"llama(layers=1, hidden={HIDDEN}, heads=4, seq={SEQ}, vocab=128, ffn=224, kv_lora_rank=16, "
+            f"qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim={value}{f', q_lora_rank={q_lora}' if q_lora else ''})")
+    model, block = _block(text, mode)
+    x = torch.randn(BATCH, SEQ, HIDDEN, requires_grad=True)
+    kept, _ = _kept_bytes(block, x)
+    modelled = transformer_block_activations(model, SEQ, BATCH, 1, False, ir.Recompute(mode), ir.Precision.fp32)
+    padding = {"none": 4 * (24 - value) + (4 * 24 if value < 24 else 0), "selective": 4 * (24 - value), "full": 0}
+    assert kept + x.numel() * x.element_size() - modelled == BATCH * SEQ * 4 * padding[mode]
