@@ -195,6 +195,7 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
     cluster_text, imports, part = cluster_lines(cluster, world)
     imports = sorted(set(imports) | set(stdlib_imports(model)))
     precision = "bf16" if bf16 else "fp16" if fp16 else "fp32"
+    weights = f"param_dtype: {precision}, " if precision != "fp32" else ""  # 16-bit weights beside an fp32 master
     data = ir.DataKind.of_zero_stage(stage).value
     lines = [f"# Imported from a DeepSpeed config ({VERSION}) by `plandsl import --from deepspeed`."]
     if ignored:
@@ -202,7 +203,7 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
     lines += [f'import "{i}"' for i in imports] + [
         "", f"plan {name} {{", f"  model = {model}", f"  cluster = {cluster_text}",
         f"  mesh = [dp = {world}]" + (f" over devices[0:{world}]" if part else ""),
-        f"  train = {{ global_batch: {batch}, micro_batch: {micro}, precision: {precision}, "
+        f"  train = {{ global_batch: {batch}, micro_batch: {micro}, precision: {precision}, {weights}"
         f"optimizer: {OPTIMIZERS[kind].value}, lr: {float(lr)!r}, warmup_steps: {warmup}, "
         f"grad_clip: {repr(float(clip)) if clip else 'none'} }}",
         f"  data = {data} over dp", "}"]

@@ -215,10 +215,10 @@ def _dtype_args(plan: ir.Plan, args: list, lose) -> None:
     train = plan.train
     given = {key: value.value for key, value in train.given_dtypes().items()}
     if "param_dtype" in given:  # Megatron keeps its weights in the compute dtype and an fp32 master beside them
-        if train.param_dtype is not train.precision or train.master_dtype is not ir.Precision.fp32:
+        if train.param_dtype is not train.precision.unquantized or train.master_dtype is not ir.Precision.fp32:
             lose(f"param_dtype: {given['param_dtype']} (Megatron keeps the weights in the compute precision, "
-                 f"{train.precision.value}, beside an fp32 master copy)", "train",
-                 hint=f"param_dtype: {train.precision.value} with master_dtype: fp32")
+                 f"{train.precision.unquantized.value}, beside an fp32 master copy)", "train",
+                 hint=f"param_dtype: {train.precision.unquantized.value} with master_dtype: fp32")
         del given["param_dtype"]
     if not given:
         return
