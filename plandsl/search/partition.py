@@ -179,8 +179,16 @@ def partition_layers(costs: list[list[float]], memory: list[list[float]] | None 
 TABLE_LAYERS = 1024
 
 
-def _partition_by_table(prefix: list[list[float]], held: list[list[float]] | None, caps: list[float] | None,
-                        fixed: list[float] | None) -> tuple[int, ...] | None:
+def partition_prefixed(prefix, held, caps, fixed) -> tuple[int, ...] | None:
+    """`partition_layers` from the cumulative seconds and bytes of each stage's first i layers (`prefix[s][i]`,
+    `held[s][i]`, i = 0..layers; arrays or lists), as a caller that has them in closed form gives them (a
+    transformer's dense blocks then its MoE ones): the same programme, each stage's row at once."""
+    if len(prefix) > len(prefix[0]) - 1:
+        return None
+    return _partition_by_table(prefix, held, caps, fixed)
+
+
+def _partition_by_table(prefix, held, caps, fixed) -> tuple[int, ...] | None:
     """`partition_layers`'s programme with each stage's row at once over every (j, i): the same float
     expressions and the same choice among equal values (the smallest j), 100x faster for a few dozen layers."""
     stages, layers = len(prefix), len(prefix[0]) - 1
@@ -191,7 +199,7 @@ def _partition_by_table(prefix: list[list[float]], held: list[list[float]] | Non
     cuts = np.zeros((stages + 1, layers + 1), dtype=np.int64)
     for s in range(1, stages + 1):
         row = np.array(prefix[s - 1])
-        value = np.maximum(best[:, None], ((fixed[s - 1] if fixed else 0.0) + row[None, :]) - row[:, None])
+        value = np.maximum(best[:, None], ((fixed[s - 1] if fixed is not None else 0.0) + row[None, :]) - row[:, None])
         value[empty] = np.inf
         if held is not None:
             bytes_ = np.array(held[s - 1])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,7 +26,7 @@ from plandsl.ir.layers import Layer, figures_key, layers_of
 from plandsl.schedules.registry import BUILTIN, splits_backward
 from plandsl.search.choices import (AXES, MAX_MICRO_BATCH, RECOMPUTE, divisors_up_to, layouts, mesh_orders,
                                     schedule_choices, sequence_parallel, stage_ranks, stages_by_rank)
-from plandsl.search.partition import least_slowest, partition_blocks, partition_layers
+from plandsl.search.partition import least_slowest, partition_blocks, partition_layers, partition_prefixed
 from plandsl.search.problem import Candidate, Scored, SearchStats, build_plan
 from plandsl.lower.units import format_bytes
 from plandsl.diagnostics import PlanError
@@ -590,31 +589,38 @@ class Space:
             (dense_s, dense_a, dense_w) = per_kind
         working = max(moe_w, dense_w)
         first_rank, last_rank, last = ranks[0], ranks[-1], len(ranks) - 1
-        dense, moe = self.dense_blocks, self.blocks - self.dense_blocks
-        shares = Counter(ranks)  # a rank's room is shared by its stages
-        held, caps = [], []
-        for r in ranks:
-            held.append((dense_s + inflight[r] * dense_a, moe_s + inflight[r] * moe_a))
-            room = root.capacity[r] - working - self.gathered(memory, r == first_rank, r == last_rank, 2)
-            if r == first_rank:
-                room -= embed_s + inflight[r] * embed_a
-            if r == last_rank:
-                room -= norm_s + head_s + inflight[r] * (norm_a + head_a) + max(0.0, loss - working)
-                room -= tied if tied and first_rank != last_rank else 0.0
-            caps.append(room / shares[r])
+        dense = self.dense_blocks
+        # per stage, as arrays over the stages (a pipeline of many stages costs what one of few does)
+        on = np.asarray(ranks)
+        first, final = on == first_rank, on == last_rank
+        kept = inflight[on]
+        dense_bytes, moe_bytes = dense_s + kept * dense_a, moe_s + kept * moe_a
+        gathered = {(a, b): self.gathered(memory, a, b, 2) for a in (False, True) for b in (False, True)}
+        room = self._capacity(root)[on] - working - np.where(
+            first, np.where(final, gathered[True, True], gathered[True, False]),
+            np.where(final, gathered[False, True], gathered[False, False]))
+        room -= np.where(first, embed_s + kept * embed_a, 0.0)
+        room -= np.where(final, norm_s + head_s + kept * (norm_a + head_a) + max(0.0, loss - working)
+                         + (tied if tied and first_rank != last_rank else 0.0), 0.0)
+        caps = room / np.bincount(on)[on]  # a rank's room is shared by its stages
         # memory first, before any timing: the most blocks of the lighter kind each stage could hold
-        most = [self.blocks if min(pair) <= 0 else max(0.0, cap) // min(pair) for pair, cap in zip(held, caps)]
-        if min(most) < 1 or sum(most) < self.blocks:
+        lighter = np.minimum(dense_bytes, moe_bytes)
+        most = np.where(lighter <= 0, self.blocks, np.maximum(caps, 0.0) // np.where(lighter <= 0, 1.0, lighter))
+        if most.min() < 1 or most.sum() < self.blocks:
             self._partition_cache[key] = None
             return None
-        costs, fixed = [], []
-        for s, r in enumerate(ranks):
+        seconds = {}
+        for r in set(ranks):
             embed, block, norm, head, dense_block = self.kind_times(node, root.rank_devices[r])
-            costs.append([dense_block.forward + dense_block.backward] * dense + [block.forward + block.backward] * moe)
-            fixed.append((embed.forward + embed.backward if s == 0 else 0.0)
-                         + (norm.forward + norm.backward + head.forward + head.backward if s == last else 0.0))
-        held = [[dense_bytes] * dense + [moe_bytes] * moe for dense_bytes, moe_bytes in held]
-        found = self._partition_cache[key] = partition_layers(costs, held, caps, fixed)
+            seconds[r] = (dense_block.forward + dense_block.backward, block.forward + block.backward,
+                          embed.forward + embed.backward, norm.forward + norm.backward + head.forward + head.backward)
+        per = np.array([seconds[r] for r in ranks])
+        fixed = np.where(np.arange(len(ranks)) == 0, per[:, 2], 0.0) + np.where(np.arange(len(ranks)) == last, per[:, 3], 0.0)
+        count = np.arange(self.blocks + 1)
+        in_dense, in_moe = np.minimum(count, dense), np.maximum(count - dense, 0)  # blocks of each kind in 0..i
+        prefix = per[:, :1] * in_dense + per[:, 1:2] * in_moe
+        held = dense_bytes[:, None] * in_dense + moe_bytes[:, None] * in_moe
+        found = self._partition_cache[key] = partition_prefixed(prefix, held, caps, fixed)
         return found
 
     def _layer_partition(self, node: Node, ranks, inflight, layer_memory):
