@@ -54,12 +54,14 @@ node jean_zay {
   nic     = { bandwidth: 50 GB/s, latency: 5 us }
 }
 
-# torchtitan's Grand Teton hosts (docs/performance.md): H100 with 96 GB HBM2e at 2.4 TB/s, NVLink
-# inside a host, 400 Gb/s RDMA per GPU; run at the 500 W power limit (the peak stays the datasheet's).
+# torchtitan's Grand Teton hosts (benchmarks/llama3_h100_202412_torchtitan.md): H100 with 96 GB HBM2e at
+# 2.4 TB/s, NVLink inside a host, 400 Gb/s RDMA per GPU, at the default 500 W power limit. Its peak, by the
+# source's footnote 2: "between SXM and NVL, and we don't know its exact value": the midpoint of the SXM's 989
+# and the NVL's 835 TFLOP/s (dense bf16; fp32 67 and 60; NVIDIA's H100 datasheet), 912.
 device h100_96g {
   memory    = 96 GB
   bandwidth = 2400 GB/s
-  peak      = { fp32: 67 TFLOP/s, bf16: 989 TFLOP/s, fp16: 989 TFLOP/s }
+  peak      = { fp32: 63.5 TFLOP/s, bf16: 912 TFLOP/s, fp16: 912 TFLOP/s }
 }
 node grand_teton {
   devices = 8 x h100_96g

@@ -48,13 +48,13 @@ def _held_out(bench, results, generation: str = "") -> dict[str, float]:
 @pytest.mark.slow
 def test_held_out_error_within_target(bench, results):
     """Issue 20's targets: median |error| <= 10 % over every held-out run and over the A100 and the H100 runs
-    apart; max <= 20 % for the A100 runs. The H100 runs' max is still torchtitan's power-capped 500 W
-    hosts (+29 %, docs/validation.md), held at 30 % until the model knows a power limit."""
+    apart; max <= 20 % for the A100 runs. The H100 runs' max is still torchtitan's (+22 % and +21 %: eager
+    kernels on power-capped hosts, docs/validation.md), held at 25 % until the model knows either."""
     errors = _held_out(bench, results)
     assert len(errors) >= 30
     assert statistics.median(errors.values()) <= 0.10, errors
-    assert max(errors.values()) <= 0.30, errors
-    for generation, worst in (("A100", 0.20), ("H100", 0.30)):
+    assert max(errors.values()) <= 0.25, errors
+    for generation, worst in (("A100", 0.20), ("H100", 0.25)):
         apart = _held_out(bench, results, generation)
         assert len(apart) >= 10 and statistics.median(apart.values()) <= 0.10, (generation, apart)
         assert max(apart.values()) <= worst, (generation, apart)
