@@ -199,7 +199,7 @@ def data_shares(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=
     if assignment is None:
         assignment = assign_stages(plan)[0]
     first = pp * -(-least // pp)  # a multiple of the ranks: every built-in schedule runs it
-    devices = batch.replica_devices(plan)
+    devices = replica_devices(plan)
     kinds = {tuple(d.name for d in replica): replica for replica in devices}
 
     def line(replica, m: int) -> tuple[float, float]:
@@ -228,6 +228,12 @@ def data_shares(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=
                 pass
     counts = balance(total, [lines[key] for key in keys], least)
     return tuple(count * train.micro_batch for count in counts)
+
+
+def replica_devices(plan: ir.Plan) -> list[tuple[ir.DeviceType, ...]]:
+    """Per data rank: the device each of its pipeline ranks is timed on, its slowest (`slowest`)."""
+    precision = plan.train.precision
+    return [tuple(slowest(types, precision) for types in ranks) for ranks in batch.replica_device_types(plan)]
 
 
 def format_shares(plan: ir.Plan, shares: tuple[int, ...] | None) -> str:
@@ -266,7 +272,7 @@ def _estimate_replicas(plan: ir.Plan, efficiency: Efficiency | None, assignment)
     dp = len(shares)
     found: dict[tuple, PlanEstimate] = {}
     keys = []
-    for share, devices in zip(shares, batch.replica_devices(plan)):
+    for share, devices in zip(shares, replica_devices(plan)):
         key = (share, tuple(d.name for d in devices))
         if key not in found:
             found[key] = estimate_plan(batch.replica_plan(plan, share), efficiency, assignment, list(devices))
@@ -451,5 +457,5 @@ def _share_lines(estimate: PlanEstimate) -> list[str]:
             f"{min(estimate.replica_steps):.4g} s)"]
 
 
-__all__ = ["TimeBreakdown", "PlanEstimate", "estimate_plan", "data_shares", "format_shares", "share_runs", "plan_work", "pipeline_p2p", "pipeline_p2p_seconds",
+__all__ = ["TimeBreakdown", "PlanEstimate", "estimate_plan", "data_shares", "format_shares", "share_runs", "replica_devices", "plan_work", "pipeline_p2p", "pipeline_p2p_seconds",
            "estimate_stage_times", "format_estimate"]

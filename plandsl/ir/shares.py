@@ -4,7 +4,7 @@ Stage: IR, read by the checker, the cost model and the interpreter. Contract: `w
 the sequences each data rank trains on per step, in data-rank order (the batch axes' coordinates,
 outermost first, as the interpreter's `parallel.mesh.coordinate` numbers them), or None for
 `batch_shares: speed`, which the cost model resolves (`cost.estimate.data_shares`: the shares that
-balance the replicas' predicted step times); `replica_devices(plan)` the slowest device of each
+balance the replicas' predicted step times); `replica_device_types(plan)` the device types of each
 pipeline rank of each replica; `replica_plan` the plan as one replica of it runs (every data rank
 with that share).
 """
@@ -35,11 +35,11 @@ def written_shares(plan: ir.Plan) -> tuple[int, ...] | None:
     return tuple(train.batch_shares)
 
 
-def replica_devices(plan: ir.Plan) -> list[tuple[ir.DeviceType, ...]]:
-    """Per data rank: the slowest device of each of its pipeline ranks (one entry without a pipeline)."""
-    axes = plan.mesh.axes
+def replica_device_types(plan: ir.Plan) -> list[tuple[tuple[ir.DeviceType, ...], ...]]:
+    """Per data rank, per pipeline rank (one without a pipeline): the device types of its devices, each once, in
+    device order (the cost model times a rank on the slowest: `cost.stage.slowest`)."""
     strides, stride = {}, 1
-    for axis in reversed(axes):
+    for axis in reversed(plan.mesh.axes):
         strides[axis.name] = stride
         stride *= axis.size
     batch = [(strides[name], plan.mesh.degree(name)) for name in plan.batch_axes() if plan.mesh.axis(name)]
@@ -47,17 +47,13 @@ def replica_devices(plan: ir.Plan) -> list[tuple[ir.DeviceType, ...]]:
     pp_stride, pp = (strides[pp_axis], plan.pp) if pp_axis in strides else (1, 1)
     start = plan.mesh.first_device
     devices = plan.cluster.devices_in_order()[start:start + plan.mesh.size]
-    found: list[list[ir.DeviceType | None]] = [[None] * pp for _ in range(data_ranks(plan))]
-    precision = plan.train.precision
+    found: list[list[dict[str, ir.DeviceType]]] = [[{} for _ in range(pp)] for _ in range(data_ranks(plan))]
     for index, device in enumerate(devices):
         rank = 0
         for size_stride, size in batch:
             rank = rank * size + (index // size_stride) % size
-        stage = (index // pp_stride) % pp
-        held = found[rank][stage]
-        if held is None or _slower(device, held, precision):
-            found[rank][stage] = device
-    return [tuple(d for d in ranks if d is not None) for ranks in found]
+        found[rank][(index // pp_stride) % pp].setdefault(device.name, device)
+    return [tuple(tuple(types.values()) for types in ranks) for ranks in found]
 
 
 def replica_plan(plan: ir.Plan, share: int) -> ir.Plan:
@@ -67,14 +63,4 @@ def replica_plan(plan: ir.Plan, share: int) -> ir.Plan:
     return plan.model_copy(update={"train": train})
 
 
-def _peak(device: ir.DeviceType, precision: ir.Precision) -> float:
-    peak = device.peak.get(precision)
-    return peak if peak is not None else min(device.peak.values())
-
-
-def _slower(a: ir.DeviceType, b: ir.DeviceType, precision: ir.Precision) -> bool:
-    """As `cost.stage.slowest` orders devices: the lower peak, then bandwidth, then memory."""
-    return (_peak(a, precision), a.bandwidth, a.memory) < (_peak(b, precision), b.bandwidth, b.memory)
-
-
-__all__ = ["SPEED", "data_ranks", "replica_devices", "replica_plan", "uneven", "written_shares"]
+__all__ = ["SPEED", "data_ranks", "replica_device_types", "replica_plan", "uneven", "written_shares"]

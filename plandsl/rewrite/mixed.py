@@ -139,7 +139,8 @@ def _with_shares(scored: Scored, text: str, problem: Problem, source: Source, wh
     """The candidate with `batch_shares: speed` when its replicas sit on different devices and that is faster."""
     plan = _checked(text, where, source)
     if plan is None or (plan.data is not None and plan.data.sharded) or \
-            len({tuple(d.name for d in r) for r in batch.replica_devices(plan)}) < 2:
+            len({tuple(tuple(d.name for d in types) for types in ranks)
+                 for ranks in batch.replica_device_types(plan)}) < 2:
         return scored, text  # FSDP with shares holds every unit gathered through the step, which the memory model does not count
     first = plan_text(scored, problem, source, train_extra=(SHARES,))
     shared = _checked(first, where, source)

@@ -8,7 +8,12 @@ import itertools
 import pytest
 
 from plandsl import api
-from plandsl.cost.estimate import data_shares, estimate_plan, format_estimate
+from plandsl.cost.estimate import (
+    data_shares,
+    estimate_plan,
+    format_estimate,
+    replica_devices,
+)
 from plandsl.cost.shares import balance
 from plandsl.ir import shares as batch
 from plandsl.runtime.support import refusals
@@ -89,7 +94,7 @@ def test_E502_each_replica_runs_the_schedule():
 def test_replicas_are_numbered_as_the_interpreter_numbers_data_ranks():
     """devices[24:40]: data rank 0 is the last A100 node, data rank 1 the first H100 node."""
     plan = _plan(_text())
-    assert [[d.name for d in r] for r in batch.replica_devices(plan)] == [["a100_80g"], ["h100_80g"]]
+    assert [[d.name for d in r] for r in replica_devices(plan)] == [["a100_80g"], ["h100_80g"]]
 
 
 def test_speed_gives_the_faster_replica_more_and_evens_the_replicas():
@@ -109,8 +114,8 @@ def test_speed_gives_the_faster_replica_more_and_evens_the_replicas():
 def test_the_step_waits_for_the_slowest_replica():
     plan = _plan(_text("[16, 48]"))
     estimate = estimate_plan(plan)
-    rank0 = estimate_plan(batch.replica_plan(plan, 16), rank_devices=list(batch.replica_devices(plan)[0]))
-    rank1 = estimate_plan(batch.replica_plan(plan, 48), rank_devices=list(batch.replica_devices(plan)[1]))
+    rank0 = estimate_plan(batch.replica_plan(plan, 16), rank_devices=list(replica_devices(plan)[0]))
+    rank1 = estimate_plan(batch.replica_plan(plan, 48), rank_devices=list(replica_devices(plan)[1]))
     assert estimate.replica_steps == pytest.approx((rank0.time.step, rank1.time.step))
     assert estimate.time.step == pytest.approx(max(rank0.time.pipeline, rank1.time.pipeline)
                                                + max(rank0.time.step - rank0.time.pipeline,
@@ -132,7 +137,7 @@ def test_estimate_and_show_say_the_shares():
 def test_the_two_type_local_plan():
     plan = api.load_plan(STDLIB / "local" / "hetero.plan")
     assert plan.cluster.heterogeneous and data_shares(plan) == (5, 3)
-    assert [[d.name for d in r] for r in batch.replica_devices(plan)] == [["cpu_fast"] * 2, ["cpu_slow"] * 2]
+    assert [[d.name for d in r] for r in replica_devices(plan)] == [["cpu_fast"] * 2, ["cpu_slow"] * 2]
 
 
 @pytest.mark.parametrize("lines,total,least", [
