@@ -257,6 +257,11 @@ class MoE(nn.Module):
         # DeepSeekMoE's shared experts, one MLP of shared x ffn every token runs through
         self.shared = MLP(hidden, shared * ffn, gated=gated, bias=False) if shared else None
         self.dispatch = None  # None: every expert is local; else (routed, counts, experts) -> outputs
+        # Expert tensor parallelism (each rank computes its slice of every expert's FFN, a partial sum):
+        # `sum_gradients` (Megatron's `f`: identity forward, gradient summed over the tensor axis) on what
+        # meets the partial outputs, `sum_partial` (`g`: summed forward) on the combined output. None: whole.
+        self.sum_gradients = None
+        self.sum_partial = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
@@ -266,13 +271,18 @@ class MoE(nn.Module):
         order = chosen.flatten().argsort(stable=True)
         counts = chosen.flatten().bincount(minlength=self.router.out_features)
         rows = order // self.top_k
-        routed = tokens[rows]
+        weights, inputs = weights.flatten()[order, None], tokens
+        if self.sum_gradients is not None:  # the router's own gradient path stays whole
+            weights, inputs = self.sum_gradients(weights), self.sum_gradients(tokens)
+        routed = inputs[rows]
         if self.dispatch is None:
             outputs = self.experts(routed, counts.tolist())
         else:
             outputs = self.dispatch(routed, counts, self.experts)
         # Each token's k outputs are added in expert order, whatever the layout.
-        combined = torch.zeros_like(tokens).index_add(0, rows, weights.flatten()[order, None] * outputs)
+        combined = torch.zeros_like(tokens).index_add(0, rows, weights * outputs)
+        if self.sum_partial is not None:
+            combined = self.sum_partial(combined)
         combined = combined.view_as(x)
         return combined if self.shared is None else combined + self.shared(x)
 

@@ -112,6 +112,17 @@ CASES = [
     ("ep_x_tp", _plan("[ep = 2, tp = 2]", """
         tensor  = megatron over tp
         experts = alltoall over ep""", model=_MOE), 1e-5),
+    # expert tensor parallelism: each expert's FFN split over tp too (w1/w3 by column, w2 by row, summed over tp)
+    # and the shared expert's as a dense MLP's, with sequence parallelism around the layer and clipping by a
+    # global norm over (ep, tp) shards; a `replicate` rule keeps one layer's experts whole on every tensor rank
+    ("ep_x_tp_sp_shared_grad_clip", _plan("[ep = 2, tp = 2]", """
+        tensor  = megatron over tp with sequence_parallel
+        experts = alltoall over ep
+        shard layers.0.moe.experts = replicate""", model=_MOE.replace("top_k=2", "top_k=2, shared_experts=1"),
+        train="{ global_batch: 8, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0, grad_clip: 0.05 }"), 1e-5),
+    ("moe_fsdp_x_tp", _plan("[dp = 2, tp = 2]", """
+        data   = zero3 over dp
+        tensor = megatron over tp""", model=_MOE), 1e-5),
     ("ep_x_pp", _plan("[ep = 2, pp = 2]", """
         experts  = alltoall over ep
         stages   = evenly over pp

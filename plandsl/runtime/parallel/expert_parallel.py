@@ -1,10 +1,14 @@
-"""Expert parallelism: the plan's `experts = alltoall over ep`, every MoE layer's experts split over the axis.
+"""Expert parallelism: the plan's `experts = alltoall over ep`, every MoE layer's experts split over the axis,
+and, under tensor parallelism, each expert's FFN split over the tensor axis (Megatron-Core's expert tensor
+parallelism, its default equal to tp).
 
-Stage: interpreter. Contract: `apply_ep(model, ep_mesh)` changes each `MoE` layer in place: rank r of
-the axis keeps experts [r*E/ep, (r+1)*E/ep) as DTensor shards (Shard(0), so names and global shapes
-stay the catalogue's), and the layer's `dispatch` exchanges its routed rows with
-`all_to_all_single` (autograd-aware) over the axis; routing and combining are the one-process
-model's, and no token is dropped, so the layer computes what one process computes.
+Stage: interpreter. Contract: `apply_ep(model, mesh, ep_axis, tp_axis)` changes each `MoE` layer in place:
+rank r of the expert axis keeps experts [r*E/ep, (r+1)*E/ep) (Shard(0)) and rank t of the tensor axis the
+t-th slice of their FFN (w1/w3 Shard(1), w2 Shard(2)), as DTensor shards, so names and global shapes stay the
+catalogue's; the layer's `dispatch` exchanges its routed rows with `all_to_all_single` (autograd-aware) over
+the expert axis, and the tensor ranks' partial outputs, once combined, are summed over the tensor axis (the
+gradients of what meets them summed on the way back, the router's path left whole). Routing and combining are
+the one-process model's, and no token is dropped, so the layer computes what one process computes.
 """
 from __future__ import annotations
 
@@ -17,12 +21,32 @@ from torch.distributed.tensor import DTensor, Shard
 
 from plandsl.ir.torch_plan import matches
 from plandsl.runtime.models import Experts, MoE, expert_mlps
+from plandsl.runtime.parallel.tensor_parallel import _SumGradient
+
+# The dim of each grouped expert weight [experts, out, in] that holds the FFN: w1 and w3 produce it
+# (column-split over tp), w2 consumes it (row-split, its partial sums reduced over tp).
+FFN_DIMS = {"w1": 1, "w3": 1, "w2": 2}
 
 
-def apply_ep(model: nn.Module, ep_mesh: DeviceMesh) -> None:
-    for moe in moe_layers(model):
-        moe.experts = ExpertShards(moe.experts, ep_mesh)
-        moe.dispatch = AllToAllDispatch(ep_mesh)
+def apply_ep(model: nn.Module, mesh: DeviceMesh, ep_axis: str | None, tp_axis: str | None,
+             whole: frozenset[str] = frozenset()) -> None:
+    """Split every MoE layer's experts over `ep_axis` and their FFN over `tp_axis` (either None: not split
+    that way) of `mesh`, the whole device mesh; the experts modules named in `whole` (a `replicate` shard
+    rule) keep their FFN whole on every tensor rank."""
+    for name, moe in model.named_modules():
+        if not isinstance(moe, MoE):
+            continue
+        layer_tp = None if f"{name}.experts" in whole else tp_axis
+        axes = tuple(axis for axis in mesh.mesh_dim_names if axis in (ep_axis, layer_tp))
+        if not axes:
+            continue
+        moe.experts = ExpertShards(moe.experts, mesh[axes[0]] if len(axes) == 1 else mesh[axes], ep_axis, layer_tp)
+        if ep_axis is not None:
+            moe.dispatch = AllToAllDispatch(mesh[ep_axis])
+        if layer_tp is not None:  # one reduction of the combined [tokens, hidden] each way, as Megatron's layer
+            group = mesh[layer_tp].get_group()
+            moe.sum_gradients = lambda x, group=group: _SumGradient.apply(x, group)
+            moe.sum_partial = lambda x, group=group: _SumForward.apply(x, group)
 
 
 def moe_layers(model: nn.Module) -> list[MoE]:
@@ -34,7 +58,8 @@ def expert_shards(model: nn.Module) -> list[nn.Module]:
     the expert axis): plandsl's `ExpertShards`, and a model from torch's experts that transformers' expert
     parallelism split (`_is_expert_parallel`, `apply_model_ep`)."""
     return [module for module in model.modules()
-            if isinstance(module, ExpertShards) or getattr(module, "_is_expert_parallel", False)]
+            if (isinstance(module, ExpertShards) and module.expert_parallel)
+            or getattr(module, "_is_expert_parallel", False)]
 
 
 def unscaled_expert_params(models: list[nn.Module]) -> list[nn.Parameter]:
@@ -78,21 +103,28 @@ def apply_model_ep(model: nn.Module, ep_mesh: DeviceMesh, batch_mesh: DeviceMesh
 
 
 class ExpertShards(Experts):
-    """This rank's experts of one layer. Each local expert sees the rows of every rank of the axis, so its
-    gradient sums the ep batch shares; scaled by 1/ep it is their mean, as for replicated parameters
-    (data parallelism then averages it over the data axes only)."""
+    """This rank's experts of one layer, and of each its FFN slice. Each local expert sees the rows of every
+    rank of the expert axis, so its gradient sums the ep batch shares; scaled by 1/ep it is their mean, as
+    for replicated parameters (data parallelism then averages it over the data axes only). The ranks of the
+    tensor axis see the same rows (they share a batch) and each computes its FFN slice: partial outputs,
+    which the MoE layer sums over the axis once combined (`apply_ep`)."""
 
-    def __init__(self, full: Experts, ep_mesh: DeviceMesh):
+    def __init__(self, full: Experts, mesh: DeviceMesh, ep_axis: str | None, tp_axis: str | None):
         nn.Module.__init__(self)
-        self.grad_scale = 1.0 / ep_mesh.size()
-        rank, size = ep_mesh.get_local_rank(), ep_mesh.size()
+        self.expert_parallel = ep_axis is not None
+        self.grad_scale = 1.0 / mesh.size(mesh.mesh_dim_names.index(ep_axis)) if ep_axis else 1.0
         for name in ("w1", "w2", "w3"):
             weight = getattr(full, name)
             if weight is None:
                 self.register_parameter(name, None)
                 continue
-            local = weight.detach().chunk(size, dim=0)[rank].clone()
-            shard = DTensor.from_local(local, ep_mesh, [Shard(0)], run_check=False)
+            local, placements = weight.detach(), []
+            for axis in mesh.mesh_dim_names:
+                dim = 0 if axis == ep_axis else FFN_DIMS[name]
+                rank, size = mesh.get_local_rank(axis), mesh.size(mesh.mesh_dim_names.index(axis))
+                local = local.chunk(size, dim=dim)[rank]
+                placements.append(Shard(dim))
+            shard = DTensor.from_local(local.clone(), mesh, placements, run_check=False)
             setattr(self, name, nn.Parameter(shard, requires_grad=weight.requires_grad))
 
     def forward(self, routed: torch.Tensor, counts: list[int]) -> torch.Tensor:
@@ -116,6 +148,21 @@ class _ScaleGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         return grad * ctx.scale, None
+
+
+class _SumForward(torch.autograd.Function):
+    """All-reduce (sum) over `group` forward, identity backward (Megatron's `g` operator): the MoE layer's
+    combined output, a partial sum on each tensor rank (its slice of every expert's FFN)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        x = x.contiguous().clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
 
 
 class AllToAllDispatch:

@@ -52,12 +52,13 @@ def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch
     elif plan.tensor is not None and plan.tp > 1:
         apply_tp(model, mesh[plan.tensor.axis], plan.tensor.sequence_parallel, rules)
     # 2. Expert parallelism: experts become DTensor shards over the expert axis, which data
-    #    parallelism must then leave out of their reduction.
+    #    parallelism must then leave out of their reduction, and their FFNs over the tensor axis.
+    tp_axis = plan.tensor.axis if plan.tensor is not None and plan.tp > 1 else None
     if plan.experts is not None and plan.ep > 1 and isinstance(model, TorchModel):  # its own plan
-        tp_mesh = mesh[plan.tensor.axis] if plan.tensor is not None and plan.tp > 1 else None
-        apply_model_ep(model, mesh[plan.experts.axis], tp_mesh, dict(plan.model.ep_plan))
-    elif plan.experts is not None and plan.ep > 1:
-        apply_ep(model, mesh[plan.experts.axis])
+        apply_model_ep(model, mesh[plan.experts.axis], mesh[tp_axis] if tp_axis else None, dict(plan.model.ep_plan))
+    elif not isinstance(model, TorchModel):
+        apply_ep(model, mesh, plan.experts.axis if plan.experts is not None and plan.ep > 1 else None, tp_axis,
+                 frozenset(name for name, rule in rules.items() if rule.style == "replicate"))
     # 3. Context parallelism: positions and attention's K/V gather; parameters are untouched.
     if plan.context is not None and plan.cp > 1:
         apply_cp(model, plan.context.kind, mesh[plan.context.axis], plan.seq, device)

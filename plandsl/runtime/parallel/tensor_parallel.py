@@ -29,7 +29,8 @@ from plandsl.ir.placement import NameIndex, precision
 # features, so what passes between them (attention heads, the MLP's hidden) stays split locally. Multi-head
 # latent attention's producers are its up-projections (wq_b or wq, wkv_b); its down-projections wq_a and
 # wkv_a and their norms stay whole on every rank (Megatron-Core's `duplicated` linears).
-PAIRS = {"attn": (("wq", "wk", "wv", "wq_b", "wkv_b"), "wo"), "mlp": (("w1", "w3"), "w2")}
+PAIRS = {"attn": (("wq", "wk", "wv", "wq_b", "wkv_b"), "wo"), "mlp": (("w1", "w3"), "w2"),
+         "shared": (("w1", "w3"), "w2")}  # an MoE layer's shared experts, one MLP (the routed: expert_parallel)
 
 
 class _SumGradient(torch.autograd.Function):
@@ -188,7 +189,8 @@ def tp_rules(plan: ir.Plan) -> tuple[dict[str, ModuleRule], list[tuple[str | Non
             why = ("its parameters are split over the data axis, which the interpreter does for dense modules that "
                    "share no weight (experts are split by `experts =`; a tied head shares the embedding's)")
         elif kind == "moe" and style != "replicate":
-            why = "the router and experts stay replicated over the tensor axis (experts are split by `experts =`)"
+            why = ("the router stays replicated over the tensor axis, and the experts' FFNs are split over it as "
+                   "Megatron-Core's expert tensor parallelism does (experts are split by `experts =`)")
         elif kind == "norm" and style not in ("replicate", "sequence"):
             why = "a norm's parameters stay whole: it normalises over the hidden dim (replicate or sequence only)"
         elif style == "sequence" and kind != "norm":
@@ -305,6 +307,9 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool,
         ffn = "moe" if hasattr(block, "moe") else "mlp"
         if ffn == "mlp":
             plan.update(_pair(block, prefix, "mlp", rules, stream))
+        elif block.moe.shared is not None:  # inside the MoE layer, whose input and output are whole
+            plan.update({f"moe.{name}": style for name, style in
+                         _pair(block.moe, f"{prefix}moe.", "shared", rules, Replicate()).items()})
         if sequence_parallel:
             gather = PrepareModuleInput(input_layouts=(stream,), desired_input_layouts=(Replicate(),),
                                         use_local_output=True)
@@ -313,7 +318,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool,
         if hasattr(block.attn, "reduce_rope_key"):
             group = tp_mesh.get_group()
             block.attn.reduce_rope_key = lambda x, group=group: _SumGradient.apply(x, group)
-        if sequence_parallel and ffn == "moe":  # experts stay replicated over tp: scatter back to shards
+        if sequence_parallel and ffn == "moe":  # the layer's output is whole (expert_parallel): scatter to shards
             parallelize_module(block.moe, tp_mesh, PrepareModuleOutput(
                 output_layouts=Replicate(), desired_output_layouts=stream, use_local_output=True))
 
