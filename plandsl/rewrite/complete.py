@@ -119,7 +119,8 @@ def candidate_of(plan: ir.Plan) -> Candidate:
     return Candidate(dp, plan.tp, plan.pp, plan.cp, plan.ep, order, plan.train.micro_batch, plan.num_microbatches,
                      plan.schedule.name if pipeline and plan.schedule else "",
                      plan.stages.virtual if pipeline else 1, plan.data.zero_stage if plan.data else 0,
-                     plan.train.recompute.value, bool(plan.tensor and plan.tensor.sequence_parallel))
+                     plan.train.recompute.value, bool(plan.tensor and plan.tensor.sequence_parallel),
+                     plan.train.recompute_layers)
 
 
 def _blocks(plan: ir.Plan, scored: Scored) -> tuple[int, ...]:
@@ -208,10 +209,13 @@ def _stage_lines(scored: Scored, partial: Partial, axis: str) -> list[str]:
 
 
 def _train_edits(partial: Partial, c: Candidate) -> list[tuple[int, int, str]]:
-    """micro_batch and recompute as the candidate chose them, in the plan's train."""
+    """micro_batch and recompute (with recompute_layers where the candidate recomputes only some blocks) as
+    the candidate chose them, in the plan's train."""
     train = partial.plan.train
     attr = partial.attrs["train"]
     wanted = {"micro_batch": str(c.micro_batch_size), "recompute": c.recompute}
+    if c.recompute_layers is not None:
+        wanted["recompute_layers"] = str(c.recompute_layers)
     if partial.train_local:
         value: syntax.DictExpr = attr.value
         items = {item.key: item for item in value.items}
@@ -224,7 +228,8 @@ def _train_edits(partial: Partial, c: Candidate) -> list[tuple[int, int, str]]:
                 added += f", {key}: {new}"
         end = value.items[-1].span.end
         return edits + ([(end, end, added)] if added else [])
-    if (train.micro_batch, train.recompute.value) == (c.micro_batch_size, c.recompute):
+    if (train.micro_batch, train.recompute.value, train.recompute_layers) == \
+            (c.micro_batch_size, c.recompute, c.recompute_layers):
         return []  # a train the plan names: kept as it is
     if partial.train_items is not None:
         items = dict(partial.train_items)
@@ -239,7 +244,7 @@ def _train_edits(partial: Partial, c: Candidate) -> list[tuple[int, int, str]]:
 
 
 def _same(key: str, train: ir.Training, new: str) -> bool:
-    current = train.micro_batch if key == "micro_batch" else train.recompute.value
+    current = {"micro_batch": train.micro_batch, "recompute_layers": train.recompute_layers}.get(key, train.recompute.value)
     return str(current) == new
 
 

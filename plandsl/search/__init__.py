@@ -10,7 +10,8 @@ the model's shapes allow (tp divides heads, kv heads, hidden, ffn and vocabulary
 ep the experts; pp at most the blocks; dp x ep the global batch), every order of the mesh axes that
 places the groups differently on the nodes, micro-batch sizes dividing the per-replica batch, the
 built-in schedules with their virtual stages (Chimera only when pinned: it holds two stages' weights
-per rank, which the memory model does not count), ZeRO stages 0-3 and recomputation none/selective/selective_op/full.
+per rank, which the memory model does not count), ZeRO stages 0-3 and recomputation none/selective/selective_op/full,
+and full for the first N blocks of each stage where memory binds (`recompute_layers`, N the least that fits).
 Blocks go to stages by `partition_blocks` (the fewest seconds on the slowest stage, within memory).
 
 Best-first branch and bound (Land & Doig 1960): a root (layout, mesh order) and a node (plus
@@ -41,7 +42,7 @@ from plandsl.search.space import SAFE, Leaf, Node, Pending, Root, Space, candida
 from plandsl.diagnostics import did_you_mean
 
 PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
-            "virtual_stages", "zero_stage", "recompute", "order", "tp_across_nodes")
+            "virtual_stages", "zero_stage", "recompute", "recompute_layers", "order", "tp_across_nodes")
 # Tensor parallelism stays inside a node unless pinned otherwise: its all-reduces sit on every layer's
 # critical path (Narayanan et al. 2021, Sec. 3.3: "tensor model parallelism ... within a multi-GPU
 # server"), where a node's link is an order of magnitude faster than the fabric.
@@ -132,6 +133,9 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
             raise SearchError(f"contradictory pins: micro_batch_size({pins['micro_batch_size']}) * "
                               f"num_microbatches({pins['num_microbatches']}) = {per_replica} does not divide "
                               f"the global batch {problem.global_batch}")
+    if "recompute_layers" in pins and pins.get("recompute", "full") != "full":
+        raise SearchError(f"contradictory pins: recompute_layers={pins['recompute_layers']} counts the blocks of each "
+                          f"stage that `recompute: full` reruns, recompute={pins['recompute']}")
     if "order" in pins:
         named = [a for a in pins["order"]]
         for axis in named:

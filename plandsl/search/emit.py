@@ -190,8 +190,9 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
     train = [f"global_batch: {problem.global_batch}", f"micro_batch: {c.micro_batch_size}"]
     if problem.seq:
         train.append(f"seq: {problem.seq}")
-    train += [f"precision: {problem.precision.value}", f"recompute: {c.recompute}", *problem.dtype_items(),
-              *train_extra]
+    train += [f"precision: {problem.precision.value}", f"recompute: {c.recompute}",
+              *([f"recompute_layers: {c.recompute_layers}"] if c.recompute_layers is not None else []),
+              *problem.dtype_items(), *train_extra]
     lines = [f'import "{i}"' for i in source.imports]
     lines += ["", *header(scored.estimate), "", f"plan {name} {{", f"  model    = {source.model}",
               f"  cluster  = {source.cluster}", f"  mesh     = [{mesh}]",
@@ -339,7 +340,8 @@ def candidate_json(scored: Scored, text: str, refusals: Refusals) -> dict:
     return {"runs": not refused, "refused": refused, "degrees": c.degrees(), **c.degrees(), "mesh_order": list(c.order),
             "micro_batch_size": c.micro_batch_size, "num_microbatches": c.num_microbatches,
             "schedule": c.schedule or None, "virtual_stages": c.virtual_stages, "zero_stage": c.zero_stage,
-            "recompute": c.recompute, "sequence_parallel": c.sequence_parallel, "layers_per_stage": list(scored.blocks),
+            "recompute": c.recompute, "recompute_layers": c.recompute_layers, "sequence_parallel": c.sequence_parallel,
+            "layers_per_stage": list(scored.blocks),
             "step_time_s": e.time.step, "tokens_per_s": e.tokens_per_s, "tflops_per_device": e.tflops_per_device,
             "mfu": e.mfu, "peak_memory_bytes": e.peak_memory_bytes,
             "time": {"compute_s": e.time.compute, "communication_s": e.time.communication,
@@ -358,8 +360,13 @@ def format_table(result: SearchResult) -> str:
         rows.append(f"{i:>2} {e.time.step:>9.4g} {e.tokens_per_s:>11,.0f} {e.tflops_per_device:>8.1f} "
                     f"{e.mfu:>6.1%} {format_bytes(e.peak_memory_bytes):>10}  {c.dp:>4} {c.tp:>3} {c.pp:>3} "
                     f"{c.cp:>3} {c.ep:>3} {c.micro_batch_size:>3} {c.num_microbatches:>5}  {schedule:<24} "
-                    f"{c.zero_stage:>4} {c.recompute:<12} [{', '.join(c.order) or 'dp'}]")
+                    f"{c.zero_stage:>4} {_recompute(c):<12} [{', '.join(c.order) or 'dp'}]")
     return "\n".join(rows)
+
+
+def _recompute(c: Candidate) -> str:
+    """The recomputation as the table shows it: `full 3/st` recomputes the first 3 blocks of each stage."""
+    return c.recompute if c.recompute_layers is None else f"full {c.recompute_layers}/st"
 
 
 _PARTS = (("compute", "compute"), ("communication", "communication"), ("bubble", "pipeline bubble"),

@@ -119,6 +119,8 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
         pins["micro_batch_size"] = plan.train.micro_batch
     if keys is None or "recompute" in keys:
         pins["recompute"] = plan.train.recompute.value
+        if plan.train.recompute_layers:  # the first N blocks of each stage: as written
+            pins["recompute_layers"] = plan.train.recompute_layers
     if keys is None:
         notes.append(f"`train` is not a dict of this file: its micro_batch ({plan.train.micro_batch}) and "
                      f"recompute ({plan.train.recompute.value}) are kept as they are")

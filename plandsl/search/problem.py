@@ -73,6 +73,7 @@ class Candidate:
     zero_stage: int
     recompute: str
     sequence_parallel: bool
+    recompute_layers: int | None = None  # with recompute full: the first N blocks of each stage (None: every block)
 
     def degrees(self) -> dict[str, int]:
         return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep}
@@ -80,14 +81,16 @@ class Candidate:
     def pins(self) -> dict[str, object]:
         return {**self.degrees(), "micro_batch_size": self.micro_batch_size, "schedule": self.schedule or "none",
                 "virtual_stages": self.virtual_stages, "zero_stage": self.zero_stage, "recompute": self.recompute,
-                "order": ",".join(self.order)}
+                "order": ",".join(self.order)} | ({} if self.recompute_layers is None else
+                                                 {"recompute_layers": self.recompute_layers})
 
     def describe(self) -> str:
         axes = " ".join(f"{k}={v}" for k, v in self.degrees().items() if v > 1) or "1 device"
         pipeline = f" {self.schedule}" + (f" v={self.virtual_stages}" if self.virtual_stages > 1 else "") \
             if self.pp > 1 and self.schedule else ""  # a node's record has no schedule yet
         return (f"{axes} mb={self.micro_batch_size} m={self.num_microbatches}{pipeline} "
-                f"zero{self.zero_stage} recompute={self.recompute}")
+                f"zero{self.zero_stage} recompute={self.recompute}"
+                + (f" recompute_layers={self.recompute_layers}" if self.recompute_layers is not None else ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +150,6 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
                                            rank_map=BUILTIN[name].rank_map, groups=())
         schedule = ir.ScheduleRef.model_construct(name=name, options={}, definition=None)
     train = base.train.model_copy(update={"micro_batch": c.micro_batch_size, "recompute": ir.Recompute(c.recompute),
-                                        "recompute_layers": None})  # the search leaves recompute_layers out
+                                        "recompute_layers": c.recompute_layers})
     return base.model_copy(update={"mesh": mesh, "train": train, "data": data, "tensor": tensor, "context": context,
                                    "experts": experts, "stages": stages, "schedule": schedule})

@@ -67,6 +67,9 @@ class Node:
     times: dict = field(default_factory=dict)   # device name -> per kind LayerTime
     bound: float = 0.0
     ident: int = field(default_factory=lambda: next(_IDENT))
+    # recompute_layers: `full` for the first N blocks of each stage (N per leaf), the kept blocks' node
+    # (recompute none, same root and micro-batch) for the others' seconds and bytes
+    kept: Node | None = None
 
 
 @dataclass(slots=True)
@@ -77,6 +80,7 @@ class Leaf:
     zero: int
     counts: tuple[int, ...]
     bound: float
+    recompute_layers: int | None = None  # a partly recomputed node's N (`Space._partial_partition`)
 
 
 @dataclass(slots=True)
@@ -129,6 +133,8 @@ class Space:
         self._inflight_cache: dict = {}
         self._types_cache: dict = {}
         self._caps_cache: dict = {}
+        self._partial_cache: dict = {}
+        self._p2p_cache: dict = {}
         self._links_cache: dict = {}
         self._links_numbers: dict = {}
         self.stats = SearchStats()
@@ -220,12 +226,24 @@ class Space:
             ("selective_op",) if self.problem.model.experts or self.problem.model.latent_attention else ()
         recomputes = [r for r in recomputes if r not in dropped] or recomputes
         per_replica = self.problem.global_batch // (root.dp * root.ep)
+        # recompute_layers: full recomputation of the first N blocks of each stage, the others kept (Megatron's
+        # --recompute-num-layers), for transformers of one block kind, unless a pin rules it out
+        pinned, layers = self.pins.get("recompute"), self.pins.get("recompute_layers")
+        partly = self.transformer and not self.dense_blocks and (
+            layers is not None or pinned is None)
+        if layers is not None:
+            recomputes = []
         out = []
         for mb in root.micro_batches:
             for recompute in recomputes:
                 node = Node(root, mb, per_replica // mb, recompute)
                 node.bound = max(node.microbatches * self._microbatch_work(node), self._chain(node)) * SAFE
                 out.append(node)
+            if partly:  # bounded by its kept node's figures: recomputing a block only adds to its seconds
+                kept = next((n for n in out if n.micro_batch == mb and n.recompute == "none"), None) or \
+                    Node(root, mb, per_replica // mb, "none")
+                kept.bound = kept.bound or max(kept.microbatches * self._microbatch_work(kept), self._chain(kept)) * SAFE
+                out.append(Node(root, mb, per_replica // mb, "full", bound=kept.bound, kept=kept))
         self.stats.nodes += len(out)
         return out
 
@@ -402,9 +420,22 @@ class Space:
                 key = (zero if zero >= 2 else 0, schedule if schedule not in BUILTIN else BUILTIN[schedule].rank_map,
                        virtual)  # ZeRO-0/1 add no traffic to a microbatch; the stages' ranks
                 bound = busy.get(key)
-                if bound is None:
-                    bound = busy[key] = self._busy_bound(node, zero, schedule, virtual, busy) \
-                        if self.transformer else 0.0
+                if bound is None and not self.transformer:
+                    bound = busy[key] = 0.0
+                elif bound is None:  # a partly recomputed node: at least its kept node's seconds, and at least
+                    # their compute with one block more recomputed per stage (N >= 1)
+                    bound = self._busy_bound(node.kept or node, zero, schedule, virtual, busy)
+                    if node.kept is not None:
+                        extra = busy.get("extra")
+                        if extra is None:
+                            extra = busy["extra"] = {
+                                name: max(0.0, (self.kind_times(node, device)[1].forward
+                                                + self.kind_times(node, device)[1].backward)
+                                          - (self.kind_times(node.kept, device)[1].forward
+                                             + self.kind_times(node.kept, device)[1].backward))
+                                for name, device in self._device_types(node.root).items()}
+                        bound = max(bound, self._busy_bound(node.kept, zero, schedule, virtual, busy, extra))
+                    busy[key] = bound
                 leaves.append((max(node.bound, bound * SAFE * SAFE), len(leaves), zero, schedule, virtual))
         if not leaves:
             return None
@@ -422,7 +453,8 @@ class Space:
             rest = Pending(pending.node, pending.leaves, pending.memory, pending.next + 1)
         return leaf, rest
 
-    def _busy_bound(self, node: Node, zero: int, schedule: str, virtual: int, found: dict) -> float:
+    def _busy_bound(self, node: Node, zero: int, schedule: str, virtual: int, found: dict,
+                    extra: dict | None = None) -> float:
         """m x the least seconds per microbatch of the busiest pipeline rank over every split of the blocks
         onto the stages (each stage at least one): below `_bound`, whose ranks' busy time is one term
         of its maximum, for whatever split the partition picks. A stage holding n blocks and neither
@@ -432,7 +464,8 @@ class Space:
         rank's stages sum to at least A + N·B over the N blocks it holds (B the least slope of its
         stages), and `least_slowest` gives the least max over whole splits of the blocks. Chimera's
         ranks run half the microbatches of two stages each, and a dense-then-MoE model's stages hold
-        blocks of two kinds: their leaves keep the node's bound."""
+        blocks of two kinds: their leaves keep the node's bound. `extra` (seconds per stage, by device
+        name): every stage's compute alone, plus that (a partly recomputed stage's one block rerun)."""
         root, info = node.root, BUILTIN.get(schedule)
         if (info is not None and info.pipelines == 2) or self.dense_blocks:
             return 0.0
@@ -445,6 +478,18 @@ class Space:
             kinds[kind] = kinds.get(kind, 0) + count
 
         ends, others = _rank_shapes(ranks, root.pp)
+        if extra is not None:
+            uniform = len(self._device_types(root)) == 1
+            for rank, owned in ends if uniform else enumerate(stages_by_rank(ranks, root.pp)):
+                device = devices[rank]
+                _, _, compute, embed_cost, head_cost = self._slopes(node, zero, device, found)
+                fixed = (embed_cost if 0 in owned else 0.0) + (head_cost if last in owned else 0.0)
+                add((fixed + len(owned) * extra[device.name], compute, len(owned)))
+            if uniform:
+                compute = self._slopes(node, zero, devices[0], found)[2]
+                for stages, count in others.items():
+                    add((stages * extra[devices[0].name], compute, stages), count)
+            return node.microbatches * least_slowest(self.blocks, kinds)
         for rank, owned in ends:  # the ranks of the embedding's and the head's stages
             offset, middle, compute, embed_cost, head_cost = self._slopes(node, zero, devices[rank], found)
             fixed = sum(offset for s in owned if 0 < s < last)
@@ -466,7 +511,11 @@ class Space:
         pp, m = root.pp, node.microbatches
         ranks = stage_ranks(schedule, pp, virtual) if pp > 1 else (0,)
         inflight = self._inflight(schedule, pp, m, virtual) if pp > 1 else _ONE_IN_FLIGHT
-        if self.dense_blocks:
+        recomputed = None
+        if node.kept is not None:
+            found = self._partial_partition(node, zero, ranks, inflight, memory, virtual)
+            counts, recomputed = found if found is not None else (None, None)
+        elif self.dense_blocks:
             counts = self._mixed_partition(node, zero, ranks, inflight, memory)
         elif self.transformer:
             counts = self._transformer_partition(node, ranks, inflight, memory, virtual)
@@ -475,14 +524,19 @@ class Space:
         if counts is None:
             self.stats.memory_pruned += 1
             return None
-        stages = self.stage_times(node, zero, ranks, counts)
-        return Leaf(node, schedule, virtual, zero, counts, self._bound(node, schedule, ranks, stages, zero) * SAFE)
+        stages = self.stage_times(node, zero, ranks, counts, recomputed)
+        return Leaf(node, schedule, virtual, zero, counts, self._bound(node, schedule, ranks, stages, zero) * SAFE,
+                    recomputed)
 
-    def _rank_caps(self, root: Root, ranks, inflight: np.ndarray, memory) -> np.ndarray:
+    def _rank_caps(self, root: Root, ranks, inflight: np.ndarray, memory, recomputed: int | None = None,
+                   kept: float = 0.0) -> np.ndarray:
         """The most blocks each rank holds within its memory: its capacity less the embedding (first
         stage), the norm and head (last), the working set and ZeRO's gathered units, over a block's
         states plus its in-flight microbatches' activations. One array operation over the ranks (a
-        pipeline of 4,096 ranks costs what one of 4 does, per leaf)."""
+        pipeline of 4,096 ranks costs what one of 4 does, per leaf). `recomputed` (`recompute_layers`):
+        the first that many blocks of each stage store `memory`'s block activations, the others `kept`
+        bytes (their own); a rank's blocks are its stages' evenly, so it recomputes min(B, stages x N)
+        of B blocks, as many as any split of B recomputes at most (the even split stores the least)."""
         per_kind, tied, _ = memory
         (embed_s, embed_a, _), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind
         first_rank, last_rank = ranks[0], ranks[-1]
@@ -495,18 +549,34 @@ class Space:
             fixed[last_rank] += tied
         capacity = self._capacity(root)
         per = block_s + inflight * block_a
+        per_kept = block_s + inflight * kept if recomputed is not None else per
+        # the blocks a rank recomputes at most; an array of N: one row of caps per N
+        head = len(ranks) // root.pp * (recomputed[:, None] if isinstance(recomputed, np.ndarray) else recomputed or 0)
 
-        free = per <= 0  # a block that costs a rank nothing (no states, no activations): any number fits
+        def within(room, per, per_kept):
+            if recomputed is None:
+                return room // per
+            return np.where(room >= head * per, head + (room - head * per) // per_kept, room // per)
+
+        free = per_kept <= 0  # a block that costs a rank nothing (no states, no activations): any number fits
         any_free = bool(free.any())
         if any_free:
-            per = np.where(free, 1.0, per)
+            per, per_kept = np.where(free, 1.0, per), np.where(free, 1.0, per_kept)
         room = capacity - working
         one, two = self.gathered(memory, False, False, 1), self.gathered(memory, False, False, 2)
-        caps = (room - two) // per  # blocks that fit in the room less the gathered units
+        caps = within(room - two, per, per_kept)  # blocks that fit in the room less the gathered units
         if one != two:  # a rank with 1 block gathers less than one with >= 2 blocks: where 2 do not fit, 1 may
-            caps = np.where(caps >= 2, caps, np.minimum((room - one) // per, 1))
+            caps = np.where(caps >= 2, caps, np.minimum(within(room - one, per, per_kept), 1))
         if any_free:
             caps = np.where(free, float(self.blocks), caps)
+        if np.ndim(head):  # rows of N: the first and last ranks' columns as the loop below, for every row at once
+            caps = np.array(caps, dtype=np.float64)
+            for r in fixed:
+                room = float(capacity[r]) - fixed[r] - working
+                two = within(room - self.gathered(memory, r == first_rank, r == last_rank, 2), per[r], per_kept[r])
+                one = within(room - self.gathered(memory, r == first_rank, r == last_rank, 1), per[r], per_kept[r])
+                caps[:, r] = self.blocks if free[r] else np.where(two >= 2, two, np.minimum(one, 1.0))[:, 0]
+            return np.clip(caps, 0, 2**62).astype(np.int64)
         for r in fixed:  # the first and last ranks, one at a time (`cost.memory` order of terms)
             room = float(capacity[r]) - fixed[r] - working
             cap = self.blocks
@@ -514,7 +584,7 @@ class Space:
                 if free[r]:
                     break
                 cap = room - self.gathered(memory, r == first_rank, r == last_rank, blocks)
-                cap = cap // float(per[r])
+                cap = float(within(cap, float(per[r]), float(per_kept[r])))
                 if cap >= 2:
                     break
                 if blocks == 1:  # gathering one unit, the rank holds one block at most (two gather two)
@@ -539,16 +609,21 @@ class Space:
                                                          dtype=np.float64)
         return found
 
-    def _transformer_partition(self, node: Node, ranks, inflight, memory, virtual):
+    def _caps(self, root: Root, ranks, inflight, memory, virtual, recomputed: int | None = None, kept: float = 0.0):
+        """`_rank_caps` as a list, or None when no split fits them; they depend on memory, not on where the
+        groups sit, so once for every mesh order of a layout."""
+        key = (id(memory), ranks, id(inflight), root.capacity, recomputed, kept)  # memory, inflight: cached objects
+        rank_caps = self._caps_cache.get(key, False)
+        if rank_caps is False:
+            rank_caps = self._rank_caps(root, ranks, inflight, memory, recomputed, kept)
+            fits = int(rank_caps.sum()) >= self.blocks and int(rank_caps.min()) >= virtual
+            rank_caps = self._caps_cache[key] = rank_caps.tolist() if fits else None
+        return rank_caps
+
+    def _transformer_partition(self, node: Node, ranks, inflight, memory, virtual, rank_caps=None):
         root = node.root
         stages = len(ranks)
-        # The caps depend on memory, not on where the groups sit: once for every mesh order of a layout.
-        caps_key = (id(memory), ranks, id(inflight), root.capacity)  # memory and inflight: cached, never evicted
-        rank_caps = self._caps_cache.get(caps_key, False)
-        if rank_caps is False:
-            rank_caps = self._rank_caps(root, ranks, inflight, memory)
-            fits = int(rank_caps.sum()) >= self.blocks and int(rank_caps.min()) >= virtual
-            rank_caps = self._caps_cache[caps_key] = rank_caps.tolist() if fits else None
+        rank_caps = rank_caps or self._caps(root, ranks, inflight, memory, virtual)
         if rank_caps is None:
             return None  # memory: no split fits, before any timing
         key = (node.ident, ranks, tuple(rank_caps))
@@ -560,8 +635,8 @@ class Space:
         for s, r in enumerate(ranks):
             device = root.rank_devices[r]
             cost = costs.get(device.name)
-            if cost is None:
-                embed, block, norm, head = self.kind_times(node, device)
+            if cost is None:  # a partly recomputed node's split: at its kept blocks' seconds
+                embed, block, norm, head = self.kind_times(node.kept or node, device)
                 cost = costs[device.name] = (embed.forward + embed.backward, block.forward + block.backward,
                                              norm.forward + norm.backward + head.forward + head.backward)
             fixed.append((cost[0] if s == 0 else 0.0) + (cost[2] if s == stages - 1 else 0.0))
@@ -572,6 +647,75 @@ class Space:
             seen[r] += 1
         found = self._partition_cache[key] = partition_blocks(self.blocks, fixed, per_block, caps)
         return found
+
+    def _partial_partition(self, node: Node, zero: int, ranks, inflight, memory, virtual):
+        """(blocks per stage, N) of a node that recomputes the first N blocks of each stage and keeps the
+        others' activations (`recompute_layers`), or None. N is the least whose caps admit a split
+        (`_least_recomputed`: the caps only grow with N); among the N that fit, the least is the fastest for its split:
+        a larger N recomputes more of the same blocks, all else equal. (It could loosen a cap that bounds
+        the split and even it out: one N per leaf keeps the space bounded, and that trade unexplored.)
+        None where the kept node's own leaf has the same split (it recomputes nothing: faster), also when
+        its caps do not bound its split, and where N reaches every stage's blocks (that is `full`)."""
+        root, stages = node.root, len(ranks)
+        kept_memory = self.layer_memory(node.kept, zero)
+        partial, kept = self._partial_memory(memory, kept_memory)
+        pinned = self.pins.get("recompute_layers")
+        split = None
+        if pinned is None:
+            kept_caps = self._caps(root, ranks, inflight, kept_memory, virtual)
+            if kept_caps is not None:
+                split = self._transformer_partition(node.kept, ranks, inflight, kept_memory, virtual, kept_caps)
+                free = self._transformer_partition(node.kept, ranks, inflight, kept_memory, virtual,
+                                                   [self.blocks * virtual] * root.pp)
+                if split == free:  # its caps do not bound the kept node's split: nothing to recompute
+                    return None
+        least = pinned if pinned is not None else self._least_recomputed(root, ranks, inflight, partial, virtual, kept)
+        caps = self._caps(root, ranks, inflight, partial, virtual, least, kept) if least is not None else None
+        if caps is None:
+            return None
+        counts = self._transformer_partition(node, ranks, inflight, partial, virtual, caps)
+        if counts is None or (pinned is None and (least >= max(counts) or counts == split)):
+            return None
+        return counts, least
+
+    def _least_recomputed(self, root: Root, ranks, inflight, partial, virtual, kept: float) -> int | None:
+        """The least N (recompute_layers) whose caps admit a split, or None: the caps of every N from 1 to
+        the most blocks a stage can hold in one array operation (by bisection where that array would be
+        large: the caps only grow with N)."""
+        high = self.blocks - len(ranks) + 1
+        key = ("least", id(partial), ranks, id(inflight), root.capacity, kept)
+        found = self._caps_cache.get(key, False)
+        if found is not False:
+            return found
+        if high * root.pp <= 1 << 16:
+            choices = np.arange(1, high + 1, dtype=np.float64)
+            caps = self._rank_caps(root, ranks, inflight, partial, choices, kept)
+            fits = (caps.sum(axis=1) >= self.blocks) & (caps.min(axis=1) >= virtual)
+            found = int(choices[int(fits.argmax())]) if fits.any() else None
+        elif self._caps(root, ranks, inflight, partial, virtual, high, kept) is None:
+            found = None
+        else:
+            low = 0
+            while high - low > 1:  # the caps at `high` admit a split; at `low`, none (or N = 0, not a choice)
+                middle = (low + high) // 2
+                low, high = (middle, high) if self._caps(root, ranks, inflight, partial, virtual, middle, kept) is None \
+                    else (low, middle)
+            found = high
+        self._caps_cache[key] = found
+        return found
+
+    def _partial_memory(self, memory, kept_memory) -> tuple[tuple, float]:
+        """The per-kind memory of a partly recomputed node: a recomputed block's (states, activations, working
+        set) from `memory` (full), the embedding's, norm's and head's from `kept_memory` (recompute_layers
+        leaves them as they are), and a kept block's activations; one object per pair (`_caps` keys by it)."""
+        key = (id(memory), id(kept_memory))
+        found = self._partial_cache.get(key)
+        if found is None:
+            block, tied, plan = memory[0][1], memory[1], memory[2]
+            kept_embed, kept_block, kept_norm, kept_head = kept_memory[0][:4]
+            found = self._partial_cache[key] = (([kept_embed, block, kept_norm, kept_head], tied, plan),
+                                                kept_block[1], memory, kept_memory)
+        return found[0], found[1]
 
     def _mixed_partition(self, node: Node, zero: int, ranks, inflight, memory):
         """Blocks per stage of a transformer with two kinds of block, the dense ones first: the dynamic
@@ -646,7 +790,7 @@ class Space:
         out[-1] = out[-1] + [layer for layer in self.layers if layer.kind in ("norm", "head")]
         return out
 
-    def stage_times(self, node: Node, zero: int, ranks, counts) -> list[StageTime]:
+    def stage_times(self, node: Node, zero: int, ranks, counts, recomputed: int | None = None) -> list[StageTime]:
         root = node.root
         element = self.problem.precision.bytes
         last = len(counts) - 1
@@ -663,7 +807,8 @@ class Space:
         for s, n in enumerate(counts):
             dense = max(0, min(start + n, self.dense_blocks) - start)  # of a dense-then-MoE model's blocks
             start += n
-            out.append(self._stage_time(node, zero, root.rank_devices[ranks[s]], n, s == 0, s == last, dense))
+            out.append(self._stage_time(node, zero, root.rank_devices[ranks[s]], n, s == 0, s == last, dense,
+                                        recomputed))
         return out
 
     def _slopes(self, node: Node, zero: int, device, found: dict) -> tuple[float, ...]:
@@ -681,27 +826,34 @@ class Space:
         return slope
 
     def _stage_time(self, node: Node, zero: int, device, n: int, first: bool, last: bool,
-                    dense_blocks: int = 0) -> StageTime:
+                    dense_blocks: int = 0, recomputed: int | None = None) -> StageTime:
         """One transformer stage of n blocks (`dense_blocks` of them a dense-then-MoE model's dense ones; the
         embedding on the first stage, the norm and head on the last), once per node, ZeRO stage, device
-        and shape."""
+        and shape. A partly recomputed node's stage recomputes its first `recomputed` blocks and runs its
+        other layers as its kept node does (`cost.memory.layer_recompute`)."""
         root = node.root
-        key = (node.ident, zero, device.name, n, first, last, dense_blocks)
+        recomputed = min(n, recomputed) if recomputed is not None else None
+        key = (node.ident, zero, device.name, n, first, last, dense_blocks, recomputed)
         found = self._stage_cache.get(key)
         if found is None:
+            times = self.kind_times(node, device)
             parts = [(0, 1)] if first else []
-            parts.append((1, n - dense_blocks))
+            if recomputed is None:
+                parts.append((1, n - dense_blocks))
+            else:  # the kept blocks and the ends at the kept node's times: their kinds' indices + 4
+                times = [*times, *self.kind_times(node.kept, device)]
+                parts = [(4, 1)] if first else []
+                parts += [(1, recomputed), (5, n - recomputed)]
             if dense_blocks:
                 parts.append((4, dense_blocks))
             if last:
-                parts += [(2, 1), (3, 1)]
-            times = self.kind_times(node, device)
+                parts += [(2, 1), (3, 1)] if recomputed is None else [(6, 1), (7, 1)]
             sums = [0.0] * 6
             dense = expert = 0.0
             for index, count in parts:
                 for i, value in enumerate(_sums(times[index], count)):
                     sums[i] += value
-                d, e = self.params(self.kinds[index][0], root.tp, root.ep)
+                d, e = self.params(self.kinds[index % len(self.kinds)][0], root.tp, root.ep)
                 dense, expert = dense + count * d, expert + count * e
             units = n + (1 if first or last else 0)  # the blocks, and the root (`fsdp_units`)
             found = self._stage_cache[key] = zero_traffic(*sums, dense, expert, zero, self.problem.precision.bytes,
@@ -729,7 +881,9 @@ class Space:
             worst_tail = max(worst_tail, tail.exposed + tail.optimizer)
         if pp == 1:
             return m * sum(s.forward + s.backward for s in stages) + worst_tail
-        p2p = pipeline_p2p_seconds(self.model, self.work(node), root.links)
+        p2p = self._p2p_cache.get(node.ident)
+        if p2p is None:
+            p2p = self._p2p_cache[node.ident] = pipeline_p2p_seconds(self.model, self.work(node), root.links)
         two_pipelines = BUILTIN[schedule].pipelines == 2
         split = BUILTIN[schedule].split_backward
         cost = [s.forward + s.backward for s in stages]
@@ -757,7 +911,7 @@ class Space:
         """The emitted plan through `cost.estimate` (simulation included); None if it does not fit."""
         self.stats.simulated += 1
         node = leaf.node
-        candidate = candidate_of(node, leaf.schedule, leaf.virtual, leaf.zero)
+        candidate = candidate_of(node, leaf.schedule, leaf.virtual, leaf.zero, leaf.recompute_layers)
         plan = build_plan(self.base, candidate)
         ranks = stage_ranks(leaf.schedule, node.root.pp, leaf.virtual) if node.root.pp > 1 else (0,)
         assignment = Assignment(tuple(tuple(s) for s in self.stage_layers(leaf.counts)), ranks, leaf.virtual)
@@ -788,7 +942,7 @@ def _rank_shapes(ranks: tuple[int, ...], pp: int) -> tuple[tuple, dict]:
     return ends, others
 
 
-def candidate_of(node: Node, schedule: str, virtual: int, zero: int) -> Candidate:
+def candidate_of(node: Node, schedule: str, virtual: int, zero: int, recompute_layers: int | None = None) -> Candidate:
     r = node.root
     return Candidate(r.dp, r.tp, r.pp, r.cp, r.ep, r.order, node.micro_batch, node.microbatches, schedule, virtual,
-                     zero, node.recompute, r.sequence_parallel)
+                     zero, node.recompute, r.sequence_parallel, recompute_layers)

@@ -23,6 +23,9 @@ node box { devices = 2 x gpu; link = { bandwidth: 100 GB/s, latency: 2 us }; nic
 node quick { devices = 2 x fast; link = { bandwidth: 200 GB/s, latency: 2 us }; nic = { bandwidth: 40 GB/s, latency: 5 us } }
 cluster pair = box x 2
 cluster mixed = [box x 1, quick x 1]
+device small { memory = 6.5 GiB; bandwidth = 1000 GB/s; peak = { bf16: 200 TFLOP/s, fp32: 20 TFLOP/s } }
+node tight_box { devices = 2 x small; link = { bandwidth: 100 GB/s, latency: 2 us }; nic = { bandwidth: 20 GB/s, latency: 5 us } }
+cluster tight = tight_box x 2
 """
 MODELS = {
     "gpt": "gpt(layers=4, hidden=512, heads=8, seq=512, vocab=4096)",
@@ -31,6 +34,7 @@ MODELS = {
     "mlp": "mlp(layers=4, hidden=512, input=256, output=10)",
     "big": "gpt(layers=4, hidden=4096, heads=32, seq=1024, vocab=32000)",
     "deep": "gpt(layers=8, hidden=2048, heads=16, seq=1024, vocab=4096)",
+    "long": "gpt(layers=16, hidden=2048, heads=16, seq=4096, vocab=4096)",  # its activations fill 6.5 GiB devices
 }
 
 
@@ -42,7 +46,8 @@ def problem(model="gpt", cluster="pair", batch=8, seq=None):
 
 CASES = [("gpt", "pair", 4, {}), ("tied", "pair", 4, {"recompute": "none"}),
          ("moe", "pair", 4, {"zero_stage": 1}), ("mlp", "pair", 4, {}), ("gpt", "mixed", 4, {"recompute": "full"}),
-         ("big", "pair", 4, {"recompute": "selective"}), ("deep", "pair", 8, {"recompute": "selective_op"})]
+         ("big", "pair", 4, {"recompute": "selective"}), ("deep", "pair", 8, {"recompute": "selective_op"}),
+         ("long", "tight", 4, {"pp": 4}), ("long", "tight", 4, {"micro_batch_size": 1})]  # recompute_layers
 
 
 @pytest.mark.parametrize("model, cluster, batch, pins", CASES)
@@ -67,6 +72,55 @@ def test_branch_and_bound_finds_the_brute_force_optimum(model, cluster, batch, p
     found = search(p, pins=pins, top=3)
     assert [s.estimate.time.step for s in found.candidates] == pytest.approx(sorted(everything)[:3], rel=1e-12)
     assert found.stats.simulated < len(everything)
+
+
+def test_recompute_layers_beats_both_extremes_where_memory_binds():
+    """On 6.5 GiB devices a 16-block model over 4 pipeline ranks keeps no block's activations whole
+    (`none` does not fit) and recomputing every block costs a third more: recomputing one block per
+    stage is the fastest plan, and its emitted text carries the key and estimates the same."""
+    p = problem("long", "tight", 4)
+    best = search(p, pins={"pp": 4}, top=1).best
+    c = best.candidate
+    assert (c.recompute, c.recompute_layers) == ("full", 1) and "recompute_layers=1" in c.describe()
+    with pytest.raises(SearchError):
+        search(p, pins={"pp": 4, "recompute": "none"}, top=1)
+    for mode in ("selective", "selective_op", "full"):
+        try:
+            other = search(p, pins={"pp": 4, "recompute": mode}, top=1).best.estimate.time.step
+        except SearchError:
+            continue
+        assert best.estimate.time.step < other
+    text = plan_text(best, p, Source((), MODELS["long"], "tight"))
+    assert "recompute_layers: 1" in text
+    [plan] = api.loads(HARDWARE + text).plans
+    assert plan.train.recompute_layers == 1
+    estimate = estimate_plan(plan)
+    assert estimate.fits and estimate.time.step == pytest.approx(best.estimate.time.step, rel=1e-9)
+    assert search(p, pins={"pp": 4, "recompute_layers": 2}, top=1).best.candidate.recompute_layers == 2
+    with pytest.raises(SearchError, match="recompute_layers=2 counts the blocks"):
+        search(p, pins={"recompute": "none", "recompute_layers": 2})
+
+
+def test_recompute_layers_is_the_least_that_fits_and_the_fastest_of_its_split():
+    """Every partly recomputed leaf: its split does not fit with one block fewer recomputed per stage (the
+    caps are the memory model's, N the least), and one more only adds seconds."""
+    from dataclasses import replace
+    p = problem("long", "tight", 4)
+    space = Space(p, {"micro_batch_size": 1}, DEFAULT_EFFICIENCY)
+    checked = 0
+    for root in space.roots():
+        for node in space.expand_root(root):
+            for leaf in space.expand(node):
+                n = leaf.recompute_layers
+                scored = space.evaluate(leaf) if n is not None else None
+                if scored is None:
+                    continue
+                if n > 1:
+                    assert space.evaluate(replace(leaf, recompute_layers=n - 1)) is None
+                more = space.evaluate(replace(leaf, recompute_layers=n + 1))
+                assert more is None or more.estimate.time.step >= scored.estimate.time.step
+                checked += 1
+    assert checked > 20
 
 
 def test_selective_op_leaves_out_what_cannot_run_it():
@@ -333,12 +387,12 @@ def test_a_time_limit_before_any_plan_says_what_was_searched():
         search(problem("deep", "pair", 8), top=3, time_limit=1e-9)
 
 
-@pytest.mark.parametrize("limit", [800, 1000, 1200])
+@pytest.mark.parametrize("limit", [1100, 1400, 1700])
 def test_the_dive_under_a_time_limit_leaves_a_finished_search_unchanged(monkeypatch, limit):
     """A search that dives (no plan a quarter of the way into its limit) and still ends within the
     limit returns exactly what the search without a limit returns. Without a limit, this search
-    reads the clock 635 times (a node's leaves are partitioned one per step) and simulates its
-    first plan that fits at the 326th reading; the dive starts at limit / 4 = 200 to 300
+    reads the clock 901 times (a node's leaves are partitioned one per step) and simulates its
+    first plan that fits at the 453rd reading; the dive starts at limit / 4 = 275 to 425
     readings, before that."""
     import plandsl.search as searching
     from plandsl.search.space import Space
@@ -358,4 +412,4 @@ def test_the_dive_under_a_time_limit_leaves_a_finished_search_unchanged(monkeypa
     result = search(p, top=3, time_limit=float(limit))
     assert not result.stats.stopped
     assert [s.estimate.time.step for s in result.candidates] == pytest.approx(exact, rel=1e-12)
-    assert first_fit and first_fit[0] < 326  # the dive reached a plan sooner than best-first order did
+    assert first_fit and first_fit[0] < 453  # the dive reached a plan sooner than best-first order did

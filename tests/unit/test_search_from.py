@@ -242,3 +242,28 @@ def test_params_of_the_file_are_set_with_param(tmp_path):
     assert plan.mesh.size == 8  # laid out for the value given
     assert generate("--model", "gpt2_small", "--cluster", "dgx_a100", "--global-batch", "8",
                     "--param", "nodes=1").exit_code == 2
+
+
+TIGHT = '''device small { memory = 6.5 GiB; bandwidth = 1000 GB/s; peak = { bf16: 200 TFLOP/s, fp32: 20 TFLOP/s } }
+node tight_box { devices = 2 x small; link = { bandwidth: 100 GB/s, latency: 2 us }; nic = { bandwidth: 20 GB/s, latency: 5 us } }
+model long = gpt(layers=16, hidden=2048, heads=16, seq=4096, vocab=4096)
+'''
+
+
+def test_recompute_layers_is_searched_written_back_and_kept_as_written(tmp_path):
+    """A recompute the plan leaves free may come back as `full` for the first N blocks of each stage (the
+    search's best on 6.5 GiB devices), written with its key; one the plan writes is a pin of the search."""
+    path = tmp_path / "partial.plan"
+    body = "\nplan mine {\n  model   = long\n  cluster = tight_box x 2\n  mesh    = [pp = 4]\n  train   = { %s }\n}\n"
+    path.write_text(TIGHT + body % "global_batch: 4")
+    out_path = tmp_path / "done.plan"
+    out = generate("--from", path, "-o", out_path)
+    assert out.exit_code == 0, out.output
+    assert "full 1/st" in out.output
+    analysis = api.check(out_path)
+    assert analysis.diagnostics == [], [d.message for d in analysis.diagnostics]
+    (plan,) = analysis.document.plans
+    assert (plan.train.recompute.value, plan.train.recompute_layers) == ("full", 1)
+    path.write_text(TIGHT + body % "global_batch: 4, recompute: full, recompute_layers: 2")
+    pins = read_partial(path).pins
+    assert (pins["recompute"], pins["recompute_layers"], pins["pp"]) == ("full", 2, 4)
