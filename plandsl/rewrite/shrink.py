@@ -233,6 +233,11 @@ def _train_text(train: ir.Training) -> str:
             continue
         value = value.value if hasattr(value, "value") else value
         items.append(f"{key}: {'none' if value is None else value}")
+    if train.recompute_layers is not None:
+        items.append(f"recompute_layers: {train.recompute_layers}")
+    for key, value in train.given_dtypes().items():  # the weights narrower than a --precision given would be E205
+        if key not in ("master_dtype", "param_dtype") or value.bytes >= train.precision.bytes:
+            items.append(f"{key}: {value.value}")
     if train.batch_shares is not None:  # uneven shares: the cost model's at the small size (a written list would not sum)
         items.append("batch_shares: speed")
     return "{ " + ", ".join(items) + " }"

@@ -12,7 +12,7 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from plandsl import api
+from plandsl import api, ir
 from plandsl.cli import main
 from plandsl.syntax.loader import include
 from plandsl.rewrite.shrink import ShrinkError, shrink
@@ -127,6 +127,19 @@ def test_precision_can_be_overridden():
     assert plan.train.precision.value == "fp32"
     assert plan.train.lr_schedule == "cosine" and plan.train.recompute.value == "selective"  # the rest is kept
     assert plan.train.warmup_steps == 1  # of 2000: two steps move the parameters
+
+
+def test_the_kept_dtypes_and_recompute_layers_stay_unless_narrower_than_a_given_precision(tmp_path):
+    text = (STDLIB / "examples" / "fsdp.plan").read_text().replace(
+        "recompute: selective,", "recompute: full, recompute_layers: 3, param_dtype: bf16, optimizer_dtype: bf16, "
+        "grad_dtype: bf16,")
+    (tmp_path / "dtypes.plan").write_text(text)
+    train = shrink(tmp_path / "dtypes.plan").plan.train
+    assert (train.param_dtype, train.optimizer_dtype, train.grad_dtype, train.master_dtype) == (
+        ir.Precision.bf16, ir.Precision.bf16, ir.Precision.bf16, ir.Precision.fp32)
+    assert train.master_copy and train.recompute_layers == 3
+    train = shrink(tmp_path / "dtypes.plan", precision="fp32").plan.train  # bf16 weights would compute in bf16
+    assert train.param_dtype is None and train.optimizer_dtype is ir.Precision.bf16
 
 
 def test_a_users_files_keep_resolving_from_where_the_plan_is_written(tmp_path):
