@@ -49,6 +49,7 @@ WORDS: dict[str, tuple[str, ...]] = {  # an attribute or key -> the words it tak
     "precision": PRECISIONS, "recompute": tuple(r.value for r in ir.Recompute),
     "optimizer": tuple(o.value for o in ir.Optimizer), "lr_schedule": ("constant", "cosine", "linear"),
     "model": tuple(FAMILIES), "stages": ("evenly",),
+    **dict.fromkeys((*ir.KEPT_DTYPE_KEYS, "param_dtype"), tuple(p.value for p in ir.KEPT_DTYPES)),
 }
 AFTER_NUMBER = re.compile(r"(?<![A-Za-z_])[0-9][0-9_]*(\.[0-9_]+)?([eE][+-]?[0-9]+)?\s*$")
 DEFINITION = re.compile(r"^\s*(device|node|cluster|model|plan|schedule)\s+[A-Za-z_]\w*")

@@ -168,9 +168,9 @@ async def test_completion_definition_and_formatting(client, folder):
     text = OK_PLAN
     uri, _ = await open_file(client, folder, "complete.plan", text)
 
-    async def labels(position: types.Position) -> set[str]:
+    async def labels(position: types.Position, document: str | None = None) -> set[str]:
         found = await client.text_document_completion_async(types.CompletionParams(
-            text_document=types.TextDocumentIdentifier(uri=uri), position=position))
+            text_document=types.TextDocumentIdentifier(uri=document or uri), position=position))
         return {item.label for item in found.items}
 
     assert {"import", "plan", "device"} <= await labels(types.Position(line=len(text.splitlines()), character=0))
@@ -180,6 +180,10 @@ async def test_completion_definition_and_formatting(client, folder):
     assert {"zbv", "interleaved_1f1b", "gpipe"} <= await labels(at(text, "1f1b"))  # built-in schedules
     assert {"precision", "micro_batch", "global_batch"} <= await labels(at(text, "micro_batch"))  # train's keys
     assert {"GiB", "TFLOP/s", "us"} <= await labels(at(text, "GiB"))  # units after a number
+    dtypes = OK_PLAN.replace("precision: bf16 }", "precision: bf16, param_dtype: bf16 }")
+    dtypes_uri, _ = await open_file(client, folder, "dtypes.plan", dtypes)
+    kept = await labels(at(dtypes, "param_dtype: bf16", len("param_dtype: ")), dtypes_uri)
+    assert {"fp32", "bf16", "fp16"} <= kept and "fp8" not in kept  # the kept dtypes, no FP8 weights
     value = await labels(at(text, "gpt3_6_7b"))
     assert {"gpt3_175b", "dgx_a100", "micro", "memory_per_node", "gpt", "llama"} <= value
     assert not {"for", "layer", "rank", "import"} & value  # statement keywords have no place in a value
