@@ -4,6 +4,7 @@ batch on its own devices, and `show`/`estimate` saying the shares."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
@@ -154,6 +155,16 @@ def test_balance_is_the_min_max_split(lines, total, least):
     best = min(worst(split) for split in itertools.product(range(least, total + 1), repeat=len(lines))
                if sum(split) == total)
     assert worst(counts) == pytest.approx(best)
+
+
+def test_balance_holds_replicas_with_a_long_fill_at_the_least_in_bounded_work():
+    """Half the replicas with a fill a thousand microbatches long: they get the least each, the others the rest
+    evenly, without taking the continuous optimum's overshoot back one unit at a time (~5 CPU-s before; ~1 ms now)."""
+    lines = [(10.0, 1e-3)] * 64 + [(0.0, 1e-3)] * 64
+    start = time.process_time()
+    counts = balance(512, lines, 1)
+    assert time.process_time() - start < 0.5
+    assert counts == [1] * 64 + [7] * 64
 
 
 def test_run_refuses_shares_with_expert_parallelism():
