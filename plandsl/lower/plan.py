@@ -294,6 +294,12 @@ def schedule_ref(scope: Scope, expr: s.Expr) -> ir.ScheduleRef:
     options: dict = {}
     first_option = None
     if isinstance(target, s.Call):
+        if target.args:  # nothing binds them, built-in or written: they would be dropped
+            raise scope.reporter.error(
+                "E206", f"schedule '{inner.text(target.func)}' takes no positional arguments "
+                f"('{inner.text(target.args[0])}' would be ignored)", target.args[0].span,
+                hint="virtual stages are the stages' own: `stages = evenly over pp with virtual = N`; ranks and "
+                "microbatches come from the mesh and the batch")
         first_option = target.kwargs[0] if target.kwargs else None
         for kwarg in target.kwargs:
             value = inner.eval(kwarg.value)

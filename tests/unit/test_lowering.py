@@ -741,3 +741,9 @@ def test_a_built_in_schedule_takes_no_options():
     assert "'microbatches' would be ignored" in other.message and "schedule = 1f1b`" in other.hint
     assert the_plan(plan(mesh="[dp = 2, pp = 4]", extra="  stages = evenly over pp with virtual = 2\n"
                                                         "  schedule = interleaved_1f1b")).stages.virtual == 2
+
+
+def test_a_schedule_takes_no_positional_arguments():
+    """`interleaved_1f1b(5)` lowered with the 5 dropped, as the named option was before E206 held it."""
+    error = one(plan(mesh="[dp = 2, pp = 4]", extra="  schedule = interleaved_1f1b(5)"), "E206")
+    assert "'5' would be ignored" in error.message and "with virtual = N" in error.hint
