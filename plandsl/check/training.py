@@ -60,6 +60,12 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
                    f"{train.master_dtype.value}: the weights would hold more than the master copy they are made from",
                    train.span_of("param_dtype"),
                    hint=f"param_dtype: {train.master_dtype.value} (or narrower), or master_dtype: {train.param_dtype.value}")
+    elif train.param_dtype is not None and train.param_dtype.bytes == train.master_dtype.bytes \
+            and train.param_dtype is not train.master_dtype:
+        yield diag("E205", f"param_dtype {train.param_dtype.value} is as wide as master_dtype {train.master_dtype.value} "
+                   f"but another dtype: no master copy is kept apart from weights as wide as it, so the weights would "
+                   f"be {train.param_dtype.value} and master_dtype ignored", train.span_of("param_dtype"),
+                   hint=f"param_dtype: {train.master_dtype.value}, or master_dtype: fp32 for a master copy")
     start = plan.mesh.first_device
     used = {d.name: d for d in plan.cluster.devices_in_order()[start:start + plan.mesh.size]}
     needed = dict.fromkeys((train.precision, train.precision.unquantized))  # fp8: bf16 too (attention, head)

@@ -217,6 +217,8 @@ def test_a_master_copy_counts_with_the_optimizer_and_is_sharded_as_it_is(data):
     ("precision: bf16, param_dtype: fp8", "not a valid dtype"),
     ("precision: fp32, param_dtype: bf16", "narrower than precision"),
     ("precision: bf16, master_dtype: bf16, param_dtype: fp32", "wider than master_dtype"),
+    # as wide as the master but another dtype: no copy is kept apart, so master_dtype would be ignored
+    ("precision: bf16, master_dtype: fp16, param_dtype: bf16", "as wide as master_dtype"),
 ])
 def test_bad_param_dtypes_are_diagnostics(train, words):
     analysis = api.checks(PLAN.format(train=train, data="zero1"))
