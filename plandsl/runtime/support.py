@@ -9,10 +9,17 @@ from __future__ import annotations
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, diag
+from plandsl.ir.shares import written_shares
 from plandsl.ir.torch_plan import matches
 from plandsl.schedules.registry import BUILTIN, splits_backward
+from plandsl.cost.estimate import data_shares
 from plandsl.cost.schedule import plan_schedule
 from plandsl.schedules.program import Kind
+
+MAX_PIPELINE_MICROBATCHES = 65_536
+"""The most microbatches a pipelined run takes per step: torch builds each rank's schedule as a list of actions
+that grows with the count (65,536 over 2 stages: ~5 s to build; 2^31 would take days, in `run --dry-run` too)."""
+
 
 def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
     """Every reason `plandsl run` refuses the plan (a checked plan), in the order of the plan's attributes.
@@ -68,6 +75,17 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
         name = plan.schedule.name
         found.append(diag("E701", f"schedule '{name}' cannot run yet: {BUILTIN[name].refused}",
                           plan.schedule.span, hint="estimate and render it; run 1f1b, zbv or interleaved_1f1b"))
+    if plan.stages is not None and plan.pp > 1:
+        train = plan.train
+        shares = written_shares(plan)  # None for `speed`: resolved by the cost model only past the cap
+        count = max(shares) // train.micro_batch if shares else train.global_batch // train.micro_batch
+        if shares is None and count > MAX_PIPELINE_MICROBATCHES:
+            count = max(data_shares(plan) or (train.global_batch,)) // train.micro_batch
+        if count > MAX_PIPELINE_MICROBATCHES:
+            found.append(diag("E701", f"{count:,} microbatches per step cannot run on a pipeline: torch builds each "
+                                      f"rank's schedule as a list of actions that grows with the count (at most "
+                                      f"{MAX_PIPELINE_MICROBATCHES:,})", train.span_of("global_batch"),
+                              hint="a larger micro_batch, or fewer sequences per step; estimate takes any count"))
     return found
 
 

@@ -167,6 +167,28 @@ def test_balance_holds_replicas_with_a_long_fill_at_the_least_in_bounded_work():
     assert counts == [1] * 64 + [7] * 64
 
 
+def test_run_refuses_more_pipeline_microbatches_than_torch_builds_in_seconds():
+    """`run --dry-run` of 2^31 microbatches on two stages spent days in torch's schedule builder; speed shares
+    are counted per replica (131,072 sequences over two equal replicas: 65,536 each, which runs)."""
+    text = """\
+import "clusters/local_mixed"
+plan p {{
+  model    = llama(layers=4, hidden=64, heads=4, seq=32, vocab=256)
+  cluster  = local_mixed
+  mesh     = [dp = 2, pp = 2] over devices[0:4]
+  train    = {{ global_batch: {batch}, micro_batch: 1, precision: fp32{shares} }}
+  data     = ddp over dp
+  stages   = evenly over pp
+  schedule = 1f1b
+}}
+"""
+    def codes(batch: int, shares: str = "") -> list[str]:
+        return [d.code for d in refusals(api.loads(text.format(batch=batch, shares=shares)).plans[0], cuda=False)]
+    assert codes(2 * 65_537) == ["E701"] and codes(2 * 65_536) == []
+    assert codes(2 * 65_536, ", batch_shares: speed") == []
+    assert codes(2 * 65_536, ", batch_shares: [65537, 65535]") == ["E701"]
+
+
 def test_run_refuses_shares_with_expert_parallelism():
     text = """\
 import "clusters/local"

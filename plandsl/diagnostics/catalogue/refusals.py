@@ -35,7 +35,9 @@ _entry("E701", """
     pipelines in opposite directions, each rank holding one stage of each and each microbatch
     taking one of them; torch.distributed.pipelining runs one chain of stages, so there is no
     faithful way to run it. The cost model and the renderer handle it; `plandsl run` refuses
-    it rather than run another schedule under its name.
+    it rather than run another schedule under its name. A pipeline of more than 65,536
+    microbatches per step is refused too: torch builds each rank's schedule as a list of actions
+    that grows with the count (`plandsl estimate` takes any count).
     """, _local_plan("stages   = evenly over pp\n      schedule = chimera"),
     "Run a schedule over one chain of stages with a similar bubble (1f1b, or zbv with a V-shape map).",
     ("schedule = chimera", "schedule = 1f1b"))
