@@ -321,6 +321,12 @@ def schedule_ref(scope: Scope, expr: s.Expr) -> ir.ScheduleRef:
         raise scope.reporter.error("E205", "schedule takes a schedule's name, like `1f1b`", expr.span)
     found = inner.find(target.id)
     if found is not None and isinstance(found[1], s.Definition) and found[1].kind == "schedule":
+        if first_option is not None:  # its variables are bound to the plan's sizes: nothing reads an option
+            raise scope.reporter.error(
+                "E206", f"the written schedule '{target.id}' takes no options ('{first_option.name}' would be "
+                f"ignored)", first_option.span,
+                hint=f"write `schedule = {target.id}`; its variables take the plan's sizes (`NAME: ranks`, "
+                "`microbatches`, `virtual`, `stages`)")
         definition = inner.eval(target)  # lowers the user's schedule; the checker instantiates it
         return ir.ScheduleRef(name=target.id, options=options, definition=definition, span=expr.span)
     if target.id not in BUILTIN:

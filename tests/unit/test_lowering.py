@@ -747,3 +747,13 @@ def test_a_schedule_takes_no_positional_arguments():
     """`interleaved_1f1b(5)` lowered with the 5 dropped, as the named option was before E206 held it."""
     error = one(plan(mesh="[dp = 2, pp = 4]", extra="  schedule = interleaved_1f1b(5)"), "E206")
     assert "'5' would be ignored" in error.message and "with virtual = N" in error.hint
+
+
+def test_a_written_schedule_takes_no_options():
+    """`gpipe_template(virtual = 2)` lowered with the option recorded and never read: the template's variables are
+    bound to the plan's sizes."""
+    text = plan(mesh="[dp = 2, pp = 4]", extra="  stages = evenly over pp\n  schedule = gpipe_template(virtual = 2)",
+                pre='import "schedules/gpipe"\n')
+    error = one(text, "E206")
+    assert "written schedule 'gpipe_template' takes no options ('virtual' would be ignored)" in error.message
+    assert "`NAME: ranks`" in error.hint
