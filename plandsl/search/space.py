@@ -656,7 +656,7 @@ class Space:
         the split and even it out: one N per leaf keeps the space bounded, and that trade unexplored.)
         None where the kept node's own leaf has the same split (it recomputes nothing: faster), also when
         its caps do not bound its split, and where N reaches every stage's blocks (that is `full`)."""
-        root, stages = node.root, len(ranks)
+        root = node.root
         kept_memory = self.layer_memory(node.kept, zero)
         partial, kept = self._partial_memory(memory, kept_memory)
         pinned = self.pins.get("recompute_layers")
