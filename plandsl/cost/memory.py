@@ -473,14 +473,21 @@ def _block_terms(model: ir.TransformerModel, seq: int, kv_gathered: int = 1) -> 
 def _fp8_saved_terms(model: ir.TransformerModel) -> tuple[float, float]:
     """What FP8 saves of `_block_terms`, in the same units: Transformer Engine keeps the input each FP8
     linear layer saves for its weight gradient in FP8, one byte instead of two (its `Linear` and
-    `LayerNormLinear` save the quantized input they already made for the forward GEMM): the q/k/v input and the MLP input outside
-    tensor parallelism (SwiGLU's w1 and w3 share theirs), the out-projection input and the w2 input inside.
-    Each token's routed experts (top_k) and the shared ones save their own inputs."""
-    ffn = model.ffn_hidden / model.hidden
+    `LayerNormLinear` save the quantized input they already made for the forward GEMM): the q/k/v input
+    (MLA: the down-projections' input and the two normed latents the up-projections read) and the MLP input
+    outside tensor parallelism (SwiGLU's w1 and w3 share theirs), the out-projection input (MLA: heads x
+    v_head_dim wide) and the w2 input inside. Each token's routed experts (top_k) and the shared ones save
+    their own inputs."""
+    hidden = model.hidden
+    attention_in, attention_out = 1.0, 1.0
+    if model.latent_attention:
+        attention_in += (model.q_lora_rank + model.kv_lora_rank) / hidden
+        attention_out = attention_widths(model).o / hidden
+    ffn = model.ffn_hidden / hidden
     if not model.experts:
-        return 1.0 + 1.0, 1.0 + ffn
+        return attention_in + 1.0, attention_out + ffn
     visits = model.top_k + model.shared_experts
-    return 1.0 + model.top_k, 1.0 + visits * ffn
+    return attention_in + model.top_k, attention_out + visits * ffn
 
 
 def _selective_op_terms(model: ir.TransformerModel, tp: int, sequence_parallel: bool) -> float:

@@ -123,3 +123,17 @@ def test_fp8_keeps_the_linear_layers_saved_inputs_in_one_byte():
     full = [transformer_block_activations(model, seq, 1, tp, True, ir.Recompute.full, ir.Precision(p))
             for p in ("bf16", "fp8")]
     assert full[0] == full[1]  # full recomputation keeps the block's 16-bit input only
+
+
+def test_fp8_latent_attention_saves_its_latents_and_its_wide_output_in_one_byte():
+    """MLA under FP8: besides the block input and the MLP's inputs, the two normed latents the up-projections read
+    and the out-projection's input (heads x v_head_dim, wider than hidden in DeepSeek-V3) are kept in one byte."""
+    from plandsl.cost.memory import transformer_block_activations
+    model = api.loads("model m = llama(layers=4, hidden=256, heads=8, ffn=512, seq=128, vocab=1000, "
+                      "q_lora_rank=96, kv_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=32, "
+                      "v_head_dim=48)\n").models[0]
+    seq = 128
+    bf16, fp8 = (transformer_block_activations(model, seq, 1, 1, False, ir.Recompute.none, ir.Precision(p))
+                 for p in ("bf16", "fp8"))
+    saved = seq * ((model.hidden + 96 + 64) + model.hidden + (8 * 48) + model.ffn_hidden)
+    assert bf16 - fp8 == pytest.approx(saved)
