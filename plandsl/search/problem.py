@@ -41,9 +41,8 @@ class Problem:
 
     @property
     def states(self) -> StateBytes:
-        weights = self.param_dtype or self.master_dtype
-        master = self.master_dtype.bytes if weights.bytes < self.master_dtype.bytes else 0
-        return StateBytes(weights.bytes, self.grad_dtype.bytes, self.optimizer_dtype.bytes, master)
+        """The bytes of what training keeps per parameter, by `StateBytes.of`'s rule for the problem's `train`."""
+        return StateBytes.of(self.training())
 
     def training(self, **fields) -> ir.Training:
         """The problem's `train` (its batch, precision, optimizer and kept dtypes), with `fields` added."""

@@ -21,7 +21,7 @@ from plandsl.cost.estimate import estimate_plan, pipeline_p2p_seconds
 from plandsl.cost.layer import LayerTime, estimate_layer_time
 from plandsl.cost.stage import StageTime, fsdp_units, param_split, rank_tail, stage_time, zero_traffic
 from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, gathered_bytes, inflight_microbatches,
-                                 model_state_bytes, tied_embedding)
+                                 model_state_bytes, tied_embedding, StateBytes)
 from plandsl.ir.layers import Layer, figures_key, layers_of
 from plandsl.schedules.registry import BUILTIN, splits_backward
 from plandsl.search.choices import (AXES, MAX_MICRO_BATCH, RECOMPUTE, divisors_up_to, layouts, mesh_orders,
@@ -120,6 +120,7 @@ class Space:
         self.kinds = self._kinds()
         self.devices = problem.cluster.devices_in_order()
         self.base = self._base_plan()
+        self.states = StateBytes.of(self.base.train)  # the kept dtypes' bytes, read on every rank's tail
         self._time_cache: dict = {}
         self._memory_cache: dict = {}
         self._states_cache: dict = {}
@@ -877,7 +878,7 @@ class Space:
                 replicas = root.dp * root.ep * root.cp  # cost.memory.zero_degrees
                 tail = tails[key] = rank_tail([stages[s] for s in owned], zero, (replicas, replicas // root.ep),
                                               self.problem.precision.bytes, root.links, root.rank_devices[rank],
-                                              self.problem.optimizer, self.problem.precision, self.problem.states)
+                                              self.problem.optimizer, self.problem.precision, self.states)
             worst_tail = max(worst_tail, tail.exposed + tail.optimizer)
         if pp == 1:
             return m * sum(s.forward + s.backward for s in stages) + worst_tail
