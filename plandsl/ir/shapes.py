@@ -5,7 +5,7 @@ Stage: IR, under both the checker and the search. Contract: `tensor_extents`, `c
 says which of them an axis size leaves a remainder of, and `tp_splits` whether a tensor-parallel degree
 leaves none (the checker's model hints and the search ask it). The checker reports those as E406
 (`check.sharding`, and `check.axis_sizes` for the sizes it offers); the search proposes only the
-degrees that leave none (`search.choices.layouts`, sequence parallelism in `search.space`), so it
+degrees that leave none (`search.choices.layouts`, sequence parallelism in `search.choices`), so it
 never writes a plan the checker refuses for it (tests/unit/test_shapes.py).
 """
 from __future__ import annotations

@@ -38,7 +38,9 @@ from plandsl.search.choices import AXES, RECOMPUTE, divisors, schedule_choices
 from plandsl.search.emit import explain_empty, explain_stopped
 from plandsl.search.problem import (CONTEXT, Candidate, Problem, Scored, SearchError, SearchResult, SearchStats,
                                     build_plan)
-from plandsl.search.space import SAFE, Leaf, Node, Pending, Root, Space, candidate_of, partition_blocks, partition_layers
+from plandsl.search.partition import partition_blocks, partition_layers
+from plandsl.search.space import Space
+from plandsl.search.tree import SAFE, Leaf, Node, Pending, Root, candidate_of
 from plandsl.diagnostics import did_you_mean
 
 PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",

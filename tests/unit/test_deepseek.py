@@ -311,7 +311,7 @@ def test_stages_split_the_blocks_in_order_at_their_own_costs(dense):
     (root,) = space.roots()
     (node,) = space.expand_root(root)
     (leaf,) = space.expand(node)
-    seconds = [t.forward + t.backward for t in space.kind_times(node, root.rank_devices[0])]
+    seconds = [t.forward + t.backward for t in space.figures.kind_times(node, root.rank_devices[0])]
     blocks = [seconds[4]] * dense + [seconds[1]] * (6 - dense)
 
     def slowest(counts):

@@ -14,7 +14,8 @@ from plandsl.ir.placement import assign_stages
 from plandsl.search import Problem, SearchError, brute_force, parse_pins, search
 from plandsl.search.emit import Source, plan_text
 from plandsl.search.partition import least_slowest
-from plandsl.search.space import Space, partition_blocks, partition_layers
+from plandsl.search.partition import partition_blocks, partition_layers
+from plandsl.search.space import Space
 
 HARDWARE = """
 device gpu { memory = 16 GiB; bandwidth = 1000 GB/s; peak = { bf16: 200 TFLOP/s, fp32: 20 TFLOP/s } }
@@ -258,7 +259,7 @@ def test_everything_pinned_evaluates_that_one_plan():
 
 def _stages(p, counts):
     space = Space(p, {}, DEFAULT_EFFICIENCY)
-    return space.stage_layers(counts)
+    return space.figures.stage_layers(counts)
 
 
 def test_a_schedule_pin_with_one_pipeline_rank_is_accepted():
@@ -292,7 +293,7 @@ def test_pin_aliases():
 
 
 def _rank_caps_one_by_one(space, root, ranks, inflight, memory):
-    """The definition `Space._rank_caps` computes over all ranks at once, rank by rank."""
+    """The definition `Caps.rank_caps` computes over all ranks at once, rank by rank."""
     per_kind, tied, _ = memory
     (embed_s, embed_a, _), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind
     first, last = ranks[0], ranks[-1]
@@ -307,7 +308,7 @@ def _rank_caps_one_by_one(space, root, ranks, inflight, memory):
         per = block_s + inflight[r] * block_a
         cap = space.blocks
         for blocks in (2, 1):
-            room = root.capacity[r] - fixed[r] - working - space.gathered(memory, r == first, r == last, blocks)
+            room = root.capacity[r] - fixed[r] - working - space.figures.gathered(memory, r == first, r == last, blocks)
             cap = max(0, int(room // per)) if per > 0 else space.blocks
             if cap >= 2:
                 break
@@ -326,11 +327,11 @@ def test_rank_caps_over_all_ranks_at_once_are_each_ranks_own(model, cluster, bat
             continue
         for node in space.expand_root(root):
             for zero in (0, 3):
-                memory = space.layer_memory(node, zero)
+                memory = space.figures.layer_memory(node, zero)
                 for schedule, virtual in (("1f1b", 1), ("gpipe", 1), ("interleaved_1f1b", 2), ("zbv", 2)):
                     ranks = stage_ranks(schedule, root.pp, virtual)
-                    inflight = space._inflight(schedule, root.pp, node.microbatches, virtual)
-                    assert space._rank_caps(root, ranks, inflight, memory).tolist() == \
+                    inflight = space.figures.inflight(schedule, root.pp, node.microbatches, virtual)
+                    assert space.caps.rank_caps(root, ranks, inflight, memory).tolist() == \
                         _rank_caps_one_by_one(space, root, ranks, inflight, memory)
                     compared += 1
     assert compared > 50

@@ -1,0 +1,249 @@
+"""Seconds of a leaf's stages and the lower bounds of the search: a node's (the work spread perfectly, one
+microbatch's chain through every layer), a node's leaves' before their partition (the busiest rank over
+every split of the blocks) and a partitioned leaf's (each rank's work between the first microbatch's
+arrival and the last gradient's return, plus its exposed reduction and optimizer step).
+
+Stage: inside the search, above the figures. Contract: every bound is at most the step time
+`cost.estimate` gives any plan below it (tests/unit/test_search.py checks it against brute force);
+a transformer stage is (embedding?) + n blocks + (norm and head?), its seconds memoised per node and shape.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+
+from plandsl.cost.estimate import pipeline_p2p_seconds
+from plandsl.cost.layer import LayerTime
+from plandsl.cost.stage import StageTime, fsdp_units, rank_tail, stage_time, zero_traffic
+from plandsl.schedules.registry import BUILTIN
+from plandsl.search.choices import stage_ranks, stages_by_rank
+from plandsl.search.figures import Figures
+from plandsl.search.partition import least_slowest
+from plandsl.search.tree import Node
+
+
+def _sums(time: LayerTime, count: int = 1) -> tuple[float, ...]:
+    return (count * time.forward, count * time.input_grad, count * time.weight_grad,
+            count * (time.forward_comm + time.backward_comm), count * time.flops, count * time.recompute_flops)
+
+
+class Bounds:
+    def __init__(self, figures: Figures):
+        self.figures = figures
+        self.problem, self.model, self.layers = figures.problem, figures.model, figures.layers
+        self.kinds, self.transformer, self.states = figures.kinds, figures.transformer, figures.states
+        self.blocks, self.dense_blocks = figures.blocks, figures.dense_blocks
+        self._stage_cache: dict = {}
+        self._tail_cache: dict = {}
+        self._p2p_cache: dict = {}
+
+    # -- a leaf's stages --
+    def stage_times(self, node: Node, zero: int, ranks, counts, recomputed: int | None = None) -> list[StageTime]:
+        root = node.root
+        element = self.problem.precision.bytes
+        last = len(counts) - 1
+        if not self.transformer:
+            out = []
+            for s, layers in enumerate(self.figures.stage_layers(counts)):
+                device = root.rank_devices[ranks[s]]
+                times = [self.figures.kind_times(node, device)[self.layers.index(layer)] for layer in layers]
+                params = [self.figures.params(layer, root.tp, root.ep) for layer in layers]
+                out.append(stage_time(times, params, zero, element, root.links, fsdp_units(layers),
+                                      self.problem.grad_dtype.bytes))
+            return out
+        out, start = [], 0
+        for s, n in enumerate(counts):
+            dense = max(0, min(start + n, self.dense_blocks) - start)  # of a dense-then-MoE model's blocks
+            start += n
+            out.append(self.stage_time(node, zero, root.rank_devices[ranks[s]], n, s == 0, s == last, dense,
+                                       recomputed))
+        return out
+
+    def stage_time(self, node: Node, zero: int, device, n: int, first: bool, last: bool,
+                   dense_blocks: int = 0, recomputed: int | None = None) -> StageTime:
+        """One transformer stage of n blocks (`dense_blocks` of them a dense-then-MoE model's dense ones; the
+        embedding on the first stage, the norm and head on the last), once per node, ZeRO stage, device
+        and shape. A partly recomputed node's stage recomputes its first `recomputed` blocks and runs its
+        other layers as its kept node does (`cost.memory.layer_recompute`)."""
+        root = node.root
+        recomputed = min(n, recomputed) if recomputed is not None else None
+        key = (node.ident, zero, device.name, n, first, last, dense_blocks, recomputed)
+        found = self._stage_cache.get(key)
+        if found is None:
+            times = self.figures.kind_times(node, device)
+            parts = [(0, 1)] if first else []
+            if recomputed is None:
+                parts.append((1, n - dense_blocks))
+            else:  # the kept blocks and the ends at the kept node's times: their kinds' indices + 4
+                times = [*times, *self.figures.kind_times(node.kept, device)]
+                parts = [(4, 1)] if first else []
+                parts += [(1, recomputed), (5, n - recomputed)]
+            if dense_blocks:
+                parts.append((4, dense_blocks))
+            if last:
+                parts += [(2, 1), (3, 1)] if recomputed is None else [(6, 1), (7, 1)]
+            sums = [0.0] * 6
+            dense = expert = 0.0
+            for index, count in parts:
+                for i, value in enumerate(_sums(times[index], count)):
+                    sums[i] += value
+                d, e = self.figures.params(self.kinds[index % len(self.kinds)][0], root.tp, root.ep)
+                dense, expert = dense + count * d, expert + count * e
+            units = n + (1 if first or last else 0)  # the blocks, and the root (`fsdp_units`)
+            found = self._stage_cache[key] = zero_traffic(*sums, dense, expert, zero, self.problem.precision.bytes,
+                                                          root.links, units, self.problem.grad_dtype.bytes)
+        return found
+
+    def slopes(self, node: Node, zero: int, device, found: dict) -> tuple[float, ...]:
+        """`busy_bound`'s figures on a device: a stage without an end, a + n·b, as (a, b); a block's F + B;
+        the embedding's and the norm and head's F + B (`found`: the node's, by ZeRO stage and device)."""
+        key = (zero if zero >= 2 else 0, device.name)  # ZeRO-0/1 add no traffic to a microbatch
+        slope = found.get(key)
+        if slope is None:
+            embed, block, norm, head = self.figures.kind_times(node, device)[:4]
+            one, two = (self.stage_time(node, zero, device, n, False, False) for n in (1, 2))
+            middle = (two.forward + two.backward) - (one.forward + one.backward)
+            slope = found[key] = (one.forward + one.backward - middle, middle, block.forward + block.backward,
+                                          embed.forward + embed.backward,
+                                          norm.forward + norm.backward + head.forward + head.backward)
+        return slope
+
+    # -- bounds --
+    def microbatch_work(self, node: Node) -> float:
+        """A bound on the busiest rank's seconds per microbatch: all the work spread perfectly.
+
+        On rank r's device every kind of layer takes at least ratio_r times its time on the
+        fastest device, so max_r busy_r >= W_fast / sum_r (1 / ratio_r) (= W / pp when all match)."""
+        devices = self.figures.device_types(node.root)
+        per_device = {name: [t.forward + t.backward for t in self.figures.kind_times(node, d)] for name, d in devices.items()}
+        totals = {name: sum(c * count for c, (_, count) in zip(costs, self.kinds)) for name, costs in per_device.items()}
+        if len(totals) == 1:  # one device type: every ratio is 1
+            return next(iter(totals.values())) / len(node.root.rank_devices)
+        fastest = min(totals, key=totals.get)
+        base = per_device[fastest]
+        ratio = {name: min((c / b for c, b in zip(costs, base) if b > 0), default=1.0)
+                 for name, costs in per_device.items()}
+        return totals[fastest] / sum(1.0 / ratio[d.name] for d in node.root.rank_devices)
+
+    def chain(self, node: Node) -> float:
+        """A bound on any step: one microbatch's F through every layer, then its I back (B = I + W;
+        W may wait), each layer on the fastest device for it. With fewer microbatches than
+        pipeline ranks this, not the work spread over the ranks, bounds the step (`leaf_bound`'s chain)."""
+        per_device = [self.figures.kind_times(node, d) for d in self.figures.device_types(node.root).values()]
+        return sum(count * min(times[i].forward + times[i].input_grad for times in per_device)
+                   for i, (_, count) in enumerate(self.kinds))
+
+    def busy_bound(self, node: Node, zero: int, schedule: str, virtual: int, found: dict,
+                   extra: dict | None = None) -> float:
+        """m x the least seconds per microbatch of the busiest pipeline rank over every split of the blocks
+        onto the stages (each stage at least one): below `leaf_bound`, whose ranks' busy time is one term
+        of its maximum, for whatever split the partition picks. A stage holding n blocks and neither
+        the embedding nor the head takes exactly a + n·b (ZeRO-2/3's units are its blocks, so their
+        traffic is the same per unit: `cost.stage.zero_traffic` is affine in n); the two stages with
+        them take at least their compute, fixed + n·(a block's F + B), ZeRO's traffic only adding. A
+        rank's stages sum to at least A + N·B over the N blocks it holds (B the least slope of its
+        stages), and `least_slowest` gives the least max over whole splits of the blocks. Chimera's
+        ranks run half the microbatches of two stages each, and a dense-then-MoE model's stages hold
+        blocks of two kinds: their leaves keep the node's bound. `extra` (seconds per stage, by device
+        name): every stage's compute alone, plus that (a partly recomputed stage's one block rerun)."""
+        root, info = node.root, BUILTIN.get(schedule)
+        if (info is not None and info.pipelines == 2) or self.dense_blocks:
+            return 0.0
+        ranks = stage_ranks(schedule, root.pp, virtual) if root.pp > 1 else (0,)
+        last = len(ranks) - 1
+        devices = root.rank_devices
+        kinds: dict = {}
+
+        def add(kind: tuple, count: int = 1) -> None:
+            kinds[kind] = kinds.get(kind, 0) + count
+
+        ends, others = _rank_shapes(ranks, root.pp)
+        if extra is not None:
+            uniform = len(self.figures.device_types(root)) == 1
+            for rank, owned in ends if uniform else enumerate(stages_by_rank(ranks, root.pp)):
+                device = devices[rank]
+                _, _, compute, embed_cost, head_cost = self.slopes(node, zero, device, found)
+                fixed = (embed_cost if 0 in owned else 0.0) + (head_cost if last in owned else 0.0)
+                add((fixed + len(owned) * extra[device.name], compute, len(owned)))
+            if uniform:
+                compute = self.slopes(node, zero, devices[0], found)[2]
+                for stages, count in others.items():
+                    add((stages * extra[devices[0].name], compute, stages), count)
+            return node.microbatches * least_slowest(self.blocks, kinds)
+        for rank, owned in ends:  # the ranks of the embedding's and the head's stages
+            offset, middle, compute, embed_cost, head_cost = self.slopes(node, zero, devices[rank], found)
+            fixed = sum(offset for s in owned if 0 < s < last)
+            fixed += (embed_cost if 0 in owned else 0.0) + (head_cost if last in owned else 0.0)
+            add((fixed, min(compute, middle), len(owned)))
+        if len(self.figures.device_types(root)) == 1:  # on one device type, the others differ only in their stages
+            offset, middle = self.slopes(node, zero, devices[0], found)[:2]
+            for stages, count in others.items():
+                add((stages * offset, middle, stages), count)
+        else:
+            for rank, owned in enumerate(stages_by_rank(ranks, root.pp)):
+                if all(rank != r for r, _ in ends):
+                    offset, middle = self.slopes(node, zero, devices[rank], found)[:2]
+                    add((len(owned) * offset, middle, len(owned)))
+        return node.microbatches * least_slowest(self.blocks, kinds)
+
+    def leaf_bound(self, node: Node, schedule: str, ranks, stages: list[StageTime], zero: int) -> float:
+        """max over ranks of (first microbatch's arrival + busy + the last gradient's way back),
+        plus the worst rank's exposed reduction and optimizer step."""
+        root, m, pp = node.root, node.microbatches, node.root.pp
+        by_rank = stages_by_rank(ranks, pp)
+        tails = self._tail_cache if self.transformer else {}  # other models' stage times are not cached objects
+        worst_tail = 0.0
+        for rank, owned in enumerate(by_rank):
+            # a transformer's stage times are the space's cached objects (`stage_times`, keyed by the node's
+            # ident, never evicted): their ids name them for the whole search, so a rank's tail is computed
+            # once per search, not once per leaf
+            key = (id(root), zero, root.rank_devices[rank].name, tuple(id(stages[s]) for s in owned))
+            tail = tails.get(key)
+            if tail is None:
+                replicas = root.dp * root.ep * root.cp  # cost.memory.zero_degrees
+                tail = tails[key] = rank_tail([stages[s] for s in owned], zero, (replicas, replicas // root.ep),
+                                              self.problem.precision.bytes, root.links, root.rank_devices[rank],
+                                              self.problem.optimizer, self.problem.precision, self.states)
+            worst_tail = max(worst_tail, tail.exposed + tail.optimizer)
+        if pp == 1:
+            return m * sum(s.forward + s.backward for s in stages) + worst_tail
+        p2p = self._p2p_cache.get(node.ident)
+        if p2p is None:
+            p2p = self._p2p_cache[node.ident] = pipeline_p2p_seconds(self.model, self.figures.work(node), root.links)
+        two_pipelines = BUILTIN[schedule].pipelines == 2
+        split = BUILTIN[schedule].split_backward
+        cost = [s.forward + s.backward for s in stages]
+        forward_prefix = list(itertools.accumulate((s.forward for s in stages), initial=0.0))
+        backward_prefix = list(itertools.accumulate((s.backward for s in stages), initial=0.0))
+        # Every microbatch runs F through all the stages and then I (or B) back through all of them,
+        # one hop between ranks each way (the dependency chain; W may wait): with few microbatches
+        # over many stages this, not a rank's work, is the step (m = 1: the whole model in series).
+        hops = sum(1 for a, b in zip(ranks, ranks[1:]) if a != b)
+        back = sum(s.input_grad for s in stages) if split else backward_prefix[-1]
+        best = forward_prefix[-1] + back + 2 * hops * p2p
+        for rank, owned in enumerate(by_rank):
+            first = owned[0]
+            if two_pipelines:  # Chimera: half the microbatches run stage r, half stage p - 1 - r
+                best = max(best, m / 2 * (cost[rank] + cost[pp - 1 - rank]))
+                continue
+            busy = m * sum(cost[s] for s in owned)
+            arrival = forward_prefix[first] + first * p2p
+            drain = 0.0 if split else backward_prefix[first] + first * p2p
+            best = max(best, arrival + busy + drain)
+        return best + worst_tail
+
+
+@functools.lru_cache(maxsize=4096)
+def _rank_shapes(ranks: tuple[int, ...], pp: int) -> tuple[tuple, dict]:
+    """The ranks holding the first and the last stage, with their stages, and how many other ranks hold
+    each number of stages (`busy_bound`, on one device type)."""
+    by_rank = stages_by_rank(ranks, pp)
+    ends = tuple((rank, by_rank[rank]) for rank in sorted({ranks[0], ranks[-1]}))
+    others: dict = {}
+    for rank, owned in enumerate(by_rank):
+        if rank not in (ranks[0], ranks[-1]):
+            others[len(owned)] = others.get(len(owned), 0) + 1
+    return ends, others
+
+
+__all__ = ["Bounds"]

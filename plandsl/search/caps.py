@@ -1,0 +1,139 @@
+"""How many blocks each pipeline rank can hold within its memory (the caps a leaf's partition keeps to).
+
+Stage: inside the search, above the figures. Contract: `Caps` turns a leaf's per-kind memory
+(`Figures.layer_memory`), its stages' ranks and its in-flight microbatches into the most blocks per
+rank, as one array operation over the ranks; once per layout (memory does not depend on the mesh order).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from plandsl.search.figures import Figures
+from plandsl.search.tree import Root
+
+
+class Caps:
+    def __init__(self, figures: Figures):
+        self.figures = figures
+        self.blocks = figures.blocks
+        self._caps_cache: dict = {}
+        self._partial_cache: dict = {}
+
+    def rank_caps(self, root: Root, ranks, inflight: np.ndarray, memory, recomputed: int | None = None,
+                   kept: float = 0.0) -> np.ndarray:
+        """The most blocks each rank holds within its memory: its capacity less the embedding (first
+        stage), the norm and head (last), the working set and ZeRO's gathered units, over a block's
+        states plus its in-flight microbatches' activations. One array operation over the ranks (a
+        pipeline of 4,096 ranks costs what one of 4 does, per leaf). `recomputed` (`recompute_layers`):
+        the first that many blocks of each stage store `memory`'s block activations, the others `kept`
+        bytes (their own); a rank's blocks are its stages' evenly, so it recomputes min(B, stages x N)
+        of B blocks, as many as any split of B recomputes at most (the even split stores the least)."""
+        per_kind, tied, _ = memory
+        (embed_s, embed_a, _), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind
+        first_rank, last_rank = ranks[0], ranks[-1]
+        fixed = {first_rank: 0.0, last_rank: 0.0}
+        fixed[first_rank] += embed_s + inflight[first_rank] * embed_a
+        # the head's working set is the loss's backward (`cost.memory.loss_backward_bytes`): the last rank's
+        # peak moment is the larger of it and the block rebuilt by recomputation
+        fixed[last_rank] += norm_s + head_s + inflight[last_rank] * (norm_a + head_a) + max(0.0, loss - working)
+        if tied and first_rank != last_rank:
+            fixed[last_rank] += tied
+        capacity = self.figures.capacity(root)
+        per = block_s + inflight * block_a
+        per_kept = block_s + inflight * kept if recomputed is not None else per
+        # the blocks a rank recomputes at most; an array of N: one row of caps per N
+        head = len(ranks) // root.pp * (recomputed[:, None] if isinstance(recomputed, np.ndarray) else recomputed or 0)
+
+        def within(room, per, per_kept):
+            if recomputed is None:
+                return room // per
+            return np.where(room >= head * per, head + (room - head * per) // per_kept, room // per)
+
+        free = per_kept <= 0  # a block that costs a rank nothing (no states, no activations): any number fits
+        any_free = bool(free.any())
+        if any_free:
+            per, per_kept = np.where(free, 1.0, per), np.where(free, 1.0, per_kept)
+        room = capacity - working
+        one, two = self.figures.gathered(memory, False, False, 1), self.figures.gathered(memory, False, False, 2)
+        caps = within(room - two, per, per_kept)  # blocks that fit in the room less the gathered units
+        if one != two:  # a rank with 1 block gathers less than one with >= 2 blocks: where 2 do not fit, 1 may
+            caps = np.where(caps >= 2, caps, np.minimum(within(room - one, per, per_kept), 1))
+        if any_free:
+            caps = np.where(free, float(self.blocks), caps)
+        if np.ndim(head):  # rows of N: the first and last ranks' columns as the loop below, for every row at once
+            caps = np.array(caps, dtype=np.float64)
+            for r in fixed:
+                room = float(capacity[r]) - fixed[r] - working
+                gathered = self.figures.gathered
+                two = within(room - gathered(memory, r == first_rank, r == last_rank, 2), per[r], per_kept[r])
+                one = within(room - gathered(memory, r == first_rank, r == last_rank, 1), per[r], per_kept[r])
+                caps[:, r] = self.blocks if free[r] else np.where(two >= 2, two, np.minimum(one, 1.0))[:, 0]
+            return np.clip(caps, 0, 2**62).astype(np.int64)
+        for r in fixed:  # the first and last ranks, one at a time (`cost.memory` order of terms)
+            room = float(capacity[r]) - fixed[r] - working
+            cap = self.blocks
+            for blocks in (2, 1):
+                if free[r]:
+                    break
+                cap = room - self.figures.gathered(memory, r == first_rank, r == last_rank, blocks)
+                cap = float(within(cap, float(per[r]), float(per_kept[r])))
+                if cap >= 2:
+                    break
+                if blocks == 1:  # gathering one unit, the rank holds one block at most (two gather two)
+                    cap = min(cap, 1.0)
+            caps[r] = cap
+        return np.clip(caps, 0, 2**62).astype(np.int64)
+
+    def caps(self, root: Root, ranks, inflight, memory, virtual, recomputed: int | None = None, kept: float = 0.0):
+        """`rank_caps` as a list, or None when no split fits them; they depend on memory, not on where the
+        groups sit, so once for every mesh order of a layout."""
+        key = (id(memory), ranks, id(inflight), root.capacity, recomputed, kept)  # memory, inflight: cached objects
+        rank_caps = self._caps_cache.get(key, False)
+        if rank_caps is False:
+            rank_caps = self.rank_caps(root, ranks, inflight, memory, recomputed, kept)
+            fits = int(rank_caps.sum()) >= self.blocks and int(rank_caps.min()) >= virtual
+            rank_caps = self._caps_cache[key] = rank_caps.tolist() if fits else None
+        return rank_caps
+
+    def least_recomputed(self, root: Root, ranks, inflight, partial, virtual, kept: float) -> int | None:
+        """The least N (recompute_layers) whose caps admit a split, or None: the caps of every N from 1 to
+        the most blocks a stage can hold in one array operation (by bisection where that array would be
+        large: the caps only grow with N)."""
+        high = self.blocks - len(ranks) + 1
+        key = ("least", id(partial), ranks, id(inflight), root.capacity, kept)
+        found = self._caps_cache.get(key, False)
+        if found is not False:
+            return found
+        if high * root.pp <= 1 << 16:
+            choices = np.arange(1, high + 1, dtype=np.float64)
+            caps = self.rank_caps(root, ranks, inflight, partial, choices, kept)
+            fits = (caps.sum(axis=1) >= self.blocks) & (caps.min(axis=1) >= virtual)
+            found = int(choices[int(fits.argmax())]) if fits.any() else None
+        elif self.caps(root, ranks, inflight, partial, virtual, high, kept) is None:
+            found = None
+        else:
+            low = 0
+            while high - low > 1:  # the caps at `high` admit a split; at `low`, none (or N = 0, not a choice)
+                middle = (low + high) // 2
+                low, high = (middle, high) if self.caps(root, ranks, inflight, partial, virtual, middle, kept) is None \
+                    else (low, middle)
+            found = high
+        self._caps_cache[key] = found
+        return found
+
+    def partial_memory(self, memory, kept_memory) -> tuple[tuple, float]:
+        """The per-kind memory of a partly recomputed node: a recomputed block's (states, activations, working
+        set) from `memory` (full), the embedding's, norm's and head's from `kept_memory` (recompute_layers
+        leaves them as they are), and a kept block's activations; one object per pair (`caps` keys by it)."""
+        key = (id(memory), id(kept_memory))
+        found = self._partial_cache.get(key)
+        if found is None:
+            block, tied, plan = memory[0][1], memory[1], memory[2]
+            kept_embed, kept_block, kept_norm, kept_head = kept_memory[0][:4]
+            found = self._partial_cache[key] = (([kept_embed, block, kept_norm, kept_head], tied, plan),
+                                                kept_block[1], memory, kept_memory)
+        return found[0], found[1]
+
+
+
+__all__ = ["Caps"]

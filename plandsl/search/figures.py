@@ -1,0 +1,206 @@
+"""Per-layer figures of one search, memoised: the model's kinds of layer, each kind's seconds on a device
+(`cost.layer`), its parameters, its memory (`cost.memory`: states, activations, ZeRO's gathered units),
+and the per-root and per-schedule arrays the caps read.
+
+Stage: inside the search, below the caps, the partitions, the bounds and the space. Contract: `Figures`
+answers for a node (or root) of the search tree from the one cost model; blocks of a kind are identical,
+so every answer is per kind, computed once per search.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from plandsl import ir
+from plandsl.cost.compute import Efficiency, Work
+from plandsl.cost.layer import LayerTime, estimate_layer_time
+from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, gathered_bytes, inflight_microbatches,
+                                 model_state_bytes, tied_embedding, StateBytes)
+from plandsl.cost.stage import param_split
+from plandsl.ir.layers import Layer, figures_key, layers_of
+from plandsl.search.problem import Problem, build_plan
+from plandsl.search.tree import Node, Root, candidate_of
+
+
+class Figures:
+    def __init__(self, problem: Problem, efficiency: Efficiency | None):
+        self.problem, self.efficiency = problem, efficiency
+        self.model = problem.model
+        self.layers = layers_of(problem.model)
+        self.transformer = isinstance(problem.model, ir.TransformerModel)
+        self.blocks = sum(1 for layer in self.layers if layer.kind == "block") if self.transformer \
+            else len(self.layers)
+        self.dense_blocks = 0  # a dense-then-MoE transformer's leading dense blocks (`_kinds`)
+        self.kinds = self._kinds()
+        self.base = self._base_plan()
+        self.states = StateBytes.of(self.base.train)  # the kept dtypes' bytes, read on every rank's tail
+        self._time_cache: dict = {}
+        self._memory_cache: dict = {}
+        self._states_cache: dict = {}
+        self._activations_cache: dict = {}
+        self._param_cache: dict = {}
+        self._gathered_cache: dict = {}
+        self._capacity_cache: dict = {}
+        self._inflight_cache: dict = {}
+        self._types_cache: dict = {}
+        self._links_cache: dict = {}
+        self._links_numbers: dict = {}
+
+    def _kinds(self) -> list[tuple[Layer, int]]:
+        """(layer, count): transformers are an embedding, L identical blocks, a norm and a head; a dense-then-MoE
+        one (`dense_layers`) has its D leading dense blocks as a fifth kind after them, the L - D MoE blocks
+        as the second (`dense_blocks` = D; its stages are partitioned over the blocks in order,
+        `Splits.mixed_partition`)."""
+        if not self.transformer:
+            return [(layer, 1) for layer in self.layers]
+        blocks = [layer for layer in self.layers if layer.kind == "block"]
+        last = figures_key(blocks[-1])
+        self.dense_blocks = next((i for i, block in enumerate(blocks) if figures_key(block) == last), 0)
+        by_kind = {layer.kind: layer for layer in self.layers if layer.kind != "block"}
+        kinds = [(by_kind["embed"], 1), (blocks[-1], self.blocks - self.dense_blocks), (by_kind["norm"], 1),
+                 (by_kind["head"], 1)]
+        return kinds + ([(blocks[0], self.dense_blocks)] if self.dense_blocks else [])
+
+    def _base_plan(self) -> ir.Plan:
+        p = self.problem
+        train = p.training()
+        mesh = ir.Mesh(axes=(ir.Axis(name="dp", size=1),))
+        return ir.Plan.model_construct(name="generated", model=p.model, cluster=p.cluster, mesh=mesh, train=train,
+                                       data=None, tensor=None, context=None, experts=None, stages=None,
+                                       schedule=None, shard=())
+
+    def work(self, node: Node) -> Work:
+        root = node.root
+        return Work(node.micro_batch, self.problem.sequence, root.tp, root.cp, root.ep, root.sequence_parallel,
+                    self.problem.precision, ir.Recompute(node.recompute), gather_kv=root.cp > 1)  # search.CONTEXT
+
+    def device_types(self, root: Root) -> dict:
+        """The root's device types by name, once per root."""
+        found = self._types_cache.get(id(root))
+        if found is None or found[0] is not root:
+            found = self._types_cache[id(root)] = (root, {d.name: d for d in root.rank_devices})
+        return found[1]
+
+    def _layer_links(self, links) -> int:
+        """The tensor, context and expert links that a layer's time depends on, as a number: one per
+        distinct three (hashing the links on every lookup would cost more than the lookup saves)."""
+        found = self._links_cache.get(id(links))
+        if found is None or found[0] is not links:
+            number = self._links_numbers.setdefault((links.tp, links.cp, links.ep), len(self._links_numbers))
+            found = self._links_cache[id(links)] = (links, number)
+        return found[1]
+
+    def kind_times(self, node: Node, device: ir.DeviceType) -> list[LayerTime]:
+        found = node.times.get(device.name)
+        if found is None:
+            work, links = self.work(node), node.root.links
+            layer_links = self._layer_links(links)
+            found = []
+            for layer, _ in self.kinds:
+                key = (work, figures_key(layer), device.name, layer_links)
+                time = self._time_cache.get(key)
+                if time is None:
+                    time = self._time_cache[key] = estimate_layer_time(self.model, layer, work, device, links,
+                                                                       self.efficiency)
+                found.append(time)
+            node.times[device.name] = found
+        return found
+
+    def params(self, layer: Layer, tp: int, ep: int) -> tuple[int, int]:
+        key = (figures_key(layer), tp, ep)
+        found = self._param_cache.get(key)
+        if found is None:
+            found = self._param_cache[key] = param_split(layer, tp, ep)
+        return found
+
+    # -- memory per layer kind, from the one memory model --
+    def layer_memory(self, node: Node, zero: int):
+        """Per kind (model-state bytes, activation bytes per microbatch, recompute working set), the
+        states a head adds on a rank without its tied embedding, and a plan with the node's states."""
+        root = node.root
+        key = (root.tp, root.cp, root.ep, root.dp, node.micro_batch, zero, node.recompute, root.sequence_parallel)
+        found = self._memory_cache.get(key)
+        if found is None:
+            states, tied, plan = self._states(node, zero)
+            kept = self._activations(node, zero)
+            found = self._memory_cache[key] = ([(s, *a) for s, a in zip(states, kept)], tied, plan)
+        return found
+
+    def _states(self, node: Node, zero: int):
+        """Model states per kind: a function of the degrees and the ZeRO stage, not of the micro-batch
+        or the recomputation (`cost.memory.model_state_bytes`), so one per layout and stage."""
+        root = node.root
+        key = (root.tp, root.cp, root.ep, root.dp, zero)
+        found = self._states_cache.get(key)
+        if found is None:
+            plan = build_plan(self.base, candidate_of(node, "", 1, zero))
+            states = [sum(model_state_bytes(plan, [layer])) for layer, _ in self.kinds]
+            tied = 0.0
+            if self.transformer and getattr(self.model, "tied_embeddings", False):
+                copy = tied_embedding(plan, self.layers)
+                tied = sum(model_state_bytes(plan, [], [copy])) if copy is not None else 0.0
+            found = self._states_cache[key] = (states, tied, plan)
+        return found
+
+    def _activations(self, node: Node, zero: int):
+        """(stored per microbatch, recompute working set) per kind: a function of the micro-batch, the
+        recomputation and the tensor and context split, not of dp or ZeRO (`cost.memory._layer_activations`)."""
+        root = node.root
+        key = (root.tp, root.cp, root.ep, node.micro_batch, node.recompute, root.sequence_parallel)
+        found = self._activations_cache.get(key)
+        if found is None:
+            plan = build_plan(self.base, candidate_of(node, "", 1, zero))
+            found = self._activations_cache[key] = [
+                (estimate_layer_activations(plan, layer), estimate_memory(plan, [[layer]], [[0]], [0])[0].activations)
+                for layer, _ in self.kinds]
+        return found
+
+    def gathered(self, memory, first: bool, last: bool, blocks: int) -> float:
+        """ZeRO-2/3's unsharded units on a rank (`cost.memory.gathered_bytes`) of a transformer with
+        `blocks` blocks there, the embedding on the first rank and the norm and head on the last."""
+        plan = memory[2]
+        if plan.data is None or plan.data.zero_stage < 2:
+            return 0.0
+        key = (id(plan), first, last, min(blocks, 2))  # the plan of the states: one per layout and stage
+        found = self._gathered_cache.get(key)
+        if found is None:
+            embed, block, norm, head = (layer for layer, _ in self.kinds[:4])
+            layers = ([embed] if first else []) + [block] * min(blocks, 2) + ([norm, head] if last else [])
+            if self.dense_blocks:  # either kind may be the two gathered: the two largest of both (a bound)
+                layers += [self.kinds[4][0]] * min(blocks, 2)
+            copy = tied_embedding(plan, self.layers) if last and not first else None
+            found = self._gathered_cache[key] = sum(gathered_bytes(plan, layers, [copy] if copy else []))
+        return found
+
+    def capacity(self, root: Root) -> np.ndarray:
+        """The ranks' capacities as an array, once per root (keyed by identity: hashing a 4,096-entry
+        tuple on every leaf would cost what the array saves)."""
+        found = self._capacity_cache.get(id(root))
+        if found is None or found[0] is not root:
+            found = self._capacity_cache[id(root)] = (root, np.array(root.capacity, dtype=np.float64))
+        return found[1]
+
+    def inflight(self, schedule: str, pp: int, microbatches: int, virtual: int) -> np.ndarray:
+        """`cost.memory.inflight_microbatches` per rank, once per (schedule, pp, m, v) of the search."""
+        key = (schedule, pp, microbatches, virtual)
+        found = self._inflight_cache.get(key)
+        if found is None:
+            found = self._inflight_cache[key] = np.array(inflight_microbatches(schedule, pp, microbatches, virtual),
+                                                         dtype=np.float64)
+        return found
+
+    def stage_layers(self, counts: tuple[int, ...]) -> list[list[Layer]]:
+        if not self.transformer:
+            bounds = list(itertools.accumulate(counts, initial=0))
+            return [list(self.layers[a:b]) for a, b in zip(bounds, bounds[1:])]
+        blocks = [layer for layer in self.layers if layer.kind == "block"]
+        bounds = list(itertools.accumulate(counts, initial=0))
+        out = [blocks[a:b] for a, b in zip(bounds, bounds[1:])]
+        out[0] = [self.layers[0]] + out[0]
+        out[-1] = out[-1] + [layer for layer in self.layers if layer.kind in ("norm", "head")]
+        return out
+
+
+
+__all__ = ["Figures"]

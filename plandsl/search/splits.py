@@ -1,0 +1,150 @@
+"""A leaf's blocks per stage: the partition algorithms (`search.partition`) fed with the node's seconds per
+kind of layer on each stage's rank and the caps of its ranks' memory.
+
+Stage: inside the search, above the figures and the caps. Contract: `Splits` gives a leaf's layers per
+stage (fewest seconds on the slowest stage, within memory), or None when no split fits; for a node that
+recomputes the first N blocks of each stage, the split and the least N that fits.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from plandsl.cost.memory import gathered_bytes
+from plandsl.search.caps import Caps
+from plandsl.search.figures import Figures
+from plandsl.search.partition import partition_blocks, partition_layers, partition_prefixed
+from plandsl.search.tree import Node
+
+
+class Splits:
+    def __init__(self, figures: Figures, caps: Caps, pins: Mapping[str, object]):
+        self.figures, self.caps, self.pins = figures, caps, pins
+        self.blocks, self.dense_blocks, self.layers = figures.blocks, figures.dense_blocks, figures.layers
+        self._partition_cache: dict = {}
+
+    def transformer_partition(self, node: Node, ranks, inflight, memory, virtual, rank_caps=None):
+        root = node.root
+        stages = len(ranks)
+        rank_caps = rank_caps or self.caps.caps(root, ranks, inflight, memory, virtual)
+        if rank_caps is None:
+            return None  # memory: no split fits, before any timing
+        key = (node.ident, ranks, tuple(rank_caps))
+        found = self._partition_cache.get(key, False)
+        if found is not False:
+            return found
+        costs = {}
+        fixed, per_block, caps, seen = [], [], [], [0] * root.pp
+        for s, r in enumerate(ranks):
+            device = root.rank_devices[r]
+            cost = costs.get(device.name)
+            if cost is None:  # a partly recomputed node's split: at its kept blocks' seconds
+                embed, block, norm, head = self.figures.kind_times(node.kept or node, device)
+                cost = costs[device.name] = (embed.forward + embed.backward, block.forward + block.backward,
+                                             norm.forward + norm.backward + head.forward + head.backward)
+            fixed.append((cost[0] if s == 0 else 0.0) + (cost[2] if s == stages - 1 else 0.0))
+            per_block.append(cost[1])
+            # A rank's room for blocks, shared by its stages evenly (the earlier ones first).
+            base, more = divmod(rank_caps[r], virtual)
+            caps.append(base + (1 if seen[r] < more else 0))
+            seen[r] += 1
+        found = self._partition_cache[key] = partition_blocks(self.blocks, fixed, per_block, caps)
+        return found
+
+    def partial_partition(self, node: Node, zero: int, ranks, inflight, memory, virtual):
+        """(blocks per stage, N) of a node that recomputes the first N blocks of each stage and keeps the
+        others' activations (`recompute_layers`), or None. N is the least whose caps admit a split
+        (`least_recomputed`: the caps only grow with N); among the N that fit, the least is the fastest for its split:
+        a larger N recomputes more of the same blocks, all else equal. (It could loosen a cap that bounds
+        the split and even it out: one N per leaf keeps the space bounded, and that trade unexplored.)
+        None where the kept node's own leaf has the same split (it recomputes nothing: faster), also when
+        its caps do not bound its split, and where N reaches every stage's blocks (that is `full`)."""
+        root = node.root
+        kept_memory = self.figures.layer_memory(node.kept, zero)
+        partial, kept = self.caps.partial_memory(memory, kept_memory)
+        pinned = self.pins.get("recompute_layers")
+        split = None
+        if pinned is None:
+            kept_caps = self.caps.caps(root, ranks, inflight, kept_memory, virtual)
+            if kept_caps is not None:
+                split = self.transformer_partition(node.kept, ranks, inflight, kept_memory, virtual, kept_caps)
+                free = self.transformer_partition(node.kept, ranks, inflight, kept_memory, virtual,
+                                                  [self.blocks * virtual] * root.pp)
+                if split == free:  # its caps do not bound the kept node's split: nothing to recompute
+                    return None
+        least = pinned if pinned is not None else \
+            self.caps.least_recomputed(root, ranks, inflight, partial, virtual, kept)
+        caps = self.caps.caps(root, ranks, inflight, partial, virtual, least, kept) if least is not None else None
+        if caps is None:
+            return None
+        counts = self.transformer_partition(node, ranks, inflight, partial, virtual, caps)
+        if counts is None or (pinned is None and (least >= max(counts) or counts == split)):
+            return None
+        return counts, least
+
+    def mixed_partition(self, node: Node, zero: int, ranks, inflight, memory):
+        """Blocks per stage of a transformer with two kinds of block, the dense ones first: the dynamic
+        programme over the blocks in order (`partition_layers`), each block at its own kind's seconds and
+        bytes on its stage's rank, the embedding and the norm and head as fixed seconds and bytes of the
+        first and last stage, a rank's room shared evenly by its stages, ZeRO's gathered units taken as the
+        two largest of either kind (a bound)."""
+        root = node.root
+        key = (node.ident, zero, ranks, inflight.tobytes())
+        found = self._partition_cache.get(key, False)
+        if found is not False:
+            return found
+        per_kind, tied, _ = memory
+        (embed_s, embed_a, _), (moe_s, moe_a, moe_w), (norm_s, norm_a, _), (head_s, head_a, loss), \
+            (dense_s, dense_a, dense_w) = per_kind
+        working = max(moe_w, dense_w)
+        first_rank, last_rank, last = ranks[0], ranks[-1], len(ranks) - 1
+        dense = self.dense_blocks
+        # per stage, as arrays over the stages (a pipeline of many stages costs what one of few does)
+        on = np.asarray(ranks)
+        first, final = on == first_rank, on == last_rank
+        kept = inflight[on]
+        dense_bytes, moe_bytes = dense_s + kept * dense_a, moe_s + kept * moe_a
+        gathered = {(a, b): self.figures.gathered(memory, a, b, 2) for a in (False, True) for b in (False, True)}
+        room = self.figures.capacity(root)[on] - working - np.where(
+            first, np.where(final, gathered[True, True], gathered[True, False]),
+            np.where(final, gathered[False, True], gathered[False, False]))
+        room -= np.where(first, embed_s + kept * embed_a, 0.0)
+        room -= np.where(final, norm_s + head_s + kept * (norm_a + head_a) + max(0.0, loss - working)
+                         + (tied if tied and first_rank != last_rank else 0.0), 0.0)
+        caps = room / np.bincount(on)[on]  # a rank's room is shared by its stages
+        # memory first, before any timing: the most blocks of the lighter kind each stage could hold
+        lighter = np.minimum(dense_bytes, moe_bytes)
+        most = np.where(lighter <= 0, self.blocks, np.maximum(caps, 0.0) // np.where(lighter <= 0, 1.0, lighter))
+        if most.min() < 1 or most.sum() < self.blocks:
+            self._partition_cache[key] = None
+            return None
+        seconds = {}
+        for r in set(ranks):
+            embed, block, norm, head, dense_block = self.figures.kind_times(node, root.rank_devices[r])
+            seconds[r] = (dense_block.forward + dense_block.backward, block.forward + block.backward,
+                          embed.forward + embed.backward, norm.forward + norm.backward + head.forward + head.backward)
+        per = np.array([seconds[r] for r in ranks])
+        fixed = np.where(np.arange(len(ranks)) == 0, per[:, 2], 0.0) + np.where(np.arange(len(ranks)) == last, per[:, 3], 0.0)
+        count = np.arange(self.blocks + 1)
+        in_dense, in_moe = np.minimum(count, dense), np.maximum(count - dense, 0)  # blocks of each kind in 0..i
+        prefix = per[:, :1] * in_dense + per[:, 1:2] * in_moe
+        held = dense_bytes[:, None] * in_dense + moe_bytes[:, None] * in_moe
+        found = self._partition_cache[key] = partition_prefixed(prefix, held, caps, fixed)
+        return found
+
+    def layer_partition(self, node: Node, ranks, inflight, layer_memory):
+        root = node.root
+        per_kind, plan = layer_memory[0], layer_memory[2]
+        costs, memory, caps = [], [], []
+        # ZeRO-2/3's gathered units: the two largest of the model, wherever they are (a bound).
+        working = max(k[2] for k in per_kind) + sum(gathered_bytes(plan, self.layers))
+        for r in ranks:
+            costs.append([t.forward + t.backward for t in self.figures.kind_times(node, root.rank_devices[r])])
+            memory.append([k[0] + inflight[r] * k[1] for k in per_kind])
+            caps.append((root.capacity[r] - working) / sum(1 for q in ranks if q == r))
+        return partition_layers(costs, memory, caps)
+
+
+
+__all__ = ["Splits"]

@@ -1,0 +1,84 @@
+"""The records of the search tree: a root (layout and mesh order), a node (plus micro-batch size and
+recomputation), a node's leaves before their partition (`Pending`) and a leaf (plus ZeRO stage, schedule
+and virtual stages), each with its lower bound; a node's leaf as the `Candidate` it stands for.
+
+Stage: inside the search, below the space. Contract: plain records, no logic beyond `candidate_of`.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from plandsl.search.problem import Candidate
+
+SAFE = 1 - 1e-9  # bounds add in another order than the exact figures: keep them strictly below
+
+
+@dataclass
+class Root:
+    """A layout (degrees) and a mesh order, i.e. where every group sits on the nodes."""
+
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    order: tuple[str, ...]
+    links: object
+    rank_devices: tuple
+    capacity: tuple
+    sequence_parallel: bool
+    micro_batches: tuple[int, ...]
+    bound: float = 0.0
+
+
+_IDENT = itertools.count()
+
+
+@dataclass
+class Node:
+    root: Root
+    micro_batch: int
+    microbatches: int
+    recompute: str
+    times: dict = field(default_factory=dict)   # device name -> per kind LayerTime
+    bound: float = 0.0
+    ident: int = field(default_factory=lambda: next(_IDENT))
+    # recompute_layers: `full` for the first N blocks of each stage (N per leaf), the kept blocks' node
+    # (recompute none, same root and micro-batch) for the others' seconds and bytes
+    kept: Node | None = None
+
+
+@dataclass(slots=True)
+class Leaf:
+    node: Node
+    schedule: str
+    virtual: int
+    zero: int
+    counts: tuple[int, ...]
+    bound: float
+    recompute_layers: int | None = None  # a partly recomputed node's N (`Splits.partial_partition`)
+
+
+@dataclass(slots=True)
+class Pending:
+    """A node's leaves before their partition, best bound first: the search holds one entry per node, for
+    the next leaf (`bound`), and partitions them one at a time (`Space.resolve`)."""
+
+    node: Node
+    leaves: list            # (bound, index, zero, schedule, virtual), ascending
+    memory: dict            # ZeRO stage -> `Figures.layer_memory`
+    next: int = 0
+
+    @property
+    def bound(self) -> float:
+        return self.leaves[self.next][0]
+
+
+def candidate_of(node: Node, schedule: str, virtual: int, zero: int, recompute_layers: int | None = None) -> Candidate:
+    r = node.root
+    return Candidate(r.dp, r.tp, r.pp, r.cp, r.ep, r.order, node.micro_batch, node.microbatches, schedule, virtual,
+                     zero, node.recompute, r.sequence_parallel, recompute_layers)
+
+
+__all__ = ["SAFE", "Root", "Node", "Leaf", "Pending", "candidate_of"]
