@@ -56,6 +56,11 @@ def replica_device_types(plan: ir.Plan) -> list[tuple[tuple[ir.DeviceType, ...],
     return [tuple(tuple(types.values()) for types in ranks) for ranks in found]
 
 
+def mixed_replicas(plan: ir.Plan) -> bool:
+    """Whether the plan's data ranks sit on different device types (where uneven shares can pay)."""
+    return len({tuple(tuple(d.name for d in types) for types in ranks) for ranks in replica_device_types(plan)}) > 1
+
+
 def replica_plan(plan: ir.Plan, share: int) -> ir.Plan:
     """The plan as one replica with `share` sequences runs it: every data rank with that share, no
     `batch_shares` (its microbatch count, schedule and memory are the even plan's)."""
@@ -63,4 +68,4 @@ def replica_plan(plan: ir.Plan, share: int) -> ir.Plan:
     return plan.model_copy(update={"train": train})
 
 
-__all__ = ["SPEED", "data_ranks", "replica_device_types", "replica_plan", "uneven", "written_shares"]
+__all__ = ["SPEED", "data_ranks", "mixed_replicas", "replica_device_types", "replica_plan", "uneven", "written_shares"]

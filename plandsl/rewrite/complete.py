@@ -30,6 +30,8 @@ from plandsl.cost.estimate import estimate_plan
 from plandsl.check.analysis import analyze
 from plandsl.search.emit import header, stage_lines
 from plandsl.ir.placement import assign_stages
+from plandsl.ir import shares as batch
+from plandsl.rewrite.mixed import Shared, variants
 from plandsl.rewrite.shrink import _import_from, _outside_folders
 from plandsl.syntax.format import format_text
 
@@ -43,6 +45,7 @@ class Completed:
     result: SearchResult        # the candidates that check, with the figures of the plans as written
     texts: tuple[str, ...]      # the completed file of each
     notes: tuple[str, ...]
+    shared: tuple[Shared | None, ...] = ()  # per candidate: its even-share figures where shares were added
 
 
 def generate_from(path: str | Path, name: str | None = None, params: dict | None = None, pins=None, top: int = 5,
@@ -69,7 +72,10 @@ def generate_from(path: str | Path, name: str | None = None, params: dict | None
                               f"check or run it with {include_flags(folders)}",) if folders else ())
     kept: list[tuple[Scored, str]] = []
     failure = None
-    for scored in result.candidates:
+    sharing = partial.plan.cluster.heterogeneous and partial.plan.train.batch_shares is None
+    extra = variants(result.candidates, partial.problem, merged, merged, top, time_limit) \
+        if sharing and not partial.decided else []  # layouts whose replicas uneven shares may make the fastest
+    for scored in (*result.candidates, *extra):
         done = complete(partial, scored, out_path)
         if isinstance(done, PlanError):
             failure = failure or done
@@ -79,7 +85,32 @@ def generate_from(path: str | Path, name: str | None = None, params: dict | None
         bug = (Note("this is a bug of `plandsl generate --from`: the completed plan above should check; "
                       "please report it with the partial plan"),)
         raise PlanError([replace(d, notes=d.notes + bug) for d in failure.diagnostics], failure.sources)
-    return Completed(SearchResult(tuple(s for s, _ in kept), result.stats), tuple(t for _, t in kept), notes)
+    shared: list = [None] * len(kept)
+    if sharing:  # uneven data-parallel shares where they pay, the best `top` kept
+        found = [_with_shares(partial, scored, text, out_path) for scored, text in kept]
+        if any(even is not None for _, _, even in found):  # else the search's order stays
+            found.sort(key=lambda found: found[0].estimate.time.step)
+        kept, shared = [(s, t) for s, t, _ in found[:top]], [even for _, _, even in found[:top]]
+    return Completed(SearchResult(tuple(s for s, _ in kept), result.stats), tuple(t for _, t in kept), notes,
+                     tuple(shared))
+
+
+def _with_shares(partial: Partial, scored: Scored, text: str, out_path) -> tuple[Scored, str, Shared | None]:
+    """The completed plan with the shares `batch_shares: speed` resolves to, written out, when its data ranks
+    sit on different device types and that is faster and fits (`rewrite.mixed`); else as it was."""
+    plan = scored.plan
+    if (plan.data is not None and plan.data.sharded) or not batch.mixed_replicas(plan):
+        return scored, text, None  # FSDP with shares holds every unit gathered through the step (not yet counted)
+    trial = complete(partial, scored, out_path, shares=batch.SPEED)
+    if isinstance(trial, PlanError):
+        return scored, text, None
+    estimate = trial[0].estimate
+    if estimate.time.step >= scored.estimate.time.step or not estimate.fits:
+        return scored, text, None
+    final = complete(partial, scored, out_path, shares=estimate.shares)
+    if isinstance(final, PlanError) or final[0].estimate.time.step != estimate.time.step:
+        return scored, text, None
+    return final[0], final[1], Shared(scored.estimate, estimate.shares)
 
 
 def _as_written(partial: Partial) -> Scored:
@@ -87,11 +118,13 @@ def _as_written(partial: Partial) -> Scored:
     return Scored(candidate_of(plan), (), estimate_plan(plan), plan)
 
 
-def complete(partial: Partial, scored: Scored, out_path: str | Path | None = None) -> tuple[Scored, str] | PlanError:
-    """The file with the partial plan completed by `scored`, formatted and checked; its figures. A
-    PlanError (returned) with the completed text's diagnostics when it does not check."""
+def complete(partial: Partial, scored: Scored, out_path: str | Path | None = None,
+             shares: tuple[int, ...] | str | None = None) -> tuple[Scored, str] | PlanError:
+    """The file with the partial plan completed by `scored` (and `batch_shares: shares` in its train when
+    given), formatted and checked; its figures. A PlanError (returned) with the completed text's
+    diagnostics when it does not check."""
     check_path = str(out_path) if out_path else partial.path
-    body = _format(_apply(partial.text, _edits(partial, scored, out_path)), check_path)
+    body = _format(_apply(partial.text, _edits(partial, scored, out_path, shares)), check_path)
     with include(_outside(partial, out_path)):  # imports of the user's files outside -o's folder tree
         analysis = analyze(check_path, text=body, params=partial.params)
     plans = [p for p in (analysis.document.plans if analysis.document else ()) if p.name == partial.name]
@@ -132,7 +165,7 @@ def _blocks(plan: ir.Plan, scored: Scored) -> tuple[int, ...]:
 
 
 # ---- the edits ----------------------------------------------------------------------------------------
-def _edits(partial: Partial, scored: Scored, out_path) -> list[tuple[int, int, str]]:
+def _edits(partial: Partial, scored: Scored, out_path, shares=None) -> list[tuple[int, int, str]]:
     c = scored.candidate
     text, definition, attrs, names = partial.text, partial.definition, partial.attrs, partial.names
     edits: list[tuple[int, int, str]] = [(offset, offset, piece) for offset, piece in partial.overs]
@@ -144,7 +177,7 @@ def _edits(partial: Partial, scored: Scored, out_path) -> list[tuple[int, int, s
                                           and i.kind == "plan"]) == 1:
         first = re.match(r"# Generated by `plandsl generate`[^\n]*\n(?:#   [^\n]*\n)*\n*", text)
         edits.append((0, first.end(), ""))  # `plandsl generate -o` before the imports (older versions)
-    edits += _train_edits(partial, c)
+    edits += _train_edits(partial, c, shares)
     lines = []
     if not partial.mesh_written:
         sizes = c.degrees()
@@ -208,14 +241,16 @@ def _stage_lines(scored: Scored, partial: Partial, axis: str) -> list[str]:
     return stage_lines(scored, partial.problem, axis)
 
 
-def _train_edits(partial: Partial, c: Candidate) -> list[tuple[int, int, str]]:
+def _train_edits(partial: Partial, c: Candidate, shares=None) -> list[tuple[int, int, str]]:
     """micro_batch and recompute (with recompute_layers where the candidate recomputes only some blocks) as
-    the candidate chose them, in the plan's train."""
+    the candidate chose them, and `batch_shares` when given, in the plan's train."""
     train = partial.plan.train
     attr = partial.attrs["train"]
     wanted = {"micro_batch": str(c.micro_batch_size), "recompute": c.recompute}
     if c.recompute_layers is not None:
         wanted["recompute_layers"] = str(c.recompute_layers)
+    if shares is not None:
+        wanted["batch_shares"] = shares if isinstance(shares, str) else f"[{', '.join(map(str, shares))}]"
     if partial.train_local:
         value: syntax.DictExpr = attr.value
         items = {item.key: item for item in value.items}
@@ -229,7 +264,7 @@ def _train_edits(partial: Partial, c: Candidate) -> list[tuple[int, int, str]]:
         end = value.items[-1].span.end
         return edits + ([(end, end, added)] if added else [])
     if (train.micro_batch, train.recompute.value, train.recompute_layers) == \
-            (c.micro_batch_size, c.recompute, c.recompute_layers):
+            (c.micro_batch_size, c.recompute, c.recompute_layers) and shares is None:
         return []  # a train the plan names: kept as it is
     if partial.train_items is not None:
         items = dict(partial.train_items)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from plandsl.rewrite.complete import generate_from
-from plandsl.rewrite.mixed import Gain, faster_alone, mixed_plans
+from plandsl.rewrite.mixed import Gain, Shared, faster_alone, mixed_plans
 from plandsl.search import SearchResult, search
 from plandsl.search.emit import (Refusals, candidate_json, checked_texts, explain, format_table, include_note,
                                  resolve_problem, written_from)
@@ -52,6 +52,8 @@ class Generated:
     """What the user should know about a completed plan (`note: ...` lines)."""
     gain: Gain | None = None
     """On a cluster of several device types: the best plan against the best on its fastest devices alone."""
+    shared: tuple[Shared | None, ...] = ()
+    """Per candidate: its even-share figures where it takes uneven `batch_shares` (rewrite.mixed), else None."""
 
 
 def usage_problem(request: Request) -> str | None:
@@ -74,31 +76,36 @@ def generate(request: Request, progress: Callable[[int, int], None] | None = Non
     if request.from_file:
         completed = generate_from(request.from_file, request.plan_name, dict(request.params), request.pins,
                                   request.top, progress, request.output, time_limit=request.time_limit)
-        return Generated(completed.result, tuple(completed.texts), tuple(completed.notes))
+        return Generated(completed.result, tuple(completed.texts), tuple(completed.notes),
+                         shared=completed.shared)
     problem_, source = resolve_problem(request.model, request.cluster, request.global_batch, request.seq_len,
                                        request.precision or "bf16",
                                        str(request.output or os.path.join(os.getcwd(), "generated.plan")))
     result, texts = checked_texts(search(problem_, request.pins, request.top, progress=progress,
                                            time_limit=request.time_limit), problem_, source,
                                   request.output)
-    gain = None
+    gain, shared = None, ()
     if problem_.cluster.heterogeneous:  # uneven data-parallel shares, and what the mix gains (rewrite.mixed)
-        result, texts = mixed_plans(result, texts, problem_, source, request.output, request.pins, request.top,
-                                    request.time_limit)
+        result, texts, shared = mixed_plans(result, texts, problem_, source, request.output, request.pins,
+                                            request.top, request.time_limit)
         gain = faster_alone(problem_, result.best.estimate, request.pins, request.time_limit)
     note = include_note(written_from(source, request.output or "generated.plan"))
     if note:  # said in the file too, where whoever checks or runs it later reads it
         texts = [f"# {note[0].upper()}{note[1:]}\n" + text for text in texts]
-    return Generated(result, tuple(texts), (note,) if note else (), gain)
+    return Generated(result, tuple(texts), (note,) if note else (), gain, tuple(shared))
 
 
 def candidates_json(generated: Generated, refusals: Refusals) -> dict:
     """`generate --json`: {"candidates": [...]}, best first."""
     found = {"candidates": [candidate_json(s, t, refusals) for s, t in zip(generated.result.candidates,
                                                                            generated.texts)]}
-    for scored, record in zip(generated.result.candidates, found["candidates"]):
-        if scored.estimate.shares:  # batch_shares: speed (rewrite.mixed)
+    shared = generated.shared or (None,) * len(found["candidates"])
+    for scored, record, even in zip(generated.result.candidates, found["candidates"], shared):
+        if scored.estimate.shares:  # uneven batch_shares (rewrite.mixed)
             record["batch_shares"] = list(scored.estimate.shares)
+            record["replica_step_time_s"] = list(scored.estimate.replica_steps)
+        if even is not None:
+            record["even_shares_step_time_s"] = even.even.time.step
     if generated.gain is not None:
         found["heterogeneity"] = generated.gain.to_json()
     return found
@@ -107,4 +114,7 @@ def candidates_json(generated: Generated, refusals: Refusals) -> dict:
 def report(generated: Generated, refusals: Refusals) -> str:
     """`generate`'s table of candidates and why the best won (and whether `plandsl run` runs it)."""
     text = format_table(generated.result) + "\n" + explain(generated.result, refusals)
+    best = generated.shared[0] if generated.shared else None
+    if best is not None:  # the winner's uneven shares against even ones on the same layout
+        text += "\n" + best.line(generated.result.best.estimate)
     return text + ("\n" + generated.gain.line() if generated.gain is not None else "")

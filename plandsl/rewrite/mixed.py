@@ -5,9 +5,11 @@ Stage: rewrite, above the search (which times every data-parallel replica on the
 pipeline rank, so it never proposes `batch_shares`). Contract: `mixed_plans(result, texts, ...)` takes the
 search's checked candidates and adds, for each with data parallelism, the same layout with the data axis
 outermost (its replicas on whole node groups, so on one device type each where the groups allow it); every
-candidate whose replicas sit on different devices is estimated again with `batch_shares: speed`
-(`cost.estimate.data_shares`) and takes it where that is faster. `faster_alone(problem, ...)` searches the
-cluster's fastest node groups alone: `Gain` holds both best plans and their ratio of tokens/s.
+candidate whose replicas sit on different devices is estimated with even shares (the search's figure) and
+with the shares `batch_shares: speed` resolves to (`cost.estimate.data_shares`: the slowest replica sets the
+step), and takes the shares where they are faster and fit, written out as `batch_shares: [..]` (editable;
+`speed` re-balances); `Shared` keeps both figures. `faster_alone(problem, ...)` searches the cluster's fastest
+node groups alone: `Gain` holds both best plans and their ratio of tokens/s.
 """
 from __future__ import annotations
 
@@ -17,14 +19,28 @@ from dataclasses import dataclass, replace
 from plandsl import ir
 from plandsl.check.analysis import analyze
 from plandsl.cost.compute import peak_of
-from plandsl.cost.estimate import PlanEstimate, estimate_plan
+from plandsl.cost.estimate import PlanEstimate, estimate_plan, share_runs
 from plandsl.ir import shares as batch
 from plandsl.search import SearchError, parse_pins, search
 from plandsl.search.emit import Source, outside, plan_text, written_from
 from plandsl.search.problem import Problem, Scored, SearchResult
+from plandsl.syntax.format import format_text
 from plandsl.syntax.loader import include
 
 SHARES = "batch_shares: speed"
+SPEED_COMMENT = "# batch_shares: speed resolves to these (the replicas' predicted steps even); edit, or write speed"
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A candidate whose plan takes uneven shares, beside the same layout with even shares."""
+    even: PlanEstimate                 # global_batch / dp on every data rank (the search's figure)
+    shares: tuple[int, ...]            # sequences per data rank, as the plan writes them
+
+    def line(self, shared: PlanEstimate) -> str:
+        return (f"batch shares: {share_runs(self.shares)} sequences per data rank run {shared.time.step:.4g} s a step "
+                f"against {self.even.time.step:.4g} s with {sum(self.shares) // len(self.shares)} each "
+                f"({self.even.time.step / shared.time.step:.2f}x the tokens/s)")
 
 
 @dataclass(frozen=True)
@@ -60,47 +76,55 @@ class Gain:
 
 
 def mixed_plans(result: SearchResult, texts: list[str], problem: Problem, source: Source, path: str | None,
-                pins, top: int, time_limit: float | None) -> tuple[SearchResult, list[str]]:
-    """The search's candidates, with data-outermost variants and `batch_shares: speed` where it is faster,
+                pins, top: int, time_limit: float | None) -> tuple[SearchResult, list[str], list[Shared | None]]:
+    """The search's candidates, with data-outermost variants and uneven shares where they are faster,
     best first, at most `top` (see the module docstring)."""
     where = str(path) if path else os.path.join(os.getcwd(), "generated.plan")
     source = written_from(source, where)
     found = list(zip(result.candidates, texts))
-    seen = {s.candidate for s, _ in found}
-    user = _user(pins)
-    if "pp" not in parse_pins(pins or ()):  # without a pipeline, a replica is one tensor group: the most to share
-        try:
-            flat = search(problem, {**user, "pp": 1}, top, explain=False, time_limit=time_limit).candidates
-        except SearchError:
-            flat = ()
-        for scored in flat:
-            found += _new(scored, problem, source, where, seen)
-            # smaller microbatches: more of them to deal unevenly (an even split favours the largest)
-            c = scored.candidate
-            for mb in [d for d in range(c.micro_batch_size - 1, 0, -1) if c.micro_batch_size % d == 0][:3]:
-                if "micro_batch_size" in user:
-                    break
-                try:
-                    smaller = search(problem, {**user, **c.pins(), "micro_batch_size": mb}, 1, explain=False,
-                                     time_limit=time_limit).best
-                except SearchError:
-                    continue
-                found += _new(smaller, problem, source, where, seen)
-    for scored, _ in list(found):
-        c = scored.candidate
-        if c.dp == 1 or (c.order and c.order[0] == "dp"):
-            continue
-        order = ("dp",) + tuple(a for a in c.order if a != "dp")
-        try:
-            variant = search(problem, {**user, **c.pins(), "order": ",".join(order)}, 1, explain=False,
-                             time_limit=time_limit).best
-        except SearchError:
-            continue
-        found += _new(variant, problem, source, where, seen)
+    for scored in variants(result.candidates, problem, _user(pins), parse_pins(pins or ()), top, time_limit):
+        text = plan_text(scored, problem, source)
+        if _checked(text, where, source) is not None:
+            found.append((scored, text))
     better = [_with_shares(scored, text, problem, source, where) for scored, text in found]
-    better.sort(key=lambda pair: pair[0].estimate.time.step)
+    better.sort(key=lambda found: found[0].estimate.time.step)
     better = better[:top]
-    return SearchResult(tuple(s for s, _ in better), result.stats), [t for _, t in better]
+    return SearchResult(tuple(s for s, _, _ in better), result.stats), [t for _, t, _ in better], \
+        [shared for _, _, shared in better]
+
+
+def variants(candidates, problem: Problem, kept: dict, pinned: dict, top: int,
+             time_limit: float | None) -> list[Scored]:
+    """Candidates the search's even-share ranking passes over that uneven shares may make the fastest, new to
+    `candidates`: without a pipeline (unless `pinned` fixes pp), at smaller microbatches (more of them to deal
+    unevenly), and each candidate's layout with the data axis outermost (unless the order is pinned). `kept`:
+    the pins every variant keeps."""
+    seen = {s.candidate for s in candidates}
+    found: list[Scored] = []
+
+    def add(pins: dict, count: int = 1) -> list[Scored]:
+        try:
+            new = [s for s in search(problem, pins, count, explain=False, time_limit=time_limit).candidates
+                   if s.candidate not in seen]
+        except SearchError:
+            return []
+        seen.update(s.candidate for s in new)
+        found.extend(new)
+        return new
+
+    if "pp" not in pinned:  # without a pipeline, a replica is one tensor group: the most to share
+        for scored in add({**kept, "pp": 1}, top):
+            c = scored.candidate
+            if "micro_batch_size" not in pinned:  # an even split favours the largest microbatch
+                for mb in [d for d in range(c.micro_batch_size - 1, 0, -1) if c.micro_batch_size % d == 0][:3]:
+                    add({**kept, **c.pins(), "micro_batch_size": mb})
+    if "order" not in pinned:
+        for scored in [*candidates, *found]:
+            c = scored.candidate
+            if c.dp > 1 and not (c.order and c.order[0] == "dp"):
+                order = ("dp",) + tuple(a for a in c.order if a != "dp")
+                add({**kept, **c.pins(), "order": ",".join(order)})
+    return found
 
 
 def faster_alone(problem: Problem, mixed: PlanEstimate, pins, time_limit: float | None) -> Gain | None:
@@ -126,32 +150,33 @@ def _user(pins) -> dict:
         if pins else {}
 
 
-def _new(scored: Scored, problem: Problem, source: Source, where: str, seen: set) -> list[tuple[Scored, str]]:
-    """[(the candidate, its text)] when it is not in `seen` and its text checks, else []."""
-    if scored.candidate in seen:
-        return []
-    seen.add(scored.candidate)
-    text = plan_text(scored, problem, source)
-    return [(scored, text)] if _checked(text, where, source) is not None else []
-
-
-def _with_shares(scored: Scored, text: str, problem: Problem, source: Source, where: str) -> tuple[Scored, str]:
-    """The candidate with `batch_shares: speed` when its replicas sit on different devices and that is faster."""
+def _with_shares(scored: Scored, text: str, problem: Problem, source: Source,
+                 where: str) -> tuple[Scored, str, Shared | None]:
+    """The candidate with the shares `batch_shares: speed` resolves to, written out, when its replicas sit on
+    different devices and that is faster and fits; else as it was (and None)."""
     plan = _checked(text, where, source)
-    if plan is None or (plan.data is not None and plan.data.sharded) or \
-            len({tuple(tuple(d.name for d in types) for types in ranks)
-                 for ranks in batch.replica_device_types(plan)}) < 2:
-        return scored, text  # FSDP with shares holds every unit gathered through the step, which the memory model does not count
-    first = plan_text(scored, problem, source, train_extra=(SHARES,))
-    shared = _checked(first, where, source)
+    if plan is None or (plan.data is not None and plan.data.sharded) or not batch.mixed_replicas(plan):
+        return scored, text, None  # FSDP with shares holds every unit gathered through the step (not yet counted)
+    shared = _checked(plan_text(scored, problem, source, train_extra=(SHARES,)), where, source)
     if shared is None:
-        return scored, text
+        return scored, text, None
     estimate = estimate_plan(shared)
     if estimate.time.step >= scored.estimate.time.step or not estimate.fits:
-        return scored, text
+        return scored, text, None
     improved = Scored(scored.candidate, scored.blocks, estimate, shared)
-    final = plan_text(improved, problem, source, train_extra=(SHARES,))  # its header says the new figures
-    return (improved, final) if _checked(final, where, source) is not None else (scored, text)
+    final = written_shares(plan_text(improved, problem, source, train_extra=(SHARES,)), estimate.shares, where)
+    written = _checked(final, where, source)  # its header says the new figures
+    if written is None or estimate_plan(written).time.step != estimate.time.step:
+        return scored, text, None
+    return Scored(scored.candidate, scored.blocks, estimate, written), final, Shared(scored.estimate, estimate.shares)
+
+
+def written_shares(text: str, shares: tuple[int, ...], where: str = "generated.plan") -> str:
+    """`text` with its `batch_shares: speed` item written out as the list of `shares`, a comment above it."""
+    line = next(line for line in text.splitlines(keepends=True) if line.strip().startswith(SHARES))
+    indent = line[:len(line) - len(line.lstrip())]
+    listed = f"{indent}{SPEED_COMMENT}\n{indent}batch_shares: [{', '.join(map(str, shares))}],\n"
+    return format_text(text.replace(line, listed, 1), where)
 
 
 def _checked(text: str, where: str, source: Source) -> ir.Plan | None:
@@ -162,4 +187,4 @@ def _checked(text: str, where: str, source: Source) -> ir.Plan | None:
     return analysis.document.plans[0]
 
 
-__all__ = ["Gain", "faster_alone", "mixed_plans"]
+__all__ = ["Gain", "Shared", "faster_alone", "mixed_plans", "variants", "written_shares"]

@@ -270,7 +270,10 @@ def header(estimate) -> list[str]:
             f"#   step {t.step:.4g} s = compute {t.compute:.4g} + exposed communication {t.communication:.4g} "
             f"+ bubble {t.bubble:.4g} + optimizer {t.optimizer:.4g}",
             f"#   {e.tokens_per_s:,.0f} tokens/s, {e.tflops_per_device:.1f} TFLOP/s per device, MFU {e.mfu:.1%}",
-            f"#   peak memory {format_bytes(e.peak_memory_bytes)} per device (of {format_bytes(capacity)})"]
+            f"#   peak memory {format_bytes(e.peak_memory_bytes)} per device (of {format_bytes(capacity)})",
+            *([f"#   batch shares: data rank {max(range(len(e.shares)), key=e.replica_steps.__getitem__)} the "
+               f"slowest ({max(e.replica_steps):.4g} s with its tail), the fastest {min(e.replica_steps):.4g} s"]
+              if e.shares else [])]
 
 
 def stage_lines(scored: Scored, problem: Problem, axis: str = "pp") -> list[str]:
@@ -359,9 +362,22 @@ def format_table(result: SearchResult) -> str:
         schedule = (c.schedule + (f" v={c.virtual_stages}" if c.virtual_stages > 1 else "")) if c.pp > 1 else "-"
         rows.append(f"{i:>2} {e.time.step:>9.4g} {e.tokens_per_s:>11,.0f} {e.tflops_per_device:>8.1f} "
                     f"{e.mfu:>6.1%} {format_bytes(e.peak_memory_bytes):>10}  {c.dp:>4} {c.tp:>3} {c.pp:>3} "
-                    f"{c.cp:>3} {c.ep:>3} {c.micro_batch_size:>3} {c.num_microbatches:>5}  {schedule:<24} "
+                    f"{c.cp:>3} {c.ep:>3} {c.micro_batch_size:>3} {_microbatches(s):>5}  {schedule:<24} "
                     f"{c.zero_stage:>4} {_recompute(c):<12} [{', '.join(c.order) or 'dp'}]")
     return "\n".join(rows)
+
+
+def _described(scored: Scored) -> str:
+    """The candidate's `describe()`, its `m=` the microbatches per data rank (`m=1-4` with uneven shares)."""
+    text = scored.candidate.describe()
+    return text.replace(f" m={scored.candidate.num_microbatches}", f" m={_microbatches(scored)}", 1) \
+        if scored.estimate.shares else text
+
+
+def _microbatches(scored: Scored) -> str:
+    """The table's `m`: microbatches per data rank, `1-4` (fewest-most) with uneven `batch_shares`."""
+    shares, mb = scored.estimate.shares, scored.candidate.micro_batch_size
+    return f"{min(shares) // mb}-{max(shares) // mb}" if shares else str(scored.candidate.num_microbatches)
 
 
 def _recompute(c: Candidate) -> str:
@@ -378,11 +394,11 @@ def explain(result: SearchResult, refusals: Refusals) -> str:
     best = result.best
     t = best.estimate.time
     share = ", ".join(f"{label} {getattr(t, part) / t.step:.0%}" for part, label in _PARTS if t.step)
-    lines = [f"why #1: {best.candidate.describe()}: {share} of its {t.step:.4g} s step."]
+    lines = [f"why #1: {_described(best)}: {share} of its {t.step:.4g} s step."]
     for i, other in enumerate(result.candidates[1:], 2):
         o = other.estimate.time
         if o.step <= t.step * (1 + 1e-9):
-            lines.append(f"  #{i} ties with #1 ({other.candidate.describe()}); it holds "
+            lines.append(f"  #{i} ties with #1 ({_described(other)}); it holds "
                          f"{format_bytes(other.estimate.peak_memory_bytes)} per device")
             continue
         worse = max(_PARTS, key=lambda p: getattr(o, p[0]) - getattr(t, p[0]))

@@ -222,8 +222,8 @@ def test_generate_on_a_mixed_cluster_shares_the_batch_and_says_the_gain():
     generated = api.generate(request)
     found = api.generate_json(generated)
     best = found["candidates"][0]
-    assert best["mesh_order"] == ["dp"] and "batch_shares: speed" in best["plan"]
     shares = best["batch_shares"]
+    assert best["mesh_order"] == ["dp"] and api.loads(best["plan"]).plans[0].train.batch_shares == tuple(shares)
     assert sum(shares) == 480 and min(shares[32:]) > max(shares[:32])  # devices 32-47 are the H100s
     plan = api.loads(best["plan"]).plans[0]
     assert api.estimate(plan).time.step == pytest.approx(best["step_time_s"])
@@ -238,3 +238,68 @@ def test_generate_on_one_device_type_says_nothing_of_heterogeneity():
                                    cluster="dgx_a100 x 1", global_batch=16, top=1)
     generated = api.generate(request)
     assert generated.gain is None and "heterogeneity" not in api.generate_json(generated)
+
+
+LOCAL_MIXED_PARTIAL = """\
+import "clusters/local_mixed"
+plan p {
+  model   = gpt(layers=4, hidden=256, heads=4, seq=128, vocab=1024)
+  cluster = local_mixed
+  train   = { global_batch: 32, micro_batch: 1, precision: fp32 }
+}
+"""
+
+
+def _even(text: str) -> str:
+    """The plan text without its batch_shares item (and the comment above it): even shares."""
+    return "\n".join(line for line in text.splitlines()
+                     if not line.strip().startswith(("batch_shares", "# batch_shares"))) + "\n"
+
+
+def test_generate_writes_the_shares_out_and_prices_them_against_even_ones():
+    """Four fast and four slow CPU devices without a pipeline: the shares speed resolves to are written out as
+    an editable list, the plan estimates as generate says, and the same layout with even shares (what the
+    search ranked it by) is the slower figure generate reports beside it."""
+    request = api.generate_request(model="gpt(layers=4, hidden=256, heads=4, seq=128, vocab=1024)",
+                                   cluster="local_mixed", global_batch=32, precision="fp32", top=3,
+                                   pins=("pp=1", "mb=1"), time_limit=0)
+    generated = api.generate(request)
+    found = api.generate_json(generated)
+    best = found["candidates"][0]
+    shares = best["batch_shares"]
+    assert sum(shares) == 32 and min(shares[:4]) > max(shares[4:])  # devices 0-3 are the fast ones
+    assert f"batch_shares: [{', '.join(map(str, shares))}]" in best["plan"]  # written out, editable
+    assert not any(line.strip().startswith("batch_shares: speed") for line in best["plan"].splitlines())
+    shared = api.estimate(api.loads(best["plan"]).plans[0])
+    even = api.estimate(api.loads(_even(best["plan"])).plans[0])
+    assert shared.time.step == pytest.approx(best["step_time_s"]) and shared.shares == tuple(shares)
+    assert best["even_shares_step_time_s"] == pytest.approx(even.time.step) and even.time.step > 1.2 * shared.time.step
+    assert best["replica_step_time_s"] == pytest.approx(list(shared.replica_steps))
+    report = api.generate_report(generated)
+    low, high = min(shares), max(shares)
+    assert f" {low}-{high}  " in report.splitlines()[1]  # the table's m: microbatches per data rank (mb 1)
+    assert f"why #1: dp=8 mb=1 m={low}-{high} " in report
+    assert (f"batch shares: {high} x 4, {low} x 4 sequences per data rank run {shared.time.step:.4g} s a step "
+            f"against {even.time.step:.4g} s with 4 each ({even.time.step / shared.time.step:.2f}x the tokens/s)"
+            in report)
+    gain = found["heterogeneity"]
+    assert gain["mixed_step_time_s"] == pytest.approx(shared.time.step) and gain["gain"] > 1.2
+
+
+def test_generate_from_adds_the_shares_where_they_pay(tmp_path):
+    """`generate --from` a partial plan on the mixed cluster completes it with the shares written out; a plan
+    on one device type gets none (tests/golden/generate: its goldens are unchanged)."""
+    path = tmp_path / "partial.plan"
+    path.write_text(LOCAL_MIXED_PARTIAL)
+    generated = api.generate(api.generate_request(from_file=str(path), pins=("pp=1",), top=2, time_limit=0))
+    text, estimate = generated.texts[0], generated.result.best.estimate
+    assert estimate.shares and f"batch_shares: [{', '.join(map(str, estimate.shares))}]" in text
+    plan = api.loads(text).plans[0]
+    assert api.estimate(plan).time.step == pytest.approx(estimate.time.step)
+    even = api.estimate(api.loads(_even(text)).plans[0])
+    assert generated.shared[0].even.time.step == pytest.approx(even.time.step) and even.time.step > estimate.time.step
+    assert "batch shares: " in api.generate_report(generated)
+    path.write_text(LOCAL_MIXED_PARTIAL.replace("local_mixed", "localhost").replace("clusters/localhost",
+                                                                                      "clusters/local"))
+    alone = api.generate(api.generate_request(from_file=str(path), pins=("pp=1",), top=1, time_limit=0))
+    assert "batch_shares" not in alone.texts[0] and not alone.result.best.estimate.shares
