@@ -40,10 +40,15 @@ def model_shapes(model: ir.Model, tp: int = 1, seq: int | None = None, seq_span=
         return
     if model.latent_attention:
         yield from _latent_attention(model)
+        if model.head_dim:
+            yield diag("E226", f"head_dim={model.head_dim} with kv_lora_rank: under multi-head latent attention a head "
+                       "is qk_nope_head_dim + qk_rope_head_dim wide (v_head_dim for values); head_dim is grouped-query "
+                       "attention's", model.span_of("head_dim"),
+                       hint="drop head_dim, or set qk_nope_head_dim and v_head_dim")
     else:
-        if model.hidden % model.heads:
+        if model.hidden % model.heads and not model.head_dim:
             yield _hidden_heads(model, tp)
-        elif model.kind == "llama" and (model.hidden // model.heads) % 2:
+        elif model.kind == "llama" and model.head_width % 2:
             yield _odd_head_dim(model, tp)
         if model.heads % model.kv_heads:
             yield _kv_heads(model, tp)
@@ -163,6 +168,10 @@ def _hidden_heads(model: ir.TransformerModel, tp: int) -> Diagnostic:
 
 
 def _odd_head_dim(model: ir.TransformerModel, tp: int) -> Diagnostic:
+    if model.head_dim:
+        return diag("E222", f"head_dim ({model.head_dim}) is odd: llama's rotary embedding rotates each head's first "
+                    "half with its second, so they must be equally wide", model.span_of("head_dim"),
+                    hint=f"head_dim={model.head_dim + 1}", edits=_edit(model, "head_dim", model.head_dim + 1))
     head_dim = model.hidden // model.heads
     hint, hiddens, _ = _shape_options(model, tp)
     return diag("E222", f"head dim hidden/heads = {model.hidden}/{model.heads} = {head_dim} is odd: llama's rotary "

@@ -290,9 +290,10 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         mlp_elements = (2 if gpt else 3) * ffn / tp                        # GeLU r/w; SwiGLU r 2, w 1
     # Outside the GEMMs, per token: two norms (read, write: 4h), two residual adds (read 2, write
     # 1: 6h), gpt's two dropout masks (1 byte each: h in 16-bit units); inside tensor parallelism
-    # the activation function and llama's rotary embedding on q and k (read, write: 2(h + kv)).
+    # the activation function and llama's rotary embedding on q and k (read, write: 2(q + kv), q = h unless
+    # head_dim says otherwise).
     replicated = (4 + 6 + (1 if gpt else 0)) * h / split
-    sharded = mlp_elements + (0 if gpt else 2 * (h + kv) / tp)
+    sharded = mlp_elements + (0 if gpt else 2 * (widths.q + kv) / tp)
     if model.latent_attention:  # MLA: the latents' norms (read, write), rotary on its rope parts only
         replicated += 2 * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim) / split
         sharded = mlp_elements + 2 * model.heads * model.qk_rope_head_dim / tp
@@ -308,8 +309,9 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         # everything outside the GEMMs (norms, rotary, the activation); the attention core, wq, wv,
         # w1 and w2 are kept. MoE blocks (refused by the interpreter) as if dense with top_k experts.
         width = ffn * (model.top_k if model.experts else 1) / tp
-        recompute = gemm(tokens, kv / tp, h, device, precision) + gemm(tokens, h, h / tp, device, precision) + other
-        recompute_flops = 2.0 * tokens * h * (kv + h) / tp
+        recompute = gemm(tokens, kv / tp, h, device, precision) + gemm(tokens, h, widths.o / tp, device, precision) \
+            + other
+        recompute_flops = 2.0 * tokens * h * (kv + widths.o) / tp
         if not gpt:
             recompute += gemm(tokens, width, h, device, precision)
             recompute_flops += 2.0 * tokens * h * width

@@ -448,15 +448,16 @@ def _block_terms(model: ir.TransformerModel, seq: int, kv_gathered: int = 1) -> 
     # Outside tensor parallelism: two norm inputs (4), the q/k/v input (2), the MLP input (2),
     # the attention and MLP dropout masks (1 + 1). Parallel blocks normalise one input twice: 2, not 4.
     replicated = (2 if model.parallel_blocks else 4) + 2 + 2 + 2 * dropout
-    # Inside: Q (2) and K (2·kv), V (2·kv), the out-projection input (2);
+    # Inside: Q (2) and K (2·kv), V (2·kv), the out-projection input (2), Q and the out-projection input
+    # heads x head_dim wide where `head_dim` is not hidden/heads;
     # gpt MLP: GELU input (2·ffn) and w2 input (2·ffn); llama SwiGLU: w1 and w3 outputs, w2 input.
-    attention = 2 + 4 * kv * kv_gathered + 2
+    widths = attention_widths(model)
+    attention = (2 * widths.q + 2 * widths.o) / model.hidden + 4 * kv * kv_gathered
     if model.latent_attention:
         # MLA (DeepSeek-AI 2024, arXiv:2405.04434): outside tensor parallelism the latents, each kept as its
         # norm's input and as the up-projection's input (2 + 2 per element: the query latent, the key/value
         # latent) and the shared rotary key (2); inside, per head, Q and K (nope + rope), V and the output
         # (v_head_dim), each 2 bytes.
-        widths = attention_widths(model)
         replicated += (4 * (model.q_lora_rank + model.kv_lora_rank) + 2 * model.qk_rope_head_dim) / model.hidden
         attention = (2 * widths.q + 2 * (widths.k + widths.v) * kv_gathered + 2 * widths.o) / model.hidden
     mlp = (4 if gpt else 6) * ffn
@@ -479,10 +480,9 @@ def _fp8_saved_terms(model: ir.TransformerModel) -> tuple[float, float]:
     v_head_dim wide) and the w2 input inside. Each token's routed experts (top_k) and the shared ones save
     their own inputs."""
     hidden = model.hidden
-    attention_in, attention_out = 1.0, 1.0
+    attention_in, attention_out = 1.0, attention_widths(model).o / hidden  # wo reads heads x head_dim
     if model.latent_attention:
         attention_in += (model.q_lora_rank + model.kv_lora_rank) / hidden
-        attention_out = attention_widths(model).o / hidden
     ffn = model.ffn_hidden / hidden
     if not model.experts:
         return attention_in + 1.0, attention_out + ffn

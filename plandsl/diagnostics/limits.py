@@ -32,7 +32,7 @@ MAX_PROFILE_NODES = 64
 
 MODEL_ARGUMENTS = {"layers": MAX_LAYERS, "hidden": MAX_WIDTH, "ffn": MAX_WIDTH, "input": MAX_WIDTH,
                    "output": MAX_WIDTH, "heads": MAX_HEADS, "kv_heads": MAX_HEADS, "seq": MAX_SEQ,
-                   "vocab": MAX_VOCAB, "experts": MAX_EXPERTS, "top_k": MAX_EXPERTS,
+                   "vocab": MAX_VOCAB, "head_dim": MAX_WIDTH, "experts": MAX_EXPERTS, "top_k": MAX_EXPERTS,
                    "shared_experts": MAX_EXPERTS, "q_lora_rank": MAX_WIDTH, "kv_lora_rank": MAX_WIDTH,
                    "qk_rope_head_dim": MAX_WIDTH, "qk_nope_head_dim": MAX_WIDTH, "v_head_dim": MAX_WIDTH,
                    "dense_layers": MAX_LAYERS, "dense_ffn": MAX_WIDTH}

@@ -27,7 +27,7 @@ ORDER_TP_PP_DP = ("tp", "cp", "ep", "pp", "dp")
 # (megatron/training/arguments.py, and the flags it generates from TransformerConfig/ModelParallelConfig
 # fields: `--field-name`, a bool field defaulting to False a switch).
 INT_FLAGS = (
-    "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
+    "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups", "--kv-channels",
     "--seq-length", "--max-position-embeddings", "--padded-vocab-size", "--vocab-size",
     "--make-vocab-size-divisible-by", "--num-experts", "--moe-router-topk", "--moe-shared-expert-intermediate-size",
     "--micro-batch-size", "--global-batch-size", "--recompute-num-layers", "--lr-warmup-iters", "--seed",
@@ -153,6 +153,8 @@ def _model_args(plan: ir.Plan, args: list, lose) -> None:
                  ("--rope-type", "rope")]
     if model.kv_heads != model.heads:
         args += [("--group-query-attention", None), ("--num-query-groups", str(model.kv_heads))]
+    if model.head_dim and not model.latent_attention:  # validate_args' default: hidden_size // num_attention_heads
+        args.append(("--kv-channels", str(model.head_dim)))
     # validate_args: max_position_embeddings >= seq_length; a gpt model's are its learned positions (the
     # checker's E224 keeps the training sequence within them), a llama model's rotary ones have no table
     positions = model.seq if model.kind == "gpt" else max(model.seq, plan.seq)

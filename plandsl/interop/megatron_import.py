@@ -241,6 +241,14 @@ def _model(read: _Read) -> str | None:
         read.problem("E805", "--num-query-groups without --group-query-attention (Megatron-LM then ignores it)",
                      "--num-query-groups", hint="add --group-query-attention")
         return None
+    channels = read.get("--kv-channels")  # validate_args: hidden_size // num_attention_heads when not given
+    if channels is not None and channels != hidden // heads:
+        if not llama or read.get("--multi-latent-attention"):
+            read.problem("E807", f"--kv-channels {channels} is not --hidden-size / --num-attention-heads "
+                         f"({hidden // heads}): only plandsl's llama(...) with grouped-query attention has a head_dim of "
+                         "its own", "--kv-channels", hint=f"--kv-channels {hidden // heads}, or leave it out")
+            return None
+        args.append(f"head_dim={channels}")
     latent = _latent_attention(read)
     if latent is None:
         return None

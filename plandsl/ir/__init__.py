@@ -210,6 +210,8 @@ class TransformerModel(Node):
                                   "parts without positions")
     v_head_dim: int = Field(default=0, ge=0, description="with MLA: per head, the width of a value (and of the "
                             "attention output wo reads)")
+    head_dim: int = Field(default=0, ge=0, description="grouped-query attention: per head, the width of a query, "
+                          "key and value (Qwen3, GPT-OSS: not hidden / heads); 0: hidden / heads")
     dense_layers: int = Field(default=0, ge=0, description="with experts: the first dense_layers blocks are dense "
                               "(a SwiGLU MLP of dense_ffn), the others mixture-of-experts layers (DeepSeek-V3's "
                               "first_k_dense_replace)")
@@ -218,6 +220,11 @@ class TransformerModel(Node):
     parallel_blocks: bool = Field(default=False, description="GPT-NeoX's parallel residual: each block adds "
                                   "attn(norm1 x) and mlp(norm2 x) to the same input x (Black et al. 2022), "
                                   "instead of feeding the MLP x + attn(norm1 x)")
+
+    @property
+    def head_width(self) -> int:
+        """Grouped-query attention's width per head: `head_dim`, or hidden / heads when it is not given."""
+        return self.head_dim or self.hidden // self.heads
 
     @property
     def latent_attention(self) -> bool:

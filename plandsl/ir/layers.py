@@ -317,10 +317,11 @@ class AttentionWidths:
 
 
 def attention_widths(model: ir.TransformerModel) -> AttentionWidths:
-    """Grouped-query attention: q = o = hidden, k = v = kv_heads x hidden/heads. MLA: q and k heads x (nope +
+    """Grouped-query attention: q = o = heads x head_dim, k = v = kv_heads x head_dim (head_dim hidden/heads unless
+    written). MLA: q and k heads x (nope +
     rope), v and o heads x v_head_dim."""
     if not model.latent_attention:
-        head_dim = model.hidden // model.heads
+        head_dim = model.head_width
         kv = model.kv_heads * head_dim
         return AttentionWidths(model.heads * head_dim, kv, kv, model.heads * head_dim, head_dim, head_dim)
     qk = model.qk_nope_head_dim + model.qk_rope_head_dim
@@ -352,7 +353,7 @@ def kv_width(model: ir.TransformerModel) -> int:
     if model.latent_attention:
         widths = attention_widths(model)
         return (widths.k + widths.v) // 2
-    return model.kv_heads * (model.hidden // model.heads)
+    return model.kv_heads * model.head_width
 
 
 def transformer_block_flops(model: ir.TransformerModel) -> float:

@@ -27,7 +27,7 @@ FAMILIES: dict[str, dict[str, bool]] = {
     "gpt": {"layers": True, "hidden": True, "heads": True, "seq": True, "vocab": True,
             "ffn": False, "tied": False, "parallel": False},
     "llama": {"layers": True, "hidden": True, "heads": True, "seq": True, "vocab": True,
-              "kv_heads": False, "ffn": False, "experts": False, "top_k": False, "shared_experts": False,
+              "kv_heads": False, "head_dim": False, "ffn": False, "experts": False, "top_k": False, "shared_experts": False,
               "q_lora_rank": False, "kv_lora_rank": False, "qk_rope_head_dim": False, "qk_nope_head_dim": False,
               "v_head_dim": False, "dense_layers": False, "dense_ffn": False, "tied": False, "parallel": False},
     "mlp": {"layers": True, "hidden": True, "input": True, "output": True},
@@ -113,7 +113,8 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
     else:
         fields = dict(kv_heads=values.get("kv_heads", values["heads"]), ffn_hidden=values.get("ffn", llama_ffn(hidden)),
                       experts=values.get("experts", 0), top_k=values.get("top_k", 0),
-                      shared_experts=values.get("shared_experts", 0), tied_embeddings=values.get("tied", False), parallel_blocks=values.get("parallel", False))
+                      shared_experts=values.get("shared_experts", 0), head_dim=values.get("head_dim", 0),
+                      tied_embeddings=values.get("tied", False), parallel_blocks=values.get("parallel", False))
         fields.update(_latent_attention(values, hidden), **_dense_layers(values, hidden))
         if fields["experts"] and "top_k" not in values:
             fields["top_k"] = min(2, fields["experts"])  # a top_k outside 1..experts is the checker's (E223)

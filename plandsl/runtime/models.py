@@ -120,20 +120,20 @@ class Attention(nn.Module):
     """Causal self-attention; head counts are read from the (possibly tensor-parallel) local widths.
     `positions` are those of the tokens fed (None: 0, 1, ...; context parallelism sets the rank's)."""
 
-    def __init__(self, hidden: int, heads: int, kv_heads: int, bias: bool, rope: bool):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, bias: bool, rope: bool, head_dim: int = 0):
         super().__init__()
         # The shapes the checker requires (plandsl.check.model); a module built around them would fail at
         # its first forward, or (an odd rotary head dim of 1 or 3) silently compute something else.
-        if hidden % heads or heads % kv_heads or (rope and hidden // heads % 2):
+        self.head_dim = head_dim or hidden // heads  # `head_dim` apart from hidden / heads (Qwen3, GPT-OSS)
+        if (hidden % heads and not head_dim) or heads % kv_heads or (rope and self.head_dim % 2):
             raise ValueError(f"attention with hidden {hidden}, heads {heads}, kv_heads {kv_heads}"
                              f"{' and rotary positions' if rope else ''} cannot run (E220-E222)")
-        self.head_dim = hidden // heads
         self.rope = rope
         kv = kv_heads * self.head_dim
-        self.wq = nn.Linear(hidden, hidden, bias=bias)
+        self.wq = nn.Linear(hidden, heads * self.head_dim, bias=bias)
         self.wk = KeyProjection(hidden, kv, bias=bias)
         self.wv = nn.Linear(hidden, kv, bias=bias)
-        self.wo = nn.Linear(hidden, hidden, bias=bias)
+        self.wo = nn.Linear(heads * self.head_dim, hidden, bias=bias)
         self.core = AttentionCore()
         self.positions: torch.Tensor | None = None
 
@@ -299,7 +299,7 @@ class Block(nn.Module):
         norm = (lambda: nn.LayerNorm(model.hidden)) if gpt else (lambda: RMSNorm(model.hidden))
         self.norm1 = norm()
         self.attn = LatentAttention(model) if model.latent_attention else \
-            Attention(model.hidden, model.heads, model.kv_heads, bias=gpt, rope=not gpt)
+            Attention(model.hidden, model.heads, model.kv_heads, bias=gpt, rope=not gpt, head_dim=model.head_dim)
         self.norm2 = norm()
         if model.experts:
             self.moe = MoE(model.hidden, model.ffn_hidden, model.experts, model.top_k, gated=not gpt,

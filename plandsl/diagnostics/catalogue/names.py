@@ -411,7 +411,9 @@ _entry("E226", """
     Multi-head latent attention (MLA, DeepSeek-V2 and V3: DeepSeek-AI 2024, arXiv:2405.04434 and
     arXiv:2412.19437) is on when `kv_lora_rank` gives the width of the key/value latent; its other
     arguments (`q_lora_rank`, `qk_rope_head_dim`, `qk_nope_head_dim`, `v_head_dim`) shape it and mean
-    nothing without it. Add `kv_lora_rank`, or drop them for grouped-query attention.
+    nothing without it. Add `kv_lora_rank`, or drop them for grouped-query attention. The other
+    way round, `head_dim` is grouped-query attention's width per head: under MLA a head is
+    `qk_nope_head_dim + qk_rope_head_dim` wide (`v_head_dim` for values), so `head_dim` is refused there.
     """, """
     import "clusters/dgx_a100"
     plan p {
