@@ -260,7 +260,8 @@ def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
     model = next(m for m in document.models if m.name == "run_model")
     cluster = next(c for c in document.clusters if c.name == "run_cluster")
     return Problem(model, cluster, run.global_batch, run.seq,
-                   **{key: ir.Precision(value) for key, value in run.dtypes.items()})
+                   **{key: ir.Kernels(value) if key == "kernels" else ir.Precision(value)
+                      for key, value in run.dtypes.items()})
 
 
 def predict(run: Run, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC):

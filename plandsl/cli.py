@@ -677,6 +677,9 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
 @click.option("--global-batch", type=click.IntRange(min=1, max=limits.MAX_GLOBAL_BATCH), help="Sequences per step.")
 @click.option("--seq-len", type=click.IntRange(min=1, max=limits.MAX_SEQ), help="Sequence length (default: the model's).")
 @click.option("--precision", type=click.Choice(api.precisions()), help="[default: bf16]")
+@click.option("--kernels", type=click.Choice(["fused", "eager"]),
+              help="The implementation's element-wise kernels: fused (Transformer Engine, torch.compile) or eager "
+                   "(PyTorch eager mode). [default: fused]")
 @click.option("--from", "from_file", type=click.Path(dir_okay=False),
               help="A partial plan: its model, cluster and train are the problem, what else it writes is pinned.")
 @click.option("--plan", "plan_name", help="The plan of the --from file.")
@@ -695,7 +698,7 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
 @param_option
 @include_option
 @model_import_option
-def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_name, top, pins, time_limit, as_json,
+def generate(model, cluster, global_batch, seq_len, precision, kernels, from_file, plan_name, top, pins, time_limit, as_json,
              output_format, output, params):
     """Search the fastest plans for MODEL on CLUSTER under the cost model and write the best.
 
@@ -704,7 +707,7 @@ def generate(model, cluster, global_batch, seq_len, precision, from_file, plan_n
     the file completed. The result passes `plandsl check` and `plandsl fmt --check`."""
     as_json = as_json or output_format == "json"
     request = api.generate_request(model=model, cluster=cluster, global_batch=global_batch, seq_len=seq_len,
-                                   precision=precision, from_file=from_file, plan_name=plan_name,
+                                   precision=precision, kernels=kernels, from_file=from_file, plan_name=plan_name,
                                    params=_params(params), pins=pins, top=top, output=output,
                                    time_limit=time_limit or None)
     usage_problem, search_error = api.generate_errors()

@@ -136,6 +136,7 @@ class Work:
     precision: ir.Precision = ir.Precision.bf16
     recompute: ir.Recompute = ir.Recompute.none
     gather_kv: bool = False  # context parallelism all-gathers K and V (`allgather`), else rotates them (`ring`)
+    kernels: ir.Kernels = ir.Kernels.fused
 
     @property
     def tokens(self) -> int:
@@ -223,6 +224,39 @@ def _tensor_parallel_flops(layer: Layer, tp: int) -> float:
     return layer.flops_per_token - min(split, layer.flops_per_token) * (1 - 1 / tp)
 
 
+@dataclass(frozen=True, slots=True)
+class EagerBytes:
+    """Bytes per element that PyTorch eager mode moves through memory outside the GEMMs of a Llama block and
+    its loss, forward and backward (input gradients), at one activation width (`EAGER`).
+
+    Measured, not fitted: the inputs and outputs of every ATen kernel that is no GEMM and no attention core
+    (views excluded), counted under a `TorchDispatchMode` while Hugging Face transformers' `LlamaRMSNorm`,
+    `apply_rotary_pos_emb`, `LlamaDecoderLayer` and a cross entropy over `logits.float()` run forward and
+    backward, solved per element of each width (tests/unit/test_eager_bytes.py repeats the count against
+    this table). `norm`: one RMSNorm per element of its width (upcast to fp32, square, mean, scale, downcast,
+    weight: five passes forward, nine backward); `block`: the rest of a block per element of the hidden size
+    (the two residual adds and their gradients' sums, layout copies); `rotary` per element of q and of k
+    (multiply by cos, negate half, concatenate, multiply by sin, add); `gate` per element of the MLP's hidden
+    width (silu, then the product with the up projection); `loss` per logit (the fp32 copy, log-softmax, the
+    NLL). The fused kernels of the default move, 16-bit, forward: 4 bytes per norm element, 12 of residual
+    adds, 4 of rotary, 6 of gate per element, twice that backward."""
+
+    norm_forward: float
+    norm_backward: float
+    block_forward: float
+    block_backward: float
+    rotary_forward: float
+    rotary_backward: float
+    gate_forward: float
+    gate_backward: float
+    loss_forward: float
+    loss_backward: float
+
+
+EAGER = {2: EagerBytes(36.0, 98.0, 13.0, 31.0, 20.0, 32.0, 10.0, 18.0, 18.0, 26.0),  # bf16, fp16, fp8's activations
+         4: EagerBytes(28.0, 96.0, 26.0, 69.0, 40.0, 64.0, 20.0, 36.0, 12.0, 20.0)}  # fp32
+
+
 def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, device: ir.DeviceType,
                        efficiency: Efficiency) -> LayerCompute:
     precision, tokens, tp = work.precision, work.tokens, work.tp
@@ -237,6 +271,10 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         return LayerCompute(0.0, other, 0.0, 2 * other, 0.0)
     if layer.kind == "norm":
         other = 2 * 2 * tokens * h * element / split / bandwidth  # read and write, mean/var pass fused
+        if work.kernels is ir.Kernels.eager and model.kind != "gpt":  # RMSNorm op by op (EagerBytes)
+            eager = EAGER[element]
+            return LayerCompute(0.0, tokens * h / split * eager.norm_forward / bandwidth, 0.0,
+                                tokens * h / split * eager.norm_backward / bandwidth, 0.0)
         return LayerCompute(0.0, other, 0.0, 2 * other, 0.0)
     if layer.kind == "head":
         vocab = -(-model.vocab // tp)
@@ -245,6 +283,10 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         # logits, read them, write fp32 probabilities; backward reads them and writes the gradient.
         forward_other = tokens * vocab * (element + element + 4) / bandwidth
         backward_other = tokens * vocab * (4 + element) / bandwidth
+        if work.kernels is ir.Kernels.eager:  # the GEMM's write of the logits, then the loss op by op (EagerBytes)
+            eager = EAGER[element]
+            forward_other = tokens * vocab * (element + eager.loss_forward) / bandwidth
+            backward_other = tokens * vocab * eager.loss_backward / bandwidth
         flops = 2.0 * tokens * vocab * h
         return LayerCompute(matmul, forward_other, 2 * matmul, backward_other, 0.0, flops=flops)
     # A block: fused QKV (or MLA's down- and up-projections), attention core, output projection, MLP (or
@@ -277,17 +319,20 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         matmul += gemm(routed, h, ffn / tp, device, precision, count=local)
         flops += 2.0 * tokens * model.top_k * projections * h * ffn / tp
         mlp_elements = model.top_k * ((2 if gpt else 3) * ffn / tp + 4 * h) + 2 * experts
+        gate_width, routing = model.top_k * ffn / tp, model.top_k * 4 * h + 2 * experts  # permute, unpermute; router
         if model.shared_experts:  # every token through one MLP of shared_experts x ffn (DeepSeekMoE)
             width = model.shared_experts * ffn
             matmul += gemm(tokens, (projections - 1) * width / tp, h, device, precision)
             matmul += gemm(tokens, h, width / tp, device, precision)
             flops += 2.0 * tokens * projections * h * width / tp
             mlp_elements += 3 * width / tp
+            gate_width += width / tp
     else:
         matmul += gemm(tokens, (projections - 1) * ffn / tp, h, device, precision)
         matmul += gemm(tokens, h, ffn / tp, device, precision)
         flops += 2.0 * tokens * projections * h * ffn / tp
         mlp_elements = (2 if gpt else 3) * ffn / tp                        # GeLU r/w; SwiGLU r 2, w 1
+        gate_width, routing = ffn / tp, 0.0
     # Outside the GEMMs, per token: two norms (read, write: 4h), two residual adds (read 2, write
     # 1: 6h), gpt's two dropout masks (1 byte each: h in 16-bit units); inside tensor parallelism
     # the activation function and llama's rotary embedding on q and k (read, write: 2(q + kv), q = h unless
@@ -298,6 +343,21 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         replicated += 2 * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim) / split
         sharded = mlp_elements + 2 * model.heads * model.qk_rope_head_dim / tp
     other = tokens * (replicated + sharded) * element / bandwidth
+    backward_other = 2 * other
+    if work.kernels is ir.Kernels.eager and not gpt:
+        # PyTorch eager's kernels (EagerBytes; gpt's LayerNorm, GeLU and dropout are one kernel each in eager
+        # mode too, as the fused model prices them). The norms' work runs on the sequence shard under sequence
+        # parallelism, rotary on this rank's heads, the gate on its share of the MLP (top_k experts' and the
+        # shared experts' widths), MLA's two latent norms too; routing (the router's scores, the permutation) as
+        # the fused model has it.
+        eager = EAGER[element]
+        rotary = (model.heads * model.qk_rope_head_dim * 2 / tp) if model.latent_attention else (h + kv) / tp
+        norms = (2 * h + ((model.q_lora_rank + model.kv_lora_rank) if model.latent_attention else 0)) / split
+        forward_bytes = (norms * eager.norm_forward + h / split * eager.block_forward
+                         + rotary * eager.rotary_forward + gate_width * eager.gate_forward + routing * element)
+        backward_bytes = (norms * eager.norm_backward + h / split * eager.block_backward
+                          + rotary * eager.rotary_backward + gate_width * eager.gate_backward + 2 * routing * element)
+        other, backward_other = tokens * forward_bytes / bandwidth, tokens * backward_bytes / bandwidth
     flops += attention_flops
     recompute, recompute_flops = 0.0, 0.0
     if work.recompute is ir.Recompute.full:
@@ -316,7 +376,7 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
             recompute += gemm(tokens, width, h, device, precision)
             recompute_flops += 2.0 * tokens * h * width
     # The attention core's backward is twice its forward, like the GEMMs' (Dao et al. 2022).
-    return LayerCompute(matmul + attention, other, 2 * (matmul + attention), 2 * other, recompute,
+    return LayerCompute(matmul + attention, other, 2 * (matmul + attention), backward_other, recompute,
                         attention=attention, flops=flops, recompute_flops=recompute_flops)
 
 

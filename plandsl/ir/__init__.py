@@ -74,6 +74,17 @@ class Recompute(str, Enum):
     full = "full"
 
 
+class Kernels(str, Enum):
+    """How the implementation runs what is no GEMM (norms, rotary embeddings, the activation, the loss):
+    `fused` as Transformer Engine, Megatron-Core's fused kernels or `torch.compile` do, each fused op reading
+    its inputs and writing its output once; `eager` as PyTorch eager mode runs a Llama block (Hugging Face
+    transformers, torchtitan without `compile`), one kernel per op: RMSNorm upcast to fp32 in five passes,
+    rotary embeddings as multiply, negate, concatenate and add, silu and the gate's product apart, the loss
+    over an fp32 copy of the logits. `cost.compute` prices the bytes each moves (docs/cost-model.md)."""
+    fused = "fused"
+    eager = "eager"
+
+
 class Optimizer(str, Enum):
     adam = "adam"
     sgd = "sgd"
@@ -341,6 +352,8 @@ class Training(Node):
         default=None, ge=0, description="with `recompute: full`, recompute only the first N blocks of each "
         "stage (virtual chunk) and keep the others' activations (Megatron's --recompute-method block "
         "--recompute-num-layers N); None: every block")
+    kernels: Kernels = Field(default=Kernels.fused, description="the implementation's element-wise kernels: "
+                             "fused (Transformer Engine, torch.compile) or eager (PyTorch eager mode)")
     optimizer: Optimizer = Optimizer.adam
     master_dtype: Precision = Field(
         default=Precision.fp32, description="the dtype the weights are kept and updated in (the optimizer's "
@@ -367,12 +380,15 @@ class Training(Node):
         "replica's device peaks, `ir.shares`); None: global_batch / dp each")
 
     @model_serializer(mode="wrap")
-    def _without_unset_shares(self, handler):
-        """A plan that sets no `batch_shares` dumps (and hashes: checkpoints name plans by it) as before the
-        key existed."""
+    def _without_new_defaults(self, handler):
+        """A plan that sets no `batch_shares` and keeps the default `kernels` dumps (and hashes: checkpoints name
+        plans by it) as before those keys existed."""
         data = handler(self)
-        if self.batch_shares is None and isinstance(data, dict):
-            data.pop("batch_shares", None)
+        if isinstance(data, dict):
+            if self.batch_shares is None:
+                data.pop("batch_shares", None)
+            if self.kernels is Kernels.fused:
+                data.pop("kernels", None)
         return data
 
     @property

@@ -36,6 +36,7 @@ def describe_plan(plan: ir.Plan) -> str:
     lines.append(f"  train     global batch {train.global_batch} = {split}; seq {plan.seq}; {train.precision.value}; "
                  f"recompute {train.recompute.value}"
                  f"{'' if train.recompute_layers is None else f' (first {train.recompute_layers} blocks per stage)'}; "
+                 f"{'eager kernels; ' if train.kernels is ir.Kernels.eager else ''}"
                  f"{train.optimizer.value}{_dtypes(train)}")
     assignment, _ = assign_stages(plan)
     if plan.stages and assignment:

@@ -32,6 +32,8 @@ class Request:
     global_batch: int | None = None
     seq_len: int | None = None
     precision: str | None = None
+    kernels: str | None = None
+    """`fused` (the default) or `eager`: the element-wise kernels the implementation runs (`ir.Kernels`)."""
     from_file: str | None = None
     plan_name: str | None = None
     params: Mapping[str, object] = field(default_factory=dict)
@@ -59,7 +61,8 @@ class Generated:
 def usage_problem(request: Request) -> str | None:
     given = [f"--{name}" for name, value in (("model", request.model), ("cluster", request.cluster),
                                              ("global-batch", request.global_batch), ("seq-len", request.seq_len),
-                                             ("precision", request.precision)) if value is not None]
+                                             ("precision", request.precision), ("kernels", request.kernels))
+             if value is not None]
     if request.from_file and given:
         return f"{', '.join(given)}: the --from plan gives these (edit the plan instead)"
     if not request.from_file and (request.model is None or request.cluster is None or request.global_batch is None):
@@ -80,7 +83,8 @@ def generate(request: Request, progress: Callable[[int, int], None] | None = Non
                          shared=completed.shared)
     problem_, source = resolve_problem(request.model, request.cluster, request.global_batch, request.seq_len,
                                        request.precision or "bf16",
-                                       str(request.output or os.path.join(os.getcwd(), "generated.plan")))
+                                       str(request.output or os.path.join(os.getcwd(), "generated.plan")),
+                                       kernels=request.kernels or "fused")
     result, texts = checked_texts(search(problem_, request.pins, request.top, progress=progress,
                                            time_limit=request.time_limit), problem_, source,
                                   request.output)

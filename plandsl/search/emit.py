@@ -70,7 +70,8 @@ def stdlib_names() -> dict[str, str]:
 
 
 def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | None = None,
-                    precision: str = "bf16", plan_file: str | None = None) -> tuple[Problem, Source]:
+                    precision: str = "bf16", plan_file: str | None = None,
+                    kernels: str = "fused") -> tuple[Problem, Source]:
     """The model and the cluster, resolved by the language (so they mean what they mean in a plan).
     `plan_file`: where the plan will be written; a model from torch (`hf(...)`, `pkg.mod:fn(...)`) is read
     from the layer table `plandsl inspect` wrote beside it (`.plandsl/`), as the plan will read it."""
@@ -112,7 +113,11 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
     found_model = found_model.model_copy(update={"name": model_text if _NAME.fullmatch(model_text) else "model"})
     found_cluster = found_cluster.model_copy(update={"name": cluster_text})
     _runnable(found_model, model, seq_len)
-    problem = Problem(found_model, found_cluster, global_batch, seq_len, found_precision)
+    try:
+        found_kernels = ir.Kernels(kernels)
+    except ValueError:
+        raise SearchError(f"--kernels {kernels}: one of {', '.join(k.value for k in ir.Kernels)}") from None
+    problem = Problem(found_model, found_cluster, global_batch, seq_len, found_precision, kernels=found_kernels)
     return problem, Source(tuple(imports), model_text, cluster_text)
 
 
@@ -192,7 +197,7 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
         train.append(f"seq: {problem.seq}")
     train += [f"precision: {problem.precision.value}", f"recompute: {c.recompute}",
               *([f"recompute_layers: {c.recompute_layers}"] if c.recompute_layers is not None else []),
-              *problem.dtype_items(), *train_extra]
+              *problem.given_items(), *train_extra]
     lines = [f'import "{i}"' for i in source.imports]
     lines += ["", *header(scored.estimate), "", f"plan {name} {{", f"  model    = {source.model}",
               f"  cluster  = {source.cluster}", f"  mesh     = [{mesh}]",

@@ -34,6 +34,7 @@ class Problem:
     grad_dtype: ir.Precision = ir.Precision.fp32      # given, as `precision` is, not searched
     optimizer_dtype: ir.Precision = ir.Precision.fp32
     param_dtype: ir.Precision | None = None           # the weights kept narrower than the master copy; None: master
+    kernels: ir.Kernels = ir.Kernels.fused            # the implementation's element-wise kernels: given, not searched
 
     @property
     def sequence(self) -> int:
@@ -48,11 +49,14 @@ class Problem:
         """The problem's `train` (its batch, precision, optimizer and kept dtypes), with `fields` added."""
         return ir.Training(global_batch=self.global_batch, seq=self.seq, precision=self.precision,
                            optimizer=self.optimizer, master_dtype=self.master_dtype, grad_dtype=self.grad_dtype,
-                           optimizer_dtype=self.optimizer_dtype, param_dtype=self.param_dtype, **fields)
+                           optimizer_dtype=self.optimizer_dtype, param_dtype=self.param_dtype, kernels=self.kernels,
+                           **fields)
 
-    def dtype_items(self) -> list[str]:
-        """The train items of the dtypes that are not the default (fp32), as a plan writes them."""
-        return [f"{key}: {value.value}" for key, value in self.training().given_dtypes().items()]
+    def given_items(self) -> list[str]:
+        """The train items the problem fixes to other than their defaults (the kept dtypes, `kernels`), as a plan
+        writes them."""
+        items = [f"{key}: {value.value}" for key, value in self.training().given_dtypes().items()]
+        return items + ([f"kernels: {self.kernels.value}"] if self.kernels is not ir.Kernels.fused else [])
 
 
 @dataclass(frozen=True, slots=True)
