@@ -1,8 +1,9 @@
 """Estimated memory per device against the device's capacity (E503).
 
 Uses the one memory model (`plandsl.cost.memory`) with the plan's real stage placement;
-the capacity of a pipeline rank is that of the smallest device holding it. With `batch_shares`, the
-replica with the most microbatches (the most activations in flight) stands for every replica.
+the capacity of a pipeline rank is that of the smallest device holding it. With `batch_shares` each data
+rank's replica is counted on its own (its own microbatches in flight; under ZeRO-2/3 every unit held
+gathered through the step) against its own devices, and the error names the data rank and its device.
 """
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from plandsl.lower.units import format_bytes
 
 
 def check_memory(plan: ir.Plan) -> Iterator[Diagnostic]:
-    shares = data_shares(plan) if batch.uneven(plan) else None
-    estimates = estimate_plan_memory(batch.replica_plan(plan, max(shares)) if shares else plan)
+    if batch.uneven(plan):
+        yield from _check_replicas(plan)
+        return
+    estimates = estimate_plan_memory(plan)
     if estimates is None:
         return
     for rank, (estimate, devices) in enumerate(zip(estimates, pipeline_rank_device_types(plan))):
@@ -28,13 +31,55 @@ def check_memory(plan: ir.Plan) -> Iterator[Diagnostic]:
         device = min(devices, key=lambda d: d.usable_memory)
         if estimate.total > device.usable_memory:
             where = f"pipeline rank {rank}" if plan.stages else "each device"
-            parts = (f"parameters {format_bytes(estimate.params)}, gradients {format_bytes(estimate.grads)}, "
-                     f"optimizer {format_bytes(estimate.optimizer)}, activations {format_bytes(estimate.activations)}")
-            yield diag("E503", f"{where} needs about {format_bytes(estimate.total)} ({parts}), but "
+            yield diag("E503", f"{where} needs about {format_bytes(estimate.total)} ({_parts(estimate)}), but "
                        f"'{device.name}' has {_room(device)}", plan.mesh.span or plan.span,
                        hint=_memory_hint(plan, estimate),
                        notes=[Note(f"plan '{plan.name}'", plan.span)])
             return  # one report per plan: the other ranks share the cause
+
+
+def _check_replicas(plan: ir.Plan) -> Iterator[Diagnostic]:
+    """`batch_shares`: each data rank's replica (its share's microbatches) on its own devices; one report."""
+    shares = data_shares(plan)
+    if shares is None:
+        return  # E509 (the training check)
+    held = plan.data is not None and plan.data.sharded
+    mb = plan.train.micro_batch
+    found: dict[int, list[MemoryEstimate] | None] = {}
+    for replica, (share, ranks) in enumerate(zip(shares, batch.replica_device_types(plan))):
+        if share not in found:
+            found[share] = estimate_plan_memory(batch.replica_plan(plan, share), held=held)
+        estimates = found[share]
+        if estimates is None:
+            return
+        for rank, (estimate, devices) in enumerate(zip(estimates, ranks)):
+            if not devices:
+                continue
+            device = min(devices, key=lambda d: d.usable_memory)
+            if estimate.total > device.usable_memory:
+                where = (f"data rank {replica} ({share} sequences: {share // mb} microbatch(es) of {mb}"
+                         + (f"), pipeline rank {rank}," if plan.stages else ")"))
+                yield diag("E503", f"{where} needs about {format_bytes(estimate.total)} ({_parts(estimate)}), but "
+                           f"its device '{device.name}' has {_room(device)}", plan.mesh.span or plan.span,
+                           hint=_shares_hint(estimate, device.usable_memory) or _memory_hint(plan, estimate),
+                           notes=[Note(f"plan '{plan.name}'", plan.span)]
+                           + ([Note("the shares: batch_shares", plan.train.field_spans["batch_shares"])]
+                              if plan.train.field_spans.get("batch_shares") else []))
+                return
+
+
+def _parts(estimate: MemoryEstimate) -> str:
+    return (f"parameters {format_bytes(estimate.params)}, gradients {format_bytes(estimate.grads)}, "
+            f"optimizer {format_bytes(estimate.optimizer)}, activations {format_bytes(estimate.activations)}")
+
+
+def _shares_hint(estimate: MemoryEstimate, room: float) -> str | None:
+    """With shares under ZeRO-2/3, when the units held gathered through the step are what overflows `room`."""
+    gathered = estimate.gathered_params + estimate.gathered_grads
+    if not gathered or estimate.total - gathered > room:
+        return None
+    return (f"with batch_shares, ZeRO-2/3 keep every unit gathered through the step ({format_bytes(gathered)} "
+            "here): use `data = zero1 over dp`, or add tensor or pipeline parallelism")
 
 
 def _room(device: ir.DeviceType) -> str:

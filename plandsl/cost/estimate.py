@@ -16,8 +16,10 @@ simulator's peak when higher.
 
 With `batch_shares` each replica is priced by its own local batch on its own devices: its microbatch
 count and the slowest device of each of its pipeline ranks (`ir.shares`), one estimate per distinct
-(share, devices); then step time = the slowest replica's makespan + the largest data-parallel tail, the
-memory of each pipeline rank the most any replica needs there.
+(share, devices); then step time = the slowest replica's makespan + the largest data-parallel tail. Memory
+is each replica's own (its microbatches in flight; under ZeRO-2/3 every unit held gathered through the step,
+`cost.memory.gathered_bytes`) against its own devices' capacity (`replica_memory`, `replica_capacity`,
+`fits`); `memory` and `capacity` per pipeline rank are the most any replica needs and the smallest device.
 """
 from __future__ import annotations
 
@@ -80,6 +82,10 @@ class PlanEstimate:
     communication: Moved = NOTHING_MOVED     # bytes one device of the busiest pipeline rank moves per step
     shares: tuple[int, ...] = ()             # batch_shares: sequences per data rank (empty: global_batch / dp each)
     replica_steps: tuple[float, ...] = ()    # batch_shares: each data rank's makespan + tail, seconds
+    replica_memory: tuple[tuple[MemoryEstimate, ...], ...] = field(repr=False, default=())
+    """batch_shares: per data rank, per pipeline rank, that replica's own memory."""
+    replica_capacity: tuple[tuple[float, ...], ...] = field(repr=False, default=())
+    """batch_shares: per data rank, per pipeline rank, the smallest of that replica's own devices there."""
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -87,7 +93,19 @@ class PlanEstimate:
 
     @property
     def fits(self) -> bool:
+        """Every pipeline rank within its devices' capacity; with batch_shares, every replica within its own."""
+        if self.replica_memory:
+            return all(m.total <= c for memory, capacity in zip(self.replica_memory, self.replica_capacity)
+                       for m, c in zip(memory, capacity))
         return all(m.total <= c for m, c in zip(self.memory, self.capacity))
+
+    def overflow(self) -> tuple[int, int] | None:
+        """batch_shares: (data rank, pipeline rank) of the first replica's rank above its own capacity."""
+        for replica, (memory, capacity) in enumerate(zip(self.replica_memory, self.replica_capacity)):
+            for rank, (m, c) in enumerate(zip(memory, capacity)):
+                if m.total > c:
+                    return replica, rank
+        return None
 
     def to_json(self) -> dict:
         return {"plan": self.plan, "devices": self.devices, "num_microbatches": self.microbatches,
@@ -99,7 +117,10 @@ class PlanEstimate:
                 "communication_bytes": {**asdict(self.communication), "total": self.communication.total},
                 "memory": [{"pipeline_rank": r, **m.to_json(), "capacity": c}
                            for r, (m, c) in enumerate(zip(self.memory, self.capacity))],
-                **({"batch_shares": list(self.shares), "replica_step_time_s": list(self.replica_steps)}
+                **({"batch_shares": list(self.shares), "replica_step_time_s": list(self.replica_steps),
+                    "replica_peak_memory_bytes": [max(m.total for m in ms) for ms in self.replica_memory],
+                    "replica_fits": [all(m.total <= c for m, c in zip(ms, cs))
+                                     for ms, cs in zip(self.replica_memory, self.replica_capacity)]}
                    if self.shares else {})}
 
 
@@ -110,10 +131,11 @@ def plan_work(plan: ir.Plan) -> Work:
 
 
 def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=None,
-                  rank_devices: list[ir.DeviceType] | None = None) -> PlanEstimate:
+                  rank_devices: list[ir.DeviceType] | None = None, held: bool = False) -> PlanEstimate:
     """The plan's step time, throughput and memory; PlanError when its placement or schedule is invalid.
     `efficiency` overrides every device's GEMM knobs (None: each device's own); `rank_devices` the device
-    each pipeline rank is timed on (None: its slowest over the mesh)."""
+    each pipeline rank is timed on (None: its slowest over the mesh); `held`: ZeRO-2/3 units kept gathered
+    through the step (a replica of a plan with `batch_shares`: `cost.memory.gathered_bytes`)."""
     if assignment is None:
         assignment, problems = assign_stages(plan)
         if assignment is None:
@@ -129,7 +151,7 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
     ranks = assignment.rank_stages()
     m = plan.num_microbatches
     p2p = pipeline_p2p(plan, links, work)
-    memory = estimate_plan_memory(plan, assignment) or []
+    memory = estimate_plan_memory(plan, assignment, held=held) or []
     kept: dict = {}  # per `figures_key`: a family's blocks keep the same bytes
     activations = tuple(sum(once_per_figures(kept.setdefault(mode, {}), layer, lambda layer, mode=mode:
                                              estimate_layer_activations(plan, layer, recompute=mode))
@@ -272,10 +294,11 @@ def _estimate_replicas(plan: ir.Plan, efficiency: Efficiency | None, assignment)
     dp = len(shares)
     found: dict[tuple, PlanEstimate] = {}
     keys = []
+    held = plan.data is not None and plan.data.sharded  # FSDP keeps every unit gathered through the step
     for share, devices in zip(shares, replica_devices(plan)):
         key = (share, tuple(d.name for d in devices))
         if key not in found:
-            found[key] = estimate_plan(batch.replica_plan(plan, share), efficiency, assignment, list(devices))
+            found[key] = estimate_plan(batch.replica_plan(plan, share), efficiency, assignment, list(devices), held)
         keys.append(key)
     replicas = [found[key] for key in keys]
     makespans = [e.time.pipeline for e in replicas]
@@ -301,7 +324,14 @@ def _estimate_replicas(plan: ir.Plan, efficiency: Efficiency | None, assignment)
                         model_flops / (step * devices * peak) if step else 0.0,
                         executed, model_flops, replicas[slow].stage_times,
                         max((e.communication for e in replicas), key=lambda v: v.total), shares,
-                        tuple(m + t for m, t in zip(makespans, tails)))
+                        tuple(m + t for m, t in zip(makespans, tails)), tuple(e.memory for e in replicas),
+                        tuple(replica_capacity(plan)))
+
+
+def replica_capacity(plan: ir.Plan) -> list[tuple[float, ...]]:
+    """Per data rank, per pipeline rank: the memory its smallest device there leaves the plan (less its reserve)."""
+    return [tuple(min(d.usable_memory for d in types) for types in ranks)
+            for ranks in batch.replica_device_types(plan)]
 
 
 def _volume_parts(moved: Moved) -> str:
@@ -452,10 +482,19 @@ def _share_lines(estimate: PlanEstimate) -> list[str]:
     if not estimate.shares:
         return []
     slowest_rank = max(range(len(estimate.replica_steps)), key=lambda r: estimate.replica_steps[r])
-    return [f"  batch shares   {share_runs(estimate.shares)} sequences per data rank; data rank {slowest_rank} is the slowest "
-            f"({estimate.replica_steps[slowest_rank]:.4g} s with its tail; the fastest "
-            f"{min(estimate.replica_steps):.4g} s)"]
+    lines = [f"  batch shares   {share_runs(estimate.shares)} sequences per data rank; data rank {slowest_rank} is the slowest "
+             f"({estimate.replica_steps[slowest_rank]:.4g} s with its tail; the fastest "
+             f"{min(estimate.replica_steps):.4g} s)"]
+    if estimate.replica_memory:  # the data rank nearest its own devices' capacity (or over it)
+        fullest = max(((m.total / c if c else math.inf, replica, rank, m.total, c)
+                       for replica, (ms, cs) in enumerate(zip(estimate.replica_memory, estimate.replica_capacity))
+                       for rank, (m, c) in enumerate(zip(ms, cs))), key=lambda f: f[:1])
+        _, replica, rank, total, capacity = fullest
+        where = f", pipeline rank {rank}" if len(estimate.memory) > 1 else ""
+        lines.append(f"  replica memory data rank {replica}{where} is the fullest: {format_bytes(total)} of its "
+                     f"devices' {format_bytes(capacity)}" + ("" if total <= capacity else " (does not fit)"))
+    return lines
 
 
-__all__ = ["TimeBreakdown", "PlanEstimate", "estimate_plan", "data_shares", "format_shares", "share_runs", "replica_devices", "plan_work", "pipeline_p2p", "pipeline_p2p_seconds",
+__all__ = ["TimeBreakdown", "PlanEstimate", "estimate_plan", "data_shares", "format_shares", "share_runs", "replica_devices", "replica_capacity", "plan_work", "pipeline_p2p", "pipeline_p2p_seconds",
            "estimate_stage_times", "format_estimate"]

@@ -110,7 +110,7 @@ class MemoryEstimate:
 
 def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
                     rank_stages: Sequence[Sequence[int]], inflight: Sequence[float], *,
-                    attention_matrix: bool = False) -> list[MemoryEstimate]:
+                    attention_matrix: bool = False, held: bool = False) -> list[MemoryEstimate]:
     """One estimate per pipeline rank.
 
     `stage_layers[stage]` are the layers of a stage, `rank_stages[rank]` the stages a rank runs,
@@ -120,6 +120,8 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
     output and a per-row logsumexp, Dao et al. 2022), which Korthikanti's formula predates.
     `other` stays 0: allocator fragmentation, communication buffers and the CUDA context depend on
     the software stack and the device, and a fixed allowance would be a hardware constant in code.
+    `held`: ZeRO-2/3 units stay gathered through the step (a replica of a plan with `batch_shares`:
+    `gathered_bytes`).
     """
     if len(inflight) != len(rank_stages):
         raise ValueError(f"inflight has {len(inflight)} entries for {len(rank_stages)} pipeline ranks")
@@ -136,7 +138,7 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         # sync by an all-reduce of the gradients (Megatron-LM, Narayanan et al. 2021).
         extra = [tied] if tied and "head" in kinds and "embed" not in kinds else []
         params, grads, optimizer = model_state_bytes(plan, layers, extra, whole_tensors=whole_tensors)
-        gathered_params, gathered_grads = gathered_bytes(plan, layers, extra)
+        gathered_params, gathered_grads = gathered_bytes(plan, layers, extra, held=held)
         stored = sum(once_per_figures(kept.setdefault(mode, {}), layer, lambda layer, mode=mode: _layer_activations(
                          plan, layer, mode, attention_matrix))
                      for stage in stages for layer, mode in zip(stage_layers[stage], layer_recompute(plan, stage_layers[stage])))
@@ -337,7 +339,8 @@ def zero_one_elements(sizes: Sequence[int], ranks: int) -> int:
     return max(elements for elements, _ in load)
 
 
-def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = ()) -> tuple[float, float]:
+def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = (),
+                   held: bool = False) -> tuple[float, float]:
     """(params, grads) bytes a rank holds unsharded on top of its shards while it gathers and reduces.
 
     ZeRO-3 all-gathers a unit's parameters just before its forward and again before its backward,
@@ -349,6 +352,12 @@ def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param
     gradients the same way, so only the gradient term applies. Units as the interpreter wraps them
     (`runtime.data_parallel.apply_fsdp`): each block (or written layer) is one, the rank's other
     layers (embedding, final norm, head, a tied head's copy: `extra`) one more, the root.
+
+    `held`: the data ranks run their own microbatch counts (`batch_shares`), so the interpreter keeps every
+    unit gathered from the step's first forward to its last backward and reduces once, after the last
+    microbatch (`runtime.parallel.data_parallel.apply_dp(uneven=True)`, `gradient_sync`): ZeRO-3 holds every
+    unit's parameters whole at once, and with more than one microbatch the unsharded gradients of every unit
+    accumulate until then (with one, each unit reduces after its backward: two units' gradients, as above).
     """
     stage = zero_degrees(plan)[0]
     if stage < 2:
@@ -363,8 +372,10 @@ def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param
         else:
             root += count
     live = sum(sorted(units + [root], reverse=True)[:2])  # at the kept dtypes: no MixedPrecisionPolicy
+    whole = sum(units) + root if held else live
     states = StateBytes.of(plan.train)
-    return (float(live * states.params) if stage >= 3 else 0.0), float(live * states.grads)
+    grads = whole if held and plan.num_microbatches > 1 else live
+    return (float(whole * states.params) if stage >= 3 else 0.0), float(grads * states.grads)
 
 
 def tied_embedding(plan: ir.Plan, layers: Sequence[Layer]) -> Param | None:
@@ -601,8 +612,10 @@ __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estima
            "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES", "StateBytes", "FP32_STATES"]
 
 
-def estimate_plan_memory(plan: ir.Plan, assignment: Assignment | None = None) -> list[MemoryEstimate] | None:
-    """Per pipeline rank memory, or None when the placement is invalid."""
+def estimate_plan_memory(plan: ir.Plan, assignment: Assignment | None = None,
+                         held: bool = False) -> list[MemoryEstimate] | None:
+    """Per pipeline rank memory, or None when the placement is invalid; `held`: ZeRO-2/3 units kept gathered
+    through the step (one replica of a plan with `batch_shares`, `gathered_bytes`)."""
     if assignment is None:
         assignment, problems = assign_stages(plan)
         if assignment is None:
@@ -611,4 +624,4 @@ def estimate_plan_memory(plan: ir.Plan, assignment: Assignment | None = None) ->
     schedule = plan.schedule.name if plan.schedule and plan.stages else DEFAULT_SCHEDULE  # as lowering fills it in
     inflight = inflight_microbatches(schedule, len(ranks), plan.num_microbatches, assignment.virtual) \
         if plan.stages else [1]
-    return estimate_memory(plan, assignment.stage_layers, ranks, inflight)
+    return estimate_memory(plan, assignment.stage_layers, ranks, inflight, held=held)

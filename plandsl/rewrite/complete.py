@@ -99,8 +99,8 @@ def _with_shares(partial: Partial, scored: Scored, text: str, out_path) -> tuple
     """The completed plan with the shares `batch_shares: speed` resolves to, written out, when its data ranks
     sit on different device types and that is faster and fits (`rewrite.mixed`); else as it was."""
     plan = scored.plan
-    if (plan.data is not None and plan.data.sharded) or not batch.mixed_replicas(plan):
-        return scored, text, None  # FSDP with shares holds every unit gathered through the step (not yet counted)
+    if not batch.mixed_replicas(plan):
+        return scored, text, None
     trial = complete(partial, scored, out_path, shares=batch.SPEED)
     if isinstance(trial, PlanError):
         return scored, text, None

@@ -155,8 +155,8 @@ def _with_shares(scored: Scored, text: str, problem: Problem, source: Source,
     """The candidate with the shares `batch_shares: speed` resolves to, written out, when its replicas sit on
     different devices and that is faster and fits; else as it was (and None)."""
     plan = _checked(text, where, source)
-    if plan is None or (plan.data is not None and plan.data.sharded) or not batch.mixed_replicas(plan):
-        return scored, text, None  # FSDP with shares holds every unit gathered through the step (not yet counted)
+    if plan is None or not batch.mixed_replicas(plan):
+        return scored, text, None
     shared = _checked(plan_text(scored, problem, source, train_extra=(SHARES,)), where, source)
     if shared is None:
         return scored, text, None

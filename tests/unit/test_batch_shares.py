@@ -303,3 +303,91 @@ def test_generate_from_adds_the_shares_where_they_pay(tmp_path):
                                                                                       "clusters/local"))
     alone = api.generate(api.generate_request(from_file=str(path), pins=("pp=1",), top=1, time_limit=0))
     assert "batch_shares" not in alone.texts[0] and not alone.result.best.estimate.shares
+
+
+# ---- memory per replica ---------------------------------------------------------------------------------------
+TWO_MEMORIES = """\
+device big {{
+  memory     = 4 GiB
+  bandwidth  = 20 GB/s
+  peak       = {{ fp32: 100 GFLOP/s, bf16: 100 GFLOP/s, fp16: 100 GFLOP/s }}
+  efficiency = {{ matmul: 0.57, kernel_latency: 60 us }}
+  reserve    = 0 GiB
+}}
+device small {{
+  memory     = 1.25 GiB
+  bandwidth  = 10 GB/s
+  peak       = {{ fp32: 50 GFLOP/s, bf16: 50 GFLOP/s, fp16: 50 GFLOP/s }}
+  efficiency = {{ matmul: 0.57, kernel_latency: 120 us }}
+  reserve    = 0 GiB
+}}
+node bigs {{
+  devices = 2 x big
+  link    = {{ bandwidth: 5 GB/s, latency: 20 us }}
+  nic     = {{ bandwidth: 5 GB/s, latency: 20 us }}
+}}
+node smalls {{
+  devices = 2 x small
+  link    = {{ bandwidth: 5 GB/s, latency: 20 us }}
+  nic     = {{ bandwidth: 5 GB/s, latency: 20 us }}
+}}
+cluster two = [bigs x 1, smalls x 1]
+plan p {{
+  model    = gpt(layers=4, hidden=1024, heads=16, seq=1024, vocab=8192)
+  cluster  = two
+  mesh     = [dp = 2, pp = 2]
+  train    = {{ global_batch: 16, micro_batch: 1, precision: fp32, batch_shares: {shares} }}
+  data     = {kind} over dp
+  stages   = evenly over pp
+  schedule = gpipe
+}}
+"""
+
+
+def _errors(text: str) -> list:
+    return [d for d in api.checks(text).diagnostics if d.is_error]
+
+
+def test_each_replica_is_counted_on_its_own_devices():
+    """GPipe holds every microbatch's activations: data rank 0 (on the 4 GiB devices) with 12 microbatches needs
+    more than the 1.25 GiB devices hold, data rank 1 (on those) with 4 does not. Counted replica by replica the
+    plan fits (the most microbatches against the smallest device refused it); with the shares swapped the
+    error names the data rank, its share and its device."""
+    text = TWO_MEMORIES.format(kind="zero1", shares="[12, 4]")
+    assert _errors(text) == []
+    estimate = estimate_plan(_plan(text))
+    small = 1.25 * 2**30
+    assert estimate.replica_capacity == ((4 * 2**30,) * 2, (small,) * 2)
+    assert estimate.replica_memory[0][0].total > small >= max(m.total for m in estimate.replica_memory[1])
+    assert estimate.fits and estimate.overflow() is None
+    assert "replica memory data rank 1, pipeline rank 1 is the fullest: 1.1 GiB of its devices' 1.2 GiB" \
+        in format_estimate(estimate)  # the nearest its own capacity
+    swapped = _errors(TWO_MEMORIES.format(kind="zero1", shares="[4, 12]"))
+    assert [d.code for d in swapped] == ["E503"]
+    assert swapped[0].message.startswith("data rank 1 (12 sequences: 12 microbatch(es) of 1), pipeline rank 0, needs "
+                                         "about 2.0 GiB") and "its device 'small' has 1.2 GiB" in swapped[0].message
+    smaller = api.checks(TWO_MEMORIES.format(kind="zero1", shares="[12, 4]").replace("1.25 GiB", "0.75 GiB"))
+    assert [d.message[:30] for d in smaller.diagnostics if d.is_error] == ["data rank 1 (4 sequences: 4 mi"]
+    over = estimate_plan(smaller.document.plans[0])
+    assert not over.fits and over.overflow() == (1, 0)
+
+
+def test_fsdp_with_shares_holds_every_unit_gathered_through_the_step():
+    """ZeRO-3 with shares: the interpreter keeps every unit's parameters gathered from the first forward to the
+    last backward and accumulates unsharded gradients (runtime.parallel.data_parallel), so a replica holds its
+    stage's whole parameters and gradients on top of its shards, byte for byte what replication holds; that
+    overflows data rank 1's small devices, which ZeRO-1 with the same shares does not, and the hint says why."""
+    from plandsl.cost.memory import estimate_plan_memory
+    zero3 = _plan(TWO_MEMORIES.format(kind="zero3", shares="[12, 4]").replace("1.25 GiB", "4 GiB"))
+    whole = _plan(TWO_MEMORIES.format(kind="replicate", shares="[12, 4]").replace("1.25 GiB", "4 GiB"))
+    for share in (12, 4):
+        held = estimate_plan_memory(batch.replica_plan(zero3, share), held=True)
+        replicated = estimate_plan_memory(batch.replica_plan(whole, share))
+        assert [(m.gathered_params, m.gathered_grads) for m in held] == [(m.params, m.grads) for m in replicated]
+        two_units = estimate_plan_memory(batch.replica_plan(zero3, share))
+        assert all(h.total > t.total for h, t in zip(held, two_units))
+    assert estimate_plan(zero3).replica_memory[1] == tuple(estimate_plan_memory(batch.replica_plan(zero3, 4),
+                                                                                  held=True))
+    errors = _errors(TWO_MEMORIES.format(kind="zero3", shares="[12, 4]"))
+    assert [d.code for d in errors] == ["E503"] and errors[0].message.startswith("data rank 1 (4 sequences")
+    assert "ZeRO-2/3 keep every unit gathered through the step" in errors[0].hint
