@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from plandsl.runtime.profile.job import ProfileOptions
     from plandsl.runtime.profile.results import Profile
     from plandsl.schedules.program import Schedule
-    from plandsl.cost.simulation import Outline
+    from plandsl.cost.simulation import Outline, Replica
     from plandsl.interop.result import Exported, Imported
     from plandsl.diagnostics.source import Span
     from plandsl.schedules.simulate import Costs, Simulation
@@ -44,7 +44,8 @@ Progress = Callable[[int, int], None]
 __all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "guard", "parse", "parse_file", "check",
            "checks", "load", "loads", "load_plan", "load_runnable", "select_plan", "run_refusals", "format_text",
            "format_bytes", "format_file", "describe", "schema", "explain", "unknown_code", "schedule",
-           "schedule_as", "parse_costs", "simulate_schedule", "simulate_named", "simulate", "simulation_report", "chrome_trace",
+           "schedule_as", "parse_costs", "simulate_schedule", "simulate_named", "simulate", "simulate_replicas", "replicas_report", "replicas_trace",
+           "simulation_report", "chrome_trace",
            "estimate", "estimate_against", "format_against", "format_estimate", "inspect_model", "inspect_plan", "format_inspected", "write_inspected", "read_inspected",
            "generate", "generate_request", "generate_errors", "generate_json", "generate_report", "diff_plans", "format_diff", "diff_json", "render",
            "render_format", "color_by_problem", "render_errors", "shrink", "rank_options", "launch_options", "check_launch_options",
@@ -218,9 +219,35 @@ def simulate_named(name: str, ranks: int | None, microbatches: int | None, virtu
 
 def simulate(plan: ir.Plan, costs: Costs | None = None) -> tuple[Schedule | Outline, Simulation]:
     """A checked plan's pipeline schedule, simulated with its cost model's durations (or `costs`); a
-    built-in too large to lay out is simulated in bounded work, as `estimate` does it."""
+    built-in too large to lay out is simulated in bounded work, as `estimate` does it. With `batch_shares`:
+    the slowest replica's (`simulate_replicas` gives every one)."""
     from plandsl.cost.simulation import simulate_plan  # stage
+    if plan.train.batch_shares is not None:
+        slowest = simulate_replicas(plan, costs)[0]
+        return slowest.schedule, slowest.simulation
     return simulate_plan(plan, costs)
+
+
+def simulate_replicas(plan: ir.Plan, costs: Costs | None = None) -> list[Replica]:
+    """Each distinct replica of a plan with `batch_shares` (its own share's microbatches on its own devices)
+    simulated, slowest first; the plan's one simulation without shares."""
+    from plandsl.cost.simulation import simulate_replicas as run  # stage
+    return run(plan, costs)
+
+
+def replicas_report(replicas: list[Replica], unit: str = "", memory_in_bytes: bool = False) -> str:
+    from plandsl.cost.simulation import replicas_report as report  # stage
+    return report(replicas, unit, memory_in_bytes)
+
+
+def replicas_trace(replicas: list[Replica]) -> dict:
+    """Every replica's simulation as one Chrome/Perfetto trace (a process per replica); E609 as `chrome_trace`."""
+    from plandsl.cost.simulation import replicas_trace as trace, trace_problem  # stage
+    for replica in replicas:
+        problem = trace_problem(replica.simulation)
+        if problem is not None:
+            raise problem
+    return trace(replicas)
 
 
 def simulation_report(found: Schedule | Outline, simulation: Simulation, unit: str = "", memory_in_bytes: bool = False) -> str:

@@ -308,9 +308,21 @@ def simulate(file, plan_name, costs, as_json, trace, params):
     """Simulate the pipeline schedule of a plan: makespan, bubbles, memory per rank."""
     try:
         plan = api.load_plan(file, plan_name, _params(params))
-        schedule_, simulation = api.simulate(plan, api.parse_costs(costs) if costs else None)
+        if plan.train.batch_shares is not None:  # each replica its own microbatches on its own devices
+            replicas = api.simulate_replicas(plan, api.parse_costs(costs) if costs else None)
+            if trace:
+                _write(trace, json.dumps(api.replicas_trace(replicas)))
+        else:
+            schedule_, simulation = api.simulate(plan, api.parse_costs(costs) if costs else None)
     except api.PlanError as error:
         _fail(error)
+    if plan.train.batch_shares is not None:
+        unit = "" if costs else " s"
+        click.echo(json.dumps({**replicas[0].simulation.to_json(), "replicas": [r.to_json() for r in replicas]},
+                              indent=1) if as_json else api.replicas_report(replicas, unit, memory_in_bytes=True))
+        if any(r.simulation.deadlock is not None for r in replicas):
+            sys.exit(1)
+        return
     _emit_simulation(schedule_, simulation, as_json, trace, memory_in_bytes=True,
                      unit="" if costs else " s", span=plan.schedule.span)
 

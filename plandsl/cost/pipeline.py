@@ -18,10 +18,13 @@ from plandsl.ir.placement import Assignment
 from plandsl.schedules.simulate import Costs
 
 
-def estimate_stage_costs(plan: ir.Plan, assignment: Assignment) -> Costs:
+def estimate_stage_costs(plan: ir.Plan, assignment: Assignment, rank_devices=None, held: bool = False) -> Costs:
+    """`rank_devices`: the device each pipeline rank is timed on (None: its slowest over the mesh; one
+    replica of a plan with `batch_shares`: the replica's own); `held`: ZeRO-2/3 units kept gathered through
+    the step (such a replica's, `cost.memory.gathered_bytes`)."""
     links = plan_links(plan)
-    stages = estimate_stage_times(plan, assignment, links=links)
-    memory = estimate_plan_memory(plan, assignment) or []
+    stages = estimate_stage_times(plan, assignment, links=links, rank_devices=rank_devices)
+    memory = estimate_plan_memory(plan, assignment, held=held) or []
     static = tuple(m.params + m.grads + m.optimizer for m in memory)
     activations = tuple(sum(estimate_layer_activations(plan, layer, recompute=mode)
                             for layer, mode in zip(layers, layer_recompute(plan, layers)))

@@ -1,5 +1,7 @@
 """A checked plan -> its schedule simulated with the plan's own costs (or given ones), and the
-text report `plandsl simulate` and `plandsl schedule --simulate` print."""
+text report `plandsl simulate` and `plandsl schedule --simulate` print. With `batch_shares` each data rank
+runs its own number of microbatches on its own devices: `simulate_replicas` simulates each distinct
+(share, devices) replica, whose makespans are the estimate's (`cost.estimate`: the slowest sets the step)."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,14 +9,16 @@ from dataclasses import dataclass
 
 from plandsl import ir
 from plandsl.cost.schedule import builtin_virtual, plan_schedule, simulate_plan_schedule
+from plandsl.cost.estimate import data_shares, replica_devices
 from plandsl.cost.pipeline import estimate_stage_costs
+from plandsl.ir import shares as batch
 from plandsl.diagnostics import PlanError, diag
 from plandsl.ir.placement import assign_stages
 from plandsl.schedules.bounded import simulate_builtin
 from plandsl.schedules.generators import MAX_ACTIONS, TooLarge, check_sizes, count_actions
 from plandsl.schedules.program import Schedule
 from plandsl.schedules.registry import BUILTIN, pipelines_of
-from plandsl.schedules.simulate import BUBBLE_DEFINITION, Costs, Simulation, simulate
+from plandsl.schedules.simulate import BUBBLE_DEFINITION, Costs, Simulation, simulate, to_chrome_trace
 from plandsl.lower.units import format_bytes
 from plandsl.lower.schedule_spec import load_schedule
 
@@ -36,12 +40,13 @@ def outline(name: str, ranks: int, microbatches: int, virtual: int | None) -> Ou
     return Outline(name, ranks, stages, microbatches, count_actions(name, ranks, microbatches, virtual))
 
 
-def simulate_plan(plan: ir.Plan, costs: Costs | None = None,
-                  every_action: bool = False) -> tuple[Schedule | Outline, Simulation]:
+def simulate_plan(plan: ir.Plan, costs: Costs | None = None, every_action: bool = False,
+                  rank_devices=None, held: bool = False) -> tuple[Schedule | Outline, Simulation]:
     """The plan's pipeline simulated; `costs` replaces the plan's durations (memory stays the plan's).
     A built-in schedule too large to lay out (E609) is simulated in bounded work (`schedules.bounded`):
     exact step time, bubble and peaks, the steady state extrapolated (`Simulation.extrapolated`), and
-    an `Outline` for the table; unless `every_action` (a timeline needs them all: E609 stays)."""
+    an `Outline` for the table; unless `every_action` (a timeline needs them all: E609 stays).
+    `rank_devices`, `held`: one replica of a plan with `batch_shares` (`simulate_replicas`)."""
     if plan.stages is None or plan.schedule is None:
         raise PlanError([diag("E306", f"plan '{plan.name}' has no pipeline to simulate", plan.span,
                               hint="add a `pp` axis (stages over it) to the mesh")])
@@ -53,13 +58,95 @@ def simulate_plan(plan: ir.Plan, costs: Costs | None = None,
         schedule, more = outline(plan.schedule.name, plan.pp, plan.num_microbatches, builtin_virtual(plan)), []
     if assignment is None or schedule is None or problems or more:
         raise PlanError(problems + more)
-    plan_costs = estimate_stage_costs(plan, assignment)
+    plan_costs = estimate_stage_costs(plan, assignment, rank_devices, held)
     if costs is not None:
         plan_costs = dataclasses.replace(costs, activation_bytes=plan_costs.activation_bytes,
                                          static_bytes=plan_costs.static_bytes)
         if pipelines_of(plan.schedule.name) == 2 or schedule.stages != len(plan_costs.activation_bytes):
             plan_costs = dataclasses.replace(plan_costs, activation_bytes=(), static_bytes=())
     return schedule, simulate_plan_schedule(plan, plan_costs) if bounded else simulate(schedule, plan_costs)
+
+
+@dataclass(frozen=True)
+class Replica:
+    """The data ranks of a plan with `batch_shares` that take one share on one kind of devices, simulated."""
+
+    data_ranks: tuple[int, ...]
+    share: int                       # sequences per step
+    microbatches: int
+    devices: tuple[str, ...]         # the device each pipeline rank is timed on (its slowest)
+    schedule: Schedule | Outline
+    simulation: Simulation
+    p2p: float = 0.0                 # seconds of one stage-to-stage transfer
+
+    def name(self) -> str:
+        """`data rank 0` / `data ranks 0-15, 20`: the ranks as runs."""
+        runs: list[list[int]] = []
+        for rank in self.data_ranks:
+            if runs and runs[-1][1] == rank - 1:
+                runs[-1][1] = rank
+            else:
+                runs.append([rank, rank])
+        shown = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:8]) + (", ..." if len(runs) > 8 else "")
+        return f"data rank{'s' if len(self.data_ranks) > 1 else ''} {shown}"
+
+    def describe(self) -> str:
+        kinds = ", ".join(dict.fromkeys(self.devices))
+        return (f"{self.name()}: {self.share} sequences, {self.microbatches} microbatch(es) on {kinds}, makespan "
+                f"{self.simulation.makespan:.6g} s")
+
+    def to_json(self) -> dict:
+        return {"data_ranks": list(self.data_ranks), "share": self.share, "microbatches": self.microbatches,
+                "devices": list(self.devices), **self.simulation.to_json()}
+
+
+def simulate_replicas(plan: ir.Plan, costs: Costs | None = None, every_action: bool = False) -> list[Replica]:
+    """`batch_shares`: every distinct (share, devices) replica's pipeline simulated on its own devices with its
+    own microbatch count, slowest first (its makespan sets the step); the plan's own simulation without shares."""
+    if not batch.uneven(plan):
+        schedule, simulation = simulate_plan(plan, costs, every_action)
+        return [Replica(tuple(range(plan.dp)), plan.train.global_batch // max(1, plan.dp), plan.num_microbatches,
+                        (), schedule, simulation)]
+    shares = data_shares(plan)
+    if shares is None:
+        raise PlanError([diag("E509", "batch_shares: speed cannot split this global batch into whole microbatches "
+                                      "for every data rank", plan.train.span_of("batch_shares"))])
+    held = plan.data is not None and plan.data.sharded
+    groups: dict[tuple, list[int]] = {}
+    devices = replica_devices(plan)
+    for rank, (share, kinds) in enumerate(zip(shares, devices)):
+        groups.setdefault((share, tuple(d.name for d in kinds)), []).append(rank)
+    found = []
+    for (share, names), ranks in groups.items():
+        replica = batch.replica_plan(plan, share)
+        schedule, simulation = simulate_plan(replica, costs, every_action, list(devices[ranks[0]]), held)
+        assignment, _ = assign_stages(replica)
+        p2p = estimate_stage_costs(replica, assignment, list(devices[ranks[0]])).p2p if assignment else 0.0
+        found.append(Replica(tuple(ranks), share, share // plan.train.micro_batch, names, schedule, simulation, p2p))
+    return sorted(found, key=lambda r: (-r.simulation.makespan, r.data_ranks))
+
+
+def replicas_report(replicas: list[Replica], unit: str = "", memory_in_bytes: bool = False) -> str:
+    """`plandsl simulate` of a plan with `batch_shares`: which replica sets the step, then each one's report."""
+    slowest, fastest = replicas[0], replicas[-1]
+    lines = [f"batch_shares: {len(replicas)} kind(s) of replica, each with its own microbatches on its own devices; "
+             f"the step waits for {slowest.name()} (makespan {slowest.simulation.makespan:.6g}{unit}), "
+             f"{fastest.name()} ends first ({fastest.simulation.makespan:.6g}{unit})"]
+    for replica in replicas:
+        lines += ["", replica.describe(), report(replica.schedule, replica.simulation, unit, memory_in_bytes)]
+    return "\n".join(lines)
+
+
+def replicas_trace(replicas: list[Replica]) -> dict:
+    """A Chrome/Perfetto trace of every replica: one process each (named by its data ranks), a thread per rank."""
+    events: list[dict] = []
+    for pid, replica in enumerate(replicas):
+        for event in to_chrome_trace(replica.simulation)["traceEvents"]:
+            event = {**event, "pid": pid}
+            if event["name"] == "process_name":
+                event["args"] = {"name": replica.describe()}
+            events.append(event)
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
 def simulate_named(name: str, ranks: int | None, microbatches: int | None, virtual: int | None,

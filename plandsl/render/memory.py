@@ -12,7 +12,10 @@ from dataclasses import dataclass
 
 from plandsl import ir
 from plandsl.render.dot import FONT, Graph, NotApplicable, inches, pos, spline
-from plandsl.render.schedule import simulated
+from plandsl.cost.estimate import replica_devices
+from plandsl.cost.simulation import simulate_replicas
+from plandsl.ir import shares as batch
+from plandsl.render.schedule import replicas_title, simulated
 from plandsl.render.timeline import FIXED_GRAPH, TimeAxis, draw_time_axis, grid_line, text_node, tick_step, ticks
 from plandsl.schedules.program import Kind
 from plandsl.schedules.simulate import Simulation
@@ -53,7 +56,13 @@ def memory_over_time(plan: ir.Plan) -> tuple[list[RankMemory], Simulation]:
     """Per pipeline rank, memory over the simulated step; NotApplicable without a pipeline."""
     schedule, simulation, _ = simulated(plan)
     assignment, _ = assign_stages(plan)
-    costs = estimate_stage_costs(plan, assignment)
+    view, timed, held, devices = plan, None, False, pipeline_rank_devices(plan)
+    if batch.uneven(plan):  # the slowest replica, as `simulated` draws it: its share, its own devices
+        slowest = simulate_replicas(plan)[0]
+        first = slowest.data_ranks[0]
+        view, timed = batch.replica_plan(plan, slowest.share), list(replica_devices(plan)[first])
+        held, devices = plan.data is not None and plan.data.sharded, batch.replica_device_types(plan)[first]
+    costs = estimate_stage_costs(view, assignment, timed, held)
     activation = costs.activation_bytes
     if len(activation) != schedule.stages:
         raise NotApplicable(f"schedule '{schedule.name}' has {schedule.stages} stages but the plan places "
@@ -67,8 +76,7 @@ def memory_over_time(plan: ir.Plan) -> tuple[list[RankMemory], Simulation]:
             changes[event.rank].append((event.start, activation[stage]))
         elif kind in release:
             changes[event.rank].append((event.end, -activation[stage] * release[kind]))
-    estimates = estimate_plan_memory(plan, assignment) or []
-    devices = pipeline_rank_devices(plan)
+    estimates = estimate_plan_memory(view, assignment, held=held) or []
     ranks = []
     for rank in range(schedule.ranks):
         level, steps = 0.0, [(0.0, 0.0)]
@@ -130,7 +138,7 @@ def tick_text(value: float, unit: str, factor: float) -> str:
 
 def render_memory(plan: ir.Plan) -> str:
     ranks, simulation = memory_over_time(plan)
-    return draw_memory(ranks, simulation.makespan, title=f"plan {plan.name}")
+    return draw_memory(ranks, simulation.makespan, title=f"plan {plan.name}{replicas_title(plan)}")
 
 
 def draw_memory(ranks: list[RankMemory], makespan: float, title: str = "") -> str:

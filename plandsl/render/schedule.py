@@ -12,31 +12,52 @@ import math
 from plandsl import ir
 from plandsl.render.dot import NotApplicable
 from plandsl.render.schedule_overview import draw_overview
+from plandsl.render.timeline import seconds_text
 from plandsl.render.schedule_timeline import (FILLS, LINE_WIDTH, chunk_fills, critical_path, draw_timeline)
 from plandsl.schedules.program import Schedule
 from plandsl.schedules.simulate import Simulation
 from plandsl.cost.pipeline import estimate_stage_costs
 from plandsl.ir.placement import assign_stages
-from plandsl.cost.simulation import simulate_plan
+from plandsl.cost.simulation import simulate_plan, simulate_replicas
+from plandsl.ir import shares as batch
 
 ENGINE = ("neato", "-n2")
 __all__ = ["ENGINE", "FILLS", "chunk_fills", "critical_path", "draw_schedule", "fits", "render_schedule",
-           "simulated"]
+           "replicas_title", "simulated"]
 
 
 def simulated(plan: ir.Plan) -> tuple[Schedule, Simulation, float]:
-    """(schedule, simulation, seconds per stage-to-stage transfer); NotApplicable without a pipeline."""
+    """(schedule, simulation, seconds per stage-to-stage transfer); NotApplicable without a pipeline. With
+    `batch_shares`: the slowest replica's, its own microbatches on its own devices (`slowest_replica`)."""
     if plan.stages is None or plan.schedule is None:
         raise NotApplicable(f"no pipeline in this plan: '{plan.name}' has no stages over a pipeline axis, "
                             "so it has no schedule (try --view mesh or --view placement)")
+    if batch.uneven(plan):
+        slowest = simulate_replicas(plan, every_action=True)[0]
+        return slowest.schedule, slowest.simulation, slowest.p2p
     schedule, simulation = simulate_plan(plan, every_action=True)
     assignment, _ = assign_stages(plan)
     return schedule, simulation, estimate_stage_costs(plan, assignment).p2p
 
 
+def replicas_title(plan: ir.Plan) -> str:
+    """`batch_shares`: which replica a time-based view draws (the slowest, whose makespan sets the step) and
+    how long the fastest one's is; '' without shares."""
+    if not batch.uneven(plan) or plan.stages is None or plan.schedule is None:
+        return ""
+    replicas = simulate_replicas(plan)
+    slowest, fastest = replicas[0], replicas[-1]
+
+    def what(replica) -> str:
+        kinds = ", ".join(dict.fromkeys(replica.devices))
+        return f"{replica.microbatches} microbatch(es) on {kinds}, {seconds_text(replica.simulation.makespan)}"
+    return (f" · drawn: {slowest.name()}, the slowest replica ({what(slowest)})"
+            + (f" · the fastest: {fastest.name()} ({what(fastest)})" if len(replicas) > 1 else ""))
+
+
 def render_schedule(plan: ir.Plan) -> str:
     schedule, simulation, p2p = simulated(plan)
-    return draw_schedule(schedule, simulation, p2p, title=f"plan {plan.name}")
+    return draw_schedule(schedule, simulation, p2p, title=f"plan {plan.name}{replicas_title(plan)}")
 
 
 def fits(ranks: int, per_rank: int) -> bool:

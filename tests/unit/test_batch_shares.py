@@ -391,3 +391,49 @@ def test_fsdp_with_shares_holds_every_unit_gathered_through_the_step():
     errors = _errors(TWO_MEMORIES.format(kind="zero3", shares="[12, 4]"))
     assert [d.code for d in errors] == ["E503"] and errors[0].message.startswith("data rank 1 (4 sequences")
     assert "ZeRO-2/3 keep every unit gathered through the step" in errors[0].hint
+
+
+# ---- simulate and render per replica ---------------------------------------------------------------------------
+def test_simulate_runs_each_replica_with_its_own_microbatches_on_its_own_devices(tmp_path):
+    """local/hetero.plan: data rank 0 takes 5 microbatches on the fast devices, data rank 1 3 on the slow ones;
+    each replica's simulated makespan is the estimate's for it, and the slowest is the step's pipeline."""
+    import json
+
+    from click.testing import CliRunner
+
+    from plandsl.cli import main
+    path = STDLIB / "local" / "hetero.plan"
+    plan = api.load_plan(path)
+    replicas = api.simulate_replicas(plan)
+    assert [(r.data_ranks, r.microbatches, r.devices) for r in replicas] == \
+        [((1,), 3, ("cpu_slow", "cpu_slow")), ((0,), 5, ("cpu_fast", "cpu_fast"))]
+    assert [r.schedule.microbatches for r in replicas] == [3, 5]
+    for replica in replicas:
+        alone = estimate_plan(batch.replica_plan(plan, replica.share),
+                              rank_devices=list(replica_devices(plan)[replica.data_ranks[0]]))
+        assert replica.simulation.makespan == pytest.approx(alone.time.pipeline)
+    assert replicas[0].simulation.makespan == pytest.approx(estimate_plan(plan).time.pipeline)
+    assert api.simulate(plan)[1] == replicas[0].simulation
+    trace = tmp_path / "trace.json"
+    runner = CliRunner()
+    result = runner.invoke(main, ["simulate", str(path), "--trace", str(trace)])
+    assert result.exit_code == 0, result.output
+    assert "the step waits for data rank 1 (makespan" in result.output
+    assert "schedule 1f1b: 2 ranks, 2 stages, 3 microbatches" in result.output
+    assert "schedule 1f1b: 2 ranks, 2 stages, 5 microbatches" in result.output
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["pid"] for e in events} == {0, 1} and sum(e["ph"] == "X" for e in events) == 4 * 3 + 4 * 5
+    found = json.loads(runner.invoke(main, ["simulate", str(path), "--json"]).output)
+    assert [r["microbatches"] for r in found["replicas"]] == [3, 5]
+    assert found["makespan"] == pytest.approx(replicas[0].simulation.makespan)
+
+
+def test_render_draws_the_slowest_replica_and_says_the_fastest():
+    from plandsl.render.memory import render_memory
+    from plandsl.render.schedule import render_schedule
+    plan = api.load_plan(STDLIB / "local" / "hetero.plan")
+    drawn = render_schedule(plan)
+    assert "drawn: data rank 1, the slowest replica (3 microbatch(es) on cpu_slow" in drawn
+    assert "the fastest: data rank 0 (5 microbatch(es) on cpu_fast" in drawn
+    assert "2 stages, 3 microbatches" in drawn and "5 microbatches ·" not in drawn
+    assert "drawn: data rank 1, the slowest replica" in render_memory(plan)
