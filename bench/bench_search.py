@@ -45,6 +45,7 @@ import "clusters/dgx_h100"
 import "models/gpt3"
 import "models/llama2"
 import "models/llama3"
+import "models/deepseek"
 
 # Jean Zay's A100 partition (BLOOM, Le Scao et al. 2022, Sec. 3.4.1): 8 x A100 80GB per node on
 # NVLink, 4 x 100 Gb/s Omni-Path links per node.
@@ -112,9 +113,11 @@ class Run:
     pins: dict = field(default_factory=dict)
     fit: bool = False
     note: str = ""
-    family: str = ""        # "" or "deepspeed-zero3-2021" (counted; the latter also summed apart), "info" (not counted)
+    family: str = ""        # "" or "deepspeed-zero3-2021" (counted; the latter also summed apart), "info" (not counted),
+    # "moe" (held out, summed apart and not in the targets' set: docs/validation.md, "Mixtures of experts")
     dtypes: dict = field(default_factory=dict)  # the run's precision (default bf16) and master_dtype, grad_dtype,
     # optimizer_dtype (default fp32)
+    overlap_experts: bool = False  # the recipe overlaps the experts' all-to-alls (`experts = ... with overlap`)
 
 
 def gpt(layers, hidden, heads, vocab=51200, seq=2048):
@@ -224,6 +227,7 @@ def published() -> list[Run]:
                     pins=dict(runs[-1].pins), dtypes={**runs[-1].dtypes, "precision": "fp8"},
                     note="the blocks' linear layers at the FP8 peak, attention and the output layer in bf16"))
     runs += nemo_h100()
+    runs += nemo_moe_h100()
     return runs
 
 
@@ -254,6 +258,59 @@ def nemo_h100() -> list[Run]:
                 cp=2, virtual_stages=8)]
 
 
+# The mixtures of experts, as Hugging Face's configs give them (head_dim apart from hidden / heads).
+QWEN3_30B_A3B = ("llama(layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128, ffn=768, experts=128, top_k=8, "
+                 "vocab=151936, seq=4096)")
+QWEN3_235B_A22B = ("llama(layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128, ffn=1536, experts=128, top_k=8, "
+                   "vocab=151936, seq=4096)")
+GPT_OSS_120B = ("llama(layers=36, hidden=2880, heads=64, kv_heads=8, head_dim=64, ffn=2880, experts=128, top_k=4, "
+                "vocab=201088, seq=4096)")
+
+
+def nemo_moe_h100() -> list[Run]:
+    """The rule, fixed before any prediction was looked at: every MoE row of the DGX-H100 pre-training tables of
+    the NeMo 25.11 and 26.02 containers (docs/performance-summary-archive.md, the containers the dense NeMo rows
+    come from), and the one DeepSeek-V3 row on DGX-H100 there, NeMo 25.09's. Token-dropless with force-balanced
+    routing (the tables' footnote), Megatron's alltoall dispatcher (26.02's Qwen3 30B: DeepEP), the distributed
+    optimizer, gradients reduced in bf16 (`grad_reduce_in_fp32 = False`), no recomputation unless noted."""
+    def run(name, container, model, gpus, batch, measured, precision, note="", dtypes=None, overlap=False, **pins):
+        base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1, "tp": 1}
+        if pins.get("pp", 1) > 1:
+            base["schedule"] = "interleaved_1f1b"
+        return Run(f"NeMo {name}, {gpus} H100, {precision}", f"{NEMO_BRIDGE}, NeMo {container}", model,
+                   f"dgx_h100 x {gpus // 8}", batch, measured, metric="tokens_per_device", pins={**base, **pins},
+                   dtypes={"precision": precision.lower(), **MEGATRON_CORE, "grad_dtype": "bf16", **(dtypes or {})},
+                   note=note, family="moe", overlap_experts=overlap)
+    gpt_oss = ("sliding-window attention (128 tokens) on half the layers, attention sinks, biases and the clamped "
+               "SwiGLU are not in the language: every layer is costed with full attention; the recipe recomputes "
+               "the norms and the experts' activation (recompute_modules: layernorm, moe_act), pinned as none")
+    qwen = "QK norms not in the language (elementwise); the recipe's moe_a2a_overlap: experts = ... with overlap"
+    qwen_235b = (qwen + "; Megatron's EP 32 with expert TP 1 folds the experts over the tensor axis, which the "
+                 "language cannot say: written as ep 16 with the experts split over tp 2 (the same experts' bytes and "
+                 "FLOPs per device)")
+    # the 25.11 table gives micro-batch 4 (GPT-OSS) and 2 with VP 24 (Qwen3 30B), the layouts of its 25.09 table;
+    # that release's recipes (v0.2.0 scripts/performance/configs/*/workload_base_configs.py) say 1, and VP 12
+    recipe = "; the table says micro-batch {}, the release's recipe (pinned) 1{}"
+    return [run("GPT-OSS 120B (p4 e8), gbs 512", "25.11", GPT_OSS_120B, 64, 512, 5630, "BF16",
+                gpt_oss + recipe.format(4, ""), pp=4, ep=8, dp=2),
+            run("Qwen3 30B-A3B (p2 v12 e8), gbs 512", "25.11", QWEN3_30B_A3B, 16, 512, 5275, "FP8",
+                qwen + recipe.format(2, " and VP 12, not 24"), overlap=True, pp=2, virtual_stages=12, ep=8, dp=1),
+            run("Qwen3 235B-A22B (t2 p8 v4 e32), gbs 2048", "25.11", QWEN3_235B_A22B, 256, 2048, 1575, "FP8",
+                qwen_235b, overlap=True, tp=2, pp=8, virtual_stages=4, ep=16, dp=1),
+            run("GPT-OSS 120B (p4 e8), gbs 1280", "26.02", GPT_OSS_120B, 64, 1280, 5993, "BF16", gpt_oss,
+                pp=4, ep=8, dp=2),
+            run("Qwen3 30B-A3B (p2 v12 e8), gbs 1024", "26.02", QWEN3_30B_A3B, 16, 1024, 5113, "FP8",
+                qwen + "; DeepEP dispatcher", overlap=True, pp=2, virtual_stages=12, ep=8, dp=1),
+            run("Qwen3 235B-A22B (t2 p8 v4 e32), gbs 8192", "26.02", QWEN3_235B_A22B, 256, 8192, 1633, "FP8",
+                qwen_235b, overlap=True, tp=2, pp=8, virtual_stages=4, ep=16, dp=1),
+            run("DeepSeek-V3 (t2 p8 v4 e64), gbs 8192", "25.09", "deepseek_v3", 1024, 8192, 1297, "FP8",
+                "the recipe (v0.1.0 deepseek_v3_llm_pretrain.yaml) recomputes selectively, Megatron's default "
+                "core_attn: recompute selective; its MTP layer is not in the language; FP8 with DeepSeek's blockwise "
+                "scaling; bf16 Adam states (use_precision_aware_optimizer); Megatron's EP 64 with expert TP 1 is "
+                "written as ep 64 with the experts split over tp 2 (half the experts' bytes per device)",
+                dtypes={"optimizer_dtype": "bf16"}, tp=2, pp=8, virtual_stages=4, ep=64, dp=1, recompute="selective")]
+
+
 def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
     document = api.loads(HARDWARE + ZERO3_2021_NODE.format(nic=nic)
                          + f"model run_model = {run.model}\ncluster run_cluster = {run.cluster}\n", path="bench.plan")
@@ -261,7 +318,7 @@ def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
     cluster = next(c for c in document.clusters if c.name == "run_cluster")
     return Problem(model, cluster, run.global_batch, run.seq,
                    **{key: ir.Kernels(value) if key == "kernels" else ir.Precision(value)
-                      for key, value in run.dtypes.items()})
+                      for key, value in run.dtypes.items()}, overlap_experts=run.overlap_experts)
 
 
 def predict(run: Run, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC):
@@ -343,13 +400,16 @@ def report(results, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC) 
         shown = (lambda x: f"{x:.1%}") if run.metric == "mfu" else (lambda x: f"{x:,.0f}")
         c = best.candidate
         chosen = f"{c.describe()} [{', '.join(c.order)}]"
-        role = "fit" if run.fit else ("not counted" if run.family == "info" else "held out")
+        role = "fit" if run.fit else ("not counted" if run.family == "info" else
+                                      "held out, MoE" if run.family == "moe" else "held out")
         lines.append(f"| {run.name} | {run.source} | {run.metric} | {shown(run.measured)} | {shown(value)} | "
                      f"{e:+.1%} | {role} | {chosen} |")
     lines.append("")
     core = groups.get("", [])
     zero3 = groups.get("deepspeed-zero3-2021", [])
-    for label, values in (("held-out runs", core + zero3), ("of them DeepSpeed ZeRO-3 (2021)", zero3)):
+    moe = groups.get("moe", [])
+    for label, values in (("held-out runs", core + zero3), ("of them DeepSpeed ZeRO-3 (2021)", zero3),
+                          ("MoE runs, apart (Megatron-Bridge DGX-H100)", moe)):
         if values:
             lines.append(f"{label}: {len(values)}, median |error| {statistics.median(values):.1%}, "
                          f"max |error| {max(values):.1%}")

@@ -30,6 +30,10 @@ from plandsl.cost.measured import ratio_at
 from plandsl.cost.memory import FP32_STATES, StateBytes
 
 
+GROUPED_GEMM_STREAMS = 4
+"""Compute streams Transformer Engine deals a grouped GEMM's GEMMs to (`transformer_engine::num_streams`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Efficiency:
     """The two fitted knobs of the GEMM model (see the module docstring), per precision when the device
@@ -59,6 +63,18 @@ class Efficiency:
         flops = 2.0 * m * n * k * count
         moved = (m * k + k * n + m * n) * precision.gemm_bytes * count
         return self.kernel(flops, moved, device, precision)
+
+    def grouped_gemm_seconds(self, m: float, n: float, k: float, device: ir.DeviceType, precision: ir.Precision,
+                             count: int, streams: int = GROUPED_GEMM_STREAMS) -> float:
+        """`count` GEMMs of m x k by k x n as Transformer Engine's grouped GEMM runs a device's experts
+        (`GroupedLinear`: one cuBLAS GEMM per expert, dealt round-robin to `streams` compute streams,
+        `nvte_multi_stream_cublas_gemm`): the device does every GEMM's FLOPs and bytes, and the fixed time per
+        kernel (launch, the last partial wave) is paid once per round of `streams` concurrent GEMMs."""
+        if count <= 0:
+            return 0.0
+        one = self.gemm_seconds(m, n, k, device, precision)
+        fixed = min(one, (self.of(precision) if self.precisions else self).kernel_seconds)
+        return count * (one - fixed) + -(-count // streams) * fixed
 
     def kernel(self, flops: float, moved: float, device: ir.DeviceType, precision: ir.Precision) -> float:
         """Seconds of one compute kernel of `flops` FLOPs that moves `moved` bytes."""
@@ -137,6 +153,7 @@ class Work:
     recompute: ir.Recompute = ir.Recompute.none
     gather_kv: bool = False  # context parallelism all-gathers K and V (`allgather`), else rotates them (`ring`)
     kernels: ir.Kernels = ir.Kernels.fused
+    overlap_experts: bool = False  # `experts = ... with overlap`: the all-to-alls behind another microbatch's compute
 
     @property
     def tokens(self) -> int:
@@ -311,12 +328,15 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
     projections = 3 if not gpt else 2                                      # SwiGLU: w1, w3 and w2
     if model.experts:
         experts = model.experts
-        matmul += gemm(tokens, experts, h, device, precision)               # router (replicated)
+        # the router: a plain linear layer, outside Transformer Engine's FP8 (replicated)
+        matmul += gemm(tokens, experts, h, device, precision.unquantized)
         flops += 2.0 * tokens * h * experts
         routed = tokens * model.top_k * work.ep / experts                   # tokens per local expert
-        local = experts / work.ep
-        matmul += gemm(routed, (projections - 1) * ffn / tp, h, device, precision, count=local)
-        matmul += gemm(routed, h, ffn / tp, device, precision, count=local)
+        local = max(1, experts // work.ep)
+        # the local experts' projections: Megatron-Core's TEGroupedMLP, a grouped GEMM per projection
+        grouped = efficiency.grouped_gemm_seconds
+        matmul += grouped(routed, (projections - 1) * ffn / tp, h, device, precision, local)
+        matmul += grouped(routed, h, ffn / tp, device, precision, local)
         flops += 2.0 * tokens * model.top_k * projections * h * ffn / tp
         mlp_elements = model.top_k * ((2 if gpt else 3) * ffn / tp + 4 * h) + 2 * experts
         gate_width, routing = model.top_k * ffn / tp, model.top_k * 4 * h + 2 * experts  # permute, unpermute; router

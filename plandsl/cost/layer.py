@@ -170,10 +170,17 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         # in each direction; sequence parallelism leaves each tensor-parallel rank 1/t of the tokens.
         routed = work.tokens * model.top_k * model.hidden * element / (work.tp if work.sequence_parallel else 1)
         a2a = collective_seconds("all_to_all", routed, links.ep)
-        forward, backward = forward + 2 * a2a, backward + 2 * a2a
         count("expert", routed, 6 if full else 4)
-        if full:
-            backward += 2 * a2a
+        dispatch_combine = (2 * a2a, (4 if full else 2) * a2a)  # forward; backward (and full recomputation's rerun)
+        if work.overlap_experts:
+            # Megatron-Core's --overlap-moe-expert-parallel-comm (combined 1F1B: one microbatch's forward runs
+            # beside another's backward, layer by layer, on a computation and a communication stream) and
+            # DualPipe's overlapped chunks (DeepSeek-AI 2024, arXiv:2412.19437, Sec. 3.2.1): a pass's all-to-alls
+            # run behind the other pass's computation of this layer; only what that does not cover waits
+            forward += max(0.0, dispatch_combine[0] - compute.backward)
+            backward += max(0.0, dispatch_combine[1] - compute.forward)
+        else:
+            forward, backward = forward + dispatch_combine[0], backward + dispatch_combine[1]
     if links.cp.size > 1 and work.gather_kv:
         # All-gather context parallelism (Llama Team 2024, arXiv:2407.21783, Sec. 3.3.2): K and V of
         # the whole sequence are gathered before the attention core, on its critical path ("the

@@ -74,7 +74,8 @@ SWITCHES = (
     "--disable-bias-linear", "--use-rotary-position-embeddings", "--recompute-activations",
     "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-tp-pp-dp-mapping",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-    "--use-precision-aware-optimizer", "--multi-latent-attention",
+    "--use-precision-aware-optimizer", "--multi-latent-attention", "--overlap-moe-expert-parallel-comm",
+    "--delay-wgrad-compute",
 )
 # Flags of Megatron-LM's launch scripts that mean nothing in a plan (data, tokenizer, logging, checkpoints,
 # initialisation, fusions, kernels, the optimizer's other constants): read, listed, left out.
@@ -260,6 +261,16 @@ def _parallel_args(plan: ir.Plan, args: list, lose) -> None:
                  f"2 x {plan.cp} = {2 * plan.cp})", "context")
     if plan.experts is not None and plan.ep > 1:
         args.append(("--expert-model-parallel-size", str(plan.ep)))
+        # the all-to-alls behind the other microbatch's work (and its weight gradients); TransformerConfig refuses
+        # it with a pipeline of one virtual stage per rank and with full recomputation
+        unpaired = plan.pp > 1 and (plan.stages is None or plan.stages.virtual == 1)
+        if plan.experts.overlap and (unpaired or plan.train.recompute is ir.Recompute.full):
+            lose("experts = alltoall with overlap " + ("without virtual pipeline stages" if unpaired else
+                                                       "with full recomputation") +
+                 " (megatron-core's overlap_moe_expert_parallel_comm needs virtual stages and no full recomputation)",
+                 "experts")
+        elif plan.experts.overlap:
+            args += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
     if order == ORDER_TP_PP_DP:
         args.append(("--use-tp-pp-dp-mapping", None))
     if plan.data is not None:

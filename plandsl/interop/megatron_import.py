@@ -187,7 +187,8 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
         kind = {v: k for k, v in facts.CONTEXT_COMM.items()}[read.get("--cp-comm-type", "p2p")]
         lines.append(f"  context = {kind} over cp")
     if ep > 1:
-        lines.append("  experts = alltoall over ep")
+        lines.append("  experts = alltoall over ep" + (" with overlap" if read.get("--overlap-moe-expert-parallel-comm")
+                                                       else ""))
     lines += stages
     return "\n".join(lines + ["}"]) + "\n"
 

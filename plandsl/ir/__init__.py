@@ -488,6 +488,10 @@ class ContextParallel(Node):
 class ExpertParallel(Node):
     kind: Literal["alltoall"] = "alltoall"
     axis: str
+    overlap: bool = Field(default=False, description="`with overlap`: each microbatch's dispatch and combine "
+                          "all-to-alls run behind another microbatch's computation, as Megatron-Core's "
+                          "--overlap-moe-expert-parallel-comm merges one microbatch's forward with another's backward "
+                          "(and DeepSeek-V3's DualPipe overlaps its chunks' all-to-alls)")
 
 
 class SelectorPart(Node):

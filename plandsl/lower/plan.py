@@ -232,11 +232,13 @@ def context_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ContextParall
 def expert_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ExpertParallel | None:
     subject, over, options = _clause(scope, expr)
     kind = scope.word(subject, EXPERT_KINDS, "expert-parallel kind")
-    _options(scope, options, (), "experts")
+    found = _options(scope, options, ("overlap",), "experts")
     if kind == "none":
         return None
-    return ir.ExpertParallel(kind=kind, axis=one_axis(scope, over, m, "expert parallel", expr.span), span=expr.span,
-                             field_spans=axis_spans(scope, over, m))
+    overlap = "overlap" in found and (found["overlap"].value is None or
+                                      scope.truth(scope.eval(found["overlap"].value), found["overlap"].value))
+    return ir.ExpertParallel(kind=kind, axis=one_axis(scope, over, m, "expert parallel", expr.span), overlap=overlap,
+                             span=expr.span, field_spans=axis_spans(scope, over, m))
 
 
 # ---- stages and schedules -----------------------------------------------------------------

@@ -209,7 +209,7 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
     if c.cp > 1:
         lines.append(f"  context  = {CONTEXT} over cp")
     if c.ep > 1:
-        lines.append("  experts  = alltoall over ep")
+        lines.append("  experts  = alltoall over ep" + (" with overlap" if problem.overlap_experts else ""))
     if c.pp > 1:
         lines += stage_lines(scored, problem)
         lines.append(f"  schedule = {c.schedule}")

@@ -66,15 +66,18 @@ class Figures:
         p = self.problem
         train = p.training()
         mesh = ir.Mesh(axes=(ir.Axis(name="dp", size=1),))
+        # the experts' overlap is the problem's, carried here for `build_plan` (its candidates set the axis)
+        experts = ir.ExpertParallel.model_construct(kind="alltoall", axis="ep", overlap=True) \
+            if p.overlap_experts else None
         return ir.Plan.model_construct(name="generated", model=p.model, cluster=p.cluster, mesh=mesh, train=train,
-                                       data=None, tensor=None, context=None, experts=None, stages=None,
+                                       data=None, tensor=None, context=None, experts=experts, stages=None,
                                        schedule=None, shard=())
 
     def work(self, node: Node) -> Work:
         root = node.root
         return Work(node.micro_batch, self.problem.sequence, root.tp, root.cp, root.ep, root.sequence_parallel,
                     self.problem.precision, ir.Recompute(node.recompute), gather_kv=root.cp > 1,  # search.CONTEXT
-                    kernels=self.problem.kernels)
+                    kernels=self.problem.kernels, overlap_experts=self.problem.overlap_experts)
 
     def device_types(self, root: Root) -> dict:
         """The root's device types by name, once per root."""

@@ -127,7 +127,8 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
     cluster = _covered(plan) if "mesh" in attrs else plan.cluster  # the devices a written mesh lays out
     problem = Problem(plan.model, cluster, plan.train.global_batch, plan.train.seq, plan.train.precision,
                       plan.train.optimizer, plan.train.master_dtype, plan.train.grad_dtype, plan.train.optimizer_dtype,
-                      plan.train.param_dtype, plan.train.kernels)
+                      plan.train.param_dtype, plan.train.kernels,
+                      overlap_experts=bool(plan.experts and plan.experts.overlap))
     decided = "mesh" in attrs and not free_choices(attrs, stage_block, plan)
     return Partial(path, text, module, definition, attrs, stage_block, plan, problem, parse_pins(pins), names,
                    tuple(overs), train_items, local, params, tuple(notes), decided)

@@ -35,6 +35,7 @@ class Problem:
     optimizer_dtype: ir.Precision = ir.Precision.fp32
     param_dtype: ir.Precision | None = None           # the weights kept narrower than the master copy; None: master
     kernels: ir.Kernels = ir.Kernels.fused            # the implementation's element-wise kernels: given, not searched
+    overlap_experts: bool = False                     # given, not searched: `experts = alltoall over ep with overlap`
 
     @property
     def sequence(self) -> int:
@@ -145,7 +146,8 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
     tensor = ir.TensorParallel.model_construct(style="megatron", axis="tp", sequence_parallel=c.sequence_parallel) \
         if c.tp > 1 else None
     context = ir.ContextParallel.model_construct(kind=CONTEXT, axis="cp") if c.cp > 1 else None
-    experts = ir.ExpertParallel.model_construct(kind="alltoall", axis="ep") if c.ep > 1 else None
+    overlap = bool(base.experts and base.experts.overlap)  # the problem's `overlap_experts` (search.figures)
+    experts = ir.ExpertParallel.model_construct(kind="alltoall", axis="ep", overlap=overlap) if c.ep > 1 else None
     stages = schedule = None
     if c.pp > 1:
         name = c.schedule or DEFAULT_SCHEDULE
