@@ -46,10 +46,15 @@ def describe_plan(plan: ir.Plan) -> str:
             lines.append(f"    stage {stage:>3} on rank {assignment.rank_of_stage[stage]:>3}: "
                          f"{compress_names([layer.name for layer in layers])}")
     most = batch.replica_plan(plan, max(shares)) if shares else plan  # the most microbatches in flight
-    estimates = estimate_plan_memory(most, assignment) if assignment else None
+    held = bool(shares) and plan.data is not None and plan.data.sharded  # FSDP units gathered through the step
+    estimates = estimate_plan_memory(most, assignment, held=held) if assignment else None
     if estimates:
-        lines.append("  memory    per device (estimate): rank: parameters + gradients + optimizer + activations = total / capacity")
-        for rank, (estimate, devices) in enumerate(zip(estimates, pipeline_rank_devices(plan))):
+        whose = f" of data rank {shares.index(max(shares))}, the most microbatches, on its own devices" if shares else ""
+        lines.append(f"  memory    per device (estimate{whose}): rank: parameters + gradients + optimizer + activations "
+                     "= total / capacity")
+        devices_of = batch.replica_device_types(plan)[shares.index(max(shares))] if shares \
+            else pipeline_rank_devices(plan)
+        for rank, (estimate, devices) in enumerate(zip(estimates, devices_of)):
             capacity = min((d.usable_memory for d in devices), default=0)
             lines.append(f"    {rank:>3}: {format_bytes(estimate.params)} + {format_bytes(estimate.grads)} + "
                          f"{format_bytes(estimate.optimizer)} + {format_bytes(estimate.activations)} = "

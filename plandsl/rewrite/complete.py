@@ -17,13 +17,14 @@ import math
 import os
 import re
 import shlex
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from plandsl import ir, syntax
 from plandsl.diagnostics import Note, PlanError, diag
 from plandsl.syntax.loader import include, include_flags
 from plandsl.search import CONTEXT, Candidate, Scored, SearchError, SearchResult, SearchStats, parse_pins, search
+from plandsl.search.problem import Problem
 from plandsl.search.partial import Partial, other_plans, pins_with, read_partial
 from plandsl.diagnostics.source import SourceFile
 from plandsl.cost.estimate import estimate_plan
@@ -46,6 +47,8 @@ class Completed:
     texts: tuple[str, ...]      # the completed file of each
     notes: tuple[str, ...]
     shared: tuple[Shared | None, ...] = ()  # per candidate: its even-share figures where shares were added
+    problem: Problem | None = None          # what was searched (the devices the plan lays out)
+    pins: dict = field(default_factory=dict)  # the plan's decisions and --pin, as the search took them
 
 
 def generate_from(path: str | Path, name: str | None = None, params: dict | None = None, pins=None, top: int = 5,
@@ -92,7 +95,7 @@ def generate_from(path: str | Path, name: str | None = None, params: dict | None
             found.sort(key=lambda found: found[0].estimate.time.step)
         kept, shared = [(s, t) for s, t, _ in found[:top]], [even for _, _, even in found[:top]]
     return Completed(SearchResult(tuple(s for s, _ in kept), result.stats), tuple(t for _, t in kept), notes,
-                     tuple(shared))
+                     tuple(shared), partial.problem, merged)
 
 
 def _with_shares(partial: Partial, scored: Scored, text: str, out_path) -> tuple[Scored, str, Shared | None]:

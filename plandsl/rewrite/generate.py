@@ -79,8 +79,11 @@ def generate(request: Request, progress: Callable[[int, int], None] | None = Non
     if request.from_file:
         completed = generate_from(request.from_file, request.plan_name, dict(request.params), request.pins,
                                   request.top, progress, request.output, time_limit=request.time_limit)
-        return Generated(completed.result, tuple(completed.texts), tuple(completed.notes),
-                         shared=completed.shared)
+        gain = None
+        if completed.problem is not None and completed.problem.cluster.heterogeneous:  # what the mix gains
+            gain = faster_alone(completed.problem, completed.result.best.estimate, completed.pins, request.time_limit,
+                                subject="the completed plan")
+        return Generated(completed.result, tuple(completed.texts), tuple(completed.notes), gain, completed.shared)
     problem_, source = resolve_problem(request.model, request.cluster, request.global_batch, request.seq_len,
                                        request.precision or "bf16",
                                        str(request.output or os.path.join(os.getcwd(), "generated.plan")),

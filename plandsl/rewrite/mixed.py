@@ -51,6 +51,7 @@ class Gain:
     mixed: PlanEstimate                # the best plan on every device
     alone: PlanEstimate | None         # the best on the fastest devices alone; None: nothing fits on them
     reason: str = ""                   # why `alone` is None
+    subject: str = "the best plan"     # what `mixed` is (`generate --from`: the best completion of the plan)
 
     @property
     def ratio(self) -> float | None:
@@ -69,7 +70,7 @@ class Gain:
             return (f"heterogeneity: on its {self.devices} {self.device} devices alone no plan runs ({self.reason}); "
                     f"the mix runs {self.mixed.tokens_per_s:,.0f} tokens/s")
         slower = "" if self.ratio >= 1 else f": the {self.device} devices alone are faster (generate on them)"
-        return (f"heterogeneity: the best plan on all {self.mixed.devices} devices runs {self.ratio:.2f}x the "
+        return (f"heterogeneity: {self.subject} on all {self.mixed.devices} devices runs {self.ratio:.2f}x the "
                 f"tokens/s of the best on the {self.devices} {self.device} devices alone ({self.mixed.tokens_per_s:,.0f} "
                 f"against {self.alone.tokens_per_s:,.0f}; {self.mixed.time.step:.4g} s against "
                 f"{self.alone.time.step:.4g} s a step){slower}")
@@ -127,8 +128,10 @@ def variants(candidates, problem: Problem, kept: dict, pinned: dict, top: int,
     return found
 
 
-def faster_alone(problem: Problem, mixed: PlanEstimate, pins, time_limit: float | None) -> Gain | None:
-    """The best plan on the cluster's fastest node groups alone (None for a cluster of one device type)."""
+def faster_alone(problem: Problem, mixed: PlanEstimate, pins, time_limit: float | None,
+                 subject: str = "the best plan") -> Gain | None:
+    """The best plan on the cluster's fastest node groups alone (None for a cluster of one device type), under
+    the pins that do not fix the layout."""
     cluster = problem.cluster
     if not cluster.heterogeneous:
         return None
@@ -140,8 +143,8 @@ def faster_alone(problem: Problem, mixed: PlanEstimate, pins, time_limit: float 
     try:
         best = search(replace(problem, cluster=alone), _user(pins), 1, explain=False, time_limit=time_limit).best
     except SearchError as error:
-        return Gain(fastest, devices, mixed, None, str(error))
-    return Gain(fastest, devices, mixed, best.estimate)
+        return Gain(fastest, devices, mixed, None, str(error), subject)
+    return Gain(fastest, devices, mixed, best.estimate, subject=subject)
 
 
 def _user(pins) -> dict:

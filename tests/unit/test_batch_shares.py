@@ -298,11 +298,15 @@ def test_generate_from_adds_the_shares_where_they_pay(tmp_path):
     assert api.estimate(plan).time.step == pytest.approx(estimate.time.step)
     even = api.estimate(api.loads(_even(text)).plans[0])
     assert generated.shared[0].even.time.step == pytest.approx(even.time.step) and even.time.step > estimate.time.step
-    assert "batch shares: " in api.generate_report(generated)
+    report = api.generate_report(generated)
+    assert "batch shares: " in report
+    gain = api.generate_json(generated)["heterogeneity"]  # against the 4 fast devices alone, the plan's pins kept
+    assert gain["faster_devices"] == 4 and gain["mixed_step_time_s"] == pytest.approx(estimate.time.step)
+    assert f"heterogeneity: the completed plan on all 8 devices runs {gain['gain']:.2f}x the tokens/s" in report
     path.write_text(LOCAL_MIXED_PARTIAL.replace("local_mixed", "localhost").replace("clusters/localhost",
                                                                                       "clusters/local"))
     alone = api.generate(api.generate_request(from_file=str(path), pins=("pp=1",), top=1, time_limit=0))
-    assert "batch_shares" not in alone.texts[0] and not alone.result.best.estimate.shares
+    assert "batch_shares" not in alone.texts[0] and not alone.result.best.estimate.shares and alone.gain is None
 
 
 # ---- memory per replica ---------------------------------------------------------------------------------------
@@ -362,6 +366,10 @@ def test_each_replica_is_counted_on_its_own_devices():
     assert estimate.fits and estimate.overflow() is None
     assert "replica memory data rank 1, pipeline rank 1 is the fullest: 1.1 GiB of its devices' 1.2 GiB" \
         in format_estimate(estimate)  # the nearest its own capacity
+    shown = api.describe(api.loads(text))  # show: the replica with the most microbatches, on its own devices
+    assert "estimate of data rank 0, the most microbatches, on its own devices" in shown
+    assert [line.split(" / ")[-1] for line in shown.splitlines() if line.startswith(("      0:", "      1:"))] \
+        == ["4.0 GiB", "4.0 GiB"]  # data rank 0's devices (the smallest in the mesh hold 1.2 GiB)
     swapped = _errors(TWO_MEMORIES.format(kind="zero1", shares="[4, 12]"))
     assert [d.code for d in swapped] == ["E503"]
     assert swapped[0].message.startswith("data rank 1 (12 sequences: 12 microbatch(es) of 1), pipeline rank 0, needs "
