@@ -165,6 +165,19 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
     else:
         forward, backward, rerun = per_block * pair, 2 * pair, (per_block * pair, per_block * pair_bytes, pair, pair_bytes)
         count("tensor", pair_bytes, per_block + 2)
+    if model.experts and work.sequence_parallel and links.tp.size > 1:
+        # The experts split over the tensor axis (Megatron-Core's expert tensor parallelism, as a plan splits them):
+        # its alltoall dispatcher all-gathers the top_k routed copies of each token over the axis after the
+        # all-to-all and reduce-scatters them before the combine (`dispatch_postprocess`, `combine_preprocess`),
+        # not the dense MLP's [b, s, h]; shared experts, an MLP of their own, keep that [b, s, h] pair
+        routed_pair = model.top_k * activation
+        moe_pair = collective_seconds("all_gather", routed_pair, links.tp) \
+            + collective_seconds("reduce_scatter", routed_pair, links.tp)
+        extra = moe_pair - (0.0 if model.shared_experts else pair)
+        extra_bytes = 2 * routed_pair - (0.0 if model.shared_experts else pair_bytes)
+        forward, backward = forward + extra, backward + extra
+        count("tensor", extra_bytes, 2)
+        rerun = (rerun[0] + extra, rerun[1] + extra_bytes, rerun[2], rerun[3])
     if model.experts and links.ep.size > 1:
         # Dispatch and combine all-to-alls of the routed tokens (Lepikhin et al. 2020, GShard), twice
         # in each direction; sequence parallelism leaves each tensor-parallel rank 1/t of the tokens.

@@ -180,8 +180,11 @@ def test_latent_attention_keeps_and_moves_its_latents(sp):
     assert difference == pytest.approx(tokens * (mla_terms - gqa_terms))
     time = _block_times(plan)[0]
     activation, latent = tokens * 1024 * 2, tokens * (384 + 128 + 32) * 2
-    # the attention half's column-parallel input is the latents: all-gathered (sp) or all-reduced (backward)
-    expected = (activation + latent) * 2 + 2 * activation * 2 if sp else activation * 2 + latent + activation
+    # the attention half's column-parallel input is the latents: all-gathered (sp) or all-reduced (backward); under
+    # sp the experts' dispatcher gathers and scatters the top_k (2) routed copies over the tensor axis, the shared
+    # expert its own [b, s, h] (test_moe_cost.py), each way
+    expected = (activation + latent) * 2 + 2 * (2 * activation + activation) * 2 if sp \
+        else activation * 2 + latent + activation
     assert time.moved.tensor == pytest.approx(expected)
     estimate = estimate_plan(plan)
     assert estimate.fits and estimate.flops_per_step > 0

@@ -132,3 +132,26 @@ def test_overlap_is_written_exported_and_imported():
     lost = export_plan(piped, "megatron")
     assert "--overlap-moe-expert-parallel-comm" not in lost.text
     assert any("overlap" in d.message for d in lost.lost)
+
+
+@pytest.mark.parametrize("shared", [0, 1])
+def test_expert_tensor_parallelism_gathers_the_routed_copies(shared):
+    """Experts split over the tensor axis under sequence parallelism: Megatron-Core's alltoall dispatcher
+    all-gathers the top_k routed copies of each token over the axis and reduce-scatters them back, so a block moves
+    the attention half's [b, s, h] pair and 8 times that for the experts, each way (shared experts: their own
+    [b, s, h] pair besides)."""
+    text = PLAN.format(mesh="tp = 2", overlap="", precision="bf16",
+                       extra="  tensor   = megatron over tp with sequence_parallel\n")
+    text = text.replace("  data     = zero1 over dp\n", "").replace("  experts  = alltoall over ep\n", "")
+    if shared:
+        text = text.replace("top_k=8,", "top_k=8, shared_experts=1,")
+    plan = api.loads(text).plans[0]
+    time, _ = _block_time(plan)
+    activation = 4096 * 2048 * 2
+    pairs = 2 * (2 + 2 * 8 + 2 * shared)  # forward and backward: (attention + routed copies + shared) x (AG + RS)
+    assert time.moved.tensor == pytest.approx(pairs * activation)
+    links = plan_links(plan)
+
+    def pair(size):
+        return collective_seconds("all_gather", size, links.tp) + collective_seconds("reduce_scatter", size, links.tp)
+    assert time.forward_comm == pytest.approx(pair(activation) * (1 + shared) + pair(8 * activation))
