@@ -200,8 +200,9 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
     stack: list = []
     dived: set[int] = set()
     found = False
+    clock = _cpu_clock(cpu) if time_limit else lambda: cpu  # without a limit nothing reads it
     while (heap or stack) and len(results) < top:
-        now = time.process_time()
+        now = clock()
         if now > deadline:
             _stop(space.stats, heap, results, top)
             break
@@ -226,6 +227,8 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
             children = [pending] if pending is not None else []
         elif isinstance(item, Pending):
             children = [child for child in space.resolve(item) if child is not None]
+        elif isinstance(item, Leaf) and not item.exact:
+            children = [space.finish(item)]
         elif isinstance(item, Leaf):
             scored = space.evaluate(item)
             children = []
@@ -253,6 +256,21 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
         raise SearchError(explain_stopped(problem, space.stats) if space.stats.stopped
                           else explain_empty(problem, pins, space))
     return SearchResult(tuple(results), space.stats)
+
+
+def _cpu_clock(start: float) -> Callable[[], float]:
+    """This process's CPU seconds, read at most once per millisecond of wall time: `time.process_time` is
+    a system call (~4 µs here, 5 % of a 6,144-GPU search when read at every step), `time.perf_counter`
+    is not. A thread's CPU seconds never run ahead of the wall clock, so the value returned is at most
+    1 ms behind (a few ms with numpy's threads), and the limit is met as late as that."""
+    last = [time.perf_counter(), start]
+
+    def now() -> float:
+        wall = time.perf_counter()
+        if wall - last[0] >= 1e-3:
+            last[0], last[1] = wall, time.process_time()
+        return last[1]
+    return now
 
 
 def _stop(stats: SearchStats, heap: list, results: list[Scored], top: int) -> None:

@@ -36,6 +36,8 @@ class Bounds:
         self._stage_cache: dict = {}
         self._tail_cache: dict = {}
         self._p2p_cache: dict = {}
+        self._slopes: dict = {}     # node ident -> (ZeRO class, device name) -> `slopes`
+        self._busy_cache: dict = {}  # (node ident, ZeRO class, the stages' ranks, virtual) -> `busy_bound`
 
     # -- a leaf's stages --
     def stage_times(self, node: Node, zero: int, ranks, counts, recomputed: int | None = None) -> list[StageTime]:
@@ -94,9 +96,12 @@ class Bounds:
                                                           root.links, units, self.problem.grad_dtype.bytes)
         return found
 
-    def slopes(self, node: Node, zero: int, device, found: dict) -> tuple[float, ...]:
+    def slopes(self, node: Node, zero: int, device) -> tuple[float, ...]:
         """`busy_bound`'s figures on a device: a stage without an end, a + n·b, as (a, b); a block's F + B;
-        the embedding's and the norm and head's F + B (`found`: the node's, by ZeRO stage and device)."""
+        the embedding's and the norm and head's F + B (once per node, ZeRO stage and device)."""
+        found = self._slopes.get(node.ident)
+        if found is None:
+            found = self._slopes[node.ident] = {}
         key = (zero if zero >= 2 else 0, device.name)  # ZeRO-0/1 add no traffic to a microbatch
         slope = found.get(key)
         if slope is None:
@@ -104,8 +109,8 @@ class Bounds:
             one, two = (self.stage_time(node, zero, device, n, False, False) for n in (1, 2))
             middle = (two.forward + two.backward) - (one.forward + one.backward)
             slope = found[key] = (one.forward + one.backward - middle, middle, block.forward + block.backward,
-                                          embed.forward + embed.backward,
-                                          norm.forward + norm.backward + head.forward + head.backward)
+                                  embed.forward + embed.backward,
+                                  norm.forward + norm.backward + head.forward + head.backward)
         return slope
 
     # -- bounds --
@@ -115,6 +120,11 @@ class Bounds:
         On rank r's device every kind of layer takes at least ratio_r times its time on the
         fastest device, so max_r busy_r >= W_fast / sum_r (1 / ratio_r) (= W / pp when all match)."""
         devices = self.figures.device_types(node.root)
+        if len(devices) == 1:  # one device type: every ratio is 1 (the sum below, in its order)
+            (device,) = devices.values()
+            total = sum((t.forward + t.backward) * count
+                        for t, (_, count) in zip(self.figures.kind_times(node, device), self.kinds))
+            return total / len(node.root.rank_devices)
         per_device = {name: [t.forward + t.backward for t in self.figures.kind_times(node, d)] for name, d in devices.items()}
         totals = {name: sum(c * count for c, (_, count) in zip(costs, self.kinds)) for name, costs in per_device.items()}
         if len(totals) == 1:  # one device type: every ratio is 1
@@ -133,8 +143,7 @@ class Bounds:
         return sum(count * min(times[i].forward + times[i].input_grad for times in per_device)
                    for i, (_, count) in enumerate(self.kinds))
 
-    def busy_bound(self, node: Node, zero: int, schedule: str, virtual: int, found: dict,
-                   extra: dict | None = None) -> float:
+    def busy_bound(self, node: Node, zero: int, schedule: str, virtual: int, extra: dict | None = None) -> float:
         """m x the least seconds per microbatch of the busiest pipeline rank over every split of the blocks
         onto the stages (each stage at least one): below `leaf_bound`, whose ranks' busy time is one term
         of its maximum, for whatever split the partition picks. A stage holding n blocks and neither
@@ -145,10 +154,23 @@ class Bounds:
         stages), and `least_slowest` gives the least max over whole splits of the blocks. Chimera's
         ranks run half the microbatches of two stages each, and a dense-then-MoE model's stages hold
         blocks of two kinds: their leaves keep the node's bound. `extra` (seconds per stage, by device
-        name): every stage's compute alone, plus that (a partly recomputed stage's one block rerun)."""
-        root, info = node.root, BUILTIN.get(schedule)
+        name): every stage's compute alone, plus that (a partly recomputed stage's one block rerun).
+
+        Once per node and (ZeRO stage's traffic, the stages' ranks, virtual stages) without `extra`: a partly
+        recomputed node asks for its kept node's, which that node's own leaves asked for too."""
+        info = BUILTIN.get(schedule)
         if (info is not None and info.pipelines == 2) or self.dense_blocks:
             return 0.0
+        if extra is None:
+            key = (node.ident, zero if zero >= 2 else 0, info.rank_map if info is not None else schedule, virtual)
+            found = self._busy_cache.get(key)
+            if found is None:
+                found = self._busy_cache[key] = self._busy_bound(node, zero, schedule, virtual)
+            return found
+        return self._busy_bound(node, zero, schedule, virtual, extra)
+
+    def _busy_bound(self, node: Node, zero: int, schedule: str, virtual: int, extra: dict | None = None) -> float:
+        root = node.root
         ranks = stage_ranks(schedule, root.pp, virtual) if root.pp > 1 else (0,)
         last = len(ranks) - 1
         devices = root.rank_devices
@@ -162,29 +184,66 @@ class Bounds:
             uniform = len(self.figures.device_types(root)) == 1
             for rank, owned in ends if uniform else enumerate(stages_by_rank(ranks, root.pp)):
                 device = devices[rank]
-                _, _, compute, embed_cost, head_cost = self.slopes(node, zero, device, found)
+                _, _, compute, embed_cost, head_cost = self.slopes(node, zero, device)
                 fixed = (embed_cost if 0 in owned else 0.0) + (head_cost if last in owned else 0.0)
                 add((fixed + len(owned) * extra[device.name], compute, len(owned)))
             if uniform:
-                compute = self.slopes(node, zero, devices[0], found)[2]
+                compute = self.slopes(node, zero, devices[0])[2]
                 for stages, count in others.items():
                     add((stages * extra[devices[0].name], compute, stages), count)
             return node.microbatches * least_slowest(self.blocks, kinds)
         for rank, owned in ends:  # the ranks of the embedding's and the head's stages
-            offset, middle, compute, embed_cost, head_cost = self.slopes(node, zero, devices[rank], found)
+            offset, middle, compute, embed_cost, head_cost = self.slopes(node, zero, devices[rank])
             fixed = sum(offset for s in owned if 0 < s < last)
             fixed += (embed_cost if 0 in owned else 0.0) + (head_cost if last in owned else 0.0)
             add((fixed, min(compute, middle), len(owned)))
         if len(self.figures.device_types(root)) == 1:  # on one device type, the others differ only in their stages
-            offset, middle = self.slopes(node, zero, devices[0], found)[:2]
+            offset, middle = self.slopes(node, zero, devices[0])[:2]
             for stages, count in others.items():
                 add((stages * offset, middle, stages), count)
         else:
             for rank, owned in enumerate(stages_by_rank(ranks, root.pp)):
                 if all(rank != r for r, _ in ends):
-                    offset, middle = self.slopes(node, zero, devices[rank], found)[:2]
+                    offset, middle = self.slopes(node, zero, devices[rank])[:2]
                     add((len(owned) * offset, middle, len(owned)))
         return node.microbatches * least_slowest(self.blocks, kinds)
+
+    def split_bound(self, node: Node, zero: int, schedule: str, ranks, counts, recomputed: int | None = None) -> float:
+        """m x the busiest rank's seconds per microbatch under this split of the blocks: at most `leaf_bound`,
+        whose ranks' busy time is one term of its maximum, and made without a stage time (the search asks
+        for `leaf_bound` only where this one does not already put the leaf past the plans it keeps).
+
+        Each stage is bounded as `busy_bound` bounds it under any split: one without the embedding or the
+        head takes a + n·b, one with them at least their compute, fixed + n·(a block's F + B). A partly
+        recomputed node's stage takes at least its kept node's seconds (rerunning a block only adds), and
+        at least its compute with its first `recomputed` blocks at full recomputation's F + B (ZeRO's
+        traffic only adds to compute: `cost.stage.zero_traffic`). 0.0 where `busy_bound` keeps the node's
+        bound (Chimera, two kinds of block) and for models other than transformers."""
+        info = BUILTIN.get(schedule)
+        if (info is not None and info.pipelines == 2) or self.dense_blocks or not self.transformer:
+            return 0.0
+        root, kept = node.root, node.kept or node
+        last = len(counts) - 1
+        per_device: dict = {}
+        busy = [0.0] * root.pp
+        for s, n in enumerate(counts):
+            rank = ranks[s]
+            device = root.rank_devices[rank]
+            slopes = per_device.get(device.name)
+            if slopes is None:
+                offset, middle, compute, embed, head = self.slopes(kept, zero, device)
+                rerun = None
+                if node.kept is not None:  # a block's F + B under full recomputation, less its kept F + B
+                    full = self.figures.kind_times(node, device)[1]
+                    rerun = (full.forward + full.backward) - compute
+                slopes = per_device[device.name] = (offset, middle, compute, embed, head, rerun)
+            offset, middle, compute, embed, head, rerun = slopes
+            ends = (embed if s == 0 else 0.0) + (head if s == last else 0.0)
+            seconds = offset + n * middle if 0 < s < last else ends + n * compute
+            if rerun is not None:
+                seconds = max(seconds, ends + n * compute + min(n, recomputed) * rerun)
+            busy[rank] += seconds
+        return node.microbatches * max(busy)
 
     def leaf_bound(self, node: Node, schedule: str, ranks, stages: list[StageTime], zero: int) -> float:
         """max over ranks of (first microbatch's arrival + busy + the last gradient's way back),

@@ -36,6 +36,7 @@ class Figures:
         self.base = self._base_plan()
         self.states = StateBytes.of(self.base.train)  # the kept dtypes' bytes, read on every rank's tail
         self._time_cache: dict = {}
+        self._kind_times_cache: dict = {}
         self._memory_cache: dict = {}
         self._states_cache: dict = {}
         self._activations_cache: dict = {}
@@ -96,11 +97,22 @@ class Figures:
         return found[1]
 
     def kind_times(self, node: Node, device: ir.DeviceType) -> list[LayerTime]:
+        """Each kind's `LayerTime` on the device for the node's work: once per node, from one list per
+        distinct work, device and links (the nodes of a layout's mesh orders share them)."""
         found = node.times.get(device.name)
         if found is None:
-            work, links = self.work(node), node.root.links
+            root = node.root
+            links = root.links
             layer_links = self._layer_links(links)
-            found = []
+            # what `work` varies by in one search, and the device and links: a cheaper key than the Work
+            same = (node.micro_batch, node.recompute, root.tp, root.cp, root.ep, root.sequence_parallel,
+                    device.name, layer_links)
+            found = self._kind_times_cache.get(same)
+            if found is not None:
+                node.times[device.name] = found
+                return found
+            work = self.work(node)
+            found = self._kind_times_cache[same] = []
             for layer, _ in self.kinds:
                 key = (work, figures_key(layer), device.name, layer_links)
                 time = self._time_cache.get(key)

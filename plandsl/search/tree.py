@@ -58,6 +58,8 @@ class Leaf:
     counts: tuple[int, ...]
     bound: float
     recompute_layers: int | None = None  # a partly recomputed node's N (`Splits.partial_partition`)
+    # whether `bound` is the leaf's exact bound (`Space.finish`), or the cheaper one of its split (`Space.resolve`)
+    exact: bool = True
 
 
 @dataclass(slots=True)

@@ -65,14 +65,41 @@ def test_branch_and_bound_finds_the_brute_force_optimum(model, cluster, batch, p
                 if leaf is None:
                     continue
                 assert leaf.bound >= before >= node.bound * (1 - 1e-9)
+                exact = space.finish(leaf)  # its exact bound, when the search reaches the one of its split
+                assert exact.exact and not leaf.exact and exact.bound >= leaf.bound
                 scored = space.evaluate(leaf)
                 if scored is not None:
-                    assert leaf.bound <= scored.estimate.time.step
+                    assert leaf.bound <= exact.bound <= scored.estimate.time.step
                     everything.append(scored.estimate.time.step)
     assert everything, "the small space has feasible plans"
     found = search(p, pins=pins, top=3)
     assert [s.estimate.time.step for s in found.candidates] == pytest.approx(sorted(everything)[:3], rel=1e-12)
     assert found.stats.simulated < len(everything)
+
+
+@pytest.mark.parametrize("model, cluster, batch, pins", CASES)
+def test_a_split_bounds_its_leaf_below_the_exact_bound(model, cluster, batch, pins):
+    """`Bounds.split_bound` (the busiest rank under a leaf's split, from the node's slopes) is at most
+    `Bounds.leaf_bound` for every leaf, partly recomputed ones included, so that putting off the exact
+    bound until the search reaches the split's never drops a plan (the brute-force test above)."""
+    from plandsl.search.choices import stage_ranks
+    space = Space(problem(model, cluster, batch), pins, DEFAULT_EFFICIENCY)
+    compared = 0
+    for root in space.roots():
+        for node in space.expand_root(root):
+            pending = space.pending(node)
+            while pending is not None:
+                leaf, pending = space.resolve(pending)
+                if leaf is None:
+                    continue
+                ranks = stage_ranks(leaf.schedule, root.pp, leaf.virtual) if root.pp > 1 else (0,)
+                split = space.bounds.split_bound(node, leaf.zero, leaf.schedule, ranks, leaf.counts,
+                                                 leaf.recompute_layers)
+                stages = space.bounds.stage_times(node, leaf.zero, ranks, leaf.counts, leaf.recompute_layers)
+                exact = space.bounds.leaf_bound(node, leaf.schedule, ranks, stages, leaf.zero)
+                assert split <= exact * (1 + 1e-12)
+                compared += split > 0
+    assert compared > 5 if space.transformer else compared == 0  # other models keep the bound before
 
 
 def test_recompute_layers_beats_both_extremes_where_memory_binds():
