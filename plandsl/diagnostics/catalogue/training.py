@@ -51,7 +51,10 @@ _entry("E503", """
     the device's memory: the job would die with an out-of-memory error. The message
     breaks the total down; the hint says which part dominates and what shrinks it.
     Plain data parallelism keeps a full copy of the model states on every rank, about
-    16 bytes per parameter with Adam in mixed precision.
+    16 bytes per parameter with Adam in mixed precision. With `batch_shares` each data
+    rank is counted on its own: its own microbatches in flight and, under ZeRO-2/3, every
+    unit held gathered through the step, against its own devices; the message names the
+    data rank, its share and its device.
     """, """
     import "clusters/dgx_a100"
     plan p {
