@@ -228,6 +228,7 @@ def published() -> list[Run]:
                     note="the blocks' linear layers at the FP8 peak, attention and the output layer in bf16"))
     runs += nemo_h100()
     runs += nemo_moe_h100()
+    runs += modelzoo_qwen3_h100()
     return runs
 
 
@@ -309,6 +310,39 @@ def nemo_moe_h100() -> list[Run]:
                 "scaling; bf16 Adam states (use_precision_aware_optimizer); Megatron's EP 64 with expert TP 1 is "
                 "written as ep 64 with the experts split over tp 2 (half the experts' bytes per device)",
                 dtypes={"optimizer_dtype": "bf16"}, tp=2, pp=8, virtual_stages=4, ep=64, dp=1, recompute="selective")]
+
+
+MOE_MODELZOO = "yanring/Megatron-MoE-ModelZoo, best_practice/Qwen3/readme.md"
+
+
+def modelzoo_qwen3_h100() -> list[Run]:
+    """The rule: every row of the Megatron-MoE-ModelZoo's Qwen3 "Performance Results" table (256 H100s, BF16,
+    step times, Megatron-Core's dev branches of 2025) whose model the language writes: the five of Qwen3 235B-A22B
+    (not Qwen3-Next-80B-A3B, whose gated DeltaNet layers it cannot). Every row runs the experts whole (expert TP 1)
+    folded over the tensor axis, which a plan writes as ep / tp with the experts split over tp (the same experts'
+    bytes and FLOPs per device); recomputing the norms and the experts' activation ("norm, act") is pinned as none;
+    the optimizer's dtypes are not given: Megatron's defaults (fp32 gradients and states)."""
+    def run(name, step, note="", overlap=False, **pins):
+        base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1}
+        if pins.get("pp", 1) > 1:
+            base["schedule"] = "interleaved_1f1b"
+        if "virtual_stages" not in pins and pins.get("pp", 1) > 1:
+            del base["recompute"]
+        return Run(f"ModelZoo Qwen3 235B-A22B {name}, 256 H100, BF16", MOE_MODELZOO, QWEN3_235B_A22B, "dgx_h100 x 32",
+                   2048, 2048 * 4096 / step / 256, metric="tokens_per_device", pins={**base, **pins},
+                   dtypes={"precision": "bf16", **MEGATRON_CORE}, note=note, family="moe", overlap_experts=overlap)
+    deepep = "DeepEP's dispatcher (tokens sent once per node, not once per expert) is not in the language"
+    return [run("(t2 p8 v4 e32), DeepEP", 19.7, deepep, tp=2, pp=8, virtual_stages=4, ep=16, dp=1),
+            run("(t2 p8 v4 e32), DeepEP, 1F1B overlap", 17.6, deepep, overlap=True, tp=2, pp=8, virtual_stages=4,
+                ep=16, dp=1),
+            run("(t2 e8, FSDP), DeepEP, full recompute", 17.6, deepep + "; FSDP over the 128 data ranks",
+                tp=2, pp=1, ep=4, dp=32, zero_stage=3, micro_batch_size=4, recompute="full"),
+            run("(t2 p32 v3 e8), all-to-all", 24.2, "VP 3 on 32 stages gives the embedding and the loss chunks of "
+                "their own (96 chunks, 94 blocks), which a plan's stages cannot: virtual stages left to the search; "
+                "without the norms' and activation's recomputation the layout does not fit: recomputation left to "
+                "the search too", tp=2, pp=32, ep=4, dp=1),
+            run("(t4 p8 v4 e8), DeepEP", 29.0, deepep + "; no recomputation", tp=4, pp=8, virtual_stages=4, ep=2,
+                dp=4)]
 
 
 def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
@@ -409,7 +443,7 @@ def report(results, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC) 
     zero3 = groups.get("deepspeed-zero3-2021", [])
     moe = groups.get("moe", [])
     for label, values in (("held-out runs", core + zero3), ("of them DeepSpeed ZeRO-3 (2021)", zero3),
-                          ("MoE runs, apart (Megatron-Bridge DGX-H100)", moe)):
+                          ("MoE runs, apart (Megatron-Bridge, Megatron-MoE-ModelZoo; H100)", moe)):
         if values:
             lines.append(f"{label}: {len(values)}, median |error| {statistics.median(values):.1%}, "
                          f"max |error| {max(values):.1%}")
