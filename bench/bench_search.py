@@ -46,6 +46,8 @@ import "models/gpt3"
 import "models/llama2"
 import "models/llama3"
 import "models/deepseek"
+import "models/qwen3"
+import "models/gpt_oss"
 
 # Jean Zay's A100 partition (BLOOM, Le Scao et al. 2022, Sec. 3.4.1): 8 x A100 80GB per node on
 # NVLink, 4 x 100 Gb/s Omni-Path links per node.
@@ -259,13 +261,8 @@ def nemo_h100() -> list[Run]:
                 cp=2, virtual_stages=8)]
 
 
-# The mixtures of experts, as Hugging Face's configs give them (head_dim apart from hidden / heads).
-QWEN3_30B_A3B = ("llama(layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128, ffn=768, experts=128, top_k=8, "
-                 "vocab=151936, seq=4096)")
-QWEN3_235B_A22B = ("llama(layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128, ffn=1536, experts=128, top_k=8, "
-                   "vocab=151936, seq=4096)")
-GPT_OSS_120B = ("llama(layers=36, hidden=2880, heads=64, kv_heads=8, head_dim=64, ffn=2880, experts=128, top_k=4, "
-                "vocab=201088, seq=4096)")
+# The mixtures of experts (stdlib models/qwen3 and models/gpt_oss: head_dim apart from hidden / heads).
+QWEN3_30B_A3B, QWEN3_235B_A22B, GPT_OSS_120B = "qwen3_30b_a3b", "qwen3_235b_a22b", "gpt_oss_120b"
 
 
 def nemo_moe_h100() -> list[Run]:

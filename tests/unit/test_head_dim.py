@@ -7,7 +7,8 @@ import pytest
 
 from plandsl import api, ir
 from plandsl.interop import export_plan, import_text
-from plandsl.ir.layers import layers_of, transformer_block_flops
+from plandsl.ir.layers import layers_of, param_count, transformer_block_flops
+from plandsl.syntax.loader import stdlib_root
 from tests.support import lazy
 
 torch = lazy("torch")
@@ -74,3 +75,18 @@ def test_the_interpreter_builds_those_widths():
     assert attention.wq.weight.shape == (4096, 2048) and attention.wo.weight.shape == (2048, 4096)
     x = torch.randn(2, 8, 2048)
     assert attention(x).shape == (2, 8, 2048)
+
+
+@pytest.mark.parametrize(("path", "name", "total", "active"), [
+    ("models/qwen3.plan", "qwen3_30b_a3b", 30.5e9, 3.3e9), ("models/qwen3.plan", "qwen3_235b_a22b", 235e9, 22e9),
+    ("models/gpt_oss.plan", "gpt_oss_120b", 116.8e9, 5.1e9), ("models/gpt_oss.plan", "gpt_oss_20b", 20.9e9, 3.6e9)])
+def test_stdlib_moe_models_have_their_published_sizes(path, name, total, active):
+    """The stdlib's Qwen3 and gpt-oss mixtures (head_dim apart from hidden / heads) hold the parameters their
+    reports give, within 2 %: all of them, and those a token runs through (top_k of the experts; gpt-oss counts
+    its active ones without the embedding's table, Qwen3 with it)."""
+    model = next(m for m in api.load(str(stdlib_root() / path)).models if m.name == name)
+    counted = param_count(model)
+    experts = sum(p.numel for layer in layers_of(model) for p in layer.params if ".experts." in p.name)
+    embedding = model.vocab * model.hidden if name.startswith("gpt_oss") else 0
+    assert counted == pytest.approx(total, rel=0.02)
+    assert counted - experts + experts * model.top_k / model.experts - embedding == pytest.approx(active, rel=0.02)
