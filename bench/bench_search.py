@@ -100,6 +100,12 @@ KORTHIKANTI = "Korthikanti et al. 2022, arXiv:2205.05198"
 # Megatron-Core's (and Meta's, NeMo's) layout: bf16 weights, the fp32 master copy with the optimizer's states
 MEGATRON_CORE = {"param_dtype": "bf16"}
 MEGATRON_2021 = {"recompute": "full", "zero_stage": 0}  # eq. 3 counts the recomputed forward; no distributed optimizer
+# Runs before flash attention (Dao et al. 2022; Megatron-LM, Megatron-DeepSpeed and metaseq of 2020-2022): the
+# attention core writes its s x s scores and probabilities to memory (`attention: materialized`).
+PRE_FLASH = {"attention": "materialized"}
+# torchtitan's published runs of 2024-2025 without `torch.compile` ("Optimizations: None"; Table 1's FSDP row):
+# PyTorch eager mode's element-wise kernels (`kernels: eager`); its attention is SDPA's flash kernel.
+EAGER = {"kernels": "eager"}
 
 
 @dataclass
@@ -139,7 +145,7 @@ def megatron_table1() -> list[Run]:
         if pp > 1:
             pins["schedule"] = "interleaved_1f1b"
         runs.append(Run(f"Megatron GPT {billions}B, {gpus} A100", f"{MEGATRON}, Table 1", gpt(layers, hidden, heads),
-                        f"dgx_a100 x {gpus // 8}", batch, tflops, pins=pins, fit=index % 2 == 0))
+                        f"dgx_a100 x {gpus // 8}", batch, tflops, pins=pins, fit=index % 2 == 0, dtypes=dict(PRE_FLASH)))
     return runs
 
 
@@ -149,7 +155,7 @@ def zero3_2021(cluster: str = "selene_zero3_2021") -> list[Run]:
     return [Run(f"ZeRO-3 GPT-3 175B, {gpus} A100, mb {mb}", f"{MEGATRON}, Table 2 (ZeRO-3)", gpt(96, 12288, 96),
                 f"{cluster} x {gpus // 8}", 1536, tflops,
                 pins={"tp": 1, "pp": 1, "cp": 1, "zero_stage": 3, "recompute": "full", "micro_batch_size": mb},
-                fit=gpus == 768, family="deepspeed-zero3-2021")
+                fit=gpus == 768, family="deepspeed-zero3-2021", dtypes=dict(PRE_FLASH))
             for gpus, mb, tflops in ((384, 4, 144), (768, 2, 88), (1536, 1, 44))]
 
 
@@ -160,32 +166,33 @@ def published() -> list[Run]:
         runs.append(Run(f"Megatron GPT-3 175B (t8 p12), {gpus} A100", f"{MEGATRON}, Table 2 (PTD-P)", gpt3,
                         f"dgx_a100 x {gpus // 8}", 1536, tflops,
                         pins={**MEGATRON_2021, "tp": 8, "pp": 12, "micro_batch_size": 1,
-                              "schedule": "interleaved_1f1b"}))
+                              "schedule": "interleaved_1f1b"}, dtypes=dict(PRE_FLASH)))
     for gpus, tflops in ((560, 171), (1120, 167), (2240, 159)):
         runs.append(Run(f"Megatron 530B (t8 p35), {gpus} A100", f"{MEGATRON}, Table 2 (PTD-P)",
                         gpt(105, 20480, 128), f"dgx_a100 x {gpus // 8}", 2240, tflops,
                         pins={**MEGATRON_2021, "tp": 8, "pp": 35, "micro_batch_size": 1,
-                              "schedule": "interleaved_1f1b"}))
+                              "schedule": "interleaved_1f1b"}, dtypes=dict(PRE_FLASH)))
     runs += zero3_2021()
     runs.append(Run("GPT-3 175B (t8 p8 d16, assumed), 1024 A100", f"{MEGATRON}, Sec. 5.1 (140 TFLOP/s)",
                     gpt3, "dgx_a100 x 128", 1536, 140,
                     pins={**MEGATRON_2021, "tp": 8, "pp": 8, "schedule": "interleaved_1f1b"},
-                    note="the paper gives n = 1024, B = 1536, 140 TFLOP/s; t = 8, p = 8 assumed"))
+                    note="the paper gives n = 1024, B = 1536, 140 TFLOP/s; t = 8, p = 8 assumed", dtypes=dict(PRE_FLASH)))
     runs.append(Run("GPT-3 175B, 1024 A100 (degrees searched)", f"{MEGATRON}, Sec. 5.1 (140 TFLOP/s)",
                     gpt3, "dgx_a100 x 128", 1536, 140, pins={**MEGATRON_2021, "schedule": "interleaved_1f1b"},
-                    note="what the search would run under Megatron-2021 constraints", family="info"))
+                    note="what the search would run under Megatron-2021 constraints", family="info",
+                    dtypes=dict(PRE_FLASH)))
     runs.append(Run("GPT-3 175B (t8 p8), 64 A100, SP + selective", f"{KORTHIKANTI}, Table 3 / Megatron-LM README",
                     gpt3, "dgx_a100 x 8", 64, 0.514, metric="mfu",
                     pins={"tp": 8, "pp": 8, "dp": 1, "micro_batch_size": 1, "recompute": "selective",
-                          "zero_stage": 0, "schedule": "interleaved_1f1b"}))
+                          "zero_stage": 0, "schedule": "interleaved_1f1b"}, dtypes=dict(PRE_FLASH)))
     runs.append(Run("BLOOM 176B (t4 p12 d8), 384 A100", "BigScience tr11-176B-ml slurm and chronicles (2022)",
                     gpt(70, 14336, 112, vocab=250880), "jean_zay x 48", 2048, 150,
                     pins={"tp": 4, "pp": 12, "dp": 8, "micro_batch_size": 2, "recompute": "full", "zero_stage": 1,
-                          "schedule": "1f1b"}))
+                          "schedule": "1f1b"}, dtypes=dict(PRE_FLASH)))
     runs.append(Run("OPT-175B (TP 8 + FSDP), 992 A100", "Zhang et al. 2022, arXiv:2205.01068, Sec. 2.5",
                     gpt3, "dgx_a100 x 124", 992, 147,
                     pins={"tp": 8, "pp": 1, "cp": 1, "zero_stage": 3, "recompute": "full"},
-                    note="'up to 147'; batch 2M tokens = 992 x 2048 over 124 FSDP ranks (assumed)"))
+                    note="'up to 147'; batch 2M tokens = 992 x 2048 over 124 FSDP ranks (assumed)", dtypes=dict(PRE_FLASH)))
     for gpus, dp, cp, seq, batch, mfu in ((8192, 64, 1, 8192, 2048, 0.43), (16384, 128, 1, 8192, 2048, 0.41),
                                          (16384, 8, 16, 131072, 128, 0.38)):
         runs.append(Run(f"Llama 3 405B, {gpus} H100, cp {cp}, seq {seq}", "Llama Team 2024, arXiv:2407.21783, Table 4",
@@ -195,20 +202,20 @@ def published() -> list[Run]:
                         note="Sec. 3.3.2: the interleaved schedule of Narayanan et al. 2021 (virtual stages not given)"))
     runs.append(Run("torchtitan Llama 3 8B, FSDP 64 A100, selective op", "pytorch/torchtitan docs/performance.md (2024)",
                     "llama3_8b", "dgx_a100 x 8", 64, 2973, metric="tokens_per_device",
-                    pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 1, "recompute": "selective_op"}))
+                    pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 1, "recompute": "selective_op"}, dtypes=dict(EAGER)))
     runs.append(Run("torchtitan Llama 3 70B, FSDP 64 A100, full AC", "pytorch/torchtitan docs/performance.md (2024)",
                     "llama3_70b", "dgx_a100 x 8", 64, 331, metric="tokens_per_device",
-                    pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 1, "recompute": "full"}))
+                    pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 1, "recompute": "full"}, dtypes=dict(EAGER)))
     runs.append(Run("torchtitan Llama 2 13B, FSDP 64 A100, no AC", "pytorch/torchtitan docs/performance.md (2024)",
                     "llama2_13b", "dgx_a100 x 8", 128, 2162, metric="tokens_per_device",
-                    pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 2, "recompute": "none"}))
+                    pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 2, "recompute": "none"}, dtypes=dict(EAGER)))
     runs.append(Run("torchtitan Llama 3.1 8B, FSDP 8 H100 (500 W)", "pytorch/torchtitan docs/performance.md (2025), Table 1",
                     "llama3_8b", "grand_teton", 16, 5762, metric="tokens_per_device",
                     pins={"dp": 8, "zero_stage": 3, "micro_batch_size": 2, "recompute": "selective_op"},
-                    note="torchtitan's default selective AC is op-level (selective_ac_option = 'op')"))
+                    note="torchtitan's default selective AC is op-level (selective_ac_option = 'op')", dtypes=dict(EAGER)))
     runs.append(Run("torchtitan Llama 3.1 405B, FSDP 16 x TP 8, 128 H100", "pytorch/torchtitan docs/performance.md (2024)",
                     "llama3_405b", "h100_94g_host x 16", 32, 0.290, metric="mfu",
-                    pins={"dp": 16, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 2, "recompute": "full"}))
+                    pins={"dp": 16, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 2, "recompute": "full"}, dtypes=dict(EAGER)))
     # NeMo 24.11's Nemotron-4 340B on 16 DGX H100 (NVIDIA/dgxc-benchmarking nemotron/README_340b.md): 4.61 s per
     # step of 32 x 4096 tokens, 28,432 tokens/s; the recipe (NeMo-Framework-Launcher nemotron_340b.yaml) keeps
     # Adam's states and the gradients in bf16 (`optim.dtype: bf16`, `grad_sync_dtype: bf16`) beside an fp32 master
@@ -342,14 +349,17 @@ def modelzoo_qwen3_h100() -> list[Run]:
                 dp=4)]
 
 
+STACK_KEYS = {"kernels": ir.Kernels, "attention": ir.Attention}  # Run.dtypes' keys that are no dtype
+
+
 def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
     document = api.loads(HARDWARE + ZERO3_2021_NODE.format(nic=nic)
                          + f"model run_model = {run.model}\ncluster run_cluster = {run.cluster}\n", path="bench.plan")
     model = next(m for m in document.models if m.name == "run_model")
     cluster = next(c for c in document.clusters if c.name == "run_cluster")
     return Problem(model, cluster, run.global_batch, run.seq,
-                   **{key: ir.Kernels(value) if key == "kernels" else ir.Precision(value)
-                      for key, value in run.dtypes.items()}, overlap_experts=run.overlap_experts)
+                   **{key: STACK_KEYS.get(key, ir.Precision)(value) for key, value in run.dtypes.items()},
+                   overlap_experts=run.overlap_experts)
 
 
 def predict(run: Run, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC):

@@ -154,6 +154,7 @@ class Work:
     gather_kv: bool = False  # context parallelism all-gathers K and V (`allgather`), else rotates them (`ring`)
     kernels: ir.Kernels = ir.Kernels.fused
     overlap_experts: bool = False  # `experts = ... with overlap`: the all-to-alls behind another microbatch's compute
+    attention: ir.Attention = ir.Attention.flash
 
     @property
     def tokens(self) -> int:
@@ -274,6 +275,26 @@ EAGER = {2: EagerBytes(36.0, 98.0, 13.0, 31.0, 20.0, 32.0, 10.0, 18.0, 18.0, 26.
          4: EagerBytes(28.0, 96.0, 26.0, 69.0, 40.0, 64.0, 20.0, 36.0, 12.0, 20.0)}  # fp32
 
 
+def materialized_attention_bytes(model: ir.TransformerModel, work: Work) -> tuple[float, float]:
+    """Bytes one device's materialized attention core moves for its s x s matrices in one block and microbatch,
+    (forward, backward), beyond the Q, K, V and O the fused core reads and writes: Megatron-LM's core before
+    flash attention (`attention: materialized`). Per element of this rank's `b · heads/t · s_q · s` scores,
+    at the activations' width e: forward, the first batched GEMM writes the scores (e), the fused
+    scale-mask-softmax reads them and writes the probabilities (2e), gpt's attention dropout reads those and
+    writes its output and a 1-byte mask (2e + 1), the second batched GEMM reads the result (e); backward, its
+    gradient GEMMs read the probabilities and write their gradient (2e), the dropout's backward reads that and
+    the mask and writes (2e + 1), the softmax's backward reads the gradient and its output and writes (3e), and
+    both gradient GEMMs of the scores read theirs (2e): 13 and 19 bytes for gpt at 16 bits, 8 and 14 for llama
+    (no attention dropout). The full s² is computed: Megatron's upper-triangular softmax masks, it does not skip."""
+    element = work.precision.bytes
+    seq_q = -(-work.seq // work.cp)
+    scores = work.micro_batch * model.heads / work.tp * seq_q * work.seq
+    dropout = model.kind == "gpt"
+    forward = 4 * element + (2 * element + 1 if dropout else 0)
+    backward = 7 * element + (2 * element + 1 if dropout else 0)
+    return scores * forward, scores * backward
+
+
 def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, device: ir.DeviceType,
                        efficiency: Efficiency) -> LayerCompute:
     precision, tokens, tp = work.precision, work.tokens, work.tp
@@ -325,6 +346,13 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
     attention = efficiency.kernel(attention_flops, work.micro_batch * (seq_q * (widths.q + widths.o)
                                                                      + work.seq * (widths.k + widths.v)) / tp * element,
                                   device, precision.unquantized)  # fp8: attention stays 16-bit
+    attention_gemm, attention_backward_extra = attention, 0.0
+    if work.attention is ir.Attention.materialized:
+        # The s x s matrices through memory (`materialized_attention_bytes`): the fused core's FLOPs and Q, K, V, O
+        # bytes, plus the scores' and probabilities' bytes, forward and backward.
+        forward_bytes, backward_bytes = materialized_attention_bytes(model, work)
+        attention += forward_bytes / bandwidth
+        attention_backward_extra = backward_bytes / bandwidth
     projections = 3 if not gpt else 2                                      # SwiGLU: w1, w3 and w2
     if model.experts:
         experts = model.experts
@@ -396,7 +424,8 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
             recompute += gemm(tokens, width, h, device, precision)
             recompute_flops += 2.0 * tokens * h * width
     # The attention core's backward is twice its forward, like the GEMMs' (Dao et al. 2022).
-    return LayerCompute(matmul + attention, other, 2 * (matmul + attention), backward_other, recompute,
+    backward_matmul = 2 * (matmul + attention_gemm) + attention_backward_extra
+    return LayerCompute(matmul + attention, other, backward_matmul, backward_other, recompute,
                         attention=attention, flops=flops, recompute_flops=recompute_flops)
 
 

@@ -115,9 +115,10 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
 
     `stage_layers[stage]` are the layers of a stage, `rank_stages[rank]` the stages a rank runs,
     `inflight[rank]` its peak in-flight microbatches in units of all of the rank's layers
-    (`inflight_microbatches`). `attention_matrix`: whether attention stores its s×s scores; off,
-    because the interpreter uses fused attention (torch SDPA / FlashAttention keep only the
-    output and a per-row logsumexp, Dao et al. 2022), which Korthikanti's formula predates.
+    (`inflight_microbatches`). `attention_matrix`: whether attention stores its s×s scores; by default
+    as the plan's `train.attention` says: off for `flash` (the interpreter's torch SDPA and FlashAttention
+    keep only the output and a per-row logsumexp, Dao et al. 2022, which Korthikanti's formula predates),
+    on for `materialized`.
     `other` stays 0: allocator fragmentation, communication buffers and the CUDA context depend on
     the software stack and the device, and a fixed allowance would be a hardware constant in code.
     `held`: ZeRO-2/3 units stay gathered through the step (a replica of a plan with `batch_shares`:
@@ -125,6 +126,7 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
     """
     if len(inflight) != len(rank_stages):
         raise ValueError(f"inflight has {len(inflight)} entries for {len(rank_stages)} pipeline ranks")
+    attention_matrix = attention_matrix or plan.train.attention is ir.Attention.materialized
     tied = tied_embedding(plan, [layer for stage in stage_layers for layer in stage])
     # A built-in model's `Param`s are the interpreter's tensors; a custom model's are one synthetic
     # tensor per authored layer, so its ZeRO-1 partition is taken as even.
@@ -390,8 +392,10 @@ def tied_embedding(plan: ir.Plan, layers: Sequence[Layer]) -> Param | None:
 def estimate_layer_activations(plan: ir.Plan, layer: Layer, *, attention_matrix: bool = False,
                                recompute: ir.Recompute | None = None) -> float:
     """Bytes one microbatch leaves stored in `layer` for backward, on one device; `recompute`: the
-    layer's own mode (`layer_recompute`), default the plan's."""
-    return _layer_activations(plan, layer, plan.train.recompute if recompute is None else recompute, attention_matrix)
+    layer's own mode (`layer_recompute`), default the plan's; the s×s scores as the plan's `train.attention` says
+    (or `attention_matrix`)."""
+    return _layer_activations(plan, layer, plan.train.recompute if recompute is None else recompute,
+                              attention_matrix or plan.train.attention is ir.Attention.materialized)
 
 
 def is_block(plan: ir.Plan, layer: Layer) -> bool:

@@ -85,6 +85,17 @@ class Kernels(str, Enum):
     eager = "eager"
 
 
+class Attention(str, Enum):
+    """How the implementation runs the attention core: `flash` as one fused kernel that never writes the
+    s x s scores to memory (Dao et al. 2022: FlashAttention, PyTorch's SDPA, cuDNN and Transformer Engine's
+    fused attention); `materialized` as Megatron-LM did before it (2019-2022) and Hugging Face's `eager`
+    attention do: the scores written by one batched GEMM, a softmax kernel, gpt's attention dropout, then
+    the second batched GEMM reading the probabilities, each s x s matrix through memory, and the softmax's
+    output (and gpt's dropout mask and output) kept for the backward (Korthikanti et al. 2022's 5as/h)."""
+    flash = "flash"
+    materialized = "materialized"
+
+
 class Optimizer(str, Enum):
     adam = "adam"
     sgd = "sgd"
@@ -133,8 +144,8 @@ class DeviceEfficiency(Node):
     interpolates the ratio of measured to modelled time between them (`cost.compute`). `precisions`
     holds knobs for one precision (written `bf16: { ... }` inside the device's `efficiency`), which
     hold no `precisions` of their own; a precision not listed takes these."""
-    matmul: float = Field(default=0.57, gt=0, le=1, description="fraction of the peak a large GEMM's FLOPs run at")
-    kernel_latency: float = Field(default=60e-6, ge=0, description="seconds per GEMM kernel")
+    matmul: float = Field(default=0.64, gt=0, le=1, description="fraction of the peak a large GEMM's FLOPs run at")
+    kernel_latency: float = Field(default=20e-6, ge=0, description="seconds per GEMM kernel")
     measured: tuple[GemmPoint, ...] = Field(default=(), description="measured GEMMs the cost model interpolates")
     precisions: dict[Precision, "DeviceEfficiency"] = Field(
         default_factory=dict, description="knobs of one precision, which take the place of these for it")
@@ -354,6 +365,8 @@ class Training(Node):
         "--recompute-num-layers N); None: every block")
     kernels: Kernels = Field(default=Kernels.fused, description="the implementation's element-wise kernels: "
                              "fused (Transformer Engine, torch.compile) or eager (PyTorch eager mode)")
+    attention: Attention = Field(default=Attention.flash, description="the implementation's attention core: flash "
+                                 "(fused, no s x s matrix in memory) or materialized (Megatron-LM before 2022)")
     optimizer: Optimizer = Optimizer.adam
     master_dtype: Precision = Field(
         default=Precision.fp32, description="the dtype the weights are kept and updated in (the optimizer's "
@@ -381,14 +394,16 @@ class Training(Node):
 
     @model_serializer(mode="wrap")
     def _without_new_defaults(self, handler):
-        """A plan that sets no `batch_shares` and keeps the default `kernels` dumps (and hashes: checkpoints name
-        plans by it) as before those keys existed."""
+        """A plan that sets no `batch_shares` and keeps the default `kernels` and `attention` dumps (and hashes:
+        checkpoints name plans by it) as before those keys existed."""
         data = handler(self)
         if isinstance(data, dict):
             if self.batch_shares is None:
                 data.pop("batch_shares", None)
             if self.kernels is Kernels.fused:
                 data.pop("kernels", None)
+            if self.attention is Attention.flash:
+                data.pop("attention", None)
         return data
 
     @property

@@ -71,7 +71,7 @@ def stdlib_names() -> dict[str, str]:
 
 def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | None = None,
                     precision: str = "bf16", plan_file: str | None = None,
-                    kernels: str = "fused") -> tuple[Problem, Source]:
+                    kernels: str = "fused", attention: str = "flash") -> tuple[Problem, Source]:
     """The model and the cluster, resolved by the language (so they mean what they mean in a plan).
     `plan_file`: where the plan will be written; a model from torch (`hf(...)`, `pkg.mod:fn(...)`) is read
     from the layer table `plandsl inspect` wrote beside it (`.plandsl/`), as the plan will read it."""
@@ -117,7 +117,12 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
         found_kernels = ir.Kernels(kernels)
     except ValueError:
         raise SearchError(f"--kernels {kernels}: one of {', '.join(k.value for k in ir.Kernels)}") from None
-    problem = Problem(found_model, found_cluster, global_batch, seq_len, found_precision, kernels=found_kernels)
+    try:
+        found_attention = ir.Attention(attention)
+    except ValueError:
+        raise SearchError(f"--attention {attention}: one of {', '.join(a.value for a in ir.Attention)}") from None
+    problem = Problem(found_model, found_cluster, global_batch, seq_len, found_precision, kernels=found_kernels,
+                      attention=found_attention)
     return problem, Source(tuple(imports), model_text, cluster_text)
 
 

@@ -78,7 +78,8 @@ class Figures:
         root = node.root
         return Work(node.micro_batch, self.problem.sequence, root.tp, root.cp, root.ep, root.sequence_parallel,
                     self.problem.precision, ir.Recompute(node.recompute), gather_kv=root.cp > 1,  # search.CONTEXT
-                    kernels=self.problem.kernels, overlap_experts=self.problem.overlap_experts)
+                    kernels=self.problem.kernels, overlap_experts=self.problem.overlap_experts,
+                    attention=self.problem.attention)
 
     def device_types(self, root: Root) -> dict:
         """The root's device types by name, once per root."""

@@ -36,6 +36,7 @@ class Problem:
     param_dtype: ir.Precision | None = None           # the weights kept narrower than the master copy; None: master
     kernels: ir.Kernels = ir.Kernels.fused            # the implementation's element-wise kernels: given, not searched
     overlap_experts: bool = False                     # given, not searched: `experts = alltoall over ep with overlap`
+    attention: ir.Attention = ir.Attention.flash      # the implementation's attention core: given, not searched
 
     @property
     def sequence(self) -> int:
@@ -51,13 +52,14 @@ class Problem:
         return ir.Training(global_batch=self.global_batch, seq=self.seq, precision=self.precision,
                            optimizer=self.optimizer, master_dtype=self.master_dtype, grad_dtype=self.grad_dtype,
                            optimizer_dtype=self.optimizer_dtype, param_dtype=self.param_dtype, kernels=self.kernels,
-                           **fields)
+                           attention=self.attention, **fields)
 
     def given_items(self) -> list[str]:
-        """The train items the problem fixes to other than their defaults (the kept dtypes, `kernels`), as a plan
-        writes them."""
+        """The train items the problem fixes to other than their defaults (the kept dtypes, `kernels`,
+        `attention`), as a plan writes them."""
         items = [f"{key}: {value.value}" for key, value in self.training().given_dtypes().items()]
-        return items + ([f"kernels: {self.kernels.value}"] if self.kernels is not ir.Kernels.fused else [])
+        items += [f"kernels: {self.kernels.value}"] if self.kernels is not ir.Kernels.fused else []
+        return items + ([f"attention: {self.attention.value}"] if self.attention is not ir.Attention.flash else [])
 
 
 @dataclass(frozen=True, slots=True)
