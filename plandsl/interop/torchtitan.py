@@ -58,6 +58,10 @@ SINGLE_STAGE = ("GPipe", "1F1B")   # PipelineScheduleSingle: one stage per rank
 # SelectiveAC is op-level (keeps matmuls and attention, recomputes every other matmul): plandsl's selective_op.
 RECOMPUTE = {ir.Recompute.none: "none", ir.Recompute.selective_op: "selective", ir.Recompute.full: "full"}
 SUBCOMMAND = "activation-checkpoint:"
+# torch.compile over the model and the loss (CompileConfig: enable, components ["model", "loss"]): a plan's
+# `kernels: fused`; without it torchtitan runs eager, `kernels: eager`.
+COMPILE = "--compile.enable"
+COMPILE_COMPONENTS = "--compile.components"
 # LR schedules: warm-up, then the plan's decay over the rest of training (decay_ratio None), or none (0.0).
 DECAY = {"cosine": "cosine", "linear": "linear"}
 # The module names of a llama3 model, for module_fqns_per_model_part (Llama3Model: tok_embeddings, layers.N,
@@ -247,6 +251,11 @@ def _train_args(plan: ir.Plan, args: list, lose, degrees: dict[str, int]) -> Non
         args += [("--lr_scheduler.decay_ratio", "None"), ("--lr_scheduler.decay_type", DECAY[train.lr_schedule]),
                  ("--lr_scheduler.min_lr_factor", "0.0")]
     args.append(("--debug.seed", str(train.seed)))
+    if train.kernels is ir.Kernels.fused:  # the fused element-wise kernels the plan was costed with: torch.compile's
+        args.append((COMPILE, None))       # (CompileConfig: components model and loss); eager is its default
+    if train.attention is ir.Attention.materialized:
+        lose("attention: materialized (torchtitan's attention is SDPA's fused kernel)", "train",
+             hint="drop attention, or write attention: flash")
     mode = RECOMPUTE.get(train.recompute)
     if mode is None or train.recompute_layers is not None:
         what = f"recompute: {train.recompute.value}" + (f", recompute_layers: {train.recompute_layers}"

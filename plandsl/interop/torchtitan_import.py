@@ -31,9 +31,10 @@ CHOICE_FLAGS = {"--module": (facts.MODULE,), "--config": tuple(facts.CONFIGS),
                                                    "PipelineScheduleMulti"),
                 T + "mixed_precision_param": ("bfloat16", "float32"), T + "dtype": ("bfloat16", "float32"),
                 O + "decay_type": ("linear", "sqrt", "cosine")}
-LIST_FLAGS = (P + "module_fqns_per_model_part",)
+LIST_FLAGS = (P + "module_fqns_per_model_part", facts.COMPILE_COMPONENTS)
 TEXT_FLAGS = (P + "pipeline_parallel_schedule_csv",)
 SWITCHES = {P + "enable_sequence_parallel": True, P + "no_enable_sequence_parallel": False,
+            facts.COMPILE: True, facts.COMPILE.replace(".enable", ".no_enable"): False,
             T + "disable_cuda_graphs": True, T + "no_disable_cuda_graphs": False}
 KNOWN = (*INT_FLAGS, *FLOAT_FLAGS, *CHOICE_FLAGS, *LIST_FLAGS, *TEXT_FLAGS, *SWITCHES)
 # Sections and keys of torchtitan's config that mean nothing in a plan (logging, data, checkpoints, compilation,
@@ -51,7 +52,7 @@ DEFAULTS = {P + "data_parallel_replicate_degree": 1, P + "data_parallel_shard_de
             P + "pipeline_parallel_microbatch_size": 1, T + "global_batch_size": -1, T + "max_norm": 1.0,
             T + "mixed_precision_param": "bfloat16", T + "dtype": "float32", O + "warmup_steps": 200,
             O + "decay_ratio": None, O + "decay_type": "linear", O + "min_lr_factor": 0.0, "--debug.seed": None,
-            "activation": "selective"}
+            "activation": "selective", facts.COMPILE: False, facts.COMPILE_COMPONENTS: (("model", "loss"),)}
 CONFIG_DEFAULTS = {
     "llama3_debugmodel": {P + "pipeline_parallel_schedule": "Interleaved1F1B", T + "local_batch_size": 8,
                           T + "seq_len": 2048, facts.LR: 8e-4, O + "warmup_steps": 2, O + "decay_ratio": 0.8},
@@ -136,7 +137,7 @@ def _value(flag: Flag, read: _Read):
         return None, None
     if name == facts.WEIGHT_DECAY and len(values) == 1 and values[0] in ("0", "0.0"):
         return None, None   # a plan's adam: AdamW without weight decay, as the export writes it
-    if name in IGNORED or name.startswith(IGNORED_SECTIONS):
+    if name in IGNORED or (name.startswith(IGNORED_SECTIONS) and name not in KNOWN):
         read.ignored.append(flag.text)
         return None, None
     if name not in KNOWN:
@@ -318,7 +319,11 @@ def _train(read: _Read, values: dict, degrees: dict[str, int]) -> str | None:
                      hint="--lr_scheduler.decay_ratio 0.0 (constant) or None (linear, cosine)")
         return None
     clip = get(T + "max_norm")
+    # torch.compile over the model fuses its element-wise kernels (`kernels: fused`, the plan's default); without
+    # it (torchtitan's default) the model runs in eager mode
+    compiled = get(facts.COMPILE) and "model" in {part for parts in get(facts.COMPILE_COMPONENTS) for part in parts}
     items = [f"global_batch: {batch}", f"micro_batch: {micro}", *precision,
+             *([] if compiled else ["kernels: eager"]),
              f"recompute: {PLAN_RECOMPUTE[get('activation')]}", "optimizer: adam", f"lr: {float(get(facts.LR))!r}",
              f"lr_schedule: {schedule}", f"warmup_steps: {get(O + 'warmup_steps')}",
              f"grad_clip: {repr(float(clip)) if math.isfinite(clip) and clip > 0 else 'none'}",

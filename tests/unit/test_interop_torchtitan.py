@@ -64,6 +64,13 @@ VARIANTS = {
   stages = evenly over pp with virtual = 2, map = vshape
   schedule = zbv
 }""",
+    "eager_fsdp": """plan eager_fsdp {
+  model = llama3_8b
+  cluster = dgx_h100 x 1
+  mesh = [dp = 8]
+  train = { global_batch: 16, micro_batch: 1, precision: bf16, kernels: eager, recompute: full }
+  data = zero3 over dp
+}""",
 }
 
 
@@ -104,6 +111,25 @@ def test_import_of_the_export_is_the_plan(name):
     assert export_plan(back, "torchtitan").text == exported.text
     assert (back.dp, back.tp, back.pp, back.cp, back.data.kind) == (plan.dp, plan.tp, plan.pp, plan.cp, plan.data.kind)
     assert back.train.model_dump(exclude={"seq"}) == plan.train.model_dump(exclude={"seq"}) and back.seq == plan.seq
+
+
+def test_compile_is_the_plans_kernels_both_ways():
+    fused, eager = variant("fsdp_tp_pp_interleaved"), variant("eager_fsdp")
+    assert "--compile.enable" in _words(export_plan(fused, "torchtitan").text)
+    assert "--compile.enable" not in _words(export_plan(eager, "torchtitan").text)
+    flags = "--module llama3 --config llama3_8b --parallelism.data_parallel_shard_degree 8 {}"
+    for extra, kernels in (("", "eager"), ("--compile.enable", None), ("--compile.enable --compile.components loss",
+                                                                       "eager"),
+                           ("--compile.enable --compile.components model,loss", None),
+                           ("--compile.no-enable", "eager")):
+        imported = import_text("torchtitan", flags.format(extra), "args.sh", world_size=8)
+        assert imported.ok, (extra, imported.diagnostics)
+        assert (f"kernels: {kernels}" in imported.text) if kernels else ("kernels" not in imported.text), extra
+    materialized = api.select_plan(api.loads(HEADER + VARIANTS["eager_fsdp"].replace("kernels: eager",
+                                                                                     "attention: materialized")
+                                             + "\n", path="m.plan"))
+    lost = export_plan(materialized, "torchtitan").lost
+    assert [d.code for d in lost] == ["E808"] and "attention: materialized" in lost[0].message
 
 
 def test_what_torchtitan_cannot_express_is_listed():
@@ -228,6 +254,8 @@ def test_config_manager_parses_the_export_into_the_plan(titan, name):
     recompute = {"none": type(None), "selective_op": SelectiveAC.Config, "full": FullAC.Config}
     assert type(config.activation_checkpoint) is recompute[plan.train.recompute.value]
     assert config.optimizer.param_groups[0].optimizer_kwargs["lr"] == plan.train.lr
+    # torch.compile over the model: the fused element-wise kernels a plan is costed with by default
+    assert (config.compile.enable and "model" in config.compile.components) == (plan.train.kernels.value == "fused")
     if plan.pp > 1:
         from plandsl.ir.placement import assign_stages
         assignment, _ = assign_stages(plan)
