@@ -243,6 +243,14 @@ class TransformerModel(Node):
                                   "attn(norm1 x) and mlp(norm2 x) to the same input x (Black et al. 2022), "
                                   "instead of feeding the MLP x + attn(norm1 x)")
 
+    @model_serializer(mode="wrap")
+    def _without_unset_head_dim(self, handler):
+        """A model that writes no `head_dim` dumps (and its plan hashes) as before the key existed."""
+        data = handler(self)
+        if self.head_dim == 0 and isinstance(data, dict):
+            data.pop("head_dim", None)
+        return data
+
     @property
     def head_width(self) -> int:
         """Grouped-query attention's width per head: `head_dim`, or hidden / heads when it is not given."""
@@ -507,6 +515,14 @@ class ExpertParallel(Node):
                           "all-to-alls run behind another microbatch's computation, as Megatron-Core's "
                           "--overlap-moe-expert-parallel-comm merges one microbatch's forward with another's backward "
                           "(and DeepSeek-V3's DualPipe overlaps its chunks' all-to-alls)")
+
+    @model_serializer(mode="wrap")
+    def _without_unset_overlap(self, handler):
+        """Expert parallelism without `with overlap` dumps (and its plan hashes) as before the option existed."""
+        data = handler(self)
+        if not self.overlap and isinstance(data, dict):
+            data.pop("overlap", None)
+        return data
 
 
 class SelectorPart(Node):

@@ -90,3 +90,15 @@ def test_stdlib_moe_models_have_their_published_sizes(path, name, total, active)
     embedding = model.vocab * model.hidden if name.startswith("gpt_oss") else 0
     assert counted == pytest.approx(total, rel=0.02)
     assert counted - experts + experts * model.top_k / model.experts - embedding == pytest.approx(active, rel=0.02)
+
+
+def test_plans_without_the_new_keys_dump_and_hash_as_before():
+    """Checkpoints name a plan by the sha256 of its JSON dump (`runtime.checkpoint.plan_hash`): a plan that writes no `head_dim` and no `with overlap`
+    dumps without them (as before the keys existed); one that writes them dumps them."""
+    plain = _plan("")
+    assert "head_dim" not in plain.model.model_dump() and "overlap" not in plain.experts.model_dump()
+    assert '"head_dim"' not in plain.model_dump_json() and '"overlap"' not in plain.model_dump_json()
+    assert _plan().model.model_dump()["head_dim"] == 128
+    overlapped = api.loads(PLAN.format(head_dim="").replace("over ep", "over ep with overlap")).plans[0]
+    assert overlapped.experts.model_dump()["overlap"] is True
+    assert ir.Plan.model_validate_json(plain.model_dump_json()).model_dump() == plain.model_dump()
