@@ -205,3 +205,13 @@ def test_doc_example_checks(line, text):
     assert analysis.ok, f"docs/language.md block at line {line}:\n{_render(analysis)}"
     assert analysis.document is not None
     assert not analysis.diagnostics, f"docs/language.md block at line {line} warns:\n{_render(analysis)}"
+
+
+def test_doc_limits_table_names_every_model_argument():
+    """docs/language.md's Limits table lists every model argument `plandsl/diagnostics/limits.py` caps (E505)."""
+    from plandsl.diagnostics.limits import MODEL_ARGUMENTS
+    text = DOC.read_text(encoding="utf-8")
+    table = text[text.index("### Limits"):]
+    table = table[:table.index("\n\n", table.index("| Count |"))]
+    named = set(re.findall(r"`(\w+)`", table))
+    assert set(MODEL_ARGUMENTS) - named == set()
