@@ -222,6 +222,8 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
             if progress:
                 progress(done, len(roots))
             children = space.expand_root(item)
+        elif isinstance(item, Node) and not item.tight:
+            children = [space.tighten(item)]
         elif isinstance(item, Node):
             pending = space.pending(item)
             children = [pending] if pending is not None else []

@@ -143,6 +143,39 @@ class Bounds:
         return sum(count * min(times[i].forward + times[i].input_grad for times in per_device)
                    for i, (_, count) in enumerate(self.kinds))
 
+    def compute_bound(self, node: Node) -> float:
+        """m x the least seconds per microbatch of the busiest pipeline rank over every split of the blocks,
+        counting compute only: below every leaf's `leaf_bound` whatever its ZeRO stage, schedule (Chimera
+        aside), virtual stages and split, so a bound on the node; one `least_slowest` per rank map instead of
+        `busy_bound`'s one per (ZeRO stage, map, virtual stages), and tighter than those where ZeRO-2/3's
+        first unit (a < 0 in a + n·b) lowers their end ranks. A stage takes at least its layers' F + B (ZeRO's
+        traffic only adds: `cost.stage.zero_traffic`; a partly recomputed node's blocks at least its kept
+        node's), a rank at least one block per stage it holds, the embedding's seconds on rank 0, the norm's
+        and head's on the last stage's rank: rank pp - 1 in a loop, rank 0 in a V (two stages per rank).
+        0.0 for models other than transformers of one kind of block."""
+        if self.dense_blocks or not self.transformer:
+            return 0.0
+        root, kept = node.root, node.kept or node
+        pp, devices = root.pp, self.figures.device_types(root)
+
+        def seconds(device) -> tuple[float, float, float]:
+            embed, block, norm, head = self.figures.kind_times(kept, device)[:4]
+            return (embed.forward + embed.backward, block.forward + block.backward,
+                    norm.forward + norm.backward + head.forward + head.backward)
+
+        uniform = seconds(next(iter(devices.values()))) if len(devices) == 1 else None
+        per_rank = [uniform] * pp if uniform is not None else [seconds(d) for d in root.rank_devices]
+        least = []
+        for last, stages in ((pp - 1, 1), (0, 2)):  # a loop's last stage, and a V's
+            if pp == 1 and stages == 2:
+                continue
+            kinds: dict = {}
+            for rank, (embed, block, head) in enumerate(per_rank):
+                kind = ((embed if rank == 0 else 0.0) + (head if rank == last else 0.0), block, stages)
+                kinds[kind] = kinds.get(kind, 0) + 1
+            least.append(least_slowest(self.blocks, kinds))
+        return node.microbatches * min(least)
+
     def busy_bound(self, node: Node, zero: int, schedule: str, virtual: int, extra: dict | None = None) -> float:
         """m x the least seconds per microbatch of the busiest pipeline rank over every split of the blocks
         onto the stages (each stage at least one): below `leaf_bound`, whose ranks' busy time is one term

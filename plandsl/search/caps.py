@@ -12,6 +12,11 @@ from plandsl.search.figures import Figures
 from plandsl.search.tree import Root
 
 
+def _whole(caps: np.ndarray) -> np.ndarray:
+    """Caps as whole blocks, none below 0 nor above 2**62 (`np.clip`'s result, without its dispatch)."""
+    return np.minimum(np.maximum(caps, 0), 2**62).astype(np.int64)
+
+
 class Caps:
     def __init__(self, figures: Figures):
         self.figures = figures
@@ -68,7 +73,7 @@ class Caps:
                 two = within(room - gathered(memory, r == first_rank, r == last_rank, 2), per[r], per_kept[r])
                 one = within(room - gathered(memory, r == first_rank, r == last_rank, 1), per[r], per_kept[r])
                 caps[:, r] = self.blocks if free[r] else np.where(two >= 2, two, np.minimum(one, 1.0))[:, 0]
-            return np.clip(caps, 0, 2**62).astype(np.int64)
+            return _whole(caps)
         for r in fixed:  # the first and last ranks, one at a time (`cost.memory` order of terms)
             room = float(capacity[r]) - fixed[r] - working
             cap = self.blocks
@@ -82,7 +87,7 @@ class Caps:
                 if blocks == 1:  # gathering one unit, the rank holds one block at most (two gather two)
                     cap = min(cap, 1.0)
             caps[r] = cap
-        return np.clip(caps, 0, 2**62).astype(np.int64)
+        return _whole(caps)
 
     def caps(self, root: Root, ranks, inflight, memory, virtual, recomputed: int | None = None, kept: float = 0.0):
         """`rank_caps` as a list, or None when no split fits them; they depend on memory, not on where the

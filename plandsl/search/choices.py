@@ -14,6 +14,7 @@ import math
 from typing import Mapping, Sequence
 
 from plandsl import ir
+from plandsl.cost.comm import group_links
 from plandsl.cost.layer import Links, mesh_links
 from plandsl.cost.stage import slowest
 from plandsl.ir.shapes import context_extents, expert_extents, indivisible, tensor_extents, tp_splits
@@ -121,12 +122,14 @@ def mesh_orders(cluster: ir.Cluster, layout: Layout, pins: Mapping, devices: Seq
     uniform = len({g.node.device.name for g in cluster.groups}) == 1
     for order in permutations:
         axes = tuple((a, sizes[a]) for a in order) or (("dp", 1),)
+        # tensor-parallel groups stay inside a node (search.PIN_KEYS): the tp group's links (`mesh_links`'
+        # links.tp) first, before the rest of the mesh's (two in three orders of a large cluster end here)
+        if tp > 1 and not pins.get("tp_across_nodes") and group_links(cluster, axes, ["tp"], 0).nodes > 1:
+            across += 1
+            continue
         data = ("dp",) if dp > 1 else (("ep",) if ep > 1 else ())
         links = mesh_links(cluster, axes, 0, data, ir.DataKind.zero1, "tp" if tp > 1 else None,
                            "cp" if cp > 1 else None, "ep" if ep > 1 else None, "pp" if pp > 1 else None)
-        if links.tp.nodes > 1 and not pins.get("tp_across_nodes"):
-            across += 1
-            continue  # tensor-parallel groups stay inside a node (search.PIN_KEYS)
         ranks, capacity = rank_devices(devices, axes, pp, precision, uniform)
         key = (links, tuple(d.name for d in ranks), capacity)
         if key not in seen:

@@ -117,22 +117,28 @@ def least_slowest(blocks: int, ranks: Mapping[tuple[float, float, int], int]) ->
     holds `least`) and the weighted mean (the max is at least any mean); from there the candidates
     are walked upward, the next being the least fixed_r + (N_r(T) + 1)·per_block_r, never past the
     optimum: within one block of the mean per kind of rank, so a few steps."""
-    if sum(n * least for (_, _, least), n in ranks.items()) > blocks:
+    kinds = [(fixed, per, least, n) for (fixed, per, least), n in ranks.items()]  # plain loops: ~9 µs -> 6
+    held = 0
+    for _, _, least, n in kinds:
+        held += n * least
+    if held > blocks:
         return math.inf
-    floor = max(fixed + least * per for fixed, per, least in ranks)
-    if any(per <= 0.0 for _, per, _ in ranks):
-        return floor  # a rank holds any number of blocks at its fixed cost
-
-    def held(limit: float) -> int:
-        return sum(n * max(least, int((limit - fixed) / per + 1e-9)) for (fixed, per, least), n in ranks.items())
-
-    weight = sum(n / per for (_, per, _), n in ranks.items())
-    mean = (blocks + sum(n * fixed / per for (fixed, per, _), n in ranks.items())) / weight
-    limit = max(floor, mean)
-    while held(limit) < blocks:  # the next candidate: no optimum lies between (each rank's count is exact here)
-        step = min(fixed + (max(least, int((limit - fixed) / per)) + 1) * per for fixed, per, least in ranks)
+    floor = max(fixed + least * per for fixed, per, least, _ in kinds)
+    weight = spread = 0
+    for fixed, per, _, n in kinds:
+        if per <= 0.0:
+            return floor  # a rank holds any number of blocks at its fixed cost
+        weight += n / per
+        spread += n * fixed / per
+    limit = max(floor, (blocks + spread) / weight)
+    while True:  # the next candidate until the ranks hold the blocks (each rank's count is exact here)
+        held = 0
+        for fixed, per, least, n in kinds:
+            held += n * max(least, int((limit - fixed) / per + 1e-9))
+        if held >= blocks:
+            return limit
+        step = min(fixed + (max(least, int((limit - fixed) / per)) + 1) * per for fixed, per, least, _ in kinds)
         limit = max(step, math.nextafter(limit, math.inf))
-    return limit
 
 
 def partition_layers(costs: list[list[float]], memory: list[list[float]] | None = None,

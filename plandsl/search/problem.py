@@ -138,25 +138,32 @@ class SearchResult:
 
 def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
     """The candidate as an `ir.Plan` (what `search_emit.plan_text` writes, once lowered); the
-    layers of its stages are given to `cost.estimate` as an assignment."""
+    layers of its stages are given to `cost.estimate` as an assignment. Every node is given its (empty)
+    `field_spans` (`_node`)."""
     sizes = c.degrees()
     order = c.order or ("dp",)
-    mesh = ir.Mesh.model_construct(axes=tuple(ir.Axis.model_construct(name=a, size=sizes[a]) for a in order),
-                                   first_device=0, part=None)
+    mesh = _node(ir.Mesh, axes=tuple(_node(ir.Axis, name=a, size=sizes[a]) for a in order), first_device=0,
+                 part=None)
     data_axes = ("dp",) if c.dp > 1 else (("ep",) if c.ep > 1 else ())
-    data = ir.DataParallel.model_construct(kind=ir.DataKind.of_zero_stage(c.zero_stage), axes=data_axes) if data_axes else None
-    tensor = ir.TensorParallel.model_construct(style="megatron", axis="tp", sequence_parallel=c.sequence_parallel) \
+    data = _node(ir.DataParallel, kind=ir.DataKind.of_zero_stage(c.zero_stage), axes=data_axes) if data_axes else None
+    tensor = _node(ir.TensorParallel, style="megatron", axis="tp", sequence_parallel=c.sequence_parallel) \
         if c.tp > 1 else None
-    context = ir.ContextParallel.model_construct(kind=CONTEXT, axis="cp") if c.cp > 1 else None
+    context = _node(ir.ContextParallel, kind=CONTEXT, axis="cp") if c.cp > 1 else None
     overlap = bool(base.experts and base.experts.overlap)  # the problem's `overlap_experts` (search.figures)
-    experts = ir.ExpertParallel.model_construct(kind="alltoall", axis="ep", overlap=overlap) if c.ep > 1 else None
+    experts = _node(ir.ExpertParallel, kind="alltoall", axis="ep", overlap=overlap) if c.ep > 1 else None
     stages = schedule = None
     if c.pp > 1:
         name = c.schedule or DEFAULT_SCHEDULE
-        stages = ir.Stages.model_construct(axis="pp", mode="explicit", virtual=c.virtual_stages,
-                                           rank_map=BUILTIN[name].rank_map, groups=())
-        schedule = ir.ScheduleRef.model_construct(name=name, options={}, definition=None)
+        stages = _node(ir.Stages, axis="pp", mode="explicit", virtual=c.virtual_stages,
+                       rank_map=BUILTIN[name].rank_map, groups=())
+        schedule = _node(ir.ScheduleRef, name=name, options={}, definition=None)
     train = base.train.model_copy(update={"micro_batch": c.micro_batch_size, "recompute": ir.Recompute(c.recompute),
                                         "recompute_layers": c.recompute_layers})
     return base.model_copy(update={"mesh": mesh, "train": train, "data": data, "tensor": tensor, "context": context,
                                    "experts": experts, "stages": stages, "schedule": schedule})
+
+
+def _node(model: type, **values):
+    """`model.model_construct(**values)` with its (empty) `field_spans` given: pydantic resolves a default
+    factory by inspecting its signature on each construction (~20 µs, most of a search's plan)."""
+    return model.model_construct(field_spans={}, **values)

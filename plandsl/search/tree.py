@@ -47,6 +47,7 @@ class Node:
     # recompute_layers: `full` for the first N blocks of each stage (N per leaf), the kept blocks' node
     # (recompute none, same root and micro-batch) for the others' seconds and bytes
     kept: Node | None = None
+    tight: bool = False  # whether `bound` counts `Bounds.compute_bound` yet (`Space.tighten`)
 
 
 @dataclass(slots=True)

@@ -81,7 +81,8 @@ def test_branch_and_bound_finds_the_brute_force_optimum(model, cluster, batch, p
 def test_a_split_bounds_its_leaf_below_the_exact_bound(model, cluster, batch, pins):
     """`Bounds.split_bound` (the busiest rank under a leaf's split, from the node's slopes) is at most
     `Bounds.leaf_bound` for every leaf, partly recomputed ones included, so that putting off the exact
-    bound until the search reaches the split's never drops a plan (the brute-force test above)."""
+    bound until the search reaches the split's never drops a plan (the brute-force test above); so is
+    `Bounds.compute_bound`, the node's busiest rank counting compute only, under every leaf of the node."""
     from plandsl.search.choices import stage_ranks
     space = Space(problem(model, cluster, batch), pins, DEFAULT_EFFICIENCY)
     compared = 0
@@ -98,6 +99,7 @@ def test_a_split_bounds_its_leaf_below_the_exact_bound(model, cluster, batch, pi
                 stages = space.bounds.stage_times(node, leaf.zero, ranks, leaf.counts, leaf.recompute_layers)
                 exact = space.bounds.leaf_bound(node, leaf.schedule, ranks, stages, leaf.zero)
                 assert split <= exact * (1 + 1e-12)
+                assert space.bounds.compute_bound(node) <= exact * (1 + 1e-12)  # the node's, for every leaf
                 compared += split > 0
     assert compared > 5 if space.transformer else compared == 0  # other models keep the bound before
 
