@@ -62,7 +62,12 @@ CHOICE_FLAGS: dict[str, tuple[str, ...]] = {
     "--exp-avg-sq-dtype": ("fp32", "fp16", "bf16", "fp8"),
     # MLATransformerConfig.rope_type: MLA takes YaRN by default; plandsl's rotary positions are plain rope
     "--rope-type": ("rope", "yarn"),
+    # TransformerConfig.attention_backend (AttnBackend): flash, cuDNN's fused, auto (Transformer Engine picks one of
+    # them) are a plan's `attention: flash`; unfused (TE's) and local (Megatron's own core) write the s x s scores
+    # through memory, `attention: materialized`
+    "--attention-backend": ("flash", "fused", "unfused", "local", "auto"),
 }
+MATERIALIZED_BACKENDS = ("unfused", "local")
 # A plan's train key -> the precision-aware optimizer's flags that say it
 DTYPE_FLAGS = {"master_dtype": ("--main-params-dtype",), "grad_dtype": ("--main-grads-dtype",),
                "optimizer_dtype": ("--exp-avg-dtype", "--exp-avg-sq-dtype")}
@@ -85,7 +90,7 @@ IGNORED = (
     "--lr-warmup-fraction", "--lr-warmup-samples", "--weight-decay", "--adam-beta1", "--adam-beta2", "--adam-eps",
     "--init-method-std", "--attention-dropout", "--hidden-dropout", "--log-interval", "--save-interval",
     "--eval-interval", "--eval-iters", "--save", "--load", "--tensorboard-dir", "--wandb-project", "--log-throughput",
-    "--attention-backend", "--transformer-impl", "--use-mcore-models", "--use-flash-attn", "--distributed-backend",
+    "--transformer-impl", "--use-mcore-models", "--use-flash-attn", "--distributed-backend",
     "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--no-masked-softmax-fusion",
     "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion", "--rotary-base",
     "--rotary-percent", "--moe-token-dispatcher-type", "--moe-grouped-gemm", "--moe-aux-loss-coeff",
@@ -205,6 +210,11 @@ def _train_args(plan: ir.Plan, args: list, lose) -> None:
     elif train.recompute is ir.Recompute.selective_op:
         lose("recompute: selective_op (op-level selective checkpointing; Megatron recomputes modules: "
              "--recompute-granularity selective)", "train", hint="use recompute: selective or full")
+    if train.attention is ir.Attention.materialized:  # TE's unfused core: the scores through memory
+        args.append(("--attention-backend", "unfused"))
+    if train.kernels is ir.Kernels.eager:
+        lose("kernels: eager (Megatron-LM runs its element-wise work in fused kernels, Transformer Engine's or its "
+             "own)", "train", hint="drop kernels, or write kernels: fused")
     args += [("--optimizer", train.optimizer.value), ("--lr", _number(train.lr)),
              ("--lr-decay-style", train.lr_schedule), ("--lr-warmup-iters", str(train.warmup_steps)),
              # clip_grad 0 turns clipping off (megatron/core/optimizer/optimizer.py: `if config.clip_grad > 0.0`)

@@ -429,6 +429,8 @@ def _train(read: _Read) -> str | None:
         return None
     items = [f"global_batch: {read.get('--global-batch-size', 0)}", f"micro_batch: {micro}",
              f"precision: {precision}", *recompute]
+    if read.get("--attention-backend") in facts.MATERIALIZED_BACKENDS:
+        items.append("attention: materialized")
     if precision != "fp32":  # Megatron keeps the weights 16-bit (bf16 under FP8) beside its fp32 main params
         items.append(f"param_dtype: {'bf16' if precision == 'fp8' else precision}")
     seq, positions = read.get("--seq-length"), read.get("--max-position-embeddings")

@@ -399,3 +399,26 @@ def test_an_uneven_layout_imports_as_the_stage_ranges_a_plan_writes():
     imported = import_text("megatron", text, "flags", world_size=8)
     assert imported.ok, api.render_all(imported.diagnostics, imported.sources)
     assert "0:    embed, layers[0:9]\n    1..7: layers[9:72]\n    7:    layers[72:80], norm, head\n" in imported.text
+
+
+@pytest.mark.parametrize("backend, materialized", [("unfused", True), ("local", True), ("flash", False),
+                                                   ("fused", False), ("auto", False), (None, False)])
+def test_the_attention_backend_is_the_plans_attention_both_ways(backend, materialized):
+    text = f"{BASE}{f' --attention-backend {backend}' if backend else ''}\n"
+    imported = import_text("megatron", text, "flags", world_size=8)
+    assert imported.ok, imported.diagnostics
+    assert ("attention: materialized" in imported.text) == materialized
+    plan = api.select_plan(api.loads(imported.text, path="imported.plan"))
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost
+    assert ("--attention-backend unfused" in exported.text) == materialized
+    back = import_text("megatron", exported.text, "flags", world_size=8)
+    assert back.ok and ("attention: materialized" in back.text) == materialized
+
+
+def test_eager_kernels_are_what_megatron_cannot_run():
+    imported = import_text("megatron", BASE + "\n", "flags", world_size=8)
+    text = imported.text.replace("precision: ", "kernels: eager, precision: ", 1)
+    plan = api.select_plan(api.loads(text, path="eager.plan"))
+    lost = export_plan(plan, "megatron").lost
+    assert [d.code for d in lost] == ["E808"] and "kernels: eager" in lost[0].message
