@@ -28,7 +28,7 @@ def describe_plan(plan: ir.Plan) -> str:
     if plan.context:
         parts.append(f"{plan.context.kind} cp over {plan.context.axis}")
     if plan.experts:
-        parts.append(f"experts over {plan.experts.axis}")
+        parts.append(f"experts over {plan.experts.axis}" + (" with overlap" if plan.experts.overlap else ""))
     lines.append(f"  parallel  {'; '.join(parts) or 'none'}")
     shares = data_shares(plan) if batch.uneven(plan) else None
     split = f"dp {plan.dp} x micro-batch {train.micro_batch} x {plan.num_microbatches} microbatch(es)" if shares is None \
@@ -37,6 +37,7 @@ def describe_plan(plan: ir.Plan) -> str:
                  f"recompute {train.recompute.value}"
                  f"{'' if train.recompute_layers is None else f' (first {train.recompute_layers} blocks per stage)'}; "
                  f"{'eager kernels; ' if train.kernels is ir.Kernels.eager else ''}"
+                 f"{'materialized attention; ' if train.attention is ir.Attention.materialized else ''}"
                  f"{train.optimizer.value}{_dtypes(train)}")
     assignment, _ = assign_stages(plan)
     if plan.stages and assignment:

@@ -97,3 +97,16 @@ def test_generate_writes_the_attention_it_was_given(tmp_path):
     (tmp_path / "p.plan").write_text(generated.texts[0])
     plan = api.load_plan(tmp_path / "p.plan")
     assert api.estimate(plan).time.step == pytest.approx(generated.result.best.estimate.time.step, rel=1e-9)
+
+
+def test_show_says_the_implementation_it_prices():
+    """`plandsl show` names the non-default kernels, attention core and overlapped expert all-to-alls, which
+    change the memory it prints and the estimate; a plan without them reads as before."""
+    from plandsl.render.summary import describe_plan
+    plain = describe_plan(_plan("none"))
+    assert "materialized" not in plain and "eager" not in plain
+    shown = describe_plan(_plan("none", ", attention: materialized, kernels: eager"))
+    assert "eager kernels; materialized attention; " in shown
+    from tests.unit.test_moe_cost import _plan as moe_plan
+    assert "experts over ep with overlap" in describe_plan(moe_plan(overlap=True))
+    assert "overlap" not in describe_plan(moe_plan())
