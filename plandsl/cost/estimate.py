@@ -128,7 +128,8 @@ def plan_work(plan: ir.Plan) -> Work:
     sequence_parallel = bool(plan.tensor and plan.tensor.sequence_parallel)
     return Work(plan.train.micro_batch, plan.seq, plan.tp, plan.cp, plan.ep, sequence_parallel,
                 plan.train.precision, plan.train.recompute, gather_kv=gathers_kv(plan), kernels=plan.train.kernels,
-                overlap_experts=bool(plan.experts and plan.experts.overlap), attention=plan.train.attention)
+                overlap_experts=bool(plan.experts and plan.experts.overlap) and plan.num_microbatches > 1,
+                attention=plan.train.attention)  # one microbatch: no other one's pass to hide the all-to-alls behind
 
 
 def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=None,

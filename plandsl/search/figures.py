@@ -78,7 +78,8 @@ class Figures:
         root = node.root
         return Work(node.micro_batch, self.problem.sequence, root.tp, root.cp, root.ep, root.sequence_parallel,
                     self.problem.precision, ir.Recompute(node.recompute), gather_kv=root.cp > 1,  # search.CONTEXT
-                    kernels=self.problem.kernels, overlap_experts=self.problem.overlap_experts,
+                    kernels=self.problem.kernels,  # `plan_work`: one microbatch has nothing to overlap with
+                    overlap_experts=self.problem.overlap_experts and node.microbatches > 1,
                     attention=self.problem.attention)
 
     def device_types(self, root: Root) -> dict:
@@ -107,7 +108,7 @@ class Figures:
             layer_links = self._layer_links(links)
             # what `work` varies by in one search, and the device and links: a cheaper key than the Work
             same = (node.micro_batch, node.recompute, root.tp, root.cp, root.ep, root.sequence_parallel,
-                    device.name, layer_links)
+                    device.name, layer_links, self.problem.overlap_experts and node.microbatches > 1)
             found = self._kind_times_cache.get(same)
             if found is not None:
                 node.times[device.name] = found

@@ -155,3 +155,19 @@ def test_expert_tensor_parallelism_gathers_the_routed_copies(shared):
     def pair(size):
         return collective_seconds("all_gather", size, links.tp) + collective_seconds("reduce_scatter", size, links.tp)
     assert time.forward_comm == pytest.approx(pair(activation) * (1 + shared) + pair(8 * activation))
+
+
+def test_one_microbatch_has_no_other_pass_to_hide_behind():
+    """`with overlap` hides one microbatch's all-to-alls behind another's computation: with one microbatch per step
+    there is none, so they wait in full, in the estimate and in the search alike."""
+    from plandsl.search import Problem, parse_pins, search
+    text = PLAN.format(mesh="dp = 2, ep = 8", overlap=" with overlap", precision="bf16", extra="")
+    one = api.loads(text.replace("global_batch: 64", "global_batch: 16")).plans[0]
+    plain = api.loads(text.replace("global_batch: 64", "global_batch: 16").replace(" with overlap", "")).plans[0]
+    assert one.num_microbatches == 1 and _plan().num_microbatches == 4
+    assert _block_time(one)[0].forward_comm == pytest.approx(_block_time(plain)[0].forward_comm)
+    assert _block_time(_plan(overlap=True))[0].forward_comm < _block_time(_plan())[0].forward_comm  # 4: hidden
+    pins = parse_pins(["dp=2", "ep=8", "mb=1", "pp=1", "tp=1", "cp=1", "zero=1", "recompute=none"])
+    steps = [search(Problem(one.model, one.cluster, 16, one.seq, overlap_experts=overlap), pins=pins, top=1)
+             .best.estimate.time.step for overlap in (True, False)]
+    assert steps[0] == pytest.approx(steps[1], rel=1e-12)
