@@ -271,6 +271,8 @@ class EagerBytes:
     loss_backward: float
 
 
+FP8_CAST_BYTES = 4.0  # read 2 bytes of a 16-bit element, write its row-wise and column-wise FP8 copies (1 + 1)
+
 EAGER = {2: EagerBytes(36.0, 98.0, 13.0, 31.0, 20.0, 32.0, 10.0, 18.0, 18.0, 26.0),  # bf16, fp16, fp8's activations
          4: EagerBytes(28.0, 96.0, 26.0, 69.0, 40.0, 64.0, 20.0, 36.0, 12.0, 20.0)}  # fp32
 
@@ -335,11 +337,16 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
     gpt = model.kind == "gpt"
     widths = attention_widths(model)
     matmul = flops = 0.0
+    cast_in = cast_grad = 0.0  # elements per token FP8 quantizes: each GEMM's input (forward), its output's gradient
     for out, features, splits in attention_projections(model):  # wq, wk, wv (column-parallel), wo (row-parallel)
         out, features = (out / tp, features) if splits == "out" else (out, features / tp) if splits else (out, features)
         rows = tokens if splits else tokens / split  # MLA's replicated down-projections: the sequence shard under SP
         matmul += gemm(rows, out, features, device, precision)
         flops += 2.0 * rows * out * features
+        # a column-parallel or replicated GEMM's input and a row-parallel one's output are this rank's sequence
+        # shard under sequence parallelism (quantized before the gather, after the reduce-scatter)
+        cast_in += features if splits == "in" else features / split
+        cast_grad += out if splits == "out" else out / split
     seq_q = -(-work.seq // work.cp)
     # Q·Kᵀ and P·V over this rank's heads (MLA: q and k (nope + rope) wide per head, v and the output v wide)
     attention_flops = 2.0 * work.micro_batch * seq_q * work.seq * (widths.q + widths.o) / tp
@@ -368,6 +375,9 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         flops += 2.0 * tokens * model.top_k * projections * h * ffn / tp
         mlp_elements = model.top_k * ((2 if gpt else 3) * ffn / tp + 4 * h) + 2 * experts
         gate_width, routing = model.top_k * ffn / tp, model.top_k * 4 * h + 2 * experts  # permute, unpermute; router
+        # the experts' fc1 and fc2 on top_k routed copies: inputs h and the gate's width, output gradients
+        cast_in += model.top_k * (h + ffn / tp)
+        cast_grad += model.top_k * ((projections - 1) * ffn / tp + h)
         if model.shared_experts:  # every token through one MLP of shared_experts x ffn (DeepSeekMoE)
             width = model.shared_experts * ffn
             matmul += gemm(tokens, (projections - 1) * width / tp, h, device, precision)
@@ -375,12 +385,16 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
             flops += 2.0 * tokens * projections * h * width / tp
             mlp_elements += 3 * width / tp
             gate_width += width / tp
+            cast_in += h / split + width / tp
+            cast_grad += (projections - 1) * width / tp + h / split
     else:
         matmul += gemm(tokens, (projections - 1) * ffn / tp, h, device, precision)
         matmul += gemm(tokens, h, ffn / tp, device, precision)
         flops += 2.0 * tokens * projections * h * ffn / tp
         mlp_elements = (2 if gpt else 3) * ffn / tp                        # GeLU r/w; SwiGLU r 2, w 1
         gate_width, routing = ffn / tp, 0.0
+        cast_in += h / split + ffn / tp                         # fc1's input (w1 and w3 share it), fc2's
+        cast_grad += (projections - 1) * ffn / tp + h / split   # fc1's output gradient, fc2's
     # Outside the GEMMs, per token: two norms (read, write: 4h), two residual adds (read 2, write
     # 1: 6h), gpt's two dropout masks (1 byte each: h in 16-bit units); inside tensor parallelism
     # the activation function and llama's rotary embedding on q and k (read, write: 2(q + kv), q = h unless
@@ -406,6 +420,14 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         backward_bytes = (norms * eager.norm_backward + h / split * eager.block_backward
                           + rotary * eager.rotary_backward + gate_width * eager.gate_backward + 2 * routing * element)
         other, backward_other = tokens * forward_bytes / bandwidth, tokens * backward_bytes / bandwidth
+    if precision is ir.Precision.fp8:
+        # Transformer Engine's FP8 linear layers quantize each GEMM's input in the forward and its output
+        # gradient in the backward, each with one cast-transpose kernel that reads the 16-bit tensor and writes
+        # the row-wise and the column-wise FP8 copies the GEMMs read (FP8_CAST_BYTES per element; delayed
+        # scaling, TE's and Megatron's default recipe: the scale comes from the amax history, no extra pass).
+        # The weights' casts (once a step, cached across microbatches) and the GEMMs' reads are not here.
+        other += tokens * cast_in * FP8_CAST_BYTES / bandwidth
+        backward_other += tokens * cast_grad * FP8_CAST_BYTES / bandwidth
     flops += attention_flops
     recompute, recompute_flops = 0.0, 0.0
     if work.recompute is ir.Recompute.full:

@@ -137,3 +137,26 @@ def test_fp8_latent_attention_saves_its_latents_and_its_wide_output_in_one_byte(
                  for p in ("bf16", "fp8"))
     saved = seq * ((model.hidden + 96 + 64) + model.hidden + (8 * 48) + model.ffn_hidden)
     assert bf16 - fp8 == pytest.approx(saved)
+
+
+def test_fp8_quantizes_each_gemms_input_forward_and_its_output_gradient_backward():
+    """Transformer Engine's cast-transpose per GEMM operand: read 16-bit, write row- and column-wise FP8, 4 bytes
+    per element (delayed scaling). A llama block under tp 4 with sequence parallelism, per token: forward the QKV
+    and fc1 inputs on the sequence shard (h/4 each), wo's and fc2's inputs on the rank's heads and MLP share
+    (q/4, ffn/4); backward the QKV and fc1 outputs' gradients ((q + 2 kv)/4, 2 ffn/4), wo's and fc2's (h/4)."""
+    from plandsl.cost.compute import FP8_CAST_BYTES, Efficiency, Work, estimate_layer_compute
+    from plandsl.ir.layers import layers_of
+    model = ir.TransformerModel(kind="llama", name="l", layers=2, hidden=4096, heads=32, kv_heads=8,
+                                ffn_hidden=14336, seq=4096, vocab=32000)
+    device = ir.DeviceType(name="d", memory=80 * 2**30, bandwidth=1.0, peak={"bf16": 1e15, "fp8": 2e15})
+    block = next(x for x in layers_of(model) if x.kind == "block")
+    h, kv, ffn, t, tokens = 4096, 1024, 14336, 4, 4096
+
+    def other(precision):
+        work = Work(1, tokens, tp=t, sequence_parallel=True, precision=precision)
+        result = estimate_layer_compute(model, block, work, device, Efficiency(1.0, 0.0))
+        return result.forward_other, result.backward_other
+    (fwd8, bwd8), (fwd16, bwd16) = other(ir.Precision.fp8), other(ir.Precision.bf16)
+    assert FP8_CAST_BYTES == 4.0
+    assert fwd8 - fwd16 == pytest.approx(tokens * (h / t + h / t + h / t + ffn / t) * 4, rel=1e-12)
+    assert bwd8 - bwd16 == pytest.approx(tokens * ((h + 2 * kv) / t + h / t + 2 * ffn / t + h / t) * 4, rel=1e-12)
