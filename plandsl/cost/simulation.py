@@ -90,10 +90,11 @@ class Replica:
         shown = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:8]) + (", ..." if len(runs) > 8 else "")
         return f"data rank{'s' if len(self.data_ranks) > 1 else ''} {shown}"
 
-    def describe(self) -> str:
+    def describe(self, unit: str = " s") -> str:
+        """`unit`: the durations' ('' for `--costs`, which are the user's units)."""
         kinds = ", ".join(dict.fromkeys(self.devices))
         return (f"{self.name()}: {self.share} sequences, {self.microbatches} microbatch(es) on {kinds}, makespan "
-                f"{self.simulation.makespan:.6g} s")
+                f"{self.simulation.makespan:.6g}{unit}")
 
     def to_json(self) -> dict:
         return {"data_ranks": list(self.data_ranks), "share": self.share, "microbatches": self.microbatches,
@@ -133,7 +134,7 @@ def replicas_report(replicas: list[Replica], unit: str = "", memory_in_bytes: bo
              f"the step waits for {slowest.name()} (makespan {slowest.simulation.makespan:.6g}{unit}), "
              f"{fastest.name()} ends first ({fastest.simulation.makespan:.6g}{unit})"]
     for replica in replicas:
-        lines += ["", replica.describe(), report(replica.schedule, replica.simulation, unit, memory_in_bytes)]
+        lines += ["", replica.describe(unit), report(replica.schedule, replica.simulation, unit, memory_in_bytes)]
     return "\n".join(lines)
 
 

@@ -436,6 +436,17 @@ def test_simulate_runs_each_replica_with_its_own_microbatches_on_its_own_devices
     assert found["makespan"] == pytest.approx(replicas[0].simulation.makespan)
 
 
+
+def test_simulate_with_given_costs_prints_their_units_not_seconds():
+    """`--costs F=1,B=2` durations are in the user's units: the replica lines say `makespan 18`, as the header and
+    each schedule's report do, not `makespan 18 s`."""
+    from click.testing import CliRunner
+
+    from plandsl.cli import main
+    result = CliRunner().invoke(main, ["simulate", str(STDLIB / "local" / "hetero.plan"), "--costs", "F=1,B=2"])
+    assert result.exit_code == 0, result.output
+    assert "data rank 0: 5 sequences, 5 microbatch(es) on cpu_fast, makespan 18\n" in result.output
+
 def test_render_draws_the_slowest_replica_and_says_the_fastest():
     from plandsl.render.memory import render_memory
     from plandsl.render.schedule import render_schedule
