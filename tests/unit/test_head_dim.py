@@ -93,8 +93,9 @@ def test_stdlib_moe_models_have_their_published_sizes(path, name, total, active)
 
 
 def test_plans_without_the_new_keys_dump_and_hash_as_before():
-    """Checkpoints name a plan by the sha256 of its JSON dump (`runtime.checkpoint.plan_hash`): a plan that writes no `head_dim` and no `with overlap`
-    dumps without them (as before the keys existed); one that writes them dumps them."""
+    """Checkpoints name a plan by the sha256 of its JSON dump (`runtime.checkpoint.plan_hash`): a plan that writes
+    no `head_dim` and no `with overlap` dumps without them (as before the keys existed); one that writes them
+    dumps them."""
     plain = _plan("")
     assert "head_dim" not in plain.model.model_dump() and "overlap" not in plain.experts.model_dump()
     assert '"head_dim"' not in plain.model_dump_json() and '"overlap"' not in plain.model_dump_json()
