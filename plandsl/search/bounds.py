@@ -163,16 +163,25 @@ class Bounds:
             return (embed.forward + embed.backward, block.forward + block.backward,
                     norm.forward + norm.backward + head.forward + head.backward)
 
-        uniform = seconds(next(iter(devices.values()))) if len(devices) == 1 else None
-        per_rank = [uniform] * pp if uniform is not None else [seconds(d) for d in root.rank_devices]
         least = []
         for last, stages in ((pp - 1, 1), (0, 2)):  # a loop's last stage, and a V's
             if pp == 1 and stages == 2:
                 continue
             kinds: dict = {}
-            for rank, (embed, block, head) in enumerate(per_rank):
-                kind = ((embed if rank == 0 else 0.0) + (head if rank == last else 0.0), block, stages)
-                kinds[kind] = kinds.get(kind, 0) + 1
+            if len(devices) == 1:  # the ranks' kinds as the loop below makes them, in its order: 0, then 1..pp-1
+                embed, block, head = seconds(next(iter(devices.values())))
+                kinds[(embed + (head if last == 0 else 0.0), block, stages)] = 1
+                if pp > 2 or (pp == 2 and last == 0):
+                    kind = (0.0 + 0.0, block, stages)
+                    kinds[kind] = kinds.get(kind, 0) + pp - 1 - (last != 0)
+                if last != 0:
+                    kind = (0.0 + head, block, stages)
+                    kinds[kind] = kinds.get(kind, 0) + 1
+            else:
+                for rank, device in enumerate(root.rank_devices):
+                    embed, block, head = seconds(device)
+                    kind = ((embed if rank == 0 else 0.0) + (head if rank == last else 0.0), block, stages)
+                    kinds[kind] = kinds.get(kind, 0) + 1
             least.append(least_slowest(self.blocks, kinds))
         return node.microbatches * min(least)
 

@@ -52,6 +52,8 @@ class Caps:
         def within(room, per, per_kept):
             if recomputed is None:
                 return room // per
+            if isinstance(room, float) and isinstance(head, int):  # one rank's Python floats: no 0-d arrays
+                return head + (room - head * per) // per_kept if room >= head * per else room // per
             return np.where(room >= head * per, head + (room - head * per) // per_kept, room // per)
 
         free = per_kept <= 0  # a block that costs a rank nothing (no states, no activations): any number fits
@@ -114,6 +116,9 @@ class Caps:
             caps = self.rank_caps(root, ranks, inflight, partial, choices, kept)
             fits = (caps.sum(axis=1) >= self.blocks) & (caps.min(axis=1) >= virtual)
             found = int(choices[int(fits.argmax())]) if fits.any() else None
+            if found is not None:  # its row is what `caps` gives for N = found (the same operations, per row)
+                self._caps_cache[(id(partial), ranks, id(inflight), root.capacity, found, kept)] = \
+                    caps[found - 1].tolist()
         elif self.caps(root, ranks, inflight, partial, virtual, high, kept) is None:
             found = None
         else:

@@ -153,6 +153,31 @@ def test_recompute_layers_is_the_least_that_fits_and_the_fastest_of_its_split():
     assert checked > 20
 
 
+def test_the_least_recomputed_rows_are_the_caps_of_their_n():
+    """`Caps.least_recomputed` computes the caps of every N at once and keeps the row of the N it finds
+    for `Caps.caps`: that row is `Caps.rank_caps` of that N alone."""
+    from plandsl.search.choices import stage_ranks
+    space = Space(problem("long", "tight", 4), {"micro_batch_size": 1}, DEFAULT_EFFICIENCY)
+    checked = 0
+    for root in space.roots():
+        for node in space.expand_root(root):
+            if node.kept is None:
+                continue
+            for zero in (0, 1, 2, 3):
+                memory = space.figures.layer_memory(node, zero)
+                partial, kept = space.caps.partial_memory(memory, space.figures.layer_memory(node.kept, zero))
+                for schedule, virtual in (("1f1b", 1), ("interleaved_1f1b", 2), ("zbv", 2)):
+                    ranks = stage_ranks(schedule, root.pp, virtual) if root.pp > 1 else (0,)
+                    inflight = space.figures.inflight(schedule, root.pp, node.microbatches, virtual)
+                    n = space.caps.least_recomputed(root, ranks, inflight, partial, virtual, kept)
+                    if n is None:
+                        continue
+                    assert space.caps.caps(root, ranks, inflight, partial, virtual, n, kept) == \
+                        space.caps.rank_caps(root, ranks, inflight, partial, n, kept).tolist()
+                    checked += 1
+    assert checked > 10
+
+
 def test_selective_op_leaves_out_what_cannot_run_it():
     """Split-backward schedules (the interpreter refuses them with selective_op, E703) and MoE (E704)."""
     from plandsl.schedules.registry import splits_backward
