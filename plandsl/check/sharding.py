@@ -94,10 +94,39 @@ def check_sharding(plan: ir.Plan) -> Iterator[Diagnostic]:
             yield diag("E411", f"expert parallel over '{plan.experts.axis}', but model '{model.name}' has no experts",
                        plan.experts.span, hint="give the model `experts=` (llama) or drop the experts line")
         else:
-            problem = _axis_divides(experts, plan.experts.axis, plan.ep, plan.experts.span, devices)
+            group = " x ".join(plan.experts.axes)
+            problem = _axis_divides(experts, group, plan.expert_group, plan.experts.span, devices)
             if problem:
                 yield problem
+        yield from _check_fold(plan)
     yield from _check_rules(plan)
+
+
+def _check_fold(plan: ir.Plan) -> Iterator[Diagnostic]:
+    """`experts = alltoall over [ep, tp]` (E416): Megatron-Core's MoE parallel folding draws an expert group from
+    the ranks of one pipeline stage that attention splits the tokens or the weights over, ep x expert_tp x
+    expert_dp = tp x cp x dp; plandsl folds the tensor axis (expert_tp 1), whose ranks then dispatch their own
+    sequence shards, so sequence parallelism must split the tokens over it."""
+    tensor = plan.tensor.axis if plan.tensor is not None else None
+    roles = plan.axis_roles()
+    names = {"pp": "the pipeline stages", "cp": "the sequence", "dp": "the batch", "ep": "the experts"}
+    for index, axis in enumerate(plan.experts.fold):
+        if axis == tensor:
+            continue
+        size = plan.mesh.degree(axis)
+        splits = f"splits {names[roles[axis]]}" if axis in roles else "no parallelism uses"
+        yield diag("E416", f"experts fold axis '{axis}' ({size}), which {splits}, into their group: an expert "
+                   f"group is made of one pipeline stage's tensor-parallel ranks (ep x expert_tp x expert_dp = "
+                   f"tp x cp x dp), and only the tensor axis{f' {tensor!r}' if tensor else ''} can be folded",
+                   plan.experts.span_of(f"fold.{index}"),
+                   hint=f"`experts = alltoall over [{plan.experts.axis}, {tensor}]`" if tensor
+                   else f"`experts = alltoall over {plan.experts.axis}`")
+    if tensor in plan.experts.fold and plan.tp > 1 and not plan.tensor.sequence_parallel:
+        yield diag("E416", f"experts folded over the tensor axis '{tensor}' ({plan.tp}) need sequence parallelism: "
+                   f"without it the {plan.tp} tensor-parallel ranks hold the same tokens, and each would dispatch "
+                   "them to the experts (Megatron-Core requires it for experts with tensor parallelism)",
+                   plan.experts.span, notes=[Note("tensor parallelism here", plan.tensor.span)] if plan.tensor.span
+                   else [], hint=f"`tensor = megatron over {tensor} with sequence_parallel`")
 
 
 def _check_rules(plan: ir.Plan) -> Iterator[Diagnostic]:

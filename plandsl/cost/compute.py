@@ -155,6 +155,7 @@ class Work:
     kernels: ir.Kernels = ir.Kernels.fused
     overlap_experts: bool = False  # `experts = ... with overlap`: the all-to-alls behind another microbatch's compute
     attention: ir.Attention = ir.Attention.flash
+    fold_experts: bool = False  # `experts = alltoall over [ep, tp]`: each expert whole, `ep` ranks counting tp's
 
     @property
     def tokens(self) -> int:
@@ -366,18 +367,23 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         # the router: a plain linear layer, outside Transformer Engine's FP8 (replicated)
         matmul += gemm(tokens, experts, h, device, precision.unquantized)
         flops += 2.0 * tokens * h * experts
-        routed = tokens * model.top_k * work.ep / experts                   # tokens per local expert
+        # Folded over the tensor axis (Megatron-Core's MoE parallel folding, expert TP 1): each rank dispatches its
+        # own sequence shard and runs its experts whole; otherwise every tensor rank runs all tokens on 1/tp of each.
+        expert_tp, rows = (1, tokens / tp) if work.fold_experts else (tp, tokens)
+        share = rows / tokens                                               # of the block's tokens, per device
+        routed = rows * model.top_k * work.ep / experts                     # tokens per local expert
         local = max(1, experts // work.ep)
         # the local experts' projections: Megatron-Core's TEGroupedMLP, a grouped GEMM per projection
         grouped = efficiency.grouped_gemm_seconds
-        matmul += grouped(routed, (projections - 1) * ffn / tp, h, device, precision, local)
-        matmul += grouped(routed, h, ffn / tp, device, precision, local)
-        flops += 2.0 * tokens * model.top_k * projections * h * ffn / tp
-        mlp_elements = model.top_k * ((2 if gpt else 3) * ffn / tp + 4 * h) + 2 * experts
-        gate_width, routing = model.top_k * ffn / tp, model.top_k * 4 * h + 2 * experts  # permute, unpermute; router
+        matmul += grouped(routed, (projections - 1) * ffn / expert_tp, h, device, precision, local)
+        matmul += grouped(routed, h, ffn / expert_tp, device, precision, local)
+        flops += 2.0 * rows * model.top_k * projections * h * ffn / expert_tp
+        mlp_elements = model.top_k * ((2 if gpt else 3) * ffn / expert_tp + 4 * h) * share + 2 * experts
+        gate_width = model.top_k * ffn / expert_tp * share
+        routing = model.top_k * 4 * h * share + 2 * experts                 # permute, unpermute; router
         # the experts' fc1 and fc2 on top_k routed copies: inputs h and the gate's width, output gradients
-        cast_in += model.top_k * (h + ffn / tp)
-        cast_grad += model.top_k * ((projections - 1) * ffn / tp + h)
+        cast_in += model.top_k * (h + ffn / expert_tp) * share
+        cast_grad += model.top_k * ((projections - 1) * ffn / expert_tp + h) * share
         if model.shared_experts:  # every token through one MLP of shared_experts x ffn (DeepSeekMoE)
             width = model.shared_experts * ffn
             matmul += gemm(tokens, (projections - 1) * width / tp, h, device, precision)

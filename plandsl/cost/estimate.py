@@ -126,10 +126,11 @@ class PlanEstimate:
 
 def plan_work(plan: ir.Plan) -> Work:
     sequence_parallel = bool(plan.tensor and plan.tensor.sequence_parallel)
-    return Work(plan.train.micro_batch, plan.seq, plan.tp, plan.cp, plan.ep, sequence_parallel,
+    return Work(plan.train.micro_batch, plan.seq, plan.tp, plan.cp, plan.expert_group, sequence_parallel,
                 plan.train.precision, plan.train.recompute, gather_kv=gathers_kv(plan), kernels=plan.train.kernels,
                 overlap_experts=bool(plan.experts and plan.experts.overlap) and plan.num_microbatches > 1,
-                attention=plan.train.attention)  # one microbatch: no other one's pass to hide the all-to-alls behind
+                attention=plan.train.attention,  # one microbatch: no other one's pass to hide the all-to-alls behind
+                fold_experts=plan.expert_tp != plan.tp)
 
 
 def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=None,
@@ -379,7 +380,8 @@ def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | Non
                 cache[key] = estimate_layer_time(plan.model, layer, replace(work, recompute=mode), device, links,
                                                  efficiency)
             times.append(cache[key])
-        params = [once_per_figures(splits, layer, lambda layer: param_split(layer, plan.tp, plan.ep))
+        params = [once_per_figures(splits, layer, lambda layer: param_split(layer, plan.tp, plan.expert_group,
+                                                                                      plan.expert_tp))
                   for layer in layers]  # a family's blocks share one split (`figures_key`)
         result.append(stage_time(times, params, zero_stage, precision.bytes, links, fsdp_units(layers),
                                  plan.train.grad_dtype.bytes))

@@ -35,13 +35,15 @@ def plan_links(plan: ir.Plan) -> Links:
     return mesh_links(plan.cluster, tuple((a.name, a.size) for a in plan.mesh.axes), plan.mesh.first_device,
                       tuple(plan.data.axes) if plan.data else (), plan.data.kind if plan.data else None,
                       plan.tensor.axis if plan.tensor else None, plan.context.axis if plan.context else None,
-                      plan.experts.axis if plan.experts else None, plan.stages.axis if plan.stages else None)
+                      plan.experts.axis if plan.experts else None, plan.stages.axis if plan.stages else None,
+                      plan.experts.fold if plan.experts else ())
 
 
 def mesh_links(cluster: ir.Cluster, axes: tuple[tuple[str, int], ...], first_device: int,
                data_axes: tuple[str, ...], data_kind: ir.DataKind | None, tensor: str | None, context: str | None,
-               expert: str | None, stage: str | None) -> Links:
-    """Links of every parallel group of a mesh whose axes play the given roles."""
+               expert: str | None, stage: str | None, expert_fold: tuple[str, ...] = ()) -> Links:
+    """Links of every parallel group of a mesh whose axes play the given roles; `expert_fold`, the axes folded
+    into the expert group (`experts = alltoall over [ep, tp]`), join the all-to-all's group, not the gradients'."""
     def links(*names: str | None) -> GroupLinks:
         wanted = [n for n in names if n]
         return group_links(cluster, axes, wanted, first_device) if wanted else NO_COMM
@@ -52,7 +54,7 @@ def mesh_links(cluster: ir.Cluster, axes: tuple[tuple[str, int], ...], first_dev
     # The context axis holds the same parameters for other tokens: gradients are reduced (and ZeRO
     # shards) over it too (cost.memory.zero_degrees).
     context_data = context if context not in shard_axes else None
-    return Links(tp=links(tensor), cp=links(context), ep=links(expert), pp=links(stage),
+    return Links(tp=links(tensor), cp=links(context), ep=links(expert, *expert_fold), pp=links(stage),
                  data=links(*shard_axes, expert if expert not in shard_axes else None, context_data),
                  expert_data=links(*(a for a in shard_axes if a != expert), context_data),
                  replicate=replicate)
@@ -165,7 +167,17 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
     else:
         forward, backward, rerun = per_block * pair, 2 * pair, (per_block * pair, per_block * pair_bytes, pair, pair_bytes)
         count("tensor", pair_bytes, per_block + 2)
-    if model.experts and work.sequence_parallel and links.tp.size > 1:
+    if model.experts and work.sequence_parallel and links.tp.size > 1 and work.fold_experts:
+        # The experts folded over the tensor axis, each whole on one rank (Megatron-Core's MoE parallel folding):
+        # each rank routes its own sequence shard through the all-to-all below, and the MoE half has no
+        # tensor-parallel collective; shared experts, an MLP split over the axis, keep their [b, s, h] pair
+        extra, extra_bytes = (0.0, 0.0) if model.shared_experts else (pair, pair_bytes)
+        forward -= 0.0 if model.parallel_blocks else extra  # parallel blocks reduce both branches' sums at once
+        backward -= extra
+        count("tensor", -extra_bytes, 1 if model.parallel_blocks else 2)
+        rerun = (rerun[0] - (0.0 if model.parallel_blocks else extra),
+                 rerun[1] - (0.0 if model.parallel_blocks else extra_bytes), rerun[2], rerun[3])
+    elif model.experts and work.sequence_parallel and links.tp.size > 1:
         # The experts split over the tensor axis (Megatron-Core's expert tensor parallelism, as a plan splits them):
         # its alltoall dispatcher all-gathers the top_k routed copies of each token over the axis after the
         # all-to-all and reduce-scatters them before the combine (`dispatch_postprocess`, `combine_preprocess`),

@@ -230,13 +230,16 @@ def optimizer_bytes_per_param(optimizer: ir.Optimizer, states: StateBytes = FP32
     return states.optimizer(optimizer)
 
 
-def local_numel(param: Param, tp: int, ep: int) -> int:
+def local_numel(param: Param, tp: int, ep: int, expert_tp: int | None = None) -> int:
     """Elements of `param` on the worst tensor/expert-parallel coordinate.
 
     The first tensor-sharded dim is split over tp (Megatron); a grouped expert tensor's leading
-    `experts` dim over ep. Expert FFNs are split over tp as well (Megatron-Core's default expert
-    tensor parallelism equals tp). Uneven splits round up: the worst coordinate.
+    `experts` dim over ep (the expert group's ranks). Expert FFNs are split over `expert_tp`, tp unless
+    given (Megatron-Core's default expert tensor parallelism equals tp; 1 when the experts fold the tensor
+    axis into their group). Uneven splits round up: the worst coordinate.
     """
+    if expert_tp is not None and _is_expert(param):
+        return _local_numel(param.shape, param.dims, expert_tp, ep)
     return _local_numel(param.shape, param.dims, tp, ep)
 
 
@@ -286,22 +289,22 @@ def model_state_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Pa
     the data ranks (`zero_one_elements`), on the most loaded rank: exact for a rank's whole share, but
     not additive over layers, so callers that sum per-layer figures (the search) leave it off and get
     the even split, 1/N_d of the elements."""
-    tp, ep = plan.tp, plan.ep
+    tp, ep, expert_tp = plan.tp, plan.expert_group, plan.expert_tp
     dense: list[int] = []
     expert: list[int] = []
     seen: dict = {}
     for layer in layers:  # a family's blocks share one set of sizes (`figures_key`)
-        sizes = once_per_figures(seen, layer, lambda layer: _sizes(layer.params, tp, ep))
+        sizes = once_per_figures(seen, layer, lambda layer: _sizes(layer.params, tp, ep, expert_tp))
         dense += sizes[0]
         expert += sizes[1]
-    more = _sizes(extra, tp, ep)
+    more = _sizes(extra, tp, ep, expert_tp)
     return _model_states(plan, dense + more[0], expert + more[1], whole_tensors)
 
 
-def _sizes(params: Sequence[Param], tp: int, ep: int) -> tuple[list[int], list[int]]:
+def _sizes(params: Sequence[Param], tp: int, ep: int, expert_tp: int | None = None) -> tuple[list[int], list[int]]:
     """(dense, expert) elements of each of these params on one device."""
     return ([local_numel(p, tp, ep) for p in params if not _is_expert(p)],
-            [local_numel(p, tp, ep) for p in params if _is_expert(p)])
+            [local_numel(p, tp, ep, expert_tp) for p in params if _is_expert(p)])
 
 
 def _model_states(plan: ir.Plan, dense: list[int], expert: list[int],
@@ -364,11 +367,12 @@ def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param
     stage = zero_degrees(plan)[0]
     if stage < 2:
         return 0.0, 0.0
-    tp, ep = plan.tp, plan.ep
-    units, root = [], sum(local_numel(p, tp, ep) for p in extra)
+    tp, ep, expert_tp = plan.tp, plan.expert_group, plan.expert_tp
+    units, root = [], sum(local_numel(p, tp, ep, expert_tp) for p in extra)
     seen: dict = {}
     for layer in layers:
-        count = once_per_figures(seen, layer, lambda layer: sum(local_numel(p, tp, ep) for p in layer.params))
+        count = once_per_figures(seen, layer, lambda layer: sum(local_numel(p, tp, ep, expert_tp)
+                                                                 for p in layer.params))
         if layer.kind in ("block", "custom"):
             units.append(count)
         else:

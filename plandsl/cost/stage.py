@@ -49,11 +49,11 @@ class StageTime:
         return self.forward + self.backward - self.comm
 
 
-def param_split(layer: Layer, tp: int, ep: int) -> tuple[int, int]:
-    """(dense, expert) elements of a layer's parameters on one device."""
+def param_split(layer: Layer, tp: int, ep: int, expert_tp: int | None = None) -> tuple[int, int]:
+    """(dense, expert) elements of a layer's parameters on one device (`ep`: the expert group's ranks)."""
     dense = expert = 0
     for param in layer.params:
-        count = local_numel(param, tp, ep)
+        count = local_numel(param, tp, ep, expert_tp)
         if len(param.dims) == 3 and param.dims[0] == _EXPERT:
             expert += count
         else:

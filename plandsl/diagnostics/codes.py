@@ -73,6 +73,7 @@ CODES: dict[str, str] = {
     "E413": "tensor parallel over a torch model with no tensor-parallel plan",
     "E414": "a tensor-parallel style the module cannot take",
     "E415": "a sample of a model that takes images split or sized as a sequence (spatial sharding)",
+    "E416": "experts folded over an axis that cannot join their group",
     # E5xx: training, batch, memory
     "E501": "global batch not divisible by data parallel size x micro-batch",
     "E502": "too few microbatches for the schedule",
@@ -101,6 +102,7 @@ CODES: dict[str, str] = {
     "E705": "shard rule the interpreter cannot run",
     "E706": "precision the interpreter cannot run",
     "E707": "mesh whose nodes one cluster job cannot start",
+    "E708": "expert layout the interpreter cannot run",
     # E8xx: what `plandsl generate --from` cannot keep, or `plandsl shrink` cannot do
     "E801": "decision the search cannot keep",
     "E802": "plan that cannot be scaled down",

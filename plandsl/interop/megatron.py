@@ -269,8 +269,10 @@ def _parallel_args(plan: ir.Plan, args: list, lose) -> None:
         if plan.seq % (2 * plan.cp):  # validate_args: seq-length a multiple of 2 * context-parallel-size
             lose(f"a sequence of {plan.seq} over context parallel {plan.cp} (Megatron needs a multiple of "
                  f"2 x {plan.cp} = {2 * plan.cp})", "context")
-    if plan.experts is not None and plan.ep > 1:
-        args.append(("--expert-model-parallel-size", str(plan.ep)))
+    if plan.experts is not None and plan.expert_group > 1:
+        args.append(("--expert-model-parallel-size", str(plan.expert_group)))
+        if plan.expert_tp != plan.tp:  # folded over the tensor axis: each expert whole (MoE parallel folding)
+            args.append(("--expert-tensor-parallel-size", str(plan.expert_tp)))
         # the all-to-alls behind the other microbatch's work (and its weight gradients); TransformerConfig refuses
         # it with a pipeline of one virtual stage per rank and with full recomputation
         unpaired = plan.pp > 1 and (plan.stages is None or plan.stages.virtual == 1)

@@ -146,7 +146,7 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
     train = _train(read)
     if model is None or degrees is None or train is None:
         return None
-    tp, pp, cp, ep, dp, world = degrees
+    tp, pp, cp, ep, dp, world, fold = degrees
     layers = read.get("--num-layers")
     stages = _stages(read, layers, pp)
     if stages is None:
@@ -164,7 +164,8 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
     # when ZeRO is asked for (its axis names where the optimizer states are sharded).
     order = facts.ORDER_TP_PP_DP if mapped else facts.ORDER
     sizes = {"tp": tp, "cp": cp, "ep": ep, "dp": dp // ep, "pp": pp}
-    axes = [role for role in reversed(order) if sizes[role] > 1 or role == "dp" and data is not ir.DataKind.replicate]
+    axes = [role for role in reversed(order) if sizes[role] > 1 or role == "dp" and data is not ir.DataKind.replicate
+            or role == "ep" and fold]
     if not axes:
         axes = ["dp"]
     mesh = "[" + ", ".join(f"{role} = {sizes[role]}" for role in axes) + "]"
@@ -186,8 +187,8 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
     if cp > 1:
         kind = {v: k for k, v in facts.CONTEXT_COMM.items()}[read.get("--cp-comm-type", "p2p")]
         lines.append(f"  context = {kind} over cp")
-    if ep > 1:
-        lines.append("  experts = alltoall over ep" + (" with overlap" if read.get("--overlap-moe-expert-parallel-comm")
+    if ep > 1 or fold:
+        lines.append(f"  experts = alltoall over {'[ep, tp]' if fold else 'ep'}" + (" with overlap" if read.get("--overlap-moe-expert-parallel-comm")
                                                        else ""))
     lines += stages
     return "\n".join(lines + ["}"]) + "\n"
@@ -489,18 +490,25 @@ def _recompute(read: _Read) -> list[str] | None:
 def _degrees(read: _Read, world_size: int | None, cluster: str | None):
     tp, pp = read.get("--tensor-model-parallel-size", 1), read.get("--pipeline-model-parallel-size", 1)
     cp, ep = read.get("--context-parallel-size", 1), read.get("--expert-model-parallel-size", 1)
+    # MoE parallel folding: --expert-tensor-parallel-size 1 beside tensor parallelism folds the tensor axis into
+    # the expert group (`experts = alltoall over [ep, tp]`), whose ep axis is then the group over tp
+    group, rest = divmod(ep, tp)  # the expert group holds whole tensor groups
+    fold = tp > 1 and read.get("--expert-tensor-parallel-size", tp) == 1 and not rest
+    if fold:
+        ep = group
     for flag in ("--expert-tensor-parallel-size", "--num-distributed-optimizer-instances"):
-        default = tp if flag == "--expert-tensor-parallel-size" else 1
+        default = (1 if fold else tp) if flag == "--expert-tensor-parallel-size" else 1
         if read.get(flag, default) != default:
-            read.problem("E807", f"{flag} {read.get(flag)}: a plan splits experts over the tensor axis and shards "
-                         "optimizer states over the whole data axis", flag)
+            read.problem("E807", f"{flag} {read.get(flag)}: a plan splits experts over the whole tensor axis or folds "
+                         "it into an expert group of a multiple of its size (--expert-tensor-parallel-size 1), and "
+                         "shards optimizer states over the whole data axis", flag)
             return None
     comm = read.get("--cp-comm-type", "p2p")
     if cp > 1 and comm not in facts.CONTEXT_COMM.values():
         read.problem("E807", f"--cp-comm-type {comm}: a plan's context parallelism gathers K and V (all_gather) or "
                      "passes them around a ring (p2p)", "--cp-comm-type", hint="use --cp-comm-type all_gather or p2p")
         return None
-    if cp > 1 and ep > 1:
+    if cp > 1 and (ep > 1 or fold):
         read.problem("E807", "--context-parallel-size with --expert-model-parallel-size: Megatron-LM folds the expert "
                      "axis into context x data, which a plan's separate axes do not say",
                      "--expert-model-parallel-size")
@@ -524,7 +532,7 @@ def _degrees(read: _Read, world_size: int | None, cluster: str | None):
         return None
     if "--global-batch-size" not in read.values:  # validate_args: micro x data parallel
         read.values["--global-batch-size"] = read.get("--micro-batch-size", 1) * dp
-    return tp, pp, cp, ep, dp, world
+    return tp, pp, cp, ep, dp, world, fold
 
 
 def _data_kind(read: _Read) -> ir.DataKind | None:

@@ -7,6 +7,7 @@ Local invariants live in validators here; anything needing the whole plan is a c
 """
 from __future__ import annotations
 
+import math
 from enum import Enum
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -515,14 +516,27 @@ class ExpertParallel(Node):
                           "all-to-alls run behind another microbatch's computation, as Megatron-Core's "
                           "--overlap-moe-expert-parallel-comm merges one microbatch's forward with another's backward "
                           "(and DeepSeek-V3's DualPipe overlaps its chunks' all-to-alls)")
+    fold: tuple[str, ...] = Field(default=(), description="`over [ep, tp]`: axes folded into the expert group "
+                                  "besides `axis` (the tensor axis): each expert whole on one rank of the ep x tp "
+                                  "ranks, Megatron-Core's MoE parallel folding (--expert-tensor-parallel-size 1, "
+                                  "--expert-model-parallel-size ep x tp)")
 
     @model_serializer(mode="wrap")
-    def _without_unset_overlap(self, handler):
-        """Expert parallelism without `with overlap` dumps (and its plan hashes) as before the option existed."""
+    def _without_unset_options(self, handler):
+        """Expert parallelism without `with overlap`, and folding no axis, dumps (and its plan hashes) as before
+        the option and `fold` existed."""
         data = handler(self)
-        if not self.overlap and isinstance(data, dict):
-            data.pop("overlap", None)
+        if isinstance(data, dict):
+            if not self.overlap:
+                data.pop("overlap", None)
+            if not self.fold:
+                data.pop("fold", None)
         return data
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """The axes of the expert group: the expert axis, then those folded into it."""
+        return (self.axis,) + self.fold
 
 
 class SelectorPart(Node):
@@ -663,6 +677,21 @@ class Plan(Node):
     @property
     def ep(self) -> int:
         return self.mesh.degree(self.experts.axis) if self.experts else 1
+
+    @property
+    def expert_group(self) -> int:
+        """Ranks the experts are spread over (Megatron's expert-model-parallel size): the expert axis times
+        the axes folded into it."""
+        if self.experts is None:
+            return 1
+        return math.prod(self.mesh.degree(axis) for axis in self.experts.axes)
+
+    @property
+    def expert_tp(self) -> int:
+        """Ranks each expert is split over (Megatron's expert-tensor-parallel size): the tensor axis, or 1
+        when the experts fold it into their group."""
+        folded = self.experts is not None and self.tensor is not None and self.tensor.axis in self.experts.fold
+        return 1 if folded else self.tp
 
     @property
     def num_microbatches(self) -> int:

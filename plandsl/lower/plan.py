@@ -237,8 +237,13 @@ def expert_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ExpertParallel
         return None
     overlap = "overlap" in found and (found["overlap"].value is None or
                                       scope.truth(scope.eval(found["overlap"].value), found["overlap"].value))
-    return ir.ExpertParallel(kind=kind, axis=one_axis(scope, over, m, "expert parallel", expr.span), overlap=overlap,
-                             span=expr.span, field_spans=axis_spans(scope, over, m))
+    # `over [ep, tp]`: the expert axis, then the axes folded into its group (the checker's E416 says which may be)
+    axes = axis_names(scope, over, m, "expert parallel", expr.span)
+    spans = axis_spans(scope, over, m) if len(axes) == 1 else axis_spans(scope, over, m, "fold")
+    if len(axes) > 1:  # `axis` is where the expert axis was written, `fold.0`, ... the folded ones
+        spans = {"axis": spans.pop("fold.0", expr.span), **{f"fold.{int(k[5:]) - 1}": v for k, v in spans.items()}}
+    return ir.ExpertParallel(kind=kind, axis=axes[0], fold=axes[1:], overlap=overlap, span=expr.span,
+                             field_spans=spans)
 
 
 # ---- stages and schedules -----------------------------------------------------------------

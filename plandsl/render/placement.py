@@ -56,9 +56,10 @@ def param_placements(plan: ir.Plan, param: Param, rule: ir.ShardRule | None) -> 
     tensor_axis = plan.tensor.axis if plan.tensor else None
     if rule is None:
         out = []
-        if plan.experts and len(param.dims) == 3 and param.dims[0] == EXPERTS:
-            out.append(f"Shard(0)@{plan.experts.axis}")
-        if tensor_axis and isinstance(plan.model, ir.TransformerModel):
+        expert = plan.experts is not None and len(param.dims) == 3 and param.dims[0] == EXPERTS
+        if expert:  # folded: the experts' dim over the expert axis and the tensor axis, each expert whole
+            out += [f"Shard(0)@{axis}" for axis in plan.experts.axes]
+        if tensor_axis and isinstance(plan.model, ir.TransformerModel) and not (expert and plan.expert_tp == 1):
             dim = next((i for i, role in enumerate(param.dims) if role in TENSOR_SHARDED_DIMS), None)
             if dim is not None:
                 out.append(f"Shard({dim})@{tensor_axis}")
@@ -244,7 +245,8 @@ def _title(plan: ir.Plan, assignment: Assignment) -> str:
         how = "K, V all-gathered" if plan.context.kind == "allgather" else "K, V passed around the ring"
         parts.append(f"context: {plan.context.kind} over {plan.context.axis} ({plan.cp}): sequence Shard(1), {how}")
     if plan.experts:
-        parts.append(f"experts: {plan.experts.kind} over {plan.experts.axis} ({plan.ep})")
+        over = plan.experts.axis if not plan.experts.fold else f"[{', '.join(plan.experts.axes)}]"
+        parts.append(f"experts: {plan.experts.kind} over {over} ({plan.expert_group})")
     if parts:
         lines.append(escape(" · ".join(parts)))
     lines.append("→ rows: the activations each stage sends to the next, per microbatch and per step (gradients "

@@ -28,7 +28,9 @@ def describe_plan(plan: ir.Plan) -> str:
     if plan.context:
         parts.append(f"{plan.context.kind} cp over {plan.context.axis}")
     if plan.experts:
-        parts.append(f"experts over {plan.experts.axis}" + (" with overlap" if plan.experts.overlap else ""))
+        parts.append((f"experts over {plan.experts.axis}" if not plan.experts.fold else
+                      f"experts whole over [{', '.join(plan.experts.axes)}] ({plan.expert_group})")
+                     + (" with overlap" if plan.experts.overlap else ""))
     lines.append(f"  parallel  {'; '.join(parts) or 'none'}")
     shares = data_shares(plan) if batch.uneven(plan) else None
     split = f"dp {plan.dp} x micro-batch {train.micro_batch} x {plan.num_microbatches} microbatch(es)" if shares is None \

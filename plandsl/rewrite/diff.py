@@ -39,6 +39,7 @@ FIELDS: tuple[tuple[str, str, Callable[[ir.Plan], Value]], ...] = (
     ("sharding", "context.kind", lambda p: p.context and p.context.kind),
     ("sharding", "context.axis", lambda p: p.context and p.context.axis),
     ("sharding", "experts.axis", lambda p: p.experts and p.experts.axis),
+    ("sharding", "experts.fold", lambda p: p.experts and list(p.experts.fold) or None),
     ("sharding", "shard", lambda p: [_dump(rule) for rule in p.shard] or None),
     ("stages", "stages.axis", lambda p: p.stages and p.stages.axis),
     ("stages", "stages.mode", lambda p: p.stages and p.stages.mode),

@@ -314,3 +314,35 @@ def test_deepseek_exports_megatrons_latent_attention_and_dense_then_moe_layers(m
     specs = mcore["layer_specs"](config, use_transformer_engine=False)
     assert [spec.submodules.mlp.module.__name__ for spec in specs] == ["MLP"] * 2 + ["MoELayer"] * 4
     assert {spec.submodules.self_attention.module.__name__ for spec in specs} == {"MLASelfAttention"}
+
+
+def test_folded_experts_are_megatrons_expert_groups(mcore):
+    """`experts = alltoall over [ep, tp]` exports --expert-model-parallel-size ep x tp --expert-tensor-parallel-size 1,
+    which ModelParallelConfig takes beside --tensor-model-parallel-size 2, and Megatron-Core's expert RankGenerator
+    (initialize_model_parallel: tp = expert TP, ep, dp = expert data parallel, cp 1) puts each expert group on the
+    ranks the plan's ep and tp axes span together (MoE parallel folding)."""
+    plan = api.loads("""
+import "clusters/dgx_h100"
+plan p {
+  model   = llama(layers=4, hidden=1024, heads=8, kv_heads=4, ffn=512, experts=32, top_k=4, vocab=32000, seq=2048)
+  cluster = dgx_h100 x 4
+  mesh    = [pp = 2, dp = 2, ep = 4, tp = 2]
+  train   = { global_batch: 64, micro_batch: 1, precision: bf16 }
+  data    = zero1 over dp
+  tensor  = megatron over tp with sequence_parallel
+  experts = alltoall over [ep, tp]
+}
+""").plans[0]
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost
+    flags = _flags(exported.text)
+    assert (flags["--expert-model-parallel-size"], flags["--expert-tensor-parallel-size"]) == ("8", "1")
+    config = _configs(mcore, flags)[0]
+    assert (config.tensor_model_parallel_size, config.expert_model_parallel_size,
+            config.expert_tensor_parallel_size) == (2, 8, 1)
+    sizes = [axis.size for axis in plan.mesh.axes]
+    world = plan.mesh.size
+    experts = mcore["parallel_state"].RankGenerator(tp=1, ep=8, dp=world // (8 * plan.pp), pp=plan.pp, cp=1,
+                                                    order="tp-cp-ep-dp-pp")
+    assert {tuple(sorted(g)) for g in experts.get_ranks("ep")} == _groups(sizes, {2, 3})
+    assert {tuple(sorted(g)) for g in experts.get_ranks("dp")} == _groups(sizes, {1})

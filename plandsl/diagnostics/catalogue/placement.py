@@ -306,3 +306,26 @@ _entry("E415", """
     }
     """, "Split the batch instead: use the axis for data parallelism.",
        ("[dp = 4, sp = 2]", "[dp = 8]"), ("  shard blocks[0:2] = sequence over sp\n", ""))
+
+_entry("E416", """
+    `experts = alltoall over [ep, tp]` folds the tensor axis into the expert group, as Megatron-Core's
+    MoE parallel folding does (`--expert-tensor-parallel-size 1` beside `--tensor-model-parallel-size`):
+    each expert is whole on one rank, the experts are spread over ep x tp ranks, and tokens move by one
+    all-to-all over them. Megatron forms an expert group from the ranks of one pipeline stage that
+    attention splits the tokens or the weights over (ep x expert_tp x expert_dp = tp x cp x dp), so a
+    pipeline axis or an axis nothing uses cannot join it; plandsl folds the tensor axis only (a data
+    axis is the expert axis's own kind already). The tensor axis's ranks then dispatch their own
+    sequence shards, so the plan needs sequence parallelism, as Megatron-Core requires for experts
+    with tensor parallelism.
+    """, """
+    import "clusters/dgx_h100"
+    plan p {
+      model   = llama(layers=8, hidden=2048, heads=16, kv_heads=4, seq=4096, vocab=32000, experts=16)
+      cluster = dgx_h100 x 2
+      mesh    = [pp = 2, ep = 4, tp = 2]
+      train   = { global_batch: 32, micro_batch: 1 }
+      tensor  = megatron over tp with sequence_parallel
+      experts = alltoall over [ep, pp]
+    }
+    """, "Fold the tensor axis instead: each expert whole on one of the ep x tp ranks.",
+       ("experts = alltoall over [ep, pp]", "experts = alltoall over [ep, tp]"))

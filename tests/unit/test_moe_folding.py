@@ -1,0 +1,137 @@
+"""Megatron-Core's MoE parallel folding, `experts = alltoall over [ep, tp]`: the IR and the checker (E416), the cost
+model against hand counts (each expert whole, the all-to-all over the ep x tp ranks inside a node, no tensor-parallel
+pair in the MoE half, the experts' parameters per device), `run`'s refusal (E708) and Megatron's flags both ways
+(--expert-tensor-parallel-size 1)."""
+from __future__ import annotations
+
+import pytest
+
+from plandsl import api, ir
+from plandsl.cost.comm import collective_seconds
+from plandsl.cost.compute import estimate_layer_compute
+from plandsl.cost.estimate import plan_work
+from plandsl.cost.layer import estimate_layer_time, plan_links
+from plandsl.cost.memory import local_numel, model_state_bytes
+from plandsl.interop import export_plan, import_text
+from plandsl.ir.layers import layers_of
+from plandsl.runtime.support import refusals
+
+# Qwen3-30B-A3B's block shapes on one DGX H100 node: 128 experts, top 8, hidden 2048, experts 768 wide
+PLAN = """\
+import "clusters/dgx_h100"
+plan p {{
+  model   = llama(layers=4, hidden=2048, heads=32, kv_heads=4, head_dim=128, ffn=768, experts=128, top_k=8,
+                  vocab=151936, seq=4096{shared})
+  cluster = dgx_h100 x 1
+  mesh    = [ep = 4, tp = 2]
+  train   = {{ global_batch: 16, micro_batch: 1 }}
+  tensor  = megatron over tp{sp}
+  experts = alltoall over {over}
+}}
+"""
+
+
+def _plan(over="[ep, tp]", sp=True, shared=0) -> ir.Plan:
+    text = PLAN.format(over=over, sp=" with sequence_parallel" if sp else "",
+                       shared=f", shared_experts={shared}" if shared else "")
+    return api.loads(text).plans[0]
+
+
+def _block(plan: ir.Plan):
+    block = next(layer for layer in layers_of(plan.model) if layer.kind == "block")
+    device = plan.cluster.devices_in_order()[0]
+    work = plan_work(plan)
+    return (estimate_layer_time(plan.model, block, work, device, plan_links(plan)),
+            estimate_layer_compute(plan.model, block, work, device))
+
+
+def test_the_folded_group_in_the_ir_and_unfolded_dumps_unchanged():
+    folded, split = _plan(), _plan(over="ep")
+    assert (folded.experts.axis, folded.experts.fold, folded.experts.axes) == ("ep", ("tp",), ("ep", "tp"))
+    assert (folded.ep, folded.expert_group, folded.expert_tp, folded.dp) == (4, 8, 1, 4)
+    assert (split.ep, split.expert_group, split.expert_tp) == (4, 4, 2)
+    assert folded.model_dump()["experts"]["fold"] == ("tp",)
+    assert "fold" not in split.model_dump()["experts"]  # plans without folding dump and hash as before
+    assert api.format_text(PLAN.format(over="[ep, tp]", sp=" with sequence_parallel", shared="")).count(
+        "experts = alltoall over [ep, tp]") == 1
+
+
+def _codes(text: str) -> list[str]:
+    return [d.code for d in api.checks(text).diagnostics if d.severity == "error"]
+
+
+def test_e416_folding_needs_the_tensor_axis_and_sequence_parallelism():
+    assert _codes(PLAN.format(over="[ep, tp]", sp=" with sequence_parallel", shared="")) == []
+    assert _codes(PLAN.format(over="[ep, tp]", sp="", shared="")) == ["E416"]
+    stages = PLAN.replace("[ep = 4, tp = 2]", "[pp = 2, ep = 2, tp = 2]").replace(
+        "  experts", "  stages  = evenly over pp\n  experts")
+    found = [d for d in api.checks(stages.format(over="[ep, pp]", sp=" with sequence_parallel", shared="")).diagnostics
+             if d.severity == "error"]
+    assert [d.code for d in found] == ["E416"] and "'pp' (2), which splits the pipeline stages" in found[0].message
+
+
+def test_e406_counts_the_folded_group():
+    text = PLAN.format(over="[ep, tp]", sp=" with sequence_parallel", shared="").replace("experts=128", "experts=4")
+    found = [d for d in api.checks(text).diagnostics if d.code == "E406"]
+    assert len(found) == 1 and "experts (4) is not divisible by axis 'ep x tp' (8)" in found[0].message
+
+
+def test_folded_experts_by_hand():
+    """Each of the 2 tensor ranks dispatches its own 2,048 of the 4,096 tokens (sequence parallel), 8 copies of each,
+    2,048 x 2 bytes: 67 MB per all-to-all over the node's 8 ranks (4 times a step), the same bytes as when the
+    experts split over tp; 16 local experts whole (768 wide) instead of 32 half-experts (384 wide), the same
+    FLOPs; and the MoE half's sequence-parallel all-gather + reduce-scatter of 8 x [b, s, h] is gone, leaving the
+    attention half's [b, s, h] pair, once forward and once backward (2 x 16.8 MB each); split over tp, the MoE half
+    gathers and scatters the 8 routed copies both ways instead."""
+    folded, split = _plan(), _plan(over="ep")
+    (time_f, compute_f), (time_s, compute_s) = _block(folded), _block(split)
+    routed = 4096 // 2 * 8 * 2048 * 2
+    assert time_f.moved.expert == pytest.approx(4 * routed) == time_s.moved.expert
+    links = plan_links(folded)
+    assert (links.ep.size, links.ep.local, links.ep.nodes) == (8, 8, 1)
+    assert (plan_links(split).ep.size, links.tp.size, links.expert_data.size) == (4, 2, 1)
+    assert compute_f.flops == pytest.approx(compute_s.flops)
+    activation = 4096 * 2048 * 2
+    assert time_f.moved.tensor == pytest.approx(2 * 2 * activation)
+    assert time_s.moved.tensor == pytest.approx(2 * 2 * activation + 2 * 2 * 8 * activation)
+    a2a_f = collective_seconds("all_to_all", routed, links.ep)
+    pair = collective_seconds("all_gather", activation, links.tp) + collective_seconds("reduce_scatter", activation,
+                                                                                      links.tp)
+    assert time_f.forward_comm == pytest.approx(pair + 2 * a2a_f)
+    assert time_f.backward_comm == pytest.approx(pair + 2 * a2a_f)
+
+
+def test_shared_experts_keep_their_tensor_pair():
+    time_f, _ = _block(_plan(shared=1))
+    activation = 4096 * 2048 * 2
+    assert time_f.moved.tensor == pytest.approx(4 * 2 * activation)  # both halves' pairs, as a dense block
+
+
+def test_expert_parameters_per_device_whole():
+    """128 experts x 3 x 768 x 2,048 per block, 4 blocks: over 8 ranks whole (16 each) = over 4 ranks split over 2
+    (32 halves each); the dense parameters split over tp either way: the same bytes."""
+    folded, split = _plan(), _plan(over="ep")
+    blocks = [layer for layer in layers_of(folded.model) if layer.kind == "block"]
+    params_f, _, _ = model_state_bytes(folded, blocks)
+    params_s, _, _ = model_state_bytes(split, blocks)
+    assert params_f == pytest.approx(params_s)
+    expert = next(p for p in blocks[0].params if len(p.dims) == 3)
+    assert local_numel(expert, 2, 8, 1) == expert.shape[0] // 8 * expert.shape[1] * expert.shape[2]
+    assert local_numel(expert, 2, 4) == expert.shape[0] // 4 * expert.shape[1] // 2 * expert.shape[2]
+
+
+def test_run_refuses_the_folded_layout():
+    assert [d.code for d in refusals(_plan(), cuda=False)] == ["E708"]
+    assert [d.code for d in refusals(_plan(over="ep"), cuda=False)] == []
+
+
+def test_megatron_flags_both_ways():
+    exported = export_plan(_plan(), "megatron")
+    assert not exported.lost
+    assert "--expert-model-parallel-size 8" in exported.text and "--expert-tensor-parallel-size 1" in exported.text
+    assert "--expert-tensor-parallel-size" not in export_plan(_plan(over="ep"), "megatron").text
+    imported = import_text("megatron", exported.text, "plan.args", world_size=8)
+    assert imported.ok
+    plan = api.loads(imported.text).plans[0]
+    assert (plan.experts.axes, plan.expert_group, plan.expert_tp) == (("ep", "tp"), 8, 1)
+
