@@ -126,6 +126,7 @@ class Run:
     dtypes: dict = field(default_factory=dict)  # the run's precision (default bf16) and master_dtype, grad_dtype,
     # optimizer_dtype (default fp32)
     overlap_experts: bool = False  # the recipe overlaps the experts' all-to-alls (`experts = ... with overlap`)
+    fold_experts: bool = False  # expert TP 1 beside TP (`experts = alltoall over [ep, tp]`): the pin ep is the group
 
 
 def gpt(layers, hidden, heads, vocab=51200, seq=2048):
@@ -285,21 +286,20 @@ def nemo_moe_h100() -> list[Run]:
     come from), and the one DeepSeek-V3 row on DGX-H100 there, NeMo 25.09's. Token-dropless with force-balanced
     routing (the tables' footnote), Megatron's alltoall dispatcher (26.02's Qwen3 30B: DeepEP), the distributed
     optimizer, gradients reduced in bf16 (`grad_reduce_in_fp32 = False`), no recomputation unless noted."""
-    def run(name, container, model, gpus, batch, measured, precision, note="", dtypes=None, overlap=False, **pins):
+    def run(name, container, model, gpus, batch, measured, precision, note="", dtypes=None, overlap=False, fold=False,
+            **pins):
         base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1, "tp": 1}
         if pins.get("pp", 1) > 1:
             base["schedule"] = "interleaved_1f1b"
         return Run(f"NeMo {name}, {gpus} H100, {precision}", f"{NEMO_BRIDGE}, NeMo {container}", model,
                    f"dgx_h100 x {gpus // 8}", batch, measured, metric="tokens_per_device", pins={**base, **pins},
                    dtypes={"precision": precision.lower(), **MEGATRON_CORE, "grad_dtype": "bf16", **(dtypes or {})},
-                   note=note, family="moe", overlap_experts=overlap)
+                   note=note, family="moe", overlap_experts=overlap, fold_experts=fold)
     gpt_oss = ("sliding-window attention (128 tokens) on half the layers, attention sinks, biases and the clamped "
                "SwiGLU are not in the language: every layer is costed with full attention; the recipe recomputes "
                "the norms and the experts' activation (recompute_modules: layernorm, moe_act), pinned as none")
     qwen = "QK norms not in the language (elementwise); the recipe's moe_a2a_overlap: experts = ... with overlap"
-    qwen_235b = (qwen + "; Megatron's EP 32 with expert TP 1 folds the experts over the tensor axis, which the "
-                 "language cannot say: written as ep 16 with the experts split over tp 2 (the same experts' bytes and "
-                 "FLOPs per device)")
+    qwen_235b = qwen + "; Megatron's EP 32 with expert TP 1 beside TP 2: experts = alltoall over [ep, tp]"
     # the 25.11 table gives micro-batch 4 (GPT-OSS) and 2 with VP 24 (Qwen3 30B), the layouts of its 25.09 table;
     # that release's recipes (v0.2.0 scripts/performance/configs/*/workload_base_configs.py) say 1, and VP 12
     recipe = "; the table says micro-batch {}, the release's recipe (pinned) 1{}"
@@ -308,19 +308,20 @@ def nemo_moe_h100() -> list[Run]:
             run("Qwen3 30B-A3B (p2 v12 e8), gbs 512", "25.11", QWEN3_30B_A3B, 16, 512, 5275, "FP8",
                 qwen + recipe.format(2, " and VP 12, not 24"), overlap=True, pp=2, virtual_stages=12, ep=8, dp=1),
             run("Qwen3 235B-A22B (t2 p8 v4 e32), gbs 2048", "25.11", QWEN3_235B_A22B, 256, 2048, 1575, "FP8",
-                qwen_235b, overlap=True, tp=2, pp=8, virtual_stages=4, ep=16, dp=1),
+                qwen_235b, overlap=True, fold=True, tp=2, pp=8, virtual_stages=4, ep=32, dp=1),
             run("GPT-OSS 120B (p4 e8), gbs 1280", "26.02", GPT_OSS_120B, 64, 1280, 5993, "BF16", gpt_oss,
                 pp=4, ep=8, dp=2),
             run("Qwen3 30B-A3B (p2 v12 e8), gbs 1024", "26.02", QWEN3_30B_A3B, 16, 1024, 5113, "FP8",
                 qwen + "; DeepEP dispatcher", overlap=True, pp=2, virtual_stages=12, ep=8, dp=1),
             run("Qwen3 235B-A22B (t2 p8 v4 e32), gbs 8192", "26.02", QWEN3_235B_A22B, 256, 8192, 1633, "FP8",
-                qwen_235b, overlap=True, tp=2, pp=8, virtual_stages=4, ep=16, dp=1),
+                qwen_235b, overlap=True, fold=True, tp=2, pp=8, virtual_stages=4, ep=32, dp=1),
             run("DeepSeek-V3 (t2 p8 v4 e64), gbs 8192", "25.09", "deepseek_v3", 1024, 8192, 1297, "FP8",
                 "the recipe (v0.1.0 deepseek_v3_llm_pretrain.yaml) recomputes selectively, Megatron's default "
                 "core_attn: recompute selective; its MTP layer is not in the language; FP8 with DeepSeek's blockwise "
-                "scaling; bf16 Adam states (use_precision_aware_optimizer); Megatron's EP 64 with expert TP 1 is "
-                "written as ep 64 with the experts split over tp 2 (half the experts' bytes per device)",
-                dtypes={"optimizer_dtype": "bf16"}, tp=2, pp=8, virtual_stages=4, ep=64, dp=1, recompute="selective")]
+                "scaling; bf16 Adam states (use_precision_aware_optimizer); Megatron's EP 64 with expert TP 1 beside "
+                "TP 2: experts = alltoall over [ep, tp], the expert group 32 data ranks x 2 tensor ranks",
+                dtypes={"optimizer_dtype": "bf16"}, fold=True, tp=2, pp=8, virtual_stages=4, ep=64, dp=2,
+                recompute="selective")]
 
 
 MOE_MODELZOO = "yanring/Megatron-MoE-ModelZoo, best_practice/Qwen3/readme.md"
@@ -330,8 +331,7 @@ def modelzoo_qwen3_h100() -> list[Run]:
     """The rule: every row of the Megatron-MoE-ModelZoo's Qwen3 "Performance Results" table (256 H100s, BF16,
     step times, Megatron-Core's dev branches of 2025) whose model the language writes: the five of Qwen3 235B-A22B
     (not Qwen3-Next-80B-A3B, whose gated DeltaNet layers it cannot). Every row runs the experts whole (expert TP 1)
-    folded over the tensor axis, which a plan writes as ep / tp with the experts split over tp (the same experts'
-    bytes and FLOPs per device); recomputing the norms and the experts' activation ("norm, act") is pinned as none;
+    folded over the tensor axis (`experts = alltoall over [ep, tp]`: the pin ep is the expert group); recomputing the norms and the experts' activation ("norm, act") is pinned as none;
     the optimizer's dtypes are not given: Megatron's defaults (fp32 gradients and states)."""
     def run(name, step, note="", overlap=False, **pins):
         base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1}
@@ -341,18 +341,19 @@ def modelzoo_qwen3_h100() -> list[Run]:
             del base["recompute"]
         return Run(f"ModelZoo Qwen3 235B-A22B {name}, 256 H100, BF16", MOE_MODELZOO, QWEN3_235B_A22B, "dgx_h100 x 32",
                    2048, 2048 * 4096 / step / 256, metric="tokens_per_device", pins={**base, **pins},
-                   dtypes={"precision": "bf16", **MEGATRON_CORE}, note=note, family="moe", overlap_experts=overlap)
+                   dtypes={"precision": "bf16", **MEGATRON_CORE}, note=note, family="moe", overlap_experts=overlap,
+                   fold_experts=True)
     deepep = "DeepEP's dispatcher (tokens sent once per node, not once per expert) is not in the language"
-    return [run("(t2 p8 v4 e32), DeepEP", 19.7, deepep, tp=2, pp=8, virtual_stages=4, ep=16, dp=1),
+    return [run("(t2 p8 v4 e32), DeepEP", 19.7, deepep, tp=2, pp=8, virtual_stages=4, ep=32, dp=1),
             run("(t2 p8 v4 e32), DeepEP, 1F1B overlap", 17.6, deepep, overlap=True, tp=2, pp=8, virtual_stages=4,
-                ep=16, dp=1),
+                ep=32, dp=1),
             run("(t2 e8, FSDP), DeepEP, full recompute", 17.6, deepep + "; FSDP over the 128 data ranks",
-                tp=2, pp=1, ep=4, dp=32, zero_stage=3, micro_batch_size=4, recompute="full"),
+                tp=2, pp=1, ep=8, dp=32, zero_stage=3, micro_batch_size=4, recompute="full"),
             run("(t2 p32 v3 e8), all-to-all", 24.2, "VP 3 on 32 stages gives the embedding and the loss chunks of "
                 "their own (96 chunks, 94 blocks), which a plan's stages cannot: virtual stages left to the search; "
                 "without the norms' and activation's recomputation the layout does not fit: recomputation left to "
-                "the search too", tp=2, pp=32, ep=4, dp=1),
-            run("(t4 p8 v4 e8), DeepEP", 29.0, deepep + "; no recomputation", tp=4, pp=8, virtual_stages=4, ep=2,
+                "the search too", tp=2, pp=32, ep=8, dp=1),
+            run("(t4 p8 v4 e8), DeepEP", 29.0, deepep + "; no recomputation", tp=4, pp=8, virtual_stages=4, ep=8,
                 dp=4)]
 
 
@@ -366,7 +367,7 @@ def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
     cluster = next(c for c in document.clusters if c.name == "run_cluster")
     return Problem(model, cluster, run.global_batch, run.seq,
                    **{key: STACK_KEYS.get(key, ir.Precision)(value) for key, value in run.dtypes.items()},
-                   overlap_experts=run.overlap_experts)
+                   overlap_experts=run.overlap_experts, fold_experts=run.fold_experts)
 
 
 def predict(run: Run, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC):
@@ -447,7 +448,8 @@ def report(results, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC) 
             groups.setdefault(run.family, []).append(abs(e))
         shown = (lambda x: f"{x:.1%}") if run.metric == "mfu" else (lambda x: f"{x:,.0f}")
         c = best.candidate
-        chosen = f"{c.describe()} [{', '.join(c.order)}]"
+        folded = " experts over [ep, tp]" if run.fold_experts and c.tp > 1 else ""  # ep: the axis, the group ep x tp
+        chosen = f"{c.describe()}{folded} [{', '.join(c.order)}]"
         role = "fit" if run.fit else ("not counted" if run.family == "info" else
                                       "held out, MoE" if run.family == "moe" else "held out")
         lines.append(f"| {run.name} | {run.source} | {run.metric} | {shown(run.measured)} | {shown(value)} | "

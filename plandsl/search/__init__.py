@@ -107,6 +107,9 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
     """Contradictions the pins carry on their own (before any search)."""
     n = problem.cluster.num_devices
     degrees = {k: pins[k] for k in ("dp", "tp", "pp", "cp", "ep") if k in pins}
+    if problem.fold_experts and "ep" in degrees:  # the pinned expert group counts the tensor axis folded into it
+        axis, rest = divmod(degrees["ep"], degrees.get("tp", 1))
+        degrees.pop("ep") if rest else degrees.update(ep=axis)
     product = math.prod(degrees.values()) if degrees else 1
     shown = " * ".join(f"{k}({v})" for k, v in degrees.items())
     if degrees and (n % product or (len(degrees) == 5 and product != n)):

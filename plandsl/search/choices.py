@@ -59,10 +59,12 @@ def divisors_up_to(n: int, limit: int) -> list[int]:
 
 # ---- layouts ---------------------------------------------------------------------------------------------------
 def layouts(model: ir.Model, devices: int, sequence: int, global_batch: int, blocks: int, pins: Mapping,
-            check_batch: bool = True) -> list[Layout]:
+            check_batch: bool = True, fold: bool = False) -> list[Layout]:
     """Every (dp, tp, pp, cp, ep) with dp·tp·pp·cp·ep = devices that the model and the pins allow: tp
     divides the heads and widths, cp the sequence, ep the experts, pp at most the blocks, and dp·ep
-    the global batch (unless `check_batch` is off)."""
+    the global batch (unless `check_batch` is off). `fold`: the experts fold the tensor axis into their group
+    (`experts = alltoall over [ep, tp]`), so ep·tp divides the experts, a pinned `ep` is that group, and tp > 1
+    needs sequence parallelism (E416)."""
     transformer = isinstance(model, ir.TransformerModel)
     experts = expert_extents(model)
     one_stage = ties_across_layers(model)  # a tensor two stages would share (E412)
@@ -74,11 +76,14 @@ def layouts(model: ir.Model, devices: int, sequence: int, global_batch: int, blo
             if cp > 1 and (not transformer or indivisible(context_extents(sequence), cp)):
                 continue
             for ep in divisors(devices // (tp * cp)):
-                if ep > 1 and (not experts or indivisible(experts, ep)):
+                group = ep * tp if fold and ep > 1 and tp > 1 else ep
+                if ep > 1 and (not experts or indivisible(experts, group)):
+                    continue
+                if group > ep and not sequence_parallel(model, sequence, tp, cp):
                     continue
                 for pp in divisors(devices // (tp * cp * ep)):
                     dp = devices // (tp * cp * ep * pp)
-                    layout = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep}
+                    layout = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": group}
                     if any(k in pins and pins[k] != v for k, v in layout.items()):
                         continue
                     if pp > blocks or (pp > 1 and one_stage) or (check_batch and global_batch % (dp * ep)):
@@ -106,7 +111,7 @@ def sequence_parallel(model: ir.Model, sequence: int, tp: int, cp: int) -> bool:
 
 
 def mesh_orders(cluster: ir.Cluster, layout: Layout, pins: Mapping, devices: Sequence[ir.DeviceType],
-                precision: ir.Precision) -> tuple[list[tuple[tuple[str, ...], Links, tuple, tuple]], int]:
+                precision: ir.Precision, fold: bool = False) -> tuple[list[tuple[tuple[str, ...], Links, tuple, tuple]], int]:
     """The orders of the axes of size > 1 that place the groups differently, each once, as
     (order, links, slowest device per pipeline rank, smallest memory per rank); and how many orders
     were left out for putting a tensor-parallel group across nodes (unless pinned `tp_across_nodes`)."""
@@ -129,7 +134,8 @@ def mesh_orders(cluster: ir.Cluster, layout: Layout, pins: Mapping, devices: Seq
             continue
         data = ("dp",) if dp > 1 else (("ep",) if ep > 1 else ())
         links = mesh_links(cluster, axes, 0, data, ir.DataKind.zero1, "tp" if tp > 1 else None,
-                           "cp" if cp > 1 else None, "ep" if ep > 1 else None, "pp" if pp > 1 else None)
+                           "cp" if cp > 1 else None, "ep" if ep > 1 else None, "pp" if pp > 1 else None,
+                           ("tp",) if fold and ep > 1 and tp > 1 else ())
         ranks, capacity = rank_devices(devices, axes, pp, precision, uniform)
         key = (links, tuple(d.name for d in ranks), capacity)
         if key not in seen:

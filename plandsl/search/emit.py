@@ -214,7 +214,8 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
     if c.cp > 1:
         lines.append(f"  context  = {CONTEXT} over cp")
     if c.ep > 1:
-        lines.append("  experts  = alltoall over ep" + (" with overlap" if problem.overlap_experts else ""))
+        over = "[ep, tp]" if problem.fold_experts and c.tp > 1 else "ep"
+        lines.append(f"  experts  = alltoall over {over}" + (" with overlap" if problem.overlap_experts else ""))
     if c.pp > 1:
         lines += stage_lines(scored, problem)
         lines.append(f"  schedule = {c.schedule}")
@@ -420,7 +421,9 @@ def explain(result: SearchResult, refusals: Refusals) -> str:
         runs = next((i for i, other in enumerate(result.candidates[1:], 2) if not run_refusals(other, refusals)), None)
         lines.append(f"  note: `plandsl run` refuses #1 ({refused[0]})"
                      + (f"; #{runs} runs ({result.candidates[runs - 1].estimate.time.step / t.step - 1:+.1%})"
-                        if runs else "; none of the top runs: pin what runs, e.g. --pin zero_stage=2"))
+                        if runs else "; none of the top runs: " + ("the experts fold the tensor axis in every one"
+                                                                    if refused[0].startswith("E708") else
+                                                                    "pin what runs, e.g. --pin zero_stage=2")))
     stats = result.stats
     if stats.memory_pruned:
         lines.append(f"  memory ruled out {stats.memory_pruned:,} candidate(s)"

@@ -67,20 +67,23 @@ class Figures:
         p = self.problem
         train = p.training()
         mesh = ir.Mesh(axes=(ir.Axis(name="dp", size=1),))
-        # the experts' overlap is the problem's, carried here for `build_plan` (its candidates set the axis)
-        experts = ir.ExpertParallel.model_construct(kind="alltoall", axis="ep", overlap=True) \
-            if p.overlap_experts else None
+        # the experts' overlap and folding are the problem's, carried here for `build_plan` (its candidates set the axis)
+        experts = ir.ExpertParallel.model_construct(kind="alltoall", axis="ep", overlap=p.overlap_experts,
+                                                    fold=("tp",) if p.fold_experts else ()) \
+            if p.overlap_experts or p.fold_experts else None
         return ir.Plan.model_construct(name="generated", model=p.model, cluster=p.cluster, mesh=mesh, train=train,
                                        data=None, tensor=None, context=None, experts=experts, stages=None,
                                        schedule=None, shard=())
 
     def work(self, node: Node) -> Work:
         root = node.root
-        return Work(node.micro_batch, self.problem.sequence, root.tp, root.cp, root.ep, root.sequence_parallel,
-                    self.problem.precision, ir.Recompute(node.recompute), gather_kv=root.cp > 1,  # search.CONTEXT
+        fold = self.problem.fold_experts and root.tp > 1  # the expert group is ep x tp, each expert whole
+        return Work(node.micro_batch, self.problem.sequence, root.tp, root.cp, root.ep * (root.tp if fold else 1),
+                    root.sequence_parallel, self.problem.precision, ir.Recompute(node.recompute),
+                    gather_kv=root.cp > 1,  # search.CONTEXT
                     kernels=self.problem.kernels,  # `plan_work`: one microbatch has nothing to overlap with
                     overlap_experts=self.problem.overlap_experts and node.microbatches > 1,
-                    attention=self.problem.attention)
+                    attention=self.problem.attention, fold_experts=fold)
 
     def device_types(self, root: Root) -> dict:
         """The root's device types by name, once per root."""
@@ -129,7 +132,8 @@ class Figures:
         key = (figures_key(layer), tp, ep)
         found = self._param_cache.get(key)
         if found is None:
-            found = self._param_cache[key] = param_split(layer, tp, ep)
+            fold = self.problem.fold_experts and tp > 1  # the experts whole over the ep x tp ranks
+            found = self._param_cache[key] = param_split(layer, tp, ep * tp, 1) if fold else param_split(layer, tp, ep)
         return found
 
     # -- memory per layer kind, from the one memory model --

@@ -128,7 +128,8 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
     problem = Problem(plan.model, cluster, plan.train.global_batch, plan.train.seq, plan.train.precision,
                       plan.train.optimizer, plan.train.master_dtype, plan.train.grad_dtype, plan.train.optimizer_dtype,
                       plan.train.param_dtype, plan.train.kernels,
-                      overlap_experts=bool(plan.experts and plan.experts.overlap), attention=plan.train.attention)
+                      overlap_experts=bool(plan.experts and plan.experts.overlap), attention=plan.train.attention,
+                      fold_experts=bool(plan.experts and plan.experts.fold))
     decided = "mesh" in attrs and not free_choices(attrs, stage_block, plan)
     return Partial(path, text, module, definition, attrs, stage_block, plan, problem, parse_pins(pins), names,
                    tuple(overs), train_items, local, params, tuple(notes), decided)
@@ -398,7 +399,7 @@ def _apply(text: str, edits: list[tuple[int, int, str]]) -> str:
 def _mesh_pins(plan: ir.Plan) -> dict[str, object]:
     roles = plan.axis_roles()
     dp = math.prod(axis.size for axis in plan.mesh.axes if roles.get(axis.name) == "dp")
-    pins: dict[str, object] = {"dp": dp, "tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "ep": plan.ep}
+    pins: dict[str, object] = {"dp": dp, "tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "ep": plan.expert_group}
     if plan.tensor is not None and axis_group_span(plan, plan.tensor.axis) > 1:
         pins["tp_across_nodes"] = True  # the plan chose it (W302 says so when it is checked)
     order = [roles.get(axis.name) for axis in plan.mesh.axes if axis.size > 1]

@@ -36,6 +36,8 @@ class Problem:
     param_dtype: ir.Precision | None = None           # the weights kept narrower than the master copy; None: master
     kernels: ir.Kernels = ir.Kernels.fused            # the implementation's element-wise kernels: given, not searched
     overlap_experts: bool = False                     # given, not searched: `experts = alltoall over ep with overlap`
+    fold_experts: bool = False                        # given, not searched: `experts = alltoall over [ep, tp]`, each
+    #                                                   expert whole; the pin `ep` then counts the group, ep x tp
     attention: ir.Attention = ir.Attention.flash      # the implementation's attention core: given, not searched
 
     @property
@@ -150,7 +152,8 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
         if c.tp > 1 else None
     context = _node(ir.ContextParallel, kind=CONTEXT, axis="cp") if c.cp > 1 else None
     overlap = bool(base.experts and base.experts.overlap)  # the problem's `overlap_experts` (search.figures)
-    experts = _node(ir.ExpertParallel, kind="alltoall", axis="ep", overlap=overlap) if c.ep > 1 else None
+    fold = ("tp",) if base.experts is not None and base.experts.fold and c.tp > 1 else ()  # its `fold_experts`
+    experts = _node(ir.ExpertParallel, kind="alltoall", axis="ep", overlap=overlap, fold=fold) if c.ep > 1 else None
     stages = schedule = None
     if c.pp > 1:
         name = c.schedule or DEFAULT_SCHEDULE

@@ -47,7 +47,7 @@ class Space:
     def layouts(self, check_batch: bool = True) -> list[tuple[int, int, int, int, int]]:
         p = self.problem
         return layouts(self.model, p.cluster.num_devices, p.sequence, p.global_batch, self.blocks, self.pins,
-                       check_batch)
+                       check_batch, p.fold_experts)
 
     def roots(self) -> list[Root]:
         p, pins = self.problem, self.pins
@@ -78,7 +78,8 @@ class Space:
         return out
 
     def _orders(self, layout):
-        orders, across = mesh_orders(self.problem.cluster, layout, self.pins, self.devices, self.problem.precision)
+        orders, across = mesh_orders(self.problem.cluster, layout, self.pins, self.devices, self.problem.precision,
+                                     self.problem.fold_experts)
         self.stats.tp_across_nodes += across
         return orders
 

@@ -15,6 +15,7 @@ from plandsl.cost.memory import local_numel, model_state_bytes
 from plandsl.interop import export_plan, import_text
 from plandsl.ir.layers import layers_of
 from plandsl.runtime.support import refusals
+from plandsl.search import Problem, SearchError, search
 
 # Qwen3-30B-A3B's block shapes on one DGX H100 node: 128 experts, top 8, hidden 2048, experts 768 wide
 PLAN = """\
@@ -135,3 +136,33 @@ def test_megatron_flags_both_ways():
     plan = api.loads(imported.text).plans[0]
     assert (plan.experts.axes, plan.expert_group, plan.expert_tp) == (("ep", "tp"), 8, 1)
 
+
+def test_the_search_pins_the_expert_group_over_the_tensor_axis():
+    """On 32 H100s with tp 2 and pp 2 the batch axes hold 8 ranks: an expert group of 16 exists only folded over tp
+    (ep 8 x tp 2, Megatron's EP 16 beside TP 2), and the search prices it as `estimate` prices the plan written so."""
+    document = api.loads('import "clusters/dgx_h100"\n'
+                         "model m = llama(layers=4, hidden=2048, heads=16, kv_heads=4, ffn=768, experts=64, top_k=4, "
+                         "vocab=32000, seq=4096)\ncluster c = dgx_h100 x 4\n")
+    model, cluster = document.models[0], document.clusters[-1]
+    pins = {"tp": 2, "pp": 2, "ep": 16, "cp": 1, "micro_batch_size": 1, "schedule": "1f1b", "zero_stage": 1,
+            "recompute": "none"}
+    with pytest.raises(SearchError, match="does not divide the 32 devices"):
+        search(Problem(model, cluster, 64), pins, top=1)
+    best = search(Problem(model, cluster, 64, fold_experts=True), pins, top=1).best
+    c = best.candidate
+    assert (c.dp, c.tp, c.pp, c.ep) == (1, 2, 2, 8)
+    mesh = ", ".join(f"{axis} = {c.degrees()[axis]}" for axis in c.order)
+    plan = api.loads(f"""import "clusters/dgx_h100"
+plan p {{
+  model    = llama(layers=4, hidden=2048, heads=16, kv_heads=4, ffn=768, experts=64, top_k=4, vocab=32000, seq=4096)
+  cluster  = dgx_h100 x 4
+  mesh     = [{mesh}]
+  train    = {{ global_batch: 64, micro_batch: 1, recompute: none }}
+  data     = zero1 over ep
+  tensor   = megatron over tp with sequence_parallel
+  experts  = alltoall over [ep, tp]
+  stages   = evenly over pp
+  schedule = 1f1b
+}}
+""").plans[0]
+    assert api.estimate(plan).time.step == pytest.approx(best.estimate.time.step, rel=1e-9)
