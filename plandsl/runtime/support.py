@@ -215,7 +215,7 @@ def _expert_refusals(plan: ir.Plan) -> list[Diagnostic]:
         return []
     what = f"expert parallelism (`experts = {plan.experts.kind} over {plan.experts.axis}`)"
     found = []
-    if plan.experts.fold:
+    if plan.expert_group > plan.ep:  # folded over a tensor axis of more than one rank (of one: the plain layout)
         over = ", ".join(plan.experts.axes)
         found.append(diag("E708", f"experts folded over [{over}] ({plan.expert_group} ranks, each expert whole on "
                                   f"one) cannot run: the interpreter splits each expert over the tensor axis and "

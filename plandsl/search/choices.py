@@ -79,6 +79,8 @@ def layouts(model: ir.Model, devices: int, sequence: int, global_batch: int, blo
                 group = ep * tp if fold and ep > 1 and tp > 1 else ep
                 if ep > 1 and (not experts or indivisible(experts, group)):
                     continue
+                if fold and tp > 1 and ep == 1:
+                    continue  # experts folded over tp need an expert axis to fold it into (the plan's `over [ep, tp]`)
                 if group > ep and not sequence_parallel(model, sequence, tp, cp):
                     continue
                 for pp in divisors(devices // (tp * cp * ep)):

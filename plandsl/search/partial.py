@@ -196,6 +196,10 @@ def _axis_names(attrs: dict, stage_block) -> tuple[dict[str, str], list[tuple[in
             continue
         items = over.items if isinstance(over, syntax.ListExpr) else (over,)
         axes = [item.id for item in items if isinstance(item, syntax.Name)]
+        tensor = written["tp"][0] if "tp" in written else ("tp" if "tensor" in attrs else None)
+        if attr == "experts" and len(items) == len(axes) == 2 and axes[1] == tensor and axes[0] != tensor:
+            written[role] = (axes[0], value.span)  # folded over the tensor axis: the search lays out ep and tp
+            continue
         if len(axes) != 1:
             if "mesh" not in attrs:
                 refused.append(diag("E801", f"`{attr}` runs over {len(items)} axes, and the search lays out one "

@@ -14,6 +14,7 @@ from plandsl.cost.layer import estimate_layer_time, plan_links
 from plandsl.cost.memory import local_numel, model_state_bytes
 from plandsl.interop import export_plan, import_text
 from plandsl.ir.layers import layers_of
+from plandsl.rewrite.complete import generate_from
 from plandsl.runtime.support import refusals
 from plandsl.search import Problem, SearchError, search
 
@@ -166,3 +167,20 @@ plan p {{
 }}
 """).plans[0]
     assert api.estimate(plan).time.step == pytest.approx(best.estimate.time.step, rel=1e-9)
+
+
+def test_generate_from_keeps_folded_experts_without_a_mesh(tmp_path):
+    """A partial plan that folds its experts over its tensor line's axis leaves the search the mesh: it lays out ep
+    and tp (an expert axis to fold into), prices the experts folded, and the completed file checks as written; with
+    the tensor axis at 1 the fold is the plain layout, which `run` takes."""
+    path = tmp_path / "partial.plan"
+    path.write_text('import "clusters/dgx_h100"\nplan r {\n'
+                    "  model   = llama(layers=8, hidden=2048, heads=16, kv_heads=4, seq=4096, vocab=32000, experts=16)\n"
+                    "  cluster = dgx_h100 x 2\n  train   = { global_batch: 32 }\n"
+                    "  tensor  = megatron over tp with sequence_parallel\n  experts = alltoall over [ep, tp]\n}\n")
+    for pins, refused in (({"tp": "2"}, ["E708"]), ({"tp": "1"}, [])):
+        text = generate_from(path, top=1, pins=pins).texts[0]
+        assert "experts = alltoall over [ep, tp]" in text
+        plan = api.loads(text).plans[0]
+        assert (plan.tp, plan.expert_group) == (int(pins["tp"]), plan.ep * int(pins["tp"])) and plan.ep > 1
+        assert [d.code for d in refusals(plan, cuda=False)] == refused
