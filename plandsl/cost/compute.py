@@ -419,7 +419,8 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         # shared experts' widths), MLA's two latent norms too; routing (the router's scores, the permutation) as
         # the fused model has it.
         eager = EAGER[element]
-        rotary = (model.heads * model.qk_rope_head_dim * 2 / tp) if model.latent_attention else (widths.q + kv) / tp
+        rotary = (model.heads * model.qk_rope_head_dim / tp + model.qk_rope_head_dim / split) \
+            if model.latent_attention else (widths.q + kv) / tp  # MLA: q's rope per head, k's one shared rope part
         norms = (2 * h + ((model.q_lora_rank + model.kv_lora_rank) if model.latent_attention else 0)) / split
         forward_bytes = (norms * eager.norm_forward + h / split * eager.block_forward
                          + rotary * eager.rotary_forward + gate_width * eager.gate_forward + routing * element)

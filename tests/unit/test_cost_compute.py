@@ -134,3 +134,26 @@ def test_a_device_brings_its_own_gemm_knobs_and_an_override_wins():
     # An explicit efficiency (the fit's override) replaces the device's own.
     assert estimate_layer_compute(GPT, block, work, own, DEFAULT_EFFICIENCY) == \
         estimate_layer_compute(GPT, block, work, A100)
+
+
+def test_eager_rotary_under_latent_attention_is_q_per_head_and_the_one_shared_key():
+    """`kernels: eager` prices rotary per element of q and of k (`EagerBytes`): under MLA q's rope part is
+    heads x qk_rope_head_dim, split over the tensor axis, and k's is one qk_rope_head_dim for every head (computed
+    from the replicated latent, on the sequence shard), as Hugging Face's DeepseekV3Attention rotates k_rot with
+    one head before expanding it, and as the fused count has it. The rest of the block by the same table."""
+    from plandsl.cost.compute import EAGER
+    mla = ir.TransformerModel(kind="llama", name="d", layers=2, hidden=2048, heads=16, kv_heads=16, ffn_hidden=8192,
+                              seq=1024, vocab=32000, q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64,
+                              qk_nope_head_dim=128, v_head_dim=128)
+    tp, tokens, h = 2, 1024, 2048
+    work = Work(micro_batch=1, seq=1024, tp=tp, sequence_parallel=True, kernels=ir.Kernels.eager)
+    eager = EAGER[2]
+    norms = (2 * h + 1536 + 512) / tp
+    rotary = 16 * 64 / tp + 64 / tp
+    forward = tokens * (norms * eager.norm_forward + h / tp * eager.block_forward + rotary * eager.rotary_forward
+                        + 8192 / tp * eager.gate_forward) / A100.bandwidth
+    backward = tokens * (norms * eager.norm_backward + h / tp * eager.block_backward
+                         + rotary * eager.rotary_backward + 8192 / tp * eager.gate_backward) / A100.bandwidth
+    found = estimate_layer_compute(mla, layer(mla, "block"), work, A100, EFF)
+    assert (found.forward_other, found.backward_other) == (pytest.approx(forward, rel=1e-12),
+                                                           pytest.approx(backward, rel=1e-12))
