@@ -452,6 +452,8 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         if not gpt:
             recompute += gemm(tokens, width, h, device, precision)
             recompute_flops += 2.0 * tokens * h * width
+        if work.attention is ir.Attention.materialized:  # its s x s scores are not kept (cost.memory): it reruns
+            recompute, recompute_flops = recompute + attention, recompute_flops + attention_flops
     # The attention core's backward is twice its forward, like the GEMMs' (Dao et al. 2022).
     backward_matmul = 2 * (matmul + attention_gemm) + attention_backward_extra
     return LayerCompute(matmul + attention, other, backward_matmul, backward_other, recompute,

@@ -110,3 +110,15 @@ def test_show_says_the_implementation_it_prices():
     from tests.unit.test_moe_cost import _plan as moe_plan
     assert "experts over ep with overlap" in describe_plan(moe_plan(overlap=True))
     assert "overlap" not in describe_plan(moe_plan())
+
+
+def test_op_level_recomputation_reruns_a_materialized_core():
+    """`recompute: selective_op` keeps a flash core's output, but never a materialized core's s x s scores
+    (cost.memory counts none: tests/unit/test_memory.py), so the backward reruns that core, scores included."""
+    def layer(attention):
+        work = Work(micro_batch=4, seq=2048, tp=2, recompute=ir.Recompute.selective_op, attention=attention)
+        return estimate_layer_compute(GPT, block(GPT), work, A100, EFF)
+    flash, materialized = layer(ir.Attention.flash), layer(ir.Attention.materialized)
+    assert materialized.recompute == pytest.approx(flash.recompute + materialized.attention, rel=1e-12)
+    core_flops = 2.0 * 4 * 2048 * 2048 * 2 * 2304 / 2
+    assert materialized.recompute_flops == pytest.approx(flash.recompute_flops + core_flops, rel=1e-12)
