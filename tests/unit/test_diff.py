@@ -93,6 +93,27 @@ def test_a_model_of_the_same_name_lists_the_fields_that_differ():
     assert not any(p.comparable for p in diff.predictions)
 
 
+
+def test_the_implementation_keys_are_changes():
+    """`train.kernels`, `train.attention` and `experts ... with overlap` change the step a plan is priced at: a diff
+    lists them (it said "1 change(s)", the model's head_dim, for a plan that also turned all three on)."""
+    text = """import "clusters/dgx_h100"
+plan p {
+  model    = llama(layers=2, hidden=256, heads=8, seq=256, vocab=1024, ffn=128, experts=8, top_k=2)
+  cluster  = dgx_h100
+  mesh     = [ep = 8]
+  train    = { global_batch: 16, micro_batch: 1 }
+  experts  = alltoall over ep
+}
+"""
+    plain = api.loads(text).plans[0]
+    other = api.loads(text.replace("micro_batch: 1 }", "micro_batch: 1, kernels: eager, attention: materialized }")
+                      .replace("over ep\n", "over ep with overlap\n")).plans[0]
+    assert [(c.field, c.old, c.new) for c in diff_plans(plain, other).changes] == \
+        [("experts.overlap", False, True), ("train.kernels", "fused", "eager"), ("train.attention", "flash",
+                                                                               "materialized")]
+    assert not diff_plans(plain, plain).changes
+
 # ---- bad input ----------------------------------------------------------------------------------------
 def test_a_file_that_does_not_check_is_the_checkers_diagnostics(tmp_path):
     bad = tmp_path / "bad.plan"
