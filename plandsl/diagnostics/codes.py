@@ -102,7 +102,6 @@ CODES: dict[str, str] = {
     "E705": "shard rule the interpreter cannot run",
     "E706": "precision the interpreter cannot run",
     "E707": "mesh whose nodes one cluster job cannot start",
-    "E708": "expert layout the interpreter cannot run",
     # E8xx: what `plandsl generate --from` cannot keep, or `plandsl shrink` cannot do
     "E801": "decision the search cannot keep",
     "E802": "plan that cannot be scaled down",

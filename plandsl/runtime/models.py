@@ -262,6 +262,9 @@ class MoE(nn.Module):
         # meets the partial outputs, `sum_partial` (`g`: summed forward) on the combined output. None: whole.
         self.sum_gradients = None
         self.sum_partial = None
+        # Experts folded over the tensor axis: (this rank's index, the ranks) of it; each routes its own share
+        # of the tokens (consecutive rows), through the experts whole on the ep x tp ranks. None: every row.
+        self.keep = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
@@ -274,6 +277,11 @@ class MoE(nn.Module):
         weights, inputs = weights.flatten()[order, None], tokens
         if self.sum_gradients is not None:  # the router's own gradient path stays whole
             weights, inputs = self.sum_gradients(weights), self.sum_gradients(tokens)
+        if self.keep is not None:  # this tensor rank's tokens only (the others route theirs)
+            index, ranks = self.keep
+            mine = rows * ranks // tokens.shape[0] == index
+            rows, weights = rows[mine], weights[mine]
+            counts = chosen.flatten()[order][mine].bincount(minlength=self.router.out_features)
         routed = inputs[rows]
         if self.dispatch is None:
             outputs = self.experts(routed, counts.tolist())

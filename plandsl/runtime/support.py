@@ -215,13 +215,6 @@ def _expert_refusals(plan: ir.Plan) -> list[Diagnostic]:
         return []
     what = f"expert parallelism (`experts = {plan.experts.kind} over {plan.experts.axis}`)"
     found = []
-    if plan.expert_group > plan.ep:  # folded over a tensor axis of more than one rank (of one: the plain layout)
-        over = ", ".join(plan.experts.axes)
-        found.append(diag("E708", f"experts folded over [{over}] ({plan.expert_group} ranks, each expert whole on "
-                                  f"one) cannot run: the interpreter splits each expert over the tensor axis and "
-                                  f"exchanges tokens over '{plan.experts.axis}' only", plan.experts.span,
-                          hint=f"`experts = {plan.experts.kind} over {plan.experts.axis}` runs (each expert split "
-                               "over the tensor axis); the folded plan still checks, estimates and exports"))
     if plan.data is not None and plan.data.hybrid:
         found.append(diag("E703", f"hsdp together with {what} cannot run: the other parameters would need a 2-D "
                                   "mesh replicated over the expert axis too", plan.data.span,

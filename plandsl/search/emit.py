@@ -421,9 +421,7 @@ def explain(result: SearchResult, refusals: Refusals) -> str:
         runs = next((i for i, other in enumerate(result.candidates[1:], 2) if not run_refusals(other, refusals)), None)
         lines.append(f"  note: `plandsl run` refuses #1 ({refused[0]})"
                      + (f"; #{runs} runs ({result.candidates[runs - 1].estimate.time.step / t.step - 1:+.1%})"
-                        if runs else "; none of the top runs: " + ("the experts fold the tensor axis in every one"
-                                                                    if refused[0].startswith("E708") else
-                                                                    "pin what runs, e.g. --pin zero_stage=2")))
+                        if runs else "; none of the top runs: pin what runs, e.g. --pin zero_stage=2"))
     stats = result.stats
     if stats.memory_pruned:
         lines.append(f"  memory ruled out {stats.memory_pruned:,} candidate(s)"

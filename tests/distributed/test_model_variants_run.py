@@ -98,6 +98,11 @@ _LAYOUTS = {
   train   = tiny_train
   data    = zero1 over dp
   experts = alltoall over ep""",
+    "ep_tp_folded": """  mesh    = [ep = 2, tp = 2] over devices[0:4]
+  train   = tiny_train
+  data    = zero2 over ep
+  tensor  = megatron over tp with sequence_parallel
+  experts = alltoall over [ep, tp]""",
 }
 
 
@@ -105,7 +110,8 @@ _LAYOUTS = {
 def test_deepseek_shape_matches_one_process(layout):
     """MLA's heads split by tp (the latents whole, the shared rotary key's gradient summed), the dense block
     and the MoE blocks on their stages (with tp and sp, or with the experts over ep), FSDP's units, K and V
-    gathered over cp, the experts over ep: each as one process computes it."""
+    gathered over cp, the experts over ep, and whole over ep x tp (folded over the tensor axis, each tensor rank
+    routing its own tokens): each as one process computes it."""
     plan = _DEEPSEEK.format(layout=_LAYOUTS[layout])
     results = run_ranks(4, train, plan, steps=2, check_equivalence=True, deadline_s=150)
     assert [r["status"] for r in results] == [0] * 4, results[0]["report_text"]

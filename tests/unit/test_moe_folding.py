@@ -1,6 +1,7 @@
 """Megatron-Core's MoE parallel folding, `experts = alltoall over [ep, tp]`: the IR and the checker (E416), the cost
 model against hand counts (each expert whole, the all-to-all over the ep x tp ranks inside a node, no tensor-parallel
-pair in the MoE half, the experts' parameters per device), `run`'s refusal (E708) and Megatron's flags both ways
+pair in the MoE half, the experts' parameters per device), `run` taking it (tests/distributed/
+test_model_variants_run.py runs it against one process) and Megatron's flags both ways
 (--expert-tensor-parallel-size 1)."""
 from __future__ import annotations
 
@@ -122,9 +123,8 @@ def test_expert_parameters_per_device_whole():
     assert local_numel(expert, 2, 4) == expert.shape[0] // 4 * expert.shape[1] // 2 * expert.shape[2]
 
 
-def test_run_refuses_the_folded_layout():
-    assert [d.code for d in refusals(_plan(), cuda=False)] == ["E708"]
-    assert [d.code for d in refusals(_plan(over="ep"), cuda=False)] == []
+def test_run_takes_the_folded_layout():
+    assert [d.code for d in refusals(_plan(), cuda=False)] == []
 
 
 def test_megatron_flags_both_ways():
@@ -172,13 +172,13 @@ plan p {{
 def test_generate_from_keeps_folded_experts_without_a_mesh(tmp_path):
     """A partial plan that folds its experts over its tensor line's axis leaves the search the mesh: it lays out ep
     and tp (an expert axis to fold into), prices the experts folded, and the completed file checks as written; with
-    the tensor axis at 1 the fold is the plain layout, which `run` takes."""
+    the tensor axis at 1 the fold is the plain layout; `run` takes both."""
     path = tmp_path / "partial.plan"
     path.write_text('import "clusters/dgx_h100"\nplan r {\n'
                     "  model   = llama(layers=8, hidden=2048, heads=16, kv_heads=4, seq=4096, vocab=32000, experts=16)\n"
                     "  cluster = dgx_h100 x 2\n  train   = { global_batch: 32 }\n"
                     "  tensor  = megatron over tp with sequence_parallel\n  experts = alltoall over [ep, tp]\n}\n")
-    for pins, refused in (({"tp": "2"}, ["E708"]), ({"tp": "1"}, [])):
+    for pins, refused in (({"tp": "2"}, []), ({"tp": "1"}, [])):
         text = generate_from(path, top=1, pins=pins).texts[0]
         assert "experts = alltoall over [ep, tp]" in text
         plan = api.loads(text).plans[0]

@@ -130,17 +130,3 @@ _entry("E707", """
     }}
     """, "Give the mesh whole nodes: 16 devices, two nodes of 8.",
     ("[dp = 12] over devices[0:12]", "[dp = 16]"), command=("launch", "--scheduler", "slurm", "--dryrun"))
-
-_entry("E708", """
-    The plan folds the tensor axis into the expert group (`experts = alltoall over [ep, tp]`: each
-    expert whole on one of the ep x tp ranks, Megatron-Core's MoE parallel folding with expert tensor
-    parallelism 1), which `check`, `estimate`, the search and Megatron export model. The interpreter
-    splits each expert over the tensor axis and exchanges tokens over the expert axis only; an
-    all-to-all over ranks that attention treats as tensor-parallel, with the experts' gradients reduced
-    over fewer ranks than the rest, is not written yet. It refuses rather than run the experts split
-    over the tensor axis under the folded plan's name.
-    """, _local_plan("tensor  = megatron over tp with sequence_parallel\n      experts = alltoall over [ep, tp]",
-                     mesh="[ep = 2, tp = 2]",
-                     model="llama(layers=2, hidden=64, heads=4, seq=32, vocab=256, experts=4)"),
-    "Split each expert over the tensor axis, as the interpreter runs it; keep the folded plan for `estimate`.",
-    ("experts = alltoall over [ep, tp]", "experts = alltoall over ep"))

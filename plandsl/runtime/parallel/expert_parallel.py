@@ -7,8 +7,11 @@ rank r of the expert axis keeps experts [r*E/ep, (r+1)*E/ep) (Shard(0)) and rank
 t-th slice of their FFN (w1/w3 Shard(1), w2 Shard(2)), as DTensor shards, so names and global shapes stay the
 catalogue's; the layer's `dispatch` exchanges its routed rows with `all_to_all_single` (autograd-aware) over
 the expert axis, and the tensor ranks' partial outputs, once combined, are summed over the tensor axis (the
-gradients of what meets them summed on the way back, the router's path left whole). Routing and combining are
-the one-process model's, and no token is dropped, so the layer computes what one process computes.
+gradients of what meets them summed on the way back, the router's path left whole). Folded over the tensor axis
+(`experts = alltoall over [ep, tp]`, `fold`), the experts are whole and split over the ep x tp ranks, and each
+tensor rank routes its own consecutive share of the tokens through one all-to-all over them: its partial output
+is summed over the tensor axis the same way. Routing and combining are the one-process model's, and no token is
+dropped, so the layer computes what one process computes.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from plandsl.ir.torch_plan import matches
 from plandsl.runtime.models import Experts, MoE, expert_mlps
+from plandsl.runtime.parallel.mesh import submesh
 from plandsl.runtime.parallel.tensor_parallel import _SumGradient
 
 # The dim of each grouped expert weight [experts, out, in] that holds the FFN: w1 and w3 produce it
@@ -29,12 +33,26 @@ FFN_DIMS = {"w1": 1, "w3": 1, "w2": 2}
 
 
 def apply_ep(model: nn.Module, mesh: DeviceMesh, ep_axis: str | None, tp_axis: str | None,
-             whole: frozenset[str] = frozenset()) -> None:
+             whole: frozenset[str] = frozenset(), fold: bool = False) -> None:
     """Split every MoE layer's experts over `ep_axis` and their FFN over `tp_axis` (either None: not split
     that way) of `mesh`, the whole device mesh; the experts modules named in `whole` (a `replicate` shard
-    rule) keep their FFN whole on every tensor rank."""
+    rule) keep their FFN whole on every tensor rank. `fold` (`experts = alltoall over [ep, tp]`): the experts
+    whole, spread over the ep x tp ranks, each tensor rank routing its own share of the tokens through one
+    all-to-all over them (Megatron-Core's MoE parallel folding)."""
     for name, moe in model.named_modules():
         if not isinstance(moe, MoE):
+            continue
+        if fold and ep_axis is not None and tp_axis is not None:
+            axes = tuple(axis for axis in mesh.mesh_dim_names if axis in (ep_axis, tp_axis))
+            moe.experts = ExpertShards(moe.experts, mesh[axes], ep_axis, None, expert_axes=axes)
+            moe.dispatch = AllToAllDispatch(submesh(mesh, axes))
+            tp_index = mesh.mesh_dim_names.index(tp_axis)
+            moe.keep = (mesh.get_local_rank(tp_axis), mesh.size(tp_index))
+            # this rank's rows make a partial output (summed over the axis), and the gradients of what meets
+            # them a partial gradient (summed on the way back): Megatron's `g` and `f`, as for split experts
+            group = mesh[tp_axis].get_group()
+            moe.sum_gradients = lambda x, group=group: _SumGradient.apply(x, group)
+            moe.sum_partial = lambda x, group=group: _SumForward.apply(x, group)
             continue
         layer_tp = None if f"{name}.experts" in whole else tp_axis
         axes = tuple(axis for axis in mesh.mesh_dim_names if axis in (ep_axis, layer_tp))
@@ -109,8 +127,10 @@ class ExpertShards(Experts):
     tensor axis see the same rows (they share a batch) and each computes its FFN slice: partial outputs,
     which the MoE layer sums over the axis once combined (`apply_ep`)."""
 
-    def __init__(self, full: Experts, mesh: DeviceMesh, ep_axis: str | None, tp_axis: str | None):
+    def __init__(self, full: Experts, mesh: DeviceMesh, ep_axis: str | None, tp_axis: str | None,
+                 expert_axes: tuple[str, ...] | None = None):
         nn.Module.__init__(self)
+        expert_axes = expert_axes or (ep_axis,)  # the axes the experts' dim is split over, in the mesh's order
         self.expert_parallel = ep_axis is not None
         self.grad_scale = 1.0 / mesh.size(mesh.mesh_dim_names.index(ep_axis)) if ep_axis else 1.0
         for name in ("w1", "w2", "w3"):
@@ -120,7 +140,7 @@ class ExpertShards(Experts):
                 continue
             local, placements = weight.detach(), []
             for axis in mesh.mesh_dim_names:
-                dim = 0 if axis == ep_axis else FFN_DIMS[name]
+                dim = 0 if axis in expert_axes else FFN_DIMS[name]
                 rank, size = mesh.get_local_rank(axis), mesh.size(mesh.mesh_dim_names.index(axis))
                 local = local.chunk(size, dim=dim)[rank]
                 placements.append(Shard(dim))

@@ -57,8 +57,9 @@ def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch
     if plan.experts is not None and plan.ep > 1 and isinstance(model, TorchModel):  # its own plan
         apply_model_ep(model, mesh[plan.experts.axis], mesh[tp_axis] if tp_axis else None, dict(plan.model.ep_plan))
     elif not isinstance(model, TorchModel):
+        folded = plan.expert_group > plan.ep  # experts whole over the expert and the tensor axis
         apply_ep(model, mesh, plan.experts.axis if plan.experts is not None and plan.ep > 1 else None, tp_axis,
-                 frozenset(name for name, rule in rules.items() if rule.style == "replicate"))
+                 frozenset(name for name, rule in rules.items() if rule.style == "replicate"), fold=folded)
     # 3. Context parallelism: positions and attention's K/V gather; parameters are untouched.
     if plan.context is not None and plan.cp > 1:
         apply_cp(model, plan.context.kind, mesh[plan.context.axis], plan.seq, device)
