@@ -182,13 +182,22 @@ def _clause(scope: Scope, expr: s.Expr) -> tuple[s.Expr, s.Expr | None, tuple[s.
     return target, None, ()
 
 
-def _options(scope: Scope, options: tuple[s.WithItem, ...], allowed: tuple[str, ...], what: str) -> dict:
+def _options(scope: Scope, options: tuple[s.WithItem, ...], allowed: tuple[str, ...], what: str,
+             kind: str | None = None) -> dict:
+    """The clause's `with` options by name: E206 for one `what` does not take (or any, after `kind` none, which
+    has nothing to set them on), E213 for one given twice."""
     found = {}
     for option in options:
         if option.name not in allowed:
             report_misspelled(scope.reporter, "E206", f"{what} has no option '{option.name}'", option.name,
                               option.span, allowed, f"options of {what}")
             raise Poison()
+        if option.name in found:
+            raise scope.reporter.error("E213", f"option '{option.name}' is given twice", option.span,
+                                       notes=[Note("first given", found[option.name].span)])
+        if kind == "none":
+            raise scope.reporter.error("E206", f"{what} = none takes no options ('{option.name}' would set nothing)",
+                                       option.span, hint=f"drop `with {option.name}`, or name a kind for {what}")
         found[option.name] = option
     return found
 
@@ -209,7 +218,7 @@ def data_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.DataParallel | N
 def tensor_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.TensorParallel | None:
     subject, over, options = _clause(scope, expr)
     style = scope.word(subject, TENSOR_STYLES, "tensor-parallel style")
-    found = _options(scope, options, ("sequence_parallel",), "tensor")
+    found = _options(scope, options, ("sequence_parallel",), "tensor", style)
     if style == "none":
         return None
     axis = one_axis(scope, over, m, "tensor parallel", expr.span)
@@ -232,7 +241,7 @@ def context_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ContextParall
 def expert_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ExpertParallel | None:
     subject, over, options = _clause(scope, expr)
     kind = scope.word(subject, EXPERT_KINDS, "expert-parallel kind")
-    found = _options(scope, options, ("overlap",), "experts")
+    found = _options(scope, options, ("overlap",), "experts", kind)
     if kind == "none":
         return None
     overlap = "overlap" in found and (found["overlap"].value is None or

@@ -757,3 +757,15 @@ def test_a_written_schedule_takes_no_options():
     error = one(text, "E206")
     assert "written schedule 'gpipe_template' takes no options ('virtual' would be ignored)" in error.message
     assert "`NAME: ranks`" in error.hint
+
+
+def test_an_option_given_twice_is_E213_and_none_takes_no_options():
+    """`with overlap, overlap` kept the last silently, and `experts = none with overlap` (or `tensor = none with
+    sequence_parallel`) dropped the option without a word: the kind `none` has nothing to set it on."""
+    twice = one(plan(mesh="[dp = 2, tp = 4]", extra="  tensor = megatron over tp with sequence_parallel, "
+                                                     "sequence_parallel"), "E213")
+    assert twice.message == "option 'sequence_parallel' is given twice" and twice.notes[0].message == "first given"
+    dropped = one(plan(mesh="[dp = 2, tp = 4]", extra="  tensor = none with sequence_parallel"), "E206")
+    assert "tensor = none takes no options ('sequence_parallel' would set nothing)" in dropped.message
+    assert the_plan(plan(mesh="[dp = 2, tp = 4]", extra="  tensor = megatron over tp with sequence_parallel")) \
+        .tensor.sequence_parallel
