@@ -244,7 +244,9 @@ def _model(read: _Read) -> str | None:
                      "--num-query-groups", hint="add --group-query-attention")
         return None
     channels = read.get("--kv-channels")  # validate_args: hidden_size // num_attention_heads when not given
-    if channels is not None and channels != hidden // heads:
+    if channels is None and hidden % heads:
+        channels = hidden // heads  # the floor Megatron takes: a head width a plan must write, hidden / heads is none
+    if channels is not None and channels * heads != hidden:
         if not llama or read.get("--multi-latent-attention"):
             read.problem("E807", f"--kv-channels {channels} is not --hidden-size / --num-attention-heads "
                          f"({hidden // heads}): only plandsl's llama(...) with grouped-query attention has a head_dim of "

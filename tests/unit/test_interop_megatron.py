@@ -422,3 +422,17 @@ def test_eager_kernels_are_what_megatron_cannot_run():
     plan = api.select_plan(api.loads(text, path="eager.plan"))
     lost = export_plan(plan, "megatron").lost
     assert [d.code for d in lost] == ["E808"] and "kernels: eager" in lost[0].message
+
+
+@pytest.mark.parametrize("channels", ["--kv-channels 16", ""])
+def test_a_head_width_that_is_not_hidden_over_heads_is_written_even_when_it_is_the_floor(channels):
+    """--hidden-size 100 --num-attention-heads 6: Megatron's heads are 16 wide (--kv-channels, or the floor
+    validate_args takes), which hidden / heads does not say; the import came back without head_dim and the
+    checker refused the plan (E220)."""
+    llama = ("--num-layers 2 --hidden-size 100 --num-attention-heads 6 --seq-length 128 --max-position-embeddings 128 "
+             "--padded-vocab-size 1024 --micro-batch-size 1 --global-batch-size 16 --normalization RMSNorm --swiglu "
+             "--position-embedding-type rope --disable-bias-linear --ffn-hidden-size 256")
+    imported = import_text("megatron", f"{llama} {channels}\n", "flags", world_size=8)
+    assert imported.ok, imported.diagnostics
+    plan = api.select_plan(api.loads(imported.text, path="imported.plan"))
+    assert plan.model.head_dim == 16 and plan.model.head_width == 16
