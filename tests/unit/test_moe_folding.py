@@ -9,15 +9,14 @@ import pytest
 
 from plandsl import api, ir
 from plandsl.cost.comm import collective_seconds
-from plandsl.cost.compute import estimate_layer_compute
-from plandsl.cost.estimate import plan_work
-from plandsl.cost.layer import estimate_layer_time, plan_links
+from plandsl.cost.layer import plan_links
 from plandsl.cost.memory import local_numel, model_state_bytes
 from plandsl.interop import export_plan, import_text
 from plandsl.ir.layers import layers_of
 from plandsl.rewrite.complete import generate_from
 from plandsl.runtime.support import refusals
 from plandsl.search import Problem, SearchError, search
+from test_moe_cost import _block_time  # the block's time and compute on the plan's first device
 
 # Qwen3-30B-A3B's block shapes on one DGX H100 node: 128 experts, top 8, hidden 2048, experts 768 wide
 PLAN = """\
@@ -38,14 +37,6 @@ def _plan(over="[ep, tp]", sp=True, shared=0) -> ir.Plan:
     text = PLAN.format(over=over, sp=" with sequence_parallel" if sp else "",
                        shared=f", shared_experts={shared}" if shared else "")
     return api.loads(text).plans[0]
-
-
-def _block(plan: ir.Plan):
-    block = next(layer for layer in layers_of(plan.model) if layer.kind == "block")
-    device = plan.cluster.devices_in_order()[0]
-    work = plan_work(plan)
-    return (estimate_layer_time(plan.model, block, work, device, plan_links(plan)),
-            estimate_layer_compute(plan.model, block, work, device))
 
 
 def test_the_folded_group_in_the_ir_and_unfolded_dumps_unchanged():
@@ -87,7 +78,7 @@ def test_folded_experts_by_hand():
     attention half's [b, s, h] pair, once forward and once backward (2 x 16.8 MB each); split over tp, the MoE half
     gathers and scatters the 8 routed copies both ways instead."""
     folded, split = _plan(), _plan(over="ep")
-    (time_f, compute_f), (time_s, compute_s) = _block(folded), _block(split)
+    (time_f, compute_f), (time_s, compute_s) = _block_time(folded), _block_time(split)
     routed = 4096 // 2 * 8 * 2048 * 2
     assert time_f.moved.expert == pytest.approx(4 * routed) == time_s.moved.expert
     links = plan_links(folded)
@@ -105,7 +96,7 @@ def test_folded_experts_by_hand():
 
 
 def test_shared_experts_keep_their_tensor_pair():
-    time_f, _ = _block(_plan(shared=1))
+    time_f, _ = _block_time(_plan(shared=1))
     activation = 4096 * 2048 * 2
     assert time_f.moved.tensor == pytest.approx(4 * 2 * activation)  # both halves' pairs, as a dense block
 
