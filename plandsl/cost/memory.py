@@ -126,7 +126,7 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
     """
     if len(inflight) != len(rank_stages):
         raise ValueError(f"inflight has {len(inflight)} entries for {len(rank_stages)} pipeline ranks")
-    attention_matrix = attention_matrix or plan.train.attention is ir.Attention.materialized
+    attention_matrix = _keeps_scores(plan, attention_matrix)
     tied = tied_embedding(plan, [layer for stage in stage_layers for layer in stage])
     # A built-in model's `Param`s are the interpreter's tensors; a custom model's are one synthetic
     # tensor per authored layer, so its ZeRO-1 partition is taken as even.
@@ -399,7 +399,12 @@ def estimate_layer_activations(plan: ir.Plan, layer: Layer, *, attention_matrix:
     layer's own mode (`layer_recompute`), default the plan's; the s×s scores as the plan's `train.attention` says
     (or `attention_matrix`)."""
     return _layer_activations(plan, layer, plan.train.recompute if recompute is None else recompute,
-                              attention_matrix or plan.train.attention is ir.Attention.materialized)
+                              _keeps_scores(plan, attention_matrix))
+
+
+def _keeps_scores(plan: ir.Plan, attention_matrix: bool = False) -> bool:
+    """Whether attention stores its s×s scores for the backward: `attention: materialized` (or asked for)."""
+    return attention_matrix or plan.train.attention is ir.Attention.materialized
 
 
 def is_block(plan: ir.Plan, layer: Layer) -> bool:

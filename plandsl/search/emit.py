@@ -98,10 +98,7 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
     _known(cluster_text, "cluster", [n for n, f in names.items() if f.startswith("clusters/")], imports)
     found_model = _resolve(imports, f"model __model = {model_text}", "--model", model, plan_file)
     found_cluster = _resolve(imports, f"cluster __cluster = {cluster_text}", "--cluster", cluster)
-    try:
-        found_precision = ir.Precision(precision)
-    except ValueError:
-        raise SearchError(f"--precision {precision}: one of {', '.join(p.value for p in ir.Precision)}") from None
+    found_precision = _choice(ir.Precision, precision, "--precision")
     needed = dict.fromkeys((found_precision, found_precision.unquantized))  # fp8: bf16 too (check's E504)
     missing = sorted({d.name for d in found_cluster.devices_in_order() if any(p not in d.peak for p in needed)})
     if missing:
@@ -113,17 +110,18 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
     found_model = found_model.model_copy(update={"name": model_text if _NAME.fullmatch(model_text) else "model"})
     found_cluster = found_cluster.model_copy(update={"name": cluster_text})
     _runnable(found_model, model, seq_len)
-    try:
-        found_kernels = ir.Kernels(kernels)
-    except ValueError:
-        raise SearchError(f"--kernels {kernels}: one of {', '.join(k.value for k in ir.Kernels)}") from None
-    try:
-        found_attention = ir.Attention(attention)
-    except ValueError:
-        raise SearchError(f"--attention {attention}: one of {', '.join(a.value for a in ir.Attention)}") from None
-    problem = Problem(found_model, found_cluster, global_batch, seq_len, found_precision, kernels=found_kernels,
-                      attention=found_attention)
+    problem = Problem(found_model, found_cluster, global_batch, seq_len, found_precision,
+                      kernels=_choice(ir.Kernels, kernels, "--kernels"),
+                      attention=_choice(ir.Attention, attention, "--attention"))
     return problem, Source(tuple(imports), model_text, cluster_text)
+
+
+def _choice(kind, value: str, option: str):
+    """`value` as the language's word of `kind` (an `ir` enum), or a SearchError naming `option` and the words."""
+    try:
+        return kind(value)
+    except ValueError:
+        raise SearchError(f"{option} {value}: one of {', '.join(word.value for word in kind)}") from None
 
 
 def _resolve(imports: list[str], line: str, option: str, given: str, plan_file: str | None = None):
