@@ -72,11 +72,13 @@ node grand_teton {
   nic     = { bandwidth: 400 GB/s, latency: 5 us }
 }
 
-# The 128 H100 of torchtitan's first 405B runs (docs/performance.md, 2024): "94GB memory".
+# The 128 H100 of torchtitan's first 405B runs (docs/performance.md, 2024): "94GB memory", and by the same
+# page's footnote 1 "HBM2e based lower TDP SXM H100 ... the actual peak TFLOPs number is between SXM and NVL":
+# the Grand Teton part above (2.4 TB/s, peak 912) with the memory the page states.
 device h100_94g {
   memory    = 94 GB
-  bandwidth = 3350 GB/s
-  peak      = { fp32: 67 TFLOP/s, bf16: 989 TFLOP/s, fp16: 989 TFLOP/s }
+  bandwidth = 2400 GB/s
+  peak      = { fp32: 63.5 TFLOP/s, bf16: 912 TFLOP/s, fp16: 912 TFLOP/s }
 }
 node h100_94g_host {
   devices = 8 x h100_94g
@@ -221,8 +223,26 @@ def published() -> list[Run]:
                     metric="tokens_per_device",
                     pins={"dp": 8, "zero_stage": 3, "micro_batch_size": 2, "recompute": "selective_op"},
                     note="FSDP + torch.compile"))
+    # The same page's Table 3: Table 1's runs on 16 hosts (global batch 256), eager and compiled.
+    for label, measured, dtypes in (("", 5605, EAGER), (", compiled", 6514, {})):
+        runs.append(Run(f"torchtitan Llama 3.1 8B, FSDP 128 H100 (500 W){label}",
+                        "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Table 3", "llama3_8b",
+                        "grand_teton x 16", 256, measured, metric="tokens_per_device",
+                        pins={"dp": 128, "zero_stage": 3, "micro_batch_size": 2, "recompute": "selective_op"},
+                        dtypes=dict(dtypes)))
+    # torchtitan's async-TP benchmark (benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md): the same hosts,
+    # torch.compile, bf16, the vanilla-TP column (TP's collectives not overlapped).
+    runs.append(Run("torchtitan Llama 3 70B, FSDP 32 x TP 8, 256 H100 (500 W), compiled",
+                    "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md", "llama3_70b",
+                    "grand_teton x 32", 512, 597.3, metric="tokens_per_device",
+                    pins={"dp": 32, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 16, "recompute": "full"}))
+    runs.append(Run("torchtitan Llama 3 8B, FSDP 8 x TP 8, 64 H100 (500 W), compiled",
+                    "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md", "llama3_8b",
+                    "grand_teton x 8", 96, 4378, metric="tokens_per_device",
+                    pins={"dp": 8, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 12,
+                          "recompute": "selective_op"}))
     runs.append(Run("torchtitan Llama 3.1 405B, FSDP 16 x TP 8, 128 H100", "pytorch/torchtitan docs/performance.md (2024)",
-                    "llama3_405b", "h100_94g_host x 16", 32, 0.290, metric="mfu",
+                    "llama3_405b", "h100_94g_host x 16", 32, 109, metric="tokens_per_device",
                     pins={"dp": 16, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 2, "recompute": "full"}, dtypes=dict(EAGER)))
     # NeMo 24.11's Nemotron-4 340B on 16 DGX H100 (NVIDIA/dgxc-benchmarking nemotron/README_340b.md): 4.61 s per
     # step of 32 x 4096 tokens, 28,432 tokens/s; the recipe (NeMo-Framework-Launcher nemotron_340b.yaml) keeps
@@ -273,6 +293,12 @@ def nemo_h100() -> list[Run]:
             run("Llama 3.1 405B (t8 p8 c2 v8), gbs 512", "25.11", "llama3_405b", 1024, 512, 292, dp=8, tp=8, pp=8,
                 cp=2, virtual_stages=8),
             run("Llama 3.1 405B (t8 p8 c2 v8), gbs 1536", "26.02", "llama3_405b", 1024, 1536, 311, dp=8, tp=8, pp=8,
+                cp=2, virtual_stages=8),
+            # The 26.04.01 container's table (docs/fern/versions/0.4.2/pages/performance-summary.mdx): the same
+            # recipes, the software a release later.
+            run("Llama 3 70B (t4 p8 v5), gbs 256, NeMo 26.04", "26.04", "llama3_70b", 64, 256, 1664, dp=2, tp=4, pp=8,
+                virtual_stages=5),
+            run("Llama 3.1 405B (t8 p8 c2 v8), gbs 1536, NeMo 26.04", "26.04", "llama3_405b", 1024, 1536, 328, dp=8, tp=8, pp=8,
                 cp=2, virtual_stages=8)]
 
 
