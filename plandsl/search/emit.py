@@ -193,8 +193,7 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
     to write instead (a partial plan's own, when it fixed what the search would choose)."""
     c = scored.candidate
     sizes = c.degrees()
-    order = c.order or ("dp",)
-    mesh = ", ".join(f"{a} = {sizes[a]}" for a in order)
+    mesh = ", ".join(f"{a} = {sizes[a]}" for a in c.mesh_order)
     train = [f"global_batch: {problem.global_batch}", f"micro_batch: {c.micro_batch_size}"]
     if problem.seq:
         train.append(f"seq: {problem.seq}")
@@ -205,8 +204,8 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
     lines += ["", *header(scored.estimate), "", f"plan {name} {{", f"  model    = {source.model}",
               f"  cluster  = {source.cluster}", f"  mesh     = [{mesh}]",
               f"  train    = {train_text or '{ ' + ', '.join(train) + ' }'}"]
-    if c.dp > 1 or c.ep > 1:
-        lines.append(f"  data     = {ir.DataKind.of_zero_stage(c.zero_stage)} over {'dp' if c.dp > 1 else 'ep'}")
+    if c.data_axis:
+        lines.append(f"  data     = {ir.DataKind.of_zero_stage(c.zero_stage)} over {c.data_axis}")
     if c.tp > 1:
         lines.append("  tensor   = megatron over tp" + (" with sequence_parallel" if c.sequence_parallel else ""))
     if c.cp > 1:

@@ -86,6 +86,23 @@ class Candidate:
     def degrees(self) -> dict[str, int]:
         return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep}
 
+    @property
+    def data_axis(self) -> str | None:
+        """The axis `data = ...` is over: dp; else the expert axis (which splits the batch); else, with ZeRO and a
+        context axis, dp of size 1, since ZeRO shards over the data and context axes together (torchtitan's FSDP
+        over dp_shard x cp, "FSDP 1, CP 8"; `cost.memory.zero_degrees`); else none."""
+        if self.dp > 1:
+            return "dp"
+        if self.ep > 1:
+            return "ep"
+        return "dp" if self.cp > 1 and self.zero_stage > 0 else None
+
+    @property
+    def mesh_order(self) -> tuple[str, ...]:
+        """The mesh's axes outermost first: `order`, and dp of size 1 first when it carries ZeRO (`data_axis`)."""
+        order = self.order or ("dp",)
+        return order if self.data_axis in (None, *order) else ("dp", *order)
+
     def pins(self) -> dict[str, object]:
         return {**self.degrees(), "micro_batch_size": self.micro_batch_size, "schedule": self.schedule or "none",
                 "virtual_stages": self.virtual_stages, "zero_stage": self.zero_stage, "recompute": self.recompute,
@@ -143,11 +160,10 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
     layers of its stages are given to `cost.estimate` as an assignment. Every node is given its (empty)
     `field_spans` (`_node`)."""
     sizes = c.degrees()
-    order = c.order or ("dp",)
-    mesh = _node(ir.Mesh, axes=tuple(_node(ir.Axis, name=a, size=sizes[a]) for a in order), first_device=0,
+    mesh = _node(ir.Mesh, axes=tuple(_node(ir.Axis, name=a, size=sizes[a]) for a in c.mesh_order), first_device=0,
                  part=None)
-    data_axes = ("dp",) if c.dp > 1 else (("ep",) if c.ep > 1 else ())
-    data = _node(ir.DataParallel, kind=ir.DataKind.of_zero_stage(c.zero_stage), axes=data_axes) if data_axes else None
+    data = _node(ir.DataParallel, kind=ir.DataKind.of_zero_stage(c.zero_stage), axes=(c.data_axis,)) \
+        if c.data_axis else None
     tensor = _node(ir.TensorParallel, style="megatron", axis="tp", sequence_parallel=c.sequence_parallel) \
         if c.tp > 1 else None
     context = _node(ir.ContextParallel, kind=CONTEXT, axis="cp") if c.cp > 1 else None

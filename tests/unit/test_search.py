@@ -468,3 +468,22 @@ def test_the_dive_under_a_time_limit_leaves_a_finished_search_unchanged(monkeypa
     assert not result.stats.stopped
     assert [s.estimate.time.step for s in result.candidates] == pytest.approx(exact, rel=1e-12)
     assert first_fit and first_fit[0] < 453  # the dive reached a plan sooner than best-first order did
+
+
+def test_zero_over_the_context_axis_alone_shards_the_states():
+    """torchtitan's "FSDP 1, CP 8": with dp = 1, ZeRO shards over the context axis (`cost.memory.zero_degrees`), so
+    the search keeps a data axis of size 1 to carry it (`Candidate.data_axis`). Unsharded, the 0.8B model's
+    states (12.9 GB) do not fit four 6.5 GiB devices; sharded over cp = 4 they do."""
+    p = problem("long", "tight", 1)
+    found = search(p, pins=["dp=1", "cp=4", "zero_stage=3", "micro_batch_size=1"], top=1)
+    best = found.best
+    assert (best.candidate.cp, best.candidate.zero_stage, best.candidate.data_axis) == (4, 3, "dp")
+    text = plan_text(best, p, Source((), MODELS["long"], "tight"))
+    words = " ".join(text.split())
+    assert "mesh = [dp = 1, cp = 4]" in words and "data = zero3 over dp" in words
+    [plan] = api.loads(HARDWARE + text).plans
+    estimate = estimate_plan(plan)
+    assert estimate.time.step == pytest.approx(best.estimate.time.step, rel=1e-9)
+    assert estimate.fits and estimate.memory[0].params < 12.9e9 / 16 * 4 / 2  # fp32 weights: 3.2 GB unsharded
+    with pytest.raises(SearchError, match="does not fit"):
+        search(p, pins=["dp=1", "cp=4", "zero_stage=0", "micro_batch_size=1"], top=1)
