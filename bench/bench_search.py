@@ -266,7 +266,30 @@ def published() -> list[Run]:
     runs += nemo_h100()
     runs += nemo_moe_h100()
     runs += modelzoo_qwen3_h100()
+    runs += megatron_core_h100()
     return runs
+
+
+# Megatron-LM's README (images/model_table.png, "New scaling figures on H100 GPUs", July 2024): GPT models of
+# 1.7B to 462B on up to 6,144 H100s, vocabulary 131,072, sequence 4,096, bf16, data parallelism 48 each, with the
+# distributed optimizer and its overlapped gradient reduction and parameter gather, TP communication overlap and
+# Megatron's pipeline schedules; per-GPU TFLOP/s by Megatron's formula (model FLOPs, no recomputation), over
+# the H100's 989 TFLOP/s: the table's MFU. Micro-batch size, virtual stages and recomputation are not given.
+MEGATRON_README = "NVIDIA/Megatron-LM README, images/model_table.png (2024)"
+
+
+def megatron_core_h100() -> list[Run]:
+    rows = [(1.7, 16, 2048, 24, 1, 1, 48, 192, 408.8), (7.1, 32, 4096, 30, 2, 1, 96, 192, 465.9),
+            (16, 48, 6144, 32, 4, 1, 192, 192, 489.1), (32, 56, 7168, 48, 8, 1, 384, 192, 459.6),
+            (70, 64, 8192, 84, 8, 2, 768, 384, 419.7), (119, 80, 10240, 92, 8, 4, 1536, 768, 420.5),
+            (177, 96, 12288, 96, 8, 6, 2304, 1152, 432.8), (314, 128, 16384, 96, 8, 8, 3072, 1536, 474.4),
+            (462, 144, 18432, 112, 8, 16, 6144, 3072, 459.9)]
+    return [Run(f"Megatron-Core GPT {size}B, {gpus} H100", MEGATRON_README,
+                gpt(layers, hidden, heads, vocab=131072, seq=4096), f"dgx_h100 x {gpus // 8}", batch, tflops / 989,
+                metric="mfu", pins={"tp": tp, "pp": pp, "dp": 48, "cp": 1, "zero_stage": 1,
+                                    **({"schedule": "interleaved_1f1b"} if pp > 1 else {})},
+                dtypes=dict(MEGATRON_CORE), note=f"{tflops} TFLOP/s per GPU")
+            for size, heads, hidden, layers, tp, pp, gpus, batch, tflops in rows]
 
 
 # NVIDIA Megatron-Bridge's published step rates (docs/performance-summary-archive.md, DGX-H100 tables of the
