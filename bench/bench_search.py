@@ -5,6 +5,7 @@ model's predictions against published training runs.
     python bench/bench_search.py --peer DIR   # ... beside another checkout's, in turns (CPU seconds and their ratio)
     python bench/bench_search.py --validate   # published runs: measured, predicted, error (Markdown)
     python bench/bench_search.py --fit        # refit the GEMM efficiency and the ZeRO-3 NIC on the fit runs, then validate
+    python bench/bench_search.py --mpt        # MosaicML's MPT throughput tables, summed apart (docs/validation.md)
 
 Targets (issue: cost model and search): GPT-3 175B on 1,024 A100s, full search, under 10 s; a 1T
 model on 4,096 GPUs under 30 s; median error of the held-out runs <= 15 %, max <= 30 %.
@@ -570,6 +571,188 @@ def timings(peer: str | None = None) -> str:
     return "\n".join(lines)
 
 
+# MosaicML's MPT throughput tables (mosaicml/llm-foundry, scripts/train/benchmarking/README.md, 2023-2024): every
+# bf16 row on 8 or more GPUs of its "H100 80GB BF16" tables and its "A100 80GB with 1600 Gbps node-node
+# interconnect" table without CPU offload. (model, sequence, GPUs, GPU, micro-batch, global batch, sharding,
+# activation checkpointing, tokens/s per GPU). MPT-{1b,3b,7b,...} as the README's yamls define them: d_model,
+# n_heads, n_layers below, expansion ratio 4, vocabulary 50,368, learned positions, tied embeddings, no biases;
+# Composer's FSDP (FULL_SHARD: ZeRO-3, SHARD_GRAD_OP: ZeRO-2), amp_bf16, FlashAttention. Summed apart
+# (`--mpt`; docs/validation.md, "MosaicML's MPT tables"): not in the targets' set.
+MOSAIC = "mosaicml/llm-foundry, scripts/train/benchmarking/README.md"
+MPT_ARCH = {"125m": (12, 768, 12), "350m": (24, 1024, 16), "760m": (24, 1536, 12), "1b": (24, 2048, 16),
+            "3b": (32, 2560, 20), "7b": (32, 4096, 32), "13b": (40, 5120, 40), "30b": (48, 7168, 56),
+            "70b": (80, 8192, 64)}
+MPT_ROWS = [
+    ("70b", 2048, 512, "h100", 8, 4096, "FULL_SHARD", True, 1007),
+    ("70b", 2048, 256, "h100", 8, 2048, "FULL_SHARD", True, 1035),
+    ("70b", 2048, 128, "h100", 8, 1024, "FULL_SHARD", True, 1058),
+    ("30b", 2048, 512, "h100", 8, 4096, "FULL_SHARD", True, 2115),
+    ("30b", 2048, 256, "h100", 8, 2048, "FULL_SHARD", True, 2148),
+    ("30b", 2048, 128, "h100", 8, 1024, "FULL_SHARD", True, 2199),
+    ("13b", 2048, 512, "h100", 16, 8192, "FULL_SHARD", True, 4952),
+    ("13b", 2048, 256, "h100", 16, 4096, "FULL_SHARD", True, 4989),
+    ("13b", 2048, 128, "h100", 16, 2048, "FULL_SHARD", True, 5080),
+    ("7b", 2048, 512, "h100", 6, 3072, "FULL_SHARD", False, 9670),
+    ("7b", 2048, 256, "h100", 6, 1536, "FULL_SHARD", False, 10119),
+    ("7b", 2048, 128, "h100", 6, 768, "FULL_SHARD", False, 10475),
+    ("3b", 2048, 512, "h100", 8, 4096, "SHARD_GRAD_OP", False, 21664),
+    ("3b", 2048, 256, "h100", 8, 2048, "SHARD_GRAD_OP", False, 22772),
+    ("3b", 2048, 128, "h100", 8, 1024, "SHARD_GRAD_OP", False, 23422),
+    ("1b", 2048, 512, "h100", 12, 6144, "SHARD_GRAD_OP", False, 39837),
+    ("1b", 2048, 256, "h100", 12, 3072, "SHARD_GRAD_OP", False, 42555),
+    ("1b", 2048, 128, "h100", 12, 1536, "SHARD_GRAD_OP", False, 44123),
+    ("70b", 2048, 64, "h100", 8, 2048, "FULL_SHARD", True, 1039),
+    ("70b", 2048, 32, "h100", 2, 1024, "FULL_SHARD", True, 882),
+    ("30b", 8192, 8, "h100", 1, 168, "FULL_SHARD", True, 1384),
+    ("30b", 4096, 8, "h100", 1, 168, "FULL_SHARD", True, 1802),
+    ("30b", 2048, 32, "h100", 14, 1344, "FULL_SHARD", True, 2308),
+    ("30b", 2048, 16, "h100", 10, 480, "FULL_SHARD", True, 2263),
+    ("30b", 2048, 8, "h100", 3, 504, "FULL_SHARD", True, 2002),
+    ("30b", 1024, 8, "h100", 6, 1008, "FULL_SHARD", True, 2084),
+    ("13b", 32768, 8, "h100", 1, 24, "FULL_SHARD", True, 1976),
+    ("13b", 16384, 8, "h100", 3, 72, "FULL_SHARD", True, 2985),
+    ("13b", 4096, 8, "h100", 10, 240, "FULL_SHARD", True, 4717),
+    ("13b", 2048, 64, "h100", 2, 128, "FULL_SHARD", False, 4800),
+    ("13b", 2048, 32, "h100", 2, 64, "FULL_SHARD", False, 4811),
+    ("13b", 2048, 16, "h100", 2, 32, "FULL_SHARD", False, 4767),
+    ("13b", 2048, 8, "h100", 2, 16, "FULL_SHARD", False, 4792),
+    ("13b", 1024, 8, "h100", 40, 960, "FULL_SHARD", True, 5502),
+    ("7b", 65536, 8, "h100", 1, 16, "FULL_SHARD", True, 1956),
+    ("7b", 32768, 8, "h100", 2, 32, "FULL_SHARD", True, 3318),
+    ("7b", 8192, 8, "h100", 8, 128, "FULL_SHARD", True, 6935),
+    ("7b", 4096, 8, "h100", 16, 256, "FULL_SHARD", True, 8611),
+    ("7b", 2048, 8, "h100", 6, 48, "FULL_SHARD", False, 10643),
+    ("7b", 1024, 8, "h100", 64, 1024, "FULL_SHARD", True, 10203),
+    ("3b", 65536, 8, "h100", 1, 16, "FULL_SHARD", True, 3262),
+    ("3b", 32768, 8, "h100", 3, 144, "FULL_SHARD", True, 5873),
+    ("3b", 16384, 8, "h100", 1, 48, "FULL_SHARD", False, 11152),
+    ("3b", 8192, 8, "h100", 3, 144, "FULL_SHARD", False, 16578),
+    ("3b", 4096, 8, "h100", 5, 240, "FULL_SHARD", False, 20964),
+    ("3b", 2048, 64, "h100", 6, 1152, "FULL_SHARD", False, 22525),
+    ("3b", 2048, 32, "h100", 6, 576, "FULL_SHARD", False, 23021),
+    ("3b", 2048, 16, "h100", 10, 480, "FULL_SHARD", False, 24142),
+    ("3b", 1024, 8, "h100", 20, 960, "FULL_SHARD", False, 27046),
+    ("3b", 512, 8, "h100", 40, 1920, "FULL_SHARD", False, 27965),
+    ("1b", 65536, 8, "h100", 1, 16, "FULL_SHARD", True, 5506),
+    ("1b", 32768, 8, "h100", 1, 32, "FULL_SHARD", False, 12025),
+    ("1b", 16384, 8, "h100", 2, 64, "FULL_SHARD", False, 19649),
+    ("1b", 8192, 8, "h100", 3, 96, "FULL_SHARD", False, 29157),
+    ("1b", 4096, 8, "h100", 7, 224, "FULL_SHARD", False, 38535),
+    ("1b", 2048, 64, "h100", 20, 1280, "FULL_SHARD", False, 44402),
+    ("1b", 2048, 32, "h100", 20, 640, "FULL_SHARD", False, 45130),
+    ("1b", 2048, 16, "h100", 20, 320, "FULL_SHARD", False, 46037),
+    ("1b", 2048, 8, "h100", 14, 112, "FULL_SHARD", False, 45455),
+    ("1b", 1024, 8, "h100", 18, 576, "FULL_SHARD", False, 48910),
+    ("1b", 512, 8, "h100", 56, 1792, "FULL_SHARD", False, 52275),
+    ("760m", 32768, 8, "h100", 1, 16, "FULL_SHARD", False, 16291),
+    ("760m", 16384, 8, "h100", 3, 48, "FULL_SHARD", False, 27815),
+    ("760m", 8192, 8, "h100", 6, 96, "FULL_SHARD", False, 41825),
+    ("760m", 4096, 8, "h100", 12, 192, "FULL_SHARD", False, 55459),
+    ("760m", 2048, 32, "h100", 24, 768, "FULL_SHARD", False, 67971),
+    ("760m", 2048, 16, "h100", 24, 384, "FULL_SHARD", False, 68551),
+    ("760m", 2048, 8, "h100", 24, 384, "FULL_SHARD", False, 63147),
+    ("760m", 1024, 8, "h100", 48, 768, "FULL_SHARD", False, 78581),
+    ("760m", 512, 8, "h100", 96, 1536, "FULL_SHARD", False, 83749),
+    ("30b", 8192, 8, "a100", 1, 168, "FULL_SHARD", True, 574),
+    ("30b", 4096, 8, "a100", 1, 168, "FULL_SHARD", True, 814),
+    ("30b", 2048, 8, "a100", 3, 504, "FULL_SHARD", True, 916),
+    ("30b", 1024, 8, "a100", 6, 1008, "FULL_SHARD", True, 946),
+    ("30b", 512, 8, "a100", 12, 2016, "FULL_SHARD", True, 967),
+    ("13b", 32768, 8, "a100", 1, 24, "FULL_SHARD", True, 1016),
+    ("13b", 16384, 8, "a100", 3, 72, "FULL_SHARD", True, 1431),
+    ("13b", 8192, 8, "a100", 5, 120, "FULL_SHARD", True, 1795),
+    ("13b", 4096, 8, "a100", 10, 240, "FULL_SHARD", True, 2060),
+    ("13b", 2048, 8, "a100", 2, 48, "FULL_SHARD", False, 2262),
+    ("13b", 1024, 8, "a100", 40, 960, "FULL_SHARD", True, 2330),
+    ("7b", 65536, 8, "a100", 1, 16, "FULL_SHARD", True, 1013),
+    ("7b", 32768, 8, "a100", 2, 32, "FULL_SHARD", True, 1672),
+    ("7b", 16384, 8, "a100", 4, 64, "FULL_SHARD", True, 2453),
+    ("7b", 8192, 8, "a100", 8, 128, "FULL_SHARD", True, 3206),
+    ("7b", 4096, 8, "a100", 16, 256, "FULL_SHARD", True, 3684),
+    ("7b", 2048, 8, "a100", 6, 96, "FULL_SHARD", False, 4641),
+    ("7b", 1024, 8, "a100", 64, 1024, "FULL_SHARD", True, 4357),
+    ("3b", 65536, 8, "a100", 1, 16, "FULL_SHARD", True, 1767),
+    ("3b", 32768, 8, "a100", 3, 144, "FULL_SHARD", True, 3029),
+    ("3b", 16384, 8, "a100", 1, 48, "FULL_SHARD", False, 5529),
+    ("3b", 8192, 8, "a100", 3, 144, "FULL_SHARD", False, 7695),
+    ("3b", 4096, 8, "a100", 5, 240, "FULL_SHARD", False, 9457),
+    ("3b", 2048, 8, "a100", 10, 160, "FULL_SHARD", False, 10811),
+    ("3b", 1024, 8, "a100", 20, 960, "FULL_SHARD", False, 11580),
+    ("3b", 512, 8, "a100", 40, 1920, "FULL_SHARD", False, 12127),
+    ("1b", 65536, 8, "a100", 1, 16, "FULL_SHARD", True, 3044),
+    ("1b", 32768, 8, "a100", 1, 32, "FULL_SHARD", False, 6275),
+    ("1b", 16384, 8, "a100", 2, 64, "FULL_SHARD", False, 9956),
+    ("1b", 8192, 8, "a100", 3, 96, "FULL_SHARD", False, 13814),
+    ("1b", 4096, 8, "a100", 7, 224, "FULL_SHARD", False, 17807),
+    ("1b", 2048, 8, "a100", 14, 448, "FULL_SHARD", False, 20513),
+    ("1b", 1024, 8, "a100", 18, 576, "FULL_SHARD", False, 22112),
+    ("1b", 512, 8, "a100", 56, 1792, "FULL_SHARD", False, 23148),
+    ("760m", 65536, 8, "a100", 1, 16, "FULL_SHARD", True, 4143),
+    ("760m", 32768, 8, "a100", 1, 16, "FULL_SHARD", False, 8802),
+    ("760m", 16384, 8, "a100", 3, 48, "FULL_SHARD", False, 14274),
+    ("760m", 8192, 8, "a100", 6, 96, "FULL_SHARD", False, 20933),
+    ("760m", 4096, 8, "a100", 12, 192, "FULL_SHARD", False, 27351),
+    ("760m", 2048, 8, "a100", 24, 384, "FULL_SHARD", False, 32434),
+    ("760m", 1024, 8, "a100", 48, 768, "FULL_SHARD", False, 29765),
+    ("760m", 512, 8, "a100", 96, 1536, "FULL_SHARD", False, 29446),
+    ("350m", 65536, 8, "a100", 1, 16, "FULL_SHARD", False, 7524),
+    ("350m", 32768, 8, "a100", 2, 32, "FULL_SHARD", False, 13652),
+    ("350m", 16384, 8, "a100", 4, 64, "FULL_SHARD", False, 23559),
+    ("350m", 8192, 8, "a100", 8, 128, "FULL_SHARD", False, 36569),
+    ("350m", 4096, 8, "a100", 16, 256, "FULL_SHARD", False, 49555),
+    ("350m", 2048, 8, "a100", 32, 512, "FULL_SHARD", False, 58782),
+    ("350m", 1024, 8, "a100", 64, 1024, "FULL_SHARD", False, 64813),
+    ("350m", 512, 8, "a100", 128, 2048, "FULL_SHARD", False, 69330),
+    ("125m", 65536, 8, "a100", 1, 16, "FULL_SHARD", False, 20368),
+    ("125m", 32768, 8, "a100", 2, 32, "FULL_SHARD", False, 36407),
+    ("125m", 16384, 8, "a100", 4, 64, "FULL_SHARD", False, 60040),
+    ("125m", 8192, 8, "a100", 8, 128, "FULL_SHARD", False, 90392),
+    ("125m", 4096, 8, "a100", 16, 256, "FULL_SHARD", False, 118396),
+    ("125m", 2048, 8, "a100", 40, 640, "FULL_SHARD", False, 142830),
+    ("125m", 2048, 8, "a100", 32, 512, "FULL_SHARD", False, 141737),
+    ("125m", 1024, 8, "a100", 64, 1024, "FULL_SHARD", False, 156468),
+    ("125m", 512, 8, "a100", 128, 2048, "FULL_SHARD", False, 165681),
+]
+
+
+def mosaic_mpt() -> list[Run]:
+    runs = []
+    for model, seq, gpus, gpu, micro, batch, shard, checkpointing, tokens in MPT_ROWS:
+        layers, hidden, heads = MPT_ARCH[model]
+        runs.append(Run(f"MPT-{model} seq {seq}, {gpus} {gpu.upper()}, mb {micro}{', AC' if checkpointing else ''}",
+                        MOSAIC, gpt(layers, hidden, heads, vocab=50368, seq=seq)[:-1] + ", tied=true)",
+                        f"{'dgx_h100' if gpu == 'h100' else 'dgx_a100'} x {gpus // 8}", batch, tokens,
+                        metric="tokens_per_device", family="mpt",
+                        pins={"dp": gpus, "tp": 1, "pp": 1, "cp": 1, "micro_batch_size": micro,
+                               "zero_stage": 3 if shard == "FULL_SHARD" else 2,
+                               "recompute": "full" if checkpointing else "none"}))
+    return runs
+
+
+def mpt_report() -> str:
+    """MosaicML's rows: each predicted or refused (the search finds no layout: the memory model's verdict), and
+    the median and maximum |error| per GPU of those predicted."""
+    runs = mosaic_mpt()
+    results, refused = [], []
+    for run in runs:
+        try:
+            results.append((run, *predict(run, None)))
+        except SearchError:
+            refused.append(run)
+    lines = ["| run | measured | predicted | error |", "|---|---|---|---|"]
+    lines += [f"| {run.name} | {run.measured:,.0f} | {value:,.0f} | {error(run, value):+.1%} |"
+              for run, value, _ in results]
+    lines += [f"| {run.name} | {run.measured:,.0f} | refused: does not fit | |" for run in refused]
+    lines.append("")
+    for gpu in ("H100", "A100"):
+        errors = [abs(error(run, value)) for run, value, _ in results if gpu in run.name]
+        signed = [error(run, value) for run, value, _ in results if gpu in run.name]
+        lines.append(f"MPT on {gpu}: {len(errors)} predicted, {sum(gpu in r.name for r in refused)} refused; "
+                     f"median |error| {statistics.median(errors):.1%}, mean error {statistics.mean(signed):+.1%}, "
+                     f"max |error| {max(errors):.1%}")
+    return "\n".join(lines)
+
+
 def _child(index: int, root: str | None) -> dict:
     """`time_case(index)` in a child process importing plandsl from `root` (None: this checkout)."""
     env = dict(os.environ, PYTHONPATH=root or str(Path(__file__).resolve().parent.parent))
@@ -588,6 +771,8 @@ def main(argv: list[str]) -> None:
         print(report(validate(None), None))
         print()
         print(datasheet_zero3(None))
+    elif "--mpt" in argv:
+        print(mpt_report())
     elif "--case" in argv:
         print(json.dumps(time_case(int(argv[argv.index("--case") + 1]))))
     else:
