@@ -371,7 +371,17 @@ def nemo_moe_h100() -> list[Run]:
                 "scaling; bf16 Adam states (use_precision_aware_optimizer); Megatron's EP 64 with expert TP 1 beside "
                 "TP 2: experts = alltoall over [ep, tp], the expert group 32 data ranks x 2 tensor ranks",
                 dtypes={"optimizer_dtype": "bf16"}, fold=True, tp=2, pp=8, virtual_stages=4, ep=64, dp=2,
-                recompute="selective")]
+                recompute="selective"),
+            # The 26.04.01 container's table (docs/fern/versions/0.4.2/pages/performance-summary.mdx), by the same
+            # rule: its DGX-H100 MoE rows, pinned as v0.4.2's recipes (scripts/performance/configs/{qwen,gpt_oss}/):
+            # no CUDA graphs on H100 FP8 or GPT-OSS; Nemotron_3_Nano (hybrid Mamba) is not writable in the language.
+            run("GPT-OSS 120B (p4 e8), gbs 1280, NeMo 26.04", "26.04", GPT_OSS_120B, 64, 1280, 5824, "BF16", gpt_oss,
+                pp=4, ep=8, dp=2),
+            run("Qwen3 30B-A3B (e16), gbs 1024, NeMo 26.04", "26.04", QWEN3_30B_A3B, 16, 1024, 8960, "FP8",
+                qwen.split(";")[0] + "; HybridEP's flex dispatcher (moe_flex_dispatcher_backend hybridep), no "
+                "all-to-all overlap (moe_a2a_overlap False)", ep=16, dp=1),
+            run("Qwen3 235B-A22B (t2 p8 v4 e32), gbs 8192, NeMo 26.04", "26.04", QWEN3_235B_A22B, 256, 8192, 1712,
+                "FP8", qwen_235b, overlap=True, fold=True, tp=2, pp=8, virtual_stages=4, ep=32, dp=1)]
 
 
 MOE_MODELZOO = "yanring/Megatron-MoE-ModelZoo, best_practice/Qwen3/readme.md"

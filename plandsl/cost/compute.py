@@ -34,6 +34,20 @@ GROUPED_GEMM_STREAMS = 4
 """Compute streams Transformer Engine deals a grouped GEMM's GEMMs to (`transformer_engine::num_streams`)."""
 
 
+MOE_HOST_OPS = (28, 33)
+"""ATen ops the host issues for one MoE layer (router, Megatron-Core's alltoall dispatcher with its device-to-host
+copies of the tokens per expert, permutation, the experts' MLP as one grouped call per projection, unpermutation),
+forward and backward: megatron-core 0.16.1's `MoELayer` counted op by op on CPU under a `TorchDispatchMode`, 22 + 6
+per expert forward and 20 + 13 backward with its `SequentialMLP`, here with one expert for Transformer Engine's
+`GroupedLinear` (one Python call per projection for all local experts). tests/unit/test_moe_host.py recounts it."""
+
+HOST_SECONDS_PER_OP = 10.7e-6
+"""Host seconds per ATen op of that layer in eager mode (Python, Megatron-Core's module code, autograd, the
+dispatcher): the slope of its forward + backward wall time over its op count, 80 to 194 ops (2 to 8 experts, one
+thread, fastest of 200 runs, tests/unit/test_moe_host.py's layer), on this repository's CPU host; CUDA's own launch
+call is not in it."""
+
+
 @dataclass(frozen=True, slots=True)
 class Efficiency:
     """The two fitted knobs of the GEMM model (see the module docstring), per precision when the device
@@ -456,6 +470,16 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
             recompute, recompute_flops = recompute + attention, recompute_flops + attention_flops
     # The attention core's backward is twice its forward, like the GEMMs' (Dao et al. 2022).
     backward_matmul = 2 * (matmul + attention_gemm) + attention_backward_extra
+    if model.experts:
+        # Host-bound: the dropless dispatcher copies the tokens per expert to the host every MoE layer (a
+        # device-to-host synchronisation), so the host cannot run ahead of the device across layers, and a layer
+        # takes at least the time its host needs to issue its ops (no CUDA graph can capture the dropless part).
+        host_forward, host_backward = (ops * HOST_SECONDS_PER_OP for ops in MOE_HOST_OPS)
+        forward_wait = max(0.0, host_forward - (matmul + attention + other))
+        other += forward_wait
+        backward_other += max(0.0, host_backward - (backward_matmul + backward_other))
+        if work.recompute is ir.Recompute.full:
+            recompute += forward_wait
     return LayerCompute(matmul + attention, other, backward_matmul, backward_other, recompute,
                         attention=attention, flops=flops, recompute_flops=recompute_flops)
 

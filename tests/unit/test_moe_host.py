@@ -1,0 +1,77 @@
+"""The host's time per MoE layer (`cost.compute.MOE_HOST_OPS`, `HOST_SECONDS_PER_OP`): the op counts recounted from
+megatron-core's real `MoELayer` on CPU (bench/moe_host.py, in a process of its own), and a layer whose device work
+is shorter than its host's takes the host's time, forward and backward, while a large one keeps its device time."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plandsl import api
+from plandsl.cost.compute import (
+    HOST_SECONDS_PER_OP,
+    MOE_HOST_OPS,
+    estimate_layer_compute,
+)
+from plandsl.cost.estimate import plan_work
+from plandsl.ir.layers import layers_of
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PLAN = """\
+import "clusters/dgx_h100"
+plan p {{
+  model    = llama(layers=2, hidden={hidden}, heads=8, kv_heads=8, ffn={ffn}, experts=8, top_k=2, vocab=512,
+                   seq={seq})
+  cluster  = dgx_h100 x 1
+  mesh     = [ep = 8]
+  train    = {{ global_batch: 8, micro_batch: 1, precision: bf16 }}
+  experts  = alltoall over ep
+}}
+"""
+
+
+def _block(hidden, ffn, seq, experts=True):
+    text = PLAN.format(hidden=hidden, ffn=ffn, seq=seq)
+    if not experts:
+        text = text.replace(", experts=8, top_k=2", "").replace("  experts  = alltoall over ep\n", "") \
+            .replace("[ep = 8]", "[dp = 8]").replace("bf16 }", "bf16 }\n  data     = ddp over dp")
+    plan = api.loads(text).plans[0]
+    block = next(layer for layer in layers_of(plan.model) if layer.kind == "block")
+    return estimate_layer_compute(plan.model, block, plan_work(plan), plan.cluster.devices_in_order()[0])
+
+
+def test_a_small_moe_layer_takes_its_hosts_time():
+    """hidden 128, 8 experts 64 wide, 128 tokens: microseconds of device work, so forward and backward are the
+    host's 28 and 33 ops at 10.7 us each; the same block dense is not held to it."""
+    small = _block(128, 64, 128)
+    assert small.forward == pytest.approx(MOE_HOST_OPS[0] * HOST_SECONDS_PER_OP)
+    assert small.backward == pytest.approx(MOE_HOST_OPS[1] * HOST_SECONDS_PER_OP)
+    dense = _block(128, 64, 128, experts=False)
+    assert dense.forward < MOE_HOST_OPS[0] * HOST_SECONDS_PER_OP / 2
+
+
+def test_a_large_moe_layer_keeps_its_device_time():
+    """hidden 4096, experts 14336 wide, 4096 tokens: milliseconds of GEMMs, far above the host's 0.3 ms."""
+    large = _block(4096, 14336, 4096)
+    assert large.forward > 10 * MOE_HOST_OPS[0] * HOST_SECONDS_PER_OP
+    assert large.forward_other < large.forward_matmul  # no host wait added to the element-wise work
+
+
+@pytest.mark.slow  # megatron-core and torch in a process of its own (~6 CPU-s)
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")
+def test_megatron_cores_moe_layer_issues_the_counted_ops():
+    """22 + 6 per expert forward, 20 + 13 backward (its SequentialMLP: one MLP per expert); with the experts as one
+    grouped call per projection (Transformer Engine's GroupedLinear) the cost model's 28 and 33."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "moe_host.py"), "2", "4"], capture_output=True,
+                         text=True, check=True, cwd=ROOT, env={**os.environ, "RUNS": "1"})
+    counts = {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+    per_expert = [(counts[4][pass_] - counts[2][pass_]) // 2 for pass_ in ("forward", "backward")]
+    fixed = [counts[2][pass_] - 2 * per for pass_, per in zip(("forward", "backward"), per_expert)]
+    assert per_expert == [6, 13] and fixed == [22, 20]
+    assert tuple(f + p for f, p in zip(fixed, per_expert)) == MOE_HOST_OPS
