@@ -417,7 +417,7 @@ def modelzoo_qwen3_h100() -> list[Run]:
                 dp=4)]
 
 
-STACK_KEYS = {"kernels": ir.Kernels, "attention": ir.Attention}  # Run.dtypes' keys that are no dtype
+STACK_KEYS = {"kernels": ir.Kernels, "attention": ir.Attention, "loss": ir.Loss}  # Run.dtypes' keys that are no dtype
 
 
 def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
@@ -586,7 +586,8 @@ def timings(peer: str | None = None) -> str:
 # interconnect" table without CPU offload. (model, sequence, GPUs, GPU, micro-batch, global batch, sharding,
 # activation checkpointing, tokens/s per GPU). MPT-{1b,3b,7b,...} as the README's yamls define them: d_model,
 # n_heads, n_layers below, expansion ratio 4, vocabulary 50,368, learned positions, tied embeddings, no biases;
-# Composer's FSDP (FULL_SHARD: ZeRO-3, SHARD_GRAD_OP: ZeRO-2), amp_bf16, FlashAttention. Summed apart
+# Composer's FSDP (FULL_SHARD: ZeRO-3, SHARD_GRAD_OP: ZeRO-2), amp_bf16, FlashAttention, llm-foundry's default loss
+# `fused_crossentropy` (flash-attn's: `loss: fused`). Summed apart
 # (`--mpt`; docs/validation.md, "MosaicML's MPT tables"): not in the targets' set.
 MOSAIC = "mosaicml/llm-foundry, scripts/train/benchmarking/README.md"
 MPT_ARCH = {"125m": (12, 768, 12), "350m": (24, 1024, 16), "760m": (24, 1536, 12), "1b": (24, 2048, 16),
@@ -732,7 +733,7 @@ def mosaic_mpt() -> list[Run]:
         runs.append(Run(f"MPT-{model} seq {seq}, {gpus} {gpu.upper()}, mb {micro}{', AC' if checkpointing else ''}",
                         MOSAIC, gpt(layers, hidden, heads, vocab=50368, seq=seq)[:-1] + ", tied=true)",
                         f"{'dgx_h100' if gpu == 'h100' else 'dgx_a100'} x {gpus // 8}", batch, tokens,
-                        metric="tokens_per_device", family="mpt",
+                        metric="tokens_per_device", family="mpt", dtypes={"loss": "fused"},
                         pins={"dp": gpus, "tp": 1, "pp": 1, "cp": 1, "micro_batch_size": micro,
                                "zero_stage": 3 if shard == "FULL_SHARD" else 2,
                                "recompute": "full" if checkpointing else "none"}))

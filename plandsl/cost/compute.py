@@ -170,6 +170,7 @@ class Work:
     overlap_experts: bool = False  # `experts = ... with overlap`: the all-to-alls behind another microbatch's compute
     attention: ir.Attention = ir.Attention.flash
     fold_experts: bool = False  # `experts = alltoall over [ep, tp]`: each expert whole, `ep` ranks counting tp's
+    loss: ir.Loss = ir.Loss.standard
 
     @property
     def tokens(self) -> int:
@@ -338,7 +339,11 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         # logits, read them, write fp32 probabilities; backward reads them and writes the gradient.
         forward_other = tokens * vocab * (element + element + 4) / bandwidth
         backward_other = tokens * vocab * (4 + element) / bandwidth
-        if work.kernels is ir.Kernels.eager:  # the GEMM's write of the logits, then the loss op by op (EagerBytes)
+        if work.loss is ir.Loss.fused:  # one kernel: write the 16-bit logits, read them once (a log-sum-exp per
+            # token); backward reads them and writes their gradient in place, whatever the other kernels are
+            forward_other = tokens * vocab * 2 * element / bandwidth
+            backward_other = tokens * vocab * 2 * element / bandwidth
+        elif work.kernels is ir.Kernels.eager:  # the GEMM's write of the logits, then the loss op by op (EagerBytes)
             eager = EAGER[element]
             forward_other = tokens * vocab * (element + eager.loss_forward) / bandwidth
             backward_other = tokens * vocab * eager.loss_backward / bandwidth

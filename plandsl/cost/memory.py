@@ -566,8 +566,10 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
     if layer.kind == "norm":
         return 2 * sbh * scale / divisor  # Sec. 4.3: the final norm keeps its input
     if layer.kind == "head":
-        # Sec. 4.3: the head keeps its input (2sbh) and the cross entropy fp32 logits (4sbV/t).
-        return 2 * sbh * scale / divisor + 4.0 * tokens * -(-model.vocab // tp)
+        # Sec. 4.3: the head keeps its input (2sbh) and the cross entropy fp32 logits (4sbV/t); a fused loss keeps
+        # the 16-bit logits instead (`ir.Loss`).
+        logit = precision.unquantized.bytes if plan.train.loss is ir.Loss.fused else 4.0
+        return 2 * sbh * scale / divisor + logit * tokens * -(-model.vocab // tp)
     return 0.0
 
 
@@ -577,7 +579,8 @@ def loss_backward_bytes(plan: ir.Plan, layers: Sequence[Layer]) -> float:
     those and then of the fp32 logits, two more fp32 tensors of the logits' shape, alive together
     (torch's `log_softmax_backward`). A peak of the moment the backward starts, as the block the
     recomputation rebuilds is of a later moment: the larger of the two counts (`estimate_memory`)."""
-    if not isinstance(plan.model, ir.TransformerModel) or not any(layer.kind == "head" for layer in layers):
+    if not isinstance(plan.model, ir.TransformerModel) or not any(layer.kind == "head" for layer in layers) \
+            or plan.train.loss is ir.Loss.fused:  # a fused loss writes the logits' gradient in place
         return 0.0
     tokens = -(-plan.seq // plan.cp) * plan.train.micro_batch
     return 2 * 4.0 * tokens * -(-plan.model.vocab // plan.tp)

@@ -97,6 +97,18 @@ class Attention(str, Enum):
     materialized = "materialized"
 
 
+class Loss(str, Enum):
+    """How the implementation computes the cross entropy over the vocabulary: `standard` as `torch.nn.functional
+    .cross_entropy` under autocast and Megatron's vocabulary-parallel cross entropy do, over an fp32 copy of the
+    logits whose log-probabilities (or exponentials) it keeps for the backward, which makes two more fp32
+    tensors of the logits' shape (Korthikanti et al. 2022, Sec. 4.3); `fused` as one kernel over the 16-bit
+    logits that keeps only them and a log-sum-exp per token and writes their gradient in place (flash-attn's
+    `CrossEntropyLoss(inplace_backward=True)`, llm-foundry's default `fused_crossentropy`, Liger's cross entropy).
+    `cost.memory` and `cost.compute` count each one's bytes; `plandsl run` computes the same loss either way."""
+    standard = "standard"
+    fused = "fused"
+
+
 class Optimizer(str, Enum):
     adam = "adam"
     sgd = "sgd"
@@ -376,6 +388,8 @@ class Training(Node):
                              "fused (Transformer Engine, torch.compile) or eager (PyTorch eager mode)")
     attention: Attention = Field(default=Attention.flash, description="the implementation's attention core: flash "
                                  "(fused, no s x s matrix in memory) or materialized (Megatron-LM before 2022)")
+    loss: Loss = Field(default=Loss.standard, description="the implementation's cross entropy: standard (over an "
+                       "fp32 copy of the logits) or fused (one kernel over the 16-bit logits, gradient in place)")
     optimizer: Optimizer = Optimizer.adam
     master_dtype: Precision = Field(
         default=Precision.fp32, description="the dtype the weights are kept and updated in (the optimizer's "
@@ -403,7 +417,7 @@ class Training(Node):
 
     @model_serializer(mode="wrap")
     def _without_new_defaults(self, handler):
-        """A plan that sets no `batch_shares` and keeps the default `kernels` and `attention` dumps (and hashes:
+        """A plan that sets no `batch_shares` and keeps the default `kernels`, `attention` and `loss` dumps (and hashes:
         checkpoints name plans by it) as before those keys existed."""
         data = handler(self)
         if isinstance(data, dict):
@@ -413,6 +427,8 @@ class Training(Node):
                 data.pop("kernels", None)
             if self.attention is Attention.flash:
                 data.pop("attention", None)
+            if self.loss is Loss.standard:
+                data.pop("loss", None)
         return data
 
     @property

@@ -14,7 +14,7 @@ from plandsl.lower.bodies import build, dict_items
 from plandsl.lower.evaluate import Poison, Scope
 
 TRAIN_KEYS = {"global_batch": True, "micro_batch": False, "seq": False, "precision": False, "recompute": False,
-              "recompute_layers": False, "kernels": False, "attention": False, "optimizer": False,
+              "recompute_layers": False, "kernels": False, "attention": False, "loss": False, "optimizer": False,
               "master_dtype": False, "grad_dtype": False, "optimizer_dtype": False, "param_dtype": False, "lr": False, "lr_schedule": False, "warmup_steps": False, "grad_clip": False,
               "seed": False, "batch_shares": False}
 
@@ -113,6 +113,8 @@ def training(scope: Scope, expr: s.Expr) -> ir.Training:
                 values[key] = scope.word(item.value, tuple(k.value for k in ir.Kernels), "kernel mode")
             elif key == "attention":
                 values[key] = scope.word(item.value, tuple(a.value for a in ir.Attention), "attention kernel")
+            elif key == "loss":
+                values[key] = scope.word(item.value, tuple(l.value for l in ir.Loss), "loss kernel")
             elif key == "lr_schedule":
                 values[key] = scope.word(item.value, ("constant", "cosine", "linear"), "learning-rate schedule")
             elif key == "batch_shares":

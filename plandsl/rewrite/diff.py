@@ -65,6 +65,7 @@ FIELDS: tuple[tuple[str, str, Callable[[ir.Plan], Value]], ...] = (
     ("training", "train.recompute_layers", lambda p: p.train.recompute_layers),
     ("training", "train.kernels", lambda p: p.train.kernels.value),
     ("training", "train.attention", lambda p: p.train.attention.value),
+    ("training", "train.loss", lambda p: p.train.loss.value),
     ("training", "train.optimizer", lambda p: p.train.optimizer.value),
     ("training", "train.lr", lambda p: p.train.lr),
     ("training", "train.lr_schedule", lambda p: p.train.lr_schedule),

@@ -36,6 +36,8 @@ class Request:
     """`fused` (the default) or `eager`: the element-wise kernels the implementation runs (`ir.Kernels`)."""
     attention: str | None = None
     """`flash` (the default) or `materialized`: the implementation's attention core (`ir.Attention`)."""
+    loss: str | None = None
+    """`standard` (the default) or `fused`: the implementation's cross entropy (`ir.Loss`)."""
     from_file: str | None = None
     plan_name: str | None = None
     params: Mapping[str, object] = field(default_factory=dict)
@@ -64,7 +66,7 @@ def usage_problem(request: Request) -> str | None:
     given = [f"--{name}" for name, value in (("model", request.model), ("cluster", request.cluster),
                                              ("global-batch", request.global_batch), ("seq-len", request.seq_len),
                                              ("precision", request.precision), ("kernels", request.kernels),
-                                             ("attention", request.attention))
+                                             ("attention", request.attention), ("loss", request.loss))
              if value is not None]
     if request.from_file and given:
         return f"{', '.join(given)}: the --from plan gives these (edit the plan instead)"
@@ -90,7 +92,8 @@ def generate(request: Request, progress: Callable[[int, int], None] | None = Non
     problem_, source = resolve_problem(request.model, request.cluster, request.global_batch, request.seq_len,
                                        request.precision or "bf16",
                                        str(request.output or os.path.join(os.getcwd(), "generated.plan")),
-                                       kernels=request.kernels or "fused", attention=request.attention or "flash")
+                                       kernels=request.kernels or "fused", attention=request.attention or "flash",
+                                       loss=request.loss or "standard")
     result, texts = checked_texts(search(problem_, request.pins, request.top, progress=progress,
                                            time_limit=request.time_limit), problem_, source,
                                   request.output)

@@ -71,7 +71,7 @@ def stdlib_names() -> dict[str, str]:
 
 def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | None = None,
                     precision: str = "bf16", plan_file: str | None = None,
-                    kernels: str = "fused", attention: str = "flash") -> tuple[Problem, Source]:
+                    kernels: str = "fused", attention: str = "flash", loss: str = "standard") -> tuple[Problem, Source]:
     """The model and the cluster, resolved by the language (so they mean what they mean in a plan).
     `plan_file`: where the plan will be written; a model from torch (`hf(...)`, `pkg.mod:fn(...)`) is read
     from the layer table `plandsl inspect` wrote beside it (`.plandsl/`), as the plan will read it."""
@@ -112,7 +112,7 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
     _runnable(found_model, model, seq_len)
     problem = Problem(found_model, found_cluster, global_batch, seq_len, found_precision,
                       kernels=_choice(ir.Kernels, kernels, "--kernels"),
-                      attention=_choice(ir.Attention, attention, "--attention"))
+                      attention=_choice(ir.Attention, attention, "--attention"), loss=_choice(ir.Loss, loss, "--loss"))
     return problem, Source(tuple(imports), model_text, cluster_text)
 
 

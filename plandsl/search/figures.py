@@ -83,7 +83,7 @@ class Figures:
                     gather_kv=root.cp > 1,  # search.CONTEXT
                     kernels=self.problem.kernels,  # `plan_work`: one microbatch has nothing to overlap with
                     overlap_experts=self.problem.overlap_experts and node.microbatches > 1,
-                    attention=self.problem.attention, fold_experts=fold)
+                    attention=self.problem.attention, fold_experts=fold, loss=self.problem.loss)
 
     def device_types(self, root: Root) -> dict:
         """The root's device types by name, once per root."""

@@ -39,6 +39,7 @@ class Problem:
     fold_experts: bool = False                        # given, not searched: `experts = alltoall over [ep, tp]`, each
     #                                                   expert whole; the pin `ep` then counts the group, ep x tp
     attention: ir.Attention = ir.Attention.flash      # the implementation's attention core: given, not searched
+    loss: ir.Loss = ir.Loss.standard                  # the implementation's cross entropy: given, not searched
 
     @property
     def sequence(self) -> int:
@@ -54,14 +55,15 @@ class Problem:
         return ir.Training(global_batch=self.global_batch, seq=self.seq, precision=self.precision,
                            optimizer=self.optimizer, master_dtype=self.master_dtype, grad_dtype=self.grad_dtype,
                            optimizer_dtype=self.optimizer_dtype, param_dtype=self.param_dtype, kernels=self.kernels,
-                           attention=self.attention, **fields)
+                           attention=self.attention, loss=self.loss, **fields)
 
     def given_items(self) -> list[str]:
         """The train items the problem fixes to other than their defaults (the kept dtypes, `kernels`,
-        `attention`), as a plan writes them."""
+        `attention`, `loss`), as a plan writes them."""
         items = [f"{key}: {value.value}" for key, value in self.training().given_dtypes().items()]
         items += [f"kernels: {self.kernels.value}"] if self.kernels is not ir.Kernels.fused else []
-        return items + ([f"attention: {self.attention.value}"] if self.attention is not ir.Attention.flash else [])
+        items += [f"attention: {self.attention.value}"] if self.attention is not ir.Attention.flash else []
+        return items + ([f"loss: {self.loss.value}"] if self.loss is not ir.Loss.standard else [])
 
 
 @dataclass(frozen=True, slots=True)
