@@ -6,6 +6,7 @@ model's predictions against published training runs.
     python bench/bench_search.py --validate   # published runs: measured, predicted, error (Markdown)
     python bench/bench_search.py --fit        # refit the GEMM efficiency and the ZeRO-3 NIC on the fit runs, then validate
     python bench/bench_search.py --mpt        # MosaicML's MPT throughput tables, summed apart (docs/validation.md)
+    python bench/bench_search.py --memory     # torchtitan's published peak memory against the memory model
 
 Targets (issue: cost model and search): GPT-3 175B on 1,024 A100s, full search, under 10 s; a 1T
 model on 4,096 GPUs under 30 s; median error of the held-out runs <= 15 %, max <= 30 %.
@@ -61,11 +62,11 @@ node jean_zay {
 # torchtitan's Grand Teton hosts (benchmarks/llama3_h100_202412_torchtitan.md): H100 with 96 GB HBM2e at
 # 2.4 TB/s, NVLink inside a host, 400 Gb/s RDMA per GPU, at the default 500 W power limit. Its peak, by the
 # source's footnote 2: "between SXM and NVL, and we don't know its exact value": the midpoint of the SXM's 989
-# and the NVL's 835 TFLOP/s (dense bf16; fp32 67 and 60; NVIDIA's H100 datasheet), 912.
+# and the NVL's 835 TFLOP/s (dense bf16; fp32 67 and 60; fp8 1979 and 1671; NVIDIA's H100 datasheet), 912.
 device h100_96g {
   memory    = 96 GB
   bandwidth = 2400 GB/s
-  peak      = { fp32: 63.5 TFLOP/s, bf16: 912 TFLOP/s, fp16: 912 TFLOP/s }
+  peak      = { fp32: 63.5 TFLOP/s, bf16: 912 TFLOP/s, fp16: 912 TFLOP/s, fp8: 1825 TFLOP/s }
 }
 node grand_teton {
   devices = 8 x h100_96g
@@ -79,7 +80,7 @@ node grand_teton {
 device h100_94g {
   memory    = 94 GB
   bandwidth = 2400 GB/s
-  peak      = { fp32: 63.5 TFLOP/s, bf16: 912 TFLOP/s, fp16: 912 TFLOP/s }
+  peak      = { fp32: 63.5 TFLOP/s, bf16: 912 TFLOP/s, fp16: 912 TFLOP/s, fp8: 1825 TFLOP/s }
 }
 node h100_94g_host {
   devices = 8 x h100_94g
@@ -764,6 +765,56 @@ def mpt_report() -> str:
     return "\n".join(lines)
 
 
+# torchtitan's published peak memory (benchmarks/llama3_h100_202412_torchtitan.md, Tables 1-6: "Memory(GiB)", the
+# most any GPU reserved, read at the 90th step) against what the memory model counts for the plan the search picks
+# under the row's pins (issue 20, item 2). Float8 rows as `precision: fp8` (torchao's tensorwise Float8 on the
+# Linear layers; the model keeps the inputs those layers save in FP8, as Transformer Engine's do).
+def torchtitan_memory() -> list[tuple[Run, float]]:
+    fsdp = {"zero_stage": 3, "micro_batch_size": 2, "recompute": "selective_op"}
+    fp8 = {"precision": "fp8"}
+    rows = [(Run("Table 1, FSDP 8", "", "llama3_8b", "grand_teton", 16, 0, pins={"dp": 8, **fsdp},
+                 dtypes=dict(EAGER)), 82.4),
+            (Run("Table 1, FSDP 8, compiled", "", "llama3_8b", "grand_teton", 16, 0, pins={"dp": 8, **fsdp}), 77.0),
+            (Run("Table 1, FSDP 8, compiled, Float8", "", "llama3_8b", "grand_teton", 16, 0, pins={"dp": 8, **fsdp},
+                 dtypes=dict(fp8)), 76.8),
+            (Run("Table 3, FSDP 128", "", "llama3_8b", "grand_teton x 16", 256, 0, pins={"dp": 128, **fsdp},
+                 dtypes=dict(EAGER)), 67.0),
+            (Run("Table 3, FSDP 128, compiled", "", "llama3_8b", "grand_teton x 16", 256, 0,
+                 pins={"dp": 128, **fsdp}), 62.0),
+            (Run("Table 3, FSDP 128, compiled, Float8", "", "llama3_8b", "grand_teton x 16", 256, 0,
+                 pins={"dp": 128, **fsdp}, dtypes=dict(fp8)), 61.8),
+            (Run("Table 4, 70B FSDP 32 x TP 8, Float8", "", "llama3_70b", "grand_teton x 32", 512, 0,
+                 pins={"dp": 32, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 16, "recompute": "full"},
+                 dtypes=dict(fp8)), 71.9)]
+    for schedule, measured in (("1f1b", 82.5), ("interleaved_1f1b", 72.7)):
+        rows.append((Run(f"Table 5, 405B FSDP 8 x TP 8 x PP 8, {schedule}, Float8", "", "llama3_405b",
+                         "grand_teton x 64", 256, 0, pins={"dp": 8, "tp": 8, "pp": 8, "zero_stage": 3,
+                                                           "micro_batch_size": 1, "recompute": "full",
+                                                           "schedule": schedule}, dtypes=dict(fp8)), measured))
+    for cp, measured in ((1, 83.9), (2, 84.2), (4, 84.0), (8, 84.5)):
+        rows.append((Run(f"Table 2, 8B FSDP {8 // cp} x CP {cp}, seq {32768 * cp}, Float8", "", "llama3_8b",
+                         "grand_teton", 8 // cp, 0, seq=32768 * cp,
+                         pins={"dp": 8 // cp, "cp": cp, "zero_stage": 3, "micro_batch_size": 1, "recompute": "full"},
+                         dtypes=dict(fp8)), measured))
+    for cp, measured in ((1, 75.3), (2, 75.9), (4, 77.1), (8, 84.9)):
+        rows.append((Run(f"Table 6, 405B FSDP {8 // cp} x CP {cp} x TP 8 x PP 8, seq {32768 * cp}, Float8", "",
+                         "llama3_405b", "grand_teton x 64", 64 // cp, 0, seq=32768 * cp,
+                         pins={"dp": 8 // cp, "cp": cp, "tp": 8, "pp": 8, "zero_stage": 3, "micro_batch_size": 1,
+                               "recompute": "full", "schedule": "1f1b"}, dtypes=dict(fp8)), measured))
+    return rows
+
+
+def memory_report() -> str:
+    lines = ["| torchtitan run (benchmarks/llama3_h100_202412_torchtitan.md) | published GiB | counted GiB | error | "
+             "plan the search chose |", "|---|---|---|---|---|"]
+    for run, published_gib in torchtitan_memory():
+        _, best = predict(run, None)
+        counted = max(m.total for m in best.estimate.memory) / 2**30
+        lines.append(f"| {run.name} | {published_gib:.1f} | {counted:.1f} | {counted / published_gib - 1:+.0%} | "
+                     f"{best.candidate.describe()} |")
+    return "\n".join(lines)
+
+
 def _child(index: int, root: str | None) -> dict:
     """`time_case(index)` in a child process importing plandsl from `root` (None: this checkout)."""
     env = dict(os.environ, PYTHONPATH=root or str(Path(__file__).resolve().parent.parent))
@@ -784,6 +835,8 @@ def main(argv: list[str]) -> None:
         print(datasheet_zero3(None))
     elif "--mpt" in argv:
         print(mpt_report())
+    elif "--memory" in argv:
+        print(memory_report())
     elif "--case" in argv:
         print(json.dumps(time_case(int(argv[argv.index("--case") + 1]))))
     else:

@@ -138,3 +138,16 @@ def test_mosaic_mpt_rows_are_reported_apart(bench):
     median = float(a100.split("median |error| ")[1].split("%")[0]) / 100
     assert median <= 0.11, a100
     assert "MPT on H100" in report and "refused: does not fit" not in report
+
+
+@pytest.mark.slow
+def test_torchtitan_memory_without_model_parallelism_within_10_percent(bench):
+    """Issue 20, item 2, for the ten torchtitan runs without tensor or pipeline parallelism (FSDP, FSDP x CP;
+    docs/validation.md, "Peak memory against torchtitan's published runs"): the memory the model counts for the
+    plan the search picks is within 10 % of the peak torchtitan reports."""
+    rows = [(run, gib) for run, gib in bench.torchtitan_memory() if "TP" not in run.name]
+    assert len(rows) == 10
+    for run, gib in rows:
+        _, best = bench.predict(run, None)
+        counted = max(m.total for m in best.estimate.memory) / 2**30
+        assert abs(counted / gib - 1) <= 0.10, (run.name, counted, gib)
