@@ -698,6 +698,9 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
 @click.option("--loss", type=click.Choice(["standard", "fused"]),
               help="The implementation's cross entropy: standard (over an fp32 copy of the logits) or fused (one "
                    "kernel over the 16-bit logits, gradient in place). [default: standard]")
+@click.option("--tensor-overlap", is_flag=True,
+              help="The implementation overlaps tensor-parallel collectives with their GEMMs (torch's async TP, "
+                   "Megatron-LM's --tp-comm-overlap): plans with sequence parallelism say `overlap`.")
 @click.option("--from", "from_file", type=click.Path(dir_okay=False),
               help="A partial plan: its model, cluster and train are the problem, what else it writes is pinned.")
 @click.option("--plan", "plan_name", help="The plan of the --from file.")
@@ -716,7 +719,8 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
 @param_option
 @include_option
 @model_import_option
-def generate(model, cluster, global_batch, seq_len, precision, kernels, attention, loss, from_file, plan_name, top, pins,
+def generate(model, cluster, global_batch, seq_len, precision, kernels, attention, loss, tensor_overlap, from_file,
+             plan_name, top, pins,
              time_limit, as_json,
              output_format, output, params):
     """Search the fastest plans for MODEL on CLUSTER under the cost model and write the best.
@@ -726,7 +730,8 @@ def generate(model, cluster, global_batch, seq_len, precision, kernels, attentio
     the file completed. The result passes `plandsl check` and `plandsl fmt --check`."""
     as_json = as_json or output_format == "json"
     request = api.generate_request(model=model, cluster=cluster, global_batch=global_batch, seq_len=seq_len,
-                                   precision=precision, kernels=kernels, attention=attention, loss=loss, from_file=from_file, plan_name=plan_name,
+                                   precision=precision, kernels=kernels, attention=attention, loss=loss,
+                                   tensor_overlap=tensor_overlap, from_file=from_file, plan_name=plan_name,
                                    params=_params(params), pins=pins, top=top, output=output,
                                    time_limit=time_limit or None)
     usage_problem, search_error = api.generate_errors()

@@ -84,6 +84,7 @@ def check_sharding(plan: ir.Plan) -> Iterator[Diagnostic]:
         problem = _axis_divides(tensor_dims(plan), plan.tensor.axis, plan.tp, plan.tensor.span, devices)
         if problem:
             yield problem
+        yield from _check_tensor_overlap(plan)
     if plan.context:
         problem = _axis_divides(context_extents(plan.seq), plan.context.axis, plan.cp, plan.context.span, devices)
         if problem:
@@ -100,6 +101,31 @@ def check_sharding(plan: ir.Plan) -> Iterator[Diagnostic]:
                 yield problem
         yield from _check_fold(plan)
     yield from _check_rules(plan)
+
+
+def _check_tensor_overlap(plan: ir.Plan) -> Iterator[Diagnostic]:
+    """`tensor = megatron over tp with sequence_parallel, overlap` (E417), as the stacks that run it refuse it:
+    Megatron-LM asserts sequence parallelism for --tp-comm-overlap (megatron/training/arguments.py), whose
+    all-gathers and reduce-scatters are what is split and overlapped; torchtitan's async TP is a torch.compile
+    pass and refuses to run without compiling the model (CompileConfig: "Async TP requires 'model' in
+    --compile.components and --compile.enable"), which `kernels: eager` says the plan does not."""
+    tensor = plan.tensor
+    if not tensor.overlap:
+        return
+    where = tensor.span_of("overlap")
+    if not tensor.sequence_parallel:
+        yield diag("E417", f"tensor parallelism over '{tensor.axis}' with overlap needs sequence parallelism: what "
+                   "is split into chunks behind the GEMMs is its all-gather before each column-parallel GEMM and its "
+                   "reduce-scatter after each row-parallel one (Megatron-LM: 'Tensor parallel communication/GEMM "
+                   "overlap can happen only when sequence parallelism is enabled')", where,
+                   hint=f"`tensor = megatron over {tensor.axis} with sequence_parallel, overlap`")
+    if plan.train.kernels is ir.Kernels.eager:
+        yield diag("E417", "tensor parallelism with overlap under `kernels: eager`: torch's async tensor "
+                   "parallelism is a torch.compile pass (torchtitan: 'Async TP requires 'model' in "
+                   "--compile.components and --compile.enable'), and eager kernels say the model is not compiled",
+                   where, hint="drop `kernels: eager` (compiled, fused kernels), or drop `overlap`",
+                   notes=[Note("kernels: eager here", plan.train.span_of("kernels"))]
+                   if plan.train.span_of("kernels") else [])
 
 
 def _check_fold(plan: ir.Plan) -> Iterator[Diagnostic]:

@@ -171,6 +171,7 @@ class Work:
     attention: ir.Attention = ir.Attention.flash
     fold_experts: bool = False  # `experts = alltoall over [ep, tp]`: each expert whole, `ep` ranks counting tp's
     loss: ir.Loss = ir.Loss.standard
+    overlap_tensor: bool = False  # `tensor = ... with sequence_parallel, overlap`: TP collectives chunked behind GEMMs
 
     @property
     def tokens(self) -> int:
@@ -489,6 +490,52 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
                         attention=attention, flops=flops, recompute_flops=recompute_flops)
 
 
+@dataclass(frozen=True, slots=True)
+class OverlapGemm:
+    """A GEMM beside a tensor-parallel collective under `with overlap`: its forward seconds whole, and split
+    along the tokens into `chunks` GEMMs, as the decomposition runs it (one sub-GEMM per chunk of the
+    collective: Wang et al. 2022; torch's async TP; Transformer Engine's ring exchange, `num_splits` = tp);
+    `reduction`: the seconds of the kernel that then sums the `chunks` partial outputs a reduce-scatter's
+    chunks bring (torch's `fused_matmul_reduce_scatter` ends with `torch.sum` over them: it reads the
+    block's [tokens, hidden] partial sums and writes this rank's 1/chunks of them)."""
+
+    whole: float
+    chunked: float
+    chunks: int
+    reduction: float = 0.0
+
+
+CHUNK_STREAMS = 2
+"""Streams torch's async TP deals a decomposed GEMM's chunks to (`_pipelined_all_gather_and_consume`,
+`_pipelined_produce_and_all2all`: "computation/computation overlapping ... greatly reducing quantization
+inefficiency"): a chunk's last partial wave runs beside the next chunk's first."""
+
+
+def overlap_gemms(model: ir.TransformerModel, work: Work, device: ir.DeviceType,
+                  efficiency: Efficiency | None = None) -> tuple[OverlapGemm, ...]:
+    """The GEMMs of a block beside its sequence-parallel all-gathers and reduce-scatters, in the order
+    (attention's column-parallel input, attention's row-parallel output, the MLP's column-parallel input, the MLP's
+    row-parallel output): the fused q/k/v, wo, fc1 (w1 and w3 as one GEMM, as torch's pass fuses one all-gather
+    with every GEMM that reads it) and fc2. A block with experts has only the first two (the MoE dispatcher's
+    collectives are no linear layer's); multi-head latent attention none."""
+    efficiency = efficiency or device_efficiency(device)
+    if model.latent_attention:
+        return ()
+    tokens, tp, precision, h = work.tokens, work.tp, work.precision, model.hidden
+    widths = attention_widths(model)
+    shapes = [((widths.q + widths.k + widths.v) / tp, h), (h, widths.o / tp)]
+    if not model.experts:
+        projections = 3 if model.kind != "gpt" else 2
+        shapes += [((projections - 1) * model.ffn_hidden / tp, h), (h, model.ffn_hidden / tp)]
+    gemm = efficiency.gemm_seconds
+    reduction = tokens * h * precision.unquantized.bytes * (1 + 1 / tp) / device.bandwidth
+    chunked = efficiency.grouped_gemm_seconds
+    return tuple(OverlapGemm(gemm(tokens, out, features, device, precision),
+                             chunked(tokens / tp, out, features, device, precision, tp, CHUNK_STREAMS), tp,
+                             reduction if features != h else 0.0)  # the row-parallel GEMMs feed a reduce-scatter
+                 for out, features in shapes)
+
+
 def estimate_optimizer_step(local_params: float, device: ir.DeviceType, optimizer: ir.Optimizer,
                             precision: ir.Precision, states: StateBytes = FP32_STATES) -> float:
     """Seconds of the optimizer step over the `local_params` a device updates (after ZeRO).
@@ -503,4 +550,5 @@ def estimate_optimizer_step(local_params: float, device: ir.DeviceType, optimize
 
 
 __all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "device_efficiency", "Work", "LayerCompute", "estimate_layer_compute",
+           "OverlapGemm", "overlap_gemms",
            "estimate_optimizer_step", "peak_of"]

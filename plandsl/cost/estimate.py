@@ -130,7 +130,8 @@ def plan_work(plan: ir.Plan) -> Work:
                 plan.train.precision, plan.train.recompute, gather_kv=gathers_kv(plan), kernels=plan.train.kernels,
                 overlap_experts=bool(plan.experts and plan.experts.overlap) and plan.num_microbatches > 1,
                 attention=plan.train.attention,  # one microbatch: no other one's pass to hide the all-to-alls behind
-                fold_experts=plan.expert_tp != plan.tp, loss=plan.train.loss)
+                fold_experts=plan.expert_tp != plan.tp, loss=plan.train.loss,
+                overlap_tensor=bool(plan.tensor and plan.tensor.overlap))
 
 
 def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=None,

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 
 from plandsl import ir
 from plandsl.cost.comm import NO_COMM, GroupLinks, collective_seconds, group_links
-from plandsl.cost.compute import Efficiency, LayerCompute, Work, estimate_layer_compute
+from plandsl.cost.compute import (
+    Efficiency,
+    LayerCompute,
+    OverlapGemm,
+    Work,
+    estimate_layer_compute,
+    overlap_gemms,
+)
 from plandsl.ir import layers as ir_layers
 from plandsl.ir.layers import Layer, attention_widths, block_model, kv_width
 
@@ -113,16 +120,21 @@ def estimate_layer_time(model: ir.Model, layer: Layer, work: Work, device: ir.De
                         efficiency: Efficiency | None = None) -> LayerTime:
     compute = estimate_layer_compute(model, layer, work, device, efficiency)
     moved: dict[str, float] = {}
-    forward_comm, backward_comm = _layer_comm(model, layer, work, links, compute, moved)
+    overlapped = ()
+    if work.overlap_tensor and work.sequence_parallel and links.tp.size > 1 and layer.kind == "block" \
+            and isinstance(model, ir.TransformerModel):
+        overlapped = overlap_gemms(block_model(model, layer), work, device, efficiency)
+    forward_comm, backward_comm = _layer_comm(model, layer, work, links, compute, moved, overlapped)
     return LayerTime(compute.forward + forward_comm, compute.input_grad + backward_comm, compute.weight_grad,
                      forward_comm, backward_comm, compute.flops, compute.recompute_flops,
                      Moved(**moved) if moved else NOTHING_MOVED)
 
 
 def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute: LayerCompute,
-                moved: dict[str, float]) -> tuple[float, float]:
+                moved: dict[str, float], overlapped: tuple[OverlapGemm, ...] = ()) -> tuple[float, float]:
     """(forward, backward) seconds of communication a layer waits for, per microbatch; `moved` gathers the
-    bytes of those collectives per parallel axis (`Moved`'s fields)."""
+    bytes of those collectives per parallel axis (`Moved`'s fields); `overlapped`, the GEMMs that hide the
+    block's sequence-parallel collectives under `tensor ... with overlap` (`cost.compute.overlap_gemms`)."""
     def count(axis: str, size: float, times: float = 1.0) -> None:
         if size and times and links_of[axis].size > 1:
             moved[axis] = moved.get(axis, 0.0) + size * times
@@ -190,6 +202,21 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         forward, backward = forward + extra, backward + extra
         count("tensor", extra_bytes, 2)
         rerun = (rerun[0] + extra, rerun[1] + extra_bytes, rerun[2], rerun[3])
+    if overlapped and not model.parallel_blocks:
+        # Each all-gather and reduce-scatter split into chunks behind the GEMM it feeds or follows (`_exposed`), as
+        # torch's micro-pipeline pass fuses them (torch/_inductor/fx_passes/micro_pipeline_tp.py): forward, AG ->
+        # column-parallel GEMM and row-parallel GEMM -> RS; backward, the output gradient's AG -> the row-parallel
+        # GEMM's input gradient (as large as its forward GEMM). The backward's RS of the column-parallel input
+        # gradient stays whole: it sums q's, k's and v's (w1's and w3's) input gradients, and the pass fuses a
+        # reduce-scatter only with the one matmul that produces its input.
+        gather = collective_seconds("all_gather", activation, links.tp)
+        scatter = collective_seconds("reduce_scatter", activation, links.tp)
+        halves = [(overlapped[i], overlapped[i + 1]) for i in range(0, len(overlapped), 2)]
+        saved = [(gather + scatter - _exposed(gather, first) - _exposed(scatter, second),
+                  gather - _exposed(gather, second)) for first, second in halves]
+        forward -= sum(f for f, _ in saved)
+        backward -= sum(b for _, b in saved)
+        rerun = (rerun[0] - sum(f for f, _ in saved), rerun[1], rerun[2] - saved[0][0], rerun[3])
     if model.experts and links.ep.size > 1:
         # Dispatch and combine all-to-alls of the routed tokens (Lepikhin et al. 2020, GShard), twice
         # in each direction; sequence parallelism leaves each tensor-parallel rank 1/t of the tokens.
@@ -238,6 +265,20 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         backward += rerun[2]  # the attention half's (wo's reduction, or sequence parallelism's gathers) rerun
         count("tensor", rerun[3])
     return forward, backward
+
+
+def _exposed(collective: float, gemm: OverlapGemm) -> float:
+    """Seconds a collective decomposed into `gemm.chunks` chunks adds to the GEMM it overlaps (Wang et al. 2022,
+    "Overlap communication with dependent computation via decomposition in large deep learning models"; torch's
+    async TP; Transformer Engine's userbuffers): chunk i's transfer runs beside GEMM chunk i -/+ 1 on other
+    streams, a two-stage pipeline of n steps whose span over the GEMM's is one transfer chunk (the first
+    all-gathered one, or the last reduce-scattered one, has no GEMM beside it) plus, per further step, what a
+    transfer chunk exceeds a GEMM chunk by; the GEMM run as n smaller GEMMs (`OverlapGemm.chunked`: each pays
+    the kernel's fixed time and a smaller GEMM's efficiency) less the whole GEMM; and after a reduce-scatter's
+    last chunk, the sum of the partial chunks (`OverlapGemm.reduction`, which the collective's own kernel did)."""
+    n = gemm.chunks
+    chunk, gemm_chunk = collective / n, gemm.chunked / n
+    return gemm.chunked - gemm.whole + chunk + (n - 1) * max(0.0, chunk - gemm_chunk) + gemm.reduction
 
 
 def _latent_comm(model: ir.TransformerModel, work: Work, links: Links, activation: float, count):

@@ -518,6 +518,18 @@ class TensorParallel(Node):
     style: Literal["megatron"] = "megatron"
     axis: str
     sequence_parallel: bool = False
+    overlap: bool = Field(default=False, description="`with overlap`: each tensor-parallel all-gather and "
+                          "reduce-scatter is split into chunks that run behind the GEMM it feeds or follows "
+                          "(torch's async TP, torchtitan's --compile.enable_async_tensor_parallel; Megatron-LM's "
+                          "--tp-comm-overlap, Transformer Engine's userbuffers); needs sequence parallelism")
+
+    @model_serializer(mode="wrap")
+    def _without_unset_options(self, handler):
+        """Tensor parallelism without `with overlap` dumps (and its plan hashes) as before the option existed."""
+        data = handler(self)
+        if isinstance(data, dict) and not self.overlap:
+            data.pop("overlap", None)
+        return data
 
 
 class ContextParallel(Node):

@@ -35,6 +35,9 @@ DATA_KINDS: dict[str, ir.DataKind | str] = {  # each kind, then its other spelli
 TENSOR_STYLES = ("megatron", "none")
 CONTEXT_KINDS = ("ring", "allgather", "none")
 EXPERT_KINDS = ("alltoall", "none")
+CLAUSE_OPTIONS: dict[str, tuple[str, ...]] = {  # an attribute's clause -> the `with` options it takes
+    "data": (), "tensor": ("sequence_parallel", "overlap"), "context": (), "experts": ("overlap",),
+    "stages": ("virtual", "map")}
 STYLES = ("colwise", "rowwise", "sequence", "replicate")
 DEFAULT_AXES = {"data": "dp", "tensor": "tp", "context": "cp", "experts": "ep", "stages": "pp"}
 
@@ -205,7 +208,7 @@ def _options(scope: Scope, options: tuple[s.WithItem, ...], allowed: tuple[str, 
 def data_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.DataParallel | None:
     subject, over, options = _clause(scope, expr)
     kind = scope.word(subject, DATA_KINDS, "data-parallel kind")
-    _options(scope, options, (), "data")
+    _options(scope, options, CLAUSE_OPTIONS["data"], "data")
     if kind == "none":
         return None
     axes = axis_names(scope, over, m, f"data parallel '{kind}'", expr.span)
@@ -218,20 +221,26 @@ def data_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.DataParallel | N
 def tensor_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.TensorParallel | None:
     subject, over, options = _clause(scope, expr)
     style = scope.word(subject, TENSOR_STYLES, "tensor-parallel style")
-    found = _options(scope, options, ("sequence_parallel",), "tensor", style)
+    found = _options(scope, options, CLAUSE_OPTIONS["tensor"], "tensor", style)
     if style == "none":
         return None
     axis = one_axis(scope, over, m, "tensor parallel", expr.span)
-    sp = "sequence_parallel" in found and (found["sequence_parallel"].value is None or
-                                           scope.truth(scope.eval(found["sequence_parallel"].value), found["sequence_parallel"].value))
-    return ir.TensorParallel(style=style, axis=axis, sequence_parallel=sp, span=expr.span,
-                             field_spans=axis_spans(scope, over, m))
+    spans = axis_spans(scope, over, m)
+    if "overlap" in found:  # the checker's E417 points at the option
+        spans["overlap"] = found["overlap"].span
+    return ir.TensorParallel(style=style, axis=axis, sequence_parallel=_switch(scope, found, "sequence_parallel"),
+                             overlap=_switch(scope, found, "overlap"), span=expr.span, field_spans=spans)
+
+
+def _switch(scope: Scope, found: dict, name: str) -> bool:
+    """An on/off option: `with NAME` (on), `with NAME = true/false`, or absent (off)."""
+    return name in found and (found[name].value is None or scope.truth(scope.eval(found[name].value), found[name].value))
 
 
 def context_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ContextParallel | None:
     subject, over, options = _clause(scope, expr)
     kind = scope.word(subject, CONTEXT_KINDS, "context-parallel kind")
-    _options(scope, options, (), "context")
+    _options(scope, options, CLAUSE_OPTIONS["context"], "context")
     if kind == "none":
         return None
     return ir.ContextParallel(kind=kind, axis=one_axis(scope, over, m, "context parallel", expr.span), span=expr.span,
@@ -241,11 +250,10 @@ def context_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ContextParall
 def expert_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ExpertParallel | None:
     subject, over, options = _clause(scope, expr)
     kind = scope.word(subject, EXPERT_KINDS, "expert-parallel kind")
-    found = _options(scope, options, ("overlap",), "experts", kind)
+    found = _options(scope, options, CLAUSE_OPTIONS["experts"], "experts", kind)
     if kind == "none":
         return None
-    overlap = "overlap" in found and (found["overlap"].value is None or
-                                      scope.truth(scope.eval(found["overlap"].value), found["overlap"].value))
+    overlap = _switch(scope, found, "overlap")
     # `over [ep, tp]`: the expert axis, then the axes folded into its group (the checker's E416 says which may be)
     axes = axis_names(scope, over, m, "expert parallel", expr.span)
     spans = axis_spans(scope, over, m) if len(axes) == 1 else axis_spans(scope, over, m, "fold")
@@ -266,7 +274,7 @@ def rank_map(scope: Scope, expr: s.Expr) -> str | tuple[int, ...]:
 def stages_clause(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.Stages:
     subject, over, options = _clause(scope, expr)
     scope.word(subject, ("evenly",), "stage split")
-    found = _options(scope, options, ("virtual", "map"), "stages")
+    found = _options(scope, options, CLAUSE_OPTIONS["stages"], "stages")
     axis = one_axis(scope, over, m, "stages", expr.span)
     virtual = scope.integer(found["virtual"].value, "virtual", minimum=1, maximum=MAX_VIRTUAL) if "virtual" in found else 1
     mapping = rank_map(scope, found["map"].value) if "map" in found else "loop"

@@ -21,6 +21,7 @@ from plandsl.lower import (
 from plandsl.lower.mesh import TRAIN_KEYS
 from plandsl.lower.model import FAMILIES, LAYER_ATTRS, MODEL_ATTRS
 from plandsl.lower.plan import (
+    CLAUSE_OPTIONS,
     CONTEXT_KINDS,
     DATA_KINDS,
     EXPERT_KINDS,
@@ -86,6 +87,8 @@ def completions(snapshot: Snapshot, offset: int, previous: Snapshot | None = Non
     clause = re.search(r"\b(over|with)\b", head)  # `data = zero1 over |`: axes now, not the attribute's words
     if not clause:
         items += [_item(word_, Kind.EnumMember, None, "0") for word_ in WORDS.get(key or "", ())]
+    elif re.search(r"\bwith\b", head):  # `tensor = megatron over tp with |`: the clause's options
+        items += [_item(option, Kind.EnumMember, f"option of {key}", "0") for option in CLAUSE_OPTIONS.get(key or "", ())]
     plan = _plan(snapshot, previous, definition)
     if plan is not None and (clause or key == "axis"):
         items += [_item(axis.name, Kind.Variable, f"mesh axis of size {axis.size}", "0") for axis in plan.mesh.axes]

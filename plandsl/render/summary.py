@@ -24,7 +24,8 @@ def describe_plan(plan: ir.Plan) -> str:
     if plan.data:
         parts.append(f"{plan.data.kind} over {', '.join(plan.data.axes)}")
     if plan.tensor:
-        parts.append(f"{plan.tensor.style} tp over {plan.tensor.axis}" + (" + SP" if plan.tensor.sequence_parallel else ""))
+        parts.append(f"{plan.tensor.style} tp over {plan.tensor.axis}" + (" + SP" if plan.tensor.sequence_parallel else "")
+                     + (" with overlap" if plan.tensor.overlap else ""))
     if plan.context:
         parts.append(f"{plan.context.kind} cp over {plan.context.axis}")
     if plan.experts:

@@ -36,6 +36,7 @@ FIELDS: tuple[tuple[str, str, Callable[[ir.Plan], Value]], ...] = (
     ("sharding", "data.axes", lambda p: p.data and list(p.data.axes)),
     ("sharding", "tensor.axis", lambda p: p.tensor and p.tensor.axis),
     ("sharding", "tensor.sequence_parallel", lambda p: p.tensor is not None and p.tensor.sequence_parallel),
+    ("sharding", "tensor.overlap", lambda p: p.tensor is not None and p.tensor.overlap),
     ("sharding", "context.kind", lambda p: p.context and p.context.kind),
     ("sharding", "context.axis", lambda p: p.context and p.context.axis),
     ("sharding", "experts.axis", lambda p: p.experts and p.experts.axis),

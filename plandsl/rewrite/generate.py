@@ -38,6 +38,9 @@ class Request:
     """`flash` (the default) or `materialized`: the implementation's attention core (`ir.Attention`)."""
     loss: str | None = None
     """`standard` (the default) or `fused`: the implementation's cross entropy (`ir.Loss`)."""
+    tensor_overlap: bool = False
+    """The implementation overlaps the tensor-parallel collectives with their GEMMs (async TP, --tp-comm-overlap):
+    candidates with sequence parallelism are priced and written `with sequence_parallel, overlap`."""
     from_file: str | None = None
     plan_name: str | None = None
     params: Mapping[str, object] = field(default_factory=dict)
@@ -66,7 +69,8 @@ def usage_problem(request: Request) -> str | None:
     given = [f"--{name}" for name, value in (("model", request.model), ("cluster", request.cluster),
                                              ("global-batch", request.global_batch), ("seq-len", request.seq_len),
                                              ("precision", request.precision), ("kernels", request.kernels),
-                                             ("attention", request.attention), ("loss", request.loss))
+                                             ("attention", request.attention), ("loss", request.loss),
+                                             ("tensor-overlap", request.tensor_overlap or None))
              if value is not None]
     if request.from_file and given:
         return f"{', '.join(given)}: the --from plan gives these (edit the plan instead)"
@@ -93,7 +97,7 @@ def generate(request: Request, progress: Callable[[int, int], None] | None = Non
                                        request.precision or "bf16",
                                        str(request.output or os.path.join(os.getcwd(), "generated.plan")),
                                        kernels=request.kernels or "fused", attention=request.attention or "flash",
-                                       loss=request.loss or "standard")
+                                       loss=request.loss or "standard", overlap_tensor=request.tensor_overlap)
     result, texts = checked_texts(search(problem_, request.pins, request.top, progress=progress,
                                            time_limit=request.time_limit), problem_, source,
                                   request.output)

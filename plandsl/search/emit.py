@@ -71,7 +71,8 @@ def stdlib_names() -> dict[str, str]:
 
 def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | None = None,
                     precision: str = "bf16", plan_file: str | None = None,
-                    kernels: str = "fused", attention: str = "flash", loss: str = "standard") -> tuple[Problem, Source]:
+                    kernels: str = "fused", attention: str = "flash", loss: str = "standard",
+                    overlap_tensor: bool = False) -> tuple[Problem, Source]:
     """The model and the cluster, resolved by the language (so they mean what they mean in a plan).
     `plan_file`: where the plan will be written; a model from torch (`hf(...)`, `pkg.mod:fn(...)`) is read
     from the layer table `plandsl inspect` wrote beside it (`.plandsl/`), as the plan will read it."""
@@ -112,7 +113,8 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
     _runnable(found_model, model, seq_len)
     problem = Problem(found_model, found_cluster, global_batch, seq_len, found_precision,
                       kernels=_choice(ir.Kernels, kernels, "--kernels"),
-                      attention=_choice(ir.Attention, attention, "--attention"), loss=_choice(ir.Loss, loss, "--loss"))
+                      attention=_choice(ir.Attention, attention, "--attention"), loss=_choice(ir.Loss, loss, "--loss"),
+                      overlap_tensor=overlap_tensor)
     return problem, Source(tuple(imports), model_text, cluster_text)
 
 
@@ -207,7 +209,8 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
     if c.data_axis:
         lines.append(f"  data     = {ir.DataKind.of_zero_stage(c.zero_stage)} over {c.data_axis}")
     if c.tp > 1:
-        lines.append("  tensor   = megatron over tp" + (" with sequence_parallel" if c.sequence_parallel else ""))
+        lines.append("  tensor   = megatron over tp" + (" with sequence_parallel" if c.sequence_parallel else "")
+                     + (", overlap" if c.sequence_parallel and problem.overlap_tensor else ""))
     if c.cp > 1:
         lines.append(f"  context  = {CONTEXT} over cp")
     if c.ep > 1:

@@ -71,8 +71,11 @@ class Figures:
         experts = ir.ExpertParallel.model_construct(kind="alltoall", axis="ep", overlap=p.overlap_experts,
                                                     fold=("tp",) if p.fold_experts else ()) \
             if p.overlap_experts or p.fold_experts else None
+        # likewise the tensor-parallel collectives' overlap (`build_plan` writes it where there is sequence parallelism)
+        tensor = ir.TensorParallel.model_construct(style="megatron", axis="tp", sequence_parallel=True, overlap=True) \
+            if p.overlap_tensor else None
         return ir.Plan.model_construct(name="generated", model=p.model, cluster=p.cluster, mesh=mesh, train=train,
-                                       data=None, tensor=None, context=None, experts=experts, stages=None,
+                                       data=None, tensor=tensor, context=None, experts=experts, stages=None,
                                        schedule=None, shard=())
 
     def work(self, node: Node) -> Work:
@@ -83,7 +86,8 @@ class Figures:
                     gather_kv=root.cp > 1,  # search.CONTEXT
                     kernels=self.problem.kernels,  # `plan_work`: one microbatch has nothing to overlap with
                     overlap_experts=self.problem.overlap_experts and node.microbatches > 1,
-                    attention=self.problem.attention, fold_experts=fold, loss=self.problem.loss)
+                    attention=self.problem.attention, fold_experts=fold, loss=self.problem.loss,
+                    overlap_tensor=self.problem.overlap_tensor and root.sequence_parallel)
 
     def device_types(self, root: Root) -> dict:
         """The root's device types by name, once per root."""

@@ -129,7 +129,8 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                       plan.train.optimizer, plan.train.master_dtype, plan.train.grad_dtype, plan.train.optimizer_dtype,
                       plan.train.param_dtype, plan.train.kernels,
                       overlap_experts=bool(plan.experts and plan.experts.overlap), attention=plan.train.attention,
-                      loss=plan.train.loss, fold_experts=bool(plan.experts and plan.experts.fold))
+                      loss=plan.train.loss, fold_experts=bool(plan.experts and plan.experts.fold),
+                      overlap_tensor=bool(plan.tensor and plan.tensor.overlap))
     decided = "mesh" in attrs and not free_choices(attrs, stage_block, plan)
     return Partial(path, text, module, definition, attrs, stage_block, plan, problem, parse_pins(pins), names,
                    tuple(overs), train_items, local, params, tuple(notes), decided)

@@ -40,6 +40,8 @@ class Problem:
     #                                                   expert whole; the pin `ep` then counts the group, ep x tp
     attention: ir.Attention = ir.Attention.flash      # the implementation's attention core: given, not searched
     loss: ir.Loss = ir.Loss.standard                  # the implementation's cross entropy: given, not searched
+    overlap_tensor: bool = False                      # given, not searched: `tensor = ... with sequence_parallel,
+    #                                                   overlap` wherever a candidate has sequence parallelism
 
     @property
     def sequence(self) -> int:
@@ -166,8 +168,9 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
                  part=None)
     data = _node(ir.DataParallel, kind=ir.DataKind.of_zero_stage(c.zero_stage), axes=(c.data_axis,)) \
         if c.data_axis else None
-    tensor = _node(ir.TensorParallel, style="megatron", axis="tp", sequence_parallel=c.sequence_parallel) \
-        if c.tp > 1 else None
+    tensor = _node(ir.TensorParallel, style="megatron", axis="tp", sequence_parallel=c.sequence_parallel,
+                   overlap=bool(base.tensor and base.tensor.overlap) and c.sequence_parallel) \
+        if c.tp > 1 else None  # overlap: the problem's `overlap_tensor` (search.figures), with sequence parallelism
     context = _node(ir.ContextParallel, kind=CONTEXT, axis="cp") if c.cp > 1 else None
     overlap = bool(base.experts and base.experts.overlap)  # the problem's `overlap_experts` (search.figures)
     fold = ("tp",) if base.experts is not None and base.experts.fold and c.tp > 1 else ()  # its `fold_experts`

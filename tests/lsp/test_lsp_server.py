@@ -184,6 +184,9 @@ async def test_completion_definition_and_formatting(client, folder):
     dtypes_uri, _ = await open_file(client, folder, "dtypes.plan", dtypes)
     kept = await labels(at(dtypes, "param_dtype: bf16", len("param_dtype: ")), dtypes_uri)
     assert {"fp32", "bf16", "fp16"} <= kept and "fp8" not in kept  # the kept dtypes, no FP8 weights
+    options = OK_PLAN.replace("megatron over tp\n", "megatron over tp with sequence_parallel\n")
+    options_uri, _ = await open_file(client, folder, "options.plan", options)
+    assert {"sequence_parallel", "overlap"} <= await labels(at(options, "sequence_parallel"), options_uri)  # `with`'s
     value = await labels(at(text, "gpt3_6_7b"))
     assert {"gpt3_175b", "dgx_a100", "micro", "memory_per_node", "gpt", "llama"} <= value
     assert not {"for", "layer", "rank", "import"} & value  # statement keywords have no place in a value

@@ -113,6 +113,12 @@ plan p {
         [("experts.overlap", False, True), ("train.kernels", "fused", "eager"), ("train.attention", "flash",
                                                                                "materialized")]
     assert not diff_plans(plain, plain).changes
+    dense = text.replace("experts=8, top_k=2", "").replace(", ffn=128, ", ", ffn=128").replace("[ep = 8]", "[tp = 8]") \
+        .replace("experts  = alltoall over ep", "tensor   = megatron over tp with sequence_parallel")
+    overlapped = dense.replace("sequence_parallel\n", "sequence_parallel, overlap\n")
+    assert [(c.field, c.old, c.new) for c in diff_plans(api.loads(dense).plans[0],
+                                                        api.loads(overlapped).plans[0]).changes] == \
+        [("tensor.overlap", False, True)]
 
 # ---- bad input ----------------------------------------------------------------------------------------
 def test_a_file_that_does_not_check_is_the_checkers_diagnostics(tmp_path):

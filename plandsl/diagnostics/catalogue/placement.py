@@ -329,3 +329,26 @@ _entry("E416", """
     }
     """, "Fold the tensor axis instead: each expert whole on one of the ep x tp ranks.",
        ("experts = alltoall over [ep, pp]", "experts = alltoall over [ep, tp]"))
+
+_entry("E417", """
+    `tensor = megatron over tp with sequence_parallel, overlap` splits each tensor-parallel all-gather
+    and reduce-scatter of a block into chunks that run behind the GEMM they feed or follow (Wang et al.
+    2022's decomposition; torch's async tensor parallelism, which torchtitan turns on with
+    `--compile.enable_async_tensor_parallel`; Megatron-LM's `--tp-comm-overlap`, Transformer Engine's
+    userbuffers). Those collectives are sequence parallelism's: without it the block all-reduces
+    instead, and Megatron-LM refuses the flag ("Tensor parallel communication/GEMM overlap can happen
+    only when sequence parallelism is enabled"). torch's async tensor parallelism is a pass of
+    torch.compile, and torchtitan refuses it without compiling the model, which `kernels: eager` says
+    the plan does not.
+    """, """
+    import "clusters/dgx_h100"
+    plan p {
+      model   = llama(layers=8, hidden=2048, heads=16, kv_heads=4, seq=4096, vocab=32000)
+      cluster = dgx_h100 x 1
+      mesh    = [dp = 2, tp = 4]
+      train   = { global_batch: 32, micro_batch: 1 }
+      tensor  = megatron over tp with overlap
+    }
+    """, "Split the sequence too: sequence parallelism's all-gathers and reduce-scatters are what overlaps.",
+       ("with overlap", "with sequence_parallel, overlap"))
+

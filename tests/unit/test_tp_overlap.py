@@ -1,0 +1,163 @@
+"""Tensor-parallel communication overlap, `tensor = megatron over tp with sequence_parallel, overlap`: the IR and
+its dump, the checker (E417), `show`, and the cost model's decomposition (each sequence-parallel all-gather and
+reduce-scatter chunked behind the GEMM it feeds or follows) against hand counts."""
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from plandsl import api, ir
+from plandsl.cli import main
+from plandsl.cost.comm import collective_seconds
+from plandsl.cost.compute import OverlapGemm, Work, overlap_gemms
+from plandsl.cost.estimate import plan_work
+from plandsl.cost.layer import _exposed, estimate_layer_time, plan_links
+from plandsl.ir.layers import layers_of
+from plandsl.render.summary import describe_plan
+
+PLAN = """\
+import "clusters/dgx_h100"
+plan p {{
+  model   = llama(layers=4, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000, seq=8192{experts})
+  cluster = dgx_h100 x 2
+  mesh    = [dp = 2, tp = 8]
+  train   = {{ global_batch: 16, micro_batch: 8{train} }}
+  data    = zero3 over dp
+  tensor  = megatron over tp{options}
+}}
+"""
+
+
+def _plan(options=" with sequence_parallel, overlap", train="", experts="") -> ir.Plan:
+    return api.loads(PLAN.format(options=options, train=train, experts=experts)).plans[0]
+
+
+def _codes(options, train="") -> list[str]:
+    return [d.code for d in api.checks(PLAN.format(options=options, train=train, experts="")).diagnostics]
+
+
+def _block(plan: ir.Plan, work: Work | None = None):
+    block = next(layer for layer in layers_of(plan.model) if layer.kind == "block")
+    device = plan.cluster.devices_in_order()[0]
+    return estimate_layer_time(plan.model, block, work or plan_work(plan), device, plan_links(plan))
+
+
+def test_the_option_lowers_dumps_only_when_set_and_shows():
+    plan = _plan()
+    assert plan.tensor.overlap and plan.tensor.sequence_parallel
+    assert plan.tensor.model_dump()["overlap"] is True
+    plain = _plan(" with sequence_parallel")
+    assert "overlap" not in plain.tensor.model_dump()  # plans without it dump and hash as before
+    assert not _plan(" with sequence_parallel, overlap = false").tensor.overlap
+    assert "megatron tp over tp + SP with overlap" in describe_plan(plan)
+    assert "overlap" not in describe_plan(plain)
+
+
+def test_E417_overlap_without_sequence_parallelism_or_under_eager_kernels():
+    assert _codes(" with sequence_parallel, overlap") == []
+    assert _codes(" with overlap") == ["E417"]
+    assert _codes(" with sequence_parallel, overlap", ", kernels: eager") == ["E417"]
+    text = PLAN.format(options=" with overlap", train="", experts="")
+    found = api.checks(text).diagnostics
+    assert "needs sequence parallelism" in found[0].message
+    assert found[0].span.start == text.index("overlap")  # the option itself
+
+
+def test_a_chunked_collective_exposes_one_chunk_and_what_it_exceeds_its_gemm_by():
+    """Four chunks beside a GEMM of 1.0 s that takes 1.2 s as four: a 0.8 s collective (0.2 s a chunk, under the
+    0.3 s GEMM chunk) leaves one chunk and the chunking's 0.2 s; a 2.0 s one (0.5 a chunk) also the three steps'
+    excess of 0.2 s each."""
+    gemm = OverlapGemm(whole=1.0, chunked=1.2, chunks=4)
+    assert _exposed(0.8, gemm) == pytest.approx(0.2 + 0.2)
+    assert _exposed(2.0, gemm) == pytest.approx(0.2 + 0.5 + 3 * 0.2)
+
+
+def test_a_dense_block_hides_its_collectives_behind_the_four_gemms_by_hand():
+    """tp 8 inside a DGX H100: the forward's four collectives (all-gather, reduce-scatter, twice) become what
+    `_exposed` leaves beside the fused q/k/v, wo, fc1 and fc2; the backward's all-gathers what it leaves beside
+    wo's and fc2's input gradients, and its reduce-scatters (of the sums of q/k/v's and of w1/w3's input
+    gradients, which torch's pass does not fuse) stay whole; the bytes moved do not change. A reduce-scatter's
+    chunks are summed after they arrive: a pass over the block's [tokens, hidden] partial sums."""
+    plain, overlapped = _block(_plan(" with sequence_parallel")), _block(_plan())
+    plan = _plan()
+    work, links = plan_work(plan), plan_links(plan)
+    block = next(layer for layer in layers_of(plan.model) if layer.kind == "block")
+    qkv, wo, fc1, fc2 = overlap_gemms(plan.model, work, plan.cluster.devices_in_order()[0])
+    activation = work.tokens * 4096 * 2
+    gather = collective_seconds("all_gather", activation, links.tp)
+    scatter = collective_seconds("reduce_scatter", activation, links.tp)
+    assert plain.forward_comm == pytest.approx(2 * (gather + scatter))
+    assert overlapped.forward_comm == pytest.approx(_exposed(gather, qkv) + _exposed(scatter, wo)
+                                                    + _exposed(gather, fc1) + _exposed(scatter, fc2))
+    assert overlapped.backward_comm == pytest.approx(_exposed(gather, wo) + _exposed(gather, fc2) + 2 * scatter)
+    assert overlapped.forward_comm < plain.forward_comm / 2 and overlapped.moved == plain.moved
+    assert qkv.chunks == 8 and qkv.chunked > qkv.whole  # eight smaller GEMMs, each paying the kernel's fixed time
+    device = plan.cluster.devices_in_order()[0]
+    assert wo.reduction == fc2.reduction == pytest.approx(activation * (1 + 1 / 8) / device.bandwidth)
+    assert qkv.reduction == fc1.reduction == 0.0
+    assert block.kind == "block"
+
+
+def test_full_recomputation_reruns_the_overlapped_forward():
+    plain = _block(_plan(" with sequence_parallel", ", recompute: full"))
+    overlapped = _block(_plan(train=", recompute: full"))
+    assert overlapped.backward_comm - overlapped.forward_comm == pytest.approx(_block(_plan()).backward_comm)
+    assert plain.backward_comm - plain.forward_comm == pytest.approx(_block(_plan(" with sequence_parallel")).backward_comm)
+
+
+def test_small_microbatches_lose_to_the_chunked_gemms():
+    """At one sequence of 512 tokens a chunk is 64 tokens: eight GEMMs each paying the kernel's fixed time cost more
+    than the collectives they hide, and the cost model says so rather than hiding them anyway."""
+    text = PLAN.format(options=" with sequence_parallel", train="", experts="").replace("seq=8192", "seq=512") \
+        .replace("micro_batch: 8", "micro_batch: 1")
+    plain = _block(api.loads(text).plans[0])
+    overlapped = _block(api.loads(text.replace("sequence_parallel\n", "sequence_parallel, overlap\n")).plans[0])
+    assert overlapped.forward_comm > plain.forward_comm
+
+
+def test_experts_hide_only_the_attention_half():
+    """The MoE dispatcher's all-gather and reduce-scatter are not Transformer Engine's linear layers: only the
+    attention half's pair is chunked behind q/k/v and wo."""
+    moe = _plan(experts=", experts=8, top_k=2")
+    assert len(overlap_gemms(moe.model, plan_work(moe), moe.cluster.devices_in_order()[0])) == 2
+    plain = _block(_plan(" with sequence_parallel", experts=", experts=8, top_k=2"))
+    assert 0 < plain.forward_comm - _block(moe).forward_comm < plain.forward_comm
+
+
+def test_nothing_overlaps_without_sequence_parallelism_or_a_tensor_axis():
+    plan = _plan(" with sequence_parallel")
+    work = plan_work(plan)
+    without_sp = Work(work.micro_batch, work.seq, work.tp, sequence_parallel=False, overlap_tensor=True)
+    assert _block(plan, without_sp) == _block(plan, Work(work.micro_batch, work.seq, work.tp))
+
+
+def test_overlap_speeds_up_a_step_as_torchtitan_measured_async_tp():
+    """Llama 3 70B's shapes at tp 8 with full recomputation: the step gains about what torchtitan's async TP
+    benchmark measured (1.09x at 70B), not the whole tensor-parallel communication."""
+    text = PLAN.format(options=" with sequence_parallel", train=", recompute: full, param_dtype: bf16",
+                       experts="").replace("layers=4, hidden=4096, heads=32, kv_heads=8, ffn=14336",
+                                           "layers=8, hidden=8192, heads=64, kv_heads=8, ffn=28672")
+    plain = api.estimate(api.loads(text).plans[0]).time.step
+    overlapped = api.estimate(api.loads(text.replace("sequence_parallel\n", "sequence_parallel, overlap\n"))
+                              .plans[0]).time.step
+    assert 1.05 < plain / overlapped < 1.15
+
+
+def test_generate_with_tensor_overlap_writes_it_and_estimates_what_it_predicted(tmp_path):
+    """`generate --tensor-overlap`: a candidate with sequence parallelism is priced and written with overlap, and
+    the written plan checks and estimates to the search's figure; `--from` that plan keeps it."""
+    target = tmp_path / "best.plan"
+    model = "llama(layers=4, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000, seq=8192)"
+    out = CliRunner().invoke(main, ["generate", "--model", model, "--cluster", "dgx_h100", "--global-batch", "8",
+                                    "--pin", "tp=8", "--tensor-overlap", "--top", "1", "-o", str(target)])
+    assert out.exit_code == 0, out.output
+    text = target.read_text(encoding="utf-8")
+    assert "tensor  = megatron over tp with sequence_parallel, overlap" in text
+    plan = api.load_plan(target)
+    predicted = float(text.split("#   step ")[1].split(" s")[0])
+    assert api.estimate(plan).time.step == pytest.approx(predicted, rel=1e-3)
+    partial = tmp_path / "partial.plan"
+    partial.write_text(text.replace("  data    = zero3 over dp\n", ""), encoding="utf-8")
+    again = CliRunner().invoke(main, ["generate", "--from", str(partial), "--top", "1", "-o", str(tmp_path / "c.plan")])
+    assert again.exit_code == 0, again.output
+    assert "with sequence_parallel, overlap" in (tmp_path / "c.plan").read_text(encoding="utf-8")
