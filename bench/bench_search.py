@@ -276,7 +276,8 @@ def published() -> list[Run]:
 # 1.7B to 462B on up to 6,144 H100s, vocabulary 131,072, sequence 4,096, bf16, data parallelism 48 each, with the
 # distributed optimizer and its overlapped gradient reduction and parameter gather, TP communication overlap and
 # Megatron's pipeline schedules; per-GPU TFLOP/s by Megatron's formula (model FLOPs, no recomputation), over
-# the H100's 989 TFLOP/s: the table's MFU. Micro-batch size, virtual stages and recomputation are not given.
+# the H100's 989 TFLOP/s: the table's MFU. Micro-batch size, virtual stages and recomputation are not given. The
+# flags listed leave Megatron's loss unfused (no --cross-entropy-loss-fusion): `loss: megatron`.
 MEGATRON_README = "NVIDIA/Megatron-LM README, images/model_table.png (2024)"
 
 
@@ -290,7 +291,7 @@ def megatron_core_h100() -> list[Run]:
                 gpt(layers, hidden, heads, vocab=131072, seq=4096), f"dgx_h100 x {gpus // 8}", batch, tflops / 989,
                 metric="mfu", pins={"tp": tp, "pp": pp, "dp": 48, "cp": 1, "zero_stage": 1,
                                     **({"schedule": "interleaved_1f1b"} if pp > 1 else {})},
-                dtypes=dict(MEGATRON_CORE), note=f"{tflops} TFLOP/s per GPU")
+                dtypes=dict(MEGATRON_CORE, loss="megatron"), note=f"{tflops} TFLOP/s per GPU")
             for size, heads, hidden, layers, tp, pp, gpus, batch, tflops in rows]
 
 

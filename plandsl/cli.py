@@ -695,9 +695,10 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
 @click.option("--attention", type=click.Choice(["flash", "materialized"]),
               help="The implementation's attention core: flash (fused) or materialized (s x s scores through "
                    "memory, Megatron-LM before 2022). [default: flash]")
-@click.option("--loss", type=click.Choice(["standard", "fused"]),
-              help="The implementation's cross entropy: standard (over an fp32 copy of the logits) or fused (one "
-                   "kernel over the 16-bit logits, gradient in place). [default: standard]")
+@click.option("--loss", type=click.Choice(["standard", "fused", "megatron"]),
+              help="The implementation's cross entropy: standard (over an fp32 copy of the logits), fused (one "
+                   "kernel over the 16-bit logits, gradient in place) or megatron (standard, op by op as "
+                   "Megatron-LM's default runs it). [default: standard]")
 @click.option("--tensor-overlap", is_flag=True,
               help="The implementation overlaps tensor-parallel collectives with their GEMMs (torch's async TP, "
                    "Megatron-LM's --tp-comm-overlap): plans with sequence parallelism say `overlap`.")

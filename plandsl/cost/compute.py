@@ -288,6 +288,14 @@ class EagerBytes:
     loss_backward: float
 
 
+MEGATRON_LOSS_BYTES = (38.0, 14.0)
+"""Bytes per logit Megatron-LM's `vocab_parallel_cross_entropy` (`loss: megatron`) moves beyond the GEMM's write of
+the 16-bit logits, (forward, backward), counted from `megatron/core/tensor_parallel/cross_entropy.py` (called by
+`language_module.py` without `--cross-entropy-loss-fusion`) at the commit of Megatron-LM's 2024 H100 table
+(f2e5db402c): forward, `.float()` reads 2 and writes 4, the max reads 4, `-= logits_max`, `exp(out=)` and
+`div_(sum)` read and write 4 each, the sum reads 4; backward, `grad_input.mul_(grad_output)` reads and writes 4,
+the `.float()`'s backward reads 4 and writes 2. 16-bit logits (bf16, fp16; FP8 keeps the output layer 16-bit)."""
+
 FP8_CAST_BYTES = 4.0  # read 2 bytes of a 16-bit element, write its row-wise and column-wise FP8 copies (1 + 1)
 
 EAGER = {2: EagerBytes(36.0, 98.0, 13.0, 31.0, 20.0, 32.0, 10.0, 18.0, 18.0, 26.0),  # bf16, fp16, fp8's activations
@@ -344,6 +352,9 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
             # token); backward reads them and writes their gradient in place, whatever the other kernels are
             forward_other = tokens * vocab * 2 * element / bandwidth
             backward_other = tokens * vocab * 2 * element / bandwidth
+        elif work.loss is ir.Loss.megatron:  # the GEMM's write of the logits, then Megatron's ops over the fp32 copy
+            forward_other = tokens * vocab * (element + MEGATRON_LOSS_BYTES[0]) / bandwidth
+            backward_other = tokens * vocab * MEGATRON_LOSS_BYTES[1] / bandwidth
         elif work.kernels is ir.Kernels.eager:  # the GEMM's write of the logits, then the loss op by op (EagerBytes)
             eager = EAGER[element]
             forward_other = tokens * vocab * (element + eager.loss_forward) / bandwidth

@@ -104,9 +104,13 @@ class Loss(str, Enum):
     tensors of the logits' shape (Korthikanti et al. 2022, Sec. 4.3); `fused` as one kernel over the 16-bit
     logits that keeps only them and a log-sum-exp per token and writes their gradient in place (flash-attn's
     `CrossEntropyLoss(inplace_backward=True)`, llm-foundry's default `fused_crossentropy`, Liger's cross entropy).
+    `megatron` is `standard` as Megatron-LM's default flags run it (no `--cross-entropy-loss-fusion`), op by op
+    beside fused blocks: `.float()`, then max, subtract, exp, sum and divide, each a pass over the fp32 copy, and
+    backward a multiply in place and the cast back (`cost.compute.MEGATRON_LOSS_BYTES`); its memory is standard's.
     `cost.memory` and `cost.compute` count each one's bytes; `plandsl run` computes the same loss either way."""
     standard = "standard"
     fused = "fused"
+    megatron = "megatron"
 
 
 class Optimizer(str, Enum):
@@ -389,7 +393,8 @@ class Training(Node):
     attention: Attention = Field(default=Attention.flash, description="the implementation's attention core: flash "
                                  "(fused, no s x s matrix in memory) or materialized (Megatron-LM before 2022)")
     loss: Loss = Field(default=Loss.standard, description="the implementation's cross entropy: standard (over an "
-                       "fp32 copy of the logits) or fused (one kernel over the 16-bit logits, gradient in place)")
+                       "fp32 copy of the logits), fused (one kernel over the 16-bit logits, gradient in place) or megatron "
+                       "(standard, op by op as Megatron-LM's vocab_parallel_cross_entropy runs it)")
     optimizer: Optimizer = Optimizer.adam
     master_dtype: Precision = Field(
         default=Precision.fp32, description="the dtype the weights are kept and updated in (the optimizer's "

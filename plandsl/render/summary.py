@@ -41,7 +41,7 @@ def describe_plan(plan: ir.Plan) -> str:
                  f"{'' if train.recompute_layers is None else f' (first {train.recompute_layers} blocks per stage)'}; "
                  f"{'eager kernels; ' if train.kernels is ir.Kernels.eager else ''}"
                  f"{'materialized attention; ' if train.attention is ir.Attention.materialized else ''}"
-                 f"{'fused loss; ' if train.loss is ir.Loss.fused else ''}"
+                 f"{'' if train.loss is ir.Loss.standard else f'{train.loss.value} loss; '}"
                  f"{train.optimizer.value}{_dtypes(train)}")
     assignment, _ = assign_stages(plan)
     if plan.stages and assignment:

@@ -37,7 +37,7 @@ class Request:
     attention: str | None = None
     """`flash` (the default) or `materialized`: the implementation's attention core (`ir.Attention`)."""
     loss: str | None = None
-    """`standard` (the default) or `fused`: the implementation's cross entropy (`ir.Loss`)."""
+    """`standard` (the default), `fused` or `megatron`: the implementation's cross entropy (`ir.Loss`)."""
     tensor_overlap: bool = False
     """The implementation overlaps the tensor-parallel collectives with their GEMMs (async TP, --tp-comm-overlap):
     candidates with sequence parallelism are priced and written `with sequence_parallel, overlap`."""
