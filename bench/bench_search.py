@@ -131,6 +131,7 @@ class Run:
     # optimizer_dtype (default fp32)
     overlap_experts: bool = False  # the recipe overlaps the experts' all-to-alls (`experts = ... with overlap`)
     fold_experts: bool = False  # expert TP 1 beside TP (`experts = alltoall over [ep, tp]`): the pin ep is the group
+    overlap_tensor: bool = False  # the recipe overlaps TP's collectives with GEMMs (`tensor = ... with overlap`)
 
 
 def gpt(layers, hidden, heads, vocab=51200, seq=2048):
@@ -234,15 +235,18 @@ def published() -> list[Run]:
                         dtypes=dict(dtypes)))
     # torchtitan's async-TP benchmark (benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md): the same hosts,
     # torch.compile, bf16, the vanilla-TP column (TP's collectives not overlapped).
-    runs.append(Run("torchtitan Llama 3 70B, FSDP 32 x TP 8, 256 H100 (500 W), compiled",
-                    "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md", "llama3_70b",
-                    "grand_teton x 32", 512, 597.3, metric="tokens_per_device",
-                    pins={"dp": 32, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 16, "recompute": "full"}))
-    runs.append(Run("torchtitan Llama 3 8B, FSDP 8 x TP 8, 64 H100 (500 W), compiled",
-                    "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md", "llama3_8b",
-                    "grand_teton x 8", 96, 4378, metric="tokens_per_device",
-                    pins={"dp": 8, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 12,
-                          "recompute": "selective_op"}))
+    # Its async-TP column (the same runs with --compile.enable_async_tensor_parallel): `tensor ... with overlap`.
+    for label, measured, overlap in (("", 597.3, False), (", async TP", 652.4, True)):
+        runs.append(Run(f"torchtitan Llama 3 70B, FSDP 32 x TP 8, 256 H100 (500 W), compiled{label}",
+                        "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md", "llama3_70b",
+                        "grand_teton x 32", 512, measured, metric="tokens_per_device", overlap_tensor=overlap,
+                        pins={"dp": 32, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 16, "recompute": "full"}))
+    for label, measured, overlap in (("", 4378, False), (", async TP", 4809.4, True)):
+        runs.append(Run(f"torchtitan Llama 3 8B, FSDP 8 x TP 8, 64 H100 (500 W), compiled{label}",
+                        "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md", "llama3_8b",
+                        "grand_teton x 8", 96, measured, metric="tokens_per_device", overlap_tensor=overlap,
+                        pins={"dp": 8, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 12,
+                              "recompute": "selective_op"}))
     runs.append(Run("torchtitan Llama 3.1 405B, FSDP 16 x TP 8, 128 H100", "pytorch/torchtitan docs/performance.md (2024)",
                     "llama3_405b", "h100_94g_host x 16", 32, 109, metric="tokens_per_device",
                     pins={"dp": 16, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 2, "recompute": "full"}, dtypes=dict(EAGER)))
@@ -258,12 +262,13 @@ def published() -> list[Run]:
                     pins={"tp": 8, "pp": 8, "dp": 2, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1,
                           "schedule": "interleaved_1f1b", "virtual_stages": 12},
                     dtypes={"param_dtype": "bf16", "grad_dtype": "bf16", "optimizer_dtype": "bf16"},
-                    note="fp32 states need 5.0 TiB and do not fit 128 x 80 GB; NeMo's TP communication overlap "
-                         "(ub_tp_comm_overlap) is not modelled"))
+                    overlap_tensor=True,  # the recipe's ub_tp_comm_overlap: True (with sequence_parallel: true)
+                    note="fp32 states need 5.0 TiB and do not fit 128 x 80 GB; the recipe's TP communication "
+                         "overlap (ub_tp_comm_overlap): tensor = ... with sequence_parallel, overlap"))
     # The same recipe in FP8 (--fp8-format hybrid): 3.16 s per step, 41,478 tokens/s (the same table).
     runs.append(Run("Nemotron-4 340B (t8 p8 v12), 128 H100, FP8", "NVIDIA dgxc-benchmarking, NeMo 24.11 (2024)",
                     runs[-1].model, "dgx_h100 x 16", 32, 32 * 4096 / 3.16 / 128, metric="tokens_per_device",
-                    pins=dict(runs[-1].pins), dtypes={**runs[-1].dtypes, "precision": "fp8"},
+                    pins=dict(runs[-1].pins), dtypes={**runs[-1].dtypes, "precision": "fp8"}, overlap_tensor=True,
                     note="the blocks' linear layers at the FP8 peak, attention and the output layer in bf16"))
     runs += nemo_h100()
     runs += nemo_moe_h100()
@@ -291,14 +296,18 @@ def megatron_core_h100() -> list[Run]:
                 gpt(layers, hidden, heads, vocab=131072, seq=4096), f"dgx_h100 x {gpus // 8}", batch, tflops / 989,
                 metric="mfu", pins={"tp": tp, "pp": pp, "dp": 48, "cp": 1, "zero_stage": 1,
                                     **({"schedule": "interleaved_1f1b"} if pp > 1 else {})},
-                dtypes=dict(MEGATRON_CORE, loss="megatron"), note=f"{tflops} TFLOP/s per GPU")
+                dtypes=dict(MEGATRON_CORE, loss="megatron"), note=f"{tflops} TFLOP/s per GPU",
+                overlap_tensor=tp > 1)  # the README's --tp-comm-overlap
             for size, heads, hidden, layers, tp, pp, gpus, batch, tflops in rows]
 
 
 # NVIDIA Megatron-Bridge's published step rates (docs/performance-summary-archive.md, DGX-H100 tables of the
 # NeMo 25.11 and 26.02 containers; recipes in scripts/performance/configs/llama/*_workload_base_configs.py):
 # FP8 with current scaling (Transformer Engine), Megatron's distributed optimizer, no recomputation except
-# where noted. FSDP > 0 in the tables is Megatron-FSDP over all the data-parallel ranks (ZeRO-3).
+# where noted. FSDP > 0 in the tables is Megatron-FSDP over all the data-parallel ranks (ZeRO-3). The 70B and
+# 405B recipes overlap TP's communication (their base recipes' CommOverlapConfig(tp_comm_overlap=True), with
+# the H100 userbuffers configurations, in Megatron-Bridge v0.2.0, v0.3.0 and v0.4.2 alike): `overlap`; the 8B
+# runs without TP.
 NEMO_BRIDGE = "NVIDIA Megatron-Bridge, performance summary"
 
 
@@ -309,7 +318,8 @@ def nemo_h100() -> list[Run]:
             base["schedule"] = "interleaved_1f1b"
         return Run(f"NeMo {name}, {gpus} H100, FP8", f"{NEMO_BRIDGE}, NeMo {container}", model,
                    f"dgx_h100 x {gpus // 8}", batch, measured, metric="tokens_per_device",
-                   pins={**base, **pins}, dtypes={"precision": "fp8", **MEGATRON_CORE}, note=note)
+                   pins={**base, **pins}, dtypes={"precision": "fp8", **MEGATRON_CORE}, note=note,
+                   overlap_tensor=pins.get("tp", 1) > 1)
     return [run("Llama 3 8B (FSDP 8)", "25.11", "llama3_8b", 8, 128, 14451, dp=8, tp=1, pp=1, zero_stage=3,
                 note="the recipe recomputes 5 of the 32 layers (recompute_num_layers=5), pinned here as none"),
             run("Llama 3 70B (t4 p8 v5), gbs 128", "25.11", "llama3_70b", 64, 128, 1602, dp=2, tp=4, pp=8,
@@ -429,7 +439,8 @@ def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
     cluster = next(c for c in document.clusters if c.name == "run_cluster")
     return Problem(model, cluster, run.global_batch, run.seq,
                    **{key: STACK_KEYS.get(key, ir.Precision)(value) for key, value in run.dtypes.items()},
-                   overlap_experts=run.overlap_experts, fold_experts=run.fold_experts)
+                   overlap_experts=run.overlap_experts, fold_experts=run.fold_experts,
+                   overlap_tensor=run.overlap_tensor)
 
 
 def predict(run: Run, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC):
@@ -511,7 +522,8 @@ def report(results, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC) 
         shown = (lambda x: f"{x:.1%}") if run.metric == "mfu" else (lambda x: f"{x:,.0f}")
         c = best.candidate
         folded = " experts over [ep, tp]" if run.fold_experts and c.tp > 1 else ""  # ep: the axis, the group ep x tp
-        chosen = f"{c.describe()}{folded} [{', '.join(c.order)}]"
+        overlapped = " tp overlap" if run.overlap_tensor and c.tp > 1 else ""  # `tensor ... with overlap`
+        chosen = f"{c.describe()}{folded}{overlapped} [{', '.join(c.order)}]"
         role = "fit" if run.fit else ("not counted" if run.family == "info" else
                                       "held out, MoE" if run.family == "moe" else "held out")
         lines.append(f"| {run.name} | {run.source} | {run.metric} | {shown(run.measured)} | {shown(value)} | "
