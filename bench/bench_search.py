@@ -37,8 +37,9 @@ from plandsl.cost.compute import DEFAULT_EFFICIENCY, Efficiency
 from plandsl.search import Problem, SearchError, search
 
 # The inter-node bandwidth per node that DeepSpeed's 2021 ZeRO-3 got on Selene (GB/s), fitted by
-# `--fit` on its 768-GPU run (gradients reduced at fp32): 11 % of the 8 x 200 Gb/s HDR rails NCCL's rings reach (docs/validation.md).
-ZERO3_2021_NIC = 22.3
+# `--fit` on its 768-GPU run at DeepSpeed's defaults of the time (`DEEPSPEED_2021`: sub-modules gathered one by one,
+# gradients reduced in fp16): 9 % of the 8 x 200 Gb/s HDR rails NCCL's rings reach (docs/validation.md).
+ZERO3_2021_NIC = 18.5
 
 # Hardware the stdlib does not describe, from the runs' own papers.
 HARDWARE = """
@@ -132,6 +133,7 @@ class Run:
     overlap_experts: bool = False  # the recipe overlaps the experts' all-to-alls (`experts = ... with overlap`)
     fold_experts: bool = False  # expert TP 1 beside TP (`experts = alltoall over [ep, tp]`): the pin ep is the group
     overlap_tensor: bool = False  # the recipe overlaps TP's collectives with GEMMs (`tensor = ... with overlap`)
+    gathering: ir.Gathering = ir.FSDP_GATHERING  # how ZeRO-3 gathers (`data = zero3 ... with unit, prefetch_bucket`)
 
 
 def gpt(layers, hidden, heads, vocab=51200, seq=2048):
@@ -155,13 +157,25 @@ def megatron_table1() -> list[Run]:
     return runs
 
 
+# DeepSpeed's ZeRO-3 as released in 2021 (v0.3.13 of March to v0.5.x; deepspeed/runtime/zero/constants.py and
+# stage3.py, unchanged in these respects until the rewrite of v0.5.10 / #1453, January 2022): each sub-module's
+# parameters gathered in its forward (and backward) pre-hook, the following ones prefetched until
+# `stage3_prefetch_bucket_size` (default 5e7) elements are on their way; fp16 weights with the fp32 master copy and
+# Adam's states in the optimizer (ZeRO's K = 12; bf16 came with #1453), gradients reduce-scattered in fp16
+# (`allreduce_always_fp32` off).
+DEEPSPEED_2021 = ir.Gathering(ir.GatherUnit.module, prefetch_bucket=50_000_000)
+DEEPSPEED_2021_DTYPES = {"precision": "fp16", "param_dtype": "fp16", "grad_dtype": "fp16"}
+
+
 def zero3_2021(cluster: str = "selene_zero3_2021") -> list[Run]:
-    """Table 2's DeepSpeed ZeRO-3 runs (no model parallelism, global batch 1536); the 768-GPU one fits
-    ZERO3_2021_NIC. `cluster="dgx_a100"`: the same runs on the datasheet's NIC."""
+    """Table 2's DeepSpeed ZeRO-3 runs (no model parallelism, global batch 1536) at DeepSpeed's own defaults of
+    the time (`DEEPSPEED_2021`); the 768-GPU one fits ZERO3_2021_NIC. `cluster="dgx_a100"`: the same runs on the
+    datasheet's NIC."""
     return [Run(f"ZeRO-3 GPT-3 175B, {gpus} A100, mb {mb}", f"{MEGATRON}, Table 2 (ZeRO-3)", gpt(96, 12288, 96),
                 f"{cluster} x {gpus // 8}", 1536, tflops,
                 pins={"tp": 1, "pp": 1, "cp": 1, "zero_stage": 3, "recompute": "full", "micro_batch_size": mb},
-                fit=gpus == 768, family="deepspeed-zero3-2021", dtypes=dict(PRE_FLASH))
+                fit=gpus == 768, family="deepspeed-zero3-2021", dtypes={**PRE_FLASH, **DEEPSPEED_2021_DTYPES},
+                gathering=DEEPSPEED_2021)
             for gpus, mb, tflops in ((384, 4, 144), (768, 2, 88), (1536, 1, 44))]
 
 
@@ -440,7 +454,7 @@ def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
     return Problem(model, cluster, run.global_batch, run.seq,
                    **{key: STACK_KEYS.get(key, ir.Precision)(value) for key, value in run.dtypes.items()},
                    overlap_experts=run.overlap_experts, fold_experts=run.fold_experts,
-                   overlap_tensor=run.overlap_tensor)
+                   overlap_tensor=run.overlap_tensor, gathering=run.gathering)
 
 
 def predict(run: Run, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC):

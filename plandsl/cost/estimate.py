@@ -34,7 +34,7 @@ from plandsl.cost.layer import NOTHING_MOVED, LayerTime, Links, Moved, estimate_
 from plandsl.cost.memory import (MemoryEstimate, StateBytes, estimate_layer_activations, estimate_plan_memory, gathers_kv, held_stages,
                                  layer_recompute,
                                  inflight_microbatches, zero_degrees)
-from plandsl.cost.stage import StageTime, fsdp_units, param_split, rank_tail, slowest, stage_time
+from plandsl.cost.stage import StageTime, fsdp_units, gather_units, param_split, rank_tail, slowest, stage_time
 from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE, microbatches_fit, min_microbatches, pipelines_of
 from plandsl.schedules.simulate import BUBBLE_DEFINITION, Costs, bubble_seconds
 from plandsl.ir.placement import assign_stages, mesh_device_runs, pipeline_rank_device_types
@@ -384,8 +384,11 @@ def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | Non
         params = [once_per_figures(splits, layer, lambda layer: param_split(layer, plan.tp, plan.expert_group,
                                                                                       plan.expert_tp))
                   for layer in layers]  # a family's blocks share one split (`figures_key`)
+        gathering = plan.data.gathering if plan.data is not None else ir.FSDP_GATHERING
+        gathered = None if gathering.default else gather_units(layers, times, params, gathering, plan.tp,
+                                                               plan.expert_group, plan.expert_tp)
         result.append(stage_time(times, params, zero_stage, precision.bytes, links, fsdp_units(layers),
-                                 plan.train.grad_dtype.bytes))
+                                 plan.train.grad_dtype.bytes, gathered))
     return result
 
 

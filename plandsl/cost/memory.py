@@ -378,10 +378,48 @@ def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param
         else:
             root += count
     live = sum(sorted(units + [root], reverse=True)[:2])  # at the kept dtypes: no MixedPrecisionPolicy
+    gathering = plan.data.gathering
+    if not gathering.default and not held:  # the units as they run, each with those gathered ahead of it
+        live = _live_units(plan, layers, root, gathering)
     whole = sum(units) + root if held else live
     states = StateBytes.of(plan.train)
     grads = whole if held and plan.num_microbatches > 1 else live
     return (float(whole * states.params) if stage >= 3 else 0.0), float(grads * states.grads)
+
+
+def module_split(layer: Layer, tp: int, ep: int, expert_tp: int | None = None) -> list[tuple[int, int]]:
+    """(dense, expert) elements on one device of each module of `layer` that owns parameters, in the order
+    its parameters are listed (the order they run: a block's norm, q, k, v, o, norm, the MLP)."""
+    modules: dict[str, list[int]] = {}
+    for param in layer.params:
+        count = local_numel(param, tp, ep, expert_tp)
+        slot = modules.setdefault(param.module, [0, 0])
+        slot[1 if len(param.dims) == 3 and param.dims[0] == "experts" else 0] += count
+    return [(dense, expert) for dense, expert in modules.values()]
+
+
+def _live_units(plan: ir.Plan, layers: Sequence[Layer], root: float, gathering: ir.Gathering) -> float:
+    """Elements gathered at once when units are gathered otherwise than FSDP's blocks one ahead: the most that
+    one unit and the units prefetched while it computes hold (the root, embedding and head, gathered first);
+    each module with parameters its own unit under `unit = module`. The gradients of two consecutive units live
+    together (one reduce-scattering behind the next one's backward)."""
+    tp, ep, expert_tp = plan.tp, plan.expert_group, plan.expert_tp
+    if gathering.unit is ir.GatherUnit.block:
+        sizes = ([root] if root else []) + [sum(local_numel(p, tp, ep, expert_tp) for p in layer.params)
+                                            for layer in layers if layer.kind in ("block", "custom")]
+    else:
+        sizes = ([root] if root else []) + [d + e for layer in layers if layer.kind in ("block", "custom")
+                                            for d, e in module_split(layer, tp, ep, expert_tp)]
+    best = 0.0
+    for index, size in enumerate(sizes):
+        ahead, elements = 0, 0.0
+        for following in sizes[index + 1:]:
+            if (gathering.prefetch_bucket is None and ahead >= gathering.prefetch) or \
+                    (gathering.prefetch_bucket is not None and ahead >= 1 and elements >= gathering.prefetch_bucket):
+                break
+            ahead, elements = ahead + 1, elements + following
+        best = max(best, size + elements)
+    return best
 
 
 def tied_embedding(plan: ir.Plan, layers: Sequence[Layer]) -> Param | None:
@@ -625,7 +663,7 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
 __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estimate_layer_activations", "layer_recompute",
            "held_stages", "gathered_bytes", "model_state_bytes", "tied_embedding",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
-           "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES", "StateBytes", "FP32_STATES"]
+           "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES", "StateBytes", "FP32_STATES", "module_split"]
 
 
 def estimate_plan_memory(plan: ir.Plan, assignment: Assignment | None = None,

@@ -8,14 +8,14 @@ replicas) and the optimizer step. Pure.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from plandsl import ir
 from plandsl.cost.comm import collective_seconds
 from plandsl.cost.compute import estimate_optimizer_step, peak_of
 from plandsl.cost.layer import NOTHING_MOVED, LayerTime, Links, Moved
-from plandsl.cost.memory import FP32_STATES, STATE_BYTES, StateBytes, local_numel
+from plandsl.cost.memory import FP32_STATES, STATE_BYTES, StateBytes, local_numel, module_split
 from plandsl.ir.layers import Layer
 
 _EXPERT = "experts"
@@ -69,20 +69,102 @@ def fsdp_units(layers: Sequence[Layer]) -> int:
 
 
 def stage_time(times: Sequence[LayerTime], params: Sequence[tuple[int, int]], zero_stage: int,
-               element: int, links: Links, units: int | None = None, grad_bytes: int = STATE_BYTES) -> StageTime:
-    """Sum the layers of a stage (then `zero_traffic`); `units`: its FSDP units (default: one per layer)."""
+               element: int, links: Links, units: int | None = None, grad_bytes: int = STATE_BYTES,
+               gathered: Sequence[Unit] | None = None) -> StageTime:
+    """Sum the layers of a stage (then `zero_traffic`); `units`: its FSDP units (default: one per layer);
+    `gathered`: the units in execution order when the plan gathers otherwise than FSDP's blocks one ahead
+    (`gather_units`)."""
     return zero_traffic(sum(t.forward for t in times), sum(t.input_grad for t in times),
                         sum(t.weight_grad for t in times), sum(t.forward_comm + t.backward_comm for t in times),
                         sum(t.flops for t in times), sum(t.recompute_flops for t in times),
                         float(sum(p[0] for p in params)), float(sum(p[1] for p in params)),
                         zero_stage, element, links, units or len(times), grad_bytes,
-                        sum((t.moved for t in times), NOTHING_MOVED))
+                        sum((t.moved for t in times), NOTHING_MOVED), gathered)
+
+
+# ---- units gathered otherwise than FSDP's blocks one ahead ----------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """One collective's worth of a stage (`data = zero3 ... with unit, prefetch, prefetch_bucket`): its share of
+    the compute, forward and backward (recomputation included), its parameters on one device (dense, expert),
+    and how many units after it are gathered while it computes (`ahead`, from the plan's prefetch)."""
+
+    forward: float
+    backward: float
+    dense: float
+    expert: float
+    ahead: int = 1
+
+
+def gather_units(layers: Sequence[Layer], times: Sequence[LayerTime], params: Sequence[tuple[int, int]],
+                 gathering: ir.Gathering, tp: int, ep: int, expert_tp: int | None = None) -> list[Unit]:
+    """A stage's units in execution order, each with its own compute and parameters.
+
+    `block`: each block (or written layer) its own unit at its own seconds, the stage's other layers
+    (embedding, norm, head) one root unit gathered first, as `fsdp_units` counts them. `module`: each module
+    that owns parameters (DeepSpeed's ZeRO-3 gathers a sub-module's parameters in its forward pre-hook), its
+    layer's seconds shared among its modules by their parameters (a linear layer's FLOPs are 2 x tokens x its
+    parameters; a block's attention core and element-wise work, a few per cent of it, go with them).
+    `ahead`: `prefetch` units, or with `prefetch_bucket` the fewest following units (at least one) whose
+    parameters reach it, as DeepSpeed's `get_params_to_prefetch` issues them (stage3.py, 0.3.13-0.5.x)."""
+    units: list[Unit] = []
+    if gathering.unit is ir.GatherUnit.block:
+        root = [(t, p) for layer, t, p in zip(layers, times, params) if layer.kind not in ("block", "custom")]
+        if root:
+            units.append(Unit(sum(t.forward for t, _ in root), sum(t.backward for t, _ in root),
+                              sum(p[0] for _, p in root), sum(p[1] for _, p in root)))
+        units += [Unit(t.forward, t.backward, p[0], p[1])
+                  for layer, t, p in zip(layers, times, params) if layer.kind in ("block", "custom")]
+    else:
+        for layer, t in zip(layers, times):
+            split = module_split(layer, tp, ep, expert_tp)
+            total = sum(d + e for d, e in split) or 1
+            units += [Unit(t.forward * (d + e) / total, t.backward * (d + e) / total, d, e) for d, e in split]
+    return [replace(unit, ahead=_ahead(units, index, gathering)) for index, unit in enumerate(units)]
+
+
+def _ahead(units: Sequence[Unit], index: int, gathering: ir.Gathering) -> int:
+    """How many units after `index` are gathered while it computes (in the forward's order; the backward's
+    windows are taken as the same counts)."""
+    if gathering.prefetch_bucket is None:
+        return gathering.prefetch
+    elements, count = 0.0, 0
+    for unit in units[index + 1:]:
+        elements, count = elements + unit.dense + unit.expert, count + 1
+        if elements >= gathering.prefetch_bucket:
+            break
+    return max(1, count)
+
+
+def unit_pass(compute: Sequence[float], gather: Sequence[float], scatter: Sequence[float],
+              ahead: Sequence[int]) -> float:
+    """Seconds of one pass over units in execution order: a compute stream and one communication stream
+    that runs its collectives in the order they are issued. Unit i computes once its all-gather is done and
+    the previous unit has computed; when it starts, the gathers of the next `ahead[i]` units are issued; when
+    it ends, its reduce-scatter is. The pass ends when the last unit has computed and every collective but
+    the last reduce-scatter is done (that one runs behind the rank's next work, as `zero_traffic` takes it).
+    For u equal units one ahead, without reduce-scatters, g + (u - 1)·max(c, g) + c: `zero_traffic`'s
+    closed form."""
+    issued, comm, clock = 0, 0.0, 0.0
+    done = [0.0] * len(compute)
+    for i, seconds in enumerate(compute):
+        while issued <= i:  # not prefetched: gathered now, exposed
+            comm = done[issued] = max(comm, clock) + gather[issued]
+            issued += 1
+        start = max(clock, done[i])
+        while issued < len(compute) and issued <= i + ahead[i]:
+            comm = done[issued] = max(comm, start) + gather[issued]
+            issued += 1
+        clock = start + seconds
+        if scatter[i] > 0.0 and i + 1 < len(compute):
+            comm = max(comm, clock) + scatter[i]
+    return max(clock, comm)
 
 
 def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: float, flops: float,
                  recompute_flops: float, dense: float, expert: float, zero_stage: int, element: int,
                  links: Links, units: int = 1, grad_bytes: int = STATE_BYTES,
-                 moved: Moved = NOTHING_MOVED) -> StageTime:
+                 moved: Moved = NOTHING_MOVED, gathered: Sequence[Unit] | None = None) -> StageTime:
     """A stage's microbatch with ZeRO's per-microbatch traffic, one collective per unit.
 
     ZeRO-3 all-gathers every unit's parameters before its forward and again before its backward,
@@ -95,8 +177,29 @@ def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: fl
     reduce-scatter s) a pass takes g + (u - 1)·max(c, x) + c: for the forward max(C, X) + min(c, x).
     Gradients move at `grad_bytes` (the plan's `grad_dtype`, fp32 by default), parameters at `element`
     (the compute precision).
+
+    `gathered` (a plan's `with unit`, `prefetch` or `prefetch_bucket`, `gather_units`): the units as they run,
+    each with its own compute and traffic, priced by `unit_pass` forward and then backward in reverse order,
+    instead of the closed form's equal units one ahead.
     """
-    if zero_stage >= 2:
+    if zero_stage >= 2 and gathered:
+        backward = input_grad + weight_grad
+        gathers = [_over_data("all_gather", u.dense, u.expert, element, links) if zero_stage >= 3 else 0.0
+                   for u in gathered]
+        scatters = [_over_data("reduce_scatter", u.dense, u.expert, grad_bytes, links) for u in gathered]
+        ahead = [u.ahead for u in gathered]
+        longer_forward = unit_pass([u.forward for u in gathered], gathers, [0.0] * len(gathered), ahead) \
+            if zero_stage >= 3 else forward
+        longer_backward = unit_pass([u.backward for u in reversed(gathered)], gathers[::-1], scatters[::-1],
+                                    ahead[::-1])
+        # the units carry the layers' compute; the pass adds only what waits on the traffic
+        longer_forward += forward - sum(u.forward for u in gathered) if zero_stage >= 3 else 0.0
+        longer_backward += backward - sum(u.backward for u in gathered)
+        comm += (longer_forward - forward) + (longer_backward - backward)
+        forward, input_grad = longer_forward, input_grad + longer_backward - backward
+        moved = moved + Moved(data=_data_bytes(dense, expert, grad_bytes, links)
+                              + (2 * _data_bytes(dense, expert, element, links) if zero_stage >= 3 else 0.0))
+    elif zero_stage >= 2:
         units = max(1, units)
         scatter = _over_data("reduce_scatter", dense / units, expert / units, grad_bytes, links)
         gather = _over_data("all_gather", dense / units, expert / units, element, links) \
@@ -182,4 +285,4 @@ def slowest(devices: Sequence[ir.DeviceType], precision: ir.Precision) -> ir.Dev
 
 
 __all__ = ["StageTime", "stage_time", "zero_traffic", "fsdp_units", "param_split", "RankTail", "rank_tail",
-           "slowest"]
+           "slowest", "Unit", "gather_units", "unit_pass"]

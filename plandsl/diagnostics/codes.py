@@ -38,6 +38,7 @@ CODES: dict[str, str] = {
     "E215": "model's layer table missing or stale (run plandsl inspect)",
     "E216": "malformed measured table (GEMMs of a device, collectives of a link)",
     "E217": "measured GEMM table inconsistent with the device's peak",
+    "E218": "options that contradict each other (prefetch and prefetch_bucket)",
     # E22x: model shapes (what the model's torch module needs to run)
     "E220": "hidden size not divisible by attention heads",
     "E221": "attention heads not divisible by key/value heads",

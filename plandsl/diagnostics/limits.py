@@ -17,6 +17,8 @@ MAX_GLOBAL_BATCH = 2**32        # sequences per step (GPT-3 used 3.2M tokens = 1
 MAX_MICRO_BATCH = 2**20         # sequences per microbatch
 MAX_SEQ = 2**24                 # tokens per sequence (16M; the longest contexts trained are ~1M)
 MAX_VIRTUAL = 1024              # stages per pipeline rank
+MAX_PREFETCH = 1024             # units ZeRO-3 gathers ahead (`data = zero3 ... with prefetch`)
+MAX_PREFETCH_BUCKET = 10**15    # parameters ZeRO-3 gathers ahead (`with prefetch_bucket`; a 1T model has 10^12)
 MAX_LAYERS = 100_000            # blocks of a model family, layers of a written model
 MAX_WIDTH = 2**20               # hidden, ffn, input and output widths of a model family
 MAX_HEADS = 2**16               # attention heads and kv heads

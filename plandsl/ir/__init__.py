@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from enum import Enum
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, NamedTuple, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 from pydantic.json_schema import SkipJsonSchema
@@ -501,10 +501,46 @@ DATA_KIND_SPELLINGS: dict[str, DataKind] = {"ddp": DataKind.replicate, "fsdp": D
 """Other names the language accepts for a kind (PyTorch's): the IR holds the kind."""
 
 
+class GatherUnit(str, Enum):
+    """What ZeRO-2/3 gathers and reduces as one collective (`data = zero3 over dp with unit = module`); the values
+    are the surface syntax. `block`: each transformer block (or written layer) and the stage's other layers as the
+    root, as FSDP wraps a model (`fully_shard` per block, torchtitan); `module`: each module that owns parameters
+    (a block's norms and linear layers one by one), as DeepSpeed's ZeRO-3 gathers a sub-module's parameters when it
+    runs (`deepspeed.runtime.zero.stage3`, 2021)."""
+    block = "block"
+    module = "module"
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
 class DataParallel(Node):
     """How parameters, gradients and optimizer states are kept across the data axes."""
     kind: DataKind
     axes: tuple[str, ...]
+    unit: GatherUnit = Field(default=GatherUnit.block, description="`with unit = ...`: what ZeRO-2/3 gathers and "
+                             "reduces as one collective: FSDP's blocks (default) or each module with parameters "
+                             "(DeepSpeed's ZeRO-3)")
+    prefetch: int = Field(default=1, ge=0, description="`with prefetch = N`: the units whose parameters are gathered "
+                          "ahead of the one computing (FSDP: 1)")
+    prefetch_bucket: int | None = Field(default=None, gt=0, description="`with prefetch_bucket = N`: gather "
+                                           "the following units ahead until N parameters (elements) are on their "
+                                           "way, at least one unit (DeepSpeed's stage3_prefetch_bucket_size)")
+
+    @model_serializer(mode="wrap")
+    def _without_default_gathering(self, handler):
+        """Data parallelism that writes no gathering option dumps (and its plan hashes) as before they existed."""
+        data = handler(self)
+        if isinstance(data, dict):
+            for key, default in (("unit", GatherUnit.block), ("prefetch", 1), ("prefetch_bucket", None)):
+                if getattr(self, key) == default:
+                    data.pop(key, None)
+        return data
+
+    @property
+    def gathering(self) -> "Gathering":
+        """How its units are gathered (`Gathering`: FSDP's blocks, one ahead, unless the plan says otherwise)."""
+        return Gathering(self.unit, self.prefetch, self.prefetch_bucket)
 
     @property
     def zero_stage(self) -> int:
@@ -517,6 +553,34 @@ class DataParallel(Node):
     @property
     def hybrid(self) -> bool:
         return DataKind(self.kind).hybrid
+
+
+class Gathering(NamedTuple):
+    """ZeRO-2/3's units and prefetch as the cost model reads them (`DataParallel.gathering`, the search's problem)."""
+    unit: GatherUnit = GatherUnit.block
+    prefetch: int = 1
+    prefetch_bucket: int | None = None
+
+    @property
+    def default(self) -> bool:
+        """FSDP's blocks, one unit ahead: what the cost model prices in closed form."""
+        return self.unit is GatherUnit.block and self.prefetch == 1 and self.prefetch_bucket is None
+
+
+FSDP_GATHERING = Gathering()
+
+
+def gathering_text(gathering: Gathering, zero_stage: int) -> str:
+    """` with unit = module, prefetch_bucket = 50000000`: the options a data clause of ZeRO stage `zero_stage` writes
+    for `gathering` (the unit from ZeRO-2, the prefetch from ZeRO-3, those at their defaults left out)."""
+    options = []
+    if zero_stage >= 2 and gathering.unit is not GatherUnit.block:
+        options.append(f"unit = {gathering.unit}")
+    if zero_stage >= 3 and gathering.prefetch != 1:
+        options.append(f"prefetch = {gathering.prefetch}")
+    if zero_stage >= 3 and gathering.prefetch_bucket is not None:
+        options.append(f"prefetch_bucket = {gathering.prefetch_bucket}")
+    return f" with {', '.join(options)}" if options else ""
 
 
 class TensorParallel(Node):

@@ -17,7 +17,7 @@ from plandsl.lower.bodies import attributes, build, require
 from plandsl.lower.evaluate import Poison, Scope, Word
 from plandsl.lower.hints import report_misspelled
 from plandsl.lower.mesh import mesh, training
-from plandsl.diagnostics.limits import MAX_VIRTUAL
+from plandsl.diagnostics.limits import MAX_PREFETCH, MAX_PREFETCH_BUCKET, MAX_VIRTUAL
 from plandsl.lower.model import model_value
 from plandsl.lower.selectors import selector
 from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE
@@ -36,7 +36,7 @@ TENSOR_STYLES = ("megatron", "none")
 CONTEXT_KINDS = ("ring", "allgather", "none")
 EXPERT_KINDS = ("alltoall", "none")
 CLAUSE_OPTIONS: dict[str, tuple[str, ...]] = {  # an attribute's clause -> the `with` options it takes
-    "data": (), "tensor": ("sequence_parallel", "overlap"), "context": (), "experts": ("overlap",),
+    "data": ("unit", "prefetch", "prefetch_bucket"), "tensor": ("sequence_parallel", "overlap"), "context": (), "experts": ("overlap",),
     "stages": ("virtual", "map")}
 STYLES = ("colwise", "rowwise", "sequence", "replicate")
 DEFAULT_AXES = {"data": "dp", "tensor": "tp", "context": "cp", "experts": "ep", "stages": "pp"}
@@ -208,14 +208,53 @@ def _options(scope: Scope, options: tuple[s.WithItem, ...], allowed: tuple[str, 
 def data_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.DataParallel | None:
     subject, over, options = _clause(scope, expr)
     kind = scope.word(subject, DATA_KINDS, "data-parallel kind")
-    _options(scope, options, CLAUSE_OPTIONS["data"], "data")
+    found = _options(scope, options, CLAUSE_OPTIONS["data"], "data", kind)
     if kind == "none":
         return None
     axes = axis_names(scope, over, m, f"data parallel '{kind}'", expr.span)
     if kind.hybrid and len(axes) != 2:
         raise scope.reporter.error("E205", f"hsdp runs over two axes, [replicate, shard]; found {len(axes)}",
                                    (over or expr).span, hint="data = hsdp over [dp_replicate, dp_shard]")
-    return ir.DataParallel(kind=kind, axes=axes, span=expr.span, field_spans=axis_spans(scope, over, m, "axes"))
+    gathering = _gathering(scope, found, ir.DataKind(kind))
+    return ir.DataParallel(kind=kind, axes=axes, **gathering, span=expr.span,
+                           field_spans=axis_spans(scope, over, m, "axes")
+                           | {name: option.span for name, option in found.items() if option.span})
+
+
+
+
+def _gathering(scope: Scope, found: dict, kind: ir.DataKind) -> dict:
+    """`with unit = module, prefetch_bucket = 5e7`: how ZeRO-2/3 gathers its units (E206 on a kind that gathers
+    none of them, E218 for both prefetch forms)."""
+    needs = {"unit": 2, "prefetch": 3, "prefetch_bucket": 3}  # the ZeRO stage from which each option acts
+    for name, option in found.items():
+        if kind.zero_stage < needs[name]:
+            does = "reduces no units" if needs[name] == 2 else "gathers no parameters"
+            raise scope.reporter.error("E206", f"data = {kind} {does}: '{name}' would set nothing", option.span,
+                                       hint=f"drop `with {name}`, or use " + ("zero2, zero3 or hsdp" if needs[name] == 2
+                                                                              else "zero3 or hsdp"))
+    if "prefetch" in found and "prefetch_bucket" in found:
+        raise scope.reporter.error("E218", "prefetch and prefetch_bucket both say how far ahead to gather",
+                                   found["prefetch_bucket"].span, hint="keep one: a count of units, or of parameters",
+                                   notes=[Note("prefetch given", found["prefetch"].span)])
+    out = {}
+    if "unit" in found:
+        out["unit"] = ir.GatherUnit(scope.word(_value(scope, found["unit"]), tuple(u.value for u in ir.GatherUnit),
+                                               "gathering unit"))
+    if "prefetch" in found:
+        out["prefetch"] = scope.integer(_value(scope, found["prefetch"]), "prefetch", minimum=0, maximum=MAX_PREFETCH)
+    if "prefetch_bucket" in found:
+        out["prefetch_bucket"] = scope.integer(_value(scope, found["prefetch_bucket"]), "prefetch_bucket", minimum=1,
+                                               maximum=MAX_PREFETCH_BUCKET)
+    return out
+
+
+def _value(scope: Scope, option: s.WithItem) -> s.Expr:
+    """An option's value (`with unit = module`): E205 when only its name is written."""
+    if option.value is None:
+        raise scope.reporter.error("E205", f"option '{option.name}' needs a value, like `{option.name} = ...`",
+                                   option.span)
+    return option.value
 
 
 def tensor_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.TensorParallel | None:

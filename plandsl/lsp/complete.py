@@ -55,6 +55,7 @@ WORDS: dict[str, tuple[str, ...]] = {  # an attribute or key -> the words it tak
     "model": tuple(FAMILIES), "stages": ("evenly",),
     **dict.fromkeys((*ir.KEPT_DTYPE_KEYS, "param_dtype"), tuple(p.value for p in ir.KEPT_DTYPES)),
 }
+OPTION_WORDS: dict[str, tuple[str, ...]] = {"unit": tuple(u.value for u in ir.GatherUnit)}  # `with unit = |`
 AFTER_NUMBER = re.compile(r"(?<![A-Za-z_])[0-9][0-9_]*(\.[0-9_]+)?([eE][+-]?[0-9]+)?\s*$")
 DEFINITION = re.compile(r"^\s*(device|node|cluster|model|plan|schedule)\s+[A-Za-z_]\w*")
 OPENED_BY = re.compile(r"(?:^|[\s{,])(\w+)\s*[=:]\s*$")  # `train = {` or `peak: {`
@@ -89,6 +90,7 @@ def completions(snapshot: Snapshot, offset: int, previous: Snapshot | None = Non
         items += [_item(word_, Kind.EnumMember, None, "0") for word_ in WORDS.get(key or "", ())]
     elif re.search(r"\bwith\b", head):  # `tensor = megatron over tp with |`: the clause's options
         items += [_item(option, Kind.EnumMember, f"option of {key}", "0") for option in CLAUSE_OPTIONS.get(key or "", ())]
+        items += [_item(word_, Kind.EnumMember, None, "0") for word_ in OPTION_WORDS.get(key or "", ())]
     plan = _plan(snapshot, previous, definition)
     if plan is not None and (clause or key == "axis"):
         items += [_item(axis.name, Kind.Variable, f"mesh axis of size {axis.size}", "0") for axis in plan.mesh.axes]

@@ -22,7 +22,8 @@ def describe_plan(plan: ir.Plan) -> str:
     lines.append(f"  mesh      {axes} = {mesh.size} devices{where}")
     parts = []
     if plan.data:
-        parts.append(f"{plan.data.kind} over {', '.join(plan.data.axes)}")
+        parts.append(f"{plan.data.kind} over {', '.join(plan.data.axes)}"
+                     + ir.gathering_text(plan.data.gathering, plan.data.zero_stage))
     if plan.tensor:
         parts.append(f"{plan.tensor.style} tp over {plan.tensor.axis}" + (" + SP" if plan.tensor.sequence_parallel else "")
                      + (" with overlap" if plan.tensor.overlap else ""))

@@ -34,6 +34,10 @@ FIELDS: tuple[tuple[str, str, Callable[[ir.Plan], Value]], ...] = (
     ("mesh", "mesh.first_device", lambda p: p.mesh.first_device),
     ("sharding", "data.kind", lambda p: p.data and str(p.data.kind)),
     ("sharding", "data.axes", lambda p: p.data and list(p.data.axes)),
+    # the gathering options where written (their defaults, FSDP's blocks one ahead, show as none)
+    ("sharding", "data.unit", lambda p: str(p.data.unit) if p.data and p.data.unit is not ir.GatherUnit.block else None),
+    ("sharding", "data.prefetch", lambda p: p.data.prefetch if p.data and p.data.prefetch != 1 else None),
+    ("sharding", "data.prefetch_bucket", lambda p: p.data and p.data.prefetch_bucket),
     ("sharding", "tensor.axis", lambda p: p.tensor and p.tensor.axis),
     ("sharding", "tensor.sequence_parallel", lambda p: p.tensor is not None and p.tensor.sequence_parallel),
     ("sharding", "tensor.overlap", lambda p: p.tensor is not None and p.tensor.overlap),

@@ -14,7 +14,7 @@ import itertools
 
 from plandsl.cost.estimate import pipeline_p2p_seconds
 from plandsl.cost.layer import LayerTime
-from plandsl.cost.stage import StageTime, fsdp_units, rank_tail, stage_time, zero_traffic
+from plandsl.cost.stage import StageTime, fsdp_units, gather_units, rank_tail, stage_time, zero_traffic
 from plandsl.schedules.registry import BUILTIN
 from plandsl.search.choices import stage_ranks, stages_by_rank
 from plandsl.search.figures import Figures
@@ -51,7 +51,7 @@ class Bounds:
                 times = [self.figures.kind_times(node, device)[self.layers.index(layer)] for layer in layers]
                 params = [self.figures.params(layer, root.tp, root.ep) for layer in layers]
                 out.append(stage_time(times, params, zero, element, root.links, fsdp_units(layers),
-                                      self.problem.grad_dtype.bytes))
+                                      self.problem.grad_dtype.bytes, self._gathered(root, zero, layers, times, params)))
             return out
         out, start = [], 0
         for s, n in enumerate(counts):
@@ -92,9 +92,27 @@ class Bounds:
                 d, e = self.figures.params(self.kinds[index % len(self.kinds)][0], root.tp, root.ep)
                 dense, expert = dense + count * d, expert + count * e
             units = n + (1 if first or last else 0)  # the blocks, and the root (`fsdp_units`)
+            gathered = None
+            if zero >= 2 and not self.problem.gathering.default:  # the units one by one, in the order they run
+                order = [(self.kinds[index % len(self.kinds)][0], times[index]) for index, count in parts
+                         for _ in range(count)]
+                layers = [layer for layer, _ in order]
+                gathered = self._gathered(root, zero, layers, [t for _, t in order],
+                                          [self.figures.params(layer, root.tp, root.ep) for layer in layers])
             found = self._stage_cache[key] = zero_traffic(*sums, dense, expert, zero, self.problem.precision.bytes,
-                                                          root.links, units, self.problem.grad_dtype.bytes)
+                                                          root.links, units, self.problem.grad_dtype.bytes,
+                                                          gathered=gathered)
         return found
+
+    def _gathered(self, root, zero: int, layers, times, params):
+        """`cost.stage.gather_units` of a stage's layers when the problem gathers otherwise than FSDP's blocks
+        one ahead (None: the closed form)."""
+        gathering = self.problem.gathering
+        if zero < 2 or gathering.default:
+            return None
+        fold = self.problem.fold_experts and root.tp > 1  # as `Figures.params` splits the experts
+        return gather_units(layers, times, params, gathering, root.tp, root.ep * root.tp if fold else root.ep,
+                            1 if fold else None)
 
     def slopes(self, node: Node, zero: int, device) -> tuple[float, ...]:
         """`busy_bound`'s figures on a device: a stage without an end, a + n·b, as (a, b); a block's F + B;
@@ -106,7 +124,10 @@ class Bounds:
         slope = found.get(key)
         if slope is None:
             embed, block, norm, head = self.figures.kind_times(node, device)[:4]
-            one, two = (self.stage_time(node, zero, device, n, False, False) for n in (1, 2))
+            # units gathered one by one (`unit_pass`) are not affine in n: their compute alone, which the
+            # traffic only lengthens, bounds them
+            exact = zero if self.problem.gathering.default else 0
+            one, two = (self.stage_time(node, exact, device, n, False, False) for n in (1, 2))
             middle = (two.forward + two.backward) - (one.forward + one.backward)
             slope = found[key] = (one.forward + one.backward - middle, middle, block.forward + block.backward,
                                   embed.forward + embed.backward,
@@ -190,7 +211,8 @@ class Bounds:
         onto the stages (each stage at least one): below `leaf_bound`, whose ranks' busy time is one term
         of its maximum, for whatever split the partition picks. A stage holding n blocks and neither
         the embedding nor the head takes exactly a + n·b (ZeRO-2/3's units are its blocks, so their
-        traffic is the same per unit: `cost.stage.zero_traffic` is affine in n); the two stages with
+        traffic is the same per unit: `cost.stage.zero_traffic` is affine in n; a problem that gathers
+        otherwise takes at least its compute's a + n·b: `slopes`); the two stages with
         them take at least their compute, fixed + n·(a block's F + B), ZeRO's traffic only adding. A
         rank's stages sum to at least A + N·B over the N blocks it holds (B the least slope of its
         stages), and `least_slowest` gives the least max over whole splits of the blocks. Chimera's

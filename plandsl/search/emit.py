@@ -207,7 +207,8 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
               f"  cluster  = {source.cluster}", f"  mesh     = [{mesh}]",
               f"  train    = {train_text or '{ ' + ', '.join(train) + ' }'}"]
     if c.data_axis:
-        lines.append(f"  data     = {ir.DataKind.of_zero_stage(c.zero_stage)} over {c.data_axis}")
+        lines.append(f"  data     = {ir.DataKind.of_zero_stage(c.zero_stage)} over {c.data_axis}"
+                     + ir.gathering_text(problem.gathering, c.zero_stage))
     if c.tp > 1:
         lines.append("  tensor   = megatron over tp" + (" with sequence_parallel" if c.sequence_parallel else "")
                      + (", overlap" if c.sequence_parallel and problem.overlap_tensor else ""))

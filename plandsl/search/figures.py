@@ -74,8 +74,11 @@ class Figures:
         # likewise the tensor-parallel collectives' overlap (`build_plan` writes it where there is sequence parallelism)
         tensor = ir.TensorParallel.model_construct(style="megatron", axis="tp", sequence_parallel=True, overlap=True) \
             if p.overlap_tensor else None
+        # and the gathering (`build_plan` reads it from here; the candidate sets the kind and axes)
+        data = None if p.gathering.default else ir.DataParallel.model_construct(
+            field_spans={}, kind=ir.DataKind.zero3, axes=(), **p.gathering._asdict())
         return ir.Plan.model_construct(name="generated", model=p.model, cluster=p.cluster, mesh=mesh, train=train,
-                                       data=None, tensor=tensor, context=None, experts=experts, stages=None,
+                                       data=data, tensor=tensor, context=None, experts=experts, stages=None,
                                        schedule=None, shard=())
 
     def work(self, node: Node) -> Work:

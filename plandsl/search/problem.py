@@ -42,6 +42,7 @@ class Problem:
     loss: ir.Loss = ir.Loss.standard                  # the implementation's cross entropy: given, not searched
     overlap_tensor: bool = False                      # given, not searched: `tensor = ... with sequence_parallel,
     #                                                   overlap` wherever a candidate has sequence parallelism
+    gathering: ir.Gathering = ir.FSDP_GATHERING       # given, not searched: `data = zero3 ... with unit, prefetch`
 
     @property
     def sequence(self) -> int:
@@ -166,8 +167,9 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
     sizes = c.degrees()
     mesh = _node(ir.Mesh, axes=tuple(_node(ir.Axis, name=a, size=sizes[a]) for a in c.mesh_order), first_device=0,
                  part=None)
-    data = _node(ir.DataParallel, kind=ir.DataKind.of_zero_stage(c.zero_stage), axes=(c.data_axis,)) \
-        if c.data_axis else None
+    gathering = base.data.gathering if base.data is not None else ir.FSDP_GATHERING  # the problem's (search.figures)
+    data = _node(ir.DataParallel, kind=ir.DataKind.of_zero_stage(c.zero_stage), axes=(c.data_axis,),
+                 **_gathering_fields(gathering, c.zero_stage)) if c.data_axis else None
     tensor = _node(ir.TensorParallel, style="megatron", axis="tp", sequence_parallel=c.sequence_parallel,
                    overlap=bool(base.tensor and base.tensor.overlap) and c.sequence_parallel) \
         if c.tp > 1 else None  # overlap: the problem's `overlap_tensor` (search.figures), with sequence parallelism
@@ -185,6 +187,15 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
                                         "recompute_layers": c.recompute_layers})
     return base.model_copy(update={"mesh": mesh, "train": train, "data": data, "tensor": tensor, "context": context,
                                    "experts": experts, "stages": stages, "schedule": schedule})
+
+
+def _gathering_fields(gathering: ir.Gathering, zero_stage: int) -> dict:
+    """The data clause's gathering options for a candidate's ZeRO stage: the unit from ZeRO-2, the prefetch
+    from ZeRO-3 (what the lowering accepts on each kind), the defaults below."""
+    unit = gathering.unit if zero_stage >= 2 else ir.GatherUnit.block
+    if zero_stage >= 3:
+        return {"unit": unit, "prefetch": gathering.prefetch, "prefetch_bucket": gathering.prefetch_bucket}
+    return {"unit": unit, "prefetch": 1, "prefetch_bucket": None}
 
 
 def _node(model: type, **values):

@@ -65,9 +65,10 @@ def test_held_out_error_within_target(bench, results):
     (7.2, 5.6 % over 50 and 20 rows); over the H100 runs: not met since 2026-12-05 (12.3 % over 30 rows), held
     at 13 %: the rows whose sources say they overlapped tensor-parallel communication say so (`tensor ... with
     overlap`), which makes the over-predicted ones faster still (docs/validation.md, "Tensor-parallel
-    communication overlap"). Max <= 20 %: not met, and held here where it stands, so that it
-    does not grow: the A100's worst is DeepSpeed's ZeRO-3 run of 2021 at 384 GPUs (+23 %: the model overlaps
-    ZeRO-3's gathers with compute as well as it can, DeepSpeed 2021 did not), the H100's the smallest model of
+    communication overlap"). Max <= 20 %: met on the A100 (13.6 %, torchtitan's Llama 3 70B on 64 A100s;
+    DeepSpeed's ZeRO-3 run of 2021 at 384 GPUs was +23 % until its rows gathered sub-module by sub-module as
+    DeepSpeed did, now -8 %), held here where it stands; not met on the H100, held where it stands so that it
+    does not grow: the smallest model of
     Megatron-LM's README table (GPT 1.7B on 48 H100s, +29 %: that table's small models are over-predicted,
     +29 % at 1.7B falling to +6 % at 32B; Megatron's own loss, `loss: megatron`, took 10 points of it and the rest
     is not yet found; docs/validation.md)."""
@@ -75,7 +76,7 @@ def test_held_out_error_within_target(bench, results):
     assert len(errors) >= 30
     assert statistics.median(errors.values()) <= 0.10, errors
     assert max(errors.values()) <= 0.30, errors
-    for generation, median, worst in (("A100", 0.10, 0.24), ("H100", 0.13, 0.30)):
+    for generation, median, worst in (("A100", 0.10, 0.14), ("H100", 0.13, 0.30)):
         apart = _held_out(bench, results, generation)
         assert len(apart) >= 10 and statistics.median(apart.values()) <= median, (generation, apart)
         assert max(apart.values()) <= worst, (generation, apart)
@@ -94,6 +95,19 @@ def test_fit_rows_reproduce_the_stated_figures(bench, results):
     by_name = {run.name: bench.error(run, value) for run, value, _ in results}
     assert by_name["ZeRO-3 GPT-3 175B, 768 A100, mb 2"] == pytest.approx(0.0, abs=0.01)
     assert by_name["Megatron GPT 1.7B, 32 A100"] == pytest.approx(-0.023, abs=0.01)
+
+
+@pytest.mark.slow
+def test_deepspeed_2021_rows_gather_as_deepspeed_did(bench, results):
+    """Table 2's DeepSpeed rows run at DeepSpeed's own defaults of 2021 (each sub-module gathered, the next ones
+    prefetched up to stage3_prefetch_bucket_size = 5e7 elements, fp16 gradients): the two held-out rows within
+    10 % on the NIC fitted to the third (the 384-GPU row was +23 % with FSDP's blocks, one ahead)."""
+    runs = bench.zero3_2021()
+    assert all(run.gathering == bench.DEEPSPEED_2021 for run in runs)
+    assert bench.DEEPSPEED_2021 == bench.ir.Gathering(bench.ir.GatherUnit.module, 1, 50_000_000)
+    errors = {run.name: bench.error(run, value) for run, value, _ in results if run.family == "deepspeed-zero3-2021"}
+    held = {name: e for name, e in errors.items() if "768" not in name}
+    assert len(held) == 2 and all(abs(e) <= 0.10 for e in held.values()), errors
 
 
 def test_zero3_runs_on_the_datasheet_nic_are_far_off(bench):

@@ -236,6 +236,23 @@ _entry("E217", """
     }}
     """, "Correct the time (or the peak).", ("1024, 2.4 ms]", "1024, 24 ms]"))
 
+_entry("E218", """
+    Two options that both set the same thing. ZeRO-3's prefetch is either a count of units
+    (`prefetch = 2`: the two units after the one computing are gathered while it computes, as
+    FSDP's `set_modules_to_forward_prefetch` lists them) or a count of parameters
+    (`prefetch_bucket = 5e7`: the following units until that many elements are on their way,
+    DeepSpeed's `stage3_prefetch_bucket_size`), not both.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model   = {GPT}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = {{ global_batch: 16, micro_batch: 1 }}
+      data    = zero3 over dp with unit = module, prefetch = 2, prefetch_bucket = 5e7
+    }}
+    """, "Keep one of the two.", (", prefetch = 2", ""))
+
 _entry("E209", """
     Files import each other in a circle (here a file imports itself), so neither can
     be loaded first. Every file on the cycle is listed. Shared definitions (devices,
