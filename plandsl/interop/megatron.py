@@ -80,7 +80,7 @@ SWITCHES = (
     "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-tp-pp-dp-mapping",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--use-precision-aware-optimizer", "--multi-latent-attention", "--overlap-moe-expert-parallel-comm",
-    "--delay-wgrad-compute",
+    "--delay-wgrad-compute", "--tp-comm-overlap",
 )
 # Flags of Megatron-LM's launch scripts that mean nothing in a plan (data, tokenizer, logging, checkpoints,
 # initialisation, fusions, kernels, the optimizer's other constants): read, listed, left out.
@@ -91,7 +91,7 @@ IGNORED = (
     "--init-method-std", "--attention-dropout", "--hidden-dropout", "--log-interval", "--save-interval",
     "--eval-interval", "--eval-iters", "--save", "--load", "--tensorboard-dir", "--wandb-project", "--log-throughput",
     "--transformer-impl", "--use-mcore-models", "--use-flash-attn", "--distributed-backend",
-    "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--no-masked-softmax-fusion",
+    "--overlap-grad-reduce", "--overlap-param-gather", "--no-masked-softmax-fusion",
     "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion", "--rotary-base",
     "--rotary-percent", "--moe-token-dispatcher-type", "--moe-grouped-gemm", "--moe-aux-loss-coeff",
     "--moe-router-load-balancing-type", "--exit-duration-in-mins", "--timing-log-level",
@@ -261,6 +261,8 @@ def _parallel_args(plan: ir.Plan, args: list, lose) -> None:
     args += [("--tensor-model-parallel-size", str(plan.tp))]
     if plan.tensor is not None and plan.tensor.sequence_parallel and plan.tp > 1:
         args.append(("--sequence-parallel", None))
+        if plan.tensor.overlap:  # Transformer Engine's userbuffers; validate_args asserts --sequence-parallel
+            args.append(("--tp-comm-overlap", None))
     args.append(("--pipeline-model-parallel-size", str(plan.pp)))
     if plan.pp > 1 or (plan.stages is not None and plan.stages.virtual > 1):
         _pipeline_args(plan, args, lose)

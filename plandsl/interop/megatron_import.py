@@ -154,6 +154,15 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
     data = _data_kind(read)
     if data is None:
         return None
+    if read.get("--tp-comm-overlap") and not (read.get("--sequence-parallel") and tp > 1):
+        # validate_args: sequence parallelism is turned off at tensor parallelism 1, then asserted for the overlap
+        read.problem("E805", "--tp-comm-overlap " + ("without --sequence-parallel" if tp > 1 else
+                                                     "at --tensor-model-parallel-size 1, where Megatron-LM turns "
+                                                     "sequence parallelism off") +
+                     " (Megatron-LM: 'Tensor parallel communication/GEMM overlap can happen only when sequence "
+                     "parallelism is enabled')", "--tp-comm-overlap",
+                     hint="add --sequence-parallel" if tp > 1 else "leave out --tp-comm-overlap")
+        return None
     mapped = bool(read.get("--use-tp-pp-dp-mapping"))
     if mapped and ep > 1 and pp > 1:  # initialize_model_parallel's assertion (parallel_state.py)
         read.problem("E805", "--use-tp-pp-dp-mapping with expert parallelism and a pipeline: Megatron-LM needs the "
@@ -183,7 +192,7 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
         lines.append(f"  data = {data.value} over ep")
     if tp > 1:
         parallel = " with sequence_parallel" if read.get("--sequence-parallel") else ""
-        lines.append("  tensor = megatron over tp" + parallel)
+        lines.append("  tensor = megatron over tp" + parallel + (", overlap" if read.get("--tp-comm-overlap") else ""))
     if cp > 1:
         kind = {v: k for k, v in facts.CONTEXT_COMM.items()}[read.get("--cp-comm-type", "p2p")]
         lines.append(f"  context = {kind} over cp")

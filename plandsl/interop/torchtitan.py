@@ -62,6 +62,9 @@ SUBCOMMAND = "activation-checkpoint:"
 # `kernels: fused`; without it torchtitan runs eager, `kernels: eager`.
 COMPILE = "--compile.enable"
 COMPILE_COMPONENTS = "--compile.components"
+# Async tensor parallelism (CompileConfig.enable_async_tensor_parallel: torch's micro-pipeline TP pass, which
+# "requires 'model' in --compile.components and --compile.enable"): a plan's `tensor ... with overlap`.
+ASYNC_TP = "--compile.enable_async_tensor_parallel"
 # LR schedules: warm-up, then the plan's decay over the rest of training (decay_ratio None), or none (0.0).
 DECAY = {"cosine": "cosine", "linear": "linear"}
 # The module names of a llama3 model, for module_fqns_per_model_part (Llama3Model: tok_embeddings, layers.N,
@@ -178,6 +181,8 @@ def _parallel_args(plan: ir.Plan, args: list, lose) -> dict[str, int]:
         sequence = plan.tensor.sequence_parallel
         args.append(("--parallelism.enable_sequence_parallel" if sequence else
                      "--parallelism.no_enable_sequence_parallel", None))
+        if plan.tensor.overlap:  # the checker's E417 leaves it with sequence parallelism and compiled kernels
+            args.append((ASYNC_TP, None))
     args.append((DEGREES["cp"], str(degrees["cp"])))
     if plan.context is not None and plan.cp > 1 and plan.context.kind != "allgather":
         lose(f"context = {plan.context.kind} (torch's context_parallel, which torchtitan runs, gathers K and V: "

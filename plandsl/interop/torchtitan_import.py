@@ -35,6 +35,7 @@ LIST_FLAGS = (P + "module_fqns_per_model_part", facts.COMPILE_COMPONENTS)
 TEXT_FLAGS = (P + "pipeline_parallel_schedule_csv",)
 SWITCHES = {P + "enable_sequence_parallel": True, P + "no_enable_sequence_parallel": False,
             facts.COMPILE: True, facts.COMPILE.replace(".enable", ".no_enable"): False,
+            facts.ASYNC_TP: True, facts.ASYNC_TP.replace(".enable", ".no_enable"): False,
             T + "disable_cuda_graphs": True, T + "no_disable_cuda_graphs": False}
 KNOWN = (*INT_FLAGS, *FLOAT_FLAGS, *CHOICE_FLAGS, *LIST_FLAGS, *TEXT_FLAGS, *SWITCHES)
 # Sections and keys of torchtitan's config that mean nothing in a plan (logging, data, checkpoints, compilation,
@@ -52,7 +53,8 @@ DEFAULTS = {P + "data_parallel_replicate_degree": 1, P + "data_parallel_shard_de
             P + "pipeline_parallel_microbatch_size": 1, T + "global_batch_size": -1, T + "max_norm": 1.0,
             T + "mixed_precision_param": "bfloat16", T + "dtype": "float32", O + "warmup_steps": 200,
             O + "decay_ratio": None, O + "decay_type": "linear", O + "min_lr_factor": 0.0, "--debug.seed": None,
-            "activation": "selective", facts.COMPILE: False, facts.COMPILE_COMPONENTS: (("model", "loss"),)}
+            "activation": "selective", facts.COMPILE: False, facts.COMPILE_COMPONENTS: (("model", "loss"),),
+            facts.ASYNC_TP: False}
 CONFIG_DEFAULTS = {
     "llama3_debugmodel": {P + "pipeline_parallel_schedule": "Interleaved1F1B", T + "local_batch_size": 8,
                           T + "seq_len": 2048, facts.LR: 8e-4, O + "warmup_steps": 2, O + "decay_ratio": 0.8},
@@ -230,6 +232,9 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
                      *[flag for role, flag in facts.DEGREES.items() if degrees[role] > 1 or flag in read.values],
                      hint=f"a world size that is a multiple of {fixed}")
         return None
+    overlap = _async_tp(read, values, degrees)
+    if overlap is None:
+        return None
     flavor = facts.CONFIGS[config]
     model = (f"llama(layers={flavor.layers}, hidden={flavor.hidden}, heads={flavor.heads}, kv_heads={flavor.kv_heads}, "
              f"ffn={flavor.ffn}, seq={get(T + 'seq_len')}, vocab={flavor.vocab}, tied={str(flavor.tied).lower()})")
@@ -267,11 +272,36 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
         lines.append(f"  data = {data}")
     if degrees["tp"] > 1:
         lines.append("  tensor = megatron over tp" + (" with sequence_parallel" if get(P + "enable_sequence_parallel")
-                                                      else ""))
+                                                      else "") + (", overlap" if overlap else ""))
     if degrees["cp"] > 1:
         lines.append("  context = allgather over cp")
     lines += stages
     return "\n".join(lines + ["}"]) + "\n"
+
+
+def _compiled(values: dict) -> bool:
+    """torch.compile over the model (CompileConfig: enable, and "model" in components)."""
+    return bool(values.get(facts.COMPILE)) and "model" in {part for parts in values.get(facts.COMPILE_COMPONENTS)
+                                                            for part in parts}
+
+
+def _async_tp(read: _Read, values: dict, degrees: dict[str, int]) -> bool | None:
+    """Whether the plan's tensor parallelism overlaps (`with overlap`); None when the flags cannot run: torchtitan
+    refuses async TP without compiling the model (CompileConfig.__post_init__), and its pass fuses sequence
+    parallelism's all-gathers and reduce-scatters, which a plan needs (E417)."""
+    if not values.get(facts.ASYNC_TP):
+        return False
+    if not _compiled(values):
+        read.problem("E805", f"{facts.ASYNC_TP} without compiling the model: torchtitan refuses it (\"Async TP "
+                     "requires 'model' in --compile.components and --compile.enable\")", facts.ASYNC_TP,
+                     hint=f"add {facts.COMPILE}")
+        return None
+    if degrees["tp"] > 1 and not values.get(P + "enable_sequence_parallel"):
+        read.problem("E807", f"{facts.ASYNC_TP} with --parallelism.no_enable_sequence_parallel: torch's pass overlaps "
+                     "sequence parallelism's all-gathers and reduce-scatters, and a plan's overlap needs them (E417)",
+                     facts.ASYNC_TP, P + "enable_sequence_parallel", hint="drop --parallelism.no_enable_sequence_parallel")
+        return None
+    return degrees["tp"] > 1
 
 
 def _train(read: _Read, values: dict, degrees: dict[str, int]) -> str | None:
@@ -321,7 +351,7 @@ def _train(read: _Read, values: dict, degrees: dict[str, int]) -> str | None:
     clip = get(T + "max_norm")
     # torch.compile over the model fuses its element-wise kernels (`kernels: fused`, the plan's default); without
     # it (torchtitan's default) the model runs in eager mode
-    compiled = get(facts.COMPILE) and "model" in {part for parts in get(facts.COMPILE_COMPONENTS) for part in parts}
+    compiled = _compiled(values)
     items = [f"global_batch: {batch}", f"micro_batch: {micro}", *precision,
              *([] if compiled else ["kernels: eager"]),
              f"recompute: {PLAN_RECOMPUTE[get('activation')]}", "optimizer: adam", f"lr: {float(get(facts.LR))!r}",

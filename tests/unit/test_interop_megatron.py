@@ -234,6 +234,8 @@ BAD = [
     ("--recompute-granularity full --recompute-method uniform --recompute-num-layers 2", "E807", "--recompute-method"),
     ("--swiglu", "E807", "--swiglu"),
     ("--expert-tensor-parallel-size 2 --tensor-model-parallel-size 1", "E807", "--expert-tensor-parallel-size"),
+    ("--tensor-model-parallel-size 2 --tp-comm-overlap", "E805", "--tp-comm-overlap"),
+    ("--tp-comm-overlap", "E805", "--tp-comm-overlap"),
 ]
 
 
@@ -414,6 +416,21 @@ def test_the_attention_backend_is_the_plans_attention_both_ways(backend, materia
     assert ("--attention-backend unfused" in exported.text) == materialized
     back = import_text("megatron", exported.text, "flags", world_size=8)
     assert back.ok and ("attention: materialized" in back.text) == materialized
+
+
+def test_tp_comm_overlap_is_the_plans_tensor_overlap_both_ways():
+    """--tp-comm-overlap (Transformer Engine's userbuffers) is `tensor = megatron over tp with sequence_parallel,
+    overlap`, and the plan exports it back; without --sequence-parallel Megatron-LM refuses it (E805, above)."""
+    text = f"{BASE} --tensor-model-parallel-size 2 --sequence-parallel --tp-comm-overlap\n"
+    imported = import_text("megatron", text, "flags", world_size=8)
+    assert imported.ok, imported.diagnostics
+    assert "megatron over tp with sequence_parallel, overlap\n" in imported.text
+    plan = api.select_plan(api.loads(imported.text, path="imported.plan"))
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost and "--sequence-parallel" in exported.text and "--tp-comm-overlap" in exported.text
+    plain = import_text("megatron", text.replace(" --tp-comm-overlap", ""), "flags", world_size=8)
+    assert "overlap" not in plain.text and "--tp-comm-overlap" not in export_plan(
+        api.select_plan(api.loads(plain.text, path="plain.plan")), "megatron").text
 
 
 def test_eager_kernels_are_what_megatron_cannot_run():

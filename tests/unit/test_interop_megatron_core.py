@@ -316,6 +316,31 @@ def test_deepseek_exports_megatrons_latent_attention_and_dense_then_moe_layers(m
     assert {spec.submodules.self_attention.module.__name__ for spec in specs} == {"MLASelfAttention"}
 
 
+def test_tensor_overlap_is_megatrons_tp_comm_overlap(mcore):
+    """`tensor ... with sequence_parallel, overlap` exports --tp-comm-overlap, ModelParallelConfig's tp_comm_overlap,
+    beside its sequence_parallel."""
+    plan = api.loads("""
+import "clusters/dgx_h100"
+plan p {
+  model   = llama(layers=4, hidden=1024, heads=8, kv_heads=4, ffn=2816, vocab=32000, seq=2048)
+  cluster = dgx_h100
+  mesh    = [dp = 2, tp = 4]
+  train   = { global_batch: 16, micro_batch: 1, precision: bf16 }
+  data    = zero1 over dp
+  tensor  = megatron over tp with sequence_parallel, overlap
+}
+""").plans[0]
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost
+    flags = _flags(exported.text)
+    known = set(TRAINING_FLAGS)
+    for cls in (mcore["TransformerConfig"], mcore["DDP"], mcore["Optimizer"]):
+        known |= set(_field_flags(cls))
+    assert "--tp-comm-overlap" in flags and set(flags) <= known
+    config = _configs(mcore, flags)[0]
+    assert config.tp_comm_overlap and config.sequence_parallel and config.tensor_model_parallel_size == 4
+
+
 def test_folded_experts_are_megatrons_expert_groups(mcore):
     """`experts = alltoall over [ep, tp]` exports --expert-model-parallel-size ep x tp --expert-tensor-parallel-size 1,
     which ModelParallelConfig takes beside --tensor-model-parallel-size 2, and Megatron-Core's expert RankGenerator

@@ -64,6 +64,14 @@ VARIANTS = {
   stages = evenly over pp with virtual = 2, map = vshape
   schedule = zbv
 }""",
+    "async_tp": """plan async_tp {
+  model = llama3_70b
+  cluster = dgx_h100 x 4
+  mesh = [dp = 4, tp = 8]
+  train = { global_batch: 32, micro_batch: 2, precision: bf16, recompute: full }
+  data = zero3 over dp
+  tensor = megatron over tp with sequence_parallel, overlap
+}""",
     "eager_fsdp": """plan eager_fsdp {
   model = llama3_8b
   cluster = dgx_h100 x 1
@@ -130,6 +138,26 @@ def test_compile_is_the_plans_kernels_both_ways():
                                              + "\n", path="m.plan"))
     lost = export_plan(materialized, "torchtitan").lost
     assert [d.code for d in lost] == ["E808"] and "attention: materialized" in lost[0].message
+
+
+def test_async_tp_is_the_plans_tensor_overlap_both_ways():
+    """--compile.enable_async_tensor_parallel is `tensor ... with overlap`; torchtitan refuses it without compiling
+    the model (E805), and a plan's overlap needs sequence parallelism (E807, the checker's E417)."""
+    assert "--compile.enable_async_tensor_parallel" in _words(export_plan(variant("async_tp"), "torchtitan").text)
+    assert "--compile.enable_async_tensor_parallel" not in _words(export_plan(variant("fsdp_tp_pp_interleaved"),
+                                                                              "torchtitan").text)
+    flags = ("--module llama3 --config llama3_8b --parallelism.data_parallel_shard_degree 2 "
+             "--parallelism.tensor_parallel_degree 4 {}")
+    imported = import_text("torchtitan", flags.format("--compile.enable --compile.enable_async_tensor_parallel"),
+                           "args.sh", world_size=8)
+    assert imported.ok and "megatron over tp with sequence_parallel, overlap\n" in imported.text
+    without_sp = "--compile.enable --compile.enable_async_tensor_parallel --parallelism.no_enable_sequence_parallel"
+    for extra, code in (("--compile.enable_async_tensor_parallel", "E805"),
+                        ("--compile.enable --compile.components loss --compile.enable_async_tensor_parallel", "E805"),
+                        (without_sp, "E807")):
+        found = import_text("torchtitan", flags.format(extra), "args.sh", world_size=8)
+        assert [d.code for d in found.diagnostics] == [code], (extra, found.diagnostics)
+        assert "enable_async_tensor_parallel" in found.diagnostics[0].message
 
 
 def test_what_torchtitan_cannot_express_is_listed():
@@ -256,6 +284,7 @@ def test_config_manager_parses_the_export_into_the_plan(titan, name):
     assert config.optimizer.param_groups[0].optimizer_kwargs["lr"] == plan.train.lr
     # torch.compile over the model: the fused element-wise kernels a plan is costed with by default
     assert (config.compile.enable and "model" in config.compile.components) == (plan.train.kernels.value == "fused")
+    assert config.compile.enable_async_tensor_parallel == bool(plan.tensor and plan.tensor.overlap)  # async TP
     if plan.pp > 1:
         from plandsl.ir.placement import assign_stages
         assignment, _ = assign_stages(plan)
