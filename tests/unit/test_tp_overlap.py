@@ -3,6 +3,8 @@ its dump, the checker (E417), `show`, and the cost model's decomposition (each s
 reduce-scatter chunked behind the GEMM it feeds or follows) against hand counts."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -161,3 +163,16 @@ def test_generate_with_tensor_overlap_writes_it_and_estimates_what_it_predicted(
     again = CliRunner().invoke(main, ["generate", "--from", str(partial), "--top", "1", "-o", str(tmp_path / "c.plan")])
     assert again.exit_code == 0, again.output
     assert "with sequence_parallel, overlap" in (tmp_path / "c.plan").read_text(encoding="utf-8")
+
+
+def test_run_takes_the_plan_and_computes_the_same_step(tmp_path, monkeypatch):
+    """`plandsl run` refuses nothing for the option: the interpreter's tensor parallelism computes the same step
+    with or without it (overlap changes when collectives run, not what they compute; `plandsl run
+    stdlib_plans/local/tp_sp.plan` with `overlap` added passes --check-equivalence)."""
+    local = Path(__file__).resolve().parents[2] / "stdlib_plans" / "local"
+    text = (local / "tp_sp.plan").read_text(encoding="utf-8")
+    path = tmp_path / "tp_sp_overlap.plan"
+    path.write_text(text.replace("with sequence_parallel", "with sequence_parallel, overlap"), encoding="utf-8")
+    monkeypatch.setenv("PLANDSL_PATH", str(local))
+    plan = api.load_runnable(path, cuda=False)
+    assert plan.tensor.overlap and plan.tensor.sequence_parallel
