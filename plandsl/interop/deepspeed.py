@@ -34,6 +34,11 @@ IGNORED = ("steps_per_print", "wall_clock_breakdown", "dump_state", "memory_brea
            "seq_parallel_communication_data_type", "dataloader_drop_last", "aio", "activation_checkpointing",
            "data_types", "disable_allgather", "sparse_gradients", "timers")
 OPTIMIZERS = {"Adam": ir.Optimizer.adam, "AdamW": ir.Optimizer.adam, "SGD": ir.Optimizer.sgd}
+# ZeRO-3 gathers each sub-module's parameters when it runs and prefetches the following ones until this many
+# elements are on their way (zero/config.py: `prefetch_bucket_size`, alias stage3_prefetch_bucket_size, 5e7 since
+# 2021): a plan's `data = zero3 over dp with unit = module, prefetch_bucket = N`
+PREFETCH_BUCKET = "stage3_prefetch_bucket_size"
+PREFETCH_BUCKET_DEFAULT = 50_000_000
 SGD_MOMENTUM = 0.9   # plandsl's sgd (runtime/optim.py)
 
 
@@ -69,13 +74,22 @@ def export_plan(plan: ir.Plan) -> Exported:
     if kept:
         lose(f"{', '.join(kept)} (DeepSpeed keeps fp32 master weights and optimizer states under bf16 and fp16)",
              "train")
+    zero: dict = {"stage": plan.data.zero_stage if plan.data else 0}
+    if plan.data is not None and plan.data.zero_stage >= 3:
+        # DeepSpeed's ZeRO-3 gathers module by module whatever the plan's unit; it prefetches by elements
+        if plan.data.prefetch not in (0, 1):
+            lose(f"prefetch = {plan.data.prefetch} (DeepSpeed prefetches by elements: {PREFETCH_BUCKET}, "
+                 "a plan's prefetch_bucket)", "data")
+        bucket = 0 if plan.data.prefetch == 0 else plan.data.prefetch_bucket  # 0: DeepSpeed prefetches nothing
+        if bucket is not None and bucket != PREFETCH_BUCKET_DEFAULT:
+            zero[PREFETCH_BUCKET] = bucket
     lost.extend(diag("E808", f"DeepSpeed's config cannot express shard rule `{rule.target.text}`", rule.span)
                 for rule in plan.shard)
     config: dict = {
         "train_batch_size": train.global_batch,
         "train_micro_batch_size_per_gpu": train.micro_batch,
         "gradient_accumulation_steps": plan.num_microbatches,   # train_batch = micro x accumulation x dp
-        "zero_optimization": {"stage": plan.data.zero_stage if plan.data else 0},
+        "zero_optimization": zero,
         "bf16": {"enabled": train.precision is ir.Precision.bf16},
         "fp16": {"enabled": train.precision is ir.Precision.fp16},
         # 0 turns clipping off (engine.py: `if self.gradient_clipping() > 0.0`)
@@ -90,6 +104,14 @@ def export_plan(plan: ir.Plan) -> Exported:
                                                               "warmup_num_steps": train.warmup_steps,
                                                               "warmup_type": "linear"}}
     return Exported(TARGET, json.dumps(config, indent=2) + "\n", tuple(lost))
+
+
+def _gathering(stage: int, bucket: int) -> str:
+    """ZeRO-3's gathering as DeepSpeed does it: each sub-module, the following ones prefetched until `bucket`
+    elements (a bucket of 0 prefetches nothing: `prefetch = 0`)."""
+    if stage != 3:
+        return ""
+    return " with unit = module, " + (f"prefetch_bucket = {bucket}" if bucket else "prefetch = 0")
 
 
 def _span(source: SourceFile, key: str):
@@ -178,7 +200,12 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
                 "optimizer")
     # what the sections say besides what a plan keeps: listed as left out
     ignored += [f"optimizer.params.{k}" for k in params if k not in ("lr", "momentum")]
-    ignored += [f"zero_optimization.{k}" for k in (zero if isinstance(zero, dict) else {}) if k != "stage"]
+    ignored += [f"zero_optimization.{k}" for k in (zero if isinstance(zero, dict) else {})
+                if k not in ("stage", PREFETCH_BUCKET)]
+    bucket = zero.get(PREFETCH_BUCKET, PREFETCH_BUCKET_DEFAULT) if isinstance(zero, dict) else PREFETCH_BUCKET_DEFAULT
+    if stage == 3 and (not isinstance(bucket, int) or isinstance(bucket, bool) or bucket < 0):
+        problem("E804", f"\"{PREFETCH_BUCKET}\" must be a whole number of elements, found {json.dumps(bucket)}",
+                PREFETCH_BUCKET)
     warmup = 0
     scheduler = config.get("scheduler")
     if scheduler is not None:
@@ -206,5 +233,5 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
         f"  train = {{ global_batch: {batch}, micro_batch: {micro}, precision: {precision}, {weights}"
         f"optimizer: {OPTIMIZERS[kind].value}, lr: {float(lr)!r}, warmup_steps: {warmup}, "
         f"grad_clip: {repr(float(clip)) if clip else 'none'} }}",
-        f"  data = {data} over dp", "}"]
+        f"  data = {data} over dp" + _gathering(stage, bucket), "}"]
     return checked("\n".join(lines) + "\n", plan_path, sources, ignored)

@@ -149,3 +149,47 @@ def test_every_key_the_import_knows_is_deepspeeds(ds_config):
     source = "".join(p.read_text(encoding="utf-8", errors="replace") for p in package.rglob("*.py"))
     for key in deepspeed.READ + deepspeed.IGNORED:
         assert f'"{key}"' in source or f"'{key}'" in source, key
+
+
+def _zero3_plan(data: str) -> ir.Plan:
+    text = ('import "clusters/dgx_a100"\nplan p {\n  model = gpt(layers=4, hidden=64, heads=4, seq=32, vocab=256)\n'
+            f'  cluster = dgx_a100 x 2\n  mesh = [dp = 16]\n  train = {{ global_batch: 16 }}\n  data = {data}\n}}\n')
+    return api.select_plan(api.loads(text, path="z3.plan"))
+
+
+def test_zero3_import_gathers_as_deepspeed_does():
+    """DeepSpeed's ZeRO-3 gathers each sub-module and prefetches by elements: stage 3 imports as `unit = module`
+    with the config's stage3_prefetch_bucket_size (5e7 when it is not given; 0 prefetches nothing)."""
+    def data_line(zero: dict) -> str:
+        imported = import_text("deepspeed", json.dumps({**BASE, "zero_optimization": zero}), "ds.json", world_size=16,
+                               model=MODEL)
+        assert imported.ok, api.render_all(imported.diagnostics, imported.sources)
+        return next(line.strip() for line in imported.text.splitlines() if line.strip().startswith("data"))
+    assert data_line({"stage": 3}) == "data    = zero3 over dp with unit = module, prefetch_bucket = 50000000"
+    assert data_line({"stage": 3, "stage3_prefetch_bucket_size": 1000}).endswith("prefetch_bucket = 1000")
+    assert data_line({"stage": 3, "stage3_prefetch_bucket_size": 0}).endswith("with unit = module, prefetch = 0")
+    assert data_line({"stage": 2, "stage3_prefetch_bucket_size": 1000}) == "data    = zero2 over dp"
+    bad = import_text("deepspeed", json.dumps({**BASE, "zero_optimization": {"stage": 3,
+                      "stage3_prefetch_bucket_size": "big"}}), "ds.json", world_size=16, model=MODEL)
+    assert [d.code for d in bad.diagnostics] == ["E804"]
+
+
+def test_zero3_export_writes_the_bucket():
+    def zero(data: str) -> tuple[dict, list[str]]:
+        exported = export_plan(_zero3_plan(data), "deepspeed")
+        return json.loads(exported.text)["zero_optimization"], [d.message for d in exported.lost]
+    assert zero("zero3 over dp") == ({"stage": 3}, [])  # DeepSpeed's own default bucket
+    assert zero("zero3 over dp with unit = module, prefetch_bucket = 1000") == (
+        {"stage": 3, "stage3_prefetch_bucket_size": 1000}, [])
+    assert zero("zero3 over dp with unit = module, prefetch = 0") == ({"stage": 3, "stage3_prefetch_bucket_size": 0}, [])
+    config, lost = zero("zero3 over dp with prefetch = 2")
+    assert config == {"stage": 3} and lost and "prefetch = 2" in lost[0]
+
+
+def test_deepspeed_reads_the_bucket_the_export_writes(ds_config, monkeypatch):
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda: 0)
+    config = json.loads(export_plan(_zero3_plan("zero3 over dp with unit = module, prefetch_bucket = 1234"),
+                                    "deepspeed").text)
+    parsed = ds_config.DeepSpeedConfig(config, mpu=_DataParallel(16))
+    assert parsed.zero_config.prefetch_bucket_size == 1234
+    assert type(parsed.zero_config).model_fields["prefetch_bucket_size"].default == deepspeed.PREFETCH_BUCKET_DEFAULT
