@@ -134,6 +134,7 @@ class Run:
     fold_experts: bool = False  # expert TP 1 beside TP (`experts = alltoall over [ep, tp]`): the pin ep is the group
     overlap_tensor: bool = False  # the recipe overlaps TP's collectives with GEMMs (`tensor = ... with overlap`)
     gathering: ir.Gathering = ir.FSDP_GATHERING  # how ZeRO-3 gathers (`data = zero3 ... with unit, prefetch_bucket`)
+    dispatcher: str = "alltoall"  # the recipe's token dispatcher: `experts = deepep | hybridep over ...` (flex)
 
 
 def gpt(layers, hidden, heads, vocab=51200, seq=2048):
@@ -363,14 +364,14 @@ def nemo_moe_h100() -> list[Run]:
     routing (the tables' footnote), Megatron's alltoall dispatcher (26.02's Qwen3 30B: DeepEP), the distributed
     optimizer, gradients reduced in bf16 (`grad_reduce_in_fp32 = False`), no recomputation unless noted."""
     def run(name, container, model, gpus, batch, measured, precision, note="", dtypes=None, overlap=False, fold=False,
-            **pins):
+            dispatcher="alltoall", **pins):
         base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1, "tp": 1}
         if pins.get("pp", 1) > 1:
             base["schedule"] = "interleaved_1f1b"
         return Run(f"NeMo {name}, {gpus} H100, {precision}", f"{NEMO_BRIDGE}, NeMo {container}", model,
                    f"dgx_h100 x {gpus // 8}", batch, measured, metric="tokens_per_device", pins={**base, **pins},
                    dtypes={"precision": precision.lower(), **MEGATRON_CORE, "grad_dtype": "bf16", **(dtypes or {})},
-                   note=note, family="moe", overlap_experts=overlap, fold_experts=fold)
+                   note=note, family="moe", overlap_experts=overlap, fold_experts=fold, dispatcher=dispatcher)
     gpt_oss = ("sliding-window attention (128 tokens) on half the layers, attention sinks, biases and the clamped "
                "SwiGLU are not in the language: every layer is costed with full attention; the recipe recomputes "
                "the norms and the experts' activation (recompute_modules: layernorm, moe_act), pinned as none")
@@ -388,7 +389,7 @@ def nemo_moe_h100() -> list[Run]:
             run("GPT-OSS 120B (p4 e8), gbs 1280", "26.02", GPT_OSS_120B, 64, 1280, 5993, "BF16", gpt_oss,
                 pp=4, ep=8, dp=2),
             run("Qwen3 30B-A3B (p2 v12 e8), gbs 1024", "26.02", QWEN3_30B_A3B, 16, 1024, 5113, "FP8",
-                qwen + "; DeepEP dispatcher", overlap=True, pp=2, virtual_stages=12, ep=8, dp=1),
+                qwen + "; DeepEP dispatcher", overlap=True, dispatcher="deepep", pp=2, virtual_stages=12, ep=8, dp=1),
             run("Qwen3 235B-A22B (t2 p8 v4 e32), gbs 8192", "26.02", QWEN3_235B_A22B, 256, 8192, 1633, "FP8",
                 qwen_235b, overlap=True, fold=True, tp=2, pp=8, virtual_stages=4, ep=32, dp=1),
             run("DeepSeek-V3 (t2 p8 v4 e64), gbs 8192", "25.09", "deepseek_v3", 1024, 8192, 1297, "FP8",
@@ -405,7 +406,7 @@ def nemo_moe_h100() -> list[Run]:
                 pp=4, ep=8, dp=2),
             run("Qwen3 30B-A3B (e16), gbs 1024, NeMo 26.04", "26.04", QWEN3_30B_A3B, 16, 1024, 8960, "FP8",
                 qwen.split(";")[0] + "; HybridEP's flex dispatcher (moe_flex_dispatcher_backend hybridep), no "
-                "all-to-all overlap (moe_a2a_overlap False)", ep=16, dp=1),
+                "all-to-all overlap (moe_a2a_overlap False)", dispatcher="hybridep", ep=16, dp=1),
             run("Qwen3 235B-A22B (t2 p8 v4 e32), gbs 8192, NeMo 26.04", "26.04", QWEN3_235B_A22B, 256, 8192, 1712,
                 "FP8", qwen_235b, overlap=True, fold=True, tp=2, pp=8, virtual_stages=4, ep=32, dp=1)]
 
@@ -420,6 +421,7 @@ def modelzoo_qwen3_h100() -> list[Run]:
     folded over the tensor axis (`experts = alltoall over [ep, tp]`: the pin ep is the expert group); recomputing the norms and the experts' activation ("norm, act") is pinned as none;
     the optimizer's dtypes are not given: Megatron's defaults (fp32 gradients and states)."""
     def run(name, step, note="", overlap=False, **pins):
+        dispatcher = "deepep" if "DeepEP" in name else "alltoall"
         base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1}
         if pins.get("pp", 1) > 1:
             base["schedule"] = "interleaved_1f1b"
@@ -428,8 +430,8 @@ def modelzoo_qwen3_h100() -> list[Run]:
         return Run(f"ModelZoo Qwen3 235B-A22B {name}, 256 H100, BF16", MOE_MODELZOO, QWEN3_235B_A22B, "dgx_h100 x 32",
                    2048, 2048 * 4096 / step / 256, metric="tokens_per_device", pins={**base, **pins},
                    dtypes={"precision": "bf16", **MEGATRON_CORE}, note=note, family="moe", overlap_experts=overlap,
-                   fold_experts=True)
-    deepep = "DeepEP's dispatcher (tokens sent once per node, not once per expert) is not in the language"
+                   fold_experts=True, dispatcher=dispatcher)
+    deepep = "DeepEP's dispatcher: experts = deepep over [ep, tp]"
     return [run("(t2 p8 v4 e32), DeepEP", 19.7, deepep, tp=2, pp=8, virtual_stages=4, ep=32, dp=1),
             run("(t2 p8 v4 e32), DeepEP, 1F1B overlap", 17.6, deepep, overlap=True, tp=2, pp=8, virtual_stages=4,
                 ep=32, dp=1),
@@ -454,7 +456,7 @@ def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
     return Problem(model, cluster, run.global_batch, run.seq,
                    **{key: STACK_KEYS.get(key, ir.Precision)(value) for key, value in run.dtypes.items()},
                    overlap_experts=run.overlap_experts, fold_experts=run.fold_experts,
-                   overlap_tensor=run.overlap_tensor, gathering=run.gathering)
+                   overlap_tensor=run.overlap_tensor, gathering=run.gathering, dispatcher=run.dispatcher)
 
 
 def predict(run: Run, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC):

@@ -102,7 +102,7 @@ def _shared_axes(plan: ir.Plan) -> Iterator[Diagnostic]:
 def role_line(plan: ir.Plan, role: str) -> str:
     """What the plan's line for `role` says before `over` (`zero1`, `megatron`), for hints."""
     kinds = {"data": plan.data.kind if plan.data else ir.DataKind.zero1, "tensor": "megatron",
-             "context": plan.context.kind if plan.context else "allgather", "experts": "alltoall",
+             "context": plan.context.kind if plan.context else "allgather", "experts": plan.experts.kind if plan.experts else "alltoall",
              "stages": "evenly"}
     return kinds[role]
 

@@ -253,3 +253,36 @@ def collective_seconds(collective: str, size_bytes: float, links: GroupLinks) ->
 
 __all__ = ["GroupLinks", "CommEstimate", "NO_COMM", "group_links", "estimate_collective",
            "collective_seconds", "COLLECTIVES"]
+
+
+def nodes_reached(experts: int, top_k: int, nodes: int) -> float:
+    """Expected number of other nodes a token's `top_k` distinct experts sit on, its experts spread evenly over
+    `nodes` nodes and chosen uniformly (balanced routing): each other node holds `experts / nodes` of them and is
+    missed with probability C(E - E/N, k) / C(E, k)."""
+    if nodes <= 1:
+        return 0.0
+    per_node = experts / nodes
+    missed = 1.0
+    for i in range(min(top_k, experts)):
+        missed *= max(0.0, (experts - per_node - i) / (experts - i))
+    return (nodes - 1) * (1.0 - missed)
+
+
+def node_dispatch_seconds(size_bytes: float, links: GroupLinks, experts: int, top_k: int) -> float:
+    """One dispatch (or combine) of `size_bytes` routed copies (`top_k` per token) per device by DeepEP's normal
+    kernels (HybridEP's the same way): a token crosses the network once per other node holding any of its experts,
+    to the device of its own local index there, which forwards it over NVLink to each expert's device (DeepEP,
+    docs/legacy.md: "NVLink and RDMA forwarding"); both levels run at once in one kernel, so the slower one bounds
+    it. Network bytes: `size / top_k` per reached node (`nodes_reached`); NVLink: the copies for this node's other
+    devices, (k - 1)/n of the bytes, and the forwarding of those that arrived for other nodes' devices,
+    (n - k)/n · (k - 1)/k. Inside one node it is the all-to-all's (k - 1)/n. Latency: the all-to-all's steps inside
+    the node, one network step per other node."""
+    n, k, nodes = links.size, links.local, links.nodes
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    if nodes <= 1:
+        return collective_seconds("all_to_all", size_bytes, links)
+    s = float(size_bytes)
+    nvlink = ((k - 1) / n + (n - k) / n * (k - 1) / k) * s / links.intra_bandwidth
+    network = s / top_k * nodes_reached(experts, top_k, nodes) / links.inter_bandwidth
+    return (k - 1) * links.intra_latency + (nodes - 1) * links.inter_latency + max(nvlink, network)

@@ -172,6 +172,7 @@ class Work:
     fold_experts: bool = False  # `experts = alltoall over [ep, tp]`: each expert whole, `ep` ranks counting tp's
     loss: ir.Loss = ir.Loss.standard
     overlap_tensor: bool = False  # `tensor = ... with sequence_parallel, overlap`: TP collectives chunked behind GEMMs
+    dispatcher: str = "alltoall"  # `experts = deepep | hybridep over ...`: a token crosses the network once per node
 
     @property
     def tokens(self) -> int:

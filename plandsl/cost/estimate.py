@@ -131,7 +131,8 @@ def plan_work(plan: ir.Plan) -> Work:
                 overlap_experts=bool(plan.experts and plan.experts.overlap) and plan.num_microbatches > 1,
                 attention=plan.train.attention,  # one microbatch: no other one's pass to hide the all-to-alls behind
                 fold_experts=plan.expert_tp != plan.tp, loss=plan.train.loss,
-                overlap_tensor=bool(plan.tensor and plan.tensor.overlap))
+                overlap_tensor=bool(plan.tensor and plan.tensor.overlap),
+                dispatcher=plan.experts.kind if plan.experts else "alltoall")
 
 
 def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=None,

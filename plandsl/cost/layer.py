@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plandsl import ir
-from plandsl.cost.comm import NO_COMM, GroupLinks, collective_seconds, group_links
+from plandsl.cost.comm import NO_COMM, GroupLinks, collective_seconds, group_links, node_dispatch_seconds
 from plandsl.cost.compute import (
     Efficiency,
     LayerCompute,
@@ -221,7 +221,8 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         # Dispatch and combine all-to-alls of the routed tokens (Lepikhin et al. 2020, GShard), twice
         # in each direction; sequence parallelism leaves each tensor-parallel rank 1/t of the tokens.
         routed = work.tokens * model.top_k * model.hidden * element / (work.tp if work.sequence_parallel else 1)
-        a2a = collective_seconds("all_to_all", routed, links.ep)
+        a2a = collective_seconds("all_to_all", routed, links.ep) if work.dispatcher == "alltoall" else \
+            node_dispatch_seconds(routed, links.ep, model.experts, model.top_k)  # DeepEP, HybridEP: once per node
         count("expert", routed, 6 if full else 4)
         dispatch_combine = (2 * a2a, (4 if full else 2) * a2a)  # forward; backward (and full recomputation's rerun)
         if work.overlap_experts:

@@ -56,6 +56,10 @@ CHOICE_FLAGS: dict[str, tuple[str, ...]] = {
     # exp_avg_sq_dtype), with --use-precision-aware-optimizer: Adam and the distributed optimizer only
     # Transformer Engine's FP8 for the blocks' linear layers (TransformerConfig.fp8), beside --bf16
     "--fp8-format": ("e4m3", "hybrid"),
+    # TransformerConfig.moe_token_dispatcher_type and moe_flex_dispatcher_backend: a plan's `experts = alltoall` is
+    # the alltoall dispatcher (allgather's moves the same tokens and is read as it), `deepep`/`hybridep` flex's
+    "--moe-token-dispatcher-type": ("allgather", "alltoall", "flex"),
+    "--moe-flex-dispatcher-backend": ("deepep", "hybridep"),
     "--main-params-dtype": ("fp32", "fp16"),
     "--main-grads-dtype": ("fp32", "bf16"),
     "--exp-avg-dtype": ("fp32", "fp16", "bf16", "fp8"),
@@ -80,7 +84,7 @@ SWITCHES = (
     "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-tp-pp-dp-mapping",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--use-precision-aware-optimizer", "--multi-latent-attention", "--overlap-moe-expert-parallel-comm",
-    "--delay-wgrad-compute", "--tp-comm-overlap",
+    "--delay-wgrad-compute", "--tp-comm-overlap", "--moe-enable-deepep",
 )
 # Flags of Megatron-LM's launch scripts that mean nothing in a plan (data, tokenizer, logging, checkpoints,
 # initialisation, fusions, kernels, the optimizer's other constants): read, listed, left out.
@@ -93,7 +97,7 @@ IGNORED = (
     "--transformer-impl", "--use-mcore-models", "--use-flash-attn", "--distributed-backend",
     "--overlap-grad-reduce", "--overlap-param-gather", "--no-masked-softmax-fusion",
     "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion", "--rotary-base",
-    "--rotary-percent", "--moe-token-dispatcher-type", "--moe-grouped-gemm", "--moe-aux-loss-coeff",
+    "--rotary-percent", "--moe-grouped-gemm", "--moe-aux-loss-coeff",
     "--moe-router-load-balancing-type", "--exit-duration-in-mins", "--timing-log-level",
     "--distributed-timeout-minutes", "--rotary-scaling-factor", "--mscale", "--mscale-all-dim",
     "--moe-router-score-function", "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor",
@@ -273,13 +277,15 @@ def _parallel_args(plan: ir.Plan, args: list, lose) -> None:
                  f"2 x {plan.cp} = {2 * plan.cp})", "context")
     if plan.experts is not None and plan.expert_group > 1:
         args.append(("--expert-model-parallel-size", str(plan.expert_group)))
+        if plan.experts.kind != "alltoall":  # DeepEP's or HybridEP's kernels behind the flex dispatcher
+            args += [("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", plan.experts.kind)]
         if plan.expert_tp != plan.tp:  # folded over the tensor axis: each expert whole (MoE parallel folding)
             args.append(("--expert-tensor-parallel-size", str(plan.expert_tp)))
         # the all-to-alls behind the other microbatch's work (and its weight gradients); TransformerConfig refuses
         # it with a pipeline of one virtual stage per rank and with full recomputation
         unpaired = plan.pp > 1 and (plan.stages is None or plan.stages.virtual == 1)
         if plan.experts.overlap and (unpaired or plan.train.recompute is ir.Recompute.full):
-            lose("experts = alltoall with overlap " + ("without virtual pipeline stages" if unpaired else
+            lose(f"experts = {plan.experts.kind} with overlap " + ("without virtual pipeline stages" if unpaired else
                                                        "with full recomputation") +
                  " (megatron-core's overlap_moe_expert_parallel_comm needs virtual stages and no full recomputation)",
                  "experts")

@@ -197,7 +197,9 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
         kind = {v: k for k, v in facts.CONTEXT_COMM.items()}[read.get("--cp-comm-type", "p2p")]
         lines.append(f"  context = {kind} over cp")
     if ep > 1 or fold:
-        lines.append(f"  experts = alltoall over {'[ep, tp]' if fold else 'ep'}" + (" with overlap" if read.get("--overlap-moe-expert-parallel-comm")
+        flex = read.get("--moe-token-dispatcher-type") == "flex" or read.get("--moe-enable-deepep")
+        kind = read.get("--moe-flex-dispatcher-backend", "deepep") if flex else "alltoall"
+        lines.append(f"  experts = {kind} over {'[ep, tp]' if fold else 'ep'}" + (" with overlap" if read.get("--overlap-moe-expert-parallel-comm")
                                                        else ""))
     lines += stages
     return "\n".join(lines + ["}"]) + "\n"

@@ -607,7 +607,11 @@ class ContextParallel(Node):
 
 
 class ExpertParallel(Node):
-    kind: Literal["alltoall"] = "alltoall"
+    kind: Literal["alltoall", "deepep", "hybridep"] = Field(
+        default="alltoall", description="the dispatcher that moves the routed tokens: `alltoall` (Megatron-Core's "
+        "alltoall dispatcher, NCCL's all-to-all: every routed copy to its expert's rank), `deepep` or `hybridep` "
+        "(Megatron-Core's flex dispatcher on DeepEP's or HybridEP's kernels: a token crosses the network once per "
+        "node that holds any of its experts, then NVLink carries it to each expert there)")
     axis: str
     overlap: bool = Field(default=False, description="`with overlap`: each microbatch's dispatch and combine "
                           "all-to-alls run behind another microbatch's computation, as Megatron-Core's "

@@ -34,7 +34,7 @@ DATA_KINDS: dict[str, ir.DataKind | str] = {  # each kind, then its other spelli
     "none": "none"}
 TENSOR_STYLES = ("megatron", "none")
 CONTEXT_KINDS = ("ring", "allgather", "none")
-EXPERT_KINDS = ("alltoall", "none")
+EXPERT_KINDS = ("alltoall", "deepep", "hybridep", "none")
 CLAUSE_OPTIONS: dict[str, tuple[str, ...]] = {  # an attribute's clause -> the `with` options it takes
     "data": ("unit", "prefetch", "prefetch_bucket"), "tensor": ("sequence_parallel", "overlap"), "context": (), "experts": ("overlap",),
     "stages": ("virtual", "map")}

@@ -30,8 +30,9 @@ def describe_plan(plan: ir.Plan) -> str:
     if plan.context:
         parts.append(f"{plan.context.kind} cp over {plan.context.axis}")
     if plan.experts:
-        parts.append((f"experts over {plan.experts.axis}" if not plan.experts.fold else
-                      f"experts whole over [{', '.join(plan.experts.axes)}] ({plan.expert_group})")
+        kind = "" if plan.experts.kind == "alltoall" else f"{plan.experts.kind} "
+        parts.append((f"{kind}experts over {plan.experts.axis}" if not plan.experts.fold else
+                      f"{kind}experts whole over [{', '.join(plan.experts.axes)}] ({plan.expert_group})")
                      + (" with overlap" if plan.experts.overlap else ""))
     lines.append(f"  parallel  {'; '.join(parts) or 'none'}")
     shares = data_shares(plan) if batch.uneven(plan) else None

@@ -43,6 +43,7 @@ FIELDS: tuple[tuple[str, str, Callable[[ir.Plan], Value]], ...] = (
     ("sharding", "tensor.overlap", lambda p: p.tensor is not None and p.tensor.overlap),
     ("sharding", "context.kind", lambda p: p.context and p.context.kind),
     ("sharding", "context.axis", lambda p: p.context and p.context.axis),
+    ("sharding", "experts.kind", lambda p: p.experts and p.experts.kind),
     ("sharding", "experts.axis", lambda p: p.experts and p.experts.axis),
     ("sharding", "experts.fold", lambda p: p.experts and list(p.experts.fold) or None),
     ("sharding", "experts.overlap", lambda p: p.experts is not None and p.experts.overlap),

@@ -216,7 +216,7 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
         lines.append(f"  context  = {CONTEXT} over cp")
     if c.ep > 1:
         over = "[ep, tp]" if problem.fold_experts and c.tp > 1 else "ep"
-        lines.append(f"  experts  = alltoall over {over}" + (" with overlap" if problem.overlap_experts else ""))
+        lines.append(f"  experts  = {problem.dispatcher} over {over}" + (" with overlap" if problem.overlap_experts else ""))
     if c.pp > 1:
         lines += stage_lines(scored, problem)
         lines.append(f"  schedule = {c.schedule}")

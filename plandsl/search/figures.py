@@ -68,9 +68,9 @@ class Figures:
         train = p.training()
         mesh = ir.Mesh(axes=(ir.Axis(name="dp", size=1),))
         # the experts' overlap and folding are the problem's, carried here for `build_plan` (its candidates set the axis)
-        experts = ir.ExpertParallel.model_construct(kind="alltoall", axis="ep", overlap=p.overlap_experts,
+        experts = ir.ExpertParallel.model_construct(kind=p.dispatcher, axis="ep", overlap=p.overlap_experts,
                                                     fold=("tp",) if p.fold_experts else ()) \
-            if p.overlap_experts or p.fold_experts else None
+            if p.overlap_experts or p.fold_experts or p.dispatcher != "alltoall" else None
         # likewise the tensor-parallel collectives' overlap (`build_plan` writes it where there is sequence parallelism)
         tensor = ir.TensorParallel.model_construct(style="megatron", axis="tp", sequence_parallel=True, overlap=True) \
             if p.overlap_tensor else None
@@ -90,7 +90,8 @@ class Figures:
                     kernels=self.problem.kernels,  # `plan_work`: one microbatch has nothing to overlap with
                     overlap_experts=self.problem.overlap_experts and node.microbatches > 1,
                     attention=self.problem.attention, fold_experts=fold, loss=self.problem.loss,
-                    overlap_tensor=self.problem.overlap_tensor and root.sequence_parallel)
+                    overlap_tensor=self.problem.overlap_tensor and root.sequence_parallel,
+                    dispatcher=self.problem.dispatcher)
 
     def device_types(self, root: Root) -> dict:
         """The root's device types by name, once per root."""

@@ -131,7 +131,8 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                       overlap_experts=bool(plan.experts and plan.experts.overlap), attention=plan.train.attention,
                       loss=plan.train.loss, fold_experts=bool(plan.experts and plan.experts.fold),
                       overlap_tensor=bool(plan.tensor and plan.tensor.overlap),
-                      gathering=plan.data.gathering if plan.data is not None else ir.FSDP_GATHERING)
+                      gathering=plan.data.gathering if plan.data is not None else ir.FSDP_GATHERING,
+                      dispatcher=plan.experts.kind if plan.experts else "alltoall")
     decided = "mesh" in attrs and not free_choices(attrs, stage_block, plan)
     return Partial(path, text, module, definition, attrs, stage_block, plan, problem, parse_pins(pins), names,
                    tuple(overs), train_items, local, params, tuple(notes), decided)

@@ -43,6 +43,7 @@ class Problem:
     overlap_tensor: bool = False                      # given, not searched: `tensor = ... with sequence_parallel,
     #                                                   overlap` wherever a candidate has sequence parallelism
     gathering: ir.Gathering = ir.FSDP_GATHERING       # given, not searched: `data = zero3 ... with unit, prefetch`
+    dispatcher: str = "alltoall"                      # given, not searched: `experts = deepep over ep` (ir.ExpertParallel)
 
     @property
     def sequence(self) -> int:
@@ -176,7 +177,8 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
     context = _node(ir.ContextParallel, kind=CONTEXT, axis="cp") if c.cp > 1 else None
     overlap = bool(base.experts and base.experts.overlap)  # the problem's `overlap_experts` (search.figures)
     fold = ("tp",) if base.experts is not None and base.experts.fold and c.tp > 1 else ()  # its `fold_experts`
-    experts = _node(ir.ExpertParallel, kind="alltoall", axis="ep", overlap=overlap, fold=fold) if c.ep > 1 else None
+    kind = base.experts.kind if base.experts is not None else "alltoall"  # the problem's `dispatcher`
+    experts = _node(ir.ExpertParallel, kind=kind, axis="ep", overlap=overlap, fold=fold) if c.ep > 1 else None
     stages = schedule = None
     if c.pp > 1:
         name = c.schedule or DEFAULT_SCHEDULE

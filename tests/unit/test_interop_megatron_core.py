@@ -371,3 +371,24 @@ plan p {
                                                     order="tp-cp-ep-dp-pp")
     assert {tuple(sorted(g)) for g in experts.get_ranks("ep")} == _groups(sizes, {2, 3})
     assert {tuple(sorted(g)) for g in experts.get_ranks("dp")} == _groups(sizes, {1})
+
+
+@pytest.mark.parametrize("kind", ["deepep", "hybridep"])
+def test_the_flex_dispatchers_are_megatrons(mcore, kind):
+    """`experts = deepep | hybridep over ep` exports --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend,
+    which TransformerConfig takes as its moe_token_dispatcher_type and moe_flex_dispatcher_backend."""
+    plan = api.loads(f"""
+import "clusters/dgx_h100"
+plan p {{
+  model   = llama(layers=4, hidden=1024, heads=8, kv_heads=4, ffn=512, experts=32, top_k=4, vocab=32000, seq=2048)
+  cluster = dgx_h100 x 2
+  mesh    = [dp = 2, ep = 8]
+  train   = {{ global_batch: 64, micro_batch: 1, precision: bf16 }}
+  data    = zero1 over dp
+  experts = {kind} over ep
+}}
+""").plans[0]
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost
+    config = _configs(mcore, _flags(exported.text))[0]
+    assert (config.moe_token_dispatcher_type, config.moe_flex_dispatcher_backend) == ("flex", kind)

@@ -1,0 +1,98 @@
+"""`experts = deepep | hybridep over ...`: Megatron-Core's flex dispatcher on DeepEP's (or HybridEP's) kernels, which
+send a token over the network once per other node holding any of its experts and forward it over NVLink there
+(DeepEP, docs/legacy.md, "Normal kernels with NVLink and RDMA forwarding"). The network bytes by hand, the same
+time as the all-to-all inside a node, and the kind through the language, `show`, `diff`, the search's plans and
+Megatron's flags both ways."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from plandsl import api
+from plandsl.cost.comm import collective_seconds, node_dispatch_seconds, nodes_reached
+from plandsl.cost.estimate import plan_work
+from plandsl.cost.layer import estimate_layer_time, plan_links
+from plandsl.interop import export_plan, import_text
+from plandsl.ir.layers import layers_of
+from plandsl.render.summary import describe_plan
+from plandsl.rewrite.diff import diff_plans
+from plandsl.search import Problem, search
+from plandsl.search.emit import Source, plan_text
+
+# Qwen3-30B-A3B's shapes on two DGX H100 nodes: 128 experts, top 8, hidden 2048
+PLAN = """\
+import "clusters/dgx_h100"
+plan p {{
+  model    = llama(layers=4, hidden=2048, heads=32, kv_heads=4, head_dim=128, ffn=768, experts=128, top_k=8,
+                   vocab=151936, seq=4096)
+  cluster  = dgx_h100 x 2
+  mesh     = [{mesh}]
+  train    = {{ global_batch: 64, micro_batch: 1, precision: bf16 }}
+  experts  = {kind} over ep
+}}
+"""
+
+
+def _plan(kind="deepep", mesh="ep = 16"):
+    return api.loads(PLAN.format(kind=kind, mesh=mesh)).plans[0]
+
+
+def _block_seconds(plan):
+    block = next(layer for layer in layers_of(plan.model) if layer.kind == "block")
+    return estimate_layer_time(plan.model, block, plan_work(plan), plan.cluster.devices_in_order()[0],
+                               plan_links(plan))
+
+
+def test_a_token_crosses_the_network_once_per_node_it_reaches():
+    """Over two nodes of 64 experts each, a token's 8 experts miss the other node with probability
+    C(64, 8) / C(128, 8), so it crosses once (0.9967 times) where the all-to-all sends 8/16 of its 8 copies: the
+    network carries 1/8 of the routed bytes; NVLink carries 7/16 of them for this node and 8/16 x 7/8 forwarded."""
+    reached = nodes_reached(128, 8, 2)
+    assert reached == pytest.approx(1 - math.comb(64, 8) / math.comb(128, 8))
+    links = plan_links(_plan()).ep
+    assert (links.size, links.local, links.nodes) == (16, 8, 2)
+    routed = 4096 * 8 * 2048 * 2
+    nvlink = (7 / 16 + 8 / 16 * 7 / 8) * routed / links.intra_bandwidth
+    network = routed / 8 * reached / links.inter_bandwidth
+    assert node_dispatch_seconds(routed, links, 128, 8) == pytest.approx(
+        7 * links.intra_latency + links.inter_latency + max(nvlink, network))
+    assert node_dispatch_seconds(routed, links, 128, 8) < collective_seconds("all_to_all", routed, links) / 4
+
+
+def test_inside_one_node_it_is_the_all_to_all():
+    deepep, alltoall = _block_seconds(_plan(mesh="dp = 2, ep = 8")), _block_seconds(_plan("alltoall", "dp = 2, ep = 8"))
+    assert deepep.forward == alltoall.forward and deepep.backward == alltoall.backward
+
+
+@pytest.mark.parametrize("kind", ["deepep", "hybridep"])
+def test_across_nodes_the_block_waits_less(kind):
+    flex, alltoall = _block_seconds(_plan(kind)), _block_seconds(_plan("alltoall"))
+    assert flex.forward < alltoall.forward and flex.backward < alltoall.backward
+
+
+def test_the_kind_in_show_diff_and_the_search():
+    plan = _plan()
+    assert plan.experts.kind == "deepep"
+    assert "deepep experts over ep" in describe_plan(plan)
+    changes = diff_plans(_plan("alltoall"), plan).changes
+    assert [(c.field, c.old, c.new) for c in changes] == [("experts.kind", "alltoall", "deepep")]
+    problem = Problem(plan.model, plan.cluster, 64, dispatcher="hybridep")
+    best = search(problem, pins={"ep": 16, "tp": 1, "pp": 1, "cp": 1}, top=1).best
+    text = plan_text(best, problem, Source(('clusters/dgx_h100',), "llama(layers=4, hidden=2048, heads=32, kv_heads=4, "
+                     "head_dim=128, ffn=768, experts=128, top_k=8, vocab=151936, seq=4096)", "dgx_h100 x 2"))
+    assert "experts = hybridep over ep" in text
+    written = api.loads(text).plans[0]
+    assert written.experts.kind == "hybridep"
+    assert api.estimate(written).time.step == pytest.approx(best.estimate.time.step)
+
+
+@pytest.mark.parametrize("kind", ["deepep", "hybridep"])
+def test_megatron_flags_both_ways(kind):
+    exported = export_plan(_plan(kind), "megatron")
+    assert "--moe-token-dispatcher-type flex" in exported.text
+    assert f"--moe-flex-dispatcher-backend {kind}" in exported.text
+    imported = import_text("megatron", exported.text, "plan.args", world_size=16)
+    assert imported.ok and f"experts = {kind} over ep" in imported.text
+    plain = export_plan(_plan("alltoall"), "megatron")
+    assert "--moe-token-dispatcher-type" not in plain.text  # as before: Megatron's default dispatcher
