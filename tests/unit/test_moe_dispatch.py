@@ -19,6 +19,7 @@ from plandsl.render.summary import describe_plan
 from plandsl.rewrite.diff import diff_plans
 from plandsl.search import Problem, search
 from plandsl.search.emit import Source, plan_text
+from plandsl.search.partial import read_partial
 
 # Qwen3-30B-A3B's shapes on two DGX H100 nodes: 128 experts, top 8, hidden 2048
 PLAN = """\
@@ -96,3 +97,12 @@ def test_megatron_flags_both_ways(kind):
     assert imported.ok and f"experts = {kind} over ep" in imported.text
     plain = export_plan(_plan("alltoall"), "megatron")
     assert "--moe-token-dispatcher-type" not in plain.text  # as before: Megatron's default dispatcher
+
+
+def test_generate_from_a_partial_plan_keeps_the_dispatcher(tmp_path):
+    """`generate --from`: a partial plan's `experts = hybridep over ep` is the problem's dispatcher, priced and
+    written back."""
+    path = tmp_path / "partial.plan"
+    path.write_text(PLAN.format(kind="hybridep", mesh="ep = 16").replace("  mesh     = [ep = 16]\n", ""))
+    partial = read_partial(path)
+    assert partial.problem.dispatcher == "hybridep"
