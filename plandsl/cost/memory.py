@@ -410,16 +410,7 @@ def _live_units(plan: ir.Plan, layers: Sequence[Layer], root: float, gathering: 
     else:
         sizes = ([root] if root else []) + [d + e for layer in layers if layer.kind in ("block", "custom")
                                             for d, e in module_split(layer, tp, ep, expert_tp)]
-    best = 0.0
-    for index, size in enumerate(sizes):
-        ahead, elements = 0, 0.0
-        for following in sizes[index + 1:]:
-            if (gathering.prefetch_bucket is None and ahead >= gathering.prefetch) or \
-                    (gathering.prefetch_bucket is not None and ahead >= 1 and elements >= gathering.prefetch_bucket):
-                break
-            ahead, elements = ahead + 1, elements + following
-        best = max(best, size + elements)
-    return best
+    return max((sum(sizes[index:index + 1 + gathering.ahead(sizes, index)]) for index in range(len(sizes))), default=0.0)
 
 
 def tied_embedding(plan: ir.Plan, layers: Sequence[Layer]) -> Param | None:

@@ -120,20 +120,8 @@ def gather_units(layers: Sequence[Layer], times: Sequence[LayerTime], params: Se
             split = module_split(layer, tp, ep, expert_tp)
             total = sum(d + e for d, e in split) or 1
             units += [Unit(t.forward * (d + e) / total, t.backward * (d + e) / total, d, e) for d, e in split]
-    return [replace(unit, ahead=_ahead(units, index, gathering)) for index, unit in enumerate(units)]
-
-
-def _ahead(units: Sequence[Unit], index: int, gathering: ir.Gathering) -> int:
-    """How many units after `index` are gathered while it computes (in the forward's order; the backward's
-    windows are taken as the same counts)."""
-    if gathering.prefetch_bucket is None:
-        return gathering.prefetch
-    elements, count = 0.0, 0
-    for unit in units[index + 1:]:
-        elements, count = elements + unit.dense + unit.expert, count + 1
-        if elements >= gathering.prefetch_bucket:
-            break
-    return max(1, count)
+    sizes = [unit.dense + unit.expert for unit in units]
+    return [replace(unit, ahead=gathering.ahead(sizes, index)) for index, unit in enumerate(units)]
 
 
 def unit_pass(compute: Sequence[float], gather: Sequence[float], scatter: Sequence[float],

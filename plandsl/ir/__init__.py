@@ -8,6 +8,7 @@ Local invariants live in validators here; anything needing the whole plan is a c
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from enum import Enum
 from typing import Annotated, Any, Literal, NamedTuple, Optional, Union
 
@@ -565,6 +566,19 @@ class Gathering(NamedTuple):
     def default(self) -> bool:
         """FSDP's blocks, one unit ahead: what the cost model prices in closed form."""
         return self.unit is GatherUnit.block and self.prefetch == 1 and self.prefetch_bucket is None
+
+    def ahead(self, sizes: Sequence[float], index: int) -> int:
+        """How many units after unit `index` (of units of `sizes` parameters, in the order they run) are gathered
+        while it runs: `prefetch`, or with `prefetch_bucket` the fewest following units (at least one) whose
+        parameters reach it, as DeepSpeed's `get_params_to_prefetch` issues them (stage3.py, 0.3.13-0.5.x)."""
+        if self.prefetch_bucket is None:
+            return self.prefetch
+        elements, count = 0.0, 0
+        for size in sizes[index + 1:]:
+            elements, count = elements + size, count + 1
+            if elements >= self.prefetch_bucket:
+                break
+        return max(1, count)
 
 
 FSDP_GATHERING = Gathering()

@@ -199,6 +199,12 @@ CASES = [
     # sequence parallelism leaves the norms' gradients as Partial sums: counted once reduced
     ("grad_clip_tp_sp", _plan("[tp = 2]", "tensor = megatron over tp with sequence_parallel",
                               train="{ global_batch: 8, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0, grad_clip: 0.05 }"), 1e-5),
+    # FSDP units as the plan says: each module with parameters its own group, prefetched by a bucket of elements
+    # (the tiny GPT's linear layers hold 4,160 to 16,640: one to four ahead), modules under ZeRO-2, blocks two ahead
+    ("fsdp_modules_bucket", _plan("[dp = 2]", "data = zero3 over dp with unit = module, prefetch_bucket = 20_000",
+                                  train=_RECOMPUTE), 1e-5),
+    ("zero2_modules", _plan("[dp = 2]", "data = zero2 over dp with unit = module"), 1e-5),
+    ("fsdp_blocks_two_ahead", _plan("[dp = 2]", "data = zero3 over dp with prefetch = 2", model="tiny_gpt"), 1e-5),
     ("grad_clip_fsdp", _plan("[dp = 2]", "data = zero3 over dp",
                              train="{ global_batch: 8, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0, grad_clip: 0.05 }"), 1e-5),
     # 8 = dp 2 x micro-batch 2 x 2 microbatches accumulated, with a warmup and a cosine decay
@@ -412,3 +418,28 @@ def test_a_rule_over_the_data_axis_is_refused_where_it_cannot_run():
     part = _DP_RULES.replace("bias: [Shard(0) @ tp, Shard(0) @ dp]", "bias: Shard(0) @ tp")
     (refused,) = refusals(load(_plan("[dp = 2, tp = 2]", part)))
     assert "splits weight of 'layers.1.mlp.w1' over the data axis but not bias" in refused.message, refused
+
+
+def _fsdp_units(rank: int, text: str) -> dict:
+    """The FSDP groups one step built, and how many units each gathers ahead in its forward."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from plandsl.runtime.train import RunConfig, run
+    _, job = run(load(text), RunConfig(steps=1, quiet=True, timeout_s=RANK_TIMEOUT_S))
+    units = {name.replace("._checkpoint_wrapped_module", ""): module for part in job.models
+             for name, module in part.named_modules() if isinstance(module, FSDPModule)}
+    return {"units": sorted(units), "ahead": {name: len(module._get_fsdp_state()._states_to_forward_prefetch)
+                                              for name, module in units.items()}}
+
+
+def test_fsdp_units_follow_the_plan_gathering():
+    """`unit = module`: each module with parameters its own FSDP group (norms, q, k, v, o, the MLP's, the
+    embedding's, the head), not each block; `prefetch_bucket` names the units each gathers ahead."""
+    text = _plan("[dp = 2]", "data = zero3 over dp with unit = module, prefetch_bucket = 20_000")
+    result = run_ranks(2, _fsdp_units, text, deadline_s=100)[0]
+    assert "layers.0.attn.wq" in result["units"] and "layers.1.mlp.w2" in result["units"]
+    assert "layers.0" not in result["units"] and "head" in result["units"]
+    assert result["ahead"]["layers.0.attn.wq"] >= 2  # 4,160 elements each: q, k, v, o and more to reach 20,000
+    blocks = run_ranks(2, _fsdp_units, _plan("[dp = 2]", "data = zero3 over dp"), deadline_s=100)[0]
+    assert [name for name in blocks["units"] if name] == ["layers.0", "layers.1"]
+    assert set(blocks["ahead"].values()) == {0}  # FSDP2's own prefetch, one ahead

@@ -4,7 +4,9 @@ Stage: interpreter. Contract: `apply_dp(model, kind, dp_mesh, device)` returns t
 replicate -> DistributedDataParallel (torch's composable `replicate` for TP's DTensor parameters and for
 pipeline stages: see `apply_ddp`), zero1 -> the same plus `build_dp_optimizer`'s ZeroRedundancyOptimizer
 (`zero.Zero1Optimizer` for DTensor parameters), zero2 -> fully_shard(reshard_after_forward=False),
-zero3 -> fully_shard, hsdp -> fully_shard on the 2-D (replicate, shard) mesh. Parameter names are kept.
+zero3 -> fully_shard, hsdp -> fully_shard on the 2-D (replicate, shard) mesh, each FSDP unit as the plan's
+gathering says (`ir.Gathering`: a block, or each module that owns parameters; the units prefetched ahead).
+Parameter names are kept.
 """
 from __future__ import annotations
 
@@ -33,17 +35,20 @@ warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a vi
 
 def apply_dp(model: nn.Module, kind: ir.DataKind | str, dp_mesh: DeviceMesh, device: torch.device,
              expert_mesh: DeviceMesh | None = None, pipelined: bool = False,
-             data_shards: dict[str, dict[str, int]] | None = None, uneven: bool = False) -> nn.Module:
+             data_shards: dict[str, dict[str, int]] | None = None, uneven: bool = False,
+             gathering: ir.Gathering = ir.FSDP_GATHERING) -> nn.Module:
     """`expert_mesh`: what expert-parallel shards are reduced over (see `_group_experts`); `pipelined`:
     `model` is a pipeline stage; `data_shards`: the modules shard rules split over the data axis
     (`shard_by_rules`); `uneven`: the data ranks run their own microbatch counts (`batch_shares`), so FSDP
     keeps the parameters gathered from a step's first forward to its last backward (`gradient_sync`): one
-    all-gather and one reduce-scatter per unit and step on every rank, whatever its count."""
+    all-gather and one reduce-scatter per unit and step on every rank, whatever its count; `gathering`: the
+    plan's FSDP units and prefetch (`apply_fsdp`)."""
     if data_shards:
         shard_by_rules(model, data_shards, dp_mesh)
     kind = ir.DataKind(kind)
     if kind.sharded:  # ZeRO-2 keeps the parameters gathered between forward and backward, ZeRO-3 reshards
-        model = apply_fsdp(model, dp_mesh, reshard_after_forward=kind.zero_stage == 3, expert_mesh=expert_mesh)
+        model = apply_fsdp(model, dp_mesh, reshard_after_forward=kind.zero_stage == 3, expert_mesh=expert_mesh,
+                           gathering=gathering)
     if uneven:  # every FSDP unit, a shard rule's too
         for module in model.modules():
             if isinstance(module, FSDPModule):
@@ -52,17 +57,53 @@ def apply_dp(model: nn.Module, kind: ir.DataKind | str, dp_mesh: DeviceMesh, dev
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool,
-               expert_mesh: DeviceMesh | None = None) -> nn.Module:
-    """One FSDP group per block, the rest (embedding, final norm, head) in the root's group."""
+               expert_mesh: DeviceMesh | None = None, gathering: ir.Gathering = ir.FSDP_GATHERING) -> nn.Module:
+    """One FSDP group per unit: each block (`unit = block`) or each module that owns parameters (`unit =
+    module`: a block's norms and linear layers one by one, and the embedding's, norm's and head's), the rest in
+    the root's group. FSDP2 gathers the next unit as the current one runs (its implicit prefetch, one ahead);
+    a plan that prefetches further (`prefetch = N`, `prefetch_bucket = N`) names the units each one gathers
+    ahead (`set_modules_to_forward_prefetch`, and backward in reverse order)."""
     ignored = _group_experts(model, expert_mesh, fully_shard, reshard_after_forward=reshard_after_forward)
-    blocks = _blocks(model)
-    for index, block in enumerate(blocks):
-        # The last block's parameters are needed again at once by the backward: keep them gathered.
-        last = index == len(blocks) - 1
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward and not last,
+    units = _blocks(model) if gathering.unit is ir.GatherUnit.block else _parameter_modules(model, ignored)
+    for index in reversed(range(len(units))):  # inner units first: a unit's group takes what they leave
+        # The last unit's parameters are needed again at once by the backward: keep them gathered.
+        last = index == len(units) - 1
+        fully_shard(units[index], mesh=dp_mesh, reshard_after_forward=reshard_after_forward and not last,
                     ignored_params=ignored)
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, ignored_params=ignored)
+    _prefetch(units, gathering)
     return model
+
+
+def _parameter_modules(model: nn.Module, ignored: set[nn.Parameter] | None) -> list[nn.Module]:
+    """The modules below `model` that own parameters (of their own, not their children's), in the order they are
+    registered, which is the order a block runs them. Left to the root's group: the experts' (grouped apart), a
+    module a shard rule already made a group of its own, and one sharing a parameter with another module (a head
+    tied to the embedding), which one group must hold."""
+    ignored = ignored or set()
+    owners: dict[int, int] = {}
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            owners[id(param)] = owners.get(id(param), 0) + 1
+    return [module for module in model.modules() if module is not model and not isinstance(module, FSDPModule)
+            and any(p not in ignored for p in module.parameters(recurse=False))
+            and all(owners[id(p)] == 1 for p in module.parameters(recurse=False))]
+
+
+def _prefetch(units: list[nn.Module], gathering: ir.Gathering) -> None:
+    """Past one unit ahead, each unit names those it gathers while it runs: `prefetch` units, or the fewest
+    whose parameters reach `prefetch_bucket` elements (`ir.Gathering.ahead`, as the cost model counts them)."""
+    if gathering.prefetch_bucket is None and gathering.prefetch <= 1:
+        return  # FSDP2's own: the next unit, gathered as the current one runs (`prefetch = 0` runs as 1)
+    sizes = [sum(p.numel() for p in unit.parameters()) for unit in units]
+    for order in (units, units[::-1]):
+        ordered = sizes if order is units else sizes[::-1]
+        for index, unit in enumerate(order):
+            ahead = gathering.ahead(ordered, index)
+            if ahead > 1:
+                set_prefetch = unit.set_modules_to_forward_prefetch if order is units else \
+                    unit.set_modules_to_backward_prefetch
+                set_prefetch(list(order[index + 1:index + 1 + ahead]))
 
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, device: torch.device,

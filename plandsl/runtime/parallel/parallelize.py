@@ -71,5 +71,6 @@ def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch
         kind = plan.data.kind if plan.data is not None else ir.DataKind.replicate  # expert axis alone: replicate
         return apply_dp(model, kind, dp_mesh, device, expert_data_mesh(plan, mesh), pipelined=plan.stages is not None,
                         data_shards={name: rule.data for name, rule in rules.items() if rule.data},
-                        uneven=plan.train.batch_shares is not None)
+                        uneven=plan.train.batch_shares is not None,
+                        gathering=plan.data.gathering if plan.data is not None else ir.FSDP_GATHERING)
     return model
