@@ -169,3 +169,10 @@ def test_diff_lists_the_gathering_options_only_where_written():
     assert {c.field for c in changes(fsdp, deepspeed)} == {"data.unit", "data.prefetch_bucket"}
     assert {c.field for c in changes(fsdp, zero2)} == {"data.kind"}  # the defaults show as none on both
     assert {c.field for c in changes(fsdp, lowered("zero3 over dp with prefetch = 0"))} == {"data.prefetch"}
+
+
+def test_show_names_the_gathering_where_written():
+    from plandsl.render.summary import describe_plan
+    shown = describe_plan(lowered("zero3 over dp with unit = module, prefetch_bucket = 5e7"))
+    assert "parallel  zero3 over dp with unit = module, prefetch_bucket = 50000000\n" in shown
+    assert "parallel  zero3 over dp\n" in describe_plan(lowered("zero3 over dp"))  # as before the options
