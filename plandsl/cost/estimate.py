@@ -32,6 +32,7 @@ from plandsl.cost.comm import collective_seconds
 from plandsl.cost.compute import Efficiency, Work, peak_of
 from plandsl.cost.layer import NOTHING_MOVED, LayerTime, Links, Moved, estimate_layer_time, plan_links
 from plandsl.cost.memory import (MemoryEstimate, StateBytes, estimate_layer_activations, estimate_plan_memory, gathers_kv, held_stages,
+                                 pipelined_shards,
                                  layer_recompute,
                                  inflight_microbatches, zero_degrees)
 from plandsl.cost.stage import StageTime, fsdp_units, gather_units, param_split, rank_tail, slowest, stage_time
@@ -178,7 +179,8 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
     degrees = (dense_degree, expert_degree)
     # A rank reduces and updates the weights of every stage it holds (Chimera: one of each pipeline).
     tails = [rank_tail([stage_times[s] for s in stages], zero_stage, degrees, precision.bytes, links,
-                       rank_devices[rank], plan.train.optimizer, precision, StateBytes.of(plan.train))
+                       rank_devices[rank], plan.train.optimizer, precision, StateBytes.of(plan.train),
+                       pipelined_shards(plan))
              for rank, stages in enumerate(held_stages(plan, ranks))]
     runs = _stage_runs(plan, assignment, m)
     busy = [sum(runs[r][s] * (stage_times[s].forward + stage_times[s].backward) for s in runs[r])
@@ -389,7 +391,7 @@ def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | Non
         gathered = None if gathering.default else gather_units(layers, times, params, gathering, plan.tp,
                                                                plan.expert_group, plan.expert_tp)
         result.append(stage_time(times, params, zero_stage, precision.bytes, links, fsdp_units(layers),
-                                 plan.train.grad_dtype.bytes, gathered))
+                                 plan.train.grad_dtype.bytes, gathered, pipelined_shards(plan)))
     return result
 
 

@@ -363,10 +363,15 @@ def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param
     microbatch (`runtime.parallel.data_parallel.apply_dp(uneven=True)`, `gradient_sync`): ZeRO-3 holds every
     unit's parameters whole at once, and with more than one microbatch the unsharded gradients of every unit
     accumulate until then (with one, each unit reduces after its backward: two units' gradients, as above).
+    A pipelined plan is held too (`pipelined_shards`): torch's pipeline schedules keep a stage's parameters
+    gathered and its gradients unsharded until every microbatch has run, and reduce them after the last
+    backward even with one microbatch.
     """
     stage = zero_degrees(plan)[0]
     if stage < 2:
         return 0.0, 0.0
+    pipelined = pipelined_shards(plan)
+    held = held or pipelined
     tp, ep, expert_tp = plan.tp, plan.expert_group, plan.expert_tp
     units, root = [], sum(local_numel(p, tp, ep, expert_tp) for p in extra)
     seen: dict = {}
@@ -383,7 +388,7 @@ def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param
         live = _live_units(plan, layers, root, gathering)
     whole = sum(units) + root if held else live
     states = StateBytes.of(plan.train)
-    grads = whole if held and plan.num_microbatches > 1 else live
+    grads = whole if held and (plan.num_microbatches > 1 or pipelined) else live
     return (float(whole * states.params) if stage >= 3 else 0.0), float(grads * states.grads)
 
 
@@ -411,6 +416,16 @@ def _live_units(plan: ir.Plan, layers: Sequence[Layer], root: float, gathering: 
         sizes = ([root] if root else []) + [d + e for layer in layers if layer.kind in ("block", "custom")
                                             for d, e in module_split(layer, tp, ep, expert_tp)]
     return max((sum(sizes[index:index + 1 + gathering.ahead(sizes, index)]) for index in range(len(sizes))), default=0.0)
+
+
+def pipelined_shards(plan: ir.Plan) -> bool:
+    """ZeRO-2/3 under a pipeline schedule, as `plandsl run` and torchtitan run it: torch's schedules keep an FSDP
+    stage's gradients unsharded and its parameters gathered after each backward until every microbatch has run,
+    then reduce-scatter them once (`PipelineStage.backward_maybe_with_nosync`, `perform_reduce_grad`), and the
+    parameters are not resharded after the forward either (`runtime.parallel.data_parallel.apply_dp(pipelined=
+    True)`, torchtitan's default): one all-gather and one reduce-scatter per unit and step (`cost.stage.rank_tail`),
+    every unit whole through the step (`gathered_bytes`)."""
+    return plan.stages is not None and plan.data is not None and plan.data.zero_stage >= 2
 
 
 def tied_embedding(plan: ir.Plan, layers: Sequence[Layer]) -> Param | None:
@@ -652,7 +667,7 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
 
 
 __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estimate_layer_activations", "layer_recompute",
-           "held_stages", "gathered_bytes", "model_state_bytes", "tied_embedding",
+           "held_stages", "gathered_bytes", "pipelined_shards", "model_state_bytes", "tied_embedding",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
            "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES", "StateBytes", "FP32_STATES", "module_split"]
 

@@ -70,16 +70,16 @@ def fsdp_units(layers: Sequence[Layer]) -> int:
 
 def stage_time(times: Sequence[LayerTime], params: Sequence[tuple[int, int]], zero_stage: int,
                element: int, links: Links, units: int | None = None, grad_bytes: int = STATE_BYTES,
-               gathered: Sequence[Unit] | None = None) -> StageTime:
+               gathered: Sequence[Unit] | None = None, pipelined: bool = False) -> StageTime:
     """Sum the layers of a stage (then `zero_traffic`); `units`: its FSDP units (default: one per layer);
     `gathered`: the units in execution order when the plan gathers otherwise than FSDP's blocks one ahead
-    (`gather_units`)."""
+    (`gather_units`); `pipelined`: ZeRO-2/3 under a pipeline schedule (`cost.memory.pipelined_shards`)."""
     return zero_traffic(sum(t.forward for t in times), sum(t.input_grad for t in times),
                         sum(t.weight_grad for t in times), sum(t.forward_comm + t.backward_comm for t in times),
                         sum(t.flops for t in times), sum(t.recompute_flops for t in times),
                         float(sum(p[0] for p in params)), float(sum(p[1] for p in params)),
                         zero_stage, element, links, units or len(times), grad_bytes,
-                        sum((t.moved for t in times), NOTHING_MOVED), gathered)
+                        sum((t.moved for t in times), NOTHING_MOVED), gathered, pipelined)
 
 
 # ---- units gathered otherwise than FSDP's blocks one ahead ----------------------------------------------
@@ -152,7 +152,8 @@ def unit_pass(compute: Sequence[float], gather: Sequence[float], scatter: Sequen
 def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: float, flops: float,
                  recompute_flops: float, dense: float, expert: float, zero_stage: int, element: int,
                  links: Links, units: int = 1, grad_bytes: int = STATE_BYTES,
-                 moved: Moved = NOTHING_MOVED, gathered: Sequence[Unit] | None = None) -> StageTime:
+                 moved: Moved = NOTHING_MOVED, gathered: Sequence[Unit] | None = None,
+                 pipelined: bool = False) -> StageTime:
     """A stage's microbatch with ZeRO's per-microbatch traffic, one collective per unit.
 
     ZeRO-3 all-gathers every unit's parameters before its forward and again before its backward,
@@ -169,8 +170,14 @@ def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: fl
     `gathered` (a plan's `with unit`, `prefetch` or `prefetch_bucket`, `gather_units`): the units as they run,
     each with its own compute and traffic, priced by `unit_pass` forward and then backward in reverse order,
     instead of the closed form's equal units one ahead.
+
+    `pipelined` (ZeRO-2/3 under a pipeline schedule, `cost.memory.pipelined_shards`): a stage keeps its units
+    gathered and its gradients unsharded through the step, so a microbatch moves nothing over the data axes;
+    the step's one all-gather and one reduce-scatter are the rank's (`rank_tail`).
     """
-    if zero_stage >= 2 and gathered:
+    if zero_stage >= 2 and pipelined:
+        pass
+    elif zero_stage >= 2 and gathered:
         backward = input_grad + weight_grad
         gathers = [_over_data("all_gather", u.dense, u.expert, element, links) if zero_stage >= 3 else 0.0
                    for u in gathered]
@@ -230,7 +237,7 @@ class RankTail:
 
 def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, int], element: int,
               links: Links, device: ir.DeviceType, optimizer: ir.Optimizer,
-              precision: ir.Precision, states: StateBytes = FP32_STATES) -> RankTail:
+              precision: ir.Precision, states: StateBytes = FP32_STATES, pipelined: bool = False) -> RankTail:
     """Exposed data-parallel traffic and the optimizer step of one pipeline rank.
 
     ZeRO-0 all-reduces the gradients (bucketed, behind the backward of the last microbatch, as
@@ -241,6 +248,11 @@ def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, 
     parameters a device owns: all of them, or 1/N_d with ZeRO >= 1 (Rajbhandari et al. 2020).
     Gradients are reduced at `states.grads` (the plan's `grad_dtype`, fp32 by default), parameters
     gathered at `element`; the optimizer step reads and writes the plan's dtypes (`states`).
+    `pipelined` (ZeRO-2/3 under a pipeline schedule, `cost.memory.pipelined_shards`): the stage's gradients are
+    reduce-scattered once, after its last backward, with nothing left to compute behind them (torch's
+    `perform_reduce_grad` runs after every microbatch's backward): exposed whole; its parameters are gathered
+    once a step, ZeRO-3's before the first forward and ZeRO-2's after the optimizer, each behind a
+    microbatch's forward as ZeRO-1's gather is.
     """
     grad_bytes = states.grads
     dense = sum(s.dense_params for s in stages)
@@ -248,7 +260,11 @@ def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, 
     backward = sum(s.backward for s in stages)
     forward = sum(s.forward for s in stages)
     exposed = moved = 0.0
-    if zero_stage == 0:
+    if zero_stage >= 2 and pipelined:
+        exposed = _over_data("reduce_scatter", dense, expert, grad_bytes, links)
+        exposed += max(0.0, _over_data("all_gather", dense, expert, element, links) - forward)
+        moved = _data_bytes(dense, expert, grad_bytes, links) + _data_bytes(dense, expert, element, links)
+    elif zero_stage == 0:
         exposed = max(0.0, _over_data("all_reduce", dense, expert, grad_bytes, links) - backward)
         moved = _data_bytes(dense, expert, grad_bytes, links)
     elif zero_stage == 1:

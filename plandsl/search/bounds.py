@@ -51,7 +51,8 @@ class Bounds:
                 times = [self.figures.kind_times(node, device)[self.layers.index(layer)] for layer in layers]
                 params = [self.figures.params(layer, root.tp, root.ep) for layer in layers]
                 out.append(stage_time(times, params, zero, element, root.links, fsdp_units(layers),
-                                      self.problem.grad_dtype.bytes, self._gathered(root, zero, layers, times, params)))
+                                      self.problem.grad_dtype.bytes, self._gathered(root, zero, layers, times, params),
+                                      pipelined=zero >= 2 and root.pp > 1))
             return out
         out, start = [], 0
         for s, n in enumerate(counts):
@@ -101,7 +102,7 @@ class Bounds:
                                           [self.figures.params(layer, root.tp, root.ep) for layer in layers])
             found = self._stage_cache[key] = zero_traffic(*sums, dense, expert, zero, self.problem.precision.bytes,
                                                           root.links, units, self.problem.grad_dtype.bytes,
-                                                          gathered=gathered)
+                                                          gathered=gathered, pipelined=zero >= 2 and root.pp > 1)
         return found
 
     def _gathered(self, root, zero: int, layers, times, params):
@@ -326,7 +327,8 @@ class Bounds:
                 replicas = root.dp * root.ep * root.cp  # cost.memory.zero_degrees
                 tail = tails[key] = rank_tail([stages[s] for s in owned], zero, (replicas, replicas // root.ep),
                                               self.problem.precision.bytes, root.links, root.rank_devices[rank],
-                                              self.problem.optimizer, self.problem.precision, self.states)
+                                              self.problem.optimizer, self.problem.precision, self.states,
+                                              pipelined=zero >= 2 and pp > 1)  # cost.memory.pipelined_shards
             worst_tail = max(worst_tail, tail.exposed + tail.optimizer)
         if pp == 1:
             return m * sum(s.forward + s.backward for s in stages) + worst_tail

@@ -16,6 +16,7 @@ from plandsl import ir
 from plandsl.cost.compute import Efficiency, Work
 from plandsl.cost.layer import LayerTime, estimate_layer_time
 from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, gathered_bytes, inflight_microbatches,
+                                 pipelined_shards,
                                  model_state_bytes, tied_embedding, StateBytes)
 from plandsl.cost.stage import param_split
 from plandsl.ir.layers import Layer, figures_key, layers_of
@@ -149,7 +150,8 @@ class Figures:
         """Per kind (model-state bytes, activation bytes per microbatch, recompute working set), the
         states a head adds on a rank without its tied embedding, and a plan with the node's states."""
         root = node.root
-        key = (root.tp, root.cp, root.ep, root.dp, node.micro_batch, zero, node.recompute, root.sequence_parallel)
+        key = (root.tp, root.cp, root.ep, root.dp, root.pp > 1, node.micro_batch, zero, node.recompute,
+               root.sequence_parallel)
         found = self._memory_cache.get(key)
         if found is None:
             states, tied, plan = self._states(node, zero)
@@ -159,17 +161,22 @@ class Figures:
 
     def _states(self, node: Node, zero: int):
         """Model states per kind: a function of the degrees and the ZeRO stage, not of the micro-batch
-        or the recomputation (`cost.memory.model_state_bytes`), so one per layout and stage."""
+        or the recomputation (`cost.memory.model_state_bytes`), so one per layout and stage. Under a pipeline
+        ZeRO-2/3 keeps every layer's units gathered through the step (`cost.memory.pipelined_shards`): those
+        bytes grow with the layers as the states do, so they are counted with them (and `gathered` is 0)."""
         root = node.root
-        key = (root.tp, root.cp, root.ep, root.dp, zero)
+        key = (root.tp, root.cp, root.ep, root.dp, root.pp > 1, zero)
         found = self._states_cache.get(key)
         if found is None:
             plan = build_plan(self.base, candidate_of(node, "", 1, zero))
-            states = [sum(model_state_bytes(plan, [layer])) for layer, _ in self.kinds]
+            held = pipelined_shards(plan)
+            states = [sum(model_state_bytes(plan, [layer])) + (sum(gathered_bytes(plan, [layer])) if held else 0.0)
+                      for layer, _ in self.kinds]
             tied = 0.0
             if self.transformer and getattr(self.model, "tied_embeddings", False):
                 copy = tied_embedding(plan, self.layers)
-                tied = sum(model_state_bytes(plan, [], [copy])) if copy is not None else 0.0
+                tied = sum(model_state_bytes(plan, [], [copy])) + (sum(gathered_bytes(plan, [], [copy])) if held
+                                                                  else 0.0) if copy is not None else 0.0
             found = self._states_cache[key] = (states, tied, plan)
         return found
 
@@ -190,7 +197,7 @@ class Figures:
         """ZeRO-2/3's unsharded units on a rank (`cost.memory.gathered_bytes`) of a transformer with
         `blocks` blocks there, the embedding on the first rank and the norm and head on the last."""
         plan = memory[2]
-        if plan.data is None or plan.data.zero_stage < 2:
+        if plan.data is None or plan.data.zero_stage < 2 or pipelined_shards(plan):  # the latter: in the states
             return 0.0
         key = (id(plan), first, last, min(blocks, 2))  # the plan of the states: one per layout and stage
         found = self._gathered_cache.get(key)

@@ -392,8 +392,10 @@ def test_fsdp_with_shares_holds_every_unit_gathered_through_the_step():
         held = estimate_plan_memory(batch.replica_plan(zero3, share), held=True)
         replicated = estimate_plan_memory(batch.replica_plan(whole, share))
         assert [(m.gathered_params, m.gathered_grads) for m in held] == [(m.params, m.grads) for m in replicated]
-        two_units = estimate_plan_memory(batch.replica_plan(zero3, share))
-        assert all(h.total > t.total for h, t in zip(held, two_units))
+        # a pipelined stage holds them anyway (torch's schedules reduce once, after the last backward:
+        # cost.memory.pipelined_shards), shares or not
+        pipelined = estimate_plan_memory(batch.replica_plan(zero3, share))
+        assert [h.total for h in held] == [t.total for t in pipelined]
     assert estimate_plan(zero3).replica_memory[1] == tuple(estimate_plan_memory(batch.replica_plan(zero3, 4),
                                                                                   held=True))
     errors = _errors(TWO_MEMORIES.format(kind="zero3", shares="[12, 4]"))

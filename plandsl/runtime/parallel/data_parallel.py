@@ -42,14 +42,18 @@ def apply_dp(model: nn.Module, kind: ir.DataKind | str, dp_mesh: DeviceMesh, dev
     (`shard_by_rules`); `uneven`: the data ranks run their own microbatch counts (`batch_shares`), so FSDP
     keeps the parameters gathered from a step's first forward to its last backward (`gradient_sync`): one
     all-gather and one reduce-scatter per unit and step on every rank, whatever its count; `gathering`: the
-    plan's FSDP units and prefetch (`apply_fsdp`)."""
+    plan's FSDP units and prefetch (`apply_fsdp`). A pipelined stage does the same: torch's pipeline schedules
+    keep an FSDP stage's gradients unsharded, and its parameters gathered after each backward, until every
+    microbatch has run (`backward_maybe_with_nosync`, `perform_reduce_grad`), and its parameters are not
+    resharded after the forward either (torchtitan's default under pipelining): one all-gather per unit and
+    step rather than one per microbatch."""
     if data_shards:
         shard_by_rules(model, data_shards, dp_mesh)
     kind = ir.DataKind(kind)
     if kind.sharded:  # ZeRO-2 keeps the parameters gathered between forward and backward, ZeRO-3 reshards
         model = apply_fsdp(model, dp_mesh, reshard_after_forward=kind.zero_stage == 3, expert_mesh=expert_mesh,
                            gathering=gathering)
-    if uneven:  # every FSDP unit, a shard rule's too
+    if uneven or pipelined:  # every FSDP unit, a shard rule's too
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_reshard_after_forward(False, recurse=False)
