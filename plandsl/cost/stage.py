@@ -39,6 +39,9 @@ class StageTime:
     dense_params: float  # parameters held per device (after tensor/expert parallelism)
     expert_params: float
     moved: Moved = NOTHING_MOVED  # bytes its collectives move (layers' and ZeRO-2/3's), per microbatch
+    first_bucket: float = 0.0  # dense parameters of the bucket holding its first layers (`first_bucket`)
+    first_gather: float = math.inf  # ZeRO-3's closed form: the seconds of the forward's first all-gather, an
+    #                                 average unit's (`rank_tail` tops it up to the first bucket's); inf: priced
 
     @property
     def backward(self) -> float:
@@ -61,6 +64,32 @@ def param_split(layer: Layer, tp: int, ep: int, expert_tp: int | None = None) ->
     return dense, expert
 
 
+BUCKET_PARAMS, BUCKET_PARAMS_PER_RANK = 40_000_000, 1_000_000
+"""Megatron-Core's default gradient bucket: max(40M, 1M x data-parallel ranks) parameters
+(`DistributedDataParallelConfig.bucket_size`, `megatron/core/distributed/distributed_data_parallel.py`)."""
+
+
+def bucket_params(data_ranks: int) -> float:
+    """Parameters per bucket of Megatron-Core's data-parallel gradient buffer over `data_ranks` ranks."""
+    return float(max(BUCKET_PARAMS, BUCKET_PARAMS_PER_RANK * data_ranks))
+
+
+def first_bucket(params: Sequence[float], bucket: float) -> float:
+    """Parameters of the bucket that holds a stage's first layers (`params`: each layer's, in forward order).
+
+    Megatron-Core fills buckets walking the parameters backwards (the order the backward makes their
+    gradients) and closes one once it holds `bucket` parameters; a parameter is never split, so the
+    embedding (V·h/t) closes the last bucket it falls in alone or with what came before it. That bucket's
+    gradients are ready only when the backward ends, and its parameters are the first the next forward needs
+    (`param_and_grad_buffer.py`; the layer, not the parameter, is the unit here)."""
+    held = closed = 0.0
+    for count in reversed(params):
+        held += count
+        if held >= bucket:
+            held, closed = 0.0, held
+    return held if held > 0 else closed
+
+
 def fsdp_units(layers: Sequence[Layer]) -> int:
     """The units ZeRO-2/3 gather and reduce one at a time: each block (or written layer), and the
     stage's other layers together (the root), as `runtime.data_parallel.apply_fsdp` wraps them."""
@@ -74,12 +103,13 @@ def stage_time(times: Sequence[LayerTime], params: Sequence[tuple[int, int]], ze
     """Sum the layers of a stage (then `zero_traffic`); `units`: its FSDP units (default: one per layer);
     `gathered`: the units in execution order when the plan gathers otherwise than FSDP's blocks one ahead
     (`gather_units`); `pipelined`: ZeRO-2/3 under a pipeline schedule (`cost.memory.pipelined_shards`)."""
+    bucket = first_bucket([float(p[0]) for p in params], bucket_params(links.data.size))
     return zero_traffic(sum(t.forward for t in times), sum(t.input_grad for t in times),
                         sum(t.weight_grad for t in times), sum(t.forward_comm + t.backward_comm for t in times),
                         sum(t.flops for t in times), sum(t.recompute_flops for t in times),
                         float(sum(p[0] for p in params)), float(sum(p[1] for p in params)),
                         zero_stage, element, links, units or len(times), grad_bytes,
-                        sum((t.moved for t in times), NOTHING_MOVED), gathered, pipelined)
+                        sum((t.moved for t in times), NOTHING_MOVED), gathered, pipelined, bucket)
 
 
 # ---- units gathered otherwise than FSDP's blocks one ahead ----------------------------------------------
@@ -153,7 +183,7 @@ def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: fl
                  recompute_flops: float, dense: float, expert: float, zero_stage: int, element: int,
                  links: Links, units: int = 1, grad_bytes: int = STATE_BYTES,
                  moved: Moved = NOTHING_MOVED, gathered: Sequence[Unit] | None = None,
-                 pipelined: bool = False) -> StageTime:
+                 pipelined: bool = False, bucket: float = 0.0) -> StageTime:
     """A stage's microbatch with ZeRO's per-microbatch traffic, one collective per unit.
 
     ZeRO-3 all-gathers every unit's parameters before its forward and again before its backward,
@@ -165,7 +195,7 @@ def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: fl
     computes next. With u equal units of compute c and traffic x (backward: all-gather g plus
     reduce-scatter s) a pass takes g + (u - 1)·max(c, x) + c: for the forward max(C, X) + min(c, x).
     Gradients move at `grad_bytes` (the plan's `grad_dtype`, fp32 by default), parameters at `element`
-    (the compute precision).
+    (the compute precision). `bucket`: the dense parameters of the stage's first bucket (`first_bucket`).
 
     `gathered` (a plan's `with unit`, `prefetch` or `prefetch_bucket`, `gather_units`): the units as they run,
     each with its own compute and traffic, priced by `unit_pass` forward and then backward in reverse order,
@@ -175,6 +205,7 @@ def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: fl
     gathered and its gradients unsharded through the step, so a microbatch moves nothing over the data axes;
     the step's one all-gather and one reduce-scatter are the rank's (`rank_tail`).
     """
+    first_gather = math.inf
     if zero_stage >= 2 and pipelined:
         pass
     elif zero_stage >= 2 and gathered:
@@ -207,12 +238,14 @@ def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: fl
             return first + (units - 1) * max(compute / units, traffic) + compute / units
 
         longer_forward = overlapped(forward, gather, gather)
+        first_gather = gather if zero_stage >= 3 else math.inf
         longer_backward = overlapped(backward, gather + scatter, gather)
         comm += (longer_forward - forward) + (longer_backward - backward)
         forward, input_grad = longer_forward, input_grad + longer_backward - backward
         moved = moved + Moved(data=_data_bytes(dense, expert, grad_bytes, links)
                               + (2 * _data_bytes(dense, expert, element, links) if zero_stage >= 3 else 0.0))
-    return StageTime(forward, input_grad, weight_grad, comm, flops, recompute_flops, dense, expert, moved)
+    return StageTime(forward, input_grad, weight_grad, comm, flops, recompute_flops, dense, expert, moved, bucket,
+                     first_gather)
 
 
 def _data_bytes(dense: float, expert: float, element: float, links: Links) -> float:
@@ -244,6 +277,10 @@ def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, 
     torch DDP and Megatron's overlap_grad_reduce do); ZeRO-1 reduce-scatters them the same way and
     all-gathers the updated parameters behind the next step's first forward (Megatron's distributed
     optimizer); ZeRO-2 reduced them already, and gathers the parameters; ZeRO-3 has nothing left.
+    ZeRO-1's buckets are Megatron-Core's (`first_bucket`): the bucket of the rank's first layers is reduced
+    only after the backward has ended and gathered before the forward can start (`--overlap-param-gather`
+    dispatches the first gather at `zero_grad` and each next one when the one before is waited on), so
+    each of those two collectives is exposed at least on that bucket.
     hsdp adds an all-reduce of its shard over the replicate axis. The optimizer step updates the
     parameters a device owns: all of them, or 1/N_d with ZeRO >= 1 (Rajbhandari et al. 2020).
     Gradients are reduced at `states.grads` (the plan's `grad_dtype`, fp32 by default), parameters
@@ -268,12 +305,23 @@ def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, 
         exposed = max(0.0, _over_data("all_reduce", dense, expert, grad_bytes, links) - backward)
         moved = _data_bytes(dense, expert, grad_bytes, links)
     elif zero_stage == 1:
-        exposed = max(0.0, _over_data("reduce_scatter", dense, expert, grad_bytes, links) - backward)
-        exposed += max(0.0, _over_data("all_gather", dense, expert, element, links) - forward)
+        bucket = stages[0].first_bucket if stages else 0.0
+        exposed = max(_over_data("reduce_scatter", dense, expert, grad_bytes, links) - backward,
+                      _over_data("reduce_scatter", bucket, 0.0, grad_bytes, links), 0.0)
+        exposed += max(_over_data("all_gather", dense, expert, element, links) - forward,
+                       _over_data("all_gather", bucket, 0.0, element, links), 0.0)
         moved = _data_bytes(dense, expert, grad_bytes, links) + _data_bytes(dense, expert, element, links)
     elif zero_stage == 2:
-        exposed = max(0.0, _over_data("all_gather", dense, expert, element, links) - forward)
+        bucket = stages[0].first_bucket if stages else 0.0
+        exposed = _over_data("reduce_scatter", bucket, 0.0, grad_bytes, links)
+        exposed += max(_over_data("all_gather", dense, expert, element, links) - forward,
+                       _over_data("all_gather", bucket, 0.0, element, links), 0.0)
         moved = _data_bytes(dense, expert, element, links)
+    elif stages:  # ZeRO-3: its gathers are the microbatches' (`zero_traffic`), but its closed form's first one is an
+        # average unit's: the first bucket's is the rest; the last unit's reduce-scatter is the tail's
+        bucket = stages[0].first_bucket
+        exposed = _over_data("reduce_scatter", bucket, 0.0, grad_bytes, links)
+        exposed += max(0.0, _over_data("all_gather", bucket, 0.0, element, links) - stages[0].first_gather)
     dense_degree, expert_degree = degrees
     if links.replicate.size > 1:
         shard = dense / dense_degree + expert / expert_degree
@@ -288,5 +336,5 @@ def slowest(devices: Sequence[ir.DeviceType], precision: ir.Precision) -> ir.Dev
     return min(devices, key=lambda d: (peak_of(d, precision), d.bandwidth, d.memory))
 
 
-__all__ = ["StageTime", "stage_time", "zero_traffic", "fsdp_units", "param_split", "RankTail", "rank_tail",
-           "slowest", "Unit", "gather_units", "unit_pass"]
+__all__ = ["StageTime", "stage_time", "zero_traffic", "fsdp_units", "first_bucket", "bucket_params", "param_split",
+           "RankTail", "rank_tail", "slowest", "Unit", "gather_units", "unit_pass"]

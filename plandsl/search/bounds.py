@@ -14,7 +14,8 @@ import itertools
 
 from plandsl.cost.estimate import pipeline_p2p_seconds
 from plandsl.cost.layer import LayerTime
-from plandsl.cost.stage import StageTime, fsdp_units, gather_units, rank_tail, stage_time, zero_traffic
+from plandsl.cost.stage import (StageTime, bucket_params, first_bucket, fsdp_units, gather_units, rank_tail, stage_time,
+                                zero_traffic)
 from plandsl.schedules.registry import BUILTIN
 from plandsl.search.choices import stage_ranks, stages_by_rank
 from plandsl.search.figures import Figures
@@ -100,9 +101,14 @@ class Bounds:
                 layers = [layer for layer, _ in order]
                 gathered = self._gathered(root, zero, layers, [t for _, t in order],
                                           [self.figures.params(layer, root.tp, root.ep) for layer in layers])
+            # the layers in forward order (a dense-then-MoE model's dense blocks first), as `stage_time` sees them
+            forward_order = [0] * first + [4] * dense_blocks + [1] * (n - dense_blocks) + [2, 3] * last
+            bucket = first_bucket([self.figures.params(self.kinds[i][0], root.tp, root.ep)[0] for i in forward_order],
+                                  bucket_params(root.links.data.size))
             found = self._stage_cache[key] = zero_traffic(*sums, dense, expert, zero, self.problem.precision.bytes,
                                                           root.links, units, self.problem.grad_dtype.bytes,
-                                                          gathered=gathered, pipelined=zero >= 2 and root.pp > 1)
+                                                          gathered=gathered, pipelined=zero >= 2 and root.pp > 1,
+                                                          bucket=bucket)
         return found
 
     def _gathered(self, root, zero: int, layers, times, params):

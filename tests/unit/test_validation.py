@@ -62,21 +62,22 @@ def test_moe_rows_are_predicted_and_summed_apart(bench, results):
 @pytest.mark.slow
 def test_held_out_error_within_target(bench, results):
     """Issue 20's targets: median |error| <= 10 % over every held-out run and over the A100 runs apart: met
-    (7.2, 5.6 % over 50 and 20 rows); over the H100 runs: not met since 2026-12-05 (12.3 % over 30 rows), held
+    (7.2, 5.6 % over 50 and 20 rows); over the H100 runs: not met since 2026-12-05 (12.1 % over 30 rows), held
     at 13 %: the rows whose sources say they overlapped tensor-parallel communication say so (`tensor ... with
     overlap`), which makes the over-predicted ones faster still (docs/validation.md, "Tensor-parallel
-    communication overlap"). Max <= 20 %: met on the A100 (13.6 %, torchtitan's Llama 3 70B on 64 A100s;
+    communication overlap"). Max <= 20 %: met on the A100 (13.7 %, torchtitan's Llama 3 70B on 64 A100s;
     DeepSpeed's ZeRO-3 run of 2021 at 384 GPUs was +23 % until its rows gathered sub-module by sub-module as
     DeepSpeed did, now -8 %), held here where it stands; not met on the H100, held where it stands so that it
     does not grow: the smallest model of
-    Megatron-LM's README table (GPT 1.7B on 48 H100s, +29 %: that table's small models are over-predicted,
-    +29 % at 1.7B falling to +6 % at 32B; Megatron's own loss, `loss: megatron`, took 10 points of it and the rest
-    is not yet found; docs/validation.md)."""
+    torchtitan's Llama 3 8B with async TP on 64 of its 500 W H100s (+27.9 %), then Megatron-LM's README table's
+    GPT 1.7B on 48 H100s (+26 %: that table's small models are over-predicted; Megatron's own loss, `loss:
+    megatron`, and ZeRO-1's exposed first bucket took 13 points of it, the rest is not yet found;
+    docs/validation.md)."""
     errors = _held_out(bench, results)
     assert len(errors) >= 30
     assert statistics.median(errors.values()) <= 0.10, errors
-    assert max(errors.values()) <= 0.30, errors
-    for generation, median, worst in (("A100", 0.10, 0.14), ("H100", 0.13, 0.30)):
+    assert max(errors.values()) <= 0.28, errors
+    for generation, median, worst in (("A100", 0.10, 0.14), ("H100", 0.13, 0.28)):
         apart = _held_out(bench, results, generation)
         assert len(apart) >= 10 and statistics.median(apart.values()) <= median, (generation, apart)
         assert max(apart.values()) <= worst, (generation, apart)
