@@ -84,7 +84,7 @@ SWITCHES = (
     "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-tp-pp-dp-mapping",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--use-precision-aware-optimizer", "--multi-latent-attention", "--overlap-moe-expert-parallel-comm",
-    "--delay-wgrad-compute", "--tp-comm-overlap", "--moe-enable-deepep",
+    "--delay-wgrad-compute", "--tp-comm-overlap", "--moe-enable-deepep", "--cross-entropy-loss-fusion",
 )
 # Flags of Megatron-LM's launch scripts that mean nothing in a plan (data, tokenizer, logging, checkpoints,
 # initialisation, fusions, kernels, the optimizer's other constants): read, listed, left out.
@@ -216,6 +216,13 @@ def _train_args(plan: ir.Plan, args: list, lose) -> None:
              "--recompute-granularity selective)", "train", hint="use recompute: selective or full")
     if train.attention is ir.Attention.materialized:  # TE's unfused core: the scores through memory
         args.append(("--attention-backend", "unfused"))
+    # Megatron's cross entropy: without the flag its own op by op over an fp32 copy (`loss: megatron`), with it one
+    # fused kernel over that copy (`standard`: the same memory and about its bytes); none keeps only 16-bit logits
+    if train.loss is ir.Loss.standard:
+        args.append(("--cross-entropy-loss-fusion", None))
+    elif train.loss is ir.Loss.fused:
+        lose("loss: fused (Megatron-LM's cross entropy, fused or not, works on an fp32 copy of the logits)", "train",
+             hint="write loss: standard (--cross-entropy-loss-fusion) or loss: megatron")
     if train.kernels is ir.Kernels.eager:
         lose("kernels: eager (Megatron-LM runs its element-wise work in fused kernels, Transformer Engine's or its "
              "own)", "train", hint="drop kernels, or write kernels: fused")

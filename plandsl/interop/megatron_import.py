@@ -445,6 +445,8 @@ def _train(read: _Read) -> str | None:
              f"precision: {precision}", *recompute]
     if read.get("--attention-backend") in facts.MATERIALIZED_BACKENDS:
         items.append("attention: materialized")
+    if not read.get("--cross-entropy-loss-fusion"):  # Megatron's own cross entropy, op by op (`ir.Loss.megatron`)
+        items.append("loss: megatron")
     if precision != "fp32":  # Megatron keeps the weights 16-bit (bf16 under FP8) beside its fp32 main params
         items.append(f"param_dtype: {'bf16' if precision == 'fp8' else precision}")
     seq, positions = read.get("--seq-length"), read.get("--max-position-embeddings")
