@@ -542,10 +542,12 @@ def overlap_gemms(model: ir.TransformerModel, work: Work, device: ir.DeviceType,
     gemm = efficiency.gemm_seconds
     reduction = tokens * h * precision.unquantized.bytes * (1 + 1 / tp) / device.bandwidth
     chunked = efficiency.grouped_gemm_seconds
+    # the row-parallel GEMMs (wo, fc2: the odd entries) feed a reduce-scatter; by position, not by `features != h`,
+    # which a GPT's fc2 at tp = 4 (ffn / tp = h) would fail
     return tuple(OverlapGemm(gemm(tokens, out, features, device, precision),
                              chunked(tokens / tp, out, features, device, precision, tp, CHUNK_STREAMS), tp,
-                             reduction if features != h else 0.0)  # the row-parallel GEMMs feed a reduce-scatter
-                 for out, features in shapes)
+                             reduction if index % 2 else 0.0)
+                 for index, (out, features) in enumerate(shapes))
 
 
 def estimate_optimizer_step(local_params: float, device: ir.DeviceType, optimizer: ir.Optimizer,

@@ -627,7 +627,9 @@ def loss_backward_bytes(plan: ir.Plan, layers: Sequence[Layer]) -> float:
             or plan.train.loss is ir.Loss.fused:  # a fused loss writes the logits' gradient in place
         return 0.0
     tokens = -(-plan.seq // plan.cp) * plan.train.micro_batch
-    return 2 * 4.0 * tokens * -(-plan.model.vocab // plan.tp)
+    # Megatron's own loss multiplies its saved softmax in place and casts it back: the 16-bit gradient only
+    per_logit = plan.train.precision.unquantized.bytes if plan.train.loss is ir.Loss.megatron else 2 * 4.0
+    return per_logit * tokens * -(-plan.model.vocab // plan.tp)
 
 
 def _block_input_width(model: ir.CustomModel, layer: Layer) -> int:

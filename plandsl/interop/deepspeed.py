@@ -203,6 +203,8 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
     ignored += [f"zero_optimization.{k}" for k in (zero if isinstance(zero, dict) else {})
                 if k not in ("stage", PREFETCH_BUCKET)]
     bucket = zero.get(PREFETCH_BUCKET, PREFETCH_BUCKET_DEFAULT) if isinstance(zero, dict) else PREFETCH_BUCKET_DEFAULT
+    if isinstance(bucket, float) and bucket.is_integer():  # `5e7`, as DeepSpeed's docs write it (its config takes it)
+        bucket = int(bucket)
     if stage == 3 and (not isinstance(bucket, int) or isinstance(bucket, bool) or bucket < 0):
         problem("E804", f"\"{PREFETCH_BUCKET}\" must be a whole number of elements, found {json.dumps(bucket)}",
                 PREFETCH_BUCKET)

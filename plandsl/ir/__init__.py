@@ -107,7 +107,8 @@ class Loss(str, Enum):
     `CrossEntropyLoss(inplace_backward=True)`, llm-foundry's default `fused_crossentropy`, Liger's cross entropy).
     `megatron` is `standard` as Megatron-LM's default flags run it (no `--cross-entropy-loss-fusion`), op by op
     beside fused blocks: `.float()`, then max, subtract, exp, sum and divide, each a pass over the fp32 copy, and
-    backward a multiply in place and the cast back (`cost.compute.MEGATRON_LOSS_BYTES`); its memory is standard's.
+    backward a multiply in place and the cast back (`cost.compute.MEGATRON_LOSS_BYTES`); it keeps what standard keeps
+    (4 bytes per logit), but its backward works in place and adds only the 16-bit gradient of the logits.
     `cost.memory` and `cost.compute` count each one's bytes; `plandsl run` computes the same loss either way."""
     standard = "standard"
     fused = "fused"

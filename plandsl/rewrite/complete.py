@@ -184,7 +184,7 @@ def _edits(partial: Partial, scored: Scored, out_path, shares=None) -> list[tupl
     lines = []
     if not partial.mesh_written:
         sizes = c.degrees()
-        order = list(c.order or ("dp",))
+        order = list(c.mesh_order)  # dp of size 1 first when it carries ZeRO over a context axis (`data_axis`)
         axes = [f"{names[role]} = {sizes[role]}" for role in order]
         for attr, role in (("data", "dp"), ("tensor", "tp"), ("context", "cp"), ("experts", "ep"),
                            ("stages", "pp")):  # an axis each written line names, of size 1 when the search chose 1
@@ -205,7 +205,8 @@ def _edits(partial: Partial, scored: Scored, out_path, shares=None) -> list[tupl
             return (part.axes[0] if attr == "data" else part.axis) if part is not None else None
         return names[role] if degree > 1 else None
 
-    data = wanted("data", "dp", c.dp) or (None if mesh or partial.written("data") or c.ep <= 1 else names["ep"])
+    data = wanted("data", "dp", c.dp) or (None if mesh or partial.written("data") or not c.data_axis
+                                           else names[c.data_axis])
     if data:
         lines.append(f"data = {ir.DataKind.of_zero_stage(c.zero_stage)} over {data}")
     tensor = wanted("tensor", "tp", c.tp)

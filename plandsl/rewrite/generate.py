@@ -78,6 +78,8 @@ def usage_problem(request: Request) -> str | None:
         return "--model, --cluster and --global-batch are required (or --from PLAN)"
     if (request.plan_name or request.params) and not request.from_file:
         return f"{'--plan' if request.plan_name else '--param'} is for the --from file"
+    if request.tensor_overlap and request.kernels == "eager":  # E417: async TP is torch.compile's pass
+        return "--tensor-overlap with --kernels eager: torch's async tensor parallelism is a torch.compile pass (E417)"
     return None
 
 

@@ -143,8 +143,8 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
                           f"stage that `recompute: full` reruns, recompute={pins['recompute']}")
     if "order" in pins:
         named = [a for a in pins["order"]]
-        for axis in named:
-            if axis in pins and pins[axis] == 1:
+        for axis in named:  # dp of size 1 may lead the order: it carries ZeRO over a context axis (`mesh_order`)
+            if axis in pins and pins[axis] == 1 and not (axis == "dp" and pins.get("cp", 1) > 1):
                 raise SearchError(f"contradictory pins: order names '{axis}', pinned to size 1 "
                                   "(the order lists the axes of size > 1)")
 

@@ -121,7 +121,8 @@ def mesh_orders(cluster: ir.Cluster, layout: Layout, pins: Mapping, devices: Seq
     sizes = {"dp": dp, "ep": ep, "pp": pp, "cp": cp, "tp": tp}
     used = [a for a in AXES if sizes[a] > 1]
     pinned = pins.get("order")
-    if pinned is not None:
+    if pinned is not None:  # an axis of size 1 in it (a mesh's dp carrying ZeRO, `Candidate.mesh_order`) orders nothing
+        pinned = tuple(a for a in pinned if sizes.get(a, 0) != 1)
         permutations = [tuple(pinned)] if set(pinned) == set(used) else []
     else:
         permutations = list(itertools.permutations(used)) or [()]

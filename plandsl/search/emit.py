@@ -352,7 +352,7 @@ def run_refusals(scored: Scored, refusals: Refusals) -> list[str]:
 def candidate_json(scored: Scored, text: str, refusals: Refusals) -> dict:
     c, e = scored.candidate, scored.estimate
     refused = run_refusals(scored, refusals)
-    return {"runs": not refused, "refused": refused, "degrees": c.degrees(), **c.degrees(), "mesh_order": list(c.order),
+    return {"runs": not refused, "refused": refused, "degrees": c.degrees(), **c.degrees(), "mesh_order": list(c.mesh_order),
             "micro_batch_size": c.micro_batch_size, "num_microbatches": c.num_microbatches,
             "schedule": c.schedule or None, "virtual_stages": c.virtual_stages, "zero_stage": c.zero_stage,
             "recompute": c.recompute, "recompute_layers": c.recompute_layers, "sequence_parallel": c.sequence_parallel,
@@ -375,7 +375,7 @@ def format_table(result: SearchResult) -> str:
         rows.append(f"{i:>2} {e.time.step:>9.4g} {e.tokens_per_s:>11,.0f} {e.tflops_per_device:>8.1f} "
                     f"{e.mfu:>6.1%} {format_bytes(e.peak_memory_bytes):>10}  {c.dp:>4} {c.tp:>3} {c.pp:>3} "
                     f"{c.cp:>3} {c.ep:>3} {c.micro_batch_size:>3} {_microbatches(s):>5}  {schedule:<24} "
-                    f"{c.zero_stage:>4} {_recompute(c):<12} [{', '.join(c.order) or 'dp'}]")
+                    f"{c.zero_stage:>4} {_recompute(c):<12} [{', '.join(c.mesh_order)}]")
     return "\n".join(rows)
 
 

@@ -107,6 +107,8 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                 pins[role] = 1
     if "data" in attrs and plan.data is not None:
         pins["zero_stage"] = plan.data.zero_stage
+    elif "mesh" in attrs and plan.data is None:  # a written mesh without data shards nothing (`Candidate.data_axis`)
+        pins["zero_stage"] = 0
     if ("stages" in attrs or stage_block is not None) and plan.stages is not None:
         pins["virtual_stages"] = 2 if plan.stages.rank_map == "vshape" else plan.stages.virtual
     if "schedule" in attrs and plan.schedule is not None and plan.schedule.definition is None:

@@ -89,3 +89,14 @@ def test_generate_writes_the_loss_it_was_given(tmp_path):
     plan = api.load_plan(tmp_path / "p.plan")
     assert plan.train.loss is ir.Loss.fused
     assert api.estimate(plan).time.step == pytest.approx(generated.result.best.estimate.time.step, rel=1e-9)
+
+
+def test_megatrons_loss_adds_only_the_16_bit_gradient_when_its_backward_starts():
+    """megatron-core's `vocab_parallel_cross_entropy` multiplies its saved softmax in place and casts it back:
+    beside the fp32 copy it keeps (as standard does), only the 16-bit gradient of the logits, where torch's
+    log_softmax backward makes two fp32 tensors."""
+    from plandsl.cost.memory import loss_backward_bytes
+    megatron = _plan(extra=", loss: megatron")
+    layers = layers_of(megatron.model)
+    assert loss_backward_bytes(megatron, layers) == 2.0 * 8 * 2048 * 50368
+    assert loss_backward_bytes(_plan(), layers) == 8.0 * 8 * 2048 * 50368

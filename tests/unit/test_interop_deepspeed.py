@@ -167,6 +167,8 @@ def test_zero3_import_gathers_as_deepspeed_does():
         return next(line.strip() for line in imported.text.splitlines() if line.strip().startswith("data"))
     assert data_line({"stage": 3}) == "data    = zero3 over dp with unit = module, prefetch_bucket = 50000000"
     assert data_line({"stage": 3, "stage3_prefetch_bucket_size": 1000}).endswith("prefetch_bucket = 1000")
+    # written as DeepSpeed's docs write it, a float that is whole (its config parser takes it)
+    assert data_line({"stage": 3, "stage3_prefetch_bucket_size": 5e7}).endswith("prefetch_bucket = 50000000")
     assert data_line({"stage": 3, "stage3_prefetch_bucket_size": 0}).endswith("with unit = module, prefetch = 0")
     assert data_line({"stage": 2, "stage3_prefetch_bucket_size": 1000}) == "data    = zero2 over dp"
     bad = import_text("deepspeed", json.dumps({**BASE, "zero_optimization": {"stage": 3,

@@ -57,7 +57,7 @@ def test_the_key_parses_dumps_only_when_set_shows_and_slows_the_step():
     assert "loss" not in plain.train.model_dump()
     assert "megatron loss; " in describe_plan(plan) and "loss; " not in describe_plan(plain)
     assert api.estimate(plan).time.step > api.estimate(plain).time.step * 1.02
-    assert api.estimate(plan).peak_memory_bytes == api.estimate(plain).peak_memory_bytes  # standard's memory
+    assert api.estimate(plan).peak_memory_bytes < api.estimate(plain).peak_memory_bytes  # its backward works in place
     result = api.checks(PLAN % ", loss: eager", path="bad.plan")
     assert [d.code for d in result.errors] == ["E210"]
     assert result.errors[0].hint == "valid loss kernels: fused, megatron, standard"

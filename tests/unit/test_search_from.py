@@ -267,3 +267,41 @@ def test_recompute_layers_is_searched_written_back_and_kept_as_written(tmp_path)
     path.write_text(TIGHT + body % "global_batch: 4, recompute: full, recompute_layers: 2")
     pins = read_partial(path).pins
     assert (pins["recompute"], pins["recompute_layers"], pins["pp"]) == ("full", 2, 4)
+
+
+LONG = '''import "models/llama3"
+import "clusters/dgx_h100"
+
+plan p {{
+  model   = llama3_8b
+  cluster = dgx_h100
+{mesh}  train   = {{ global_batch: 8, seq: 65536, precision: bf16 }}
+}}
+'''
+
+
+def test_zero_over_a_context_axis_comes_back_with_the_dp_axis_that_carries_it(tmp_path):
+    """A layout with dp = 1 and a context axis shards ZeRO over the context axis (`Candidate.data_axis`): the
+    completed plan writes the size-1 dp axis and the data line, so it checks as the search priced it; a written
+    mesh without a data line shards nothing, and the search prices it so (a clean refusal, not a plan that fails
+    its own check)."""
+    path = tmp_path / "long.plan"
+    path.write_text(LONG.format(mesh=""))
+    done = tmp_path / "done.plan"
+    out = generate("--from", path, "-o", done)
+    assert out.exit_code == 0, out.output
+    analysis = api.check(done)
+    assert analysis.diagnostics == [], [d.message for d in analysis.diagnostics]
+    (plan,) = analysis.document.plans
+    assert plan.cp > 1 and plan.dp == 1  # the layout this is about: dp = 1 first in the mesh, ZeRO over it
+    assert plan.mesh.axes[0].name == "dp" and plan.data is not None and plan.data.axes == ("dp",)
+    path.write_text(LONG.format(mesh="  mesh    = [cp = 8]\n"))
+    assert read_partial(path).pins["zero_stage"] == 0
+    out = generate("--from", path, "-o", done)
+    assert "this is a bug" not in out.output and out.exit_code != 0
+
+
+def test_tensor_overlap_with_eager_kernels_is_a_usage_error():
+    out = generate("--model", "llama3_8b", "--cluster", "dgx_h100", "--global-batch", "32", "--kernels", "eager",
+                   "--tensor-overlap")
+    assert out.exit_code != 0 and "--tensor-overlap with --kernels eager" in out.output

@@ -176,3 +176,16 @@ def test_run_takes_the_plan_and_computes_the_same_step(tmp_path, monkeypatch):
     monkeypatch.setenv("PLANDSL_PATH", str(local))
     plan = api.load_runnable(path, cuda=False)
     assert plan.tensor.overlap and plan.tensor.sequence_parallel
+
+
+def test_every_row_parallel_gemm_feeds_a_summed_reduce_scatter_whatever_its_width():
+    """wo and fc2 (the odd entries) end in the reduce-scatter whose chunks torch then sums; a GPT's fc2 at tp = 4
+    reads ffn / tp = h features, which a test by width would miss."""
+    from plandsl import ir
+    from plandsl.cost.compute import Work, overlap_gemms
+    device = ir.DeviceType(name="h", memory=80 * 2**30, bandwidth=3.35e12, peak={"bf16": 989e12, "fp32": 67e12})
+    gpt = ir.TransformerModel(kind="gpt", name="g", layers=2, hidden=6144, heads=48, kv_heads=48, ffn_hidden=24576,
+                              seq=4096, vocab=1000)
+    for tp in (2, 4):
+        reductions = [g.reduction for g in overlap_gemms(gpt, Work(1, 4096, tp=tp, sequence_parallel=True), device)]
+        assert reductions[0] == reductions[2] == 0.0 and reductions[1] == reductions[3] > 0.0, (tp, reductions)
