@@ -135,6 +135,9 @@ def export_plan(plan: ir.Plan) -> Exported:
     _parallel_args(plan, args, lose)
     if plan.train.batch_shares is not None:
         lose("batch_shares (uneven data-parallel shares: every data rank takes --global-batch-size / dp)", "train")
+    if plan.data is not None and not plan.data.gathering.default:
+        lose("the data line's gathering (`with unit`, `prefetch`, `prefetch_bucket`): Megatron-LM gathers by its own "
+             "buckets", "data", hint="drop the with clause: FSDP's blocks one ahead")
     lost.extend(diag("E808", f"Megatron-LM cannot express shard rule `{rule.target.text}` (its tensor parallelism "
                      "is the model's own split: --tensor-model-parallel-size)", rule.span) for rule in plan.shard)
     lines = [f"# Megatron-LM arguments ({VERSION}) of plan '{plan.name}' (plandsl export --to megatron):",

@@ -105,6 +105,9 @@ def export_plan(plan: ir.Plan) -> Exported:
     _train_args(plan, args, lose, degrees)
     if plan.train.batch_shares is not None:
         lose("batch_shares (uneven data-parallel shares: every data rank takes the same local batch)", "train")
+    if plan.data is not None and not plan.data.gathering.default:
+        lose("the data line's gathering (`with unit`, `prefetch`, `prefetch_bucket`): torchtitan wraps each block "
+             "in FSDP2 and prefetches one ahead", "data", hint="drop the with clause: FSDP's blocks one ahead")
     lost.extend(diag("E808", f"torchtitan cannot express shard rule `{rule.target.text}` (its tensor parallelism "
                      "is the model's own plan: --parallelism.tensor_parallel_degree)", rule.span)
                 for rule in plan.shard)
