@@ -24,14 +24,20 @@ plan p {{
   mesh     = [{mesh}]
   train    = {{ global_batch: 64, micro_batch: 1, precision: {precision} }}
   data     = zero1 over dp
-  experts  = alltoall over ep{overlap}
+  experts  = {kind} over ep{overlap}
 {extra}}}
 """
 
 
-def _plan(mesh="dp = 2, ep = 8", overlap=False, precision="bf16", extra="") -> ir.Plan:
-    text = PLAN.format(mesh=mesh, overlap=" with overlap" if overlap else "", precision=precision, extra=extra)
-    return api.loads(text if "dp" in mesh else text.replace("  data     = zero1 over dp\n", "")).plans[0]
+def _text(mesh="dp = 2, ep = 8", overlap=False, precision="bf16", extra="", kind="alltoall") -> str:
+    """The plan's text; without a dp axis, without its data line (test_moe_dispatch writes other dispatchers)."""
+    text = PLAN.format(mesh=mesh, overlap=" with overlap" if overlap else "", precision=precision, extra=extra,
+                       kind=kind)
+    return text if "dp" in mesh else text.replace("  data     = zero1 over dp\n", "")
+
+
+def _plan(mesh="dp = 2, ep = 8", overlap=False, precision="bf16", extra="", kind="alltoall") -> ir.Plan:
+    return api.loads(_text(mesh, overlap, precision, extra, kind)).plans[0]
 
 
 def _block_time(plan: ir.Plan):
@@ -140,9 +146,8 @@ def test_expert_tensor_parallelism_gathers_the_routed_copies(shared):
     all-gathers the top_k routed copies of each token over the axis and reduce-scatters them back, so a block moves
     the attention half's [b, s, h] pair and 8 times that for the experts, each way (shared experts: their own
     [b, s, h] pair besides)."""
-    text = PLAN.format(mesh="tp = 2", overlap="", precision="bf16",
-                       extra="  tensor   = megatron over tp with sequence_parallel\n")
-    text = text.replace("  data     = zero1 over dp\n", "").replace("  experts  = alltoall over ep\n", "")
+    text = _text(mesh="tp = 2", extra="  tensor   = megatron over tp with sequence_parallel\n")
+    text = text.replace("  experts  = alltoall over ep\n", "")
     if shared:
         text = text.replace("top_k=8,", "top_k=8, shared_experts=1,")
     plan = api.loads(text).plans[0]
@@ -161,7 +166,7 @@ def test_one_microbatch_has_no_other_pass_to_hide_behind():
     """`with overlap` hides one microbatch's all-to-alls behind another's computation: with one microbatch per step
     there is none, so they wait in full, in the estimate and in the search alike."""
     from plandsl.search import Problem, parse_pins, search
-    text = PLAN.format(mesh="dp = 2, ep = 8", overlap=" with overlap", precision="bf16", extra="")
+    text = _text(overlap=True)
     one = api.loads(text.replace("global_batch: 64", "global_batch: 16")).plans[0]
     plain = api.loads(text.replace("global_batch: 64", "global_batch: 16").replace(" with overlap", "")).plans[0]
     assert one.num_microbatches == 1 and _plan().num_microbatches == 4

@@ -11,38 +11,23 @@ import pytest
 
 from plandsl import api
 from plandsl.cost.comm import collective_seconds, node_dispatch_seconds, nodes_reached
-from plandsl.cost.estimate import plan_work
-from plandsl.cost.layer import estimate_layer_time, plan_links
+from plandsl.cost.layer import plan_links
 from plandsl.interop import export_plan, import_text
-from plandsl.ir.layers import layers_of
 from plandsl.render.summary import describe_plan
 from plandsl.rewrite.diff import diff_plans
 from plandsl.search import Problem, search
 from plandsl.search.emit import Source, plan_text
 from plandsl.search.partial import read_partial
-
-# Qwen3-30B-A3B's shapes on two DGX H100 nodes: 128 experts, top 8, hidden 2048
-PLAN = """\
-import "clusters/dgx_h100"
-plan p {{
-  model    = llama(layers=4, hidden=2048, heads=32, kv_heads=4, head_dim=128, ffn=768, experts=128, top_k=8,
-                   vocab=151936, seq=4096)
-  cluster  = dgx_h100 x 2
-  mesh     = [{mesh}]
-  train    = {{ global_batch: 64, micro_batch: 1, precision: bf16 }}
-  experts  = {kind} over ep
-}}
-"""
+from tests.unit.test_moe_cost import _block_time, _plan as moe_plan, _text
 
 
 def _plan(kind="deepep", mesh="ep = 16"):
-    return api.loads(PLAN.format(kind=kind, mesh=mesh)).plans[0]
+    """test_moe_cost's Qwen3-30B-A3B shapes on two DGX H100 nodes, with the dispatcher `kind`."""
+    return moe_plan(mesh=mesh, kind=kind)
 
 
 def _block_seconds(plan):
-    block = next(layer for layer in layers_of(plan.model) if layer.kind == "block")
-    return estimate_layer_time(plan.model, block, plan_work(plan), plan.cluster.devices_in_order()[0],
-                               plan_links(plan))
+    return _block_time(plan)[0]
 
 
 def test_a_token_crosses_the_network_once_per_node_it_reaches():
@@ -103,6 +88,6 @@ def test_generate_from_a_partial_plan_keeps_the_dispatcher(tmp_path):
     """`generate --from`: a partial plan's `experts = hybridep over ep` is the problem's dispatcher, priced and
     written back."""
     path = tmp_path / "partial.plan"
-    path.write_text(PLAN.format(kind="hybridep", mesh="ep = 16").replace("  mesh     = [ep = 16]\n", ""))
+    path.write_text(_text(kind="hybridep", mesh="ep = 16").replace("  mesh     = [ep = 16]\n", ""))
     partial = read_partial(path)
     assert partial.problem.dispatcher == "hybridep"
