@@ -1,7 +1,8 @@
 """What several test files share: a valid plan to mutate, reference schedules written from their
 papers' definitions (independent of plandsl.schedules.generators), `bounded` for "this input
 costs little work", `lazy` for modules that import torch, `cli_in_process` for the command line
-without a new interpreter, and `example_tiers` for a property test's example count in each tier."""
+without a new interpreter, `example_tiers` for a property test's example count in each tier, and
+`generated_plan` for what `generate` writes, read back."""
 from __future__ import annotations
 
 import contextlib
@@ -109,3 +110,16 @@ def example_tiers(full: int) -> list:
     fast = max(20, full // 4)
     return [pytest.param(fast, id=f"{fast}-examples"),
             pytest.param(full, id=f"{full}-examples", marks=pytest.mark.slow)]
+
+
+def generated_plan(tmp_path: Path, **request):
+    """`api.generate(api.generate_request(**request))`'s best plan written to a file and loaded back, with the text it
+    wrote: the loaded plan is estimated as the search priced it (the written text says everything the search
+    took as given)."""
+    from plandsl import api
+    generated = api.generate(api.generate_request(**request))
+    path = tmp_path / "generated.plan"
+    path.write_text(generated.texts[0])
+    plan = api.load_plan(path)
+    assert api.estimate(plan).time.step == pytest.approx(generated.result.best.estimate.time.step, rel=1e-9)
+    return generated.texts[0], plan

@@ -6,6 +6,7 @@ import pytest
 from plandsl import api, ir
 from plandsl.cost.compute import Efficiency, Work, estimate_layer_compute, materialized_attention_bytes
 from plandsl.ir.layers import layers_of
+from tests.support import generated_plan
 
 A100 = ir.DeviceType(name="a100", memory=80 * 2**30, bandwidth=2.0e12, peak={"bf16": 312e12, "fp32": 19.5e12})
 EFF = Efficiency(peak_fraction=0.8, kernel_seconds=10e-6)
@@ -89,14 +90,10 @@ def test_the_key_parses_dumps_only_when_set_and_rejects_other_words():
 
 
 def test_generate_writes_the_attention_it_was_given(tmp_path):
-    request = api.generate_request(model="gpt(layers=4, hidden=2304, heads=24, seq=2048, vocab=51200)",
-                                   cluster="dgx_a100", global_batch=32, attention="materialized", top=1,
-                                   output=str(tmp_path / "p.plan"))
-    generated = api.generate(request)
-    assert "attention: materialized" in generated.texts[0]
-    (tmp_path / "p.plan").write_text(generated.texts[0])
-    plan = api.load_plan(tmp_path / "p.plan")
-    assert api.estimate(plan).time.step == pytest.approx(generated.result.best.estimate.time.step, rel=1e-9)
+    text, plan = generated_plan(tmp_path, model="gpt(layers=4, hidden=2304, heads=24, seq=2048, vocab=51200)",
+                                cluster="dgx_a100", global_batch=32, attention="materialized", top=1,
+                                output=str(tmp_path / "p.plan"))
+    assert "attention: materialized" in text and plan.train.attention is ir.Attention.materialized
 
 
 def test_show_says_the_implementation_it_prices():

@@ -6,6 +6,7 @@ import pytest
 from plandsl import api, ir
 from plandsl.cost.compute import Efficiency, Work, estimate_layer_compute
 from plandsl.ir.layers import layers_of
+from tests.support import generated_plan
 
 A100 = ir.DeviceType(name="a100", memory=80 * 2**30, bandwidth=2.0e12, peak={"bf16": 312e12, "fp32": 19.5e12})
 EFF = Efficiency(peak_fraction=0.8, kernel_seconds=10e-6)
@@ -80,15 +81,10 @@ def test_show_and_diff_name_it():
 
 
 def test_generate_writes_the_loss_it_was_given(tmp_path):
-    request = api.generate_request(model="gpt(layers=4, hidden=1024, heads=16, seq=2048, vocab=50368)",
-                                   cluster="dgx_a100", global_batch=32, loss="fused", top=1,
-                                   output=str(tmp_path / "p.plan"))
-    generated = api.generate(request)
-    assert "loss: fused" in generated.texts[0]
-    (tmp_path / "p.plan").write_text(generated.texts[0])
-    plan = api.load_plan(tmp_path / "p.plan")
-    assert plan.train.loss is ir.Loss.fused
-    assert api.estimate(plan).time.step == pytest.approx(generated.result.best.estimate.time.step, rel=1e-9)
+    text, plan = generated_plan(tmp_path, model="gpt(layers=4, hidden=1024, heads=16, seq=2048, vocab=50368)",
+                                cluster="dgx_a100", global_batch=32, loss="fused", top=1,
+                                output=str(tmp_path / "p.plan"))
+    assert "loss: fused" in text and plan.train.loss is ir.Loss.fused
 
 
 def test_megatrons_loss_adds_only_the_16_bit_gradient_when_its_backward_starts():

@@ -6,6 +6,7 @@ import pytest
 from plandsl import api, ir
 from plandsl.cost.compute import MEGATRON_LOSS_BYTES, Efficiency, Work, estimate_layer_compute
 from plandsl.ir.layers import layers_of
+from tests.support import generated_plan
 
 H100 = ir.DeviceType(name="h100", memory=80 * 2**30, bandwidth=3.35e12, peak={"bf16": 989e12})
 EFF = Efficiency(peak_fraction=0.75, kernel_seconds=14e-6)
@@ -66,9 +67,5 @@ def test_the_key_parses_dumps_only_when_set_shows_and_slows_the_step():
 def test_generate_from_a_partial_plan_keeps_and_prices_the_loss(tmp_path):
     partial = tmp_path / "p.plan"
     partial.write_text(PLAN.replace("  mesh    = [dp = 8]\n", "") % ", loss: megatron")
-    generated = api.generate(api.generate_request(from_file=str(partial), pins=("dp=8",), top=1, time_limit=0))
-    assert "loss: megatron" in generated.texts[0]
-    (tmp_path / "g.plan").write_text(generated.texts[0])
-    plan = api.load_plan(tmp_path / "g.plan")
-    assert plan.train.loss is ir.Loss.megatron
-    assert api.estimate(plan).time.step == pytest.approx(generated.result.best.estimate.time.step, rel=1e-9)
+    text, plan = generated_plan(tmp_path, from_file=str(partial), pins=("dp=8",), top=1, time_limit=0)
+    assert "loss: megatron" in text and plan.train.loss is ir.Loss.megatron
