@@ -88,7 +88,7 @@ class Space:
         dp, tp, pp, cp, ep = layout
         sizes = {"dp": dp, "ep": ep, "pp": pp, "cp": cp, "tp": tp}
         probe = Root(dp, tp, pp, cp, ep, tuple(a for a in AXES if sizes[a] > 1), None, (), (), False, (1,))
-        per_kind = self.figures.layer_memory(Node(probe, 1, 1, "full"), 3 if dp * ep * cp > 1 else 0)[0]
+        per_kind = self.figures.layer_memory(Node(probe, 1, 1, "full"), 3 if probe.data_ranks > 1 else 0)[0]
         states = sum(count * per_kind[i][0] for i, (_, count) in enumerate(self.kinds))
         capacity = max(g.node.device.usable_memory for g in self.problem.cluster.groups)
         if states / pp > capacity:
@@ -163,7 +163,7 @@ class Space:
         self.stats.expanded += 1
         root, pins = node.root, self.pins
         zeros = [pins["zero_stage"]] if "zero_stage" in pins else list(ir.ZERO_STAGES)
-        if root.dp * root.ep * root.cp == 1:  # ZeRO shards over the data and context axes (Candidate.data_axis)
+        if root.data_ranks == 1:  # nothing for ZeRO to shard over (Candidate.data_axis)
             zeros = [z for z in zeros if z == 0] or zeros[:1]
         choices = schedule_choices(root.pp, node.microbatches, self.blocks, pins.get("schedule"),
                                    pins.get("virtual_stages"))

@@ -31,6 +31,11 @@ class Root:
     micro_batches: tuple[int, ...]
     bound: float = 0.0
 
+    @property
+    def data_ranks(self) -> int:
+        """The ranks ZeRO shards over: the data, expert and context axes (`cost.memory.zero_degrees`)."""
+        return self.dp * self.ep * self.cp
+
 
 _IDENT = itertools.count()
 
