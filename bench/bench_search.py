@@ -210,6 +210,17 @@ def published() -> list[Run]:
                     gpt(70, 14336, 112, vocab=250880), "jean_zay x 48", 2048, 150,
                     pins={"tp": 4, "pp": 12, "dp": 8, "micro_batch_size": 2, "recompute": "full", "zero_stage": 1,
                           "schedule": "1f1b"}, dtypes=dict(PRE_FLASH)))
+    # Megatron-Turing NLG 530B (Smith et al. 2022, arXiv:2201.11990, Sec. 2.4): global batch 1920 on 280, 350 and 420
+    # DGX A100 servers of Selene, 60.1, 50.2 and 44.4 s per iteration, 126, 121 and 113 TFLOP/s per GPU by Megatron's
+    # formula with recomputation; Megatron's tensor slicing 8 ways inside a node, DeepSpeed's pipeline (its 1F1B
+    # TrainSchedule) 35 ways, DeepSpeed's data parallelism over the rest; activation checkpointing. The micro-batch
+    # size is not given (searched); DeepSpeed's pipeline engine takes ZeRO 0 or 1 and the paper does not say which:
+    # 1 (the time is the same).
+    for nodes, tflops in ((280, 126), (350, 121), (420, 113)):
+        runs.append(Run(f"MT-NLG 530B (t8 p35 d{nodes // 35}), {nodes * 8} A100", "Smith et al. 2022, arXiv:2201.11990, Sec. 2.4",
+                        gpt(105, 20480, 128), f"dgx_a100 x {nodes}", 1920, tflops,
+                        pins={"tp": 8, "pp": 35, "dp": nodes // 35, "cp": 1, "recompute": "full", "zero_stage": 1,
+                              "schedule": "1f1b"}, dtypes=dict(PRE_FLASH)))
     runs.append(Run("OPT-175B (TP 8 + FSDP), 992 A100", "Zhang et al. 2022, arXiv:2205.01068, Sec. 2.5",
                     gpt3, "dgx_a100 x 124", 992, 147,
                     pins={"tp": 8, "pp": 1, "cp": 1, "zero_stage": 3, "recompute": "full"},
