@@ -298,6 +298,9 @@ the 16-bit logits, (forward, backward), counted from `megatron/core/tensor_paral
 the `.float()`'s backward reads 4 and writes 2. 16-bit logits (bf16, fp16; FP8 keeps the output layer 16-bit)."""
 
 FP8_CAST_BYTES = 4.0  # read 2 bytes of a 16-bit element, write its row-wise and column-wise FP8 copies (1 + 1)
+MXFP8_CAST_BYTES = FP8_CAST_BYTES + 2 / ir.MX_BLOCK  # and each copy's E8M0 scale per block of 32 (rows, columns)
+CAST_BYTES = {ir.Precision.fp8: FP8_CAST_BYTES, ir.Precision.mxfp8: MXFP8_CAST_BYTES}
+"""Bytes a quantizing precision moves per element of a linear layer's input or output gradient (`_transformer_layer`)."""
 
 EAGER = {2: EagerBytes(36.0, 98.0, 13.0, 31.0, 20.0, 32.0, 10.0, 18.0, 18.0, 26.0),  # bf16, fp16, fp8's activations
          4: EagerBytes(28.0, 96.0, 26.0, 69.0, 40.0, 64.0, 20.0, 36.0, 12.0, 20.0)}  # fp32
@@ -459,14 +462,16 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         backward_bytes = (norms * eager.norm_backward + h / split * eager.block_backward
                           + rotary * eager.rotary_backward + gate_width * eager.gate_backward + 2 * routing * element)
         other, backward_other = tokens * forward_bytes / bandwidth, tokens * backward_bytes / bandwidth
-    if precision is ir.Precision.fp8:
+    if precision.quantized:
         # Transformer Engine's FP8 linear layers quantize each GEMM's input in the forward and its output
         # gradient in the backward, each with one cast-transpose kernel that reads the 16-bit tensor and writes
-        # the row-wise and the column-wise FP8 copies the GEMMs read (FP8_CAST_BYTES per element; delayed
-        # scaling, TE's and Megatron's default recipe: the scale comes from the amax history, no extra pass).
-        # The weights' casts (once a step, cached across microbatches) and the GEMMs' reads are not here.
-        other += tokens * cast_in * FP8_CAST_BYTES / bandwidth
-        backward_other += tokens * cast_grad * FP8_CAST_BYTES / bandwidth
+        # the row-wise and the column-wise FP8 copies the GEMMs read (CAST_BYTES per element). fp8: delayed
+        # scaling, TE's and Megatron's default recipe, the scale from the amax history, no extra pass. mxfp8:
+        # MXFP8BlockScaling, each copy's scales (one byte per 32 elements along its rows, resp. columns) found
+        # by the same kernel over its own block and written beside it. The weights' casts (once a step, cached
+        # across microbatches) and the GEMMs' reads (`gemm_bytes`) are not here.
+        other += tokens * cast_in * CAST_BYTES[precision] / bandwidth
+        backward_other += tokens * cast_grad * CAST_BYTES[precision] / bandwidth
     flops += attention_flops
     recompute, recompute_flops = 0.0, 0.0
     if work.recompute is ir.Recompute.full:

@@ -487,7 +487,8 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
     fp32 activations double every term. `kv_gathered`: all-gather context parallelism over that
     many ranks keeps K and V of the whole sequence for the attention backward, not the local part
     (selective recomputation reruns the core with its gather, so 1 then). Under `precision: fp8` the
-    linear layers' saved inputs are FP8 (`_fp8_saved_terms`).
+    linear layers' saved inputs are FP8 (`_fp8_saved_terms`); under `mxfp8` FP8 with a 1-byte scale per 32
+    elements (TE keeps the column-wise copy its weight gradient reads).
     """
     sbh = seq * micro_batch * model.hidden
     scale = precision.bytes / 2
@@ -497,9 +498,10 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
     if recompute is ir.Recompute.selective_op:
         return sbh * _selective_op_terms(model, tp, sequence_parallel) * scale
     replicated, sharded, matrix = _block_terms(model, seq, kv_gathered)
-    if precision is ir.Precision.fp8:
+    if precision.quantized:  # each saved input's 2 bytes become gemm_bytes (mxfp8: its scales too)
+        saving = 2 - precision.gemm_bytes
         saved_replicated, saved_sharded = _fp8_saved_terms(model)
-        replicated, sharded = replicated - saved_replicated, sharded - saved_sharded
+        replicated, sharded = replicated - saving * saved_replicated, sharded - saving * saved_sharded
     if not attention_matrix or recompute is ir.Recompute.selective:
         matrix = 0.0  # selective recompute (Sec. 5) recomputes exactly the attention core
     if sequence_parallel:  # Sec. 4.2.2: the replicated parts are split along the sequence too

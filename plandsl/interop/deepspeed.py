@@ -65,8 +65,8 @@ def export_plan(plan: ir.Plan) -> Exported:
              "plan does not fix)", "train")
     if train.seed != 0:
         lose(f"seed: {train.seed} (the training script seeds)", "train")
-    if train.precision is ir.Precision.fp8:
-        lose("precision: fp8 (Transformer Engine's FP8 is the model code's, not the JSON's)", "train",
+    if train.precision.quantized:
+        lose(f"precision: {train.precision.value} (Transformer Engine's FP8 is the model code's, not the JSON's)", "train",
              hint="precision: bf16 is what the JSON can say")
     # DeepSpeed's own layout: the weights in the compute precision, an fp32 master copy with the states
     native = {"param_dtype": train.precision} if train.precision is not ir.Precision.fp32 else {}

@@ -56,6 +56,8 @@ CHOICE_FLAGS: dict[str, tuple[str, ...]] = {
     # exp_avg_sq_dtype), with --use-precision-aware-optimizer: Adam and the distributed optimizer only
     # Transformer Engine's FP8 for the blocks' linear layers (TransformerConfig.fp8), beside --bf16
     "--fp8-format": ("e4m3", "hybrid"),
+    # its scaling (TransformerConfig.fp8_recipe, default delayed): mxfp8 is MXFP8BlockScaling (Blackwell)
+    "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise", "custom"),
     # TransformerConfig.moe_token_dispatcher_type and moe_flex_dispatcher_backend: a plan's `experts = alltoall` is
     # the alltoall dispatcher (allgather's moves the same tokens and is read as it), `deepep`/`hybridep` flex's
     "--moe-token-dispatcher-type": ("allgather", "alltoall", "flex"),
@@ -204,6 +206,8 @@ def _train_args(plan: ir.Plan, args: list, lose) -> None:
         args.append((PRECISION_SWITCH[train.precision], None))
     elif train.precision is ir.Precision.fp8:  # TE's delayed-scaling recipe: e4m3 forward, e5m2 gradients
         args += [("--bf16", None), ("--fp8-format", "hybrid")]
+    elif train.precision is ir.Precision.mxfp8:  # MXFP8BlockScaling: e4m3 both ways (Megatron-Bridge's bf16_with_mxfp8_mixed)
+        args += [("--bf16", None), ("--fp8-format", "e4m3"), ("--fp8-recipe", "mxfp8")]
     _dtype_args(plan, args, lose)
     if train.recompute is ir.Recompute.selective:  # recompute_modules defaults to ["core_attn"]: the attention core
         args.append(("--recompute-granularity", "selective"))

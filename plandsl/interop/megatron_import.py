@@ -437,7 +437,18 @@ def _train(read: _Read) -> str | None:
             read.problem("E807", f"--fp8-format with {precision}: a plan's fp8 runs the matmuls it leaves out of FP8 in "
                          "bf16", "--fp8-format", hint="add --bf16")
             return None
-        precision = "fp8"  # either format: the plan's fp8 is the blocks' linear layers in FP8
+        recipe = read.get("--fp8-recipe", "delayed")
+        if recipe == "custom":
+            read.problem("E807", "--fp8-recipe custom: a plan's FP8 is per-tensor (fp8) or MXFP8 block scaling (mxfp8)",
+                         "--fp8-recipe", hint="--fp8-recipe mxfp8, or delayed")
+            return None
+        # either format; delayed, tensorwise and blockwise scaling are the plan's fp8 (the blocks' linear layers in
+        # FP8, the scales' own traffic not counted), mxfp8 its mxfp8
+        precision = "mxfp8" if recipe == "mxfp8" else "fp8"
+    elif read.get("--fp8-recipe") is not None:
+        read.problem("E807", "--fp8-recipe without --fp8-format: Megatron-LM trains without FP8 then", "--fp8-recipe",
+                     hint="add --fp8-format e4m3, or remove --fp8-recipe")
+        return None
     recompute = _recompute(read)
     if recompute is None:
         return None
@@ -448,7 +459,7 @@ def _train(read: _Read) -> str | None:
     if not read.get("--cross-entropy-loss-fusion"):  # Megatron's own cross entropy, op by op (`ir.Loss.megatron`)
         items.append("loss: megatron")
     if precision != "fp32":  # Megatron keeps the weights 16-bit (bf16 under FP8) beside its fp32 main params
-        items.append(f"param_dtype: {'bf16' if precision == 'fp8' else precision}")
+        items.append(f"param_dtype: {'bf16' if precision in ('fp8', 'mxfp8') else precision}")
     seq, positions = read.get("--seq-length"), read.get("--max-position-embeddings")
     if positions is not None and seq != positions:
         items.append(f"seq: {seq}")

@@ -237,8 +237,8 @@ def _train_args(plan: ir.Plan, args: list, lose, degrees: dict[str, int]) -> Non
         args.append(("--training.mixed_precision_param", "bfloat16" if train.precision is ir.Precision.bf16
                      else "float32"))
     else:
-        lose(f"precision: {train.precision.value} (torchtitan trains in bfloat16 or float32; its float8 is a "
-             "model converter of other config functions)", "train", hint="use precision: bf16")
+        lose(f"precision: {train.precision.value} (torchtitan trains in bfloat16 or float32; its float8 and MX "
+             "(mxfp8) linears are model converters of other config functions)", "train", hint="use precision: bf16")
     dtypes = {key: getattr(train, key) for key in ir.KEPT_DTYPE_KEYS}
     if all(value is ir.Precision.bf16 for value in dtypes.values()) and train.precision is ir.Precision.bf16:
         args.append(("--training.dtype", "bfloat16"))  # everything bf16, no fp32 copy (TrainingConfig.dtype)

@@ -25,11 +25,13 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
     """Every reason `plandsl run` refuses the plan (a checked plan), in the order of the plan's attributes.
     `cuda`: whether the ranks will run on CUDA (None: whether this machine has it, as `runtime.mesh` decides)."""
     found = []
-    if plan.train.precision is ir.Precision.fp8:
-        found.append(diag("E706", "precision fp8 cannot run yet: its GEMMs need a GPU with FP8 tensor cores and "
-                                  "per-tensor scaling (Transformer Engine's recipe), which no run of the interpreter "
-                                  "has checked; check, estimate and generate model it", plan.train.span_of("precision"),
-                          hint="run it with `precision: bf16`"))
+    if plan.train.precision.quantized:
+        scaling = "per-tensor scaling" if plan.train.precision is ir.Precision.fp8 else \
+            "a scale per 32 elements (MXFP8, Blackwell)"
+        found.append(diag("E706", f"precision {plan.train.precision.value} cannot run yet: its GEMMs need a GPU with "
+                                  f"FP8 tensor cores and {scaling} (Transformer Engine's recipe), which no run of the "
+                                  "interpreter has checked; check, estimate and generate model it",
+                          plan.train.span_of("precision"), hint="run it with `precision: bf16`"))
     if plan.train.optimizer_dtype is ir.Precision.fp16:
         found.append(diag("E706", "optimizer_dtype fp16 cannot run yet: Adam's second moment (about 0.05 g^2) flushes "
                                   "to zero in fp16 for gradients below ~2e-4 unless each state tensor keeps a scale "

@@ -103,8 +103,9 @@ _entry("E706", """
     The plan trains in FP8 (`precision: fp8`: the blocks' linear layers in FP8, as Transformer
     Engine's recipe does), which `check`, `estimate`, the search and the renderer model from the
     devices' FP8 peaks; the interpreter does not run it yet: FP8 GEMMs need a GPU with FP8 tensor
-    cores (Hopper, Ada or later) and per-tensor scaling that no run here has checked. It refuses
-    rather than run the plan in another precision under its name. Likewise `optimizer_dtype: fp16`:
+    cores (Hopper, Ada or later) and per-tensor scaling that no run here has checked; `precision: mxfp8`
+    likewise (Blackwell's tensor cores with a scale per 32 elements). It refuses rather than run the
+    plan in another precision under its name. Likewise `optimizer_dtype: fp16`:
     Adam's second moment underflows in fp16 unless each state tensor keeps a scale (Transformer
     Engine's FusedAdam does), which the interpreter's optimizer does not; bf16 states run.
     """, _local_plan("", mesh="[dp = 2]", header="device fp8_cpu {\n      memory    = 16 GiB\n      bandwidth = 50 GB/s\n"
