@@ -6,6 +6,7 @@ model's predictions against published training runs.
     python bench/bench_search.py --validate   # published runs: measured, predicted, error (Markdown)
     python bench/bench_search.py --fit        # refit the GEMM efficiency and the ZeRO-3 NIC on the fit runs, then validate
     python bench/bench_search.py --mpt        # MosaicML's MPT throughput tables, summed apart (docs/validation.md)
+    python bench/bench_search.py --blackwell  # Megatron-Bridge's DGX-B200 / GB200 Llama rows, summed apart
     python bench/bench_search.py --memory     # torchtitan's published peak memory against the memory model
 
 Targets (issue: cost model and search): GPT-3 175B on 1,024 A100s, full search, under 10 s; a 1T
@@ -456,11 +457,118 @@ def modelzoo_qwen3_h100() -> list[Run]:
                 dp=4)]
 
 
+# Blackwell (issue 20 item 1): the stdlib's dgx_b200 and gb200_nvl72 devices (datasheet peaks, the language's
+# A100-fitted GEMM knobs: none measured on Blackwell). Megatron-Bridge's GB200 jobs take 4 GPUs per host and a
+# Slurm segment of whole NVLink domains (scripts/performance/utils/executors.py: all the hosts of a job of at most
+# 18, else the largest divisor of the host count up to 18): 8 GPUs are 2 trays and 64 are 16 of one rack, 256 are
+# 4 segments of 16 trays. Those slices of an NVL72 rack, per GPU as clusters/gb200_nvl72 states it:
+BLACKWELL_HARDWARE = """
+import "clusters/dgx_b200"
+import "clusters/gb200_nvl72"
+node gb200_nvl72_8 {
+  devices = 8 x gb200
+  link    = { bandwidth: 900 GB/s, latency: 2 us }
+  nic     = { bandwidth: 400 GB/s, latency: 5 us }
+}
+node gb200_nvl72_64 {
+  devices = 64 x gb200
+  link    = { bandwidth: 900 GB/s, latency: 2 us }
+  nic     = { bandwidth: 3200 GB/s, latency: 5 us }
+}
+"""
+BRIDGE_042 = "NVIDIA Megatron-Bridge v0.4.2 docs, performance summary"
+
+
+def nemo_blackwell() -> list[Run]:
+    """The rule, written before any prediction was looked at: every pre-training row of a dense Llama model
+    (LLAMA3_8B, LLAMA3_70B, LLAMA3.1_405B) on DGX-B200 or DGX-GB200 in Megatron-Bridge v0.4.2's documentation
+    (docs/fern/versions/0.4.2/pages/: performance-summary.mdx, the 26.04.01 container, and
+    performance-summary-archive.mdx, the 26.04, 26.02.01, 26.02, 25.11 and 25.09 containers) whose precision the
+    page states and the language writes: FP8 and FP8-CS as `fp8`, MXFP8 and FP8-MX as `mxfp8`; NVFP4 rows are
+    left out (no precision of the language), and so are 25.09's rows (its tables state no precision). A cell
+    with an alternative in parentheses ("FP8-CS (FP8-MX)") is two rows. Each row is pinned to the table's layout
+    (GPUs, global and micro batch, FSDP > 0 as ZeRO-3 over the data ranks else Megatron's distributed optimizer
+    (zero1), TP, PP, CP, VP with the interleaved schedule) and to what its release's recipe
+    (scripts/performance/configs/llama/) says beyond the table: no recomputation, gradients reduced in bf16
+    (`grad_reduce_in_fp32 = False`), TP's communication overlapped wherever TP > 1. Not in the language, and so
+    not priced: CUDA graphs (the 8B recipes), activation offloading to the CPU (the FSDP 70B recipes,
+    `cpu_offloading_num_layers` 40), FP8 current scaling's amax pass and its first and last layers in bf16,
+    MXFP8's weights all-gathered in MXFP8 (`fp8_param_gather`). Held out and reported apart (`--blackwell`),
+    not in the targets' set: the peaks are datasheet figures and the GEMM knobs the A100 fit's."""
+    def run(name, container, model, system, gpus, batch, measured, precision, note="", **pins):
+        base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1}
+        if pins.get("pp", 1) > 1:
+            base["schedule"] = "interleaved_1f1b"
+        cluster = (f"dgx_b200 x {gpus // 8}" if system == "B200" else
+                   "gb200_nvl72_8" if gpus == 8 else f"gb200_nvl72_64 x {gpus // 64}")
+        page = "performance-summary.mdx" if container == "26.04.01" else "performance-summary-archive.mdx"
+        return Run(f"NeMo {name}, {gpus} {system}, {precision}", f"{BRIDGE_042} ({page}), NeMo {container}", model,
+                   cluster, batch, measured, metric="tokens_per_device", pins={**base, **pins},
+                   dtypes={"precision": {"FP8": "fp8", "FP8-CS": "fp8", "MXFP8": "mxfp8", "FP8-MX": "mxfp8"}[precision],
+                           **MEGATRON_CORE, "grad_dtype": "bf16"},
+                   note=note, family="blackwell", overlap_tensor=pins.get("tp", 1) > 1)
+    offload = "the recipe offloads 40 layers' activations to the CPU (cpu_offloading_num_layers), not priced"
+    graphs = "the recipe captures the whole iteration in a CUDA graph, not priced"
+    rows = []
+    for container, fp8_70b, mx_70b, fp8_405b, mx_405b in (("26.04.01", 4224, 3712, 864, 800),
+                                                           ("26.04", 4143, 3828, 842, 793),
+                                                           ("26.02.01", 4357, 3837, 818, 775),
+                                                           ("26.02", 4040, 3613, 793, 786)):
+        rows += [run("Llama 3 70B (FSDP 64, mb 2)", container, "llama3_70b", "GB200", 64, 256, fp8_70b, "FP8", offload,
+                     dp=64, tp=1, pp=1, zero_stage=3, micro_batch_size=2),
+                 run("Llama 3 70B (t2 p4 v5)", container, "llama3_70b", "GB200", 64, 256, mx_70b, "MXFP8",
+                     dp=8, tp=2, pp=4, virtual_stages=5),
+                 run("Llama 3.1 405B (t4 p16 v4)", container, "llama3_405b", "GB200", 256, 1536, fp8_405b, "FP8",
+                     dp=4, tp=4, pp=16, virtual_stages=4),
+                 run("Llama 3.1 405B (t4 p16 v8)", container, "llama3_405b", "GB200", 256, 1536, mx_405b, "MXFP8",
+                     dp=4, tp=4, pp=16, virtual_stages=8)]
+    for system, cs, mx in (("GB200", 31508, 29789), ("B200", 30624, 29521)):
+        rows += [run("Llama 3 8B (mb 2)", "25.11", "llama3_8b", system, 8, 128, cs, "FP8-CS", graphs,
+                     dp=8, tp=1, pp=1, micro_batch_size=2),
+                 run("Llama 3 8B (mb 2)", "25.11", "llama3_8b", system, 8, 128, mx, "FP8-MX", graphs,
+                     dp=8, tp=1, pp=1, micro_batch_size=2)]
+    rows += [run("Llama 3 70B (FSDP 64, mb 2)", "25.11", "llama3_70b", "GB200", 64, 256, 4312, "FP8-CS", offload,
+                 dp=64, tp=1, pp=1, zero_stage=3, micro_batch_size=2),
+             run("Llama 3.1 405B (t4 p16 v4)", "25.11", "llama3_405b", "GB200", 256, 1536, 813, "FP8-CS",
+                 dp=4, tp=4, pp=16, virtual_stages=4)]
+    for precision, measured in (("FP8-CS", 661), ("FP8-MX", 624)):
+        rows.append(run("Llama 3.1 405B (t4 p8 c2 v8), gbs 64", "25.11", "llama3_405b", "B200", 128, 64, measured,
+                        precision, dp=2, tp=4, pp=8, cp=2, virtual_stages=8))
+    return rows
+
+
+def blackwell_report() -> str:
+    """Megatron-Bridge's Blackwell rows: each predicted or refused (the search finds no layout under the pins:
+    the memory model's verdict), and the median and maximum |error| per system of those predicted."""
+    results, refused = [], []
+    for run in nemo_blackwell():
+        try:
+            results.append((run, *predict(run, None)))
+        except SearchError as problem:
+            refused.append((run, str(problem).splitlines()[0]))
+    lines = ["| run | source | measured tokens/s/GPU | predicted | error | plan the search chose |",
+             "|---|---|---|---|---|---|"]
+    for run, value, best in results:
+        c = best.candidate
+        lines.append(f"| {run.name} | NeMo {run.source.rsplit('NeMo ', 1)[1]} | {run.measured:,.0f} | {value:,.0f} | "
+                     f"{error(run, value):+.1%} | {c.describe()}{' tp overlap' if c.tp > 1 else ''} |")
+    lines += [f"| {run.name} | NeMo {run.source.rsplit('NeMo ', 1)[1]} | {run.measured:,.0f} | refused: {why} | | |"
+              for run, why in refused]
+    lines.append("")
+    for system in ("GB200", "B200"):
+        errors = [error(run, value) for run, value, _ in results if f" {system}," in run.name]
+        if errors:
+            lines.append(f"{system}: {len(errors)} predicted, {sum(f' {system},' in r.name for r, _ in refused)} "
+                         f"refused; median |error| {statistics.median(map(abs, errors)):.1%}, mean error "
+                         f"{statistics.mean(errors):+.1%}, max |error| {max(map(abs, errors)):.1%}")
+    return "\n".join(lines)
+
+
 STACK_KEYS = {"kernels": ir.Kernels, "attention": ir.Attention, "loss": ir.Loss}  # Run.dtypes' keys that are no dtype
 
 
 def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
-    document = api.loads(HARDWARE + ZERO3_2021_NODE.format(nic=nic)
+    document = api.loads(HARDWARE + BLACKWELL_HARDWARE + ZERO3_2021_NODE.format(nic=nic)
                          + f"model run_model = {run.model}\ncluster run_cluster = {run.cluster}\n", path="bench.plan")
     model = next(m for m in document.models if m.name == "run_model")
     cluster = next(c for c in document.clusters if c.name == "run_cluster")
@@ -875,6 +983,8 @@ def main(argv: list[str]) -> None:
         print(datasheet_zero3(None))
     elif "--mpt" in argv:
         print(mpt_report())
+    elif "--blackwell" in argv:
+        print(blackwell_report())
     elif "--memory" in argv:
         print(memory_report())
     elif "--case" in argv:
