@@ -544,8 +544,8 @@ def blackwell_report() -> str:
     for run in nemo_blackwell():
         try:
             results.append((run, *predict(run, None)))
-        except SearchError as problem:
-            refused.append((run, str(problem).splitlines()[0]))
+        except SearchError as problem:  # the memory model's verdict, or stages the plan cannot write
+            refused.append((run, "does not fit" if "does not fit" in str(problem) else "no plan satisfies the pins"))
     lines = ["| run | source | measured tokens/s/GPU | predicted | error | plan the search chose |",
              "|---|---|---|---|---|---|"]
     for run, value, best in results:
