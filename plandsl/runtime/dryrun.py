@@ -28,6 +28,7 @@ from plandsl.ir.shares import uneven
 from plandsl.cost.memory import MemoryEstimate
 from plandsl.runtime.parallel.zero import Zero1Optimizer, local as _local  # a DTensor's shard, else the tensor
 from plandsl.lower.units import format_bytes
+from plandsl.runtime.loss import fused_loss
 from plandsl.runtime.models import build_model
 from plandsl.runtime.precision import keep_weights
 from plandsl.runtime.optim import optimizer_settings
@@ -110,6 +111,7 @@ def dry_run(plan: ir.Plan, ranks: list[int] | None = None, progress=None) -> Dry
         / train.weights_dtype.bytes
     with META:  # built once: initialising meta tensors costs time and sets nothing
         model = keep_weights(plan, build_model(plan.model, plan.train.seed))
+    fused_loss(plan, model)  # `loss: fused`: the head laid out for the loss, as `run` builds it (runtime.loss)
     built = []
     for rank in ranks:
         try:

@@ -15,6 +15,7 @@ from torch import nn
 
 from plandsl import ir
 from plandsl.ir.layers import block_model
+from plandsl.runtime.loss import vocab_cross_entropy
 
 INIT_STD = 0.02  # GPT-2 (Radford et al. 2019); residual projections get INIT_STD / sqrt(2 * layers)
 ROPE_THETA = 10_000.0  # Su et al. 2021, as in Llama
@@ -343,9 +344,20 @@ class Embedding(nn.Module):
         return h
 
 
+class Head(nn.Linear):
+    """The output layer: hidden states -> logits; called with the targets too, the mean cross entropy of those
+    logits computed chunk by chunk without holding them (`loss: fused`, `runtime.loss.vocab_cross_entropy`)."""
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        if targets is None:
+            return super().forward(x)
+        return vocab_cross_entropy(x, self.weight, targets)
+
+
 # ---- whole models ---------------------------------------------------------------------
 class Transformer(nn.Module):
-    """Decoder-only transformer: tokens [batch, seq] -> logits [batch, seq, vocab]."""
+    """Decoder-only transformer: tokens [batch, seq] -> logits [batch, seq, vocab] (with `loss_in_head`, the loss;
+    on a pipeline's last stage, which gets no targets, the final hidden states, which the loss hands to `head`)."""
 
     def __init__(self, model: ir.TransformerModel):
         super().__init__()
@@ -354,17 +366,22 @@ class Transformer(nn.Module):
         # a dense-then-MoE model's first `dense_layers` blocks are dense (`ir.layers.block_model`)
         self.layers = nn.ModuleDict({str(i): Block(block_model(model, i)) for i in range(model.layers)})
         self.norm = nn.LayerNorm(model.hidden) if model.kind == "gpt" else RMSNorm(model.hidden)
-        self.head = nn.Linear(model.hidden, model.vocab, bias=False)
+        self.head = Head(model.hidden, model.vocab, bias=False)
         if model.tied_embeddings:
             self.head.weight = self.embed.tok.weight
+        self.loss_in_head = False  # `loss: fused` (runtime.loss.fused_loss): return the final hidden states
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits; with `loss_in_head`, the final hidden states, or given `targets` the loss the head computes
+        from them (inside this call, so a wrapper that gathers the parameters for it, FSDP's, holds them)."""
         # Each part may be None on a pipeline stage that does not hold it (as in torchtitan).
         h = self.embed(x) if self.embed is not None else x
         for block in self.layers.values():
             h = block(h)
         h = self.norm(h) if self.norm is not None else h
-        return self.head(h) if self.head is not None else h
+        if self.head is None or (self.loss_in_head and targets is None):
+            return h
+        return self.head(h, targets) if self.loss_in_head else self.head(h)
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator) -> None:

@@ -25,6 +25,7 @@ from plandsl import ir
 from plandsl.runtime.data import Batches, microbatches
 from plandsl.runtime.parallel.data_parallel import build_dp_optimizer, gradient_sync
 from plandsl.runtime.parallel.mesh import DEFAULT_TIMEOUT_S, build_mesh, coordinate, init_distributed
+from plandsl.runtime.loss import HeadLoss, fused_loss
 from plandsl.runtime.models import build_model, loss_fn
 from plandsl.runtime.optim import build_lr_scheduler
 from plandsl.runtime.parallel.context_parallel import sequence_columns
@@ -95,7 +96,10 @@ def build_job(plan: ir.Plan, mesh: DeviceMesh, device: torch.device, config: Run
     # The full model, initialised from the seed alone, so every layout starts from the same values.
     model = keep_weights(plan, build_model(plan.model, plan.train.seed))  # the plan's master_dtype
     batches = Batches(plan, config.token_file, model)
-    loss = getattr(model, "loss", loss_fn)
+    # `loss: fused`: the model returns its final hidden states and the head computes the loss chunk by chunk
+    # (runtime.loss); set before parallelizing, which splits the head for it. Else torch's cross entropy.
+    head_loss = fused_loss(plan, model)
+    loss = head_loss or getattr(model, "loss", loss_fn)
     scaler = loss_scaler(plan, device)
     dp_rank, dp = coordinate(mesh, plan.batch_axes())
     share = batches.shares[dp_rank] if batches.shares is not None else plan.train.global_batch // dp
@@ -118,6 +122,8 @@ def build_job(plan: ir.Plan, mesh: DeviceMesh, device: torch.device, config: Run
             plan, model, mesh, device, loss_fn=scaler.scaled(_weighted(loss, loss_scale)), microbatches=microbatches,
             scale_grads=not own)
         models = list(parts)
+        if head_loss is not None:  # the head of this rank's copy of the last stage, if it holds it
+            head_loss.bind(models)
     else:
         parts = [parallelize(plan, model, mesh, device)]
         models = [model]
@@ -155,7 +161,10 @@ def forward_backward_step(job: Job, inputs: torch.Tensor, targets: torch.Tensor,
     """One microbatch through the model; the backward sees the loss times `scale` (1 / microbatches, times
     the rank's share weight with `batch_shares`), and times the loss scale with fp16."""
     with autocast(job.plan, job.device.type):
-        loss = job.loss(job.parts[0](inputs), targets)
+        if isinstance(job.loss, HeadLoss):  # the model's head computes it, inside the model's call (runtime.loss)
+            loss = job.parts[0](inputs, targets)
+        else:
+            loss = job.loss(job.parts[0](inputs), targets)
     job.scaler.scale_loss(loss * scale).backward()
     return loss.detach()
 

@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor import (DTensor, Partial, Placement, Replicate, Shard, distribute_module,
+                                      distribute_tensor)
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
                                                PrepareModuleInputOutput, PrepareModuleOutput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
@@ -243,6 +244,47 @@ class PlacedParallel(ParallelStyle):
         return distribute_module(module, device_mesh, self._partition, self._input, self._output)
 
 
+class VocabParallelLoss(ParallelStyle):
+    """The head under `loss: fused` (`runtime.loss`): its weight split by vocabulary rows (`Shard(0)`: the default,
+    and `colwise`), else as its rule places it; its input, the final hidden states in the stream's layout, made
+    whole on every rank (all-gathered along the sequence under sequence parallelism). With the vocabulary split,
+    each rank's gradient of that input is its slice's part, summed as it goes back (an all-reduce, or a
+    reduce-scatter to the sequence shards: Megatron's `f` and its sequence-parallel form); with the weight whole
+    on every rank it is the whole gradient already. The loss the head returns is the same on every rank."""
+
+    def __init__(self, weight_dim: int | None, stream: Placement):
+        super().__init__()
+        self.weight_dim, self.stream = weight_dim, stream
+
+    def _partition(self, name: str, module: nn.Module, mesh: DeviceMesh) -> None:
+        if name:
+            return
+        for param_name, param in list(module.named_parameters(recurse=False)):
+            dim = self.weight_dim if param_name == "weight" else None
+            placement = Replicate() if dim is None else Shard(dim % param.ndim)
+            module.register_parameter(param_name, nn.Parameter(distribute_tensor(param, mesh, [placement])))
+
+    def _input(self, module: nn.Module, inputs, mesh: DeviceMesh):
+        hidden = inputs[0]
+        if not isinstance(hidden, DTensor):
+            hidden = DTensor.from_local(hidden, mesh, (self.stream,), run_check=False)
+        parts = (Partial(),) if self.weight_dim == 0 else (Replicate(),)
+        return (hidden.redistribute(mesh, (Replicate(),)).to_local(grad_placements=parts), *inputs[1:])
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return distribute_module(module, device_mesh, self._partition, self._input)
+
+
+def _loss_weight_dim(rule: ModuleRule | None) -> int | None:
+    """The dim of the head's weight a rule splits over the tensor axis (None: whole); no rule: the vocabulary (0)."""
+    if rule is None or rule.style == "colwise":
+        return 0
+    if rule.style == "rowwise":
+        return 1
+    dim = rule.placements.get("weight")
+    return None if dim is None else dim % 2
+
+
 def _style(rule: ModuleRule, given: Placement, wanted: Placement) -> ParallelStyle | None:
     """`rule` for a module whose plain input arrives as `given` and whose output must leave as `wanted`."""
     if rule.style == "colwise":
@@ -294,7 +336,9 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool,
             top["embed"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=stream)
     if model.norm is not None and sequence_parallel:  # a norm's rule (replicate, sequence) is this default
         top["norm"] = SequenceParallel()
-    if model.head is not None:
+    if model.head is not None and getattr(model, "loss_in_head", False):  # the head computes the loss (runtime.loss)
+        top["head"] = VocabParallelLoss(_loss_weight_dim(rules.get("head")), stream)
+    elif model.head is not None:
         top["head"] = (_style(rules["head"], stream, Replicate()) if "head" in rules
                        else ColwiseParallel(input_layouts=stream, output_layouts=Replicate()))
     parallelize_module(model, tp_mesh, {name: style for name, style in top.items() if style is not None})
