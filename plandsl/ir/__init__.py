@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Annotated, Any, Literal, NamedTuple, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from plandsl.diagnostics.limits import MAX_MESH_DEVICES, MAX_NODES, MAX_STAGES  # noqa: F401 - bounds on the IR, in limits.py
@@ -210,6 +210,28 @@ class NodeType(Node):
     devices: int = Field(gt=0, le=1024, description="devices per node")
     link: Link = Field(description="intra-node link, per device")
     nic: Optional[Link] = Field(default=None, description="inter-node injection, per node")
+    hosts: int = Field(default=1, gt=0, le=1024, description="machines the node's devices sit on, an equal share "
+                       "each (torchrun's nodes): a rack-scale NVLink domain (GB200 NVL72: 18 trays of 4 GPUs)")
+
+    @model_validator(mode="after")
+    def _hosts_divide_devices(self) -> "NodeType":
+        if self.devices % self.hosts:
+            raise ValueError(f"hosts ({self.hosts}) must divide devices ({self.devices}): each machine of a node "
+                             f"holds the same number of its devices")
+        return self
+
+    @property
+    def host_devices(self) -> int:
+        """Devices per machine: what one torchrun starts (`--nproc-per-node`)."""
+        return self.devices // self.hosts
+
+    @model_serializer(mode="wrap")
+    def _without_one_host(self, handler):
+        """A node on one machine (the default) dumps (and its plans hash) as before `hosts` existed."""
+        data = handler(self)
+        if self.hosts == 1 and isinstance(data, dict):
+            data.pop("hosts", None)
+        return data
 
 
 class NodeGroup(Node):

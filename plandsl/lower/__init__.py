@@ -24,7 +24,7 @@ from plandsl.syntax.parser import deep_recursion
 PRECISIONS = tuple(p.value for p in ir.Precision)
 # attribute (or key) -> required, of each definition and `{ }` value lowered here (the language server completes them)
 DEVICE_ATTRS = {"memory": True, "bandwidth": True, "peak": True, "efficiency": False, "reserve": False}
-NODE_ATTRS = {"devices": True, "link": True, "nic": False}
+NODE_ATTRS = {"devices": True, "link": True, "nic": False, "hosts": False}
 CLUSTER_ATTRS = {"nodes": True, "fabric": False}
 LINK_KEYS = {"bandwidth": True, "latency": False, "measured": False}
 EFFICIENCY_KEYS = {"matmul": False, "kernel_latency": False, "measured": False}
@@ -176,7 +176,9 @@ class Lowering:
         count = scope.integer(devices.count_expr, "device count", minimum=1)
         link = self.link(scope, found["link"].value, "link")
         nic = self.link(scope, found["nic"].value, "nic") if "nic" in found else None
-        return build(scope, ir.NodeType, d.span, name=d.name, device=devices.thing, devices=count, link=link, nic=nic)
+        hosts = {"hosts": scope.integer(found["hosts"].value, "hosts", minimum=1, maximum=1024)} if "hosts" in found else {}
+        return build(scope, ir.NodeType, d.span, name=d.name, device=devices.thing, devices=count, link=link, nic=nic,
+                     **hosts)
 
     def _expected(self, scope: Scope, value, expr: s.Expr, what: str, example: str) -> Poison:
         if isinstance(value, Word):

@@ -127,14 +127,15 @@ def check_fits(plan: ir.Plan, options: LaunchOptions) -> None:
     """Refuse to start, on this machine alone, a mesh larger than one node of the plan's cluster, unless
     `--nproc-per-node` or `--nnodes` says how: a 1,024-device plan started by mistake would fork 1,024 ranks
     here. The suggested node count rounds up; `torchrun_args` checks the product."""
-    per_node = max(group.node.devices for group in plan.cluster.groups)
+    per_node = max(group.node.host_devices for group in plan.cluster.groups)
     if options.nnodes > 1 or options.nproc_per_node is not None or plan.mesh.size <= per_node:
         return
     nodes = -(-plan.mesh.size // per_node)
     here = (f", or give --nproc-per-node {plan.mesh.size} to start all {plan.mesh.size} ranks on this machine"
             if plan.mesh.size <= MAX_LOCAL_RANKS else "")
-    raise LaunchError(f"plan '{plan.name}': its mesh spans {plan.mesh.size} devices, {nodes} nodes of cluster "
-                      f"'{plan.cluster.name}' ({per_node} devices each); start it on every node with "
+    what = "nodes" if all(group.node.hosts == 1 for group in plan.cluster.groups) else "machines"
+    raise LaunchError(f"plan '{plan.name}': its mesh spans {plan.mesh.size} devices, {nodes} {what} of cluster "
+                      f"'{plan.cluster.name}' ({per_node} devices each); start it on every {what[:-1]} with "
                       f"--nnodes {nodes} --node-rank R --rdzv-endpoint HOST:PORT (docs/running.md){here}")
 
 
@@ -173,7 +174,7 @@ def dry_run_commands(plan: ir.Plan, args: list[str], options: LaunchOptions) -> 
     what to put for the placeholders. Nodes holding different numbers of the mesh's devices (node types of
     several sizes, a mesh ending inside a node) get one command per size, naming the nodes."""
     if options.nnodes > 1 or options.nproc_per_node is not None or \
-            plan.mesh.size <= max(group.node.devices for group in plan.cluster.groups):
+            plan.mesh.size <= max(group.node.host_devices for group in plan.cluster.groups):
         return command_line(args)
     tail = args[args.index("-m"):]  # `-m plandsl.run PLAN ...`: the same on every node
     nodes = _devices_per_node(plan)
@@ -192,14 +193,16 @@ def _devices_per_node(plan: ir.Plan) -> list[int]:
 
 
 def mesh_nodes(plan: ir.Plan) -> list[tuple[ir.NodeType, int]]:
-    """Each node the mesh uses, in the cluster's order, with how many of the mesh's devices it holds (the mesh
-    takes `mesh.size` devices from `mesh.first_device` on). Counted per node group, not per device."""
+    """Each machine the mesh uses (torchrun's node: a plan's node, or one of its `hosts` when its devices span
+    several, as a GB200 NVL72's 18 trays of 4), in the cluster's order, with its node type and how many of the
+    mesh's devices it holds (the mesh takes `mesh.size` devices from `mesh.first_device` on). Counted per node
+    group, not per device."""
     start, end = plan.mesh.first_device, plan.mesh.first_device + plan.mesh.size
     nodes: list[tuple[ir.NodeType, int]] = []
     first = 0
     for group in plan.cluster.groups:
-        devices = group.node.devices
-        last = first + group.count * devices
+        devices = group.node.host_devices
+        last = first + group.count * group.node.devices
         low, high = max(start, first), min(end, last)
         for node in range((low - first) // devices, (high - 1 - first) // devices + 1) if low < high else ():
             nodes.append((group.node, min(high, first + (node + 1) * devices) - max(low, first + node * devices)))

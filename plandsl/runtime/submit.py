@@ -85,7 +85,7 @@ def node_refusals(plan: ir.Plan) -> list[Diagnostic]:
     span = plan.mesh.span or plan.span
     yourself = "or start each node yourself: `plandsl run --dry-run` prints its command"
     if len(set(counts)) > 1:
-        per = max(node.devices for node, _ in nodes)
+        per = max(node.host_devices for node, _ in nodes)
         whole = sorted({size for size in (plan.mesh.size // per * per, -(-plan.mesh.size // per) * per) if size})
         hint = f"give the mesh whole nodes ({' or '.join(map(str, whole))} devices, {per} a node), {yourself}"
         held = ", ".join(f"{'node' if len(at) == 1 else 'nodes'} {index_ranges(at)}: {count}"

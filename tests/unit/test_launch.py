@@ -220,3 +220,40 @@ def test_the_ranks_take_the_device_the_launcher_was_given():
     assert args[args.index("--device") + 1] == "cpu" and parse_args(args[args.index("plandsl.run") + 1:]).device == "cpu"
     with pytest.raises(SystemExit):
         parse_args(["x.plan", "--device", "tpu"])
+
+
+NVL72 = """import "clusters/gb200_nvl72"
+plan rack {
+  model    = llama(layers=8, hidden=1024, heads=16, seq=1024, vocab=50304)
+  cluster  = gb200_nvl72 x 2
+  mesh     = [dp = 18, tp = 8]
+  train    = { global_batch: 36, micro_batch: 1, precision: bf16 }
+  data     = zero1 over dp
+  tensor   = megatron over tp
+}
+"""
+
+
+def test_a_rack_scale_node_starts_one_torchrun_per_machine():
+    """GB200 NVL72: a node is the 72-GPU NVLink domain, on 18 trays of 4 GPUs (`hosts = 18`). torchrun and Slurm
+    start processes per machine, so 144 devices are 36 machines of 4, not 2 machines of 72."""
+    plan = api.loads(NVL72).plans[0]
+    assert plan.cluster.groups[0].node.devices == 72 and plan.cluster.groups[0].node.host_devices == 4
+    with pytest.raises(LaunchError, match=r"mesh spans 144 devices, 36 machines of cluster 'gb200_nvl72 x 2' "
+                                          r"\(4 devices each\); start it on every machine with --nnodes 36"):
+        check_fits(plan, LaunchOptions())
+    lines = _dry_run_commands("rack.plan", NVL72).splitlines()
+    assert "each of the 36 nodes" in lines[0] and len(lines) == 2
+    assert " --nnodes 36 " in lines[1] and "--nproc-per-node 4 " in lines[1]
+    from plandsl.runtime.submit import node_refusals
+    assert node_refusals(plan) == []
+
+
+def test_hosts_must_share_a_nodes_devices_evenly_and_default_to_one_machine():
+    bad = NVL72.replace('import "clusters/gb200_nvl72"', 'import "clusters/dgx_b200"').replace(
+        "cluster  = gb200_nvl72 x 2", "cluster  = eights x 18") + (
+        "node eights {\n  devices = 8 x b200\n  hosts   = 3\n  link    = { bandwidth: 900 GB/s, latency: 2 us }\n}\n")
+    errors = api.checks(bad).errors
+    assert [d.code for d in errors] == ["E205"] and "hosts (3) must divide devices (8)" in errors[0].message
+    node = api.loads('import "clusters/dgx_b200"\ncluster c = dgx_b200\n').clusters[0].groups[0].node
+    assert node.hosts == 1 and node.host_devices == 8 and "hosts" not in node.model_dump()
