@@ -39,8 +39,8 @@ from plandsl.search import Problem, SearchError, search
 
 # The inter-node bandwidth per node that DeepSpeed's 2021 ZeRO-3 got on Selene (GB/s), fitted by
 # `--fit` on its 768-GPU run at DeepSpeed's defaults of the time (`DEEPSPEED_2021`: sub-modules gathered one by one,
-# gradients reduced in fp16): 9 % of the 8 x 200 Gb/s HDR rails NCCL's rings reach (docs/validation.md).
-ZERO3_2021_NIC = 18.5
+# gradients reduced in fp16): 10 % of the 8 x 200 Gb/s HDR rails NCCL's rings reach (docs/validation.md).
+ZERO3_2021_NIC = 20.4
 
 # Hardware the stdlib does not describe, from the runs' own papers.
 HARDWARE = """

@@ -251,7 +251,19 @@ def collective_seconds(collective: str, size_bytes: float, links: GroupLinks) ->
     return estimate_collective(collective, size_bytes, links).seconds
 
 
-__all__ = ["GroupLinks", "CommEstimate", "NO_COMM", "group_links", "estimate_collective",
+def beside(collective: float, compute: float, share: float) -> float:
+    """Seconds a collective of `collective` seconds, issued as `compute` seconds of computation start, adds to
+    them when the computation runs at (1 - `share`) of its speed while the collective is in flight (`share`:
+    the device's `comm_share`, what the collective's kernel takes of it; docs/cost-model.md, "Compute beside a
+    collective"). Together they take max(collective, compute + share·collective): a collective longer than the
+    computation's slowed length is exposed by what it exceeds the computation by, a shorter one costs the
+    computation `share` of its own seconds. `share = 0` is the perfect overlap, max(0, collective - compute)."""
+    if collective <= 0.0:
+        return 0.0
+    return max(collective - compute, share * collective)
+
+
+__all__ = ["GroupLinks", "CommEstimate", "NO_COMM", "group_links", "estimate_collective", "beside",
            "collective_seconds", "COLLECTIVES"]
 
 

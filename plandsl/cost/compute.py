@@ -90,6 +90,31 @@ class Efficiency:
         fixed = min(one, (self.of(precision) if self.precisions else self).kernel_seconds)
         return count * (one - fixed) + -(-count // streams) * fixed
 
+    def chunked_gemm_seconds(self, m: float, n: float, k: float, device: ir.DeviceType, precision: ir.Precision,
+                             chunks: int, streams: int) -> float:
+        """An m x k by k x n GEMM run as `chunks` GEMMs of m / chunks rows each, dealt to `streams` streams, as a
+        decomposition beside a tensor-parallel collective runs it (`overlap_gemms`). Together the chunks do the
+        whole GEMM's FLOPs and read and write its activations once; each reads the whole k x n weight again
+        (torch's async TP multiplies each gathered shard by the whole weight, Transformer Engine's ring exchange
+        each received chunk), but a GEMM streams its operands from memory while its tensor cores work, so a
+        re-read costs only what it exceeds its chunk's math by (and the ring's consecutive chunks find a weight
+        of tens of MB in an H100's 50 MB L2). The first chunk pays the weight's bytes as the whole GEMM does (the
+        GEMM model's sum of FLOPs' and bytes' time is calibrated on whole GEMMs); a chunk's last partial wave runs
+        beside the next chunk's first, so the fixed time per kernel is paid once per round of `streams`."""
+        if m <= 0 or n <= 0 or k <= 0 or chunks <= 0:
+            return 0.0
+        knobs = self.of(precision) if self.precisions else self
+        rows = m / chunks
+        flops = 2.0 * rows * n * k
+        own = (rows * k + rows * n) * precision.gemm_bytes  # this chunk's input rows and output rows
+        weight = k * n * precision.gemm_bytes
+        math_seconds = flops / (knobs.peak_fraction * peak_of(device, precision))
+        reread = max(0.0, weight / device.bandwidth - math_seconds) * device.bandwidth  # bytes not hidden
+        first = self.kernel(flops, own + weight, device, precision)
+        rest = self.kernel(flops, own + reread, device, precision)
+        fixed = min(first, knobs.kernel_seconds)
+        return first + (chunks - 1) * rest - (chunks - -(-chunks // streams)) * fixed
+
     def kernel(self, flops: float, moved: float, device: ir.DeviceType, precision: ir.Precision) -> float:
         """Seconds of one compute kernel of `flops` FLOPs that moves `moved` bytes."""
         knobs = self.of(precision) if self.precisions else self
@@ -546,11 +571,11 @@ def overlap_gemms(model: ir.TransformerModel, work: Work, device: ir.DeviceType,
         shapes += [((projections - 1) * model.ffn_hidden / tp, h), (h, model.ffn_hidden / tp)]
     gemm = efficiency.gemm_seconds
     reduction = tokens * h * precision.unquantized.bytes * (1 + 1 / tp) / device.bandwidth
-    chunked = efficiency.grouped_gemm_seconds
+    chunked = efficiency.chunked_gemm_seconds
     # the row-parallel GEMMs (wo, fc2: the odd entries) feed a reduce-scatter; by position, not by `features != h`,
     # which a GPT's fc2 at tp = 4 (ffn / tp = h) would fail
     return tuple(OverlapGemm(gemm(tokens, out, features, device, precision),
-                             chunked(tokens / tp, out, features, device, precision, tp, CHUNK_STREAMS), tp,
+                             chunked(tokens, out, features, device, precision, tp, CHUNK_STREAMS), tp,
                              reduction if index % 2 else 0.0)
                  for index, (out, features) in enumerate(shapes))
 

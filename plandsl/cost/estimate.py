@@ -391,7 +391,7 @@ def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | Non
         gathered = None if gathering.default else gather_units(layers, times, params, gathering, plan.tp,
                                                                plan.expert_group, plan.expert_tp)
         result.append(stage_time(times, params, zero_stage, precision.bytes, links, fsdp_units(layers),
-                                 plan.train.grad_dtype.bytes, gathered, pipelined_shards(plan)))
+                                 plan.train.grad_dtype.bytes, gathered, pipelined_shards(plan), device.contention))
     return result
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plandsl import ir
-from plandsl.cost.comm import NO_COMM, GroupLinks, collective_seconds, group_links, node_dispatch_seconds
+from plandsl.cost.comm import NO_COMM, GroupLinks, beside, collective_seconds, group_links, node_dispatch_seconds
 from plandsl.cost.compute import (
     Efficiency,
     LayerCompute,
@@ -124,17 +124,19 @@ def estimate_layer_time(model: ir.Model, layer: Layer, work: Work, device: ir.De
     if work.overlap_tensor and work.sequence_parallel and links.tp.size > 1 and layer.kind == "block" \
             and isinstance(model, ir.TransformerModel):
         overlapped = overlap_gemms(block_model(model, layer), work, device, efficiency)
-    forward_comm, backward_comm = _layer_comm(model, layer, work, links, compute, moved, overlapped)
+    forward_comm, backward_comm = _layer_comm(model, layer, work, links, compute, moved, overlapped, device.contention)
     return LayerTime(compute.forward + forward_comm, compute.input_grad + backward_comm, compute.weight_grad,
                      forward_comm, backward_comm, compute.flops, compute.recompute_flops,
                      Moved(**moved) if moved else NOTHING_MOVED)
 
 
 def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute: LayerCompute,
-                moved: dict[str, float], overlapped: tuple[OverlapGemm, ...] = ()) -> tuple[float, float]:
+                moved: dict[str, float], overlapped: tuple[OverlapGemm, ...] = (), share: float = 0.0) -> tuple[float, float]:
     """(forward, backward) seconds of communication a layer waits for, per microbatch; `moved` gathers the
     bytes of those collectives per parallel axis (`Moved`'s fields); `overlapped`, the GEMMs that hide the
-    block's sequence-parallel collectives under `tensor ... with overlap` (`cost.compute.overlap_gemms`)."""
+    block's sequence-parallel collectives under `tensor ... with overlap` (`cost.compute.overlap_gemms`); `share`,
+    what an NCCL collective running beside the layer's compute takes of it (the device's `comm_share`,
+    `cost.comm.beside`: the experts' overlapped all-to-alls, ring attention's steps)."""
     def count(axis: str, size: float, times: float = 1.0) -> None:
         if size and times and links_of[axis].size > 1:
             moved[axis] = moved.get(axis, 0.0) + size * times
@@ -230,8 +232,8 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
             # beside another's backward, layer by layer, on a computation and a communication stream) and
             # DualPipe's overlapped chunks (DeepSeek-AI 2024, arXiv:2412.19437, Sec. 3.2.1): a pass's all-to-alls
             # run behind the other pass's computation of this layer; only what that does not cover waits
-            forward += max(0.0, dispatch_combine[0] - compute.backward)
-            backward += max(0.0, dispatch_combine[1] - compute.forward)
+            forward += beside(dispatch_combine[0], compute.backward, share)
+            backward += beside(dispatch_combine[1], compute.forward, share)
         else:
             forward, backward = forward + dispatch_combine[0], backward + dispatch_combine[1]
     if links.cp.size > 1 and work.gather_kv:
@@ -254,9 +256,9 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         ring = (links.cp.size - 1) * collective_seconds("p2p", chunk, links.cp)
         # every pass moves all of its chunks, hidden or not: forward 1, backward 2 (and the rerun's 1)
         count("context", (links.cp.size - 1) * chunk, 3 if work.recompute is ir.Recompute.none else 4)
-        exposed = max(0.0, ring - compute.attention)
+        exposed = beside(ring, compute.attention, share)
         forward += exposed
-        backward += max(0.0, 2 * ring - 2 * compute.attention)
+        backward += beside(2 * ring, 2 * compute.attention, share)
         if work.recompute is not ir.Recompute.none:  # full, or selective: the core with its ring
             backward += exposed
     if full:

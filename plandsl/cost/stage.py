@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from plandsl import ir
-from plandsl.cost.comm import collective_seconds
+from plandsl.cost.comm import beside, collective_seconds
 from plandsl.cost.compute import estimate_optimizer_step, peak_of
 from plandsl.cost.layer import NOTHING_MOVED, LayerTime, Links, Moved
 from plandsl.cost.memory import FP32_STATES, STATE_BYTES, StateBytes, local_numel, module_split
@@ -99,17 +99,18 @@ def fsdp_units(layers: Sequence[Layer]) -> int:
 
 def stage_time(times: Sequence[LayerTime], params: Sequence[tuple[int, int]], zero_stage: int,
                element: int, links: Links, units: int | None = None, grad_bytes: int = STATE_BYTES,
-               gathered: Sequence[Unit] | None = None, pipelined: bool = False) -> StageTime:
+               gathered: Sequence[Unit] | None = None, pipelined: bool = False, share: float = 0.0) -> StageTime:
     """Sum the layers of a stage (then `zero_traffic`); `units`: its FSDP units (default: one per layer);
     `gathered`: the units in execution order when the plan gathers otherwise than FSDP's blocks one ahead
-    (`gather_units`); `pipelined`: ZeRO-2/3 under a pipeline schedule (`cost.memory.pipelined_shards`)."""
+    (`gather_units`); `pipelined`: ZeRO-2/3 under a pipeline schedule (`cost.memory.pipelined_shards`);
+    `share`: the device's `comm_share` (`cost.comm.beside`)."""
     bucket = first_bucket([float(p[0]) for p in params], bucket_params(links.data.size))
     return zero_traffic(sum(t.forward for t in times), sum(t.input_grad for t in times),
                         sum(t.weight_grad for t in times), sum(t.forward_comm + t.backward_comm for t in times),
                         sum(t.flops for t in times), sum(t.recompute_flops for t in times),
                         float(sum(p[0] for p in params)), float(sum(p[1] for p in params)),
                         zero_stage, element, links, units or len(times), grad_bytes,
-                        sum((t.moved for t in times), NOTHING_MOVED), gathered, pipelined, bucket)
+                        sum((t.moved for t in times), NOTHING_MOVED), gathered, pipelined, bucket, share)
 
 
 # ---- units gathered otherwise than FSDP's blocks one ahead ----------------------------------------------
@@ -155,14 +156,17 @@ def gather_units(layers: Sequence[Layer], times: Sequence[LayerTime], params: Se
 
 
 def unit_pass(compute: Sequence[float], gather: Sequence[float], scatter: Sequence[float],
-              ahead: Sequence[int]) -> float:
+              ahead: Sequence[int], share: float = 0.0) -> float:
     """Seconds of one pass over units in execution order: a compute stream and one communication stream
     that runs its collectives in the order they are issued. Unit i computes once its all-gather is done and
     the previous unit has computed; when it starts, the gathers of the next `ahead[i]` units are issued; when
     it ends, its reduce-scatter is. The pass ends when the last unit has computed and every collective but
     the last reduce-scatter is done (that one runs behind the rank's next work, as `zero_traffic` takes it).
-    For u equal units one ahead, without reduce-scatters, g + (u - 1)·max(c, g) + c: `zero_traffic`'s
-    closed form."""
+    A unit computes at (1 - `share`) of its speed while the communication stream is busy beside it (`share`: the
+    device's `comm_share`; the stream is taken as busy from the unit's start until its last issued collective
+    ends), so `c` seconds of compute beside `b` busy seconds take c + share·min(b, c/(1 - share))
+    (`cost.comm.beside`). For u equal units one ahead, without reduce-scatters, g + (u - 1)·max(c + share·g, g)
+    + c: `zero_traffic`'s closed form."""
     issued, comm, clock = 0, 0.0, 0.0
     done = [0.0] * len(compute)
     for i, seconds in enumerate(compute):
@@ -173,7 +177,8 @@ def unit_pass(compute: Sequence[float], gather: Sequence[float], scatter: Sequen
         while issued < len(compute) and issued <= i + ahead[i]:
             comm = done[issued] = max(comm, start) + gather[issued]
             issued += 1
-        clock = start + seconds
+        busy = max(0.0, comm - start)  # the communication stream's collectives beside this unit's compute
+        clock = start + seconds + share * min(busy, seconds / (1.0 - share))
         if scatter[i] > 0.0 and i + 1 < len(compute):
             comm = max(comm, clock) + scatter[i]
     return max(clock, comm)
@@ -183,7 +188,7 @@ def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: fl
                  recompute_flops: float, dense: float, expert: float, zero_stage: int, element: int,
                  links: Links, units: int = 1, grad_bytes: int = STATE_BYTES,
                  moved: Moved = NOTHING_MOVED, gathered: Sequence[Unit] | None = None,
-                 pipelined: bool = False, bucket: float = 0.0) -> StageTime:
+                 pipelined: bool = False, bucket: float = 0.0, share: float = 0.0) -> StageTime:
     """A stage's microbatch with ZeRO's per-microbatch traffic, one collective per unit.
 
     ZeRO-3 all-gathers every unit's parameters before its forward and again before its backward,
@@ -193,7 +198,9 @@ def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: fl
     with the neighbouring unit's compute only, so the first unit's all-gather waits with nothing to
     hide behind; the last unit's reduce-scatter is asynchronous and runs behind whatever the rank
     computes next. With u equal units of compute c and traffic x (backward: all-gather g plus
-    reduce-scatter s) a pass takes g + (u - 1)·max(c, x) + c: for the forward max(C, X) + min(c, x).
+    reduce-scatter s) a pass takes g + (u - 1)·max(c, x) + c: for the forward max(C, X) + min(c, x); a unit
+    computing beside its neighbour's traffic runs at (1 - `share`) of its speed meanwhile (the device's
+    `comm_share`, `cost.comm.beside`), so each of those u - 1 steps is max(c + share·x, x).
     Gradients move at `grad_bytes` (the plan's `grad_dtype`, fp32 by default), parameters at `element`
     (the compute precision). `bucket`: the dense parameters of the stage's first bucket (`first_bucket`).
 
@@ -214,10 +221,10 @@ def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: fl
                    for u in gathered]
         scatters = [_over_data("reduce_scatter", u.dense, u.expert, grad_bytes, links) for u in gathered]
         ahead = [u.ahead for u in gathered]
-        longer_forward = unit_pass([u.forward for u in gathered], gathers, [0.0] * len(gathered), ahead) \
+        longer_forward = unit_pass([u.forward for u in gathered], gathers, [0.0] * len(gathered), ahead, share) \
             if zero_stage >= 3 else forward
         longer_backward = unit_pass([u.backward for u in reversed(gathered)], gathers[::-1], scatters[::-1],
-                                    ahead[::-1])
+                                    ahead[::-1], share)
         # the units carry the layers' compute; the pass adds only what waits on the traffic
         longer_forward += forward - sum(u.forward for u in gathered) if zero_stage >= 3 else 0.0
         longer_backward += backward - sum(u.backward for u in gathered)
@@ -235,7 +242,8 @@ def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: fl
         def overlapped(compute: float, traffic: float, first: float) -> float:
             if traffic <= 0.0:
                 return compute
-            return first + (units - 1) * max(compute / units, traffic) + compute / units
+            unit = compute / units
+            return first + (units - 1) * (unit + beside(traffic, unit, share)) + unit
 
         longer_forward = overlapped(forward, gather, gather)
         first_gather = gather if zero_stage >= 3 else math.inf
@@ -290,7 +298,15 @@ def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, 
     `perform_reduce_grad` runs after every microbatch's backward): exposed whole; its parameters are gathered
     once a step, ZeRO-3's before the first forward and ZeRO-2's after the optimizer, each behind a
     microbatch's forward as ZeRO-1's gather is.
+    A collective behind the backward or the forward slows it by the device's `comm_share` of its own seconds
+    (`cost.comm.beside`); those exposed after the backward (the first bucket's, the pipelined reduce-scatter) have
+    no computation beside them.
     """
+    share = device.contention
+
+    def behind(collective: float, compute: float) -> float:
+        return beside(max(0.0, collective), compute, share)
+
     grad_bytes = states.grads
     dense = sum(s.dense_params for s in stages)
     expert = sum(s.expert_params for s in stages)
@@ -299,23 +315,25 @@ def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, 
     exposed = moved = 0.0
     if zero_stage >= 2 and pipelined:
         exposed = _over_data("reduce_scatter", dense, expert, grad_bytes, links)
-        exposed += max(0.0, _over_data("all_gather", dense, expert, element, links) - forward)
+        exposed += behind(_over_data("all_gather", dense, expert, element, links), forward)
         moved = _data_bytes(dense, expert, grad_bytes, links) + _data_bytes(dense, expert, element, links)
     elif zero_stage == 0:
-        exposed = max(0.0, _over_data("all_reduce", dense, expert, grad_bytes, links) - backward)
+        exposed = behind(_over_data("all_reduce", dense, expert, grad_bytes, links), backward)
         moved = _data_bytes(dense, expert, grad_bytes, links)
     elif zero_stage == 1:
         bucket = stages[0].first_bucket if stages else 0.0
-        exposed = max(_over_data("reduce_scatter", dense, expert, grad_bytes, links) - backward,
-                      _over_data("reduce_scatter", bucket, 0.0, grad_bytes, links), 0.0)
-        exposed += max(_over_data("all_gather", dense, expert, element, links) - forward,
-                       _over_data("all_gather", bucket, 0.0, element, links), 0.0)
+        # the other buckets behind the backward, then the first one's, exposed: max(RS - B, RS(bucket)) without
+        # contention (and the same for the gathers before and behind the forward)
+        first = _over_data("reduce_scatter", bucket, 0.0, grad_bytes, links)
+        exposed = first + behind(_over_data("reduce_scatter", dense, expert, grad_bytes, links) - first, backward)
+        first = _over_data("all_gather", bucket, 0.0, element, links)
+        exposed += first + behind(_over_data("all_gather", dense, expert, element, links) - first, forward)
         moved = _data_bytes(dense, expert, grad_bytes, links) + _data_bytes(dense, expert, element, links)
     elif zero_stage == 2:
         bucket = stages[0].first_bucket if stages else 0.0
         exposed = _over_data("reduce_scatter", bucket, 0.0, grad_bytes, links)
-        exposed += max(_over_data("all_gather", dense, expert, element, links) - forward,
-                       _over_data("all_gather", bucket, 0.0, element, links), 0.0)
+        first = _over_data("all_gather", bucket, 0.0, element, links)
+        exposed += first + behind(_over_data("all_gather", dense, expert, element, links) - first, forward)
         moved = _data_bytes(dense, expert, element, links)
     elif stages:  # ZeRO-3: its gathers are the microbatches' (`zero_traffic`), but its closed form's first one is an
         # average unit's: the first bucket's is the rest; the last unit's reduce-scatter is the tail's
@@ -325,7 +343,7 @@ def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, 
     dense_degree, expert_degree = degrees
     if links.replicate.size > 1:
         shard = dense / dense_degree + expert / expert_degree
-        exposed += max(0.0, collective_seconds("all_reduce", shard * grad_bytes, links.replicate) - backward)
+        exposed += behind(collective_seconds("all_reduce", shard * grad_bytes, links.replicate), backward)
         moved += shard * grad_bytes
     owned = dense + expert if zero_stage == 0 else math.ceil(dense / dense_degree) + math.ceil(expert / expert_degree)
     return RankTail(exposed, estimate_optimizer_step(owned, device, optimizer, precision, states), moved)

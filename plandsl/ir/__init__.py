@@ -165,6 +165,15 @@ published H100 run reserves 4.2 % above the tensors the model counts, the contex
 and one H200 measured here left 3.2 of 31.9 GiB to what the model does not count (docs/cost-model.md, "Reserve")."""
 
 
+DEFAULT_COMM_SHARE = 24 / 132
+"""The fraction of a device's compute a collective running beside it takes when the device's description gives no
+`comm_share`: NCCL runs a collective as one thread block per channel, each holding an SM for the collective's
+length, and on a DGX H100 it builds 24 channels (`src/graph/search.cc`: 6 rings of 60 GB/s fill NVLink 4's
+18 x 20.6 GB/s, `ncclTopoDupChannels` doubles them and `ncclTopoPostset` doubles them again) of the H100's 132 SMs:
+0.18, where Lee et al. 2025 (arXiv:2507.03114) measure GEMMs 18.9 % slower on average beside NCCL collectives on
+A100s and H100s (docs/cost-model.md, "Compute beside a collective")."""
+
+
 class GemmPoint(Node):
     """One measured GEMM of a device (`plandsl profile`): m x k by k x n took `seconds`."""
     m: int = Field(gt=0)
@@ -181,7 +190,7 @@ class DeviceEfficiency(Node):
     holds knobs for one precision (written `bf16: { ... }` inside the device's `efficiency`), which
     hold no `precisions` of their own; a precision not listed takes these."""
     matmul: float = Field(default=0.64, gt=0, le=1, description="fraction of the peak a large GEMM's FLOPs run at")
-    kernel_latency: float = Field(default=20e-6, ge=0, description="seconds per GEMM kernel")
+    kernel_latency: float = Field(default=18e-6, ge=0, description="seconds per GEMM kernel")
     measured: tuple[GemmPoint, ...] = Field(default=(), description="measured GEMMs the cost model interpolates")
     precisions: dict[Precision, "DeviceEfficiency"] = Field(
         default_factory=dict, description="knobs of one precision, which take the place of these for it")
@@ -197,6 +206,14 @@ class DeviceType(Node):
     reserve: Optional[float] = Field(
         default=None, ge=0, description="bytes no plan's tensors may use (allocator, context, communication "
                                         "buffers); None: DEFAULT_RESERVE of `memory`")
+    comm_share: Optional[float] = Field(
+        default=None, ge=0, lt=1, description="fraction of the device's compute a collective in flight beside it "
+                                              "takes (NCCL: its channels / the SMs); None: DEFAULT_COMM_SHARE")
+
+    @property
+    def contention(self) -> float:
+        """The share of its compute a collective running beside it takes (docs/cost-model.md)."""
+        return self.comm_share if self.comm_share is not None else DEFAULT_COMM_SHARE
 
     @property
     def usable_memory(self) -> float:

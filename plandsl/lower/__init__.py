@@ -23,7 +23,8 @@ from plandsl.syntax.parser import deep_recursion
 
 PRECISIONS = tuple(p.value for p in ir.Precision)
 # attribute (or key) -> required, of each definition and `{ }` value lowered here (the language server completes them)
-DEVICE_ATTRS = {"memory": True, "bandwidth": True, "peak": True, "efficiency": False, "reserve": False}
+DEVICE_ATTRS = {"memory": True, "bandwidth": True, "peak": True, "efficiency": False, "reserve": False,
+                "comm_share": False}
 NODE_ATTRS = {"devices": True, "link": True, "nic": False, "hosts": False}
 CLUSTER_ATTRS = {"nodes": True, "fabric": False}
 LINK_KEYS = {"bandwidth": True, "latency": False, "measured": False}
@@ -114,11 +115,20 @@ class Lowering:
                                           f"memory {format_bytes(memory)} for a plan's tensors", value.span,
                                           hint="the reserve is what the allocator, the CUDA context and communication "
                                                "buffers take, a few GiB of a GPU's memory")
+        comm_share = None
+        if "comm_share" in found:
+            value = found["comm_share"].value
+            comm_share = float(scope.number(scope.eval(value), value))
+            if not 0 <= comm_share < 1:
+                raise self.reporter.error("E205", f"comm_share is the fraction of the device's compute a collective "
+                                          f"beside it takes, in [0, 1), found {comm_share:g}", value.span,
+                                          hint="NCCL's channels over the SMs: `comm_share = 0.18` (24 of an H100's "
+                                               "132); 0 for a transport that takes no SMs")
         return build(scope, ir.DeviceType, d.span, name=d.name, memory=memory, bandwidth=bandwidth, peak=peak,
-                     efficiency=efficiency, reserve=reserve)
+                     efficiency=efficiency, reserve=reserve, comm_share=comm_share)
 
     def efficiency(self, scope: Scope, expr: s.Expr, peak: dict[ir.Precision, float]) -> ir.DeviceEfficiency:
-        """`{ matmul: 0.64, kernel_latency: 20 us }`, optionally `measured: [[m, n, k, time], ...]` and, per
+        """`{ matmul: 0.64, kernel_latency: 18 us }`, optionally `measured: [[m, n, k, time], ...]` and, per
         precision, `bf16: { matmul, kernel_latency, measured }` (its omitted keys take the outer ones); an
         omitted key keeps its fitted default. Bad tables: E216, E217."""
         keys = EFFICIENCY_KEYS

@@ -53,7 +53,7 @@ class Bounds:
                 params = [self.figures.params(layer, root.tp, root.ep) for layer in layers]
                 out.append(stage_time(times, params, zero, element, root.links, fsdp_units(layers),
                                       self.problem.grad_dtype.bytes, self._gathered(root, zero, layers, times, params),
-                                      pipelined=zero >= 2 and root.pp > 1))
+                                      pipelined=zero >= 2 and root.pp > 1, share=device.contention))
             return out
         out, start = [], 0
         for s, n in enumerate(counts):
@@ -108,7 +108,7 @@ class Bounds:
             found = self._stage_cache[key] = zero_traffic(*sums, dense, expert, zero, self.problem.precision.bytes,
                                                           root.links, units, self.problem.grad_dtype.bytes,
                                                           gathered=gathered, pipelined=zero >= 2 and root.pp > 1,
-                                                          bucket=bucket)
+                                                          bucket=bucket, share=device.contention)
         return found
 
     def _gathered(self, root, zero: int, layers, times, params):

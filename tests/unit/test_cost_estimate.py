@@ -70,9 +70,13 @@ def test_gradient_reduction_hides_behind_the_last_backward():
     [stage] = e.stage_times
     links = plan_links(plan)
     reduce = collective_seconds("all_reduce", (stage.dense_params + stage.expert_params) * 4, links.data)  # fp32 gradients
-    tail = rank_tail([stage], 0, (16, 16), 2, links, plan.cluster.groups[0].node.device, plan.train.optimizer,
-                     plan.train.precision)
+    device = plan.cluster.groups[0].node.device
+    perfect = device.model_copy(update={"comm_share": 0.0})  # the collective takes nothing from the backward
+    tail = rank_tail([stage], 0, (16, 16), 2, links, perfect, plan.train.optimizer, plan.train.precision)
     assert tail.exposed == pytest.approx(max(0.0, reduce - stage.backward))
+    # by default it takes the device's share of the backward while it runs (cost.comm.beside)
+    tail = rank_tail([stage], 0, (16, 16), 2, links, device, plan.train.optimizer, plan.train.precision)
+    assert tail.exposed == pytest.approx(max(reduce - stage.backward, device.contention * reduce))
     assert e.time.communication >= tail.exposed
 
 

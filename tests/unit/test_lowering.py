@@ -692,12 +692,12 @@ def test_device_efficiency_keys_and_defaults():
     [device] = ok(EFF_DEVICE.format(extra="; efficiency = { matmul: 0.5, kernel_latency: 30 us }")).devices
     assert device.efficiency.model_dump() == {"matmul": 0.5, "kernel_latency": 30e-6, **NO_TABLES}
     [device] = ok(EFF_DEVICE.format(extra="; efficiency = { matmul: 0.5 }")).devices
-    assert device.efficiency.model_dump() == {"matmul": 0.5, "kernel_latency": 20e-6, **NO_TABLES}
+    assert device.efficiency.model_dump() == {"matmul": 0.5, "kernel_latency": 18e-6, **NO_TABLES}
     [device] = ok(EFF_DEVICE.format(extra="")).devices
     assert device.efficiency is None  # the cost model uses ir.DeviceEfficiency()'s defaults
     # The stdlib's A100 states the fit it was calibrated with.
     cluster = ok(plan()).plans[0].cluster
-    assert cluster.groups[0].node.device.efficiency.model_dump() == {"matmul": 0.64, "kernel_latency": 20e-6, **NO_TABLES}
+    assert cluster.groups[0].node.device.efficiency.model_dump() == {"matmul": 0.64, "kernel_latency": 18e-6, **NO_TABLES}
 
 
 @pytest.mark.parametrize("value, code, words", [

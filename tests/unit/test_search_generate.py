@@ -148,7 +148,9 @@ def test_a_refused_winner_is_named_with_the_best_plan_that_runs(monkeypatch):
     text = run(*SMALL, "--top", "4", "--pin", "dp=16").output
     zero = [int(line.split()[15]) for line in text.splitlines() if re.match(r"^ *\d+ ", line)]  # its zero column
     assert zero[:2] == [1, 2], text
-    assert "note: `plandsl run` refuses #1 (E703: zero1 refused); #2 runs (+0.0%)" in text
+    # #2 is slower by what ZeRO-2's per-unit reduce-scatters cost the backward's SMs beside them, against ZeRO-1's
+    # reduction behind the last backward (docs/cost-model.md, "Compute beside a collective")
+    assert re.search(r"note: `plandsl run` refuses #1 \(E703: zero1 refused\); #2 runs \(\+\d+\.\d%\)", text), text
     monkeypatch.setattr(support, "refusals", real)
     chimera = json.loads(run(*SMALL, "--top", "2", "--pin", "pp=2", "--pin", "schedule=chimera", "--json").output)
     assert all(not c["runs"] and c["refused"][0].startswith("E701: schedule 'chimera' cannot run yet")
