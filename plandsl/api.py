@@ -536,7 +536,7 @@ def launch(args: list[str]) -> int:
 def precisions() -> tuple[str, ...]:
     """The training precisions `generate --precision` takes: `ir.Precision`'s values, kept here so that
     `plandsl --help` imports no stage (tests/unit/test_fp8.py holds them equal)."""
-    return ("bf16", "fp16", "fp32", "fp8", "mxfp8")
+    return ("bf16", "fp16", "fp32", "fp8", "mxfp8", "nvfp4")
 
 
 def launch_schedulers() -> tuple[str, ...]:

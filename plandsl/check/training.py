@@ -1,5 +1,5 @@
 """Training against the layout: batch divisibility (E501), the data ranks' shares of it (E507-E509),
-microbatches for the schedule (E502), precision against the devices (E504; fp8 and mxfp8 need bf16 too), recompute_layers and master_dtype against the rest of
+microbatches for the schedule (E502), precision against the devices (E504; fp8, mxfp8 and nvfp4 need bf16 too), recompute_layers and master_dtype against the rest of
 `train` (E205)."""
 from __future__ import annotations
 
@@ -68,18 +68,22 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
                    hint=f"param_dtype: {train.master_dtype.value}, or master_dtype: fp32 for a master copy")
     start = plan.mesh.first_device
     used = {d.name: d for d in plan.cluster.devices_in_order()[start:start + plan.mesh.size]}
-    needed = dict.fromkeys((train.precision, train.precision.unquantized))  # fp8, mxfp8: bf16 too (attention, head)
+    needed = dict.fromkeys((train.precision, train.precision.unquantized))  # fp8, mxfp8, nvfp4: bf16 too (attention, head)
     for device in used.values():
         missing = [p for p in needed if p not in device.peak]
         if missing:
             why = "" if missing == [train.precision] else \
-                f" ({train.precision.value} runs the blocks' linear layers in FP8 and the attention core, embedding " \
+                f" ({train.precision.value} runs the blocks' linear layers in " \
+                f"{'FP4' if train.precision is ir.Precision.nvfp4 else 'FP8'} and the attention core, embedding " \
                 f"and head in {train.precision.unquantized.value})"
             hint = f"its peaks: {', '.join(p.value for p in device.peak)}; add `{missing[0].value}: ... TFLOP/s` " \
                    f"to its peak, or change precision"
             if ir.Precision.mxfp8 in missing and ir.Precision.fp8 in device.peak:
                 hint = ("MXFP8 needs tensor cores that apply a scale per 32 elements (Blackwell); before Blackwell "
                         "(Hopper, Ada) there are none: `precision: fp8` (per-tensor scales) runs at its fp8 peak")
+            elif ir.Precision.nvfp4 in missing and ir.Precision.fp8 in device.peak:
+                hint = ("NVFP4 needs FP4 tensor cores that apply a scale per 16 elements (Blackwell); before "
+                        "Blackwell there are none: `precision: fp8` runs at its fp8 peak")
             yield diag("E504", f"device '{device.name}' gives no peak for {' and '.join(p.value for p in missing)}"
                        f"{why}", train.span_of("precision"), hint=hint)
             break

@@ -324,7 +324,10 @@ the `.float()`'s backward reads 4 and writes 2. 16-bit logits (bf16, fp16; FP8 k
 
 FP8_CAST_BYTES = 4.0  # read 2 bytes of a 16-bit element, write its row-wise and column-wise FP8 copies (1 + 1)
 MXFP8_CAST_BYTES = FP8_CAST_BYTES + 2 / ir.MX_BLOCK  # and each copy's E8M0 scale per block of 32 (rows, columns)
-CAST_BYTES = {ir.Precision.fp8: FP8_CAST_BYTES, ir.Precision.mxfp8: MXFP8_CAST_BYTES}
+NVFP4_CAST_BYTES = 2 + 2 + 2 * ir.Precision.nvfp4.gemm_bytes  # an amax pass (read 2: the FP32 per-tensor scale
+# comes first), then read 2 and write the row-wise and column-wise FP4 copies with their E4M3 scales (1/2 + 1/16 each)
+CAST_BYTES = {ir.Precision.fp8: FP8_CAST_BYTES, ir.Precision.mxfp8: MXFP8_CAST_BYTES,
+              ir.Precision.nvfp4: NVFP4_CAST_BYTES}
 """Bytes a quantizing precision moves per element of a linear layer's input or output gradient (`_transformer_layer`)."""
 
 EAGER = {2: EagerBytes(36.0, 98.0, 13.0, 31.0, 20.0, 32.0, 10.0, 18.0, 18.0, 26.0),  # bf16, fp16, fp8's activations
@@ -493,8 +496,10 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         # the row-wise and the column-wise FP8 copies the GEMMs read (CAST_BYTES per element). fp8: delayed
         # scaling, TE's and Megatron's default recipe, the scale from the amax history, no extra pass. mxfp8:
         # MXFP8BlockScaling, each copy's scales (one byte per 32 elements along its rows, resp. columns) found
-        # by the same kernel over its own block and written beside it. The weights' casts (once a step, cached
-        # across microbatches) and the GEMMs' reads (`gemm_bytes`) are not here.
+        # by the same kernel over its own block and written beside it. nvfp4: NVFP4BlockScaling, FP4 copies
+        # with an E4M3 scale per 16 elements and an FP32 one per tensor, whose amax takes a pass of its own
+        # first (the weight gradient's random Hadamard transform is applied in the same kernel). The weights'
+        # casts (once a step, cached across microbatches) and the GEMMs' reads (`gemm_bytes`) are not here.
         other += tokens * cast_in * CAST_BYTES[precision] / bandwidth
         backward_other += tokens * cast_grad * CAST_BYTES[precision] / bandwidth
     flops += attention_flops

@@ -58,6 +58,9 @@ CHOICE_FLAGS: dict[str, tuple[str, ...]] = {
     "--fp8-format": ("e4m3", "hybrid"),
     # its scaling (TransformerConfig.fp8_recipe, default delayed): mxfp8 is MXFP8BlockScaling (Blackwell)
     "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise", "custom"),
+    # Transformer Engine's FP4 (TransformerConfig.fp4, fp4_recipe): NVFP4BlockScaling (Blackwell), beside --bf16
+    "--fp4-format": ("e2m1",),
+    "--fp4-recipe": ("nvfp4", "custom"),
     # TransformerConfig.moe_token_dispatcher_type and moe_flex_dispatcher_backend: a plan's `experts = alltoall` is
     # the alltoall dispatcher (allgather's moves the same tokens and is read as it), `deepep`/`hybridep` flex's
     "--moe-token-dispatcher-type": ("allgather", "alltoall", "flex"),
@@ -208,6 +211,8 @@ def _train_args(plan: ir.Plan, args: list, lose) -> None:
         args += [("--bf16", None), ("--fp8-format", "hybrid")]
     elif train.precision is ir.Precision.mxfp8:  # MXFP8BlockScaling: e4m3 both ways (Megatron-Bridge's bf16_with_mxfp8_mixed)
         args += [("--bf16", None), ("--fp8-format", "e4m3"), ("--fp8-recipe", "mxfp8")]
+    elif train.precision is ir.Precision.nvfp4:  # NVFP4BlockScaling (Megatron-Bridge's bf16_with_nvfp4_mixed)
+        args += [("--bf16", None), ("--fp4-format", "e2m1"), ("--fp4-recipe", "nvfp4")]
     _dtype_args(plan, args, lose)
     if train.recompute is ir.Recompute.selective:  # recompute_modules defaults to ["core_attn"]: the attention core
         args.append(("--recompute-granularity", "selective"))

@@ -449,6 +449,17 @@ def _train(read: _Read) -> str | None:
         read.problem("E807", "--fp8-recipe without --fp8-format: Megatron-LM trains without FP8 then", "--fp8-recipe",
                      hint="add --fp8-format e4m3, or remove --fp8-recipe")
         return None
+    if read.get("--fp4-format") is not None:
+        if precision != "bf16" or read.get("--fp8-format") is not None:
+            why = "--fp8-format too" if read.get("--fp8-format") is not None else precision
+            read.problem("E807", f"--fp4-format with {why}: a plan's nvfp4 runs the blocks' linear layers in FP4 "
+                         "and the rest in bf16", "--fp4-format", hint="--bf16, without --fp8-format")
+            return None
+        if read.get("--fp4-recipe", "nvfp4") != "nvfp4":
+            read.problem("E807", "--fp4-recipe custom: a plan's FP4 is NVFP4 block scaling (nvfp4)", "--fp4-recipe",
+                         hint="--fp4-recipe nvfp4")
+            return None
+        precision = "nvfp4"
     recompute = _recompute(read)
     if recompute is None:
         return None
@@ -459,7 +470,7 @@ def _train(read: _Read) -> str | None:
     if not read.get("--cross-entropy-loss-fusion"):  # Megatron's own cross entropy, op by op (`ir.Loss.megatron`)
         items.append("loss: megatron")
     if precision != "fp32":  # Megatron keeps the weights 16-bit (bf16 under FP8) beside its fp32 main params
-        items.append(f"param_dtype: {'bf16' if precision in ('fp8', 'mxfp8') else precision}")
+        items.append(f"param_dtype: {'bf16' if precision in ('fp8', 'mxfp8', 'nvfp4') else precision}")
     seq, positions = read.get("--seq-length"), read.get("--max-position-embeddings")
     if positions is not None and seq != positions:
         items.append(f"seq: {seq}")

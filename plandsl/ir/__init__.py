@@ -34,6 +34,9 @@ class Node(BaseModel):
 MX_BLOCK = 32
 """Elements that share one 8-bit (E8M0) scale in an MX format (OCP Microscaling Formats (MX) v1.0, 2023;
 Transformer Engine's MXFP8BlockScaling): `mxfp8`'s block."""
+NVFP4_BLOCK = 16
+"""Elements that share one 8-bit (E4M3) scale in NVFP4 (FP4 E2M1 elements, and an FP32 scale per tensor:
+Transformer Engine's NVFP4BlockScaling): `nvfp4`'s block."""
 
 
 class Precision(str, Enum):
@@ -41,12 +44,15 @@ class Precision(str, Enum):
     not fp8 or mxfp8). `fp8` is Transformer Engine's recipe with per-tensor scales: the linear layers of the
     transformer blocks run their GEMMs in FP8 (e4m3 forward, e5m2 gradients), everything else in bf16
     (`unquantized`). `mxfp8` is its MXFP8BlockScaling recipe (Blackwell): the same layers in FP8 e4m3 with one
-    8-bit scale per `MX_BLOCK` elements along each copy's rows or columns, at the device's `mxfp8` peak."""
+    8-bit scale per `MX_BLOCK` elements along each copy's rows or columns, at the device's `mxfp8` peak. `nvfp4`
+    is its NVFP4BlockScaling recipe (Blackwell): the same layers in FP4 E2M1, an E4M3 scale per `NVFP4_BLOCK`
+    elements and an FP32 one per tensor, at the device's `nvfp4` peak."""
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
     fp8 = "fp8"
     mxfp8 = "mxfp8"
+    nvfp4 = "nvfp4"
 
     @property
     def bytes(self) -> int:
@@ -56,28 +62,30 @@ class Precision(str, Enum):
 
     @property
     def quantized(self) -> bool:
-        """Whether the blocks' linear layers run their GEMMs in FP8 (fp8, mxfp8)."""
-        return self in (Precision.fp8, Precision.mxfp8)
+        """Whether the blocks' linear layers run their GEMMs in FP8 or FP4 (fp8, mxfp8, nvfp4)."""
+        return self in (Precision.fp8, Precision.mxfp8, Precision.nvfp4)
 
     @property
     def gemm_bytes(self) -> float:
         """Bytes of a GEMM's operand elements: 1 for fp8 (as `plandsl profile` measures `torch._scaled_mm`),
-        1 + 1/32 for mxfp8 (each block of `MX_BLOCK` elements carries its 1-byte scale), 16- or 32-bit
-        otherwise."""
+        1 + 1/32 for mxfp8 (each block of `MX_BLOCK` elements carries its 1-byte scale), 1/2 + 1/16 for nvfp4
+        (4-bit elements, a 1-byte scale per `NVFP4_BLOCK`), 16- or 32-bit otherwise."""
         if self is Precision.mxfp8:
             return 1 + 1 / MX_BLOCK
+        if self is Precision.nvfp4:
+            return 0.5 + 1 / NVFP4_BLOCK
         return 1 if self is Precision.fp8 else self.bytes
 
     @property
     def unquantized(self) -> "Precision":
         """The precision of the matmuls FP8 training leaves in 16 bits (the attention core, the embedding
         and the output layer: Megatron-LM's --fp8-format applies to the blocks' linear layers): bf16 for
-        fp8 and mxfp8, the precision itself otherwise."""
+        fp8, mxfp8 and nvfp4, the precision itself otherwise."""
         return Precision.bf16 if self.quantized else self
 
 
 KEPT_DTYPES = (Precision.fp32, Precision.bf16, Precision.fp16)
-"""The dtypes `master_dtype`, `grad_dtype` and `optimizer_dtype` take (no FP8 or MXFP8 weights, gradients or states)."""
+"""The dtypes `master_dtype`, `grad_dtype` and `optimizer_dtype` take (no FP8 or FP4 weights, gradients or states)."""
 KEPT_DTYPE_KEYS = ("master_dtype", "grad_dtype", "optimizer_dtype")
 """The train keys of the dtypes training keeps (weights, gradients, optimizer states), fp32 by default."""
 

@@ -26,10 +26,11 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
     `cuda`: whether the ranks will run on CUDA (None: whether this machine has it, as `runtime.mesh` decides)."""
     found = []
     if plan.train.precision.quantized:
-        scaling = "per-tensor scaling" if plan.train.precision is ir.Precision.fp8 else \
-            "a scale per 32 elements (MXFP8, Blackwell)"
+        cores, scaling = {ir.Precision.fp8: ("FP8", "per-tensor scaling"),
+                          ir.Precision.mxfp8: ("FP8", "a scale per 32 elements (MXFP8, Blackwell)"),
+                          ir.Precision.nvfp4: ("FP4", "a scale per 16 elements (NVFP4, Blackwell)")}[plan.train.precision]
         found.append(diag("E706", f"precision {plan.train.precision.value} cannot run yet: its GEMMs need a GPU with "
-                                  f"FP8 tensor cores and {scaling} (Transformer Engine's recipe), which no run of the "
+                                  f"{cores} tensor cores and {scaling} (Transformer Engine's recipe), which no run of the "
                                   "interpreter has checked; check, estimate and generate model it",
                           plan.train.span_of("precision"), hint="run it with `precision: bf16`"))
     if plan.train.optimizer_dtype is ir.Precision.fp16:

@@ -392,3 +392,32 @@ plan p {{
     assert not exported.lost
     config = _configs(mcore, _flags(exported.text))[0]
     assert (config.moe_token_dispatcher_type, config.moe_flex_dispatcher_backend) == ("flex", kind)
+
+
+@pytest.mark.parametrize("precision, fields", [("fp8", {"fp8": "hybrid", "fp8_recipe": "delayed"}),
+                                               ("mxfp8", {"fp8": "e4m3", "fp8_recipe": "mxfp8"}),
+                                               ("nvfp4", {"fp4": "e2m1", "fp4_recipe": "nvfp4", "fp8": None})])
+def test_the_quantized_precisions_are_megatrons_recipes(mcore, precision, fields):
+    """fp8, mxfp8 and nvfp4 export to flags megatron-core's TransformerConfig takes, as Transformer Engine's
+    delayed-scaling, MXFP8BlockScaling and NVFP4BlockScaling recipes, beside bf16 params."""
+    import torch
+    plan = api.loads(f"""import "clusters/dgx_b200"
+plan p {{
+  model    = llama(layers=4, hidden=1024, heads=16, kv_heads=8, seq=2048, vocab=32000)
+  cluster  = dgx_b200
+  mesh     = [dp = 4, tp = 2]
+  train    = {{ global_batch: 16, micro_batch: 1, precision: {precision} }}
+  data     = zero1 over dp
+  tensor   = megatron over tp with sequence_parallel
+}}
+""").plans[0]
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost
+    flags = _flags(exported.text)
+    known = set(TRAINING_FLAGS)
+    for cls in (mcore["TransformerConfig"], mcore["DDP"], mcore["Optimizer"]):
+        known |= set(_field_flags(cls))
+    assert set(flags) <= known, sorted(set(flags) - known)
+    config, _, optimizer = _configs(mcore, flags)
+    assert {name: getattr(config, name) for name in fields} == fields
+    assert config.params_dtype is torch.bfloat16 and optimizer.bf16

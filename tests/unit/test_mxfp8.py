@@ -1,7 +1,8 @@
 """`precision: mxfp8`: Transformer Engine's MXFP8BlockScaling as the cost model prices it (Blackwell). The blocks'
 linear layers run at the device's `mxfp8` peak with FP8 elements and one 8-bit scale per 32 (row- and column-wise
 copies); the rest stays bf16. `check` refuses it on a device without an mxfp8 peak (Hopper: E504), `run` refuses
-it (E706), Megatron's `--fp8-recipe mxfp8` says it both ways. The Blackwell clusters of the stdlib hold it."""
+it (E706), Megatron's `--fp8-recipe mxfp8` says it both ways. The Blackwell clusters of the stdlib hold it.
+`precision: nvfp4` (NVFP4BlockScaling: FP4 elements, an E4M3 scale per 16) likewise, at the devices' FP4 peak."""
 from __future__ import annotations
 
 import pytest
@@ -67,7 +68,7 @@ def _block(precision: ir.Precision, tp: int = 4):
     model = ir.TransformerModel(kind="llama", name="l", layers=2, hidden=4096, heads=32, kv_heads=8,
                                 ffn_hidden=14336, seq=4096, vocab=32000)
     device = ir.DeviceType(name="d", memory=80 * 2**30, bandwidth=1.0,
-                           peak={"bf16": 1e15, "fp8": 1e15, "mxfp8": 1e15})
+                           peak={"bf16": 1e15, "fp8": 1e15, "mxfp8": 1e15, "nvfp4": 1e15})
     block = next(x for x in layers_of(model) if x.kind == "block")
     work = Work(1, 4096, tp=tp, sequence_parallel=True, precision=precision)
     return estimate_layer_compute(model, block, work, device, Efficiency(1.0, 0.0))
@@ -169,3 +170,62 @@ def test_an_nvl72_rack_is_one_node_of_72_devices():
     assert api.checks(rack_text.replace("global_batch: 32", "global_batch: 72")).ok
     one, nine = (api.loads(t.replace("global_batch: 32", "global_batch: 72")).plans[0] for t in (rack_text, nine_text))
     assert estimate_plan(one).time.step < estimate_plan(nine).time.step
+
+
+# ---- nvfp4 ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("file, cluster", [("dgx_h100", "dgx_h100 x 2"), ("dgx_h200", "dgx_h200 x 2")])
+def test_hopper_has_no_nvfp4_peak(file, cluster):
+    errors = api.checks(_text("nvfp4", file, cluster)).errors
+    assert [d.code for d in errors] == ["E504"] and "no peak for nvfp4" in errors[0].message
+    assert "FP4 tensor cores" in errors[0].hint
+
+
+@pytest.mark.parametrize("file, cluster", [("dgx_b200", "dgx_b200 x 2"), ("gb200_nvl72", "gb200_nvl72")])
+def test_blackwell_runs_nvfp4_at_twice_its_fp8_rate(file, cluster):
+    assert api.checks(_text("nvfp4", file, cluster)).ok
+    device = _plan("nvfp4", file=file, cluster=cluster).cluster.devices_in_order()[0]
+    assert device.peak[ir.Precision.nvfp4] == 2 * device.peak[ir.Precision.fp8]
+
+
+def test_nvfp4_counts_half_bytes_its_scales_and_its_amax_pass():
+    """Casts: an amax pass (read 2 bytes: the per-tensor FP32 scale comes first), then read 2 and write two FP4
+    copies, each element half a byte and its block of 16 one E4M3 byte: 2 + 2 + 2 (1/2 + 1/16) per element of the
+    same tensors FP8 quantizes. GEMMs: 1/2 + 1/16 bytes per operand element where fp8's is 1 and bf16's 2."""
+    h, kv, ffn, t, tokens = 4096, 1024, 14336, 4, 4096
+    bf16, fp8, nv = (_block(p) for p in (ir.Precision.bf16, ir.Precision.fp8, ir.Precision.nvfp4))
+    per_element = 2 + 2 + 2 * (0.5 + 1 / 16)
+    assert nv.forward_other - bf16.forward_other == pytest.approx(
+        tokens * (h / t + h / t + h / t + ffn / t) * per_element, rel=1e-12)
+    assert nv.backward_other - bf16.backward_other == pytest.approx(
+        tokens * ((h + 2 * kv) / t + h / t + 2 * ffn / t + h / t) * per_element, rel=1e-12)
+    assert nv.forward_matmul - fp8.forward_matmul == pytest.approx(
+        -(1 - 0.5625) * (bf16.forward_matmul - fp8.forward_matmul), rel=1e-9)
+
+
+def test_nvfp4_keeps_its_saved_inputs_in_half_a_byte_and_a_scale():
+    from plandsl.cost.memory import transformer_block_activations
+    model = _plan("bf16").model
+    bf16, nv = (transformer_block_activations(model, 4096, 1, 4, True, ir.Recompute.none, ir.Precision(p))
+                for p in ("bf16", "nvfp4"))
+    assert bf16 - nv == pytest.approx(4096 * (model.hidden * 3 + model.ffn_hidden) / 4 * (2 - 0.5625))
+
+
+def test_nvfp4_estimates_faster_than_mxfp8_and_run_refuses_it():
+    assert estimate_plan(_plan("nvfp4")).time.step < estimate_plan(_plan("mxfp8")).time.step
+    refusals = api.run_refusals(_plan("nvfp4"))
+    assert [d.code for d in refusals] == ["E706"] and "FP4 tensor cores" in refusals[0].message
+
+
+def test_megatron_fp4_recipe_nvfp4_both_ways():
+    plan = _plan("nvfp4")
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost
+    text = " ".join(line.strip() for line in exported.text.splitlines() if not line.startswith("#"))
+    assert "--bf16" in text and "--fp4-format e2m1" in text and "--fp4-recipe nvfp4" in text and "--fp8" not in text
+    where = dict(world_size=plan.mesh.size, cluster="dgx_b200 x 2", name=plan.name)
+    back = import_text("megatron", exported.text, "plan.args", **where)
+    assert back.ok, [str(d) for d in back.diagnostics]
+    assert api.select_plan(api.loads(back.text, path="back.plan")).train.precision is ir.Precision.nvfp4
+    custom = import_text("megatron", exported.text.replace("--fp4-recipe nvfp4", "--fp4-recipe custom"), "a", **where)
+    both = import_text("megatron", exported.text.replace("--bf16", "--bf16 --fp8-format e4m3"), "a", **where)
+    assert [d.code for d in custom.diagnostics] == ["E807"] and [d.code for d in both.diagnostics] == ["E807"]

@@ -104,7 +104,7 @@ _entry("E706", """
     Engine's recipe does), which `check`, `estimate`, the search and the renderer model from the
     devices' FP8 peaks; the interpreter does not run it yet: FP8 GEMMs need a GPU with FP8 tensor
     cores (Hopper, Ada or later) and per-tensor scaling that no run here has checked; `precision: mxfp8`
-    likewise (Blackwell's tensor cores with a scale per 32 elements). It refuses rather than run the
+    and `nvfp4` likewise (Blackwell's tensor cores with a scale per 32, resp. 16, elements). It refuses rather than run the
     plan in another precision under its name. Likewise `optimizer_dtype: fp16`:
     Adam's second moment underflows in fp16 unless each state tensor keeps a scale (Transformer
     Engine's FusedAdam does), which the interpreter's optimizer does not; bf16 states run.

@@ -69,8 +69,8 @@ _entry("E503", """
 _entry("E504", """
     The plan trains in a precision the device has no peak throughput for, and usually
     no hardware support for either: a V100 has no bfloat16 units, a Hopper GPU (H100,
-    H200) no MXFP8 tensor cores (`mxfp8` needs Blackwell; `fp8` runs on Hopper). `fp8`
-    and `mxfp8` need the `bf16` peak too (the attention core, embedding and head stay
+    H200) no MXFP8 or FP4 tensor cores (`mxfp8` and `nvfp4` need Blackwell; `fp8` runs
+    on Hopper). `fp8`, `mxfp8` and `nvfp4` need the `bf16` peak too (the attention core, embedding and head stay
     16-bit). The cost model could not estimate the step, and the run would fall back
     to slow emulation or fail.
     """, """
