@@ -254,6 +254,8 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
             stack.extend(sorted(entries, key=lambda e: (e[0], e[1]), reverse=True))  # the lowest bound on top
     if progress:
         progress(len(roots), len(roots))
+    if explain:  # what memory ruled out that came closest, by its estimate where the lowest figures were bounds
+        space.closest.settle()
     space.stats.seconds = time.perf_counter() - started
     if not results:
         if not explain:

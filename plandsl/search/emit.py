@@ -401,6 +401,19 @@ _PARTS = (("compute", "compute"), ("communication", "communication"), ("bubble",
           ("optimizer", "optimizer step"))
 
 
+def _closest(stats) -> str:
+    """What came closest to fitting among the candidates memory ruled out (`SearchStats.memory_example`): the
+    closest when its need is exact, else the lowest bound on any need; of those measured when some, over
+    several stages, fit no split and have no figure."""
+    if not stats.memory_example:
+        return ""
+    which = "the closest" if stats.memory_example_exact else "the lowest bound"
+    if stats.memory_unsplit:
+        return (f"; {which} of those measured: {stats.memory_example} ({stats.memory_unsplit:,} more fit no split of "
+                "their blocks over their stages)")
+    return f"; {which}: {stats.memory_example}"
+
+
 def explain(result: SearchResult, refusals: Refusals) -> str:
     """Why the winner won: its own breakdown, what bounded the runners-up, what memory ruled out."""
     best = result.best
@@ -426,7 +439,7 @@ def explain(result: SearchResult, refusals: Refusals) -> str:
     stats = result.stats
     if stats.memory_pruned:
         lines.append(f"  memory ruled out {stats.memory_pruned:,} candidate(s)"
-                     + (f"; the closest: {stats.memory_example}" if stats.memory_example else ""))
+                     + _closest(stats))
     lines.append(f"  searched {stats.roots:,} layouts x mesh orders, {stats.nodes:,} micro-batch/recompute "
                  f"choices, bounded {stats.leaves:,} schedules/ZeRO stages, simulated {stats.simulated} "
                  f"in {stats.seconds:.2f} s")
@@ -444,7 +457,7 @@ def explain_stopped(problem: Problem, stats) -> str:
     return (f"no plan of '{problem.model.name}' on '{problem.cluster.name}' found within the time limit "
             f"({stats.time_limit:g} CPU s): {stats.roots - stats.roots_open:,} of {stats.roots:,} layouts x mesh orders "
             f"searched, {stats.leaves:,} schedules/ZeRO stages bounded, none simulated that fits"
-            + (f"; the closest: {stats.memory_example}" if stats.memory_example else "")
+            + _closest(stats)
             + "; search longer with --time-limit SECONDS (0: until the search is done)")
 
 
@@ -476,11 +489,18 @@ def explain_empty(problem: Problem, pins: dict, space) -> str:
         states = _states_bytes(problem)
         capacity = sum(d.usable_memory for d in cluster.devices_in_order())
         pinned = f" with the pins {', '.join(f'{k}={v}' for k, v in pins.items())}" if pins else ""
-        return (f"model '{model.name}' ({format_count(param_count(model))} parameters) does not fit on cluster "
-                f"'{cluster.name}' ({n} x {format_bytes(cluster.devices_in_order()[0].memory)}){pinned} in any "
-                f"layout: its weights, gradients and Adam states alone need {format_bytes(states)}"
-                + (f"; the closest: {stats.memory_example}" if stats.memory_example else "")
-                + f". {_smallest_cluster(problem, states)}; on this cluster a model of at most "
+        what = f"its weights, gradients and {'Adam' if problem.optimizer is ir.Optimizer.adam else 'SGD'} states"
+        head = (f"model '{model.name}' ({format_count(param_count(model))} parameters) does not fit on cluster "
+                f"'{cluster.name}' ({n} x {format_bytes(cluster.devices_in_order()[0].memory)}){pinned} in any layout: ")
+        if states <= capacity:  # the states fit over every device: what a step holds beside them does not
+            return (head + f"{what} need {format_bytes(states)} of the {format_bytes(capacity)} its devices hold for "
+                    "tensors (ZeRO-3 over all of them), and no layout holds them with what training keeps beside them "
+                    "(activations, the working set, gathered units)" + _closest(stats)
+                    + f". Run generate on a larger cluster ({_smallest_cluster(problem, states)[1]} or more)"
+                    + (" or with fewer pins" if pins else ""))
+        text, _ = _smallest_cluster(problem, states)
+        return (head + f"{what} alone need {format_bytes(states)}" + _closest(stats)
+                + f". {text}; on this cluster a model of at most "
                 f"~{format_count(capacity / problem.states.per_param(problem.optimizer))} parameters could hold its states")
     detail = ", ".join(f"{k}={v}" for k, v in pins.items()) or "none"
     return (f"no plan of '{model.name}' on '{cluster.name}' satisfies the pins ({detail}): the schedules need "
@@ -494,16 +514,17 @@ def _states_bytes(problem: Problem) -> float:
     return param_count(problem.model) * problem.states.per_param(problem.optimizer)
 
 
-def _smallest_cluster(problem: Problem, states: float) -> str:
-    """The fewest nodes (of this cluster's largest node type) whose memory holds the model states
-    with ZeRO-3 over every device: arithmetic, not a search of larger clusters in turn (which took
-    seconds to minutes). Activations need more, so it is a lower bound, said as one."""
+def _smallest_cluster(problem: Problem, states: float) -> tuple[str, str]:
+    """The fewest nodes (of this cluster's largest node type), and more than it has, whose memory holds the model
+    states with ZeRO-3 over every device: arithmetic, not a search of larger clusters in turn (which took
+    seconds to minutes). Activations need more, so it is a lower bound, said as one. (The sentence, the cluster.)"""
     cluster = problem.cluster
     group = max(cluster.groups, key=lambda g: g.node.devices * g.node.device.usable_memory)
     node = group.node
     least = max(cluster.num_nodes + 1, math.ceil(states / (node.devices * node.device.usable_memory)))
     return (f"Its states alone need at least {node.name} x {least:,} ({least * node.devices:,} devices, ZeRO-3 over "
-            f"all of them); activations need more: run generate on a cluster at least that large")
+            f"all of them); activations need more: run generate on a cluster at least that large",
+            f"{node.name} x {least:,}")
 
 
 __all__ = ["Source", "resolve_problem", "plan_text", "checked_texts", "written_from", "include_note", "header", "stage_lines", "candidate_json", "format_table", "explain", "explain_empty",

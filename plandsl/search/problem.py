@@ -143,8 +143,13 @@ class SearchStats:
     invalid: int = 0
     tp_across_nodes: int = 0    # mesh orders left out because a tensor-parallel group would span nodes
     seconds: float = 0.0
-    memory_example: str = ""    # the plan that came closest to fitting, and what it needs
+    # Of the candidates memory ruled out, the one with the least figure (its need over its devices' capacity):
+    # an exact need (the plan estimated) or a lower bound on it. Every candidate ruled out has a figure no larger
+    # than its need, so an exact least is the closest to fitting; a bound is only the lowest bound.
+    memory_example: str = ""
     memory_example_ratio: float = math.inf
+    memory_example_exact: bool = False
+    memory_unsplit: int = 0     # ruled out with no figure: over several stages, no split of the blocks fits
     time_limit: float | None = None  # seconds the search may take (None: until it is done)
     stopped: bool = False       # the time limit ended it: the candidates are the best found, not proven the best
     roots_open: int = 0         # layouts x mesh orders not yet expanded when it stopped

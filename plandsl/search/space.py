@@ -19,6 +19,7 @@ from plandsl.lower.units import format_bytes
 from plandsl.schedules.registry import BUILTIN, splits_backward
 from plandsl.search.bounds import Bounds
 from plandsl.search.caps import Caps
+from plandsl.search.closest import Closest
 from plandsl.search.choices import (AXES, MAX_MICRO_BATCH, RECOMPUTE, divisors_up_to, layouts, mesh_orders,
                                     schedule_choices, sequence_parallel, stage_ranks)
 from plandsl.search.figures import Figures
@@ -42,6 +43,7 @@ class Space:
         self.norm_values = problem.model.norm_values if isinstance(problem.model, ir.CustomModel) else 0
         self.devices = problem.cluster.devices_in_order()
         self.stats = SearchStats()
+        self.closest = Closest(self.stats, self.base, efficiency)  # what memory ruled out came closest to fitting
 
     # -- roots: layouts and orders --
     def layouts(self, check_batch: bool = True) -> list[tuple[int, int, int, int, int]]:
@@ -92,14 +94,11 @@ class Space:
         states = sum(count * per_kind[i][0] for i, (_, count) in enumerate(self.kinds))
         capacity = max(g.node.device.usable_memory for g in self.problem.cluster.groups)
         if states / pp > capacity:
-            self._note_memory(f"dp={dp} tp={tp} pp={pp} cp={cp} ep={ep} needs {format_bytes(states / pp)} of model "
-                              f"states per device even with ZeRO-3", states / pp / capacity)
+            self.closest.bound(f"dp={dp} tp={tp} pp={pp} cp={cp} ep={ep} needs at least {format_bytes(states / pp)} "
+                               f"per device for its model states alone, even with ZeRO-3 (of {format_bytes(capacity)})",
+                               states / pp / capacity)
             return False
         return True
-
-    def _note_memory(self, text: str, ratio: float) -> None:
-        if ratio < self.stats.memory_example_ratio:
-            self.stats.memory_example, self.stats.memory_example_ratio = text, ratio
 
     # -- nodes: micro-batch size and recomputation --
     def expand_root(self, root: Root) -> list[Node]:
@@ -177,10 +176,13 @@ class Space:
             stored = sum(count * per_kind[i][1] for i, (_, count) in enumerate(self.kinds))
             if (states + stored) / root.pp > max(root.capacity):
                 self.stats.memory_pruned += len(choices)
-                self._note_memory(f"{candidate_of(node, '', 1, zero).describe()} needs at least "
-                                  f"{format_bytes((states + stored) / root.pp)} per device "
-                                  f"(of {format_bytes(max(root.capacity))})",
-                                  (states + stored) / root.pp / max(root.capacity))
+                candidate = candidate_of(node, '', 1, zero)
+                self.closest.bound(f"{candidate.describe()} needs at least {format_bytes((states + stored) / root.pp)} "
+                                   f"per device (of {format_bytes(max(root.capacity))})",
+                                   (states + stored) / root.pp / max(root.capacity),
+                                   # one stage: its estimate settles it (recomputing N blocks of it: at least
+                                   # recomputing all of them, the same record)
+                                   candidate if root.pp == 1 else None)
                 continue
             memories[zero] = memory
             for schedule, virtual in choices:
@@ -240,6 +242,13 @@ class Space:
             counts = self.splits.layer_partition(node, ranks, inflight, memory)
         if counts is None:
             self.stats.memory_pruned += 1
+            # Recomputing the first N blocks of each stage needs at least what recomputing all of them does (that
+            # node's own record); otherwise one stage has one split, whose estimate says what it needs, and over
+            # several stages the least need over the splits is not known.
+            if node.kept is None and root.pp == 1:
+                self.closest.above(candidate_of(node, schedule, virtual, zero), max(root.capacity))
+            elif node.kept is None:
+                self.stats.memory_unsplit += 1
             return None
         bound = self.bounds.split_bound(node, zero, schedule, ranks, counts, recomputed) * SAFE * SAFE
         return Leaf(node, schedule, virtual, zero, counts, max(floor, bound), recomputed, exact=False)
@@ -269,6 +278,7 @@ class Space:
             return None
         if not estimate.fits:
             self.stats.memory_pruned += 1
+            self.closest.estimated(candidate, estimate)
             return None
         return Scored(candidate, leaf.counts, estimate, plan)
 

@@ -58,7 +58,9 @@ _entry("E803", """
     Every decision a partial plan writes is a pin of the search (`plandsl generate --from`), and no
     plan satisfies them all: here a 52B-parameter model whose weights, gradients and Adam states
     need about 830 GB on one node of 640 GB, whatever the ZeRO stage, micro-batch or recomputation.
-    The message says which constraint left nothing and what would fit.
+    The message says which constraint left nothing and what would fit, and which plan came closest: the
+    one that needs least by its estimate ("the closest"), or, where only a lower bound on what plans need
+    is known (here their model states alone), the lowest bound ("the lowest bound").
     """, """
     import "clusters/dgx_a100"
     plan p {
