@@ -494,7 +494,13 @@ def nemo_blackwell() -> list[Run]:
     not priced: CUDA graphs (the 8B recipes), activation offloading to the CPU (the FSDP 70B recipes,
     `cpu_offloading_num_layers` 40), FP8 current scaling's amax pass and its first and last layers in bf16,
     MXFP8's weights all-gathered in MXFP8 (`fp8_param_gather`). Held out and reported apart (`--blackwell`),
-    not in the targets' set: the peaks are datasheet figures and the GEMM knobs the A100 fit's."""
+    not in the targets' set: the peaks are datasheet figures and the GEMM knobs the A100 fit's.
+
+    The second rule, written once `nvfp4` entered the language and before any of its predictions was looked at:
+    the NVFP4 rows the first rule left out for want of the precision, by the same rule (the eight on GB200, 70B
+    and 405B in the 26.02 to 26.04.01 containers), as `nvfp4`, pinned the same way except that the recipes turn
+    TP's overlap off for NVFP4 (`tp_comm_overlap = False if precision == "nvfp4"`); not priced besides: NVFP4's
+    random Hadamard transform and stochastic rounding, its weights all-gathered in NVFP4 (`fp4_param_gather`)."""
     def run(name, container, model, system, gpus, batch, measured, precision, note="", **pins):
         base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1}
         if pins.get("pp", 1) > 1:
@@ -504,9 +510,9 @@ def nemo_blackwell() -> list[Run]:
         page = "performance-summary.mdx" if container == "26.04.01" else "performance-summary-archive.mdx"
         return Run(f"NeMo {name}, {gpus} {system}, {precision}", f"{BRIDGE_042} ({page}), NeMo {container}", model,
                    cluster, batch, measured, metric="tokens_per_device", pins={**base, **pins},
-                   dtypes={"precision": {"FP8": "fp8", "FP8-CS": "fp8", "MXFP8": "mxfp8", "FP8-MX": "mxfp8"}[precision],
-                           **MEGATRON_CORE, "grad_dtype": "bf16"},
-                   note=note, family="blackwell", overlap_tensor=pins.get("tp", 1) > 1)
+                   dtypes={"precision": {"FP8": "fp8", "FP8-CS": "fp8", "MXFP8": "mxfp8", "FP8-MX": "mxfp8",
+                                         "NVFP4": "nvfp4"}[precision], **MEGATRON_CORE, "grad_dtype": "bf16"},
+                   note=note, family="blackwell", overlap_tensor=pins.get("tp", 1) > 1 and precision != "NVFP4")
     offload = "the recipe offloads 40 layers' activations to the CPU (cpu_offloading_num_layers), not priced"
     graphs = "the recipe captures the whole iteration in a CUDA graph, not priced"
     rows = []
@@ -534,6 +540,12 @@ def nemo_blackwell() -> list[Run]:
     for precision, measured in (("FP8-CS", 661), ("FP8-MX", 624)):
         rows.append(run("Llama 3.1 405B (t4 p8 c2 v8), gbs 64", "25.11", "llama3_405b", "B200", 128, 64, measured,
                         precision, dp=2, tp=4, pp=8, cp=2, virtual_stages=8))
+    for container, nv_70b, nv_405b, virtual in (("26.04.01", 4864, 1184, 8), ("26.04", 4898, 1136, 8),
+                                                ("26.02.01", 4557, 1083, 4), ("26.02", 4458, 1076, 8)):
+        rows += [run("Llama 3 70B (t2 p4 v5)", container, "llama3_70b", "GB200", 64, 256, nv_70b, "NVFP4",
+                     dp=8, tp=2, pp=4, virtual_stages=5),
+                 run(f"Llama 3.1 405B (t4 p16 v{virtual})", container, "llama3_405b", "GB200", 256, 1536, nv_405b,
+                     "NVFP4", dp=4, tp=4, pp=16, virtual_stages=virtual)]
     return rows
 
 
