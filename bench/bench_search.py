@@ -563,16 +563,19 @@ def blackwell_report() -> str:
     for run, value, best in results:
         c = best.candidate
         lines.append(f"| {run.name} | NeMo {run.source.rsplit('NeMo ', 1)[1]} | {run.measured:,.0f} | {value:,.0f} | "
-                     f"{error(run, value):+.1%} | {c.describe()}{' tp overlap' if c.tp > 1 else ''} |")
+                     f"{error(run, value):+.1%} | {c.describe()}{' tp overlap' if run.overlap_tensor and c.tp > 1 else ''} |")
     lines += [f"| {run.name} | NeMo {run.source.rsplit('NeMo ', 1)[1]} | {run.measured:,.0f} | refused: {why} | | |"
               for run, why in refused]
     lines.append("")
     for system in ("GB200", "B200"):
-        errors = [error(run, value) for run, value, _ in results if f" {system}," in run.name]
-        if errors:
-            lines.append(f"{system}: {len(errors)} predicted, {sum(f' {system},' in r.name for r, _ in refused)} "
-                         f"refused; median |error| {statistics.median(map(abs, errors)):.1%}, mean error "
-                         f"{statistics.mean(errors):+.1%}, max |error| {max(map(abs, errors)):.1%}")
+        for label, fp4 in (("FP8 and MXFP8", False), ("NVFP4", True)):
+            def mine(run):
+                return f" {system}," in run.name and run.name.endswith("NVFP4") == fp4
+            errors = [error(run, value) for run, value, _ in results if mine(run)]
+            if errors:
+                lines.append(f"{system} {label}: {len(errors)} predicted, {sum(mine(r) for r, _ in refused)} refused; "
+                             f"median |error| {statistics.median(map(abs, errors)):.1%}, mean error "
+                             f"{statistics.mean(errors):+.1%}, max |error| {max(map(abs, errors)):.1%}")
     return "\n".join(lines)
 
 

@@ -167,18 +167,22 @@ def test_mosaic_mpt_rows_are_reported_apart(bench):
 
 @pytest.mark.slow
 def test_blackwell_rows_are_reported_apart(bench):
-    """Megatron-Bridge's DGX-B200 and GB200 Llama rows (docs/validation.md, "Blackwell"): all 24 of the rule are
-    searched, none is a target row, and the maxima of those predicted stay where they stand (all too fast: datasheet
-    peaks, the A100-fitted GEMM knobs); the GB200 rows the memory model or the stages refuse are listed as such."""
+    """Megatron-Bridge's DGX-B200 and GB200 Llama rows (docs/validation.md, "Blackwell"): all 24 of the rule and 8
+    of the NVFP4 rule are searched, none is a target row, and the maxima of those predicted stay where they stand
+    (all too fast: datasheet peaks, the A100-fitted GEMM knobs); the GB200 rows the memory model or the stages
+    refuse are listed as such."""
     runs = bench.nemo_blackwell()
-    assert len(runs) == 24 and {run.family for run in runs} == {"blackwell"}
+    assert len(runs) == 32 and {run.family for run in runs} == {"blackwell"}
     assert not {run.name for run in runs} & {run.name for run in bench.published()}
     report = bench.blackwell_report()
-    lines = {line.split(":")[0]: line for line in report.splitlines() if line.startswith(("GB200:", "B200:"))}
-    assert lines["B200"].startswith("B200: 4 predicted, 0 refused") and lines["GB200"].startswith("GB200: 6 predicted")
-    for system, most in (("GB200", 0.24), ("B200", 0.23)):
-        assert float(lines[system].split("max |error| ")[1].rstrip("%")) / 100 <= most, lines[system]
-    assert report.count("refused: does not fit") == 10 and report.count("refused: no plan satisfies the pins") == 4
+    lines = {line.split(":")[0]: line for line in report.splitlines() if line.startswith(("GB200 ", "B200 "))}
+    assert sorted(lines) == ["B200 FP8 and MXFP8", "GB200 FP8 and MXFP8", "GB200 NVFP4"]
+    for label, counts, most in (("GB200 FP8 and MXFP8", "6 predicted, 14 refused", 0.24),
+                                ("GB200 NVFP4", "5 predicted, 3 refused", 0.44),
+                                ("B200 FP8 and MXFP8", "4 predicted, 0 refused", 0.23)):
+        assert lines[label].startswith(f"{label}: {counts}"), lines[label]
+        assert float(lines[label].split("max |error| ")[1].rstrip("%")) / 100 <= most, lines[label]
+    assert report.count("refused: does not fit") == 10 and report.count("refused: no plan satisfies the pins") == 7
 
 @pytest.mark.slow
 def test_torchtitan_memory_without_model_parallelism_within_10_percent(bench):
