@@ -30,7 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from plandsl import api, ir
@@ -65,13 +65,38 @@ node jean_zay {
 # 2.4 TB/s, NVLink inside a host, 400 Gb/s RDMA per GPU, at the default 500 W power limit. Its peak, by the
 # source's footnote 2: "between SXM and NVL, and we don't know its exact value": the midpoint of the SXM's 989
 # and the NVL's 835 TFLOP/s (dense bf16; fp32 67 and 60; fp8 1979 and 1671; NVIDIA's H100 datasheet), 912.
+# Its attention: torchtitan calls PyTorch's SDPA, whose flash backend on Hopper is FlashAttention-2 (SDPA did not
+# pick cuDNN's kernel by default then: pytorch/pytorch#141133, #142132), as the FlashAttention-3 paper measured it on
+# an H100 SXM5 (Shah et al. 2024, arXiv:2407.08608, head dim 128, sequence 8k): forward with a causal mask 333 TFLOP/s,
+# backward 318 (its only backward figure, without the mask), over the SXM's 989. The GEMMs keep the defaults.
 device h100_96g {
-  memory    = 96 GB
-  bandwidth = 2400 GB/s
-  peak      = { fp32: 63.5 TFLOP/s, bf16: 912 TFLOP/s, fp16: 912 TFLOP/s, fp8: 1825 TFLOP/s }
+  memory     = 96 GB
+  bandwidth  = 2400 GB/s
+  peak       = { fp32: 63.5 TFLOP/s, bf16: 912 TFLOP/s, fp16: 912 TFLOP/s, fp8: 1825 TFLOP/s }
+  efficiency = { attention: 0.337, attention_backward: 0.322 }
 }
 node grand_teton {
   devices = 8 x h100_96g
+  link    = { bandwidth: 450 GB/s, latency: 2 us }
+  nic     = { bandwidth: 400 GB/s, latency: 5 us }
+}
+
+# The DGX H100 as MosaicML's llm-foundry ran it in 2023-2024 (its benchmarking README: "our models use Flash
+# Attention", the flash-attn package's FlashAttention-2): the stdlib's h100_80g, its attention FlashAttention-2's
+# (the figures of the torchtitan hosts above) instead of cuDNN's.
+device h100_80g_fa2 {
+  memory     = 80 GiB
+  bandwidth  = 3350 GB/s
+  peak       = { fp32: 67 TFLOP/s, bf16: 989 TFLOP/s, fp16: 989 TFLOP/s, fp8: 1979 TFLOP/s }
+  efficiency = {
+    bf16: { matmul: 0.754, kernel_latency: 14 us, attention: 0.337, attention_backward: 0.322 },
+    fp16: { matmul: 0.722, kernel_latency: 21 us, attention: 0.337, attention_backward: 0.322 },
+    fp8: { matmul: 0.691, kernel_latency: 31 us },
+    fp32: { matmul: 0.767, kernel_latency: 57 us },
+  }
+}
+node dgx_h100_fa2 {
+  devices = 8 x h100_80g_fa2
   link    = { bandwidth: 450 GB/s, latency: 2 us }
   nic     = { bandwidth: 400 GB/s, latency: 5 us }
 }
@@ -80,9 +105,10 @@ node grand_teton {
 # page's footnote 1 "HBM2e based lower TDP SXM H100 ... the actual peak TFLOPs number is between SXM and NVL":
 # the Grand Teton part above (2.4 TB/s, peak 912) with the memory the page states.
 device h100_94g {
-  memory    = 94 GB
-  bandwidth = 2400 GB/s
-  peak      = { fp32: 63.5 TFLOP/s, bf16: 912 TFLOP/s, fp16: 912 TFLOP/s, fp8: 1825 TFLOP/s }
+  memory     = 94 GB
+  bandwidth  = 2400 GB/s
+  peak       = { fp32: 63.5 TFLOP/s, bf16: 912 TFLOP/s, fp16: 912 TFLOP/s, fp8: 1825 TFLOP/s }
+  efficiency = { attention: 0.337, attention_backward: 0.322 }  # torchtitan's SDPA: FlashAttention-2, as above
 }
 node h100_94g_host {
   devices = 8 x h100_94g
@@ -301,6 +327,7 @@ def published() -> list[Run]:
     runs += nemo_moe_h100()
     runs += modelzoo_qwen3_h100()
     runs += megatron_core_h100()
+    runs += torchtitan_float8()
     return runs
 
 
@@ -675,15 +702,18 @@ def report(results, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC) 
         overlapped = " tp overlap" if run.overlap_tensor and c.tp > 1 else ""  # `tensor ... with overlap`
         chosen = f"{c.describe()}{folded}{overlapped} [{', '.join(c.order)}]"
         role = "fit" if run.fit else ("not counted" if run.family == "info" else
-                                      "held out, MoE" if run.family == "moe" else "held out")
+                                      "held out, MoE" if run.family == "moe" else
+                                      "held out, torchao Float8" if run.family == "torchao-float8" else "held out")
         lines.append(f"| {run.name} | {run.source} | {run.metric} | {shown(run.measured)} | {shown(value)} | "
                      f"{e:+.1%} | {role} | {chosen} |")
     lines.append("")
     core = groups.get("", [])
     zero3 = groups.get("deepspeed-zero3-2021", [])
     moe = groups.get("moe", [])
+    float8 = groups.get("torchao-float8", [])
     for label, values in (("held-out runs", core + zero3), ("of them DeepSpeed ZeRO-3 (2021)", zero3),
-                          ("MoE runs, apart (Megatron-Bridge, Megatron-MoE-ModelZoo; H100)", moe)):
+                          ("MoE runs, apart (Megatron-Bridge, Megatron-MoE-ModelZoo; H100)", moe),
+                          ("torchao Float8 runs, apart (torchtitan 2024-12; H100)", float8)):
         if values:
             lines.append(f"{label}: {len(values)}, median |error| {statistics.median(values):.1%}, "
                          f"max |error| {max(values):.1%}")
@@ -896,7 +926,7 @@ def mosaic_mpt() -> list[Run]:
         layers, hidden, heads = MPT_ARCH[model]
         runs.append(Run(f"MPT-{model} seq {seq}, {gpus} {gpu.upper()}, mb {micro}{', AC' if checkpointing else ''}",
                         MOSAIC, gpt(layers, hidden, heads, vocab=50368, seq=seq)[:-1] + ", tied=true)",
-                        f"{'dgx_h100' if gpu == 'h100' else 'dgx_a100'} x {gpus // 8}", batch, tokens,
+                        f"{'dgx_h100_fa2' if gpu == 'h100' else 'dgx_a100'} x {gpus // 8}", batch, tokens,
                         metric="tokens_per_device", family="mpt", dtypes={"loss": "fused"},
                         pins={"dp": gpus, "tp": 1, "pp": 1, "cp": 1, "micro_batch_size": micro,
                                "zero_stage": 3 if shard == "FULL_SHARD" else 2,
@@ -965,6 +995,41 @@ def torchtitan_memory() -> list[tuple[Run, float]]:
                          pins={"dp": 8 // cp, "cp": cp, "tp": 8, "pp": 8, "zero_stage": 3, "micro_batch_size": 1,
                                "recompute": "full", "schedule": "1f1b"}, dtypes=dict(fp8)), measured))
     return rows
+
+
+# The throughput of the same runs (benchmarks/llama3_h100_202412_torchtitan.md, TPS/GPU at the 90th iteration), the
+# rows with torchao's Float8 that the targets' set does not hold: torchtitan's `Float8` is torchao's dynamic
+# tensor-wise scaling (each Linear's input, weight and output gradient scaled by an amax computed on the fly, the
+# weight cast in every forward and backward), which the language's `fp8` (Transformer Engine's delayed scaling,
+# the weights cast once a step) does not describe; they are held out and summed apart ("torchao Float8"). Tables
+# 4-6 name AsyncTP: `tensor ... with overlap` (Table 4's first row without it).
+TORCHTITAN_FLOAT8_TPS = {
+    "Table 1, FSDP 8, compiled, Float8": 8532, "Table 3, FSDP 128, compiled, Float8": 8380,
+    "Table 2, 8B FSDP 8 x CP 1, seq 32768, Float8": 3890, "Table 2, 8B FSDP 4 x CP 2, seq 65536, Float8": 2540,
+    "Table 2, 8B FSDP 2 x CP 4, seq 131072, Float8": 1071, "Table 2, 8B FSDP 1 x CP 8, seq 262144, Float8": 548,
+    "Table 5, 405B FSDP 8 x TP 8 x PP 8, 1f1b, Float8": 100,
+    "Table 5, 405B FSDP 8 x TP 8 x PP 8, interleaved_1f1b, Float8": 128,
+    "Table 6, 405B FSDP 8 x CP 1 x TP 8 x PP 8, seq 32768, Float8": 76,
+    "Table 6, 405B FSDP 4 x CP 2 x TP 8 x PP 8, seq 65536, Float8": 47,
+    "Table 6, 405B FSDP 2 x CP 4 x TP 8 x PP 8, seq 131072, Float8": 31,
+    "Table 6, 405B FSDP 1 x CP 8 x TP 8 x PP 8, seq 262144, Float8": 16}
+TORCHTITAN_2024 = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md"
+
+
+def torchtitan_float8() -> list[Run]:
+    runs = []
+    for run, _ in torchtitan_memory():
+        table = run.name.split(",")[0]
+        if run.name in TORCHTITAN_FLOAT8_TPS:
+            runs.append(replace(run, name=f"torchtitan {run.name} (500 W H100)", source=f"{TORCHTITAN_2024}, {table}",
+                                measured=TORCHTITAN_FLOAT8_TPS[run.name], metric="tokens_per_device",
+                                family="torchao-float8", overlap_tensor=table in ("Table 5", "Table 6")))
+        elif table == "Table 4":  # 2D, and 2D + AsyncTP
+            for label, tps, overlap in (("", 829, False), (" + AsyncTP", 876, True)):
+                runs.append(replace(run, name=f"torchtitan {run.name}{label} (500 W H100)", source=f"{TORCHTITAN_2024}, "
+                                    f"{table}", measured=tps, metric="tokens_per_device", family="torchao-float8",
+                                    overlap_tensor=overlap))
+    return runs
 
 
 def memory_report() -> str:

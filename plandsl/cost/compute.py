@@ -62,6 +62,11 @@ class Efficiency:
     model's time is scaled by the ratio interpolated linearly in ln FLOPs, beyond the ends by the end's."""
     precisions: tuple[tuple[ir.Precision, "Efficiency"], ...] = ()
     """The knobs of each precision, where they differ from these."""
+    attention: float | None = None
+    """Fraction of the peak the fused attention kernel's forward runs its executed FLOPs at (`attention_seconds`);
+    None: the attention core is a batched GEMM at `peak_fraction`, its full s x s counted."""
+    attention_backward: float | None = None
+    """The same for its backward (2.5 times the forward's executed FLOPs); None: `attention`."""
 
     def of(self, precision: ir.Precision) -> "Efficiency":
         for own, knobs in self.precisions:
@@ -122,6 +127,22 @@ class Efficiency:
             knobs.kernel_seconds
         return seconds * knobs.correction(flops) if knobs.corrections and flops > 0 else seconds
 
+    def attention_seconds(self, flops: float, moved: float, causal: float, device: ir.DeviceType,
+                          precision: ir.Precision) -> tuple[float, float] | None:
+        """(forward, backward) seconds of a fused attention kernel whose full s x s product is `flops` FLOPs,
+        moving `moved` bytes (Q, K, V, O) forward and twice that backward, of which the fraction `causal` is
+        executed, when the device states its attention kernel's fractions of the peak; None when it does not.
+        The backward executes 2.5 times the forward's FLOPs: its five matrix products against the forward's two,
+        the scores recomputed (Dao 2023, FlashAttention-2, Sec. 3.1; its benchmarks count it so)."""
+        knobs = self.of(precision) if self.precisions else self
+        if knobs.attention is None:
+            return None
+        peak = peak_of(device, precision)
+        executed = flops * causal
+        backward = knobs.attention_backward or knobs.attention
+        return (executed / (knobs.attention * peak) + moved / device.bandwidth + knobs.kernel_seconds,
+                2.5 * executed / (backward * peak) + 2 * moved / device.bandwidth + knobs.kernel_seconds)
+
     def correction(self, flops: float) -> float:
         """The measured / modelled ratio at `flops` (1 without measured GEMMs)."""
         return ratio_at(self.corrections, flops)
@@ -142,11 +163,12 @@ def device_efficiency(device: ir.DeviceType) -> Efficiency:
         return found[1]
     knobs = device.efficiency or _DEFAULT_KNOBS
     if not knobs.precisions and not knobs.measured:
-        efficiency = Efficiency(knobs.matmul, knobs.kernel_latency)
+        efficiency = Efficiency(knobs.matmul, knobs.kernel_latency, attention=knobs.attention,
+                                attention_backward=knobs.attention_backward)
     else:
         efficiency = Efficiency(knobs.matmul, knobs.kernel_latency, precisions=tuple(
             (precision, _measured(knobs.precisions.get(precision, knobs), device, precision))
-            for precision in device.peak))
+            for precision in device.peak), attention=knobs.attention, attention_backward=knobs.attention_backward)
     if len(_DEVICE_CACHE) > 4096:
         _DEVICE_CACHE.clear()
     _DEVICE_CACHE[id(device)] = (device, efficiency)
@@ -165,7 +187,8 @@ def _measured(knobs: ir.DeviceEfficiency, device: ir.DeviceType, precision: ir.P
         modelled = plain.gemm_seconds(point.m, point.n, point.k, device, precision)
         ratios.setdefault(math.log(2.0 * point.m * point.n * point.k), []).append(math.log(point.seconds / modelled))
     corrections = tuple((x, math.exp(sum(logs) / len(logs))) for x, logs in sorted(ratios.items()))
-    return Efficiency(knobs.matmul, knobs.kernel_latency, corrections)
+    return Efficiency(knobs.matmul, knobs.kernel_latency, corrections, attention=knobs.attention,
+                      attention_backward=knobs.attention_backward)
 
 
 _DEFAULT_KNOBS = ir.DeviceEfficiency()
@@ -414,10 +437,16 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
     seq_q = -(-work.seq // work.cp)
     # Q·Kᵀ and P·V over this rank's heads (MLA: q and k (nope + rope) wide per head, v and the output v wide)
     attention_flops = 2.0 * work.micro_batch * seq_q * work.seq * (widths.q + widths.o) / tp
-    attention = efficiency.kernel(attention_flops, work.micro_batch * (seq_q * (widths.q + widths.o)
-                                                                     + work.seq * (widths.k + widths.v)) / tp * element,
-                                  device, precision.unquantized)  # fp8: attention stays 16-bit
-    attention_gemm, attention_backward_extra = attention, 0.0
+    attention_bytes = work.micro_batch * (seq_q * (widths.q + widths.o) + work.seq * (widths.k + widths.v)) / tp * element
+    fused = efficiency.attention_seconds(attention_flops, attention_bytes, causal_fraction(seq_q), device,
+                                         precision.unquantized) \
+        if work.attention is ir.Attention.flash else None  # fp8: attention stays 16-bit
+    if fused is not None:  # the device's own attention kernel
+        attention, attention_backward = fused
+    else:  # a batched GEMM over the full s x s, its backward twice its forward like the GEMMs'
+        attention = efficiency.kernel(attention_flops, attention_bytes, device, precision.unquantized)
+        attention_backward = 2 * attention
+    attention_backward_extra = 0.0
     if work.attention is ir.Attention.materialized:
         # The s x s matrices through memory (`materialized_attention_bytes`): the fused core's FLOPs and Q, K, V, O
         # bytes, plus the scores' and probabilities' bytes, forward and backward.
@@ -521,8 +550,7 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
             recompute_flops += 2.0 * tokens * h * width
         if work.attention is ir.Attention.materialized:  # its s x s scores are not kept (cost.memory): it reruns
             recompute, recompute_flops = recompute + attention, recompute_flops + attention_flops
-    # The attention core's backward is twice its forward, like the GEMMs' (Dao et al. 2022).
-    backward_matmul = 2 * (matmul + attention_gemm) + attention_backward_extra
+    backward_matmul = 2 * matmul + attention_backward + attention_backward_extra
     if model.experts:
         # Host-bound: the dropless dispatcher copies the tokens per expert to the host every MoE layer (a
         # device-to-host synchronisation), so the host cannot run ahead of the device across layers, and a layer
@@ -535,6 +563,21 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
             recompute += forward_wait
     return LayerCompute(matmul + attention, other, backward_matmul, backward_other, recompute,
                         attention=attention, flops=flops, recompute_flops=recompute_flops)
+
+
+FLASH_TILE = 128
+"""Queries and keys per tile of the fused attention kernels (FlashAttention-2 and -3, cuDNN, head dim 128): under a
+causal mask a tile is computed when any of its pairs is unmasked."""
+
+
+def causal_fraction(seq_q: int) -> float:
+    """Fraction of a causal attention core's s_q x s products a tiled kernel executes: of n x n tiles (n = s_q /
+    FLASH_TILE) those on and below the diagonal, (n + 1) / 2n. Under context parallelism each rank holds s_q = s / cp
+    queries against all s keys, dealt so that every rank's share of the causal triangle is the same (Megatron's and
+    torch's load-balanced chunks): half of its rectangle, and its diagonal tiles as if alone. Every transformer of the
+    language is a causal decoder."""
+    tiles = max(1, -(-seq_q // FLASH_TILE))
+    return (tiles + 1) / (2 * tiles)
 
 
 @dataclass(frozen=True, slots=True)

@@ -199,6 +199,13 @@ class DeviceEfficiency(Node):
     hold no `precisions` of their own; a precision not listed takes these."""
     matmul: float = Field(default=0.64, gt=0, le=1, description="fraction of the peak a large GEMM's FLOPs run at")
     kernel_latency: float = Field(default=18e-6, ge=0, description="seconds per GEMM kernel")
+    attention: Optional[float] = Field(
+        default=None, gt=0, le=1, description="fraction of the peak the fused attention kernel's forward runs its "
+                                              "executed FLOPs at (a causal mask's skipped blocks are not executed); "
+                                              "None: the attention core is priced as a GEMM at `matmul`")
+    attention_backward: Optional[float] = Field(
+        default=None, gt=0, le=1, description="the same for its backward, which executes 2.5 times the forward's "
+                                              "FLOPs (it recomputes the scores); None: `attention`")
     measured: tuple[GemmPoint, ...] = Field(default=(), description="measured GEMMs the cost model interpolates")
     precisions: dict[Precision, "DeviceEfficiency"] = Field(
         default_factory=dict, description="knobs of one precision, which take the place of these for it")

@@ -28,7 +28,8 @@ DEVICE_ATTRS = {"memory": True, "bandwidth": True, "peak": True, "efficiency": F
 NODE_ATTRS = {"devices": True, "link": True, "nic": False, "hosts": False}
 CLUSTER_ATTRS = {"nodes": True, "fabric": False}
 LINK_KEYS = {"bandwidth": True, "latency": False, "measured": False}
-EFFICIENCY_KEYS = {"matmul": False, "kernel_latency": False, "measured": False}
+EFFICIENCY_KEYS = {"matmul": False, "kernel_latency": False, "measured": False, "attention": False,
+                   "attention_backward": False}
 
 
 class Lowering:
@@ -128,7 +129,8 @@ class Lowering:
                      efficiency=efficiency, reserve=reserve, comm_share=comm_share)
 
     def efficiency(self, scope: Scope, expr: s.Expr, peak: dict[ir.Precision, float]) -> ir.DeviceEfficiency:
-        """`{ matmul: 0.64, kernel_latency: 18 us }`, optionally `measured: [[m, n, k, time], ...]` and, per
+        """`{ matmul: 0.64, kernel_latency: 18 us }`, optionally `attention: 0.5, attention_backward: 0.45` (the
+        fused attention kernel's fractions of the peak), `measured: [[m, n, k, time], ...]` and, per
         precision, `bf16: { matmul, kernel_latency, measured }` (its omitted keys take the outer ones); an
         omitted key keeps its fitted default. Bad tables: E216, E217."""
         keys = EFFICIENCY_KEYS
@@ -160,6 +162,15 @@ class Lowering:
                                           f"found {fraction:g}", value.span,
                                           hint="e.g. `matmul: 0.64` (64 % of the peak for a large GEMM)")
             fields["matmul"] = float(fraction)
+        for key in ("attention", "attention_backward"):
+            if key in items:
+                value = items[key].value
+                fraction = scope.number(scope.eval(value), value)
+                if not 0 < fraction <= 1:
+                    raise self.reporter.error("E205", f"efficiency {key} is a fraction of the peak in (0, 1], "
+                                              f"found {fraction:g}", value.span,
+                                              hint=f"e.g. `{key}: 0.5` (the fused attention kernel at half the peak)")
+                fields[key] = float(fraction)
         if "kernel_latency" in items:
             fields["kernel_latency"] = scope.quantity(items["kernel_latency"].value, TIME,
                                                       "efficiency kernel_latency", allow_zero=True)

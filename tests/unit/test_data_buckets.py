@@ -54,9 +54,9 @@ def test_zero1_exposes_the_first_buckets_reduce_scatter_and_all_gather():
                  - collective_seconds("all_gather", 2 * bucket, links), stage.forward, share)
     assert estimate.time.step == pytest.approx(estimate.time.pipeline + exposed + hidden + estimate.time.optimizer,
                                                rel=1e-9)
-    # replicate (ZeRO-0) keeps its all-reduce (48 ms) behind the backward (57 ms at micro-batch 1) as before, at the
+    # replicate (ZeRO-0) keeps its all-reduce (48 ms) behind the backward (about 100 ms at micro-batch 2), at the
     # device's share of its seconds
-    replicated = estimate_plan(api.loads(PLAN.format(data="replicate", mb=1), path="p.plan").plans[0])
+    replicated = estimate_plan(api.loads(PLAN.format(data="replicate", mb=2), path="p.plan").plans[0])
     [stage] = replicated.stage_times
     reduce = collective_seconds("all_reduce", 4 * stage.dense_params, links)
     assert reduce < stage.backward

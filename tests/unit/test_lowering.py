@@ -685,7 +685,7 @@ def test_syntax_error_in_an_import_is_reported_in_that_file(tmp_path):
 EFF_DEVICE = "device g {{ memory = 80 GiB; bandwidth = 2 TB/s; peak = {{ bf16: 312 TFLOP/s }}{extra} }}\n"
 
 
-NO_TABLES = {"measured": (), "precisions": {}}  # the measured GEMMs and per-precision knobs are optional
+NO_TABLES = {"measured": (), "precisions": {}, "attention": None, "attention_backward": None}  # all optional
 
 
 def test_device_efficiency_keys_and_defaults():
@@ -695,6 +695,12 @@ def test_device_efficiency_keys_and_defaults():
     assert device.efficiency.model_dump() == {"matmul": 0.5, "kernel_latency": 18e-6, **NO_TABLES}
     [device] = ok(EFF_DEVICE.format(extra="")).devices
     assert device.efficiency is None  # the cost model uses ir.DeviceEfficiency()'s defaults
+    # the fused attention kernel's two fractions, each optional; per precision like the GEMM knobs
+    [device] = ok(EFF_DEVICE.format(extra="; efficiency = { attention: 0.337, attention_backward: 0.322 }")).devices
+    assert (device.efficiency.attention, device.efficiency.attention_backward, device.efficiency.matmul) == \
+        (0.337, 0.322, 0.64)
+    [device] = ok(EFF_DEVICE.format(extra="; efficiency = { attention: 0.5, bf16: { matmul: 0.7 } }")).devices
+    assert device.efficiency.precisions[ir.Precision.bf16].attention == 0.5
     # The stdlib's A100 states the fit it was calibrated with.
     cluster = ok(plan()).plans[0].cluster
     assert cluster.groups[0].node.device.efficiency.model_dump() == {"matmul": 0.64, "kernel_latency": 18e-6, **NO_TABLES}
@@ -704,6 +710,8 @@ def test_device_efficiency_keys_and_defaults():
     ("{ matmul: 1.2 }", "E205", "in (0, 1], found 1.2"),
     ("{ matmul: 0 }", "E205", "in (0, 1], found 0"),
     ("{ matmul: -0.5 }", "E205", "in (0, 1], found -0.5"),
+    ("{ attention: 1.5 }", "E205", "attention is a fraction of the peak in (0, 1], found 1.5"),
+    ("{ attention_backward: 0 }", "E205", "attention_backward is a fraction of the peak in (0, 1], found 0"),
     ("{ kernel_latency: -5 us }", "E205", "kernel_latency must be zero or more"),
     ("{ kernel_latency: 5 GB }", "E203", "takes a time quantity"),
     ("{ matmull: 0.5 }", "E206", "no key 'matmull'"),

@@ -121,6 +121,9 @@ class _Recording:
     def kernel(self, *args):
         return self.knobs.kernel(*args)
 
+    def attention_seconds(self, *args):
+        return self.knobs.attention_seconds(*args)
+
 
 def test_the_router_stays_out_of_fp8():
     """Transformer Engine's FP8 covers its own linear layers; the router is a plain one: its GEMM (4,096 tokens x
