@@ -460,6 +460,10 @@ def _train(read: _Read) -> str | None:
                          hint="--fp4-recipe nvfp4")
             return None
         precision = "nvfp4"
+    elif read.get("--fp4-recipe") is not None:
+        read.problem("E807", "--fp4-recipe without --fp4-format: Megatron-LM trains without FP4 then", "--fp4-recipe",
+                     hint="add --fp4-format e2m1, or remove --fp4-recipe")
+        return None
     recompute = _recompute(read)
     if recompute is None:
         return None

@@ -2,8 +2,9 @@
 
 Stage: interpreter (the launcher side; TorchX is imported only to build and submit the job, torch not at all).
 Contract: `refusals` is what `plandsl run` refuses and E707 for a mesh whose nodes TorchX cannot start as one
-job; `app` builds the job with TorchX's own `dist.torchrun` component (a node per node of the mesh, each running
-torchrun over `plandsl.run` with `runtime.launch.rank_command`'s arguments, in the environment the plan needs);
+job; `app` builds the job with TorchX's own `dist.torchrun` component (a node per machine of the mesh: a plan
+node, or each of its `hosts`, each running torchrun over `plandsl.run` with `runtime.launch.rank_command`'s
+arguments, in the environment the plan needs);
 `submit` hands it to TorchX's runner: its dry run (the sbatch script, the Volcano job) or its submission.
 No launcher of our own: TorchX writes the scheduler's job, the scheduler starts the nodes, torchrun the ranks.
 """

@@ -254,3 +254,14 @@ def test_the_api_builds_the_job_and_returns_torchxs_dry_run(no_slurm):
         api.load_launchable(mixed)
     job_error, missing = api.job_errors()
     assert issubclass(missing, job_error) and issubclass(job_error, ValueError)
+
+
+def test_a_rack_scale_node_is_a_job_of_its_machines(torchx):
+    """GB200 NVL72 racks (`hosts = 18` trays of 4 GPUs): TorchX's job asks for a machine per tray, 4 GPUs and 4
+    processes each, not for a 72-GPU machine (tests/unit/test_launch.py's plan, two racks)."""
+    from tests.unit.test_launch import NVL72
+    plan = api.loads(NVL72).plans[0]
+    application = submit.app(plan, "rack.plan", None, {}, LaunchOptions(), submit.JobOptions(scheduler="slurm"))
+    [role] = application.roles
+    assert role.num_replicas == 36 and role.resource.gpu == 4
+    assert submit.refusals(plan) == []

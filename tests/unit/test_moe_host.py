@@ -46,21 +46,36 @@ def _block(hidden, ffn, seq, experts=True):
     return estimate_layer_compute(plan.model, block, plan_work(plan), plan.cluster.devices_in_order()[0])
 
 
-def test_a_small_moe_layer_takes_its_hosts_time():
+def _device_only(monkeypatch, *shape):
+    """The block's figures with no host time at all (its device work alone)."""
+    from plandsl.cost import compute
+    with monkeypatch.context() as patch:
+        patch.setattr(compute, "HOST_SECONDS_PER_OP", 0.0)
+        return _block(*shape)
+
+
+def test_a_small_moe_layer_takes_its_hosts_time(monkeypatch):
     """hidden 128, 8 experts 64 wide, 128 tokens: microseconds of device work, so forward and backward are the
     host's 28 and 33 ops at 10.7 us each; the same block dense is not held to it."""
     small = _block(128, 64, 128)
+    device = _device_only(monkeypatch, 128, 64, 128)
+    assert device.forward < MOE_HOST_OPS[0] * HOST_SECONDS_PER_OP  # the host is the longer, so it sets the time
+    assert device.backward < MOE_HOST_OPS[1] * HOST_SECONDS_PER_OP
     assert small.forward == pytest.approx(MOE_HOST_OPS[0] * HOST_SECONDS_PER_OP)
     assert small.backward == pytest.approx(MOE_HOST_OPS[1] * HOST_SECONDS_PER_OP)
+    assert small.forward_matmul == device.forward_matmul  # the wait is outside the GEMMs
     dense = _block(128, 64, 128, experts=False)
     assert dense.forward < MOE_HOST_OPS[0] * HOST_SECONDS_PER_OP / 2
 
 
-def test_a_large_moe_layer_keeps_its_device_time():
-    """hidden 4096, experts 14336 wide, 4096 tokens: milliseconds of GEMMs, far above the host's 0.3 ms."""
+def test_a_large_moe_layer_keeps_its_device_time(monkeypatch):
+    """hidden 4096, experts 14336 wide, 4096 tokens: milliseconds of GEMMs, far above the host's 0.3 ms, so the
+    host adds nothing: every figure, forward and backward, is the one the layer has with no host time at all
+    (not the device's time plus the host's)."""
     large = _block(4096, 14336, 4096)
     assert large.forward > 10 * MOE_HOST_OPS[0] * HOST_SECONDS_PER_OP
     assert large.forward_other < large.forward_matmul  # no host wait added to the element-wise work
+    assert large == _device_only(monkeypatch, 4096, 14336, 4096)
 
 
 @pytest.mark.slow  # megatron-core and torch in a process of its own (~6 CPU-s)

@@ -229,3 +229,5 @@ def test_megatron_fp4_recipe_nvfp4_both_ways():
     custom = import_text("megatron", exported.text.replace("--fp4-recipe nvfp4", "--fp4-recipe custom"), "a", **where)
     both = import_text("megatron", exported.text.replace("--bf16", "--bf16 --fp8-format e4m3"), "a", **where)
     assert [d.code for d in custom.diagnostics] == ["E807"] and [d.code for d in both.diagnostics] == ["E807"]
+    alone = import_text("megatron", exported.text.replace("--fp4-format e2m1", ""), "a", **where)
+    assert [d.code for d in alone.diagnostics] == ["E807"] and "--fp4-recipe" in alone.diagnostics[0].message

@@ -1,0 +1,63 @@
+"""The fused attention kernel at the device's own speed: a device that states `attention` (and
+`attention_backward`) runs the attention core's executed FLOPs, the causal triangle's tiles and not the full
+s x s, at those fractions of its peak, the backward 2.5 times the forward's FLOPs (FlashAttention's count); a
+device that does not keeps the core priced as a batched GEMM over the full s x s at its GEMM knob."""
+import pytest
+
+from plandsl import api
+from plandsl.cost.compute import causal_fraction, estimate_layer_compute
+from plandsl.cost.estimate import plan_work
+from plandsl.ir.layers import layers_of
+
+PLAN = """
+device g {{
+  memory = 80 GiB
+  bandwidth = 2 TB/s
+  peak = {{ bf16: 1000 TFLOP/s }}
+  efficiency = {{ matmul: 0.5, kernel_latency: 0 us{extra} }}
+}}
+node n {{ devices = 1 x g; link = {{ bandwidth: 100 GB/s }} }}
+plan p {{
+  model   = llama(layers=1, hidden=1024, heads=8, seq={seq}, vocab=1000)
+  cluster = n
+  mesh    = [dp = 1]
+  train   = {{ global_batch: 1, micro_batch: 1 }}
+}}
+"""
+
+
+def _block(seq: int, extra: str = ""):
+    plan = api.loads(PLAN.format(seq=seq, extra=extra), path="p.plan").plans[0]
+    block = next(layer for layer in layers_of(plan.model) if layer.kind == "block")
+    return estimate_layer_compute(plan.model, block, plan_work(plan), plan.cluster.devices_in_order()[0])
+
+
+def test_causal_fraction_counts_the_diagonal_tiles():
+    # n x n tiles of 128, those on and below the diagonal: 1 of 1, 3 of 4, 36 of 64
+    assert causal_fraction(128) == 1.0 and causal_fraction(256) == 0.75 and causal_fraction(1024) == 36 / 64
+    assert causal_fraction(100) == 1.0 and causal_fraction(8192) == pytest.approx(0.5078125)
+
+
+def test_a_stated_kernel_runs_the_executed_flops_at_its_fractions():
+    """seq 2048, hidden 1024 (8 heads of 128): the full Q·Kᵀ and P·V are 2 · 2 · 2048² · 1024 = 17.18 GFLOP; a causal
+    mask executes 136 of 256 tiles of 128 (16 · 17 / 2), 9.13 GFLOP; at 0.4 of 1000 TFLOP/s that is 22.8 µs, plus
+    Q, K, V and O read and written once (4 · 2048 · 1024 · 2 bytes = 16.8 MB at 2 TB/s: 8.4 µs). The backward runs
+    2.5 times the FLOPs at 0.25 (91.3 µs) and moves twice the bytes (16.8 µs)."""
+    seq, width = 2048, 1024
+    executed = 2 * 2 * seq * seq * width * 136 / 256
+    moved = 4 * seq * width * 2
+    plain, stated = _block(seq), _block(seq, ", attention: 0.4, attention_backward: 0.25")
+    forward = executed / (0.4 * 1e15) + moved / 2e12
+    backward = 2.5 * executed / (0.25 * 1e15) + 2 * moved / 2e12
+    assert stated.attention == pytest.approx(forward, rel=1e-9)
+    # everything else in the block is priced as before: the difference is the attention core's
+    gemm = 2 * 2 * seq * seq * width / (0.5 * 1e15) + moved / 2e12  # the full s x s as a GEMM at matmul 0.5
+    assert plain.attention == pytest.approx(gemm, rel=1e-9)
+    assert stated.forward_matmul - plain.forward_matmul == pytest.approx(forward - gemm, rel=1e-9)
+    assert stated.backward_matmul - plain.backward_matmul == pytest.approx(backward - 2 * gemm, rel=1e-9)
+    assert stated.flops == plain.flops  # model FLOPs (MFU) count the full s x s either way
+
+
+def test_the_backward_fraction_defaults_to_the_forwards():
+    one, both = _block(4096, ", attention: 0.3"), _block(4096, ", attention: 0.3, attention_backward: 0.3")
+    assert one.backward_matmul == both.backward_matmul and one.attention == both.attention
