@@ -11,11 +11,11 @@ vocabulary-parallel cross entropy computes that one too).
 Each chunk of tokens has its logits computed (in the GEMM's dtype, as autocast runs the head), reduced to a
 log-sum-exp and the target's logit in fp32, and dropped; the backward recomputes them chunk by chunk and
 writes the chunk's share of both gradients, so the loss keeps for its backward only its input, the weight
-and one float per token (the log-sum-exp), and holds at any moment one chunk's logits and their gradient.
-The chunk bounds a chunk's logits near the size of the hidden states, as Liger-Kernel's fused linear cross
-entropy sizes its chunks (`chunk_tokens`). Under tensor parallelism each rank holds a slice of the
-vocabulary (Megatron's vocabulary-parallel cross entropy, Shoeybi et al. 2019 Sec. 3): the per-token max,
-sum of exponentials and target logit are all-reduced over the tensor axis, once per step, not per chunk.
+and one float per token (the log-sum-exp), and holds at any moment one chunk's logits and their gradient
+(`chunk_tokens`: Liger-Kernel's fused linear cross entropy's size, at most torchtune's 8 chunks). Under tensor
+parallelism each rank holds a slice of the vocabulary (Megatron's vocabulary-parallel cross entropy, Shoeybi et
+al. 2019 Sec. 3): the per-token max, sum of exponentials and target logit are all-reduced over the tensor axis,
+once per call, not per chunk.
 """
 from __future__ import annotations
 
@@ -27,10 +27,19 @@ from torch.distributed.tensor import DTensor, Shard
 from plandsl import ir
 
 
+MAX_CHUNKS = 8
+"""The most chunks the tokens are split into: torchtune's chunked cross entropy's count (`num_output_chunks`)."""
+
+
 def chunk_tokens(tokens: int, rows: int, width: int) -> int:
-    """Tokens per chunk: a chunk's logits ([chunk, rows]) about as large as the head's input ([tokens, width]),
-    Liger-Kernel's rule for its fused linear cross entropy (`chunk = tokens / ceil(rows / width)`)."""
-    return max(1, -(-tokens // max(1, -(-rows // max(1, width)))))
+    """Tokens per chunk: `ceil(rows / width)` chunks, so that a chunk's logits ([chunk, rows]) are about as large
+    as the head's input ([tokens, width]), Liger-Kernel's rule for its fused linear cross entropy, but at most
+    `MAX_CHUNKS` of them: each chunk's GEMMs stay large and the weight's gradient is added to once per chunk
+    (on CPU, 62 chunks of 33 tokens took 3.3x the standard loss's CPU time, 8 chunks 1.4x: docs/running.md). A chunk's
+    transient (its fp32 logits and their 16-bit gradient, 6 bytes a logit) is then at most 6/8 of a byte per
+    logit of the microbatch, below the 16-bit logits (2 bytes) the cost model counts for the fused loss."""
+    chunks = min(MAX_CHUNKS, max(1, -(-rows // max(1, width))))
+    return max(1, -(-tokens // chunks))
 
 
 class ChunkedCrossEntropy(torch.autograd.Function):
