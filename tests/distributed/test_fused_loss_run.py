@@ -2,7 +2,8 @@
 `--check-equivalence`, whose one-process reference computes torch's standard cross entropy over the whole logits:
 losses and final parameters within the fp32 tolerance (1e-5; bf16 2e-2). Cases: the vocabulary split over the
 tensor axis with sequence parallelism and FSDP, a rule that keeps the head whole, the last pipeline stage (tied
-embeddings across stages, a split backward), the head as an FSDP unit of its own, DDP in bf16."""
+embeddings across stages, a split backward), the head as an FSDP unit of its own, DDP in bf16, fp16's loss scale
+on a pipeline."""
 from __future__ import annotations
 
 import pytest
@@ -76,6 +77,10 @@ CASES = [
         stages   = evenly over pp
         schedule = gpipe""", micro_batch=2), 1e-5, None),
     ("ddp_bf16", _plan("[dp = 2]", "data = replicate over dp", precision="bf16"), 2e-2, None),
+    # fp16's loss scale through the pipeline's loss function into the chunks' gradients
+    ("fp16_pp", _plan("[pp = 2]", """
+        stages   = evenly over pp
+        schedule = 1f1b""", micro_batch=2, precision="fp16"), 2e-2, None),
 ]
 
 
