@@ -70,6 +70,10 @@ CASES = [
     ("zb_h1_pp", _plan("[pp = 2]", """
         stages   = evenly over pp
         schedule = zb_h1""", micro_batch=1), 1e-5, None),
+    # two stages per rank: the head is on the last rank's second stage
+    ("interleaved_pp", _plan("[pp = 2]", """
+        stages   = evenly over pp
+        schedule = interleaved_1f1b""", model=_GPT.replace("layers=2", "layers=4"), micro_batch=2), 1e-5, None),
     ("fsdp_module_units", _plan("[dp = 2]", "data = zero3 over dp with unit = module"), 1e-5, None),
     # FSDP on pipeline stages: the last stage's parameters stay gathered after its forward for the head's call
     ("fsdp_x_pp", _plan("[dp = 2, pp = 2]", """
