@@ -31,8 +31,8 @@ from plandsl.ir import shares as batch
 from plandsl.cost.comm import collective_seconds
 from plandsl.cost.compute import Efficiency, Work, peak_of
 from plandsl.cost.layer import NOTHING_MOVED, LayerTime, Links, Moved, estimate_layer_time, plan_links
-from plandsl.cost.memory import (MemoryEstimate, StateBytes, estimate_layer_activations, estimate_plan_memory, gathers_kv, held_stages,
-                                 pipelined_shards,
+from plandsl.cost.memory import (MemoryEstimate, StateBytes, beyond_layers, estimate_layer_activations,
+                                 estimate_plan_memory, gathers_kv, held_stages, pipelined_shards,
                                  layer_recompute,
                                  inflight_microbatches, zero_degrees)
 from plandsl.cost.stage import StageTime, fsdp_units, gather_units, param_split, rank_tail, slowest, stage_time
@@ -437,8 +437,9 @@ def _with_simulated_peaks(plan: ir.Plan, assignment, memory: list[MemoryEstimate
         inflight = [1]
     result = []
     for rank, estimate in enumerate(memory):
-        stored = sum(activations[s] for s in ranks[rank])
-        working = max(0.0, estimate.activations - inflight[rank] * stored)
+        # the simulation counts each stage's saved activations per microbatch in flight there; beside them the rank
+        # keeps the recomputed block or the loss's backward once (`cost.memory.beyond_layers`)
+        working = beyond_layers(plan, [assignment.stage_layers[s] for s in ranks[rank]])
         simulated = peaks[rank] + working if rank < len(peaks) else 0.0
         if simulated > estimate.activations * (1 + 1e-9):
             estimate = replace(estimate, activations=simulated)

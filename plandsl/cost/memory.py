@@ -127,6 +127,7 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
     if len(inflight) != len(rank_stages):
         raise ValueError(f"inflight has {len(inflight)} entries for {len(rank_stages)} pipeline ranks")
     attention_matrix = _keeps_scores(plan, attention_matrix)
+    schedule = plan.schedule.name if plan.schedule and plan.stages else DEFAULT_SCHEDULE
     tied = tied_embedding(plan, [layer for stage in stage_layers for layer in stage])
     # A built-in model's `Param`s are the interpreter's tensors; a custom model's are one synthetic
     # tensor per authored layer, so its ZeRO-1 partition is taken as even.
@@ -141,16 +142,30 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         extra = [tied] if tied and "head" in kinds and "embed" not in kinds else []
         params, grads, optimizer = model_state_bytes(plan, layers, extra, whole_tensors=whole_tensors)
         gathered_params, gathered_grads = gathered_bytes(plan, layers, extra, held=held)
-        stored = sum(once_per_figures(kept.setdefault(mode, {}), layer, lambda layer, mode=mode: _layer_activations(
-                         plan, layer, mode, attention_matrix))
-                     for stage in stages for layer, mode in zip(stage_layers[stage], layer_recompute(plan, stage_layers[stage])))
-        rerun = [layer for stage in stages for layer, mode in zip(stage_layers[stage], layer_recompute(plan, stage_layers[stage]))
-                 if mode is plan.train.recompute]  # with recompute_layers, the blocks `full` reruns
-        activations = inflight[len(estimates)] * stored + max(_recompute_working_set(plan, rerun, attention_matrix),
-                                                              loss_backward_bytes(plan, layers))
+        stored = [0.0, 0.0]  # per microbatch: [the rank's layers but the last stage's norm and head, those two]
+        for stage in stages:
+            for layer, mode in zip(stage_layers[stage], layer_recompute(plan, stage_layers[stage])):
+                stored[layer.kind in LAST_STAGE_KINDS] += once_per_figures(
+                    kept.setdefault(mode, {}), layer, lambda layer, mode=mode: _layer_activations(
+                        plan, layer, mode, attention_matrix))
+        rank_inflight = inflight[len(estimates)]
+        head = head_inflight(schedule, rank_inflight) if len(rank_stages) > 1 else rank_inflight
+        activations = rank_inflight * stored[0] + head * stored[1] \
+            + beyond_layers(plan, [stage_layers[stage] for stage in stages], attention_matrix)
         estimates.append(MemoryEstimate(params + gathered_params, grads + gathered_grads, optimizer, activations,
                                         gathered_params=gathered_params, gathered_grads=gathered_grads))
     return estimates
+
+
+def beyond_layers(plan: ir.Plan, stages: Sequence[Sequence[Layer]], attention_matrix: bool = False) -> float:
+    """What a pipeline rank holding `stages` keeps once, beyond its layers' saved activations per microbatch in
+    flight (which the schedule's simulation also counts, stage by stage): the larger of the block its recomputation
+    rebuilds and the loss's backward, peaks of different moments (`loss_backward_bytes`)."""
+    layers = [layer for stage in stages for layer in stage]
+    rerun = [layer for stage in stages for layer, mode in zip(stage, layer_recompute(plan, stage))
+             if mode is plan.train.recompute]  # with recompute_layers, the blocks `full` reruns
+    return max(_recompute_working_set(plan, rerun, _keeps_scores(plan, attention_matrix)),
+               loss_backward_bytes(plan, layers))
 
 
 def held_stages(plan: ir.Plan, rank_stages: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
@@ -613,9 +628,12 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
         return 2 * sbh * scale / divisor  # Sec. 4.3: the final norm keeps its input
     if layer.kind == "head":
         # Sec. 4.3: the head keeps its input (2sbh) and the cross entropy fp32 logits (4sbV/t); a fused loss keeps
-        # the 16-bit logits instead (`ir.Loss`).
+        # the 16-bit logits instead (`ir.Loss`). The input is whole, not 1/t, under sequence parallelism too: torch's
+        # `ColwiseParallel(input_layouts=Shard(1))` (torchtitan's and `plandsl run`'s output layer) all-gathers the
+        # sequence and its linear saves that gathered input for the weight gradient (Megatron's column-parallel layer
+        # saves its shard and gathers again in the backward; Korthikanti's 2sbh/t).
         logit = precision.unquantized.bytes if plan.train.loss is ir.Loss.fused else 4.0
-        return 2 * sbh * scale / divisor + logit * tokens * -(-model.vocab // tp)
+        return 2 * sbh * scale + logit * tokens * -(-model.vocab // tp)
     return 0.0
 
 
@@ -623,15 +641,43 @@ def loss_backward_bytes(plan: ir.Plan, layers: Sequence[Layer]) -> float:
     """The loss's backward on the rank holding a transformer's head: beside the fp32 log-probabilities
     the cross entropy keeps (the head's 4sbV/t, counted in its activations), it makes the gradient of
     those and then of the fp32 logits, two more fp32 tensors of the logits' shape, alive together
-    (torch's `log_softmax_backward`). A peak of the moment the backward starts, as the block the
+    (torch's `log_softmax_backward`); over vocabulary-sharded logits (tp > 1) torch's loss parallel makes three
+    (`LOSS_PARALLEL_TEMPORARIES`). A peak of the moment the backward starts, as the block the
     recomputation rebuilds is of a later moment: the larger of the two counts (`estimate_memory`)."""
     if not isinstance(plan.model, ir.TransformerModel) or not any(layer.kind == "head" for layer in layers) \
             or plan.train.loss is ir.Loss.fused:  # a fused loss writes the logits' gradient in place
         return 0.0
     tokens = -(-plan.seq // plan.cp) * plan.train.micro_batch
     # Megatron's own loss multiplies its saved softmax in place and casts it back: the 16-bit gradient only
-    per_logit = plan.train.precision.unquantized.bytes if plan.train.loss is ir.Loss.megatron else 2 * 4.0
+    per_logit = plan.train.precision.unquantized.bytes if plan.train.loss is ir.Loss.megatron \
+        else LOSS_PARALLEL_TEMPORARIES * 4.0 if plan.tp > 1 else 2 * 4.0
     return per_logit * tokens * -(-plan.model.vocab // plan.tp)
+
+
+# torch's cross entropy over vocabulary-sharded logits (`torch.distributed.tensor.parallel.loss_parallel`, which
+# torchtitan enables whenever the tensor axis splits the vocabulary) computes the backward of nll_loss and
+# log_softmax together (`_nll_loss_and_log_softmax_backward`): `grad_input = zeros_like(x)`, then
+# `(grad_input + torch.exp(x)) * grad_output`. Beside the saved log-probabilities x, three fp32 tensors of their
+# shape are alive at once: grad_input, exp(x) and their sum while it is made, grad_input, the sum and the product
+# while that is (one more than `log_softmax_backward`'s two).
+LOSS_PARALLEL_TEMPORARIES = 3
+
+
+LAST_STAGE_KINDS = ("norm", "head")
+"""The layers of a transformer's last stage after its blocks, whose microbatches in flight are the last stage's
+(`head_inflight`), not its rank's."""
+
+
+def head_inflight(schedule: str, rank_inflight: float) -> float:
+    """Microbatches in flight through the last stage's norm and head. The schedules of the 1F1B family run a
+    microbatch's backward on the last stage right after its forward (Narayanan et al. 2021, Fig. 4: the last
+    rank's warm-up is its other virtual stages' forwards; ZB-H1/H2's last stage likewise), so one is in flight
+    there whatever the rank's average over its virtual stages says (`inflight_microbatches`: an interleaved last
+    rank holds ((v - 1)·pp + 1)/v microbatches of its layers, but all of them on its earlier virtual stages).
+    GPipe-like schedules (`every`) hold every microbatch there; Chimera's rank-average rule is kept."""
+    info = BUILTIN.get(schedule)
+    rule = info.inflight if info is not None else "depth"
+    return rank_inflight if rule in ("every", "two_pipelines") else min(1.0, rank_inflight)
 
 
 def _block_input_width(model: ir.CustomModel, layer: Layer) -> int:
@@ -673,7 +719,8 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
 __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estimate_layer_activations", "layer_recompute",
            "held_stages", "gathered_bytes", "pipelined_shards", "model_state_bytes", "tied_embedding",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
-           "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES", "StateBytes", "FP32_STATES", "module_split"]
+           "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES", "StateBytes", "FP32_STATES", "module_split",
+           "head_inflight", "beyond_layers", "LAST_STAGE_KINDS", "LOSS_PARALLEL_TEMPORARIES"]
 
 
 def estimate_plan_memory(plan: ir.Plan, assignment: Assignment | None = None,

@@ -257,8 +257,9 @@ def test_logits_and_inflight_scale():
     head = estimate_layer_activations(p, layers[-1])
     assert head == 2 * SBH + 4 * S * B * 51200 / 8
     one, three = (estimate_memory(p, [layers], [[0]], [n])[0] for n in (1, 3))
-    # the loss's backward: two more fp32 tensors of the logits' shape, once, whatever is in flight
-    loss = 8 * S * B * 51200 / 8
+    # the loss's backward: over vocabulary-sharded logits (tp 8) torch's loss_parallel holds three more fp32 tensors
+    # of the logits' shape (test_loss_parallel_backward_holds_three_fp32_temporaries), once, whatever is in flight
+    loss = 12 * S * B * 51200 / 8
     assert three.activations - loss == pytest.approx(3 * (one.activations - loss))
     assert one.params == three.params
     without_head = estimate_memory(p, [layers[:-1]], [[0]], [1])[0]
@@ -317,3 +318,59 @@ def test_inflight_interleaved_matches_megatron():
 def test_rank_count_mismatch_is_an_error():
     with pytest.raises(ValueError, match="2 entries for 1 pipeline ranks"):
         estimate_memory(plan(GPT3, [("dp", 1)]), [layers_of(GPT3)], [[0]], [1, 1])
+
+
+# ---- what torch's tensor parallelism and pipelining keep (torchtitan's published runs) ----------------------
+# A llama small enough to count by hand: s = 1024 tokens, b = 2 sequences, h = 512, V = 32,000, t = 4.
+SMALL = ir.TransformerModel(kind="llama", name="s", layers=4, hidden=512, heads=8, kv_heads=8,
+                            ffn_hidden=1024, seq=1024, vocab=32000)
+
+
+def _tp_plan(axes, **kwargs):
+    return plan(SMALL, axes, tensor=ir.TensorParallel(axis="tp", sequence_parallel=True), micro_batch=2, **kwargs)
+
+
+def test_loss_parallel_backward_holds_three_fp32_temporaries():
+    """torch's cross entropy over vocabulary-sharded logits (`loss_parallel`) makes, in `_nll_loss_and_log_softmax_
+    backward`, zeros_like(x), exp(x), their sum and the product with the incoming gradient: three fp32 tensors of
+    the logits' shape alive at once beside the saved log-probabilities. Per rank 2 x 1024 tokens x 32,000 / 4 =
+    16,384,000 logits, so 3 x 4 x 16,384,000 = 196,608,000 bytes; unsharded (tp 1) torch's log_softmax backward makes
+    two, 2 x 4 x 2,048 x 32,000 = 524,288,000; Megatron's in-place loss only the 16-bit gradient, 2 x 16,384,000."""
+    head = layers_of(SMALL)[-1]
+    sharded = _tp_plan([("tp", 4)])
+    assert estimate_memory(sharded, [[head]], [[0]], [0])[0].activations == 196_608_000
+    whole = plan(SMALL, [("dp", 1)], micro_batch=2)
+    assert estimate_memory(whole, [[head]], [[0]], [0])[0].activations == 524_288_000
+    megatron = sharded.model_copy(update={"train": sharded.train.model_copy(update={"loss": ir.Loss.megatron})})
+    assert estimate_memory(megatron, [[head]], [[0]], [0])[0].activations == 32_768_000
+
+
+def test_tensor_parallel_head_keeps_the_gathered_sequence():
+    """Under sequence parallelism torch's `ColwiseParallel(input_layouts=Shard(1))` output layer all-gathers the
+    sequence and saves that [b, s, h] input for its weight gradient: 2 bytes x 2 x 1024 x 512 = 2,097,152 bytes, not
+    its quarter (Korthikanti's 2sbh/t, Megatron's re-gather); beside it the fp32 logits, 4 x 2 x 1024 x 8,000 =
+    65,536,000. The final norm's input stays a shard: 2,097,152 / 4 = 524,288."""
+    layers = layers_of(SMALL)
+    sharded = _tp_plan([("tp", 4)])
+    assert estimate_layer_activations(sharded, layers[-1]) == 2_097_152 + 65_536_000
+    assert estimate_layer_activations(sharded, layers[-2]) == 524_288
+
+
+def test_last_stage_holds_one_microbatch_of_its_head():
+    """Interleaved 1F1B on 2 ranks with 2 virtual stages and 4 microbatches: the last rank averages
+    ceil(((v - 1)·p + 1)/v) = ceil(3/2) = 2 microbatches through its layers, but its last virtual stage runs each
+    microbatch's backward right after its forward, so its norm and head are held for one, its two blocks for two.
+    GPipe holds every microbatch everywhere, the head's too (4). Per microbatch a block keeps its [b, s/t, h] input,
+    2 x 2 x 1024 / 4 x 512 = 524,288 bytes (full recomputation), the final norm its input (the same), the head
+    2,097,152 + 65,536,000 (test_tensor_parallel_head_keeps_the_gathered_sequence); the loss's backward
+    3 x 4 x 2 x 1024 x 8,000 bytes once."""
+    layers = layers_of(SMALL)  # embed, 4 blocks, norm, head: four stages of one block, the last with norm and head
+    stage_layers = [layers[:2], layers[2:3], layers[3:4], layers[4:]]
+    block, norm, head, loss = 524_288, 524_288, 2_097_152 + 65_536_000, 3 * 4 * 2 * 1024 * 8000
+    for schedule, blocks_inflight, head_inflight in (("interleaved_1f1b", 2, 1), ("gpipe", 4, 4)):
+        p = _tp_plan([("pp", 2), ("tp", 4)], stages=ir.Stages(axis="pp", virtual=2),
+                     schedule=ir.ScheduleRef(name=schedule), recompute="full")
+        inflight = inflight_microbatches(schedule, 2, 4, 2)
+        assert inflight[1] == blocks_inflight
+        last = estimate_memory(p, stage_layers, [[0, 2], [1, 3]], inflight)[1]
+        assert last.activations == blocks_inflight * 2 * block + head_inflight * (norm + head) + loss

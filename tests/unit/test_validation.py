@@ -86,11 +86,12 @@ def test_held_out_error_within_target(bench, results):
 @pytest.mark.slow
 def test_torchao_float8_rows_are_summed_apart_and_held_where_they_stand(bench, results):
     """torchtitan's 2024-12 H100 benchmark's fourteen Float8 rows (Tables 1-6 with torchao's Float8) are held out
-    and summed apart (docs/validation.md, "torchtitan's Float8 runs"): over-predicted, median 34.8 %, max 89.4 % (the
-    pipelined 405B with 1F1B); held there so that they do not grow."""
+    and summed apart (docs/validation.md, "torchtitan's Float8 runs"): over-predicted, median 26.6 %, max 65.0 % (the
+    405B at FSDP 1 x CP 8; Table 5's runs at torchtitan's 8 microbatches of 4, +29 and +28 %); held there so that they
+    do not grow."""
     errors = {run.name: bench.error(run, value) for run, value, _ in results if run.family == "torchao-float8"}
     assert len(errors) == 14
-    assert statistics.median(map(abs, errors.values())) <= 0.35 and max(map(abs, errors.values())) <= 0.90, errors
+    assert statistics.median(map(abs, errors.values())) <= 0.27 and max(map(abs, errors.values())) <= 0.66, errors
     assert "torchao Float8 runs, apart" in bench.report(results, None)
 
 
@@ -206,15 +207,36 @@ def test_torchtitan_memory_without_model_parallelism_within_10_percent(bench):
         assert abs(counted / gib - 1) <= 0.10, (run.name, counted, gib)
 
 
+def test_torchtitan_splits_its_blocks_as_its_code_of_2024_12_does(bench):
+    """torchtitan's `generate_split_points` (9dec370): `n // stages` blocks on the first stage, one more on each
+    middle stage while the remainder lasts, the rest on the last. 126 blocks over 8 stages: 15, then the remainder 6
+    gives six middle stages 16, the last 126 - 15 - 96 = 15; over 16 stages: 7, fourteen 8s (remainder 14), 7."""
+    assert bench.torchtitan_split(126, 8) == [15] + [16] * 6 + [15]
+    assert bench.torchtitan_split(126, 16) == [7] + [8] * 14 + [7]
+    assert bench.torchtitan_split(32, 1) == [32]
+
+
 @pytest.mark.slow
 def test_torchtitan_memory_with_a_pipeline_counts_the_held_stages(bench):
     """The six pipelined torchtitan runs (FSDP x TP 8 x PP 8, docs/validation.md): counted as torch's schedules
-    hold an FSDP stage through the step (`cost.memory.pipelined_shards`), within 25 % of the published peak (four
-    of them within 10 %); counted as per-microbatch regathering they were 55-74 % below it."""
+    hold an FSDP stage through the step (`cost.memory.pipelined_shards`), the last stage's head for one microbatch
+    (`cost.memory.head_inflight`), with torchtitan's microbatches (as many as pipeline ranks) and its layer split
+    (`bench.torchtitan_split`), within 12 % of the
+    published peak (five of them within 10 %; FSDP 1 x CP 8 at -12 %: torchtitan's Float8 all-gather is off where
+    the FSDP axis has size 1, which the model does not count); counted as per-microbatch regathering they were
+    55-74 % below it."""
     rows = [(run, gib) for run, gib in bench.torchtitan_memory() if "PP" in run.name]
     assert len(rows) == 6
-    errors = []
-    for run, gib in rows:
-        _, best = bench.predict(run, None)
-        errors.append(max(m.total for m in best.estimate.memory) / 2**30 / gib - 1)
-    assert max(map(abs, errors)) <= 0.25 and sum(abs(e) <= 0.10 for e in errors) >= 4, errors
+    errors = [bench.counted_memory(run)[0] / gib - 1 for run, gib in rows]  # at torchtitan's layer split
+    assert max(map(abs, errors)) <= 0.12 and sum(abs(e) <= 0.10 for e in errors) >= 5, errors
+
+
+@pytest.mark.slow
+def test_torchtitan_memory_with_tensor_parallelism_counts_the_loss_parallel_backward(bench):
+    """Table 4 (70B, FSDP 32 x TP 8, local batch 16): with torch's loss_parallel backward (three fp32 temporaries
+    of the vocabulary-sharded logits, `cost.memory.LOSS_PARALLEL_TEMPORARIES`) and the output layer's gathered
+    input counted, 60.4 GiB against the published 71.9 (-16 %; -29 % before). The rest is not explained
+    (docs/validation.md): held within 17 %, not 10 %."""
+    [(run, gib)] = [(run, gib) for run, gib in bench.torchtitan_memory() if "TP" in run.name and "PP" not in run.name]
+    counted, _ = bench.counted_memory(run)
+    assert abs(counted / gib - 1) <= 0.17, counted
