@@ -2,7 +2,7 @@
 import pytest
 
 from plandsl import ir
-from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, gathered_bytes, held_stages,
+from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, gathered_bytes, head_inflight, held_stages,
                                  inflight_microbatches, optimizer_bytes_per_param, zero_one_elements)
 from plandsl.schedules.generators import generate
 from plandsl.schedules.simulate import simulate
@@ -374,3 +374,28 @@ def test_last_stage_holds_one_microbatch_of_its_head():
         assert inflight[1] == blocks_inflight
         last = estimate_memory(p, stage_layers, [[0, 2], [1, 3]], inflight)[1]
         assert last.activations == blocks_inflight * 2 * block + head_inflight * (norm + head) + loss
+
+
+@pytest.mark.parametrize("schedule, virtual", [("1f1b", 1), ("zb_h1", 1), ("zb_h2", 1), ("gpipe", 1), ("looped_bfs", 2),
+                                               ("interleaved_1f1b", 2), ("interleaved_zero_bubble", 2), ("zbv", 2),
+                                               ("dualpipev", 2)])
+def test_head_inflight_is_what_the_generated_schedule_holds_on_its_last_stage(schedule, virtual):
+    """`head_inflight` against the schedule tables themselves: walking the generated actions of the last stage
+    (4 ranks, 8 microbatches), +1 for each forward and -1 for each backward (B, or I for the split ones), the most
+    microbatches that stage holds at once is 1 for the 1F1B family, the zero-bubble and V-shape ones, and all 8 for
+    GPipe and looped BFS."""
+    pp, m = 4, 8
+    table = generate(schedule, pp, m, virtual)
+    last = pp * virtual - 1
+    held = []
+    for rank, actions in enumerate(table.actions):
+        inflight = most = 0
+        for action in actions:
+            if action is None or action.stage != last:
+                continue
+            inflight += {"F": 1, "B": -1, "I": -1}.get(action.kind.name, 0)
+            most = max(most, inflight)
+        if most:
+            held.append((rank, most))
+    [(rank, most)] = held
+    assert head_inflight(schedule, inflight_microbatches(schedule, pp, m, virtual)[rank]) == most
