@@ -366,6 +366,10 @@ def megatron_core_h100() -> list[Run]:
 # the H100 userbuffers configurations, in Megatron-Bridge v0.2.0, v0.3.0 and v0.4.2 alike): `overlap`; the 8B
 # runs without TP.
 NEMO_BRIDGE = "NVIDIA Megatron-Bridge, performance summary"
+# Their FP8 is `compute_dtype fp8_cs` (scripts/performance/utils/precision.py, v0.2.1 to v0.4.2): Megatron-Bridge's
+# bf16_with_fp8_current_scaling_mixed (fp8_recipe "tensorwise": Transformer Engine's Float8CurrentScaling) with its
+# first and last layers in bf16 turned off (`current_scaling_cfg.first_last_layers_bf16 = False`).
+NEMO_FP8_CS = {"fp8_recipe": "current"}
 
 
 def nemo_h100() -> list[Run]:
@@ -375,7 +379,7 @@ def nemo_h100() -> list[Run]:
             base["schedule"] = "interleaved_1f1b"
         return Run(f"NeMo {name}, {gpus} H100, FP8", f"{NEMO_BRIDGE}, NeMo {container}", model,
                    f"dgx_h100 x {gpus // 8}", batch, measured, metric="tokens_per_device",
-                   pins={**base, **pins}, dtypes={"precision": "fp8", **MEGATRON_CORE}, note=note,
+                   pins={**base, **pins}, dtypes={"precision": "fp8", **NEMO_FP8_CS, **MEGATRON_CORE}, note=note,
                    overlap_tensor=pins.get("tp", 1) > 1)
     return [run("Llama 3 8B (FSDP 8)", "25.11", "llama3_8b", 8, 128, 14451, dp=8, tp=1, pp=1, zero_stage=3,
                 note="the recipe recomputes 5 of the 32 layers (recompute_num_layers=5), pinned here as none"),
@@ -412,7 +416,8 @@ def nemo_moe_h100() -> list[Run]:
             base["schedule"] = "interleaved_1f1b"
         return Run(f"NeMo {name}, {gpus} H100, {precision}", f"{NEMO_BRIDGE}, NeMo {container}", model,
                    f"dgx_h100 x {gpus // 8}", batch, measured, metric="tokens_per_device", pins={**base, **pins},
-                   dtypes={"precision": precision.lower(), **MEGATRON_CORE, "grad_dtype": "bf16", **(dtypes or {})},
+                   dtypes={"precision": precision.lower(), **(NEMO_FP8_CS if precision == "FP8" else {}),
+                           **MEGATRON_CORE, "grad_dtype": "bf16", **(dtypes or {})},
                    note=note, family="moe", overlap_experts=overlap, fold_experts=fold, dispatcher=dispatcher)
     gpt_oss = ("sliding-window attention (128 tokens) on half the layers, attention sinks, biases and the clamped "
                "SwiGLU are not in the language: every layer is costed with full attention; the recipe recomputes "
@@ -439,7 +444,8 @@ def nemo_moe_h100() -> list[Run]:
                 "core_attn: recompute selective; its MTP layer is not in the language; FP8 with DeepSeek's blockwise "
                 "scaling; bf16 Adam states (use_precision_aware_optimizer); Megatron's EP 64 with expert TP 1 beside "
                 "TP 2: experts = alltoall over [ep, tp], the expert group 32 data ranks x 2 tensor ranks",
-                dtypes={"optimizer_dtype": "bf16"}, fold=True, tp=2, pp=8, virtual_stages=4, ep=64, dp=2,
+                dtypes={"optimizer_dtype": "bf16", "fp8_recipe": "blockwise"}, fold=True, tp=2, pp=8, virtual_stages=4,
+                ep=64, dp=2,
                 recompute="selective"),
             # The 26.04.01 container's table (docs/fern/versions/0.4.2/pages/performance-summary.mdx), by the same
             # rule: its DGX-H100 MoE rows, pinned as v0.4.2's recipes (scripts/performance/configs/{qwen,gpt_oss}/):
@@ -530,7 +536,11 @@ def nemo_blackwell() -> list[Run]:
     the NVFP4 rows the first rule left out for want of the precision, by the same rule (the eight on GB200, 70B
     and 405B in the 26.02 to 26.04.01 containers), as `nvfp4`, pinned the same way except that the recipes turn
     TP's overlap off for NVFP4 (`tp_comm_overlap = False if precision == "nvfp4"`); not priced besides: NVFP4's
-    random Hadamard transform and stochastic rounding, its weights all-gathered in NVFP4 (`fp4_param_gather`)."""
+    random Hadamard transform and stochastic rounding, its weights all-gathered in NVFP4 (`fp4_param_gather`).
+
+    Once `fp8_recipe` entered the language (2026-12-05), the FP8 and FP8-CS rows take their recipe's: `fp8_cs`
+    (scripts/performance/utils/precision.py) is Float8CurrentScaling with the bf16 first and last layers turned off
+    (`fp8_recipe: current`; the v0.4.2 configs of these rows are all `*_FP8_CS_*`)."""
     def run(name, container, model, system, gpus, batch, measured, precision, note="", **pins):
         base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1}
         if pins.get("pp", 1) > 1:
@@ -541,7 +551,9 @@ def nemo_blackwell() -> list[Run]:
         return Run(f"NeMo {name}, {gpus} {system}, {precision}", f"{BRIDGE_042} ({page}), NeMo {container}", model,
                    cluster, batch, measured, metric="tokens_per_device", pins={**base, **pins},
                    dtypes={"precision": {"FP8": "fp8", "FP8-CS": "fp8", "MXFP8": "mxfp8", "FP8-MX": "mxfp8",
-                                         "NVFP4": "nvfp4"}[precision], **MEGATRON_CORE, "grad_dtype": "bf16"},
+                                         "NVFP4": "nvfp4"}[precision],
+                           **(NEMO_FP8_CS if precision in ("FP8", "FP8-CS") else {}), **MEGATRON_CORE,
+                           "grad_dtype": "bf16"},
                    note=note, family="blackwell", overlap_tensor=pins.get("tp", 1) > 1 and precision != "NVFP4")
     offload = "the recipe offloads 40 layers' activations to the CPU (cpu_offloading_num_layers), not priced"
     graphs = "the recipe captures the whole iteration in a CUDA graph, not priced"
@@ -609,7 +621,8 @@ def blackwell_report() -> str:
     return "\n".join(lines)
 
 
-STACK_KEYS = {"kernels": ir.Kernels, "attention": ir.Attention, "loss": ir.Loss}  # Run.dtypes' keys that are no dtype
+STACK_KEYS = {"kernels": ir.Kernels, "attention": ir.Attention, "loss": ir.Loss, "fp8_recipe": ir.Fp8Recipe,
+              "bf16_first_layers": int, "bf16_last_layers": int}  # Run.dtypes' keys that are no dtype
 
 
 def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
@@ -964,10 +977,10 @@ def mpt_report() -> str:
 # torchtitan's published peak memory (benchmarks/llama3_h100_202412_torchtitan.md, Tables 1-6: "Memory(GiB)", the
 # most any GPU reserved, read at the 90th step) against what the memory model counts for the plan the search picks
 # under the row's pins (issue 20, item 2). Float8 rows as `precision: fp8` (torchao's tensorwise Float8 on the
-# Linear layers; the model keeps the inputs those layers save in FP8, as Transformer Engine's do).
+# Linear layers, `fp8_recipe: tensorwise`; the model keeps the inputs those layers save in FP8, as torchao's do).
 def torchtitan_memory() -> list[tuple[Run, float]]:
     fsdp = {"zero_stage": 3, "micro_batch_size": 2, "recompute": "selective_op"}
-    fp8 = {"precision": "fp8"}
+    fp8 = {"precision": "fp8", "fp8_recipe": "tensorwise"}
     rows = [(Run("Table 1, FSDP 8", "", "llama3_8b", "grand_teton", 16, 0, pins={"dp": 8, **fsdp},
                  dtypes=dict(EAGER)), 82.4),
             (Run("Table 1, FSDP 8, compiled", "", "llama3_8b", "grand_teton", 16, 0, pins={"dp": 8, **fsdp}), 77.0),
@@ -1006,9 +1019,8 @@ def torchtitan_memory() -> list[tuple[Run, float]]:
 # The throughput of the same runs (benchmarks/llama3_h100_202412_torchtitan.md, TPS/GPU at the 90th iteration), the
 # rows with torchao's Float8 that the targets' set does not hold: torchtitan's `Float8` is torchao's dynamic
 # tensor-wise scaling (each Linear's input, weight and output gradient scaled by an amax computed on the fly, the
-# weight cast in every forward and backward), which the language's `fp8` (Transformer Engine's delayed scaling,
-# the weights cast once a step) does not describe; they are held out and summed apart ("torchao Float8"). Tables
-# 4-6 name AsyncTP: `tensor ... with overlap` (Table 4's first row without it).
+# weight cast in every forward), `fp8_recipe: tensorwise` since 2026-12-05; they are held out and summed apart
+# ("torchao Float8"). Tables 4-6 name AsyncTP: `tensor ... with overlap` (Table 4's first row without it).
 TORCHTITAN_FLOAT8_TPS = {
     "Table 1, FSDP 8, compiled, Float8": 8532, "Table 3, FSDP 128, compiled, Float8": 8380,
     "Table 2, 8B FSDP 8 x CP 1, seq 32768, Float8": 3890, "Table 2, 8B FSDP 4 x CP 2, seq 65536, Float8": 2540,

@@ -1,5 +1,6 @@
 """Training against the layout: batch divisibility (E501), the data ranks' shares of it (E507-E509),
-microbatches for the schedule (E502), precision against the devices (E504; fp8, mxfp8 and nvfp4 need bf16 too), recompute_layers and master_dtype against the rest of
+microbatches for the schedule (E502), precision against the devices (E504; fp8, mxfp8 and nvfp4 need bf16 too), an FP8
+recipe or bf16 layers the precision does not take (E510), recompute_layers and master_dtype against the rest of
 `train` (E205)."""
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
                    hint=f"global_batch = {fits * per_step} gives {fits} microbatches, which it runs",
                    edits=_global_batch(train, fits * per_step))
     yield from _recompute_layers(plan)
+    yield from _fp8_recipe(plan)
     if train.master_dtype.bytes < train.precision.bytes:
         yield diag("E205", f"master_dtype {train.master_dtype.value} is narrower than precision "
                    f"{train.precision.value}: weights kept in {train.master_dtype.value} would make every matmul "
@@ -144,6 +146,32 @@ def _recompute_layers(plan: ir.Plan) -> Iterator[Diagnostic]:
         yield diag("E205", f"recompute_layers({count}) is more than the {plan.model.layers} blocks of model "
                    f"'{plan.model.name}'", span,
                    hint=f"recompute_layers: {plan.model.layers} recomputes every block, as `recompute: full` alone")
+
+
+def _fp8_recipe(plan: ir.Plan) -> Iterator[Diagnostic]:
+    """`fp8_recipe` only with `precision: fp8` (E510); bf16 first and last blocks only under a quantized precision
+    (E510), and no more of them than the model has (E205)."""
+    train = plan.train
+    if train.fp8_recipe is not None and train.precision is not ir.Precision.fp8:
+        own = " (a block-scaling recipe of its own)" if train.precision.quantized else " (nothing is quantized)"
+        yield diag("E510", f"fp8_recipe {train.fp8_recipe.value} scales the tensors of `precision: fp8`; precision "
+                   f"{train.precision.value} takes no FP8 recipe{own}", train.span_of("fp8_recipe"),
+                   hint=f"precision: fp8 with fp8_recipe: {train.fp8_recipe.value}, or drop fp8_recipe")
+    kept = {key: getattr(train, key) for key in ("bf16_first_layers", "bf16_last_layers") if getattr(train, key)}
+    if not kept:
+        return
+    key = next(iter(kept))
+    if not train.precision.quantized:
+        yield diag("E510", f"{key} keeps blocks in bf16 that an FP8 or FP4 precision would quantize; precision "
+                   f"{train.precision.value} quantizes none", train.span_of(key),
+                   hint="precision: fp8 (or mxfp8, nvfp4), or drop " + " and ".join(kept))
+    elif not isinstance(plan.model, ir.TransformerModel):
+        yield diag("E205", f"{key} counts transformer blocks; model '{plan.model.name}' has none", train.span_of(key),
+                   hint="drop " + " and ".join(kept))
+    elif sum(kept.values()) > plan.model.layers:
+        yield diag("E205", f"bf16_first_layers({train.bf16_first_layers}) + bf16_last_layers({train.bf16_last_layers}) "
+                   f"= {sum(kept.values())} is more than the {plan.model.layers} blocks of model '{plan.model.name}'",
+                   train.span_of(key), hint=f"at most {plan.model.layers} in all (every block in bf16: precision: bf16)")
 
 
 def _global_batch(train: ir.Training, value: int) -> tuple[Edit, ...]:

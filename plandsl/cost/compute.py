@@ -221,6 +221,7 @@ class Work:
     loss: ir.Loss = ir.Loss.standard
     overlap_tensor: bool = False  # `tensor = ... with sequence_parallel, overlap`: TP collectives chunked behind GEMMs
     dispatcher: str = "alltoall"  # `experts = deepep | hybridep over ...`: a token crosses the network once per node
+    fp8_recipe: ir.Fp8Recipe | None = None  # `precision: fp8`'s scaling (`ir.Training.recipe`; None: delayed)
 
     @property
     def tokens(self) -> int:
@@ -353,6 +354,40 @@ CAST_BYTES = {ir.Precision.fp8: FP8_CAST_BYTES, ir.Precision.mxfp8: MXFP8_CAST_B
               ir.Precision.nvfp4: NVFP4_CAST_BYTES}
 """Bytes a quantizing precision moves per element of a linear layer's input or output gradient (`_transformer_layer`)."""
 
+FP8_AMAX_BYTES = 2.0
+"""An amax pass over a 16-bit tensor before its cast: it reads the tensor once (its output, one float, is nothing)."""
+
+FP8_RECIPE_CAST_BYTES = {
+    # TE's DelayedScaling: the scale from the amax history, the amax of this cast recorded by the cast itself (one
+    # fused cast-transpose: read 2, write the row- and column-wise FP8 copies, 1 + 1)
+    ir.Fp8Recipe.delayed: FP8_CAST_BYTES,
+    # TE's Float8CurrentScaling (`Float8CurrentScalingQuantizer::quantize_impl`): `nvte_compute_amax` reads the
+    # tensor, `nvte_compute_scale_from_amax` (one float), then the cast-transpose as delayed's
+    ir.Fp8Recipe.current: FP8_AMAX_BYTES + FP8_CAST_BYTES,
+    # torchao's tensorwise dynamic scaling under torch.compile (torchao/float8/roofline_utils.py,
+    # `get_float8_mem_sympy`: the input's and the output gradient's amax fused into the kernel that wrote them,
+    # `fuse_with_prev=True`), then one cast writing the row- and column-major FP8 copies
+    ir.Fp8Recipe.tensorwise: FP8_CAST_BYTES,
+    # TE's Float8BlockScaling (DeepSeek-V3's 1 x 128 tiles): each tile's amax found by the cast itself, each copy's
+    # FP32 scale per tile written beside it (4 bytes per `FP8_BLOCK` elements, row- and column-wise)
+    ir.Fp8Recipe.blockwise: FP8_CAST_BYTES + 2 * 4 / ir.FP8_BLOCK,
+}
+"""Bytes each FP8 recipe moves per element of a linear layer's input (forward) and output gradient (backward)."""
+
+FP8_WEIGHT_CAST_BYTES = {ir.Fp8Recipe.tensorwise: FP8_AMAX_BYTES + FP8_CAST_BYTES}
+"""Bytes a recipe moves per element of a linear layer's weight in every forward (and every forward a recomputation
+reruns): torchao's tensorwise scaling casts the weight again each time, its amax a pass of its own
+(`get_float8_mem_sympy`: `fwd_fp8_weight_mem`, `fuse_with_prev=False`: read 2, read 2, write 1 + 1; the backward's
+grad_input GEMM reads the copy the forward made). Transformer Engine's recipes cast a weight once a step and cache
+it across microbatches (Megatron's `is_first_microbatch`): not per microbatch, so not here."""
+
+
+def cast_bytes(work: Work) -> float:
+    """Bytes per element the casts of `work`'s quantized linear layers move (`CAST_BYTES`; fp8 by its recipe)."""
+    if work.precision is ir.Precision.fp8:
+        return FP8_RECIPE_CAST_BYTES[work.fp8_recipe or ir.Fp8Recipe.delayed]
+    return CAST_BYTES[work.precision]
+
 EAGER = {2: EagerBytes(36.0, 98.0, 13.0, 31.0, 20.0, 32.0, 10.0, 18.0, 18.0, 26.0),  # bf16, fp16, fp8's activations
          4: EagerBytes(28.0, 96.0, 26.0, 69.0, 40.0, 64.0, 20.0, 36.0, 12.0, 20.0)}  # fp32
 
@@ -425,11 +460,13 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
     widths = attention_widths(model)
     matmul = flops = 0.0
     cast_in = cast_grad = 0.0  # elements per token FP8 quantizes: each GEMM's input (forward), its output's gradient
+    weights = 0.0  # elements of this rank's quantized weights (the linear layers run in `precision`)
     for out, features, splits in attention_projections(model):  # wq, wk, wv (column-parallel), wo (row-parallel)
         out, features = (out / tp, features) if splits == "out" else (out, features / tp) if splits else (out, features)
         rows = tokens if splits else tokens / split  # MLA's replicated down-projections: the sequence shard under SP
         matmul += gemm(rows, out, features, device, precision)
         flops += 2.0 * rows * out * features
+        weights += out * features
         # a column-parallel or replicated GEMM's input and a row-parallel one's output are this rank's sequence
         # shard under sequence parallelism (quantized before the gather, after the reduce-scatter)
         cast_in += features if splits == "in" else features / split
@@ -476,6 +513,7 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         # the experts' fc1 and fc2 on top_k routed copies: inputs h and the gate's width, output gradients
         cast_in += model.top_k * (h + ffn / expert_tp) * share
         cast_grad += model.top_k * ((projections - 1) * ffn / expert_tp + h) * share
+        weights += local * projections * h * ffn / expert_tp
         if model.shared_experts:  # every token through one MLP of shared_experts x ffn (DeepSeekMoE)
             width = model.shared_experts * ffn
             matmul += gemm(tokens, (projections - 1) * width / tp, h, device, precision)
@@ -485,6 +523,7 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
             gate_width += width / tp
             cast_in += h / split + width / tp
             cast_grad += (projections - 1) * width / tp + h / split
+            weights += projections * h * width / tp
     else:
         matmul += gemm(tokens, (projections - 1) * ffn / tp, h, device, precision)
         matmul += gemm(tokens, h, ffn / tp, device, precision)
@@ -493,6 +532,7 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         gate_width, routing = ffn / tp, 0.0
         cast_in += h / split + ffn / tp                         # fc1's input (w1 and w3 share it), fc2's
         cast_grad += (projections - 1) * ffn / tp + h / split   # fc1's output gradient, fc2's
+        weights += projections * h * ffn / tp
     # Outside the GEMMs, per token: two norms (read, write: 4h), two residual adds (read 2, write
     # 1: 6h), gpt's two dropout masks (1 byte each: h in 16-bit units); inside tensor parallelism
     # the activation function and llama's rotary embedding on q and k (read, write: 2(q + kv), q = h unless
@@ -527,10 +567,14 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         # MXFP8BlockScaling, each copy's scales (one byte per 32 elements along its rows, resp. columns) found
         # by the same kernel over its own block and written beside it. nvfp4: NVFP4BlockScaling, FP4 copies
         # with an E4M3 scale per 16 elements and an FP32 one per tensor, whose amax takes a pass of its own
-        # first (the weight gradient's random Hadamard transform is applied in the same kernel). The weights'
-        # casts (once a step, cached across microbatches) and the GEMMs' reads (`gemm_bytes`) are not here.
-        other += tokens * cast_in * CAST_BYTES[precision] / bandwidth
-        backward_other += tokens * cast_grad * CAST_BYTES[precision] / bandwidth
+        # first (the weight gradient's random Hadamard transform is applied in the same kernel). fp8 by its recipe
+        # (`FP8_RECIPE_CAST_BYTES`: current scaling's amax pass, blockwise's tile scales). The weights' casts: once a
+        # step under Transformer Engine's recipes (cached across microbatches, not here), every forward under
+        # torchao's tensorwise (`FP8_WEIGHT_CAST_BYTES`); the GEMMs' reads (`gemm_bytes`) are the GEMMs'.
+        per_element = cast_bytes(work)
+        other += (tokens * cast_in * per_element
+                  + weights * FP8_WEIGHT_CAST_BYTES.get(work.fp8_recipe, 0.0)) / bandwidth
+        backward_other += tokens * cast_grad * per_element / bandwidth
     flops += attention_flops
     recompute, recompute_flops = 0.0, 0.0
     if work.recompute is ir.Recompute.full:
@@ -641,6 +685,6 @@ def estimate_optimizer_step(local_params: float, device: ir.DeviceType, optimize
     return local_params * per_param / device.bandwidth
 
 
-__all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "device_efficiency", "Work", "LayerCompute", "estimate_layer_compute",
+__all__ = ["cast_bytes", "Efficiency", "DEFAULT_EFFICIENCY", "device_efficiency", "Work", "LayerCompute", "estimate_layer_compute",
            "OverlapGemm", "overlap_gemms",
            "estimate_optimizer_step", "peak_of"]

@@ -32,7 +32,7 @@ from plandsl.cost.comm import collective_seconds
 from plandsl.cost.compute import Efficiency, Work, peak_of
 from plandsl.cost.layer import NOTHING_MOVED, LayerTime, Links, Moved, estimate_layer_time, plan_links
 from plandsl.cost.memory import (MemoryEstimate, StateBytes, beyond_layers, estimate_layer_activations,
-                                 estimate_plan_memory, gathers_kv, held_stages, pipelined_shards,
+                                 estimate_plan_memory, gathers_kv, held_stages, layer_precision, pipelined_shards,
                                  layer_recompute,
                                  inflight_microbatches, zero_degrees)
 from plandsl.cost.stage import StageTime, fsdp_units, gather_units, param_split, rank_tail, slowest, stage_time
@@ -133,7 +133,7 @@ def plan_work(plan: ir.Plan) -> Work:
                 attention=plan.train.attention,  # one microbatch: no other one's pass to hide the all-to-alls behind
                 fold_experts=plan.expert_tp != plan.tp, loss=plan.train.loss,
                 overlap_tensor=bool(plan.tensor and plan.tensor.overlap),
-                dispatcher=plan.experts.kind if plan.experts else "alltoall")
+                dispatcher=plan.experts.kind if plan.experts else "alltoall", fp8_recipe=plan.train.recipe)
 
 
 def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=None,
@@ -159,7 +159,8 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
     p2p = pipeline_p2p(plan, links, work)
     memory = estimate_plan_memory(plan, assignment, held=held) or []
     kept: dict = {}  # per `figures_key`: a family's blocks keep the same bytes
-    activations = tuple(sum(once_per_figures(kept.setdefault(mode, {}), layer, lambda layer, mode=mode:
+    activations = tuple(sum(once_per_figures(kept.setdefault((mode, layer_precision(plan.train, plan.model, layer)), {}),
+                                             layer, lambda layer, mode=mode:
                                              estimate_layer_activations(plan, layer, recompute=mode))
                             for layer, mode in zip(layers, layer_recompute(plan, layers)))
                         for layers in assignment.stage_layers)
@@ -379,10 +380,11 @@ def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | Non
         device = rank_devices[assignment.rank_of_stage[stage]]
         times = []
         for layer, mode in zip(layers, layer_recompute(plan, layers)):  # recompute_layers: per block
-            key = (figures_key(layer), id(device), mode)  # a kind of block once (a dense-then-MoE model has two)
+            own = layer_precision(plan.train, plan.model, layer)  # bf16_first_layers, bf16_last_layers
+            key = (figures_key(layer), id(device), mode, own)  # a kind of block once (dense-then-MoE: two)
             if key not in cache:
-                cache[key] = estimate_layer_time(plan.model, layer, replace(work, recompute=mode), device, links,
-                                                 efficiency)
+                cache[key] = estimate_layer_time(plan.model, layer, replace(work, recompute=mode, precision=own),
+                                                 device, links, efficiency)
             times.append(cache[key])
         params = [once_per_figures(splits, layer, lambda layer: param_split(layer, plan.tp, plan.expert_group,
                                                                                       plan.expert_tp))

@@ -146,7 +146,8 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         for stage in stages:
             for layer, mode in zip(stage_layers[stage], layer_recompute(plan, stage_layers[stage])):
                 stored[layer.kind in LAST_STAGE_KINDS] += once_per_figures(
-                    kept.setdefault(mode, {}), layer, lambda layer, mode=mode: _layer_activations(
+                    kept.setdefault((mode, layer_precision(plan.train, plan.model, layer)), {}), layer,
+                    lambda layer, mode=mode: _layer_activations(
                         plan, layer, mode, attention_matrix))
         rank_inflight = inflight[len(estimates)]
         head = head_inflight(schedule, rank_inflight) if len(rank_stages) > 1 else rank_inflight
@@ -472,6 +473,16 @@ def is_block(plan: ir.Plan, layer: Layer) -> bool:
     return layer.kind == "block" or (layer.kind == "custom" and layer.name not in ("embed", "head"))
 
 
+def layer_precision(train: ir.Training, model: ir.Model, layer: Layer) -> ir.Precision:
+    """The precision `layer`'s linear layers run in: bf16 for a transformer block that `bf16_first_layers` or
+    `bf16_last_layers` keeps so (`ir.Training.block_precision`; blocks are named `layers.{index}`), the plan's
+    otherwise."""
+    if layer.kind != "block" or not (train.bf16_first_layers or train.bf16_last_layers) \
+            or not isinstance(model, ir.TransformerModel):
+        return train.precision
+    return train.block_precision(int(layer.name.rsplit(".", 1)[1]), model.layers)
+
+
 def layer_recompute(plan: ir.Plan, layers: Sequence[Layer]) -> list[ir.Recompute]:
     """The recomputation of each layer of one stage (virtual chunk): the plan's mode, or with
     `recompute_layers: N` (Megatron's `--recompute-method block`) `full` for the stage's first N blocks
@@ -492,7 +503,7 @@ def layer_recompute(plan: ir.Plan, layers: Sequence[Layer]) -> list[ir.Recompute
 def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_batch: int, tp: int,
                                   sequence_parallel: bool, recompute: ir.Recompute,
                                   precision: ir.Precision, attention_matrix: bool = False,
-                                  kv_gathered: int = 1) -> float:
+                                  kv_gathered: int = 1, recipe: ir.Fp8Recipe | None = None) -> float:
     """Bytes stored by one transformer block for one microbatch (Korthikanti et al. 2022, Sec. 4).
 
     For GPT (MHA, ffn = 4h, dropout) this is exactly the paper's Table 2, in units of s·b·h bytes
@@ -513,8 +524,8 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
     if recompute is ir.Recompute.selective_op:
         return sbh * _selective_op_terms(model, tp, sequence_parallel) * scale
     replicated, sharded, matrix = _block_terms(model, seq, kv_gathered)
-    if precision.quantized:  # each saved input's 2 bytes become gemm_bytes (mxfp8: its scales too)
-        saving = 2 - precision.gemm_bytes
+    if precision.quantized:  # each saved input's 2 bytes become gemm_bytes (mxfp8: its scales too; fp8: the recipe's)
+        saving = 2 - (recipe.saved_bytes if recipe and precision is ir.Precision.fp8 else precision.gemm_bytes)
         saved_replicated, saved_sharded = _fp8_saved_terms(model)
         replicated, sharded = replicated - saving * saved_replicated, sharded - saving * saved_sharded
     if not attention_matrix or recompute is ir.Recompute.selective:
@@ -599,7 +610,7 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
     model = plan.model
     seq = -(-plan.seq // plan.cp)  # context parallelism splits the sequence (worst rank rounds up)
     tokens = seq * plan.train.micro_batch
-    precision = plan.train.precision
+    precision = layer_precision(plan.train, model, layer)  # a block a recipe keeps in bf16 saves bf16 inputs
     if isinstance(model, ir.CustomModel):
         if model.source and recompute is ir.Recompute.full and layer.name not in ("embed", "head"):
             # a torch model's block rerun whole in its backward keeps only its input (the boundary before it)
@@ -619,7 +630,7 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
     if layer.kind == "block":
         return transformer_block_activations(block_model(model, layer), seq, plan.train.micro_batch, tp,
                                              sequence_parallel, recompute, precision,
-                                             attention_matrix, _kv_gathered(plan, recompute))
+                                             attention_matrix, _kv_gathered(plan, recompute), plan.train.recipe)
     if layer.kind == "embed":
         # Sec. 4.3: embeddings keep nothing large but gpt's embedding dropout mask (1 byte); the
         # embedding output is kept as the first block's input, counted there.
@@ -711,8 +722,8 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
         return 0.0
     if not blocks:
         return 0.0
-    seen: dict = {}
-    return max(once_per_figures(seen, b, lambda b: _layer_activations(plan, b, ir.Recompute.none, attention_matrix)
+    seen: dict = {}  # per precision: a block a recipe keeps in bf16 keeps more than its family's others
+    return max(once_per_figures(seen.setdefault(layer_precision(plan.train, plan.model, b), {}), b, lambda b: _layer_activations(plan, b, ir.Recompute.none, attention_matrix)
                                 - _layer_activations(plan, b, recompute, attention_matrix)) for b in blocks)
 
 

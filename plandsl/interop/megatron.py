@@ -38,6 +38,8 @@ INT_FLAGS = (
     # multi-head latent attention (MLATransformerConfig: q_lora_rank, kv_lora_rank, qk_head_dim = plandsl's
     # qk_nope_head_dim, qk_pos_emb_head_dim = qk_rope_head_dim, v_head_dim) and the MoE layers' own width
     "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--moe-ffn-hidden-size",
+    # the blocks an FP8 or FP4 recipe keeps in bf16, with --first-last-layers-bf16 (TransformerConfig, default 1 each)
+    "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
 )
 FLOAT_FLAGS = ("--lr", "--clip-grad")
 CHOICE_FLAGS: dict[str, tuple[str, ...]] = {
@@ -90,6 +92,7 @@ SWITCHES = (
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--use-precision-aware-optimizer", "--multi-latent-attention", "--overlap-moe-expert-parallel-comm",
     "--delay-wgrad-compute", "--tp-comm-overlap", "--moe-enable-deepep", "--cross-entropy-loss-fusion",
+    "--first-last-layers-bf16",
 )
 # Flags of Megatron-LM's launch scripts that mean nothing in a plan (data, tokenizer, logging, checkpoints,
 # initialisation, fusions, kernels, the optimizer's other constants): read, listed, left out.
@@ -125,6 +128,11 @@ DATA_ARGS: dict[ir.DataKind, tuple[tuple[str, str | None], ...]] = {
 SHARDING_KIND = {"no_shard": ir.DataKind.replicate, "optim": ir.DataKind.zero1, "optim_grads": ir.DataKind.zero2,
                  "optim_grads_params": ir.DataKind.zero3}
 CONTEXT_COMM = {"allgather": "all_gather", "ring": "p2p"}   # plandsl's kind -> --cp-comm-type
+# A plan's FP8 recipe -> Megatron's --fp8-recipe (TransformerConfig.fp8_recipe, Fp8Recipe; fp8_utils.get_fp8_recipe:
+# delayed -> TE's DelayedScaling, tensorwise -> Float8CurrentScaling, blockwise -> Float8BlockScaling) and the
+# --fp8-format its recipes take (Megatron-Bridge's bf16_with_fp8_*_mixed: hybrid for each). torchao's tensorwise
+# dynamic scaling (`fp8_recipe: tensorwise`) is no recipe of Megatron's: Megatron's `tensorwise` is TE's current scaling.
+FP8_RECIPES = {ir.Fp8Recipe.delayed: "delayed", ir.Fp8Recipe.current: "tensorwise", ir.Fp8Recipe.blockwise: "blockwise"}
 LR_STYLES = ("constant", "cosine", "linear")                 # the --lr-decay-style values plandsl has
 
 
@@ -207,12 +215,26 @@ def _train_args(plan: ir.Plan, args: list, lose) -> None:
     args += [("--micro-batch-size", str(train.micro_batch)), ("--global-batch-size", str(train.global_batch))]
     if train.precision in PRECISION_SWITCH:
         args.append((PRECISION_SWITCH[train.precision], None))
-    elif train.precision is ir.Precision.fp8:  # TE's delayed-scaling recipe: e4m3 forward, e5m2 gradients
+    elif train.precision is ir.Precision.fp8:  # TE's recipes: e4m3 forward, e5m2 gradients (delayed by default)
         args += [("--bf16", None), ("--fp8-format", "hybrid")]
+        if train.fp8_recipe in FP8_RECIPES:
+            args.append(("--fp8-recipe", FP8_RECIPES[train.fp8_recipe]))
+        elif train.fp8_recipe is not None:
+            lose(f"fp8_recipe: {train.fp8_recipe.value} (torchao's tensorwise dynamic scaling: Megatron-LM trains FP8 "
+                 "through Transformer Engine, whose per-tensor current scaling is --fp8-recipe tensorwise)", "train",
+                 hint="write fp8_recipe: current")
     elif train.precision is ir.Precision.mxfp8:  # MXFP8BlockScaling: e4m3 both ways (Megatron-Bridge's bf16_with_mxfp8_mixed)
         args += [("--bf16", None), ("--fp8-format", "e4m3"), ("--fp8-recipe", "mxfp8")]
     elif train.precision is ir.Precision.nvfp4:  # NVFP4BlockScaling (Megatron-Bridge's bf16_with_nvfp4_mixed)
         args += [("--bf16", None), ("--fp4-format", "e2m1"), ("--fp4-recipe", "nvfp4")]
+    if train.bf16_first_layers or train.bf16_last_layers:  # fp8_utils.is_first_last_bf16_layer: global indices
+        if train.recipe is ir.Fp8Recipe.delayed:  # TransformerConfig.__post_init__ refuses it
+            lose("bf16_first_layers and bf16_last_layers with delayed scaling (Megatron-LM: \"Delayed scaling does "
+                 "not support first / last layer in BF16\")", "train", hint="write fp8_recipe: current")
+        else:
+            args += [("--first-last-layers-bf16", None),
+                     ("--num-layers-at-start-in-bf16", str(train.bf16_first_layers)),
+                     ("--num-layers-at-end-in-bf16", str(train.bf16_last_layers))]
     _dtype_args(plan, args, lose)
     if train.recompute is ir.Recompute.selective:  # recompute_modules defaults to ["core_attn"]: the attention core
         args.append(("--recompute-granularity", "selective"))

@@ -115,7 +115,8 @@ def _value(flag: Flag, read: _Read):
         return None
     text = values[0]
     if name in facts.INT_FLAGS:
-        if not re.fullmatch(r"\d+", text) or int(text) < 1 and name not in ("--lr-warmup-iters", "--seed"):
+        if not re.fullmatch(r"\d+", text) or int(text) < 1 and name not in ("--lr-warmup-iters", "--seed", "--num-layers-at-start-in-bf16",
+                                                                     "--num-layers-at-end-in-bf16"):
             read.problems.append(diag("E804", f"{name} takes a positive integer, found `{text}`", flag.value_span))
             return None
         return int(text)
@@ -423,6 +424,20 @@ def _dtypes(read: _Read) -> list[str] | None:
     return [f"{key}: {value}" for key, value in values.items() if value != "fp32"]
 
 
+def _bf16_layers(read: _Read, precision: str) -> list[str] | None:
+    """--first-last-layers-bf16 with --num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16 (1 each by default,
+    TransformerConfig) as the train items `bf16_first_layers` and `bf16_last_layers`; the counts without the switch
+    mean nothing to Megatron-LM and are read as nothing; the switch without FP8 or FP4 is E807."""
+    if not read.get("--first-last-layers-bf16"):
+        return []
+    if precision not in ("fp8", "mxfp8", "nvfp4"):
+        read.problem("E807", f"--first-last-layers-bf16 with {precision}: it keeps blocks in bf16 that FP8 or FP4 would "
+                     "quantize", "--first-last-layers-bf16", hint="add --fp8-format, or remove --first-last-layers-bf16")
+        return None
+    counts = (read.get("--num-layers-at-start-in-bf16", 1), read.get("--num-layers-at-end-in-bf16", 1))
+    return [f"{key}: {count}" for key, count in zip(("bf16_first_layers", "bf16_last_layers"), counts) if count]
+
+
 def _train(read: _Read) -> str | None:
     micro = read.get("--micro-batch-size")
     if micro is None:
@@ -432,6 +447,7 @@ def _train(read: _Read) -> str | None:
         read.problem("E805", "both --bf16 and --fp16", "--fp16", hint="keep one")
         return None
     precision = "bf16" if read.get("--bf16") else "fp16" if read.get("--fp16") else "fp32"
+    fp8_recipe = None
     if read.get("--fp8-format") is not None:
         if precision != "bf16":
             read.problem("E807", f"--fp8-format with {precision}: a plan's fp8 runs the matmuls it leaves out of FP8 in "
@@ -442,9 +458,11 @@ def _train(read: _Read) -> str | None:
             read.problem("E807", "--fp8-recipe custom: a plan's FP8 is per-tensor (fp8) or MXFP8 block scaling (mxfp8)",
                          "--fp8-recipe", hint="--fp8-recipe mxfp8, or delayed")
             return None
-        # either format; delayed, tensorwise and blockwise scaling are the plan's fp8 (the blocks' linear layers in
-        # FP8, the scales' own traffic not counted), mxfp8 its mxfp8
+        # either format; delayed, tensorwise (TE's current scaling) and blockwise scaling are the plan's fp8 with
+        # that recipe (`facts.FP8_RECIPES`), mxfp8 its mxfp8
         precision = "mxfp8" if recipe == "mxfp8" else "fp8"
+        if read.get("--fp8-recipe") is not None and recipe != "mxfp8":
+            fp8_recipe = next(ours for ours, theirs in facts.FP8_RECIPES.items() if theirs == recipe)
     elif read.get("--fp8-recipe") is not None:
         read.problem("E807", "--fp8-recipe without --fp8-format: Megatron-LM trains without FP8 then", "--fp8-recipe",
                      hint="add --fp8-format e4m3, or remove --fp8-recipe")
@@ -467,8 +485,12 @@ def _train(read: _Read) -> str | None:
     recompute = _recompute(read)
     if recompute is None:
         return None
+    bf16_layers = _bf16_layers(read, precision)
+    if bf16_layers is None:
+        return None
     items = [f"global_batch: {read.get('--global-batch-size', 0)}", f"micro_batch: {micro}",
-             f"precision: {precision}", *recompute]
+             f"precision: {precision}", *([f"fp8_recipe: {fp8_recipe.value}"] if fp8_recipe else []), *bf16_layers,
+             *recompute]
     if read.get("--attention-backend") in facts.MATERIALIZED_BACKENDS:
         items.append("attention: materialized")
     if not read.get("--cross-entropy-loss-fusion"):  # Megatron's own cross entropy, op by op (`ir.Loss.megatron`)

@@ -84,6 +84,36 @@ class Precision(str, Enum):
         return Precision.bf16 if self.quantized else self
 
 
+class Fp8Recipe(str, Enum):
+    """How `precision: fp8` scales its tensors (`train.fp8_recipe`), as the stack that trains implements it;
+    `cost.compute.FP8_RECIPE_BYTES` counts what each one's casts move. `delayed`: Transformer Engine's
+    DelayedScaling (its and Megatron-LM's default; Megatron's `--fp8-recipe delayed`): one scale per tensor
+    from the amax history of earlier steps, so each cast is one fused cast-transpose pass. `current`: Transformer
+    Engine's Float8CurrentScaling (Megatron's `--fp8-recipe tensorwise`, Megatron-Bridge's FP8-CS): one scale per
+    tensor from its own amax, computed by a pass of its own before the cast. `tensorwise`: torchao's Float8 with
+    tensorwise dynamic scaling (torchtitan's `float8` converter): the same per-tensor scale from the tensor's own
+    amax, the amaxes of activations and gradients fused by `torch.compile` into the kernel before, but the weights
+    cast again in every forward. `blockwise`: Transformer Engine's Float8BlockScaling (Megatron's `--fp8-recipe
+    blockwise`; DeepSeek-V3's recipe): an FP32 scale per 1 x `FP8_BLOCK` tile of the activations and gradients
+    (per `FP8_BLOCK` x `FP8_BLOCK` block of the weights), found by the cast itself. TE's recipes cast the weights
+    once a step (cached across the microbatches)."""
+    delayed = "delayed"
+    current = "current"
+    tensorwise = "tensorwise"
+    blockwise = "blockwise"
+
+    @property
+    def saved_bytes(self) -> float:
+        """Bytes per element of the input an FP8 linear layer saves for its weight gradient: 1, and under
+        `blockwise` the FP32 scale of its 1 x `FP8_BLOCK` tile too (Transformer Engine saves the column-wise copy)."""
+        return 1 + 4 / FP8_BLOCK if self is Fp8Recipe.blockwise else 1.0
+
+
+FP8_BLOCK = 128
+"""Elements per scaling tile of `fp8_recipe: blockwise` (1 x 128 for activations and gradients, 128 x 128 for the
+weights: DeepSeek-V3, arXiv:2412.19437, Sec. 3.3.2; Transformer Engine's Float8BlockScaling), each with an FP32 scale."""
+
+
 KEPT_DTYPES = (Precision.fp32, Precision.bf16, Precision.fp16)
 """The dtypes `master_dtype`, `grad_dtype` and `optimizer_dtype` take (no FP8 or FP4 weights, gradients or states)."""
 KEPT_DTYPE_KEYS = ("master_dtype", "grad_dtype", "optimizer_dtype")
@@ -468,6 +498,15 @@ class Training(Node):
     loss: Loss = Field(default=Loss.standard, description="the implementation's cross entropy: standard (over an "
                        "fp32 copy of the logits), fused (one kernel over the 16-bit logits, gradient in place) or megatron "
                        "(standard, op by op as Megatron-LM's vocab_parallel_cross_entropy runs it)")
+    fp8_recipe: Optional[Fp8Recipe] = Field(
+        default=None, description="with `precision: fp8`, how its tensors are scaled (`Fp8Recipe`): delayed, "
+        "current, tensorwise or blockwise; None: delayed, Transformer Engine's default")
+    bf16_first_layers: int = Field(
+        default=0, ge=0, description="under an FP8 or FP4 precision, how many of the model's first transformer "
+        "blocks keep their linear layers in bf16 (Megatron's --first-last-layers-bf16 "
+        "--num-layers-at-start-in-bf16 N)")
+    bf16_last_layers: int = Field(
+        default=0, ge=0, description="the same for the model's last blocks (--num-layers-at-end-in-bf16 N)")
     optimizer: Optimizer = Optimizer.adam
     master_dtype: Precision = Field(
         default=Precision.fp32, description="the dtype the weights are kept and updated in (the optimizer's "
@@ -507,7 +546,28 @@ class Training(Node):
                 data.pop("attention", None)
             if self.loss is Loss.standard:
                 data.pop("loss", None)
+            if self.fp8_recipe is None:
+                data.pop("fp8_recipe", None)
+            for key in ("bf16_first_layers", "bf16_last_layers"):
+                if not getattr(self, key):
+                    data.pop(key, None)
         return data
+
+    @property
+    def recipe(self) -> Optional[Fp8Recipe]:
+        """The FP8 scaling recipe `precision: fp8` runs (`fp8_recipe`, delayed when not given); None under any
+        other precision."""
+        if self.precision is not Precision.fp8:
+            return None
+        return self.fp8_recipe or Fp8Recipe.delayed
+
+    def block_precision(self, index: int, blocks: int) -> Precision:
+        """The precision of the linear layers of the model's `index`-th of `blocks` transformer blocks (from 0):
+        bf16 for the first `bf16_first_layers` and the last `bf16_last_layers` under a quantized precision,
+        `precision` otherwise."""
+        if self.precision.quantized and (index < self.bf16_first_layers or index >= blocks - self.bf16_last_layers):
+            return Precision.bf16
+        return self.precision
 
     @property
     def weights_dtype(self) -> Precision:

@@ -13,7 +13,8 @@ from plandsl.diagnostics import Edit, Note, nearest
 from plandsl.lower.bodies import build, dict_items
 from plandsl.lower.evaluate import Poison, Scope
 
-TRAIN_KEYS = {"global_batch": True, "micro_batch": False, "seq": False, "precision": False, "recompute": False,
+TRAIN_KEYS = {"global_batch": True, "micro_batch": False, "seq": False, "precision": False, "fp8_recipe": False,
+              "bf16_first_layers": False, "bf16_last_layers": False, "recompute": False,
               "recompute_layers": False, "kernels": False, "attention": False, "loss": False, "optimizer": False,
               "master_dtype": False, "grad_dtype": False, "optimizer_dtype": False, "param_dtype": False, "lr": False, "lr_schedule": False, "warmup_steps": False, "grad_clip": False,
               "seed": False, "batch_shares": False}
@@ -97,12 +98,16 @@ def training(scope: Scope, expr: s.Expr) -> ir.Training:
     failed = False
     for key, item in items.items():
         try:
-            if key in ("global_batch", "micro_batch", "seq", "warmup_steps", "seed", "recompute_layers"):
+            if key in ("global_batch", "micro_batch", "seq", "warmup_steps", "seed", "recompute_layers",
+                       "bf16_first_layers", "bf16_last_layers"):
                 values[key] = scope.integer(item.value, key,
-                                            minimum=0 if key in ("warmup_steps", "seed", "recompute_layers") else 1,
+                                            minimum=0 if key in ("warmup_steps", "seed", "recompute_layers",
+                                                                 "bf16_first_layers", "bf16_last_layers") else 1,
                                             maximum=limits.TRAIN.get(key))
             elif key == "precision":
                 values[key] = scope.word(item.value, tuple(p.value for p in ir.Precision), "precision")
+            elif key == "fp8_recipe":
+                values[key] = scope.word(item.value, tuple(r.value for r in ir.Fp8Recipe), "FP8 recipe")
             elif key in ir.KEPT_DTYPE_KEYS or key == "param_dtype":
                 values[key] = scope.word(item.value, tuple(p.value for p in ir.KEPT_DTYPES), "dtype")
             elif key == "recompute":

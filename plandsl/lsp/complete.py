@@ -50,7 +50,7 @@ WORDS: dict[str, tuple[str, ...]] = {  # an attribute or key -> the words it tak
     "precision": PRECISIONS, "recompute": tuple(r.value for r in ir.Recompute),
     "optimizer": tuple(o.value for o in ir.Optimizer), "kernels": tuple(k.value for k in ir.Kernels),
     "attention": tuple(a.value for a in ir.Attention),
-    "loss": tuple(l.value for l in ir.Loss),
+    "loss": tuple(l.value for l in ir.Loss), "fp8_recipe": tuple(r.value for r in ir.Fp8Recipe),
     "lr_schedule": ("constant", "cosine", "linear"),
     "model": tuple(FAMILIES), "stages": ("evenly",),
     **dict.fromkeys((*ir.KEPT_DTYPE_KEYS, "param_dtype"), tuple(p.value for p in ir.KEPT_DTYPES)),

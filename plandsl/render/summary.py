@@ -38,7 +38,7 @@ def describe_plan(plan: ir.Plan) -> str:
     shares = data_shares(plan) if batch.uneven(plan) else None
     split = f"dp {plan.dp} x micro-batch {train.micro_batch} x {plan.num_microbatches} microbatch(es)" if shares is None \
         else f"per data rank {format_shares(plan, shares)}"
-    lines.append(f"  train     global batch {train.global_batch} = {split}; seq {plan.seq}; {train.precision.value}; "
+    lines.append(f"  train     global batch {train.global_batch} = {split}; seq {plan.seq}; {train.precision.value}{_recipe(train)}; "
                  f"recompute {train.recompute.value}"
                  f"{'' if train.recompute_layers is None else f' (first {train.recompute_layers} blocks per stage)'}; "
                  f"{'eager kernels; ' if train.kernels is ir.Kernels.eager else ''}"
@@ -75,6 +75,14 @@ def describe_document(document: ir.Document, plans: list[ir.Plan]) -> str:
                  if getattr(document, k)]
         return f"{document.file}: no plan; defines {', '.join(names) or 'nothing'}"
     return "\n\n".join(describe_plan(plan) for plan in plans)
+
+
+def _recipe(train: ir.Training) -> str:
+    """` (current scaling, first 1 and last 1 blocks in bf16)`: the FP8 recipe the plan names, the blocks it keeps in bf16."""
+    parts = [f"{train.fp8_recipe.value} scaling"] if train.fp8_recipe is not None else []
+    if train.bf16_first_layers or train.bf16_last_layers:
+        parts.append(f"first {train.bf16_first_layers} and last {train.bf16_last_layers} blocks in bf16")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _dtypes(train: ir.Training) -> str:

@@ -92,7 +92,9 @@ class Figures:
                     overlap_experts=self.problem.overlap_experts and node.microbatches > 1,
                     attention=self.problem.attention, fold_experts=fold, loss=self.problem.loss,
                     overlap_tensor=self.problem.overlap_tensor and root.sequence_parallel,
-                    dispatcher=self.problem.dispatcher)
+                    dispatcher=self.problem.dispatcher,
+                    fp8_recipe=self.problem.fp8_recipe or ir.Fp8Recipe.delayed
+                    if self.problem.precision is ir.Precision.fp8 else None)
 
     def device_types(self, root: Root) -> dict:
         """The root's device types by name, once per root."""

@@ -134,7 +134,8 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                       loss=plan.train.loss, fold_experts=bool(plan.experts and plan.experts.fold),
                       overlap_tensor=bool(plan.tensor and plan.tensor.overlap),
                       gathering=plan.data.gathering if plan.data is not None else ir.FSDP_GATHERING,
-                      dispatcher=plan.experts.kind if plan.experts else "alltoall")
+                      dispatcher=plan.experts.kind if plan.experts else "alltoall", fp8_recipe=plan.train.fp8_recipe,
+                      bf16_first_layers=plan.train.bf16_first_layers, bf16_last_layers=plan.train.bf16_last_layers)
     decided = "mesh" in attrs and not free_choices(attrs, stage_block, plan)
     return Partial(path, text, module, definition, attrs, stage_block, plan, problem, parse_pins(pins), names,
                    tuple(overs), train_items, local, params, tuple(notes), decided)

@@ -44,6 +44,9 @@ class Problem:
     #                                                   overlap` wherever a candidate has sequence parallelism
     gathering: ir.Gathering = ir.FSDP_GATHERING       # given, not searched: `data = zero3 ... with unit, prefetch`
     dispatcher: str = "alltoall"                      # given, not searched: `experts = deepep over ep` (ir.ExpertParallel)
+    fp8_recipe: ir.Fp8Recipe | None = None            # given, not searched: `precision: fp8`'s scaling (None: delayed)
+    bf16_first_layers: int = 0                        # given, not searched: blocks an FP8 or FP4 recipe keeps in bf16
+    bf16_last_layers: int = 0
 
     @property
     def sequence(self) -> int:
@@ -59,12 +62,15 @@ class Problem:
         return ir.Training(global_batch=self.global_batch, seq=self.seq, precision=self.precision,
                            optimizer=self.optimizer, master_dtype=self.master_dtype, grad_dtype=self.grad_dtype,
                            optimizer_dtype=self.optimizer_dtype, param_dtype=self.param_dtype, kernels=self.kernels,
-                           attention=self.attention, loss=self.loss, **fields)
+                           attention=self.attention, loss=self.loss, fp8_recipe=self.fp8_recipe,
+                           bf16_first_layers=self.bf16_first_layers, bf16_last_layers=self.bf16_last_layers, **fields)
 
     def given_items(self) -> list[str]:
         """The train items the problem fixes to other than their defaults (the kept dtypes, `kernels`,
-        `attention`, `loss`), as a plan writes them."""
+        `attention`, `loss`, the FP8 recipe and the bf16 blocks), as a plan writes them."""
         items = [f"{key}: {value.value}" for key, value in self.training().given_dtypes().items()]
+        items += [f"fp8_recipe: {self.fp8_recipe.value}"] if self.fp8_recipe is not None else []
+        items += [f"{key}: {getattr(self, key)}" for key in ("bf16_first_layers", "bf16_last_layers") if getattr(self, key)]
         items += [f"kernels: {self.kernels.value}"] if self.kernels is not ir.Kernels.fused else []
         items += [f"attention: {self.attention.value}"] if self.attention is not ir.Attention.flash else []
         return items + ([f"loss: {self.loss.value}"] if self.loss is not ir.Loss.standard else [])

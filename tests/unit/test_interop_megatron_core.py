@@ -395,11 +395,19 @@ plan p {{
 
 
 @pytest.mark.parametrize("precision, fields", [("fp8", {"fp8": "hybrid", "fp8_recipe": "delayed"}),
+                                               ("fp8, fp8_recipe: current, bf16_first_layers: 1, bf16_last_layers: 2",
+                                                {"fp8": "hybrid", "fp8_recipe": "tensorwise",
+                                                 "first_last_layers_bf16": True, "num_layers_at_start_in_bf16": 1,
+                                                 "num_layers_at_end_in_bf16": 2}),
+                                               ("fp8, fp8_recipe: blockwise", {"fp8": "hybrid",
+                                                                               "fp8_recipe": "blockwise"}),
                                                ("mxfp8", {"fp8": "e4m3", "fp8_recipe": "mxfp8"}),
                                                ("nvfp4", {"fp4": "e2m1", "fp4_recipe": "nvfp4", "fp8": None})])
 def test_the_quantized_precisions_are_megatrons_recipes(mcore, precision, fields):
     """fp8, mxfp8 and nvfp4 export to flags megatron-core's TransformerConfig takes, as Transformer Engine's
-    delayed-scaling, MXFP8BlockScaling and NVFP4BlockScaling recipes, beside bf16 params."""
+    delayed-scaling, MXFP8BlockScaling and NVFP4BlockScaling recipes, beside bf16 params; fp8's current and blockwise
+    recipes as Float8CurrentScaling (Megatron's `tensorwise`) and Float8BlockScaling, the bf16 blocks as
+    first_last_layers_bf16 with its two counts."""
     import torch
     plan = api.loads(f"""import "clusters/dgx_b200"
 plan p {{

@@ -200,3 +200,20 @@ _entry("E509", """
       tensor  = megatron over tp
     }}
     """, "Use multiples of micro_batch (here 4).", ("batch_shares: [50, 14]", "batch_shares: [48, 16]"))
+
+_entry("E510", """
+    `fp8_recipe` says how `precision: fp8` scales its tensors (Transformer Engine's delayed
+    or current scaling, torchao's tensorwise dynamic scaling, blockwise scaling); another
+    precision has no such choice: bf16, fp16 and fp32 quantize nothing, and `mxfp8` and
+    `nvfp4` are block-scaling recipes of their own. Likewise `bf16_first_layers` and
+    `bf16_last_layers` keep blocks in bf16 that a quantized precision (fp8, mxfp8, nvfp4)
+    would run in FP8 or FP4; under bf16, fp16 or fp32 there is nothing to keep.
+    """, """
+    import "clusters/dgx_h100"
+    plan p {
+      model   = llama(layers=4, hidden=512, heads=8, kv_heads=8, seq=256, vocab=1024)
+      cluster = dgx_h100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 16, micro_batch: 1, precision: bf16, fp8_recipe: current }
+    }
+    """, "Train in FP8 with that recipe, or drop the recipe.", ("precision: bf16", "precision: fp8"))
