@@ -723,7 +723,8 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
     if not blocks:
         return 0.0
     seen: dict = {}  # per precision: a block a recipe keeps in bf16 keeps more than its family's others
-    return max(once_per_figures(seen.setdefault(layer_precision(plan.train, plan.model, b), {}), b, lambda b: _layer_activations(plan, b, ir.Recompute.none, attention_matrix)
+    return max(once_per_figures(seen.setdefault(layer_precision(plan.train, plan.model, b), {}), b,
+                                lambda b: _layer_activations(plan, b, ir.Recompute.none, attention_matrix)
                                 - _layer_activations(plan, b, recompute, attention_matrix)) for b in blocks)
 
 

@@ -498,7 +498,7 @@ class Training(Node):
     loss: Loss = Field(default=Loss.standard, description="the implementation's cross entropy: standard (over an "
                        "fp32 copy of the logits), fused (one kernel over the 16-bit logits, gradient in place) or megatron "
                        "(standard, op by op as Megatron-LM's vocab_parallel_cross_entropy runs it)")
-    fp8_recipe: Optional[Fp8Recipe] = Field(
+    fp8_recipe: Fp8Recipe | None = Field(
         default=None, description="with `precision: fp8`, how its tensors are scaled (`Fp8Recipe`): delayed, "
         "current, tensorwise or blockwise; None: delayed, Transformer Engine's default")
     bf16_first_layers: int = Field(
@@ -554,7 +554,7 @@ class Training(Node):
         return data
 
     @property
-    def recipe(self) -> Optional[Fp8Recipe]:
+    def recipe(self) -> Fp8Recipe | None:
         """The FP8 scaling recipe `precision: fp8` runs (`fp8_recipe`, delayed when not given); None under any
         other precision."""
         if self.precision is not Precision.fp8:

@@ -214,3 +214,15 @@ def test_megatron_first_last_layers_bf16_needs_fp8_or_fp4():
     plain = exported.replace("--fp8-format hybrid", "").replace("--fp8-recipe tensorwise", "")
     back = import_text("megatron", plain, "plan.args", world_size=8, cluster="dgx_h100 x 1", name="p")
     assert [d.code for d in back.diagnostics] == ["E807"] and "--first-last-layers-bf16" in back.diagnostics[0].message
+
+
+def test_a_partial_plans_recipe_is_kept_by_the_search():
+    """`generate --from` keeps the recipe and the bf16 blocks a partial plan writes: the problem carries them into
+    every candidate's `train` and into the text it writes."""
+    from plandsl.search.problem import Problem
+    plan = _plan("fp8, fp8_recipe: current, bf16_first_layers: 1, bf16_last_layers: 1")
+    problem = Problem(plan.model, plan.cluster, 16, precision=ir.Precision.fp8, fp8_recipe=ir.Fp8Recipe.current,
+                      bf16_first_layers=1, bf16_last_layers=1)
+    train = problem.training()
+    assert (train.recipe, train.bf16_first_layers, train.bf16_last_layers) == (ir.Fp8Recipe.current, 1, 1)
+    assert {"fp8_recipe: current", "bf16_first_layers: 1", "bf16_last_layers: 1"} <= set(problem.given_items())

@@ -66,8 +66,9 @@ def test_held_out_error_within_target(bench, results):
     """Issue 20's targets: median |error| <= 10 % over the A100 runs apart: met (5.9 % over 23 rows); over every
     held-out run: met (7.9 %) until two measured mechanisms came in on 2026-12-05 (the SMs a collective takes from
     the computation beside it, and the fused attention kernels at their measured speeds, cuDNN's on the DGX H100
-    faster than the GEMM-priced core was): 10.4 % over 53 rows, held at 10.5 %; over the H100 runs: not met (11.5 %
-    over 30 rows), held at 12 %: every H100 row but two is over-predicted (docs/validation.md, "What the errors
+    faster than the GEMM-priced core was): 10.4 % over 53 rows; met again (9.8 %, held at 10 %) once NeMo's FP8 rows
+    took their recipe's current scaling (2026-12-05, fourth session: its amax pass); over the H100 runs: not met
+    (11.1 % over 30 rows, 11.5 % before the recipes), held at 11.5 %: every H100 row but two is over-predicted (docs/validation.md, "What the errors
     say"). Max <= 20 %: met on the A100 (18.9 %, Megatron-Turing NLG 530B on 3,360 A100s, since its three rows came
     in: held at 19 %; 13.7 % before, torchtitan's Llama 3 70B on 64 A100s); not met on the H100, held where it stands
     so that it does not grow: Megatron-LM's README table's GPT 1.7B on 48 H100s (+26.7 %; Megatron's own loss and
@@ -75,9 +76,9 @@ def test_held_out_error_within_target(bench, results):
     on 64 of its 500 W H100s (+24.0 %)."""
     errors = _held_out(bench, results)
     assert len(errors) >= 30
-    assert statistics.median(errors.values()) <= 0.105, errors
+    assert statistics.median(errors.values()) <= 0.10, errors
     assert max(errors.values()) <= 0.27, errors
-    for generation, median, worst in (("A100", 0.10, 0.19), ("H100", 0.12, 0.27)):
+    for generation, median, worst in (("A100", 0.10, 0.19), ("H100", 0.115, 0.27)):
         apart = _held_out(bench, results, generation)
         assert len(apart) >= 10 and statistics.median(apart.values()) <= median, (generation, apart)
         assert max(apart.values()) <= worst, (generation, apart)
@@ -86,12 +87,13 @@ def test_held_out_error_within_target(bench, results):
 @pytest.mark.slow
 def test_torchao_float8_rows_are_summed_apart_and_held_where_they_stand(bench, results):
     """torchtitan's 2024-12 H100 benchmark's fourteen Float8 rows (Tables 1-6 with torchao's Float8) are held out
-    and summed apart (docs/validation.md, "torchtitan's Float8 runs"): over-predicted, median 26.6 %, max 65.0 % (the
-    405B at FSDP 1 x CP 8; Table 5's runs at torchtitan's 8 microbatches of 4, +29 and +28 %); held there so that they
-    do not grow."""
+    and summed apart (docs/validation.md, "torchtitan's Float8 runs"): over-predicted, median 25.4 %, max 64.5 % (the
+    405B at FSDP 1 x CP 8; Table 5's runs at torchtitan's 8 microbatches of 4, +27 and +27 %) since they take torchao's
+    recipe (`fp8_recipe: tensorwise`: the weights cast in every forward; 26.6 and 65.0 % before); held there so that
+    they do not grow."""
     errors = {run.name: bench.error(run, value) for run, value, _ in results if run.family == "torchao-float8"}
     assert len(errors) == 14
-    assert statistics.median(map(abs, errors.values())) <= 0.27 and max(map(abs, errors.values())) <= 0.66, errors
+    assert statistics.median(map(abs, errors.values())) <= 0.26 and max(map(abs, errors.values())) <= 0.65, errors
     assert "torchao Float8 runs, apart" in bench.report(results, None)
 
 
