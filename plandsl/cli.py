@@ -689,6 +689,9 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
 @click.option("--global-batch", type=click.IntRange(min=1, max=limits.MAX_GLOBAL_BATCH), help="Sequences per step.")
 @click.option("--seq-len", type=click.IntRange(min=1, max=limits.MAX_SEQ), help="Sequence length (default: the model's).")
 @click.option("--precision", type=click.Choice(api.precisions()), help="[default: bf16]")
+@click.option("--fp8-recipe", type=click.Choice(["delayed", "current", "tensorwise", "blockwise"]),
+              help="With --precision fp8, how the stack scales its tensors: Transformer Engine's delayed or current "
+                   "scaling, torchao's tensorwise, blockwise (docs/language.md, \"FP8 recipes\"). [default: delayed]")
 @click.option("--kernels", type=click.Choice(["fused", "eager"]),
               help="The implementation's element-wise kernels: fused (Transformer Engine, torch.compile) or eager "
                    "(PyTorch eager mode). [default: fused]")
@@ -720,7 +723,7 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
 @param_option
 @include_option
 @model_import_option
-def generate(model, cluster, global_batch, seq_len, precision, kernels, attention, loss, tensor_overlap, from_file,
+def generate(model, cluster, global_batch, seq_len, precision, fp8_recipe, kernels, attention, loss, tensor_overlap, from_file,
              plan_name, top, pins,
              time_limit, as_json,
              output_format, output, params):
@@ -731,7 +734,8 @@ def generate(model, cluster, global_batch, seq_len, precision, kernels, attentio
     the file completed. The result passes `plandsl check` and `plandsl fmt --check`."""
     as_json = as_json or output_format == "json"
     request = api.generate_request(model=model, cluster=cluster, global_batch=global_batch, seq_len=seq_len,
-                                   precision=precision, kernels=kernels, attention=attention, loss=loss,
+                                   precision=precision, fp8_recipe=fp8_recipe, kernels=kernels, attention=attention,
+                                   loss=loss,
                                    tensor_overlap=tensor_overlap, from_file=from_file, plan_name=plan_name,
                                    params=_params(params), pins=pins, top=top, output=output,
                                    time_limit=time_limit or None)

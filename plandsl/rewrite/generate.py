@@ -32,6 +32,8 @@ class Request:
     global_batch: int | None = None
     seq_len: int | None = None
     precision: str | None = None
+    fp8_recipe: str | None = None
+    """With precision fp8: `delayed` (the default), `current`, `tensorwise` or `blockwise` (`ir.Fp8Recipe`)."""
     kernels: str | None = None
     """`fused` (the default) or `eager`: the element-wise kernels the implementation runs (`ir.Kernels`)."""
     attention: str | None = None
@@ -68,7 +70,8 @@ class Generated:
 def usage_problem(request: Request) -> str | None:
     given = [f"--{name}" for name, value in (("model", request.model), ("cluster", request.cluster),
                                              ("global-batch", request.global_batch), ("seq-len", request.seq_len),
-                                             ("precision", request.precision), ("kernels", request.kernels),
+                                             ("precision", request.precision), ("fp8-recipe", request.fp8_recipe),
+                                             ("kernels", request.kernels),
                                              ("attention", request.attention), ("loss", request.loss),
                                              ("tensor-overlap", request.tensor_overlap or None))
              if value is not None]
@@ -78,6 +81,8 @@ def usage_problem(request: Request) -> str | None:
         return "--model, --cluster and --global-batch are required (or --from PLAN)"
     if (request.plan_name or request.params) and not request.from_file:
         return f"{'--plan' if request.plan_name else '--param'} is for the --from file"
+    if request.fp8_recipe and request.precision != "fp8":  # E510: the recipe scales fp8's tensors only
+        return f"--fp8-recipe with --precision {request.precision or 'bf16'}: a recipe of FP8 training (E510)"
     if request.tensor_overlap and request.kernels == "eager":  # E417: async TP is torch.compile's pass
         return "--tensor-overlap with --kernels eager: torch's async tensor parallelism is a torch.compile pass (E417)"
     return None
@@ -99,7 +104,8 @@ def generate(request: Request, progress: Callable[[int, int], None] | None = Non
                                        request.precision or "bf16",
                                        str(request.output or os.path.join(os.getcwd(), "generated.plan")),
                                        kernels=request.kernels or "fused", attention=request.attention or "flash",
-                                       loss=request.loss or "standard", overlap_tensor=request.tensor_overlap)
+                                       loss=request.loss or "standard", overlap_tensor=request.tensor_overlap,
+                                       fp8_recipe=request.fp8_recipe)
     result, texts = checked_texts(search(problem_, request.pins, request.top, progress=progress,
                                            time_limit=request.time_limit), problem_, source,
                                   request.output)

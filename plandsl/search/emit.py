@@ -72,7 +72,7 @@ def stdlib_names() -> dict[str, str]:
 def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | None = None,
                     precision: str = "bf16", plan_file: str | None = None,
                     kernels: str = "fused", attention: str = "flash", loss: str = "standard",
-                    overlap_tensor: bool = False) -> tuple[Problem, Source]:
+                    overlap_tensor: bool = False, fp8_recipe: str | None = None) -> tuple[Problem, Source]:
     """The model and the cluster, resolved by the language (so they mean what they mean in a plan).
     `plan_file`: where the plan will be written; a model from torch (`hf(...)`, `pkg.mod:fn(...)`) is read
     from the layer table `plandsl inspect` wrote beside it (`.plandsl/`), as the plan will read it."""
@@ -114,7 +114,8 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
     problem = Problem(found_model, found_cluster, global_batch, seq_len, found_precision,
                       kernels=_choice(ir.Kernels, kernels, "--kernels"),
                       attention=_choice(ir.Attention, attention, "--attention"), loss=_choice(ir.Loss, loss, "--loss"),
-                      overlap_tensor=overlap_tensor)
+                      overlap_tensor=overlap_tensor,
+                      fp8_recipe=_choice(ir.Fp8Recipe, fp8_recipe, "--fp8-recipe") if fp8_recipe else None)
     return problem, Source(tuple(imports), model_text, cluster_text)
 
 

@@ -226,3 +226,15 @@ def test_a_partial_plans_recipe_is_kept_by_the_search():
     train = problem.training()
     assert (train.recipe, train.bf16_first_layers, train.bf16_last_layers) == (ir.Fp8Recipe.current, 1, 1)
     assert {"fp8_recipe: current", "bf16_first_layers: 1", "bf16_last_layers: 1"} <= set(problem.given_items())
+
+
+def test_generate_searches_with_a_recipe_and_writes_it():
+    generated = api.generate(api.generate_request(model="llama3_8b", cluster="dgx_h100", global_batch=64,
+                                                  precision="fp8", fp8_recipe="current", top=1))
+    plan = api.select_plan(api.loads(generated.texts[0], path="gen.plan"))
+    assert plan.train.recipe is ir.Fp8Recipe.current
+    assert generated.result.best.estimate.time.step == pytest.approx(estimate_plan(plan).time.step, rel=1e-9)
+    usage_problem, _ = api.generate_errors()
+    with pytest.raises(usage_problem, match="--fp8-recipe with --precision bf16"):
+        api.generate(api.generate_request(model="llama3_8b", cluster="dgx_h100", global_batch=64,
+                                          fp8_recipe="current", top=1))
