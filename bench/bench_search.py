@@ -165,6 +165,8 @@ class Run:
     overlap_tensor: bool = False  # the recipe overlaps TP's collectives with GEMMs (`tensor = ... with overlap`)
     gathering: ir.Gathering = ir.FSDP_GATHERING  # how ZeRO-3 gathers (`data = zero3 ... with unit, prefetch_bucket`)
     dispatcher: str = "alltoall"  # the recipe's token dispatcher: `experts = deepep | hybridep over ...` (flex)
+    context: str = "allgather"  # the recipe's context parallelism, and whose ring: `context = ring over cp with
+    ring: str = "te"  # implementation = torch` (torch's context_parallel, torchtitan's)
 
 
 def gpt(layers, hidden, heads, vocab=51200, seq=2048):
@@ -633,7 +635,8 @@ def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
     return Problem(model, cluster, run.global_batch, run.seq,
                    **{key: STACK_KEYS.get(key, ir.Precision)(value) for key, value in run.dtypes.items()},
                    overlap_experts=run.overlap_experts, fold_experts=run.fold_experts,
-                   overlap_tensor=run.overlap_tensor, gathering=run.gathering, dispatcher=run.dispatcher)
+                   overlap_tensor=run.overlap_tensor, gathering=run.gathering, dispatcher=run.dispatcher,
+                   context=run.context, ring=run.ring)
 
 
 def predict(run: Run, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC):
@@ -1039,9 +1042,11 @@ def torchtitan_float8() -> list[Run]:
     for run, _ in torchtitan_memory():
         table = run.name.split(",")[0]
         if run.name in TORCHTITAN_FLOAT8_TPS:
+            # Tables 2 and 6: torch's `context_parallel` (torchtitan 9dec370's default rotate method, allgather)
+            ring = {"context": "ring", "ring": "torch"} if run.pins.get("cp", 1) > 1 else {}
             runs.append(replace(run, name=f"torchtitan {run.name} (500 W H100)", source=f"{TORCHTITAN_2024}, {table}",
                                 measured=TORCHTITAN_FLOAT8_TPS[run.name], metric="tokens_per_device",
-                                family="torchao-float8", overlap_tensor=table in ("Table 5", "Table 6")))
+                                family="torchao-float8", overlap_tensor=table in ("Table 5", "Table 6"), **ring))
         elif table == "Table 4":  # 2D, and 2D + AsyncTP
             for label, tps, overlap in (("", 829, False), (" + AsyncTP", 876, True)):
                 runs.append(replace(run, name=f"torchtitan {run.name}{label} (500 W H100)", source=f"{TORCHTITAN_2024}, "

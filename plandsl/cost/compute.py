@@ -222,6 +222,7 @@ class Work:
     overlap_tensor: bool = False  # `tensor = ... with sequence_parallel, overlap`: TP collectives chunked behind GEMMs
     dispatcher: str = "alltoall"  # `experts = deepep | hybridep over ...`: a token crosses the network once per node
     fp8_recipe: ir.Fp8Recipe | None = None  # `precision: fp8`'s scaling (`ir.Training.recipe`; None: delayed)
+    ring: str = "te"  # `context = ring over cp with implementation = te | torch`: whose ring runs (cost.ring)
 
     @property
     def tokens(self) -> int:

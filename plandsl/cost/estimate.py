@@ -133,7 +133,8 @@ def plan_work(plan: ir.Plan) -> Work:
                 attention=plan.train.attention,  # one microbatch: no other one's pass to hide the all-to-alls behind
                 fold_experts=plan.expert_tp != plan.tp, loss=plan.train.loss,
                 overlap_tensor=bool(plan.tensor and plan.tensor.overlap),
-                dispatcher=plan.experts.kind if plan.experts else "alltoall", fp8_recipe=plan.train.recipe)
+                dispatcher=plan.experts.kind if plan.experts else "alltoall", fp8_recipe=plan.train.recipe,
+                ring=plan.context.implementation if plan.context else "te")
 
 
 def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=None,

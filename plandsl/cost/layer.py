@@ -20,6 +20,7 @@ from plandsl.cost.compute import (
     estimate_layer_compute,
     overlap_gemms,
 )
+from plandsl.cost.ring import NO_RING, Ring, estimate_ring
 from plandsl.ir import layers as ir_layers
 from plandsl.ir.layers import Layer, attention_widths, block_model, kv_width
 
@@ -124,19 +125,28 @@ def estimate_layer_time(model: ir.Model, layer: Layer, work: Work, device: ir.De
     if work.overlap_tensor and work.sequence_parallel and links.tp.size > 1 and layer.kind == "block" \
             and isinstance(model, ir.TransformerModel):
         overlapped = overlap_gemms(block_model(model, layer), work, device, efficiency)
-    forward_comm, backward_comm = _layer_comm(model, layer, work, links, compute, moved, overlapped, device.contention)
-    return LayerTime(compute.forward + forward_comm, compute.input_grad + backward_comm, compute.weight_grad,
+    ring = estimate_ring(block_model(model, layer), work, device, links.cp, device.contention, efficiency) \
+        if links.cp.size > 1 and not work.gather_kv and layer.kind == "block" \
+        and isinstance(model, ir.TransformerModel) else NO_RING
+    forward_comm, backward_comm = _layer_comm(model, layer, work, links, compute, moved, overlapped, device.contention,
+                                              ring)
+    # what the ring's steps compute beyond the one attention kernel `compute` prices; recomputation reruns the forward
+    rerun = ring.forward if work.recompute in (ir.Recompute.full, ir.Recompute.selective) else 0.0
+    return LayerTime(compute.forward + ring.forward + forward_comm,
+                     compute.input_grad + ring.backward + rerun + backward_comm, compute.weight_grad,
                      forward_comm, backward_comm, compute.flops, compute.recompute_flops,
                      Moved(**moved) if moved else NOTHING_MOVED)
 
 
 def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute: LayerCompute,
-                moved: dict[str, float], overlapped: tuple[OverlapGemm, ...] = (), share: float = 0.0) -> tuple[float, float]:
+                moved: dict[str, float], overlapped: tuple[OverlapGemm, ...] = (), share: float = 0.0,
+                ring: Ring = NO_RING) -> tuple[float, float]:
     """(forward, backward) seconds of communication a layer waits for, per microbatch; `moved` gathers the
     bytes of those collectives per parallel axis (`Moved`'s fields); `overlapped`, the GEMMs that hide the
     block's sequence-parallel collectives under `tensor ... with overlap` (`cost.compute.overlap_gemms`); `share`,
     what an NCCL collective running beside the layer's compute takes of it (the device's `comm_share`,
-    `cost.comm.beside`: the experts' overlapped all-to-alls, ring attention's steps)."""
+    `cost.comm.beside`: the experts' overlapped all-to-alls, ring attention's steps); `ring`, ring attention's steps
+    (`cost.ring.estimate_ring`)."""
     def count(axis: str, size: float, times: float = 1.0) -> None:
         if size and times and links_of[axis].size > 1:
             moved[axis] = moved.get(axis, 0.0) + size * times
@@ -249,18 +259,14 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         if work.recompute is not ir.Recompute.none:
             backward += gather
     elif links.cp.size > 1:
-        # Ring attention (Liu et al. 2023): cp - 1 steps pass the local K and V chunk on while the
-        # attention core works; only what the core does not hide is exposed. Backward passes K, V
-        # and their gradients (twice the bytes) behind a core twice as long.
-        chunk = 2 * work.tokens * kv_width(model) / work.tp * element
-        ring = (links.cp.size - 1) * collective_seconds("p2p", chunk, links.cp)
-        # every pass moves all of its chunks, hidden or not: forward 1, backward 2 (and the rerun's 1)
-        count("context", (links.cp.size - 1) * chunk, 3 if work.recompute is ir.Recompute.none else 4)
-        exposed = beside(ring, compute.attention, share)
-        forward += exposed
-        backward += beside(2 * ring, 2 * compute.attention, share)
-        if work.recompute is not ir.Recompute.none:  # full, or selective: the core with its ring
-            backward += exposed
+        # Ring attention (Liu et al. 2023), step by step as its implementation runs it (`cost.ring`): K and V go
+        # round the ring while each step's kernel works; only what the kernels do not hide is exposed. Backward
+        # sends K, V and their gradients; recomputation (full, or selective: the core with its ring) reruns the
+        # forward's traffic.
+        again = work.recompute is not ir.Recompute.none
+        count("context", ring.forward_sent * (2 if again else 1) + ring.backward_sent)
+        forward += ring.forward_comm
+        backward += ring.backward_comm + (ring.forward_comm if again else 0.0)
     if full:
         backward += rerun[0]  # the forward's collectives, rerun by the recomputation
         count("tensor", rerun[1])

@@ -747,9 +747,26 @@ class TensorParallel(Node):
         return data
 
 
+RING_IMPLEMENTATIONS = ("te", "torch")
+"""Whose ring attention `context = ring` runs (`with implementation = ...`; docs/cost-model.md, `cost.ring`)."""
+
+
 class ContextParallel(Node):
     kind: Literal["ring", "allgather"] = "allgather"
     axis: str
+    implementation: Literal["te", "torch"] = Field(
+        default="te", description="`ring ... with implementation = te | torch`: whose ring runs it: Transformer "
+        "Engine's (`AttnFuncWithCPAndKVP2P`, Megatron-Core's p2p: K, V passed on at each step, fused per-step "
+        "corrections, gradients accumulated in 16 bits), or torch's `context_parallel` as torchtitan runs it (K, V "
+        "all-gathered once per pass, outputs merged and dQ, dK, dV accumulated in fp32, dK, dV passed on in fp32)")
+
+    @model_serializer(mode="wrap")
+    def _without_unset_options(self, handler):
+        """A ring without `with implementation` dumps (and its plan hashes) as before the option existed."""
+        data = handler(self)
+        if isinstance(data, dict) and self.implementation == "te":
+            data.pop("implementation", None)
+        return data
 
 
 class ExpertParallel(Node):

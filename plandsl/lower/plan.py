@@ -36,7 +36,7 @@ TENSOR_STYLES = ("megatron", "none")
 CONTEXT_KINDS = ("ring", "allgather", "none")
 EXPERT_KINDS = ("alltoall", "deepep", "hybridep", "none")
 CLAUSE_OPTIONS: dict[str, tuple[str, ...]] = {  # an attribute's clause -> the `with` options it takes
-    "data": ("unit", "prefetch", "prefetch_bucket"), "tensor": ("sequence_parallel", "overlap"), "context": (), "experts": ("overlap",),
+    "data": ("unit", "prefetch", "prefetch_bucket"), "tensor": ("sequence_parallel", "overlap"), "context": ("implementation",), "experts": ("overlap",),
     "stages": ("virtual", "map")}
 STYLES = ("colwise", "rowwise", "sequence", "replicate")
 DEFAULT_AXES = {"data": "dp", "tensor": "tp", "context": "cp", "experts": "ep", "stages": "pp"}
@@ -279,11 +279,21 @@ def _switch(scope: Scope, found: dict, name: str) -> bool:
 def context_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ContextParallel | None:
     subject, over, options = _clause(scope, expr)
     kind = scope.word(subject, CONTEXT_KINDS, "context-parallel kind")
-    _options(scope, options, CLAUSE_OPTIONS["context"], "context")
+    found = _options(scope, options, CLAUSE_OPTIONS["context"], "context", kind)
     if kind == "none":
         return None
+    spans = axis_spans(scope, over, m)
+    implementation = {}
+    if "implementation" in found:  # whose ring: only a ring has one
+        option = found["implementation"]
+        if kind != "ring":
+            raise scope.reporter.error("E206", f"context = {kind} runs no ring: 'implementation' would set nothing",
+                                       option.span, hint="drop `with implementation`, or use context = ring")
+        implementation["implementation"] = scope.word(_value(scope, option), ir.RING_IMPLEMENTATIONS,
+                                                      "ring implementation")
+        spans["implementation"] = option.span
     return ir.ContextParallel(kind=kind, axis=one_axis(scope, over, m, "context parallel", expr.span), span=expr.span,
-                              field_spans=axis_spans(scope, over, m))
+                              field_spans=spans, **implementation)
 
 
 def expert_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.ExpertParallel | None:

@@ -214,7 +214,9 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
         lines.append("  tensor   = megatron over tp" + (" with sequence_parallel" if c.sequence_parallel else "")
                      + (", overlap" if c.sequence_parallel and problem.overlap_tensor else ""))
     if c.cp > 1:
-        lines.append(f"  context  = {CONTEXT} over cp")
+        lines.append(f"  context  = {problem.context} over cp" + (f" with implementation = {problem.ring}"
+                                                                  if problem.context == "ring" and problem.ring != "te"
+                                                                  else ""))
     if c.ep > 1:
         over = "[ep, tp]" if problem.fold_experts and c.tp > 1 else "ep"
         lines.append(f"  experts  = {problem.dispatcher} over {over}" + (" with overlap" if problem.overlap_experts else ""))

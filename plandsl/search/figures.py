@@ -20,7 +20,7 @@ from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, ga
                                  model_state_bytes, tied_embedding, StateBytes)
 from plandsl.cost.stage import param_split
 from plandsl.ir.layers import Layer, figures_key, layers_of
-from plandsl.search.problem import Problem, build_plan
+from plandsl.search.problem import CONTEXT, Problem, build_plan
 from plandsl.search.tree import Node, Root, candidate_of
 
 
@@ -78,8 +78,11 @@ class Figures:
         # and the gathering (`build_plan` reads it from here; the candidate sets the kind and axes)
         data = None if p.gathering.default else ir.DataParallel.model_construct(
             field_spans={}, kind=ir.DataKind.zero3, axes=(), **p.gathering._asdict())
+        # and the context parallelism's kind and ring (`build_plan` reads them; the candidate decides whether there is one)
+        context = ir.ContextParallel.model_construct(kind=p.context, axis="cp", implementation=p.ring) \
+            if p.context != CONTEXT or p.ring != "te" else None
         return ir.Plan.model_construct(name="generated", model=p.model, cluster=p.cluster, mesh=mesh, train=train,
-                                       data=data, tensor=tensor, context=None, experts=experts, stages=None,
+                                       data=data, tensor=tensor, context=context, experts=experts, stages=None,
                                        schedule=None, shard=())
 
     def work(self, node: Node) -> Work:
@@ -87,14 +90,14 @@ class Figures:
         fold = self.problem.fold_experts and root.tp > 1  # the expert group is ep x tp, each expert whole
         return Work(node.micro_batch, self.problem.sequence, root.tp, root.cp, root.ep * (root.tp if fold else 1),
                     root.sequence_parallel, self.problem.precision, ir.Recompute(node.recompute),
-                    gather_kv=root.cp > 1,  # search.CONTEXT
+                    gather_kv=root.cp > 1 and self.problem.context == "allgather",  # search.CONTEXT by default
                     kernels=self.problem.kernels,  # `plan_work`: one microbatch has nothing to overlap with
                     overlap_experts=self.problem.overlap_experts and node.microbatches > 1,
                     attention=self.problem.attention, fold_experts=fold, loss=self.problem.loss,
                     overlap_tensor=self.problem.overlap_tensor and root.sequence_parallel,
                     dispatcher=self.problem.dispatcher,
                     fp8_recipe=self.problem.fp8_recipe or ir.Fp8Recipe.delayed
-                    if self.problem.precision is ir.Precision.fp8 else None)
+                    if self.problem.precision is ir.Precision.fp8 else None, ring=self.problem.ring)
 
     def device_types(self, root: Root) -> dict:
         """The root's device types by name, once per root."""

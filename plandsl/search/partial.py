@@ -25,7 +25,7 @@ from pathlib import Path
 from plandsl import ir, syntax
 from plandsl.check.mesh import axis_group_span
 from plandsl.diagnostics import Diagnostic, Note, PlanError, diag, did_you_mean
-from plandsl.search import Problem, parse_pins
+from plandsl.search import CONTEXT, Problem, parse_pins
 from plandsl.diagnostics.source import SourceFile, Span
 from plandsl.syntax.parser import parse_text
 from plandsl.syntax.loader import read_source
@@ -135,7 +135,9 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                       overlap_tensor=bool(plan.tensor and plan.tensor.overlap),
                       gathering=plan.data.gathering if plan.data is not None else ir.FSDP_GATHERING,
                       dispatcher=plan.experts.kind if plan.experts else "alltoall", fp8_recipe=plan.train.fp8_recipe,
-                      bf16_first_layers=plan.train.bf16_first_layers, bf16_last_layers=plan.train.bf16_last_layers)
+                      bf16_first_layers=plan.train.bf16_first_layers, bf16_last_layers=plan.train.bf16_last_layers,
+                      context=plan.context.kind if plan.context else CONTEXT,
+                      ring=plan.context.implementation if plan.context else "te")
     decided = "mesh" in attrs and not free_choices(attrs, stage_block, plan)
     return Partial(path, text, module, definition, attrs, stage_block, plan, problem, parse_pins(pins), names,
                    tuple(overs), train_items, local, params, tuple(notes), decided)

@@ -47,6 +47,8 @@ class Problem:
     fp8_recipe: ir.Fp8Recipe | None = None            # given, not searched: `precision: fp8`'s scaling (None: delayed)
     bf16_first_layers: int = 0                        # given, not searched: blocks an FP8 or FP4 recipe keeps in bf16
     bf16_last_layers: int = 0
+    context: str = CONTEXT                            # given, not searched: `context = ring over cp` (ir.ContextParallel)
+    ring: str = "te"                                  # given: `context = ring over cp with implementation = torch`
 
     @property
     def sequence(self) -> int:
@@ -185,7 +187,9 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
     tensor = _node(ir.TensorParallel, style="megatron", axis="tp", sequence_parallel=c.sequence_parallel,
                    overlap=bool(base.tensor and base.tensor.overlap) and c.sequence_parallel) \
         if c.tp > 1 else None  # overlap: the problem's `overlap_tensor` (search.figures), with sequence parallelism
-    context = _node(ir.ContextParallel, kind=CONTEXT, axis="cp") if c.cp > 1 else None
+    context = _node(ir.ContextParallel, kind=base.context.kind, axis="cp", implementation=base.context.implementation) \
+        if c.cp > 1 and base.context is not None else _node(ir.ContextParallel, kind=CONTEXT, axis="cp") if c.cp > 1 \
+        else None  # the problem's `context` and `ring` (search.figures), else the search's kind
     overlap = bool(base.experts and base.experts.overlap)  # the problem's `overlap_experts` (search.figures)
     fold = ("tp",) if base.experts is not None and base.experts.fold and c.tp > 1 else ()  # its `fold_experts`
     kind = base.experts.kind if base.experts is not None else "alltoall"  # the problem's `dispatcher`
