@@ -476,7 +476,7 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
     # Q·Kᵀ and P·V over this rank's heads (MLA: q and k (nope + rope) wide per head, v and the output v wide)
     attention_flops = 2.0 * work.micro_batch * seq_q * work.seq * (widths.q + widths.o) / tp
     attention_bytes = work.micro_batch * (seq_q * (widths.q + widths.o) + work.seq * (widths.k + widths.v)) / tp * element
-    fused = efficiency.attention_seconds(attention_flops, attention_bytes, causal_fraction(seq_q), device,
+    fused = efficiency.attention_seconds(attention_flops, attention_bytes, causal_fraction(work.seq), device,
                                          precision.unquantized) \
         if work.attention is ir.Attention.flash else None  # fp8: attention stays 16-bit
     if fused is not None:  # the device's own attention kernel
@@ -615,13 +615,13 @@ FLASH_TILE = 128
 causal mask a tile is computed when any of its pairs is unmasked."""
 
 
-def causal_fraction(seq_q: int) -> float:
-    """Fraction of a causal attention core's s_q x s products a tiled kernel executes: of n x n tiles (n = s_q /
-    FLASH_TILE) those on and below the diagonal, (n + 1) / 2n. Under context parallelism each rank holds s_q = s / cp
-    queries against all s keys, dealt so that every rank's share of the causal triangle is the same (Megatron's and
-    torch's load-balanced chunks): half of its rectangle, and its diagonal tiles as if alone. Every transformer of the
+def causal_fraction(seq: int) -> float:
+    """Fraction of one rank's `seq / cp` x `seq` query-key products a tiled kernel executes under a causal mask: of
+    the whole sequence's n x n tiles (n = seq / FLASH_TILE) those on and below the diagonal, n(n + 1)/2, dealt evenly
+    over the `cp` ranks (Megatron's and torch's load-balanced chunks give every rank the same share of the triangle),
+    so a rank executes n(n + 1) / 2cp of its n²/cp tiles: (n + 1) / 2n, whatever `cp` is. Every transformer of the
     language is a causal decoder."""
-    tiles = max(1, -(-seq_q // FLASH_TILE))
+    tiles = max(1, -(-seq // FLASH_TILE))
     return (tiles + 1) / (2 * tiles)
 
 

@@ -198,6 +198,11 @@ class Lowering:
         link = self.link(scope, found["link"].value, "link")
         nic = self.link(scope, found["nic"].value, "nic") if "nic" in found else None
         hosts = {"hosts": scope.integer(found["hosts"].value, "hosts", minimum=1, maximum=1024)} if "hosts" in found else {}
+        if hosts and count % hosts["hosts"]:
+            divisors = [str(k) for k in range(1, min(count, 1024) + 1) if count % k == 0]
+            raise self.reporter.error("E205", f"hosts ({hosts['hosts']}) must divide devices ({count}): each machine of "
+                                      f"a node holds the same number of its devices", found["hosts"].value.span,
+                                      hint=f"hosts = one of {', '.join(divisors[:12])}{' ...' if len(divisors) > 12 else ''}")
         return build(scope, ir.NodeType, d.span, name=d.name, device=devices.thing, devices=count, link=link, nic=nic,
                      **hosts)
 

@@ -32,7 +32,8 @@ MAX_CHUNKS = 8
 
 
 def chunk_tokens(tokens: int, rows: int, width: int) -> int:
-    """Tokens per chunk: `ceil(rows / width)` chunks, so that a chunk's logits ([chunk, rows]) are about as large
+    """Tokens per chunk: `ceil(rows / width)` chunks (`rows`: the whole vocabulary, also under tensor parallelism,
+    where a rank's chunk holds its slice of it), so that a chunk's logits ([chunk, rows]) are about as large
     as the head's input ([tokens, width]), Liger-Kernel's rule for its fused linear cross entropy, but at most
     `MAX_CHUNKS` of them: each chunk's GEMMs stay large and the weight's gradient is added to once per chunk
     (on CPU, 62 chunks of 33 tokens took 3.3x the standard loss's CPU time, 8 chunks 1.4x: docs/running.md). A chunk's
@@ -126,6 +127,7 @@ def vocab_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: tor
     every rank of the group, and its gradient is this rank's part: the caller sums it over the group."""
     hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     group, offset = None, 0
+    vocab = weight.shape[0]  # the whole vocabulary: the chunks are counted from it, not from this rank's slice
     if isinstance(weight, DTensor):
         mesh = weight.device_mesh
         if mesh.ndim == 1 and tuple(weight.placements) == (Shard(0),):
@@ -137,7 +139,7 @@ def vocab_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: tor
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else \
         torch.promote_types(hidden.dtype, weight.dtype)
-    chunk = chunk or chunk_tokens(hidden.shape[0], weight.shape[0], hidden.shape[1])
+    chunk = chunk or chunk_tokens(hidden.shape[0], vocab, hidden.shape[1])
     return ChunkedCrossEntropy.apply(hidden, weight, targets, group, offset, chunk, dtype)
 
 

@@ -101,10 +101,13 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
     found_cluster = _resolve(imports, f"cluster __cluster = {cluster_text}", "--cluster", cluster)
     found_precision = _choice(ir.Precision, precision, "--precision")
     needed = dict.fromkeys((found_precision, found_precision.unquantized))  # fp8: bf16 too (check's E504)
-    missing = sorted({d.name for d in found_cluster.devices_in_order() if any(p not in d.peak for p in needed)})
+    lacking = {d.name: [p.value for p in needed if p not in d.peak] for d in found_cluster.devices_in_order()}
+    missing = sorted(name for name, precisions in lacking.items() if precisions)
     if missing:
+        absent = list(dict.fromkeys(p for name in missing for p in lacking[name]))
+        hint = "; `--precision fp8` runs at a Hopper's fp8 peak" if {"mxfp8", "nvfp4"} & set(absent) else ""
         raise SearchError(f"device(s) {', '.join(missing)} of cluster '{cluster}' give no peak for "
-                          f"{' and '.join(p.value for p in needed)}")
+                          f"{' and '.join(absent)}{hint}")
     if global_batch < 1:
         raise SearchError(f"--global-batch must be at least 1, got {global_batch}")
     # Name them as the user did (the plan writes the expressions, not these names).

@@ -38,6 +38,21 @@ def test_causal_fraction_counts_the_diagonal_tiles():
     assert causal_fraction(100) == 1.0 and causal_fraction(8192) == pytest.approx(0.5078125)
 
 
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_each_context_parallel_rank_executes_the_same_fraction(cp):
+    """Load-balanced chunks (Megatron's and torch's): the sequence in 2cp chunks, rank r holding chunks r and
+    2cp - 1 - r. Counting each rank's executed tiles of 128 against all keys, tile by tile, every rank executes the
+    whole triangle's fraction of its rectangle, causal_fraction(seq), not that of its own s/cp square."""
+    seq, tile = 8192, 128
+    n = seq // tile
+    per_chunk = n // (2 * cp)
+    for rank in range(cp):
+        rows = [chunk * per_chunk + i for chunk in (rank, 2 * cp - 1 - rank) for i in range(per_chunk)]
+        executed = sum(q + 1 for q in rows)  # query tile q meets key tiles 0 .. q
+        assert executed / (len(rows) * n) == pytest.approx(causal_fraction(seq))
+    assert causal_fraction(seq // cp) > causal_fraction(seq)
+
+
 def test_a_stated_kernel_runs_the_executed_flops_at_its_fractions():
     """seq 2048, hidden 1024 (8 heads of 128): the full Q·Kᵀ and P·V are 2 · 2 · 2048² · 1024 = 17.18 GFLOP; a causal
     mask executes 136 of 256 tiles of 128 (16 · 17 / 2), 9.13 GFLOP; at 0.4 of 1000 TFLOP/s that is 22.8 µs, plus
@@ -61,3 +76,31 @@ def test_a_stated_kernel_runs_the_executed_flops_at_its_fractions():
 def test_the_backward_fraction_defaults_to_the_forwards():
     one, both = _block(4096, ", attention: 0.3"), _block(4096, ", attention: 0.3, attention_backward: 0.3")
     assert one.backward_matmul == both.backward_matmul and one.attention == both.attention
+
+
+RING = """
+device g {{
+  memory = 80 GiB
+  bandwidth = 2 TB/s
+  peak = {{ bf16: 1000 TFLOP/s }}
+  efficiency = {{ matmul: 0.5, kernel_latency: 0 us, attention: 0.5, attention_backward: {backward} }}
+  comm_share = 0
+}}
+node n {{ devices = 2 x g; link = {{ bandwidth: 20 GB/s }} }}
+plan p {{
+  model   = llama(layers=1, hidden=1024, heads=8, seq=16384, vocab=1000)
+  cluster = n
+  mesh    = [cp = 2]
+  train   = {{ global_batch: 1, micro_batch: 1 }}
+  context = ring over cp
+}}
+"""
+
+
+def test_the_rings_backward_hides_behind_the_kernels_own_backward():
+    """Ring attention's backward passes K, V and their gradients (twice the forward's bytes) behind the core's
+    backward: with the device's own attention kernel, that kernel's backward, not twice the forward. A slower
+    backward kernel (0.1 of the peak against 0.9) hides more of the same traffic."""
+    from plandsl.cost.estimate import estimate_plan
+    fast, slow = (estimate_plan(api.loads(RING.format(backward=b), path="p.plan").plans[0]) for b in (0.9, 0.1))
+    assert fast.time.communication > slow.time.communication

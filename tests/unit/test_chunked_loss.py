@@ -146,3 +146,30 @@ def test_run_takes_every_loss_and_chunks_only_the_fused_one(loss):
     assert isinstance(found, HeadLoss) == (loss is ir.Loss.fused) == model.loss_in_head
     mlp = api.select_plan(api.loads(_PLAN % ("mlp(layers=2, hidden=8, input=4, output=2)", loss.value)))
     assert fused_loss(mlp, build_model(mlp.model, seed=0)) is None
+
+
+def test_the_chunks_are_counted_from_the_whole_vocabulary(monkeypatch):
+    """Under tensor parallelism a rank holds vocab / tp rows of the head; the chunks are ceil(vocab / width) of the
+    whole vocabulary (at most 8), not of the rank's slice, else at tp = 8 a rank would run its logits in one or two
+    chunks and hold them whole. A one-rank mesh whose DTensor says the head has twice its local rows stands for a
+    rank of two: the count takes the whole 2 x 48 rows against width 16, six chunks, not three."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    from plandsl.runtime import loss as loss_module
+    assert not dist.is_initialized()  # a one-process group of its own, destroyed after: the worker's others run none
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        local = torch.randn(48, 16)
+        weight = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=torch.Size((96, 16)),
+                                    stride=local.stride())
+        counted = []
+        real = loss_module.chunk_tokens
+        monkeypatch.setattr(loss_module, "chunk_tokens", lambda tokens, rows, width: counted.append(rows) or
+                            real(tokens, rows, width))
+        loss_module.vocab_cross_entropy(torch.randn(12, 16), weight, torch.randint(0, 48, (12,)))
+    finally:
+        dist.destroy_process_group()
+    assert counted == [96] and real(12, 96, 16) == 2  # 12 tokens in 6 chunks of 2

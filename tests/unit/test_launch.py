@@ -254,6 +254,7 @@ def test_hosts_must_share_a_nodes_devices_evenly_and_default_to_one_machine():
         "cluster  = gb200_nvl72 x 2", "cluster  = eights x 18") + (
         "node eights {\n  devices = 8 x b200\n  hosts   = 3\n  link    = { bandwidth: 900 GB/s, latency: 2 us }\n}\n")
     errors = api.checks(bad).errors
-    assert [d.code for d in errors] == ["E205"] and "hosts (3) must divide devices (8)" in errors[0].message
+    assert [d.code for d in errors] == ["E205"] and errors[0].message.startswith("hosts (3) must divide devices (8)")
+    assert bad[errors[0].span.start:errors[0].span.end] == "3" and "1, 2, 4, 8" in errors[0].hint  # at the value
     node = api.loads('import "clusters/dgx_b200"\ncluster c = dgx_b200\n').clusters[0].groups[0].node
     assert node.hosts == 1 and node.host_devices == 8 and "hosts" not in node.model_dump()

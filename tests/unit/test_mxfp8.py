@@ -153,7 +153,8 @@ def test_generate_searches_in_mxfp8_on_blackwell_only():
     from plandsl.cli import main
     out = CliRunner().invoke(main, ["generate", "--model", "llama3_8b", "--cluster", "dgx_h100", "--global-batch",
                                     "64", "--precision", "mxfp8"])
-    assert out.exit_code == 1 and "give no peak for mxfp8" in out.output, out.output
+    assert out.exit_code == 1 and "give no peak for mxfp8;" in out.output, out.output  # the H100 has bf16: not named
+    assert "--precision fp8" in out.output
 
 
 def test_an_nvl72_rack_is_one_node_of_72_devices():
