@@ -163,10 +163,21 @@ class Run:
     overlap_experts: bool = False  # the recipe overlaps the experts' all-to-alls (`experts = ... with overlap`)
     fold_experts: bool = False  # expert TP 1 beside TP (`experts = alltoall over [ep, tp]`): the pin ep is the group
     overlap_tensor: bool = False  # the recipe overlaps TP's collectives with GEMMs (`tensor = ... with overlap`)
+    tensor_overlap: str = "async_tp"  # by which implementation (`overlap = async_tp | userbuffers`)
+    sm_margin: bool = True  # userbuffers' set_sm_margin (`sm_margin = false`: TE 1.x's default, and Bridge's bulk)
     gathering: ir.Gathering = ir.FSDP_GATHERING  # how ZeRO-3 gathers (`data = zero3 ... with unit, prefetch_bucket`)
     dispatcher: str = "alltoall"  # the recipe's token dispatcher: `experts = deepep | hybridep over ...` (flex)
     context: str = "allgather"  # the recipe's context parallelism, and whose ring: `context = ring over cp with
     ring: str = "te"  # implementation = torch` (torch's context_parallel, torchtitan's)
+
+
+def _tp_overlap(run: Run, c) -> str:
+    """` tp overlap` (async TP) or ` tp overlap (userbuffers, no margin)` where the row's plan overlaps TP."""
+    if not (run.overlap_tensor and c.tp > 1):
+        return ""
+    if run.tensor_overlap == "async_tp":
+        return " tp overlap"
+    return " tp overlap (userbuffers" + ("" if run.sm_margin else ", no margin") + ")"
 
 
 def gpt(layers, hidden, heads, vocab=51200, seq=2048):
@@ -607,7 +618,7 @@ def blackwell_report() -> str:
     for run, value, best in results:
         c = best.candidate
         lines.append(f"| {run.name} | NeMo {run.source.rsplit('NeMo ', 1)[1]} | {run.measured:,.0f} | {value:,.0f} | "
-                     f"{error(run, value):+.1%} | {c.describe()}{' tp overlap' if run.overlap_tensor and c.tp > 1 else ''} |")
+                     f"{error(run, value):+.1%} | {c.describe()}{_tp_overlap(run, c)} |")
     lines += [f"| {run.name} | NeMo {run.source.rsplit('NeMo ', 1)[1]} | {run.measured:,.0f} | refused: {why} | | |"
               for run, why in refused]
     lines.append("")
@@ -635,7 +646,8 @@ def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
     return Problem(model, cluster, run.global_batch, run.seq,
                    **{key: STACK_KEYS.get(key, ir.Precision)(value) for key, value in run.dtypes.items()},
                    overlap_experts=run.overlap_experts, fold_experts=run.fold_experts,
-                   overlap_tensor=run.overlap_tensor, gathering=run.gathering, dispatcher=run.dispatcher,
+                   overlap_tensor=run.overlap_tensor, tensor_overlap=ir.TensorOverlap(run.tensor_overlap),
+                   sm_margin=run.sm_margin, gathering=run.gathering, dispatcher=run.dispatcher,
                    context=run.context, ring=run.ring)
 
 
@@ -718,7 +730,7 @@ def report(results, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC) 
         shown = (lambda x: f"{x:.1%}") if run.metric == "mfu" else (lambda x: f"{x:,.0f}")
         c = best.candidate
         folded = " experts over [ep, tp]" if run.fold_experts and c.tp > 1 else ""  # ep: the axis, the group ep x tp
-        overlapped = " tp overlap" if run.overlap_tensor and c.tp > 1 else ""  # `tensor ... with overlap`
+        overlapped = _tp_overlap(run, c)  # `tensor ... with overlap`
         chosen = f"{c.describe()}{folded}{overlapped} [{', '.join(c.order)}]"
         role = "fit" if run.fit else ("not counted" if run.family == "info" else
                                       "held out, MoE" if run.family == "moe" else

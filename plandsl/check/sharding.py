@@ -108,7 +108,8 @@ def _check_tensor_overlap(plan: ir.Plan) -> Iterator[Diagnostic]:
     Megatron-LM asserts sequence parallelism for --tp-comm-overlap (megatron/training/arguments.py), whose
     all-gathers and reduce-scatters are what is split and overlapped; torchtitan's async TP is a torch.compile
     pass and refuses to run without compiling the model (CompileConfig: "Async TP requires 'model' in
-    --compile.components and --compile.enable"), which `kernels: eager` says the plan does not."""
+    --compile.components and --compile.enable"), which `kernels: eager` says the plan does not (Transformer
+    Engine's userbuffers, `overlap = userbuffers`, compiles nothing)."""
     tensor = plan.tensor
     if not tensor.overlap:
         return
@@ -119,11 +120,12 @@ def _check_tensor_overlap(plan: ir.Plan) -> Iterator[Diagnostic]:
                    "reduce-scatter after each row-parallel one (Megatron-LM: 'Tensor parallel communication/GEMM "
                    "overlap can happen only when sequence parallelism is enabled')", where,
                    hint=f"`tensor = megatron over {tensor.axis} with sequence_parallel, overlap`")
-    if plan.train.kernels is ir.Kernels.eager:
+    if plan.train.kernels is ir.Kernels.eager and not tensor.userbuffers:
         yield diag("E417", "tensor parallelism with overlap under `kernels: eager`: torch's async tensor "
                    "parallelism is a torch.compile pass (torchtitan: 'Async TP requires 'model' in "
                    "--compile.components and --compile.enable'), and eager kernels say the model is not compiled",
-                   where, hint="drop `kernels: eager` (compiled, fused kernels), or drop `overlap`",
+                   where, hint="drop `kernels: eager` (compiled, fused kernels), or drop `overlap` (or overlap as Transformer "
+                   "Engine does: `overlap = userbuffers`)",
                    notes=[Note("kernels: eager here", plan.train.span_of("kernels"))]
                    if plan.train.span_of("kernels") else [])
 

@@ -220,6 +220,8 @@ class Work:
     fold_experts: bool = False  # `experts = alltoall over [ep, tp]`: each expert whole, `ep` ranks counting tp's
     loss: ir.Loss = ir.Loss.standard
     overlap_tensor: bool = False  # `tensor = ... with sequence_parallel, overlap`: TP collectives chunked behind GEMMs
+    tensor_overlap: ir.TensorOverlap = ir.TensorOverlap.async_tp  # `overlap = userbuffers`: Transformer Engine's
+    sm_margin: bool = True  # userbuffers' set_sm_margin: its pipelined and bulk overlaps' GEMMs on the SMs left
     dispatcher: str = "alltoall"  # `experts = deepep | hybridep over ...`: a token crosses the network once per node
     fp8_recipe: ir.Fp8Recipe | None = None  # `precision: fp8`'s scaling (`ir.Training.recipe`; None: delayed)
     ring: str = "te"  # `context = ring over cp with implementation = te | torch`: whose ring runs (cost.ring)
@@ -629,15 +631,19 @@ def causal_fraction(seq: int) -> float:
 class OverlapGemm:
     """A GEMM beside a tensor-parallel collective under `with overlap`: its forward seconds whole, and split
     along the tokens into `chunks` GEMMs, as the decomposition runs it (one sub-GEMM per chunk of the
-    collective: Wang et al. 2022; torch's async TP; Transformer Engine's ring exchange, `num_splits` = tp);
-    `reduction`: the seconds of the kernel that then sums the `chunks` partial outputs a reduce-scatter's
-    chunks bring (torch's `fused_matmul_reduce_scatter` ends with `torch.sum` over them: it reads the
-    block's [tokens, hidden] partial sums and writes this rank's 1/chunks of them)."""
+    collective: Wang et al. 2022; torch's async TP; Transformer Engine's ring exchange, `num_splits` = tp, or its
+    pipelined reduce-scatter, 4); `chunked` includes what an SM margin costs (userbuffers' `set_sm_margin`: the
+    chunks on the SMs its communication leaves, for their whole length); `reduction`: the seconds of the kernel
+    that then sums the `chunks` partial outputs a reduce-scatter's chunks bring (torch's
+    `fused_matmul_reduce_scatter` ends with `torch.sum` over them: it reads the block's [tokens, hidden] partial
+    sums and writes this rank's 1/chunks of them); `share`: what the communication's kernel takes of the device
+    while a chunk runs beside it without a margin (`cost.comm.beside`)."""
 
     whole: float
     chunked: float
     chunks: int
     reduction: float = 0.0
+    share: float = 0.0
 
 
 CHUNK_STREAMS = 2
@@ -646,13 +652,41 @@ CHUNK_STREAMS = 2
 inefficiency"): a chunk's last partial wave runs beside the next chunk's first."""
 
 
+UB_STREAMS = 3
+"""Compute streams Transformer Engine's userbuffers deals a split GEMM's chunks to (`_NUM_MAX_UB_STREAMS`,
+transformer_engine/pytorch/cpp_extensions/gemm.py; `_stream_compute[i % size]` in comm_gemm_overlap.cpp)."""
+UB_PIPELINE_SPLITS = 4
+"""Chunks of userbuffers' pipelined reduce-scatter (`num_splits` 4 for the `pipeline` method, `initialize_ub`'s
+default; its ring exchanges split into tp)."""
+UB_COMM_SMS = 16
+"""SMs userbuffers' pipelined and bulk overlaps take for their communication (`num_sm` 16, `initialize_ub`'s default
+in TE 1.x and 2.x alike: proj_fprop and fc2_fprop `pipeline`; qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad `bulk`;
+its ring exchanges move their chunks with the copy engines, `use_ce`, on 1 SM and no margin)."""
+NCCL_CHANNELS = 24
+"""NCCL's channels on an NVLink node, one SM each: the `comm_share` a device states is 24 over its SMs
+(docs/cost-model.md, "Compute beside a collective"), so 16 SMs are 16/24 of it."""
+
+
+def userbuffers_share(device: ir.DeviceType) -> float:
+    """The fraction of `device` userbuffers' 16 communication SMs are (16/132 of an H100)."""
+    return device.contention * UB_COMM_SMS / NCCL_CHANNELS
+
+
 def overlap_gemms(model: ir.TransformerModel, work: Work, device: ir.DeviceType,
-                  efficiency: Efficiency | None = None) -> tuple[OverlapGemm, ...]:
+                  efficiency: Efficiency | None = None, backward: bool = False) -> tuple[OverlapGemm, ...]:
     """The GEMMs of a block beside its sequence-parallel all-gathers and reduce-scatters, in the order
     (attention's column-parallel input, attention's row-parallel output, the MLP's column-parallel input, the MLP's
     row-parallel output): the fused q/k/v, wo, fc1 (w1 and w3 as one GEMM, as torch's pass fuses one all-gather
     with every GEMM that reads it) and fc2. A block with experts has only the first two (the MoE dispatcher's
-    collectives are no linear layer's); multi-head latent attention none."""
+    collectives are no linear layer's); multi-head latent attention none.
+
+    As `work.tensor_overlap` runs them: torch's async TP splits each into tp chunks on two streams
+    (`CHUNK_STREAMS`) and sums a reduce-scatter's chunks after them; Transformer Engine's userbuffers ring-exchanges
+    the all-gathers in tp chunks on three streams (`UB_STREAMS`) and pipelines the forward's reduce-scatters in
+    `UB_PIPELINE_SPLITS` chunks whose communication kernel sums them on `UB_COMM_SMS` SMs, set as a margin on the
+    GEMM (`work.sm_margin`: every chunk on the SMs left, 116 of an H100's 132) or taken beside it (`share`).
+    `backward`: the row-parallel GEMMs as their input gradients run beside the output gradient's all-gather (the
+    same under async TP; userbuffers' ring exchange, `proj_dgrad` and `fc2_dgrad`)."""
     efficiency = efficiency or device_efficiency(device)
     if model.latent_attention:
         return ()
@@ -665,12 +699,25 @@ def overlap_gemms(model: ir.TransformerModel, work: Work, device: ir.DeviceType,
     gemm = efficiency.gemm_seconds
     reduction = tokens * h * precision.unquantized.bytes * (1 + 1 / tp) / device.bandwidth
     chunked = efficiency.chunked_gemm_seconds
-    # the row-parallel GEMMs (wo, fc2: the odd entries) feed a reduce-scatter; by position, not by `features != h`,
-    # which a GPT's fc2 at tp = 4 (ffn / tp = h) would fail
-    return tuple(OverlapGemm(gemm(tokens, out, features, device, precision),
-                             chunked(tokens, out, features, device, precision, tp, CHUNK_STREAMS), tp,
-                             reduction if index % 2 else 0.0)
-                 for index, (out, features) in enumerate(shapes))
+    if work.tensor_overlap is not ir.TensorOverlap.userbuffers:
+        # the row-parallel GEMMs (wo, fc2: the odd entries) feed a reduce-scatter; by position, not by
+        # `features != h`, which a GPT's fc2 at tp = 4 (ffn / tp = h) would fail
+        return tuple(OverlapGemm(gemm(tokens, out, features, device, precision),
+                                 chunked(tokens, out, features, device, precision, tp, CHUNK_STREAMS), tp,
+                                 reduction if index % 2 else 0.0)
+                     for index, (out, features) in enumerate(shapes))
+    share = userbuffers_share(device)
+    gemms = []
+    for index, (out, features) in enumerate(shapes):
+        whole = gemm(tokens, out, features, device, precision)
+        if index % 2 == 0 or backward:  # a ring exchange: tp chunks on the copy engines, no SMs taken
+            gemms.append(OverlapGemm(whole, chunked(tokens, out, features, device, precision, tp, UB_STREAMS), tp))
+            continue
+        # `split_overlap_rs` splits the output's features (`m_chunk = m / num_splits`), each chunk re-reading the input
+        split = chunked(out, tokens, features, device, precision, UB_PIPELINE_SPLITS, UB_STREAMS)
+        gemms.append(OverlapGemm(whole, split / (1 - share), UB_PIPELINE_SPLITS) if work.sm_margin else
+                     OverlapGemm(whole, split, UB_PIPELINE_SPLITS, share=share))
+    return tuple(gemms)
 
 
 def estimate_optimizer_step(local_params: float, device: ir.DeviceType, optimizer: ir.Optimizer,
@@ -687,5 +734,5 @@ def estimate_optimizer_step(local_params: float, device: ir.DeviceType, optimize
 
 
 __all__ = ["cast_bytes", "Efficiency", "DEFAULT_EFFICIENCY", "device_efficiency", "Work", "LayerCompute", "estimate_layer_compute",
-           "OverlapGemm", "overlap_gemms",
+           "OverlapGemm", "overlap_gemms", "userbuffers_share",
            "estimate_optimizer_step", "peak_of"]

@@ -19,6 +19,7 @@ from plandsl.cost.compute import (
     Work,
     estimate_layer_compute,
     overlap_gemms,
+    userbuffers_share,
 )
 from plandsl.cost.ring import NO_RING, Ring, estimate_ring
 from plandsl.ir import layers as ir_layers
@@ -121,15 +122,17 @@ def estimate_layer_time(model: ir.Model, layer: Layer, work: Work, device: ir.De
                         efficiency: Efficiency | None = None) -> LayerTime:
     compute = estimate_layer_compute(model, layer, work, device, efficiency)
     moved: dict[str, float] = {}
-    overlapped = ()
+    overlapped = backward_gemms = ()
     if work.overlap_tensor and work.sequence_parallel and links.tp.size > 1 and layer.kind == "block" \
             and isinstance(model, ir.TransformerModel):
         overlapped = overlap_gemms(block_model(model, layer), work, device, efficiency)
+        backward_gemms = overlap_gemms(block_model(model, layer), work, device, efficiency, backward=True) \
+            if work.tensor_overlap is ir.TensorOverlap.userbuffers else overlapped
     ring = estimate_ring(block_model(model, layer), work, device, links.cp, device.contention, efficiency) \
         if links.cp.size > 1 and not work.gather_kv and layer.kind == "block" \
         and isinstance(model, ir.TransformerModel) else NO_RING
     forward_comm, backward_comm = _layer_comm(model, layer, work, links, compute, moved, overlapped, device.contention,
-                                              ring)
+                                              ring, backward_gemms, userbuffers_share(device))
     # what the ring's steps compute beyond the one attention kernel `compute` prices; recomputation reruns the forward
     rerun = ring.forward if work.recompute in (ir.Recompute.full, ir.Recompute.selective) else 0.0
     return LayerTime(compute.forward + ring.forward + forward_comm,
@@ -140,13 +143,15 @@ def estimate_layer_time(model: ir.Model, layer: Layer, work: Work, device: ir.De
 
 def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute: LayerCompute,
                 moved: dict[str, float], overlapped: tuple[OverlapGemm, ...] = (), share: float = 0.0,
-                ring: Ring = NO_RING) -> tuple[float, float]:
+                ring: Ring = NO_RING, backward_gemms: tuple[OverlapGemm, ...] = (),
+                bulk_share: float = 0.0) -> tuple[float, float]:
     """(forward, backward) seconds of communication a layer waits for, per microbatch; `moved` gathers the
     bytes of those collectives per parallel axis (`Moved`'s fields); `overlapped`, the GEMMs that hide the
-    block's sequence-parallel collectives under `tensor ... with overlap` (`cost.compute.overlap_gemms`); `share`,
-    what an NCCL collective running beside the layer's compute takes of it (the device's `comm_share`,
-    `cost.comm.beside`: the experts' overlapped all-to-alls, ring attention's steps); `ring`, ring attention's steps
-    (`cost.ring.estimate_ring`)."""
+    block's sequence-parallel collectives under `tensor ... with overlap` (`cost.compute.overlap_gemms`), and
+    `backward_gemms` those beside the backward's all-gathers; `share`, what an NCCL collective running beside the
+    layer's compute takes of it (the device's `comm_share`, `cost.comm.beside`: the experts' overlapped all-to-alls,
+    ring attention's steps); `ring`, ring attention's steps (`cost.ring.estimate_ring`); `bulk_share`, what
+    userbuffers' bulk overlaps take (`cost.compute.userbuffers_share`)."""
     def count(axis: str, size: float, times: float = 1.0) -> None:
         if size and times and links_of[axis].size > 1:
             moved[axis] = moved.get(axis, 0.0) + size * times
@@ -223,9 +228,16 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         # reduce-scatter only with the one matmul that produces its input.
         gather = collective_seconds("all_gather", activation, links.tp)
         scatter = collective_seconds("reduce_scatter", activation, links.tp)
-        halves = [(overlapped[i], overlapped[i + 1]) for i in range(0, len(overlapped), 2)]
+        halves = [(overlapped[i], overlapped[i + 1], backward_gemms[i + 1]) for i in range(0, len(overlapped), 2)]
         saved = [(gather + scatter - _exposed(gather, first) - _exposed(scatter, second),
-                  gather - _exposed(gather, second)) for first, second in halves]
+                  gather - _exposed(gather, row_backward)) for first, second, row_backward in halves]
+        if work.tensor_overlap is ir.TensorOverlap.userbuffers:
+            # Transformer Engine's bulk overlaps (`initialize_ub`: qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad): the
+            # column-parallel GEMM's input gradient beside the all-gather of its input (which its weight gradient
+            # reads), and its weight gradient beside the reduce-scatter of that input gradient, no longer exposed
+            saved = [(forward, backward + scatter - _bulk(gather, first.whole, bulk_share, work.sm_margin)
+                      - _bulk(scatter, first.whole, bulk_share, work.sm_margin))
+                     for (forward, backward), (first, _, _) in zip(saved, halves)]
         forward -= sum(f for f, _ in saved)
         backward -= sum(b for _, b in saved)
         rerun = (rerun[0] - sum(f for f, _ in saved), rerun[1], rerun[2] - saved[0][0], rerun[3])
@@ -287,7 +299,22 @@ def _exposed(collective: float, gemm: OverlapGemm) -> float:
     last chunk, the sum of the partial chunks (`OverlapGemm.reduction`, which the collective's own kernel did)."""
     n = gemm.chunks
     chunk, gemm_chunk = collective / n, gemm.chunked / n
-    return gemm.chunked - gemm.whole + chunk + (n - 1) * max(0.0, chunk - gemm_chunk) + gemm.reduction
+    # each further step: what the transfer exceeds its GEMM chunk by, or the share its kernel takes of it
+    # (`cost.comm.beside`; userbuffers' pipelined reduce-scatter without `set_sm_margin`)
+    step = max(0.0, chunk - gemm_chunk, gemm.share * chunk)
+    return gemm.chunked - gemm.whole + chunk + (n - 1) * step + gemm.reduction
+
+
+def _bulk(collective: float, gemm: float, share: float, margin: bool) -> float:
+    """Seconds a collective of `collective` seconds run beside a GEMM of `gemm` seconds by one of Transformer
+    Engine's bulk overlaps (`CommOverlapBase::bulk_overlap`: the communication kernel on `num_sm` SMs of its own
+    stream, the GEMM launched beside it) adds to that GEMM. With `set_sm_margin` the GEMM runs on the SMs left,
+    1 - `share` of the device, for its whole length, and the collective is exposed by what it exceeds that by;
+    without, the GEMM has every SM but those the collective holds while it runs (`cost.comm.beside`)."""
+    if not margin:
+        return beside(collective, gemm, share)
+    slowed = gemm / (1 - share)
+    return slowed - gemm + max(0.0, collective - slowed)
 
 
 def _latent_comm(model: ir.TransformerModel, work: Work, links: Links, activation: float, count):

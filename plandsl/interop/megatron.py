@@ -306,8 +306,17 @@ def _parallel_args(plan: ir.Plan, args: list, lose) -> None:
     args += [("--tensor-model-parallel-size", str(plan.tp))]
     if plan.tensor is not None and plan.tensor.sequence_parallel and plan.tp > 1:
         args.append(("--sequence-parallel", None))
-        if plan.tensor.overlap:  # Transformer Engine's userbuffers; validate_args asserts --sequence-parallel
+        if plan.tensor.userbuffers:  # Transformer Engine's userbuffers; validate_args asserts --sequence-parallel
             args.append(("--tp-comm-overlap", None))
+            if not plan.tensor.sm_margin:
+                lose("sm_margin = false (Megatron-LM takes Transformer Engine's set_sm_margin per layer from the YAML "
+                     "file --tp-comm-overlap-cfg names, not from a flag; without one TE 2.x sets the margin)", "tensor",
+                     hint="write the file with set_sm_margin: false for the pipelined and bulk overlaps and pass "
+                          "--tp-comm-overlap-cfg")
+        elif plan.tensor.overlap:
+            lose("overlap = async_tp (torch's async tensor parallelism, a torch.compile pass: Megatron-LM overlaps "
+                 "tensor-parallel communication only with Transformer Engine's userbuffers, --tp-comm-overlap)",
+                 "tensor", hint="`overlap = userbuffers`, priced as Megatron-LM runs it")
     args.append(("--pipeline-model-parallel-size", str(plan.pp)))
     if plan.pp > 1 or (plan.stages is not None and plan.stages.virtual > 1):
         _pipeline_args(plan, args, lose)

@@ -193,7 +193,10 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
         lines.append(f"  data = {data.value} over ep")
     if tp > 1:
         parallel = " with sequence_parallel" if read.get("--sequence-parallel") else ""
-        lines.append("  tensor = megatron over tp" + parallel + (", overlap" if read.get("--tp-comm-overlap") else ""))
+        # --tp-comm-overlap is Transformer Engine's userbuffers (`initialize_ub`), at its defaults without a
+        # --tp-comm-overlap-cfg: the margin TE 2.x sets (`sm_margin`'s default)
+        lines.append("  tensor = megatron over tp" + parallel
+                     + (", overlap = userbuffers" if read.get("--tp-comm-overlap") else ""))
     if cp > 1:
         kind = {v: k for k, v in facts.CONTEXT_COMM.items()}[read.get("--cp-comm-type", "p2p")]
         lines.append(f"  context = {kind} over cp")

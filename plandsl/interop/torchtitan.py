@@ -184,7 +184,11 @@ def _parallel_args(plan: ir.Plan, args: list, lose) -> dict[str, int]:
         sequence = plan.tensor.sequence_parallel
         args.append(("--parallelism.enable_sequence_parallel" if sequence else
                      "--parallelism.no_enable_sequence_parallel", None))
-        if plan.tensor.overlap:  # the checker's E417 leaves it with sequence parallelism and compiled kernels
+        if plan.tensor.userbuffers:
+            lose("overlap = userbuffers (Transformer Engine's userbuffers: torchtitan overlaps tensor-parallel "
+                 "communication only with torch's async TP, --compile.enable_async_tensor_parallel)", "tensor",
+                 hint="`overlap = async_tp` (or `overlap`), priced as torchtitan runs it")
+        elif plan.tensor.overlap:  # the checker's E417 leaves it with sequence parallelism and compiled kernels
             args.append((ASYNC_TP, None))
     args.append((DEGREES["cp"], str(degrees["cp"])))
     if plan.context is not None and plan.cp > 1 and plan.context.kind != "allgather":

@@ -729,6 +729,17 @@ def gathering_text(gathering: Gathering, zero_stage: int) -> str:
     return f" with {', '.join(options)}" if options else ""
 
 
+class TensorOverlap(str, Enum):
+    """Which implementation overlaps the tensor-parallel collectives with their GEMMs (`overlap = ...`):
+    `async_tp`, torch's async tensor parallelism (torchtitan's --compile.enable_async_tensor_parallel: chunks moved
+    by the copy engines through symmetric memory, no SMs taken), what `overlap` alone means; `userbuffers`,
+    Transformer Engine's userbuffers (Megatron-LM's --tp-comm-overlap, NeMo's tp_comm_overlap): ring exchanges on
+    the copy engines for the all-gathers, and 16 SMs of its own for the pipelined reduce-scatters after wo and fc2
+    and the backward's bulk overlaps (docs/cost-model.md, "Tensor parallel with `overlap`")."""
+    async_tp = "async_tp"
+    userbuffers = "userbuffers"
+
+
 class TensorParallel(Node):
     style: Literal["megatron"] = "megatron"
     axis: str
@@ -737,14 +748,41 @@ class TensorParallel(Node):
                           "reduce-scatter is split into chunks that run behind the GEMM it feeds or follows "
                           "(torch's async TP, torchtitan's --compile.enable_async_tensor_parallel; Megatron-LM's "
                           "--tp-comm-overlap, Transformer Engine's userbuffers); needs sequence parallelism")
+    implementation: TensorOverlap = Field(
+        default=TensorOverlap.async_tp, description="`overlap = async_tp | userbuffers`: which stack overlaps "
+        "(`overlap` alone: async_tp)")
+    sm_margin: bool = Field(default=True, description="`overlap = userbuffers, sm_margin = false`: Transformer "
+                            "Engine's set_sm_margin of its pipelined and bulk overlaps (true from TE 2.0, false "
+                            "before): their GEMMs run on the SMs the communication leaves for their whole length, "
+                            "else on all of them, slowed only while the communication runs")
 
     @model_serializer(mode="wrap")
     def _without_unset_options(self, handler):
-        """Tensor parallelism without `with overlap` dumps (and its plan hashes) as before the option existed."""
+        """Tensor parallelism without `with overlap`, or with async TP's, dumps (and its plan hashes) as before the
+        options existed."""
         data = handler(self)
-        if isinstance(data, dict) and not self.overlap:
-            data.pop("overlap", None)
+        if isinstance(data, dict):
+            if not self.overlap:
+                data.pop("overlap", None)
+            if not self.overlap or self.implementation is TensorOverlap.async_tp:
+                data.pop("implementation", None)
+            if self.sm_margin or not self.overlap or self.implementation is TensorOverlap.async_tp:
+                data.pop("sm_margin", None)
         return data
+
+    @property
+    def userbuffers(self) -> bool:
+        """The collectives overlap as Transformer Engine's userbuffers runs them."""
+        return self.overlap and self.implementation is TensorOverlap.userbuffers
+
+    def overlap_text(self) -> str:
+        """`, overlap`, `, overlap = userbuffers` (`, sm_margin = false`): the options after `with sequence_parallel`
+        that write this overlap back (nothing without one)."""
+        if not self.overlap:
+            return ""
+        if self.implementation is TensorOverlap.async_tp:
+            return ", overlap"
+        return ", overlap = userbuffers" + ("" if self.sm_margin else ", sm_margin = false")
 
 
 RING_IMPLEMENTATIONS = ("te", "torch")

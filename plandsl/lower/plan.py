@@ -36,7 +36,7 @@ TENSOR_STYLES = ("megatron", "none")
 CONTEXT_KINDS = ("ring", "allgather", "none")
 EXPERT_KINDS = ("alltoall", "deepep", "hybridep", "none")
 CLAUSE_OPTIONS: dict[str, tuple[str, ...]] = {  # an attribute's clause -> the `with` options it takes
-    "data": ("unit", "prefetch", "prefetch_bucket"), "tensor": ("sequence_parallel", "overlap"), "context": ("implementation",), "experts": ("overlap",),
+    "data": ("unit", "prefetch", "prefetch_bucket"), "tensor": ("sequence_parallel", "overlap", "sm_margin"), "context": ("implementation",), "experts": ("overlap",),
     "stages": ("virtual", "map")}
 STYLES = ("colwise", "rowwise", "sequence", "replicate")
 DEFAULT_AXES = {"data": "dp", "tensor": "tp", "context": "cp", "experts": "ep", "stages": "pp"}
@@ -267,8 +267,31 @@ def tensor_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.TensorParallel
     spans = axis_spans(scope, over, m)
     if "overlap" in found:  # the checker's E417 points at the option
         spans["overlap"] = found["overlap"].span
+    overlap, implementation = _tensor_overlap(scope, found)
+    if "sm_margin" in found and implementation is not ir.TensorOverlap.userbuffers:
+        raise scope.reporter.error("E206", "sm_margin is Transformer Engine's userbuffers' (set_sm_margin): without "
+                                   "`overlap = userbuffers` it would set nothing", found["sm_margin"].span,
+                                   hint="`with sequence_parallel, overlap = userbuffers, sm_margin = false`, or drop "
+                                        "`sm_margin`")
     return ir.TensorParallel(style=style, axis=axis, sequence_parallel=_switch(scope, found, "sequence_parallel"),
-                             overlap=_switch(scope, found, "overlap"), span=expr.span, field_spans=spans)
+                             overlap=overlap, implementation=implementation or ir.TensorOverlap.async_tp,
+                             sm_margin="sm_margin" not in found or _switch(scope, found, "sm_margin"),
+                             span=expr.span, field_spans=spans)
+
+
+def _tensor_overlap(scope: Scope, found: dict) -> tuple[bool, ir.TensorOverlap | None]:
+    """`overlap` (async TP), `overlap = async_tp | userbuffers`, `overlap = true/false`: whether the tensor-parallel
+    collectives overlap, and by which implementation (None: they do not)."""
+    if "overlap" not in found:
+        return False, None
+    value = found["overlap"].value
+    kinds = tuple(k.value for k in ir.TensorOverlap)
+    if value is not None:
+        target, _ = scope.deref(value)
+        if isinstance(target, s.Name) and target.id in kinds:
+            return True, ir.TensorOverlap(scope.word(target, kinds, "tensor-parallel overlap"))
+    on = _switch(scope, found, "overlap")
+    return on, ir.TensorOverlap.async_tp if on else None
 
 
 def _switch(scope: Scope, found: dict, name: str) -> bool:

@@ -55,7 +55,8 @@ WORDS: dict[str, tuple[str, ...]] = {  # an attribute or key -> the words it tak
     "model": tuple(FAMILIES), "stages": ("evenly",),
     **dict.fromkeys((*ir.KEPT_DTYPE_KEYS, "param_dtype"), tuple(p.value for p in ir.KEPT_DTYPES)),
 }
-OPTION_WORDS: dict[str, tuple[str, ...]] = {"unit": tuple(u.value for u in ir.GatherUnit)}  # `with unit = |`
+OPTION_WORDS: dict[str, tuple[str, ...]] = {  # `with unit = |`; `overlap = |` (the tensor clause's implementations)
+    "unit": tuple(u.value for u in ir.GatherUnit), "overlap": tuple(o.value for o in ir.TensorOverlap)}
 AFTER_NUMBER = re.compile(r"(?<![A-Za-z_])[0-9][0-9_]*(\.[0-9_]+)?([eE][+-]?[0-9]+)?\s*$")
 DEFINITION = re.compile(r"^\s*(device|node|cluster|model|plan|schedule)\s+[A-Za-z_]\w*")
 OPENED_BY = re.compile(r"(?:^|[\s{,])(\w+)\s*[=:]\s*$")  # `train = {` or `peak: {`

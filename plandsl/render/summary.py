@@ -26,7 +26,9 @@ def describe_plan(plan: ir.Plan) -> str:
                      + ir.gathering_text(plan.data.gathering, plan.data.zero_stage))
     if plan.tensor:
         parts.append(f"{plan.tensor.style} tp over {plan.tensor.axis}" + (" + SP" if plan.tensor.sequence_parallel else "")
-                     + (" with overlap" if plan.tensor.overlap else ""))
+                     + (" with overlap" if plan.tensor.overlap else "")
+                     + (" (userbuffers" + ("" if plan.tensor.sm_margin else ", no SM margin") + ")"
+                        if plan.tensor.userbuffers else ""))
     if plan.context:
         parts.append(f"{plan.context.kind} cp over {plan.context.axis}")
     if plan.experts:

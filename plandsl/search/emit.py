@@ -192,6 +192,12 @@ def _known(text: str, what: str, options: list[str], imports: list[str]) -> None
 
 
 # ---- writing the plan ------------------------------------------------------------------------------------
+def _overlap_text(problem: Problem) -> str:
+    """The tensor clause's overlap options for the problem's implementation (`ir.TensorParallel.overlap_text`)."""
+    return ir.TensorParallel.model_construct(overlap=True, implementation=problem.tensor_overlap,
+                                             sm_margin=problem.sm_margin).overlap_text()
+
+
 def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "generated",
               train_extra: tuple[str, ...] = (), train_text: str | None = None) -> str:
     """The candidate as a plan; `train_extra`: more `key: value` items for its train dict (the settings
@@ -215,7 +221,7 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
                      + ir.gathering_text(problem.gathering, c.zero_stage))
     if c.tp > 1:
         lines.append("  tensor   = megatron over tp" + (" with sequence_parallel" if c.sequence_parallel else "")
-                     + (", overlap" if c.sequence_parallel and problem.overlap_tensor else ""))
+                     + (_overlap_text(problem) if c.sequence_parallel and problem.overlap_tensor else ""))
     if c.cp > 1:
         lines.append(f"  context  = {problem.context} over cp" + (f" with implementation = {problem.ring}"
                                                                   if problem.context == "ring" and problem.ring != "te"

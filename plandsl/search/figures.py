@@ -73,7 +73,8 @@ class Figures:
                                                     fold=("tp",) if p.fold_experts else ()) \
             if p.overlap_experts or p.fold_experts or p.dispatcher != "alltoall" else None
         # likewise the tensor-parallel collectives' overlap (`build_plan` writes it where there is sequence parallelism)
-        tensor = ir.TensorParallel.model_construct(style="megatron", axis="tp", sequence_parallel=True, overlap=True) \
+        tensor = ir.TensorParallel.model_construct(style="megatron", axis="tp", sequence_parallel=True, overlap=True,
+                                                   implementation=p.tensor_overlap, sm_margin=p.sm_margin) \
             if p.overlap_tensor else None
         # and the gathering (`build_plan` reads it from here; the candidate sets the kind and axes)
         data = None if p.gathering.default else ir.DataParallel.model_construct(
@@ -95,6 +96,7 @@ class Figures:
                     overlap_experts=self.problem.overlap_experts and node.microbatches > 1,
                     attention=self.problem.attention, fold_experts=fold, loss=self.problem.loss,
                     overlap_tensor=self.problem.overlap_tensor and root.sequence_parallel,
+                    tensor_overlap=self.problem.tensor_overlap, sm_margin=self.problem.sm_margin,
                     dispatcher=self.problem.dispatcher,
                     fp8_recipe=self.problem.fp8_recipe or ir.Fp8Recipe.delayed
                     if self.problem.precision is ir.Precision.fp8 else None, ring=self.problem.ring)

@@ -42,6 +42,8 @@ class Problem:
     loss: ir.Loss = ir.Loss.standard                  # the implementation's cross entropy: given, not searched
     overlap_tensor: bool = False                      # given, not searched: `tensor = ... with sequence_parallel,
     #                                                   overlap` wherever a candidate has sequence parallelism
+    tensor_overlap: ir.TensorOverlap = ir.TensorOverlap.async_tp  # given: which implementation overlaps (`overlap =`)
+    sm_margin: bool = True                            # given: userbuffers' `sm_margin`
     gathering: ir.Gathering = ir.FSDP_GATHERING       # given, not searched: `data = zero3 ... with unit, prefetch`
     dispatcher: str = "alltoall"                      # given, not searched: `experts = deepep over ep` (ir.ExpertParallel)
     fp8_recipe: ir.Fp8Recipe | None = None            # given, not searched: `precision: fp8`'s scaling (None: delayed)
@@ -185,7 +187,9 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
     data = _node(ir.DataParallel, kind=ir.DataKind.of_zero_stage(c.zero_stage), axes=(c.data_axis,),
                  **_gathering_fields(gathering, c.zero_stage)) if c.data_axis else None
     tensor = _node(ir.TensorParallel, style="megatron", axis="tp", sequence_parallel=c.sequence_parallel,
-                   overlap=bool(base.tensor and base.tensor.overlap) and c.sequence_parallel) \
+                   overlap=bool(base.tensor and base.tensor.overlap) and c.sequence_parallel,
+                   **({"implementation": base.tensor.implementation, "sm_margin": base.tensor.sm_margin}
+                      if base.tensor is not None else {})) \
         if c.tp > 1 else None  # overlap: the problem's `overlap_tensor` (search.figures), with sequence parallelism
     context = _node(ir.ContextParallel, kind=base.context.kind, axis="cp", implementation=base.context.implementation) \
         if c.cp > 1 and base.context is not None else _node(ir.ContextParallel, kind=CONTEXT, axis="cp") if c.cp > 1 \

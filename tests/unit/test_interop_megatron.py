@@ -420,11 +420,12 @@ def test_the_attention_backend_is_the_plans_attention_both_ways(backend, materia
 
 def test_tp_comm_overlap_is_the_plans_tensor_overlap_both_ways():
     """--tp-comm-overlap (Transformer Engine's userbuffers) is `tensor = megatron over tp with sequence_parallel,
-    overlap`, and the plan exports it back; without --sequence-parallel Megatron-LM refuses it (E805, above)."""
+    overlap = userbuffers`, and the plan exports it back; without --sequence-parallel Megatron-LM refuses it (E805,
+    above)."""
     text = f"{BASE} --tensor-model-parallel-size 2 --sequence-parallel --tp-comm-overlap\n"
     imported = import_text("megatron", text, "flags", world_size=8)
     assert imported.ok, imported.diagnostics
-    assert "megatron over tp with sequence_parallel, overlap\n" in imported.text
+    assert "megatron over tp with sequence_parallel, overlap = userbuffers\n" in imported.text
     plan = api.select_plan(api.loads(imported.text, path="imported.plan"))
     exported = export_plan(plan, "megatron")
     assert not exported.lost and "--sequence-parallel" in exported.text and "--tp-comm-overlap" in exported.text
@@ -474,3 +475,17 @@ def test_a_head_width_that_is_not_hidden_over_heads_is_written_even_when_it_is_t
     assert imported.ok, imported.diagnostics
     plan = api.select_plan(api.loads(imported.text, path="imported.plan"))
     assert plan.model.head_dim == 16 and plan.model.head_width == 16
+
+
+def test_megatron_runs_no_async_tp_and_no_margin_by_flag():
+    """torch's async TP (`overlap`, `overlap = async_tp`) is no Megatron-LM flag: E808, and no --tp-comm-overlap
+    written for it (Megatron would run userbuffers, priced otherwise); userbuffers without its SM margin lives in
+    --tp-comm-overlap-cfg's YAML: the flag is written, the margin is E808."""
+    text = f"{BASE} --tensor-model-parallel-size 2 --sequence-parallel --tp-comm-overlap\n"
+    source = import_text("megatron", text, "flags", world_size=8).text
+    for written, flag, lost in (("overlap", False, "overlap = async_tp"), ("overlap = async_tp", False, "async_tp"),
+                                ("overlap = userbuffers, sm_margin = false", True, "sm_margin = false")):
+        plan = api.select_plan(api.loads(source.replace("overlap = userbuffers", written), path="p.plan"))
+        exported = export_plan(plan, "megatron")
+        assert ("--tp-comm-overlap" in exported.text) == flag, written
+        assert [d.code for d in exported.lost] == ["E808"] and lost in exported.lost[0].message, exported.lost

@@ -317,8 +317,8 @@ def test_deepseek_exports_megatrons_latent_attention_and_dense_then_moe_layers(m
 
 
 def test_tensor_overlap_is_megatrons_tp_comm_overlap(mcore):
-    """`tensor ... with sequence_parallel, overlap` exports --tp-comm-overlap, ModelParallelConfig's tp_comm_overlap,
-    beside its sequence_parallel."""
+    """`tensor ... with sequence_parallel, overlap = userbuffers` exports --tp-comm-overlap, ModelParallelConfig's
+    tp_comm_overlap, beside its sequence_parallel."""
     plan = api.loads("""
 import "clusters/dgx_h100"
 plan p {
@@ -327,7 +327,7 @@ plan p {
   mesh    = [dp = 2, tp = 4]
   train   = { global_batch: 16, micro_batch: 1, precision: bf16 }
   data    = zero1 over dp
-  tensor  = megatron over tp with sequence_parallel, overlap
+  tensor  = megatron over tp with sequence_parallel, overlap = userbuffers
 }
 """).plans[0]
     exported = export_plan(plan, "megatron")

@@ -150,7 +150,12 @@ def test_async_tp_is_the_plans_tensor_overlap_both_ways():
              "--parallelism.tensor_parallel_degree 4 {}")
     imported = import_text("torchtitan", flags.format("--compile.enable --compile.enable_async_tensor_parallel"),
                            "args.sh", world_size=8)
-    assert imported.ok and "megatron over tp with sequence_parallel, overlap\n" in imported.text
+    assert imported.ok and "megatron over tp with sequence_parallel, overlap\n" in imported.text  # async TP's
+    userbuffers = api.select_plan(api.loads(imported.text.replace(", overlap\n", ", overlap = userbuffers\n"),
+                                            path="ub.plan"))
+    exported = export_plan(userbuffers, "torchtitan")  # Transformer Engine's userbuffers: no torchtitan flag
+    assert "--compile.enable_async_tensor_parallel" not in _words(exported.text)
+    assert [d.code for d in exported.lost] == ["E808"] and "overlap = userbuffers" in exported.lost[0].message
     without_sp = "--compile.enable --compile.enable_async_tensor_parallel --parallelism.no_enable_sequence_parallel"
     for extra, code in (("--compile.enable_async_tensor_parallel", "E805"),
                         ("--compile.enable --compile.components loss --compile.enable_async_tensor_parallel", "E805"),

@@ -11,7 +11,13 @@ from click.testing import CliRunner
 from plandsl import api, ir
 from plandsl.cli import main
 from plandsl.cost.comm import collective_seconds
-from plandsl.cost.compute import OverlapGemm, Work, overlap_gemms
+from plandsl.cost.compute import (
+    OverlapGemm,
+    Work,
+    device_efficiency,
+    overlap_gemms,
+    userbuffers_share,
+)
 from plandsl.cost.estimate import plan_work
 from plandsl.cost.layer import _exposed, estimate_layer_time, plan_links
 from plandsl.ir.layers import layers_of
@@ -189,3 +195,73 @@ def test_every_row_parallel_gemm_feeds_a_summed_reduce_scatter_whatever_its_widt
     for tp in (2, 4):
         reductions = [g.reduction for g in overlap_gemms(gpt, Work(1, 4096, tp=tp, sequence_parallel=True), device)]
         assert reductions[0] == reductions[2] == 0.0 and reductions[1] == reductions[3] > 0.0, (tp, reductions)
+
+
+# ---- which implementation overlaps: torch's async TP or Transformer Engine's userbuffers -------------------------
+def test_the_implementation_lowers_dumps_only_when_not_async_tp_and_shows():
+    """`overlap` alone is async TP (and dumps as before); `overlap = userbuffers` and its `sm_margin = false` dump;
+    `sm_margin` without userbuffers is E206; userbuffers compiles nothing, so `kernels: eager` is no E417."""
+    assert _plan(" with sequence_parallel, overlap = async_tp").tensor.model_dump() == _plan().tensor.model_dump()
+    ub = _plan(" with sequence_parallel, overlap = userbuffers").tensor
+    assert ub.userbuffers and ub.sm_margin and ub.model_dump()["implementation"] == ir.TensorOverlap.userbuffers
+    assert "sm_margin" not in ub.model_dump()
+    plain = _plan(" with sequence_parallel, overlap = userbuffers, sm_margin = false").tensor
+    assert plain.model_dump()["sm_margin"] is False and plain.overlap_text() == ", overlap = userbuffers, sm_margin = false"
+    assert "with overlap (userbuffers, no SM margin)" in describe_plan(
+        _plan(" with sequence_parallel, overlap = userbuffers, sm_margin = false"))
+    assert _codes(" with sequence_parallel, sm_margin = false") == ["E206"]
+    assert _codes(" with sequence_parallel, overlap, sm_margin = false") == ["E206"]
+    assert _codes(" with sequence_parallel, overlap = userbuffers", ", kernels: eager") == []
+    assert _codes(" with overlap = userbuffers") == ["E417"]  # still the sequence-parallel collectives
+
+
+def _ub_by_hand(margin: bool):
+    """A dense block under userbuffers priced from TE's defaults: 16 of the H100's 132 SMs (NCCL's 24 channels are
+    its comm_share, 24/132), the forward's reduce-scatters pipelined in 4 chunks on 3 streams, the all-gathers
+    ring-exchanged in tp chunks on the copy engines, the backward's column-parallel GEMMs beside the bulk all-gather
+    and reduce-scatter."""
+    plan = _plan(" with sequence_parallel, overlap = userbuffers" + ("" if margin else ", sm_margin = false"))
+    work, links, device = plan_work(plan), plan_links(plan), plan.cluster.devices_in_order()[0]
+    efficiency = device_efficiency(device)
+    share = 16 / 132
+    assert userbuffers_share(device) == pytest.approx(share)
+    tokens, h, tp, precision = work.tokens, 4096, 8, work.precision
+    shapes = [((4096 + 2 * 1024) / tp, h), (h, 4096 / tp), (2 * 14336 / tp, h), (h, 14336 / tp)]
+    gather = collective_seconds("all_gather", tokens * h * 2, links.tp)
+    scatter = collective_seconds("reduce_scatter", tokens * h * 2, links.tp)
+    forward = backward = 0.0
+    for (qkv_out, qkv_in), (row_out, row_in) in (shapes[:2], shapes[2:]):
+        column = efficiency.gemm_seconds(tokens, qkv_out, qkv_in, device, precision)
+        ring = OverlapGemm(column, efficiency.chunked_gemm_seconds(tokens, qkv_out, qkv_in, device, precision, tp, 3), tp)
+        row = efficiency.gemm_seconds(tokens, row_out, row_in, device, precision)
+        split = efficiency.chunked_gemm_seconds(row_out, tokens, row_in, device, precision, 4, 3)
+        pipelined = OverlapGemm(row, split / (1 - share), 4) if margin else OverlapGemm(row, split, 4, share=share)
+        row_ring = OverlapGemm(row, efficiency.chunked_gemm_seconds(tokens, row_out, row_in, device, precision, tp, 3), tp)
+        forward += _exposed(gather, ring) + _exposed(scatter, pipelined)
+        if margin:  # the input and weight gradients at 116/132 of their speed, each collective beside one
+            slowed = column * 132 / 116
+            bulk = 2 * (slowed - column) + max(0.0, gather - slowed) + max(0.0, scatter - slowed)
+        else:  # all SMs, but the 16 the collective holds while it runs
+            bulk = max(gather - column, share * gather) + max(scatter - column, share * scatter)
+        backward += _exposed(gather, row_ring) + bulk
+    return plan, forward, backward
+
+
+@pytest.mark.parametrize("margin", [True, False])
+def test_userbuffers_prices_its_sms_and_hides_the_backward_reduce_scatter_by_hand(margin):
+    plan, forward, backward = _ub_by_hand(margin)
+    block = _block(plan)
+    assert block.forward_comm == pytest.approx(forward, rel=1e-9)
+    assert block.backward_comm == pytest.approx(backward, rel=1e-9)
+    assert block.moved == _block(_plan()).moved  # the bytes moved do not change
+
+
+def test_the_margin_costs_what_its_sms_are_and_async_tp_takes_none():
+    """With the margin the column-parallel input and weight gradients alone cost 16/116 of their seconds more; async
+    TP's copy engines slow no GEMM (its backward reduce-scatters stay whole instead)."""
+    margin, no_margin = _block(_ub_by_hand(True)[0]), _block(_ub_by_hand(False)[0])
+    assert margin.backward_comm > no_margin.backward_comm and margin.forward_comm > no_margin.forward_comm
+    plan = _plan()
+    qkv, _, fc1, _ = overlap_gemms(plan.model, plan_work(plan), plan.cluster.devices_in_order()[0])
+    assert margin.backward_comm - no_margin.backward_comm > 2 * (qkv.whole + fc1.whole) * (16 / 116) * 0.5
+    assert OverlapGemm(1.0, 1.0, 4).share == 0.0 and qkv.share == 0.0

@@ -339,7 +339,7 @@ _entry("E417", """
     instead, and Megatron-LM refuses the flag ("Tensor parallel communication/GEMM overlap can happen
     only when sequence parallelism is enabled"). torch's async tensor parallelism is a pass of
     torch.compile, and torchtitan refuses it without compiling the model, which `kernels: eager` says
-    the plan does not.
+    the plan does not (`overlap = userbuffers`, Transformer Engine's, compiles nothing).
     """, """
     import "clusters/dgx_h100"
     plan p {
