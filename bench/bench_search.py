@@ -171,6 +171,18 @@ class Run:
     ring: str = "te"  # implementation = torch` (torch's context_parallel, torchtitan's)
 
 
+# Transformer Engine's userbuffers as the rows' sources ran it (`tensor ... with sequence_parallel, overlap =
+# userbuffers`; docs/validation.md, "Transformer Engine's userbuffers against torch's async TP"; the rule written before
+# any of their predictions was looked at). TE 1.x (to v1.13, 2024: the Megatron-LM README's runs, NeMo 24.11) set no SM
+# margin by default (`initialize_ub`: "set_sm_margin": False; True from TE 2.0, 2025-02). Megatron-Bridge's FP8
+# configurations for these H100 and Blackwell recipes (userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192,
+# ..._h16384_tp8_cp2_..., ..._b200_..., src/megatron/bridge/training/comm_overlap.py, v0.2.0 to v0.4.2) ring-exchange
+# the forward's reduce-scatters on 1 SM and run the bulk overlaps without a margin: of what the language says, the
+# nearer is no margin (`sm_margin = false`; its 16 SMs beside the transfers against their 1-24).
+USERBUFFERS_TE1 = {"tensor_overlap": "userbuffers", "sm_margin": False}
+USERBUFFERS_BRIDGE_FP8 = {"tensor_overlap": "userbuffers", "sm_margin": False}
+
+
 def _tp_overlap(run: Run, c) -> str:
     """` tp overlap` (async TP) or ` tp overlap (userbuffers, no margin)` where the row's plan overlaps TP."""
     if not (run.overlap_tensor and c.tp > 1):
@@ -319,7 +331,7 @@ def published() -> list[Run]:
     runs.append(Run("torchtitan Llama 3.1 405B, FSDP 16 x TP 8, 128 H100", "pytorch/torchtitan docs/performance.md (2024)",
                     "llama3_405b", "h100_94g_host x 16", 32, 109, metric="tokens_per_device",
                     pins={"dp": 16, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 2, "recompute": "full"}, dtypes=dict(EAGER)))
-    # NeMo 24.11's Nemotron-4 340B on 16 DGX H100 (NVIDIA/dgxc-benchmarking nemotron/README_340b.md): 4.61 s per
+    # NeMo 24.11's Nemotron-4 340B on 16 DGX H100 (USERBUFFERS_TE1: the container's Transformer Engine 1.x) (NVIDIA/dgxc-benchmarking nemotron/README_340b.md): 4.61 s per
     # step of 32 x 4096 tokens, 28,432 tokens/s; the recipe (NeMo-Framework-Launcher nemotron_340b.yaml) keeps
     # Adam's states and the gradients in bf16 (`optim.dtype: bf16`, `grad_sync_dtype: bf16`) beside an fp32 master
     # (bf16 weights plus 16-bit remainders), with the distributed optimizer (ZeRO-1) and no recomputation.
@@ -332,12 +344,15 @@ def published() -> list[Run]:
                           "schedule": "interleaved_1f1b", "virtual_stages": 12},
                     dtypes={"param_dtype": "bf16", "grad_dtype": "bf16", "optimizer_dtype": "bf16"},
                     overlap_tensor=True,  # the recipe's ub_tp_comm_overlap: True (with sequence_parallel: true)
+                    **USERBUFFERS_TE1,
                     note="fp32 states need 5.0 TiB and do not fit 128 x 80 GB; the recipe's TP communication "
-                         "overlap (ub_tp_comm_overlap): tensor = ... with sequence_parallel, overlap"))
+                         "overlap (ub_tp_comm_overlap): tensor = ... with sequence_parallel, overlap = userbuffers, "
+                         "sm_margin = false"))
     # The same recipe in FP8 (--fp8-format hybrid): 3.16 s per step, 41,478 tokens/s (the same table).
     runs.append(Run("Nemotron-4 340B (t8 p8 v12), 128 H100, FP8", "NVIDIA dgxc-benchmarking, NeMo 24.11 (2024)",
                     runs[-1].model, "dgx_h100 x 16", 32, 32 * 4096 / 3.16 / 128, metric="tokens_per_device",
                     pins=dict(runs[-1].pins), dtypes={**runs[-1].dtypes, "precision": "fp8"}, overlap_tensor=True,
+                    **USERBUFFERS_TE1,
                     note="the blocks' linear layers at the FP8 peak, attention and the output layer in bf16"))
     runs += nemo_h100()
     runs += nemo_moe_h100()
@@ -367,7 +382,7 @@ def megatron_core_h100() -> list[Run]:
                 metric="mfu", pins={"tp": tp, "pp": pp, "dp": 48, "cp": 1, "zero_stage": 1,
                                     **({"schedule": "interleaved_1f1b"} if pp > 1 else {})},
                 dtypes=dict(MEGATRON_CORE, loss="megatron"), note=f"{tflops} TFLOP/s per GPU",
-                overlap_tensor=tp > 1)  # the README's --tp-comm-overlap
+                overlap_tensor=tp > 1, **USERBUFFERS_TE1)  # the README's --tp-comm-overlap, TE 1.x (2024)
             for size, heads, hidden, layers, tp, pp, gpus, batch, tflops in rows]
 
 
@@ -393,7 +408,7 @@ def nemo_h100() -> list[Run]:
         return Run(f"NeMo {name}, {gpus} H100, FP8", f"{NEMO_BRIDGE}, NeMo {container}", model,
                    f"dgx_h100 x {gpus // 8}", batch, measured, metric="tokens_per_device",
                    pins={**base, **pins}, dtypes={"precision": "fp8", **NEMO_FP8_CS, **MEGATRON_CORE}, note=note,
-                   overlap_tensor=pins.get("tp", 1) > 1)
+                   overlap_tensor=pins.get("tp", 1) > 1, **USERBUFFERS_BRIDGE_FP8)
     return [run("Llama 3 8B (FSDP 8)", "25.11", "llama3_8b", 8, 128, 14451, dp=8, tp=1, pp=1, zero_stage=3,
                 note="the recipe recomputes 5 of the 32 layers (recompute_num_layers=5), pinned here as none"),
             run("Llama 3 70B (t4 p8 v5), gbs 128", "25.11", "llama3_70b", 64, 128, 1602, dp=2, tp=4, pp=8,
@@ -567,7 +582,8 @@ def nemo_blackwell() -> list[Run]:
                                          "NVFP4": "nvfp4"}[precision],
                            **(NEMO_FP8_CS if precision in ("FP8", "FP8-CS") else {}), **MEGATRON_CORE,
                            "grad_dtype": "bf16"},
-                   note=note, family="blackwell", overlap_tensor=pins.get("tp", 1) > 1 and precision != "NVFP4")
+                   note=note, family="blackwell", overlap_tensor=pins.get("tp", 1) > 1 and precision != "NVFP4",
+                   **USERBUFFERS_BRIDGE_FP8)
     offload = "the recipe offloads 40 layers' activations to the CPU (cpu_offloading_num_layers), not priced"
     graphs = "the recipe captures the whole iteration in a CUDA graph, not priced"
     rows = []
