@@ -685,8 +685,9 @@ def overlap_gemms(model: ir.TransformerModel, work: Work, device: ir.DeviceType,
     the all-gathers in tp chunks on three streams (`UB_STREAMS`) and pipelines the forward's reduce-scatters in
     `UB_PIPELINE_SPLITS` chunks whose communication kernel sums them on `UB_COMM_SMS` SMs, set as a margin on the
     GEMM (`work.sm_margin`: every chunk on the SMs left, 116 of an H100's 132) or taken beside it (`share`).
-    `backward`: the row-parallel GEMMs as their input gradients run beside the output gradient's all-gather (the
-    same under async TP; userbuffers' ring exchange, `proj_dgrad` and `fc2_dgrad`)."""
+    `backward`: the row-parallel GEMMs as their input gradients run beside the output gradient's all-gather, which
+    has nothing to sum (async TP's `fused_all_gather_matmul`; userbuffers' ring exchange, `proj_dgrad` and
+    `fc2_dgrad`)."""
     efficiency = efficiency or device_efficiency(device)
     if model.latent_attention:
         return ()
@@ -700,11 +701,11 @@ def overlap_gemms(model: ir.TransformerModel, work: Work, device: ir.DeviceType,
     reduction = tokens * h * precision.unquantized.bytes * (1 + 1 / tp) / device.bandwidth
     chunked = efficiency.chunked_gemm_seconds
     if work.tensor_overlap is not ir.TensorOverlap.userbuffers:
-        # the row-parallel GEMMs (wo, fc2: the odd entries) feed a reduce-scatter; by position, not by
-        # `features != h`, which a GPT's fc2 at tp = 4 (ffn / tp = h) would fail
+        # the row-parallel GEMMs (wo, fc2: the odd entries) feed a reduce-scatter in the forward; by position, not
+        # by `features != h`, which a GPT's fc2 at tp = 4 (ffn / tp = h) would fail
         return tuple(OverlapGemm(gemm(tokens, out, features, device, precision),
                                  chunked(tokens, out, features, device, precision, tp, CHUNK_STREAMS), tp,
-                                 reduction if index % 2 else 0.0)
+                                 reduction if index % 2 and not backward else 0.0)
                      for index, (out, features) in enumerate(shapes))
     share = userbuffers_share(device)
     gemms = []

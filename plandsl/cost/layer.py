@@ -126,8 +126,7 @@ def estimate_layer_time(model: ir.Model, layer: Layer, work: Work, device: ir.De
     if work.overlap_tensor and work.sequence_parallel and links.tp.size > 1 and layer.kind == "block" \
             and isinstance(model, ir.TransformerModel):
         overlapped = overlap_gemms(block_model(model, layer), work, device, efficiency)
-        backward_gemms = overlap_gemms(block_model(model, layer), work, device, efficiency, backward=True) \
-            if work.tensor_overlap is ir.TensorOverlap.userbuffers else overlapped
+        backward_gemms = overlap_gemms(block_model(model, layer), work, device, efficiency, backward=True)
     ring = estimate_ring(block_model(model, layer), work, device, links.cp, device.contention, efficiency) \
         if links.cp.size > 1 and not work.gather_kv and layer.kind == "block" \
         and isinstance(model, ir.TransformerModel) else NO_RING

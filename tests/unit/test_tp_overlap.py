@@ -83,9 +83,9 @@ def test_a_chunked_collective_exposes_one_chunk_and_what_it_exceeds_its_gemm_by(
 def test_a_dense_block_hides_its_collectives_behind_the_four_gemms_by_hand():
     """tp 8 inside a DGX H100: the forward's four collectives (all-gather, reduce-scatter, twice) become what
     `_exposed` leaves beside the fused q/k/v, wo, fc1 and fc2; the backward's all-gathers what it leaves beside
-    wo's and fc2's input gradients, and its reduce-scatters (of the sums of q/k/v's and of w1/w3's input
-    gradients, which torch's pass does not fuse) stay whole; the bytes moved do not change. A reduce-scatter's
-    chunks are summed after they arrive: a pass over the block's [tokens, hidden] partial sums."""
+    wo's and fc2's input gradients (an all-gather: nothing to sum), and its reduce-scatters (of the sums of q/k/v's
+    and of w1/w3's input gradients, which torch's pass does not fuse) stay whole; the bytes moved do not change. A
+    reduce-scatter's chunks are summed after they arrive: a pass over the block's [tokens, hidden] partial sums."""
     plain, overlapped = _block(_plan(" with sequence_parallel")), _block(_plan())
     plan = _plan()
     work, links = plan_work(plan), plan_links(plan)
@@ -97,7 +97,10 @@ def test_a_dense_block_hides_its_collectives_behind_the_four_gemms_by_hand():
     assert plain.forward_comm == pytest.approx(2 * (gather + scatter))
     assert overlapped.forward_comm == pytest.approx(_exposed(gather, qkv) + _exposed(scatter, wo)
                                                     + _exposed(gather, fc1) + _exposed(scatter, fc2))
-    assert overlapped.backward_comm == pytest.approx(_exposed(gather, wo) + _exposed(gather, fc2) + 2 * scatter)
+    no_sum = [OverlapGemm(g.whole, g.chunked, g.chunks) for g in (wo, fc2)]  # the backward's all-gathers sum nothing
+    assert overlapped.backward_comm == pytest.approx(_exposed(gather, no_sum[0]) + _exposed(gather, no_sum[1])
+                                                     + 2 * scatter)
+    assert _exposed(gather, wo) > _exposed(gather, no_sum[0])  # until 2026-12-05 they were charged the forward's sum
     assert overlapped.forward_comm < plain.forward_comm / 2 and overlapped.moved == plain.moved
     assert qkv.chunks == 8 and qkv.chunked > qkv.whole  # eight smaller GEMMs, each paying the kernel's fixed time
     device = plan.cluster.devices_in_order()[0]
