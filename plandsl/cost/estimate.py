@@ -34,9 +34,9 @@ from plandsl.cost.layer import NOTHING_MOVED, LayerTime, Links, Moved, estimate_
 from plandsl.cost.memory import (MemoryEstimate, StateBytes, beyond_layers, estimate_layer_activations,
                                  estimate_plan_memory, gathers_kv, held_stages, layer_precision, pipelined_shards,
                                  layer_recompute,
-                                 inflight_microbatches, zero_degrees)
+                                 zero_degrees)
 from plandsl.cost.stage import StageTime, fsdp_units, gather_units, param_split, rank_tail, slowest, stage_time
-from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE, microbatches_fit, min_microbatches, pipelines_of
+from plandsl.schedules.registry import BUILTIN, microbatches_fit, min_microbatches, pipelines_of
 from plandsl.schedules.simulate import BUBBLE_DEFINITION, Costs, bubble_seconds
 from plandsl.ir.placement import assign_stages, mesh_device_runs, pipeline_rank_device_types
 from plandsl.cost.schedule import simulate_plan_schedule
@@ -435,11 +435,6 @@ def _with_simulated_peaks(plan: ir.Plan, assignment, memory: list[MemoryEstimate
     """Activation memory: the in-flight formula of `cost.memory`, or the simulated peak when higher
     (plus the recomputation working set the formula adds)."""
     ranks = held_stages(plan, assignment.rank_stages())
-    if plan.stages is not None:
-        schedule = plan.schedule.name if plan.schedule else DEFAULT_SCHEDULE  # as lowering fills it in
-        inflight = inflight_microbatches(schedule, len(ranks), plan.num_microbatches, assignment.virtual)
-    else:
-        inflight = [1]
     result = []
     for rank, estimate in enumerate(memory):
         # the simulation counts each stage's saved activations per microbatch in flight there; beside them the rank

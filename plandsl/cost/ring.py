@@ -137,6 +137,18 @@ def _priced(flops: float, moved: float, fraction: float, work: Work, device: ir.
     return forward, 2 * forward
 
 
+def single_kernel(model: ir.TransformerModel, work: Work, device: ir.DeviceType,
+                  efficiency: Efficiency) -> tuple[float, float]:
+    """(forward, backward) seconds of the one kernel `cost.compute` prices for the rank's attention core
+    (`_transformer_layer`), which the ring's steps replace: its s/cp queries against all s keys, at the whole
+    sequence's causal share (`causal_fraction(seq)`: the load-balanced chunks give every rank the same share)."""
+    w = attention_widths(model)
+    tokens = -(-work.seq // work.cp)
+    return _priced(2.0 * work.micro_batch * tokens * work.seq * (w.q + w.o) / work.tp,
+                   work.micro_batch * (tokens * (w.q + w.o) + work.seq * (w.k + w.v)) / work.tp
+                   * work.precision.unquantized.bytes, causal_fraction(work.seq), work, device, efficiency)
+
+
 def estimate_ring(model: ir.TransformerModel, work: Work, device: ir.DeviceType, links: GroupLinks,
                   share: float = 0.0, efficiency: Efficiency | None = None) -> Ring:
     """The ring's `work.cp` steps on the rank (step 0, then per later step the slower of `RING_STEPS`), each kernel
@@ -182,10 +194,7 @@ def estimate_ring(model: ir.TransformerModel, work: Work, device: ir.DeviceType,
         kernels_backward.append(kernel_backward)
         forward += kernel_forward + merged
         backward += kernel_backward + accumulated
-    # the one kernel cost.compute prices (`_transformer_layer`): all s keys, the causal share of the rank's rectangle
-    single = _priced(2.0 * work.micro_batch * tokens * work.seq * (w.q + w.o) / work.tp,
-                     work.micro_batch * (tokens * (w.q + w.o) + work.seq * (w.k + w.v)) / work.tp * e,
-                     causal_fraction(tokens), work, device, efficiency)
+    single = single_kernel(model, work, device, efficiency)
     chunk = keys * e  # the rank's K and V in 16 bits; dK, dV go in fp32 (torch) or 16 bits (te)
     if torch:
         gather = collective_seconds("all_gather", cp * chunk, links)

@@ -430,12 +430,19 @@ def _dtypes(read: _Read) -> list[str] | None:
 def _bf16_layers(read: _Read, precision: str) -> list[str] | None:
     """--first-last-layers-bf16 with --num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16 (1 each by default,
     TransformerConfig) as the train items `bf16_first_layers` and `bf16_last_layers`; the counts without the switch
-    mean nothing to Megatron-LM and are read as nothing; the switch without FP8 or FP4 is E807."""
+    mean nothing to Megatron-LM and are read as nothing; the switch without FP8 or FP4 is E807, and so is it with
+    delayed scaling (--fp8-recipe delayed, the default), which megatron-core's TransformerConfig refuses ("Delayed
+    scaling does not support first / last layer in BF16.")."""
     if not read.get("--first-last-layers-bf16"):
         return []
     if precision not in ("fp8", "mxfp8", "nvfp4"):
         read.problem("E807", f"--first-last-layers-bf16 with {precision}: it keeps blocks in bf16 that FP8 or FP4 would "
                      "quantize", "--first-last-layers-bf16", hint="add --fp8-format, or remove --first-last-layers-bf16")
+        return None
+    if precision == "fp8" and read.get("--fp8-recipe", "delayed") == "delayed":
+        read.problem("E807", "--first-last-layers-bf16 with delayed scaling: megatron-core refuses it (\"Delayed scaling "
+                     "does not support first / last layer in BF16.\")", "--first-last-layers-bf16",
+                     hint="--fp8-recipe tensorwise (current scaling), or remove --first-last-layers-bf16")
         return None
     counts = (read.get("--num-layers-at-start-in-bf16", 1), read.get("--num-layers-at-end-in-bf16", 1))
     return [f"{key}: {count}" for key, count in zip(("bf16_first_layers", "bf16_last_layers"), counts) if count]

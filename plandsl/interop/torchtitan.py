@@ -191,9 +191,11 @@ def _parallel_args(plan: ir.Plan, args: list, lose) -> dict[str, int]:
         elif plan.tensor.overlap:  # the checker's E417 leaves it with sequence parallelism and compiled kernels
             args.append((ASYNC_TP, None))
     args.append((DEGREES["cp"], str(degrees["cp"])))
-    if plan.context is not None and plan.cp > 1 and plan.context.kind != "allgather":
-        lose(f"context = {plan.context.kind} (torch's context_parallel, which torchtitan runs, gathers K and V: "
-             "allgather)", "context", hint="use context = allgather")
+    if plan.context is not None and plan.cp > 1 and (plan.context.kind, plan.context.implementation) != ("ring", "torch"):
+        said = "allgather" if plan.context.kind == "allgather" else f"ring with implementation = {plan.context.implementation}"
+        lose(f"context = {said} (torchtitan runs torch's context_parallel: a ring whose K and V are all-gathered once "
+             "per pass and whose outputs and gradients are merged step by step, `ring ... with implementation = "
+             "torch`)", "context", hint="use context = ring over cp with implementation = torch")
     args += [(EXPERT_DEGREE, "1"), (DEGREES["pp"], str(degrees["pp"]))]
     if plan.stages is not None and (plan.pp > 1 or plan.stages.virtual > 1):
         _pipeline_args(plan, args, lose)

@@ -274,7 +274,7 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
         lines.append("  tensor = megatron over tp" + (" with sequence_parallel" if get(P + "enable_sequence_parallel")
                                                       else "") + (", overlap" if overlap else ""))
     if degrees["cp"] > 1:
-        lines.append("  context = allgather over cp")
+        lines.append("  context = ring over cp with implementation = torch")  # torch's context_parallel
     lines += stages
     return "\n".join(lines + ["}"]) + "\n"
 

@@ -24,7 +24,7 @@ from plandsl.ir.inspected import parse_source
 from plandsl.ir.layers import layers_of, param_count
 from plandsl.ir.placement import split_evenly
 from plandsl.schedules.registry import BUILTIN
-from plandsl.search.problem import CONTEXT, Candidate, Problem, Scored, SearchError, SearchResult
+from plandsl.search.problem import Candidate, Problem, Scored, SearchError, SearchResult
 from plandsl.lower.units import format_bytes, format_count
 from plandsl.check.analysis import analyze, checked_document
 from plandsl.syntax.loader import include, include_flags, stdlib_files, stdlib_root

@@ -214,6 +214,12 @@ def test_megatron_first_last_layers_bf16_needs_fp8_or_fp4():
     plain = exported.replace("--fp8-format hybrid", "").replace("--fp8-recipe tensorwise", "")
     back = import_text("megatron", plain, "plan.args", world_size=8, cluster="dgx_h100 x 1", name="p")
     assert [d.code for d in back.diagnostics] == ["E807"] and "--first-last-layers-bf16" in back.diagnostics[0].message
+    # with FP8's default recipe, delayed scaling, megatron-core refuses the switch: so does the import, as the export
+    # refuses the plan (import then export would fail)
+    for delayed in (exported.replace("--fp8-recipe tensorwise", ""),
+                    exported.replace("--fp8-recipe tensorwise", "--fp8-recipe delayed")):
+        back = import_text("megatron", delayed, "plan.args", world_size=8, cluster="dgx_h100 x 1", name="p")
+        assert [d.code for d in back.diagnostics] == ["E807"] and "Delayed scaling" in back.diagnostics[0].message
 
 
 def test_a_partial_plans_recipe_is_kept_by_the_search():

@@ -42,7 +42,7 @@ VARIANTS = {
   train = { global_batch: 32, micro_batch: 2, seq: 32768, precision: bf16, master_dtype: bf16, grad_dtype: bf16,
             optimizer_dtype: bf16, recompute: full, lr_schedule: linear, warmup_steps: 100 }
   data = zero3 over dp
-  context = allgather over cp
+  context = ring over cp with implementation = torch
 }""",
     "debug_gpipe_ddp": """plan debug_gpipe_ddp {
   model = llama(layers=6, hidden=256, heads=16, ffn=768, seq=2048, vocab=2048)
@@ -363,3 +363,20 @@ def test_the_interop_doc_torchtitan_commands_run_as_shown(tmp_path, monkeypatch)
     assert (tmp_path / "llama3_8b_titan.plan").read_text(encoding="utf-8") == plan
     back = _words((tmp_path / "titan_args_back.sh").read_text(encoding="utf-8"))
     assert "--parallelism.data_parallel_shard_degree" in back and back[-1] == "activation-checkpoint:selective"
+
+
+def test_torchtitans_context_parallelism_is_torchs_ring():
+    """torchtitan runs torch's context_parallel, a ring whose K and V are all-gathered once per pass and whose outputs
+    and gradients are merged step by step: `ring ... with implementation = torch` exports as its degree and imports
+    back as it; the all-gather core (Megatron's, Llama 3's) and Transformer Engine's ring are other algorithms: E808."""
+    plan = variant("context_bf16_everywhere")
+    exported = export_plan(plan, "torchtitan")
+    assert not exported.lost and "--parallelism.context_parallel_degree 2" in exported.text.replace("=", " ")
+    back = import_text("torchtitan", exported.text, "plan.toml" if exported.text.lstrip().startswith("[") else
+                       "plan.args", world_size=8, cluster="dgx_h100 x 1", name="p")
+    context = api.select_plan(api.loads(back.text, path="back.plan")).context
+    assert (context.kind, context.implementation) == ("ring", "torch")
+    for other in ("context = allgather over cp", "context = ring over cp"):
+        text = VARIANTS["context_bf16_everywhere"].replace("context = ring over cp with implementation = torch", other)
+        lost = export_plan(api.select_plan(api.loads(HEADER + text + "\n", path="o.plan")), "torchtitan").lost
+        assert [d.code for d in lost] == ["E808"] and "implementation = torch" in lost[0].hint

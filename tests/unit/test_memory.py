@@ -367,13 +367,13 @@ def test_last_stage_holds_one_microbatch_of_its_head():
     layers = layers_of(SMALL)  # embed, 4 blocks, norm, head: four stages of one block, the last with norm and head
     stage_layers = [layers[:2], layers[2:3], layers[3:4], layers[4:]]
     block, norm, head, loss = 524_288, 524_288, 2_097_152 + 65_536_000, 3 * 4 * 2 * 1024 * 8000
-    for schedule, blocks_inflight, head_inflight in (("interleaved_1f1b", 2, 1), ("gpipe", 4, 4)):
+    for schedule, blocks_inflight, head_held in (("interleaved_1f1b", 2, 1), ("gpipe", 4, 4)):
         p = _tp_plan([("pp", 2), ("tp", 4)], stages=ir.Stages(axis="pp", virtual=2),
                      schedule=ir.ScheduleRef(name=schedule), recompute="full")
         inflight = inflight_microbatches(schedule, 2, 4, 2)
         assert inflight[1] == blocks_inflight
         last = estimate_memory(p, stage_layers, [[0, 2], [1, 3]], inflight)[1]
-        assert last.activations == blocks_inflight * 2 * block + head_inflight * (norm + head) + loss
+        assert last.activations == blocks_inflight * 2 * block + head_held * (norm + head) + loss
 
 
 @pytest.mark.parametrize("schedule, virtual", [("1f1b", 1), ("zb_h1", 1), ("zb_h2", 1), ("gpipe", 1), ("looped_bfs", 2),

@@ -156,3 +156,28 @@ def test_the_search_writes_the_problems_ring():
     assert "context = ring over cp with implementation = torch" in text
     default = search(Problem(plan.model, plan.cluster, 1), pins={"cp": 4, "dp": 1, "tp": 1, "pp": 1}, top=1).best
     assert default.plan.context.kind == "allgather"  # the search's own kind when the problem names none
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_the_ring_replaces_exactly_the_kernel_compute_prices(cp):
+    """The ring's steps stand in for the one attention kernel `cost.compute` prices for the rank; what it subtracts
+    must be that kernel, at the whole sequence's causal share, or with cp > 1 the ring's extra cost is off by the
+    difference (causal_fraction(s/cp) against causal_fraction(s): 0.5625 against 0.5078 at 8K over 8)."""
+    from plandsl.cost.compute import device_efficiency, estimate_layer_compute
+    from plandsl.cost.ring import single_kernel
+    from plandsl.ir.layers import layers_of
+    plan = api.loads(f'''
+import "clusters/dgx_h100"
+plan p {{
+  model   = llama(layers=2, hidden=4096, heads=32, kv_heads=8, seq=8192, vocab=1000)
+  cluster = dgx_h100
+  mesh    = [cp = {cp}]
+  train   = {{ global_batch: 1, micro_batch: 1 }}
+  context = ring over cp
+}}
+''', path="p.plan").plans[0]
+    from plandsl.cost.estimate import plan_work
+    work, device = plan_work(plan), plan.cluster.devices_in_order()[0]
+    block = next(layer for layer in layers_of(plan.model) if layer.kind == "block")
+    compute = estimate_layer_compute(plan.model, block, work, device)
+    assert single_kernel(plan.model, work, device, device_efficiency(device))[0] == pytest.approx(compute.attention)
