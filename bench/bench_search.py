@@ -104,6 +104,27 @@ node dgx_h100_fa2 {
   nic     = { bandwidth: 400 GB/s, latency: 5 us }
 }
 
+# The H200 hosts of torchtitan's June 2025 benchmark (benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md): 8 H200
+# on NVLink, 400 Gb/s RDMA per GPU; the stdlib's h200_141g (its measured GEMM knobs), its attention PyTorch SDPA's
+# FlashAttention-2 as on the torchtitan hosts above (torchtitan asked SDPA for cuDNN's kernel only from Blackwell on,
+# pytorch/torchtitan#1196).
+device h200_141g_fa2 {
+  memory     = 141 GB
+  bandwidth  = 4800 GB/s
+  peak       = { fp32: 67 TFLOP/s, bf16: 989 TFLOP/s, fp16: 989 TFLOP/s, fp8: 1979 TFLOP/s }
+  efficiency = {
+    bf16: { matmul: 0.754, kernel_latency: 14 us, attention: 0.337, attention_backward: 0.322 },
+    fp16: { matmul: 0.722, kernel_latency: 21 us, attention: 0.337, attention_backward: 0.322 },
+    fp8: { matmul: 0.691, kernel_latency: 31 us },
+    fp32: { matmul: 0.767, kernel_latency: 57 us },
+  }
+}
+node trainy_h200 {
+  devices = 8 x h200_141g_fa2
+  link    = { bandwidth: 450 GB/s, latency: 2 us }
+  nic     = { bandwidth: 400 GB/s, latency: 5 us }
+}
+
 # The 128 H100 of torchtitan's first 405B runs (docs/performance.md, 2024): "94GB memory", and by the same
 # page's footnote 1 "HBM2e based lower TDP SXM H100 ... the actual peak TFLOPs number is between SXM and NVL":
 # the Grand Teton part above (2.4 TB/s, peak 912) with the memory the page states.
@@ -359,6 +380,7 @@ def published() -> list[Run]:
     runs += modelzoo_qwen3_h100()
     runs += megatron_core_h100()
     runs += torchtitan_float8()
+    runs += torchtitan_h200()
     return runs
 
 
@@ -760,7 +782,7 @@ def report(results, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC) 
     float8 = groups.get("torchao-float8", [])
     for label, values in (("held-out runs", core + zero3), ("of them DeepSpeed ZeRO-3 (2021)", zero3),
                           ("MoE runs, apart (Megatron-Bridge, Megatron-MoE-ModelZoo; H100)", moe),
-                          ("torchao Float8 runs, apart (torchtitan 2024-12; H100)", float8)):
+                          ("torchao Float8 runs, apart (torchtitan 2024-12 H100, 2025-06 H200)", float8)):
         if values:
             lines.append(f"{label}: {len(values)}, median |error| {statistics.median(values):.1%}, "
                          f"max |error| {max(values):.1%}")
@@ -1113,6 +1135,20 @@ def counted_memory(run: Run):
         assignment = Assignment(tuple(stage_layers), tuple(s % plan.pp for s in range(stages)), stages // plan.pp)
         estimate = estimate_plan(plan, None, assignment)
     return max(m.total for m in estimate.memory) / 2**30, best
+
+
+def torchtitan_h200() -> list[Run]:
+    """The last two rows of torchtitan's benchmarks folder (benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md, June
+    2025): Llama 3.1 8B with FSDP over 4 and 8 hosts of 8 H200, torchtitan's llama3_8b.toml (sequence 8192, op-level
+    selective AC) with local batch 2, compiled, torchao's Float8 (`fp8_recipe: tensorwise`; its FP8 all-gather and
+    precomputed scales are not in the model, which gathers bf16); TPS per GPU at the 100th iteration. Summed with
+    the torchao Float8 family, by the rule that brought that family in."""
+    return [Run(f"torchtitan Llama 3.1 8B, FSDP {nodes * 8} H200, compiled, Float8", "pytorch/torchtitan benchmarks/"
+                "llama3-8b_h200_202506_trainy-whitefiber.md", "llama3_8b", f"trainy_h200 x {nodes}", 2 * nodes * 8, tps,
+                metric="tokens_per_device", family="torchao-float8",
+                pins={"dp": nodes * 8, "tp": 1, "pp": 1, "cp": 1, "zero_stage": 3, "micro_batch_size": 2,
+                      "recompute": "selective_op"}, dtypes={"precision": "fp8", "fp8_recipe": "tensorwise"})
+            for nodes, tps in ((4, 10938), (8, 10753))]
 
 
 def memory_report() -> str:

@@ -90,15 +90,16 @@ def test_held_out_error_within_target(bench, results):
 
 @pytest.mark.slow
 def test_torchao_float8_rows_are_summed_apart_and_held_where_they_stand(bench, results):
-    """torchtitan's 2024-12 H100 benchmark's fourteen Float8 rows (Tables 1-6 with torchao's Float8) are held out
-    and summed apart (docs/validation.md, "torchtitan's Float8 runs"): over-predicted, median 25.9 %, max 58.4 % (the
+    """torchtitan's 2024-12 H100 benchmark's fourteen Float8 rows (Tables 1-6 with torchao's Float8), and since
+    2026-12-05 its June 2025 H200 benchmark's two (+16.5, +18.0 %), are held out and summed apart (docs/validation.md,
+    "torchtitan's Float8 runs"): over-predicted, median 24.2 % (25.9 % over the fourteen), max 58.4 % (the
     8B at FSDP 1 x CP 8; Table 5's runs at torchtitan's 8 microbatches of 4, +27 and +27 %) since they take torchao's
     recipe (`fp8_recipe: tensorwise`: the weights cast in every forward; 26.6 and 65.0 % before) and their CP rows
     torch's ring step by step ("Context parallelism as torch's ring runs it": the 405B at CP 8 +64.5 -> +45.7 %); held
     there so that they do not grow."""
     errors = {run.name: bench.error(run, value) for run, value, _ in results if run.family == "torchao-float8"}
-    assert len(errors) == 14
-    assert statistics.median(map(abs, errors.values())) <= 0.26 and max(map(abs, errors.values())) <= 0.59, errors
+    assert len(errors) == 16
+    assert statistics.median(map(abs, errors.values())) <= 0.25 and max(map(abs, errors.values())) <= 0.59, errors
     assert "torchao Float8 runs, apart" in bench.report(results, None)
 
 
