@@ -110,6 +110,9 @@ IGNORED = (
     "--distributed-timeout-minutes", "--rotary-scaling-factor", "--mscale", "--mscale-all-dim",
     "--moe-router-score-function", "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor",
     "--moe-router-num-groups", "--moe-router-group-topk", "--moe-router-pre-softmax", "--moe-router-dtype",
+    # Transformer Engine's userbuffers configuration file (per-layer SM counts, methods, splits): a plan's
+    # `overlap = userbuffers` prices TE's defaults (`initialize_ub`); the file is named as left out
+    "--tp-comm-overlap-cfg",
 )
 
 # plandsl's training precision -> Megatron's switch (ModelParallelConfig.bf16 / .fp16; fp32 is neither).

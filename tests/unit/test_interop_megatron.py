@@ -432,6 +432,12 @@ def test_tp_comm_overlap_is_the_plans_tensor_overlap_both_ways():
     plain = import_text("megatron", text.replace(" --tp-comm-overlap", ""), "flags", world_size=8)
     assert "overlap" not in plain.text and "--tp-comm-overlap" not in export_plan(
         api.select_plan(api.loads(plain.text, path="plain.plan")), "megatron").text
+    # a launch script's userbuffers configuration file (per-layer SM counts) is no plan's: named as left out, the
+    # overlap priced at Transformer Engine's defaults, the import not refused
+    configured = import_text("megatron", text.replace("--tp-comm-overlap", "--tp-comm-overlap --tp-comm-overlap-cfg "
+                                                      "ub.yaml"), "flags", world_size=8)
+    assert configured.ok and "overlap = userbuffers" in configured.text
+    assert "# Left out (a plan does not hold them): --tp-comm-overlap-cfg ub.yaml" in configured.text
 
 
 @pytest.mark.parametrize("fusion, loss", [(True, "standard"), (False, "megatron")])
