@@ -702,9 +702,11 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
               help="The implementation's cross entropy: standard (over an fp32 copy of the logits), fused (one "
                    "kernel over the 16-bit logits, gradient in place) or megatron (standard, op by op as "
                    "Megatron-LM's default runs it). [default: standard]")
-@click.option("--tensor-overlap", is_flag=True,
-              help="The implementation overlaps tensor-parallel collectives with their GEMMs (torch's async TP, "
-                   "Megatron-LM's --tp-comm-overlap): plans with sequence parallelism say `overlap`.")
+@click.option("--tensor-overlap", type=click.Choice(["async_tp", "userbuffers"]), is_flag=False,
+              flag_value="async_tp", default=None,
+              help="The implementation overlaps tensor-parallel collectives with their GEMMs: async_tp (torch's async "
+                   "TP, the option alone) or userbuffers (Transformer Engine's, Megatron-LM's --tp-comm-overlap); plans "
+                   "with sequence parallelism say `overlap` (`overlap = userbuffers`).")
 @click.option("--from", "from_file", type=click.Path(dir_okay=False),
               help="A partial plan: its model, cluster and train are the problem, what else it writes is pinned.")
 @click.option("--plan", "plan_name", help="The plan of the --from file.")

@@ -40,9 +40,11 @@ class Request:
     """`flash` (the default) or `materialized`: the implementation's attention core (`ir.Attention`)."""
     loss: str | None = None
     """`standard` (the default), `fused` or `megatron`: the implementation's cross entropy (`ir.Loss`)."""
-    tensor_overlap: bool = False
-    """The implementation overlaps the tensor-parallel collectives with their GEMMs (async TP, --tp-comm-overlap):
-    candidates with sequence parallelism are priced and written `with sequence_parallel, overlap`."""
+    tensor_overlap: str | None = None
+    """Which implementation overlaps the tensor-parallel collectives with their GEMMs (`ir.TensorOverlap`): `async_tp`
+    (torch's async TP) or `userbuffers` (Transformer Engine's, Megatron-LM's --tp-comm-overlap); candidates with
+    sequence parallelism are priced so and written `with sequence_parallel, overlap` (`overlap = userbuffers`).
+    None: no overlap."""
     from_file: str | None = None
     plan_name: str | None = None
     params: Mapping[str, object] = field(default_factory=dict)
@@ -73,7 +75,7 @@ def usage_problem(request: Request) -> str | None:
                                              ("precision", request.precision), ("fp8-recipe", request.fp8_recipe),
                                              ("kernels", request.kernels),
                                              ("attention", request.attention), ("loss", request.loss),
-                                             ("tensor-overlap", request.tensor_overlap or None))
+                                             ("tensor-overlap", request.tensor_overlap))
              if value is not None]
     if request.from_file and given:
         return f"{', '.join(given)}: the --from plan gives these (edit the plan instead)"
@@ -83,8 +85,9 @@ def usage_problem(request: Request) -> str | None:
         return f"{'--plan' if request.plan_name else '--param'} is for the --from file"
     if request.fp8_recipe and request.precision != "fp8":  # E510: the recipe scales fp8's tensors only
         return f"--fp8-recipe with --precision {request.precision or 'bf16'}: a recipe of FP8 training (E510)"
-    if request.tensor_overlap and request.kernels == "eager":  # E417: async TP is torch.compile's pass
-        return "--tensor-overlap with --kernels eager: torch's async tensor parallelism is a torch.compile pass (E417)"
+    if request.tensor_overlap == "async_tp" and request.kernels == "eager":  # E417: async TP is torch.compile's pass
+        return ("--tensor-overlap with --kernels eager: torch's async tensor parallelism (async_tp) is a torch.compile "
+                "pass (E417); Transformer Engine's `--tensor-overlap userbuffers` compiles nothing")
     return None
 
 
@@ -104,7 +107,7 @@ def generate(request: Request, progress: Callable[[int, int], None] | None = Non
                                        request.precision or "bf16",
                                        str(request.output or os.path.join(os.getcwd(), "generated.plan")),
                                        kernels=request.kernels or "fused", attention=request.attention or "flash",
-                                       loss=request.loss or "standard", overlap_tensor=request.tensor_overlap,
+                                       loss=request.loss or "standard", tensor_overlap=request.tensor_overlap,
                                        fp8_recipe=request.fp8_recipe)
     result, texts = checked_texts(search(problem_, request.pins, request.top, progress=progress,
                                            time_limit=request.time_limit), problem_, source,

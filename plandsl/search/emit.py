@@ -72,8 +72,10 @@ def stdlib_names() -> dict[str, str]:
 def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | None = None,
                     precision: str = "bf16", plan_file: str | None = None,
                     kernels: str = "fused", attention: str = "flash", loss: str = "standard",
-                    overlap_tensor: bool = False, fp8_recipe: str | None = None) -> tuple[Problem, Source]:
+                    tensor_overlap: str | None = None, fp8_recipe: str | None = None) -> tuple[Problem, Source]:
     """The model and the cluster, resolved by the language (so they mean what they mean in a plan).
+    `tensor_overlap`: which implementation overlaps the tensor-parallel collectives (`ir.TensorOverlap`'s words;
+    None: none), priced and written wherever a candidate has sequence parallelism.
     `plan_file`: where the plan will be written; a model from torch (`hf(...)`, `pkg.mod:fn(...)`) is read
     from the layer table `plandsl inspect` wrote beside it (`.plandsl/`), as the plan will read it."""
     names = stdlib_names()
@@ -117,7 +119,8 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
     problem = Problem(found_model, found_cluster, global_batch, seq_len, found_precision,
                       kernels=_choice(ir.Kernels, kernels, "--kernels"),
                       attention=_choice(ir.Attention, attention, "--attention"), loss=_choice(ir.Loss, loss, "--loss"),
-                      overlap_tensor=overlap_tensor,
+                      overlap_tensor=tensor_overlap is not None,
+                      tensor_overlap=_choice(ir.TensorOverlap, tensor_overlap or "async_tp", "--tensor-overlap"),
                       fp8_recipe=_choice(ir.Fp8Recipe, fp8_recipe, "--fp8-recipe") if fp8_recipe else None)
     return problem, Source(tuple(imports), model_text, cluster_text)
 

@@ -318,6 +318,17 @@ def test_cli_surface_is_frozen():
     assert actual == EXPECTED_SURFACE
 
 
+def test_generate_tensor_overlap_takes_the_languages_implementations():
+    """The option's words are `ir.TensorOverlap`'s (the CLI spells them out so that `--help` imports no stage); the
+    option alone means async_tp, as before; another word is a usage error."""
+    from plandsl import ir
+    option = next(p for p in main.commands["generate"].params if p.name == "tensor_overlap")
+    assert list(option.type.choices) == [o.value for o in ir.TensorOverlap] and option.flag_value == "async_tp"
+    out = cli("generate", "--model", "llama3_8b", "--cluster", "dgx_h100", "--global-batch", "8",
+              "--tensor-overlap", "nccl")
+    assert out.exit_code == 2 and "'nccl' is not one of 'async_tp', 'userbuffers'" in out.output
+
+
 def test_group_options_are_frozen():
     ctx = click.Context(main, **main.context_settings)  # as the command line makes it (help option names)
     options = {opt for p in main.get_params(ctx) for opt in p.opts + p.secondary_opts}

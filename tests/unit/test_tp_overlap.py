@@ -22,6 +22,7 @@ from plandsl.cost.estimate import plan_work
 from plandsl.cost.layer import _exposed, estimate_layer_time, plan_links
 from plandsl.ir.layers import layers_of
 from plandsl.render.summary import describe_plan
+from tests.support import generated_plan
 
 PLAN = """\
 import "clusters/dgx_h100"
@@ -172,6 +173,23 @@ def test_generate_with_tensor_overlap_writes_it_and_estimates_what_it_predicted(
     again = CliRunner().invoke(main, ["generate", "--from", str(partial), "--top", "1", "-o", str(tmp_path / "c.plan")])
     assert again.exit_code == 0, again.output
     assert "with sequence_parallel, overlap" in (tmp_path / "c.plan").read_text(encoding="utf-8")
+
+
+def test_generate_with_tensor_overlap_userbuffers_prices_and_writes_transformer_engines(tmp_path):
+    """`generate --tensor-overlap userbuffers`: the search prices Transformer Engine's overlap (not async TP's) and
+    writes `overlap = userbuffers`, which checks clean and estimates to the search's figure; under `kernels:
+    eager` too, which E417 refuses for async TP only."""
+    model = "llama(layers=4, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000, seq=8192)"
+    request = {"model": model, "cluster": "dgx_h100", "global_batch": 8, "pins": ("tp=8",), "top": 1, "time_limit": 0}
+    text, plan = generated_plan(tmp_path, tensor_overlap="userbuffers", **request)
+    assert "tensor  = megatron over tp with sequence_parallel, overlap = userbuffers\n" in text
+    assert plan.tensor.userbuffers and plan.tensor.sequence_parallel and plan.tensor.sm_margin
+    assert api.check(tmp_path / "generated.plan").diagnostics == []
+    as_async = api.loads(text.replace("overlap = userbuffers", "overlap"), path=str(tmp_path / "a.plan")).plans[0]
+    assert api.estimate(as_async).time.step != pytest.approx(api.estimate(plan).time.step, rel=1e-6)
+    text, plan = generated_plan(tmp_path, tensor_overlap="userbuffers", kernels="eager", **request)
+    assert "kernels: eager" in text and plan.tensor.userbuffers
+    assert api.check(tmp_path / "generated.plan").diagnostics == []
 
 
 def test_run_takes_the_plan_and_computes_the_same_step(tmp_path, monkeypatch):
