@@ -21,6 +21,8 @@ from plandsl.interop.result import Imported, checked
 from plandsl.interop.cluster import cluster_devices, cluster_lines
 
 KNOWN = (*facts.INT_FLAGS, *facts.FLOAT_FLAGS, *facts.CHOICE_FLAGS, *facts.TEXT_FLAGS, *facts.SWITCHES)
+ZERO_OK = ("--lr-warmup-iters", "--seed", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16")
+"""The integer flags that take 0 (no warmup, seed 0, no block kept in bf16 at that end); the others count things."""
 
 
 @dataclass
@@ -115,9 +117,9 @@ def _value(flag: Flag, read: _Read):
         return None
     text = values[0]
     if name in facts.INT_FLAGS:
-        if not re.fullmatch(r"\d+", text) or int(text) < 1 and name not in ("--lr-warmup-iters", "--seed", "--num-layers-at-start-in-bf16",
-                                                                     "--num-layers-at-end-in-bf16"):
-            read.problems.append(diag("E804", f"{name} takes a positive integer, found `{text}`", flag.value_span))
+        if not re.fullmatch(r"\d+", text) or int(text) < 1 and name not in ZERO_OK:
+            accepted = "an integer of zero or more" if name in ZERO_OK else "a positive integer"
+            read.problems.append(diag("E804", f"{name} takes {accepted}, found `{text}`", flag.value_span))
             return None
         return int(text)
     if name in facts.FLOAT_FLAGS:

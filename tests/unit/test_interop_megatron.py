@@ -249,6 +249,19 @@ def test_bad_flags_are_diagnostics_naming_the_flag(extra, code, shown):
     assert span.end > span.start and text[span.start:].startswith(shown), (text[span.start:span.end], shown)
 
 
+@pytest.mark.parametrize("flag", ["--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16"])
+def test_bf16_layer_counts_say_they_take_zero_or_more(flag):
+    """0 is accepted (no block kept in bf16 at that end), so E804 says so rather than "a positive integer"."""
+    text = f"{BASE} --bf16 --fp8-format hybrid --fp8-recipe tensorwise --first-last-layers-bf16 {flag} one\n"
+    imported = import_text("megatron", text, "flags", world_size=8, cluster="dgx_h100 x 1")
+    assert [d.code for d in imported.diagnostics] == ["E804"]
+    assert imported.diagnostics[0].message == f"{flag} takes an integer of zero or more, found `one`"
+    zero = import_text("megatron", text.replace(" one\n", " 0\n"), "flags", world_size=8, cluster="dgx_h100 x 1")
+    assert zero.ok, [str(d) for d in zero.diagnostics]
+    assert import_text("megatron", f"{BASE} --num-layers 0\n", "flags", world_size=8).diagnostics[0].message == \
+        "--num-layers takes a positive integer, found `0`"
+
+
 def test_missing_required_flags_are_named_together():
     text = BASE.replace("--max-position-embeddings 128 ", "").replace("--padded-vocab-size 1024 ", "") + "\n"
     imported = import_text("megatron", text, "flags", world_size=8)
