@@ -16,6 +16,9 @@ step() {  # step NAME COMMAND...: the command's output, exit status and seconds
 }
 step env python3 -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), torch.cuda.device_count())"
 step probe python3 bench/gpu/probe.py
+# Sustained GEMM and attention throughput with the SM clock and board power, 30 s per kernel (about a minute in all),
+# before the runs below warm the GPU, so that its first window is the burst figure the last one is compared with.
+step sustained python3 bench/gpu/sustained.py "$out/sustained.json" --seconds 30
 step check plandsl check bench/gpu/single.plan
 step fp32 plandsl run bench/gpu/single.plan --plan tiny_fp32 --steps 5 --check-equivalence
 step bf16 plandsl run bench/gpu/single.plan --plan tiny_bf16 --steps 5 --check-equivalence
