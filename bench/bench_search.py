@@ -1169,6 +1169,23 @@ def _child(index: int, root: str | None) -> dict:
     return json.loads(out.splitlines()[-1])
 
 
+def experts_report(efficiency: Efficiency | None = None) -> str:
+    """The MoE rows (`family == "moe"`) as pinned, and what the search chooses for their experts' folding and
+    dispatcher left to it (`Problem.search_experts`; every other pin kept: a pinned ep is the expert group when
+    folded, the expert axis otherwise), with each predicted step (docs/validation.md, "Mixtures of experts")."""
+    def chosen(scored) -> str:
+        c = scored.candidate
+        return f"{c.dispatcher} over {'[ep, tp]' if c.fold and c.tp > 1 else 'ep'}" + (f" (group {c.ep * c.tp})" if c.fold and c.tp > 1 else "")
+    lines = ["| run | recipe's experts | step (s) | search's experts | step (s) | layout |", "|---|---|---|---|---|---|"]
+    for run in (r for r in published() if r.family == "moe"):
+        recipe = search(problem_of(run), pins=run.pins, top=1, efficiency=efficiency).best
+        found = search(replace(problem_of(run), search_experts=True), pins=run.pins, top=1, efficiency=efficiency).best
+        same = recipe.candidate.degrees() == found.candidate.degrees()
+        lines.append(f"| {run.name} | {chosen(recipe)} | {recipe.estimate.time.step:.3f} | {chosen(found)} | "
+                     f"{found.estimate.time.step:.3f} | {'same' if same else found.candidate.describe()} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> None:
     if "--fit" in argv:
         efficiency = fit([r for r in published() if r.fit and r.family == ""])
@@ -1183,6 +1200,8 @@ def main(argv: list[str]) -> None:
         print(mpt_report())
     elif "--blackwell" in argv:
         print(blackwell_report())
+    elif "--experts" in argv:
+        print(experts_report())
     elif "--memory" in argv:
         print(memory_report())
     elif "--case" in argv:

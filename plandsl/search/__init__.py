@@ -23,6 +23,7 @@ result is the top k of brute force (tests/unit/test_search.py checks it).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import heapq
@@ -44,7 +45,12 @@ from plandsl.search.tree import SAFE, Leaf, Node, Pending, Root, candidate_of
 from plandsl.diagnostics import did_you_mean
 
 PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
-            "virtual_stages", "zero_stage", "recompute", "recompute_layers", "order", "tp_across_nodes")
+            "virtual_stages", "zero_stage", "recompute", "recompute_layers", "order", "tp_across_nodes", "fold",
+            "dispatcher")
+DISPATCHERS = ("alltoall", "deepep", "hybridep")  # `experts = KIND over ...` (ir.ExpertParallel.kind)
+# The dispatchers the search tries unpinned: DeepEP's and HybridEP's are priced alike (`cost.comm.node_dispatch_seconds`),
+# so it proposes the first; `--pin dispatcher=hybridep` writes the other.
+SEARCHED_DISPATCHERS = ("alltoall", "deepep")
 # Tensor parallelism stays inside a node unless pinned otherwise: its all-reduces sit on every layer's
 # critical path (Narayanan et al. 2021, Sec. 3.3: "tensor model parallelism ... within a multi-GPU
 # server"), where a node's link is an order of magnitude faster than the fabric.
@@ -72,10 +78,13 @@ def parse_pins(pins: Mapping[str, object] | Iterable[str] | None) -> dict[str, o
         elif key == "recompute":
             if value not in RECOMPUTE:
                 raise SearchError(f"--pin recompute={value}: recompute is one of {', '.join(RECOMPUTE)}")
-        elif key == "tp_across_nodes":
+        elif key in ("tp_across_nodes", "fold"):
             if value.lower() not in ("true", "false", "yes", "no", "1", "0"):
-                raise SearchError(f"--pin tp_across_nodes={raw}: true or false")
+                raise SearchError(f"--pin {key}={raw}: true or false")
             value = value.lower() in ("true", "yes", "1")
+        elif key == "dispatcher":
+            if value not in DISPATCHERS:
+                raise SearchError(f"--pin dispatcher={raw}: the experts' dispatcher is one of {', '.join(DISPATCHERS)}")
         elif key == "order":
             value = tuple(a.strip() for a in value.split(",") if a.strip())
             if len(set(value)) != len(value) or not set(value) <= set(AXES):
@@ -149,6 +158,42 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
                                   "(the order lists the axes of size > 1)")
 
 
+def experts_variants(problem: Problem, pins: Mapping[str, object]) -> list[tuple[Problem, tuple[bool, bool]]]:
+    """The problems the search runs for the experts' choices, each with whether the search chose its (fold,
+    dispatcher) (`Space`'s `chosen`): for a mixture of experts whose problem searches them (`search_experts`),
+    the experts folded over tp or not (Megatron-Core's MoE parallel folding) and each searched dispatcher, unless
+    pinned; else the problem's own, which a pin must agree with (SearchError)."""
+    if not getattr(problem.model, "experts", 0):
+        return [(problem, (False, False))]
+    if not problem.search_experts:
+        for key, given in (("fold", problem.fold_experts), ("dispatcher", problem.dispatcher)):
+            if key in pins and pins[key] != given:
+                raise SearchError(f"contradictory pins: {key}={str(pins[key]).lower()}, where the plan's experts "
+                                  f"clause gives {str(given).lower()}")
+        return [(problem, (False, False))]
+    folds = [pins["fold"]] if "fold" in pins else [False, True]
+    kinds = [pins["dispatcher"]] if "dispatcher" in pins else list(SEARCHED_DISPATCHERS)
+    return [(dataclasses.replace(problem, fold_experts=fold, dispatcher=kind, search_experts=False),
+             ("fold" not in pins, "dispatcher" not in pins)) for fold in folds for kind in kinds]
+
+
+def _spaces(problem: Problem, pins: Mapping[str, object], efficiency: Efficiency | None) -> list[Space]:
+    """One space per experts' variant (`experts_variants`), sharing their counters; the pins checked against each
+    (a pinned ep counts the folded group): a variant they contradict is left out, and if every one is, the first's
+    SearchError is raised."""
+    stats, spaces, errors = SearchStats(), [], []
+    for variant, chosen in experts_variants(problem, pins):
+        try:
+            check_pins(variant, pins)
+        except SearchError as error:
+            errors.append(error)
+            continue
+        spaces.append(Space(variant, pins, efficiency, stats, chosen))
+    if not spaces:
+        raise errors[0]
+    return spaces
+
+
 # ---- the search ---------------------------------------------------------------------------------------------------
 def _collector_paused(function: Callable) -> Callable:
     """`function` with Python's cyclic garbage collector paused (and restored after): a search makes
@@ -186,12 +231,14 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
     cpu = time.process_time()
     deadline = cpu + time_limit if time_limit else math.inf
     pins = parse_pins(pins)
-    check_pins(problem, pins)
-    space = Space(problem, pins, efficiency)
+    spaces = _spaces(problem, pins, efficiency)
+    space = spaces[0]  # the problem's own (or its first variant's): what an empty search explains
     space.stats.time_limit = time_limit or None
-    roots = space.roots()
+    rooted = [(root, each) for each in spaces for root in each.roots()]
+    roots = [root for root, _ in rooted]
+    space.stats.roots = len(roots)
     counter = itertools.count()
-    heap: list = [(root.bound, next(counter), root) for root in roots]
+    heap: list = [(root.bound, next(counter), root, each) for root, each in rooted]
     heapq.heapify(heap)
     results: list[Scored] = []
     done = 0
@@ -219,7 +266,7 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
                 continue
         else:
             break
-        item = entry[2]
+        item, space = entry[2], entry[3]
         if isinstance(item, Root):
             done += 1
             if progress:
@@ -243,19 +290,23 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
             if scored is not None:
                 found = True
                 stack.clear()
-                heapq.heappush(heap, (scored.estimate.time.step, next(counter), scored))
+                heapq.heappush(heap, (scored.estimate.time.step, next(counter), scored, space))
         else:
             results.append(item)
             continue
-        entries = [(child.bound, next(counter), child) for child in children]
+        entries = [(child.bound, next(counter), child, space) for child in children]
         for child_entry in entries:
             heapq.heappush(heap, child_entry)
         if diving:
             stack.extend(sorted(entries, key=lambda e: (e[0], e[1]), reverse=True))  # the lowest bound on top
     if progress:
         progress(len(roots), len(roots))
+    space = spaces[0]
     if explain:  # what memory ruled out that came closest, by its estimate where the lowest figures were bounds
-        space.closest.settle()
+        for each in spaces:  # each publishes its least figure into the shared counters; the least of them last
+            each.closest.settle()
+        if len(spaces) > 1:
+            min(spaces, key=lambda each: each.closest.least()).closest._publish()
     space.stats.seconds = time.perf_counter() - started
     if not results:
         if not explain:
@@ -283,10 +334,10 @@ def _cpu_clock(start: float) -> Callable[[], float]:
 def _stop(stats: SearchStats, heap: list, results: list[Scored], top: int) -> None:
     """At the time limit: after the proven best (`results`), the fastest plans simulated so far."""
     stats.stopped = True
-    stats.roots_open = sum(1 for _, _, item in heap if isinstance(item, Root))  # (a dive expands none)
-    open_bounds = [bound for bound, _, item in heap if not isinstance(item, Scored)]
+    stats.roots_open = sum(1 for _, _, item, _ in heap if isinstance(item, Root))  # (a dive expands none)
+    open_bounds = [bound for bound, _, item, _ in heap if not isinstance(item, Scored)]
     stats.lower_bound = min(open_bounds) / SAFE if open_bounds else 0.0
-    found = sorted((item for _, _, item in heap if isinstance(item, Scored)), key=lambda s: s.estimate.time.step)
+    found = sorted((item for _, _, item, _ in heap if isinstance(item, Scored)), key=lambda s: s.estimate.time.step)
     results.extend(found[:top - len(results)])
 
 
@@ -295,10 +346,8 @@ def brute_force(problem: Problem, pins: Mapping[str, object] | Iterable[str] | N
                 efficiency: Efficiency | None = None) -> list[Scored]:
     """Every candidate of the space that fits, simulated, sorted by step time (for tests: small spaces only)."""
     pins = parse_pins(pins)
-    check_pins(problem, pins)
-    space = Space(problem, pins, efficiency)
     out = []
-    for root in space.roots():
+    for space, root in [(each, root) for each in _spaces(problem, pins, efficiency) for root in each.roots()]:
         for node in space.expand_root(root):
             for leaf in space.expand(node):
                 scored = space.evaluate(leaf)
@@ -309,4 +358,4 @@ def brute_force(problem: Problem, pins: Mapping[str, object] | Iterable[str] | N
 
 __all__ = ["CONTEXT", "Problem", "Candidate", "Scored", "SearchResult", "SearchStats", "SearchError", "search",
            "brute_force", "parse_pins", "check_pins", "partition_blocks", "partition_layers", "build_plan", "candidate_of",
-           "schedule_choices", "PIN_KEYS", "divisors"]
+           "schedule_choices", "PIN_KEYS", "DISPATCHERS", "divisors", "experts_variants"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 
 from plandsl.cost.compute import Efficiency
 from plandsl.cost.estimate import estimate_plan
@@ -69,6 +70,11 @@ class Closest:
             if not estimate.fits:  # (a candidate the caps refuse that its estimate fits is no closer than any)
                 self.estimated(candidate, estimate)
         self._publish()
+
+    def least(self) -> float:
+        """The least figure `_publish` gives the stats (inf without any): the closest of several spaces'."""
+        exact = [self._exact[0]] if self._exact is not None else []
+        return min(exact + ([self._bounds[0][0]] if self._bounds else []), default=math.inf)
 
     def _publish(self) -> None:
         """The least figure into the stats; an exact one before a bound equal to it."""

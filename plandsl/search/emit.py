@@ -119,7 +119,7 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
     problem = Problem(found_model, found_cluster, global_batch, seq_len, found_precision,
                       kernels=_choice(ir.Kernels, kernels, "--kernels"),
                       attention=_choice(ir.Attention, attention, "--attention"), loss=_choice(ir.Loss, loss, "--loss"),
-                      overlap_tensor=tensor_overlap is not None,
+                      overlap_tensor=tensor_overlap is not None, search_experts=True,
                       tensor_overlap=_choice(ir.TensorOverlap, tensor_overlap or "async_tp", "--tensor-overlap"),
                       fp8_recipe=_choice(ir.Fp8Recipe, fp8_recipe, "--fp8-recipe") if fp8_recipe else None)
     return problem, Source(tuple(imports), model_text, cluster_text)
@@ -230,8 +230,8 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
                                                                   if problem.context == "ring" and problem.ring != "te"
                                                                   else ""))
     if c.ep > 1:
-        over = "[ep, tp]" if problem.fold_experts and c.tp > 1 else "ep"
-        lines.append(f"  experts  = {problem.dispatcher} over {over}" + (" with overlap" if problem.overlap_experts else ""))
+        over = "[ep, tp]" if c.fold and c.tp > 1 else "ep"  # the candidate's: the problem's, or the search's choice
+        lines.append(f"  experts  = {c.dispatcher} over {over}" + (" with overlap" if problem.overlap_experts else ""))
     if c.pp > 1:
         lines += stage_lines(scored, problem)
         lines.append(f"  schedule = {c.schedule}")
@@ -371,6 +371,7 @@ def candidate_json(scored: Scored, text: str, refusals: Refusals) -> dict:
             "micro_batch_size": c.micro_batch_size, "num_microbatches": c.num_microbatches,
             "schedule": c.schedule or None, "virtual_stages": c.virtual_stages, "zero_stage": c.zero_stage,
             "recompute": c.recompute, "recompute_layers": c.recompute_layers, "sequence_parallel": c.sequence_parallel,
+            "fold": c.fold and c.tp > 1 and c.ep > 1, "dispatcher": c.dispatcher if c.ep > 1 else None,
             "layers_per_stage": list(scored.blocks),
             "step_time_s": e.time.step, "tokens_per_s": e.tokens_per_s, "tflops_per_device": e.tflops_per_device,
             "mfu": e.mfu, "peak_memory_bytes": e.peak_memory_bytes,

@@ -46,6 +46,8 @@ class Problem:
     sm_margin: bool = True                            # given: userbuffers' `sm_margin`
     gathering: ir.Gathering = ir.FSDP_GATHERING       # given, not searched: `data = zero3 ... with unit, prefetch`
     dispatcher: str = "alltoall"                      # given, not searched: `experts = deepep over ep` (ir.ExpertParallel)
+    search_experts: bool = False                      # searched instead: the experts' folding over tp and their
+    #                                                   dispatcher (`plandsl generate` from a model; `experts_variants`)
     fp8_recipe: ir.Fp8Recipe | None = None            # given, not searched: `precision: fp8`'s scaling (None: delayed)
     bf16_first_layers: int = 0                        # given, not searched: blocks an FP8 or FP4 recipe keeps in bf16
     bf16_last_layers: int = 0
@@ -98,6 +100,8 @@ class Candidate:
     recompute: str
     sequence_parallel: bool
     recompute_layers: int | None = None  # with recompute full: the first N blocks of each stage (None: every block)
+    fold: bool = False                   # the experts folded over tp (`experts = ... over [ep, tp]`), with tp > 1
+    dispatcher: str = "alltoall"         # the experts' dispatcher (`experts = deepep over ep`), with ep > 1
 
     def degrees(self) -> dict[str, int]:
         return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep}
@@ -123,7 +127,8 @@ class Candidate:
         return {**self.degrees(), "micro_batch_size": self.micro_batch_size, "schedule": self.schedule or "none",
                 "virtual_stages": self.virtual_stages, "zero_stage": self.zero_stage, "recompute": self.recompute,
                 "order": ",".join(self.order)} | ({} if self.recompute_layers is None else
-                                                 {"recompute_layers": self.recompute_layers})
+                                                 {"recompute_layers": self.recompute_layers}) | (
+            {"fold": self.fold, "dispatcher": self.dispatcher} if self.ep > 1 else {})
 
     def describe(self) -> str:
         axes = " ".join(f"{k}={v}" for k, v in self.degrees().items() if v > 1) or "1 device"
@@ -131,7 +136,9 @@ class Candidate:
             if self.pp > 1 and self.schedule else ""  # a node's record has no schedule yet
         return (f"{axes} mb={self.micro_batch_size} m={self.num_microbatches}{pipeline} "
                 f"zero{self.zero_stage} recompute={self.recompute}"
-                + (f" recompute_layers={self.recompute_layers}" if self.recompute_layers is not None else ""))
+                + (f" recompute_layers={self.recompute_layers}" if self.recompute_layers is not None else "")
+                + (f" experts={self.dispatcher}" + (" over [ep, tp]" if self.fold else "")
+                   if self.ep > 1 and (self.fold or self.dispatcher != "alltoall") else ""))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,8 @@ figures through `cost.estimate`. The per-layer figures every step reads are memo
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from plandsl import ir
@@ -31,8 +33,14 @@ _ONE_IN_FLIGHT = np.ones(1)  # a single stage's microbatches in flight (one obje
 
 
 class Space:
-    def __init__(self, problem, pins, efficiency: Efficiency | None):
+    def __init__(self, problem, pins, efficiency: Efficiency | None, stats: SearchStats | None = None,
+                 chosen: tuple[bool, bool] = (False, False)):
+        """`stats`: counters shared with the spaces of the other experts' variants (`experts_variants`);
+        `chosen`: whether the search itself chose (fold, dispatcher) for this space, not the problem or a pin:
+        then folding keeps only the roots with tp > 1 and ep > 1, and a flex dispatcher only those whose expert
+        group spans nodes, the roots where it changes the plan's figure (elsewhere the variant without it has it)."""
         self.problem, self.pins, self.efficiency = problem, pins, efficiency
+        self.chosen = chosen
         self.figures = figures = Figures(problem, efficiency)
         self.caps = Caps(figures)
         self.splits = Splits(figures, self.caps, pins)
@@ -42,7 +50,7 @@ class Space:
         # E506: a microbatch must give each of the model's BatchNorms more than one value per channel
         self.norm_values = problem.model.norm_values if isinstance(problem.model, ir.CustomModel) else 0
         self.devices = problem.cluster.devices_in_order()
-        self.stats = SearchStats()
+        self.stats = stats if stats is not None else SearchStats()
         self.closest = Closest(self.stats, self.base, efficiency)  # what memory ruled out came closest to fitting
 
     # -- roots: layouts and orders --
@@ -65,8 +73,12 @@ class Space:
             if not self._states_may_fit(layout):
                 self.stats.memory_pruned += 1
                 continue
+            if self.chosen[0] and p.fold_experts and (tp == 1 or ep == 1):
+                continue  # folding over tp 1 is the unfolded plan
             splits_sequence = sequence_parallel(self.model, p.sequence, tp, cp)
             for order, links, devices, capacity in self._orders(layout):
+                if self.chosen[1] and p.dispatcher != "alltoall" and (ep == 1 or links.ep.nodes <= 1):
+                    continue  # inside one node the flex dispatcher is priced as the all-to-all (`node_dispatch_seconds`)
                 root = Root(dp, tp, pp, cp, ep, order, links, devices, capacity, splits_sequence, sizes)
                 # Per token, a microbatch costs least at the largest micro-batch size and without
                 # recomputation (GEMMs grow, latencies amortise): a bound for every node below.
@@ -268,6 +280,9 @@ class Space:
         self.stats.simulated += 1
         node = leaf.node
         candidate = candidate_of(node, leaf.schedule, leaf.virtual, leaf.zero, leaf.recompute_layers)
+        if node.root.ep > 1:  # the experts' clause `build_plan` writes from the problem's (`self.base`)
+            candidate = replace(candidate, fold=self.problem.fold_experts and node.root.tp > 1,
+                                dispatcher=self.problem.dispatcher)
         plan = build_plan(self.base, candidate)
         ranks = stage_ranks(leaf.schedule, node.root.pp, leaf.virtual) if node.root.pp > 1 else (0,)
         assignment = Assignment(tuple(tuple(s) for s in self.figures.stage_layers(leaf.counts)), ranks, leaf.virtual)
