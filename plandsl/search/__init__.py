@@ -11,7 +11,9 @@ ep the experts; pp at most the blocks; dp x ep the global batch), every order of
 places the groups differently on the nodes, micro-batch sizes dividing the per-replica batch, the
 built-in schedules with their virtual stages (Chimera only when pinned: it holds two stages' weights
 per rank, which the memory model does not count), ZeRO stages 0-3 and recomputation none/selective/selective_op/full,
-and full for the first N blocks of each stage where memory binds (`recompute_layers`, N the least that fits).
+and full for the first N blocks of each stage where memory binds (`recompute_layers`, N the least that fits); for a
+mixture of experts whose problem leaves them to it (`Problem.search_experts`), the experts folded over tp or not and
+the alltoall or deepep dispatcher (`experts_variants`: one `Space` each, their roots under one heap).
 Blocks go to stages by `partition_blocks` (the fewest seconds on the slowest stage, within memory).
 
 Best-first branch and bound (Land & Doig 1960): a root (layout, mesh order) and a node (plus
