@@ -85,46 +85,35 @@ node grand_teton {
 }
 
 # The DGX H100 as MosaicML's llm-foundry ran it in 2023-2024 (its benchmarking README: "our models use Flash
-# Attention", the flash-attn package's FlashAttention-2): the stdlib's h100_80g, its attention FlashAttention-2's
-# (the figures of the torchtitan hosts above) instead of cuDNN's.
-device h100_80g_fa2 {
-  memory     = 80 GiB
-  bandwidth  = 3350 GB/s
-  peak       = { fp32: 67 TFLOP/s, bf16: 989 TFLOP/s, fp16: 989 TFLOP/s, fp8: 1979 TFLOP/s }
-  efficiency = {
-    bf16: { matmul: 0.754, kernel_latency: 14 us, attention: 0.337, attention_backward: 0.322 },
-    fp16: { matmul: 0.722, kernel_latency: 21 us, attention: 0.337, attention_backward: 0.322 },
-    fp8: { matmul: 0.691, kernel_latency: 31 us },
-    fp32: { matmul: 0.767, kernel_latency: 57 us },
-  }
-}
-node dgx_h100_fa2 {
-  devices = 8 x h100_80g_fa2
-  link    = { bandwidth: 450 GB/s, latency: 2 us }
-  nic     = { bandwidth: 400 GB/s, latency: 5 us }
-}
+# Attention", the flash-attn package's FlashAttention-2), and the H200 hosts of torchtitan's June 2025 benchmark
+# (benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md: 8 H200 on NVLink, 400 Gb/s RDMA per GPU; torchtitan asked
+# SDPA for cuDNN's kernel only from Blackwell on, pytorch/torchtitan#1196): `GH100_FA2` below, the stdlib's
+# h100_80g and h200_141g (the GEMM knobs measured on the GH100 die) with FlashAttention-2's attention figures (those
+# of the torchtitan hosts above) instead of cuDNN's.
+"""
 
-# The H200 hosts of torchtitan's June 2025 benchmark (benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md): 8 H200
-# on NVLink, 400 Gb/s RDMA per GPU; the stdlib's h200_141g (its measured GEMM knobs), its attention PyTorch SDPA's
-# FlashAttention-2 as on the torchtitan hosts above (torchtitan asked SDPA for cuDNN's kernel only from Blackwell on,
-# pytorch/torchtitan#1196).
-device h200_141g_fa2 {
-  memory     = 141 GB
-  bandwidth  = 4800 GB/s
-  peak       = { fp32: 67 TFLOP/s, bf16: 989 TFLOP/s, fp16: 989 TFLOP/s, fp8: 1979 TFLOP/s }
-  efficiency = {
-    bf16: { matmul: 0.754, kernel_latency: 14 us, attention: 0.337, attention_backward: 0.322 },
-    fp16: { matmul: 0.722, kernel_latency: 21 us, attention: 0.337, attention_backward: 0.322 },
-    fp8: { matmul: 0.691, kernel_latency: 31 us },
-    fp32: { matmul: 0.767, kernel_latency: 57 us },
-  }
-}
-node trainy_h200 {
-  devices = 8 x h200_141g_fa2
-  link    = { bandwidth: 450 GB/s, latency: 2 us }
-  nic     = { bandwidth: 400 GB/s, latency: 5 us }
-}
-
+# A GH100 part (H100 or H200: the same die, peaks and measured GEMM knobs) as a stack running FlashAttention-2 sees it.
+GH100_FA2 = """
+device {device} {{
+  memory     = {memory}
+  bandwidth  = {bandwidth}
+  peak       = {{ fp32: 67 TFLOP/s, bf16: 989 TFLOP/s, fp16: 989 TFLOP/s, fp8: 1979 TFLOP/s }}
+  efficiency = {{
+    bf16: {{ matmul: 0.754, kernel_latency: 14 us, attention: 0.337, attention_backward: 0.322 }},
+    fp16: {{ matmul: 0.722, kernel_latency: 21 us, attention: 0.337, attention_backward: 0.322 }},
+    fp8: {{ matmul: 0.691, kernel_latency: 31 us }},
+    fp32: {{ matmul: 0.767, kernel_latency: 57 us }},
+  }}
+}}
+node {node} {{
+  devices = 8 x {device}
+  link    = {{ bandwidth: 450 GB/s, latency: 2 us }}
+  nic     = {{ bandwidth: 400 GB/s, latency: 5 us }}
+}}
+"""
+HARDWARE += GH100_FA2.format(device="h100_80g_fa2", node="dgx_h100_fa2", memory="80 GiB", bandwidth="3350 GB/s")
+HARDWARE += GH100_FA2.format(device="h200_141g_fa2", node="trainy_h200", memory="141 GB", bandwidth="4800 GB/s")
+HARDWARE += """
 # The 128 H100 of torchtitan's first 405B runs (docs/performance.md, 2024): "94GB memory", and by the same
 # page's footnote 1 "HBM2e based lower TDP SXM H100 ... the actual peak TFLOPs number is between SXM and NVL":
 # the Grand Teton part above (2.4 TB/s, peak 912) with the memory the page states.
