@@ -89,6 +89,15 @@ def _field_flags(cls) -> dict[str, str]:
     return names
 
 
+def _known_flags(mcore, *configs: str) -> set[str]:
+    """Megatron-LM's flags a plan's export may write: the training script's own (TRAINING_FLAGS) and those of the
+    named config dataclasses (`mcore`'s keys)."""
+    known = set(TRAINING_FLAGS)
+    for name in configs:
+        known |= set(_field_flags(mcore[name]))
+    return known
+
+
 def _typed(value, field):
     if value is True or field.type in ("str", str) or "Literal" in str(field.type) or "str" == str(field.type):
         return value
@@ -158,9 +167,7 @@ def test_most_stdlib_plans_are_expressible():
 def test_every_exported_flag_is_megatrons_and_its_configs_accept_them(mcore, path, name):
     plan, exported = _exported(path, name)
     flags = _flags(exported.text)
-    known = set(TRAINING_FLAGS)
-    for cls in (mcore["TransformerConfig"], mcore["MLATransformerConfig"], mcore["DDP"], mcore["Optimizer"]):
-        known |= set(_field_flags(cls))
+    known = _known_flags(mcore, "TransformerConfig", "MLATransformerConfig", "DDP", "Optimizer")
     assert set(flags) <= known, f"not Megatron-LM flags: {sorted(set(flags) - known)}"
     config, ddp, optimizer = _configs(mcore, flags)
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (plan.tp, plan.pp)
@@ -299,9 +306,8 @@ def test_deepseek_exports_megatrons_latent_attention_and_dense_then_moe_layers(m
     exported = export_plan(plan, "megatron")
     assert not exported.lost, [d.message for d in exported.lost]
     flags = _flags(exported.text)
-    known = set(TRAINING_FLAGS)
-    for cls in (mcore["TransformerConfig"], mcore["MLATransformerConfig"], mcore["DDP"], mcore["Optimizer"]):
-        known |= set(_field_flags(cls))  # --multi-latent-attention: TransformerConfig's switch
+    # --multi-latent-attention: TransformerConfig's switch
+    known = _known_flags(mcore, "TransformerConfig", "MLATransformerConfig", "DDP", "Optimizer")
     assert set(flags) <= known, f"not Megatron-LM flags: {sorted(set(flags) - known)}"
     config, _, _ = _configs(mcore, flags)
     model = plan.model
@@ -333,9 +339,7 @@ plan p {
     exported = export_plan(plan, "megatron")
     assert not exported.lost
     flags = _flags(exported.text)
-    known = set(TRAINING_FLAGS)
-    for cls in (mcore["TransformerConfig"], mcore["DDP"], mcore["Optimizer"]):
-        known |= set(_field_flags(cls))
+    known = _known_flags(mcore, "TransformerConfig", "DDP", "Optimizer")
     assert "--tp-comm-overlap" in flags and set(flags) <= known
     config = _configs(mcore, flags)[0]
     assert config.tp_comm_overlap and config.sequence_parallel and config.tensor_model_parallel_size == 4
@@ -422,9 +426,7 @@ plan p {{
     exported = export_plan(plan, "megatron")
     assert not exported.lost
     flags = _flags(exported.text)
-    known = set(TRAINING_FLAGS)
-    for cls in (mcore["TransformerConfig"], mcore["DDP"], mcore["Optimizer"]):
-        known |= set(_field_flags(cls))
+    known = _known_flags(mcore, "TransformerConfig", "DDP", "Optimizer")
     assert set(flags) <= known, sorted(set(flags) - known)
     config, _, optimizer = _configs(mcore, flags)
     assert {name: getattr(config, name) for name in fields} == fields

@@ -10,24 +10,11 @@ import pytest
 from plandsl import api, ir
 from plandsl.cost.estimate import estimate_plan
 from plandsl.interop import export_plan, import_text
-
-PLAN = """\
-import "clusters/{file}"
-plan p {{
-  model    = llama(layers=16, hidden=4096, heads=32, kv_heads=8, seq=4096, vocab=128256)
-  cluster  = {cluster}
-  mesh     = [dp = 2, pp = 2, tp = 4]
-  train    = {{ global_batch: 32, micro_batch: 1, precision: {precision} }}
-  data     = zero1 over dp
-  tensor   = megatron over tp with sequence_parallel
-  stages   = evenly over pp
-  schedule = 1f1b
-}}
-"""
-
+from tests.unit.test_fp8 import PLAN
 
 def _text(precision: str, file: str = "dgx_b200", cluster: str = "dgx_b200 x 2") -> str:
-    return PLAN.format(file=file, cluster=cluster, precision=precision)
+    """test_fp8's plan (llama 16 x 4096, dp 2 x pp 2 x tp 4) on `file`'s cluster."""
+    return PLAN.format(devices=f'import "clusters/{file}"', cluster=cluster, precision=precision)
 
 
 def _plan(precision: str, **where) -> ir.Plan:
@@ -166,8 +153,8 @@ def test_an_nvl72_rack_is_one_node_of_72_devices():
         "  tensor   = megatron over tp with sequence_parallel\n  stages   = evenly over pp\n  schedule = 1f1b\n", "")
     eights = ("node eights {\n  devices = 8 x gb200\n  link = { bandwidth: 900 GB/s, latency: 2 us }\n"
               "  nic = { bandwidth: 400 GB/s, latency: 5 us }\n}\n")
-    rack_text = text.format(file="gb200_nvl72", cluster="gb200_nvl72", precision="bf16")
-    nine_text = text.format(file="gb200_nvl72", cluster="eights x 9", precision="bf16") + eights
+    rack_text = text.format(devices='import "clusters/gb200_nvl72"', cluster="gb200_nvl72", precision="bf16")
+    nine_text = text.format(devices='import "clusters/gb200_nvl72"', cluster="eights x 9", precision="bf16") + eights
     assert api.checks(rack_text.replace("global_batch: 32", "global_batch: 72")).ok
     one, nine = (api.loads(t.replace("global_batch: 32", "global_batch: 72")).plans[0] for t in (rack_text, nine_text))
     assert estimate_plan(one).time.step < estimate_plan(nine).time.step
