@@ -474,18 +474,9 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         # shard under sequence parallelism (quantized before the gather, after the reduce-scatter)
         cast_in += features if splits == "in" else features / split
         cast_grad += out if splits == "out" else out / split
-    seq_q = -(-work.seq // work.cp)
-    # Q·Kᵀ and P·V over this rank's heads (MLA: q and k (nope + rope) wide per head, v and the output v wide)
-    attention_flops = 2.0 * work.micro_batch * seq_q * work.seq * (widths.q + widths.o) / tp
-    attention_bytes = work.micro_batch * (seq_q * (widths.q + widths.o) + work.seq * (widths.k + widths.v)) / tp * element
-    fused = efficiency.attention_seconds(attention_flops, attention_bytes, causal_fraction(work.seq), device,
-                                         precision.unquantized) \
-        if work.attention is ir.Attention.flash else None  # fp8: attention stays 16-bit
-    if fused is not None:  # the device's own attention kernel
-        attention, attention_backward = fused
-    else:  # a batched GEMM over the full s x s, its backward twice its forward like the GEMMs'
-        attention = efficiency.kernel(attention_flops, attention_bytes, device, precision.unquantized)
-        attention_backward = 2 * attention
+    attention_flops, attention_bytes = rank_attention(widths, work)  # Q·Kᵀ and P·V over this rank's heads
+    attention, attention_backward = attention_core_seconds(attention_flops, attention_bytes, causal_fraction(work.seq),
+                                                           work, device, efficiency)
     attention_backward_extra = 0.0
     if work.attention is ir.Attention.materialized:
         # The s x s matrices through memory (`materialized_attention_bytes`): the fused core's FLOPs and Q, K, V, O
@@ -612,6 +603,33 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
                         attention=attention, flops=flops, recompute_flops=recompute_flops)
 
 
+def rank_attention(widths, work: Work) -> tuple[float, float]:
+    """(FLOPs, bytes) of one rank's attention core for one microbatch: Q·Kᵀ and P·V of its s/cp queries against all
+    s keys over its heads, the full s x s counted (model FLOPs; the kernel's causal share is `causal_fraction`'s), and
+    Q, K, V and O read or written once in 16 bits (fp8 and the block-scaled precisions keep attention 16-bit).
+    `widths`: `ir.layers.attention_widths` of the model (MLA: q and k nope + rope wide per head, v and o v wide)."""
+    seq_q = -(-work.seq // work.cp)
+    flops = 2.0 * work.micro_batch * seq_q * work.seq * (widths.q + widths.o) / work.tp
+    moved = work.micro_batch * (seq_q * (widths.q + widths.o) + work.seq * (widths.k + widths.v)) / work.tp \
+        * work.precision.unquantized.bytes
+    return flops, moved
+
+
+def attention_core_seconds(flops: float, moved: float, causal: float, work: Work, device: ir.DeviceType,
+                           efficiency: Efficiency) -> tuple[float, float]:
+    """(forward, backward) seconds of an attention core whose full s x s product is `flops`, moving `moved` bytes: the
+    device's fused kernel at its stated speed (`Efficiency.attention_seconds`, the fraction `causal` executed) when the
+    plan runs a flash core and the device states one, else a batched GEMM over the whole rectangle at the GEMM knob,
+    its backward twice its forward like the GEMMs' (what the A100 fit absorbed). 16-bit whatever the precision."""
+    precision = work.precision.unquantized
+    fused = efficiency.attention_seconds(flops, moved, causal, device, precision) \
+        if work.attention is ir.Attention.flash else None
+    if fused is not None:
+        return fused
+    forward = efficiency.kernel(flops, moved, device, precision)
+    return forward, 2 * forward
+
+
 FLASH_TILE = 128
 """Queries and keys per tile of the fused attention kernels (FlashAttention-2 and -3, cuDNN, head dim 128): under a
 causal mask a tile is computed when any of its pairs is unmasked."""
@@ -736,4 +754,5 @@ def estimate_optimizer_step(local_params: float, device: ir.DeviceType, optimize
 
 __all__ = ["cast_bytes", "Efficiency", "DEFAULT_EFFICIENCY", "device_efficiency", "Work", "LayerCompute", "estimate_layer_compute",
            "OverlapGemm", "overlap_gemms", "userbuffers_share",
+           "rank_attention", "attention_core_seconds", "causal_fraction",
            "estimate_optimizer_step", "peak_of"]

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from plandsl import ir
 from plandsl.cost.comm import GroupLinks, beside, collective_seconds
-from plandsl.cost.compute import Efficiency, Work, causal_fraction, device_efficiency
+from plandsl.cost.compute import (Efficiency, Work, attention_core_seconds, causal_fraction, device_efficiency,
+                                  rank_attention)
 from plandsl.ir.layers import attention_widths
 
 
@@ -123,18 +124,7 @@ def _kernel(step: Step, tokens: int, work: Work, widths: tuple[float, float, flo
     flops = 2.0 * work.micro_batch * queries * keys * widths[0] / work.tp
     moved = work.micro_batch * (queries * widths[0] + keys * widths[1]) / work.tp * work.precision.unquantized.bytes
     fraction = causal_fraction(int(queries)) if step.causal else 1.0
-    return _priced(flops, moved, fraction, work, device, efficiency)
-
-
-def _priced(flops: float, moved: float, fraction: float, work: Work, device: ir.DeviceType,
-            efficiency: Efficiency) -> tuple[float, float]:
-    precision = work.precision.unquantized
-    fused = efficiency.attention_seconds(flops, moved, fraction, device, precision) \
-        if work.attention is ir.Attention.flash else None
-    if fused is not None:
-        return fused
-    forward = efficiency.kernel(flops, moved, device, precision)
-    return forward, 2 * forward
+    return attention_core_seconds(flops, moved, fraction, work, device, efficiency)
 
 
 def single_kernel(model: ir.TransformerModel, work: Work, device: ir.DeviceType,
@@ -142,11 +132,8 @@ def single_kernel(model: ir.TransformerModel, work: Work, device: ir.DeviceType,
     """(forward, backward) seconds of the one kernel `cost.compute` prices for the rank's attention core
     (`_transformer_layer`), which the ring's steps replace: its s/cp queries against all s keys, at the whole
     sequence's causal share (`causal_fraction(seq)`: the load-balanced chunks give every rank the same share)."""
-    w = attention_widths(model)
-    tokens = -(-work.seq // work.cp)
-    return _priced(2.0 * work.micro_batch * tokens * work.seq * (w.q + w.o) / work.tp,
-                   work.micro_batch * (tokens * (w.q + w.o) + work.seq * (w.k + w.v)) / work.tp
-                   * work.precision.unquantized.bytes, causal_fraction(work.seq), work, device, efficiency)
+    return attention_core_seconds(*rank_attention(attention_widths(model), work), causal_fraction(work.seq), work,
+                                  device, efficiency)
 
 
 def estimate_ring(model: ir.TransformerModel, work: Work, device: ir.DeviceType, links: GroupLinks,
