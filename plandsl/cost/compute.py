@@ -680,14 +680,15 @@ UB_COMM_SMS = 16
 """SMs userbuffers' pipelined and bulk overlaps take for their communication (`num_sm` 16, `initialize_ub`'s default
 in TE 1.x and 2.x alike: proj_fprop and fc2_fprop `pipeline`; qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad `bulk`;
 its ring exchanges move their chunks with the copy engines, `use_ce`, on 1 SM and no margin)."""
-NCCL_CHANNELS = 24
-"""NCCL's channels on an NVLink node, one SM each: the `comm_share` a device states is 24 over its SMs
-(docs/cost-model.md, "Compute beside a collective"), so 16 SMs are 16/24 of it."""
 
 
 def userbuffers_share(device: ir.DeviceType) -> float:
-    """The fraction of `device` userbuffers' 16 communication SMs are (16/132 of an H100)."""
-    return device.contention * UB_COMM_SMS / NCCL_CHANNELS
+    """The fraction of `device` userbuffers' 16 communication SMs are: of its `sms` when it states them (16/132 of an
+    H100, 16/148 of a B200), else 16/24 of its `comm_share` (NCCL's 24 channels, `ir.NCCL_CHANNELS`, over its SMs:
+    docs/cost-model.md, "Compute beside a collective")."""
+    if device.sms is not None:
+        return ir.sm_share(UB_COMM_SMS, device.sms)
+    return device.contention * UB_COMM_SMS / ir.NCCL_CHANNELS
 
 
 def overlap_gemms(model: ir.TransformerModel, work: Work, device: ir.DeviceType,

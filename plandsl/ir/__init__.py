@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, NamedTuple, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from plandsl.diagnostics.limits import MAX_MESH_DEVICES, MAX_NODES, MAX_STAGES  # noqa: F401 - bounds on the IR, in limits.py
+from plandsl.diagnostics.limits import MAX_MESH_DEVICES, MAX_NODES, MAX_SMS, MAX_STAGES  # noqa: F401 - bounds on the IR, in limits.py
 from plandsl.diagnostics.source import Span
 
 IR_VERSION = 1
@@ -203,13 +203,21 @@ published H100 run reserves 4.2 % above the tensors the model counts, the contex
 and one H200 measured here left 3.2 of 31.9 GiB to what the model does not count (docs/cost-model.md, "Reserve")."""
 
 
-DEFAULT_COMM_SHARE = 24 / 132
-"""The fraction of a device's compute a collective running beside it takes when the device's description gives no
-`comm_share`: NCCL runs a collective as one thread block per channel, each holding an SM for the collective's
-length, and on a DGX H100 it builds 24 channels (`src/graph/search.cc`: 6 rings of 60 GB/s fill NVLink 4's
-18 x 20.6 GB/s, `ncclTopoDupChannels` doubles them and `ncclTopoPostset` doubles them again) of the H100's 132 SMs:
-0.18, where Lee et al. 2025 (arXiv:2507.03114) measure GEMMs 18.9 % slower on average beside NCCL collectives on
-A100s and H100s (docs/cost-model.md, "Compute beside a collective")."""
+NCCL_CHANNELS = 24
+"""NCCL's channels on an NVLink node, one thread block (one SM) each for a collective's length: on a DGX H100 it builds
+24 (`src/graph/search.cc`: 6 rings of 60 GB/s fill NVLink 4's 18 x 20.6 GB/s, `ncclTopoDupChannels` doubles them and
+`ncclTopoPostset` doubles them again)."""
+DEFAULT_COMM_SHARE = NCCL_CHANNELS / 132
+"""The fraction of a device's compute a collective running beside it takes when the device's description gives
+neither `comm_share` nor `sms`: NCCL's channels over the H100's 132 SMs, 0.18, where Lee et al. 2025
+(arXiv:2507.03114) measure GEMMs 18.9 % slower on average beside NCCL collectives on A100s and H100s
+(docs/cost-model.md, "Compute beside a collective")."""
+
+
+def sm_share(sms_taken: int, sms: int) -> float:
+    """The fraction of a device's `sms` SMs that a kernel holding `sms_taken` of them takes: at most half of them (a
+    GPU with 48 SMs or fewer is no NVSwitch node's, and NCCL builds fewer channels on the links such GPUs have)."""
+    return min(sms_taken, sms / 2) / sms
 
 
 class GemmPoint(Node):
@@ -253,12 +261,26 @@ class DeviceType(Node):
                                         "buffers); None: DEFAULT_RESERVE of `memory`")
     comm_share: Optional[float] = Field(
         default=None, ge=0, lt=1, description="fraction of the device's compute a collective in flight beside it "
-                                              "takes (NCCL: its channels / the SMs); None: DEFAULT_COMM_SHARE")
+                                              "takes (NCCL: its channels / the SMs); None: NCCL_CHANNELS over `sms`, "
+                                              "else DEFAULT_COMM_SHARE")
+    sms: Optional[int] = Field(default=None, gt=0, le=MAX_SMS, description="streaming multiprocessors (a GPU's SM "
+                                                                         "count); None: not stated")
 
     @property
     def contention(self) -> float:
-        """The share of its compute a collective running beside it takes (docs/cost-model.md)."""
-        return self.comm_share if self.comm_share is not None else DEFAULT_COMM_SHARE
+        """The share of its compute a collective running beside it takes (docs/cost-model.md): `comm_share` when
+        stated, else NCCL's channels over the device's `sms`, else the H100's (DEFAULT_COMM_SHARE)."""
+        if self.comm_share is not None:
+            return self.comm_share
+        return sm_share(NCCL_CHANNELS, self.sms) if self.sms is not None else DEFAULT_COMM_SHARE
+
+    @model_serializer(mode="wrap")
+    def _without_unstated_sms(self, handler):
+        """A device without an SM count dumps (and its plans hash) as before `sms` existed."""
+        data = handler(self)
+        if self.sms is None and isinstance(data, dict):
+            data.pop("sms", None)
+        return data
 
     @property
     def usable_memory(self) -> float:

@@ -12,6 +12,7 @@ from typing import Any
 from plandsl import ir
 from plandsl import syntax as s
 from plandsl.diagnostics import Note, diag, did_you_mean
+from plandsl.diagnostics.limits import MAX_SMS
 from plandsl.lower.bodies import attributes, build, dict_items, require
 from plandsl.lower.evaluate import Poison, Rep, Reporter, Scope, Word
 from plandsl.lower.model import custom_model, model_call, model_value, schedule_def
@@ -24,7 +25,7 @@ from plandsl.syntax.parser import deep_recursion
 PRECISIONS = tuple(p.value for p in ir.Precision)
 # attribute (or key) -> required, of each definition and `{ }` value lowered here (the language server completes them)
 DEVICE_ATTRS = {"memory": True, "bandwidth": True, "peak": True, "efficiency": False, "reserve": False,
-                "comm_share": False}
+                "comm_share": False, "sms": False}
 NODE_ATTRS = {"devices": True, "link": True, "nic": False, "hosts": False}
 CLUSTER_ATTRS = {"nodes": True, "fabric": False}
 LINK_KEYS = {"bandwidth": True, "latency": False, "measured": False}
@@ -125,8 +126,10 @@ class Lowering:
                                           f"beside it takes, in [0, 1), found {comm_share:g}", value.span,
                                           hint="NCCL's channels over the SMs: `comm_share = 0.18` (24 of an H100's "
                                                "132); 0 for a transport that takes no SMs")
+        # streaming multiprocessors: a whole number of at least 1 (E205, E211), at most MAX_SMS (E505)
+        sms = {"sms": scope.integer(found["sms"].value, "sms", minimum=1, maximum=MAX_SMS)} if "sms" in found else {}
         return build(scope, ir.DeviceType, d.span, name=d.name, memory=memory, bandwidth=bandwidth, peak=peak,
-                     efficiency=efficiency, reserve=reserve, comm_share=comm_share)
+                     efficiency=efficiency, reserve=reserve, comm_share=comm_share, **sms)
 
     def efficiency(self, scope: Scope, expr: s.Expr, peak: dict[ir.Precision, float]) -> ir.DeviceEfficiency:
         """`{ matmul: 0.64, kernel_latency: 18 us }`, optionally `attention: 0.5, attention_backward: 0.45` (the

@@ -198,10 +198,11 @@ def test_blackwell_rows_are_reported_apart(bench):
     report = bench.blackwell_report()
     lines = {line.split(":")[0]: line for line in report.splitlines() if line.startswith(("GB200 ", "B200 "))}
     assert sorted(lines) == ["B200 FP8 and MXFP8", "GB200 FP8 and MXFP8", "GB200 NVFP4"]
-    # GB200 24 -> 27 %, B200 23 -> 25 % since the TP rows take the userbuffers their recipes ran (docs/validation.md)
+    # GB200 24 -> 27 %, B200 23 -> 25 % since the TP rows take the userbuffers their recipes ran, B200 25 -> 26 % since
+    # the devices state their SM counts (docs/validation.md)
     for label, counts, most in (("GB200 FP8 and MXFP8", "6 predicted, 14 refused", 0.27),
                                 ("GB200 NVFP4", "5 predicted, 3 refused", 0.44),
-                                ("B200 FP8 and MXFP8", "4 predicted, 0 refused", 0.25)):
+                                ("B200 FP8 and MXFP8", "4 predicted, 0 refused", 0.26)):
         assert lines[label].startswith(f"{label}: {counts}"), lines[label]
         assert float(lines[label].split("max |error| ")[1].rstrip("%")) / 100 <= most, lines[label]
     assert report.count("refused: does not fit") == 10 and report.count("refused: no plan satisfies the pins") == 7
