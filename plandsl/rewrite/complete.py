@@ -156,7 +156,8 @@ def candidate_of(plan: ir.Plan) -> Candidate:
                      plan.schedule.name if pipeline and plan.schedule else "",
                      plan.stages.virtual if pipeline else 1, plan.data.zero_stage if plan.data else 0,
                      plan.train.recompute.value, bool(plan.tensor and plan.tensor.sequence_parallel),
-                     plan.train.recompute_layers)
+                     plan.train.recompute_layers, fold=plan.expert_tp != plan.tp,
+                     dispatcher=plan.experts.kind if plan.experts else "alltoall")
 
 
 def _blocks(plan: ir.Plan, scored: Scored) -> tuple[int, ...]:
@@ -215,9 +216,11 @@ def _edits(partial: Partial, scored: Scored, out_path, shares=None) -> list[tupl
     context = None if mesh else wanted("context", "cp", c.cp)
     if context:
         lines.append(f"context = {CONTEXT} over {context}")
-    experts = None if mesh else wanted("experts", "ep", c.ep)
-    if experts:
-        lines.append(f"experts = alltoall over {experts}")
+    experts = wanted("experts", "ep", c.ep) if partial.problem.search_experts else None
+    if experts:  # the clause the search chose (`search.experts_variants`): its dispatcher, folded over tp or not
+        tensor = plan.tensor.axis if mesh and plan.tensor is not None else names["tp"]
+        fold = c.fold and c.tp > 1 and c.ep > 1
+        lines.append(f"experts = {c.dispatcher} over " + (f"[{experts}, {tensor}]" if fold else experts))
     stages = wanted("stages", "pp", c.pp)
     if stages and c.pp > 1:
         lines += [line.strip() if i == 0 else line[2:] for i, line in enumerate(_stage_lines(scored, partial, stages))]

@@ -11,7 +11,9 @@ decision it writes becomes a pin:
 - `data = KIND`: the ZeRO stage; `stages` (a clause or a `stages { }` block, its `virtual` and `map`):
   the virtual stages and, where they fix it, the pipeline degree; `schedule = NAME`: a built-in
   schedule, or (a table) its ranks and microbatches;
-- `micro_batch` and `recompute` written in the plan's `train` (or a train the file cannot see into).
+- `micro_batch` and `recompute` written in the plan's `train` (or a train the file cannot see into);
+- `experts = ...`: the clause; a mixture of experts without one (`experts_free`) leaves its folding over tp and its
+  dispatcher to the search, as `generate` without `--from` does (`Problem.search_experts`).
 
 What the search cannot keep is refused with an E801 diagnostic at its line. Errors raise `PlanError`.
 `search_complete` writes the completed file.
@@ -127,6 +129,9 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
         notes.append(f"`train` is not a dict of this file: its micro_batch ({plan.train.micro_batch}) and "
                      f"recompute ({plan.train.recompute.value}) are kept as they are")
     cluster = _covered(plan) if "mesh" in attrs else plan.cluster  # the devices a written mesh lays out
+    searched = experts_free(attrs, plan)
+    if searched and plan.tensor is not None and "tensor" in attrs and not plan.tensor.sequence_parallel:
+        pins["fold"] = False  # folding the experts over the tensor axis needs its sequence parallelism (E416)
     problem = Problem(plan.model, cluster, plan.train.global_batch, plan.train.seq, plan.train.precision,
                       plan.train.optimizer, plan.train.master_dtype, plan.train.grad_dtype, plan.train.optimizer_dtype,
                       plan.train.param_dtype, plan.train.kernels,
@@ -139,7 +144,7 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                       dispatcher=plan.experts.kind if plan.experts else "alltoall", fp8_recipe=plan.train.fp8_recipe,
                       bf16_first_layers=plan.train.bf16_first_layers, bf16_last_layers=plan.train.bf16_last_layers,
                       context=plan.context.kind if plan.context else CONTEXT,
-                      ring=plan.context.implementation if plan.context else "te")
+                      ring=plan.context.implementation if plan.context else "te", search_experts=searched)
     decided = "mesh" in attrs and not free_choices(attrs, stage_block, plan)
     return Partial(path, text, module, definition, attrs, stage_block, plan, problem, parse_pins(pins), names,
                    tuple(overs), train_items, local, params, tuple(notes), decided)
@@ -337,7 +342,7 @@ def _fixable(d: Diagnostic, free: set[str]) -> bool:
         return "micro_batch" in free
     if d.code in ("E502", "E602", "E603", "E604", "E605", "E606", "E607", "E608"):
         return bool(free & {"micro_batch", "stages", "schedule"})
-    return d.code == "E503" and bool(free)
+    return d.code == "E503" and bool(free - {"experts"})  # the dispatcher under a written mesh holds no memory
 
 
 def free_choices(attrs: dict, stage_block, plan: ir.Plan) -> set[str]:
@@ -350,7 +355,18 @@ def free_choices(attrs: dict, stage_block, plan: ir.Plan) -> set[str]:
             free.add(attr)
     if "schedule" not in attrs and plan.stages is not None:
         free.add("schedule")
+    if experts_free(attrs, plan):
+        free.add("experts")
     return free
+
+
+def experts_free(attrs: dict, plan: ir.Plan) -> bool:
+    """Whether the search chooses the experts' clause (folded over tp or not, the dispatcher: `search.experts_variants`),
+    as it does without `--from`: a mixture of experts whose plan writes no `experts` line, and, when it writes the
+    mesh, one whose mesh has an expert axis (`ep`, the language's default clause over it)."""
+    if "experts" in attrs or not getattr(plan.model, "experts", 0):
+        return False
+    return "mesh" not in attrs or plan.expert_group > 1
 
 
 def _written_train_keys(attrs: dict) -> set[str] | None:

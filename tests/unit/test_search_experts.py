@@ -2,9 +2,11 @@
 below its exact figures, the top plans are brute force's over all variants, pins select or exclude them, and the
 plan written with them estimates as the search priced it."""
 import dataclasses
+import re
 
 import pytest
 
+from plandsl import api
 from plandsl.cost.compute import DEFAULT_EFFICIENCY
 from plandsl.search import (
     SearchError,
@@ -13,6 +15,7 @@ from plandsl.search import (
     parse_pins,
     search,
 )
+from plandsl.diagnostics import PlanError
 from plandsl.search.space import Space
 from tests.support import generated_plan
 from tests.unit.test_search import problem
@@ -79,3 +82,75 @@ def test_generate_writes_the_chosen_dispatcher_and_folding(tmp_path):
                                 pins=("fold=true", "dispatcher=deepep", "tp=2", "ep=16"), top=1)
     assert "experts = deepep over [ep, tp]" in text
     assert plan.experts.kind == "deepep" and plan.experts.fold == ("tp",)
+
+
+PARTIAL = """import "clusters/dgx_h100"
+plan r {{
+  model   = llama(layers=2, hidden=256, heads=4, kv_heads=2, seq=256, vocab=1024, experts=16, top_k=2)
+  cluster = dgx_h100 x 2
+  train   = {{ global_batch: 16 }}
+{lines}}}
+"""
+MODEL = "llama(layers=2, hidden=256, heads=4, kv_heads=2, seq=256, vocab=1024, experts=16, top_k=2)"
+
+
+def _partial(tmp_path, lines=""):
+    path = tmp_path / "partial.plan"
+    path.write_text(PARTIAL.format(lines=lines))
+    return path
+
+
+@pytest.mark.parametrize("pins", [("ep=16",), ("ep=16", "tp=2"), ("ep=8", "zero_stage=1")])
+def test_generate_from_a_partial_plan_without_an_experts_line_searches_the_clause(tmp_path, pins):
+    """`generate --from` a mixture of experts whose plan writes no `experts` line chooses the clause as `generate`
+    does without `--from` (folded over tp or not, the dispatcher): the same best plan under the same pins, and the
+    completed file writes the clause chosen."""
+    from plandsl.rewrite.complete import generate_from
+    completed = generate_from(_partial(tmp_path), pins=pins, top=1)
+    full = api.generate(api.generate_request(model=MODEL, cluster="dgx_h100 x 2", global_batch=16, pins=pins, top=1))
+    ours, theirs = completed.result.best, full.result.best
+    assert ours.estimate.time.step == pytest.approx(theirs.estimate.time.step, rel=1e-12)
+    assert (ours.candidate.degrees(), ours.candidate.fold, ours.candidate.dispatcher) == \
+        (theirs.candidate.degrees(), theirs.candidate.fold, theirs.candidate.dispatcher)
+    c = ours.candidate
+    over = "[ep, tp]" if c.fold else "ep"
+    assert re.search(rf"\n  experts += {c.dispatcher} over {re.escape(over)}\n", completed.texts[0])
+    assert api.loads(completed.texts[0]).plans[0].experts.kind == c.dispatcher
+    if pins == ("ep=16",):  # a group across the two nodes: DeepEP's dispatch, once per node
+        assert c.dispatcher == "deepep"
+
+
+@pytest.mark.parametrize("pins", [{"zero_stage": 0, "recompute": "none", "pp": 1},
+                                  {"zero_stage": 1, "recompute": "none", "micro_batch_size": 1, "cp": 1}])
+def test_a_partial_plans_search_of_the_clause_is_brute_force(tmp_path, pins):
+    """The partial plan's problem searches every variant (`experts_variants`), and its top plans are brute force's."""
+    from plandsl.search.partial import read_partial
+    problem = read_partial(_partial(tmp_path)).problem
+    assert problem.search_experts
+    everything = brute_force(problem, pins)
+    assert {s.candidate.dispatcher for s in everything} == {"alltoall", "deepep"}
+    found = search(problem, pins=pins, top=3)
+    assert [s.estimate.time.step for s in found.candidates] == \
+        pytest.approx([s.estimate.time.step for s in everything[:3]], rel=1e-12)
+
+
+def test_a_written_experts_line_is_a_pin_and_a_written_mesh_leaves_the_dispatcher(tmp_path):
+    """`experts = alltoall over ep` written is kept, and a pin that contradicts it is E803; under a written mesh with
+    an expert axis and no experts line, the search chooses the dispatcher and writes it."""
+    from plandsl.rewrite.complete import generate_from
+    from plandsl.search.partial import read_partial
+    path = _partial(tmp_path, "  experts = alltoall over ep\n")
+    assert not read_partial(path).problem.search_experts
+    completed = generate_from(path, pins=("ep=16",), top=1)
+    assert completed.result.best.candidate.dispatcher == "alltoall" and "  experts = alltoall over ep\n" in \
+        completed.texts[0]
+    with pytest.raises(PlanError) as raised:
+        generate_from(path, pins=("ep=16", "dispatcher=deepep"), top=1)
+    assert [d.code for d in raised.value.diagnostics] == ["E803"]
+    meshed = _partial(tmp_path, "  mesh    = [ep = 16]\n")
+    partial = read_partial(meshed)
+    assert partial.problem.search_experts and not partial.decided
+    completed = generate_from(meshed, top=1)
+    assert "  experts = deepep over ep\n" in completed.texts[0] and "  mesh    = [ep = 16]\n" in completed.texts[0]
+    folded_out = _partial(tmp_path, "  tensor  = megatron over tp\n")  # no sequence parallelism: nothing to fold into
+    assert read_partial(folded_out).pins["fold"] is False
