@@ -71,12 +71,13 @@ node jean_zay {
 # Its attention: torchtitan calls PyTorch's SDPA, whose flash backend on Hopper is FlashAttention-2 (SDPA did not
 # pick cuDNN's kernel by default then: pytorch/pytorch#141133, #142132), as the FlashAttention-3 paper measured it on
 # an H100 SXM5 (Shah et al. 2024, arXiv:2407.08608, head dim 128, sequence 8k): forward with a causal mask 333 TFLOP/s,
-# backward 318 (its only backward figure, without the mask), over the SXM's 989. The GEMMs keep the defaults.
+# backward 318 (its only backward figure, without the mask), over the SXM's 989 (0.337, 0.322), bursts taken warm at
+# the GH100's measured bf16 GEMM drift (x 0.937, clusters/dgx_h100): 0.316, 0.302. The GEMMs keep the defaults.
 device h100_96g {
   memory     = 96 GB
   bandwidth  = 2400 GB/s
   peak       = { fp32: 63.5 TFLOP/s, bf16: 912 TFLOP/s, fp16: 912 TFLOP/s, fp8: 1825 TFLOP/s }
-  efficiency = { attention: 0.337, attention_backward: 0.322 }
+  efficiency = { attention: 0.316, attention_backward: 0.302 }
 }
 node grand_teton {
   devices = 8 x h100_96g
@@ -88,20 +89,20 @@ node grand_teton {
 # Attention", the flash-attn package's FlashAttention-2), and the H200 hosts of torchtitan's June 2025 benchmark
 # (benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md: 8 H200 on NVLink, 400 Gb/s RDMA per GPU; torchtitan asked
 # SDPA for cuDNN's kernel only from Blackwell on, pytorch/torchtitan#1196): `GH100_FA2` below, the stdlib's
-# h100_80g and h200_141g (the GEMM knobs measured on the GH100 die) with FlashAttention-2's attention figures (those
+# h100_80g and h200_141g (the GEMM knobs measured on the GH100 die, taken warm) with FlashAttention-2's attention figures (those
 # of the torchtitan hosts above) instead of cuDNN's.
 """
 
-# A GH100 part (H100 or H200: the same die, peaks and measured GEMM knobs) as a stack running FlashAttention-2 sees it.
+# A GH100 part (H100 or H200: the same die, peaks and measured GEMM knobs, warm) as a stack running FlashAttention-2 sees it.
 GH100_FA2 = """
 device {device} {{
   memory     = {memory}
   bandwidth  = {bandwidth}
   peak       = {{ fp32: 67 TFLOP/s, bf16: 989 TFLOP/s, fp16: 989 TFLOP/s, fp8: 1979 TFLOP/s }}
   efficiency = {{
-    bf16: {{ matmul: 0.754, kernel_latency: 14 us, attention: 0.337, attention_backward: 0.322 }},
-    fp16: {{ matmul: 0.722, kernel_latency: 21 us, attention: 0.337, attention_backward: 0.322 }},
-    fp8: {{ matmul: 0.691, kernel_latency: 31 us }},
+    bf16: {{ matmul: 0.707, kernel_latency: 14 us, attention: 0.316, attention_backward: 0.302 }},
+    fp16: {{ matmul: 0.687, kernel_latency: 21 us, attention: 0.316, attention_backward: 0.302 }},
+    fp8: {{ matmul: 0.631, kernel_latency: 31 us }},
     fp32: {{ matmul: 0.767, kernel_latency: 57 us }},
   }}
 }}
@@ -121,7 +122,7 @@ device h100_94g {
   memory     = 94 GB
   bandwidth  = 2400 GB/s
   peak       = { fp32: 63.5 TFLOP/s, bf16: 912 TFLOP/s, fp16: 912 TFLOP/s, fp8: 1825 TFLOP/s }
-  efficiency = { attention: 0.337, attention_backward: 0.322 }  # torchtitan's SDPA: FlashAttention-2, as above
+  efficiency = { attention: 0.316, attention_backward: 0.302 }  # torchtitan's SDPA: FlashAttention-2, as above
 }
 node h100_94g_host {
   devices = 8 x h100_94g

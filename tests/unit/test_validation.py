@@ -33,6 +33,48 @@ def results(bench):
     return bench.validate(None)
 
 
+# The GH100's burst fits (docs/benchmarks.md, "GEMM throughput": `bench/gpu/gemm.py` on one H200, 3 warm-ups and
+# up to 20 repeats per shape), before they were taken warm.
+BURST = {"bf16": 0.754, "fp16": 0.722, "fp8": 0.691}
+BURST_ATTENTION = (0.535, 0.524)  # cuDNN's on an H100 SXM5, the FlashAttention-3 paper's figures over the peak
+
+
+def _drifts() -> dict[str, float]:
+    """Per precision, the mean over the shapes the GEMM sweep timed twice of the second time's TFLOP/s over the
+    first's (bench/gpu/results/h200_gemm.json: each precision's square shapes first, then transformer shapes
+    that repeat two of them seconds of back-to-back GEMMs later)."""
+    import json
+    points = json.loads((BENCH.parent / "gpu" / "results" / "h200_gemm.json").read_text())["points"]
+    first: dict[tuple, float] = {}
+    ratios: dict[str, list[float]] = {}
+    for p in points:
+        key = (p["dtype"], p["m"], p["n"], p["k"])
+        if key in first:
+            ratios.setdefault(p["dtype"], []).append(p["tflops"] / first[key])
+        else:
+            first[key] = p["tflops"]
+    return {dtype: statistics.mean(r) for dtype, r in ratios.items()}
+
+
+def test_hopper_knobs_are_the_burst_fit_taken_warm():
+    """clusters/dgx_h100 and dgx_h200 state each precision's burst fit times the drift its own sweep measured on the
+    shapes it timed twice (docs/validation.md, "Hopper's kernel figures, warm"); the attention figures, bursts too,
+    take bf16's. fp32, on the CUDA cores, does not drift: the control that says it is the tensor cores' power."""
+    from plandsl import api, ir
+    drift = _drifts()
+    assert drift["bf16"] == pytest.approx(0.937, abs=5e-4) and drift["fp8"] == pytest.approx(0.913, abs=5e-4)
+    assert drift["fp32"] > 0.99 and all(drift[p] < 0.96 for p in BURST)
+    for cluster in ("dgx_h100", "dgx_h200"):
+        device = api.loads(f'import "clusters/{cluster}"\ncluster c = {cluster} x 1\n').clusters[0].devices_in_order()[0]
+        knobs = {p.value: e for p, e in device.efficiency.precisions.items()}
+        for precision, burst in BURST.items():
+            assert knobs[precision].matmul == pytest.approx(burst * drift[precision], abs=6e-4), (cluster, precision)
+        bf16 = knobs["bf16"]
+        assert (bf16.attention, bf16.attention_backward) == pytest.approx(
+            tuple(a * drift["bf16"] for a in BURST_ATTENTION), abs=6e-4)
+        assert knobs["fp32"].matmul == 0.767 and ir.Precision.fp32 in device.peak
+
+
 @pytest.mark.slow
 def test_every_published_run_is_predicted(bench, results):
     predicted = {run.name for run, _, _ in results}
@@ -77,12 +119,16 @@ def test_held_out_error_within_target(bench, results):
     came in: held at 19 %; 13.7 % before, torchtitan's Llama 3 70B on 64 A100s); not met on the H100, held where it
     stands so that it does not grow: Megatron-LM's README table's GPT 119B on 1,536 H100s (+31.6 % since userbuffers,
     +26.0 % before: held at 32 %, 27 % before), its 1.7B (+26.7 %; Megatron's own loss and ZeRO-1's exposed first
-    bucket took 13 points of it), torchtitan's Llama 3 8B with async TP on 64 of its 500 W H100s (+25.5 %)."""
+    bucket took 13 points of it), torchtitan's Llama 3 8B with async TP on 64 of its 500 W H100s (+25.5 %).
+    Since the Hopper devices' kernel figures are taken warm (2026-12-05, fifth session: each burst figure times the
+    drift the GEMM sweep measured on the shapes it timed twice; docs/validation.md, "Hopper's kernel figures, warm"):
+    every held-out run 9.1 % (met, held at the target, 10 %), the H100 runs 9.9 % (met, held at 10 %), the H100's
+    max 25.9 % (Megatron-LM's README GPT 119B; not met, held at 26 %), the A100 rows unchanged."""
     errors = _held_out(bench, results)
     assert len(errors) >= 30
-    assert statistics.median(errors.values()) <= 0.116, errors
-    assert max(errors.values()) <= 0.32, errors
-    for generation, median, worst in (("A100", 0.10, 0.19), ("H100", 0.145, 0.32)):
+    assert statistics.median(errors.values()) <= 0.10, errors
+    assert max(errors.values()) <= 0.26, errors
+    for generation, median, worst in (("A100", 0.10, 0.19), ("H100", 0.10, 0.26)):
         apart = _held_out(bench, results, generation)
         assert len(apart) >= 10 and statistics.median(apart.values()) <= median, (generation, apart)
         assert max(apart.values()) <= worst, (generation, apart)
@@ -96,10 +142,11 @@ def test_torchao_float8_rows_are_summed_apart_and_held_where_they_stand(bench, r
     8B at FSDP 1 x CP 8; Table 5's runs at torchtitan's 8 microbatches of 4, +27 and +27 %) since they take torchao's
     recipe (`fp8_recipe: tensorwise`: the weights cast in every forward; 26.6 and 65.0 % before) and their CP rows
     torch's ring step by step ("Context parallelism as torch's ring runs it": the 405B at CP 8 +64.5 -> +45.7 %); held
-    there so that they do not grow."""
+    there so that they do not grow. With the Hopper figures taken warm (docs/validation.md, "Hopper's kernel figures,
+    warm"): median 21.7 %, max 49.5 %, held at 22 and 50 %."""
     errors = {run.name: bench.error(run, value) for run, value, _ in results if run.family == "torchao-float8"}
     assert len(errors) == 16
-    assert statistics.median(map(abs, errors.values())) <= 0.25 and max(map(abs, errors.values())) <= 0.59, errors
+    assert statistics.median(map(abs, errors.values())) <= 0.22 and max(map(abs, errors.values())) <= 0.50, errors
     assert "torchao Float8 runs, apart" in bench.report(results, None)
 
 
@@ -107,10 +154,11 @@ def test_torchao_float8_rows_are_summed_apart_and_held_where_they_stand(bench, r
 def test_nemotron_340b_within_15_percent(bench, results):
     """Issue 20: the published Nemotron-4 340B recipe on 128 H100s is predicted within 15 %: met (+11.5 / +10.6 %)
     until the rows took the userbuffers NeMo 24.11 ran (Transformer Engine 1.x's defaults, no SM margin: +15.1 /
-    +16.9 %, docs/validation.md, "Transformer Engine's userbuffers against torch's async TP"); not met since, held at
-    17 % so that it does not grow."""
+    +16.9 %, docs/validation.md, "Transformer Engine's userbuffers against torch's async TP"); not met then, held at
+    17 %; met again (+9.3 / +9.9 %) since the Hopper devices' kernel figures are taken warm (docs/validation.md,
+    "Hopper's kernel figures, warm"): held at the target."""
     errors = {run.name: bench.error(run, value) for run, value, _ in results if run.name.startswith("Nemotron-4 340B")}
-    assert len(errors) == 2 and all(abs(e) <= 0.17 for e in errors.values()), errors
+    assert len(errors) == 2 and all(abs(e) <= 0.15 for e in errors.values()), errors
 
 
 @pytest.mark.slow
