@@ -41,6 +41,13 @@ forward and backward: megatron-core 0.16.1's `MoELayer` counted op by op on CPU 
 per expert forward and 20 + 13 backward with its `SequentialMLP`, here with one expert for Transformer Engine's
 `GroupedLinear` (one Python call per projection for all local experts). tests/unit/test_moe_host.py recounts it."""
 
+FP8_PADDING_COPIES = 2
+"""Copies of the dispatched tokens (`top_k·h` per token, read and written at the activations' width) Megatron-Core's
+`TEGroupedMLP` makes per pass under FP8 or FP4: forward `Fp8Padding` pads each local expert's rows to the quantization's
+alignment (Transformer Engine's `fused_multi_row_padding`) and `Fp8Unpadding` unpads the output; backward their
+gradients are copied back the other way. Not with HybridEP, whose dispatch kernel pads (`pad_multiple`), nor with
+`moe_router_padding_for_quantization` (no recipe sets it; the language does not say it)."""
+
 HOST_SECONDS_PER_OP = 10.7e-6
 """Host seconds per ATen op of that layer in eager mode (Python, Megatron-Core's module code, autograd, the
 dispatcher): the slope of its forward + backward wall time over its op count, 80 to 194 ops (2 to 8 experts, one
@@ -244,6 +251,11 @@ class LayerCompute:
     attention: float = 0.0     # forward seconds of the attention core (ring context parallelism hides behind it)
     flops: float = 0.0         # forward FLOPs on this device
     recompute_flops: float = 0.0
+    # Of the seconds above, the routed experts' own (Megatron-Core's `mlp` node: their grouped GEMMs, activation, FP8
+    # casts and padding), which combined 1F1B runs beside the all-to-alls of another microbatch (cost.layer):
+    experts_forward: float = 0.0
+    experts_input_grad: float = 0.0   # their backward for the inputs: the dgrad GEMMs and the element-wise work
+    experts_weight_grad: float = 0.0  # their weight-gradient GEMMs
 
     @property
     def forward(self) -> float:
@@ -485,6 +497,7 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         attention += forward_bytes / bandwidth
         attention_backward_extra = backward_bytes / bandwidth
     projections = 3 if not gpt else 2                                      # SwiGLU: w1, w3 and w2
+    experts_matmul = experts_elements = experts_cast_in = experts_cast_grad = experts_copied = 0.0
     if model.experts:
         experts = model.experts
         # the router: a plain linear layer, outside Transformer Engine's FP8 (replicated)
@@ -498,15 +511,22 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         local = max(1, experts // work.ep)
         # the local experts' projections: Megatron-Core's TEGroupedMLP, a grouped GEMM per projection
         grouped = efficiency.grouped_gemm_seconds
-        matmul += grouped(routed, (projections - 1) * ffn / expert_tp, h, device, precision, local)
-        matmul += grouped(routed, h, ffn / expert_tp, device, precision, local)
+        experts_matmul = grouped(routed, (projections - 1) * ffn / expert_tp, h, device, precision, local) \
+            + grouped(routed, h, ffn / expert_tp, device, precision, local)
+        matmul += experts_matmul
         flops += 2.0 * rows * model.top_k * projections * h * ffn / expert_tp
-        mlp_elements = model.top_k * ((2 if gpt else 3) * ffn / expert_tp + 4 * h) * share + 2 * experts
+        experts_elements = model.top_k * (2 if gpt else 3) * ffn / expert_tp * share  # the activation, per token
+        mlp_elements = experts_elements + model.top_k * 4 * h * share + 2 * experts
         gate_width = model.top_k * ffn / expert_tp * share
         routing = model.top_k * 4 * h * share + 2 * experts                 # permute, unpermute; router
         # the experts' fc1 and fc2 on top_k routed copies: inputs h and the gate's width, output gradients
-        cast_in += model.top_k * (h + ffn / expert_tp) * share
-        cast_grad += model.top_k * ((projections - 1) * ffn / expert_tp + h) * share
+        experts_cast_in = model.top_k * (h + ffn / expert_tp) * share
+        experts_cast_grad = model.top_k * ((projections - 1) * ffn / expert_tp + h) * share
+        cast_in += experts_cast_in
+        cast_grad += experts_cast_grad
+        if precision.quantized and work.dispatcher != "hybridep":
+            # TEGroupedMLP's FP8 padding and unpadding of the routed copies (FP8_PADDING_COPIES), read and written
+            experts_copied = FP8_PADDING_COPIES * 2 * model.top_k * h * share
         weights += local * projections * h * ffn / expert_tp
         if model.shared_experts:  # every token through one MLP of shared_experts x ffn (DeepSeekMoE)
             width = model.shared_experts * ffn
@@ -536,8 +556,8 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
     if model.latent_attention:  # MLA: the latents' norms (read, write), rotary on its rope parts only
         replicated += 2 * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim) / split
         sharded = mlp_elements + 2 * model.heads * model.qk_rope_head_dim / tp
-    other = tokens * (replicated + sharded) * element / bandwidth
-    backward_other = 2 * other
+    other = tokens * (replicated + sharded + experts_copied) * element / bandwidth
+    backward_other = 2 * other - tokens * experts_copied * element / bandwidth  # the backward's copies: as many
     if work.kernels is ir.Kernels.eager and not gpt:
         # PyTorch eager's kernels (EagerBytes; gpt's LayerNorm, GeLU and dropout are one kernel each in eager
         # mode too, as the fused model prices them). The norms' work runs on the sequence shard under sequence
@@ -552,7 +572,8 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
                          + rotary * eager.rotary_forward + gate_width * eager.gate_forward + routing * element)
         backward_bytes = (norms * eager.norm_backward + h / split * eager.block_backward
                           + rotary * eager.rotary_backward + gate_width * eager.gate_backward + 2 * routing * element)
-        other, backward_other = tokens * forward_bytes / bandwidth, tokens * backward_bytes / bandwidth
+        other = tokens * (forward_bytes + experts_copied * element) / bandwidth
+        backward_other = tokens * (backward_bytes + experts_copied * element) / bandwidth
     if precision.quantized:
         # Transformer Engine's FP8 linear layers quantize each GEMM's input in the forward and its output
         # gradient in the backward, each with one cast-transpose kernel that reads the 16-bit tensor and writes
@@ -599,8 +620,17 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         backward_other += max(0.0, host_backward - (backward_matmul + backward_other))
         if work.recompute is ir.Recompute.full:
             recompute += forward_wait
+    # The routed experts' share of the above (Megatron-Core's `mlp` node), fused kernels' bytes: their GEMMs, the
+    # activation (twice backward), the casts of their inputs and of their outputs' gradients, the FP8 padding copies.
+    casting = cast_bytes(work) if precision.quantized else 0.0
+    experts_forward = experts_matmul + tokens * ((experts_elements + experts_copied) * element
+                                                 + experts_cast_in * casting) / bandwidth
+    experts_input_grad = experts_matmul + tokens * ((2 * experts_elements + experts_copied) * element
+                                                    + experts_cast_grad * casting) / bandwidth
     return LayerCompute(matmul + attention, other, backward_matmul, backward_other, recompute,
-                        attention=attention, flops=flops, recompute_flops=recompute_flops)
+                        attention=attention, flops=flops, recompute_flops=recompute_flops,
+                        experts_forward=experts_forward, experts_input_grad=experts_input_grad,
+                        experts_weight_grad=experts_matmul)
 
 
 def rank_attention(widths, work: Work) -> tuple[float, float]:

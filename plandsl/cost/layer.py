@@ -250,11 +250,12 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         dispatch_combine = (2 * a2a, (4 if full else 2) * a2a)  # forward; backward (and full recomputation's rerun)
         if work.overlap_experts:
             # Megatron-Core's --overlap-moe-expert-parallel-comm (combined 1F1B: one microbatch's forward runs
-            # beside another's backward, layer by layer, on a computation and a communication stream) and
-            # DualPipe's overlapped chunks (DeepSeek-AI 2024, arXiv:2412.19437, Sec. 3.2.1): a pass's all-to-alls
-            # run behind the other pass's computation of this layer; only what that does not cover waits
-            forward += beside(dispatch_combine[0], compute.backward, share)
-            backward += beside(dispatch_combine[1], compute.forward, share)
+            # beside another's backward, layer by layer, on a computation and a communication stream; DualPipe's
+            # overlapped chunks likewise, DeepSeek-AI 2024, arXiv:2412.19437, Sec. 3.2.1): each all-to-all beside
+            # the one sub-module of the other pass the schedule pairs it with (`combined_1f1b_exposed`)
+            exposed = combined_1f1b_exposed(a2a, compute, share)
+            forward += exposed[0]
+            backward += exposed[1] + (beside(2 * a2a, compute.recompute, share) if full else 0.0)
         else:
             forward, backward = forward + dispatch_combine[0], backward + dispatch_combine[1]
     if links.cp.size > 1 and work.gather_kv:
@@ -285,6 +286,30 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         backward += rerun[2]  # the attention half's (wo's reduction, or sequence parallelism's gathers) rerun
         count("tensor", rerun[3])
     return forward, backward
+
+
+def combined_1f1b_exposed(a2a: float, compute: LayerCompute, share: float) -> tuple[float, float]:
+    """Seconds one MoE layer's four all-to-alls (dispatch and combine of a forward and of a backward, `a2a` each)
+    add to the forward and to the backward when Megatron-Core's combined 1F1B runs one microbatch's forward beside
+    another's backward (`TransformerLayerSchedulePlan.run`, megatron/core/models/common/model_chunk_schedule_plan.py,
+    the same in core_r0.15 to r0.17): three phases per layer, each as long as its longer stream,
+
+        comm stream: combine_bwd | dispatch_fwd -> dispatch_bwd        | combine_fwd
+        comp stream: attn_fwd    | mlp_bwd -> mlp_bwd_dw -> mlp_fwd    | attn_bwd
+
+    where `mlp` is the routed experts (`LayerCompute.experts_*`) and `attn` the rest of the layer (attention, the
+    router and the first permutation); in the middle phase the forward's experts wait for their dispatch and the
+    backward's dispatch for the experts' input gradients. A stream left waiting is exposed; beside a running
+    all-to-all the computation runs at (1 - `share`) of its speed (`cost.comm.beside`). The middle phase's exposure
+    is split evenly between the passes (one all-to-all of each)."""
+    experts_backward = compute.experts_input_grad + compute.experts_weight_grad
+    attention_forward = max(0.0, compute.forward - compute.experts_forward)
+    attention_backward = max(0.0, compute.backward - experts_backward)
+    first = beside(a2a, attention_forward, share)     # the backward's combine beside the forward's attention
+    last = beside(a2a, attention_backward, share)     # the forward's combine beside the backward's attention
+    end = max(max(experts_backward, a2a) + compute.experts_forward, max(a2a, compute.experts_input_grad) + a2a)
+    middle = max(end - experts_backward - compute.experts_forward, share * 2 * a2a) if a2a > 0.0 else 0.0
+    return last + middle / 2, first + middle / 2
 
 
 def _exposed(collective: float, gemm: OverlapGemm) -> float:
@@ -379,4 +404,5 @@ def _torch_layer_comm(layer: Layer, work: Work, links: Links, count) -> tuple[fl
     return forward, backward
 
 
-__all__ = ["Links", "plan_links", "mesh_links", "LayerTime", "Moved", "NOTHING_MOVED", "estimate_layer_time"]
+__all__ = ["Links", "plan_links", "mesh_links", "LayerTime", "Moved", "NOTHING_MOVED", "estimate_layer_time",
+           "combined_1f1b_exposed"]

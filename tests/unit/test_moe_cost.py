@@ -1,16 +1,18 @@
 """The mixture-of-experts terms of the cost model, each against a hand count: the dispatch and combine
 all-to-alls of a known layout inside a node and across nodes, their overlap with the other microbatch's
-computation (`experts = alltoall over ep with overlap`), the experts' grouped GEMM as Transformer Engine runs it
-(one GEMM per local expert on four streams), and the router outside FP8."""
+computation (`experts = alltoall over ep with overlap`: combined 1F1B's three phases), the experts' grouped GEMM as
+Transformer Engine runs it (one GEMM per local expert on four streams), the router outside FP8, and the FP8 padding
+copies of the routed tokens (Megatron-Core's `TEGroupedMLP`)."""
 from __future__ import annotations
 
 import pytest
 
 from plandsl import api, ir
 from plandsl.cost.comm import collective_seconds
-from plandsl.cost.compute import GROUPED_GEMM_STREAMS, Efficiency, estimate_layer_compute
+from plandsl.cost.compute import FP8_PADDING_COPIES, GROUPED_GEMM_STREAMS, Efficiency, LayerCompute, \
+    estimate_layer_compute
 from plandsl.cost.estimate import plan_work
-from plandsl.cost.layer import estimate_layer_time, plan_links
+from plandsl.cost.layer import combined_1f1b_exposed, estimate_layer_time, plan_links
 from plandsl.interop import export_plan, import_text
 from plandsl.ir.layers import layers_of
 
@@ -68,10 +70,12 @@ def test_all_to_all_bytes_and_links_by_hand():
     assert a2a_across > 5 * a2a
 
 
-def test_overlap_hides_the_all_to_alls_behind_the_other_pass():
+def test_overlap_hides_each_all_to_all_behind_the_sub_module_combined_1f1b_pairs_it_with():
     """Without overlap the forward waits for dispatch and combine (2 all-to-alls), the backward for their
-    gradients (2); with it, each pass's all-to-alls run behind the other pass's computation of the layer, so only
-    what exceeds it waits: max(0, 2·a2a − backward compute) and max(0, 2·a2a − forward compute)."""
+    gradients (2). With it, Megatron-Core's combined 1F1B runs three phases per layer (`TransformerLayerSchedulePlan
+    .run`): the backward's combine beside the forward's attention, the forward's and then the backward's dispatch
+    beside the experts' backward, weight gradients and forward, the forward's combine beside the backward's
+    attention; each phase as long as its longer stream, the middle one's exposure split between the passes."""
     mesh = "ep = 16"
     plain, compute = _block_time(_plan(mesh))
     overlapped, _ = _block_time(_plan(mesh, overlap=True))
@@ -82,13 +86,76 @@ def test_overlap_hides_the_all_to_alls_behind_the_other_pass():
     device = plan.cluster.devices_in_order()[0]
     perfect = estimate_layer_time(plan.model, block, plan_work(plan), device.model_copy(update={"comm_share": 0.0}),
                                   plan_links(plan))  # all-to-alls that take nothing from the computation beside them
-    assert perfect.forward_comm == pytest.approx(max(0.0, 2 * a2a - compute.backward))
-    assert perfect.backward_comm == pytest.approx(max(0.0, 2 * a2a - compute.forward))
-    # by default they take the device's share of it while they run (cost.comm.beside)
+    experts_f, experts_i, experts_w = compute.experts_forward, compute.experts_input_grad, compute.experts_weight_grad
+    attention_f, attention_b = compute.forward - experts_f, compute.backward - experts_i - experts_w
+    assert 0 < experts_f < compute.forward and 0 < experts_i + experts_w < compute.backward
+    first, last = max(0.0, a2a - attention_f), max(0.0, a2a - attention_b)
+    # comp: experts' dgrad, wgrad, then their forward once its dispatch is in; comm: the forward's dispatch, then
+    # the backward's once the dgrad is done
+    end = max(max(experts_i + experts_w, a2a) + experts_f, max(a2a, experts_i) + a2a)
+    middle = end - (experts_i + experts_w + experts_f)
+    assert perfect.forward_comm == pytest.approx(last + middle / 2)
+    assert perfect.backward_comm == pytest.approx(first + middle / 2)
+    # by default they take the device's share of it while they run (cost.comm.beside), phase by phase
     share = device.contention
-    assert overlapped.forward_comm == pytest.approx(max(2 * a2a - compute.backward, share * 2 * a2a))
-    assert overlapped.backward_comm == pytest.approx(max(2 * a2a - compute.forward, share * 2 * a2a))
+    assert overlapped.forward_comm == pytest.approx(max(a2a - attention_b, share * a2a)
+                                                    + max(middle, share * 2 * a2a) / 2)
+    assert overlapped.backward_comm == pytest.approx(max(a2a - attention_f, share * a2a)
+                                                     + max(middle, share * 2 * a2a) / 2)
     assert overlapped.forward_comm < plain.forward_comm and overlapped.moved == plain.moved
+
+
+def test_combined_1f1b_phases_by_hand():
+    """A layer of forward 3 ms (experts 1) and backward 6 ms (experts' input gradients 1, weight gradients 1), its
+    all-to-alls 2.5 ms each, no SMs taken: the backward's combine waits 2.5 - 2 = 0.5 beyond the forward's attention;
+    the forward's combine hides behind the backward's 4 of attention; in the middle phase the backward's dispatch
+    starts at 2.5 (after the forward's, the dgrad long done) and ends at 5, where the experts' 3 ms of compute end
+    at 2.5 + 1 = 3.5: 2 exposed, half to each pass. With all-to-alls of 0.1 ms and share 0.2 every one hides, each
+    costing the computation beside it 0.2 of its length."""
+    layer = LayerCompute(2e-3, 1e-3, 4e-3, 2e-3, 0.0, experts_forward=1e-3, experts_input_grad=1e-3,
+                         experts_weight_grad=1e-3)
+    assert (layer.forward, layer.backward) == pytest.approx((3e-3, 6e-3))
+    assert combined_1f1b_exposed(2.5e-3, layer, 0.0) == pytest.approx((0.0 + 1e-3, 0.5e-3 + 1e-3))
+    assert combined_1f1b_exposed(0.1e-3, layer, 0.2) == pytest.approx((0.02e-3 + 0.02e-3, 0.02e-3 + 0.02e-3))
+    assert combined_1f1b_exposed(0.0, layer, 0.2) == (0.0, 0.0)
+
+
+def test_fp8_pads_the_routed_tokens_unless_the_dispatcher_does():
+    """Under FP8, TEGroupedMLP pads each local expert's rows (Fp8Padding) and unpads the output (Fp8Unpadding), and
+    the backward copies the gradients back: 2 copies a pass of 4,096 tokens x top_k 8 x 2,048, each read and written
+    at 2 bytes, 537 MB = 160 us at 3.35 TB/s each way; HybridEP pads inside its dispatch (no copy); bf16 pads nothing."""
+    def block(precision, kind):
+        plan = _plan(mesh="ep = 16", precision=precision, kind=kind)
+        layer = next(layer for layer in layers_of(plan.model) if layer.kind == "block")
+        return estimate_layer_compute(plan.model, layer, plan_work(plan), plan.cluster.devices_in_order()[0])
+    copied = FP8_PADDING_COPIES * 2 * 4096 * 8 * 2048 * 2 / 3350e9
+    assert FP8_PADDING_COPIES == 2 and copied == pytest.approx(160.3e-6, rel=1e-3)
+    padded, unpadded = block("fp8", "alltoall"), block("fp8", "hybridep")
+    assert padded.forward_other - unpadded.forward_other == pytest.approx(copied)
+    assert padded.backward_other - unpadded.backward_other == pytest.approx(copied)
+    assert padded.experts_forward - unpadded.experts_forward == pytest.approx(copied)
+    assert padded.forward_matmul == unpadded.forward_matmul
+    assert block("fp8", "deepep").forward_other == pytest.approx(padded.forward_other)  # DeepEP does not pad
+    assert block("bf16", "alltoall") == block("bf16", "hybridep")
+
+
+def test_the_experts_share_of_the_layer_is_their_grouped_gemms_and_element_wise_work():
+    """The experts' weight-gradient seconds are their two grouped GEMMs' (fc1 768 x 2 wide, fc2), 8 local experts of
+    4,096 x 8 x 16 / 128 = 4,096 routed tokens each at ep 16; the forward adds the SwiGLU's 3 x 768 elements of each
+    of the 8 routed copies per token (read 2, write 1) at 2 bytes, the input gradients twice that."""
+    plan = _plan(mesh="ep = 16")
+    layer = next(layer for layer in layers_of(plan.model) if layer.kind == "block")
+    device = plan.cluster.devices_in_order()[0]
+    compute = estimate_layer_compute(plan.model, layer, plan_work(plan), device)
+    knobs = Efficiency(0.75, 20e-6)
+    own = estimate_layer_compute(plan.model, layer, plan_work(plan), device, knobs)
+    gemms = knobs.grouped_gemm_seconds(4096, 2 * 768, 2048, device, ir.Precision.bf16, 8) \
+        + knobs.grouped_gemm_seconds(4096, 2048, 768, device, ir.Precision.bf16, 8)
+    assert own.experts_weight_grad == pytest.approx(gemms)
+    swiglu = 4096 * 8 * 3 * 768 * 2 / 3350e9
+    assert own.experts_forward == pytest.approx(gemms + swiglu)
+    assert own.experts_input_grad == pytest.approx(gemms + 2 * swiglu)
+    assert compute.experts_forward < compute.forward
 
 
 def test_grouped_gemm_pays_the_kernel_time_once_per_round_of_streams():
