@@ -654,11 +654,14 @@ def inspect_command(source, seq, dtype, output, as_json):
 @click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="This machine's index.")
 @click.option("--rdzv-endpoint", metavar="HOST:PORT", help="Node 0's address, with several nodes.")
 @click.option("--quick", is_flag=True, help="Fewer shapes, sizes and repeats: seconds instead of tens of seconds.")
-def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, quick):
+@click.option("--sustain", type=float, metavar="SECONDS",
+              help="Hold the device busy this long before the sustained timings (default: 30 on a GPU, 2 on a CPU; "
+                   f"--quick 5 and 0.5; at most {limits.MAX_SUSTAIN_SECONDS:g}).")
+def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, quick, sustain):
     """Measure this machine through torch (GEMMs per precision and shape, memory bandwidth, collectives) and
     write it as a cluster file that check, estimate and generate read (docs/cli.md, profile)."""
     options = api.profile_options(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
-                                  rdzv_endpoint=rdzv_endpoint, quick=quick)
+                                  rdzv_endpoint=rdzv_endpoint, quick=quick, sustain=sustain)
     problems = api.profile_problems(options)
     if problems:
         _fail(api.PlanError(problems))

@@ -31,6 +31,9 @@ MAX_LOCAL_RANKS = 256
 room for many CPU (gloo) ranks, not for a typo that forks thousands."""
 MAX_PROFILE_NODES = 64
 """Nodes `plandsl profile --nnodes` measures together: two already give the links between nodes."""
+MAX_SUSTAIN_SECONDS = 600.0
+"""Seconds `plandsl profile --sustain` holds the device busy before its sustained timings: a GPU reaches its
+power-limited steady state in tens of seconds; ten minutes is far past it."""
 MAX_SMS = 65_536                # a device's `sms` (streaming multiprocessors; a B200 has 148)
 
 MODEL_ARGUMENTS = {"layers": MAX_LAYERS, "hidden": MAX_WIDTH, "ffn": MAX_WIDTH, "input": MAX_WIDTH,
@@ -44,7 +47,7 @@ TRAIN = {"global_batch": MAX_GLOBAL_BATCH, "micro_batch": MAX_MICRO_BATCH, "seq"
 
 __all__ = ["MAX_ACTIONS", "MAX_EXPERTS", "MAX_GLOBAL_BATCH", "MAX_HEADS", "MAX_LAYERS", "MAX_LOCAL_RANKS",
            "MAX_MESH_DEVICES",
-           "MAX_MICROBATCHES", "MAX_MICRO_BATCH", "MAX_NODES", "MAX_PROFILE_NODES", "MAX_SEQ", "MAX_SMS", "MAX_STAGES", "MAX_STEPS", "MAX_VIRTUAL",
+           "MAX_MICROBATCHES", "MAX_MICRO_BATCH", "MAX_NODES", "MAX_PROFILE_NODES", "MAX_SEQ", "MAX_SMS", "MAX_SUSTAIN_SECONDS", "MAX_STAGES", "MAX_STEPS", "MAX_VIRTUAL",
            "MAX_VOCAB", "MAX_WIDTH", "MODEL_ARGUMENTS", "TRAIN"]
 GENERATE_SECONDS = 6.0
 """`generate --time-limit`'s default (CPU seconds of the search): it stops there with the fastest plans it simulated (marked as not

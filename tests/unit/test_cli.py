@@ -290,7 +290,7 @@ EXPECTED_SURFACE = {
                                                   "--include", "--allow-model-import"}},
     "estimate": {"arguments": ["file"], "options": {"--json", "--param", "--plan", "--include", "--allow-model-import",
                                                     "--against"}},
-    "profile": {"arguments": [], "options": {"--nnodes", "--node-rank", "--nproc-per-node", "--output", "--quick",
+    "profile": {"arguments": [], "options": {"--nnodes", "--node-rank", "--nproc-per-node", "--output", "--quick", "--sustain",
                                              "--rdzv-endpoint", "-o"}},
     "inspect": {"arguments": ["source"], "options": {"--dtype", "--json", "--output", "--seq", "-o"}},
     "generate": {"arguments": [], "options": {"--cluster", "--format", "--global-batch", "--json", "--model", "--output", "--pin",

@@ -20,8 +20,8 @@ from plandsl.cost.compute import Efficiency, device_efficiency
 from plandsl.cost.fit import CommSample, GemmSample, fit_gemm, fit_link, gemm_model
 from plandsl.runtime.profile import job
 from plandsl.runtime.profile.job import ProfileError, ProfileOptions, option_problems, write_cluster
-from plandsl.runtime.profile.results import CommTiming, GemmTiming, KernelTiming, Profile, Spread
-from plandsl.runtime.profile.write import TABLE_ABOVE, fit_profile, identifier, round_up
+from plandsl.runtime.profile.results import CommTiming, DeviceState, GemmTiming, KernelTiming, Profile, Spread
+from plandsl.runtime.profile.write import TABLE_ABOVE, fit_profile, identifier, report_text, round_up
 
 PEAK, BANDWIDTH = 100e9, 20e9
 SHAPES = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 256, 512)]
@@ -264,6 +264,10 @@ def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
     (ProfileOptions(nnodes=2, node_rank=2, rdzv_endpoint="h:1"), 0, "is not below --nnodes (2)"),
     (ProfileOptions(nnodes=2, rdzv_endpoint="node0"), 0, "'node0': expected HOST:PORT"),  # as `run` checks it
     (ProfileOptions(nnodes=2, rdzv_endpoint="node0:99999"), 0, "a port from 1 to 65535"),
+    (ProfileOptions(sustain=601), 0, "--sustain 601 is outside plandsl profile's range of 0 to 600 seconds"),
+    (ProfileOptions(sustain=-1), 0, "--sustain -1 is outside"),
+    (ProfileOptions(sustain=math.inf), 0, "--sustain inf is outside"),
+    (ProfileOptions(sustain=math.nan), 0, "--sustain nan is outside"),
 ])
 def test_options_past_their_caps_are_diagnostics(options, cuda, words):
     [problem] = option_problems(options, cuda_devices=cuda)
@@ -496,3 +500,121 @@ def test_the_peak_holds_every_rate_as_the_table_writes_it(tmp_path):
     write_cluster(profile, str(path))
     analysis = api.check(str(path))
     assert analysis.ok, api.render_all(analysis.diagnostics, analysis.sources)
+
+
+# ---- sustained: the device held busy ----------------------------------------------------------------------
+def sustained_profile(**changes) -> Profile:
+    """The synthetic fp32 GEMMs as bursts on the curve (0.8, 12 us) and, held busy, on (0.72, 12 us): 10 % slower
+    in their math, as a power-limited clock gives them."""
+    bursts = {(s.m, s.n, s.k): s.seconds for s in _gemms(0.8, 12e-6)}
+    gemms = tuple(GemmTiming("fp32", s.m, s.n, s.k, _spread(bursts[(s.m, s.n, s.k)]), Spread.of([s.seconds] * 5))
+                  for s in _gemms(0.72, 12e-6))
+    profile = replace(synthetic_profile(comms=False), gemms=gemms, hold_seconds=2.0, window_seconds=0.25)
+    return replace(profile, **changes)
+
+
+def test_the_written_knobs_are_the_sustained_ones_with_the_bursts_in_comments(tmp_path):
+    path = tmp_path / "box.plan"
+    text = write_cluster(sustained_profile(), str(path))
+    result = CliRunner().invoke(main, ["check", str(path)])  # the round trip through `plandsl check`
+    assert result.exit_code == 0, result.output
+    [device] = api.load(str(path)).devices
+    fp32 = device.efficiency.precisions[ir.Precision.fp32]
+    peak = device.peak[ir.Precision.fp32]
+    assert fp32.matmul * peak == pytest.approx(0.72 * PEAK, rel=2e-3)  # the sustained rate, not the burst's 0.8
+    assert fp32.kernel_latency == pytest.approx(12e-6, rel=2e-3) and fp32.measured == ()
+    burst = next(p for p in fit_profile(sustained_profile()).precisions if p.precision == "fp32").burst
+    assert burst.peak_fraction > fp32.matmul and f"# fp32 as bursts: matmul {burst.peak_fraction:.3g}," in text
+    assert "sustained / burst throughput 0.9" in text and "held busy with back-to-back GEMMs for 2 s" in text
+    line = next(line for line in text.splitlines() if line.startswith("#   fp32") and " 512 x " in line)
+    assert "; burst " in line and "sustained / burst 0.9" in line and line.endswith("fit +0%")
+    assert api.format_text(text) == text
+
+
+def test_without_sustained_timings_the_file_is_as_before(tmp_path):
+    text = write_cluster(synthetic_profile(), str(tmp_path / "box.plan"))
+    assert "sustained" not in text and "as bursts" not in text
+
+
+def test_the_report_sets_bursts_beside_sustained_with_their_spread():
+    report = report_text(sustained_profile(hold_states=(DeviceState(0.0, 1980.0, 310.0), DeviceState(30.0, 1755.0, 700.0))))
+    assert "burst FLOP/s (min, max)" in report and "sustained FLOP/s (min, max)" in report
+    row = next(line for line in report.splitlines() if line.startswith("fp32    512 x"))
+    assert row.count("(min ") == 2 and " 0.9" in row
+    assert "as bursts matmul" in report and "1980 MHz, 310 W -> 1755 MHz, 700 W" in report
+
+
+def test_the_sustained_profile_travels_as_json():
+    profile = sustained_profile(hold_states=(DeviceState(0.0, None, 300.0),), sms=132)
+    assert Profile.from_json(profile.to_json()) == profile
+
+
+def test_a_gpus_sm_count_is_written(tmp_path):
+    text = write_cluster(sustained_profile(sms=132), str(tmp_path / "gpu.plan"))
+    assert "sms        = 132" in text or "sms = 132" in text.replace("  ", " ")
+    [device] = api.load(str(tmp_path / "gpu.plan")).devices
+    assert device.sms == 132 and device.contention == pytest.approx(24 / 132)
+
+
+class FakeClock:
+    """Seconds that pass only as the fake GEMM runs: each call `step` seconds (a clock that stands still: 0)."""
+
+    def __init__(self, step: float):
+        self.now, self.step, self.calls = 0.0, step, 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def call(self) -> None:
+        self.now += self.step
+        self.calls += 1
+
+
+def _timer(clock: FakeClock):
+    from plandsl.runtime.profile import measure  # torch
+    return measure._Timer(measure.torch.device("cpu"), measure.World(), clock)
+
+
+@pytest.mark.xdist_group("torch")
+def test_the_device_is_held_busy_for_the_seconds_given():
+    clock = FakeClock(0.125)
+    assert _timer(clock).busy(clock.call, 1.0, batch=1) == (8, 1.0)
+    clock = FakeClock(0.125)
+    assert _timer(clock).busy(clock.call, 1.0, batch=3) == (9, 1.125)  # whole batches: three of them
+
+
+@pytest.mark.xdist_group("torch")
+def test_the_sustained_window_settles_then_times_its_parts_back_to_back():
+    from plandsl.runtime.profile.measure import Sustain
+    clock = FakeClock(0.125)
+    samples = _timer(clock).sustained(clock.call, 0.125, Sustain(settle=0.5, window=1.0, parts=4))
+    assert samples == [0.125] * 4 and clock.calls == 4 + 8 and clock.now == 1.5
+
+
+@pytest.mark.xdist_group("torch")
+def test_a_clock_that_stands_still_still_ends(monkeypatch):
+    from plandsl.runtime.profile import measure
+    monkeypatch.setattr(measure, "MAX_SUSTAIN_CALLS", 50)
+    clock = FakeClock(0.0)
+    assert _timer(clock).busy(clock.call, 10.0, batch=10) == (50, 0.0)
+
+
+@pytest.mark.xdist_group("torch")
+def test_measure_holds_the_device_and_times_every_gemm_sustained(monkeypatch):
+    """The whole measurement on this CPU at toy sizes with a fake clock: the hold and every window take the seconds
+    they are given on the clock, whatever the GEMMs cost, and every GEMM has its burst and its sustained parts."""
+    from plandsl.runtime.profile import measure  # torch
+    monkeypatch.setattr(measure, "CPU_SHAPES_QUICK", ((8, 8, 8), (16, 16, 16)))
+    monkeypatch.setattr(measure, "CPU_SMALL_SHAPES_QUICK", ((8, 8, 8),))
+    monkeypatch.setattr(measure, "CPU_COPY_BYTES", 2**16)
+    monkeypatch.setattr(measure, "ELEMENTWISE_SHAPE", {"cpu": (8, 64)})
+    monkeypatch.setattr(measure.torch.cuda, "is_available", lambda: False)
+    ticks = iter(range(10**9))
+
+    def clock() -> float:  # each reading 1 ms later
+        return next(ticks) * 1e-3
+    profile = measure.measure(measure.Settings(quick=True, sustain=3.0), clock=clock)
+    assert profile.hold_seconds == 3.0 and profile.window_seconds == measure.WINDOW_SECONDS[("cpu", True)]
+    assert len(profile.gemms) == 4 and all(g.sustained.count == measure.WINDOW_PARTS for g in profile.gemms)
+    windows = len(profile.gemms) * profile.window_seconds
+    assert next(ticks) * 1e-3 >= 3.0 + windows  # the clock ran through the hold and every window

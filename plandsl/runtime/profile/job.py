@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from plandsl.diagnostics import Diagnostic, diag
-from plandsl.diagnostics.limits import MAX_LOCAL_RANKS, MAX_PROFILE_NODES
+from plandsl.diagnostics.limits import MAX_LOCAL_RANKS, MAX_PROFILE_NODES, MAX_SUSTAIN_SECONDS
 from plandsl.runtime.launch import cuda_device_count as _cuda_devices, endpoint_problem  # as `run` counts them
 from plandsl.runtime.profile.results import Profile
 from plandsl.runtime.profile.write import cluster_text
@@ -38,11 +38,14 @@ class ProfileOptions:
     node_rank: int = 0
     rdzv_endpoint: str | None = None
     quick: bool = False
+    sustain: float | None = None
+    """Seconds the device is held busy before the sustained timings; None: the default for the device."""
 
 
 def option_problems(options: ProfileOptions, cuda_devices: int | None = None) -> list[Diagnostic]:
     """E505 for every option past its cap: processes per node (at most `MAX_LOCAL_RANKS`, and on a machine
-    with CUDA at most its GPUs: `cuda_devices`, None to ask torch), nodes (`MAX_PROFILE_NODES`); E505 too for
+    with CUDA at most its GPUs: `cuda_devices`, None to ask torch), nodes (`MAX_PROFILE_NODES`), the hold
+    (`--sustain`, 0 to `MAX_SUSTAIN_SECONDS`); E505 too for
     a node rank outside the nodes, an endpoint that is not HOST:PORT, or several nodes without --rdzv-endpoint
     (what node 0's address is)."""
     problems = []
@@ -60,6 +63,10 @@ def option_problems(options: ProfileOptions, cuda_devices: int | None = None) ->
         problems.append(diag("E505", f"--nnodes {options.nnodes} is above plandsl profile's limit of "
                                      f"{MAX_PROFILE_NODES} nodes", hint="two nodes measure the links between "
                                      "nodes; more add time, not figures"))
+    if options.sustain is not None and not 0 <= options.sustain <= MAX_SUSTAIN_SECONDS:
+        problems.append(diag("E505", f"--sustain {options.sustain:g} is outside plandsl profile's range of 0 to "
+                                     f"{MAX_SUSTAIN_SECONDS:g} seconds", hint="a GPU reaches its power-limited "
+                                     "steady state in tens of seconds (the default on a GPU: 30)"))
     if options.node_rank >= options.nnodes:
         problems.append(diag("E505", f"--node-rank {options.node_rank} is not below --nnodes ({options.nnodes}): "
                                      f"nodes are numbered 0 to {options.nnodes - 1}"))
@@ -78,7 +85,7 @@ def run_profile(options: ProfileOptions, progress: Progress | None = None) -> Pr
     stopped the launcher."""
     if options.nproc_per_node == 1 and options.nnodes == 1:
         from plandsl.runtime.profile.measure import Settings, measure  # lazy: torch
-        return measure(Settings(quick=options.quick), progress=progress)
+        return measure(Settings(quick=options.quick, sustain=options.sustain), progress=progress)
     return _launch(options, progress)
 
 
@@ -94,8 +101,8 @@ def _launch(options: ProfileOptions, progress: Progress | None) -> Profile | Non
     try:
         job = os.path.join(directory, "job.json")
         output, progress_file = os.path.join(directory, "profile.json"), os.path.join(directory, "progress")
-        Path(job).write_text(json.dumps({"quick": options.quick, "output": output, "progress": progress_file,
-                                         "timeout_s": TIMEOUT_S}), encoding="utf-8")
+        Path(job).write_text(json.dumps({"quick": options.quick, "sustain": options.sustain, "output": output,
+                                         "progress": progress_file, "timeout_s": TIMEOUT_S}), encoding="utf-8")
         if options.nnodes > 1:
             where = ["--nnodes", str(options.nnodes), "--node-rank", str(options.node_rank),
                      "--rdzv-endpoint", options.rdzv_endpoint]

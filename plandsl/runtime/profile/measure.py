@@ -4,9 +4,14 @@ Stage: interpreter (profile). Contract: `measure(settings, world, progress)` run
 (one process: `world` is `World()`, no process group) and returns the `Profile` on rank 0 (None on the
 others). Every rank times the same GEMMs at the same time (a device is measured as loaded as a training
 step loads it: on a CPU the processes share the cores and the memory bus), and rank 0 keeps every rank's
-repeats. Work is bounded by the tables below, never by a number a user gives: the shapes, sizes, repeats
-and a cap on calls per repeat. Timing: `time.perf_counter` on a CPU; CUDA events after a warm-up call on
-a GPU (the events bracket `calls` launches, so one launch's overhead is amortised as in a training step).
+repeats. Every GEMM is timed twice: as a burst (short repeats after a warm-up call, as a benchmark times it) and
+sustained (after the device was held busy back to back for `--sustain` seconds, each GEMM run back to back for a
+settle and a timed window: a training run holds a GPU at its power limit, where its clocks are lower than a
+burst's; docs/cli.md, profile). Work is bounded by the tables below and by `--sustain` (at most
+`limits.MAX_SUSTAIN_SECONDS`): the shapes, sizes, repeats and a cap on calls per repeat and per window. Timing:
+the timer's clock (`time.perf_counter`, injectable) on a CPU; CUDA events after a warm-up call on a GPU for
+bursts (the events bracket `calls` launches, so one launch's overhead is amortised as in a training step), the
+clock between synchronisations for the sustained windows.
 """
 from __future__ import annotations
 
@@ -24,9 +29,11 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from plandsl.runtime.profile.results import CommTiming, GemmTiming, KernelTiming, Profile, Spread
+from plandsl.diagnostics.limits import MAX_SUSTAIN_SECONDS
+from plandsl.runtime.profile.results import CommTiming, DeviceState, GemmTiming, KernelTiming, Profile, Spread
 
 Progress = Callable[[int, int], None]
+Clock = Callable[[], float]
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,8 @@ class Settings:
     quick: bool = False
     nproc_per_node: int = 1
     nnodes: int = 1
+    sustain: float | None = None
+    """Seconds the device is held busy before the sustained timings; None: `HOLD_SECONDS` for the device."""
 
 
 @dataclass(frozen=True)
@@ -70,18 +79,40 @@ COMM_BYTES_PER_REPEAT = {"cpu": 4 * 2**20, "cuda": 1 * 2**30}
 """Collectives per repeat: enough to move about this much, at most `MAX_CALLS`, at least one."""
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
+# ---- sustained: the device held busy ----------------------------------------------------------------------
+HOLD_SECONDS = {("cuda", False): 30.0, ("cuda", True): 5.0, ("cpu", False): 2.0, ("cpu", True): 0.5}
+"""Seconds of back-to-back GEMMs (the largest of the first precision) before the sustained timings, `--sustain`'s
+default. On a GPU the power limit binds within a fraction of a second of back-to-back tensor-core work
+(flashinfer-ai/flashinfer#2899: a B200 throttled from 1965 to ~1580 MHz, -15 % TFLOP/s, within ~100 iterations
+of a ~1.5 ms kernel, with 5 ms of work already enough to start it), while the temperature that lowers the clock
+further at the same power settles over tens of seconds (soumith/convnet-benchmarks#71: a Titan X throttled after
+"tens of seconds"; triton-lang/triton#4493: H100 kernels' TFLOP/s cycles before a steady state): 30 s, then every
+GEMM of the sweep back to back (~25 s more on an H100). On a CPU, short, to keep `profile` under 2 minutes."""
+SETTLE_SECONDS = {("cuda", False): 0.2, ("cuda", True): 0.1, ("cpu", False): 0.0, ("cpu", True): 0.0}
+"""Each GEMM back to back, untimed, before its window: the power limit's controller settling on its draw."""
+WINDOW_SECONDS = {("cuda", False): 0.5, ("cuda", True): 0.2, ("cpu", False): 0.25, ("cpu", True): 0.1}
+"""Each GEMM's timed window, split into `WINDOW_PARTS` back-to-back parts (the sustained spread)."""
+WINDOW_PARTS = 5
+SYNCS_PER_PART = 4
+"""Synchronisations per part: the calls between two are about a quarter of a part (the GPU never waits on them)."""
+MAX_SUSTAIN_CALLS = 1_000_000
+"""Calls of one hold or one window part at most, whatever the clock says (a clock that stands still still ends)."""
+STATE_EVERY_S = 1.0
+"""Seconds between two readings of the SM clock and power during the hold."""
 
-def measure(settings: Settings, world: World = World(), progress: Progress | None = None) -> Profile | None:
+
+def measure(settings: Settings, world: World = World(), progress: Progress | None = None,
+            clock: Clock = time.perf_counter) -> Profile | None:
     started = time.perf_counter()
     cuda = torch.cuda.is_available()
     kind = "cuda" if cuda else "cpu"
     device = torch.device("cuda", world.local_rank) if cuda else torch.device("cpu")
-    timer = _Timer(device, world)
+    timer = _Timer(device, world, clock)
     plan = _gemm_plan(kind, settings.quick, device)
     sizes = COMM_SIZES[(kind, settings.quick)] if world.size > 1 else ()
     # inside a node when it has several processes; across nodes when there are several
     scopes = ([False] if settings.nproc_per_node > 1 else []) + ([True] if settings.nnodes > 1 else [])
-    total = len(plan) + 2 + len(sizes) * len(COLLECTIVES) * len(scopes)
+    total = 2 * len(plan) + 3 + len(sizes) * len(COLLECTIVES) * len(scopes)
     done = 0
 
     def step() -> None:
@@ -91,13 +122,24 @@ def measure(settings: Settings, world: World = World(), progress: Progress | Non
             progress(done, total)
 
     notes: list[str] = []
-    gemms: list[GemmTiming] = []
-    for precision, shape, run in plan:
+    bursts: list[tuple[str, tuple[int, int, int], Callable, Spread]] = []
+    for precision, shape, run in plan:  # bursts first, on a device not yet held busy
         samples = _gemm_samples(run, shape, timer, settings.quick, world)
         if samples is None:
             notes.append(f"{precision} {' x '.join(map(str, shape))}: skipped, out of device memory")
         else:
-            gemms.append(GemmTiming(precision, *shape, Spread.of(samples)))
+            bursts.append((precision, shape, run, Spread.of(samples)))
+        step()
+    hold = settings.sustain if settings.sustain is not None else HOLD_SECONDS[(kind, settings.quick)]
+    window = Sustain(SETTLE_SECONDS[(kind, settings.quick)], WINDOW_SECONDS[(kind, settings.quick)])
+    states = _hold(bursts, hold, timer, world) if bursts else ()
+    step()
+    gemms: list[GemmTiming] = []
+    for precision, shape, run, burst in bursts:  # then each held back to back, the device busy throughout
+        sustained = _sustained_samples(run, shape, burst.median, window, timer, world)
+        state = _state(device)
+        gemms.append(GemmTiming(precision, *shape, burst, Spread.of(sustained) if sustained else None,
+                                state.sm_clock_mhz, state.power_w))
         step()
     notes += [note for note in _skipped(kind, device)]
     copy_bytes = CUDA_COPY_BYTES if cuda else CPU_COPY_BYTES
@@ -123,16 +165,59 @@ def measure(settings: Settings, world: World = World(), progress: Progress | Non
                    threads=torch.get_num_threads(), nproc_per_node=settings.nproc_per_node, nnodes=settings.nnodes,
                    quick=settings.quick, memory_copy_bytes=2 * copy_bytes, memory_seconds=memory,
                    gemms=tuple(gemms), comms=tuple(comms), notes=tuple(notes),
-                   wall_seconds=time.perf_counter() - started, kernels=kernels)
+                   wall_seconds=time.perf_counter() - started, kernels=kernels, hold_seconds=hold if bursts else 0.0,
+                   window_seconds=window.window if bursts else 0.0, hold_states=states, sms=_sms(device))
 
 
 # ---- timing -------------------------------------------------------------------------------------------
-class _Timer:
-    """Repeats of a callable on every rank at once, each rank's repeats gathered on every rank."""
+@dataclass(frozen=True)
+class Sustain:
+    """One GEMM's sustained timing: `settle` seconds back to back untimed, then `window` seconds timed in `parts`."""
+    settle: float
+    window: float
+    parts: int = WINDOW_PARTS
 
-    def __init__(self, device: torch.device, world: World):
-        self.device, self.world = device, world
+
+class _Timer:
+    """Repeats of a callable on every rank at once, each rank's repeats gathered on every rank; and the device
+    held busy by a callable for a time `clock` measures (`busy`, `sustained`)."""
+
+    def __init__(self, device: torch.device, world: World, clock: Clock = time.perf_counter):
+        self.device, self.world, self.clock = device, world, clock
         self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def busy(self, call: Callable[[], object], seconds: float, batch: int) -> tuple[int, float]:
+        """Run `call` back to back, `batch` calls between synchronisations, until `seconds` have passed on the
+        clock (at least one batch, at most `MAX_SUSTAIN_CALLS` calls); the calls made and the seconds they took."""
+        self.sync()
+        begin, calls = self.clock(), 0
+        while True:
+            for _ in range(batch):
+                call()
+            calls += batch
+            self.sync()
+            spent = self.clock() - begin
+            if spent >= seconds or calls >= MAX_SUSTAIN_CALLS:
+                return calls, spent
+
+    def sustained(self, call: Callable[[], object], per_call: float, sustain: Sustain) -> list[float]:
+        """Seconds per call of each part of `call`'s sustained window on each rank: after `sustain.settle` seconds
+        back to back, `sustain.parts` parts of `sustain.window` / parts seconds each, back to back with no gap
+        but a synchronisation every quarter part (`per_call`, the burst's, sizes the batches)."""
+        part = sustain.window / sustain.parts
+        batch = max(1, min(MAX_CALLS, math.floor(part / SYNCS_PER_PART / max(per_call, 1e-9))))
+        self.barrier()
+        if sustain.settle > 0:
+            self.busy(call, sustain.settle, batch)
+        mine = []
+        for _ in range(sustain.parts):
+            calls, spent = self.busy(call, part, batch)
+            mine.append(spent / calls)
+        return self.gather(mine)
 
     def elapsed(self, call: Callable[[], object], calls: int) -> float:
         """Seconds per call over `calls` calls."""
@@ -220,6 +305,51 @@ def _gemm_samples(run, shape: tuple[int, int, int], timer: "_Timer", quick: bool
             torch.cuda.empty_cache()
         return None
     return timer.repeat(call, quick)
+
+
+def _hold(bursts, seconds: float, timer: _Timer, world: World) -> tuple[DeviceState, ...]:
+    """Hold the device busy for `seconds` with the largest GEMM of the first precision measured, back to back
+    (every rank at once); the SM clock and power read every `STATE_EVERY_S` on the way."""
+    _, shape, run, burst = max((b for b in bursts if b[0] == bursts[0][0]), key=lambda b: math.prod(b[1]))
+    call = run(*shape)
+    batch = max(1, min(MAX_CALLS, math.floor(0.05 / max(burst.median, 1e-9))))  # a synchronisation every ~50 ms
+    timer.barrier()
+    states = [_state(timer.device, 0.0)]
+    held = 0.0
+    while held < seconds and len(states) <= math.ceil(MAX_SUSTAIN_SECONDS / STATE_EVERY_S):
+        _, spent = timer.busy(call, min(STATE_EVERY_S, seconds - held), batch)
+        held += spent
+        states.append(_state(timer.device, held))
+    del call
+    return tuple(states) if any(s.sm_clock_mhz is not None or s.power_w is not None for s in states) else ()
+
+
+def _sustained_samples(run, shape: tuple[int, int, int], per_call: float, sustain: Sustain, timer: _Timer,
+                       world: World) -> list[float] | None:
+    """Every rank's sustained parts of one GEMM, or None on every rank when one ran out of device memory."""
+    try:
+        call, failed = run(*shape), 0.0
+    except torch.cuda.OutOfMemoryError:
+        call, failed = None, 1.0
+    if world.size > 1 or failed:
+        failed = max(timer.gather([failed]))
+    if failed:
+        del call
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return None
+    return timer.sustained(call, per_call, sustain)
+
+
+def _state(device: torch.device, at_seconds: float = 0.0) -> DeviceState:
+    """The SM clock and board power of a CUDA device where torch reads them (`torch.cuda.clock_rate`, `power_draw`:
+    NVML through pynvml, optional); None each elsewhere."""
+    readings: dict[str, float | None] = {"sm_clock_mhz": None, "power_w": None}
+    if device.type == "cuda":
+        for name, read, scale in (("sm_clock_mhz", "clock_rate", 1.0), ("power_w", "power_draw", 1e-3)):
+            with contextlib.suppress(Exception):  # no NVML, no pynvml, an older torch: the throughput alone
+                readings[name] = float(getattr(torch.cuda, read)(device)) * scale
+    return DeviceState(at_seconds, **readings)
 
 
 def _skipped(kind: str, device: torch.device) -> list[str]:
@@ -415,6 +545,11 @@ def _device_name(device: torch.device) -> str:
     except OSError:
         pass
     return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+
+
+def _sms(device: torch.device) -> int | None:
+    """A GPU's streaming multiprocessors, as the cluster file's `sms` states them; None on a CPU."""
+    return int(torch.cuda.get_device_properties(device).multi_processor_count) if device.type == "cuda" else None
 
 
 def _device_memory(device: torch.device, settings: Settings) -> int:

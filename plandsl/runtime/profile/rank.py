@@ -24,7 +24,8 @@ def main(job_file: str) -> int:
     world = World(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"]),
                   int(os.environ["LOCAL_WORLD_SIZE"]))
     init_distributed(job["timeout_s"])  # as `plandsl run`'s ranks: cuda:LOCAL_RANK and nccl, else gloo
-    settings = Settings(quick=job["quick"], nproc_per_node=world.local_size, nnodes=world.size // world.local_size)
+    settings = Settings(quick=job["quick"], nproc_per_node=world.local_size, nnodes=world.size // world.local_size,
+                        sustain=job["sustain"])
 
     def progress(done: int, total: int) -> None:
         _write(job["progress"], f"{done} {total}\n")

@@ -1,8 +1,8 @@
 """What `plandsl profile` measured, as plain frozen records that travel as JSON from rank 0 to the command.
 
 Stage: interpreter (profile). Contract: `Profile` holds every timing with its spread over repeats
-(`Spread`: median, min, max; over every rank too when several measured at once) and the facts about
-the machine the cluster file states; `to_json`/`from_json` round-trip it. No torch here.
+(`Spread`: median, min, max; over every rank too when several measured at once; a GEMM's as a burst and
+sustained) and the facts about the machine the cluster file states; `to_json`/`from_json` round-trip it. No torch here.
 """
 from __future__ import annotations
 
@@ -31,13 +31,18 @@ class Spread:
 @dataclass(frozen=True, slots=True)
 class GemmTiming:
     """m x k by k x n in `precision` (fp32 with TF32 off; tf32 is an extra row the language has no precision
-    for, written as a comment)."""
+    for, written as a comment): `seconds` a burst (short repeats, as a benchmark times it), `sustained` the same
+    GEMM timed with the device held busy back to back (None: not measured), and the SM clock (MHz) and board
+    power (W) at the end of its sustained window where torch reads them (CUDA with NVML)."""
 
     precision: str
     m: int
     n: int
     k: int
     seconds: Spread
+    sustained: Spread | None = None
+    sm_clock_mhz: float | None = None
+    power_w: float | None = None
 
     @property
     def flops(self) -> float:
@@ -45,8 +50,27 @@ class GemmTiming:
 
     @property
     def rate(self) -> float:
-        """FLOP/s at the median."""
+        """FLOP/s of the burst, at its median."""
         return self.flops / self.seconds.median
+
+    @property
+    def held(self) -> Spread:
+        """The seconds the cost model's knobs are fitted to: the sustained ones, else the burst's."""
+        return self.sustained if self.sustained is not None else self.seconds
+
+    @property
+    def ratio(self) -> float | None:
+        """Sustained over burst throughput at the medians (below 1: the held device is slower), None unmeasured."""
+        return self.seconds.median / self.sustained.median if self.sustained is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceState:
+    """The SM clock (MHz) and board power (W) `at_seconds` into the hold, each None where torch cannot read it."""
+
+    at_seconds: float
+    sm_clock_mhz: float | None
+    power_w: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +120,10 @@ class Profile:
     notes: tuple[str, ...] = field(default=())
     wall_seconds: float = 0.0
     kernels: tuple[KernelTiming, ...] = ()
+    hold_seconds: float = 0.0               # the device held busy before the sustained timings (0: none taken)
+    window_seconds: float = 0.0             # each GEMM's timed sustained window (after its settle)
+    hold_states: tuple[DeviceState, ...] = ()  # the SM clock and power during the hold (CUDA with NVML)
+    sms: int | None = None                  # streaming multiprocessors of a GPU (None on a CPU)
 
     @property
     def kernel_bandwidth(self) -> float | None:
@@ -120,11 +148,14 @@ class Profile:
     def from_json(text: str) -> "Profile":
         data = json.loads(text)
         data["memory_seconds"] = Spread(**data["memory_seconds"])
-        data["gemms"] = tuple(GemmTiming(**{**g, "seconds": Spread(**g["seconds"])}) for g in data["gemms"])
+        data["gemms"] = tuple(GemmTiming(**{**g, "seconds": Spread(**g["seconds"]),
+                                            "sustained": Spread(**g["sustained"]) if g.get("sustained") else None})
+                              for g in data["gemms"])
+        data["hold_states"] = tuple(DeviceState(**state) for state in data.get("hold_states", ()))
         data["comms"] = tuple(CommTiming(**{**c, "seconds": Spread(**c["seconds"])}) for c in data["comms"])
         data["notes"] = tuple(data["notes"])
         data["kernels"] = tuple(KernelTiming(**{**k, "seconds": Spread(**k["seconds"])}) for k in data.get("kernels", ()))
         return Profile(**data)
 
 
-__all__ = ["Spread", "GemmTiming", "CommTiming", "KernelTiming", "Profile"]
+__all__ = ["Spread", "GemmTiming", "DeviceState", "CommTiming", "KernelTiming", "Profile"]

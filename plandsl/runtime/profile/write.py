@@ -1,16 +1,18 @@
 """A `Profile` -> the cluster file `plandsl profile` writes, and the report it prints.
 
 Stage: interpreter (profile; pure, no torch). Contract: `fit_profile(profile)` derives the figures the
-cost model takes (per precision: the peak, the GEMM knobs fitted by `cost.fit.fit_gemm`, and the
-measured GEMM table when the two knobs miss a measured point by more than `TABLE_ABOVE`; the memory
-bandwidth; the node's link and NIC fitted by `cost.fit.fit_link`); `cluster_text(profile, name)` writes
-them in the plan language (docs/language.md, "Measured clusters") with every measurement's spread as
-comments; `report_text(profile)` is the same as a table for the terminal.
+cost model takes (per precision: the peak, the GEMM knobs fitted by `cost.fit.fit_gemm` to the sustained
+GEMM times (the burst ones where none was measured), and the measured GEMM table when the two knobs miss a
+measured point by more than `TABLE_ABOVE`; the knobs of the bursts beside them; the memory bandwidth; the
+node's link and NIC fitted by `cost.fit.fit_link`); `cluster_text(profile, name)` writes them in the plan
+language (docs/language.md, "Measured clusters") with every measurement's spread, the bursts and their ratio to
+the sustained figures as comments; `report_text(profile)` is the same as a table for the terminal.
 """
 from __future__ import annotations
 
 import math
 import re
+import statistics
 from dataclasses import dataclass
 
 from plandsl import ir
@@ -32,12 +34,18 @@ KEYWORDS = frozenset("import param let device node cluster model plan schedule l
 class PrecisionFit:
     precision: str
     peak: float
-    fit: GemmFit
+    fit: GemmFit                           # to the sustained times (the bursts' where none was measured)
     timings: tuple[GemmTiming, ...]
+    burst: GemmFit | None = None           # to the bursts, where sustained times were measured
 
     @property
     def table(self) -> bool:
         return self.fit.worst > TABLE_ABOVE
+
+    @property
+    def ratios(self) -> list[float]:
+        """Sustained over burst throughput of each GEMM measured both ways."""
+        return [g.ratio for g in self.timings if g.ratio is not None]
 
 
 @dataclass(frozen=True)
@@ -71,10 +79,13 @@ def fit_profile(profile: Profile) -> Fitted:
             continue
         # at least every rate the table states: its times are written to 4 significant digits, so a written
         # time may be 5e-4 below the measured one (a rate that much above), and the checker holds each row to
-        # the peak (E217)
-        peak = round_up(max(g.rate for g in timings) * (1 + 5e-4))
-        samples = [GemmSample(g.m, g.n, g.k, g.seconds.median, ELEMENT_BYTES[precision]) for g in timings]
-        fits.append(PrecisionFit(precision, peak, fit_gemm(samples, peak, bandwidth), timings))
+        # the peak (E217); the fastest of bursts and sustained windows alike
+        peak = round_up(max(g.flops / min(g.seconds.median, g.held.median) for g in timings) * (1 + 5e-4))
+        held = [GemmSample(g.m, g.n, g.k, g.held.median, ELEMENT_BYTES[precision]) for g in timings]
+        bursts = [GemmSample(g.m, g.n, g.k, g.seconds.median, ELEMENT_BYTES[precision]) for g in timings]
+        sustained = any(g.sustained is not None for g in timings)
+        fits.append(PrecisionFit(precision, peak, fit_gemm(held, peak, bandwidth), timings,
+                                 fit_gemm(bursts, peak, bandwidth) if sustained else None))
     extras = tuple(g for g in gemms if g.precision not in PRECISIONS)
     return Fitted(tuple(fits), extras, bandwidth, _link(profile.comms, False), _link(profile.comms, True))
 
@@ -151,20 +162,26 @@ def cluster_text(profile: Profile, name: str) -> str:
            + (f" x {profile.nnodes} nodes" if profile.nnodes > 1 else "") + ("; --quick" if profile.quick else "") + ").",
            f"# Device: {profile.device_name}" + (f", {profile.threads} thread(s) per process" if profile.kind == "cpu" else "")
            + ". Every figure is the median of repeated runs; the min and max are in the comments.",
+           *_sustained_header(profile),
            *(f"# note: {note}" for note in profile.notes),
            f"device {device} {{",
            f"  memory    = {quantity(profile.device_memory, SIZE_UNITS)}"
            + ("  # the machine's memory / processes per node" if profile.kind == "cpu" else ""),
            f"  bandwidth = {quantity(fitted.bandwidth, BANDWIDTH_UNITS)}  # {_bandwidth_comment(profile)}",
+           *([f"  sms       = {profile.sms}  # multi_processor_count: NCCL's and userbuffers' shares follow from it"]
+             if profile.sms else []),
            "  peak      = { " + ", ".join(f"{p.precision}: {quantity(p.peak, FLOPS_UNITS, 3)}" for p in fitted.precisions)
            + " }  # the fastest GEMM measured in each precision",
-           "  # The GEMM model's knobs per precision, fitted to the GEMMs below (docs/cost-model.md): t = "
+           "  # The GEMM model's knobs per precision, fitted to the GEMMs below"
+           + (" as sustained" if _sustained(profile) else "") + " (docs/cost-model.md): t = "
            "2mnk / (matmul * peak) + bytes / bandwidth + kernel_latency;",
            f"  # where they miss a GEMM by more than {TABLE_ABOVE:.0%}, the measured times (m, n, k, seconds) are "
            "given too and the cost model interpolates them.",
            "  efficiency = {"]
     for p in fitted.precisions:
         fit = p.fit
+        if p.burst is not None:
+            out.append(f"    # {p.precision} as bursts: {_knobs(p.burst)}; sustained / burst throughput {_ratios(p)}")
         head = f"    {p.precision}: {{ matmul: {_significant(fit.peak_fraction, 3)}, " \
                f"kernel_latency: {seconds(fit.kernel_seconds) if fit.kernel_seconds else '0 us'}"
         misses = f"  # the fit misses the GEMMs by {fit.typical:.0%} (median), {fit.worst:.0%} (max)"
@@ -173,7 +190,7 @@ def cluster_text(profile: Profile, name: str) -> str:
             continue
         out.append(head + "," + misses)
         rows = sorted(p.timings, key=lambda g: (g.flops, g.m, g.n, g.k))
-        out.append("      measured: [" + ", ".join(f"[{g.m}, {g.n}, {g.k}, {seconds(g.seconds.median)}]"
+        out.append("      measured: [" + ", ".join(f"[{g.m}, {g.n}, {g.k}, {seconds(g.held.median)}]"
                                                   for g in rows) + "]")
         out.append("    }")
     out.append("  }")
@@ -194,16 +211,64 @@ def _bandwidth_comment(profile: Profile) -> str:
     return f"{copy}; a step's memory-bound kernels: {kernels}"
 
 
+def _sustained(profile: Profile) -> bool:
+    return any(g.sustained is not None for g in profile.gemms)
+
+
+def _sustained_header(profile: Profile) -> list[str]:
+    """How the sustained figures were taken, and the clock and power on the way where they were read."""
+    if not _sustained(profile):
+        return []
+    lines = [f"# GEMMs sustained: the device held busy with back-to-back GEMMs for {profile.hold_seconds:g} s, then "
+             f"each GEMM back to back, timed over {profile.window_seconds:g} s in parts; inputs drawn from a normal "
+             "distribution.",
+             "# The knobs below are the sustained ones (a training run holds the device busy); the bursts (a warm-up "
+             "call and short repeats, as a benchmark times them) and the ratio are comments."]
+    if profile.hold_states:
+        first, last = profile.hold_states[0], profile.hold_states[-1]
+        lines.append(f"# SM clock and board power during the hold: {_state(first)} at the start, {_state(last)} at "
+                     f"{last.at_seconds:.0f} s.")
+    return lines
+
+
+def _state(state) -> str:
+    clock = f"{state.sm_clock_mhz:.0f} MHz" if state.sm_clock_mhz is not None else "clock not read"
+    power = f"{state.power_w:.0f} W" if state.power_w is not None else "power not read"
+    return f"{clock}, {power}"
+
+
+def _knobs(fit: GemmFit) -> str:
+    return (f"matmul {_significant(fit.peak_fraction, 3)}, kernel_latency "
+            f"{seconds(fit.kernel_seconds) if fit.kernel_seconds else '0 us'}")
+
+
+def _ratios(p: PrecisionFit) -> str:
+    """`0.962 (median over 7 GEMMs; min 0.931, max 0.99)`: sustained over burst throughput."""
+    ratios = p.ratios
+    return (f"{statistics.median(ratios):.3g} (median over {len(ratios)} GEMMs; min {min(ratios):.3g}, "
+            f"max {max(ratios):.3g})")
+
+
+def _gemm_line(g: GemmTiming) -> str:
+    """`m x n x k: median (min, max, runs), FLOP/s`: sustained, then its burst and their ratio, where both were
+    measured; else the burst alone."""
+    shape = f"{g.m:>6} x {g.n:>6} x {g.k:>6}"
+    if g.sustained is None:
+        return f"{shape}: {spread(g.seconds)}, {quantity(g.rate, FLOPS_UNITS, 3)}"
+    clock = f", {_state(g)}" if g.sm_clock_mhz is not None or g.power_w is not None else ""
+    return (f"{shape}: {spread(g.sustained)}, {quantity(g.flops / g.sustained.median, FLOPS_UNITS, 3)}{clock}; "
+            f"burst {spread(g.seconds)}, {quantity(g.rate, FLOPS_UNITS, 3)}; sustained / burst {g.ratio:.3f}")
+
+
 def _gemm_comments(fitted: Fitted, profile: Profile) -> list[str]:
-    lines = ["# GEMMs measured (m x n x k: median time, min and max over the runs; FLOP/s at the median; the "
-             "fitted curve's error):"]
+    held = "sustained " if _sustained(profile) else ""
+    lines = [f"# GEMMs measured (m x n x k: {held}median time, min and max over the runs; FLOP/s at the median"
+             + ("; the burst and sustained / burst throughput" if held else "") + "; the fitted curve's error):"]
     for p in fitted.precisions:
         for g, error in zip(p.timings, p.fit.errors):
-            lines.append(f"#   {p.precision:5} {g.m:>6} x {g.n:>6} x {g.k:>6}: {spread(g.seconds)}, "
-                         f"{quantity(g.rate, FLOPS_UNITS, 3)}, fit {error:+.0%}")
+            lines.append(f"#   {p.precision:5} {_gemm_line(g)}, fit {error:+.0%}")
     for g in fitted.extras:
-        lines.append(f"#   {g.precision:5} {g.m:>6} x {g.n:>6} x {g.k:>6}: {spread(g.seconds)}, "
-                     f"{quantity(g.rate, FLOPS_UNITS, 3)} (no precision of the language: a comment only)")
+        lines.append(f"#   {g.precision:5} {_gemm_line(g)} (no precision of the language: a comment only)")
     return lines
 
 
@@ -263,6 +328,49 @@ def _link_text(fit: LinkFit, devices: int, comms: list[CommTiming] = ()) -> str:
 
 
 # ---- the report ---------------------------------------------------------------------------------------
+def _gemm_report(fitted: Fitted, profile: Profile) -> list[str]:
+    """The GEMMs as bursts and sustained, each with its spread, their ratio and the fit's error; each precision's
+    knobs (the sustained ones, and the bursts' beside them)."""
+    if not _sustained(profile):
+        lines = ["GEMM   m x n x k               median time (min, max)                   FLOP/s (min, max)         fit"]
+        for p in fitted.precisions:
+            for g, error in zip(p.timings, p.fit.errors):
+                lines.append(f"{p.precision:5} {g.m:>5} x {g.n:>5} x {g.k:>5}  {spread(g.seconds):44} "
+                             f"{_rate_spread(g.flops, g.seconds):26} {error:+.0%}")
+            lines.append(_precision_summary(p))
+        for g in fitted.extras:
+            lines.append(f"{g.precision:5} {g.m:>5} x {g.n:>5} x {g.k:>5}  {spread(g.seconds):44} "
+                         f"{_rate_spread(g.flops, g.seconds)}")
+        return lines
+    lines = [f"GEMMs as bursts, then sustained: the device held busy {profile.hold_seconds:g} s, each GEMM back to back "
+             f"and timed over {profile.window_seconds:g} s" + (f"; SM clock and power {_state(profile.hold_states[0])} "
+                                                                f"-> {_state(profile.hold_states[-1])} over the hold"
+                                                                if profile.hold_states else ""),
+             "GEMM   m x n x k      burst FLOP/s (min, max)        sustained FLOP/s (min, max)    sustained/burst  fit"]
+    for p in fitted.precisions:
+        for g, error in zip(p.timings, p.fit.errors):
+            lines.append(_gemm_row(p.precision, g) + f" {error:+.0%}")
+        lines.append(_precision_summary(p))
+    lines += [_gemm_row(g.precision, g) for g in fitted.extras]
+    return lines
+
+
+def _gemm_row(precision: str, g: GemmTiming) -> str:
+    held = _rate_spread(g.flops, g.sustained) if g.sustained is not None else "not measured"
+    ratio = f"{g.ratio:.3f}" if g.ratio is not None else ""
+    return (f"{precision:5} {g.m:>5} x {g.n:>5} x {g.k:>5}  {_rate_spread(g.flops, g.seconds):30} {held:30} "
+            f"{ratio:>15}")
+
+
+def _precision_summary(p: PrecisionFit) -> str:
+    line = (f"  {p.precision}: peak {quantity(p.peak, FLOPS_UNITS, 3)}, matmul {p.fit.peak_fraction:.3g}, "
+            f"kernel_latency {seconds(p.fit.kernel_seconds)}; misses by {p.fit.typical:.0%} (median), "
+            f"{p.fit.worst:.0%} (max)" + ("; the measured table is written" if p.table else ""))
+    if p.burst is not None:
+        line += f"; as bursts {_knobs(p.burst)}; sustained / burst throughput {_ratios(p)}"
+    return line
+
+
 def report_text(profile: Profile) -> str:
     """What `plandsl profile` prints: every measurement with its spread, and the fitted figures."""
     fitted = fit_profile(profile)
@@ -270,17 +378,7 @@ def report_text(profile: Profile) -> str:
              + (f" x {profile.nnodes} nodes" if profile.nnodes > 1 else "") + f", torch {profile.torch}"
              + (f", {profile.backend}" if profile.backend else "") + f"; measured in {profile.wall_seconds:.1f} s",
              f"memory bandwidth  {quantity(fitted.bandwidth, BANDWIDTH_UNITS)}  ({_bandwidth_comment(profile)})",
-             "GEMM   m x n x k               median time (min, max)                   FLOP/s (min, max)         fit"]
-    for p in fitted.precisions:
-        for g, error in zip(p.timings, p.fit.errors):
-            lines.append(f"{p.precision:5} {g.m:>5} x {g.n:>5} x {g.k:>5}  {spread(g.seconds):44} "
-                         f"{_rate_spread(g.flops, g.seconds):26} {error:+.0%}")
-        lines.append(f"  {p.precision}: peak {quantity(p.peak, FLOPS_UNITS, 3)}, matmul {p.fit.peak_fraction:.3g}, "
-                     f"kernel_latency {seconds(p.fit.kernel_seconds)}; misses by {p.fit.typical:.0%} (median), "
-                     f"{p.fit.worst:.0%} (max)" + ("; the measured table is written" if p.table else ""))
-    for g in fitted.extras:
-        lines.append(f"{g.precision:5} {g.m:>5} x {g.n:>5} x {g.k:>5}  {spread(g.seconds):44} "
-                     f"{_rate_spread(g.flops, g.seconds)}")
+             *_gemm_report(fitted, profile)]
     for across, fit in ((False, fitted.link), (True, fitted.nic)):
         comms = _ordered(profile.comms, across)
         if not comms:
