@@ -19,6 +19,9 @@ step probe python3 bench/gpu/probe.py
 # Sustained GEMM and attention throughput with the SM clock and board power, 30 s per kernel (about a minute in all),
 # before the runs below warm the GPU, so that its first window is the burst figure the last one is compared with.
 step sustained python3 bench/gpu/sustained.py "$out/sustained.json" --seconds 30
+# plandsl profile's own sustained sweep on CUDA (--quick: a 5 s hold, 3 shapes per precision; the full one holds 30 s
+# and times 37 GEMMs, ~1.5 min): the file states sms, the sustained knobs, the bursts and the SM clock and power read.
+step profile plandsl profile --quick -o "$out/profile.plan"
 step check plandsl check bench/gpu/single.plan
 step fp32 plandsl run bench/gpu/single.plan --plan tiny_fp32 --steps 5 --check-equivalence
 step bf16 plandsl run bench/gpu/single.plan --plan tiny_bf16 --steps 5 --check-equivalence

@@ -274,12 +274,13 @@ def test_options_past_their_caps_are_diagnostics(options, cuda, words):
     assert problem.code == "E505" and words in problem.message
 
 
-def test_the_command_refuses_past_a_cap_before_measuring(tmp_path, monkeypatch):
+@pytest.mark.parametrize("option", [["--nproc-per-node", "100000"], ["--sustain", "3600"]])
+def test_the_command_refuses_past_a_cap_before_measuring(tmp_path, monkeypatch, option):
     def measured(options, progress=None):
         raise AssertionError("measured although an option is past its cap")
     monkeypatch.setattr(job, "run_profile", measured)
     monkeypatch.setattr(job, "_cuda_devices", lambda: 0)
-    result = CliRunner().invoke(main, ["profile", "--nproc-per-node", "100000", "-o", str(tmp_path / "x.plan")])
+    result = CliRunner().invoke(main, ["profile", *option, "-o", str(tmp_path / "x.plan")])
     assert result.exit_code == 1 and "error[E505]" in result.output
     assert not (tmp_path / "x.plan").exists()
 
@@ -613,8 +614,34 @@ def test_measure_holds_the_device_and_times_every_gemm_sustained(monkeypatch):
 
     def clock() -> float:  # each reading 1 ms later
         return next(ticks) * 1e-3
-    profile = measure.measure(measure.Settings(quick=True, sustain=3.0), clock=clock)
+    seen = []
+    profile = measure.measure(measure.Settings(quick=True, sustain=3.0), progress=lambda *done: seen.append(done),
+                              clock=clock)
+    assert seen[-1][0] == seen[-1][1] == len(seen)  # the progress bar reaches its end, one step at a time
     assert profile.hold_seconds == 3.0 and profile.window_seconds == measure.WINDOW_SECONDS[("cpu", True)]
     assert len(profile.gemms) == 4 and all(g.sustained.count == measure.WINDOW_PARTS for g in profile.gemms)
     windows = len(profile.gemms) * profile.window_seconds
     assert next(ticks) * 1e-3 >= 3.0 + windows  # the clock ran through the hold and every window
+
+
+@pytest.mark.xdist_group("torch")
+def test_a_cuda_devices_clock_power_and_sms_are_read_where_torch_reads_them(monkeypatch):
+    """Without a GPU here: torch's readers stubbed as NVML answers them (MHz, mW); a reader that fails (no pynvml)
+    leaves its figure out, never the measurement."""
+    from plandsl.runtime.profile import measure  # torch
+    torch = measure.torch
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "clock_rate", lambda device=None: 1755, raising=False)
+    monkeypatch.setattr(torch.cuda, "power_draw", lambda device=None: 699_500, raising=False)
+    assert measure._state(cuda, 3.0) == DeviceState(3.0, 1755.0, 699.5)
+
+    def no_nvml(device=None):
+        raise ModuleNotFoundError("pynvml does not seem to be installed")
+    monkeypatch.setattr(torch.cuda, "power_draw", no_nvml)
+    assert measure._state(cuda) == DeviceState(0.0, 1755.0, None)
+    assert measure._state(torch.device("cpu")) == DeviceState(0.0, None, None)
+
+    class Properties:
+        multi_processor_count = 132
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Properties())
+    assert measure._sms(cuda) == 132 and measure._sms(torch.device("cpu")) is None

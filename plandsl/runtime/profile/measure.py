@@ -141,6 +141,8 @@ def measure(settings: Settings, world: World = World(), progress: Progress | Non
         gemms.append(GemmTiming(precision, *shape, burst, Spread.of(sustained) if sustained else None,
                                 state.sm_clock_mhz, state.power_w))
         step()
+    for _ in range(len(plan) - len(bursts)):  # the shapes out of device memory: no sustained timing either
+        step()
     notes += [note for note in _skipped(kind, device)]
     copy_bytes = CUDA_COPY_BYTES if cuda else CPU_COPY_BYTES
     memory = Spread.of(timer.repeat(_copy(copy_bytes, device), settings.quick))
@@ -229,10 +231,10 @@ class _Timer:
             end.record()
             end.synchronize()
             return start.elapsed_time(end) / 1e3 / calls
-        begin = time.perf_counter()
+        begin = self.clock()
         for _ in range(calls):
             call()
-        return (time.perf_counter() - begin) / calls
+        return (self.clock() - begin) / calls
 
     def calls_for(self, call: Callable[[], object], quick: bool) -> int:
         """Calls one repeat makes: after a warm-up call, enough to last `REPEAT_SECONDS`, the same on every rank
