@@ -48,6 +48,13 @@ alignment (Transformer Engine's `fused_multi_row_padding`) and `Fp8Unpadding` un
 gradients are copied back the other way. Not with HybridEP, whose dispatch kernel pads (`pad_multiple`), nor with
 `moe_router_padding_for_quantization` (no recipe sets it; the language does not say it)."""
 
+SORT_CHUNKS_COPIES = 2
+"""Copies of the dispatched tokens (`top_k·h` per token, read and written) Megatron-Core's alltoall dispatcher makes per
+pass with more than one local expert, beyond its first permutation and last unpermutation: `dispatch_postprocess`
+sorts the tokens the all-to-all brought (grouped by source rank) into groups by local expert and `combine_preprocess`
+sorts them back (`sort_chunks_by_idxs`; fused, Transformer Engine's `moe_sort_chunks_by_index`: one copy each), and
+the backward copies the gradients the same two ways. The flex dispatcher (DeepEP, HybridEP) has no such step."""
+
 HOST_SECONDS_PER_OP = 10.7e-6
 """Host seconds per ATen op of that layer in eager mode (Python, Megatron-Core's module code, autograd, the
 dispatcher): the slope of its forward + backward wall time over its op count, 80 to 194 ops (2 to 8 experts, one
@@ -251,8 +258,9 @@ class LayerCompute:
     attention: float = 0.0     # forward seconds of the attention core (ring context parallelism hides behind it)
     flops: float = 0.0         # forward FLOPs on this device
     recompute_flops: float = 0.0
-    # Of the seconds above, the routed experts' own (Megatron-Core's `mlp` node: their grouped GEMMs, activation, FP8
-    # casts and padding), which combined 1F1B runs beside the all-to-alls of another microbatch (cost.layer):
+    # Of the seconds above, the experts' own (Megatron-Core's `mlp` node: the routed experts' grouped GEMMs, activation,
+    # FP8 casts, padding and the dispatcher's sorting copies, and the shared experts), which combined 1F1B runs beside
+    # the all-to-alls of another microbatch (cost.layer):
     experts_forward: float = 0.0
     experts_input_grad: float = 0.0   # their backward for the inputs: the dgrad GEMMs and the element-wise work
     experts_weight_grad: float = 0.0  # their weight-gradient GEMMs
@@ -527,16 +535,25 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         if precision.quantized and work.dispatcher != "hybridep":
             # TEGroupedMLP's FP8 padding and unpadding of the routed copies (FP8_PADDING_COPIES), read and written
             experts_copied = FP8_PADDING_COPIES * 2 * model.top_k * h * share
+        if work.dispatcher == "alltoall" and local > 1:
+            # the alltoall dispatcher's tokens sorted by local expert after the all-to-all and back before the
+            # combine (SORT_CHUNKS_COPIES), read and written
+            experts_copied += SORT_CHUNKS_COPIES * 2 * model.top_k * h * share
         weights += local * projections * h * ffn / expert_tp
         if model.shared_experts:  # every token through one MLP of shared_experts x ffn (DeepSeekMoE)
             width = model.shared_experts * ffn
-            matmul += gemm(tokens, (projections - 1) * width / tp, h, device, precision)
-            matmul += gemm(tokens, h, width / tp, device, precision)
+            shared = gemm(tokens, (projections - 1) * width / tp, h, device, precision) \
+                + gemm(tokens, h, width / tp, device, precision)
+            matmul += shared
+            experts_matmul += shared  # combined 1F1B's `mlp` node runs them with the routed experts
             flops += 2.0 * tokens * projections * h * width / tp
             mlp_elements += 3 * width / tp
+            experts_elements += 3 * width / tp
             gate_width += width / tp
             cast_in += h / split + width / tp
             cast_grad += (projections - 1) * width / tp + h / split
+            experts_cast_in += h / split + width / tp
+            experts_cast_grad += (projections - 1) * width / tp + h / split
             weights += projections * h * width / tp
     else:
         matmul += gemm(tokens, (projections - 1) * ffn / tp, h, device, precision)
@@ -620,8 +637,9 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         backward_other += max(0.0, host_backward - (backward_matmul + backward_other))
         if work.recompute is ir.Recompute.full:
             recompute += forward_wait
-    # The routed experts' share of the above (Megatron-Core's `mlp` node), fused kernels' bytes: their GEMMs, the
-    # activation (twice backward), the casts of their inputs and of their outputs' gradients, the FP8 padding copies.
+    # The experts' share of the above (Megatron-Core's `mlp` node: the routed experts and the shared ones), fused
+    # kernels' bytes: their GEMMs, the activation (twice backward), the casts of their inputs and of their outputs'
+    # gradients, the FP8 padding and the dispatcher's sorting copies.
     casting = cast_bytes(work) if precision.quantized else 0.0
     experts_forward = experts_matmul + tokens * ((experts_elements + experts_copied) * element
                                                  + experts_cast_in * casting) / bandwidth

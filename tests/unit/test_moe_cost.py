@@ -9,8 +9,14 @@ import pytest
 
 from plandsl import api, ir
 from plandsl.cost.comm import collective_seconds
-from plandsl.cost.compute import FP8_PADDING_COPIES, GROUPED_GEMM_STREAMS, Efficiency, LayerCompute, \
-    estimate_layer_compute
+from plandsl.cost.compute import (
+    FP8_PADDING_COPIES,
+    GROUPED_GEMM_STREAMS,
+    SORT_CHUNKS_COPIES,
+    Efficiency,
+    LayerCompute,
+    estimate_layer_compute,
+)
 from plandsl.cost.estimate import plan_work
 from plandsl.cost.layer import combined_1f1b_exposed, estimate_layer_time, plan_links
 from plandsl.interop import export_plan, import_text
@@ -120,29 +126,53 @@ def test_combined_1f1b_phases_by_hand():
     assert combined_1f1b_exposed(0.0, layer, 0.2) == (0.0, 0.0)
 
 
+def _block_compute(precision: str, kind: str, mesh: str = "ep = 16"):
+    plan = _plan(mesh=mesh, precision=precision, kind=kind)
+    layer = next(layer for layer in layers_of(plan.model) if layer.kind == "block")
+    return estimate_layer_compute(plan.model, layer, plan_work(plan), plan.cluster.devices_in_order()[0])
+
+
+# 2 copies a pass of 4,096 tokens x top_k 8 x 2,048, each read and written at 2 bytes: 537 MB, 160 us at 3.35 TB/s
+COPIES = 2 * 2 * 4096 * 8 * 2048 * 2 / 3350e9
+
+
 def test_fp8_pads_the_routed_tokens_unless_the_dispatcher_does():
     """Under FP8, TEGroupedMLP pads each local expert's rows (Fp8Padding) and unpads the output (Fp8Unpadding), and
-    the backward copies the gradients back: 2 copies a pass of 4,096 tokens x top_k 8 x 2,048, each read and written
-    at 2 bytes, 537 MB = 160 us at 3.35 TB/s each way; HybridEP pads inside its dispatch (no copy); bf16 pads nothing."""
-    def block(precision, kind):
-        plan = _plan(mesh="ep = 16", precision=precision, kind=kind)
-        layer = next(layer for layer in layers_of(plan.model) if layer.kind == "block")
-        return estimate_layer_compute(plan.model, layer, plan_work(plan), plan.cluster.devices_in_order()[0])
-    copied = FP8_PADDING_COPIES * 2 * 4096 * 8 * 2048 * 2 / 3350e9
-    assert FP8_PADDING_COPIES == 2 and copied == pytest.approx(160.3e-6, rel=1e-3)
-    padded, unpadded = block("fp8", "alltoall"), block("fp8", "hybridep")
-    assert padded.forward_other - unpadded.forward_other == pytest.approx(copied)
-    assert padded.backward_other - unpadded.backward_other == pytest.approx(copied)
-    assert padded.experts_forward - unpadded.experts_forward == pytest.approx(copied)
+    the backward copies the gradients back: 2 copies a pass (DeepEP's tokens too); HybridEP pads inside its dispatch
+    (no copy); bf16 pads nothing."""
+    assert FP8_PADDING_COPIES == 2 and COPIES == pytest.approx(160.3e-6, rel=1e-3)
+    padded, unpadded = _block_compute("fp8", "deepep"), _block_compute("fp8", "hybridep")
+    assert padded.forward_other - unpadded.forward_other == pytest.approx(COPIES)
+    assert padded.backward_other - unpadded.backward_other == pytest.approx(COPIES)
+    assert padded.experts_forward - unpadded.experts_forward == pytest.approx(COPIES)
+    assert padded.experts_input_grad - unpadded.experts_input_grad == pytest.approx(COPIES)
     assert padded.forward_matmul == unpadded.forward_matmul
-    assert block("fp8", "deepep").forward_other == pytest.approx(padded.forward_other)  # DeepEP does not pad
-    assert block("bf16", "alltoall") == block("bf16", "hybridep")
+    assert _block_compute("bf16", "deepep") == _block_compute("bf16", "hybridep")
+
+
+def test_the_alltoall_dispatcher_sorts_the_tokens_by_local_expert_and_back():
+    """With 8 local experts (ep 16) Megatron-Core's alltoall dispatcher sorts the tokens the all-to-all brought by
+    local expert and back (sort_chunks_by_idxs), and the backward copies the gradients the same two ways: 2 copies a
+    pass more than the flex dispatcher's; with one local expert (ep 128 over 16 nodes) there is nothing to sort."""
+    assert SORT_CHUNKS_COPIES == 2
+    sorted_, flex = _block_compute("bf16", "alltoall"), _block_compute("bf16", "deepep")
+    assert sorted_.forward_other - flex.forward_other == pytest.approx(COPIES)
+    assert sorted_.backward_other - flex.backward_other == pytest.approx(COPIES)
+    assert sorted_.experts_forward - flex.experts_forward == pytest.approx(COPIES)
+    one = _text(mesh="ep = 128").replace("dgx_h100 x 2", "dgx_h100 x 16").replace("global_batch: 64", "global_batch: 128")
+    plan = api.loads(one).plans[0]
+    layer = next(layer for layer in layers_of(plan.model) if layer.kind == "block")
+    device = plan.cluster.devices_in_order()[0]
+    alone = estimate_layer_compute(plan.model, layer, plan_work(plan), device)
+    flex_plan = api.loads(one.replace("alltoall over ep", "deepep over ep")).plans[0]
+    assert alone == estimate_layer_compute(flex_plan.model, layer, plan_work(flex_plan), device)
 
 
 def test_the_experts_share_of_the_layer_is_their_grouped_gemms_and_element_wise_work():
     """The experts' weight-gradient seconds are their two grouped GEMMs' (fc1 768 x 2 wide, fc2), 8 local experts of
     4,096 x 8 x 16 / 128 = 4,096 routed tokens each at ep 16; the forward adds the SwiGLU's 3 x 768 elements of each
-    of the 8 routed copies per token (read 2, write 1) at 2 bytes, the input gradients twice that."""
+    of the 8 routed copies per token (read 2, write 1) at 2 bytes, the input gradients twice that, and each pass the
+    alltoall dispatcher's two sorting copies."""
     plan = _plan(mesh="ep = 16")
     layer = next(layer for layer in layers_of(plan.model) if layer.kind == "block")
     device = plan.cluster.devices_in_order()[0]
@@ -153,9 +183,27 @@ def test_the_experts_share_of_the_layer_is_their_grouped_gemms_and_element_wise_
         + knobs.grouped_gemm_seconds(4096, 2048, 768, device, ir.Precision.bf16, 8)
     assert own.experts_weight_grad == pytest.approx(gemms)
     swiglu = 4096 * 8 * 3 * 768 * 2 / 3350e9
-    assert own.experts_forward == pytest.approx(gemms + swiglu)
-    assert own.experts_input_grad == pytest.approx(gemms + 2 * swiglu)
+    assert own.experts_forward == pytest.approx(gemms + swiglu + COPIES)  # and the dispatcher's sorting copies
+    assert own.experts_input_grad == pytest.approx(gemms + 2 * swiglu + COPIES)
     assert compute.experts_forward < compute.forward
+
+
+def test_shared_experts_run_on_the_experts_side():
+    """A shared expert (one MLP of 768 over every token) is in combined 1F1B's `mlp` node with the routed experts
+    (`submodule_moe_forward`: `shared_experts_compute`): its two GEMMs join the experts' seconds, weight gradients
+    included, and its SwiGLU's 3 x 768 elements per token their element-wise work."""
+    knobs = Efficiency(0.75, 20e-6)
+    def block(extra):
+        plan = api.loads(_text(mesh="ep = 16").replace("top_k=8,", "top_k=8," + extra)).plans[0]
+        layer = next(layer for layer in layers_of(plan.model) if layer.kind == "block")
+        return estimate_layer_compute(plan.model, layer, plan_work(plan), plan.cluster.devices_in_order()[0], knobs)
+    routed, shared = block(""), block(" shared_experts=1,")
+    device = _plan().cluster.devices_in_order()[0]
+    gemms = knobs.gemm_seconds(4096, 2 * 768, 2048, device, ir.Precision.bf16) \
+        + knobs.gemm_seconds(4096, 2048, 768, device, ir.Precision.bf16)
+    assert shared.experts_weight_grad - routed.experts_weight_grad == pytest.approx(gemms)
+    assert shared.experts_forward - routed.experts_forward == pytest.approx(gemms + 4096 * 3 * 768 * 2 / 3350e9)
+    assert shared.forward - routed.forward == pytest.approx(shared.experts_forward - routed.experts_forward)
 
 
 def test_grouped_gemm_pays_the_kernel_time_once_per_round_of_streams():
