@@ -730,6 +730,24 @@ in TE 1.x and 2.x alike: proj_fprop and fc2_fprop `pipeline`; qkv_dgrad, qkv_wgr
 its ring exchanges move their chunks with the copy engines, `use_ce`, on 1 SM and no margin)."""
 
 
+FLEX_DISPATCHER_SMS = {"deepep": 20, "hybridep": 16}
+"""SMs Megatron-Core gives the flex dispatcher's kernels (`moe_deepep_num_sms`, DeepEP's `Buffer.set_num_sms`;
+`moe_hybridep_num_sms`), defaults Megatron-Bridge's recipes keep; the alltoall dispatcher's NCCL all-to-all takes
+NCCL's channels (the device's `comm_share`)."""
+
+
+def dispatcher_share(device: ir.DeviceType, dispatcher: str) -> float:
+    """The fraction of `device` an expert dispatcher's all-to-all kernels take from the computation they overlap: the
+    flex dispatcher's SMs (`FLEX_DISPATCHER_SMS`) of the device's `sms` when it states them, else that many of NCCL's
+    24 channels' `comm_share`; the alltoall dispatcher's NCCL all-to-all, `comm_share`."""
+    sms = FLEX_DISPATCHER_SMS.get(dispatcher)
+    if sms is None:
+        return device.contention
+    if device.sms is not None:
+        return ir.sm_share(sms, device.sms)
+    return device.contention * sms / ir.NCCL_CHANNELS
+
+
 def userbuffers_share(device: ir.DeviceType) -> float:
     """The fraction of `device` userbuffers' 16 communication SMs are: of its `sms` when it states them (16/132 of an
     H100, 16/148 of a B200), else 16/24 of its `comm_share` (NCCL's 24 channels, `ir.NCCL_CHANNELS`, over its SMs:
@@ -802,6 +820,6 @@ def estimate_optimizer_step(local_params: float, device: ir.DeviceType, optimize
 
 
 __all__ = ["cast_bytes", "Efficiency", "DEFAULT_EFFICIENCY", "device_efficiency", "Work", "LayerCompute", "estimate_layer_compute",
-           "OverlapGemm", "overlap_gemms", "userbuffers_share",
+           "OverlapGemm", "overlap_gemms", "userbuffers_share", "dispatcher_share",
            "rank_attention", "attention_core_seconds", "causal_fraction",
            "estimate_optimizer_step", "peak_of"]

@@ -17,6 +17,7 @@ from plandsl.cost.compute import (
     LayerCompute,
     OverlapGemm,
     Work,
+    dispatcher_share,
     estimate_layer_compute,
     overlap_gemms,
     userbuffers_share,
@@ -131,7 +132,8 @@ def estimate_layer_time(model: ir.Model, layer: Layer, work: Work, device: ir.De
         if links.cp.size > 1 and not work.gather_kv and layer.kind == "block" \
         and isinstance(model, ir.TransformerModel) else NO_RING
     forward_comm, backward_comm = _layer_comm(model, layer, work, links, compute, moved, overlapped, device.contention,
-                                              ring, backward_gemms, userbuffers_share(device))
+                                              ring, backward_gemms, userbuffers_share(device),
+                                              dispatcher_share(device, work.dispatcher))
     # what the ring's steps compute beyond the one attention kernel `compute` prices; recomputation reruns the forward
     rerun = ring.forward if work.recompute in (ir.Recompute.full, ir.Recompute.selective) else 0.0
     return LayerTime(compute.forward + ring.forward + forward_comm,
@@ -143,14 +145,15 @@ def estimate_layer_time(model: ir.Model, layer: Layer, work: Work, device: ir.De
 def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute: LayerCompute,
                 moved: dict[str, float], overlapped: tuple[OverlapGemm, ...] = (), share: float = 0.0,
                 ring: Ring = NO_RING, backward_gemms: tuple[OverlapGemm, ...] = (),
-                bulk_share: float = 0.0) -> tuple[float, float]:
+                bulk_share: float = 0.0, experts_share: float | None = None) -> tuple[float, float]:
     """(forward, backward) seconds of communication a layer waits for, per microbatch; `moved` gathers the
     bytes of those collectives per parallel axis (`Moved`'s fields); `overlapped`, the GEMMs that hide the
     block's sequence-parallel collectives under `tensor ... with overlap` (`cost.compute.overlap_gemms`), and
     `backward_gemms` those beside the backward's all-gathers; `share`, what an NCCL collective running beside the
     layer's compute takes of it (the device's `comm_share`, `cost.comm.beside`: the experts' overlapped all-to-alls,
     ring attention's steps); `ring`, ring attention's steps (`cost.ring.estimate_ring`); `bulk_share`, what
-    userbuffers' bulk overlaps take (`cost.compute.userbuffers_share`)."""
+    userbuffers' bulk overlaps take (`cost.compute.userbuffers_share`); `experts_share`, what the expert dispatcher's
+    overlapped all-to-alls take (`cost.compute.dispatcher_share`: the flex dispatcher's own SMs; None: `share`)."""
     def count(axis: str, size: float, times: float = 1.0) -> None:
         if size and times and links_of[axis].size > 1:
             moved[axis] = moved.get(axis, 0.0) + size * times
@@ -253,9 +256,10 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
             # beside another's backward, layer by layer, on a computation and a communication stream; DualPipe's
             # overlapped chunks likewise, DeepSeek-AI 2024, arXiv:2412.19437, Sec. 3.2.1): each all-to-all beside
             # the one sub-module of the other pass the schedule pairs it with (`combined_1f1b_exposed`)
-            exposed = combined_1f1b_exposed(a2a, compute, share)
+            taken = share if experts_share is None else experts_share  # the dispatcher's SMs (dispatcher_share)
+            exposed = combined_1f1b_exposed(a2a, compute, taken)
             forward += exposed[0]
-            backward += exposed[1] + (beside(2 * a2a, compute.recompute, share) if full else 0.0)
+            backward += exposed[1] + (beside(2 * a2a, compute.recompute, taken) if full else 0.0)
         else:
             forward, backward = forward + dispatch_combine[0], backward + dispatch_combine[1]
     if links.cp.size > 1 and work.gather_kv:

@@ -1,7 +1,8 @@
 """`experts = deepep | hybridep over ...`: Megatron-Core's flex dispatcher on DeepEP's (or HybridEP's) kernels, which
 send a token over the network once per other node holding any of its experts and forward it over NVLink there
 (DeepEP, docs/legacy.md, "Normal kernels with NVLink and RDMA forwarding"). The network bytes by hand, the same
-time as the all-to-all inside a node, and the kind through the language, `show`, `diff`, the search's plans and
+time as the all-to-all inside a node, the SMs its kernels take beside an overlapped computation, and the kind through
+the language, `show`, `diff`, the search's plans and
 Megatron's flags both ways."""
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from plandsl import api
 from plandsl.cost.comm import collective_seconds, node_dispatch_seconds, nodes_reached
+from plandsl.cost.compute import dispatcher_share
 from plandsl.cost.layer import plan_links
 from plandsl.interop import export_plan, import_text
 from plandsl.render.summary import describe_plan
@@ -55,6 +57,24 @@ def test_inside_one_node_it_is_the_all_to_all():
     sorting = 2 * 2 * 4096 * 8 * 2048 * 2 / 3350e9
     assert alltoall.forward - deepep.forward == pytest.approx(sorting)
     assert alltoall.backward - deepep.backward == pytest.approx(sorting)
+
+
+@pytest.mark.parametrize("kind, sms", [("deepep", 20), ("hybridep", 16)])
+def test_the_flex_dispatchers_kernels_take_their_own_sms_beside_the_overlapped_computation(kind, sms):
+    """Megatron-Core runs DeepEP on 20 SMs (moe_deepep_num_sms) and HybridEP on 16 (moe_hybridep_num_sms), not NCCL's
+    24 channels: of an H100's 132, or that many 24ths of a device's comm_share where it states no SM count. Under
+    combined 1F1B an all-to-all shorter than the sub-module beside it costs that sub-module this share of its length
+    (each of the three phases; the middle one holds two all-to-alls)."""
+    plan = _plan(kind, "dp = 2, ep = 8")
+    device = plan.cluster.devices_in_order()[0]
+    assert device.sms == 132 and dispatcher_share(device, kind) == pytest.approx(sms / 132)
+    assert dispatcher_share(device, "alltoall") == device.contention == pytest.approx(24 / 132)
+    unstated = device.model_copy(update={"sms": None, "comm_share": 0.3})
+    assert dispatcher_share(unstated, kind) == pytest.approx(0.3 * sms / 24)
+    overlapped = _block_seconds(moe_plan(mesh="dp = 2, ep = 8", kind=kind, overlap=True))
+    a2a = collective_seconds("all_to_all", 4096 * 8 * 2048 * 2, plan_links(plan).ep)  # inside a node: the all-to-all
+    assert overlapped.forward_comm == pytest.approx(2 * sms / 132 * a2a)  # every one hidden, each costing its share
+    assert overlapped.backward_comm == pytest.approx(2 * sms / 132 * a2a)
 
 
 @pytest.mark.parametrize("kind", ["deepep", "hybridep"])
