@@ -731,9 +731,9 @@ its ring exchanges move their chunks with the copy engines, `use_ce`, on 1 SM an
 
 
 FLEX_DISPATCHER_SMS = {"deepep": 20, "hybridep": 16}
-"""SMs Megatron-Core gives the flex dispatcher's kernels (`moe_deepep_num_sms`, DeepEP's `Buffer.set_num_sms`;
-`moe_hybridep_num_sms`), defaults Megatron-Bridge's recipes keep; the alltoall dispatcher's NCCL all-to-all takes
-NCCL's channels (the device's `comm_share`)."""
+"""SMs Megatron-Core gives the flex dispatcher's kernels by default (`moe_deepep_num_sms`, DeepEP's
+`Buffer.set_num_sms`; `moe_hybridep_num_sms`; Megatron-Bridge's performance scripts raise HybridEP's to 32 where they
+run it without overlap); the alltoall dispatcher's NCCL all-to-all takes NCCL's channels (the device's `comm_share`)."""
 
 
 def dispatcher_share(device: ir.DeviceType, dispatcher: str) -> float:
