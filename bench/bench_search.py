@@ -152,6 +152,22 @@ PRE_FLASH = {"attention": "materialized"}
 # torchtitan's published runs of 2024-2025 without `torch.compile` ("Optimizations: None"; Table 1's FSDP row):
 # PyTorch eager mode's element-wise kernels (`kernels: eager`); its attention is SDPA's flash kernel.
 EAGER = {"kernels": "eager"}
+# The dtype each row's stack all-gathers its parameters in (`data = ... with gather = DTYPE`). The rule, written before
+# any prediction with it was looked at: a row gathers as the code and configuration its source names ran it. (1)
+# torchtitan applies FSDP2 with `MixedPrecisionPolicy(param_dtype=training.mixed_precision_param)`, bfloat16 by default
+# at every commit the rows cite (9dec370 `config_manager.py`; e7c0cae likewise) and set otherwise by none of their
+# pages: `gather = bf16`. A torchtitan Float8 row gathers its Float8Linear weights in FP8 (`gather = fp8`) where the
+# configuration its page names turns `enable_fsdp_float8_all_gather` on and torchtitan's `Float8Handler` keeps it on
+# (only while `dp_shard` > 1): the H200 page's command line does; the 2024-12 page names the commit's
+# `train_configs/llama3_{8b,70b,405b}.toml`, of which only the 405B one does (the 8B and 70B leave the flag at its
+# default, off): Tables 5 and 6, but FSDP 1 x CP 8. (2) Megatron-Bridge's FP8 recipes (`fp8_cs`:
+# bf16_with_fp8_current_scaling_mixed, `fp8_mx`: bf16_with_mxfp8_mixed, mixed_precision.py v0.2.1 to v0.4.2) set
+# `fp8_param_gather = True` and no performance script of those rows turns it off: their FP8-CS and MXFP8 rows gather
+# in FP8 (`gather = fp8`); `fp8_sc` (blockwise: DeepSeek-V3) sets it False and NVFP4's `fp4_param_gather` is not in
+# the language: unchanged. Megatron's bf16 rows already gather their bf16 weights, the default's bytes. Rows whose
+# source gives no configuration to read it from (Nemotron-4's launcher config, Meta's Llama 3 stack) are unchanged.
+TORCHTITAN_GATHER = ir.Gathering(gather=ir.Precision.bf16)
+FP8_GATHER = ir.Gathering(gather=ir.Precision.fp8)
 
 
 @dataclass
@@ -300,31 +316,35 @@ def published() -> list[Run]:
                         note="Sec. 3.3.2: the interleaved schedule of Narayanan et al. 2021 (virtual stages not given)"))
     runs.append(Run("torchtitan Llama 3 8B, FSDP 64 A100, selective op", "pytorch/torchtitan docs/performance.md (2024)",
                     "llama3_8b", "dgx_a100 x 8", 64, 2973, metric="tokens_per_device",
-                    pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 1, "recompute": "selective_op"}, dtypes=dict(EAGER)))
+                    pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 1, "recompute": "selective_op"}, dtypes=dict(EAGER),
+                    gathering=TORCHTITAN_GATHER))
     runs.append(Run("torchtitan Llama 3 70B, FSDP 64 A100, full AC", "pytorch/torchtitan docs/performance.md (2024)",
                     "llama3_70b", "dgx_a100 x 8", 64, 331, metric="tokens_per_device",
-                    pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 1, "recompute": "full"}, dtypes=dict(EAGER)))
+                    pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 1, "recompute": "full"}, dtypes=dict(EAGER),
+                    gathering=TORCHTITAN_GATHER))
     runs.append(Run("torchtitan Llama 2 13B, FSDP 64 A100, no AC", "pytorch/torchtitan docs/performance.md (2024)",
                     "llama2_13b", "dgx_a100 x 8", 128, 2162, metric="tokens_per_device",
-                    pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 2, "recompute": "none"}, dtypes=dict(EAGER)))
+                    pins={"dp": 64, "zero_stage": 3, "micro_batch_size": 2, "recompute": "none"}, dtypes=dict(EAGER),
+                    gathering=TORCHTITAN_GATHER))
     runs.append(Run("torchtitan Llama 3.1 8B, FSDP 8 H100 (500 W)", "pytorch/torchtitan docs/performance.md (2025), Table 1",
                     "llama3_8b", "grand_teton", 16, 5762, metric="tokens_per_device",
                     pins={"dp": 8, "zero_stage": 3, "micro_batch_size": 2, "recompute": "selective_op"},
-                    note="torchtitan's default selective AC is op-level (selective_ac_option = 'op')", dtypes=dict(EAGER)))
+                    note="torchtitan's default selective AC is op-level (selective_ac_option = 'op')", dtypes=dict(EAGER),
+                    gathering=TORCHTITAN_GATHER))
     # The same table's second row: the same run with torch.compile (fused element-wise kernels, the default). Its third,
     # with torchao's Float8 (dynamic scaling, its own casts), is not Transformer Engine's recipe the model prices.
     runs.append(Run("torchtitan Llama 3.1 8B, FSDP 8 H100 (500 W), compiled",
                     "pytorch/torchtitan docs/performance.md (2025), Table 1", "llama3_8b", "grand_teton", 16, 6667,
                     metric="tokens_per_device",
                     pins={"dp": 8, "zero_stage": 3, "micro_batch_size": 2, "recompute": "selective_op"},
-                    note="FSDP + torch.compile"))
+                    note="FSDP + torch.compile", gathering=TORCHTITAN_GATHER))
     # The same page's Table 3: Table 1's runs on 16 hosts (global batch 256), eager and compiled.
     for label, measured, dtypes in (("", 5605, EAGER), (", compiled", 6514, {})):
         runs.append(Run(f"torchtitan Llama 3.1 8B, FSDP 128 H100 (500 W){label}",
                         "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Table 3", "llama3_8b",
                         "grand_teton x 16", 256, measured, metric="tokens_per_device",
                         pins={"dp": 128, "zero_stage": 3, "micro_batch_size": 2, "recompute": "selective_op"},
-                        dtypes=dict(dtypes)))
+                        dtypes=dict(dtypes), gathering=TORCHTITAN_GATHER))
     # torchtitan's async-TP benchmark (benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md): the same hosts,
     # torch.compile, bf16, the vanilla-TP column (TP's collectives not overlapped).
     # Its async-TP column (the same runs with --compile.enable_async_tensor_parallel): `tensor ... with overlap`.
@@ -332,16 +352,18 @@ def published() -> list[Run]:
         runs.append(Run(f"torchtitan Llama 3 70B, FSDP 32 x TP 8, 256 H100 (500 W), compiled{label}",
                         "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md", "llama3_70b",
                         "grand_teton x 32", 512, measured, metric="tokens_per_device", overlap_tensor=overlap,
-                        pins={"dp": 32, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 16, "recompute": "full"}))
+                        pins={"dp": 32, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 16, "recompute": "full"},
+                        gathering=TORCHTITAN_GATHER))
     for label, measured, overlap in (("", 4378, False), (", async TP", 4809.4, True)):
         runs.append(Run(f"torchtitan Llama 3 8B, FSDP 8 x TP 8, 64 H100 (500 W), compiled{label}",
                         "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md", "llama3_8b",
                         "grand_teton x 8", 96, measured, metric="tokens_per_device", overlap_tensor=overlap,
                         pins={"dp": 8, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 12,
-                              "recompute": "selective_op"}))
+                              "recompute": "selective_op"}, gathering=TORCHTITAN_GATHER))
     runs.append(Run("torchtitan Llama 3.1 405B, FSDP 16 x TP 8, 128 H100", "pytorch/torchtitan docs/performance.md (2024)",
                     "llama3_405b", "h100_94g_host x 16", 32, 109, metric="tokens_per_device",
-                    pins={"dp": 16, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 2, "recompute": "full"}, dtypes=dict(EAGER)))
+                    pins={"dp": 16, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 2, "recompute": "full"}, dtypes=dict(EAGER),
+                    gathering=TORCHTITAN_GATHER))
     # NeMo 24.11's Nemotron-4 340B on 16 DGX H100 (USERBUFFERS_TE1: the container's Transformer Engine 1.x) (NVIDIA/dgxc-benchmarking nemotron/README_340b.md): 4.61 s per
     # step of 32 x 4096 tokens, 28,432 tokens/s; the recipe (NeMo-Framework-Launcher nemotron_340b.yaml) keeps
     # Adam's states and the gradients in bf16 (`optim.dtype: bf16`, `grad_sync_dtype: bf16`) beside an fp32 master
@@ -420,7 +442,7 @@ def nemo_h100() -> list[Run]:
         return Run(f"NeMo {name}, {gpus} H100, FP8", f"{NEMO_BRIDGE}, NeMo {container}", model,
                    f"dgx_h100 x {gpus // 8}", batch, measured, metric="tokens_per_device",
                    pins={**base, **pins}, dtypes={"precision": "fp8", **NEMO_FP8_CS, **MEGATRON_CORE}, note=note,
-                   overlap_tensor=pins.get("tp", 1) > 1, **USERBUFFERS_BRIDGE_FP8)
+                   overlap_tensor=pins.get("tp", 1) > 1, gathering=FP8_GATHER, **USERBUFFERS_BRIDGE_FP8)
     return [run("Llama 3 8B (FSDP 8)", "25.11", "llama3_8b", 8, 128, 14451, dp=8, tp=1, pp=1, zero_stage=3,
                 note="the recipe recomputes 5 of the 32 layers (recompute_num_layers=5), pinned here as none"),
             run("Llama 3 70B (t4 p8 v5), gbs 128", "25.11", "llama3_70b", 64, 128, 1602, dp=2, tp=4, pp=8,
@@ -458,7 +480,9 @@ def nemo_moe_h100() -> list[Run]:
                    f"dgx_h100 x {gpus // 8}", batch, measured, metric="tokens_per_device", pins={**base, **pins},
                    dtypes={"precision": precision.lower(), **(NEMO_FP8_CS if precision == "FP8" else {}),
                            **MEGATRON_CORE, "grad_dtype": "bf16", **(dtypes or {})},
-                   note=note, family="moe", overlap_experts=overlap, fold_experts=fold, dispatcher=dispatcher)
+                   note=note, family="moe", overlap_experts=overlap, fold_experts=fold, dispatcher=dispatcher,
+                   gathering=FP8_GATHER if precision == "FP8" and (dtypes or {}).get("fp8_recipe") is None
+                   else ir.FSDP_GATHERING)  # fp8_cs's fp8_param_gather; fp8_sc (blockwise) gathers bf16
     gpt_oss = ("sliding-window attention (128 tokens) on half the layers, attention sinks, biases and the clamped "
                "SwiGLU are not in the language: every layer is costed with full attention; the recipe recomputes "
                "the norms and the experts' activation (recompute_modules: layernorm, moe_act), pinned as none")
@@ -595,7 +619,7 @@ def nemo_blackwell() -> list[Run]:
                            **(NEMO_FP8_CS if precision in ("FP8", "FP8-CS") else {}), **MEGATRON_CORE,
                            "grad_dtype": "bf16"},
                    note=note, family="blackwell", overlap_tensor=pins.get("tp", 1) > 1 and precision != "NVFP4",
-                   **USERBUFFERS_BRIDGE_FP8)
+                   gathering=FP8_GATHER if precision != "NVFP4" else ir.FSDP_GATHERING, **USERBUFFERS_BRIDGE_FP8)
     offload = "the recipe offloads 40 layers' activations to the CPU (cpu_offloading_num_layers), not priced"
     graphs = "the recipe captures the whole iteration in a CUDA graph, not priced"
     rows = []
@@ -1025,19 +1049,20 @@ def torchtitan_memory() -> list[tuple[Run, float]]:
     fsdp = {"zero_stage": 3, "micro_batch_size": 2, "recompute": "selective_op"}
     fp8 = {"precision": "fp8", "fp8_recipe": "tensorwise"}
     rows = [(Run("Table 1, FSDP 8", "", "llama3_8b", "grand_teton", 16, 0, pins={"dp": 8, **fsdp},
-                 dtypes=dict(EAGER)), 82.4),
-            (Run("Table 1, FSDP 8, compiled", "", "llama3_8b", "grand_teton", 16, 0, pins={"dp": 8, **fsdp}), 77.0),
+                 dtypes=dict(EAGER), gathering=TORCHTITAN_GATHER), 82.4),
+            (Run("Table 1, FSDP 8, compiled", "", "llama3_8b", "grand_teton", 16, 0, pins={"dp": 8, **fsdp},
+                 gathering=TORCHTITAN_GATHER), 77.0),
             (Run("Table 1, FSDP 8, compiled, Float8", "", "llama3_8b", "grand_teton", 16, 0, pins={"dp": 8, **fsdp},
-                 dtypes=dict(fp8)), 76.8),
+                 dtypes=dict(fp8), gathering=TORCHTITAN_GATHER), 76.8),
             (Run("Table 3, FSDP 128", "", "llama3_8b", "grand_teton x 16", 256, 0, pins={"dp": 128, **fsdp},
-                 dtypes=dict(EAGER)), 67.0),
+                 dtypes=dict(EAGER), gathering=TORCHTITAN_GATHER), 67.0),
             (Run("Table 3, FSDP 128, compiled", "", "llama3_8b", "grand_teton x 16", 256, 0,
-                 pins={"dp": 128, **fsdp}), 62.0),
+                 pins={"dp": 128, **fsdp}, gathering=TORCHTITAN_GATHER), 62.0),
             (Run("Table 3, FSDP 128, compiled, Float8", "", "llama3_8b", "grand_teton x 16", 256, 0,
-                 pins={"dp": 128, **fsdp}, dtypes=dict(fp8)), 61.8),
+                 pins={"dp": 128, **fsdp}, dtypes=dict(fp8), gathering=TORCHTITAN_GATHER), 61.8),
             (Run("Table 4, 70B FSDP 32 x TP 8, Float8", "", "llama3_70b", "grand_teton x 32", 512, 0,
                  pins={"dp": 32, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 16, "recompute": "full"},
-                 dtypes=dict(fp8)), 71.9)]
+                 dtypes=dict(fp8), gathering=TORCHTITAN_GATHER), 71.9)]
     # torchtitan at the tables' commit (9dec370, 2024-12-26) splits a rank's local batch into as many microbatches
     # as pipeline ranks when `pipeline_parallel_microbatches` is not given (`build_pipeline_schedule`): 32 / 8 = 4
     # sequences each; a looped schedule gets 2 stages per rank (`generate_split_points`).
@@ -1045,17 +1070,19 @@ def torchtitan_memory() -> list[tuple[Run, float]]:
         rows.append((Run(f"Table 5, 405B FSDP 8 x TP 8 x PP 8, {schedule}, Float8", "", "llama3_405b",
                          "grand_teton x 64", 256, 0, pins={"dp": 8, "tp": 8, "pp": 8, "zero_stage": 3,
                                                            "micro_batch_size": 4, "recompute": "full",
-                                                           "schedule": schedule, **virtual}, dtypes=dict(fp8)), measured))
+                                                           "schedule": schedule, **virtual}, dtypes=dict(fp8),
+                         gathering=FP8_GATHER), measured))
     for cp, measured in ((1, 83.9), (2, 84.2), (4, 84.0), (8, 84.5)):
         rows.append((Run(f"Table 2, 8B FSDP {8 // cp} x CP {cp}, seq {32768 * cp}, Float8", "", "llama3_8b",
                          "grand_teton", 8 // cp, 0, seq=32768 * cp,
                          pins={"dp": 8 // cp, "cp": cp, "zero_stage": 3, "micro_batch_size": 1, "recompute": "full"},
-                         dtypes=dict(fp8)), measured))
+                         dtypes=dict(fp8), gathering=TORCHTITAN_GATHER), measured))
     for cp, measured in ((1, 75.3), (2, 75.9), (4, 77.1), (8, 84.9)):
         rows.append((Run(f"Table 6, 405B FSDP {8 // cp} x CP {cp} x TP 8 x PP 8, seq {32768 * cp}, Float8", "",
                          "llama3_405b", "grand_teton x 64", 64 // cp, 0, seq=32768 * cp,
                          pins={"dp": 8 // cp, "cp": cp, "tp": 8, "pp": 8, "zero_stage": 3, "micro_batch_size": 1,
-                               "recompute": "full", "schedule": "1f1b"}, dtypes=dict(fp8)), measured))
+                               "recompute": "full", "schedule": "1f1b"}, dtypes=dict(fp8),
+                         gathering=FP8_GATHER if cp < 8 else TORCHTITAN_GATHER), measured))
     return rows
 
 
@@ -1130,14 +1157,15 @@ def counted_memory(run: Run):
 def torchtitan_h200() -> list[Run]:
     """The last two rows of torchtitan's benchmarks folder (benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md, June
     2025): Llama 3.1 8B with FSDP over 4 and 8 hosts of 8 H200, torchtitan's llama3_8b.toml (sequence 8192, op-level
-    selective AC) with local batch 2, compiled, torchao's Float8 (`fp8_recipe: tensorwise`; its FP8 all-gather and
-    precomputed scales are not in the model, which gathers bf16); TPS per GPU at the 100th iteration. Summed with
+    selective AC) with local batch 2, compiled, torchao's Float8 (`fp8_recipe: tensorwise`) with its FP8 all-gather (`gather = fp8`, the
+    page's `--quantize.linear.float8.enable_fsdp_float8_all_gather`); TPS per GPU at the 100th iteration. Summed with
     the torchao Float8 family, by the rule that brought that family in."""
     return [Run(f"torchtitan Llama 3.1 8B, FSDP {nodes * 8} H200, compiled, Float8", "pytorch/torchtitan benchmarks/"
                 "llama3-8b_h200_202506_trainy-whitefiber.md", "llama3_8b", f"trainy_h200 x {nodes}", 2 * nodes * 8, tps,
                 metric="tokens_per_device", family="torchao-float8",
                 pins={"dp": nodes * 8, "tp": 1, "pp": 1, "cp": 1, "zero_stage": 3, "micro_batch_size": 2,
-                      "recompute": "selective_op"}, dtypes={"precision": "fp8", "fp8_recipe": "tensorwise"})
+                      "recompute": "selective_op"}, dtypes={"precision": "fp8", "fp8_recipe": "tensorwise"},
+                gathering=FP8_GATHER)
             for nodes, tps in ((4, 10938), (8, 10753))]
 
 

@@ -1,13 +1,13 @@
 """Training against the layout: batch divisibility (E501), the data ranks' shares of it (E507-E509),
 microbatches for the schedule (E502), precision against the devices (E504; fp8, mxfp8 and nvfp4 need bf16 too), an FP8
-recipe or bf16 layers the precision does not take (E510), recompute_layers and master_dtype against the rest of
+recipe or bf16 layers the precision does not take (E510), weights gathered in FP8 without FP8 training (E511), recompute_layers and master_dtype against the rest of
 `train` (E205)."""
 from __future__ import annotations
 
 from typing import Iterator
 
 from plandsl import ir
-from plandsl.diagnostics import Diagnostic, Edit, diag
+from plandsl.diagnostics import Diagnostic, Edit, Note, diag
 from plandsl.ir import shares as batch
 from plandsl.schedules.registry import BUILTIN, microbatches_fit, min_microbatches, nearest_fitting
 
@@ -47,6 +47,7 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
                    edits=_global_batch(train, fits * per_step))
     yield from _recompute_layers(plan)
     yield from _fp8_recipe(plan)
+    yield from _fp8_gather(plan)
     if train.master_dtype.bytes < train.precision.bytes:
         yield diag("E205", f"master_dtype {train.master_dtype.value} is narrower than precision "
                    f"{train.precision.value}: weights kept in {train.master_dtype.value} would make every matmul "
@@ -146,6 +147,20 @@ def _recompute_layers(plan: ir.Plan) -> Iterator[Diagnostic]:
         yield diag("E205", f"recompute_layers({count}) is more than the {plan.model.layers} blocks of model "
                    f"'{plan.model.name}'", span,
                    hint=f"recompute_layers: {plan.model.layers} recomputes every block, as `recompute: full` alone")
+
+
+def _fp8_gather(plan: ir.Plan) -> Iterator[Diagnostic]:
+    """`data = ... with gather = fp8` only where FP8 training has FP8 weights to gather: `precision: fp8` or `mxfp8`
+    (E511)."""
+    precision = plan.train.precision
+    if plan.data is not None and plan.data.gather is ir.Precision.fp8 \
+            and precision not in (ir.Precision.fp8, ir.Precision.mxfp8):
+        why = "its weights are FP4, which no gather here moves" if precision.quantized else "nothing is cast to FP8"
+        yield diag("E511", f"gather = fp8 all-gathers the FP8 weights of FP8 training; under precision "
+                   f"{precision.value} {why}", plan.data.span_of("gather"),
+                   hint=f"precision: fp8 (or mxfp8), or gather = {precision.unquantized.value}",
+                   notes=[Note("precision given here", plan.train.span_of("precision"))]
+                   if "precision" in plan.train.field_spans else [])
 
 
 def _fp8_recipe(plan: ir.Plan) -> Iterator[Diagnostic]:

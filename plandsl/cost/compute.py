@@ -238,6 +238,7 @@ class Work:
     sm_margin: bool = True  # userbuffers' set_sm_margin: its pipelined and bulk overlaps' GEMMs on the SMs left
     dispatcher: str = "alltoall"  # `experts = deepep | hybridep over ...`: a token crosses the network once per node
     fp8_recipe: ir.Fp8Recipe | None = None  # `precision: fp8`'s scaling (`ir.Training.recipe`; None: delayed)
+    fp8_gather: bool = False  # `data = ... with gather = fp8`: the weights reach the linear layers in FP8 already
     ring: str = "te"  # `context = ring over cp with implementation = te | torch`: whose ring runs (cost.ring)
 
     @property
@@ -398,6 +399,13 @@ FP8_RECIPE_CAST_BYTES = {
 """Bytes each FP8 recipe moves per element of a linear layer's input (forward) and output gradient (backward)."""
 
 FP8_WEIGHT_CAST_BYTES = {ir.Fp8Recipe.tensorwise: FP8_AMAX_BYTES + FP8_CAST_BYTES}
+FP8_GATHERED_WEIGHT_BYTES = 2.0
+"""Bytes per element of a linear layer's weight in every backward under torchao's tensorwise scaling when FSDP gathers
+it in FP8 (`gather = fp8`, `enable_fsdp_float8_all_gather`): the weight arrives as a `Float8TrainingTensor`, which the
+forward's GEMM reads as it is (`weight.t()` is column-major), so no cast; the backward's grad_input GEMM reads it
+row-major, which `float8_ops` copies column-major first (`b_data.t().contiguous().t()`: read 1, write 1). The cast
+itself runs on each rank's shard before each all-gather (`WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather`, the
+scale precomputed once a step: read the shard, write 1 byte), 1/N_d of it per gather, not priced."""
 """Bytes a recipe moves per element of a linear layer's weight in every forward (and every forward a recomputation
 reruns): torchao's tensorwise scaling casts the weight again each time, its amax a pass of its own
 (`get_float8_mem_sympy`: `fwd_fp8_weight_mem`, `fuse_with_prev=False`: read 2, read 2, write 1 + 1; the backward's
@@ -603,10 +611,14 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         # (`FP8_RECIPE_CAST_BYTES`: current scaling's amax pass, blockwise's tile scales). The weights' casts: once a
         # step under Transformer Engine's recipes (cached across microbatches, not here), every forward under
         # torchao's tensorwise (`FP8_WEIGHT_CAST_BYTES`); the GEMMs' reads (`gemm_bytes`) are the GEMMs'.
+        # Under `gather = fp8` torchao's weights come gathered in FP8: only the backward's column-major copy
+        # (`FP8_GATHERED_WEIGHT_BYTES`); Transformer Engine's recipes cast once a step either way.
         per_element = cast_bytes(work)
+        gathered = work.fp8_gather and work.fp8_recipe is ir.Fp8Recipe.tensorwise
         other += (tokens * cast_in * per_element
-                  + weights * FP8_WEIGHT_CAST_BYTES.get(work.fp8_recipe, 0.0)) / bandwidth
-        backward_other += tokens * cast_grad * per_element / bandwidth
+                  + (0.0 if gathered else weights * FP8_WEIGHT_CAST_BYTES.get(work.fp8_recipe, 0.0))) / bandwidth
+        backward_other += (tokens * cast_grad * per_element
+                           + (weights * FP8_GATHERED_WEIGHT_BYTES if gathered else 0.0)) / bandwidth
     flops += attention_flops
     recompute, recompute_flops = 0.0, 0.0
     if work.recompute is ir.Recompute.full:

@@ -32,7 +32,7 @@ from plandsl.cost.comm import collective_seconds
 from plandsl.cost.compute import Efficiency, Work, peak_of
 from plandsl.cost.layer import NOTHING_MOVED, LayerTime, Links, Moved, estimate_layer_time, plan_links
 from plandsl.cost.memory import (MemoryEstimate, StateBytes, beyond_layers, estimate_layer_activations,
-                                 estimate_plan_memory, gathers_kv, held_stages, layer_precision, pipelined_shards,
+                                 estimate_plan_memory, gather_element, gathered_param_bytes, gathers_kv, held_stages, layer_precision, pipelined_shards,
                                  layer_recompute,
                                  zero_degrees)
 from plandsl.cost.stage import StageTime, fsdp_units, gather_units, param_split, rank_tail, slowest, stage_time
@@ -136,7 +136,8 @@ def plan_work(plan: ir.Plan) -> Work:
                 tensor_overlap=plan.tensor.implementation if plan.tensor else ir.TensorOverlap.async_tp,
                 sm_margin=plan.tensor.sm_margin if plan.tensor else True,
                 dispatcher=plan.experts.kind if plan.experts else "alltoall", fp8_recipe=plan.train.recipe,
-                ring=plan.context.implementation if plan.context else "te")
+                ring=plan.context.implementation if plan.context else "te",
+                fp8_gather=plan.data is not None and plan.data.gather is ir.Precision.fp8)
 
 
 def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=None,
@@ -395,8 +396,13 @@ def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | Non
         gathering = plan.data.gathering if plan.data is not None else ir.FSDP_GATHERING
         gathered = None if gathering.default else gather_units(layers, times, params, gathering, plan.tp,
                                                                plan.expert_group, plan.expert_tp)
-        result.append(stage_time(times, params, zero_stage, precision.bytes, links, fsdp_units(layers),
-                                 plan.train.grad_dtype.bytes, gathered, pipelined_shards(plan), device.contention))
+        element = gather_element(plan, layers, precision.bytes)
+        layer_bytes = () if plan.data is None or plan.data.gather is None else [  # the first bucket's own bytes
+            gathered_param_bytes(plan, layer, precision.bytes, plan.tp, plan.expert_group, plan.expert_tp, True)
+            for layer in layers]
+        result.append(stage_time(times, params, zero_stage, element, links, fsdp_units(layers),
+                                 plan.train.grad_dtype.bytes, gathered, pipelined_shards(plan), device.contention,
+                                 layer_bytes))
     return result
 
 

@@ -142,6 +142,14 @@ def estimate_layer_time(model: ir.Model, layer: Layer, work: Work, device: ir.De
                      Moved(**moved) if moved else NOTHING_MOVED)
 
 
+AMAX_REDUCED = (ir.Fp8Recipe.current, ir.Fp8Recipe.tensorwise)
+"""The FP8 recipes whose per-tensor scale comes from the tensor's own amax, all-reduced over the tensor-parallel axis
+under sequence parallelism (`_layer_comm`); delayed scaling reduces its amax history once a step, blockwise and MXFP8
+scale tiles locally."""
+AMAX_BYTES = 4
+"""One fp32 amax per quantized tensor (the all-reduce's payload: its latency is the cost)."""
+
+
 def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute: LayerCompute,
                 moved: dict[str, float], overlapped: tuple[OverlapGemm, ...] = (), share: float = 0.0,
                 ring: Ring = NO_RING, backward_gemms: tuple[OverlapGemm, ...] = (),
@@ -243,6 +251,20 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         forward -= sum(f for f, _ in saved)
         backward -= sum(b for _, b in saved)
         rerun = (rerun[0] - sum(f for f, _ in saved), rerun[1], rerun[2] - saved[0][0], rerun[3])
+    if work.precision is ir.Precision.fp8 and work.fp8_recipe in AMAX_REDUCED and work.sequence_parallel \
+            and links.tp.size > 1:
+        # Per-tensor current scaling under sequence parallelism: the input of each column-parallel layer (forward)
+        # and the output gradient of each row-parallel one (backward) is quantized before its all-gather, with one
+        # scale over the axis, so its amax is all-reduced first, on the critical path between the amax and the cast
+        # (TE's `Float8CurrentScalingQuantizer::quantize_impl`: `amax_reduction_group->allreduce(...)->wait()`,
+        # the group set by `_Linear`'s `set_quantizer_amax_reduction_group`; torchao's `Float8ColwiseParallel`
+        # casts the sharded DTensor input, whose amax DTensor reduces). Per block: attention's q/k/v input and wo's
+        # output gradient, and the MLP's w1 input and w2 output gradient unless folded experts have no TP MLP.
+        casts = 1 + (0 if model.experts and work.fold_experts and not model.shared_experts else 1)
+        amax = collective_seconds("all_reduce", AMAX_BYTES, links.tp)
+        forward, backward = forward + casts * amax, backward + casts * amax
+        count("tensor", AMAX_BYTES, 2 * casts)
+        rerun = (rerun[0] + casts * amax, rerun[1] + casts * AMAX_BYTES, rerun[2] + amax, rerun[3] + AMAX_BYTES)
     if model.experts and links.ep.size > 1:
         # Dispatch and combine all-to-alls of the routed tokens (Lepikhin et al. 2020, GShard), twice
         # in each direction; sequence parallelism leaves each tensor-parallel rank 1/t of the tokens.

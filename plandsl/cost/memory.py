@@ -20,7 +20,7 @@ from typing import Sequence
 
 from plandsl import ir
 from plandsl.ir.layers import (EXPERTS, FFN, HEADS_X_HEAD_DIM, KV, TP_SPLIT, VOCAB, Layer, Param, attention_widths,
-                               block_model, kv_width, once_per_figures)
+                               block_model, figures_key, kv_width, once_per_figures)
 from plandsl.ir.placement import Assignment, assign_stages
 from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE
 from plandsl.schedules.generators import check_sizes, pipeline_maps
@@ -389,23 +389,94 @@ def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param
     pipelined = pipelined_shards(plan)
     held = held or pipelined
     tp, ep, expert_tp = plan.tp, plan.expert_group, plan.expert_tp
-    units, root = [], sum(local_numel(p, tp, ep, expert_tp) for p in extra)
+    states = StateBytes.of(plan.train)
+    # each unit's elements and the bytes of its parameters as gathered (`gather = DTYPE`; the weights' dtype unless
+    # the plan names one: `plandsl run` applies FSDP without a MixedPrecisionPolicy)
+    root = sum(local_numel(p, tp, ep, expert_tp) for p in extra)
+    units, root_bytes = [], root * gather_element_bytes(plan.train, plan.data.gather, False, states.params)
     seen: dict = {}
     for layer in layers:
-        count = once_per_figures(seen, layer, lambda layer: sum(local_numel(p, tp, ep, expert_tp)
-                                                                 for p in layer.params))
+        key = (figures_key(layer), layer_precision(plan.train, plan.model, layer))
+        if key not in seen:
+            seen[key] = (sum(local_numel(p, tp, ep, expert_tp) for p in layer.params),
+                         gathered_param_bytes(plan, layer, states.params, tp, ep, expert_tp))
+        count, size = seen[key]
         if layer.kind in ("block", "custom"):
-            units.append(count)
+            units.append((count, size))
         else:
-            root += count
-    live = sum(sorted(units + [root], reverse=True)[:2])  # at the kept dtypes: no MixedPrecisionPolicy
+            root, root_bytes = root + count, root_bytes + size
+    largest = sorted(units + [(root, root_bytes)], reverse=True)[:2]
+    live, live_bytes = sum(count for count, _ in largest), sum(size for _, size in largest)
     gathering = plan.data.gathering
     if not gathering.default and not held:  # the units as they run, each with those gathered ahead of it
         live = _live_units(plan, layers, root, gathering)
-    whole = sum(units) + root if held else live
-    states = StateBytes.of(plan.train)
+        everything = sum(count for count, _ in units) + root
+        live_bytes = live * (sum(size for _, size in units) + root_bytes) / everything if everything else 0.0
+    whole = sum(count for count, _ in units) + root if held else live
+    whole_bytes = sum(size for _, size in units) + root_bytes if held else live_bytes
     grads = whole if held and (plan.num_microbatches > 1 or pipelined) else live
-    return (float(whole * states.params) if stage >= 3 else 0.0), float(grads * states.grads)
+    return (float(whole_bytes) if stage >= 3 else 0.0), float(grads * states.grads)
+
+
+# ---- the dtype the parameters are gathered in ------------------------------------------------------------
+def fp8_gather_bytes(train: ir.Training) -> float:
+    """Bytes per element of a quantized linear layer's weight all-gathered in FP8 (`data = ... with gather = fp8`):
+    one, and the recipe's scales where they travel with it. A per-tensor scale (delayed, current, tensorwise) is one
+    float per tensor: torchao's `WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather` all-gathers the FP8 data
+    alone and hands the scale, the same on every rank from the all-reduced amax, as metadata; Megatron's FP8
+    parameters keep theirs beside the buffer. Blockwise carries an FP32 scale per `FP8_BLOCK` x `FP8_BLOCK` block of a
+    weight, MXFP8 a one-byte scale per `MX_BLOCK` elements (`ir.Precision.gemm_bytes`)."""
+    if train.precision is ir.Precision.mxfp8:
+        return ir.Precision.mxfp8.gemm_bytes
+    return 1.0 + (4 / ir.FP8_BLOCK ** 2 if train.recipe is ir.Fp8Recipe.blockwise else 0.0)
+
+
+def gather_element_bytes(train: ir.Training, gather: ir.Precision | None, quantized: bool, default: float) -> float:
+    """Bytes per element of a parameter as data parallelism gathers it (`data = ... with gather = DTYPE`): the
+    dtype's; under `gather = fp8` a quantized linear layer's weight in FP8 (`fp8_gather_bytes`) and every other
+    parameter (norms, embedding, head, blocks kept in bf16) at the compute precision's 16 bits, as torchao's FP8
+    all-gather leaves the other parameters to FSDP's `MixedPrecisionPolicy` and Megatron keeps them in bf16.
+    `default` when the plan names no dtype (the time's compute precision, the memory's weights' dtype)."""
+    if gather is None:
+        return default
+    if gather is ir.Precision.fp8:
+        return fp8_gather_bytes(train) if quantized else train.precision.unquantized.bytes
+    return gather.bytes
+
+
+def gathered_param_bytes(plan: ir.Plan, layer: Layer, default: float, tp: int, ep: int,
+                         expert_tp: int | None = None, dense_only: bool = False) -> float:
+    """Bytes on one device of `layer`'s parameters as gathered (`gather_element_bytes`): under `gather = fp8` the
+    linear weights (two or more dims) of a block whose layers run quantized (`layer_precision`) in FP8.
+    `dense_only`: of its parameters other than the experts' (a gradient bucket's, `cost.stage.bucket_element`)."""
+    gather = plan.data.gather if plan.data is not None else None
+    params = [p for p in layer.params if not (dense_only and _is_expert(p))]
+    numel = sum(local_numel(p, tp, ep, expert_tp) for p in params)
+    if gather is not ir.Precision.fp8:
+        return numel * gather_element_bytes(plan.train, gather, False, default)
+    quantized = 0
+    if layer.kind == "block" and layer_precision(plan.train, plan.model, layer).quantized:
+        quantized = sum(local_numel(p, tp, ep, expert_tp) for p in params if len(p.dims) >= 2)
+    return (quantized * gather_element_bytes(plan.train, gather, True, default)
+            + (numel - quantized) * gather_element_bytes(plan.train, gather, False, default))
+
+
+def gather_element(plan: ir.Plan, layers: Sequence[Layer], default: float) -> float:
+    """Bytes per element the parameter gathers of these layers (a stage's) move on average (`gathered_param_bytes`
+    over their elements): `default` when the plan names no gather dtype."""
+    if plan.data is None or plan.data.gather is None:
+        return default
+    tp, ep, expert_tp = plan.tp, plan.expert_group, plan.expert_tp
+    seen: dict = {}  # per kind of layer and its precision (a family's blocks, those kept in bf16 apart)
+    elements = gathered = 0.0
+    for layer in layers:
+        key = (figures_key(layer), layer_precision(plan.train, plan.model, layer))
+        if key not in seen:
+            seen[key] = (sum(local_numel(p, tp, ep, expert_tp) for p in layer.params),
+                         gathered_param_bytes(plan, layer, default, tp, ep, expert_tp))
+        count, size = seen[key]
+        elements, gathered = elements + count, gathered + size
+    return gathered / elements if elements else gather_element_bytes(plan.train, plan.data.gather, False, default)
 
 
 def module_split(layer: Layer, tp: int, ep: int, expert_tp: int | None = None) -> list[tuple[int, int]]:
@@ -729,7 +800,8 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
 
 
 __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estimate_layer_activations", "layer_recompute",
-           "held_stages", "gathered_bytes", "pipelined_shards", "model_state_bytes", "tied_embedding",
+           "held_stages", "gathered_bytes", "gather_element", "gather_element_bytes", "gathered_param_bytes",
+           "fp8_gather_bytes", "pipelined_shards", "model_state_bytes", "tied_embedding",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
            "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES", "StateBytes", "FP32_STATES", "module_split",
            "head_inflight", "beyond_layers", "LAST_STAGE_KINDS", "LOSS_PARALLEL_TEMPORARIES"]

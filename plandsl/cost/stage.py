@@ -22,7 +22,9 @@ _EXPERT = "experts"
 # Gradients travel at the dtype they are kept in: fp32 by default (`cost.memory.STATE_BYTES`), as the
 # interpreter holds them (fp32 parameters under autocast) and as Megatron-LM reduces its fp32 main-grad
 # buffers by default (`accumulate_allreduce_grads_in_fp32`, on for bf16); a plan's `grad_dtype` changes
-# it (`grad_bytes`, `StateBytes.grads`); parameter gathers move `element`.
+# it (`grad_bytes`, `StateBytes.grads`); parameter gathers move `element` bytes per element: the compute precision's,
+# or the plan's `gather` dtype averaged over a stage's parameters (`cost.memory.gather_element`: under `gather = fp8`
+# the quantized layers' weights at one byte, the rest at 16 bits).
 
 
 # ---- stages and ranks ------------------------------------------------------------------------------------
@@ -42,6 +44,8 @@ class StageTime:
     first_bucket: float = 0.0  # dense parameters of the bucket holding its first layers (`first_bucket`)
     first_gather: float = math.inf  # ZeRO-3's closed form: the seconds of the forward's first all-gather, an
     #                                 average unit's (`rank_tail` tops it up to the first bucket's); inf: priced
+    element: float = 0.0  # bytes per parameter element its gathers move (`cost.memory.gather_element`); 0: none given
+    bucket_element: float = 0.0  # the same for its first bucket's parameters (`bucket_element`; 0: `element`)
 
     @property
     def backward(self) -> float:
@@ -90,6 +94,21 @@ def first_bucket(params: Sequence[float], bucket: float) -> float:
     return held if held > 0 else closed
 
 
+def bucket_element(params: Sequence[float], gathered: Sequence[float], bucket: float, element: float) -> float:
+    """Bytes per element the gather of a stage's first bucket moves (`first_bucket`: its first layers whose
+    parameters sum to `bucket`, a bucket closing at a layer's end): those layers' bytes as gathered (`gathered`, per
+    layer) over their parameters; `element` when none is given. Under `gather = fp8` the first stage's bucket is its
+    16-bit embedding, where the stage's average counts its blocks' FP8 weights."""
+    if not gathered or bucket <= 0:
+        return element
+    held = size = 0.0
+    for count, bytes_ in zip(params, gathered):
+        if held >= bucket:
+            break
+        held, size = held + count, size + bytes_
+    return size / held if held else element
+
+
 def fsdp_units(layers: Sequence[Layer]) -> int:
     """The units ZeRO-2/3 gather and reduce one at a time: each block (or written layer), and the
     stage's other layers together (the root), as `runtime.data_parallel.apply_fsdp` wraps them."""
@@ -98,19 +117,23 @@ def fsdp_units(layers: Sequence[Layer]) -> int:
 
 
 def stage_time(times: Sequence[LayerTime], params: Sequence[tuple[int, int]], zero_stage: int,
-               element: int, links: Links, units: int | None = None, grad_bytes: int = STATE_BYTES,
-               gathered: Sequence[Unit] | None = None, pipelined: bool = False, share: float = 0.0) -> StageTime:
+               element: float, links: Links, units: int | None = None, grad_bytes: int = STATE_BYTES,
+               gathered: Sequence[Unit] | None = None, pipelined: bool = False, share: float = 0.0,
+               layer_bytes: Sequence[float] = ()) -> StageTime:
     """Sum the layers of a stage (then `zero_traffic`); `units`: its FSDP units (default: one per layer);
     `gathered`: the units in execution order when the plan gathers otherwise than FSDP's blocks one ahead
     (`gather_units`); `pipelined`: ZeRO-2/3 under a pipeline schedule (`cost.memory.pipelined_shards`);
-    `share`: the device's `comm_share` (`cost.comm.beside`)."""
-    bucket = first_bucket([float(p[0]) for p in params], bucket_params(links.data.size))
+    `share`: the device's `comm_share` (`cost.comm.beside`); `layer_bytes`: each layer's dense parameters' bytes as
+    gathered (the plan's `gather` dtype, `bucket_element`; none: every element at `element`)."""
+    dense_params = [float(p[0]) for p in params]
+    bucket = first_bucket(dense_params, bucket_params(links.data.size))
     return zero_traffic(sum(t.forward for t in times), sum(t.input_grad for t in times),
                         sum(t.weight_grad for t in times), sum(t.forward_comm + t.backward_comm for t in times),
                         sum(t.flops for t in times), sum(t.recompute_flops for t in times),
                         float(sum(p[0] for p in params)), float(sum(p[1] for p in params)),
                         zero_stage, element, links, units or len(times), grad_bytes,
-                        sum((t.moved for t in times), NOTHING_MOVED), gathered, pipelined, bucket, share)
+                        sum((t.moved for t in times), NOTHING_MOVED), gathered, pipelined, bucket, share,
+                        bucket_element(dense_params, layer_bytes, bucket, element))
 
 
 # ---- units gathered otherwise than FSDP's blocks one ahead ----------------------------------------------
@@ -185,10 +208,11 @@ def unit_pass(compute: Sequence[float], gather: Sequence[float], scatter: Sequen
 
 
 def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: float, flops: float,
-                 recompute_flops: float, dense: float, expert: float, zero_stage: int, element: int,
+                 recompute_flops: float, dense: float, expert: float, zero_stage: int, element: float,
                  links: Links, units: int = 1, grad_bytes: int = STATE_BYTES,
                  moved: Moved = NOTHING_MOVED, gathered: Sequence[Unit] | None = None,
-                 pipelined: bool = False, bucket: float = 0.0, share: float = 0.0) -> StageTime:
+                 pipelined: bool = False, bucket: float = 0.0, share: float = 0.0,
+                 bucket_bytes: float = 0.0) -> StageTime:
     """A stage's microbatch with ZeRO's per-microbatch traffic, one collective per unit.
 
     ZeRO-3 all-gathers every unit's parameters before its forward and again before its backward,
@@ -202,7 +226,8 @@ def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: fl
     computing beside its neighbour's traffic runs at (1 - `share`) of its speed meanwhile (the device's
     `comm_share`, `cost.comm.beside`), so each of those u - 1 steps is max(c + share·x, x).
     Gradients move at `grad_bytes` (the plan's `grad_dtype`, fp32 by default), parameters at `element`
-    (the compute precision). `bucket`: the dense parameters of the stage's first bucket (`first_bucket`).
+    (the compute precision). `bucket`: the dense parameters of the stage's first bucket (`first_bucket`), gathered at
+    `bucket_bytes` per element (`bucket_element`; 0: `element`).
 
     `gathered` (a plan's `with unit`, `prefetch` or `prefetch_bucket`, `gather_units`): the units as they run,
     each with its own compute and traffic, priced by `unit_pass` forward and then backward in reverse order,
@@ -253,7 +278,7 @@ def zero_traffic(forward: float, input_grad: float, weight_grad: float, comm: fl
         moved = moved + Moved(data=_data_bytes(dense, expert, grad_bytes, links)
                               + (2 * _data_bytes(dense, expert, element, links) if zero_stage >= 3 else 0.0))
     return StageTime(forward, input_grad, weight_grad, comm, flops, recompute_flops, dense, expert, moved, bucket,
-                     first_gather)
+                     first_gather, element, bucket_bytes or element)
 
 
 def _data_bytes(dense: float, expert: float, element: float, links: Links) -> float:
@@ -261,7 +286,7 @@ def _data_bytes(dense: float, expert: float, element: float, links: Links) -> fl
     return (dense * element if links.data.size > 1 else 0.0) + (expert * element if links.expert_data.size > 1 else 0.0)
 
 
-def _over_data(collective: str, dense: float, expert: float, element: int, links: Links) -> float:
+def _over_data(collective: str, dense: float, expert: float, element: float, links: Links) -> float:
     """A collective of dense parameters over the data (+expert) axes and of expert ones over data."""
     return (collective_seconds(collective, dense * element, links.data)
             + collective_seconds(collective, expert * element, links.expert_data))
@@ -276,7 +301,7 @@ class RankTail:
     moved: float = 0.0  # bytes its data-parallel collectives move
 
 
-def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, int], element: int,
+def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, int], element: float,
               links: Links, device: ir.DeviceType, optimizer: ir.Optimizer,
               precision: ir.Precision, states: StateBytes = FP32_STATES, pipelined: bool = False) -> RankTail:
     """Exposed data-parallel traffic and the optimizer step of one pipeline rank.
@@ -292,7 +317,8 @@ def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, 
     hsdp adds an all-reduce of its shard over the replicate axis. The optimizer step updates the
     parameters a device owns: all of them, or 1/N_d with ZeRO >= 1 (Rajbhandari et al. 2020).
     Gradients are reduced at `states.grads` (the plan's `grad_dtype`, fp32 by default), parameters
-    gathered at `element`; the optimizer step reads and writes the plan's dtypes (`states`).
+    gathered at `element` (or at the stages' own, `StageTime.element`, averaged over their parameters: the plan's
+    `gather` dtype); the optimizer step reads and writes the plan's dtypes (`states`).
     `pipelined` (ZeRO-2/3 under a pipeline schedule, `cost.memory.pipelined_shards`): the stage's gradients are
     reduce-scattered once, after its last backward, with nothing left to compute behind them (torch's
     `perform_reduce_grad` runs after every microbatch's backward): exposed whole; its parameters are gathered
@@ -310,6 +336,9 @@ def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, 
     grad_bytes = states.grads
     dense = sum(s.dense_params for s in stages)
     expert = sum(s.expert_params for s in stages)
+    if stages and all(s.element for s in stages) and dense + expert:
+        element = sum(s.element * (s.dense_params + s.expert_params) for s in stages) / (dense + expert)
+    first_element = stages[0].bucket_element or element if stages else element  # its first bucket's layers
     backward = sum(s.backward for s in stages)
     forward = sum(s.forward for s in stages)
     exposed = moved = 0.0
@@ -326,20 +355,20 @@ def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, 
         # contention (and the same for the gathers before and behind the forward)
         first = _over_data("reduce_scatter", bucket, 0.0, grad_bytes, links)
         exposed = first + behind(_over_data("reduce_scatter", dense, expert, grad_bytes, links) - first, backward)
-        first = _over_data("all_gather", bucket, 0.0, element, links)
+        first = _over_data("all_gather", bucket, 0.0, first_element, links)
         exposed += first + behind(_over_data("all_gather", dense, expert, element, links) - first, forward)
         moved = _data_bytes(dense, expert, grad_bytes, links) + _data_bytes(dense, expert, element, links)
     elif zero_stage == 2:
         bucket = stages[0].first_bucket if stages else 0.0
         exposed = _over_data("reduce_scatter", bucket, 0.0, grad_bytes, links)
-        first = _over_data("all_gather", bucket, 0.0, element, links)
+        first = _over_data("all_gather", bucket, 0.0, first_element, links)
         exposed += first + behind(_over_data("all_gather", dense, expert, element, links) - first, forward)
         moved = _data_bytes(dense, expert, element, links)
     elif stages:  # ZeRO-3: its gathers are the microbatches' (`zero_traffic`), but its closed form's first one is an
         # average unit's: the first bucket's is the rest; the last unit's reduce-scatter is the tail's
         bucket = stages[0].first_bucket
         exposed = _over_data("reduce_scatter", bucket, 0.0, grad_bytes, links)
-        exposed += max(0.0, _over_data("all_gather", bucket, 0.0, element, links) - stages[0].first_gather)
+        exposed += max(0.0, _over_data("all_gather", bucket, 0.0, first_element, links) - stages[0].first_gather)
     dense_degree, expert_degree = degrees
     if links.replicate.size > 1:
         shard = dense / dense_degree + expert / expert_degree
@@ -354,5 +383,6 @@ def slowest(devices: Sequence[ir.DeviceType], precision: ir.Precision) -> ir.Dev
     return min(devices, key=lambda d: (peak_of(d, precision), d.bandwidth, d.memory))
 
 
-__all__ = ["StageTime", "stage_time", "zero_traffic", "fsdp_units", "first_bucket", "bucket_params", "param_split",
+__all__ = ["StageTime", "stage_time", "zero_traffic", "fsdp_units", "first_bucket", "bucket_params", "bucket_element",
+           "param_split",
            "RankTail", "rank_tail", "slowest", "Unit", "gather_units", "unit_pass"]

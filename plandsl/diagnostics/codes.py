@@ -87,6 +87,7 @@ CODES: dict[str, str] = {
     "E508": "batch shares that do not sum to the global batch",
     "E509": "a batch share that is not whole microbatches",
     "E510": "an FP8 recipe, or bf16 layers, that the precision does not take",
+    "E511": "parameters gathered in FP8 without an FP8 precision",
     # E6xx: schedules
     "E601": "unknown schedule",
     "E602": "action refers to a stage or microbatch that does not exist",

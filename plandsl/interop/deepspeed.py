@@ -74,6 +74,10 @@ def export_plan(plan: ir.Plan) -> Exported:
     if kept:
         lose(f"{', '.join(kept)} (DeepSpeed keeps fp32 master weights and optimizer states under bf16 and fp16)",
              "train")
+    gather = plan.data.gather if plan.data is not None else None
+    if gather is not None and gather is not train.precision:  # ZeRO gathers the weights it keeps, in the precision
+        lose(f"gather = {gather.value} (DeepSpeed gathers its {train.precision.value} weights as they are)", "data",
+             hint="drop `with gather`")
     zero: dict = {"stage": plan.data.zero_stage if plan.data else 0}
     if plan.data is not None and plan.data.zero_stage >= 3:
         # DeepSpeed's ZeRO-3 gathers module by module whatever the plan's unit; it prefetches by elements

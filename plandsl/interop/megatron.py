@@ -92,7 +92,7 @@ SWITCHES = (
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--use-precision-aware-optimizer", "--multi-latent-attention", "--overlap-moe-expert-parallel-comm",
     "--delay-wgrad-compute", "--tp-comm-overlap", "--moe-enable-deepep", "--cross-entropy-loss-fusion",
-    "--first-last-layers-bf16",
+    "--first-last-layers-bf16", "--fp8-param-gather",
 )
 # Flags of Megatron-LM's launch scripts that mean nothing in a plan (data, tokenizer, logging, checkpoints,
 # initialisation, fusions, kernels, the optimizer's other constants): read, listed, left out.
@@ -352,6 +352,19 @@ def _parallel_args(plan: ir.Plan, args: list, lose) -> None:
         else:
             lose(f"data = {plan.data.kind} (Megatron-FSDP's sharding strategies shard over the whole data-parallel "
                  "group)", "data", hint="use zero3 over one data axis")
+        _gather_args(plan, args, lose)
+
+
+def _gather_args(plan: ir.Plan, args: list, lose) -> None:
+    """The plan's gather dtype: `gather = fp8` is `--fp8-param-gather` (DistributedDataParallelConfig.fp8_param_gather:
+    the FP8 weights kept as such and all-gathered in FP8 by the distributed optimizer or Megatron-FSDP); Megatron-LM
+    gathers its parameters in their own dtype otherwise, the 16-bit weights beside its fp32 master."""
+    gather = plan.data.gather if plan.data is not None else None
+    if gather is ir.Precision.fp8:
+        args.append(("--fp8-param-gather", None))
+    elif gather is not None and gather is not plan.train.precision.unquantized:
+        lose(f"gather = {gather.value} (Megatron-LM gathers its {plan.train.precision.unquantized.value} weights as they "
+             "are, or with --fp8-param-gather in FP8)", "data", hint="drop `with gather`")
 
 
 def mesh_order(plan: ir.Plan) -> tuple[str, ...] | str:

@@ -157,6 +157,9 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
     data = _data_kind(read)
     if data is None:
         return None
+    gather = _gather(read, data)
+    if gather is None:
+        return None
     if read.get("--tp-comm-overlap") and not (read.get("--sequence-parallel") and tp > 1):
         # validate_args: sequence parallelism is turned off at tensor parallelism 1, then asserted for the overlap
         read.problem("E805", "--tp-comm-overlap " + ("without --sequence-parallel" if tp > 1 else
@@ -190,9 +193,9 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
                                                     f"  mesh = {mesh}" + (f" over devices[0:{world}]" if part else ""),
                                                     f"  train = {train}"]
     if "dp" in axes:
-        lines.append(f"  data = {data.value} over dp")
+        lines.append(f"  data = {data.value} over dp{gather}")
     elif data is not ir.DataKind.replicate and ep > 1:
-        lines.append(f"  data = {data.value} over ep")
+        lines.append(f"  data = {data.value} over ep{gather}")
     if tp > 1:
         parallel = " with sequence_parallel" if read.get("--sequence-parallel") else ""
         # --tp-comm-overlap is Transformer Engine's userbuffers (`initialize_ub`), at its defaults without a
@@ -608,6 +611,24 @@ def _degrees(read: _Read, world_size: int | None, cluster: str | None):
     if "--global-batch-size" not in read.values:  # validate_args: micro x data parallel
         read.values["--global-batch-size"] = read.get("--micro-batch-size", 1) * dp
     return tp, pp, cp, ep, dp, world, fold
+
+
+def _gather(read: _Read, data: ir.DataKind) -> str | None:
+    """`--fp8-param-gather` -> the data line's ` with gather = fp8` ("" without it); E805 without the distributed
+    optimizer or Megatron-FSDP (validate_args: "--fp8-param-gather only supported with distributed optimizer, torch
+    fsdp2, megatron fsdp, or inference mode") or without FP8 weights to gather (no --fp8-format)."""
+    if not read.get("--fp8-param-gather"):
+        return ""
+    if data is ir.DataKind.replicate:
+        read.problem("E805", "--fp8-param-gather without --use-distributed-optimizer or --use-megatron-fsdp (Megatron-LM: "
+                     "\"--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron fsdp, or "
+                     "inference mode\")", "--fp8-param-gather", hint="add --use-distributed-optimizer")
+        return None
+    if read.get("--fp8-format") is None:
+        read.problem("E805", "--fp8-param-gather without --fp8-format: without FP8 training there are no FP8 weights to "
+                     "gather", "--fp8-param-gather", hint="add --fp8-format hybrid, or leave out --fp8-param-gather")
+        return None
+    return " with gather = fp8"
 
 
 def _data_kind(read: _Read) -> ir.DataKind | None:

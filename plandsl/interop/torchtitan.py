@@ -108,6 +108,12 @@ def export_plan(plan: ir.Plan) -> Exported:
     if plan.data is not None and not plan.data.gathering.default:
         lose("the data line's gathering (`with unit`, `prefetch`, `prefetch_bucket`): torchtitan wraps each block "
              "in FSDP2 and prefetches one ahead", "data", hint="drop the with clause: FSDP's blocks one ahead")
+    gather = plan.data.gather if plan.data is not None else None
+    if gather is not None and gather is not plan.train.precision.unquantized:
+        # FSDP2's MixedPrecisionPolicy(param_dtype=training.mixed_precision_param): the compute dtype is the gather's
+        lose(f"gather = {gather.value} (torchtitan gathers in its --training.mixed_precision_param, the dtype it "
+             "computes in" + ("; the FP8 all-gather is torchao's float8 converter's, which the export does not write"
+                              if gather is ir.Precision.fp8 else "") + ")", "data", hint="drop `with gather`")
     lost.extend(diag("E808", f"torchtitan cannot express shard rule `{rule.target.text}` (its tensor parallelism "
                      "is the model's own plan: --parallelism.tensor_parallel_degree)", rule.span)
                 for rule in plan.shard)

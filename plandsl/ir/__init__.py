@@ -116,6 +116,8 @@ weights: DeepSeek-V3, arXiv:2412.19437, Sec. 3.3.2; Transformer Engine's Float8B
 
 KEPT_DTYPES = (Precision.fp32, Precision.bf16, Precision.fp16)
 """The dtypes `master_dtype`, `grad_dtype` and `optimizer_dtype` take (no FP8 or FP4 weights, gradients or states)."""
+GATHER_DTYPES = (*KEPT_DTYPES, Precision.fp8)
+"""The dtypes data parallelism gathers parameters in (`data = ... with gather = ...`): fp8 the quantized layers' weights."""
 KEPT_DTYPE_KEYS = ("master_dtype", "grad_dtype", "optimizer_dtype")
 """The train keys of the dtypes training keeps (weights, gradients, optimizer states), fp32 by default."""
 
@@ -681,13 +683,20 @@ class DataParallel(Node):
     prefetch_bucket: int | None = Field(default=None, gt=0, description="`with prefetch_bucket = N`: gather "
                                            "the following units ahead until N parameters (elements) are on their "
                                            "way, at least one unit (DeepSpeed's stage3_prefetch_bucket_size)")
+    gather: Precision | None = Field(default=None, description="`with gather = ...`: the dtype ZeRO-1/2/3 all-gather "
+                                     "the parameters in and ZeRO-3 holds the gathered units in: fp32, bf16, fp16 "
+                                     "(FSDP2's MixedPrecisionPolicy param_dtype), or fp8, the quantized linear "
+                                     "layers' weights in the plan's FP8 format and the rest 16-bit (torchao's "
+                                     "enable_fsdp_float8_all_gather, Megatron's --fp8-param-gather); None: the time "
+                                     "prices 16-bit gathers at the compute precision, the memory the weights' dtype")
 
     @model_serializer(mode="wrap")
     def _without_default_gathering(self, handler):
         """Data parallelism that writes no gathering option dumps (and its plan hashes) as before they existed."""
         data = handler(self)
         if isinstance(data, dict):
-            for key, default in (("unit", GatherUnit.block), ("prefetch", 1), ("prefetch_bucket", None)):
+            for key, default in (("unit", GatherUnit.block), ("prefetch", 1), ("prefetch_bucket", None),
+                                 ("gather", None)):
                 if getattr(self, key) == default:
                     data.pop(key, None)
         return data
@@ -695,7 +704,7 @@ class DataParallel(Node):
     @property
     def gathering(self) -> "Gathering":
         """How its units are gathered (`Gathering`: FSDP's blocks, one ahead, unless the plan says otherwise)."""
-        return Gathering(self.unit, self.prefetch, self.prefetch_bucket)
+        return Gathering(self.unit, self.prefetch, self.prefetch_bucket, self.gather)
 
     @property
     def zero_stage(self) -> int:
@@ -711,10 +720,12 @@ class DataParallel(Node):
 
 
 class Gathering(NamedTuple):
-    """ZeRO-2/3's units and prefetch as the cost model reads them (`DataParallel.gathering`, the search's problem)."""
+    """ZeRO-2/3's units and prefetch, and the dtype ZeRO-1/2/3 gather the parameters in, as the cost model reads them
+    (`DataParallel.gathering`, the search's problem)."""
     unit: GatherUnit = GatherUnit.block
     prefetch: int = 1
     prefetch_bucket: int | None = None
+    gather: "Precision | None" = None
 
     @property
     def default(self) -> bool:
@@ -740,7 +751,8 @@ FSDP_GATHERING = Gathering()
 
 def gathering_text(gathering: Gathering, zero_stage: int) -> str:
     """` with unit = module, prefetch_bucket = 50000000`: the options a data clause of ZeRO stage `zero_stage` writes
-    for `gathering` (the unit from ZeRO-2, the prefetch from ZeRO-3, those at their defaults left out)."""
+    for `gathering` (the gather dtype from ZeRO-1, the unit from ZeRO-2, the prefetch from ZeRO-3, those at their
+    defaults left out)."""
     options = []
     if zero_stage >= 2 and gathering.unit is not GatherUnit.block:
         options.append(f"unit = {gathering.unit}")
@@ -748,6 +760,8 @@ def gathering_text(gathering: Gathering, zero_stage: int) -> str:
         options.append(f"prefetch = {gathering.prefetch}")
     if zero_stage >= 3 and gathering.prefetch_bucket is not None:
         options.append(f"prefetch_bucket = {gathering.prefetch_bucket}")
+    if zero_stage >= 1 and gathering.gather is not None:
+        options.append(f"gather = {gathering.gather.value}")
     return f" with {', '.join(options)}" if options else ""
 
 

@@ -36,7 +36,7 @@ TENSOR_STYLES = ("megatron", "none")
 CONTEXT_KINDS = ("ring", "allgather", "none")
 EXPERT_KINDS = ("alltoall", "deepep", "hybridep", "none")
 CLAUSE_OPTIONS: dict[str, tuple[str, ...]] = {  # an attribute's clause -> the `with` options it takes
-    "data": ("unit", "prefetch", "prefetch_bucket"), "tensor": ("sequence_parallel", "overlap", "sm_margin"), "context": ("implementation",), "experts": ("overlap",),
+    "data": ("unit", "prefetch", "prefetch_bucket", "gather"), "tensor": ("sequence_parallel", "overlap", "sm_margin"), "context": ("implementation",), "experts": ("overlap",),
     "stages": ("virtual", "map")}
 STYLES = ("colwise", "rowwise", "sequence", "replicate")
 DEFAULT_AXES = {"data": "dp", "tensor": "tp", "context": "cp", "experts": "ep", "stages": "pp"}
@@ -224,15 +224,15 @@ def data_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.DataParallel | N
 
 
 def _gathering(scope: Scope, found: dict, kind: ir.DataKind) -> dict:
-    """`with unit = module, prefetch_bucket = 5e7`: how ZeRO-2/3 gathers its units (E206 on a kind that gathers
-    none of them, E218 for both prefetch forms)."""
-    needs = {"unit": 2, "prefetch": 3, "prefetch_bucket": 3}  # the ZeRO stage from which each option acts
+    """`with unit = module, prefetch_bucket = 5e7, gather = bf16`: how ZeRO-1/2/3 gathers its units and in which
+    dtype (E206 on a kind that gathers none of them, E218 for both prefetch forms)."""
+    needs = {"unit": 2, "prefetch": 3, "prefetch_bucket": 3, "gather": 1}  # the ZeRO stage from which each acts
     for name, option in found.items():
         if kind.zero_stage < needs[name]:
             does = "reduces no units" if needs[name] == 2 else "gathers no parameters"
+            kinds = {1: "zero1, zero2, zero3 or hsdp", 2: "zero2, zero3 or hsdp", 3: "zero3 or hsdp"}[needs[name]]
             raise scope.reporter.error("E206", f"data = {kind} {does}: '{name}' would set nothing", option.span,
-                                       hint=f"drop `with {name}`, or use " + ("zero2, zero3 or hsdp" if needs[name] == 2
-                                                                              else "zero3 or hsdp"))
+                                       hint=f"drop `with {name}`, or use {kinds}")
     if "prefetch" in found and "prefetch_bucket" in found:
         raise scope.reporter.error("E218", "prefetch and prefetch_bucket both say how far ahead to gather",
                                    found["prefetch_bucket"].span, hint="keep one: a count of units, or of parameters",
@@ -246,6 +246,9 @@ def _gathering(scope: Scope, found: dict, kind: ir.DataKind) -> dict:
     if "prefetch_bucket" in found:
         out["prefetch_bucket"] = scope.integer(_value(scope, found["prefetch_bucket"]), "prefetch_bucket", minimum=1,
                                                maximum=MAX_PREFETCH_BUCKET)
+    if "gather" in found:
+        out["gather"] = ir.Precision(scope.word(_value(scope, found["gather"]),
+                                                tuple(dtype.value for dtype in ir.GATHER_DTYPES), "gather dtype"))
     return out
 
 

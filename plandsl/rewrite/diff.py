@@ -38,6 +38,7 @@ FIELDS: tuple[tuple[str, str, Callable[[ir.Plan], Value]], ...] = (
     ("sharding", "data.unit", lambda p: str(p.data.unit) if p.data and p.data.unit is not ir.GatherUnit.block else None),
     ("sharding", "data.prefetch", lambda p: p.data.prefetch if p.data and p.data.prefetch != 1 else None),
     ("sharding", "data.prefetch_bucket", lambda p: p.data and p.data.prefetch_bucket),
+    ("sharding", "data.gather", lambda p: p.data.gather.value if p.data and p.data.gather else None),
     ("sharding", "tensor.axis", lambda p: p.tensor and p.tensor.axis),
     ("sharding", "tensor.sequence_parallel", lambda p: p.tensor is not None and p.tensor.sequence_parallel),
     ("sharding", "tensor.overlap", lambda p: p.tensor is not None and p.tensor.overlap),

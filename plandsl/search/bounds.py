@@ -14,8 +14,8 @@ import itertools
 
 from plandsl.cost.estimate import pipeline_p2p_seconds
 from plandsl.cost.layer import LayerTime
-from plandsl.cost.stage import (StageTime, bucket_params, first_bucket, fsdp_units, gather_units, rank_tail, stage_time,
-                                zero_traffic)
+from plandsl.cost.stage import (StageTime, bucket_element, bucket_params, first_bucket, fsdp_units, gather_units,
+                                rank_tail, stage_time, zero_traffic)
 from plandsl.schedules.registry import BUILTIN
 from plandsl.search.choices import stage_ranks, stages_by_rank
 from plandsl.search.figures import Figures
@@ -43,7 +43,6 @@ class Bounds:
     # -- a leaf's stages --
     def stage_times(self, node: Node, zero: int, ranks, counts, recomputed: int | None = None) -> list[StageTime]:
         root = node.root
-        element = self.problem.precision.bytes
         last = len(counts) - 1
         if not self.transformer:
             out = []
@@ -51,9 +50,13 @@ class Bounds:
                 device = root.rank_devices[ranks[s]]
                 times = [self.figures.kind_times(node, device)[self.layers.index(layer)] for layer in layers]
                 params = [self.figures.params(layer, root.tp, root.ep) for layer in layers]
+                element = self.figures.element(layers, root.tp, root.ep)
+                layer_bytes = [self.figures.gather_bytes(layer, root.tp, root.ep, True) for layer in layers] \
+                    if self.problem.gathering.gather is not None else ()
                 out.append(stage_time(times, params, zero, element, root.links, fsdp_units(layers),
                                       self.problem.grad_dtype.bytes, self._gathered(root, zero, layers, times, params),
-                                      pipelined=zero >= 2 and root.pp > 1, share=device.contention))
+                                      pipelined=zero >= 2 and root.pp > 1, share=device.contention,
+                                      layer_bytes=layer_bytes))
             return out
         out, start = [], 0
         for s, n in enumerate(counts):
@@ -103,12 +106,20 @@ class Bounds:
                                           [self.figures.params(layer, root.tp, root.ep) for layer in layers])
             # the layers in forward order (a dense-then-MoE model's dense blocks first), as `stage_time` sees them
             forward_order = [0] * first + [4] * dense_blocks + [1] * (n - dense_blocks) + [2, 3] * last
-            bucket = first_bucket([self.figures.params(self.kinds[i][0], root.tp, root.ep)[0] for i in forward_order],
-                                  bucket_params(root.links.data.size))
-            found = self._stage_cache[key] = zero_traffic(*sums, dense, expert, zero, self.problem.precision.bytes,
+            in_order = [self.figures.params(self.kinds[i][0], root.tp, root.ep)[0] for i in forward_order]
+            bucket = first_bucket(in_order, bucket_params(root.links.data.size))
+            element = bucket_bytes = self.problem.precision.bytes  # the gathers' bytes per element (`Figures.element`)
+            if self.problem.gathering.gather is not None:
+                kinds = [self.kinds[index % len(self.kinds)][0] for index, count in parts for _ in range(count)]
+                element = self.figures.element(kinds, root.tp, root.ep)
+                bucket_bytes = bucket_element(in_order, [self.figures.gather_bytes(self.kinds[i][0], root.tp, root.ep,
+                                                                                   True) for i in forward_order],
+                                              bucket, element)
+            found = self._stage_cache[key] = zero_traffic(*sums, dense, expert, zero, element,
                                                           root.links, units, self.problem.grad_dtype.bytes,
                                                           gathered=gathered, pipelined=zero >= 2 and root.pp > 1,
-                                                          bucket=bucket, share=device.contention)
+                                                          bucket=bucket, share=device.contention,
+                                                          bucket_bytes=bucket_bytes)
         return found
 
     def _gathered(self, root, zero: int, layers, times, params):

@@ -15,8 +15,8 @@ import numpy as np
 from plandsl import ir
 from plandsl.cost.compute import Efficiency, Work
 from plandsl.cost.layer import LayerTime, estimate_layer_time
-from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, gathered_bytes, inflight_microbatches,
-                                 pipelined_shards,
+from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, gathered_bytes, gathered_param_bytes,
+                                 inflight_microbatches, layer_precision, pipelined_shards,
                                  model_state_bytes, tied_embedding, StateBytes)
 from plandsl.cost.stage import param_split
 from plandsl.ir.layers import Layer, figures_key, layers_of
@@ -43,6 +43,7 @@ class Figures:
         self._activations_cache: dict = {}
         self._param_cache: dict = {}
         self._gathered_cache: dict = {}
+        self._gather_cache: dict = {}  # (kind, its precision, tp, ep) -> its parameters' bytes as gathered
         self._capacity_cache: dict = {}
         self._inflight_cache: dict = {}
         self._types_cache: dict = {}
@@ -77,7 +78,7 @@ class Figures:
                                                    implementation=p.tensor_overlap, sm_margin=p.sm_margin) \
             if p.overlap_tensor else None
         # and the gathering (`build_plan` reads it from here; the candidate sets the kind and axes)
-        data = None if p.gathering.default else ir.DataParallel.model_construct(
+        data = None if p.gathering == ir.FSDP_GATHERING else ir.DataParallel.model_construct(
             field_spans={}, kind=ir.DataKind.zero3, axes=(), **p.gathering._asdict())
         # and the context parallelism's kind and ring (`build_plan` reads them; the candidate decides whether there is one)
         context = ir.ContextParallel.model_construct(kind=p.context, axis="cp", implementation=p.ring) \
@@ -99,7 +100,8 @@ class Figures:
                     tensor_overlap=self.problem.tensor_overlap, sm_margin=self.problem.sm_margin,
                     dispatcher=self.problem.dispatcher,
                     fp8_recipe=self.problem.fp8_recipe or ir.Fp8Recipe.delayed
-                    if self.problem.precision is ir.Precision.fp8 else None, ring=self.problem.ring)
+                    if self.problem.precision is ir.Precision.fp8 else None, ring=self.problem.ring,
+                    fp8_gather=self.problem.gathering.gather is ir.Precision.fp8)
 
     def device_types(self, root: Root) -> dict:
         """The root's device types by name, once per root."""
@@ -150,6 +152,29 @@ class Figures:
         if found is None:
             fold = self.problem.fold_experts and tp > 1  # the experts whole over the ep x tp ranks
             found = self._param_cache[key] = param_split(layer, tp, ep * tp, 1) if fold else param_split(layer, tp, ep)
+        return found
+
+    def element(self, layers, tp: int, ep: int) -> float:
+        """Bytes per element the parameter gathers of these layers move (`cost.memory.gather_element`): the compute
+        precision's, or the problem's gather dtype averaged over their parameters on one device."""
+        precision = self.problem.precision.bytes
+        if self.problem.gathering.gather is None:
+            return precision
+        elements = gathered = 0.0
+        for layer in layers:
+            elements, gathered = elements + sum(self.params(layer, tp, ep)), gathered + self.gather_bytes(layer, tp, ep)
+        return gathered / elements if elements else precision
+
+    def gather_bytes(self, layer: Layer, tp: int, ep: int, dense_only: bool = False) -> float:
+        """`cost.memory.gathered_param_bytes` of one layer on one device (`dense_only`: its non-expert parameters,
+        a gradient bucket's), once per kind, its precision and the degrees."""
+        key = (figures_key(layer), layer_precision(self.base.train, self.model, layer), tp, ep, dense_only)
+        found = self._gather_cache.get(key)
+        if found is None:
+            fold = self.problem.fold_experts and tp > 1
+            found = self._gather_cache[key] = gathered_param_bytes(self.base, layer, self.problem.precision.bytes, tp,
+                                                                   ep * tp if fold else ep, 1 if fold else None,
+                                                                   dense_only)
         return found
 
     # -- memory per layer kind, from the one memory model --

@@ -218,12 +218,14 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
 
 
 def _gathering_fields(gathering: ir.Gathering, zero_stage: int) -> dict:
-    """The data clause's gathering options for a candidate's ZeRO stage: the unit from ZeRO-2, the prefetch
-    from ZeRO-3 (what the lowering accepts on each kind), the defaults below."""
+    """The data clause's gathering options for a candidate's ZeRO stage: the gather dtype from ZeRO-1, the unit from
+    ZeRO-2, the prefetch from ZeRO-3 (what the lowering accepts on each kind), the defaults below."""
     unit = gathering.unit if zero_stage >= 2 else ir.GatherUnit.block
+    gather = gathering.gather if zero_stage >= 1 else None
     if zero_stage >= 3:
-        return {"unit": unit, "prefetch": gathering.prefetch, "prefetch_bucket": gathering.prefetch_bucket}
-    return {"unit": unit, "prefetch": 1, "prefetch_bucket": None}
+        return {"unit": unit, "prefetch": gathering.prefetch, "prefetch_bucket": gathering.prefetch_bucket,
+                "gather": gather}
+    return {"unit": unit, "prefetch": 1, "prefetch_bucket": None, "gather": gather}
 
 
 def _node(model: type, **values):

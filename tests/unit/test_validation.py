@@ -143,10 +143,12 @@ def test_torchao_float8_rows_are_summed_apart_and_held_where_they_stand(bench, r
     recipe (`fp8_recipe: tensorwise`: the weights cast in every forward; 26.6 and 65.0 % before) and their CP rows
     torch's ring step by step ("Context parallelism as torch's ring runs it": the 405B at CP 8 +64.5 -> +45.7 %); held
     there so that they do not grow. With the Hopper figures taken warm (docs/validation.md, "Hopper's kernel figures,
-    warm"): median 21.7 %, max 49.5 %, held at 22 and 50 %."""
+    warm"): median 21.7 %, max 49.5 %, held at 22 and 50 %. With the weights gathered in FP8 where torchtitan's
+    configuration gathers them so (docs/validation.md, "The gather dtype": Tables 5 and 6, the H200 rows; torchao's
+    forward weight cast gone with it): median 22.2 %, held at 23 %, the maximum unchanged."""
     errors = {run.name: bench.error(run, value) for run, value, _ in results if run.family == "torchao-float8"}
     assert len(errors) == 16
-    assert statistics.median(map(abs, errors.values())) <= 0.22 and max(map(abs, errors.values())) <= 0.50, errors
+    assert statistics.median(map(abs, errors.values())) <= 0.23 and max(map(abs, errors.values())) <= 0.50, errors
     assert "torchao Float8 runs, apart" in bench.report(results, None)
 
 
@@ -247,10 +249,11 @@ def test_blackwell_rows_are_reported_apart(bench):
     lines = {line.split(":")[0]: line for line in report.splitlines() if line.startswith(("GB200 ", "B200 "))}
     assert sorted(lines) == ["B200 FP8 and MXFP8", "GB200 FP8 and MXFP8", "GB200 NVFP4"]
     # GB200 24 -> 27 %, B200 23 -> 25 % since the TP rows take the userbuffers their recipes ran, B200 25 -> 26 % since
-    # the devices state their SM counts (docs/validation.md)
+    # the devices state their SM counts (docs/validation.md); B200 26 -> 27 % since they gather their weights in FP8
+    # as their recipes do (`gather = fp8`, docs/validation.md, "The gather dtype")
     for label, counts, most in (("GB200 FP8 and MXFP8", "6 predicted, 14 refused", 0.27),
                                 ("GB200 NVFP4", "5 predicted, 3 refused", 0.44),
-                                ("B200 FP8 and MXFP8", "4 predicted, 0 refused", 0.26)):
+                                ("B200 FP8 and MXFP8", "4 predicted, 0 refused", 0.27)):
         assert lines[label].startswith(f"{label}: {counts}"), lines[label]
         assert float(lines[label].split("max |error| ")[1].rstrip("%")) / 100 <= most, lines[label]
     assert report.count("refused: does not fit") == 10 and report.count("refused: no plan satisfies the pins") == 7
@@ -282,22 +285,28 @@ def test_torchtitan_memory_with_a_pipeline_counts_the_held_stages(bench):
     """The six pipelined torchtitan runs (FSDP x TP 8 x PP 8, docs/validation.md): counted as torch's schedules
     hold an FSDP stage through the step (`cost.memory.pipelined_shards`), the last stage's head for one microbatch
     (`cost.memory.head_inflight`), with torchtitan's microbatches (as many as pipeline ranks) and its layer split
-    (`bench.torchtitan_split`), within 12 % of the
-    published peak (five of them within 10 %; FSDP 1 x CP 8 at -12 %: torchtitan's Float8 all-gather is off where
-    the FSDP axis has size 1, which the model does not count); counted as per-microbatch regathering they were
-    55-74 % below it."""
+    (`bench.torchtitan_split`), and the units held in the dtype torchtitan gathers them in (FP8 for the 405B config's
+    Float8 all-gather, bf16 at FSDP 1 x CP 8 where torchtitan turns it off): 18-30 % below the published peak, which
+    the model does not explain (docs/validation.md, "The gather dtype"; within 12 % while it counted those units at
+    fp32, by coincidence: held within 31 % since). The FSDP 1 x CP 8 run holds its stage's linear weights in bf16
+    where FSDP 2 x CP 4 holds them in FP8: counted 5.7 GiB more (published: 7.8); counted as per-microbatch
+    regathering they were 55-74 % below it."""
     rows = [(run, gib) for run, gib in bench.torchtitan_memory() if "PP" in run.name]
     assert len(rows) == 6
-    errors = [bench.counted_memory(run)[0] / gib - 1 for run, gib in rows]  # at torchtitan's layer split
-    assert max(map(abs, errors)) <= 0.12 and sum(abs(e) <= 0.10 for e in errors) >= 5, errors
+    counted = {run.name: bench.counted_memory(run)[0] for run, _ in rows}  # at torchtitan's layer split
+    errors = [counted[run.name] / gib - 1 for run, gib in rows]
+    assert max(map(abs, errors)) <= 0.31 and all(e < 0 for e in errors), errors
+    table6 = {cp: next(v for name, v in counted.items() if f"CP {cp} x" in name) for cp in (4, 8)}
+    assert 5.0 <= table6[8] - table6[4] <= 7.8, table6
 
 
 @pytest.mark.slow
 def test_torchtitan_memory_with_tensor_parallelism_counts_the_loss_parallel_backward(bench):
     """Table 4 (70B, FSDP 32 x TP 8, local batch 16): with torch's loss_parallel backward (three fp32 temporaries
     of the vocabulary-sharded logits, `cost.memory.LOSS_PARALLEL_TEMPORARIES`) and the output layer's gathered
-    input counted, 60.4 GiB against the published 71.9 (-16 %; -29 % before). The rest is not explained
-    (docs/validation.md): held within 17 %, not 10 %."""
+    input counted, 60.4 GiB against the published 71.9 (-16 %; -29 % before); 59.7 (-17 %) since its gathered units
+    are counted in bf16, as torchtitan gathers them. The rest is not explained (docs/validation.md): held within
+    17 %, not 10 %."""
     [(run, gib)] = [(run, gib) for run, gib in bench.torchtitan_memory() if "TP" in run.name and "PP" not in run.name]
     counted, _ = bench.counted_memory(run)
     assert abs(counted / gib - 1) <= 0.17, counted

@@ -217,3 +217,21 @@ _entry("E510", """
       train   = { global_batch: 16, micro_batch: 1, precision: bf16, fp8_recipe: current }
     }
     """, "Train in FP8 with that recipe, or drop the recipe.", ("precision: bf16", "precision: fp8"))
+
+_entry("E511", """
+    `data = ... with gather = fp8` all-gathers the weights of the linear layers that FP8
+    training quantizes already cast to FP8, one byte per element with the recipe's
+    scales (torchao's `enable_fsdp_float8_all_gather` for torchtitan's Float8,
+    Megatron's `--fp8-param-gather`); the other parameters stay 16-bit. Only `precision:
+    fp8` and `mxfp8` have such weights: under bf16, fp16 or fp32 nothing is cast to FP8,
+    and `nvfp4`'s weights are FP4, which the language does not gather.
+    """, """
+    import "clusters/dgx_h100"
+    plan p {
+      model   = llama(layers=4, hidden=512, heads=8, kv_heads=8, seq=256, vocab=1024)
+      cluster = dgx_h100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 16, micro_batch: 1, precision: bf16 }
+      data    = fsdp over dp with gather = fp8
+    }
+    """, "Train in FP8, or gather the weights in bf16.", ("gather = fp8", "gather = bf16"))

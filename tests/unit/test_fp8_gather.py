@@ -1,0 +1,273 @@
+"""The dtype data parallelism gathers the parameters in: `data = ... with gather = fp32 | bf16 | fp16 | fp8`.
+
+The language (the option, E206 where nothing is gathered, E511 for FP8 without FP8 training), the bytes ZeRO's
+all-gathers move (`cost.memory.gather_element`, a first bucket's own, `cost.stage.bucket_element`), the gathered
+units' memory in that dtype (`cost.memory.gathered_bytes`), torchao's weight cast when the weight comes gathered in FP8
+(`cost.compute.FP8_GATHERED_WEIGHT_BYTES`), and the search pricing a problem's gather dtype as `estimate` does.
+Byte counts by hand for a 4-block llama (hidden 1024, ffn 4096, vocabulary 32000) on 8 data ranks.
+"""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from plandsl import ir
+from plandsl.check.analysis import analyze
+from plandsl.ir.layers import layers_of
+
+# llama(layers=4, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=32000): a block's q, k, v, o are 4 x 1024^2,
+# its w1, w2, w3 3 x 1024 x 4096 (the linear weights FP8 quantizes), its two norms 2 x 1024; the root unit (the
+# embedding, the final norm and the head) 2 x 32000 x 1024 + 1024.
+LINEAR = 4 * 1024 ** 2 + 3 * 1024 * 4096   # 16,777,216
+BLOCK = LINEAR + 2 * 1024                   # 16,779,264
+ROOT = 2 * 32000 * 1024 + 1024              # 65,537,024
+
+
+def plan_text(data: str, precision: str = "fp8", extra: str = "") -> str:
+    cluster = "dgx_b200" if precision in ("mxfp8", "nvfp4") else "dgx_h100"  # Blackwell's block-scaled peaks
+    return textwrap.dedent(f"""\
+        import "clusters/{cluster}"
+        plan p {{
+          model   = llama(layers=4, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=32000, seq=2048)
+          cluster = {cluster}
+          mesh    = [dp = 8]
+          train   = {{ global_batch: 16, micro_batch: 2, precision: {precision}{extra} }}
+          data    = {data}
+        }}
+        """)
+
+
+def lowered(data: str, **kw) -> ir.Plan:
+    analysis = analyze(text=plan_text(data, **kw))
+    assert analysis.ok, [(d.code, d.message) for d in analysis.diagnostics]
+    (p,) = analysis.document.plans
+    return p
+
+
+def codes(data: str, **kw) -> list[str]:
+    return [d.code for d in analyze(text=plan_text(data, **kw)).errors]
+
+
+# ---- the language ----------------------------------------------------------------------------------------
+def test_gather_lowers_dumps_only_when_given_and_is_written_back():
+    assert lowered("fsdp over dp").data.gather is None
+    assert "gather" not in lowered("fsdp over dp").data.model_dump()  # plans hash as before the option
+    p = lowered("fsdp over dp with gather = fp8")
+    assert p.data.gather is ir.Precision.fp8 and p.data.model_dump()["gather"] == "fp8"
+    assert p.data.gathering == ir.Gathering(gather=ir.Precision.fp8) and p.data.gathering.default  # closed form
+    assert ir.gathering_text(p.data.gathering, 3) == " with gather = fp8"
+    assert ir.gathering_text(ir.Gathering(gather=ir.Precision.bf16), 1) == " with gather = bf16"
+    assert lowered("zero1 over dp with gather = bf16", precision="bf16").data.gather is ir.Precision.bf16
+
+
+@pytest.mark.parametrize("data, precision, code", [
+    ("ddp over dp with gather = bf16", "bf16", "E206"),  # replicate gathers no parameters
+    ("fsdp over dp with gather = fp9", "fp8", "E210"),
+    ("fsdp over dp with gather = mxfp8", "mxfp8", "E210"),  # `fp8` names the recipe's own FP8 format
+    ("fsdp over dp with gather = fp8", "bf16", "E511"),
+    ("zero1 over dp with gather = fp8", "nvfp4", "E511"),
+])
+def test_bad_gathers_are_errors(data, precision, code):
+    assert codes(data, precision=precision) == [code]
+
+
+def test_e511_points_at_the_option_and_the_precision():
+    [error] = analyze(text=plan_text("fsdp over dp with gather = fp8", precision="bf16")).errors
+    assert error.code == "E511" and "gather = fp8" in error.message and error.hint.endswith("gather = bf16")
+    assert [note.message for note in error.notes] == ["precision given here"]
+    assert codes("fsdp over dp with gather = fp8", precision="mxfp8") == []
+
+
+# ---- the bytes -------------------------------------------------------------------------------------------
+def test_fp8_gather_bytes_by_recipe():
+    from plandsl.cost.memory import fp8_gather_bytes
+    train = lowered("fsdp over dp").train
+    assert fp8_gather_bytes(train) == 1.0  # a per-tensor scale travels as metadata, not with the data
+    assert fp8_gather_bytes(lowered("fsdp over dp", extra=", fp8_recipe: blockwise").train) == 1 + 4 / 128 ** 2
+    assert fp8_gather_bytes(lowered("fsdp over dp", precision="mxfp8").train) == 1 + 1 / 32
+
+
+@pytest.mark.parametrize("data, expected", [
+    ("fsdp over dp", 4 * (ROOT + BLOCK)),                         # the weights' dtype, fp32: `plandsl run`'s
+    ("fsdp over dp with gather = bf16", 2 * (ROOT + BLOCK)),
+    ("fsdp over dp with gather = fp32", 4 * (ROOT + BLOCK)),
+    ("fsdp over dp with gather = fp8", 2 * ROOT + 1 * LINEAR + 2 * 2 * 1024),  # linear weights 1, norms 2
+])
+def test_the_two_gathered_units_are_held_in_the_gather_dtype(data, expected):
+    from plandsl.cost.memory import gathered_bytes
+    p = lowered(data)
+    params, grads = gathered_bytes(p, layers_of(p.model))
+    assert params == expected
+    assert grads == 4 * (ROOT + BLOCK)  # the gradients at grad_dtype, whatever the gather
+
+
+def test_param_dtype_bf16_gathers_bf16_by_default():
+    from plandsl.cost.memory import gathered_bytes
+    p = lowered("fsdp over dp", extra=", param_dtype: bf16")
+    assert gathered_bytes(p, layers_of(p.model))[0] == 2 * (ROOT + BLOCK)
+
+
+def test_a_blocks_kept_in_bf16_gather_in_16_bits():
+    from plandsl.cost.memory import gathered_param_bytes
+    p = lowered("fsdp over dp with gather = fp8", extra=", fp8_recipe: current, bf16_first_layers: 1")
+    first, second = [layer for layer in layers_of(p.model) if layer.kind == "block"][:2]
+    assert gathered_param_bytes(p, first, 2, 1, 1) == 2 * BLOCK
+    assert gathered_param_bytes(p, second, 2, 1, 1) == LINEAR + 2 * 2 * 1024
+
+
+def test_the_gathers_move_the_gather_dtype():
+    from plandsl.cost.estimate import estimate_plan
+    default, bf16, fp8 = (estimate_plan(lowered(data)) for data in
+                          ("fsdp over dp", "fsdp over dp with gather = bf16", "fsdp over dp with gather = fp8"))
+    # one stage: the root and four blocks, their gathers at 2 bytes (the compute precision's, by default) or, under
+    # fp8, the linear weights at 1
+    elements = ROOT + 4 * BLOCK
+    [stage] = fp8.stage_times
+    assert stage.element == pytest.approx((2 * ROOT + 4 * (LINEAR + 2 * 2 * 1024)) / elements)
+    assert default.stage_times[0].element == bf16.stage_times[0].element == 2
+    # ZeRO-3 gathers the parameters twice a microbatch (before the forward and the backward), one microbatch here:
+    # the four blocks' linear weights at 1 byte instead of 2, twice
+    moved = [e.communication.data for e in (default, bf16, fp8)]
+    assert moved[0] == moved[1] > moved[2]
+    assert moved[0] - moved[2] == pytest.approx(2 * 4 * LINEAR)
+    assert fp8.time.step < bf16.time.step == default.time.step
+
+
+def test_a_first_bucket_gathers_its_own_layers_bytes():
+    from plandsl.cost.stage import bucket_element
+    # the embedding (16-bit) closes the first bucket alone: its 2 bytes, not the stage's average
+    assert bucket_element([32_768_000, BLOCK, BLOCK], [2 * 32_768_000, LINEAR + 4096, LINEAR + 4096],
+                          32_768_000, 1.2) == 2
+    assert bucket_element([10, 10], [10, 20], 20, 1.2) == 1.5
+    assert bucket_element([10, 10], (), 20, 1.2) == 1.2  # no gather dtype: the stage's element
+
+
+def test_torchaos_weight_cast_under_an_fp8_gather():
+    """torchao's tensorwise scaling casts each weight in every forward (6 bytes per element); gathered in FP8 the
+    weight needs only the backward's column-major copy (2)."""
+    from dataclasses import replace
+
+    from plandsl.cost.compute import FP8_GATHERED_WEIGHT_BYTES, FP8_WEIGHT_CAST_BYTES
+    from plandsl.cost.estimate import plan_links, plan_work
+    from plandsl.cost.layer import estimate_layer_time
+    p = lowered("fsdp over dp with gather = fp8", extra=", fp8_recipe: tensorwise")
+    work, links = plan_work(p), plan_links(p)
+    assert work.fp8_gather
+    block = next(layer for layer in layers_of(p.model) if layer.kind == "block")
+    from plandsl.ir.placement import pipeline_rank_device_types
+    device = pipeline_rank_device_types(p)[0][0]
+    gathered = estimate_layer_time(p.model, block, work, device, links)
+    cast = estimate_layer_time(p.model, block, replace(work, fp8_gather=False), device, links)
+    bandwidth = device.bandwidth
+    assert cast.forward - gathered.forward == pytest.approx(LINEAR * FP8_WEIGHT_CAST_BYTES[ir.Fp8Recipe.tensorwise]
+                                                            / bandwidth)
+    assert gathered.input_grad + gathered.weight_grad - cast.input_grad - cast.weight_grad == pytest.approx(
+        LINEAR * FP8_GATHERED_WEIGHT_BYTES / bandwidth)
+    # Transformer Engine's recipes cast the weights once a step: the gather changes no kernel
+    current = lowered("fsdp over dp with gather = fp8", extra=", fp8_recipe: current")
+    work = plan_work(current)
+    assert estimate_layer_time(p.model, block, work, device, links) == \
+        estimate_layer_time(p.model, block, replace(work, fp8_gather=False), device, links)
+
+
+def test_the_search_prices_and_writes_the_gather_dtype():
+    from plandsl.cost.estimate import estimate_plan
+    from plandsl.search import Problem, search
+    p = lowered("fsdp over dp with gather = fp8")
+    pins = {"dp": 8, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero_stage": 3, "micro_batch_size": 2, "recompute": "none"}
+    best = search(Problem(p.model, p.cluster, 16, precision=ir.Precision.fp8, gathering=p.data.gathering),
+                  pins=pins, top=1).best
+    assert best.plan.data.gather is ir.Precision.fp8
+    assert best.estimate.time.step == pytest.approx(estimate_plan(best.plan).time.step)
+    assert max(m.total for m in best.estimate.memory) == pytest.approx(max(m.total for m in
+                                                                          estimate_plan(best.plan).memory))
+    # ZeRO-1 gathers after the step, in the same dtype, and writes it from ZeRO-1 on
+    pins["zero_stage"] = 1
+    zero1 = search(Problem(p.model, p.cluster, 16, precision=ir.Precision.fp8, gathering=p.data.gathering),
+                   pins=pins, top=1).best
+    assert zero1.plan.data.gather is ir.Precision.fp8
+    assert zero1.estimate.time.step == pytest.approx(estimate_plan(zero1.plan).time.step)
+
+
+def test_diff_and_show_name_the_gather():
+    from plandsl.render.summary import describe_plan
+    from plandsl.rewrite.diff import changes
+    assert {c.field for c in changes(lowered("fsdp over dp"), lowered("fsdp over dp with gather = fp8"))} == \
+        {"data.gather"}
+    assert "parallel  zero3 over dp with gather = fp8\n" in describe_plan(lowered("fsdp over dp with gather = fp8"))
+
+
+# ---- interop -----------------------------------------------------------------------------------------------
+MEGATRON = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 128 --max-position-embeddings 128 "
+            "--padded-vocab-size 1024 --micro-batch-size 1 --global-batch-size 16 --bf16")
+
+
+def test_megatrons_fp8_param_gather_is_the_gather_both_ways():
+    from plandsl.interop import export_plan, import_text
+    p = lowered("zero1 over dp with gather = fp8", extra=", fp8_recipe: current")
+    exported = export_plan(p, "megatron")
+    assert not exported.lost and "--fp8-param-gather" in exported.text.split()
+    back = import_text("megatron", exported.text, "plan.args", world_size=8, name="p")
+    assert back.ok and "data = zero1 over dp with gather = fp8" in " ".join(back.text.split())
+    assert "--fp8-param-gather" not in export_plan(lowered("zero1 over dp"), "megatron").text.split()
+    # Megatron gathers its bf16 weights as they are: `gather = bf16` writes nothing, fp32 it cannot say
+    assert not export_plan(lowered("zero1 over dp with gather = bf16"), "megatron").lost
+    [lost] = export_plan(lowered("zero1 over dp with gather = fp32"), "megatron").lost
+    assert lost.code == "E808" and "gather = fp32" in lost.message
+
+
+@pytest.mark.parametrize("extra, shown", [
+    ("--fp8-format hybrid --fp8-param-gather", "without --use-distributed-optimizer"),
+    ("--use-distributed-optimizer --fp8-param-gather", "without --fp8-format"),
+])
+def test_megatrons_fp8_param_gather_where_it_cannot_apply(extra, shown):
+    from plandsl.interop import import_text
+    text = f"{MEGATRON} {extra}\n"
+    imported = import_text("megatron", text, "flags", world_size=8)
+    assert [d.code for d in imported.diagnostics] == ["E805"] and shown in imported.diagnostics[0].message
+    span = imported.diagnostics[0].span
+    assert text[span.start:span.end] == "--fp8-param-gather"
+
+
+def test_torchtitan_and_deepspeed_say_the_gathers_they_cannot_write():
+    from plandsl.interop import export_plan
+    bf16 = lowered("fsdp over dp with gather = bf16", precision="bf16")
+    assert not [d for d in export_plan(bf16, "torchtitan").lost if "gather" in d.message]  # mixed_precision_param
+    assert not [d for d in export_plan(bf16, "deepspeed").lost if "gather" in d.message]
+    fp32 = lowered("fsdp over dp with gather = fp32", precision="bf16")
+    for target in ("torchtitan", "deepspeed"):
+        assert [d.code for d in export_plan(fp32, target).lost if "gather = fp32" in d.message] == ["E808"]
+
+
+# ---- current scaling's amax all-reduce ---------------------------------------------------------------------
+@pytest.mark.parametrize("recipe, reduced", [("current", True), ("tensorwise", True), ("delayed", False),
+                                             ("blockwise", False)])
+def test_per_tensor_current_scaling_all_reduces_its_amax_over_the_tensor_axis(recipe, reduced):
+    """Under sequence parallelism a column-parallel layer's input (forward) and a row-parallel layer's output
+    gradient (backward) are cast to FP8 before their all-gather with one scale over the axis: the amax all-reduced
+    first, one float, latency on the critical path: a dense block's q/k/v and w1 inputs, wo's and w2's gradients."""
+    from dataclasses import replace
+
+    from plandsl.cost.comm import collective_seconds
+    from plandsl.cost.estimate import plan_links, plan_work
+    from plandsl.cost.layer import AMAX_BYTES, estimate_layer_time
+    from plandsl.ir.placement import pipeline_rank_device_types
+    text = plan_text("fsdp over dp", extra=f", fp8_recipe: {recipe}").replace("[dp = 8]", "[dp = 4, tp = 2]") \
+        .replace("  data ", "  tensor  = megatron over tp with sequence_parallel\n  data ")
+    analysis = analyze(text=text)
+    assert analysis.ok, [(d.code, d.message) for d in analysis.diagnostics]
+    (p,) = analysis.document.plans
+    work, links = plan_work(p), plan_links(p)
+    device = pipeline_rank_device_types(p)[0][0]
+    block = next(layer for layer in layers_of(p.model) if layer.kind == "block")
+    reduced_time = estimate_layer_time(p.model, block, work, device, links)
+    plain = estimate_layer_time(p.model, block, replace(work, fp8_recipe=ir.Fp8Recipe.delayed), device, links)
+    amax = 2 * collective_seconds("all_reduce", AMAX_BYTES, links.tp) if reduced else 0.0
+    assert reduced_time.forward_comm - plain.forward_comm == pytest.approx(amax, abs=1e-15)
+    assert reduced_time.backward_comm - plain.backward_comm == pytest.approx(amax, abs=1e-15)
+    # no tensor axis, or no sequence parallelism: no reduction
+    solo = estimate_layer_time(p.model, block, replace(work, sequence_parallel=False), device, links)
+    assert solo.forward_comm == estimate_layer_time(p.model, block, replace(work, sequence_parallel=False,
+                                                                             fp8_recipe=ir.Fp8Recipe.delayed),
+                                                    device, links).forward_comm
