@@ -314,7 +314,25 @@ def model_state_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Pa
         dense += sizes[0]
         expert += sizes[1]
     more = _sizes(extra, tp, ep, expert_tp)
-    return _model_states(plan, dense + more[0], expert + more[1], whole_tensors)
+    params, grads, optimizer = _model_states(plan, dense + more[0], expert + more[1], whole_tensors)
+    if plan.data is not None and plan.data.gather is ir.Precision.fp8 and 1 <= plan.data.zero_stage < 3:
+        # Megatron's --fp8-param-gather (the only stack that gathers FP8 weights under ZeRO-1/2: its distributed
+        # optimizer) keeps the quantized layers' weights as FP8 tensors (`fp8_model_init`: one byte, the transpose
+        # made in the backward and not kept, `keep_fp8_transpose_cache` off), the master copy with the optimizer.
+        # Under ZeRO-3 the shards keep the weights' dtype: torchao casts each shard before its gather.
+        quantized = sum(_quantized_numel(plan, layer, tp, ep, expert_tp) for layer in layers)
+        params -= quantized * (StateBytes.of(plan.train).params - fp8_gather_bytes(plan.train))
+    return params, grads, optimizer
+
+
+def _quantized_numel(plan: ir.Plan, layer: Layer, tp: int, ep: int, expert_tp: int | None,
+                     dense_only: bool = False) -> int:
+    """Elements on one device of `layer`'s weights that FP8 training quantizes: the linear weights (two or more
+    dims) of a block whose layers run quantized (`layer_precision`); `dense_only`: not the experts'."""
+    if layer.kind != "block" or not layer_precision(plan.train, plan.model, layer).quantized:
+        return 0
+    return sum(local_numel(p, tp, ep, expert_tp) for p in layer.params
+               if len(p.dims) >= 2 and not (dense_only and _is_expert(p)))
 
 
 def _sizes(params: Sequence[Param], tp: int, ep: int, expert_tp: int | None = None) -> tuple[list[int], list[int]]:
@@ -454,9 +472,7 @@ def gathered_param_bytes(plan: ir.Plan, layer: Layer, default: float, tp: int, e
     numel = sum(local_numel(p, tp, ep, expert_tp) for p in params)
     if gather is not ir.Precision.fp8:
         return numel * gather_element_bytes(plan.train, gather, False, default)
-    quantized = 0
-    if layer.kind == "block" and layer_precision(plan.train, plan.model, layer).quantized:
-        quantized = sum(local_numel(p, tp, ep, expert_tp) for p in params if len(p.dims) >= 2)
+    quantized = _quantized_numel(plan, layer, tp, ep, expert_tp, dense_only)
     return (quantized * gather_element_bytes(plan.train, gather, True, default)
             + (numel - quantized) * gather_element_bytes(plan.train, gather, False, default))
 

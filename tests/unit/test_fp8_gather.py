@@ -188,6 +188,8 @@ def test_the_search_prices_and_writes_the_gather_dtype():
                    pins=pins, top=1).best
     assert zero1.plan.data.gather is ir.Precision.fp8
     assert zero1.estimate.time.step == pytest.approx(estimate_plan(zero1.plan).time.step)
+    assert max(m.total for m in zero1.estimate.memory) == pytest.approx(max(m.total for m in
+                                                                           estimate_plan(zero1.plan).memory))
 
 
 def test_diff_and_show_name_the_gather():
@@ -271,3 +273,20 @@ def test_per_tensor_current_scaling_all_reduces_its_amax_over_the_tensor_axis(re
     assert solo.forward_comm == estimate_layer_time(p.model, block, replace(work, sequence_parallel=False,
                                                                              fp8_recipe=ir.Fp8Recipe.delayed),
                                                     device, links).forward_comm
+
+
+def test_megatrons_fp8_params_are_kept_in_fp8_under_zero1():
+    """Megatron's --fp8-param-gather keeps the quantized weights as FP8 tensors (the master copy with the optimizer):
+    under ZeRO-1 a rank stores them at 1 byte; under ZeRO-3 torchao's shards keep the weights' dtype."""
+    from plandsl.cost.memory import model_state_bytes
+    bf16 = ", param_dtype: bf16"
+    zero1 = lowered("zero1 over dp", extra=bf16)
+    fp8 = lowered("zero1 over dp with gather = fp8", extra=bf16)
+    layers = layers_of(zero1.model)
+    (params, grads, optimizer), (fp8_params, fp8_grads, fp8_optimizer) = \
+        model_state_bytes(zero1, layers), model_state_bytes(fp8, layers)
+    assert params == 2 * (ROOT + 4 * BLOCK)
+    assert fp8_params == params - 4 * LINEAR * (2 - 1)
+    assert (fp8_grads, fp8_optimizer) == (grads, optimizer)
+    zero3 = lowered("fsdp over dp with gather = fp8", extra=bf16)
+    assert model_state_bytes(zero3, layers)[0] == model_state_bytes(lowered("fsdp over dp", extra=bf16), layers)[0]
