@@ -56,7 +56,8 @@ WORDS: dict[str, tuple[str, ...]] = {  # an attribute or key -> the words it tak
     **dict.fromkeys((*ir.KEPT_DTYPE_KEYS, "param_dtype"), tuple(p.value for p in ir.KEPT_DTYPES)),
 }
 OPTION_WORDS: dict[str, tuple[str, ...]] = {  # `with unit = |`; `overlap = |` (the tensor clause's implementations)
-    "unit": tuple(u.value for u in ir.GatherUnit), "overlap": tuple(o.value for o in ir.TensorOverlap)}
+    "unit": tuple(u.value for u in ir.GatherUnit), "overlap": tuple(o.value for o in ir.TensorOverlap),
+    "gather": tuple(p.value for p in ir.GATHER_DTYPES)}  # `with gather = |`: the data clause's gather dtype
 AFTER_NUMBER = re.compile(r"(?<![A-Za-z_])[0-9][0-9_]*(\.[0-9_]+)?([eE][+-]?[0-9]+)?\s*$")
 DEFINITION = re.compile(r"^\s*(device|node|cluster|model|plan|schedule)\s+[A-Za-z_]\w*")
 OPENED_BY = re.compile(r"(?:^|[\s{,])(\w+)\s*[=:]\s*$")  # `train = {` or `peak: {`

@@ -180,12 +180,14 @@ async def test_completion_definition_and_formatting(client, folder):
     assert {"zbv", "interleaved_1f1b", "gpipe"} <= await labels(at(text, "1f1b"))  # built-in schedules
     assert {"precision", "micro_batch", "global_batch"} <= await labels(at(text, "micro_batch"))  # train's keys
     assert {"GiB", "TFLOP/s", "us"} <= await labels(at(text, "GiB"))  # units after a number
-    gathered = OK_PLAN.replace("data     = zero1 over dp", "data     = zero3 over dp with unit = module").replace(
+    gathered = OK_PLAN.replace("data     = zero1 over dp",
+                               "data     = zero3 over dp with unit = module, gather = bf16").replace(
         "megatron over tp", "megatron over tp with sequence_parallel")
     gathered_uri, _ = await open_file(client, folder, "gathered.plan", gathered)
     options = await labels(at(gathered, "unit = module", 0), gathered_uri)
-    assert {"unit", "prefetch", "prefetch_bucket"} <= options and "sequence_parallel" not in options  # data's `with`
+    assert {"unit", "prefetch", "prefetch_bucket", "gather"} <= options and "sequence_parallel" not in options
     assert {"block", "module"} <= await labels(at(gathered, "module", 0), gathered_uri)  # the unit's words
+    assert {"bf16", "fp8"} <= await labels(at(gathered, "gather = bf16", len("gather = ")), gathered_uri)  # dtypes
     assert "sequence_parallel" in await labels(at(gathered, "sequence_parallel", 0), gathered_uri)  # tensor's
     dtypes = OK_PLAN.replace("precision: bf16 }", "precision: bf16, param_dtype: bf16 }")
     dtypes_uri, _ = await open_file(client, folder, "dtypes.plan", dtypes)
