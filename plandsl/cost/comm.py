@@ -264,7 +264,7 @@ def beside(collective: float, compute: float, share: float) -> float:
 
 
 __all__ = ["GroupLinks", "CommEstimate", "NO_COMM", "group_links", "estimate_collective", "beside",
-           "collective_seconds", "COLLECTIVES"]
+           "collective_seconds", "COLLECTIVES", "dispatch_seconds", "routing_map_seconds", "DEEPEP_NVL_PEERS"]
 
 
 def nodes_reached(experts: int, top_k: int, nodes: int) -> float:
@@ -282,11 +282,13 @@ def nodes_reached(experts: int, top_k: int, nodes: int) -> float:
 
 def node_dispatch_seconds(size_bytes: float, links: GroupLinks, experts: int, top_k: int) -> float:
     """One dispatch (or combine) of `size_bytes` routed copies (`top_k` per token) per device by DeepEP's normal
-    kernels (HybridEP's the same way): a token crosses the network once per other node holding any of its experts,
-    to the device of its own local index there, which forwards it over NVLink to each expert's device (DeepEP,
-    docs/legacy.md: "NVLink and RDMA forwarding"); both levels run at once in one kernel, so the slower one bounds
-    it. Network bytes: `size / top_k` per reached node (`nodes_reached`); NVLink: the copies for this node's other
-    devices, (k - 1)/n of the bytes, and the forwarding of those that arrived for other nodes' devices,
+    kernels (HybridEP's the same way, its nodes being NVLink domains): a token crosses the network once per other
+    node holding any of its experts, to the device of its own local index there, which forwards it over NVLink to
+    each expert's device (DeepEP, docs/legacy.md: "NVLink and RDMA forwarding"; HybridEP,
+    docs/Hybrid-EP_Implementation.md on its hybrid-ep branch: "Similar to DeepEP, Hybrid-EP first performs IB
+    communication between peer GPUs, then each rank distributes the received inter-node data locally"); both levels
+    run at once in one kernel, so the slower one bounds it. Network bytes: `size / top_k` per reached node
+    (`nodes_reached`); NVLink: the copies for this node's other devices, (k - 1)/n of the bytes, and the forwarding of those that arrived for other nodes' devices,
     (n - k)/n · (k - 1)/k. Inside one node it is the all-to-all's (k - 1)/n. Latency: the all-to-all's steps inside
     the node, one network step per other node."""
     n, k, nodes = links.size, links.local, links.nodes
@@ -298,3 +300,33 @@ def node_dispatch_seconds(size_bytes: float, links: GroupLinks, experts: int, to
     nvlink = ((k - 1) / n + (n - k) / n * (k - 1) / k) * s / links.intra_bandwidth
     network = s / top_k * nodes_reached(experts, top_k, nodes) / links.inter_bandwidth
     return (k - 1) * links.intra_latency + (nodes - 1) * links.inter_latency + max(nvlink, network)
+
+
+# ---- the experts' dispatchers as Megatron-Core runs them (`experts = alltoall | deepep | hybridep`) --------------
+DEEPEP_NVL_PEERS = 8
+"""The most ranks DeepEP's normal kernels reach over NVLink (`NUM_MAX_NVL_PEERS`, csrc/kernels/configs.cuh, V1): a
+larger expert group is `num_ranks / 8` RDMA ranks of 8 NVLink peers each, which exchange tokens through NVSHMEM over
+the NIC (Megatron-Core's `Buffer(group, nvl_bytes, rdma_bytes)` leaves `allow_mnnvl` off, so NVSHMEM does not use a
+multi-node NVLink domain). HybridEP's nodes are whole NVLink domains (`num_of_nodes`: "Number of NVLink domains (not
+OS nodes/containers)", its allocator's `detect_accessible_ranks` and fabric handles on MNNVL systems): a cluster node
+of the language, 72 GPUs on a GB200 NVL72, 8 on a DGX H100, where the two see the same nodes."""
+
+
+def dispatch_seconds(kind: str, size_bytes: float, links: GroupLinks, experts: int, top_k: int) -> float:
+    """One dispatch (or combine) of `size_bytes` routed copies per device by the dispatcher `kind`: NCCL's
+    all-to-all (`alltoall`), or once per node (`node_dispatch_seconds`) over the nodes each flex backend sees: DeepEP's
+    groups of at most `DEEPEP_NVL_PEERS` ranks, HybridEP's NVLink domains (the cluster's nodes)."""
+    if kind == "alltoall":
+        return collective_seconds("all_to_all", size_bytes, links)
+    if kind == "deepep" and links.local > DEEPEP_NVL_PEERS:  # RDMA between groups of 8 inside one NVLink domain
+        links = replace(links, local=DEEPEP_NVL_PEERS, nodes=-(-links.size // DEEPEP_NVL_PEERS))
+    return node_dispatch_seconds(size_bytes, links, experts, top_k)
+
+
+def routing_map_seconds(tokens: float, experts: int, links: GroupLinks) -> float:
+    """HybridEP's all-gather of the routing map before each dispatch that builds a new handle (once per layer's
+    forward; its combine and the backward reuse the handle): each rank's `bool[tokens, experts]` gathered over the
+    expert group by NCCL (`torch.distributed.all_gather_into_tensor`, deep_ep/hybrid_ep_buffer.py on the hybrid-ep
+    branch from 2025-12, `Executor::allgather_routing_map` since), which its metadata kernel reads to lay out every
+    rank's tokens. DeepEP counts its layout locally (`get_dispatch_layout`) and exchanges only counts."""
+    return collective_seconds("all_gather", links.size * tokens * experts, links)

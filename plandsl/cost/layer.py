@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plandsl import ir
-from plandsl.cost.comm import NO_COMM, GroupLinks, beside, collective_seconds, group_links, node_dispatch_seconds
+from plandsl.cost.comm import (NO_COMM, GroupLinks, beside, collective_seconds, dispatch_seconds, group_links,
+                                routing_map_seconds)
 from plandsl.cost.compute import (
     Efficiency,
     LayerCompute,
@@ -269,19 +270,24 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         # Dispatch and combine all-to-alls of the routed tokens (Lepikhin et al. 2020, GShard), twice
         # in each direction; sequence parallelism leaves each tensor-parallel rank 1/t of the tokens.
         routed = work.tokens * model.top_k * model.hidden * element / (work.tp if work.sequence_parallel else 1)
-        a2a = collective_seconds("all_to_all", routed, links.ep) if work.dispatcher == "alltoall" else \
-            node_dispatch_seconds(routed, links.ep, model.experts, model.top_k)  # DeepEP, HybridEP: once per node
+        a2a = dispatch_seconds(work.dispatcher, routed, links.ep, model.experts, model.top_k)  # flex: once per node
         count("expert", routed, 6 if full else 4)
         dispatch_combine = (2 * a2a, (4 if full else 2) * a2a)  # forward; backward (and full recomputation's rerun)
+        routing = 0.0  # HybridEP's routing map, all-gathered before each forward's dispatch (and its rerun's)
+        if work.dispatcher == "hybridep":
+            tokens = work.tokens / (work.tp if work.sequence_parallel else 1)
+            routing = routing_map_seconds(tokens, model.experts, links.ep)
+            count("expert", links.ep.size * tokens * model.experts, 2 if full else 1)
+            dispatch_combine = (dispatch_combine[0] + routing, dispatch_combine[1] + (routing if full else 0.0))
         if work.overlap_experts:
             # Megatron-Core's --overlap-moe-expert-parallel-comm (combined 1F1B: one microbatch's forward runs
             # beside another's backward, layer by layer, on a computation and a communication stream; DualPipe's
             # overlapped chunks likewise, DeepSeek-AI 2024, arXiv:2412.19437, Sec. 3.2.1): each all-to-all beside
             # the one sub-module of the other pass the schedule pairs it with (`combined_1f1b_exposed`)
             taken = share if experts_share is None else experts_share  # the dispatcher's SMs (dispatcher_share)
-            exposed = combined_1f1b_exposed(a2a, compute, taken)
+            exposed = combined_1f1b_exposed(a2a, compute, taken, a2a + routing)
             forward += exposed[0]
-            backward += exposed[1] + (beside(2 * a2a, compute.recompute, taken) if full else 0.0)
+            backward += exposed[1] + (beside(2 * a2a + routing, compute.recompute, taken) if full else 0.0)
         else:
             forward, backward = forward + dispatch_combine[0], backward + dispatch_combine[1]
     if links.cp.size > 1 and work.gather_kv:
@@ -314,7 +320,8 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
     return forward, backward
 
 
-def combined_1f1b_exposed(a2a: float, compute: LayerCompute, share: float) -> tuple[float, float]:
+def combined_1f1b_exposed(a2a: float, compute: LayerCompute, share: float,
+                          dispatch: float | None = None) -> tuple[float, float]:
     """Seconds one MoE layer's four all-to-alls (dispatch and combine of a forward and of a backward, `a2a` each)
     add to the forward and to the backward when Megatron-Core's combined 1F1B runs one microbatch's forward beside
     another's backward (`TransformerLayerSchedulePlan.run`, megatron/core/models/common/model_chunk_schedule_plan.py,
@@ -327,14 +334,17 @@ def combined_1f1b_exposed(a2a: float, compute: LayerCompute, share: float) -> tu
     router and the first permutation); in the middle phase the forward's experts wait for their dispatch and the
     backward's dispatch for the experts' input gradients. A stream left waiting is exposed; beside a running
     all-to-all the computation runs at (1 - `share`) of its speed (`cost.comm.beside`). The middle phase's exposure
-    is split evenly between the passes (one all-to-all of each)."""
+    is split evenly between the passes (one all-to-all of each). `dispatch`: the forward's dispatch where it takes
+    longer than the others (HybridEP's, after its routing map's all-gather; None: `a2a`)."""
+    dispatch = a2a if dispatch is None else dispatch
     experts_backward = compute.experts_input_grad + compute.experts_weight_grad
     attention_forward = max(0.0, compute.forward - compute.experts_forward)
     attention_backward = max(0.0, compute.backward - experts_backward)
     first = beside(a2a, attention_forward, share)     # the backward's combine beside the forward's attention
     last = beside(a2a, attention_backward, share)     # the forward's combine beside the backward's attention
-    end = max(max(experts_backward, a2a) + compute.experts_forward, max(a2a, compute.experts_input_grad) + a2a)
-    middle = max(end - experts_backward - compute.experts_forward, share * 2 * a2a) if a2a > 0.0 else 0.0
+    end = max(max(experts_backward, dispatch) + compute.experts_forward,
+              max(dispatch, compute.experts_input_grad) + a2a)
+    middle = max(end - experts_backward - compute.experts_forward, share * (dispatch + a2a)) if a2a > 0.0 else 0.0
     return last + middle / 2, first + middle / 2
 
 

@@ -13,7 +13,7 @@ built-in schedules with their virtual stages (Chimera only when pinned: it holds
 per rank, which the memory model does not count), ZeRO stages 0-3 and recomputation none/selective/selective_op/full,
 and full for the first N blocks of each stage where memory binds (`recompute_layers`, N the least that fits); for a
 mixture of experts whose problem leaves them to it (`Problem.search_experts`), the experts folded over tp or not and
-the alltoall or deepep dispatcher (`experts_variants`: one `Space` each, their roots under one heap).
+the alltoall, deepep or hybridep dispatcher (`experts_variants`: one `Space` each, their roots under one heap).
 Blocks go to stages by `partition_blocks` (the fewest seconds on the slowest stage, within memory).
 
 Best-first branch and bound (Land & Doig 1960): a root (layout, mesh order) and a node (plus
@@ -50,9 +50,9 @@ PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches"
             "virtual_stages", "zero_stage", "recompute", "recompute_layers", "order", "tp_across_nodes", "fold",
             "dispatcher")
 DISPATCHERS = ("alltoall", "deepep", "hybridep")  # `experts = KIND over ...` (ir.ExpertParallel.kind)
-# The dispatchers the search tries unpinned: DeepEP's and HybridEP's are priced alike (`cost.comm.node_dispatch_seconds`),
-# so it proposes the first; `--pin dispatcher=hybridep` writes the other.
-SEARCHED_DISPATCHERS = ("alltoall", "deepep")
+# The search tries each unpinned, on every layout with an expert group (`Space.roots`); at equal figures it writes the
+# one it reaches first.
+SEARCHED_DISPATCHERS = DISPATCHERS
 # Tensor parallelism stays inside a node unless pinned otherwise: its all-reduces sit on every layer's
 # critical path (Narayanan et al. 2021, Sec. 3.3: "tensor model parallelism ... within a multi-GPU
 # server"), where a node's link is an order of magnitude faster than the fabric.
@@ -183,14 +183,14 @@ def _spaces(problem: Problem, pins: Mapping[str, object], efficiency: Efficiency
     """One space per experts' variant (`experts_variants`), sharing their counters; the pins checked against each
     (a pinned ep counts the folded group): a variant they contradict is left out, and if every one is, the first's
     SearchError is raised."""
-    stats, spaces, errors = SearchStats(), [], []
+    stats, spaces, errors, shared = SearchStats(), [], [], {}
     for variant, chosen in experts_variants(problem, pins):
         try:
             check_pins(variant, pins)
         except SearchError as error:
             errors.append(error)
             continue
-        spaces.append(Space(variant, pins, efficiency, stats, chosen))
+        spaces.append(Space(variant, pins, efficiency, stats, chosen, shared))
     if not spaces:
         raise errors[0]
     return spaces

@@ -34,13 +34,19 @@ _ONE_IN_FLIGHT = np.ones(1)  # a single stage's microbatches in flight (one obje
 
 class Space:
     def __init__(self, problem, pins, efficiency: Efficiency | None, stats: SearchStats | None = None,
-                 chosen: tuple[bool, bool] = (False, False)):
-        """`stats`: counters shared with the spaces of the other experts' variants (`experts_variants`);
+                 chosen: tuple[bool, bool] = (False, False), shared: dict | None = None):
+        """`stats`: counters shared with the spaces of the other experts' variants (`experts_variants`), and
+        `shared` what their roots share: a layout's model states against memory and its mesh orders, which depend on
+        the experts' folding and not on their dispatcher (computed once per folding, not per dispatcher);
         `chosen`: whether the search itself chose (fold, dispatcher) for this space, not the problem or a pin:
-        then folding keeps only the roots with tp > 1 and ep > 1, and a flex dispatcher only those whose expert
-        group spans nodes, the roots where it changes the plan's figure (elsewhere the variant without it has it)."""
+        then folding keeps only the roots with tp > 1 and ep > 1, and a flex dispatcher only those with ep > 1, the
+        roots where it changes the plan (elsewhere the variant without it has it). Each dispatcher prices something
+        the others do not (the nodes it sees and HybridEP's routing map: `cost.comm.dispatch_seconds`; its SMs, the
+        alltoall dispatcher's sorting copies and FP8 padding: `cost.compute`), so none is left out where there is an
+        expert group."""
         self.problem, self.pins, self.efficiency = problem, pins, efficiency
         self.chosen = chosen
+        self.shared = shared if shared is not None else {}
         self.figures = figures = Figures(problem, efficiency)
         self.caps = Caps(figures)
         self.splits = Splits(figures, self.caps, pins)
@@ -70,15 +76,15 @@ class Space:
                           and pins.get("num_microbatches", per_replica // mb) == per_replica // mb)
             if not sizes:
                 continue
+            if self.chosen[0] and p.fold_experts and (tp == 1 or ep == 1):
+                continue  # folding over tp 1 is the unfolded plan
+            if self.chosen[1] and p.dispatcher != "alltoall" and ep == 1:
+                continue  # no expert group to dispatch over: the all-to-all's variant has the plan
             if not self._states_may_fit(layout):
                 self.stats.memory_pruned += 1
                 continue
-            if self.chosen[0] and p.fold_experts and (tp == 1 or ep == 1):
-                continue  # folding over tp 1 is the unfolded plan
             splits_sequence = sequence_parallel(self.model, p.sequence, tp, cp)
             for order, links, devices, capacity in self._orders(layout):
-                if self.chosen[1] and p.dispatcher != "alltoall" and (ep == 1 or links.ep.nodes <= 1):
-                    continue  # inside one node the flex dispatcher is priced as the all-to-all (`node_dispatch_seconds`)
                 root = Root(dp, tp, pp, cp, ep, order, links, devices, capacity, splits_sequence, sizes)
                 # Per token, a microbatch costs least at the largest micro-batch size and without
                 # recomputation (GEMMs grow, latencies amortise): a bound for every node below.
@@ -92,13 +98,23 @@ class Space:
         return out
 
     def _orders(self, layout):
-        orders, across = mesh_orders(self.problem.cluster, layout, self.pins, self.devices, self.problem.precision,
-                                     self.problem.fold_experts)
+        key = ("orders", self.problem.fold_experts, layout)
+        found = self.shared.get(key)
+        if found is None:
+            found = self.shared[key] = mesh_orders(self.problem.cluster, layout, self.pins, self.devices,
+                                                   self.problem.precision, self.problem.fold_experts)
+        orders, across = found
         self.stats.tp_across_nodes += across
         return orders
 
     def _states_may_fit(self, layout) -> bool:
         """ZeRO-3 model states spread perfectly over the pipeline: a necessary condition."""
+        key = ("states", self.problem.fold_experts, layout)
+        if key not in self.shared:
+            self.shared[key] = self._states_fit(layout)
+        return self.shared[key]
+
+    def _states_fit(self, layout) -> bool:
         dp, tp, pp, cp, ep = layout
         sizes = {"dp": dp, "ep": ep, "pp": pp, "cp": cp, "tp": tp}
         probe = Root(dp, tp, pp, cp, ep, tuple(a for a in AXES if sizes[a] > 1), None, (), (), False, (1,))

@@ -7,11 +7,13 @@ Megatron's flags both ways."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from plandsl import api
-from plandsl.cost.comm import collective_seconds, node_dispatch_seconds, nodes_reached
+from plandsl.cost.comm import (DEEPEP_NVL_PEERS, collective_seconds, dispatch_seconds, node_dispatch_seconds,
+                               nodes_reached, routing_map_seconds)
 from plandsl.cost.compute import dispatcher_share
 from plandsl.cost.layer import plan_links
 from plandsl.interop import export_plan, import_text
@@ -73,8 +75,10 @@ def test_the_flex_dispatchers_kernels_take_their_own_sms_beside_the_overlapped_c
     assert dispatcher_share(unstated, kind) == pytest.approx(0.3 * sms / 24)
     overlapped = _block_seconds(moe_plan(mesh="dp = 2, ep = 8", kind=kind, overlap=True))
     a2a = collective_seconds("all_to_all", 4096 * 8 * 2048 * 2, plan_links(plan).ep)  # inside a node: the all-to-all
-    assert overlapped.forward_comm == pytest.approx(2 * sms / 132 * a2a)  # every one hidden, each costing its share
-    assert overlapped.backward_comm == pytest.approx(2 * sms / 132 * a2a)
+    # HybridEP's forward dispatch first all-gathers its routing map: the middle phase, split between the passes
+    routing = routing_map_seconds(4096, 128, plan_links(plan).ep) if kind == "hybridep" else 0.0
+    assert overlapped.forward_comm == pytest.approx(sms / 132 * (2 * a2a + routing / 2))  # every one hidden, each
+    assert overlapped.backward_comm == pytest.approx(sms / 132 * (2 * a2a + routing / 2))  # costing its share
 
 
 @pytest.mark.parametrize("kind", ["deepep", "hybridep"])
@@ -117,3 +121,54 @@ def test_generate_from_a_partial_plan_keeps_the_dispatcher(tmp_path):
     path.write_text(_text(kind="hybridep", mesh="ep = 16").replace("  mesh     = [ep = 16]\n", ""))
     partial = read_partial(path)
     assert partial.problem.dispatcher == "hybridep"
+
+
+def test_hybridep_gathers_its_routing_map_before_each_forward_dispatch():
+    """HybridEP dispatches as DeepEP does where both see the same nodes (8-GPU NVLink domains), and all-gathers each
+    rank's bool[4,096 tokens, 128 experts] routing map over the 16 ranks before the forward's dispatch (its combine
+    and the backward reuse the handle): the block waits that all-gather longer forward, nothing more backward."""
+    hybrid, deepep = _block_seconds(_plan("hybridep")), _block_seconds(_plan("deepep"))
+    links = plan_links(_plan("hybridep")).ep
+    gather = collective_seconds("all_gather", 16 * 4096 * 128, links)
+    assert hybrid.forward_comm - deepep.forward_comm == pytest.approx(gather)
+    assert hybrid.backward_comm == pytest.approx(deepep.backward_comm)
+    assert hybrid.moved.expert - deepep.moved.expert == pytest.approx(16 * 4096 * 128)
+    assert routing_map_seconds(4096, 128, links) == gather
+
+
+GB200 = """import "clusters/gb200_nvl72"
+plan p {{
+  model    = llama(layers=4, hidden=2048, heads=32, kv_heads=4, head_dim=128, ffn=768, experts=144, top_k=8,
+                   vocab=151936, seq=4096)
+  cluster  = gb200_nvl72 x {racks}
+  mesh     = [{mesh}]{part}
+  train    = {{ global_batch: {batch}, micro_batch: 1, recompute: none }}
+  experts  = {kind} over ep
+}}
+"""
+
+
+def test_on_an_nvlink_domain_wider_than_8_gpus_hybridep_spans_it_and_deepep_does_not():
+    """On a GB200 NVL72 (a node of the language: 72 GPUs in one NVLink domain) DeepEP's normal kernels still reach
+    at most 8 ranks over NVLink (NUM_MAX_NVL_PEERS) and send the rest over the NIC between groups of 8, where HybridEP's
+    node is the whole domain: an expert group of 16 in one rack dispatches for HybridEP as the all-to-all over NVLink
+    does, for DeepEP as two groups of 8; one of 144 over two racks crosses the NIC once per rack for HybridEP and once
+    per group of 8 for DeepEP."""
+    routed = 4096 * 8 * 2048 * 2
+    one = plan_links(api.loads(GB200.format(racks=1, mesh="dp = 4, ep = 16", part=" over devices[0:64]", batch=64,
+                                                   kind="alltoall"))
+                     .plans[0]).ep
+    assert (one.size, one.local, one.nodes) == (16, 16, 1)
+    assert dispatch_seconds("hybridep", routed, one, 144, 8) == collective_seconds("all_to_all", routed, one)
+    groups = replace(one, local=DEEPEP_NVL_PEERS, nodes=2)
+    assert dispatch_seconds("deepep", routed, one, 144, 8) == node_dispatch_seconds(routed, groups, 144, 8)
+    assert dispatch_seconds("deepep", routed, one, 144, 8) > dispatch_seconds("hybridep", routed, one, 144, 8)
+    two = plan_links(api.loads(GB200.format(racks=2, mesh="ep = 144", part="", batch=144, kind="hybridep")).plans[0]).ep
+    assert (two.size, two.local, two.nodes) == (144, 72, 2)
+    assert dispatch_seconds("hybridep", routed, two, 144, 8) == node_dispatch_seconds(routed, two, 144, 8)
+    assert dispatch_seconds("deepep", routed, two, 144, 8) == \
+        node_dispatch_seconds(routed, replace(two, local=8, nodes=18), 144, 8)
+    assert dispatch_seconds("hybridep", routed, two, 144, 8) < dispatch_seconds("deepep", routed, two, 144, 8)
+    steps = {kind: api.estimate(api.loads(GB200.format(racks=2, mesh="ep = 144", part="", batch=144, kind=kind)).plans[0])
+             .time.step for kind in ("alltoall", "deepep", "hybridep")}
+    assert steps["hybridep"] < min(steps["alltoall"], steps["deepep"])

@@ -6,9 +6,10 @@ import re
 
 import pytest
 
-from plandsl import api
+from plandsl import api, ir
 from plandsl.cost.compute import DEFAULT_EFFICIENCY
 from plandsl.search import (
+    Problem,
     SearchError,
     brute_force,
     experts_variants,
@@ -28,17 +29,17 @@ def searched(batch=4):
     return dataclasses.replace(problem("moe", "pair", batch), search_experts=True)
 
 
-@pytest.mark.parametrize("pins", PINS)
-def test_every_variant_bounds_its_plans_and_the_search_is_brute_force(pins):
-    p, parsed = searched(), parse_pins(pins)
+@pytest.mark.parametrize("pins, overlap", [(pins, False) for pins in PINS] + [(PINS[2], True)])
+def test_every_variant_bounds_its_plans_and_the_search_is_brute_force(pins, overlap):
+    p, parsed = dataclasses.replace(searched(), overlap_experts=overlap), parse_pins(pins)
     variants = experts_variants(p, parsed)
-    assert {(v.fold_experts, v.dispatcher) for v, _ in variants} == {(False, "alltoall"), (False, "deepep"),
-                                                                   (True, "alltoall"), (True, "deepep")}
+    assert {(v.fold_experts, v.dispatcher) for v, _ in variants} == {
+        (fold, kind) for fold in (False, True) for kind in ("alltoall", "deepep", "hybridep")}
     for variant, chosen in variants:
         space = Space(variant, parsed, DEFAULT_EFFICIENCY, chosen=chosen)
         for root in space.roots():
             assert not (variant.fold_experts and root.tp == 1)  # the unfolded variant's plan
-            assert variant.dispatcher == "alltoall" or root.links.ep.nodes > 1  # priced as the all-to-all inside a node
+            assert variant.dispatcher == "alltoall" or root.ep > 1  # without an expert group, the all-to-all's plan
             for node in space.expand_root(root):
                 for leaf in space.expand(node):
                     scored = space.evaluate(leaf)
@@ -47,10 +48,44 @@ def test_every_variant_bounds_its_plans_and_the_search_is_brute_force(pins):
                         assert (scored.candidate.fold, scored.candidate.dispatcher) == \
                             (variant.fold_experts and root.tp > 1, variant.dispatcher)
     everything = brute_force(p, pins)
-    assert {s.candidate.dispatcher for s in everything} == {"alltoall", "deepep"}
+    assert {s.candidate.dispatcher for s in everything} == {"alltoall", "deepep", "hybridep"}
     found = search(p, pins=pins, top=3)
     assert [s.estimate.time.step for s in found.candidates] == \
         pytest.approx([s.estimate.time.step for s in everything[:3]], rel=1e-12)
+
+
+HARDWARE = """
+device g { memory = 16 GiB; bandwidth = 1000 GB/s; sms = 132; peak = { bf16: 200 TFLOP/s, fp8: 400 TFLOP/s, fp32: 20 TFLOP/s } }
+node two { devices = 2 x g; link = { bandwidth: 100 GB/s, latency: 2 us }; nic = { bandwidth: 20 GB/s, latency: 5 us } }
+node wide { devices = 16 x g; link = { bandwidth: 100 GB/s, latency: 2 us }; nic = { bandwidth: 160 GB/s, latency: 5 us } }
+cluster pair = two x 2
+cluster racks = wide x 2
+"""
+
+
+@pytest.mark.parametrize("cluster, precision, overlap, pins", [
+    ("pair", "bf16", False, {"zero_stage": 1}),
+    ("pair", "fp8", False, {"zero_stage": 1}),
+    ("pair", "bf16", True, {"zero_stage": 1}),
+    ("racks", "bf16", False, {"tp": 1, "pp": 1, "cp": 1, "zero_stage": 0, "recompute": "none"}),
+])
+def test_the_dispatcher_left_to_the_search_is_the_best_of_the_three_pinned(cluster, precision, overlap, pins):
+    """Unpinned, the search's plans are the best of the searches that pin each dispatcher (whichever the cost model
+    favours: the all-to-all's sorting copies, FP8 padding, the SMs beside an overlapped pass, HybridEP's routing map
+    and NVLink domains wider than DeepEP's groups of 8)."""
+    document = api.loads(HARDWARE + "model m = llama(layers=2, hidden=1024, heads=8, kv_heads=2, seq=2048, vocab=1024, "
+                                    "experts=32, top_k=4)\n")
+    chosen = next(c for c in document.clusters if c.name == cluster)
+    p = Problem(document.models[0], chosen, 32, precision=ir.Precision(precision), overlap_experts=overlap,
+                search_experts=True)
+    pinned = sorted((s for kind in ("alltoall", "deepep", "hybridep")
+                     for s in search(p, pins={**pins, "dispatcher": kind}, top=3).candidates),
+                    key=lambda s: s.estimate.time.step)
+    found = search(p, pins=pins, top=3).candidates
+    assert [s.estimate.time.step for s in found] == pytest.approx([s.estimate.time.step for s in pinned[:3]],
+                                                                  rel=1e-12)
+    if cluster == "racks":  # an expert group over both 16-device NVLink domains: HybridEP's nodes, 4 of DeepEP's
+        assert found[0].candidate.dispatcher == "hybridep" and found[0].candidate.ep == 32
 
 
 def test_fold_counts_only_with_tensor_and_expert_axes():
@@ -128,7 +163,7 @@ def test_a_partial_plans_search_of_the_clause_is_brute_force(tmp_path, pins):
     problem = read_partial(_partial(tmp_path)).problem
     assert problem.search_experts
     everything = brute_force(problem, pins)
-    assert {s.candidate.dispatcher for s in everything} == {"alltoall", "deepep"}
+    assert {s.candidate.dispatcher for s in everything} == {"alltoall", "deepep", "hybridep"}
     found = search(problem, pins=pins, top=3)
     assert [s.estimate.time.step for s in found.candidates] == \
         pytest.approx([s.estimate.time.step for s in everything[:3]], rel=1e-12)
