@@ -1072,17 +1072,19 @@ def torchtitan_memory() -> list[tuple[Run, float]]:
                                                            "micro_batch_size": 4, "recompute": "full",
                                                            "schedule": schedule, **virtual}, dtypes=dict(fp8),
                          gathering=FP8_GATHER), measured))
+    # Tables 2 and 6: torch's `context_parallel` (torchtitan 9dec370's default rotate method, allgather)
+    ring = {"context": "ring", "ring": "torch"}
     for cp, measured in ((1, 83.9), (2, 84.2), (4, 84.0), (8, 84.5)):
         rows.append((Run(f"Table 2, 8B FSDP {8 // cp} x CP {cp}, seq {32768 * cp}, Float8", "", "llama3_8b",
                          "grand_teton", 8 // cp, 0, seq=32768 * cp,
                          pins={"dp": 8 // cp, "cp": cp, "zero_stage": 3, "micro_batch_size": 1, "recompute": "full"},
-                         dtypes=dict(fp8), gathering=TORCHTITAN_GATHER), measured))
+                         dtypes=dict(fp8), gathering=TORCHTITAN_GATHER, **(ring if cp > 1 else {})), measured))
     for cp, measured in ((1, 75.3), (2, 75.9), (4, 77.1), (8, 84.9)):
         rows.append((Run(f"Table 6, 405B FSDP {8 // cp} x CP {cp} x TP 8 x PP 8, seq {32768 * cp}, Float8", "",
                          "llama3_405b", "grand_teton x 64", 64 // cp, 0, seq=32768 * cp,
                          pins={"dp": 8 // cp, "cp": cp, "tp": 8, "pp": 8, "zero_stage": 3, "micro_batch_size": 1,
                                "recompute": "full", "schedule": "1f1b"}, dtypes=dict(fp8),
-                         gathering=FP8_GATHER if cp < 8 else TORCHTITAN_GATHER), measured))
+                         gathering=FP8_GATHER if cp < 8 else TORCHTITAN_GATHER, **(ring if cp > 1 else {})), measured))
     return rows
 
 
@@ -1108,12 +1110,10 @@ def torchtitan_float8() -> list[Run]:
     runs = []
     for run, _ in torchtitan_memory():
         table = run.name.split(",")[0]
-        if run.name in TORCHTITAN_FLOAT8_TPS:
-            # Tables 2 and 6: torch's `context_parallel` (torchtitan 9dec370's default rotate method, allgather)
-            ring = {"context": "ring", "ring": "torch"} if run.pins.get("cp", 1) > 1 else {}
+        if run.name in TORCHTITAN_FLOAT8_TPS:  # Tables 2 and 6 with torch's ring, as `torchtitan_memory` says
             runs.append(replace(run, name=f"torchtitan {run.name} (500 W H100)", source=f"{TORCHTITAN_2024}, {table}",
                                 measured=TORCHTITAN_FLOAT8_TPS[run.name], metric="tokens_per_device",
-                                family="torchao-float8", overlap_tensor=table in ("Table 5", "Table 6"), **ring))
+                                family="torchao-float8", overlap_tensor=table in ("Table 5", "Table 6")))
         elif table == "Table 4":  # 2D, and 2D + AsyncTP
             for label, tps, overlap in (("", 829, False), (" + AsyncTP", 876, True)):
                 runs.append(replace(run, name=f"torchtitan {run.name}{label} (500 W H100)", source=f"{TORCHTITAN_2024}, "

@@ -163,9 +163,11 @@ def beyond_layers(plan: ir.Plan, stages: Sequence[Sequence[Layer]], attention_ma
     flight (which the schedule's simulation also counts, stage by stage): the larger of the block its recomputation
     rebuilds and the loss's backward, peaks of different moments (`loss_backward_bytes`)."""
     layers = [layer for stage in stages for layer in stage]
-    rerun = [layer for stage in stages for layer, mode in zip(stage, layer_recompute(plan, stage))
-             if mode is plan.train.recompute]  # with recompute_layers, the blocks `full` reruns
-    return max(_recompute_working_set(plan, rerun, _keeps_scores(plan, attention_matrix)),
+    modes = [(layer, mode) for stage in stages for layer, mode in zip(stage, layer_recompute(plan, stage))]
+    rerun = [layer for layer, mode in modes if mode is plan.train.recompute]  # with recompute_layers, those rerun
+    scores = _keeps_scores(plan, attention_matrix)
+    return max(_recompute_working_set(plan, rerun, scores),
+               max((_ring_working_set(plan, layer, mode, scores) for layer, mode in modes), default=0.0),
                loss_backward_bytes(plan, layers))
 
 
@@ -610,11 +612,20 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
         return 2 * sbh * scale / divisor  # Sec. 5: only the block input is kept
     if recompute is ir.Recompute.selective_op:
         return sbh * _selective_op_terms(model, tp, sequence_parallel) * scale
-    replicated, sharded, matrix = _block_terms(model, seq, kv_gathered)
+    return _kept(model, _block_terms(model, seq, kv_gathered), _fp8_saved_terms(model), sbh, tp, sequence_parallel,
+                 recompute, precision, attention_matrix, recipe)
+
+
+def _kept(model: ir.TransformerModel, terms: tuple[float, float, float], saved: tuple[float, float], sbh: float,
+          tp: int, sequence_parallel: bool, recompute: ir.Recompute, precision: ir.Precision, attention_matrix: bool,
+          recipe: ir.Fp8Recipe | None) -> float:
+    """Bytes of Korthikanti's `terms` (replicated, tensor-sharded, scores per s·b·h element, 16-bit) at `precision`,
+    the inputs FP8 linear layers save (`saved`, in the same units) at their own width."""
+    replicated, sharded, matrix = terms
+    scale = precision.bytes / 2
     if precision.quantized:  # each saved input's 2 bytes become gemm_bytes (mxfp8: its scales too; fp8: the recipe's)
         saving = 2 - (recipe.saved_bytes if recipe and precision is ir.Precision.fp8 else precision.gemm_bytes)
-        saved_replicated, saved_sharded = _fp8_saved_terms(model)
-        replicated, sharded = replicated - saving * saved_replicated, sharded - saving * saved_sharded
+        replicated, sharded = replicated - saving * saved[0], sharded - saving * saved[1]
     if not attention_matrix or recompute is ir.Recompute.selective:
         matrix = 0.0  # selective recompute (Sec. 5) recomputes exactly the attention core
     if sequence_parallel:  # Sec. 4.2.2: the replicated parts are split along the sequence too
@@ -622,18 +633,16 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
     return sbh * (replicated + (sharded + matrix) / tp) * scale
 
 
-def _block_terms(model: ir.TransformerModel, seq: int, kv_gathered: int = 1) -> tuple[float, float, float]:
-    """(replicated, tensor-sharded, attention-matrix) bytes per s·b·h element, 16-bit (Sec. 4.1)."""
+def _attention_terms(model: ir.TransformerModel, seq: int, kv_gathered: int = 1) -> tuple[float, float, float]:
+    """(replicated, tensor-sharded, attention-matrix) bytes per s·b·h element, 16-bit, of a block's attention half
+    (Sec. 4.1): what its backward reads after the MLP's backward has freed the MLP's."""
     gpt = model.kind == "gpt"  # gpt keeps dropout masks (1 byte each); llama has no dropout
-    ffn = model.ffn_hidden / model.hidden
     kv = kv_width(model) / model.hidden
     dropout = 1.0 if gpt else 0.0
-    # Outside tensor parallelism: two norm inputs (4), the q/k/v input (2), the MLP input (2),
-    # the attention and MLP dropout masks (1 + 1). Parallel blocks normalise one input twice: 2, not 4.
-    replicated = (2 if model.parallel_blocks else 4) + 2 + 2 + 2 * dropout
+    # Outside tensor parallelism: the norm's input (2), the q/k/v input (2), the attention's dropout mask (1).
+    replicated = 2 + 2 + dropout
     # Inside: Q (2) and K (2·kv), V (2·kv), the out-projection input (2), Q and the out-projection input
-    # heads x head_dim wide where `head_dim` is not hidden/heads;
-    # gpt MLP: GELU input (2·ffn) and w2 input (2·ffn); llama SwiGLU: w1 and w3 outputs, w2 input.
+    # heads x head_dim wide where `head_dim` is not hidden/heads.
     widths = attention_widths(model)
     attention = (2 * widths.q + 2 * widths.o) / model.hidden + 4 * kv * kv_gathered
     if model.latent_attention:
@@ -643,14 +652,27 @@ def _block_terms(model: ir.TransformerModel, seq: int, kv_gathered: int = 1) -> 
         # (v_head_dim), each 2 bytes.
         replicated += (4 * (model.q_lora_rank + model.kv_lora_rank) + 2 * model.qk_rope_head_dim) / model.hidden
         attention = (2 * widths.q + 2 * (widths.k + widths.v) * kv_gathered + 2 * widths.o) / model.hidden
+    # Scores: softmax output (2), plus gpt's dropout mask (1) and output (2): 5as/h (2as/h llama).
+    matrix = (2 + 3 * dropout) * model.heads * seq / model.hidden
+    return replicated, attention, matrix
+
+
+def _block_terms(model: ir.TransformerModel, seq: int, kv_gathered: int = 1) -> tuple[float, float, float]:
+    """(replicated, tensor-sharded, attention-matrix) bytes per s·b·h element, 16-bit (Sec. 4.1): the attention
+    half's (`_attention_terms`) and the MLP half's."""
+    replicated, attention, matrix = _attention_terms(model, seq, kv_gathered)
+    gpt = model.kind == "gpt"
+    ffn = model.ffn_hidden / model.hidden
+    # The MLP half outside tensor parallelism: its norm's input (2; parallel blocks normalise the block's one input
+    # for both halves, counted with the attention's), the MLP input (2), gpt's MLP dropout mask (1).
+    replicated += (0 if model.parallel_blocks else 2) + 2 + (1.0 if gpt else 0.0)
+    # Inside: gpt MLP: GELU input (2·ffn) and w2 input (2·ffn); llama SwiGLU: w1 and w3 outputs, w2 input.
     mlp = (4 if gpt else 6) * ffn
     if model.experts:
         # Each token visits top_k experts (load-balanced, so top_k·tokens per device): their
         # dispatched inputs next to the router's input, and their internals.
         replicated += 2 * model.top_k
         mlp *= model.top_k + model.shared_experts  # the shared experts' internals, for every token
-    # Scores: softmax output (2), plus gpt's dropout mask (1) and output (2): 5as/h (2as/h llama).
-    matrix = (2 + 3 * dropout) * model.heads * seq / model.hidden
     return replicated, attention + mlp, matrix
 
 
@@ -752,6 +774,62 @@ def loss_backward_bytes(plan: ir.Plan, layers: Sequence[Layer]) -> float:
     return per_logit * tokens * -(-plan.model.vocab // plan.tp)
 
 
+def ring_backward_bytes(plan: ir.Plan, layer: Layer) -> float:
+    """What torch's ring attention (`context = ring over cp with implementation = torch`: torch's `context_parallel`,
+    torchtitan's) allocates in one block's attention backward beyond the tensors the block saved, on one rank at a
+    step after the first (`_templated_ring_attention_backward` with torchtitan's rotate method, `allgather`, for K
+    and V and the all-to-all rotater for dK and dV, `convert_to_f32` on; torch 2.6 to 2.13):
+
+    - K and V of every rank, all-gathered once (`_AllGatherRotater._aggregated_buffer`): cp x the rank's K and V;
+    - the rank's K and V concatenated for the rotater (`next_kv = torch.cat(...)`, remade every step but the last);
+    - dQ accumulated in fp32 (`grad_query = zeros_like(query, dtype=float32)`);
+    - three fp32 copies of dK and dV: the accumulated ones (`grad_key`, `grad_value`), their concatenation being sent
+      (`next_grad_kv = torch.cat(...)`) and the buffer the next rank's arrive in (`permute_tensor`'s output);
+    - the step's kernel's 16-bit dQ, dK and dV (`grad_query_`, `grad_key_`, `grad_value_`, kept to the next step).
+
+    K and V as the model hands them to SDPA: torchtitan's Llama repeats them to the query heads (`repeat_kv`), as wide
+    as Q and the output (`cost.ring.estimate_ring`); MLA's at their own widths. The forward's transients (the gathered
+    K and V, fp32 output and log-sum-exp merges) are fewer. 0 for a plan without torch's ring."""
+    context, model = plan.context, plan.model
+    if context is None or context.kind != "ring" or context.implementation != "torch" or plan.cp <= 1 \
+            or not isinstance(model, ir.TransformerModel) or layer.kind != "block":
+        return 0.0
+    block = block_model(model, layer)
+    widths = attention_widths(block)
+    kv = widths.k + widths.v if block.latent_attention else widths.q + widths.o
+    tokens = plan.train.micro_batch * -(-plan.seq // plan.cp)
+    queries, keys = tokens * widths.q / plan.tp, tokens * kv / plan.tp
+    e = layer_precision(plan.train, model, layer).unquantized.bytes
+    return e * (plan.cp + 1) * keys + 4.0 * queries + 3 * 4.0 * keys + e * (queries + keys)
+
+
+def _ring_working_set(plan: ir.Plan, layer: Layer, recompute: ir.Recompute, attention_matrix: bool) -> float:
+    """A block's backward under torch's ring, beyond what its microbatches in flight keep: the ring's transients
+    (`ring_backward_bytes`) and, when recomputation rebuilt the block, what it rebuilt of the attention half, whose
+    backward the ring's is (the MLP's backward ran first and freed the MLP's); at most the block rebuilt."""
+    transient = ring_backward_bytes(plan, layer)
+    if not transient or recompute not in (ir.Recompute.full, ir.Recompute.selective_op):
+        return transient
+    rebuilt = _layer_activations(plan, layer, ir.Recompute.none, attention_matrix) \
+        - _layer_activations(plan, layer, recompute, attention_matrix)
+    return transient + min(rebuilt, _attention_half(plan, layer, attention_matrix)
+                           - _layer_activations(plan, layer, ir.Recompute.full, attention_matrix))
+
+
+def _attention_half(plan: ir.Plan, layer: Layer, attention_matrix: bool) -> float:
+    """Bytes a transformer block's attention half keeps for one microbatch without recomputation (`_attention_terms`,
+    its FP8 linears' inputs at their width), on one device."""
+    model = block_model(plan.model, layer)
+    seq = -(-plan.seq // plan.cp)
+    widths = attention_widths(model)
+    saved = 1.0 + ((model.q_lora_rank + model.kv_lora_rank) / model.hidden if model.latent_attention else 0.0), \
+        widths.o / model.hidden  # `_fp8_saved_terms`' attention inputs
+    return _kept(model, _attention_terms(model, seq, _kv_gathered(plan, ir.Recompute.none)), saved,
+                 seq * plan.train.micro_batch * model.hidden, plan.tp,
+                 bool(plan.tensor and plan.tensor.sequence_parallel), ir.Recompute.none,
+                 layer_precision(plan.train, plan.model, layer), attention_matrix, plan.train.recipe)
+
+
 # torch's cross entropy over vocabulary-sharded logits (`torch.distributed.tensor.parallel.loss_parallel`, which
 # torchtitan enables whenever the tensor axis splits the vocabulary) computes the backward of nll_loss and
 # log_softmax together (`_nll_loss_and_log_softmax_backward`): `grad_input = zeros_like(x)`, then
@@ -820,7 +898,8 @@ __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estima
            "fp8_gather_bytes", "pipelined_shards", "model_state_bytes", "tied_embedding",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
            "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES", "StateBytes", "FP32_STATES", "module_split",
-           "head_inflight", "beyond_layers", "LAST_STAGE_KINDS", "LOSS_PARALLEL_TEMPORARIES"]
+           "head_inflight", "beyond_layers", "LAST_STAGE_KINDS", "LOSS_PARALLEL_TEMPORARIES",
+           "ring_backward_bytes"]
 
 
 def estimate_plan_memory(plan: ir.Plan, assignment: Assignment | None = None,

@@ -289,15 +289,16 @@ def test_torchtitan_memory_with_a_pipeline_counts_the_held_stages(bench):
     Float8 all-gather, bf16 at FSDP 1 x CP 8 where torchtitan turns it off): 18-30 % below the published peak, which
     the model does not explain (docs/validation.md, "The gather dtype"; within 12 % while it counted those units at
     fp32, by coincidence: held within 31 % since). The FSDP 1 x CP 8 run holds its stage's linear weights in bf16
-    where FSDP 2 x CP 4 holds them in FP8: counted 5.7 GiB more (published: 7.8); counted as per-microbatch
-    regathering they were 55-74 % below it."""
+    where FSDP 2 x CP 4 holds them in FP8, and torch's ring's backward at CP 8 all-gathers twice the K and V
+    (`cost.memory.ring_backward_bytes`): counted 6.5 GiB more (published: 7.8; 5.7 before the ring's buffers were
+    counted); counted as per-microbatch regathering they were 55-74 % below it."""
     rows = [(run, gib) for run, gib in bench.torchtitan_memory() if "PP" in run.name]
     assert len(rows) == 6
     counted = {run.name: bench.counted_memory(run)[0] for run, _ in rows}  # at torchtitan's layer split
     errors = [counted[run.name] / gib - 1 for run, gib in rows]
     assert max(map(abs, errors)) <= 0.31 and all(e < 0 for e in errors), errors
     table6 = {cp: next(v for name, v in counted.items() if f"CP {cp} x" in name) for cp in (4, 8)}
-    assert 5.0 <= table6[8] - table6[4] <= 7.8, table6
+    assert 6.0 <= table6[8] - table6[4] <= 7.8, table6
 
 
 @pytest.mark.slow
