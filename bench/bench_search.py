@@ -81,7 +81,7 @@ device h100_96g {
 }
 node grand_teton {
   devices = 8 x h100_96g
-  link    = { bandwidth: 450 GB/s, latency: 2 us }
+  link    = { bandwidth: 360 GB/s, latency: 2 us }  # NVLink 4 as NCCL reaches it (clusters/dgx_h100)
   nic     = { bandwidth: 400 GB/s, latency: 5 us }
 }
 
@@ -108,7 +108,7 @@ device {device} {{
 }}
 node {node} {{
   devices = 8 x {device}
-  link    = {{ bandwidth: 450 GB/s, latency: 2 us }}
+  link    = {{ bandwidth: 360 GB/s, latency: 2 us }}  # NVLink 4 as NCCL reaches it (clusters/dgx_h100)
   nic     = {{ bandwidth: 400 GB/s, latency: 5 us }}
 }}
 """
@@ -126,7 +126,7 @@ device h100_94g {
 }
 node h100_94g_host {
   devices = 8 x h100_94g
-  link    = { bandwidth: 450 GB/s, latency: 2 us }
+  link    = { bandwidth: 360 GB/s, latency: 2 us }  # NVLink 4 as NCCL reaches it (clusters/dgx_h100)
   nic     = { bandwidth: 400 GB/s, latency: 5 us }
 }
 """

@@ -38,14 +38,15 @@ plan p {{
 
 def test_zero1_exposes_the_first_buckets_reduce_scatter_and_all_gather():
     """Megatron-LM's GPT 1.7B on 48 H100s (its README's table): all the gradients' reduce-scatter (24 ms) hides
-    behind the 0.2 s backward, but the embedding's bucket (277M parameters) is exposed: 4.6 ms of fp32
-    reduce-scatter after the backward, 2.3 ms of bf16 all-gather before the forward."""
+    behind the 0.2 s backward, but the embedding's bucket (277M parameters) is exposed: 5.1 ms of fp32
+    reduce-scatter after the backward, 2.6 ms of bf16 all-gather before the forward (4.6 and 2.3 ms before NVLink
+    was priced at the 360 GB/s NCCL reaches on H100s, not its datasheet's 450)."""
     plan = api.loads(PLAN.format(data="zero1", mb=4), path="p.plan").plans[0]
     estimate = estimate_plan(plan)
     links = plan_links(plan).data
     bucket = 131072 * 2048 + 4096 * 2048
     exposed = collective_seconds("reduce_scatter", 4 * bucket, links) + collective_seconds("all_gather", 2 * bucket, links)
-    assert exposed == pytest.approx(6.9e-3, rel=0.02)
+    assert exposed == pytest.approx(7.7e-3, rel=0.02)
     # the other buckets behind the backward and the forward cost them the device's share (cost.comm.beside)
     [stage], share = estimate.stage_times, plan.cluster.devices_in_order()[0].contention
     hidden = beside(collective_seconds("reduce_scatter", 4 * stage.dense_params, links)

@@ -58,7 +58,7 @@ def _block_time(plan: ir.Plan):
 
 def test_all_to_all_bytes_and_links_by_hand():
     """Each device dispatches its 4,096 tokens x top_k 8 x 2,048 x 2 bytes = 134 MB to the experts and combines as
-    many back, twice each way: inside a node over NVLink (7/8 of it at 450 GB/s); over two nodes (ep = 16, 8 per
+    many back, twice each way: inside a node over NVLink (7/8 of it at the 360 GB/s NCCL reaches); over two nodes (ep = 16, 8 per
     node) 8/16 of the bytes leave the node at the NIC's 50 GB/s per GPU and 7/16 stay on NVLink."""
     routed = 4096 * 8 * 2048 * 2
     inside, _ = _block_time(_plan())
@@ -66,14 +66,14 @@ def test_all_to_all_bytes_and_links_by_hand():
     links = plan_links(_plan())
     assert (links.ep.size, links.ep.local, links.ep.nodes) == (8, 8, 1)
     a2a = collective_seconds("all_to_all", routed, links.ep)
-    assert a2a == pytest.approx(7 * 2e-6 + 7 / 8 * routed / 450e9)
+    assert a2a == pytest.approx(7 * 2e-6 + 7 / 8 * routed / 360e9)
     across = plan_links(_plan(mesh="ep = 16"))
     assert (across.ep.size, across.ep.local, across.ep.nodes) == (16, 8, 2)
     a2a_across = collective_seconds("all_to_all", routed, across.ep)
     nic = 400e9 / 8  # 8 x 400 Gb/s per node, one rail per GPU
-    assert a2a_across == pytest.approx(7 * 2e-6 + 8 * across.ep.inter_latency + 7 / 16 * routed / 450e9
+    assert a2a_across == pytest.approx(7 * 2e-6 + 8 * across.ep.inter_latency + 7 / 16 * routed / 360e9
                                        + 8 / 16 * routed / nic)
-    assert a2a_across > 5 * a2a
+    assert a2a_across > 4 * a2a  # 4.6x: half the bytes at the NIC's 50 GB/s against NVLink's 360 (5.8x at 450)
 
 
 def test_overlap_hides_each_all_to_all_behind_the_sub_module_combined_1f1b_pairs_it_with():

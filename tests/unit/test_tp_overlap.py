@@ -145,14 +145,16 @@ def test_nothing_overlaps_without_sequence_parallelism_or_a_tensor_axis():
 
 def test_overlap_speeds_up_a_step_as_torchtitan_measured_async_tp():
     """Llama 3 70B's shapes at tp 8 with full recomputation: the step gains about what torchtitan's async TP
-    benchmark measured (1.09x at 70B), not the whole tensor-parallel communication."""
+    benchmark measured (1.09x at 70B), not the whole tensor-parallel communication. The bound was 1.15 until NVLink
+    was priced at the 360 GB/s NCCL reaches (2026-12-05, fifth session): the collectives the overlap hides are 25 %
+    longer, 1.156x here (the torchtitan 70B row's modelled gain 1.14x against its measured 1.09x)."""
     text = PLAN.format(options=" with sequence_parallel", train=", recompute: full, param_dtype: bf16",
                        experts="").replace("layers=4, hidden=4096, heads=32, kv_heads=8, ffn=14336",
                                            "layers=8, hidden=8192, heads=64, kv_heads=8, ffn=28672")
     plain = api.estimate(api.loads(text).plans[0]).time.step
     overlapped = api.estimate(api.loads(text.replace("sequence_parallel\n", "sequence_parallel, overlap\n"))
                               .plans[0]).time.step
-    assert 1.05 < plain / overlapped < 1.15
+    assert 1.05 < plain / overlapped < 1.17
 
 
 def test_generate_with_tensor_overlap_writes_it_and_estimates_what_it_predicted(tmp_path):
@@ -278,11 +280,15 @@ def test_userbuffers_prices_its_sms_and_hides_the_backward_reduce_scatter_by_han
 
 
 def test_the_margin_costs_what_its_sms_are_and_async_tp_takes_none():
-    """With the margin the column-parallel input and weight gradients alone cost 16/116 of their seconds more; async
-    TP's copy engines slow no GEMM (its backward reduce-scatters stay whole instead)."""
+    """With the margin the column-parallel input and weight gradients run at 116/132 of their speed; of each pair at
+    least one's 16/116 more seconds is exposed (both while the GEMMs outlast the bulk collectives beside them, one
+    where a collective outlasts its slowed GEMM and hides the other's: at NVLink's 360 GB/s the all-gathers do here,
+    and the bound, 2 x 0.5 of both before, is 0.9 of one);
+    async TP's copy engines slow no GEMM (its backward reduce-scatters stay whole instead)."""
     margin, no_margin = _block(_ub_by_hand(True)[0]), _block(_ub_by_hand(False)[0])
     assert margin.backward_comm > no_margin.backward_comm and margin.forward_comm > no_margin.forward_comm
     plan = _plan()
     qkv, _, fc1, _ = overlap_gemms(plan.model, plan_work(plan), plan.cluster.devices_in_order()[0])
-    assert margin.backward_comm - no_margin.backward_comm > 2 * (qkv.whole + fc1.whole) * (16 / 116) * 0.5
+    # 0.99x here: without the margin a collective shorter than its GEMM still takes its own SMs (share x its seconds)
+    assert margin.backward_comm - no_margin.backward_comm > (qkv.whole + fc1.whole) * (16 / 116) * 0.9
     assert OverlapGemm(1.0, 1.0, 4).share == 0.0 and qkv.share == 0.0

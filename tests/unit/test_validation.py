@@ -123,12 +123,13 @@ def test_held_out_error_within_target(bench, results):
     Since the Hopper devices' kernel figures are taken warm (2026-12-05, fifth session: each burst figure times the
     drift the GEMM sweep measured on the shapes it timed twice; docs/validation.md, "Hopper's kernel figures, warm"):
     every held-out run 9.1 % (met, held at the target, 10 %), the H100 runs 9.9 % (met, held at 10 %), the H100's
-    max 25.9 % (Megatron-LM's README GPT 119B; not met, held at 26 %), the A100 rows unchanged."""
+    max 25.9 % (Megatron-LM's README GPT 119B; not met), the A100 rows unchanged; with NVLink at the 360 GB/s NCCL
+    reaches on H100s (the same session): 8.7 %, 8.9 %, max 24.8 % (held at 25 %)."""
     errors = _held_out(bench, results)
     assert len(errors) >= 30
     assert statistics.median(errors.values()) <= 0.10, errors
-    assert max(errors.values()) <= 0.26, errors
-    for generation, median, worst in (("A100", 0.10, 0.19), ("H100", 0.10, 0.26)):
+    assert max(errors.values()) <= 0.25, errors
+    for generation, median, worst in (("A100", 0.10, 0.19), ("H100", 0.10, 0.25)):
         apart = _held_out(bench, results, generation)
         assert len(apart) >= 10 and statistics.median(apart.values()) <= median, (generation, apart)
         assert max(apart.values()) <= worst, (generation, apart)
@@ -145,7 +146,7 @@ def test_torchao_float8_rows_are_summed_apart_and_held_where_they_stand(bench, r
     there so that they do not grow. With the Hopper figures taken warm (docs/validation.md, "Hopper's kernel figures,
     warm"): median 21.7 %, max 49.5 %, held at 22 and 50 %. With the weights gathered in FP8 where torchtitan's
     configuration gathers them so (docs/validation.md, "The gather dtype": Tables 5 and 6, the H200 rows; torchao's
-    forward weight cast gone with it): median 22.2 %, held at 23 %, the maximum unchanged."""
+    forward weight cast gone with it): median 22.2 %, held at 23 %, the maximum unchanged; with NVLink at NCCL's 360 GB/s: 19.4 %, 49.2 %."""
     errors = {run.name: bench.error(run, value) for run, value, _ in results if run.family == "torchao-float8"}
     assert len(errors) == 16
     assert statistics.median(map(abs, errors.values())) <= 0.23 and max(map(abs, errors.values())) <= 0.50, errors
@@ -158,7 +159,7 @@ def test_nemotron_340b_within_15_percent(bench, results):
     until the rows took the userbuffers NeMo 24.11 ran (Transformer Engine 1.x's defaults, no SM margin: +15.1 /
     +16.9 %, docs/validation.md, "Transformer Engine's userbuffers against torch's async TP"); not met then, held at
     17 %; met again (+9.3 / +9.9 %) since the Hopper devices' kernel figures are taken warm (docs/validation.md,
-    "Hopper's kernel figures, warm"): held at the target."""
+    "Hopper's kernel figures, warm"; +8.6 / +8.9 % with NVLink at NCCL's 360 GB/s): held at the target."""
     errors = {run.name: bench.error(run, value) for run, value, _ in results if run.name.startswith("Nemotron-4 340B")}
     assert len(errors) == 2 and all(abs(e) <= 0.15 for e in errors.values()), errors
 
