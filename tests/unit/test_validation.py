@@ -146,7 +146,8 @@ def test_torchao_float8_rows_are_summed_apart_and_held_where_they_stand(bench, r
     there so that they do not grow. With the Hopper figures taken warm (docs/validation.md, "Hopper's kernel figures,
     warm"): median 21.7 %, max 49.5 %, held at 22 and 50 %. With the weights gathered in FP8 where torchtitan's
     configuration gathers them so (docs/validation.md, "The gather dtype": Tables 5 and 6, the H200 rows; torchao's
-    forward weight cast gone with it): median 22.2 %, held at 23 %, the maximum unchanged; with NVLink at NCCL's 360 GB/s: 19.4 %, 49.2 %."""
+    forward weight cast gone with it): median 22.2 %, held at 23 %, the maximum unchanged; with NVLink at NCCL's
+    360 GB/s: 19.4 %, 49.2 %."""
     errors = {run.name: bench.error(run, value) for run, value, _ in results if run.family == "torchao-float8"}
     assert len(errors) == 16
     assert statistics.median(map(abs, errors.values())) <= 0.23 and max(map(abs, errors.values())) <= 0.50, errors
