@@ -593,7 +593,8 @@ def nemo_blackwell() -> list[Run]:
     (`grad_reduce_in_fp32 = False`), TP's communication overlapped wherever TP > 1. Not in the language, and so
     not priced: CUDA graphs (the 8B recipes), activation offloading to the CPU (the FSDP 70B recipes,
     `cpu_offloading_num_layers` 40), FP8 current scaling's amax pass and its first and last layers in bf16,
-    MXFP8's weights all-gathered in MXFP8 (`fp8_param_gather`). Held out and reported apart (`--blackwell`),
+    the FP8 and MXFP8 weights all-gathered in FP8 (`fp8_param_gather`; priced since the fifth session of 2026-12-05
+    by the gather rule above `TORCHTITAN_GATHER`: `gather = fp8`). Held out and reported apart (`--blackwell`),
     not in the targets' set: the peaks are datasheet figures and the GEMM knobs the A100 fit's.
 
     The second rule, written once `nvfp4` entered the language and before any of its predictions was looked at:
