@@ -21,8 +21,8 @@ class Caps:
     def __init__(self, figures: Figures):
         self.figures = figures
         self.blocks = figures.blocks
-        self._caps_cache: dict = {}
-        self._partial_cache: dict = {}
+        self._caps_cache: dict = figures.memory_caches.setdefault("caps", {})  # shared as the figures' memory
+        self._partial_cache: dict = figures.memory_caches.setdefault("partial", {})
 
     def rank_caps(self, root: Root, ranks, inflight: np.ndarray, memory, recomputed: int | None = None,
                    kept: float = 0.0) -> np.ndarray:

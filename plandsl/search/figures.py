@@ -25,7 +25,10 @@ from plandsl.search.tree import Node, Root, candidate_of
 
 
 class Figures:
-    def __init__(self, problem: Problem, efficiency: Efficiency | None):
+    def __init__(self, problem: Problem, efficiency: Efficiency | None, memory_caches: dict | None = None):
+        """`memory_caches`: the memory figures' memos (per kind, the caps of `Caps`), shared by the spaces of the
+        experts' dispatchers with one folding (`search._spaces`): memory does not depend on the dispatcher
+        (tests/unit/test_search_experts.py holds the estimate to it), the layer times do."""
         self.problem, self.efficiency = problem, efficiency
         self.model = problem.model
         self.layers = layers_of(problem.model)
@@ -38,14 +41,16 @@ class Figures:
         self.states = StateBytes.of(self.base.train)  # the kept dtypes' bytes, read on every rank's tail
         self._time_cache: dict = {}
         self._kind_times_cache: dict = {}
-        self._memory_cache: dict = {}
-        self._states_cache: dict = {}
-        self._activations_cache: dict = {}
-        self._param_cache: dict = {}
-        self._gathered_cache: dict = {}
-        self._gather_cache: dict = {}  # (kind, its precision, tp, ep) -> its parameters' bytes as gathered
+        self.memory_caches = caches = memory_caches if memory_caches is not None else {}
+        self._memory_cache: dict = caches.setdefault("memory", {})
+        self._states_cache: dict = caches.setdefault("states", {})
+        self._activations_cache: dict = caches.setdefault("activations", {})
+        self._param_cache: dict = caches.setdefault("params", {})
+        self._gathered_cache: dict = caches.setdefault("gathered", {})
+        # (kind, its precision, tp, ep) -> its parameters' bytes as gathered
+        self._gather_cache: dict = caches.setdefault("gather", {})
         self._capacity_cache: dict = {}
-        self._inflight_cache: dict = {}
+        self._inflight_cache: dict = caches.setdefault("inflight", {})
         self._types_cache: dict = {}
         self._links_cache: dict = {}
         self._links_numbers: dict = {}

@@ -36,8 +36,8 @@ class Space:
     def __init__(self, problem, pins, efficiency: Efficiency | None, stats: SearchStats | None = None,
                  chosen: tuple[bool, bool] = (False, False), shared: dict | None = None):
         """`stats`: counters shared with the spaces of the other experts' variants (`experts_variants`), and
-        `shared` what their roots share: a layout's model states against memory and its mesh orders, which depend on
-        the experts' folding and not on their dispatcher (computed once per folding, not per dispatcher);
+        `shared` what does not depend on their dispatcher, only on their folding, computed once per folding: a
+        layout's model states against memory, its mesh orders, and the memory figures (`Figures`' memory caches);
         `chosen`: whether the search itself chose (fold, dispatcher) for this space, not the problem or a pin:
         then folding keeps only the roots with tp > 1 and ep > 1, and a flex dispatcher only those with ep > 1, the
         roots where it changes the plan (elsewhere the variant without it has it). Each dispatcher prices something
@@ -47,7 +47,8 @@ class Space:
         self.problem, self.pins, self.efficiency = problem, pins, efficiency
         self.chosen = chosen
         self.shared = shared if shared is not None else {}
-        self.figures = figures = Figures(problem, efficiency)
+        memory = self.shared.setdefault(("memory", problem.fold_experts), {})
+        self.figures = figures = Figures(problem, efficiency, memory)
         self.caps = Caps(figures)
         self.splits = Splits(figures, self.caps, pins)
         self.bounds = Bounds(figures)

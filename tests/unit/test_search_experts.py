@@ -189,3 +189,16 @@ def test_a_written_experts_line_is_a_pin_and_a_written_mesh_leaves_the_dispatche
     assert "  experts = deepep over ep\n" in completed.texts[0] and "  mesh    = [ep = 16]\n" in completed.texts[0]
     folded_out = _partial(tmp_path, "  tensor  = megatron over tp\n")  # no sequence parallelism: nothing to fold into
     assert read_partial(folded_out).pins["fold"] is False
+
+
+def test_memory_does_not_depend_on_the_dispatcher():
+    """The spaces of the three dispatchers share their memory figures (`Figures`' memory caches, `Caps`), which holds
+    while the memory model prices every dispatcher's plan alike: each plan's memory, whatever its dispatcher."""
+    by_plan: dict = {}
+    for scored in brute_force(dataclasses.replace(searched(), overlap_experts=True), PINS[2]):
+        c = scored.candidate
+        key = (tuple(c.degrees().items()), c.order, c.micro_batch_size, c.schedule, c.virtual_stages, c.zero_stage,
+               c.recompute, c.fold)
+        by_plan.setdefault(key, {})[c.dispatcher] = [m.total for m in scored.estimate.memory]
+    assert any(len(found) == 3 for found in by_plan.values())
+    assert all(len({tuple(memory) for memory in found.values()}) == 1 for found in by_plan.values())
