@@ -186,6 +186,22 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         count("tensor", pair_bytes)
         return pair
 
+    # A block's all-gathers under a quantized precision with sequence parallelism move the quantized copy: the
+    # column-parallel layers' input (forward) and the row-parallel layers' output gradient (backward) are cast before
+    # they are gathered, and the GEMM reads the gathered copy (Transformer Engine's `gather_along_first_dim` with the
+    # layer's quantizer: `_all_gather_fp8`, `_all_gather_mxfp8`, `_all_gather_nvfp4`; torchao's
+    # `Float8ColwiseParallel` casts the sharded DTensor input, then redistributes the Float8 tensor); the
+    # reduce-scatters of the row-parallel outputs and of the input gradients stay 16-bit. The embedding's and the
+    # head's collectives stay 16-bit (those layers are not quantized).
+    gathered = activation * work.precision.gemm_bytes / element \
+        if work.precision.quantized and work.sequence_parallel else activation
+    if gathered != activation:
+        block_pair_bytes = gathered + activation
+        block_pair = collective_seconds("all_gather", gathered, links.tp) \
+            + collective_seconds("reduce_scatter", activation, links.tp)
+    else:
+        block_pair, block_pair_bytes = pair, pair_bytes
+
     if layer.kind == "embed":
         return tp_pair(), 0.0  # vocabulary-parallel embedding: partial sums reduced once
     if layer.kind == "head":
@@ -205,13 +221,14 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
     if model.latent_attention:
         forward, backward, rerun = _latent_comm(model, work, links, activation, count)
     else:
-        forward, backward, rerun = per_block * pair, 2 * pair, (per_block * pair, per_block * pair_bytes, pair, pair_bytes)
-        count("tensor", pair_bytes, per_block + 2)
+        forward, backward = per_block * block_pair, 2 * block_pair
+        rerun = (per_block * block_pair, per_block * block_pair_bytes, block_pair, block_pair_bytes)
+        count("tensor", block_pair_bytes, per_block + 2)
     if model.experts and work.sequence_parallel and links.tp.size > 1 and work.fold_experts:
         # The experts folded over the tensor axis, each whole on one rank (Megatron-Core's MoE parallel folding):
         # each rank routes its own sequence shard through the all-to-all below, and the MoE half has no
         # tensor-parallel collective; shared experts, an MLP split over the axis, keep their [b, s, h] pair
-        extra, extra_bytes = (0.0, 0.0) if model.shared_experts else (pair, pair_bytes)
+        extra, extra_bytes = (0.0, 0.0) if model.shared_experts else (block_pair, block_pair_bytes)
         forward -= 0.0 if model.parallel_blocks else extra  # parallel blocks reduce both branches' sums at once
         backward -= extra
         count("tensor", -extra_bytes, 1 if model.parallel_blocks else 2)
@@ -225,8 +242,8 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         routed_pair = model.top_k * activation
         moe_pair = collective_seconds("all_gather", routed_pair, links.tp) \
             + collective_seconds("reduce_scatter", routed_pair, links.tp)
-        extra = moe_pair - (0.0 if model.shared_experts else pair)
-        extra_bytes = 2 * routed_pair - (0.0 if model.shared_experts else pair_bytes)
+        extra = moe_pair - (0.0 if model.shared_experts else block_pair)
+        extra_bytes = 2 * routed_pair - (0.0 if model.shared_experts else block_pair_bytes)
         forward, backward = forward + extra, backward + extra
         count("tensor", extra_bytes, 2)
         rerun = (rerun[0] + extra, rerun[1] + extra_bytes, rerun[2], rerun[3])
@@ -237,7 +254,7 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         # GEMM's input gradient (as large as its forward GEMM). The backward's RS of the column-parallel input
         # gradient stays whole: it sums q's, k's and v's (w1's and w3's) input gradients, and the pass fuses a
         # reduce-scatter only with the one matmul that produces its input.
-        gather = collective_seconds("all_gather", activation, links.tp)
+        gather = collective_seconds("all_gather", gathered, links.tp)
         scatter = collective_seconds("reduce_scatter", activation, links.tp)
         halves = [(overlapped[i], overlapped[i + 1], backward_gemms[i + 1]) for i in range(0, len(overlapped), 2)]
         saved = [(gather + scatter - _exposed(gather, first) - _exposed(scatter, second),

@@ -275,6 +275,40 @@ def test_per_tensor_current_scaling_all_reduces_its_amax_over_the_tensor_axis(re
                                                     device, links).forward_comm
 
 
+@pytest.mark.parametrize("precision", ["fp8", "mxfp8", "nvfp4", "bf16"])
+def test_a_quantized_blocks_sequence_parallel_all_gathers_move_the_quantized_copy(precision):
+    """Under sequence parallelism a block's all-gathers (the column-parallel inputs forward, the row-parallel output
+    gradients backward) move the quantized copy, `gemm_bytes` an element, where the reduce-scatters stay 16-bit:
+    Transformer Engine's `gather_along_first_dim` with the layer's quantizer, torchao's Float8ColwiseParallel. Two
+    pairs a block each way (attention's and the MLP's), priced by hand from the collectives."""
+    from dataclasses import replace
+
+    from plandsl.cost.comm import collective_seconds
+    from plandsl.cost.estimate import plan_links, plan_work
+    from plandsl.cost.layer import estimate_layer_time
+    from plandsl.ir.placement import pipeline_rank_device_types
+    text = plan_text("fsdp over dp", precision=precision, extra=", fp8_recipe: delayed" if precision == "fp8" else "")
+    text = text.replace("[dp = 8]", "[dp = 4, tp = 2]").replace(
+        "  data ", "  tensor  = megatron over tp with sequence_parallel\n  data ")
+    analysis = analyze(text=text)
+    assert analysis.ok, [(d.code, d.message) for d in analysis.diagnostics]
+    (p,) = analysis.document.plans
+    work, links = plan_work(p), plan_links(p)
+    device = pipeline_rank_device_types(p)[0][0]
+    block = next(layer for layer in layers_of(p.model) if layer.kind == "block")
+    time = estimate_layer_time(p.model, block, work, device, links)
+    activation = work.tokens * p.model.hidden * 2
+    gathered = activation * ir.Precision(precision).gemm_bytes / 2 if precision != "bf16" else activation
+    pair = collective_seconds("all_gather", gathered, links.tp) + collective_seconds("reduce_scatter", activation,
+                                                                                       links.tp)
+    assert time.forward_comm == pytest.approx(2 * pair, rel=1e-12)
+    assert time.backward_comm == pytest.approx(2 * pair, rel=1e-12)
+    assert time.moved.tensor == pytest.approx(4 * (gathered + activation), rel=1e-12)
+    if precision != "bf16":  # without sequence parallelism the all-reduces stay 16-bit
+        plain = estimate_layer_time(p.model, block, replace(work, sequence_parallel=False), device, links)
+        assert plain.forward_comm == pytest.approx(2 * collective_seconds("all_reduce", activation, links.tp))
+
+
 def test_megatrons_fp8_params_are_kept_in_fp8_under_zero1():
     """Megatron's --fp8-param-gather keeps the quantized weights as FP8 tensors (the master copy with the optimizer):
     under ZeRO-1 a rank stores them at 1 byte; under ZeRO-3 torchao's shards keep the weights' dtype."""
