@@ -243,6 +243,20 @@ def test_torchtitan_and_deepspeed_say_the_gathers_they_cannot_write():
 
 
 # ---- current scaling's amax all-reduce ---------------------------------------------------------------------
+def tp_block(precision: str, extra: str):
+    """The plan of `plan_text` on dp 4 x tp 2 with sequence parallelism: (plan, work, links, device, a block)."""
+    from plandsl.cost.estimate import plan_links, plan_work
+    from plandsl.ir.placement import pipeline_rank_device_types
+    text = plan_text("fsdp over dp", precision=precision, extra=extra).replace("[dp = 8]", "[dp = 4, tp = 2]") \
+        .replace("  data ", "  tensor  = megatron over tp with sequence_parallel\n  data ")
+    analysis = analyze(text=text)
+    assert analysis.ok, [(d.code, d.message) for d in analysis.diagnostics]
+    (p,) = analysis.document.plans
+    block = next(layer for layer in layers_of(p.model) if layer.kind == "block")
+    return p, plan_work(p), plan_links(p), pipeline_rank_device_types(p)[0][0], block
+
+
+
 @pytest.mark.parametrize("recipe, reduced", [("current", True), ("tensorwise", True), ("delayed", False),
                                              ("blockwise", False)])
 def test_per_tensor_current_scaling_all_reduces_its_amax_over_the_tensor_axis(recipe, reduced):
@@ -252,17 +266,8 @@ def test_per_tensor_current_scaling_all_reduces_its_amax_over_the_tensor_axis(re
     from dataclasses import replace
 
     from plandsl.cost.comm import collective_seconds
-    from plandsl.cost.estimate import plan_links, plan_work
     from plandsl.cost.layer import AMAX_BYTES, estimate_layer_time
-    from plandsl.ir.placement import pipeline_rank_device_types
-    text = plan_text("fsdp over dp", extra=f", fp8_recipe: {recipe}").replace("[dp = 8]", "[dp = 4, tp = 2]") \
-        .replace("  data ", "  tensor  = megatron over tp with sequence_parallel\n  data ")
-    analysis = analyze(text=text)
-    assert analysis.ok, [(d.code, d.message) for d in analysis.diagnostics]
-    (p,) = analysis.document.plans
-    work, links = plan_work(p), plan_links(p)
-    device = pipeline_rank_device_types(p)[0][0]
-    block = next(layer for layer in layers_of(p.model) if layer.kind == "block")
+    p, work, links, device, block = tp_block("fp8", f", fp8_recipe: {recipe}")
     reduced_time = estimate_layer_time(p.model, block, work, device, links)
     plain = estimate_layer_time(p.model, block, replace(work, fp8_recipe=ir.Fp8Recipe.delayed), device, links)
     amax = 2 * collective_seconds("all_reduce", AMAX_BYTES, links.tp) if reduced else 0.0
@@ -284,18 +289,8 @@ def test_a_quantized_blocks_sequence_parallel_all_gathers_move_the_quantized_cop
     from dataclasses import replace
 
     from plandsl.cost.comm import collective_seconds
-    from plandsl.cost.estimate import plan_links, plan_work
     from plandsl.cost.layer import estimate_layer_time
-    from plandsl.ir.placement import pipeline_rank_device_types
-    text = plan_text("fsdp over dp", precision=precision, extra=", fp8_recipe: delayed" if precision == "fp8" else "")
-    text = text.replace("[dp = 8]", "[dp = 4, tp = 2]").replace(
-        "  data ", "  tensor  = megatron over tp with sequence_parallel\n  data ")
-    analysis = analyze(text=text)
-    assert analysis.ok, [(d.code, d.message) for d in analysis.diagnostics]
-    (p,) = analysis.document.plans
-    work, links = plan_work(p), plan_links(p)
-    device = pipeline_rank_device_types(p)[0][0]
-    block = next(layer for layer in layers_of(p.model) if layer.kind == "block")
+    p, work, links, device, block = tp_block(precision, ", fp8_recipe: delayed" if precision == "fp8" else "")
     time = estimate_layer_time(p.model, block, work, device, links)
     activation = work.tokens * p.model.hidden * 2
     gathered = activation * ir.Precision(precision).gemm_bytes / 2 if precision != "bf16" else activation
