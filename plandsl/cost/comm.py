@@ -40,6 +40,10 @@ class GroupLinks:
     bytes (`measured_ratios`); empty: the alpha-beta model as it is."""
     inter_measured: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
     """The same for the link between nodes (the NIC's table)."""
+    host: int = 0
+    """Devices per machine where a node spans several (`hosts`: a GB200 NVL72's trays of 4), the fewest of the
+    cluster's nodes; 0: a node is one machine. What reaches another device's memory through CUDA IPC alone
+    (`dispatch_seconds`: DeepEP's NVLink level)."""
 
     @property
     def kind(self) -> str:
@@ -108,8 +112,9 @@ def _group_links(cluster: ir.Cluster, sizes: tuple[int, ...], chosen: tuple[int,
     links = [g.node.link for g in cluster.groups]
     intra = min(links, key=lambda link: link.bandwidth)
     inter_bandwidth, inter_latency = _inter_link(cluster)
+    host = min(g.node.host_devices for g in cluster.groups) if any(g.node.hosts > 1 for g in cluster.groups) else 0
     found = GroupLinks(size, local, nodes, intra.bandwidth, max(link.latency for link in links),
-                       inter_bandwidth, inter_latency)
+                       inter_bandwidth, inter_latency, host=host)
     nic = min((g.node.nic or g.node.link for g in cluster.groups), key=lambda link: link.bandwidth)
     if not (intra.measured or nic.measured):
         return found
@@ -307,7 +312,9 @@ DEEPEP_NVL_PEERS = 8
 """The most ranks DeepEP's normal kernels reach over NVLink (`NUM_MAX_NVL_PEERS`, csrc/kernels/configs.cuh, V1): a
 larger expert group is `num_ranks / 8` RDMA ranks of 8 NVLink peers each, which exchange tokens through NVSHMEM over
 the NIC (Megatron-Core's `Buffer(group, nvl_bytes, rdma_bytes)` leaves `allow_mnnvl` off, so NVSHMEM does not use a
-multi-node NVLink domain). HybridEP's nodes are whole NVLink domains (`num_of_nodes`: "Number of NVLink domains (not
+multi-node NVLink domain). Its NVLink peers open each other's buffers by CUDA IPC handles (`use_fabric` off too),
+which reach only the devices of one machine: on a node of several machines (`GroupLinks.host`) its NVLink level is
+one machine's devices at most. HybridEP's nodes are whole NVLink domains (`num_of_nodes`: "Number of NVLink domains (not
 OS nodes/containers)", its allocator's `detect_accessible_ranks` and fabric handles on MNNVL systems): a cluster node
 of the language, 72 GPUs on a GB200 NVL72, 8 on a DGX H100, where the two see the same nodes."""
 
@@ -315,11 +322,12 @@ of the language, 72 GPUs on a GB200 NVL72, 8 on a DGX H100, where the two see th
 def dispatch_seconds(kind: str, size_bytes: float, links: GroupLinks, experts: int, top_k: int) -> float:
     """One dispatch (or combine) of `size_bytes` routed copies per device by the dispatcher `kind`: NCCL's
     all-to-all (`alltoall`), or once per node (`node_dispatch_seconds`) over the nodes each flex backend sees: DeepEP's
-    groups of at most `DEEPEP_NVL_PEERS` ranks, HybridEP's NVLink domains (the cluster's nodes)."""
+    groups of at most `DEEPEP_NVL_PEERS` ranks on one machine, HybridEP's NVLink domains (the cluster's nodes)."""
     if kind == "alltoall":
         return collective_seconds("all_to_all", size_bytes, links)
-    if kind == "deepep" and links.local > DEEPEP_NVL_PEERS:  # RDMA between groups of 8 inside one NVLink domain
-        links = replace(links, local=DEEPEP_NVL_PEERS, nodes=-(-links.size // DEEPEP_NVL_PEERS))
+    peers = min(DEEPEP_NVL_PEERS, links.host or DEEPEP_NVL_PEERS)
+    if kind == "deepep" and links.local > peers:  # RDMA between its NVLink groups inside one NVLink domain
+        links = replace(links, local=peers, nodes=-(-links.size // peers))
     return node_dispatch_seconds(size_bytes, links, experts, top_k)
 
 

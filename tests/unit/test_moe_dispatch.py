@@ -148,26 +148,27 @@ plan p {{
 """
 
 
-def test_on_an_nvlink_domain_wider_than_8_gpus_hybridep_spans_it_and_deepep_does_not():
-    """On a GB200 NVL72 (a node of the language: 72 GPUs in one NVLink domain) DeepEP's normal kernels still reach
-    at most 8 ranks over NVLink (NUM_MAX_NVL_PEERS) and send the rest over the NIC between groups of 8, where HybridEP's
-    node is the whole domain: an expert group of 16 in one rack dispatches for HybridEP as the all-to-all over NVLink
-    does, for DeepEP as two groups of 8; one of 144 over two racks crosses the NIC once per rack for HybridEP and once
-    per group of 8 for DeepEP."""
+def test_on_an_nvlink_domain_wider_than_a_machine_hybridep_spans_it_and_deepep_does_not():
+    """On a GB200 NVL72 (a node of the language: 72 GPUs in one NVLink domain, on 18 trays of 4) DeepEP's normal
+    kernels reach over NVLink only the peers whose buffers CUDA IPC opens, one tray's 4 (and never more than 8,
+    NUM_MAX_NVL_PEERS), and send the rest over the NIC, where HybridEP's node is the whole domain: an expert group of
+    16 in one rack dispatches for HybridEP as the all-to-all over NVLink does, for DeepEP as four groups of 4; one of
+    144 over two racks crosses the NIC once per rack for HybridEP and once per tray for DeepEP."""
     routed = 4096 * 8 * 2048 * 2
     one = plan_links(api.loads(GB200.format(racks=1, mesh="dp = 4, ep = 16", part=" over devices[0:64]", batch=64,
                                                    kind="alltoall"))
                      .plans[0]).ep
     assert (one.size, one.local, one.nodes) == (16, 16, 1)
     assert dispatch_seconds("hybridep", routed, one, 144, 8) == collective_seconds("all_to_all", routed, one)
-    groups = replace(one, local=DEEPEP_NVL_PEERS, nodes=2)
-    assert dispatch_seconds("deepep", routed, one, 144, 8) == node_dispatch_seconds(routed, groups, 144, 8)
+    assert one.host == 4 < DEEPEP_NVL_PEERS
+    trays = replace(one, local=4, nodes=4)
+    assert dispatch_seconds("deepep", routed, one, 144, 8) == node_dispatch_seconds(routed, trays, 144, 8)
     assert dispatch_seconds("deepep", routed, one, 144, 8) > dispatch_seconds("hybridep", routed, one, 144, 8)
     two = plan_links(api.loads(GB200.format(racks=2, mesh="ep = 144", part="", batch=144, kind="hybridep")).plans[0]).ep
     assert (two.size, two.local, two.nodes) == (144, 72, 2)
     assert dispatch_seconds("hybridep", routed, two, 144, 8) == node_dispatch_seconds(routed, two, 144, 8)
     assert dispatch_seconds("deepep", routed, two, 144, 8) == \
-        node_dispatch_seconds(routed, replace(two, local=8, nodes=18), 144, 8)
+        node_dispatch_seconds(routed, replace(two, local=4, nodes=36), 144, 8)
     assert dispatch_seconds("hybridep", routed, two, 144, 8) < dispatch_seconds("deepep", routed, two, 144, 8)
     steps = {kind: api.estimate(api.loads(GB200.format(racks=2, mesh="ep = 144", part="", batch=144, kind=kind)).plans[0])
              .time.step for kind in ("alltoall", "deepep", "hybridep")}
