@@ -323,7 +323,13 @@ def model_state_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Pa
         # made in the backward and not kept, `keep_fp8_transpose_cache` off), the master copy with the optimizer.
         # Under ZeRO-3 the shards keep the weights' dtype: torchao casts each shard before its gather.
         quantized = sum(_quantized_numel(plan, layer, tp, ep, expert_tp) for layer in layers)
-        params -= quantized * (StateBytes.of(plan.train).params - fp8_gather_bytes(plan.train))
+        states = StateBytes.of(plan.train)
+        params -= quantized * (states.params - fp8_gather_bytes(plan.train))
+        if not plan.train.master_copy:  # the weights were the master copy: it stays, with the optimizer's shards
+            dense_only = sum(_quantized_numel(plan, layer, tp, ep, expert_tp, True) for layer in layers)
+            _, dense_degree, expert_degree = zero_degrees(plan)
+            optimizer += (-(-dense_only // dense_degree) + -(-(quantized - dense_only) // expert_degree)) \
+                * plan.train.master_dtype.bytes
     return params, grads, optimizer
 
 

@@ -319,3 +319,19 @@ def test_megatrons_fp8_params_are_kept_in_fp8_under_zero1():
     assert (fp8_grads, fp8_optimizer) == (grads, optimizer)
     zero3 = lowered("fsdp over dp with gather = fp8", extra=bf16)
     assert model_state_bytes(zero3, layers)[0] == model_state_bytes(lowered("fsdp over dp", extra=bf16), layers)[0]
+
+
+def test_fp8_params_keep_their_master_copy_when_the_weights_were_it():
+    """Without `param_dtype` the fp32 weights are the master copy (no other is kept); --fp8-param-gather's FP8 weights
+    do not replace it: the fp32 master of the quantized weights moves to the optimizer, sharded with its states
+    over the 8 data ranks; the other parameters stay fp32 weights."""
+    from plandsl.cost.memory import model_state_bytes
+    zero1 = lowered("zero1 over dp")
+    fp8 = lowered("zero1 over dp with gather = fp8")
+    layers = layers_of(zero1.model)
+    (params, grads, optimizer), (fp8_params, fp8_grads, fp8_optimizer) = \
+        model_state_bytes(zero1, layers), model_state_bytes(fp8, layers)
+    assert params == 4 * (ROOT + 4 * BLOCK)
+    assert fp8_params == params - 4 * LINEAR * (4 - 1)
+    assert fp8_grads == grads
+    assert fp8_optimizer == optimizer + 4 * (4 * LINEAR) / 8
