@@ -399,6 +399,11 @@ FP8_RECIPE_CAST_BYTES = {
 """Bytes each FP8 recipe moves per element of a linear layer's input (forward) and output gradient (backward)."""
 
 FP8_WEIGHT_CAST_BYTES = {ir.Fp8Recipe.tensorwise: FP8_AMAX_BYTES + FP8_CAST_BYTES}
+"""Bytes a recipe moves per element of a linear layer's weight in every forward (and every forward a recomputation
+reruns): torchao's tensorwise scaling casts the weight again each time, its amax a pass of its own
+(`get_float8_mem_sympy`: `fwd_fp8_weight_mem`, `fuse_with_prev=False`: read 2, read 2, write 1 + 1; the backward's
+grad_input GEMM reads the copy the forward made). Transformer Engine's recipes cast a weight once a step and cache
+it across microbatches (Megatron's `is_first_microbatch`): not per microbatch, so not here."""
 FP8_GATHERED_WEIGHT_BYTES = 2.0
 """Bytes per element of a linear layer's weight in every backward under torchao's tensorwise scaling when FSDP gathers
 it in FP8 (`gather = fp8`, `enable_fsdp_float8_all_gather`): the weight arrives as a `Float8TrainingTensor`, which the
@@ -406,11 +411,6 @@ forward's GEMM reads as it is (`weight.t()` is column-major), so no cast; the ba
 row-major, which `float8_ops` copies column-major first (`b_data.t().contiguous().t()`: read 1, write 1). The cast
 itself runs on each rank's shard before each all-gather (`WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather`, the
 scale precomputed once a step: read the shard, write 1 byte), 1/N_d of it per gather, not priced."""
-"""Bytes a recipe moves per element of a linear layer's weight in every forward (and every forward a recomputation
-reruns): torchao's tensorwise scaling casts the weight again each time, its amax a pass of its own
-(`get_float8_mem_sympy`: `fwd_fp8_weight_mem`, `fuse_with_prev=False`: read 2, read 2, write 1 + 1; the backward's
-grad_input GEMM reads the copy the forward made). Transformer Engine's recipes cast a weight once a step and cache
-it across microbatches (Megatron's `is_first_microbatch`): not per microbatch, so not here."""
 
 
 def cast_bytes(work: Work) -> float:
