@@ -196,6 +196,7 @@ class Run:
     dispatcher: str = "alltoall"  # the recipe's token dispatcher: `experts = deepep | hybridep over ...` (flex)
     context: str = "allgather"  # the recipe's context parallelism, and whose ring: `context = ring over cp with
     ring: str = "te"  # implementation = torch` (torch's context_parallel, torchtitan's)
+    pipeline: str = ""  # whose pipeline runs the stages (`stages = ... with implementation = ...`); "": `pipeline_of`
 
 
 # Transformer Engine's userbuffers as the rows' sources ran it (`tensor ... with sequence_parallel, overlap =
@@ -691,6 +692,25 @@ STACK_KEYS = {"kernels": ir.Kernels, "attention": ir.Attention, "loss": ir.Loss,
               "bf16_first_layers": int, "bf16_last_layers": int}  # Run.dtypes' keys that are no dtype
 
 
+# Whose pipeline a row's stack runs (`stages = ... with implementation = torch | megatron`; docs/validation.md, "Peak
+# memory"), by its source, the rule written before any row's prediction was looked at: Megatron-LM, NeMo,
+# Megatron-Bridge and Megatron-Core's ModelZoo run megatron.core.pipeline_parallel.schedules; BigScience's BLOOM and
+# MT-NLG ran Megatron-DeepSpeed, whose pipeline is DeepSpeed's engine (deepspeed/runtime/pipe/engine.py), which keeps
+# as many buffers as microbatches in flight (`TrainSchedule.num_pipe_buffers`), one receive buffer
+# (`pipe_recv_buf`, cloned into them) and one for gradients (`grad_layer`), and clears a sent output's data keeping its
+# graph (`first_output.data = torch.zeros(1)`) as Megatron-LM's `deallocate_output_tensor` does: Megatron's. torchtitan
+# (and the torchao Float8 rows run with it) drives torch's; the Llama Team's own stack is not published: torch's, the
+# default, as before.
+MEGATRON_PIPELINE_SOURCES = ("Narayanan et al. 2021", "Korthikanti et al. 2022", "NVIDIA/Megatron-LM",
+                             "NVIDIA Megatron-Bridge", "NVIDIA dgxc-benchmarking", "NVIDIA NeMo",
+                             "yanring/Megatron-MoE-ModelZoo", "BigScience", "Smith et al. 2022")
+
+
+def pipeline_of(run: Run) -> str:
+    """The row's pipeline: its own `pipeline`, else `MEGATRON_PIPELINE_SOURCES`' rule."""
+    return run.pipeline or ("megatron" if run.source.startswith(MEGATRON_PIPELINE_SOURCES) else "torch")
+
+
 def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
     document = api.loads(HARDWARE + BLACKWELL_HARDWARE + ZERO3_2021_NODE.format(nic=nic)
                          + f"model run_model = {run.model}\ncluster run_cluster = {run.cluster}\n", path="bench.plan")
@@ -701,7 +721,7 @@ def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
                    overlap_experts=run.overlap_experts, fold_experts=run.fold_experts,
                    overlap_tensor=run.overlap_tensor, tensor_overlap=ir.TensorOverlap(run.tensor_overlap),
                    sm_margin=run.sm_margin, gathering=run.gathering, dispatcher=run.dispatcher,
-                   context=run.context, ring=run.ring)
+                   context=run.context, ring=run.ring, pipeline=pipeline_of(run))
 
 
 def predict(run: Run, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC):

@@ -70,7 +70,8 @@ def _check_replicas(plan: ir.Plan) -> Iterator[Diagnostic]:
 
 def _parts(estimate: MemoryEstimate) -> str:
     return (f"parameters {format_bytes(estimate.params)}, gradients {format_bytes(estimate.grads)}, "
-            f"optimizer {format_bytes(estimate.optimizer)}, activations {format_bytes(estimate.activations)}")
+            f"optimizer {format_bytes(estimate.optimizer)}, activations {format_bytes(estimate.activations)}"
+            + (f", torch's pipeline buffers {format_bytes(estimate.other)}" if estimate.other else ""))
 
 
 def _shares_hint(estimate: MemoryEstimate, room: float) -> str | None:

@@ -20,6 +20,18 @@ from plandsl.cost.schedule import builtin_sizes, plan_schedule
 def check_schedule(plan: ir.Plan) -> Iterator[Diagnostic]:
     if plan.schedule is None or plan.stages is None:
         return
+    if plan.stages.implementation == "megatron":
+        info = BUILTIN.get(plan.schedule.name) if plan.schedule.definition is None else None
+        if info is None or not info.megatron:  # megatron.core.pipeline_parallel.schedules' two functions
+            runs = ", ".join(name for name, known in BUILTIN.items() if known.megatron)
+            what = "a written schedule" if info is None else f"schedule '{plan.schedule.name}'"
+            span = plan.stages.span_of("implementation")
+            yield diag("E610", f"Megatron-LM's pipeline does not run {what}: it runs {runs} "
+                       "(forward_backward_pipelining_without_interleaving, _with_interleaving)", plan.schedule.span,
+                       hint="schedule = 1f1b (or interleaved_1f1b with virtual stages), or torch's pipeline: drop "
+                       "`implementation = megatron`", notes=[Note("Megatron-LM's pipeline said here", span)]
+                       if span else [])
+            return
     if batch.uneven(plan):  # each replica's own microbatch count (the training check passed: shares are valid)
         shares = data_shares(plan)
         info = BUILTIN.get(plan.schedule.name) if plan.schedule.definition is None else None

@@ -480,17 +480,24 @@ def format_estimate(estimate: PlanEstimate) -> str:
              f"  comm volume    {format_bytes(estimate.communication.total):>10} per device per step"
              + _volume_parts(estimate.communication),
              "  memory per device (worst device of each pipeline rank):",
-             f"  {'rank':>6} {'params':>11} {'grads':>11} {'optimizer':>11} {'activations':>11} {'total':>11} {'capacity':>11}"]
+             f"  {'rank':>6} {'params':>11} {'grads':>11} {'optimizer':>11} {'activations':>11}"
+             + (f" {'pipeline':>11}" if any(m.other for m in estimate.memory) else "")
+             + f" {'total':>11} {'capacity':>11}"]
+    buffers = any(m.other for m in estimate.memory)  # torch's pipeline stage's buffers (`cost.memory.torch_stage_bytes`)
     for rank, (m, c) in enumerate(zip(estimate.memory, estimate.capacity)):
         flag = "" if m.total <= c else "  DOES NOT FIT"
         lines.append(f"  {rank:>6} {format_bytes(m.params):>11} {format_bytes(m.grads):>11} "
                      f"{format_bytes(m.optimizer):>11} {format_bytes(m.activations):>11} "
-                     f"{format_bytes(m.total):>11} {format_bytes(c):>11}{flag}")
+                     + (f"{format_bytes(m.other):>11} " if buffers else "")
+                     + f"{format_bytes(m.total):>11} {format_bytes(c):>11}{flag}")
     lines.append("  params, grads, optimizer: at the plan's master_dtype (or param_dtype: then the master copy counts "
                  "with the optimizer), grad_dtype and optimizer_dtype (fp32 unless it says), ZeRO-sharded, with the "
                  "units ZeRO-2/3 "
                  "gather; activations: the schedule's in-flight bound or the simulated peak, whichever is higher, "
-                 "plus the recomputation working set or the loss's backward; total: their sum, the peak; capacity: "
+                 "plus the recomputation working set or the loss's backward; "
+                 + ("pipeline: what torch's pipeline stage keeps beside the layers (a receive buffer per microbatch "
+                    "for activations and for gradients, each output until its backward); " if buffers else "")
+                 + "total: their sum, the peak; capacity: "
                  "the device's memory less its reserve (allocator, context, communication buffers)")
     return "\n".join(lines)
 

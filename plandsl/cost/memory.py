@@ -78,8 +78,9 @@ FP32_STATES = StateBytes()
 class MemoryEstimate:
     """Bytes on one device at its peak. `params` and `grads` are the ZeRO shards plus, with ZeRO-3
     (params) and ZeRO-2/3 (grads), the unsharded units being gathered and reduced
-    (`gathered_bytes`), of which `gathered_params` and `gathered_grads` are those units. `other` is 0:
-    no allowance is invented (see `estimate_memory`)."""
+    (`gathered_bytes`), of which `gathered_params` and `gathered_grads` are those units. `other` is what torch's
+    pipeline stage holds beside the layers (`torch_stage_bytes`; 0 without a pipeline and on Megatron-LM's): no
+    allowance is invented (see `estimate_memory`)."""
 
     params: float
     grads: float
@@ -153,8 +154,10 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         head = head_inflight(schedule, rank_inflight) if len(rank_stages) > 1 else rank_inflight
         activations = rank_inflight * stored[0] + head * stored[1] \
             + beyond_layers(plan, [stage_layers[stage] for stage in stages], attention_matrix)
+        own = rank_stages[len(estimates)]
+        buffers = torch_stage_bytes(plan, len(stage_layers), own, rank_inflight, head) if len(rank_stages) > 1 else 0.0
         estimates.append(MemoryEstimate(params + gathered_params, grads + gathered_grads, optimizer, activations,
-                                        gathered_params=gathered_params, gathered_grads=gathered_grads))
+                                        other=buffers, gathered_params=gathered_params, gathered_grads=gathered_grads))
     return estimates
 
 
@@ -862,6 +865,46 @@ def head_inflight(schedule: str, rank_inflight: float) -> float:
     return rank_inflight if rule in ("every", "two_pipelines") else min(1.0, rank_inflight)
 
 
+def torch_stage_bytes(plan: ir.Plan, stages: int, own: Sequence[int], inflight: float, head: float) -> float:
+    """What torch's `PipelineStage` (torch 2.13, `torch.distributed.pipelining.stage`, as `plandsl run` and torchtitan's
+    trainer drive it: `step(..., return_outputs=False)`) holds on a pipeline rank beyond its layers' saved activations,
+    for the stages `own` it runs of `stages`, `inflight` microbatches of each in flight (`inflight_microbatches`, the
+    rank's average over its stages) and `head` on the last stage (`head_inflight`); 0 on Megatron-LM's pipeline, which
+    frees an output once sent (`deallocate_output_tensor`) and receives into a fresh tensor one at a time. Per stage,
+    for m microbatches of b boundary bytes (the blocks' output: tokens x hidden at the activations' 16-bit width, over
+    t with sequence parallelism, as torch sends the local shard):
+
+    - a stage after the first: a receive buffer per microbatch (`_setup_forward_recv_info`, allocated once, kept across
+      steps): m·b, of which the microbatches in flight are the stage's first block's saved input, counted with the
+      layers: (m - inflight)·b;
+    - a stage before the last: a gradient receive buffer per microbatch (`_create_grad_recv_info`, kept likewise): m·b,
+      and each microbatch's output until its backward (`forward_one_chunk`'s `fwd_cache`; no layer of the stage saves
+      it, the next stage's first block saves its received copy): inflight·b;
+    - the last stage: its output until its backward (`fwd_cache`), head x the 16-bit logits (tokens x vocab/t), which
+      nothing else keeps (the loss saves its fp32 log-probabilities); none under a fused loss, where the stage returns
+      its final hidden states, which the loss (`plandsl run`'s schedule calls the head in it) saves and the head's
+      activations count.
+
+    Not counted: the input gradients (`stage_backward` drops them from the inputs, `bwd_cache` is popped by the next
+    send: transient, as in Megatron-LM) and `output_chunks`, which holds every microbatch's output to the step's end
+    only with `return_outputs=True` (torch's default, and what torchtitan's torch of late 2024 always did)."""
+    model = plan.model
+    if plan.stages is None or plan.stages.implementation != "torch" or stages < 2 or not own \
+            or not isinstance(model, ir.TransformerModel):
+        return 0.0
+    m = plan.num_microbatches
+    tokens = -(-plan.seq // plan.cp) * plan.train.micro_batch
+    e = plan.train.precision.unquantized.bytes
+    sequence_parallel = bool(plan.tensor and plan.tensor.sequence_parallel)
+    boundary = tokens * model.hidden * e / (plan.tp if sequence_parallel else 1)
+    after_first = sum(1 for stage in own if stage > 0)
+    before_last = sum(1 for stage in own if stage < stages - 1)
+    total = after_first * max(0.0, m - inflight) * boundary + before_last * (m + min(inflight, m)) * boundary
+    if stages - 1 in own and plan.train.loss is not ir.Loss.fused:
+        total += head * e * tokens * -(-model.vocab // plan.tp)
+    return total
+
+
 def _block_input_width(model: ir.CustomModel, layer: Layer) -> int:
     """Elements per token entering a torch model's block: the output of the layer before it."""
     names = [authored.name for authored in model.layers]
@@ -905,7 +948,7 @@ __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estima
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
            "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES", "StateBytes", "FP32_STATES", "module_split",
            "head_inflight", "beyond_layers", "LAST_STAGE_KINDS", "LOSS_PARALLEL_TEMPORARIES",
-           "ring_backward_bytes"]
+           "ring_backward_bytes", "torch_stage_bytes"]
 
 
 def estimate_plan_memory(plan: ir.Plan, assignment: Assignment | None = None,

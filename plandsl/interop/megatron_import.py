@@ -685,14 +685,17 @@ def _stages(read: _Read, layers: int, pp: int) -> list[str] | None:
             return None
         if pp == 1:
             return []
-        lines = ["  stages = evenly over pp" + (f" with virtual = {virtual}" if virtual > 1 else "")]
+        # Megatron-LM's own pipeline (`implementation = megatron`): its memory, not torch's stage buffers
+        options = ([f"virtual = {virtual}"] if virtual > 1 else []) + ["implementation = megatron"]
+        lines = ["  stages = evenly over pp with " + ", ".join(options)]
         return lines + [f"  schedule = {'interleaved_1f1b' if virtual > 1 else '1f1b'}"]
     if counts is None:
         return None
     if pp == 1:
         return []
     virtual = len(counts) // pp
-    return stages_lines(counts, virtual) + ["  }", f"  schedule = {'interleaved_1f1b' if virtual > 1 else '1f1b'}"]
+    return stages_lines(counts, virtual) + ["    implementation = megatron", "  }",
+                                            f"  schedule = {'interleaved_1f1b' if virtual > 1 else '1f1b'}"]
 
 
 def stages_lines(counts: list[tuple[bool, int, bool]], virtual: int) -> list[str]:

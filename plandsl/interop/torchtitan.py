@@ -210,6 +210,10 @@ def _parallel_args(plan: ir.Plan, args: list, lose) -> dict[str, int]:
 
 def _pipeline_args(plan: ir.Plan, args: list, lose) -> None:
     stages = plan.stages
+    if stages.implementation != "torch":  # torchtitan drives torch.distributed.pipelining's stages
+        lose(f"stages with implementation = {stages.implementation} (torchtitan runs torch's pipeline, whose stages "
+             "keep a receive buffer per microbatch and each output until its backward: more memory)", "stages",
+             hint="drop `implementation = megatron`: torch's pipeline is the default")
     name = plan.schedule.name if plan.schedule is not None else "1f1b"
     schedule = SCHEDULES.get(name) if plan.schedule is None or plan.schedule.definition is None else None
     if schedule is None:

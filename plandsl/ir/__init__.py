@@ -896,12 +896,30 @@ class StageGroup(Node):
     selectors: tuple[Selector, ...]
 
 
+PIPELINE_IMPLEMENTATIONS = ("torch", "megatron")
+"""Whose pipeline runs the stages (`stages = ... with implementation = ...`; docs/cost-model.md, "torch's pipeline
+stage")."""
+
+
 class Stages(Node):
     axis: str = "pp"
     mode: Literal["evenly", "explicit"] = "evenly"
     virtual: int = Field(default=1, gt=0, le=1024, description="stages per pipeline rank")
     rank_map: Union[Literal["loop", "vshape"], tuple[int, ...]] = "loop"
     groups: tuple[StageGroup, ...] = ()
+    implementation: Literal["torch", "megatron"] = Field(
+        default="torch", description="`stages = ... with implementation = torch | megatron`: whose pipeline runs "
+        "them: torch's `torch.distributed.pipelining` (`plandsl run`'s and torchtitan's: each stage keeps a receive "
+        "buffer per microbatch for activations and for gradients, and each output until its backward), or "
+        "Megatron-LM's (`megatron.core.pipeline_parallel.schedules`: an output freed once sent, one receive at a time)")
+
+    @model_serializer(mode="wrap")
+    def _without_unset_options(self, handler):
+        """Stages without `with implementation` dump (and their plan hashes) as before the option existed."""
+        data = handler(self)
+        if isinstance(data, dict) and self.implementation == "torch":
+            data.pop("implementation", None)
+        return data
 
 
 class Placement(Node):

@@ -37,7 +37,7 @@ CONTEXT_KINDS = ("ring", "allgather", "none")
 EXPERT_KINDS = ("alltoall", "deepep", "hybridep", "none")
 CLAUSE_OPTIONS: dict[str, tuple[str, ...]] = {  # an attribute's clause -> the `with` options it takes
     "data": ("unit", "prefetch", "prefetch_bucket", "gather"), "tensor": ("sequence_parallel", "overlap", "sm_margin"), "context": ("implementation",), "experts": ("overlap",),
-    "stages": ("virtual", "map")}
+    "stages": ("virtual", "map", "implementation")}
 STYLES = ("colwise", "rowwise", "sequence", "replicate")
 DEFAULT_AXES = {"data": "dp", "tensor": "tp", "context": "cp", "experts": "ep", "stages": "pp"}
 
@@ -353,12 +353,19 @@ def stages_clause(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.Stages:
     axis = one_axis(scope, over, m, "stages", expr.span)
     virtual = scope.integer(found["virtual"].value, "virtual", minimum=1, maximum=MAX_VIRTUAL) if "virtual" in found else 1
     mapping = rank_map(scope, found["map"].value) if "map" in found else "loop"
+    spans = axis_spans(scope, over, m)
+    implementation = {}
+    if "implementation" in found:  # whose pipeline: the checker's E610 points at it
+        implementation["implementation"] = scope.word(_value(scope, found["implementation"]),
+                                                      ir.PIPELINE_IMPLEMENTATIONS, "pipeline implementation")
+        spans["implementation"] = found["implementation"].span
     return ir.Stages(axis=axis, mode="evenly", virtual=virtual, rank_map=mapping, span=expr.span,
-                     field_spans=axis_spans(scope, over, m))
+                     field_spans=spans, **implementation)
 
 
 def stages_block(scope: Scope, block: s.Block, m: ir.Mesh) -> ir.Stages:
-    found = attributes(scope, block.body, {"axis": False, "virtual": False, "map": False}, "stages")
+    found = attributes(scope, block.body, {"axis": False, "virtual": False, "map": False, "implementation": False},
+                       "stages")
     axis = one_axis(scope, found["axis"].value, m, "stages", block.name_span) if "axis" in found else "pp"
     if m.axis(axis) is None:
         raise scope.reporter.error("E302", f"stages run over axis '{axis}', which the mesh does not have",
@@ -384,8 +391,13 @@ def stages_block(scope: Scope, block: s.Block, m: ir.Mesh) -> ir.Stages:
     if not groups:
         raise scope.reporter.error("E207", "a stages block needs `stage: layers` entries", block.name_span,
                                    hint="0: embed, layers[0:16]")
+    implementation = {}
+    if "implementation" in found:  # whose pipeline (`implementation = megatron`)
+        implementation["implementation"] = scope.word(found["implementation"].value, ir.PIPELINE_IMPLEMENTATIONS,
+                                                      "pipeline implementation")
     return ir.Stages(axis=axis, mode="explicit", virtual=virtual, rank_map=mapping, groups=tuple(groups),
-                     span=block.span)
+                     span=block.span, field_spans={"implementation": found["implementation"].span}
+                     if "implementation" in found else {}, **implementation)
 
 
 def schedule_ref(scope: Scope, expr: s.Expr) -> ir.ScheduleRef:

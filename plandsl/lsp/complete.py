@@ -39,7 +39,7 @@ STATEMENT_STARTS = ("layer", "shard", "rank", "for", "on", "if", "else", "in")  
 BODIES: dict[str, tuple[str, ...]] = {  # a definition's kind -> what its body's statements start with
     "device": tuple(DEVICE_ATTRS), "node": tuple(NODE_ATTRS), "cluster": tuple(CLUSTER_ATTRS),
     "model": (*MODEL_ATTRS, "layer"), "plan": (*PLAN_ATTRS, "shard"), "layer": tuple(LAYER_ATTRS),
-    "stages": ("axis", "virtual", "map"),
+    "stages": ("axis", "virtual", "map", "implementation"),
 }
 KEYS: dict[str, tuple[str, ...]] = {  # an attribute whose value is `{ }` -> its keys
     "train": tuple(TRAIN_KEYS), "peak": PRECISIONS, "efficiency": (*EFFICIENCY_KEYS, *PRECISIONS),

@@ -54,6 +54,7 @@ class ScheduleInfo:
     rank_map: Literal["loop", "vshape"] = "loop"  # the stage -> rank map, as `stages ... map =` writes it
     searched: bool = True         # `generate` tries it unpinned
     inflight: InflightRule = "depth"  # the memory model's in-flight microbatches (`InflightRule`)
+    megatron: bool = False        # Megatron-LM's pipeline runs it (`stages ... with implementation = megatron`, E610)
 
 
 BUILTIN: dict[str, ScheduleInfo] = {s.name: s for s in (
@@ -61,9 +62,10 @@ BUILTIN: dict[str, ScheduleInfo] = {s.name: s for s in (
                  torch_class="ScheduleGPipe", inflight="every"),
     # torch's Schedule1F1B, which `plandsl run` uses, refuses fewer microbatches than stages
     ScheduleInfo("1f1b", "PipeDream-Flush: warm-up forwards, then one forward one backward (Narayanan et al. 2021)",
-                 min_microbatches="ranks", lays_out_fewer=True, torch_class="Schedule1F1B"),
+                 min_microbatches="ranks", lays_out_fewer=True, torch_class="Schedule1F1B", megatron=True),
     ScheduleInfo("interleaved_1f1b", "1F1B over several stages per rank (Megatron-LM, Narayanan et al. 2021)",
-                 virtual="any", rounds=True, torch_class="ScheduleInterleaved1F1B", inflight="interleaved"),
+                 virtual="any", rounds=True, torch_class="ScheduleInterleaved1F1B", inflight="interleaved",
+                 megatron=True),
     ScheduleInfo("looped_bfs", "breadth-first over looped stages (Lamy-Poirier 2023)", virtual="any",
                  torch_class="ScheduleLoopedBFS", inflight="every"),
     # torch ships no class for H1 and H2: the interpreter runs the generated table

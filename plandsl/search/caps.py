@@ -27,7 +27,8 @@ class Caps:
     def rank_caps(self, root: Root, ranks, inflight: np.ndarray, memory, recomputed: int | None = None,
                    kept: float = 0.0) -> np.ndarray:
         """The most blocks each rank holds within its memory: its capacity less the embedding (first
-        stage), the norm and head (last), the working set and ZeRO's gathered units, over a block's
+        stage), the norm and head (last), the working set, ZeRO's gathered units and torch's pipeline stage's
+        buffers (`Figures.stage_buffers`, at most the exact estimate's), over a block's
         states plus its in-flight microbatches' activations. One array operation over the ranks (a
         pipeline of 4,096 ranks costs what one of 4 does, per leaf). `recomputed` (`recompute_layers`):
         the first that many blocks of each stage store `memory`'s block activations, the others `kept`
@@ -60,7 +61,9 @@ class Caps:
         any_free = bool(free.any())
         if any_free:
             per, per_kept = np.where(free, 1.0, per), np.where(free, 1.0, per_kept)
-        room = capacity - working
+        # torch's pipeline stage's buffers (`cost.memory.torch_stage_bytes`): a rank's, whatever its blocks
+        buffers = self.figures.stage_buffers(memory, ranks, inflight)
+        room = capacity - working - buffers
         one, two = self.figures.gathered(memory, False, False, 1), self.figures.gathered(memory, False, False, 2)
         caps = within(room - two, per, per_kept)  # blocks that fit in the room less the gathered units
         if one != two:  # a rank with 1 block gathers less than one with >= 2 blocks: where 2 do not fit, 1 may
@@ -70,14 +73,14 @@ class Caps:
         if np.ndim(head):  # rows of N: the first and last ranks' columns as the loop below, for every row at once
             caps = np.array(caps, dtype=np.float64)
             for r in fixed:
-                room = float(capacity[r]) - fixed[r] - working
+                room = float(capacity[r]) - fixed[r] - working - float(buffers[r])
                 gathered = self.figures.gathered
                 two = within(room - gathered(memory, r == first_rank, r == last_rank, 2), per[r], per_kept[r])
                 one = within(room - gathered(memory, r == first_rank, r == last_rank, 1), per[r], per_kept[r])
                 caps[:, r] = self.blocks if free[r] else np.where(two >= 2, two, np.minimum(one, 1.0))[:, 0]
             return _whole(caps)
         for r in fixed:  # the first and last ranks, one at a time (`cost.memory` order of terms)
-            room = float(capacity[r]) - fixed[r] - working
+            room = float(capacity[r]) - fixed[r] - working - float(buffers[r])
             cap = self.blocks
             for blocks in (2, 1):
                 if free[r]:
@@ -142,6 +145,7 @@ class Caps:
             kept_embed, kept_block, kept_norm, kept_head = kept_memory[0][:4]
             found = self._partial_cache[key] = (([kept_embed, block, kept_norm, kept_head], tied, plan),
                                                 kept_block[1], memory, kept_memory)
+            self.figures.share_buffers(found[0], memory)
         return found[0], found[1]
 
 

@@ -160,13 +160,17 @@ def rank_devices(devices: Sequence[ir.DeviceType], axes: Sequence[tuple[str, int
 
 
 # ---- schedules -------------------------------------------------------------------------------------------------
-def schedule_choices(pp: int, m: int, blocks: int, pinned: str | None, virtual_pin: int | None):
-    """(schedule, virtual) pairs the generators accept for pp ranks and m microbatches."""
+def schedule_choices(pp: int, m: int, blocks: int, pinned: str | None, virtual_pin: int | None,
+                     megatron: bool = False):
+    """(schedule, virtual) pairs the generators accept for pp ranks and m microbatches; on Megatron-LM's pipeline
+    (`megatron`) only the schedules it runs (`ScheduleInfo.megatron`, the checker's E610)."""
     if pp == 1:
         return [(pinned if pinned and pinned != "none" else "", 1)]
     out = []
     for name, info in BUILTIN.items():
         if (pinned and name != pinned) or (not pinned and not info.searched):  # chimera: when pinned only
+            continue
+        if megatron and not info.megatron:
             continue
         if not microbatches_fit(info, pp, m):  # the checker's rule (E502): torch's, where run uses torch
             continue

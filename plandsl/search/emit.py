@@ -313,11 +313,14 @@ def stage_lines(scored: Scored, problem: Problem, axis: str = "pp") -> list[str]
         options.append(f"virtual = {c.virtual_stages}")
     if vshape:
         options.append("map = vshape")
+    if problem.pipeline != "torch":  # whose pipeline, as the problem says it (torch's unless written)
+        options.append(f"implementation = {problem.pipeline}")
     layers = layers_of(problem.model)
     transformer = isinstance(problem.model, ir.TransformerModel)
     if transformer and list(counts) == [len(p) for p in split_evenly(list(range(sum(counts))), len(counts))]:
         return [f"  stages   = evenly over {axis}" + (f" with {', '.join(options)}" if options else "")]
-    lines = ["  stages {"] + ([f"    axis = {axis}"] if axis != "pp" else [])
+    lines = ["  stages {"] + ([f"    axis = {axis}"] if axis != "pp" else []) \
+        + ([f"    implementation = {problem.pipeline}"] if problem.pipeline != "torch" else [])
     if transformer:
         start = 0
         spans = []

@@ -17,7 +17,7 @@ from plandsl.cost.compute import Efficiency, Work
 from plandsl.cost.layer import LayerTime, estimate_layer_time
 from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, gathered_bytes, gathered_param_bytes,
                                  inflight_microbatches, layer_precision, pipelined_shards,
-                                 model_state_bytes, tied_embedding, StateBytes)
+                                 model_state_bytes, tied_embedding, torch_stage_bytes, StateBytes)
 from plandsl.cost.stage import param_split
 from plandsl.ir.layers import Layer, figures_key, layers_of
 from plandsl.search.problem import CONTEXT, Problem, build_plan
@@ -51,6 +51,9 @@ class Figures:
         self._gather_cache: dict = caches.setdefault("gather", {})
         self._capacity_cache: dict = {}
         self._inflight_cache: dict = caches.setdefault("inflight", {})
+        # id(a node's memory) -> the plan torch's pipeline buffers are counted for (its micro-batch and data ranks)
+        self._buffer_plans: dict = caches.setdefault("buffer_plans", {})
+        self._buffers_cache: dict = caches.setdefault("buffers", {})
         self._types_cache: dict = {}
         self._links_cache: dict = {}
         self._links_numbers: dict = {}
@@ -88,8 +91,10 @@ class Figures:
         # and the context parallelism's kind and ring (`build_plan` reads them; the candidate decides whether there is one)
         context = ir.ContextParallel.model_construct(kind=p.context, axis="cp", implementation=p.ring) \
             if p.context != CONTEXT or p.ring != "te" else None
+        # and whose pipeline runs the stages (`build_plan` reads it; the candidate decides whether there are stages)
+        stages = ir.Stages.model_construct(field_spans={}, implementation=p.pipeline) if p.pipeline != "torch" else None
         return ir.Plan.model_construct(name="generated", model=p.model, cluster=p.cluster, mesh=mesh, train=train,
-                                       data=data, tensor=tensor, context=context, experts=experts, stages=None,
+                                       data=data, tensor=tensor, context=context, experts=experts, stages=stages,
                                        schedule=None, shard=())
 
     def work(self, node: Node) -> Work:
@@ -194,6 +199,31 @@ class Figures:
             states, tied, plan = self._states(node, zero)
             kept = self._activations(node, zero)
             found = self._memory_cache[key] = ([(s, *a) for s, a in zip(states, kept)], tied, plan)
+            if root.pp > 1 and self.transformer:  # the plan of the node's microbatches (`stage_buffers`)
+                self._buffer_plans[id(found)] = build_plan(self.base, candidate_of(node, "", 1, zero))
+        return found
+
+    def share_buffers(self, memory, like) -> None:
+        """`memory` (a partly recomputed node's) holds torch's pipeline buffers as `like` does: the same microbatches."""
+        if id(like) in self._buffer_plans:
+            self._buffer_plans[id(memory)] = self._buffer_plans[id(like)]
+
+    def stage_buffers(self, memory, ranks, inflight) -> np.ndarray:
+        """Per pipeline rank, what torch's pipeline stage holds beside the layers (`cost.memory.torch_stage_bytes`, 0 on
+        Megatron-LM's pipeline) for the node whose `memory` this is, its stages on `ranks` and `inflight` microbatches
+        in flight on each rank: the exact estimate's terms but the last stage's logits, counted for one microbatch in
+        flight at most (`head_inflight`'s least), so never above the exact estimate's."""
+        key = (id(memory), ranks, id(inflight))
+        found = self._buffers_cache.get(key)
+        if found is None:
+            plan = self._buffer_plans.get(id(memory))
+            found = np.zeros(len(inflight), dtype=np.float64)
+            if plan is not None and len(ranks) > 1:
+                for rank in range(len(inflight)):
+                    own = tuple(stage for stage, on in enumerate(ranks) if on == rank)
+                    found[rank] = torch_stage_bytes(plan, len(ranks), own, float(inflight[rank]),
+                                                    min(1.0, float(inflight[rank])))
+            self._buffers_cache[key] = found
         return found
 
     def _states(self, node: Node, zero: int):

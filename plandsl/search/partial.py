@@ -144,7 +144,8 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                       dispatcher=plan.experts.kind if plan.experts else "alltoall", fp8_recipe=plan.train.fp8_recipe,
                       bf16_first_layers=plan.train.bf16_first_layers, bf16_last_layers=plan.train.bf16_last_layers,
                       context=plan.context.kind if plan.context else CONTEXT,
-                      ring=plan.context.implementation if plan.context else "te", search_experts=searched)
+                      ring=plan.context.implementation if plan.context else "te", search_experts=searched,
+                      pipeline=plan.stages.implementation if plan.stages else "torch")
     decided = "mesh" in attrs and not free_choices(attrs, stage_block, plan)
     return Partial(path, text, module, definition, attrs, stage_block, plan, problem, parse_pins(pins), names,
                    tuple(overs), train_items, local, params, tuple(notes), decided)

@@ -53,6 +53,8 @@ class Problem:
     bf16_last_layers: int = 0
     context: str = CONTEXT                            # given, not searched: `context = ring over cp` (ir.ContextParallel)
     ring: str = "te"                                  # given: `context = ring over cp with implementation = torch`
+    pipeline: str = "torch"                           # given: `stages = ... with implementation = megatron` (only its
+    #                                                   schedules, none of torch's stage buffers: cost.memory)
 
     @property
     def sequence(self) -> int:
@@ -209,7 +211,8 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
     if c.pp > 1:
         name = c.schedule or DEFAULT_SCHEDULE
         stages = _node(ir.Stages, axis="pp", mode="explicit", virtual=c.virtual_stages,
-                       rank_map=BUILTIN[name].rank_map, groups=())
+                       rank_map=BUILTIN[name].rank_map, groups=(),  # whose pipeline: the problem's (search.figures)
+                       implementation=base.stages.implementation if base.stages is not None else "torch")
         schedule = _node(ir.ScheduleRef, name=name, options={}, definition=None)
     train = base.train.model_copy(update={"micro_batch": c.micro_batch_size, "recompute": ir.Recompute(c.recompute),
                                         "recompute_layers": c.recompute_layers})

@@ -194,7 +194,7 @@ class Space:
         if root.data_ranks == 1:  # nothing for ZeRO to shard over (Candidate.data_axis)
             zeros = [z for z in zeros if z == 0] or zeros[:1]
         choices = schedule_choices(root.pp, node.microbatches, self.blocks, pins.get("schedule"),
-                                   pins.get("virtual_stages"))
+                                   pins.get("virtual_stages"), self.problem.pipeline == "megatron")
         if node.recompute == "selective_op":  # its kept outputs serve one backward pass, not I then W (E703)
             choices = [c for c in choices if not splits_backward(c[0])] or choices
         leaves, memories, busy = [], {}, {}

@@ -106,7 +106,8 @@ class Splits:
         kept = inflight[on]
         dense_bytes, moe_bytes = dense_s + kept * dense_a, moe_s + kept * moe_a
         gathered = {(a, b): self.figures.gathered(memory, a, b, 2) for a in (False, True) for b in (False, True)}
-        room = self.figures.capacity(root)[on] - working - np.where(
+        room = self.figures.capacity(root)[on] - working - self.figures.stage_buffers(memory, ranks, inflight)[on] \
+            - np.where(
             first, np.where(final, gathered[True, True], gathered[True, False]),
             np.where(final, gathered[False, True], gathered[False, False]))
         room -= np.where(first, embed_s + kept * embed_a, 0.0)

@@ -291,7 +291,9 @@ def test_torchtitan_memory_with_a_pipeline_counts_the_held_stages(bench):
     (`bench.torchtitan_split`), and the units held in the dtype torchtitan gathers them in (FP8 for the 405B config's
     Float8 all-gather, bf16 at FSDP 1 x CP 8 where torchtitan turns it off): 18-30 % below the published peak, which
     the model does not explain (docs/validation.md, "The gather dtype"; within 12 % while it counted those units at
-    fp32, by coincidence: held within 31 % since). The FSDP 1 x CP 8 run holds its stage's linear weights in bf16
+    fp32, by coincidence: held within 31 % since); 13-28 % below since torch's pipeline stage's receive buffers and
+    cached outputs are counted (`cost.memory.torch_stage_bytes`: +2.0 GiB on the fullest 1F1B rank, +3.7 interleaved;
+    held within 29 %). The FSDP 1 x CP 8 run holds its stage's linear weights in bf16
     where FSDP 2 x CP 4 holds them in FP8, and torch's ring's backward at CP 8 all-gathers twice the K and V
     (`cost.memory.ring_backward_bytes`): counted 6.5 GiB more (published: 7.8; 5.7 before the ring's buffers were
     counted); counted as per-microbatch regathering they were 55-74 % below it."""
@@ -299,7 +301,7 @@ def test_torchtitan_memory_with_a_pipeline_counts_the_held_stages(bench):
     assert len(rows) == 6
     counted = {run.name: bench.counted_memory(run)[0] for run, _ in rows}  # at torchtitan's layer split
     errors = [counted[run.name] / gib - 1 for run, gib in rows]
-    assert max(map(abs, errors)) <= 0.31 and all(e < 0 for e in errors), errors
+    assert max(map(abs, errors)) <= 0.29 and all(e < 0 for e in errors), errors
     table6 = {cp: next(v for name, v in counted.items() if f"CP {cp} x" in name) for cp in (4, 8)}
     assert 6.0 <= table6[8] - table6[4] <= 7.8, table6
 

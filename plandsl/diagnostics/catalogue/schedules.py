@@ -129,3 +129,22 @@ _entry("E609", """
     }
     """, "Use a built-in schedule, which needs no table to check, or fewer microbatches (a larger micro_batch or a smaller global_batch).",
        ("schedule = flush", "schedule = 1f1b"))
+
+_entry("E610", """
+    `stages = ... with implementation = megatron` says the plan is Megatron-LM's pipeline
+    (`megatron.core.pipeline_parallel.schedules`), whose memory the estimate counts: an
+    output freed once sent, one receive at a time, none of torch's per-microbatch buffers.
+    Megatron-LM runs two schedules: 1F1B (`forward_backward_pipelining_without_interleaving`)
+    and, with virtual stages, interleaved 1F1B (`..._with_interleaving`). Any other schedule,
+    or one written in the plan, is torch's to run: the plan cannot say Megatron-LM runs it.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model    = {GPT}
+      cluster  = dgx_a100 x 1
+      mesh     = [dp = 2, pp = 2, tp = 2]
+      train    = {{ global_batch: 16, micro_batch: 1 }}
+      stages   = evenly over pp with implementation = megatron
+      schedule = gpipe
+    }}
+    """, "Use a schedule Megatron-LM runs, or torch's pipeline.", ("schedule = gpipe", "schedule = 1f1b"))

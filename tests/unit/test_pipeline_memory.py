@@ -1,0 +1,150 @@
+"""Whose pipeline runs a plan (`stages = ... with implementation = torch | megatron`): the lowering, the checker's
+E610, and what torch's `PipelineStage` holds beside the layers (`cost.memory.torch_stage_bytes`), counted here
+buffer by buffer from torch 2.13's `torch/distributed/pipelining/stage.py`; none of it on Megatron-LM's pipeline."""
+import pytest
+
+from plandsl import api
+from plandsl.cost.estimate import estimate_plan
+from plandsl.cost.memory import (
+    estimate_plan_memory,
+    inflight_microbatches,
+    torch_stage_bytes,
+)
+
+E = 2  # bf16
+HIDDEN, VOCAB, SEQ = 1024, 32000, 2048
+PLAN = """
+device g {{
+  memory = 80 GiB
+  bandwidth = 1 TB/s
+  peak = {{ bf16: 1000 TFLOP/s }}
+}}
+node n {{ devices = 8 x g; link = {{ bandwidth: 100 GB/s, latency: 0 us }} }}
+plan p {{
+  model    = llama(layers=16, hidden={hidden}, heads=8, seq={seq}, vocab={vocab})
+  cluster  = n
+  mesh     = [pp = {pp}, tp = {tp}]
+  train    = {{ global_batch: {batch}, micro_batch: 2, recompute: full{loss} }}
+  {tensor}
+  stages   = {stages}
+  schedule = {schedule}
+}}
+"""
+
+
+def _plan(pp=4, tp=1, batch=16, stages="evenly over pp", schedule="1f1b", sequence_parallel=False, loss=""):
+    tensor = "tensor = megatron over tp" + (" with sequence_parallel" if sequence_parallel else "") if tp > 1 else ""
+    text = PLAN.format(hidden=HIDDEN, vocab=VOCAB, seq=SEQ, pp=pp, tp=tp, batch=batch, stages=stages,
+                       schedule=schedule, tensor=tensor, loss=loss)
+    return api.select_plan(api.loads(text, path="p.plan"))
+
+
+def test_the_clause_and_the_block_say_whose_pipeline():
+    assert _plan().stages.implementation == "torch"
+    assert "implementation" not in _plan().stages.model_dump()  # a plan without it dumps as before
+    said = _plan(stages="evenly over pp with implementation = megatron")
+    assert said.stages.implementation == "megatron" and said.stages.model_dump()["implementation"] == "megatron"
+    block = "stages {\n    0: embed, layers[0:4]\n    1..3: layers[4:12]\n    3: layers[12:16], norm, head\n" \
+            "    implementation = megatron\n  }"
+    text = PLAN.format(hidden=HIDDEN, vocab=VOCAB, seq=SEQ, pp=4, tp=1, batch=16, tensor="", loss="", stages="",
+                       schedule="1f1b").replace("stages   = \n", block + "\n")
+    assert api.select_plan(api.loads(text, path="p.plan")).stages.implementation == "megatron"
+
+
+def test_an_unknown_pipeline_is_refused():
+    analysis = api.checks(PLAN.format(hidden=HIDDEN, vocab=VOCAB, seq=SEQ, pp=4, tp=1, batch=16, tensor="", loss="",
+                                      stages="evenly over pp with implementation = deepspeed", schedule="1f1b"),
+                          path="p.plan")
+    assert [d.code for d in analysis.diagnostics] == ["E210"]
+    assert "megatron" in analysis.diagnostics[0].hint
+
+
+@pytest.mark.parametrize("schedule, virtual", [("gpipe", ""), ("zb_h1", ""), ("interleaved_zero_bubble", ", virtual = 2")])
+def test_E610_megatron_runs_only_its_two_schedules(schedule, virtual):
+    text = PLAN.format(hidden=HIDDEN, vocab=VOCAB, seq=SEQ, pp=4, tp=1, batch=16, tensor="", loss="",
+                       stages=f"evenly over pp with implementation = megatron{virtual}", schedule=schedule)
+    found = [d for d in api.checks(text, path="p.plan").diagnostics if d.severity == "error"]
+    assert [d.code for d in found] == ["E610"] and f"'{schedule}'" in found[0].message
+    fixed = text.replace(f"schedule = {schedule}", "schedule = " + ("interleaved_1f1b" if virtual else "1f1b"))
+    assert not [d for d in api.checks(fixed, path="p.plan").diagnostics if d.severity == "error"]
+
+
+def test_torchs_stage_buffers_by_hand():
+    """pp 4, 1F1B, 8 microbatches of 2 x 2048 tokens, bf16: b = 2 * 2048 * 1024 * 2 bytes a boundary. Rank r has
+    min(4 - r, 8) microbatches in flight. Rank 0 (first stage): 8 gradient receive buffers and 4 cached outputs;
+    rank 1, 2: 8 activation receive buffers of which 3, 2 are the in-flight inputs counted with the layers, 8
+    gradient buffers, 3, 2 outputs; rank 3 (last): 8 - 1 activation buffers and one microbatch's 16-bit logits."""
+    plan = _plan()
+    b = 2 * 2048 * HIDDEN * E
+    logits = 2 * 2048 * VOCAB * E
+    assert inflight_microbatches("1f1b", 4, 8, 1) == [4, 3, 2, 1]
+    expected = [(8 + 4) * b, (8 - 3) * b + (8 + 3) * b, (8 - 2) * b + (8 + 2) * b, (8 - 1) * b + logits]
+    memory = estimate_plan_memory(plan)
+    assert [m.other for m in memory] == expected
+    megatron = estimate_plan_memory(_plan(stages="evenly over pp with implementation = megatron"))
+    assert [m.other for m in megatron] == [0.0] * 4
+    assert [m.total - m.other for m in memory] == [m.total for m in megatron]
+
+
+def test_interleaved_ranks_count_each_of_their_stages():
+    """pp 2, virtual 2 (stages 0, 2 on rank 0; 1, 3 on rank 1), 8 microbatches: rank 0's in-flight count is
+    ceil((2 * 1 + 2 + 1) / 2) = 3, rank 1's ceil((0 + 2 + 1) / 2) = 2 (`inflight_microbatches`). Rank 0: stage 0 sends
+    (8 gradient buffers, 3 outputs), stage 2 receives and sends (8 - 3, 8 + 3); rank 1: stage 1 (8 - 2, 8 + 2),
+    stage 3, the last, receives (8 - 2) and holds one microbatch's logits (`head_inflight`)."""
+    plan = _plan(pp=2, stages="evenly over pp with virtual = 2", schedule="interleaved_1f1b")
+    b = 2 * 2048 * HIDDEN * E
+    logits = 2 * 2048 * VOCAB * E
+    assert inflight_microbatches("interleaved_1f1b", 2, 8, 2) == [3, 2]
+    assert [m.other for m in estimate_plan_memory(plan)] == [
+        (8 + 3) * b + (8 - 3) * b + (8 + 3) * b, (8 - 2) * b + (8 + 2) * b + (8 - 2) * b + logits]
+
+
+def test_sequence_parallel_boundaries_are_the_local_shard():
+    """With sequence parallelism torch sends the local shard (s/t tokens); the logits are vocabulary-sharded; under a
+    fused loss (`plandsl run`'s schedule calls the head in its loss function) the last stage's output is its hidden
+    states, which the loss saves (counted with the head)."""
+    plan = _plan(pp=2, tp=2, batch=8, sequence_parallel=True)
+    b = 2 * 2048 * HIDDEN * E / 2
+    logits = 2 * 2048 * VOCAB * E / 2
+    assert [m.other for m in estimate_plan_memory(plan)] == [(4 + 2) * b, (4 - 1) * b + logits]
+    fused = _plan(pp=2, tp=2, batch=8, sequence_parallel=True, loss=", loss: fused")
+    assert [m.other for m in estimate_plan_memory(fused)] == [(4 + 2) * b, (4 - 1) * b]
+    whole = _plan(pp=2, tp=2, batch=8)  # without sequence parallelism each tensor rank holds the whole boundary
+    assert estimate_plan_memory(whole)[0].other == (4 + 2) * 2 * b
+
+
+def test_the_estimate_counts_them_beside_the_simulated_peak():
+    """`estimate_plan` may replace a rank's activations by the simulated peak; torch's buffers stay in `other`."""
+    plan = _plan()
+    estimate = estimate_plan(plan)
+    assert [m.other for m in estimate.memory] == [m.other for m in estimate_plan_memory(plan)]
+    assert all(m.total == m.params + m.grads + m.optimizer + m.activations + m.other for m in estimate.memory)
+
+
+def test_no_pipeline_no_buffers():
+    plan = _plan(pp=1, stages="evenly over pp")
+    assert [m.other for m in estimate_plan_memory(plan)] == [0.0]
+    assert torch_stage_bytes(plan, 1, (0,), 1, 1) == 0.0
+
+
+def test_megatron_imports_its_own_pipeline_and_torchtitan_torchs():
+    """Megatron-LM's flags import as Megatron-LM's pipeline, evenly or by a layout; its export writes the same flags
+    for a plan on either; torchtitan's export of Megatron-LM's pipeline is lost (E808), its import torch's."""
+    from plandsl.interop import (  # lazy: keeps this module's collection light
+        export_plan,
+        import_text,
+    )
+    flags = ("--num-layers 16 --hidden-size 1024 --num-attention-heads 8 --seq-length 2048 --max-position-embeddings "
+             "2048 --padded-vocab-size 32000 --micro-batch-size 2 --global-batch-size 16 --bf16 "
+             "--pipeline-model-parallel-size 4")
+    for extra in ("", " --pipeline-model-parallel-layout Et*3|t*5|t*5|t*3L"):
+        imported = import_text("megatron", flags + extra, "x.args", world_size=4, name="p")
+        assert imported.ok, api.render_all(imported.diagnostics, imported.sources)
+        plan = api.select_plan(api.loads(imported.text, path="p.plan"))
+        assert plan.stages.implementation == "megatron" and all(m.other == 0 for m in estimate_plan_memory(plan))
+        torch = plan.model_copy(update={"stages": plan.stages.model_copy(update={"implementation": "torch"})})
+        assert export_plan(torch, "megatron").text == export_plan(plan, "megatron").text
+        assert not export_plan(plan, "megatron").lost
+        lost = export_plan(plan, "torchtitan").lost
+        assert any("implementation = megatron" in d.message for d in lost)
+        assert not any("implementation" in d.message for d in export_plan(torch, "torchtitan").lost)
