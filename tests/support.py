@@ -1,8 +1,8 @@
 """What several test files share: a valid plan to mutate, reference schedules written from their
 papers' definitions (independent of plandsl.schedules.generators), `bounded` for "this input
 costs little work", `lazy` for modules that import torch, `cli_in_process` for the command line
-without a new interpreter, `example_tiers` for a property test's example count in each tier, and
-`generated_plan` for what `generate` writes, read back."""
+without a new interpreter, `example_tiers` for a property test's example count in each tier,
+`generated_plan` for what `generate` writes, read back, and `lowered_plan` / `error_codes` for a plan's text."""
 from __future__ import annotations
 
 import contextlib
@@ -123,3 +123,18 @@ def generated_plan(tmp_path: Path, **request):
     plan = api.load_plan(path)
     assert api.estimate(plan).time.step == pytest.approx(generated.result.best.estimate.time.step, rel=1e-9)
     return generated.texts[0], plan
+
+
+def lowered_plan(text: str):
+    """The one plan of `text`, checked and lowered (the test fails with every diagnostic when it is not ok)."""
+    from plandsl.check.analysis import analyze
+    analysis = analyze(text=text)
+    assert analysis.ok, [(d.code, d.message) for d in analysis.diagnostics]
+    (plan,) = analysis.document.plans
+    return plan
+
+
+def error_codes(text: str) -> list[str]:
+    """The codes of the errors `text` has, in order."""
+    from plandsl.check.analysis import analyze
+    return [d.code for d in analyze(text=text).errors]

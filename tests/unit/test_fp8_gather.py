@@ -15,6 +15,7 @@ import pytest
 from plandsl import ir
 from plandsl.check.analysis import analyze
 from plandsl.ir.layers import layers_of
+from tests.support import error_codes, lowered_plan
 
 # llama(layers=4, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=32000): a block's q, k, v, o are 4 x 1024^2,
 # its w1, w2, w3 3 x 1024 x 4096 (the linear weights FP8 quantizes), its two norms 2 x 1024; the root unit (the
@@ -39,14 +40,11 @@ def plan_text(data: str, precision: str = "fp8", extra: str = "") -> str:
 
 
 def lowered(data: str, **kw) -> ir.Plan:
-    analysis = analyze(text=plan_text(data, **kw))
-    assert analysis.ok, [(d.code, d.message) for d in analysis.diagnostics]
-    (p,) = analysis.document.plans
-    return p
+    return lowered_plan(plan_text(data, **kw))
 
 
 def codes(data: str, **kw) -> list[str]:
-    return [d.code for d in analyze(text=plan_text(data, **kw)).errors]
+    return error_codes(plan_text(data, **kw))
 
 
 # ---- the language ----------------------------------------------------------------------------------------

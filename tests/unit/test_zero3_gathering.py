@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from plandsl import ir
-from plandsl.check.analysis import analyze
+from tests.support import error_codes, lowered_plan
 
 HEADER = 'import "clusters/dgx_a100"\n'
 GPT = "gpt(layers=4, hidden=1024, heads=16, seq=1024, vocab=50304)"
@@ -38,14 +38,11 @@ def plan_text(data: str, model: str = GPT, cluster: str = "dgx_a100 x 1", mesh: 
 
 
 def lowered(data: str, **kw) -> ir.Plan:
-    analysis = analyze(text=plan_text(data, **kw))
-    assert analysis.ok, [(d.code, d.message) for d in analysis.diagnostics]
-    (p,) = analysis.document.plans
-    return p
+    return lowered_plan(plan_text(data, **kw))
 
 
 def codes(data: str, **kw) -> list[str]:
-    return [d.code for d in analyze(text=plan_text(data, **kw)).errors]
+    return error_codes(plan_text(data, **kw))
 
 
 # ---- the language ----------------------------------------------------------------------------------------
