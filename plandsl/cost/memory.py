@@ -888,21 +888,31 @@ def torch_stage_bytes(plan: ir.Plan, stages: int, own: Sequence[int], inflight: 
     Not counted: the input gradients (`stage_backward` drops them from the inputs, `bwd_cache` is popped by the next
     send: transient, as in Megatron-LM) and `output_chunks`, which holds every microbatch's output to the step's end
     only with `return_outputs=True` (torch's default, and what torchtitan's torch of late 2024 always did)."""
-    model = plan.model
-    if plan.stages is None or plan.stages.implementation != "torch" or stages < 2 or not own \
-            or not isinstance(model, ir.TransformerModel):
+    sizes = torch_stage_sizes(plan)
+    if sizes is None or stages < 2 or not own:
         return 0.0
-    m = plan.num_microbatches
+    boundary, output, m = sizes
+    after_first = sum(1 for stage in own if stage > 0)
+    before_last = sum(1 for stage in own if stage < stages - 1)
+    total = after_first * max(0.0, m - inflight) * boundary + before_last * (m + min(inflight, m)) * boundary
+    if stages - 1 in own:
+        total += head * output
+    return total
+
+
+def torch_stage_sizes(plan: ir.Plan) -> tuple[float, float, int] | None:
+    """(boundary bytes, the last stage's output bytes, microbatches) of one microbatch through torch's pipeline
+    (`torch_stage_bytes`), or None where nothing of it is counted: Megatron-LM's pipeline, no stages, a model other
+    than a transformer (whose boundaries the model does not size)."""
+    model = plan.model
+    if plan.stages is None or plan.stages.implementation != "torch" or not isinstance(model, ir.TransformerModel):
+        return None
     tokens = -(-plan.seq // plan.cp) * plan.train.micro_batch
     e = plan.train.precision.unquantized.bytes
     sequence_parallel = bool(plan.tensor and plan.tensor.sequence_parallel)
     boundary = tokens * model.hidden * e / (plan.tp if sequence_parallel else 1)
-    after_first = sum(1 for stage in own if stage > 0)
-    before_last = sum(1 for stage in own if stage < stages - 1)
-    total = after_first * max(0.0, m - inflight) * boundary + before_last * (m + min(inflight, m)) * boundary
-    if stages - 1 in own and plan.train.loss is not ir.Loss.fused:
-        total += head * e * tokens * -(-model.vocab // plan.tp)
-    return total
+    output = 0.0 if plan.train.loss is ir.Loss.fused else e * tokens * -(-model.vocab // plan.tp)
+    return boundary, output, plan.num_microbatches
 
 
 def _block_input_width(model: ir.CustomModel, layer: Layer) -> int:
@@ -948,7 +958,7 @@ __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estima
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
            "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES", "StateBytes", "FP32_STATES", "module_split",
            "head_inflight", "beyond_layers", "LAST_STAGE_KINDS", "LOSS_PARALLEL_TEMPORARIES",
-           "ring_backward_bytes", "torch_stage_bytes"]
+           "ring_backward_bytes", "torch_stage_bytes", "torch_stage_sizes"]
 
 
 def estimate_plan_memory(plan: ir.Plan, assignment: Assignment | None = None,

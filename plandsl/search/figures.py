@@ -17,7 +17,7 @@ from plandsl.cost.compute import Efficiency, Work
 from plandsl.cost.layer import LayerTime, estimate_layer_time
 from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, gathered_bytes, gathered_param_bytes,
                                  inflight_microbatches, layer_precision, pipelined_shards,
-                                 model_state_bytes, tied_embedding, torch_stage_bytes, StateBytes)
+                                 model_state_bytes, tied_embedding, torch_stage_sizes, StateBytes)
 from plandsl.cost.stage import param_split
 from plandsl.ir.layers import Layer, figures_key, layers_of
 from plandsl.search.problem import CONTEXT, Problem, build_plan
@@ -212,17 +212,22 @@ class Figures:
         """Per pipeline rank, what torch's pipeline stage holds beside the layers (`cost.memory.torch_stage_bytes`, 0 on
         Megatron-LM's pipeline) for the node whose `memory` this is, its stages on `ranks` and `inflight` microbatches
         in flight on each rank: the exact estimate's terms but the last stage's logits, counted for one microbatch in
-        flight at most (`head_inflight`'s least), so never above the exact estimate's."""
+        flight at most (`head_inflight`'s least), so never above the exact estimate's. The same sums as
+        `torch_stage_bytes`, over all ranks at once."""
         key = (id(memory), ranks, id(inflight))
         found = self._buffers_cache.get(key)
         if found is None:
             plan = self._buffer_plans.get(id(memory))
+            sizes = torch_stage_sizes(plan) if plan is not None and len(ranks) > 1 else None
             found = np.zeros(len(inflight), dtype=np.float64)
-            if plan is not None and len(ranks) > 1:
-                for rank in range(len(inflight)):
-                    own = tuple(stage for stage, on in enumerate(ranks) if on == rank)
-                    found[rank] = torch_stage_bytes(plan, len(ranks), own, float(inflight[rank]),
-                                                    min(1.0, float(inflight[rank])))
+            if sizes is not None:
+                boundary, output, m = sizes
+                on = np.asarray(ranks)
+                after_first = np.bincount(on[1:], minlength=len(inflight))  # stages after the first, per rank
+                before_last = np.bincount(on[:-1], minlength=len(inflight))
+                found = after_first * np.maximum(0.0, m - inflight) * boundary \
+                    + before_last * (m + np.minimum(inflight, m)) * boundary
+                found[ranks[-1]] += min(1.0, float(inflight[ranks[-1]])) * output
             self._buffers_cache[key] = found
         return found
 

@@ -2,14 +2,21 @@
 E610, and what torch's `PipelineStage` holds beside the layers (`cost.memory.torch_stage_bytes`), counted here
 buffer by buffer from torch 2.13's `torch/distributed/pipelining/stage.py`; none of it on Megatron-LM's pipeline."""
 import pytest
+from test_search import problem  # the search tests' small problems
 
 from plandsl import api
+from plandsl.cost.compute import DEFAULT_EFFICIENCY
 from plandsl.cost.estimate import estimate_plan
 from plandsl.cost.memory import (
     estimate_plan_memory,
     inflight_microbatches,
     torch_stage_bytes,
 )
+from plandsl.search.choices import stage_ranks
+from plandsl.search.figures import Figures
+from plandsl.search.problem import build_plan
+from plandsl.search.space import Space
+from plandsl.search.tree import candidate_of
 
 E = 2  # bf16
 HIDDEN, VOCAB, SEQ = 1024, 32000, 2048
@@ -148,3 +155,26 @@ def test_megatron_imports_its_own_pipeline_and_torchtitan_torchs():
         lost = export_plan(plan, "torchtitan").lost
         assert any("implementation = megatron" in d.message for d in lost)
         assert not any("implementation" in d.message for d in export_plan(torch, "torchtitan").lost)
+
+
+def test_the_search_caps_count_the_same_buffers():
+    """`search.Figures.stage_buffers`, which the caps take off each rank's room, is `torch_stage_bytes` rank by rank
+    with the last stage's logits for one microbatch in flight at most: never above the leaf's exact estimate."""
+    space = Space(problem("long", "tight", 8), {}, DEFAULT_EFFICIENCY)
+    figures: Figures = space.figures
+    compared = 0
+    for root in space.roots():
+        if root.pp == 1:
+            continue
+        for node in space.expand_root(root):
+            memory = figures.layer_memory(node, 0)
+            plan = build_plan(figures.base, candidate_of(node, "", 1, 0))
+            for schedule, virtual in (("1f1b", 1), ("gpipe", 1), ("interleaved_1f1b", 2)):
+                ranks = stage_ranks(schedule, root.pp, virtual)
+                inflight = figures.inflight(schedule, root.pp, node.microbatches, virtual)
+                expected = [torch_stage_bytes(plan, len(ranks), [s for s, on in enumerate(ranks) if on == r],
+                                              float(inflight[r]), min(1.0, float(inflight[r])))
+                            for r in range(root.pp)]
+                assert figures.stage_buffers(memory, ranks, inflight).tolist() == pytest.approx(expected, rel=1e-12)
+                compared += any(expected)
+    assert compared > 5
