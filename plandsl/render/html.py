@@ -100,7 +100,9 @@ def estimate_table(plan: ir.Plan) -> str:
     simulation = None
     if plan.stages is not None and plan.schedule is not None:
         _, simulation, _ = simulated(plan)
-    head = ["rank", "devices", "parameters", "gradients", "optimizer", "activations", "peak", "capacity", "use"]
+    buffers = any(m.other for m in estimate.memory)  # torch's pipeline stage's (`cost.memory.torch_stage_bytes`)
+    head = ["rank", "devices", "parameters", "gradients", "optimizer", "activations"] + (["pipeline"] if buffers else []) \
+        + ["peak", "capacity", "use"]
     if simulation:
         head += ["simulated peak", "busy", "idle"]
     rows = ["<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
@@ -109,8 +111,8 @@ def estimate_table(plan: ir.Plan) -> str:
         use = m.total / capacity if capacity else 0.0
         kinds = ", ".join(dict.fromkeys(d.name for d in devices))
         cells = [str(rank) if plan.stages else "all", f"{len(devices):,} × {kinds}", format_bytes(m.params),
-                 format_bytes(m.grads), format_bytes(m.optimizer), format_bytes(m.activations),
-                 format_bytes(m.total), format_bytes(capacity)]
+                 format_bytes(m.grads), format_bytes(m.optimizer), format_bytes(m.activations)] \
+            + ([format_bytes(m.other)] if buffers else []) + [format_bytes(m.total), format_bytes(capacity)]
         row = "".join(f"<td>{html.escape(c)}</td>" for c in cells)
         row += ('<td class="over">' if use > 1 else "<td>") + f"{use:.0%}</td>"
         if simulation and rank < len(simulation.ranks):
@@ -121,7 +123,9 @@ def estimate_table(plan: ir.Plan) -> str:
     parts.append('<table class="estimate">' + "".join(rows) + "</table>")
     parts.append("<p>parameters, gradients, optimizer: fp32 as <code>plandsl run</code> keeps them, ZeRO-sharded, "
                  "with the units ZeRO-2/3 gather; activations: the schedule's in-flight bound or the simulated "
-                 "peak, whichever is higher, plus the recomputation working set; peak: their sum, as "
+                 "peak, whichever is higher, plus the recomputation working set; "
+                 + ("pipeline: torch's pipeline stages' receive buffers and cached outputs; " if buffers else "")
+                 + "peak: their sum, as "
                  "<code>plandsl estimate</code> prints it."
                  + (" Simulated peak: the states plus the activations the simulated order holds at once; busy and "
                     "idle: each rank's compute and waiting in the simulated step." if simulation else "") + "</p>")
