@@ -400,22 +400,25 @@ def _latent_comm(model: ir.TransformerModel, work: Work, links: Links, activatio
     by every rank (Megatron-Core's `duplicated` down-projections), so the attention half's column-parallel
     input is the latents (`AttentionWidths.latent`), not the block input: without sequence parallelism the
     backward all-reduces their gradient, with it the forward all-gathers them (and the backward
-    reduce-scatters their gradient); wo's reduction is the block input's width, as the MLP's is."""
+    reduce-scatters their gradient); wo's reduction is the block input's width, as the MLP's is. Under a quantized
+    precision the all-gathers move the quantized copy, as a dense block's do (`_layer_comm`)."""
     element = work.precision.bytes
     latent = work.tokens * attention_widths(model).latent * element
     sp = work.sequence_parallel
+    quantized = work.precision.gemm_bytes / element if work.precision.quantized else 1.0  # an all-gather's share
     reduce = collective_seconds("reduce_scatter" if sp else "all_reduce", activation, links.tp)  # after wo, w2
 
     def gather(size: float) -> float:
-        return collective_seconds("all_gather", size, links.tp) if sp else 0.0
+        return collective_seconds("all_gather", quantized * size, links.tp) if sp else 0.0
 
     def input_grad(size: float) -> float:
         return collective_seconds("reduce_scatter" if sp else "all_reduce", size, links.tp)
 
     attention = (gather(latent) + reduce, gather(activation) + input_grad(latent))
-    attention_bytes = ((latent if sp else 0.0) + activation, (activation if sp else 0.0) + latent)
+    attention_bytes = ((quantized * latent if sp else 0.0) + activation,
+                       (quantized * activation if sp else 0.0) + latent)
     mlp = (gather(activation) + reduce, gather(activation) + input_grad(activation))
-    mlp_bytes = ((2 if sp else 1) * activation,) * 2
+    mlp_bytes = (((1 + quantized) if sp else 1) * activation,) * 2
     merged = reduce if model.parallel_blocks else 0.0  # GPT-NeoX's residual: one forward reduction
     forward = attention[0] + mlp[0] - merged
     forward_bytes = attention_bytes[0] + mlp_bytes[0] - (activation if model.parallel_blocks else 0.0)

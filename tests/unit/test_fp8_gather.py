@@ -333,3 +333,73 @@ def test_fp8_params_keep_their_master_copy_when_the_weights_were_it():
     assert fp8_params == params - 4 * LINEAR * (4 - 1)
     assert fp8_grads == grads
     assert fp8_optimizer == optimizer + 4 * (4 * LINEAR) / 8
+
+
+
+MLA = "q_lora_rank=384, kv_lora_rank=128, qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64"
+
+
+def mla_block(precision: str, experts: str = ""):
+    """`tp_block`'s plan with multi-head latent attention (and `experts`, folded over the tensor axis: `experts = alltoall
+    over [ep, tp]` on ep 4 x tp 2), delayed scaling under fp8 (no amax all-reduce): (plan, work, links, device, block)."""
+    from plandsl.cost.estimate import plan_links, plan_work
+    from plandsl.ir.placement import pipeline_rank_device_types
+    text = plan_text("fsdp over dp", precision=precision, extra=", fp8_recipe: delayed" if precision == "fp8" else "")
+    text = text.replace("seq=2048)", f"seq=2048, {MLA}{experts})").replace(
+        "  data ", "  tensor  = megatron over tp with sequence_parallel\n  data ")
+    if experts:
+        text = text.replace("[dp = 8]", "[ep = 4, tp = 2]").replace("fsdp over dp", "fsdp over ep") \
+            .replace("  data ", "  experts = alltoall over [ep, tp]\n  data ")
+    else:
+        text = text.replace("[dp = 8]", "[dp = 4, tp = 2]")
+    p = lowered_plan(text)
+    block = next(layer for layer in layers_of(p.model) if layer.kind == "block")
+    return p, plan_work(p), plan_links(p), pipeline_rank_device_types(p)[0][0], block
+
+
+@pytest.mark.parametrize("precision", ["fp8", "bf16"])
+def test_a_latent_attention_blocks_all_gathers_move_the_quantized_copy_too(precision):
+    """Multi-head latent attention's block (`cost.layer._latent_comm`) under sequence parallelism: the latents gathered
+    for the up-projections and the MLP's input forward, wo's and w2's output gradients backward, all cast before their
+    all-gather as a dense block's are; the reduce-scatters 16-bit. Priced by hand from the collectives."""
+    from plandsl.cost.comm import collective_seconds
+    from plandsl.cost.layer import estimate_layer_time
+    from plandsl.ir.layers import attention_widths
+    p, work, links, device, block = mla_block(precision)
+    assert p.model.latent_attention
+    time = estimate_layer_time(p.model, block, work, device, links)
+    activation = work.tokens * p.model.hidden * 2
+    latent = work.tokens * attention_widths(p.model).latent * 2
+    q = ir.Precision(precision).gemm_bytes / 2
+
+    def ag(size):
+        return collective_seconds("all_gather", size, links.tp)
+
+    def rs(size):
+        return collective_seconds("reduce_scatter", size, links.tp)
+    assert time.forward_comm == pytest.approx(ag(q * latent) + rs(activation) + ag(q * activation) + rs(activation),
+                                              rel=1e-12)
+    assert time.backward_comm == pytest.approx(ag(q * activation) + rs(latent) + ag(q * activation) + rs(activation),
+                                               rel=1e-12)
+    assert time.moved.tensor == pytest.approx((q * latent + activation) + (q * activation + activation)
+                                              + (q * activation + latent) + (q * activation + activation), rel=1e-12)
+
+
+def test_folded_experts_leave_a_latent_attention_block_no_mlp_collective_under_fp8():
+    """Experts folded over the tensor axis (no shared experts) take the MLP half's tensor-parallel pair away; under
+    FP8 with sequence parallelism that pair is the quantized one in a latent attention block too, so nothing of it is
+    left: FP8 changes the block's forward collectives by the attention half's latent gather alone (the all-to-alls
+    move 16-bit tokens either way)."""
+    from dataclasses import replace
+
+    from plandsl.cost.comm import collective_seconds
+    from plandsl.cost.layer import estimate_layer_time
+    from plandsl.ir.layers import attention_widths
+    p, work, links, device, block = mla_block("fp8", ", experts=8, top_k=2")
+    assert p.model.latent_attention and work.fold_experts and not p.model.shared_experts
+    fp8 = estimate_layer_time(p.model, block, work, device, links)
+    bf16 = estimate_layer_time(p.model, block, replace(work, precision=ir.Precision.bf16, fp8_recipe=None), device,
+                               links)
+    latent = work.tokens * attention_widths(p.model).latent * 2
+    saved = collective_seconds("all_gather", latent, links.tp) - collective_seconds("all_gather", latent / 2, links.tp)
+    assert bf16.forward_comm - fp8.forward_comm == pytest.approx(saved, rel=1e-9)
