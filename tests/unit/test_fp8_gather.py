@@ -403,3 +403,37 @@ def test_folded_experts_leave_a_latent_attention_block_no_mlp_collective_under_f
     latent = work.tokens * attention_widths(p.model).latent * 2
     saved = collective_seconds("all_gather", latent, links.tp) - collective_seconds("all_gather", latent / 2, links.tp)
     assert bf16.forward_comm - fp8.forward_comm == pytest.approx(saved, rel=1e-9)
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_the_searchs_bounds_price_the_gather_dtype_as_the_estimate_does(zero):
+    """The search's own figures (`search.bounds`, `Figures.element`, a first bucket's `bucket_element`) against the
+    plan it writes: on every leaf of an FP8-gathering problem the bounds stay at or below the estimate, and without a
+    pipeline the exact bound is the estimate (less `SAFE`'s margin), so a figure that moved the gathers at 16 bits
+    would sit above it and one that left them out below it. (`test_the_search_prices_and_writes_the_gather_dtype`
+    compares the search's estimate, `estimate_plan` of its plan, with `estimate_plan` again.)"""
+    from plandsl.cost.compute import DEFAULT_EFFICIENCY
+    from plandsl.search import Problem
+    from plandsl.search.space import SAFE, Space
+    p = lowered("fsdp over dp with gather = fp8", extra=", fp8_recipe: current")
+    problem = Problem(p.model, p.cluster, 16, precision=ir.Precision.fp8, fp8_recipe=ir.Fp8Recipe.current,
+                      gathering=p.data.gathering)
+    space = Space(problem, {"zero_stage": zero, "tp": 1, "cp": 1}, DEFAULT_EFFICIENCY)
+    unpipelined = 0
+    for root in space.roots():
+        for node in space.expand_root(root):
+            pending = space.pending(node)
+            while pending is not None:
+                leaf, pending = space.resolve(pending)
+                if leaf is None:
+                    continue
+                exact, scored = space.finish(leaf), space.evaluate(leaf)
+                if scored is None:
+                    continue
+                assert scored.plan.data.gather is ir.Precision.fp8
+                step = scored.estimate.time.step
+                assert node.bound <= leaf.bound <= exact.bound <= step * (1 + 1e-12)
+                if root.pp == 1:
+                    unpipelined += 1
+                    assert exact.bound == pytest.approx(step * SAFE, rel=1e-12)
+    assert unpipelined
