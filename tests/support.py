@@ -2,7 +2,8 @@
 papers' definitions (independent of plandsl.schedules.generators), `bounded` for "this input
 costs little work", `lazy` for modules that import torch, `cli_in_process` for the command line
 without a new interpreter, `example_tiers` for a property test's example count in each tier,
-`generated_plan` for what `generate` writes, read back, and `lowered_plan` / `error_codes` for a plan's text."""
+`generated_plan` for what `generate` writes, read back, `lowered_plan` / `error_codes` for a plan's text, and
+`space_leaves` for every leaf of a search space."""
 from __future__ import annotations
 
 import contextlib
@@ -138,3 +139,15 @@ def error_codes(text: str) -> list[str]:
     """The codes of the errors `text` has, in order."""
     from plandsl.check.analysis import analyze
     return [d.code for d in analyze(text=text).errors]
+
+
+def space_leaves(space):
+    """Every (root, node, leaf) of a search `Space`, each leaf with its split resolved, in the order the space gives
+    them."""
+    for root in space.roots():
+        for node in space.expand_root(root):
+            pending = space.pending(node)
+            while pending is not None:
+                leaf, pending = space.resolve(pending)
+                if leaf is not None:
+                    yield root, node, leaf

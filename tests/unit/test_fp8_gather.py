@@ -15,7 +15,7 @@ import pytest
 from plandsl import ir
 from plandsl.check.analysis import analyze
 from plandsl.ir.layers import layers_of
-from tests.support import error_codes, lowered_plan
+from tests.support import error_codes, lowered_plan, space_leaves
 
 # llama(layers=4, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=32000): a block's q, k, v, o are 4 x 1024^2,
 # its w1, w2, w3 3 x 1024 x 4096 (the linear weights FP8 quantizes), its two norms 2 x 1024; the root unit (the
@@ -420,20 +420,14 @@ def test_the_searchs_bounds_price_the_gather_dtype_as_the_estimate_does(zero):
                       gathering=p.data.gathering)
     space = Space(problem, {"zero_stage": zero, "tp": 1, "cp": 1}, DEFAULT_EFFICIENCY)
     unpipelined = 0
-    for root in space.roots():
-        for node in space.expand_root(root):
-            pending = space.pending(node)
-            while pending is not None:
-                leaf, pending = space.resolve(pending)
-                if leaf is None:
-                    continue
-                exact, scored = space.finish(leaf), space.evaluate(leaf)
-                if scored is None:
-                    continue
-                assert scored.plan.data.gather is ir.Precision.fp8
-                step = scored.estimate.time.step
-                assert node.bound <= leaf.bound <= exact.bound <= step * (1 + 1e-12)
-                if root.pp == 1:
-                    unpipelined += 1
-                    assert exact.bound == pytest.approx(step * SAFE, rel=1e-12)
+    for root, node, leaf in space_leaves(space):
+        exact, scored = space.finish(leaf), space.evaluate(leaf)
+        if scored is None:
+            continue
+        assert scored.plan.data.gather is ir.Precision.fp8
+        step = scored.estimate.time.step
+        assert node.bound <= leaf.bound <= exact.bound <= step * (1 + 1e-12)
+        if root.pp == 1:
+            unpipelined += 1
+            assert exact.bound == pytest.approx(step * SAFE, rel=1e-12)
     assert unpipelined
