@@ -53,11 +53,15 @@ WORDS: dict[str, tuple[str, ...]] = {  # an attribute or key -> the words it tak
     "loss": tuple(l.value for l in ir.Loss), "fp8_recipe": tuple(r.value for r in ir.Fp8Recipe),
     "lr_schedule": ("constant", "cosine", "linear"),
     "model": tuple(FAMILIES), "stages": ("evenly",),
+    "implementation": ir.PIPELINE_IMPLEMENTATIONS,  # a `stages { }` block's `implementation = |`: whose pipeline
     **dict.fromkeys((*ir.KEPT_DTYPE_KEYS, "param_dtype"), tuple(p.value for p in ir.KEPT_DTYPES)),
 }
 OPTION_WORDS: dict[str, tuple[str, ...]] = {  # `with unit = |`; `overlap = |` (the tensor clause's implementations)
     "unit": tuple(u.value for u in ir.GatherUnit), "overlap": tuple(o.value for o in ir.TensorOverlap),
-    "gather": tuple(p.value for p in ir.GATHER_DTYPES)}  # `with gather = |`: the data clause's gather dtype
+    "gather": tuple(p.value for p in ir.GATHER_DTYPES),  # `with gather = |`: the data clause's gather dtype
+    "stages.implementation": ir.PIPELINE_IMPLEMENTATIONS,  # whose pipeline; whose ring, below: the clause decides
+    "context.implementation": ir.RING_IMPLEMENTATIONS}
+CLAUSE = re.compile(r"^\s*(\w+)\s*=")  # `stages = evenly over pp with ...`: the attribute whose clause it is
 AFTER_NUMBER = re.compile(r"(?<![A-Za-z_])[0-9][0-9_]*(\.[0-9_]+)?([eE][+-]?[0-9]+)?\s*$")
 DEFINITION = re.compile(r"^\s*(device|node|cluster|model|plan|schedule)\s+[A-Za-z_]\w*")
 OPENED_BY = re.compile(r"(?:^|[\s{,])(\w+)\s*[=:]\s*$")  # `train = {` or `peak: {`
@@ -92,7 +96,9 @@ def completions(snapshot: Snapshot, offset: int, previous: Snapshot | None = Non
         items += [_item(word_, Kind.EnumMember, None, "0") for word_ in WORDS.get(key or "", ())]
     elif re.search(r"\bwith\b", head):  # `tensor = megatron over tp with |`: the clause's options
         items += [_item(option, Kind.EnumMember, f"option of {key}", "0") for option in CLAUSE_OPTIONS.get(key or "", ())]
-        items += [_item(word_, Kind.EnumMember, None, "0") for word_ in OPTION_WORDS.get(key or "", ())]
+        clause_of = CLAUSE.match(head)
+        words = OPTION_WORDS.get(f"{clause_of.group(1) if clause_of else ''}.{key}", OPTION_WORDS.get(key or "", ()))
+        items += [_item(word_, Kind.EnumMember, None, "0") for word_ in words]
     plan = _plan(snapshot, previous, definition)
     if plan is not None and (clause or key == "axis"):
         items += [_item(axis.name, Kind.Variable, f"mesh axis of size {axis.size}", "0") for axis in plan.mesh.axes]

@@ -196,6 +196,18 @@ async def test_completion_definition_and_formatting(client, folder):
     options = OK_PLAN.replace("megatron over tp\n", "megatron over tp with sequence_parallel\n")
     options_uri, _ = await open_file(client, folder, "options.plan", options)
     assert {"sequence_parallel", "overlap"} <= await labels(at(options, "sequence_parallel"), options_uri)  # `with`'s
+    piped = OK_PLAN.replace("evenly over pp\n", "evenly over pp with implementation = megatron\n").replace(
+        "megatron over tp\n", "megatron over tp\n  context  = ring over dp with implementation = te\n")
+    piped_uri, _ = await open_file(client, folder, "piped.plan", piped)
+    whose = await labels(at(piped, "megatron\n", 0), piped_uri)  # whose pipeline, not whose ring
+    assert {"torch", "megatron"} <= whose and "te" not in whose
+    ring = await labels(at(piped, "te\n", 0), piped_uri)
+    assert {"te", "torch"} <= ring and "megatron" not in ring
+    block = OK_PLAN.replace("  stages   = evenly over pp\n",
+                            "  stages {\n    0..2: embed, layers.*, norm, head\n    implementation = megatron\n  }\n")
+    block_uri, _ = await open_file(client, folder, "block.plan", block)
+    assert "implementation" in await labels(at(block, "implementation", 0), block_uri)  # the block's attribute
+    assert {"torch", "megatron"} <= await labels(at(block, "implementation = m", len("implementation = ")), block_uri)  # its values
     value = await labels(at(text, "gpt3_6_7b"))
     assert {"gpt3_175b", "dgx_a100", "micro", "memory_per_node", "gpt", "llama"} <= value
     assert not {"for", "layer", "rank", "import"} & value  # statement keywords have no place in a value
