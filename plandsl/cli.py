@@ -710,6 +710,10 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
               help="The implementation overlaps tensor-parallel collectives with their GEMMs: async_tp (torch's async "
                    "TP, the option alone) or userbuffers (Transformer Engine's, Megatron-LM's --tp-comm-overlap); plans "
                    "with sequence parallelism say `overlap` (`overlap = userbuffers`).")
+@click.option("--pipeline", type=click.Choice(["torch", "megatron"]),
+              help="Whose pipeline runs the stages: torch's (torch.distributed.pipelining, what `plandsl run` runs; "
+                   "its stage buffers counted) or megatron (Megatron-LM's: only 1f1b and interleaved_1f1b, none of "
+                   "torch's buffers), written `stages = ... with implementation = megatron`. [default: torch]")
 @click.option("--from", "from_file", type=click.Path(dir_okay=False),
               help="A partial plan: its model, cluster and train are the problem, what else it writes is pinned.")
 @click.option("--plan", "plan_name", help="The plan of the --from file.")
@@ -729,7 +733,8 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
 @param_option
 @include_option
 @model_import_option
-def generate(model, cluster, global_batch, seq_len, precision, fp8_recipe, kernels, attention, loss, tensor_overlap, from_file,
+def generate(model, cluster, global_batch, seq_len, precision, fp8_recipe, kernels, attention, loss, tensor_overlap,
+             pipeline, from_file,
              plan_name, top, pins,
              time_limit, as_json,
              output_format, output, params):
@@ -742,7 +747,8 @@ def generate(model, cluster, global_batch, seq_len, precision, fp8_recipe, kerne
     request = api.generate_request(model=model, cluster=cluster, global_batch=global_batch, seq_len=seq_len,
                                    precision=precision, fp8_recipe=fp8_recipe, kernels=kernels, attention=attention,
                                    loss=loss,
-                                   tensor_overlap=tensor_overlap, from_file=from_file, plan_name=plan_name,
+                                   tensor_overlap=tensor_overlap, pipeline=pipeline, from_file=from_file,
+                                   plan_name=plan_name,
                                    params=_params(params), pins=pins, top=top, output=output,
                                    time_limit=time_limit or None)
     usage_problem, search_error = api.generate_errors()

@@ -45,6 +45,9 @@ class Request:
     (torch's async TP) or `userbuffers` (Transformer Engine's, Megatron-LM's --tp-comm-overlap); candidates with
     sequence parallelism are priced so and written `with sequence_parallel, overlap` (`overlap = userbuffers`).
     None: no overlap."""
+    pipeline: str | None = None
+    """Whose pipeline runs the stages (`ir.PIPELINE_IMPLEMENTATIONS`): `torch` (the default) or `megatron`, whose
+    schedules alone are searched and whose memory counted, and written `stages = ... with implementation = megatron`."""
     from_file: str | None = None
     plan_name: str | None = None
     params: Mapping[str, object] = field(default_factory=dict)
@@ -75,7 +78,8 @@ def usage_problem(request: Request) -> str | None:
                                              ("precision", request.precision), ("fp8-recipe", request.fp8_recipe),
                                              ("kernels", request.kernels),
                                              ("attention", request.attention), ("loss", request.loss),
-                                             ("tensor-overlap", request.tensor_overlap))
+                                             ("tensor-overlap", request.tensor_overlap),
+                                             ("pipeline", request.pipeline))
              if value is not None]
     if request.from_file and given:
         return f"{', '.join(given)}: the --from plan gives these (edit the plan instead)"
@@ -108,7 +112,7 @@ def generate(request: Request, progress: Callable[[int, int], None] | None = Non
                                        str(request.output or os.path.join(os.getcwd(), "generated.plan")),
                                        kernels=request.kernels or "fused", attention=request.attention or "flash",
                                        loss=request.loss or "standard", tensor_overlap=request.tensor_overlap,
-                                       fp8_recipe=request.fp8_recipe)
+                                       fp8_recipe=request.fp8_recipe, pipeline=request.pipeline or "torch")
     result, texts = checked_texts(search(problem_, request.pins, request.top, progress=progress,
                                            time_limit=request.time_limit), problem_, source,
                                   request.output)

@@ -233,6 +233,7 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
     cpu = time.process_time()
     deadline = cpu + time_limit if time_limit else math.inf
     pins = parse_pins(pins)
+    _megatron_runs(problem, pins)
     spaces = _spaces(problem, pins, efficiency)
     space = spaces[0]  # the problem's own (or its first variant's): what an empty search explains
     space.stats.time_limit = time_limit or None
@@ -341,6 +342,16 @@ def _stop(stats: SearchStats, heap: list, results: list[Scored], top: int) -> No
     stats.lower_bound = min(open_bounds) / SAFE if open_bounds else 0.0
     found = sorted((item for _, _, item, _ in heap if isinstance(item, Scored)), key=lambda s: s.estimate.time.step)
     results.extend(found[:top - len(results)])
+
+
+def _megatron_runs(problem: Problem, pins: Mapping[str, object]) -> None:
+    """A pinned schedule on Megatron-LM's pipeline is one it runs (the checker's E610), else a SearchError saying so
+    rather than an empty search."""
+    pinned = pins.get("schedule")
+    if problem.pipeline == "megatron" and pinned not in (None, "none") and not BUILTIN[pinned].megatron:
+        runs = ", ".join(name for name, info in BUILTIN.items() if info.megatron)
+        raise SearchError(f"--pin schedule={pinned}: Megatron-LM's pipeline does not run it (E610); it runs {runs}, "
+                          "or torch's pipeline runs every schedule")
 
 
 @_collector_paused

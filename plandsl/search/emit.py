@@ -72,10 +72,12 @@ def stdlib_names() -> dict[str, str]:
 def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | None = None,
                     precision: str = "bf16", plan_file: str | None = None,
                     kernels: str = "fused", attention: str = "flash", loss: str = "standard",
-                    tensor_overlap: str | None = None, fp8_recipe: str | None = None) -> tuple[Problem, Source]:
+                    tensor_overlap: str | None = None, fp8_recipe: str | None = None,
+                    pipeline: str = "torch") -> tuple[Problem, Source]:
     """The model and the cluster, resolved by the language (so they mean what they mean in a plan).
     `tensor_overlap`: which implementation overlaps the tensor-parallel collectives (`ir.TensorOverlap`'s words;
-    None: none), priced and written wherever a candidate has sequence parallelism.
+    None: none), priced and written wherever a candidate has sequence parallelism. `pipeline`: whose pipeline runs
+    the stages (`ir.PIPELINE_IMPLEMENTATIONS`), its schedules alone searched and written where a candidate has stages.
     `plan_file`: where the plan will be written; a model from torch (`hf(...)`, `pkg.mod:fn(...)`) is read
     from the layer table `plandsl inspect` wrote beside it (`.plandsl/`), as the plan will read it."""
     names = stdlib_names()
@@ -121,7 +123,8 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
                       attention=_choice(ir.Attention, attention, "--attention"), loss=_choice(ir.Loss, loss, "--loss"),
                       overlap_tensor=tensor_overlap is not None, search_experts=True,
                       tensor_overlap=_choice(ir.TensorOverlap, tensor_overlap or "async_tp", "--tensor-overlap"),
-                      fp8_recipe=_choice(ir.Fp8Recipe, fp8_recipe, "--fp8-recipe") if fp8_recipe else None)
+                      fp8_recipe=_choice(ir.Fp8Recipe, fp8_recipe, "--fp8-recipe") if fp8_recipe else None,
+                      pipeline=_word(pipeline, ir.PIPELINE_IMPLEMENTATIONS, "--pipeline"))
     return problem, Source(tuple(imports), model_text, cluster_text)
 
 
@@ -131,6 +134,13 @@ def _choice(kind, value: str, option: str):
         return kind(value)
     except ValueError:
         raise SearchError(f"{option} {value}: one of {', '.join(word.value for word in kind)}") from None
+
+
+def _word(value: str, words: tuple[str, ...], option: str) -> str:
+    """`value` if one of the language's `words` (a tuple of them, as `ir.PIPELINE_IMPLEMENTATIONS`), or a SearchError."""
+    if value not in words:
+        raise SearchError(f"{option} {value}: one of {', '.join(words)}")
+    return value
 
 
 def _resolve(imports: list[str], line: str, option: str, given: str, plan_file: str | None = None):
@@ -319,8 +329,7 @@ def stage_lines(scored: Scored, problem: Problem, axis: str = "pp") -> list[str]
     transformer = isinstance(problem.model, ir.TransformerModel)
     if transformer and list(counts) == [len(p) for p in split_evenly(list(range(sum(counts))), len(counts))]:
         return [f"  stages   = evenly over {axis}" + (f" with {', '.join(options)}" if options else "")]
-    lines = ["  stages {"] + ([f"    axis = {axis}"] if axis != "pp" else []) \
-        + ([f"    implementation = {problem.pipeline}"] if problem.pipeline != "torch" else [])
+    lines = ["  stages {"] + ([f"    axis = {axis}"] if axis != "pp" else [])  # the options close the block
     if transformer:
         start = 0
         spans = []

@@ -294,7 +294,7 @@ EXPECTED_SURFACE = {
                                              "--rdzv-endpoint", "-o"}},
     "inspect": {"arguments": ["source"], "options": {"--dtype", "--json", "--output", "--seq", "-o"}},
     "generate": {"arguments": [], "options": {"--cluster", "--format", "--global-batch", "--json", "--model", "--output", "--pin",
-                                              "--precision", "--fp8-recipe", "--kernels", "--attention", "--loss", "--tensor-overlap", "--seq-len", "--top", "-o", "--from", "--plan", "--param",
+                                              "--precision", "--fp8-recipe", "--kernels", "--attention", "--loss", "--tensor-overlap", "--pipeline", "--seq-len", "--top", "-o", "--from", "--plan", "--param",
                                               "--include", "--time-limit", "--allow-model-import"}},
     "diff": {"arguments": ["file", "other"], "options": {"--plan-a", "--plan-b", "--format"}},
     "export": {"arguments": ["file"], "options": {"--to", "--plan", "--output", "-o", "--lossy", "--param", "--include",
@@ -327,6 +327,8 @@ def test_generate_tensor_overlap_takes_the_languages_implementations():
     out = cli("generate", "--model", "llama3_8b", "--cluster", "dgx_h100", "--global-batch", "8",
               "--tensor-overlap", "nccl")
     assert out.exit_code == 2 and "'nccl' is not one of 'async_tp', 'userbuffers'" in out.output
+    pipeline = next(p for p in main.commands["generate"].params if p.name == "pipeline")
+    assert tuple(pipeline.type.choices) == ir.PIPELINE_IMPLEMENTATIONS  # whose pipeline: the language's words
 
 
 def test_group_options_are_frozen():

@@ -59,6 +59,32 @@ def test_the_written_plan_checks_and_estimates_to_its_predicted_figures(tmp_path
     assert api.format_text(text) == text or api.loads(api.format_text(text), path="f.plan")
 
 
+def test_pipeline_megatron_searches_megatrons_schedules_and_memory_and_writes_it(tmp_path):
+    """`--pipeline megatron`: only the schedules Megatron-LM runs are proposed (torch's search here proposes zbv and
+    zb_h1), each plan written `with implementation = megatron` checks clean and estimates to the search's step time
+    and memory, which count none of torch's stage buffers (the same plan on torch's pipeline needs more)."""
+    pinned = [*SMALL, "--pin", "pp=2", "--top", "3", "--json"]
+    torch = json.loads(run(*pinned).output)["candidates"]
+    assert {c["schedule"] for c in torch} - {"1f1b", "interleaved_1f1b"}  # torch's own schedules win here
+    out = run(*pinned, "--pipeline", "megatron")
+    assert out.exit_code == 0, out.output
+    candidates = json.loads(out.output)["candidates"]
+    assert len(candidates) == 3 and {c["schedule"] for c in candidates} <= {"1f1b", "interleaved_1f1b"}
+    more = 0
+    for c in candidates:
+        assert "implementation = megatron" in c["plan"]
+        (plan,) = api.loads(c["plan"], path=str(tmp_path / "c.plan")).plans  # checks clean: raises otherwise
+        assert plan.stages.implementation == "megatron"
+        estimate = estimate_plan(plan)
+        assert estimate.time.step == pytest.approx(c["step_time_s"], rel=1e-9)
+        assert estimate.peak_memory_bytes == pytest.approx(c["peak_memory_bytes"], rel=1e-9)
+        on_torch = estimate_plan(plan.model_copy(update={"stages": plan.stages.model_copy(
+            update={"implementation": "torch"})}))
+        more += on_torch.peak_memory_bytes > estimate.peak_memory_bytes
+    assert more == len(candidates)
+    assert "E610" in run(*pinned, "--pipeline", "megatron", "--pin", "schedule=zbv").output  # a pin it cannot run
+
+
 def test_stdlib_names_and_uneven_stages_check_clean():
     problem, source = resolve_problem("llama3_8b", "dgx_h100 x 2", 64, seq_len=4096)
     found = search(problem, pins=["pp=4", "tp=4", "schedule=1f1b"], top=2)
@@ -67,6 +93,18 @@ def test_stdlib_names_and_uneven_stages_check_clean():
         assert 'import "models/llama3"' in text and "seq: 4096" in text
         [plan] = api.loads(text, path="g.plan").plans
         assert plan.pp == 4 and plan.tp == 4
+
+
+def test_a_stages_block_on_megatrons_pipeline_says_it_once():
+    """An uneven split (llama3_8b's 32 blocks beside its embedding and head: 17 and 15) is a `stages { }` block, whose
+    `implementation = megatron` the emitted plan writes once (it wrote it twice, E213)."""
+    problem, source = resolve_problem("llama3_8b", "dgx_h100 x 2", 64, pipeline="megatron")
+    found = search(problem, pins=["pp=2", "cp=2", "schedule=1f1b", "micro_batch_size=1", "zero_stage=1",
+                                  "recompute=none"], top=1)
+    text = plan_text(found.best, problem, source)
+    assert "  stages {" in text and text.count("implementation = megatron") == 1
+    [plan] = api.loads(text, path="g.plan").plans  # checks clean: raises otherwise
+    assert plan.stages.mode == "explicit" and plan.stages.implementation == "megatron"
 
 
 @pytest.mark.parametrize("args, message", [
