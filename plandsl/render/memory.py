@@ -1,10 +1,12 @@
 """Plan -> memory per pipeline rank over one step: parameters, gradients and optimizer states as
-constant bands, activations in flight as a stepped line from the simulator, capacity dashed.
+constant bands, torch's pipeline stage's buffers as one more (`estimate`'s `pipeline` column, none on Megatron-LM's
+pipeline), activations in flight as a stepped line from the simulator, capacity dashed.
 
 Contract: `render_memory(plan) -> DOT text` for `neato -n2`; `NotApplicable` without a pipeline.
 `memory_over_time` is the series: F(s, m) adds stage s's activation bytes when it starts, B frees
 them when it ends; with a split backward I frees (1 - weight_grad_fraction) and W the rest, as
-`schedules.simulate` counts them, so each line's top is the simulator's peak.
+`schedules.simulate` counts them, so each line's top is the simulator's peak plus the pipeline's buffers (which the
+simulator leaves out: `cost.memory.torch_stage_bytes`, `MemoryEstimate.other`).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from plandsl.cost.pipeline import estimate_stage_costs
 
 ENGINE = ("neato", "-n2")
 LEFT, WIDTH, PANEL, GAP, BOTTOM = 150.0, 900.0, 92.0, 22.0, 46.0
-BANDS = (("parameters", "#a6c8e8"), ("gradients", "#ffc999"), ("optimizer", "#d8b5d0"))
+BANDS = (("parameters", "#a6c8e8"), ("gradients", "#ffc999"), ("optimizer", "#d8b5d0"), ("pipeline", "#b5dcb0"))
 LINE, CAPACITY = "#222222", "#d62728"
 MAX_PANELS = 16
 
@@ -42,10 +44,16 @@ class RankMemory:
     steps: tuple[tuple[float, float], ...]  # (time, activation bytes from then on), time-ordered
     capacity: float
     device: str
+    pipeline: float = 0.0  # torch's pipeline stage's buffers (`MemoryEstimate.other`), held through the step
+
+    @property
+    def states(self) -> float:
+        return self.params + self.grads + self.optimizer
 
     @property
     def static(self) -> float:
-        return self.params + self.grads + self.optimizer
+        """What the rank holds through the step: its states and the pipeline's buffers."""
+        return self.states + self.pipeline
 
     @property
     def peak(self) -> float:
@@ -90,7 +98,8 @@ def memory_over_time(plan: ir.Plan) -> tuple[list[RankMemory], Simulation]:
         device = min(devices[rank], key=lambda d: d.memory) if rank < len(devices) and devices[rank] else None
         ranks.append(RankMemory(rank, estimate.params if estimate else 0.0, estimate.grads if estimate else 0.0,
                                 estimate.optimizer if estimate else 0.0, tuple(steps),
-                                device.memory if device else 0.0, device.name if device else "?"))
+                                device.memory if device else 0.0, device.name if device else "?",
+                                estimate.other if estimate else 0.0))
     return ranks, simulation
 
 
@@ -183,7 +192,7 @@ def _panel(graph: Graph, memory: RankMemory, axis: TimeAxis, makespan: float, ba
     graph.node(f"frame{rank}", pos=pos(LEFT + WIDTH / 2, base + panel / 2), width=inches(WIDTH),
                height=inches(panel), style="solid", color="#bbbbbb", penwidth=0.6)
     bottom = 0.0
-    for (name, fill), value in zip(BANDS, (memory.params, memory.grads, memory.optimizer)):
+    for (name, fill), value in zip(BANDS, (memory.params, memory.grads, memory.optimizer, memory.pipeline)):
         height = value * scale
         if height >= 0.2:
             label = f"{name} {format_bytes(value)}" if height >= 10 else ""
@@ -193,7 +202,8 @@ def _panel(graph: Graph, memory: RankMemory, axis: TimeAxis, makespan: float, ba
     corners = _peak_envelope(memory.steps, axis, makespan)
     line = [(x, y(memory.static + level)) for x, level in corners]
     _line(graph, f"act{rank}", line, color=LINE, penwidth=1.2,
-          tooltip=f"rank {rank}: static + activations in flight, peak {format_bytes(memory.peak)}")
+          tooltip=f"rank {rank}: states{' + pipeline buffers' if memory.pipeline else ''} + activations in flight, "
+                  f"peak {format_bytes(memory.peak)}")
     if on_scale and memory.capacity:
         level = y(memory.capacity)
         _line(graph, f"cap{rank}", [(LEFT, level), (LEFT + WIDTH, level)], color=CAPACITY, style="dashed",
@@ -206,7 +216,7 @@ def _panel(graph: Graph, memory: RankMemory, axis: TimeAxis, makespan: float, ba
         peak_text += f" = {percent(memory.peak / memory.capacity)}"
     text_node(graph, f"label{rank}", LEFT - 40, base + panel / 2 + 7, f"rank {rank}", size=10, align="r")
     text_node(graph, f"peak{rank}", LEFT - 40, base + panel / 2 - 7, peak_text, size=8, align="r")
-    text_node(graph, f"static{rank}", LEFT - 40, base + panel / 2 - 19, f"states {format_bytes(memory.static)}",
+    text_node(graph, f"static{rank}", LEFT - 40, base + panel / 2 - 19, f"states {format_bytes(memory.states)}",
               size=8, align="r")
     step, unit, factor = ticks_of
     count = round(top_value / step)
@@ -234,7 +244,8 @@ def _header(graph: Graph, ranks: list[RankMemory], shown: list[RankMemory], top:
                 f"{shown[-4].rank - 1} left out)"
     text_node(graph, "title", LEFT, top + 30, head, size=11, align="l")
     x = LEFT
-    keys = [(name, fill, "filled") for name, fill in BANDS] + [("activations in flight (simulated)", LINE, "line")]
+    keys = [(name, fill, "filled") for name, fill in BANDS if name != "pipeline" or any(r.pipeline for r in ranks)] \
+        + [("activations in flight (simulated)", LINE, "line")]
     if on_scale:
         keys.append(("device capacity", CAPACITY, "dashed"))
     for number, (name, colour, kind) in enumerate(keys):

@@ -248,7 +248,8 @@ def _ddp_on_meta():
 
 # ---- the text -------------------------------------------------------------------------------------------
 _HEAD = ("rank", "mesh", "stages", "parameters", "local", "params", "grads", "optimizer", "states", "|",
-         "predicted states", "gathered", "activations", "peak")
+         "predicted states", "gathered", "activations", "pipeline", "peak")
+PIPELINE_COLUMN = _HEAD.index("pipeline")  # shown where torch's pipeline stage holds buffers (`estimate`'s column)
 
 
 def dry_run_report(plan: ir.Plan) -> str:
@@ -265,8 +266,13 @@ def format_dry_run(result: DryRun) -> str:
                      format_bytes(r.states_bytes), "|",
                      format_bytes(p.stored_states) if p else "-",
                      format_bytes(p.gathered_params + p.gathered_grads) if p else "-",
-                     format_bytes(p.activations) if p else "-", format_bytes(p.total) if p else "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_HEAD))]
+                     format_bytes(p.activations) if p else "-", format_bytes(p.other) if p else "-",
+                     format_bytes(p.total) if p else "-"))
+    # torch's pipeline stage's buffers (`cost.memory.torch_stage_bytes`), as `estimate` shows them: where there are
+    buffers = any(r.predicted is not None and r.predicted.other for r in result.ranks)
+    if not buffers:
+        rows = [row[:PIPELINE_COLUMN] + row[PIPELINE_COLUMN + 1:] for row in rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     left = {1, 2, 9}
     table = ["  ".join(cell.ljust(w) if i in left else cell.rjust(w) for i, (cell, w) in
                        enumerate(zip(row, widths))).rstrip() for row in rows]
@@ -279,7 +285,10 @@ def format_dry_run(result: DryRun) -> str:
              "predicted: the cost model (`plandsl estimate`, `plandsl check`) for the worst rank of the pipeline stage, "
              "at the same dtypes: the states it stores (parameters + gradients + optimizer states, fp32), the "
              "parameters and gradients ZeRO-2/3 hold unsharded while gathering and reducing, the activations of its "
-             "in-flight microbatches, and the peak, their sum"]
+             "in-flight microbatches, "
+             + ("what torch's pipeline stage keeps beside the layers (a receive buffer per microbatch for activations "
+                "and for gradients, each output until its backward; `plandsl run` runs torch's pipeline), "
+                if buffers else "") + "and the peak, their sum"]
     loaded = [r for r in result.ranks if r.most_loaded_optimizer_bytes > r.optimizer_bytes]
     if loaded:
         worst = max(loaded, key=lambda r: r.most_loaded_optimizer_bytes - r.optimizer_bytes)

@@ -10,12 +10,15 @@ The units ZeRO-2/3 gather during a step are not stored between steps: the estima
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from plandsl.cost.memory import estimate_plan_memory
 from plandsl.cost.estimate import estimate_plan
 from plandsl.runtime.faults import mesh_rank
 from plandsl.cost.simulation import simulate_plan
+from plandsl.lower.units import format_bytes
 from tests.conftest import STDLIB
 from tests.distributed.ranks import load
 from tests.support import lazy
@@ -24,6 +27,21 @@ dryrun = lazy("plandsl.runtime.dryrun")
 
 EXAMPLES = sorted((STDLIB / "examples").glob("*.plan"))
 TOLERANCE = 0.02
+
+
+def _shows_the_estimate(result, estimate) -> None:
+    """The dry run's table ends each rank's row with the estimate's activations, torch's pipeline buffers (a
+    `pipeline` column, as `estimate` shows, where there are any) and the peak, their sum with the states."""
+    text = dryrun.format_dry_run(result)
+    buffers = any(m.other for m in estimate.memory)
+    assert ("  pipeline  " in text.splitlines()[1]) == buffers
+    rows = [line for line in text.splitlines()[2:2 + len(result.ranks)]]
+    for row, built in zip(rows, result.ranks):
+        p = built.predicted
+        assert p.stored_states + p.gathered_params + p.gathered_grads + p.activations + p.other == \
+            pytest.approx(p.total, rel=1e-12)
+        cells = [p.activations, p.other, p.total] if buffers else [p.activations, p.total]
+        assert re.search(r"\s+".join(re.escape(format_bytes(c)) for c in cells) + "$", row), (row, cells)
 
 
 def _first_rank_of_each_stage(plan) -> list[int]:
@@ -68,6 +86,22 @@ def test_dry_run_states_match_the_estimate(path):
         for what, (got, want) in pairs.items():
             assert got == pytest.approx(want, rel=TOLERANCE), (path.stem, pipeline_rank, what, got, want)
         assert built.optimizer_bytes <= built.most_loaded_optimizer_bytes
+    _shows_the_estimate(result, estimate)
+
+
+@pytest.mark.xdist_group("torch")
+@pytest.mark.parametrize("implementation", ["torch", "megatron"])
+def test_dry_run_shows_torchs_pipeline_buffers_as_the_estimate(implementation):
+    """`plandsl run --dry-run` predicts each pipeline rank's peak as `estimate` does, torch's pipeline stage's
+    buffers (`cost.memory.torch_stage_bytes`) included in a `pipeline` column, which Megatron-LM's pipeline has not."""
+    plan = load(STDLIB / "local" / "pp_1f1b.plan")
+    if implementation == "megatron":
+        plan = plan.model_copy(update={"stages": plan.stages.model_copy(update={"implementation": "megatron"})})
+    estimate = estimate_plan(plan)
+    assert all(m.other > 0 for m in estimate.memory) == (implementation == "torch")
+    result = dryrun.dry_run(plan)
+    assert [built.predicted for built in result.ranks] == list(estimate.memory)
+    _shows_the_estimate(result, estimate)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])

@@ -24,6 +24,7 @@ from plandsl import api
 from plandsl.cli import main
 from plandsl.render import VIEWS, GraphvizMissing, NotApplicable, engine, render, render_bytes, render_file
 from plandsl.render.output import INSTALL, graphviz_available, to_image
+from plandsl.cost.estimate import estimate_plan
 from plandsl.lower.units import format_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -478,10 +479,28 @@ def test_critical_path_of_unit_1f1b():
                                   "local/3d"])
 def test_memory_peaks_are_the_simulators(name):
     from plandsl.render.memory import memory_over_time
-    ranks, simulation = memory_over_time(api.load_plan(STDLIB / f"{name}.plan"))
+    plan = api.load_plan(STDLIB / f"{name}.plan")
+    ranks, simulation = memory_over_time(plan)
+    estimate = estimate_plan(plan)
     for memory in ranks:
-        assert memory.peak == pytest.approx(simulation.ranks[memory.rank].peak_memory_bytes, rel=1e-9)
+        # torch's pipeline stage's buffers, as `estimate` counts them (which the simulator leaves out), on top
+        assert memory.pipeline == estimate.memory[memory.rank].other > 0
+        assert memory.peak == pytest.approx(simulation.ranks[memory.rank].peak_memory_bytes + memory.pipeline,
+                                            rel=1e-9)
         assert memory.steps[0] == (0.0, 0.0) and memory.steps[-1][1] == pytest.approx(0.0, abs=1e-6 * memory.peak)
+
+
+def test_megatrons_pipeline_draws_no_pipeline_band():
+    """Megatron-LM's pipeline holds none of torch's stage buffers (`estimate` counts none): no band, no key."""
+    from plandsl.render.memory import memory_over_time
+    plan = api.load_plan(STDLIB / "local/pp_1f1b.plan")
+    plan = plan.model_copy(update={"stages": plan.stages.model_copy(update={"implementation": "megatron"})})
+    ranks, simulation = memory_over_time(plan)
+    assert [memory.pipeline for memory in ranks] == [0.0] * len(ranks)
+    assert [memory.peak for memory in ranks] == pytest.approx([r.peak_memory_bytes for r in simulation.ranks])
+    text = render(plan, "memory")
+    assert 'label="pipeline' not in text and "pipeline0 [" not in text
+    assert 'label="pipeline' in render(api.load_plan(STDLIB / "local/pp_1f1b.plan"), "memory")
 
 
 def test_placement_shows_sharding_and_maps():
