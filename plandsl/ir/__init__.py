@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from enum import Enum
-from typing import Annotated, Any, Literal, NamedTuple, Optional, Union
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 from pydantic.json_schema import SkipJsonSchema
@@ -29,6 +29,23 @@ class Node(BaseModel):
     def span_of(self, name: str) -> Optional[Span]:
         """Where field `name` was written, else where the node was."""
         return self.field_spans.get(name, self.span)
+
+
+
+class OptionalKeys(Node):
+    """A node whose `optional_keys` were added to the language after plans existed: each is left out of its dump
+    while it holds its field's default, so that plans which do not write it dump (and hash: checkpoints name plans
+    by it) as before the key existed."""
+    optional_keys: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _without_unset_options(self, handler):
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in self.optional_keys:
+                if getattr(self, key) == type(self).model_fields[key].default:
+                    data.pop(key, None)
+        return data
 
 
 MX_BLOCK = 32
@@ -251,7 +268,8 @@ class DeviceEfficiency(Node):
         default_factory=dict, description="knobs of one precision, which take the place of these for it")
 
 
-class DeviceType(Node):
+class DeviceType(OptionalKeys):
+    optional_keys = ("sms",)  # a device without an SM count dumps as before `sms` existed
     name: str
     memory: float = Field(gt=0, description="bytes")
     bandwidth: float = Field(gt=0, description="memory bandwidth, bytes/s")
@@ -276,21 +294,14 @@ class DeviceType(Node):
             return self.comm_share
         return sm_share(NCCL_CHANNELS, self.sms) if self.sms is not None else DEFAULT_COMM_SHARE
 
-    @model_serializer(mode="wrap")
-    def _without_unstated_sms(self, handler):
-        """A device without an SM count dumps (and its plans hash) as before `sms` existed."""
-        data = handler(self)
-        if self.sms is None and isinstance(data, dict):
-            data.pop("sms", None)
-        return data
-
     @property
     def usable_memory(self) -> float:
         """The bytes a plan's tensors may take: `memory` less the reserve (docs/cost-model.md, "Reserve")."""
         return self.memory - (self.reserve if self.reserve is not None else DEFAULT_RESERVE * self.memory)
 
 
-class NodeType(Node):
+class NodeType(OptionalKeys):
+    optional_keys = ("hosts",)  # a node on one machine (the default) dumps as before `hosts` existed
     name: str
     device: DeviceType
     devices: int = Field(gt=0, le=1024, description="devices per node")
@@ -311,13 +322,6 @@ class NodeType(Node):
         """Devices per machine: what one torchrun starts (`--nproc-per-node`)."""
         return self.devices // self.hosts
 
-    @model_serializer(mode="wrap")
-    def _without_one_host(self, handler):
-        """A node on one machine (the default) dumps (and its plans hash) as before `hosts` existed."""
-        data = handler(self)
-        if self.hosts == 1 and isinstance(data, dict):
-            data.pop("hosts", None)
-        return data
 
 
 class NodeGroup(Node):
@@ -348,9 +352,10 @@ class Cluster(Node):
 
 
 # ---- models ---------------------------------------------------------------------------
-class TransformerModel(Node):
+class TransformerModel(OptionalKeys):
     """A decoder-only transformer: `gpt(...)` (MHA, GELU MLP 4h) or `llama(...)` (GQA or multi-head latent
     attention, SwiGLU, a mixture of experts, optionally after `dense_layers` dense blocks)."""
+    optional_keys = ("head_dim",)  # a model that writes no `head_dim` dumps as before the key existed
     kind: Literal["gpt", "llama"]
     name: str
     layers: int = Field(gt=0, le=100_000)
@@ -386,14 +391,6 @@ class TransformerModel(Node):
     parallel_blocks: bool = Field(default=False, description="GPT-NeoX's parallel residual: each block adds "
                                   "attn(norm1 x) and mlp(norm2 x) to the same input x (Black et al. 2022), "
                                   "instead of feeding the MLP x + attn(norm1 x)")
-
-    @model_serializer(mode="wrap")
-    def _without_unset_head_dim(self, handler):
-        """A model that writes no `head_dim` dumps (and its plan hashes) as before the key existed."""
-        data = handler(self)
-        if self.head_dim == 0 and isinstance(data, dict):
-            data.pop("head_dim", None)
-        return data
 
     @property
     def head_width(self) -> int:
@@ -671,8 +668,9 @@ class GatherUnit(str, Enum):
     __format__ = str.__format__
 
 
-class DataParallel(Node):
+class DataParallel(OptionalKeys):
     """How parameters, gradients and optimizer states are kept across the data axes."""
+    optional_keys = ("unit", "prefetch", "prefetch_bucket", "gather")  # the gathering options
     kind: DataKind
     axes: tuple[str, ...]
     unit: GatherUnit = Field(default=GatherUnit.block, description="`with unit = ...`: what ZeRO-2/3 gathers and "
@@ -689,17 +687,6 @@ class DataParallel(Node):
                                      "layers' weights in the plan's FP8 format and the rest 16-bit (torchao's "
                                      "enable_fsdp_float8_all_gather, Megatron's --fp8-param-gather); None: the time "
                                      "prices 16-bit gathers at the compute precision, the memory the weights' dtype")
-
-    @model_serializer(mode="wrap")
-    def _without_default_gathering(self, handler):
-        """Data parallelism that writes no gathering option dumps (and its plan hashes) as before they existed."""
-        data = handler(self)
-        if isinstance(data, dict):
-            for key, default in (("unit", GatherUnit.block), ("prefetch", 1), ("prefetch_bucket", None),
-                                 ("gather", None)):
-                if getattr(self, key) == default:
-                    data.pop(key, None)
-        return data
 
     @property
     def gathering(self) -> "Gathering":
@@ -825,7 +812,8 @@ RING_IMPLEMENTATIONS = ("te", "torch")
 """Whose ring attention `context = ring` runs (`with implementation = ...`; docs/cost-model.md, `cost.ring`)."""
 
 
-class ContextParallel(Node):
+class ContextParallel(OptionalKeys):
+    optional_keys = ("implementation",)  # a ring without `with implementation`: as before the option
     kind: Literal["ring", "allgather"] = "allgather"
     axis: str
     implementation: Literal["te", "torch"] = Field(
@@ -834,16 +822,10 @@ class ContextParallel(Node):
         "corrections, gradients accumulated in 16 bits), or torch's `context_parallel` as torchtitan runs it (K, V "
         "all-gathered once per pass, outputs merged and dQ, dK, dV accumulated in fp32, dK, dV passed on in fp32)")
 
-    @model_serializer(mode="wrap")
-    def _without_unset_options(self, handler):
-        """A ring without `with implementation` dumps (and its plan hashes) as before the option existed."""
-        data = handler(self)
-        if isinstance(data, dict) and self.implementation == "te":
-            data.pop("implementation", None)
-        return data
 
 
-class ExpertParallel(Node):
+class ExpertParallel(OptionalKeys):
+    optional_keys = ("overlap", "fold")  # without `with overlap`, folding no axis: as before both existed
     kind: Literal["alltoall", "deepep", "hybridep"] = Field(
         default="alltoall", description="the dispatcher that moves the routed tokens: `alltoall` (Megatron-Core's "
         "alltoall dispatcher, NCCL's all-to-all: every routed copy to its expert's rank), `deepep` or `hybridep` "
@@ -858,18 +840,6 @@ class ExpertParallel(Node):
                                   "besides `axis` (the tensor axis): each expert whole on one rank of the ep x tp "
                                   "ranks, Megatron-Core's MoE parallel folding (--expert-tensor-parallel-size 1, "
                                   "--expert-model-parallel-size ep x tp)")
-
-    @model_serializer(mode="wrap")
-    def _without_unset_options(self, handler):
-        """Expert parallelism without `with overlap`, and folding no axis, dumps (and its plan hashes) as before
-        the option and `fold` existed."""
-        data = handler(self)
-        if isinstance(data, dict):
-            if not self.overlap:
-                data.pop("overlap", None)
-            if not self.fold:
-                data.pop("fold", None)
-        return data
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -901,7 +871,8 @@ PIPELINE_IMPLEMENTATIONS = ("torch", "megatron")
 stage")."""
 
 
-class Stages(Node):
+class Stages(OptionalKeys):
+    optional_keys = ("implementation",)  # stages without `with implementation`: as before the option
     axis: str = "pp"
     mode: Literal["evenly", "explicit"] = "evenly"
     virtual: int = Field(default=1, gt=0, le=1024, description="stages per pipeline rank")
@@ -913,13 +884,6 @@ class Stages(Node):
         "buffer per microbatch for activations and for gradients, and each output until its backward), or "
         "Megatron-LM's (`megatron.core.pipeline_parallel.schedules`: an output freed once sent, one receive at a time)")
 
-    @model_serializer(mode="wrap")
-    def _without_unset_options(self, handler):
-        """Stages without `with implementation` dump (and their plan hashes) as before the option existed."""
-        data = handler(self)
-        if isinstance(data, dict) and self.implementation == "torch":
-            data.pop("implementation", None)
-        return data
 
 
 class Placement(Node):
