@@ -173,21 +173,16 @@ def test_the_search_prices_and_writes_the_gather_dtype():
     from plandsl.cost.estimate import estimate_plan
     from plandsl.search import Problem, search
     p = lowered("fsdp over dp with gather = fp8")
-    pins = {"dp": 8, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero_stage": 3, "micro_batch_size": 2, "recompute": "none"}
-    best = search(Problem(p.model, p.cluster, 16, precision=ir.Precision.fp8, gathering=p.data.gathering),
-                  pins=pins, top=1).best
-    assert best.plan.data.gather is ir.Precision.fp8
-    assert best.estimate.time.step == pytest.approx(estimate_plan(best.plan).time.step)
-    assert max(m.total for m in best.estimate.memory) == pytest.approx(max(m.total for m in
-                                                                          estimate_plan(best.plan).memory))
-    # ZeRO-1 gathers after the step, in the same dtype, and writes it from ZeRO-1 on
-    pins["zero_stage"] = 1
-    zero1 = search(Problem(p.model, p.cluster, 16, precision=ir.Precision.fp8, gathering=p.data.gathering),
-                   pins=pins, top=1).best
-    assert zero1.plan.data.gather is ir.Precision.fp8
-    assert zero1.estimate.time.step == pytest.approx(estimate_plan(zero1.plan).time.step)
-    assert max(m.total for m in zero1.estimate.memory) == pytest.approx(max(m.total for m in
-                                                                           estimate_plan(zero1.plan).memory))
+    # ZeRO-3, and ZeRO-1, which gathers after the step in the same dtype: each written from ZeRO-1 on
+    for zero_stage in (3, 1):
+        pins = {"dp": 8, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero_stage": zero_stage, "micro_batch_size": 2,
+                "recompute": "none"}
+        best = search(Problem(p.model, p.cluster, 16, precision=ir.Precision.fp8, gathering=p.data.gathering),
+                      pins=pins, top=1).best
+        assert best.plan.data.gather is ir.Precision.fp8, zero_stage
+        assert best.estimate.time.step == pytest.approx(estimate_plan(best.plan).time.step)
+        assert max(m.total for m in best.estimate.memory) == pytest.approx(max(m.total for m in
+                                                                              estimate_plan(best.plan).memory))
 
 
 def test_diff_and_show_name_the_gather():
