@@ -15,6 +15,8 @@ import pytest
 from plandsl import api
 from plandsl.interop import export_plan
 from plandsl.ir.placement import assign_stages
+from plandsl.search import search
+from plandsl.search.emit import plan_text, resolve_problem
 from test_interop_megatron import EXPRESSIBLE, stdlib_plan  # the stdlib plans Megatron-LM expresses, found by name
 
 pytestmark = pytest.mark.xdist_group("torch")  # megatron-core imports torch
@@ -194,7 +196,32 @@ def test_every_exported_flag_is_megatrons_and_its_configs_accept_them(mcore, pat
 @pytest.mark.parametrize("path, name", EXPRESSIBLE)
 def test_megatrons_layer_assignment_is_the_plans_stages(mcore, monkeypatch, path, name):
     plan, exported = _exported(path, name)  # without a pipeline: every block on the one stage
+    _holds_the_plans_stages(mcore, monkeypatch, plan, _flags(exported.text))
+
+
+def test_an_uneven_split_generated_for_megatrons_pipeline_is_a_layout_megatron_builds(mcore, monkeypatch):
+    """`generate --pipeline megatron` splits 92 blocks over 8 ranks x 4 virtual stages (32 chunks of 3 and 2, which
+    `--num-layers-per-virtual-pipeline-stage` cannot say: arguments.py asserts the blocks per rank divisible, and
+    get_num_layers_to_build num_layers by pp); the export writes them as --pipeline-model-parallel-layout (alone of
+    the three vpp flags, as validate_args asserts, its 32 stages a multiple of pp), which megatron-core builds
+    chunk by chunk as the plan's stages."""
+    problem, source = resolve_problem("gpt(layers=92, hidden=4096, heads=32, seq=2048, vocab=51200)",
+                                      "dgx_a100 x 16", 512, pipeline="megatron")
+    best = search(problem, pins=["pp=8", "virtual_stages=4", "schedule=interleaved_1f1b"], top=1).best
+    [plan] = api.loads(plan_text(best, problem, source), path="generated.plan").plans
+    assert plan.stages.implementation == "megatron" and (plan.pp, plan.stages.virtual) == (8, 4)
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost
     flags = _flags(exported.text)
+    layout = flags["--pipeline-model-parallel-layout"]
+    assert not {"--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank"} & set(flags)
+    assert mcore["Layout"].get_num_stages_from_str(layout) == 32 and 92 % 32
+    _holds_the_plans_stages(mcore, monkeypatch, plan, flags)
+
+
+def _holds_the_plans_stages(mcore, monkeypatch, plan, flags: dict[str, object]) -> None:
+    """Megatron-core's blocks per (pipeline rank, virtual stage), their offsets and where it builds the embedding
+    and the loss are the plan's stages."""
     config, _, _ = _configs(mcore, flags)
     assignment, problems = assign_stages(plan)
     assert not problems
