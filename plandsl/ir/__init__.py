@@ -871,8 +871,14 @@ PIPELINE_IMPLEMENTATIONS = ("torch", "megatron")
 stage")."""
 
 
+PIPELINE_ACCOUNTED = ("embed", "loss")
+"""What `stages = evenly ... with account = [...]` may count as a layer of the split beside the blocks: the embedding,
+and the loss (the final norm, the head and the loss), as Megatron-LM's --account-for-embedding-in-pipeline-split and
+--account-for-loss-in-pipeline-split do."""
+
+
 class Stages(OptionalKeys):
-    optional_keys = ("implementation",)  # stages without `with implementation`: as before the option
+    optional_keys = ("implementation", "account")  # stages without `with implementation` or `account`: as before
     axis: str = "pp"
     mode: Literal["evenly", "explicit"] = "evenly"
     virtual: int = Field(default=1, gt=0, le=1024, description="stages per pipeline rank")
@@ -883,6 +889,11 @@ class Stages(OptionalKeys):
         "them: torch's `torch.distributed.pipelining` (`plandsl run`'s and torchtitan's: each stage keeps a receive "
         "buffer per microbatch for activations and for gradients, and each output until its backward), or "
         "Megatron-LM's (`megatron.core.pipeline_parallel.schedules`: an output freed once sent, one receive at a time)")
+    account: tuple[Literal["embed", "loss"], ...] = Field(
+        default=(), description="`stages = evenly ... with account = [embed, loss]`: the embedding and the loss (final "
+        "norm, head and loss) each counted as one layer of the even split, in model order (Megatron-LM's "
+        "--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split); uncounted, they join the "
+        "first and the last stage")
 
 
 

@@ -198,18 +198,37 @@ def assign_stages(plan: ir.Plan) -> tuple[Assignment | None, list[Diagnostic]]:
 
 
 def _evenly(plan: ir.Plan, layers: list[Layer], count: int):
+    """`evenly`'s split: the blocks over `count` stages, the first stages taking one more, the embedding joining the
+    first stage and the final norm and head the last; with `account`, the embedding and the loss (norm and head) are
+    items of the split themselves, first and last (Megatron-LM's get_num_layers_to_build with
+    --account-for-embedding/loss-in-pipeline-split: where the items divide, each stage holds as many, and a chunk
+    may hold the embedding or the loss alone)."""
+    stages = plan.stages
     blocks = [layer for layer in layers if layer.kind == "block"] or layers
-    if len(blocks) < count:
-        pp, v = plan.pp, plan.stages.virtual
-        return None, [diag("E403", f"{count} stages (pp({pp}) x virtual({v})) but only {len(blocks)} layers to "
-                           "split: some stages would be empty", plan.stages.span,
-                           hint=f"use at most {len(blocks)} stages")]
-    split = split_evenly(blocks, count)
+    embed = [layer for layer in layers if layer.kind == "embed"]
+    loss = [layer for layer in layers if layer.kind in ("norm", "head")]
+    missing = [part for part, held in (("embed", embed), ("loss", loss)) if part in stages.account and not held]
+    if missing or (stages.account and len(blocks) == len(layers)):
+        part = missing[0] if missing else stages.account[0]
+        return None, [diag("E405", f"`account` counts the {'loss' if part == 'loss' else 'embedding'} in the split, "
+                           f"but model '{plan.model.name}' has no {'final norm or head' if part == 'loss' else part} "
+                           "apart from its layers", stages.span_of("account") or stages.span,
+                           hint="drop `account`: every layer of the model is split evenly already")]
+    counted = "embed" in stages.account, "loss" in stages.account
+    items: list = ([tuple(embed)] if counted[0] else []) + [(b,) for b in blocks] + ([tuple(loss)] if counted[1] else [])
+    if len(items) < count:
+        pp, v = plan.pp, stages.virtual
+        what = f"{len(blocks)} layers" if len(items) == len(blocks) else \
+            f"{len(items)} items ({len(blocks)} blocks, {' and '.join(p for p, c in zip(('embed', 'loss'), counted) if c)})"
+        return None, [diag("E403", f"{count} stages (pp({pp}) x virtual({v})) but only {what} to "
+                           "split: some stages would be empty", stages.span,
+                           hint=f"use at most {len(items)} stages")]
+    split = [[layer for item in part for layer in item] for part in split_evenly(items, count)]
     if len(blocks) != len(layers):
-        first = [layer for layer in layers if layer.kind == "embed"]
-        last = [layer for layer in layers if layer.kind in ("norm", "head")]
-        split[0] = first + split[0]
-        split[-1] = split[-1] + last
+        if not counted[0]:
+            split[0] = embed + split[0]
+        if not counted[1]:
+            split[-1] = split[-1] + loss
     return split, []
 
 

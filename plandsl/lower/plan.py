@@ -37,7 +37,7 @@ CONTEXT_KINDS = ("ring", "allgather", "none")
 EXPERT_KINDS = ("alltoall", "deepep", "hybridep", "none")
 CLAUSE_OPTIONS: dict[str, tuple[str, ...]] = {  # an attribute's clause -> the `with` options it takes
     "data": ("unit", "prefetch", "prefetch_bucket", "gather"), "tensor": ("sequence_parallel", "overlap", "sm_margin"), "context": ("implementation",), "experts": ("overlap",),
-    "stages": ("virtual", "map", "implementation")}
+    "stages": ("virtual", "map", "implementation", "account")}
 STYLES = ("colwise", "rowwise", "sequence", "replicate")
 DEFAULT_AXES = {"data": "dp", "tensor": "tp", "context": "cp", "experts": "ep", "stages": "pp"}
 
@@ -359,8 +359,26 @@ def stages_clause(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.Stages:
         implementation["implementation"] = scope.word(_value(scope, found["implementation"]),
                                                       ir.PIPELINE_IMPLEMENTATIONS, "pipeline implementation")
         spans["implementation"] = found["implementation"].span
+    if "account" in found:  # the embedding and the loss counted as layers of the split (Megatron's --account-for-*)
+        implementation["account"] = accounted(scope, _value(scope, found["account"]))
+        spans["account"] = found["account"].span
     return ir.Stages(axis=axis, mode="evenly", virtual=virtual, rank_map=mapping, span=expr.span,
                      field_spans=spans, **implementation)
+
+
+def accounted(scope: Scope, expr: s.Expr) -> tuple[str, ...]:
+    """`account = embed`, `account = [embed, loss]`: what the split counts besides the blocks, in model order
+    (E213 for one named twice)."""
+    target, inner = scope.deref(expr)
+    items = target.items if isinstance(target, s.ListExpr) else (target,)
+    found: dict[str, s.Expr] = {}
+    for item in items:
+        name = inner.word(item, ir.PIPELINE_ACCOUNTED, "part counted in the split")
+        if name in found:
+            raise scope.reporter.error("E213", f"'{name}' is counted twice", item.span,
+                                       notes=[Note("first counted", found[name].span)])
+        found[name] = item
+    return tuple(name for name in ir.PIPELINE_ACCOUNTED if name in found)
 
 
 def stages_block(scope: Scope, block: s.Block, m: ir.Mesh) -> ir.Stages:

@@ -60,6 +60,7 @@ OPTION_WORDS: dict[str, tuple[str, ...]] = {  # `with unit = |`; `overlap = |` (
     "unit": tuple(u.value for u in ir.GatherUnit), "overlap": tuple(o.value for o in ir.TensorOverlap),
     "gather": tuple(p.value for p in ir.GATHER_DTYPES),  # `with gather = |`: the data clause's gather dtype
     "stages.implementation": ir.PIPELINE_IMPLEMENTATIONS,  # whose pipeline; whose ring, below: the clause decides
+    "account": ir.PIPELINE_ACCOUNTED,  # `with account = [|`: what the stages' split counts beside the blocks
     "context.implementation": ir.RING_IMPLEMENTATIONS}
 CLAUSE = re.compile(r"^\s*(\w+)\s*=")  # `stages = evenly over pp with ...`: the attribute whose clause it is
 AFTER_NUMBER = re.compile(r"(?<![A-Za-z_])[0-9][0-9_]*(\.[0-9_]+)?([eE][+-]?[0-9]+)?\s*$")

@@ -1,0 +1,159 @@
+"""`stages = evenly over pp with account = [embed, loss]`: the embedding and the loss (final norm, head and loss) each
+counted as a layer of the even split, as Megatron-LM's --account-for-embedding-in-pipeline-split and
+--account-for-loss-in-pipeline-split do.
+
+The split is held to megatron-core's own arithmetic (`get_num_layers_to_build` and `get_transformer_layer_offset`,
+transcribed below from megatron/core/transformer/transformer_block.py and transformer_layer.py, core_v0.16.1) over
+a grid of models and layouts; a split written this way is the same plan as the `stages { }` block that says it
+(same placement, same estimate), and the checker's codes name what can go wrong.
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from plandsl import api
+from plandsl.cost.estimate import estimate_plan
+from plandsl.ir.placement import assign_stages
+
+PLAN = """\
+import "clusters/dgx_a100"
+plan p {{
+  model    = llama(layers={blocks}, hidden=1024, heads=16, seq=1024, vocab=32000)
+  cluster  = dgx_a100 x 2
+  mesh     = [dp = {dp}, pp = {pp}]
+  train    = {{ global_batch: 64, micro_batch: 1 }}
+  {stages}
+  schedule = {schedule}
+}}
+"""
+
+
+def _plan(blocks: int, pp: int, virtual: int = 1, account: str = "", stages: str | None = None):
+    options = ([f"virtual = {virtual}"] if virtual > 1 else []) + ([f"account = {account}"] if account else [])
+    stages = stages or "stages   = evenly over pp" + (f" with {', '.join(options)}" if options else "")
+    text = PLAN.format(blocks=blocks, dp=16 // pp, pp=pp, stages=stages,
+                       schedule="interleaved_1f1b" if virtual > 1 else "1f1b")
+    return text
+
+
+def _names(plan) -> list[list[str]]:
+    assignment, problems = assign_stages(plan)
+    assert not problems
+    return [[layer.name for layer in layers] for layers in assignment.stage_layers]
+
+
+def _megatron_chunks(blocks: int, pp: int, vp: int | None, embedding: bool, loss: bool):
+    """(offset, blocks built) of each virtual stage, stage `v * pp + r` on pp rank r, as megatron-core computes them
+    with --account-for-*-in-pipeline-split (no layout, no --decoder-first/last-pipeline-num-layers); None where it
+    asserts."""
+    total = blocks + embedding + loss
+    if total % pp:
+        return None  # "num_layers=... should be divisible by config.pipeline_model_parallel_size"
+    per_rank = total // pp
+    if vp is not None and per_rank % vp:
+        return None  # "num_layers_per_pipeline_rank ... should be divisible by vp_size"
+    chunks = []
+    for v in range(vp or 1):
+        for r in range(pp):
+            build = per_rank // vp if vp is not None else per_rank
+            first, last = v == 0 and r == 0, v == (vp or 1) - 1 and r == pp - 1
+            build -= (embedding and first) + (loss and last)
+            if build < 0:
+                return None  # "Not enough layers in the first/last virtual pipeline stage"
+            if vp is not None:  # get_transformer_layer_offset
+                offset = v * (total // vp) + r * (per_rank // vp)
+            else:
+                offset = r * per_rank
+            if embedding and not first:
+                offset -= 1
+            chunks.append((offset, build))
+    return chunks
+
+
+GRID = [(blocks, pp, vp, e, lo) for blocks, pp, vp, e, lo in itertools.product(
+    (4, 6, 7, 14, 30), (2, 4, 8), (None, 2, 4), (False, True), (False, True))
+    if (e or lo) and _megatron_chunks(blocks, pp, vp, e, lo) is not None]  # what megatron-core builds: 36 layouts
+
+
+@pytest.mark.parametrize("blocks,pp,vp,embedding,loss", GRID)
+def test_the_split_is_megatron_cores(blocks, pp, vp, embedding, loss):
+    expected = _megatron_chunks(blocks, pp, vp, embedding, loss)
+    account = "[" + ", ".join(p for p, on in (("embed", embedding), ("loss", loss)) if on) + "]"
+    plan = api.loads(_plan(blocks, pp, vp or 1, account)).plans[0]
+    names = _names(plan)
+    offset = 0
+    for index, (layers, (start, build)) in enumerate(zip(names, expected)):
+        held = [name for name in layers if name.startswith("layers.")]
+        assert held == [f"layers.{i}" for i in range(start, start + build)], index
+        assert ("embed" in layers) == (index == 0) and (("head" in layers) == ("norm" in layers)
+                                                        == (index == len(names) - 1))
+        offset += build
+    assert offset == blocks
+
+
+def test_405b_at_pp16_vp8_gives_the_embedding_and_the_loss_chunks_of_their_own():
+    """Megatron-Bridge's Llama 3.1 405B recipe (account_for_embedding/loss = True) at PP 16 x VP 8: 126 blocks, the
+    embedding and the loss over 128 chunks, one each."""
+    plan = api.loads(_plan(126, 16, 8, "[embed, loss]")).plans[0]
+    names = _names(plan)
+    assert len(names) == 128 and names[0] == ["embed"] and names[-1] == ["norm", "head"]
+    assert all(layers == [f"layers.{i - 1}"] for i, layers in enumerate(names[1:-1], start=1))
+
+
+def test_uneven_counts_split_as_evenly_does_the_first_stages_one_more():
+    """Where the items do not divide (Megatron-LM would run it only as a layout), the first stages take one more."""
+    plan = api.loads(_plan(7, 4, 1, "[embed, loss]")).plans[0]  # 9 items over 4 stages: 3, 2, 2, 2
+    assert _names(plan) == [["embed", "layers.0", "layers.1"], ["layers.2", "layers.3"], ["layers.4", "layers.5"],
+                            ["layers.6", "norm", "head"]]
+    plan = api.loads(_plan(7, 4, 1, "embed")).plans[0]  # 8 items: 2 each, the loss joining the last
+    assert _names(plan)[0] == ["embed", "layers.0"] and _names(plan)[-1] == ["layers.5", "layers.6", "norm", "head"]
+
+
+def test_same_plan_as_the_stages_block_that_says_it():
+    block = """stages {
+    0: embed
+    1..7: layers[0:6]
+    7: norm, head
+    virtual = 2
+  }"""
+    counted = api.loads(_plan(6, 4, 2, "[embed, loss]")).plans[0]
+    written = api.loads(_plan(6, 4, 2, stages=block)).plans[0]
+    assert _names(counted) == _names(written)
+    a, b = estimate_plan(counted), estimate_plan(written)
+    assert (a.time.step, a.peak_memory_bytes) == (b.time.step, b.peak_memory_bytes)
+
+
+def test_without_account_the_plan_dumps_as_before():
+    plan = api.loads(_plan(8, 4)).plans[0]
+    assert "account" not in plan.stages.model_dump()
+    counted = api.loads(_plan(6, 4, 1, "[loss, embed]")).plans[0]
+    assert counted.stages.account == ("embed", "loss")  # model order, whatever order it was written in
+
+
+def _codes(text: str) -> list[str]:
+    return [d.code for d in api.checks(text).errors]
+
+
+def test_too_few_items_for_the_stages_is_e403():
+    analysis = api.checks(_plan(4, 4, 2, "[embed, loss]"))  # 6 items over 8 stages
+    assert [d.code for d in analysis.errors] == ["E403"]
+    assert "6 items (4 blocks, embed and loss)" in analysis.errors[0].message
+
+
+def test_counting_what_the_model_does_not_have_apart_is_e405():
+    text = _plan(4, 2, 1, "[embed]").replace("llama(layers=4, hidden=1024, heads=16, seq=1024, vocab=32000)",
+                                              "mlp(layers=4, hidden=1024, input=784, output=10)")
+    assert _codes(text) == ["E405"]
+
+
+def test_counted_twice_is_e213_and_an_unknown_part_e210():
+    assert _codes(_plan(6, 4, 1, "[embed, embed]")) == ["E213"]
+    assert _codes(_plan(6, 4, 1, "[embed, head]")) == ["E210"]
+
+
+def test_formatting_keeps_it():
+    formatted = api.format_text(_plan(6, 4, 2, "[embed, loss]"))
+    assert "with virtual = 2, account = [embed, loss]" in formatted
+    assert api.format_text(formatted) == formatted
