@@ -1,5 +1,5 @@
-"""Tensor dims against the axes they are split over (E406, E411) and shard rules
-against the model's modules (E405, E407, E408)."""
+"""Tensor dims against the axes they are split over (E406, E411), shard rules against the model's modules
+(E405, E407, E408), and the parallelisms' options against what the stacks that run them take (E416-E418)."""
 from __future__ import annotations
 
 import math
@@ -100,6 +100,7 @@ def check_sharding(plan: ir.Plan) -> Iterator[Diagnostic]:
             if problem:
                 yield problem
         yield from _check_fold(plan)
+        yield from _check_experts_overlap(plan)
     yield from _check_rules(plan)
 
 
@@ -128,6 +129,28 @@ def _check_tensor_overlap(plan: ir.Plan) -> Iterator[Diagnostic]:
                    "Engine does: `overlap = userbuffers`)",
                    notes=[Note("kernels: eager here", plan.train.span_of("kernels"))]
                    if plan.train.span_of("kernels") else [])
+
+
+def _check_experts_overlap(plan: ir.Plan) -> Iterator[Diagnostic]:
+    """`experts = ... with overlap` beside `recompute: full` (E418), as Megatron-Core refuses it: its combined 1F1B
+    all-to-all overlap (--overlap-moe-expert-parallel-comm) runs one microbatch's forward inside another's backward
+    layer by layer, and TransformerConfig.__post_init__ (megatron/core/transformer/transformer_config.py, core_v0.16.1)
+    asserts "disable full recomputation when enabling overlap_moe_expert_parallel_comm" (and no recompute method or
+    recompute_num_layers). `recompute_layers: 0` reruns no block and writes none of them: it passes."""
+    train = plan.train
+    if not plan.experts.overlap or train.recompute is not ir.Recompute.full or train.recompute_layers == 0:
+        return
+    what = "full recomputation" if train.recompute_layers is None else \
+        f"full recomputation of {train.recompute_layers} block(s) per stage (recompute_layers)"
+    where = plan.train.span_of("recompute")
+    yield diag("E418", f"experts = {plan.experts.kind} with overlap beside {what}: Megatron-Core's expert all-to-all "
+               "overlap (--overlap-moe-expert-parallel-comm) runs each block's forward inside another microbatch's "
+               "backward and refuses full recomputation ('disable full recomputation when enabling "
+               "overlap_moe_expert_parallel_comm', TransformerConfig)", where,
+               hint="`recompute: selective` (the attention core; Megatron-Core overlaps beside it) or `none`, or drop "
+               "`with overlap` from the experts line",
+               notes=[Note("`with overlap` on the experts line", plan.experts.span_of("overlap"))]
+               if plan.experts.span_of("overlap") else [])
 
 
 def _check_fold(plan: ir.Plan) -> Iterator[Diagnostic]:

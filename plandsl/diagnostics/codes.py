@@ -76,6 +76,7 @@ CODES: dict[str, str] = {
     "E415": "a sample of a model that takes images split or sized as a sequence (spatial sharding)",
     "E416": "experts folded over an axis that cannot join their group",
     "E417": "tensor-parallel overlap that no stack runs (without sequence parallelism, or with eager kernels)",
+    "E418": "expert all-to-all overlap beside full recomputation",
     # E5xx: training, batch, memory
     "E501": "global batch not divisible by data parallel size x micro-batch",
     "E502": "too few microbatches for the schedule",

@@ -551,6 +551,12 @@ def _recompute(read: _Read) -> list[str] | None:
                          "--recompute-num-layers", "--recompute-method", "--recompute-num-layers")
             return None
         return ["recompute: selective"]
+    if read.get("--overlap-moe-expert-parallel-comm"):  # TransformerConfig.__post_init__ refuses it (E418)
+        read.problem("E805", "--overlap-moe-expert-parallel-comm with --recompute-granularity full (megatron-core: "
+                     "\"disable full recomputation when enabling overlap_moe_expert_parallel_comm\")",
+                     "--recompute-granularity", hint="--recompute-granularity selective, or drop "
+                     "--overlap-moe-expert-parallel-comm")
+        return None
     if method is None or count is None:  # TransformerConfig.__post_init__: full needs a method and a count
         read.problem("E804", "--recompute-granularity full needs --recompute-method and --recompute-num-layers",
                      "--recompute-granularity", hint="add --recompute-method uniform --recompute-num-layers 1")

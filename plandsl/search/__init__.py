@@ -234,6 +234,7 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
     deadline = cpu + time_limit if time_limit else math.inf
     pins = parse_pins(pins)
     _megatron_runs(problem, pins)
+    _overlap_recomputes(problem, pins)
     spaces = _spaces(problem, pins, efficiency)
     space = spaces[0]  # the problem's own (or its first variant's): what an empty search explains
     space.stats.time_limit = time_limit or None
@@ -352,6 +353,16 @@ def _megatron_runs(problem: Problem, pins: Mapping[str, object]) -> None:
         runs = ", ".join(name for name, info in BUILTIN.items() if info.megatron)
         raise SearchError(f"--pin schedule={pinned}: Megatron-LM's pipeline does not run it (E610); it runs {runs}, "
                           "or torch's pipeline runs every schedule")
+
+
+def _overlap_recomputes(problem: Problem, pins: Mapping[str, object]) -> None:
+    """Pinned full recomputation beside the experts' overlap (the checker's E418: Megatron-Core refuses it) is a
+    SearchError saying so rather than an empty search."""
+    layers = pins.get("recompute_layers")
+    if problem.overlap_experts and (pins.get("recompute") == "full" and layers != 0 or layers):
+        pinned = f"recompute_layers={layers}" if layers else "recompute=full"
+        raise SearchError(f"--pin {pinned}: the experts' overlap (Megatron-Core's --overlap-moe-expert-parallel-comm) "
+                          "refuses full recomputation (E418); pin recompute=selective or none, or drop the overlap")
 
 
 @_collector_paused

@@ -144,6 +144,9 @@ class Space:
             layers is not None or pinned is None)
         if layers is not None:
             recomputes = []
+        if self.problem.overlap_experts:  # Megatron-Core's expert overlap refuses full recomputation (the checker's E418)
+            recomputes = [r for r in recomputes if r != "full"]
+            partly = partly and layers == 0
         out = []
         for mb in root.micro_batches:
             for recompute in recomputes:

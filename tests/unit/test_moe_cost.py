@@ -5,6 +5,8 @@ Transformer Engine runs it (one GEMM per local expert on four streams), the rout
 copies of the routed tokens (Megatron-Core's `TEGroupedMLP`)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from plandsl import api, ir
@@ -303,3 +305,36 @@ def test_one_microbatch_has_no_other_pass_to_hide_behind():
     steps = [search(Problem(one.model, one.cluster, 16, one.seq, overlap_experts=overlap), pins=pins, top=1)
              .best.estimate.time.step for overlap in (True, False)]
     assert steps[0] == pytest.approx(steps[1], rel=1e-12)
+
+
+def test_E418_full_recomputation_beside_the_experts_overlap():
+    """Megatron-Core refuses `--overlap-moe-expert-parallel-comm` with full recomputation (TransformerConfig: 'disable
+    full recomputation when enabling overlap_moe_expert_parallel_comm'): E418 at the recompute key, for every block or
+    some; selective recomputation, or full of none (`recompute_layers: 0`), passes, and is exported with the overlap."""
+    def codes(recompute, overlap=True):
+        text = _text(overlap=overlap).replace("precision: bf16", f"precision: bf16, recompute: {recompute}")
+        return [d.code for d in api.checks(text).diagnostics]
+    assert codes("full") == ["E418"] and codes("full, recompute_layers: 2") == ["E418"]
+    assert codes("full", overlap=False) == codes("selective") == codes("full, recompute_layers: 0") == []
+    plan = api.loads(_text(overlap=True).replace("precision: bf16", "precision: bf16, recompute: selective")).plans[0]
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost and "--overlap-moe-expert-parallel-comm" in exported.text
+    full = exported.text.replace("--recompute-granularity selective", "--recompute-granularity full --recompute-method "
+                                 "uniform --recompute-num-layers 1")
+    assert [d.code for d in import_text("megatron", full, "plan.args", world_size=16).diagnostics] == ["E805"]
+
+
+def test_the_search_proposes_no_full_recomputation_beside_the_experts_overlap():
+    """With `overlap_experts` the search leaves full recomputation out (E418), even where memory would want it, and a
+    pin of it is a SearchError naming E418; without the overlap the same search recomputes in full."""
+    from plandsl.search import Problem, SearchError, search
+    plan = _plan(overlap=True)
+    pins = ["dp=2", "ep=8", "pp=1", "tp=1", "cp=1", "zero=1", "mb=4"]
+    problem = Problem(plan.model, plan.cluster, 64, plan.seq, overlap_experts=True)
+    chosen = {s.candidate.recompute for s in search(problem, pins=pins, top=8).candidates}
+    without = {s.candidate.recompute
+               for s in search(dataclasses.replace(problem, overlap_experts=False), pins=pins, top=8).candidates}
+    assert "full" in without and "full" not in chosen
+    for pin in ("recompute=full", "recompute_layers=1"):
+        with pytest.raises(SearchError, match="E418"):
+            search(problem, pins=[*pins, pin], top=1)

@@ -352,3 +352,23 @@ _entry("E417", """
     """, "Split the sequence too: sequence parallelism's all-gathers and reduce-scatters are what overlaps.",
        ("with overlap", "with sequence_parallel, overlap"))
 
+
+_entry("E418", """
+    `experts = ... with overlap` is Megatron-Core's combined 1F1B all-to-all overlap
+    (`--overlap-moe-expert-parallel-comm`): each block's forward of one microbatch runs inside the
+    backward of another, its dispatch and combine behind the other's computation. Megatron-Core refuses
+    it beside full recomputation: TransformerConfig asserts "disable full recomputation when enabling
+    overlap_moe_expert_parallel_comm" (and no recompute method or `recompute_num_layers`), so
+    `recompute: full`, with or without `recompute_layers`, cannot go with it; selective recomputation
+    (the attention core) can. `recompute_layers: 0` reruns no block and passes.
+    """, """
+    import "clusters/dgx_h100"
+    plan p {
+      model   = llama(layers=8, hidden=2048, heads=16, kv_heads=4, seq=4096, vocab=32000, experts=16)
+      cluster = dgx_h100 x 1
+      mesh    = [dp = 2, ep = 4]
+      train   = { global_batch: 32, micro_batch: 1, recompute: full }
+      experts = alltoall over ep with overlap
+    }
+    """, "Recompute selectively (the attention core), or overlap nothing.",
+       ("recompute: full", "recompute: selective"))
