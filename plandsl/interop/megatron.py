@@ -417,12 +417,30 @@ def _pipeline_args(plan: ir.Plan, args: list, lose) -> None:
                       + ("L" if "head" in kinds else ""))
     blocks = plan.model.layers if isinstance(plan.model, ir.TransformerModel) else 0
     count = len(layout)
-    even = [("E" if s == 0 else "") + _blocks(blocks // count) + ("L" if s == count - 1 else "") for s in range(count)]
-    if blocks % count == 0 and layout == even:
-        if stages.virtual > 1:
-            args.append(("--num-virtual-stages-per-pipeline-rank", str(stages.virtual)))
-    else:
-        args.append(("--pipeline-model-parallel-layout", "|".join(layout)))
+    # get_num_layers_to_build's even split, the embedding and the loss counted as layers where the plan counts them
+    # (the flags its `account` says first, then any others whose split it is: a `stages { }` block's)
+    for counted in dict.fromkeys((stages.account, (), ("embed", "loss"), ("embed",), ("loss",))):
+        items = blocks + len(counted)
+        if blocks and items % count == 0 and layout == _even_layout(blocks, count, counted):
+            args += [(ACCOUNT_FLAGS[part], None) for part in counted]
+            if stages.virtual > 1:
+                args.append(("--num-virtual-stages-per-pipeline-rank", str(stages.virtual)))
+            return
+    args.append(("--pipeline-model-parallel-layout", "|".join(layout)))
+
+
+ACCOUNT_FLAGS = {"embed": "--account-for-embedding-in-pipeline-split", "loss": "--account-for-loss-in-pipeline-split"}
+"""`stages = evenly ... with account = [...]`'s parts -> Megatron-LM's switches that count them in the split."""
+
+
+def _even_layout(blocks: int, count: int, counted: tuple[str, ...]) -> list[str]:
+    """The layout of megatron-core's even split of `blocks` over `count` stages with the parts `counted` as layers
+    (get_num_layers_to_build: each stage as many items, the first one block fewer for the embedding and the last
+    one fewer for the loss); the caller has checked that they divide."""
+    each = (blocks + len(counted)) // count
+    return [("E" if s == 0 else "") + _blocks(each - ("embed" in counted and s == 0)
+                                              - ("loss" in counted and s == count - 1))
+            + ("L" if s == count - 1 else "") for s in range(count)]
 
 
 def _blocks(count: int) -> str:

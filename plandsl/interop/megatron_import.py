@@ -664,12 +664,17 @@ def _stages(read: _Read, layers: int, pp: int) -> list[str] | None:
         read.problem("E805", f"both {chosen[0]} and {chosen[1]}: Megatron-LM takes at most one of them", chosen[1],
                      hint=f"keep {chosen[0]} or {chosen[1]}")
         return None
-    for flag in ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"):
-        if read.get(flag):
-            read.problem("E807", f"{flag}: a plan's stages hold transformer blocks, the embedding joining the first "
-                         "and the head the last", flag, hint="write the split as --pipeline-model-parallel-layout")
-            return None
     first, last = read.get("--decoder-first-pipeline-num-layers"), read.get("--decoder-last-pipeline-num-layers")
+    counted = [(part, flag) for part, flag in (("embed", "--account-for-embedding-in-pipeline-split"),
+                                               ("loss", "--account-for-loss-in-pipeline-split")) if read.get(flag)]
+    if counted:  # TransformerConfig.__post_init__ refuses them beside an uneven first/last stage or a layout
+        beside = [flag for flag in ("--pipeline-model-parallel-layout", "--decoder-first-pipeline-num-layers",
+                                    "--decoder-last-pipeline-num-layers") if flag in read.values]
+        if beside:
+            read.problem("E805", f"{counted[0][1]} beside {beside[0]}: megatron-core takes no other pipeline layout "
+                         "argument with it (TransformerConfig)", beside[0], counted[0][1],
+                         hint=f"keep {beside[0]} or {counted[0][1]}")
+            return None
     if "--pipeline-model-parallel-layout" in read.values:
         counts = _layout(read, layers, pp)
     elif first is not None or last is not None:
@@ -677,22 +682,25 @@ def _stages(read: _Read, layers: int, pp: int) -> list[str] | None:
     else:
         virtual = read.get("--num-virtual-stages-per-pipeline-rank", 1)
         per_stage = read.get("--num-layers-per-virtual-pipeline-stage")
+        items = layers + len(counted)  # validate_args, get_num_layers_to_build: the embedding and the loss as layers
         if per_stage is not None:
-            if layers % (pp * per_stage):  # validate_args
-                read.problem("E805", f"--num-layers {layers} is not pipeline({pp}) x "
-                             f"--num-layers-per-virtual-pipeline-stage({per_stage}) x virtual stages",
+            if items % (pp * per_stage):  # validate_args
+                read.problem("E805", f"--num-layers {layers}{' + ' + str(len(counted)) if counted else ''} is not "
+                             f"pipeline({pp}) x --num-layers-per-virtual-pipeline-stage({per_stage}) x virtual stages",
                              "--num-layers-per-virtual-pipeline-stage")
                 return None
-            virtual = layers // (pp * per_stage)
-        if layers % (pp * virtual):  # get_num_layers_to_build: an even split
-            read.problem("E805", f"--num-layers {layers} is not divisible by pipeline({pp}) x virtual stages({virtual})"
+            virtual = items // (pp * per_stage)
+        if items % (pp * virtual):  # get_num_layers_to_build: an even split
+            what = f"--num-layers {layers}" + "".join(f" + 1 ({flag})" for _, flag in counted)
+            read.problem("E805", f"{what} is not divisible by pipeline({pp}) x virtual stages({virtual})"
                          " (Megatron-LM splits blocks evenly unless --pipeline-model-parallel-layout says how)",
-                         "--num-layers", hint="give --pipeline-model-parallel-layout")
+                         "--num-layers", *(flag for _, flag in counted), hint="give --pipeline-model-parallel-layout")
             return None
         if pp == 1:
             return []
         # Megatron-LM's own pipeline (`implementation = megatron`): its memory, not torch's stage buffers
-        options = ([f"virtual = {virtual}"] if virtual > 1 else []) + ["implementation = megatron"]
+        options = ([f"virtual = {virtual}"] if virtual > 1 else []) + ["implementation = megatron"] + (
+            [f"account = [{', '.join(part for part, _ in counted)}]"] if counted else [])
         lines = ["  stages = evenly over pp with " + ", ".join(options)]
         return lines + [f"  schedule = {'interleaved_1f1b' if virtual > 1 else '1f1b'}"]
     if counts is None:

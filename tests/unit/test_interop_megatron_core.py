@@ -458,3 +458,24 @@ plan p {{
     config, _, optimizer = _configs(mcore, flags)
     assert {name: getattr(config, name) for name in fields} == fields
     assert config.params_dtype is torch.bfloat16 and optimizer.bf16
+
+
+@pytest.mark.parametrize("blocks, pp, virtual, account", [(6, 4, 2, "[embed, loss]"), (126, 16, 8, "[embed, loss]"),
+                                                          (14, 4, 2, "[embed, loss]"), (7, 4, 1, "embed"),
+                                                          (11, 4, 1, "loss"), (9, 4, 2, "[embed, loss]")])
+def test_counted_embedding_and_loss_are_megatrons_account_flags(mcore, monkeypatch, blocks, pp, virtual, account):
+    """`stages = evenly ... with account = [...]` exports as --account-for-embedding/loss-in-pipeline-split where
+    the items divide (megatron-core's TransformerConfig asserts that they do), else as the layout of the same
+    split (9 blocks + 2 over 8 chunks); megatron-core builds either chunk by chunk as the plan's stages."""
+    from test_pipeline_account import _plan
+    [plan] = api.loads(_plan(blocks, pp, virtual, account).replace(
+        "evenly over pp with", "evenly over pp with implementation = megatron,")).plans
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost
+    flags = _flags(exported.text)
+    divides = (blocks + len(plan.stages.account)) % (pp * virtual) == 0
+    counted = {"--account-for-embedding-in-pipeline-split": "embed" in plan.stages.account,
+               "--account-for-loss-in-pipeline-split": "loss" in plan.stages.account}
+    assert {flag: flag in flags for flag in counted} == {flag: on and divides for flag, on in counted.items()}
+    assert ("--pipeline-model-parallel-layout" in flags) == (not divides)
+    _holds_the_plans_stages(mcore, monkeypatch, plan, flags)

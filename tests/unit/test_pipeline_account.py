@@ -15,6 +15,7 @@ import pytest
 
 from plandsl import api
 from plandsl.cost.estimate import estimate_plan
+from plandsl.interop import export_plan, import_text
 from plandsl.ir.placement import assign_stages
 
 PLAN = """\
@@ -157,3 +158,48 @@ def test_formatting_keeps_it():
     formatted = api.format_text(_plan(6, 4, 2, "[embed, loss]"))
     assert "with virtual = 2, account = [embed, loss]" in formatted
     assert api.format_text(formatted) == formatted
+
+
+# ---- Megatron-LM's flags -------------------------------------------------------------------------------------------
+FLAGS = ("--num-layers {blocks} --hidden-size 256 --num-attention-heads 8 --seq-length 128 --max-position-embeddings 128 "
+         "--padded-vocab-size 1024 --micro-batch-size 1 --global-batch-size 64 --pipeline-model-parallel-size {pp} {more}")
+BOTH = "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split"
+
+
+def _imported(blocks: int, pp: int, more: str):
+    return import_text("megatron", FLAGS.format(blocks=blocks, pp=pp, more=more) + "\n", "flags", world_size=8)
+
+
+def test_import_reads_the_account_flags_as_account():
+    imported = _imported(6, 4, BOTH + " --num-virtual-stages-per-pipeline-rank 2")
+    assert imported.ok, [str(d) for d in imported.diagnostics]
+    assert "evenly over pp with virtual = 2, implementation = megatron, account = [embed, loss]" in imported.text
+    [plan] = api.loads(imported.text).plans
+    assert _names(plan)[0] == ["embed"] and _names(plan)[-1] == ["norm", "head"]
+    only = _imported(7, 4, "--account-for-embedding-in-pipeline-split")
+    assert only.ok and "account = [embed]" in only.text
+    per_stage = _imported(6, 4, BOTH + " --num-layers-per-virtual-pipeline-stage 1")  # (6 + 2) / 4 / 1: 2 virtual
+    assert per_stage.ok and "virtual = 2" in per_stage.text and "account = [embed, loss]" in per_stage.text
+
+
+@pytest.mark.parametrize("more, shown", [
+    (BOTH, "--num-layers"),  # 8 + 2 over 4: megatron-core asserts num_layers (+ 2) divisible by pp
+    (BOTH + " --pipeline-model-parallel-layout Et*4|t*4|L", "--pipeline-model-parallel-layout"),
+    ("--account-for-loss-in-pipeline-split --decoder-first-pipeline-num-layers 2", "--decoder-first-pipeline-num-layers"),
+])
+def test_import_refuses_what_megatron_core_refuses_with_them(more, shown):
+    text = FLAGS.format(blocks=8, pp=4 if "layout" not in more else 2, more=more) + "\n"
+    imported = import_text("megatron", text, "flags", world_size=8)
+    assert [d.code for d in imported.diagnostics] == ["E805"]
+    span = imported.diagnostics[0].span
+    assert text[span.start:].startswith(shown)
+
+
+def test_export_writes_the_flags_and_imports_back():
+    [plan] = api.loads(_plan(6, 4, 2, "[embed, loss]")).plans
+    exported = export_plan(plan, "megatron")
+    assert BOTH.split()[0] in exported.text and BOTH.split()[1] in exported.text
+    assert "--pipeline-model-parallel-layout" not in exported.text
+    again = import_text("megatron", exported.text, "plan.args", world_size=plan.mesh.size, name=plan.name)
+    assert again.ok, [str(d) for d in again.diagnostics]
+    assert _names(api.loads(again.text).plans[0]) == _names(plan)
