@@ -171,7 +171,7 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
     if plan.stages is not None and plan.schedule is not None:
         costs = Costs(stage_costs=tuple((s.forward, s.backward, s.input_grad, s.weight_grad) for s in stage_times),
                       p2p=p2p, activation_bytes=activations,
-                      static_bytes=tuple(e.params + e.grads + e.optimizer for e in memory))
+                      static_bytes=tuple(e.held for e in memory))
         simulation = simulate_plan_schedule(plan, costs)
         if simulation.deadlock is not None:
             raise PlanError([_deadlock(plan, simulation)])

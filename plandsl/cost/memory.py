@@ -100,6 +100,12 @@ class MemoryEstimate:
         return self.params + self.grads + self.optimizer
 
     @property
+    def held(self) -> float:
+        """What the rank holds through the step beside its activations: its states and torch's pipeline stage's
+        buffers (`other`), the constant the schedule's simulation adds to its activations (`Costs.static_bytes`)."""
+        return self.states + self.other
+
+    @property
     def stored_states(self) -> float:
         """The states a rank stores between steps: its shards, without the units gathered during one
         (what `plandsl run --dry-run` builds)."""

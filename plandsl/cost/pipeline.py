@@ -5,7 +5,8 @@ returns the `Costs` of the plan's own cost model (`cost.estimate`): per stage, o
 B, and the split backward's I and W, each its compute (`cost.compute`: GEMMs at an efficiency that
 depends on their size, other work at the memory bandwidth, recomputation inside the backward) plus
 the communication on the critical path (`cost.comm` over the links each group uses); the
-stage-to-stage transfer; activation bytes per stage and model-state bytes per rank (`cost.memory`).
+stage-to-stage transfer; activation bytes per stage and, per rank, the model states and torch's pipeline stage's
+buffers it holds through the step (`cost.memory`, `MemoryEstimate.held`).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def estimate_stage_costs(plan: ir.Plan, assignment: Assignment, rank_devices=Non
     links = plan_links(plan)
     stages = estimate_stage_times(plan, assignment, links=links, rank_devices=rank_devices)
     memory = estimate_plan_memory(plan, assignment, held=held) or []
-    static = tuple(m.params + m.grads + m.optimizer for m in memory)
+    static = tuple(m.held for m in memory)  # the states and torch's pipeline buffers, as `estimate` counts them
     activations = tuple(sum(estimate_layer_activations(plan, layer, recompute=mode)
                             for layer, mode in zip(layers, layer_recompute(plan, layers)))
                         for layers in assignment.stage_layers)

@@ -199,7 +199,8 @@ def report(schedule: Schedule | Outline, simulation: Simulation, unit: str = "",
         lines.append(f"{stats.rank:>5} {stats.busy:>12.6g} {stats.idle:>12.6g} {share:>7.1%} "
                      f"{stats.peak_inflight_microbatches:>9} {peak:>24}")
     if memory_in_bytes:
-        lines.append("simulated peak: parameters, gradients and optimizer states (as `plandsl estimate` counts them) "
-                     "+ the activations the simulated order holds at once; `estimate`'s peak also counts the "
-                     "recomputation working set and takes the schedule's in-flight bound when that is higher")
+        lines.append("simulated peak: parameters, gradients and optimizer states and torch's pipeline stage's buffers "
+                     "(as `plandsl estimate` counts them) + the activations the simulated order holds at once; "
+                     "`estimate`'s peak also counts the recomputation working set and the loss's backward and takes "
+                     "the schedule's in-flight bound when that is higher")
     return "\n".join(lines)

@@ -127,6 +127,7 @@ def estimate_table(plan: ir.Plan) -> str:
                  + ("pipeline: torch's pipeline stages' receive buffers and cached outputs; " if buffers else "")
                  + "peak: their sum, as "
                  "<code>plandsl estimate</code> prints it."
-                 + (" Simulated peak: the states plus the activations the simulated order holds at once; busy and "
+                 + (" Simulated peak: the states" + (" and the pipeline's buffers" if buffers else "") + " plus the "
+                    "activations the simulated order holds at once; busy and "
                     "idle: each rank's compute and waiting in the simulated step." if simulation else "") + "</p>")
     return "\n".join(parts)

@@ -5,8 +5,8 @@ pipeline), activations in flight as a stepped line from the simulator, capacity 
 Contract: `render_memory(plan) -> DOT text` for `neato -n2`; `NotApplicable` without a pipeline.
 `memory_over_time` is the series: F(s, m) adds stage s's activation bytes when it starts, B frees
 them when it ends; with a split backward I frees (1 - weight_grad_fraction) and W the rest, as
-`schedules.simulate` counts them, so each line's top is the simulator's peak plus the pipeline's buffers (which the
-simulator leaves out: `cost.memory.torch_stage_bytes`, `MemoryEstimate.other`).
+`schedules.simulate` counts them, so each line's top is the simulator's peak (which holds the states and the pipeline's
+buffers, `cost.memory.torch_stage_bytes`, through the step as `MemoryEstimate.held` says).
 """
 from __future__ import annotations
 

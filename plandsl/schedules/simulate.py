@@ -69,7 +69,8 @@ class Costs:
     weight_grad_fraction: float = 0.5
     """With a split backward: the share of a microbatch's activations still held after I until W."""
     static_bytes: tuple[float, ...] = ()
-    """Per rank: parameter, gradient and optimizer bytes, added to `peak_memory_bytes`."""
+    """Per rank: bytes held through the step, added to `peak_memory_bytes` (a plan's: its parameters, gradients and
+    optimizer states and torch's pipeline stage's buffers, `cost.memory.MemoryEstimate.held`)."""
 
     def per_stage(self, stages: int) -> list[tuple[float, float, float, float]]:
         """(F, B, I, W) seconds for each stage; ValueError on a wrong length or a negative cost."""
