@@ -7,6 +7,7 @@ model's predictions against published training runs.
     python bench/bench_search.py --fit        # refit the GEMM efficiency and the ZeRO-3 NIC on the fit runs, then validate
     python bench/bench_search.py --mpt        # MosaicML's MPT throughput tables, summed apart (docs/validation.md)
     python bench/bench_search.py --blackwell  # Megatron-Bridge's DGX-B200 / GB200 Llama rows, summed apart
+    python bench/bench_search.py --blackwell-ultra  # ... the DGX-GB300 / B300 Llama rows, summed apart
     python bench/bench_search.py --memory     # torchtitan's published peak memory against the memory model
 
 Targets (issue: cost model and search): GPT-3 175B on 1,024 A100s, full search, under 10 s; a 1T
@@ -688,6 +689,129 @@ def blackwell_report() -> str:
     return "\n".join(lines)
 
 
+# Blackwell Ultra: the stdlib's gb300_nvl72 device (datasheet peaks, the language's A100-fitted GEMM knobs: none
+# measured on Blackwell Ultra), sliced as BLACKWELL_HARDWARE slices the GB200 rack (the same Slurm segment rule,
+# executors.py: any job of 4 GPUs per host): 8 GPUs are 2 trays, 64 are 16 of one rack, 256 are 4 segments of 16.
+BLACKWELL_ULTRA_HARDWARE = """
+import "clusters/gb300_nvl72"
+node gb300_nvl72_8 {
+  devices = 8 x gb300
+  link    = { bandwidth: 900 GB/s, latency: 2 us }
+  nic     = { bandwidth: 800 GB/s, latency: 5 us }
+}
+node gb300_nvl72_64 {
+  devices = 64 x gb300
+  link    = { bandwidth: 900 GB/s, latency: 2 us }
+  nic     = { bandwidth: 6400 GB/s, latency: 5 us }
+}
+"""
+# What a row's recipe runs that the language cannot say, so that the row is refused rather than priced as another
+# configuration: the note of such a row starts with this.
+UNSAYABLE = "not in the language: "
+
+
+def nemo_blackwell_ultra() -> list[Run]:
+    """The rule, written and committed before any prediction was looked at: every pre-training row of a dense Llama
+    model (LLAMA3_8B, LLAMA3_70B, LLAMA3.1_405B) on DGX-GB300 or DGX-B300 in Megatron-Bridge v0.4.2's documentation,
+    the pages and containers of `nemo_blackwell()` (performance-summary.mdx: 26.04.01; performance-summary-archive.mdx:
+    26.04, 26.02.01, 26.02, 25.11; 25.09 states no precision and has no Blackwell Ultra system), whose precision the
+    page states and the language writes: FP8 and FP8-CS as `fp8` with their recipe's current scaling (`fp8_cs`,
+    NEMO_FP8_CS), MXFP8 and FP8-MX as `mxfp8`, NVFP4 as `nvfp4`; a cell with an alternative in parentheses is two
+    rows. The pages give DGX-B300 rows for mixtures of experts only: no dense Llama row, so all 28 rows are GB300
+    (six per container from 26.02 on, four in 25.11).
+
+    Each row is pinned as `nemo_blackwell()` pins its: the table's layout (GPUs, global and micro batch, FSDP > 0 as
+    ZeRO-3 over the data ranks else Megatron's distributed optimizer, TP, PP, CP; VP with the interleaved schedule,
+    PP without VP ("n/a", 26.02.01's 70B MXFP8) 1F1B), and beyond the table what the release's recipe says
+    (scripts/performance/configs/llama/llama3{,1}_llm_pretrain.py and *_workload_base_configs.py, GB300 presets,
+    v0.4.2; where a 25.11 or 26.02.01 row's layout differs from them the table's is the run's): no recomputation
+    (`recompute_granularity = None`, no `recompute_num_layers` in a GB300 preset), gradients reduced in bf16
+    (`grad_reduce_in_fp32 = False`), TP's communication overlapped with the userbuffers configurations wherever
+    TP > 1 except under NVFP4 (`tp_comm_overlap = False if precision == "nvfp4"`), the FP8 and MXFP8 weights gathered
+    in FP8 (`fp8_param_gather`, FP8_GATHER). Not in the language: CUDA graphs (the 8B presets, not priced); the
+    405B recipe's `account_for_embedding_in_pipeline_split` and `..._loss_...` (at PP 8 x VP 4, 126 blocks, the
+    embedding and the loss make 32 chunks of 4 units: the search chooses the split, as for the GB200 rows); the FSDP
+    70B presets' activation offloading to the host (`cpu_offloading_num_layers` 20): those rows are refused, not
+    priced without it (a row whose note starts with UNSAYABLE), until the language says it. Held out and reported
+    apart (`--blackwell-ultra`), not in the targets' set: datasheet peaks, GEMM knobs not measured on the device."""
+    def run(name, container, model, gpus, batch, measured, precision, note="", **pins):
+        base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1}
+        if pins.get("pp", 1) > 1:
+            base["schedule"] = "interleaved_1f1b" if pins.get("virtual_stages", 1) > 1 else "1f1b"
+        cluster = "gb300_nvl72_8" if gpus == 8 else f"gb300_nvl72_64 x {gpus // 64}"
+        page = "performance-summary.mdx" if container == "26.04.01" else "performance-summary-archive.mdx"
+        return Run(f"NeMo {name}, {gpus} GB300, {precision}", f"{BRIDGE_042} ({page}), NeMo {container}", model,
+                   cluster, batch, measured, metric="tokens_per_device", pins={**base, **pins},
+                   dtypes={"precision": {"FP8": "fp8", "FP8-CS": "fp8", "MXFP8": "mxfp8", "FP8-MX": "mxfp8",
+                                         "NVFP4": "nvfp4"}[precision],
+                           **(NEMO_FP8_CS if precision in ("FP8", "FP8-CS") else {}), **MEGATRON_CORE,
+                           "grad_dtype": "bf16"},
+                   note=note, family="blackwell-ultra",
+                   overlap_tensor=pins.get("tp", 1) > 1 and precision != "NVFP4",
+                   gathering=FP8_GATHER if precision != "NVFP4" else ir.FSDP_GATHERING, **USERBUFFERS_BRIDGE_FP8)
+    offload = UNSAYABLE + "the recipe offloads 20 layers' activations to the host (cpu_offloading_num_layers)"
+    graphs = "the recipe captures the whole iteration in a CUDA graph, not priced"
+    fsdp_70b = dict(dp=64, tp=1, pp=1, zero_stage=3, micro_batch_size=2)
+    pp4_70b = dict(dp=16, tp=1, pp=4, virtual_stages=5)
+    t4p8 = dict(dp=8, tp=4, pp=8, virtual_stages=4)
+    t2p8c2 = dict(dp=8, tp=2, pp=8, cp=2, virtual_stages=4)
+    rows = []
+    for container, fp8_70b, mx_70b, nv_70b, fp8_405b, mx_405b, nv_405b in (
+            ("26.04.01", 5248, 4864, 7296, 1024, 960, 1440), ("26.04", 5243, 4742, 7397, 1036, 968, 1424),
+            ("26.02.01", 5243, 4798, 7002, 1024, 949, 1358), ("26.02", 5003, 4596, 6798, 988, 931, 1333)):
+        layout_70b = (("Llama 3 70B (mb 2, no FSDP)", dict(dp=64, tp=1, pp=1, micro_batch_size=2),
+                       "Llama 3 70B (p4, mb 2)", dict(dp=16, tp=1, pp=4, micro_batch_size=2))
+                      if container == "26.02.01" else
+                      ("Llama 3 70B (p4 v5)", pp4_70b, "Llama 3 70B (p4 v5)", pp4_70b))
+        fp8_405b_layout = ("Llama 3.1 405B (t2 p8 c2 v4)", t2p8c2) if container == "26.02.01" else (
+            "Llama 3.1 405B (t4 p8 v4)", t4p8)
+        rows += [run("Llama 3 70B (FSDP 64, mb 2)", container, "llama3_70b", 64, 256, fp8_70b, "FP8", offload,
+                     **fsdp_70b),
+                 run(layout_70b[2], container, "llama3_70b", 64, 256, mx_70b, "MXFP8", **layout_70b[3]),
+                 run(layout_70b[0], container, "llama3_70b", 64, 256, nv_70b, "NVFP4", **layout_70b[1]),
+                 run(fp8_405b_layout[0], container, "llama3_405b", 256, 1536, fp8_405b, "FP8", **fp8_405b_layout[1]),
+                 run("Llama 3.1 405B (t2 p8 c2 v4)", container, "llama3_405b", 256, 1536, mx_405b, "MXFP8", **t2p8c2),
+                 run("Llama 3.1 405B (t4 p8 v4)", container, "llama3_405b", 256, 1536, nv_405b, "NVFP4", **t4p8)]
+    for precision, measured in (("FP8-CS", 37556), ("FP8-MX", 36108)):
+        rows.append(run("Llama 3 8B (mb 2)", "25.11", "llama3_8b", 8, 128, measured, precision, graphs,
+                        dp=8, tp=1, pp=1, micro_batch_size=2))
+    rows += [run("Llama 3 70B (FSDP 64, mb 2)", "25.11", "llama3_70b", 64, 256, 4520, "FP8-CS", offload, **fsdp_70b),
+             run("Llama 3.1 405B (t2 p8 c2 v4)", "25.11", "llama3_405b", 256, 1536, 999, "FP8-CS", **t2p8c2)]
+    return rows
+
+
+def blackwell_ultra_report() -> str:
+    """Megatron-Bridge's Blackwell Ultra rows as `blackwell_report` gives the Blackwell ones: each predicted, refused
+    by the memory model or the stages, or refused for what its recipe runs that the language cannot say; the median
+    and maximum |error| per precision family of those predicted."""
+    results, refused = [], []
+    for run in nemo_blackwell_ultra():
+        if run.note.startswith(UNSAYABLE):
+            refused.append((run, run.note))
+            continue
+        try:
+            results.append((run, *predict(run, None)))
+        except SearchError as problem:
+            refused.append((run, "does not fit" if "does not fit" in str(problem) else "no plan satisfies the pins"))
+    lines = ["| run | source | measured tokens/s/GPU | predicted | error | plan the search chose |",
+             "|---|---|---|---|---|---|"]
+    for run, value, best in results:
+        lines.append(f"| {run.name} | NeMo {run.source.rsplit('NeMo ', 1)[1]} | {run.measured:,.0f} | {value:,.0f} | "
+                     f"{error(run, value):+.1%} | {best.candidate.describe()}{_tp_overlap(run, best.candidate)} |")
+    lines += [f"| {run.name} | NeMo {run.source.rsplit('NeMo ', 1)[1]} | {run.measured:,.0f} | refused: {why} | | |"
+              for run, why in refused]
+    lines.append("")
+    for label, fp4 in (("FP8 and MXFP8", False), ("NVFP4", True)):
+        def mine(run):
+            return run.name.endswith("NVFP4") == fp4
+        errors = [error(run, value) for run, value, _ in results if mine(run)]
+        summary = (f"; median |error| {statistics.median(map(abs, errors)):.1%}, mean error "
+                   f"{statistics.mean(errors):+.1%}, max |error| {max(map(abs, errors)):.1%}" if errors else "")
+        lines.append(f"GB300 {label}: {len(errors)} predicted, {sum(mine(r) for r, _ in refused)} refused{summary}")
+    lines.append("B300: no dense Llama row in the tables")
+    return "\n".join(lines)
+
+
 STACK_KEYS = {"kernels": ir.Kernels, "attention": ir.Attention, "loss": ir.Loss, "fp8_recipe": ir.Fp8Recipe,
               "bf16_first_layers": int, "bf16_last_layers": int}  # Run.dtypes' keys that are no dtype
 
@@ -712,7 +836,7 @@ def pipeline_of(run: Run) -> str:
 
 
 def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
-    document = api.loads(HARDWARE + BLACKWELL_HARDWARE + ZERO3_2021_NODE.format(nic=nic)
+    document = api.loads(HARDWARE + BLACKWELL_HARDWARE + BLACKWELL_ULTRA_HARDWARE + ZERO3_2021_NODE.format(nic=nic)
                          + f"model run_model = {run.model}\ncluster run_cluster = {run.cluster}\n", path="bench.plan")
     model = next(m for m in document.models if m.name == "run_model")
     cluster = next(c for c in document.clusters if c.name == "run_cluster")
@@ -1237,6 +1361,8 @@ def main(argv: list[str]) -> None:
         print(datasheet_zero3(None))
     elif "--mpt" in argv:
         print(mpt_report())
+    elif "--blackwell-ultra" in argv:
+        print(blackwell_ultra_report())
     elif "--blackwell" in argv:
         print(blackwell_report())
     elif "--experts" in argv:
