@@ -30,7 +30,8 @@ def test_hopper_has_no_mxfp8_peak(file, cluster):
     assert api.checks(_text("fp8", file, cluster)).ok
 
 
-@pytest.mark.parametrize("file, cluster", [("dgx_b200", "dgx_b200 x 2"), ("gb200_nvl72", "gb200_nvl72")])
+@pytest.mark.parametrize("file, cluster", [("dgx_b200", "dgx_b200 x 2"), ("gb200_nvl72", "gb200_nvl72"),
+                                           ("dgx_b300", "dgx_b300 x 2"), ("gb300_nvl72", "gb300_nvl72")])
 def test_blackwell_runs_mxfp8_at_its_fp8_rate(file, cluster):
     assert api.checks(_text("mxfp8", file, cluster)).ok
     device = _plan("mxfp8", file=file, cluster=cluster).cluster.devices_in_order()[0]
