@@ -198,6 +198,7 @@ class Run:
     context: str = "allgather"  # the recipe's context parallelism, and whose ring: `context = ring over cp with
     ring: str = "te"  # implementation = torch` (torch's context_parallel, torchtitan's)
     pipeline: str = ""  # whose pipeline runs the stages (`stages = ... with implementation = ...`); "": `pipeline_of`
+    outputs: str = "dropped"  # what torch's pipeline does with the last stage's outputs (`stages = ... with outputs`)
 
 
 # Transformer Engine's userbuffers as the rows' sources ran it (`tensor ... with sequence_parallel, overlap =
@@ -845,7 +846,7 @@ def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
                    overlap_experts=run.overlap_experts, fold_experts=run.fold_experts,
                    overlap_tensor=run.overlap_tensor, tensor_overlap=ir.TensorOverlap(run.tensor_overlap),
                    sm_margin=run.sm_margin, gathering=run.gathering, dispatcher=run.dispatcher,
-                   context=run.context, ring=run.ring, pipeline=pipeline_of(run))
+                   context=run.context, ring=run.ring, pipeline=pipeline_of(run), outputs=run.outputs)
 
 
 def predict(run: Run, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC):
@@ -1210,13 +1211,16 @@ def torchtitan_memory() -> list[tuple[Run, float]]:
                  dtypes=dict(fp8), gathering=TORCHTITAN_GATHER), 71.9)]
     # torchtitan at the tables' commit (9dec370, 2024-12-26) splits a rank's local batch into as many microbatches
     # as pipeline ranks when `pipeline_parallel_microbatches` is not given (`build_pipeline_schedule`): 32 / 8 = 4
-    # sequences each; a looped schedule gets 2 stages per rank (`generate_split_points`).
+    # sequences each; a looped schedule gets 2 stages per rank (`generate_split_points`). The torch of the page
+    # (1963fc8, 2024-12-23; 2.6) kept every microbatch's output to the step's end and returned their merge, whatever
+    # the caller asked (`PipelineStage.forward_one_chunk`: `self.output_chunks.append(output)`; `step`:
+    # `_merge_outputs`): `stages = ... with outputs = returned` on Tables 5 and 6.
     for schedule, virtual, measured in (("1f1b", {}, 82.5), ("interleaved_1f1b", {"virtual_stages": 2}, 72.7)):
         rows.append((Run(f"Table 5, 405B FSDP 8 x TP 8 x PP 8, {schedule}, Float8", "", "llama3_405b",
                          "grand_teton x 64", 256, 0, pins={"dp": 8, "tp": 8, "pp": 8, "zero_stage": 3,
                                                            "micro_batch_size": 4, "recompute": "full",
                                                            "schedule": schedule, **virtual}, dtypes=dict(fp8),
-                         gathering=FP8_GATHER), measured))
+                         gathering=FP8_GATHER, outputs="returned"), measured))
     # Tables 2 and 6: torch's `context_parallel` (torchtitan 9dec370's default rotate method, allgather)
     ring = {"context": "ring", "ring": "torch"}
     for cp, measured in ((1, 83.9), (2, 84.2), (4, 84.0), (8, 84.5)):
@@ -1229,7 +1233,8 @@ def torchtitan_memory() -> list[tuple[Run, float]]:
                          "llama3_405b", "grand_teton x 64", 64 // cp, 0, seq=32768 * cp,
                          pins={"dp": 8 // cp, "cp": cp, "tp": 8, "pp": 8, "zero_stage": 3, "micro_batch_size": 1,
                                "recompute": "full", "schedule": "1f1b"}, dtypes=dict(fp8),
-                         gathering=FP8_GATHER if cp < 8 else TORCHTITAN_GATHER, **(ring if cp > 1 else {})), measured))
+                         gathering=FP8_GATHER if cp < 8 else TORCHTITAN_GATHER, outputs="returned",
+                         **(ring if cp > 1 else {})), measured))
     return rows
 
 

@@ -162,6 +162,9 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
             + beyond_layers(plan, [stage_layers[stage] for stage in stages], attention_matrix)
         own = rank_stages[len(estimates)]
         buffers = torch_stage_bytes(plan, len(stage_layers), own, rank_inflight, head) if len(rank_stages) > 1 else 0.0
+        # the step's end, where it returns the last stage's outputs: its stored states and the outputs with their merge
+        merge = returned_merge_bytes(plan, len(stage_layers), own) if len(rank_stages) > 1 else 0.0
+        buffers = max(buffers, merge - gathered_params - gathered_grads - activations)
         estimates.append(MemoryEstimate(params + gathered_params, grads + gathered_grads, optimizer, activations,
                                         other=buffers, gathered_params=gathered_params, gathered_grads=gathered_grads))
     return estimates
@@ -891,9 +894,14 @@ def torch_stage_bytes(plan: ir.Plan, stages: int, own: Sequence[int], inflight: 
       its final hidden states, which the loss (`plandsl run`'s schedule calls the head in it) saves and the head's
       activations count.
 
+    With `outputs = returned` (`step(return_outputs=True)`, torch's default, and what torchtitan's torch of late 2024
+    always did: its `forward_one_chunk` appended every output to `output_chunks`, cleared at the next step's start) the
+    last stage keeps every microbatch's output to the step's end: m outputs at its last microbatch's backward, the
+    m - head beyond those in flight counted here (their merge at the step's end: `returned_merge_bytes`).
+
     Not counted: the input gradients (`stage_backward` drops them from the inputs, `bwd_cache` is popped by the next
-    send: transient, as in Megatron-LM) and `output_chunks`, which holds every microbatch's output to the step's end
-    only with `return_outputs=True` (torch's default, and what torchtitan's torch of late 2024 always did)."""
+    send: transient, as in Megatron-LM); torch 2.6 kept them to the step's end, and every stage's outputs in
+    `output_chunks`, which no option of torch 2.13 does."""
     sizes = torch_stage_sizes(plan)
     if sizes is None or stages < 2 or not own:
         return 0.0
@@ -902,8 +910,23 @@ def torch_stage_bytes(plan: ir.Plan, stages: int, own: Sequence[int], inflight: 
     before_last = sum(1 for stage in own if stage < stages - 1)
     total = after_first * max(0.0, m - inflight) * boundary + before_last * (m + min(inflight, m)) * boundary
     if stages - 1 in own:
-        total += head * output
+        total += (m if plan.stages.outputs == "returned" else head) * output
     return total
+
+
+def returned_merge_bytes(plan: ir.Plan, stages: int, own: Sequence[int]) -> float:
+    """What a rank holding the last stage of torch's pipeline keeps beside its stored states when the step returns the
+    last stage's outputs (`outputs = returned`): `_merge_outputs` concatenates the m outputs `output_chunks` kept
+    (`merge_chunks`, a `torch.cat`) after the last backward, when the layers' activations are freed and FSDP's units
+    resharded and reduced: the m outputs, their merge, and the receive buffers (`torch_stage_bytes`). 0 for a rank
+    without the last stage, with the outputs dropped, or where nothing of torch's pipeline is counted."""
+    sizes = torch_stage_sizes(plan)
+    if sizes is None or stages < 2 or stages - 1 not in own or plan.stages.outputs != "returned":
+        return 0.0
+    boundary, output, m = sizes
+    after_first = sum(1 for stage in own if stage > 0)
+    before_last = sum(1 for stage in own if stage < stages - 1)
+    return (after_first + before_last) * m * boundary + 2 * m * output
 
 
 def torch_stage_sizes(plan: ir.Plan) -> tuple[float, float, int] | None:
@@ -960,7 +983,7 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
 
 __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estimate_layer_activations", "layer_recompute",
            "held_stages", "gathered_bytes", "gather_element", "gather_element_bytes", "gathered_param_bytes",
-           "fp8_gather_bytes", "pipelined_shards", "model_state_bytes", "tied_embedding",
+           "fp8_gather_bytes", "pipelined_shards", "returned_merge_bytes", "model_state_bytes", "tied_embedding",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
            "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES", "StateBytes", "FP32_STATES", "module_split",
            "head_inflight", "beyond_layers", "LAST_STAGE_KINDS", "LOSS_PARALLEL_TEMPORARIES",

@@ -214,6 +214,9 @@ def _pipeline_args(plan: ir.Plan, args: list, lose) -> None:
         lose(f"stages with implementation = {stages.implementation} (torchtitan runs torch's pipeline, whose stages "
              "keep a receive buffer per microbatch and each output until its backward: more memory)", "stages",
              hint="drop `implementation = megatron`: torch's pipeline is the default")
+    if stages.outputs == "returned":  # torchtitan's trainer steps with return_outputs=False (trainer.py)
+        lose("stages with outputs = returned (torchtitan's trainer drops the last stage's outputs, "
+             "`step(..., return_outputs=False)`: less memory)", "stages", hint="drop `outputs = returned`")
     name = plan.schedule.name if plan.schedule is not None else "1f1b"
     schedule = SCHEDULES.get(name) if plan.schedule is None or plan.schedule.definition is None else None
     if schedule is None:

@@ -869,6 +869,10 @@ class StageGroup(Node):
 PIPELINE_IMPLEMENTATIONS = ("torch", "megatron")
 """Whose pipeline runs the stages (`stages = ... with implementation = ...`; docs/cost-model.md, "torch's pipeline
 stage")."""
+PIPELINE_OUTPUTS = ("dropped", "returned")
+"""What torch's pipeline does with the last stage's outputs (`stages = ... with outputs = ...`): drop each after its
+backward (`step(return_outputs=False)`, `plandsl run`'s) or keep every microbatch's to the step's end and return
+their merge (`return_outputs=True`, torch's default; the torch of late 2024 always did)."""
 
 
 PIPELINE_ACCOUNTED = ("embed", "loss")
@@ -878,7 +882,7 @@ and the loss (the final norm, the head and the loss), as Megatron-LM's --account
 
 
 class Stages(OptionalKeys):
-    optional_keys = ("implementation", "account")  # stages without `with implementation` or `account`: as before
+    optional_keys = ("implementation", "account", "outputs")  # stages without these options: as before them
     axis: str = "pp"
     mode: Literal["evenly", "explicit"] = "evenly"
     virtual: int = Field(default=1, gt=0, le=1024, description="stages per pipeline rank")
@@ -894,6 +898,11 @@ class Stages(OptionalKeys):
         "norm, head and loss) each counted as one layer of the even split, in model order (Megatron-LM's "
         "--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split); uncounted, they join the "
         "first and the last stage")
+    outputs: Literal["dropped", "returned"] = Field(
+        default="dropped", description="`stages = ... with outputs = dropped | returned` (torch's pipeline only): "
+        "whether the last stage keeps every microbatch's output to the step's end and returns their merge, as "
+        "torch's `step(return_outputs=True)` does, or drops each after its backward (`return_outputs=False`, "
+        "`plandsl run`'s)")
 
 
 

@@ -37,7 +37,7 @@ CONTEXT_KINDS = ("ring", "allgather", "none")
 EXPERT_KINDS = ("alltoall", "deepep", "hybridep", "none")
 CLAUSE_OPTIONS: dict[str, tuple[str, ...]] = {  # an attribute's clause -> the `with` options it takes
     "data": ("unit", "prefetch", "prefetch_bucket", "gather"), "tensor": ("sequence_parallel", "overlap", "sm_margin"), "context": ("implementation",), "experts": ("overlap",),
-    "stages": ("virtual", "map", "implementation", "account")}
+    "stages": ("virtual", "map", "implementation", "account", "outputs")}
 STYLES = ("colwise", "rowwise", "sequence", "replicate")
 DEFAULT_AXES = {"data": "dp", "tensor": "tp", "context": "cp", "experts": "ep", "stages": "pp"}
 
@@ -354,16 +354,31 @@ def stages_clause(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.Stages:
     virtual = scope.integer(found["virtual"].value, "virtual", minimum=1, maximum=MAX_VIRTUAL) if "virtual" in found else 1
     mapping = rank_map(scope, found["map"].value) if "map" in found else "loop"
     spans = axis_spans(scope, over, m)
-    implementation = {}
-    if "implementation" in found:  # whose pipeline: the checker's E610 points at it
-        implementation["implementation"] = scope.word(_value(scope, found["implementation"]),
-                                                      ir.PIPELINE_IMPLEMENTATIONS, "pipeline implementation")
-        spans["implementation"] = found["implementation"].span
+    options = _pipeline_options(scope, {key: (_value(scope, found[key]), found[key].span)
+                                        for key in ("implementation", "outputs") if key in found})
+    spans.update({key: found[key].span for key in options})
     if "account" in found:  # the embedding and the loss counted as layers of the split (Megatron's --account-for-*)
-        implementation["account"] = accounted(scope, _value(scope, found["account"]))
+        options["account"] = accounted(scope, _value(scope, found["account"]))
         spans["account"] = found["account"].span
     return ir.Stages(axis=axis, mode="evenly", virtual=virtual, rank_map=mapping, span=expr.span,
-                     field_spans=spans, **implementation)
+                     field_spans=spans, **options)
+
+
+def _pipeline_options(scope: Scope, found: dict) -> dict:
+    """`implementation` (whose pipeline: the checker's E610 points at it) and `outputs` (what torch's does with the
+    last stage's outputs; Megatron-LM's returns none: E206) of a stages clause or block, as `ir.Stages` fields;
+    `found`: option -> (value expression, span)."""
+    options = {}
+    if "implementation" in found:
+        options["implementation"] = scope.word(found["implementation"][0], ir.PIPELINE_IMPLEMENTATIONS,
+                                               "pipeline implementation")
+    if "outputs" in found:
+        if options.get("implementation") == "megatron":
+            raise scope.reporter.error("E206", "Megatron-LM's pipeline returns no outputs (its schedules return the "
+                                       "losses): 'outputs' would set nothing", found["outputs"][1],
+                                       hint="drop `outputs`, or run torch's pipeline: drop `implementation = megatron`")
+        options["outputs"] = scope.word(found["outputs"][0], ir.PIPELINE_OUTPUTS, "pipeline outputs setting")
+    return options
 
 
 def accounted(scope: Scope, expr: s.Expr) -> tuple[str, ...]:
@@ -382,8 +397,8 @@ def accounted(scope: Scope, expr: s.Expr) -> tuple[str, ...]:
 
 
 def stages_block(scope: Scope, block: s.Block, m: ir.Mesh) -> ir.Stages:
-    found = attributes(scope, block.body, {"axis": False, "virtual": False, "map": False, "implementation": False},
-                       "stages")
+    found = attributes(scope, block.body, {"axis": False, "virtual": False, "map": False, "implementation": False,
+                                           "outputs": False}, "stages")
     axis = one_axis(scope, found["axis"].value, m, "stages", block.name_span) if "axis" in found else "pp"
     if m.axis(axis) is None:
         raise scope.reporter.error("E302", f"stages run over axis '{axis}', which the mesh does not have",
@@ -409,13 +424,10 @@ def stages_block(scope: Scope, block: s.Block, m: ir.Mesh) -> ir.Stages:
     if not groups:
         raise scope.reporter.error("E207", "a stages block needs `stage: layers` entries", block.name_span,
                                    hint="0: embed, layers[0:16]")
-    implementation = {}
-    if "implementation" in found:  # whose pipeline (`implementation = megatron`)
-        implementation["implementation"] = scope.word(found["implementation"].value, ir.PIPELINE_IMPLEMENTATIONS,
-                                                      "pipeline implementation")
+    options = _pipeline_options(scope, {key: (found[key].value, found[key].span)
+                                        for key in ("implementation", "outputs") if key in found})
     return ir.Stages(axis=axis, mode="explicit", virtual=virtual, rank_map=mapping, groups=tuple(groups),
-                     span=block.span, field_spans={"implementation": found["implementation"].span}
-                     if "implementation" in found else {}, **implementation)
+                     span=block.span, field_spans={key: found[key].span for key in options}, **options)
 
 
 def schedule_ref(scope: Scope, expr: s.Expr) -> ir.ScheduleRef:

@@ -39,7 +39,7 @@ STATEMENT_STARTS = ("layer", "shard", "rank", "for", "on", "if", "else", "in")  
 BODIES: dict[str, tuple[str, ...]] = {  # a definition's kind -> what its body's statements start with
     "device": tuple(DEVICE_ATTRS), "node": tuple(NODE_ATTRS), "cluster": tuple(CLUSTER_ATTRS),
     "model": (*MODEL_ATTRS, "layer"), "plan": (*PLAN_ATTRS, "shard"), "layer": tuple(LAYER_ATTRS),
-    "stages": ("axis", "virtual", "map", "implementation"),
+    "stages": ("axis", "virtual", "map", "implementation", "outputs"),
 }
 KEYS: dict[str, tuple[str, ...]] = {  # an attribute whose value is `{ }` -> its keys
     "train": tuple(TRAIN_KEYS), "peak": PRECISIONS, "efficiency": (*EFFICIENCY_KEYS, *PRECISIONS),
@@ -54,6 +54,7 @@ WORDS: dict[str, tuple[str, ...]] = {  # an attribute or key -> the words it tak
     "lr_schedule": ("constant", "cosine", "linear"),
     "model": tuple(FAMILIES), "stages": ("evenly",),
     "implementation": ir.PIPELINE_IMPLEMENTATIONS,  # a `stages { }` block's `implementation = |`: whose pipeline
+    "outputs": ir.PIPELINE_OUTPUTS,  # a `stages { }` block's `outputs = |`: the last stage's outputs kept or not
     **dict.fromkeys((*ir.KEPT_DTYPE_KEYS, "param_dtype"), tuple(p.value for p in ir.KEPT_DTYPES)),
 }
 OPTION_WORDS: dict[str, tuple[str, ...]] = {  # `with unit = |`; `overlap = |` (the tensor clause's implementations)
@@ -61,6 +62,7 @@ OPTION_WORDS: dict[str, tuple[str, ...]] = {  # `with unit = |`; `overlap = |` (
     "gather": tuple(p.value for p in ir.GATHER_DTYPES),  # `with gather = |`: the data clause's gather dtype
     "stages.implementation": ir.PIPELINE_IMPLEMENTATIONS,  # whose pipeline; whose ring, below: the clause decides
     "account": ir.PIPELINE_ACCOUNTED,  # `with account = [|`: what the stages' split counts beside the blocks
+    "stages.outputs": ir.PIPELINE_OUTPUTS,
     "context.implementation": ir.RING_IMPLEMENTATIONS}
 CLAUSE = re.compile(r"^\s*(\w+)\s*=")  # `stages = evenly over pp with ...`: the attribute whose clause it is
 AFTER_NUMBER = re.compile(r"(?<![A-Za-z_])[0-9][0-9_]*(\.[0-9_]+)?([eE][+-]?[0-9]+)?\s*$")

@@ -57,6 +57,7 @@ FIELDS: tuple[tuple[str, str, Callable[[ir.Plan], Value]], ...] = (
     ("stages", "stages.rank_map", lambda p: p.stages and (p.stages.rank_map if isinstance(p.stages.rank_map, str)
                                                           else list(p.stages.rank_map))),
     ("stages", "stages.implementation", lambda p: p.stages and p.stages.implementation),  # whose pipeline
+    ("stages", "stages.outputs", lambda p: p.stages and p.stages.outputs),  # the last stage's outputs kept or not
     ("schedule", "schedule.name", lambda p: p.schedule and p.schedule.name),
     ("schedule", "schedule.virtual", lambda p: p.stages and p.stages.virtual),
     ("schedule", "schedule.options", lambda p: p.schedule and dict(p.schedule.options) or None),

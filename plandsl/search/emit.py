@@ -325,6 +325,8 @@ def stage_lines(scored: Scored, problem: Problem, axis: str = "pp") -> list[str]
         options.append("map = vshape")
     if problem.pipeline != "torch":  # whose pipeline, as the problem says it (torch's unless written)
         options.append(f"implementation = {problem.pipeline}")
+    if problem.outputs != "dropped":  # what torch's pipeline does with the last stage's outputs, as the problem says
+        options.append(f"outputs = {problem.outputs}")
     layers = layers_of(problem.model)
     transformer = isinstance(problem.model, ir.TransformerModel)
     if transformer and list(counts) == [len(p) for p in split_evenly(list(range(sum(counts))), len(counts))]:

@@ -91,8 +91,10 @@ class Figures:
         # and the context parallelism's kind and ring (`build_plan` reads them; the candidate decides whether there is one)
         context = ir.ContextParallel.model_construct(kind=p.context, axis="cp", implementation=p.ring) \
             if p.context != CONTEXT or p.ring != "te" else None
-        # and whose pipeline runs the stages (`build_plan` reads it; the candidate decides whether there are stages)
-        stages = ir.Stages.model_construct(field_spans={}, implementation=p.pipeline) if p.pipeline != "torch" else None
+        # and whose pipeline runs the stages, what it does with the last stage's outputs (`build_plan` reads them; the
+        # candidate decides whether there are stages)
+        stages = ir.Stages.model_construct(field_spans={}, implementation=p.pipeline, outputs=p.outputs) \
+            if p.pipeline != "torch" or p.outputs != "dropped" else None
         return ir.Plan.model_construct(name="generated", model=p.model, cluster=p.cluster, mesh=mesh, train=train,
                                        data=data, tensor=tensor, context=context, experts=experts, stages=stages,
                                        schedule=None, shard=())
@@ -212,7 +214,8 @@ class Figures:
         """Per pipeline rank, what torch's pipeline stage holds beside the layers (`cost.memory.torch_stage_bytes`, 0 on
         Megatron-LM's pipeline) for the node whose `memory` this is, its stages on `ranks` and `inflight` microbatches
         in flight on each rank: the exact estimate's terms but the last stage's logits, counted for one microbatch in
-        flight at most (`head_inflight`'s least), so never above the exact estimate's. The same sums as
+        flight at most (`head_inflight`'s least; all m where the plan returns them), so never above the exact
+        estimate's. The same sums as
         `torch_stage_bytes`, over all ranks at once."""
         key = (id(memory), ranks, id(inflight))
         found = self._buffers_cache.get(key)
@@ -227,7 +230,8 @@ class Figures:
                 before_last = np.bincount(on[:-1], minlength=len(inflight))
                 found = after_first * np.maximum(0.0, m - inflight) * boundary \
                     + before_last * (m + np.minimum(inflight, m)) * boundary
-                found[ranks[-1]] += min(1.0, float(inflight[ranks[-1]])) * output
+                returned = plan.stages.outputs == "returned"  # every microbatch's output kept to the step's end
+                found[ranks[-1]] += (m if returned else min(1.0, float(inflight[ranks[-1]]))) * output
             self._buffers_cache[key] = found
         return found
 

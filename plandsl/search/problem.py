@@ -55,6 +55,8 @@ class Problem:
     ring: str = "te"                                  # given: `context = ring over cp with implementation = torch`
     pipeline: str = "torch"                           # given: `stages = ... with implementation = megatron` (only its
     #                                                   schedules, none of torch's stage buffers: cost.memory)
+    outputs: str = "dropped"                          # given: `stages = ... with outputs = returned` (torch's pipeline
+    #                                                   keeps the last stage's outputs to the step's end: cost.memory)
 
     @property
     def sequence(self) -> int:
@@ -212,7 +214,8 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
         name = c.schedule or DEFAULT_SCHEDULE
         stages = _node(ir.Stages, axis="pp", mode="explicit", virtual=c.virtual_stages,
                        rank_map=BUILTIN[name].rank_map, groups=(),  # whose pipeline: the problem's (search.figures)
-                       implementation=base.stages.implementation if base.stages is not None else "torch")
+                       implementation=base.stages.implementation if base.stages is not None else "torch",
+                       outputs=base.stages.outputs if base.stages is not None else "dropped")
         schedule = _node(ir.ScheduleRef, name=name, options={}, definition=None)
     train = base.train.model_copy(update={"micro_batch": c.micro_batch_size, "recompute": ir.Recompute(c.recompute),
                                         "recompute_layers": c.recompute_layers})

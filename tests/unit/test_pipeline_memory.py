@@ -1,6 +1,7 @@
-"""Whose pipeline runs a plan (`stages = ... with implementation = torch | megatron`): the lowering, the checker's
-E610, and what torch's `PipelineStage` holds beside the layers (`cost.memory.torch_stage_bytes`), counted here
-buffer by buffer from torch 2.13's `torch/distributed/pipelining/stage.py`; none of it on Megatron-LM's pipeline."""
+"""Whose pipeline runs a plan (`stages = ... with implementation = torch | megatron`) and what torch's does with the last
+stage's outputs (`outputs = dropped | returned`): the lowering, the checker's E610, and what torch's `PipelineStage`
+holds beside the layers (`cost.memory.torch_stage_bytes`), counted here buffer by buffer from torch 2.13's
+`torch/distributed/pipelining/stage.py`; none of it on Megatron-LM's pipeline."""
 import pytest
 from test_search import problem  # the search tests' small problems
 
@@ -10,6 +11,7 @@ from plandsl.cost.estimate import estimate_plan
 from plandsl.cost.memory import (
     estimate_plan_memory,
     inflight_microbatches,
+    returned_merge_bytes,
     torch_stage_bytes,
 )
 from plandsl.search.choices import stage_ranks
@@ -201,3 +203,89 @@ def test_the_search_caps_count_the_same_buffers():
                 assert figures.stage_buffers(memory, ranks, inflight).tolist() == pytest.approx(expected, rel=1e-12)
                 compared += any(expected)
     assert compared > 5
+
+
+def test_the_plan_says_whether_the_last_stage_returns_its_outputs():
+    """`stages = ... with outputs = returned`, in the clause or the block; `dropped` by default and left out of the dump
+    (plans without it dump and hash as before); Megatron-LM's pipeline returns no outputs (E206); a word torch's does
+    not take is E210."""
+    assert _plan().stages.outputs == "dropped" and "outputs" not in _plan().stages.model_dump()
+    said = _plan(stages="evenly over pp with outputs = returned")
+    assert said.stages.outputs == "returned" and said.stages.model_dump()["outputs"] == "returned"
+    block = "stages {\n    0: embed, layers[0:4]\n    1..3: layers[4:12]\n    3: layers[12:16], norm, head\n" \
+            "    outputs = returned\n  }"
+    text = PLAN.format(hidden=HIDDEN, vocab=VOCAB, seq=SEQ, pp=4, tp=1, batch=16, tensor="", loss="", stages="",
+                       schedule="1f1b").replace("stages   = \n", block + "\n")
+    assert api.select_plan(api.loads(text, path="p.plan")).stages.outputs == "returned"
+    for options, code in (("implementation = megatron, outputs = returned", "E206"), ("outputs = kept", "E210")):
+        analysis = api.checks(PLAN.format(hidden=HIDDEN, vocab=VOCAB, seq=SEQ, pp=4, tp=1, batch=16, tensor="",
+                                          loss="", stages=f"evenly over pp with {options}", schedule="1f1b"),
+                              path="p.plan")
+        assert [d.code for d in analysis.diagnostics] == [code], options
+    from plandsl.interop import export_plan  # lazy: keeps this module's collection light
+    assert any("outputs = returned" in d.message for d in export_plan(said, "torchtitan").lost)  # return_outputs=False
+    assert not any("outputs" in d.message for d in export_plan(_plan(), "torchtitan").lost)
+
+
+def test_returned_outputs_by_hand():
+    """`outputs = returned` (torch's `step(return_outputs=True)`): the last stage keeps all 8 microbatches' logits, 7
+    beyond the one in flight, at its last backward; the other ranks hold what they held. At the step's end
+    `_merge_outputs` concatenates them beside the stored states and the receive buffers (8 activation buffers, 8
+    logits and their merge), the layers' activations gone: here (16 small layers, 32,000 words) that moment is the
+    last rank's peak, 2 x 8 logits against the step's 8 beside the activations."""
+    b = 2 * 2048 * HIDDEN * E
+    logits = 2 * 2048 * VOCAB * E
+    plan = _plan(stages="evenly over pp with outputs = returned")
+    dropped, returned = estimate_plan_memory(_plan()), estimate_plan_memory(plan)
+    assert [m.other for m in returned[:3]] == [m.other for m in dropped[:3]]
+    last = returned[3]
+    assert last.activations == dropped[3].activations
+    assert returned_merge_bytes(plan, 4, (3,)) == 8 * b + 16 * logits
+    step, merge = (8 - 1) * b + 8 * logits, 8 * b + 16 * logits - last.activations
+    assert merge > step and last.other == merge
+    assert last.total == last.stored_states + returned_merge_bytes(plan, 4, (3,))
+    assert returned_merge_bytes(_plan(), 4, (3,)) == 0.0 and returned_merge_bytes(plan, 4, (2,)) == 0.0
+    fewer = estimate_plan_memory(_plan(batch=8, stages="evenly over pp with outputs = returned"))[3]  # 4 microbatches
+    assert 4 * b + 8 * logits - fewer.activations < (4 - 1) * b + 4 * logits == fewer.other  # the step's peak
+
+
+@pytest.mark.slow  # imports torch
+def test_run_steps_torchs_schedule_as_the_plan_says():
+    """`plandsl run` passes `return_outputs` as the plan's `outputs` says (False unless `outputs = returned`)."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from plandsl.runtime.parallel.pipeline import Pipeline
+
+    for stages, expected in (("evenly over pp", False), ("evenly over pp with outputs = returned", True)):
+        seen = {}
+
+        def step(*args, target=None, losses=None, return_outputs=True):
+            seen["return_outputs"] = return_outputs
+            losses.append(torch.tensor(1.0))
+
+        stage = SimpleNamespace(device=torch.device("cpu"), is_first=True, is_last=True)
+        pipeline = Pipeline(SimpleNamespace(step=step), [stage], [], [], (0,), 2, None, "stub",
+                            _plan(stages=stages))
+        pipeline.step(torch.zeros(2, 4, dtype=torch.long), target=torch.zeros(2, 4, dtype=torch.long))
+        assert seen == {"return_outputs": expected}, stages
+
+
+def test_a_problem_whose_outputs_are_returned_writes_them_and_counts_them(tmp_path):
+    """The search's problem carries `outputs` (the bench's torchtitan rows of late 2024 say it): the plan it writes says
+    `outputs = returned`, checks clean, and estimates to the search's memory, which counts the kept logits."""
+    from dataclasses import replace as with_
+
+    from plandsl.search import search
+    from plandsl.search.emit import plan_text, resolve_problem
+
+    problem, source = resolve_problem("gpt(layers=8, hidden=1024, heads=16, seq=1024, vocab=51200)", "dgx_a100 x 2", 32)
+    returned = with_(problem, outputs="returned")
+    pins = {"pp": 2, "tp": 1, "micro_batch_size": 1, "schedule": "1f1b"}
+    best, dropped = search(returned, pins=pins, top=1).best, search(problem, pins=pins, top=1).best
+    text = plan_text(best, returned, source)
+    assert "outputs = returned" in text and "outputs" not in plan_text(dropped, problem, source)
+    (plan,) = api.loads(text, path=str(tmp_path / "c.plan")).plans
+    assert plan.stages.outputs == "returned"
+    assert estimate_plan(plan).peak_memory_bytes == pytest.approx(best.estimate.peak_memory_bytes, rel=1e-9)
+    assert best.estimate.peak_memory_bytes > dropped.estimate.peak_memory_bytes

@@ -327,7 +327,9 @@ def test_torchtitan_memory_with_a_pipeline_counts_the_held_stages(bench):
     the model does not explain (docs/validation.md, "The gather dtype"; within 12 % while it counted those units at
     fp32, by coincidence: held within 31 % since); 13-28 % below since torch's pipeline stage's receive buffers and
     cached outputs are counted (`cost.memory.torch_stage_bytes`: +2.0 GiB on the fullest 1F1B rank, +3.7 interleaved;
-    held within 29 %). The FSDP 1 x CP 8 run holds its stage's linear weights in bf16
+    held within 29 %); 4-27 % below since the torch of these runs keeps the last stage's outputs to the step's end
+    (`outputs = returned`: 7 of 8 microbatches' logits more on the last rank, 1.0 GiB each on Table 5), the
+    interleaved run within 10 % (held within 28 %). The FSDP 1 x CP 8 run holds its stage's linear weights in bf16
     where FSDP 2 x CP 4 holds them in FP8, and torch's ring's backward at CP 8 all-gathers twice the K and V
     (`cost.memory.ring_backward_bytes`): counted 6.5 GiB more (published: 7.8; 5.7 before the ring's buffers were
     counted); counted as per-microbatch regathering they were 55-74 % below it."""
@@ -335,7 +337,8 @@ def test_torchtitan_memory_with_a_pipeline_counts_the_held_stages(bench):
     assert len(rows) == 6
     counted = {run.name: bench.counted_memory(run)[0] for run, _ in rows}  # at torchtitan's layer split
     errors = [counted[run.name] / gib - 1 for run, gib in rows]
-    assert max(map(abs, errors)) <= 0.29 and all(e < 0 for e in errors), errors
+    assert max(map(abs, errors)) <= 0.28 and all(e < 0 for e in errors), errors
+    assert abs(counted["Table 5, 405B FSDP 8 x TP 8 x PP 8, interleaved_1f1b, Float8"] / 72.7 - 1) <= 0.10, counted
     table6 = {cp: next(v for name, v in counted.items() if f"CP {cp} x" in name) for cp in (4, 8)}
     assert 6.0 <= table6[8] - table6[4] <= 7.8, table6
 

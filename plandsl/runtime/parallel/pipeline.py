@@ -110,7 +110,9 @@ class Pipeline:
             target = targets.to(device)
         found: list[torch.Tensor] | None = [] if self.is_last else None
         with autocast(self.plan, device.type):  # forwards run inside `step`; backward ignores autocast
-            self.schedule.step(*args, target=target, losses=found, return_outputs=False)
+            # `outputs = returned`: the last stage keeps every microbatch's output and returns their merge (unused)
+            returned = self.plan.stages is not None and self.plan.stages.outputs == "returned"
+            self.schedule.step(*args, target=target, losses=found, return_outputs=returned)
         if self.tied is not None:
             self.tied.sum_grads()
         if found is None:
