@@ -12,7 +12,7 @@ from plandsl import ir
 from plandsl.diagnostics import Diagnostic, Edit, Note, diag
 from plandsl.ir import shares as batch
 from plandsl.ir.placement import rank_map
-from plandsl.schedules.registry import BUILTIN, microbatches_fit, min_microbatches
+from plandsl.schedules.registry import BUILTIN, megatron_microbatches_fit, microbatches_fit, min_microbatches
 from plandsl.cost.estimate import data_shares, format_shares
 from plandsl.cost.schedule import builtin_sizes, plan_schedule
 
@@ -31,6 +31,17 @@ def check_schedule(plan: ir.Plan) -> Iterator[Diagnostic]:
                        hint="schedule = 1f1b (or interleaved_1f1b with virtual stages), or torch's pipeline: drop "
                        "`implementation = megatron`", notes=[Note("Megatron-LM's pipeline said here", span)]
                        if span else [])
+            return
+        m, virtual = plan.num_microbatches, plan.stages.virtual
+        if not batch.uneven(plan) and not megatron_microbatches_fit(plan.pp, m, virtual):
+            span = plan.stages.span_of("implementation")
+            yield diag("E502", f"Megatron-LM's interleaved 1F1B needs at least pp ({plan.pp}) microbatches: it runs "
+                       f"them in groups of pp to m per virtual stage (forward_backward_pipelining_with_interleaving), "
+                       f"and global_batch {plan.train.global_batch} / (dp {plan.dp} x micro_batch "
+                       f"{plan.train.micro_batch}) = {m}", plan.schedule.span,
+                       hint=f"a global_batch of at least {plan.pp * plan.dp * plan.train.micro_batch}, a smaller "
+                       "micro_batch, or one stage per rank (schedule = 1f1b)",
+                       notes=[Note("Megatron-LM's pipeline said here", span)] if span else [])
             return
     if batch.uneven(plan):  # each replica's own microbatch count (the training check passed: shares are valid)
         shares = data_shares(plan)

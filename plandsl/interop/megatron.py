@@ -14,6 +14,7 @@ from plandsl import ir
 from plandsl.diagnostics import Diagnostic, diag
 from plandsl.interop.result import Exported, loser
 from plandsl.ir.placement import assign_stages
+from plandsl.schedules.registry import megatron_microbatch_group, megatron_microbatches_fit
 
 TARGET = "megatron"
 VERSION = "megatron-core 0.16.1"
@@ -34,6 +35,9 @@ INT_FLAGS = (
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank",
     "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--context-parallel-size", "--expert-model-parallel-size",
+    # ModelParallelConfig.microbatch_group_size_per_vp_stage: the microbatches interleaved 1F1B runs per virtual stage
+    # in turn (default pp); schedules.py takes it in [pp, m], its last group 0 or at least pp
+    "--microbatch-group-size-per-virtual-pipeline-stage",
     "--expert-tensor-parallel-size", "--num-distributed-optimizer-instances",
     # multi-head latent attention (MLATransformerConfig: q_lora_rank, kv_lora_rank, qk_head_dim = plandsl's
     # qk_nope_head_dim, qk_pos_emb_head_dim = qk_rope_head_dim, v_head_dim) and the MoE layers' own width
@@ -399,6 +403,14 @@ def _pipeline_args(plan: ir.Plan, args: list, lose) -> None:
     if plan.schedule is not None and (plan.schedule.definition is not None or name != expected):
         lose(f"schedule = {name} (Megatron has 1F1B, and interleaved 1F1B with virtual stages)", "schedule",
              hint=f"use schedule = {expected}")
+    if stages.virtual > 1 and name == "interleaved_1f1b":  # the order of torch's rounds (`megatron_microbatch_group`)
+        m = plan.num_microbatches
+        if not megatron_microbatches_fit(plan.pp, m, stages.virtual):
+            lose(f"interleaved 1F1B over {m} microbatches on {plan.pp} pipeline ranks (Megatron-LM's interleaved "
+                 "schedule runs at least pp microbatches per virtual stage in turn)", "schedule",
+                 hint=f"at least {plan.pp} microbatches per step")
+        elif megatron_microbatch_group(plan.pp, m) != plan.pp:
+            args.append(("--microbatch-group-size-per-virtual-pipeline-stage", str(megatron_microbatch_group(plan.pp, m))))
     round_robin = tuple(s % plan.pp for s in range(plan.pp * stages.virtual))
     if stages.rank_map != "loop" and tuple(stages.rank_map) != round_robin:
         lose(f"the stage-to-rank map {_map_text(stages.rank_map)} (Megatron places virtual stages round robin)",

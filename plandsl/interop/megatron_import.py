@@ -19,6 +19,7 @@ from plandsl.interop import megatron as facts
 from plandsl.interop.flags import Flag, read_flags
 from plandsl.interop.result import Imported, checked
 from plandsl.interop.cluster import cluster_devices, cluster_lines
+from plandsl.schedules.registry import BUILTIN, megatron_microbatch_group, microbatches_fit
 
 KNOWN = (*facts.INT_FLAGS, *facts.FLOAT_FLAGS, *facts.CHOICE_FLAGS, *facts.TEXT_FLAGS, *facts.SWITCHES)
 ZERO_OK = ("--lr-warmup-iters", "--seed", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16")
@@ -152,7 +153,7 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
     tp, pp, cp, ep, dp, world, fold = degrees
     layers = read.get("--num-layers")
     stages = _stages(read, layers, pp)
-    if stages is None:
+    if stages is None or not _microbatch_group(read, stages, pp, dp):
         return None
     data = _data_kind(read)
     if data is None:
@@ -710,6 +711,39 @@ def _stages(read: _Read, layers: int, pp: int) -> list[str] | None:
     virtual = len(counts) // pp
     return stages_lines(counts, virtual) + ["    implementation = megatron", "  }",
                                             f"  schedule = {'interleaved_1f1b' if virtual > 1 else '1f1b'}"]
+
+
+GROUP = "--microbatch-group-size-per-virtual-pipeline-stage"
+
+
+def _microbatch_group(read: _Read, stages: list[str], pp: int, dp: int) -> bool:
+    """Megatron-LM's interleaved 1F1B runs its m microbatches per virtual stage in groups of --microbatch-group-size-
+    per-virtual-pipeline-stage (default pp) and refuses a group outside [pp, m] or a last one shorter than pp
+    (forward_backward_pipelining_with_interleaving): E805; plandsl's `interleaved_1f1b` groups them as torch's rounds,
+    m // max(1, m // pp) each (`megatron_microbatch_group`), and another group is E807. Megatron reads it only with
+    virtual stages."""
+    batch, micro = read.get("--global-batch-size"), read.get("--micro-batch-size")
+    if not any("interleaved_1f1b" in line for line in stages) or not micro or batch % (micro * dp):
+        return True  # no virtual stages, or a batch the checker refuses (E501)
+    m, given = batch // (micro * dp), read.get(GROUP)
+    group = pp if given is None else given
+    if not pp <= group <= m or 0 < m % group < pp:
+        said = f"{GROUP} {group}" if given is not None else f"the default group, pp ({GROUP})"
+        why = f"a group between pp ({pp}) and m ({m})" if not pp <= group <= m else \
+            f"a last group (m % group = {m % group}) of none or at least pp ({pp})"
+        read.problem("E805", f"{m} microbatches (--global-batch-size {batch} / (data parallel {dp} x --micro-batch-size "
+                     f"{micro})) in groups of {group} per virtual stage ({said}): Megatron-LM's interleaved schedule "
+                     f"needs {why}",
+                     GROUP if given is not None else "--global-batch-size",
+                     hint=f"a multiple of pp x data parallel x micro-batch ({pp * dp * micro}) for --global-batch-size"
+                     + (f", or {GROUP} {m}" if m >= pp else ""))
+        return False
+    if group != megatron_microbatch_group(pp, m) or not microbatches_fit(BUILTIN["interleaved_1f1b"], pp, m):
+        read.problem("E807", f"{GROUP} {group} over {m} microbatches: plandsl's interleaved_1f1b runs torch's rounds, "
+                     f"max(1, m // pp) of them, which must divide m, of m // max(1, m // pp) microbatches each "
+                     f"({megatron_microbatch_group(pp, m)} here)", GROUP if given is not None else "--global-batch-size")
+        return False
+    return True
 
 
 def stages_lines(counts: list[tuple[bool, int, bool]], virtual: int) -> list[str]:

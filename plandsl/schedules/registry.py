@@ -117,6 +117,21 @@ def microbatches_fit(info: ScheduleInfo, ranks: int, microbatches: int) -> bool:
         and not (info.rounds and m % max(1, m // ranks))
 
 
+def megatron_microbatches_fit(ranks: int, microbatches: int, virtual: int) -> bool:
+    """Whether Megatron-LM's pipeline runs `microbatches` per step over `ranks` ranks of `virtual` stages each: with
+    virtual stages its interleaved 1F1B runs them in groups per virtual stage (`microbatch_group_size_per_vp_stage`,
+    default pp) that must lie in [pp, m] (megatron.core.pipeline_parallel.schedules, core_v0.16.1:
+    forward_backward_pipelining_with_interleaving), so at least pp of them; one stage per rank runs any count."""
+    return virtual == 1 or microbatches >= ranks
+
+
+def megatron_microbatch_group(ranks: int, microbatches: int) -> int:
+    """The microbatches Megatron-LM's interleaved 1F1B runs per virtual stage in turn to run the order of
+    `interleaved_1f1b` (torch's rounds: m // max(1, m // p) each), its --microbatch-group-size-per-virtual-pipeline-stage
+    (Megatron's default, pp, where pp divides m)."""
+    return microbatches // max(1, microbatches // ranks)
+
+
 def microbatch_rule(info: ScheduleInfo) -> str:
     """The rule of `microbatches_fit` in words, as the table of docs/language.md section 13 has it."""
     parts = {"1": [], "ranks": ["`m >= pp`"], "2*ranks": ["`m >= 2 * pp`"]}[info.min_microbatches]

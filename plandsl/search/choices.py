@@ -19,7 +19,7 @@ from plandsl.cost.layer import Links, mesh_links
 from plandsl.cost.stage import slowest
 from plandsl.ir.shapes import context_extents, expert_extents, indivisible, tensor_extents, tp_splits
 from plandsl.ir.torch_plan import ties_across_layers, tp_splits as torch_tp_splits
-from plandsl.schedules.registry import BUILTIN, microbatches_fit
+from plandsl.schedules.registry import BUILTIN, megatron_microbatches_fit, microbatches_fit
 
 AXES = ("dp", "ep", "pp", "cp", "tp")  # the canonical mesh order, outermost first (Megatron's)
 RECOMPUTE = ("none", "selective", "selective_op", "full")
@@ -163,7 +163,8 @@ def rank_devices(devices: Sequence[ir.DeviceType], axes: Sequence[tuple[str, int
 def schedule_choices(pp: int, m: int, blocks: int, pinned: str | None, virtual_pin: int | None,
                      megatron: bool = False):
     """(schedule, virtual) pairs the generators accept for pp ranks and m microbatches; on Megatron-LM's pipeline
-    (`megatron`) only the schedules it runs (`ScheduleInfo.megatron`, the checker's E610)."""
+    (`megatron`) only the schedules it runs (`ScheduleInfo.megatron`, the checker's E610) at the counts it runs them
+    (`megatron_microbatches_fit`, the checker's E502)."""
     if pp == 1:
         return [(pinned if pinned and pinned != "none" else "", 1)]
     out = []
@@ -184,7 +185,8 @@ def schedule_choices(pp: int, m: int, blocks: int, pinned: str | None, virtual_p
             virtuals = VIRTUAL_CHOICES if virtual_pin is None else (virtual_pin,)  # a plan's own, as check takes it
         else:
             virtuals = (1,)
-        out += [(name, v) for v in virtuals if (virtual_pin is None or v == virtual_pin) and pp * v <= blocks]
+        out += [(name, v) for v in virtuals if (virtual_pin is None or v == virtual_pin) and pp * v <= blocks
+                and not (megatron and not megatron_microbatches_fit(pp, m, v))]
     return out
 
 

@@ -238,6 +238,11 @@ BAD = [
     ("--expert-tensor-parallel-size 2 --tensor-model-parallel-size 1", "E807", "--expert-tensor-parallel-size"),
     ("--tensor-model-parallel-size 2 --tp-comm-overlap", "E805", "--tp-comm-overlap"),
     ("--tp-comm-overlap", "E805", "--tp-comm-overlap"),
+    # interleaved 1F1B's microbatch group: 4 microbatches on 2 ranks; Megatron takes 2 to 4, plandsl runs torch's 2
+    ("--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
+     "--microbatch-group-size-per-virtual-pipeline-stage 8", "E805", "--microbatch-group-size-per-virtual-pipeline-stage"),
+    ("--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
+     "--microbatch-group-size-per-virtual-pipeline-stage 4", "E807", "--microbatch-group-size-per-virtual-pipeline-stage"),
 ]
 
 
@@ -510,3 +515,29 @@ def test_megatron_runs_no_async_tp_and_no_margin_by_flag():
         exported = export_plan(plan, "megatron")
         assert ("--tp-comm-overlap" in exported.text) == flag, written
         assert [d.code for d in exported.lost] == ["E808"] and lost in exported.lost[0].message, exported.lost
+
+
+def test_interleaved_microbatches_not_a_multiple_of_pp_round_trip_with_megatrons_group():
+    """12 microbatches over 8 ranks of 2 virtual stages: the export says Megatron-LM's group per virtual stage, 12
+    (torch's one round, what the plan lays out), the import reads it back to the same plan, and without it Megatron's
+    default group, pp, leaves a last group of 4 < pp, which its interleaved schedule refuses: E805."""
+    text = """import "clusters/dgx_a100"
+plan p {
+  model    = gpt(layers=16, hidden=1024, heads=16, seq=1024, vocab=51200)
+  cluster  = dgx_a100 x 2
+  mesh     = [dp = 2, pp = 8]
+  train    = { global_batch: 24, micro_batch: 1 }
+  stages   = evenly over pp with virtual = 2, implementation = megatron
+  schedule = interleaved_1f1b
+}
+"""
+    plan = api.select_plan(api.loads(text, path="p.plan"))
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost and "--microbatch-group-size-per-virtual-pipeline-stage 12" in exported.text
+    back = import_text("megatron", exported.text, "plan.args", world_size=16, cluster="dgx_a100 x 2")
+    assert back.ok, back.diagnostics
+    again = api.select_plan(api.loads(back.text, path="back.plan"))
+    assert (again.num_microbatches, again.stages.virtual, again.schedule.name) == (12, 2, "interleaved_1f1b")
+    plain = import_text("megatron", exported.text.replace("--microbatch-group-size-per-virtual-pipeline-stage 12", ""),
+                        "plan.args", world_size=16, cluster="dgx_a100 x 2")
+    assert [d.code for d in plain.diagnostics] == ["E805"] and "last group" in plain.diagnostics[0].message

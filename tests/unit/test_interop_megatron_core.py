@@ -479,3 +479,47 @@ def test_counted_embedding_and_loss_are_megatrons_account_flags(mcore, monkeypat
     assert {flag: flag in flags for flag in counted} == {flag: on and divides for flag, on in counted.items()}
     assert ("--pipeline-model-parallel-layout" in flags) == (not divides)
     _holds_the_plans_stages(mcore, monkeypatch, plan, flags)
+
+
+MEGATRON_M12 = """import "clusters/dgx_a100"
+plan p {
+  model    = gpt(layers=32, hidden=4096, heads=32, seq=2048, vocab=51200)
+  cluster  = dgx_a100 x 8
+  mesh     = [dp = 2, pp = 8, tp = 4]
+  train    = { global_batch: 24, micro_batch: 1, recompute: full }
+  tensor   = megatron over tp with sequence_parallel
+  stages   = evenly over pp with virtual = 2, implementation = megatron
+  schedule = interleaved_1f1b
+}
+"""
+
+
+def test_interleaved_microbatches_not_a_multiple_of_pp_run_in_megatrons_order(mcore):
+    """12 microbatches on 8 ranks of 2 virtual stages: torch's one round of 12, which plandsl lays out and prices, is
+    Megatron-LM's interleaved 1F1B with --microbatch-group-size-per-virtual-pipeline-stage 12 (its default group, pp,
+    leaves a last group of 4 < pp, which forward_backward_pipelining_with_interleaving refuses); megatron-core's own
+    schedule table and warm-up count (get_schedule_table, get_pp_rank_microbatches) give every rank's actions in
+    plandsl's order."""
+    from types import SimpleNamespace
+    from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches, get_schedule_table
+    from plandsl.schedules.generators import interleaved_1f1b
+    [plan] = api.loads(MEGATRON_M12, path="p.plan").plans
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost
+    pp, m, virtual = 8, plan.num_microbatches, 2
+    group = int(_flags(exported.text)["--microbatch-group-size-per-virtual-pipeline-stage"])
+    assert (m, group) == (12, 12) and pp <= group <= m and not 0 < m % group < pp  # schedules.py's two checks
+    config, _, _ = _configs(mcore, _flags(exported.text))
+    assert config.microbatch_group_size_per_vp_stage == 12
+    table = get_schedule_table(m, virtual, group)
+    schedule = interleaved_1f1b(pp, m, virtual)
+    for rank in range(pp):
+        p2p = SimpleNamespace(pp_group=SimpleNamespace(size=lambda: pp, rank=lambda rank=rank: rank),
+                              virtual_pipeline_model_parallel_size=virtual)
+        total, _, warmup, remaining = get_pp_rank_microbatches(m, virtual, group, p2p_communicator=p2p)
+        forwards = [("F", chunk, micro) for micro, chunk in table]
+        backwards = [("B", virtual - 1 - chunk, micro) for micro, chunk in table]
+        order = forwards[:warmup] + [a for k in range(remaining) for a in (forwards[warmup + k], backwards[k])] \
+            + backwards[remaining:]
+        mine = [(a.kind.value, a.stage // pp, a.microbatch) for a in schedule.actions[rank] if a.kind.value in ("F", "B")]
+        assert mine == order, f"rank {rank}"

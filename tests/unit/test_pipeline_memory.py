@@ -78,6 +78,25 @@ def test_E610_megatron_runs_only_its_two_schedules(schedule, virtual):
     assert not [d for d in api.checks(fixed, path="p.plan").diagnostics if d.severity == "error"]
 
 
+def test_megatrons_interleaved_1f1b_needs_pp_microbatches():
+    """Megatron-LM's interleaved schedule runs its microbatches in groups of pp to m per virtual stage
+    (forward_backward_pipelining_with_interleaving), so with virtual stages fewer than pp are E502 on its pipeline
+    (torch's runs them: one round); one stage per rank, or pp of them, pass; and `generate --pipeline megatron` proposes
+    none."""
+    def codes(batch, virtual, implementation="megatron", schedule="interleaved_1f1b"):
+        text = PLAN.format(hidden=HIDDEN, vocab=VOCAB, seq=SEQ, pp=4, tp=1, batch=batch, tensor="", loss="",
+                           stages=f"evenly over pp with virtual = {virtual}, implementation = {implementation}",
+                           schedule=schedule)
+        return [d.code for d in api.checks(text, path="p.plan").diagnostics if d.severity == "error"]
+    assert codes(batch=6, virtual=2) == ["E502"]  # 3 microbatches of 2 over 4 ranks
+    assert codes(batch=6, virtual=2, implementation="torch") == codes(batch=8, virtual=2) == []
+    assert codes(batch=6, virtual=1) == []
+    from plandsl.search.choices import schedule_choices
+    assert ("interleaved_1f1b", 2) in schedule_choices(4, 3, 16, None, None) and \
+        schedule_choices(4, 3, 16, None, None, megatron=True) == []  # nor 1f1b: torch's needs pp microbatches
+    assert ("interleaved_1f1b", 2) in schedule_choices(4, 4, 16, None, None, megatron=True)
+
+
 def test_torchs_stage_buffers_by_hand():
     """pp 4, 1F1B, 8 microbatches of 2 x 2048 tokens, bf16: b = 2 * 2048 * 1024 * 2 bytes a boundary. Rank r has
     min(4 - r, 8) microbatches in flight. Rank 0 (first stage): 8 gradient receive buffers and 4 cached outputs;
