@@ -540,7 +540,7 @@ def modelzoo_qwen3_h100() -> list[Run]:
         base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1}
         if pins.get("pp", 1) > 1:
             base["schedule"] = "interleaved_1f1b"
-        if "virtual_stages" not in pins and pins.get("pp", 1) > 1:
+        if ("virtual_stages" not in pins or "account" in pins) and pins.get("pp", 1) > 1:
             del base["recompute"]
         return Run(f"ModelZoo Qwen3 235B-A22B {name}, 256 H100, BF16", MOE_MODELZOO, QWEN3_235B_A22B, "dgx_h100 x 32",
                    2048, 2048 * 4096 / step / 256, metric="tokens_per_device", pins={**base, **pins},
@@ -553,9 +553,9 @@ def modelzoo_qwen3_h100() -> list[Run]:
             run("(t2 e8, FSDP), DeepEP, full recompute", 17.6, deepep + "; FSDP over the 128 data ranks",
                 tp=2, pp=1, ep=8, dp=32, zero_stage=3, micro_batch_size=4, recompute="full"),
             run("(t2 p32 v3 e8), all-to-all", 24.2, "VP 3 on 32 stages gives the embedding and the loss chunks of "
-                "their own (96 chunks, 94 blocks), which a plan's stages cannot: virtual stages left to the search; "
+                "their own (96 chunks, 94 blocks: --account-for-embedding/loss-in-pipeline-split, `account`); "
                 "without the norms' and activation's recomputation the layout does not fit: recomputation left to "
-                "the search too", tp=2, pp=32, ep=8, dp=1),
+                "the search", tp=2, pp=32, virtual_stages=3, ep=8, dp=1, account="embed,loss"),
             run("(t4 p8 v4 e8), DeepEP", 29.0, deepep + "; no recomputation", tp=4, pp=8, virtual_stages=4, ep=8,
                 dp=4)]
 
@@ -613,6 +613,8 @@ def nemo_blackwell() -> list[Run]:
         base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1}
         if pins.get("pp", 1) > 1:
             base["schedule"] = "interleaved_1f1b"
+        if model == "llama3_405b":  # llama31_405b_pretrain_config: account_for_embedding/loss_in_pipeline_split
+            base["account"] = "embed,loss"
         cluster = (f"dgx_b200 x {gpus // 8}" if system == "B200" else
                    "gb200_nvl72_8" if gpus == 8 else f"gb200_nvl72_64 x {gpus // 64}")
         page = "performance-summary.mdx" if container == "26.04.01" else "performance-summary-archive.mdx"
@@ -849,8 +851,15 @@ def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
                    context=run.context, ring=run.ring, pipeline=pipeline_of(run), outputs=run.outputs)
 
 
+def pins_of(run: Run) -> dict:
+    """The row's pins, and the parts its split counts as layers (`account`): none unless the row pins them, as
+    Megatron-LM (without --account-for-embedding/loss-in-pipeline-split) and torchtitan's rows counted here split
+    the blocks alone; the search would otherwise give an end stage the embedding or the loss alone where it pays."""
+    return {"account": "none", **run.pins}
+
+
 def predict(run: Run, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC):
-    result = search(problem_of(run, nic), pins=run.pins, top=1, efficiency=efficiency)
+    result = search(problem_of(run, nic), pins=pins_of(run), top=1, efficiency=efficiency)
     best = result.best
     e = best.estimate
     value = {"tflops_per_device": e.tflops_per_device, "mfu": e.mfu,
@@ -1346,8 +1355,9 @@ def experts_report(efficiency: Efficiency | None = None) -> str:
         return f"{c.dispatcher} over {'[ep, tp]' if c.fold and c.tp > 1 else 'ep'}" + (f" (group {c.ep * c.tp})" if c.fold and c.tp > 1 else "")
     lines = ["| run | recipe's experts | step (s) | search's experts | step (s) | layout |", "|---|---|---|---|---|---|"]
     for run in (r for r in published() if r.family == "moe"):
-        recipe = search(problem_of(run), pins=run.pins, top=1, efficiency=efficiency).best
-        found = search(replace(problem_of(run), search_experts=True), pins=run.pins, top=1, efficiency=efficiency).best
+        recipe = search(problem_of(run), pins=pins_of(run), top=1, efficiency=efficiency).best
+        found = search(replace(problem_of(run), search_experts=True), pins=pins_of(run), top=1,
+                       efficiency=efficiency).best
         same = recipe.candidate.degrees() == found.candidate.degrees()
         lines.append(f"| {run.name} | {chosen(recipe)} | {recipe.estimate.time.step:.3f} | {chosen(found)} | "
                      f"{found.estimate.time.step:.3f} | {'same' if same else found.candidate.describe()} |")

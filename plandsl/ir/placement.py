@@ -152,6 +152,20 @@ def split_evenly(items: list, parts: int) -> list[list]:
     return out
 
 
+def account_counts(blocks: int, stages: int, account: tuple[str, ...]) -> tuple[int, ...] | None:
+    """Blocks per stage of `evenly`'s split of `blocks` over `stages` with the parts `account` counted as items
+    (`_evenly`: the embedding the first item, the loss the last); None where some stage would hold nothing."""
+    items = blocks + len(account)
+    if items < stages:
+        return None
+    sizes = [len(part) for part in split_evenly(range(items), stages)]
+    if "embed" in account:
+        sizes[0] -= 1
+    if "loss" in account:
+        sizes[-1] -= 1
+    return tuple(sizes)
+
+
 def rank_map(stages: ir.Stages, pp: int) -> tuple[tuple[int, ...], list[Diagnostic]]:
     count = pp * stages.virtual
     if stages.rank_map == "loop":

@@ -48,7 +48,7 @@ from plandsl.diagnostics import did_you_mean
 
 PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
             "virtual_stages", "zero_stage", "recompute", "recompute_layers", "order", "tp_across_nodes", "fold",
-            "dispatcher")
+            "dispatcher", "account")
 DISPATCHERS = ("alltoall", "deepep", "hybridep")  # `experts = KIND over ...` (ir.ExpertParallel.kind)
 # The search tries each unpinned, on every layout with an expert group (`Space.roots`); at equal figures it writes the
 # one it reaches first.
@@ -87,6 +87,13 @@ def parse_pins(pins: Mapping[str, object] | Iterable[str] | None) -> dict[str, o
         elif key == "dispatcher":
             if value not in DISPATCHERS:
                 raise SearchError(f"--pin dispatcher={raw}: the experts' dispatcher is one of {', '.join(DISPATCHERS)}")
+        elif key == "account":  # the parts counted as layers of the split (`stages = evenly ... with account`)
+            named = {a.strip() for a in value.split(",") if a.strip()}
+            parts = named - {"none"}
+            if not parts <= set(ir.PIPELINE_ACCOUNTED) or named != (parts or {"none"}):
+                raise SearchError(f"--pin account={raw}: the parts the stages' split counts as layers, among "
+                                  f"{', '.join(ir.PIPELINE_ACCOUNTED)} (comma-separated), or none")
+            value = tuple(part for part in ir.PIPELINE_ACCOUNTED if part in parts)
         elif key == "order":
             value = tuple(a.strip() for a in value.split(",") if a.strip())
             if len(set(value)) != len(value) or not set(value) <= set(AXES):

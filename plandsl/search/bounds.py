@@ -29,8 +29,11 @@ def _sums(time: LayerTime, count: int = 1) -> tuple[float, ...]:
 
 
 class Bounds:
-    def __init__(self, figures: Figures):
+    def __init__(self, figures: Figures, apart: int = 0):
+        """`apart`: whether the first and the last stage may hold no block (the embedding or the loss alone,
+        `Splits`): then a rank holds at least one block per stage it runs, less one for each of those."""
         self.figures = figures
+        self.free_ends = apart > 0
         self.problem, self.model, self.layers = figures.problem, figures.model, figures.layers
         self.kinds, self.transformer, self.states = figures.kinds, figures.transformer, figures.states
         self.blocks, self.dense_blocks = figures.blocks, figures.dense_blocks
@@ -207,19 +210,21 @@ class Bounds:
             if pp == 1 and stages == 2:
                 continue
             kinds: dict = {}
+            free = int(self.free_ends)  # an end stage may hold no block
             if len(devices) == 1:  # the ranks' kinds as the loop below makes them, in its order: 0, then 1..pp-1
                 embed, block, head = seconds(next(iter(devices.values())))
-                kinds[(embed + (head if last == 0 else 0.0), block, stages)] = 1
+                kinds[(embed + (head if last == 0 else 0.0), block, stages - free - (free if last == 0 else 0))] = 1
                 if pp > 2 or (pp == 2 and last == 0):
                     kind = (0.0 + 0.0, block, stages)
                     kinds[kind] = kinds.get(kind, 0) + pp - 1 - (last != 0)
                 if last != 0:
-                    kind = (0.0 + head, block, stages)
+                    kind = (0.0 + head, block, stages - free)
                     kinds[kind] = kinds.get(kind, 0) + 1
             else:
                 for rank, device in enumerate(root.rank_devices):
                     embed, block, head = seconds(device)
-                    kind = ((embed if rank == 0 else 0.0) + (head if rank == last else 0.0), block, stages)
+                    kind = ((embed if rank == 0 else 0.0) + (head if rank == last else 0.0), block,
+                            stages - free * ((rank == 0) + (rank == last)))
                     kinds[kind] = kinds.get(kind, 0) + 1
             least.append(least_slowest(self.blocks, kinds))
         return node.microbatches * min(least)
@@ -268,7 +273,7 @@ class Bounds:
                 device = devices[rank]
                 _, _, compute, embed_cost, head_cost = self.slopes(node, zero, device)
                 fixed = (embed_cost if 0 in owned else 0.0) + (head_cost if last in owned else 0.0)
-                add((fixed + len(owned) * extra[device.name], compute, len(owned)))
+                add((fixed + len(owned) * extra[device.name], compute, self._least(owned, last)))
             if uniform:
                 compute = self.slopes(node, zero, devices[0])[2]
                 for stages, count in others.items():
@@ -278,7 +283,7 @@ class Bounds:
             offset, middle, compute, embed_cost, head_cost = self.slopes(node, zero, devices[rank])
             fixed = sum(offset for s in owned if 0 < s < last)
             fixed += (embed_cost if 0 in owned else 0.0) + (head_cost if last in owned else 0.0)
-            add((fixed, min(compute, middle), len(owned)))
+            add((fixed, min(compute, middle), self._least(owned, last)))
         if len(self.figures.device_types(root)) == 1:  # on one device type, the others differ only in their stages
             offset, middle = self.slopes(node, zero, devices[0])[:2]
             for stages, count in others.items():
@@ -289,6 +294,11 @@ class Bounds:
                     offset, middle = self.slopes(node, zero, devices[rank])[:2]
                     add((len(owned) * offset, middle, len(owned)))
         return node.microbatches * least_slowest(self.blocks, kinds)
+
+    def _least(self, owned, last: int) -> int:
+        """The fewest blocks a rank holding the stages `owned` (of 0..last) holds: one a stage, none on an end stage
+        that may hold the embedding or the loss alone."""
+        return len(owned) - (self.free_ends and 0 in owned) - (self.free_ends and last in owned and last != 0)
 
     def split_bound(self, node: Node, zero: int, schedule: str, ranks, counts, recomputed: int | None = None) -> float:
         """m x the busiest rank's seconds per microbatch under this split of the blocks: at most `leaf_bound`,

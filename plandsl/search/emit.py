@@ -22,7 +22,7 @@ from pathlib import Path
 from plandsl import ir
 from plandsl.ir.inspected import parse_source
 from plandsl.ir.layers import layers_of, param_count
-from plandsl.ir.placement import split_evenly
+from plandsl.ir.placement import account_counts, split_evenly
 from plandsl.schedules.registry import BUILTIN
 from plandsl.search.problem import Candidate, Problem, Scored, SearchError, SearchResult
 from plandsl.lower.units import format_bytes, format_count
@@ -331,6 +331,12 @@ def stage_lines(scored: Scored, problem: Problem, axis: str = "pp") -> list[str]
     transformer = isinstance(problem.model, ir.TransformerModel)
     if transformer and list(counts) == [len(p) for p in split_evenly(list(range(sum(counts))), len(counts))]:
         return [f"  stages   = evenly over {axis}" + (f" with {', '.join(options)}" if options else "")]
+    # Megatron's split counting the embedding or the loss as a layer, where an end stage holds it alone (where every
+    # stage holds a block, a `stages { }` block says it as before)
+    for counted in (("embed", "loss"), ("embed",), ("loss",)) if transformer and 0 in (counts[0], counts[-1]) else ():
+        if tuple(counts) == account_counts(sum(counts), len(counts), counted):
+            options.append(f"account = {'[' + ', '.join(counted) + ']' if len(counted) > 1 else counted[0]}")
+            return [f"  stages   = evenly over {axis} with {', '.join(options)}"]
     lines = ["  stages {"] + ([f"    axis = {axis}"] if axis != "pp" else [])  # the options close the block
     if transformer:
         start = 0
@@ -342,12 +348,13 @@ def stage_lines(scored: Scored, problem: Problem, axis: str = "pp") -> list[str]
         s = 0
         while s <= last:
             a, b = spans[s]
+            held = [f"layers[{a}:{b}]"] if b > a else []  # none: the embedding or the norm and head alone
             if s == 0:
-                lines.append(f"    0: embed, layers[{a}:{b}]" + (", norm, head" if last == 0 else ""))
+                lines.append("    0: " + ", ".join(["embed", *held] + (["norm", "head"] if last == 0 else [])))
                 s += 1
                 continue
             if s == last:
-                lines.append(f"    {s}: layers[{a}:{b}], norm, head")
+                lines.append(f"    {s}: " + ", ".join([*held, "norm", "head"]))
                 break
             run = s
             while run + 1 < last and counts[run + 1] == counts[s]:

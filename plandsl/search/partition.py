@@ -17,9 +17,10 @@ import numpy as np
 
 
 def partition_blocks(blocks: int, fixed: list[float], per_block: list[float],
-                     caps: list[int] | None = None) -> tuple[int, ...] | None:
+                     caps: list[int] | None = None, least: list[int] | None = None) -> tuple[int, ...] | None:
     """Blocks per stage minimising the slowest stage, max_s fixed[s] + n[s] * per_block[s], with
-    1 <= n[s] <= caps[s] and sum n = blocks; None when impossible.
+    least[s] <= n[s] <= caps[s] and sum n = blocks; None when impossible. `least`: 1 on every stage unless
+    given (0 where a stage may hold no block: the embedding or the loss alone, `stages ... with account`).
 
     The dynamic programme over identical blocks collapses to a greedy: giving the next block to
     the stage that stays cheapest is optimal for a minimax of increasing separable costs (Ibaraki &
@@ -27,15 +28,16 @@ def partition_blocks(blocks: int, fixed: list[float], per_block: list[float],
     costs split as `placement.split_evenly` does."""
     stages = len(fixed)
     caps = caps if caps is not None else [blocks] * stages
-    if stages > blocks or min(caps, default=0) < 1 or sum(min(c, blocks) for c in caps) < blocks:
+    least = least if least is not None else [1] * stages
+    if sum(least) > blocks or any(c < lo for c, lo in zip(caps, least)) or sum(min(c, blocks) for c in caps) < blocks:
         return None
-    if blocks - stages > GREEDY_STEPS:
-        return _partition_by_threshold(blocks, fixed, per_block, [min(c, blocks) for c in caps])
-    counts = [1] * stages
-    heap = [(fixed[s] + 2 * per_block[s], s) for s in range(stages) if caps[s] > 1]
+    if blocks - sum(least) > GREEDY_STEPS:
+        return _partition_by_threshold(blocks, fixed, per_block, [min(c, blocks) for c in caps], least)
+    counts = list(least)
+    heap = [(fixed[s] + (counts[s] + 1) * per_block[s], s) for s in range(stages) if caps[s] > counts[s]]
     heapq.heapify(heap)
     pop, push = heapq.heappop, heapq.heappush
-    for _ in range(blocks - stages):
+    for _ in range(blocks - sum(least)):
         _, s = pop(heap)
         counts[s] += 1
         if counts[s] < caps[s]:
@@ -49,35 +51,36 @@ GREEDY_STEPS = 4096
 
 
 def _partition_by_threshold(blocks: int, fixed: list[float], per_block: list[float],
-                            caps: list[int]) -> tuple[int, ...]:
+                            caps: list[int], least: list[int]) -> tuple[int, ...]:
     """What the greedy of `partition_blocks` ends with, without its steps. The greedy hands out the
-    blocks beyond one per stage in the order of (fixed[s] + k * per_block[s], s) for k = 2.. caps[s]
-    (each stage's costs rise with k, so the heap pops their sorted merge): it takes the q = blocks -
-    stages smallest. Bisecting over the bit patterns of non-negative floats (ordered as the floats)
+    blocks beyond `least` per stage in the order of (fixed[s] + k * per_block[s], s) for k = least[s] + 1..
+    caps[s] (each stage's costs rise with k, so the heap pops their sorted merge): it takes the q = blocks -
+    sum(least) smallest. Bisecting over the bit patterns of non-negative floats (ordered as the floats)
     finds the q-th smallest cost V exactly in 64 rounds over the distinct stages; every cost below V is taken,
     then those equal to V stage by stage, as the heap's ties go."""
-    extra = blocks - len(fixed)
+    extra = blocks - sum(least)
 
-    kinds = Counter(zip(fixed, per_block, caps))  # stages alike count once, times how many
+    kinds = Counter(zip(fixed, per_block, caps, least))  # stages alike count once, times how many
 
     def taken(s: int, limit: float) -> int:
-        return taken_of(fixed[s], per_block[s], caps[s], limit)
+        return taken_of(fixed[s], per_block[s], caps[s], least[s], limit)
 
-    def taken_of(f: float, b: float, cap: int, limit: float) -> int:
-        """How many of a stage's costs f + k * b, k = 2..cap, are <= limit (the greedy's float expression)."""
-        if f + 2 * b > limit:
+    def taken_of(f: float, b: float, cap: int, lo: int, limit: float) -> int:
+        """How many of a stage's costs f + k * b, k = lo + 1..cap, are <= limit (the greedy's float expression)."""
+        first = lo + 1
+        if cap < first or f + first * b > limit:
             return 0
         if b <= 0.0:
-            return cap - 1
-        k = min(cap, max(2, int((limit - f) / b)))
+            return cap - lo
+        k = min(cap, max(first, int((limit - f) / b)))
         while k < cap and f + (k + 1) * b <= limit:
             k += 1
-        while k > 2 and f + k * b > limit:
+        while k > first and f + k * b > limit:
             k -= 1
-        return k - 1
+        return k - lo
 
     def count(limit: float) -> int:
-        return sum(n * taken_of(f, b, cap, limit) for (f, b, cap), n in kinds.items())
+        return sum(n * taken_of(f, b, cap, lo, limit) for (f, b, cap, lo), n in kinds.items())
 
     low, high = 0, _bits(max(f + c * b for f, b, c in zip(fixed, per_block, caps)))
     if count(_float(low)) < extra:  # the q-th smallest cost is above 0.0: the least bits that reach it
@@ -88,12 +91,12 @@ def _partition_by_threshold(blocks: int, fixed: list[float], per_block: list[flo
         below = _float(high - 1)
     else:
         value, below = _float(low), None
-    counts = [1 + (taken(s, below) if below is not None else 0) for s in range(len(fixed))]
-    left = extra - (sum(counts) - len(fixed))
+    counts = [least[s] + (taken(s, below) if below is not None else 0) for s in range(len(fixed))]
+    left = extra - (sum(counts) - sum(least))
     for s in range(len(fixed)):
         if left <= 0:
             break
-        more = min(left, taken(s, value) + 1 - counts[s])
+        more = min(left, taken(s, value) + least[s] - counts[s])
         counts[s] += more
         left -= more
     return tuple(counts)

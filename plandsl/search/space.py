@@ -51,7 +51,12 @@ class Space:
         self.figures = figures = Figures(problem, efficiency, memory)
         self.caps = Caps(figures)
         self.splits = Splits(figures, self.caps, pins)
-        self.bounds = Bounds(figures)
+        # The stages beyond the blocks that may hold the embedding or the loss alone (`Splits`): those the pin
+        # `account` counts; unpinned, both where one kind of block leaves the ends free to hold none
+        account = pins.get("account")
+        self.apart = 0 if not figures.transformer else len(account) if account is not None else \
+            0 if figures.dense_blocks else 2
+        self.bounds = Bounds(figures, self.apart)
         self.model, self.layers, self.kinds, self.base = figures.model, figures.layers, figures.kinds, figures.base
         self.transformer, self.blocks, self.dense_blocks = figures.transformer, figures.blocks, figures.dense_blocks
         # E506: a microbatch must give each of the model's BatchNorms more than one value per channel
@@ -196,7 +201,7 @@ class Space:
         zeros = [pins["zero_stage"]] if "zero_stage" in pins else list(ir.ZERO_STAGES)
         if root.data_ranks == 1:  # nothing for ZeRO to shard over (Candidate.data_axis)
             zeros = [z for z in zeros if z == 0] or zeros[:1]
-        choices = schedule_choices(root.pp, node.microbatches, self.blocks, pins.get("schedule"),
+        choices = schedule_choices(root.pp, node.microbatches, self.blocks + self.apart, pins.get("schedule"),
                                    pins.get("virtual_stages"), self.problem.pipeline == "megatron")
         if node.recompute == "selective_op":  # its kept outputs serve one backward pass, not I then W (E703)
             choices = [c for c in choices if not splits_backward(c[0])] or choices

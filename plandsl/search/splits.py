@@ -12,6 +12,7 @@ from typing import Mapping
 import numpy as np
 
 from plandsl.cost.memory import gathered_bytes
+from plandsl.ir.placement import account_counts
 from plandsl.search.caps import Caps
 from plandsl.search.figures import Figures
 from plandsl.search.partition import partition_blocks, partition_layers, partition_prefixed
@@ -49,7 +50,26 @@ class Splits:
             base, more = divmod(rank_caps[r], virtual)
             caps.append(base + (1 if seen[r] < more else 0))
             seen[r] += 1
-        found = self._partition_cache[key] = partition_blocks(self.blocks, fixed, per_block, caps)
+        found = self._partition_cache[key] = self._blocks_split(fixed, per_block, caps)
+        return found
+
+    def _blocks_split(self, fixed, per_block, caps) -> tuple[int, ...] | None:
+        """The blocks per stage under the pin `account` (Megatron's split counting the embedding and the loss as
+        layers: `stages = evenly ... with account`), within the caps; unpinned, `partition_blocks`' split, or
+        where it is impossible or strictly slower, its split with the first and the last stage free to hold no
+        block (the embedding or the loss alone: more stages than blocks, or an end stage's fixed seconds worth
+        a block)."""
+        account = self.pins.get("account")
+        if account:
+            counts = account_counts(self.blocks, len(fixed), account)
+            return counts if counts is not None and all(n <= c for n, c in zip(counts, caps)) else None
+        found = partition_blocks(self.blocks, fixed, per_block, caps)
+        if account is not None or len(fixed) == 1:  # `account=none`: every stage at least one block
+            return found
+        least = [0] + [1] * (len(fixed) - 2) + [0]
+        free = partition_blocks(self.blocks, fixed, per_block, caps, least)
+        if found is None or (free is not None and _slowest(free, fixed, per_block) < _slowest(found, fixed, per_block)):
+            return free
         return found
 
     def partial_partition(self, node: Node, zero: int, ranks, inflight, memory, virtual):
@@ -117,7 +137,8 @@ class Splits:
         # memory first, before any timing: the most blocks of the lighter kind each stage could hold
         lighter = np.minimum(dense_bytes, moe_bytes)
         most = np.where(lighter <= 0, self.blocks, np.maximum(caps, 0.0) // np.where(lighter <= 0, 1.0, lighter))
-        if most.min() < 1 or most.sum() < self.blocks:
+        account = self.pins.get("account")
+        if (most.min() < 1 or most.sum() < self.blocks) and not account:
             self._partition_cache[key] = None
             return None
         seconds = {}
@@ -131,6 +152,13 @@ class Splits:
         in_dense, in_moe = np.minimum(count, dense), np.maximum(count - dense, 0)  # blocks of each kind in 0..i
         prefix = per[:, :1] * in_dense + per[:, 1:2] * in_moe
         held = dense_bytes[:, None] * in_dense + moe_bytes[:, None] * in_moe
+        if account:  # Megatron's split counting the embedding and the loss, within each stage's room
+            counts = account_counts(self.blocks, len(ranks), account)
+            bounds = np.cumsum((0,) + counts) if counts is not None else None
+            fits = counts is not None and all(held[s][bounds[s + 1]] - held[s][bounds[s]] <= caps[s]
+                                              for s in range(len(ranks)))
+            found = self._partition_cache[key] = counts if fits else None
+            return found
         found = self._partition_cache[key] = partition_prefixed(prefix, held, caps, fixed)
         return found
 
@@ -146,6 +174,11 @@ class Splits:
             caps.append((root.capacity[r] - working) / sum(1 for q in ranks if q == r))
         return partition_layers(costs, memory, caps)
 
+
+
+def _slowest(counts, fixed, per_block) -> float:
+    """The slowest stage's seconds under a split, as `partition_blocks` minimises them."""
+    return max(f + n * b for f, n, b in zip(fixed, counts, per_block))
 
 
 __all__ = ["Splits"]

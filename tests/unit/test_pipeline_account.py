@@ -10,6 +10,7 @@ a grid of models and layouts; a split written this way is the same plan as the `
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 
@@ -17,6 +18,9 @@ from plandsl import api
 from plandsl.cost.estimate import estimate_plan
 from plandsl.interop import export_plan, import_text
 from plandsl.ir.placement import assign_stages
+from plandsl.search import SearchError, parse_pins, search
+from plandsl.search.emit import plan_text, resolve_problem
+from plandsl.search.partition import partition_blocks
 
 PLAN = """\
 import "clusters/dgx_a100"
@@ -203,3 +207,77 @@ def test_export_writes_the_flags_and_imports_back():
     again = import_text("megatron", exported.text, "plan.args", world_size=plan.mesh.size, name=plan.name)
     assert again.ok, [str(d) for d in again.diagnostics]
     assert _names(api.loads(again.text).plans[0]) == _names(plan)
+
+
+# ---- the search ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("blocks, fixed, per_block, caps", [
+    (5, [3.0, 0.0, 0.0, 4.0], [1.0, 1.0, 1.0, 1.0], None),  # heavy ends: the embedding or the head alone
+    (2, [0.5, 0.0, 0.0, 0.5], [1.0, 1.0, 1.0, 1.0], None),  # more stages than blocks
+    (7, [1.0, 0.0, 0.0, 2.5], [1.0, 1.0, 1.0, 1.0], [3, 2, 3, 1]),
+])
+def test_partition_with_free_ends_is_the_minimax_of_all_compositions(blocks, fixed, per_block, caps):
+    least = [0, 1, 1, 0]
+    limits = caps or [blocks] * 4
+    best = min(max(f + n * b for f, n, b in zip(fixed, counts, per_block))
+               for counts in itertools.product(range(blocks + 1), repeat=4)
+               if sum(counts) == blocks and all(lo <= n <= c for n, lo, c in zip(counts, least, limits)))
+    counts = partition_blocks(blocks, fixed, per_block, caps, least)
+    assert sum(counts) == blocks and all(n >= lo for n, lo in zip(counts, least))
+    assert max(f + n * b for f, n, b in zip(fixed, counts, per_block)) == pytest.approx(best)
+
+
+def test_closed_form_partition_with_free_ends_is_the_greedy(monkeypatch):
+    from plandsl.search import partition
+    rng = random.Random(11)
+    for _ in range(500):
+        stages = rng.randint(2, 8)
+        blocks = rng.randint(stages - 2, 90)
+        fixed = [rng.choice([0.0, 1.0, rng.uniform(0, 5)]) for _ in range(stages)]
+        per_block = [rng.choice([0.0, 0.5, rng.uniform(0, 2)]) for _ in range(stages)]
+        caps = None if rng.random() < 0.5 else [rng.randint(1, max(1, blocks)) for _ in range(stages)]
+        least = [0] + [1] * (stages - 2) + [0]
+        monkeypatch.setattr(partition, "GREEDY_STEPS", 10**9)
+        greedy = partition_blocks(blocks, fixed, per_block, caps, least)
+        monkeypatch.setattr(partition, "GREEDY_STEPS", -1)
+        assert partition_blocks(blocks, fixed, per_block, caps, least) == greedy, (blocks, fixed, per_block, caps)
+
+
+MODEL = "llama(layers={blocks}, hidden=4096, heads=32, seq=4096, vocab=128256)"
+PINS = ["pp=4", "virtual_stages=2", "schedule=interleaved_1f1b", "tp=2"]
+
+
+def _searched(blocks: int, *pins: str):
+    problem, source = resolve_problem(MODEL.format(blocks=blocks), "dgx_a100 x 2", 64, pipeline="megatron")
+    best = search(problem, pins=PINS + list(pins), top=1).best
+    [plan] = api.loads(plan_text(best, problem, source), path="generated.plan").plans
+    return best, plan
+
+
+def test_the_pin_account_gives_megatrons_split_and_the_plan_says_it():
+    best, plan = _searched(6, "account=embed,loss")  # 8 items over 8 stages: the embedding and the loss alone
+    assert best.blocks == (0, 1, 1, 1, 1, 1, 1, 0)
+    assert plan.stages.account == ("embed", "loss") and _names(plan)[0] == ["embed"]
+    assert estimate_plan(plan).time.step == pytest.approx(best.estimate.time.step, rel=1e-9)
+    best, plan = _searched(14, "account=embed,loss")  # 16 items: the ends one block each, a `stages { }` block
+    assert best.blocks == (1, 2, 2, 2, 2, 2, 2, 1) and [len(s) for s in _names(plan)] == [2, 2, 2, 2, 2, 2, 2, 3]
+
+
+def test_the_search_gives_an_end_stage_the_loss_alone_where_it_pays_and_not_when_pinned_none():
+    """A 128k vocabulary's head costs more than a block: unpinned, the last stage holds it alone (Megatron-LM's
+    --account-for-loss-in-pipeline-split), faster than any split with a block on every stage; `account=none` is that
+    split, as before. Six blocks over eight stages only the counted ends can split."""
+    free, plan = _searched(14)
+    none, _ = _searched(14, "account=none")
+    assert 0 in (free.blocks[0], free.blocks[-1]) and min(none.blocks) >= 1
+    assert free.estimate.time.step < none.estimate.time.step
+    assert plan.stages.account and api.checks(api.format_text(plan_text(free, *resolve_problem(
+        MODEL.format(blocks=14), "dgx_a100 x 2", 64, pipeline="megatron")))).ok
+    assert _searched(6)[0].blocks.count(0) == 2
+    with pytest.raises(SearchError):
+        _searched(6, "account=none")
+
+
+@pytest.mark.parametrize("value", ["head", "embed,embed,foo", "none,loss"])
+def test_a_bad_account_pin_is_a_search_error(value):
+    with pytest.raises(SearchError, match="account"):
+        parse_pins([f"account={value}"])

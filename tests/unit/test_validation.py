@@ -267,12 +267,16 @@ def test_blackwell_rows_are_reported_apart(bench):
     # the devices state their SM counts (docs/validation.md); B200 26 -> 27 % since they gather their weights in FP8
     # as their recipes do (`gather = fp8`, docs/validation.md, "The gather dtype"); GB200 27 -> 28 %, NVFP4 44 -> 49 %,
     # B200 27 -> 28 % since the blocks' sequence-parallel all-gathers move the quantized copy, as both stacks do
-    for label, counts, most in (("GB200 FP8 and MXFP8", "6 predicted, 14 refused", 0.28),
-                                ("GB200 NVFP4", "5 predicted, 3 refused", 0.49),
+    # The 405B rows split as their recipe does (`account = [embed, loss]`, llama31_405b_pretrain_config): the seven at
+    # PP 16 x VP 8 that no plan's stages could say (126 blocks, 128 chunks) are predicted since, at +12.5 ... +23.8 %
+    for label, counts, most in (("GB200 FP8 and MXFP8", "10 predicted, 10 refused", 0.28),
+                                ("GB200 NVFP4", "8 predicted, 0 refused", 0.49),
                                 ("B200 FP8 and MXFP8", "4 predicted, 0 refused", 0.28)):
         assert lines[label].startswith(f"{label}: {counts}"), lines[label]
         assert float(lines[label].split("max |error| ")[1].rstrip("%")) / 100 <= most, lines[label]
-    assert report.count("refused: does not fit") == 10 and report.count("refused: no plan satisfies the pins") == 7
+    assert report.count("refused: does not fit") == 10 and report.count("refused: no plan satisfies the pins") == 0
+    counted = [line for line in report.splitlines() if "405B (t4 p16 v8)" in line]
+    assert len(counted) == 7 and all(abs(float(line.split(" | ")[4].rstrip("%"))) <= 24.0 for line in counted)
 
 
 @pytest.mark.slow
