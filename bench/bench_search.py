@@ -732,15 +732,17 @@ def nemo_blackwell_ultra() -> list[Run]:
     (`grad_reduce_in_fp32 = False`), TP's communication overlapped with the userbuffers configurations wherever
     TP > 1 except under NVFP4 (`tp_comm_overlap = False if precision == "nvfp4"`), the FP8 and MXFP8 weights gathered
     in FP8 (`fp8_param_gather`, FP8_GATHER). Not in the language: CUDA graphs (the 8B presets, not priced); the
-    405B recipe's `account_for_embedding_in_pipeline_split` and `..._loss_...` (at PP 8 x VP 4, 126 blocks, the
-    embedding and the loss make 32 chunks of 4 units: the search chooses the split, as for the GB200 rows); the FSDP
-    70B presets' activation offloading to the host (`cpu_offloading_num_layers` 20): those rows are refused, not
+    405B recipe's `account_for_embedding_in_pipeline_split` and `..._loss_...` are since 2026-12-05 (sixth session):
+    `account = [embed, loss]`, pinned (at PP 8 x VP 4, 126 blocks, the embedding and the loss make 32 chunks of 4
+    units, as for the GB200 rows); the FSDP 70B presets' activation offloading to the host (`cpu_offloading_num_layers` 20): those rows are refused, not
     priced without it (a row whose note starts with UNSAYABLE), until the language says it. Held out and reported
     apart (`--blackwell-ultra`), not in the targets' set: datasheet peaks, GEMM knobs not measured on the device."""
     def run(name, container, model, gpus, batch, measured, precision, note="", **pins):
         base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1}
         if pins.get("pp", 1) > 1:
             base["schedule"] = "interleaved_1f1b" if pins.get("virtual_stages", 1) > 1 else "1f1b"
+        if model == "llama3_405b":  # llama31_405b_pretrain_config: account_for_embedding/loss_in_pipeline_split
+            base["account"] = "embed,loss"
         cluster = "gb300_nvl72_8" if gpus == 8 else f"gb300_nvl72_64 x {gpus // 64}"
         page = "performance-summary.mdx" if container == "26.04.01" else "performance-summary-archive.mdx"
         return Run(f"NeMo {name}, {gpus} GB300, {precision}", f"{BRIDGE_042} ({page}), NeMo {container}", model,
