@@ -90,7 +90,7 @@ def parse_pins(pins: Mapping[str, object] | Iterable[str] | None) -> dict[str, o
         elif key == "account":  # the parts counted as layers of the split (`stages = evenly ... with account`)
             named = {a.strip() for a in value.split(",") if a.strip()}
             parts = named - {"none"}
-            if not parts <= set(ir.PIPELINE_ACCOUNTED) or named != (parts or {"none"}):
+            if not parts <= set(ir.PIPELINE_ACCOUNTED) or (named and named != (parts or {"none"})):  # "": none
                 raise SearchError(f"--pin account={raw}: the parts the stages' split counts as layers, among "
                                   f"{', '.join(ir.PIPELINE_ACCOUNTED)} (comma-separated), or none")
             value = tuple(part for part in ir.PIPELINE_ACCOUNTED if part in parts)

@@ -113,6 +113,8 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
         pins["zero_stage"] = 0
     if ("stages" in attrs or stage_block is not None) and plan.stages is not None:
         pins["virtual_stages"] = 2 if plan.stages.rank_map == "vshape" else plan.stages.virtual
+        if plan.stages.account:  # the written split's: what `evenly ... with account` counts
+            pins["account"] = plan.stages.account
     if "schedule" in attrs and plan.schedule is not None and plan.schedule.definition is None:
         pins["schedule"] = plan.schedule.name
     elif plan.schedule is not None and plan.schedule.definition is not None:

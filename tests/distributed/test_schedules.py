@@ -8,6 +8,8 @@ chimera (two pipelines) is refused before any process starts.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 from click.testing import CliRunner
 
@@ -32,6 +34,8 @@ def _plan(schedule: str, stages: str = "stages = evenly over pp", imports: str =
 _V2 = "stages = evenly over pp with virtual = 2"
 _VSHAPE = "stages = evenly over pp with virtual = 2, map = vshape"
 _UNEVEN = "stages {\n    0: embed, layers[0:1]\n    1: layers[1:4], norm, head\n  }"
+_ACCOUNT = "stages = evenly over pp with virtual = 3, account = [embed, loss]"
+_LOSS_ALONE = "stages {\n    0: embed, layers[0:4]\n    1: norm, head\n  }"
 _TABLE = """schedule gpipe_table(ranks = 2, microbatches = 8) {
   rank 0: 0F0 0F1 0F2 0F3 0F4 0F5 0F6 0F7 _   _   _   _   _   _   _   _   _   0B7 0B6 0B5 0B4 0B3 0B2 0B1 0B0
   rank 1: _   1F0 1F1 1F2 1F3 1F4 1F5 1F6 1F7 1B7 1B6 1B5 1B4 1B3 1B2 1B1 1B0
@@ -52,6 +56,10 @@ CASES = [
     ("template", _plan("one_f_one_b_template", imports='import "schedules/1f1b"\n'), "_PipelineScheduleRuntime"),
     ("table_reversed_backwards", _plan("gpipe_table", imports=_TABLE), "_PipelineScheduleRuntime"),
     ("uneven_1f1b", _plan("1f1b", _UNEVEN), "Schedule1F1B"),
+    # the embedding and the loss as chunks of their own (Megatron-LM's --account-for-*-in-pipeline-split): 4 blocks,
+    # the embedding and the loss over 2 x 3 stages, stage 0 the embedding alone, stage 5 the norm and head alone
+    ("account_interleaved", _plan("interleaved_1f1b", _ACCOUNT), "ScheduleInterleaved1F1B"),
+    ("loss_alone_1f1b", _plan("1f1b", _LOSS_ALONE), "Schedule1F1B"),
 ]
 
 
@@ -78,7 +86,7 @@ def test_schedule_trains_like_one_process(case):
     report = first["report"]
     assert report["missing"] == () and len(first["losses"]) == STEPS
     assert report["loss_diff"] <= 1e-5 and report["tensor_diff"] <= 1e-5, first["report_text"]
-    virtual = 2 if "virtual = 2" in text else 1
+    virtual = int(re.search(r"virtual = (\d+)", text).group(1)) if "virtual =" in text else 1
     held = sorted(s for r in results for s in r["stages"])
     assert held == list(range(2 * virtual))  # every stage on exactly one rank
     if "vshape" in text:

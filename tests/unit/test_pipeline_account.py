@@ -281,3 +281,11 @@ def test_the_search_gives_an_end_stage_the_loss_alone_where_it_pays_and_not_when
 def test_a_bad_account_pin_is_a_search_error(value):
     with pytest.raises(SearchError, match="account"):
         parse_pins([f"account={value}"])
+
+
+def test_generate_from_a_plan_that_counts_them_searches_that_split(tmp_path):
+    """`generate --from` keeps a written `account` as a pin: the completed plan's split is Megatron's."""
+    from plandsl.search.partial import read_partial
+    path = tmp_path / "partial.plan"
+    path.write_text(_plan(6, 4, 2, "[embed, loss]"))
+    assert read_partial(str(path)).pins["account"] == ("embed", "loss")
