@@ -73,6 +73,10 @@ def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _SwiGLU.apply(a, b)
 
 
+# The norms return their input's dtype, so a 16-bit residual stream stays 16-bit (`runtime.precision.keep_stream`):
+# the weights are cast to it, as 16-bit weights (Megatron-LM's, torchtitan's gathered ones) would be, and the
+# statistics are computed in fp32 (the kernels' accumulation; `_RMSNorm`'s `_wide`). With fp32 inputs and weights
+# every cast is a no-op.
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -80,7 +84,21 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _RMSNorm.apply(x, self.weight, self.eps)
+        return _RMSNorm.apply(x, self.weight.to(x.dtype), self.eps)
+
+
+class LayerNorm(nn.LayerNorm):
+    """torch's LayerNorm in its input's dtype. autocast is left out of it: on CUDA it runs layer_norm in fp32,
+    returning fp32 and saving a widened copy of the input; on the CPU it keeps the input's dtype already."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = None if self.weight is None else self.weight.to(x.dtype)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        device = x.device.type
+        if device == "meta" or not torch.is_autocast_enabled(device):
+            return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
+        with torch.autocast(device, enabled=False):
+            return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
 
 
 def rotary(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -305,7 +323,7 @@ class Block(nn.Module):
         super().__init__()
         self.parallel = model.parallel_blocks
         gpt = model.kind == "gpt"
-        norm = (lambda: nn.LayerNorm(model.hidden)) if gpt else (lambda: RMSNorm(model.hidden))
+        norm = (lambda: LayerNorm(model.hidden)) if gpt else (lambda: RMSNorm(model.hidden))
         self.norm1 = norm()
         self.attn = LatentAttention(model) if model.latent_attention else \
             Attention(model.hidden, model.heads, model.kv_heads, bias=gpt, rope=not gpt, head_dim=model.head_dim)
@@ -365,7 +383,7 @@ class Transformer(nn.Module):
         self.embed = Embedding(model.vocab, model.hidden, model.seq if model.kind == "gpt" else None)
         # a dense-then-MoE model's first `dense_layers` blocks are dense (`ir.layers.block_model`)
         self.layers = nn.ModuleDict({str(i): Block(block_model(model, i)) for i in range(model.layers)})
-        self.norm = nn.LayerNorm(model.hidden) if model.kind == "gpt" else RMSNorm(model.hidden)
+        self.norm = LayerNorm(model.hidden) if model.kind == "gpt" else RMSNorm(model.hidden)
         self.head = Head(model.hidden, model.vocab, bias=False)
         if model.tied_embeddings:
             self.head.weight = self.embed.tok.weight

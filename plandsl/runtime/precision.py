@@ -1,9 +1,12 @@
-"""The plan's precision: an autocast context, and dynamic loss scaling for fp16.
+"""The plan's precision: an autocast context, the residual stream in the compute dtype, and dynamic loss scaling for fp16.
 
 Stage: interpreter. Contract: `autocast(plan, device_type)` is a no-op for fp32 and autocasts matmuls to
 bf16 or fp16; parameters are the master weights, fp32 unless the plan's `master_dtype` says otherwise,
-or kept in `param_dtype` beside an optimizer-held master copy (`keep_weights`), and gradients take their dtype (a narrower `grad_dtype` is the cost model's only). `loss_scaler(plan, ...)` is a
-`LossScaler`, enabled for fp16 only, that every rank (and the one-process reference) steps alike.
+or kept in `param_dtype` beside an optimizer-held master copy (`keep_weights`), and gradients take their dtype
+(a narrower `grad_dtype` is the cost model's only). Under autocast the embeddings' outputs are cast to its
+dtype (`keep_weights`, `keep_stream`), so the residual stream, every block's input and every pipeline boundary
+are 16-bit, as with 16-bit weights (Megatron-LM, torchtitan). `loss_scaler(plan, ...)` is a `LossScaler`,
+enabled for fp16 only, that every rank (and the one-process reference) steps alike.
 """
 from __future__ import annotations
 
@@ -27,13 +30,49 @@ DTYPES = {ir.Precision.fp32: torch.float32, ir.Precision.bf16: torch.bfloat16, i
 
 def keep_weights(plan: ir.Plan, model: torch.nn.Module) -> torch.nn.Module:
     """`model` with its parameters in the plan's `param_dtype`, else `master_dtype` (fp32 by default: left as
-    built; buffers keep their dtype). Applied to the full model before any parallelism, in the reference and
-    every rank alike."""
+    built; buffers keep their dtype), and its residual stream in the compute dtype (`keep_stream`). Applied to
+    the full model before any parallelism, in the reference and every rank alike."""
     dtype = DTYPES[plan.train.weights_dtype]
     if dtype is not torch.float32:  # the parameters only: buffers (a torch model's rotary inv_freq) keep theirs
         for param in model.parameters():
             param.data = param.data.to(dtype)
+    return keep_stream(plan, model)
+
+
+def keep_stream(plan: ir.Plan, model: torch.nn.Module) -> torch.nn.Module:
+    """`model` whose embeddings (every `nn.Embedding`: tokens, gpt's learned positions, a torch model's own) return
+    autocast's dtype while autocast runs, at a 16-bit precision over wider weights. autocast computes matmuls in 16
+    bits but leaves an embedding's lookup in its weight's dtype, so with fp32 weights the stream they start, and
+    every residual addition after it, would stay fp32: each block's input, the inputs recomputation saves and every
+    pipeline boundary twice what Megatron-LM (16-bit parameters, no `--fp32-residual-connection`) and torchtitan
+    (bf16 FSDP weights) hold, and what the memory model counts. The cast is what a 16-bit copy of the weight would
+    look up; the blocks' additions then stay 16-bit (the models' norms return their input's dtype). fp32: unchanged."""
+    if plan.train.precision not in (ir.Precision.bf16, ir.Precision.fp16):
+        return model
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding) and module.weight.dtype != DTYPES[plan.train.precision]:
+            module.register_forward_hook(_to_autocast_dtype)
     return model
+
+
+def copy_stream_casts(source: torch.nn.Module, target: torch.nn.Module) -> None:
+    """The casts `keep_stream` put on `source`'s embeddings, put on `target`'s submodules of the same names: a stage
+    module torch's pipeline frontend traced from `source` (outside autocast, so the trace dropped them)."""
+    for name, module in source.named_modules():
+        if name and _to_autocast_dtype in module._forward_hooks.values():
+            try:
+                found = target.get_submodule(name)
+            except AttributeError:  # not on this stage
+                continue
+            found.register_forward_hook(_to_autocast_dtype)
+
+
+def _to_autocast_dtype(module: torch.nn.Module, args: tuple, output):
+    """A forward hook: a floating-point output in autocast's dtype while autocast runs on its device."""
+    if isinstance(output, torch.Tensor) and output.is_floating_point() and output.device.type != "meta" \
+            and torch.is_autocast_enabled(output.device.type):
+        return output.to(torch.get_autocast_dtype(output.device.type))
+    return None
 
 
 def autocast(plan: ir.Plan, device_type: str):

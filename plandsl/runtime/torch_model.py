@@ -27,6 +27,7 @@ from plandsl import ir
 from plandsl.ir.inspected import parse_source
 from plandsl.runtime.inspect.trace import has_submodule
 from plandsl.runtime.data import synthetic_tokens
+from plandsl.runtime.precision import copy_stream_casts
 
 
 class ModelError(ValueError):
@@ -146,6 +147,7 @@ class TorchModel(nn.Module):
         found = {}
         for index in wanted:
             module = pipe.get_stage_module(index)
+            copy_stream_casts(self.inner, module)  # a 16-bit residual stream (traced outside autocast, without it)
             stage = TorchModel(module, self.source, self.block_list, False,
                                tuple(name for name in self.block_names if has_submodule(module, name)))
             stage.first, stage.last = index == 0, index == len(stages) - 1

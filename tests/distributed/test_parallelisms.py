@@ -190,6 +190,16 @@ CASES = [
                         train="{ global_batch: 8, micro_batch: 1, precision: bf16, lr: 1e-3, seed: 0 }"), 2e-2),
     ("fp16_loss_scaling", _plan("[dp = 2]", "data = replicate over dp",
                                 train="{ global_batch: 8, micro_batch: 1, precision: fp16, lr: 1e-3, seed: 0 }"), 2e-2),
+    # bf16 over fp32 weights keeps the residual stream and the stage boundaries in bf16 (`precision.keep_stream`),
+    # the reference too: the vocabulary-parallel embedding's output cast, sequence-parallel norms, experts' exchange
+    # (SGD, as ring_bf16: with Adam one norm bias near a zero gradient steps 17 % apart, with or without the cast)
+    ("bf16_pp_tp_sp", _plan("[pp = 2, tp = 2]", """
+        tensor   = megatron over tp with sequence_parallel
+        stages   = evenly over pp
+        schedule = 1f1b""", train="{ global_batch: 8, micro_batch: 2, precision: bf16, lr: 1e-2, seed: 0, optimizer: sgd }"),
+     2e-2),
+    ("bf16_ep_llama", _plan("[ep = 2]", "experts = alltoall over ep", model=_MOE,
+                            train="{ global_batch: 8, micro_batch: 1, precision: bf16, lr: 1e-3, seed: 0 }"), 2e-2),
     # clipping bites (0.05 is far below the tiny GPT's gradient norm): only the true global norm
     # over the tp shards and both pipeline stages gives the one-process update
     ("grad_clip_tp_pp", _plan("[pp = 2, tp = 2]", """
