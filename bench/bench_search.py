@@ -7,7 +7,7 @@ model's predictions against published training runs.
     python bench/bench_search.py --fit        # refit the GEMM efficiency and the ZeRO-3 NIC on the fit runs, then validate
     python bench/bench_search.py --mpt        # MosaicML's MPT throughput tables, summed apart (docs/validation.md)
     python bench/bench_search.py --blackwell  # Megatron-Bridge's DGX-B200 / GB200 Llama rows, summed apart
-    python bench/bench_search.py --blackwell-ultra  # ... the DGX-GB300 / B300 Llama rows, summed apart
+    python bench/bench_search.py --blackwell-ultra  # ... the DGX-GB300 Llama rows, summed apart
     python bench/bench_search.py --memory     # torchtitan's published peak memory against the memory model
 
 Targets (issue: cost model and search): GPT-3 175B on 1,024 A100s, full search, under 10 s; a 1T
@@ -734,8 +734,9 @@ def nemo_blackwell_ultra() -> list[Run]:
     in FP8 (`fp8_param_gather`, FP8_GATHER). Not in the language: CUDA graphs (the 8B presets, not priced); the
     405B recipe's `account_for_embedding_in_pipeline_split` and `..._loss_...` are since 2026-12-05 (sixth session):
     `account = [embed, loss]`, pinned (at PP 8 x VP 4, 126 blocks, the embedding and the loss make 32 chunks of 4
-    units, as for the GB200 rows); the FSDP 70B presets' activation offloading to the host (`cpu_offloading_num_layers` 20): those rows are refused, not
-    priced without it (a row whose note starts with UNSAYABLE), until the language says it. Held out and reported
+    units, as for the GB200 rows); the FSDP 70B presets' activation offloading to the host
+    (`cpu_offloading_num_layers` 20): those rows are refused, not priced without it (a row whose note starts with
+    UNSAYABLE), until the language says it. Held out and reported
     apart (`--blackwell-ultra`), not in the targets' set: datasheet peaks, GEMM knobs not measured on the device."""
     def run(name, container, model, gpus, batch, measured, precision, note="", **pins):
         base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1}
