@@ -1,5 +1,5 @@
 """Tensor dims against the axes they are split over (E406, E411), shard rules against the model's modules
-(E405, E407, E408), and the parallelisms' options against what the stacks that run them take (E416-E418)."""
+(E405, E407, E408), and the parallelisms' options against what the stacks that run them take (E416-E419)."""
 from __future__ import annotations
 
 import math
@@ -101,6 +101,7 @@ def check_sharding(plan: ir.Plan) -> Iterator[Diagnostic]:
                 yield problem
         yield from _check_fold(plan)
         yield from _check_experts_overlap(plan)
+        yield from _check_experts_overlap_needs(plan)
     yield from _check_rules(plan)
 
 
@@ -152,6 +153,35 @@ def _check_experts_overlap(plan: ir.Plan) -> Iterator[Diagnostic]:
                notes=[Note("`with overlap` on the experts line", plan.experts.span_of("overlap"))]
                if plan.experts.span_of("overlap") else [])
 
+
+
+def _check_experts_overlap_needs(plan: ir.Plan) -> Iterator[Diagnostic]:
+    """`experts = ... with overlap` where Megatron-Core's combined 1F1B overlap does not run (E419): TransformerConfig
+    .__post_init__ (megatron/core/transformer/transformer_config.py, core_v0.16.1) asserts, beside E418's full
+    recomputation, "virtual_pipeline_model_parallel_size must be specified when pipeline_model_parallel_size > 1"
+    (the overlap pairs one microbatch's forward with another's backward inside the interleaved schedule),
+    "overlap_moe_expert_parallel_comm is only supported with expert model parallelism" (more than one expert rank)
+    and "... only supported with bf16 or fp16 model" (an FP8 or FP4 plan's model is bf16: it passes)."""
+    if not plan.experts.overlap:
+        return
+    needs = []
+    if plan.stages is not None and plan.pp > 1 and plan.stages.virtual == 1:
+        needs.append((f"a pipeline over {plan.pp} ranks without virtual stages: Megatron-Core asserts "
+                      "'virtual_pipeline_model_parallel_size must be specified when pipeline_model_parallel_size > 1'",
+                      "give the stages virtual stages (`stages = evenly over pp with virtual = 2`, schedule "
+                      "interleaved_1f1b)", plan.stages.span))
+    if plan.expert_group == 1:
+        needs.append(("one expert rank: Megatron-Core asserts 'overlap_moe_expert_parallel_comm is only supported "
+                      "with expert model parallelism' (no all-to-all to overlap)", "spread the experts over more than "
+                      "one rank, or drop `with overlap`", plan.experts.span))
+    if plan.train.precision is ir.Precision.fp32:
+        needs.append(("precision fp32: Megatron-Core asserts 'overlap_moe_expert_parallel_comm is only supported with "
+                      "bf16 or fp16 model'", "`precision: bf16` (or an FP8 precision, whose model is bf16)",
+                      plan.train.span_of("precision") or plan.train.span))
+    overlap = plan.experts.span_of("overlap")
+    for what, hint, where in needs:
+        yield diag("E419", f"experts = {plan.experts.kind} with overlap beside {what}", where, hint=hint,
+                   notes=[Note("`with overlap` on the experts line", overlap)] if overlap and where != overlap else [])
 
 def _check_fold(plan: ir.Plan) -> Iterator[Diagnostic]:
     """`experts = alltoall over [ep, tp]` (E416): Megatron-Core's MoE parallel folding draws an expert group from

@@ -77,6 +77,7 @@ CODES: dict[str, str] = {
     "E416": "experts folded over an axis that cannot join their group",
     "E417": "tensor-parallel overlap that no stack runs (without sequence parallelism, or with eager kernels)",
     "E418": "expert all-to-all overlap beside full recomputation",
+    "E419": "expert all-to-all overlap where Megatron-Core does not run it",
     # E5xx: training, batch, memory
     "E501": "global batch not divisible by data parallel size x micro-batch",
     "E502": "too few microbatches for the schedule",

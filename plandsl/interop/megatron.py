@@ -338,13 +338,9 @@ def _parallel_args(plan: ir.Plan, args: list, lose) -> None:
             args += [("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", plan.experts.kind)]
         if plan.expert_tp != plan.tp:  # folded over the tensor axis: each expert whole (MoE parallel folding)
             args.append(("--expert-tensor-parallel-size", str(plan.expert_tp)))
-        # the all-to-alls behind the other microbatch's work (and its weight gradients); TransformerConfig refuses
-        # it with a pipeline of one virtual stage per rank (and with full recomputation: the checker's E418)
-        unpaired = plan.pp > 1 and (plan.stages is None or plan.stages.virtual == 1)
-        if plan.experts.overlap and unpaired:
-            lose(f"experts = {plan.experts.kind} with overlap without virtual pipeline stages (megatron-core's "
-                 "overlap_moe_expert_parallel_comm needs virtual stages with a pipeline)", "experts")
-        elif plan.experts.overlap:
+        # the all-to-alls behind the other microbatch's work (and its weight gradients); what TransformerConfig refuses
+        # beside it (full recomputation, a pipeline without virtual stages, fp32) a checked plan cannot hold (E418, E419)
+        if plan.experts.overlap:
             args += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
     if order == ORDER_TP_PP_DP:
         args.append(("--use-tp-pp-dp-mapping", None))

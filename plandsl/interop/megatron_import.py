@@ -170,6 +170,20 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
                      "parallelism is enabled')", "--tp-comm-overlap",
                      hint="add --sequence-parallel" if tp > 1 else "leave out --tp-comm-overlap")
         return None
+    if read.get("--overlap-moe-expert-parallel-comm"):  # TransformerConfig.__post_init__'s other refusals (E419)
+        virtual = any(flag in read.values for flag in ("--num-virtual-stages-per-pipeline-rank",
+                                                       "--num-layers-per-virtual-pipeline-stage",
+                                                       "--pipeline-model-parallel-layout"))
+        refused = ("a pipeline without virtual stages ('virtual_pipeline_model_parallel_size must be specified when "
+                   "pipeline_model_parallel_size > 1')" if pp > 1 and not virtual else
+                   "--expert-model-parallel-size 1 ('only supported with expert model parallelism')"
+                   if ep == 1 and not fold else
+                   "an fp32 model ('only supported with bf16 or fp16 model')"
+                   if not (read.get("--bf16") or read.get("--fp16")) else None)
+        if refused:
+            read.problem("E805", f"--overlap-moe-expert-parallel-comm with {refused}", "--overlap-moe-expert-parallel-comm",
+                         hint="drop --overlap-moe-expert-parallel-comm, or give it what megatron-core asks")
+            return None
     mapped = bool(read.get("--use-tp-pp-dp-mapping"))
     if mapped and ep > 1 and pp > 1:  # initialize_model_parallel's assertion (parallel_state.py)
         read.problem("E805", "--use-tp-pp-dp-mapping with expert parallelism and a pipeline: Megatron-LM needs the "

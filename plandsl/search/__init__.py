@@ -363,8 +363,14 @@ def _megatron_runs(problem: Problem, pins: Mapping[str, object]) -> None:
 
 
 def _overlap_recomputes(problem: Problem, pins: Mapping[str, object]) -> None:
-    """Pinned full recomputation beside the experts' overlap (the checker's E418: Megatron-Core refuses it) is a
-    SearchError saying so rather than an empty search."""
+    """Pinned full recomputation beside the experts' overlap (the checker's E418: Megatron-Core refuses it), its
+    overlap at fp32 or a pinned pipeline without virtual stages (E419) are SearchErrors saying so rather than an empty
+    search."""
+    if problem.overlap_experts and problem.precision is ir.Precision.fp32:
+        raise SearchError("the experts' overlap (Megatron-Core's --overlap-moe-expert-parallel-comm) runs only for a bf16 "
+                          "or fp16 model, not at fp32 (E419); choose a 16-bit or FP8 precision, or drop the overlap")
+    if problem.overlap_experts and pins.get("pp", 1) > 1 and pins.get("virtual_stages") == 1:
+        raise SearchError("--pin virtual_stages=1: the experts' overlap under a pipeline needs virtual stages (E419)")
     layers = pins.get("recompute_layers")
     if problem.overlap_experts and (pins.get("recompute") == "full" and layers != 0 or layers):
         pinned = f"recompute_layers={layers}" if layers else "recompute=full"

@@ -161,10 +161,11 @@ def rank_devices(devices: Sequence[ir.DeviceType], axes: Sequence[tuple[str, int
 
 # ---- schedules -------------------------------------------------------------------------------------------------
 def schedule_choices(pp: int, m: int, blocks: int, pinned: str | None, virtual_pin: int | None,
-                     megatron: bool = False):
+                     megatron: bool = False, virtual_needed: bool = False):
     """(schedule, virtual) pairs the generators accept for pp ranks and m microbatches; on Megatron-LM's pipeline
     (`megatron`) only the schedules it runs (`ScheduleInfo.megatron`, the checker's E610) at the counts it runs them
-    (`megatron_microbatches_fit`, the checker's E502)."""
+    (`megatron_microbatches_fit`, the checker's E502); `virtual_needed` (the experts' overlap, which Megatron-Core
+    runs under a pipeline only with virtual stages: the checker's E419) only those with more than one stage a rank."""
     if pp == 1:
         return [(pinned if pinned and pinned != "none" else "", 1)]
     out = []
@@ -186,7 +187,7 @@ def schedule_choices(pp: int, m: int, blocks: int, pinned: str | None, virtual_p
         else:
             virtuals = (1,)
         out += [(name, v) for v in virtuals if (virtual_pin is None or v == virtual_pin) and pp * v <= blocks
-                and not (megatron and not megatron_microbatches_fit(pp, m, v))]
+                and not (megatron and not megatron_microbatches_fit(pp, m, v)) and not (virtual_needed and v == 1)]
     return out
 
 

@@ -86,6 +86,8 @@ class Space:
                 continue  # folding over tp 1 is the unfolded plan
             if self.chosen[1] and p.dispatcher != "alltoall" and ep == 1:
                 continue  # no expert group to dispatch over: the all-to-all's variant has the plan
+            if p.overlap_experts and ep * (tp if p.fold_experts else 1) == 1:
+                continue  # the experts' overlap needs an expert group (the checker's E419)
             if not self._states_may_fit(layout):
                 self.stats.memory_pruned += 1
                 continue
@@ -202,7 +204,8 @@ class Space:
         if root.data_ranks == 1:  # nothing for ZeRO to shard over (Candidate.data_axis)
             zeros = [z for z in zeros if z == 0] or zeros[:1]
         choices = schedule_choices(root.pp, node.microbatches, self.blocks + self.apart, pins.get("schedule"),
-                                   pins.get("virtual_stages"), self.problem.pipeline == "megatron")
+                                   pins.get("virtual_stages"), self.problem.pipeline == "megatron",
+                                   self.problem.overlap_experts)
         if node.recompute == "selective_op":  # its kept outputs serve one backward pass, not I then W (E703)
             choices = [c for c in choices if not splits_backward(c[0])] or choices
         leaves, memories, busy = [], {}, {}

@@ -262,11 +262,15 @@ def test_overlap_is_written_exported_and_imported():
     assert "--overlap-moe-expert-parallel-comm" in exported.text and "--delay-wgrad-compute" in exported.text
     imported = import_text("megatron", exported.text, "plan.args", world_size=16)
     assert imported.ok and "with overlap" in imported.text
-    # megatron-core refuses it with one virtual stage per pipeline rank: lost, said so
-    piped = _plan(mesh="pp = 2, ep = 8", overlap=True, extra="  stages   = evenly over pp\n")
-    lost = export_plan(piped, "megatron")
-    assert "--overlap-moe-expert-parallel-comm" not in lost.text
-    assert any("overlap" in d.message for d in lost.lost)
+    # megatron-core refuses it with one virtual stage per pipeline rank: check refuses such a plan (E419), and the
+    # import refuses the flags (E805)
+    piped = _plan(mesh="pp = 2, ep = 8", overlap=True,
+                  extra="  stages   = evenly over pp with virtual = 2\n  schedule = interleaved_1f1b\n")
+    args = export_plan(piped, "megatron").text
+    assert "--overlap-moe-expert-parallel-comm" in args and "--num-virtual-stages-per-pipeline-rank 2" in args
+    assert import_text("megatron", args, "plan.args", world_size=16).ok
+    unpaired = args.replace("--num-virtual-stages-per-pipeline-rank 2", "")
+    assert [d.code for d in import_text("megatron", unpaired, "plan.args", world_size=16).diagnostics] == ["E805"]
 
 
 @pytest.mark.parametrize("shared", [0, 1])
@@ -338,3 +342,30 @@ def test_the_search_proposes_no_full_recomputation_beside_the_experts_overlap():
     for pin in ("recompute=full", "recompute_layers=1"):
         with pytest.raises(SearchError, match="E418"):
             search(problem, pins=[*pins, pin], top=1)
+
+
+def test_E419_the_experts_overlap_where_megatron_core_does_not_run_it():
+    """Megatron-Core's TransformerConfig runs `--overlap-moe-expert-parallel-comm` under a pipeline only with virtual
+    stages, only with more than one expert rank and only for a bf16 or fp16 model: E419 for each, at what breaks it;
+    the same plans without the overlap, an interleaved pipeline and FP8 (a bf16 model) pass. The search keeps to it:
+    every pipelined candidate it proposes under the overlap has virtual stages, and fp32 is a SearchError naming E419."""
+    from plandsl.search import Problem, SearchError, search
+    stages = "  stages   = evenly over pp{virtual}\n  schedule = {schedule}\n"
+
+    def codes(mesh="dp = 2, ep = 8", overlap=True, precision="bf16", virtual="", schedule="1f1b"):
+        extra = stages.format(virtual=virtual, schedule=schedule) if "pp" in mesh else ""
+        return [d.code for d in api.checks(_text(mesh, overlap, precision, extra)).diagnostics]
+    assert codes("pp = 2, ep = 8") == ["E419"]
+    assert codes("pp = 2, ep = 8", virtual=" with virtual = 2", schedule="interleaved_1f1b") == []
+    assert codes("pp = 2, ep = 8", overlap=False) == []
+    assert codes("dp = 16, ep = 1") == ["E419"] and codes("dp = 16, ep = 1", overlap=False) == []
+    assert codes(precision="fp32") == ["E419"] and codes(precision="fp8") == [] and codes(precision="fp16") == []
+    plan = _plan("dp = 2, ep = 8")
+    problem = Problem(plan.model, plan.cluster, 64, plan.seq, overlap_experts=True)
+    found = search(problem, pins=["cp=1", "tp=1", "zero=1"], top=20).candidates
+    pipelined = [s.candidate for s in found if s.candidate.pp > 1]
+    assert all(c.virtual_stages > 1 for c in pipelined) and all(s.candidate.ep > 1 for s in found)
+    with pytest.raises(SearchError, match="E419"):
+        search(dataclasses.replace(problem, precision=ir.Precision.fp32), pins=["pp=1"], top=1)
+    with pytest.raises(SearchError, match="E419"):
+        search(problem, pins=["pp=2", "virtual_stages=1"], top=1)

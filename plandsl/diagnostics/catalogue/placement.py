@@ -372,3 +372,25 @@ _entry("E418", """
     }
     """, "Recompute selectively (the attention core), or overlap nothing.",
        ("recompute: full", "recompute: selective"))
+
+
+_entry("E419", """
+    `experts = ... with overlap` is Megatron-Core's combined 1F1B all-to-all overlap
+    (`--overlap-moe-expert-parallel-comm`), and Megatron-Core runs it only where TransformerConfig lets
+    it: under a pipeline only with virtual stages (the interleaved schedule pairs one microbatch's
+    forward with another's backward), only with more than one expert rank (an all-to-all to hide),
+    and only for a bf16 or fp16 model (an FP8 or FP4 plan's model is bf16). A plan that breaks one of
+    these cannot be run as written; beside full recomputation it is E418.
+    """, """
+    import "clusters/dgx_h100"
+    plan p {
+      model    = llama(layers=8, hidden=2048, heads=16, kv_heads=4, seq=4096, vocab=32000, experts=16)
+      cluster  = dgx_h100 x 2
+      mesh     = [pp = 2, ep = 8]
+      train    = { global_batch: 32, micro_batch: 1 }
+      experts  = alltoall over ep with overlap
+      stages   = evenly over pp
+      schedule = 1f1b
+    }
+    """, "Give the pipeline virtual stages and the interleaved schedule.",
+       ("evenly over pp\n", "evenly over pp with virtual = 2\n"), ("= 1f1b", "= interleaved_1f1b"))
