@@ -95,12 +95,16 @@ class Space:
             for order, links, devices, capacity in self._orders(layout):
                 root = Root(dp, tp, pp, cp, ep, order, links, devices, capacity, splits_sequence, sizes)
                 # Per token, a microbatch costs least at the largest micro-batch size and without
-                # recomputation (GEMMs grow, latencies amortise): a bound for every node below.
+                # recomputation (GEMMs grow, latencies amortise): a bound for every node below. The experts'
+                # overlap hides all-to-alls only behind another microbatch, so where the largest size leaves one
+                # microbatch the largest size that leaves two may cost less: the bound takes the cheaper.
                 largest = Node(root, sizes[-1], per_replica // sizes[-1], "none")
-                fastest = min(sum(count * (t.forward + t.backward) for t, (_, count) in
-                                  zip(self.figures.kind_times(largest, d), self.kinds))
-                              for d in {d.name: d for d in devices}.values())
-                root.bound = largest.microbatches * fastest / pp * SAFE
+                nodes = [largest] + ([Node(root, sizes[-2], per_replica // sizes[-2], "none")]
+                                     if p.overlap_experts and largest.microbatches == 1 and len(sizes) > 1 else [])
+                root.bound = min(node.microbatches * min(
+                    sum(count * (t.forward + t.backward) for t, (_, count) in
+                        zip(self.figures.kind_times(node, d), self.kinds))
+                    for d in {d.name: d for d in devices}.values()) for node in nodes) / pp * SAFE
                 out.append(root)
         self.stats.roots = len(out)
         return out

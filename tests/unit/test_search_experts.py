@@ -44,6 +44,7 @@ def test_every_variant_bounds_its_plans_and_the_search_is_brute_force(pins, over
                 for leaf in space.expand(node):
                     scored = space.evaluate(leaf)
                     if scored is not None:
+                        assert root.bound <= scored.estimate.time.step * (1 + 1e-12)
                         assert node.bound <= leaf.bound <= scored.estimate.time.step * (1 + 1e-12)
                         assert (scored.candidate.fold, scored.candidate.dispatcher) == \
                             (variant.fold_experts and root.tp > 1, variant.dispatcher)
@@ -86,6 +87,30 @@ def test_the_dispatcher_left_to_the_search_is_the_best_of_the_three_pinned(clust
                                                                   rel=1e-12)
     if cluster == "racks":  # an expert group over both 16-device NVLink domains: HybridEP's nodes, 4 of DeepEP's
         assert found[0].candidate.dispatcher == "hybridep" and found[0].candidate.ep == 32
+
+
+def test_a_roots_bound_allows_the_experts_overlap_a_smaller_micro_batch_buys():
+    """With the experts' overlap, the all-to-alls hide only behind another microbatch, so the largest micro-batch
+    (one microbatch a step) is not the cheapest per token: a root's bound takes the largest size that leaves two as
+    well. Here the best plan (ep 4, micro-batch 4 of 8, HybridEP) lies under a root whose largest size leaves one
+    microbatch; bounded by that size alone the root was pruned behind a slower pipelined plan. Every root's bound is
+    at most each of its plans' steps, and the search finds brute force's best."""
+    document = api.loads(HARDWARE + "model m = llama(layers=2, hidden=1024, heads=8, kv_heads=2, seq=2048, vocab=1024, "
+                                    "experts=32, top_k=4)\n")
+    p = Problem(document.models[0], next(c for c in document.clusters if c.name == "pair"), 32,
+                overlap_experts=True, search_experts=True)
+    parsed = parse_pins({"zero_stage": 1})
+    for variant, chosen in experts_variants(p, parsed):
+        space = Space(variant, parsed, DEFAULT_EFFICIENCY, chosen=chosen)
+        for root in space.roots():
+            for node in space.expand_root(root):
+                for leaf in space.expand(node):
+                    scored = space.evaluate(leaf)
+                    assert scored is None or root.bound <= scored.estimate.time.step * (1 + 1e-12)
+    best = brute_force(p, parsed)[0]
+    found = search(p, pins={"zero_stage": 1}, top=1).best
+    assert found.estimate.time.step == pytest.approx(best.estimate.time.step, rel=1e-12)
+    assert (found.candidate.ep, found.candidate.micro_batch_size, found.candidate.pp) == (4, 4, 1)
 
 
 def test_fold_counts_only_with_tensor_and_expert_axes():
