@@ -71,7 +71,7 @@ def test_branch_and_bound_finds_the_brute_force_optimum(model, cluster, batch, p
                 assert exact.exact and not leaf.exact and exact.bound >= leaf.bound
                 scored = space.evaluate(leaf)
                 if scored is not None:
-                    assert leaf.bound <= exact.bound <= scored.estimate.time.step
+                    assert root.bound <= leaf.bound <= exact.bound <= scored.estimate.time.step
                     everything.append(scored.estimate.time.step)
     assert everything, "the small space has feasible plans"
     found = search(p, pins=pins, top=3)
