@@ -569,14 +569,16 @@ BLACKWELL_HARDWARE = """
 import "clusters/dgx_b200"
 import "clusters/gb200_nvl72"
 node gb200_nvl72_8 {
-  devices = 8 x gb200
-  link    = { bandwidth: 900 GB/s, latency: 2 us }
-  nic     = { bandwidth: 400 GB/s, latency: 5 us }
+  devices     = 8 x gb200
+  link        = { bandwidth: 900 GB/s, latency: 2 us }
+  nic         = { bandwidth: 400 GB/s, latency: 5 us }
+  host_memory = 1920 GB  # 2 trays of gb200_nvl72's 960 GB (one machine here)
 }
 node gb200_nvl72_64 {
-  devices = 64 x gb200
-  link    = { bandwidth: 900 GB/s, latency: 2 us }
-  nic     = { bandwidth: 3200 GB/s, latency: 5 us }
+  devices     = 64 x gb200
+  link        = { bandwidth: 900 GB/s, latency: 2 us }
+  nic         = { bandwidth: 3200 GB/s, latency: 5 us }
+  host_memory = 15360 GB  # 16 trays of gb200_nvl72's 960 GB (one machine here)
 }
 """
 BRIDGE_042 = "NVIDIA Megatron-Bridge v0.4.2 docs, performance summary"
@@ -595,7 +597,8 @@ def nemo_blackwell() -> list[Run]:
     (scripts/performance/configs/llama/) says beyond the table: no recomputation, gradients reduced in bf16
     (`grad_reduce_in_fp32 = False`), TP's communication overlapped wherever TP > 1. Not in the language, and so
     not priced: CUDA graphs (the 8B recipes), activation offloading to the CPU (the FSDP 70B recipes,
-    `cpu_offloading_num_layers` 40), FP8 current scaling's amax pass and its first and last layers in bf16,
+    `cpu_offloading_num_layers` 40; in the language since the sixth session of 2026-12-05, `offload_layers`, and the
+    rows pinned to the recipe's 40), FP8 current scaling's amax pass and its first and last layers in bf16,
     the FP8 and MXFP8 weights all-gathered in FP8 (`fp8_param_gather`; priced since the fifth session of 2026-12-05
     by the gather rule above `TORCHTITAN_GATHER`: `gather = fp8`). Held out and reported apart (`--blackwell`),
     not in the targets' set: the peaks are datasheet figures and the GEMM knobs the A100 fit's.
@@ -626,7 +629,7 @@ def nemo_blackwell() -> list[Run]:
                            "grad_dtype": "bf16"},
                    note=note, family="blackwell", overlap_tensor=pins.get("tp", 1) > 1 and precision != "NVFP4",
                    gathering=FP8_GATHER if precision != "NVFP4" else ir.FSDP_GATHERING, **USERBUFFERS_BRIDGE_FP8)
-    offload = "the recipe offloads 40 layers' activations to the CPU (cpu_offloading_num_layers), not priced"
+    offload = "the recipe offloads 40 layers' activations to the CPU (cpu_offloading_num_layers): offload_layers 40"
     graphs = "the recipe captures the whole iteration in a CUDA graph, not priced"
     rows = []
     for container, fp8_70b, mx_70b, fp8_405b, mx_405b in (("26.04.01", 4224, 3712, 864, 800),
@@ -634,7 +637,7 @@ def nemo_blackwell() -> list[Run]:
                                                            ("26.02.01", 4357, 3837, 818, 775),
                                                            ("26.02", 4040, 3613, 793, 786)):
         rows += [run("Llama 3 70B (FSDP 64, mb 2)", container, "llama3_70b", "GB200", 64, 256, fp8_70b, "FP8", offload,
-                     dp=64, tp=1, pp=1, zero_stage=3, micro_batch_size=2),
+                     dp=64, tp=1, pp=1, zero_stage=3, micro_batch_size=2, offload_layers=40),
                  run("Llama 3 70B (t2 p4 v5)", container, "llama3_70b", "GB200", 64, 256, mx_70b, "MXFP8",
                      dp=8, tp=2, pp=4, virtual_stages=5),
                  run("Llama 3.1 405B (t4 p16 v4)", container, "llama3_405b", "GB200", 256, 1536, fp8_405b, "FP8",
@@ -647,7 +650,7 @@ def nemo_blackwell() -> list[Run]:
                  run("Llama 3 8B (mb 2)", "25.11", "llama3_8b", system, 8, 128, mx, "FP8-MX", graphs,
                      dp=8, tp=1, pp=1, micro_batch_size=2)]
     rows += [run("Llama 3 70B (FSDP 64, mb 2)", "25.11", "llama3_70b", "GB200", 64, 256, 4312, "FP8-CS", offload,
-                 dp=64, tp=1, pp=1, zero_stage=3, micro_batch_size=2),
+                 dp=64, tp=1, pp=1, zero_stage=3, micro_batch_size=2, offload_layers=40),
              run("Llama 3.1 405B (t4 p16 v4)", "25.11", "llama3_405b", "GB200", 256, 1536, 813, "FP8-CS",
                  dp=4, tp=4, pp=16, virtual_stages=4)]
     for precision, measured in (("FP8-CS", 661), ("FP8-MX", 624)):

@@ -1,4 +1,5 @@
-"""Estimated memory per device against the device's capacity (E503).
+"""Estimated memory per device against the device's capacity (E503), and the activations a plan offloads against
+its hosts' memory where the node states it (E514).
 
 Uses the one memory model (`plandsl.cost.memory`) with the plan's real stage placement;
 the capacity of a pipeline rank is that of the smallest device holding it. With `batch_shares` each data
@@ -25,6 +26,7 @@ def check_memory(plan: ir.Plan) -> Iterator[Diagnostic]:
     estimates = estimate_plan_memory(plan)
     if estimates is None:
         return
+    yield from _check_host(plan, estimates)
     for rank, (estimate, devices) in enumerate(zip(estimates, pipeline_rank_device_types(plan))):
         if not devices:
             continue
@@ -36,6 +38,24 @@ def check_memory(plan: ir.Plan) -> Iterator[Diagnostic]:
                        hint=_memory_hint(plan, estimate),
                        notes=[Note(f"plan '{plan.name}'", plan.span)])
             return  # one report per plan: the other ranks share the cause
+
+
+def _check_host(plan: ir.Plan, estimates: list[MemoryEstimate]) -> Iterator[Diagnostic]:
+    """The offloaded activations of one machine's devices (each at the most any pipeline rank offloads: a bound)
+    against its `host_memory`, for each node type of the cluster that states it (E514)."""
+    most = max((estimate.host for estimate in estimates), default=0.0)
+    if not most:
+        return
+    for group in plan.cluster.groups:
+        node = group.node
+        if node.host_memory is not None and node.host_devices * most > node.host_memory:
+            yield diag("E514", f"offload_layers({plan.train.offload_layers}) keeps about {format_bytes(most)} of "
+                       f"activations per device in host memory, {format_bytes(node.host_devices * most)} for the "
+                       f"{node.host_devices} devices of one machine of node '{node.name}', but it has "
+                       f"{format_bytes(node.host_memory)} (host_memory)", plan.train.span_of("offload_layers"),
+                       hint="offload fewer blocks, or a smaller micro_batch",
+                       notes=[Note(f"node '{node.name}'", node.span)] if node.span else [])
+            return
 
 
 def _check_replicas(plan: ir.Plan) -> Iterator[Diagnostic]:

@@ -1,14 +1,16 @@
 """Training against the layout: batch divisibility (E501), the data ranks' shares of it (E507-E509),
 microbatches for the schedule (E502), precision against the devices (E504; fp8, mxfp8 and nvfp4 need bf16 too), an FP8
 recipe or bf16 layers the precision does not take (E510), weights gathered in FP8 without FP8 training (E511), recompute_layers and master_dtype against the rest of
-`train` (E205)."""
+`train` (E205), offload_layers against the stages' blocks (E205), recomputation (E512) and Megatron-LM's pipeline (E513)."""
 from __future__ import annotations
 
 from typing import Iterator
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, Edit, Note, diag
+from plandsl.cost.memory import is_block
 from plandsl.ir import shares as batch
+from plandsl.ir.placement import assign_stages
 from plandsl.schedules.registry import BUILTIN, microbatches_fit, min_microbatches, nearest_fitting
 
 
@@ -46,6 +48,7 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
                    hint=f"global_batch = {fits * per_step} gives {fits} microbatches, which it runs",
                    edits=_global_batch(train, fits * per_step))
     yield from _recompute_layers(plan)
+    yield from _offload_layers(plan)
     yield from _fp8_recipe(plan)
     yield from _fp8_gather(plan)
     if train.master_dtype.bytes < train.precision.bytes:
@@ -147,6 +150,42 @@ def _recompute_layers(plan: ir.Plan) -> Iterator[Diagnostic]:
         yield diag("E205", f"recompute_layers({count}) is more than the {plan.model.layers} blocks of model "
                    f"'{plan.model.name}'", span,
                    hint=f"recompute_layers: {plan.model.layers} recomputes every block, as `recompute: full` alone")
+
+
+def _offload_layers(plan: ir.Plan) -> Iterator[Diagnostic]:
+    """`offload_layers: N` counts the blocks of each stage whose saved activations go to the host: at most a stage's
+    blocks (E205), without recomputation (E512: Megatron-LM's TransformerConfig refuses the two together, "CPU
+    offloading does not work when activation recomputation is enabled") and not on Megatron-LM's pipeline (E513:
+    "Currently there is no support for Pipeline parallelism with CPU offloading")."""
+    train, count = plan.train, plan.train.offload_layers
+    if not count:
+        return
+    span = train.span_of("offload_layers")
+    if isinstance(plan.model, ir.MLPModel):
+        yield diag("E205", f"offload_layers counts transformer blocks; mlp model '{plan.model.name}' has none", span,
+                   hint="drop offload_layers")
+        return
+    if train.recompute is not ir.Recompute.none:
+        what = "recompute: full, recompute_layers" if train.recompute_layers is not None else \
+            f"recompute: {train.recompute.value}"
+        yield diag("E512", f"offload_layers({count}) keeps blocks' saved activations in host memory, but the plan "
+                   f"also recomputes them ({what}): Megatron-LM and Transformer Engine do one or the other",
+                   span, hint="recompute: none, or drop offload_layers",
+                   notes=[Note("recomputation set here", train.field_spans["recompute"])]
+                   if train.field_spans.get("recompute") else [])
+    if plan.stages is not None and plan.pp > 1 and plan.stages.implementation == "megatron":
+        yield diag("E513", f"offload_layers({count}) on Megatron-LM's pipeline (pp = {plan.pp}): megatron-core "
+                   f"offloads activations only without pipeline parallelism", span,
+                   hint="stages ... with implementation = torch (whose stages offload), or drop offload_layers",
+                   notes=[Note("Megatron-LM's pipeline chosen here", plan.stages.span)] if plan.stages.span else [])
+    assignment, _ = assign_stages(plan)
+    if assignment is None:
+        return  # the placement's own errors
+    most = max(sum(is_block(plan, layer) for layer in layers) for layers in assignment.stage_layers)
+    if count > most:
+        chunk = "stage (virtual chunk)" if plan.stages is not None else "model (one stage)"
+        yield diag("E205", f"offload_layers({count}) is more than the {most} blocks of the largest {chunk}",
+                   span, hint=f"offload_layers: {most} offloads every block of it")
 
 
 def _fp8_gather(plan: ir.Plan) -> Iterator[Diagnostic]:

@@ -33,8 +33,9 @@ from plandsl.cost.compute import Efficiency, Work, peak_of
 from plandsl.cost.layer import NOTHING_MOVED, LayerTime, Links, Moved, estimate_layer_time, plan_links
 from plandsl.cost.memory import (MemoryEstimate, StateBytes, beyond_layers, estimate_layer_activations,
                                  estimate_plan_memory, gather_element, gathered_param_bytes, gathers_kv, held_stages, layer_precision, pipelined_shards,
-                                 layer_recompute,
+                                 layer_offload, layer_recompute,
                                  zero_degrees)
+from plandsl.cost.offload import host_capacity, offload_seconds
 from plandsl.cost.stage import StageTime, fsdp_units, gather_units, param_split, rank_tail, slowest, stage_time
 from plandsl.schedules.registry import BUILTIN, microbatches_fit, min_microbatches, pipelines_of
 from plandsl.schedules.simulate import BUBBLE_DEFINITION, Costs, bubble_seconds
@@ -87,6 +88,8 @@ class PlanEstimate:
     """batch_shares: per data rank, per pipeline rank, that replica's own memory."""
     replica_capacity: tuple[tuple[float, ...], ...] = field(repr=False, default=())
     """batch_shares: per data rank, per pipeline rank, the smallest of that replica's own devices there."""
+    host_capacity: float = math.inf
+    """What a device's offloaded activations may take of its host's memory (`cost.offload.host_capacity`)."""
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -98,7 +101,8 @@ class PlanEstimate:
         if self.replica_memory:
             return all(m.total <= c for memory, capacity in zip(self.replica_memory, self.replica_capacity)
                        for m, c in zip(memory, capacity))
-        return all(m.total <= c for m, c in zip(self.memory, self.capacity))
+        return all(m.total <= c for m, c in zip(self.memory, self.capacity)) \
+            and all(m.host <= self.host_capacity for m in self.memory)  # offloaded activations (E514)
 
     def overflow(self) -> tuple[int, int] | None:
         """batch_shares: (data rank, pipeline rank) of the first replica's rank above its own capacity."""
@@ -166,8 +170,9 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
     activations = tuple(sum(once_per_figures(kept.setdefault((mode, layer_precision(plan.train, plan.model, layer)), {}),
                                              layer, lambda layer, mode=mode:
                                              estimate_layer_activations(plan, layer, recompute=mode))
-                            for layer, mode in zip(layers, layer_recompute(plan, layers)))
-                        for layers in assignment.stage_layers)
+                            for layer, mode, away in zip(layers, layer_recompute(plan, layers),
+                                                         layer_offload(plan, layers)) if not away)
+                        for layers in assignment.stage_layers)  # offloaded blocks' on the host (`offload_layers`)
     if plan.stages is not None and plan.schedule is not None:
         costs = Costs(stage_costs=tuple((s.forward, s.backward, s.input_grad, s.weight_grad) for s in stage_times),
                       p2p=p2p, activation_bytes=activations,
@@ -211,7 +216,8 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
                         plan.train.global_batch * plan.seq / step if step else 0.0,
                         executed / step / devices / 1e12 if step else 0.0,
                         model_flops / (step * devices * peak) if step else 0.0,
-                        executed, model_flops, tuple(stage_times), max(moved, key=lambda v: v.total))
+                        executed, model_flops, tuple(stage_times), max(moved, key=lambda v: v.total),
+                        host_capacity=host_capacity(plan))
 
 
 def data_shares(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=None) -> tuple[int, ...] | None:
@@ -400,9 +406,14 @@ def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | Non
         layer_bytes = () if plan.data is None or plan.data.gather is None else [  # the first bucket's own bytes
             gathered_param_bytes(plan, layer, precision.bytes, plan.tp, plan.expert_group, plan.expert_tp, True)
             for layer in layers]
-        result.append(stage_time(times, params, zero_stage, element, links, fsdp_units(layers),
-                                 plan.train.grad_dtype.bytes, gathered, pipelined_shards(plan), device.contention,
-                                 layer_bytes))
+        timed = stage_time(times, params, zero_stage, element, links, fsdp_units(layers),
+                           plan.train.grad_dtype.bytes, gathered, pipelined_shards(plan), device.contention,
+                           layer_bytes)
+        forward, backward = offload_seconds(plan, layers, times, device)  # host copies the compute does not hide
+        if forward or backward:
+            timed = replace(timed, forward=timed.forward + forward, input_grad=timed.input_grad + backward,
+                            comm=timed.comm + forward + backward)
+        result.append(timed)
     return result
 
 

@@ -80,7 +80,8 @@ class MemoryEstimate:
     (params) and ZeRO-2/3 (grads), the unsharded units being gathered and reduced
     (`gathered_bytes`), of which `gathered_params` and `gathered_grads` are those units. `other` is what torch's
     pipeline stage holds beside the layers (`torch_stage_bytes`; 0 without a pipeline and on Megatron-LM's): no
-    allowance is invented (see `estimate_memory`)."""
+    allowance is invented (see `estimate_memory`). `host` is what its offloaded activations (`offload_layers`) take of
+    its host's memory at its peak, no part of `total`."""
 
     params: float
     grads: float
@@ -89,6 +90,7 @@ class MemoryEstimate:
     other: float = 0.0
     gathered_params: float = 0.0
     gathered_grads: float = 0.0
+    host: float = 0.0
 
     @property
     def total(self) -> float:
@@ -112,7 +114,10 @@ class MemoryEstimate:
         return self.states - self.gathered_params - self.gathered_grads
 
     def to_json(self) -> dict:
-        return {**asdict(self), "total": self.total}
+        data = {**asdict(self), "total": self.total}
+        if not self.host:  # a plan that offloads nothing reads as before `host` existed
+            del data["host"]
+        return data
 
 
 def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
@@ -150,12 +155,18 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         params, grads, optimizer = model_state_bytes(plan, layers, extra, whole_tensors=whole_tensors)
         gathered_params, gathered_grads = gathered_bytes(plan, layers, extra, held=held)
         stored = [0.0, 0.0]  # per microbatch: [the rank's layers but the last stage's norm and head, those two]
+        host = 0.0  # per microbatch: the offloaded blocks' (`offload_layers`), in host memory
         for stage in stages:
-            for layer, mode in zip(stage_layers[stage], layer_recompute(plan, stage_layers[stage])):
-                stored[layer.kind in LAST_STAGE_KINDS] += once_per_figures(
+            layers = stage_layers[stage]
+            for layer, mode, away in zip(layers, layer_recompute(plan, layers), layer_offload(plan, layers)):
+                saved = once_per_figures(
                     kept.setdefault((mode, layer_precision(plan.train, plan.model, layer)), {}), layer,
                     lambda layer, mode=mode: _layer_activations(
                         plan, layer, mode, attention_matrix))
+                if away:
+                    host += saved
+                else:
+                    stored[layer.kind in LAST_STAGE_KINDS] += saved
         rank_inflight = inflight[len(estimates)]
         head = head_inflight(schedule, rank_inflight) if len(rank_stages) > 1 else rank_inflight
         activations = rank_inflight * stored[0] + head * stored[1] \
@@ -166,7 +177,8 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         merge = returned_merge_bytes(plan, len(stage_layers), own) if len(rank_stages) > 1 else 0.0
         buffers = max(buffers, merge - gathered_params - gathered_grads - activations)
         estimates.append(MemoryEstimate(params + gathered_params, grads + gathered_grads, optimizer, activations,
-                                        other=buffers, gathered_params=gathered_params, gathered_grads=gathered_grads))
+                                        other=buffers, gathered_params=gathered_params, gathered_grads=gathered_grads,
+                                        host=rank_inflight * host))
     return estimates
 
 
@@ -180,7 +192,36 @@ def beyond_layers(plan: ir.Plan, stages: Sequence[Sequence[Layer]], attention_ma
     scores = _keeps_scores(plan, attention_matrix)
     return max(_recompute_working_set(plan, rerun, scores),
                max((_ring_working_set(plan, layer, mode, scores) for layer, mode in modes), default=0.0),
-               loss_backward_bytes(plan, layers))
+               loss_backward_bytes(plan, layers)) + offload_inflight(plan, stages, scores)
+
+
+def layer_offload(plan: ir.Plan, layers: Sequence[Layer]) -> list[bool]:
+    """Whether each layer of one stage (virtual chunk) keeps its saved activations in host memory: the stage's first
+    `offload_layers` blocks (Megatron's --cpu-offloading-num-layers); never the embedding, norm or head."""
+    count = plan.train.offload_layers
+    if not count:
+        return [False] * len(layers)
+    flags, index = [], 0
+    for layer in layers:
+        block = is_block(plan, layer)
+        flags.append(block and plan.train.block_offloaded(index))
+        index += block
+    return flags
+
+
+def offload_inflight(plan: ir.Plan, stages: Sequence[Sequence[Layer]], attention_matrix: bool = False) -> float:
+    """The offloaded activations a rank still holds on the device at its peak, once: one block's, the largest it
+    offloads. Transformer Engine's handler (`cpu_offload_v1.AsyncDoubleBufferGroupOffloadHandler`, which Megatron's
+    --cpu-offloading-num-layers runs) frees a block's device copy only when a later block's forward commits (its
+    `layer_window_map` spreads the N copies over the stage's blocks), and reloads each one that many blocks ahead
+    of its backward: at the end of the forward, and through the backward, one offloaded block is on the device
+    beside the kept ones."""
+    if not plan.train.offload_layers:
+        return 0.0
+    return max((_layer_activations(plan, layer, mode, attention_matrix)
+                for stage in stages
+                for layer, mode, away in zip(stage, layer_recompute(plan, stage), layer_offload(plan, stage)) if away),
+               default=0.0)
 
 
 def held_stages(plan: ir.Plan, rank_stages: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
@@ -987,7 +1028,7 @@ __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estima
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
            "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES", "StateBytes", "FP32_STATES", "module_split",
            "head_inflight", "beyond_layers", "LAST_STAGE_KINDS", "LOSS_PARALLEL_TEMPORARIES",
-           "ring_backward_bytes", "torch_stage_bytes", "torch_stage_sizes"]
+           "ring_backward_bytes", "torch_stage_bytes", "torch_stage_sizes", "layer_offload", "offload_inflight"]
 
 
 def estimate_plan_memory(plan: ir.Plan, assignment: Assignment | None = None,

@@ -14,7 +14,7 @@ from plandsl import ir
 from plandsl.cost.memory import estimate_plan_memory
 from plandsl.cost.estimate import estimate_stage_times, pipeline_p2p, plan_work
 from plandsl.cost.layer import plan_links
-from plandsl.cost.memory import estimate_layer_activations, layer_recompute
+from plandsl.cost.memory import estimate_layer_activations, layer_offload, layer_recompute
 from plandsl.ir.placement import Assignment
 from plandsl.schedules.simulate import Costs
 
@@ -28,7 +28,8 @@ def estimate_stage_costs(plan: ir.Plan, assignment: Assignment, rank_devices=Non
     memory = estimate_plan_memory(plan, assignment, held=held) or []
     static = tuple(m.held for m in memory)  # the states and torch's pipeline buffers, as `estimate` counts them
     activations = tuple(sum(estimate_layer_activations(plan, layer, recompute=mode)
-                            for layer, mode in zip(layers, layer_recompute(plan, layers)))
+                            for layer, mode, away in zip(layers, layer_recompute(plan, layers),
+                                                         layer_offload(plan, layers)) if not away)
                         for layers in assignment.stage_layers)
     return Costs(stage_costs=tuple((s.forward, s.backward, s.input_grad, s.weight_grad) for s in stages),
                  p2p=pipeline_p2p(plan, links, plan_work(plan)), activation_bytes=activations,

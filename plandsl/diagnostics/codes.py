@@ -90,6 +90,9 @@ CODES: dict[str, str] = {
     "E509": "a batch share that is not whole microbatches",
     "E510": "an FP8 recipe, or bf16 layers, that the precision does not take",
     "E511": "parameters gathered in FP8 without an FP8 precision",
+    "E512": "activation offloading beside recomputation",
+    "E513": "activation offloading on Megatron-LM's pipeline",
+    "E514": "offloaded activations beyond the host's memory",
     # E6xx: schedules
     "E601": "unknown schedule",
     "E602": "action refers to a stage or microbatch that does not exist",

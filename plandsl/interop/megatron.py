@@ -44,6 +44,9 @@ INT_FLAGS = (
     "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--moe-ffn-hidden-size",
     # the blocks an FP8 or FP4 recipe keeps in bf16, with --first-last-layers-bf16 (TransformerConfig, default 1 each)
     "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
+    # the blocks whose activations go to the CPU (ModelParallelConfig.cpu_offloading_num_layers; > 0 sets
+    # cpu_offloading, arguments.py's validate_args; no --cpu-offloading flag: the field is left out of the parser)
+    "--cpu-offloading-num-layers",
 )
 FLOAT_FLAGS = ("--lr", "--clip-grad")
 CHOICE_FLAGS: dict[str, tuple[str, ...]] = {
@@ -255,6 +258,17 @@ def _train_args(plan: ir.Plan, args: list, lose) -> None:
     elif train.recompute is ir.Recompute.selective_op:
         lose("recompute: selective_op (op-level selective checkpointing; Megatron recomputes modules: "
              "--recompute-granularity selective)", "train", hint="use recompute: selective or full")
+    if train.offload_layers:  # TransformerConfig.__post_init__: fewer than num_layers, no pipeline, no recomputation
+        if plan.pp > 1:
+            lose(f"offload_layers: {train.offload_layers} with pipeline parallelism (megatron-core: \"Currently there "
+                 "is no support for Pipeline parallelism with CPU offloading\")", "train",
+                 hint="offload without stages, or drop offload_layers")
+        elif isinstance(plan.model, ir.TransformerModel) and train.offload_layers >= plan.model.layers:
+            lose(f"offload_layers: {train.offload_layers} of {plan.model.layers} blocks (megatron-core offloads "
+                 "fewer than num_layers: \"CPU offloading can be done only for layers less than\" it)", "train",
+                 hint=f"offload_layers: {plan.model.layers - 1}")
+        else:
+            args.append(("--cpu-offloading-num-layers", str(train.offload_layers)))
     if train.attention is ir.Attention.materialized:  # TE's unfused core: the scores through memory
         args.append(("--attention-backend", "unfused"))
     # Megatron's cross entropy: without the flag its own op by op over an fp32 copy (`loss: megatron`), with it one

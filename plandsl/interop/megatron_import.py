@@ -22,8 +22,9 @@ from plandsl.interop.cluster import cluster_devices, cluster_lines
 from plandsl.schedules.registry import BUILTIN, megatron_microbatch_group, microbatches_fit
 
 KNOWN = (*facts.INT_FLAGS, *facts.FLOAT_FLAGS, *facts.CHOICE_FLAGS, *facts.TEXT_FLAGS, *facts.SWITCHES)
-ZERO_OK = ("--lr-warmup-iters", "--seed", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16")
-"""The integer flags that take 0 (no warmup, seed 0, no block kept in bf16 at that end); the others count things."""
+ZERO_OK = ("--lr-warmup-iters", "--seed", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
+           "--cpu-offloading-num-layers")
+"""The integer flags that take 0 (no warmup, seed 0, no block kept in bf16 at that end, no block offloaded); the others count things."""
 
 
 @dataclass
@@ -521,6 +522,8 @@ def _train(read: _Read) -> str | None:
     items = [f"global_batch: {read.get('--global-batch-size', 0)}", f"micro_batch: {micro}",
              f"precision: {precision}", *([f"fp8_recipe: {fp8_recipe.value}"] if fp8_recipe else []), *bf16_layers,
              *recompute]
+    if read.get("--cpu-offloading-num-layers", 0):  # > 0 turns cpu_offloading on (validate_args)
+        items.append(f"offload_layers: {read.get('--cpu-offloading-num-layers')}")
     if read.get("--attention-backend") in facts.MATERIALIZED_BACKENDS:
         items.append("attention: materialized")
     if not read.get("--cross-entropy-loss-fusion"):  # Megatron's own cross entropy, op by op (`ir.Loss.megatron`)

@@ -268,8 +268,14 @@ class DeviceEfficiency(Node):
         default_factory=dict, description="knobs of one precision, which take the place of these for it")
 
 
+DEFAULT_HOST_BANDWIDTH = 25e9
+"""Bytes/s each way between a device and its host's memory when the device's description gives no `host_bandwidth`:
+a PCIe Gen4 x16 slot's pinned-memory copies (32 GB/s raw per direction, about 25 GB/s of it reached by cudaMemcpy from
+pinned memory), the oldest link of the stdlib's GPUs that offload; the stdlib's devices state their own."""
+
+
 class DeviceType(OptionalKeys):
-    optional_keys = ("sms",)  # a device without an SM count dumps as before `sms` existed
+    optional_keys = ("sms", "host_bandwidth")  # a device without them dumps as before they existed
     name: str
     memory: float = Field(gt=0, description="bytes")
     bandwidth: float = Field(gt=0, description="memory bandwidth, bytes/s")
@@ -285,6 +291,14 @@ class DeviceType(OptionalKeys):
                                               "else DEFAULT_COMM_SHARE")
     sms: Optional[int] = Field(default=None, gt=0, le=MAX_SMS, description="streaming multiprocessors (a GPU's SM "
                                                                          "count); None: not stated")
+    host_bandwidth: Optional[float] = Field(
+        default=None, gt=0, description="bytes/s each way between the device and its host's memory (PCIe, NVLink-C2C): "
+                                        "what offloaded activations cross; None: DEFAULT_HOST_BANDWIDTH")
+
+    @property
+    def host_link(self) -> float:
+        """Bytes/s each way to host memory: `host_bandwidth`, else DEFAULT_HOST_BANDWIDTH."""
+        return self.host_bandwidth if self.host_bandwidth is not None else DEFAULT_HOST_BANDWIDTH
 
     @property
     def contention(self) -> float:
@@ -301,7 +315,7 @@ class DeviceType(OptionalKeys):
 
 
 class NodeType(OptionalKeys):
-    optional_keys = ("hosts",)  # a node on one machine (the default) dumps as before `hosts` existed
+    optional_keys = ("hosts", "host_memory")  # a node on one machine, of unstated host memory, dumps as before
     name: str
     device: DeviceType
     devices: int = Field(gt=0, le=1024, description="devices per node")
@@ -309,6 +323,9 @@ class NodeType(OptionalKeys):
     nic: Optional[Link] = Field(default=None, description="inter-node injection, per node")
     hosts: int = Field(default=1, gt=0, le=1024, description="machines the node's devices sit on, an equal share "
                        "each (torchrun's nodes): a rack-scale NVLink domain (GB200 NVL72: 18 trays of 4 GPUs)")
+    host_memory: Optional[float] = Field(default=None, gt=0, description="bytes of CPU memory on each of the node's "
+                                         "machines (`hosts`), which activations offloaded to the host share; None: not "
+                                         "stated (not checked)")
 
     @model_validator(mode="after")
     def _hosts_divide_devices(self) -> "NodeType":
@@ -512,6 +529,11 @@ class Training(Node):
         default=None, ge=0, description="with `recompute: full`, recompute only the first N blocks of each "
         "stage (virtual chunk) and keep the others' activations (Megatron's --recompute-method block "
         "--recompute-num-layers N); None: every block")
+    offload_layers: int = Field(
+        default=0, ge=0, description="keep the saved activations of the first N blocks of each stage (virtual chunk) "
+        "in host memory between their forward and backward, copied out and back on a side stream (Megatron's "
+        "--cpu-offloading-num-layers N, Transformer Engine's get_cpu_offload_context, torch's "
+        "autograd.graph.save_on_cpu); 0: none")
     kernels: Kernels = Field(default=Kernels.fused, description="the implementation's element-wise kernels: "
                              "fused (Transformer Engine, torch.compile) or eager (PyTorch eager mode)")
     attention: Attention = Field(default=Attention.flash, description="the implementation's attention core: flash "
@@ -569,7 +591,7 @@ class Training(Node):
                 data.pop("loss", None)
             if self.fp8_recipe is None:
                 data.pop("fp8_recipe", None)
-            for key in ("bf16_first_layers", "bf16_last_layers"):
+            for key in ("bf16_first_layers", "bf16_last_layers", "offload_layers"):
                 if not getattr(self, key):
                     data.pop(key, None)
         return data
@@ -606,6 +628,11 @@ class Training(Node):
         when it is given."""
         given = {key: getattr(self, key) for key in KEPT_DTYPE_KEYS if getattr(self, key) is not Precision.fp32}
         return given | ({"param_dtype": self.param_dtype} if self.param_dtype is not None else {})
+
+    def block_offloaded(self, index: int) -> bool:
+        """Whether a stage's (virtual chunk's) `index`-th transformer block, from 0, keeps its saved activations in
+        host memory (`offload_layers`)."""
+        return index < self.offload_layers
 
     def block_recompute(self, index: int) -> Recompute:
         """The recomputation of a stage's (virtual chunk's) `index`-th transformer block, from 0."""

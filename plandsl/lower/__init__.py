@@ -25,8 +25,8 @@ from plandsl.syntax.parser import deep_recursion
 PRECISIONS = tuple(p.value for p in ir.Precision)
 # attribute (or key) -> required, of each definition and `{ }` value lowered here (the language server completes them)
 DEVICE_ATTRS = {"memory": True, "bandwidth": True, "peak": True, "efficiency": False, "reserve": False,
-                "comm_share": False, "sms": False}
-NODE_ATTRS = {"devices": True, "link": True, "nic": False, "hosts": False}
+                "comm_share": False, "sms": False, "host_bandwidth": False}
+NODE_ATTRS = {"devices": True, "link": True, "nic": False, "hosts": False, "host_memory": False}
 CLUSTER_ATTRS = {"nodes": True, "fabric": False}
 LINK_KEYS = {"bandwidth": True, "latency": False, "measured": False}
 EFFICIENCY_KEYS = {"matmul": False, "kernel_latency": False, "measured": False, "attention": False,
@@ -128,6 +128,8 @@ class Lowering:
                                                "132); 0 for a transport that takes no SMs")
         # streaming multiprocessors: a whole number of at least 1 (E205, E211), at most MAX_SMS (E505)
         sms = {"sms": scope.integer(found["sms"].value, "sms", minimum=1, maximum=MAX_SMS)} if "sms" in found else {}
+        if "host_bandwidth" in found:  # to the host's memory, each way: what offloaded activations cross
+            sms["host_bandwidth"] = scope.quantity(found["host_bandwidth"].value, BANDWIDTH, "host_bandwidth")
         return build(scope, ir.DeviceType, d.span, name=d.name, memory=memory, bandwidth=bandwidth, peak=peak,
                      efficiency=efficiency, reserve=reserve, comm_share=comm_share, **sms)
 
@@ -206,6 +208,8 @@ class Lowering:
             raise self.reporter.error("E205", f"hosts ({hosts['hosts']}) must divide devices ({count}): each machine of "
                                       f"a node holds the same number of its devices", found["hosts"].value.span,
                                       hint=f"hosts = one of {', '.join(divisors[:12])}{' ...' if len(divisors) > 12 else ''}")
+        if "host_memory" in found:  # CPU memory per machine of the node
+            hosts["host_memory"] = scope.quantity(found["host_memory"].value, BYTES, "host_memory")
         return build(scope, ir.NodeType, d.span, name=d.name, device=devices.thing, devices=count, link=link, nic=nic,
                      **hosts)
 

@@ -15,7 +15,7 @@ from plandsl.lower.evaluate import Poison, Scope
 
 TRAIN_KEYS = {"global_batch": True, "micro_batch": False, "seq": False, "precision": False, "fp8_recipe": False,
               "bf16_first_layers": False, "bf16_last_layers": False, "recompute": False,
-              "recompute_layers": False, "kernels": False, "attention": False, "loss": False, "optimizer": False,
+              "recompute_layers": False, "offload_layers": False, "kernels": False, "attention": False, "loss": False, "optimizer": False,
               "master_dtype": False, "grad_dtype": False, "optimizer_dtype": False, "param_dtype": False, "lr": False, "lr_schedule": False, "warmup_steps": False, "grad_clip": False,
               "seed": False, "batch_shares": False}
 
@@ -99,10 +99,11 @@ def training(scope: Scope, expr: s.Expr) -> ir.Training:
     for key, item in items.items():
         try:
             if key in ("global_batch", "micro_batch", "seq", "warmup_steps", "seed", "recompute_layers",
-                       "bf16_first_layers", "bf16_last_layers"):
+                       "offload_layers", "bf16_first_layers", "bf16_last_layers"):
                 values[key] = scope.integer(item.value, key,
                                             minimum=0 if key in ("warmup_steps", "seed", "recompute_layers",
-                                                                 "bf16_first_layers", "bf16_last_layers") else 1,
+                                                                 "offload_layers", "bf16_first_layers",
+                                                                 "bf16_last_layers") else 1,
                                             maximum=limits.TRAIN.get(key))
             elif key == "precision":
                 values[key] = scope.word(item.value, tuple(p.value for p in ir.Precision), "precision")

@@ -43,6 +43,7 @@ def describe_plan(plan: ir.Plan) -> str:
     lines.append(f"  train     global batch {train.global_batch} = {split}; seq {plan.seq}; {train.precision.value}{_recipe(train)}; "
                  f"recompute {train.recompute.value}"
                  f"{'' if train.recompute_layers is None else f' (first {train.recompute_layers} blocks per stage)'}; "
+                 f"{_offload(train)}"
                  f"{'eager kernels; ' if train.kernels is ir.Kernels.eager else ''}"
                  f"{'materialized attention; ' if train.attention is ir.Attention.materialized else ''}"
                  f"{'' if train.loss is ir.Loss.standard else f'{train.loss.value} loss; '}"
@@ -79,6 +80,12 @@ def describe_document(document: ir.Document, plans: list[ir.Plan]) -> str:
                  if getattr(document, k)]
         return f"{document.file}: no plan; defines {', '.join(names) or 'nothing'}"
     return "\n\n".join(describe_plan(plan) for plan in plans)
+
+
+def _offload(train: ir.Training) -> str:
+    """`offload_layers` as `show` says it, or nothing."""
+    return f"activations of the first {train.offload_layers} blocks per stage offloaded to the host; " \
+        if train.offload_layers else ""
 
 
 def _recipe(train: ir.Training) -> str:

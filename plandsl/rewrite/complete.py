@@ -157,7 +157,8 @@ def candidate_of(plan: ir.Plan) -> Candidate:
                      plan.stages.virtual if pipeline else 1, plan.data.zero_stage if plan.data else 0,
                      plan.train.recompute.value, bool(plan.tensor and plan.tensor.sequence_parallel),
                      plan.train.recompute_layers, fold=plan.expert_tp != plan.tp,
-                     dispatcher=plan.experts.kind if plan.experts else "alltoall")
+                     dispatcher=plan.experts.kind if plan.experts else "alltoall",
+                     offload_layers=plan.train.offload_layers)
 
 
 def _blocks(plan: ir.Plan, scored: Scored) -> tuple[int, ...]:
@@ -249,13 +250,16 @@ def _stage_lines(scored: Scored, partial: Partial, axis: str) -> list[str]:
 
 
 def _train_edits(partial: Partial, c: Candidate, shares=None) -> list[tuple[int, int, str]]:
-    """micro_batch and recompute (with recompute_layers where the candidate recomputes only some blocks) as
-    the candidate chose them, and `batch_shares` when given, in the plan's train."""
+    """micro_batch and recompute (with recompute_layers where the candidate recomputes only some blocks, and
+    offload_layers where it offloads some) as the candidate chose them, and `batch_shares` when given, in the plan's
+    train."""
     train = partial.plan.train
     attr = partial.attrs["train"]
     wanted = {"micro_batch": str(c.micro_batch_size), "recompute": c.recompute}
     if c.recompute_layers is not None:
         wanted["recompute_layers"] = str(c.recompute_layers)
+    if c.offload_layers or train.offload_layers:  # the blocks offloaded to the host, as the search chose them
+        wanted["offload_layers"] = str(c.offload_layers)
     if shares is not None:
         wanted["batch_shares"] = shares if isinstance(shares, str) else f"[{', '.join(map(str, shares))}]"
     if partial.train_local:
@@ -270,8 +274,8 @@ def _train_edits(partial: Partial, c: Candidate, shares=None) -> list[tuple[int,
                 added += f", {key}: {new}"
         end = value.items[-1].span.end
         return edits + ([(end, end, added)] if added else [])
-    if (train.micro_batch, train.recompute.value, train.recompute_layers) == \
-            (c.micro_batch_size, c.recompute, c.recompute_layers) and shares is None:
+    if (train.micro_batch, train.recompute.value, train.recompute_layers, train.offload_layers) == \
+            (c.micro_batch_size, c.recompute, c.recompute_layers, c.offload_layers) and shares is None:
         return []  # a train the plan names: kept as it is
     if partial.train_items is not None:
         items = dict(partial.train_items)
@@ -286,7 +290,8 @@ def _train_edits(partial: Partial, c: Candidate, shares=None) -> list[tuple[int,
 
 
 def _same(key: str, train: ir.Training, new: str) -> bool:
-    current = {"micro_batch": train.micro_batch, "recompute_layers": train.recompute_layers}.get(key, train.recompute.value)
+    current = {"micro_batch": train.micro_batch, "recompute_layers": train.recompute_layers,
+               "offload_layers": train.offload_layers}.get(key, train.recompute.value)
     return str(current) == new
 
 

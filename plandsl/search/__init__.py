@@ -11,7 +11,9 @@ ep the experts; pp at most the blocks; dp x ep the global batch), every order of
 places the groups differently on the nodes, micro-batch sizes dividing the per-replica batch, the
 built-in schedules with their virtual stages (Chimera only when pinned: it holds two stages' weights
 per rank, which the memory model does not count), ZeRO stages 0-3 and recomputation none/selective/selective_op/full,
-and full for the first N blocks of each stage where memory binds (`recompute_layers`, N the least that fits); for a
+and full for the first N blocks of each stage where memory binds (`recompute_layers`, N the least that fits), and
+without a pipeline, where memory binds, the first N blocks' activations offloaded to the host instead (`offload_layers`,
+N the least that fits, recompute none: Megatron's --cpu-offloading-num-layers); for a
 mixture of experts whose problem leaves them to it (`Problem.search_experts`), the experts folded over tp or not and
 the alltoall, deepep or hybridep dispatcher (`experts_variants`: one `Space` each, their roots under one heap).
 Blocks go to stages by `partition_blocks` (the fewest seconds on the slowest stage, within memory).
@@ -48,7 +50,7 @@ from plandsl.diagnostics import did_you_mean
 
 PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
             "virtual_stages", "zero_stage", "recompute", "recompute_layers", "order", "tp_across_nodes", "fold",
-            "dispatcher", "account")
+            "dispatcher", "account", "offload_layers")
 DISPATCHERS = ("alltoall", "deepep", "hybridep")  # `experts = KIND over ...` (ir.ExpertParallel.kind)
 # The search tries each unpinned, on every layout with an expert group (`Space.roots`); at equal figures it writes the
 # one it reaches first.
@@ -105,9 +107,11 @@ def parse_pins(pins: Mapping[str, object] | Iterable[str] | None) -> dict[str, o
             except ValueError:
                 raise SearchError(f"--pin {key}={raw}: {key} is a whole number") from None
             stages = ir.ZERO_STAGES
-            if (key == "zero_stage" and value not in stages) or (key != "zero_stage" and value < 1):
+            least = 0 if key == "offload_layers" else 1  # offload_layers=0: never offload
+            if (key == "zero_stage" and value not in stages) or (key != "zero_stage" and value < least):
                 raise SearchError(f"--pin {key}={raw}: {key} is " + (
-                    f"{', '.join(map(str, stages[:-1]))} or {stages[-1]}" if key == "zero_stage" else "at least 1"))
+                    f"{', '.join(map(str, stages[:-1]))} or {stages[-1]}" if key == "zero_stage" else
+                    f"at least {least}"))
         if key in typed and typed[key] != value:
             raise SearchError(f"contradictory pins: {key}={typed[key]} and {key}={raw}")
         typed[key] = value
@@ -159,6 +163,18 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
     if "recompute_layers" in pins and pins.get("recompute", "full") != "full":
         raise SearchError(f"contradictory pins: recompute_layers={pins['recompute_layers']} counts the blocks of each "
                           f"stage that `recompute: full` reruns, recompute={pins['recompute']}")
+    if pins.get("offload_layers"):  # megatron-core offloads without recomputation and without a pipeline (E512, E513)
+        offloaded = pins["offload_layers"]
+        if pins.get("recompute", "none") != "none" or "recompute_layers" in pins:
+            raise SearchError(f"contradictory pins: offload_layers={offloaded} keeps the blocks' activations on the "
+                              f"host, recompute={pins.get('recompute', 'full')} recomputes them")
+        if pins.get("pp", 1) > 1:
+            raise SearchError(f"contradictory pins: offload_layers={offloaded} is searched without a pipeline "
+                              f"(as megatron-core offloads), pp={pins['pp']}")
+        blocks = getattr(problem.model, "layers", None)
+        if isinstance(problem.model, ir.TransformerModel) and offloaded > blocks:
+            raise SearchError(f"contradictory pins: offload_layers={offloaded} is more than the model's {blocks} "
+                              f"blocks")
     if "order" in pins:
         named = [a for a in pins["order"]]
         for axis in named:  # dp of size 1 may lead the order: it carries ZeRO over a context axis (`mesh_order`)

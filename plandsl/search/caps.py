@@ -23,6 +23,7 @@ class Caps:
         self.blocks = figures.blocks
         self._caps_cache: dict = figures.memory_caches.setdefault("caps", {})  # shared as the figures' memory
         self._partial_cache: dict = figures.memory_caches.setdefault("partial", {})
+        self._offload_cache: dict = figures.memory_caches.setdefault("offload", {})
 
     def rank_caps(self, root: Root, ranks, inflight: np.ndarray, memory, recomputed: int | None = None,
                    kept: float = 0.0) -> np.ndarray:
@@ -148,6 +149,19 @@ class Caps:
             self.figures.share_buffers(found[0], memory)
         return found[0], found[1]
 
+
+    def offload_memory(self, memory) -> tuple[tuple, float]:
+        """The per-kind memory of an offloading node (`offload_layers`) in `partial_memory`'s form, for `rank_caps`'
+        `recomputed` N: an offloaded block keeps its states and no activations on the device, a kept block its own
+        (the second value), and the working sets hold one offloaded block's more, the block's and the loss's alike
+        (`cost.memory.offload_inflight`: one block in flight beside the rank's peak, whichever moment it is)."""
+        found = self._offload_cache.get(id(memory))
+        if found is None:
+            (embed, (block_s, block_a, working), norm, (head_s, head_a, loss)), tied, plan = memory[0][:4], *memory[1:]
+            moved = ([embed, (block_s, 0.0, working + block_a), norm, (head_s, head_a, loss + block_a)], tied, plan)
+            found = self._offload_cache[id(memory)] = (moved, block_a, memory)  # the memory kept alive: ids stay
+            self.figures.share_buffers(moved, memory)
+        return found[0], found[1]
 
 
 __all__ = ["Caps"]

@@ -224,6 +224,7 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
         train.append(f"seq: {problem.seq}")
     train += [f"precision: {problem.precision.value}", f"recompute: {c.recompute}",
               *([f"recompute_layers: {c.recompute_layers}"] if c.recompute_layers is not None else []),
+              *([f"offload_layers: {c.offload_layers}"] if c.offload_layers else []),
               *problem.given_items(), *train_extra]
     lines = [f'import "{i}"' for i in source.imports]
     lines += ["", *header(scored.estimate), "", f"plan {name} {{", f"  model    = {source.model}",
@@ -391,7 +392,8 @@ def candidate_json(scored: Scored, text: str, refusals: Refusals) -> dict:
     return {"runs": not refused, "refused": refused, "degrees": c.degrees(), **c.degrees(), "mesh_order": list(c.mesh_order),
             "micro_batch_size": c.micro_batch_size, "num_microbatches": c.num_microbatches,
             "schedule": c.schedule or None, "virtual_stages": c.virtual_stages, "zero_stage": c.zero_stage,
-            "recompute": c.recompute, "recompute_layers": c.recompute_layers, "sequence_parallel": c.sequence_parallel,
+            "recompute": c.recompute, "recompute_layers": c.recompute_layers,
+            **({"offload_layers": c.offload_layers} if c.offload_layers else {}), "sequence_parallel": c.sequence_parallel,
             "fold": c.fold and c.tp > 1 and c.ep > 1, "dispatcher": c.dispatcher if c.ep > 1 else None,
             "layers_per_stage": list(scored.blocks),
             "step_time_s": e.time.step, "tokens_per_s": e.tokens_per_s, "tflops_per_device": e.tflops_per_device,
@@ -430,7 +432,10 @@ def _microbatches(scored: Scored) -> str:
 
 
 def _recompute(c: Candidate) -> str:
-    """The recomputation as the table shows it: `full 3/st` recomputes the first 3 blocks of each stage."""
+    """The recomputation as the table shows it: `full 3/st` recomputes the first 3 blocks of each stage, `none off
+    40/st` offloads the first 40 blocks' activations to the host."""
+    if c.offload_layers:
+        return f"none off {c.offload_layers}/st"
     return c.recompute if c.recompute_layers is None else f"full {c.recompute_layers}/st"
 
 

@@ -127,6 +127,8 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
         pins["recompute"] = plan.train.recompute.value
         if plan.train.recompute_layers:  # the first N blocks of each stage: as written
             pins["recompute_layers"] = plan.train.recompute_layers
+    if keys is None or "offload_layers" in keys:  # as written, 0 included: the search keeps what the plan says
+        pins["offload_layers"] = plan.train.offload_layers
     if keys is None:
         notes.append(f"`train` is not a dict of this file: its micro_batch ({plan.train.micro_batch}) and "
                      f"recompute ({plan.train.recompute.value}) are kept as they are")

@@ -106,6 +106,7 @@ class Candidate:
     recompute_layers: int | None = None  # with recompute full: the first N blocks of each stage (None: every block)
     fold: bool = False                   # the experts folded over tp (`experts = ... over [ep, tp]`), with tp > 1
     dispatcher: str = "alltoall"         # the experts' dispatcher (`experts = deepep over ep`), with ep > 1
+    offload_layers: int = 0              # blocks whose activations go to the host (`offload_layers`), with pp = 1
 
     def degrees(self) -> dict[str, int]:
         return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep}
@@ -132,7 +133,8 @@ class Candidate:
                 "virtual_stages": self.virtual_stages, "zero_stage": self.zero_stage, "recompute": self.recompute,
                 "order": ",".join(self.order)} | ({} if self.recompute_layers is None else
                                                  {"recompute_layers": self.recompute_layers}) | (
-            {"fold": self.fold, "dispatcher": self.dispatcher} if self.ep > 1 else {})
+            {"fold": self.fold, "dispatcher": self.dispatcher} if self.ep > 1 else {}) | (
+            {"offload_layers": self.offload_layers} if self.offload_layers else {})
 
     def describe(self) -> str:
         axes = " ".join(f"{k}={v}" for k, v in self.degrees().items() if v > 1) or "1 device"
@@ -141,6 +143,7 @@ class Candidate:
         return (f"{axes} mb={self.micro_batch_size} m={self.num_microbatches}{pipeline} "
                 f"zero{self.zero_stage} recompute={self.recompute}"
                 + (f" recompute_layers={self.recompute_layers}" if self.recompute_layers is not None else "")
+                + (f" offload_layers={self.offload_layers}" if self.offload_layers else "")
                 + (f" experts={self.dispatcher}" + (" over [ep, tp]" if self.fold else "")
                    if self.ep > 1 and (self.fold or self.dispatcher != "alltoall") else ""))
 
@@ -218,7 +221,7 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
                        outputs=base.stages.outputs if base.stages is not None else "dropped")
         schedule = _node(ir.ScheduleRef, name=name, options={}, definition=None)
     train = base.train.model_copy(update={"micro_batch": c.micro_batch_size, "recompute": ir.Recompute(c.recompute),
-                                        "recompute_layers": c.recompute_layers})
+                                        "recompute_layers": c.recompute_layers, "offload_layers": c.offload_layers})
     return base.model_copy(update={"mesh": mesh, "train": train, "data": data, "tensor": tensor, "context": context,
                                    "experts": experts, "stages": stages, "schedule": schedule})
 

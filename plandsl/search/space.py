@@ -153,11 +153,18 @@ class Space:
         pinned, layers = self.pins.get("recompute"), self.pins.get("recompute_layers")
         partly = self.transformer and not self.dense_blocks and (
             layers is not None or pinned is None)
-        if layers is not None:
+        # offload_layers: recompute none, the first N blocks' activations on the host (Megatron's
+        # --cpu-offloading-num-layers), without a pipeline as megatron-core offloads, where no pin rules it out
+        offloaded = self.pins.get("offload_layers")
+        offloads = self.transformer and not self.dense_blocks and root.pp == 1 and offloaded != 0 \
+            and pinned in (None, "none") and layers is None
+        if layers is not None or offloaded:
             recomputes = []
         if self.problem.overlap_experts:  # Megatron-Core's expert overlap refuses full recomputation (the checker's E418)
             recomputes = [r for r in recomputes if r != "full"]
             partly = partly and layers == 0
+        if offloaded:
+            partly = False
         out = []
         for mb in root.micro_batches:
             for recompute in recomputes:
@@ -170,6 +177,12 @@ class Space:
                 kept.bound = kept.bound or max(kept.microbatches * self.bounds.microbatch_work(kept),
                                                self.bounds.chain(kept)) * SAFE
                 out.append(Node(root, mb, per_replica // mb, "full", bound=kept.bound, kept=kept))
+            if offloads:  # bounded by the node that keeps every block: offloading only adds copies
+                kept = next((n for n in out if n.micro_batch == mb and n.recompute == "none" and not n.offload
+                             and n.kept is None), None) or Node(root, mb, per_replica // mb, "none")
+                kept.bound = kept.bound or max(kept.microbatches * self.bounds.microbatch_work(kept),
+                                               self.bounds.chain(kept)) * SAFE
+                out.append(Node(root, mb, per_replica // mb, "none", bound=kept.bound, offload=True))
         self.stats.nodes += len(out)
         return out
 
@@ -218,6 +231,8 @@ class Space:
             per_kind = memory[0]
             states = sum(count * per_kind[i][0] for i, (_, count) in enumerate(self.kinds))
             stored = sum(count * per_kind[i][1] for i, (_, count) in enumerate(self.kinds))
+            if node.offload:  # every block's activations but one in flight may sit on the host
+                stored -= (self.blocks - 1) * per_kind[1][1]
             if (states + stored) / root.pp > max(root.capacity):
                 self.stats.memory_pruned += len(choices)
                 candidate = candidate_of(node, '', 1, zero)
@@ -274,8 +289,14 @@ class Space:
         pp, m = root.pp, node.microbatches
         ranks = stage_ranks(schedule, pp, virtual) if pp > 1 else (0,)
         inflight = self.figures.inflight(schedule, pp, m, virtual) if pp > 1 else _ONE_IN_FLIGHT
-        recomputed = None
-        if node.kept is not None:
+        recomputed, offloaded = None, 0
+        if node.offload:
+            found = self._offloaded(node, ranks, inflight, memory, virtual)
+            if found is None:
+                self.stats.memory_pruned += 1
+                return None
+            counts, offloaded = found
+        elif node.kept is not None:
             found = self.splits.partial_partition(node, zero, ranks, inflight, memory, virtual)
             counts, recomputed = found if found is not None else (None, None)
         elif self.dense_blocks:
@@ -295,7 +316,23 @@ class Space:
                 self.stats.memory_unsplit += 1
             return None
         bound = self.bounds.split_bound(node, zero, schedule, ranks, counts, recomputed) * SAFE * SAFE
-        return Leaf(node, schedule, virtual, zero, counts, max(floor, bound), recomputed, exact=False)
+        return Leaf(node, schedule, virtual, zero, counts, max(floor, bound), recomputed, offloaded, exact=False)
+
+    def _offloaded(self, node: Node, ranks, inflight, memory, virtual: int) -> tuple[tuple[int, ...], int] | None:
+        """(blocks per stage, N) of an offloading node (one stage), or None: N is the pin, else the least whose
+        caps hold every block (`Caps.least_recomputed` over `Caps.offload_memory`: the caps only grow with N, and
+        each block offloaded more only adds copies). None where the blocks fit without offloading (the node that
+        keeps them is faster), and where no N fits."""
+        root, pinned = node.root, self.pins.get("offload_layers")
+        if pinned is None and self.caps.caps(root, ranks, inflight, memory, virtual) is not None:
+            return None
+        moved, kept = self.caps.offload_memory(memory)
+        least = pinned if pinned is not None else \
+            self.caps.least_recomputed(root, ranks, inflight, moved, virtual, kept)
+        if least is None or least > self.blocks or \
+                self.caps.caps(root, ranks, inflight, moved, virtual, least, kept) is None:
+            return None
+        return (self.blocks,), least
 
     def finish(self, leaf: Leaf) -> Leaf:
         """The leaf with its exact bound (`Bounds.leaf_bound`: every rank's busy time between the first
@@ -305,13 +342,15 @@ class Space:
         ranks = stage_ranks(schedule, node.root.pp, virtual) if node.root.pp > 1 else (0,)
         stages = self.bounds.stage_times(node, zero, ranks, leaf.counts, leaf.recompute_layers)
         bound = self.bounds.leaf_bound(node, schedule, ranks, stages, zero) * SAFE
-        return Leaf(node, schedule, virtual, zero, leaf.counts, max(leaf.bound, bound), leaf.recompute_layers)
+        return Leaf(node, schedule, virtual, zero, leaf.counts, max(leaf.bound, bound), leaf.recompute_layers,
+                    leaf.offload_layers)
 
     def evaluate(self, leaf: Leaf):
         """The emitted plan through `cost.estimate` (simulation included); None if it does not fit."""
         self.stats.simulated += 1
         node = leaf.node
-        candidate = candidate_of(node, leaf.schedule, leaf.virtual, leaf.zero, leaf.recompute_layers)
+        candidate = candidate_of(node, leaf.schedule, leaf.virtual, leaf.zero, leaf.recompute_layers,
+                                 leaf.offload_layers)
         if node.root.ep > 1:  # the experts' clause `build_plan` writes from the problem's (`self.base`)
             candidate = replace(candidate, fold=self.problem.fold_experts and node.root.tp > 1,
                                 dispatcher=self.problem.dispatcher)

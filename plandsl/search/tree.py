@@ -52,6 +52,8 @@ class Node:
     # recompute_layers: `full` for the first N blocks of each stage (N per leaf), the kept blocks' node
     # (recompute none, same root and micro-batch) for the others' seconds and bytes
     kept: Node | None = None
+    # offloading (`offload_layers`): recompute none, the first N blocks' activations on the host (N per leaf, pp = 1)
+    offload: bool = False
     tight: bool = False  # whether `bound` counts `Bounds.compute_bound` yet (`Space.tighten`)
 
 
@@ -64,6 +66,7 @@ class Leaf:
     counts: tuple[int, ...]
     bound: float
     recompute_layers: int | None = None  # a partly recomputed node's N (`Splits.partial_partition`)
+    offload_layers: int = 0  # an offloading node's N (`Space._offloaded`)
     # whether `bound` is the leaf's exact bound (`Space.finish`), or the cheaper one of its split (`Space.resolve`)
     exact: bool = True
 
@@ -83,10 +86,11 @@ class Pending:
         return self.leaves[self.next][0]
 
 
-def candidate_of(node: Node, schedule: str, virtual: int, zero: int, recompute_layers: int | None = None) -> Candidate:
+def candidate_of(node: Node, schedule: str, virtual: int, zero: int, recompute_layers: int | None = None,
+                 offload_layers: int = 0) -> Candidate:
     r = node.root
     return Candidate(r.dp, r.tp, r.pp, r.cp, r.ep, r.order, node.micro_batch, node.microbatches, schedule, virtual,
-                     zero, node.recompute, r.sequence_parallel, recompute_layers)
+                     zero, node.recompute, r.sequence_parallel, recompute_layers, offload_layers=offload_layers)
 
 
 __all__ = ["SAFE", "Root", "Node", "Leaf", "Pending", "candidate_of"]

@@ -275,9 +275,9 @@ import "clusters/dgx_h100"
 plan p {{
   model   = llama3_8b
   cluster = dgx_h100
-{mesh}  train   = {{ global_batch: 8, seq: 65536, precision: bf16 }}
+{mesh}  train   = {{ global_batch: 8, seq: 65536, precision: bf16, offload_layers: 0 }}
 }}
-'''
+'''  # offload_layers: 0 (written, so pinned): offloading 22 of the blocks instead takes dp = 2 (0.3 s a step faster)
 
 
 def test_zero_over_a_context_axis_comes_back_with_the_dp_axis_that_carries_it(tmp_path):

@@ -235,3 +235,70 @@ _entry("E511", """
       data    = fsdp over dp with gather = fp8
     }
     """, "Train in FP8, or gather the weights in bf16.", ("gather = fp8", "gather = bf16"))
+
+_entry("E512", """
+    `offload_layers: N` keeps the saved activations of each stage's first N blocks in
+    host memory between their forward and their backward; recomputation keeps fewer of
+    them to begin with and rebuilds the rest. The language does not combine the two:
+    Megatron-LM's TransformerConfig refuses them together ("CPU offloading does not work
+    when activation recomputation is enabled"), and which blocks would be offloaded and
+    which recomputed is not a choice its recipes make. Offload, or recompute.
+    """, """
+    import "clusters/dgx_h100"
+    plan p {
+      model   = llama(layers=4, hidden=512, heads=8, kv_heads=8, seq=256, vocab=1024)
+      cluster = dgx_h100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 16, micro_batch: 1, recompute: full, offload_layers: 2 }
+      data    = fsdp over dp
+    }
+    """, "Keep the activations and offload them, without recomputation.", ("recompute: full", "recompute: none"))
+
+_entry("E513", """
+    Megatron-LM offloads activations to the CPU (Transformer Engine's offload handler,
+    --cpu-offloading-num-layers) only without pipeline parallelism: megatron-core's
+    TransformerConfig raises "Currently there is no support for Pipeline parallelism
+    with CPU offloading". A plan whose stages run on Megatron-LM's pipeline (`stages =
+    ... with implementation = megatron`) cannot offload; torch's pipeline stages can
+    (`plandsl run` wraps their blocks in torch's save_on_cpu).
+    """, """
+    import "clusters/dgx_h100"
+    plan p {
+      model   = llama(layers=8, hidden=512, heads=8, kv_heads=8, seq=256, vocab=1024)
+      cluster = dgx_h100 x 1
+      mesh    = [pp = 2, dp = 4]
+      train   = { global_batch: 32, micro_batch: 1, offload_layers: 2 }
+      data    = replicate over dp
+      stages  = evenly over pp with implementation = megatron
+      schedule = 1f1b
+    }
+    """, "Run the stages on torch's pipeline, or offload nothing.",
+    ("with implementation = megatron", "with implementation = torch"))
+
+_entry("E514", """
+    Offloaded activations do not vanish: they wait in the host's (CPU) memory until
+    their backward, every microbatch in flight's, for every device of the machine.
+    Where a node states `host_memory` (bytes per machine: a DGX H100's 2 TB, a GB200
+    tray's two Grace CPUs' 960 GB), the checker counts what the plan's devices offload,
+    each at the most any pipeline rank does, and refuses a plan that would need more.
+    A node that does not state it is not checked. Offload fewer blocks, or make the
+    microbatches smaller.
+    """, """
+    device gpu {
+      memory    = 80 GB
+      bandwidth = 2000 GB/s
+      peak      = { bf16: 300 TFLOP/s }
+    }
+    node box {
+      devices     = 8 x gpu
+      link        = { bandwidth: 300 GB/s }
+      host_memory = 8 GB
+    }
+    plan p {
+      model   = llama(layers=8, hidden=2048, heads=16, kv_heads=8, seq=2048, vocab=32000)
+      cluster = box x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 32, micro_batch: 4, offload_layers: 4 }
+      data    = fsdp over dp
+    }
+    """, "Offload fewer blocks (or state the host's real memory).", ("offload_layers: 4", "offload_layers: 1"))

@@ -17,6 +17,7 @@ from plandsl.runtime.parallel.context_parallel import apply_cp
 from plandsl.runtime.parallel.data_parallel import apply_dp
 from plandsl.runtime.parallel.expert_parallel import apply_ep, apply_model_ep
 from plandsl.runtime.parallel.mesh import submesh
+from plandsl.runtime.parallel.offload import apply_offload
 from plandsl.runtime.parallel.recompute import apply_ac
 from plandsl.runtime.parallel.tensor_parallel import apply_model_tp, apply_tp, tp_rules
 from plandsl.runtime.torch_model import TorchModel
@@ -65,6 +66,8 @@ def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch
         apply_cp(model, plan.context.kind, mesh[plan.context.axis], plan.seq, device)
     # 4. Recomputation wraps blocks, so data parallelism sees (and shards) the wrapped blocks.
     apply_ac(model, plan.train.recompute, plan.train.recompute_layers)  # `model` is one stage (chunk) when pipelined
+    #    Offloading hooks the first blocks (never recomputed ones: E512) without wrapping, so names stay the same.
+    apply_offload(model, plan.train.offload_layers)
     # 5. Data parallelism last: it reduces (and for ZeRO-2/3 shards) whatever parameters remain.
     dp_mesh = data_mesh(plan, mesh)
     if dp_mesh is not None:

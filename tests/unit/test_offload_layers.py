@@ -1,0 +1,211 @@
+"""`offload_layers: N` (Megatron's --cpu-offloading-num-layers N, Transformer Engine's offload handler, torch's
+save_on_cpu): the first N blocks of each stage keep their saved activations in host memory.
+
+The language (a train key, 0 by default and then out of the dump), the checker (a stage's blocks, E205; beside
+recomputation E512, on Megatron-LM's pipeline E513, beyond a node's host memory E514: the catalogue's cases),
+memory (each offloaded block leaves the device but one, which its host holds), time (the copies over the device's
+host link, exposed only beyond the compute of the stage's other blocks), `show`, and Megatron-LM's flag both ways."""
+from __future__ import annotations
+
+import pytest
+
+from plandsl import api, ir
+from plandsl.cost.estimate import estimate_plan
+from plandsl.cost.layer import LayerTime
+from plandsl.cost.memory import estimate_layer_activations, estimate_plan_memory, layer_offload
+from plandsl.cost.offload import offload_seconds, offloaded_bytes
+from plandsl.interop import export_plan, import_text
+from plandsl.ir.layers import layers_of
+from plandsl.ir.placement import assign_stages
+
+PLAN = """\
+device gpu {{
+  memory         = 80 GB
+  bandwidth      = 2000 GB/s
+  peak           = {{ bf16: 300 TFLOP/s, fp32: 20 TFLOP/s }}
+  {host}
+}}
+node box {{
+  devices = 8 x gpu
+  link    = {{ bandwidth: 300 GB/s }}
+}}
+plan p {{
+  model   = llama(layers=8, hidden=1024, heads=16, kv_heads=8, seq=2048, vocab=32000)
+  cluster = box x 1
+  mesh    = [{mesh}]
+  train   = {{ global_batch: 32, micro_batch: 2, {train} }}
+  data    = fsdp over dp
+{extra}}}
+"""
+
+
+def _plan(train: str = "", host: str = "", mesh: str = "dp = 8", extra: str = "") -> ir.Plan:
+    return api.select_plan(api.loads(PLAN.format(train=train, host=host, mesh=mesh, extra=extra)))
+
+
+def test_offload_layers_is_a_train_key_out_of_the_dump_when_zero():
+    plain, none, some = _plan(), _plan("offload_layers: 0"), _plan("offload_layers: 3")
+    assert plain.train.offload_layers == none.train.offload_layers == 0 and some.train.offload_layers == 3
+    assert "offload_layers" not in plain.train.model_dump() and plain.model_dump() == none.model_dump()
+    assert some.train.model_dump()["offload_layers"] == 3
+    assert [some.train.block_offloaded(i) for i in range(5)] == [True] * 3 + [False] * 2
+
+
+def test_host_bandwidth_and_host_memory_are_optional_and_dump_only_when_given():
+    plain = _plan()
+    assert plain.cluster.groups[0].node.device.host_link == ir.DEFAULT_HOST_BANDWIDTH
+    assert "host_bandwidth" not in plain.cluster.groups[0].node.device.model_dump()
+    assert "host_memory" not in plain.cluster.groups[0].node.model_dump()
+    fast = _plan(host="host_bandwidth = 450 GB/s")
+    assert fast.cluster.groups[0].node.device.host_link == 450e9
+
+
+@pytest.mark.parametrize("train, code, words", [
+    ("offload_layers: 9", "E205", "8 blocks"),
+    ("offload_layers: -1", "E205", "at least 0"),
+    ("recompute: selective, offload_layers: 2", "E512", "recompute: selective"),
+    ("recompute: full, recompute_layers: 2, offload_layers: 2", "E512", "recompute_layers"),
+    ("offload_layer: 2", "E206", "offload_layers"),
+])
+def test_bad_offload_layers_are_diagnostics(train, code, words):
+    analysis = api.checks(PLAN.format(train=train, host="", mesh="dp = 8", extra=""))
+    assert [d.code for d in analysis.errors] == [code], [str(d) for d in analysis.errors]
+    assert words in analysis.errors[0].message + (analysis.errors[0].hint or "")
+
+
+def test_a_stage_counts_its_own_blocks():
+    """With 4 stages of 2 blocks, 2 is every block of a stage and 3 is more than any stage has (E205)."""
+    stages = "  stages  = evenly over pp\n  schedule = 1f1b\n"
+    assert not api.checks(PLAN.format(train="offload_layers: 2", host="", mesh="pp = 4, dp = 2", extra=stages)).errors
+    analysis = api.checks(PLAN.format(train="offload_layers: 3", host="", mesh="pp = 4, dp = 2", extra=stages))
+    assert [d.code for d in analysis.errors] == ["E205"] and "2 blocks of the largest stage" in analysis.errors[0].message
+    plan = _plan("offload_layers: 1", mesh="pp = 4, dp = 2", extra=stages)
+    assignment, _ = assign_stages(plan)
+    assert [layer_offload(plan, layers) for layers in assignment.stage_layers] == \
+        [[False, True, False], [True, False], [True, False], [True, False, False, False]]
+
+
+def test_each_offloaded_block_leaves_the_device_but_one_in_flight():
+    plan = _plan()
+    block = estimate_layer_activations(plan, next(layer for layer in layers_of(plan.model) if layer.kind == "block"))
+    kept = [estimate_plan_memory(_plan(f"offload_layers: {n}"))[0] for n in range(0, 9)]
+    assert kept[0].host == 0 and "host" not in kept[0].to_json()
+    for n in range(1, 9):  # n blocks on the host; n - 1 blocks' fewer on the device (one is in flight)
+        assert kept[n].host == pytest.approx(n * block)
+        assert kept[0].activations - kept[n].activations == pytest.approx((n - 1) * block)
+        assert (kept[n].params, kept[n].grads, kept[n].optimizer) == (kept[0].params, kept[0].grads, kept[0].optimizer)
+
+
+def test_copies_cost_only_what_the_other_blocks_compute_does_not_hide():
+    """One direction's copies take bytes / host_bandwidth beside the compute of every block but the first."""
+    plan = _plan("offload_layers: 2", "host_bandwidth = 1 GB/s")
+    layers = list(layers_of(plan.model))
+    copy = offloaded_bytes(plan, layers) / 1e9
+    assert copy == pytest.approx(2 * estimate_layer_activations(plan, layers[1]) / 1e9)
+    times = [LayerTime(forward=0.01 * i, input_grad=0.01 * i, weight_grad=0.01 * i, forward_comm=0.0,
+                       backward_comm=0.0, flops=0.0, recompute_flops=0.0) for i in range(len(layers))]
+    device = plan.cluster.groups[0].node.device
+    hidden = [t for layer, t in zip(layers, times) if layer.kind == "block"][1:]  # blocks 2..8
+    forward, backward = offload_seconds(plan, layers, times, device)
+    assert forward == pytest.approx(max(0.0, copy - sum(t.forward for t in hidden)))
+    assert backward == pytest.approx(max(0.0, copy - sum(t.input_grad + t.weight_grad for t in hidden)))
+    assert offload_seconds(_plan("offload_layers: 2", "host_bandwidth = 10000 TB/s"), layers, times, device) == (0, 0)
+
+
+def test_the_estimate_adds_the_exposed_copies_to_the_stage():
+    base = estimate_plan(_plan())
+    fast = estimate_plan(_plan("offload_layers: 4", "host_bandwidth = 10000 GB/s"))
+    slow = estimate_plan(_plan("offload_layers: 4", "host_bandwidth = 5 GB/s"))
+    assert fast.time.step == pytest.approx(base.time.step)  # hidden behind 7 blocks' compute
+    stage, plain = slow.stage_times[0], base.stage_times[0]
+    forward, backward = stage.forward - plain.forward, stage.backward - plain.backward
+    assert forward > backward > 0  # the backward, twice the forward's compute, hides more of the same bytes
+    assert stage.comm - plain.comm == pytest.approx(forward + backward)
+    assert slow.time.step > base.time.step
+
+
+def test_show_says_which_blocks_offload():
+    text = api.describe(api.loads(PLAN.format(train="offload_layers: 2", host="", mesh="dp = 8", extra="")))
+    assert "activations of the first 2 blocks per stage offloaded to the host" in text
+
+
+def test_megatron_flag_both_ways():
+    plan = _plan("offload_layers: 3")
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost and "--cpu-offloading-num-layers 3" in " ".join(exported.text.split())
+    imported = import_text("megatron", exported.text, "plan.args", world_size=plan.mesh.size, name=plan.name)
+    assert imported.ok, [str(d) for d in imported.diagnostics]
+    assert api.select_plan(api.loads(imported.text, path="back.plan")).train.offload_layers == 3
+    assert "--cpu-offloading" not in export_plan(_plan(), "megatron").text
+
+
+@pytest.mark.parametrize("train, mesh, extra, words", [
+    ("offload_layers: 8", "dp = 8", "", "fewer than num_layers"),
+    ("offload_layers: 1", "pp = 2, dp = 4", "  stages  = evenly over pp\n  schedule = 1f1b\n", "pipeline parallelism"),
+])
+def test_what_megatron_refuses_is_lost_on_export(train, mesh, extra, words):
+    exported = export_plan(_plan(train, mesh=mesh, extra=extra), "megatron")
+    assert any(words in lost.message for lost in exported.lost), [lost.message for lost in exported.lost]
+
+
+def _space(pins):
+    from plandsl.cost.compute import DEFAULT_EFFICIENCY
+    from plandsl.search.space import Space
+    from test_search import problem  # its `long` gpt on 6.75 GiB devices: activations bind
+    return Space(problem("long", "tight", 4), pins, DEFAULT_EFFICIENCY)
+
+
+@pytest.mark.slow  # every offloading leaf of the space evaluated four times: about 3.5 s
+def test_the_search_offloads_the_least_that_fits_and_only_where_the_blocks_do_not_fit_otherwise():
+    """Every offloading leaf (no pipeline): one block fewer offloaded does not fit, one more is no faster, and the
+    node that keeps every block does not fit that leaf (else offloading only adds copies)."""
+    from dataclasses import replace
+    space = _space({"pp": 1})
+    checked = 0
+    for root in space.roots():
+        for node in space.expand_root(root):
+            if not node.offload:
+                continue
+            for leaf in space.expand(node):
+                n = leaf.offload_layers
+                scored = space.evaluate(leaf)
+                if scored is None:
+                    continue
+                assert n > 1 and space.evaluate(replace(leaf, offload_layers=n - 1)) is None
+                assert space.evaluate(replace(leaf, offload_layers=0)) is None
+                more = space.evaluate(replace(leaf, offload_layers=n + 1)) if n < space.blocks else None
+                assert more is None or more.estimate.time.step >= scored.estimate.time.step
+                assert scored.plan.train.offload_layers == n and scored.estimate.fits
+                checked += 1
+    assert checked > 10
+
+
+def test_the_search_writes_what_it_chose_and_takes_pins():
+    from plandsl.search import SearchError, search
+    from plandsl.search.emit import Source, plan_text
+    from test_search import problem
+    p = problem("long", "tight", 4)
+    best = search(p, {"pp": 1}, top=1).best
+    assert best.candidate.offload_layers == 7 and "offload_layers=7" in best.candidate.describe()
+    text = plan_text(best, p, Source(("clusters/local",), "m", "tight"))
+    assert "offload_layers: 7" in text
+    pinned = search(p, {"pp": 1, "offload_layers": 12}, top=3)
+    assert {s.candidate.offload_layers for s in pinned.candidates} == {12}
+    assert all(s.candidate.offload_layers == 0 for s in search(p, {"pp": 1, "offload_layers": 0}, top=3).candidates)
+    for pins, words in (({"offload_layers": 2, "recompute": "full"}, "recomputes them"),
+                        ({"offload_layers": 2, "pp": 2}, "without a pipeline"),
+                        ({"offload_layers": 17}, "16 blocks")):
+        with pytest.raises(SearchError, match=words):
+            search(p, pins, top=1)
+
+
+def test_an_estimate_past_the_hosts_memory_does_not_fit():
+    host = "host_bandwidth = 50 GB/s"
+    plan = _plan("offload_layers: 8", host)
+    estimate = estimate_plan(plan)
+    assert estimate.fits and estimate.host_capacity == float("inf")
+    node = plan.cluster.groups[0].node
+    small = node.model_copy(update={"host_memory": node.host_devices * estimate.memory[0].host * 0.99})
+    tight = plan.model_copy(update={"cluster": plan.cluster.model_copy(update={
+        "groups": (plan.cluster.groups[0].model_copy(update={"node": small}),)})})
+    assert not estimate_plan(tight).fits
