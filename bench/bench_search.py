@@ -701,14 +701,16 @@ def blackwell_report() -> str:
 BLACKWELL_ULTRA_HARDWARE = """
 import "clusters/gb300_nvl72"
 node gb300_nvl72_8 {
-  devices = 8 x gb300
-  link    = { bandwidth: 900 GB/s, latency: 2 us }
-  nic     = { bandwidth: 800 GB/s, latency: 5 us }
+  devices     = 8 x gb300
+  link        = { bandwidth: 900 GB/s, latency: 2 us }
+  nic         = { bandwidth: 800 GB/s, latency: 5 us }
+  host_memory = 1920 GB  # 2 trays of gb300_nvl72's 960 GB (one machine here)
 }
 node gb300_nvl72_64 {
-  devices = 64 x gb300
-  link    = { bandwidth: 900 GB/s, latency: 2 us }
-  nic     = { bandwidth: 6400 GB/s, latency: 5 us }
+  devices     = 64 x gb300
+  link        = { bandwidth: 900 GB/s, latency: 2 us }
+  nic         = { bandwidth: 6400 GB/s, latency: 5 us }
+  host_memory = 15360 GB  # 16 trays of gb300_nvl72's 960 GB (one machine here)
 }
 """
 # What a row's recipe runs that the language cannot say, so that the row is refused rather than priced as another
@@ -738,9 +740,10 @@ def nemo_blackwell_ultra() -> list[Run]:
     405B recipe's `account_for_embedding_in_pipeline_split` and `..._loss_...` are since 2026-12-05 (sixth session):
     `account = [embed, loss]`, pinned (at PP 8 x VP 4, 126 blocks, the embedding and the loss make 32 chunks of 4
     units, as for the GB200 rows); the FSDP 70B presets' activation offloading to the host
-    (`cpu_offloading_num_layers` 20): those rows are refused, not priced without it (a row whose note starts with
-    UNSAYABLE), until the language says it. Held out and reported
-    apart (`--blackwell-ultra`), not in the targets' set: datasheet peaks, GEMM knobs not measured on the device."""
+    (`cpu_offloading_num_layers` 20): those rows were refused, not priced without it (a row whose note starts with
+    UNSAYABLE), until the language said it (`offload_layers`, the sixth session of 2026-12-05): since, they are pinned
+    to the presets' 20. Held out and reported apart (`--blackwell-ultra`), not in the targets' set: datasheet peaks,
+    GEMM knobs not measured on the device."""
     def run(name, container, model, gpus, batch, measured, precision, note="", **pins):
         base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1}
         if pins.get("pp", 1) > 1:
@@ -758,9 +761,9 @@ def nemo_blackwell_ultra() -> list[Run]:
                    note=note, family="blackwell-ultra",
                    overlap_tensor=pins.get("tp", 1) > 1 and precision != "NVFP4",
                    gathering=FP8_GATHER if precision != "NVFP4" else ir.FSDP_GATHERING, **USERBUFFERS_BRIDGE_FP8)
-    offload = UNSAYABLE + "the recipe offloads 20 layers' activations to the host (cpu_offloading_num_layers)"
+    offload = "the recipe offloads 20 layers' activations to the host (cpu_offloading_num_layers): offload_layers 20"
     graphs = "the recipe captures the whole iteration in a CUDA graph, not priced"
-    fsdp_70b = dict(dp=64, tp=1, pp=1, zero_stage=3, micro_batch_size=2)
+    fsdp_70b = dict(dp=64, tp=1, pp=1, zero_stage=3, micro_batch_size=2, offload_layers=20)
     pp4_70b = dict(dp=16, tp=1, pp=4, virtual_stages=5)
     t4p8 = dict(dp=8, tp=4, pp=8, virtual_stages=4)
     t2p8c2 = dict(dp=8, tp=2, pp=8, cp=2, virtual_stages=4)

@@ -45,9 +45,13 @@ class Closest:
         """A candidate whose plan's estimate does not fit: its need at its fullest pipeline rank, exact."""
         need, capacity = max(((m.total, c) for m, c in zip(estimate.memory, estimate.capacity)),
                              key=lambda pair: pair[0] / pair[1])
-        ratio = need / capacity
+        ratio, where = need / capacity, ""
+        host, room = max((getattr(m, "host", 0.0) for m in estimate.memory), default=0.0), \
+            getattr(estimate, "host_capacity", math.inf)  # a figure without them offloads nothing
+        if host / room > ratio:  # its offloaded activations past the host's memory (E514)
+            need, capacity, ratio, where = host, room, host / room, " of host memory"
         if self._exact is None or ratio < self._exact[0]:
-            self._exact = (ratio, f"{candidate.describe()} needs {format_bytes(need)} per device "
+            self._exact = (ratio, f"{candidate.describe()} needs {format_bytes(need)}{where} per device "
                                   f"(of {format_bytes(capacity)})")
             self._publish()
 

@@ -56,3 +56,12 @@ def test_each_pipeline_stage_offloads_its_own_first_block():
                         deadline_s=100)
     _check(results)
     assert [r["hooked"] for r in results] == [["layers.0"], ["layers.2"]], [r["hooked"] for r in results]
+
+
+def test_tensor_parallel_activations_offload_their_local_shards():
+    """Under tensor parallelism with sequence parallelism autograd saves DTensors: their local shards go to the host
+    and come back with their specs."""
+    results = run_ranks(2, _train, _plan("[tp = 2]", 2, "  tensor = megatron over tp with sequence_parallel", 2),
+                        deadline_s=100)
+    _check(results)
+    assert [r["hooked"] for r in results] == [["layers.0", "layers.1"]] * 2, [r["hooked"] for r in results]

@@ -5,7 +5,8 @@ Stage: interpreter. Contract: `apply_offload(model, count)` hooks, in place, the
 pipeline stage or virtual chunk) so that their forward runs under a pair of saved-tensors hooks, torch's
 `autograd.graph.save_on_cpu` less the parameters: each tensor saved for the backward is copied to host memory (pinned
 where the device is a GPU) and copied back when the backward unpacks it; parameters (and FSDP's gathered weights)
-stay where they are, as Transformer Engine's offload handler leaves weights (`offload_weights=False`). Hooks, not a
+stay where they are, as Transformer Engine's offload handler leaves weights (`offload_weights=False`); a DTensor
+(tensor parallelism's activations) moves its local shard and comes back with its spec. Hooks, not a
 wrapper module, so parameter names stay as written. Each hooked block counts the tensors it moved
 (`Offload.moved`): on CPU the copies are host to host, and that count is what shows they happened.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from plandsl.runtime.torch_model import blocks
 
@@ -28,6 +30,10 @@ class Offload:
     def pack(self, tensor: torch.Tensor):
         if isinstance(tensor, nn.Parameter) or tensor.numel() == 0:
             return tensor
+        if isinstance(tensor, DTensor):  # tensor parallelism's activations: their local shard, the spec kept
+            return (DTensor, tensor._spec, tensor.requires_grad, self.pack(tensor._local_tensor))
+        if type(tensor) is not torch.Tensor:  # another tensor subclass: left where it is, uncounted
+            return tensor
         host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, device="cpu",
                            pin_memory=tensor.is_cuda and torch.cuda.is_available())
         host.copy_(tensor)
@@ -37,6 +43,9 @@ class Offload:
     def unpack(self, packed):
         if isinstance(packed, torch.Tensor):
             return packed
+        if packed[0] is DTensor:
+            _, spec, requires_grad, local = packed
+            return DTensor(self.unpack(local), spec, requires_grad=requires_grad)
         device, host = packed
         self.restored += 1
         return host.to(device, non_blocking=True)
