@@ -289,3 +289,27 @@ def test_generate_from_a_plan_that_counts_them_searches_that_split(tmp_path):
     path = tmp_path / "partial.plan"
     path.write_text(_plan(6, 4, 2, "[embed, loss]"))
     assert read_partial(str(path)).pins["account"] == ("embed", "loss")
+
+
+# ---- the cost model ------------------------------------------------------------------------------------------------
+def test_a_stage_holding_the_embedding_or_the_loss_alone_is_priced_as_what_it_holds():
+    """The embedding's stage costs the embedding (no block's FLOPs, parameters or activations), the loss's the norm and
+    head; each block's stage what one block costs; their sum is the whole model's, the same as one stage holding it
+    all; and the pipeline's transfer is the same `[b, s, h]` microbatch between every pair of stages."""
+    from plandsl.cost.estimate import estimate_stage_times, pipeline_p2p, plan_work
+    from plandsl.cost.layer import plan_links
+    from plandsl.cost.memory import estimate_layer_activations
+    counted = api.loads(_plan(6, 4, 2, "[embed, loss]")).plans[0]
+    plain = api.loads(_plan(8, 4, 2)).plans[0]  # 8 blocks, a block a stage, the embedding and the loss beside them
+    times = estimate_stage_times(counted, assign_stages(counted)[0])
+    blocks = estimate_stage_times(plain, assign_stages(plain)[0])
+    layers = {layer.name: layer for stage in assign_stages(counted)[0].stage_layers for layer in stage}
+    block = times[1]
+    assert all(t.forward == pytest.approx(block.forward) and t.flops == block.flops for t in times[1:7])
+    assert times[0].flops < block.flops / 10 and times[0].forward < block.forward  # a lookup: no GEMM
+    assert times[7].flops == pytest.approx(blocks[7].flops - block.flops)  # stage 7 of `plain`: a block and the loss
+    assert times[0].dense_params == layers["embed"].param_count and times[7].dense_params == \
+        layers["norm"].param_count + layers["head"].param_count
+    assert estimate_layer_activations(counted, layers["embed"]) < estimate_layer_activations(counted, layers["layers.0"])
+    assert pipeline_p2p(counted, plan_links(counted), plan_work(counted)) == \
+        pipeline_p2p(plain, plan_links(plain), plan_work(plain)) > 0
