@@ -66,6 +66,8 @@ class Splits:
         found = partition_blocks(self.blocks, fixed, per_block, caps)
         if account is not None or len(fixed) == 1:  # `account=none`: every stage at least one block
             return found
+        if found is not None and not _end_bounds(found, fixed, per_block):
+            return found  # an end stage's one block does not set the slowest stage: no split with it empty is faster
         least = [0] + [1] * (len(fixed) - 2) + [0]
         free = partition_blocks(self.blocks, fixed, per_block, caps, least)
         if found is None or (free is not None and _slowest(free, fixed, per_block) < _slowest(found, fixed, per_block)):
@@ -174,6 +176,14 @@ class Splits:
             caps.append((root.capacity[r] - working) / sum(1 for q in ranks if q == r))
         return partition_layers(costs, memory, caps)
 
+
+
+def _end_bounds(counts, fixed, per_block) -> bool:
+    """Whether an end stage holding one block is the slowest (the only way its lower bound of one block can make the
+    split slower than one that leaves it empty: the least slowest over splits with those ends free is below the
+    least with them at one only where one block there costs more than it)."""
+    slowest = _slowest(counts, fixed, per_block)
+    return any(counts[s] == 1 and fixed[s] + per_block[s] >= slowest for s in (0, len(counts) - 1))
 
 
 def _slowest(counts, fixed, per_block) -> float:
