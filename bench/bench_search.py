@@ -479,6 +479,8 @@ def nemo_moe_h100() -> list[Run]:
         base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1, "tp": 1}
         if pins.get("pp", 1) > 1:
             base["schedule"] = "interleaved_1f1b"
+        if model == QWEN3_235B_A22B:  # qwen3_235b_a22b_pretrain_config: account_for_embedding/loss_in_pipeline_split
+            base["account"] = "embed,loss"
         return Run(f"NeMo {name}, {gpus} H100, {precision}", f"{NEMO_BRIDGE}, NeMo {container}", model,
                    f"dgx_h100 x {gpus // 8}", batch, measured, metric="tokens_per_device", pins={**base, **pins},
                    dtypes={"precision": precision.lower(), **(NEMO_FP8_CS if precision == "FP8" else {}),
