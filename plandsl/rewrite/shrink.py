@@ -17,7 +17,8 @@ a cluster job is spent on it:
   `1: layers[12:40]` become `layers[0:1]`, `layers[1:4]`); a block that names layers otherwise, or a plan
   that also names layers elsewhere (shard rules), keeps the model's layer count; a written model keeps
   its own sizes;
-- `train` keeps every setting but the sizes: micro_batch at most 2, as many microbatches as a table
+- `train` keeps every setting but the sizes (`offload_layers` offloads the first block of each stage: the
+  scaled-down stages hold a few), micro_batch at most 2, as many microbatches as a table
   fixes, else at most 2 per pipeline rank (2 without a pipeline), the global batch to match, the
   sequence of the tiny model, and at most 1 warm-up step (a long warm-up would keep the few steps
   run here from moving the parameters);
@@ -235,6 +236,8 @@ def _train_text(train: ir.Training) -> str:
         items.append(f"{key}: {'none' if value is None else value}")
     if train.recompute_layers is not None:
         items.append(f"recompute_layers: {train.recompute_layers}")
+    if train.offload_layers:  # a stage's first block: its few blocks here (2 per stage, 4 without) hold fewer than N
+        items.append("offload_layers: 1")
     for key, value in train.given_dtypes().items():  # the weights narrower than a --precision given would be E205
         if key not in ("master_dtype", "param_dtype") or value.bytes >= train.precision.bytes:
             items.append(f"{key}: {value.value}")

@@ -142,6 +142,12 @@ def test_the_kept_dtypes_and_recompute_layers_stay_unless_narrower_than_a_given_
     assert train.param_dtype is None and train.optimizer_dtype is ir.Precision.bf16
 
 
+def test_offloading_stays_on_the_first_block_of_each_stage(tmp_path):
+    text = (STDLIB / "examples" / "fsdp.plan").read_text().replace("recompute: selective,", "offload_layers: 20,")
+    (tmp_path / "offload.plan").write_text(text)
+    assert shrink(tmp_path / "offload.plan").plan.train.offload_layers == 1
+
+
 def test_a_users_files_keep_resolving_from_where_the_plan_is_written(tmp_path):
     project, out = tmp_path / "project", tmp_path / "elsewhere"
     project.mkdir()
