@@ -37,7 +37,7 @@ def test_blackwell_ultra_raises_memory_and_fp4_only(file, cluster, device, black
 
 def test_the_nvl72_rack_and_the_dgx_b300_node():
     """GB300 NVL72: 72 devices on 18 trays of 4, one NVLink domain, 72 x 800 Gb/s to the next rack; DGX B300:
-    8 devices, 8 x 800 Gb/s, NVLink 5 at the rate the B200's states."""
+    8 devices, 8 x 800 Gb/s, NVLink 5 at the rate the B200's states; each to its host as its Blackwell peer."""
     rack = api.loads('import "clusters/gb300_nvl72"\ncluster c = gb300_nvl72\n').clusters[0]
     node = rack.groups[0].node
     assert rack.num_devices == 72 and len(rack.groups) == 1 and node.devices == 72 and node.hosts == 18
@@ -46,6 +46,9 @@ def test_the_nvl72_rack_and_the_dgx_b300_node():
     b200 = api.loads('import "clusters/dgx_b200"\ncluster c = dgx_b200\n').clusters[0].groups[0].node
     assert dgx.devices == 8 and dgx.nic.bandwidth == 8 * 800e9 / 8
     assert (dgx.link.bandwidth, dgx.link.latency) == (b200.link.bandwidth, b200.link.latency)
+    # to the host: the DGX B300's Gen5 CPUs as the B200's slots; a GB300 tray's NVLink-C2C as a GB200's
+    assert dgx.device.host_bandwidth == b200.device.host_bandwidth == 55e9
+    assert node.device.host_bandwidth == _device("gb200_nvl72", "gb200").host_bandwidth == 225e9
 
 
 def test_what_a_b200_cannot_hold_a_b300_does():
