@@ -30,6 +30,7 @@ def _render(analysis) -> str:
 def test_the_library_has_its_files():
     names = {_id(p) for p in PLANS}
     for expected in ("clusters/dgx_a100.plan", "clusters/dgx_h100.plan", "clusters/mixed_a100_h100.plan",
+                     "clusters/dgx_b300.plan", "clusters/gb300_nvl72.plan",
                      "models/gpt2.plan", "models/gpt3.plan", "models/llama2.plan", "models/llama3.plan",
                      "models/mixtral.plan", "examples/gpt3_175b_3d.plan", "local/tiny.plan"):
         assert expected in names
