@@ -140,7 +140,10 @@ class Splits:
         lighter = np.minimum(dense_bytes, moe_bytes)
         most = np.where(lighter <= 0, self.blocks, np.maximum(caps, 0.0) // np.where(lighter <= 0, 1.0, lighter))
         account = self.pins.get("account")
-        if (most.min() < 1 or most.sum() < self.blocks) and not account:
+        # a stage that must hold a block and cannot: every stage under `account=none`, the middle ones unpinned (an
+        # end may hold the embedding or the loss alone); under a pinned `account` its split is checked below
+        must = most if account is not None else most[1:-1]
+        if not account and (most.sum() < self.blocks or (must.size and must.min() < 1)):
             self._partition_cache[key] = None
             return None
         seconds = {}
@@ -161,7 +164,13 @@ class Splits:
                                               for s in range(len(ranks)))
             found = self._partition_cache[key] = counts if fits else None
             return found
-        found = self._partition_cache[key] = partition_prefixed(prefix, held, caps, fixed)
+        found = partition_prefixed(prefix, held, caps, fixed)
+        if account is None and len(ranks) > 1 and (found is None or _end_sets(found, prefix, fixed)):
+            free = partition_prefixed(prefix, held, caps, fixed, free_ends=True)  # an end: the embedding or loss alone
+            if found is None or (free is not None and _table_slowest(free, prefix, fixed)
+                                 < _table_slowest(found, prefix, fixed)):
+                found = free
+        self._partition_cache[key] = found
         return found
 
     def layer_partition(self, node: Node, ranks, inflight, layer_memory):
@@ -184,6 +193,19 @@ def _end_bounds(counts, fixed, per_block) -> bool:
     least with them at one only where one block there costs more than it)."""
     slowest = _slowest(counts, fixed, per_block)
     return any(counts[s] == 1 and fixed[s] + per_block[s] >= slowest for s in (0, len(counts) - 1))
+
+
+def _table_slowest(counts, prefix, fixed) -> float:
+    """The slowest stage's seconds under a split of layers that differ (`partition_prefixed`'s objective)."""
+    bounds = np.cumsum((0,) + tuple(counts))
+    return max(fixed[s] + prefix[s][bounds[s + 1]] - prefix[s][bounds[s]] for s in range(len(counts)))
+
+
+def _end_sets(counts, prefix, fixed) -> bool:
+    """Whether the first or the last stage is the slowest: only then can a split leaving it empty be faster."""
+    slowest = _table_slowest(counts, prefix, fixed)
+    bounds = np.cumsum((0,) + tuple(counts))
+    return any(fixed[s] + prefix[s][bounds[s + 1]] - prefix[s][bounds[s]] >= slowest for s in (0, len(counts) - 1))
 
 
 def _slowest(counts, fixed, per_block) -> float:

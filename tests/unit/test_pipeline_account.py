@@ -313,3 +313,36 @@ def test_a_stage_holding_the_embedding_or_the_loss_alone_is_priced_as_what_it_ho
     assert estimate_layer_activations(counted, layers["embed"]) < estimate_layer_activations(counted, layers["layers.0"])
     assert pipeline_p2p(counted, plan_links(counted), plan_work(counted)) == \
         pipeline_p2p(plain, plan_links(plain), plan_work(plain)) > 0
+
+
+def test_a_dense_then_moe_partition_with_free_ends_is_the_minimax_of_all_compositions():
+    """`partition_prefixed(free_ends=True)` (blocks that differ: a transformer's dense ones, then its MoE ones): the
+    first and the last stage may hold none."""
+    from plandsl.search.partition import partition_prefixed
+    rng = random.Random(5)
+    for _ in range(200):
+        stages, layers = rng.randint(2, 4), rng.randint(1, 6)
+        costs = [[rng.uniform(0.1, 2.0) for _ in range(layers)] for _ in range(stages)]
+        fixed = [rng.choice([0.0, rng.uniform(0, 3)]) for _ in range(stages)]
+        prefix = [list(itertools.accumulate(row, initial=0.0)) for row in costs]
+        best = min((max(fixed[s] + sum(costs[s][a:a + n]) for s, (a, n) in enumerate(
+            zip(itertools.accumulate(counts, initial=0), counts)))
+            for counts in itertools.product(range(layers + 1), repeat=stages)
+            if sum(counts) == layers and all(n >= 1 for n in counts[1:-1])), default=None)
+        counts = partition_prefixed(prefix, None, None, fixed, free_ends=True)
+        if best is None:
+            assert counts is None
+            continue
+        starts = list(itertools.accumulate(counts, initial=0))
+        assert sum(counts) == layers and all(n >= 1 for n in counts[1:-1])
+        assert max(fixed[s] + prefix[s][starts[s + 1]] - prefix[s][starts[s]] for s in range(stages)) == \
+            pytest.approx(best)
+
+
+def test_a_dense_then_moe_model_with_more_stages_than_blocks_gives_the_ends_the_embedding_and_the_loss():
+    model = "llama(layers=6, hidden=1024, heads=16, seq=1024, vocab=32000, experts=8, top_k=2, dense_layers=1)"
+    problem, source = resolve_problem(model, "dgx_a100 x 1", 64)
+    best = search(problem, pins=["pp=4", "virtual_stages=2", "schedule=interleaved_1f1b", "ep=1", "tp=1"], top=1).best
+    assert best.blocks == (0, 1, 1, 1, 1, 1, 1, 0)
+    [plan] = api.loads(plan_text(best, problem, source), path="generated.plan").plans
+    assert plan.stages.account == ("embed", "loss")
