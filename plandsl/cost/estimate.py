@@ -510,6 +510,12 @@ def format_estimate(estimate: PlanEstimate) -> str:
                     "for activations and for gradients, each output until its backward); " if buffers else "")
                  + "total: their sum, the peak; capacity: "
                  "the device's memory less its reserve (allocator, context, communication buffers)")
+    host = max((m.host for m in estimate.memory), default=0.0)
+    if host:  # offload_layers: what waits in the host's memory, no part of the total above
+        room = f" of {format_bytes(estimate.host_capacity)} (host_memory over its machine's devices)" \
+            if estimate.host_capacity < math.inf else " (the node states no host_memory)"
+        lines.append(f"  offloaded to the host: {format_bytes(host)} per device at the most{room}"
+                     + ("  DOES NOT FIT" if host > estimate.host_capacity else ""))
     return "\n".join(lines)
 
 

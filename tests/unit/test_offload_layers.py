@@ -209,3 +209,7 @@ def test_an_estimate_past_the_hosts_memory_does_not_fit():
     tight = plan.model_copy(update={"cluster": plan.cluster.model_copy(update={
         "groups": (plan.cluster.groups[0].model_copy(update={"node": small}),)})})
     assert not estimate_plan(tight).fits
+    from plandsl.cost.estimate import format_estimate
+    assert "offloaded to the host" in format_estimate(estimate) and "DOES NOT FIT" not in format_estimate(estimate)
+    assert format_estimate(estimate_plan(tight)).splitlines()[-1].endswith("DOES NOT FIT")
+    assert "offloaded to the host" not in format_estimate(estimate_plan(_plan()))
