@@ -50,7 +50,8 @@ _entry("E402", """
 _entry("E403", """
     A pipeline stage would hold no layer. Its rank would only pass activations along,
     adding a pipeline hop and a bubble while holding no work: there are more stages
-    (pp x virtual) than layers to split.
+    (pp x virtual) than layers to split (with `account`, than the blocks and the parts
+    it counts: the embedding and the loss may hold a stage alone, nothing may not).
     """, f"""
     import "clusters/dgx_a100"
     plan p {{
@@ -86,7 +87,9 @@ _entry("E404", """
 _entry("E405", """
     A layer selector (`layers[0:8]`, `layers.*.mlp`, `embed`) in a stage block or
     shard rule matches nothing in the model, or a stage's range reaches past the model's
-    last layer (`layers[60:80]` on a 64-layer model: written for another model). A rule
+    last layer (`layers[60:80]` on a 64-layer model: written for another model), or
+    `stages = evenly ... with account = [embed, loss]` counts a part the model does not
+    have apart from its layers (an `mlp` or written model, split layer by layer). A rule
     that applies to nothing is almost always a misspelt module name, and ignoring it
     would leave the intended tensors unsharded; a range clamped silently would place
     fewer layers than the author counted.
