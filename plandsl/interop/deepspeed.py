@@ -60,6 +60,9 @@ def export_plan(plan: ir.Plan) -> Exported:
              "group)", "data")
     if train.recompute is not ir.Recompute.none:
         lose(f"recompute: {train.recompute.value} (the model's code calls deepspeed.checkpointing)", "train")
+    if train.offload_layers:  # activation_checkpointing.cpu_checkpointing: only the checkpoints of recomputed blocks
+        lose(f"offload_layers: {train.offload_layers} (DeepSpeed's cpu_checkpointing moves the inputs of recomputed "
+             "blocks to the CPU, not a kept block's activations)", "train")
     if train.lr_schedule != "constant":
         lose(f"lr_schedule: {train.lr_schedule} (WarmupCosineLR and WarmupDecayLR need total_num_steps, which a "
              "plan does not fix)", "train")

@@ -291,3 +291,7 @@ def _train_args(plan: ir.Plan, args: list, lose, degrees: dict[str, int]) -> Non
              "selective_op), full)", "train", hint="use recompute: selective_op or full")
         mode = mode or "selective"
     args.append((SUBCOMMAND + mode, None))
+    if train.offload_layers:  # torchtitan offloads FSDP's parameters (--training.enable_cpu_offload), no activations
+        lose(f"offload_layers: {train.offload_layers} (torchtitan keeps every saved activation on the device; its CPU "
+             "offload moves FSDP's parameters, gradients and optimizer states)", "train",
+             hint="drop offload_layers, or export to megatron")

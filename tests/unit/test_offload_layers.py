@@ -139,6 +139,14 @@ def test_megatron_flag_both_ways():
     assert "--cpu-offloading" not in export_plan(_plan(), "megatron").text
 
 
+@pytest.mark.parametrize("tool, words", [("torchtitan", "torchtitan keeps every saved activation"),
+                                         ("deepspeed", "cpu_checkpointing")])
+def test_the_other_tools_lose_offloading_on_export(tool, words):
+    exported = export_plan(_plan("offload_layers: 2"), tool)
+    assert any(words in lost.message for lost in exported.lost), [lost.message for lost in exported.lost]
+    assert not any("offload" in lost.message for lost in export_plan(_plan(), tool).lost)
+
+
 @pytest.mark.parametrize("train, mesh, extra, words", [
     ("offload_layers: 8", "dp = 8", "", "fewer than num_layers"),
     ("offload_layers: 1", "pp = 2, dp = 4", "  stages  = evenly over pp\n  schedule = 1f1b\n", "pipeline parallelism"),
