@@ -346,3 +346,14 @@ def test_a_dense_then_moe_model_with_more_stages_than_blocks_gives_the_ends_the_
     assert best.blocks == (0, 1, 1, 1, 1, 1, 1, 0)
     [plan] = api.loads(plan_text(best, problem, source), path="generated.plan").plans
     assert plan.stages.account == ("embed", "loss")
+
+
+def test_a_layout_that_gives_the_embedding_and_the_loss_chunks_of_their_own_imports_as_account():
+    """`--pipeline-model-parallel-layout "E|t|t|t|t|t|t|L"` (Megatron-Bridge's DeepSeek and Llama layouts are written
+    so) is the split `account = [embed, loss]` says: imported as it, the same stages."""
+    imported = _imported(6, 4, "--pipeline-model-parallel-layout 'E|t|t|t|t|t|t|L'")
+    assert imported.ok, [str(d) for d in imported.diagnostics]
+    assert "evenly over pp with virtual = 2, implementation = megatron, account = [embed, loss]" in imported.text
+    assert _names(api.loads(imported.text).plans[0]) == _names(api.loads(_plan(6, 4, 2, "[embed, loss]")).plans[0])
+    other = _imported(7, 4, "--pipeline-model-parallel-layout 'E|t*2|t|t|t|t|t|L'")  # not that split: a block
+    assert other.ok and "account" not in other.text and "  stages {" in other.text
