@@ -938,7 +938,9 @@ def torch_stage_bytes(plan: ir.Plan, stages: int, own: Sequence[int], inflight: 
     With `outputs = returned` (`step(return_outputs=True)`, torch's default, and what torchtitan's torch of late 2024
     always did: its `forward_one_chunk` appended every output to `output_chunks`, cleared at the next step's start) the
     last stage keeps every microbatch's output to the step's end: m outputs at its last microbatch's backward, the
-    m - head beyond those in flight counted here (their merge at the step's end: `returned_merge_bytes`).
+    m - head beyond those in flight counted here (their merge at the step's end: `returned_merge_bytes`); under a fused
+    loss those outputs are the final hidden states, a boundary each (`returned_output_bytes`), which the head's
+    activations hold only for the microbatches in flight.
 
     Not counted: the input gradients (`stage_backward` drops them from the inputs, `bwd_cache` is popped by the next
     send: transient, as in Megatron-LM); torch 2.6 kept them to the step's end, and every stage's outputs in
@@ -951,8 +953,17 @@ def torch_stage_bytes(plan: ir.Plan, stages: int, own: Sequence[int], inflight: 
     before_last = sum(1 for stage in own if stage < stages - 1)
     total = after_first * max(0.0, m - inflight) * boundary + before_last * (m + min(inflight, m)) * boundary
     if stages - 1 in own:
-        total += (m if plan.stages.outputs == "returned" else head) * output
+        total += head * output
+        if plan.stages.outputs == "returned":  # the outputs `output_chunks` keeps beyond those in flight
+            total += max(0.0, m - head) * returned_output_bytes(plan, boundary, output)
     return total
+
+
+def returned_output_bytes(plan: ir.Plan, boundary: float, output: float) -> float:
+    """One microbatch's output that torch's last stage keeps in `output_chunks` under `outputs = returned`: its
+    logits (`output`, `torch_stage_sizes`), or under a fused loss (`runtime.loss.fused_loss`: the stage returns its
+    final hidden states and the loss calls the head on them) the final hidden states, a boundary's bytes."""
+    return boundary if plan.train.loss is ir.Loss.fused else output
 
 
 def returned_merge_bytes(plan: ir.Plan, stages: int, own: Sequence[int]) -> float:
@@ -967,7 +978,7 @@ def returned_merge_bytes(plan: ir.Plan, stages: int, own: Sequence[int]) -> floa
     boundary, output, m = sizes
     after_first = sum(1 for stage in own if stage > 0)
     before_last = sum(1 for stage in own if stage < stages - 1)
-    return (after_first + before_last) * m * boundary + 2 * m * output
+    return (after_first + before_last) * m * boundary + 2 * m * returned_output_bytes(plan, boundary, output)
 
 
 def torch_stage_sizes(plan: ir.Plan) -> tuple[float, float, int] | None:
@@ -1024,7 +1035,8 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
 
 __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estimate_layer_activations", "layer_recompute",
            "held_stages", "gathered_bytes", "gather_element", "gather_element_bytes", "gathered_param_bytes",
-           "fp8_gather_bytes", "pipelined_shards", "returned_merge_bytes", "model_state_bytes", "tied_embedding",
+           "fp8_gather_bytes", "pipelined_shards", "returned_merge_bytes", "returned_output_bytes", "model_state_bytes",
+           "tied_embedding",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
            "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES", "StateBytes", "FP32_STATES", "module_split",
            "head_inflight", "beyond_layers", "LAST_STAGE_KINDS", "LOSS_PARALLEL_TEMPORARIES",

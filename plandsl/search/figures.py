@@ -17,7 +17,8 @@ from plandsl.cost.compute import Efficiency, Work
 from plandsl.cost.layer import LayerTime, estimate_layer_time
 from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, gathered_bytes, gathered_param_bytes,
                                  inflight_microbatches, layer_precision, pipelined_shards,
-                                 model_state_bytes, tied_embedding, torch_stage_sizes, StateBytes)
+                                 model_state_bytes, returned_output_bytes, tied_embedding, torch_stage_sizes,
+                                 StateBytes)
 from plandsl.cost.stage import param_split
 from plandsl.ir.layers import Layer, figures_key, layers_of
 from plandsl.search.problem import CONTEXT, Problem, build_plan
@@ -214,8 +215,8 @@ class Figures:
         """Per pipeline rank, what torch's pipeline stage holds beside the layers (`cost.memory.torch_stage_bytes`, 0 on
         Megatron-LM's pipeline) for the node whose `memory` this is, its stages on `ranks` and `inflight` microbatches
         in flight on each rank: the exact estimate's terms but the last stage's logits, counted for one microbatch in
-        flight at most (`head_inflight`'s least; all m where the plan returns them), so never above the exact
-        estimate's. The same sums as
+        flight at most (`head_inflight`'s least; all m where the plan returns them, and under a fused loss its final
+        hidden states beyond the most in flight), so never above the exact estimate's. The same sums as
         `torch_stage_bytes`, over all ranks at once."""
         key = (id(memory), ranks, id(inflight))
         found = self._buffers_cache.get(key)
@@ -230,8 +231,12 @@ class Figures:
                 before_last = np.bincount(on[:-1], minlength=len(inflight))
                 found = after_first * np.maximum(0.0, m - inflight) * boundary \
                     + before_last * (m + np.minimum(inflight, m)) * boundary
-                returned = plan.stages.outputs == "returned"  # every microbatch's output kept to the step's end
-                found[ranks[-1]] += (m if returned else min(1.0, float(inflight[ranks[-1]]))) * output
+                last = float(inflight[ranks[-1]])
+                found[ranks[-1]] += min(1.0, last) * output
+                if plan.stages.outputs == "returned":  # every microbatch's output kept to the step's end beyond
+                    # those in flight: m - head, head in [min(1, last), last] (a fused loss's in flight: the head's)
+                    beyond = max(0.0, m - last) if plan.train.loss is ir.Loss.fused else m - min(1.0, last)
+                    found[ranks[-1]] += beyond * returned_output_bytes(plan, boundary, output)
             self._buffers_cache[key] = found
         return found
 

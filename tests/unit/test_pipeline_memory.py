@@ -5,7 +5,7 @@ holds beside the layers (`cost.memory.torch_stage_bytes`), counted here buffer b
 import pytest
 from test_search import problem  # the search tests' small problems
 
-from plandsl import api
+from plandsl import api, ir
 from plandsl.cost.compute import DEFAULT_EFFICIENCY
 from plandsl.cost.estimate import estimate_plan
 from plandsl.cost.memory import (
@@ -266,6 +266,48 @@ def test_returned_outputs_by_hand():
     assert returned_merge_bytes(_plan(), 4, (3,)) == 0.0 and returned_merge_bytes(plan, 4, (2,)) == 0.0
     fewer = estimate_plan_memory(_plan(batch=8, stages="evenly over pp with outputs = returned"))[3]  # 4 microbatches
     assert 4 * b + 8 * logits - fewer.activations < (4 - 1) * b + 4 * logits == fewer.other  # the step's peak
+
+
+def test_returned_outputs_under_a_fused_loss_are_the_final_hidden_states():
+    """Under `loss: fused` the last stage returns its final hidden states (`runtime.loss.fused_loss`: the loss calls the
+    head on them), so `outputs = returned` keeps m of those, a boundary each, not nothing: 7 beyond the one in flight
+    (which the head's activations hold) at the last backward, and at the step's end the 8 with their merge beside the
+    receive buffers; the search's caps count the ones beyond those in flight and stay under the estimate."""
+    b = 2 * 2048 * HIDDEN * E
+    fused = ", loss: fused"
+    dropped = estimate_plan_memory(_plan(loss=fused))[3]
+    plan = _plan(loss=fused, stages="evenly over pp with outputs = returned")
+    returned = estimate_plan_memory(plan)[3]
+    assert dropped.other == (8 - 1) * b and returned.activations == dropped.activations
+    assert returned_merge_bytes(plan, 4, (3,)) == 8 * b + 2 * 8 * b
+    assert returned.other == max((8 - 1) * b + (8 - 1) * b, 8 * b + 16 * b - returned.activations)
+    assert returned.total > dropped.total
+    space = Space(problem("long", "tight", 8), {}, DEFAULT_EFFICIENCY)
+    figures: Figures = space.figures
+    compared = 0
+    for root in space.roots():
+        if root.pp == 1:
+            continue
+        for node in space.expand_root(root)[:2]:
+            memory = figures.layer_memory(node, 0)
+            built = build_plan(figures.base, candidate_of(node, "", 1, 0))
+            train = built.train.model_copy(update={"loss": ir.Loss.fused})
+            built = built.model_copy(update={"train": train, "stages": built.stages.model_copy(
+                update={"outputs": "returned"})})
+            figures._buffer_plans[id(memory)] = built
+            for schedule, virtual in (("1f1b", 1), ("gpipe", 1)):
+                ranks = stage_ranks(schedule, root.pp, virtual)
+                inflight = figures.inflight(schedule, root.pp, node.microbatches, virtual)
+                last = float(inflight[ranks[-1]])
+                head = last if schedule == "gpipe" else min(1.0, last)
+                exact = torch_stage_bytes(built, len(ranks), [s for s, on in enumerate(ranks) if on == ranks[-1]],
+                                          last, head)
+                caps = figures.stage_buffers(memory, ranks, inflight)[ranks[-1]]
+                assert caps <= exact * (1 + 1e-12)
+                compared += exact > torch_stage_bytes(built.model_copy(update={"stages": built.stages.model_copy(
+                    update={"outputs": "dropped"})}), len(ranks), [s for s, on in enumerate(ranks) if on == ranks[-1]],
+                    last, head)
+    assert compared
 
 
 @pytest.mark.slow  # imports torch
