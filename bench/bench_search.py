@@ -1179,7 +1179,9 @@ def mosaic_mpt() -> list[Run]:
                         metric="tokens_per_device", family="mpt", dtypes={"loss": "fused"},
                         pins={"dp": gpus, "tp": 1, "pp": 1, "cp": 1, "micro_batch_size": micro,
                                "zero_stage": 3 if shard == "FULL_SHARD" else 2,
-                               "recompute": "full" if checkpointing else "none"}))
+                               "recompute": "full" if checkpointing else "none"},
+                        # bf16 gathers: submit_benchmarks.py's --fsdp_config_mixed_precision PURE (the rule above)
+                        gathering=TORCHTITAN_GATHER))
     return runs
 
 

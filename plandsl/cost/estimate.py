@@ -505,7 +505,8 @@ def format_estimate(estimate: PlanEstimate) -> str:
                  "with the optimizer), grad_dtype and optimizer_dtype (fp32 unless it says), ZeRO-sharded, with the "
                  "units ZeRO-2/3 "
                  "gather; activations: the schedule's in-flight bound or the simulated peak, whichever is higher, "
-                 "plus the recomputation working set or the loss's backward; "
+                 "plus the recomputation working set or the loss's backward and, over fp32 weights at a 16-bit "
+                 "precision without `gather`, autocast's 16-bit copies of them; "
                  + ("pipeline: what torch's pipeline stage keeps beside the layers (a receive buffer per microbatch "
                     "for activations and for gradients, each output until its backward); " if buffers else "")
                  + "total: their sum, the peak; capacity: "

@@ -8,7 +8,8 @@ Korthikanti et al. 2022, in-flight microbatches the schedules' papers; a rank ho
 every stage any of the schedule's pipelines puts on it (Chimera: two). Sharding follows
 Megatron-style defaults, not a plan's own `shard` rules. Dtypes are the plan's `master_dtype`,
 `grad_dtype` and `optimizer_dtype` (`StateBytes`), fp32 by default under every precision, as `plandsl run`
-keeps them (docs/cost-model.md, "One memory model").
+keeps them (docs/cost-model.md, "One memory model"), with the 16-bit copies autocast makes of fp32 weights
+(`autocast_weight_copies`).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Sequence
 
 from plandsl import ir
 from plandsl.ir.layers import (EXPERTS, FFN, HEADS_X_HEAD_DIM, KV, TP_SPLIT, VOCAB, Layer, Param, attention_widths,
-                               block_model, figures_key, kv_width, once_per_figures)
+                               block_model, figures_key, kv_width, layers_of, once_per_figures)
 from plandsl.ir.placement import Assignment, assign_stages
 from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE
 from plandsl.schedules.generators import check_sizes, pipeline_maps
@@ -192,7 +193,8 @@ def beyond_layers(plan: ir.Plan, stages: Sequence[Sequence[Layer]], attention_ma
     scores = _keeps_scores(plan, attention_matrix)
     return max(_recompute_working_set(plan, rerun, scores),
                max((_ring_working_set(plan, layer, mode, scores) for layer, mode in modes), default=0.0),
-               loss_backward_bytes(plan, layers)) + offload_inflight(plan, stages, scores)
+               loss_backward_bytes(plan, layers)) + offload_inflight(plan, stages, scores) \
+        + autocast_weight_copies(plan, layers)
 
 
 def layer_offload(plan: ir.Plan, layers: Sequence[Layer]) -> list[bool]:
@@ -222,6 +224,66 @@ def offload_inflight(plan: ir.Plan, stages: Sequence[Sequence[Layer]], attention
                 for stage in stages
                 for layer, mode, away in zip(stage, layer_recompute(plan, stage), layer_offload(plan, stage)) if away),
                default=0.0)
+
+
+# ---- autocast's 16-bit copies of wider weights (`plandsl run`) ---------------------------------------------
+def holds_autocast_copies(plan: ir.Plan) -> bool:
+    """Whether `plandsl run` computes a 16-bit precision over wider weights under `torch.autocast`, which casts each
+    weight a matmul reads and keeps the copy (`autocast_weight_copies`): fp32 weights (no `param_dtype`, `master_dtype`
+    fp32) at bf16 or fp16, without `data ... with gather = DTYPE`, which says the weights are gathered 16-bit
+    (FSDP2's `MixedPrecisionPolicy`, as torchtitan runs; Megatron-LM's 16-bit parameters are `param_dtype`); a model
+    `run` can build (not a written layer table without a factory)."""
+    train, model = plan.train, plan.model
+    runs = not isinstance(model, ir.CustomModel) or bool(model.source or model.factory)  # an authored table cannot run
+    return runs and train.precision in (ir.Precision.bf16, ir.Precision.fp16) \
+        and train.weights_dtype.bytes > train.precision.bytes and (plan.data is None or plan.data.gather is None)
+
+
+def _copied(plan: ir.Plan, layer: Layer) -> list[Param]:
+    """`layer`'s parameters that a matmul reads under autocast: not the embeddings' tables (a lookup, not cast) nor
+    the norms' weights (cast by the norm to its input's dtype, `runtime.models`: one hidden vector each, left out), nor
+    a head computing a fused loss (`runtime.loss.ChunkedCrossEntropy` casts its weight itself, chunk by chunk, and
+    saves the fp32 one)."""
+    if layer.kind in ("embed", "norm") or (layer.kind == "head" and plan.train.loss is ir.Loss.fused):
+        return []
+    return [p for p in layer.params if "norm" not in p.module.rsplit(".", 1)[-1]]
+
+
+def autocast_weight_copies(plan: ir.Plan, layers: Sequence[Layer]) -> float:
+    """Bytes of autocast's 16-bit copies of the (fp32) weights of `layers`, a pipeline rank's, that `plandsl run` holds
+    at its peak (`holds_autocast_copies`; 0 otherwise), beside the layers' saved activations: 2 bytes per element of
+    every linear weight and bias the rank computes with, as it computes with them (tensor- and expert-parallel shards,
+    whole under ZeRO-3, which gathers them), once. autocast caches the cast of a leaf parameter until its context exits
+    (torch 2.13, `autocast_mode.cpp` `cached_cast`), and the matmul saves the copy for its backward: on a pipeline one
+    context spans the step, so each weight is cast once for every microbatch and held to the step's end; off one a
+    context spans a microbatch's forward, whose copies its backward holds (one microbatch in flight). Checked: a
+    weight's copy is one tensor for two microbatches in one context, with FSDP2 too (tests/distributed/
+    test_autocast_copies.py). The grouped experts' weights are read as slices (`runtime.models.expert_mlps`), which
+    autocast does not cache: each microbatch saves its own copies, counted with the block's activations
+    (`expert_weight_copies`). A tied head reads the embedding's table: its copy is counted on the head's rank."""
+    if not holds_autocast_copies(plan):
+        return 0.0
+    tp, ep, expert_tp = plan.tp, plan.expert_group, plan.expert_tp
+    elements = 0
+    seen: dict = {}
+    for layer in layers:
+        elements += once_per_figures(seen, layer, lambda layer: sum(
+            local_numel(p, tp, ep, expert_tp) for p in _copied(plan, layer) if not _is_expert(p)))
+    if any(layer.kind == "head" for layer in layers) and plan.train.loss is not ir.Loss.fused:
+        tied = tied_embedding(plan, layers_of(plan.model))
+        elements += local_numel(tied, tp, ep, expert_tp) if tied is not None else 0
+    return float(elements * plan.train.precision.bytes)
+
+
+def expert_weight_copies(plan: ir.Plan, layer: Layer, recompute: ir.Recompute) -> float:
+    """Bytes of the 16-bit copies of a block's grouped expert weights that one microbatch saves for its backward under
+    `plandsl run`'s autocast (`holds_autocast_copies`): the rank's experts, each read as a slice that autocast casts
+    anew (no cache for a view), the copy saved by its matmuls; none when the block is rerun whole in the backward."""
+    if not holds_autocast_copies(plan) or recompute is ir.Recompute.full or layer.kind != "block":
+        return 0.0
+    tp, ep, expert_tp = plan.tp, plan.expert_group, plan.expert_tp
+    return float(sum(local_numel(p, tp, ep, expert_tp) for p in layer.params if _is_expert(p))
+                 * plan.train.precision.bytes)
 
 
 def held_stages(plan: ir.Plan, rank_stages: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
@@ -798,7 +860,8 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
     if layer.kind == "block":
         return transformer_block_activations(block_model(model, layer), seq, plan.train.micro_batch, tp,
                                              sequence_parallel, recompute, precision,
-                                             attention_matrix, _kv_gathered(plan, recompute), plan.train.recipe)
+                                             attention_matrix, _kv_gathered(plan, recompute), plan.train.recipe) \
+            + expert_weight_copies(plan, layer, recompute)
     if layer.kind == "embed":
         # Sec. 4.3: embeddings keep nothing large but gpt's embedding dropout mask (1 byte); the
         # embedding output is kept as the first block's input, counted there.
@@ -1040,7 +1103,8 @@ __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estima
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
            "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES", "StateBytes", "FP32_STATES", "module_split",
            "head_inflight", "beyond_layers", "LAST_STAGE_KINDS", "LOSS_PARALLEL_TEMPORARIES",
-           "ring_backward_bytes", "torch_stage_bytes", "torch_stage_sizes", "layer_offload", "offload_inflight"]
+           "ring_backward_bytes", "torch_stage_bytes", "torch_stage_sizes", "layer_offload", "offload_inflight",
+           "holds_autocast_copies", "autocast_weight_copies", "expert_weight_copies"]
 
 
 def estimate_plan_memory(plan: ir.Plan, assignment: Assignment | None = None,

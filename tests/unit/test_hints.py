@@ -459,9 +459,9 @@ import "clusters/dgx_a100"
   cluster = dgx_a100 x {nodes}
   mesh    = [dp = 16]
   train   = {{ global_batch: 64, micro_batch: 1, precision: bf16, recompute: full }}
-  data    = zero3 over dp
+  data    = zero3 over dp with gather = bf16
 }}
-"""
+"""  # bf16 gathers (torchtitan's): fp32 ones would hold autocast's bf16 copy of every weight (cost.memory)
 
 
 def test_e301_grows_the_cluster_when_a_smaller_mesh_runs_out_of_memory(tmp_path):

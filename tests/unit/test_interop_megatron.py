@@ -182,7 +182,10 @@ PUBLISHED = [
     ("gpt(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200)", 64, 64, 1, 8, 8, "recompute: selective",
      "tensor = megatron over tp with sequence_parallel", "--tensor-model-parallel-size 8 --sequence-parallel "
      "--pipeline-model-parallel-size 8 --recompute-granularity selective --global-batch-size 64"),
-    ("gpt(layers=70, hidden=14336, heads=112, seq=2048, vocab=250880)", 384, 2048, 2, 4, 12, "recompute: full",
+    # BLOOM's 16-bit weights (Megatron-DeepSpeed's bf16 parameters beside the optimizer's fp32 master): fp32 ones
+    # under autocast would also hold a bf16 copy of each, which pipeline rank 1 does not fit beside torch's buffers
+    ("gpt(layers=70, hidden=14336, heads=112, seq=2048, vocab=250880)", 384, 2048, 2, 4, 12,
+     "recompute: full, param_dtype: bf16",
      "data = zero1 over dp\n  stages = evenly over pp", "--tensor-model-parallel-size 4 --pipeline-model-parallel-size 12 "
      "--micro-batch-size 2 --global-batch-size 2048 --use-distributed-optimizer --pipeline-model-parallel-layout "
      "Et*6|t*6|t*6|t*6|t*6|t*6|t*6|t*6|t*6|t*6|t*5|t*5L"),

@@ -2,8 +2,9 @@
 import pytest
 
 from plandsl import ir
-from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, gathered_bytes, head_inflight, held_stages,
-                                 inflight_microbatches, optimizer_bytes_per_param, zero_one_elements)
+from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activations, estimate_memory, gathered_bytes,
+                                 head_inflight, held_stages, inflight_microbatches, optimizer_bytes_per_param,
+                                 zero_one_elements)
 from plandsl.schedules.generators import generate
 from plandsl.schedules.simulate import simulate
 from plandsl.ir.layers import layers_of, param_count
@@ -259,11 +260,12 @@ def test_logits_and_inflight_scale():
     one, three = (estimate_memory(p, [layers], [[0]], [n])[0] for n in (1, 3))
     # the loss's backward: over vocabulary-sharded logits (tp 8) torch's loss_parallel holds three more fp32 tensors
     # of the logits' shape (test_loss_parallel_backward_holds_three_fp32_temporaries), once, whatever is in flight
-    loss = 12 * S * B * 51200 / 8
-    assert three.activations - loss == pytest.approx(3 * (one.activations - loss))
+    # beside them, once too, autocast's bf16 copies of the fp32 weights (`plandsl run`, test_autocast_copies.py)
+    loss, copies = 12 * S * B * 51200 / 8, autocast_weight_copies(p, layers)
+    assert three.activations - loss - copies == pytest.approx(3 * (one.activations - loss - copies))
     assert one.params == three.params
     without_head = estimate_memory(p, [layers[:-1]], [[0]], [1])[0]
-    assert one.activations - without_head.activations == pytest.approx(head + loss)
+    assert one.activations - without_head.activations == pytest.approx(head + loss + autocast_weight_copies(p, layers[-1:]))
 
 
 def test_the_loss_backward_and_the_recomputed_block_are_peaks_of_different_moments():
@@ -281,7 +283,7 @@ def test_the_loss_backward_and_the_recomputed_block_are_peaks_of_different_momen
         block = estimate_layer_activations(none, layers[1]) - estimate_layer_activations(full, layers[1])
         loss = 8.0 * model.seq * model.vocab
         assert (loss > block) == (larger == "loss")
-        assert estimate.activations == pytest.approx(stored + max(block, loss))
+        assert estimate.activations == pytest.approx(stored + max(block, loss) + autocast_weight_copies(full, layers))
 
 
 @pytest.mark.parametrize("recompute, kept", [("full", 2), ("selective_op", 16)])
@@ -293,7 +295,7 @@ def test_recompute_adds_one_layer_working_set(recompute, kept):
     stored = sum(estimate_layer_activations(rerun, layer) for layer in layers)
     working = estimate_layer_activations(none, layers[1]) - kept * SBH
     loss = 8 * S * B * 51200  # the loss's backward, a peak of another moment (the larger of the two counts)
-    assert estimate.activations == pytest.approx(stored + max(working, loss))
+    assert estimate.activations == pytest.approx(stored + max(working, loss) + autocast_weight_copies(rerun, layers))
 
 
 # ---- in-flight microbatches --------------------------------------------------------------
@@ -338,11 +340,14 @@ def test_loss_parallel_backward_holds_three_fp32_temporaries():
     two, 2 x 4 x 2,048 x 32,000 = 524,288,000; Megatron's in-place loss only the 16-bit gradient, 2 x 16,384,000."""
     head = layers_of(SMALL)[-1]
     sharded = _tp_plan([("tp", 4)])
-    assert estimate_memory(sharded, [[head]], [[0]], [0])[0].activations == 196_608_000
+    # and autocast's bf16 copy of the head's fp32 weight (`plandsl run`, test_autocast_copies.py), 2 x 32,000 x h / t
+    copy = autocast_weight_copies(sharded, [head])
+    assert copy == 2 * 32_000 * SMALL.hidden / 4
+    assert estimate_memory(sharded, [[head]], [[0]], [0])[0].activations == 196_608_000 + copy
     whole = plan(SMALL, [("dp", 1)], micro_batch=2)
-    assert estimate_memory(whole, [[head]], [[0]], [0])[0].activations == 524_288_000
+    assert estimate_memory(whole, [[head]], [[0]], [0])[0].activations == 524_288_000 + 4 * copy
     megatron = sharded.model_copy(update={"train": sharded.train.model_copy(update={"loss": ir.Loss.megatron})})
-    assert estimate_memory(megatron, [[head]], [[0]], [0])[0].activations == 32_768_000
+    assert estimate_memory(megatron, [[head]], [[0]], [0])[0].activations == 32_768_000 + copy
 
 
 def test_tensor_parallel_head_keeps_the_gathered_sequence():
@@ -373,7 +378,8 @@ def test_last_stage_holds_one_microbatch_of_its_head():
         inflight = inflight_microbatches(schedule, 2, 4, 2)
         assert inflight[1] == blocks_inflight
         last = estimate_memory(p, stage_layers, [[0, 2], [1, 3]], inflight)[1]
-        assert last.activations == blocks_inflight * 2 * block + head_held * (norm + head) + loss
+        copies = autocast_weight_copies(p, stage_layers[1] + stage_layers[3])  # bf16 copies of its fp32 weights, once
+        assert last.activations == blocks_inflight * 2 * block + head_held * (norm + head) + loss + copies
 
 
 @pytest.mark.parametrize("schedule, virtual", [("1f1b", 1), ("zb_h1", 1), ("zb_h2", 1), ("gpipe", 1), ("looped_bfs", 2),

@@ -24,9 +24,10 @@ node box { devices = 2 x gpu; link = { bandwidth: 100 GB/s, latency: 2 us }; nic
 node quick { devices = 2 x fast; link = { bandwidth: 200 GB/s, latency: 2 us }; nic = { bandwidth: 40 GB/s, latency: 5 us } }
 cluster pair = box x 2
 cluster mixed = [box x 1, quick x 1]
-# 6.75 GiB: the 6.5 GiB devices these tests were written for, plus torch's pipeline stages' buffers (a receive buffer
+# 7.25 GiB: the 6.5 GiB devices these tests were written for, plus torch's pipeline stages' buffers (a receive buffer
 # per microbatch, each output until its backward: about 0.25 GiB a rank of `long` at pp 4; `cost.memory.torch_stage_bytes`)
-device small { memory = 6.75 GiB; bandwidth = 1000 GB/s; peak = { bf16: 200 TFLOP/s, fp32: 20 TFLOP/s } }
+# and autocast's bf16 copies of the fp32 weights (0.4 GiB a rank of `long` at pp 4; `cost.memory.autocast_weight_copies`)
+device small { memory = 7.25 GiB; bandwidth = 1000 GB/s; peak = { bf16: 200 TFLOP/s, fp32: 20 TFLOP/s } }
 node tight_box { devices = 2 x small; link = { bandwidth: 100 GB/s, latency: 2 us }; nic = { bandwidth: 20 GB/s, latency: 5 us } }
 cluster tight = tight_box x 2
 """
@@ -37,7 +38,7 @@ MODELS = {
     "mlp": "mlp(layers=4, hidden=512, input=256, output=10)",
     "big": "gpt(layers=4, hidden=4096, heads=32, seq=1024, vocab=32000)",
     "deep": "gpt(layers=8, hidden=2048, heads=16, seq=1024, vocab=4096)",
-    "long": "gpt(layers=16, hidden=2048, heads=16, seq=4096, vocab=4096)",  # its activations fill 6.75 GiB devices
+    "long": "gpt(layers=16, hidden=2048, heads=16, seq=4096, vocab=4096)",  # its activations fill 7.25 GiB devices
 }
 
 
@@ -107,7 +108,7 @@ def test_a_split_bounds_its_leaf_below_the_exact_bound(model, cluster, batch, pi
 
 
 def test_recompute_layers_beats_both_extremes_where_memory_binds():
-    """On 6.75 GiB devices a 16-block model over 4 pipeline ranks keeps no block's activations whole
+    """On 7.25 GiB devices a 16-block model over 4 pipeline ranks keeps no block's activations whole
     (`none` does not fit) and recomputing every block costs a third more: recomputing one block per
     stage is the fastest plan, and its emitted text carries the key and estimates the same."""
     p = problem("long", "tight", 4)
@@ -152,7 +153,7 @@ def test_recompute_layers_is_the_least_that_fits_and_the_fastest_of_its_split():
                 more = space.evaluate(replace(leaf, recompute_layers=n + 1))
                 assert more is None or more.estimate.time.step >= scored.estimate.time.step
                 checked += 1
-    assert checked > 20
+    assert checked > 10  # 13 (42 before autocast's weight copies were counted, which leave fewer layouts in reach)
 
 
 def test_the_least_recomputed_rows_are_the_caps_of_their_n():
@@ -477,7 +478,7 @@ def test_the_dive_under_a_time_limit_leaves_a_finished_search_unchanged(monkeypa
 def test_zero_over_the_context_axis_alone_shards_the_states():
     """torchtitan's "FSDP 1, CP 8": with dp = 1, ZeRO shards over the context axis (`cost.memory.zero_degrees`), so
     the search keeps a data axis of size 1 to carry it (`Candidate.data_axis`). Unsharded, the 0.8B model's
-    states (12.9 GB) do not fit four 6.75 GiB devices; sharded over cp = 4 they do."""
+    states (12.9 GB) do not fit four 7.25 GiB devices; sharded over cp = 4 they do."""
     p = problem("long", "tight", 1)
     found = search(p, pins=["dp=1", "cp=4", "zero_stage=3", "micro_batch_size=1"], top=1)
     best = found.best

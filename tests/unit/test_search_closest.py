@@ -53,7 +53,8 @@ def test_the_closest_is_the_plan_that_needs_least_and_the_states_fit(problem):
         search(problem, ["dp=8"], top=1, time_limit=0)
     message = str(raised.value)
     assert f"the closest: {closest} needs {format_bytes(need)} per device" in message, message
-    assert closest == "dp=8 mb=1 m=8 zero3 recompute=full" and format_bytes(need) == "82.6 GiB"
+    # 82.6 GiB and autocast's bf16 copies of the 35.9B fp32 weights its matmuls read, gathered whole (66.8 GiB)
+    assert closest == "dp=8 mb=1 m=8 zero3 recompute=full" and format_bytes(need) == "149.4 GiB"
     # 540.8 GiB of states over 8 x 73.6 GiB: they fit; what a step holds beside them does not
     assert "states need 540.8 GiB of the 588.8 GiB its devices hold" in message
     assert "alone need" not in message and "could hold its states" not in message

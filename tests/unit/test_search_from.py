@@ -244,7 +244,7 @@ def test_params_of_the_file_are_set_with_param(tmp_path):
                     "--param", "nodes=1").exit_code == 2
 
 
-TIGHT = '''device small { memory = 6.75 GiB; bandwidth = 1000 GB/s; peak = { bf16: 200 TFLOP/s, fp32: 20 TFLOP/s } }
+TIGHT = '''device small { memory = 7.25 GiB; bandwidth = 1000 GB/s; peak = { bf16: 200 TFLOP/s, fp32: 20 TFLOP/s } }
 node tight_box { devices = 2 x small; link = { bandwidth: 100 GB/s, latency: 2 us }; nic = { bandwidth: 20 GB/s, latency: 5 us } }
 model long = gpt(layers=16, hidden=2048, heads=16, seq=4096, vocab=4096)
 '''
@@ -252,7 +252,7 @@ model long = gpt(layers=16, hidden=2048, heads=16, seq=4096, vocab=4096)
 
 def test_recompute_layers_is_searched_written_back_and_kept_as_written(tmp_path):
     """A recompute the plan leaves free may come back as `full` for the first N blocks of each stage (the
-    search's best on 6.75 GiB devices, test_search's), written with its key; one the plan writes is a pin of the search."""
+    search's best on 7.25 GiB devices, test_search's), written with its key; one the plan writes is a pin of the search."""
     path = tmp_path / "partial.plan"
     body = "\nplan mine {\n  model   = long\n  cluster = tight_box x 2\n  mesh    = [pp = 4]\n  train   = { %s }\n}\n"
     path.write_text(TIGHT + body % "global_batch: 4")

@@ -48,12 +48,22 @@ def test_each_16_bit_dtype_halves_its_own_share(data):
     wide = estimate_plan(_plan(data=data)).memory
     for key, field in (("master_dtype", "params"), ("grad_dtype", "grads"), ("optimizer_dtype", "optimizer")):
         narrow = estimate_plan(_plan(f"{key}: bf16", data)).memory
-        for w, n in zip(wide, narrow):
+        for w, n, held in zip(wide, narrow, _copies(_plan(data=data))):
             assert getattr(n, field) == pytest.approx(getattr(w, field) / 2)
             others = {"params", "grads", "optimizer"} - {field}
             assert all(getattr(n, o) == getattr(w, o) for o in others if not (data == "zero3" and o == "params"
                                                                                   and field == "master_dtype"))
-            assert n.activations == w.activations
+            # 16-bit weights leave autocast nothing to copy (`cost.memory.autocast_weight_copies`), else as before
+            assert n.activations == pytest.approx(w.activations - (held if key == "master_dtype" else 0.0))
+
+
+def _copies(plan) -> float:
+    """autocast's 16-bit copies of the fp32 weights each pipeline rank holds under `plandsl run`."""
+    from plandsl.cost.memory import autocast_weight_copies
+    from plandsl.ir.placement import assign_stages
+    assignment, _ = assign_stages(plan)
+    return [autocast_weight_copies(plan, [layer for s in stages for layer in assignment.stage_layers[s]])
+            for stages in assignment.rank_stages()]
 
 
 @pytest.mark.parametrize("zero_stage", [0, 1])
@@ -200,13 +210,14 @@ def test_run_refuses_fp16_states_only(dtypes, refused):
 @pytest.mark.parametrize("data", ["replicate", "zero1", "zero3"])
 def test_a_master_copy_counts_with_the_optimizer_and_is_sharded_as_it_is(data):
     """param_dtype: bf16 with an fp32 master: the weights take 2 bytes, the optimizer 8 + 4 (ZeRO's K = 12,
-    Rajbhandari et al. 2020, Sec. 3.1), each sharded by its own ZeRO stage; activations and gradients as before."""
+    Rajbhandari et al. 2020, Sec. 3.1), each sharded by its own ZeRO stage; gradients as before."""
     wide = estimate_plan(_plan(data=data)).memory
     kept = estimate_plan(_plan("param_dtype: bf16", data)).memory
-    for w, k in zip(wide, kept):
+    for w, k, held in zip(wide, kept, _copies(_plan(data=data))):
         assert k.params == pytest.approx(w.params / 2)
         assert k.optimizer == pytest.approx(w.optimizer * 12 / 8)
-        assert (k.grads, k.activations) == (w.grads, w.activations)
+        # activations as before, less autocast's copies of the fp32 weights: 16-bit weights need none
+        assert (k.grads, k.activations) == (w.grads, pytest.approx(w.activations - held))
     if data == "zero1":  # the master copy is sharded, the weights are not: less than the fp32 weights' layout
         assert all(k.total < w.total for k, w in zip(kept, wide))
     same = _plan("param_dtype: fp32", data)  # the weights are the master copy: nothing apart

@@ -169,7 +169,10 @@ def test_the_cost_model_counts_the_models_tensor_parallelism(folder):
     # full recomputation: each block keeps its input (256 bf16 values per token), not what the table measured
     text = _check(folder, "", mesh="[dp = 8]").document.plans[0]
     full = text.model_copy(update={"train": text.train.model_copy(update={"recompute": Recompute.full})})
-    assert api.estimate(full).memory[0].activations < 0.5 * one.memory[0].activations
+    # (beside autocast's bf16 copies of its fp32 weights, the same with or without recomputation)
+    from plandsl.cost.memory import autocast_weight_copies
+    copies = autocast_weight_copies(text, ir_layers.layers_of(text.model))
+    assert copies > 0 and api.estimate(full).memory[0].activations - copies < 0.5 * (one.memory[0].activations - copies)
 
 
 def _generate(folder, model: str, *pins: str, output: str = "g.plan"):

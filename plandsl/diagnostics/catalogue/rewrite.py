@@ -56,8 +56,9 @@ _entry("E802", """
 
 _entry("E803", """
     Every decision a partial plan writes is a pin of the search (`plandsl generate --from`), and no
-    plan satisfies them all: here a 52B-parameter model whose weights, gradients and Adam states
-    need about 830 GB on one node of 640 GB, whatever the ZeRO stage, micro-batch or recomputation.
+    plan satisfies them all: here a 52B-parameter model whose 16-bit weights, gradients, Adam states and
+    fp32 master copy need about 940 GB on one node of 640 GB, whatever the ZeRO stage, micro-batch or
+    recomputation.
     The message says which constraint left nothing and what would fit, and which plan came closest: the
     one that needs least by its estimate ("the closest"), or, where only a lower bound on what plans need
     is known (here their model states alone), the lowest bound ("the lowest bound").
@@ -67,7 +68,7 @@ _entry("E803", """
       model   = gpt(layers=64, hidden=8192, heads=64, seq=2048, vocab=51200)
       cluster = dgx_a100 x 1
       mesh    = [dp = 8]
-      train   = { global_batch: 64 }
+      train   = { global_batch: 64, param_dtype: bf16 }
     }
     """, "Give the plan more devices (or a smaller model).",
     ("dgx_a100 x 1", "dgx_a100 x 2"), ("[dp = 8]", "[dp = 16]"), command=("generate", "--from"))
