@@ -50,19 +50,22 @@ class Splits:
             base, more = divmod(rank_caps[r], virtual)
             caps.append(base + (1 if seen[r] < more else 0))
             seen[r] += 1
-        found = self._partition_cache[key] = self._blocks_split(fixed, per_block, caps)
+        found = self._partition_cache[key] = self._blocks_split(fixed, per_block, caps, ranks, rank_caps)
         return found
 
-    def _blocks_split(self, fixed, per_block, caps) -> tuple[int, ...] | None:
+    def _blocks_split(self, fixed, per_block, caps, ranks, rank_caps) -> tuple[int, ...] | None:
         """The blocks per stage under the pin `account` (Megatron's split counting the embedding and the loss as
         layers: `stages = evenly ... with account`), within the caps; unpinned, `partition_blocks`' split, or
         where it is impossible or strictly slower, its split with the first and the last stage free to hold no
         block (the embedding or the loss alone: more stages than blocks, or an end stage's fixed seconds worth
         a block)."""
         account = self.pins.get("account")
-        if account:
+        if account:  # within each rank's room for blocks, whichever of its stages holds them
             counts = account_counts(self.blocks, len(fixed), account)
-            return counts if counts is not None and all(n <= c for n, c in zip(counts, caps)) else None
+            held = [0] * len(rank_caps)
+            for n, r in zip(counts or (), ranks):
+                held[r] += n
+            return counts if counts is not None and all(n <= c for n, c in zip(held, rank_caps)) else None
         found = partition_blocks(self.blocks, fixed, per_block, caps)
         if account is not None or len(fixed) == 1:  # `account=none`: every stage at least one block
             return found
