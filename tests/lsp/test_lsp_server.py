@@ -203,6 +203,10 @@ async def test_completion_definition_and_formatting(client, folder):
     assert {"torch", "megatron"} <= whose and "te" not in whose
     ring = await labels(at(piped, "te\n", 0), piped_uri)
     assert {"te", "torch"} <= ring and "megatron" not in ring
+    counted = OK_PLAN.replace("evenly over pp\n", "evenly over pp with account = [embed, loss]\n")
+    counted_uri, _ = await open_file(client, folder, "counted.plan", counted)
+    assert "account" in await labels(at(counted, "account", 0), counted_uri)  # the stages clause's option
+    assert {"embed", "loss"} <= await labels(at(counted, "embed, loss", 0), counted_uri)  # what it counts
     block = OK_PLAN.replace("  stages   = evenly over pp\n",
                             "  stages {\n    0..2: embed, layers.*, norm, head\n    implementation = megatron\n  }\n")
     block_uri, _ = await open_file(client, folder, "block.plan", block)
