@@ -160,11 +160,14 @@ class Splits:
         in_dense, in_moe = np.minimum(count, dense), np.maximum(count - dense, 0)  # blocks of each kind in 0..i
         prefix = per[:, :1] * in_dense + per[:, 1:2] * in_moe
         held = dense_bytes[:, None] * in_dense + moe_bytes[:, None] * in_moe
-        if account:  # Megatron's split counting the embedding and the loss, within each stage's room
+        if account:  # Megatron's split counting the embedding and the loss, within each rank's room
             counts = account_counts(self.blocks, len(ranks), account)
-            bounds = np.cumsum((0,) + counts) if counts is not None else None
-            fits = counts is not None and all(held[s][bounds[s + 1]] - held[s][bounds[s]] <= caps[s]
-                                              for s in range(len(ranks)))
+            fits = counts is not None
+            if fits:
+                bounds, used = np.cumsum((0,) + counts), {}
+                for s, r in enumerate(ranks):
+                    used[r] = used.get(r, 0.0) + held[s][bounds[s + 1]] - held[s][bounds[s]]
+                fits = all(used[r] <= room[ranks.index(r)] for r in used)  # `room`: a stage's rank's, whole
             found = self._partition_cache[key] = counts if fits else None
             return found
         found = partition_prefixed(prefix, held, caps, fixed)

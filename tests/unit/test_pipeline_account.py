@@ -357,3 +357,11 @@ def test_a_layout_that_gives_the_embedding_and_the_loss_chunks_of_their_own_impo
     assert _names(api.loads(imported.text).plans[0]) == _names(api.loads(_plan(6, 4, 2, "[embed, loss]")).plans[0])
     other = _imported(7, 4, "--pipeline-model-parallel-layout 'E|t*2|t|t|t|t|t|L'")  # not that split: a block
     assert other.ok and "account" not in other.text and "  stages {" in other.text
+
+
+def test_the_pin_account_gives_megatrons_split_of_a_dense_then_moe_model():
+    model = "llama(layers=14, hidden=1024, heads=16, seq=1024, vocab=32000, experts=8, top_k=2, dense_layers=1)"
+    problem, _ = resolve_problem(model, "dgx_a100 x 1", 64)
+    pins = ["pp=4", "virtual_stages=2", "schedule=interleaved_1f1b", "ep=1", "tp=1"]
+    assert search(problem, pins=pins + ["account=embed,loss"], top=1).best.blocks == (1, 2, 2, 2, 2, 2, 2, 1)
+    assert search(problem, pins=pins + ["account=loss"], top=1).best.blocks == (2, 2, 2, 2, 2, 2, 2, 0)
