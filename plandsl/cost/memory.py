@@ -212,18 +212,27 @@ def layer_offload(plan: ir.Plan, layers: Sequence[Layer]) -> list[bool]:
 
 
 def offload_inflight(plan: ir.Plan, stages: Sequence[Sequence[Layer]], attention_matrix: bool = False) -> float:
-    """The offloaded activations a rank still holds on the device at its peak, once: one block's, the largest it
-    offloads. Transformer Engine's handler (`cpu_offload_v1.AsyncDoubleBufferGroupOffloadHandler`, which Megatron's
-    --cpu-offloading-num-layers runs) frees a block's device copy only when a later block's forward commits (its
-    `layer_window_map` spreads the N copies over the stage's blocks), and reloads each one that many blocks ahead
-    of its backward: at the end of the forward, and through the backward, one offloaded block is on the device
-    beside the kept ones."""
+    """The offloaded activations a rank holds on the device at its peak beyond its kept blocks', once: for a stage
+    that keeps none of its blocks, the one reloaded for its backward; else what the largest offloaded block exceeds
+    the largest kept one by (0 for equal blocks). Megatron-LM's --cpu-offloading-num-layers runs Transformer Engine's
+    `get_cpu_offload_context` (megatron-core 0.16.1's transformer_block.py), which from TE 2.10 on (megatron-core
+    0.16.1's pyproject takes 2.9 to 2.11 and its uv source pins v2.12, 5671fd3) is the `DefaultOffloadSynchronizer` of
+    `transformer_engine/pytorch/cpu_offload.py` (TE 2.9's handler, now `cpu_offload_v1`, only under
+    NVTE_CPU_OFFLOAD_V1=1): it frees offloaded block i's device copy at block L - N + i's forward and starts its
+    reload at block L - 1 - N + i's backward, so that the stage's saved activations are L - N blocks' at any moment
+    ("(num_layers - num_offloaded_layers) * T"). `plandsl run`'s hooks (torch's `save_on_cpu`) copy each saved
+    tensor out as it is saved and back as the backward unpacks it, the kept blocks freed by then."""
     if not plan.train.offload_layers:
         return 0.0
-    return max((_layer_activations(plan, layer, mode, attention_matrix)
-                for stage in stages
-                for layer, mode, away in zip(stage, layer_recompute(plan, stage), layer_offload(plan, stage)) if away),
-               default=0.0)
+    most = 0.0
+    for stage in stages:
+        away, kept = [], []
+        for layer, mode, offloaded in zip(stage, layer_recompute(plan, stage), layer_offload(plan, stage)):
+            if is_block(plan, layer):
+                (away if offloaded else kept).append(_layer_activations(plan, layer, mode, attention_matrix))
+        if away:
+            most = max(most, max(away) - max(kept, default=0.0))
+    return most
 
 
 # ---- autocast's 16-bit copies of wider weights (`plandsl run`) ---------------------------------------------

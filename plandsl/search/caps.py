@@ -153,12 +153,13 @@ class Caps:
     def offload_memory(self, memory) -> tuple[tuple, float]:
         """The per-kind memory of an offloading node (`offload_layers`) in `partial_memory`'s form, for `rank_caps`'
         `recomputed` N: an offloaded block keeps its states and no activations on the device, a kept block its own
-        (the second value), and the working sets hold one offloaded block's more, the block's and the loss's alike
-        (`cost.memory.offload_inflight`: one block in flight beside the rank's peak, whichever moment it is)."""
+        (the second value), and the working sets are `none`'s (`cost.memory.offload_inflight`: a reloaded block
+        replaces a kept one on the device, and only a stage that keeps no block holds one more: N = L - 1 holds as
+        much, so the caps never exceed the exact estimate and the least N that fits is the same)."""
         found = self._offload_cache.get(id(memory))
         if found is None:
             (embed, (block_s, block_a, working), norm, (head_s, head_a, loss)), tied, plan = memory[0][:4], *memory[1:]
-            moved = ([embed, (block_s, 0.0, working + block_a), norm, (head_s, head_a, loss + block_a)], tied, plan)
+            moved = ([embed, (block_s, 0.0, working), norm, (head_s, head_a, loss)], tied, plan)
             found = self._offload_cache[id(memory)] = (moved, block_a, memory)  # the memory kept alive: ids stay
             self.figures.share_buffers(moved, memory)
         return found[0], found[1]
