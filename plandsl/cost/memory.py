@@ -239,13 +239,15 @@ def offload_inflight(plan: ir.Plan, stages: Sequence[Sequence[Layer]], attention
 def holds_autocast_copies(plan: ir.Plan) -> bool:
     """Whether `plandsl run` computes a 16-bit precision over wider weights under `torch.autocast`, which casts each
     weight a matmul reads and keeps the copy (`autocast_weight_copies`): fp32 weights (no `param_dtype`, `master_dtype`
-    fp32) at bf16 or fp16, without `data ... with gather = DTYPE`, which says the weights are gathered 16-bit
-    (FSDP2's `MixedPrecisionPolicy`, as torchtitan runs; Megatron-LM's 16-bit parameters are `param_dtype`); a model
-    `run` can build (not a written layer table without a factory)."""
+    fp32) at bf16 or fp16, unless FSDP gathers them in the compute precision (`ir.Plan.run_gather`: `data = zero2 |
+    zero3 | hsdp ... with gather = bf16` at bf16, FSDP2's `MixedPrecisionPolicy`, as torchtitan runs; Megatron-LM's
+    16-bit parameters are `param_dtype`), or 16-bit weights gathered in fp32 (`gather = fp32`); a model `run` can build
+    (not a written layer table without a factory). `zero1 ... with gather = bf16` is counted as run holds it: torch's
+    ZeroRedundancyOptimizer keeps the weights fp32 and autocast casts them."""
     train, model = plan.train, plan.model
     runs = not isinstance(model, ir.CustomModel) or bool(model.source or model.factory)  # an authored table cannot run
-    return runs and train.precision in (ir.Precision.bf16, ir.Precision.fp16) \
-        and train.weights_dtype.bytes > train.precision.bytes and (plan.data is None or plan.data.gather is None)
+    computed = plan.run_gather or train.weights_dtype  # the weights as the matmuls read them
+    return runs and train.precision in (ir.Precision.bf16, ir.Precision.fp16) and computed.bytes > train.precision.bytes
 
 
 def _copied(plan: ir.Plan, layer: Layer) -> list[Param]:

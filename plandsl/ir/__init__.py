@@ -1046,6 +1046,17 @@ class Plan(Node):
         return self.mesh.degree(self.experts.axis) if self.experts else 1
 
     @property
+    def run_gather(self) -> Precision | None:
+        """The dtype `plandsl run` gathers the parameters in (FSDP2's `MixedPrecisionPolicy(param_dtype=...)`,
+        `runtime.parallel.data_parallel.apply_dp`): the plan's `gather` under zero2, zero3 and hsdp when it is fp32
+        or the compute precision (bf16, fp16), which autocast then computes with as they are. None where run gathers
+        the weights' own dtype: no `gather`, `zero1` (torch's ZeroRedundancyOptimizer broadcasts the updated weights
+        as they are kept), `fp8` (torchao's FP8 all-gather, the cost model's only) and a 16-bit `gather` other than
+        the compute precision (under fp32 nothing would compute in it)."""
+        gather = self.data.gather if self.data is not None and self.data.sharded else None
+        return gather if gather in (Precision.fp32, self.train.precision) and gather is not Precision.fp8 else None
+
+    @property
     def expert_group(self) -> int:
         """Ranks the experts are spread over (Megatron's expert-model-parallel size): the expert axis times
         the axes folded into it."""

@@ -51,6 +51,34 @@ def test_two_bytes_per_linear_element_once_and_none_where_the_weights_are_16_bit
         assert all(expert_weight_copies(plan, layer, plan.train.recompute) == 0.0 for layer in layers)
 
 
+def _gathered(data: str, precision: str = "bf16", extra: str = ""):
+    text = _PLAN.format(model=GPT, precision=precision, extra=extra, data="zero3").replace("zero3 over dp", data)
+    if "dp2" in data:
+        text = text.replace("[dp = 2] over devices[0:2]", "[dp = 2, dp2 = 2] over devices[0:4]")
+    return api.select_plan(api.loads(text))
+
+
+@pytest.mark.parametrize("data, precision, gathered, held", [
+    ("zero3 over dp with gather = bf16", "bf16", "bf16", False),  # FSDP2 gathers bf16: nothing for autocast to cast
+    ("zero2 over dp with gather = fp16", "fp16", "fp16", False),
+    ("hsdp over [dp, dp2] with gather = bf16", "bf16", "bf16", False),
+    ("zero1 over dp with gather = bf16", "bf16", None, True),  # ZeroRedundancyOptimizer: the weights stay fp32
+    ("zero3 over dp with gather = fp32", "bf16", "fp32", True),  # gathered fp32: autocast casts them
+    ("zero3 over dp with gather = fp16", "bf16", None, True),  # not the compute precision: run gathers fp32
+], ids=["zero3_bf16", "zero2_fp16", "hsdp_bf16", "zero1_bf16", "zero3_fp32", "zero3_fp16_at_bf16"])
+def test_autocast_copies_are_left_out_only_where_run_gathers_in_the_compute_precision(data, precision, gathered, held):
+    plan = _gathered(data, precision)
+    assert plan.run_gather == (gathered and plan.data.gather)
+    assert (autocast_weight_copies(plan, layers_of(plan.model)) > 0) is held
+
+
+def test_16_bit_weights_gathered_fp32_are_cast_by_autocast():
+    layers = layers_of(_plan().model)
+    assert autocast_weight_copies(_gathered("zero3 over dp", extra=", param_dtype: bf16"), layers) == 0.0
+    assert autocast_weight_copies(_gathered("zero3 over dp with gather = fp32", extra=", param_dtype: bf16"),
+                                  layers) > 0
+
+
 def test_the_copies_are_part_of_every_ranks_peak():
     with_copies = estimate_plan_memory(_plan())
     without = estimate_plan_memory(_plan(extra=", master_dtype: bf16, optimizer_dtype: fp32"))

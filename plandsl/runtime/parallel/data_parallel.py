@@ -5,7 +5,8 @@ replicate -> DistributedDataParallel (torch's composable `replicate` for TP's DT
 pipeline stages: see `apply_ddp`), zero1 -> the same plus `build_dp_optimizer`'s ZeroRedundancyOptimizer
 (`zero.Zero1Optimizer` for DTensor parameters), zero2 -> fully_shard(reshard_after_forward=False),
 zero3 -> fully_shard, hsdp -> fully_shard on the 2-D (replicate, shard) mesh, each FSDP unit as the plan's
-gathering says (`ir.Gathering`: a block, or each module that owns parameters; the units prefetched ahead).
+gathering says (`ir.Gathering`: a block, or each module that owns parameters; the units prefetched ahead),
+every FSDP group with the plan's `mixed_precision` (`gather = DTYPE`: FSDP2's `MixedPrecisionPolicy`).
 Parameter names are kept.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import warnings
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor, Shard
 from torch.nn.parallel import DistributedDataParallel
@@ -25,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from plandsl import ir
 from plandsl.runtime.parallel.expert_parallel import expert_shards
 from plandsl.runtime.optim import build_optimizer, optimizer_settings
+from plandsl.runtime.precision import DTYPES
 from plandsl.runtime.torch_model import blocks
 from plandsl.runtime.parallel.zero import Zero1Optimizer
 
@@ -36,7 +38,8 @@ warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a vi
 def apply_dp(model: nn.Module, kind: ir.DataKind | str, dp_mesh: DeviceMesh, device: torch.device,
              expert_mesh: DeviceMesh | None = None, pipelined: bool = False,
              data_shards: dict[str, dict[str, int]] | None = None, uneven: bool = False,
-             gathering: ir.Gathering = ir.FSDP_GATHERING) -> nn.Module:
+             gathering: ir.Gathering = ir.FSDP_GATHERING,
+             mp_policy: MixedPrecisionPolicy | None = None) -> nn.Module:
     """`expert_mesh`: what expert-parallel shards are reduced over (see `_group_experts`); `pipelined`:
     `model` is a pipeline stage; `data_shards`: the modules shard rules split over the data axis
     (`shard_by_rules`); `uneven`: the data ranks run their own microbatch counts (`batch_shares`), so FSDP
@@ -46,13 +49,15 @@ def apply_dp(model: nn.Module, kind: ir.DataKind | str, dp_mesh: DeviceMesh, dev
     keep an FSDP stage's gradients unsharded, and its parameters gathered after each backward, until every
     microbatch has run (`backward_maybe_with_nosync`, `perform_reduce_grad`), and its parameters are not
     resharded after the forward either (torchtitan's default under pipelining): one all-gather per unit and
-    step rather than one per microbatch."""
+    step rather than one per microbatch. `mp_policy`: the dtypes every FSDP group (units, expert groups, shard
+    rules) gathers the parameters and reduces the gradients in (`mixed_precision`; None: as they are kept)."""
+    mp_policy = mp_policy or MixedPrecisionPolicy()
     if data_shards:
-        shard_by_rules(model, data_shards, dp_mesh)
+        shard_by_rules(model, data_shards, dp_mesh, mp_policy)
     kind = ir.DataKind(kind)
     if kind.sharded:  # ZeRO-2 keeps the parameters gathered between forward and backward, ZeRO-3 reshards
         model = apply_fsdp(model, dp_mesh, reshard_after_forward=kind.zero_stage == 3, expert_mesh=expert_mesh,
-                           gathering=gathering)
+                           gathering=gathering, mp_policy=mp_policy)
     if uneven or pipelined:  # every FSDP unit, a shard rule's too
         for module in model.modules():
             if isinstance(module, FSDPModule):
@@ -60,21 +65,40 @@ def apply_dp(model: nn.Module, kind: ir.DataKind | str, dp_mesh: DeviceMesh, dev
     return model if kind.sharded else apply_ddp(model, dp_mesh, device, expert_mesh, pipelined)
 
 
+def mixed_precision(plan: ir.Plan) -> MixedPrecisionPolicy | None:
+    """What FSDP gathers the parameters and reduces the gradients in under the plan's `data ... with gather = DTYPE`
+    (`ir.Plan.run_gather`: zero2, zero3 and hsdp, fp32 or the compute precision): `param_dtype` the gather's dtype,
+    `reduce_dtype` the plan's `grad_dtype` (fp32 by default: torchtitan's `mixed_precision_reduce`), so the forward and
+    backward compute with the gathered 16-bit weights (no autocast copy of them) and the fp32 shards take the reduced
+    gradients; the units' floating inputs are cast to it (`cast_forward_inputs`, FSDP2's default: the residual stream
+    is in the compute dtype already, `precision.keep_stream`). None (the weights' own dtype) without one, and under
+    `gather = fp8`, torchao's FP8 all-gather, which run does not apply."""
+    gather = plan.run_gather
+    if gather is None:
+        return None
+    return MixedPrecisionPolicy(param_dtype=DTYPES[gather], reduce_dtype=DTYPES[plan.train.grad_dtype])
+
+
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool,
-               expert_mesh: DeviceMesh | None = None, gathering: ir.Gathering = ir.FSDP_GATHERING) -> nn.Module:
+               expert_mesh: DeviceMesh | None = None, gathering: ir.Gathering = ir.FSDP_GATHERING,
+               mp_policy: MixedPrecisionPolicy | None = None) -> nn.Module:
     """One FSDP group per unit: each block (`unit = block`) or each module that owns parameters (`unit =
     module`: a block's norms and linear layers one by one, and the embedding's, norm's and head's), the rest in
     the root's group. FSDP2 gathers the next unit as the current one runs (its implicit prefetch, one ahead);
     a plan that prefetches further (`prefetch = N`, `prefetch_bucket = N`) names the units each one gathers
-    ahead (`set_modules_to_forward_prefetch`, and backward in reverse order)."""
-    ignored = _group_experts(model, expert_mesh, fully_shard, reshard_after_forward=reshard_after_forward)
+    ahead (`set_modules_to_forward_prefetch`, and backward in reverse order). Every group, the experts' too, takes
+    `mp_policy` (`mixed_precision`)."""
+    mp_policy = mp_policy or MixedPrecisionPolicy()
+    ignored = _group_experts(model, expert_mesh, fully_shard, reshard_after_forward=reshard_after_forward,
+                             mp_policy=mp_policy)
     units = _blocks(model) if gathering.unit is ir.GatherUnit.block else _parameter_modules(model, ignored)
     for index in reversed(range(len(units))):  # inner units first: a unit's group takes what they leave
         # The last unit's parameters are needed again at once by the backward: keep them gathered.
         last = index == len(units) - 1
         fully_shard(units[index], mesh=dp_mesh, reshard_after_forward=reshard_after_forward and not last,
-                    ignored_params=ignored)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, ignored_params=ignored)
+                    ignored_params=ignored, mp_policy=mp_policy)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, ignored_params=ignored,
+                mp_policy=mp_policy)
     _prefetch(units, gathering)
     return model
 
@@ -135,12 +159,14 @@ def apply_replicate(model: nn.Module, dp_mesh: DeviceMesh, expert_mesh: DeviceMe
     return model
 
 
-def shard_by_rules(model: nn.Module, data_shards: dict[str, dict[str, int]], dp_mesh: DeviceMesh) -> None:
+def shard_by_rules(model: nn.Module, data_shards: dict[str, dict[str, int]], dp_mesh: DeviceMesh,
+                   mp_policy: MixedPrecisionPolicy | None = None) -> None:
     """Each module a shard rule splits over the data axis (module -> parameter -> dim, from
     `tensor_parallel.tp_rules`) becomes an FSDP group of its own, every parameter sharded along its
     rule's dim (FSDP2's `shard_placement_fn`; on top of a tensor-parallel split of another dim): its
     storage is 1/N over the axis, gathered for compute and freed after, gradients reduce-scattered.
-    The data-parallel groups built next leave it out. Modules a pipeline stage lacks are skipped."""
+    The data-parallel groups built next leave it out, with the same `mp_policy`. Modules a pipeline stage lacks
+    are skipped."""
     modules = {_RECOMPUTE_WRAPPER.sub("", name): module for name, module in model.named_modules()}
     for name, dims in data_shards.items():
         module = modules.get(name)
@@ -148,7 +174,8 @@ def shard_by_rules(model: nn.Module, data_shards: dict[str, dict[str, int]], dp_
             continue
         placements = {id(param): Shard(dims[param_name] % param.ndim)
                       for param_name, param in module.named_parameters(recurse=False)}
-        fully_shard(module, mesh=dp_mesh, shard_placement_fn=lambda param, placements=placements: placements[id(param)])
+        fully_shard(module, mesh=dp_mesh, mp_policy=mp_policy or MixedPrecisionPolicy(),
+                    shard_placement_fn=lambda param, placements=placements: placements[id(param)])
 
 
 def _group_experts(model: nn.Module, expert_mesh: DeviceMesh | None, wrap, **options) -> set[nn.Parameter] | None:

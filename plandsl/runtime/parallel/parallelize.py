@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from plandsl import ir
 from plandsl.runtime.parallel.context_parallel import apply_cp
-from plandsl.runtime.parallel.data_parallel import apply_dp
+from plandsl.runtime.parallel.data_parallel import apply_dp, mixed_precision
 from plandsl.runtime.parallel.expert_parallel import apply_ep, apply_model_ep
 from plandsl.runtime.parallel.mesh import submesh
 from plandsl.runtime.parallel.offload import apply_offload
@@ -75,5 +75,6 @@ def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch
         return apply_dp(model, kind, dp_mesh, device, expert_data_mesh(plan, mesh), pipelined=plan.stages is not None,
                         data_shards={name: rule.data for name, rule in rules.items() if rule.data},
                         uneven=plan.train.batch_shares is not None,
-                        gathering=plan.data.gathering if plan.data is not None else ir.FSDP_GATHERING)
+                        gathering=plan.data.gathering if plan.data is not None else ir.FSDP_GATHERING,
+                        mp_policy=mixed_precision(plan))
     return model
