@@ -19,7 +19,7 @@ from plandsl.interop import megatron as facts
 from plandsl.interop.flags import Flag, read_flags
 from plandsl.interop.result import Imported, checked
 from plandsl.interop.cluster import cluster_devices, cluster_lines
-from plandsl.ir.placement import account_counts
+from plandsl.ir.placement import counted_split
 from plandsl.schedules.registry import BUILTIN, megatron_microbatch_group, microbatches_fit
 
 KNOWN = (*facts.INT_FLAGS, *facts.FLOAT_FLAGS, *facts.CHOICE_FLAGS, *facts.TEXT_FLAGS, *facts.SWITCHES)
@@ -729,11 +729,11 @@ def _stages(read: _Read, layers: int, pp: int) -> list[str] | None:
     virtual = len(counts) // pp
     schedule = f"  schedule = {'interleaved_1f1b' if virtual > 1 else '1f1b'}"
     blocks = tuple(count for _, count, _ in counts)
-    for counted in (("embed", "loss"), ("embed",), ("loss",)) if 0 in (blocks[0], blocks[-1]) else ():
-        if blocks == account_counts(sum(blocks), len(blocks), counted):  # `E|t*2|...|L`: the split `account` says
-            options = ([f"virtual = {virtual}"] if virtual > 1 else []) + [
-                "implementation = megatron", f"account = [{', '.join(counted)}]"]
-            return ["  stages = evenly over pp with " + ", ".join(options), schedule]
+    counted = counted_split(blocks)
+    if counted:  # `E|t*2|...|L`: the split `account` says
+        options = ([f"virtual = {virtual}"] if virtual > 1 else []) + [
+            "implementation = megatron", f"account = [{', '.join(counted)}]"]
+        return ["  stages = evenly over pp with " + ", ".join(options), schedule]
     return stages_lines(counts, virtual) + ["    implementation = megatron", "  }", schedule]
 
 

@@ -166,6 +166,17 @@ def account_counts(blocks: int, stages: int, account: tuple[str, ...]) -> tuple[
     return tuple(sizes)
 
 
+def counted_split(counts: tuple[int, ...] | list[int]) -> tuple[str, ...] | None:
+    """The parts `account` counts whose split the blocks per stage `counts` are (`account_counts`), where an end stage
+    holds no block (the embedding or the loss alone); None where none is (every stage holding a block is `evenly`'s
+    own split or a `stages { }` block's). The embedding and the loss together are tried first."""
+    counts = tuple(counts)
+    if not counts or 0 not in (counts[0], counts[-1]):
+        return None
+    return next((counted for counted in (("embed", "loss"), ("embed",), ("loss",))
+                 if counts == account_counts(sum(counts), len(counts), counted)), None)
+
+
 def rank_map(stages: ir.Stages, pp: int) -> tuple[tuple[int, ...], list[Diagnostic]]:
     count = pp * stages.virtual
     if stages.rank_map == "loop":

@@ -22,7 +22,7 @@ from pathlib import Path
 from plandsl import ir
 from plandsl.ir.inspected import parse_source
 from plandsl.ir.layers import layers_of, param_count
-from plandsl.ir.placement import account_counts, split_evenly
+from plandsl.ir.placement import counted_split, split_evenly
 from plandsl.schedules.registry import BUILTIN
 from plandsl.search.problem import Candidate, Problem, Scored, SearchError, SearchResult
 from plandsl.lower.units import format_bytes, format_count
@@ -334,10 +334,10 @@ def stage_lines(scored: Scored, problem: Problem, axis: str = "pp") -> list[str]
         return [f"  stages   = evenly over {axis}" + (f" with {', '.join(options)}" if options else "")]
     # Megatron's split counting the embedding or the loss as a layer, where an end stage holds it alone (where every
     # stage holds a block, a `stages { }` block says it as before)
-    for counted in (("embed", "loss"), ("embed",), ("loss",)) if transformer and 0 in (counts[0], counts[-1]) else ():
-        if tuple(counts) == account_counts(sum(counts), len(counts), counted):
-            options.append(f"account = {'[' + ', '.join(counted) + ']' if len(counted) > 1 else counted[0]}")
-            return [f"  stages   = evenly over {axis} with {', '.join(options)}"]
+    counted = counted_split(counts) if transformer else None
+    if counted:
+        options.append(f"account = {'[' + ', '.join(counted) + ']' if len(counted) > 1 else counted[0]}")
+        return [f"  stages   = evenly over {axis} with {', '.join(options)}"]
     lines = ["  stages {"] + ([f"    axis = {axis}"] if axis != "pp" else [])  # the options close the block
     if transformer:
         start = 0

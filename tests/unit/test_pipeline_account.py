@@ -365,3 +365,14 @@ def test_the_pin_account_gives_megatrons_split_of_a_dense_then_moe_model():
     pins = ["pp=4", "virtual_stages=2", "schedule=interleaved_1f1b", "ep=1", "tp=1"]
     assert search(problem, pins=pins + ["account=embed,loss"], top=1).best.blocks == (1, 2, 2, 2, 2, 2, 2, 1)
     assert search(problem, pins=pins + ["account=loss"], top=1).best.blocks == (2, 2, 2, 2, 2, 2, 2, 0)
+
+
+@pytest.mark.parametrize("counts, counted", [((0, 1, 1, 0), ("embed", "loss")), ((1, 2, 2, 0), ("embed", "loss")),
+                                             ((0, 1, 1, 1), ("embed",)), ((2, 2, 2, 0), ("loss",)),
+                                             ((0, 2, 2, 1), None), ((0, 2, 2, 2), None), ((1, 1, 1, 1), None), ((), None)])
+def test_the_split_account_says_is_named_once_for_generate_and_import(counts, counted):
+    """`counted_split`: the parts whose `account` split block counts with an end stage free of blocks are, the one rule
+    `generate` writes (`search.emit.stage_lines`) and `import --from megatron` reads a layout by; None where every
+    stage holds a block or no account gives the counts."""
+    from plandsl.ir.placement import counted_split
+    assert counted_split(counts) == counted
