@@ -15,7 +15,7 @@ import numpy as np
 from plandsl import ir
 from plandsl.cost.compute import Efficiency, Work
 from plandsl.cost.layer import LayerTime, estimate_layer_time
-from plandsl.cost.memory import (estimate_layer_activations, estimate_memory, gathered_bytes, gathered_param_bytes,
+from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activations, estimate_memory, gathered_bytes, gathered_param_bytes,
                                  inflight_microbatches, layer_precision, pipelined_shards,
                                  model_state_bytes, returned_output_bytes, tied_embedding, torch_stage_sizes,
                                  StateBytes)
@@ -251,8 +251,11 @@ class Figures:
         if found is None:
             plan = build_plan(self.base, candidate_of(node, "", 1, zero))
             held = pipelined_shards(plan)
+            # autocast's 16-bit copies of fp32 weights (`cost.memory.autocast_weight_copies`) are held once per weight
+            # a rank computes with, as its states are: counted with them, layer by layer (and left out of the working
+            # sets, `_activations`, where the exact estimate of one layer has them)
             states = [sum(model_state_bytes(plan, [layer])) + (sum(gathered_bytes(plan, [layer])) if held else 0.0)
-                      for layer, _ in self.kinds]
+                      + autocast_weight_copies(plan, [layer]) for layer, _ in self.kinds]
             tied = 0.0
             if self.transformer and getattr(self.model, "tied_embeddings", False):
                 copy = tied_embedding(plan, self.layers)
@@ -270,7 +273,8 @@ class Figures:
         if found is None:
             plan = build_plan(self.base, candidate_of(node, "", 1, zero))
             found = self._activations_cache[key] = [
-                (estimate_layer_activations(plan, layer), estimate_memory(plan, [[layer]], [[0]], [0])[0].activations)
+                (estimate_layer_activations(plan, layer),
+                 estimate_memory(plan, [[layer]], [[0]], [0])[0].activations - autocast_weight_copies(plan, [layer]))
                 for layer, _ in self.kinds]
         return found
 

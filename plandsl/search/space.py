@@ -15,6 +15,7 @@ import numpy as np
 from plandsl import ir
 from plandsl.cost.compute import Efficiency
 from plandsl.cost.estimate import estimate_plan
+from plandsl.cost.memory import autocast_weight_copies
 from plandsl.diagnostics import PlanError
 from plandsl.ir.placement import Assignment
 from plandsl.lower.units import format_bytes
@@ -129,8 +130,10 @@ class Space:
         dp, tp, pp, cp, ep = layout
         sizes = {"dp": dp, "ep": ep, "pp": pp, "cp": cp, "tp": tp}
         probe = Root(dp, tp, pp, cp, ep, tuple(a for a in AXES if sizes[a] > 1), None, (), (), False, (1,))
-        per_kind = self.figures.layer_memory(Node(probe, 1, 1, "full"), 3 if probe.data_ranks > 1 else 0)[0]
-        states = sum(count * per_kind[i][0] for i, (_, count) in enumerate(self.kinds))
+        per_kind, _, plan = self.figures.layer_memory(Node(probe, 1, 1, "full"), 3 if probe.data_ranks > 1 else 0)
+        # the model states alone: the figures' states carry autocast's weight copies too (`Figures._states`)
+        states = sum(count * (per_kind[i][0] - autocast_weight_copies(plan, [layer]))
+                     for i, (layer, count) in enumerate(self.kinds))
         capacity = max(g.node.device.usable_memory for g in self.problem.cluster.groups)
         if states / pp > capacity:
             self.closest.bound(f"dp={dp} tp={tp} pp={pp} cp={cp} ep={ep} needs at least {format_bytes(states / pp)} "

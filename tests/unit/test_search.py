@@ -153,7 +153,9 @@ def test_recompute_layers_is_the_least_that_fits_and_the_fastest_of_its_split():
                 more = space.evaluate(replace(leaf, recompute_layers=n + 1))
                 assert more is None or more.estimate.time.step >= scored.estimate.time.step
                 checked += 1
-    assert checked > 10  # 13 (42 before autocast's weight copies were counted, which leave fewer layouts in reach)
+    # 46 (13 while the caps left autocast's 16-bit weight copies out, 42 before the memory model counted them): with
+    # the caps below the exact estimate, their least N can miss by a block, and such a leaf is dropped, not tried at N + 1
+    assert checked > 20
 
 
 def test_the_least_recomputed_rows_are_the_caps_of_their_n():
