@@ -48,16 +48,21 @@ def _plan(pp=4, tp=1, batch=16, stages="evenly over pp", schedule="1f1b", sequen
     return api.select_plan(api.loads(text, path="p.plan"))
 
 
+def _block_plan(attribute: str) -> ir.Plan:
+    """The plan with a `stages { }` block of pp 4 that sets `attribute`."""
+    block = "stages {\n    0: embed, layers[0:4]\n    1..3: layers[4:12]\n    3: layers[12:16], norm, head\n" \
+            f"    {attribute}\n  }}"
+    text = PLAN.format(hidden=HIDDEN, vocab=VOCAB, seq=SEQ, pp=4, tp=1, batch=16, tensor="", loss="", stages="",
+                       schedule="1f1b").replace("stages   = \n", block + "\n")
+    return api.select_plan(api.loads(text, path="p.plan"))
+
+
 def test_the_clause_and_the_block_say_whose_pipeline():
     assert _plan().stages.implementation == "torch"
     assert "implementation" not in _plan().stages.model_dump()  # a plan without it dumps as before
     said = _plan(stages="evenly over pp with implementation = megatron")
     assert said.stages.implementation == "megatron" and said.stages.model_dump()["implementation"] == "megatron"
-    block = "stages {\n    0: embed, layers[0:4]\n    1..3: layers[4:12]\n    3: layers[12:16], norm, head\n" \
-            "    implementation = megatron\n  }"
-    text = PLAN.format(hidden=HIDDEN, vocab=VOCAB, seq=SEQ, pp=4, tp=1, batch=16, tensor="", loss="", stages="",
-                       schedule="1f1b").replace("stages   = \n", block + "\n")
-    assert api.select_plan(api.loads(text, path="p.plan")).stages.implementation == "megatron"
+    assert _block_plan("implementation = megatron").stages.implementation == "megatron"
 
 
 def test_an_unknown_pipeline_is_refused():
@@ -231,11 +236,7 @@ def test_the_plan_says_whether_the_last_stage_returns_its_outputs():
     assert _plan().stages.outputs == "dropped" and "outputs" not in _plan().stages.model_dump()
     said = _plan(stages="evenly over pp with outputs = returned")
     assert said.stages.outputs == "returned" and said.stages.model_dump()["outputs"] == "returned"
-    block = "stages {\n    0: embed, layers[0:4]\n    1..3: layers[4:12]\n    3: layers[12:16], norm, head\n" \
-            "    outputs = returned\n  }"
-    text = PLAN.format(hidden=HIDDEN, vocab=VOCAB, seq=SEQ, pp=4, tp=1, batch=16, tensor="", loss="", stages="",
-                       schedule="1f1b").replace("stages   = \n", block + "\n")
-    assert api.select_plan(api.loads(text, path="p.plan")).stages.outputs == "returned"
+    assert _block_plan("outputs = returned").stages.outputs == "returned"
     for options, code in (("implementation = megatron, outputs = returned", "E206"), ("outputs = kept", "E210")):
         analysis = api.checks(PLAN.format(hidden=HIDDEN, vocab=VOCAB, seq=SEQ, pp=4, tp=1, batch=16, tensor="",
                                           loss="", stages=f"evenly over pp with {options}", schedule="1f1b"),
