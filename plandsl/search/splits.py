@@ -69,11 +69,12 @@ class Splits:
         found = partition_blocks(self.blocks, fixed, per_block, caps)
         if account is not None or len(fixed) == 1:  # `account=none`: every stage at least one block
             return found
-        if found is not None and not _end_bounds(found, fixed, per_block):
+        seconds = _stage_seconds(found, fixed, per_block) if found is not None else None
+        if found is not None and not _end_slowest(seconds, found, one_block=True):
             return found  # an end stage's one block does not set the slowest stage: no split with it empty is faster
         least = [0] + [1] * (len(fixed) - 2) + [0]
         free = partition_blocks(self.blocks, fixed, per_block, caps, least)
-        if found is None or (free is not None and _slowest(free, fixed, per_block) < _slowest(found, fixed, per_block)):
+        if found is None or (free is not None and max(_stage_seconds(free, fixed, per_block)) < max(seconds)):
             return free
         return found
 
@@ -171,10 +172,10 @@ class Splits:
             found = self._partition_cache[key] = counts if fits else None
             return found
         found = partition_prefixed(prefix, held, caps, fixed)
-        if account is None and len(ranks) > 1 and (found is None or _end_sets(found, prefix, fixed)):
+        seconds = _table_seconds(found, prefix, fixed) if found is not None else None
+        if account is None and len(ranks) > 1 and (found is None or _end_slowest(seconds, found)):
             free = partition_prefixed(prefix, held, caps, fixed, free_ends=True)  # an end: the embedding or loss alone
-            if found is None or (free is not None and _table_slowest(free, prefix, fixed)
-                                 < _table_slowest(found, prefix, fixed)):
+            if found is None or (free is not None and max(_table_seconds(free, prefix, fixed)) < max(seconds)):
                 found = free
         self._partition_cache[key] = found
         return found
@@ -193,30 +194,24 @@ class Splits:
 
 
 
-def _end_bounds(counts, fixed, per_block) -> bool:
-    """Whether an end stage holding one block is the slowest (the only way its lower bound of one block can make the
-    split slower than one that leaves it empty: the least slowest over splits with those ends free is below the
-    least with them at one only where one block there costs more than it)."""
-    slowest = _slowest(counts, fixed, per_block)
-    return any(counts[s] == 1 and fixed[s] + per_block[s] >= slowest for s in (0, len(counts) - 1))
+def _stage_seconds(counts, fixed, per_block) -> list[float]:
+    """Each stage's seconds under a split of identical blocks (`partition_blocks` minimises the slowest)."""
+    return [f + n * b for f, n, b in zip(fixed, counts, per_block)]
 
 
-def _table_slowest(counts, prefix, fixed) -> float:
-    """The slowest stage's seconds under a split of layers that differ (`partition_prefixed`'s objective)."""
+def _table_seconds(counts, prefix, fixed) -> list[float]:
+    """Each stage's seconds under a split of layers that differ (`partition_prefixed` minimises the slowest)."""
     bounds = np.cumsum((0,) + tuple(counts))
-    return max(fixed[s] + prefix[s][bounds[s + 1]] - prefix[s][bounds[s]] for s in range(len(counts)))
+    return [fixed[s] + prefix[s][bounds[s + 1]] - prefix[s][bounds[s]] for s in range(len(counts))]
 
 
-def _end_sets(counts, prefix, fixed) -> bool:
-    """Whether the first or the last stage is the slowest: only then can a split leaving it empty be faster."""
-    slowest = _table_slowest(counts, prefix, fixed)
-    bounds = np.cumsum((0,) + tuple(counts))
-    return any(fixed[s] + prefix[s][bounds[s + 1]] - prefix[s][bounds[s]] >= slowest for s in (0, len(counts) - 1))
-
-
-def _slowest(counts, fixed, per_block) -> float:
-    """The slowest stage's seconds under a split, as `partition_blocks` minimises them."""
-    return max(f + n * b for f, n, b in zip(fixed, counts, per_block))
+def _end_slowest(seconds: list[float], counts, one_block: bool = False) -> bool:
+    """Whether the first or the last stage is the slowest (`one_block`: and holds one block): only then can a split
+    leaving it empty be faster. Under identical blocks an end's lower bound of one block can make the split slower
+    only where that end holds one block: the least slowest over splits with the ends free is below the least with
+    them at one only where one block there costs more than it."""
+    slowest = max(seconds)
+    return any((counts[s] == 1 or not one_block) and seconds[s] >= slowest for s in (0, len(counts) - 1))
 
 
 __all__ = ["Splits"]
