@@ -1023,8 +1023,7 @@ def torch_stage_bytes(plan: ir.Plan, stages: int, own: Sequence[int], inflight: 
     if sizes is None or stages < 2 or not own:
         return 0.0
     boundary, output, m = sizes
-    after_first = sum(1 for stage in own if stage > 0)
-    before_last = sum(1 for stage in own if stage < stages - 1)
+    after_first, before_last = _stage_ends(own, stages)
     total = after_first * max(0.0, m - inflight) * boundary + before_last * (m + min(inflight, m)) * boundary
     if stages - 1 in own:
         total += head * output
@@ -1050,9 +1049,14 @@ def returned_merge_bytes(plan: ir.Plan, stages: int, own: Sequence[int]) -> floa
     if sizes is None or stages < 2 or stages - 1 not in own or plan.stages.outputs != "returned":
         return 0.0
     boundary, output, m = sizes
-    after_first = sum(1 for stage in own if stage > 0)
-    before_last = sum(1 for stage in own if stage < stages - 1)
+    after_first, before_last = _stage_ends(own, stages)
     return (after_first + before_last) * m * boundary + 2 * m * returned_output_bytes(plan, boundary, output)
+
+
+def _stage_ends(own: Sequence[int], stages: int) -> tuple[int, int]:
+    """Of a rank's stages `own` (of `stages`): how many come after the first (each keeps a receive buffer per
+    microbatch) and how many before the last (a gradient receive buffer per microbatch, and its outputs)."""
+    return sum(1 for stage in own if stage > 0), sum(1 for stage in own if stage < stages - 1)
 
 
 def torch_stage_sizes(plan: ir.Plan) -> tuple[float, float, int] | None:
