@@ -209,24 +209,34 @@ def test_megatron_imports_its_own_pipeline_and_torchtitan_torchs():
 def test_the_search_caps_count_the_same_buffers():
     """`search.Figures.stage_buffers`, which the caps take off each rank's room, is `torch_stage_bytes` rank by rank
     with the last stage's logits for one microbatch in flight at most: never above the leaf's exact estimate."""
+    compared = 0
+    for figures, node, memory, plan in _pipelined_nodes():
+        pp = node.root.pp
+        for schedule, virtual in (("1f1b", 1), ("gpipe", 1), ("interleaved_1f1b", 2)):
+            ranks = stage_ranks(schedule, pp, virtual)
+            inflight = figures.inflight(schedule, pp, node.microbatches, virtual)
+            expected = [torch_stage_bytes(plan, len(ranks), _own(ranks, r), float(inflight[r]),
+                                          min(1.0, float(inflight[r]))) for r in range(pp)]
+            assert figures.stage_buffers(memory, ranks, inflight).tolist() == pytest.approx(expected, rel=1e-12)
+            compared += any(expected)
+    assert compared > 5
+
+
+def _pipelined_nodes(per_root: int | None = None):
+    """(figures, node, its memory figures at ZeRO-0, its plan) of the `long` model's search on the `tight` cluster,
+    for every pipelined root and its first `per_root` nodes (all of them by default)."""
     space = Space(problem("long", "tight", 8), {}, DEFAULT_EFFICIENCY)
     figures: Figures = space.figures
-    compared = 0
     for root in space.roots():
         if root.pp == 1:
             continue
-        for node in space.expand_root(root):
-            memory = figures.layer_memory(node, 0)
-            plan = build_plan(figures.base, candidate_of(node, "", 1, 0))
-            for schedule, virtual in (("1f1b", 1), ("gpipe", 1), ("interleaved_1f1b", 2)):
-                ranks = stage_ranks(schedule, root.pp, virtual)
-                inflight = figures.inflight(schedule, root.pp, node.microbatches, virtual)
-                expected = [torch_stage_bytes(plan, len(ranks), [s for s, on in enumerate(ranks) if on == r],
-                                              float(inflight[r]), min(1.0, float(inflight[r])))
-                            for r in range(root.pp)]
-                assert figures.stage_buffers(memory, ranks, inflight).tolist() == pytest.approx(expected, rel=1e-12)
-                compared += any(expected)
-    assert compared > 5
+        for node in space.expand_root(root)[:per_root]:
+            yield figures, node, figures.layer_memory(node, 0), build_plan(figures.base, candidate_of(node, "", 1, 0))
+
+
+def _own(ranks, rank: int) -> list[int]:
+    """The stages `ranks` (a stage-to-rank map) puts on `rank`."""
+    return [s for s, on in enumerate(ranks) if on == rank]
 
 
 def test_the_plan_says_whether_the_last_stage_returns_its_outputs():
@@ -283,31 +293,22 @@ def test_returned_outputs_under_a_fused_loss_are_the_final_hidden_states():
     assert returned_merge_bytes(plan, 4, (3,)) == 8 * b + 2 * 8 * b
     assert returned.other == max((8 - 1) * b + (8 - 1) * b, 8 * b + 16 * b - returned.activations)
     assert returned.total > dropped.total
-    space = Space(problem("long", "tight", 8), {}, DEFAULT_EFFICIENCY)
-    figures: Figures = space.figures
     compared = 0
-    for root in space.roots():
-        if root.pp == 1:
-            continue
-        for node in space.expand_root(root)[:2]:
-            memory = figures.layer_memory(node, 0)
-            built = build_plan(figures.base, candidate_of(node, "", 1, 0))
-            train = built.train.model_copy(update={"loss": ir.Loss.fused})
-            built = built.model_copy(update={"train": train, "stages": built.stages.model_copy(
-                update={"outputs": "returned"})})
-            figures._buffer_plans[id(memory)] = built
-            for schedule, virtual in (("1f1b", 1), ("gpipe", 1)):
-                ranks = stage_ranks(schedule, root.pp, virtual)
-                inflight = figures.inflight(schedule, root.pp, node.microbatches, virtual)
-                last = float(inflight[ranks[-1]])
-                head = last if schedule == "gpipe" else min(1.0, last)
-                exact = torch_stage_bytes(built, len(ranks), [s for s, on in enumerate(ranks) if on == ranks[-1]],
-                                          last, head)
-                caps = figures.stage_buffers(memory, ranks, inflight)[ranks[-1]]
-                assert caps <= exact * (1 + 1e-12)
-                compared += exact > torch_stage_bytes(built.model_copy(update={"stages": built.stages.model_copy(
-                    update={"outputs": "dropped"})}), len(ranks), [s for s, on in enumerate(ranks) if on == ranks[-1]],
-                    last, head)
+    for figures, node, memory, built in _pipelined_nodes(per_root=2):
+        train = built.train.model_copy(update={"loss": ir.Loss.fused})
+        built = built.model_copy(update={"train": train, "stages": built.stages.model_copy(
+            update={"outputs": "returned"})})
+        figures._buffer_plans[id(memory)] = built
+        for schedule, virtual in (("1f1b", 1), ("gpipe", 1)):
+            ranks = stage_ranks(schedule, node.root.pp, virtual)
+            inflight = figures.inflight(schedule, node.root.pp, node.microbatches, virtual)
+            last = float(inflight[ranks[-1]])
+            head = last if schedule == "gpipe" else min(1.0, last)
+            exact = torch_stage_bytes(built, len(ranks), _own(ranks, ranks[-1]), last, head)
+            caps = figures.stage_buffers(memory, ranks, inflight)[ranks[-1]]
+            assert caps <= exact * (1 + 1e-12)
+            dropped = built.model_copy(update={"stages": built.stages.model_copy(update={"outputs": "dropped"})})
+            compared += exact > torch_stage_bytes(dropped, len(ranks), _own(ranks, ranks[-1]), last, head)
     assert compared
 
 
