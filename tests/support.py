@@ -151,3 +151,15 @@ def space_leaves(space):
                 leaf, pending = space.resolve(pending)
                 if leaf is not None:
                     yield root, node, leaf
+
+
+# One node of 8 devices of 80 GiB at 1,000 bf16 TFLOP/s on a 100 GB/s link: the hardware of the memory tests' plan
+# templates (test_pipeline_memory, test_ring_memory), braces doubled for their `str.format`.
+EIGHT_GPU_NODE = """
+device g {{
+  memory = 80 GiB
+  bandwidth = 1 TB/s
+  peak = {{ bf16: 1000 TFLOP/s }}
+}}
+node n {{ devices = 8 x g; link = {{ bandwidth: 100 GB/s, latency: 0 us }} }}
+"""

@@ -19,17 +19,11 @@ from plandsl.search.figures import Figures
 from plandsl.search.problem import build_plan
 from plandsl.search.space import Space
 from plandsl.search.tree import candidate_of
+from tests.support import EIGHT_GPU_NODE
 
 E = 2  # bf16
 HIDDEN, VOCAB, SEQ = 1024, 32000, 2048
-PLAN = """
-device g {{
-  memory = 80 GiB
-  bandwidth = 1 TB/s
-  peak = {{ bf16: 1000 TFLOP/s }}
-}}
-node n {{ devices = 8 x g; link = {{ bandwidth: 100 GB/s, latency: 0 us }} }}
-plan p {{
+PLAN = EIGHT_GPU_NODE + """plan p {{
   model    = llama(layers=16, hidden={hidden}, heads=8, seq={seq}, vocab={vocab})
   cluster  = n
   mesh     = [pp = {pp}, tp = {tp}]

@@ -11,16 +11,10 @@ from plandsl.cost.memory import (
     ring_backward_bytes,
 )
 from plandsl.ir.layers import layers_of
+from tests.support import EIGHT_GPU_NODE
 
 E = 2  # bf16
-PLAN = """
-device g {{
-  memory = 80 GiB
-  bandwidth = 1 TB/s
-  peak = {{ bf16: 1000 TFLOP/s }}
-}}
-node n {{ devices = 8 x g; link = {{ bandwidth: 100 GB/s, latency: 0 us }} }}
-plan p {{
+PLAN = EIGHT_GPU_NODE + """plan p {{
   model   = llama(layers=2, hidden=1024, heads=8, kv_heads=2, seq=8192, vocab=1000)
   cluster = n
   mesh    = [cp = {cp}, tp = {tp}]
