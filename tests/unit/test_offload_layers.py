@@ -13,7 +13,7 @@ from plandsl import api, ir
 from plandsl.cost.estimate import estimate_plan
 from plandsl.cost.layer import LayerTime
 from plandsl.cost.memory import estimate_layer_activations, estimate_plan_memory, layer_offload
-from plandsl.cost.offload import offload_seconds, offloaded_bytes
+from plandsl.cost.offload import _backward_waits, _forward_waits, offload_seconds, offloaded_bytes
 from plandsl.interop import export_plan, import_text
 from plandsl.ir.layers import layers_of
 from plandsl.ir.placement import assign_stages
@@ -101,19 +101,50 @@ def test_each_offloaded_block_leaves_the_device_but_the_one_reloaded_where_none_
 
 
 def test_copies_cost_only_what_the_other_blocks_compute_does_not_hide():
-    """One direction's copies take bytes / host_bandwidth beside the compute of every block but the first."""
+    """With 2 of 8 blocks offloaded, each copy runs beside the blocks between its issue and its deadline; one so fast
+    that it hides behind them costs nothing."""
     plan = _plan("offload_layers: 2", "host_bandwidth = 1 GB/s")
     layers = list(layers_of(plan.model))
-    copy = offloaded_bytes(plan, layers) / 1e9
-    assert copy == pytest.approx(2 * estimate_layer_activations(plan, layers[1]) / 1e9)
-    times = [LayerTime(forward=0.01 * i, input_grad=0.01 * i, weight_grad=0.01 * i, forward_comm=0.0,
-                       backward_comm=0.0, flops=0.0, recompute_flops=0.0) for i in range(len(layers))]
+    copy = estimate_layer_activations(plan, layers[1]) / 1e9
+    assert offloaded_bytes(plan, layers) / 1e9 == pytest.approx(2 * copy)
+    block = copy / 8  # each block's forward an eighth of one copy, its backward a quarter
+    times = [LayerTime(forward=block, input_grad=block, weight_grad=block, forward_comm=0.0, backward_comm=0.0,
+                       flops=0.0, recompute_flops=0.0) for _ in layers]
     device = plan.cluster.groups[0].node.device
-    hidden = [t for layer, t in zip(layers, times) if layer.kind == "block"][1:]  # blocks 2..8
     forward, backward = offload_seconds(plan, layers, times, device)
-    assert forward == pytest.approx(max(0.0, copy - sum(t.forward for t in hidden)))
-    assert backward == pytest.approx(max(0.0, copy - sum(t.input_grad + t.weight_grad for t in hidden)))
-    assert offload_seconds(_plan("offload_layers: 2", "host_bandwidth = 10000 TB/s"), layers, times, device) == (0, 0)
+    # forward: copy 0 from block 0's end, copy 1 behind it, waited for before block 7 (L - N + 1): 2 copies less
+    # blocks 1..6; backward: reload 1 at block 6's backward (L - 1 - N + 1), reload 0 behind it, waited for at
+    # block 0: 2 copies less blocks 6..1's backward
+    assert forward == pytest.approx(2 * copy - 6 * block)
+    assert backward == pytest.approx(2 * copy - 6 * 2 * block)
+    fast = _plan("offload_layers: 2", "host_bandwidth = 10000 TB/s")
+    assert offload_seconds(fast, layers, times, fast.cluster.groups[0].node.device) == (0, 0)
+
+
+@pytest.mark.parametrize("copies, waits", [
+    ([2.0, None, None, None], 0.0),    # issued at 1, due before block 3 (L - N + 0) at 3: hidden
+    ([2.5, None, None, None], 0.5),
+    ([0.5, 0.5, 0.5, None], 1.5),      # N = L - 1: each due before the next block: every copy waited for
+    ([1.0, 1.0, None, None], 0.0),     # done at 2 and 3, due before blocks 2 and 3
+    ([1.5, 1.5, None, None], 1.0),     # the second queues behind the first: done at 4, due at 3 (+0.5 before)
+    ([0.5, 0.5, 0.5, 0.5], 2.0),       # every block (torch's pipeline): each before the next, the last at the end
+])
+def test_the_forward_waits_for_each_copy_by_its_deadline(copies, waits):
+    """Transformer Engine's DefaultOffloadSynchronizer (v2.10 cpu_offload.py): block i's copy issued at block
+    i + 1's forward, on one stream behind the copies before it, waited for before block L - N + i's forward."""
+    assert _forward_waits([1.0] * 4, copies) == pytest.approx(waits)
+
+
+@pytest.mark.parametrize("copies, waits", [
+    ([3.0, None, None, None], 0.0),    # reload 0 issued at block 2's backward (t 2), needed at block 0's (t 6)
+    ([5.0, None, None, None], 1.0),
+    ([0.5, 0.5, 0.5, None], 1.5),      # N = L - 1: each reload issued at its own block's backward
+    ([2.0, 2.0, None, None], 0.0),     # reload 1 at block 2 (t 2, done 4), reload 0 at block 1 (t 4, done 6)
+    ([3.0, 3.0, None, None], 2.0),     # reload 1 done 5 (+1 at block 1), reload 0 from 5 done 8 (+1 at block 0)
+])
+def test_the_backward_waits_for_each_reload(copies, waits):
+    """Reload i issued at block L - 1 - N + i's backward, on the same stream, waited for at block i's backward."""
+    assert _backward_waits([2.0] * 4, copies) == pytest.approx(waits)
 
 
 def test_the_estimate_adds_the_exposed_copies_to_the_stage():
