@@ -8,6 +8,7 @@ model's predictions against published training runs.
     python bench/bench_search.py --mpt        # MosaicML's MPT throughput tables, summed apart (docs/validation.md)
     python bench/bench_search.py --blackwell  # Megatron-Bridge's DGX-B200 / GB200 Llama rows, summed apart
     python bench/bench_search.py --blackwell-ultra  # ... the DGX-GB300 Llama rows, summed apart
+    python bench/bench_search.py --moe-blackwell  # ... the DGX-GB300/GB200/B200 mixture-of-experts rows, apart
     python bench/bench_search.py --memory     # torchtitan's published peak memory against the memory model
 
 Targets (issue: cost model and search): GPT-3 175B on 1,024 A100s, full search, under 10 s; a 1T
@@ -826,6 +827,149 @@ def blackwell_ultra_report() -> str:
     return "\n".join(lines)
 
 
+ARCHIVE = "docs/performance-summary-archive.md"
+
+
+def nemo_moe_blackwell() -> list[Run]:
+    """The rule, written and committed before any prediction was looked at (2026-12-05, seventh session): every
+    MoE pre-training row on DGX-GB300, DGX-GB200 or DGX-B200 of the NeMo 25.11 and 26.02 containers' tables in
+    Megatron-Bridge's docs/performance-summary-archive.md (the containers of `nemo_moe_h100()`'s first rule; B300
+    rows left out: the stdlib describes no B300 cluster), whose precision the language writes (BF16 as `bf16`,
+    FP8-MX and MXFP8 as `mxfp8`): Qwen3 30B-A3B, Qwen3 235B-A22B, GPT-OSS 120B and DeepSeek-V3, 26 rows. Each row
+    is pinned to the table's layout (GPUs, global and micro batch, sequence, TP, PP, VP with the interleaved
+    schedule, "n/a" or 1 without; EP as the expert group, folded over TP where TP > 1; FSDP 0: Megatron's
+    distributed optimizer), and beyond the table to what its release's recipe for that system and precision says
+    (scripts/performance/configs/{qwen3,gpt_oss,deepseek}/ at v0.2.0 for 25.11, v0.3.0 for 26.02; where the
+    25.11 table's layout differs from the recipe's the table's is the run's): the token dispatcher
+    (`moe_flex_dispatcher_backend = "hybridep"`: `experts = hybridep over ...`, else the alltoall one), the
+    all-to-all overlap (`moe_a2a_overlap`), no recomputation (Qwen3), gradients reduced in bf16, expert TP 1; the
+    FP8 weights gathered in FP8 (`fp8_param_gather`, FP8_GATHER); Qwen3 235B's `account = [embed, loss]`
+    (qwen3_235b_a22b_pretrain_config). Pinned as none, as on the H100 rows: GPT-OSS's recomputation of the norms
+    and the experts' activation (GB200, B200: recompute_modules layernorm, moe_act). Not in the language and so not
+    priced: the CUDA graphs of the router and the dispatcher's preprocessing (and of attention on some; every
+    Qwen3 preset and GPT-OSS's GB300 ones, `cuda_graph_scope`), GPT-OSS's sliding windows, sinks and biases,
+    Qwen3's QK norms. DeepSeek-V3's rows are refused for what their recipes run that the language cannot say (a
+    row whose note starts with UNSAYABLE): the recomputation of MLA's up-projections or of the experts' activation
+    alone (`recompute_modules` mla_up_proj, moe_act), and the B200 row's MTP layer. Held out and reported apart
+    (`--moe-blackwell`), not in the targets' set: datasheet peaks, GEMM knobs not measured on Blackwell."""
+    def run(name, container, model, system, gpus, batch, measured, precision, note="", dispatcher="alltoall",
+            overlap=False, seq=None, **pins):
+        base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1, "tp": 1, "pp": 1}
+        if pins.get("pp", 1) > 1:
+            base["schedule"] = "interleaved_1f1b" if pins.get("virtual_stages", 1) > 1 else "1f1b"
+        if model == QWEN3_235B_A22B:  # qwen3_235b_a22b_pretrain_config: account_for_embedding/loss_in_pipeline_split
+            base["account"] = "embed,loss"
+        if system == "B200":
+            cluster = f"dgx_b200 x {gpus // 8}"
+        else:
+            rack = system.lower()
+            cluster = f"{rack}_nvl72_8" if gpus == 8 else f"{rack}_nvl72_64 x {gpus // 64}"
+        fold = pins.get("tp", 1) > 1
+        return Run(f"NeMo {name}, {gpus} {system}, {precision}", f"{NEMO_BRIDGE} ({ARCHIVE}), NeMo {container}",
+                   model, cluster, batch, measured, metric="tokens_per_device", seq=seq, pins={**base, **pins},
+                   dtypes={"precision": {"BF16": "bf16", "FP8-MX": "mxfp8", "MXFP8": "mxfp8"}[precision],
+                           **MEGATRON_CORE, "grad_dtype": "bf16"},
+                   note=note, family="moe-blackwell", overlap_experts=overlap, fold_experts=fold,
+                   dispatcher=dispatcher, gathering=FP8_GATHER if precision != "BF16" else ir.FSDP_GATHERING)
+    graphs = "the recipe's CUDA graphs (cuda_graph_scope: {}) not priced"
+    qwen = "QK norms not in the language (elementwise); " + graphs.format("moe_router, moe_preprocess")
+    qwen_attn = "QK norms not in the language (elementwise); " + graphs.format("attn, moe_router, moe_preprocess")
+    gpt_oss = ("sliding-window attention (128 tokens) on half the layers, attention sinks, biases and the clamped "
+               "SwiGLU are not in the language: every layer is costed with full attention")
+    recomputed = "; the recipe recomputes the norms and the experts' activation (layernorm, moe_act), pinned as none"
+    gpt_oss_graphs = "; " + graphs.format("attn, moe_router, moe_preprocess")
+    deepseek = (UNSAYABLE + "the recipe recomputes MLA's up-projections or the experts' activation alone "
+                "(recompute_modules mla_up_proj, moe_act)")
+    hyb = dict(dispatcher="hybridep")
+    rows = [
+        # NeMo 25.11 (recipes: v0.2.0)
+        run("GPT-OSS 120B (e64, mb 2, seq 8192)", "25.11", GPT_OSS_120B, "GB300", 64, 1280, 18347, "BF16",
+            gpt_oss + gpt_oss_graphs, seq=8192, ep=64, dp=1, micro_batch_size=2),
+        run("Qwen3 30B-A3B (e8, mb 4)", "25.11", QWEN3_30B_A3B, "GB300", 8, 512, 28934, "FP8-MX", qwen,
+            ep=8, dp=1, micro_batch_size=4, **hyb),
+        run("Qwen3 235B-A22B (p4 v12 e16, mb 2)", "25.11", QWEN3_235B_A22B, "GB300", 256, 8192, 6131, "BF16", qwen,
+            pp=4, virtual_stages=12, ep=16, dp=4, micro_batch_size=2, **hyb),
+        run("DeepSeek-V3 (p2 v4 e32)", "25.11", "deepseek_v3", "GB300", 256, 4096, 3848, "BF16", deepseek,
+            pp=2, virtual_stages=4, ep=32, dp=4),
+        run("DeepSeek-V3 (p2 v4 e32)", "25.11", "deepseek_v3", "GB300", 256, 4096, 4357, "FP8-MX", deepseek,
+            pp=2, virtual_stages=4, ep=32, dp=4),
+        run("GPT-OSS 120B (e64, seq 8192)", "25.11", GPT_OSS_120B, "GB200", 64, 1280, 15876, "BF16",
+            gpt_oss + recomputed, seq=8192, ep=64, dp=1),
+        run("Qwen3 30B-A3B (e8, mb 4)", "25.11", QWEN3_30B_A3B, "GB200", 8, 512, 23766, "FP8-MX", qwen,
+            ep=8, dp=1, micro_batch_size=4, **hyb),
+        run("Qwen3 235B-A22B (p8 v3 e32)", "25.11", QWEN3_235B_A22B, "GB200", 256, 8192, 4916, "BF16", qwen_attn,
+            pp=8, virtual_stages=3, ep=32, dp=1, **hyb),
+        run("DeepSeek-V3 (p4 v4 e64)", "25.11", "deepseek_v3", "GB200", 256, 4096, 3139, "BF16", deepseek,
+            pp=4, virtual_stages=4, ep=64, dp=1),
+        run("DeepSeek-V3 (p8 v4 e32)", "25.11", "deepseek_v3", "GB200", 256, 4096, 4018, "FP8-MX", deepseek,
+            pp=8, virtual_stages=4, ep=32, dp=1),
+        run("DeepSeek-V3 (p16 e8, MTP)", "25.11", "deepseek_v3", "B200", 256, 2048, 2139, "FP8-MX",
+            deepseek + "; its MTP layer", pp=16, ep=8, dp=2),
+        run("GPT-OSS 120B (e8, mb 4), gbs 512", "25.11", GPT_OSS_120B, "B200", 64, 512, 8213, "BF16",
+            gpt_oss + recomputed, ep=8, dp=8, micro_batch_size=4),
+        run("Qwen3 30B-A3B (e8)", "25.11", QWEN3_30B_A3B, "B200", 8, 512, 9299, "FP8-MX", qwen, ep=8, dp=1),
+        run("Qwen3 235B-A22B (p8 v2 e8), gbs 1024", "25.11", QWEN3_235B_A22B, "B200", 64, 1024, 3269, "FP8-MX",
+            "QK norms not in the language (elementwise); the recipe's moe_a2a_overlap: experts = ... with overlap",
+            overlap=True, pp=8, virtual_stages=2, ep=8, dp=1),
+        # NeMo 26.02 (recipes: v0.3.0, the *_V2 presets for GBS 1280 / 8192 and DeepSeek-V3's GBS 4096)
+        run("DeepSeek-V3 (p2 v8 e32, mb 2)", "26.02", "deepseek_v3", "GB300", 256, 4096, 4612, "MXFP8", deepseek,
+            pp=2, virtual_stages=8, ep=32, dp=4, micro_batch_size=2),
+        run("DeepSeek-V3 (p4 v4 e64)", "26.02", "deepseek_v3", "GB200", 256, 4096, 3955, "MXFP8", deepseek,
+            pp=4, virtual_stages=4, ep=64, dp=1),
+        run("DeepSeek-V3 (p16 e8)", "26.02", "deepseek_v3", "B200", 256, 4096, 2689, "MXFP8", deepseek,
+            pp=16, ep=8, dp=2),
+        run("GPT-OSS 120B (e64, mb 4)", "26.02", GPT_OSS_120B, "GB300", 64, 1280, 19412, "BF16",
+            gpt_oss + gpt_oss_graphs, ep=64, dp=1, micro_batch_size=4),
+        run("GPT-OSS 120B (e64, mb 4)", "26.02", GPT_OSS_120B, "GB200", 64, 1280, 15784, "BF16",
+            gpt_oss + recomputed, ep=64, dp=1, micro_batch_size=4),
+        run("GPT-OSS 120B (e64, mb 4)", "26.02", GPT_OSS_120B, "B200", 64, 1280, 8047, "BF16",
+            gpt_oss + recomputed, ep=64, dp=1, micro_batch_size=4),
+        run("Qwen3 30B-A3B (e8, mb 8)", "26.02", QWEN3_30B_A3B, "GB300", 8, 512, 30376, "MXFP8", qwen,
+            ep=8, dp=1, micro_batch_size=8, **hyb),
+        run("Qwen3 30B-A3B (e8, mb 4)", "26.02", QWEN3_30B_A3B, "GB200", 8, 512, 26084, "MXFP8", qwen,
+            ep=8, dp=1, micro_batch_size=4, **hyb),
+        run("Qwen3 30B-A3B (e8)", "26.02", QWEN3_30B_A3B, "B200", 8, 512, 9691, "MXFP8", qwen, ep=8, dp=1),
+        run("Qwen3 235B-A22B (p4 e32, mb 2)", "26.02", QWEN3_235B_A22B, "GB300", 256, 8192, 6583, "MXFP8",
+            qwen_attn, pp=4, ep=32, dp=2, micro_batch_size=2, **hyb),
+        run("Qwen3 235B-A22B (p8 e32)", "26.02", QWEN3_235B_A22B, "GB200", 256, 8192, 5448, "MXFP8", qwen_attn,
+            pp=8, ep=32, dp=1, **hyb),
+        run("Qwen3 235B-A22B (p8 e8)", "26.02", QWEN3_235B_A22B, "B200", 256, 8192, 3805, "MXFP8",
+            "QK norms not in the language (elementwise)", pp=8, ep=8, dp=4)]
+    return rows
+
+
+def moe_blackwell_report() -> str:
+    """The Blackwell MoE rows as `blackwell_ultra_report` gives its: each predicted, refused by the memory model or
+    the stages, or refused for what its recipe runs that the language cannot say; the median and maximum |error|
+    per model and per system of those predicted."""
+    results, refused = [], []
+    for run in nemo_moe_blackwell():
+        if run.note.startswith(UNSAYABLE):
+            refused.append((run, run.note))
+            continue
+        try:
+            results.append((run, *predict(run, None)))
+        except SearchError as problem:
+            refused.append((run, "does not fit" if "does not fit" in str(problem) else "no plan satisfies the pins"))
+    lines = ["| run | source | measured tokens/s/GPU | predicted | error | plan the search chose |",
+             "|---|---|---|---|---|---|"]
+    for run, value, best in results:
+        lines.append(f"| {run.name} | NeMo {run.source.rsplit('NeMo ', 1)[1]} | {run.measured:,.0f} | {value:,.0f} | "
+                     f"{error(run, value):+.1%} | {best.candidate.describe()} |")
+    lines += [f"| {run.name} | NeMo {run.source.rsplit('NeMo ', 1)[1]} | {run.measured:,.0f} | refused: {why} | | |"
+              for run, why in refused]
+    lines.append("")
+    groups = [(label, lambda run, key=key: key in run.name) for label, key in
+              (("Qwen3 30B-A3B", "30B"), ("Qwen3 235B-A22B", "235B"), ("GPT-OSS 120B", "GPT-OSS"),
+               ("GB300", " GB300,"), ("GB200", " GB200,"), ("B200", " B200,"))]
+    for label, mine in [("all", lambda run: True)] + groups:
+        errors = [error(run, value) for run, value, _ in results if mine(run)]
+        if errors:
+            lines.append(f"{label}: {len(errors)} predicted; median |error| {statistics.median(map(abs, errors)):.1%}, "
+                         f"mean error {statistics.mean(errors):+.1%}, max |error| {max(map(abs, errors)):.1%}")
+    return "\n".join(lines)
+
+
 STACK_KEYS = {"kernels": ir.Kernels, "attention": ir.Attention, "loss": ir.Loss, "fp8_recipe": ir.Fp8Recipe,
               "bf16_first_layers": int, "bf16_last_layers": int}  # Run.dtypes' keys that are no dtype
 
@@ -1389,6 +1533,8 @@ def main(argv: list[str]) -> None:
         print(datasheet_zero3(None))
     elif "--mpt" in argv:
         print(mpt_report())
+    elif "--moe-blackwell" in argv:
+        print(moe_blackwell_report())
     elif "--blackwell-ultra" in argv:
         print(blackwell_ultra_report())
     elif "--blackwell" in argv:
