@@ -9,6 +9,7 @@ model's predictions against published training runs.
     python bench/bench_search.py --blackwell  # Megatron-Bridge's DGX-B200 / GB200 Llama rows, summed apart
     python bench/bench_search.py --blackwell-ultra  # ... the DGX-GB300 Llama rows, summed apart
     python bench/bench_search.py --moe-blackwell  # ... the DGX-GB300/GB200/B200 mixture-of-experts rows, apart
+    python bench/bench_search.py --moe-gaps   # every MoE row's measured and predicted time per block and microbatch
     python bench/bench_search.py --memory     # torchtitan's published peak memory against the memory model
 
 Targets (issue: cost model and search): GPT-3 175B on 1,024 A100s, full search, under 10 s; a 1T
@@ -847,7 +848,7 @@ def nemo_moe_blackwell() -> list[Run]:
     (qwen3_235b_a22b_pretrain_config). Pinned as none, as on the H100 rows: GPT-OSS's recomputation of the norms
     and the experts' activation (GB200, B200: recompute_modules layernorm, moe_act). Not in the language and so not
     priced: the CUDA graphs of the router and the dispatcher's preprocessing (and of attention on some; every
-    Qwen3 preset and GPT-OSS's GB300 ones, `cuda_graph_scope`), GPT-OSS's sliding windows, sinks and biases,
+    Qwen3 preset but B200's 235B, and GPT-OSS's GB300 ones, `cuda_graph_scope`), GPT-OSS's sliding windows, sinks and biases,
     Qwen3's QK norms. DeepSeek-V3's rows are refused for what their recipes run that the language cannot say (a
     row whose note starts with UNSAYABLE): the recomputation of MLA's up-projections or of the experts' activation
     alone (`recompute_modules` mla_up_proj, moe_act), and the B200 row's MTP layer. Held out and reported apart
@@ -880,7 +881,7 @@ def nemo_moe_blackwell() -> list[Run]:
     gpt_oss_graphs = "; " + graphs.format("attn, moe_router, moe_preprocess")
     deepseek = (UNSAYABLE + "the recipe recomputes MLA's up-projections or the experts' activation alone "
                 "(recompute_modules mla_up_proj, moe_act)")
-    hyb = dict(dispatcher="hybridep")
+    hyb = {"dispatcher": "hybridep"}
     rows = [
         # NeMo 25.11 (recipes: v0.2.0)
         run("GPT-OSS 120B (e64, mb 2, seq 8192)", "25.11", GPT_OSS_120B, "GB300", 64, 1280, 18347, "BF16",
@@ -965,8 +966,36 @@ def moe_blackwell_report() -> str:
     for label, mine in [("all", lambda run: True)] + groups:
         errors = [error(run, value) for run, value, _ in results if mine(run)]
         if errors:
-            lines.append(f"{label}: {len(errors)} predicted; median |error| {statistics.median(map(abs, errors)):.1%}, "
-                         f"mean error {statistics.mean(errors):+.1%}, max |error| {max(map(abs, errors)):.1%}")
+            lines.append(f"{label}: {len(errors)} predicted, {sum(mine(r) for r, _ in refused)} refused; median |error| "
+                         f"{statistics.median(map(abs, errors)):.1%}, mean error {statistics.mean(errors):+.1%}, "
+                         f"max |error| {max(map(abs, errors)):.1%}")
+    return "\n".join(lines)
+
+
+def moe_gap_report() -> str:
+    """Every MoE row predicted (H100: `published()`'s family "moe"; Blackwell: `nemo_moe_blackwell()`), per layer and
+    microbatch on one rank: the measured and the predicted step over the microbatches times the blocks a rank runs,
+    their difference, and that difference over the rank's local experts (docs/validation.md, "What the Blackwell
+    rows say"). The step holds more than the blocks (embedding, loss, bubble, optimizer): a reading, not a fit."""
+    runs = [r for r in published() if r.family == "moe"] + [r for r in nemo_moe_blackwell()
+                                                              if not r.note.startswith(UNSAYABLE)]
+    lines = ["| run | error | tokens a microbatch | local experts | measured ms | predicted ms | gap ms | gap per expert |",
+             "|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        try:
+            value, best = predict(run, None)
+        except SearchError:
+            continue
+        plan, estimate = best.plan, best.estimate
+        devices = math.prod(axis.size for axis in plan.mesh.axes)
+        measured = run.global_batch * plan.seq / devices / run.measured
+        blocks = estimate.microbatches * plan.model.layers / plan.pp
+        group = best.candidate.ep * (best.candidate.tp if best.candidate.fold else 1)
+        local = plan.model.experts // group
+        gap = (measured - estimate.time.step) / blocks
+        lines.append(f"| {run.name} | {error(run, value):+.1%} | {plan.train.micro_batch * plan.seq:,} | {local} | "
+                     f"{1e3 * measured / blocks:.1f} | {1e3 * estimate.time.step / blocks:.1f} | {1e3 * gap:.1f} | "
+                     f"{1e3 * gap / local:.2f} |")
     return "\n".join(lines)
 
 
@@ -1535,6 +1564,8 @@ def main(argv: list[str]) -> None:
         print(mpt_report())
     elif "--moe-blackwell" in argv:
         print(moe_blackwell_report())
+    elif "--moe-gaps" in argv:
+        print(moe_gap_report())
     elif "--blackwell-ultra" in argv:
         print(blackwell_ultra_report())
     elif "--blackwell" in argv:
