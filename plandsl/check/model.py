@@ -1,4 +1,4 @@
-"""Model shapes (E220-E229): the sizes a gpt or llama model needs for its torch module to run.
+"""Model shapes (E220-E230): the sizes a gpt or llama model needs for its torch module to run.
 
 Stage: checker. Contract: `check_model(plan)` yields one diagnostic per shape rule the plan's model
 breaks, each at the argument that breaks it, with a hint whose numbers give a model that obeys every
@@ -15,8 +15,10 @@ reference model's own requirements (`plandsl.runtime.models`, whose constructors
 - E226 multi-head latent attention's other arguments only with `kv_lora_rank` (which turns it on); under it the
   head dims are its own (E220 does not apply) and E222 asks for an even `qk_rope_head_dim`;
 - E227 under MLA `kv_heads` equal to `heads`: each head up-projects its own keys and values from the latent;
-- E228 `dense_layers` fewer than `layers` (some block must be a mixture of experts);
-- E229 `dense_layers` and `dense_ffn` only on a mixture of experts, and `dense_ffn` only with `dense_layers`.
+- E228 `dense_layers` fewer than `layers`, and with `moe_every` some block left a mixture of experts;
+- E229 `dense_layers`, `moe_every`, `moe_offset` and `dense_ffn` only on a mixture of experts, and `dense_ffn` only
+  where some block is dense;
+- E230 `moe_offset` below `moe_every` (the MoE blocks are those at moe_offset of every moe_every).
 """
 from __future__ import annotations
 
@@ -90,23 +92,46 @@ def _latent_attention(model: ir.TransformerModel) -> Iterator[Diagnostic]:
 
 
 def _dense_layers(model: ir.TransformerModel) -> Iterator[Diagnostic]:
-    if not model.dense_layers and not model.dense_ffn:
+    interleaved = [key for key in ("moe_every", "moe_offset") if key in model.field_spans]
+    if not model.dense_layers and not model.dense_ffn and not interleaved:
         return
     if not model.experts:
-        written = "dense_layers" if model.dense_layers else "dense_ffn"
+        written = "dense_layers" if model.dense_layers else interleaved[0] if interleaved else "dense_ffn"
         yield diag("E229", f"{written}={getattr(model, written)} on model '{model.name}', which has no experts: "
-                   "dense layers come before the mixture-of-experts layers of a model that has them",
-                   model.span_of(written), hint="add experts=N (and top_k), or drop dense_layers and dense_ffn: "
-                   "every block of a dense model is dense")
-    elif not model.dense_layers:
-        yield diag("E229", f"dense_ffn={model.dense_ffn} without dense_layers: no block of model '{model.name}' is "
-                   "dense", model.span_of("dense_ffn"), hint="add dense_layers=N (DeepSeek-V3: 3), or drop dense_ffn")
-    elif model.dense_layers >= model.layers:
+                   "dense layers come before or between the mixture-of-experts layers of a model that has them",
+                   model.span_of(written), hint="add experts=N (and top_k), or drop dense_layers, moe_every, "
+                   "moe_offset and dense_ffn: every block of a dense model is dense")
+    elif model.moe_offset >= model.moe_every:
+        every = model.moe_every
+        yield diag("E230", f"moe_offset ({model.moe_offset}) is not below moe_every ({every}): block i is a "
+                   f"mixture of experts where i % {every} == moe_offset, so no block would be one",
+                   model.span_of("moe_offset"),
+                   hint=f"moe_offset={every - 1} (the last block of every {every}, Hugging Face's) or moe_offset=0 "
+                        "(the first, Megatron-LM's --moe-layer-freq)" if every > 1 else "drop moe_offset",
+                   notes=_note(model, "moe_every"), edits=_edit(model, "moe_offset", every - 1))
+    elif not model.mixed_blocks:
+        yield diag("E229", f"dense_ffn={model.dense_ffn} without dense layers: no block of model '{model.name}' is "
+                   "dense", model.span_of("dense_ffn"),
+                   hint="add dense_layers=N (DeepSeek-V3: 3) or moe_every=N (Llama 4 Maverick: 2), or drop dense_ffn")
+    elif _first_moe_block(model) >= model.layers:
         fewer = model.layers - 1
-        yield diag("E228", f"dense_layers ({model.dense_layers}) leaves none of the {model.layers} layers a mixture "
-                   "of experts", model.span_of("dense_layers"),
-                   hint=f"dense_layers={fewer} or fewer" if fewer else "drop dense_layers, or add layers",
-                   notes=_note(model, "layers"), edits=_edit(model, "dense_layers", fewer) if fewer else [])
+        if model.moe_every == 1:
+            yield diag("E228", f"dense_layers ({model.dense_layers}) leaves none of the {model.layers} layers a "
+                       "mixture of experts", model.span_of("dense_layers"),
+                       hint=f"dense_layers={fewer} or fewer" if fewer else "drop dense_layers, or add layers",
+                       notes=_note(model, "layers"), edits=_edit(model, "dense_layers", fewer) if fewer else [])
+        else:
+            yield diag("E228", f"with dense_layers={model.dense_layers}, moe_every={model.moe_every} and "
+                       f"moe_offset={model.moe_offset} the first mixture-of-experts block would be block "
+                       f"{_first_moe_block(model)}, past the model's {model.layers} layers",
+                       model.span_of("moe_every"), hint="fewer dense_layers, a smaller moe_every or moe_offset, "
+                       "or more layers", notes=_note(model, "layers"))
+
+
+def _first_moe_block(model: ir.TransformerModel) -> int:
+    """The index of the first block `ir.TransformerModel.moe_block` makes a mixture of experts (past the layers: none)."""
+    start = model.dense_layers
+    return start + (model.moe_offset - start) % model.moe_every
 
 
 def _shape_options(model: ir.TransformerModel, tp: int) -> tuple[str, list[int], list[int]]:

@@ -39,7 +39,7 @@ CODES: dict[str, str] = {
     "E216": "malformed measured table (GEMMs of a device, collectives of a link)",
     "E217": "measured GEMM table inconsistent with the device's peak",
     "E218": "options that contradict each other (prefetch and prefetch_bucket)",
-    # E22x: model shapes (what the model's torch module needs to run)
+    # E22x-E230: model shapes (what the model's torch module needs to run)
     "E220": "hidden size not divisible by attention heads",
     "E221": "attention heads not divisible by key/value heads",
     "E222": "odd head dimension under rotary embeddings",
@@ -50,6 +50,7 @@ CODES: dict[str, str] = {
     "E227": "kv_heads differs from heads under multi-head latent attention",
     "E228": "dense_layers leaves no mixture-of-experts layer",
     "E229": "dense layers on a model without experts (or dense_ffn without dense_layers)",
+    "E230": "moe_offset not below moe_every",
     # E3xx: clusters and meshes
     "E301": "mesh needs more devices than the cluster has",
     "E302": "unknown mesh axis",

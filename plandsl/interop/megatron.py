@@ -175,8 +175,8 @@ def _model_args(plan: ir.Plan, args: list, lose) -> None:
     if not isinstance(model, ir.TransformerModel):
         lose(f"a {model.kind} model (only gpt(...) and llama(...) are Megatron's GPTModel)", "model")
         return
-    # with dense layers first, --ffn-hidden-size is the dense layers' MLP and --moe-ffn-hidden-size the experts'
-    dense = model.dense_layers and model.experts
+    # with dense layers, --ffn-hidden-size is the dense layers' MLP and --moe-ffn-hidden-size the experts'
+    dense = model.mixed_blocks
     args += [("--num-layers", str(model.layers)), ("--hidden-size", str(model.hidden)),
              ("--ffn-hidden-size", str(model.dense_ffn if dense else model.ffn_hidden)),
              ("--num-attention-heads", str(model.heads))]
@@ -211,13 +211,36 @@ def _model_args(plan: ir.Plan, args: list, lose) -> None:
         if model.shared_experts:  # TransformerConfig.moe_shared_expert_intermediate_size: one MLP that wide
             args.append(("--moe-shared-expert-intermediate-size", str(model.shared_experts * model.ffn_hidden)))
         if dense:
-            args += [("--moe-ffn-hidden-size", str(model.ffn_hidden)),
-                     ("--moe-layer-freq", dense_pattern(model.dense_layers, model.layers))]
+            args += [("--moe-ffn-hidden-size", str(model.ffn_hidden)), ("--moe-layer-freq", moe_layer_freq(model))]
 
 
-def dense_pattern(dense: int, layers: int) -> str:
-    """--moe-layer-freq for `dense` dense layers, then MoE ones: "([0]*3+[1]*58)", as DeepSeek-V3's recipes write it."""
-    return f"([0]*{dense}+[1]*{layers - dense})"
+def moe_layer_freq(model: ir.TransformerModel) -> str:
+    """--moe-layer-freq for a model's dense and MoE blocks (`ir.TransformerModel.moe_block`): dense ones first,
+    "([0]*3+[1]*58)" as DeepSeek-V3's recipes write it; MoE every N-th from the first, Megatron-LM's own integer N;
+    any other, the list expression of one period repeated, "([0]*1+[1]*1)*24", after the blocks before the first whole
+    period that `dense_layers` changes and before those the last period leaves."""
+    layers, every = model.layers, model.moe_every
+    if every == 1:
+        return f"([0]*{model.dense_layers}+[1]*{layers - model.dense_layers})"
+    if not model.dense_layers and model.moe_offset == 0:
+        return str(every)
+    kinds = [int(model.moe_block(i)) for i in range(layers)]
+    start = -(-model.dense_layers // every) * every  # the first period the dense layers leave whole
+    periods = max(0, layers - start) // every
+    end = start + periods * every
+    parts = [_runs(kinds[:start]), f"({_runs(kinds[start:start + every])})*{periods}" if periods else "",
+             _runs(kinds[end:])]
+    return "(" + "+".join(part for part in parts if part) + ")"
+
+
+def _runs(kinds: list[int]) -> str:
+    """0s and 1s as Megatron-LM's list expression, a term per run: [0, 0, 1] -> "[0]*2+[1]*1"."""
+    terms, index = [], 0
+    while index < len(kinds):
+        length = next((n for n in range(1, len(kinds) - index) if kinds[index + n] != kinds[index]), len(kinds) - index)
+        terms.append(f"[{kinds[index]}]*{length}")
+        index += length
+    return "+".join(terms)
 
 
 def _train_args(plan: ir.Plan, args: list, lose) -> None:

@@ -314,11 +314,11 @@ def _model(read: _Read) -> str | None:
                              hint=f"--moe-shared-expert-intermediate-size {max(1, round(shared / ffn)) * ffn}")
                 return None
             args.append(f"shared_experts={shared // ffn}")
-        dense = _dense_layers(read, read.get("--num-layers"))
-        if dense is None:
+        kinds = _block_kinds(read, read.get("--num-layers"))
+        if kinds is None:
             return None
-        if dense:
-            args += [f"dense_layers={dense}", f"dense_ffn={dense_ffn or ffn}"]
+        if kinds:
+            args += kinds + [f"dense_ffn={dense_ffn or ffn}"]
     elif "--moe-router-topk" in read.values or "--moe-layer-freq" in read.values or \
             "--moe-ffn-hidden-size" in read.values:
         given = next(f for f in ("--moe-router-topk", "--moe-layer-freq", "--moe-ffn-hidden-size") if f in read.values)
@@ -358,24 +358,35 @@ def _latent_attention(read: _Read) -> list[str] | None:
     return [f"{LATENT_FLAGS[flag]}={value}" for flag, value in values.items() if value is not None]
 
 
-def _dense_layers(read: _Read, layers: int) -> int | None:
-    """--moe-layer-freq as dense_layers: an int 1 (every layer MoE, 0 dense) or a list of D zeros then ones (D);
-    another pattern (MoE layers between dense ones) is E807."""
+def _block_kinds(read: _Read, layers: int) -> list[str] | None:
+    """--moe-layer-freq as llama()'s dense_layers, moe_every and moe_offset (none written: every layer MoE): an
+    integer N (MoE where i % N == 0: moe_every=N, moe_offset=0) or a list of 0 (dense) and 1 (MoE) per layer whose
+    MoE layers are every N-th from the first to the last period (D zeros then ones: dense_layers=D); another
+    pattern (MoE layers at uneven steps, or none) is E807."""
     text = read.get("--moe-layer-freq")
     if text is None:
-        return 0
+        return []
     pattern = _layer_pattern(text, layers)
     if pattern is None:
         read.problem("E804", f"--moe-layer-freq {text}: an integer or a list of 0 (dense) and 1 (MoE) per layer, "
                      f"{layers} long", "--moe-layer-freq", hint=f"--moe-layer-freq \"([0]*1+[1]*{layers - 1})\"")
         return None
-    dense = pattern.index(1) if 1 in pattern else len(pattern)
-    if dense == layers or not all(pattern[dense:]):
-        read.problem("E807", f"--moe-layer-freq {text}: a plan's dense layers are its first ones, every later layer "
-                     "a mixture of experts", "--moe-layer-freq",
-                     hint=f"--moe-layer-freq \"([0]*{min(dense, layers - 1)}+[1]*{layers - min(dense, layers - 1)})\"")
+    moe = [i for i, kind in enumerate(pattern) if kind]
+    first = moe[0] if moe else layers
+    every = moe[1] - moe[0] if len(moe) > 1 else 1 if first == layers - 1 else layers - first
+    if not moe or moe != list(range(first, layers, every)):
+        read.problem("E807", f"--moe-layer-freq {text}: a plan's mixture-of-experts layers are every N-th layer after "
+                     "its first dense ones, to the last (dense_layers, moe_every, moe_offset)", "--moe-layer-freq",
+                     hint=f"--moe-layer-freq \"([0]*{min(first, layers - 1)}+[1]*{layers - min(first, layers - 1)})\"")
         return None
-    return dense
+    offset = first % every
+    dense = 0 if first < every else first - every + 1  # the fewest leading dense layers that leave `first` the first
+    kinds = [f"dense_layers={dense}"] if dense else []
+    if every > 1:
+        kinds.append(f"moe_every={every}")
+        if offset != every - 1:  # llama()'s default: the last of every N (Hugging Face's)
+            kinds.append(f"moe_offset={offset}")
+    return kinds
 
 
 def _layer_pattern(text: str, layers: int) -> list[int] | None:

@@ -371,8 +371,9 @@ class Cluster(Node):
 # ---- models ---------------------------------------------------------------------------
 class TransformerModel(OptionalKeys):
     """A decoder-only transformer: `gpt(...)` (MHA, GELU MLP 4h) or `llama(...)` (GQA or multi-head latent
-    attention, SwiGLU, a mixture of experts, optionally after `dense_layers` dense blocks)."""
-    optional_keys = ("head_dim",)  # a model that writes no `head_dim` dumps as before the key existed
+    attention, SwiGLU, a mixture of experts, optionally after `dense_layers` dense blocks or every `moe_every`-th
+    block)."""
+    optional_keys = ("head_dim", "moe_every", "moe_offset")  # a model that writes none dumps as before they existed
     kind: Literal["gpt", "llama"]
     name: str
     layers: int = Field(gt=0, le=100_000)
@@ -403,7 +404,13 @@ class TransformerModel(OptionalKeys):
     dense_layers: int = Field(default=0, ge=0, description="with experts: the first dense_layers blocks are dense "
                               "(a SwiGLU MLP of dense_ffn), the others mixture-of-experts layers (DeepSeek-V3's "
                               "first_k_dense_replace)")
-    dense_ffn: int = Field(default=0, ge=0, description="the dense blocks' MLP width, with dense_layers")
+    dense_ffn: int = Field(default=0, ge=0, description="the dense blocks' MLP width, with dense_layers or moe_every")
+    moe_every: int = Field(default=1, ge=1, description="with experts: every moe_every-th block is a mixture of "
+                           "experts, the others dense (a SwiGLU MLP of dense_ffn): Llama 4's interleave_moe_layer_step, "
+                           "Qwen2-MoE's decoder_sparse_step, Megatron-LM's --moe-layer-freq N")
+    moe_offset: int = Field(default=0, ge=0, description="with moe_every: the mixture-of-experts blocks are those whose "
+                            "index i has i % moe_every == moe_offset (and i >= dense_layers); Hugging Face's "
+                            "moe_every - 1, Megatron-LM's 0")
     tied_embeddings: bool = False
     parallel_blocks: bool = Field(default=False, description="GPT-NeoX's parallel residual: each block adds "
                                   "attn(norm1 x) and mlp(norm2 x) to the same input x (Black et al. 2022), "
@@ -418,6 +425,17 @@ class TransformerModel(OptionalKeys):
     def latent_attention(self) -> bool:
         """Whether attention is multi-head latent attention (MLA): `kv_lora_rank` set."""
         return self.kv_lora_rank > 0
+
+    def moe_block(self, index: int) -> bool:
+        """Whether block `index` is a mixture of experts: with experts, past the first `dense_layers` blocks, at
+        `moe_offset` of every `moe_every` blocks (Megatron-Core's per-layer pattern, `--moe-layer-freq`)."""
+        return self.experts > 0 and index >= self.dense_layers and index % self.moe_every == self.moe_offset
+
+    @property
+    def mixed_blocks(self) -> bool:
+        """Whether a mixture of experts has dense blocks too (`dense_layers`, `moe_every`): two kinds of block."""
+        return self.experts > 0 and any(not self.moe_block(i)
+                                        for i in range(min(self.layers, self.dense_layers + self.moe_every)))
 
 
 class MLPModel(Node):

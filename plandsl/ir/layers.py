@@ -190,7 +190,7 @@ def _transformer_layers(model: ir.TransformerModel) -> tuple[Layer, ...]:
     layers = [_layer("embed", "embed", embed, 0, hidden)]
 
     # Blocks of one kind differ only in their names: one block's params, renamed per index when read
-    # (`BlockParams`). Two kinds with `dense_layers`: the dense blocks first, then the MoE ones.
+    # (`BlockParams`). Two kinds with `dense_layers` or `moe_every`: the dense blocks and the MoE ones.
     kinds = {}
     for index in range(model.layers):
         view = block_model(model, index)
@@ -214,23 +214,23 @@ _DENSE_VIEWS: dict[int, tuple[weakref.ref, ir.TransformerModel]] = {}
 
 
 def block_model(model: ir.Model, block: "int | Layer") -> ir.Model:
-    """The model as block `block` (its index, or its layer) sees it: a dense block of a dense-then-MoE model
-    (`dense_layers`) is a dense llama block with `dense_ffn`, every other block the model itself. The cost
-    model and the catalogue size a block from this, so a kind of block is computed once (the same object
-    for every dense block of a model, while the model lives)."""
-    if not isinstance(model, ir.TransformerModel) or not model.dense_layers:
+    """The model as block `block` (its index, or its layer) sees it: a dense block of a mixture of experts with
+    dense blocks (`dense_layers`, `moe_every`: `ir.TransformerModel.moe_block`) is a dense llama block with
+    `dense_ffn`, every other block the model itself. The cost model and the catalogue size a block from this, so
+    a kind of block is computed once (the same object for every dense block of a model, while the model lives)."""
+    if not isinstance(model, ir.TransformerModel) or not model.experts or not (model.dense_layers or model.moe_every > 1):
         return model
     if isinstance(block, Layer):
         if block.kind != "block":
             return model
         block = int(block.name.rpartition(".")[2])
-    if block >= model.dense_layers or not model.experts:
+    if model.moe_block(block):
         return model
     found = _DENSE_VIEWS.get(id(model))
     if found is not None and found[0]() is model:
         return found[1]
     view = model.model_copy(update={"experts": 0, "top_k": 0, "shared_experts": 0, "ffn_hidden": model.dense_ffn,
-                                    "dense_layers": 0, "dense_ffn": 0})
+                                    "dense_layers": 0, "dense_ffn": 0, "moe_every": 1, "moe_offset": 0})
     _DENSE_VIEWS[id(model)] = (weakref.ref(model, lambda _, key=id(model): _DENSE_VIEWS.pop(key, None)), view)
     return view
 

@@ -27,7 +27,7 @@ def tensor_extents(model: ir.Model, seq: int | None = None, cp: int = 1) -> dict
                 "ffn_hidden": model.ffn_hidden, "vocab": model.vocab}
         if model.kv_heads == model.heads:
             del dims["kv_heads"]
-        if model.dense_layers and model.experts:  # the dense blocks' MLP, split as ffn_hidden is
+        if model.mixed_blocks:  # the dense blocks' MLP, split as ffn_hidden is
             dims["dense_ffn"] = model.dense_ffn
         if seq is not None and cp > 1 and seq % cp == 0:
             dims["seq / cp"] = seq // cp  # each context rank's share is what is split

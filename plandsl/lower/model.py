@@ -1,7 +1,7 @@
 """Model expressions and schedule definitions -> IR (E212 for families and arguments).
 
 `gpt(layers=, hidden=, heads=, seq=, vocab=)`, `llama(...)` (GQA or multi-head latent attention, SwiGLU, MoE
-with `experts=`/`top_k=`/`shared_experts=`, dense blocks before the MoE ones), `mlp(...)`, and models written out
+with `experts=`/`top_k=`/`shared_experts=`, dense blocks before the MoE ones or between them), `mlp(...)`, and models written out
 layer by layer.
 """
 from __future__ import annotations
@@ -29,7 +29,8 @@ FAMILIES: dict[str, dict[str, bool]] = {
     "llama": {"layers": True, "hidden": True, "heads": True, "seq": True, "vocab": True,
               "kv_heads": False, "head_dim": False, "ffn": False, "experts": False, "top_k": False, "shared_experts": False,
               "q_lora_rank": False, "kv_lora_rank": False, "qk_rope_head_dim": False, "qk_nope_head_dim": False,
-              "v_head_dim": False, "dense_layers": False, "dense_ffn": False, "tied": False, "parallel": False},
+              "v_head_dim": False, "dense_layers": False, "dense_ffn": False, "moe_every": False, "moe_offset": False,
+              "tied": False, "parallel": False},
     "mlp": {"layers": True, "hidden": True, "input": True, "output": True},
 }
 
@@ -127,7 +128,7 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
 
 
 _FIELDS = {"ffn": "ffn_hidden", "tied": "tied_embeddings", "parallel": "parallel_blocks"}  # argument -> ir.TransformerModel field
-_MAY_BE_ZERO = ("experts", "top_k", "shared_experts", "q_lora_rank", "kv_lora_rank", "dense_layers")
+_MAY_BE_ZERO = ("experts", "top_k", "shared_experts", "q_lora_rank", "kv_lora_rank", "dense_layers", "moe_offset")
 LATENT_ATTENTION = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 """llama()'s arguments of multi-head latent attention, named as Hugging Face's DeepseekV3Config names them."""
 
@@ -147,9 +148,13 @@ def _latent_attention(values: dict, hidden: int) -> dict:
 
 
 def _dense_layers(values: dict, hidden: int) -> dict:
-    """`dense_layers` dense blocks before the MoE ones, `dense_ffn` wide (Llama's default width unless written)."""
-    fields = {key: values[key] for key in ("dense_layers", "dense_ffn") if key in values}
-    if fields.get("dense_layers"):
+    """`dense_layers` dense blocks before the MoE ones, and with `moe_every` a mixture of experts every moe_every-th
+    block (at `moe_offset`, by default the last of each moe_every: Hugging Face's Llama 4 and Qwen2-MoE); the dense
+    blocks `dense_ffn` wide (Llama's default width unless written)."""
+    fields = {key: values[key] for key in ("dense_layers", "dense_ffn", "moe_every", "moe_offset") if key in values}
+    if "moe_every" in fields and "moe_offset" not in fields:
+        fields["moe_offset"] = fields["moe_every"] - 1
+    if fields.get("dense_layers") or fields.get("moe_every", 1) > 1:
         fields.setdefault("dense_ffn", llama_ffn(hidden))
     return fields
 

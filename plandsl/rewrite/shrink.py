@@ -395,11 +395,19 @@ def _model(plan: ir.Plan, sizes: dict[str, int], module: syntax.Module, definiti
         experts = f", {count} experts (top {top_k})"
         if model.shared_experts:
             args.append(f"shared_experts={min(model.shared_experts, 2)}")
-        if model.dense_layers:  # dense blocks first stay so, at least one MoE block after them
+        if model.mixed_blocks:  # dense blocks first or between stay so, at least one MoE block among them
             dense = min(model.dense_layers, max(1, layers - 1))
+            every = min(model.moe_every, max(1, layers - dense))
+            offset = min(model.moe_offset, every - 1)
+            if dense + (offset - dense) % every >= layers:  # no MoE block left: the first after the dense ones
+                offset = dense % every
             dense_ffn = max(step, round(model.dense_ffn / model.hidden * hidden / step) * step)
-            args += [f"dense_layers={dense}", f"dense_ffn={dense_ffn}"] if dense < layers else []
-            experts += f", the first {dense} dense" if dense < layers else ""
+            args += [f"dense_layers={dense}"] if dense else []
+            args += [f"moe_every={every}"] + ([f"moe_offset={offset}"] if offset != every - 1 else []) \
+                if every > 1 else []
+            args += [f"dense_ffn={dense_ffn}"] if dense or every > 1 else []
+            experts += f", the first {dense} dense" if dense else ""
+            experts += f", every {every}th block MoE" if every > 1 else ""
     args += _latent_args(model)
     if model.parallel_blocks:
         args.append("parallel=true")

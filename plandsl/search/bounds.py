@@ -61,23 +61,25 @@ class Bounds:
                                       pipelined=zero >= 2 and root.pp > 1, share=device.contention,
                                       layer_bytes=layer_bytes))
             return out
-        out, start = [], 0
+        out, start, before = [], 0, self.figures.dense_before
         for s, n in enumerate(counts):
-            dense = max(0, min(start + n, self.dense_blocks) - start)  # of a dense-then-MoE model's blocks
+            dense = int(before[start + n] - before[start])  # of a mixture of experts' blocks, the dense ones
+            dense_order = self.figures.dense_order(start, n)
             start += n
             out.append(self.stage_time(node, zero, root.rank_devices[ranks[s]], n, s == 0, s == last, dense,
-                                       recomputed))
+                                       recomputed, dense_order))
         return out
 
     def stage_time(self, node: Node, zero: int, device, n: int, first: bool, last: bool,
-                   dense_blocks: int = 0, recomputed: int | None = None) -> StageTime:
-        """One transformer stage of n blocks (`dense_blocks` of them a dense-then-MoE model's dense ones; the
-        embedding on the first stage, the norm and head on the last), once per node, ZeRO stage, device
-        and shape. A partly recomputed node's stage recomputes its first `recomputed` blocks and runs its
-        other layers as its kept node does (`cost.memory.layer_recompute`)."""
+                   dense_blocks: int = 0, recomputed: int | None = None,
+                   dense_order: tuple[bool, ...] | None = None) -> StageTime:
+        """One transformer stage of n blocks (`dense_blocks` of them a mixture of experts' dense ones, first unless
+        `dense_order` says which are, `Figures.dense_order`; the embedding on the first stage, the norm and head on the
+        last), once per node, ZeRO stage, device and shape. A partly recomputed node's stage recomputes its first
+        `recomputed` blocks and runs its other layers as its kept node does (`cost.memory.layer_recompute`)."""
         root = node.root
         recomputed = min(n, recomputed) if recomputed is not None else None
-        key = (node.ident, zero, device.name, n, first, last, dense_blocks, recomputed)
+        key = (node.ident, zero, device.name, n, first, last, dense_blocks, recomputed, dense_order)
         found = self._stage_cache.get(key)
         if found is None:
             times = self.figures.kind_times(node, device)
@@ -108,7 +110,9 @@ class Bounds:
                 gathered = self._gathered(root, zero, layers, [t for _, t in order],
                                           [self.figures.params(layer, root.tp, root.ep) for layer in layers])
             # the layers in forward order (a dense-then-MoE model's dense blocks first), as `stage_time` sees them
-            forward_order = [0] * first + [4] * dense_blocks + [1] * (n - dense_blocks) + [2, 3] * last
+            blocks = [4] * dense_blocks + [1] * (n - dense_blocks) if dense_order is None \
+                else [4 if is_dense else 1 for is_dense in dense_order]
+            forward_order = [0] * first + blocks + [2, 3] * last
             in_order = [self.figures.params(self.kinds[i][0], root.tp, root.ep)[0] for i in forward_order]
             bucket = first_bucket(in_order, bucket_params(root.links.data.size))
             element = bucket_bytes = self.problem.precision.bytes  # the gathers' bytes per element (`Figures.element`)

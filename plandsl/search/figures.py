@@ -36,7 +36,8 @@ class Figures:
         self.transformer = isinstance(problem.model, ir.TransformerModel)
         self.blocks = sum(1 for layer in self.layers if layer.kind == "block") if self.transformer \
             else len(self.layers)
-        self.dense_blocks = 0  # a dense-then-MoE transformer's leading dense blocks (`_kinds`)
+        self.dense_blocks = 0  # a transformer's dense blocks besides its MoE ones (`_kinds`)
+        self.dense_before, self.interleaved = np.zeros(self.blocks + 1, dtype=np.int64), False
         self.kinds = self._kinds()
         self.base = self._base_plan()
         self.states = StateBytes.of(self.base.train)  # the kept dtypes' bytes, read on every rank's tail
@@ -60,19 +61,36 @@ class Figures:
         self._links_numbers: dict = {}
 
     def _kinds(self) -> list[tuple[Layer, int]]:
-        """(layer, count): transformers are an embedding, L identical blocks, a norm and a head; a dense-then-MoE
-        one (`dense_layers`) has its D leading dense blocks as a fifth kind after them, the L - D MoE blocks
-        as the second (`dense_blocks` = D; its stages are partitioned over the blocks in order,
+        """(layer, count): transformers are an embedding, L identical blocks, a norm and a head; a mixture of experts
+        with dense blocks (`dense_layers`, `moe_every`) has its D dense blocks as a fifth kind after them, the L - D
+        MoE blocks as the second (`dense_blocks` = D; `dense_before[i]`: the dense blocks among the first i;
+        `interleaved`: whether they are not all first; its stages are partitioned over the blocks in order,
         `Splits.mixed_partition`)."""
         if not self.transformer:
             return [(layer, 1) for layer in self.layers]
         blocks = [layer for layer in self.layers if layer.kind == "block"]
-        last = figures_key(blocks[-1])
-        self.dense_blocks = next((i for i, block in enumerate(blocks) if figures_key(block) == last), 0)
+        model = self.problem.model
+        moe, dense = blocks[-1], blocks[0]  # the last block is MoE and the first dense, unless interleaved
+        if model.mixed_blocks:
+            is_dense = np.fromiter((not model.moe_block(i) for i in range(self.blocks)), dtype=bool,
+                                   count=self.blocks)
+            np.cumsum(is_dense, out=self.dense_before[1:])
+            self.dense_blocks = int(self.dense_before[-1])
+            self.interleaved = bool(is_dense[self.dense_blocks:].any())  # a dense block after an MoE one
+            moe = moe if not is_dense[-1] else blocks[int(np.argmin(is_dense))]
+            dense = dense if is_dense[0] else blocks[int(np.argmax(is_dense))]
         by_kind = {layer.kind: layer for layer in self.layers if layer.kind != "block"}
-        kinds = [(by_kind["embed"], 1), (blocks[-1], self.blocks - self.dense_blocks), (by_kind["norm"], 1),
+        kinds = [(by_kind["embed"], 1), (moe, self.blocks - self.dense_blocks), (by_kind["norm"], 1),
                  (by_kind["head"], 1)]
-        return kinds + ([(blocks[0], self.dense_blocks)] if self.dense_blocks else [])
+        return kinds + ([(dense, self.dense_blocks)] if self.dense_blocks else [])
+
+    def dense_order(self, start: int, n: int) -> tuple[bool, ...] | None:
+        """Blocks start .. start + n - 1, whether each is dense, where dense blocks follow MoE ones
+        (`interleaved`); None where the dense blocks are all first (a stage runs its dense blocks first)."""
+        if not self.interleaved:
+            return None
+        before = self.dense_before
+        return tuple(bool(before[i + 1] - before[i]) for i in range(start, start + n))
 
     def _base_plan(self) -> ir.Plan:
         p = self.problem

@@ -110,7 +110,7 @@ class Splits:
         return counts, least
 
     def mixed_partition(self, node: Node, zero: int, ranks, inflight, memory):
-        """Blocks per stage of a transformer with two kinds of block, the dense ones first: the dynamic
+        """Blocks per stage of a transformer with two kinds of block, dense and MoE in the model's order: the dynamic
         programme over the blocks in order (`partition_layers`), each block at its own kind's seconds and
         bytes on its stage's rank, the embedding and the norm and head as fixed seconds and bytes of the
         first and last stage, a rank's room shared evenly by its stages, ZeRO's gathered units taken as the
@@ -125,7 +125,6 @@ class Splits:
             (dense_s, dense_a, dense_w) = per_kind
         working = max(moe_w, dense_w)
         first_rank, last_rank, last = ranks[0], ranks[-1], len(ranks) - 1
-        dense = self.dense_blocks
         # per stage, as arrays over the stages (a pipeline of many stages costs what one of few does)
         on = np.asarray(ranks)
         first, final = on == first_rank, on == last_rank
@@ -157,8 +156,8 @@ class Splits:
                           embed.forward + embed.backward, norm.forward + norm.backward + head.forward + head.backward)
         per = np.array([seconds[r] for r in ranks])
         fixed = np.where(np.arange(len(ranks)) == 0, per[:, 2], 0.0) + np.where(np.arange(len(ranks)) == last, per[:, 3], 0.0)
-        count = np.arange(self.blocks + 1)
-        in_dense, in_moe = np.minimum(count, dense), np.maximum(count - dense, 0)  # blocks of each kind in 0..i
+        in_dense = self.figures.dense_before  # blocks of each kind in 0..i, in the model's order
+        in_moe = np.arange(self.blocks + 1) - in_dense
         prefix = per[:, :1] * in_dense + per[:, 1:2] * in_moe
         held = dense_bytes[:, None] * in_dense + moe_bytes[:, None] * in_moe
         if account:  # Megatron's split counting the embedding and the loss, within each rank's room

@@ -384,7 +384,7 @@ def test_megatron_export_and_import_round_trip(q_lora):
 
 @pytest.mark.parametrize("change, code", [
     (("--multi-latent-attention ", ""), "E805"),                         # MLA's shapes without it: ignored there
-    (("--moe-layer-freq ([0]*3+[1]*58)", "--moe-layer-freq 2"), "E807"),  # dense and MoE layers interleaved
+    (("--moe-layer-freq ([0]*3+[1]*58)", "--moe-layer-freq ([1]*3+[0]*2)*12+[1]"), "E807"),  # MoE at uneven steps
     (("--moe-layer-freq ([0]*3+[1]*58)", "--moe-layer-freq ([0]*3+[1]*57)"), "E804"),  # not one entry per layer
     (("--moe-layer-freq ([0]*3+[1]*58)", "--moe-layer-freq __import__('os')"), "E804"),  # no code is run
     (("--num-experts 256 --moe-router-topk 8", ""), "E805"),             # an expert width without experts

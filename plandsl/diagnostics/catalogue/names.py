@@ -1,4 +1,4 @@
-"""E2xx: names, types, units and imports, found while lowering; E22x: the shapes a model needs
+"""E2xx: names, types, units and imports, found while lowering; E22x-E230: the shapes a model needs
 to run, found by the checker.
 
 Each `_entry(...)` is one code: why the rule exists, a failing example and the fix; see
@@ -459,7 +459,8 @@ _entry("E227", """
 _entry("E228", """
     `dense_layers=N` makes the first N blocks of a mixture-of-experts model dense (DeepSeek-V3
     keeps 3 of its 61 dense: its `first_k_dense_replace`); N must leave at least one block a
-    mixture of experts. For a model that is dense throughout, drop `experts` instead.
+    mixture of experts, and so must `moe_every` and `moe_offset` after them. For a model that is
+    dense throughout, drop `experts` instead.
     """, """
     import "clusters/dgx_a100"
     plan p {
@@ -471,9 +472,10 @@ _entry("E228", """
     """, "Keep some blocks a mixture of experts.", ("dense_layers=8", "dense_layers=2"))
 
 _entry("E229", """
-    `dense_layers` and `dense_ffn` shape the dense blocks that come before the mixture-of-experts
-    blocks of a model with `experts`; a dense model's blocks are all dense already (their width is
-    `ffn`), and `dense_ffn` without `dense_layers` makes no block dense.
+    `dense_layers`, `moe_every` and `dense_ffn` shape the dense blocks that come before or between
+    the mixture-of-experts blocks of a model with `experts`; a dense model's blocks are all dense
+    already (their width is `ffn`), and `dense_ffn` without `dense_layers` or `moe_every` makes no
+    block dense.
     """, """
     import "clusters/dgx_a100"
     plan p {
@@ -483,3 +485,18 @@ _entry("E229", """
       train   = { global_batch: 64, micro_batch: 2 }
     }
     """, "Add the experts the dense layers come before.", ("dense_layers=2", "experts=8, dense_layers=2"))
+
+_entry("E230", """
+    `moe_every=K` makes every K-th block a mixture of experts and the others dense: block i is one
+    where `i % K == moe_offset`. The offset is therefore 0 to K - 1: `K - 1` (the default, the last
+    block of every K, as Hugging Face's Llama 4 `interleave_moe_layer_step` and Qwen2-MoE's
+    `decoder_sparse_step` place them) or `0` (the first, as Megatron-LM's `--moe-layer-freq K`).
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = llama(layers=8, hidden=1024, heads=16, seq=2048, vocab=32000, experts=8, moe_every=2, moe_offset=2)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 2 }
+    }
+    """, "An offset within the period.", ("moe_offset=2", "moe_offset=1"))
