@@ -852,9 +852,15 @@ def nemo_moe_blackwell() -> list[Run]:
     Qwen3's QK norms. DeepSeek-V3's rows are refused for what their recipes run that the language cannot say (a
     row whose note starts with UNSAYABLE): the recomputation of MLA's up-projections or of the experts' activation
     alone (`recompute_modules` mla_up_proj, moe_act), and the B200 row's MTP layer. Held out and reported apart
-    (`--moe-blackwell`), not in the targets' set: datasheet peaks, GEMM knobs not measured on Blackwell."""
+    (`--moe-blackwell`), not in the targets' set: datasheet peaks, GEMM knobs not measured on Blackwell.
+
+    The second rule, written and committed after the first rule's predictions were looked at and before any of its own
+    were: by the same rule, the rows of the NeMo 26.04.01 container's table (Megatron-Bridge v0.4.2,
+    docs/performance-summary.md: the container of `nemo_moe_h100()`'s third rule), pinned to v0.4.2's recipes
+    (scripts/performance/configs/{qwen,gpt_oss,deepseek}/, the *_V2 presets for Qwen3 235B's and GPT-OSS's global
+    batches): 12 rows, their names ending in ", NeMo 26.04.01"; GPT-OSS's GB200 preset sets `moe_a2a_overlap`."""
     def run(name, container, model, system, gpus, batch, measured, precision, note="", dispatcher="alltoall",
-            overlap=False, seq=None, **pins):
+            overlap=False, seq=None, page=ARCHIVE, **pins):
         base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1, "tp": 1, "pp": 1}
         if pins.get("pp", 1) > 1:
             base["schedule"] = "interleaved_1f1b" if pins.get("virtual_stages", 1) > 1 else "1f1b"
@@ -866,7 +872,7 @@ def nemo_moe_blackwell() -> list[Run]:
             rack = system.lower()
             cluster = f"{rack}_nvl72_8" if gpus == 8 else f"{rack}_nvl72_64 x {gpus // 64}"
         fold = pins.get("tp", 1) > 1
-        return Run(f"NeMo {name}, {gpus} {system}, {precision}", f"{NEMO_BRIDGE} ({ARCHIVE}), NeMo {container}",
+        return Run(f"NeMo {name}, {gpus} {system}, {precision}", f"{NEMO_BRIDGE} ({page}), NeMo {container}",
                    model, cluster, batch, measured, metric="tokens_per_device", seq=seq, pins={**base, **pins},
                    dtypes={"precision": {"BF16": "bf16", "FP8-MX": "mxfp8", "MXFP8": "mxfp8"}[precision],
                            **MEGATRON_CORE, "grad_dtype": "bf16"},
@@ -936,6 +942,35 @@ def nemo_moe_blackwell() -> list[Run]:
             pp=8, ep=32, dp=1, **hyb),
         run("Qwen3 235B-A22B (p8 e8)", "26.02", QWEN3_235B_A22B, "B200", 256, 8192, 3805, "MXFP8",
             "QK norms not in the language (elementwise)", pp=8, ep=8, dp=4)]
+    # NeMo 26.04.01 (the second rule; recipes: v0.4.2)
+    latest = {"page": "docs/performance-summary.md at v0.4.2"}
+    rows += [
+        run("DeepSeek-V3 (p2 v8 e32, mb 2), NeMo 26.04.01", "26.04.01", "deepseek_v3", "GB300", 256, 4096, 4992,
+            "MXFP8", deepseek, pp=2, virtual_stages=8, ep=32, dp=4, micro_batch_size=2, **latest),
+        run("DeepSeek-V3 (p4 v4 e64), NeMo 26.04.01", "26.04.01", "deepseek_v3", "GB200", 256, 4096, 4256, "MXFP8",
+            deepseek, pp=4, virtual_stages=4, ep=64, dp=1, **latest),
+        run("DeepSeek-V3 (p8 v2 e32), NeMo 26.04.01", "26.04.01", "deepseek_v3", "B200", 256, 4096, 3328, "MXFP8",
+            deepseek + "; its MTP layer (pp_layout Et*4|(t*4|)*14tmL)", pp=8, virtual_stages=2, ep=32, dp=1,
+            **latest),
+        run("GPT-OSS 120B (e64, mb 4), NeMo 26.04.01", "26.04.01", GPT_OSS_120B, "GB300", 64, 1280, 19200, "BF16",
+            gpt_oss + gpt_oss_graphs, ep=64, dp=1, micro_batch_size=4, **latest),
+        run("GPT-OSS 120B (e64, mb 4), NeMo 26.04.01", "26.04.01", GPT_OSS_120B, "GB200", 64, 1280, 16640, "BF16",
+            gpt_oss + recomputed + "; the recipe's moe_a2a_overlap: experts = ... with overlap", overlap=True,
+            ep=64, dp=1, micro_batch_size=4, **latest),
+        run("GPT-OSS 120B (e8, mb 4), NeMo 26.04.01", "26.04.01", GPT_OSS_120B, "B200", 64, 1280, 13568, "BF16",
+            gpt_oss + recomputed, ep=8, dp=8, micro_batch_size=4, **latest),
+        run("Qwen3 30B-A3B (e8, mb 8), NeMo 26.04.01", "26.04.01", QWEN3_30B_A3B, "GB300", 8, 512, 31744, "MXFP8",
+            qwen, ep=8, dp=1, micro_batch_size=8, **hyb, **latest),
+        run("Qwen3 30B-A3B (e8, mb 4), NeMo 26.04.01", "26.04.01", QWEN3_30B_A3B, "GB200", 8, 512, 26112, "MXFP8",
+            qwen, ep=8, dp=1, micro_batch_size=4, **hyb, **latest),
+        run("Qwen3 30B-A3B (e8, mb 4), NeMo 26.04.01", "26.04.01", QWEN3_30B_A3B, "B200", 8, 512, 27136, "MXFP8",
+            qwen_attn, ep=8, dp=1, micro_batch_size=4, **hyb, **latest),
+        run("Qwen3 235B-A22B (p4 v12 e32, mb 2), NeMo 26.04.01", "26.04.01", QWEN3_235B_A22B, "GB300", 256, 8192,
+            6944, "MXFP8", qwen_attn, pp=4, virtual_stages=12, ep=32, dp=2, micro_batch_size=2, **hyb, **latest),
+        run("Qwen3 235B-A22B (p8 v3 e32), NeMo 26.04.01", "26.04.01", QWEN3_235B_A22B, "GB200", 256, 8192, 5680,
+            "MXFP8", qwen_attn, pp=8, virtual_stages=3, ep=32, dp=1, **hyb, **latest),
+        run("Qwen3 235B-A22B (p8 e8), NeMo 26.04.01", "26.04.01", QWEN3_235B_A22B, "B200", 256, 8192, 3776, "MXFP8",
+            "QK norms not in the language (elementwise)", pp=8, ep=8, dp=4, **latest)]
     return rows
 
 
