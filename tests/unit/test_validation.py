@@ -304,25 +304,26 @@ def test_blackwell_ultra_rows_are_reported_apart(bench):
 
 @pytest.mark.slow
 def test_moe_blackwell_rows_are_reported_apart(bench):
-    """Megatron-Bridge's DGX-GB300, GB200 and B200 mixture-of-experts rows of the NeMo 25.11 and 26.02 tables
-    (docs/validation.md, "The MoE rows on Blackwell"): all 26 of the rule are searched or refused, none is a target row;
-    DeepSeek-V3's eight are refused for what their recipes run that the language cannot say and 25.11's GPT-OSS row on
-    B200 by the memory model; the maxima of those predicted stay where they stand, every one too fast but 25.11's GB300
-    Qwen3 235B row: GB300 42 %, GB200 75 %, B200 173 % (Qwen3 30B-A3B at micro-batch 1)."""
+    """Megatron-Bridge's DGX-GB300, GB200 and B200 mixture-of-experts rows of the NeMo 25.11, 26.02 and 26.04.01
+    tables (docs/validation.md, "The MoE rows on Blackwell"): all 38 of the two rules are searched or refused, none is
+    a target row; DeepSeek-V3's eleven are refused for what their recipes run that the language cannot say and the two
+    GPT-OSS rows at EP 8 on B200 by the memory model; the maxima of those predicted stay where they stand, every one too
+    fast but 25.11's GB300 Qwen3 235B row: GB300 44 %, GB200 86 %, B200 173 % (Qwen3 30B-A3B at micro-batch 1)."""
     runs = bench.nemo_moe_blackwell()
-    assert len(runs) == 26 and {run.family for run in runs} == {"moe-blackwell"}
+    assert len(runs) == 38 and {run.family for run in runs} == {"moe-blackwell"}
+    assert len({run.name for run in runs}) == 38
     assert not {run.name for run in runs} & {run.name for run in bench.published()}
-    assert sum(run.note.startswith(bench.UNSAYABLE) for run in runs) == 8
+    assert sum(run.note.startswith(bench.UNSAYABLE) for run in runs) == 11
     report = bench.moe_blackwell_report()
     lines = {line.split(":")[0]: line for line in report.splitlines() if line.startswith(("all", "GB300", "GB200", "B200"))}
-    for label, counts, most in (("all", "17 predicted, 9 refused", 1.73), ("GB300", "6 predicted, 3 refused", 0.42),
-                                ("GB200", "6 predicted, 3 refused", 0.75), ("B200", "5 predicted, 3 refused", 1.73)):
+    for label, counts, most in (("all", "25 predicted, 13 refused", 1.73), ("GB300", "9 predicted, 4 refused", 0.44),
+                                ("GB200", "9 predicted, 4 refused", 0.86), ("B200", "7 predicted, 5 refused", 1.73)):
         assert lines[label].startswith(f"{label}: {counts}"), lines[label]
         assert float(lines[label].split("max |error| ")[1].rstrip("%")) / 100 <= most, lines[label]
-    assert report.count("refused: does not fit") == 1 and report.count("refused: no plan satisfies the pins") == 0
+    assert report.count("refused: does not fit") == 2 and report.count("refused: no plan satisfies the pins") == 0
     errors = [float(line.split(" | ")[4].rstrip("%")) for line in report.splitlines()
               if line.startswith("| NeMo") and line.split(" | ")[4].endswith("%")]
-    assert len(errors) == 17 and sum(error < 0 for error in errors) == 1
+    assert len(errors) == 25 and sum(error < 0 for error in errors) == 1
 
 @pytest.mark.slow
 def test_torchtitan_memory_without_model_parallelism_within_10_percent(bench):
