@@ -490,9 +490,15 @@ def nemo_moe_h100() -> list[Run]:
                    note=note, family="moe", overlap_experts=overlap, fold_experts=fold, dispatcher=dispatcher,
                    gathering=FP8_GATHER if precision == "FP8" and (dtypes or {}).get("fp8_recipe") is None
                    else ir.FSDP_GATHERING)  # fp8_cs's fp8_param_gather; fp8_sc (blockwise) gathers bf16
-    gpt_oss = ("sliding-window attention (128 tokens) on half the layers, attention sinks, biases and the clamped "
-               "SwiGLU are not in the language: every layer is costed with full attention; the recipe recomputes "
-               "the norms and the experts' activation (recompute_modules: layernorm, moe_act), pinned as none")
+    # GPT-OSS's windowed layers (stdlib models/gpt_oss: window=128, full_every=2, sinks) run the band's tiles only.
+    # Its learnable sinks: Transformer Engine 2.9's get_attention_backend drops FlashAttention for them and keeps
+    # cuDNN's FusedAttention (transformer_engine/pytorch/attention/dot_product_attention/utils.py:685-695, "Filter:
+    # Softmax type"), which takes them from cuDNN 9.13.1 (common/fused_attn/fused_attn.cpp:372), unfused below; the
+    # containers' cuDNN is not in the sources read, so the rows keep the fused core (`attention: flash`).
+    gpt_oss = ("biases and the clamped SwiGLU are not in the language; the sliding-window layers run their band and "
+               "the sinks cuDNN's fused attention (TE 2.9 get_attention_backend, utils.py:685-695; cuDNN >= 9.13.1, "
+               "fused_attn.cpp:372; unfused below, the containers' cuDNN not read): attention flash; the recipe "
+               "recomputes the norms and the experts' activation (recompute_modules: layernorm, moe_act), pinned as none")
     qwen = "QK norms not in the language (elementwise); the recipe's moe_a2a_overlap: experts = ... with overlap"
     qwen_235b = qwen + "; Megatron's EP 32 with expert TP 1 beside TP 2: experts = alltoall over [ep, tp]"
     # the 25.11 table gives micro-batch 4 (GPT-OSS) and 2 with VP 24 (Qwen3 30B), the layouts of its 25.09 table;

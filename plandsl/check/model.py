@@ -19,6 +19,9 @@ reference model's own requirements (`plandsl.runtime.models`, whose constructors
 - E229 `dense_layers`, `moe_every`, `moe_offset` and `dense_ffn` only on a mixture of experts, and `dense_ffn` only
   where some block is dense;
 - E230 `moe_offset` below `moe_every` (the MoE blocks are those at moe_offset of every moe_every).
+- E231 `full_every` only with a `window` (it says which blocks attend beyond the window);
+- E232 a `full_every` of 2 to `layers`: 1 leaves no block windowed, more than `layers` no block full;
+- W203 a `window` shorter than the training sequence: one as long attends to every key, as full attention does.
 """
 from __future__ import annotations
 
@@ -67,6 +70,7 @@ def model_shapes(model: ir.Model, tp: int = 1, seq: int | None = None, seq_span=
                    "shared experts sit beside routed ones in a mixture-of-experts layer", model.span_of("shared_experts"),
                    hint="add experts=N (and top_k), or drop shared_experts and widen ffn")
     yield from _dense_layers(model)
+    yield from _window(model, model.seq if seq is None else seq, seq_span)
     if model.kind == "gpt" and seq is not None and seq > model.seq:
         yield _positions(model, seq, seq_span, seq_item)
 
@@ -132,6 +136,30 @@ def _first_moe_block(model: ir.TransformerModel) -> int:
     """The index of the first block `ir.TransformerModel.moe_block` makes a mixture of experts (past the layers: none)."""
     start = model.dense_layers
     return start + (model.moe_offset - start) % model.moe_every
+
+
+def _window(model: ir.TransformerModel, seq: int, seq_span) -> Iterator[Diagnostic]:
+    """Sliding-window attention's pattern (E231, E232) and its window against the sequence trained on (W203)."""
+    if model.full_every and not model.window:
+        yield diag("E231", f"full_every={model.full_every} on model '{model.name}', which has no window: full_every "
+                   "says which blocks attend beyond a sliding window", model.span_of("full_every"),
+                   hint="add window=N (GPT-OSS: 128, Gemma 2: 4096), or drop full_every: every block attends the "
+                        "whole causal sequence")
+    elif model.full_every == 1 or model.full_every > model.layers:
+        which = "every block attends the whole sequence: none is windowed" if model.full_every == 1 else \
+            f"block {model.full_every - 1} would be the first with full attention, but there are {model.layers}: " \
+            "every block is windowed"
+        options = [f"full_every={k}" for k in (2, model.layers) if 2 <= k <= model.layers]
+        yield diag("E232", f"full_every={model.full_every} with {model.layers} layers: {which}",
+                   model.span_of("full_every"),
+                   hint=(" or ".join(dict.fromkeys(options)) + " (every k-th block full), or " if options else "")
+                   + ("drop window" if model.full_every == 1 else "drop full_every: every block windowed"),
+                   notes=_note(model, "layers"), edits=_edit(model, "full_every", 2) if model.layers >= 2 else [])
+    if model.window and model.window >= seq:
+        yield diag("W203", f"window ({model.window}) is not shorter than the {seq}-token sequence trained on: every "
+                   "query attends to all the keys before it, as full causal attention does", model.span_of("window"),
+                   hint=f"window={seq // 2} or less bands the attention; drop window for full attention",
+                   notes=[Note(f"training sequence {seq}", seq_span)] if seq_span is not None else [])
 
 
 def _shape_options(model: ir.TransformerModel, tp: int) -> tuple[str, list[int], list[int]]:

@@ -1,5 +1,5 @@
 """Tensor dims against the axes they are split over (E406, E411), shard rules against the model's modules
-(E405, E407, E408), and the parallelisms' options against what the stacks that run them take (E416-E419)."""
+(E405, E407, E408), and the parallelisms' options against what the stacks that run them take (E416-E420).""" 
 from __future__ import annotations
 
 import math
@@ -89,6 +89,7 @@ def check_sharding(plan: ir.Plan) -> Iterator[Diagnostic]:
         problem = _axis_divides(context_extents(plan.seq), plan.context.axis, plan.cp, plan.context.span, devices)
         if problem:
             yield problem
+        yield from _check_ring_window(plan)
     if plan.experts:
         experts = expert_extents(model)
         if not experts:
@@ -103,6 +104,27 @@ def check_sharding(plan: ir.Plan) -> Iterator[Diagnostic]:
         yield from _check_experts_overlap(plan)
         yield from _check_experts_overlap_needs(plan)
     yield from _check_rules(plan)
+
+
+def _check_ring_window(plan: ir.Plan) -> Iterator[Diagnostic]:
+    """`context = ring over cp` on a model with a sliding window or attention sinks (E420), which no ring runs:
+    Transformer Engine 2.9 asserts its p2p ring (Megatron-Core's `--cp-comm-type p2p`) takes no window
+    ("Context parallelism does not support sliding window attention with cp_comm_type=p2p",
+    dot_product_attention/context_parallel.py) and runs learnable sinks under context parallelism only over a2a
+    (`get_attention_backend`, "Filter: Softmax type"); torch's ring attention (`_templated_ring_attention`, what
+    `plandsl run` runs) takes a causal flag and no mask or sinks. `allgather` runs both: each rank's queries see
+    every key, under the banded mask."""
+    model = plan.model
+    if plan.context.kind != "ring" or plan.cp == 1 or not isinstance(model, ir.TransformerModel) or \
+            not (model.window or model.sinks):
+        return
+    what = f"a sliding window ({model.window} keys)" if model.window else "attention sinks"
+    yield diag("E420", f"`context = ring over {plan.context.axis}` on model '{model.name}', which has {what}: no ring "
+               "attention runs it (Transformer Engine's p2p ring and torch's take the causal mask alone)",
+               plan.context.span, hint=f"`context = allgather over {plan.context.axis}` (each rank gathers K and V "
+               "and bands its own queries' mask), as Megatron-Core's --cp-comm-type all_gather",
+               notes=[Note(f"model argument {'window' if model.window else 'sinks'}",
+                           model.span_of("window" if model.window else "sinks"))])
 
 
 def _check_tensor_overlap(plan: ir.Plan) -> Iterator[Diagnostic]:

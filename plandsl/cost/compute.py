@@ -503,8 +503,9 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         cast_in += features if splits == "in" else features / split
         cast_grad += out if splits == "out" else out / split
     attention_flops, attention_bytes = rank_attention(widths, work)  # Q·Kᵀ and P·V over this rank's heads
-    attention, attention_backward = attention_core_seconds(attention_flops, attention_bytes, causal_fraction(work.seq),
-                                                           work, device, efficiency)
+    causal = causal_fraction(work.seq)  # a windowed block's kernel executes only its band's tiles (`window_band`)
+    attention, attention_backward = attention_core_seconds(attention_flops, attention_bytes, causal, work, device,
+                                                           efficiency, band=window_band(work.seq, model.window))
     attention_backward_extra = 0.0
     if work.attention is ir.Attention.materialized:
         # The s x s matrices through memory (`materialized_attention_bytes`): the fused core's FLOPs and Q, K, V, O
@@ -676,17 +677,20 @@ def rank_attention(widths, work: Work) -> tuple[float, float]:
 
 
 def attention_core_seconds(flops: float, moved: float, causal: float, work: Work, device: ir.DeviceType,
-                           efficiency: Efficiency) -> tuple[float, float]:
+                           efficiency: Efficiency, band: float = 1.0) -> tuple[float, float]:
     """(forward, backward) seconds of an attention core whose full s x s product is `flops`, moving `moved` bytes: the
     device's fused kernel at its stated speed (`Efficiency.attention_seconds`, the fraction `causal` executed) when the
     plan runs a flash core and the device states one, else a batched GEMM over the whole rectangle at the GEMM knob,
-    its backward twice its forward like the GEMMs' (what the A100 fit absorbed). 16-bit whatever the precision."""
+    its backward twice its forward like the GEMMs' (what the A100 fit absorbed). 16-bit whatever the precision.
+    `band`: of the causal tiles, the share a sliding window leaves a flash kernel (`window_band`; 1 without one),
+    taken off the GEMM-knob price in the same proportion; a materialized core computes the whole rectangle
+    whatever the window (Megatron-LM's and Transformer Engine's unfused cores mask it: `materialized_attention_bytes`)."""
     precision = work.precision.unquantized
-    fused = efficiency.attention_seconds(flops, moved, causal, device, precision) \
-        if work.attention is ir.Attention.flash else None
+    flash = work.attention is ir.Attention.flash
+    fused = efficiency.attention_seconds(flops, moved, causal * band, device, precision) if flash else None
     if fused is not None:
         return fused
-    forward = efficiency.kernel(flops, moved, device, precision)
+    forward = efficiency.kernel(flops * band if flash else flops, moved, device, precision)
     return forward, 2 * forward
 
 
@@ -703,6 +707,21 @@ def causal_fraction(seq: int) -> float:
     language is a causal decoder."""
     tiles = max(1, -(-seq // FLASH_TILE))
     return (tiles + 1) / (2 * tiles)
+
+
+def window_band(seq: int, window: int) -> float:
+    """Of the causal tiles `causal_fraction` counts, the share a tiled kernel executes under a sliding window of
+    `window` keys (a query attends to itself and the window - 1 before it): with n = seq / FLASH_TILE tiles a side,
+    a query tile reaches r = ceil((window - 1) / FLASH_TILE) key tiles below its diagonal one (the tile r below holds
+    a pair within the window, r + 1 below none), so the band holds r(r + 1)/2 + (n - r)(r + 1) tiles of the
+    triangle's n(n + 1)/2, dealt evenly over the context ranks as the triangle is (Transformer Engine's and
+    FlashAttention's kernels skip a tile the window masks whole). 1 without a window or with one that reaches every
+    tile: GPT-OSS's 128 keys at 4,096 tokens execute 63 of 528 tiles."""
+    tiles = max(1, -(-seq // FLASH_TILE))
+    reach = -(-(window - 1) // FLASH_TILE) if window else tiles
+    if reach >= tiles - 1:
+        return 1.0
+    return (reach * (reach + 1) / 2 + (tiles - reach) * (reach + 1)) / (tiles * (tiles + 1) / 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -833,5 +852,5 @@ def estimate_optimizer_step(local_params: float, device: ir.DeviceType, optimize
 
 __all__ = ["cast_bytes", "Efficiency", "DEFAULT_EFFICIENCY", "device_efficiency", "Work", "LayerCompute", "estimate_layer_compute",
            "OverlapGemm", "overlap_gemms", "userbuffers_share", "dispatcher_share",
-           "rank_attention", "attention_core_seconds", "causal_fraction",
+           "rank_attention", "attention_core_seconds", "causal_fraction", "window_band",
            "estimate_optimizer_step", "peak_of"]

@@ -39,7 +39,7 @@ CODES: dict[str, str] = {
     "E216": "malformed measured table (GEMMs of a device, collectives of a link)",
     "E217": "measured GEMM table inconsistent with the device's peak",
     "E218": "options that contradict each other (prefetch and prefetch_bucket)",
-    # E22x-E230: model shapes (what the model's torch module needs to run)
+    # E22x-E232: model shapes (what the model's torch module needs to run)
     "E220": "hidden size not divisible by attention heads",
     "E221": "attention heads not divisible by key/value heads",
     "E222": "odd head dimension under rotary embeddings",
@@ -51,6 +51,8 @@ CODES: dict[str, str] = {
     "E228": "dense_layers leaves no mixture-of-experts layer",
     "E229": "dense layers on a model without experts (or dense_ffn without dense_layers)",
     "E230": "moe_offset not below moe_every",
+    "E231": "full_every on a model without a sliding window",
+    "E232": "full_every that leaves no block windowed or no block with full attention",
     # E3xx: clusters and meshes
     "E301": "mesh needs more devices than the cluster has",
     "E302": "unknown mesh axis",
@@ -79,6 +81,7 @@ CODES: dict[str, str] = {
     "E417": "tensor-parallel overlap that no stack runs (without sequence parallelism, or with eager kernels)",
     "E418": "expert all-to-all overlap beside full recomputation",
     "E419": "expert all-to-all overlap where Megatron-Core does not run it",
+    "E420": "ring context parallelism on a model with a sliding window or attention sinks",
     # E5xx: training, batch, memory
     "E501": "global batch not divisible by data parallel size x micro-batch",
     "E502": "too few microbatches for the schedule",
@@ -131,6 +134,7 @@ CODES: dict[str, str] = {
     # warnings
     "W201": "unused definition or parameter",
     "W202": "top_k on a model without experts",
+    "W203": "sliding window no shorter than the training sequence",
     "W301": "mesh uses only part of the cluster",
     "W302": "tensor parallel axis spans nodes",
 }

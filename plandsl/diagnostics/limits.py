@@ -42,7 +42,7 @@ MODEL_ARGUMENTS = {"layers": MAX_LAYERS, "hidden": MAX_WIDTH, "ffn": MAX_WIDTH, 
                    "shared_experts": MAX_EXPERTS, "q_lora_rank": MAX_WIDTH, "kv_lora_rank": MAX_WIDTH,
                    "qk_rope_head_dim": MAX_WIDTH, "qk_nope_head_dim": MAX_WIDTH, "v_head_dim": MAX_WIDTH,
                    "dense_layers": MAX_LAYERS, "dense_ffn": MAX_WIDTH,
-                   "moe_every": MAX_LAYERS, "moe_offset": MAX_LAYERS}
+                   "moe_every": MAX_LAYERS, "moe_offset": MAX_LAYERS, "window": MAX_SEQ, "full_every": MAX_LAYERS}
 TRAIN = {"global_batch": MAX_GLOBAL_BATCH, "micro_batch": MAX_MICRO_BATCH, "seq": MAX_SEQ, "recompute_layers": MAX_LAYERS, "offload_layers": MAX_LAYERS,
          "bf16_first_layers": MAX_LAYERS, "bf16_last_layers": MAX_LAYERS, "warmup_steps": MAX_STEPS}
 

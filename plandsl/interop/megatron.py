@@ -84,6 +84,9 @@ CHOICE_FLAGS: dict[str, tuple[str, ...]] = {
     # them) are a plan's `attention: flash`; unfused (TE's) and local (Megatron's own core) write the s x s scores
     # through memory, `attention: materialized`
     "--attention-backend": ("flash", "fused", "unfused", "local", "auto"),
+    # TransformerConfig.softmax_type (through ArgumentGroupFactory): learnable is one offset per head in the softmax's
+    # denominator (softmax_offset), a plan's attention sinks
+    "--softmax-type": ("vanilla", "off-by-one", "learnable"),
 }
 MATERIALIZED_BACKENDS = ("unfused", "local")
 # A plan's train key -> the precision-aware optimizer's flags that say it
@@ -91,7 +94,9 @@ DTYPE_FLAGS = {"master_dtype": ("--main-params-dtype",), "grad_dtype": ("--main-
                "optimizer_dtype": ("--exp-avg-dtype", "--exp-avg-sq-dtype")}
 # --moe-layer-freq: an int N (one MoE layer every N) or a Python list expression of 0 (dense) and 1 (MoE) per layer,
 # "([0]*3+[1]*58)" (TransformerConfig.moe_layer_freq, Megatron-LM's moe_freq_type)
-TEXT_FLAGS = ("--pipeline-model-parallel-layout", "--moe-layer-freq")
+# sliding-window attention: --window-size "LEFT,RIGHT" (arguments.py's tuple_type; TransformerConfig.window_size) and
+# --window-attn-skip-freq, an int N (every N-th layer full) or a 0/1 list per layer, 1 windowed (moe_freq_type)
+TEXT_FLAGS = ("--pipeline-model-parallel-layout", "--moe-layer-freq", "--window-size", "--window-attn-skip-freq")
 SWITCHES = (
     "--bf16", "--fp16", "--swiglu", "--untie-embeddings-and-output-weights", "--group-query-attention",
     "--disable-bias-linear", "--use-rotary-position-embeddings", "--recompute-activations",
@@ -203,6 +208,12 @@ def _model_args(plan: ir.Plan, args: list, lose) -> None:
         args += [("--position-embedding-type", "learned_absolute")]
     if not model.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
+    if model.window:  # Megatron-Core's window_size (left, right): W - 1 keys before the query (Megatron-Bridge's)
+        args.append(("--window-size", f"{model.window - 1},0"))
+        if model.full_every:  # is_layer_window_attention: layer_number % freq != 0 windowed, 1-based
+            args.append(("--window-attn-skip-freq", str(model.full_every)))
+    if model.sinks:  # Megatron-Core's learnable softmax offset, one per head (softmax_offset)
+        args.append(("--softmax-type", "learnable"))
     if model.parallel_blocks:
         lose("parallel blocks (GPT-NeoX's parallel residual: Megatron-Core's transformer layer adds the attention, "
              "then feeds the MLP)", "model")

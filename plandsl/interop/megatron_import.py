@@ -324,8 +324,56 @@ def _model(read: _Read) -> str | None:
         given = next(f for f in ("--moe-router-topk", "--moe-layer-freq", "--moe-ffn-hidden-size") if f in read.values)
         read.problem("E805", f"{given} without --num-experts", given, hint="add --num-experts N")
         return None
+    window = _window(read, read.get("--num-layers"))
+    if window is None:
+        return None
+    args += window
     args.append(f"tied={'false' if read.get('--untie-embeddings-and-output-weights') else 'true'}")
     return f"{'llama' if llama else 'gpt'}({', '.join(args)})"
+
+
+def _window(read: _Read, layers: int) -> list[str] | None:
+    """--window-size LEFT,0 (LEFT + 1 keys: window=LEFT+1), --window-attn-skip-freq N or a list that is every N-th layer
+    full (full_every=N), --softmax-type learnable (sinks=true). A window with a right side, a list of another pattern
+    and the off-by-one softmax (a fixed offset, no parameter) are E807."""
+    args = []
+    text = read.get("--window-size")
+    sides = re.fullmatch(r"\(?\s*(-?\d+)\s*,\s*(-?\d+)\s*\)?", text) if text is not None else None
+    if text is not None and sides is None:
+        read.problem("E804", f"--window-size {text}: two integers LEFT,RIGHT", "--window-size", hint="--window-size 127,0")
+        return None
+    if sides is not None:
+        left, right = int(sides[1]), int(sides[2])
+        if right != 0 or left < 0:
+            read.problem("E807", f"--window-size {text}: a plan's sliding window is causal, (window - 1, 0)",
+                         "--window-size", hint=f"--window-size {max(left, 0)},0")
+            return None
+        args.append(f"window={left + 1}")
+    skip = read.get("--window-attn-skip-freq")
+    if skip is not None:
+        if re.fullmatch(r"\s*\d+\s*", skip):  # is_layer_window_attention: layer_number % N != 0 is windowed
+            pattern = [int((i + 1) % int(skip) != 0) for i in range(layers)] if int(skip) > 0 else None
+        else:
+            pattern = _layer_pattern(skip, layers)
+        every = next((k for k in range(1, layers + 2) if pattern == [int((i + 1) % k != 0) for i in range(layers)]),
+                     None) if pattern is not None else None
+        if sides is None or every is None:
+            read.problem("E807" if pattern is not None else "E804",
+                         f"--window-attn-skip-freq {skip}: " + ("a plan's full-attention layers are every N-th, the "
+                         "others windowed" if sides is not None else "without --window-size"),
+                         "--window-attn-skip-freq", hint="--window-attn-skip-freq 2" if sides is not None
+                         else "add --window-size LEFT,0")
+            return None
+        if every <= layers:  # a pattern with no full layer is a window on every layer
+            args.append(f"full_every={every}")
+    softmax = read.get("--softmax-type")
+    if softmax == "off-by-one":
+        read.problem("E807", "--softmax-type off-by-one: a fixed offset in the softmax; a plan's sinks are learned "
+                     "(learnable)", "--softmax-type", hint="--softmax-type learnable")
+        return None
+    if softmax == "learnable":
+        args.append("sinks=true")
+    return args
 
 
 LATENT_FLAGS = {"--q-lora-rank": "q_lora_rank", "--kv-lora-rank": "kv_lora_rank", "--qk-head-dim": "qk_nope_head_dim",

@@ -373,7 +373,7 @@ class TransformerModel(OptionalKeys):
     """A decoder-only transformer: `gpt(...)` (MHA, GELU MLP 4h) or `llama(...)` (GQA or multi-head latent
     attention, SwiGLU, a mixture of experts, optionally after `dense_layers` dense blocks or every `moe_every`-th
     block)."""
-    optional_keys = ("head_dim", "moe_every", "moe_offset")  # a model that writes none dumps as before they existed
+    optional_keys = ("head_dim", "moe_every", "moe_offset", "window", "full_every", "sinks")  # a model that writes none dumps as before they existed
     kind: Literal["gpt", "llama"]
     name: str
     layers: int = Field(gt=0, le=100_000)
@@ -415,6 +415,15 @@ class TransformerModel(OptionalKeys):
     parallel_blocks: bool = Field(default=False, description="GPT-NeoX's parallel residual: each block adds "
                                   "attn(norm1 x) and mlp(norm2 x) to the same input x (Black et al. 2022), "
                                   "instead of feeding the MLP x + attn(norm1 x)")
+    window: int = Field(default=0, ge=0, description="sliding-window (banded causal) attention: a query attends to "
+                        "itself and the window - 1 keys before it (Hugging Face's sliding_window; Megatron-LM's "
+                        "--window-size window-1,0); 0: the whole causal sequence")
+    full_every: int = Field(default=0, ge=0, description="with window: every full_every-th block (index i with i % "
+                            "full_every == full_every - 1) attends the whole causal sequence, the others the window "
+                            "(Gemma 2 and GPT-OSS 2, Gemma 3 6; Megatron-LM's --window-attn-skip-freq); 0: every "
+                            "block windowed (Mistral)")
+    sinks: bool = Field(default=False, description="a learned logit per head joins each query's softmax denominator "
+                        "and takes no value (GPT-OSS's attention sinks; Megatron-Core's softmax_type learnable)")
 
     @property
     def head_width(self) -> int:
@@ -436,6 +445,13 @@ class TransformerModel(OptionalKeys):
         """Whether a mixture of experts has dense blocks too (`dense_layers`, `moe_every`): two kinds of block."""
         return self.experts > 0 and any(not self.moe_block(i)
                                         for i in range(min(self.layers, self.dense_layers + self.moe_every)))
+
+    def window_of(self, index: int) -> int:
+        """The attention window of block `index`: `window`, or 0 (the whole causal sequence) without one or on a
+        full-attention block of the pattern (`full_every`; Megatron-Core's `is_layer_window_attention`)."""
+        if not self.window or (self.full_every and index % self.full_every == self.full_every - 1):
+            return 0
+        return self.window
 
 
 class MLPModel(Node):

@@ -20,6 +20,7 @@ from plandsl import ir
 # Roles of tensor dims: what a dim indexes, so sharding and cost code never guess from positions.
 HIDDEN = "hidden"
 HEADS_X_HEAD_DIM = "heads_x_head_dim"
+HEADS = "heads"  # one value per attention head (attention sinks)
 KV = "kv"  # kv_heads * head_dim
 FFN = "ffn"
 VOCAB = "vocab"
@@ -28,7 +29,7 @@ INPUT = "input"
 OUTPUT = "output"
 OTHER = "other"
 TP_SPLIT = "tp_split"  # a dim of a torch model's parameter that its tensor-parallel plan splits
-DIM_ROLES = (HIDDEN, HEADS_X_HEAD_DIM, KV, FFN, VOCAB, EXPERTS, INPUT, OUTPUT, OTHER, TP_SPLIT)
+DIM_ROLES = (HIDDEN, HEADS_X_HEAD_DIM, HEADS, KV, FFN, VOCAB, EXPERTS, INPUT, OUTPUT, OTHER, TP_SPLIT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +215,32 @@ _DENSE_VIEWS: dict[int, tuple[weakref.ref, ir.TransformerModel]] = {}
 
 
 def block_model(model: ir.Model, block: "int | Layer") -> ir.Model:
-    """The model as block `block` (its index, or its layer) sees it: a dense block of a mixture of experts with
+    """The model as block `block` (its index, or its layer) sees it: its MLP's (`mlp_model`) with the attention
+    window the block has (`ir.TransformerModel.window_of`): a full-attention block of a sliding-window pattern
+    (`full_every`) is the model without a window, a windowed one the model windowed throughout. The cost model
+    and the catalogue size a block from this: one object per kind of block while the model lives."""
+    view = mlp_model(model, block)
+    if not isinstance(model, ir.TransformerModel) or not model.full_every or not model.window:
+        return view
+    if isinstance(block, Layer):
+        if block.kind != "block":
+            return view
+        block = int(block.name.rpartition(".")[2])
+    full = model.window_of(block) == 0
+    key = (id(view), full)
+    found = _WINDOW_VIEWS.get(key)
+    if found is None or found[0]() is not view:
+        update = {"window": 0, "full_every": 0} if full else {"full_every": 0}
+        found = _WINDOW_VIEWS[key] = (weakref.ref(view, lambda _, key=key: _WINDOW_VIEWS.pop(key, None)),
+                                      view.model_copy(update=update))
+    return found[1]
+
+
+_WINDOW_VIEWS: dict[tuple[int, bool], tuple[weakref.ref, ir.TransformerModel]] = {}
+
+
+def mlp_model(model: ir.Model, block: "int | Layer") -> ir.Model:
+    """The model as block `block` (its index, or its layer) sees its MLP: a dense block of a mixture of experts with
     dense blocks (`dense_layers`, `moe_every`: `ir.TransformerModel.moe_block`) is a dense llama block with
     `dense_ffn`, every other block the model itself. The cost model and the catalogue size a block from this, so
     a kind of block is computed once (the same object for every dense block of a model, while the model lives)."""
@@ -279,11 +305,13 @@ def _attention_params(model: ir.TransformerModel, module: str) -> list[Param]:
     gpt = model.kind == "gpt"
     hidden = model.hidden
     widths = attention_widths(model)
+    # attention sinks (GPT-OSS): one learned logit per head, the attention module's own parameter
+    sinks = [Param(f"{module}.sinks", module, (model.heads,), (HEADS,))] if model.sinks else []
     if not model.latent_attention:
         return (_linear(f"{module}.wq", widths.q, hidden, HEADS_X_HEAD_DIM, HIDDEN, bias=gpt)
                 + _linear(f"{module}.wk", widths.k, hidden, KV, HIDDEN, bias=gpt)
                 + _linear(f"{module}.wv", widths.v, hidden, KV, HIDDEN, bias=gpt)
-                + _linear(f"{module}.wo", hidden, widths.o, HIDDEN, HEADS_X_HEAD_DIM, bias=gpt))
+                + _linear(f"{module}.wo", hidden, widths.o, HIDDEN, HEADS_X_HEAD_DIM, bias=gpt) + sinks)
     heads, rope = model.heads, model.qk_rope_head_dim
     if model.q_lora_rank:
         params = _linear(f"{module}.wq_a", model.q_lora_rank, hidden, OTHER, HIDDEN, bias=False)
@@ -296,7 +324,7 @@ def _attention_params(model: ir.TransformerModel, module: str) -> list[Param]:
     params += _linear(f"{module}.wkv_b", heads * (model.qk_nope_head_dim + model.v_head_dim), model.kv_lora_rank,
                       HEADS_X_HEAD_DIM, OTHER, bias=False)
     params += _linear(f"{module}.wo", hidden, widths.o, HIDDEN, HEADS_X_HEAD_DIM, bias=False)
-    return params
+    return params + sinks
 
 
 @dataclass(frozen=True, slots=True)

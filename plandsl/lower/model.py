@@ -1,7 +1,8 @@
 """Model expressions and schedule definitions -> IR (E212 for families and arguments).
 
 `gpt(layers=, hidden=, heads=, seq=, vocab=)`, `llama(...)` (GQA or multi-head latent attention, SwiGLU, MoE
-with `experts=`/`top_k=`/`shared_experts=`, dense blocks before the MoE ones or between them), `mlp(...)`, and models written out
+with `experts=`/`top_k=`/`shared_experts=`, dense blocks before the MoE ones or between them; either family with
+sliding-window attention, `window=`/`full_every=`, and attention sinks, `sinks=`), `mlp(...)`, and models written out
 layer by layer.
 """
 from __future__ import annotations
@@ -25,12 +26,13 @@ if TYPE_CHECKING:
 # family -> {argument: required}
 FAMILIES: dict[str, dict[str, bool]] = {
     "gpt": {"layers": True, "hidden": True, "heads": True, "seq": True, "vocab": True,
-            "ffn": False, "tied": False, "parallel": False},
+            "ffn": False, "tied": False, "parallel": False, "window": False, "full_every": False, "sinks": False},
     "llama": {"layers": True, "hidden": True, "heads": True, "seq": True, "vocab": True,
               "kv_heads": False, "head_dim": False, "ffn": False, "experts": False, "top_k": False, "shared_experts": False,
               "q_lora_rank": False, "kv_lora_rank": False, "qk_rope_head_dim": False, "qk_nope_head_dim": False,
               "v_head_dim": False, "dense_layers": False, "dense_ffn": False, "moe_every": False, "moe_offset": False,
-              "tied": False, "parallel": False},
+              "tied": False, "parallel": False,
+              "window": False, "full_every": False, "sinks": False},
     "mlp": {"layers": True, "hidden": True, "input": True, "output": True},
 }
 
@@ -92,7 +94,7 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
         raise Poison()
     values = {}
     for key, kwarg in args.items():
-        if key in ("tied", "parallel"):
+        if key in ("tied", "parallel", "sinks"):
             values[key] = scope.truth(scope.eval(kwarg.value), kwarg.value)
         else:
             minimum = 0 if key in _MAY_BE_ZERO else 1
@@ -108,6 +110,7 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
     if family == "mlp":
         return build(scope, ir.MLPModel, call.span, kind="mlp", name=label, **values)
     hidden = values["hidden"]
+    attention = {key: values[key] for key in ("window", "full_every", "sinks") if key in values}  # E231-E232, W203
     if family == "gpt":
         fields = dict(kv_heads=values["heads"], ffn_hidden=values.get("ffn", 4 * hidden),
                       tied_embeddings=values.get("tied", False), parallel_blocks=values.get("parallel", False))
@@ -124,7 +127,7 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
     spans = {_FIELDS.get(key, key): kwarg.span for key, kwarg in args.items()}  # where each shape was written
     return build(scope, ir.TransformerModel, call.span, kind=family, name=label, layers=values["layers"],
                  field_spans=spans,
-                 hidden=hidden, heads=values["heads"], seq=values["seq"], vocab=values["vocab"], **fields)
+                 hidden=hidden, heads=values["heads"], seq=values["seq"], vocab=values["vocab"], **fields, **attention)
 
 
 _FIELDS = {"ffn": "ffn_hidden", "tied": "tied_embeddings", "parallel": "parallel_blocks"}  # argument -> ir.TransformerModel field

@@ -6,6 +6,7 @@ Stage: interpreter. Contract: `build_model(plan.model, seed)` returns the full m
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 
@@ -124,22 +125,84 @@ class KeyProjection(nn.Linear):
         return out if self.bias is None else out + (0 * self.bias).to(out.dtype)  # autocast keeps k in 16 bits
 
 
+def attention_mask(queries: torch.Tensor, keys: torch.Tensor, window: int = 0) -> torch.Tensor:
+    """[queries, keys] booleans, True where a query attends to a key, from their positions in the sequence: causal,
+    and with a `window` only the `window - 1` keys before the query and itself (Hugging Face's `sliding_window`;
+    Megatron-Core's window_size (window - 1, 0))."""
+    allowed = keys[None, :] <= queries[:, None]
+    return allowed & (queries[:, None] - keys[None, :] < window) if window else allowed
+
+
+def with_sink(mask: torch.Tensor) -> torch.Tensor:
+    """`mask` with one more key every query attends to: the sink `attend` appends."""
+    return torch.cat((mask, mask.new_ones(mask.shape[0], 1)), dim=-1)
+
+
+@functools.lru_cache(maxsize=32)
+def band_mask(seq: int, window: int, sink: bool, device: torch.device) -> torch.Tensor:
+    """The mask of a sequence's own positions (`attention_mask`, `with_sink` for sinks), one tensor per length,
+    window and device that every block and microbatch shares (each SDPA call keeps it for its backward)."""
+    positions = torch.arange(seq, device=device)
+    mask = attention_mask(positions, positions, window if window < seq else 0)
+    return with_sink(mask) if sink else mask
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+           sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q kᵀ / √d, masked) v through SDPA (`mask` None: causal over equal lengths; with `sinks`, its last
+    column the sink's, `with_sink`). `sinks` (one logit per local head, GPT-OSS's attention sinks) join each query's
+    softmax denominator and take no value: as a key with a zero value that every query attends to, scoring sink[h]
+    for head h, written as one more head dim (q's holds sink[h]·√d, every real key's 0, the sink key's 1), so SDPA's
+    kernel runs it and autograd reaches the sinks; their softmax mass is what GPT-OSS's eager_attention_forward
+    drops after its softmax over [scores, sink]."""
+    gqa = k.shape[1] != q.shape[1]
+    if sinks is None:
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    batch, heads, seq, dim = q.shape
+    scale = 1.0 / math.sqrt(dim)
+    column = (sinks.to(q.dtype) / scale).view(1, heads, 1, 1).expand(batch, heads, seq, 1)
+    q = torch.cat((q, column), dim=-1)
+    sink_key = torch.cat((k.new_zeros(*k.shape[:2], 1, dim), k.new_ones(*k.shape[:2], 1, 1)), dim=-1)
+    k = torch.cat((F.pad(k, (0, 1)), sink_key), dim=2)
+    v = torch.cat((v, v.new_zeros(*v.shape[:2], 1, v.shape[-1])), dim=2)
+    if mask is None:
+        mask = band_mask(seq, 0, True, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
 class AttentionCore(nn.Module):
     """softmax(q kᵀ / √d + causal mask) v on [batch, heads, seq, head_dim] tensors, k and v with fewer
     heads under grouped-query attention (SDPA's `enable_gqa`: the kernel reads each kv head for its
-    group of q heads, nothing widened is stored). No parameters: `selective` recomputation wraps
+    group of q heads, nothing widened is stored); with a `window`, the banded causal mask (`attention_mask`),
+    and the block's attention `sinks` when it has them (`attend`). No parameters: `selective` recomputation wraps
     exactly this (Korthikanti et al. 2022's attention core), and context parallelism replaces it
     (plandsl.runtime.parallel.context_parallel)."""
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+    def __init__(self, window: int = 0):
+        super().__init__()
+        self.window = window
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                sinks: torch.Tensor | None = None) -> torch.Tensor:
+        seq = q.shape[2]
+        banded = self.window and self.window < seq  # a window as long as the sequence bands nothing
+        mask = band_mask(seq, self.window, sinks is not None, q.device) if banded or sinks is not None else None
+        return attend(q, k, v, mask, sinks)
+
+
+def local_sinks(sinks: nn.Parameter | None) -> torch.Tensor | None:
+    """This rank's attention sinks: tensor parallelism shards them by heads, as it does wq's outputs."""
+    return sinks.to_local() if sinks is not None and hasattr(sinks, "to_local") else sinks
 
 
 class Attention(nn.Module):
     """Causal self-attention; head counts are read from the (possibly tensor-parallel) local widths.
     `positions` are those of the tokens fed (None: 0, 1, ...; context parallelism sets the rank's)."""
 
-    def __init__(self, hidden: int, heads: int, kv_heads: int, bias: bool, rope: bool, head_dim: int = 0):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, bias: bool, rope: bool, head_dim: int = 0,
+                 window: int = 0, sinks: bool = False):
         super().__init__()
         # The shapes the checker requires (plandsl.check.model); a module built around them would fail at
         # its first forward, or (an odd rotary head dim of 1 or 3) silently compute something else.
@@ -153,7 +216,9 @@ class Attention(nn.Module):
         self.wk = KeyProjection(hidden, kv, bias=bias)
         self.wv = nn.Linear(hidden, kv, bias=bias)
         self.wo = nn.Linear(heads * self.head_dim, hidden, bias=bias)
-        self.core = AttentionCore()
+        self.sinks = nn.Parameter(torch.empty(heads)) if sinks else None  # GPT-OSS's per-head sink logits
+        self.window = window  # context parallelism's core bands its mask by it
+        self.core = AttentionCore(window)
         self.positions: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -161,8 +226,14 @@ class Attention(nn.Module):
         q, k, v = (w(x).view(batch, seq, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
         if self.rope:
             q, k = rotary(q, self.positions), rotary(k, self.positions)
-        out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        out = self._core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The core, given the sinks only when the block has them (a core replaced by context parallelism or
+        wrapped for recomputation takes them as a fourth argument)."""
+        sinks = local_sinks(self.sinks)
+        return self.core(q, k, v) if sinks is None else self.core(q, k, v, sinks)
 
 
 class LatentAttention(Attention):
@@ -194,7 +265,9 @@ class LatentAttention(Attention):
         self.kv_norm = RMSNorm(model.kv_lora_rank)
         self.wkv_b = nn.Linear(model.kv_lora_rank, heads * (self.nope + self.v_dim), bias=False)
         self.wo = nn.Linear(heads * self.v_dim, hidden, bias=False)
-        self.core = AttentionCore()
+        self.sinks = nn.Parameter(torch.empty(heads)) if model.sinks else None
+        self.window = model.window
+        self.core = AttentionCore(model.window)
         self.positions: torch.Tensor | None = None
         self.reduce_rope_key = None  # tensor parallelism: the shared rotary key's gradient, summed over the axis
 
@@ -215,7 +288,7 @@ class LatentAttention(Attention):
         # with it, is not kept): fused attention kernels take one head size (softmax(q kᵀ) [v, 0] = [o, 0])
         width = self.nope + self.rope
         v = F.pad(v, (0, width - self.v_dim)) if width > self.v_dim else v.contiguous()
-        out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))[..., : self.v_dim]
+        out = self._core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))[..., : self.v_dim]
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -317,7 +390,8 @@ class MoE(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm1 x), then + mlp/moe(norm2 x); with `parallel_blocks`
     (GPT-NeoX's parallel residual) x + attn(norm1 x) + mlp/moe(norm2 x). `model` as the block sees it
-    (`ir.layers.block_model`: a dense block of a dense-then-MoE model is a dense model's)."""
+    (`ir.layers.block_model`: a dense block of a dense-then-MoE model is a dense model's, a full-attention block
+    of a sliding-window pattern one without a window)."""
 
     def __init__(self, model: ir.TransformerModel):
         super().__init__()
@@ -326,7 +400,8 @@ class Block(nn.Module):
         norm = (lambda: LayerNorm(model.hidden)) if gpt else (lambda: RMSNorm(model.hidden))
         self.norm1 = norm()
         self.attn = LatentAttention(model) if model.latent_attention else \
-            Attention(model.hidden, model.heads, model.kv_heads, bias=gpt, rope=not gpt, head_dim=model.head_dim)
+            Attention(model.hidden, model.heads, model.kv_heads, bias=gpt, rope=not gpt, head_dim=model.head_dim,
+                      window=model.window, sinks=model.sinks)
         self.norm2 = norm()
         if model.experts:
             self.moe = MoE(model.hidden, model.ffn_hidden, model.experts, model.top_k, gated=not gpt,

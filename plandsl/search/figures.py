@@ -21,7 +21,7 @@ from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activati
                                  StateBytes)
 from plandsl.cost.stage import param_split
 from plandsl.ir.layers import Layer, figures_key, layers_of
-from plandsl.search.problem import CONTEXT, Problem, build_plan
+from plandsl.search.problem import CONTEXT, Problem, SearchError, build_plan
 from plandsl.search.tree import Node, Root, candidate_of
 
 
@@ -36,7 +36,7 @@ class Figures:
         self.transformer = isinstance(problem.model, ir.TransformerModel)
         self.blocks = sum(1 for layer in self.layers if layer.kind == "block") if self.transformer \
             else len(self.layers)
-        self.dense_blocks = 0  # a transformer's dense blocks besides its MoE ones (`_kinds`)
+        self.dense_blocks = 0  # a transformer's blocks of its second kind (`_kinds`: dense, or windowed)
         self.dense_before, self.interleaved = np.zeros(self.blocks + 1, dtype=np.int64), False
         self.kinds = self._kinds()
         self.base = self._base_plan()
@@ -61,19 +61,26 @@ class Figures:
         self._links_numbers: dict = {}
 
     def _kinds(self) -> list[tuple[Layer, int]]:
-        """(layer, count): transformers are an embedding, L identical blocks, a norm and a head; a mixture of experts
-        with dense blocks (`dense_layers`, `moe_every`) has its D dense blocks as a fifth kind after them, the L - D
-        MoE blocks as the second (`dense_blocks` = D; `dense_before[i]`: the dense blocks among the first i;
-        `interleaved`: whether they are not all first; its stages are partitioned over the blocks in order,
-        `Splits.mixed_partition`)."""
+        """(layer, count): transformers are an embedding, L identical blocks, a norm and a head; one with two kinds
+        of block (a mixture of experts with dense blocks, `dense_layers`, `moe_every`; a sliding-window pattern's
+        windowed and full-attention blocks, `full_every`) has the D blocks of its second kind (the dense ones; else
+        those of the kind the last block is not) as a fifth kind after them, the L - D others as the second
+        (`dense_blocks` = D; `dense_before[i]`: those among the first i; `interleaved`: whether they are not all
+        first; its stages are partitioned over the blocks in order, `Splits.mixed_partition`). More than two kinds
+        (dense and MoE blocks besides windowed and full ones) is a SearchError."""
         if not self.transformer:
             return [(layer, 1) for layer in self.layers]
         blocks = [layer for layer in self.layers if layer.kind == "block"]
         model = self.problem.model
+        keys = [figures_key(block) for block in blocks]
+        count = len(dict.fromkeys(keys))
+        if count > 2:
+            raise SearchError(f"model '{model.name}' has {count} kinds of block; the search partitions at most two "
+                              "(dense and MoE blocks, or windowed and full-attention ones)")
         moe, dense = blocks[-1], blocks[0]  # the last block is MoE and the first dense, unless interleaved
-        if model.mixed_blocks:
-            is_dense = np.fromiter((not model.moe_block(i) for i in range(self.blocks)), dtype=bool,
-                                   count=self.blocks)
+        if count == 2:
+            is_dense = np.fromiter((not model.moe_block(i) for i in range(self.blocks)) if model.mixed_blocks
+                                   else (key != keys[-1] for key in keys), dtype=bool, count=self.blocks)
             np.cumsum(is_dense, out=self.dense_before[1:])
             self.dense_blocks = int(self.dense_before[-1])
             self.interleaved = bool(is_dense[self.dense_blocks:].any())  # a dense block after an MoE one
@@ -85,8 +92,8 @@ class Figures:
         return kinds + ([(dense, self.dense_blocks)] if self.dense_blocks else [])
 
     def dense_order(self, start: int, n: int) -> tuple[bool, ...] | None:
-        """Blocks start .. start + n - 1, whether each is dense, where dense blocks follow MoE ones
-        (`interleaved`); None where the dense blocks are all first (a stage runs its dense blocks first)."""
+        """Blocks start .. start + n - 1, whether each is of the second kind (dense; windowed or full), where those
+        follow blocks of the other (`interleaved`); None where they are all first (a stage runs them first)."""
         if not self.interleaved:
             return None
         before = self.dense_before

@@ -500,3 +500,33 @@ _entry("E230", """
       train   = { global_batch: 64, micro_batch: 2 }
     }
     """, "An offset within the period.", ("moe_offset=2", "moe_offset=1"))
+
+_entry("E231", """
+    `full_every=K` says which blocks of a sliding-window model attend the whole causal sequence:
+    every K-th one (Gemma 2 and GPT-OSS: 2, Gemma 3: 6), the others only `window` keys. A model
+    without `window` has no windowed block for the pattern to interleave with.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = llama(layers=8, hidden=1024, heads=16, seq=2048, vocab=32000, full_every=2)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 2 }
+    }
+    """, "Give the windowed blocks their window.", ("full_every=2", "window=512, full_every=2"))
+
+_entry("E232", """
+    With `window`, block i attends the whole causal sequence when i % full_every == full_every - 1
+    (Megatron-Core's `window_attn_skip_freq`, Hugging Face's `sliding_window_pattern`): `full_every=1`
+    makes every block full, so the window bands none, and a `full_every` above `layers` makes none
+    full. Write the pattern that has both, or say what is meant: no `window` for full attention
+    everywhere, no `full_every` for a window on every block (Mistral).
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = llama(layers=8, hidden=1024, heads=16, seq=2048, vocab=32000, window=512, full_every=1)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 2 }
+    }
+    """, "Make every second block full, the others windowed.", ("full_every=1", "full_every=2"))

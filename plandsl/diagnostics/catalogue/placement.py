@@ -397,3 +397,21 @@ _entry("E419", """
     }
     """, "Give the pipeline virtual stages and the interleaved schedule.",
        ("evenly over pp\n", "evenly over pp with virtual = 2\n"), ("= 1f1b", "= interleaved_1f1b"))
+
+_entry("E420", """
+    Ring attention passes each rank's keys and values around the context axis and runs one kernel per
+    step under the causal mask (Transformer Engine's p2p ring, Megatron-Core's `--cp-comm-type p2p`;
+    torch's `_templated_ring_attention`, which `plandsl run` runs): Transformer Engine asserts it takes
+    no sliding window and runs learnable attention sinks under context parallelism only over a2a, and
+    torch's ring takes neither. `allgather` context parallelism gathers every key for each rank's
+    queries and masks them with the band, which both Megatron-Core and `plandsl run` run.
+    """, """
+    import "clusters/dgx_h100"
+    plan p {
+      model   = llama(layers=8, hidden=2048, heads=16, kv_heads=4, seq=8192, vocab=32000, window=1024)
+      cluster = dgx_h100
+      mesh    = [dp = 4, cp = 2]
+      train   = { global_batch: 32, micro_batch: 1 }
+      context = ring over cp
+    }
+    """, "Gather the keys and values instead of passing them around a ring.", ("ring over cp", "allgather over cp"))

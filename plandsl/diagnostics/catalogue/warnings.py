@@ -40,6 +40,22 @@ _entry("W202", """
     }
     """, "Remove `top_k` (or add `experts=8` to make it a mixture of experts).", (", top_k=2)", ")"))
 
+_entry("W203", """
+    A sliding window lets each query attend to itself and the `window - 1` keys before it. With a
+    window as long as the sequence trained on, or longer, every key before a query is inside it:
+    the blocks attend as full causal attention does, compute and memory alike, and the window
+    says nothing. Usually the model was written for a longer context than the plan trains on
+    (Mistral 7B's 4,096-token window beside its 8,192 positions).
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = llama(layers=4, hidden=256, heads=8, seq=1024, vocab=1024, window=1024)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 16, micro_batch: 1 }
+    }
+    """, "Band the attention with a window shorter than the sequence.", ("window=1024", "window=256"))
+
 _entry("W301", """
     The mesh covers fewer devices than the cluster has; the others stay idle for the
     whole run. Fine for a quick test, but on a reserved cluster it is paid-for

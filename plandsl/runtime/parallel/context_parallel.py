@@ -33,12 +33,11 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed._functional_collectives import all_gather_tensor_autograd  # in torch 2.6 and later
 from torch.distributed.device_mesh import DeviceMesh
 
-from plandsl.runtime.models import Attention, Embedding
+from plandsl.runtime.models import Attention, Embedding, attend, attention_mask, with_sink
 
 SEQ_DIM = 2  # attention's q, k, v are [batch, heads, seq, head_dim]
 
@@ -55,19 +54,22 @@ def sequence_columns(seq: int, rank: int, cp: int) -> torch.Tensor:
 
 class GatheredAttentionCore(nn.Module):
     """The attention core of one rank: K and V of every rank gathered along the sequence (in rank order),
-    the local queries attending to them under the causal mask of the tokens' global positions."""
+    the local queries attending to them under the causal mask of the tokens' global positions (banded by the
+    block's sliding `window`, with its attention sinks: `models.attend`)."""
 
-    def __init__(self, cp_mesh: DeviceMesh, seq: int, device: torch.device):
+    def __init__(self, cp_mesh: DeviceMesh, seq: int, device: torch.device, window: int = 0):
         super().__init__()
         cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()
         self.group = cp_mesh.get_group()
         queries = sequence_columns(seq, rank, cp).to(device)
         keys = torch.cat([sequence_columns(seq, r, cp) for r in range(cp)]).to(device)
-        self.mask = keys[None, :] <= queries[:, None]  # True: the query attends to the key
+        self.mask = attention_mask(queries, keys, window if window < seq else 0)  # True: the query attends
+        self.sink_mask = with_sink(self.mask)  # with attention sinks: one more key, the sink's
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                sinks: torch.Tensor | None = None) -> torch.Tensor:
         k, v = (all_gather_tensor_autograd(t.contiguous(), SEQ_DIM, self.group) for t in (k, v))
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, enable_gqa=k.shape[1] != q.shape[1])
+        return attend(q, k, v, self.mask if sinks is None else self.sink_mask, sinks)
 
 
 class RingAttentionCore(nn.Module):
@@ -131,13 +133,14 @@ def _cpu_backward(*, grad_out, query, key, value, out, logsumexp, is_causal):
 
 
 def apply_cp(model: nn.Module, kind: str, cp_mesh: DeviceMesh, seq: int, device: torch.device) -> None:
-    if kind == "ring":
-        core: nn.Module = RingAttentionCore(cp_mesh, balanced=seq % (2 * cp_mesh.size()) == 0)  # sequence_columns
-    else:
-        core = GatheredAttentionCore(cp_mesh, seq, device)  # one per rank: no parameters, one mask
+    cores: dict[int, nn.Module] = {}  # one per window (a sliding-window pattern's blocks have two): one mask each
     positions = sequence_columns(seq, cp_mesh.get_local_rank(), cp_mesh.size()).to(device)
     for module in list(model.modules()):  # the loop replaces submodules
         if isinstance(module, Attention):
-            module.core, module.positions = core, positions
+            window = module.window
+            if window not in cores:  # a windowed `ring` is refused before it runs (runtime.support, E703)
+                cores[window] = RingAttentionCore(cp_mesh, balanced=seq % (2 * cp_mesh.size()) == 0) \
+                    if kind == "ring" else GatheredAttentionCore(cp_mesh, seq, device, window)  # sequence_columns
+            module.core, module.positions = cores[window], positions
         elif isinstance(module, Embedding):
             module.positions = positions

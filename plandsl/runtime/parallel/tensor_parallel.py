@@ -359,6 +359,10 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool,
                                         use_local_output=True)
             plan.update({"norm1": SequenceParallel(), "attn": gather, "norm2": SequenceParallel(), ffn: gather})
         parallelize_module(block, tp_mesh, plan)
+        queries = plan.get("attn.wq", plan.get("attn.wq_b"))
+        if getattr(block.attn, "sinks", None) is not None and isinstance(queries, ColwiseParallel):
+            # attention sinks, one logit per head: split as the query projection splits the heads
+            block.attn.sinks = nn.Parameter(distribute_tensor(block.attn.sinks.data, tp_mesh, [Shard(0)]))
         if hasattr(block.attn, "reduce_rope_key"):
             group = tp_mesh.get_group()
             block.attn.reduce_rope_key = lambda x, group=group: _SumGradient.apply(x, group)
