@@ -854,7 +854,8 @@ def nemo_moe_blackwell() -> list[Run]:
     (qwen3_235b_a22b_pretrain_config). Pinned as none, as on the H100 rows: GPT-OSS's recomputation of the norms
     and the experts' activation (GB200, B200: recompute_modules layernorm, moe_act). Not in the language and so not
     priced: the CUDA graphs of the router and the dispatcher's preprocessing (and of attention on some; every
-    Qwen3 preset but B200's 235B, and GPT-OSS's GB300 ones, `cuda_graph_scope`), GPT-OSS's sliding windows, sinks and biases,
+    Qwen3 preset but B200's 235B, and GPT-OSS's GB300 ones, `cuda_graph_scope`), GPT-OSS's biases (its sliding windows
+    and sinks are in stdlib models/gpt_oss since the seventh session: the band's tiles, the fused core as on H100),
     Qwen3's QK norms. DeepSeek-V3's rows are refused for what their recipes run that the language cannot say (a
     row whose note starts with UNSAYABLE): the recomputation of MLA's up-projections or of the experts' activation
     alone (`recompute_modules` mla_up_proj, moe_act), and the B200 row's MTP layer. Held out and reported apart
@@ -887,8 +888,8 @@ def nemo_moe_blackwell() -> list[Run]:
     graphs = "the recipe's CUDA graphs (cuda_graph_scope: {}) not priced"
     qwen = "QK norms not in the language (elementwise); " + graphs.format("moe_router, moe_preprocess")
     qwen_attn = "QK norms not in the language (elementwise); " + graphs.format("attn, moe_router, moe_preprocess")
-    gpt_oss = ("sliding-window attention (128 tokens) on half the layers, attention sinks, biases and the clamped "
-               "SwiGLU are not in the language: every layer is costed with full attention")
+    gpt_oss = ("biases and the clamped SwiGLU are not in the language; the sliding-window layers run their band and "
+               "the sinks cuDNN's fused attention, as on H100 (nemo_moe_h100)")
     recomputed = "; the recipe recomputes the norms and the experts' activation (layernorm, moe_act), pinned as none"
     gpt_oss_graphs = "; " + graphs.format("attn, moe_router, moe_preprocess")
     deepseek = (UNSAYABLE + "the recipe recomputes MLA's up-projections or the experts' activation alone "

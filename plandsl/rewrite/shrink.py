@@ -409,6 +409,12 @@ def _model(plan: ir.Plan, sizes: dict[str, int], module: syntax.Module, definiti
             experts += f", the first {dense} dense" if dense else ""
             experts += f", every {every}th block MoE" if every > 1 else ""
     args += _latent_args(model)
+    if model.window:  # still a band at the smaller sequence (W203 otherwise), every full_every-th block full
+        args.append(f"window={min(model.window, max(1, seq // 2))}")
+        if model.full_every and layers >= 2:
+            args.append(f"full_every={min(model.full_every, layers)}")
+    if model.sinks:
+        args.append("sinks=true")
     if model.parallel_blocks:
         args.append("parallel=true")
     if model.tied_embeddings:

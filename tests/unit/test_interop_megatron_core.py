@@ -553,3 +553,45 @@ def test_interleaved_microbatches_not_a_multiple_of_pp_run_in_megatrons_order(mc
             + backwards[remaining:]
         mine = [(a.kind.value, a.stage // pp, a.microbatch) for a in schedule.actions[rank] if a.kind.value in ("F", "B")]
         assert mine == order, f"rank {rank}"
+
+
+_WINDOWED = """import "clusters/dgx_h100"
+plan tiny_oss {
+  model    = llama(layers=6, hidden=512, heads=8, kv_heads=2, head_dim=64, seq=1024, vocab=32000, experts=8, top_k=2,
+                   window=128, full_every=3, sinks=true)
+  cluster  = dgx_h100
+  mesh     = [pp = 2, ep = 4]
+  train    = { global_batch: 16, micro_batch: 1 }
+  experts  = alltoall over ep
+  stages   = evenly over pp
+  schedule = 1f1b
+}
+"""
+
+
+def test_the_sliding_window_and_sinks_are_megatrons(mcore, monkeypatch):
+    """--window-size, --window-attn-skip-freq and --softmax-type as TransformerConfig takes them (arguments.py's
+    tuple_type and moe_freq_type), each layer windowed where Megatron-Core's is_layer_window_attention says, under the
+    band its get_sliding_window_causal_mask builds (its mask on the CPU: the function asks for CUDA)."""
+    import torch
+    import megatron.core.transformer.utils as mutils
+    from plandsl.runtime.models import attention_mask
+    plan = api.loads(_WINDOWED).plans[0]
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost, [d.message for d in exported.lost]
+    flags = _flags(exported.text)
+    known = _known_flags(mcore, "TransformerConfig", "DDP", "Optimizer")
+    assert set(flags) <= known, f"not Megatron-LM flags: {sorted(set(flags) - known)}"
+    window = tuple(int(side) for side in str(flags.pop("--window-size")).split(","))  # arguments.py: tuple_type
+    every = int(flags.pop("--window-attn-skip-freq"))  # moe_freq_type: an int
+    config, _, _ = _configs(mcore, flags)
+    config = dataclasses.replace(config, window_size=window, window_attn_skip_freq=every)
+    assert config.softmax_type == "learnable"
+    model = plan.model
+    assert [mutils.is_layer_window_attention(config.window_size, config.window_attn_skip_freq, n)
+            for n in range(1, model.layers + 1)] == [model.window_of(i) > 0 for i in range(model.layers)]
+    ones = torch.ones
+    monkeypatch.setattr(torch, "ones", lambda *shape, device=None, **kwargs: ones(*shape, **kwargs))
+    positions = torch.arange(300)
+    masked = mutils.get_sliding_window_causal_mask(300, 300, config.window_size)  # True: masked out
+    assert torch.equal(~masked, attention_mask(positions, positions, model.window))
