@@ -214,6 +214,11 @@ def _model_args(plan: ir.Plan, args: list, lose) -> None:
             args.append(("--window-attn-skip-freq", str(model.full_every)))
     if model.sinks:  # Megatron-Core's learnable softmax offset, one per head (softmax_offset)
         args.append(("--softmax-type", "learnable"))
+        if plan.context is not None and plan.cp > 1:
+            lose("attention sinks under context parallelism: Transformer Engine 2.9 runs a learnable softmax under "
+                 "context parallelism only with --cp-comm-type a2a (get_attention_backend, \"Filter: Softmax type\": "
+                 "its fused core, the unfused one never), and a plan's context kinds are p2p's ring and all_gather",
+                 "context", hint="use the context axis for data parallelism, or drop sinks")
     if model.parallel_blocks:
         lose("parallel blocks (GPT-NeoX's parallel residual: Megatron-Core's transformer layer adds the attention, "
              "then feeds the MLP)", "model")

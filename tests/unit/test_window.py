@@ -121,3 +121,10 @@ def test_shrink_keeps_a_band_and_torchtitan_loses_the_window(tmp_path):
     assert (small.window, small.full_every, small.sinks) == (16, 2, True)  # half the 32 tokens: still a band
     lost = export_plan(api.loads(_plan(", window=128")).plans[0], "torchtitan").lost
     assert any("sliding-window" in d.message for d in lost)
+
+
+def test_megatron_loses_sinks_under_context_parallelism():
+    text = _plan(", sinks=true", dp=4, cp=", cp = 2", extra="  context = allgather over cp\n")
+    assert _codes(text) == []  # plandsl run gathers K and V and runs the sinks (tests/distributed/test_window_run.py)
+    lost = export_plan(api.loads(text).plans[0], "megatron").lost
+    assert [d.code for d in lost if "sinks under context parallelism" in d.message] == ["E808"]
