@@ -20,16 +20,16 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 from plandsl import ir
-from plandsl.ir.layers import (EXPERTS, FFN, HEADS_X_HEAD_DIM, KV, TP_SPLIT, VOCAB, Layer, Param, attention_widths,
+from plandsl.ir.layers import (EXPERTS, FFN, HEADS, HEADS_X_HEAD_DIM, KV, TP_SPLIT, VOCAB, Layer, Param, attention_widths,
                                block_model, figures_key, kv_width, layers_of, once_per_figures)
 from plandsl.ir.placement import Assignment, assign_stages
 from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE
 from plandsl.schedules.generators import check_sizes, pipeline_maps
 
 # Dim roles a tensor-parallel axis splits (Megatron, Shoeybi et al. 2019): column-parallel outputs
-# (q/k/v heads, MLP ffn), row-parallel inputs (o heads, MLP ffn) and the vocabulary of the
-# embedding and head. Everything else (norms, row-parallel biases, positions, router) is replicated.
-TENSOR_SHARDED_DIMS = (HEADS_X_HEAD_DIM, KV, FFN, VOCAB, TP_SPLIT)  # TP_SPLIT: a torch model's own plan
+# (q/k/v heads, MLP ffn), row-parallel inputs (o heads, MLP ffn), the vocabulary of the embedding and head,
+# and the attention sinks by heads. Everything else (norms, row-parallel biases, positions, router) is replicated.
+TENSOR_SHARDED_DIMS = (HEADS_X_HEAD_DIM, HEADS, KV, FFN, VOCAB, TP_SPLIT)  # TP_SPLIT: a torch model's own plan
 
 # Bytes per element of a parameter, its gradient and each optimizer state by default, whatever `precision`
 # says: the interpreter keeps parameters in fp32 and computes under autocast (`runtime.precision`), so

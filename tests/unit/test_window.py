@@ -128,3 +128,10 @@ def test_megatron_loses_sinks_under_context_parallelism():
     assert _codes(text) == []  # plandsl run gathers K and V and runs the sinks (tests/distributed/test_window_run.py)
     lost = export_plan(api.loads(text).plans[0], "megatron").lost
     assert [d.code for d in lost if "sinks under context parallelism" in d.message] == ["E808"]
+
+
+def test_tensor_parallelism_splits_the_sinks_by_heads():
+    from plandsl.cost.memory import local_numel
+    sinks = next(p for p in layers_of(api.loads(_plan(", sinks=true")).plans[0].model)[1].params
+                 if p.name.endswith("attn.sinks"))
+    assert [local_numel(sinks, tp, 1) for tp in (1, 2, 8)] == [8, 4, 1]  # 8 heads over the tensor axis
