@@ -494,10 +494,12 @@ def nemo_moe_h100() -> list[Run]:
     # Its learnable sinks: Transformer Engine 2.9's get_attention_backend drops FlashAttention for them and keeps
     # cuDNN's FusedAttention (transformer_engine/pytorch/attention/dot_product_attention/utils.py:685-695, "Filter:
     # Softmax type"), which takes them from cuDNN 9.13.1 (common/fused_attn/fused_attn.cpp:372), unfused below; the
-    # containers' cuDNN is not in the sources read, so the rows keep the fused core (`attention: flash`).
+    # containers' cuDNN is not in the sources read, and the unfused core's s x s probabilities do not fit the recipe's
+    # layout by the memory model (the rows ran it, recomputing nothing): the fused core (`attention: flash`).
     gpt_oss = ("biases and the clamped SwiGLU are not in the language; the sliding-window layers run their band and "
                "the sinks cuDNN's fused attention (TE 2.9 get_attention_backend, utils.py:685-695; cuDNN >= 9.13.1, "
-               "fused_attn.cpp:372; unfused below, the containers' cuDNN not read): attention flash; the recipe "
+               "fused_attn.cpp:372; unfused below, the containers' cuDNN not read; unfused, the layout does not fit): "
+               "attention flash; the recipe "
                "recomputes the norms and the experts' activation (recompute_modules: layernorm, moe_act), pinned as none")
     qwen = "QK norms not in the language (elementwise); the recipe's moe_a2a_overlap: experts = ... with overlap"
     qwen_235b = qwen + "; Megatron's EP 32 with expert TP 1 beside TP 2: experts = alltoall over [ep, tp]"
