@@ -1,6 +1,7 @@
 """Training against the layout: batch divisibility (E501), the data ranks' shares of it (E507-E509),
 microbatches for the schedule (E502), precision against the devices (E504; fp8, mxfp8 and nvfp4 need bf16 too), an FP8
-recipe or bf16 layers the precision does not take (E510), weights gathered in FP8 without FP8 training (E511), recompute_layers and master_dtype against the rest of
+recipe or bf16 layers the precision does not take (E510), weights gathered in FP8 without FP8 training (E511), or in a
+16-bit dtype the data parallelism does not gather them in (E515), recompute_layers and master_dtype against the rest of
 `train` (E205), offload_layers against the stages' blocks (E205), recomputation (E512) and Megatron-LM's pipeline (E513)."""
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
     yield from _offload_layers(plan)
     yield from _fp8_recipe(plan)
     yield from _fp8_gather(plan)
+    yield from _gather_dtype(plan)
     if train.master_dtype.bytes < train.precision.bytes:
         yield diag("E205", f"master_dtype {train.master_dtype.value} is narrower than precision "
                    f"{train.precision.value}: weights kept in {train.master_dtype.value} would make every matmul "
@@ -200,6 +202,38 @@ def _fp8_gather(plan: ir.Plan) -> Iterator[Diagnostic]:
                    hint=f"precision: fp8 (or mxfp8), or gather = {precision.unquantized.value}",
                    notes=[Note("precision given here", plan.train.span_of("precision"))]
                    if "precision" in plan.train.field_spans else [])
+
+
+def _gather_dtype(plan: ir.Plan) -> Iterator[Diagnostic]:
+    """`data = ... with gather = DTYPE` in a dtype the kind gathers in as the stacks run it (`ir.gathers_as_written`,
+    E515): under zero2, zero3 and hsdp fp32 or the compute precision, FSDP2's param_dtype being the dtype the
+    forward computes with; under zero1 the weights' own dtype, which ZeRO-1 all-gathers after the optimizer step."""
+    data, train = plan.data, plan.train
+    if data is None or ir.gathers_as_written(data.zero_stage, data.gather, train):
+        return
+    gather, precision, span = data.gather.value, train.precision, data.span_of("gather")
+    if data.sharded:
+        computes = precision.unquantized
+        fix = f"gather = {computes.value}"
+        layers = " its 16-bit layers" if precision.quantized else ""
+        yield diag("E515", f"data = {data.kind} gathers the parameters in the dtype its forward computes with "
+                   f"(FSDP2's MixedPrecisionPolicy param_dtype): gather = {gather} would compute in {gather}, but "
+                   f"precision {precision.value} computes{layers} in {computes.value}", span,
+                   hint=f"{fix}" + (f", or precision: {gather} to compute in {gather}"
+                                    if computes is ir.Precision.fp32 else " (or fp32)"),
+                   edits=(Edit(data.field_spans["gather"], fix),) if "gather" in data.field_spans else (),
+                   notes=[Note("precision given here", train.span_of("precision"))]
+                   if "precision" in train.field_spans else [])
+        return
+    weights = train.weights_dtype
+    kept = "param_dtype" if train.param_dtype is not None else "master_dtype"
+    narrower = data.gather is precision.unquantized and data.gather.bytes < train.master_dtype.bytes
+    yield diag("E515", f"data = zero1 gathers the weights as they are kept after the optimizer step ({kept} "
+               f"{weights.value}: torch's ZeroRedundancyOptimizer broadcasts them, Megatron-LM's distributed optimizer "
+               f"all-gathers its parameter buffer), not in {gather}", span,
+               hint=(f"param_dtype: {gather} keeps {gather} weights beside the {train.master_dtype.value} master copy, "
+                     f"which zero1 gathers as they are; or " if narrower else "") + "drop `with gather`",
+               notes=[Note(f"{kept} given here", train.span_of(kept))] if kept in train.field_spans else [])
 
 
 def _fp8_recipe(plan: ir.Plan) -> Iterator[Diagnostic]:

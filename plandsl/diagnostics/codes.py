@@ -97,6 +97,7 @@ CODES: dict[str, str] = {
     "E512": "activation offloading beside recomputation",
     "E513": "activation offloading on Megatron-LM's pipeline",
     "E514": "offloaded activations beyond the host's memory",
+    "E515": "parameters gathered in a dtype the data parallelism does not gather them in",
     # E6xx: schedules
     "E601": "unknown schedule",
     "E602": "action refers to a stage or microbatch that does not exist",

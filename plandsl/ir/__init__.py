@@ -813,6 +813,20 @@ def gathering_text(gathering: Gathering, zero_stage: int) -> str:
     return f" with {', '.join(options)}" if options else ""
 
 
+def gathers_as_written(zero_stage: int, gather: Precision | None, train: Training) -> bool:
+    """Whether data parallelism of ZeRO stage `zero_stage` gathers the parameters in `gather` as the stacks do (the
+    checker's E515 refuses the rest, the search writes no other): ZeRO-2/3 in FSDP2's `MixedPrecisionPolicy`
+    param_dtype, which is also the dtype the forward computes with, so fp32 or the compute precision (FP8 training's
+    16-bit one, `unquantized`: torchtitan's `mixed_precision_param` beside Float8); ZeRO-1 the updated weights as
+    they are kept (`weights_dtype`: torch's ZeroRedundancyOptimizer broadcasts them, Megatron-LM's distributed
+    optimizer all-gathers its 16-bit parameter buffer). No `gather`, and `fp8` (E511's), always."""
+    if gather is None or gather is Precision.fp8:
+        return True
+    if zero_stage >= 2:
+        return gather in (Precision.fp32, train.precision.unquantized)
+    return gather is train.weights_dtype
+
+
 class TensorOverlap(str, Enum):
     """Which implementation overlaps the tensor-parallel collectives with their GEMMs (`overlap = ...`):
     `async_tp`, torch's async tensor parallelism (torchtitan's --compile.enable_async_tensor_parallel: chunks moved
@@ -1085,8 +1099,9 @@ class Plan(Node):
         `runtime.parallel.data_parallel.apply_dp`): the plan's `gather` under zero2, zero3 and hsdp when it is fp32
         or the compute precision (bf16, fp16), which autocast then computes with as they are. None where run gathers
         the weights' own dtype: no `gather`, `zero1` (torch's ZeroRedundancyOptimizer broadcasts the updated weights
-        as they are kept), `fp8` (torchao's FP8 all-gather, the cost model's only) and a 16-bit `gather` other than
-        the compute precision (under fp32 nothing would compute in it)."""
+        as they are kept, which is the only `gather` a checked zero1 plan names: `gathers_as_written`), `fp8`
+        (torchao's FP8 all-gather, the cost model's only) and a 16-bit `gather` other than the compute precision
+        (which the checker refuses, E515: FSDP2 would compute in it; kept here for plans built unchecked)."""
         gather = self.data.gather if self.data is not None and self.data.sharded else None
         return gather if gather in (Precision.fp32, self.train.precision) and gather is not Precision.fp8 else None
 

@@ -56,7 +56,8 @@ def test_gather_lowers_dumps_only_when_given_and_is_written_back():
     assert p.data.gathering == ir.Gathering(gather=ir.Precision.fp8) and p.data.gathering.default  # closed form
     assert ir.gathering_text(p.data.gathering, 3) == " with gather = fp8"
     assert ir.gathering_text(ir.Gathering(gather=ir.Precision.bf16), 1) == " with gather = bf16"
-    assert lowered("zero1 over dp with gather = bf16", precision="bf16").data.gather is ir.Precision.bf16
+    assert lowered("zero1 over dp with gather = bf16", precision="bf16",  # ZeRO-1 gathers bf16 weights (E515)
+                   extra=", param_dtype: bf16").data.gather is ir.Precision.bf16
 
 
 @pytest.mark.parametrize("data, precision, code", [
@@ -68,6 +69,40 @@ def test_gather_lowers_dumps_only_when_given_and_is_written_back():
 ])
 def test_bad_gathers_are_errors(data, precision, code):
     assert codes(data, precision=precision) == [code]
+
+
+@pytest.mark.parametrize("data, precision, extra, code", [
+    ("fsdp over dp with gather = fp16", "bf16", "", "E515"),  # FSDP2 would compute in fp16
+    ("zero2 over dp with gather = bf16", "fp16", "", "E515"),
+    ("fsdp over dp with gather = bf16", "fp32", "", "E515"),  # the forward would compute in bf16
+    ("fsdp over dp with gather = fp16", "fp8", "", "E515"),  # FP8 training's 16-bit layers are bf16
+    ("zero1 over dp with gather = bf16", "bf16", "", "E515"),  # ZeRO-1 gathers the fp32 weights as they are
+    ("zero1 over dp with gather = fp32", "bf16", ", param_dtype: bf16", "E515"),
+    ("fsdp over dp with gather = bf16", "bf16", "", None),
+    ("fsdp over dp with gather = fp32", "bf16", "", None),
+    ("fsdp over dp with gather = bf16", "fp8", "", None),  # torchtitan's mixed_precision_param beside Float8
+    ("fsdp over dp with gather = fp32", "fp32", "", None),
+    ("zero1 over dp with gather = fp32", "bf16", "", None),
+    ("zero1 over dp with gather = bf16", "bf16", ", param_dtype: bf16", None),  # Megatron-LM's bf16 parameters
+    ("zero1 over dp with gather = fp8", "fp8", ", param_dtype: bf16", None),  # --fp8-param-gather
+], ids=["fp16_at_bf16", "zero2_bf16_at_fp16", "bf16_at_fp32", "fp16_at_fp8", "zero1_bf16", "zero1_fp32_of_bf16",
+        "bf16", "fp32", "bf16_at_fp8", "fp32_at_fp32", "zero1_fp32", "zero1_bf16_of_bf16", "zero1_fp8"])
+def test_a_gather_the_data_parallelism_does_not_gather_in_is_e515(data, precision, extra, code):
+    assert codes(data, precision=precision, extra=extra) == ([code] if code else [])
+
+
+def test_e515_offers_the_compute_precision_and_names_the_weights_under_zero1():
+    text = plan_text("fsdp over dp with gather = fp16", precision="bf16")
+    [error] = analyze(text=text).errors
+    assert "precision bf16 computes in bf16" in error.message and error.hint == "gather = bf16 (or fp32)"
+    [edit] = error.edits
+    fixed = text[:edit.span.start] + edit.text + text[edit.span.end:]
+    assert "with gather = bf16" in fixed and codes("fsdp over dp with gather = bf16", precision="bf16") == []
+    [fp32] = analyze(text=plan_text("fsdp over dp with gather = bf16", precision="fp32")).errors
+    assert fp32.hint == "gather = fp32, or precision: bf16 to compute in bf16"
+    [zero1] = analyze(text=plan_text("zero1 over dp with gather = bf16", precision="bf16")).errors
+    assert "master_dtype fp32" in zero1.message and zero1.hint.startswith("param_dtype: bf16 keeps bf16 weights")
+    assert not zero1.edits
 
 
 def test_e511_points_at_the_option_and_the_precision():
@@ -207,7 +242,7 @@ def test_megatrons_fp8_param_gather_is_the_gather_both_ways():
     assert back.ok and "data = zero1 over dp with gather = fp8" in " ".join(back.text.split())
     assert "--fp8-param-gather" not in export_plan(lowered("zero1 over dp"), "megatron").text.split()
     # Megatron gathers its bf16 weights as they are: `gather = bf16` writes nothing, fp32 it cannot say
-    assert not export_plan(lowered("zero1 over dp with gather = bf16"), "megatron").lost
+    assert not export_plan(lowered("zero1 over dp with gather = bf16", extra=", param_dtype: bf16"), "megatron").lost
     [lost] = export_plan(lowered("zero1 over dp with gather = fp32"), "megatron").lost
     assert lost.code == "E808" and "gather = fp32" in lost.message
 

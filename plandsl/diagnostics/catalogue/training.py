@@ -302,3 +302,25 @@ _entry("E514", """
       data    = fsdp over dp
     }
     """, "Offload fewer blocks (or state the host's real memory).", ("offload_layers: 4", "offload_layers: 1"))
+
+_entry("E515", """
+    `data = ... with gather = DTYPE` names the dtype the parameters are all-gathered in.
+    Under zero2, zero3 and hsdp that is FSDP2's `MixedPrecisionPolicy(param_dtype=...)`
+    (torchtitan's `mixed_precision_param`), and the forward then computes with the
+    gathered weights as they are: the dtype is the compute precision (or fp32, which
+    autocast casts), so `gather = bf16` under `precision: fp32` would compute in bf16,
+    and `gather = fp16` under bf16 in fp16. Under zero1 the optimizer's shards are
+    all-gathered after each step as the weights are kept (torch's
+    ZeroRedundancyOptimizer broadcasts them, Megatron-LM's distributed optimizer
+    all-gathers its bf16 parameter buffer beside an fp32 master): 16-bit gathers of
+    fp32 weights are `param_dtype: bf16`. `plandsl run` would gather no other way.
+    """, """
+    import "clusters/dgx_h100"
+    plan p {
+      model   = llama(layers=4, hidden=512, heads=8, kv_heads=8, seq=256, vocab=1024)
+      cluster = dgx_h100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 16, micro_batch: 1, precision: bf16 }
+      data    = fsdp over dp with gather = fp16
+    }
+    """, "Gather in the compute precision.", ("gather = fp16", "gather = bf16"))
