@@ -195,7 +195,8 @@ class Run:
     overlap_tensor: bool = False  # the recipe overlaps TP's collectives with GEMMs (`tensor = ... with overlap`)
     tensor_overlap: str = "async_tp"  # by which implementation (`overlap = async_tp | userbuffers`)
     sm_margin: bool = True  # userbuffers' set_sm_margin (`sm_margin = false`: TE 1.x's default, and Bridge's bulk)
-    gathering: ir.Gathering = ir.FSDP_GATHERING  # how ZeRO-3 gathers (`data = zero3 ... with unit, prefetch_bucket`)
+    gathering: ir.Gathering | None = None  # how ZeRO-3 gathers (`data = zero3 ... with unit, prefetch_bucket`, gather);
+    # None: FSDP's blocks, in the dtype the search gives ZeRO-2/3 (`Problem.gather_dtype`)
     dispatcher: str = "alltoall"  # the recipe's token dispatcher: `experts = deepep | hybridep over ...` (flex)
     context: str = "allgather"  # the recipe's context parallelism, and whose ring: `context = ring over cp with
     ring: str = "te"  # implementation = torch` (torch's context_parallel, torchtitan's)

@@ -209,8 +209,10 @@ def _edits(partial: Partial, scored: Scored, out_path, shares=None) -> list[tupl
 
     data = wanted("data", "dp", c.dp) or (None if mesh or partial.written("data") or not c.data_axis
                                            else names[c.data_axis])
-    if data:
-        lines.append(f"data = {ir.DataKind.of_zero_stage(c.zero_stage)} over {data}")
+    if data:  # in the dtype the search gathered in (`Problem.gather_dtype`, as `build_plan` wrote it)
+        gathering = scored.plan.data.gathering if scored.plan.data is not None else ir.FSDP_GATHERING
+        lines.append(f"data = {ir.DataKind.of_zero_stage(c.zero_stage)} over {data}"
+                     + ir.gathering_text(gathering, c.zero_stage))
     tensor = wanted("tensor", "tp", c.tp)
     if tensor:
         lines.append(f"tensor = megatron over {tensor}" + (" with sequence_parallel" if c.sequence_parallel else ""))

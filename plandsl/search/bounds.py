@@ -55,7 +55,7 @@ class Bounds:
                 params = [self.figures.params(layer, root.tp, root.ep) for layer in layers]
                 element = self.figures.element(layers, root.tp, root.ep)
                 layer_bytes = [self.figures.gather_bytes(layer, root.tp, root.ep, True) for layer in layers] \
-                    if self.problem.gathering.gather is not None else ()
+                    if self.problem.priced_gathering.gather is not None else ()
                 out.append(stage_time(times, params, zero, element, root.links, fsdp_units(layers),
                                       self.problem.grad_dtype.bytes, self._gathered(root, zero, layers, times, params),
                                       pipelined=zero >= 2 and root.pp > 1, share=device.contention,
@@ -103,7 +103,7 @@ class Bounds:
                 dense, expert = dense + count * d, expert + count * e
             units = n + (1 if first or last else 0)  # the blocks, and the root (`fsdp_units`)
             gathered = None
-            if zero >= 2 and not self.problem.gathering.default:  # the units one by one, in the order they run
+            if zero >= 2 and not self.problem.priced_gathering.default:  # the units one by one, in the order they run
                 order = [(self.kinds[index % len(self.kinds)][0], times[index]) for index, count in parts
                          for _ in range(count)]
                 layers = [layer for layer, _ in order]
@@ -116,7 +116,7 @@ class Bounds:
             in_order = [self.figures.params(self.kinds[i][0], root.tp, root.ep)[0] for i in forward_order]
             bucket = first_bucket(in_order, bucket_params(root.links.data.size))
             element = bucket_bytes = self.problem.precision.bytes  # the gathers' bytes per element (`Figures.element`)
-            if self.problem.gathering.gather is not None:
+            if self.problem.priced_gathering.gather is not None:
                 kinds = [self.kinds[index % len(self.kinds)][0] for index, count in parts for _ in range(count)]
                 element = self.figures.element(kinds, root.tp, root.ep)
                 bucket_bytes = bucket_element(in_order, [self.figures.gather_bytes(self.kinds[i][0], root.tp, root.ep,
@@ -132,7 +132,7 @@ class Bounds:
     def _gathered(self, root, zero: int, layers, times, params):
         """`cost.stage.gather_units` of a stage's layers when the problem gathers otherwise than FSDP's blocks
         one ahead (None: the closed form)."""
-        gathering = self.problem.gathering
+        gathering = self.problem.priced_gathering
         if zero < 2 or gathering.default:
             return None
         fold = self.problem.fold_experts and root.tp > 1  # as `Figures.params` splits the experts
@@ -151,7 +151,7 @@ class Bounds:
             embed, block, norm, head = self.figures.kind_times(node, device)[:4]
             # units gathered one by one (`unit_pass`) are not affine in n: their compute alone, which the
             # traffic only lengthens, bounds them
-            exact = zero if self.problem.gathering.default else 0
+            exact = zero if self.problem.priced_gathering.default else 0
             one, two = (self.stage_time(node, exact, device, n, False, False) for n in (1, 2))
             middle = (two.forward + two.backward) - (one.forward + one.backward)
             slope = found[key] = (one.forward + one.backward - middle, middle, block.forward + block.backward,

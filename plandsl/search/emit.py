@@ -211,6 +211,12 @@ def _overlap_text(problem: Problem) -> str:
                                              sm_margin=problem.sm_margin).overlap_text()
 
 
+def _gathering(scored: Scored, problem: Problem) -> ir.Gathering:
+    """How the candidate's data clause gathers, as its plan was estimated: the problem's units and prefetch, in the
+    dtype the search gave its ZeRO stage (`Problem.gather_dtype`, `build_plan`)."""
+    return scored.plan.data.gathering if scored.plan.data is not None else problem.priced_gathering
+
+
 def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "generated",
               train_extra: tuple[str, ...] = (), train_text: str | None = None) -> str:
     """The candidate as a plan; `train_extra`: more `key: value` items for its train dict (the settings
@@ -232,7 +238,7 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
               f"  train    = {train_text or '{ ' + ', '.join(train) + ' }'}"]
     if c.data_axis:
         lines.append(f"  data     = {ir.DataKind.of_zero_stage(c.zero_stage)} over {c.data_axis}"
-                     + ir.gathering_text(problem.gathering, c.zero_stage))
+                     + ir.gathering_text(_gathering(scored, problem), c.zero_stage))
     if c.tp > 1:
         lines.append("  tensor   = megatron over tp" + (" with sequence_parallel" if c.sequence_parallel else "")
                      + (_overlap_text(problem) if c.sequence_parallel and problem.overlap_tensor else ""))

@@ -16,7 +16,7 @@ from plandsl import ir
 from plandsl.cost.compute import Efficiency, Work
 from plandsl.cost.layer import LayerTime, estimate_layer_time
 from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activations, estimate_memory, gathered_bytes, gathered_param_bytes,
-                                 inflight_microbatches, layer_precision, pipelined_shards,
+                                 holds_autocast_copies, inflight_microbatches, layer_precision, pipelined_shards,
                                  model_state_bytes, returned_output_bytes, tied_embedding, torch_stage_sizes,
                                  StateBytes)
 from plandsl.cost.stage import param_split
@@ -111,9 +111,11 @@ class Figures:
         tensor = ir.TensorParallel.model_construct(style="megatron", axis="tp", sequence_parallel=True, overlap=True,
                                                    implementation=p.tensor_overlap, sm_margin=p.sm_margin) \
             if p.overlap_tensor else None
-        # and the gathering (`build_plan` reads it from here; the candidate sets the kind and axes)
-        data = None if p.gathering == ir.FSDP_GATHERING else ir.DataParallel.model_construct(
-            field_spans={}, kind=ir.DataKind.zero3, axes=(), **p.gathering._asdict())
+        # and the gathering, in the dtype the problem's ZeRO-2/3 gather in (`build_plan` reads it from here and gives
+        # ZeRO-1 its own; the candidate sets the kind and axes)
+        gathering = p.priced_gathering._replace(gather=p.gather_dtype)
+        data = None if gathering == ir.FSDP_GATHERING else ir.DataParallel.model_construct(
+            field_spans={}, kind=ir.DataKind.zero3, axes=(), **gathering._asdict())
         # and the context parallelism's kind and ring (`build_plan` reads them; the candidate decides whether there is one)
         context = ir.ContextParallel.model_construct(kind=p.context, axis="cp", implementation=p.ring) \
             if p.context != CONTEXT or p.ring != "te" else None
@@ -139,7 +141,7 @@ class Figures:
                     dispatcher=self.problem.dispatcher,
                     fp8_recipe=self.problem.fp8_recipe or ir.Fp8Recipe.delayed
                     if self.problem.precision is ir.Precision.fp8 else None, ring=self.problem.ring,
-                    fp8_gather=self.problem.gathering.gather is ir.Precision.fp8)
+                    fp8_gather=self.problem.priced_gathering.gather is ir.Precision.fp8)
 
     def device_types(self, root: Root) -> dict:
         """The root's device types by name, once per root."""
@@ -196,7 +198,7 @@ class Figures:
         """Bytes per element the parameter gathers of these layers move (`cost.memory.gather_element`): the compute
         precision's, or the problem's gather dtype averaged over their parameters on one device."""
         precision = self.problem.precision.bytes
-        if self.problem.gathering.gather is None:
+        if self.problem.priced_gathering.gather is None:
             return precision
         elements = gathered = 0.0
         for layer in layers:
@@ -225,7 +227,7 @@ class Figures:
         found = self._memory_cache.get(key)
         if found is None:
             states, tied, plan = self._states(node, zero)
-            kept = self._activations(node, zero)
+            kept = self._activations(node, zero, holds_autocast_copies(plan))
             found = self._memory_cache[key] = ([(s, *a) for s, a in zip(states, kept)], tied, plan)
             if root.pp > 1 and self.transformer:  # the plan of the node's microbatches (`stage_buffers`)
                 self._buffer_plans[id(found)] = build_plan(self.base, candidate_of(node, "", 1, zero))
@@ -289,11 +291,13 @@ class Figures:
             found = self._states_cache[key] = (states, tied, plan)
         return found
 
-    def _activations(self, node: Node, zero: int):
+    def _activations(self, node: Node, zero: int, copies: bool):
         """(stored per microbatch, recompute working set) per kind: a function of the micro-batch, the
-        recomputation and the tensor and context split, not of dp or ZeRO (`cost.memory._layer_activations`)."""
+        recomputation and the tensor and context split, not of dp or ZeRO (`cost.memory._layer_activations`), and of
+        whether autocast copies the weights (`copies`, `cost.memory.holds_autocast_copies`: a grouped expert's
+        copies are saved per microbatch; ZeRO-2/3 gathering in the compute precision hold none)."""
         root = node.root
-        key = (root.tp, root.cp, root.ep, node.micro_batch, node.recompute, root.sequence_parallel)
+        key = (root.tp, root.cp, root.ep, node.micro_batch, node.recompute, root.sequence_parallel, copies)
         found = self._activations_cache.get(key)
         if found is None:
             plan = build_plan(self.base, candidate_of(node, "", 1, zero))

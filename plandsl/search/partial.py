@@ -144,7 +144,9 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                       overlap_tensor=bool(plan.tensor and plan.tensor.overlap),
                       tensor_overlap=plan.tensor.implementation if plan.tensor else ir.TensorOverlap.async_tp,
                       sm_margin=plan.tensor.sm_margin if plan.tensor else True,
-                      gathering=plan.data.gathering if plan.data is not None else ir.FSDP_GATHERING,
+                      # a written data clause gathers as it says (`data = none`: nothing); else the search's choice
+                      gathering=(plan.data.gathering if plan.data is not None else ir.FSDP_GATHERING)
+                      if "data" in attrs else None,
                       dispatcher=plan.experts.kind if plan.experts else "alltoall", fp8_recipe=plan.train.fp8_recipe,
                       bf16_first_layers=plan.train.bf16_first_layers, bf16_last_layers=plan.train.bf16_last_layers,
                       context=plan.context.kind if plan.context else CONTEXT,

@@ -44,7 +44,9 @@ class Problem:
     #                                                   overlap` wherever a candidate has sequence parallelism
     tensor_overlap: ir.TensorOverlap = ir.TensorOverlap.async_tp  # given: which implementation overlaps (`overlap =`)
     sm_margin: bool = True                            # given: userbuffers' `sm_margin`
-    gathering: ir.Gathering = ir.FSDP_GATHERING       # given, not searched: `data = zero3 ... with unit, prefetch`
+    gathering: ir.Gathering | None = None             # given, not searched: `data = zero3 ... with unit, prefetch,
+    #                                                   gather` (a written data clause, a recipe); None: FSDP's blocks
+    #                                                   one ahead, in the dtype the stack gathers in (`gather_dtype`)
     dispatcher: str = "alltoall"                      # given, not searched: `experts = deepep over ep` (ir.ExpertParallel)
     search_experts: bool = False                      # searched instead: the experts' folding over tp and their
     #                                                   dispatcher (`plandsl generate` from a model; `experts_variants`)
@@ -66,6 +68,28 @@ class Problem:
     def states(self) -> StateBytes:
         """The bytes of what training keeps per parameter, by `StateBytes.of`'s rule for the problem's `train`."""
         return StateBytes.of(self.training())
+
+    @property
+    def priced_gathering(self) -> ir.Gathering:
+        """The gathering as the time's closed forms and unit passes read it (`search.bounds`, `Figures.element`): as
+        given, else FSDP's blocks one ahead with no gather dtype, whose gathers the time prices at the compute
+        precision's bytes (`cost.stage`): what the one `gather_dtype` chooses moves."""
+        return self.gathering if self.gathering is not None else ir.FSDP_GATHERING
+
+    @property
+    def gather_dtype(self) -> ir.Precision | None:
+        """The dtype the problem's ZeRO-2/3 candidates gather the parameters in (`build_plan` gives ZeRO-1 its own,
+        `_gathering_fields`): the given one; else the compute precision where it is 16-bit and the weights are wider,
+        as torchtitan runs FSDP (FSDP2's `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`, its
+        `mixed_precision_param` default) and `plandsl run` applies it (`ir.Plan.run_gather`): the units gathered and
+        held in 16 bits and no autocast copy of the fp32 weights (`cost.memory`). Its gathers move what the time
+        prices a plan without one at (`priced_gathering`), so the choice changes the memory alone. None: the weights'
+        own dtype (16-bit weights; fp32, FP8 and FP4 precisions)."""
+        if self.gathering is not None:
+            return self.gathering.gather
+        precision = self.precision
+        wider = self.training().weights_dtype.bytes > precision.bytes
+        return precision if precision in (ir.Precision.bf16, ir.Precision.fp16) and wider else None
 
     def training(self, **fields) -> ir.Training:
         """The problem's `train` (its batch, precision, optimizer and kept dtypes), with `fields` added."""
@@ -197,9 +221,10 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
     sizes = c.degrees()
     mesh = _node(ir.Mesh, axes=tuple(_node(ir.Axis, name=a, size=sizes[a]) for a in c.mesh_order), first_device=0,
                  part=None)
-    gathering = base.data.gathering if base.data is not None else ir.FSDP_GATHERING  # the problem's (search.figures)
+    gathering = base.data.gathering if base.data is not None else ir.FSDP_GATHERING  # the problem's, its
+    # `gather_dtype` with it (search.figures)
     data = _node(ir.DataParallel, kind=ir.DataKind.of_zero_stage(c.zero_stage), axes=(c.data_axis,),
-                 **_gathering_fields(gathering, c.zero_stage)) if c.data_axis else None
+                 **_gathering_fields(gathering, c.zero_stage, base.train)) if c.data_axis else None
     tensor = _node(ir.TensorParallel, style="megatron", axis="tp", sequence_parallel=c.sequence_parallel,
                    overlap=bool(base.tensor and base.tensor.overlap) and c.sequence_parallel,
                    **({"implementation": base.tensor.implementation, "sm_margin": base.tensor.sm_margin}
@@ -226,11 +251,14 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
                                    "experts": experts, "stages": stages, "schedule": schedule})
 
 
-def _gathering_fields(gathering: ir.Gathering, zero_stage: int) -> dict:
-    """The data clause's gathering options for a candidate's ZeRO stage: the gather dtype from ZeRO-1, the unit from
-    ZeRO-2, the prefetch from ZeRO-3 (what the lowering accepts on each kind), the defaults below."""
+def _gathering_fields(gathering: ir.Gathering, zero_stage: int, train: ir.Training) -> dict:
+    """The data clause's gathering options for a candidate's ZeRO stage: the gather dtype from ZeRO-1, where that
+    stage gathers in it (`ir.gathers_as_written`: ZeRO-1 the weights as they are kept, so a 16-bit gather of fp32
+    weights is ZeRO-2/3's alone), the unit from ZeRO-2, the prefetch from ZeRO-3 (what the lowering accepts on each
+    kind), the defaults below."""
     unit = gathering.unit if zero_stage >= 2 else ir.GatherUnit.block
-    gather = gathering.gather if zero_stage >= 1 else None
+    gather = gathering.gather if zero_stage >= 1 and ir.gathers_as_written(zero_stage, gathering.gather, train) \
+        else None
     if zero_stage >= 3:
         return {"unit": unit, "prefetch": gathering.prefetch, "prefetch_bucket": gathering.prefetch_bucket,
                 "gather": gather}

@@ -6,11 +6,12 @@ plan that needs least (mb=1, 82.6), and said its states alone needed a second no
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 
-from plandsl import api
+from plandsl import api, ir
 from plandsl.cost.estimate import estimate_plan
 from plandsl.lower.units import format_bytes
 from plandsl.search import Candidate, Problem, SearchError, build_plan, search
@@ -27,8 +28,8 @@ cluster one = dgx_a100 x 1
 
 @pytest.fixture(scope="module")
 def problem():
-    document = api.loads(TEXT, path="m.plan")
-    return Problem(document.models[0], document.clusters[0], 64)
+    document = api.loads(TEXT, path="m.plan")  # FSDP gathering the fp32 weights as they are: autocast's copies held
+    return Problem(document.models[0], document.clusters[0], 64, gathering=ir.FSDP_GATHERING)
 
 
 def _needs(problem):
@@ -59,6 +60,17 @@ def test_the_closest_is_the_plan_that_needs_least_and_the_states_fit(problem):
     assert "states need 540.8 GiB of the 588.8 GiB its devices hold" in message
     assert "alone need" not in message and "could hold its states" not in message
     assert "dgx_a100 x 2 or more" in message
+
+
+def test_gathered_in_bf16_as_the_search_chooses_the_closest_needs_less(problem):
+    """The search's own gathering (`Problem.gather_dtype`): ZeRO-2/3 gather bf16, so the same closest plan holds
+    neither autocast's copies nor fp32 units: 79.5 GiB, still more than a device."""
+    chosen = replace(problem, gathering=None)
+    _, closest, need, _ = _needs(chosen)[0]
+    assert closest == "dp=8 mb=1 m=8 zero3 recompute=full" and format_bytes(need) == "79.5 GiB"
+    with pytest.raises(SearchError) as raised:
+        search(chosen, ["dp=8"], top=1, time_limit=0)
+    assert f"the closest: {closest} needs {format_bytes(need)} per device" in str(raised.value)
 
 
 def test_a_lower_bound_is_never_called_the_closest():
