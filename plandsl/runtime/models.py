@@ -390,7 +390,7 @@ class MoE(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm1 x), then + mlp/moe(norm2 x); with `parallel_blocks`
     (GPT-NeoX's parallel residual) x + attn(norm1 x) + mlp/moe(norm2 x). `model` as the block sees it
-    (`ir.layers.block_model`: a dense block of a dense-then-MoE model is a dense model's, a full-attention block
+    (`ir.layers.block_model`: a dense block of a mixture of experts is a dense model's, a full-attention block
     of a sliding-window pattern one without a window)."""
 
     def __init__(self, model: ir.TransformerModel):
@@ -456,7 +456,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = model
         self.embed = Embedding(model.vocab, model.hidden, model.seq if model.kind == "gpt" else None)
-        # a dense-then-MoE model's first `dense_layers` blocks are dense (`ir.layers.block_model`)
+        # a mixture of experts' dense blocks (`dense_layers`, `moe_every`) are dense models' (`ir.layers.block_model`)
         self.layers = nn.ModuleDict({str(i): Block(block_model(model, i)) for i in range(model.layers)})
         self.norm = LayerNorm(model.hidden) if model.kind == "gpt" else RMSNorm(model.hidden)
         self.head = Head(model.hidden, model.vocab, bias=False)

@@ -197,16 +197,21 @@ class Bounds:
         first unit (a < 0 in a + n·b) lowers their end ranks. A stage takes at least its layers' F + B (ZeRO's
         traffic only adds: `cost.stage.zero_traffic`; a partly recomputed node's blocks at least its kept
         node's), a rank at least one block per stage it holds, the embedding's seconds on rank 0, the norm's
-        and head's on the last stage's rank: rank pp - 1 in a loop, rank 0 in a V (two stages per rank).
-        0.0 for models other than transformers of one kind of block."""
-        if self.dense_blocks or not self.transformer:
+        and head's on the last stage's rank: rank pp - 1 in a loop, rank 0 in a V (two stages per rank); a
+        mixture of experts with dense blocks each block at the cheaper kind's. 0.0 for models other than
+        transformers."""
+        if not self.transformer:
             return 0.0
         root, kept = node.root, node.kept or node
         pp, devices = root.pp, self.figures.device_types(root)
 
         def seconds(device) -> tuple[float, float, float]:
-            embed, block, norm, head = self.figures.kind_times(kept, device)[:4]
-            return (embed.forward + embed.backward, block.forward + block.backward,
+            times = self.figures.kind_times(kept, device)
+            embed, block, norm, head = times[:4]
+            per_block = block.forward + block.backward
+            if self.dense_blocks:  # wherever the split puts the dense blocks, each takes at least the cheaper kind
+                per_block = min(per_block, times[4].forward + times[4].backward)
+            return (embed.forward + embed.backward, per_block,
                     norm.forward + norm.backward + head.forward + head.backward)
 
         least = []

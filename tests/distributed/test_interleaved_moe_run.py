@@ -1,12 +1,18 @@
 """Mixture-of-experts blocks between dense ones (`moe_every`, `moe_offset`) against one process
 (`--check-equivalence`): the experts over an expert axis with a pipeline whose stages each hold both kinds of block,
-and with the tensor axis folded into the expert group."""
+and with the tensor axis folded into the expert group; what `plandsl run --dry-run` builds on each pipeline rank is
+what the memory model counts."""
 from __future__ import annotations
 
 import pytest
 
+from plandsl.cost.estimate import estimate_plan
+from plandsl.runtime.faults import mesh_rank
 from tests.distributed.harness import run_ranks
-from tests.distributed.ranks import train
+from tests.distributed.ranks import load, train
+from tests.support import lazy
+
+dryrun = lazy("plandsl.runtime.dryrun")
 
 pytestmark = pytest.mark.dist
 
@@ -51,3 +57,19 @@ def test_interleaved_experts_match_one_process(layout):
     assert [r["status"] for r in results] == [0] * 4, results[0]["report_text"]
     report = results[0]["report"]
     assert report["loss_diff"] <= 1e-5 and report["tensor_diff"] <= 1e-5, results[0]["report_text"]
+
+
+@pytest.mark.xdist_group("torch")
+@pytest.mark.parametrize("layout", ["pp_ep", "pp_ep_dense_stage"])
+def test_dry_run_states_are_the_estimates_block_by_block(layout):
+    """Each pipeline rank's parameter, gradient and optimizer bytes as built (the experts over ep on the MoE blocks
+    only, the dense blocks whole) equal the estimate's, which sizes each block as its kind."""
+    offset, body, every = _LAYOUTS[layout]
+    plan = load(_INTERLEAVED.format(offset=offset, layout=body, every=every))
+    estimate = estimate_plan(plan)
+    ranks = [mesh_rank(plan, {"pp": r, "ep": 0}) for r in range(plan.pp)]
+    result = dryrun.dry_run(plan, ranks)
+    for pipeline_rank, built in enumerate(result.ranks):
+        predicted = estimate.memory[pipeline_rank]
+        assert (built.param_bytes, built.grad_bytes, built.most_loaded_optimizer_bytes) == \
+            (predicted.params, predicted.grads, predicted.optimizer), (layout, pipeline_rank)

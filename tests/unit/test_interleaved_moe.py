@@ -275,3 +275,19 @@ plan p {{
     small = api.shrink(path).plan.model
     kinds = [small.moe_block(i) for i in range(small.layers)]
     assert any(kinds) and not all(kinds) and small.moe_every > 1 and small.dense_ffn
+
+
+def test_generate_writes_the_model_as_given_and_splits_its_blocks_by_kind():
+    """`plandsl generate` for a model with MoE blocks between dense ones writes the model argument as given, and the
+    plan it writes (its stages split at each kind's costs) passes `check`."""
+    model = ("llama(layers=8, hidden=1024, heads=8, seq=2048, vocab=32000, experts=8, top_k=1, shared_experts=1, "
+             "ffn=512, moe_every=2, moe_offset=0, dense_ffn=8192)")
+    request = api.generate_request(model=model, cluster="dgx_h100 x 1", global_batch=64, top=1,
+                                   pins=("pp=4", "ep=2", "virtual_stages=1", "recompute=none"))
+    generated = api.generate(request)
+    (text,) = generated.texts
+    assert "moe_every=2," in text and "moe_offset=0," in text and "dense_ffn=8192," in text
+    assert api.checks(text, path="generated.plan").ok
+    plan = api.select_plan(api.loads(text, path="generated.plan"))
+    assert plan.model.model_dump(exclude={"name"}) == api.loads(f"model m = {model}\n").models[0].model_dump(
+        exclude={"name"})
