@@ -260,6 +260,11 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
         data = "replicate over dp"
     if not axes:
         axes, data = [("dp", 1)], "zero3 over dp"   # one device: torchtitan's FSDP over a size-1 axis
+    if data and not data.startswith("replicate") and get(T + "mixed_precision_param") == "bfloat16" \
+            and get(T + "dtype") == "float32":
+        # FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16): the fp32 shards all-gathered as bf16 copies, which the
+        # forward computes with (no autocast copies beside them)
+        data += " with gather = bf16"
     cluster_text, imports, part = cluster_lines(cluster, world)
     lines = [f"# Imported from torchtitan arguments ({facts.VERSION}) by `plandsl import --from torchtitan`."]
     if read.ignored:

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from test_interop_megatron import ALL, stdlib_plan  # the stdlib plans, found by name
 
-from plandsl import api
+from plandsl import api, ir
 from plandsl.cli import main
 from plandsl.interop import export_plan, import_text, torchtitan
 from plandsl.interop.torchtitan_import import CONFIG_DEFAULTS, DEFAULTS, default_split
@@ -380,3 +380,18 @@ def test_torchtitans_context_parallelism_is_torchs_ring():
         text = VARIANTS["context_bf16_everywhere"].replace("context = ring over cp with implementation = torch", other)
         lost = export_plan(api.select_plan(api.loads(HEADER + text + "\n", path="o.plan")), "torchtitan").lost
         assert [d.code for d in lost] == ["E808"] and "implementation = torch" in lost[0].hint
+
+
+@pytest.mark.parametrize("name", [*EXPRESSED, *VARIANTS])
+def test_import_gathers_in_the_mixed_precision_param(name):
+    """torchtitan's FSDP2 and HSDP gather the fp32 shards in --training.mixed_precision_param (MixedPrecisionPolicy's
+    param_dtype): an imported bf16 plan over fp32 weights says `gather = bf16`, so that it counts no autocast copies
+    (`cost.memory.holds_autocast_copies`) and `plandsl run` gathers as torchtitan does; DDP and bf16 weights gather
+    nothing of their own."""
+    plan = dict(plans())[name]
+    imported = import_text("torchtitan", export_plan(plan, "torchtitan").text, "plan.args",
+                           world_size=plan.mesh.size, name=plan.name)
+    back = api.select_plan(api.loads(imported.text, path="back.plan"))
+    sharded = back.data.kind in (ir.DataKind.zero3, ir.DataKind.hsdp)
+    mixed = back.train.precision is ir.Precision.bf16 and back.train.weights_dtype is ir.Precision.fp32
+    assert back.data.gather is (ir.Precision.bf16 if sharded and mixed else None)
