@@ -721,7 +721,8 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
 @click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
               help="Fix a choice: dp, tp, pp, cp, ep, micro_batch_size, num_microbatches, schedule, "
                    "virtual_stages, zero_stage, recompute, order, tp_across_nodes, fold (the experts over [ep, tp]), "
-                   "dispatcher (alltoall, deepep, hybridep) (repeatable).")
+                   "dispatcher (alltoall, deepep, hybridep), recompute_modules (comma-separated, Megatron's "
+                   "--recompute-modules: recompute selective with them) (repeatable).")
 @click.option("--time-limit", type=click.FloatRange(min=0, max=limits.MAX_GENERATE_SECONDS),
               default=limits.GENERATE_SECONDS, show_default=True, metavar="SECONDS", callback=_a_number,
               help="CPU seconds, after which the search stops with the fastest plans found (said so); 0: none.")

@@ -2,7 +2,8 @@
 microbatches for the schedule (E502), precision against the devices (E504; fp8, mxfp8 and nvfp4 need bf16 too), an FP8
 recipe or bf16 layers the precision does not take (E510), weights gathered in FP8 without FP8 training (E511), or in a
 16-bit dtype the data parallelism does not gather them in (E515), recompute_layers and master_dtype against the rest of
-`train` (E205), offload_layers against the stages' blocks (E205), recomputation (E512) and Megatron-LM's pipeline (E513)."""
+`train` (E205), offload_layers against the stages' blocks (E205), recomputation (E512) and Megatron-LM's pipeline (E513),
+recompute_modules against the model (E516) and what Megatron-Core refuses with them (E517)."""
 from __future__ import annotations
 
 from typing import Iterator
@@ -49,6 +50,7 @@ def check_training(plan: ir.Plan) -> Iterator[Diagnostic]:
                    hint=f"global_batch = {fits * per_step} gives {fits} microbatches, which it runs",
                    edits=_global_batch(train, fits * per_step))
     yield from _recompute_layers(plan)
+    yield from _recompute_modules(plan)
     yield from _offload_layers(plan)
     yield from _fp8_recipe(plan)
     yield from _fp8_gather(plan)
@@ -133,6 +135,49 @@ def _batch_shares(plan: ir.Plan, axes: str) -> Iterator[Diagnostic]:
                        f"micro_batch({mb}){more}: each rank trains on whole microbatches, at least one", span,
                        hint=f"shares in multiples of {mb}, at least {mb} each")
             return
+
+
+def absent_module(model: ir.Model, module: ir.RecomputeModule) -> str | None:
+    """Why `module` has nothing to rerun in `model`'s blocks (Megatron-Core 0.16.1 refuses `mla_up_proj` without
+    multi-latent attention and `moe_act` without grouped experts; `mlp`, `moe` and `shared_experts` without such a
+    part do nothing there), or None."""
+    if not isinstance(model, ir.TransformerModel):
+        return f"model '{model.name}' has no transformer blocks"
+    Module = ir.RecomputeModule
+    blocks = [model.moe_block(index) for index in range(model.layers)]
+    if module is Module.mla_up_proj and not model.latent_attention:
+        return f"model '{model.name}' has no multi-head latent attention (q_lora_rank / kv_lora_rank)"
+    if module in (Module.moe_act, Module.moe) and not any(blocks):
+        return f"model '{model.name}' has no mixture-of-experts blocks"
+    if module is Module.shared_experts and not (any(blocks) and model.shared_experts):
+        return f"model '{model.name}' has no shared experts"
+    if module is Module.mlp and all(blocks):
+        return f"every block of model '{model.name}' is a mixture of experts; `mlp` reruns dense MLPs only (`moe` " \
+               "reruns the experts)"
+    return None
+
+
+def _recompute_modules(plan: ir.Plan) -> Iterator[Diagnostic]:
+    """Each of `recompute_modules` has a part of the model to rerun (E516), and the combinations Megatron-Core's
+    TransformerConfig refuses are refused (E517)."""
+    train = plan.train
+    if train.recompute_modules is None:
+        return
+    span = train.span_of("recompute_modules")
+    for module in train.recompute_modules:
+        why = absent_module(plan.model, module)
+        if why:
+            yield diag("E516", f"recompute module {module.value} has nothing to rerun: {why}", span,
+                       hint="drop it from recompute_modules")
+    quantized = {ir.RecomputeModule.moe_act, ir.RecomputeModule.layernorm} & set(train.recompute_modules)
+    if quantized and train.recipe is ir.Fp8Recipe.delayed:
+        names = " and ".join(sorted(m.value for m in quantized))
+        yield diag("E517", f"recompute module {names} under FP8 delayed scaling: Megatron-Core refuses it "
+                   "(\"Delayed scaling does not support moe_act and layernorm recompute for fp8\"): the rerun "
+                   "would quantize again with scales the step has since updated", span,
+                   hint="fp8_recipe: current (or another recipe), or drop " + names,
+                   notes=[Note("precision set here", train.field_spans["precision"])]
+                   if train.field_spans.get("precision") else [])
 
 
 def _recompute_layers(plan: ir.Plan) -> Iterator[Diagnostic]:

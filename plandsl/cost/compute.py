@@ -240,6 +240,7 @@ class Work:
     fp8_recipe: ir.Fp8Recipe | None = None  # `precision: fp8`'s scaling (`ir.Training.recipe`; None: delayed)
     fp8_gather: bool = False  # `data = ... with gather = fp8`: the weights reach the linear layers in FP8 already
     ring: str = "te"  # `context = ring over cp with implementation = te | torch`: whose ring runs (cost.ring)
+    modules: frozenset = frozenset((ir.RecomputeModule.core_attn,))  # what `selective` reruns (`ir.Training.modules`)
 
     @property
     def tokens(self) -> int:
@@ -286,6 +287,14 @@ class LayerCompute:
 
 
 ZERO = LayerCompute(0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def reruns_core(work: Work) -> bool:
+    """Whether the backward reruns the attention core (and the context-parallel traffic that feeds it): every mode
+    but `none` and a `selective` whose modules leave `core_attn` out."""
+    if work.recompute is ir.Recompute.selective:
+        return ir.RecomputeModule.core_attn in work.modules
+    return work.recompute is not ir.Recompute.none
 
 
 def estimate_layer_compute(model: ir.Model, layer: Layer, work: Work, device: ir.DeviceType,
@@ -492,11 +501,15 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
     matmul = flops = 0.0
     cast_in = cast_grad = 0.0  # elements per token FP8 quantizes: each GEMM's input (forward), its output's gradient
     weights = 0.0  # elements of this rank's quantized weights (the linear layers run in `precision`)
+    up_projections = up_flops = 0.0  # MLA's column-parallel projections (`mla_up_proj` reruns them)
     for out, features, splits in attention_projections(model):  # wq, wk, wv (column-parallel), wo (row-parallel)
         out, features = (out / tp, features) if splits == "out" else (out, features / tp) if splits else (out, features)
         rows = tokens if splits else tokens / split  # MLA's replicated down-projections: the sequence shard under SP
         matmul += gemm(rows, out, features, device, precision)
         flops += 2.0 * rows * out * features
+        if splits == "out" and model.latent_attention:
+            up_projections += gemm(rows, out, features, device, precision)
+            up_flops += 2.0 * rows * out * features
         weights += out * features
         # a column-parallel or replicated GEMM's input and a row-parallel one's output are this rank's sequence
         # shard under sequence parallelism (quantized before the gather, after the reduce-scatter)
@@ -515,10 +528,12 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         attention_backward_extra = backward_bytes / bandwidth
     projections = 3 if not gpt else 2                                      # SwiGLU: w1, w3 and w2
     experts_matmul = experts_elements = experts_cast_in = experts_cast_grad = experts_copied = 0.0
+    shared = shared_flops = shared_elements = dense_matmul = dense_flops = router = activation_elements = 0.0
     if model.experts:
         experts = model.experts
         # the router: a plain linear layer, outside Transformer Engine's FP8 (replicated)
-        matmul += gemm(tokens, experts, h, device, precision.unquantized)
+        router = gemm(tokens, experts, h, device, precision.unquantized)
+        matmul += router
         flops += 2.0 * tokens * h * experts
         # Folded over the tensor axis (Megatron-Core's MoE parallel folding, expert TP 1): each rank dispatches its
         # own sequence shard and runs its experts whole; otherwise every tensor rank runs all tokens on 1/tp of each.
@@ -533,6 +548,7 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         matmul += experts_matmul
         flops += 2.0 * rows * model.top_k * projections * h * ffn / expert_tp
         experts_elements = model.top_k * (2 if gpt else 3) * ffn / expert_tp * share  # the activation, per token
+        activation_elements = experts_elements
         mlp_elements = experts_elements + model.top_k * 4 * h * share + 2 * experts
         gate_width = model.top_k * ffn / expert_tp * share
         routing = model.top_k * 4 * h * share + 2 * experts                 # permute, unpermute; router
@@ -555,7 +571,9 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
                 + gemm(tokens, h, width / tp, device, precision)
             matmul += shared
             experts_matmul += shared  # combined 1F1B's `mlp` node runs them with the routed experts
-            flops += 2.0 * tokens * projections * h * width / tp
+            shared_flops = 2.0 * tokens * projections * h * width / tp
+            flops += shared_flops
+            shared_elements = 3 * width / tp
             mlp_elements += 3 * width / tp
             experts_elements += 3 * width / tp
             gate_width += width / tp
@@ -565,9 +583,11 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
             experts_cast_grad += (projections - 1) * width / tp + h / split
             weights += projections * h * width / tp
     else:
-        matmul += gemm(tokens, (projections - 1) * ffn / tp, h, device, precision)
-        matmul += gemm(tokens, h, ffn / tp, device, precision)
-        flops += 2.0 * tokens * projections * h * ffn / tp
+        dense_matmul = gemm(tokens, (projections - 1) * ffn / tp, h, device, precision) \
+            + gemm(tokens, h, ffn / tp, device, precision)
+        matmul += dense_matmul
+        dense_flops = 2.0 * tokens * projections * h * ffn / tp
+        flops += dense_flops
         mlp_elements = (2 if gpt else 3) * ffn / tp                        # GeLU r/w; SwiGLU r 2, w 1
         gate_width, routing = ffn / tp, 0.0
         cast_in += h / split + ffn / tp                         # fc1's input (w1 and w3 share it), fc2's
@@ -625,7 +645,32 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
     if work.recompute is ir.Recompute.full:
         recompute, recompute_flops = matmul + attention + other, flops
     elif work.recompute is ir.Recompute.selective:
-        recompute, recompute_flops = attention, attention_flops
+        # what each of `recompute_modules` reruns of the forward, fused kernels' bytes at `element` each (FP8's casts
+        # of a rerun GEMM's input not counted)
+        Module, modules = ir.RecomputeModule, work.modules
+        per_element = tokens * element / bandwidth
+        if Module.core_attn in modules:
+            recompute, recompute_flops = attention, attention_flops
+        if Module.layernorm in modules:  # the norms that are modules of their own (cost.memory._module_terms)
+            recompute += per_element * 2 * h / split * ((1 if model.latent_attention else 0)
+                                                        + (1 if model.experts else 0))
+        if Module.mla_up_proj in modules and model.latent_attention:  # the up-projections (their fused norms), rotary
+            recompute += up_projections + per_element * (2 * (model.q_lora_rank + model.kv_lora_rank) / split
+                                                         + 2 * model.heads * model.qk_rope_head_dim / tp)
+            recompute_flops += up_flops
+        if Module.mlp in modules and not model.experts:
+            recompute += dense_matmul + per_element * mlp_elements
+            recompute_flops += dense_flops
+        if model.experts and Module.moe in modules:  # the router, experts, shared experts, routing copies
+            recompute += router + experts_matmul + per_element * (experts_elements + routing + experts_copied)
+            recompute_flops += 2.0 * tokens * h * model.experts \
+                + 2.0 * rows * model.top_k * projections * h * ffn / expert_tp + shared_flops
+        elif model.experts:
+            if Module.moe_act in modules:
+                recompute += per_element * activation_elements
+            if Module.shared_experts in modules:
+                recompute += shared + per_element * shared_elements
+                recompute_flops += shared_flops
     elif work.recompute is ir.Recompute.selective_op:
         # runtime.recompute.keep_every_other_matmul: the backward reruns wk, wo and (SwiGLU) w3 and
         # everything outside the GEMMs (norms, rotary, the activation); the attention core, wq, wv,
@@ -851,6 +896,6 @@ def estimate_optimizer_step(local_params: float, device: ir.DeviceType, optimize
 
 
 __all__ = ["cast_bytes", "Efficiency", "DEFAULT_EFFICIENCY", "device_efficiency", "Work", "LayerCompute", "estimate_layer_compute",
-           "OverlapGemm", "overlap_gemms", "userbuffers_share", "dispatcher_share",
+           "OverlapGemm", "reruns_core", "overlap_gemms", "userbuffers_share", "dispatcher_share",
            "rank_attention", "attention_core_seconds", "causal_fraction", "window_band",
            "estimate_optimizer_step", "peak_of"]

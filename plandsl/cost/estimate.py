@@ -138,6 +138,7 @@ def plan_work(plan: ir.Plan) -> Work:
                 fold_experts=plan.expert_tp != plan.tp, loss=plan.train.loss,
                 overlap_tensor=bool(plan.tensor and plan.tensor.overlap),
                 tensor_overlap=plan.tensor.implementation if plan.tensor else ir.TensorOverlap.async_tp,
+                modules=plan.train.modules or frozenset((ir.RecomputeModule.core_attn,)),
                 sm_margin=plan.tensor.sm_margin if plan.tensor else True,
                 dispatcher=plan.experts.kind if plan.experts else "alltoall", fp8_recipe=plan.train.recipe,
                 ring=plan.context.implementation if plan.context else "te",

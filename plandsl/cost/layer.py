@@ -21,6 +21,7 @@ from plandsl.cost.compute import (
     dispatcher_share,
     estimate_layer_compute,
     overlap_gemms,
+    reruns_core,
     userbuffers_share,
 )
 from plandsl.cost.ring import NO_RING, Ring, estimate_ring
@@ -136,7 +137,7 @@ def estimate_layer_time(model: ir.Model, layer: Layer, work: Work, device: ir.De
                                               ring, backward_gemms, userbuffers_share(device),
                                               dispatcher_share(device, work.dispatcher))
     # what the ring's steps compute beyond the one attention kernel `compute` prices; recomputation reruns the forward
-    rerun = ring.forward if work.recompute in (ir.Recompute.full, ir.Recompute.selective) else 0.0
+    rerun = ring.forward if work.recompute is not ir.Recompute.selective_op and reruns_core(work) else 0.0
     return LayerTime(compute.forward + ring.forward + forward_comm,
                      compute.input_grad + ring.backward + rerun + backward_comm, compute.weight_grad,
                      forward_comm, backward_comm, compute.flops, compute.recompute_flops,
@@ -285,7 +286,9 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         rerun = (rerun[0] + casts * amax, rerun[1] + casts * AMAX_BYTES, rerun[2] + amax, rerun[3] + AMAX_BYTES)
     if model.experts and links.ep.size > 1:
         # Dispatch and combine all-to-alls of the routed tokens (Lepikhin et al. 2020, GShard), twice
-        # in each direction; sequence parallelism leaves each tensor-parallel rank 1/t of the tokens.
+        # in each direction; sequence parallelism leaves each tensor-parallel rank 1/t of the tokens. Rerun by full
+        # recomputation and by `recompute_modules: [moe]` (the MoE layer checkpointed with its dispatcher).
+        full = full or (work.recompute is ir.Recompute.selective and ir.RecomputeModule.moe in work.modules)
         routed = work.tokens * model.top_k * model.hidden * element / (work.tp if work.sequence_parallel else 1)
         a2a = dispatch_seconds(work.dispatcher, routed, links.ep, model.experts, model.top_k)  # flex: once per node
         count("expert", routed, 6 if full else 4)
@@ -316,15 +319,15 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         gather = collective_seconds("all_gather", gathered, links.cp)
         forward += gather
         backward += collective_seconds("reduce_scatter", gathered, links.cp)
-        count("context", gathered, 2 if work.recompute is ir.Recompute.none else 3)
-        if work.recompute is not ir.Recompute.none:
+        count("context", gathered, 3 if reruns_core(work) else 2)
+        if reruns_core(work):
             backward += gather
     elif links.cp.size > 1:
         # Ring attention (Liu et al. 2023), step by step as its implementation runs it (`cost.ring`): K and V go
         # round the ring while each step's kernel works; only what the kernels do not hide is exposed. Backward
         # sends K, V and their gradients; recomputation (full, or selective: the core with its ring) reruns the
         # forward's traffic.
-        again = work.recompute is not ir.Recompute.none
+        again = reruns_core(work)
         count("context", ring.forward_sent * (2 if again else 1) + ring.backward_sent)
         forward += ring.forward_comm
         backward += ring.backward_comm + (ring.forward_comm if again else 0.0)

@@ -724,7 +724,9 @@ def layer_recompute(plan: ir.Plan, layers: Sequence[Layer]) -> list[ir.Recompute
 def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_batch: int, tp: int,
                                   sequence_parallel: bool, recompute: ir.Recompute,
                                   precision: ir.Precision, attention_matrix: bool = False,
-                                  kv_gathered: int = 1, recipe: ir.Fp8Recipe | None = None) -> float:
+                                  kv_gathered: int = 1, recipe: ir.Fp8Recipe | None = None,
+                                  modules: frozenset[ir.RecomputeModule] = frozenset((ir.RecomputeModule.core_attn,))
+                                  ) -> float:
     """Bytes stored by one transformer block for one microbatch (Korthikanti et al. 2022, Sec. 4).
 
     For GPT (MHA, ffn = 4h, dropout) this is exactly the paper's Table 2, in units of s·b·h bytes
@@ -736,6 +738,7 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
     (selective recomputation reruns the core with its gather, so 1 then). Under `precision: fp8` the
     linear layers' saved inputs are FP8 (`_fp8_saved_terms`); under `mxfp8` FP8 with a 1-byte scale per 32
     elements (TE keeps the column-wise copy its weight gradient reads).
+    `modules`: what `recompute: selective` reruns (`ir.Training.modules`; `_module_terms` drops their tensors).
     """
     sbh = seq * micro_batch * model.hidden
     scale = precision.bytes / 2
@@ -744,8 +747,67 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
         return 2 * sbh * scale / divisor  # Sec. 5: only the block input is kept
     if recompute is ir.Recompute.selective_op:
         return sbh * _selective_op_terms(model, tp, sequence_parallel) * scale
-    return _kept(model, _block_terms(model, seq, kv_gathered), _fp8_saved_terms(model), sbh, tp, sequence_parallel,
-                 recompute, precision, attention_matrix, recipe)
+    terms, saved = _block_terms(model, seq, kv_gathered), _fp8_saved_terms(model)
+    if recompute is ir.Recompute.selective:
+        dropped, dropped_saved = _module_terms(model, kv_gathered, modules)
+        terms = (terms[0] - dropped[0], terms[1] - dropped[1], terms[2])
+        saved = (saved[0] - dropped_saved[0], saved[1] - dropped_saved[1])
+        if ir.RecomputeModule.core_attn not in modules:
+            recompute = ir.Recompute.none  # the scores stay, as without recomputation
+    return _kept(model, terms, saved, sbh, tp, sequence_parallel, recompute, precision, attention_matrix, recipe)
+
+
+def _module_terms(model: ir.TransformerModel, kv_gathered: int, modules: frozenset[ir.RecomputeModule]
+                  ) -> tuple[tuple[float, float], tuple[float, float]]:
+    """What `recompute: selective` with `modules` drops of `_block_terms` (replicated, tensor-sharded; the scores are
+    `core_attn`'s) and of `_fp8_saved_terms` (the FP8 inputs among them), as megatron-core 0.16.1 with Transformer
+    Engine's layer spec (`get_gpt_layer_with_transformer_engine_spec`) runs them:
+
+    - `layernorm` (`CheckpointWithoutOutput` around `input_layernorm` and `pre_mlp_layernorm`, the output's storage
+      freed once the next layer ran, rebuilt by a hook in the backward): the norms that are modules of their own, the
+      attention's under MLA (its down-projections' input, 2; under FP8 they save the 16-bit original,
+      `set_for_recompute_input_layernorm`, freed too) and the MLP's in a MoE block (the router's input, 2); elsewhere
+      Transformer Engine fuses the norm into the next linear layer (`TELayerNormColumnParallelLinear`,
+      `input_layernorm=IdentityOp`) and nothing is dropped;
+    - `moe_act` (`TEGroupedMLP`, the same checkpoint around the activation): its output, fc2's input (2·ffn per routed
+      copy; under FP8 fc2 saves the original, `set_save_original_input`, freed too); fc1's output stays;
+    - `mla_up_proj` (`qkv_up_proj_and_rope_apply` checkpointed, its outputs freed after the core): Q, K and V and the
+      up-projections' normed latents (their fused norms' inputs, the latents, stay);
+    - `mlp` (`tensor_parallel.checkpoint` around a dense block's MLP, its input kept: with the fused norm the block's
+      residual, whose copy the norm keeps): the MLP's input and internals;
+    - `moe` (the MoE layer checkpointed, its input, the router's, kept): the dispatched copies and every expert's
+      internals, the shared experts' with them;
+    - `shared_experts` (the shared experts checkpointed): their internals."""
+    Module = ir.RecomputeModule
+    hidden = model.hidden
+    gpt = model.kind == "gpt"
+    ffn = model.ffn_hidden / hidden
+    mlp = (4 if gpt else 6) * ffn  # `_block_terms`' MLP internals, per dense MLP or expert visit
+    replicated = sharded = saved_replicated = saved_sharded = 0.0
+    if Module.layernorm in modules:
+        if model.latent_attention:
+            replicated, saved_replicated = replicated + 2, saved_replicated + 1.0
+        if model.experts:
+            replicated += 2
+    if Module.mla_up_proj in modules and model.latent_attention:
+        widths = attention_widths(model)
+        latents = (model.q_lora_rank + model.kv_lora_rank) / hidden
+        replicated, saved_replicated = replicated + 2 * latents, saved_replicated + latents
+        sharded += (2 * widths.q + 2 * (widths.k + widths.v) * kv_gathered) / hidden
+    if Module.mlp in modules and not model.experts:
+        replicated, saved_replicated = replicated + 2, saved_replicated + 1.0
+        sharded, saved_sharded = sharded + mlp, saved_sharded + ffn
+    if model.experts and Module.moe in modules:
+        replicated, saved_replicated = replicated + 2 * model.top_k, saved_replicated + model.top_k
+        sharded += mlp * (model.top_k + model.shared_experts)
+        saved_sharded += (model.top_k + model.shared_experts) * ffn
+    elif model.experts:
+        if Module.moe_act in modules:
+            sharded, saved_sharded = sharded + 2 * ffn * model.top_k, saved_sharded + ffn * model.top_k
+        if Module.shared_experts in modules:
+            sharded += mlp * model.shared_experts
+            saved_sharded += ffn * model.shared_experts
+    return (replicated, sharded), (saved_replicated, saved_sharded)
 
 
 def _kept(model: ir.TransformerModel, terms: tuple[float, float, float], saved: tuple[float, float], sbh: float,
@@ -847,7 +909,7 @@ def _selective_op_terms(model: ir.TransformerModel, tp: int, sequence_parallel: 
 
 
 def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
-                       attention_matrix: bool) -> float:
+                       attention_matrix: bool, modules: frozenset[ir.RecomputeModule] | None = None) -> float:
     model = plan.model
     seq = -(-plan.seq // plan.cp)  # context parallelism splits the sequence (worst rank rounds up)
     tokens = seq * plan.train.micro_batch
@@ -871,7 +933,8 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
     if layer.kind == "block":
         return transformer_block_activations(block_model(model, layer), seq, plan.train.micro_batch, tp,
                                              sequence_parallel, recompute, precision,
-                                             attention_matrix, _kv_gathered(plan, recompute), plan.train.recipe) \
+                                             attention_matrix, _kv_gathered(plan, recompute), plan.train.recipe,
+                                             plan.train.modules if modules is None else modules) \
             + expert_weight_copies(plan, layer, recompute)
     if layer.kind == "embed":
         # Sec. 4.3: embeddings keep nothing large but gpt's embedding dropout mask (1 byte); the
@@ -1084,7 +1147,9 @@ def _block_input_width(model: ir.CustomModel, layer: Layer) -> int:
 def _kv_gathered(plan: ir.Plan, recompute: ir.Recompute) -> int:
     """Over how many ranks' sequences a block keeps K and V: all-gather context parallelism keeps the
     gathered ones, unless recomputation reruns the core (and its gather) in the backward."""
-    return plan.cp if gathers_kv(plan) and recompute is ir.Recompute.none else 1
+    rerun = recompute is not ir.Recompute.none and (recompute is not ir.Recompute.selective
+                                                    or ir.RecomputeModule.core_attn in plan.train.modules)
+    return plan.cp if gathers_kv(plan) and not rerun else 1
 
 
 def gathers_kv(plan: ir.Plan) -> bool:
@@ -1096,6 +1161,13 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
     """With full (or selective_op) recompute, backward rebuilds one block at a time: its activations,
     once per rank (Korthikanti et al. 2022, Sec. 5: 2sbhL plus the memory of one recomputed layer)."""
     recompute = plan.train.recompute
+    if recompute is ir.Recompute.selective and plan.train.modules - {ir.RecomputeModule.core_attn} \
+            and isinstance(plan.model, ir.TransformerModel):
+        # the modules rebuild in the backward what they dropped: at most a block's worth, once per rank
+        blocks = [layer for layer in layers if layer.kind == "block"]
+        attention_core = plan.train.modules & {ir.RecomputeModule.core_attn}
+        return max((_layer_activations(plan, b, recompute, attention_matrix, attention_core)
+                    - _layer_activations(plan, b, recompute, attention_matrix) for b in blocks), default=0.0)
     if recompute not in (ir.Recompute.full, ir.Recompute.selective_op):
         return 0.0
     blocks = [layer for layer in layers if layer.kind in ("block", "custom")]

@@ -98,6 +98,8 @@ CODES: dict[str, str] = {
     "E513": "activation offloading on Megatron-LM's pipeline",
     "E514": "offloaded activations beyond the host's memory",
     "E515": "parameters gathered in a dtype the data parallelism does not gather them in",
+    "E516": "recompute module the model does not have",
+    "E517": "recompute module Megatron-Core refuses under FP8 delayed scaling",
     # E6xx: schedules
     "E601": "unknown schedule",
     "E602": "action refers to a stage or microbatch that does not exist",

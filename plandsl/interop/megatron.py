@@ -97,6 +97,8 @@ DTYPE_FLAGS = {"master_dtype": ("--main-params-dtype",), "grad_dtype": ("--main-
 # sliding-window attention: --window-size "LEFT,RIGHT" (arguments.py's tuple_type; TransformerConfig.window_size) and
 # --window-attn-skip-freq, an int N (every N-th layer full) or a 0/1 list per layer, 1 windowed (moe_freq_type)
 TEXT_FLAGS = ("--pipeline-model-parallel-layout", "--moe-layer-freq", "--window-size", "--window-attn-skip-freq")
+# --recompute-modules: TransformerConfig.recompute_modules, a list (argparse nargs="+", argument_utils.py)
+LIST_FLAGS = {"--recompute-modules": tuple(m.value for m in ir.RecomputeModule)}
 SWITCHES = (
     "--bf16", "--fp16", "--swiglu", "--untie-embeddings-and-output-weights", "--group-query-attention",
     "--disable-bias-linear", "--use-rotary-position-embeddings", "--recompute-activations",
@@ -171,7 +173,8 @@ def export_plan(plan: ir.Plan) -> Exported:
     lines = [f"# Megatron-LM arguments ({VERSION}) of plan '{plan.name}' (plandsl export --to megatron):",
              f"# {plan.mesh.size} processes; torchrun ... pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\"",
              "MEGATRON_ARGS=("]
-    lines += [f"    {flag}" + ("" if value is None else f" {shlex.quote(value)}") for flag, value in args]
+    lines += [f"    {flag}" + ("" if value is None else f" {shlex.quote(value)}" if isinstance(value, str)
+                                  else "".join(f" {shlex.quote(v)}" for v in value)) for flag, value in args]
     return Exported(TARGET, "\n".join(lines + [")"]) + "\n", tuple(lost))
 
 
@@ -287,6 +290,10 @@ def _train_args(plan: ir.Plan, args: list, lose) -> None:
     _dtype_args(plan, args, lose)
     if train.recompute is ir.Recompute.selective:  # recompute_modules defaults to ["core_attn"]: the attention core
         args.append(("--recompute-granularity", "selective"))
+        if train.recompute_modules is not None:
+            args.append(("--recompute-modules", tuple(m.value for m in train.recompute_modules)))
+            if ir.RecomputeModule.moe_act in train.recompute_modules:  # TransformerConfig needs it with moe_act
+                args.append(("--moe-grouped-gemm", None))
     elif train.recompute is ir.Recompute.full and train.recompute_layers is not None:
         if train.recompute_layers:  # the first N blocks of each stage (virtual chunk); 0 recomputes none
             args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),

@@ -22,7 +22,8 @@ from plandsl.interop.cluster import cluster_devices, cluster_lines
 from plandsl.ir.placement import counted_split
 from plandsl.schedules.registry import BUILTIN, megatron_microbatch_group, microbatches_fit
 
-KNOWN = (*facts.INT_FLAGS, *facts.FLOAT_FLAGS, *facts.CHOICE_FLAGS, *facts.TEXT_FLAGS, *facts.SWITCHES)
+KNOWN = (*facts.INT_FLAGS, *facts.FLOAT_FLAGS, *facts.CHOICE_FLAGS, *facts.TEXT_FLAGS, *facts.SWITCHES,
+         *facts.LIST_FLAGS)
 ZERO_OK = ("--lr-warmup-iters", "--seed", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
            "--cpu-offloading-num-layers")
 """The integer flags that take 0 (no warmup, seed 0, no block kept in bf16 at that end, no block offloaded); the others count things."""
@@ -107,6 +108,17 @@ def _value(flag: Flag, read: _Read):
                                       flag.value_span, hint=f"write {name} alone"))
             return None
         return True
+    if name in facts.LIST_FLAGS:  # one or more words, each a choice (argparse nargs="+")
+        choices = facts.LIST_FLAGS[name]
+        wrong = [value for value in values if value not in choices]
+        if not values or wrong:
+            read.problems.append(diag("E804", f"{name} takes one or more of {', '.join(choices)}"
+                                      + (f", found `{wrong[0]}`" if wrong else ""),
+                                      flag.value_span if values else flag.span,
+                                      hint=(did_you_mean(wrong[0], choices, "values") if wrong else None)
+                                      or f"write {name} {choices[0]}"))
+            return None
+        return tuple(values)
     if name == "--cp-comm-type" and len(values) > 1:  # one type per layer (arguments.py: nargs='+')
         if len(set(values)) == 1:
             values = values[:1]
@@ -617,6 +629,9 @@ def _recompute(read: _Read) -> list[str] | None:
     """The plan's recompute items: `recompute: MODE`, and `recompute_layers: N` for the block method."""
     granularity = read.get("--recompute-granularity", "selective" if read.get("--recompute-activations") else None)
     method, count = read.get("--recompute-method"), read.get("--recompute-num-layers")
+    if granularity != "selective" and read.get("--recompute-modules") is not None:
+        # TransformerConfig reads recompute_modules under selective granularity only
+        read.ignored.append(read.given["--recompute-modules"].text)
     if granularity is None:
         if method is not None or count is not None:
             read.problem("E805", "--recompute-method or --recompute-num-layers without --recompute-granularity",
@@ -628,7 +643,15 @@ def _recompute(read: _Read) -> list[str] | None:
             read.problem("E805", "--recompute-granularity selective takes no --recompute-method or "
                          "--recompute-num-layers", "--recompute-method", "--recompute-num-layers")
             return None
-        return ["recompute: selective"]
+        modules = read.get("--recompute-modules")
+        if modules is None:
+            return ["recompute: selective"]
+        if "moe_act" in modules and not any(text.split()[0] == "--moe-grouped-gemm" for text in read.ignored):
+            read.problem("E805", "--recompute-modules moe_act without --moe-grouped-gemm (megatron-core: \"moe_act in "
+                         "recompute_modules is only supported with moe_grouped_gemm\")", "--recompute-modules",
+                         hint="add --moe-grouped-gemm")
+            return None
+        return ["recompute: selective", f"recompute_modules: [{', '.join(dict.fromkeys(modules))}]"]
     if read.get("--overlap-moe-expert-parallel-comm"):  # TransformerConfig.__post_init__ refuses it (E418)
         read.problem("E805", "--overlap-moe-expert-parallel-comm with --recompute-granularity full (megatron-core: "
                      "\"disable full recomputation when enabling overlap_moe_expert_parallel_comm\")",

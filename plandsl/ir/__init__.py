@@ -150,6 +150,22 @@ class Recompute(str, Enum):
     full = "full"
 
 
+class RecomputeModule(str, Enum):
+    """What `recompute: selective` reruns of each block (`recompute_modules`), Megatron-Core's
+    `--recompute-modules` (megatron-core 0.16.1, `TransformerConfig.recompute_modules`): `core_attn` the attention
+    core (the default); `layernorm` the norms before attention and MLP that Transformer Engine does not fuse into the
+    next linear layer, their outputs dropped; `moe_act` the routed experts' activation, its output (fc2's input)
+    dropped; `mla_up_proj` MLA's up-projections and rotary parts, Q, K and V dropped; `mlp` a dense block's MLP; `moe`
+    a block's whole mixture of experts, its dispatch included; `shared_experts` the shared experts."""
+    core_attn = "core_attn"
+    moe_act = "moe_act"
+    layernorm = "layernorm"
+    mla_up_proj = "mla_up_proj"
+    mlp = "mlp"
+    moe = "moe"
+    shared_experts = "shared_experts"
+
+
 class Kernels(str, Enum):
     """How the implementation runs what is no GEMM (norms, rotary embeddings, the activation, the loss):
     `fused` as Transformer Engine, Megatron-Core's fused kernels or `torch.compile` do, each fused op reading
@@ -563,6 +579,9 @@ class Training(Node):
         default=None, ge=0, description="with `recompute: full`, recompute only the first N blocks of each "
         "stage (virtual chunk) and keep the others' activations (Megatron's --recompute-method block "
         "--recompute-num-layers N); None: every block")
+    recompute_modules: Optional[tuple[RecomputeModule, ...]] = Field(
+        default=None, description="with `recompute: selective`, the parts of each block it reruns (Megatron's "
+        "--recompute-modules); None: the attention core alone (core_attn)")
     offload_layers: int = Field(
         default=0, ge=0, description="keep the saved activations of the first N blocks of each stage (virtual chunk) "
         "in host memory between their forward and backward, copied out and back on a side stream (Megatron's "
@@ -625,6 +644,8 @@ class Training(Node):
                 data.pop("loss", None)
             if self.fp8_recipe is None:
                 data.pop("fp8_recipe", None)
+            if self.recompute_modules is None:
+                data.pop("recompute_modules", None)
             for key in ("bf16_first_layers", "bf16_last_layers", "offload_layers"):
                 if not getattr(self, key):
                     data.pop(key, None)
@@ -667,6 +688,15 @@ class Training(Node):
         """Whether a stage's (virtual chunk's) `index`-th transformer block, from 0, keeps its saved activations in
         host memory (`offload_layers`)."""
         return index < self.offload_layers
+
+    @property
+    def modules(self) -> frozenset[RecomputeModule]:
+        """What `recompute: selective` reruns of each block (`recompute_modules`, the attention core by default);
+        empty under the other modes."""
+        if self.recompute is not Recompute.selective:
+            return frozenset()
+        return frozenset(self.recompute_modules) if self.recompute_modules is not None \
+            else frozenset((RecomputeModule.core_attn,))
 
     def block_recompute(self, index: int) -> Recompute:
         """The recomputation of a stage's (virtual chunk's) `index`-th transformer block, from 0."""

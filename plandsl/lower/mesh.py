@@ -15,7 +15,7 @@ from plandsl.lower.evaluate import Poison, Scope
 
 TRAIN_KEYS = {"global_batch": True, "micro_batch": False, "seq": False, "precision": False, "fp8_recipe": False,
               "bf16_first_layers": False, "bf16_last_layers": False, "recompute": False,
-              "recompute_layers": False, "offload_layers": False, "kernels": False, "attention": False, "loss": False, "optimizer": False,
+              "recompute_layers": False, "recompute_modules": False, "offload_layers": False, "kernels": False, "attention": False, "loss": False, "optimizer": False,
               "master_dtype": False, "grad_dtype": False, "optimizer_dtype": False, "param_dtype": False, "lr": False, "lr_schedule": False, "warmup_steps": False, "grad_clip": False,
               "seed": False, "batch_shares": False}
 
@@ -125,6 +125,8 @@ def training(scope: Scope, expr: s.Expr) -> ir.Training:
                 values[key] = scope.word(item.value, ("constant", "cosine", "linear"), "learning-rate schedule")
             elif key == "batch_shares":
                 values[key] = _batch_shares(scope, item.value)
+            elif key == "recompute_modules":
+                values[key] = _recompute_modules(scope, item.value)
             elif key == "grad_clip":
                 target, _ = scope.deref(item.value)
                 values[key] = None if isinstance(target, s.Name) and target.id == "none" else \
@@ -138,9 +140,41 @@ def training(scope: Scope, expr: s.Expr) -> ir.Training:
                              f"reruns; with recompute {values.get('recompute', 'none')} there are none to count",
                              items["recompute_layers"].span, hint="add `recompute: full`, or drop recompute_layers")
         failed = True
+    if "recompute_modules" in values and values.get("recompute") != ir.Recompute.selective.value:
+        scope.reporter.error("E205", "recompute_modules names what `recompute: selective` reruns of each block; "
+                             f"with recompute {values.get('recompute', 'none')} nothing is rerun by module",
+                             items["recompute_modules"].span,
+                             hint="add `recompute: selective`, or drop recompute_modules")
+        failed = True
     if failed:
         raise Poison()
     return build(scope, ir.Training, expr.span, field_spans={k: item.span for k, item in items.items()}, **values)
+
+
+def _recompute_modules(scope: Scope, expr: s.Expr) -> tuple[str, ...]:
+    """`recompute_modules: [layernorm, moe_act]`: Megatron's --recompute-modules, each named once."""
+    target, inner = scope.deref(expr)
+    if not isinstance(target, s.ListExpr) or not target.items:
+        raise scope.reporter.error("E205", "recompute_modules takes a list of the parts `recompute: selective` "
+                                   "reruns, like `[core_attn, moe_act]`", expr.span,
+                                   hint="modules: " + ", ".join(m.value for m in ir.RecomputeModule))
+    modules, seen, failed = [], {}, False
+    for item in target.items:
+        try:
+            module = inner.word(item, tuple(m.value for m in ir.RecomputeModule), "recompute module")
+        except Poison:
+            failed = True
+            continue
+        if module in seen:
+            scope.reporter.error("E205", f"recompute module {module} is named twice", item.span,
+                                 notes=[Note("first here", seen[module])])
+            failed = True
+            continue
+        seen[module] = item.span
+        modules.append(module)
+    if failed:
+        raise Poison()
+    return tuple(modules)
 
 
 def _batch_shares(scope: Scope, expr: s.Expr) -> tuple[int, ...] | str:

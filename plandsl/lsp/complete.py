@@ -48,6 +48,7 @@ KEYS: dict[str, tuple[str, ...]] = {  # an attribute whose value is `{ }` -> its
 WORDS: dict[str, tuple[str, ...]] = {  # an attribute or key -> the words it takes
     "data": tuple(DATA_KINDS), "tensor": TENSOR_STYLES, "context": CONTEXT_KINDS, "experts": EXPERT_KINDS,
     "precision": PRECISIONS, "recompute": tuple(r.value for r in ir.Recompute),
+    "recompute_modules": tuple(m.value for m in ir.RecomputeModule),
     "optimizer": tuple(o.value for o in ir.Optimizer), "kernels": tuple(k.value for k in ir.Kernels),
     "attention": tuple(a.value for a in ir.Attention),
     "loss": tuple(l.value for l in ir.Loss), "fp8_recipe": tuple(r.value for r in ir.Fp8Recipe),

@@ -74,6 +74,8 @@ FIELDS: tuple[tuple[str, str, Callable[[ir.Plan], Value]], ...] = (
     ("training", "train.optimizer_dtype", lambda p: p.train.optimizer_dtype.value),
     ("training", "train.recompute", lambda p: p.train.recompute.value),
     ("training", "train.recompute_layers", lambda p: p.train.recompute_layers),
+    ("training", "train.recompute_modules", lambda p: p.train.recompute_modules and
+     ", ".join(m.value for m in p.train.recompute_modules)),
     ("training", "train.offload_layers", lambda p: p.train.offload_layers),
     ("training", "train.kernels", lambda p: p.train.kernels.value),
     ("training", "train.attention", lambda p: p.train.attention.value),

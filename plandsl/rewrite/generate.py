@@ -15,7 +15,7 @@ from typing import Callable, Mapping
 
 from plandsl.rewrite.complete import generate_from
 from plandsl.rewrite.mixed import Gain, Shared, faster_alone, mixed_plans
-from plandsl.search import SearchResult, search
+from plandsl.search import SearchResult, parse_pins, search, with_modules
 from plandsl.search.emit import (Refusals, candidate_json, checked_texts, explain, format_table, include_note,
                                  resolve_problem, written_from)
 
@@ -113,6 +113,7 @@ def generate(request: Request, progress: Callable[[int, int], None] | None = Non
                                        kernels=request.kernels or "fused", attention=request.attention or "flash",
                                        loss=request.loss or "standard", tensor_overlap=request.tensor_overlap,
                                        fp8_recipe=request.fp8_recipe, pipeline=request.pipeline or "torch")
+    problem_, _ = with_modules(problem_, parse_pins(request.pins))  # pinned modules: in every plan written
     result, texts = checked_texts(search(problem_, request.pins, request.top, progress=progress,
                                            time_limit=request.time_limit), problem_, source,
                                   request.output)

@@ -236,6 +236,8 @@ def _train_text(train: ir.Training) -> str:
         items.append(f"{key}: {'none' if value is None else value}")
     if train.recompute_layers is not None:
         items.append(f"recompute_layers: {train.recompute_layers}")
+    if train.recompute_modules is not None:
+        items.append(f"recompute_modules: [{', '.join(m.value for m in train.recompute_modules)}]")
     if train.offload_layers:  # a stage's first block: its few blocks here (2 per stage, 4 without) hold fewer than N
         items.append("offload_layers: 1")
     for key, value in train.given_dtypes().items():  # the weights narrower than a --precision given would be E205

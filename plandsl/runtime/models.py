@@ -16,6 +16,7 @@ from torch import nn
 
 from plandsl import ir
 from plandsl.ir.layers import block_model
+from plandsl.runtime.discard import DiscardedOutput, discard_after
 from plandsl.runtime.loss import vocab_cross_entropy
 
 INIT_STD = 0.02  # GPT-2 (Radford et al. 2019); residual projections get INIT_STD / sqrt(2 * layers)
@@ -270,13 +271,27 @@ class LatentAttention(Attention):
         self.core = AttentionCore(model.window)
         self.positions: torch.Tensor | None = None
         self.reduce_rope_key = None  # tensor parallelism: the shared rotary key's gradient, summed over the axis
+        self.rerun_up = False  # `recompute_modules: [mla_up_proj]`: Q, K, V freed after the core, rebuilt in backward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq = x.shape[0], x.shape[1]
-        queries = self.wq_b(self.q_norm(self.wq_a(x))) if hasattr(self, "wq_a") else self.wq(x)
+        q_latent = self.wq_a(x) if hasattr(self, "wq_a") else x
+        latent, k_rope = self.wkv_a(x).split((self.lora, self.rope), dim=-1)
+        if self.rerun_up:  # megatron-core's qkv_up_checkpoint around qkv_up_proj_and_rope_apply
+            up = DiscardedOutput(self._queries_keys_values)
+            q, k, v = up(q_latent, latent, k_rope)
+            out = self._core(q, k, v)
+            up.discard(out)
+        else:
+            out = self._core(*self._queries_keys_values(q_latent, latent, k_rope))
+        return self.wo(out[..., : self.v_dim].transpose(1, 2).reshape(batch, seq, -1))
+
+    def _queries_keys_values(self, q_latent: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor):
+        """The up-projections (after their latents' norms) and the rotary parts: Q, K, V [batch, heads, seq, width]."""
+        batch, seq = latent.shape[0], latent.shape[1]
+        queries = self.wq_b(self.q_norm(q_latent)) if hasattr(self, "wq_a") else self.wq(q_latent)
         q = queries.view(batch, seq, -1, self.nope + self.rope)
         q_nope, q_rope = q.split((self.nope, self.rope), dim=-1)
-        latent, k_rope = self.wkv_a(x).split((self.lora, self.rope), dim=-1)
         kv = self.wkv_b(self.kv_norm(latent)).view(batch, seq, -1, self.nope + self.v_dim)
         k_nope, v = kv.split((self.nope, self.v_dim), dim=-1)
         q_rope, k_rope = rotary(q_rope, self.positions), rotary(k_rope.view(batch, seq, 1, self.rope), self.positions)
@@ -288,8 +303,7 @@ class LatentAttention(Attention):
         # with it, is not kept): fused attention kernels take one head size (softmax(q kᵀ) [v, 0] = [o, 0])
         width = self.nope + self.rope
         v = F.pad(v, (0, width - self.v_dim)) if width > self.v_dim else v.contiguous()
-        out = self._core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))[..., : self.v_dim]
-        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 
 class MLP(nn.Module):
@@ -316,22 +330,32 @@ class Experts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(experts, ffn, hidden))
         self.w2 = nn.Parameter(torch.empty(experts, hidden, ffn))
         self.w3 = nn.Parameter(torch.empty(experts, ffn, hidden)) if gated else None
+        self.rerun_activation = False  # `recompute_modules: [moe_act]`
 
     def forward(self, routed: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """routed [tokens, hidden], grouped by expert: the first counts[0] rows go to expert 0, ..."""
-        return expert_mlps(routed, counts, self.w1, self.w2, self.w3)
+        return expert_mlps(routed, counts, self.w1, self.w2, self.w3, self.rerun_activation)
 
 
 def expert_mlps(routed: torch.Tensor, counts: list[int], w1: torch.Tensor, w2: torch.Tensor,
-                w3: torch.Tensor | None) -> torch.Tensor:
-    """Each expert's MLP (gpt: GELU, llama: SwiGLU) on its group of rows; weights are [experts, out, in]."""
+                w3: torch.Tensor | None, rerun_activation: bool = False) -> torch.Tensor:
+    """Each expert's MLP (gpt: GELU, llama: SwiGLU) on its group of rows; weights are [experts, out, in].
+    `rerun_activation`: the activation's output (w2's input) freed after w2 and rebuilt from w1's (and w3's) in the
+    backward, as megatron-core's TEGroupedMLP under `moe_act` recomputation."""
     outputs = []
     for expert, rows in enumerate(routed.split(counts)):
-        if w3 is None:
-            outputs.append(F.gelu(rows @ w1[expert].t()) @ w2[expert].t())
-        else:
-            outputs.append(swiglu(rows @ w1[expert].t(), rows @ w3[expert].t()) @ w2[expert].t())
+        inputs = (rows @ w1[expert].t(),) if w3 is None else (rows @ w1[expert].t(), rows @ w3[expert].t())
+        activation = DiscardedOutput(_activation) if rerun_activation else _activation
+        output = activation(*inputs) @ w2[expert].t()
+        if rerun_activation:
+            activation.discard(output)
+        outputs.append(output)
     return torch.cat(outputs)
+
+
+def _activation(*inputs: torch.Tensor) -> torch.Tensor:
+    """GELU of w1's output, or SwiGLU of w1's and w3's."""
+    return F.gelu(inputs[0]) if len(inputs) == 1 else swiglu(*inputs)
 
 
 class MoE(nn.Module):
@@ -410,11 +434,13 @@ class Block(nn.Module):
             self.mlp = MLP(model.hidden, model.ffn_hidden, gated=not gpt, bias=gpt)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # `discard_after`: a norm run without its output (`recompute_modules: [layernorm]`) frees it once read
         ffn = self.moe if hasattr(self, "moe") else self.mlp
         if self.parallel:
-            return x + self.attn(self.norm1(x)) + ffn(self.norm2(x))
-        x = x + self.attn(self.norm1(x))
-        return x + ffn(self.norm2(x))
+            return x + discard_after(self.norm1, self.attn(self.norm1(x))) + \
+                discard_after(self.norm2, ffn(self.norm2(x)))
+        x = x + discard_after(self.norm1, self.attn(self.norm1(x)))
+        return x + discard_after(self.norm2, ffn(self.norm2(x)))
 
 
 class Embedding(nn.Module):

@@ -62,6 +62,15 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
                                   f"q, v and w1 (and llama's w2) outputs by their place among its matmuls; "
                                   f"'{plan.model.name}' is {why}", plan.train.span_of("recompute"),
                           hint="use `recompute: selective` or `recompute: full`"))
+    discarding = sorted(m.value for m in plan.train.modules & DISCARDING_MODULES)
+    if discarding and _splits_backward(plan):
+        found.append(diag("E703", f"recompute module {', '.join(discarding)} together with schedule "
+                                  f"'{plan.schedule.name}' cannot run: the schedule splits the backward into input and "
+                                  "weight gradients, and the outputs these modules free are rebuilt by a hook that "
+                                  "serves one backward pass (megatron-core's CheckpointWithoutOutput)",
+                          plan.train.span_of("recompute_modules"),
+                          hint="rerun core_attn, mlp, moe or shared_experts with this schedule, or a schedule without "
+                               "split backward passes"))
     if plan.train.recompute is ir.Recompute.selective_op and _splits_backward(plan):
         found.append(diag("E703", f"`recompute: selective_op` together with schedule '{plan.schedule.name}' cannot "
                                   "run: the schedule computes each backward in two passes (input gradients, then "
@@ -149,6 +158,11 @@ def _sequence_parallel_problem(plan: ir.Plan, model: ir.CustomModel, styles: dic
         return (f"'{name}' {list(shape)} sits in a block outside the model's tensor-parallel plan, and a sequence "
                 "shard cannot train it alone (only 1-D parameters, a norm's, run on sequence shards)")
     return None
+
+
+DISCARDING_MODULES = frozenset((ir.RecomputeModule.layernorm, ir.RecomputeModule.moe_act,
+                                ir.RecomputeModule.mla_up_proj))
+"""The recompute modules that free their outputs and rebuild them from a gradient hook (`runtime.discard`)."""
 
 
 def _splits_backward(plan: ir.Plan) -> bool:

@@ -46,11 +46,12 @@ from plandsl.search.problem import (CONTEXT, Candidate, Problem, Scored, SearchE
 from plandsl.search.partition import partition_blocks, partition_layers
 from plandsl.search.space import Space
 from plandsl.search.tree import SAFE, Leaf, Node, Pending, Root, candidate_of
+from plandsl.check.training import absent_module
 from plandsl.diagnostics import did_you_mean
 
 PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
             "virtual_stages", "zero_stage", "recompute", "recompute_layers", "order", "tp_across_nodes", "fold",
-            "dispatcher", "account", "offload_layers")
+            "dispatcher", "account", "offload_layers", "recompute_modules")
 DISPATCHERS = ("alltoall", "deepep", "hybridep")  # `experts = KIND over ...` (ir.ExpertParallel.kind)
 # The search tries each unpinned, on every layout with an expert group (`Space.roots`); at equal figures it writes the
 # one it reaches first.
@@ -96,6 +97,11 @@ def parse_pins(pins: Mapping[str, object] | Iterable[str] | None) -> dict[str, o
                 raise SearchError(f"--pin account={raw}: the parts the stages' split counts as layers, among "
                                   f"{', '.join(ir.PIPELINE_ACCOUNTED)} (comma-separated), or none")
             value = tuple(part for part in ir.PIPELINE_ACCOUNTED if part in parts)
+        elif key == "recompute_modules":  # what `recompute: selective` reruns (Megatron's --recompute-modules)
+            value = tuple(dict.fromkeys(m.strip() for m in value.split(",") if m.strip()))
+            known = tuple(m.value for m in ir.RecomputeModule)
+            if not value or not set(value) <= set(known):
+                raise SearchError(f"--pin recompute_modules={raw}: comma-separated modules among {', '.join(known)}")
         elif key == "order":
             value = tuple(a.strip() for a in value.split(",") if a.strip())
             if len(set(value)) != len(value) or not set(value) <= set(AXES):
@@ -116,6 +122,28 @@ def parse_pins(pins: Mapping[str, object] | Iterable[str] | None) -> dict[str, o
             raise SearchError(f"contradictory pins: {key}={typed[key]} and {key}={raw}")
         typed[key] = value
     return typed
+
+
+def with_modules(problem: Problem, pins: dict[str, object]) -> tuple[Problem, dict[str, object]]:
+    """The pin `recompute_modules` as the problem's (every plan then writes it, as `kernels`) and `recompute` pinned
+    to selective, the only mode that reruns by module; SearchError where the plan it would write is refused (E516,
+    E517). The search does not choose modules itself."""
+    modules = pins.get("recompute_modules")
+    if modules is None:
+        return problem, pins
+    if pins.get("recompute", "selective") != "selective" or "recompute_layers" in pins:
+        raise SearchError(f"contradictory pins: recompute_modules={','.join(modules)} names what `recompute: selective` "
+                          f"reruns, recompute={pins.get('recompute', 'full')}")
+    problem = dataclasses.replace(problem, recompute_modules=tuple(ir.RecomputeModule(m) for m in modules))
+    for module in problem.recompute_modules:
+        why = absent_module(problem.model, module)
+        if why:
+            raise SearchError(f"--pin recompute_modules: {module.value} has nothing to rerun: {why} (E516)")
+    if {"layernorm", "moe_act"} & set(modules) and problem.training(recompute=ir.Recompute.selective).recipe \
+            is ir.Fp8Recipe.delayed:
+        raise SearchError("--pin recompute_modules: layernorm and moe_act under FP8 delayed scaling, which "
+                          "Megatron-Core refuses (E517); give the plan fp8_recipe: current")
+    return problem, {**pins, "recompute": "selective"}
 
 
 def _split_pin(text: str) -> tuple[str, str]:
@@ -256,6 +284,7 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
     cpu = time.process_time()
     deadline = cpu + time_limit if time_limit else math.inf
     pins = parse_pins(pins)
+    problem, pins = with_modules(problem, pins)
     _megatron_runs(problem, pins)
     _overlap_recomputes(problem, pins)
     spaces = _spaces(problem, pins, efficiency)
@@ -399,6 +428,7 @@ def brute_force(problem: Problem, pins: Mapping[str, object] | Iterable[str] | N
                 efficiency: Efficiency | None = None) -> list[Scored]:
     """Every candidate of the space that fits, simulated, sorted by step time (for tests: small spaces only)."""
     pins = parse_pins(pins)
+    problem, pins = with_modules(problem, pins)
     out = []
     for space, root in [(each, root) for each in _spaces(problem, pins, efficiency) for root in each.roots()]:
         for node in space.expand_root(root):
@@ -410,5 +440,5 @@ def brute_force(problem: Problem, pins: Mapping[str, object] | Iterable[str] | N
 
 
 __all__ = ["CONTEXT", "Problem", "Candidate", "Scored", "SearchResult", "SearchStats", "SearchError", "search",
-           "brute_force", "parse_pins", "check_pins", "partition_blocks", "partition_layers", "build_plan", "candidate_of",
+           "brute_force", "parse_pins", "with_modules", "check_pins", "partition_blocks", "partition_layers", "build_plan", "candidate_of",
            "schedule_choices", "PIN_KEYS", "DISPATCHERS", "divisors", "experts_variants"]

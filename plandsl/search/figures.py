@@ -134,6 +134,7 @@ class Figures:
                     root.sequence_parallel, self.problem.precision, ir.Recompute(node.recompute),
                     gather_kv=root.cp > 1 and self.problem.context == "allgather",  # search.CONTEXT by default
                     kernels=self.problem.kernels,  # `plan_work`: one microbatch has nothing to overlap with
+                    modules=frozenset(self.problem.recompute_modules or (ir.RecomputeModule.core_attn,)),
                     overlap_experts=self.problem.overlap_experts and node.microbatches > 1,
                     attention=self.problem.attention, fold_experts=fold, loss=self.problem.loss,
                     overlap_tensor=self.problem.overlap_tensor and root.sequence_parallel,

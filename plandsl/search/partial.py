@@ -127,6 +127,8 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
         pins["recompute"] = plan.train.recompute.value
         if plan.train.recompute_layers:  # the first N blocks of each stage: as written
             pins["recompute_layers"] = plan.train.recompute_layers
+        if plan.train.recompute_modules is not None:  # what selective reruns: as written
+            pins["recompute_modules"] = tuple(m.value for m in plan.train.recompute_modules)
     if keys is None or "offload_layers" in keys:  # as written, 0 included: the search keeps what the plan says
         pins["offload_layers"] = plan.train.offload_layers
     if keys is None:

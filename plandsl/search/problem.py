@@ -51,6 +51,7 @@ class Problem:
     search_experts: bool = False                      # searched instead: the experts' folding over tp and their
     #                                                   dispatcher (`plandsl generate` from a model; `experts_variants`)
     fp8_recipe: ir.Fp8Recipe | None = None            # given, not searched: `precision: fp8`'s scaling (None: delayed)
+    recompute_modules: tuple[ir.RecomputeModule, ...] | None = None  # pinned, not searched: what `selective` reruns
     bf16_first_layers: int = 0                        # given, not searched: blocks an FP8 or FP4 recipe keeps in bf16
     bf16_last_layers: int = 0
     context: str = CONTEXT                            # given, not searched: `context = ring over cp` (ir.ContextParallel)
@@ -97,7 +98,8 @@ class Problem:
                            optimizer=self.optimizer, master_dtype=self.master_dtype, grad_dtype=self.grad_dtype,
                            optimizer_dtype=self.optimizer_dtype, param_dtype=self.param_dtype, kernels=self.kernels,
                            attention=self.attention, loss=self.loss, fp8_recipe=self.fp8_recipe,
-                           bf16_first_layers=self.bf16_first_layers, bf16_last_layers=self.bf16_last_layers, **fields)
+                           bf16_first_layers=self.bf16_first_layers, bf16_last_layers=self.bf16_last_layers,
+                           recompute_modules=self.recompute_modules, **fields)
 
     def given_items(self) -> list[str]:
         """The train items the problem fixes to other than their defaults (the kept dtypes, `kernels`,
@@ -106,6 +108,8 @@ class Problem:
         items += [f"fp8_recipe: {self.fp8_recipe.value}"] if self.fp8_recipe is not None else []
         items += [f"{key}: {getattr(self, key)}" for key in ("bf16_first_layers", "bf16_last_layers") if getattr(self, key)]
         items += [f"kernels: {self.kernels.value}"] if self.kernels is not ir.Kernels.fused else []
+        items += [f"recompute_modules: [{', '.join(m.value for m in self.recompute_modules)}]"] \
+            if self.recompute_modules is not None else []
         items += [f"attention: {self.attention.value}"] if self.attention is not ir.Attention.flash else []
         return items + ([f"loss: {self.loss.value}"] if self.loss is not ir.Loss.standard else [])
 

@@ -14,6 +14,7 @@ import pytest
 
 from plandsl import api
 from plandsl.interop import export_plan
+from plandsl.interop.megatron_import import import_flags
 from plandsl.ir.placement import assign_stages
 from plandsl.search import search
 from plandsl.search.emit import plan_text, resolve_problem
@@ -69,6 +70,8 @@ def _flags(text: str) -> dict[str, object]:
     for word in words:
         if word.startswith("--"):
             flags[word], last = True, word
+        elif last == "--recompute-modules":  # argparse nargs="+" (TransformerConfig.recompute_modules, a list)
+            flags[last] = [*(flags[last] if isinstance(flags[last], list) else ()), word]
         else:
             flags[last] = word
     return flags
@@ -101,6 +104,8 @@ def _known_flags(mcore, *configs: str) -> set[str]:
 
 
 def _typed(value, field):
+    if isinstance(value, list):
+        return value
     if value is True or field.type in ("str", str) or "Literal" in str(field.type) or "str" == str(field.type):
         return value
     text = str(value)
@@ -307,6 +312,49 @@ plan p {{
     config, _, _ = _configs(mcore, _flags(exported.text))
     assert (config.recompute_granularity, config.recompute_method, config.recompute_num_layers) == \
         ("full", "block", count)
+
+
+_MODULES = """import "clusters/dgx_h100"
+plan p {{
+  model    = llama(layers=4, hidden=512, heads=8, seq=1024, vocab=32000, {attention}experts=8, top_k=2,
+                   shared_experts=1, ffn=256, dense_layers=1, dense_ffn=1024)
+  cluster  = dgx_h100
+  mesh     = [ep = 8]
+  train    = {{ global_batch: 16, micro_batch: 1, precision: {precision}, recompute: selective,
+               recompute_modules: [{modules}] }}
+  experts  = alltoall over ep
+}}
+"""
+
+
+@pytest.mark.parametrize("modules, attention", [
+    ("layernorm, moe_act", ""), ("mla_up_proj, moe_act", "kv_lora_rank=64, qk_rope_head_dim=32, qk_nope_head_dim=64, "
+                                 "v_head_dim=48, "),
+    ("core_attn, mlp, shared_experts", ""), ("moe", "")])
+def test_recompute_modules_export_as_megatron_cores(mcore, modules, attention):
+    """`recompute: selective, recompute_modules: [...]` exports as --recompute-modules, which megatron-core's
+    TransformerConfig takes as its recompute_modules (moe_act with the --moe-grouped-gemm it requires)."""
+    text = _MODULES.format(attention=attention, precision="bf16", modules=modules)
+    exported = export_plan(api.select_plan(api.loads(text, path="p.plan")), "megatron")
+    assert not exported.lost
+    flags = _flags(exported.text)
+    config, _, _ = _configs(mcore, flags)
+    assert (config.recompute_granularity, config.recompute_modules) == ("selective", modules.split(", "))
+    assert ("moe_act" in modules) == ("--moe-grouped-gemm" in flags) == bool(config.moe_grouped_gemm)
+    back = import_flags(exported.text, "megatron.sh", world_size=8)
+    assert back.ok, [d.message for d in back.diagnostics]
+    assert f"recompute_modules: [{modules}]" in back.text
+
+
+def test_recompute_modules_megatron_core_refuses_are_refused(mcore):
+    """What E517 refuses (moe_act or layernorm under FP8 delayed scaling) megatron-core's TransformerConfig refuses
+    too, and current scaling it takes."""
+    text = _MODULES.format(attention="", precision="fp8", modules="layernorm, moe_act")
+    assert [d.code for d in api.checks(text, path="p.plan").diagnostics] == ["E517"]
+    fields = dict(num_layers=4, hidden_size=512, num_attention_heads=8, num_moe_experts=8, moe_grouped_gemm=True,
+                  recompute_granularity="selective", recompute_modules=["layernorm", "moe_act"], fp8="hybrid")
+    with pytest.raises(ValueError, match="Delayed scaling does not support moe_act and layernorm"):
+        mcore["TransformerConfig"](**fields, fp8_recipe="delayed")
 
 
 _DEEPSEEK = """import "clusters/dgx_a100"

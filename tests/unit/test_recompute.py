@@ -57,7 +57,8 @@ def _kept_bytes(block: torch.nn.Module, x: torch.Tensor) -> tuple[int, torch.Ten
         t = ref()
         if t is not None and t.untyped_storage().nbytes() > x.untyped_storage().nbytes() // 16:
             storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    for owned in (y, *block.parameters()):  # the output and views of the weights (w.t()) are not kept activations
+    for owned in (y, x, *block.parameters()):  # the output, the input (the caller's: a detached alias of it, kept by
+        # a checkpoint without output, is no more) and views of the weights (w.t()) are not kept activations
         storages.pop(owned.untyped_storage().data_ptr(), None)
     return sum(storages.values()), y
 
@@ -125,3 +126,50 @@ def test_rmsnorm_in_bf16_computes_what_the_eager_formula_does():
     # the weight in the input's dtype, as a 16-bit model holds it: the norm returns the stream's dtype (precision.keep_stream)
     eager = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + norm.eps)).type_as(x) * norm.weight.to(x.dtype)
     assert torch.equal(norm(x), eager) and norm(x).dtype == eager.dtype == torch.bfloat16
+
+
+MOE_MLA = (f"llama(layers=1, hidden={HIDDEN}, heads=4, seq={SEQ}, vocab=128, experts=4, top_k=2, ffn=48, "
+           "shared_experts=1, kv_lora_rank=32, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)")
+
+
+def _module_block(model: ir.TransformerModel, modules: tuple[str, ...]) -> torch.nn.Module:
+    torch.manual_seed(0)
+    holder = torch.nn.Module()
+    holder.layers = torch.nn.ModuleDict({"0": models.Block(model)})
+    for parameter in holder.parameters():  # the experts' weights are made empty
+        torch.nn.init.normal_(parameter, std=0.05)
+    recompute.apply_ac(holder, ir.Recompute.selective if modules else ir.Recompute.none, None,
+                       frozenset(ir.RecomputeModule(m) for m in modules))
+    return holder.layers["0"]
+
+
+@pytest.mark.parametrize("modules", [("layernorm",), ("moe_act",), ("shared_experts",), ("mla_up_proj",), ("moe",),
+                                     ("core_attn", "layernorm", "moe_act", "mla_up_proj")])
+def test_recompute_modules_drop_what_the_memory_model_drops_with_the_same_gradients(modules):
+    """`recompute_modules` on a block with MLA, routed and shared experts: the output, input and weight gradients
+    of the block without recomputation, bit for bit, and the bytes the runtime no longer keeps against what the memory
+    model drops (`cost.memory._module_terms`): exactly for layernorm, moe_act and shared_experts; more for mla_up_proj
+    (the eager rotary embedding's products keep views of the up-projections' outputs the model does not count) and
+    moe (the runtime's routing keeps copies Megatron's fused permutation does not)."""
+    model = api.loads(f"model m = {MOE_MLA}\n", path="m.plan").models[0]
+    x = torch.randn(BATCH, SEQ, HIDDEN)
+    plain, rerun = _module_block(model, ()), _module_block(model, modules)
+    results = []
+    for block in (plain, rerun):
+        given = x.clone().requires_grad_(True)
+        kept, y = _kept_bytes(block, given)
+        y.square().sum().backward()
+        results.append((kept, y, given.grad, {n.replace("._checkpoint_wrapped_module", ""): p.grad
+                                              for n, p in block.named_parameters()}))
+    (kept, y, grad, grads), (kept_rerun, y_rerun, grad_rerun, grads_rerun) = results
+    torch.testing.assert_close(y_rerun, y, rtol=0, atol=0)
+    torch.testing.assert_close(grad_rerun, grad, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(grads_rerun, grads, rtol=1e-6, atol=1e-7)
+    modelled = [transformer_block_activations(model, SEQ, BATCH, 1, False, ir.Recompute.selective, ir.Precision.fp32,
+                                              modules=frozenset(ir.RecomputeModule(m) for m in chosen))
+                for chosen in ((), modules)]
+    dropped, modelled_drop = kept - kept_rerun, modelled[0] - modelled[1]
+    if set(modules) & {"mla_up_proj", "moe", "core_attn"}:
+        assert dropped > modelled_drop > 0
+    else:
+        assert dropped == modelled_drop > 0

@@ -324,3 +324,40 @@ _entry("E515", """
       data    = fsdp over dp with gather = fp16
     }
     """, "Gather in the compute precision.", ("gather = fp16", "gather = bf16"))
+
+_entry("E516", """
+    `recompute_modules` names the parts of each block that `recompute: selective`
+    reruns (Megatron-Core's --recompute-modules). A part the model does not have has
+    nothing to rerun: `mla_up_proj` needs multi-head latent attention and `moe_act`
+    grouped experts (megatron-core 0.16.1's TransformerConfig refuses both otherwise),
+    `moe` a mixture of experts, `shared_experts` shared experts, and `mlp` a dense
+    block (it reruns dense MLPs only; Megatron-Core skips it in MoE blocks).
+    """, """
+    import "clusters/dgx_h100"
+    plan p {
+      model   = llama(layers=4, hidden=512, heads=8, kv_heads=8, seq=256, vocab=1024)
+      cluster = dgx_h100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 16, recompute: selective, recompute_modules: [core_attn, moe_act] }
+      data    = fsdp over dp
+    }
+    """, "Name only parts the model has.", ("recompute_modules: [core_attn, moe_act]", "recompute_modules: [core_attn]"))
+
+_entry("E517", """
+    Rerunning the norms (`layernorm`) or the experts' activation (`moe_act`) drops
+    their outputs and makes them again in the backward; under FP8 the linear layers
+    after them then quantize the rebuilt input again. Megatron-Core refuses that under
+    delayed scaling ("Delayed scaling does not support moe_act and layernorm recompute
+    for fp8"), whose scales come from an amax history the step has since updated;
+    current scaling and the block-scaled recipes recompute the same scales.
+    """, """
+    import "clusters/dgx_h100"
+    plan p {
+      model   = llama(layers=4, hidden=512, heads=8, kv_heads=8, seq=256, vocab=1024, experts=8, top_k=2)
+      cluster = dgx_h100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 16, precision: fp8, recompute: selective, recompute_modules: [moe_act] }
+      data    = fsdp over dp
+    }
+    """, "Scale FP8 by the current recipe, or keep the activation.",
+    ("precision: fp8,", "precision: fp8, fp8_recipe: current,"))

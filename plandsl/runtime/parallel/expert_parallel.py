@@ -150,7 +150,7 @@ class ExpertShards(Experts):
     def forward(self, routed: torch.Tensor, counts: list[int]) -> torch.Tensor:
         weights = [None if w is None else _ScaleGrad.apply(_local(w), self.grad_scale)
                    for w in (self.w1, self.w2, self.w3)]
-        return expert_mlps(routed, counts, *weights)
+        return expert_mlps(routed, counts, *weights, getattr(self, "rerun_activation", False))
 
 
 def _local(weight: torch.Tensor) -> torch.Tensor:

@@ -65,7 +65,8 @@ def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch
     if plan.context is not None and plan.cp > 1:
         apply_cp(model, plan.context.kind, mesh[plan.context.axis], plan.seq, device)
     # 4. Recomputation wraps blocks, so data parallelism sees (and shards) the wrapped blocks.
-    apply_ac(model, plan.train.recompute, plan.train.recompute_layers)  # `model` is one stage (chunk) when pipelined
+    apply_ac(model, plan.train.recompute, plan.train.recompute_layers,  # `model` is one stage (chunk) when pipelined
+             plan.train.modules)
     #    Offloading hooks the first blocks (never recomputed ones: E512) without wrapping, so names stay the same.
     apply_offload(model, plan.train.offload_layers)
     # 5. Data parallelism last: it reduces (and for ZeRO-2/3 shards) whatever parameters remain.

@@ -1,10 +1,11 @@
 """Activation recomputation (`train.recompute`) with torch's checkpoint_wrapper.
 
-Stage: interpreter. Contract: `apply_ac(model, mode, count)` wraps in place (the first `count` blocks only,
+Stage: interpreter. Contract: `apply_ac(model, mode, count, modules)` wraps in place (the first `count` blocks only,
 when given): `full` recomputes whole blocks
-(wrapping inserts `_checkpoint_wrapped_module` into their parameter names), `selective` only each
-block's attention core (`attn.core`: the softmax(q kᵀ) v of Korthikanti et al. 2022, Sec. 5, whose
-activations grow with seq²; it holds no parameters), `selective_op` whole blocks under torch's
+(wrapping inserts `_checkpoint_wrapped_module` into their parameter names), `selective` the parts of each block
+`modules` names (`ir.Training.modules`, Megatron-Core's --recompute-modules; by default the attention core
+`attn.core`: the softmax(q kᵀ) v of Korthikanti et al. 2022, Sec. 5, whose activations grow with seq²; it holds no
+parameters), `selective_op` whole blocks under torch's
 selective checkpointing policy (`keep_every_other_matmul`), `none` changes nothing.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from plandsl import ir
+from plandsl.runtime.discard import rerun_without_output
 from plandsl.runtime.torch_model import blocks
 
 _MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
@@ -59,9 +61,39 @@ def keep_every_other_matmul():
     return create_selective_checkpoint_contexts(policy)
 
 
-def apply_ac(model: nn.Module, mode: ir.Recompute, count: int | None = None) -> None:
+def _apply_modules(block: nn.Module, modules: frozenset[ir.RecomputeModule]) -> None:
+    """`recompute: selective` with `modules` on one of plandsl's blocks, as megatron-core 0.16.1 runs each with
+    Transformer Engine's layer spec (cost.memory._module_terms): `core_attn`, `mlp`, `moe`, `shared_experts` rerun the
+    module from its input (checkpoint_wrapper, Megatron's `tensor_parallel.checkpoint`); `layernorm` the norms that are
+    modules of their own there (MLA's attention norm, a MoE block's MLP norm; the others Transformer Engine fuses into
+    the next linear layer), `moe_act` the experts' activation and `mla_up_proj` MLA's up-projections and rotary
+    embedding without their outputs (`DiscardedOutput`)."""
+    Module = ir.RecomputeModule
+    latent, moe = hasattr(block.attn, "wkv_b"), getattr(block, "moe", None)
+    if Module.core_attn in modules:
+        block.attn.register_module("core", checkpoint_wrapper(block.attn.core))
+    if Module.layernorm in modules:
+        for norm, wanted in ((block.norm1, latent), (block.norm2, moe is not None)):
+            if wanted:
+                rerun_without_output(norm)
+    if Module.mla_up_proj in modules and latent:
+        block.attn.rerun_up = True
+    if Module.mlp in modules and moe is None:
+        block.register_module("mlp", checkpoint_wrapper(block.mlp))
+    if Module.moe in modules and moe is not None:
+        block.register_module("moe", checkpoint_wrapper(moe))
+        return
+    if Module.moe_act in modules and moe is not None:
+        moe.experts.rerun_activation = True
+    if Module.shared_experts in modules and moe is not None and moe.shared is not None:
+        moe.register_module("shared", checkpoint_wrapper(moe.shared))
+
+
+def apply_ac(model: nn.Module, mode: ir.Recompute, count: int | None = None,
+             modules: frozenset[ir.RecomputeModule] = frozenset((ir.RecomputeModule.core_attn,))) -> None:
     """`count`: wrap only the first `count` blocks of `model` (one pipeline stage or virtual chunk:
-    Megatron's `--recompute-method block`, `train.recompute_layers`); None: every block."""
+    Megatron's `--recompute-method block`, `train.recompute_layers`); None: every block. `modules`: what
+    `selective` reruns."""
     layers, names = blocks(model)
     if mode is ir.Recompute.none or layers is None:
         return
@@ -74,4 +106,4 @@ def apply_ac(model: nn.Module, mode: ir.Recompute, count: int | None = None) -> 
         elif mode is ir.Recompute.selective_op:
             parent.register_module(child, checkpoint_wrapper(block, context_fn=keep_every_other_matmul))
         elif hasattr(block, "attn"):
-            block.attn.register_module("core", checkpoint_wrapper(block.attn.core))
+            _apply_modules(block, modules)

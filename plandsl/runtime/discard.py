@@ -1,0 +1,98 @@
+"""Outputs freed after the layer that reads them and rebuilt in the backward: megatron-core's `CheckpointWithoutOutput`.
+
+Stage: interpreter. Contract: `DiscardedOutput(function)(*inputs)` runs `function` without a graph, keeping its
+inputs; `.discard(after)` frees its outputs' storage and rebuilds them when the gradient of `after` arrives;
+`rerun_without_output(module)` runs a module so, and `discard_after(module, after)` frees what its last call made.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class _WithoutOutput(torch.autograd.Function):
+    """megatron-core 0.16.1's CheckpointWithoutOutputFunction (tensor_parallel/random.py): the function's forward
+    without a graph, its inputs kept (detached, each with its own `.grad`); the backward is that of the outputs the
+    rebuild hook made with their graph (`DiscardedOutput`)."""
+
+    @staticmethod
+    def forward(ctx, holder: "DiscardedOutput", *inputs):
+        with torch.no_grad():
+            outputs = holder.function(*inputs)
+        kept = []
+        for tensor in inputs:
+            leaf = tensor.detach()
+            leaf.requires_grad_(tensor.requires_grad)
+            kept.append(leaf)
+        ctx.save_for_backward(*kept)
+        holder.ctx = ctx
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        inputs, rebuilt = ctx.saved_tensors, ctx.rebuilt
+        pairs = [(out, grad) for out, grad in zip(rebuilt, grads) if grad is not None and out.requires_grad]
+        torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
+        ctx.rebuilt = None
+        return (None, *(tensor.grad if tensor.requires_grad else None for tensor in inputs))
+
+
+class DiscardedOutput:
+    """One call of `function` whose outputs are freed once the layer after it has run and rebuilt in the backward
+    before that layer's own backward reads them: megatron-core's `CheckpointWithoutOutput`, which its
+    `layernorm`, `moe_act` and `mla_up_proj` recompute modules run. `discard(after)` frees the outputs' storage
+    (the layer after them keeps the same storage for its backward) and hooks their rebuild on the gradient of
+    `after`, that layer's output."""
+
+    def __init__(self, function):
+        self.function, self.ctx, self.outputs = function, None, ()
+
+    def __call__(self, *inputs):
+        outputs = _WithoutOutput.apply(self, *inputs)
+        self.outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        return outputs
+
+    def discard(self, after: torch.Tensor) -> None:
+        if not after.requires_grad:
+            return
+        with torch.no_grad():
+            for output in self.outputs:
+                _storage(output).resize_(0)
+        after.register_hook(self._rebuild)
+
+    def _rebuild(self, _grad) -> None:
+        with torch.enable_grad():
+            rebuilt = self.function(*self.ctx.saved_tensors)
+        rebuilt = rebuilt if isinstance(rebuilt, tuple) else (rebuilt,)
+        with torch.no_grad():  # the same storage, so the tensors the layer after saved see the values again
+            for output, again in zip(self.outputs, rebuilt):
+                _storage(output).resize_(_storage(again).size())
+                _storage(output).copy_(_storage(again))
+        self.ctx.rebuilt, self.outputs, self.ctx = rebuilt, (), None
+
+
+def _storage(tensor: torch.Tensor):
+    local = getattr(tensor, "_local_tensor", tensor)  # a DTensor's shard
+    return local.untyped_storage()
+
+
+def rerun_without_output(module: nn.Module) -> None:
+    """Each call of `module` runs as a `DiscardedOutput`, left in `module.pending` for the caller to `discard`
+    (`runtime.models.discard_after`); its parameters' names stay as they are."""
+    plain = module.forward
+
+    def forward(*inputs):
+        module.pending = DiscardedOutput(plain)
+        return module.pending(*inputs)
+
+    module.forward = forward
+
+
+def discard_after(module: nn.Module, after: torch.Tensor) -> torch.Tensor:
+    """Frees the outputs of `module`'s last call once `after`, what the layer after it made of them, exists, when
+    `module` runs without output (`rerun_without_output`); returns `after`."""
+    pending = getattr(module, "pending", None)
+    if pending is not None:
+        module.pending = None
+        pending.discard(after)
+    return after
