@@ -227,6 +227,8 @@ def _model_args(plan: ir.Plan, args: list, lose) -> None:
              "then feeds the MLP)", "model")
     if model.experts:
         args += [("--num-experts", str(model.experts)), ("--moe-router-topk", str(model.top_k))]
+        if model.top_k == 1:  # TransformerConfig refuses top-1 routing after the softmax (its weight would be 1)
+            args.append(("--moe-router-pre-softmax", None))
         if model.shared_experts:  # TransformerConfig.moe_shared_expert_intermediate_size: one MLP that wide
             args.append(("--moe-shared-expert-intermediate-size", str(model.shared_experts * model.ffn_hidden)))
         if dense:

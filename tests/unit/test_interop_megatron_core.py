@@ -399,7 +399,7 @@ def test_deepseek_exports_megatrons_latent_attention_and_dense_then_moe_layers(m
 
 _INTERLEAVED = """import "clusters/dgx_a100"
 plan p {{
-  model    = llama(layers=7, hidden=512, heads=8, seq=1024, vocab=32000, experts=8, top_k=2, shared_experts=1,
+  model    = llama(layers=7, hidden=512, heads=8, seq=1024, vocab=32000, experts=8, shared_experts=1,
                    ffn=256, {kinds}, dense_ffn=2048)
   cluster  = dgx_a100
   mesh     = [pp = 2, ep = 4]
@@ -411,17 +411,19 @@ plan p {{
 """
 
 
-@pytest.mark.parametrize("kinds", ["moe_every=2", "moe_every=2, moe_offset=0", "moe_every=3",
+@pytest.mark.parametrize("kinds", ["top_k=1, moe_every=2", "moe_every=2, moe_offset=0", "moe_every=3",
                                    "dense_layers=3, moe_every=2, moe_offset=0", "dense_layers=2, moe_every=3"])
 def test_interleaved_experts_are_megatrons_moe_layer_freq(mcore, kinds):
     """MoE blocks every N-th block export as --moe-layer-freq, which Megatron-Core's own decoder spec builds layer by
-    layer as the plan's blocks: a MoELayer where `moe_block`, an MLP elsewhere."""
+    layer as the plan's blocks: a MoELayer where `moe_block`, an MLP elsewhere. Top-1 routing (Llama 4's) exports
+    --moe-router-pre-softmax, without which TransformerConfig refuses it."""
     plan = api.loads(_INTERLEAVED.format(kinds=kinds)).plans[0]
     exported = export_plan(plan, "megatron")
     assert not exported.lost, [d.message for d in exported.lost]
     config, _, _ = _configs(mcore, _flags(exported.text))
     model = plan.model
     assert (config.ffn_hidden_size, config.moe_ffn_hidden_size) == (model.dense_ffn, model.ffn_hidden)
+    assert (config.moe_router_topk, config.moe_router_pre_softmax) == (model.top_k, model.top_k == 1)
     specs = mcore["layer_specs"](config, use_transformer_engine=False)
     assert [spec.submodules.mlp.module.__name__ for spec in specs] == \
         ["MoELayer" if model.moe_block(i) else "MLP" for i in range(model.layers)]
