@@ -490,7 +490,17 @@ def _model_states(plan: ir.Plan, dense: list[int], expert: list[int],
     # ZeRO Sec. 3.1 with the plan's dtypes (fp32 by default: 4Ψ params + 4Ψ grads + KΨ optimizer); stage 1
     # shards the optimizer states, stage 2 also the grads, stage 3 also the params (Sec. 5.1-5.3).
     states = StateBytes.of(plan.train)
-    return (held(3) * states.params, held(2) * states.grads, held(1) * states.optimizer(plan.train.optimizer))
+    params = held(2) if gathers_whole(plan) else held(3)  # ZeRO-2's shards at rest, its units whole in `gathered_bytes`
+    return (params * states.params, held(2) * states.grads, held(1) * states.optimizer(plan.train.optimizer))
+
+
+def gathers_whole(plan: ir.Plan) -> bool:
+    """ZeRO-2 as `plandsl run` holds it: FSDP2's `fully_shard(reshard_after_forward=False)`
+    (`runtime.parallel.data_parallel`) keeps the parameters sharded at rest (`_model_states`) and gathers each unit
+    before its first forward into buffers of its own, in the plan's `gather` dtype, which it frees only after that
+    unit's backward: at the backward's start every unit is whole beside the shards (`gathered_bytes`). Not under
+    `gather = fp8`, Megatron's --fp8-param-gather, whose model keeps the weights whole (`model_state_bytes`)."""
+    return plan.data is not None and plan.data.zero_stage == 2 and plan.data.gather is not ir.Precision.fp8
 
 
 def zero_one_elements(sizes: Sequence[int], ranks: int) -> int:
@@ -521,8 +531,9 @@ def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param
     all-gather while the current one computes, so two units' full parameters are live at once
     (Zhao et al. 2023, Sec. 3.4-3.5: backward and forward prefetching, and a rate limiter that keeps
     at most two all-gathers in flight). In backward a unit's full gradients live until its
-    reduce-scatter is done, which overlaps the next unit's backward: two units' gradients. ZeRO-2 keeps the parameters whole (no gather) but reduce-scatters the
-    gradients the same way, so only the gradient term applies. Units as the interpreter wraps them
+    reduce-scatter is done, which overlaps the next unit's backward: two units' gradients. ZeRO-2
+    reduce-scatters the gradients the same way, but gathers each unit once a step and keeps it whole until its
+    backward (`gathers_whole`): every unit's parameters beside the shards. Units as the interpreter wraps them
     (`runtime.data_parallel.apply_fsdp`): each block (or written layer) is one, the rank's other
     layers (embedding, final norm, head, a tied head's copy: `extra`) one more, the root.
 
@@ -567,6 +578,8 @@ def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param
     whole = sum(count for count, _ in units) + root if held else live
     whole_bytes = sum(size for _, size in units) + root_bytes if held else live_bytes
     grads = whole if held and (plan.num_microbatches > 1 or pipelined) else live
+    if gathers_whole(plan):  # ZeRO-2: every unit whole through the step, beside the shards
+        return float(sum(size for _, size in units) + root_bytes), float(grads * states.grads)
     return (float(whole_bytes) if stage >= 3 else 0.0), float(grads * states.grads)
 
 
@@ -1185,7 +1198,7 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
 
 __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estimate_layer_activations", "layer_recompute",
            "held_stages", "gathered_bytes", "gather_element", "gather_element_bytes", "gathered_param_bytes",
-           "fp8_gather_bytes", "pipelined_shards", "returned_merge_bytes", "returned_output_bytes", "model_state_bytes",
+           "fp8_gather_bytes", "gathers_whole", "pipelined_shards", "returned_merge_bytes", "returned_output_bytes", "model_state_bytes",
            "tied_embedding",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
            "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES", "StateBytes", "FP32_STATES", "module_split",

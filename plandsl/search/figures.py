@@ -16,7 +16,7 @@ from plandsl import ir
 from plandsl.cost.compute import Efficiency, Work
 from plandsl.cost.layer import LayerTime, estimate_layer_time
 from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activations, estimate_memory, gathered_bytes, gathered_param_bytes,
-                                 holds_autocast_copies, inflight_microbatches, layer_precision, pipelined_shards,
+                                 gathers_whole, holds_autocast_copies, inflight_microbatches, layer_precision, pipelined_shards,
                                  model_state_bytes, returned_output_bytes, tied_embedding, torch_stage_sizes,
                                  StateBytes)
 from plandsl.cost.stage import param_split
@@ -282,13 +282,19 @@ class Figures:
             # autocast's 16-bit copies of fp32 weights (`cost.memory.autocast_weight_copies`) are held once per weight
             # a rank computes with, as its states are: counted with them, layer by layer (and left out of the working
             # sets, `_activations`, where the exact estimate of one layer has them)
-            states = [sum(model_state_bytes(plan, [layer])) + (sum(gathered_bytes(plan, [layer])) if held else 0.0)
-                      + autocast_weight_copies(plan, [layer]) for layer, _ in self.kinds]
+            # ZeRO-2 keeps every unit's parameters whole through the step beside its shards (`cost.memory.
+            # gathers_whole`): they too grow with the layers, counted here (and its gradients' two units in `gathered`)
+            whole = gathers_whole(plan) and not held
+
+            def unsharded(layers, extra=()):
+                both = gathered_bytes(plan, layers, extra)
+                return sum(both) if held else both[0] if whole else 0.0
+            states = [sum(model_state_bytes(plan, [layer])) + unsharded([layer]) + autocast_weight_copies(plan, [layer])
+                      for layer, _ in self.kinds]
             tied = 0.0
             if self.transformer and getattr(self.model, "tied_embeddings", False):
                 copy = tied_embedding(plan, self.layers)
-                tied = sum(model_state_bytes(plan, [], [copy])) + (sum(gathered_bytes(plan, [], [copy])) if held
-                                                                  else 0.0) if copy is not None else 0.0
+                tied = sum(model_state_bytes(plan, [], [copy])) + unsharded([], [copy]) if copy is not None else 0.0
             found = self._states_cache[key] = (states, tied, plan)
         return found
 
@@ -322,7 +328,8 @@ class Figures:
             if self.dense_blocks:  # either kind may be the two gathered: the two largest of both (a bound)
                 layers += [self.kinds[4][0]] * min(blocks, 2)
             copy = tied_embedding(plan, self.layers) if last and not first else None
-            found = self._gathered_cache[key] = sum(gathered_bytes(plan, layers, [copy] if copy else []))
+            both = gathered_bytes(plan, layers, [copy] if copy else [])
+            found = self._gathered_cache[key] = both[1] if gathers_whole(plan) else sum(both)  # ZeRO-2's: `_states`
         return found
 
     def capacity(self, root: Root) -> np.ndarray:

@@ -161,11 +161,11 @@ def test_tensor_parallelism_stays_inside_a_node_unless_allowed():
 
 
 def test_candidates_say_whether_plandsl_run_runs_them():
-    """Long context on 8 H100 nodes: the cost model ranks ZeRO-1, 2 and 3 with tp = 1-4 and cp = 2-16
+    """Long context on 8 H100 nodes: the cost model ranks ZeRO-0, 1, 2 and 3 with tp = 1-4 and cp = 2-16
     close to each other; the interpreter runs them all (zero1 over tensor-parallel DTensors too), so
     no candidate is refused."""
     args = ["--model", "llama3_8b", "--cluster", "dgx_h100 x 8", "--global-batch", "16", "--seq-len", "131072",
-            "--top", "12"]
+            "--top", "16"]
     candidates = json.loads(run(*args, "--json").output)["candidates"]
     assert all(c["cp"] >= 2 for c in candidates) and all(re.search(r"context\s+= allgather over cp", c["plan"])
                                                         for c in candidates)
