@@ -500,21 +500,30 @@ def nemo_moe_h100() -> list[Run]:
     gpt_oss = ("biases and the clamped SwiGLU are not in the language; the sliding-window layers run their band and "
                "the sinks cuDNN's fused attention (TE 2.9 get_attention_backend, utils.py:685-695; cuDNN >= 9.13.1, "
                "fused_attn.cpp:372; unfused below, the containers' cuDNN not read; unfused, the layout does not fit): "
-               "attention flash; the recipe "
-               "recomputes the norms and the experts' activation (recompute_modules: layernorm, moe_act), pinned as none")
+               "attention flash")
+    # Its recipes name recompute_modules layernorm, moe_act (scripts/performance/configs/gpt_oss/: v0.2.0
+    # workload_base_configs.py, v0.3.0 and v0.4.2 gpt_oss_workload_base_configs.py, the H100 presets). v0.2.0's
+    # utils/helpers.py set_recompute_overrides sets the modules and not recompute_granularity, which stays None, and
+    # megatron-core reads them only under selective granularity (transformer_layer.py, moe/experts.py): 25.11 recomputed
+    # nothing. v0.3.0's and v0.4.2's utils/overrides.py _set_recompute_overrides sets "selective" with them.
+    unset = ("; the recipe's recompute_modules (layernorm, moe_act) without recompute_granularity (v0.2.0 "
+             "utils/helpers.py set_recompute_overrides), which megatron-core reads only under selective: none")
+    modules = {"recompute": "selective", "recompute_modules": "layernorm,moe_act"}
+    selected = ("; the recipe recomputes the norms and the experts' activation (gpt_oss_workload_base_configs.py "
+                "recompute_modules layernorm, moe_act; utils/overrides.py _set_recompute_overrides: selective)")
     qwen = "QK norms not in the language (elementwise); the recipe's moe_a2a_overlap: experts = ... with overlap"
     qwen_235b = qwen + "; Megatron's EP 32 with expert TP 1 beside TP 2: experts = alltoall over [ep, tp]"
     # the 25.11 table gives micro-batch 4 (GPT-OSS) and 2 with VP 24 (Qwen3 30B), the layouts of its 25.09 table;
     # that release's recipes (v0.2.0 scripts/performance/configs/*/workload_base_configs.py) say 1, and VP 12
     recipe = "; the table says micro-batch {}, the release's recipe (pinned) 1{}"
     return [run("GPT-OSS 120B (p4 e8), gbs 512", "25.11", GPT_OSS_120B, 64, 512, 5630, "BF16",
-                gpt_oss + recipe.format(4, ""), pp=4, ep=8, dp=2),
+                gpt_oss + unset + recipe.format(4, ""), pp=4, ep=8, dp=2),
             run("Qwen3 30B-A3B (p2 v12 e8), gbs 512", "25.11", QWEN3_30B_A3B, 16, 512, 5275, "FP8",
                 qwen + recipe.format(2, " and VP 12, not 24"), overlap=True, pp=2, virtual_stages=12, ep=8, dp=1),
             run("Qwen3 235B-A22B (t2 p8 v4 e32), gbs 2048", "25.11", QWEN3_235B_A22B, 256, 2048, 1575, "FP8",
                 qwen_235b, overlap=True, fold=True, tp=2, pp=8, virtual_stages=4, ep=32, dp=1),
-            run("GPT-OSS 120B (p4 e8), gbs 1280", "26.02", GPT_OSS_120B, 64, 1280, 5993, "BF16", gpt_oss,
-                pp=4, ep=8, dp=2),
+            run("GPT-OSS 120B (p4 e8), gbs 1280", "26.02", GPT_OSS_120B, 64, 1280, 5993, "BF16", gpt_oss + selected,
+                pp=4, ep=8, dp=2, **modules),
             run("Qwen3 30B-A3B (p2 v12 e8), gbs 1024", "26.02", QWEN3_30B_A3B, 16, 1024, 5113, "FP8",
                 qwen + "; DeepEP dispatcher", overlap=True, dispatcher="deepep", pp=2, virtual_stages=12, ep=8, dp=1),
             run("Qwen3 235B-A22B (t2 p8 v4 e32), gbs 8192", "26.02", QWEN3_235B_A22B, 256, 8192, 1633, "FP8",
@@ -530,8 +539,8 @@ def nemo_moe_h100() -> list[Run]:
             # The 26.04.01 container's table (docs/fern/versions/0.4.2/pages/performance-summary.mdx), by the same
             # rule: its DGX-H100 MoE rows, pinned as v0.4.2's recipes (scripts/performance/configs/{qwen,gpt_oss}/):
             # no CUDA graphs on H100 FP8 or GPT-OSS; Nemotron_3_Nano (hybrid Mamba) is not writable in the language.
-            run("GPT-OSS 120B (p4 e8), gbs 1280, NeMo 26.04", "26.04", GPT_OSS_120B, 64, 1280, 5824, "BF16", gpt_oss,
-                pp=4, ep=8, dp=2),
+            run("GPT-OSS 120B (p4 e8), gbs 1280, NeMo 26.04", "26.04", GPT_OSS_120B, 64, 1280, 5824, "BF16",
+                gpt_oss + selected, pp=4, ep=8, dp=2, **modules),
             run("Qwen3 30B-A3B (e16), gbs 1024, NeMo 26.04", "26.04", QWEN3_30B_A3B, 16, 1024, 8960, "FP8",
                 qwen.split(";")[0] + "; HybridEP's flex dispatcher (moe_flex_dispatcher_backend hybridep), no "
                 "all-to-all overlap (moe_a2a_overlap False)", dispatcher="hybridep", ep=16, dp=1),
@@ -855,13 +864,21 @@ def nemo_moe_blackwell() -> list[Run]:
     all-to-all overlap (`moe_a2a_overlap`), no recomputation (Qwen3), gradients reduced in bf16, expert TP 1; the
     FP8 weights gathered in FP8 (`fp8_param_gather`, FP8_GATHER); Qwen3 235B's `account = [embed, loss]`
     (qwen3_235b_a22b_pretrain_config). Pinned as none, as on the H100 rows: GPT-OSS's recomputation of the norms
-    and the experts' activation (GB200, B200: recompute_modules layernorm, moe_act). Not in the language and so not
+    and the experts' activation (GB200, B200: recompute_modules layernorm, moe_act); re-pinned once the language said
+    them (`recompute_modules`, eighth session): as their recipes run them, selective with layernorm and moe_act from
+    v0.3.0 on (26.02, 26.04.01; utils/overrides.py _set_recompute_overrides), none at v0.2.0 (25.11), whose
+    set_recompute_overrides (utils/helpers.py) leaves recompute_granularity None, under which megatron-core ignores
+    the modules. Not in the language and so not
     priced: the CUDA graphs of the router and the dispatcher's preprocessing (and of attention on some; every
     Qwen3 preset but B200's 235B, and GPT-OSS's GB300 ones, `cuda_graph_scope`), GPT-OSS's biases (its sliding windows
     and sinks are in stdlib models/gpt_oss since the seventh session: the band's tiles, the fused core as on H100),
     Qwen3's QK norms. DeepSeek-V3's rows are refused for what their recipes run that the language cannot say (a
     row whose note starts with UNSAYABLE): the recomputation of MLA's up-projections or of the experts' activation
-    alone (`recompute_modules` mla_up_proj, moe_act), and the B200 row's MTP layer. Held out and reported apart
+    alone (`recompute_modules` mla_up_proj, moe_act), and the B200 row's MTP layer; the language says the former since
+    the eighth session, and the latter every one of these recipes builds (src/megatron/bridge/recipes/deepseek/
+    deepseek_v3.py, mtp_num_layers 1 by default, which v0.2.0's and v0.3.0's scripts/performance/ leave and v0.4.2's
+    deepseek_llm_pretrain.py sets; v0.3.0's GB300 pp_layout Et*4|(t*4|)*14tmL places it), so they stay refused, for
+    it. Held out and reported apart
     (`--moe-blackwell`), not in the targets' set: datasheet peaks, GEMM knobs not measured on Blackwell.
 
     The second rule, written and committed after the first rule's predictions were looked at and before any of its own
@@ -893,10 +910,15 @@ def nemo_moe_blackwell() -> list[Run]:
     qwen_attn = "QK norms not in the language (elementwise); " + graphs.format("attn, moe_router, moe_preprocess")
     gpt_oss = ("biases and the clamped SwiGLU are not in the language; the sliding-window layers run their band and "
                "the sinks cuDNN's fused attention, as on H100 (nemo_moe_h100)")
-    recomputed = "; the recipe recomputes the norms and the experts' activation (layernorm, moe_act), pinned as none"
+    unset = ("; the recipe's recompute_modules (layernorm, moe_act) without recompute_granularity (v0.2.0 "
+             "utils/helpers.py set_recompute_overrides), which megatron-core reads only under selective: none")
+    recomputed = ("; the recipe recomputes the norms and the experts' activation (gpt_oss_workload_base_configs.py "
+                  "recompute_modules layernorm, moe_act; utils/overrides.py _set_recompute_overrides: selective)")
+    modules = {"recompute": "selective", "recompute_modules": "layernorm,moe_act"}
     gpt_oss_graphs = "; " + graphs.format("attn, moe_router, moe_preprocess")
-    deepseek = (UNSAYABLE + "the recipe recomputes MLA's up-projections or the experts' activation alone "
-                "(recompute_modules mla_up_proj, moe_act)")
+    deepseek = (UNSAYABLE + "its MTP layer (src/megatron/bridge/recipes/deepseek/deepseek_v3.py: mtp_num_layers 1 by "
+                "default; v0.4.2's configs/deepseek/deepseek_llm_pretrain.py sets 1); its recompute_modules "
+                "(mla_up_proj or moe_act, by preset) the language says")
     hyb = {"dispatcher": "hybridep"}
     rows = [
         # NeMo 25.11 (recipes: v0.2.0)
@@ -911,7 +933,7 @@ def nemo_moe_blackwell() -> list[Run]:
         run("DeepSeek-V3 (p2 v4 e32)", "25.11", "deepseek_v3", "GB300", 256, 4096, 4357, "FP8-MX", deepseek,
             pp=2, virtual_stages=4, ep=32, dp=4),
         run("GPT-OSS 120B (e64, seq 8192)", "25.11", GPT_OSS_120B, "GB200", 64, 1280, 15876, "BF16",
-            gpt_oss + recomputed, seq=8192, ep=64, dp=1),
+            gpt_oss + unset, seq=8192, ep=64, dp=1),
         run("Qwen3 30B-A3B (e8, mb 4)", "25.11", QWEN3_30B_A3B, "GB200", 8, 512, 23766, "FP8-MX", qwen,
             ep=8, dp=1, micro_batch_size=4, **hyb),
         run("Qwen3 235B-A22B (p8 v3 e32)", "25.11", QWEN3_235B_A22B, "GB200", 256, 8192, 4916, "BF16", qwen_attn,
@@ -921,9 +943,9 @@ def nemo_moe_blackwell() -> list[Run]:
         run("DeepSeek-V3 (p8 v4 e32)", "25.11", "deepseek_v3", "GB200", 256, 4096, 4018, "FP8-MX", deepseek,
             pp=8, virtual_stages=4, ep=32, dp=1),
         run("DeepSeek-V3 (p16 e8, MTP)", "25.11", "deepseek_v3", "B200", 256, 2048, 2139, "FP8-MX",
-            deepseek + "; its MTP layer", pp=16, ep=8, dp=2),
+            deepseek, pp=16, ep=8, dp=2),
         run("GPT-OSS 120B (e8, mb 4), gbs 512", "25.11", GPT_OSS_120B, "B200", 64, 512, 8213, "BF16",
-            gpt_oss + recomputed, ep=8, dp=8, micro_batch_size=4),
+            gpt_oss + unset, ep=8, dp=8, micro_batch_size=4),
         run("Qwen3 30B-A3B (e8)", "25.11", QWEN3_30B_A3B, "B200", 8, 512, 9299, "FP8-MX", qwen, ep=8, dp=1),
         run("Qwen3 235B-A22B (p8 v2 e8), gbs 1024", "25.11", QWEN3_235B_A22B, "B200", 64, 1024, 3269, "FP8-MX",
             "QK norms not in the language (elementwise); the recipe's moe_a2a_overlap: experts = ... with overlap",
@@ -938,9 +960,9 @@ def nemo_moe_blackwell() -> list[Run]:
         run("GPT-OSS 120B (e64, mb 4)", "26.02", GPT_OSS_120B, "GB300", 64, 1280, 19412, "BF16",
             gpt_oss + gpt_oss_graphs, ep=64, dp=1, micro_batch_size=4),
         run("GPT-OSS 120B (e64, mb 4)", "26.02", GPT_OSS_120B, "GB200", 64, 1280, 15784, "BF16",
-            gpt_oss + recomputed, ep=64, dp=1, micro_batch_size=4),
+            gpt_oss + recomputed, ep=64, dp=1, micro_batch_size=4, **modules),
         run("GPT-OSS 120B (e64, mb 4)", "26.02", GPT_OSS_120B, "B200", 64, 1280, 8047, "BF16",
-            gpt_oss + recomputed, ep=64, dp=1, micro_batch_size=4),
+            gpt_oss + recomputed, ep=64, dp=1, micro_batch_size=4, **modules),
         run("Qwen3 30B-A3B (e8, mb 8)", "26.02", QWEN3_30B_A3B, "GB300", 8, 512, 30376, "MXFP8", qwen,
             ep=8, dp=1, micro_batch_size=8, **hyb),
         run("Qwen3 30B-A3B (e8, mb 4)", "26.02", QWEN3_30B_A3B, "GB200", 8, 512, 26084, "MXFP8", qwen,
@@ -960,15 +982,15 @@ def nemo_moe_blackwell() -> list[Run]:
         run("DeepSeek-V3 (p4 v4 e64), NeMo 26.04.01", "26.04.01", "deepseek_v3", "GB200", 256, 4096, 4256, "MXFP8",
             deepseek, pp=4, virtual_stages=4, ep=64, dp=1, **latest),
         run("DeepSeek-V3 (p8 v2 e32), NeMo 26.04.01", "26.04.01", "deepseek_v3", "B200", 256, 4096, 3328, "MXFP8",
-            deepseek + "; its MTP layer (pp_layout Et*4|(t*4|)*14tmL)", pp=8, virtual_stages=2, ep=32, dp=1,
+            deepseek + "; its pp_layout Et*4|(t*4|)*14tmL places it", pp=8, virtual_stages=2, ep=32, dp=1,
             **latest),
         run("GPT-OSS 120B (e64, mb 4), NeMo 26.04.01", "26.04.01", GPT_OSS_120B, "GB300", 64, 1280, 19200, "BF16",
             gpt_oss + gpt_oss_graphs, ep=64, dp=1, micro_batch_size=4, **latest),
         run("GPT-OSS 120B (e64, mb 4), NeMo 26.04.01", "26.04.01", GPT_OSS_120B, "GB200", 64, 1280, 16640, "BF16",
             gpt_oss + recomputed + "; the recipe's moe_a2a_overlap: experts = ... with overlap", overlap=True,
-            ep=64, dp=1, micro_batch_size=4, **latest),
+            ep=64, dp=1, micro_batch_size=4, **modules, **latest),
         run("GPT-OSS 120B (e8, mb 4), NeMo 26.04.01", "26.04.01", GPT_OSS_120B, "B200", 64, 1280, 13568, "BF16",
-            gpt_oss + recomputed, ep=8, dp=8, micro_batch_size=4, **latest),
+            gpt_oss + recomputed, ep=8, dp=8, micro_batch_size=4, **modules, **latest),
         run("Qwen3 30B-A3B (e8, mb 8), NeMo 26.04.01", "26.04.01", QWEN3_30B_A3B, "GB300", 8, 512, 31744, "MXFP8",
             qwen, ep=8, dp=1, micro_batch_size=8, **hyb, **latest),
         run("Qwen3 30B-A3B (e8, mb 4), NeMo 26.04.01", "26.04.01", QWEN3_30B_A3B, "GB200", 8, 512, 26112, "MXFP8",
