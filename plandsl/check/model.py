@@ -113,7 +113,7 @@ def _dense_layers(model: ir.TransformerModel) -> Iterator[Diagnostic]:
                    hint=f"moe_offset={every - 1} (the last block of every {every}, Hugging Face's) or moe_offset=0 "
                         "(the first, Megatron-LM's --moe-layer-freq)" if every > 1 else "drop moe_offset",
                    notes=_note(model, "moe_every"), edits=_edit(model, "moe_offset", every - 1))
-    elif not model.mixed_blocks:
+    elif model.dense_ffn and not model.mixed_blocks:
         yield diag("E229", f"dense_ffn={model.dense_ffn} without dense layers: no block of model '{model.name}' is "
                    "dense", model.span_of("dense_ffn"),
                    hint="add dense_layers=N (DeepSeek-V3: 3) or moe_every=N (Llama 4 Maverick: 2), or drop dense_ffn")

@@ -117,7 +117,8 @@ plan p {{
     (", experts=8, moe_every=16", ["E228"], "moe_every=16"),
     (", experts=8, moe_every=2, dense_layers=2, dense_ffn=4096", [], None),
     (", experts=8, moe_every=1, dense_ffn=4096", ["E229"], "dense_ffn=4096"),
-], ids=["E230", "E230_period_1", "E229", "E228_dense_first", "E228_period", "clean", "E229_ffn"])
+    (", experts=8, moe_every=1, moe_offset=0", [], None),  # Megatron-LM's --moe-layer-freq 1, written out
+], ids=["E230", "E230_period_1", "E229", "E228_dense_first", "E228_period", "clean", "E229_ffn", "every_block"])
 def test_checker_rules(args, codes, argument):
     text = CHECKED.format(args=args)
     analysis = api.checks(text)
