@@ -288,17 +288,18 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         # Dispatch and combine all-to-alls of the routed tokens (Lepikhin et al. 2020, GShard), twice
         # in each direction; sequence parallelism leaves each tensor-parallel rank 1/t of the tokens. Rerun by full
         # recomputation and by `recompute_modules: [moe]` (the MoE layer checkpointed with its dispatcher).
-        full = full or (work.recompute is ir.Recompute.selective and ir.RecomputeModule.moe in work.modules)
+        rerun_experts = full or (work.recompute is ir.Recompute.selective and ir.RecomputeModule.moe in work.modules)
         routed = work.tokens * model.top_k * model.hidden * element / (work.tp if work.sequence_parallel else 1)
         a2a = dispatch_seconds(work.dispatcher, routed, links.ep, model.experts, model.top_k)  # flex: once per node
-        count("expert", routed, 6 if full else 4)
-        dispatch_combine = (2 * a2a, (4 if full else 2) * a2a)  # forward; backward (and full recomputation's rerun)
+        count("expert", routed, 6 if rerun_experts else 4)
+        dispatch_combine = (2 * a2a, (4 if rerun_experts else 2) * a2a)  # forward; backward (and the rerun's)
         routing = 0.0  # HybridEP's routing map, all-gathered before each forward's dispatch (and its rerun's)
         if work.dispatcher == "hybridep":
             tokens = work.tokens / (work.tp if work.sequence_parallel else 1)
             routing = routing_map_seconds(tokens, model.experts, links.ep)
-            count("expert", links.ep.size * tokens * model.experts, 2 if full else 1)
-            dispatch_combine = (dispatch_combine[0] + routing, dispatch_combine[1] + (routing if full else 0.0))
+            count("expert", links.ep.size * tokens * model.experts, 2 if rerun_experts else 1)
+            dispatch_combine = (dispatch_combine[0] + routing,
+                                dispatch_combine[1] + (routing if rerun_experts else 0.0))
         if work.overlap_experts:
             # Megatron-Core's --overlap-moe-expert-parallel-comm (combined 1F1B: one microbatch's forward runs
             # beside another's backward, layer by layer, on a computation and a communication stream; DualPipe's
@@ -307,7 +308,7 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
             taken = share if experts_share is None else experts_share  # the dispatcher's SMs (dispatcher_share)
             exposed = combined_1f1b_exposed(a2a, compute, taken, a2a + routing)
             forward += exposed[0]
-            backward += exposed[1] + (beside(2 * a2a + routing, compute.recompute, taken) if full else 0.0)
+            backward += exposed[1] + (beside(2 * a2a + routing, compute.recompute, taken) if rerun_experts else 0.0)
         else:
             forward, backward = forward + dispatch_combine[0], backward + dispatch_combine[1]
     if links.cp.size > 1 and work.gather_kv:

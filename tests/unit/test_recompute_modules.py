@@ -162,3 +162,19 @@ def test_generate_takes_the_modules_as_a_pin_and_writes_them():
                                    global_batch=16, pins=("recompute_modules=moe_act",))
     with pytest.raises(api.generate_errors()[1], match="E516"):
         api.generate(refused)
+
+
+def test_moe_reruns_the_dispatch_and_combine_and_nothing_else_of_the_block():
+    """`moe` checkpoints the MoE layer with its token dispatcher: the backward sends the routed tokens again (the
+    expert axis's bytes 6/4 of the forward-and-backward's), the tensor axis's collectives (outside the MoE layer) are
+    not rerun; `moe_act` and `layernorm` rerun no communication."""
+    text = PLAN.replace("mesh    = [dp = 8]", "mesh    = [ep = 4, tp = 2]").replace(
+        "data    = fsdp over dp", "tensor  = megatron over tp with sequence_parallel\n  experts = alltoall over ep")
+    moved = {}
+    for modules in ("core_attn", "moe_act, layernorm", "moe"):
+        plan = api.select_plan(api.loads(text.format(model=MOE, train=f"recompute: selective, recompute_modules: "
+                                                                       f"[{modules}]"), path="p.plan"))
+        moved[modules] = estimate_plan(plan).communication
+    assert moved["moe_act, layernorm"] == moved["core_attn"]
+    assert moved["moe"].expert == pytest.approx(moved["core_attn"].expert * 6 / 4)
+    assert moved["moe"].tensor == moved["core_attn"].tensor
