@@ -359,8 +359,9 @@ def _activation(*inputs: torch.Tensor) -> torch.Tensor:
 
 
 class MoE(nn.Module):
-    """Top-k routing (softmax over the chosen logits, as Mixtral), dropless: every token reaches its k
-    experts. `dispatch` runs the experts on the rows grouped by expert; expert parallelism replaces it
+    """Top-k routing (softmax over the chosen logits, as Mixtral; top-1 the chosen expert's probability over all of
+    them, as the Switch Transformer and Megatron-Core's --moe-router-pre-softmax: a softmax over one logit is 1, and
+    its router would learn nothing), dropless: every token reaches its k experts. `dispatch` runs the experts on the rows grouped by expert; expert parallelism replaces it
     by an all-to-all exchange (plandsl.runtime.parallel.expert_parallel), routing and combining stay here."""
 
     def __init__(self, hidden: int, ffn: int, experts: int, top_k: int, gated: bool, shared: int = 0):
@@ -384,8 +385,13 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
-        logits, chosen = self.router(tokens).topk(self.top_k, dim=-1)
-        weights = logits.softmax(dim=-1).to(tokens.dtype)
+        scores = self.router(tokens)
+        if self.top_k == 1:
+            weights, chosen = scores.softmax(dim=-1).topk(1, dim=-1)
+        else:
+            logits, chosen = scores.topk(self.top_k, dim=-1)
+            weights = logits.softmax(dim=-1)
+        weights = weights.to(tokens.dtype)
         # The (token, slot) assignments sorted by expert; within an expert by token.
         order = chosen.flatten().argsort(stable=True)
         counts = chosen.flatten().bincount(minlength=self.router.out_features)

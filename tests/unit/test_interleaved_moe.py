@@ -292,3 +292,31 @@ def test_generate_writes_the_model_as_given_and_splits_its_blocks_by_kind():
     plan = api.select_plan(api.loads(text, path="generated.plan"))
     assert plan.model.model_dump(exclude={"name"}) == api.loads(f"model m = {model}\n").models[0].model_dump(
         exclude={"name"})
+
+
+def test_a_top_1_router_weights_by_the_probability_over_all_experts_and_learns():
+    """Llama 4's top-1 routing as `plandsl run` runs it: the chosen expert's output weighted by its softmax
+    probability over every expert (the Switch Transformer's router, Megatron-Core's --moe-router-pre-softmax, which
+    the export writes), so that the router's weight has a gradient; a softmax over the one chosen logit would be 1
+    and leave the router untrained. Top-2 and more keep the softmax over the chosen logits (Mixtral's)."""
+    from plandsl.runtime.models import MoE
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 16)
+    for top_k in (1, 2):
+        moe = MoE(16, 32, experts=4, top_k=top_k, gated=True)
+        with torch.no_grad():
+            for param in moe.parameters():
+                param.copy_(torch.randn_like(param) * 0.1)
+        scores = moe.router(x.reshape(-1, 16))
+        chosen = scores.topk(top_k, dim=-1).indices
+        gate = scores.softmax(-1).gather(-1, chosen) if top_k == 1 else scores.gather(-1, chosen).softmax(-1)
+        expected = torch.zeros(12, 16)
+        for token in range(12):
+            for slot in range(top_k):
+                expert = int(chosen[token, slot])
+                one = moe.experts(x.reshape(-1, 16)[token:token + 1], [1 if e == expert else 0 for e in range(4)])
+                expected[token] += gate[token, slot] * one[0]
+        out = moe(x)
+        assert torch.allclose(out.reshape(-1, 16), expected, atol=1e-6)
+        out.square().sum().backward()
+        assert moe.router.weight.grad.abs().sum() > 0
