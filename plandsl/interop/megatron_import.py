@@ -367,8 +367,12 @@ def _window(read: _Read, layers: int) -> list[str] | None:
             pattern = [int((i + 1) % int(skip) != 0) for i in range(layers)] if int(skip) > 0 else None
         else:
             pattern = _layer_pattern(skip, layers)
-        every = next((k for k in range(1, layers + 2) if pattern == [int((i + 1) % k != 0) for i in range(layers)]),
-                     None) if pattern is not None else None
+        # the one N that could give it: the first full layer's number (N > layers: none full), then checked whole,
+        # in one pass however many layers (trying every N was quadratic: minutes at 100,000 layers)
+        every = None if pattern is None else next((i + 1 for i, windowed in enumerate(pattern) if not windowed),
+                                                  layers + 1)
+        if every is not None and pattern != [int((i + 1) % every != 0) for i in range(layers)]:
+            every = None
         if sides is None or every is None:
             read.problem("E807" if pattern is not None else "E804",
                          f"--window-attn-skip-freq {skip}: " + ("a plan's full-attention layers are every N-th, the "

@@ -135,3 +135,18 @@ def test_tensor_parallelism_splits_the_sinks_by_heads():
     sinks = next(p for p in layers_of(api.loads(_plan(", sinks=true")).plans[0].model)[1].params
                  if p.name.endswith("attn.sinks"))
     assert [local_numel(sinks, tp, 1) for tp in (1, 2, 8)] == [8, 4, 1]  # 8 heads over the tensor axis
+
+
+def test_megatron_skip_freq_of_many_layers_imports_in_one_pass():
+    """--window-attn-skip-freq as a list over 20,000 layers that is no every-N-th pattern: refused (E807) after
+    one look at the pattern, where trying every N against it took ~35 s of CPU (minutes at 100,000 layers)."""
+    from support import bounded
+    flags = ("--num-layers 20000 --hidden-size 512 --num-attention-heads 8 --seq-length 4096 "
+             "--max-position-embeddings 4096 --micro-batch-size 1 --global-batch-size 16 --bf16 "
+             "--padded-vocab-size 1024 --window-size 127,0 --window-attn-skip-freq ")
+    with bounded(3, "import of a 20,000-layer window pattern"):
+        refused = import_flags(flags + "[0]+[1]*19999", "flags.sh", 8, "dgx_h100")
+    assert [d.code for d in refused.diagnostics] == ["E807"]
+    with bounded(3, "import of a 20,000-layer window pattern"):
+        every = import_flags(flags.replace("20000", "24") + "([1]*5+[0])*4", "flags.sh", 8, "dgx_h100")
+    assert "full_every=6" in every.text
