@@ -131,7 +131,8 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
 
 
 _FIELDS = {"ffn": "ffn_hidden", "tied": "tied_embeddings", "parallel": "parallel_blocks"}  # argument -> ir.TransformerModel field
-_MAY_BE_ZERO = ("experts", "top_k", "shared_experts", "q_lora_rank", "kv_lora_rank", "dense_layers", "moe_offset")
+_MAY_BE_ZERO = ("experts", "top_k", "shared_experts", "q_lora_rank", "kv_lora_rank", "dense_layers", "moe_offset",
+                "window", "full_every")  # window=0: the whole causal sequence, full_every=0: every block windowed
 LATENT_ATTENTION = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 """llama()'s arguments of multi-head latent attention, named as Hugging Face's DeepseekV3Config names them."""
 

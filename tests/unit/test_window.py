@@ -150,3 +150,13 @@ def test_megatron_skip_freq_of_many_layers_imports_in_one_pass():
     with bounded(3, "import of a 20,000-layer window pattern"):
         every = import_flags(flags.replace("20000", "24") + "([1]*5+[0])*4", "flags.sh", 8, "dgx_h100")
     assert "full_every=6" in every.text
+
+
+def test_window_and_full_every_of_zero_are_their_defaults():
+    """docs/language.md gives `window` and `full_every` the default 0 (the whole causal sequence; every block
+    windowed), so writing it means that, as `experts=0` does, rather than E205's 'must be at least 1'."""
+    assert _codes(_plan(", window=0")) == [] and _codes(_plan(", window=0, sinks=true")) == []
+    assert api.loads(_plan(", window=0")).plans[0].model.model_dump() == api.loads(_plan()).plans[0].model.model_dump()
+    windowed = api.loads(_plan(", window=128, full_every=0")).plans[0].model
+    assert [windowed.window_of(i) for i in range(4)] == [128] * 4
+    assert _codes(_plan(", window=0, full_every=2")) == ["E231"]
