@@ -32,7 +32,7 @@ from plandsl.diagnostics.limits import MAX_ACTIONS
 from .generators import TooLarge, check_sizes, count_actions, generate, generate_rounds, microbatches_per_round
 from .program import Schedule
 from .registry import BUILTIN
-from .simulate import Costs, Extrapolation, RankStats, Simulation, bubble_seconds, simulate
+from .simulate import Costs, Extrapolation, RankStats, Simulation, bubble_seconds, held_profiles, simulate
 
 WARMUP_PERIODS = 4
 """Microbatches laid out before extrapolating: this many times ranks x virtual, at least."""
@@ -76,6 +76,18 @@ def simulate_builtin(name: str, ranks: int, microbatches: int, virtual: int | No
     repeats = (microbatches - first) // step
     return dataclasses.replace(extrapolate(a, b, repeats),
                                extrapolated=Extrapolation(microbatches, first, step, cycle, repeats))
+
+
+def builtin_profiles(name: str, ranks: int, microbatches: int, virtual: int | None) -> tuple:
+    """`simulate.held_profiles` of the layout `simulate_builtin` simulates for these sizes: the whole schedule, or
+    past `extrapolated_past` a run of the same microbatches modulo the steady state's period from its look-ahead on
+    (its peaks repeat, period after period: what it extrapolates) but where a stage holds every microbatch (GPipe's,
+    BFS's peaks grow with them); ValueError, TooLarge as there."""
+    virtual = check_sizes(name, ranks, microbatches, virtual)
+    period, base, longest, _, probe = _sizes(name, ranks, microbatches, virtual, None)
+    if microbatches > probe + longest * period and BUILTIN[name].inflight != "every":
+        microbatches = base + (microbatches - base) % period
+    return held_profiles(_layout(name, ranks, microbatches, virtual, period))
 
 
 def extrapolated_past(name: str, ranks: int, microbatches: int, virtual: int | None, start: int | None = None) -> int:

@@ -300,6 +300,34 @@ def _simulate(schedule: Schedule, costs: Costs) -> Simulation:
     return Simulation(makespan, bubble, stats, events, deadlock)
 
 
+def held_profiles(schedule: Schedule, weight_grad_fraction: float = 0.5) -> tuple:
+    """Per rank, the microbatches each of its stages (in stage order) holds at the moments that can be its peak, as
+    `simulate` counts them (F holds one, B frees it, I frees 1 - `weight_grad_fraction`, `Costs`' default, and W the
+    rest): after each forward that a release follows (those before it hold no more). The rank's simulated peak of
+    activation bytes is the largest sum(held x bytes) over them, for any stages' bytes, as memory changes only by the
+    rank's own actions in their fixed order. One pipeline's schedules only (each rank's stages from
+    `stage_to_rank[0]`)."""
+    change = {Kind.F: 1.0, Kind.B: -1.0, Kind.I: weight_grad_fraction - 1.0, Kind.W: -weight_grad_fraction}
+    single = schedule.stage_to_rank[0]
+    out = []
+    for rank, row in enumerate(schedule.actions):
+        own = [s for s, r in enumerate(single) if r == rank]
+        column = {s: j for j, s in enumerate(own)}
+        held, seen, rising = [0.0] * len(own), set(), False
+        for stage, kind, _ in row:
+            delta = change.get(kind)
+            if delta is None:
+                continue
+            if rising and kind is not Kind.F:  # the last forward before a release: those before it hold no more
+                seen.add(tuple(held))
+            held[column[stage]] += delta
+            rising = kind is Kind.F
+        if rising:
+            seen.add(tuple(held))
+        out.append(tuple(sorted(seen)) or ((0.0,) * len(own),))
+    return tuple(out)
+
+
 def _memory_inputs(schedule: Schedule, costs: Costs) -> tuple[tuple[float, ...], tuple[float, ...]]:
     activation = costs.activation_bytes or (1.0,) * schedule.stages
     static = costs.static_bytes or (0.0,) * schedule.ranks

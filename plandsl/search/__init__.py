@@ -347,6 +347,8 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
                 found = True
                 stack.clear()
                 heapq.heappush(heap, (scored.estimate.time.step, next(counter), scored, space))
+            else:  # a partly recomputed leaf the exact estimate refused: at its next N, bounded anew (`Space.retry`)
+                children = [child for child in (space.retry(item),) if child is not None]
         else:
             results.append(item)
             continue
@@ -433,7 +435,7 @@ def brute_force(problem: Problem, pins: Mapping[str, object] | Iterable[str] | N
     for space, root in [(each, root) for each in _spaces(problem, pins, efficiency) for root in each.roots()]:
         for node in space.expand_root(root):
             for leaf in space.expand(node):
-                scored = space.evaluate(leaf)
+                scored = space.settle(leaf)
                 if scored is not None:
                     out.append(scored)
     return sorted(out, key=lambda s: s.estimate.time.step)

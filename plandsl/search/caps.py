@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from plandsl.search.choices import stages_by_rank
 from plandsl.search.figures import Figures
 from plandsl.search.tree import Root
+
+_WINDOWS = (np.arange(4.0), np.arange(4.0, 20.0))  # what `Caps._held_caps` tries first below the rule's caps
 
 
 def _whole(caps: np.ndarray) -> np.ndarray:
@@ -24,9 +27,11 @@ class Caps:
         self._caps_cache: dict = figures.memory_caches.setdefault("caps", {})  # shared as the figures' memory
         self._partial_cache: dict = figures.memory_caches.setdefault("partial", {})
         self._offload_cache: dict = figures.memory_caches.setdefault("offload", {})
+        self._held_cache: dict = figures.memory_caches.setdefault("held_room", {})
+        self._rank_order: dict = {}
 
     def rank_caps(self, root: Root, ranks, inflight: np.ndarray, memory, recomputed: int | None = None,
-                   kept: float = 0.0) -> np.ndarray:
+                   kept: float = 0.0, held: bool = False) -> np.ndarray:
         """The most blocks each rank holds within its memory: its capacity less the embedding (first
         stage), the norm and head (last), the working set, ZeRO's gathered units and torch's pipeline stage's
         buffers (`Figures.stage_buffers`, at most the exact estimate's), over a block's
@@ -34,29 +39,35 @@ class Caps:
         pipeline of 4,096 ranks costs what one of 4 does, per leaf). `recomputed` (`recompute_layers`):
         the first that many blocks of each stage store `memory`'s block activations, the others `kept`
         bytes (their own); a rank's blocks are its stages' evenly, so it recomputes min(B, stages x N)
-        of B blocks, as many as any split of B recomputes at most (the even split stores the least)."""
+        of B blocks (as many as any split of B recomputes at most). These caps (the in-flight rule's) never count more
+        than the exact estimate; it can refuse a split within them (`split_fits`). `held`: lowered to what the
+        schedule's simulated peak leaves room for (`_held_caps`), the caps of the exact estimate for the split
+        `Splits.transformer_partition` makes of a rank's blocks, within which it refuses none. `recomputed` as an array
+        of N: one row of the rule's caps per N."""
         per_kind, tied, _ = memory
         (embed_s, embed_a, _), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind
         first_rank, last_rank = ranks[0], ranks[-1]
         fixed = {first_rank: 0.0, last_rank: 0.0}
         fixed[first_rank] += embed_s + inflight[first_rank] * embed_a
         # the head's working set is the loss's backward (`cost.memory.loss_backward_bytes`): the last rank's
-        # peak moment is the larger of it and the block rebuilt by recomputation
-        fixed[last_rank] += norm_s + head_s + inflight[last_rank] * (norm_a + head_a) + max(0.0, loss - working)
+        # peak moment is the larger of it and the block rebuilt by recomputation; the norm and head hold the last
+        # stage's microbatches in flight, not its rank's (`Figures.head_inflight`: one in the 1F1B family)
+        head = self.figures.head_inflight(inflight, last_rank)
+        fixed[last_rank] += norm_s + head_s + head * (norm_a + head_a) + max(0.0, loss - working)
         if tied and first_rank != last_rank:
             fixed[last_rank] += tied
         capacity = self.figures.capacity(root)
         per = block_s + inflight * block_a
         per_kept = block_s + inflight * kept if recomputed is not None else per
         # the blocks a rank recomputes at most; an array of N: one row of caps per N
-        head = len(ranks) // root.pp * (recomputed[:, None] if isinstance(recomputed, np.ndarray) else recomputed or 0)
+        rerun = len(ranks) // root.pp * (recomputed[:, None] if isinstance(recomputed, np.ndarray) else recomputed or 0)
 
         def within(room, per, per_kept):
             if recomputed is None:
                 return room // per
-            if isinstance(room, float) and isinstance(head, int):  # one rank's Python floats: no 0-d arrays
-                return head + (room - head * per) // per_kept if room >= head * per else room // per
-            return np.where(room >= head * per, head + (room - head * per) // per_kept, room // per)
+            if isinstance(room, float) and isinstance(rerun, int):  # one rank's Python floats: no 0-d arrays
+                return rerun + (room - rerun * per) // per_kept if room >= rerun * per else room // per
+            return np.where(room >= rerun * per, rerun + (room - rerun * per) // per_kept, room // per)
 
         free = per_kept <= 0  # a block that costs a rank nothing (no states, no activations): any number fits
         any_free = bool(free.any())
@@ -71,7 +82,7 @@ class Caps:
             caps = np.where(caps >= 2, caps, np.minimum(within(room - one, per, per_kept), 1))
         if any_free:
             caps = np.where(free, float(self.blocks), caps)
-        if np.ndim(head):  # rows of N: the first and last ranks' columns as the loop below, for every row at once
+        if np.ndim(rerun):  # rows of N: the first and last ranks' columns as the loop below, for every row at once
             caps = np.array(caps, dtype=np.float64)
             for r in fixed:
                 room = float(capacity[r]) - fixed[r] - working - float(buffers[r])
@@ -79,7 +90,7 @@ class Caps:
                 two = within(room - gathered(memory, r == first_rank, r == last_rank, 2), per[r], per_kept[r])
                 one = within(room - gathered(memory, r == first_rank, r == last_rank, 1), per[r], per_kept[r])
                 caps[:, r] = self.blocks if free[r] else np.where(two >= 2, two, np.minimum(one, 1.0))[:, 0]
-            return _whole(caps)
+            return _whole(caps)  # as the in-flight rule counts: at least the caps of each N (`least_recomputed`)
         for r in fixed:  # the first and last ranks, one at a time (`cost.memory` order of terms)
             room = float(capacity[r]) - fixed[r] - working - float(buffers[r])
             cap = self.blocks
@@ -93,15 +104,136 @@ class Caps:
                 if blocks == 1:  # gathering one unit, the rank holds one block at most (two gather two)
                     cap = min(cap, 1.0)
             caps[r] = cap
-        return _whole(caps)
+        return _whole(self._held_caps(root, ranks, inflight, memory, caps, recomputed, kept, free, buffers) if held
+                      else caps)
 
-    def caps(self, root: Root, ranks, inflight, memory, virtual, recomputed: int | None = None, kept: float = 0.0):
+    def split_fits(self, root: Root, ranks, inflight, memory, counts, recomputed: int | None = None,
+                   kept: float = 0.0) -> bool:
+        """Whether the exact estimate fits a split (blocks per stage) within the rule's caps on every rank: by the
+        in-flight rule with the blocks each stage recomputes, and by the schedule's simulated peak where it holds more
+        (`Figures.held`): the terms `_held_caps` counts, for this split. By the rule alone any split within the caps
+        fits: each stage holds at most its share of the caps' even split, which they count (needs only grow with a
+        stage's blocks, recomputed first or kept)."""
+        held = self.figures.held(inflight)
+        if held is None:
+            return True
+        key = ("fits", id(memory), ranks, id(inflight), root.capacity, counts, recomputed, kept)  # cached objects
+        found = self._caps_cache.get(key)
+        if found is None:
+            found = self._caps_cache[key] = self._split_fits(root, ranks, inflight, memory, counts, recomputed, kept,
+                                                             held)
+        return found
+
+    def _split_fits(self, root: Root, ranks, inflight, memory, counts, recomputed, kept, held) -> bool:
+        pp, chunks = root.pp, len(ranks) // root.pp
+        ((_, embed_a, _), (block_s, block_a, _), (_, norm_a, _), (_, head_a, _)) = memory[0][:4]
+        buffers = self.figures.stage_buffers(memory, ranks, inflight)
+        ends, room, units, _, moments = self._held_room(root, ranks, inflight, memory, chunks, held, buffers)
+        order = self._rank_order.get(ranks)
+        if order is None:  # the stages rank by rank, each rank's in stage order
+            order = self._rank_order[ranks] = np.array([s for stages in stages_by_rank(ranks, pp) for s in stages])
+        n = np.asarray(counts, dtype=np.float64)[order].reshape(pp, chunks)  # blocks per rank and stage
+        stored = n * block_a if recomputed is None else \
+            np.minimum(n, recomputed) * block_a + np.maximum(n - recomputed, 0) * kept
+        blocks = n.sum(axis=1)
+        first_rank, last_rank = ranks[0], ranks[-1]
+        rule = inflight * stored.sum(axis=1)  # `cost.memory.estimate_memory`: the rank's in flight, the head's own
+        rule[first_rank] += inflight[first_rank] * embed_a
+        rule[last_rank] += self.figures.head_inflight(inflight, last_rank) * (norm_a + head_a)
+        peak = np.matmul((stored + ends)[:, None, :], moments).max(axis=-1)[:, 0]
+        activations = np.maximum(rule, peak)
+        need = blocks * block_s + activations + np.where(blocks >= 2, units[1], units[0])
+        return bool((need <= room + room * 1e-12).all())
+
+    def _held_caps(self, root: Root, ranks, inflight, memory, caps, recomputed, kept: float, free, buffers):
+        """`caps` (as the in-flight rule counts a rank's activations) lowered to what the schedule's simulated peak
+        leaves room for, which the exact estimate takes where it is higher (`cost.estimate`: the simulation's peak of
+        each stage's saved activations by the microbatches each stage holds, `Figures.held`): a zero-bubble schedule's
+        deferred weight gradients, the uneven chunks of an interleaved or V-shaped rank (which chunk holds more
+        microbatches, and which the kept blocks). A rank's blocks are its stages' evenly, the earlier stages one more
+        (`Splits.transformer_partition`'s stage caps), the first N of each stage recomputed (`recompute_layers`), so
+        that the caps are what fits of that split: the largest B, tried a few at a time below the rule's and then by
+        bisection (the need only grows with B), for every rank at once. Unchanged where the simulation holds no more."""
+        held = self.figures.held(inflight)
+        if held is None:
+            return caps
+        (_, (block_s, block_a, _), _, _) = memory[0]
+        chunks = held.shape[2]
+        ends, room, units, turns, moments = self._held_room(root, ranks, inflight, memory, chunks, held, buffers)
+        rerun = recomputed
+
+        def need(blocks):  # each rank's bytes beside its room with `blocks` blocks, by the simulated peak
+            n = (blocks // chunks)[..., None] + (turns < (blocks % chunks)[..., None])
+            stored = n * block_a if rerun is None else np.minimum(n, rerun) * block_a + np.maximum(n - rerun, 0) * kept
+            peak = np.matmul((stored + ends)[..., None, :], moments).max(axis=-1)[..., 0]  # sum(held x bytes)
+            return blocks * block_s + peak + np.where(blocks >= 2, units[1], units[0])
+
+        rule = caps
+        caps = np.minimum(caps, float(self.blocks * chunks))  # more: no stage's cap binds
+        slack = room * 1e-12  # bytes summed in another order than the exact estimate's: never below it
+        # B, B - 1, ..., B - 3 at once (the simulated peak lowers 95 in 100 caps of a 6,144-GPU search by 3 at most),
+        # then B - 4 ... B - 19, then by bisection
+        over = (caps > 0) & ~free
+        for window in _WINDOWS:
+            tried = np.maximum(caps - window[:, None], 0.0)
+            fits = need(tried) <= room + slack
+            if window[0] == 0:
+                over &= ~fits[0]
+                if not over.any():
+                    return rule
+                lowered = over.copy()
+            within = fits.any(axis=0)
+            caps = np.where(over & within, np.maximum(caps - window[fits.argmax(axis=0)], 0.0), caps)  # the first
+            over &= ~within
+            if not over.any():
+                return np.where(lowered, caps, rule)
+        low, high = np.zeros_like(caps), tried[-1]  # `high` does not fit; `low` fits, or is 0
+        while True:
+            open_ = over & (high - low > 1)
+            if not open_.any():
+                break
+            middle = np.floor((low + high) / 2)
+            fits = need(np.where(open_, middle, low)) <= room + slack
+            low, high = np.where(open_ & fits, middle, low), np.where(open_ & ~fits, middle, high)
+        return np.where(over, low, np.where(lowered, caps, rule))
+
+    def _held_room(self, root: Root, ranks, inflight, memory, chunks: int, held, buffers) -> tuple:
+        """`_held_caps`' figures of a node's memory, stages and schedule, whatever its N: per rank and stage the
+        embedding's and the norm and head's activations, the room for the blocks and their activations, and ZeRO's
+        gathered units with one block and with two or more (`cost.memory` terms, as `rank_caps` counts them)."""
+        capacity = self.figures.capacity(root)
+        key = (id(memory), ranks, id(inflight), id(capacity))  # cached objects, kept alive by their caches
+        found = self._held_cache.get(key)
+        if found is not None:
+            return found
+        per_kind, tied, _ = memory
+        (embed_s, embed_a, _), (_, _, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind
+        pp = root.pp
+        first_rank, last_rank = ranks[0], ranks[-1]
+        ends = np.zeros((pp, chunks))
+        ends[first_rank, 0] += embed_a
+        ends[last_rank, chunks - 1] += norm_a + head_a
+        room = capacity - working - buffers
+        room[first_rank] -= embed_s
+        room[last_rank] -= norm_s + head_s + max(0.0, loss - working) + (tied if tied and first_rank != last_rank else 0.0)
+        units = []
+        for blocks in (1, 2):
+            unit = np.full(pp, self.figures.gathered(memory, False, False, blocks))
+            for r in {first_rank, last_rank}:
+                unit[r] = self.figures.gathered(memory, r == first_rank, r == last_rank, blocks)
+            units.append(unit)
+        found = self._held_cache[key] = (ends, room, units, np.arange(chunks),
+                                         None if held is None else held.transpose(0, 2, 1).copy())
+        return found
+
+    def caps(self, root: Root, ranks, inflight, memory, virtual, recomputed: int | None = None, kept: float = 0.0,
+             held: bool = False):
         """`rank_caps` as a list, or None when no split fits them; they depend on memory, not on where the
         groups sit, so once for every mesh order of a layout."""
-        key = (id(memory), ranks, id(inflight), root.capacity, recomputed, kept)  # memory, inflight: cached objects
-        rank_caps = self._caps_cache.get(key, False)
+        key = (id(memory), ranks, id(inflight), root.capacity, recomputed, kept) + ((True,) if held else ())
+        rank_caps = self._caps_cache.get(key, False)  # memory, inflight: cached objects
         if rank_caps is False:
-            rank_caps = self.rank_caps(root, ranks, inflight, memory, recomputed, kept)
+            rank_caps = self.rank_caps(root, ranks, inflight, memory, recomputed, kept, held)
             fits = int(rank_caps.sum()) >= self.blocks and int(rank_caps.min()) >= virtual
             rank_caps = self._caps_cache[key] = rank_caps.tolist() if fits else None
         return rank_caps

@@ -16,11 +16,15 @@ from plandsl import ir
 from plandsl.cost.compute import Efficiency, Work
 from plandsl.cost.layer import LayerTime, estimate_layer_time
 from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activations, estimate_memory, gathered_bytes, gathered_param_bytes,
-                                 gathers_whole, holds_autocast_copies, inflight_microbatches, layer_precision, pipelined_shards,
+                                 gathers_whole, head_inflight, holds_autocast_copies, inflight_microbatches,
+                                 layer_precision, pipelined_shards,
                                  model_state_bytes, returned_output_bytes, tied_embedding, torch_stage_sizes,
                                  StateBytes)
 from plandsl.cost.stage import param_split
 from plandsl.ir.layers import Layer, figures_key, layers_of
+from plandsl.schedules.bounded import builtin_profiles
+from plandsl.schedules.registry import BUILTIN
+from plandsl.search.choices import stage_ranks
 from plandsl.search.problem import CONTEXT, Problem, SearchError, build_plan
 from plandsl.search.tree import Node, Root, candidate_of
 
@@ -53,6 +57,8 @@ class Figures:
         self._gather_cache: dict = caches.setdefault("gather", {})
         self._capacity_cache: dict = {}
         self._inflight_cache: dict = caches.setdefault("inflight", {})
+        self._head_cache: dict = caches.setdefault("head", {})  # id(an `inflight` array) -> (it, its sizes, head's)
+        self._held_cache: dict = caches.setdefault("held", {})  # (schedule, pp, m, v) -> `held`'s array
         # id(a node's memory) -> the plan torch's pipeline buffers are counted for (its micro-batch and data ranks)
         self._buffer_plans: dict = caches.setdefault("buffer_plans", {})
         self._buffers_cache: dict = caches.setdefault("buffers", {})
@@ -242,9 +248,8 @@ class Figures:
     def stage_buffers(self, memory, ranks, inflight) -> np.ndarray:
         """Per pipeline rank, what torch's pipeline stage holds beside the layers (`cost.memory.torch_stage_bytes`, 0 on
         Megatron-LM's pipeline) for the node whose `memory` this is, its stages on `ranks` and `inflight` microbatches
-        in flight on each rank: the exact estimate's terms but the last stage's logits, counted for one microbatch in
-        flight at most (`head_inflight`'s least; all m where the plan returns them, and under a fused loss its final
-        hidden states beyond the most in flight), so never above the exact estimate's. The same sums as
+        in flight on each rank, the last stage's logits for its own microbatches in flight (`head_inflight`): the exact
+        estimate's terms (but the merge of returned outputs at the step's end, where it is the larger), the same sums as
         `torch_stage_bytes`, over all ranks at once."""
         key = (id(memory), ranks, id(inflight))
         found = self._buffers_cache.get(key)
@@ -259,12 +264,10 @@ class Figures:
                 before_last = np.bincount(on[:-1], minlength=len(inflight))
                 found = after_first * np.maximum(0.0, m - inflight) * boundary \
                     + before_last * (m + np.minimum(inflight, m)) * boundary
-                last = float(inflight[ranks[-1]])
-                found[ranks[-1]] += min(1.0, last) * output
+                head = self.head_inflight(inflight, ranks[-1])
+                found[ranks[-1]] += head * output
                 if plan.stages.outputs == "returned":  # every microbatch's output kept to the step's end beyond
-                    # those in flight: m - head, head in [min(1, last), last] (a fused loss's in flight: the head's)
-                    beyond = max(0.0, m - last) if plan.train.loss is ir.Loss.fused else m - min(1.0, last)
-                    found[ranks[-1]] += beyond * returned_output_bytes(plan, boundary, output)
+                    found[ranks[-1]] += max(0.0, m - head) * returned_output_bytes(plan, boundary, output)  # in flight
             self._buffers_cache[key] = found
         return found
 
@@ -347,7 +350,62 @@ class Figures:
         if found is None:
             found = self._inflight_cache[key] = np.array(inflight_microbatches(schedule, pp, microbatches, virtual),
                                                          dtype=np.float64)
+            head = head_inflight(schedule, float(found[stage_ranks(schedule, pp, virtual)[-1]]))
+            self._head_cache[id(found)] = (found, (schedule, pp, microbatches, virtual), head)
         return found
+
+    def head_inflight(self, inflight: np.ndarray, last_rank: int) -> float:
+        """Microbatches in flight through the last stage's norm and head (`cost.memory.head_inflight`) for an array
+        `inflight` gave: one for the schedules of the 1F1B family, whatever its rank's average over its stages (an
+        interleaved last rank's, a V-shaped schedule's rank 0), `last_rank` holding the last stage; the last rank's own
+        without a pipeline."""
+        found = self._head_cache.get(id(inflight))
+        return found[2] if found is not None and found[0] is inflight else float(inflight[last_rank])
+
+    def held(self, inflight: np.ndarray) -> np.ndarray | None:
+        """For an array `inflight` gave, what the schedule's simulation holds beyond the in-flight rule: per rank, the
+        microbatches each of its stages holds at the moments that can be its peak (`schedules.bounded.builtin_profiles`,
+        which the exact estimate's simulated peak is the largest sum of), as an array ranks x moments x the rank's
+        stages (in stage order; moments padded with zeros); None where no moment holds more on any stage than the rule
+        (`cost.memory.inflight_microbatches`, the norm and head's `head_inflight`) counts for the whole rank, so that the
+        simulated peak never exceeds the rule's sum (the 1F1B, GPipe and BFS schedules), and for Chimera's two
+        pipelines and any size the simulation refuses."""
+        found = self._head_cache.get(id(inflight))
+        if found is None or found[0] is not inflight:
+            return None
+        key = found[1]
+        if key in self._held_cache:
+            return self._held_cache[key]
+        schedule, pp, microbatches, virtual = key
+        info = BUILTIN.get(schedule)
+        profiles = None
+        # GPipe's and BFS's rule counts every microbatch on every stage, the most a stage can hold; 1F1B's rank holds
+        # its rule's at most, its one stage freeing each microbatch by its backward (tests/unit/test_search_caps.py)
+        ruled = info is None or info.inflight == "every" or (virtual == 1 and not info.split_backward)
+        if not ruled and info.pipelines == 1 and pp > 1:
+            try:
+                profiles = builtin_profiles(schedule, pp, microbatches, virtual)
+            except ValueError:  # sizes the simulation refuses (TooLarge too): the estimate refuses them as well
+                profiles = None
+        array = None
+        if profiles is not None:
+            last_rank = stage_ranks(schedule, pp, virtual)[-1]
+            head = head_inflight(schedule, float(inflight[last_rank]))
+            chunks = len(profiles[0][0])
+            beyond = False
+            for rank, moments in enumerate(profiles):
+                rule = float(inflight[rank])
+                for moment in moments:
+                    if any(h > rule * (1 + 1e-12) for h in moment) or \
+                            (rank == last_rank and moment[-1] > head * (1 + 1e-12)):  # its last stage: its last
+                        beyond = True
+            if beyond:  # the moments no other one of the rank covers on every stage: only they can be its peak
+                fronts = [_uncovered(np.array(moments)) for moments in profiles]
+                array = np.zeros((pp, max(len(f) for f in fronts), chunks))
+                for rank, front in enumerate(fronts):
+                    array[rank, :len(front)] = front
+        self._held_cache[key] = array
+        return array
 
     def stage_layers(self, counts: tuple[int, ...]) -> list[list[Layer]]:
         if not self.transformer:
@@ -360,6 +418,14 @@ class Figures:
         out[-1] = out[-1] + [layer for layer in self.layers if layer.kind in ("norm", "head")]
         return out
 
+
+
+def _uncovered(moments: np.ndarray) -> np.ndarray:
+    """The rows of `moments` that no other row covers in every column (one of equal rows)."""
+    covers = (moments[:, None, :] >= moments[None, :, :]).all(axis=2)  # [a, b]: row a covers row b
+    strictly = covers & ~covers.T
+    equal_before = np.triu(covers & covers.T, 1)  # a before b, equal: b is the copy left out
+    return moments[~(strictly.any(axis=0) | equal_before.any(axis=0))]
 
 
 __all__ = ["Figures"]

@@ -285,8 +285,33 @@ class Space:
             rest = Pending(pending.node, pending.leaves, pending.memory, pending.next + 1)
         return leaf, rest
 
-    def _leaf(self, node: Node, zero: int, schedule: str, virtual: int, memory, floor: float = 0.0) -> Leaf | None:
-        """The leaf partitioned (None when no split fits), bounded by its split and `floor` (its bound before)."""
+    def retry(self, leaf: Leaf) -> Leaf | None:
+        """A partly recomputed leaf that the exact estimate refused (`evaluate`), at the next N with a split that fits
+        (`Splits.partial_partition` from N + 1), partitioned and bounded by that split (`resolve`'s form: `finish`
+        gives its exact bound); None where N is pinned, where no N short of `full` has a split, and for any other
+        leaf. The splits are held to the exact estimate's terms (`Caps.split_fits`) but for the merge of returned
+        outputs at the step's end (`outputs = returned`), where it may still refuse one: the leaf is asked again at
+        N + 1 rather than dropped."""
+        node = leaf.node
+        if leaf.recompute_layers is None or node.kept is None or "recompute_layers" in self.pins:
+            return None
+        return self._leaf(node, leaf.zero, leaf.schedule, leaf.virtual, self.figures.layer_memory(node, leaf.zero),
+                          node.bound, leaf.recompute_layers + 1)
+
+    def settle(self, leaf: Leaf):
+        """The leaf evaluated (`evaluate`), a partly recomputed one at its least N that fits (`retry`): what the
+        search returns for it, without its bounds (brute force)."""
+        while leaf is not None:
+            scored = self.evaluate(leaf)
+            if scored is not None:
+                return scored
+            leaf = self.retry(leaf)
+        return None
+
+    def _leaf(self, node: Node, zero: int, schedule: str, virtual: int, memory, floor: float = 0.0,
+              least: int = 1) -> Leaf | None:
+        """The leaf partitioned (None when no split fits), bounded by its split and `floor` (its bound before); a
+        partly recomputed one at its least N from `least` on (`Splits.partial_partition`)."""
         root = node.root
         pp, m = root.pp, node.microbatches
         ranks = stage_ranks(schedule, pp, virtual) if pp > 1 else (0,)
@@ -299,12 +324,12 @@ class Space:
                 return None
             counts, offloaded = found
         elif node.kept is not None:
-            found = self.splits.partial_partition(node, zero, ranks, inflight, memory, virtual)
+            found = self.splits.partial_partition(node, zero, ranks, inflight, memory, virtual, least)
             counts, recomputed = found if found is not None else (None, None)
         elif self.dense_blocks:
             counts = self.splits.mixed_partition(node, zero, ranks, inflight, memory)
         elif self.transformer:
-            counts = self.splits.transformer_partition(node, ranks, inflight, memory, virtual)
+            counts = self.splits.fitted_partition(node, ranks, inflight, memory, virtual)
         else:
             counts = self.splits.layer_partition(node, ranks, inflight, memory)
         if counts is None:

@@ -78,12 +78,28 @@ class Splits:
             return free
         return found
 
-    def partial_partition(self, node: Node, zero: int, ranks, inflight, memory, virtual):
+    def fitted_partition(self, node: Node, ranks, inflight, memory, virtual, recomputed: int | None = None,
+                         kept: float = 0.0, rank_caps=None):
+        """The blocks per stage within the in-flight rule's caps where the exact estimate fits them (`Caps.split_fits`),
+        else within the caps the schedule's simulated peak leaves (`Caps.caps(held=True)`, within which it fits any
+        split), or None: the rule's split as before where it fits, and one that fits where it does not (the simulated
+        peak of a zero-bubble schedule's deferred weight gradients, of an interleaved or V-shaped rank's uneven stages,
+        the blocks a stage recomputes where a split recomputes fewer than the caps count)."""
+        root = node.root
+        caps = rank_caps or self.caps.caps(root, ranks, inflight, memory, virtual, recomputed, kept)
+        counts = self.transformer_partition(node, ranks, inflight, memory, virtual, caps) if caps is not None else None
+        if counts is None or self.caps.split_fits(root, ranks, inflight, memory, counts, recomputed, kept):
+            return counts
+        held = self.caps.caps(root, ranks, inflight, memory, virtual, recomputed, kept, held=True)
+        return self.transformer_partition(node, ranks, inflight, memory, virtual, held) if held is not None else None
+
+    def partial_partition(self, node: Node, zero: int, ranks, inflight, memory, virtual, least: int = 1):
         """(blocks per stage, N) of a node that recomputes the first N blocks of each stage and keeps the
-        others' activations (`recompute_layers`), or None. N is the least whose caps admit a split
-        (`least_recomputed`: the caps only grow with N); among the N that fit, the least is the fastest for its split:
-        a larger N recomputes more of the same blocks, all else equal. (It could loosen a cap that bounds
-        the split and even it out: one N per leaf keeps the space bounded, and that trade unexplored.)
+        others' activations (`recompute_layers`), or None. N is the least from `least` on with a split that fits
+        (`fitted_partition`), from the least whose rule's caps admit one (`least_recomputed`: the caps only grow with
+        N, and never count more than the exact estimate: no N below fits); among the N that fit, the least is the
+        fastest for its split: a larger N recomputes more of the same blocks, all else equal. (It could loosen a cap
+        that bounds the split and even it out: one N per leaf keeps the space bounded, and that trade unexplored.)
         None where the kept node's own leaf has the same split (it recomputes nothing: faster), also when
         its caps do not bound its split, and where N reaches every stage's blocks (that is `full`)."""
         root = node.root
@@ -94,17 +110,23 @@ class Splits:
         if pinned is None:
             kept_caps = self.caps.caps(root, ranks, inflight, kept_memory, virtual)
             if kept_caps is not None:
-                split = self.transformer_partition(node.kept, ranks, inflight, kept_memory, virtual, kept_caps)
+                split = self.fitted_partition(node.kept, ranks, inflight, kept_memory, virtual, rank_caps=kept_caps)
                 free = self.transformer_partition(node.kept, ranks, inflight, kept_memory, virtual,
                                                   [self.blocks * virtual] * root.pp)
                 if split == free:  # its caps do not bound the kept node's split: nothing to recompute
                     return None
-        least = pinned if pinned is not None else \
-            self.caps.least_recomputed(root, ranks, inflight, partial, virtual, kept)
-        caps = self.caps.caps(root, ranks, inflight, partial, virtual, least, kept) if least is not None else None
-        if caps is None:
-            return None
-        counts = self.transformer_partition(node, ranks, inflight, partial, virtual, caps)
+            found = self.caps.least_recomputed(root, ranks, inflight, partial, virtual, kept)
+            if found is None:
+                return None
+            least = max(found, least)
+        else:
+            least = pinned
+        high = self.blocks - len(ranks) + 1  # the most blocks a stage holds
+        while True:
+            counts = self.fitted_partition(node, ranks, inflight, partial, virtual, least, kept)
+            if counts is not None or pinned is not None or least >= high:
+                break
+            least += 1
         if counts is None or (pinned is None and (least >= max(counts) or counts == split)):
             return None
         return counts, least
@@ -136,7 +158,8 @@ class Splits:
             first, np.where(final, gathered[True, True], gathered[True, False]),
             np.where(final, gathered[False, True], gathered[False, False]))
         room -= np.where(first, embed_s + kept * embed_a, 0.0)
-        room -= np.where(final, norm_s + head_s + kept * (norm_a + head_a) + max(0.0, loss - working)
+        head = self.figures.head_inflight(inflight, last_rank)  # the last stage's in flight, not its rank's
+        room -= np.where(final, norm_s + head_s + head * (norm_a + head_a) + max(0.0, loss - working)
                          + (tied if tied and first_rank != last_rank else 0.0), 0.0)
         caps = room / np.bincount(on)[on]  # a rank's room is shared by its stages
         # memory first, before any timing: the most blocks of the lighter kind each stage could hold

@@ -153,9 +153,10 @@ def test_recompute_layers_is_the_least_that_fits_and_the_fastest_of_its_split():
                 more = space.evaluate(replace(leaf, recompute_layers=n + 1))
                 assert more is None or more.estimate.time.step >= scored.estimate.time.step
                 checked += 1
-    # 46 (13 while the caps left autocast's 16-bit weight copies out, 42 before the memory model counted them): with
-    # the caps below the exact estimate, their least N can miss by a block, and such a leaf is dropped, not tried at N + 1
-    assert checked > 20
+    # 49 (46 while the caps counted the in-flight rule alone, not the simulated peak the exact estimate takes where
+    # higher, and their least N missed by a block on 7 leaves, which were dropped; 13 while they left autocast's 16-bit
+    # weight copies out, 42 before the memory model counted them)
+    assert checked > 40
 
 
 def test_the_least_recomputed_rows_are_the_caps_of_their_n():
@@ -351,35 +352,64 @@ def test_pin_aliases():
                                                            "zero_stage": 1}
 
 
-def _rank_caps_one_by_one(space, root, ranks, inflight, memory):
-    """The definition `Caps.rank_caps` computes over all ranks at once, rank by rank."""
+def _rank_caps_one_by_one(space, root, ranks, inflight, memory, schedule, microbatches, lowered):
+    """The definition `Caps.rank_caps(held=True)` computes over all ranks at once, rank by rank: the most blocks of a
+    rank by the in-flight rule, then the most whose even split over the rank's stages (the earlier ones one more) fits its room
+    by the simulated peak,
+    the largest sum of held microbatches x bytes over the moments `builtin_profiles` lists (all of them, for every
+    schedule of one pipeline: where `Figures.held` leaves the rule alone, they never hold more)."""
+    from plandsl.cost.memory import head_inflight
+    from plandsl.schedules.bounded import builtin_profiles
     per_kind, tied, _ = memory
     (embed_s, embed_a, _), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind
     first, last = ranks[0], ranks[-1]
     fixed = [0.0] * root.pp
-    fixed[first] += embed_s + inflight[first] * embed_a
+    fixed[first] += embed_s
     # the last rank's peak: the larger of the loss's backward and the block recomputation rebuilds
-    fixed[last] += norm_s + head_s + inflight[last] * (norm_a + head_a) + max(0.0, loss - working)
+    fixed[last] += norm_s + head_s + max(0.0, loss - working)
     if tied and first != last:
         fixed[last] += tied
     buffers = space.figures.stage_buffers(memory, ranks, inflight)  # torch's pipeline stage's, a rank's
+    try:
+        profiles = builtin_profiles(schedule, root.pp, microbatches, len(ranks) // root.pp)
+    except ValueError:  # sizes the schedule does not run
+        profiles = None
+    head = head_inflight(schedule, float(inflight[last]))  # the last stage's microbatches in flight
     caps = []
     for r in range(root.pp):
         per = block_s + inflight[r] * block_a
+        rule = inflight[r] * (embed_a if r == first else 0.0) + head * ((norm_a + head_a) if r == last else 0.0)
         cap = space.blocks
         for blocks in (2, 1):
-            room = root.capacity[r] - fixed[r] - working - buffers[r] \
+            room = root.capacity[r] - fixed[r] - rule - working - buffers[r] \
                 - space.figures.gathered(memory, r == first, r == last, blocks)
             cap = max(0, int(room // per)) if per > 0 else space.blocks
             if cap >= 2:
                 break
+        own = [s for s, on in enumerate(ranks) if on == r]
+        room = root.capacity[r] - fixed[r] - working - buffers[r]
+
+        def need(blocks):
+            counts = [blocks // len(own) + (j < blocks % len(own)) for j in range(len(own))]
+            stored = [n * block_a + (embed_a if s == 0 else 0.0) + (norm_a + head_a if s == len(ranks) - 1 else 0.0)
+                      for n, s in zip(counts, own)]
+            peak = max(sum(h * b for h, b in zip(moment, stored)) for moment in profiles[r])
+            return blocks * block_s + peak + space.figures.gathered(memory, r == first, r == last, 2 if blocks >= 2 else 1)
+
+        if profiles is not None and cap > 0 and need(min(cap, space.blocks * len(own))) > room * (1 + 1e-12):
+            cap = min(cap, space.blocks * len(own))
+            while cap > 0 and need(cap) > room * (1 + 1e-12):
+                cap -= 1
+            lowered[0] += 1
         caps.append(cap)
     return caps
 
 
-@pytest.mark.parametrize("model, cluster, batch", [("tied", "pair", 8), ("deep", "mixed", 16), ("big", "pair", 8)])
-def test_rank_caps_over_all_ranks_at_once_are_each_ranks_own(model, cluster, batch):
+@pytest.mark.parametrize("model, cluster, batch, least_lowered", [("tied", "pair", 8, 0), ("deep", "mixed", 16, 50),
+                                                                  ("big", "pair", 8, 50)])
+def test_rank_caps_over_all_ranks_at_once_are_each_ranks_own(model, cluster, batch, least_lowered):
     from plandsl.search.choices import stage_ranks
+    lowered = [0]
     p = problem(model, cluster, batch)
     space = Space(p, {}, DEFAULT_EFFICIENCY)
     compared = 0
@@ -389,13 +419,16 @@ def test_rank_caps_over_all_ranks_at_once_are_each_ranks_own(model, cluster, bat
         for node in space.expand_root(root):
             for zero in (0, 3):
                 memory = space.figures.layer_memory(node, zero)
-                for schedule, virtual in (("1f1b", 1), ("gpipe", 1), ("interleaved_1f1b", 2), ("zbv", 2)):
+                for schedule, virtual in (("1f1b", 1), ("gpipe", 1), ("interleaved_1f1b", 2), ("zbv", 2),
+                                          ("zb_h1", 1), ("interleaved_zero_bubble", 3), ("dualpipev", 2)):
                     ranks = stage_ranks(schedule, root.pp, virtual)
                     inflight = space.figures.inflight(schedule, root.pp, node.microbatches, virtual)
-                    assert space.caps.rank_caps(root, ranks, inflight, memory).tolist() == \
-                        _rank_caps_one_by_one(space, root, ranks, inflight, memory)
+                    assert space.caps.rank_caps(root, ranks, inflight, memory, held=True).tolist() == \
+                        _rank_caps_one_by_one(space, root, ranks, inflight, memory, schedule, node.microbatches,
+                                              lowered)
                     compared += 1
-    assert compared > 50
+    # caps the simulated peak lowers below the in-flight rule's (none where memory never binds: `tied` on 16 GiB)
+    assert compared > 50 and lowered[0] >= least_lowered
 
 
 class _Clock:
