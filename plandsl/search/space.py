@@ -16,6 +16,7 @@ from plandsl import ir
 from plandsl.cost.compute import Efficiency
 from plandsl.cost.estimate import estimate_plan
 from plandsl.cost.memory import autocast_weight_copies
+from plandsl.cost.offload import host_capacity
 from plandsl.diagnostics import PlanError
 from plandsl.ir.placement import Assignment
 from plandsl.lower.units import format_bytes
@@ -349,14 +350,18 @@ class Space:
         """(blocks per stage, N) of an offloading node (one stage), or None: N is the pin, else the least whose
         caps hold every block (`Caps.least_recomputed` over `Caps.offload_memory`: the caps only grow with N, and
         each block offloaded more only adds copies). None where the blocks fit without offloading (the node that
-        keeps them is faster), and where no N fits."""
+        keeps them is faster), and where no N fits: on the device, where every block offloaded holds as much as all
+        but one (the one its backward reloads, `cost.memory.offload_inflight`) and so fits only where N = L - 1 does,
+        and on the host, whose memory a device's N offloaded blocks must fit (E514's `cost.offload.host_capacity`),
+        which only more N fill."""
         root, pinned = node.root, self.pins.get("offload_layers")
         if pinned is None and self.caps.caps(root, ranks, inflight, memory, virtual) is not None:
             return None
         moved, kept = self.caps.offload_memory(memory)
         least = pinned if pinned is not None else \
             self.caps.least_recomputed(root, ranks, inflight, moved, virtual, kept)
-        if least is None or least > self.blocks or \
+        if least is None or least > self.blocks or (pinned is None and least >= self.blocks) or \
+                least * kept > host_capacity(memory[2]) * (1 + 1e-12) or \
                 self.caps.caps(root, ranks, inflight, moved, virtual, least, kept) is None:
             return None
         return (self.blocks,), least

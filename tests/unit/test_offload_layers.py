@@ -261,3 +261,38 @@ def test_an_estimate_past_the_hosts_memory_does_not_fit():
     assert "offloaded to the host" in format_estimate(estimate) and "DOES NOT FIT" not in format_estimate(estimate)
     assert format_estimate(estimate_plan(tight)).splitlines()[-1].endswith("DOES NOT FIT")
     assert "offloaded to the host" not in format_estimate(estimate_plan(_plan()))
+
+
+def _offloading_leaves(host: str = ""):
+    """The offloading leaves (no pipeline) of test_search's `long` gpt on its tight cluster, whose two-device nodes
+    state `host`, with the exact estimate of each."""
+    from dataclasses import replace
+    from plandsl.cost.compute import DEFAULT_EFFICIENCY
+    from plandsl.search import Problem
+    from plandsl.search.space import Space
+    from test_search import HARDWARE, MODELS
+    hardware = HARDWARE.replace("node tight_box { devices = 2 x small;", f"node tight_box {{ devices = 2 x small; {host}")
+    document = api.loads(hardware + f"model m = {MODELS['long']}\n")
+    cluster = next(c for c in document.clusters if c.name == "tight")
+    problem = replace(Problem(document.models[0], cluster, 4, None), param_dtype=ir.Precision.bf16)
+    space = Space(problem, {"pp": 1}, DEFAULT_EFFICIENCY)
+    leaves = [leaf for root in space.roots() for node in space.expand_root(root) if node.offload
+              for leaf in space.expand(node)]
+    return space, [(leaf, space.evaluate(leaf)) for leaf in leaves]
+
+
+def test_the_search_proposes_no_offloading_the_device_or_the_host_cannot_hold():
+    """Offloading every block holds as much on the device as all but one (the block the backward reloads), so an
+    unpinned search stops at L - 1; and a device's offloaded blocks must fit its share of the host's memory (E514),
+    which more blocks only fill: no offloading leaf the search proposes is refused by the exact estimate."""
+    space, evaluated = _offloading_leaves()
+    assert evaluated and all(leaf.offload_layers < space.blocks for leaf, _ in evaluated)
+    assert all(scored is not None for _, scored in evaluated)
+    needs = sorted(scored.estimate.memory[0].host for _, scored in evaluated)
+    # host memory for the two devices of a node below the least that any of those leaves offloads: none proposed
+    _, none = _offloading_leaves(f"host_memory = {2 * needs[0] / 2**30 * 0.99} GiB;")
+    assert none == []
+    # room for the leaves that offload least: only leaves within it, each fitting
+    _, some = _offloading_leaves(f"host_memory = {2 * needs[len(needs) // 2] / 2**30 * 1.001} GiB;")
+    assert some and all(scored is not None and scored.estimate.memory[0].host <= needs[len(needs) // 2] * 1.001
+                        for _, scored in some)
