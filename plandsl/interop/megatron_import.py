@@ -358,7 +358,9 @@ def _window(read: _Read, layers: int) -> list[str] | None:
         left, right = int(sides[1]), int(sides[2])
         if right != 0 or left < 0:
             read.problem("E807", f"--window-size {text}: a plan's sliding window is causal, (window - 1, 0)",
-                         "--window-size", hint=f"--window-size {max(left, 0)},0")
+                         "--window-size", hint=f"--window-size {left},0" if left >= 0 else
+                         "leave --window-size out for full causal attention (Transformer Engine reads a left of -1 as "
+                         "unbounded), or --window-size W-1,0 for a window of W")
             return None
         args.append(f"window={left + 1}")
     skip = read.get("--window-attn-skip-freq")

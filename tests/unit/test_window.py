@@ -160,3 +160,15 @@ def test_window_and_full_every_of_zero_are_their_defaults():
     windowed = api.loads(_plan(", window=128, full_every=0")).plans[0].model
     assert [windowed.window_of(i) for i in range(4)] == [128] * 4
     assert _codes(_plan(", window=0, full_every=2")) == ["E231"]
+
+
+def test_megatron_window_with_an_unbounded_left_side_hints_no_window():
+    """--window-size -1,0 is Transformer Engine's unbounded causal attention, not a window: refused (E807) with a hint
+    to leave the flag out, not `--window-size 0,0` (a window of one key, each token attending only to itself)."""
+    flags = ("--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 4096 --max-position-embeddings "
+             "4096 --micro-batch-size 1 --global-batch-size 16 --bf16 --padded-vocab-size 1024 --window-size ")
+    unbounded = import_flags(flags + "-1,0", "flags.sh", 8, "dgx_h100").diagnostics
+    assert [d.code for d in unbounded] == ["E807"] and "0,0" not in unbounded[0].hint
+    assert "leave --window-size out" in unbounded[0].hint
+    right = import_flags(flags + "127,3", "flags.sh", 8, "dgx_h100").diagnostics
+    assert [d.code for d in right] == ["E807"] and right[0].hint == "--window-size 127,0"
