@@ -138,7 +138,7 @@ def apply_cp(model: nn.Module, kind: str, cp_mesh: DeviceMesh, seq: int, device:
     for module in list(model.modules()):  # the loop replaces submodules
         if isinstance(module, Attention):
             window = module.window
-            if window not in cores:  # a windowed `ring` is refused before it runs (runtime.support, E703)
+            if window not in cores:  # a `ring` over a window or sinks is refused before it runs (the checker, E420)
                 cores[window] = RingAttentionCore(cp_mesh, balanced=seq % (2 * cp_mesh.size()) == 0) \
                     if kind == "ring" else GatheredAttentionCore(cp_mesh, seq, device, window)  # sequence_columns
             module.core, module.positions = cores[window], positions
