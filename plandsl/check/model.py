@@ -158,7 +158,8 @@ def _window(model: ir.TransformerModel, seq: int, seq_span) -> Iterator[Diagnost
     if model.window and model.window >= seq:
         yield diag("W203", f"window ({model.window}) is not shorter than the {seq}-token sequence trained on: every "
                    "query attends to all the keys before it, as full causal attention does", model.span_of("window"),
-                   hint=f"window={seq // 2} or less bands the attention; drop window for full attention",
+                   hint=(f"window={seq // 2} or less bands the attention; " if seq >= 2 else "")  # window=0: none
+                   + "drop window for full attention",
                    notes=[Note(f"training sequence {seq}", seq_span)] if seq_span is not None else [])
 
 

@@ -172,3 +172,10 @@ def test_megatron_window_with_an_unbounded_left_side_hints_no_window():
     assert "leave --window-size out" in unbounded[0].hint
     right = import_flags(flags + "127,3", "flags.sh", 8, "dgx_h100").diagnostics
     assert [d.code for d in right] == ["E807"] and right[0].hint == "--window-size 127,0"
+
+
+def test_w203_on_a_one_token_sequence_offers_no_window_of_zero():
+    """W203's hint halves the sequence for a band; of one token that is window=0, which is no window at all."""
+    found = api.checks(_plan(", window=1").replace("seq=4096", "seq=1")).diagnostics
+    assert [d.code for d in found] == ["W203"] and "window=0" not in found[0].hint
+    assert "window=2048 or less" in api.checks(_plan(", window=4096")).diagnostics[0].hint
