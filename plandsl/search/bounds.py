@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 import itertools
 
+import numpy as np
+
 from plandsl.cost.estimate import pipeline_p2p_seconds
 from plandsl.cost.layer import LayerTime
 from plandsl.cost.stage import (StageTime, bucket_element, bucket_params, first_bucket, fsdp_units, gather_units,
@@ -42,6 +44,9 @@ class Bounds:
         self._p2p_cache: dict = {}
         self._slopes: dict = {}     # node ident -> (ZeRO class, device name) -> `slopes`
         self._busy_cache: dict = {}  # (node ident, ZeRO class, the stages' ranks, virtual) -> `busy_bound`
+        # two kinds of block: (second kind's, first kind's) (count, share, excess) in the model's order (`_crowding`)
+        self._crowding = (_crowding(figures.dense_before), _crowding(np.arange(self.blocks + 1) - figures.dense_before)) \
+            if self.dense_blocks else None
 
     # -- a leaf's stages --
     def stage_times(self, node: Node, zero: int, ranks, counts, recomputed: int | None = None) -> list[StageTime]:
@@ -198,8 +203,8 @@ class Bounds:
         traffic only adds: `cost.stage.zero_traffic`; a partly recomputed node's blocks at least its kept
         node's), a rank at least one block per stage it holds, the embedding's seconds on rank 0, the norm's
         and head's on the last stage's rank: rank pp - 1 in a loop, rank 0 in a V (two stages per rank); a
-        mixture of experts with dense blocks each block at the cheaper kind's. 0.0 for models other than
-        transformers."""
+        model with two kinds of block a rank's blocks at least as `_two_kinds` counts them. 0.0 for models other
+        than transformers."""
         if not self.transformer:
             return 0.0
         root, kept = node.root, node.kept or node
@@ -220,6 +225,14 @@ class Bounds:
                 continue
             kinds: dict = {}
             free = int(self.free_ends)  # an end stage may hold no block
+            if self.dense_blocks:  # each rank's stages and ends, its blocks' kinds bounded by `_two_kinds`
+                for rank, device in enumerate(root.rank_devices):
+                    embed, _, head = seconds(device)
+                    shape = (device.name, (embed if rank == 0 else 0.0) + (head if rank == last else 0.0), stages,
+                             stages - free * ((rank == 0) + (rank == last)))
+                    kinds[shape] = kinds.get(shape, 0) + 1
+                least.append(self._two_kinds(kept, kinds))
+                continue
             if len(devices) == 1:  # the ranks' kinds as the loop below makes them, in its order: 0, then 1..pp-1
                 embed, block, head = seconds(next(iter(devices.values())))
                 kinds[(embed + (head if last == 0 else 0.0), block, stages - free - (free if last == 0 else 0))] = 1
@@ -248,14 +261,15 @@ class Bounds:
         them take at least their compute, fixed + n·(a block's F + B), ZeRO's traffic only adding. A
         rank's stages sum to at least A + N·B over the N blocks it holds (B the least slope of its
         stages), and `least_slowest` gives the least max over whole splits of the blocks. Chimera's
-        ranks run half the microbatches of two stages each, and a dense-then-MoE model's stages hold
-        blocks of two kinds: their leaves keep the node's bound. `extra` (seconds per stage, by device
-        name): every stage's compute alone, plus that (a partly recomputed stage's one block rerun).
+        ranks run half the microbatches of two stages each: their leaves keep the node's bound. A model with
+        two kinds of block counts compute alone, each rank's blocks as `_two_kinds` bounds them. `extra`
+        (seconds per stage, by device name): every stage's compute alone, plus that (a partly recomputed
+        stage's one block rerun).
 
         Once per node and (ZeRO stage's traffic, the stages' ranks, virtual stages) without `extra`: a partly
         recomputed node asks for its kept node's, which that node's own leaves asked for too."""
         info = BUILTIN.get(schedule)
-        if (info is not None and info.pipelines == 2) or self.dense_blocks:
+        if info is not None and info.pipelines == 2:
             return 0.0
         if extra is None:
             key = (node.ident, zero if zero >= 2 else 0, info.rank_map if info is not None else schedule, virtual)
@@ -275,6 +289,16 @@ class Bounds:
         def add(kind: tuple, count: int = 1) -> None:
             kinds[kind] = kinds.get(kind, 0) + count
 
+        if self.dense_blocks:  # no partly recomputed node (`Space`): compute alone, the kinds by `_two_kinds`
+            shapes: dict = {}
+            for rank, owned in enumerate(stages_by_rank(ranks, root.pp)):
+                embed, _, norm, head = self.figures.kind_times(node, devices[rank])[:4]
+                embed_cost, head_cost = embed.forward + embed.backward, norm.forward + norm.backward + head.forward \
+                    + head.backward
+                shape = (devices[rank].name, (embed_cost if 0 in owned else 0.0) + (head_cost if last in owned else 0.0),
+                         len(owned), self._least(owned, last))
+                shapes[shape] = shapes.get(shape, 0) + 1
+            return node.microbatches * self._two_kinds(node, shapes)
         ends, others = _rank_shapes(ranks, root.pp)
         if extra is not None:
             uniform = len(self.figures.device_types(root)) == 1
@@ -304,6 +328,25 @@ class Bounds:
                     add((len(owned) * offset, middle, len(owned)))
         return node.microbatches * least_slowest(self.blocks, kinds)
 
+    def _two_kinds(self, node: Node, shapes: dict) -> float:
+        """A bound on the least busiest rank's compute per microbatch over every split of two kinds of block in the
+        model's order, for `shapes` = {(device name, fixed seconds, stages, fewest blocks): how many ranks}. A stage
+        holds consecutive blocks, so a rank of k stages holding N blocks holds x of the cheaper kind (c seconds a
+        block; the dearer e) with x <= that kind's count C and x <= share·N + k·excess (`_crowding`): its seconds
+        fixed + N·e - (e - c)·x are at least each of fixed + N·c, fixed - (e - c)·C + N·e and fixed - (e - c)·k·excess
+        + N·(e - (e - c)·share), each affine in N, and `least_slowest` over each is a bound (the largest is taken)."""
+        devices = self.figures.device_types(node.root)
+        relaxed: tuple[dict, dict, dict] = ({}, {}, {})
+        for (name, fixed, stages, least), count in shapes.items():
+            times = self.figures.kind_times(node, devices[name])
+            block, dense = times[1].forward + times[1].backward, times[4].forward + times[4].backward
+            held, share, excess = self._crowding[0 if dense <= block else 1]  # the cheaper kind's
+            cheap, gap = min(block, dense), abs(block - dense)
+            for kinds, kind in zip(relaxed, ((fixed, cheap, least), (fixed - gap * held, cheap + gap, least),
+                                             (fixed - gap * stages * excess, cheap + gap - gap * share, least))):
+                kinds[kind] = kinds.get(kind, 0) + count
+        return max(least_slowest(self.blocks, kinds) for kinds in relaxed)
+
     def _least(self, owned, last: int) -> int:
         """The fewest blocks a rank holding the stages `owned` (of 0..last) holds: one a stage, none on an end stage
         that may hold the embedding or the loss alone."""
@@ -318,13 +361,16 @@ class Bounds:
         head takes a + n·b, one with them at least their compute, fixed + n·(a block's F + B). A partly
         recomputed node's stage takes at least its kept node's seconds (rerunning a block only adds), and
         at least its compute with its first `recomputed` blocks at full recomputation's F + B (ZeRO's
-        traffic only adds to compute: `cost.stage.zero_traffic`). 0.0 where `busy_bound` keeps the node's
-        bound (Chimera, two kinds of block) and for models other than transformers."""
+        traffic only adds to compute: `cost.stage.zero_traffic`). Two kinds of block: each stage's compute, its
+        blocks of each kind at their seconds. 0.0 where `busy_bound` keeps the node's bound (Chimera) and for
+        models other than transformers."""
         info = BUILTIN.get(schedule)
-        if (info is not None and info.pipelines == 2) or self.dense_blocks or not self.transformer:
+        if (info is not None and info.pipelines == 2) or not self.transformer:
             return 0.0
         root, kept = node.root, node.kept or node
         last = len(counts) - 1
+        if self.dense_blocks:
+            return node.microbatches * self._two_kinds_split(node, ranks, counts)
         per_device: dict = {}
         busy = [0.0] * root.pp
         for s, n in enumerate(counts):
@@ -345,6 +391,26 @@ class Bounds:
                 seconds = max(seconds, ends + n * compute + min(n, recomputed) * rerun)
             busy[rank] += seconds
         return node.microbatches * max(busy)
+
+    def _two_kinds_split(self, node: Node, ranks, counts) -> float:
+        """The busiest rank's compute per microbatch under a split of two kinds of block (`split_bound`)."""
+        root, last, before = node.root, len(counts) - 1, self.figures.dense_before
+        per_device: dict = {}
+        busy = [0.0] * root.pp
+        start = 0
+        for s, n in enumerate(counts):
+            device = root.rank_devices[ranks[s]]
+            seconds = per_device.get(device.name)
+            if seconds is None:
+                embed, block, norm, head, dense = self.figures.kind_times(node, device)[:5]
+                seconds = per_device[device.name] = (embed.forward + embed.backward, block.forward + block.backward,
+                                                     norm.forward + norm.backward + head.forward + head.backward,
+                                                     dense.forward + dense.backward)
+            dense_blocks = int(before[start + n] - before[start])
+            start += n
+            busy[ranks[s]] += (seconds[0] if s == 0 else 0.0) + (seconds[2] if s == last else 0.0) \
+                + (n - dense_blocks) * seconds[1] + dense_blocks * seconds[3]
+        return max(busy)
 
     def leaf_bound(self, node: Node, schedule: str, ranks, stages: list[StageTime], zero: int) -> float:
         """max over ranks of (first microbatch's arrival + busy + the last gradient's way back),
@@ -392,6 +458,18 @@ class Bounds:
             drain = 0.0 if split else backward_prefix[first] + first * p2p
             best = max(best, arrival + busy + drain)
         return best + worst_tail
+
+
+def _crowding(before: np.ndarray) -> tuple[int, float, float]:
+    """(count, share, excess) of one kind of block from `before[i]`, how many of the first i are of that kind: any n
+    consecutive blocks hold at most share·n + excess of them (share = count / blocks; excess the largest
+    before[t] - before[s] - share·(t - s) over s < t, in one pass; a hair added for the floats)."""
+    blocks = len(before) - 1
+    count = int(before[-1])
+    share = count / blocks
+    level = before - share * np.arange(blocks + 1)
+    excess = float(np.max(level[1:] - np.minimum.accumulate(level[:-1]))) if blocks else 0.0
+    return count, share, max(0.0, excess) + 1e-9
 
 
 @functools.lru_cache(maxsize=4096)

@@ -24,6 +24,7 @@ class Splits:
         self.figures, self.caps, self.pins = figures, caps, pins
         self.blocks, self.dense_blocks, self.layers = figures.blocks, figures.dense_blocks, figures.layers
         self._partition_cache: dict = {}
+        self._mixed_cache: dict = {}  # `mixed_partition`'s figures (as bytes) -> its split
 
     def transformer_partition(self, node: Node, ranks, inflight, memory, virtual, rank_caps=None):
         root = node.root
@@ -193,12 +194,18 @@ class Splits:
                 fits = all(used[r] <= room[ranks.index(r)] for r in used)  # `room`: a stage's rank's, whole
             found = self._partition_cache[key] = counts if fits else None
             return found
-        found = partition_prefixed(prefix, held, caps, fixed)
-        seconds = _table_seconds(found, prefix, fixed) if found is not None else None
-        if account is None and len(ranks) > 1 and (found is None or _end_slowest(seconds, found)):
-            free = partition_prefixed(prefix, held, caps, fixed, free_ends=True)  # an end: the embedding or loss alone
-            if found is None or (free is not None and max(_table_seconds(free, prefix, fixed)) < max(seconds)):
-                found = free
+        # the split depends on these figures alone: leaves of other nodes, ZeRO stages or schedules often share them
+        # (half of a Llama 4 Maverick search's), and the dynamic programme is most of a leaf's partition
+        figures = tuple(np.asarray(each, dtype=np.float64).tobytes() for each in (per, dense_bytes, moe_bytes, caps))
+        found = self._mixed_cache.get(figures, False)
+        if found is False:
+            found = partition_prefixed(prefix, held, caps, fixed)
+            seconds = _table_seconds(found, prefix, fixed) if found is not None else None
+            if account is None and len(ranks) > 1 and (found is None or _end_slowest(seconds, found)):
+                free = partition_prefixed(prefix, held, caps, fixed, free_ends=True)  # an end: the embedding or loss alone
+                if found is None or (free is not None and max(_table_seconds(free, prefix, fixed)) < max(seconds)):
+                    found = free
+            self._mixed_cache[figures] = found
         self._partition_cache[key] = found
         return found
 
