@@ -440,6 +440,18 @@ NEMO_BRIDGE = "NVIDIA Megatron-Bridge, performance summary"
 NEMO_FP8_CS = {"fp8_recipe": "current"}
 
 
+def bridge_loss(model: str, container: str) -> dict:
+    """The loss of a Megatron-Bridge row: Transformer Engine's fused cross entropy (`loss: fused`: the logits written
+    once in 16 bits, their gradient written over them, MCore's language_module.py `te_parallel_cross_entropy`) where
+    its release runs it, GPTModelProvider's `cross_entropy_loss_fusion = True` with `cross_entropy_fusion_impl = "te"`:
+    every Llama row (llama_provider.py's default "te" from v0.2.0 on, llama3.py:96-97 at v0.4.2) and every row from
+    v0.3.0 on, the 26.02 container's (scripts/performance/utils/overrides.py:64, v0.4.2's :67-68, for every
+    performance recipe). The others (v0.2.0's and v0.1.0's other models: 25.11, 25.09) run MCore's native fused
+    cross entropy, which the language does not say: the standard loss, as before (written 2026-12-05, seventh session,
+    from the code, before any prediction with it was looked at)."""
+    return {"loss": "fused"} if model.startswith("llama") or container >= "26.02" else {}
+
+
 def nemo_h100() -> list[Run]:
     def run(name, container, model, gpus, batch, measured, note="", **pins):
         base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1}
@@ -447,7 +459,8 @@ def nemo_h100() -> list[Run]:
             base["schedule"] = "interleaved_1f1b"
         return Run(f"NeMo {name}, {gpus} H100, FP8", f"{NEMO_BRIDGE}, NeMo {container}", model,
                    f"dgx_h100 x {gpus // 8}", batch, measured, metric="tokens_per_device",
-                   pins={**base, **pins}, dtypes={"precision": "fp8", **NEMO_FP8_CS, **MEGATRON_CORE}, note=note,
+                   pins={**base, **pins}, dtypes={"precision": "fp8", **NEMO_FP8_CS, **MEGATRON_CORE,
+                                                   **bridge_loss(model, container)}, note=note,
                    overlap_tensor=pins.get("tp", 1) > 1, gathering=FP8_GATHER, **USERBUFFERS_BRIDGE_FP8)
     return [run("Llama 3 8B (FSDP 8)", "25.11", "llama3_8b", 8, 128, 14451, dp=8, tp=1, pp=1, zero_stage=3,
                 note="the recipe recomputes 5 of the 32 layers (recompute_num_layers=5), pinned here as none"),
@@ -487,7 +500,7 @@ def nemo_moe_h100() -> list[Run]:
         return Run(f"NeMo {name}, {gpus} H100, {precision}", f"{NEMO_BRIDGE}, NeMo {container}", model,
                    f"dgx_h100 x {gpus // 8}", batch, measured, metric="tokens_per_device", pins={**base, **pins},
                    dtypes={"precision": precision.lower(), **(NEMO_FP8_CS if precision == "FP8" else {}),
-                           **MEGATRON_CORE, "grad_dtype": "bf16", **(dtypes or {})},
+                           **MEGATRON_CORE, "grad_dtype": "bf16", **bridge_loss(model, container), **(dtypes or {})},
                    note=note, family="moe", overlap_experts=overlap, fold_experts=fold, dispatcher=dispatcher,
                    gathering=FP8_GATHER if precision == "FP8" and (dtypes or {}).get("fp8_recipe") is None
                    else ir.FSDP_GATHERING)  # fp8_cs's fp8_param_gather; fp8_sc (blockwise) gathers bf16
@@ -648,7 +661,7 @@ def nemo_blackwell() -> list[Run]:
                    dtypes={"precision": {"FP8": "fp8", "FP8-CS": "fp8", "MXFP8": "mxfp8", "FP8-MX": "mxfp8",
                                          "NVFP4": "nvfp4"}[precision],
                            **(NEMO_FP8_CS if precision in ("FP8", "FP8-CS") else {}), **MEGATRON_CORE,
-                           "grad_dtype": "bf16"},
+                           "grad_dtype": "bf16", **bridge_loss(model, container)},
                    note=note, family="blackwell", overlap_tensor=pins.get("tp", 1) > 1 and precision != "NVFP4",
                    gathering=FP8_GATHER if precision != "NVFP4" else ir.FSDP_GATHERING, **USERBUFFERS_BRIDGE_FP8)
     offload = "the recipe offloads 40 layers' activations to the CPU (cpu_offloading_num_layers): offload_layers 40"
@@ -779,7 +792,7 @@ def nemo_blackwell_ultra() -> list[Run]:
                    dtypes={"precision": {"FP8": "fp8", "FP8-CS": "fp8", "MXFP8": "mxfp8", "FP8-MX": "mxfp8",
                                          "NVFP4": "nvfp4"}[precision],
                            **(NEMO_FP8_CS if precision in ("FP8", "FP8-CS") else {}), **MEGATRON_CORE,
-                           "grad_dtype": "bf16"},
+                           "grad_dtype": "bf16", **bridge_loss(model, container)},
                    note=note, family="blackwell-ultra",
                    overlap_tensor=pins.get("tp", 1) > 1 and precision != "NVFP4",
                    gathering=FP8_GATHER if precision != "NVFP4" else ir.FSDP_GATHERING, **USERBUFFERS_BRIDGE_FP8)
@@ -902,7 +915,7 @@ def nemo_moe_blackwell() -> list[Run]:
         return Run(f"NeMo {name}, {gpus} {system}, {precision}", f"{NEMO_BRIDGE} ({page}), NeMo {container}",
                    model, cluster, batch, measured, metric="tokens_per_device", seq=seq, pins={**base, **pins},
                    dtypes={"precision": {"BF16": "bf16", "FP8-MX": "mxfp8", "MXFP8": "mxfp8"}[precision],
-                           **MEGATRON_CORE, "grad_dtype": "bf16"},
+                           **MEGATRON_CORE, "grad_dtype": "bf16", **bridge_loss(model, container)},
                    note=note, family="moe-blackwell", overlap_experts=overlap, fold_experts=fold,
                    dispatcher=dispatcher, gathering=FP8_GATHER if precision != "BF16" else ir.FSDP_GATHERING)
     graphs = "the recipe's CUDA graphs (cuda_graph_scope: {}) not priced"

@@ -276,7 +276,8 @@ def test_blackwell_rows_are_reported_apart(bench):
         assert float(lines[label].split("max |error| ")[1].rstrip("%")) / 100 <= most, lines[label]
     assert report.count("refused: does not fit") == 10 and report.count("refused: no plan satisfies the pins") == 0
     counted = [line for line in report.splitlines() if "405B (t4 p16 v8)" in line]
-    assert len(counted) == 7 and all(abs(float(line.split(" | ")[4].rstrip("%"))) <= 24.0 for line in counted)
+    # 24.5: Megatron-Bridge's fused loss (docs/validation.md, "Megatron-Bridge's loss") took 23.8 to 24.1 %
+    assert len(counted) == 7 and all(abs(float(line.split(" | ")[4].rstrip("%"))) <= 24.5 for line in counted)
 
 
 @pytest.mark.slow
@@ -294,11 +295,11 @@ def test_blackwell_ultra_rows_are_reported_apart(bench):
     lines = {line.split(":")[0]: line for line in report.splitlines() if line.startswith(("GB300 ", "B300"))}
     assert sorted(lines) == ["B300", "GB300 FP8 and MXFP8", "GB300 NVFP4"]
     # NVFP4 33 -> 26 % since the 405B rows split as their recipe does (`account = [embed, loss]`)
-    for label, counts, most in (("GB300 FP8 and MXFP8", "15 predicted, 5 refused", 0.34),
+    for label, counts, most in (("GB300 FP8 and MXFP8", "20 predicted, 0 refused", 0.34),
                                 ("GB300 NVFP4", "7 predicted, 1 refused", 0.26)):
         assert lines[label].startswith(f"{label}: {counts}"), lines[label]
         assert float(lines[label].split("max |error| ")[1].rstrip("%")) / 100 <= most, lines[label]
-    assert report.count("refused: " + bench.UNSAYABLE) == 0 and report.count("refused: does not fit") == 6
+    assert report.count("refused: " + bench.UNSAYABLE) == 0 and report.count("refused: does not fit") == 1
     assert "refused: no plan satisfies the pins" not in report
 
 
@@ -318,14 +319,16 @@ def test_moe_blackwell_rows_are_reported_apart(bench):
     assert sum(run.note.startswith(bench.UNSAYABLE) for run in runs) == 11
     report = bench.moe_blackwell_report()
     lines = {line.split(":")[0]: line for line in report.splitlines() if line.startswith(("all", "GB300", "GB200", "B200"))}
-    for label, counts, most in (("all", "25 predicted, 13 refused", 1.73), ("GB300", "9 predicted, 4 refused", 0.52),
-                                ("GB200", "9 predicted, 4 refused", 0.96), ("B200", "7 predicted, 5 refused", 1.73)):
+    # GB300 0.53 and GB200 0.97: Megatron-Bridge's fused loss (docs/validation.md, "Megatron-Bridge's loss") took
+    # their GPT-OSS maxima from 51.6 and 95.5 % to 52.3 and 96.5 %
+    for label, counts, most in (("all", "26 predicted, 12 refused", 1.73), ("GB300", "9 predicted, 4 refused", 0.53),
+                                ("GB200", "9 predicted, 4 refused", 0.97), ("B200", "8 predicted, 4 refused", 1.73)):
         assert lines[label].startswith(f"{label}: {counts}"), lines[label]
         assert float(lines[label].split("max |error| ")[1].rstrip("%")) / 100 <= most, lines[label]
-    assert report.count("refused: does not fit") == 2 and report.count("refused: no plan satisfies the pins") == 0
+    assert report.count("refused: does not fit") == 1 and report.count("refused: no plan satisfies the pins") == 0
     errors = [float(line.split(" | ")[4].rstrip("%")) for line in report.splitlines()
               if line.startswith("| NeMo") and line.split(" | ")[4].endswith("%")]
-    assert len(errors) == 25 and sum(error < 0 for error in errors) == 1
+    assert len(errors) == 26 and sum(error < 0 for error in errors) == 1
 
 @pytest.mark.slow
 def test_torchtitan_memory_without_model_parallelism_within_10_percent(bench):
