@@ -700,11 +700,15 @@ def nemo_blackwell() -> list[Run]:
     return rows
 
 
-def blackwell_report() -> str:
-    """Megatron-Bridge's Blackwell rows: each predicted or refused (the search finds no layout under the pins:
-    the memory model's verdict), and the median and maximum |error| per system of those predicted."""
+def _predicted(runs: list[Run]) -> tuple[list, list, list[str]]:
+    """Megatron-Bridge's rows of a set apart, each predicted or refused: for what its recipe runs that the language
+    cannot say (its note), by the memory model ("does not fit"), or by the stages the plan cannot write; (the
+    predicted, the refused, their table: the plan the search chose with its TP overlap, `_tp_overlap`)."""
     results, refused = [], []
-    for run in nemo_blackwell():
+    for run in runs:
+        if run.note.startswith(UNSAYABLE):
+            refused.append((run, run.note))
+            continue
         try:
             results.append((run, *predict(run, None)))
         except SearchError as problem:  # the memory model's verdict, or stages the plan cannot write
@@ -712,12 +716,18 @@ def blackwell_report() -> str:
     lines = ["| run | source | measured tokens/s/GPU | predicted | error | plan the search chose |",
              "|---|---|---|---|---|---|"]
     for run, value, best in results:
-        c = best.candidate
         lines.append(f"| {run.name} | NeMo {run.source.rsplit('NeMo ', 1)[1]} | {run.measured:,.0f} | {value:,.0f} | "
-                     f"{error(run, value):+.1%} | {c.describe()}{_tp_overlap(run, c)} |")
+                     f"{error(run, value):+.1%} | {best.candidate.describe()}{_tp_overlap(run, best.candidate)} |")
     lines += [f"| {run.name} | NeMo {run.source.rsplit('NeMo ', 1)[1]} | {run.measured:,.0f} | refused: {why} | | |"
               for run, why in refused]
     lines.append("")
+    return results, refused, lines
+
+
+def blackwell_report() -> str:
+    """Megatron-Bridge's Blackwell rows: each predicted or refused (the search finds no layout under the pins:
+    the memory model's verdict), and the median and maximum |error| per system of those predicted."""
+    results, refused, lines = _predicted(nemo_blackwell())
     for system in ("GB200", "B200"):
         for label, fp4 in (("FP8 and MXFP8", False), ("NVFP4", True)):
             def mine(run):
@@ -831,23 +841,7 @@ def blackwell_ultra_report() -> str:
     """Megatron-Bridge's Blackwell Ultra rows as `blackwell_report` gives the Blackwell ones: each predicted, refused
     by the memory model or the stages, or refused for what its recipe runs that the language cannot say; the median
     and maximum |error| per precision family of those predicted."""
-    results, refused = [], []
-    for run in nemo_blackwell_ultra():
-        if run.note.startswith(UNSAYABLE):
-            refused.append((run, run.note))
-            continue
-        try:
-            results.append((run, *predict(run, None)))
-        except SearchError as problem:
-            refused.append((run, "does not fit" if "does not fit" in str(problem) else "no plan satisfies the pins"))
-    lines = ["| run | source | measured tokens/s/GPU | predicted | error | plan the search chose |",
-             "|---|---|---|---|---|---|"]
-    for run, value, best in results:
-        lines.append(f"| {run.name} | NeMo {run.source.rsplit('NeMo ', 1)[1]} | {run.measured:,.0f} | {value:,.0f} | "
-                     f"{error(run, value):+.1%} | {best.candidate.describe()}{_tp_overlap(run, best.candidate)} |")
-    lines += [f"| {run.name} | NeMo {run.source.rsplit('NeMo ', 1)[1]} | {run.measured:,.0f} | refused: {why} | | |"
-              for run, why in refused]
-    lines.append("")
+    results, refused, lines = _predicted(nemo_blackwell_ultra())
     for label, fp4 in (("FP8 and MXFP8", False), ("NVFP4", True)):
         def mine(run):
             return run.name.endswith("NVFP4") == fp4
@@ -1023,23 +1017,7 @@ def moe_blackwell_report() -> str:
     """The Blackwell MoE rows as `blackwell_ultra_report` gives its: each predicted, refused by the memory model or
     the stages, or refused for what its recipe runs that the language cannot say; the median and maximum |error|
     per model and per system of those predicted."""
-    results, refused = [], []
-    for run in nemo_moe_blackwell():
-        if run.note.startswith(UNSAYABLE):
-            refused.append((run, run.note))
-            continue
-        try:
-            results.append((run, *predict(run, None)))
-        except SearchError as problem:
-            refused.append((run, "does not fit" if "does not fit" in str(problem) else "no plan satisfies the pins"))
-    lines = ["| run | source | measured tokens/s/GPU | predicted | error | plan the search chose |",
-             "|---|---|---|---|---|---|"]
-    for run, value, best in results:
-        lines.append(f"| {run.name} | NeMo {run.source.rsplit('NeMo ', 1)[1]} | {run.measured:,.0f} | {value:,.0f} | "
-                     f"{error(run, value):+.1%} | {best.candidate.describe()} |")
-    lines += [f"| {run.name} | NeMo {run.source.rsplit('NeMo ', 1)[1]} | {run.measured:,.0f} | refused: {why} | | |"
-              for run, why in refused]
-    lines.append("")
+    results, refused, lines = _predicted(nemo_moe_blackwell())
     groups = [(label, lambda run, key=key: key in run.name) for label, key in
               (("Qwen3 30B-A3B", "30B"), ("Qwen3 235B-A22B", "235B"), ("GPT-OSS 120B", "GPT-OSS"),
                ("GB300", " GB300,"), ("GB200", " GB200,"), ("B200", " B200,"))]

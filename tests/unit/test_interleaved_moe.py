@@ -9,6 +9,7 @@ import pytest
 from plandsl import api, ir
 from plandsl.ir.layers import block_model, figures_key, layers_of, param_count
 from tests.support import lazy
+from test_deepseek import CHECKED  # a llama plan on one DGX A100 with model arguments to check
 
 torch = lazy("torch")
 
@@ -98,15 +99,6 @@ def _stdlib(relative: str) -> str:
     return str(stdlib_root() / relative)
 
 
-CHECKED = """\
-import "clusters/dgx_a100"
-plan p {{
-  model   = llama(layers=8, hidden=1024, heads=16, seq=2048, vocab=32000{args})
-  cluster = dgx_a100 x 1
-  mesh    = [dp = 8]
-  train   = {{ global_batch: 64, micro_batch: 2 }}
-}}
-"""
 
 
 @pytest.mark.parametrize("args, codes, argument", [
