@@ -153,6 +153,27 @@ def space_leaves(space):
                     yield root, node, leaf
 
 
+def assert_brute_force_optimum(problem, pins: dict) -> None:
+    """Every leaf of the search's space evaluated: each leaf's bound at most its exact step, and the search's three
+    best the three fastest of them (the search over models of two kinds of block: test_deepseek,
+    test_interleaved_moe)."""
+    import pytest
+    from plandsl.cost.compute import DEFAULT_EFFICIENCY
+    from plandsl.search import search
+    from plandsl.search.space import Space
+    space = Space(problem, pins, DEFAULT_EFFICIENCY)
+    everything = []
+    for root in space.roots():
+        for node in space.expand_root(root):
+            for leaf in space.expand(node):
+                scored = space.evaluate(leaf)
+                if scored is not None:
+                    assert leaf.bound <= scored.estimate.time.step * (1 + 1e-12)
+                    everything.append(scored.estimate.time.step)
+    found = search(problem, pins=pins, top=3)
+    assert [s.estimate.time.step for s in found.candidates] == pytest.approx(sorted(everything)[:3], rel=1e-12)
+
+
 # One node of 8 devices of 80 GiB at 1,000 bf16 TFLOP/s on a 100 GB/s link: the hardware of the memory tests' plan
 # templates (test_pipeline_memory, test_ring_memory), braces doubled for their `str.format`.
 EIGHT_GPU_NODE = """

@@ -18,7 +18,7 @@ from plandsl.ir.layers import (
     param_count,
 )
 from plandsl.ir.shapes import tensor_extents
-from tests.support import lazy
+from tests.support import assert_brute_force_optimum, lazy
 
 torch = lazy("torch")
 
@@ -284,22 +284,7 @@ def _problem(dense: int = 2):
 
 
 def test_the_search_finds_the_brute_force_optimum_of_two_kinds_of_block():
-    from plandsl.cost.compute import DEFAULT_EFFICIENCY
-    from plandsl.search import search
-    from plandsl.search.space import Space
-    problem = _problem()
-    pins = {"recompute": "none", "zero_stage": 1}
-    space = Space(problem, pins, DEFAULT_EFFICIENCY)
-    everything = []
-    for root in space.roots():  # every leaf's bound at most its exact step
-        for node in space.expand_root(root):
-            for leaf in space.expand(node):
-                scored = space.evaluate(leaf)
-                if scored is not None:
-                    assert leaf.bound <= scored.estimate.time.step
-                    everything.append(scored.estimate.time.step)
-    found = search(problem, pins=pins, top=3)
-    assert [s.estimate.time.step for s in found.candidates] == pytest.approx(sorted(everything)[:3], rel=1e-12)
+    assert_brute_force_optimum(_problem(), {"recompute": "none", "zero_stage": 1})
 
 
 @pytest.mark.parametrize("dense", [1, 3])

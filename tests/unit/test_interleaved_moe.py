@@ -8,7 +8,7 @@ import pytest
 
 from plandsl import api, ir
 from plandsl.ir.layers import block_model, figures_key, layers_of, param_count
-from tests.support import lazy
+from tests.support import assert_brute_force_optimum, lazy
 from test_deepseek import CHECKED  # a llama plan on one DGX A100 with model arguments to check
 
 torch = lazy("torch")
@@ -143,22 +143,11 @@ def _problem(every: int = 2, offset: int = 1):
 
 def test_the_search_finds_the_brute_force_optimum_of_alternating_blocks():
     from plandsl.cost.compute import DEFAULT_EFFICIENCY
-    from plandsl.search import search
     from plandsl.search.space import Space
-    problem = _problem()
-    pins = {"recompute": "none", "zero_stage": 1}
+    problem, pins = _problem(), {"recompute": "none", "zero_stage": 1}
     space = Space(problem, pins, DEFAULT_EFFICIENCY)
     assert space.figures.interleaved and space.figures.dense_blocks == 3
-    everything = []
-    for root in space.roots():  # every leaf's bound at most its exact step
-        for node in space.expand_root(root):
-            for leaf in space.expand(node):
-                scored = space.evaluate(leaf)
-                if scored is not None:
-                    assert leaf.bound <= scored.estimate.time.step * (1 + 1e-12)
-                    everything.append(scored.estimate.time.step)
-    found = search(problem, pins=pins, top=3)
-    assert [s.estimate.time.step for s in found.candidates] == pytest.approx(sorted(everything)[:3], rel=1e-12)
+    assert_brute_force_optimum(problem, pins)
 
 
 @pytest.mark.parametrize("every, offset", [(2, 1), (2, 0), (3, 0)])
