@@ -724,6 +724,15 @@ def _predicted(runs: list[Run]) -> tuple[list, list, list[str]]:
     return results, refused, lines
 
 
+def _tally(label: str, mine, results: list, refused: list) -> str:
+    """A set's line under `_predicted`'s table: the rows `mine` picks predicted and refused, and the median, mean and
+    maximum error of those predicted."""
+    errors = [error(run, value) for run, value, _ in results if mine(run)]
+    summary = (f"; median |error| {statistics.median(map(abs, errors)):.1%}, mean error "
+               f"{statistics.mean(errors):+.1%}, max |error| {max(map(abs, errors)):.1%}" if errors else "")
+    return f"{label}: {len(errors)} predicted, {sum(mine(r) for r, _ in refused)} refused{summary}"
+
+
 def blackwell_report() -> str:
     """Megatron-Bridge's Blackwell rows: each predicted or refused (the search finds no layout under the pins:
     the memory model's verdict), and the median and maximum |error| per system of those predicted."""
@@ -732,11 +741,8 @@ def blackwell_report() -> str:
         for label, fp4 in (("FP8 and MXFP8", False), ("NVFP4", True)):
             def mine(run):
                 return f" {system}," in run.name and run.name.endswith("NVFP4") == fp4
-            errors = [error(run, value) for run, value, _ in results if mine(run)]
-            if errors:
-                lines.append(f"{system} {label}: {len(errors)} predicted, {sum(mine(r) for r, _ in refused)} refused; "
-                             f"median |error| {statistics.median(map(abs, errors)):.1%}, mean error "
-                             f"{statistics.mean(errors):+.1%}, max |error| {max(map(abs, errors)):.1%}")
+            if any(mine(run) for run, _, _ in results):
+                lines.append(_tally(f"{system} {label}", mine, results, refused))
     return "\n".join(lines)
 
 
@@ -845,10 +851,7 @@ def blackwell_ultra_report() -> str:
     for label, fp4 in (("FP8 and MXFP8", False), ("NVFP4", True)):
         def mine(run):
             return run.name.endswith("NVFP4") == fp4
-        errors = [error(run, value) for run, value, _ in results if mine(run)]
-        summary = (f"; median |error| {statistics.median(map(abs, errors)):.1%}, mean error "
-                   f"{statistics.mean(errors):+.1%}, max |error| {max(map(abs, errors)):.1%}" if errors else "")
-        lines.append(f"GB300 {label}: {len(errors)} predicted, {sum(mine(r) for r, _ in refused)} refused{summary}")
+        lines.append(_tally(f"GB300 {label}", mine, results, refused))
     lines.append("B300: no dense Llama row in the tables")
     return "\n".join(lines)
 
@@ -1022,11 +1025,8 @@ def moe_blackwell_report() -> str:
               (("Qwen3 30B-A3B", "30B"), ("Qwen3 235B-A22B", "235B"), ("GPT-OSS 120B", "GPT-OSS"),
                ("GB300", " GB300,"), ("GB200", " GB200,"), ("B200", " B200,"))]
     for label, mine in [("all", lambda run: True)] + groups:
-        errors = [error(run, value) for run, value, _ in results if mine(run)]
-        if errors:
-            lines.append(f"{label}: {len(errors)} predicted, {sum(mine(r) for r, _ in refused)} refused; median |error| "
-                         f"{statistics.median(map(abs, errors)):.1%}, mean error {statistics.mean(errors):+.1%}, "
-                         f"max |error| {max(map(abs, errors)):.1%}")
+        if any(mine(run) for run, _, _ in results):
+            lines.append(_tally(label, mine, results, refused))
     return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ import pytest
 from plandsl import api, ir
 from plandsl.ir.layers import block_model, figures_key, layers_of, param_count
 from tests.support import assert_brute_force_optimum, lazy
-from test_deepseek import CHECKED  # a llama plan on one DGX A100 with model arguments to check
+from test_deepseek import CHECKED, HARDWARE  # a llama plan on one DGX A100; two nodes of two small GPUs
 
 torch = lazy("torch")
 
@@ -126,11 +126,6 @@ def test_the_offsets_fix_is_hugging_faces_offset():
 
 
 # ---- the search -------------------------------------------------------------------------------------------
-HARDWARE = """
-device gpu { memory = 16 GiB; bandwidth = 1000 GB/s; peak = { bf16: 200 TFLOP/s, fp32: 20 TFLOP/s } }
-node box { devices = 2 x gpu; link = { bandwidth: 100 GB/s, latency: 2 us }; nic = { bandwidth: 20 GB/s, latency: 5 us } }
-cluster pair = box x 2
-"""
 INTERLEAVED = ("llama(layers=6, hidden=512, heads=8, seq=512, vocab=4096, experts=4, top_k=2, ffn=256, moe_every={every}, "
                "moe_offset={offset}, dense_ffn=32768)")
 
