@@ -202,6 +202,8 @@ class Run:
     ring: str = "te"  # implementation = torch` (torch's context_parallel, torchtitan's)
     pipeline: str = ""  # whose pipeline runs the stages (`stages = ... with implementation = ...`); "": `pipeline_of`
     outputs: str = "dropped"  # what torch's pipeline does with the last stage's outputs (`stages = ... with outputs`)
+    virtual_choices: tuple[int, ...] = ()  # the virtual stages per rank the row's code accepts, each searched as a pin
+    # and the fastest taken (`predict`); (): the search's own choices
 
 
 # Transformer Engine's userbuffers as the rows' sources ran it (`tensor ... with sequence_parallel, overlap =
@@ -408,7 +410,22 @@ def published() -> list[Run]:
 # Megatron's pipeline schedules; per-GPU TFLOP/s by Megatron's formula (model FLOPs, no recomputation), over
 # the H100's 989 TFLOP/s: the table's MFU. Micro-batch size, virtual stages and recomputation are not given. The
 # flags listed leave Megatron's loss unfused (no --cross-entropy-loss-fusion): `loss: megatron`.
+# The pipelined runs are interleaved, at a number of virtual stages the code of the table's commit accepts
+# (f2e5db402c, 2024-07-15; written 2026-12-05, eighth session, from that code, before any prediction under it was
+# looked at): the README says pipeline-parallel communication was overlapped, which megatron/training/arguments.py
+# (lines 254-277 there) turns off ("Setting args.overlap_p2p_comm to False since non-interleaved schedule does not
+# support overlapping p2p communication") unless --num-layers-per-virtual-pipeline-stage is given, and then asserts
+# that the layers per pipeline stage are a multiple of it (line 267): v > 1 dividing layers / pp
+# (`readme_virtual_choices`; the interleaved schedule's `num_microbatches % pipeline_parallel_size` check,
+# core/pipeline_parallel/schedules.py:566 there, holds for every micro-batch size whose microbatches reach pp).
 MEGATRON_README = "NVIDIA/Megatron-LM README, images/model_table.png (2024)"
+
+
+def readme_virtual_choices(layers: int, pp: int) -> tuple[int, ...]:
+    """The virtual stages per rank Megatron-LM at f2e5db402c runs an interleaved pipeline of `layers` over `pp` at:
+    every v > 1 dividing the layers per stage (arguments.py:267 there); () without a pipeline."""
+    per_stage = layers // pp
+    return tuple(v for v in range(2, per_stage + 1) if per_stage % v == 0) if pp > 1 else ()
 
 
 def megatron_core_h100() -> list[Run]:
@@ -422,7 +439,8 @@ def megatron_core_h100() -> list[Run]:
                 metric="mfu", pins={"tp": tp, "pp": pp, "dp": 48, "cp": 1, "zero_stage": 1,
                                     **({"schedule": "interleaved_1f1b"} if pp > 1 else {})},
                 dtypes=dict(MEGATRON_CORE, loss="megatron"), note=f"{tflops} TFLOP/s per GPU",
-                overlap_tensor=tp > 1, **USERBUFFERS_TE1)  # the README's --tp-comm-overlap, TE 1.x (2024)
+                overlap_tensor=tp > 1, virtual_choices=readme_virtual_choices(layers, pp),
+                **USERBUFFERS_TE1)  # the README's --tp-comm-overlap, TE 1.x (2024)
             for size, heads, hidden, layers, tp, pp, gpus, batch, tflops in rows]
 
 
@@ -1101,8 +1119,19 @@ def pins_of(run: Run) -> dict:
 
 
 def predict(run: Run, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC):
-    result = search(problem_of(run, nic), pins=pins_of(run), top=1, efficiency=efficiency)
-    best = result.best
+    """The row's metric for the search's best plan under its pins; with `virtual_choices`, the best over a search
+    pinned to each (SearchError when none fits)."""
+    problem, pins = problem_of(run, nic), pins_of(run)
+    found, refusals = [], []
+    for virtual in run.virtual_choices or (None,):
+        try:
+            found.append(search(problem, pins=pins if virtual is None else {**pins, "virtual_stages": virtual},
+                                top=1, efficiency=efficiency).best)
+        except SearchError as refused:
+            refusals.append(refused)
+    if not found:
+        raise refusals[0]
+    best = min(found, key=lambda scored: scored.estimate.time.step)
     e = best.estimate
     value = {"tflops_per_device": e.tflops_per_device, "mfu": e.mfu,
              "tokens_per_device": e.tokens_per_s / e.devices}[run.metric]

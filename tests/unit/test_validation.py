@@ -137,12 +137,14 @@ def test_held_out_error_within_target(bench, results):
     drift the GEMM sweep measured on the shapes it timed twice; docs/validation.md, "Hopper's kernel figures, warm"):
     every held-out run 9.1 % (met, held at the target, 10 %), the H100 runs 9.9 % (met, held at 10 %), the H100's
     max 25.9 % (Megatron-LM's README GPT 119B; not met), the A100 rows unchanged; with NVLink at the 360 GB/s NCCL
-    reaches on H100s (the same session): 8.7 %, 8.9 %, max 24.8 % (held at 25 %)."""
+    reaches on H100s (the same session): 8.7 %, 8.9 %, max 24.8 % (held at 25 %). Since the README's pipelined rows
+    take only the virtual stages their Megatron-LM accepts (2026-12-05, eighth session; docs/validation.md, "The README
+    rows at virtual stages their code runs"): 8.7 %, H100 9.9 %, max 21.6 % (held at 22 %)."""
     errors = _held_out(bench, results)
     assert len(errors) >= 30
     assert statistics.median(errors.values()) <= 0.10, errors
-    assert max(errors.values()) <= 0.25, errors
-    for generation, median, worst in (("A100", 0.10, 0.19), ("H100", 0.10, 0.25)):
+    assert max(errors.values()) <= 0.22, errors
+    for generation, median, worst in (("A100", 0.10, 0.19), ("H100", 0.10, 0.22)):
         apart = _held_out(bench, results, generation)
         assert len(apart) >= 10 and statistics.median(apart.values()) <= median, (generation, apart)
         assert max(apart.values()) <= worst, (generation, apart)
@@ -350,6 +352,20 @@ def test_torchtitan_splits_its_blocks_as_its_code_of_2024_12_does(bench):
     assert bench.torchtitan_split(126, 8) == [15] + [16] * 6 + [15]
     assert bench.torchtitan_split(126, 16) == [7] + [8] * 14 + [7]
     assert bench.torchtitan_split(32, 1) == [32]
+
+
+def test_readme_rows_take_the_virtual_stages_their_megatron_accepts(bench):
+    """Megatron-LM at the README table's commit (f2e5db402c, arguments.py:267) runs an interleaved pipeline only at
+    a number of virtual stages dividing the layers per stage: the 119B's 23 layers a stage give 23 alone, the 70B's
+    42 every divisor above 1, a row without a pipeline none; and each pipelined README row searches exactly those."""
+    assert bench.readme_virtual_choices(92, 4) == (23,)
+    assert bench.readme_virtual_choices(84, 2) == (2, 3, 6, 7, 14, 21, 42)
+    assert bench.readme_virtual_choices(112, 16) == (7,)
+    assert bench.readme_virtual_choices(24, 1) == ()
+    readme = {run.name: run for run in bench.megatron_core_h100()}
+    assert readme["Megatron-Core GPT 119B, 1536 H100"].virtual_choices == (23,)
+    assert readme["Megatron-Core GPT 1.7B, 48 H100"].virtual_choices == ()
+    assert all(run.virtual_choices for run in readme.values() if run.pins["pp"] > 1)
 
 
 @pytest.mark.slow
