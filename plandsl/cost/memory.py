@@ -446,17 +446,38 @@ def model_state_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Pa
     if plan.data is not None and plan.data.gather is ir.Precision.fp8 and 1 <= plan.data.zero_stage < 3:
         # Megatron's --fp8-param-gather (the only stack that gathers FP8 weights under ZeRO-1/2: its distributed
         # optimizer) keeps the quantized layers' weights as FP8 tensors (`fp8_model_init`: one byte, the transpose
-        # made in the backward and not kept, `keep_fp8_transpose_cache` off), the master copy with the optimizer.
-        # Under ZeRO-3 the shards keep the weights' dtype: torchao casts each shard before its gather.
+        # made in the backward and not kept, `keep_fp8_transpose_cache` off; MXFP8 both copies, `fp8_weight_bytes`),
+        # the master copy with the optimizer. Under ZeRO-3 see `megatron_fsdp_shards`.
         quantized = sum(_quantized_numel(plan, layer, tp, ep, expert_tp) for layer in layers)
         states = StateBytes.of(plan.train)
-        params -= quantized * (states.params - fp8_gather_bytes(plan.train))
+        params -= quantized * (states.params - fp8_weight_bytes(plan.train))
         if not plan.train.master_copy:  # the weights were the master copy: it stays, with the optimizer's shards
             dense_only = sum(_quantized_numel(plan, layer, tp, ep, expert_tp, True) for layer in layers)
             _, dense_degree, expert_degree = zero_degrees(plan)
             optimizer += (-(-dense_only // dense_degree) + -(-(quantized - dense_only) // expert_degree)) \
                 * plan.train.master_dtype.bytes
+    elif megatron_fsdp_shards(plan):
+        quantized = sum(_quantized_numel(plan, layer, tp, ep, expert_tp) for layer in layers)
+        dense_only = sum(_quantized_numel(plan, layer, tp, ep, expert_tp, True) for layer in layers)
+        _, dense_degree, expert_degree = zero_degrees(plan)
+        shards = -(-dense_only // dense_degree) + -(-(quantized - dense_only) // expert_degree)
+        params -= shards * (StateBytes.of(plan.train).params - fp8_weight_bytes(plan.train))
     return params, grads, optimizer
+
+
+def megatron_fsdp_shards(plan: ir.Plan) -> bool:
+    """Whether a ZeRO-3 plan's quantized weights rest as FP8 shards: a plan that gathers them in FP8 (`gather =
+    fp8`) and keeps its weights narrower than the master copy (`param_dtype: bf16` over fp32) is Megatron-FSDP's
+    layout with --fp8-param-gather (torchtitan's FSDP2 with torchao's FP8 gather keeps the fp32 weights, which are
+    their own master copy, and casts each shard before its gather). Megatron-FSDP (megatron-core 0.16.1,
+    megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py:1940-2031) gives an FP8 parameter
+    group a `model_weight_buffer` of `torch.uint8` (one byte a parameter, sharded under `optim_grads_params`),
+    MXFP8's a `transpose_weight_buffer` of the same beside it (`fp8_need_transpose_data`, mixed_precision.py:182:
+    "only mxfp8"), an fp32 `main_weight_buffer` (the master copy) and a bf16 `main_grad_buffer`
+    (`grad_dtype = torch.bfloat16` for an FP8 group unless `grad_reduce_in_fp32`): 1 + 4 + 2 + 8 (Adam's fp32
+    moments) = 15 bytes a parameter, not the 16 of a bf16 shard."""
+    return (plan.data is not None and plan.data.gather is ir.Precision.fp8 and plan.data.zero_stage == 3
+            and plan.train.master_copy)
 
 
 def _quantized_numel(plan: ir.Plan, layer: Layer, tp: int, ep: int, expert_tp: int | None,
@@ -594,6 +615,19 @@ def fp8_gather_bytes(train: ir.Training) -> float:
     if train.precision is ir.Precision.mxfp8:
         return ir.Precision.mxfp8.gemm_bytes
     return 1.0 + (4 / ir.FP8_BLOCK ** 2 if train.recipe is ir.Fp8Recipe.blockwise else 0.0)
+
+
+def fp8_weight_bytes(train: ir.Training) -> float:
+    """Bytes per element a quantized linear layer's weight takes at rest as an FP8 parameter (Megatron's
+    --fp8-param-gather, `fp8_model_init`): the gathered bytes (`fp8_gather_bytes`), twice under MXFP8, whose weights
+    keep a row-wise and a column-wise copy, each with its own scales (a block's scale runs along one axis, so the
+    forward's and the backward's GEMMs read different data): Transformer Engine makes its FP8 parameters with
+    `quantizer.set_usage(rowwise=True, columnwise=torch.is_grad_enabled())` (transformer_engine/pytorch/module/
+    base.py:1265 at v2.10), and megatron-core's distributed optimizer copies each gathered bf16 weight into both
+    (`param.data.copy_`, distributed_data_parallel.py:486-497 at core_v0.16.1: "the paramaters are cast from bf16
+    to MXFP8 during copy"). A per-tensor FP8 weight is one copy on Blackwell, whose GEMMs read either layout
+    (`is_non_tn_fp8_gemm_supported`, quantizer.cpp:137: no transpose made)."""
+    return fp8_gather_bytes(train) * (2 if train.precision is ir.Precision.mxfp8 else 1)
 
 
 def gather_element_bytes(train: ir.Training, gather: ir.Precision | None, quantized: bool, default: float) -> float:
@@ -833,11 +867,43 @@ def _kept(model: ir.TransformerModel, terms: tuple[float, float, float], saved: 
     if precision.quantized:  # each saved input's 2 bytes become gemm_bytes (mxfp8: its scales too; fp8: the recipe's)
         saving = 2 - (recipe.saved_bytes if recipe and precision is ir.Precision.fp8 else precision.gemm_bytes)
         replicated, sharded = replicated - saving * saved[0], sharded - saving * saved[1]
+        # the attention core's 16-bit output beside (or instead of) the out-projection's FP8 copy of it
+        sharded += _attention_output_terms(model, precision, recipe, saving,
+                                           not attention_matrix and recompute is not ir.Recompute.selective)
     if not attention_matrix or recompute is ir.Recompute.selective:
         matrix = 0.0  # selective recompute (Sec. 5) recomputes exactly the attention core
     if sequence_parallel:  # Sec. 4.2.2: the replicated parts are split along the sequence too
         return sbh * (replicated + sharded + matrix) / tp * scale
     return sbh * (replicated + (sharded + matrix) / tp) * scale
+
+
+def _attention_output_terms(model: ir.TransformerModel, precision: ir.Precision, recipe: ir.Fp8Recipe | None,
+                            saving: float, core_keeps_output: bool) -> float:
+    """What the attention core's output O (heads x head_dim wide, 16-bit) costs under a quantized precision beyond
+    the FP8 copy `_fp8_saved_terms` counts as the out-projection's saved input, per s·b·h element, tensor-sharded.
+
+    Transformer Engine's fused attention keeps O for its own backward: without FP8 attention (Megatron-Bridge's
+    recipes set no `fp8_dot_product_attention`) `FusedAttnFunc.forward` saves `qkvo_tensors = (q, k, v, out)`, the
+    16-bit output (TE v2.10, transformer_engine/pytorch/attention/dot_product_attention/backends.py:1301), as
+    flash attention does; the unfused core (`attention: materialized`) keeps the probabilities and V instead, and a
+    core that selective recomputation reruns (`core_attn`) keeps only its inputs. Then:
+
+    - `fp8` under the delayed recipe (TE's DelayedScaling, the default): the out-projection (`linear_proj`, a TE
+      `Linear`) saves its own quantized copy of O (transformer_engine/pytorch/module/linear.py:383-404 at v2.10,
+      the column-wise data it keeps for the weight gradient), so O is held twice: 16-bit by the core, FP8 by the
+      projection, 2 more bytes per element than the FP8 copy alone (for Llama 3 70B's block, 29 s·b·h, not 27);
+    - every other TE recipe (`fp8` current or blockwise, `mxfp8`, `nvfp4`): megatron-core (since 0.14.0, commit
+      781e765818; megatron/core/transformer/attention.py:363-379 at core_v0.16.1) calls `set_save_original_input`
+      on `linear_proj` "for fp8/fp4 training, [as] the output of the fused core_attn is saved by itself", so the
+      projection saves the 16-bit O itself, the core's (or, recomputed, the checkpoint's output), and no FP8 copy:
+      its input costs 2 bytes, not `gemm_bytes` (Llama 3 70B's block: 28 s·b·h under `fp8_recipe: current`);
+    - torchao's Float8 (`tensorwise`): as `_fp8_saved_terms` counts it (not re-read here)."""
+    if not precision.quantized or recipe is ir.Fp8Recipe.tensorwise and precision is ir.Precision.fp8:
+        return 0.0
+    output = attention_widths(model).o / model.hidden
+    if precision is ir.Precision.fp8 and recipe in (None, ir.Fp8Recipe.delayed):
+        return 2 * output if core_keeps_output else 0.0
+    return saving * output
 
 
 def _attention_terms(model: ir.TransformerModel, seq: int, kv_gathered: int = 1) -> tuple[float, float, float]:
@@ -1198,7 +1264,8 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
 
 __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estimate_layer_activations", "layer_recompute",
            "held_stages", "gathered_bytes", "gather_element", "gather_element_bytes", "gathered_param_bytes",
-           "fp8_gather_bytes", "gathers_whole", "pipelined_shards", "returned_merge_bytes", "returned_output_bytes", "model_state_bytes",
+           "fp8_gather_bytes", "fp8_weight_bytes", "megatron_fsdp_shards", "gathers_whole", "pipelined_shards",
+           "returned_merge_bytes", "returned_output_bytes", "model_state_bytes",
            "tied_embedding",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
            "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES", "StateBytes", "FP32_STATES", "module_split",

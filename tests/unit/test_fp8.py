@@ -111,7 +111,9 @@ def test_generate_searches_in_fp8():
 
 def test_fp8_keeps_the_linear_layers_saved_inputs_in_one_byte():
     """Per block and microbatch: bf16 minus what FP8 saves, the q/k/v and MLP inputs (one byte each of h) and the
-    out-projection and w2 inputs (h and ffn), split by tp under sequence parallelism."""
+    w2 input (ffn), split by tp under sequence parallelism; the out-projection's input, the attention's output O,
+    costs a byte more (h): the fused attention keeps O in 16 bits for its own backward and the out-projection its
+    FP8 copy beside it (the delayed recipe, `cost.memory._attention_output_terms`)."""
     from plandsl.cost.memory import transformer_block_activations
     plan = _plan("bf16")
     model = plan.model
@@ -119,7 +121,7 @@ def test_fp8_keeps_the_linear_layers_saved_inputs_in_one_byte():
     bf16, fp8 = (transformer_block_activations(model, seq, 1, tp, True, ir.Recompute.none, ir.Precision(p))
                  for p in ("bf16", "fp8"))
     saved = seq * (model.hidden * 3 + model.ffn_hidden) / tp
-    assert bf16 - fp8 == pytest.approx(saved)
+    assert bf16 - fp8 == pytest.approx(saved - 2 * seq * model.hidden / tp)
     full = [transformer_block_activations(model, seq, 1, tp, True, ir.Recompute.full, ir.Precision(p))
             for p in ("bf16", "fp8")]
     assert full[0] == full[1]  # full recomputation keeps the block's 16-bit input only
@@ -127,7 +129,8 @@ def test_fp8_keeps_the_linear_layers_saved_inputs_in_one_byte():
 
 def test_fp8_latent_attention_saves_its_latents_and_its_wide_output_in_one_byte():
     """MLA under FP8: besides the block input and the MLP's inputs, the two normed latents the up-projections read
-    and the out-projection's input (heads x v_head_dim, wider than hidden in DeepSeek-V3) are kept in one byte."""
+    and the out-projection's input (heads x v_head_dim, wider than hidden in DeepSeek-V3) are kept in one byte, the
+    latter beside the 16-bit attention output it copies (delayed recipe), as wide."""
     from plandsl.cost.memory import transformer_block_activations
     model = api.loads("model m = llama(layers=4, hidden=256, heads=8, ffn=512, seq=128, vocab=1000, "
                       "q_lora_rank=96, kv_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=32, "
@@ -136,7 +139,34 @@ def test_fp8_latent_attention_saves_its_latents_and_its_wide_output_in_one_byte(
     bf16, fp8 = (transformer_block_activations(model, seq, 1, 1, False, ir.Recompute.none, ir.Precision(p))
                  for p in ("bf16", "fp8"))
     saved = seq * ((model.hidden + 96 + 64) + model.hidden + (8 * 48) + model.ffn_hidden)
-    assert bf16 - fp8 == pytest.approx(saved)
+    assert bf16 - fp8 == pytest.approx(saved - 2 * seq * 8 * 48)
+
+
+def test_fp8_attention_output_is_kept_in_16_bits_beside_the_out_projections_fp8_copy():
+    """Llama 3 70B's block (h 8192, 8 KV heads, ffn 28672) without recomputation, per s·b·h: 33.5 bytes in bf16; under
+    FP8 the q/k/v, MLP, out-projection and w2 inputs saved in one byte would make it 27, but Transformer Engine's fused
+    attention keeps its 16-bit output O for its backward (backends.py:1301 at v2.10), so under the delayed recipe,
+    whose out-projection saves its own FP8 copy, it is 29. Under the other TE recipes megatron-core has the
+    out-projection save the 16-bit O itself (`set_save_original_input`, attention.py:363-379 at core_v0.16.1): 28
+    (fp8 current), and MXFP8 and NVFP4 likewise keep wo's input at 2 bytes. Selective recomputation of the core keeps
+    only its inputs, so O is the out-projection's alone again: 27 under the delayed recipe."""
+    from plandsl.cost.memory import transformer_block_activations
+    model = api.loads('import "models/llama3"\nmodel m = llama3_70b\n', path="m.plan").models[0]
+    seq = 8192
+    sbh = seq * model.hidden
+
+    def per_sbh(precision, recipe=None, recompute=ir.Recompute.none):
+        return transformer_block_activations(model, seq, 1, 1, False, recompute, ir.Precision(precision),
+                                             recipe=recipe) / sbh
+
+    assert per_sbh("bf16") == pytest.approx(33.5)
+    assert per_sbh("fp8", ir.Fp8Recipe.delayed) == pytest.approx(29.0)
+    assert per_sbh("fp8") == pytest.approx(29.0)  # the recipe not given is delayed (`ir.Training.recipe`)
+    assert per_sbh("fp8", ir.Fp8Recipe.current) == pytest.approx(28.0)
+    assert per_sbh("fp8", ir.Fp8Recipe.delayed, ir.Recompute.selective) == pytest.approx(27.0)
+    assert per_sbh("fp8", ir.Fp8Recipe.current, ir.Recompute.selective) == pytest.approx(28.0)
+    mx = 2 - ir.Precision.mxfp8.gemm_bytes  # what MXFP8 saves per saved input element
+    assert per_sbh("mxfp8") == pytest.approx(33.5 - mx * (1 + 1 + 3.5))  # all but wo's input (1 wide)
 
 
 def test_fp8_quantizes_each_gemms_input_forward_and_its_output_gradient_backward():

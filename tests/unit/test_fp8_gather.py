@@ -334,7 +334,9 @@ def test_a_quantized_blocks_sequence_parallel_all_gathers_move_the_quantized_cop
 
 def test_megatrons_fp8_params_are_kept_in_fp8_under_zero1():
     """Megatron's --fp8-param-gather keeps the quantized weights as FP8 tensors (the master copy with the optimizer):
-    under ZeRO-1 a rank stores them at 1 byte; under ZeRO-3 torchao's shards keep the weights' dtype."""
+    under ZeRO-1 a rank stores them at 1 byte; under ZeRO-3 with bf16 weights over an fp32 master (Megatron-FSDP's
+    layout, `megatron_fsdp_shards`) each rank's shard of them is one byte too (its uint8 `model_weight_buffer`),
+    while torchao's shards, of fp32 weights that are their own master, keep the weights' dtype."""
     from plandsl.cost.memory import model_state_bytes
     bf16 = ", param_dtype: bf16"
     zero1 = lowered("zero1 over dp", extra=bf16)
@@ -346,7 +348,29 @@ def test_megatrons_fp8_params_are_kept_in_fp8_under_zero1():
     assert fp8_params == params - 4 * LINEAR * (2 - 1)
     assert (fp8_grads, fp8_optimizer) == (grads, optimizer)
     zero3 = lowered("fsdp over dp with gather = fp8", extra=bf16)
-    assert model_state_bytes(zero3, layers)[0] == model_state_bytes(lowered("fsdp over dp", extra=bf16), layers)[0]
+    shards = model_state_bytes(lowered("fsdp over dp", extra=bf16), layers)
+    assert shards[0] == 2 * (ROOT + 4 * BLOCK) // 8
+    assert model_state_bytes(zero3, layers) == (shards[0] - 4 * LINEAR // 8 * (2 - 1), *shards[1:])
+    torchao = lowered("fsdp over dp with gather = fp8")  # fp32 weights, their own master copy
+    assert model_state_bytes(torchao, layers)[0] == model_state_bytes(lowered("fsdp over dp"), layers)[0]
+
+
+def test_megatrons_mxfp8_params_keep_a_row_wise_and_a_column_wise_copy():
+    """An MXFP8 parameter holds its data twice, row-wise and column-wise, each with a one-byte scale per 32 elements
+    (Transformer Engine creates it for both usages; Megatron-FSDP gives it a `transpose_weight_buffer`): 2 x 33/32
+    bytes, more than the bf16 weight it replaces, under ZeRO-1 and as Megatron-FSDP's shards."""
+    from plandsl.cost.memory import fp8_weight_bytes, model_state_bytes
+    bf16 = ", param_dtype: bf16"
+    assert fp8_weight_bytes(lowered("zero1 over dp", precision="mxfp8").train) == 2 * (1 + 1 / 32)
+    assert fp8_weight_bytes(lowered("zero1 over dp", extra=", fp8_recipe: current").train) == 1.0
+    zero1 = lowered("zero1 over dp", precision="mxfp8", extra=bf16)
+    mx = lowered("zero1 over dp with gather = fp8", precision="mxfp8", extra=bf16)
+    layers = layers_of(zero1.model)
+    params = model_state_bytes(zero1, layers)[0]
+    assert model_state_bytes(mx, layers)[0] == pytest.approx(params + 4 * LINEAR * (2 * (1 + 1 / 32) - 2))
+    fsdp = lowered("fsdp over dp with gather = fp8", precision="mxfp8", extra=bf16)
+    shards = model_state_bytes(lowered("fsdp over dp", precision="mxfp8", extra=bf16), layers)[0]
+    assert model_state_bytes(fsdp, layers)[0] == pytest.approx(shards + 4 * LINEAR // 8 * (2 * (1 + 1 / 32) - 2))
 
 
 def test_fp8_params_keep_their_master_copy_when_the_weights_were_it():
