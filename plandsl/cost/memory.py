@@ -445,9 +445,10 @@ def model_state_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Pa
     params, grads, optimizer = _model_states(plan, dense + more[0], expert + more[1], whole_tensors)
     if plan.data is not None and plan.data.gather is ir.Precision.fp8 and 1 <= plan.data.zero_stage < 3:
         # Megatron's --fp8-param-gather (the only stack that gathers FP8 weights under ZeRO-1/2: its distributed
-        # optimizer) keeps the quantized layers' weights as FP8 tensors (`fp8_model_init`: one byte, the transpose
-        # made in the backward and not kept, `keep_fp8_transpose_cache` off; MXFP8 both copies, `fp8_weight_bytes`),
-        # the master copy with the optimizer. Under ZeRO-3 see `megatron_fsdp_shards`.
+        # optimizer) keeps the quantized layers' weights as FP8 tensors (`fp8_model_init`: one byte, one copy on
+        # Blackwell; MXFP8 both copies, `fp8_weight_bytes`; Hopper's transpose made after each gather is not counted,
+        # docs/cost-model.md "Not modelled"), the master copy with the optimizer. Under ZeRO-3 see
+        # `megatron_fsdp_shards`.
         quantized = sum(_quantized_numel(plan, layer, tp, ep, expert_tp) for layer in layers)
         states = StateBytes.of(plan.train)
         params -= quantized * (states.params - fp8_weight_bytes(plan.train))
