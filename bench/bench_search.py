@@ -561,7 +561,8 @@ def nemo_moe_h100() -> list[Run]:
                 qwen_235b, overlap=True, fold=True, tp=2, pp=8, virtual_stages=4, ep=32, dp=1),
             run("DeepSeek-V3 (t2 p8 v4 e64), gbs 8192", "25.09", "deepseek_v3", 1024, 8192, 1297, "FP8",
                 "the recipe (v0.1.0 deepseek_v3_llm_pretrain.yaml) recomputes selectively, Megatron's default "
-                "core_attn: recompute selective; its MTP layer is not in the language; FP8 with DeepSeek's blockwise "
+                "core_attn: recompute selective; its MTP layer (deepseek_v3.py mtp_num_layers 1): models/deepseek's mtp=1; "
+                "FP8 with DeepSeek's blockwise "
                 "scaling; bf16 Adam states (use_precision_aware_optimizer); Megatron's EP 64 with expert TP 1 beside "
                 "TP 2: experts = alltoall over [ep, tp], the expert group 32 data ranks x 2 tensor ranks",
                 dtypes={"optimizer_dtype": "bf16", "fp8_recipe": "blockwise"}, fold=True, tp=2, pp=8, virtual_stages=4,

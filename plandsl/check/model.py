@@ -1,4 +1,4 @@
-"""Model shapes (E220-E230): the sizes a gpt or llama model needs for its torch module to run.
+"""Model shapes (E220-E234): the sizes a gpt or llama model needs for its torch module to run.
 
 Stage: checker. Contract: `check_model(plan)` yields one diagnostic per shape rule the plan's model
 breaks, each at the argument that breaks it, with a hint whose numbers give a model that obeys every
@@ -22,6 +22,10 @@ reference model's own requirements (`plandsl.runtime.models`, whose constructors
 - E231 `full_every` only with a `window` (it says which blocks attend beyond the window);
 - E232 a `full_every` of 2 to `layers`: 1 leaves no block windowed, more than `layers` no block full;
 - W203 a `window` shorter than the training sequence: one as long attends to every key, as full attention does.
+- E233 `mtp` only on a llama (rotary positions): Megatron-Core builds multi-token prediction with rope or no position
+  embedding only (megatron/training/arguments.py:1229-1233 at core_v0.16.1), and a gpt's learned positions are its own;
+- E234 `mtp` below the training sequence less one: depth k predicts the token k + 1 ahead, so the deepest needs a
+  sequence of at least mtp + 2 tokens for any position to have a target.
 """
 from __future__ import annotations
 
@@ -71,6 +75,7 @@ def model_shapes(model: ir.Model, tp: int = 1, seq: int | None = None, seq_span=
                    hint="add experts=N (and top_k), or drop shared_experts and widen ffn")
     yield from _dense_layers(model)
     yield from _window(model, model.seq if seq is None else seq, seq_span)
+    yield from _multi_token(model, model.seq if seq is None else seq, seq_span)
     if model.kind == "gpt" and seq is not None and seq > model.seq:
         yield _positions(model, seq, seq_span, seq_item)
 
@@ -161,6 +166,25 @@ def _window(model: ir.TransformerModel, seq: int, seq_span) -> Iterator[Diagnost
                    hint=(f"window={seq // 2} or less bands the attention; " if seq >= 2 else "")  # window=0: none
                    + "drop window for full attention",
                    notes=[Note(f"training sequence {seq}", seq_span)] if seq_span is not None else [])
+
+
+def _multi_token(model: ir.TransformerModel, seq: int, seq_span) -> Iterator[Diagnostic]:
+    """Multi-token prediction's depths (E233, E234): on rotary positions, and each with a token to predict."""
+    if not model.mtp:
+        return
+    if model.kind == "gpt":
+        yield diag("E233", f"mtp={model.mtp} on gpt model '{model.name}': multi-token prediction embeds the tokens k "
+                   "ahead at their own positions, which Megatron-Core builds with rotary or no position embeddings "
+                   "only, not a gpt's learned ones", model.span_of("mtp"),
+                   hint="write the model as llama(...) (rotary positions), or drop mtp")
+    elif model.mtp + 2 > seq:
+        deepest = max(0, seq - 2)
+        yield diag("E234", f"mtp={model.mtp} on a {seq}-token sequence: depth {model.mtp} predicts the token "
+                   f"{model.mtp + 1} ahead, which no position of the sequence has", model.span_of("mtp"),
+                   hint=(f"mtp={deepest} or less" if deepest else "drop mtp") + f", or train on at least "
+                   f"{model.mtp + 2} tokens",
+                   notes=[Note(f"training sequence {seq}", seq_span)] if seq_span is not None else [],
+                   edits=_edit(model, "mtp", deepest) if deepest else [])
 
 
 def _shape_options(model: ir.TransformerModel, tp: int) -> tuple[str, list[int], list[int]]:

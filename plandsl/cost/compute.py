@@ -327,6 +327,24 @@ def estimate_layer_compute(model: ir.Model, layer: Layer, work: Work, device: ir
                         flops=flops, recompute_flops=flops if full else 0.0)
 
 
+def mtp_projection_compute(model: ir.TransformerModel, work: Work, device: ir.DeviceType,
+                           efficiency: Efficiency | None = None) -> LayerCompute:
+    """One multi-token prediction depth's `eh_proj` for one microbatch: the normed embeddings and hidden states
+    concatenated (2h) and projected to h by a column-parallel GEMM without bias (megatron-core 0.16.1
+    multi_token_prediction.py:662-671, 741-743), in the plan's precision (the depth runs under the global FP8 context,
+    :775-787); its backward as any GEMM's (`estimate_layer_compute`). The depth's norms, embedding lookup, block and
+    output layer are those layers' own figures (`cost.layer.estimate_layer_time` adds them)."""
+    efficiency = efficiency or device_efficiency(device)
+    tokens, h = work.tokens, model.hidden
+    out = -(-h // work.tp)
+    matmul = efficiency.gemm_seconds(tokens, out, 2 * h, device, work.precision)
+    other = tokens * (2 * h + out) * work.precision.bytes / device.bandwidth  # the concatenation's write and read
+    flops = 2.0 * tokens * out * 2 * h
+    full = work.recompute is ir.Recompute.full
+    return LayerCompute(matmul, other, 2 * matmul, 2 * other, (matmul + other) if full else 0.0,
+                        flops=flops, recompute_flops=flops if full else 0.0)
+
+
 def _tensor_parallel_flops(layer: Layer, tp: int) -> float:
     """A custom layer's forward FLOPs per token on one device. A torch model's tensor-parallel plan splits
     some Linear weights (`ir.layers.TP_SPLIT`): each such weight's 2·in·out multiply-adds per token are
@@ -896,6 +914,7 @@ def estimate_optimizer_step(local_params: float, device: ir.DeviceType, optimize
 
 
 __all__ = ["cast_bytes", "Efficiency", "DEFAULT_EFFICIENCY", "device_efficiency", "Work", "LayerCompute", "estimate_layer_compute",
+           "mtp_projection_compute",
            "OverlapGemm", "reruns_core", "overlap_gemms", "userbuffers_share", "dispatcher_share",
            "rank_attention", "attention_core_seconds", "causal_fraction", "window_band",
            "estimate_optimizer_step", "peak_of"]

@@ -20,6 +20,7 @@ from plandsl.cost.compute import (
     Work,
     dispatcher_share,
     estimate_layer_compute,
+    mtp_projection_compute,
     overlap_gemms,
     reruns_core,
     userbuffers_share,
@@ -123,6 +124,47 @@ class LayerTime:
 
 def estimate_layer_time(model: ir.Model, layer: Layer, work: Work, device: ir.DeviceType, links: Links,
                         efficiency: Efficiency | None = None) -> LayerTime:
+    """`layer`'s seconds for one microbatch; a transformer's head with multi-token prediction (`mtp`) runs its depths
+    after it, on its stage (`mtp_time`)."""
+    time = _layer_time(model, layer, work, device, links, efficiency)
+    if layer.kind == "head" and isinstance(model, ir.TransformerModel) and model.mtp:
+        time = _plus(time, mtp_time(model, layer, work, device, links, efficiency), model.mtp)
+    return time
+
+
+def mtp_time(model: ir.TransformerModel, head: Layer, work: Work, device: ir.DeviceType, links: Links,
+             efficiency: Efficiency | None = None) -> LayerTime:
+    """One multi-token prediction depth (megatron-core 0.16.1 `MultiTokenPredictionLayer.forward` and
+    `GPTModel._postprocess`, multi_token_prediction.py:681-821, gpt_model.py:592-660): the embedding of the tokens
+    shifted by one more (the vocabulary-parallel lookup and its reduction: the embedding's figures), the two input norms
+    and the final one (the final norm's figures, three times), `eh_proj` (`cost.compute.mtp_projection_compute`: its
+    output gathered over the tensor axis in the forward, its input gradient reduced in the backward, each priced as the
+    embedding's one tensor-parallel reduction), one block of the last block's kind (`ir.layers.mtp_block`: its own figures, communication included)
+    and the shared output layer with its loss again (the head's figures)."""
+    layers = ir_layers.layers_of(model)
+    by_kind = {candidate.kind: candidate for candidate in layers if candidate.kind != "block"}
+    block = layers[model.layers]  # the last block: embed is layers[0]
+    embed = _layer_time(model, by_kind["embed"], work, device, links, efficiency)
+    norm = _layer_time(model, by_kind["norm"], work, device, links, efficiency)
+    projection = mtp_projection_compute(model, work, device, efficiency)
+    comm = embed.forward_comm  # forward: the output gathered; backward: the input gradient reduced
+    pair = LayerTime(projection.forward + comm, projection.input_grad + comm, projection.weight_grad, comm, comm,
+                     projection.flops, projection.recompute_flops, embed.moved * 2)
+    time = _plus(_plus(embed, norm, 3), pair)
+    time = _plus(time, _layer_time(model, block, work, device, links, efficiency))
+    return _plus(time, _layer_time(model, head, work, device, links, efficiency))
+
+
+def _plus(time: LayerTime, other: LayerTime, times: float = 1.0) -> LayerTime:
+    """`time` and `times` x `other`, field by field."""
+    return LayerTime(time.forward + times * other.forward, time.input_grad + times * other.input_grad,
+                     time.weight_grad + times * other.weight_grad, time.forward_comm + times * other.forward_comm,
+                     time.backward_comm + times * other.backward_comm, time.flops + times * other.flops,
+                     time.recompute_flops + times * other.recompute_flops, time.moved + other.moved * times)
+
+
+def _layer_time(model: ir.Model, layer: Layer, work: Work, device: ir.DeviceType, links: Links,
+                efficiency: Efficiency | None = None) -> LayerTime:
     compute = estimate_layer_compute(model, layer, work, device, efficiency)
     moved: dict[str, float] = {}
     overlapped = backward_gemms = ()

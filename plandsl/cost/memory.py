@@ -280,7 +280,8 @@ def autocast_weight_copies(plan: ir.Plan, layers: Sequence[Layer]) -> float:
     for layer in layers:
         elements += once_per_figures(seen, layer, lambda layer: sum(
             local_numel(p, tp, ep, expert_tp) for p in _copied(plan, layer) if not _is_expert(p)))
-    if any(layer.kind == "head" for layer in layers) and plan.train.loss is not ir.Loss.fused:
+    if any(layer.kind == "head" for layer in layers) and plan.train.loss is not ir.Loss.fused \
+            and getattr(plan.model, "tied_embeddings", False):
         tied = tied_embedding(plan, layers_of(plan.model))
         elements += local_numel(tied, tp, ep, expert_tp) if tied is not None else 0
     return float(elements * plan.train.precision.bytes)
@@ -714,8 +715,10 @@ def pipelined_shards(plan: ir.Plan) -> bool:
 
 
 def tied_embedding(plan: ir.Plan, layers: Sequence[Layer]) -> Param | None:
-    """The embedding weight a tied head shares, when the model ties them."""
-    if not getattr(plan.model, "tied_embeddings", False):
+    """The embedding weight a head's rank without the embedding keeps a copy of: when the model ties them, or has
+    multi-token prediction, whose depths embed the shifted tokens on the head's stage (megatron-core 0.16.1 builds the
+    embedding there too and ties it to the first stage's, gpt_model.py:149-157 and 829-843)."""
+    if not getattr(plan.model, "tied_embeddings", False) and not getattr(plan.model, "mtp", 0):
         return None
     embed = next((layer for layer in layers if layer.kind == "embed"), None)
     return next((p for p in embed.params if VOCAB in p.dims), None) if embed else None
@@ -1029,8 +1032,27 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
         # sequence and its linear saves that gathered input for the weight gradient (Megatron's column-parallel layer
         # saves its shard and gathers again in the backward; Korthikanti's 2sbh/t).
         logit = precision.unquantized.bytes if plan.train.loss is ir.Loss.fused else 4.0
-        return 2 * sbh * scale + logit * tokens * -(-model.vocab // tp)
+        head = 2 * sbh * scale + logit * tokens * -(-model.vocab // tp)
+        return head + model.mtp * (head + _mtp_activations(plan, recompute, attention_matrix, modules))
     return 0.0
+
+
+def _mtp_activations(plan: ir.Plan, recompute: ir.Recompute, attention_matrix: bool,
+                     modules: frozenset[ir.RecomputeModule] | None) -> float:
+    """Bytes one multi-token prediction depth keeps for one microbatch beside its pass of the output layer (the
+    head's, counted by the caller): its block's as a block of the last block's kind under the head's recomputation
+    (megatron-core 0.16.1 checkpoints the depth under full recomputation, multi_token_prediction.py:823-858), and the
+    inputs its element-wise layers and projection save, 2sbh bytes each (Korthikanti et al. 2022, Sec. 4.3's norm),
+    1/t under sequence parallelism: enorm's and hnorm's, the concatenation `eh_proj` reads (two) and the final norm's;
+    none but the block's input under full recomputation."""
+    model = plan.model
+    block = layers_of(model)[model.layers]  # the last block (`ir.layers.mtp_block`)
+    kept = _layer_activations(plan, block, recompute, attention_matrix, modules)
+    sequence_parallel = bool(plan.tensor and plan.tensor.sequence_parallel)
+    sbh = -(-plan.seq // plan.cp) * plan.train.micro_batch * model.hidden
+    scale = layer_precision(plan.train, model, block).bytes / 2
+    inputs = 0 if recompute is ir.Recompute.full else 5
+    return kept + inputs * 2 * sbh * scale / (plan.tp if sequence_parallel else 1)
 
 
 def loss_backward_bytes(plan: ir.Plan, layers: Sequence[Layer]) -> float:

@@ -20,6 +20,7 @@ MAX_VIRTUAL = 1024              # stages per pipeline rank
 MAX_PREFETCH = 1024             # units ZeRO-3 gathers ahead (`data = zero3 ... with prefetch`)
 MAX_PREFETCH_BUCKET = 10**15    # parameters ZeRO-3 gathers ahead (`with prefetch_bucket`; a 1T model has 10^12)
 MAX_LAYERS = 100_000            # blocks of a model family, layers of a written model
+MAX_MTP = 1024                  # multi-token prediction depths of a model family (DeepSeek-V3 trains 1)
 MAX_WIDTH = 2**20               # hidden, ffn, input and output widths of a model family
 MAX_HEADS = 2**16               # attention heads and kv heads
 MAX_VOCAB = 2**24               # vocabulary entries
@@ -42,12 +43,13 @@ MODEL_ARGUMENTS = {"layers": MAX_LAYERS, "hidden": MAX_WIDTH, "ffn": MAX_WIDTH, 
                    "shared_experts": MAX_EXPERTS, "q_lora_rank": MAX_WIDTH, "kv_lora_rank": MAX_WIDTH,
                    "qk_rope_head_dim": MAX_WIDTH, "qk_nope_head_dim": MAX_WIDTH, "v_head_dim": MAX_WIDTH,
                    "dense_layers": MAX_LAYERS, "dense_ffn": MAX_WIDTH,
-                   "moe_every": MAX_LAYERS, "moe_offset": MAX_LAYERS, "window": MAX_SEQ, "full_every": MAX_LAYERS}
+                   "moe_every": MAX_LAYERS, "moe_offset": MAX_LAYERS, "window": MAX_SEQ, "full_every": MAX_LAYERS,
+                   "mtp": MAX_MTP}
 TRAIN = {"global_batch": MAX_GLOBAL_BATCH, "micro_batch": MAX_MICRO_BATCH, "seq": MAX_SEQ, "recompute_layers": MAX_LAYERS, "offload_layers": MAX_LAYERS,
          "bf16_first_layers": MAX_LAYERS, "bf16_last_layers": MAX_LAYERS, "warmup_steps": MAX_STEPS}
 
 __all__ = ["MAX_ACTIONS", "MAX_EXPERTS", "MAX_GLOBAL_BATCH", "MAX_HEADS", "MAX_LAYERS", "MAX_LOCAL_RANKS",
-           "MAX_MESH_DEVICES",
+           "MAX_MESH_DEVICES", "MAX_MTP",
            "MAX_MICROBATCHES", "MAX_MICRO_BATCH", "MAX_NODES", "MAX_PROFILE_NODES", "MAX_SEQ", "MAX_SMS", "MAX_SUSTAIN_SECONDS", "MAX_STAGES", "MAX_STEPS", "MAX_VIRTUAL",
            "MAX_VOCAB", "MAX_WIDTH", "MODEL_ARGUMENTS", "TRAIN"]
 GENERATE_SECONDS = 6.0

@@ -47,6 +47,8 @@ INT_FLAGS = (
     # the blocks whose activations go to the CPU (ModelParallelConfig.cpu_offloading_num_layers; > 0 sets
     # cpu_offloading, arguments.py's validate_args; no --cpu-offloading flag: the field is left out of the parser)
     "--cpu-offloading-num-layers",
+    # multi-token prediction's depths (TransformerConfig.mtp_num_layers; megatron-core 0.16.1 multi_token_prediction.py)
+    "--mtp-num-layers",
 )
 FLOAT_FLAGS = ("--lr", "--clip-grad")
 CHOICE_FLAGS: dict[str, tuple[str, ...]] = {
@@ -127,6 +129,9 @@ IGNORED = (
     # Transformer Engine's userbuffers configuration file (per-layer SM counts, methods, splits): a plan's
     # `overlap = userbuffers` prices TE's defaults (`initialize_ub`); the file is named as left out
     "--tp-comm-overlap-cfg",
+    # multi-token prediction's loss weight (TransformerConfig.mtp_loss_scaling_factor, default 0.1): it scales a loss,
+    # no FLOP, byte or message
+    "--mtp-loss-scaling-factor",
 )
 
 # plandsl's training precision -> Megatron's switch (ModelParallelConfig.bf16 / .fp16; fp32 is neither).
@@ -222,6 +227,8 @@ def _model_args(plan: ir.Plan, args: list, lose) -> None:
                  "context parallelism only with --cp-comm-type a2a (get_attention_backend, \"Filter: Softmax type\": "
                  "its fused core, the unfused one never), and a plan's context kinds are p2p's ring and all_gather",
                  "context", hint="use the context axis for data parallelism, or drop sinks")
+    if model.mtp:  # TransformerConfig.mtp_num_layers: the depths on the loss's stage (the layout's `m`, `_pipeline_args`)
+        args.append(("--mtp-num-layers", str(model.mtp)))
     if model.parallel_blocks:
         lose("parallel blocks (GPT-NeoX's parallel residual: Megatron-Core's transformer layer adds the attention, "
              "then feeds the MLP)", "model")
@@ -483,7 +490,11 @@ def _pipeline_args(plan: ir.Plan, args: list, lose) -> None:
             lose(f"the final norm and the head on different stages (stage {index} holds only one: Megatron "
                  "builds both where the loss is, 'L')", "stages")
             return
-        layout.append(("E" if "embed" in kinds else "") + _blocks(kinds.count("block"))
+        # multi-token prediction's depths go with the head, after the blocks and before the loss: `m` once per depth
+        # where the layout says (validate_layer_layout: as many as mtp_num_layers, in one virtual stage, after every
+        # block); the even split builds them on the last stage itself (mtp_on_this_rank)
+        depths = getattr(plan.model, "mtp", 0) if "head" in kinds else 0
+        layout.append(("E" if "embed" in kinds else "") + _blocks(kinds.count("block")) + "m" * depths
                       + ("L" if "head" in kinds else ""))
     blocks = plan.model.layers if isinstance(plan.model, ir.TransformerModel) else 0
     count = len(layout)
@@ -491,7 +502,8 @@ def _pipeline_args(plan: ir.Plan, args: list, lose) -> None:
     # (the flags its `account` says first, then any others whose split it is: a `stages { }` block's)
     for counted in dict.fromkeys((stages.account, (), ("embed", "loss"), ("embed",), ("loss",))):
         items = blocks + len(counted)
-        if blocks and items % count == 0 and layout == _even_layout(blocks, count, counted):
+        if blocks and items % count == 0 and [stage.replace("m", "") for stage in layout] == \
+                _even_layout(blocks, count, counted):
             args += [(ACCOUNT_FLAGS[part], None) for part in counted]
             if stages.virtual > 1:
                 args.append(("--num-virtual-stages-per-pipeline-rank", str(stages.virtual)))

@@ -341,6 +341,8 @@ def _model(read: _Read) -> str | None:
         return None
     args += window
     args.append(f"tied={'false' if read.get('--untie-embeddings-and-output-weights') else 'true'}")
+    if read.get("--mtp-num-layers"):  # multi-token prediction's depths (the checker's E233 refuses them on a gpt)
+        args.append(f"mtp={read.get('--mtp-num-layers')}")
     return f"{'llama' if llama else 'gpt'}({', '.join(args)})"
 
 
@@ -901,8 +903,12 @@ def _layout(read: _Read, layers: int, pp: int) -> list[tuple[bool, int, bool]] |
     problem = None
     if bad:
         problem = f"it holds `{bad[0]}`, not one of E (embedding), t (block), L (loss), m (MTP)"
-    elif "m" in text:
-        problem = "it places MTP layers (m), which a plan's models do not have"
+    elif text.count("m") != (read.get("--mtp-num-layers") or 0):
+        problem = f"it places {text.count('m')} MTP layers (m), but --mtp-num-layers is " \
+                  f"{read.get('--mtp-num-layers') or 'not given'} (validate_layer_layout: as many)"
+    elif "m" in text and not re.search(r"m+L$", text):
+        problem = "it places MTP layers (m) other than together just before the loss (L): a plan's depths sit on " \
+                  "the head's stage, after its blocks"
     elif len(stages) % pp:
         problem = f"its {len(stages)} stages are not a multiple of --pipeline-model-parallel-size {pp}"
     elif text.count("t") != layers:

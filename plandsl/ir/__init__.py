@@ -389,7 +389,7 @@ class TransformerModel(OptionalKeys):
     """A decoder-only transformer: `gpt(...)` (MHA, GELU MLP 4h) or `llama(...)` (GQA or multi-head latent
     attention, SwiGLU, a mixture of experts, optionally after `dense_layers` dense blocks or every `moe_every`-th
     block)."""
-    optional_keys = ("head_dim", "moe_every", "moe_offset", "window", "full_every", "sinks")  # a model that writes none dumps as before they existed
+    optional_keys = ("head_dim", "moe_every", "moe_offset", "window", "full_every", "sinks", "mtp")  # a model that writes none dumps as before they existed
     kind: Literal["gpt", "llama"]
     name: str
     layers: int = Field(gt=0, le=100_000)
@@ -440,6 +440,11 @@ class TransformerModel(OptionalKeys):
                             "block windowed (Mistral)")
     sinks: bool = Field(default=False, description="a learned logit per head joins each query's softmax denominator "
                         "and takes no value (GPT-OSS's attention sinks; Megatron-Core's softmax_type learnable)")
+    mtp: int = Field(default=0, ge=0, description="multi-token prediction depths (DeepSeek-AI 2024, arXiv:2412.19437, "
+                     "Sec. 2.2; Megatron-LM's --mtp-num-layers): depth k norms the previous depth's hidden states and "
+                     "the embeddings of the tokens k ahead, projects the two (2h -> h), runs one more block of the "
+                     "last block's kind and the shared output head, a cross entropy on the tokens k + 1 ahead; "
+                     "held by the head's stage (`ir.layers`: the head layer's parameters and FLOPs); 0: none")
 
     @property
     def head_width(self) -> int:

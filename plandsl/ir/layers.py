@@ -207,8 +207,42 @@ def _transformer_layers(model: ir.TransformerModel) -> tuple[Layer, ...]:
     layers.append(_layer("norm", "norm", _norm("norm", hidden, bias=gpt), 0, hidden))
     head = [] if model.tied_embeddings else _linear("head", vocab, hidden, VOCAB, HIDDEN, bias=False)
     # Output projection: 2·h·V per token (Narayanan et al. 2021, eq. 3's 6·B·s·h·V over fwd+bwd).
-    layers.append(_layer("head", "head", head, 2 * hidden * vocab, vocab))
+    flops = 2 * hidden * vocab
+    for depth in range(model.mtp):  # multi-token prediction: on the head's stage, after it (`mtp_params`)
+        head += mtp_params(model, depth)
+        flops += mtp_flops(model)
+    layers.append(_layer("head", "head", head, flops, vocab))
     return tuple(layers)
+
+
+def mtp_block(model: ir.TransformerModel) -> ir.TransformerModel:
+    """The model as a multi-token prediction depth's block sees it: the kind of the last block (Megatron-Core builds
+    it from the decoder's last layer spec, and counts it MoE when the last layer is: megatron/training/training.py:
+    354-358 at core_v0.16.1, `last_layer_is_moe`)."""
+    return block_model(model, model.layers - 1)
+
+
+def mtp_params(model: ir.TransformerModel, depth: int) -> list[Param]:
+    """Depth `depth` of multi-token prediction (DeepSeek-AI 2024, arXiv:2412.19437, Sec. 2.2; megatron-core 0.16.1
+    `MultiTokenPredictionLayer.__init__`, multi_token_prediction.py:642-679): RMSNorms of the shifted tokens' embeddings
+    (`enorm`) and of the previous depth's hidden states (`hnorm`), their concatenation projected 2h -> h (`eh_proj`,
+    column-parallel, no bias), one block and the norm before the shared head (`norm`). The embedding and the output
+    layer are the model's own, shared."""
+    hidden, gpt = model.hidden, model.kind == "gpt"
+    prefix = f"mtp.{depth}"
+    params = _norm(f"{prefix}.enorm", hidden, bias=gpt) + _norm(f"{prefix}.hnorm", hidden, bias=gpt)
+    params += _linear(f"{prefix}.eh_proj", hidden, 2 * hidden, HIDDEN, OTHER, bias=False)
+    cut = len("layers.0")
+    params += [Param(f"{prefix}.block{p.name[cut:]}", f"{prefix}.block{p.module[cut:]}", p.shape, p.dims)
+               for p in _block_params(mtp_block(model), 0)]
+    return params + _norm(f"{prefix}.norm", hidden, bias=gpt)
+
+
+def mtp_flops(model: ir.TransformerModel) -> float:
+    """Forward FLOPs per token of one multi-token prediction depth: the projection 2h -> h, its block and one more
+    pass of the output layer, 2·h·V (the norms' and the loss's element-wise work is not counted, as for the head)."""
+    hidden = model.hidden
+    return 2.0 * 2 * hidden * hidden + transformer_block_flops(mtp_block(model)) + 2.0 * hidden * model.vocab
 
 
 _DENSE_VIEWS: dict[int, tuple[weakref.ref, ir.TransformerModel]] = {}

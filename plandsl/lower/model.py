@@ -2,7 +2,8 @@
 
 `gpt(layers=, hidden=, heads=, seq=, vocab=)`, `llama(...)` (GQA or multi-head latent attention, SwiGLU, MoE
 with `experts=`/`top_k=`/`shared_experts=`, dense blocks before the MoE ones or between them; either family with
-sliding-window attention, `window=`/`full_every=`, and attention sinks, `sinks=`), `mlp(...)`, and models written out
+sliding-window attention, `window=`/`full_every=`, attention sinks, `sinks=`, and multi-token prediction, `mtp=`),
+`mlp(...)`, and models written out
 layer by layer.
 """
 from __future__ import annotations
@@ -26,13 +27,14 @@ if TYPE_CHECKING:
 # family -> {argument: required}
 FAMILIES: dict[str, dict[str, bool]] = {
     "gpt": {"layers": True, "hidden": True, "heads": True, "seq": True, "vocab": True,
-            "ffn": False, "tied": False, "parallel": False, "window": False, "full_every": False, "sinks": False},
+            "ffn": False, "tied": False, "parallel": False, "window": False, "full_every": False, "sinks": False,
+            "mtp": False},
     "llama": {"layers": True, "hidden": True, "heads": True, "seq": True, "vocab": True,
               "kv_heads": False, "head_dim": False, "ffn": False, "experts": False, "top_k": False, "shared_experts": False,
               "q_lora_rank": False, "kv_lora_rank": False, "qk_rope_head_dim": False, "qk_nope_head_dim": False,
               "v_head_dim": False, "dense_layers": False, "dense_ffn": False, "moe_every": False, "moe_offset": False,
               "tied": False, "parallel": False,
-              "window": False, "full_every": False, "sinks": False},
+              "window": False, "full_every": False, "sinks": False, "mtp": False},
     "mlp": {"layers": True, "hidden": True, "input": True, "output": True},
 }
 
@@ -110,7 +112,7 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
     if family == "mlp":
         return build(scope, ir.MLPModel, call.span, kind="mlp", name=label, **values)
     hidden = values["hidden"]
-    attention = {key: values[key] for key in ("window", "full_every", "sinks") if key in values}  # E231-E232, W203
+    attention = {key: values[key] for key in ("window", "full_every", "sinks", "mtp") if key in values}  # E231-E234, W203
     if family == "gpt":
         fields = dict(kv_heads=values["heads"], ffn_hidden=values.get("ffn", 4 * hidden),
                       tied_embeddings=values.get("tied", False), parallel_blocks=values.get("parallel", False))
@@ -132,7 +134,7 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
 
 _FIELDS = {"ffn": "ffn_hidden", "tied": "tied_embeddings", "parallel": "parallel_blocks"}  # argument -> ir.TransformerModel field
 _MAY_BE_ZERO = ("experts", "top_k", "shared_experts", "q_lora_rank", "kv_lora_rank", "dense_layers", "moe_offset",
-                "window", "full_every")  # window=0: the whole causal sequence, full_every=0: every block windowed
+                "window", "full_every", "mtp")  # window=0: the whole causal sequence, full_every=0: every block windowed
 LATENT_ATTENTION = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 """llama()'s arguments of multi-head latent attention, named as Hugging Face's DeepseekV3Config names them."""
 

@@ -44,6 +44,12 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
         found.append(diag("E704", f"model '{plan.model.name}' has no `factory`, so there is no torch module to run",
                           plan.model.span, hint='add `factory = "package.module:function"` to the model '
                                                       "(docs/models.md)"))
+    if isinstance(plan.model, ir.TransformerModel) and plan.model.mtp:
+        found.append(diag("E704", f"model '{plan.model.name}' has multi-token prediction (mtp={plan.model.mtp}), which "
+                                  "the interpreter's transformer does not build yet: its depths need the embedding on "
+                                  "the head's stage and the tokens beside the targets there; check, estimate, generate "
+                                  "and export model it", plan.model.span_of("mtp"),
+                          hint="run it without mtp (the same model less its prediction depths)"))
     if plan.tensor is not None and plan.tp > 1 and not isinstance(plan.model, ir.TransformerModel) and not (
             isinstance(plan.model, ir.CustomModel) and plan.model.source):
         found.append(diag("E704", f"tensor parallelism needs a gpt or llama model; '{plan.model.name}' is "

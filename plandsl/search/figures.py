@@ -295,7 +295,7 @@ class Figures:
             states = [sum(model_state_bytes(plan, [layer])) + unsharded([layer]) + autocast_weight_copies(plan, [layer])
                       for layer, _ in self.kinds]
             tied = 0.0
-            if self.transformer and getattr(self.model, "tied_embeddings", False):
+            if self.transformer and (self.model.tied_embeddings or self.model.mtp):  # `tied_embedding`'s copy
                 copy = tied_embedding(plan, self.layers)
                 tied = sum(model_state_bytes(plan, [], [copy])) + unsharded([], [copy]) if copy is not None else 0.0
             found = self._states_cache[key] = (states, tied, plan)

@@ -48,9 +48,17 @@ def _active(model: ir.TransformerModel) -> int:
 
 
 def test_deepseek_v3_has_its_published_671b_and_37b_active():
-    model = _stdlib("deepseek_v3")
+    """671B and 37B active without its multi-token prediction depth; 685B in its checkpoint with the depth and the
+    depth's copies of the embedding and the head (Hugging Face's deepseek-ai/DeepSeek-V3: 671B main model, 14B MTP
+    module), which training shares (`mtp`)."""
+    trained = _stdlib("deepseek_v3")
+    assert trained.mtp == 1  # arXiv:2412.19437, Sec. 4.2: D = 1
+    model = trained.model_copy(update={"mtp": 0})
     assert param_count(model) == 671_026_404_352  # DeepSeek-AI 2024, arXiv:2412.19437: 671B total
     assert _active(model) == pytest.approx(37e9, rel=0.02)  # 37B activated for each token
+    depth = param_count(trained) - param_count(model)
+    assert depth == 11_610_067_968
+    assert param_count(model) + depth + 2 * model.vocab * model.hidden == pytest.approx(685e9, rel=0.001)
     lite = _stdlib("deepseek_v2_lite")
     assert param_count(lite) == pytest.approx(15.7e9, rel=0.01)  # arXiv:2405.04434, Appendix B: 15.7B
     assert _active(lite) - lite.vocab * lite.hidden == pytest.approx(2.4e9, rel=0.03)  # 2.4B active (no embedding)
@@ -86,7 +94,9 @@ def test_deepseek_v3_is_transformers_default_deepseek_v3():
     transformers = pytest.importorskip("transformers")
     with torch.device("meta"):
         reference = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config())
-    assert sum(param.numel() for param in reference.parameters()) == param_count(_stdlib("deepseek_v3"))
+    # DeepseekV3ForCausalLM builds no multi-token prediction layer (num_nextn_predict_layers is read, not built)
+    assert sum(param.numel() for param in reference.parameters()) == \
+        param_count(_stdlib("deepseek_v3").model_copy(update={"mtp": 0}))
 
 
 def test_two_kinds_of_block_each_computed_once():
@@ -337,7 +347,7 @@ RECIPE = """--num-layers 61 --hidden-size 7168 --ffn-hidden-size 18432 --num-att
 --pipeline-model-parallel-size 16 --decoder-first-pipeline-num-layers 3 --decoder-last-pipeline-num-layers 2
 --expert-model-parallel-size 64 --use-distributed-optimizer --use-precision-aware-optimizer --main-grads-dtype bf16
 --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --recompute-granularity full --recompute-method uniform
---recompute-num-layers 1
+--recompute-num-layers 1 --mtp-num-layers 1 --mtp-loss-scaling-factor 0.1
 """
 
 

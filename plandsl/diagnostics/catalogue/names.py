@@ -530,3 +530,32 @@ _entry("E232", """
       train   = { global_batch: 64, micro_batch: 2 }
     }
     """, "Make every second block full, the others windowed.", ("full_every=1", "full_every=2"))
+
+_entry("E233", """
+    `mtp=N` adds N multi-token prediction depths (DeepSeek-V3; Megatron-LM's `--mtp-num-layers`):
+    depth k embeds the tokens k ahead and joins them to the previous depth's hidden states. Megatron-Core
+    builds it only over rotary (or no) position embeddings, a llama's; a gpt's learned absolute positions
+    are not shifted with the tokens. Write the model as a llama to keep multi-token prediction.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = gpt(layers=8, hidden=1024, heads=16, seq=2048, vocab=32000, mtp=1)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 2 }
+    }
+    """, "Use rotary positions: a llama.", ("gpt(layers", "llama(layers"))
+
+_entry("E234", """
+    Multi-token prediction's depth k predicts the token k + 1 ahead of each position, so with
+    `mtp=N` the deepest depth needs a sequence of at least N + 2 tokens for any position to have a
+    target; on a shorter one its loss averages over no token at all.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = llama(layers=8, hidden=1024, heads=16, seq=4, vocab=32000, mtp=3)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 2 }
+    }
+    """, "Predict fewer tokens ahead.", ("mtp=3", "mtp=2"))

@@ -1,0 +1,185 @@
+"""Multi-token prediction (`mtp=N`, DeepSeek-V3's, Megatron-LM's --mtp-num-layers): the language and the checker's
+E233 and E234, the catalogue's parameters and FLOPs (on the head), the time and memory models (the depths on the
+head's stage, with a copy of the embedding), the search (its head kind carries the depths), Megatron interop both ways
+(the layout's `m`), and `plandsl run`'s E704."""
+from __future__ import annotations
+
+import pytest
+
+from plandsl import api, ir
+from plandsl.cost.estimate import estimate_plan, plan_work
+from plandsl.cost.layer import estimate_layer_time, plan_links
+from plandsl.cost.memory import estimate_layer_activations
+from plandsl.ir.layers import layers_of, mtp_block, param_count, transformer_block_flops
+from tests.unit.test_deepseek import HARDWARE, MIXED, PLAN, _imported, _plan
+from tests.support import assert_brute_force_optimum
+
+PIPELINE = """\
+import "clusters/dgx_a100"
+plan p {{
+  model   = llama(layers=4, hidden=1024, heads=16, seq=1024, vocab=32000, ffn=512, experts=8, top_k=2{extra})
+  cluster = dgx_a100
+  mesh    = [pp = 2, ep = 2, tp = 2]
+  train   = {{ global_batch: 16, micro_batch: 2 }}
+  experts = alltoall over ep
+  tensor  = megatron over tp
+  stages  = evenly over pp
+  schedule = 1f1b
+}}
+"""
+
+
+def _codes(text: str) -> list[str]:
+    return [d.code for d in api.checks(text).diagnostics]
+
+
+def _pipelined(extra: str = "") -> ir.Plan:
+    return api.loads(PIPELINE.format(extra=extra)).plans[0]
+
+
+def _head(model: ir.TransformerModel):
+    return next(layer for layer in layers_of(model) if layer.kind == "head")
+
+
+# ---- language and checker --------------------------------------------------------------------------------------
+def test_mtp_lowers_and_dumps_only_when_written():
+    plan = _plan(", mtp=2")
+    assert plan.model.mtp == 2 and "mtp" in plan.model.model_dump()
+    assert "mtp" not in _plan().model.model_dump()  # plans without it dump (and hash) as before
+    assert _codes(PLAN.format(extra=", mtp=1", sp="")) == []
+
+
+def test_e233_mtp_on_learned_positions():
+    text = PLAN.format(extra="", sp="").replace(
+        "llama(layers=4, hidden=1024, heads=16, seq=1024, vocab=32000, ffn=512, experts=8, top_k=2,\n"
+        "                  shared_experts=1)", "gpt(layers=4, hidden=1024, heads=16, seq=1024, vocab=32000, mtp=1)")
+    assert "E233" in _codes(text)
+
+
+def test_e234_a_depth_with_no_token_to_predict():
+    text = PLAN.format(extra=", mtp=3", sp="").replace("seq=1024", "seq=4")
+    assert _codes(text) == ["E234"]
+    assert _codes(text.replace("mtp=3", "mtp=2")) == []
+
+
+# ---- catalogue ----------------------------------------------------------------------------------------------------
+def test_depths_are_the_heads_parameters_and_flops():
+    plain, deep = _plan().model, _plan(", mtp=2").model
+    h, v = plain.hidden, plain.vocab
+    block = layers_of(plain)[plain.layers]  # the last block: the depths' kind
+    per_depth = 3 * h + 2 * h * h + block.param_count  # enorm, hnorm, final norm; eh_proj; the block
+    assert param_count(deep) - param_count(plain) == 2 * per_depth
+    names = {p.name for p in _head(deep).params}
+    assert {"mtp.1.eh_proj.weight", "mtp.0.enorm.weight", "mtp.0.block.moe.experts.w1", "mtp.1.norm.weight"} <= names
+    assert {p.name: p.shape for p in _head(deep).params}["mtp.0.eh_proj.weight"] == (h, 2 * h)
+    assert [layer.name for layer in layers_of(deep)] == [layer.name for layer in layers_of(plain)]
+    added = _head(deep).flops_per_token - _head(plain).flops_per_token
+    assert added == 2 * (2 * 2 * h * h + transformer_block_flops(plain) + 2 * h * v)
+
+
+def test_the_depths_block_is_the_last_blocks_kind():
+    """Megatron-Core builds the depth from the decoder's last layer spec and counts it MoE when the last layer is
+    (training.py's last_layer_is_moe): a dense-then-MoE model's depth is MoE, a model whose last block is dense
+    (moe_every with moe_offset=0 over an even count) has a dense one."""
+    dense_last = api.loads(f"model m = {MIXED.format(dense=2)}\n".replace(
+        "dense_layers=2", "moe_every=2, moe_offset=0")).models[0]
+    assert not dense_last.moe_block(dense_last.layers - 1) and not mtp_block(dense_last).experts
+    moe_last = api.loads(f"model m = {MIXED.format(dense=2)}\n").models[0]
+    assert mtp_block(moe_last) is moe_last
+
+
+# ---- time and memory --------------------------------------------------------------------------------------------
+def test_a_depth_adds_a_block_a_projection_and_a_head_to_the_heads_time():
+    plain, deep = _plan(), _plan(", mtp=1")
+    device, work, links = plain.cluster.devices_in_order()[0], plan_work(plain), plan_links(plain)
+    head = estimate_layer_time(plain.model, _head(plain.model), work, device, links)
+    block = estimate_layer_time(plain.model, layers_of(plain.model)[plain.model.layers], work, device, links)
+    both = estimate_layer_time(deep.model, _head(deep.model), work, device, links)
+    assert both.forward > head.forward * 2 + block.forward - 1e-12
+    assert both.moved.expert == pytest.approx(block.moved.expert)  # the depth's MoE block's all-to-alls
+    assert both.moved.tensor > head.moved.tensor + block.moved.tensor
+    assert both.flops == pytest.approx(head.flops * 2 + block.flops + 2.0 * work.tokens * 1024 * 2048 / 2)
+
+
+def test_the_head_keeps_the_depths_activations():
+    plain, deep = _plan(), _plan(", mtp=1")
+    block = layers_of(plain.model)[plain.model.layers]
+    head = estimate_layer_activations(plain, _head(plain.model))
+    kept = estimate_layer_activations(deep, _head(deep.model))
+    assert kept > 2 * head + estimate_layer_activations(plain, block)
+
+
+def test_the_last_stage_holds_the_depths_and_a_copy_of_the_embedding():
+    """megatron-core builds the embedding on the MTP stage too (gpt_model.py:149): the last rank holds its states."""
+    plain, deep = estimate_plan(_pipelined()), estimate_plan(_pipelined(", mtp=1"))
+    assert deep.memory[0].params == plain.memory[0].params  # the first rank: unchanged
+    model = _pipelined(", mtp=1").model
+    embedding = model.vocab * model.hidden // 2  # vocabulary-parallel over tp = 2
+    depth = sum(p.numel for p in _head(model).params if p.name.startswith("mtp.") and "experts" not in p.name) // 2
+    assert deep.memory[1].params - plain.memory[1].params >= (embedding + depth) * 2 - 1
+    assert deep.model_flops_per_step > plain.model_flops_per_step and deep.time.step > plain.time.step
+
+
+def test_model_flops_count_the_depths_as_megatron_does():
+    """Megatron-LM core_v0.16.1's num_floating_point_operations counts each depth as one more layer of the last
+    layer's kind, its projection (2h x h) and one more logit GEMM (training.py:354-358, 553-572): 3 x forward."""
+    plain, deep = estimate_plan(_plan()), estimate_plan(_plan(", mtp=1"))
+    model = _plan().model
+    tokens, tp = 16 * model.seq, 2
+    per_token = 2 * 2 * model.hidden ** 2 + transformer_block_flops(model) + 2 * model.hidden * model.vocab
+    per_token += 2 * model.hidden * model.experts * (tp - 1)  # the router, run whole on each tensor rank (as a block's)
+    assert deep.model_flops_per_step - plain.model_flops_per_step == pytest.approx(3 * tokens * per_token, rel=1e-9)
+
+
+# ---- search -------------------------------------------------------------------------------------------------------
+def test_the_search_finds_the_brute_force_optimum_with_a_depth():
+    from plandsl.search import Problem
+    document = api.loads(HARDWARE + f"model m = {MIXED.format(dense=2).replace(')', ', mtp=1)')}\n")
+    assert document.models[0].mtp == 1
+    assert_brute_force_optimum(Problem(document.models[0], document.clusters[0], 8, None),
+                               {"recompute": "none", "zero_stage": 1})
+
+
+# ---- Megatron interop -------------------------------------------------------------------------------------------
+def test_megatron_export_and_import_round_trip():
+    from plandsl.interop import export_plan
+    plan = _pipelined(", mtp=1")
+    exported = export_plan(plan, "megatron")
+    assert "--mtp-num-layers 1" in exported.text
+    imported = _imported(exported.text, world_size=plan.mesh.size)
+    assert imported.ok, [str(d) for d in imported.diagnostics]
+    back = api.select_plan(api.loads(imported.text, path="back.plan")).model
+    assert back.model_dump(exclude={"name"}) == plan.model.model_dump(exclude={"name"})
+
+
+def test_megatron_layout_places_the_depths_before_the_loss():
+    from plandsl.interop import export_plan
+    plan = api.loads(PIPELINE.format(extra=", mtp=2").replace("stages  = evenly over pp",
+                                                              "stages {\n    0: embed, layers[0:3]\n"
+                                                              "    1: layers[3:4], norm, head\n  }")).plans[0]
+    exported = export_plan(plan, "megatron")
+    assert "--pipeline-model-parallel-layout 'Et*3|tmmL'" in exported.text, exported.text
+    imported = _imported(exported.text, world_size=plan.mesh.size)
+    assert imported.ok, [str(d) for d in imported.diagnostics]
+
+
+@pytest.mark.parametrize("layout, extra", [
+    ("Et*30|t*31mL", ""),              # an m without --mtp-num-layers
+    ("Et*30|t*31L", "--mtp-num-layers 1"),  # --mtp-num-layers without its m in a layout
+    ("Et*30m|t*31L", "--mtp-num-layers 1"),  # a depth away from the loss
+])
+def test_megatron_import_refuses_depths_a_plan_cannot_place(layout, extra):
+    from tests.unit.test_deepseek import RECIPE
+    recipe = RECIPE.replace("--mtp-num-layers 1 ", "").replace(
+        "--decoder-first-pipeline-num-layers 3 --decoder-last-pipeline-num-layers 2",
+        f"--pipeline-model-parallel-layout {layout} {extra}").replace("--pipeline-model-parallel-size 16",
+                                                                      "--pipeline-model-parallel-size 2")
+    imported = _imported(recipe, world_size=256)
+    assert not imported.ok and "E805" in [d.code for d in imported.diagnostics], imported.diagnostics
+
+
+# ---- run ----------------------------------------------------------------------------------------------------------
+def test_run_refuses_multi_token_prediction():
+    refusals = api.run_refusals(_plan(", mtp=1"))
+    assert [d.code for d in refusals] == ["E704"] and "mtp=1" in refusals[0].message
+    assert api.run_refusals(_plan()) == []
