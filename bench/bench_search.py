@@ -901,13 +901,14 @@ def nemo_moe_blackwell() -> list[Run]:
     priced: the CUDA graphs of the router and the dispatcher's preprocessing (and of attention on some; every
     Qwen3 preset but B200's 235B, and GPT-OSS's GB300 ones, `cuda_graph_scope`), GPT-OSS's biases (its sliding windows
     and sinks are in stdlib models/gpt_oss since the seventh session: the band's tiles, the fused core as on H100),
-    Qwen3's QK norms. DeepSeek-V3's rows are refused for what their recipes run that the language cannot say (a
+    Qwen3's QK norms. DeepSeek-V3's rows were refused for what their recipes run that the language could not say (a
     row whose note starts with UNSAYABLE): the recomputation of MLA's up-projections or of the experts' activation
-    alone (`recompute_modules` mla_up_proj, moe_act), and the B200 row's MTP layer; the language says the former since
-    the eighth session, and the latter every one of these recipes builds (src/megatron/bridge/recipes/deepseek/
-    deepseek_v3.py, mtp_num_layers 1 by default, which v0.2.0's and v0.3.0's scripts/performance/ leave and v0.4.2's
-    deepseek_llm_pretrain.py sets; v0.3.0's GB300 pp_layout Et*4|(t*4|)*14tmL places it), so they stay refused, for
-    it. Held out and reported apart
+    alone (`recompute_modules` mla_up_proj, moe_act), and the MTP layer every one of these recipes builds
+    (src/megatron/bridge/recipes/deepseek/deepseek_v3.py, mtp_num_layers 1 by default); the language says both since
+    the eighth session (`recompute_modules`; `mtp`, models/deepseek's deepseek_v3), and the rows are pinned as their
+    presets run them (recompute selective with the preset's modules, set_deepseek_v3_common_configs; the preset's
+    dispatcher and all-to-all overlap; not priced: CUDA graphs and the pp_layout some presets name). Held out and
+    reported apart
     (`--moe-blackwell`), not in the targets' set: datasheet peaks, GEMM knobs not measured on Blackwell.
 
     The second rule, written and committed after the first rule's predictions were looked at and before any of its own
@@ -945,9 +946,17 @@ def nemo_moe_blackwell() -> list[Run]:
                   "recompute_modules layernorm, moe_act; utils/overrides.py _set_recompute_overrides: selective)")
     modules = {"recompute": "selective", "recompute_modules": "layernorm,moe_act"}
     gpt_oss_graphs = "; " + graphs.format("attn, moe_router, moe_preprocess")
-    deepseek = (UNSAYABLE + "its MTP layer (src/megatron/bridge/recipes/deepseek/deepseek_v3.py: mtp_num_layers 1 by "
-                "default; v0.4.2's configs/deepseek/deepseek_llm_pretrain.py sets 1); its recompute_modules "
-                "(mla_up_proj or moe_act, by preset) the language says")
+    # DeepSeek-V3 (models/deepseek's deepseek_v3, its MTP layer as every recipe builds it: deepseek_v3.py
+    # mtp_num_layers 1). Each release's configs/deepseek/deepseek_llm_pretrain.py sets recompute_granularity
+    # "selective" (set_deepseek_v3_common_configs) with its preset's recompute_modules; the presets
+    # (workload_base_configs.py at v0.2.0, deepseek_workload_base_configs.py at v0.3.0 and v0.4.2, the V2 ones for
+    # GBS 4096) name the dispatcher, the all-to-all overlap and the CUDA graphs. The stages are the search's split
+    # of the pinned pp x vp (the recipes' pp_layout, "Et*4|(t*4|)*14tmL" where a preset names one, is not pinned).
+    deepseek = ("MLA, DeepSeekMoE and its MTP layer: models/deepseek (deepseek_v3.py mtp_num_layers 1); the preset's "
+                "recompute_modules {} (recompute selective, set_deepseek_v3_common_configs); the stages the search's "
+                "split{}")
+    ds_graphs = "; " + graphs.format("{}")
+    ds_layout = ", not the preset's pp_layout Et*4|(t*4|)*14tmL"
     hyb = {"dispatcher": "hybridep"}
     rows = [
         # NeMo 25.11 (recipes: v0.2.0)
@@ -957,22 +966,27 @@ def nemo_moe_blackwell() -> list[Run]:
             ep=8, dp=1, micro_batch_size=4, **hyb),
         run("Qwen3 235B-A22B (p4 v12 e16, mb 2)", "25.11", QWEN3_235B_A22B, "GB300", 256, 8192, 6131, "BF16", qwen,
             pp=4, virtual_stages=12, ep=16, dp=4, micro_batch_size=2, **hyb),
-        run("DeepSeek-V3 (p2 v4 e32)", "25.11", "deepseek_v3", "GB300", 256, 4096, 3848, "BF16", deepseek,
-            pp=2, virtual_stages=4, ep=32, dp=4),
-        run("DeepSeek-V3 (p2 v4 e32)", "25.11", "deepseek_v3", "GB300", 256, 4096, 4357, "FP8-MX", deepseek,
-            pp=2, virtual_stages=4, ep=32, dp=4),
+        run("DeepSeek-V3 (p2 v4 e32)", "25.11", "deepseek_v3", "GB300", 256, 4096, 3848, "BF16",
+            deepseek.format("moe_act", "") + ds_graphs.format("attn, moe_router, moe_preprocess"),
+            pp=2, virtual_stages=4, ep=32, dp=4, recompute="selective", recompute_modules="moe_act", **hyb),
+        run("DeepSeek-V3 (p2 v4 e32)", "25.11", "deepseek_v3", "GB300", 256, 4096, 4357, "FP8-MX",
+            deepseek.format("moe_act", "") + ds_graphs.format("attn, moe_router, moe_preprocess"),
+            pp=2, virtual_stages=4, ep=32, dp=4, recompute="selective", recompute_modules="moe_act", **hyb),
         run("GPT-OSS 120B (e64, seq 8192)", "25.11", GPT_OSS_120B, "GB200", 64, 1280, 15876, "BF16",
             gpt_oss + unset, seq=8192, ep=64, dp=1),
         run("Qwen3 30B-A3B (e8, mb 4)", "25.11", QWEN3_30B_A3B, "GB200", 8, 512, 23766, "FP8-MX", qwen,
             ep=8, dp=1, micro_batch_size=4, **hyb),
         run("Qwen3 235B-A22B (p8 v3 e32)", "25.11", QWEN3_235B_A22B, "GB200", 256, 8192, 4916, "BF16", qwen_attn,
             pp=8, virtual_stages=3, ep=32, dp=1, **hyb),
-        run("DeepSeek-V3 (p4 v4 e64)", "25.11", "deepseek_v3", "GB200", 256, 4096, 3139, "BF16", deepseek,
-            pp=4, virtual_stages=4, ep=64, dp=1),
-        run("DeepSeek-V3 (p8 v4 e32)", "25.11", "deepseek_v3", "GB200", 256, 4096, 4018, "FP8-MX", deepseek,
-            pp=8, virtual_stages=4, ep=32, dp=1),
+        run("DeepSeek-V3 (p4 v4 e64)", "25.11", "deepseek_v3", "GB200", 256, 4096, 3139, "BF16",
+            deepseek.format("mla_up_proj", "") + ds_graphs.format("moe_router, moe_preprocess"),
+            pp=4, virtual_stages=4, ep=64, dp=1, recompute="selective", recompute_modules="mla_up_proj", **hyb),
+        run("DeepSeek-V3 (p8 v4 e32)", "25.11", "deepseek_v3", "GB200", 256, 4096, 4018, "FP8-MX",
+            deepseek.format("mla_up_proj", "") + ds_graphs.format("moe_router, moe_preprocess"),
+            pp=8, virtual_stages=4, ep=32, dp=1, recompute="selective", recompute_modules="mla_up_proj", **hyb),
         run("DeepSeek-V3 (p16 e8, MTP)", "25.11", "deepseek_v3", "B200", 256, 2048, 2139, "FP8-MX",
-            deepseek, pp=16, ep=8, dp=2),
+            deepseek.format("mla_up_proj", "") + "; the alltoall dispatcher (the B200 preset names no flex backend)",
+            pp=16, ep=8, dp=2, recompute="selective", recompute_modules="mla_up_proj"),
         run("GPT-OSS 120B (e8, mb 4), gbs 512", "25.11", GPT_OSS_120B, "B200", 64, 512, 8213, "BF16",
             gpt_oss + unset, ep=8, dp=8, micro_batch_size=4),
         run("Qwen3 30B-A3B (e8)", "25.11", QWEN3_30B_A3B, "B200", 8, 512, 9299, "FP8-MX", qwen, ep=8, dp=1),
@@ -980,12 +994,16 @@ def nemo_moe_blackwell() -> list[Run]:
             "QK norms not in the language (elementwise); the recipe's moe_a2a_overlap: experts = ... with overlap",
             overlap=True, pp=8, virtual_stages=2, ep=8, dp=1),
         # NeMo 26.02 (recipes: v0.3.0, the *_V2 presets for GBS 1280 / 8192 and DeepSeek-V3's GBS 4096)
-        run("DeepSeek-V3 (p2 v8 e32, mb 2)", "26.02", "deepseek_v3", "GB300", 256, 4096, 4612, "MXFP8", deepseek,
-            pp=2, virtual_stages=8, ep=32, dp=4, micro_batch_size=2),
-        run("DeepSeek-V3 (p4 v4 e64)", "26.02", "deepseek_v3", "GB200", 256, 4096, 3955, "MXFP8", deepseek,
-            pp=4, virtual_stages=4, ep=64, dp=1),
-        run("DeepSeek-V3 (p16 e8)", "26.02", "deepseek_v3", "B200", 256, 4096, 2689, "MXFP8", deepseek,
-            pp=16, ep=8, dp=2),
+        run("DeepSeek-V3 (p2 v8 e32, mb 2)", "26.02", "deepseek_v3", "GB300", 256, 4096, 4612, "MXFP8",
+            deepseek.format("mla_up_proj", ds_layout) + "; no CUDA graphs (cuda_graph_scope [])",
+            pp=2, virtual_stages=8, ep=32, dp=4, micro_batch_size=2, recompute="selective",
+            recompute_modules="mla_up_proj", **hyb),
+        run("DeepSeek-V3 (p4 v4 e64)", "26.02", "deepseek_v3", "GB200", 256, 4096, 3955, "MXFP8",
+            deepseek.format("mla_up_proj", "") + ds_graphs.format("attn, moe_router, moe_preprocess"),
+            pp=4, virtual_stages=4, ep=64, dp=1, recompute="selective", recompute_modules="mla_up_proj", **hyb),
+        run("DeepSeek-V3 (p16 e8)", "26.02", "deepseek_v3", "B200", 256, 4096, 2689, "MXFP8",
+            deepseek.format("mla_up_proj", ""), pp=16, ep=8, dp=2, recompute="selective",
+            recompute_modules="mla_up_proj", **hyb),
         run("GPT-OSS 120B (e64, mb 4)", "26.02", GPT_OSS_120B, "GB300", 64, 1280, 19412, "BF16",
             gpt_oss + gpt_oss_graphs, ep=64, dp=1, micro_batch_size=4),
         run("GPT-OSS 120B (e64, mb 4)", "26.02", GPT_OSS_120B, "GB200", 64, 1280, 15784, "BF16",
@@ -1007,12 +1025,17 @@ def nemo_moe_blackwell() -> list[Run]:
     latest = {"page": "docs/performance-summary.md at v0.4.2"}
     rows += [
         run("DeepSeek-V3 (p2 v8 e32, mb 2), NeMo 26.04.01", "26.04.01", "deepseek_v3", "GB300", 256, 4096, 4992,
-            "MXFP8", deepseek, pp=2, virtual_stages=8, ep=32, dp=4, micro_batch_size=2, **latest),
+            "MXFP8", deepseek.format("mla_up_proj", ds_layout) + "; no CUDA graphs (cuda_graph_scope [])",
+            pp=2, virtual_stages=8, ep=32, dp=4, micro_batch_size=2, recompute="selective",
+            recompute_modules="mla_up_proj", **hyb, **latest),
         run("DeepSeek-V3 (p4 v4 e64), NeMo 26.04.01", "26.04.01", "deepseek_v3", "GB200", 256, 4096, 4256, "MXFP8",
-            deepseek, pp=4, virtual_stages=4, ep=64, dp=1, **latest),
+            deepseek.format("mlp", "") + ds_graphs.format("attn, moe_router, moe_preprocess"),
+            pp=4, virtual_stages=4, ep=64, dp=1, recompute="selective", recompute_modules="mlp", **hyb, **latest),
         run("DeepSeek-V3 (p8 v2 e32), NeMo 26.04.01", "26.04.01", "deepseek_v3", "B200", 256, 4096, 3328, "MXFP8",
-            deepseek + "; its pp_layout Et*4|(t*4|)*14tmL places it", pp=8, virtual_stages=2, ep=32, dp=1,
-            **latest),
+            deepseek.format("mla_up_proj, mlp", ds_layout) + "; DeepEP's dispatcher with the all-to-all overlap "
+            "(moe_a2a_overlap)" + ds_graphs.format("attn, moe_router, moe_preprocess"), dispatcher="deepep",
+            overlap=True, pp=8, virtual_stages=2, ep=32, dp=1, recompute="selective",
+            recompute_modules="mla_up_proj,mlp", **latest),
         run("GPT-OSS 120B (e64, mb 4), NeMo 26.04.01", "26.04.01", GPT_OSS_120B, "GB300", 64, 1280, 19200, "BF16",
             gpt_oss + gpt_oss_graphs, ep=64, dp=1, micro_batch_size=4, **latest),
         run("GPT-OSS 120B (e64, mb 4), NeMo 26.04.01", "26.04.01", GPT_OSS_120B, "GB200", 64, 1280, 16640, "BF16",
@@ -1042,7 +1065,7 @@ def moe_blackwell_report() -> str:
     results, refused, lines = _predicted(nemo_moe_blackwell())
     groups = [(label, lambda run, key=key: key in run.name) for label, key in
               (("Qwen3 30B-A3B", "30B"), ("Qwen3 235B-A22B", "235B"), ("GPT-OSS 120B", "GPT-OSS"),
-               ("GB300", " GB300,"), ("GB200", " GB200,"), ("B200", " B200,"))]
+               ("DeepSeek-V3", "DeepSeek-V3"), ("GB300", " GB300,"), ("GB200", " GB200,"), ("B200", " B200,"))]
     for label, mine in [("all", lambda run: True)] + groups:
         if any(mine(run) for run, _, _ in results):
             lines.append(_tally(label, mine, results, refused))
