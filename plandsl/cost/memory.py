@@ -254,10 +254,13 @@ def _copied(plan: ir.Plan, layer: Layer) -> list[Param]:
     """`layer`'s parameters that a matmul reads under autocast: not the embeddings' tables (a lookup, not cast) nor
     the norms' weights (cast by the norm to its input's dtype, `runtime.models`: one hidden vector each, left out), nor
     a head computing a fused loss (`runtime.loss.ChunkedCrossEntropy` casts its weight itself, chunk by chunk, and
-    saves the fp32 one)."""
-    if layer.kind in ("embed", "norm") or (layer.kind == "head" and plan.train.loss is ir.Loss.fused):
+    saves the fp32 one), though its multi-token prediction depths' linear layers are."""
+    if layer.kind in ("embed", "norm"):
         return []
-    return [p for p in layer.params if "norm" not in p.module.rsplit(".", 1)[-1]]
+    params = layer.params
+    if layer.kind == "head" and plan.train.loss is ir.Loss.fused:  # its multi-token prediction depths' are cast
+        params = [p for p in params if p.module.startswith("mtp.")]
+    return [p for p in params if "norm" not in p.module.rsplit(".", 1)[-1]]
 
 
 def autocast_weight_copies(plan: ir.Plan, layers: Sequence[Layer]) -> float:

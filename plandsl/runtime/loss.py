@@ -170,7 +170,12 @@ class HeadLoss:
 
 def fused_loss(plan: ir.Plan, model: nn.Module) -> HeadLoss | None:
     """With `loss: fused`, a gpt/llama model (one with a `Head`) set to return its final hidden states, and the
-    loss that calls its head with them; None otherwise (the model's logits go to torch's cross entropy)."""
+    loss that calls its head with them; a model with multi-token prediction's depths likewise whatever the loss (the
+    model computes it, its depths' included: `models.Transformer._with_depths`); None otherwise (the model's logits
+    go to torch's cross entropy)."""
+    if getattr(model, "mtp", None) is not None:  # multi-token prediction: the model computes its loss, any loss
+        model.loss_in_head = plan.train.loss is ir.Loss.fused
+        return HeadLoss(model.head)
     if plan.train.loss is not ir.Loss.fused or not hasattr(model, "loss_in_head"):
         return None
     model.loss_in_head = True

@@ -15,11 +15,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from plandsl import ir
-from plandsl.ir.layers import block_model
+from plandsl.ir.layers import block_model, mtp_block
 from plandsl.runtime.discard import DiscardedOutput, discard_after
 from plandsl.runtime.loss import vocab_cross_entropy
 
 INIT_STD = 0.02  # GPT-2 (Radford et al. 2019); residual projections get INIT_STD / sqrt(2 * layers)
+MTP_LOSS_WEIGHT = 0.1
+"""Multi-token prediction's losses weigh this much, shared by the depths: megatron-core 0.16.1's default
+`mtp_loss_scaling_factor` (transformer_config.py:55), which Megatron-Bridge's DeepSeek-V3 recipes keep (deepseek_v3.py:
+mtp_loss_scaling_factor 0.1), each depth's loss times it / mtp (gpt_model.py:653)."""
 ROPE_THETA = 10_000.0  # Su et al. 2021, as in Llama
 
 
@@ -449,6 +453,25 @@ class Block(nn.Module):
         return x + discard_after(self.norm2, ffn(self.norm2(x)))
 
 
+class MultiTokenPrediction(nn.Module):
+    """One multi-token prediction depth (DeepSeek-AI 2024, arXiv:2412.19437, Sec. 2.2; megatron-core 0.16.1
+    `MultiTokenPredictionLayer`, multi_token_prediction.py:642-821): the embeddings of the tokens k ahead and the
+    previous depth's hidden states, each RMS-normalised (`enorm`, `hnorm`), concatenated in that order (:736-739),
+    projected 2h -> h (`eh_proj`), through one block of the last block's kind (`ir.layers.mtp_block`) and the norm
+    before the shared output layer (`norm`, :809-817), whose output is the next depth's hidden states."""
+
+    def __init__(self, model: ir.TransformerModel):
+        super().__init__()
+        self.enorm, self.hnorm = RMSNorm(model.hidden), RMSNorm(model.hidden)
+        self.eh_proj = nn.Linear(2 * model.hidden, model.hidden, bias=False)
+        self.block = Block(mtp_block(model))
+        self.norm = RMSNorm(model.hidden)
+
+    def forward(self, hidden: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        x = self.eh_proj(torch.cat((self.enorm(embedded), self.hnorm(hidden)), dim=-1))
+        return self.norm(self.block(x))
+
+
 class Embedding(nn.Module):
     """Token embedding, plus learned absolute positions for gpt. `positions` are those of the tokens fed
     (None: 0, 1, ...; context parallelism sets the rank's)."""
@@ -494,19 +517,40 @@ class Transformer(nn.Module):
         self.head = Head(model.hidden, model.vocab, bias=False)
         if model.tied_embeddings:
             self.head.weight = self.embed.tok.weight
+        # multi-token prediction's depths (`mtp`): given the targets, the model returns the loss with theirs
+        self.mtp = nn.ModuleDict({str(k): MultiTokenPrediction(model) for k in range(model.mtp)}) \
+            if model.mtp else None
         self.loss_in_head = False  # `loss: fused` (runtime.loss.fused_loss): return the final hidden states
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits; with `loss_in_head`, the final hidden states, or given `targets` the loss the head computes
-        from them (inside this call, so a wrapper that gathers the parameters for it, FSDP's, holds them)."""
+        from them (inside this call, so a wrapper that gathers the parameters for it, FSDP's, holds them); with
+        multi-token prediction, given `targets`, that loss and the depths' (`_with_depths`)."""
         # Each part may be None on a pipeline stage that does not hold it (as in torchtitan).
         h = self.embed(x) if self.embed is not None else x
         for block in self.layers.values():
             h = block(h)
         h = self.norm(h) if self.norm is not None else h
+        if self.mtp is not None and targets is not None:
+            return self._with_depths(x, h, targets)
         if self.head is None or (self.loss_in_head and targets is None):
             return h
         return self.head(h, targets) if self.loss_in_head else self.head(h)
+
+    def _loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.head(h, targets) if self.loss_in_head else loss_fn(self.head(h), targets)
+
+    def _with_depths(self, tokens: torch.Tensor, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean cross entropy of the next tokens plus MTP_LOSS_WEIGHT / mtp times each depth's: depth k (from 1)
+        reads the tokens k ahead and predicts the targets k ahead, over the positions that have them (megatron-core
+        rolls the ids and labels by one a depth and masks the positions rolled past the end, gpt_model.py:611-660;
+        under causal attention the positions kept see none of those, so cutting them off is the same)."""
+        loss = self._loss(h, targets)
+        seq = tokens.shape[1]
+        for k, depth in enumerate(self.mtp.values(), start=1):
+            h = depth(h[:, :seq - k], self.embed(tokens[:, k:]))
+            loss = loss + MTP_LOSS_WEIGHT / len(self.mtp) * self._loss(h, targets[:, k:])
+        return loss
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator) -> None:
@@ -515,7 +559,7 @@ class Transformer(nn.Module):
             leaf = name.rsplit(".", 1)[-1]
             if name.endswith("bias"):
                 nn.init.zeros_(param)
-            elif ".norm" in f".{name}" and leaf == "weight":
+            elif (".norm" in f".{name}" or name.rsplit(".", 2)[-2] in ("enorm", "hnorm")) and leaf == "weight":
                 nn.init.ones_(param)
             elif name.endswith(("attn.wo.weight", "mlp.w2.weight", "experts.w2", "shared.w2.weight")):
                 nn.init.normal_(param, 0.0, residual_std, generator=generator)

@@ -42,7 +42,10 @@ def run_reference(plan: ir.Plan, steps: int, token_file: str | Path | None = Non
         step_loss = 0.0
         for inputs, targets in chunks:
             with autocast(plan, device.type):
-                loss = compute_loss(model(inputs.to(device)), targets.to(device)) / len(chunks)
+                if getattr(model, "mtp", None) is not None:  # multi-token prediction: the model computes its loss
+                    loss = model(inputs.to(device), targets.to(device)) / len(chunks)
+                else:
+                    loss = compute_loss(model(inputs.to(device)), targets.to(device)) / len(chunks)
             scaler.scale_loss(loss).backward()
             step_loss += loss.item()
         found_inf = scaler.unscale_(model.parameters())

@@ -21,6 +21,24 @@ MAX_PIPELINE_MICROBATCHES = 65_536
 that grows with the count (65,536 over 2 stages: ~5 s to build; 2^31 would take days, in `run --dry-run` too)."""
 
 
+def _multi_token_refusals(plan: ir.Plan) -> list[Diagnostic]:
+    """Multi-token prediction runs on one pipeline stage without tensor or context parallelism (E703): its depths
+    read the tokens and the embedding where the loss is (a pipeline's last stage has neither), the interpreter's
+    tensor-parallel plan splits the model's blocks, not the depths' (`tensor_parallel.apply_tp`), and under context
+    parallelism the tokens k ahead of a rank's last ones are another rank's. Data and expert parallelism run them."""
+    found = []
+    depths = f"multi-token prediction (mtp={plan.model.mtp})"
+    for node, degree, what in ((plan.stages, plan.pp if plan.stages is not None else 1, "pipeline stages"),
+                               (plan.tensor, plan.tp if plan.tensor is not None else 1, "tensor parallelism"),
+                               (plan.context, plan.cp if plan.context is not None else 1, "context parallelism")):
+        if node is not None and (degree > 1 or what == "pipeline stages"):
+            found.append(diag("E703", f"{depths} together with {what} cannot run yet: its depths read the tokens and "
+                                      "the embedding beside the loss, on one stage holding the whole sequence and its "
+                                      "depths unsplit", node.span,
+                              hint=f"run it without {what} (data and expert parallelism run it), or without mtp"))
+    return found
+
+
 def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
     """Every reason `plandsl run` refuses the plan (a checked plan), in the order of the plan's attributes.
     `cuda`: whether the ranks will run on CUDA (None: whether this machine has it, as `runtime.mesh` decides)."""
@@ -45,11 +63,7 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
                           plan.model.span, hint='add `factory = "package.module:function"` to the model '
                                                       "(docs/models.md)"))
     if isinstance(plan.model, ir.TransformerModel) and plan.model.mtp:
-        found.append(diag("E704", f"model '{plan.model.name}' has multi-token prediction (mtp={plan.model.mtp}), which "
-                                  "the interpreter's transformer does not build yet: its depths need the embedding on "
-                                  "the head's stage and the tokens beside the targets there; check, estimate, generate "
-                                  "and export model it", plan.model.span_of("mtp"),
-                          hint="run it without mtp (the same model less its prediction depths)"))
+        found += _multi_token_refusals(plan)
     if plan.tensor is not None and plan.tp > 1 and not isinstance(plan.model, ir.TransformerModel) and not (
             isinstance(plan.model, ir.CustomModel) and plan.model.source):
         found.append(diag("E704", f"tensor parallelism needs a gpt or llama model; '{plan.model.name}' is "

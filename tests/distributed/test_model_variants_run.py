@@ -1,6 +1,6 @@
 """Model variants against one process (`--check-equivalence`): parallel blocks (`llama(..., parallel=true)`,
 GPT-NeoX's residual) under tensor and sequence parallelism and a pipeline; shared experts (DeepSeekMoE) under
-expert parallelism with ZeRO-1."""
+expert parallelism with ZeRO-1; multi-token prediction (`mtp`) under expert parallelism with ZeRO-1 and under FSDP."""
 from __future__ import annotations
 
 import pytest
@@ -114,6 +114,35 @@ def test_deepseek_shape_matches_one_process(layout):
     routing its own tokens): each as one process computes it."""
     plan = _DEEPSEEK.format(layout=_LAYOUTS[layout])
     results = run_ranks(4, train, plan, steps=2, check_equivalence=True, deadline_s=150)
+    assert [r["status"] for r in results] == [0] * 4, results[0]["report_text"]
+    report = results[0]["report"]
+    assert report["loss_diff"] <= 1e-5 and report["tensor_diff"] <= 1e-5, results[0]["report_text"]
+
+
+# Multi-token prediction: two depths after a dense-then-MoE model, each depth's block MoE (the last block's kind)
+_MTP = """import "clusters/local"
+import "local/tiny"
+model tiny_mtp = llama(layers=2, hidden=64, heads=4, kv_heads=2, seq=32, vocab=256, ffn=64, experts=4, top_k=2,
+                       dense_layers=1, dense_ffn=128, mtp=2)
+plan p {{
+  model   = tiny_mtp
+  cluster = localhost
+  mesh    = {mesh} over devices[0:4]
+  train   = {train}
+  data    = {data} over dp
+{experts}}}
+"""
+
+
+@pytest.mark.parametrize("mesh, data, experts, train_", [
+    ("[dp = 2, ep = 2]", "zero1", "  experts = alltoall over ep\n", "tiny_train"),
+    ("[dp = 4]", "zero3", "", "tiny_train"),
+    ("[dp = 4]", "replicate", "", "{ global_batch: 8, micro_batch: 1, precision: fp32, optimizer: adam, lr: 1e-3, "
+                                  "seed: 0, loss: fused }"),
+], ids=["ep_zero1", "fsdp", "ddp_fused_loss"])
+def test_multi_token_prediction_matches_one_process(mesh, data, experts, train_):
+    text = _MTP.format(mesh=mesh, data=data, experts=experts, train=train_)
+    results = run_ranks(4, train, text, steps=2, check_equivalence=True, deadline_s=150)
     assert [r["status"] for r in results] == [0] * 4, results[0]["report_text"]
     report = results[0]["report"]
     assert report["loss_diff"] <= 1e-5 and report["tensor_diff"] <= 1e-5, results[0]["report_text"]

@@ -645,3 +645,49 @@ def test_the_sliding_window_and_sinks_are_megatrons(mcore, monkeypatch):
     positions = torch.arange(300)
     masked = mutils.get_sliding_window_causal_mask(300, 300, config.window_size)  # True: masked out
     assert torch.equal(~masked, attention_mask(positions, positions, model.window))
+
+
+_MTP = """import "clusters/dgx_a100"
+plan p {{
+  model   = llama(layers=6, hidden=1024, heads=16, seq=1024, vocab=32000, ffn=512, experts=8, top_k=2,
+                  dense_layers=1, dense_ffn=2048, mtp=2)
+  cluster = dgx_a100 x 2
+  mesh    = [pp = 2, dp = 2, ep = 2, tp = 2]
+  train   = {{ global_batch: 16, micro_batch: 1 }}
+  experts = alltoall over ep
+  tensor  = megatron over tp
+{stages}
+}}
+"""
+
+
+@pytest.mark.parametrize("stages", ["  stages  = evenly over pp\n  schedule = 1f1b",
+                                    "  stages {\n    0: embed, layers[0:4]\n    1: layers[4:6], norm, head\n  }"],
+                         ids=["even", "layout"])
+def test_multi_token_prediction_is_megatrons(mcore, monkeypatch, stages):
+    """--mtp-num-layers as TransformerConfig.mtp_num_layers; the depths where Megatron-Core builds them: with the
+    layout, its `m` as many as the depths in the loss's stage (validate_layer_layout; get_mtp_num_layers_to_build
+    there, none elsewhere), without one on the last stage (mtp_on_this_rank)."""
+    from megatron.core.transformer.multi_token_prediction import get_mtp_num_layers_to_build, mtp_on_this_rank
+    plan = api.loads(_MTP.format(stages=stages)).plans[0]
+    exported = export_plan(plan, "megatron")
+    assert not exported.lost, [d.message for d in exported.lost]
+    flags = _flags(exported.text)
+    known = _known_flags(mcore, "TransformerConfig", "DDP", "Optimizer")
+    assert set(flags) <= known, f"not Megatron-LM flags: {sorted(set(flags) - known)}"
+    config, _, _ = _configs(mcore, flags)
+    assert config.mtp_num_layers == 2
+    state = mcore["parallel_state"]
+    rank = {"pp": 0}
+    monkeypatch.setattr(state, "get_pipeline_model_parallel_rank", lambda: rank["pp"])
+    monkeypatch.setattr(state, "get_pipeline_model_parallel_world_size", lambda: 2)
+    monkeypatch.setattr(state, "get_virtual_pipeline_model_parallel_world_size", lambda: None)
+    monkeypatch.setattr(state, "is_pipeline_last_stage", lambda ignore_virtual=True, vp_stage=None: rank["pp"] == 1)
+    if "--pipeline-model-parallel-layout" in flags:
+        config.pipeline_model_parallel_layout.validate_layer_layout(config.num_layers, config.mtp_num_layers)
+    assignment, _ = assign_stages(plan)
+    for stage, layers in enumerate(assignment.stage_layers):
+        rank["pp"] = stage
+        held = any(layer.kind == "head" for layer in layers)
+        assert mtp_on_this_rank(config) == held
+        assert get_mtp_num_layers_to_build(config, pp_rank=stage) == (2 if held else 0)

@@ -1,7 +1,8 @@
 """Multi-token prediction (`mtp=N`, DeepSeek-V3's, Megatron-LM's --mtp-num-layers): the language and the checker's
 E233 and E234, the catalogue's parameters and FLOPs (on the head), the time and memory models (the depths on the
 head's stage, with a copy of the embedding), the search (its head kind carries the depths), Megatron interop both ways
-(the layout's `m`), and `plandsl run`'s E704."""
+(the layout's `m`), and the interpreter: its loss against Megatron's rolled and masked one, E703 where it cannot run
+(tests/distributed/test_model_variants_run.py runs it under data and expert parallelism against one process)."""
 from __future__ import annotations
 
 import pytest
@@ -179,7 +180,61 @@ def test_megatron_import_refuses_depths_a_plan_cannot_place(layout, extra):
 
 
 # ---- run ----------------------------------------------------------------------------------------------------------
-def test_run_refuses_multi_token_prediction():
-    refusals = api.run_refusals(_plan(", mtp=1"))
-    assert [d.code for d in refusals] == ["E704"] and "mtp=1" in refusals[0].message
-    assert api.run_refusals(_plan()) == []
+def test_run_refuses_depths_beside_tensor_pipeline_or_context_parallelism():
+    refusals = api.run_refusals(_plan(", mtp=1"))  # tp = 2
+    assert [d.code for d in refusals] == ["E703"] and "mtp=1" in refusals[0].message
+    assert "tensor parallelism" in refusals[0].message
+    pipelined = [d.message for d in api.run_refusals(_pipelined(", mtp=1"))]
+    assert any("pipeline stages" in m for m in pipelined) and any("tensor parallelism" in m for m in pipelined)
+    assert api.run_refusals(_plan()) == [] and api.run_refusals(_pipelined()) == []
+    data = PLAN.format(extra=", mtp=1", sp="").replace("mesh    = [dp = 2, ep = 2, tp = 2]", "mesh    = [dp = 4, ep = 2]") \
+        .replace("  tensor  = megatron over tp\n", "")
+    assert api.run_refusals(api.loads(data).plans[0]) == []  # data and expert parallelism run it
+
+
+TINY = "llama(layers=2, hidden=32, heads=4, seq=16, vocab=64, ffn=32, experts=4, top_k=2, dense_layers=1, mtp=2)"
+
+
+def _tiny():
+    torch = pytest.importorskip("torch")
+    from plandsl.runtime.models import build_model
+    model = api.loads(f"model m = {TINY}\n").models[0]
+    return torch, model, build_model(model, seed=0)
+
+
+def test_the_interpreters_modules_are_the_catalogues():
+    _, model, module = _tiny()
+    assert {name: tuple(p.shape) for name, p in module.named_parameters()} == \
+        {p.name: p.shape for layer in layers_of(model) for p in layer.params}
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_loss_is_megatrons_rolled_and_masked_depths(fused):
+    """`Transformer._with_depths` cuts off the positions past the end; megatron-core 0.16.1 rolls the ids and labels
+    by one a depth (zero at the end), masks those positions and averages over the rest, each depth's loss weighed by
+    mtp_loss_scaling_factor / mtp (gpt_model.py:611-660, multi_token_prediction.py:127, 681-821): written here
+    as Megatron does it, from the model's own modules."""
+    torch, model, module = _tiny()
+    import torch.nn.functional as F
+    module.loss_in_head = fused
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 64, (2, 16), generator=generator)
+    targets = torch.randint(0, 64, (2, 16), generator=generator)
+    ours = module(tokens, targets)
+
+    def roll(t):
+        rolled = torch.roll(t, -1, dims=-1)
+        rolled[..., -1] = 0
+        return rolled
+
+    h = module.norm(module.layers["1"](module.layers["0"](module.embed(tokens))))
+    theirs = F.cross_entropy(F.linear(h, module.head.weight).flatten(0, 1), targets.flatten())
+    ids, labels, mask = tokens, targets, torch.ones_like(targets, dtype=torch.float32)
+    for depth in module.mtp.values():
+        ids, labels, mask = roll(ids), roll(labels), roll(mask)
+        h = depth.norm(depth.block(depth.eh_proj(torch.cat((depth.enorm(module.embed(ids)), depth.hnorm(h)), -1))))
+        each = F.cross_entropy(F.linear(h, module.head.weight).flatten(0, 1), labels.flatten(), reduction="none")
+        theirs = theirs + 0.1 / 2 * (each * mask.flatten()).sum() / mask.sum()
+    assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6), (ours, theirs)
+    ours.backward()
+    assert all(p.grad is not None for name, p in module.named_parameters() if name.startswith("mtp.1."))
