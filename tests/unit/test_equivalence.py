@@ -61,3 +61,24 @@ def test_a_loss_that_differs_fails_and_a_missing_parameter_fails():
     del run.params["bias"]
     report = equivalence.compare(run, reference, 1e-5)
     assert not report.ok and report.missing == ("bias",)
+
+
+def test_a_run_that_reduces_its_gradients_in_bf16_is_held_to_the_16_bit_bound():
+    # FSDP2's reduce_dtype is the plan's grad_dtype under a gather the run applies (data_parallel.mixed_precision):
+    # the fp32 reference cannot round its gradients so, whatever the precision
+    from plandsl import api
+    text = """import "clusters/local"
+import "local/tiny"
+plan p {
+  model   = tiny_gpt
+  cluster = localhost
+  mesh    = [dp = 2] over devices[0:2]
+  train   = { global_batch: 8, micro_batch: 2, precision: fp32, grad_dtype: bf16 }
+  data    = zero3 over dp%s
+}
+"""
+    cpu = torch.device("cpu")
+    assert equivalence.tolerance(api.loads(text % " with gather = fp32").plans[0], cpu) == 2e-2
+    assert equivalence.tolerance(api.loads(text % "").plans[0], cpu) == 1e-5  # gradients in the weights' fp32
+    assert equivalence.tolerance(api.loads(text.replace(", grad_dtype: bf16", "") % " with gather = fp32").plans[0],
+                                 cpu) == 1e-5
