@@ -44,6 +44,20 @@ CONFIGS = {
     "llama3_8b": Flavor("8B", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256),
     "llama3_70b": Flavor("70B", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256),
 }
+# The other llama3 config functions of 0.3.0 (config_registry.py) and what a plan cannot say of them.
+OTHER_CONFIGS = {
+    "llama3_405b": "torchao's Float8 linears with the rowwise recipe (Float8LinearConverter), which no plan's fp8_recipe is",
+    "llama3_debugmodel_float8": "torchao's Float8 linears with the rowwise recipe, which no plan's fp8_recipe is",
+    "llama3_debugmodel_float8_emulate_lora": "emulated Float8 linears and LoRA adapters",
+    "llama3_8b_mxfp8": "torchao's MXFP8 linears (MXFP8LinearConverter)",
+    "llama3_debugmodel_nvfp4": "NVFP4 linears (NVFP4LinearConverter)",
+    "llama3_debugmodel_first_85_pct_layers_nvfp4": "NVFP4 linears in the first 85 % of the blocks",
+    "llama3_8b_first_85_pct_layers_nvfp4": "NVFP4 linears in the first 85 % of the blocks",
+    "llama3_debugmodel_varlen_attn": "variable-length (per-document) attention",
+    "llama3_debugmodel_dist_gemm": "attention projections fused with their tensor-parallel collectives (dist_gemm)",
+    "llama3_debugmodel_ce_loss": "the debug model's own unchunked loss (use llama3_debugmodel --loss.num_chunks 1)",
+    "sft_debugmodel": "fine-tuning on chat data with FlexAttention document masks",
+}
 # ParallelDims' world mesh, outermost first (parallel_dims.py: ["pp", "dp_replicate", "dp_shard", "cp", "tp"]).
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 DEGREES = {"pp": "--parallelism.pipeline_parallel_degree", "dp_replicate":
@@ -65,6 +79,36 @@ COMPILE_COMPONENTS = "--compile.components"
 # Async tensor parallelism (CompileConfig.enable_async_tensor_parallel: torch's micro-pipeline TP pass, which
 # "requires 'model' in --compile.components and --compile.enable"): a plan's `tensor ... with overlap`.
 ASYNC_TP = "--compile.enable_async_tensor_parallel"
+# The config functions' loss (ChunkedLossWrapper, components/loss.py:567-606): the last norm's output split along
+# the sequence into num_chunks (8) pieces, lm_head and the cross entropy run on each, its backward right after it,
+# so at most one chunk's logits are alive (16-bit, the fp32 copy and their gradients: about 2 bytes per logit of the
+# microbatch over 8 chunks). A plan's `loss: fused` (16-bit logits held, no fp32 copy; `plandsl run` chunks it too)
+# is that; one chunk is the whole fp32 cross entropy (cross_entropy_loss: `.float()`), a plan's `loss: standard`.
+LOSS_CHUNKS = "--loss.num_chunks"
+CHUNKS = 8   # ChunkedLossWrapper.Config.num_chunks
+COMPILE_BACKEND = "--compile.backend"   # inductor fuses (`kernels: fused`); another backend is no plan's kernels
+# torchtitan 0.3.0 applies FSDP2 at every data-parallel degree (models/llama3/parallelize.py:69-90, "Always run
+# apply_fsdp_to_decoder -- with shard_degree=1 it is a no-op for the all-gather but still installs the
+# MixedPrecisionPolicy"): fully_shard over dp_shard (and cp), replicated over dp_replicate, with
+# MixedPrecisionPolicy(param_dtype=mixed_precision_param, reduce_dtype=mixed_precision_reduce) (distributed/
+# fsdp.py:165-170; distributed/full_dtensor.py:70-106 names the shard and replicate axes). No DDP: a plan's
+# `replicate` is not what it runs, dp_replicate alone is HSDP with a shard of 1 (torch 2.14's FSDP2 still copies
+# each unit into its unsharded buffer in param_dtype at a shard of 1, _fsdp_param_group.py:447-470).
+# Its reshard policy (fsdp.py:54-78): "default" reshards after the forward but under a pipeline, as a plan's
+# ZeRO-3 does (`cost.memory.pipelined_shards`); "always" under a pipeline and "never" without one are not a plan's.
+RESHARD = "--parallelism.fsdp_reshard_after_forward"
+CPU_OFFLOAD = "--training.enable_cpu_offload"   # FSDP2's CPUOffloadPolicy: parameters, gradients, optimizer states
+SYMM_MEM = "--parallelism.enable_fsdp_symm_mem"  # FSDP2's symmetric-memory collectives
+OPTIMIZER_NAME = "--optimizer.param_groups.0.optimizer_name"   # Adam, AdamW, DistMuon (components/optimizer)
+# SelectiveAC.Config.force_recompute_mm_shapes_by_fqns: matmuls always recomputed; its default names the MoE
+# router, which llama3 has not (distributed/activation_checkpoint.py:196).
+FORCE_RECOMPUTE = "--activation_checkpoint.force_recompute_mm_shapes_by_fqns"
+# The pipeline's split without module_fqns_per_model_part (distributed/pipeline_parallel.py:194-264, 366-476):
+# stages of pipeline_parallel_layers_per_stage blocks, else 1 (single-stage schedules) or 2 per rank; the embedding
+# and the output count as this many blocks each.
+LAYERS_PER_STAGE = "--parallelism.pipeline_parallel_layers_per_stage"
+LESS_LAYERS = ("--parallelism.pipeline_parallel_first_stage_less_layers",
+               "--parallelism.pipeline_parallel_last_stage_less_layers")
 # LR schedules: warm-up, then the plan's decay over the rest of training (decay_ratio None), or none (0.0).
 DECAY = {"cosine": "cosine", "linear": "linear"}
 # The module names of a llama3 model, for module_fqns_per_model_part (Llama3Model: tok_embeddings, layers.N,
@@ -109,6 +153,16 @@ def export_plan(plan: ir.Plan) -> Exported:
         lose("the data line's gathering (`with unit`, `prefetch`, `prefetch_bucket`): torchtitan wraps each block "
              "in FSDP2 and prefetches one ahead", "data", hint="drop the with clause: FSDP's blocks one ahead")
     gather = plan.data.gather if plan.data is not None else None
+    if plan.data is None or plan.data.kind is ir.DataKind.replicate:  # FSDP2 at every degree (RESHARD's note)
+        lose(("no data line" if plan.data is None else "data = replicate") + " (torchtitan 0.3.0 has no DDP: it "
+             "applies FSDP2 at every data-parallel degree, fully_shard over dp_shard, replicated over "
+             "dp_replicate, and gathers each unit in --training.mixed_precision_param)", "data",
+             hint="data = hsdp over [replica, shard] with a shard axis of 1 (zero3 over a dp axis of 1 without data "
+             "parallelism)" + (", with gather = bf16" if _mixed(plan) else ""))
+    elif plan.data.kind.zero_stage == 3 and gather is None and _mixed(plan):
+        lose("bf16 over fp32 weights without `gather = bf16` (torchtitan's FSDP2 gathers bf16 copies, "
+             "MixedPrecisionPolicy(param_dtype=bfloat16), and computes with them: no autocast copies)", "data",
+             hint="add `with gather = bf16`")
     if gather is not None and gather is not plan.train.precision.unquantized:
         # FSDP2's MixedPrecisionPolicy(param_dtype=training.mixed_precision_param): the compute dtype is the gather's
         lose(f"gather = {gather.value} (torchtitan gathers in its --training.mixed_precision_param, the dtype it "
@@ -122,6 +176,11 @@ def export_plan(plan: ir.Plan) -> Exported:
              "TORCHTITAN_ARGS=("]
     lines += [f"    {flag}" + "".join(f" {shlex.quote(word)}" for word in _words(value)) for flag, value in args]
     return Exported(TARGET, "\n".join(lines + [")"]) + "\n", tuple(lost))
+
+
+def _mixed(plan: ir.Plan) -> bool:
+    """bf16 compute over fp32 weights: --training.mixed_precision_param bfloat16 --training.dtype float32."""
+    return plan.train.precision is ir.Precision.bf16 and plan.train.weights_dtype is ir.Precision.fp32
 
 
 def _words(value: str | tuple[str, ...] | None) -> tuple[str, ...]:
@@ -283,6 +342,10 @@ def _train_args(plan: ir.Plan, args: list, lose, degrees: dict[str, int]) -> Non
     args.append(("--debug.seed", str(train.seed)))
     if train.kernels is ir.Kernels.fused:  # the fused element-wise kernels the plan was costed with: torch.compile's
         args.append((COMPILE, None))       # (CompileConfig: components model and loss); eager is its default
+    if train.loss is ir.Loss.megatron:
+        lose("loss: megatron (Megatron-LM's op-by-op cross entropy; torchtitan's is torch's, chunked: loss: fused, "
+             "or in one piece: loss: standard)", "train", hint="use loss: fused (torchtitan's default)")
+    args.append((LOSS_CHUNKS, str(CHUNKS if train.loss is ir.Loss.fused else 1)))
     if train.attention is ir.Attention.materialized:
         lose("attention: materialized (torchtitan's attention is SDPA's fused kernel)", "train",
              hint="drop attention, or write attention: flash")

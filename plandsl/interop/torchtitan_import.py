@@ -23,29 +23,36 @@ from plandsl.interop.result import Imported, checked
 P, T, O = "--parallelism.", "--training.", "--lr_scheduler."
 INT_FLAGS = (*facts.DEGREES.values(), facts.EXPERT_DEGREE, P + "pipeline_parallel_microbatch_size",
              T + "local_batch_size", T + "global_batch_size", T + "seq_len", O + "warmup_steps", "--debug.seed",
-             P + "pipeline_parallel_layers_per_stage")
+             facts.LAYERS_PER_STAGE, *facts.LESS_LAYERS, facts.LOSS_CHUNKS)
+ZERO_OK = (O + "warmup_steps", "--debug.seed", *facts.LESS_LAYERS)   # integers that may be 0
 NEGATIVE_OK = {P + "data_parallel_shard_degree": -1, T + "global_batch_size": -1}   # -1: "the rest" (configs.py)
 FLOAT_FLAGS = (T + "max_norm", facts.LR, facts.WEIGHT_DECAY, O + "decay_ratio", O + "min_lr_factor")
 CHOICE_FLAGS = {"--module": (facts.MODULE,), "--config": tuple(facts.CONFIGS),
                 P + "pipeline_parallel_schedule": (*facts.SCHEDULES.values(), "PipelineScheduleSingle",
                                                    "PipelineScheduleMulti"),
                 T + "mixed_precision_param": ("bfloat16", "float32"), T + "dtype": ("bfloat16", "float32"),
-                O + "decay_type": ("linear", "sqrt", "cosine")}
-LIST_FLAGS = (P + "module_fqns_per_model_part", facts.COMPILE_COMPONENTS)
-TEXT_FLAGS = (P + "pipeline_parallel_schedule_csv",)
+                T + "mixed_precision_reduce": ("float32",), O + "decay_type": ("linear", "sqrt", "cosine"),
+                facts.RESHARD: ("default", "always", "never"), facts.OPTIMIZER_NAME: ("AdamW", "Adam", "DistMuon")}
+LIST_FLAGS = (P + "module_fqns_per_model_part", facts.COMPILE_COMPONENTS, facts.FORCE_RECOMPUTE)
+TEXT_FLAGS = (P + "pipeline_parallel_schedule_csv", P + "context_parallel_load_balancer", facts.COMPILE_BACKEND)
 SWITCHES = {P + "enable_sequence_parallel": True, P + "no_enable_sequence_parallel": False,
             facts.COMPILE: True, facts.COMPILE.replace(".enable", ".no_enable"): False,
             facts.ASYNC_TP: True, facts.ASYNC_TP.replace(".enable", ".no_enable"): False,
-            T + "disable_cuda_graphs": True, T + "no_disable_cuda_graphs": False}
+            T + "disable_cuda_graphs": True, T + "no_disable_cuda_graphs": False,
+            facts.CPU_OFFLOAD: True, facts.CPU_OFFLOAD.replace(".enable", ".no_enable"): False,
+            facts.SYMM_MEM: True, facts.SYMM_MEM.replace(".enable", ".no_enable"): False}
 KNOWN = (*INT_FLAGS, *FLOAT_FLAGS, *CHOICE_FLAGS, *LIST_FLAGS, *TEXT_FLAGS, *SWITCHES)
 # Sections and keys of torchtitan's config that mean nothing in a plan (logging, data, checkpoints, compilation,
 # the optimizer's other constants): read, listed, left out.
+# (--debug.*: determinism, anomaly detection, logging; --activation_checkpoint.*: the policy's RNG state and debug
+# switches, which change what is recomputed no more than the mode does.)
 IGNORED_SECTIONS = ("--metrics.", "--checkpoint.", "--profiler.", "--comm.", "--dataloader.", "--validator.",
-                    "--compile.", "--tokenizer.", "--loss.", "--override.")
-IGNORED = ("--dump_folder", "--hf_assets_path", T + "steps", T + "gc_freq", T + "enable_cpu_offload",
-           P + "fsdp_reshard_after_forward", P + "spmd_backend", P + "context_parallel_load_balancer",
+                    "--compile.", "--tokenizer.", "--loss.", "--override.", "--debug.", "--activation_checkpoint.")
+IGNORED = ("--dump_folder", "--hf_assets_path", T + "steps", T + "gc_freq", T + "gc_debug", T + "no_gc_debug",
+           P + "spmd_backend", P + "context_parallel_ptrr_mask_key", O + "total_steps",
            facts.WEIGHT_DECAY, "--optimizer.param_groups.0.optimizer_kwargs.betas",
-           "--optimizer.param_groups.0.optimizer_kwargs.eps", "--optimizer.implementation")
+           "--optimizer.param_groups.0.optimizer_kwargs.eps", "--optimizer.implementation",
+           "--optimizer.param_groups.0.pattern")
 # What the config functions set that the import reads (config_registry.py; the dataclasses' defaults otherwise).
 DEFAULTS = {P + "data_parallel_replicate_degree": 1, P + "data_parallel_shard_degree": -1,
             P + "tensor_parallel_degree": 1, P + "context_parallel_degree": 1, P + "pipeline_parallel_degree": 1,
@@ -54,7 +61,11 @@ DEFAULTS = {P + "data_parallel_replicate_degree": 1, P + "data_parallel_shard_de
             T + "mixed_precision_param": "bfloat16", T + "dtype": "float32", O + "warmup_steps": 200,
             O + "decay_ratio": None, O + "decay_type": "linear", O + "min_lr_factor": 0.0, "--debug.seed": None,
             "activation": "selective", facts.COMPILE: False, facts.COMPILE_COMPONENTS: (("model", "loss"),),
-            facts.ASYNC_TP: False}
+            facts.ASYNC_TP: False, facts.COMPILE_BACKEND: "inductor", facts.RESHARD: "default",
+            facts.CPU_OFFLOAD: False, facts.SYMM_MEM: False, T + "mixed_precision_reduce": "float32",
+            P + "context_parallel_load_balancer": "headtail", facts.OPTIMIZER_NAME: "AdamW",
+            facts.LAYERS_PER_STAGE: None, facts.LESS_LAYERS[0]: 1, facts.LESS_LAYERS[1]: 1,
+            facts.FORCE_RECOMPUTE: (("moe.router.gate",),), facts.LOSS_CHUNKS: facts.CHUNKS}
 CONFIG_DEFAULTS = {
     "llama3_debugmodel": {P + "pipeline_parallel_schedule": "Interleaved1F1B", T + "local_batch_size": 8,
                           T + "seq_len": 2048, facts.LR: 8e-4, O + "warmup_steps": 2, O + "decay_ratio": 0.8},
@@ -166,9 +177,11 @@ def _value(flag: Flag, read: _Read):
                                   flag.value_span if values else flag.span, hint=f"write {name} VALUE"))
         return None, None
     text = values[0]
+    if name == facts.LAYERS_PER_STAGE and text == "None":
+        return name, None
     if name in INT_FLAGS:
         allowed = NEGATIVE_OK.get(name)
-        low = 0 if name in (facts.LR, O + "warmup_steps", "--debug.seed") else 1
+        low = 0 if name in ZERO_OK else 1
         if not re.fullmatch(r"-?\d+", text) or int(text) < low and int(text) != allowed:
             read.problems.append(diag("E804", f"{name} takes an integer of {low} or more"
                                       + (f" (or {allowed})" if allowed else "") + f", found `{text}`",
@@ -191,8 +204,9 @@ def _value(flag: Flag, read: _Read):
         choices = CHOICE_FLAGS[name]
         found = next((c for c in choices if c.lower() == text.lower()), None)  # get_schedule_class: any case
         if found is None:
+            why = f" ({facts.OTHER_CONFIGS[text]})" if name == "--config" and text in facts.OTHER_CONFIGS else ""
             read.problems.append(diag("E807" if name in ("--module", "--config") else "E804",
-                                      f"{name} {text}: not one of {', '.join(choices)}", flag.value_span,
+                                      f"{name} {text}{why}: not one of {', '.join(choices)}", flag.value_span,
                                       hint=did_you_mean(text, choices, "values") or f"one of {', '.join(choices)}"))
             return None, None
         return name, found
@@ -209,13 +223,13 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
     config = read.values["--config"]
     values = {**DEFAULTS, **CONFIG_DEFAULTS[config], **read.values}
     get = values.get
-    for flag, why in ((P + "pipeline_parallel_schedule_csv", ("import the CSV with `plandsl import --from "
-                                                              "torch-csv` and name its table in the plan")),
-                      (P + "pipeline_parallel_layers_per_stage", ("write the split as "
-                                                                  "--parallelism.module_fqns_per_model_part"))):
-        if get(flag):
-            read.problem("E807", f"{flag}: {why}", flag)
-            return None
+    flag = P + "pipeline_parallel_schedule_csv"
+    if get(flag):
+        read.problem("E807", f"{flag}: import the CSV with `plandsl import --from torch-csv` and name its table in "
+                     "the plan", flag)
+        return None
+    if not _expressible(read, values):
+        return None
     if get(facts.EXPERT_DEGREE) != 1:
         read.problem("E807", f"{facts.EXPERT_DEGREE} {get(facts.EXPERT_DEGREE)}: {facts.MODULE}'s models have no "
                      "experts", facts.EXPERT_DEGREE)
@@ -242,26 +256,20 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
     stages = _stages(read, values, flavor.layers, degrees["pp"]) if degrees["pp"] > 1 else []
     if train is None or stages is None:
         return None
-    sizes = {"pp": degrees["pp"], "cp": degrees["cp"], "tp": degrees["tp"]}
-    data_axes = {"dp_replicate": degrees["dp_replicate"], "dp_shard": degrees["dp_shard"]}
-    both = all(size > 1 for size in data_axes.values())
-    axes: list[tuple[str, int]] = []
-    for role in facts.MESH_ORDER:
-        if role in sizes and sizes[role] > 1:
-            axes.append((role, sizes[role]))
-        elif role in data_axes and data_axes[role] > 1:
-            axes.append((role if both else "dp", data_axes[role]))
-    data = None
-    if both:
-        data = "hsdp over [dp_replicate, dp_shard]"
-    elif degrees["dp_shard"] > 1:
-        data = "zero3 over dp"
-    elif degrees["dp_replicate"] > 1:
-        data = "replicate over dp"
-    if not axes:
-        axes, data = [("dp", 1)], "zero3 over dp"   # one device: torchtitan's FSDP over a size-1 axis
-    if data and not data.startswith("replicate") and get(T + "mixed_precision_param") == "bfloat16" \
-            and get(T + "dtype") == "float32":
+    if degrees["pp"] > 1 and not get(T + "disable_cuda_graphs"):  # Trainer.Config._validate_cuda_graphs
+        read.problem("E805", "a pipeline without --training.disable_cuda_graphs: torchtitan refuses it (\"CUDA "
+                     "graphs do not support pipeline parallelism yet\")", facts.DEGREES["pp"],
+                     hint="add --training.disable_cuda_graphs")
+        return None
+    # FSDP2 at every degree (facts.RESHARD's note): fully_shard over dp_shard (with cp), HSDP when dp_replicate > 1
+    # (its shard axis kept at 1 where dp_shard is 1), over a data axis of 1 when there is no data parallelism
+    hybrid = degrees["dp_replicate"] > 1
+    sizes = {"pp": degrees["pp"], "dp_replicate": degrees["dp_replicate"], "dp_shard": degrees["dp_shard"],
+             "cp": degrees["cp"], "tp": degrees["tp"]}
+    axes = [(role if hybrid or role != "dp_shard" else "dp", sizes[role]) for role in facts.MESH_ORDER
+            if sizes[role] > 1 or role == "dp_shard"]
+    data = "hsdp over [dp_replicate, dp_shard]" if hybrid else "zero3 over dp"
+    if get(T + "mixed_precision_param") == "bfloat16" and get(T + "dtype") == "float32":
         # FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16): the fp32 shards all-gathered as bf16 copies, which the
         # forward computes with (no autocast copies beside them)
         data += " with gather = bf16"
@@ -272,9 +280,8 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
     mesh = "[" + ", ".join(f"{axis} = {size}" for axis, size in axes) + "]"
     lines += [f'import "{i}"' for i in imports] + [
         "", f"plan {name} {{", f"  model = {model}", f"  cluster = {cluster_text}",
-        f"  mesh = {mesh}" + (f" over devices[0:{world}]" if part else ""), f"  train = {train}"]
-    if data:
-        lines.append(f"  data = {data}")
+        f"  mesh = {mesh}" + (f" over devices[0:{world}]" if part else ""), f"  train = {train}",
+        f"  data = {data}"]
     if degrees["tp"] > 1:
         lines.append("  tensor = megatron over tp" + (" with sequence_parallel" if get(P + "enable_sequence_parallel")
                                                       else "") + (", overlap" if overlap else ""))
@@ -282,6 +289,42 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
         lines.append("  context = ring over cp with implementation = torch")  # torch's context_parallel
     lines += stages
     return "\n".join(lines + ["}"]) + "\n"
+
+
+def _expressible(read: _Read, values: dict) -> bool:
+    """False (and an E807 naming the flag) for a setting torchtitan runs that a plan has no word for."""
+    get = values.get
+    pp = get(facts.DEGREES["pp"]) > 1
+    policy = get(facts.RESHARD)
+    refusals = (
+        (facts.RESHARD, policy == "always" and pp,
+         "always: FSDP reshards after every microbatch's forward under the pipeline, and a plan's ZeRO-3 keeps its "
+         "units gathered through a pipelined step (torchtitan's default)"),
+        (facts.RESHARD, policy == "never" and not pp,
+         "never: every FSDP unit stays gathered from the forward to its backward, and a plan's ZeRO-3 off a "
+         "pipeline reshards after the forward (torchtitan's default)"),
+        (facts.CPU_OFFLOAD, get(facts.CPU_OFFLOAD),
+         "FSDP2's CPUOffloadPolicy keeps parameters, gradients and optimizer states in host memory and steps on the "
+         "CPU; a plan's offload_layers moves activations only"),
+        (facts.SYMM_MEM, get(facts.SYMM_MEM),
+         "FSDP2's symmetric-memory all-gathers and reduce-scatters, which a plan's collectives are not priced as"),
+        (P + "context_parallel_load_balancer", get(P + "context_parallel_load_balancer") == "None",
+         "None: an unbalanced causal split, where a plan's ring gives every rank the same share of the mask "
+         "(head and tail chunks)"),
+        (facts.COMPILE_BACKEND, get(facts.COMPILE) and get(facts.COMPILE_BACKEND) != "inductor",
+         f"{get(facts.COMPILE_BACKEND)}: a plan's kernels are inductor's fused ones (`kernels: fused`) or eager"),
+        (facts.OPTIMIZER_NAME, get(facts.OPTIMIZER_NAME) == "DistMuon",
+         "DistMuon: a plan's optimizer is adam or sgd"),
+        (facts.FORCE_RECOMPUTE, get(facts.FORCE_RECOMPUTE) != DEFAULTS[facts.FORCE_RECOMPUTE]
+         and get("activation") == "selective",
+         "matmuls recomputed beside selective checkpointing's every other one: a plan's selective_op is "
+         "torchtitan's policy as it ships"),
+    )
+    for flag, refused, why in refusals:
+        if refused:
+            read.problem("E807", f"{flag} {why}", flag)
+            return False
+    return True
 
 
 def _compiled(values: dict) -> bool:
@@ -358,7 +401,7 @@ def _train(read: _Read, values: dict, degrees: dict[str, int]) -> str | None:
     # it (torchtitan's default) the model runs in eager mode
     compiled = _compiled(values)
     items = [f"global_batch: {batch}", f"micro_batch: {micro}", *precision,
-             *([] if compiled else ["kernels: eager"]),
+             *([] if compiled else ["kernels: eager"]), *(["loss: fused"] if get(facts.LOSS_CHUNKS) > 1 else []),
              f"recompute: {PLAN_RECOMPUTE[get('activation')]}", "optimizer: adam", f"lr: {float(get(facts.LR))!r}",
              f"lr_schedule: {schedule}", f"warmup_steps: {get(O + 'warmup_steps')}",
              f"grad_clip: {repr(float(clip)) if math.isfinite(clip) and clip > 0 else 'none'}",
@@ -375,12 +418,25 @@ def _stages(read: _Read, values: dict, layers: int, pp: int) -> list[str] | None
         return None
     parts = values.get(P + "module_fqns_per_model_part")
     flag = P + "module_fqns_per_model_part"
-    if parts is None:  # pipeline_parallel.py: 1 stage per rank for single-stage schedules, else 2
-        count = pp * (1 if schedule in facts.SINGLE_STAGE else 2)
-        parts = default_split(count, layers)
+    if parts is None:  # pipeline_parallel.py's _get_pipeline_metadata and _generate_llm_fqn_per_model_part
+        first, last = (values[flag] for flag in facts.LESS_LAYERS)
+        single = schedule in facts.SINGLE_STAGE
+        each = values.get(facts.LAYERS_PER_STAGE)
+        if each is None:  # 1 stage per rank for single-stage schedules, else 2
+            count = pp * (1 if single else 2)
+        else:             # ceil((blocks + first + last) / layers_per_stage) stages, a whole number per rank
+            count = -(-(layers + first + last) // each)
+            per_rank = count / pp
+            if count % pp or (per_rank != 1 if single else per_rank < 2):
+                read.problem("E805", f"{facts.LAYERS_PER_STAGE} {each}: {count} stages over {pp} pipeline ranks, and "
+                             f"{schedule} runs {'one stage' if single else 'two or more'} per rank",
+                             facts.LAYERS_PER_STAGE, P + "pipeline_parallel_schedule")
+                return None
+        parts = default_split(count, layers, first, last)
         if parts is None:
-            read.problem("E805", f"{count} stages over {layers} blocks: torchtitan's split leaves a stage without a "
-                         "block", P + "pipeline_parallel_degree")
+            read.problem("E805", f"{count} stages over {layers} blocks, the embedding and the output counted as "
+                         f"{first} and {last}: torchtitan's split leaves a stage without a block",
+                         facts.LAYERS_PER_STAGE, *facts.LESS_LAYERS, P + "pipeline_parallel_degree")
             return None
     modules = [module for part in parts for module in part]
     expected = ["tok_embeddings", *(f"layers.{i}" for i in range(layers)), "norm", "lm_head"]

@@ -397,7 +397,7 @@ plan p {
   cluster = dgx_h100
   mesh = [dp = 8]
   train = { global_batch: 16, recompute: full }
-  data = zero3 over dp
+  data = zero3 over dp with gather = bf16
 }
 """
     lost = export_plan(api.loads(text).plans[0], "torchtitan").lost

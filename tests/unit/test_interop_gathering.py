@@ -14,13 +14,13 @@ plan p {{
   cluster = dgx_a100
   mesh    = [dp = 8]
   train   = {{ global_batch: 8, micro_batch: 1, recompute: full }}
-  data    = zero3 over dp{gathering}
+  data    = zero3 over dp with gather = bf16{gathering}
 }}
 """
 
 
 @pytest.mark.parametrize("target", ["torchtitan", "megatron"])
-@pytest.mark.parametrize("gathering", [" with unit = module, prefetch_bucket = 50000000", " with prefetch = 2"])
+@pytest.mark.parametrize("gathering", [", unit = module, prefetch_bucket = 50000000", ", prefetch = 2"])
 def test_a_gathering_the_target_cannot_say_is_lost(target, gathering):
     plan = api.select_plan(api.loads(PLAN.format(gathering=gathering), path="p.plan"))
     lost = export_plan(plan, target).lost

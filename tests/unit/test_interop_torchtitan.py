@@ -29,8 +29,8 @@ VARIANTS = {
   model = llama3_8b
   cluster = dgx_h100 x 1
   mesh = [pp = 2, dp = 2, tp = 2]
-  train = { global_batch: 16, micro_batch: 1, precision: bf16, recompute: selective_op, lr: 1e-4 }
-  data = zero3 over dp
+  train = { global_batch: 16, micro_batch: 1, precision: bf16, recompute: selective_op, lr: 1e-4, loss: fused }
+  data = zero3 over dp with gather = bf16
   tensor = megatron over tp with sequence_parallel
   stages = evenly over pp with virtual = 2
   schedule = interleaved_1f1b
@@ -44,13 +44,13 @@ VARIANTS = {
   data = zero3 over dp
   context = ring over cp with implementation = torch
 }""",
-    "debug_gpipe_ddp": """plan debug_gpipe_ddp {
+    "debug_gpipe_replicate": """plan debug_gpipe_replicate {
   model = llama(layers=6, hidden=256, heads=16, ffn=768, seq=2048, vocab=2048)
   cluster = dgx_h100 x 1
-  mesh = [pp = 2, dp = 2]
+  mesh = [pp = 2, replica = 2, shard = 1]
   train = { global_batch: 16, micro_batch: 2, precision: fp32, lr: 8e-4, lr_schedule: cosine, warmup_steps: 2,
             grad_clip: none, seed: 3 }
-  data = replicate over dp
+  data = hsdp over [replica, shard]
   stages = evenly over pp
   schedule = gpipe
 }""",
@@ -59,7 +59,7 @@ VARIANTS = {
   cluster = dgx_h100 x 8
   mesh = [pp = 4, dp = 2, tp = 8]
   train = { global_batch: 32, micro_batch: 1, precision: bf16, recompute: full }
-  data = zero3 over dp
+  data = zero3 over dp with gather = bf16
   tensor = megatron over tp
   stages = evenly over pp with virtual = 2, map = vshape
   schedule = zbv
@@ -69,7 +69,7 @@ VARIANTS = {
   cluster = dgx_h100 x 4
   mesh = [dp = 4, tp = 8]
   train = { global_batch: 32, micro_batch: 2, precision: bf16, recompute: full }
-  data = zero3 over dp
+  data = zero3 over dp with gather = bf16
   tensor = megatron over tp with sequence_parallel, overlap
 }""",
     "eager_fsdp": """plan eager_fsdp {
@@ -77,7 +77,7 @@ VARIANTS = {
   cluster = dgx_h100 x 1
   mesh = [dp = 8]
   train = { global_batch: 16, micro_batch: 1, precision: bf16, kernels: eager, recompute: full }
-  data = zero3 over dp
+  data = zero3 over dp with gather = bf16
 }""",
 }
 
@@ -200,6 +200,15 @@ BASE = ["--module", "llama3", "--config", "llama3_8b", "--parallelism.tensor_par
     (["--module", "qwen3"], "E807", "qwen3"),
     (["--training.disable_cuda_graphs", "stray"], "E804", "stray"),
     (["--parallelism.data_parallel_shard_degree", "-2"], "E804", "-2"),
+    (["--training.enable_cpu_offload"], "E807", "--training.enable_cpu_offload"),
+    (["--parallelism.enable_fsdp_symm_mem"], "E807", "--parallelism.enable_fsdp_symm_mem"),
+    (["--parallelism.context_parallel_load_balancer", "None"], "E807", "--parallelism.context_parallel_load_balancer"),
+    (["--compile.enable", "--compile.backend", "aot_eager"], "E807", "--compile.backend"),
+    (["--optimizer.param_groups.0.optimizer_name", "DistMuon"], "E807", "--optimizer.param_groups.0.optimizer_name"),
+    (["activation-checkpoint:selective", "--activation-checkpoint.force-recompute-mm-shapes-by-fqns", "wo"], "E807",
+     "--activation-checkpoint.force-recompute-mm-shapes-by-fqns"),
+    (["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_layers_per_stage", "3"], "E805",
+     "--parallelism.pipeline_parallel_layers_per_stage"),
 ])
 def test_bad_flags_are_diagnostics_naming_the_flag(extra, code, offending):
     text = shlex.join(BASE + extra) + "\n"
@@ -290,6 +299,8 @@ def test_config_manager_parses_the_export_into_the_plan(titan, name):
     # torch.compile over the model: the fused element-wise kernels a plan is costed with by default
     assert (config.compile.enable and "model" in config.compile.components) == (plan.train.kernels.value == "fused")
     assert config.compile.enable_async_tensor_parallel == bool(plan.tensor and plan.tensor.overlap)  # async TP
+    # the chunked loss a plan's `loss: fused` is, or the whole fp32 cross entropy of `loss: standard`
+    assert config.loss.num_chunks == (torchtitan.CHUNKS if plan.train.loss.value == "fused" else 1)
     if plan.pp > 1:
         from plandsl.ir.placement import assign_stages
         assignment, _ = assign_stages(plan)
@@ -331,6 +342,7 @@ def test_the_flavor_table_and_defaults_are_torchtitans(titan):
             "local_batch_size", "global_batch_size", "seq_len", "max_norm", "mixed_precision_param", "dtype")}
         read |= {"--lr_scheduler." + key: getattr(config.lr_scheduler, key) for key in (
             "warmup_steps", "decay_ratio", "decay_type", "min_lr_factor")}
+        read |= {torchtitan.LOSS_CHUNKS: config.loss.num_chunks}   # ChunkedLossWrapper's
         read |= {"--debug.seed": config.debug.seed, torchtitan.LR: config.optimizer.param_groups[0].optimizer_kwargs["lr"],
                  "activation": modes[type(config.activation_checkpoint)]}
         assert {key: {**DEFAULTS, **CONFIG_DEFAULTS[name]}.get(key) for key in read} == read, name
@@ -395,3 +407,204 @@ def test_import_gathers_in_the_mixed_precision_param(name):
     sharded = back.data.kind in (ir.DataKind.zero3, ir.DataKind.hsdp)
     mixed = back.train.precision is ir.Precision.bf16 and back.train.weights_dtype is ir.Precision.fp32
     assert back.data.gather is (ir.Precision.bf16 if sharded and mixed else None)
+
+
+# ---- torchtitan 0.3.0 runs FSDP2 at every data-parallel degree ------------------------------------------------
+D8 = "--module llama3 --config llama3_debugmodel --lr_scheduler.decay_ratio 0.0 "
+PP2 = "--parallelism.pipeline_parallel_degree 2 --training.disable_cuda_graphs "
+FSDP_PROBE = '''
+import logging, sys, torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+logging.getLogger("torchtitan").setLevel(logging.ERROR)
+from torchtitan.config.manager import ConfigManager
+import torchtitan.distributed.parallel_dims as parallel_dims
+from torchtitan.models.llama3.parallelize import parallelize_llama
+world, args = int(sys.argv[1]), sys.argv[2:]
+config = ConfigManager().parse_args(args)
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+parallel_dims.device_type = "cpu"   # the mesh on this machine's CPU (torchtitan picks cuda where torch has it)
+dims = parallel_dims.ParallelDims.from_config(config.parallelism, world)
+dims.build_mesh()
+with torch.device("meta"):
+    model = config.model_spec.model.build()
+parallelize_llama(model, parallel_dims=dims, training=config.training, parallelism=config.parallelism,
+                  compile_config=config.compile, ac_config=None, dump_folder="")
+group = model.layers["0"]._get_fsdp_state()._fsdp_param_group
+print(type(group.mesh_info).__name__, tuple(group.mesh_info.mesh.shape), group.mp_policy.param_dtype)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags, kind, shard", [
+    ("--parallelism.data_parallel_replicate_degree 8 --parallelism.data_parallel_shard_degree 1", "hsdp", 1),
+    ("--parallelism.tensor_parallel_degree 8", "zero3", 1),
+    ("--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 4", "hsdp", 4),
+    ("--parallelism.data_parallel_shard_degree 8", "zero3", 8),
+])
+def test_the_data_line_is_the_fsdp2_torchtitan_applies(titan, tmp_path, flags, kind, shard):
+    """torchtitan's own parallelize_llama, on a fake 8-rank process group, wraps every block with fully_shard and
+    a bf16 MixedPrecisionPolicy at every data-parallel degree: dp_replicate alone is HSDP over a shard of 1, no
+    data parallelism FSDP over a mesh of 1 (parallelize.py:69-90). The import says the same: hsdp or zero3 with
+    `gather = bf16`, never replicate or no data line (which would count autocast copies torchtitan never holds).
+    The legacy partial_dtensor backend, whose FSDP mesh is torch's alone (the default spmd_types backend takes the
+    same fully_shard call, parallelize.py:71-90, with its parameters annotated on a device)."""
+    import subprocess
+    import sys
+    probe = tmp_path / "probe.py"
+    probe.write_text(FSDP_PROBE, encoding="utf-8")
+    found = subprocess.run([sys.executable, str(probe), "8", *shlex.split(D8 + flags),
+                            "--parallelism.spmd_backend", "partial_dtensor"], capture_output=True, text=True,
+                           timeout=240)
+    assert found.returncode == 0, found.stderr[-3000:]
+    mesh_info, shape, param_dtype = found.stdout.strip().splitlines()[-1].split(" ", 1)[0], \
+        eval(found.stdout.strip().splitlines()[-1].split(" ", 1)[1].rsplit(" ", 1)[0]), \
+        found.stdout.strip().rsplit(" ", 1)[-1]
+    assert mesh_info == ("HSDPMeshInfo" if kind == "hsdp" else "FSDPMeshInfo") and shape[-1] == shard
+    assert param_dtype == "torch.bfloat16"
+    imported = import_text("torchtitan", D8 + flags, "args.sh", world_size=8)
+    assert imported.ok, api.render_all(imported.diagnostics, imported.sources)
+    plan = api.select_plan(api.loads(imported.text, path="back.plan"))
+    assert (plan.data.kind.value, plan.mesh.degree(plan.data.axes[-1]), plan.data.gather) == \
+        (kind, shard, ir.Precision.bf16)
+    if kind == "hsdp":
+        assert plan.mesh.degree(plan.data.axes[0]) == shape[0]
+
+
+def test_dp_replicate_alone_counts_no_autocast_copies():
+    """The known bug: dp_replicate 8 with dp_shard 1 was imported as `replicate` (DDP), whose bf16 compute over
+    fp32 weights holds autocast's 2-byte copy of every weight; torchtitan gathers bf16 copies unit by unit
+    instead. The imported plan holds no autocast copies, and its memory is below the DDP reading's by at least
+    those copies less the gathered units."""
+    from plandsl.cost.memory import autocast_weight_copies, holds_autocast_copies
+    from plandsl.ir.placement import assign_stages
+    imported = import_text("torchtitan", D8 + "--parallelism.data_parallel_replicate_degree 8 "
+                           "--parallelism.data_parallel_shard_degree 1", "args.sh", world_size=8)
+    assert imported.ok, api.render_all(imported.diagnostics, imported.sources)
+    assert "data    = hsdp over [dp_replicate, dp_shard] with gather = bf16" in imported.text
+    plan = api.select_plan(api.loads(imported.text, path="back.plan"))
+    assert not holds_autocast_copies(plan)
+    ddp = api.select_plan(api.loads(imported.text.replace("hsdp over [dp_replicate, dp_shard] with gather = bf16",
+                                                          "replicate over dp_replicate"), path="ddp.plan"))
+    assert holds_autocast_copies(ddp)
+    layers = [layer for stage in assign_stages(ddp)[0].stage_layers for layer in stage]
+    assert autocast_weight_copies(ddp, layers) > 0
+    ours, theirs = api.estimate(plan).memory[0], api.estimate(ddp).memory[0]
+    assert theirs.activations - ours.activations == autocast_weight_copies(ddp, layers)  # the copies, exactly
+    assert ours.gathered_params > 0 and theirs.gathered_params == 0   # FSDP2's bf16 units in their place
+
+
+def test_the_export_says_what_torchtitans_fsdp_is_not():
+    """A plan's replicate (or no data line) and a bf16 plan over fp32 weights that gathers its units at their fp32
+    dtype are not what torchtitan runs: E808, with the data line that is."""
+    base = """plan small {
+  model = llama(layers=6, hidden=256, heads=16, ffn=768, seq=2048, vocab=2048)
+  cluster = dgx_h100 x 1
+  mesh = [dp = 8]
+  train = { global_batch: 16, micro_batch: 2, precision: bf16, recompute: full }
+  data = zero3 over dp with gather = bf16
+}"""
+    assert not export_plan(api.select_plan(api.loads(HEADER + base + "\n", path="x.plan")), "torchtitan").lost
+    for old, new, said in (("zero3 over dp with gather = bf16", "replicate over dp", "data = replicate"),
+                           ("zero3 over dp with gather = bf16", "zero3 over dp", "without `gather = bf16`"),
+                           ("mesh = [dp = 8]\n  train", "mesh = [tp = 8]\n  tensor = megatron over tp\n  train",
+                            "no data line")):
+        text = base.replace(old, new)
+        if said == "no data line":
+            text = text.replace("  data = zero3 over dp with gather = bf16\n", "")
+        lost = export_plan(api.select_plan(api.loads(HEADER + text + "\n", path="x.plan")), "torchtitan").lost
+        assert [d.code for d in lost] == ["E808"] and said in lost[0].message, (said, lost)
+
+
+@pytest.mark.parametrize("extra, ok", [
+    ("--parallelism.fsdp_reshard_after_forward always", True),            # off a pipeline: the default
+    ("--parallelism.fsdp_reshard_after_forward never", False),
+    (PP2 + "--parallelism.fsdp_reshard_after_forward never", True),  # under a pipeline: the default
+    (PP2 + "--parallelism.fsdp_reshard_after_forward always", False),
+    (PP2.replace("--training.disable_cuda_graphs ", ""), False),   # Trainer.Config: CUDA graphs refuse a pipeline
+])
+def test_the_reshard_policy_is_read_where_a_plan_says_it(extra, ok):
+    """fsdp.py's get_fsdp_reshard_after_forward_policy: default reshards after the forward but under a pipeline,
+    as a plan's ZeRO-3 does; the other two are E807 where they differ from it. A pipeline needs CUDA graphs off."""
+    imported = import_text("torchtitan", D8 + extra, "args.sh", world_size=4)
+    assert imported.ok == ok, api.render_all(imported.diagnostics, imported.sources)
+    if not ok:
+        code, flag = ("E807", "fsdp_reshard_after_forward") if "reshard" in extra else ("E805", "disable_cuda_graphs")
+        assert [d.code for d in imported.diagnostics] == [code] and flag in imported.diagnostics[0].message
+
+
+@pytest.mark.slow
+def test_every_flag_torchtitan_accepts_is_read(titan):
+    """No flag torchtitan 0.3.0's ConfigManager accepts for a llama3 config (its own --help, the activation
+    checkpointing subcommands' too) is unknown to the import: each is read into the plan, refused with E807 where a
+    plan has no word for it, or listed as left out."""
+    import contextlib
+    import io
+    import re
+
+    from plandsl.interop.torchtitan_import import IGNORED, IGNORED_SECTIONS, KNOWN, SWITCHES, _name
+    found = set()
+    for mode in ("", "activation-checkpoint:selective", "activation-checkpoint:full"):
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text), pytest.raises(SystemExit):
+            _parse(titan, ["--module", "llama3", "--config", "llama3_8b", *([mode] if mode else []), "--help"])
+        found |= set(re.findall(r"(--[a-z][a-z_.0-9-]+)", text.getvalue()))
+    assert "--training.mixed-precision-reduce" in found and "--parallelism.fsdp-reshard-after-forward" in found
+    unread = sorted(flag for flag in found - {"--help"} if _name(flag) not in {*KNOWN, *IGNORED, *SWITCHES}
+                    and not (_name(flag).startswith(IGNORED_SECTIONS)))
+    assert unread == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [
+    "--parallelism.pipeline_parallel_layers_per_stage 2",
+    "--parallelism.pipeline_parallel_layers_per_stage 4 --parallelism.pipeline_parallel_schedule 1F1B "
+    "--parallelism.pipeline_parallel_first_stage_less_layers 0",
+    "--parallelism.pipeline_parallel_first_stage_less_layers 2 --parallelism.pipeline_parallel_last_stage_less_layers 0",
+    "--parallelism.pipeline_parallel_schedule GPipe --parallelism.pipeline_parallel_last_stage_less_layers 2",
+])
+def test_the_pipeline_split_is_torchtitans(titan, extra):
+    """pipeline_parallel_layers_per_stage and the first and last stages' less layers give torchtitan's stages
+    (_get_pipeline_metadata, _generate_llm_fqn_per_model_part), block for block."""
+    from plandsl.ir.placement import assign_stages
+    words = shlex.split(D8 + "--parallelism.pipeline_parallel_degree 2 --training.disable_cuda_graphs " + extra)
+    config = _parse(titan, words)
+    dims = titan[1].from_config(config.parallelism, 4)
+    stages, layers, first, last = titan[3]._get_pipeline_metadata(dims, config.parallelism, config.model_spec.model)
+    theirs = titan[3]._generate_llm_fqn_per_model_part(stages, layers, first, last)
+    imported = import_text("torchtitan", shlex.join(words), "args.sh", world_size=4)
+    assert imported.ok, api.render_all(imported.diagnostics, imported.sources)
+    plan = api.select_plan(api.loads(imported.text, path="back.plan"))
+    names = {"embed": "tok_embeddings", "head": "lm_head"}
+    ours = [[names.get(layer.name, layer.name) for layer in stage] for stage in assign_stages(plan)[0].stage_layers]
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("extra, loss", [("", "fused"), ("--loss.num_chunks 4", "fused"), ("--loss.num_chunks 1", "standard")])
+def test_the_chunked_loss_is_a_fused_one(extra, loss):
+    """The config functions' ChunkedLossWrapper (8 chunks) holds one chunk's logits at a time, about the 2 bytes per
+    logit a plan's `loss: fused` counts; one chunk is the whole fp32 cross entropy, `loss: standard` (4 bytes per
+    logit kept and two fp32 gradients in the backward)."""
+    imported = import_text("torchtitan", D8 + extra, "args.sh", world_size=4)
+    assert imported.ok, api.render_all(imported.diagnostics, imported.sources)
+    assert api.select_plan(api.loads(imported.text, path="back.plan")).train.loss.value == loss
+    megatron = api.select_plan(api.loads(imported.text.replace("  train   = {\n", "  train   = {\n    loss: megatron,\n")
+                                         .replace("    loss: fused,\n", ""), path="m.plan"))
+    lost = export_plan(megatron, "torchtitan").lost
+    assert [d.code for d in lost] == ["E808"] and "loss: megatron" in lost[0].message
+
+
+@pytest.mark.slow
+def test_every_llama3_config_function_is_read_or_refused_with_its_reason(titan):
+    """The import reads the three config functions a plan says whole and refuses each other one of 0.3.0's
+    config_registry with what a plan cannot say of it (E807): its Float8 is rowwise only (no tensorwise, so no FP8
+    all-gather), MXFP8 and NVFP4 are converters of their own."""
+    import typing
+
+    from torchtitan.components.quantization import Float8LinearConverter
+    names = {name for name in dir(titan[2]) if name.startswith(("llama3_", "sft_")) and callable(getattr(titan[2], name))}
+    assert names == set(torchtitan.CONFIGS) | set(torchtitan.OTHER_CONFIGS)
+    recipes = typing.get_args(typing.get_type_hints(Float8LinearConverter.Config)["recipe_name"])
+    assert set(recipes) == {"rowwise", "rowwise_with_gw_hp"}
+    for name, why in torchtitan.OTHER_CONFIGS.items():
+        imported = import_text("torchtitan", f"--module llama3 --config {name}", "args.sh", world_size=8)
+        assert [d.code for d in imported.diagnostics] == ["E807"] and why in imported.diagnostics[0].message

@@ -131,7 +131,9 @@ _entry("E807", """
     optimizer instances, a model whose norm, activation, positions and biases are neither plandsl's gpt(...)
     nor its llama(...). torchtitan's have theirs too: memory-budget checkpointing, a schedule CSV, gradient
     accumulation with a pipeline, expert parallelism for llama3, a learning-rate decay that stops short of
-    0. The import stops rather than write a plan that would estimate another run.
+    0, FSDP's CPU offload or symmetric-memory collectives, a reshard-after-forward policy other than its
+    default where the two differ, an unbalanced context-parallel split, the float8, MXFP8 and NVFP4 config
+    functions. The import stops rather than write a plan that would estimate another run.
     """, f"""
     {_FLAGS}
         --context-parallel-size 2 --cp-comm-type a2a
@@ -144,7 +146,8 @@ _entry("E808", """
     interleaved 1F1B with virtual stages placed round robin; it lays ranks out innermost first as
     tp-cp-ep-dp-pp (or tp-cp-ep-pp-dp); it has one data axis, no shard rules and no op-level
     recomputation. `--to torchtitan` likewise: its models are its llama3 config functions' registry
-    flavors, its FSDP is ZeRO-3 (no zero1 or zero2), its mesh is pp, dp_replicate, dp_shard, cp, tp
+    flavors, its FSDP is ZeRO-3 at every data-parallel degree (no DDP, no zero1 or zero2; bf16 gathered
+    over fp32 weights, `gather = bf16`), its mesh is pp, dp_replicate, dp_shard, cp, tp
     outermost first, and its selective checkpointing is op-level. Each part of the plan outside that is
     listed, and nothing is written unless `--lossy` is given, so that a run launched from the export is
     the run the plan describes.
