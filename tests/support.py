@@ -155,8 +155,8 @@ def space_leaves(space):
 
 def assert_brute_force_optimum(problem, pins: dict) -> None:
     """Every leaf of the search's space evaluated: each leaf's bound at most its exact step, and the search's three
-    best the three fastest of them (the search over models of two kinds of block: test_deepseek,
-    test_interleaved_moe)."""
+    best the three fastest of them (the search over models of several kinds of block: test_deepseek,
+    test_interleaved_moe, test_search_two_kinds)."""
     import pytest
     from plandsl.cost.compute import DEFAULT_EFFICIENCY
     from plandsl.search import search

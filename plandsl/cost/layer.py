@@ -123,10 +123,12 @@ class LayerTime:
 
 
 def estimate_layer_time(model: ir.Model, layer: Layer, work: Work, device: ir.DeviceType, links: Links,
-                        efficiency: Efficiency | None = None) -> LayerTime:
+                        efficiency: Efficiency | None = None, compute: LayerCompute | None = None) -> LayerTime:
     """`layer`'s seconds for one microbatch; a transformer's head with multi-token prediction (`mtp`) runs its depths
-    after it, on its stage (`mtp_time`)."""
-    time = _layer_time(model, layer, work, device, links, efficiency)
+    after it, on its stage (`mtp_time`). `compute`: `estimate_layer_compute(model, layer, work, device, efficiency)`
+    where the caller has it (the search computes it once per work, kind and device, and the links' part once per
+    links: `search.figures`)."""
+    time = _layer_time(model, layer, work, device, links, efficiency, compute)
     if layer.kind == "head" and isinstance(model, ir.TransformerModel) and model.mtp:
         time = _plus(time, mtp_time(model, layer, work, device, links, efficiency), model.mtp)
     return time
@@ -164,8 +166,9 @@ def _plus(time: LayerTime, other: LayerTime, times: float = 1.0) -> LayerTime:
 
 
 def _layer_time(model: ir.Model, layer: Layer, work: Work, device: ir.DeviceType, links: Links,
-                efficiency: Efficiency | None = None) -> LayerTime:
-    compute = estimate_layer_compute(model, layer, work, device, efficiency)
+                efficiency: Efficiency | None = None, compute: LayerCompute | None = None) -> LayerTime:
+    if compute is None:
+        compute = estimate_layer_compute(model, layer, work, device, efficiency)
     moved: dict[str, float] = {}
     overlapped = backward_gemms = ()
     if work.overlap_tensor and work.sequence_parallel and links.tp.size > 1 and layer.kind == "block" \

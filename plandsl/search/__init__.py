@@ -56,6 +56,7 @@ DISPATCHERS = ("alltoall", "deepep", "hybridep")  # `experts = KIND over ...` (i
 # The search tries each unpinned, on every layout with an expert group (`Space.roots`); at equal figures it writes the
 # one it reaches first.
 SEARCHED_DISPATCHERS = DISPATCHERS
+REDIVE = 16  # under a time limit, a dive every limit / REDIVE CPU seconds after a plan is found
 # Tensor parallelism stays inside a node unless pinned otherwise: its all-reduces sit on every layer's
 # critical path (Narayanan et al. 2021, Sec. 3.3: "tensor model parallelism ... within a multi-GPU
 # server"), where a node's link is an order of magnitude faster than the fabric.
@@ -300,19 +301,22 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
     done = 0
     # Under a time limit, a search that has simulated no plan a quarter of the way in dives: it takes
     # the lowest-bound child of what it expanded last (depth first) until a plan fits, so the limit
-    # finds it with a plan to show. Every child also stays on the heap (an entry taken by the dive is
-    # skipped when popped), so the order changes and the result of a finished search does not.
+    # finds it with a plan to show. Each plan that fits schedules the next dive limit / REDIVE later,
+    # from the lowest bound then on the heap: where the bounds sit far below the steps (a mixture of
+    # experts' all-to-alls), best-first order reaches no other plan within the limit, and the dives
+    # sample the space's most promising parts in turn. Every child also stays on the heap (an entry
+    # taken by a dive is skipped when popped), so the order changes and the result of a finished
+    # search does not.
     dive_at = cpu + time_limit / 4 if time_limit else math.inf
     stack: list = []
     dived: set[int] = set()
-    found = False
     clock = _cpu_clock(cpu) if time_limit else lambda: cpu  # without a limit nothing reads it
     while (heap or stack) and len(results) < top:
         now = clock()
         if now > deadline:
             _stop(space.stats, heap, results, top)
             break
-        diving = not found and now > dive_at
+        diving = now > dive_at
         if diving and stack:
             entry = stack.pop()
             dived.add(entry[1])
@@ -344,8 +348,8 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
                 results.append(scored)
                 break
             if scored is not None:
-                found = True
                 stack.clear()
+                dive_at = now + time_limit / REDIVE if time_limit else math.inf  # the next dive, from where the heap is
                 heapq.heappush(heap, (scored.estimate.time.step, next(counter), scored, space))
             else:  # a partly recomputed leaf the exact estimate refused: at its next N, bounded anew (`Space.retry`)
                 children = [child for child in (space.retry(item),) if child is not None]

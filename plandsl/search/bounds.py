@@ -44,9 +44,9 @@ class Bounds:
         self._p2p_cache: dict = {}
         self._slopes: dict = {}     # node ident -> (ZeRO class, device name) -> `slopes`
         self._busy_cache: dict = {}  # (node ident, ZeRO class, the stages' ranks, virtual) -> `busy_bound`
-        # two kinds of block: (second kind's, first kind's) (count, share, excess) in the model's order (`_crowding`)
-        self._crowding = (_crowding(figures.dense_before), _crowding(np.arange(self.blocks + 1) - figures.dense_before)) \
-            if self.dense_blocks else None
+        # several kinds of block: per set of them (rows of `Figures.kind_before`), their blocks' (count, share, excess)
+        # in the model's order (`_crowding`)
+        self._crowding: dict = {}
 
     # -- a leaf's stages --
     def stage_times(self, node: Node, zero: int, ranks, counts, recomputed: int | None = None) -> list[StageTime]:
@@ -67,24 +67,27 @@ class Bounds:
                                       layer_bytes=layer_bytes))
             return out
         out, start, before = [], 0, self.figures.dense_before
+        several = len(self.kinds) > 5  # more than two kinds of block: each stage's blocks' kinds in order
         for s, n in enumerate(counts):
             dense = int(before[start + n] - before[start])  # of a mixture of experts' blocks, the dense ones
-            dense_order = self.figures.dense_order(start, n)
+            dense_order = self.figures.dense_order(start, n) if not several else None
+            kinds_order = self.figures.stage_kinds(start, n) if several else None
             start += n
             out.append(self.stage_time(node, zero, root.rank_devices[ranks[s]], n, s == 0, s == last, dense,
-                                       recomputed, dense_order))
+                                       recomputed, dense_order, kinds_order))
         return out
 
     def stage_time(self, node: Node, zero: int, device, n: int, first: bool, last: bool,
                    dense_blocks: int = 0, recomputed: int | None = None,
-                   dense_order: tuple[bool, ...] | None = None) -> StageTime:
+                   dense_order: tuple[bool, ...] | None = None, kinds_order: tuple[int, ...] | None = None) -> StageTime:
         """One transformer stage of n blocks (`dense_blocks` of them a mixture of experts' dense ones, first unless
-        `dense_order` says which are, `Figures.dense_order`; the embedding on the first stage, the norm and head on the
+        `dense_order` says which are, `Figures.dense_order`; with more than two kinds of block, `kinds_order`: each block's
+        index into the kinds, `Figures.stage_kinds`; the embedding on the first stage, the norm and head on the
         last), once per node, ZeRO stage, device and shape. A partly recomputed node's stage recomputes its first
         `recomputed` blocks and runs its other layers as its kept node does (`cost.memory.layer_recompute`)."""
         root = node.root
         recomputed = min(n, recomputed) if recomputed is not None else None
-        key = (node.ident, zero, device.name, n, first, last, dense_blocks, recomputed, dense_order)
+        key = (node.ident, zero, device.name, n, first, last, dense_blocks, recomputed, dense_order, kinds_order)
         found = self._stage_cache.get(key)
         if found is None:
             times = self.figures.kind_times(node, device)
@@ -95,7 +98,10 @@ class Bounds:
                 times = [*times, *self.figures.kind_times(node.kept, device)]
                 parts = [(4, 1)] if first else []
                 parts += [(1, recomputed), (5, n - recomputed)]
-            if dense_blocks:
+            if kinds_order is not None:  # the main kind's blocks above, then each other kind's
+                parts[-1] = (parts[-1][0], kinds_order.count(1))
+                parts += [(kind, kinds_order.count(kind)) for kind in range(4, len(self.kinds)) if kind in kinds_order]
+            elif dense_blocks:
                 parts.append((4, dense_blocks))
             if last:
                 parts += [(2, 1), (3, 1)] if recomputed is None else [(6, 1), (7, 1)]
@@ -115,8 +121,8 @@ class Bounds:
                 gathered = self._gathered(root, zero, layers, [t for _, t in order],
                                           [self.figures.params(layer, root.tp, root.ep) for layer in layers])
             # the layers in forward order (a dense-then-MoE model's dense blocks first), as `stage_time` sees them
-            blocks = [4] * dense_blocks + [1] * (n - dense_blocks) if dense_order is None \
-                else [4 if is_dense else 1 for is_dense in dense_order]
+            blocks = list(kinds_order) if kinds_order is not None else [4] * dense_blocks + [1] * (n - dense_blocks) \
+                if dense_order is None else [4 if is_dense else 1 for is_dense in dense_order]
             forward_order = [0] * first + blocks + [2, 3] * last
             in_order = [self.figures.params(self.kinds[i][0], root.tp, root.ep)[0] for i in forward_order]
             bucket = first_bucket(in_order, bucket_params(root.links.data.size))
@@ -203,7 +209,7 @@ class Bounds:
         traffic only adds: `cost.stage.zero_traffic`; a partly recomputed node's blocks at least its kept
         node's), a rank at least one block per stage it holds, the embedding's seconds on rank 0, the norm's
         and head's on the last stage's rank: rank pp - 1 in a loop, rank 0 in a V (two stages per rank); a
-        model with two kinds of block a rank's blocks at least as `_two_kinds` counts them. 0.0 for models other
+        model with several kinds of block a rank's blocks at least as `_kinds_bound` counts them. 0.0 for models other
         than transformers."""
         if not self.transformer:
             return 0.0
@@ -214,8 +220,8 @@ class Bounds:
             times = self.figures.kind_times(kept, device)
             embed, block, norm, head = times[:4]
             per_block = block.forward + block.backward
-            if self.dense_blocks:  # wherever the split puts the dense blocks, each takes at least the cheaper kind
-                per_block = min(per_block, times[4].forward + times[4].backward)
+            for other in times[4:len(self.kinds)]:  # wherever the split puts each kind, a block takes at least the
+                per_block = min(per_block, other.forward + other.backward)  # cheapest kind's seconds
             return (embed.forward + embed.backward, per_block,
                     norm.forward + norm.backward + head.forward + head.backward)
 
@@ -225,13 +231,13 @@ class Bounds:
                 continue
             kinds: dict = {}
             free = int(self.free_ends)  # an end stage may hold no block
-            if self.dense_blocks:  # each rank's stages and ends, its blocks' kinds bounded by `_two_kinds`
+            if self.dense_blocks:  # each rank's stages and ends, its blocks' kinds bounded by `_kinds_bound`
                 for rank, device in enumerate(root.rank_devices):
                     embed, _, head = seconds(device)
                     shape = (device.name, (embed if rank == 0 else 0.0) + (head if rank == last else 0.0), stages,
                              stages - free * ((rank == 0) + (rank == last)))
                     kinds[shape] = kinds.get(shape, 0) + 1
-                least.append(self._two_kinds(kept, kinds))
+                least.append(self._kinds_bound(kept, kinds))
                 continue
             if len(devices) == 1:  # the ranks' kinds as the loop below makes them, in its order: 0, then 1..pp-1
                 embed, block, head = seconds(next(iter(devices.values())))
@@ -262,7 +268,7 @@ class Bounds:
         rank's stages sum to at least A + N·B over the N blocks it holds (B the least slope of its
         stages), and `least_slowest` gives the least max over whole splits of the blocks. Chimera's
         ranks run half the microbatches of two stages each: their leaves keep the node's bound. A model with
-        two kinds of block counts compute alone, each rank's blocks as `_two_kinds` bounds them. `extra`
+        several kinds of block counts compute alone, each rank's blocks as `_kinds_bound` bounds them. `extra`
         (seconds per stage, by device name): every stage's compute alone, plus that (a partly recomputed
         stage's one block rerun).
 
@@ -289,7 +295,7 @@ class Bounds:
         def add(kind: tuple, count: int = 1) -> None:
             kinds[kind] = kinds.get(kind, 0) + count
 
-        if self.dense_blocks:  # no partly recomputed node (`Space`): compute alone, the kinds by `_two_kinds`
+        if self.dense_blocks:  # no partly recomputed node (`Space`): compute alone, the kinds by `_kinds_bound`
             shapes: dict = {}
             for rank, owned in enumerate(stages_by_rank(ranks, root.pp)):
                 embed, _, norm, head = self.figures.kind_times(node, devices[rank])[:4]
@@ -298,7 +304,7 @@ class Bounds:
                 shape = (devices[rank].name, (embed_cost if 0 in owned else 0.0) + (head_cost if last in owned else 0.0),
                          len(owned), self._least(owned, last))
                 shapes[shape] = shapes.get(shape, 0) + 1
-            return node.microbatches * self._two_kinds(node, shapes)
+            return node.microbatches * self._kinds_bound(node, shapes)
         ends, others = _rank_shapes(ranks, root.pp)
         if extra is not None:
             uniform = len(self.figures.device_types(root)) == 1
@@ -328,24 +334,43 @@ class Bounds:
                     add((len(owned) * offset, middle, len(owned)))
         return node.microbatches * least_slowest(self.blocks, kinds)
 
-    def _two_kinds(self, node: Node, shapes: dict) -> float:
-        """A bound on the least busiest rank's compute per microbatch over every split of two kinds of block in the
-        model's order, for `shapes` = {(device name, fixed seconds, stages, fewest blocks): how many ranks}. A stage
-        holds consecutive blocks, so a rank of k stages holding N blocks holds x of the cheaper kind (c seconds a
-        block; the dearer e) with x <= that kind's count C and x <= share·N + k·excess (`_crowding`): its seconds
-        fixed + N·e - (e - c)·x are at least each of fixed + N·c, fixed - (e - c)·C + N·e and fixed - (e - c)·k·excess
-        + N·(e - (e - c)·share), each affine in N, and `least_slowest` over each is a bound (the largest is taken)."""
+    def _kinds_bound(self, node: Node, shapes: dict) -> float:
+        """A bound on the least busiest rank's compute per microbatch over every split of several kinds of block in
+        the model's order, for `shapes` = {(device name, fixed seconds, stages, fewest blocks): how many ranks}. A
+        stage holds consecutive blocks. On a rank of k stages holding N blocks, with its kinds' seconds a block sorted
+        c_1 <= ... <= c_K, its seconds are fixed + c_1·N + sum over j of (c_j+1 - c_j)·(N - X_j), X_j its blocks of the
+        j cheapest kinds: X_j <= their count C_j in the model and X_j <= share_j·N + k·excess_j (`_crowding`), so each
+        N - X_j is at least each of 0, N - C_j and N·(1 - share_j) - k·excess_j. One of the three per j makes a line in
+        N below every rank's seconds, and `least_slowest` over each bounds the busiest rank (the largest is taken).
+        Two kinds (cheap c, dear e, gap e - c): fixed + N·c, fixed - gap·C + N·e, fixed - gap·k·excess +
+        N·(e - gap·share)."""
         devices = self.figures.device_types(node.root)
-        relaxed: tuple[dict, dict, dict] = ({}, {}, {})
+        levels = len(self.kinds) - 4  # the kinds of block less one: a choice of three each
+        relaxed = [{} for _ in range(3 ** levels)]
+        # the other kinds first, then the main one: of two kinds, the dense one is the cheaper where they tie
+        order = list(range(4, len(self.kinds))) + [1]
         for (name, fixed, stages, least), count in shapes.items():
             times = self.figures.kind_times(node, devices[name])
-            block, dense = times[1].forward + times[1].backward, times[4].forward + times[4].backward
-            held, share, excess = self._crowding[0 if dense <= block else 1]  # the cheaper kind's
-            cheap, gap = min(block, dense), abs(block - dense)
-            for kinds, kind in zip(relaxed, ((fixed, cheap, least), (fixed - gap * held, cheap + gap, least),
-                                             (fixed - gap * stages * excess, cheap + gap - gap * share, least))):
+            seconds = {kind: times[kind].forward + times[kind].backward for kind in order}
+            ranked = sorted(order, key=seconds.__getitem__)  # cheapest first (stable: ties keep `order`)
+            lines = [(fixed, seconds[ranked[0]])]
+            for j in range(1, len(ranked)):
+                held, share, excess = self._crowded(frozenset(ranked[:j]))  # the j cheapest kinds'
+                gap = seconds[ranked[j]] - seconds[ranked[j - 1]]
+                lines = [line for f, slope in lines for line in
+                         ((f, slope), (f - gap * held, slope + gap), (f - gap * stages * excess, slope + gap - gap * share))]
+            for kinds, (f, slope) in zip(relaxed, lines):
+                kind = (f, slope, least)
                 kinds[kind] = kinds.get(kind, 0) + count
         return max(least_slowest(self.blocks, kinds) for kinds in relaxed)
+
+    def _crowded(self, kinds: frozenset) -> tuple[int, float, float]:
+        """`_crowding` of the blocks of these kinds (indices into the kinds), once per set."""
+        found = self._crowding.get(kinds)
+        if found is None:
+            rows = [self.figures.block_kinds.index(kind) for kind in sorted(kinds)]
+            found = self._crowding[kinds] = _crowding(self.figures.kind_before[rows].sum(axis=0))
+        return found
 
     def _least(self, owned, last: int) -> int:
         """The fewest blocks a rank holding the stages `owned` (of 0..last) holds: one a stage, none on an end stage
@@ -361,7 +386,7 @@ class Bounds:
         head takes a + n·b, one with them at least their compute, fixed + n·(a block's F + B). A partly
         recomputed node's stage takes at least its kept node's seconds (rerunning a block only adds), and
         at least its compute with its first `recomputed` blocks at full recomputation's F + B (ZeRO's
-        traffic only adds to compute: `cost.stage.zero_traffic`). Two kinds of block: each stage's compute, its
+        traffic only adds to compute: `cost.stage.zero_traffic`). Several kinds of block: each stage's compute, its
         blocks of each kind at their seconds. 0.0 where `busy_bound` keeps the node's bound (Chimera) and for
         models other than transformers."""
         info = BUILTIN.get(schedule)
@@ -370,7 +395,7 @@ class Bounds:
         root, kept = node.root, node.kept or node
         last = len(counts) - 1
         if self.dense_blocks:
-            return node.microbatches * self._two_kinds_split(node, ranks, counts)
+            return node.microbatches * self._kinds_split(node, ranks, counts)
         per_device: dict = {}
         busy = [0.0] * root.pp
         for s, n in enumerate(counts):
@@ -392,9 +417,10 @@ class Bounds:
             busy[rank] += seconds
         return node.microbatches * max(busy)
 
-    def _two_kinds_split(self, node: Node, ranks, counts) -> float:
-        """The busiest rank's compute per microbatch under a split of two kinds of block (`split_bound`)."""
-        root, last, before = node.root, len(counts) - 1, self.figures.dense_before
+    def _kinds_split(self, node: Node, ranks, counts) -> float:
+        """The busiest rank's compute per microbatch under a split of several kinds of block (`split_bound`)."""
+        root, last, before = node.root, len(counts) - 1, self.figures.kind_before
+        block_kinds = self.figures.block_kinds  # the main kind, then the others
         per_device: dict = {}
         busy = [0.0] * root.pp
         start = 0
@@ -402,14 +428,16 @@ class Bounds:
             device = root.rank_devices[ranks[s]]
             seconds = per_device.get(device.name)
             if seconds is None:
-                embed, block, norm, head, dense = self.figures.kind_times(node, device)[:5]
-                seconds = per_device[device.name] = (embed.forward + embed.backward, block.forward + block.backward,
-                                                     norm.forward + norm.backward + head.forward + head.backward,
-                                                     dense.forward + dense.backward)
-            dense_blocks = int(before[start + n] - before[start])
+                times = self.figures.kind_times(node, device)
+                seconds = per_device[device.name] = (
+                    times[0].forward + times[0].backward,
+                    times[2].forward + times[2].backward + times[3].forward + times[3].backward,
+                    [times[kind].forward + times[kind].backward for kind in block_kinds])
+            stage = (seconds[0] if s == 0 else 0.0) + (seconds[1] if s == last else 0.0)
+            for row, each in enumerate(seconds[2]):
+                stage += int(before[row, start + n] - before[row, start]) * each
             start += n
-            busy[ranks[s]] += (seconds[0] if s == 0 else 0.0) + (seconds[2] if s == last else 0.0) \
-                + (n - dense_blocks) * seconds[1] + dense_blocks * seconds[3]
+            busy[ranks[s]] += stage
         return max(busy)
 
     def leaf_bound(self, node: Node, schedule: str, ranks, stages: list[StageTime], zero: int) -> float:

@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 
 from plandsl import ir
-from plandsl.cost.compute import Efficiency, Work
+from plandsl.cost.compute import Efficiency, Work, estimate_layer_compute
 from plandsl.cost.layer import LayerTime, estimate_layer_time
 from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activations, estimate_memory, gathered_bytes, gathered_param_bytes,
                                  gathers_whole, head_inflight, holds_autocast_copies, inflight_microbatches,
@@ -25,7 +25,7 @@ from plandsl.ir.layers import Layer, figures_key, layers_of
 from plandsl.schedules.bounded import builtin_profiles
 from plandsl.schedules.registry import BUILTIN
 from plandsl.search.choices import stage_ranks
-from plandsl.search.problem import CONTEXT, Problem, SearchError, build_plan
+from plandsl.search.problem import CONTEXT, Problem, build_plan
 from plandsl.search.tree import Node, Root, candidate_of
 
 
@@ -40,12 +40,13 @@ class Figures:
         self.transformer = isinstance(problem.model, ir.TransformerModel)
         self.blocks = sum(1 for layer in self.layers if layer.kind == "block") if self.transformer \
             else len(self.layers)
-        self.dense_blocks = 0  # a transformer's blocks of its second kind (`_kinds`: dense, or windowed)
+        self.dense_blocks = 0  # a transformer's blocks of its kinds but the main one (`_kinds`: dense, windowed)
         self.dense_before, self.interleaved = np.zeros(self.blocks + 1, dtype=np.int64), False
         self.kinds = self._kinds()
         self.base = self._base_plan()
         self.states = StateBytes.of(self.base.train)  # the kept dtypes' bytes, read on every rank's tail
         self._time_cache: dict = {}
+        self._compute_cache: dict = {}  # (work, kind, device name) -> `cost.compute.estimate_layer_compute`
         self._kind_times_cache: dict = {}
         self.memory_caches = caches = memory_caches if memory_caches is not None else {}
         self._memory_cache: dict = caches.setdefault("memory", {})
@@ -67,35 +68,51 @@ class Figures:
         self._links_numbers: dict = {}
 
     def _kinds(self) -> list[tuple[Layer, int]]:
-        """(layer, count): transformers are an embedding, L identical blocks, a norm and a head; one with two kinds
+        """(layer, count): transformers are an embedding, L identical blocks, a norm and a head; one with more kinds
         of block (a mixture of experts with dense blocks, `dense_layers`, `moe_every`; a sliding-window pattern's
-        windowed and full-attention blocks, `full_every`) has the D blocks of its second kind (the dense ones; else
-        those of the kind the last block is not) as a fifth kind after them, the L - D others as the second
-        (`dense_blocks` = D; `dense_before[i]`: those among the first i; `interleaved`: whether they are not all
-        first; its stages are partitioned over the blocks in order, `Splits.mixed_partition`). More than two kinds
-        (dense and MoE blocks besides windowed and full ones) is a SearchError."""
+        windowed and full-attention blocks, `full_every`; both) has its main kind as the second (the MoE blocks of
+        two kinds that are dense and MoE, else the kind of the last block) and each other kind after the head, in the
+        order the blocks first show it (`dense_blocks`: the blocks of those; `dense_before[i]`: those among the first
+        i; `kind_before[k][i]`: the blocks of the k-th kind of block (`block_kinds[k]`, the main one first) among the
+        first i; `block_kind[i]`: block i's index into the kinds; `interleaved`: whether some of the others follow a
+        main one). Their stages are partitioned over the blocks in order (`Splits.mixed_partition`)."""
+        self.block_kinds, self.kind_before, self.block_kind = [1], None, None
         if not self.transformer:
             return [(layer, 1) for layer in self.layers]
         blocks = [layer for layer in self.layers if layer.kind == "block"]
         model = self.problem.model
         keys = [figures_key(block) for block in blocks]
-        count = len(dict.fromkeys(keys))
-        if count > 2:
-            raise SearchError(f"model '{model.name}' has {count} kinds of block; the search partitions at most two "
-                              "(dense and MoE blocks, or windowed and full-attention ones)")
+        distinct = list(dict.fromkeys(keys))
         moe, dense = blocks[-1], blocks[0]  # the last block is MoE and the first dense, unless interleaved
-        if count == 2:
+        others: list[tuple[Layer, int]] = []
+        if len(distinct) == 2:
             is_dense = np.fromiter((not model.moe_block(i) for i in range(self.blocks)) if model.mixed_blocks
                                    else (key != keys[-1] for key in keys), dtype=bool, count=self.blocks)
+            moe = moe if not is_dense[-1] else blocks[int(np.argmin(is_dense))]
+            dense = dense if is_dense[0] else blocks[int(np.argmax(is_dense))]
+            kind_of = np.where(is_dense, 4, 1)
+            others = [(dense, int(is_dense.sum()))]
+        elif len(distinct) > 2:  # the main kind, the last block's; the others as the blocks first show them
+            main = keys[-1]
+            rest = [key for key in distinct if key != main]
+            index = {main: 1, **{key: 4 + k for k, key in enumerate(rest)}}
+            kind_of = np.fromiter((index[key] for key in keys), dtype=np.int64, count=self.blocks)
+            first = {key: blocks[keys.index(key)] for key in rest}
+            others = [(first[key], keys.count(key)) for key in rest]
+        if others:
+            is_dense = kind_of != 1
             np.cumsum(is_dense, out=self.dense_before[1:])
             self.dense_blocks = int(self.dense_before[-1])
             self.interleaved = bool(is_dense[self.dense_blocks:].any())  # a dense block after an MoE one
-            moe = moe if not is_dense[-1] else blocks[int(np.argmin(is_dense))]
-            dense = dense if is_dense[0] else blocks[int(np.argmax(is_dense))]
+            self.block_kinds = [1] + [4 + k for k in range(len(others))]
+            self.block_kind = kind_of
+            self.kind_before = np.zeros((len(self.block_kinds), self.blocks + 1), dtype=np.int64)
+            for row, kind in enumerate(self.block_kinds):
+                np.cumsum(kind_of == kind, out=self.kind_before[row, 1:])
         by_kind = {layer.kind: layer for layer in self.layers if layer.kind != "block"}
         kinds = [(by_kind["embed"], 1), (moe, self.blocks - self.dense_blocks), (by_kind["norm"], 1),
                  (by_kind["head"], 1)]
-        return kinds + ([(dense, self.dense_blocks)] if self.dense_blocks else [])
+        return kinds + others
 
     def dense_order(self, start: int, n: int) -> tuple[bool, ...] | None:
         """Blocks start .. start + n - 1, whether each is of the second kind (dense; windowed or full), where those
@@ -104,6 +121,10 @@ class Figures:
             return None
         before = self.dense_before
         return tuple(bool(before[i + 1] - before[i]) for i in range(start, start + n))
+
+    def stage_kinds(self, start: int, n: int) -> tuple[int, ...]:
+        """Blocks start .. start + n - 1, each one's index into the kinds, in the model's order."""
+        return tuple(int(k) for k in self.block_kind[start:start + n])
 
     def _base_plan(self) -> ir.Plan:
         p = self.problem
@@ -187,8 +208,15 @@ class Figures:
                 key = (work, figures_key(layer), device.name, layer_links)
                 time = self._time_cache.get(key)
                 if time is None:
+                    # the compute part once per work, kind and device: the mesh orders of a layout differ in links
+                    # alone (a Llama 4 Maverick search asks for 4,545 computes for 13,065 layer times)
+                    compute_key = key[:3]
+                    compute = self._compute_cache.get(compute_key)
+                    if compute is None:
+                        compute = self._compute_cache[compute_key] = estimate_layer_compute(
+                            self.model, layer, work, device, self.efficiency)
                     time = self._time_cache[key] = estimate_layer_time(self.model, layer, work, device, links,
-                                                                       self.efficiency)
+                                                                       self.efficiency, compute)
                 found.append(time)
             node.times[device.name] = found
         return found
@@ -271,6 +299,11 @@ class Figures:
             self._buffers_cache[key] = found
         return found
 
+    def layer_states(self, node: Node, zero: int):
+        """(model-state bytes per kind, the states a head adds on a rank without its tied embedding, the plan): the
+        first part of `layer_memory`, without the activations."""
+        return self._states(node, zero)
+
     def _states(self, node: Node, zero: int):
         """Model states per kind: a function of the degrees and the ZeRO stage, not of the micro-batch
         or the recomputation (`cost.memory.model_state_bytes`), so one per layout and stage. Under a pipeline
@@ -328,8 +361,8 @@ class Figures:
         if found is None:
             embed, block, norm, head = (layer for layer, _ in self.kinds[:4])
             layers = ([embed] if first else []) + [block] * min(blocks, 2) + ([norm, head] if last else [])
-            if self.dense_blocks:  # either kind may be the two gathered: the two largest of both (a bound)
-                layers += [self.kinds[4][0]] * min(blocks, 2)
+            for layer, _ in self.kinds[4:]:  # any kind may be the two gathered: the two largest of each (a bound)
+                layers += [layer] * min(blocks, 2)
             copy = tied_embedding(plan, self.layers) if last and not first else None
             both = gathered_bytes(plan, layers, [copy] if copy else [])
             found = self._gathered_cache[key] = both[1] if gathers_whole(plan) else sum(both)  # ZeRO-2's: `_states`

@@ -131,9 +131,10 @@ class Space:
         dp, tp, pp, cp, ep = layout
         sizes = {"dp": dp, "ep": ep, "pp": pp, "cp": cp, "tp": tp}
         probe = Root(dp, tp, pp, cp, ep, tuple(a for a in AXES if sizes[a] > 1), None, (), (), False, (1,))
-        per_kind, _, plan = self.figures.layer_memory(Node(probe, 1, 1, "full"), 3 if probe.data_ranks > 1 else 0)
-        # the model states alone: the figures' states carry autocast's weight copies too (`Figures._states`)
-        states = sum(count * (per_kind[i][0] - autocast_weight_copies(plan, [layer]))
+        # the model states alone (not the activations `layer_memory` adds, which no node of this probe's shape reads)
+        per_kind, _, plan = self.figures.layer_states(Node(probe, 1, 1, "full"), 3 if probe.data_ranks > 1 else 0)
+        # the figures' states carry autocast's weight copies too (`Figures._states`): taken off
+        states = sum(count * (per_kind[i] - autocast_weight_copies(plan, [layer]))
                      for i, (layer, count) in enumerate(self.kinds))
         capacity = max(g.node.device.usable_memory for g in self.problem.cluster.groups)
         if states / pp > capacity:

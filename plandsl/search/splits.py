@@ -25,6 +25,9 @@ class Splits:
         self.blocks, self.dense_blocks, self.layers = figures.blocks, figures.dense_blocks, figures.layers
         self._partition_cache: dict = {}
         self._mixed_cache: dict = {}  # `mixed_partition`'s figures (as bytes) -> its split
+        # the kinds of block (indices into the figures' kinds) as `mixed_partition` sums them: the others, then the
+        # main one (of a dense and an MoE kind, the dense blocks' seconds first)
+        self._summed = list(range(4, len(figures.kinds))) + [1]
 
     def transformer_partition(self, node: Node, ranks, inflight, memory, virtual, rank_caps=None):
         root = node.root
@@ -133,26 +136,26 @@ class Splits:
         return counts, least
 
     def mixed_partition(self, node: Node, zero: int, ranks, inflight, memory):
-        """Blocks per stage of a transformer with two kinds of block, dense and MoE in the model's order: the dynamic
-        programme over the blocks in order (`partition_layers`), each block at its own kind's seconds and
-        bytes on its stage's rank, the embedding and the norm and head as fixed seconds and bytes of the
-        first and last stage, a rank's room shared evenly by its stages, ZeRO's gathered units taken as the
-        two largest of either kind (a bound)."""
+        """Blocks per stage of a transformer with several kinds of block (dense and MoE, windowed and full, or more)
+        in the model's order: the dynamic programme over the blocks in order (`partition_layers`), each block at its
+        own kind's seconds and bytes on its stage's rank, the embedding and the norm and head as fixed seconds and
+        bytes of the first and last stage, a rank's room shared evenly by its stages, ZeRO's gathered units taken as
+        the two largest of each kind (a bound)."""
         root = node.root
         key = (node.ident, zero, ranks, inflight.tobytes())
         found = self._partition_cache.get(key, False)
         if found is not False:
             return found
         per_kind, tied, _ = memory
-        (embed_s, embed_a, _), (moe_s, moe_a, moe_w), (norm_s, norm_a, _), (head_s, head_a, loss), \
-            (dense_s, dense_a, dense_w) = per_kind
-        working = max(moe_w, dense_w)
+        (embed_s, embed_a, _), _, (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind[:4]
+        summed = self._summed  # the kinds of block, in the order their seconds and bytes are summed
+        working = max(per_kind[kind][2] for kind in summed)
         first_rank, last_rank, last = ranks[0], ranks[-1], len(ranks) - 1
         # per stage, as arrays over the stages (a pipeline of many stages costs what one of few does)
         on = np.asarray(ranks)
         first, final = on == first_rank, on == last_rank
         kept = inflight[on]
-        dense_bytes, moe_bytes = dense_s + kept * dense_a, moe_s + kept * moe_a
+        block_bytes = [per_kind[kind][0] + kept * per_kind[kind][1] for kind in summed]
         gathered = {(a, b): self.figures.gathered(memory, a, b, 2) for a in (False, True) for b in (False, True)}
         room = self.figures.capacity(root)[on] - working - self.figures.stage_buffers(memory, ranks, inflight)[on] \
             - np.where(
@@ -163,8 +166,8 @@ class Splits:
         room -= np.where(final, norm_s + head_s + head * (norm_a + head_a) + max(0.0, loss - working)
                          + (tied if tied and first_rank != last_rank else 0.0), 0.0)
         caps = room / np.bincount(on)[on]  # a rank's room is shared by its stages
-        # memory first, before any timing: the most blocks of the lighter kind each stage could hold
-        lighter = np.minimum(dense_bytes, moe_bytes)
+        # memory first, before any timing: the most blocks of the lightest kind each stage could hold
+        lighter = np.minimum.reduce(block_bytes)
         most = np.where(lighter <= 0, self.blocks, np.maximum(caps, 0.0) // np.where(lighter <= 0, 1.0, lighter))
         account = self.pins.get("account")
         # a stage that must hold a block and cannot: every stage under `account=none`, the middle ones unpinned (an
@@ -175,15 +178,19 @@ class Splits:
             return None
         seconds = {}
         for r in set(ranks):
-            embed, block, norm, head, dense_block = self.figures.kind_times(node, root.rank_devices[r])
-            seconds[r] = (dense_block.forward + dense_block.backward, block.forward + block.backward,
-                          embed.forward + embed.backward, norm.forward + norm.backward + head.forward + head.backward)
+            times = self.figures.kind_times(node, root.rank_devices[r])
+            embed, norm, head = times[0], times[2], times[3]
+            seconds[r] = (embed.forward + embed.backward, norm.forward + norm.backward + head.forward + head.backward,
+                          *(times[kind].forward + times[kind].backward for kind in summed))
         per = np.array([seconds[r] for r in ranks])
-        fixed = np.where(np.arange(len(ranks)) == 0, per[:, 2], 0.0) + np.where(np.arange(len(ranks)) == last, per[:, 3], 0.0)
-        in_dense = self.figures.dense_before  # blocks of each kind in 0..i, in the model's order
-        in_moe = np.arange(self.blocks + 1) - in_dense
-        prefix = per[:, :1] * in_dense + per[:, 1:2] * in_moe
-        held = dense_bytes[:, None] * in_dense + moe_bytes[:, None] * in_moe
+        fixed = np.where(np.arange(len(ranks)) == 0, per[:, 0], 0.0) + np.where(np.arange(len(ranks)) == last, per[:, 1], 0.0)
+        # blocks of each kind in 0..i, in the model's order: each kind's seconds and bytes summed over them
+        before = [self.figures.kind_before[self.figures.block_kinds.index(kind)] for kind in summed]
+        prefix = per[:, 2:3] * before[0]
+        held = block_bytes[0][:, None] * before[0]
+        for column, (each, count) in enumerate(zip(block_bytes[1:], before[1:]), start=3):
+            prefix = prefix + per[:, column:column + 1] * count
+            held = held + each[:, None] * count
         if account:  # Megatron's split counting the embedding and the loss, within each rank's room
             counts = account_counts(self.blocks, len(ranks), account)
             fits = counts is not None
@@ -196,7 +203,7 @@ class Splits:
             return found
         # the split depends on these figures alone: leaves of other nodes, ZeRO stages or schedules often share them
         # (half of a Llama 4 Maverick search's), and the dynamic programme is most of a leaf's partition
-        figures = tuple(np.asarray(each, dtype=np.float64).tobytes() for each in (per, dense_bytes, moe_bytes, caps))
+        figures = tuple(np.asarray(each, dtype=np.float64).tobytes() for each in (per, *block_bytes, caps))
         found = self._mixed_cache.get(figures, False)
         if found is False:
             found = partition_prefixed(prefix, held, caps, fixed)

@@ -510,6 +510,28 @@ def test_the_dive_under_a_time_limit_leaves_a_finished_search_unchanged(monkeypa
     assert first_fit and first_fit[0] < 453  # the dive reached a plan sooner than best-first order did
 
 
+def test_under_a_time_limit_the_search_dives_again_after_each_plan_it_finds(monkeypatch):
+    """After a dive finds a plan, the search dives again every limit / REDIVE seconds from the lowest bound left on
+    the heap, so a search stopped by its limit has simulated plans from several parts of the space, not only the
+    first dive's (one plan here, at the 52nd reading, without the later dives)."""
+    import plandsl.search as searching
+    from plandsl.search.space import Space
+    clock, fits = _Clock(), []
+    evaluate = Space.evaluate
+
+    def spy(self, leaf):
+        scored = evaluate(self, leaf)
+        if scored is not None:
+            fits.append(clock.now)
+        return scored
+
+    monkeypatch.setattr(searching.time, "process_time", clock)
+    monkeypatch.setattr(Space, "evaluate", spy)
+    result = search(problem("big", "pair", 8), top=3, time_limit=200.0)
+    assert result.stats.stopped and len(result.candidates) == 3
+    assert len(fits) >= 3
+
+
 def test_zero_over_the_context_axis_alone_shards_the_states():
     """torchtitan's "FSDP 1, CP 8": with dp = 1, ZeRO shards over the context axis (`cost.memory.zero_degrees`), so
     the search keeps a data axis of size 1 to carry it (`Candidate.data_axis`). Unsharded, the 0.8B model's
