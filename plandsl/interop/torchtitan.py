@@ -68,6 +68,8 @@ EXPERT_DEGREE = "--parallelism.expert_parallel_degree"
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B", "looped_bfs": "LoopedBFS",
              "interleaved_zero_bubble": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 SINGLE_STAGE = ("GPipe", "1F1B")   # PipelineScheduleSingle: one stage per rank
+# Two stages per rank placed as a V (pipeline_parallel.py:559-572, which asserts the two).
+V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 # plandsl's recompute -> torchtitan's activation checkpointing subcommand (ActivationCheckpointingConfig):
 # SelectiveAC is op-level (keeps matmuls and attention, recomputes every other matmul): plandsl's selective_op.
 RECOMPUTE = {ir.Recompute.none: "none", ir.Recompute.selective_op: "selective", ir.Recompute.full: "full"}
@@ -287,7 +289,7 @@ def _pipeline_args(plan: ir.Plan, args: list, lose) -> None:
              hint="export the schedule with `plandsl export --to torch-csv` and pass its file")
         schedule = "1F1B" if stages.virtual == 1 else "Interleaved1F1B"
     # pipeline_llm places stages on ranks as torch's schedule does: round robin, V-shape for ZBV and DualPipeV
-    style = "vshape" if schedule in ("ZBVZeroBubble", "DualPipeV") else "loop"
+    style = "vshape" if schedule in V_SHAPED else "loop"
     if stages.rank_map != style:
         shown = stages.rank_map if isinstance(stages.rank_map, str) else list(stages.rank_map)
         lose(f"the stage-to-rank map {shown} with {schedule} (torchtitan places its stages {style})", "stages",

@@ -453,13 +453,16 @@ def _stages(read: _Read, values: dict, layers: int, pp: int) -> list[str] | None
     elif (len(parts) == pp) != (schedule in facts.SINGLE_STAGE):
         problem = f"{schedule} runs {'one stage' if schedule in facts.SINGLE_STAGE else 'two or more'} per rank, " \
                   f"and it makes {len(parts) // pp}"
+    elif schedule in facts.V_SHAPED and len(parts) != 2 * pp:  # _get_pp_rank_to_stage_indices_mapping's assert
+        problem = f"{schedule} runs two stages per rank, a V, and it makes {len(parts) // pp}"
     if problem:
-        read.problem("E805", f"{flag}: {problem}", flag, P + "pipeline_parallel_schedule")
+        read.problem("E805", f"{flag if flag in values and values[flag] == parts else facts.LAYERS_PER_STAGE}: "
+                     f"{problem}", flag, facts.LAYERS_PER_STAGE, P + "pipeline_parallel_schedule")
         return None
     counts = [("tok_embeddings" in part, sum(m.startswith("layers.") for m in part), "lm_head" in part)
               for part in parts]
     lines = stages_lines(counts, len(parts) // pp)
-    if PLAN_SCHEDULE[schedule] in ("zbv", "dualpipev"):
+    if schedule in facts.V_SHAPED:
         lines.append("    map = vshape")
     return lines + ["  }", f"  schedule = {PLAN_SCHEDULE[schedule]}"]
 

@@ -608,3 +608,21 @@ def test_every_llama3_config_function_is_read_or_refused_with_its_reason(titan):
     for name, why in torchtitan.OTHER_CONFIGS.items():
         imported = import_text("torchtitan", f"--module llama3 --config {name}", "args.sh", world_size=8)
         assert [d.code for d in imported.diagnostics] == ["E807"] and why in imported.diagnostics[0].message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["ZBVZeroBubble", "DualPipeV"])
+def test_a_v_schedule_runs_two_stages_a_rank(titan, schedule):
+    """torchtitan places ZBVZeroBubble's and DualPipeV's stages as a V and asserts two a rank
+    (_get_pp_rank_to_stage_indices_mapping): more, from pipeline_parallel_layers_per_stage, is E805; its default,
+    two, is read."""
+    flags = D8 + PP2 + f"--parallelism.pipeline_parallel_schedule {schedule} "
+    with pytest.raises(AssertionError, match="2 stages per rank"):
+        titan[3]._get_pp_rank_to_stage_indices_mapping(0, 2, schedule, 8)
+    assert titan[3]._get_pp_rank_to_stage_indices_mapping(0, 2, schedule, 4) == (0, 3)
+    found = import_text("torchtitan", flags + "--parallelism.pipeline_parallel_layers_per_stage 1", "args.sh",
+                        world_size=4)
+    assert [d.code for d in found.diagnostics] == ["E805"] and "two stages per rank" in found.diagnostics[0].message
+    imported = import_text("torchtitan", flags, "args.sh", world_size=4)
+    assert imported.ok, api.render_all(imported.diagnostics, imported.sources)
+    assert api.select_plan(api.loads(imported.text, path="v.plan")).stages.rank_map == "vshape"
