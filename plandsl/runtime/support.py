@@ -22,20 +22,22 @@ that grows with the count (65,536 over 2 stages: ~5 s to build; 2^31 would take 
 
 
 def _multi_token_refusals(plan: ir.Plan) -> list[Diagnostic]:
-    """Multi-token prediction runs on one pipeline stage without tensor or context parallelism (E703): its depths
-    read the tokens and the embedding where the loss is (a pipeline's last stage has neither), the interpreter's
-    tensor-parallel plan splits the model's blocks, not the depths' (`tensor_parallel.apply_tp`), and under context
-    parallelism the tokens k ahead of a rank's last ones are another rank's. Data and expert parallelism run them."""
+    """Multi-token prediction runs on one pipeline stage without sequence or context parallelism (E703): its depths
+    read the tokens and the embedding where the loss is (a pipeline's last stage has neither), each depth cuts the
+    sequence short by one (a sequence-parallel shard of it is another rank's), and under context parallelism the
+    tokens k ahead of a rank's last ones are another rank's. Data, expert and tensor parallelism run them (each
+    depth's block split as the model's, `tensor_parallel.apply_tp`)."""
     found = []
     depths = f"multi-token prediction (mtp={plan.model.mtp})"
-    for node, degree, what in ((plan.stages, plan.pp if plan.stages is not None else 1, "pipeline stages"),
-                               (plan.tensor, plan.tp if plan.tensor is not None else 1, "tensor parallelism"),
-                               (plan.context, plan.cp if plan.context is not None else 1, "context parallelism")):
-        if node is not None and (degree > 1 or what == "pipeline stages"):
+    sequence = plan.tensor is not None and plan.tp > 1 and plan.tensor.sequence_parallel
+    for node, refused, what in ((plan.stages, plan.stages is not None, "pipeline stages"),
+                                (plan.tensor, sequence, "sequence parallelism"),
+                                (plan.context, plan.context is not None and plan.cp > 1, "context parallelism")):
+        if refused:
             found.append(diag("E703", f"{depths} together with {what} cannot run yet: its depths read the tokens and "
-                                      "the embedding beside the loss, on one stage holding the whole sequence and its "
-                                      "depths unsplit", node.span,
-                              hint=f"run it without {what} (data and expert parallelism run it), or without mtp"))
+                                      "the embedding beside the loss, on one stage holding the whole sequence", node.span,
+                              hint=f"run it without {what} (data, expert and tensor parallelism run it), or without "
+                                   "mtp"))
     return found
 
 

@@ -2,7 +2,7 @@
 E233 and E234, the catalogue's parameters and FLOPs (on the head), the time and memory models (the depths on the
 head's stage, with a copy of the embedding), the search (its head kind carries the depths), Megatron interop both ways
 (the layout's `m`), and the interpreter: its loss against Megatron's rolled and masked one, E703 where it cannot run
-(tests/distributed/test_model_variants_run.py runs it under data and expert parallelism against one process)."""
+(tests/distributed/test_model_variants_run.py runs it under data, expert and tensor parallelism against one process)."""
 from __future__ import annotations
 
 import pytest
@@ -180,12 +180,13 @@ def test_megatron_import_refuses_depths_a_plan_cannot_place(layout, extra):
 
 
 # ---- run ----------------------------------------------------------------------------------------------------------
-def test_run_refuses_depths_beside_tensor_pipeline_or_context_parallelism():
-    refusals = api.run_refusals(_plan(", mtp=1"))  # tp = 2
+def test_run_refuses_depths_beside_sequence_pipeline_or_context_parallelism():
+    refusals = api.run_refusals(_plan(", mtp=1", sp=True))
     assert [d.code for d in refusals] == ["E703"] and "mtp=1" in refusals[0].message
-    assert "tensor parallelism" in refusals[0].message
+    assert "sequence parallelism" in refusals[0].message
+    assert api.run_refusals(_plan(", mtp=1")) == []  # tensor parallelism without sequence parallelism runs it
     pipelined = [d.message for d in api.run_refusals(_pipelined(", mtp=1"))]
-    assert any("pipeline stages" in m for m in pipelined) and any("tensor parallelism" in m for m in pipelined)
+    assert len(pipelined) == 1 and "pipeline stages" in pipelined[0]
     assert api.run_refusals(_plan()) == [] and api.run_refusals(_pipelined()) == []
     data = PLAN.format(extra=", mtp=1", sp="").replace("mesh    = [dp = 2, ep = 2, tp = 2]", "mesh    = [dp = 4, ep = 2]") \
         .replace("  tensor  = megatron over tp\n", "")

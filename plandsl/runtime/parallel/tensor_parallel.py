@@ -346,29 +346,38 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool,
         model.head.weight = model.embed.tok.weight
 
     for index, block in model.layers.items():
-        prefix = f"layers.{index}."
-        plan = _pair(block, prefix, "attn", rules, stream)
-        ffn = "moe" if hasattr(block, "moe") else "mlp"
-        if ffn == "mlp":
-            plan.update(_pair(block, prefix, "mlp", rules, stream))
-        elif block.moe.shared is not None:  # inside the MoE layer, whose input and output are whole
-            plan.update({f"moe.{name}": style for name, style in
-                         _pair(block.moe, f"{prefix}moe.", "shared", rules, Replicate()).items()})
-        if sequence_parallel:
-            gather = PrepareModuleInput(input_layouts=(stream,), desired_input_layouts=(Replicate(),),
-                                        use_local_output=True)
-            plan.update({"norm1": SequenceParallel(), "attn": gather, "norm2": SequenceParallel(), ffn: gather})
-        parallelize_module(block, tp_mesh, plan)
-        queries = plan.get("attn.wq", plan.get("attn.wq_b"))
-        if getattr(block.attn, "sinks", None) is not None and isinstance(queries, ColwiseParallel):
-            # attention sinks, one logit per head: split as the query projection splits the heads
-            block.attn.sinks = nn.Parameter(distribute_tensor(block.attn.sinks.data, tp_mesh, [Shard(0)]))
-        if hasattr(block.attn, "reduce_rope_key"):
-            group = tp_mesh.get_group()
-            block.attn.reduce_rope_key = lambda x, group=group: _SumGradient.apply(x, group)
-        if sequence_parallel and ffn == "moe":  # the layer's output is whole (expert_parallel): scatter to shards
-            parallelize_module(block.moe, tp_mesh, PrepareModuleOutput(
-                output_layouts=Replicate(), desired_output_layouts=stream, use_local_output=True))
+        _block_tp(block, f"layers.{index}.", tp_mesh, sequence_parallel, rules, stream)
+    # multi-token prediction's depths (`mtp`, run without sequence parallelism: runtime.support): each block as the
+    # model's, its norms and `eh_proj` whole on every rank of the group, their inputs and outputs whole
+    for index, depth in (getattr(model, "mtp", None) or {}).items():
+        _block_tp(depth.block, f"mtp.{index}.block.", tp_mesh, sequence_parallel, rules, stream)
+
+
+def _block_tp(block: nn.Module, prefix: str, tp_mesh: DeviceMesh, sequence_parallel: bool,
+              rules: dict[str, ModuleRule], stream) -> None:
+    """One transformer block's attention and MLP (or its shared experts) split over the group, Megatron's pairs."""
+    plan = _pair(block, prefix, "attn", rules, stream)
+    ffn = "moe" if hasattr(block, "moe") else "mlp"
+    if ffn == "mlp":
+        plan.update(_pair(block, prefix, "mlp", rules, stream))
+    elif block.moe.shared is not None:  # inside the MoE layer, whose input and output are whole
+        plan.update({f"moe.{name}": style for name, style in
+                     _pair(block.moe, f"{prefix}moe.", "shared", rules, Replicate()).items()})
+    if sequence_parallel:
+        gather = PrepareModuleInput(input_layouts=(stream,), desired_input_layouts=(Replicate(),),
+                                    use_local_output=True)
+        plan.update({"norm1": SequenceParallel(), "attn": gather, "norm2": SequenceParallel(), ffn: gather})
+    parallelize_module(block, tp_mesh, plan)
+    queries = plan.get("attn.wq", plan.get("attn.wq_b"))
+    if getattr(block.attn, "sinks", None) is not None and isinstance(queries, ColwiseParallel):
+        # attention sinks, one logit per head: split as the query projection splits the heads
+        block.attn.sinks = nn.Parameter(distribute_tensor(block.attn.sinks.data, tp_mesh, [Shard(0)]))
+    if hasattr(block.attn, "reduce_rope_key"):
+        group = tp_mesh.get_group()
+        block.attn.reduce_rope_key = lambda x, group=group: _SumGradient.apply(x, group)
+    if sequence_parallel and ffn == "moe":  # the layer's output is whole (expert_parallel): scatter to shards
+        parallelize_module(block.moe, tp_mesh, PrepareModuleOutput(
+            output_layouts=Replicate(), desired_output_layouts=stream, use_local_output=True))
 
 
 # ---- a model from torch: its own plan ---------------------------------------------------------
