@@ -123,7 +123,7 @@ WEIGHT_DECAY = "--optimizer.param_groups.0.optimizer_kwargs.weight_decay"   # de
 def config_of(model: ir.Model) -> str | None:
     """The config function whose registry model is `model` (sizes and tying), None when none is."""
     if not isinstance(model, ir.TransformerModel) or model.kind != "llama" or model.experts or model.parallel_blocks \
-            or model.latent_attention or model.head_dim or model.window or model.sinks:
+            or model.latent_attention or model.head_dim or model.window or model.sinks or model.mtp:
         return None
     for name, flavor in CONFIGS.items():
         if (model.layers, model.hidden, model.heads, model.kv_heads, model.ffn_hidden, model.vocab,
@@ -204,6 +204,8 @@ def _model_text(model: ir.Model) -> str:
     if model.window or model.sinks:
         return f"sliding-window attention or attention sinks ({MODULE}'s attention is causal over the whole " \
                "sequence; torchtitan's gpt_oss module has GPT-OSS's own)"
+    if model.mtp:
+        return f"multi-token prediction (mtp={model.mtp}; {MODULE}'s models predict the next token only)"
     if model.experts:
         return f"a mixture of {model.experts} experts ({MODULE} is dense; --parallelism.expert_parallel_degree " \
                "is for other modules' MoE models)"

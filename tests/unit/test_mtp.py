@@ -164,6 +164,24 @@ def test_megatron_layout_places_the_depths_before_the_loss():
     assert imported.ok, [str(d) for d in imported.diagnostics]
 
 
+def test_torchtitan_export_loses_the_depths():
+    """A llama3_8b with a depth is no registry flavor of torchtitan's llama3 (E808), not the flavor without it."""
+    from plandsl.interop import export_plan
+    text = """import "clusters/dgx_h100"
+import "models/llama3"
+plan p {{
+  model   = llama(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, seq=8192, vocab=128256{extra})
+  cluster = dgx_h100
+  mesh    = [dp = 8]
+  train   = {{ global_batch: 64, micro_batch: 1, recompute: full }}
+  data    = zero3 over dp with gather = bf16
+}}
+"""
+    assert not export_plan(api.loads(text.format(extra="")).plans[0], "torchtitan").lost
+    lost = export_plan(api.loads(text.format(extra=", mtp=1")).plans[0], "torchtitan").lost
+    assert [d.code for d in lost] == ["E808"] and "multi-token prediction" in lost[0].message
+
+
 @pytest.mark.parametrize("layout, extra", [
     ("Et*30|t*31mL", ""),              # an m without --mtp-num-layers
     ("Et*30|t*31L", "--mtp-num-layers 1"),  # --mtp-num-layers without its m in a layout
