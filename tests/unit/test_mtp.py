@@ -164,6 +164,17 @@ def test_megatron_layout_places_the_depths_before_the_loss():
     assert imported.ok, [str(d) for d in imported.diagnostics]
 
 
+def test_shrink_keeps_the_depths(tmp_path):
+    from plandsl.rewrite.shrink import shrink
+    path = tmp_path / "deepseek.plan"
+    path.write_text('import "clusters/dgx_h100"\nplan p {\n  model = llama(layers=8, hidden=1024, heads=16, '
+                    'seq=1024, vocab=32000, ffn=512, experts=8, top_k=2, dense_layers=1, mtp=2)\n'
+                    '  cluster = dgx_h100\n  mesh = [dp = 4, ep = 2]\n'
+                    '  train = { global_batch: 64, micro_batch: 1 }\n  experts = alltoall over ep\n}\n')
+    small = shrink(path).plan
+    assert small.model.mtp == 2 and api.run_refusals(small) == []
+
+
 def test_torchtitan_export_loses_the_depths():
     """A llama3_8b with a depth is no registry flavor of torchtitan's llama3 (E808), not the flavor without it."""
     from plandsl.interop import export_plan
