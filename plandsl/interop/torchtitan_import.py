@@ -308,10 +308,10 @@ def _expressible(read: _Read, values: dict) -> bool:
          "CPU; a plan's offload_layers moves activations only"),
         (facts.SYMM_MEM, get(facts.SYMM_MEM),
          "FSDP2's symmetric-memory all-gathers and reduce-scatters, which a plan's collectives are not priced as"),
-        (P + "context_parallel_load_balancer", get(P + "context_parallel_load_balancer") == "None",
-         "None: an unbalanced causal split, where a plan's ring gives every rank the same share of the mask "
-         "(head and tail chunks)"),
-        (facts.COMPILE_BACKEND, get(facts.COMPILE) and get(facts.COMPILE_BACKEND) != "inductor",
+        (P + "context_parallel_load_balancer", get(P + "context_parallel_load_balancer") not in ("headtail", "ptrr"),
+         f"{get(P + 'context_parallel_load_balancer')}: a plan's ring gives every rank the same share of the causal "
+         "mask, as headtail (or ptrr) balances it; None leaves it unbalanced"),
+        (facts.COMPILE_BACKEND, _compiled(values) and get(facts.COMPILE_BACKEND) != "inductor",
          f"{get(facts.COMPILE_BACKEND)}: a plan's kernels are inductor's fused ones (`kernels: fused`) or eager"),
         (facts.OPTIMIZER_NAME, get(facts.OPTIMIZER_NAME) == "DistMuon",
          "DistMuon: a plan's optimizer is adam or sgd"),

@@ -129,7 +129,9 @@ def test_compile_is_the_plans_kernels_both_ways():
     for extra, kernels in (("", "eager"), ("--compile.enable", None), ("--compile.enable --compile.components loss",
                                                                        "eager"),
                            ("--compile.enable --compile.components model,loss", None),
-                           ("--compile.no-enable", "eager")):
+                           ("--compile.no-enable", "eager"),
+                           # the backend compiles the loss alone: the blocks run eager whatever it is
+                           ("--compile.enable --compile.components loss --compile.backend aot_eager", "eager")):
         imported = import_text("torchtitan", flags.format(extra), "args.sh", world_size=8)
         assert imported.ok, (extra, imported.diagnostics)
         assert (f"kernels: {kernels}" in imported.text) if kernels else ("kernels" not in imported.text), extra
@@ -204,6 +206,8 @@ BASE = ["--module", "llama3", "--config", "llama3_8b", "--parallelism.tensor_par
     (["--parallelism.enable_fsdp_symm_mem"], "E807", "--parallelism.enable_fsdp_symm_mem"),
     (["--parallelism.context_parallel_load_balancer", "None"], "E807", "--parallelism.context_parallel_load_balancer"),
     (["--compile.enable", "--compile.backend", "aot_eager"], "E807", "--compile.backend"),
+    (["--parallelism.context_parallel_load_balancer", "roundrobin"], "E807",
+     "--parallelism.context_parallel_load_balancer"),
     (["--optimizer.param_groups.0.optimizer_name", "DistMuon"], "E807", "--optimizer.param_groups.0.optimizer_name"),
     (["activation-checkpoint:selective", "--activation-checkpoint.force-recompute-mm-shapes-by-fqns", "wo"], "E807",
      "--activation-checkpoint.force-recompute-mm-shapes-by-fqns"),
