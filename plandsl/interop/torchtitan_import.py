@@ -32,7 +32,9 @@ CHOICE_FLAGS = {"--module": (facts.MODULE,), "--config": tuple(facts.CONFIGS),
                                                    "PipelineScheduleMulti"),
                 T + "mixed_precision_param": ("bfloat16", "float32"), T + "dtype": ("bfloat16", "float32"),
                 T + "mixed_precision_reduce": ("float32",), O + "decay_type": ("linear", "sqrt", "cosine"),
-                facts.RESHARD: ("default", "always", "never"), facts.OPTIMIZER_NAME: ("AdamW", "Adam", "DistMuon")}
+                facts.RESHARD: ("default", "always", "never"), facts.OPTIMIZER_NAME: ("AdamW", "Adam", "DistMuon"),
+                # the same FSDP2 under each (parallelize.py:42-90): read for Trainer.Config's refusals only
+                P + "spmd_backend": ("partial_dtensor", "full_dtensor", "spmd_types")}
 LIST_FLAGS = (P + "module_fqns_per_model_part", facts.COMPILE_COMPONENTS, facts.FORCE_RECOMPUTE)
 TEXT_FLAGS = (P + "pipeline_parallel_schedule_csv", P + "context_parallel_load_balancer", facts.COMPILE_BACKEND)
 SWITCHES = {P + "enable_sequence_parallel": True, P + "no_enable_sequence_parallel": False,
@@ -40,7 +42,9 @@ SWITCHES = {P + "enable_sequence_parallel": True, P + "no_enable_sequence_parall
             facts.ASYNC_TP: True, facts.ASYNC_TP.replace(".enable", ".no_enable"): False,
             T + "disable_cuda_graphs": True, T + "no_disable_cuda_graphs": False,
             facts.CPU_OFFLOAD: True, facts.CPU_OFFLOAD.replace(".enable", ".no_enable"): False,
-            facts.SYMM_MEM: True, facts.SYMM_MEM.replace(".enable", ".no_enable"): False}
+            facts.SYMM_MEM: True, facts.SYMM_MEM.replace(".enable", ".no_enable"): False,
+            "--debug.batch_invariant": True, "--debug.no_batch_invariant": False,
+            "--debug.spmd_typechecking": True, "--debug.no_spmd_typechecking": False}
 KNOWN = (*INT_FLAGS, *FLOAT_FLAGS, *CHOICE_FLAGS, *LIST_FLAGS, *TEXT_FLAGS, *SWITCHES)
 # Sections and keys of torchtitan's config that mean nothing in a plan (logging, data, checkpoints, compilation,
 # the optimizer's other constants): read, listed, left out.
@@ -49,7 +53,7 @@ KNOWN = (*INT_FLAGS, *FLOAT_FLAGS, *CHOICE_FLAGS, *LIST_FLAGS, *TEXT_FLAGS, *SWI
 IGNORED_SECTIONS = ("--metrics.", "--checkpoint.", "--profiler.", "--comm.", "--dataloader.", "--validator.",
                     "--compile.", "--tokenizer.", "--loss.", "--override.", "--debug.", "--activation_checkpoint.")
 IGNORED = ("--dump_folder", "--hf_assets_path", T + "steps", T + "gc_freq", T + "gc_debug", T + "no_gc_debug",
-           P + "spmd_backend", P + "context_parallel_ptrr_mask_key", O + "total_steps",
+           P + "context_parallel_ptrr_mask_key", O + "total_steps",
            facts.WEIGHT_DECAY, "--optimizer.param_groups.0.optimizer_kwargs.betas",
            "--optimizer.param_groups.0.optimizer_kwargs.eps", "--optimizer.implementation",
            "--optimizer.param_groups.0.pattern")
@@ -65,7 +69,8 @@ DEFAULTS = {P + "data_parallel_replicate_degree": 1, P + "data_parallel_shard_de
             facts.CPU_OFFLOAD: False, facts.SYMM_MEM: False, T + "mixed_precision_reduce": "float32",
             P + "context_parallel_load_balancer": "headtail", facts.OPTIMIZER_NAME: "AdamW",
             facts.LAYERS_PER_STAGE: None, facts.LESS_LAYERS[0]: 1, facts.LESS_LAYERS[1]: 1,
-            facts.FORCE_RECOMPUTE: (("moe.router.gate",),), facts.LOSS_CHUNKS: facts.CHUNKS}
+            facts.FORCE_RECOMPUTE: (("moe.router.gate",),), facts.LOSS_CHUNKS: facts.CHUNKS,
+            P + "spmd_backend": "spmd_types", "--debug.batch_invariant": False, "--debug.spmd_typechecking": False}
 CONFIG_DEFAULTS = {
     "llama3_debugmodel": {P + "pipeline_parallel_schedule": "Interleaved1F1B", T + "local_batch_size": 8,
                           T + "seq_len": 2048, facts.LR: 8e-4, O + "warmup_steps": 2, O + "decay_ratio": 0.8},
@@ -230,6 +235,15 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
         return None
     if not _expressible(read, values):
         return None
+    # Trainer.Config.__post_init__ refuses these (trainer.py:119-122, 143-152)
+    for flag, refused, why in (("--debug.batch_invariant", get("--debug.batch_invariant"),
+                                "batch-invariant mode is not supported in pre-training"),
+                               ("--debug.spmd_typechecking", get("--debug.spmd_typechecking")
+                                and get(facts.DEGREES["pp"]) > 1 and get(P + "spmd_backend") ==
+                                "spmd_types", "SPMD typechecking is not supported with pipeline parallelism")):
+        if refused:
+            read.problem("E805", f"{flag}: torchtitan refuses it (\"{why}\")", flag)
+            return None
     if get(facts.EXPERT_DEGREE) != 1:
         read.problem("E807", f"{facts.EXPERT_DEGREE} {get(facts.EXPERT_DEGREE)}: {facts.MODULE}'s models have no "
                      "experts", facts.EXPERT_DEGREE)

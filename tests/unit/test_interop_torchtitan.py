@@ -211,6 +211,8 @@ BASE = ["--module", "llama3", "--config", "llama3_8b", "--parallelism.tensor_par
     (["--optimizer.param_groups.0.optimizer_name", "DistMuon"], "E807", "--optimizer.param_groups.0.optimizer_name"),
     (["activation-checkpoint:selective", "--activation-checkpoint.force-recompute-mm-shapes-by-fqns", "wo"], "E807",
      "--activation-checkpoint.force-recompute-mm-shapes-by-fqns"),
+    (["--debug.batch_invariant"], "E805", "--debug.batch_invariant"),
+    (["--parallelism.pipeline_parallel_degree", "2", "--debug.spmd-typechecking"], "E805", "--debug.spmd-typechecking"),
     (["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_layers_per_stage", "3"], "E805",
      "--parallelism.pipeline_parallel_layers_per_stage"),
 ])
@@ -630,3 +632,16 @@ def test_a_v_schedule_runs_two_stages_a_rank(titan, schedule):
     imported = import_text("torchtitan", flags, "args.sh", world_size=4)
     assert imported.ok, api.render_all(imported.diagnostics, imported.sources)
     assert api.select_plan(api.loads(imported.text, path="v.plan")).stages.rank_map == "vshape"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", ["--debug.batch_invariant", PP2 + "--debug.spmd_typechecking",
+                                   "--parallelism.pipeline_parallel_degree 2"])
+def test_what_torchtitans_config_refuses_is_e805(titan, extra):
+    """Trainer.Config refuses batch-invariant mode in pre-training, SPMD typechecking under a pipeline and a pipeline
+    with CUDA graphs on; the import says so (E805) rather than write a plan torchtitan would not run."""
+    words = shlex.split(D8 + extra)
+    with pytest.raises(SystemExit):
+        _parse(titan, words)
+    imported = import_text("torchtitan", shlex.join(words), "args.sh", world_size=4)
+    assert [d.code for d in imported.diagnostics] == ["E805"] and "torchtitan refuses" in imported.diagnostics[0].message
