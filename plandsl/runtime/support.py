@@ -100,6 +100,15 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
                                   "kept to one pass only", plan.train.span_of("recompute"),
                           hint="use `recompute: full` or `selective` with this schedule, or a schedule without "
                                "I and W actions (1f1b, interleaved_1f1b)"))
+    if plan.train.recompute is ir.Recompute.selective_op and plan.data is not None and plan.data.sharded and \
+            plan.data.unit is ir.GatherUnit.module:
+        found.append(diag("E703", f"`recompute: selective_op` together with `data = {plan.data.kind.value} ... with unit = "
+                                  "module` cannot run: each of a block's modules is then an FSDP2 group inside the "
+                                  "block torch's selective checkpointing replays, and FSDP2's hooks run other ops in "
+                                  "the backward's rerun (gathers, record_function) than in the forward, which the "
+                                  "policy's saved outputs are counted by", plan.train.span_of("recompute"),
+                          hint="gather by `unit = block` (FSDP2's groups around the blocks), or use `recompute: full` "
+                               "or `selective`"))
     found += _context_refusals(plan, cuda)
     found += _expert_refusals(plan)
     if plan.shard and not (isinstance(plan.model, ir.CustomModel) and plan.model.source):

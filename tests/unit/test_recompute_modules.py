@@ -147,6 +147,21 @@ def test_run_refuses_output_freeing_modules_with_a_split_backward_E703():
         assert [d.code for d in api.run_refusals(plan)] == refused
 
 
+def test_run_refuses_selective_op_over_fsdp_groups_of_modules_E703():
+    """`recompute: selective_op` beside ZeRO-2/3 gathering by module (drawn by tests/property/test_check_runs.py:
+    zero3 with `unit = module` on 2 ranks raised torch's "invocation index ... not found in storage"): every module
+    of a block is then an FSDP2 group whose hooks run inside the block the selective checkpoint replays, other ops in
+    the rerun than in the forward. Gathering by block keeps the groups around the checkpointed blocks."""
+    for data, refused in (("fsdp over dp with unit = module", ["E703"]), ("zero2 over dp with unit = module", ["E703"]),
+                          ("fsdp over dp", []), ("fsdp over dp with unit = block", [])):
+        plan = api.select_plan(api.loads(PLAN.replace("fsdp over dp", data).format(model="", train="recompute: "
+                                                                                  "selective_op"), path="p.plan"))
+        assert [d.code for d in api.run_refusals(plan)] == refused, data
+    plan = api.select_plan(api.loads(PLAN.replace("fsdp over dp", "fsdp over dp with unit = module").format(
+        model="", train="recompute: full"), path="p.plan"))
+    assert api.run_refusals(plan) == []  # checkpoint_wrapper alone reruns whatever the forward ran
+
+
 def test_generate_takes_the_modules_as_a_pin_and_writes_them():
     """`generate --pin recompute_modules=...`: every plan recomputes selectively with those modules, written in its
     train dict, and the search's figures are the written plan's estimate; a module the model lacks is refused."""

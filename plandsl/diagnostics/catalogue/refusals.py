@@ -61,7 +61,9 @@ _entry("E703", """
     its shard dimension, and the parameters besides the experts would need a 2-D mesh
     replicated over the expert axis too. `recompute: selective_op` does not run with a
     schedule that splits the backward into I and W (`zbv`, the zero-bubble ones): torch's
-    selective checkpointing serves the outputs it kept to one backward pass.
+    selective checkpointing serves the outputs it kept to one backward pass. Nor with ZeRO-2/3
+    gathering by module (`unit = module`): each module of a block is then an FSDP2 group whose
+    hooks run other ops in the checkpoint's rerun than in the forward.
     """, _local_plan("data    = hsdp over [r, s]\n      context = allgather over cp", mesh="[r = 2, s = 1, cp = 2]"),
     "Shard over the data axes with zero3 (fsdp), which runs with context parallelism.",
     ("data    = hsdp over [r, s]", "data    = zero3 over [r, s]"))
