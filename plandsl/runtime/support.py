@@ -38,6 +38,15 @@ def _multi_token_refusals(plan: ir.Plan) -> list[Diagnostic]:
                                       "the embedding beside the loss, on one stage holding the whole sequence", node.span,
                               hint=f"run it without {what} (data, expert and tensor parallelism run it), or without "
                                    "mtp"))
+    if plan.train.batch_shares is not None and plan.data is not None and plan.data.sharded and \
+            plan.data.unit is ir.GatherUnit.module:
+        found.append(diag("E703", f"{depths} together with batch_shares and `data = {plan.data.kind.value} ... with unit "
+                                  "= module` cannot run: the output layer runs twice a microbatch (the model's loss and "
+                                  "each depth's), an FSDP2 group of its own that reduces after each, and a data rank "
+                                  "running a single microbatch falls out of step with one running several (their "
+                                  "reduce-scatters mismatch and gloo aborts)", plan.train.span_of("batch_shares"),
+                          hint="gather by `unit = block` (the output layer in the root's group), or give the data "
+                               "ranks even shares"))
     return found
 
 

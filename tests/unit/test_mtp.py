@@ -232,6 +232,27 @@ def _tiny():
     return torch, model, build_model(model, seed=0)
 
 
+def test_run_refuses_depths_beside_uneven_shares_over_fsdp_groups_of_modules():
+    """Drawn by tests/property/test_check_runs.py: mtp=1, `batch_shares: [7, 1]`, zero3 `with unit = module` on 2
+    ranks aborted in gloo (the head, its own FSDP2 group, runs twice a microbatch; the single-microbatch rank's
+    reduce-scatters fell out of step with the other's). Gathering by block, or even shares, run."""
+    text = """import "clusters/local"
+plan p {
+  model   = llama(layers=2, hidden=32, heads=4, seq=8, vocab=16, mtp=1)
+  cluster = localhost
+  mesh    = [dp = 2] over devices[0:2]
+  train   = { global_batch: 8, micro_batch: 1, precision: fp32, batch_shares: [7, 1] }
+  data    = DATA
+}
+"""
+    for data, refused in (("zero3 over dp with unit = module", ["E703"]), ("zero2 over dp with unit = module", ["E703"]),
+                          ("zero3 over dp", []), ("replicate over dp", [])):
+        refusals = api.run_refusals(api.select_plan(api.loads(text.replace("DATA", data))))
+        assert [d.code for d in refusals] == refused, data
+    even = api.loads(text.replace("DATA", "zero3 over dp with unit = module").replace(", batch_shares: [7, 1]", ""))
+    assert api.run_refusals(api.select_plan(even)) == []
+
+
 def test_the_interpreters_modules_are_the_catalogues():
     _, model, module = _tiny()
     assert {name: tuple(p.shape) for name, p in module.named_parameters()} == \
