@@ -918,7 +918,11 @@ def nemo_moe_blackwell() -> list[Run]:
     batches): 12 rows, their names ending in ", NeMo 26.04.01"; GPT-OSS's GB200 preset sets `moe_a2a_overlap`."""
     def run(name, container, model, system, gpus, batch, measured, precision, note="", dispatcher="alltoall",
             overlap=False, seq=None, page=ARCHIVE, **pins):
-        base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1, "tp": 1, "pp": 1}
+        # no activations offloaded: no row's recipe is recorded as offloading (one that did would pin its
+        # cpu_offloading_num_layers, as the FSDP 70B rows' offload_layers do), and since the eighth session the search
+        # tries offloading for models of several kinds of block too (GPT-OSS's windowed and full blocks)
+        base = {"cp": 1, "micro_batch_size": 1, "recompute": "none", "zero_stage": 1, "tp": 1, "pp": 1,
+                "offload_layers": 0}
         if pins.get("pp", 1) > 1:
             base["schedule"] = "interleaved_1f1b" if pins.get("virtual_stages", 1) > 1 else "1f1b"
         if model == QWEN3_235B_A22B:  # qwen3_235b_a22b_pretrain_config: account_for_embedding/loss_in_pipeline_split

@@ -91,20 +91,30 @@ class Bounds:
         found = self._stage_cache.get(key)
         if found is None:
             times = self.figures.kind_times(node, device)
+            # the blocks' kinds in forward order (a dense-then-MoE model's dense blocks first), as `stage_time` sees them
+            blocks = list(kinds_order) if kinds_order is not None else [4] * dense_blocks + [1] * (n - dense_blocks) \
+                if dense_order is None else [4 if is_dense else 1 for is_dense in dense_order]
+            offset = len(self.kinds)  # a kind's index at the kept node's times: its own + this
             parts = [(0, 1)] if first else []
             if recomputed is None:
                 parts.append((1, n - dense_blocks))
-            else:  # the kept blocks and the ends at the kept node's times: their kinds' indices + 4
+            elif not self.dense_blocks:  # the kept blocks and the ends at the kept node's times
                 times = [*times, *self.figures.kind_times(node.kept, device)]
-                parts = [(4, 1)] if first else []
-                parts += [(1, recomputed), (5, n - recomputed)]
-            if kinds_order is not None:  # the main kind's blocks above, then each other kind's
+                parts = [(offset, 1)] if first else []
+                parts += [(1, recomputed), (offset + 1, n - recomputed)]
+            else:  # several kinds of block: the first `recomputed` blocks at their kinds' full recomputation
+                times = [*times, *self.figures.kind_times(node.kept, device)]
+                parts = [(offset, 1)] if first else []
+                rerun, rest = blocks[:recomputed], blocks[recomputed:]
+                parts += [(kind, rerun.count(kind)) for kind in self.figures.block_kinds if kind in rerun]
+                parts += [(offset + kind, rest.count(kind)) for kind in self.figures.block_kinds if kind in rest]
+            if recomputed is None and kinds_order is not None:  # the main kind's blocks above, then each other kind's
                 parts[-1] = (parts[-1][0], kinds_order.count(1))
                 parts += [(kind, kinds_order.count(kind)) for kind in range(4, len(self.kinds)) if kind in kinds_order]
-            elif dense_blocks:
+            elif recomputed is None and dense_blocks:
                 parts.append((4, dense_blocks))
             if last:
-                parts += [(2, 1), (3, 1)] if recomputed is None else [(6, 1), (7, 1)]
+                parts += [(2, 1), (3, 1)] if recomputed is None else [(offset + 2, 1), (offset + 3, 1)]
             sums = [0.0] * 6
             dense = expert = 0.0
             for index, count in parts:
@@ -120,9 +130,6 @@ class Bounds:
                 layers = [layer for layer, _ in order]
                 gathered = self._gathered(root, zero, layers, [t for _, t in order],
                                           [self.figures.params(layer, root.tp, root.ep) for layer in layers])
-            # the layers in forward order (a dense-then-MoE model's dense blocks first), as `stage_time` sees them
-            blocks = list(kinds_order) if kinds_order is not None else [4] * dense_blocks + [1] * (n - dense_blocks) \
-                if dense_order is None else [4 if is_dense else 1 for is_dense in dense_order]
             forward_order = [0] * first + blocks + [2, 3] * last
             in_order = [self.figures.params(self.kinds[i][0], root.tp, root.ep)[0] for i in forward_order]
             bucket = first_bucket(in_order, bucket_params(root.links.data.size))
@@ -295,14 +302,15 @@ class Bounds:
         def add(kind: tuple, count: int = 1) -> None:
             kinds[kind] = kinds.get(kind, 0) + count
 
-        if self.dense_blocks:  # no partly recomputed node (`Space`): compute alone, the kinds by `_kinds_bound`
+        if self.dense_blocks:  # compute alone, the kinds by `_kinds_bound`; `extra` once per stage holding a block
             shapes: dict = {}
             for rank, owned in enumerate(stages_by_rank(ranks, root.pp)):
                 embed, _, norm, head = self.figures.kind_times(node, devices[rank])[:4]
                 embed_cost, head_cost = embed.forward + embed.backward, norm.forward + norm.backward + head.forward \
                     + head.backward
-                shape = (devices[rank].name, (embed_cost if 0 in owned else 0.0) + (head_cost if last in owned else 0.0),
-                         len(owned), self._least(owned, last))
+                least = self._least(owned, last)
+                shape = (devices[rank].name, (embed_cost if 0 in owned else 0.0) + (head_cost if last in owned else 0.0)
+                         + (least * extra[devices[rank].name] if extra is not None else 0.0), len(owned), least)
                 shapes[shape] = shapes.get(shape, 0) + 1
             return node.microbatches * self._kinds_bound(node, shapes)
         ends, others = _rank_shapes(ranks, root.pp)
@@ -395,7 +403,7 @@ class Bounds:
         root, kept = node.root, node.kept or node
         last = len(counts) - 1
         if self.dense_blocks:
-            return node.microbatches * self._kinds_split(node, ranks, counts)
+            return node.microbatches * self._kinds_split(node, ranks, counts, recomputed)
         per_device: dict = {}
         busy = [0.0] * root.pp
         for s, n in enumerate(counts):
@@ -417,10 +425,13 @@ class Bounds:
             busy[rank] += seconds
         return node.microbatches * max(busy)
 
-    def _kinds_split(self, node: Node, ranks, counts) -> float:
-        """The busiest rank's compute per microbatch under a split of several kinds of block (`split_bound`)."""
+    def _kinds_split(self, node: Node, ranks, counts, recomputed: int | None = None) -> float:
+        """The busiest rank's compute per microbatch under a split of several kinds of block (`split_bound`); a partly
+        recomputed node's at its kept node's seconds, each stage's first `recomputed` blocks at full recomputation's
+        (their kinds' in the model's order)."""
         root, last, before = node.root, len(counts) - 1, self.figures.kind_before
         block_kinds = self.figures.block_kinds  # the main kind, then the others
+        kept = node.kept or node
         per_device: dict = {}
         busy = [0.0] * root.pp
         start = 0
@@ -428,14 +439,21 @@ class Bounds:
             device = root.rank_devices[ranks[s]]
             seconds = per_device.get(device.name)
             if seconds is None:
-                times = self.figures.kind_times(node, device)
+                times = self.figures.kind_times(kept, device)
+                full = self.figures.kind_times(node, device) if node.kept is not None else times
                 seconds = per_device[device.name] = (
                     times[0].forward + times[0].backward,
                     times[2].forward + times[2].backward + times[3].forward + times[3].backward,
-                    [times[kind].forward + times[kind].backward for kind in block_kinds])
+                    [times[kind].forward + times[kind].backward for kind in block_kinds],
+                    [(full[kind].forward + full[kind].backward) - (times[kind].forward + times[kind].backward)
+                     for kind in block_kinds])
             stage = (seconds[0] if s == 0 else 0.0) + (seconds[1] if s == last else 0.0)
             for row, each in enumerate(seconds[2]):
                 stage += int(before[row, start + n] - before[row, start]) * each
+            if node.kept is not None:  # the first `recomputed` blocks rerun
+                rerun = start + min(n, recomputed or 0)
+                for row, each in enumerate(seconds[3]):
+                    stage += int(before[row, rerun] - before[row, start]) * each
             start += n
             busy[ranks[s]] += stage
         return max(busy)

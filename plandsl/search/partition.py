@@ -188,33 +188,47 @@ def partition_layers(costs: list[list[float]], memory: list[list[float]] | None 
 TABLE_LAYERS = 1024
 
 
-def partition_prefixed(prefix, held, caps, fixed, free_ends: bool = False) -> tuple[int, ...] | None:
+def partition_prefixed(prefix, held, caps, fixed, free_ends: bool = False, recomputed: int | None = None,
+                       rerun=None, rerun_held=None) -> tuple[int, ...] | None:
     """`partition_layers` from the cumulative seconds and bytes of each stage's first i layers (`prefix[s][i]`,
     `held[s][i]`, i = 0..layers; arrays or lists), as a caller that has them in closed form gives them (a
     transformer's dense blocks then its MoE ones): the same programme, each stage's row at once. `free_ends`: the
-    first and the last stage may hold no layer (the embedding or the loss alone)."""
+    first and the last stage may hold no layer (the embedding or the loss alone). `recomputed` N (`recompute_layers`):
+    each stage's first N layers add `rerun[s][i + 1] - rerun[s][i]` seconds and `rerun_held[s][i + 1] -
+    rerun_held[s][i]` bytes (cumulative, as `prefix` and `held`: full recomputation's figures less the kept ones)."""
     if len(prefix) > len(prefix[0]) - 1 + (2 if free_ends and len(prefix) > 1 else 0):
         return None
-    return _partition_by_table(prefix, held, caps, fixed, free_ends)
+    return _partition_by_table(prefix, held, caps, fixed, free_ends, recomputed, rerun, rerun_held)
 
 
-def _partition_by_table(prefix, held, caps, fixed, free_ends: bool = False) -> tuple[int, ...] | None:
+def _partition_by_table(prefix, held, caps, fixed, free_ends: bool = False, recomputed: int | None = None,
+                        rerun=None, rerun_held=None) -> tuple[int, ...] | None:
     """`partition_layers`'s programme with each stage's row at once over every (j, i): the same float
     expressions and the same choice among equal values (the smallest j), 100x faster for a few dozen layers."""
     stages, layers = len(prefix), len(prefix[0]) - 1
     starts = np.arange(layers + 1)
     empty = starts[:, None] >= starts[None, :]  # j >= i: a stage holds at least one layer
     backwards = starts[:, None] > starts[None, :]  # j > i: an end stage free to hold none holds at least none
+    # a stage of layers j..i - 1 recomputes j..min(j + N, i) - 1
+    upto = np.minimum(starts[:, None] + recomputed, starts[None, :]) if recomputed is not None else None
     best = np.full(layers + 1, np.inf)
     best[0] = 0.0
     cuts = np.zeros((stages + 1, layers + 1), dtype=np.int64)
     for s in range(1, stages + 1):
         row = np.array(prefix[s - 1])
-        value = np.maximum(best[:, None], ((fixed[s - 1] if fixed is not None else 0.0) + row[None, :]) - row[:, None])
+        seconds = ((fixed[s - 1] if fixed is not None else 0.0) + row[None, :]) - row[:, None]
+        if upto is not None:
+            more = np.array(rerun[s - 1])
+            seconds = seconds + (more[upto] - more[:, None])
+        value = np.maximum(best[:, None], seconds)
         value[backwards if free_ends and stages > 1 and s in (1, stages) else empty] = np.inf
         if held is not None:
             bytes_ = np.array(held[s - 1])
-            value[(bytes_[None, :] - bytes_[:, None]) > caps[s - 1]] = np.inf
+            need = bytes_[None, :] - bytes_[:, None]
+            if upto is not None:
+                more = np.array(rerun_held[s - 1])
+                need = need + (more[upto] - more[:, None])
+            value[need > caps[s - 1]] = np.inf
         cuts[s] = value.argmin(axis=0)  # the first of equal values: the smallest j, as the loop takes
         best = value[cuts[s], starts]
     if best[layers] == np.inf:

@@ -153,14 +153,14 @@ class Space:
         recomputes = [r for r in recomputes if r not in dropped] or recomputes
         per_replica = self.problem.global_batch // (root.dp * root.ep)
         # recompute_layers: full recomputation of the first N blocks of each stage, the others kept (Megatron's
-        # --recompute-num-layers), for transformers of one block kind, unless a pin rules it out
+        # --recompute-num-layers), for transformers (of several kinds of block: `Splits.mixed_partial_partition`), unless
+        # a pin rules it out
         pinned, layers = self.pins.get("recompute"), self.pins.get("recompute_layers")
-        partly = self.transformer and not self.dense_blocks and (
-            layers is not None or pinned is None)
+        partly = self.transformer and (layers is not None or pinned is None)
         # offload_layers: recompute none, the first N blocks' activations on the host (Megatron's
         # --cpu-offloading-num-layers), without a pipeline as megatron-core offloads, where no pin rules it out
         offloaded = self.pins.get("offload_layers")
-        offloads = self.transformer and not self.dense_blocks and root.pp == 1 and offloaded != 0 \
+        offloads = self.transformer and root.pp == 1 and offloaded != 0 \
             and pinned in (None, "none") and layers is None
         if layers is not None or offloaded:
             recomputes = []
@@ -235,8 +235,11 @@ class Space:
             per_kind = memory[0]
             states = sum(count * per_kind[i][0] for i, (_, count) in enumerate(self.kinds))
             stored = sum(count * per_kind[i][1] for i, (_, count) in enumerate(self.kinds))
-            if node.offload:  # every block's activations but one in flight may sit on the host
+            if node.offload and not self.dense_blocks:  # every block's activations but one in flight may sit on the host
                 stored -= (self.blocks - 1) * per_kind[1][1]
+            elif node.offload:  # of several kinds: all but the largest kind's one
+                blocks = [1] + list(range(4, len(self.kinds)))
+                stored -= sum(self.kinds[i][1] * per_kind[i][1] for i in blocks) - max(per_kind[i][1] for i in blocks)
             if (states + stored) / root.pp > max(root.capacity):
                 self.stats.memory_pruned += len(choices)
                 candidate = candidate_of(node, '', 1, zero)
@@ -259,12 +262,13 @@ class Space:
                     bound = self.bounds.busy_bound(node.kept or node, zero, schedule, virtual)
                     if node.kept is not None:
                         extra = busy.get("extra")
-                        if extra is None:
+                        if extra is None:  # of several kinds of block, the least kind's rerun
                             extra = busy["extra"] = {
-                                name: max(0.0, (self.figures.kind_times(node, device)[1].forward
-                                                + self.figures.kind_times(node, device)[1].backward)
-                                          - (self.figures.kind_times(node.kept, device)[1].forward
-                                             + self.figures.kind_times(node.kept, device)[1].backward))
+                                name: min(max(0.0, (self.figures.kind_times(node, device)[kind].forward
+                                                    + self.figures.kind_times(node, device)[kind].backward)
+                                              - (self.figures.kind_times(node.kept, device)[kind].forward
+                                                 + self.figures.kind_times(node.kept, device)[kind].backward))
+                                          for kind in self.figures.block_kinds)
                                 for name, device in self.figures.device_types(node.root).items()}
                         bound = max(bound, self.bounds.busy_bound(node.kept, zero, schedule, virtual, extra))
                     busy[key] = bound
@@ -293,8 +297,11 @@ class Space:
         gives its exact bound); None where N is pinned, where no N short of `full` has a split, and for any other
         leaf. The splits are held to the exact estimate's terms (`Caps.split_fits`) but for the merge of returned
         outputs at the step's end (`outputs = returned`), where it may still refuse one: the leaf is asked again at
-        N + 1 rather than dropped."""
+        N + 1 rather than dropped. So is an offloading leaf of several kinds of block (`Splits.mixed_offloaded`)."""
         node = leaf.node
+        if node.offload and self.dense_blocks and "offload_layers" not in self.pins:  # `Splits.mixed_offloaded`'s N
+            return self._leaf(node, leaf.zero, leaf.schedule, leaf.virtual, self.figures.layer_memory(node, leaf.zero),
+                              node.bound, leaf.offload_layers + 1)
         if leaf.recompute_layers is None or node.kept is None or "recompute_layers" in self.pins:
             return None
         return self._leaf(node, leaf.zero, leaf.schedule, leaf.virtual, self.figures.layer_memory(node, leaf.zero),
@@ -320,13 +327,16 @@ class Space:
         inflight = self.figures.inflight(schedule, pp, m, virtual) if pp > 1 else _ONE_IN_FLIGHT
         recomputed, offloaded = None, 0
         if node.offload:
-            found = self._offloaded(node, ranks, inflight, memory, virtual)
+            found = self._offloaded(node, ranks, inflight, memory, virtual) if not self.dense_blocks else \
+                self.splits.mixed_offloaded(node, zero, ranks, inflight, memory, least)
             if found is None:
                 self.stats.memory_pruned += 1
                 return None
             counts, offloaded = found
         elif node.kept is not None:
-            found = self.splits.partial_partition(node, zero, ranks, inflight, memory, virtual, least)
+            found = self.splits.partial_partition(node, zero, ranks, inflight, memory, virtual, least) \
+                if not self.dense_blocks else self.splits.mixed_partial_partition(node, zero, ranks, inflight, memory,
+                                                                                  least)
             counts, recomputed = found if found is not None else (None, None)
         elif self.dense_blocks:
             counts = self.splits.mixed_partition(node, zero, ranks, inflight, memory)

@@ -12,6 +12,7 @@ from typing import Mapping
 import numpy as np
 
 from plandsl.cost.memory import gathered_bytes, gathers_whole
+from plandsl.cost.offload import host_capacity
 from plandsl.ir.placement import account_counts
 from plandsl.search.caps import Caps
 from plandsl.search.figures import Figures
@@ -25,6 +26,7 @@ class Splits:
         self.blocks, self.dense_blocks, self.layers = figures.blocks, figures.dense_blocks, figures.layers
         self._partition_cache: dict = {}
         self._mixed_cache: dict = {}  # `mixed_partition`'s figures (as bytes) -> its split
+        self._partial_memories: dict = {}  # `_mixed_partial_memory`'s, kept with the memories they are made of
         # the kinds of block (indices into the figures' kinds) as `mixed_partition` sums them: the others, then the
         # main one (of a dense and an MoE kind, the dense blocks' seconds first)
         self._summed = list(range(4, len(figures.kinds))) + [1]
@@ -135,27 +137,176 @@ class Splits:
             return None
         return counts, least
 
-    def mixed_partition(self, node: Node, zero: int, ranks, inflight, memory):
+    def mixed_partition(self, node: Node, zero: int, ranks, inflight, memory, bounded: bool = True):
         """Blocks per stage of a transformer with several kinds of block (dense and MoE, windowed and full, or more)
         in the model's order: the dynamic programme over the blocks in order (`partition_layers`), each block at its
         own kind's seconds and bytes on its stage's rank, the embedding and the norm and head as fixed seconds and
         bytes of the first and last stage, a rank's room shared evenly by its stages, ZeRO's gathered units taken as
-        the two largest of each kind (a bound)."""
-        root = node.root
-        key = (node.ident, zero, ranks, inflight.tobytes())
+        the two largest of each kind (a bound). `bounded` False: the split without memory's caps."""
+        key = (node.ident, zero, ranks, inflight.tobytes(), bounded)
         found = self._partition_cache.get(key, False)
         if found is not False:
             return found
+        room, caps = self._mixed_room(node.root, ranks, inflight, memory)
+        block_bytes = self._mixed_bytes(memory[0], ranks, inflight)
+        if not bounded:
+            caps = np.full(len(ranks), np.inf)
+        elif not self._mixed_may_fit(caps, block_bytes):
+            self._partition_cache[key] = None
+            return None
+        fixed, per, prefix, held = self._mixed_prefixes(node, ranks, block_bytes)
+        account = self.pins.get("account")
+        if account:  # Megatron's split counting the embedding and the loss, within each rank's room
+            counts = account_counts(self.blocks, len(ranks), account)
+            found = self._partition_cache[key] = counts if counts is not None and (
+                not bounded or self._account_fits(counts, ranks, room, held)) else None
+            return found
+        # the split depends on these figures alone: leaves of other nodes, ZeRO stages or schedules often share them
+        # (half of a Llama 4 Maverick search's), and the dynamic programme is most of a leaf's partition
+        figures = tuple(np.asarray(each, dtype=np.float64).tobytes() for each in (per, *block_bytes, caps))
+        found = self._mixed_cache.get(figures, False)
+        if found is False:
+            found = self._mixed_split(prefix, held, caps, fixed, len(ranks))
+            self._mixed_cache[figures] = found
+        self._partition_cache[key] = found
+        return found
+
+    def mixed_partial_partition(self, node: Node, zero: int, ranks, inflight, memory, least: int = 1):
+        """`partial_partition` for several kinds of block: (blocks per stage, N) of a node that recomputes the first N
+        blocks of each stage (their kinds in the model's order) and keeps the others', or None. The same programme as
+        `mixed_partition` at the kept node's seconds and bytes, each stage's first N blocks at full recomputation's
+        (`partition_prefixed`'s `recomputed`), within the room the partly recomputed memory leaves (the kept node's
+        embedding, norm and head, a block rebuilt by recomputation as the working set). N is the least from `least` on
+        with a split: by bisection where a recomputed block holds no more than a kept one of its kind (more N only
+        frees memory), else one N after another. None where the kept node's split is the one memory does not bound
+        (it recomputes nothing: faster), where N reaches every stage's blocks (that is `full`) and where the split is
+        the kept node's."""
+        pinned = self.pins.get("recompute_layers")
+        kept_memory = self.figures.layer_memory(node.kept, zero)
+        split = None
+        if pinned is None:
+            split = self.mixed_partition(node.kept, zero, ranks, inflight, kept_memory)
+            if split == self.mixed_partition(node.kept, zero, ranks, inflight, kept_memory, bounded=False):
+                return None
+        partial = self._mixed_partial_memory(memory, kept_memory)
+        room, caps = self._mixed_room(node.root, ranks, inflight, partial)
+        full_bytes = self._mixed_bytes(memory[0], ranks, inflight)
+        kept_bytes = self._mixed_bytes(kept_memory[0], ranks, inflight)
+        if not self._mixed_may_fit(caps, full_bytes + kept_bytes):
+            return None
+        fixed, _, prefix, held = self._mixed_prefixes(node.kept, ranks, kept_bytes)
+        _, _, full_prefix, full_held = self._mixed_prefixes(node, ranks, full_bytes)
+        rerun, rerun_held = full_prefix - prefix, full_held - held
+        account = self.pins.get("account")
+        counts = account_counts(self.blocks, len(ranks), account) if account else None
+        if account and counts is None:
+            return None
+
+        tried: dict = {}
+
+        def split_at(n: int):
+            if n not in tried:
+                tried[n] = (counts if self._account_fits(counts, ranks, room, held, n, rerun_held) else None) \
+                    if account else self._mixed_split(prefix, held, caps, fixed, len(ranks), n, rerun, rerun_held)
+            return tried[n]
+
+        high = self.blocks - len(ranks) + 1 if pinned is None else pinned  # the most blocks a stage holds
+        least = pinned if pinned is not None else least
+        if least > high:
+            return None
+        # the N and split depend on these figures alone: partly recomputed leaves of other ZeRO stages or schedules
+        # often share them (each N's programme is what a Llama 4 Maverick leaf's partition spends its time on)
+        figures = (least, split) + tuple(np.asarray(each, dtype=np.float64).tobytes()
+                                         for each in (fixed, prefix, held, rerun, rerun_held, caps, room))
+        cached = self._mixed_cache.get(figures, False)
+        if cached is not False:
+            return cached
+        self._mixed_cache[figures] = found = self._least_recomputed(split_at, least, high, pinned, split,
+                                                                     memory, kept_memory)
+        return found
+
+    def _least_recomputed(self, split_at, least: int, high: int, pinned, split, memory, kept_memory):
+        """`mixed_partial_partition`'s (split, N) from `split_at(N)`, N from `least` to `high`, or None."""
+        found = split_at(least)
+        if found is None and pinned is None:
+            lighter = all(memory[0][kind][1] <= kept_memory[0][kind][1] for kind in self._summed)
+            if lighter:  # more N only frees memory: the least N with a split, by bisection
+                if split_at(high) is None:
+                    return None
+                low = least  # no split at `low`; one at `high`
+                while high - low > 1:
+                    middle = (low + high) // 2
+                    low, high = (middle, high) if split_at(middle) is None else (low, middle)
+                least, found = high, split_at(high)
+            else:
+                while found is None and least < high:
+                    least += 1
+                    found = split_at(least)
+        if found is None or (pinned is None and (least >= max(found) or found == split)):
+            return None
+        return found, least
+
+    def mixed_offloaded(self, node: Node, zero: int, ranks, inflight, memory,
+                        least: int = 1) -> tuple[tuple[int, ...], int] | None:
+        """`Space._offloaded` for several kinds of block: (blocks, N) of an offloading node (one stage), or None. The
+        stage holds every block's states and the kept blocks' activations, and beyond them what the largest offloaded
+        block's activations exceed the largest kept one's by (`cost.memory.offload_inflight`: the block its backward
+        reloads), within `mixed_partition`'s room; N is the pin, else the least that fits. None where the blocks fit
+        without offloading (the node that keeps them is faster), where every block would be offloaded unpinned (it
+        holds as much as all but one), and where the host cannot hold the offloaded blocks' activations
+        (`cost.offload.host_capacity`, E514). N from `least` on: the exact estimate can refuse an N these figures admit
+        (at a boundary: 11.5 MiB more in a 1 GiB device's estimate than these figures count for test_search_two_kinds'
+        three-kind model offloading 2 blocks, its working sets and autocast copies; not traced further), and `Space.retry`
+        asks again at N + 1."""
+        pinned = self.pins.get("offload_layers")
+        if pinned is None and self.mixed_partition(node, zero, ranks, inflight, memory) is not None:
+            return None
+        per_kind = memory[0]
+        _, caps = self._mixed_room(node.root, ranks, inflight, memory)
+        stored = self._mixed_bytes(per_kind, ranks, inflight)  # a kept block's bytes, per kind
+        activations = [per_kind[kind][1] * float(inflight[ranks[0]]) for kind in self._summed]
+        before = np.array([self.figures.kind_before[self.figures.block_kinds.index(kind)] for kind in self._summed])
+        counts = before[:, -1:] - before  # per kind, the blocks from N on (N = 0..L)
+        need = sum(each[0] * count for each, count in zip(stored, before[:, -1])) \
+            - sum(a * b for a, b in zip(activations, before))  # the first N blocks' activations away
+        away = np.max(np.where(before > 0, np.array(activations)[:, None], 0.0), axis=0)
+        kept = np.max(np.where(counts > 0, np.array(activations)[:, None], 0.0), axis=0)
+        need = need + np.maximum(away - kept, 0.0)
+        fits = need <= caps[0]
+        fits[:max(1, least)] = False  # N = 0 is the node that keeps every block
+        if pinned is not None:
+            least = pinned if pinned <= self.blocks and fits[pinned] else None
+        else:
+            least = int(fits.argmax()) if fits[:self.blocks].any() else None  # never every block unpinned
+        host = sum(a * b for a, b in zip(activations, before))
+        if least is None or host[least] > host_capacity(memory[2]) * (1 + 1e-12):
+            return None
+        return (self.blocks,), least
+
+    def _mixed_split(self, prefix, held, caps, fixed, stages: int, recomputed: int | None = None, rerun=None,
+                     rerun_held=None):
+        """`mixed_partition`'s programme, or where an end stage is the slowest (or none fits) the split with the
+        first and the last stage free to hold no block (the embedding or the loss alone) where that is faster."""
+        found = partition_prefixed(prefix, held, caps, fixed, False, recomputed, rerun, rerun_held)
+        seconds = _table_seconds(found, prefix, fixed, recomputed, rerun) if found is not None else None
+        if self.pins.get("account") is None and stages > 1 and (found is None or _end_slowest(seconds, found)):
+            free = partition_prefixed(prefix, held, caps, fixed, True, recomputed, rerun, rerun_held)
+            if found is None or (free is not None and
+                                 max(_table_seconds(free, prefix, fixed, recomputed, rerun)) < max(seconds)):
+                found = free
+        return found
+
+    def _mixed_room(self, root, ranks, inflight, memory):
+        """(each stage's rank's room for blocks, whole; each stage's share of it) under `memory`: the capacity less
+        the working set (the largest of the kinds of block), torch's pipeline buffers, ZeRO's gathered units, the
+        embedding on the first stage and the norm and head on the last, as arrays over the stages."""
         per_kind, tied, _ = memory
         (embed_s, embed_a, _), _, (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind[:4]
-        summed = self._summed  # the kinds of block, in the order their seconds and bytes are summed
-        working = max(per_kind[kind][2] for kind in summed)
-        first_rank, last_rank, last = ranks[0], ranks[-1], len(ranks) - 1
-        # per stage, as arrays over the stages (a pipeline of many stages costs what one of few does)
+        working = max(per_kind[kind][2] for kind in self._summed)
+        first_rank, last_rank = ranks[0], ranks[-1]
         on = np.asarray(ranks)
         first, final = on == first_rank, on == last_rank
         kept = inflight[on]
-        block_bytes = [per_kind[kind][0] + kept * per_kind[kind][1] for kind in summed]
         gathered = {(a, b): self.figures.gathered(memory, a, b, 2) for a in (False, True) for b in (False, True)}
         room = self.figures.capacity(root)[on] - working - self.figures.stage_buffers(memory, ranks, inflight)[on] \
             - np.where(
@@ -165,17 +316,29 @@ class Splits:
         head = self.figures.head_inflight(inflight, last_rank)  # the last stage's in flight, not its rank's
         room -= np.where(final, norm_s + head_s + head * (norm_a + head_a) + max(0.0, loss - working)
                          + (tied if tied and first_rank != last_rank else 0.0), 0.0)
-        caps = room / np.bincount(on)[on]  # a rank's room is shared by its stages
-        # memory first, before any timing: the most blocks of the lightest kind each stage could hold
+        return room, room / np.bincount(on)[on]  # a rank's room is shared by its stages
+
+    def _mixed_bytes(self, per_kind, ranks, inflight) -> list:
+        """Per kind of block (`_summed`'s order), a block's bytes on each stage: its states and its stage's microbatches
+        in flight's activations."""
+        kept = inflight[np.asarray(ranks)]
+        return [per_kind[kind][0] + kept * per_kind[kind][1] for kind in self._summed]
+
+    def _mixed_may_fit(self, caps, block_bytes) -> bool:
+        """Memory first, before any timing: whether the stages could hold the blocks at the lightest kind's bytes, every
+        stage one under `account=none`, the middle ones unpinned (an end may hold the embedding or the loss alone);
+        under a pinned `account` its split is checked by `_account_fits`."""
         lighter = np.minimum.reduce(block_bytes)
         most = np.where(lighter <= 0, self.blocks, np.maximum(caps, 0.0) // np.where(lighter <= 0, 1.0, lighter))
         account = self.pins.get("account")
-        # a stage that must hold a block and cannot: every stage under `account=none`, the middle ones unpinned (an
-        # end may hold the embedding or the loss alone); under a pinned `account` its split is checked below
         must = most if account is not None else most[1:-1]
-        if not account and (most.sum() < self.blocks or (must.size and must.min() < 1)):
-            self._partition_cache[key] = None
-            return None
+        return bool(account) or not (most.sum() < self.blocks or (must.size and must.min() < 1))
+
+    def _mixed_prefixes(self, node: Node, ranks, block_bytes):
+        """(each stage's fixed seconds, the kinds' seconds per stage, the cumulative seconds and bytes of the first i
+        blocks on each stage, i = 0..L), each block at its own kind's figures on its stage's rank."""
+        root, last = node.root, len(ranks) - 1
+        summed = self._summed
         seconds = {}
         for r in set(ranks):
             times = self.figures.kind_times(node, root.rank_devices[r])
@@ -191,30 +354,31 @@ class Splits:
         for column, (each, count) in enumerate(zip(block_bytes[1:], before[1:]), start=3):
             prefix = prefix + per[:, column:column + 1] * count
             held = held + each[:, None] * count
-        if account:  # Megatron's split counting the embedding and the loss, within each rank's room
-            counts = account_counts(self.blocks, len(ranks), account)
-            fits = counts is not None
-            if fits:
-                bounds, used = np.cumsum((0,) + counts), {}
-                for s, r in enumerate(ranks):
-                    used[r] = used.get(r, 0.0) + held[s][bounds[s + 1]] - held[s][bounds[s]]
-                fits = all(used[r] <= room[ranks.index(r)] for r in used)  # `room`: a stage's rank's, whole
-            found = self._partition_cache[key] = counts if fits else None
-            return found
-        # the split depends on these figures alone: leaves of other nodes, ZeRO stages or schedules often share them
-        # (half of a Llama 4 Maverick search's), and the dynamic programme is most of a leaf's partition
-        figures = tuple(np.asarray(each, dtype=np.float64).tobytes() for each in (per, *block_bytes, caps))
-        found = self._mixed_cache.get(figures, False)
-        if found is False:
-            found = partition_prefixed(prefix, held, caps, fixed)
-            seconds = _table_seconds(found, prefix, fixed) if found is not None else None
-            if account is None and len(ranks) > 1 and (found is None or _end_slowest(seconds, found)):
-                free = partition_prefixed(prefix, held, caps, fixed, free_ends=True)  # an end: the embedding or loss alone
-                if found is None or (free is not None and max(_table_seconds(free, prefix, fixed)) < max(seconds)):
-                    found = free
-            self._mixed_cache[figures] = found
-        self._partition_cache[key] = found
-        return found
+        return fixed, per, prefix, held
+
+    def _account_fits(self, counts, ranks, room, held, recomputed: int | None = None, rerun_held=None) -> bool:
+        """Whether the pinned `account` split fits each rank's room (`room`: a stage's rank's, whole), each stage's first
+        `recomputed` blocks at `rerun_held`'s bytes more."""
+        bounds, used = np.cumsum((0,) + counts), {}
+        for s, r in enumerate(ranks):
+            a, b = bounds[s], bounds[s + 1]
+            used[r] = used.get(r, 0.0) + held[s][b] - held[s][a]
+            if recomputed is not None:
+                used[r] += rerun_held[s][min(a + recomputed, b)] - rerun_held[s][a]
+        return all(used[r] <= room[ranks.index(r)] for r in used)
+
+    def _mixed_partial_memory(self, memory, kept_memory):
+        """The memory of a partly recomputed node of several kinds of block (`Caps.partial_memory`'s): the kept node's
+        embedding, norm and head, each kind of block's full recomputation figures (its working set the block rebuilt),
+        the states a head adds and the plan of `memory`; one object per pair (the figures key by it)."""
+        key = ("mixed", id(memory), id(kept_memory))
+        found = self._partial_memories.get(key)
+        if found is None:
+            per_kind = list(memory[0])
+            per_kind[0], per_kind[2], per_kind[3] = kept_memory[0][0], kept_memory[0][2], kept_memory[0][3]
+            found = self._partial_memories[key] = ((per_kind, memory[1], memory[2]), memory, kept_memory)
+            self.figures.share_buffers(found[0], memory)
+        return found[0]
 
     def layer_partition(self, node: Node, ranks, inflight, layer_memory):
         root = node.root
@@ -237,10 +401,15 @@ def _stage_seconds(counts, fixed, per_block) -> list[float]:
     return [f + n * b for f, n, b in zip(fixed, counts, per_block)]
 
 
-def _table_seconds(counts, prefix, fixed) -> list[float]:
-    """Each stage's seconds under a split of layers that differ (`partition_prefixed` minimises the slowest)."""
+def _table_seconds(counts, prefix, fixed, recomputed: int | None = None, rerun=None) -> list[float]:
+    """Each stage's seconds under a split of layers that differ (`partition_prefixed` minimises the slowest), each
+    stage's first `recomputed` layers at `rerun`'s seconds more."""
     bounds = np.cumsum((0,) + tuple(counts))
-    return [fixed[s] + prefix[s][bounds[s + 1]] - prefix[s][bounds[s]] for s in range(len(counts))]
+    seconds = [fixed[s] + prefix[s][bounds[s + 1]] - prefix[s][bounds[s]] for s in range(len(counts))]
+    if recomputed is not None:
+        seconds = [each + rerun[s][min(bounds[s] + recomputed, bounds[s + 1])] - rerun[s][bounds[s]]
+                   for s, each in enumerate(seconds)]
+    return seconds
 
 
 def _end_slowest(seconds: list[float], counts, one_block: bool = False) -> bool:

@@ -103,3 +103,54 @@ def test_the_search_finds_the_brute_force_optimum_of_three_kinds_every_recomputa
     """Three kinds of block, every recomputation the space has for them (`tests.support.assert_brute_force_optimum`)."""
     from tests.support import assert_brute_force_optimum
     assert_brute_force_optimum(_space("three_kinds", {}).problem, {"zero_stage": 1})
+
+
+@pytest.mark.parametrize("memory, pins", [("1536 MiB", {"zero_stage": 1, "pp": 1}), ("768 MiB", {"zero_stage": 1, "pp": 2})])
+def test_several_kinds_recompute_the_first_blocks_of_each_stage_where_memory_binds(memory, pins):
+    """Three kinds of block on devices whose memory binds: the space holds `recompute_layers` (the first N blocks of each
+    stage, their kinds in the model's order, `Splits.mixed_partial_partition`), every leaf's bound is at most its step,
+    and the search's three best are brute force's, a partly recomputed plan among them (one stage: the best; two
+    pipeline ranks of two stages each: the third)."""
+    from tests.support import assert_brute_force_optimum
+    document = api.loads(HARDWARE.replace("memory = 16 GiB", f"memory = {memory}") + f"model m = {MODELS['three_kinds']}\n")
+    problem = Problem(document.models[0], document.clusters[0], 8, None)
+    assert_brute_force_optimum(problem, pins)
+    best = search(problem, pins=pins, top=3).candidates
+    partly = [s.candidate for s in best if s.candidate.recompute_layers]
+    assert partly and all(c.recompute == "full" and 0 < c.recompute_layers < 6 for c in partly)
+    assert (best[0].candidate.recompute_layers is not None) == (pins["pp"] == 1)
+
+
+def test_several_kinds_partly_recomputed_stage_times_are_the_estimates():
+    """A pinned `recompute_layers` over three kinds of block: each stage's first N blocks, whatever their kinds, at
+    full recomputation's seconds and the others at the kept node's, as the estimate times them."""
+    from plandsl.cost.estimate import estimate_stage_times
+    from plandsl.ir.placement import Assignment
+    pins = {"pp": 2, "dp": 2, "tp": 1, "schedule": "1f1b", "virtual_stages": 1, "recompute": "full",
+            "recompute_layers": 2, "zero_stage": 1, "micro_batch_size": 1, "order": ("pp", "dp")}
+    space = _space("three_kinds", pins)
+    (root,) = space.roots()
+    (node,) = [node for node in space.expand_root(root) if node.kept is not None]
+    (leaf,) = space.expand(node)
+    assert leaf.recompute_layers == 2
+    assignment = Assignment(tuple(tuple(s) for s in space.figures.stage_layers(leaf.counts)), (0, 1), 1)
+    exact = estimate_stage_times(space.evaluate(leaf).plan, assignment)
+    searched = space.bounds.stage_times(node, 1, (0, 1), leaf.counts, leaf.recompute_layers)
+    for attribute in ("forward", "backward", "comm", "flops", "recompute_flops", "dense_params", "expert_params"):
+        assert [getattr(s, attribute) for s in searched] == pytest.approx([getattr(s, attribute) for s in exact],
+                                                                          rel=1e-9)
+    kept = space.bounds.stage_times(node.kept, 1, (0, 1), leaf.counts)
+    assert all(s.backward > k.backward for s, k in zip(searched, kept))  # the recomputed blocks rerun their forward
+
+
+def test_several_kinds_offload_the_first_blocks_where_memory_binds():
+    """Three kinds of block on one stage whose memory binds, recomputing nothing: the space holds `offload_layers` (the
+    first N blocks' activations on the host, their kinds in the model's order, `Splits.mixed_offloaded`, at the next N
+    where the estimate refuses one), and the search's three best are brute force's, an offloading plan the second."""
+    from tests.support import assert_brute_force_optimum
+    document = api.loads(HARDWARE.replace("memory = 16 GiB", "memory = 1 GiB") + f"model m = {MODELS['three_kinds']}\n")
+    problem = Problem(document.models[0], document.clusters[0], 8, None)
+    pins = {"zero_stage": 1, "pp": 1, "recompute": "none"}
+    assert_brute_force_optimum(problem, pins)
+    best = search(problem, pins=pins, top=3).candidates
+    assert [bool(s.candidate.offload_layers) for s in best] == [False, True, False]
