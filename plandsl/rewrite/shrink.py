@@ -111,6 +111,9 @@ def shrink(path: str | Path, name: str | None = None, params: dict[str, Any] | N
                     "train": _train_text(train)}
 
     edits: list[tuple[int, int, str]] = list(stage_layers[1]) if stage_layers and model_text else []
+    gather = _gather_edit(original, train, path) if precision else None
+    if gather is not None:
+        edits.append(gather[0])
     attrs = {item.name: item for item in definition.body or () if isinstance(item, syntax.Attr)}
     for key, value in replacements.items():
         if key == "model" and not model_text:
@@ -138,6 +141,8 @@ def shrink(path: str | Path, name: str | None = None, params: dict[str, Any] | N
         edits.append((start, start, model_text + "\n\n"))
 
     changes = _changes(original, sizes, total, microbatches, micro_batch, train, model_change, precision)
+    if gather is not None:
+        changes.append(gather[1])
     header = [f"# Plan {original.name} of {path},",
               f"# scaled down by `plandsl shrink` to one machine and {total} process{'es' if total != 1 else ''}: "
               "the plan's layout at a tiny size.", "# What changed:",
@@ -438,6 +443,24 @@ def _latent_args(model: ir.TransformerModel) -> list[str]:
     value = HEAD_DIM if model.v_head_dim == model.qk_nope_head_dim else HEAD_DIM * 3 // 4
     return args + [f"kv_lora_rank={HEAD_DIM}", f"qk_rope_head_dim={HEAD_DIM // 2}", f"qk_nope_head_dim={HEAD_DIM}",
                    f"v_head_dim={value}"]
+
+
+def _gather_edit(plan: ir.Plan, train: ir.Training, path: str) -> tuple[tuple[int, int, str], str] | None:
+    """Under a precision override, the plan's `with gather = DTYPE` rewritten to the dtype its data parallelism
+    gathers in at the new precision (the checker's E511/E515 otherwise refuse the shrunk plan: `gather = bf16` over
+    an fp32 run, `gather = fp8` without FP8 training), with the line `changes` reports; None when it still holds or
+    the data line is not written in `path` (analysis then says what to finish by hand)."""
+    data = plan.data
+    if data is None or data.gather is None:
+        return None
+    fp8_without = data.gather is ir.Precision.fp8 and not train.precision.quantized
+    if not fp8_without and ir.gathers_as_written(data.zero_stage, data.gather, train):
+        return None
+    span = data.field_spans.get("gather")
+    if span is None or Path(span.file).resolve() != Path(path).resolve():
+        return None
+    dtype = train.precision.unquantized if data.sharded else train.weights_dtype
+    return (span.start, span.end, f"gather = {dtype.value}"), f"gather {data.gather.value} -> {dtype.value}"
 
 
 def _changes(plan: ir.Plan, sizes: dict[str, int], total: int, microbatches: int, micro_batch: int,

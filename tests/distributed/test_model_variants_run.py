@@ -30,8 +30,16 @@ def test_parallel_blocks_under_tp_sp_and_pp_match_one_process():
     results = run_ranks(4, train, _PLAN, steps=2, check_equivalence=True, deadline_s=150)
     assert [r["status"] for r in results] == [0] * 4, results[0]["report_text"]
     report = results[0]["report"]
-    assert report["loss_diff"] <= 1e-5 and report["tensor_diff"] <= 1e-5, results[0]["report_text"]
+    assert _equivalent(report), results[0]["report_text"]
 
+
+
+def _equivalent(report: dict) -> bool:
+    """The harness's verdict, all parameters together and every step's loss within 1e-5 (`runtime.equivalence.Report`),
+    and no one tensor past 1e-4: an MLP weight whose Adam step is taken where some gradient element is near Adam's eps
+    turns the layouts' reordered sums into steps 1-1.1e-5 apart on some CPUs (w2's, on the Xeon of 2026-12-05's eighth
+    session, with the verdict at 2-5e-7; docs/running.md), as test_window_run holds it."""
+    return report["loss_diff"] <= 1e-5 and report["param_diff"] <= 1e-5 and report["tensor_diff"] <= 1e-4
 
 _MOE = """import "clusters/local"
 import "local/tiny"
@@ -52,7 +60,7 @@ def test_shared_experts_under_expert_parallelism_match_one_process():
     results = run_ranks(4, train, _MOE, steps=2, check_equivalence=True, deadline_s=150)
     assert [r["status"] for r in results] == [0] * 4, results[0]["report_text"]
     report = results[0]["report"]
-    assert report["loss_diff"] <= 1e-5 and report["tensor_diff"] <= 1e-5, results[0]["report_text"]
+    assert _equivalent(report), results[0]["report_text"]
 
 
 # DeepSeek's shape at tiny widths: multi-head latent attention (a query latent, the key/value latent and its
@@ -117,7 +125,7 @@ def test_deepseek_shape_matches_one_process(layout):
     results = run_ranks(4, train, plan, steps=2, check_equivalence=True, deadline_s=150)
     assert [r["status"] for r in results] == [0] * 4, results[0]["report_text"]
     report = results[0]["report"]
-    assert report["loss_diff"] <= 1e-5 and report["tensor_diff"] <= 1e-5, results[0]["report_text"]
+    assert _equivalent(report), results[0]["report_text"]
 
 
 # Multi-token prediction: two depths after a dense-then-MoE model, each depth's block MoE (the last block's kind)
@@ -149,4 +157,4 @@ def test_multi_token_prediction_matches_one_process(mesh, data, experts, train_)
     results = run_ranks(4, train, text, steps=2, check_equivalence=True, deadline_s=150)
     assert [r["status"] for r in results] == [0] * 4, results[0]["report_text"]
     report = results[0]["report"]
-    assert report["loss_diff"] <= 1e-5 and report["tensor_diff"] <= 1e-5, results[0]["report_text"]
+    assert _equivalent(report), results[0]["report_text"]

@@ -366,3 +366,13 @@ def test_shrink_reports_diagnostics_and_json(tmp_path):
     assert done.exit_code == 0, done.output
     payload = json.loads(done.stdout)
     assert payload["ranks"] >= 2 and payload["changes"] and api.checks(payload["plan"]).ok
+
+
+@pytest.mark.parametrize("precision, gathered", [("fp32", "fp32"), ("bf16", "bf16")])
+def test_a_precision_override_rewrites_the_gather_dtype_it_would_break(tmp_path, precision, gathered):
+    """hsdp.plan gathers bf16 over fp32 weights (torchtitan's FSDP2); shrunk to fp32 for `--check-equivalence`, its
+    `gather = bf16` would compute in bf16 (E515), so it becomes the new precision's, and the header says so; at
+    bf16 it still holds and stays as written."""
+    shrunk = shrink(STDLIB / "examples" / "hsdp.plan", precision=precision, out_dir=tmp_path, ranks=4)
+    assert f"with gather = {gathered}" in shrunk.text and shrunk.plan.data.gather is ir.Precision(gathered)
+    assert ("#   gather bf16 -> fp32" in shrunk.text) is (precision == "fp32")
