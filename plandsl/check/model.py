@@ -24,8 +24,9 @@ reference model's own requirements (`plandsl.runtime.models`, whose constructors
 - W203 a `window` shorter than the training sequence: one as long attends to every key, as full attention does.
 - E233 `mtp` only on a llama (rotary positions): Megatron-Core builds multi-token prediction with rope or no position
   embedding only (megatron/training/arguments.py:1229-1233 at core_v0.16.1), and a gpt's learned positions are its own;
-- E234 `mtp` below the training sequence less one: depth k predicts the token k + 1 ahead, so the deepest needs a
-  sequence of at least mtp + 2 tokens for any position to have a target.
+- E234 `mtp` below the training sequence: depth k predicts the token k + 1 ahead, and a sample holds seq + 1 tokens
+  (the inputs and the last target), so the deepest needs a sequence of at least mtp + 1 tokens for any position to
+  have a target (Megatron rolls the labels and their mask one place a depth: seq - k positions are left).
 """
 from __future__ import annotations
 
@@ -177,12 +178,13 @@ def _multi_token(model: ir.TransformerModel, seq: int, seq_span) -> Iterator[Dia
                    "ahead at their own positions, which Megatron-Core builds with rotary or no position embeddings "
                    "only, not a gpt's learned ones", model.span_of("mtp"),
                    hint="write the model as llama(...) (rotary positions), or drop mtp")
-    elif model.mtp + 2 > seq:
-        deepest = max(0, seq - 2)
+    elif model.mtp >= seq:
+        deepest = max(0, seq - 1)
         yield diag("E234", f"mtp={model.mtp} on a {seq}-token sequence: depth {model.mtp} predicts the token "
-                   f"{model.mtp + 1} ahead, which no position of the sequence has", model.span_of("mtp"),
+                   f"{model.mtp + 1} ahead of each position, past the {seq + 1} tokens a sample holds",
+                   model.span_of("mtp"),
                    hint=(f"mtp={deepest} or less" if deepest else "drop mtp") + f", or train on at least "
-                   f"{model.mtp + 2} tokens",
+                   f"{model.mtp + 1} tokens",
                    notes=[Note(f"training sequence {seq}", seq_span)] if seq_span is not None else [],
                    edits=_edit(model, "mtp", deepest) if deepest else [])
 

@@ -422,8 +422,8 @@ def _model(plan: ir.Plan, sizes: dict[str, int], module: syntax.Module, definiti
             args.append(f"full_every={min(model.full_every, layers)}")
     if model.sinks:
         args.append("sinks=true")
-    if model.mtp and seq >= 3:  # each depth still with a token to predict (E234)
-        args.append(f"mtp={min(model.mtp, seq - 2)}")
+    if model.mtp and seq >= 2:  # each depth still with a token to predict (E234)
+        args.append(f"mtp={min(model.mtp, seq - 1)}")
     if model.parallel_blocks:
         args.append("parallel=true")
     if model.tied_embeddings:

@@ -58,9 +58,10 @@ def test_e233_mtp_on_learned_positions():
 
 
 def test_e234_a_depth_with_no_token_to_predict():
-    text = PLAN.format(extra=", mtp=3", sp="").replace("seq=1024", "seq=4")
+    """A 4-token sequence's sample holds 5 tokens: depth 3 predicts the 5th from position 0, depth 4 nothing."""
+    text = PLAN.format(extra=", mtp=4", sp="").replace("seq=1024", "seq=4")
     assert _codes(text) == ["E234"]
-    assert _codes(text.replace("mtp=3", "mtp=2")) == []
+    assert _codes(text.replace("mtp=4", "mtp=3")) == []
 
 
 # ---- catalogue ----------------------------------------------------------------------------------------------------

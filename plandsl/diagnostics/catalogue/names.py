@@ -547,15 +547,16 @@ _entry("E233", """
     """, "Use rotary positions: a llama.", ("gpt(layers", "llama(layers"))
 
 _entry("E234", """
-    Multi-token prediction's depth k predicts the token k + 1 ahead of each position, so with
-    `mtp=N` the deepest depth needs a sequence of at least N + 2 tokens for any position to have a
-    target; on a shorter one its loss averages over no token at all.
+    Multi-token prediction's depth k predicts the token k + 1 ahead of each position, and a sample
+    holds the sequence and one token more, so with `mtp=N` the deepest depth needs a sequence of at
+    least N + 1 tokens for any position to have a target; on a shorter one its loss averages over no
+    token at all.
     """, """
     import "clusters/dgx_a100"
     plan p {
-      model   = llama(layers=8, hidden=1024, heads=16, seq=4, vocab=32000, mtp=3)
+      model   = llama(layers=8, hidden=1024, heads=16, seq=4, vocab=32000, mtp=4)
       cluster = dgx_a100 x 1
       mesh    = [dp = 8]
       train   = { global_batch: 64, micro_batch: 2 }
     }
-    """, "Predict fewer tokens ahead.", ("mtp=3", "mtp=2"))
+    """, "Predict fewer tokens ahead.", ("mtp=4", "mtp=3"))
