@@ -415,9 +415,13 @@ def published() -> list[Run]:
 # looked at): the README says pipeline-parallel communication was overlapped, which megatron/training/arguments.py
 # (lines 254-277 there) turns off ("Setting args.overlap_p2p_comm to False since non-interleaved schedule does not
 # support overlapping p2p communication") unless --num-layers-per-virtual-pipeline-stage is given, and then asserts
-# that the layers per pipeline stage are a multiple of it (line 267): v > 1 dividing layers / pp
-# (`readme_virtual_choices`; the interleaved schedule's `num_microbatches % pipeline_parallel_size` check,
-# core/pipeline_parallel/schedules.py:566 there, holds for every micro-batch size whose microbatches reach pp).
+# that the layers per pipeline stage are a multiple of it (line 267): v dividing layers / pp
+# (`readme_virtual_choices`). v = 1 (--num-layers-per-virtual-pipeline-stage = layers / pp, which that code also
+# takes, overlap kept) is left out: one stage a rank, the model prices it as 1F1B, slower than every v > 1 on each
+# row (docs/validation.md), so the fastest is the same. The interleaved schedule's `num_microbatches %
+# pipeline_parallel_size` check (core/pipeline_parallel/schedules.py:566 there), stricter than today's Megatron-LM's
+# (`registry.megatron_microbatches_fit`: at least pp), holds for the plans the search returns for these rows (2, 8,
+# 12, 32 and 64 microbatches over 2, 4, 6, 8 and 16 ranks; tests/unit/test_validation.py holds it).
 MEGATRON_README = "NVIDIA/Megatron-LM README, images/model_table.png (2024)"
 
 

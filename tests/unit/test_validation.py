@@ -378,6 +378,18 @@ def test_readme_rows_take_the_virtual_stages_their_megatron_accepts(bench):
 
 
 @pytest.mark.slow
+def test_readme_rows_plans_run_on_the_megatron_of_their_table(bench, results):
+    """The README's pipelined rows' plans as that Megatron-LM (f2e5db402c) runs them: interleaved at a virtual-stage
+    count dividing the layers per stage (arguments.py:267) and a microbatch count that is a multiple of the pipeline
+    ranks (core/pipeline_parallel/schedules.py:566), stricter than today's at-least-pp."""
+    rows = [(run, best) for run, _, best in results if run.source == bench.MEGATRON_README and run.pins["pp"] > 1]
+    assert len(rows) == 5
+    for run, best in rows:
+        pp, plan = run.pins["pp"], best.plan
+        assert plan.num_microbatches % pp == 0 and best.candidate.virtual_stages in run.virtual_choices, (run.name, best)
+
+
+@pytest.mark.slow
 def test_torchtitan_memory_with_a_pipeline_counts_the_held_stages(bench):
     """The six pipelined torchtitan runs (FSDP x TP 8 x PP 8, docs/validation.md): counted as torch's schedules
     hold an FSDP stage through the step (`cost.memory.pipelined_shards`), the last stage's head for one microbatch
