@@ -1050,10 +1050,14 @@ def _mtp_activations(plan: ir.Plan, recompute: ir.Recompute, attention_matrix: b
     none but the block's input under full recomputation."""
     model = plan.model
     block = layers_of(model)[model.layers]  # the last block (`ir.layers.mtp_block`)
+    precision = plan.train.mtp_precision  # the global FP8 context, not the last block's (bf16_last_layers)
+    if precision is not layer_precision(plan.train, model, block):
+        plan = plan.model_copy(update={"train": plan.train.model_copy(update={
+            "precision": precision, "bf16_first_layers": 0, "bf16_last_layers": 0})})
     kept = _layer_activations(plan, block, recompute, attention_matrix, modules)
     sequence_parallel = bool(plan.tensor and plan.tensor.sequence_parallel)
     sbh = -(-plan.seq // plan.cp) * plan.train.micro_batch * model.hidden
-    scale = layer_precision(plan.train, model, block).bytes / 2
+    scale = precision.bytes / 2
     inputs = 0 if recompute is ir.Recompute.full else 5
     return kept + inputs * 2 * sbh * scale / (plan.tp if sequence_parallel else 1)
 

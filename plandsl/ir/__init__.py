@@ -673,6 +673,14 @@ class Training(Node):
         return self.precision
 
     @property
+    def mtp_precision(self) -> Precision:
+        """The precision of multi-token prediction's depths (`mtp`): megatron-core 0.16.1 runs each depth's projection
+        and block under the global FP8 context only (`MultiTokenPredictionLayer.forward`, multi_token_prediction.py:772-
+        781: "MTP only use global fp8 context", "currently ignoring FP4 in MTP layers"), so `precision` whatever
+        `bf16_first_layers`/`bf16_last_layers` keep, but bf16 under `nvfp4`."""
+        return Precision.bf16 if self.precision is Precision.nvfp4 else self.precision
+
+    @property
     def weights_dtype(self) -> Precision:
         """The dtype the model's weights are kept in: `param_dtype`, or `master_dtype` when it is not given."""
         return self.param_dtype or self.master_dtype

@@ -10,7 +10,7 @@ import pytest
 from plandsl import api, ir
 from plandsl.cost.estimate import estimate_plan, plan_work
 from plandsl.cost.layer import estimate_layer_time, plan_links
-from plandsl.cost.memory import estimate_layer_activations
+from plandsl.cost.memory import _mtp_activations, estimate_layer_activations
 from plandsl.ir.layers import layers_of, mtp_block, param_count, transformer_block_flops
 from tests.unit.test_deepseek import HARDWARE, MIXED, PLAN, _imported, _plan
 from tests.support import assert_brute_force_optimum
@@ -290,3 +290,32 @@ def test_the_loss_is_megatrons_rolled_and_masked_depths(fused):
     assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6), (ours, theirs)
     ours.backward()
     assert all(p.grad is not None for name, p in module.named_parameters() if name.startswith("mtp.1."))
+
+
+_PRECISION = """import "clusters/{cluster}"
+plan p {{
+  model   = llama(layers=4, hidden=1024, heads=16, seq=1024, vocab=32000, mtp={mtp})
+  cluster = {cluster} x 1
+  mesh    = [dp = 8]
+  train   = {{ global_batch: 64, micro_batch: 2, precision: {precision}{extra} }}
+}}
+"""
+
+
+def _depth_cost(cluster: str, precision: str, extra: str = "") -> tuple[float, float]:
+    """(seconds a step the one depth adds, bytes it keeps for a microbatch: `cost.memory._mtp_activations`)."""
+    plans = [api.loads(_PRECISION.format(cluster=cluster, mtp=mtp, precision=precision, extra=extra),
+                       path="p.plan").plans[0] for mtp in (0, 1)]
+    estimates = [estimate_plan(plan) for plan in plans]
+    return (estimates[1].time.step - estimates[0].time.step,
+            _mtp_activations(plans[1], plans[1].train.recompute, False, None))
+
+
+def test_the_depths_run_under_the_global_fp8_context_and_never_in_fp4():
+    """megatron-core 0.16.1 runs a depth under the global FP8 context (multi_token_prediction.py:772-781): in FP8
+    though bf16_last_layers keeps the last block in bf16, and in bf16 under NVFP4 ("ignoring FP4 in MTP layers")."""
+    fp8, fp8_last_bf16, bf16 = (_depth_cost("dgx_h100", p, e) for p, e in
+                                (("fp8", ""), ("fp8", ", bf16_last_layers: 1"), ("bf16", "")))
+    assert fp8_last_bf16 == pytest.approx(fp8) and fp8[1] < bf16[1] and fp8[0] != pytest.approx(bf16[0])
+    nvfp4, bf16_b200 = _depth_cost("dgx_b200", "nvfp4"), _depth_cost("dgx_b200", "bf16")
+    assert nvfp4 == pytest.approx(bf16_b200)
