@@ -442,8 +442,10 @@ def _stages(read: _Read, values: dict, layers: int, pp: int) -> list[str] | None
             count = -(-(layers + first + last) // each)
             per_rank = count / pp
             if count % pp or (per_rank != 1 if single else per_rank < 2):
-                read.problem("E805", f"{facts.LAYERS_PER_STAGE} {each}: {count} stages over {pp} pipeline ranks, and "
-                             f"{schedule} runs {'one stage' if single else 'two or more'} per rank",
+                stages = f"{count} stage{'s' if count != 1 else ''}"
+                why = ("not a whole number a rank" if count % pp else
+                       f"{per_rank:g} a rank, and {schedule} runs {'one stage' if single else 'two or more'} per rank")
+                read.problem("E805", f"{facts.LAYERS_PER_STAGE} {each}: {stages} over {pp} pipeline ranks, {why}",
                              facts.LAYERS_PER_STAGE, P + "pipeline_parallel_schedule")
                 return None
         parts = default_split(count, layers, first, last)

@@ -645,3 +645,15 @@ def test_what_torchtitans_config_refuses_is_e805(titan, extra):
         _parse(titan, words)
     imported = import_text("torchtitan", shlex.join(words), "args.sh", world_size=4)
     assert [d.code for d in imported.diagnostics] == ["E805"] and "torchtitan refuses" in imported.diagnostics[0].message
+
+
+@pytest.mark.parametrize("pp, each, says", [
+    ("2", "3", "12 stages over 2 pipeline ranks, 6 a rank, and 1F1B runs one stage per rank"),
+    ("4", "1", "34 stages over 4 pipeline ranks, not a whole number a rank"),
+])
+def test_layers_per_stage_says_which_of_its_two_rules_it_breaks(pp, each, says):
+    """torchtitan wants a whole number of stages a rank (pipeline_parallel.py's _get_pipeline_metadata) and, for a
+    single-stage schedule, one: the message names the rule broken, not the other."""
+    extra = ["--parallelism.pipeline_parallel_degree", pp, "--parallelism.pipeline_parallel_layers_per_stage", each]
+    imported = import_text("torchtitan", shlex.join(BASE + extra) + "\n", "<flags>", world_size=8)
+    assert [d.code for d in imported.diagnostics] == ["E805"] and says in imported.diagnostics[0].message
