@@ -206,8 +206,10 @@ DISCARDING_MODULES = frozenset((ir.RecomputeModule.layernorm, ir.RecomputeModule
 
 
 def _splits_backward(plan: ir.Plan) -> bool:
-    """Whether the plan's pipeline runs input and weight gradients as separate actions (I and W)."""
-    if plan.schedule is None or plan.stages is None or plan.pp == 1:
+    """Whether the plan's pipeline runs input and weight gradients as separate actions (I and W): with stages the
+    run builds torch's schedule whatever the pipeline axis's size (`train.build_job`), so a one-rank `zbv` splits
+    them too."""
+    if plan.schedule is None or plan.stages is None:
         return False
     if plan.schedule.definition is None:  # a built-in: by name, without laying it out
         return splits_backward(plan.schedule.name)

@@ -147,6 +147,17 @@ def test_run_refuses_output_freeing_modules_with_a_split_backward_E703():
         assert [d.code for d in api.run_refusals(plan)] == refused
 
 
+def test_run_refuses_selective_op_with_a_split_backward_on_a_one_rank_pipeline_E703():
+    """Drawn by tests/property/test_check_runs.py: `zbv` over `pp = 1` (two stages on the one rank) with
+    `recompute: selective_op` raised torch's "Trying to backward an extra time" on 2 data ranks: the run builds
+    torch's schedule for any `stages`, so its I and W passes split the backward whatever the axis's size."""
+    text = PLAN.replace("mesh    = [dp = 8]", "mesh    = [pp = 1, dp = 8]").replace(
+        "data    = fsdp over dp", "stages  = evenly over pp with virtual = 2, map = vshape\n  schedule = zbv")
+    for recompute, refused in (("selective_op", ["E703"]), ("full", [])):
+        plan = api.select_plan(api.loads(text.format(model="", train=f"recompute: {recompute}"), path="p.plan"))
+        assert [d.code for d in api.run_refusals(plan)] == refused, recompute
+
+
 def test_run_refuses_selective_op_over_fsdp_groups_of_modules_E703():
     """`recompute: selective_op` beside ZeRO-2/3 gathering by module (drawn by tests/property/test_check_runs.py:
     zero3 with `unit = module` on 2 ranks raised torch's "invocation index ... not found in storage"): every module
