@@ -335,7 +335,10 @@ class TiedEmbeddings:
         grads = [_as_param(p.grad, p) for p in self.params if p.grad is not None]
         if not grads:
             return
-        total = grads[0].clone() if len(grads) == 1 else torch.stack(grads).sum(0)
+        # outside autocast: step() runs under the plan's, and an fp16 autocast refuses to stack bf16 gradients
+        # (`precision: fp16` with `param_dtype: bf16`: "Unexpected floating ScalarType in at::autocast::prioritize")
+        with torch.autocast(grads[0].device.type, enabled=False):
+            total = grads[0].clone() if len(grads) == 1 else torch.stack(grads).sum(0)
         if self.group is not None:
             local = total.to_local() if isinstance(total, DTensor) else total
             dist.all_reduce(local, group=self.group)  # in place: a DTensor's local shard is its storage
