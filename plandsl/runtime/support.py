@@ -38,8 +38,7 @@ def _multi_token_refusals(plan: ir.Plan) -> list[Diagnostic]:
                                       "the embedding beside the loss, on one stage holding the whole sequence", node.span,
                               hint=f"run it without {what} (data, expert and tensor parallelism run it), or without "
                                    "mtp"))
-    if plan.train.batch_shares is not None and plan.data is not None and plan.data.sharded and \
-            plan.data.unit is ir.GatherUnit.module:
+    if plan.train.batch_shares is not None and _groups_by_module(plan):
         found.append(diag("E703", f"{depths} together with batch_shares and `data = {plan.data.kind.value} ... with unit "
                                   "= module` cannot run: the output layer runs twice a microbatch (the model's loss and "
                                   "each depth's), an FSDP2 group of its own that reduces after each, and a data rank "
@@ -109,8 +108,7 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
                                   "kept to one pass only", plan.train.span_of("recompute"),
                           hint="use `recompute: full` or `selective` with this schedule, or a schedule without "
                                "I and W actions (1f1b, interleaved_1f1b)"))
-    if plan.train.recompute is ir.Recompute.selective_op and plan.data is not None and plan.data.sharded and \
-            plan.data.unit is ir.GatherUnit.module:
+    if plan.train.recompute is ir.Recompute.selective_op and _groups_by_module(plan):
         found.append(diag("E703", f"`recompute: selective_op` together with `data = {plan.data.kind.value} ... with unit = "
                                   "module` cannot run: each of a block's modules is then an FSDP2 group inside the "
                                   "block torch's selective checkpointing replays, and FSDP2's hooks run other ops in "
@@ -203,6 +201,11 @@ def _sequence_parallel_problem(plan: ir.Plan, model: ir.CustomModel, styles: dic
 DISCARDING_MODULES = frozenset((ir.RecomputeModule.layernorm, ir.RecomputeModule.moe_act,
                                 ir.RecomputeModule.mla_up_proj))
 """The recompute modules that free their outputs and rebuild them from a gradient hook (`runtime.discard`)."""
+
+
+def _groups_by_module(plan: ir.Plan) -> bool:
+    """Whether ZeRO-2/3 makes each module of a block an FSDP2 group of its own (`data = ... with unit = module`)."""
+    return plan.data is not None and plan.data.sharded and plan.data.unit is ir.GatherUnit.module
 
 
 def _splits_backward(plan: ir.Plan) -> bool:
