@@ -432,7 +432,9 @@ def test_rank_caps_over_all_ranks_at_once_are_each_ranks_own(model, cluster, bat
 
 
 class _Clock:
-    """`time.process_time` that moves one second per reading: a time limit of N stops after N steps."""
+    """`time.process_time` that moves one second per reading: a time limit of N stops after N readings. The search
+    reads it at most once per millisecond of wall time (`search._cpu_clock`), so how many steps that is depends on
+    the machine's speed; `_ticking` replaces that throttle by the clock itself, a reading at every step."""
 
     def __init__(self):
         self.now = 0.0
@@ -440,6 +442,14 @@ class _Clock:
     def __call__(self):
         self.now += 1.0
         return self.now
+
+
+def _ticking(monkeypatch, clock: _Clock) -> _Clock:
+    """`clock` as the search's CPU clock, read at every step (`_Clock`)."""
+    import plandsl.search as searching
+    monkeypatch.setattr(searching, "_cpu_clock", lambda start: clock)
+    monkeypatch.setattr(searching.time, "process_time", clock)
+    return clock
 
 
 def test_a_time_limit_returns_the_fastest_plans_found_and_says_they_are_not_proven(monkeypatch):
@@ -513,8 +523,9 @@ def test_the_dive_under_a_time_limit_leaves_a_finished_search_unchanged(monkeypa
 def test_under_a_time_limit_the_search_dives_again_after_each_plan_it_finds(monkeypatch):
     """After a dive finds a plan, the search dives again every limit / REDIVE seconds from the lowest bound left on
     the heap, so a search stopped by its limit has simulated plans from several parts of the space, not only the
-    first dive's (one plan here, at the 52nd reading, without the later dives)."""
-    import plandsl.search as searching
+    first dive's (one plan here without the later dives). The clock is read at every step (`_ticking`): with the
+    search's own millisecond throttle, how far 200 readings get depends on the machine's speed, and on a quiet one
+    this search had ended within them."""
     from plandsl.search.space import Space
     clock, fits = _Clock(), []
     evaluate = Space.evaluate
@@ -525,7 +536,7 @@ def test_under_a_time_limit_the_search_dives_again_after_each_plan_it_finds(monk
             fits.append(clock.now)
         return scored
 
-    monkeypatch.setattr(searching.time, "process_time", clock)
+    _ticking(monkeypatch, clock)
     monkeypatch.setattr(Space, "evaluate", spy)
     result = search(problem("big", "pair", 8), top=3, time_limit=200.0)
     assert result.stats.stopped and len(result.candidates) == 3
