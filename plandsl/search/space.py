@@ -264,11 +264,7 @@ class Space:
                         extra = busy.get("extra")
                         if extra is None:  # of several kinds of block, the least kind's rerun
                             extra = busy["extra"] = {
-                                name: min(max(0.0, (self.figures.kind_times(node, device)[kind].forward
-                                                    + self.figures.kind_times(node, device)[kind].backward)
-                                              - (self.figures.kind_times(node.kept, device)[kind].forward
-                                                 + self.figures.kind_times(node.kept, device)[kind].backward))
-                                          for kind in self.figures.block_kinds)
+                                name: self._least_rerun(node, device)
                                 for name, device in self.figures.device_types(node.root).items()}
                         bound = max(bound, self.bounds.busy_bound(node.kept, zero, schedule, virtual, extra))
                     busy[key] = bound
@@ -277,6 +273,13 @@ class Space:
             return None
         leaves.sort()
         return Pending(node, leaves, memories)
+
+    def _least_rerun(self, node: Node, device: ir.DeviceType) -> float:
+        """The seconds a block's recomputation adds on `device` for a partly recomputed node, least over the kinds
+        of block: each kind's forward and backward at the node's recomputation less at its kept node's."""
+        rerun, kept = self.figures.kind_times(node, device), self.figures.kind_times(node.kept, device)
+        return min(max(0.0, (rerun[kind].forward + rerun[kind].backward) - (kept[kind].forward + kept[kind].backward))
+                   for kind in self.figures.block_kinds)
 
     def resolve(self, pending: Pending) -> tuple[Leaf | None, Pending | None]:
         """The pending node's next leaf partitioned and bounded by its split (`Bounds.split_bound`; None when
