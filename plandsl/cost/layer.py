@@ -146,8 +146,7 @@ def mtp_time(model: ir.TransformerModel, head: Layer, work: Work, device: ir.Dev
     layers = ir_layers.layers_of(model)
     by_kind = {candidate.kind: candidate for candidate in layers if candidate.kind != "block"}
     block = layers[model.layers]  # the last block: embed is layers[0]
-    if work.precision is ir.Precision.nvfp4:  # the depth's own precision (`ir.Training.mtp_precision`)
-        work = replace(work, precision=ir.Precision.bf16)
+    work = replace(work, precision=work.precision.mtp)  # the depth's own (`ir.Precision.mtp`)
     embed = _layer_time(model, by_kind["embed"], work, device, links, efficiency)
     norm = _layer_time(model, by_kind["norm"], work, device, links, efficiency)
     projection = mtp_projection_compute(model, work, device, efficiency)

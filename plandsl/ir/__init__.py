@@ -94,6 +94,14 @@ class Precision(str, Enum):
         return 1 if self is Precision.fp8 else self.bytes
 
     @property
+    def mtp(self) -> "Precision":
+        """The precision of multi-token prediction's depths under this one: megatron-core 0.16.1 runs each depth's
+        projection and block under the global FP8 context only (`MultiTokenPredictionLayer.forward`,
+        multi_token_prediction.py:772-781: "MTP only use global fp8 context", "currently ignoring FP4 in MTP
+        layers"), so this precision, but bf16 under `nvfp4`."""
+        return Precision.bf16 if self is Precision.nvfp4 else self
+
+    @property
     def unquantized(self) -> "Precision":
         """The precision of the matmuls FP8 training leaves in 16 bits (the attention core, the embedding
         and the output layer: Megatron-LM's --fp8-format applies to the blocks' linear layers): bf16 for
@@ -674,11 +682,9 @@ class Training(Node):
 
     @property
     def mtp_precision(self) -> Precision:
-        """The precision of multi-token prediction's depths (`mtp`): megatron-core 0.16.1 runs each depth's projection
-        and block under the global FP8 context only (`MultiTokenPredictionLayer.forward`, multi_token_prediction.py:772-
-        781: "MTP only use global fp8 context", "currently ignoring FP4 in MTP layers"), so `precision` whatever
-        `bf16_first_layers`/`bf16_last_layers` keep, but bf16 under `nvfp4`."""
-        return Precision.bf16 if self.precision is Precision.nvfp4 else self.precision
+        """The precision of multi-token prediction's depths (`mtp`): the global one's (`Precision.mtp`), whatever
+        `bf16_first_layers`/`bf16_last_layers` keep."""
+        return self.precision.mtp
 
     @property
     def weights_dtype(self) -> Precision:
