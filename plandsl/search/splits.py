@@ -267,8 +267,8 @@ class Splits:
         activations = [per_kind[kind][1] * float(inflight[ranks[0]]) for kind in self._summed]
         before = np.array([self.figures.kind_before[self.figures.block_kinds.index(kind)] for kind in self._summed])
         counts = before[:, -1:] - before  # per kind, the blocks from N on (N = 0..L)
-        need = sum(each[0] * count for each, count in zip(stored, before[:, -1])) \
-            - sum(a * b for a, b in zip(activations, before))  # the first N blocks' activations away
+        host = sum(a * b for a, b in zip(activations, before))  # the first N blocks' activations, away on the host
+        need = sum(each[0] * count for each, count in zip(stored, before[:, -1])) - host
         away = np.max(np.where(before > 0, np.array(activations)[:, None], 0.0), axis=0)
         kept = np.max(np.where(counts > 0, np.array(activations)[:, None], 0.0), axis=0)
         need = need + np.maximum(away - kept, 0.0)
@@ -278,7 +278,6 @@ class Splits:
             least = pinned if pinned <= self.blocks and fits[pinned] else None
         else:
             least = int(fits.argmax()) if fits[:self.blocks].any() else None  # never every block unpinned
-        host = sum(a * b for a, b in zip(activations, before))
         if least is None or host[least] > host_capacity(memory[2]) * (1 + 1e-12):
             return None
         return (self.blocks,), least
