@@ -68,11 +68,18 @@ def is_due(step: int, every: int | None, steps: int) -> bool:
 
 
 # ---- state ----------------------------------------------------------------------------
+TWIN = "~copy"
+"""What a second copy of a module on one rank is held under (`_union`): `embed~copy.tok.weight`."""
+
+
 def _union(models: list[nn.Module]) -> nn.Module:
     """One module holding every model part of this rank under its catalogue name.
 
     A pipeline rank holds one copy of the model per stage, each without the other stages' top-level
-    modules; `layers` dicts are merged, so `layers.3.attn.wq.weight` keeps its name."""
+    modules; `layers` dicts are merged, so `layers.3.attn.wq.weight` keeps its name. A rank holding the first
+    stage and the last of a model with multi-token prediction holds two copies of `embed`, kept equal
+    (`pipeline.TiedEmbeddings`): the last stage's is held as `embed~copy` (`TWIN`), never saved, and restored
+    from the embedding's entries (`_aliases`)."""
     if len(models) == 1:
         return models[0]
     union = nn.Module()
@@ -83,9 +90,17 @@ def _union(models: list[nn.Module]) -> nn.Module:
                 union.add_module(name, nn.ModuleDict(child) if isinstance(child, nn.ModuleDict) else child)
             elif isinstance(held, nn.ModuleDict) and isinstance(child, nn.ModuleDict):
                 held.update(child)
+            elif name == "embed" and name + TWIN not in union._modules:
+                union._modules[name + TWIN] = child  # add_module refuses the name, which no attribute can have
             elif held is not child:
                 raise CheckpointError(f"two pipeline stages on this rank both hold module '{name}'")
     return union
+
+
+def _saved(state: dict[str, Any]) -> dict[str, Any]:
+    """The state without a second copy's entries (`TWIN`), which equal the first's."""
+    return {section: {key: value for key, value in entries.items() if TWIN not in key}
+            for section, entries in state.items()}
 
 
 def _optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -124,6 +139,7 @@ def save(job, directory: str | Path, step: int, steps: int) -> Path:
     final = step_dir(directory, step)
     partial = final.with_name(final.name + ".partial")
     _, _, state = _state(job)
+    state = _saved(state)
     shapes = fingerprint(state["model"])
     rank0 = dist.get_rank() == 0
     if rank0:
@@ -207,7 +223,7 @@ def restore(job, directory: str | Path, steps: int) -> Restored:
     if path is None:
         return Restored(0, f"--resume: no checkpoint in {directory}: starting at step 1")
     model, optimizer, state = _state(job)
-    check_compatible(record, job.plan, fingerprint(state["model"]), path)
+    check_compatible(record, job.plan, fingerprint(_saved(state)["model"]), path)
     _load(state, path, tied=getattr(job.plan.model, "tied_embeddings", False))
     if _steps_anything(optimizer):
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
@@ -226,34 +242,42 @@ def _load(state: dict[str, Any], path: Path, tied: bool) -> None:
 
     A tied head saved in the same module as the embedding (one stage, or no pipeline) has optimizer
     state only under `embed.tok.weight`; a plan that puts the head on another stage holds its own copy
-    (`pipeline.TiedEmbeddings`), whose state is then read from the embedding's entries."""
-    optimizer = state["optimizer"]
-    aliases = _tied_aliases(optimizer, set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)) \
-        if tied else {}
-    if not aliases:
+    (`pipeline.TiedEmbeddings`), whose state is then read from the embedding's entries; a second copy of the
+    embedding (`TWIN`) reads its parameters and state from the embedding's likewise."""
+    saved = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+    aliases = {section: _aliases(entries, section, saved, tied) for section, entries in state.items()}
+    if not any(aliases.values()):
         dcp.load(state, checkpoint_id=path)
         return
-    loading = {key: value for key, value in optimizer.items() if key not in aliases}
-    for key, twin in aliases.items():
-        loading.setdefault(twin, optimizer[key])  # only the head's copy here: load the twin into its tensors
-    dcp.load({"model": state["model"], "optimizer": loading}, checkpoint_id=path)
-    for key, twin in aliases.items():
-        value = loading[twin]
-        optimizer[key] = value.clone() if twin in optimizer and isinstance(value, torch.Tensor) else value
-    for key in optimizer.keys() - aliases.keys():
-        optimizer[key] = loading[key]
+    loading = {section: {key: value for key, value in entries.items() if key not in aliases[section]}
+               for section, entries in state.items()}
+    for section, pairs in aliases.items():
+        for key, twin in pairs.items():
+            loading[section].setdefault(twin, state[section][key])  # only the copy here: load into its tensors
+    dcp.load(loading, checkpoint_id=path)
+    for section, entries in state.items():
+        for key, twin in aliases[section].items():
+            value = loading[section][twin]
+            entries[key] = value.clone() if twin in entries and isinstance(value, torch.Tensor) else value
+        for key in entries.keys() - aliases[section].keys():
+            entries[key] = loading[section][key]
 
 
-def _tied_aliases(optimizer: dict[str, Any], saved: set[str]) -> dict[str, str]:
-    """This rank's optimizer keys of a tied head copy that the checkpoint lacks -> the embedding's keys."""
+def _aliases(entries: dict[str, Any], section: str, saved: set[str], tied: bool) -> dict[str, str]:
+    """This rank's keys of `section` ("model" or "optimizer") that the checkpoint lacks -> the embedding's keys
+    holding their values: a tied head copy's optimizer state, a second copy's (`TWIN`) parameters and state."""
     aliases = {}
-    for key in optimizer:
-        for part in ("state.", "param_groups."):
-            head, embed = part + "head.weight.", part + "embed.tok.weight."
-            if key.startswith(head) and f"optimizer.{key}" not in saved:
-                candidate = embed + key[len(head):]
-                if f"optimizer.{candidate}" in saved:
-                    aliases[key] = candidate
+    for key in entries:
+        if f"{section}.{key}" in saved:
+            continue
+        candidate = key.replace(TWIN, "")
+        if tied and section == "optimizer":
+            for part in ("state.", "param_groups."):
+                head, embed = part + "head.weight.", part + "embed.tok.weight."
+                if key.startswith(head):
+                    candidate = embed + key[len(head):]
+        if candidate != key and f"{section}.{candidate}" in saved:
+            aliases[key] = candidate
     return aliases
 
 

@@ -168,14 +168,42 @@ class HeadLoss:
         return self.head(outputs, targets)
 
 
+class DepthsLoss(HeadLoss):
+    """The loss of a model with multi-token prediction's depths (`fused_loss`): off a pipeline the model computes it
+    when called with the targets (as `HeadLoss`). On a pipeline the last stage returns its final hidden states, and
+    the schedule calls this with them and that microbatch's `sample`, the input tokens and the targets stacked
+    ([microbatch, 2, seq]: `sample`): the depths embed the tokens k ahead, so the last stage is fed them along the
+    targets' path (megatron-core's last stage loads the token ids too for its depths). The depths, the embedding's
+    copy and the head are the last stage's (`pipeline.split_stage`), known once the stages are built: `bind`."""
+
+    def __init__(self, head: nn.Module | None = None):
+        super().__init__(head)
+        self.model = None
+
+    @staticmethod
+    def sample(tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """What a pipeline's last stage is fed as its targets: the tokens and the targets, stacked on dim 1."""
+        return torch.stack((tokens, targets), dim=1)
+
+    def bind(self, parts) -> None:
+        """Use whichever of `parts` (this rank's stage modules) holds the depths; none: no loss here."""
+        super().bind(parts)
+        self.model = next((part for part in parts if getattr(part, "mtp", None) is not None), None)
+
+    def __call__(self, outputs: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
+        if self.model is None:
+            raise RuntimeError("the loss of multi-token prediction was called on a rank without its depths")
+        return self.model.loss_with_depths(sample[:, 0], outputs, sample[:, 1])
+
+
 def fused_loss(plan: ir.Plan, model: nn.Module) -> HeadLoss | None:
     """With `loss: fused`, a gpt/llama model (one with a `Head`) set to return its final hidden states, and the
     loss that calls its head with them; a model with multi-token prediction's depths likewise whatever the loss (the
-    model computes it, its depths' included: `models.Transformer._with_depths`); None otherwise (the model's logits
+    model computes it, its depths' included: `models.Transformer.loss_with_depths`; `DepthsLoss`); None otherwise (the model's logits
     go to torch's cross entropy)."""
     if getattr(model, "mtp", None) is not None:  # multi-token prediction: the model computes its loss, any loss
         model.loss_in_head = plan.train.loss is ir.Loss.fused
-        return HeadLoss(model.head)
+        return DepthsLoss(model.head)
     if plan.train.loss is not ir.Loss.fused or not hasattr(model, "loss_in_head"):
         return None
     model.loss_in_head = True

@@ -453,6 +453,23 @@ class Block(nn.Module):
         return x + discard_after(self.norm2, ffn(self.norm2(x)))
 
 
+class _Anchored(torch.autograd.Function):
+    """`x` unchanged, its autograd node hung from `anchor` too, which takes no gradient from it. Multi-token
+    prediction's embedding on a pipeline's last stage (`Transformer.loss_with_depths`) is anchored to the stage's
+    output so that torch's split backward (I then W: `pipelining._backward.get_param_groups`, torch 2.13) finds its
+    weight's gradient at each depth's embedding: unanchored, the weight's group starts at the depths' concatenations,
+    and its W pass runs from depth 2's back through depth 1's hidden states (nodes the input gradient's graph owns,
+    freed then: 'Trying to backward through the graph a second time')."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
 class MultiTokenPrediction(nn.Module):
     """One multi-token prediction depth (DeepSeek-AI 2024, arXiv:2412.19437, Sec. 2.2; megatron-core 0.16.1
     `MultiTokenPredictionLayer`, multi_token_prediction.py:642-821): the embeddings of the tokens k ahead and the
@@ -521,34 +538,41 @@ class Transformer(nn.Module):
         self.mtp = nn.ModuleDict({str(k): MultiTokenPrediction(model) for k in range(model.mtp)}) \
             if model.mtp else None
         self.loss_in_head = False  # `loss: fused` (runtime.loss.fused_loss): return the final hidden states
+        # False on a pipeline's last stage that holds `embed` only for the depths (`pipeline.split_stage`): its
+        # input is the previous stage's hidden states
+        self.embeds_inputs = True
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits; with `loss_in_head`, the final hidden states, or given `targets` the loss the head computes
         from them (inside this call, so a wrapper that gathers the parameters for it, FSDP's, holds them); with
-        multi-token prediction, given `targets`, that loss and the depths' (`_with_depths`)."""
+        multi-token prediction, given `targets`, that loss and the depths' (`loss_with_depths`), else the final
+        hidden states (a pipeline's last stage: its loss function runs the depths, `runtime.loss.DepthsLoss`)."""
         # Each part may be None on a pipeline stage that does not hold it (as in torchtitan).
-        h = self.embed(x) if self.embed is not None else x
+        h = self.embed(x) if self.embed is not None and self.embeds_inputs else x
         for block in self.layers.values():
             h = block(h)
         h = self.norm(h) if self.norm is not None else h
         if self.mtp is not None and targets is not None:
-            return self._with_depths(x, h, targets)
-        if self.head is None or (self.loss_in_head and targets is None):
+            return self.loss_with_depths(x, h, targets)
+        if self.head is None or (targets is None and (self.loss_in_head or self.mtp is not None)):
             return h
         return self.head(h, targets) if self.loss_in_head else self.head(h)
 
     def _loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.head(h, targets) if self.loss_in_head else loss_fn(self.head(h), targets)
 
-    def _with_depths(self, tokens: torch.Tensor, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def loss_with_depths(self, tokens: torch.Tensor, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The mean cross entropy of the next tokens plus MTP_LOSS_WEIGHT / mtp times each depth's: depth k (from 1)
         reads the tokens k ahead and predicts the targets k ahead, over the positions that have them (megatron-core
         rolls the ids and labels by one a depth and masks the positions rolled past the end, gpt_model.py:611-660;
         under causal attention the positions kept see none of those, so cutting them off is the same)."""
         loss = self._loss(h, targets)
-        seq = tokens.shape[1]
+        seq, trunk = tokens.shape[1], h
         for k, depth in enumerate(self.mtp.values(), start=1):
-            h = depth(h[:, :seq - k], self.embed(tokens[:, k:]))
+            embedded = self.embed(tokens[:, k:])
+            if not self.embeds_inputs:  # a pipeline's last stage, whose backward may be split in two (`_Anchored`)
+                embedded = _Anchored.apply(embedded, trunk)
+            h = depth(h[:, :seq - k], embedded)
             loss = loss + MTP_LOSS_WEIGHT / len(self.mtp) * self._loss(h, targets[:, k:])
         return loss
 

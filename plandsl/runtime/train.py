@@ -25,7 +25,7 @@ from plandsl import ir
 from plandsl.runtime.data import Batches, microbatches
 from plandsl.runtime.parallel.data_parallel import build_dp_optimizer, gradient_sync
 from plandsl.runtime.parallel.mesh import DEFAULT_TIMEOUT_S, build_mesh, coordinate, init_distributed
-from plandsl.runtime.loss import HeadLoss, fused_loss
+from plandsl.runtime.loss import DepthsLoss, HeadLoss, fused_loss
 from plandsl.runtime.models import build_model, loss_fn
 from plandsl.runtime.optim import build_lr_scheduler
 from plandsl.runtime.parallel.context_parallel import sequence_columns
@@ -174,6 +174,8 @@ def pipeline_forward_backward_step(job: Job, inputs: torch.Tensor, targets: torc
     function returns the loss times the loss scale (`build_job`), which the mean here divides out."""
     losses: list[torch.Tensor] | None = [] if job.has_last else None
     target = targets if job.has_last else None
+    if target is not None and isinstance(job.loss, DepthsLoss):  # multi-token prediction's depths read the tokens
+        target = DepthsLoss.sample(inputs, targets)
     with autocast(job.plan, job.device.type):
         if job.has_first:
             job.pipeline.step(inputs, target=target, losses=losses)

@@ -176,9 +176,11 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
     if isinstance(model, TorchModel):  # a model from torch: split by its own convention, or traced (runtime.torch_model)
         keeps = [{layer.name for layer in layers} for layers in assignment.stage_layers]
         torch_parts = model.stage_modules(keeps, list(local), _example(plan, model))
+    split = _splits_backward(name, program)
     for stage_index in local:
         keep = {layer.name for layer in assignment.stage_layers[stage_index]}
-        part = (torch_parts[stage_index] if torch_parts is not None else split_stage(model, keep, layer_names)).to(device)
+        part = (torch_parts[stage_index] if torch_parts is not None
+                else stage_part(model, keep, layer_names, split)).to(device)
         module = part if parallelize is None else parallelize(part, stage_index)  # may wrap `part` (DDP)
         models.append(part)
         modules.append(module)
@@ -246,6 +248,30 @@ def split_stage(model: nn.Module, keep: set[str], layer_names: list[str]) -> nn.
     return stage
 
 
+def stage_part(model: nn.Module, keep: set[str], layer_names: list[str], split_backward: bool = False) -> nn.Module:
+    """`split_stage`, and multi-token prediction's depths (`mtp`, placed with the head: `ir.layers`) on the head's
+    stage only, beside a copy of the embedding for the tokens they embed when that stage has none (megatron-core
+    0.16.1 builds the embedding on the last stage for its depths, gpt_model.py:149-157); the copy's gradient is
+    summed with the first stage's (`tie_embeddings`), and the stage's input stays the previous stage's hidden
+    states (`Transformer.embeds_inputs`). Under a schedule that splits the backward (`split_backward`), a tied
+    head there holds a weight of its own, summed with both: as one weight, its gradient's W pass (torch's
+    `stage_backward_weight`) would run from each depth's head back through the depth to its embedding, through
+    nodes the input gradient's pass freed."""
+    if getattr(model, "mtp", None) is None:
+        return split_stage(model, keep, layer_names)
+    holds_head = "head" in keep
+    part = split_stage(model, keep | {"embed"} if holds_head else keep, layer_names)
+    if not holds_head:
+        part.mtp = None
+    elif "embed" not in keep:
+        if part.embed.pos is not None:  # the checker allows depths on rotary positions only (E233)
+            raise PipelineError("multi-token prediction's copy of the embedding holds learned positions")
+        part.embeds_inputs = False
+        if split_backward and part.head.weight is part.embed.tok.weight:
+            part.head.weight = nn.Parameter(part.embed.tok.weight.detach().clone())
+    return part
+
+
 def _pipeline_group(mesh, axis: str):
     """The pipeline's process group: the `axis` dimension of a DeviceMesh, or the group given."""
     if isinstance(mesh, DeviceMesh):
@@ -303,14 +329,19 @@ def _check_map(name: str, runner_map: tuple[int, ...], plan_map: tuple[int, ...]
                         f"map puts it on rank {plan_map[stage]}: the schedule's map is {list(runner_map)}{hint}")
 
 
+def _splits_backward(name: str, program: Schedule | None) -> bool:
+    """Whether the schedule runs backwards as I then W (program None: torch's class runs the built-in)."""
+    return BUILTIN[name].split_backward if program is None else any(
+        action.kind is Kind.I for row in program.actions for action in row)
+
+
 def _check_ddp(name: str, modules: list[nn.Module], program: Schedule | None) -> None:
     """DistributedDataParallel stages run only one stage per rank with full backwards (B): checked
     with torch 2.13, DDP reduces during the input-gradient pass (I), before W has made the weight
     gradients (silently wrong), and two DDP stages on one rank break its reducer (bucket rebuild)."""
     if not any(isinstance(module, DistributedDataParallel) for module in modules):
         return
-    split = BUILTIN[name].split_backward if program is None else any(  # None: torch's class runs it
-        action.kind is Kind.I for row in program.actions for action in row)
+    split = _splits_backward(name, program)
     if split or len(modules) > 1:
         why = "it splits the backward into I and W" if split else "it runs several stages per rank"
         raise PipelineError(f"schedule '{name}' cannot run stages wrapped in DistributedDataParallel: {why}; "
@@ -321,10 +352,11 @@ def _check_ddp(name: str, modules: list[nn.Module], program: Schedule | None) ->
 @dataclass
 class TiedEmbeddings:
     """The copies of a tied embedding weight this rank holds when `embed` and `head` sit on different
-    stages (Megatron-LM's embedding group): both start equal (one full model is split), and after each
+    stages (Megatron-LM's embedding group), or of the embedding that multi-token prediction's depths read on the
+    head's stage: both start equal (one full model is split), and after each
     backward their gradients are summed, over `group` between the first and the last stage's ranks and
     locally between two stages of this rank, so both copies take the same optimizer step and stay
-    equal. `duplicates` are the head's copies, which the global gradient norm must not count twice."""
+    equal. `duplicates` are the head's stage's copies, which the global gradient norm must not count twice."""
 
     params: list[nn.Parameter]
     group: Optional[dist.ProcessGroup]  # None when both stages are on this rank
@@ -357,11 +389,14 @@ def _as_param(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
 
 def tie_embeddings(plan: ir.Plan, assignment: Assignment, models: list[nn.Module], local: list[int],
                    mesh) -> Optional[TiedEmbeddings]:
-    """The tied copies of this rank (None when the model is untied or one stage holds both embed and head).
+    """The tied copies of this rank (None when the model is untied and has no multi-token prediction, or one stage
+    holds both embed and head). The head's stage holds a copy as its head's weight when tied, and with multi-token
+    prediction one as its embedding's (`stage_part`; both when both).
 
     Every rank creates every embedding group (`new_group` is collective over the world), one per
     pipeline, i.e. per coordinate of the other mesh axes."""
-    if not getattr(plan.model, "tied_embeddings", False):
+    depths, tied = bool(getattr(plan.model, "mtp", 0)), getattr(plan.model, "tied_embeddings", False)
+    if not tied and not depths:
         return None
     owner = {layer.name: s for s, layers in enumerate(assignment.stage_layers) for layer in layers}
     first, last = owner.get("embed"), owner.get("head")
@@ -371,9 +406,9 @@ def tie_embeddings(plan: ir.Plan, assignment: Assignment, models: list[nn.Module
     group = None
     if ranks[0] != ranks[1]:
         if not isinstance(mesh, DeviceMesh) or mesh.size() != dist.get_world_size():
-            raise PipelineError("tied embeddings on two pipeline ranks need the plan's whole DeviceMesh (every "
-                                "rank forms every pipeline's embedding group); untie them or place embed and head "
-                                "on one rank")
+            raise PipelineError("tied embeddings (or multi-token prediction's copy of the embedding) on two "
+                                "pipeline ranks need the plan's whole DeviceMesh (every rank forms every pipeline's "
+                                "embedding group); untie them or place embed and head on one rank")
         names = list(mesh.mesh_dim_names or ())
         pipelines = mesh.mesh.movedim(names.index(plan.stages.axis), -1).reshape(-1, plan.pp)
         me = dist.get_rank()
@@ -386,9 +421,11 @@ def tie_embeddings(plan: ir.Plan, assignment: Assignment, models: list[nn.Module
         if stage_index == first:
             params.append(model.get_parameter("embed.tok.weight"))
         elif stage_index == last:
-            weight = model.get_parameter("head.weight")
-            params.append(weight)
-            duplicates.append(weight)
+            copies = [model.get_parameter(name) for name, held in (("embed.tok.weight", depths),
+                                                                    ("head.weight", tied)) if held]
+            copies = list({id(p): p for p in copies}.values())  # one weight when the head is tied to the copy
+            params += copies
+            duplicates += copies
     if not params:
         return None
     return TiedEmbeddings(params, group, duplicates)
