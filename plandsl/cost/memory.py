@@ -149,10 +149,10 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
     estimates = []
     for stages in held_stages(plan, rank_stages):
         layers = [layer for stage in stages for layer in stage_layers[stage]]
-        kinds = {layer.kind for layer in layers}
-        # A tied head on a rank without the embedding keeps its own copy of the weight, kept in
-        # sync by an all-reduce of the gradients (Megatron-LM, Narayanan et al. 2021).
-        extra = [tied] if tied and "head" in kinds and "embed" not in kinds else []
+        # A tied head's stage without the embedding keeps its own copy of the weight, kept in sync by an
+        # all-reduce of the gradients (Megatron-LM, Narayanan et al. 2021), also on a rank that holds the
+        # embedding's stage too (a V-shape's first rank: each stage is a model chunk of its own).
+        extra = [tied] if tied and any(_copies_embedding(stage_layers[stage]) for stage in stages) else []
         params, grads, optimizer = model_state_bytes(plan, layers, extra, whole_tensors=whole_tensors)
         gathered_params, gathered_grads = gathered_bytes(plan, layers, extra, held=held)
         stored = [0.0, 0.0]  # per microbatch: [the rank's layers but the last stage's norm and head, those two]
@@ -715,6 +715,13 @@ def pipelined_shards(plan: ir.Plan) -> bool:
     True)`, torchtitan's default): one all-gather and one reduce-scatter per unit and step (`cost.stage.rank_tail`),
     every unit whole through the step (`gathered_bytes`)."""
     return plan.stages is not None and plan.data is not None and plan.data.zero_stage >= 2
+
+
+def _copies_embedding(layers: Sequence[Layer]) -> bool:
+    """Whether a stage of `layers` holds a copy of the embedding's weight (`tied_embedding`): the head's without the
+    embedding."""
+    kinds = {layer.kind for layer in layers}
+    return "head" in kinds and "embed" not in kinds
 
 
 def tied_embedding(plan: ir.Plan, layers: Sequence[Layer]) -> Param | None:

@@ -54,7 +54,7 @@ class Caps:
         # stage's microbatches in flight, not its rank's (`Figures.head_inflight`: one in the 1F1B family)
         head = self.figures.head_inflight(inflight, last_rank)
         fixed[last_rank] += norm_s + head_s + head * (norm_a + head_a) + max(0.0, loss - working)
-        if tied and first_rank != last_rank:
+        if tied and len(ranks) > 1:  # the head's stage copies the embedding, on the first rank too (a V-shape's)
             fixed[last_rank] += tied
         capacity = self.figures.capacity(root)
         per = block_s + inflight * block_a
@@ -215,7 +215,7 @@ class Caps:
         ends[last_rank, chunks - 1] += norm_a + head_a
         room = capacity - working - buffers
         room[first_rank] -= embed_s
-        room[last_rank] -= norm_s + head_s + max(0.0, loss - working) + (tied if tied and first_rank != last_rank else 0.0)
+        room[last_rank] -= norm_s + head_s + max(0.0, loss - working) + (tied if tied and len(ranks) > 1 else 0.0)
         units = []
         for blocks in (1, 2):
             unit = np.full(pp, self.figures.gathered(memory, False, False, blocks))

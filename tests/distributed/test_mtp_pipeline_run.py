@@ -77,3 +77,28 @@ def test_a_checkpoint_resumes_across_the_copies_of_the_embedding(first, then, tm
     report = resumed[0]["report"]  # steps 3-4 and the final weights against one process trained from step 1
     assert not report["missing"] and report["loss_diff"] <= 1e-5 and report["param_diff"] <= 1e-5, \
         resumed[0]["report_text"]
+
+
+@pytest.mark.parametrize("layout, extra", [("1f1b", ""), ("interleaved", ""), ("zbv", ""), ("zbv", ", tied=true"),
+                                           ("tp_tied_clipped", ", tied=true"), ("ep_moe", _LAYOUTS["ep_moe"][3])],
+                         ids=["1f1b", "interleaved", "zbv", "zbv_tied_no_depths", "tp_tied", "ep_moe"])
+def test_the_dry_run_holds_the_states_the_estimate_counts(layout, extra):
+    """`plandsl run --dry-run` builds the copy of the embedding the memory model counts on the head's stage
+    (`cost.memory.tied_embedding`), also on ZBV's rank 0, which holds the embedding's stage too (a tied head's copy
+    there likewise, with no depths); parameters, gradients and optimizer states within 2 %."""
+    from plandsl.cost.estimate import estimate_plan
+    from plandsl.runtime.dryrun import dry_run
+    mesh, lines, train_, _ = _LAYOUTS[layout]
+    world = 4 if "," in mesh else 2
+    text = _PLAN.format(mesh=mesh, world=world, train=train_, lines=lines, extra=extra)
+    if layout == "zbv" and "tied" in extra:  # the tied head alone: no depths
+        text = text.replace("mtp=2, ", "").replace("mtp=2", "")
+    plan = load(text)
+    estimate = estimate_plan(plan)
+    for built in dry_run(plan).ranks:
+        predicted = estimate.memory[dict(built.coordinate)[plan.stages.axis]]
+        pairs = {"parameters": (built.param_bytes, predicted.params - predicted.gathered_params),
+                 "gradients": (built.grad_bytes, predicted.grads - predicted.gathered_grads),
+                 "optimizer": (built.most_loaded_optimizer_bytes, predicted.optimizer)}
+        for what, (got, want) in pairs.items():
+            assert got == pytest.approx(want, rel=0.02), (built.rank, what, got, want)

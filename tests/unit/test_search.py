@@ -367,7 +367,7 @@ def _rank_caps_one_by_one(space, root, ranks, inflight, memory, schedule, microb
     fixed[first] += embed_s
     # the last rank's peak: the larger of the loss's backward and the block recomputation rebuilds
     fixed[last] += norm_s + head_s + max(0.0, loss - working)
-    if tied and first != last:
+    if tied and len(ranks) > 1:  # the head's stage copies the embedding, on the first rank too (a V-shape's)
         fixed[last] += tied
     buffers = space.figures.stage_buffers(memory, ranks, inflight)  # torch's pipeline stage's, a rank's
     try:
