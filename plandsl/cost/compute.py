@@ -241,6 +241,8 @@ class Work:
     fp8_gather: bool = False  # `data = ... with gather = fp8`: the weights reach the linear layers in FP8 already
     ring: str = "te"  # `context = ring over cp with implementation = te | torch`: whose ring runs (cost.ring)
     modules: frozenset = frozenset((ir.RecomputeModule.core_attn,))  # what `selective` reruns (`ir.Training.modules`)
+    accumulate: int = 0  # bytes per weight element a weight-gradient GEMM reads and writes of the gradient it adds its
+    # product into (`accumulate_bytes`: under `param_dtype`, twice `grad_dtype`'s); 0: it writes its output at its bytes
 
     @property
     def tokens(self) -> int:
@@ -266,6 +268,8 @@ class LayerCompute:
     experts_forward: float = 0.0
     experts_input_grad: float = 0.0   # their backward for the inputs: the dgrad GEMMs and the element-wise work
     experts_weight_grad: float = 0.0  # their weight-gradient GEMMs
+    accumulate: float = 0.0  # of the backward, seconds its weight-gradient GEMMs read and write the gradient buffer
+    #                          they accumulate into beyond writing their output (`Work.accumulate`), W's
 
     @property
     def forward(self) -> float:
@@ -278,8 +282,8 @@ class LayerCompute:
 
     @property
     def weight_grad(self) -> float:
-        """Backward for the weights (W): the other half of the backward matmuls."""
-        return self.backward_matmul / 2
+        """Backward for the weights (W): the other half of the backward matmuls, and their accumulation."""
+        return self.backward_matmul / 2 + self.accumulate
 
     @property
     def backward(self) -> float:
@@ -508,7 +512,8 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
             forward_other = tokens * vocab * (element + eager.loss_forward) / bandwidth
             backward_other = tokens * vocab * eager.loss_backward / bandwidth
         flops = 2.0 * tokens * vocab * h
-        return LayerCompute(matmul, forward_other, 2 * matmul, backward_other, 0.0, flops=flops)
+        return LayerCompute(matmul, forward_other, 2 * matmul, backward_other, 0.0, flops=flops,
+                            accumulate=accumulate_seconds(vocab * h, work, precision.unquantized, device))
     # A block: fused QKV (or MLA's down- and up-projections), attention core, output projection, MLP (or
     # experts), as Megatron runs it; a dense block of a dense-then-MoE model as the dense model it is.
     model = block_model(model, layer)
@@ -545,7 +550,7 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         attention += forward_bytes / bandwidth
         attention_backward_extra = backward_bytes / bandwidth
     projections = 3 if not gpt else 2                                      # SwiGLU: w1, w3 and w2
-    experts_matmul = experts_elements = experts_cast_in = experts_cast_grad = experts_copied = 0.0
+    experts_matmul = experts_elements = experts_cast_in = experts_cast_grad = experts_copied = experts_weights = 0.0
     shared = shared_flops = shared_elements = dense_matmul = dense_flops = router = activation_elements = 0.0
     if model.experts:
         experts = model.experts
@@ -583,6 +588,7 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
             # combine (SORT_CHUNKS_COPIES), read and written
             experts_copied += SORT_CHUNKS_COPIES * 2 * model.top_k * h * share
         weights += local * projections * h * ffn / expert_tp
+        experts_weights = local * projections * h * ffn / expert_tp
         if model.shared_experts:  # every token through one MLP of shared_experts x ffn (DeepSeekMoE)
             width = model.shared_experts * ffn
             shared = gemm(tokens, (projections - 1) * width / tp, h, device, precision) \
@@ -600,6 +606,7 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
             experts_cast_in += h / split + width / tp
             experts_cast_grad += (projections - 1) * width / tp + h / split
             weights += projections * h * width / tp
+            experts_weights += projections * h * width / tp
     else:
         dense_matmul = gemm(tokens, (projections - 1) * ffn / tp, h, device, precision) \
             + gemm(tokens, h, ffn / tp, device, precision)
@@ -717,6 +724,8 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
     # kernels' bytes: their GEMMs, the activation (twice backward), the casts of their inputs and of their outputs'
     # gradients, the FP8 padding and the dispatcher's sorting copies.
     casting = cast_bytes(work) if precision.quantized else 0.0
+    accumulate = accumulate_seconds(weights, work, precision, device)
+    experts_accumulate = accumulate_seconds(experts_weights, work, precision, device)
     experts_forward = experts_matmul + tokens * ((experts_elements + experts_copied) * element
                                                  + experts_cast_in * casting) / bandwidth
     experts_input_grad = experts_matmul + tokens * ((2 * experts_elements + experts_copied) * element
@@ -724,7 +733,28 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
     return LayerCompute(matmul + attention, other, backward_matmul, backward_other, recompute,
                         attention=attention, flops=flops, recompute_flops=recompute_flops,
                         experts_forward=experts_forward, experts_input_grad=experts_input_grad,
-                        experts_weight_grad=experts_matmul)
+                        experts_weight_grad=experts_matmul + experts_accumulate, accumulate=accumulate)
+
+
+def accumulate_bytes(train: ir.Training) -> int:
+    """Bytes per weight element a weight-gradient GEMM reads and writes of the gradient it accumulates into: a plan
+    that keeps 16-bit weights apart from the master copy (`param_dtype`) keeps their gradients in a buffer of their
+    own at `grad_dtype` (Megatron-Core's `main_grad`, `ParamAndGradBuffer`), and each microbatch's weight-gradient
+    GEMM adds its product into it in the GEMM's epilogue (Megatron-LM's `--gradient-accumulation-fusion`, on by
+    default: Transformer Engine's `fuse_wgrad_accumulation`, megatron/core/transformer/custom_layers/
+    transformer_engine.py:153 at f2e5db402c, and `wgrad_gemm_accum_fp32` for the output layer, core/tensor_parallel/
+    layers.py:490-494 there), the buffer zeroed at the step's start: read and write, twice `grad_dtype`'s bytes. 0
+    otherwise: the GEMM writes its output (the weights are the master copy, whose gradient autograd keeps)."""
+    return 2 * train.grad_dtype.bytes if train.master_copy else 0
+
+
+def accumulate_seconds(elements: float, work: Work, precision: ir.Precision, device: ir.DeviceType) -> float:
+    """Seconds weight-gradient GEMMs over `elements` weight elements spend reading and writing the gradient buffer
+    they accumulate into (`Work.accumulate` bytes each) beyond writing their output at `precision`'s GEMM bytes, as
+    the GEMM model counts it (the roofline's sum: the GEMM knobs were measured on GEMMs that write their output)."""
+    if not work.accumulate or elements <= 0:
+        return 0.0
+    return elements * max(0, work.accumulate - precision.gemm_bytes) / device.bandwidth
 
 
 def rank_attention(widths, work: Work) -> tuple[float, float]:
@@ -916,5 +946,6 @@ def estimate_optimizer_step(local_params: float, device: ir.DeviceType, optimize
 __all__ = ["cast_bytes", "Efficiency", "DEFAULT_EFFICIENCY", "device_efficiency", "Work", "LayerCompute", "estimate_layer_compute",
            "mtp_projection_compute",
            "OverlapGemm", "reruns_core", "overlap_gemms", "userbuffers_share", "dispatcher_share",
-           "rank_attention", "attention_core_seconds", "causal_fraction", "window_band",
+           "rank_attention", "attention_core_seconds", "accumulate_bytes", "accumulate_seconds", "causal_fraction",
+           "window_band",
            "estimate_optimizer_step", "peak_of"]

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from plandsl import ir
 from plandsl.ir import shares as batch
 from plandsl.cost.comm import collective_seconds
-from plandsl.cost.compute import Efficiency, Work, peak_of
+from plandsl.cost.compute import Efficiency, Work, accumulate_bytes, peak_of
 from plandsl.cost.layer import NOTHING_MOVED, LayerTime, Links, Moved, estimate_layer_time, plan_links
 from plandsl.cost.memory import (MemoryEstimate, StateBytes, beyond_layers, estimate_layer_activations,
                                  estimate_plan_memory, gather_element, gathered_param_bytes, gathers_kv, held_stages, layer_precision, pipelined_shards,
@@ -142,7 +142,8 @@ def plan_work(plan: ir.Plan) -> Work:
                 sm_margin=plan.tensor.sm_margin if plan.tensor else True,
                 dispatcher=plan.experts.kind if plan.experts else "alltoall", fp8_recipe=plan.train.recipe,
                 ring=plan.context.implementation if plan.context else "te",
-                fp8_gather=plan.data is not None and plan.data.gather is ir.Precision.fp8)
+                fp8_gather=plan.data is not None and plan.data.gather is ir.Precision.fp8,
+                accumulate=accumulate_bytes(plan.train))
 
 
 def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignment=None,

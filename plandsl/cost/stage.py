@@ -375,7 +375,23 @@ def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, 
         exposed += behind(collective_seconds("all_reduce", shard * grad_bytes, links.replicate), backward)
         moved += shard * grad_bytes
     owned = dense + expert if zero_stage == 0 else math.ceil(dense / dense_degree) + math.ceil(expert / expert_degree)
-    return RankTail(exposed, estimate_optimizer_step(owned, device, optimizer, precision, states), moved)
+    return RankTail(exposed, estimate_optimizer_step(owned, device, optimizer, precision, states)
+                    + gradient_buffer_passes(dense, expert, zero_stage, links, device, states), moved)
+
+
+def gradient_buffer_passes(dense: float, expert: float, zero_stage: int, links: Links, device: ir.DeviceType,
+                           states: StateBytes) -> float:
+    """Seconds a step spends on Megatron-Core's gradient buffer outside the GEMMs, where the plan keeps its 16-bit
+    weights apart from the master copy (`param_dtype`: the buffer the weight-gradient GEMMs accumulate into,
+    `cost.compute.accumulate_bytes`) and ZeRO-0 or 1 holds it whole: `zero_grad_buffer` writes zeros over it at the
+    step's start (`grad_data.zero_()`, megatron/core/distributed/param_and_grad_buffer.py:508 at f2e5db402c), and each
+    bucket is scaled by 1 / its data-parallel ranks before its collective (`grad_data *= gradient_scaling_factor`,
+    param_and_grad_buffer.py:122-123 there, the factor set in distributed_data_parallel.py:146-158 unless
+    `--ddp-average-in-collective`): read and write. Both on the compute stream, memory bound, exposed; at `grad_dtype`."""
+    if not states.master or zero_stage > 1:
+        return 0.0
+    scaled = (dense if links.data.size > 1 else 0.0) + (expert if links.expert_data.size > 1 else 0.0)
+    return (dense + expert + 2 * scaled) * states.grads / device.bandwidth
 
 
 def slowest(devices: Sequence[ir.DeviceType], precision: ir.Precision) -> ir.DeviceType:
@@ -385,4 +401,4 @@ def slowest(devices: Sequence[ir.DeviceType], precision: ir.Precision) -> ir.Dev
 
 __all__ = ["StageTime", "stage_time", "zero_traffic", "fsdp_units", "first_bucket", "bucket_params", "bucket_element",
            "param_split",
-           "RankTail", "rank_tail", "slowest", "Unit", "gather_units", "unit_pass"]
+           "RankTail", "rank_tail", "gradient_buffer_passes", "slowest", "Unit", "gather_units", "unit_pass"]

@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 
 from plandsl import ir
-from plandsl.cost.compute import Efficiency, Work, estimate_layer_compute
+from plandsl.cost.compute import Efficiency, Work, accumulate_bytes, estimate_layer_compute
 from plandsl.cost.layer import LayerTime, estimate_layer_time
 from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activations, estimate_memory, gathered_bytes, gathered_param_bytes,
                                  gathers_whole, head_inflight, holds_autocast_copies, inflight_microbatches,
@@ -45,6 +45,7 @@ class Figures:
         self.kinds = self._kinds()
         self.base = self._base_plan()
         self.states = StateBytes.of(self.base.train)  # the kept dtypes' bytes, read on every rank's tail
+        self.accumulate = accumulate_bytes(self.base.train)  # the weight-gradient GEMMs' (`plan_work`)
         self._time_cache: dict = {}
         self._compute_cache: dict = {}  # (work, kind, device name) -> `cost.compute.estimate_layer_compute`
         self._kind_times_cache: dict = {}
@@ -169,7 +170,8 @@ class Figures:
                     dispatcher=self.problem.dispatcher,
                     fp8_recipe=self.problem.fp8_recipe or ir.Fp8Recipe.delayed
                     if self.problem.precision is ir.Precision.fp8 else None, ring=self.problem.ring,
-                    fp8_gather=self.problem.priced_gathering.gather is ir.Precision.fp8)
+                    fp8_gather=self.problem.priced_gathering.gather is ir.Precision.fp8,
+                    accumulate=self.accumulate)
 
     def device_types(self, root: Root) -> dict:
         """The root's device types by name, once per root."""

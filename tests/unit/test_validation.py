@@ -139,12 +139,15 @@ def test_held_out_error_within_target(bench, results):
     max 25.9 % (Megatron-LM's README GPT 119B; not met), the A100 rows unchanged; with NVLink at the 360 GB/s NCCL
     reaches on H100s (the same session): 8.7 %, 8.9 %, max 24.8 % (held at 25 %). Since the README's pipelined rows
     take only the virtual stages their Megatron-LM accepts (2026-12-05, eighth session; docs/validation.md, "The README
-    rows at virtual stages their code runs"): 8.7 %, H100 9.9 %, max 21.6 % (held at 22 %)."""
+    rows at virtual stages their code runs"): 8.7 %, H100 9.9 %, max 21.6 % (held at 22 %). Since Megatron-Core's
+    gradient buffer is priced under `param_dtype` (2026-12-05, ninth session: the weight-gradient GEMMs accumulate into
+    it, a step zeroes and scales it; docs/validation.md, "Megatron-Core's gradient buffer"): 6.4 %, H100 7.0 %, max
+    19.1 % (the README's GPT 119B): every target met, the maxima held at the target, 20 %."""
     errors = _held_out(bench, results)
     assert len(errors) >= 30
     assert statistics.median(errors.values()) <= 0.10, errors
-    assert max(errors.values()) <= 0.22, errors
-    for generation, median, worst in (("A100", 0.10, 0.19), ("H100", 0.10, 0.22)):
+    assert max(errors.values()) <= 0.20, errors
+    for generation, median, worst in (("A100", 0.10, 0.19), ("H100", 0.10, 0.20)):
         apart = _held_out(bench, results, generation)
         assert len(apart) >= 10 and statistics.median(apart.values()) <= median, (generation, apart)
         assert max(apart.values()) <= worst, (generation, apart)
@@ -291,7 +294,7 @@ def test_blackwell_rows_are_reported_apart(bench):
 def test_blackwell_ultra_rows_are_reported_apart(bench):
     """Megatron-Bridge's DGX-GB300 Llama rows (docs/validation.md, "Blackwell Ultra"): all 28 of the rule are searched
     or refused, none is a target row (the tables hold no dense Llama row on DGX-B300), and the maxima of those
-    predicted stay where they stand: FP8 and MXFP8 41 % (the 26.02.01 70B row whose table layout no release's recipe
+    predicted stay where they stand: FP8 and MXFP8 42 % (the 26.02.01 70B row whose table layout no release's recipe
     has), NVFP4 26 % (all too fast, as on GB200); the 405B MXFP8 rows and the 70B NVFP4 row without model parallelism
     are refused by the memory model (its reserve: docs/validation.md)."""
     runs = bench.nemo_blackwell_ultra()
@@ -303,8 +306,9 @@ def test_blackwell_ultra_rows_are_reported_apart(bench):
     # NVFP4 33 -> 26 % since the 405B rows split as their recipe does (`account = [embed, loss]`). The eighth session's
     # memory terms (docs/validation.md, "FP8's attention output and weights at rest"): MXFP8's column-wise weights and
     # the attention's 16-bit output refuse the four 405B MXFP8 rows (248.9 GiB of 246.7; 268.2 without the 8 %
-    # reserve) and move the 70B MXFP8 rows to the split that fits, the 26.02.01 one -33.0 -> -40.7 %: 34 -> 41 %
-    for label, counts, most in (("GB300 FP8 and MXFP8", "16 predicted, 4 refused", 0.41),
+    # reserve) and move the 70B MXFP8 rows to the split that fits, the 26.02.01 one -33.0 -> -40.7 %: 34 -> 41 %; the
+    # gradient buffer's accumulation (`param_dtype`, ninth session) slows that too-slow row further: -41.3 %, 42 %
+    for label, counts, most in (("GB300 FP8 and MXFP8", "16 predicted, 4 refused", 0.42),
                                 ("GB300 NVFP4", "7 predicted, 1 refused", 0.26)):
         assert lines[label].startswith(f"{label}: {counts}"), lines[label]
         assert float(lines[label].split("max |error| ")[1].rstrip("%")) / 100 <= most, lines[label]
