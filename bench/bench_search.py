@@ -88,23 +88,36 @@ node grand_teton {
   nic     = { bandwidth: 400 GB/s, latency: 5 us }
 }
 
-# The DGX H100 as MosaicML's llm-foundry ran it in 2023-2024 (its benchmarking README: "our models use Flash
-# Attention", the flash-attn package's FlashAttention-2), and the H200 hosts of torchtitan's June 2025 benchmark
-# (benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md: 8 H200 on NVLink, 400 Gb/s RDMA per GPU; torchtitan asked
-# SDPA for cuDNN's kernel only from Blackwell on, pytorch/torchtitan#1196): `GH100_FA2` below, the stdlib's
-# h100_80g and h200_141g (the GEMM knobs measured on the GH100 die, taken warm) with FlashAttention-2's attention figures (those
-# of the torchtitan hosts above) instead of cuDNN's.
+# The DGX H100 as MosaicML's llm-foundry ran it with `attn_impl: flash` in January 2024 (the flash-attn package's
+# FlashAttention-2, 2.4.2: `pip_install: .[gpu-flash2]`; "MosaicML's MPT tables" below says which rows), and the H200
+# hosts of torchtitan's June 2025 benchmark (benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md: 8 H200 on NVLink,
+# 400 Gb/s RDMA per GPU; torchtitan asked SDPA for cuDNN's kernel only from Blackwell on, pytorch/torchtitan#1196):
+# `GH100` below with FlashAttention-2's attention figures (those of the torchtitan hosts above) instead of cuDNN's:
+# the stdlib's h100_80g and h200_141g otherwise (the GEMM knobs measured on the GH100 die, taken warm).
+#
+# The DGX H100 as llm-foundry ran it with `attn_impl: triton` (its benchmarking sweeps' default: every H100 row of
+# October 2023 and the 13B and 30B rows of January 2024): the Triton FlashAttention kernel llm-foundry copied from
+# HazyResearch/flash-attention (llmfoundry/models/layers/flash_attn_triton.py, v0.3.0: the FlashAttention-1
+# algorithm, compiled by `triton-pre-mlir` for sm90, so Ampere's mma.sync, no Hopper instruction). Its speed on an
+# H100, from the FlashAttention-2 release's own charts (Dao-AILab/flash-attention 4f285b35,
+# assets/flash2_{h100,a100}_fwd_bwd_benchmark.png, forward + backward, causal, head dim 128, 8k tokens): the H100
+# chart has FlashAttention(-1) at 135 TFLOP/s (FlashAttention-2 308) and no Triton bar; the A100 chart has this very
+# kernel ("FlashAttention Triton": benchmarks/benchmark_causal.py's `flash_attn_triton`) at 78 against
+# FlashAttention-1's 80, so on the H100 135 x 78 / 80 = 131.6 TFLOP/s, 0.133 of the 989 peak, a burst taken warm
+# at the GH100's bf16 drift (x 0.937, clusters/dgx_h100): 0.125, forward and backward alike (the charts time them
+# together, as the cost model's 1 + 2.5 FLOPs).
 """
 
-# A GH100 part (H100 or H200: the same die, peaks and measured GEMM knobs, warm) as a stack running FlashAttention-2 sees it.
-GH100_FA2 = """
+# A GH100 part (H100 or H200: the same die, peaks and measured GEMM knobs, warm) as a stack running an attention kernel
+# of the given speed sees it.
+GH100 = """
 device {device} {{
   memory     = {memory}
   bandwidth  = {bandwidth}
   peak       = {{ fp32: 67 TFLOP/s, bf16: 989 TFLOP/s, fp16: 989 TFLOP/s, fp8: 1979 TFLOP/s }}
   efficiency = {{
-    bf16: {{ matmul: 0.707, kernel_latency: 14 us, attention: 0.316, attention_backward: 0.302 }},
-    fp16: {{ matmul: 0.687, kernel_latency: 21 us, attention: 0.316, attention_backward: 0.302 }},
+    bf16: {{ matmul: 0.707, kernel_latency: 14 us, attention: {attention}, attention_backward: {backward} }},
+    fp16: {{ matmul: 0.687, kernel_latency: 21 us, attention: {attention}, attention_backward: {backward} }},
     fp8: {{ matmul: 0.631, kernel_latency: 31 us }},
     fp32: {{ matmul: 0.767, kernel_latency: 57 us }},
   }}
@@ -115,8 +128,12 @@ node {node} {{
   nic     = {{ bandwidth: 400 GB/s, latency: 5 us }}
 }}
 """
-HARDWARE += GH100_FA2.format(device="h100_80g_fa2", node="dgx_h100_fa2", memory="80 GiB", bandwidth="3350 GB/s")
-HARDWARE += GH100_FA2.format(device="h200_141g_fa2", node="trainy_h200", memory="141 GB", bandwidth="4800 GB/s")
+FA2 = {"attention": 0.316, "backward": 0.302}
+TRITON_FA = {"attention": 0.125, "backward": 0.125}
+HARDWARE += GH100.format(device="h100_80g_fa2", node="dgx_h100_fa2", memory="80 GiB", bandwidth="3350 GB/s", **FA2)
+HARDWARE += GH100.format(device="h100_80g_triton", node="dgx_h100_triton", memory="80 GiB", bandwidth="3350 GB/s",
+                         **TRITON_FA)
+HARDWARE += GH100.format(device="h200_141g_fa2", node="trainy_h200", memory="141 GB", bandwidth="4800 GB/s", **FA2)
 HARDWARE += """
 # The 128 H100 of torchtitan's first 405B runs (docs/performance.md, 2024): "94GB memory", and by the same
 # page's footnote 1 "HBM2e based lower TDP SXM H100 ... the actual peak TFLOPs number is between SXM and NVL":
@@ -1321,8 +1338,8 @@ def timings(peer: str | None = None) -> str:
 # interconnect" table without CPU offload. (model, sequence, GPUs, GPU, micro-batch, global batch, sharding,
 # activation checkpointing, tokens/s per GPU). MPT-{1b,3b,7b,...} as the README's yamls define them: d_model,
 # n_heads, n_layers below, expansion ratio 4, vocabulary 50,368, learned positions, tied embeddings, no biases;
-# Composer's FSDP (FULL_SHARD: ZeRO-3, SHARD_GRAD_OP: ZeRO-2), amp_bf16, FlashAttention, llm-foundry's default loss
-# `fused_crossentropy` (flash-attn's: `loss: fused`). Summed apart
+# Composer's FSDP (FULL_SHARD: ZeRO-3, SHARD_GRAD_OP: ZeRO-2), amp_bf16, the attention kernel each row's sweep chose
+# (`mpt_attention`), llm-foundry's default loss `fused_crossentropy` (flash-attn's: `loss: fused`). Summed apart
 # (`--mpt`; docs/validation.md, "MosaicML's MPT tables"): not in the targets' set.
 MOSAIC = "mosaicml/llm-foundry, scripts/train/benchmarking/README.md"
 MPT_ARCH = {"125m": (12, 768, 12), "350m": (24, 1024, 16), "760m": (24, 1536, 12), "1b": (24, 2048, 16),
@@ -1461,18 +1478,35 @@ MPT_ROWS = [
 ]
 
 
+def mpt_attention(model: str, gpus: int, gpu: str) -> str:
+    """The `attn_impl` a row ran: `triton` by default (submit_benchmarks.py's `--attn_impl`, default 'triton', which
+    neither sweep.sh of October 2023 nor the A100 sweeps override), `flash` (flash-attn 2.4.2) for the 1B, 3B, 7B and
+    70B rows of the January 2024 large-scale table (sweep.py's `--attn_impl flash`; its 13B and 30B say `triton`).
+    The large-scale table is the H100 rows on 128 or more GPUs (the October table stops at 64)."""
+    return "flash" if gpu == "h100" and gpus >= 128 and model in ("1b", "3b", "7b", "70b") else "triton"
+
+
+def mpt_node(model: str, gpus: int, gpu: str) -> str:
+    """The node a row ran on as the cost model sees it: the A100s keep the GEMM-priced attention core their fit
+    absorbed (dgx_a100); an H100 states its kernel's speed, FlashAttention-2's or the Triton kernel's (HARDWARE)."""
+    if gpu == "a100":
+        return "dgx_a100"
+    return "dgx_h100_fa2" if mpt_attention(model, gpus, gpu) == "flash" else "dgx_h100_triton"
+
+
 def mosaic_mpt() -> list[Run]:
     runs = []
     for model, seq, gpus, gpu, micro, batch, shard, checkpointing, tokens in MPT_ROWS:
         layers, hidden, heads = MPT_ARCH[model]
         runs.append(Run(f"MPT-{model} seq {seq}, {gpus} {gpu.upper()}, mb {micro}{', AC' if checkpointing else ''}",
                         MOSAIC, gpt(layers, hidden, heads, vocab=50368, seq=seq)[:-1] + ", tied=true)",
-                        f"{'dgx_h100_fa2' if gpu == 'h100' else 'dgx_a100'} x {gpus // 8}", batch, tokens,
+                        f"{mpt_node(model, gpus, gpu)} x {gpus // 8}", batch, tokens,
                         metric="tokens_per_device", family="mpt", dtypes={"loss": "fused"},
                         pins={"dp": gpus, "tp": 1, "pp": 1, "cp": 1, "micro_batch_size": micro,
                                "zero_stage": 3 if shard == "FULL_SHARD" else 2,
                                "recompute": "full" if checkpointing else "none"},
-                        # bf16 gathers: submit_benchmarks.py's --fsdp_config_mixed_precision PURE (the rule above)
+                        # bf16 gathers: Composer's FSDP mixed_precision PURE (the A100 table) and DEFAULT (the
+                        # H100 tables: param_dtype bf16, fp32 reductions, the default grad_dtype) both gather bf16
                         gathering=TORCHTITAN_GATHER))
     return runs
 
