@@ -516,7 +516,7 @@ class Head(nn.Linear):
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         if targets is None:
             return super().forward(x)
-        return vocab_cross_entropy(x, self.weight, targets)
+        return vocab_cross_entropy(x[:, :targets.shape[1]], self.weight, targets)  # a depth's: its positions with one
 
 
 # ---- whole models ---------------------------------------------------------------------
@@ -559,20 +559,26 @@ class Transformer(nn.Module):
         return self.head(h, targets) if self.loss_in_head else self.head(h)
 
     def _loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.head(h, targets) if self.loss_in_head else loss_fn(self.head(h), targets)
+        """The mean cross entropy over the first `targets.shape[1]` positions of `h` (a depth's positions past the
+        end have no target)."""
+        return self.head(h, targets) if self.loss_in_head else loss_fn(self.head(h)[:, :targets.shape[1]], targets)
 
     def loss_with_depths(self, tokens: torch.Tensor, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The mean cross entropy of the next tokens plus MTP_LOSS_WEIGHT / mtp times each depth's: depth k (from 1)
-        reads the tokens k ahead and predicts the targets k ahead, over the positions that have them (megatron-core
-        rolls the ids and labels by one a depth and masks the positions rolled past the end, gpt_model.py:611-660;
-        under causal attention the positions kept see none of those, so cutting them off is the same)."""
+        reads the tokens k ahead and predicts the targets k ahead, over the positions that have them. As megatron-core
+        (gpt_model.py:611-660), each depth runs over the whole sequence, its tokens rolled by k, and its loss leaves
+        out the last k positions, whose rolled tokens wrapped round: under causal attention the positions kept see
+        none of those, and every rank of a sequence-parallel group keeps its shard of the same positions."""
+        if len(self.mtp) >= targets.shape[1]:  # rolled, the deepest would run on tokens wrapped round only (E234)
+            raise ValueError(f"mtp={len(self.mtp)} on a {targets.shape[1]}-token sequence: depth {len(self.mtp)} "
+                             "has no target left to predict")
         loss = self._loss(h, targets)
-        seq, trunk = tokens.shape[1], h
+        trunk = h
         for k, depth in enumerate(self.mtp.values(), start=1):
-            embedded = self.embed(tokens[:, k:])
+            embedded = self.embed(tokens.roll(-k, dims=1))
             if not self.embeds_inputs:  # a pipeline's last stage, whose backward may be split in two (`_Anchored`)
                 embedded = _Anchored.apply(embedded, trunk)
-            h = depth(h[:, :seq - k], embedded)
+            h = depth(h, embedded)
             loss = loss + MTP_LOSS_WEIGHT / len(self.mtp) * self._loss(h, targets[:, k:])
         return loss
 

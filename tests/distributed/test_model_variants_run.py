@@ -1,7 +1,7 @@
 """Model variants against one process (`--check-equivalence`): parallel blocks (`llama(..., parallel=true)`,
 GPT-NeoX's residual) under tensor and sequence parallelism and a pipeline; shared experts (DeepSeekMoE) under
 expert parallelism with ZeRO-1; multi-token prediction (`mtp`) under expert parallelism with ZeRO-1, FSDP, DDP with the
-fused loss and tensor parallelism."""
+fused loss and tensor parallelism, with and without sequence parallelism (on pipelines: test_mtp_pipeline_run.py)."""
 from __future__ import annotations
 
 import pytest
@@ -151,7 +151,10 @@ plan p {{
     ("[dp = 2, tp = 2]", "zero1", "  tensor  = megatron over tp\n", "tiny_train"),
     ("[dp = 2, tp = 2]", "replicate", "  tensor  = megatron over tp\n",
      "{ global_batch: 8, micro_batch: 1, precision: fp32, optimizer: adam, lr: 1e-3, seed: 0, loss: fused }"),
-], ids=["ep_zero1", "fsdp", "ddp_fused_loss", "tp_zero1", "tp_fused_loss"])
+    ("[dp = 2, tp = 2]", "zero1", "  tensor  = megatron over tp with sequence_parallel\n", "tiny_train"),
+    ("[dp = 2, tp = 2]", "zero3", "  tensor  = megatron over tp with sequence_parallel\n",
+     "{ global_batch: 8, micro_batch: 1, precision: fp32, optimizer: adam, lr: 1e-3, seed: 0, loss: fused }"),
+], ids=["ep_zero1", "fsdp", "ddp_fused_loss", "tp_zero1", "tp_fused_loss", "sp_zero1", "sp_fsdp_fused_loss"])
 def test_multi_token_prediction_matches_one_process(mesh, data, experts, train_):
     text = _MTP.format(mesh=mesh, data=data, experts=experts, train=train_)
     results = run_ranks(4, train, text, steps=2, check_equivalence=True, deadline_s=150)

@@ -2,7 +2,8 @@
 stage beside a copy of the embedding, fed the microbatch's tokens with its targets (`runtime.loss.DepthsLoss`), the
 copy's gradient summed with the first stage's (`pipeline.tie_embeddings`), under 1f1b, interleaved 1F1B and ZBV
 (whose rank 0 holds both the first and the last stage), the other schedules' kinds (GPipe, looped BFS, ZB-H1), and beside
-data, expert and tensor parallelism."""
+data, expert, tensor and sequence parallelism (and the experts folded over [ep, tp] with sequence parallelism, no
+pipeline)."""
 from __future__ import annotations
 
 import pytest
@@ -44,6 +45,12 @@ _LAYOUTS = {
     "fsdp_fused": ("[dp = 2, pp = 2]", "  data     = zero3 over dp\n" + _EVENLY, _FUSED, ""),
     "ep_moe": ("[pp = 2, ep = 2]", "  experts  = alltoall over ep\n" + _EVENLY, "tiny_train",
                ", experts=4, top_k=2, dense_layers=1, dense_ffn=256"),
+    "ep_folded_sp": ("[ep = 2, tp = 2]", "  tensor   = megatron over tp with sequence_parallel\n"
+                     "  experts  = alltoall over [ep, tp]", "tiny_train", ", experts=4, top_k=2, dense_layers=1, dense_ffn=256"),
+    "sp_1f1b": ("[pp = 2, tp = 2]", "  tensor   = megatron over tp with sequence_parallel\n" + _EVENLY, "tiny_train", ""),
+    "sp_zbv_fused_tied": ("[pp = 2, tp = 2]", "  tensor   = megatron over tp with sequence_parallel\n"
+                          "  stages   = evenly over pp with virtual = 2, map = vshape\n  schedule = zbv", _FUSED,
+                          ", tied=true"),
     "tp_tied_clipped": ("[pp = 2, tp = 2]", "  tensor   = megatron over tp\n" + _EVENLY, _CLIPPED, ", tied=true"),
 }
 

@@ -15,8 +15,8 @@ offloading, `batch_shares`, precisions, the state dtypes, the loss, kernel and a
     the API as the commands call them, answer every problem with a coded Diagnostic and raise nothing else;
     where `check` refuses a model shape (E220-E224, or a multi-token prediction depth past the sample's tokens,
     E234; and no argument combination, E225-E233) the reference model fails to build or to run a forward pass
-    (for rotary head dims 1 and 3, which would run but rotate nothing, it is the module's own guard that refuses;
-    the depths run given the targets); where it accepts the model, a training step of the reference model gives a
+    (for rotary head dims 1 and 3, which would run but rotate nothing, and for a depth past the sample's tokens, which
+    would run on tokens rolled round, it is the module's own guard that refuses; the depths run given the targets); where it accepts the model, a training step of the reference model gives a
     finite loss (so the rules are neither too weak nor too strict);
 (b) many processes (`dist`), GENERATED_RUNS generated plans and one written (expert parallelism), drawn
     `tame` (values check mostly accepts, so the examples run rather than refuse): a plan `check` accepts and
@@ -145,7 +145,7 @@ def _model(d: _Draw, family: str, sizes: dict[str, int]) -> tuple[str, dict]:
         args.append("sinks=true")
     if d.pick([True, False]):
         args.append("tied=true")
-    # multi-token prediction: on a gpt E233, past the sequence E234; run beside cp or sequence parallelism: E703
+    # multi-token prediction: on a gpt E233, past the sequence E234; run beside cp: E703
     split = {axis for axis, size in sizes.items() if size > 1} & {"cp"}
     if d.sometimes(8) and (not d.tame or (family != "gpt" and not split)):
         args.append(f"mtp={d.pick([1, 2, 15], [1, 2])}")

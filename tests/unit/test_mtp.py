@@ -2,7 +2,7 @@
 E233 and E234, the catalogue's parameters and FLOPs (on the head), the time and memory models (the depths on the
 head's stage, with a copy of the embedding), the search (its head kind carries the depths), Megatron interop both ways
 (the layout's `m`), and the interpreter: its loss against Megatron's rolled and masked one, E703 where it cannot run
-(sequence and context parallelism; tests/distributed/test_model_variants_run.py runs it under data, expert and tensor
+(context parallelism; tests/distributed/test_model_variants_run.py runs it under data, expert, tensor and sequence
 parallelism against one process, tests/distributed/test_mtp_pipeline_run.py on pipelines)."""
 from __future__ import annotations
 
@@ -211,12 +211,15 @@ def test_megatron_import_refuses_depths_a_plan_cannot_place(layout, extra):
 
 
 # ---- run ----------------------------------------------------------------------------------------------------------
-def test_run_refuses_depths_beside_sequence_or_context_parallelism():
-    refusals = api.run_refusals(_plan(", mtp=1", sp=True))
-    assert [d.code for d in refusals] == ["E703"] and "mtp=1" in refusals[0].message
-    assert "sequence parallelism" in refusals[0].message
-    assert api.run_refusals(_plan(", mtp=1")) == []  # tensor parallelism without sequence parallelism runs it
+def test_run_refuses_depths_beside_context_parallelism_only():
+    assert api.run_refusals(_plan(", mtp=1", sp=True)) == []  # sequence parallelism runs it
+    assert api.run_refusals(_plan(", mtp=1")) == []  # tensor parallelism without sequence parallelism too
     assert api.run_refusals(_pipelined(", mtp=1")) == []  # the depths on the last stage (test_mtp_pipeline_run.py)
+    context = PIPELINE.format(extra=", mtp=1").replace("[pp = 2, ep = 2, tp = 2]", "[pp = 2, cp = 2, tp = 2]") \
+        .replace("experts = alltoall over ep", "context = allgather over cp")
+    refusals = api.run_refusals(api.loads(context).plans[0])
+    assert [d.code for d in refusals] == ["E703"] and "mtp=1" in refusals[0].message
+    assert "context parallelism" in refusals[0].message
     assert api.run_refusals(_plan()) == [] and api.run_refusals(_pipelined()) == []
     data = PLAN.format(extra=", mtp=1", sp="").replace("mesh    = [dp = 2, ep = 2, tp = 2]", "mesh    = [dp = 4, ep = 2]") \
         .replace("  tensor  = megatron over tp\n", "")
@@ -262,7 +265,8 @@ def test_the_interpreters_modules_are_the_catalogues():
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_the_loss_is_megatrons_rolled_and_masked_depths(fused):
-    """`Transformer.loss_with_depths` cuts off the positions past the end; megatron-core 0.16.1 rolls the ids and labels
+    """`Transformer.loss_with_depths` rolls the tokens and leaves the positions past the end out of each depth's loss;
+    megatron-core 0.16.1 rolls the ids and labels
     by one a depth (zero at the end), masks those positions and averages over the rest, each depth's loss weighed by
     mtp_loss_scaling_factor / mtp (gpt_model.py:611-660, multi_token_prediction.py:127, 681-821): written here
     as Megatron does it, from the model's own modules."""

@@ -64,10 +64,10 @@ _entry("E703", """
     selective checkpointing serves the outputs it kept to one backward pass. Nor with ZeRO-2/3
     gathering by module (`unit = module`): each module of a block is then an FSDP2 group whose
     hooks run other ops in the checkpoint's rerun than in the forward. Multi-token prediction's
-    depths (`mtp`) do not run with sequence or context parallelism: depth k reads the tokens k
-    ahead of each position and cuts the sequence short by k, so a rank holding a slice of the
-    sequence lacks what its last positions need (data, expert, tensor and pipeline
-    parallelism run them; on a pipeline, on its last stage).
+    depths (`mtp`) do not run with context parallelism: depth k reads the tokens k ahead of
+    each position, which for a rank's last positions another rank of the context axis holds
+    (data, expert, tensor, sequence and pipeline parallelism run them; on a pipeline, on its
+    last stage).
     """, _local_plan("data    = hsdp over [r, s]\n      context = allgather over cp", mesh="[r = 2, s = 1, cp = 2]"),
     "Shard over the data axes with zero3 (fsdp), which runs with context parallelism.",
     ("data    = hsdp over [r, s]", "data    = zero3 over [r, s]"))

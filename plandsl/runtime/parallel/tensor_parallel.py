@@ -347,10 +347,18 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool,
 
     for index, block in model.layers.items():
         _block_tp(block, f"layers.{index}.", tp_mesh, sequence_parallel, rules, stream)
-    # multi-token prediction's depths (`mtp`, run without sequence parallelism: runtime.support): each block as the
-    # model's, its norms and `eh_proj` whole on every rank of the group, their inputs and outputs whole
+    # multi-token prediction's depths (`mtp`): each block as the model's, its norms and `eh_proj` whole on every rank
+    # of the group; under sequence parallelism the norms on the stream's shards (`SequenceParallel`, their weights'
+    # gradients summed over the group) and `eh_proj` on the whole sequence, gathered before it and scattered after
+    # (megatron-core 0.16.1 multi_token_prediction.py:726-747 gathers and scatters around its projection likewise)
     for index, depth in (getattr(model, "mtp", None) or {}).items():
         _block_tp(depth.block, f"mtp.{index}.block.", tp_mesh, sequence_parallel, rules, stream)
+        if sequence_parallel:
+            whole = PrepareModuleInputOutput(input_layouts=(stream,), desired_input_layouts=(Replicate(),),
+                                             use_local_input=True, output_layouts=(Replicate(),),
+                                             desired_output_layouts=(stream,), use_local_output=True)
+            parallelize_module(depth, tp_mesh, {"enorm": SequenceParallel(), "hnorm": SequenceParallel(),
+                                                "eh_proj": whole, "norm": SequenceParallel()})
 
 
 def _block_tp(block: nn.Module, prefix: str, tp_mesh: DeviceMesh, sequence_parallel: bool,
