@@ -46,17 +46,20 @@ class Caps:
         of N: one row of the rule's caps per N."""
         per_kind, tied, _ = memory
         (embed_s, embed_a, _), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind
+        figures = self.figures
         first_rank, last_rank = ranks[0], ranks[-1]
         fixed = {first_rank: 0.0, last_rank: 0.0}
-        fixed[first_rank] += embed_s + inflight[first_rank] * embed_a
+        fixed[first_rank] += embed_s + float(inflight[first_rank]) * embed_a
         # the head's working set is the loss's backward (`cost.memory.loss_backward_bytes`): the last rank's
         # peak moment is the larger of it and the block rebuilt by recomputation; the norm and head hold the last
         # stage's microbatches in flight, not its rank's (`Figures.head_inflight`: one in the 1F1B family)
-        head = self.figures.head_inflight(inflight, last_rank)
+        head = figures.head_inflight(inflight, last_rank)
         fixed[last_rank] += norm_s + head_s + head * (norm_a + head_a) + max(0.0, loss - working)
         if tied and len(ranks) > 1:  # the head's stage copies the embedding, on the first rank too (a V-shape's)
             fixed[last_rank] += tied
-        capacity = self.figures.capacity(root)
+        capacity = figures.capacity(root)
+        if recomputed is None and not held:
+            return self._rule_caps(memory, ranks, inflight, fixed, capacity, block_s, block_a, working)
         per = block_s + inflight * block_a
         per_kept = block_s + inflight * kept if recomputed is not None else per
         # the blocks a rank recomputes at most; an array of N: one row of caps per N
@@ -106,6 +109,39 @@ class Caps:
             caps[r] = cap
         return _whole(self._held_caps(root, ranks, inflight, memory, caps, recomputed, kept, free, buffers) if held
                       else caps)
+
+    def _rule_caps(self, memory, ranks, inflight, fixed, capacity, block_s, block_a, working) -> np.ndarray:
+        """`rank_caps` of a node that recomputes all or none of its blocks, by the in-flight rule alone: the same
+        operations on the same figures, fewer of them (no `within`: every block stores `per`)."""
+        figures = self.figures
+        per = block_s + inflight * block_a
+        # a block that costs a rank nothing (no states, no activations: `per` 0, the counts in flight never below 0)
+        free = None if block_s > 0.0 and block_a >= 0.0 else per <= 0
+        if free is not None and not free.any():
+            free = None
+        if free is not None:
+            per = np.where(free, 1.0, per)
+        buffers = figures.stage_buffers(memory, ranks, inflight)
+        room = capacity - working - buffers
+        gathered = figures.gathered
+        one, two = gathered(memory, False, False, 1), gathered(memory, False, False, 2)
+        caps = (room - two) // per  # blocks that fit in the room less the gathered units
+        if one != two:  # a rank with 1 block gathers less than one with >= 2 blocks: where 2 do not fit, 1 may
+            caps = np.where(caps >= 2, caps, np.minimum((room - one) // per, 1))
+        if free is not None:
+            caps = np.where(free, float(self.blocks), caps)
+        first_rank, last_rank = ranks[0], ranks[-1]
+        for r, ends in fixed.items():  # the first and last ranks, one at a time (`cost.memory` order of terms)
+            if free is not None and free[r]:
+                caps[r] = self.blocks
+                continue
+            room_r = float(capacity[r]) - ends - working - float(buffers[r])
+            per_r = float(per[r])
+            cap = float((room_r - gathered(memory, r == first_rank, r == last_rank, 2)) // per_r)
+            if cap < 2:  # gathering one unit, the rank holds one block at most (two gather two)
+                cap = min(float((room_r - gathered(memory, r == first_rank, r == last_rank, 1)) // per_r), 1.0)
+            caps[r] = cap
+        return _whole(caps)
 
     def split_fits(self, root: Root, ranks, inflight, memory, counts, recomputed: int | None = None,
                    kept: float = 0.0) -> bool:
@@ -233,9 +269,9 @@ class Caps:
         key = (id(memory), ranks, id(inflight), root.capacity, recomputed, kept) + ((True,) if held else ())
         rank_caps = self._caps_cache.get(key, False)  # memory, inflight: cached objects
         if rank_caps is False:
-            rank_caps = self.rank_caps(root, ranks, inflight, memory, recomputed, kept, held)
-            fits = int(rank_caps.sum()) >= self.blocks and int(rank_caps.min()) >= virtual
-            rank_caps = self._caps_cache[key] = rank_caps.tolist() if fits else None
+            rank_caps = self.rank_caps(root, ranks, inflight, memory, recomputed, kept, held).tolist()
+            fits = sum(rank_caps) >= self.blocks and min(rank_caps) >= virtual  # whole blocks, each below 2**62
+            rank_caps = self._caps_cache[key] = rank_caps if fits else None
         return rank_caps
 
     def least_recomputed(self, root: Root, ranks, inflight, partial, virtual, kept: float) -> int | None:

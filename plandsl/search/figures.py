@@ -8,6 +8,7 @@ so every answer is per kind, computed once per search.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -266,8 +267,9 @@ class Figures:
             states, tied, plan = self._states(node, zero)
             kept = self._activations(node, zero, holds_autocast_copies(plan))
             found = self._memory_cache[key] = ([(s, *a) for s, a in zip(states, kept)], tied, plan)
-            if root.pp > 1 and self.transformer:  # the plan of the node's microbatches (`stage_buffers`)
-                self._buffer_plans[id(found)] = build_plan(self.base, candidate_of(node, "", 1, zero))
+            if root.pp > 1 and self.transformer:  # the plan of the node's microbatches and its sizes (`stage_buffers`)
+                plan = build_plan(self.base, candidate_of(node, "", 1, zero))
+                self._buffer_plans[id(found)] = (plan, torch_stage_sizes(plan))
         return found
 
     def share_buffers(self, memory, like) -> None:
@@ -284,14 +286,12 @@ class Figures:
         key = (id(memory), ranks, id(inflight))
         found = self._buffers_cache.get(key)
         if found is None:
-            plan = self._buffer_plans.get(id(memory))
-            sizes = torch_stage_sizes(plan) if plan is not None and len(ranks) > 1 else None
+            plan, sizes = self._buffer_plans.get(id(memory), (None, None))
+            sizes = sizes if len(ranks) > 1 else None
             found = np.zeros(len(inflight), dtype=np.float64)
             if sizes is not None:
                 boundary, output, m = sizes
-                on = np.asarray(ranks)
-                after_first = np.bincount(on[1:], minlength=len(inflight))  # stages after the first, per rank
-                before_last = np.bincount(on[:-1], minlength=len(inflight))
+                after_first, before_last = _stage_ends(ranks, len(inflight))
                 found = after_first * np.maximum(0.0, m - inflight) * boundary \
                     + before_last * (m + np.minimum(inflight, m)) * boundary
                 head = self.head_inflight(inflight, ranks[-1])
@@ -356,11 +356,13 @@ class Figures:
         """ZeRO-2/3's unsharded units on a rank (`cost.memory.gathered_bytes`) of a transformer with
         `blocks` blocks there, the embedding on the first rank and the norm and head on the last."""
         plan = memory[2]
-        if plan.data is None or plan.data.zero_stage < 2 or pipelined_shards(plan):  # the latter: in the states
-            return 0.0
         key = (id(plan), first, last, min(blocks, 2))  # the plan of the states: one per layout and stage
         found = self._gathered_cache.get(key)
-        if found is None:
+        if found is not None:
+            return found
+        if plan.data is None or plan.data.zero_stage < 2 or pipelined_shards(plan):  # the latter: in the states
+            found = self._gathered_cache[key] = 0.0
+        else:
             embed, block, norm, head = (layer for layer, _ in self.kinds[:4])
             layers = ([embed] if first else []) + [block] * min(blocks, 2) + ([norm, head] if last else [])
             for layer, _ in self.kinds[4:]:  # any kind may be the two gathered: the two largest of each (a bound)
@@ -453,6 +455,14 @@ class Figures:
         out[-1] = out[-1] + [layer for layer in self.layers if layer.kind in ("norm", "head")]
         return out
 
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_ends(ranks: tuple[int, ...], pp: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank of `pp`, how many of its stages (`ranks`: each stage's) come after the first and how many before the
+    last (`cost.memory._stage_ends`), once per map of the stages."""
+    on = np.asarray(ranks)
+    return np.bincount(on[1:], minlength=pp), np.bincount(on[:-1], minlength=pp)
 
 
 def _uncovered(moments: np.ndarray) -> np.ndarray:

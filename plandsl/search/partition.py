@@ -25,7 +25,8 @@ def partition_blocks(blocks: int, fixed: list[float], per_block: list[float],
     The dynamic programme over identical blocks collapses to a greedy: giving the next block to
     the stage that stays cheapest is optimal for a minimax of increasing separable costs (Ibaraki &
     Katoh 1988, "Resource Allocation Problems", Ch. 4); ties go to the earlier stage, so equal
-    costs split as `placement.split_evenly` does."""
+    costs split as `placement.split_evenly` does. The greedy starts from `_below`'s counts: the blocks it would
+    hand out first, all at once."""
     stages = len(fixed)
     caps = caps if caps is not None else [blocks] * stages
     least = least if least is not None else [1] * stages
@@ -33,16 +34,48 @@ def partition_blocks(blocks: int, fixed: list[float], per_block: list[float],
         return None
     if blocks - sum(least) > GREEDY_STEPS:
         return _partition_by_threshold(blocks, fixed, per_block, [min(c, blocks) for c in caps], least)
-    counts = list(least)
+    counts = _below(blocks, fixed, per_block, caps, least)
     heap = [(fixed[s] + (counts[s] + 1) * per_block[s], s) for s in range(stages) if caps[s] > counts[s]]
     heapq.heapify(heap)
     pop, push = heapq.heappop, heapq.heappush
-    for _ in range(blocks - sum(least)):
+    for _ in range(blocks - sum(counts)):
         _, s = pop(heap)
         counts[s] += 1
         if counts[s] < caps[s]:
             push(heap, (fixed[s] + (counts[s] + 1) * per_block[s], s))
     return tuple(counts)
+
+
+def _below(blocks: int, fixed: list[float], per_block: list[float], caps: list[int], least: list[int]) -> list[int]:
+    """The counts the greedy of `partition_blocks` reaches after handing out every cost below a level: it hands out
+    the costs (fixed[s] + k * per_block[s], s), k = least[s] + 1..caps[s], in their sorted order (each stage's rise
+    with k: the heap pops their merge), so where fewer than the blocks to hand out are below the level, those are
+    the first it hands out, whatever their order. The level: where the blocks would be spread evenly over the
+    stages' seconds, lowered by the dearest block until few enough are below it (a few times at most). `least` (the
+    greedy alone) for as few blocks as stages, where a cost is not a positive finite float (a free block), and past
+    those lowerings."""
+    extra = blocks - sum(least)
+    stages = len(fixed)
+    if extra <= stages or not all(0.0 < b < math.inf for b in per_block) or \
+            not all(-math.inf < f < math.inf for f in fixed):
+        return list(least)
+    level = (extra + sum(lo + f / b for f, b, lo in zip(fixed, per_block, least))) / sum(1.0 / b for b in per_block)
+    step = max(per_block)
+    for _ in range(4):  # each lowering takes a block from every stage between its least and its cap
+        if not -math.inf < level < math.inf:
+            break
+        counts = []
+        for f, b, cap, lo in zip(fixed, per_block, caps, least):
+            k = min(cap, max(lo, int((level - f) / b)))  # the most k in lo..cap with f + k * b below the level
+            while k < cap and f + (k + 1) * b < level:
+                k += 1
+            while k > lo and f + k * b >= level:
+                k -= 1
+            counts.append(k)
+        if sum(counts) <= blocks:
+            return counts
+        level -= step
+    return list(least)
 
 
 # Past this many blocks to hand out one at a time, `partition_blocks` answers in closed form instead

@@ -14,6 +14,7 @@ from plandsl.cost.memory import (
     inflight_microbatches,
     returned_merge_bytes,
     torch_stage_bytes,
+    torch_stage_sizes,
 )
 from plandsl.search.choices import stage_ranks
 from plandsl.search.figures import Figures
@@ -294,7 +295,7 @@ def test_returned_outputs_under_a_fused_loss_are_the_final_hidden_states():
         train = built.train.model_copy(update={"loss": ir.Loss.fused})
         built = built.model_copy(update={"train": train, "stages": built.stages.model_copy(
             update={"outputs": "returned"})})
-        figures._buffer_plans[id(memory)] = built
+        figures._buffer_plans[id(memory)] = (built, torch_stage_sizes(built))
         for schedule, virtual in (("1f1b", 1), ("gpipe", 1)):
             ranks = stage_ranks(schedule, node.root.pp, virtual)
             inflight = figures.inflight(schedule, node.root.pp, node.microbatches, virtual)

@@ -1,5 +1,6 @@
 """The search finds the true optimum of its own cost model: branch and bound against brute force on
 small spaces, bounds below exact figures, the partition against enumeration, and pins."""
+import heapq
 import itertools
 import math
 import random
@@ -14,7 +15,7 @@ from plandsl.ir.placement import assign_stages
 from plandsl.search import Problem, SearchError, brute_force, parse_pins, search
 from plandsl.search.emit import Source, plan_text
 from plandsl.search.partition import least_slowest
-from plandsl.search.partition import partition_blocks, partition_layers
+from plandsl.search.partition import _below, partition_blocks, partition_layers
 from plandsl.search.space import Space
 
 HARDWARE = """
@@ -268,6 +269,45 @@ def test_closed_form_partition_is_the_greedy(monkeypatch):
         assert partition_blocks(blocks, fixed, per_block, caps) == greedy, (blocks, fixed, per_block, caps)
         cases += greedy is not None
     assert cases > 1000
+
+
+def _greedy(blocks, fixed, per_block, caps, least):
+    """`partition_blocks`' greedy from the least blocks on, one block at a time (what `_below` starts it past)."""
+    counts = list(least)
+    heap = [(fixed[s] + (counts[s] + 1) * per_block[s], s) for s in range(len(fixed)) if caps[s] > counts[s]]
+    heapq.heapify(heap)
+    for _ in range(blocks - sum(least)):
+        _, s = heapq.heappop(heap)
+        counts[s] += 1
+        if counts[s] < caps[s]:
+            heapq.heappush(heap, (fixed[s] + (counts[s] + 1) * per_block[s], s))
+    return tuple(counts)
+
+
+def test_partition_from_the_costs_below_a_level_is_the_greedy():
+    """`partition_blocks` hands out the blocks whose costs lie below a level at once (`_below`), then goes on block by
+    block: the same counts as the greedy from the least blocks on, ties, caps, free ends and an end stage far dearer
+    than the others (its least above the level) included."""
+    rng = random.Random(5)
+    started = 0
+    for _ in range(4000):
+        stages = rng.randint(1, 24)
+        blocks = rng.randint(stages, 160)
+        if rng.random() < 0.4:  # one device type: equal slopes, the ends' seconds apart (many ties)
+            b = rng.choice([0.1, 1 / 3, 0.7, 1.0])
+            fixed = [0.0] * stages
+            fixed[0], fixed[-1] = rng.choice([0.0, b, rng.uniform(0, 3)]), rng.choice([0.0, 2 * b, rng.uniform(0, 50)])
+            per_block = [b] * stages
+        else:
+            fixed = [rng.choice([0.0, 1.0, rng.uniform(0, 5)]) for _ in range(stages)]
+            per_block = [rng.choice([0.5, rng.uniform(1e-3, 2)]) for _ in range(stages)]
+        least = [rng.choice([0, 1]) for _ in range(stages)] if rng.random() < 0.3 else [1] * stages
+        caps = [max(lo, rng.randint(0, blocks)) for lo in least] if rng.random() < 0.6 else [blocks] * stages
+        if sum(least) > blocks or sum(caps) < blocks:
+            continue
+        assert partition_blocks(blocks, fixed, per_block, caps, least) == _greedy(blocks, fixed, per_block, caps, least)
+        started += sum(_below(blocks, fixed, per_block, caps, least)) > sum(least)
+    assert started > 1000
 
 
 def test_layer_partition_by_dynamic_programming_matches_enumeration():
