@@ -41,23 +41,37 @@ class Splits:
         found = self._partition_cache.get(key, False)
         if found is not False:
             return found
-        costs = {}
-        fixed, per_block, caps, seen = [], [], [], [0] * root.pp
-        for s, r in enumerate(ranks):
-            device = root.rank_devices[r]
-            cost = costs.get(device.name)
-            if cost is None:  # a partly recomputed node's split: at its kept blocks' seconds
-                embed, block, norm, head = self.figures.kind_times(node.kept or node, device)
-                cost = costs[device.name] = (embed.forward + embed.backward, block.forward + block.backward,
-                                             norm.forward + norm.backward + head.forward + head.backward)
-            fixed.append((cost[0] if s == 0 else 0.0) + (cost[2] if s == stages - 1 else 0.0))
-            per_block.append(cost[1])
-            # A rank's room for blocks, shared by its stages evenly (the earlier ones first).
-            base, more = divmod(rank_caps[r], virtual)
-            caps.append(base + (1 if seen[r] < more else 0))
-            seen[r] += 1
+        if virtual == 1:  # a rank's room for blocks is its one stage's
+            caps = [rank_caps[r] for r in ranks]
+        else:  # shared by its stages evenly (the earlier ones first)
+            caps, seen = [], [0] * root.pp
+            for r in ranks:
+                base, more = divmod(rank_caps[r], virtual)
+                caps.append(base + (1 if seen[r] < more else 0))
+                seen[r] += 1
+        types = self.figures.device_types(root)
+        if len(types) == 1:  # one device type: every stage's seconds a block the same, the ends' own
+            embed, block, head = self._seconds(node.kept or node, next(iter(types.values())))
+            fixed = [embed + head] if stages == 1 else [embed + 0.0] + [0.0 + 0.0] * (stages - 2) + [0.0 + head]
+            per_block = [block] * stages
+        else:
+            costs = {}
+            fixed, per_block = [], []
+            for s, r in enumerate(ranks):
+                device = root.rank_devices[r]
+                cost = costs.get(device.name)
+                if cost is None:  # a partly recomputed node's split: at its kept blocks' seconds
+                    cost = costs[device.name] = self._seconds(node.kept or node, device)
+                fixed.append((cost[0] if s == 0 else 0.0) + (cost[2] if s == stages - 1 else 0.0))
+                per_block.append(cost[1])
         found = self._partition_cache[key] = self._blocks_split(fixed, per_block, caps, ranks, rank_caps)
         return found
+
+    def _seconds(self, node: Node, device) -> tuple[float, float, float]:
+        """The embedding's, a block's and the norm and head's forward and backward seconds on the device."""
+        embed, block, norm, head = self.figures.kind_times(node, device)[:4]
+        return (embed.forward + embed.backward, block.forward + block.backward,
+                norm.forward + norm.backward + head.forward + head.backward)
 
     def _blocks_split(self, fixed, per_block, caps, ranks, rank_caps) -> tuple[int, ...] | None:
         """The blocks per stage under the pin `account` (Megatron's split counting the embedding and the loss as
