@@ -62,9 +62,11 @@ class Figures:
         self._inflight_cache: dict = caches.setdefault("inflight", {})
         self._head_cache: dict = caches.setdefault("head", {})  # id(an `inflight` array) -> (it, its sizes, head's)
         self._held_cache: dict = caches.setdefault("held", {})  # (schedule, pp, m, v) -> `held`'s array
-        # id(a node's memory) -> the plan torch's pipeline buffers are counted for (its micro-batch and data ranks)
+        # id(a node's memory) -> the plan torch's pipeline buffers are counted for (its micro-batch and data ranks) and
+        # its `cost.memory.torch_stage_sizes`
         self._buffer_plans: dict = caches.setdefault("buffer_plans", {})
         self._buffers_cache: dict = caches.setdefault("buffers", {})
+        self._buffer_shapes: dict = caches.setdefault("buffer_shapes", {})  # microbatches' shape -> (plan, sizes)
         self._types_cache: dict = {}
         self._links_cache: dict = {}
         self._links_numbers: dict = {}
@@ -268,8 +270,14 @@ class Figures:
             kept = self._activations(node, zero, holds_autocast_copies(plan))
             found = self._memory_cache[key] = ([(s, *a) for s, a in zip(states, kept)], tied, plan)
             if root.pp > 1 and self.transformer:  # the plan of the node's microbatches and its sizes (`stage_buffers`)
-                plan = build_plan(self.base, candidate_of(node, "", 1, zero))
-                self._buffer_plans[id(found)] = (plan, torch_stage_sizes(plan))
+                # what they read (`cost.memory.torch_stage_sizes`, `returned_output_bytes`) is the microbatches' shape
+                # and count and the problem's, not the ZeRO stage nor the recomputation: once for those
+                shape = (root.tp, root.cp, root.ep, root.dp, node.micro_batch, root.sequence_parallel)
+                buffers = self._buffer_shapes.get(shape)
+                if buffers is None:
+                    plan = build_plan(self.base, candidate_of(node, "", 1, zero))
+                    buffers = self._buffer_shapes[shape] = (plan, torch_stage_sizes(plan))
+                self._buffer_plans[id(found)] = buffers
         return found
 
     def share_buffers(self, memory, like) -> None:
