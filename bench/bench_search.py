@@ -221,6 +221,7 @@ class Run:
     outputs: str = "dropped"  # what torch's pipeline does with the last stage's outputs (`stages = ... with outputs`)
     virtual_choices: tuple[int, ...] = ()  # the virtual stages per rank the row's code accepts, each searched as a pin
     # and the fastest taken (`predict`); (): the search's own choices
+    micro_choices: tuple[int, ...] = ()  # likewise the micro-batch sizes the row's code accepts (with each v)
 
 
 # Transformer Engine's userbuffers as the rows' sources ran it (`tensor ... with sequence_parallel, overlap =
@@ -248,8 +249,33 @@ def gpt(layers, hidden, heads, vocab=51200, seq=2048):
     return f"gpt(layers={layers}, hidden={hidden}, heads={heads}, seq={seq}, vocab={vocab})"
 
 
+# The Megatron-LM the rows of Narayanan et al. 2021 ran (cdde43385e, 2021-04-09, the paper's month; written 2026-12-05,
+# ninth session, from that code, before any prediction under it was looked at) runs the interleaved schedule only
+# where (1) the pipeline has more than 2 ranks (megatron/arguments.py:119, "pipeline-model-parallel size should be
+# greater than 2 with interleaved schedule"; added 2021-03-20, 182841f7df), (2) the number of microbatches is a
+# multiple of the pipeline ranks (megatron/training.py:365, "number of microbatches is not divisible by
+# pipeline-parallel size when using interleaved schedule") and (3) the model is built whole: each of a rank's v chunks
+# holds (layers / pp) // v blocks (megatron/model/transformer.py:569), so v divides the layers a stage. The paper
+# says its runs are interleaved; a pipeline of 2 ranks ran the schedule that code gives it, 1F1B. Each row is searched
+# at every (v, micro-batch size) those rules leave and the fastest taken (`predict`); a row that pins its micro-batch
+# size keeps it.
+
+
+def megatron_2021_choices(layers: int, pp: int, batch: int, dp: int,
+                          micro: int | None = None) -> tuple[dict, tuple[int, ...], tuple[int, ...]]:
+    """The schedule pin, virtual stages and micro-batch sizes Megatron-LM at cdde43385e runs `layers` over `pp`
+    pipeline ranks and `dp` data-parallel ones at global batch `batch` with (the rules above); `micro` pinned."""
+    if pp <= 2:
+        return ({"schedule": "1f1b"} if pp == 2 else {}), (), ()
+    per_stage, local = layers // pp, batch // dp
+    virtual = tuple(v for v in range(2, per_stage + 1) if per_stage % v == 0)
+    sizes = (micro,) if micro else tuple(mb for mb in range(1, local + 1) if local % mb == 0)
+    return {"schedule": "interleaved_1f1b"}, virtual, tuple(mb for mb in sizes if (local // mb) % pp == 0)
+
+
 def megatron_table1() -> list[Run]:
-    """Table 1: weak scaling with the interleaved schedule (scatter/gather on), eq. 3 FLOPs."""
+    """Table 1: weak scaling with the interleaved schedule (scatter/gather on), eq. 3 FLOPs; at the virtual stages
+    and micro-batch sizes the code of the time accepts (`megatron_2021_choices`)."""
     rows = [(1.7, 24, 2304, 24, 1, 1, 32, 512, 137), (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
             (7.5, 32, 4096, 36, 4, 1, 128, 512, 142), (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
             (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138), (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
@@ -257,11 +283,11 @@ def megatron_table1() -> list[Run]:
             (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163), (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163)]
     runs = []
     for index, (billions, heads, hidden, layers, tp, pp, gpus, batch, tflops) in enumerate(rows):
-        pins = {**MEGATRON_2021, "tp": tp, "pp": pp, "cp": 1, "ep": 1}
-        if pp > 1:
-            pins["schedule"] = "interleaved_1f1b"
+        schedule, virtual, micro = megatron_2021_choices(layers, pp, batch, gpus // (tp * pp))
+        pins = {**MEGATRON_2021, "tp": tp, "pp": pp, "cp": 1, "ep": 1, **schedule}
         runs.append(Run(f"Megatron GPT {billions}B, {gpus} A100", f"{MEGATRON}, Table 1", gpt(layers, hidden, heads),
-                        f"dgx_a100 x {gpus // 8}", batch, tflops, pins=pins, fit=index % 2 == 0, dtypes=dict(PRE_FLASH)))
+                        f"dgx_a100 x {gpus // 8}", batch, tflops, pins=pins, fit=index % 2 == 0, dtypes=dict(PRE_FLASH),
+                        virtual_choices=virtual, micro_choices=micro))
     return runs
 
 
@@ -291,19 +317,22 @@ def published() -> list[Run]:
     runs = megatron_table1()
     gpt3 = gpt(96, 12288, 96)
     for gpus, tflops in ((384, 153), (768, 149), (1536, 141)):
+        schedule, virtual, micro = megatron_2021_choices(96, 12, 1536, gpus // 96, micro=1)
         runs.append(Run(f"Megatron GPT-3 175B (t8 p12), {gpus} A100", f"{MEGATRON}, Table 2 (PTD-P)", gpt3,
                         f"dgx_a100 x {gpus // 8}", 1536, tflops,
-                        pins={**MEGATRON_2021, "tp": 8, "pp": 12, "micro_batch_size": 1,
-                              "schedule": "interleaved_1f1b"}, dtypes=dict(PRE_FLASH)))
+                        pins={**MEGATRON_2021, "tp": 8, "pp": 12, **schedule}, dtypes=dict(PRE_FLASH),
+                        virtual_choices=virtual, micro_choices=micro))
     for gpus, tflops in ((560, 171), (1120, 167), (2240, 159)):
+        schedule, virtual, micro = megatron_2021_choices(105, 35, 2240, gpus // 280, micro=1)
         runs.append(Run(f"Megatron 530B (t8 p35), {gpus} A100", f"{MEGATRON}, Table 2 (PTD-P)",
                         gpt(105, 20480, 128), f"dgx_a100 x {gpus // 8}", 2240, tflops,
-                        pins={**MEGATRON_2021, "tp": 8, "pp": 35, "micro_batch_size": 1,
-                              "schedule": "interleaved_1f1b"}, dtypes=dict(PRE_FLASH)))
+                        pins={**MEGATRON_2021, "tp": 8, "pp": 35, **schedule}, dtypes=dict(PRE_FLASH),
+                        virtual_choices=virtual, micro_choices=micro))
     runs += zero3_2021()
+    schedule, virtual, micro = megatron_2021_choices(96, 8, 1536, 16)
     runs.append(Run("GPT-3 175B (t8 p8 d16, assumed), 1024 A100", f"{MEGATRON}, Sec. 5.1 (140 TFLOP/s)",
-                    gpt3, "dgx_a100 x 128", 1536, 140,
-                    pins={**MEGATRON_2021, "tp": 8, "pp": 8, "schedule": "interleaved_1f1b"},
+                    gpt3, "dgx_a100 x 128", 1536, 140, virtual_choices=virtual, micro_choices=micro,
+                    pins={**MEGATRON_2021, "tp": 8, "pp": 8, **schedule},
                     note="the paper gives n = 1024, B = 1536, 140 TFLOP/s; t = 8, p = 8 assumed", dtypes=dict(PRE_FLASH)))
     runs.append(Run("GPT-3 175B, 1024 A100 (degrees searched)", f"{MEGATRON}, Sec. 5.1 (140 TFLOP/s)",
                     gpt3, "dgx_a100 x 128", 1536, 140, pins={**MEGATRON_2021, "schedule": "interleaved_1f1b"},
@@ -1168,16 +1197,18 @@ def pins_of(run: Run) -> dict:
 
 
 def predict(run: Run, efficiency: Efficiency | None, nic: float = ZERO3_2021_NIC):
-    """The row's metric for the search's best plan under its pins; with `virtual_choices`, the best over a search
-    pinned to each (SearchError when none fits)."""
+    """The row's metric for the search's best plan under its pins; with `virtual_choices` and `micro_choices`, the
+    best over a search pinned to each pair (SearchError when none fits)."""
     problem, pins = problem_of(run, nic), pins_of(run)
     found, refusals = [], []
     for virtual in run.virtual_choices or (None,):
-        try:
-            found.append(search(problem, pins=pins if virtual is None else {**pins, "virtual_stages": virtual},
-                                top=1, efficiency=efficiency).best)
-        except SearchError as refused:
-            refusals.append(refused)
+        for micro in run.micro_choices or (None,):
+            chosen = {**pins, **({} if virtual is None else {"virtual_stages": virtual}),
+                      **({} if micro is None else {"micro_batch_size": micro})}
+            try:
+                found.append(search(problem, pins=chosen, top=1, efficiency=efficiency).best)
+            except SearchError as refused:
+                refusals.append(refused)
     if not found:
         raise refusals[0]
     best = min(found, key=lambda scored: scored.estimate.time.step)

@@ -411,6 +411,42 @@ def test_readme_rows_plans_run_on_the_megatron_of_their_table(bench, results):
         assert plan.num_microbatches % pp == 0 and best.candidate.virtual_stages in run.virtual_choices, (run.name, best)
 
 
+def test_narayanan_rows_take_the_schedules_their_megatron_accepts(bench):
+    """Megatron-LM at the paper's month (cdde43385e, 2021-04-09) interleaves only over more than 2 pipeline ranks
+    (arguments.py:119), at a microbatch count that is a multiple of them (training.py:365), and builds each of a
+    rank's v chunks with (layers / pp) // v blocks (transformer.py:569), so v divides the layers a stage: Table 1's
+    39.1B (pp 2) runs 1F1B, its 76.1B (15 layers a stage, 1,792 sequences over 32 replicas) v 3, 5 or 15 at 1, 2, 7
+    or 14 sequences a microbatch; a row pinning its micro-batch size keeps it."""
+    assert bench.megatron_2021_choices(48, 2, 1536, 32) == ({"schedule": "1f1b"}, (), ())
+    assert bench.megatron_2021_choices(24, 1, 512, 32) == ({}, (), ())
+    assert bench.megatron_2021_choices(60, 4, 1792, 32) == ({"schedule": "interleaved_1f1b"}, (3, 5, 15), (1, 2, 7, 14))
+    assert bench.megatron_2021_choices(96, 16, 2160, 15) == ({"schedule": "interleaved_1f1b"}, (2, 3, 6), (1, 3, 9))
+    assert bench.megatron_2021_choices(96, 12, 1536, 4, micro=1) == ({"schedule": "interleaved_1f1b"}, (2, 4, 8), (1,))
+    table1 = {run.name: run for run in bench.megatron_table1()}
+    assert table1["Megatron GPT 39.1B, 512 A100"].pins["schedule"] == "1f1b"
+    assert table1["Megatron GPT 145.6B, 1536 A100"].virtual_choices == (2, 5, 10)
+
+
+@pytest.mark.slow
+def test_narayanan_rows_plans_run_on_the_megatron_of_their_paper(bench, results):
+    """Every pipelined row of Narayanan et al. 2021 (Tables 1 and 2, Sec. 5.1) as that paper's Megatron-LM runs it:
+    interleaved only over more than 2 ranks, at a virtual-stage count dividing the layers per stage and a microbatch
+    count that is a multiple of the pipeline ranks (`megatron_2021_choices`); the search had given Table 1's 76.1B
+    v 8 over 15 layers a stage and 7 microbatches over 4 ranks, its 145.6B v 6 over 10, its 310.1B 72 microbatches
+    over 16 ranks, and its 39.1B an interleaved schedule over 2."""
+    rows = [(run, best) for run, _, best in results
+            if run.source.startswith(bench.MEGATRON) and run.pins.get("pp", 1) > 1 and run.family != "info"]
+    assert len(rows) == 13  # Table 1: 6, Table 2: 6, Sec. 5.1: 1
+    for run, best in rows:
+        pp, plan, candidate = run.pins["pp"], best.plan, best.candidate
+        if pp <= 2:
+            assert candidate.schedule == "1f1b", (run.name, best)
+            continue
+        per_stage = int(run.model.split("layers=")[1].split(",")[0]) // pp
+        assert candidate.schedule == "interleaved_1f1b" and per_stage % candidate.virtual_stages == 0, (run.name, best)
+        assert plan.num_microbatches % pp == 0, (run.name, best)
+
+
 @pytest.mark.slow
 def test_torchtitan_memory_with_a_pipeline_counts_the_held_stages(bench):
     """The six pipelined torchtitan runs (FSDP x TP 8 x PP 8, docs/validation.md): counted as torch's schedules
