@@ -116,8 +116,8 @@ device {device} {{
   bandwidth  = {bandwidth}
   peak       = {{ fp32: 67 TFLOP/s, bf16: 989 TFLOP/s, fp16: 989 TFLOP/s, fp8: 1979 TFLOP/s }}
   efficiency = {{
-    bf16: {{ matmul: 0.707, kernel_latency: 14 us, attention: {attention}, attention_backward: {backward} }},
-    fp16: {{ matmul: 0.687, kernel_latency: 21 us, attention: {attention}, attention_backward: {backward} }},
+    bf16: {{ matmul: 0.707, kernel_latency: 14 us, attention: {attention}, attention_backward: {backward}{curve} }},
+    fp16: {{ matmul: 0.687, kernel_latency: 21 us, attention: {attention}, attention_backward: {backward}{curve} }},
     fp8: {{ matmul: 0.631, kernel_latency: 31 us }},
     fp32: {{ matmul: 0.767, kernel_latency: 57 us }},
   }}
@@ -130,10 +130,31 @@ node {node} {{
 """
 FA2 = {"attention": 0.316, "backward": 0.302}
 TRITON_FA = {"attention": 0.125, "backward": 0.125}
-HARDWARE += GH100.format(device="h100_80g_fa2", node="dgx_h100_fa2", memory="80 GiB", bandwidth="3350 GB/s", **FA2)
+# The FlashAttention-2 release's charts (4f285b35, assets/flash2_{h100,a100}_fwd_bwd_benchmark.png, panel (d): forward
+# + backward TFLOP/s with a causal mask, head dim 128, 16k tokens a batch) by sequence: how each kernel's speed varies
+# with the sequence, as ratios to its 8k figure (`attention_by_sequence`; the figures above are the 8k ones).
+FA_CHART_TOKENS = (512, 1024, 2048, 4096, 8192, 16384)
+FA1_H100 = (98, 109, 108, 126, 135, 137)
+FA2_H100 = (163, 221, 265, 294, 308, 328)
+FA1_A100 = (55, 62, 69, 76, 80, 83)
+TRITON_A100 = (50, 61, 68, 74, 78, 80)  # "FlashAttention Triton": llm-foundry's flash_attn_triton.py
+TRITON_H100 = tuple(h * t / a for h, t, a in zip(FA1_H100, TRITON_A100, FA1_A100))  # its ratio to FA-1, carried over
+
+
+def by_sequence(speeds: tuple[float, ...]) -> str:
+    """`, attention_by_sequence: [[tokens, ratio], ...]` of a kernel's chart speeds, relative to its 8k speed."""
+    at_8k = speeds[FA_CHART_TOKENS.index(8192)]
+    return ", attention_by_sequence: [" + ", ".join(
+        f"[{tokens}, {speed / at_8k:.3f}]" for tokens, speed in zip(FA_CHART_TOKENS, speeds)) + "]"
+
+
+# MosaicML's DGX H100s state their kernels' speed by sequence; torchtitan's H200 hosts (8k tokens) the 8k figures only
+HARDWARE += GH100.format(device="h100_80g_fa2", node="dgx_h100_fa2", memory="80 GiB", bandwidth="3350 GB/s", **FA2,
+                         curve=by_sequence(FA2_H100))
 HARDWARE += GH100.format(device="h100_80g_triton", node="dgx_h100_triton", memory="80 GiB", bandwidth="3350 GB/s",
-                         **TRITON_FA)
-HARDWARE += GH100.format(device="h200_141g_fa2", node="trainy_h200", memory="141 GB", bandwidth="4800 GB/s", **FA2)
+                         **TRITON_FA, curve=by_sequence(TRITON_H100))
+HARDWARE += GH100.format(device="h200_141g_fa2", node="trainy_h200", memory="141 GB", bandwidth="4800 GB/s", **FA2,
+                         curve="")
 HARDWARE += """
 # The 128 H100 of torchtitan's first 405B runs (docs/performance.md, 2024): "94GB memory", and by the same
 # page's footnote 1 "HBM2e based lower TDP SXM H100 ... the actual peak TFLOPs number is between SXM and NVL":

@@ -81,6 +81,10 @@ class Efficiency:
     None: the attention core is a batched GEMM at `peak_fraction`, its full s x s counted."""
     attention_backward: float | None = None
     """The same for its backward (2.5 times the forward's executed FLOPs); None: `attention`."""
+    attention_curve: tuple[tuple[float, float], ...] = ()
+    """(ln tokens, ratio) of the device's `attention_by_sequence`, by tokens: the kernel's speed at a sequence is
+    `attention` and `attention_backward` times the ratio interpolated linearly in ln tokens, beyond the ends the
+    end's; (): the figures at any length."""
 
     def of(self, precision: ir.Precision) -> "Efficiency":
         for own, knobs in self.precisions:
@@ -142,16 +146,18 @@ class Efficiency:
         return seconds * knobs.correction(flops) if knobs.corrections and flops > 0 else seconds
 
     def attention_seconds(self, flops: float, moved: float, causal: float, device: ir.DeviceType,
-                          precision: ir.Precision) -> tuple[float, float] | None:
+                          precision: ir.Precision, seq: int = 0) -> tuple[float, float] | None:
         """(forward, backward) seconds of a fused attention kernel whose full s x s product is `flops` FLOPs,
         moving `moved` bytes (Q, K, V, O) forward and twice that backward, of which the fraction `causal` is
         executed, when the device states its attention kernel's fractions of the peak; None when it does not.
         The backward executes 2.5 times the forward's FLOPs: its five matrix products against the forward's two,
-        the scores recomputed (Dao 2023, FlashAttention-2, Sec. 3.1; its benchmarks count it so)."""
+        the scores recomputed (Dao 2023, FlashAttention-2, Sec. 3.1; its benchmarks count it so). `seq`: the keys
+        each query runs over, which the device's `attention_by_sequence` scales the fractions by (0: unscaled)."""
         knobs = self.of(precision) if self.precisions else self
         if knobs.attention is None:
             return None
-        peak = peak_of(device, precision)
+        scale = ratio_at(knobs.attention_curve, seq) if knobs.attention_curve and seq > 0 else 1.0
+        peak = peak_of(device, precision) * scale
         executed = flops * causal
         backward = knobs.attention_backward or knobs.attention
         return (executed / (knobs.attention * peak) + moved / device.bandwidth + knobs.kernel_seconds,
@@ -178,11 +184,12 @@ def device_efficiency(device: ir.DeviceType) -> Efficiency:
     knobs = device.efficiency or _DEFAULT_KNOBS
     if not knobs.precisions and not knobs.measured:
         efficiency = Efficiency(knobs.matmul, knobs.kernel_latency, attention=knobs.attention,
-                                attention_backward=knobs.attention_backward)
+                                attention_backward=knobs.attention_backward, attention_curve=_curve(knobs))
     else:
         efficiency = Efficiency(knobs.matmul, knobs.kernel_latency, precisions=tuple(
             (precision, _measured(knobs.precisions.get(precision, knobs), device, precision))
-            for precision in device.peak), attention=knobs.attention, attention_backward=knobs.attention_backward)
+            for precision in device.peak), attention=knobs.attention, attention_backward=knobs.attention_backward,
+            attention_curve=_curve(knobs))
     if len(_DEVICE_CACHE) > 4096:
         _DEVICE_CACHE.clear()
     _DEVICE_CACHE[id(device)] = (device, efficiency)
@@ -202,7 +209,12 @@ def _measured(knobs: ir.DeviceEfficiency, device: ir.DeviceType, precision: ir.P
         ratios.setdefault(math.log(2.0 * point.m * point.n * point.k), []).append(math.log(point.seconds / modelled))
     corrections = tuple((x, math.exp(sum(logs) / len(logs))) for x, logs in sorted(ratios.items()))
     return Efficiency(knobs.matmul, knobs.kernel_latency, corrections, attention=knobs.attention,
-                      attention_backward=knobs.attention_backward)
+                      attention_backward=knobs.attention_backward, attention_curve=_curve(knobs))
+
+
+def _curve(knobs: ir.DeviceEfficiency) -> tuple[tuple[float, float], ...]:
+    """The device's `attention_by_sequence` as (ln tokens, ratio), by tokens."""
+    return tuple((math.log(point.tokens), point.ratio) for point in knobs.attention_by_sequence)
 
 
 _DEFAULT_KNOBS = ir.DeviceEfficiency()
@@ -541,7 +553,8 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
     attention_flops, attention_bytes = rank_attention(widths, work)  # Q·Kᵀ and P·V over this rank's heads
     causal = causal_fraction(work.seq)  # a windowed block's kernel executes only its band's tiles (`window_band`)
     attention, attention_backward = attention_core_seconds(attention_flops, attention_bytes, causal, work, device,
-                                                           efficiency, band=window_band(work.seq, model.window))
+                                                           efficiency, band=window_band(work.seq, model.window),
+                                                           seq=work.seq)
     attention_backward_extra = 0.0
     if work.attention is ir.Attention.materialized:
         # The s x s matrices through memory (`materialized_attention_bytes`): the fused core's FLOPs and Q, K, V, O
@@ -770,17 +783,18 @@ def rank_attention(widths, work: Work) -> tuple[float, float]:
 
 
 def attention_core_seconds(flops: float, moved: float, causal: float, work: Work, device: ir.DeviceType,
-                           efficiency: Efficiency, band: float = 1.0) -> tuple[float, float]:
+                           efficiency: Efficiency, band: float = 1.0, seq: int = 0) -> tuple[float, float]:
     """(forward, backward) seconds of an attention core whose full s x s product is `flops`, moving `moved` bytes: the
     device's fused kernel at its stated speed (`Efficiency.attention_seconds`, the fraction `causal` executed) when the
     plan runs a flash core and the device states one, else a batched GEMM over the whole rectangle at the GEMM knob,
     its backward twice its forward like the GEMMs' (what the A100 fit absorbed). 16-bit whatever the precision.
     `band`: of the causal tiles, the share a sliding window leaves a flash kernel (`window_band`; 1 without one),
     taken off the GEMM-knob price in the same proportion; a materialized core computes the whole rectangle
-    whatever the window (Megatron-LM's and Transformer Engine's unfused cores mask it: `materialized_attention_bytes`)."""
+    whatever the window (Megatron-LM's and Transformer Engine's unfused cores mask it: `materialized_attention_bytes`).
+    `seq`: the keys each query runs over, for the device's `attention_by_sequence` (0: its figures as stated)."""
     precision = work.precision.unquantized
     flash = work.attention is ir.Attention.flash
-    fused = efficiency.attention_seconds(flops, moved, causal * band, device, precision) if flash else None
+    fused = efficiency.attention_seconds(flops, moved, causal * band, device, precision, seq) if flash else None
     if fused is not None:
         return fused
     forward = efficiency.kernel(flops * band if flash else flops, moved, device, precision)

@@ -124,7 +124,7 @@ def _kernel(step: Step, tokens: int, work: Work, widths: tuple[float, float, flo
     flops = 2.0 * work.micro_batch * queries * keys * widths[0] / work.tp
     moved = work.micro_batch * (queries * widths[0] + keys * widths[1]) / work.tp * work.precision.unquantized.bytes
     fraction = causal_fraction(int(queries)) if step.causal else 1.0
-    return attention_core_seconds(flops, moved, fraction, work, device, efficiency)
+    return attention_core_seconds(flops, moved, fraction, work, device, efficiency, seq=int(keys))
 
 
 def single_kernel(model: ir.TransformerModel, work: Work, device: ir.DeviceType,
@@ -133,7 +133,7 @@ def single_kernel(model: ir.TransformerModel, work: Work, device: ir.DeviceType,
     (`_transformer_layer`), which the ring's steps replace: its s/cp queries against all s keys, at the whole
     sequence's causal share (`causal_fraction(seq)`: the load-balanced chunks give every rank the same share)."""
     return attention_core_seconds(*rank_attention(attention_widths(model), work), causal_fraction(work.seq), work,
-                                  device, efficiency)
+                                  device, efficiency, seq=work.seq)
 
 
 def estimate_ring(model: ir.TransformerModel, work: Work, device: ir.DeviceType, links: GroupLinks,

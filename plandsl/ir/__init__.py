@@ -271,13 +271,21 @@ class GemmPoint(Node):
     seconds: float = Field(gt=0)
 
 
-class DeviceEfficiency(Node):
+class AttentionPoint(Node):
+    """The fused attention kernel's speed at one sequence length (`attention_by_sequence`), as a ratio to the
+    device's `attention` and `attention_backward` figures."""
+    tokens: int = Field(gt=0)
+    ratio: float = Field(gt=0)
+
+
+class DeviceEfficiency(OptionalKeys):
     """The GEMM model's two knobs (`cost.compute`): a GEMM takes 2mnk / (matmul · peak) +
     bytes / bandwidth + kernel_latency. The defaults are the fit on Megatron-LM's A100 runs
     (docs/validation.md). `measured` GEMM times, when given, correct that curve: the cost model
     interpolates the ratio of measured to modelled time between them (`cost.compute`). `precisions`
     holds knobs for one precision (written `bf16: { ... }` inside the device's `efficiency`), which
     hold no `precisions` of their own; a precision not listed takes these."""
+    optional_keys = ("attention_by_sequence",)  # a device without it dumps as before it existed
     matmul: float = Field(default=0.64, gt=0, le=1, description="fraction of the peak a large GEMM's FLOPs run at")
     kernel_latency: float = Field(default=18e-6, ge=0, description="seconds per GEMM kernel")
     attention: Optional[float] = Field(
@@ -287,6 +295,10 @@ class DeviceEfficiency(Node):
     attention_backward: Optional[float] = Field(
         default=None, gt=0, le=1, description="the same for its backward, which executes 2.5 times the forward's "
                                               "FLOPs (it recomputes the scores); None: `attention`")
+    attention_by_sequence: tuple[AttentionPoint, ...] = Field(
+        default=(), description="the attention kernel's speed by sequence length, as ratios to `attention` and "
+                                "`attention_backward`, sorted by tokens: the cost model interpolates them in the "
+                                "logarithm of the sequence and holds the ends beyond them; (): the figures at any length")
     measured: tuple[GemmPoint, ...] = Field(default=(), description="measured GEMMs the cost model interpolates")
     precisions: dict[Precision, "DeviceEfficiency"] = Field(
         default_factory=dict, description="knobs of one precision, which take the place of these for it")

@@ -18,7 +18,7 @@ from plandsl.lower.evaluate import Poison, Rep, Reporter, Scope, Word
 from plandsl.lower.model import custom_model, model_call, model_value, schedule_def
 from plandsl.syntax.loader import Loaded, Loader
 from plandsl.lower.plan import lower_plan
-from plandsl.lower.measured import measured_collectives, measured_table
+from plandsl.lower.measured import attention_curve, measured_collectives, measured_table
 from plandsl.lower.units import BANDWIDTH, BYTES, FLOPS, TIME, format_bytes
 from plandsl.syntax.parser import deep_recursion
 
@@ -30,7 +30,7 @@ NODE_ATTRS = {"devices": True, "link": True, "nic": False, "hosts": False, "host
 CLUSTER_ATTRS = {"nodes": True, "fabric": False}
 LINK_KEYS = {"bandwidth": True, "latency": False, "measured": False}
 EFFICIENCY_KEYS = {"matmul": False, "kernel_latency": False, "measured": False, "attention": False,
-                   "attention_backward": False}
+                   "attention_backward": False, "attention_by_sequence": False}
 
 
 class Lowering:
@@ -142,6 +142,7 @@ class Lowering:
         items = dict_items(scope, expr, {**keys, **{p: False for p in PRECISIONS}}, "efficiency")
         fields = self._knobs(scope, items, max(peak.values()), "any precision")
         precisions = {}
+        curves = [items["attention_by_sequence"]] if "attention_by_sequence" in items else []
         for name in PRECISIONS:
             if name not in items:
                 continue
@@ -154,8 +155,32 @@ class Lowering:
             inner = dict_items(scope, value, keys, f"efficiency {name}")
             own = {k: v for k, v in fields.items() if k != "measured"}
             own.update(self._knobs(scope, inner, peak[precision], name))
+            curves += [inner["attention_by_sequence"]] if "attention_by_sequence" in inner else []
+            curve = inner["attention_by_sequence"].value if "attention_by_sequence" in inner else expr
+            self._attention_curve_fits(scope, own, curve, name)
             precisions[precision] = build(scope, ir.DeviceEfficiency, value.span, **own)
+        if curves and fields.get("attention") is None and all(k.attention is None for k in precisions.values()):
+            raise self.reporter.error("E207", "attention_by_sequence scales the attention kernel's figures, but the "
+                                      "device states no `attention`", curves[0].key_span,
+                                      hint="add `attention: 0.3` (the kernel's forward fraction of the peak at the "
+                                           "sequence whose ratio is 1)")
+        if "attention_by_sequence" in items:
+            self._attention_curve_fits(scope, fields, items["attention_by_sequence"].value, "any precision")
         return build(scope, ir.DeviceEfficiency, expr.span, **fields, precisions=precisions)
+
+    def _attention_curve_fits(self, scope: Scope, fields: dict, where: s.Expr, precision: str) -> None:
+        """E205 when the attention kernel, scaled by its fastest ratio, would run above the peak."""
+        curve = fields.get("attention_by_sequence") or ()
+        figures = [fields[key] for key in ("attention", "attention_backward") if fields.get(key) is not None]
+        if not curve or not figures:
+            return
+        fastest = max(curve, key=lambda point: point.ratio)
+        if max(figures) * fastest.ratio > 1 + 1e-9:
+            raise self.reporter.error("E205", f"attention_by_sequence's ratio {fastest.ratio:g} at "
+                                      f"{fastest.tokens:,} tokens takes the attention kernel ({precision}) to "
+                                      f"{max(figures) * fastest.ratio:.3g} of the peak, above 1", where.span,
+                                      hint="the ratios scale `attention` and `attention_backward`: lower them, or "
+                                           "the figures")
 
     def _knobs(self, scope: Scope, items: dict, peak: float, precision: str) -> dict:
         fields = {}
@@ -181,6 +206,8 @@ class Lowering:
                                                       "efficiency kernel_latency", allow_zero=True)
         if "measured" in items:
             fields["measured"] = measured_table(scope, items["measured"].value, peak, precision)
+        if "attention_by_sequence" in items:
+            fields["attention_by_sequence"] = attention_curve(scope, items["attention_by_sequence"].value)
         return fields
 
     def link(self, scope: Scope, expr: s.Expr, what: str) -> ir.Link:

@@ -4,10 +4,12 @@ Stage: lowering. Contract: `measured_table(scope, expr, peak, precision)` return
 `measured: [[m, n, k, time], ...]` as `ir.GemmPoint`s sorted by FLOPs, or reports E216 (not a table of
 [m, n, k, time] rows with positive whole m, n, k, each shape once, at most `MAX_MEASURED` rows) and E217
 (a row faster than the device's peak allows: 2mnk / time above the peak of its precision);
-`measured_collectives(scope, expr, what)` returns a link's `measured: { all_reduce: [[ranks, bytes, time],
-...], ... }` as `ir.CommPoint`s per collective sorted by bytes, or reports E216 (an unknown collective, a
-row that is not [ranks, bytes, time] with ranks a whole number of at least 2, a (ranks, bytes) twice).
-Each error points at the row or key that breaks it.
+`attention_curve(scope, expr)` returns a device's `attention_by_sequence: [[tokens, ratio], ...]` as
+`ir.AttentionPoint`s sorted by tokens, or reports E205 (not 1 to `MAX_MEASURED` rows [tokens, ratio] with tokens
+a positive whole number, each once, and a positive ratio); `measured_collectives(scope, expr, what)` returns a
+link's `measured: { all_reduce: [[ranks, bytes, time], ...], ... }` as `ir.CommPoint`s per collective sorted by
+bytes, or reports E216 (an unknown collective, a row that is not [ranks, bytes, time] with ranks a whole number of
+at least 2, a (ranks, bytes) twice). Each error points at the row or key that breaks it.
 """
 from __future__ import annotations
 
@@ -54,6 +56,43 @@ def measured_table(scope: Scope, expr: s.Expr, peak: float, precision: str) -> t
                                             "GEMM measured, or correct the time")
         rows.append(build(row_scope, ir.GemmPoint, item.span, m=shape[0], n=shape[1], k=shape[2], seconds=seconds))
     return tuple(sorted(rows, key=lambda p: (p.m * p.n * p.k, p.m, p.n, p.k)))
+
+
+def attention_curve(scope: Scope, expr: s.Expr) -> tuple[ir.AttentionPoint, ...]:
+    """A device's `attention_by_sequence: [[tokens, ratio], ...]` (the attention kernel's speed at each sequence
+    length, as a ratio to its `attention` and `attention_backward` figures) sorted by tokens, or E205: not a list of
+    [tokens, ratio] rows with tokens a positive whole number, each once, and a positive ratio, at most
+    `MAX_MEASURED` rows."""
+    expr, inner = scope.deref(expr)
+    if not isinstance(expr, s.ListExpr) or not expr.items or len(expr.items) > MAX_MEASURED:
+        raise scope.reporter.error("E205", f"attention_by_sequence takes 1 to {MAX_MEASURED} rows [tokens, ratio]",
+                                   expr.span, hint="e.g. `attention_by_sequence: [[2048, 0.8], [8192, 1]]`: the "
+                                                   "kernel at 0.8 of its figures at 2,048 tokens")
+    rows: dict[int, ir.AttentionPoint] = {}
+    for item in expr.items:
+        row, row_scope = inner.deref(item)
+        if not isinstance(row, s.ListExpr) or len(row.items) != 2:
+            raise scope.reporter.error("E205", f"an attention_by_sequence row is [tokens, ratio], found "
+                                       f"`{inner.text(item)}`", item.span,
+                                       hint="e.g. `[2048, 0.8]`: the sequence length and the kernel's speed there "
+                                            "as a ratio to `attention` and `attention_backward`")
+        tokens = row_scope.eval(row.items[0])
+        if isinstance(tokens, Word):
+            raise row_scope.unknown(tokens)
+        if isinstance(tokens, float) and tokens.is_integer():
+            tokens = int(tokens)
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise scope.reporter.error("E205", f"an attention_by_sequence row's tokens is a positive whole number, "
+                                       f"found `{row_scope.text(row.items[0])}`", row.items[0].span)
+        ratio = row_scope.number(row_scope.eval(row.items[1]), row.items[1])
+        if not ratio > 0:
+            raise scope.reporter.error("E205", f"an attention_by_sequence ratio is above 0, found {ratio:g}",
+                                       row.items[1].span)
+        if tokens in rows:
+            raise scope.reporter.error("E205", f"attention_by_sequence gives {tokens:,} tokens twice", item.span,
+                                       hint="keep one row per sequence length")
+        rows[tokens] = build(row_scope, ir.AttentionPoint, item.span, tokens=tokens, ratio=float(ratio))
+    return tuple(rows[tokens] for tokens in sorted(rows))
 
 
 def measured_collectives(scope: Scope, expr: s.Expr, what: str) -> dict[str, tuple[ir.CommPoint, ...]]:

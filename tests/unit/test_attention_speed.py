@@ -2,6 +2,8 @@
 `attention_backward`) runs the attention core's executed FLOPs, the causal triangle's tiles and not the full
 s x s, at those fractions of its peak, the backward 2.5 times the forward's FLOPs (FlashAttention's count); a
 device that does not keeps the core priced as a batched GEMM over the full s x s at its GEMM knob."""
+import math
+
 import pytest
 
 from plandsl import api
@@ -104,3 +106,19 @@ def test_the_rings_backward_hides_behind_the_kernels_own_backward():
     from plandsl.cost.estimate import estimate_plan
     fast, slow = (estimate_plan(api.loads(RING.format(backward=b), path="p.plan").plans[0]) for b in (0.9, 0.1))
     assert fast.time.communication > slow.time.communication
+
+
+def test_a_kernel_stated_by_sequence_runs_at_the_ratio_interpolated_in_log_tokens():
+    """`attention_by_sequence` scales `attention` and `attention_backward` by the ratio at the sequence, linear in
+    ln tokens between rows (2,896 tokens, halfway between 2,048 and 4,096 in the logarithm: 0.9), the ends held
+    beyond them; the rest of the block is priced as before."""
+    curve = ", attention: 0.4, attention_backward: 0.25, attention_by_sequence: [[2048, 0.8], [4096, 1], [16384, 1.2]]"
+    flat = ", attention: 0.4, attention_backward: 0.25"
+    for seq, ratio in ((1024, 0.8), (2048, 0.8), (2896, 0.8 + 0.2 * math.log(2896 / 2048) / math.log(2)),
+                       (4096, 1.0), (32768, 1.2)):
+        scaled, plain = _block(seq, curve), _block(seq, flat)
+        moved = 4 * seq * 1024 * 2 / 2e12  # Q, K, V and O at 2 TB/s: not scaled
+        assert scaled.attention - moved == pytest.approx((plain.attention - moved) / ratio, rel=1e-9), seq
+        assert scaled.backward_matmul - plain.backward_matmul == pytest.approx(
+            (plain.attention - moved) * 2.5 * 0.4 / 0.25 * (1 / ratio - 1), rel=1e-6), seq
+        assert scaled.flops == plain.flops

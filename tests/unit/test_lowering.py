@@ -703,6 +703,14 @@ def test_device_efficiency_keys_and_defaults():
         (0.337, 0.322, 0.64)
     [device] = ok(EFF_DEVICE.format(extra="; efficiency = { attention: 0.5, bf16: { matmul: 0.7 } }")).devices
     assert device.efficiency.precisions[ir.Precision.bf16].attention == 0.5
+    # the kernel's speed by sequence, as ratios to those fractions, sorted by tokens, inherited as the other keys
+    [device] = ok(EFF_DEVICE.format(extra="; efficiency = { attention: 0.3, attention_by_sequence: [[8192, 1], "
+                                          "[2048, 0.8]], bf16: { matmul: 0.7 } }")).devices
+    assert [(p.tokens, p.ratio) for p in device.efficiency.attention_by_sequence] == [(2048, 0.8), (8192, 1.0)]
+    assert device.efficiency.precisions[ir.Precision.bf16].attention_by_sequence == \
+        device.efficiency.attention_by_sequence
+    assert "attention_by_sequence" not in ok(EFF_DEVICE.format(extra="; efficiency = { attention: 0.3 }")) \
+        .devices[0].efficiency.model_dump()  # without it a device dumps (and hashes) as before it existed
     # The stdlib's A100 states the fit it was calibrated with.
     cluster = ok(plan()).plans[0].cluster
     assert cluster.groups[0].node.device.efficiency.model_dump() == {"matmul": 0.64, "kernel_latency": 18e-6, **NO_TABLES}
@@ -718,6 +726,14 @@ def test_device_efficiency_keys_and_defaults():
     ("{ kernel_latency: 5 GB }", "E203", "takes a time quantity"),
     ("{ matmull: 0.5 }", "E206", "no key 'matmull'"),
     ("0.5", "E205", "takes `{ key: value, ... }`"),
+    ("{ attention: 0.3, attention_by_sequence: 2 }", "E205", "takes 1 to 256 rows [tokens, ratio]"),
+    ("{ attention: 0.3, attention_by_sequence: [[2048]] }", "E205", "row is [tokens, ratio], found `[2048]`"),
+    ("{ attention: 0.3, attention_by_sequence: [[0.5, 1]] }", "E205", "tokens is a positive whole number"),
+    ("{ attention: 0.3, attention_by_sequence: [[2048, 0]] }", "E205", "ratio is above 0, found 0"),
+    ("{ attention: 0.3, attention_by_sequence: [[2048, 1], [2048, 0.9]] }", "E205", "2,048 tokens twice"),
+    ("{ attention: 0.6, attention_by_sequence: [[2048, 2]] }", "E205", "to 1.2 of the peak, above 1"),
+    ("{ attention_by_sequence: [[2048, 1]] }", "E207", "the device states no `attention`"),
+    ("{ bf16: { attention_by_sequence: [[2048, 1]] } }", "E207", "the device states no `attention`"),
 ])
 def test_bad_device_efficiency_is_a_coded_error(value, code, words):
     diagnostic = one(EFF_DEVICE.format(extra=f"; efficiency = {value}"), code)

@@ -258,6 +258,15 @@ def test_mpt_rows_run_the_attention_kernel_their_sweeps_chose(bench):
     assert bench.TRITON_FA == {"attention": pytest.approx(triton, abs=6e-4), "backward": pytest.approx(triton, abs=6e-4)}
     assert bench.FA2 == {"attention": pytest.approx(0.337 * _drifts()["bf16"], abs=6e-4),
                          "backward": pytest.approx(0.322 * _drifts()["bf16"], abs=6e-4)}
+    # the 8k figures are the charts' own (Triton: FlashAttention-1's 135 at 78 / 80), and the nodes state the charts'
+    # speeds by sequence as ratios to them (`attention_by_sequence`)
+    assert bench.TRITON_H100[bench.FA_CHART_TOKENS.index(8192)] == pytest.approx(135 * 78 / 80)
+    from plandsl import api, ir
+    for node, speeds in (("dgx_h100_triton", bench.TRITON_H100), ("dgx_h100_fa2", bench.FA2_H100)):
+        device = api.loads(bench.HARDWARE + f"cluster c = {node} x 1\n").clusters[0].devices_in_order()[0]
+        curve = device.efficiency.precisions[ir.Precision.bf16].attention_by_sequence
+        assert [(p.tokens, p.ratio) for p in curve] == [
+            (tokens, pytest.approx(speed / speeds[4], abs=6e-4)) for tokens, speed in zip(bench.FA_CHART_TOKENS, speeds)]
 
 
 @pytest.mark.slow
