@@ -1532,8 +1532,8 @@ MPT_ROWS = [
 
 def mpt_attention(model: str, gpus: int, gpu: str) -> str:
     """The `attn_impl` a row ran: `triton` by default (submit_benchmarks.py's `--attn_impl`, default 'triton', which
-    neither sweep.sh of October 2023 nor the A100 sweeps override), `flash` (flash-attn 2.4.2) for the 1B, 3B, 7B and
-    70B rows of the January 2024 large-scale table (sweep.py's `--attn_impl flash`; its 13B and 30B say `triton`).
+    sweep.sh of October 2023, H100 and A100 halves, does not override), `flash` (flash-attn 2.4.2) for the 1B, 3B, 7B
+    and 70B rows of the January 2024 large-scale table (sweep.py's `--attn_impl flash`; its 13B and 30B say `triton`).
     The large-scale table is the H100 rows on 128 or more GPUs (the October table stops at 64)."""
     return "flash" if gpu == "h100" and gpus >= 128 and model in ("1b", "3b", "7b", "70b") else "triton"
 
@@ -1557,8 +1557,8 @@ def mosaic_mpt() -> list[Run]:
                         pins={"dp": gpus, "tp": 1, "pp": 1, "cp": 1, "micro_batch_size": micro,
                                "zero_stage": 3 if shard == "FULL_SHARD" else 2,
                                "recompute": "full" if checkpointing else "none"},
-                        # bf16 gathers: Composer's FSDP mixed_precision PURE (the A100 table) and DEFAULT (the
-                        # H100 tables: param_dtype bf16, fp32 reductions, the default grad_dtype) both gather bf16
+                        # bf16 gathers: Composer's FSDP mixed_precision DEFAULT, every row's "MP Mode" (param_dtype
+                        # bf16; no reduce_dtype: fp32 reductions, the default grad_dtype)
                         gathering=TORCHTITAN_GATHER))
     return runs
 
