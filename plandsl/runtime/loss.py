@@ -172,8 +172,9 @@ class DepthsLoss(HeadLoss):
     """The loss of a model with multi-token prediction's depths (`fused_loss`): off a pipeline the model computes it
     when called with the targets (as `HeadLoss`). On a pipeline the last stage returns its final hidden states, and
     the schedule calls this with them and that microbatch's `sample`, the input tokens and the targets stacked
-    ([microbatch, 2, seq]: `sample`): the depths embed the tokens k ahead, so the last stage is fed them along the
-    targets' path (megatron-core's last stage loads the token ids too for its depths). The depths, the embedding's
+    ([microbatch, 2, seq]: `sample`; whole rows, also under context parallelism, where the model called off a
+    pipeline takes them as its targets too): the depths embed the tokens k ahead, so the last stage is fed them along
+    the targets' path (megatron-core's last stage loads the token ids too for its depths). The depths, the embedding's
     copy and the head are the last stage's (`pipeline.split_stage`), known once the stages are built: `bind`."""
 
     def __init__(self, head: nn.Module | None = None):

@@ -513,10 +513,12 @@ class Head(nn.Linear):
     """The output layer: hidden states -> logits; called with the targets too, the mean cross entropy of those
     logits computed chunk by chunk without holding them (`loss: fused`, `runtime.loss.vocab_cross_entropy`)."""
 
-    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None,
+                kept: torch.Tensor | None = None) -> torch.Tensor:
+        """`kept`: the positions of `x` the targets are for (None: the first `targets.shape[1]`; a depth's)."""
         if targets is None:
             return super().forward(x)
-        return vocab_cross_entropy(x[:, :targets.shape[1]], self.weight, targets)  # a depth's: its positions with one
+        return vocab_cross_entropy(x[:, :targets.shape[1]] if kept is None else x[:, kept], self.weight, targets)
 
 
 # ---- whole models ---------------------------------------------------------------------
@@ -541,45 +543,71 @@ class Transformer(nn.Module):
         # False on a pipeline's last stage that holds `embed` only for the depths (`pipeline.split_stage`): its
         # input is the previous stage's hidden states
         self.embeds_inputs = True
+        # context parallelism (`context_parallel.apply_cp`): the positions of each sequence this rank holds, of `context`
+        self.columns: torch.Tensor | None = None
+        self.context = 1
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits; with `loss_in_head`, the final hidden states, or given `targets` the loss the head computes
         from them (inside this call, so a wrapper that gathers the parameters for it, FSDP's, holds them); with
-        multi-token prediction, given `targets`, that loss and the depths' (`loss_with_depths`), else the final
-        hidden states (a pipeline's last stage: its loss function runs the depths, `runtime.loss.DepthsLoss`)."""
+        multi-token prediction, given `targets`, that loss and the depths' (`loss_with_depths`; under context
+        parallelism `targets` are the whole rows of tokens and targets stacked, `runtime.loss.DepthsLoss.sample`, whose
+        tokens k ahead the depths read), else the final hidden states (a pipeline's last stage: its loss function runs
+        the depths, `runtime.loss.DepthsLoss`)."""
         # Each part may be None on a pipeline stage that does not hold it (as in torchtitan).
         h = self.embed(x) if self.embed is not None and self.embeds_inputs else x
         for block in self.layers.values():
             h = block(h)
         h = self.norm(h) if self.norm is not None else h
         if self.mtp is not None and targets is not None:
-            return self.loss_with_depths(x, h, targets)
+            tokens, targets = targets.unbind(1) if targets.dim() == 3 else (x, targets)
+            return self.loss_with_depths(tokens, h, targets)
         if self.head is None or (targets is None and (self.loss_in_head or self.mtp is not None)):
             return h
         return self.head(h, targets) if self.loss_in_head else self.head(h)
 
-    def _loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The mean cross entropy over the first `targets.shape[1]` positions of `h` (a depth's positions past the
-        end have no target)."""
-        return self.head(h, targets) if self.loss_in_head else loss_fn(self.head(h)[:, :targets.shape[1]], targets)
+    def _loss(self, h: torch.Tensor, targets: torch.Tensor, kept: torch.Tensor | None = None) -> torch.Tensor:
+        """The mean cross entropy over the positions `kept` of `h` (None: the first `targets.shape[1]`; a depth's
+        positions past the end have no target)."""
+        if self.loss_in_head:
+            return self.head(h, targets, kept)
+        logits = self.head(h)
+        return loss_fn(logits[:, :targets.shape[1]] if kept is None else logits[:, kept], targets)
+
+    def _depth_loss(self, h: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
+        """Depth k's mean cross entropy over the positions that have a target k ahead (below seq - k). Under context
+        parallelism, of this rank's such positions, weighed by their share of them times the axis's ranks, so that
+        the mean over the axis (the data-parallel mean, `ir.Plan.reduce_axes`) is the sequence's; a rank without
+        any still runs the head on one position, weighed 0, so that every rank calls it as often (an FSDP group of
+        its own gathers it on every rank of the data axes alike)."""
+        seq = targets.shape[1]
+        if self.columns is None:
+            return self._loss(h, targets[:, k:])
+        kept = (self.columns < seq - k).nonzero().squeeze(1)
+        weight = len(kept) * self.context / (seq - k)
+        if not len(kept):
+            kept = kept.new_zeros(1)
+        return weight * self._loss(h, targets[:, (self.columns[kept] + k) % seq], kept)
 
     def loss_with_depths(self, tokens: torch.Tensor, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The mean cross entropy of the next tokens plus MTP_LOSS_WEIGHT / mtp times each depth's: depth k (from 1)
         reads the tokens k ahead and predicts the targets k ahead, over the positions that have them. As megatron-core
         (gpt_model.py:611-660), each depth runs over the whole sequence, its tokens rolled by k, and its loss leaves
         out the last k positions, whose rolled tokens wrapped round: under causal attention the positions kept see
-        none of those, and every rank of a sequence-parallel group keeps its shard of the same positions."""
+        none of those, and every rank of a sequence-parallel group keeps its shard of the same positions. `tokens` and
+        `targets` are whole rows, `h` this rank's positions (`columns`: all of them but under context parallelism)."""
         if len(self.mtp) >= targets.shape[1]:  # rolled, the deepest would run on tokens wrapped round only (E234)
             raise ValueError(f"mtp={len(self.mtp)} on a {targets.shape[1]}-token sequence: depth {len(self.mtp)} "
                              "has no target left to predict")
-        loss = self._loss(h, targets)
+        columns = slice(None) if self.columns is None else self.columns  # context parallelism: this rank's
+        loss = self._loss(h, targets[:, columns])
         trunk = h
         for k, depth in enumerate(self.mtp.values(), start=1):
-            embedded = self.embed(tokens.roll(-k, dims=1))
+            embedded = self.embed(tokens.roll(-k, dims=1)[:, columns])
             if not self.embeds_inputs:  # a pipeline's last stage, whose backward may be split in two (`_Anchored`)
                 embedded = _Anchored.apply(embedded, trunk)
             h = depth(h, embedded)
-            loss = loss + MTP_LOSS_WEIGHT / len(self.mtp) * self._loss(h, targets[:, k:])
+            loss = loss + MTP_LOSS_WEIGHT / len(self.mtp) * self._depth_loss(h, targets, k)
         return loss
 
     @torch.no_grad()

@@ -22,20 +22,12 @@ that grows with the count (65,536 over 2 stages: ~5 s to build; 2^31 would take 
 
 
 def _multi_token_refusals(plan: ir.Plan) -> list[Diagnostic]:
-    """Multi-token prediction runs without context parallelism (E703): its depths read the tokens k ahead of each
-    position, and under context parallelism those of a rank's last positions are another rank's (megatron-core rolls
-    them over the context group, a step the interpreter does not take). Data, expert, tensor (with sequence
-    parallelism) and pipeline parallelism run them (each depth's block split as the model's,
+    """Multi-token prediction runs under every parallelism (each depth's block split as the model's,
     `tensor_parallel.apply_tp`; on a pipeline's last stage, fed the tokens beside the targets, with a copy of the
-    embedding, `pipeline.stage_part`)."""
+    embedding, `pipeline.stage_part`; under context parallelism fed the whole rows, `models.Transformer._depth_loss`),
+    but not beside uneven data shares over FSDP groups of modules (E703)."""
     found = []
     depths = f"multi-token prediction (mtp={plan.model.mtp})"
-    if plan.context is not None and plan.cp > 1:
-        found.append(diag("E703", f"{depths} together with context parallelism cannot run yet: each depth reads the "
-                                  "tokens k ahead of every position, which for a rank's last positions another rank "
-                                  "of the context axis holds", plan.context.span,
-                          hint="run it without context parallelism (data, expert, tensor, sequence and pipeline "
-                               "parallelism run it), or without mtp"))
     if plan.train.batch_shares is not None and _groups_by_module(plan):
         found.append(diag("E703", f"{depths} together with batch_shares and `data = {plan.data.kind.value} ... with unit "
                                   "= module` cannot run: the output layer runs twice a microbatch (the model's loss and "

@@ -174,7 +174,7 @@ def pipeline_forward_backward_step(job: Job, inputs: torch.Tensor, targets: torc
     function returns the loss times the loss scale (`build_job`), which the mean here divides out."""
     losses: list[torch.Tensor] | None = [] if job.has_last else None
     target = targets if job.has_last else None
-    if target is not None and isinstance(job.loss, DepthsLoss):  # multi-token prediction's depths read the tokens
+    if target is not None and isinstance(job.loss, DepthsLoss) and target.dim() == 2:  # the depths read the tokens
         target = DepthsLoss.sample(inputs, targets)
     with autocast(job.plan, job.device.type):
         if job.has_first:
@@ -189,6 +189,8 @@ def pipeline_forward_backward_step(job: Job, inputs: torch.Tensor, targets: torc
 def train_step(job: Job, step: int) -> float:
     """One optimizer step on the global batch of `step` (0-based); returns its mean loss."""
     inputs, targets = job.batches.local_batch(step, job.dp_rank, job.dp, job.columns)
+    if job.columns is not None and isinstance(job.loss, DepthsLoss):  # the depths read tokens k ahead: whole rows
+        targets = DepthsLoss.sample(*job.batches.local_batch(step, job.dp_rank, job.dp))
     # contiguous: a batch is two overlapping views of seq + 1 tokens, and torch's pipelining (2.11) refuses
     # a stage input whose strides differ from the (contiguous) example it was built with
     inputs, targets = inputs.to(job.device).contiguous(), targets.to(job.device).contiguous()

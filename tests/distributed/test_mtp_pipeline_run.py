@@ -3,7 +3,7 @@ stage beside a copy of the embedding, fed the microbatch's tokens with its targe
 copy's gradient summed with the first stage's (`pipeline.tie_embeddings`), under 1f1b, interleaved 1F1B and ZBV
 (whose rank 0 holds both the first and the last stage), the other schedules' kinds (GPipe, looped BFS, ZB-H1), and beside
 data, expert, tensor and sequence parallelism (and the experts folded over [ep, tp] with sequence parallelism, no
-pipeline)."""
+pipeline); and under context parallelism, with and without a pipeline."""
 from __future__ import annotations
 
 import pytest
@@ -67,6 +67,31 @@ def test_multi_token_prediction_on_a_pipeline_matches_one_process(layout):
     assert report["loss_diff"] <= 1e-5 and report["param_diff"] <= 1e-5 and report["tensor_diff"] <= 1e-4, \
         results[0]["report_text"]
 
+
+@pytest.mark.parametrize("mesh, lines, train_, seq, depths", [
+    ("[cp = 2]", "  context  = ring over cp", _FUSED, 32, 2),
+    ("[cp = 2]", "  context  = allgather over cp", "tiny_train", 10, 7),
+    ("[dp = 2, cp = 2]", "  data     = zero3 over dp with unit = module\n  context  = allgather over cp", "tiny_train",
+     12, 9),
+    ("[cp = 2, tp = 2]", "  tensor   = megatron over tp with sequence_parallel\n  context  = allgather over cp",
+     "tiny_train", 32, 2),
+    ("[pp = 2, cp = 2]", "  context  = allgather over cp\n" + _LAYOUTS["zbv"][1], _CLIPPED, 32, 2),
+], ids=["ring_fused", "contiguous_deep", "fsdp_modules_deep", "sp", "zbv_clipped"])
+def test_multi_token_prediction_under_context_parallelism_matches_one_process(mesh, lines, train_, seq, depths):
+    """Each rank holds its positions of every sequence (`context_parallel.sequence_columns`) and is fed the whole
+    rows for its depths (`DepthsLoss.sample`), whose losses it weighs by its share of the positions with a target
+    k ahead (`Transformer._depth_loss`); "deep": depth 7 of 10 tokens (one contiguous chunk a rank) and 9 of 12
+    (head and tail chunks) leave a rank none of them, which still runs the head, weighed 0 (under FSDP, the head a
+    group of its own gathered on every rank alike)."""
+    world = 4 if "," in mesh else 2
+    text = _PLAN.format(mesh=mesh, world=world, train=train_, lines=lines, extra="").replace(
+        "seq=32", f"seq={seq}").replace("mtp=2", f"mtp={depths}")
+    assert load(text).model.mtp == depths
+    results = run_ranks(world, train, text, steps=2, check_equivalence=True, deadline_s=60 + 30 * world)
+    assert [r["status"] for r in results] == [0] * world, results[0]["report_text"]
+    report = results[0]["report"]
+    assert report["loss_diff"] <= 1e-5 and report["param_diff"] <= 1e-5 and report["tensor_diff"] <= 1e-4, \
+        results[0]["report_text"]
 
 @pytest.mark.parametrize("first, then", [("zbv_tied", "1f1b"), ("1f1b", "zbv_tied")], ids=["zbv_to_1f1b", "1f1b_to_zbv"])
 def test_a_checkpoint_resumes_across_the_copies_of_the_embedding(first, then, tmp_path):

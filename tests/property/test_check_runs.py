@@ -145,9 +145,8 @@ def _model(d: _Draw, family: str, sizes: dict[str, int]) -> tuple[str, dict]:
         args.append("sinks=true")
     if d.pick([True, False]):
         args.append("tied=true")
-    # multi-token prediction: on a gpt E233, past the sequence E234; run beside cp: E703
-    split = {axis for axis, size in sizes.items() if size > 1} & {"cp"}
-    if d.sometimes(8) and (not d.tame or (family != "gpt" and not split)):
+    # multi-token prediction: on a gpt E233, past the sequence E234
+    if d.sometimes(8) and (not d.tame or family != "gpt"):
         args.append(f"mtp={d.pick([1, 2, 15], [1, 2])}")
     modules = {"gpt": ["core_attn", "layernorm", "mlp"], "llama": ["core_attn", "layernorm", "mlp"]}.get(
         family, ["core_attn", "layernorm", "moe_act", "moe"])  # a module the model lacks: E516

@@ -63,11 +63,7 @@ _entry("E703", """
     schedule that splits the backward into I and W (`zbv`, the zero-bubble ones): torch's
     selective checkpointing serves the outputs it kept to one backward pass. Nor with ZeRO-2/3
     gathering by module (`unit = module`): each module of a block is then an FSDP2 group whose
-    hooks run other ops in the checkpoint's rerun than in the forward. Multi-token prediction's
-    depths (`mtp`) do not run with context parallelism: depth k reads the tokens k ahead of
-    each position, which for a rank's last positions another rank of the context axis holds
-    (data, expert, tensor, sequence and pipeline parallelism run them; on a pipeline, on its
-    last stage).
+    hooks run other ops in the checkpoint's rerun than in the forward.
     """, _local_plan("data    = hsdp over [r, s]\n      context = allgather over cp", mesh="[r = 2, s = 1, cp = 2]"),
     "Shard over the data axes with zero3 (fsdp), which runs with context parallelism.",
     ("data    = hsdp over [r, s]", "data    = zero3 over [r, s]"))

@@ -37,7 +37,7 @@ from torch import nn
 from torch.distributed._functional_collectives import all_gather_tensor_autograd  # in torch 2.6 and later
 from torch.distributed.device_mesh import DeviceMesh
 
-from plandsl.runtime.models import Attention, Embedding, attend, attention_mask, with_sink
+from plandsl.runtime.models import Attention, Embedding, Transformer, attend, attention_mask, with_sink
 
 SEQ_DIM = 2  # attention's q, k, v are [batch, heads, seq, head_dim]
 
@@ -144,3 +144,5 @@ def apply_cp(model: nn.Module, kind: str, cp_mesh: DeviceMesh, seq: int, device:
             module.core, module.positions = cores[window], positions
         elif isinstance(module, Embedding):
             module.positions = positions
+        elif isinstance(module, Transformer):  # multi-token prediction's depths pick this rank's positions
+            module.columns, module.context = positions, cp_mesh.size()
