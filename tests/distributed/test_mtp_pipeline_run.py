@@ -71,8 +71,8 @@ def test_multi_token_prediction_on_a_pipeline_matches_one_process(layout):
 @pytest.mark.parametrize("mesh, lines, train_, seq, depths", [
     ("[cp = 2]", "  context  = ring over cp", _FUSED, 32, 2),
     ("[cp = 2]", "  context  = allgather over cp", "tiny_train", 10, 7),
-    ("[dp = 2, cp = 2]", "  data     = zero3 over dp with unit = module\n  context  = allgather over cp", "tiny_train",
-     12, 9),
+    ("[dp = 2, cp = 2]", "  data     = zero3 over dp with unit = module\n  context  = allgather over cp",
+     "{ global_batch: 4, micro_batch: 2, precision: fp32, optimizer: adam, lr: 1e-3, seed: 0 }", 4, 3),
     ("[cp = 2, tp = 2]", "  tensor   = megatron over tp with sequence_parallel\n  context  = allgather over cp",
      "tiny_train", 32, 2),
     ("[pp = 2, cp = 2]", "  context  = allgather over cp\n" + _LAYOUTS["zbv"][1], _CLIPPED, 32, 2),
@@ -80,7 +80,7 @@ def test_multi_token_prediction_on_a_pipeline_matches_one_process(layout):
 def test_multi_token_prediction_under_context_parallelism_matches_one_process(mesh, lines, train_, seq, depths):
     """Each rank holds its positions of every sequence (`context_parallel.sequence_columns`) and is fed the whole
     rows for its depths (`DepthsLoss.sample`), whose losses it weighs by its share of the positions with a target
-    k ahead (`Transformer._depth_loss`); "deep": depth 7 of 10 tokens (one contiguous chunk a rank) and 9 of 12
+    k ahead (`Transformer._depth_loss`); "deep": depth 7 of 10 tokens (one contiguous chunk a rank) and 3 of 4
     (head and tail chunks) leave a rank none of them, which still runs the head, weighed 0 (under FSDP, the head a
     group of its own gathered on every rank alike)."""
     world = 4 if "," in mesh else 2
