@@ -88,6 +88,36 @@ def test_hopper_knobs_are_the_burst_fit_taken_warm():
         assert knobs["fp32"].matmul == pytest.approx(burst["fp32"], abs=6e-4) and ir.Precision.fp32 in device.peak
 
 
+# MLPerf Inference v3.1, closed, NVIDIA DGX H100 (8 x H100-SXM-80GB), BERT-99.9 Offline, samples/s: the default
+# limit's run (700 W) and the MaxQ run at `power_limit = 450` (docs/validation.md, "The 500 W power limit")
+MLPERF_BERT_999 = {700: 62136.7, 450: 51006.9}
+
+
+def test_grand_teton_is_the_gh100_at_its_500_w_limit(bench):
+    """torchtitan's Grand Teton H100 (`h100_96g`) states the DGX H100's warm figures against the SXM's peaks, its
+    tensor cores' fractions times the throughput MLPerf measured at 450 W carried linearly in the limit to 500 W
+    (0.857); fp32 (CUDA cores) and the kernel latencies as the DGX H100 states them."""
+    from plandsl import api
+    at_450 = MLPERF_BERT_999[450] / MLPERF_BERT_999[700]
+    ratio = at_450 + (1 - at_450) * (500 - 450) / (700 - 450)
+    assert ratio == pytest.approx(0.857, abs=5e-4)
+
+    def device(text: str, cluster: str):
+        return api.loads(text + f"\ncluster c = {cluster} x 1\n").clusters[0].devices_in_order()[0]
+    dgx = device('import "clusters/dgx_h100"', "dgx_h100")
+    teton = device(bench.HARDWARE, "grand_teton")
+    assert teton.peak == dgx.peak and teton.bandwidth == 2.4e12
+    fa2 = bench.FA2
+    for precision, knobs in teton.efficiency.precisions.items():
+        warm = dgx.efficiency.precisions[precision]
+        scale = 1.0 if precision.value == "fp32" else ratio
+        assert knobs.matmul == pytest.approx(warm.matmul * scale, abs=6e-4), precision
+        assert knobs.kernel_latency == warm.kernel_latency
+        if precision.value in ("bf16", "fp16"):
+            assert (knobs.attention, knobs.attention_backward) == pytest.approx(
+                (fa2["attention"] * ratio, fa2["backward"] * ratio), abs=6e-4)
+
+
 @pytest.mark.slow
 def test_every_published_run_is_predicted(bench, results):
     predicted = {run.name for run, _, _ in results}
