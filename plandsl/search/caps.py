@@ -153,7 +153,7 @@ class Caps:
         held = self.figures.held(inflight)
         if held is None:
             return True
-        key = ("fits", id(memory), ranks, id(inflight), root.capacity, counts, recomputed, kept)  # cached objects
+        key = ("fits", self.figures.memory_class(memory), ranks, id(inflight), root.capacity, counts, recomputed, kept)
         found = self._caps_cache.get(key)
         if found is None:
             found = self._caps_cache[key] = self._split_fits(root, ranks, inflight, memory, counts, recomputed, kept,
@@ -238,7 +238,7 @@ class Caps:
         embedding's and the norm and head's activations, the room for the blocks and their activations, and ZeRO's
         gathered units with one block and with two or more (`cost.memory` terms, as `rank_caps` counts them)."""
         capacity = self.figures.capacity(root)
-        key = (id(memory), ranks, id(inflight), id(capacity))  # cached objects, kept alive by their caches
+        key = (self.figures.memory_class(memory), ranks, id(inflight), id(capacity))  # `inflight`, `capacity`: cached
         found = self._held_cache.get(key)
         if found is not None:
             return found
@@ -266,7 +266,8 @@ class Caps:
              held: bool = False):
         """`rank_caps` as a list, or None when no split fits them; they depend on memory, not on where the
         groups sit, so once for every mesh order of a layout."""
-        key = (id(memory), ranks, id(inflight), root.capacity, recomputed, kept) + ((True,) if held else ())
+        key = (self.figures.memory_class(memory), ranks, id(inflight), root.capacity, recomputed, kept) + \
+            ((True,) if held else ())
         rank_caps = self._caps_cache.get(key, False)  # memory, inflight: cached objects
         if rank_caps is False:
             rank_caps = self.rank_caps(root, ranks, inflight, memory, recomputed, kept, held).tolist()
@@ -279,7 +280,7 @@ class Caps:
         the most blocks a stage can hold in one array operation (by bisection where that array would be
         large: the caps only grow with N)."""
         high = self.blocks - len(ranks) + 1
-        key = ("least", id(partial), ranks, id(inflight), root.capacity, kept)
+        key = ("least", self.figures.memory_class(partial), ranks, id(inflight), root.capacity, kept)
         found = self._caps_cache.get(key, False)
         if found is not False:
             return found
@@ -288,9 +289,9 @@ class Caps:
             caps = self.rank_caps(root, ranks, inflight, partial, choices, kept)
             fits = (caps.sum(axis=1) >= self.blocks) & (caps.min(axis=1) >= virtual)
             found = int(choices[int(fits.argmax())]) if fits.any() else None
-            if found is not None:  # its row is what `caps` gives for N = found (the same operations, per row)
-                self._caps_cache[(id(partial), ranks, id(inflight), root.capacity, found, kept)] = \
-                    caps[found - 1].tolist()
+            if found is not None:  # each row from N = found on is what `caps` gives for its N (the same operations)
+                for n, row, fit in zip(range(found, high + 1), caps[found - 1:].tolist(), fits[found - 1:].tolist()):
+                    self._caps_cache[(key[1], ranks, id(inflight), root.capacity, n, kept)] = row if fit else None
         elif self.caps(root, ranks, inflight, partial, virtual, high, kept) is None:
             found = None
         else:

@@ -67,6 +67,8 @@ class Figures:
         self._buffer_plans: dict = caches.setdefault("buffer_plans", {})
         self._buffers_cache: dict = caches.setdefault("buffers", {})
         self._buffer_shapes: dict = caches.setdefault("buffer_shapes", {})  # microbatches' shape -> (plan, sizes)
+        self._class_cache: dict = caches.setdefault("class", {})  # id(a memory) -> (it, `memory_class`)
+        self._classes: dict = caches.setdefault("classes", {})  # what the caps read of a memory -> its number
         self._types_cache: dict = {}
         self._links_cache: dict = {}
         self._links_numbers: dict = {}
@@ -285,6 +287,22 @@ class Figures:
         if id(like) in self._buffer_plans:
             self._buffer_plans[id(memory)] = self._buffer_plans[id(like)]
 
+    def memory_class(self, memory) -> int:
+        """A number for what the caps read of a node's `memory` (`Caps`): its per-kind figures and the states a head
+        adds, ZeRO's gathered units (`gathered`: none, or its plan's) and torch's pipeline buffers' sizes
+        (`stage_buffers`); equal for memories equal in those, so that the caps of one serve the others (ZeRO-2 and 3
+        under a pipeline, which keeps both stages' units gathered; layouts trading dp for cp at the same tokens a
+        microbatch). Once per memory object (kept alive here, so that its id names it)."""
+        found = self._class_cache.get(id(memory))
+        if found is None or found[0] is not memory:
+            plan = memory[2]  # ZeRO's gathered units: none, or the plan's (kept alive by the states' cache)
+            gathered = id(plan) if _gathers_units(plan) else None
+            plan, sizes = self._buffer_plans.get(id(memory), (None, None))
+            buffers = (sizes, plan.stages.outputs, plan.train.loss) if sizes is not None else None
+            content = (tuple(tuple(kind) for kind in memory[0]), memory[1], gathered, buffers)
+            found = self._class_cache[id(memory)] = (memory, self._classes.setdefault(content, len(self._classes)))
+        return found[1]
+
     def stage_buffers(self, memory, ranks, inflight) -> np.ndarray:
         """Per pipeline rank, what torch's pipeline stage holds beside the layers (`cost.memory.torch_stage_bytes`, 0 on
         Megatron-LM's pipeline) for the node whose `memory` this is, its stages on `ranks` and `inflight` microbatches
@@ -368,7 +386,7 @@ class Figures:
         found = self._gathered_cache.get(key)
         if found is not None:
             return found
-        if plan.data is None or plan.data.zero_stage < 2 or pipelined_shards(plan):  # the latter: in the states
+        if not _gathers_units(plan):
             found = self._gathered_cache[key] = 0.0
         else:
             embed, block, norm, head = (layer for layer, _ in self.kinds[:4])
@@ -463,6 +481,11 @@ class Figures:
         out[-1] = out[-1] + [layer for layer in self.layers if layer.kind in ("norm", "head")]
         return out
 
+
+
+def _gathers_units(plan: ir.Plan) -> bool:
+    """Whether `gathered` counts ZeRO-2/3's units apart: not under a pipeline, where the states hold them (`_states`)."""
+    return plan.data is not None and plan.data.zero_stage >= 2 and not pipelined_shards(plan)
 
 
 @functools.lru_cache(maxsize=4096)
