@@ -10,6 +10,7 @@ out and DualPipeV's OVERLAP_F_B read as its forward then its backward; so are it
 """
 from __future__ import annotations
 
+import functools
 from collections import deque
 
 from plandsl.diagnostics.limits import MAX_ACTIONS
@@ -224,31 +225,44 @@ def _interleaved_rank(rank: int, ranks: int, microbatches: int, virtual: int, pe
     forward and one backward per step, then the remaining backwards; the stage of each step's
     forward (backward) walks the local stages up (down) every `per_round` microbatches. With
     `zero_bubble`, backwards are I and each I after the rank's first `rank` ones is followed by the
-    oldest pending W; the W passes still pending close the row."""
+    oldest pending W; the W passes still pending close the row.
+
+    Each kind's n-th pass goes to local stage (n // per_round) % virtual (from the last down for the backwards) and
+    is that stage's ((n // (per_round x virtual)) x per_round + n % per_round)-th microbatch: the passes it had
+    before, a round of `per_round` each time the walk came by."""
     spread = 1 if zero_bubble else 2  # extra warm-up forwards per hop from the last rank
     total = microbatches * virtual
     warmup = min((virtual - 1) * per_round + spread * (ranks - 1 - rank), total)
     backward = I if zero_bubble else B
-    next_microbatch = {(s, kind): 0 for s in range(rank, ranks * virtual, ranks) for kind in (F, backward)}
-    pending: deque[Action] = deque()
-    row: list[Action] = []
-
-    def add(stage: int, kind: Kind) -> None:
-        microbatch = next_microbatch[stage, kind]
-        next_microbatch[stage, kind] = microbatch + 1
-        row.append(Action(stage, kind, microbatch))
-
-    for step in range(total + warmup):
-        if step < total:
-            add((step // per_round) % virtual * ranks + rank, F)
-        if step >= warmup:
-            add((virtual - 1 - (step - warmup) // per_round % virtual) * ranks + rank, backward)
-            if zero_bubble:
-                pending.append(row[-1])
-                if step - warmup >= rank:
-                    row.append(Action(pending[0].stage, W, pending.popleft().microbatch))
-    row += [Action(a.stage, W, a.microbatch) for a in pending]
+    walk = _interleaved_walk(total, virtual, per_round)
+    forwards = [_action(Action, (chunk * ranks + rank, F, microbatch)) for chunk, microbatch in walk]
+    backwards = [_action(Action, ((virtual - 1 - chunk) * ranks + rank, backward, microbatch))
+                 for chunk, microbatch in walk]
+    row: list[Action] = forwards[:warmup]
+    if not zero_bubble:
+        for forward, back in zip(forwards[warmup:], backwards):  # one forward and one backward a step
+            row += (forward, back)
+        row += backwards[total - warmup:]
+        return row
+    weights = [_action(Action, (stage, W, microbatch)) for stage, _, microbatch in backwards]  # each I's, in order
+    for n, back in enumerate(backwards):  # the steps from the warm-up's end: a forward while any is left, an I, a W
+        if n < total - warmup:
+            row.append(forwards[warmup + n])
+        row.append(back)
+        if n >= rank:
+            row.append(weights[n - rank])
+    row += weights[max(0, total - rank):]
     return row
+
+
+_action = tuple.__new__  # an Action from its three fields without the named tuple's own __new__ (half the time)
+
+
+@functools.lru_cache(maxsize=256)
+def _interleaved_walk(total: int, virtual: int, per_round: int) -> tuple[tuple[int, int], ...]:
+    """(local stage, microbatch) of a kind's n-th pass on an interleaved rank (`_interleaved_rank`), n < `total`."""
+    cycle = per_round * virtual
+    return tuple(((n // per_round) % virtual, n // cycle * per_round + n % per_round) for n in range(total))
 
 
 # ---- two stages per rank in a V: rank r holds stages r and 2p - 1 - r ------------------------------
