@@ -1,12 +1,13 @@
 """Layers onto stages and stages onto ranks (E401-E404, E409, E410), and what the chosen
-schedule needs of that map (virtual stages, V-shape)."""
+schedule needs of that map (virtual stages, V-shape, and a built-in's own map: the one `plandsl run` runs)."""
 from __future__ import annotations
 
 from typing import Iterator
 
 from plandsl import ir
-from plandsl.diagnostics import Diagnostic, diag
-from plandsl.ir.placement import assign_stages
+from plandsl.diagnostics import Diagnostic, Note, diag
+from plandsl.ir.placement import assign_stages, rank_map
+from plandsl.schedules.program import loop_map, vshape_map
 from plandsl.schedules.registry import BUILTIN
 
 
@@ -33,6 +34,27 @@ def check_placement(plan: ir.Plan) -> Iterator[Diagnostic]:
         yield diag("E409", f"schedule '{info.name}' runs two stages per rank in a V (rank r holds stages r and "
                    f"2p-1-r); the plan has virtual = {virtual}, map = {_show_map(plan.stages.rank_map)}",
                    schedule.span, hint="stages = evenly over pp with virtual = 2, map = vshape")
+    elif not problems:
+        yield from _builtin_map(plan, info)
+
+
+def _builtin_map(plan: ir.Plan, info) -> Iterator[Diagnostic]:
+    """A built-in lays its stages out on its own map (torch's classes: s mod pp, or the V; the generated
+    tables alike), which is what `plandsl run` runs and the estimate simulates: a stage map written otherwise
+    (`map = [1, 0]`) is E409, as a written schedule's is (check.schedule)."""
+    mapping, problems = rank_map(plan.stages, plan.pp)
+    if problems or not mapping:
+        return
+    runs = vshape_map(plan.pp) if info.rank_map == "vshape" else loop_map(plan.pp, len(mapping))
+    if tuple(mapping) != runs:
+        stage = next(s for s, (a, b) in enumerate(zip(runs, mapping)) if a != b)
+        yield diag("E409", f"schedule '{info.name}' runs stage {stage} on rank {runs[stage]}, but the plan's stage "
+                   f"map puts it on rank {mapping[stage]}: the schedule's map is {_show_map(runs)}",
+                   plan.stages.span_of("map") or plan.stages.span,
+                   notes=[Note(f"schedule '{info.name}' chosen here", plan.schedule.span)]
+                   if plan.schedule.span != plan.stages.span else [],
+                   hint=("map = loop (or no `map`)" if info.rank_map == "loop" else "map = vshape")
+                   + ", or a written schedule that runs the stages where the map puts them")
 
 
 def _show_map(mapping) -> str:

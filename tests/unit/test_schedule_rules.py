@@ -119,3 +119,38 @@ def test_torch_classes_are_named_in_the_registry(torch_pipeline):
     assert set(torch_pipeline.TORCH_SCHEDULES) == set(named) and "zb_h1" not in named and "chimera" not in named
     for name, cls in torch_pipeline.TORCH_SCHEDULES.items():
         assert cls is getattr(pipelining, named[name]) and cls.__name__ == named[name]
+
+
+_MAPPED = """import "clusters/local"
+plan p {{
+  model    = llama(layers=8, hidden=64, heads=4, seq=32, vocab=256)
+  cluster  = localhost
+  mesh     = [pp = 2] over devices[0:2]
+  train    = {{ global_batch: 8, micro_batch: 1 }}
+  stages   = evenly over pp with virtual = {virtual}, map = {mapping}
+  schedule = {name}
+}}
+"""
+
+
+@pytest.mark.parametrize("name", sorted(name for name, info in BUILTIN.items() if info.pipelines == 1))
+def test_a_builtin_runs_its_own_stage_map_and_check_refuses_another(torch_pipeline, name):
+    """`plandsl run` lays a built-in's stages out on the schedule's own map (torch's class: s mod pp or the V;
+    the generated table's alike), so a plan whose `map` lists another was accepted by `check` and refused by
+    `run` with a PipelineError; check's E409 now holds it, and the map check accepts is the one run runs."""
+    from plandsl.ir.placement import assign_stages
+    info = BUILTIN[name]
+    virtual = 1 if info.virtual == "one" else 2
+    runs = [0, 1, 1, 0] if info.rank_map == "vshape" else [0, 1] * virtual
+    other = [1, 0, 0, 1] if info.rank_map == "vshape" else [0, 1, 1, 0] if virtual == 2 else [1, 0]
+    for mapping, ok in ((runs, True), (other, False)):
+        text = _MAPPED.format(virtual=virtual, mapping=mapping, name=name)
+        analysis = analyze("m.plan", text=text)
+        problems = [d for d in analysis.diagnostics if d.is_error]
+        if ok:
+            assert problems == [], problems
+            (plan,) = analysis.document.plans
+            _, runner_map = torch_pipeline._program_and_map(plan, plan.num_microbatches, name)
+            assert tuple(runner_map) == tuple(assign_stages(plan)[0].rank_of_stage) == tuple(runs)
+        else:
+            assert [d.code for d in problems] == ["E409"] and "the schedule's map is" in problems[0].message, problems

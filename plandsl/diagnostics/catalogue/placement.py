@@ -159,7 +159,11 @@ _entry("E408", """
 _entry("E409", """
     The map from pipeline stages to ranks does not fit: every rank must run exactly
     `virtual` stages, and the schedule decides how many that is (1F1B and GPipe run
-    one stage per rank, interleaved 1F1B several, ZBV and DualPipeV two in a V).
+    one stage per rank, interleaved 1F1B several, ZBV and DualPipeV two in a V). A
+    built-in schedule also decides where they run: torch's classes and the generated
+    tables put stage s on rank s mod pp, or the V's rank r on stages r and 2pp-1-r for
+    ZBV and DualPipeV, and `plandsl run` runs that map; another map needs a written
+    schedule that runs it.
     """, f"""
     import "clusters/dgx_a100"
     plan p {{
@@ -170,7 +174,7 @@ _entry("E409", """
       stages   = evenly over pp with virtual = 2, map = [0, 1, 1, 1]
       schedule = interleaved_1f1b
     }}
-    """, "Give each rank two stages, e.g. the V-shape [0, 1, 1, 0] or the loop [0, 1, 0, 1].",
+    """, "Give each rank two stages, in the loop interleaved 1F1B runs: [0, 1, 0, 1] (or no `map`).",
        ("[0, 1, 1, 1]", "[0, 1, 0, 1]"))
 
 _entry("E410", """
