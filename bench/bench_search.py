@@ -1203,12 +1203,21 @@ STACK_KEYS = {"kernels": ir.Kernels, "attention": ir.Attention, "loss": ir.Loss,
 # default, as before.
 MEGATRON_PIPELINE_SOURCES = ("Narayanan et al. 2021", "Korthikanti et al. 2022", "NVIDIA/Megatron-LM",
                              "NVIDIA Megatron-Bridge", "NVIDIA dgxc-benchmarking", "NVIDIA NeMo",
-                             "yanring/Megatron-MoE-ModelZoo", "BigScience", "Smith et al. 2022")
+                             "yanring/Megatron-MoE-ModelZoo")
+# Since 2026-12-05 (fifth session) the language says DeepSpeed's pipeline engine (`implementation = deepspeed`: its
+# memory is Megatron's, as above; its blocking transfers and its reduction after the schedule are priced,
+# docs/cost-model.md, "DeepSpeed's pipeline engine"), and BigScience's and MT-NLG's rows say it: the same rule, by source.
+DEEPSPEED_PIPELINE_SOURCES = ("BigScience", "Smith et al. 2022")
 
 
 def pipeline_of(run: Run) -> str:
-    """The row's pipeline: its own `pipeline`, else `MEGATRON_PIPELINE_SOURCES`' rule."""
-    return run.pipeline or ("megatron" if run.source.startswith(MEGATRON_PIPELINE_SOURCES) else "torch")
+    """The row's pipeline: its own `pipeline`, else the sources' rule (`MEGATRON_PIPELINE_SOURCES`,
+    `DEEPSPEED_PIPELINE_SOURCES`)."""
+    if run.pipeline:
+        return run.pipeline
+    if run.source.startswith(DEEPSPEED_PIPELINE_SOURCES):
+        return "deepspeed"
+    return "megatron" if run.source.startswith(MEGATRON_PIPELINE_SOURCES) else "torch"
 
 
 def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:

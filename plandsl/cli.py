@@ -710,10 +710,12 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
               help="The implementation overlaps tensor-parallel collectives with their GEMMs: async_tp (torch's async "
                    "TP, the option alone) or userbuffers (Transformer Engine's, Megatron-LM's --tp-comm-overlap); plans "
                    "with sequence parallelism say `overlap` (`overlap = userbuffers`).")
-@click.option("--pipeline", type=click.Choice(["torch", "megatron"]),
+@click.option("--pipeline", type=click.Choice(["torch", "megatron", "deepspeed"]),
               help="Whose pipeline runs the stages: torch's (torch.distributed.pipelining, what `plandsl run` runs; "
-                   "its stage buffers counted) or megatron (Megatron-LM's: only 1f1b and interleaved_1f1b, none of "
-                   "torch's buffers), written `stages = ... with implementation = megatron`. [default: torch]")
+                   "its stage buffers counted), megatron (Megatron-LM's: only 1f1b and interleaved_1f1b, none of "
+                   "torch's buffers) or deepspeed (DeepSpeed's pipeline engine: only 1f1b, ZeRO 0 or 1, blocking "
+                   "transfers, the gradients reduced after the schedule), written `stages = ... with implementation = "
+                   "megatron` (or deepspeed). [default: torch]")
 @click.option("--from", "from_file", type=click.Path(dir_okay=False),
               help="A partial plan: its model, cluster and train are the problem, what else it writes is pinned.")
 @click.option("--plan", "plan_name", help="The plan of the --from file.")

@@ -20,6 +20,25 @@ from plandsl.cost.schedule import builtin_sizes, plan_schedule
 def check_schedule(plan: ir.Plan) -> Iterator[Diagnostic]:
     if plan.schedule is None or plan.stages is None:
         return
+    if plan.stages.implementation == "deepspeed":
+        if plan.data is not None and plan.data.zero_stage >= 2:  # deepspeed/runtime/pipe/engine.py (v0.5.8): 72
+            span = plan.stages.span_of("implementation")
+            yield diag("E611", f"DeepSpeed's pipeline engine takes ZeRO 0 or 1 (`assert self.zero_optimization_stage() "
+                       f"< 2`, deepspeed/runtime/pipe/engine.py): data = {plan.data.kind} is ZeRO-"
+                       f"{plan.data.zero_stage}", plan.data.span,
+                       hint="data = zero1 (or replicate) over the data axes, or torch's pipeline: drop "
+                       "`implementation = deepspeed`",
+                       notes=[Note("DeepSpeed's pipeline engine said here", span)] if span else [])
+        info = BUILTIN.get(plan.schedule.name) if plan.schedule.definition is None else None
+        if info is None or not info.deepspeed:  # deepspeed/runtime/pipe/engine.py: train_batch runs TrainSchedule
+            runs = ", ".join(name for name, known in BUILTIN.items() if known.deepspeed)
+            what = "a written schedule" if info is None else f"schedule '{plan.schedule.name}'"
+            span = plan.stages.span_of("implementation")
+            yield diag("E610", f"DeepSpeed's pipeline engine does not run {what}: it runs {runs} (its "
+                       "TrainSchedule, deepspeed/runtime/pipe/schedule.py)", plan.schedule.span,
+                       hint="schedule = 1f1b, or torch's pipeline: drop `implementation = deepspeed`",
+                       notes=[Note("DeepSpeed's pipeline engine said here", span)] if span else [])
+        return
     if plan.stages.implementation == "megatron":
         info = BUILTIN.get(plan.schedule.name) if plan.schedule.definition is None else None
         if info is None or not info.megatron:  # megatron.core.pipeline_parallel.schedules' two functions

@@ -220,11 +220,13 @@ def _offload_layers(plan: ir.Plan) -> Iterator[Diagnostic]:
                    span, hint="recompute: none, or drop offload_layers",
                    notes=[Note("recomputation set here", train.field_spans["recompute"])]
                    if train.field_spans.get("recompute") else [])
-    if plan.stages is not None and plan.pp > 1 and plan.stages.implementation == "megatron":
-        yield diag("E513", f"offload_layers({count}) on Megatron-LM's pipeline (pp = {plan.pp}): megatron-core "
+    if plan.stages is not None and plan.pp > 1 and plan.stages.implementation in ("megatron", "deepspeed"):
+        whose = "Megatron-LM's pipeline" if plan.stages.implementation == "megatron" else \
+            "DeepSpeed's pipeline engine (Megatron-DeepSpeed's)"
+        yield diag("E513", f"offload_layers({count}) on {whose} (pp = {plan.pp}): megatron-core "
                    f"offloads activations only without pipeline parallelism", span,
                    hint="stages ... with implementation = torch (whose stages offload), or drop offload_layers",
-                   notes=[Note("Megatron-LM's pipeline chosen here", plan.stages.span)] if plan.stages.span else [])
+                   notes=[Note(f"{whose} chosen here", plan.stages.span)] if plan.stages.span else [])
     assignment, _ = assign_stages(plan)
     if assignment is None:
         return  # the placement's own errors

@@ -177,7 +177,7 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
                         for layers in assignment.stage_layers)  # offloaded blocks' on the host (`offload_layers`)
     if plan.stages is not None and plan.schedule is not None:
         costs = Costs(stage_costs=tuple((s.forward, s.backward, s.input_grad, s.weight_grad) for s in stage_times),
-                      p2p=p2p, activation_bytes=activations,
+                      p2p=0.0 if deepspeed_pipeline(plan) else p2p, activation_bytes=activations,
                       static_bytes=tuple(e.held for e in memory))
         simulation = simulate_plan_schedule(plan, costs)
         if simulation.deadlock is not None:
@@ -192,7 +192,7 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
     # A rank reduces and updates the weights of every stage it holds (Chimera: one of each pipeline).
     tails = [rank_tail([stage_times[s] for s in stages], zero_stage, degrees, precision.bytes, links,
                        rank_devices[rank], plan.train.optimizer, precision, StateBytes.of(plan.train),
-                       pipelined_shards(plan))
+                       pipelined_shards(plan), after_schedule=deepspeed_pipeline(plan))
              for rank, stages in enumerate(held_stages(plan, ranks))]
     runs = _stage_runs(plan, assignment, m)
     busy = [sum(runs[r][s] * (stage_times[s].forward + stage_times[s].backward) for s in runs[r])
@@ -416,7 +416,41 @@ def estimate_stage_times(plan: ir.Plan, assignment, efficiency: Efficiency | Non
             timed = replace(timed, forward=timed.forward + forward, input_grad=timed.input_grad + backward,
                             comm=timed.comm + forward + backward)
         result.append(timed)
-    return result
+    return deepspeed_exchanges(plan, result, links, work) if deepspeed_pipeline(plan) else result
+
+
+def deepspeed_pipeline(plan: ir.Plan) -> bool:
+    """Whether DeepSpeed's pipeline engine runs the plan's stages over more than one rank (`stages = ... with
+    implementation = deepspeed`): its transfers block the stages (`deepspeed_exchanges`) and its gradients are
+    reduced after the schedule (`cost.stage.rank_tail`'s `after_schedule`)."""
+    return plan.stages is not None and plan.stages.implementation == "deepspeed" and plan.pp > 1
+
+
+def deepspeed_exchanges(plan: ir.Plan, stage_times: list[StageTime], links: Links, work: Work) -> list[StageTime]:
+    """The stage times on DeepSpeed's pipeline engine (docs/cost-model.md, "DeepSpeed's pipeline engine";
+    deepspeed v0.5.8, the version of late 2021 that BLOOM's and MT-NLG's Megatron-DeepSpeed ran). Its TrainSchedule
+    runs each step's transfers before the step's computation on the same stream, `p2p.send` / `p2p.recv` with no
+    `async_op` (runtime/pipe/p2p.py: `dist.send`, `dist.recv`): a forward step receives the microbatch's activation
+    from the stage before and sends it the gradient the backward before made (`RecvActivation`, `SendGrad`), a
+    backward step sends the stage after the activation the forward before made and receives its gradient
+    (`SendActivation`, `RecvGrad`; runtime/pipe/schedule.py, `TrainSchedule.steps`). So a stage after the first
+    spends two transfers in each forward, one before the last two in each backward, nothing overlapping them
+    (`Costs.p2p` is then 0: the transfer is in the durations). With tensor parallelism each rank sends 1/tp of the
+    boundary (`is_pipe_partitioned`, `PartitionedTensor`), the size `pipeline_message_bytes` already counts, and
+    all-gathers the whole over the tensor-parallel group before using it: once in a forward after the first stage
+    (the received input, `_exec_forward_pass`), twice in a backward before the last (its own output restored,
+    `part_output.full()`, and the received gradient, `part_grad.full()`, `_exec_backward_pass`)."""
+    transfer = pipeline_p2p_seconds(plan.model, work, links)
+    gather = collective_seconds("all_gather", work.tokens * plan.model.hidden * work.precision.bytes, links.tp) \
+        if isinstance(plan.model, ir.TransformerModel) and work.tp > 1 else 0.0
+    last = len(stage_times) - 1
+    out = []
+    for stage, timed in enumerate(stage_times):
+        forward = 2 * transfer + gather if stage > 0 else 0.0
+        backward = 2 * transfer + 2 * gather if stage < last else 0.0
+        out.append(replace(timed, forward=timed.forward + forward, input_grad=timed.input_grad + backward,
+                           comm=timed.comm + forward + backward))
+    return out
 
 
 def _stage_runs(plan: ir.Plan, assignment, m: int) -> list[dict[int, float]]:
@@ -542,4 +576,5 @@ def _share_lines(estimate: PlanEstimate) -> list[str]:
 
 
 __all__ = ["TimeBreakdown", "PlanEstimate", "estimate_plan", "data_shares", "format_shares", "share_runs", "replica_devices", "replica_capacity", "plan_work", "pipeline_p2p", "pipeline_p2p_seconds",
+           "deepspeed_pipeline", "deepspeed_exchanges",
            "estimate_stage_times", "format_estimate"]

@@ -303,7 +303,8 @@ class RankTail:
 
 def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, int], element: float,
               links: Links, device: ir.DeviceType, optimizer: ir.Optimizer,
-              precision: ir.Precision, states: StateBytes = FP32_STATES, pipelined: bool = False) -> RankTail:
+              precision: ir.Precision, states: StateBytes = FP32_STATES, pipelined: bool = False,
+              after_schedule: bool = False) -> RankTail:
     """Exposed data-parallel traffic and the optimizer step of one pipeline rank.
 
     ZeRO-0 all-reduces the gradients (bucketed, behind the backward of the last microbatch, as
@@ -324,6 +325,12 @@ def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, 
     `perform_reduce_grad` runs after every microbatch's backward): exposed whole; its parameters are gathered
     once a step, ZeRO-3's before the first forward and ZeRO-2's after the optimizer, each behind a
     microbatch's forward as ZeRO-1's gather is.
+    `after_schedule` (DeepSpeed's pipeline engine, `cost.estimate.deepspeed_pipeline`; ZeRO 0 or 1, all it takes):
+    the schedule's last step reduces the gradients (`ReduceGrads` after the last `BackwardPass`,
+    runtime/pipe/schedule.py; the engine turns the backward's own reduction off, `enable_backward_allreduce =
+    False`), an all-reduce under ZeRO-1 too (zero/stage2.py `reduce_gradients` -> `buffered_reduce_fallback` ->
+    `dist.all_reduce`), and ZeRO-1's optimizer step all-gathers the updated parameters before it returns
+    (`all_gather_partitions`): both exposed whole, nothing computing beside them.
     A collective behind the backward or the forward slows it by the device's `comm_share` of its own seconds
     (`cost.comm.beside`); those exposed after the backward (the first bucket's, the pipelined reduce-scatter) have
     no computation beside them.
@@ -342,7 +349,13 @@ def rank_tail(stages: Sequence[StageTime], zero_stage: int, degrees: tuple[int, 
     backward = sum(s.backward for s in stages)
     forward = sum(s.forward for s in stages)
     exposed = moved = 0.0
-    if zero_stage >= 2 and pipelined:
+    if after_schedule and zero_stage <= 1:
+        exposed = _over_data("all_reduce", dense, expert, grad_bytes, links)
+        moved = _data_bytes(dense, expert, grad_bytes, links)
+        if zero_stage == 1:
+            exposed += _over_data("all_gather", dense, expert, element, links)
+            moved += _data_bytes(dense, expert, element, links)
+    elif zero_stage >= 2 and pipelined:
         exposed = _over_data("reduce_scatter", dense, expert, grad_bytes, links)
         exposed += behind(_over_data("all_gather", dense, expert, element, links), forward)
         moved = _data_bytes(dense, expert, grad_bytes, links) + _data_bytes(dense, expert, element, links)

@@ -1002,7 +1002,7 @@ class StageGroup(Node):
     selectors: tuple[Selector, ...]
 
 
-PIPELINE_IMPLEMENTATIONS = ("torch", "megatron")
+PIPELINE_IMPLEMENTATIONS = ("torch", "megatron", "deepspeed")
 """Whose pipeline runs the stages (`stages = ... with implementation = ...`; docs/cost-model.md, "torch's pipeline
 stage")."""
 PIPELINE_OUTPUTS = ("dropped", "returned")
@@ -1024,11 +1024,15 @@ class Stages(OptionalKeys):
     virtual: int = Field(default=1, gt=0, le=1024, description="stages per pipeline rank")
     rank_map: Union[Literal["loop", "vshape"], tuple[int, ...]] = "loop"
     groups: tuple[StageGroup, ...] = ()
-    implementation: Literal["torch", "megatron"] = Field(
-        default="torch", description="`stages = ... with implementation = torch | megatron`: whose pipeline runs "
-        "them: torch's `torch.distributed.pipelining` (`plandsl run`'s and torchtitan's: each stage keeps a receive "
-        "buffer per microbatch for activations and for gradients, and each output until its backward), or "
-        "Megatron-LM's (`megatron.core.pipeline_parallel.schedules`: an output freed once sent, one receive at a time)")
+    implementation: Literal["torch", "megatron", "deepspeed"] = Field(
+        default="torch", description="`stages = ... with implementation = torch | megatron | deepspeed`: whose "
+        "pipeline runs them: torch's `torch.distributed.pipelining` (`plandsl run`'s and torchtitan's: each stage "
+        "keeps a receive buffer per microbatch for activations and for gradients, and each output until its "
+        "backward), Megatron-LM's (`megatron.core.pipeline_parallel.schedules`: an output freed once sent, one "
+        "receive at a time), or DeepSpeed's pipeline engine (`deepspeed/runtime/pipe`, Megatron-DeepSpeed's: "
+        "Megatron's memory; its TrainSchedule's 1F1B with blocking sends and receives between the instructions, "
+        "each tensor-parallel rank sending 1/tp of a boundary and all-gathering it on arrival, and the gradients "
+        "reduced only after the schedule: docs/cost-model.md, \"DeepSpeed's pipeline engine\")")
     account: tuple[Literal["embed", "loss"], ...] = Field(
         default=(), description="`stages = evenly ... with account = [embed, loss]`: the embedding and the loss (final "
         "norm, head and loss) each counted as one layer of the even split, in model order (Megatron-LM's "

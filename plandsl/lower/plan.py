@@ -373,10 +373,13 @@ def _pipeline_options(scope: Scope, found: dict) -> dict:
         options["implementation"] = scope.word(found["implementation"][0], ir.PIPELINE_IMPLEMENTATIONS,
                                                "pipeline implementation")
     if "outputs" in found:
-        if options.get("implementation") == "megatron":
-            raise scope.reporter.error("E206", "Megatron-LM's pipeline returns no outputs (its schedules return the "
-                                       "losses): 'outputs' would set nothing", found["outputs"][1],
-                                       hint="drop `outputs`, or run torch's pipeline: drop `implementation = megatron`")
+        if options.get("implementation") in ("megatron", "deepspeed"):
+            whose = {"megatron": "Megatron-LM's pipeline returns no outputs (its schedules return the losses)",
+                     "deepspeed": "DeepSpeed's pipeline engine returns no outputs (`train_batch` returns the mean "
+                                  "loss)"}[options["implementation"]]
+            raise scope.reporter.error("E206", f"{whose}: 'outputs' would set nothing", found["outputs"][1],
+                                       hint=f"drop `outputs`, or run torch's pipeline: drop `implementation = "
+                                       f"{options['implementation']}`")
         options["outputs"] = scope.word(found["outputs"][0], ir.PIPELINE_OUTPUTS, "pipeline outputs setting")
     return options
 

@@ -46,8 +46,9 @@ class Request:
     sequence parallelism are priced so and written `with sequence_parallel, overlap` (`overlap = userbuffers`).
     None: no overlap."""
     pipeline: str | None = None
-    """Whose pipeline runs the stages (`ir.PIPELINE_IMPLEMENTATIONS`): `torch` (the default) or `megatron`, whose
-    schedules alone are searched and whose memory counted, and written `stages = ... with implementation = megatron`."""
+    """Whose pipeline runs the stages (`ir.PIPELINE_IMPLEMENTATIONS`): `torch` (the default), `megatron` or
+    `deepspeed`, whose schedules alone are searched and whose memory and time counted, and written `stages = ... with
+    implementation = megatron` (or deepspeed)."""
     from_file: str | None = None
     plan_name: str | None = None
     params: Mapping[str, object] = field(default_factory=dict)

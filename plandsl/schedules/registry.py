@@ -55,6 +55,8 @@ class ScheduleInfo:
     searched: bool = True         # `generate` tries it unpinned
     inflight: InflightRule = "depth"  # the memory model's in-flight microbatches (`InflightRule`)
     megatron: bool = False        # Megatron-LM's pipeline runs it (`stages ... with implementation = megatron`, E610)
+    deepspeed: bool = False       # DeepSpeed's pipeline engine runs it (`implementation = deepspeed`, E610): its
+    #                               TrainSchedule (deepspeed/runtime/pipe/schedule.py), a 1F1B
 
 
 BUILTIN: dict[str, ScheduleInfo] = {s.name: s for s in (
@@ -62,7 +64,8 @@ BUILTIN: dict[str, ScheduleInfo] = {s.name: s for s in (
                  torch_class="ScheduleGPipe", inflight="every"),
     # torch's Schedule1F1B, which `plandsl run` uses, refuses fewer microbatches than stages
     ScheduleInfo("1f1b", "PipeDream-Flush: warm-up forwards, then one forward one backward (Narayanan et al. 2021)",
-                 min_microbatches="ranks", lays_out_fewer=True, torch_class="Schedule1F1B", megatron=True),
+                 min_microbatches="ranks", lays_out_fewer=True, torch_class="Schedule1F1B", megatron=True,
+                 deepspeed=True),
     ScheduleInfo("interleaved_1f1b", "1F1B over several stages per rank (Megatron-LM, Narayanan et al. 2021)",
                  virtual="any", rounds=True, torch_class="ScheduleInterleaved1F1B", inflight="interleaved",
                  megatron=True),

@@ -404,13 +404,22 @@ def _stop(stats: SearchStats, heap: list, results: list[Scored], top: int) -> No
 
 
 def _megatron_runs(problem: Problem, pins: Mapping[str, object]) -> None:
-    """A pinned schedule on Megatron-LM's pipeline is one it runs (the checker's E610), else a SearchError saying so
-    rather than an empty search."""
+    """A pinned schedule on Megatron-LM's pipeline or DeepSpeed's engine is one it runs (the checker's E610), and a
+    pinned ZeRO stage on DeepSpeed's pipelined engine one it takes (E611), else a SearchError saying so rather than an
+    empty search."""
     pinned = pins.get("schedule")
     if problem.pipeline == "megatron" and pinned not in (None, "none") and not BUILTIN[pinned].megatron:
         runs = ", ".join(name for name, info in BUILTIN.items() if info.megatron)
         raise SearchError(f"--pin schedule={pinned}: Megatron-LM's pipeline does not run it (E610); it runs {runs}, "
                           "or torch's pipeline runs every schedule")
+    if problem.pipeline == "deepspeed" and pinned not in (None, "none") and not BUILTIN[pinned].deepspeed:
+        runs = ", ".join(name for name, info in BUILTIN.items() if info.deepspeed)
+        raise SearchError(f"--pin schedule={pinned}: DeepSpeed's pipeline engine does not run it (E610); it runs "
+                          f"{runs}, or torch's pipeline runs every schedule")
+    if problem.pipeline == "deepspeed" and pins.get("zero_stage") is not None and int(pins["zero_stage"]) >= 2 \
+            and pins.get("pp") not in (None, 1):
+        raise SearchError(f"--pin zero_stage={pins['zero_stage']}: DeepSpeed's pipeline engine takes ZeRO 0 or 1 "
+                          "(E611)")
 
 
 def _overlap_recomputes(problem: Problem, pins: Mapping[str, object]) -> None:

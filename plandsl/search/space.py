@@ -224,9 +224,12 @@ class Space:
         zeros = [pins["zero_stage"]] if "zero_stage" in pins else list(ir.ZERO_STAGES)
         if root.data_ranks == 1:  # nothing for ZeRO to shard over (Candidate.data_axis)
             zeros = [z for z in zeros if z == 0] or zeros[:1]
+        deepspeed = self.problem.pipeline == "deepspeed" and root.pp > 1
+        if deepspeed:  # its engine takes ZeRO 0 or 1 (the checker's E611)
+            zeros = [z for z in zeros if z <= 1]
         choices = schedule_choices(root.pp, node.microbatches, self.blocks + self.apart, pins.get("schedule"),
                                    pins.get("virtual_stages"), self.problem.pipeline == "megatron",
-                                   self.problem.overlap_experts)
+                                   self.problem.overlap_experts, deepspeed)
         if node.recompute == "selective_op":  # its kept outputs serve one backward pass, not I then W (E703)
             choices = [c for c in choices if not splits_backward(c[0])] or choices
         leaves, memories, busy = [], {}, {}

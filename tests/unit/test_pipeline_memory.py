@@ -63,7 +63,7 @@ def test_the_clause_and_the_block_say_whose_pipeline():
 
 def test_an_unknown_pipeline_is_refused():
     analysis = api.checks(PLAN.format(hidden=HIDDEN, vocab=VOCAB, seq=SEQ, pp=4, tp=1, batch=16, tensor="", loss="",
-                                      stages="evenly over pp with implementation = deepspeed", schedule="1f1b"),
+                                      stages="evenly over pp with implementation = colossalai", schedule="1f1b"),
                           path="p.plan")
     assert [d.code for d in analysis.diagnostics] == ["E210"]
     assert "megatron" in analysis.diagnostics[0].hint

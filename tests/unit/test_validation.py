@@ -172,12 +172,15 @@ def test_held_out_error_within_target(bench, results):
     rows at virtual stages their code runs"): 8.7 %, H100 9.9 %, max 21.6 % (held at 22 %). Since Megatron-Core's
     gradient buffer is priced under `param_dtype` (2026-12-05, ninth session: the weight-gradient GEMMs accumulate into
     it, a step zeroes and scales it; docs/validation.md, "Megatron-Core's gradient buffer"): 6.4 %, H100 7.0 %, max
-    19.1 % (the README's GPT 119B): every target met, the maxima held at the target, 20 %."""
+    19.1 % (the README's GPT 119B): every target met, the maxima held at the target, 20 %. Since BLOOM's and MT-NLG's
+    rows say DeepSpeed's pipeline engine (2026-12-05, tenth session: its blocking transfers and its reduction after the
+    schedule; docs/validation.md, "DeepSpeed's pipeline engine"): the A100's max 16.6 % (MT-NLG on 3,360 A100s, +18.9
+    → +16.6 %), held at 17 %; the median 5.9 %."""
     errors = _held_out(bench, results)
     assert len(errors) >= 30
     assert statistics.median(errors.values()) <= 0.10, errors
     assert max(errors.values()) <= 0.20, errors
-    for generation, median, worst in (("A100", 0.10, 0.19), ("H100", 0.10, 0.20)):
+    for generation, median, worst in (("A100", 0.10, 0.17), ("H100", 0.10, 0.20)):
         apart = _held_out(bench, results, generation)
         assert len(apart) >= 10 and statistics.median(apart.values()) <= median, (generation, apart)
         assert max(apart.values()) <= worst, (generation, apart)

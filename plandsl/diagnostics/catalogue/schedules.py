@@ -137,6 +137,8 @@ _entry("E610", """
     Megatron-LM runs two schedules: 1F1B (`forward_backward_pipelining_without_interleaving`)
     and, with virtual stages, interleaved 1F1B (`..._with_interleaving`). Any other schedule,
     or one written in the plan, is torch's to run: the plan cannot say Megatron-LM runs it.
+    Likewise `implementation = deepspeed` (DeepSpeed's pipeline engine, `deepspeed/runtime/pipe`)
+    runs one schedule, its TrainSchedule, a 1F1B: `schedule = 1f1b`.
     """, f"""
     import "clusters/dgx_a100"
     plan p {{
@@ -148,3 +150,21 @@ _entry("E610", """
       schedule = gpipe
     }}
     """, "Use a schedule Megatron-LM runs, or torch's pipeline.", ("schedule = gpipe", "schedule = 1f1b"))
+
+_entry("E611", """
+    `stages = ... with implementation = deepspeed` says the plan is DeepSpeed's pipeline engine
+    (`deepspeed/runtime/pipe/engine.py`, as Megatron-DeepSpeed ran BLOOM and MT-NLG), which asserts
+    `zero_optimization_stage() < 2`: it reduces the gradients itself after its schedule, so it takes
+    replicated data parallelism or ZeRO-1 (optimizer states sharded), never ZeRO-2 or -3.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model    = {GPT}
+      cluster  = dgx_a100 x 1
+      mesh     = [dp = 2, pp = 2, tp = 2]
+      train    = {{ global_batch: 16, micro_batch: 1 }}
+      data     = zero2 over dp
+      stages   = evenly over pp with implementation = deepspeed
+      schedule = 1f1b
+    }}
+    """, "Shard only the optimizer states (ZeRO-1), or run torch's pipeline.", ("data     = zero2", "data     = zero1"))

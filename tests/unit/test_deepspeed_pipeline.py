@@ -1,0 +1,83 @@
+"""DeepSpeed's pipeline engine (`stages = ... with implementation = deepspeed`, deepspeed v0.5.8's
+`deepspeed/runtime/pipe`, as Megatron-DeepSpeed ran BLOOM and MT-NLG): the lowering, the checker (E610: its
+TrainSchedule's 1F1B alone; E611: ZeRO 0 or 1; E206: no outputs), the search's choices, and its time
+(`cost.estimate.deepspeed_exchanges`, `cost.stage.rank_tail(after_schedule=True)`) against the same plan on
+Megatron-LM's pipeline, whose memory it shares."""
+import dataclasses
+
+import pytest
+
+from plandsl import api
+from plandsl.cost.comm import collective_seconds
+from plandsl.cost.estimate import estimate_plan, pipeline_p2p_seconds, plan_work
+from plandsl.cost.layer import plan_links
+from plandsl.search.choices import schedule_choices
+
+PLAN = """import "clusters/dgx_a100"
+plan p {{
+  model    = gpt(layers=8, hidden=1024, heads=16, seq=1024, vocab=50304)
+  cluster  = dgx_a100 x 2
+  mesh     = [dp = 2, pp = 4, tp = 2]
+  train    = {{ global_batch: 64, micro_batch: 2, precision: bf16, recompute: full }}
+  tensor   = megatron over tp
+  data     = {data} over dp
+  stages   = evenly over pp with implementation = {implementation}
+  schedule = {schedule}
+}}
+"""
+
+
+def _text(implementation="deepspeed", schedule="1f1b", data="zero1"):
+    return PLAN.format(implementation=implementation, schedule=schedule, data=data)
+
+
+def _errors(text):
+    return [d.code for d in api.checks(text, path="p.plan").diagnostics if d.severity == "error"]
+
+
+def _plan(**kwargs):
+    return api.select_plan(api.loads(_text(**kwargs), path="p.plan"))
+
+
+def test_the_language_says_deepspeeds_pipeline_and_checks_it():
+    assert _plan().stages.implementation == "deepspeed"
+    assert _errors(_text()) == [] and _errors(_text(data="replicate")) == []
+    assert _errors(_text(schedule="gpipe")) == ["E610"]  # TrainSchedule is a 1F1B
+    assert _errors(_text(schedule="interleaved_1f1b").replace("implementation = deepspeed",
+                                                              "virtual = 2, implementation = deepspeed")) == ["E610"]
+    found = api.checks(_text(data="zero2"), path="p.plan").diagnostics
+    assert [d.code for d in found if d.severity == "error"] == ["E611"] and "zero2" in found[0].message
+    assert _errors(_text(data="zero2", implementation="megatron")) == []
+    outputs = _text().replace("implementation = deepspeed", "implementation = deepspeed, outputs = returned")
+    assert _errors(outputs) == ["E206"]
+
+
+def test_the_search_offers_it_only_its_schedule():
+    assert schedule_choices(4, 8, 16, None, None, deepspeed=True) == [("1f1b", 1)]
+    assert ("gpipe", 1) in schedule_choices(4, 8, 16, None, None)
+
+
+def test_its_transfers_block_the_stages_and_its_reduction_follows_the_schedule():
+    """Per microbatch, a stage after the first spends two transfers and one all-gather over tp in its forward, a
+    stage before the last two transfers and two all-gathers in its backward (TrainSchedule's steps); nothing else
+    of the stage changes. After the schedule ZeRO-1 all-reduces the gradients and all-gathers the updated
+    parameters, neither beside any computation; its memory is Megatron-LM's pipeline's."""
+    deepspeed, megatron = _plan(), _plan(implementation="megatron")
+    ds, mg = estimate_plan(deepspeed), estimate_plan(megatron)
+    links, work = plan_links(deepspeed), plan_work(deepspeed)
+    transfer = pipeline_p2p_seconds(deepspeed.model, work, links)
+    gather = collective_seconds("all_gather", work.tokens * deepspeed.model.hidden * work.precision.bytes, links.tp)
+    assert transfer > 0 and gather > 0
+    last = len(ds.stage_times) - 1
+    for stage, (d, m) in enumerate(zip(ds.stage_times, mg.stage_times)):
+        assert d.forward == pytest.approx(m.forward + (2 * transfer + gather if stage > 0 else 0.0))
+        assert d.backward == pytest.approx(m.backward + (2 * transfer + 2 * gather if stage < last else 0.0))
+        assert dataclasses.replace(d, forward=m.forward, input_grad=m.input_grad, comm=m.comm) == m
+    grads, element = deepspeed.train.grad_dtype.bytes, deepspeed.train.precision.bytes
+    exposed = max(collective_seconds("all_reduce", s.dense_params * grads, links.data)
+                  + collective_seconds("all_gather", s.dense_params * element, links.data) for s in ds.stage_times)
+    tail = ds.time.step - ds.time.pipeline
+    assert tail == pytest.approx(exposed + ds.time.optimizer)  # the first stage's: it holds the embedding too
+    assert tail > mg.time.step - mg.time.pipeline
+    assert ds.time.step > mg.time.step
+    assert [m.total for m in ds.memory] == [m.total for m in mg.memory]
