@@ -308,22 +308,26 @@ def held_profiles(schedule: Schedule, weight_grad_fraction: float = 0.5) -> tupl
     rank's own actions in their fixed order. One pipeline's schedules only (each rank's stages from
     `stage_to_rank[0]`)."""
     change = {Kind.F: 1.0, Kind.B: -1.0, Kind.I: weight_grad_fraction - 1.0, Kind.W: -weight_grad_fraction}
+    forward = Kind.F
     single = schedule.stage_to_rank[0]
+    owned: list[list[int]] = [[] for _ in schedule.actions]
+    for s, r in enumerate(single):
+        owned[r].append(s)
     out = []
-    for rank, row in enumerate(schedule.actions):
-        own = [s for s, r in enumerate(single) if r == rank]
+    for own, row in zip(owned, schedule.actions):
         column = {s: j for j, s in enumerate(own)}
         held, seen, rising = [0.0] * len(own), set(), False
+        add = seen.add
         for stage, kind, _ in row:
             delta = change.get(kind)
             if delta is None:
                 continue
-            if rising and kind is not Kind.F:  # the last forward before a release: those before it hold no more
-                seen.add(tuple(held))
+            if rising and kind is not forward:  # the last forward before a release: those before it hold no more
+                add(tuple(held))
             held[column[stage]] += delta
-            rising = kind is Kind.F
+            rising = kind is forward
         if rising:
-            seen.add(tuple(held))
+            add(tuple(held))
         out.append(tuple(sorted(seen)) or ((0.0,) * len(own),))
     return tuple(out)
 

@@ -377,3 +377,49 @@ def test_a_new_column_value_needs_no_edit_of_check_sizes(monkeypatch):
 def test_every_builtin_name_has_a_generator():
     for name in BUILTIN:
         assert generate(name, 2, 4).name == name
+
+
+def _interleaved_by_counters(rank, ranks, microbatches, virtual, per_round, zero_bubble):
+    """torch's `_get_1f1b_rank_ops` step by step, each local stage's next microbatch from a counter (what
+    `generators._interleaved_rank` computes from the walk over the local stages)."""
+    from collections import deque
+    F, B, I, W = Kind.F, Kind.B, Kind.I, Kind.W  # noqa: E741 - the notation's letters
+    total = microbatches * virtual
+    warmup = min((virtual - 1) * per_round + (1 if zero_bubble else 2) * (ranks - 1 - rank), total)
+    backward = I if zero_bubble else B
+    counters = {(s, kind): 0 for s in range(rank, ranks * virtual, ranks) for kind in (F, backward)}
+    pending, row = deque(), []
+
+    def add(stage, kind):
+        row.append(Action(stage, kind, counters[stage, kind]))
+        counters[stage, kind] += 1
+
+    for step in range(total + warmup):
+        if step < total:
+            add((step // per_round) % virtual * ranks + rank, F)
+        if step >= warmup:
+            add((virtual - 1 - (step - warmup) // per_round % virtual) * ranks + rank, backward)
+            if zero_bubble:
+                pending.append(row[-1])
+                if step - warmup >= rank:
+                    row.append(Action(pending[0].stage, W, pending.popleft().microbatch))
+    return row + [Action(a.stage, W, a.microbatch) for a in pending]
+
+
+def test_an_interleaved_rank_from_its_walk_is_the_counters_loop():
+    """The interleaved schedules' rows, each pass's stage and microbatch from the walk over the local stages, are
+    the step-by-step loop's, rounds of any size (whole or not) included."""
+    from plandsl.schedules.generators import _interleaved_rank
+    cases = 0
+    for ranks in range(1, 7):
+        for virtual in range(1, 4):
+            for per_round in sorted({1, ranks, ranks + 1, 2 * ranks}):
+                for microbatches in sorted({1, per_round, per_round + 1, 3 * per_round}):
+                    for zero_bubble in (False, True):
+                        for rank in range(ranks):
+                            row = _interleaved_rank(rank, ranks, microbatches, virtual, per_round, zero_bubble)
+                            assert row == _interleaved_by_counters(rank, ranks, microbatches, virtual, per_round,
+                                                                   zero_bubble)
+                            assert all(type(action) is Action for action in row)
+                            cases += 1
+    assert cases > 1000
