@@ -249,3 +249,25 @@ def test_a_model_file_outside_the_output_folder_says_what_to_pass(models, tmp_pa
     assert hint.startswith(flag[len("--include "):][:24])                 # the folder shortened when long)
     check = _cli("check", "o.plan", "--include", folder, cwd=tmp_path / "out")
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_pipeline_deepspeed_searches_its_schedule_and_zero_stages_and_writes_it(tmp_path):
+    """`--pipeline deepspeed`: only DeepSpeed's TrainSchedule (1f1b) and ZeRO 0 or 1 under a pipeline are proposed,
+    each plan written `with implementation = deepspeed` checks clean and estimates to the search's step time (its
+    blocking transfers and its reduction after the schedule: slower than the same plan on Megatron-LM's pipeline),
+    and a pin it cannot run names the checker's code."""
+    pinned = [*SMALL, "--pin", "pp=2", "--top", "3", "--json"]
+    out = run(*pinned, "--pipeline", "deepspeed")
+    assert out.exit_code == 0, out.output
+    candidates = json.loads(out.output)["candidates"]
+    assert candidates and {c["schedule"] for c in candidates} == {"1f1b"} and {c["zero_stage"] for c in candidates} <= {0, 1}
+    for c in candidates:
+        assert "implementation = deepspeed" in c["plan"]
+        (plan,) = api.loads(c["plan"], path=str(tmp_path / "c.plan")).plans  # checks clean: raises otherwise
+        estimate = estimate_plan(plan)
+        assert estimate.time.step == pytest.approx(c["step_time_s"], rel=1e-9)
+        on_megatron = estimate_plan(plan.model_copy(update={"stages": plan.stages.model_copy(
+            update={"implementation": "megatron"})}))
+        assert on_megatron.time.step < estimate.time.step
+    assert "E610" in run(*pinned, "--pipeline", "deepspeed", "--pin", "schedule=gpipe").output
+    assert "E611" in run(*pinned, "--pipeline", "deepspeed", "--pin", "zero_stage=2").output
