@@ -76,14 +76,7 @@ def attention_curve(scope: Scope, expr: s.Expr) -> tuple[ir.AttentionPoint, ...]
                                        f"`{inner.text(item)}`", item.span,
                                        hint="e.g. `[2048, 0.8]`: the sequence length and the kernel's speed there "
                                             "as a ratio to `attention` and `attention_backward`")
-        tokens = row_scope.eval(row.items[0])
-        if isinstance(tokens, Word):
-            raise row_scope.unknown(tokens)
-        if isinstance(tokens, float) and tokens.is_integer():
-            tokens = int(tokens)
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-            raise scope.reporter.error("E205", f"an attention_by_sequence row's tokens is a positive whole number, "
-                                       f"found `{row_scope.text(row.items[0])}`", row.items[0].span)
+        tokens = _whole(row_scope, row.items[0], "E205", "an attention_by_sequence row's tokens")
         ratio = row_scope.number(row_scope.eval(row.items[1]), row.items[1])
         if not ratio > 0:
             raise scope.reporter.error("E205", f"an attention_by_sequence ratio is above 0, found {ratio:g}",
@@ -135,12 +128,18 @@ def measured_collectives(scope: Scope, expr: s.Expr, what: str) -> dict[str, tup
 
 
 def _dimension(scope: Scope, expr: s.Expr, name: str) -> int:
+    return _whole(scope, expr, "E216", f"a measured row's {name}", hint=f"rows are {ROW}")
+
+
+def _whole(scope: Scope, expr: s.Expr, code: str, what: str, hint: str | None = None) -> int:
+    """`expr`'s value, a positive whole number (a float that is one taken as it), or `code`: "`what` is a positive
+    whole number"."""
     value = scope.eval(expr)
     if isinstance(value, Word):
         raise scope.unknown(value)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise scope.reporter.error("E216", f"a measured row's {name} is a positive whole number, found "
-                                   f"`{scope.text(expr)}`", expr.span, hint=f"rows are {ROW}")
+        raise scope.reporter.error(code, f"{what} is a positive whole number, found `{scope.text(expr)}`", expr.span,
+                                   hint=hint)
     return value
