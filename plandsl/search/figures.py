@@ -455,14 +455,7 @@ class Figures:
             last_rank = stage_ranks(schedule, pp, virtual)[-1]
             head = head_inflight(schedule, float(inflight[last_rank]))
             chunks = len(profiles[0][0])
-            beyond = False
-            for rank, moments in enumerate(profiles):
-                rule = float(inflight[rank])
-                for moment in moments:
-                    if any(h > rule * (1 + 1e-12) for h in moment) or \
-                            (rank == last_rank and moment[-1] > head * (1 + 1e-12)):  # its last stage: its last
-                        beyond = True
-            if beyond:  # the moments no other one of the rank covers on every stage: only they can be its peak
+            if _beyond(profiles, inflight, last_rank, head):  # the moments no other one of the rank covers on every stage: only they can be its peak
                 fronts = [_uncovered(np.array(moments)) for moments in profiles]
                 array = np.zeros((pp, max(len(f) for f in fronts), chunks))
                 for rank, front in enumerate(fronts):
@@ -481,6 +474,17 @@ class Figures:
         out[-1] = out[-1] + [layer for layer in self.layers if layer.kind in ("norm", "head")]
         return out
 
+
+
+def _beyond(profiles, inflight: np.ndarray, last_rank: int, head: float) -> bool:
+    """Whether a moment of the simulated profiles holds more on some stage than the in-flight rule counts for its whole
+    rank (`Figures.held`), the last rank's last stage more than the norm and head's `head` microbatches."""
+    for rank, moments in enumerate(profiles):
+        limit = float(inflight[rank]) * (1 + 1e-12)
+        for moment in moments:
+            if max(moment) > limit or (rank == last_rank and moment[-1] > head * (1 + 1e-12)):  # its last stage: its last
+                return True
+    return False
 
 
 def _gathers_units(plan: ir.Plan) -> bool:

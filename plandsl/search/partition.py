@@ -64,13 +64,17 @@ def _below(blocks: int, fixed: list[float], per_block: list[float], caps: list[i
     for _ in range(4):  # each lowering takes a block from every stage between its least and its cap
         if not -math.inf < level < math.inf:
             break
-        counts = []
-        for f, b, cap, lo in zip(fixed, per_block, caps, least):
-            k = min(cap, max(lo, int((level - f) / b)))  # the most k in lo..cap with f + k * b below the level
-            while k < cap and f + (k + 1) * b < level:
-                k += 1
-            while k > lo and f + k * b >= level:
-                k -= 1
+        counts, alike = [], {}  # stages alike (one device type's middle ones) counted once
+        for stage in zip(fixed, per_block, caps, least):
+            k = alike.get(stage)
+            if k is None:
+                f, b, cap, lo = stage
+                k = min(cap, max(lo, int((level - f) / b)))  # the most k in lo..cap with f + k * b below the level
+                while k < cap and f + (k + 1) * b < level:
+                    k += 1
+                while k > lo and f + k * b >= level:
+                    k -= 1
+                alike[stage] = k
             counts.append(k)
         if sum(counts) <= blocks:
             return counts
