@@ -38,7 +38,8 @@ def check_schedule(plan: ir.Plan) -> Iterator[Diagnostic]:
                        "TrainSchedule, deepspeed/runtime/pipe/schedule.py)", plan.schedule.span,
                        hint="schedule = 1f1b, or torch's pipeline: drop `implementation = deepspeed`",
                        notes=[Note("DeepSpeed's pipeline engine said here", span)] if span else [])
-        return
+            return
+        # its 1F1B then meets the sizes torch's runs (below), as `plandsl run` runs it on torch's pipeline
     if plan.stages.implementation == "megatron":
         info = BUILTIN.get(plan.schedule.name) if plan.schedule.definition is None else None
         if info is None or not info.megatron:  # megatron.core.pipeline_parallel.schedules' two functions

@@ -81,3 +81,14 @@ def test_its_transfers_block_the_stages_and_its_reduction_follows_the_schedule()
     assert tail > mg.time.step - mg.time.pipeline
     assert ds.time.step > mg.time.step
     assert [m.total for m in ds.memory] == [m.total for m in mg.memory]
+
+
+def test_its_1f1b_meets_the_sizes_torchs_runs_also_for_each_data_ranks_share():
+    """`plandsl run` runs the plan on torch's pipeline (docs/running.md), whose 1F1B refuses fewer microbatches than
+    stages: a data rank's share of one microbatch over 4 stages is E502 as on the other pipelines (the checker
+    returned after E610/E611 and passed it; run then failed building the job)."""
+    shares = _text().replace("recompute: full", "recompute: full, batch_shares: [62, 2]")
+    for implementation in ("deepspeed", "megatron", "torch"):
+        assert _errors(shares.replace("implementation = deepspeed", f"implementation = {implementation}")) == \
+            ["E502"], implementation
+    assert _errors(_text().replace("global_batch: 64", "global_batch: 4")) == ["E502"]
