@@ -217,11 +217,15 @@ def test_run_runs_depths_beside_every_parallelism():
     assert api.run_refusals(_pipelined(", mtp=1")) == []  # the depths on the last stage (test_mtp_pipeline_run.py)
     context = PIPELINE.format(extra=", mtp=1").replace("[pp = 2, ep = 2, tp = 2]", "[pp = 2, cp = 2, tp = 2]") \
         .replace("experts = alltoall over ep", "context = allgather over cp")
-    assert api.run_refusals(api.loads(context).plans[0]) == []  # context parallelism, fed the whole rows
+    context = api.loads(context).plans[0]
+    assert (context.cp, context.ep, context.model.mtp) == (2, 1, 1)  # the replacements took (else it checks nothing new)
+    assert api.run_refusals(context) == []  # context parallelism, fed the whole rows
     assert api.run_refusals(_plan()) == [] and api.run_refusals(_pipelined()) == []
     data = PLAN.format(extra=", mtp=1", sp="").replace("mesh    = [dp = 2, ep = 2, tp = 2]", "mesh    = [dp = 4, ep = 2]") \
         .replace("  tensor  = megatron over tp\n", "")
-    assert api.run_refusals(api.loads(data).plans[0]) == []  # data and expert parallelism run it
+    data = api.loads(data).plans[0]
+    assert (data.mesh.degree("dp"), data.ep, data.tp, data.model.mtp) == (4, 2, 1, 1)
+    assert api.run_refusals(data) == []  # data and expert parallelism run it
 
 
 TINY = "llama(layers=2, hidden=32, heads=4, seq=16, vocab=64, ffn=32, experts=4, top_k=2, dense_layers=1, mtp=2)"
