@@ -349,7 +349,8 @@ def mtp_projection_compute(model: ir.TransformerModel, work: Work, device: ir.De
     concatenated (2h) and projected to h by a column-parallel GEMM without bias (megatron-core 0.16.1
     multi_token_prediction.py:662-671, 741-743), in the plan's precision (the depth runs under the global FP8 context,
     :775-787); its backward as any GEMM's (`estimate_layer_compute`). The depth's norms, embedding lookup, block and
-    output layer are those layers' own figures (`cost.layer.estimate_layer_time` adds them)."""
+    output layer are those layers' own figures (`cost.layer.estimate_layer_time` adds them). Its weight gradient
+    accumulates into the gradient buffer as every linear layer's does (`accumulate_seconds`)."""
     efficiency = efficiency or device_efficiency(device)
     tokens, h = work.tokens, model.hidden
     out = -(-h // work.tp)
@@ -358,7 +359,8 @@ def mtp_projection_compute(model: ir.TransformerModel, work: Work, device: ir.De
     flops = 2.0 * tokens * out * 2 * h
     full = work.recompute is ir.Recompute.full
     return LayerCompute(matmul, other, 2 * matmul, 2 * other, (matmul + other) if full else 0.0,
-                        flops=flops, recompute_flops=flops if full else 0.0)
+                        flops=flops, recompute_flops=flops if full else 0.0,
+                        accumulate=accumulate_seconds(out * 2 * h, work, work.precision, device))
 
 
 def _tensor_parallel_flops(layer: Layer, tp: int) -> float:

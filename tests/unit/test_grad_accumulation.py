@@ -85,3 +85,16 @@ def test_zero3_keeps_no_whole_buffer_to_zero():
 def estimate_states(plan):
     from plandsl.cost.memory import StateBytes
     return StateBytes.of(plan.train)
+
+
+def test_multi_token_predictions_projection_accumulates_its_weight_gradient_too():
+    """`eh_proj` (2h -> h, column-parallel over tp) is a linear layer like the block's: its W reads and writes the
+    buffer, 6 more bytes per weight element than the 16-bit output the GEMM model writes; F and I do not change."""
+    from plandsl.cost.compute import mtp_projection_compute
+    h = GPT.hidden
+    for tp in (1, 8):
+        plain = Work(micro_batch=2, seq=4096, tp=tp)
+        fused = Work(micro_batch=2, seq=4096, tp=tp, accumulate=8)
+        before, after = (mtp_projection_compute(GPT, work, H100, DEFAULT_EFFICIENCY) for work in (plain, fused))
+        assert after.forward == before.forward and after.input_grad == before.input_grad
+        assert after.weight_grad - before.weight_grad == pytest.approx(2 * h * h / tp * 6 / H100.bandwidth, rel=1e-12)
