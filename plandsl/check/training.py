@@ -223,8 +223,10 @@ def _offload_layers(plan: ir.Plan) -> Iterator[Diagnostic]:
     if plan.stages is not None and plan.pp > 1 and plan.stages.implementation in ("megatron", "deepspeed"):
         whose = "Megatron-LM's pipeline" if plan.stages.implementation == "megatron" else \
             "DeepSpeed's pipeline engine (Megatron-DeepSpeed's)"
-        yield diag("E513", f"offload_layers({count}) on {whose} (pp = {plan.pp}): megatron-core "
-                   f"offloads activations only without pipeline parallelism", span,
+        why = "megatron-core offloads activations only without pipeline parallelism" \
+            if plan.stages.implementation == "megatron" else \
+            "its schedule runs no activation offloading (megatron-core's runs only without pipeline parallelism)"
+        yield diag("E513", f"offload_layers({count}) on {whose} (pp = {plan.pp}): {why}", span,
                    hint="stages ... with implementation = torch (whose stages offload), or drop offload_layers",
                    notes=[Note(f"{whose} chosen here", plan.stages.span)] if plan.stages.span else [])
     assignment, _ = assign_stages(plan)
