@@ -23,7 +23,9 @@ from plandsl import ir
 from plandsl.ir.layers import (EXPERTS, FFN, HEADS, HEADS_X_HEAD_DIM, KV, TP_SPLIT, VOCAB, Layer, Param, attention_widths,
                                block_model, figures_key, kv_width, layers_of, once_per_figures)
 from plandsl.ir.placement import Assignment, assign_stages
-from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE
+from plandsl.cost.schedule import plan_schedule
+from plandsl.schedules.program import Kind
+from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE, splits_backward
 from plandsl.schedules.generators import check_sizes, pipeline_maps
 
 # Dim roles a tensor-parallel axis splits (Megatron, Shoeybi et al. 2019): column-parallel outputs
@@ -151,8 +153,10 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         layers = [layer for stage in stages for layer in stage_layers[stage]]
         # A tied head's stage without the embedding keeps its own copy of the weight, kept in sync by an
         # all-reduce of the gradients (Megatron-LM, Narayanan et al. 2021), also on a rank that holds the
-        # embedding's stage too (a V-shape's first rank: each stage is a model chunk of its own).
-        extra = [tied] if tied and any(_copies_embedding(stage_layers[stage]) for stage in stages) else []
+        # embedding's stage too (a V-shape's first rank: each stage is a model chunk of its own); two copies where
+        # the tied head's weight is kept apart from multi-token prediction's (`head_weight_apart`).
+        copies = 2 if head_weight_apart(plan) else 1
+        extra = [tied] * copies if tied and any(_copies_embedding(stage_layers[stage]) for stage in stages) else []
         params, grads, optimizer = model_state_bytes(plan, layers, extra, whole_tensors=whole_tensors)
         gathered_params, gathered_grads = gathered_bytes(plan, layers, extra, held=held)
         stored = [0.0, 0.0]  # per microbatch: [the rank's layers but the last stage's norm and head, those two]
@@ -722,6 +726,21 @@ def _copies_embedding(layers: Sequence[Layer]) -> bool:
     embedding."""
     kinds = {layer.kind for layer in layers}
     return "head" in kinds and "embed" not in kinds
+
+
+def head_weight_apart(plan: ir.Plan) -> bool:
+    """Whether the head's stage, without the embedding, holds a tied head's weight apart from multi-token prediction's
+    copy of the embedding: under a schedule that runs the backward as I then W, `plandsl run` gives the tied head a
+    weight of its own, its gradient summed with both (`runtime.parallel.pipeline.stage_part`: as one weight, its W pass
+    would run back through each depth to the copy, through nodes the I pass freed). One copy otherwise: the head's
+    weight is the copy."""
+    if not getattr(plan.model, "tied_embeddings", False) or not getattr(plan.model, "mtp", 0) \
+            or plan.schedule is None or plan.stages is None:
+        return False
+    if plan.schedule.definition is None:  # a built-in: by name, without laying it out
+        return splits_backward(plan.schedule.name)
+    schedule, _ = plan_schedule(plan)
+    return schedule is not None and any(action.kind is Kind.I for row in schedule.actions for action in row)
 
 
 def tied_embedding(plan: ir.Plan, layers: Sequence[Layer]) -> Param | None:
@@ -1303,7 +1322,7 @@ __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estima
            "held_stages", "gathered_bytes", "gather_element", "gather_element_bytes", "gathered_param_bytes",
            "fp8_gather_bytes", "fp8_weight_bytes", "megatron_fsdp_shards", "gathers_whole", "pipelined_shards",
            "returned_merge_bytes", "returned_output_bytes", "model_state_bytes",
-           "tied_embedding",
+           "tied_embedding", "head_weight_apart",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",
            "zero_degrees", "zero_one_elements", "gathers_kv", "STATE_BYTES", "StateBytes", "FP32_STATES", "module_split",
            "head_inflight", "beyond_layers", "LAST_STAGE_KINDS", "LOSS_PARALLEL_TEMPORARIES",

@@ -112,12 +112,16 @@ def test_a_checkpoint_resumes_across_the_copies_of_the_embedding(first, then, tm
 
 
 @pytest.mark.parametrize("layout, extra", [("1f1b", ""), ("interleaved", ""), ("zbv", ""), ("zbv", ", tied=true"),
+                                           ("zbv_tied", ", tied=true"), ("zb_h1_fused", ", tied=true"),
                                            ("tp_tied_clipped", ", tied=true"), ("ep_moe", _LAYOUTS["ep_moe"][3])],
-                         ids=["1f1b", "interleaved", "zbv", "zbv_tied_no_depths", "tp_tied", "ep_moe"])
+                         ids=["1f1b", "interleaved", "zbv", "zbv_tied_no_depths", "zbv_tied", "zb_h1_tied", "tp_tied",
+                              "ep_moe"])
 def test_the_dry_run_holds_the_states_the_estimate_counts(layout, extra):
     """`plandsl run --dry-run` builds the copy of the embedding the memory model counts on the head's stage
     (`cost.memory.tied_embedding`), also on ZBV's rank 0, which holds the embedding's stage too (a tied head's copy
-    there likewise, with no depths); parameters, gradients and optimizer states within 2 %."""
+    there likewise, with no depths), and a tied head's weight apart from the depths' copy under a schedule that splits
+    the backward (`cost.memory.head_weight_apart`: ZBV's rank 0 and ZB-H1's last rank had 64 KiB of parameters, one
+    embedding, fewer predicted than built); parameters, gradients and optimizer states within 2 %."""
     from plandsl.cost.estimate import estimate_plan
     from plandsl.runtime.dryrun import dry_run
     mesh, lines, train_, _ = _LAYOUTS[layout]
