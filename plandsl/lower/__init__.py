@@ -156,6 +156,13 @@ class Lowering:
             own = {k: v for k, v in fields.items() if k != "measured"}
             own.update(self._knobs(scope, inner, peak[precision], name))
             curves += [inner["attention_by_sequence"]] if "attention_by_sequence" in inner else []
+            if "attention_by_sequence" in inner and own.get("attention") is None:  # its own curve scales nothing
+                raise self.reporter.error("E207", f"attention_by_sequence for {name} scales the attention kernel's "
+                                          f"figures, but {name} has no `attention` (its own or the device's)",
+                                          inner["attention_by_sequence"].key_span,
+                                          hint=f"add `attention: 0.3` to the {name} entry or beside it (the "
+                                               "kernel's forward fraction of the peak at the sequence whose ratio "
+                                               "is 1)")
             curve = inner["attention_by_sequence"].value if "attention_by_sequence" in inner else expr
             self._attention_curve_fits(scope, own, curve, name)
             precisions[precision] = build(scope, ir.DeviceEfficiency, value.span, **own)

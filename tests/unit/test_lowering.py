@@ -733,7 +733,7 @@ def test_device_efficiency_keys_and_defaults():
     ("{ attention: 0.3, attention_by_sequence: [[2048, 1], [2048, 0.9]] }", "E205", "2,048 tokens twice"),
     ("{ attention: 0.6, attention_by_sequence: [[2048, 2]] }", "E205", "to 1.2 of the peak, above 1"),
     ("{ attention_by_sequence: [[2048, 1]] }", "E207", "the device states no `attention`"),
-    ("{ bf16: { attention_by_sequence: [[2048, 1]] } }", "E207", "the device states no `attention`"),
+    ("{ bf16: { attention_by_sequence: [[2048, 1]] } }", "E207", "bf16 has no `attention`"),
 ])
 def test_bad_device_efficiency_is_a_coded_error(value, code, words):
     diagnostic = one(EFF_DEVICE.format(extra=f"; efficiency = {value}"), code)
@@ -795,3 +795,19 @@ def test_an_option_given_twice_is_E213_and_none_takes_no_options():
     assert "tensor = none takes no options ('sequence_parallel' would set nothing)" in dropped.message
     assert the_plan(plan(mesh="[dp = 2, tp = 4]", extra="  tensor = megatron over tp with sequence_parallel")) \
         .tensor.sequence_parallel
+
+
+def test_a_precisions_own_curve_needs_an_attention_for_that_precision():
+    """A precision's own `attention_by_sequence` scales that precision's `attention` (its own, or the device's it
+    inherits): with neither, the curve scaled nothing and was dropped without a word while another precision stated
+    an `attention` (the device-wide E207 only asked for one anywhere); now E207 at the precision's key."""
+    device = ("device g {{ memory = 80 GiB; bandwidth = 2 TB/s; peak = {{ bf16: 312 TFLOP/s, fp16: 312 TFLOP/s }}; "
+              "efficiency = {{ {body} }} }}\n")
+    diagnostic = one(device.format(body="bf16: { attention: 0.5 }, fp16: { attention_by_sequence: [[2048, 0.5]] }"),
+                     "E207")
+    assert "attention_by_sequence for fp16" in diagnostic.message and "no `attention`" in diagnostic.message
+    for body in ("attention: 0.5, fp16: { attention_by_sequence: [[2048, 0.5]] }",
+                 "fp16: { attention: 0.5, attention_by_sequence: [[2048, 0.5]] }",
+                 "attention_by_sequence: [[2048, 0.5]], bf16: { attention: 0.5 }"):  # the device's: bf16 reads it
+        [found] = ok(device.format(body=body)).devices
+        assert found.efficiency is not None, body
