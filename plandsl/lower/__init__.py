@@ -29,6 +29,9 @@ DEVICE_ATTRS = {"memory": True, "bandwidth": True, "peak": True, "efficiency": F
 NODE_ATTRS = {"devices": True, "link": True, "nic": False, "hosts": False, "host_memory": False}
 CLUSTER_ATTRS = {"nodes": True, "fabric": False}
 LINK_KEYS = {"bandwidth": True, "latency": False, "measured": False}
+MIN_RATE = 1.0
+"""The least rate a device or link may state or imply (FLOP/s, B/s): a plan's work (at most ~1e40 FLOPs or bytes
+under docs/language.md's Limits) over it stays far below the largest float, where a smaller one made times infinite."""
 EFFICIENCY_KEYS = {"matmul": False, "kernel_latency": False, "measured": False, "attention": False,
                    "attention_backward": False, "attention_by_sequence": False}
 
@@ -101,13 +104,15 @@ class Lowering:
         if not require(scope, found, allowed, f"device '{d.name}'", d.name_span, d.body):
             raise Poison()
         memory = scope.quantity(found["memory"].value, BYTES, "memory")
-        bandwidth = scope.quantity(found["bandwidth"].value, BANDWIDTH, "bandwidth")
+        bandwidth = self._rate(scope, found["bandwidth"].value, BANDWIDTH, "bandwidth", "B/s")
         peaks = dict_items(scope, found["peak"].value, {p: False for p in PRECISIONS}, "peak")
-        peak = {ir.Precision(k): scope.quantity(item.value, FLOPS, f"peak {k}") for k, item in peaks.items()}
+        peak = {ir.Precision(k): self._rate(scope, item.value, FLOPS, f"peak {k}", "FLOP/s") for k, item in peaks.items()}
         if not peak:
             raise self.reporter.error("E207", "peak needs at least one precision", found["peak"].value.span,
                                       hint="peak = { bf16: 312 TFLOP/s }")
         efficiency = self.efficiency(scope, found["efficiency"].value, peak) if "efficiency" in found else None
+        if efficiency is not None:
+            self._slowest_kernel(peak, efficiency, found["efficiency"].value)
         reserve = None
         if "reserve" in found:
             value = found["reserve"].value
@@ -129,9 +134,39 @@ class Lowering:
         # streaming multiprocessors: a whole number of at least 1 (E205, E211), at most MAX_SMS (E505)
         sms = {"sms": scope.integer(found["sms"].value, "sms", minimum=1, maximum=MAX_SMS)} if "sms" in found else {}
         if "host_bandwidth" in found:  # to the host's memory, each way: what offloaded activations cross
-            sms["host_bandwidth"] = scope.quantity(found["host_bandwidth"].value, BANDWIDTH, "host_bandwidth")
+            sms["host_bandwidth"] = self._rate(scope, found["host_bandwidth"].value, BANDWIDTH, "host_bandwidth", "B/s")
         return build(scope, ir.DeviceType, d.span, name=d.name, memory=memory, bandwidth=bandwidth, peak=peak,
                      efficiency=efficiency, reserve=reserve, comm_share=comm_share, **sms)
+
+    def _rate(self, scope: Scope, expr: s.Expr, dimension, what: str, unit: str) -> float:
+        """A rate a device or link states (FLOP/s, B/s): positive, and at least 1 per second (E205), so that every
+        time the cost model divides a plan's work by it, or by a fraction of it, stays finite."""
+        value = scope.quantity(expr, dimension, what)
+        if value < MIN_RATE:
+            raise self.reporter.error("E205", f"{what} is {value:g} {unit}, below {MIN_RATE:g} {unit}", expr.span,
+                                      hint=f"a rate is at least 1 {unit}: the cost model divides a plan's work by it "
+                                           f"(write the unit's prefix: `312 TFLOP/s`, `2 TB/s`)")
+        return value
+
+    def _slowest_kernel(self, peak: dict[ir.Precision, float], efficiency: ir.DeviceEfficiency, expr: s.Expr) -> None:
+        """E205 when a fraction of the peak the efficiency states (a GEMM's `matmul`, the attention kernel's figures
+        scaled by their smallest `attention_by_sequence` ratio) runs below 1 FLOP/s: `_rate`'s floor for what the
+        cost model divides the FLOPs by."""
+        for precision, rate in peak.items():
+            knobs = efficiency.precisions.get(precision, efficiency)
+            slowest = min((point.ratio for point in knobs.attention_by_sequence), default=1.0)
+            fractions = {"matmul": knobs.matmul}
+            for key in ("attention", "attention_backward"):
+                if getattr(knobs, key) is not None:
+                    fractions[key if slowest == 1.0 else f"{key} x its smallest attention_by_sequence ratio"] = \
+                        getattr(knobs, key) * slowest
+            what, fraction = min(fractions.items(), key=lambda item: item[1])
+            if rate * fraction < MIN_RATE:
+                raise self.reporter.error("E205", f"efficiency {what} ({fraction:g}) runs the {precision.value} peak "
+                                          f"({rate:g} FLOP/s) at {rate * fraction:g} FLOP/s, below {MIN_RATE:g} "
+                                          "FLOP/s", expr.span,
+                                          hint="the fractions and ratios scale the peak: a kernel runs at least "
+                                               "1 FLOP/s, or no time the cost model gives is finite")
 
     def efficiency(self, scope: Scope, expr: s.Expr, peak: dict[ir.Precision, float]) -> ir.DeviceEfficiency:
         """`{ matmul: 0.64, kernel_latency: 18 us }`, optionally `attention: 0.5, attention_backward: 0.45` (the
@@ -219,7 +254,7 @@ class Lowering:
 
     def link(self, scope: Scope, expr: s.Expr, what: str) -> ir.Link:
         items = dict_items(scope, expr, LINK_KEYS, what)
-        bandwidth = scope.quantity(items["bandwidth"].value, BANDWIDTH, f"{what} bandwidth")
+        bandwidth = self._rate(scope, items["bandwidth"].value, BANDWIDTH, f"{what} bandwidth", "B/s")
         latency = scope.quantity(items["latency"].value, TIME, f"{what} latency", allow_zero=True) \
             if "latency" in items else 0.0
         measured = measured_collectives(scope, items["measured"].value, what) if "measured" in items else {}
