@@ -18,7 +18,7 @@ from plandsl.lower.evaluate import Poison, Rep, Reporter, Scope, Word
 from plandsl.lower.model import custom_model, model_call, model_value, schedule_def
 from plandsl.syntax.loader import Loaded, Loader
 from plandsl.lower.plan import lower_plan
-from plandsl.lower.measured import attention_curve, measured_collectives, measured_table
+from plandsl.lower.measured import MIN_RATE, attention_curve, measured_collectives, measured_table
 from plandsl.lower.units import BANDWIDTH, BYTES, FLOPS, TIME, format_bytes
 from plandsl.syntax.parser import deep_recursion
 
@@ -29,9 +29,6 @@ DEVICE_ATTRS = {"memory": True, "bandwidth": True, "peak": True, "efficiency": F
 NODE_ATTRS = {"devices": True, "link": True, "nic": False, "hosts": False, "host_memory": False}
 CLUSTER_ATTRS = {"nodes": True, "fabric": False}
 LINK_KEYS = {"bandwidth": True, "latency": False, "measured": False}
-MIN_RATE = 1.0
-"""The least rate a device or link may state or imply (FLOP/s, B/s): a plan's work (at most ~1e40 FLOPs or bytes
-under docs/language.md's Limits) over it stays far below the largest float, where a smaller one made times infinite."""
 EFFICIENCY_KEYS = {"matmul": False, "kernel_latency": False, "measured": False, "attention": False,
                    "attention_backward": False, "attention_by_sequence": False}
 

@@ -3,7 +3,8 @@
 Stage: lowering. Contract: `measured_table(scope, expr, peak, precision)` returns a device's
 `measured: [[m, n, k, time], ...]` as `ir.GemmPoint`s sorted by FLOPs, or reports E216 (not a table of
 [m, n, k, time] rows with positive whole m, n, k, each shape once, at most `MAX_MEASURED` rows) and E217
-(a row faster than the device's peak allows: 2mnk / time above the peak of its precision);
+(a row faster than the device's peak allows: 2mnk / time above the peak of its precision, or slower than
+`MIN_RATE`, 1 FLOP/s);
 `attention_curve(scope, expr)` returns a device's `attention_by_sequence: [[tokens, ratio], ...]` as
 `ir.AttentionPoint`s sorted by tokens, or reports E205 (not 1 to `MAX_MEASURED` rows [tokens, ratio] with tokens
 a positive whole number, each once, and a positive ratio); `measured_collectives(scope, expr, what)` returns a
@@ -21,6 +22,9 @@ from plandsl.lower.evaluate import Scope, Word
 from plandsl.lower.units import BYTES, TIME
 
 MAX_MEASURED = 256
+MIN_RATE = 1.0
+"""The least rate a device or link may state or imply (FLOP/s, B/s): a plan's work (at most ~1e40 FLOPs or bytes
+under docs/language.md's Limits) over it stays far below the largest float, where a smaller one made times infinite."""
 """Rows of one table: `plandsl profile` writes at most a dozen; the cost model reads them per GEMM."""
 ROW = "[m, n, k, time]"
 
@@ -48,6 +52,11 @@ def measured_table(scope: Scope, expr: s.Expr, peak: float, precision: str) -> t
                                        hint="keep one row per shape (the median of its runs)")
         seen[shape] = item
         rate = 2.0 * shape[0] * shape[1] * shape[2] / seconds
+        if rate < MIN_RATE:  # a plan's GEMMs over it, interpolated from it, would take no finite time
+            raise scope.reporter.error("E217", f"GEMM {' x '.join(map(str, shape))} in {inner.text(row.items[3])} "
+                                       f"runs at {rate:.4g} FLOP/s, below {MIN_RATE:g} FLOP/s", item.span,
+                                       hint="a measured time is at most 2mnk seconds (1 FLOP/s): correct the time or "
+                                            "its unit")
         if rate > peak * (1 + 1e-9):
             raise scope.reporter.error("E217", f"GEMM {' x '.join(map(str, shape))} in {inner.text(row.items[3])} "
                                        f"runs at {rate / 1e12:.4g} TFLOP/s, above the device's {precision} peak "

@@ -547,7 +547,7 @@ _TINY = """device g {{
   memory = 80 GiB
   bandwidth = {bandwidth}
   peak = {{ bf16: {peak} }}
-  efficiency = {{ matmul: {matmul}, kernel_latency: 0 us, attention: 0.4, attention_by_sequence: [[2048, {ratio}]] }}
+  efficiency = {{ matmul: {matmul}, kernel_latency: 0 us{extra}, attention: 0.4, attention_by_sequence: [[2048, {ratio}]] }}
 }}
 node n {{ devices = 8 x g; link = {{ bandwidth: {link} }} }}
 plan p {{
@@ -556,22 +556,26 @@ plan p {{
   train   = {{ global_batch: 2, micro_batch: 1, recompute: none }}
 }}
 """
-_SANE = dict(bandwidth="2 TB/s", peak="1000 TFLOP/s", matmul="0.5", ratio="1", link="100 GB/s")
+_SANE = dict(bandwidth="2 TB/s", peak="1000 TFLOP/s", matmul="0.5", ratio="1", link="100 GB/s", extra="")
 
 
-@pytest.mark.parametrize("field, value, words", [
-    ("ratio", "5e-324", "attention x its smallest attention_by_sequence ratio"), ("ratio", "1e-300", "below 1 FLOP/s"),
-    ("matmul", "5e-324", "efficiency matmul"), ("peak", "1e-300 FLOP/s", "peak bf16 is 1e-300 FLOP/s"),
-    ("bandwidth", "1e-300 B/s", "bandwidth is 1e-300 B/s"), ("link", "1e-300 B/s", "link bandwidth is 1e-300 B/s"),
+@pytest.mark.parametrize("field, value, code, words", [
+    ("ratio", "5e-324", "E205", "attention x its smallest attention_by_sequence ratio"),
+    ("ratio", "1e-300", "E205", "below 1 FLOP/s"), ("matmul", "5e-324", "E205", "efficiency matmul"),
+    ("peak", "1e-300 FLOP/s", "E205", "peak bf16 is 1e-300 FLOP/s"),
+    ("bandwidth", "1e-300 B/s", "E205", "bandwidth is 1e-300 B/s"),
+    ("link", "1e-300 B/s", "E205", "link bandwidth is 1e-300 B/s"),
+    ("extra", ", measured: [[1, 1, 1, 1e299 s], [4096, 4096, 4096, 1e299 s]]", "E217", "runs at 2e-299 FLOP/s"),
 ])
-def test_a_rate_below_one_per_second_is_refused_not_an_infinite_time(tmp_path, field, value, words):
-    """A device's or link's rate (or a fraction of the peak, an attention_by_sequence ratio) so small that a plan's
-    work over it overflowed made `estimate` print `inf s` and `nan%` and `generate` fail with E108 (a
-    ZeroDivisionError in the search's bounds); every rate is now at least 1 per second (E205, lower.MIN_RATE)."""
+def test_a_rate_below_one_per_second_is_refused_not_an_infinite_time(tmp_path, field, value, code, words):
+    """A device's or link's rate (or a fraction of the peak, an attention_by_sequence ratio, a measured GEMM) so small
+    that a plan's work over it overflowed made `estimate` print `inf s` (or `nan s`) and `nan%` and `generate` fail
+    with E108 (a ZeroDivisionError or a NaN in the search's bounds); every rate is now at least 1 per second (E205;
+    a measured GEMM's E217; lower.measured.MIN_RATE)."""
     path = tmp_path / "partial.plan"
     path.write_text(_TINY.format(**{**_SANE, field: value}))
     result = cli("generate", "--from", str(path), "--top", "1")
     assert result.returncode == 1 and "E108" not in result.stdout + result.stderr, result.stdout + result.stderr
-    assert "error[E205]" in result.stdout + result.stderr and words in result.stdout + result.stderr
+    assert f"error[{code}]" in result.stdout + result.stderr and words in result.stdout + result.stderr
     path.write_text(_TINY.format(**_SANE))
     assert cli("generate", "--from", str(path), "--top", "1").returncode == 0

@@ -216,7 +216,9 @@ _entry("E217", """
     A measured GEMM cannot run faster than the device's peak for its precision: 2·m·n·k FLOPs
     in the time given would need more FLOP/s than the device has. Either the peak is too low
     (`plandsl profile` writes the fastest GEMM it measured as the peak) or the time is wrong;
-    an `efficiency` entry for a precision the device has no peak for is refused too.
+    an `efficiency` entry for a precision the device has no peak for is refused too, and so is a
+    GEMM measured below 1 FLOP/s (a time past 2·m·n·k seconds), whose times the cost model
+    could not keep finite.
     """, f"""
     device box {{
       memory     = 16 GiB
