@@ -29,6 +29,14 @@ def check_schedule(plan: ir.Plan) -> Iterator[Diagnostic]:
                        hint="data = zero1 (or replicate) over the data axes, or torch's pipeline: drop "
                        "`implementation = deepspeed`",
                        notes=[Note("DeepSpeed's pipeline engine said here", span)] if span else [])
+        if plan.tensor is not None and plan.tensor.sequence_parallel:  # engine.py (v0.5.8): 131, 619, 711, 725
+            span = plan.stages.span_of("implementation")
+            yield diag("E611", "DeepSpeed's pipeline engine sends each boundary split over the tensor-parallel ranks "
+                       "and gathers it whole on arrival (`PartitionedTensor`, deepspeed/runtime/pipe/engine.py, "
+                       "v0.5.8): it runs no sequence parallelism, which the plan's tensor axis says", plan.tensor.span,
+                       hint="drop `sequence_parallel` from the tensor attribute, or torch's or Megatron-LM's "
+                       "pipeline: `implementation = torch | megatron`",
+                       notes=[Note("DeepSpeed's pipeline engine said here", span)] if span else [])
         info = BUILTIN.get(plan.schedule.name) if plan.schedule.definition is None else None
         if info is None or not info.deepspeed:  # deepspeed/runtime/pipe/engine.py: train_batch runs TrainSchedule
             runs = ", ".join(name for name, known in BUILTIN.items() if known.deepspeed)

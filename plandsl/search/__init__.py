@@ -51,7 +51,7 @@ from plandsl.diagnostics import did_you_mean
 
 PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
             "virtual_stages", "zero_stage", "recompute", "recompute_layers", "order", "tp_across_nodes", "fold",
-            "dispatcher", "account", "offload_layers", "recompute_modules")
+            "dispatcher", "account", "offload_layers", "recompute_modules", "sequence_parallel")
 DISPATCHERS = ("alltoall", "deepep", "hybridep")  # `experts = KIND over ...` (ir.ExpertParallel.kind)
 # The search tries each unpinned, on every layout with an expert group (`Space.roots`); at equal figures it writes the
 # one it reaches first.
@@ -84,7 +84,7 @@ def parse_pins(pins: Mapping[str, object] | Iterable[str] | None) -> dict[str, o
         elif key == "recompute":
             if value not in RECOMPUTE:
                 raise SearchError(f"--pin recompute={value}: recompute is one of {', '.join(RECOMPUTE)}")
-        elif key in ("tp_across_nodes", "fold"):
+        elif key in ("tp_across_nodes", "fold", "sequence_parallel"):
             if value.lower() not in ("true", "false", "yes", "no", "1", "0"):
                 raise SearchError(f"--pin {key}={raw}: true or false")
             value = value.lower() in ("true", "yes", "1")

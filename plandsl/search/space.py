@@ -92,7 +92,12 @@ class Space:
             if not self._states_may_fit(layout):
                 self.stats.memory_pruned += 1
                 continue
-            splits_sequence = sequence_parallel(self.model, p.sequence, tp, cp)
+            # where it can, unless pinned off (`--pin sequence_parallel=false`: a stack without it) or on DeepSpeed's
+            # pipeline engine, which runs none (the checker's E611); pinned on, a layout that cannot is left out
+            splits_sequence = sequence_parallel(self.model, p.sequence, tp, cp) \
+                and pins.get("sequence_parallel", True) and not (p.pipeline == "deepspeed" and pp > 1)
+            if pins.get("sequence_parallel") and tp > 1 and not splits_sequence:
+                continue
             for order, links, devices, capacity in self._orders(layout):
                 root = Root(dp, tp, pp, cp, ep, order, links, devices, capacity, splits_sequence, sizes)
                 # Per token, a microbatch costs least at the largest micro-batch size and without

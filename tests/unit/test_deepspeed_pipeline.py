@@ -52,6 +52,16 @@ def test_the_language_says_deepspeeds_pipeline_and_checks_it():
     assert _errors(outputs) == ["E206"]
 
 
+def test_it_runs_no_sequence_parallelism():
+    """Its tensor-parallel ranks send 1/tp of a boundary and gather it whole on arrival (`PartitionedTensor`): a
+    sequence-parallel tensor axis beside it is E611; Megatron-LM's and torch's pipelines take it."""
+    sequence = _text().replace("tensor   = megatron over tp", "tensor   = megatron over tp with sequence_parallel")
+    found = [d for d in api.checks(sequence, path="p.plan").diagnostics if d.severity == "error"]
+    assert [d.code for d in found] == ["E611"] and "sequence parallelism" in found[0].message
+    assert _errors(sequence.replace("implementation = deepspeed", "implementation = megatron")) == []
+    assert _errors(sequence.replace("implementation = deepspeed", "implementation = torch")) == []
+
+
 def test_the_search_offers_it_only_its_schedule():
     assert schedule_choices(4, 8, 16, None, None, deepspeed=True) == [("1f1b", 1)]
     assert ("gpipe", 1) in schedule_choices(4, 8, 16, None, None)

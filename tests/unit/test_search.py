@@ -598,3 +598,22 @@ def test_zero_over_the_context_axis_alone_shards_the_states():
     assert estimate.fits and estimate.memory[0].params < 12.9e9 / 16 * 4 / 2  # fp32 weights: 3.2 GB unsharded
     with pytest.raises(SearchError, match="does not fit"):
         search(p, pins=["dp=1", "cp=4", "zero_stage=0", "micro_batch_size=1"], top=1)
+
+
+def test_sequence_parallelism_is_searched_where_it_splits_and_a_pin_turns_it_off():
+    """tp > 1 splitting the sequence turns sequence parallelism on; `--pin sequence_parallel=false` (a stack without
+    it: Megatron-LM before 2022, metaseq) keeps it off, written so and priced so (the replicated norms cost more);
+    `=true` leaves out the layouts that cannot split the sequence (tp 1 keeps no tensor axis to split over)."""
+    from plandsl.search import parse_pins
+    assert parse_pins(["sequence_parallel=false"]) == {"sequence_parallel": False}
+    with pytest.raises(SearchError, match="true or false"):
+        parse_pins(["sequence_parallel=maybe"])
+    p = problem("big", "pair", 4)
+    on = search(p, pins={"tp": 2}, top=1).best
+    off = search(p, pins={"tp": 2, "sequence_parallel": "false"}, top=1).best
+    assert on.candidate.sequence_parallel and not off.candidate.sequence_parallel
+    assert off.estimate.time.step > on.estimate.time.step
+    assert "with sequence_parallel" not in plan_text(off, p, Source((), MODELS["big"], "pair"))
+    assert "with sequence_parallel" in plan_text(on, p, Source((), MODELS["big"], "pair"))
+    found = search(p, pins={"sequence_parallel": "true"}, top=5).candidates
+    assert all(s.candidate.sequence_parallel or s.candidate.tp == 1 for s in found)

@@ -271,3 +271,9 @@ def test_pipeline_deepspeed_searches_its_schedule_and_zero_stages_and_writes_it(
         assert on_megatron.time.step < estimate.time.step
     assert "E610" in run(*pinned, "--pipeline", "deepspeed", "--pin", "schedule=gpipe").output
     assert "E611" in run(*pinned, "--pipeline", "deepspeed", "--pin", "zero_stage=2").output
+    # its engine runs no sequence parallelism (E611): a tensor axis beside it is written without it, and checks
+    tensor = run(*pinned, "--pin", "tp=2", "--pipeline", "deepspeed")
+    assert tensor.exit_code == 0, tensor.output
+    for c in json.loads(tensor.output)["candidates"]:
+        assert "tensor  = megatron over tp\n" in c["plan"] and "sequence_parallel" not in c["plan"]
+        api.loads(c["plan"], path=str(tmp_path / "c.plan"))  # checks clean: raises otherwise

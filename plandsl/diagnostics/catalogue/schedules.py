@@ -155,7 +155,9 @@ _entry("E611", """
     `stages = ... with implementation = deepspeed` says the plan is DeepSpeed's pipeline engine
     (`deepspeed/runtime/pipe/engine.py`, as Megatron-DeepSpeed ran BLOOM and MT-NLG), which asserts
     `zero_optimization_stage() < 2`: it reduces the gradients itself after its schedule, so it takes
-    replicated data parallelism or ZeRO-1 (optimizer states sharded), never ZeRO-2 or -3.
+    replicated data parallelism or ZeRO-1 (optimizer states sharded), never ZeRO-2 or -3. Its tensor-parallel
+    ranks each send 1/tp of a stage's output and gather it whole on arrival (`PartitionedTensor`): it runs no
+    sequence parallelism either (`tensor = megatron over tp with sequence_parallel` beside it is E611 too).
     """, f"""
     import "clusters/dgx_a100"
     plan p {{
