@@ -102,10 +102,10 @@ class Caps:
                     break
                 cap = room - self.figures.gathered(memory, r == first_rank, r == last_rank, blocks)
                 cap = float(within(cap, float(per[r]), float(per_kept[r])))
-                if cap >= 2:
-                    break
                 if blocks == 1:  # gathering one unit, the rank holds one block at most (two gather two)
                     cap = min(cap, 1.0)
+                elif cap >= 2:
+                    break
             caps[r] = cap
         return _whole(self._held_caps(root, ranks, inflight, memory, caps, recomputed, kept, free, buffers) if held
                       else caps)

@@ -424,7 +424,9 @@ def _rank_caps_one_by_one(space, root, ranks, inflight, memory, schedule, microb
             room = root.capacity[r] - fixed[r] - rule - working - buffers[r] \
                 - space.figures.gathered(memory, r == first, r == last, blocks)
             cap = max(0, int(room // per)) if per > 0 else space.blocks
-            if cap >= 2:
+            if blocks == 1 and per > 0:  # one unit gathered: one block at most (two gather two)
+                cap = min(cap, 1)
+            elif cap >= 2:
                 break
         own = [s for s, on in enumerate(ranks) if on == r]
         room = root.capacity[r] - fixed[r] - working - buffers[r]
