@@ -16,9 +16,10 @@ ep, recomputation, param_dtype, torch's or Megatron-LM's pipeline, outputs retur
 
 It found `rank_caps`' general path giving a rank that gathers ZeRO's units apart (no pipeline) the blocks one unit
 leaves room for where two blocks and two units do not fit (`_rule_caps` and the rows of every N hold it to one):
-`test_a_rank_that_gathers_two_units_where_they_do_not_fit_holds_one_block`. A mutation of the memo keys that drops what
-`id(inflight)` or the per-kind figures already carry (the stage map, the kept block's bytes, torch's buffers, the head's
-copy of the embedding) changes nothing, in this search or any: those follow from what stays."""
+`test_a_rank_that_gathers_two_units_where_they_do_not_fit_holds_one_block`. Of the caps' keys, the stage map and the
+kept block's bytes follow from `id(inflight)` and the class; of `memory_class`'s, the head's copy of the embedding and
+ZeRO's gathering plan followed from the per-kind figures here (dropping either changed no answer), torch's buffers'
+sizes do not: ZeRO-0 memories of pp 2 and 4 at the same tokens a microbatch differ in them alone (the last test)."""
 from __future__ import annotations
 
 import collections
@@ -285,20 +286,38 @@ def test_a_rank_that_gathers_two_units_where_they_do_not_fit_holds_one_block():
 @pytest.mark.parametrize("model, outputs", [("long", "dropped"), ("vocab", "returned")])
 def test_torch_buffers_plan_of_a_microbatch_shape_sizes_each_memory_as_its_own(model, outputs):
     """`Figures.layer_memory` builds the plan that torch's pipeline buffers are counted for once per shape of the
-    microbatches (degrees, micro-batch, sequence parallelism; c34d762) and `Figures.memory_class` keys the caps by its
-    sizes: they are those of each memory's own plan (its ZeRO stage and recomputation), as `stage_buffers` reads them."""
+    microbatches (degrees, micro-batch, sequence parallelism; c34d762): its sizes are those of each memory's own plan
+    (its ZeRO stage and recomputation), as `stage_buffers` reads them. And the memories one `Figures.memory_class`
+    names (d58a426: the caps, the splits' fit and the least N shared by them) are alike in all the caps read: the
+    per-kind figures, the head's copy of the embedding, ZeRO's gathered units and torch's buffers' sizes, partly
+    recomputed and offloading memories included, over pipelines of 1, 2, 4 and 8 ranks (the buffers alone tell apart
+    ZeRO-0 memories of pp 2 and 4 at the same tokens a microbatch: m differs)."""
     text, fits = MODELS[model]
     document = api.loads(HARDWARE.format(memory=fits, fast=fits) + f"model m = {text}\n")
     cluster = next(c for c in document.clusters if c.name == "eight")
     space = Space(Problem(document.models[0], cluster, 8, outputs=outputs), {}, DEFAULT_EFFICIENCY)
-    figures, compared = space.figures, 0
+    figures, compared, read = space.figures, 0, {}
+
+    def reads(memory):
+        plan, sizes = figures._buffer_plans.get(id(memory), (None, None))
+        return (memory[0], memory[1], [figures.gathered(memory, first, last, n) for first in (False, True)
+                                       for last in (False, True) for n in (1, 2)],
+                None if sizes is None else (sizes, plan.stages.outputs, plan.train.loss))
+
     for root in space.roots():
-        for node in space.expand_root(root) if root.pp > 1 else ():  # pipelines of 2, 4 and 8 ranks
+        for node in space.expand_root(root):
             for zero in (0, 1, 2, 3) if root.data_ranks > 1 else (0,):
                 memory = figures.layer_memory(node, zero)
-                plan, sizes = figures._buffer_plans[id(memory)]
-                own = build_plan(space.base, candidate_of(node, "", 1, zero))
-                assert sizes == torch_stage_sizes(own) is not None
-                assert (plan.stages.outputs, plan.train.loss) == (own.stages.outputs, own.train.loss)
-                compared += 1
-    assert compared > 100
+                memories = [memory, space.caps.offload_memory(memory)[0]]
+                if node.kept is not None:
+                    memories.append(space.caps.partial_memory(memory, figures.layer_memory(node.kept, zero))[0])
+                for each in memories:
+                    read.setdefault(figures.memory_class(each), []).append(reads(each))
+                if root.pp > 1:
+                    plan, sizes = figures._buffer_plans[id(memory)]
+                    own = build_plan(space.base, candidate_of(node, "", 1, zero))
+                    assert sizes == torch_stage_sizes(own) is not None
+                    assert (plan.stages.outputs, plan.train.loss) == (own.stages.outputs, own.train.loss)
+                    compared += 1
+    assert all(alike == found[0] for found in read.values() for alike in found)
+    assert compared > 100 and sum(len(found) > 1 for found in read.values()) > 10
