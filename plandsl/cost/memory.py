@@ -23,9 +23,8 @@ from plandsl import ir
 from plandsl.ir.layers import (EXPERTS, FFN, HEADS, HEADS_X_HEAD_DIM, KV, TP_SPLIT, VOCAB, Layer, Param, attention_widths,
                                block_model, figures_key, kv_width, layers_of, once_per_figures)
 from plandsl.ir.placement import Assignment, assign_stages
-from plandsl.cost.schedule import plan_schedule
-from plandsl.schedules.program import Kind
-from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE, splits_backward
+from plandsl.cost.schedule import plan_splits_backward
+from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE
 from plandsl.schedules.generators import check_sizes, pipeline_maps
 
 # Dim roles a tensor-parallel axis splits (Megatron, Shoeybi et al. 2019): column-parallel outputs
@@ -734,13 +733,8 @@ def head_weight_apart(plan: ir.Plan) -> bool:
     weight of its own, its gradient summed with both (`runtime.parallel.pipeline.stage_part`: as one weight, its W pass
     would run back through each depth to the copy, through nodes the I pass freed). One copy otherwise: the head's
     weight is the copy."""
-    if not getattr(plan.model, "tied_embeddings", False) or not getattr(plan.model, "mtp", 0) \
-            or plan.schedule is None or plan.stages is None:
-        return False
-    if plan.schedule.definition is None:  # a built-in: by name, without laying it out
-        return splits_backward(plan.schedule.name)
-    schedule, _ = plan_schedule(plan)
-    return schedule is not None and any(action.kind is Kind.I for row in schedule.actions for action in row)
+    return bool(getattr(plan.model, "tied_embeddings", False) and getattr(plan.model, "mtp", 0)) \
+        and plan_splits_backward(plan)
 
 
 def tied_embedding(plan: ir.Plan, layers: Sequence[Layer]) -> Param | None:

@@ -11,7 +11,8 @@ from plandsl.diagnostics import Diagnostic, Note, PlanError, diag
 from plandsl.lower.schedule_template import instantiate
 from plandsl.schedules.bounded import simulate_builtin
 from plandsl.schedules.generators import MAX_ACTIONS, TooLarge, check_sizes, generate
-from plandsl.schedules.registry import BUILTIN
+from plandsl.schedules.program import Kind
+from plandsl.schedules.registry import BUILTIN, splits_backward
 from plandsl.schedules.simulate import Simulation, simulate
 
 
@@ -31,6 +32,19 @@ def plan_schedule(plan: ir.Plan):
         return None, [too_large(plan, str(error))]
     except ValueError as error:
         return None, [_size_problem(plan, error)]
+
+
+def plan_splits_backward(plan: ir.Plan) -> bool:
+    """Whether the plan's pipeline runs input and weight gradients as separate actions (I and W): a built-in by its
+    name, without laying it out; a written one if any action of its table is an I. With stages `plandsl run` builds
+    torch's schedule whatever the pipeline axis's size (`runtime.train.build_job`), so a one-rank `zbv` splits them
+    too."""
+    if plan.schedule is None or plan.stages is None:
+        return False
+    if plan.schedule.definition is None:
+        return splits_backward(plan.schedule.name)
+    schedule, _ = plan_schedule(plan)
+    return schedule is not None and any(action.kind is Kind.I for row in schedule.actions for action in row)
 
 
 def simulate_plan_schedule(plan: ir.Plan, costs) -> Simulation:

@@ -11,10 +11,9 @@ from plandsl import ir
 from plandsl.diagnostics import Diagnostic, diag
 from plandsl.ir.shares import written_shares
 from plandsl.ir.torch_plan import matches
-from plandsl.schedules.registry import BUILTIN, splits_backward
+from plandsl.schedules.registry import BUILTIN
 from plandsl.cost.estimate import data_shares
-from plandsl.cost.schedule import plan_schedule
-from plandsl.schedules.program import Kind
+from plandsl.cost.schedule import plan_splits_backward
 
 MAX_PIPELINE_MICROBATCHES = 65_536
 """The most microbatches a pipelined run takes per step: torch builds each rank's schedule as a list of actions
@@ -83,7 +82,7 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
                                   f"'{plan.model.name}' is {why}", plan.train.span_of("recompute"),
                           hint="use `recompute: selective` or `recompute: full`"))
     discarding = sorted(m.value for m in plan.train.modules & DISCARDING_MODULES)
-    if discarding and _splits_backward(plan):
+    if discarding and plan_splits_backward(plan):
         found.append(diag("E703", f"recompute module {', '.join(discarding)} together with schedule "
                                   f"'{plan.schedule.name}' cannot run: the schedule splits the backward into input and "
                                   "weight gradients, and the outputs these modules free are rebuilt by a hook that "
@@ -91,7 +90,7 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
                           plan.train.span_of("recompute_modules"),
                           hint="rerun core_attn, mlp, moe or shared_experts with this schedule, or a schedule without "
                                "split backward passes"))
-    if plan.train.recompute is ir.Recompute.selective_op and _splits_backward(plan):
+    if plan.train.recompute is ir.Recompute.selective_op and plan_splits_backward(plan):
         found.append(diag("E703", f"`recompute: selective_op` together with schedule '{plan.schedule.name}' cannot "
                                   "run: the schedule computes each backward in two passes (input gradients, then "
                                   "weight gradients), and torch's selective checkpointing serves the outputs it "
@@ -196,18 +195,6 @@ DISCARDING_MODULES = frozenset((ir.RecomputeModule.layernorm, ir.RecomputeModule
 def _groups_by_module(plan: ir.Plan) -> bool:
     """Whether ZeRO-2/3 makes each module of a block an FSDP2 group of its own (`data = ... with unit = module`)."""
     return plan.data is not None and plan.data.sharded and plan.data.unit is ir.GatherUnit.module
-
-
-def _splits_backward(plan: ir.Plan) -> bool:
-    """Whether the plan's pipeline runs input and weight gradients as separate actions (I and W): with stages the
-    run builds torch's schedule whatever the pipeline axis's size (`train.build_job`), so a one-rank `zbv` splits
-    them too."""
-    if plan.schedule is None or plan.stages is None:
-        return False
-    if plan.schedule.definition is None:  # a built-in: by name, without laying it out
-        return splits_backward(plan.schedule.name)
-    schedule, _ = plan_schedule(plan)
-    return schedule is not None and any(action.kind is Kind.I for row in schedule.actions for action in row)
 
 
 def _shard_refusals(plan: ir.Plan) -> list[Diagnostic]:
