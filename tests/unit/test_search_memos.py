@@ -48,6 +48,7 @@ from plandsl.search.problem import build_plan
 from plandsl.search.space import Space
 from plandsl.search.splits import Splits
 from plandsl.search.tree import candidate_of
+from tests.support import space_leaves
 
 HARDWARE = """
 device gpu {{ memory = {memory} GiB; bandwidth = 1000 GB/s; peak = {{ bf16: 200 TFLOP/s, fp32: 20 TFLOP/s }} }}
@@ -188,17 +189,10 @@ def _answers(problem: Problem, pins: dict):
     try:
         given, parsed = with_modules(problem, parse_pins(pins))
         space = Space(given, parsed, DEFAULT_EFFICIENCY)
-        leaves = []
-        for root in space.roots():
-            for node in space.expand_root(root):
-                pending = space.pending(node)
-                while pending is not None:
-                    leaf, pending = space.resolve(pending)
-                    if leaf is not None:
-                        leaves.append((root.dp, root.tp, root.pp, root.cp, root.ep, root.order, node.micro_batch,
-                                       node.recompute, node.offload, node.bound, leaf.schedule, leaf.virtual, leaf.zero,
-                                       leaf.counts, leaf.recompute_layers, leaf.offload_layers, leaf.bound,
-                                       space.finish(leaf).bound))
+        leaves = [(root.dp, root.tp, root.pp, root.cp, root.ep, root.order, node.micro_batch, node.recompute,
+                   node.offload, node.bound, leaf.schedule, leaf.virtual, leaf.zero, leaf.counts, leaf.recompute_layers,
+                   leaf.offload_layers, leaf.bound, space.finish(leaf).bound)
+                  for root, node, leaf in space_leaves(space)]
     except SearchError as error:
         leaves = str(error)
     try:
