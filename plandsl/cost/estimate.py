@@ -177,7 +177,7 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
                         for layers in assignment.stage_layers)  # offloaded blocks' on the host (`offload_layers`)
     if plan.stages is not None and plan.schedule is not None:
         costs = Costs(stage_costs=tuple((s.forward, s.backward, s.input_grad, s.weight_grad) for s in stage_times),
-                      p2p=0.0 if deepspeed_pipeline(plan) else p2p, activation_bytes=activations,
+                      p2p=schedule_p2p(plan, links, work), activation_bytes=activations,
                       static_bytes=tuple(e.held for e in memory))
         simulation = simulate_plan_schedule(plan, costs)
         if simulation.deadlock is not None:
@@ -470,6 +470,12 @@ def pipeline_p2p(plan: ir.Plan, links: Links, work: Work) -> float:
     return pipeline_p2p_seconds(plan.model, work, links)
 
 
+def schedule_p2p(plan: ir.Plan, links: Links, work: Work) -> float:
+    """The transfer the schedule's simulation puts between a stage and the next (`Costs.p2p`): `pipeline_p2p`, none on
+    DeepSpeed's pipeline engine, whose blocking transfers are in the stages' durations (`deepspeed_exchanges`)."""
+    return 0.0 if deepspeed_pipeline(plan) else pipeline_p2p(plan, links, work)
+
+
 def pipeline_p2p_seconds(model: ir.Model, work: Work, links: Links) -> float:
     """One microbatch's activations between neighbouring pipeline ranks (`pipeline_message_bytes`)."""
     return collective_seconds("p2p", pipeline_message_bytes(model, work), links.pp)
@@ -576,5 +582,5 @@ def _share_lines(estimate: PlanEstimate) -> list[str]:
 
 
 __all__ = ["TimeBreakdown", "PlanEstimate", "estimate_plan", "data_shares", "format_shares", "share_runs", "replica_devices", "replica_capacity", "plan_work", "pipeline_p2p", "pipeline_p2p_seconds",
-           "deepspeed_pipeline", "deepspeed_exchanges",
+           "deepspeed_pipeline", "deepspeed_exchanges", "schedule_p2p",
            "estimate_stage_times", "format_estimate"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from plandsl import ir
 from plandsl.cost.memory import estimate_plan_memory
-from plandsl.cost.estimate import deepspeed_pipeline, estimate_stage_times, pipeline_p2p, plan_work
+from plandsl.cost.estimate import estimate_stage_times, plan_work, schedule_p2p
 from plandsl.cost.layer import plan_links
 from plandsl.cost.memory import estimate_layer_activations, layer_offload, layer_recompute
 from plandsl.ir.placement import Assignment
@@ -32,6 +32,5 @@ def estimate_stage_costs(plan: ir.Plan, assignment: Assignment, rank_devices=Non
                                                          layer_offload(plan, layers)) if not away)
                         for layers in assignment.stage_layers)
     return Costs(stage_costs=tuple((s.forward, s.backward, s.input_grad, s.weight_grad) for s in stages),
-                 p2p=0.0 if deepspeed_pipeline(plan) else pipeline_p2p(plan, links, plan_work(plan)),
-                 activation_bytes=activations,
+                 p2p=schedule_p2p(plan, links, plan_work(plan)), activation_bytes=activations,
                  static_bytes=static)
