@@ -180,7 +180,7 @@ def _multi_token(model: ir.TransformerModel, seq: int, seq_span) -> Iterator[Dia
                    hint="write the model as llama(...) (rotary positions), or drop mtp")
     elif model.mtp >= seq:
         deepest = max(0, seq - 1)
-        yield diag("E234", f"mtp={model.mtp} on a {seq}-token sequence: depth {model.mtp} predicts the token "
+        yield diag("E234", f"mtp={model.mtp} on sequences of {seq} tokens: depth {model.mtp} predicts the token "
                    f"{model.mtp + 1} ahead of each position, past the {seq + 1} tokens a sample holds",
                    model.span_of("mtp"),
                    hint=(f"mtp={deepest} or less" if deepest else "drop mtp") + f", or train on at least "

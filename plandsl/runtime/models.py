@@ -597,7 +597,7 @@ class Transformer(nn.Module):
         none of those, and every rank of a sequence-parallel group keeps its shard of the same positions. `tokens` and
         `targets` are whole rows, `h` this rank's positions (`columns`: all of them but under context parallelism)."""
         if len(self.mtp) >= targets.shape[1]:  # rolled, the deepest would run on tokens wrapped round only (E234)
-            raise ValueError(f"mtp={len(self.mtp)} on a {targets.shape[1]}-token sequence: depth {len(self.mtp)} "
+            raise ValueError(f"mtp={len(self.mtp)} on sequences of {targets.shape[1]} tokens: depth {len(self.mtp)} "
                              "has no target left to predict")
         columns = slice(None) if self.columns is None else self.columns  # context parallelism: this rank's
         loss = self._loss(h, targets[:, columns])
