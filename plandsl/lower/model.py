@@ -101,9 +101,9 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
         else:
             minimum = 0 if key in _MAY_BE_ZERO else 1
             what, cap = f"{family}() argument '{key}'", limits.MODEL_ARGUMENTS.get(key)
-            # layers past the cap would be walked one by one: refused; a width past its cap is
-            # reported and kept, so that the shape rules (E22x) still say what else is wrong
-            values[key] = scope.integer(kwarg.value, what, minimum=minimum, maximum=cap if key == "layers" else None)
+            # layers and mtp depths past the cap would be walked one by one: refused; a width past its cap
+            # is reported and kept, so that the shape rules (E22x) still say what else is wrong
+            values[key] = scope.integer(kwarg.value, what, minimum=minimum, maximum=cap if key in _WALKED else None)
             if cap is not None and values[key] > cap:
                 scope.reporter.error("E505", f"{what} must be at most {cap:,}, found {values[key]:,}", kwarg.value.span,
                                      hint="plandsl caps every count far beyond today's largest runs: see Limits in "
@@ -132,6 +132,7 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
                  hidden=hidden, heads=values["heads"], seq=values["seq"], vocab=values["vocab"], **fields, **attention)
 
 
+_WALKED = ("layers", "mtp")  # counts the layer catalogue builds one by one (a block, a depth each)
 _FIELDS = {"ffn": "ffn_hidden", "tied": "tied_embeddings", "parallel": "parallel_blocks"}  # argument -> ir.TransformerModel field
 _MAY_BE_ZERO = ("experts", "top_k", "shared_experts", "q_lora_rank", "kv_lora_rank", "dense_layers", "moe_offset",
                 "window", "full_every", "mtp")  # window=0: the whole causal sequence, full_every=0: every block windowed
