@@ -192,6 +192,10 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
     if "recompute_layers" in pins and pins.get("recompute", "full") != "full":
         raise SearchError(f"contradictory pins: recompute_layers={pins['recompute_layers']} counts the blocks of each "
                           f"stage that `recompute: full` reruns, recompute={pins['recompute']}")
+    if isinstance(problem.model, ir.TransformerModel) and pins.get("recompute_layers", 0) > problem.model.layers:
+        # the plan written would be the checker's E205 (and past MAX_LAYERS its E505)
+        raise SearchError(f"contradictory pins: recompute_layers={pins['recompute_layers']} is more than the model's "
+                          f"{problem.model.layers} blocks")
     if pins.get("offload_layers"):  # megatron-core offloads without recomputation and without a pipeline (E512, E513)
         offloaded = pins["offload_layers"]
         if pins.get("recompute", "none") != "none" or "recompute_layers" in pins:

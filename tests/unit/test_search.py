@@ -381,6 +381,9 @@ def test_a_schedule_pin_with_one_pipeline_rank_is_accepted():
     (["schedule=fast"], "unknown schedule 'fast'"),
     (["zero_stage=5"], "0, 1, 2 or 3"),
     (["tp"], "is not KEY=VALUE"),
+    # past the model's 4 blocks: generate wrote a plan the checker refuses (E205; E505 past MAX_LAYERS)
+    (["recompute_layers=5"], "recompute_layers=5 is more than the model's 4 blocks"),
+    (["recompute_layers=1000000000000000000"], "is more than the model's 4 blocks"),
 ])
 def test_bad_pins_say_why(pins, message):
     with pytest.raises(SearchError, match=message):
