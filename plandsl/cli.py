@@ -722,7 +722,8 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
 @click.option("--top", type=click.IntRange(min=1, max=100), default=5, show_default=True, help="Candidates to list.")
 @click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
               help="Fix a choice: dp, tp, pp, cp, ep, micro_batch_size, num_microbatches, schedule, "
-                   "virtual_stages, zero_stage, recompute, order, tp_across_nodes, fold (the experts over [ep, tp]), "
+                   "virtual_stages, zero_stage, recompute, recompute_layers, offload_layers, account (embed,loss), "
+                   "order, tp_across_nodes, sequence_parallel, fold (the experts over [ep, tp]), "
                    "dispatcher (alltoall, deepep, hybridep), recompute_modules (comma-separated, Megatron's "
                    "--recompute-modules: recompute selective with them) (repeatable).")
 @click.option("--time-limit", type=click.FloatRange(min=0, max=limits.MAX_GENERATE_SECONDS),

@@ -396,3 +396,11 @@ def test_help_through_main_leaves_torch_unimported(tmp_path):
                             timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_generate_pin_help_names_every_pin():
+    """--pin's help lists every key the search takes (recompute_layers, offload_layers, account and
+    sequence_parallel were missing from it)."""
+    from plandsl.search import PIN_KEYS
+    option = next(p for p in main.commands["generate"].params if p.name == "pins")
+    assert [key for key in PIN_KEYS if key not in option.help] == []
