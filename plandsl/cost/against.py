@@ -10,6 +10,7 @@ The metrics hold a step's totals only: its compute, communication and bubble can
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -61,22 +62,46 @@ def read_metrics(path: str) -> list[dict]:
     except FileProblem as problem:
         raise MetricsError(str(problem)) from None
     records = []
-    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+    for number, line in enumerate(data.decode("utf-8-sig", errors="replace").splitlines(), 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
             if not isinstance(record, dict):
                 raise ValueError("not an object")
-            for key in ("step", "step_time_s", "tokens_per_s"):
-                if not isinstance(record.get(key), (int, float)) or isinstance(record.get(key), bool):
-                    raise ValueError(f"no number '{key}'")
+            for key in ("step", "step_time_s", "tokens_per_s", "peak_memory_bytes"):
+                if key in record or key != "peak_memory_bytes":  # the peak is optional
+                    figure = _measured(record.get(key), key)
+                    record[key] = record[key] if key == "step" else figure  # steps printed as written
+        except RecursionError:  # json's decoder recurses once per nested array or object
+            raise MetricsError(f"{path}:{number}: not a step's record of `plandsl run --metrics` (nested too deeply)") \
+                from None
         except ValueError as error:
             raise MetricsError(f"{path}:{number}: not a step's record of `plandsl run --metrics` ({error})") from None
         records.append(record)
     if not records:
         raise MetricsError(f"{path}: no step recorded")
     return records
+
+
+def _measured(value: object, key: str) -> float:
+    """A record's figure as a finite number, positive for a time and a rate (json reads NaN, Infinity and integers of
+    any size, which compare() would turn into nan and inf errors, or overflow dividing)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ValueError(f"no number '{key}'")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    least, words = (0.0, "at least 0") if key in ("step", "peak_memory_bytes") else (math.ulp(0.0), "above 0")
+    if not math.isfinite(number) or number < least:
+        raise ValueError(f"'{key}' is {value if isinstance(value, float) else _short(value)}, not a finite number "
+                         f"{words}")
+    return number
+
+
+def _short(value: int) -> str:
+    return str(value) if abs(value) < 10**30 else f"an integer of {len(str(abs(value)))} digits"
 
 
 def compare(estimate: PlanEstimate, records: list[dict], path: str = "", warmup: int = WARMUP_STEPS) -> Against:

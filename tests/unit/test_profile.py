@@ -394,6 +394,41 @@ def test_a_malformed_metrics_line_is_named(tmp_path, extra, words):
     assert result.exit_code == 1 and words in result.output, result.output
 
 
+@pytest.mark.parametrize("line, words", [
+    ('{"step": 5, "step_time_s": NaN, "tokens_per_s": 1}', "'step_time_s' is nan, not a finite number above 0"),
+    ('{"step": 5, "step_time_s": 0.1, "tokens_per_s": Infinity}', "'tokens_per_s' is inf"),
+    ('{"step": 5, "step_time_s": 1e400, "tokens_per_s": 1}', "'step_time_s' is inf"),
+    ('{"step": 5, "step_time_s": 0, "tokens_per_s": 1}', "'step_time_s' is 0, not a finite number above 0"),
+    ('{"step": 5, "step_time_s": -0.1, "tokens_per_s": 1}', "'step_time_s' is -0.1"),
+    ('{"step": NaN, "step_time_s": 0.1, "tokens_per_s": 1}', "'step' is nan"),
+    ('{"step": 5, "step_time_s": 0.1, "tokens_per_s": 1, "peak_memory_bytes": 1' + "0" * 400 + "}",
+     "'peak_memory_bytes' is an integer of 401 digits"),  # OverflowError dividing it (E108)
+    ('{"step": 5, "step_time_s": 1' + "0" * 400 + ', "tokens_per_s": 1}', "'step_time_s' is an integer of 401 digits"),
+    ('{"step": 5, "step_time_s": 0.1, "tokens_per_s": 1, "peak_memory_bytes": "2 GiB"}',
+     "no number 'peak_memory_bytes'"),
+    ("[" * 100_000, "nested too deeply"),  # json's RecursionError (E108)
+    ('{"a": ' * 100_000, "nested too deeply"),
+])
+def test_a_metrics_figure_that_is_no_finite_measurement_is_named(tmp_path, line, words):
+    """nan, inf, 0 or negative times printed nan and inf errors; a huge integer and deep nesting were internal
+    errors (E108)."""
+    write_cluster(synthetic_profile(), str(tmp_path / "box.plan"))
+    plan_file = _use(tmp_path, "box")
+    metrics = _metrics(tmp_path / "m.jsonl", [0.1] * 4, extra=line + "\n")
+    result = CliRunner().invoke(main, ["estimate", str(plan_file), "--against", str(metrics)])
+    assert result.exit_code == 1 and "m.jsonl:5: not a step's record" in result.output, result.output
+    assert words in result.output and "E108" not in result.output, result.output
+
+
+def test_a_metrics_file_may_start_with_a_byte_order_mark(tmp_path):
+    write_cluster(synthetic_profile(), str(tmp_path / "box.plan"))
+    plan_file = _use(tmp_path, "box")
+    metrics = _metrics(tmp_path / "m.jsonl", [0.1] * 4)
+    metrics.write_bytes(b"\xef\xbb\xbf" + metrics.read_bytes())
+    result = CliRunner().invoke(main, ["estimate", str(plan_file), "--against", str(metrics)])
+    assert result.exit_code == 0 and "steps 2-4 (3;" in result.output, result.output
+
+
 def test_metrics_that_are_no_file_are_refused(tmp_path):
     write_cluster(synthetic_profile(), str(tmp_path / "box.plan"))
     plan_file = _use(tmp_path, "box")
