@@ -38,7 +38,8 @@ class Kind(str, Enum):
 
 
 COMPUTE = frozenset({Kind.F, Kind.B, Kind.I, Kind.W})
-_ACTION = re.compile(r"(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)")
+_ACTION = re.compile(r"([0-9]+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)([0-9]+)")  # ASCII digits: \\d takes '٣'
+_DIGITS = 30  # a stage or microbatch number's digits: past 10^30, no schedule (int() refuses 4,300 with its own words)
 
 
 class Action(NamedTuple):
@@ -59,8 +60,11 @@ class Action(NamedTuple):
 def parse_action(text: str) -> Action:
     """`2F0` -> Action(2, F, 0); ValueError for anything else."""
     match = _ACTION.fullmatch(text.strip())
+    shown = text if len(text) <= 40 else f"{text[:20]}...{text[-10:]} ({len(text):,} characters)"
     if match is None:
-        raise ValueError(f"'{text}' is not an action like 2F0 (stage, F/B/I/W, microbatch)")
+        raise ValueError(f"'{shown}' is not an action like 2F0 (stage, F/B/I/W, microbatch)")
+    if max(len(match.group(1)), len(match.group(3))) > _DIGITS:
+        raise ValueError(f"'{shown}': a stage or microbatch number of more than {_DIGITS} digits")
     return Action(int(match.group(1)), Kind(match.group(2)), int(match.group(3)))
 
 

@@ -86,7 +86,15 @@ def schedule_from_csv(text: str, name: str = "csv") -> Schedule:
     actions = [a for row in rows for a in row]
     if not actions:
         raise PlanError([diag("E603", f"{name}.csv holds no action")])
-    stages = max(a.stage for a in actions) + 1
+    named = sorted({a.stage for a in actions})
+    stages = named[-1] + 1
+    if len(named) < stages:  # stages no action names: said once, not stage by stage (up to 10^30 of them)
+        gaps = [(low + 1, high - 1) for low, high in zip([-1, *named], named) if high - low > 1]
+        shown = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in gaps[:5]) + (", ..." if len(gaps) > 5 else "")
+        raise PlanError([diag("E603", f"{name}.csv names stage {named[-1]}, so its schedule has {stages:,} stages, "
+                                      f"but no action runs stage{'s' if stages - len(named) > 1 else ''} {shown}",
+                              hint="a schedule's stages are 0..N-1, each running F and B (or I then W) for every "
+                                   "microbatch")])
     microbatches = max(a.microbatch for a in actions) + 1
     ranks = len(rows)
     schedule = Schedule(name, ranks, stages, microbatches, (derive_stage_map(rows, ranks, stages),), rows)

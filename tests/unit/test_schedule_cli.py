@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from plandsl.cli import main
 from plandsl.schedules.generators import generate
 from plandsl.schedules.resolve import to_torch_csv
+from support import bounded
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,6 +103,22 @@ def test_a_deadlocking_csv_is_rejected(tmp_path):
     result = CliRunner().invoke(main, ["schedule", str(path)])
     assert result.exit_code == 1
     assert "E606" in result.output
+
+
+@pytest.mark.parametrize("text, code, words", [
+    # a stage far past the others: its map and the missing stages were walked one by one (10^14: a hang, 2 GB)
+    ("99999999999999F0,99999999999999B0\n", "E603", "no action runs stages 0-99999999999998"),
+    ("0F0,0B0\n,,\n5F0,5B0\n", "E603", "no action runs stages 1-4"),
+    ("0F" + "9" * 5000 + "\n", "E602", "a stage or microbatch number of more than 30 digits"),  # int()'s own words
+    ("0F\u0663,0B\u0663\n", "E602", "is not an action like 2F0"),  # an Arabic-Indic 3 read as microbatch 3
+])
+def test_a_csv_naming_far_stages_or_odd_numbers_is_one_diagnostic(tmp_path, text, code, words):
+    path = tmp_path / "odd.csv"
+    path.write_text(text, encoding="utf-8")
+    with bounded(5, "schedule odd.csv"):
+        result = CliRunner().invoke(main, ["schedule", str(path)])
+    assert result.exit_code == 1 and f"error[{code}]" in result.output and words in result.output, result.output
+    assert result.output.count("error[") == 1 and len(result.output) < 1000, result.output
 
 
 @pytest.mark.parametrize("args, code", [
