@@ -88,6 +88,32 @@ def read_flags(text: str, path: str) -> tuple[SourceFile, list[Flag]]:
     return source, flags
 
 
+WHOLE_DIGITS = 30
+"""Digits of an integer a flag may give: past 10^30 no count or degree means anything (plandsl's caps are far below),
+and int() itself refuses 4,300 with words of its own."""
+_WHOLE = re.compile(r"-?[0-9]{1,%d}" % WHOLE_DIGITS)  # ASCII digits: `\\d` and int() take '٤' for 4
+
+
+def whole_number(text: str, signed: bool = False) -> int | None:
+    """`text` as an integer written in ASCII digits, at most WHOLE_DIGITS of them (a minus sign where `signed`),
+    or None."""
+    text = text.strip()
+    if not _WHOLE.fullmatch(text) or (text.startswith("-") and not signed):
+        return None
+    return int(text)
+
+
+def too_long(text: str) -> str:
+    """` (of at most 30 digits)` where `text` is an integer whole_number refuses for its length alone."""
+    return f" (of at most {WHOLE_DIGITS} digits)" if re.fullmatch(r"-?[0-9]+", text.strip()) and \
+        len(text.strip().lstrip("-")) > WHOLE_DIGITS else ""
+
+
+def shown_value(text: str) -> str:
+    """A flag's value quoted for a message, a long one shortened."""
+    return f"`{text}`" if len(text) <= 40 else f"`{text[:20]}...{text[-10:]}` ({len(text):,} characters)"
+
+
 def args_text(args: list[str] | tuple[str, ...]) -> str:
     """The arguments as one shell line (each quoted where it needs it), which `read_flags` splits back."""
     return " ".join(shlex.quote(arg) for arg in args) + "\n"

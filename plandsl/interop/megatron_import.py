@@ -13,10 +13,10 @@ import re
 from dataclasses import dataclass
 
 from plandsl import ir
-from plandsl.diagnostics import Diagnostic, did_you_mean, diag
+from plandsl.diagnostics import Diagnostic, did_you_mean, diag, limits
 from plandsl.diagnostics.source import SourceFile, Span
 from plandsl.interop import megatron as facts
-from plandsl.interop.flags import Flag, read_flags
+from plandsl.interop.flags import WHOLE_DIGITS, Flag, read_flags, shown_value, too_long, whole_number
 from plandsl.interop.result import Imported, checked
 from plandsl.interop.cluster import cluster_devices, cluster_lines
 from plandsl.ir.placement import counted_split
@@ -132,11 +132,13 @@ def _value(flag: Flag, read: _Read):
         return None
     text = values[0]
     if name in facts.INT_FLAGS:
-        if not re.fullmatch(r"\d+", text) or int(text) < 1 and name not in ZERO_OK:
+        number = whole_number(text)
+        if number is None or number < 1 and name not in ZERO_OK:
             accepted = "an integer of zero or more" if name in ZERO_OK else "a positive integer"
-            read.problems.append(diag("E804", f"{name} takes {accepted}, found `{text}`", flag.value_span))
+            read.problems.append(diag("E804", f"{name} takes {accepted}{too_long(text)}, found {shown_value(text)}",
+                                      flag.value_span))
             return None
-        return int(text)
+        return number
     if name in facts.FLOAT_FLAGS:
         try:
             number = float(text)
@@ -254,6 +256,11 @@ def _model(read: _Read) -> str | None:
         read.problem("E804", f"missing {', '.join(missing)} (Megatron-LM requires them, or reads the vocabulary from "
                      "a tokenizer file plandsl does not open)", hint=f"add {' '.join(f'{m} N' for m in missing)}")
         return None
+    if read.get("--num-layers") > limits.MAX_LAYERS:  # the layer patterns below are walked block by block
+        read.problem("E505", f"--num-layers must be at most {limits.MAX_LAYERS:,}, found {read.get('--num-layers'):,}",
+                     "--num-layers", hint="plandsl caps every count far beyond today's largest runs: see Limits in "
+                     "docs/language.md")
+        return None
     hidden, heads = read.get("--hidden-size"), read.get("--num-attention-heads")
     seq = read.get("--max-position-embeddings")
     if read.get("--seq-length") > seq:  # validate_args
@@ -352,7 +359,8 @@ def _window(read: _Read, layers: int) -> list[str] | None:
     and the off-by-one softmax (a fixed offset, no parameter) are E807."""
     args = []
     text = read.get("--window-size")
-    sides = re.fullmatch(r"\(?\s*(-?\d+)\s*,\s*(-?\d+)\s*\)?", text) if text is not None else None
+    sides = re.fullmatch(r"\(?\s*(-?[0-9]{1,%d})\s*,\s*(-?[0-9]{1,%d})\s*\)?" % (WHOLE_DIGITS, WHOLE_DIGITS), text) \
+        if text is not None else None
     if text is not None and sides is None:
         read.problem("E804", f"--window-size {text}: two integers LEFT,RIGHT", "--window-size", hint="--window-size 127,0")
         return None
@@ -367,8 +375,9 @@ def _window(read: _Read, layers: int) -> list[str] | None:
         args.append(f"window={left + 1}")
     skip = read.get("--window-attn-skip-freq")
     if skip is not None:
-        if re.fullmatch(r"\s*\d+\s*", skip):  # is_layer_window_attention: layer_number % N != 0 is windowed
-            pattern = [int((i + 1) % int(skip) != 0) for i in range(layers)] if int(skip) > 0 else None
+        every = whole_number(skip)
+        if every is not None:  # is_layer_window_attention: layer_number % N != 0 is windowed
+            pattern = [int((i + 1) % every != 0) for i in range(layers)] if every > 0 else None
         else:
             pattern = _layer_pattern(skip, layers)
         # the one N that could give it: the first full layer's number (N > layers: none full), then checked whole,
@@ -461,8 +470,8 @@ def _layer_pattern(text: str, layers: int) -> list[int] | None:
     """Megatron-LM's moe_freq_type without eval: an integer N (layer i is MoE when i % N == 0), or an expression of
     list literals of 0 and 1, `*` by integers and `+` (at most `layers` entries, as the pattern must have)."""
     import ast  # lazy: only a --moe-layer-freq pattern parses Python
-    if re.fullmatch(r"\d+", text.strip()):
-        every = int(text)
+    every = whole_number(text)
+    if every is not None:
         return [1 if i % every == 0 else 0 for i in range(layers)] if every > 0 else None
 
     def value(node):
@@ -892,11 +901,26 @@ def _even_run(counts: list[tuple[bool, int, bool]], first: int) -> int:
     return best
 
 
+LAYOUT_CHARS = 2 * (limits.MAX_LAYERS + limits.MAX_MTP + limits.MAX_STAGES)
+"""Characters --pipeline-model-parallel-layout may unroll to: a block (t) or depth (m) each, a `|` between stages, E
+and L, with room for stages of several letters."""
+
+
 def _layout(read: _Read, layers: int, pp: int) -> list[tuple[bool, int, bool]] | None:
     """(embedding, blocks, loss) per stage of --pipeline-model-parallel-layout, read as
     PipelineParallelLayerLayout.parse_str_to_list does (commas dropped, `(...)*n` and `x*n` unrolled)."""
     text = read.get("--pipeline-model-parallel-layout").replace(",", "")
-    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+    most = LAYOUT_CHARS
+    for pattern in (r"\(([^)]+)\)\*([0-9]+)", r"(.)\*([0-9]+)"):
+        parts = re.split(pattern, text)  # [text, unit, times, text, unit, times, ..., text]
+        # the unrolled length before unrolling: `Et*99999999999` asked for a string of 10^11 characters
+        length = sum(map(len, parts[::3])) + sum(len(unit) * int(times) if len(times) <= WHOLE_DIGITS else most + 1
+                                                 for unit, times in zip(parts[1::3], parts[2::3]))
+        if length > most:
+            read.problem("E805", f"--pipeline-model-parallel-layout unrolls to {length:,} characters, past the "
+                         f"{most:,} of a layout of at most {limits.MAX_LAYERS:,} blocks over {limits.MAX_STAGES:,} stages",
+                         "--pipeline-model-parallel-layout")
+            return None
         text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
     stages = text.split("|")
     bad = sorted({c for c in text if c not in "ELtm|"})

@@ -10,13 +10,12 @@ checker's diagnostics on the plan written. It never raises on flags. The facts a
 from __future__ import annotations
 
 import math
-import re
 
 from plandsl.diagnostics import diag, did_you_mean
 from plandsl.diagnostics.source import SourceFile
 from plandsl.interop import torchtitan as facts
 from plandsl.interop.cluster import cluster_devices, cluster_lines
-from plandsl.interop.flags import Flag, read_flags
+from plandsl.interop.flags import Flag, read_flags, shown_value, too_long, whole_number
 from plandsl.interop.megatron_import import _Read, stages_lines
 from plandsl.interop.result import Imported, checked
 
@@ -187,12 +186,13 @@ def _value(flag: Flag, read: _Read):
     if name in INT_FLAGS:
         allowed = NEGATIVE_OK.get(name)
         low = 0 if name in ZERO_OK else 1
-        if not re.fullmatch(r"-?\d+", text) or int(text) < low and int(text) != allowed:
+        number = whole_number(text, signed=True)
+        if number is None or number < low and number != allowed:
             read.problems.append(diag("E804", f"{name} takes an integer of {low} or more"
-                                      + (f" (or {allowed})" if allowed else "") + f", found `{text}`",
-                                      flag.value_span))
+                                      + (f" (or {allowed})" if allowed else "") + f"{too_long(text)}, found "
+                                      f"{shown_value(text)}", flag.value_span))
             return None, None
-        return name, int(text)
+        return name, number
     if name in FLOAT_FLAGS:
         if text == "None" and name == O + "decay_ratio":
             return name, None

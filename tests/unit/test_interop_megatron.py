@@ -18,6 +18,7 @@ from plandsl import api, ir
 from plandsl.cli import main
 from plandsl.interop import export_plan, import_text
 from plandsl.ir.placement import assign_stages
+from support import bounded
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANS = sorted(p for p in (ROOT / "stdlib_plans").rglob("*.plan") if p.parent.name in ("examples", "local"))
@@ -246,6 +247,15 @@ BAD = [
      "--microbatch-group-size-per-virtual-pipeline-stage 8", "E805", "--microbatch-group-size-per-virtual-pipeline-stage"),
     ("--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
      "--microbatch-group-size-per-virtual-pipeline-stage 4", "E807", "--microbatch-group-size-per-virtual-pipeline-stage"),
+    # hostile numbers: an Arabic-Indic 2 read as 2; 5,001 digits were int()'s own words (a usage error, exit 2)
+    ("--tensor-model-parallel-size \u0662", "E804", "\u0662"),
+    ("--seed 1" + "0" * 5000, "E804", "1" + "0" * 5000),
+    ("--window-size 1" + "0" * 5000 + ",0", "E804", "--window-size"),
+    # a layout unrolled to 10^11 characters (MemoryError, E108) or 9 x 10^9 (4 GB, then E108)
+    ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et*99999999999|L", "E805",
+     "--pipeline-model-parallel-layout"),
+    ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout (Et*99999|)*99999L", "E805",
+     "--pipeline-model-parallel-layout"),
 ]
 
 
@@ -257,6 +267,16 @@ def test_bad_flags_are_diagnostics_naming_the_flag(extra, code, shown):
     assert [d.code for d in imported.diagnostics] == [code]
     span = imported.diagnostics[0].span
     assert span.end > span.start and text[span.start:].startswith(shown), (text[span.start:span.end], shown)
+
+
+def test_more_layers_than_plandsl_takes_stop_before_their_patterns_are_walked():
+    """--num-layers 10^18 with a window pattern walked every block before the plan's E505 (a hang, 600 MB)."""
+    text = BASE.replace("--num-layers 4", "--num-layers 1000000000000000000") + " --window-size 7,0 " \
+        "--window-attn-skip-freq 2\n"
+    with bounded(5, "import"):
+        imported = import_text("megatron", text, "flags", world_size=8)
+    assert [d.code for d in imported.diagnostics] == ["E505"] and "--num-layers must be at most 100,000" in \
+        imported.diagnostics[0].message
 
 
 @pytest.mark.parametrize("flag", ["--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16"])

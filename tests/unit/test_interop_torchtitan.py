@@ -202,6 +202,8 @@ BASE = ["--module", "llama3", "--config", "llama3_8b", "--parallelism.tensor_par
     (["--module", "qwen3"], "E807", "qwen3"),
     (["--training.disable_cuda_graphs", "stray"], "E804", "stray"),
     (["--parallelism.data_parallel_shard_degree", "-2"], "E804", "-2"),
+    (["--parallelism.data_parallel_shard_degree", "\u0668"], "E804", "'\u0668'"),  # an Arabic-Indic 8, read as 8
+    (["--debug.seed", "1" + "0" * 5000], "E804", "1" + "0" * 5000),  # int()'s own words, a usage error
     (["--training.enable_cpu_offload"], "E807", "--training.enable_cpu_offload"),
     (["--parallelism.enable_fsdp_symm_mem"], "E807", "--parallelism.enable_fsdp_symm_mem"),
     (["--parallelism.context_parallel_load_balancer", "None"], "E807", "--parallelism.context_parallel_load_balancer"),
