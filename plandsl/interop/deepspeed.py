@@ -13,6 +13,7 @@ zero/config.py at 0.19.8; tests/unit/test_interop_deepspeed.py holds them agains
 from __future__ import annotations
 
 import json
+import math
 import re
 
 from plandsl import ir
@@ -127,6 +128,18 @@ def _span(source: SourceFile, key: str):
     return source.span(found.start(), found.start() + len(key) + 2) if found else source.span(0, 1)
 
 
+def _finite(value: object, whole: bool) -> bool:
+    """Whether a config's value is a finite number of zero or more (an integer where `whole`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (whole and not isinstance(value, int)):
+        return False
+    return value >= 0 and (isinstance(value, int) or math.isfinite(value))
+
+
+def _json_shown(value: object) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else f"{text[:30]}... ({len(text):,} characters)"
+
+
 def import_json(text: str, path: str, world_size: int | None = None, cluster: str | None = None,
                 model: str | None = None, name: str = "deepspeed", plan_path: str = "deepspeed.plan") -> Imported:
     source = SourceFile(path, text)
@@ -138,11 +151,14 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
 
     try:
         config = json.loads(text)
-    except ValueError as error:
-        line, column = getattr(error, "lineno", 1), getattr(error, "colno", 1)
-        offset = getattr(error, "pos", 0)
-        problems.append(diag("E804", f"not JSON: {getattr(error, 'msg', error)} (line {line}, column {column})",
-                             source.span(offset, offset + 1)))
+    except json.JSONDecodeError as error:
+        problems.append(diag("E804", f"not JSON: {error.msg} (line {error.lineno}, column {error.colno})",
+                             source.span(error.pos, error.pos + 1)))
+        return Imported(None, tuple(problems), sources)
+    except (ValueError, RecursionError) as error:  # int()'s digit limit; the decoder's recursion, once per nesting
+        why = "arrays or objects nested too deeply" if isinstance(error, RecursionError) else \
+            "an integer of more than 4,300 digits"
+        problems.append(diag("E804", f"not a DeepSpeed config: it holds {why}", source.span(0, 1)))
         return Imported(None, tuple(problems), sources)
     if not isinstance(config, dict):
         problems.append(diag("E804", "a DeepSpeed config is a JSON object", source.span(0, 1)))
@@ -201,6 +217,9 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
     if kind not in OPTIMIZERS:
         problem("E807", f"optimizer {json.dumps(kind)}: a plan's optimizer is adam or sgd", "optimizer")
     params = (optimizer.get("params") or {}) if isinstance(optimizer, dict) else {}
+    if not isinstance(params, dict):
+        problem("E804", f"optimizer's \"params\" must be an object, found {_json_shown(params)}", "optimizer")
+        params = {}
     lr = params.get("lr", 1e-3)
     if kind == "SGD" and params.get("momentum", 0) != SGD_MOMENTUM:
         problem("E807", f"SGD with momentum {params.get('momentum', 0)}: a plan's sgd has momentum {SGD_MOMENTUM}",
@@ -219,6 +238,7 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
     scheduler = config.get("scheduler")
     if scheduler is not None:
         params = scheduler.get("params", {}) if isinstance(scheduler, dict) else {}
+        params = params if isinstance(params, dict) else {"warmup_type": params}  # not an object: E807 below
         if not isinstance(scheduler, dict) or scheduler.get("type") != "WarmupLR" \
                 or params.get("warmup_type", "log") != "linear" or params.get("warmup_min_lr", 0) != 0:
             problem("E807", "scheduler: a plan's warm-up is WarmupLR, linear from 0 to the optimizer's lr", "scheduler")
@@ -226,6 +246,14 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
             warmup = params.get("warmup_num_steps", 1000)
             lr = params.get("warmup_max_lr", lr)
     clip = config.get("gradient_clipping", 0.0)
+    # the numbers written into the plan: each a finite number (a string, a list or NaN was a traceback, or text in
+    # the plan as written)
+    for value, key, what, whole in ((lr, "optimizer", "the learning rate (lr, or WarmupLR's warmup_max_lr)", False),
+                                    (clip, "gradient_clipping", "\"gradient_clipping\"", False),
+                                    (warmup, "scheduler", "WarmupLR's \"warmup_num_steps\"", True)):
+        if not _finite(value, whole):
+            problem("E804", f"{what} must be {'a whole number' if whole else 'a number'} of zero or more, found "
+                    f"{_json_shown(value)}", key)
     if problems:
         return Imported(None, tuple(problems), sources, tuple(ignored))
     cluster_text, imports, part = cluster_lines(cluster, world)

@@ -88,6 +88,38 @@ def test_not_json_is_a_diagnostic():
     assert [d.code for d in imported.diagnostics] == ["E804"] and "not JSON" in imported.diagnostics[0].message
 
 
+@pytest.mark.parametrize("text, words", [
+    ("[" * 100_000, "nested too deeply"),  # json's RecursionError escaped as a traceback
+    ('{"a": ' * 100_000, "nested too deeply"),
+    ('{"train_batch_size": 1' + "0" * 5000 + "}", "an integer of more than 4,300 digits"),  # not int()'s words
+])
+def test_json_too_deep_or_too_long_to_read_is_a_diagnostic(text, words):
+    imported = import_text("deepspeed", text, "ds.json", world_size=8, model=MODEL)
+    assert [d.code for d in imported.diagnostics] == ["E804"] and words in imported.diagnostics[0].message
+
+
+WARMUP = {"type": "WarmupLR", "params": {"warmup_type": "linear", "warmup_min_lr": 0, "warmup_max_lr": 1e-4,
+                                         "warmup_num_steps": 10}}
+
+
+@pytest.mark.parametrize("changed, words", [
+    # a string was written into the plan as it stood: `warmup_steps: 0 }` ... closed the train block
+    ({"scheduler": {**WARMUP, "params": {**WARMUP["params"], "warmup_num_steps": "0 }\n  data = zero1 over dp"}}},
+     "WarmupLR's \"warmup_num_steps\" must be a whole number of zero or more, found \"0 }"),
+    ({"scheduler": {**WARMUP, "params": {**WARMUP["params"], "warmup_max_lr": float("nan")}}}, "found NaN"),
+    ({"optimizer": {"type": "AdamW", "params": {"lr": "fast"}}}, "must be a number of zero or more, found \"fast\""),
+    ({"gradient_clipping": [1.0]}, "\"gradient_clipping\" must be a number of zero or more, found [1.0]"),  # TypeError
+    ({"gradient_clipping": "1.0"}, "found \"1.0\""),  # ValueError: float() of the plan's number
+    ({"optimizer": {"type": "AdamW", "params": [1e-4]}}, "optimizer's \"params\" must be an object"),  # AttributeError
+])
+def test_a_number_the_plan_writes_must_be_a_finite_number(changed, words):
+    imported = import_text("deepspeed", json.dumps({**BASE, **changed}), "ds.json", world_size=8, model=MODEL)
+    assert [d.code for d in imported.diagnostics] == ["E804"] and words in imported.diagnostics[0].message, \
+        [d.message for d in imported.diagnostics]
+    assert import_text("deepspeed", json.dumps({**BASE, "scheduler": WARMUP}), "ds.json", world_size=8,
+                       model=MODEL).ok
+
+
 def test_cli_imports_a_config_with_its_model(tmp_path):
     config = tmp_path / "ds.json"
     config.write_text(json.dumps(BASE))
