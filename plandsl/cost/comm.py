@@ -122,6 +122,9 @@ def _group_links(cluster: ir.Cluster, sizes: tuple[int, ...], chosen: tuple[int,
                    inter_measured=measured_ratios(nic, found, True))
 
 
+_MOST_LOG_RATIO = 700.0
+
+
 def measured_ratios(link: ir.Link, found: GroupLinks, across_nodes: bool) -> tuple:
     """For each collective of the link's `measured` table, (ln bytes, measured / modelled seconds) by bytes:
     the model of the row's own group (its ranks inside one node, or one per node across nodes) on the
@@ -134,9 +137,11 @@ def measured_ratios(link: ir.Link, found: GroupLinks, across_nodes: bool) -> tup
             unit = GroupLinks(n, 1, n, 1.0, 0.0, found.inter_bandwidth, found.inter_latency) if across_nodes else \
                 GroupLinks(n, n, 1, found.intra_bandwidth, found.intra_latency, 1.0, 0.0)
             modelled = estimate_collective(collective, point.bytes, unit).seconds
-            if modelled > 0:
-                logs.setdefault(math.log(point.bytes), []).append(math.log(point.seconds / modelled))
-        ratios = tuple((x, math.exp(sum(v) / len(v))) for x, v in sorted(logs.items()))
+            if modelled > 0:  # in logs: seconds / modelled underflows to 0 (1e-300 s against 1e290 s modelled)
+                logs.setdefault(math.log(point.bytes), []).append(math.log(point.seconds) - math.log(modelled))
+        # exp overflows past e^709: the ratio is held below it (a measured time that far past its model is a time
+        # a step spends there all the same)
+        ratios = tuple((x, math.exp(min(sum(v) / len(v), _MOST_LOG_RATIO))) for x, v in sorted(logs.items()))
         if ratios:
             tables.append((collective, ratios))
     return tuple(tables)

@@ -508,6 +508,18 @@ def test_the_cost_model_prices_a_measured_collective_as_measured():
         estimate_collective("p2p", 2**20, plain).seconds, rel=1e-12)
 
 
+@pytest.mark.parametrize("row, least, most", [
+    ("[2, 1e300 B, 1e-300 s]", 0.0, 1e-300),   # seconds / modelled underflowed to 0: log's domain error (E108)
+    ("[2, 1 B, 1e305 s]", 1e299, math.inf),    # ratio past e^709: exp's OverflowError
+])
+def test_a_measured_collective_far_from_its_model_prices_without_failing(row, least, most):
+    from plandsl.cost.comm import group_links
+    document = api.loads(NODE.format(measured=f"{{ p2p: [{row}] }}"))
+    cluster = ir.Cluster(name="c", groups=(ir.NodeGroup(node=document.nodes[0], count=1),))
+    seconds = estimate_collective("p2p", 2**20, group_links(cluster, (("pp", 2),), ("pp",))).seconds
+    assert least <= seconds <= most and math.isfinite(seconds)
+
+
 def test_a_link_the_fit_misses_is_written_with_its_measured_collectives(tmp_path):
     profile = synthetic_profile()
     slow = tuple(replace(c, seconds=_spread(c.seconds.median * (3.0 if c.collective == "all_reduce" else 1.0)))
