@@ -8,12 +8,16 @@ knows the file's names and axes while the text is half-typed.
 from __future__ import annotations
 
 import asyncio
+import logging
+import sys
+from typing import BinaryIO
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
 from plandsl import __version__
 from plandsl.diagnostics import Diagnostic
+from plandsl.diagnostics.internal import debugging
 from plandsl.lsp.actions import formatting, quick_fixes
 from plandsl.lsp.complete import completions
 from plandsl.lsp.convert import Explanations, Positions, diagnostic, path_of, uri_of
@@ -136,6 +140,62 @@ def code_actions(ls: PlanServer, params: types.CodeActionParams) -> list[types.C
     return quick_fixes(snapshot, params.range, ls.positions(snapshot), ls.shown.get(uri, {}))
 
 
+MAX_MESSAGE_BYTES = 16 * 2**20
+"""A JSON-RPC message's body: a plan is at most the parser's 2 MB (`syntax.parser.MAX_BYTES`), which JSON's escapes
+(`\\u0001`: 6 bytes a character) keep below 12 MB. A larger one is read past in pieces and skipped: pygls read the
+Content-Length a header gave at once (Content-Length: 10^12 was a MemoryError, the server gone)."""
+MAX_HEADER_BYTES = 64 * 2**10
+"""A header line is read in pieces of at most this: a line without its newline no longer grows without limit."""
+_SKIPPED = b'{"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": "plandsl: a skipped message"}}'
+
+
+class BoundedStdin:
+    """The client's stream as pygls reads it (`readline`, `read(n)`), each read bounded (MAX_HEADER_BYTES,
+    MAX_MESSAGE_BYTES): a message past the bound is read in pieces, dropped, and answered by a notification that
+    does nothing, so the server goes on with the next."""
+
+    def __init__(self, stream: BinaryIO, log: logging.Logger | None = None) -> None:
+        self.stream = stream
+        self.log = log or logging.getLogger(__name__)
+
+    def readline(self) -> bytes:
+        return self.stream.readline(MAX_HEADER_BYTES)
+
+    def read(self, size: int) -> bytes:
+        if size <= MAX_MESSAGE_BYTES:
+            return self.stream.read(size)
+        left = size
+        while left > 0:
+            piece = self.stream.read(min(left, 2**20))
+            if not piece:
+                return b""  # the stream ended inside the message: the server stops, as at any end of input
+            left -= len(piece)
+        self.log.error("plandsl lsp: skipped a message of %d bytes, past the limit of %d", size, MAX_MESSAGE_BYTES)
+        return _SKIPPED
+
+
+class OneLineErrors(logging.Filter):
+    """pygls logs a message it cannot read (not JSON, not JSON-RPC, invalid params) with its traceback: one line
+    instead, the exception's type and message, unless PLANDSL_DEBUG=1 (as the CLI's E108)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if debugging():
+            return True
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            record.msg, record.args = f"{record.getMessage()}: {type(error).__name__}: {error}", ()
+            record.exc_info = record.exc_text = None
+        elif "Traceback (most recent call last)" in record.getMessage():  # one formatted into the message
+            record.msg, record.args = record.getMessage().split("\n", 1)[0], ()
+        return True
+
+
 def serve() -> None:
     """Answer one client on stdin/stdout until it exits."""
-    server.start_io()
+    handler = logging.StreamHandler()  # stderr, as logging's last resort wrote, at the same level
+    handler.setLevel(logging.WARNING)
+    handler.addFilter(OneLineErrors())
+    pygls_log = logging.getLogger("pygls")
+    pygls_log.addHandler(handler)
+    pygls_log.propagate = False
+    server.start_io(stdin=BoundedStdin(sys.stdin.buffer, pygls_log))

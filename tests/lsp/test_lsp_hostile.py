@@ -1,0 +1,97 @@
+"""`plandsl lsp` fed malformed JSON-RPC over its stdin: it reads within bounds, logs one line per message it cannot
+read (no traceback), and goes on answering. The raw bytes go through a real process (no LSP client library: a
+client would not send them)."""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plandsl.lsp.server import MAX_HEADER_BYTES, MAX_MESSAGE_BYTES, BoundedStdin, OneLineErrors
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def frame(message: object = None, body: bytes | None = None, length: int | None = None) -> bytes:
+    body = json.dumps(message).encode() if body is None else body
+    return f"Content-Length: {len(body) if length is None else length}\r\n\r\n".encode() + body
+
+
+def request(method: str, params: object, id: int) -> dict:
+    return {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
+
+
+def test_a_message_past_the_limit_is_skipped_in_pieces_and_the_next_is_read():
+    big = b" " * (MAX_MESSAGE_BYTES + 1)
+    stream = io.BytesIO(frame(body=big) + frame({"jsonrpc": "2.0", "method": "exit"}))
+    reader = BoundedStdin(stream)
+    assert reader.readline().startswith(b"Content-Length:") and reader.readline() == b"\r\n"
+    skipped = reader.read(len(big))
+    assert json.loads(skipped)["method"] == "$/cancelRequest"  # a notification that does nothing
+    assert reader.readline().startswith(b"Content-Length:")
+    assert BoundedStdin(io.BytesIO(b"x" * (3 * MAX_HEADER_BYTES))).readline() == b"x" * MAX_HEADER_BYTES
+    assert BoundedStdin(io.BytesIO(frame(length=10**12))).read(10**12) == b""  # the stream ends inside it
+
+
+def test_a_logged_traceback_is_one_line_unless_debugging(monkeypatch):
+    monkeypatch.delenv("PLANDSL_DEBUG", raising=False)
+    try:
+        json.loads("{not json")
+    except ValueError:
+        record = logging.LogRecord("pygls.io_", logging.ERROR, "x", 1, "Unable to handle message", (), sys.exc_info())
+    OneLineErrors().filter(record)
+    assert record.exc_info is None and record.getMessage().startswith("Unable to handle message: JSONDecodeError:")
+    formatted = logging.LogRecord("pygls", logging.ERROR, "x", 1, "Unable to deserialize message\n%s", (
+        "Traceback (most recent call last):\n  File ...",), None)
+    OneLineErrors().filter(formatted)
+    assert formatted.getMessage() == "Unable to deserialize message"
+
+
+def test_the_server_survives_malformed_json_rpc_and_answers_after_it(tmp_path):
+    plan = tmp_path / "p.plan"
+    plan.write_text((ROOT / "stdlib_plans" / "local" / "tiny.plan").read_text())
+    uri = plan.as_uri()
+    position = {"line": 0, "character": 0}
+    stream = b"".join([
+        frame(request("initialize", {"capabilities": {}, "rootUri": None, "processId": None}, 1)),
+        frame({"jsonrpc": "2.0", "method": "initialized", "params": {}}),
+        frame(body=b"{not json"),
+        frame([1, 2, 3]),
+        frame(request("textDocument/hover", None, 2)),
+        frame(request("textDocument/hover", {"textDocument": {"uri": uri}, "position": {"line": -1, "character": 0}},
+                      3)),
+        frame(body=b" " * (MAX_MESSAGE_BYTES + 1)),  # 16 MiB: read past in pieces
+        b"Content-Length: x" + b"y" * (2 * MAX_HEADER_BYTES) + b"\r\n\r\n",
+        frame({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": {
+            "uri": uri, "languageId": "plandsl", "version": 1, "text": plan.read_text()}}}),
+        frame(request("textDocument/hover", {"textDocument": {"uri": uri}, "position": position}, 4)),
+        frame(request("shutdown", None, 5)),
+        frame({"jsonrpc": "2.0", "method": "exit"}),
+        frame(body=b"{}", length=10**12),  # after exit: never read
+    ])
+    result = subprocess.run([sys.executable, "-m", "plandsl.cli", "lsp", "--stdio"], input=stream,
+                            capture_output=True, timeout=60, env={**os.environ, "PLANDSL_DEBUG": ""})
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    stderr = result.stderr.decode()
+    assert "Traceback" not in stderr and "MemoryError" not in stderr, stderr[-2000:]
+    assert f"skipped a message of {MAX_MESSAGE_BYTES + 1} bytes" in stderr
+    answered = {json.loads(part.split(b"\r\n\r\n", 1)[1]).get("id") for part in result.stdout.split(b"Content-Length")
+                if b"\r\n\r\n" in part}
+    assert {1, 4, 5} <= answered, result.stdout[-2000:]
+
+
+@pytest.mark.parametrize("length", [10**12, 2**63])
+def test_a_header_claiming_a_huge_body_allocates_nothing(length):
+    """Content-Length: 10^12 then the end of input: pygls read it at once (MemoryError, E108 on stderr, exit 1)."""
+    stream = frame(request("initialize", {"capabilities": {}, "rootUri": None, "processId": None}, 1)) + \
+        f"Content-Length: {length}\r\n\r\n{{}}".encode()
+    result = subprocess.run(["bash", "-c", f"ulimit -v 4000000; exec {sys.executable} -m plandsl.cli lsp --stdio"],
+                            input=stream, capture_output=True, timeout=60)
+    assert result.returncode == 0 and b"MemoryError" not in result.stderr and b"E108" not in result.stderr, \
+        result.stderr.decode()[-2000:]
