@@ -24,8 +24,10 @@ from plandsl.ir.layers import (EXPERTS, FFN, HEADS, HEADS_X_HEAD_DIM, KV, TP_SPL
                                block_model, figures_key, kv_width, layers_of, once_per_figures)
 from plandsl.ir.placement import Assignment, assign_stages
 from plandsl.cost.schedule import plan_splits_backward
-from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE
+from plandsl.schedules.bounded import builtin_layout
 from plandsl.schedules.generators import check_sizes, pipeline_maps
+from plandsl.schedules.program import Kind
+from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE
 
 # Dim roles a tensor-parallel axis splits (Megatron, Shoeybi et al. 2019): column-parallel outputs
 # (q/k/v heads, MLP ffn), row-parallel inputs (o heads, MLP ffn), the vocabulary of the embedding and head,
@@ -147,6 +149,7 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
     # tensor per authored layer, so its ZeRO-1 partition is taken as even.
     whole_tensors = not isinstance(plan.model, ir.CustomModel)
     kept: dict = {}  # activations per `figures_key`: the same for every rank
+    groups = open_gradients(plan, schedule, rank_stages)
     estimates = []
     for stages in held_stages(plan, rank_stages):
         layers = [layer for stage in stages for layer in stage_layers[stage]]
@@ -158,6 +161,11 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         extra = [tied] * copies if tied and any(_copies_embedding(stage_layers[stage]) for stage in stages) else []
         params, grads, optimizer = model_state_bytes(plan, layers, extra, whole_tensors=whole_tensors)
         gathered_params, gathered_grads = gathered_bytes(plan, layers, extra, held=held)
+        if groups is not None and len(stages) > 1:  # the most the rank's stages open at once hold (`open_gradients`)
+            own = {stage: gathered_bytes(plan, stage_layers[stage],
+                                         extra if _copies_embedding(stage_layers[stage]) else [], held=held)[1]
+                   for stage in stages}
+            gathered_grads = max(sum(own[stage] for stage in group) for group in groups[len(estimates)])
         stored = [0.0, 0.0]  # per microbatch: [the rank's layers but the last stage's norm and head, those two]
         host = 0.0  # per microbatch: the offloaded blocks' (`offload_layers`), in host memory
         for stage in stages:
@@ -718,6 +726,80 @@ def pipelined_shards(plan: ir.Plan) -> bool:
     True)`, torchtitan's default): one all-gather and one reduce-scatter per unit and step (`cost.stage.rank_tail`),
     every unit whole through the step (`gathered_bytes`)."""
     return plan.stages is not None and plan.data is not None and plan.data.zero_stage >= 2
+
+
+def releases_gradients(plan: ir.Plan) -> bool:
+    """Whether a pipeline rank frees each stage's unsharded gradients after that stage's last backward, not after its
+    last stage's: ZeRO-2/3 under torch's pipeline (`pipelined_shards`, `implementation = torch`) running a built-in
+    schedule. torch's multi-stage schedules count backwards per stage and reduce-scatter a stage's accumulated
+    gradients at its last one (`PipelineScheduleMulti._step_microbatches`, `last_backward` per stage; torch 2.13's
+    `_add_reduce_grad`: a REDUCE_GRAD right after a stage's n-th B or W), and so does `plandsl run`. A written schedule
+    keeps the whole rank's (its order is the plan's, not read here), as Megatron-LM's and DeepSpeed's pipelines do."""
+    return pipelined_shards(plan) and plan.stages.implementation == "torch" \
+        and (plan.schedule is None or plan.schedule.definition is None)
+
+
+def open_gradients(plan: ir.Plan, schedule: str, rank_stages: Sequence[Sequence[int]]) \
+        -> tuple[tuple[tuple[int, ...], ...], ...] | None:
+    """Per pipeline rank of `rank_stages`, the sets of its stages whose unsharded gradients it holds at once
+    (`open_gradient_stages`) where the plan frees them stage by stage (`releases_gradients`) and a rank runs several;
+    None where every rank holds its stages' all at once (one stage a rank, Chimera's two pipelines, sizes the
+    generator refuses, a map of the stages other than the schedule's)."""
+    ranks = len(rank_stages)
+    stages = sum(len(own) for own in rank_stages)
+    if stages <= ranks or stages % ranks or not releases_gradients(plan):
+        return None
+    groups = open_gradient_stages(schedule, ranks, plan.num_microbatches, stages // ranks)
+    if groups is None or any(set().union(*rank) != set(own) for rank, own in zip(groups, rank_stages)) \
+            or all(len(rank) == 1 for rank in groups):
+        return None
+    return groups
+
+
+@functools.lru_cache(maxsize=256)
+def open_gradient_stages(schedule: str, pp: int, microbatches: int, virtual: int) \
+        -> tuple[tuple[tuple[int, ...], ...], ...] | None:
+    """Per rank of the built-in `schedule`, the largest sets of its stages open together: a stage is open from its
+    first action that computes weight gradients (B, or W where the schedule splits the backward into I and W) to its
+    last, after which torch reduce-scatters and frees its gradients (`releases_gradients`). Read from each rank's order
+    in the layout the simulation lays out (`schedules.bounded.builtin_layout`: the steady state's order repeats, so a
+    run of the same microbatches modulo its period opens the same sets, GPipe's and BFS's too); None for schedules of
+    two pipelines and sizes it refuses (the whole rank's gradients then)."""
+    info = BUILTIN.get(schedule)
+    if info is None or info.pipelines != 1:
+        return None
+    try:
+        layout = builtin_layout(schedule, pp, microbatches, virtual, peaks=False)
+    except ValueError:  # TooLarge too
+        return None
+    weights = (Kind.B, Kind.W)
+    out = []
+    for row, stages in zip(layout.actions, _own_stages(layout)):
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for index, (stage, kind, _) in enumerate(row):  # each stage's first, from the start, till every one is seen
+            if kind in weights and stage not in first:
+                first[stage] = index
+                if len(first) == stages:
+                    break
+        for index in range(len(row) - 1, -1, -1):  # and its last, from the end
+            stage, kind, _ = row[index]
+            if kind in weights and stage not in last:
+                last[stage] = index
+                if len(last) == stages:
+                    break
+        # the open sets at each stage's opening: every largest set is one of them (intervals)
+        sets = {frozenset(t for t in first if first[t] <= first[s] <= last[t]) for s in first}
+        out.append(tuple(sorted(tuple(sorted(a)) for a in sets if not any(a < b for b in sets))))
+    return tuple(out)
+
+
+def _own_stages(layout) -> list[int]:
+    """Per rank of a one-pipeline layout, how many stages it runs."""
+    counts = [0] * layout.ranks
+    for rank in layout.stage_to_rank[0]:
+        counts[rank] += 1
+    return counts
 
 
 def _copies_embedding(layers: Sequence[Layer]) -> bool:
@@ -1315,6 +1397,7 @@ def _recompute_working_set(plan: ir.Plan, layers: Sequence[Layer], attention_mat
 __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estimate_layer_activations", "layer_recompute",
            "held_stages", "gathered_bytes", "gather_element", "gather_element_bytes", "gathered_param_bytes",
            "fp8_gather_bytes", "fp8_weight_bytes", "megatron_fsdp_shards", "gathers_whole", "pipelined_shards",
+           "releases_gradients", "open_gradients", "open_gradient_stages",
            "returned_merge_bytes", "returned_output_bytes", "model_state_bytes",
            "tied_embedding", "head_weight_apart",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",

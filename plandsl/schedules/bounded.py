@@ -79,15 +79,21 @@ def simulate_builtin(name: str, ranks: int, microbatches: int, virtual: int | No
 
 
 def builtin_profiles(name: str, ranks: int, microbatches: int, virtual: int | None) -> tuple:
-    """`simulate.held_profiles` of the layout `simulate_builtin` simulates for these sizes: the whole schedule, or
-    past `extrapolated_past` a run of the same microbatches modulo the steady state's period from its look-ahead on
-    (its peaks repeat, period after period: what it extrapolates) but where a stage holds every microbatch (GPipe's,
-    BFS's peaks grow with them); ValueError, TooLarge as there."""
+    """`simulate.held_profiles` of `builtin_layout`'s layout for these sizes."""
+    return held_profiles(builtin_layout(name, ranks, microbatches, virtual))
+
+
+def builtin_layout(name: str, ranks: int, microbatches: int, virtual: int | None, peaks: bool = True) -> Schedule:
+    """The layout `simulate_builtin` simulates for these sizes: the whole schedule, or past `extrapolated_past` a run
+    of the same microbatches modulo the steady state's period from its look-ahead on (each rank's order repeats,
+    period after period, and so do its peaks: what it extrapolates) but, for the `peaks`, where a stage holds every
+    microbatch (GPipe's, BFS's peaks grow with them; their order repeats all the same); ValueError, TooLarge as
+    there."""
     virtual = check_sizes(name, ranks, microbatches, virtual)
     period, base, longest, _, probe = _sizes(name, ranks, microbatches, virtual, None)
-    if microbatches > probe + longest * period and BUILTIN[name].inflight != "every":
+    if microbatches > probe + longest * period and not (peaks and BUILTIN[name].inflight == "every"):
         microbatches = base + (microbatches - base) % period
-    return held_profiles(_layout(name, ranks, microbatches, virtual, period))
+    return _layout(name, ranks, microbatches, virtual, period)
 
 
 def extrapolated_past(name: str, ranks: int, microbatches: int, virtual: int | None, start: int | None = None) -> int:

@@ -28,6 +28,7 @@ class Caps:
         self._partial_cache: dict = figures.memory_caches.setdefault("partial", {})
         self._offload_cache: dict = figures.memory_caches.setdefault("offload", {})
         self._held_cache: dict = figures.memory_caches.setdefault("held_room", {})
+        self._bound_cache: dict = figures.memory_caches.setdefault("released_bound", {})  # `_released_bound`'s
         self._rank_order: dict = {}
 
     def rank_caps(self, root: Root, ranks, inflight: np.ndarray, memory, recomputed: int | None = None,
@@ -43,7 +44,10 @@ class Caps:
         than the exact estimate; it can refuse a split within them (`split_fits`). `held`: lowered to what the
         schedule's simulated peak leaves room for (`_held_caps`), the caps of the exact estimate for the split
         `Splits.transformer_partition` makes of a rank's blocks, within which it refuses none. `recomputed` as an array
-        of N: one row of the rule's caps per N."""
+        of N: one row of the rule's caps per N. Where a rank holds only its open stages' unsharded gradients
+        (`_released`: ZeRO-2/3 on torch's pipeline, several stages a rank, `cost.memory.open_gradient_stages`), the
+        rule's caps count no more than they hold (`_released_bound`) and are lowered, held or not, to the most blocks
+        whose even split fits with the largest open set's gradients (`_held_caps`), as the exact estimate counts."""
         per_kind, tied, _ = memory
         (embed_s, embed_a, _), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind
         figures = self.figures
@@ -58,7 +62,11 @@ class Caps:
         if tied and len(ranks) > 1:  # the head's stage copies the embedding, on the first rank too (a V-shape's)
             fixed[last_rank] += tied
         capacity = figures.capacity(root)
-        if recomputed is None and not held:
+        released = self._released(memory, inflight)
+        grads = released[1] if released is not None else None
+        if released is not None:  # the rule's caps at most (`_held_caps` lowers them to the open stages' gradients)
+            block_s, capacity = self._released_bound(released, ranks, block_s, capacity, fixed)
+        elif recomputed is None and not held:
             return self._rule_caps(memory, ranks, inflight, fixed, capacity, block_s, block_a, working)
         per = block_s + inflight * block_a
         per_kept = block_s + inflight * kept if recomputed is not None else per
@@ -93,6 +101,8 @@ class Caps:
                 two = within(room - gathered(memory, r == first_rank, r == last_rank, 2), per[r], per_kept[r])
                 one = within(room - gathered(memory, r == first_rank, r == last_rank, 1), per[r], per_kept[r])
                 caps[:, r] = self.blocks if free[r] else np.where(two >= 2, two, np.minimum(one, 1.0))[:, 0]
+            if grads is not None:  # each row lowered to the gradients of the stages open at once, as `caps` lowers N's
+                caps = self._held_caps(root, ranks, inflight, memory, caps, recomputed, kept, free, buffers, False)
             return _whole(caps)  # as the in-flight rule counts: at least the caps of each N (`least_recomputed`)
         for r in fixed:  # the first and last ranks, one at a time (`cost.memory` order of terms)
             room = float(capacity[r]) - fixed[r] - working - float(buffers[r])
@@ -107,8 +117,9 @@ class Caps:
                 elif cap >= 2:
                     break
             caps[r] = cap
-        return _whole(self._held_caps(root, ranks, inflight, memory, caps, recomputed, kept, free, buffers) if held
-                      else caps)
+        if held or grads is not None:
+            caps = self._held_caps(root, ranks, inflight, memory, caps, recomputed, kept, free, buffers, held)
+        return _whole(caps)
 
     def _rule_caps(self, memory, ranks, inflight, fixed, capacity, block_s, block_a, working) -> np.ndarray:
         """`rank_caps` of a node that recomputes all or none of its blocks, by the in-flight rule alone: the same
@@ -162,26 +173,73 @@ class Caps:
 
     def _split_fits(self, root: Root, ranks, inflight, memory, counts, recomputed, kept, held) -> bool:
         pp, chunks = root.pp, len(ranks) // root.pp
-        ((_, embed_a, _), (block_s, block_a, _), (_, norm_a, _), (_, head_a, _)) = memory[0][:4]
+        block_a = memory[0][1][1]
         buffers = self.figures.stage_buffers(memory, ranks, inflight)
-        ends, room, units, _, moments = self._held_room(root, ranks, inflight, memory, chunks, held, buffers)
+        room_figures = self._held_room(root, ranks, inflight, memory, chunks, held, buffers)
         order = self._rank_order.get(ranks)
         if order is None:  # the stages rank by rank, each rank's in stage order
             order = self._rank_order[ranks] = np.array([s for stages in stages_by_rank(ranks, pp) for s in stages])
         n = np.asarray(counts, dtype=np.float64)[order].reshape(pp, chunks)  # blocks per rank and stage
         stored = n * block_a if recomputed is None else \
             np.minimum(n, recomputed) * block_a + np.maximum(n - recomputed, 0) * kept
-        blocks = n.sum(axis=1)
-        first_rank, last_rank = ranks[0], ranks[-1]
-        rule = inflight * stored.sum(axis=1)  # `cost.memory.estimate_memory`: the rank's in flight, the head's own
-        rule[first_rank] += inflight[first_rank] * embed_a
-        rule[last_rank] += self.figures.head_inflight(inflight, last_rank) * (norm_a + head_a)
-        peak = np.matmul((stored + ends)[:, None, :], moments).max(axis=-1)[:, 0]
-        activations = np.maximum(rule, peak)
-        need = blocks * block_s + activations + np.where(blocks >= 2, units[1], units[0])
+        room = room_figures[1]
+        need = self._need(n.sum(axis=1), n, stored, inflight, room_figures)
         return bool((need <= room + room * 1e-12).all())
 
-    def _held_caps(self, root: Root, ranks, inflight, memory, caps, recomputed, kept: float, free, buffers):
+    @staticmethod
+    def _need(blocks, n, stored, inflight, room_figures, simulated: bool = True):
+        """Each rank's bytes beside its room (`_held_room`) with `n` blocks on each of its stages (`blocks` in all, their
+        activations `stored` a microbatch), as the exact estimate counts them: the states growing with the blocks, the
+        activations by the in-flight rule (`cost.memory.estimate_memory`: the rank's in flight, the head's own) or by
+        the schedule's simulated peak where it holds more (the largest sum(held x bytes) over its moments), ZeRO's
+        gathered units, and the unsharded gradients of the rank's stages open at once where it frees them stage by
+        stage (`Figures.open_stages`: the largest sum over an open set). Any leading dimensions."""
+        _, _, units, _, moments, rule_ends, opens, ends_g, block_lin, block_g = room_figures
+        activations = inflight * stored.sum(axis=-1) + rule_ends
+        if moments is not None and simulated:
+            ends = room_figures[0]
+            activations = np.maximum(activations, np.matmul((stored + ends)[..., None, :], moments).max(axis=-1)[..., 0])
+        need = blocks * block_lin + activations + np.where(blocks >= 2, units[1], units[0])
+        if opens is not None:
+            need = need + np.matmul((n * block_g + ends_g)[..., None, :], opens).max(axis=-1)[..., 0]
+        return need
+
+    def _released_bound(self, released, ranks, block_s, capacity, fixed):
+        """(a block's states, the ranks' capacities) that count, linearly in a rank's blocks B, no more unsharded
+        gradients than its open stages hold (`_need`), the ends' in `fixed` lowered alike: where a rank's largest open
+        set S has k of its c stages, the even split puts at least floor(B / c) >= (B - c + 1) / c blocks on each, so S
+        holds at least k (B - c + 1) / c blocks' and the ends' of its stages (S the one that holds the most of the
+        ends); unchanged where some set holds every stage."""
+        opens, (block_g, embed_g, head_g) = released
+        found = self._bound_cache.get((id(opens), ranks))
+        if found is None or found[0] is not opens:
+            chunks = opens.shape[1]
+            sizes = opens.sum(axis=1)  # ranks x sets
+            k = sizes.max(axis=1)
+            full = k >= chunks
+            first_rank, last_rank = ranks[0], ranks[-1]
+            dropped = {first_rank: [False, False], last_rank: [False, False]}  # the embedding's, the head's
+            for r in dropped:
+                if not full[r]:
+                    ends = 2.0 * opens[r, 0] * (r == first_rank) + opens[r, chunks - 1] * (r == last_rank)
+                    chosen = int(np.argmax(4.0 * sizes[r] + ends))  # a largest set, the one with the most ends
+                    dropped[r] = [r == first_rank and not opens[r, 0, chosen],
+                                  r == last_rank and not opens[r, chunks - 1, chosen]]
+            found = self._bound_cache[(id(opens), ranks)] = (
+                opens, np.where(full, 0.0, 1.0 - k / chunks), np.where(full, 0.0, k * (chunks - 1) / chunks), dropped)
+        _, freed, credit, dropped = found
+        for r, (embed, head) in dropped.items():
+            fixed[r] -= embed_g * embed + head_g * head
+        return block_s - block_g * freed, capacity + credit * block_g
+
+    def _released(self, memory, inflight):
+        """(`Figures.open_stages`, `Figures.gradients`) where a rank frees its stages' gradients apart, else None."""
+        grads = self.figures.gradients(memory)  # first: no schedule is laid out for memories that hold them all
+        opens = self.figures.open_stages(inflight) if grads is not None else None
+        return None if opens is None else (opens, grads)
+
+    def _held_caps(self, root: Root, ranks, inflight, memory, caps, recomputed, kept: float, free, buffers,
+                   simulated: bool = True):
         """`caps` (as the in-flight rule counts a rank's activations) lowered to what the schedule's simulated peak
         leaves room for, which the exact estimate takes where it is higher (`cost.estimate`: the simulation's peak of
         each stage's saved activations by the microbatches each stage holds, `Figures.held`): a zero-bubble schedule's
@@ -191,18 +249,19 @@ class Caps:
         that the caps are what fits of that split: the largest B, tried a few at a time below the rule's and then by
         bisection (the need only grows with B), for every rank at once. Unchanged where the simulation holds no more."""
         held = self.figures.held(inflight)
-        if held is None:
+        released = self._released(memory, inflight)
+        if (held is None or not simulated) and released is None:
             return caps
-        (_, (block_s, block_a, _), _, _) = memory[0]
-        chunks = held.shape[2]
-        ends, room, units, turns, moments = self._held_room(root, ranks, inflight, memory, chunks, held, buffers)
-        rerun = recomputed
+        block_a = memory[0][1][1]
+        chunks = held.shape[2] if held is not None else released[0].shape[1]
+        room_figures = self._held_room(root, ranks, inflight, memory, chunks, held, buffers)
+        room, turns = room_figures[1], room_figures[3]
+        rerun = recomputed[:, None, None] if isinstance(recomputed, np.ndarray) else recomputed  # rows of N: per row
 
-        def need(blocks):  # each rank's bytes beside its room with `blocks` blocks, by the simulated peak
+        def need(blocks):  # each rank's bytes beside its room with `blocks` blocks, split evenly over its stages
             n = (blocks // chunks)[..., None] + (turns < (blocks % chunks)[..., None])
             stored = n * block_a if rerun is None else np.minimum(n, rerun) * block_a + np.maximum(n - rerun, 0) * kept
-            peak = np.matmul((stored + ends)[..., None, :], moments).max(axis=-1)[..., 0]  # sum(held x bytes)
-            return blocks * block_s + peak + np.where(blocks >= 2, units[1], units[0])
+            return self._need(blocks, n, stored, inflight, room_figures, simulated)
 
         rule = caps
         caps = np.minimum(caps, float(self.blocks * chunks))  # more: no stage's cap binds
@@ -211,7 +270,7 @@ class Caps:
         # then B - 4 ... B - 19, then by bisection
         over = (caps > 0) & ~free
         for window in _WINDOWS:
-            tried = np.maximum(caps - window[:, None], 0.0)
+            tried = np.maximum(caps - window.reshape((-1,) + (1,) * caps.ndim), 0.0)
             fits = need(tried) <= room + slack
             if window[0] == 0:
                 over &= ~fits[0]
@@ -243,12 +302,15 @@ class Caps:
         if found is not None:
             return found
         per_kind, tied, _ = memory
-        (embed_s, embed_a, _), (_, _, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind
+        (embed_s, embed_a, _), (block_s, _, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind[:4]
         pp = root.pp
         first_rank, last_rank = ranks[0], ranks[-1]
         ends = np.zeros((pp, chunks))
         ends[first_rank, 0] += embed_a
         ends[last_rank, chunks - 1] += norm_a + head_a
+        rule_ends = np.zeros(pp)  # the in-flight rule's: the rank's in flight, the head's own (`head_inflight`)
+        rule_ends[first_rank] += float(inflight[first_rank]) * embed_a
+        rule_ends[last_rank] += self.figures.head_inflight(inflight, last_rank) * (norm_a + head_a)
         room = capacity - working - buffers
         room[first_rank] -= embed_s
         room[last_rank] -= norm_s + head_s + max(0.0, loss - working) + (tied if tied and len(ranks) > 1 else 0.0)
@@ -258,8 +320,18 @@ class Caps:
             for r in {first_rank, last_rank}:
                 unit[r] = self.figures.gathered(memory, r == first_rank, r == last_rank, blocks)
             units.append(unit)
+        released = self._released(memory, inflight)
+        opens, ends_g, block_lin, block_g = None, None, block_s, 0.0
+        if released is not None:  # the gradients counted apart: the blocks' and the ends' out of the states and room
+            opens, (block_g, embed_g, head_g) = released
+            ends_g = np.zeros((pp, chunks))
+            ends_g[first_rank, 0] += embed_g
+            ends_g[last_rank, chunks - 1] += head_g
+            room = room + ends_g.sum(axis=1)
+            block_lin = block_s - block_g
         found = self._held_cache[key] = (ends, room, units, np.arange(chunks),
-                                         None if held is None else held.transpose(0, 2, 1).copy())
+                                         None if held is None else held.transpose(0, 2, 1).copy(), rule_ends, opens,
+                                         ends_g, block_lin, block_g)
         return found
 
     def caps(self, root: Root, ranks, inflight, memory, virtual, recomputed: int | None = None, kept: float = 0.0,

@@ -18,7 +18,7 @@ from plandsl.cost.compute import Efficiency, Work, accumulate_bytes, estimate_la
 from plandsl.cost.layer import LayerTime, estimate_layer_time
 from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activations, estimate_memory, gathered_bytes, gathered_param_bytes,
                                  gathers_whole, head_inflight, holds_autocast_copies, inflight_microbatches,
-                                 layer_precision, pipelined_shards,
+                                 layer_precision, open_gradient_stages, pipelined_shards, releases_gradients,
                                  model_state_bytes, returned_output_bytes, tied_embedding, torch_stage_sizes,
                                  StateBytes)
 from plandsl.cost.stage import param_split
@@ -62,6 +62,8 @@ class Figures:
         self._inflight_cache: dict = caches.setdefault("inflight", {})
         self._head_cache: dict = caches.setdefault("head", {})  # id(an `inflight` array) -> (it, its sizes, head's)
         self._held_cache: dict = caches.setdefault("held", {})  # (schedule, pp, m, v) -> `held`'s array
+        self._open_cache: dict = caches.setdefault("open", {})  # (schedule, pp, m, v) -> `open_stages`' array
+        self._gradients_cache: dict = caches.setdefault("gradients", {})  # id(a states plan) -> (it, `gradients`)
         # id(a node's memory) -> the plan torch's pipeline buffers are counted for (its micro-batch and data ranks) and
         # its `cost.memory.torch_stage_sizes`
         self._buffer_plans: dict = caches.setdefault("buffer_plans", {})
@@ -299,7 +301,7 @@ class Figures:
             gathered = id(plan) if _gathers_units(plan) else None
             plan, sizes = self._buffer_plans.get(id(memory), (None, None))
             buffers = (sizes, plan.stages.outputs, plan.train.loss) if sizes is not None else None
-            content = (tuple(tuple(kind) for kind in memory[0]), memory[1], gathered, buffers)
+            content = (tuple(tuple(kind) for kind in memory[0]), memory[1], gathered, buffers, self.gradients(memory))
             found = self._class_cache[id(memory)] = (memory, self._classes.setdefault(content, len(self._classes)))
         return found[1]
 
@@ -336,7 +338,8 @@ class Figures:
         """Model states per kind: a function of the degrees and the ZeRO stage, not of the micro-batch
         or the recomputation (`cost.memory.model_state_bytes`), so one per layout and stage. Under a pipeline
         ZeRO-2/3 keeps every layer's units gathered through the step (`cost.memory.pipelined_shards`): those
-        bytes grow with the layers as the states do, so they are counted with them (and `gathered` is 0)."""
+        bytes grow with the layers as the states do, so they are counted with them (and `gathered` is 0); their
+        gradients' part, which a rank of several stages frees stage by stage on torch's pipeline, is `gradients`."""
         root = node.root
         key = (root.tp, root.cp, root.ep, root.dp, root.pp > 1, zero)
         found = self._states_cache.get(key)
@@ -377,6 +380,52 @@ class Figures:
                  estimate_memory(plan, [[layer]], [[0]], [0])[0].activations - autocast_weight_copies(plan, [layer]))
                 for layer, _ in self.kinds]
         return found
+
+    def gradients(self, memory) -> tuple[float, float, float] | None:
+        """(a block's, the embedding's, the norm's and head's and their tied copy's) unsharded gradients, bytes, that the
+        states of a node's `memory` count (`_states`: ZeRO-2/3's units under a pipeline, `cost.memory.gathered_bytes`)
+        where a rank frees each stage's after that stage's last backward (`cost.memory.releases_gradients`), so that a
+        rank holds those of the stages open at once (`open_stages`); None where it holds them all through the step, and
+        for a model of several kinds of block (whose splits count the whole rank's: more, never less, than the exact
+        estimate)."""
+        plan = memory[2]
+        found = self._gradients_cache.get(id(plan))
+        if found is None or found[0] is not plan:
+            value = None
+            if self.transformer and len(self.kinds) == 4 and releases_gradients(plan):
+                embed, block, norm, head = (layer for layer, _ in self.kinds)
+                copy = tied_embedding(plan, self.layers) if self.model.tied_embeddings or self.model.mtp else None
+
+                def grads(layers, extra=()):
+                    return gathered_bytes(plan, layers, extra)[1]
+                value = (grads([block]), grads([embed]), grads([norm, head], [copy] if copy else []))
+            found = self._gradients_cache[id(plan)] = (plan, value)
+        return found[1]
+
+    def open_stages(self, inflight: np.ndarray) -> np.ndarray | None:
+        """For an array `inflight` gave, the sets of each rank's stages whose gradients it holds at once
+        (`cost.memory.open_gradient_stages`) as an array ranks x the rank's stages (in stage order) x sets (1 where the
+        set holds the stage; sets padded with zeros); None where every rank holds all its stages at some moment (one
+        stage a rank, several rounds of an interleaved schedule, Chimera's two pipelines, sizes the layout refuses)."""
+        found = self._head_cache.get(id(inflight))
+        if found is None or found[0] is not inflight:
+            return None
+        key = found[1]
+        if key in self._open_cache:
+            return self._open_cache[key]
+        schedule, pp, microbatches, virtual = key
+        groups = open_gradient_stages(schedule, pp, microbatches, virtual) if virtual > 1 and pp > 1 else None
+        array = None
+        if groups is not None and not all(any(len(group) == virtual for group in rank) for rank in groups):
+            ranks = stage_ranks(schedule, pp, virtual)
+            own = [[s for s, r in enumerate(ranks) if r == rank] for rank in range(pp)]
+            array = np.zeros((pp, virtual, max(len(rank) for rank in groups)))
+            for rank, sets in enumerate(groups):
+                for k, group in enumerate(sets):
+                    for stage in group:
+                        array[rank, own[rank].index(stage), k] = 1.0
+        self._open_cache[key] = array
+        return array
 
     def gathered(self, memory, first: bool, last: bool, blocks: int) -> float:
         """ZeRO-2/3's unsharded units on a rank (`cost.memory.gathered_bytes`) of a transformer with

@@ -400,7 +400,10 @@ def _rank_caps_one_by_one(space, root, ranks, inflight, memory, schedule, microb
     rank by the in-flight rule, then the most whose even split over the rank's stages (the earlier ones one more) fits its room
     by the simulated peak,
     the largest sum of held microbatches x bytes over the moments `builtin_profiles` lists (all of them, for every
-    schedule of one pipeline: where `Figures.held` leaves the rule alone, they never hold more)."""
+    schedule of one pipeline: where `Figures.held` leaves the rule alone, they never hold more). Where a rank frees its
+    stages' unsharded gradients apart (`Figures.open_stages`, `gradients`), the most blocks (up to every block on each
+    of its stages) whose even split fits with the largest sum of the gradients of a set of its stages open at once;
+    the caps compared up to every block on each of the rank's stages (more: no stage's cap binds)."""
     from plandsl.cost.memory import head_inflight
     from plandsl.schedules.bounded import builtin_profiles
     per_kind, tied, _ = memory
@@ -418,8 +421,16 @@ def _rank_caps_one_by_one(space, root, ranks, inflight, memory, schedule, microb
     except ValueError:  # sizes the schedule does not run
         profiles = None
     head = head_inflight(schedule, float(inflight[last]))  # the last stage's microbatches in flight
+    opens = space.figures.open_stages(inflight)
+    grads = space.figures.gradients(memory) if opens is not None else None
+    block_g, embed_g, head_g = grads or (0.0, 0.0, 0.0)
     caps = []
     for r in range(root.pp):
+        own = [s for s, on in enumerate(ranks) if on == r]
+        sets = [[j for j in range(len(own)) if opens[r, j, k]] for k in range(opens.shape[2])] if grads else []
+        released = bool(grads) and not any(len(group) == len(own) for group in sets)
+        ends_g = [(embed_g if s == 0 else 0.0) + (head_g if s == len(ranks) - 1 else 0.0) for s in own] if grads \
+            else [0.0] * len(own)
         per = block_s + inflight[r] * block_a
         rule = inflight[r] * (embed_a if r == first else 0.0) + head * ((norm_a + head_a) if r == last else 0.0)
         cap = space.blocks
@@ -431,22 +442,29 @@ def _rank_caps_one_by_one(space, root, ranks, inflight, memory, schedule, microb
                 cap = min(cap, 1)
             elif cap >= 2:
                 break
-        own = [s for s, on in enumerate(ranks) if on == r]
-        room = root.capacity[r] - fixed[r] - working - buffers[r]
+        room = root.capacity[r] - fixed[r] - working - buffers[r] + sum(ends_g)
 
         def need(blocks):
             counts = [blocks // len(own) + (j < blocks % len(own)) for j in range(len(own))]
             stored = [n * block_a + (embed_a if s == 0 else 0.0) + (norm_a + head_a if s == len(ranks) - 1 else 0.0)
                       for n, s in zip(counts, own)]
-            peak = max(sum(h * b for h, b in zip(moment, stored)) for moment in profiles[r])
-            return blocks * block_s + peak + space.figures.gathered(memory, r == first, r == last, 2 if blocks >= 2 else 1)
+            peak = max(sum(h * b for h, b in zip(moment, stored)) for moment in profiles[r]) if profiles else 0.0
+            if grads:  # the rule's too: the caps above count less than the rank holds
+                peak = max(peak, inflight[r] * blocks * block_a + rule)
+            held = max((sum(counts[j] * block_g + ends_g[j] for j in group) for group in sets), default=sum(ends_g))
+            return blocks * (block_s - block_g) + held + peak \
+                + space.figures.gathered(memory, r == first, r == last, 2 if blocks >= 2 else 1)
 
-        if profiles is not None and cap > 0 and need(min(cap, space.blocks * len(own))) > room * (1 + 1e-12):
+        if released:  # the rule's caps above count every stage's gradients: the most that fits, from every block on
+            cap = space.blocks * len(own)
+            while cap > 0 and need(cap) > room * (1 + 1e-12):
+                cap -= 1
+        elif profiles is not None and cap > 0 and need(min(cap, space.blocks * len(own))) > room * (1 + 1e-12):
             cap = min(cap, space.blocks * len(own))
             while cap > 0 and need(cap) > room * (1 + 1e-12):
                 cap -= 1
             lowered[0] += 1
-        caps.append(cap)
+        caps.append(min(cap, space.blocks * len(own)))
     return caps
 
 
@@ -468,7 +486,9 @@ def test_rank_caps_over_all_ranks_at_once_are_each_ranks_own(model, cluster, bat
                                           ("zb_h1", 1), ("interleaved_zero_bubble", 3), ("dualpipev", 2)):
                     ranks = stage_ranks(schedule, root.pp, virtual)
                     inflight = space.figures.inflight(schedule, root.pp, node.microbatches, virtual)
-                    assert space.caps.rank_caps(root, ranks, inflight, memory, held=True).tolist() == \
+                    most = [space.blocks * ranks.count(r) for r in range(root.pp)]  # every block on each stage
+                    assert [min(cap, m) for cap, m in zip(space.caps.rank_caps(root, ranks, inflight, memory,
+                                                                               held=True).tolist(), most)] == \
                         _rank_caps_one_by_one(space, root, ranks, inflight, memory, schedule, node.microbatches,
                                               lowered)
                     compared += 1

@@ -201,3 +201,37 @@ def test_a_refused_partly_recomputed_leaf_is_tried_at_the_next_n(monkeypatch):
     found = search(p, pins={"pp": 4}, top=3)
     assert [s.estimate.time.step for s in found.candidates] == \
         pytest.approx([s.estimate.time.step for s in ranked[:3]], rel=1e-12)
+
+
+def test_an_interleaved_ranks_caps_count_one_open_stages_gradients():
+    """ZeRO-3 under torch's interleaved 1F1B over one round (m = pp): a rank frees each stage's unsharded gradients after
+    its last backward, and holds one stage's at a time (`cost.memory.open_gradient_stages`), so its caps admit more
+    blocks than counting every stage's gradients at once (as the caps did before) and the exact estimate fits them."""
+    schedule, virtual = "interleaved_1f1b", 2
+    pins = {"schedule": schedule, "virtual_stages": virtual, "zero_stage": 3}
+    space = Space(problem("long", "tight", 8), pins, DEFAULT_EFFICIENCY)
+    before = Space(problem("long", "tight", 8), pins, DEFAULT_EFFICIENCY)
+    before.figures.gradients = lambda memory: None  # every stage's gradients at once, as before
+    more = 0
+    for root in space.roots():
+        if root.pp == 1 or root.dp == 1:  # no pipeline, or nothing to shard
+            continue
+        ranks = stage_ranks(schedule, root.pp, virtual)
+        for node in space.expand_root(root):
+            if node.microbatches != root.pp or node.kept is not None:
+                continue
+            caps = []
+            for each in (space, before):
+                inflight = each.figures.inflight(schedule, root.pp, node.microbatches, virtual)
+                memory = each.figures.layer_memory(node, 3)
+                caps.append(each.caps.rank_caps(root, ranks, inflight, memory, held=True).tolist())
+                assert (each.figures.gradients(memory) is None) is (each is before)
+                assert each.figures.open_stages(inflight) is not None
+            leaf = Leaf(node, schedule, virtual, 3, (), 0.0, None)
+            for rank, (cap, was) in enumerate(zip(*caps)):
+                assert cap >= was
+                counts = _split(space.blocks, ranks, rank, cap)
+                if cap > was and counts is not None:
+                    assert _fits(space, leaf, counts, None)[rank]  # what the old count refused, the estimate fits
+                    more += 1
+    assert more > 0

@@ -155,12 +155,13 @@ def _plain(monkeypatch) -> None:
 
     def figures(self, *args, **kwargs):
         figures_init(self, *args, **kwargs)
-        for name in ("_gathered_cache", "_buffers_cache", "_buffer_shapes", "_held_cache"):
+        for name in ("_gathered_cache", "_buffers_cache", "_buffer_shapes", "_held_cache", "_open_cache",
+                     "_gradients_cache"):
             setattr(self, name, _Never())
 
     def caps(self, *args, **kwargs):
         caps_init(self, *args, **kwargs)
-        self._caps_cache, self._held_cache = _Never(), _Never()
+        self._caps_cache, self._held_cache, self._bound_cache = _Never(), _Never(), _Never()
 
     def general(self, root, ranks, inflight, memory, recomputed=None, kept=0.0, held=False):
         if recomputed is not None or held:
