@@ -502,7 +502,11 @@ def test_torchtitan_memory_with_a_pipeline_counts_the_held_stages(bench):
     cached outputs are counted (`cost.memory.torch_stage_bytes`: +2.0 GiB on the fullest 1F1B rank, +3.7 interleaved;
     held within 29 %); 4-27 % below since the torch of these runs keeps the last stage's outputs to the step's end
     (`outputs = returned`: 7 of 8 microbatches' logits more on the last rank, 1.0 GiB each on Table 5), the
-    interleaved run within 10 % (held within 28 %). The FSDP 1 x CP 8 run holds its stage's linear weights in bf16
+    interleaved run within 10 % (held within 28 %); the interleaved run at -20 % since a rank with several stages holds
+    only the gradients of its stages open at once (`cost.memory.open_gradient_stages`: torch frees a stage's after its
+    last backward; one of its two stages' here), its agreement within 10 % having been its gradients counted twice
+    over against what nothing read explains on every pipelined row (held within 21 %, and below the 1F1B run's
+    fullest rank, as the page's maximum over the GPUs reads it). The FSDP 1 x CP 8 run holds its stage's linear weights in bf16
     where FSDP 2 x CP 4 holds them in FP8, and torch's ring's backward at CP 8 all-gathers twice the K and V
     (`cost.memory.ring_backward_bytes`): counted 6.5 GiB more (published: 7.8; 5.7 before the ring's buffers were
     counted); counted as per-microbatch regathering they were 55-74 % below it."""
@@ -511,7 +515,9 @@ def test_torchtitan_memory_with_a_pipeline_counts_the_held_stages(bench):
     counted = {run.name: bench.counted_memory(run)[0] for run, _ in rows}  # at torchtitan's layer split
     errors = [counted[run.name] / gib - 1 for run, gib in rows]
     assert max(map(abs, errors)) <= 0.28 and all(e < 0 for e in errors), errors
-    assert abs(counted["Table 5, 405B FSDP 8 x TP 8 x PP 8, interleaved_1f1b, Float8"] / 72.7 - 1) <= 0.10, counted
+    interleaved = counted["Table 5, 405B FSDP 8 x TP 8 x PP 8, interleaved_1f1b, Float8"]
+    assert abs(interleaved / 72.7 - 1) <= 0.21 and interleaved < counted["Table 5, 405B FSDP 8 x TP 8 x PP 8, 1f1b, "
+                                                                           "Float8"], counted
     table6 = {cp: next(v for name, v in counted.items() if f"CP {cp} x" in name) for cp in (4, 8)}
     assert 6.0 <= table6[8] - table6[4] <= 7.8, table6
 
