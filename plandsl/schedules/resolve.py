@@ -40,8 +40,18 @@ def parse_costs(text: str | None) -> Costs:
                 from None
         if seconds < 0:
             raise PlanError([diag("E205", f"--costs: {key} = {seconds:g} must not be negative")])
+        if not seconds <= MAX_COST_SECONDS:  # nan, inf, 1e308: the makespan and bubbles printed inf and nan
+            raise PlanError([diag("E205", f"--costs: {key} = {raw.strip()[:40]} is not a number of seconds from 0 to "
+                                          f"{MAX_COST_SECONDS:g}")])
+        if COST_KEYS[key] in values:
+            raise PlanError([diag("E213", f"--costs: {key} is given twice", hint=f"keep one {key}=SECONDS")])
         values[COST_KEYS[key]] = seconds
     return Costs(**values)
+
+
+MAX_COST_SECONDS = 1e12
+"""An action's seconds in --costs: 30,000 years, and a rank's at most MAX_ACTIONS of them sum far below the largest
+float."""
 
 
 def load_schedule(spec: str, ranks: int | None, microbatches: int | None, virtual: int | None) -> Schedule:

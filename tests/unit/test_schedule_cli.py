@@ -127,6 +127,10 @@ def test_a_csv_naming_far_stages_or_odd_numbers_is_one_diagnostic(tmp_path, text
     (["schedule", "zbv", "--ranks", "2", "--microbatches", "4", "--virtual", "3"], "E502"),
     (["schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--simulate", "--costs", "F=x"], "E205"),
     (["schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--simulate", "--costs", "Q=1"], "E206"),
+    # nan, inf and 1e308 printed a makespan of inf or nan and bubbles of nan%; a key twice kept the last
+    *[(["schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--simulate", "--costs", costs], code)
+      for costs, code in (("F=nan,B=1", "E205"), ("F=inf,B=1", "E205"), ("F=1e308,B=1e308", "E205"),
+                          ("F=1,B=1,P2P=1e13", "E205"), ("F=1,f=2", "E213"))],
 ])
 def test_bad_requests_are_diagnostics(args, code):
     result = CliRunner().invoke(main, args)
