@@ -192,6 +192,10 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
     if "recompute_layers" in pins and pins.get("recompute", "full") != "full":
         raise SearchError(f"contradictory pins: recompute_layers={pins['recompute_layers']} counts the blocks of each "
                           f"stage that `recompute: full` reruns, recompute={pins['recompute']}")
+    if pins.get("sequence_parallel") and pins.get("tp", 1) > 1 and pins.get("pp", 1) > 1 and \
+            problem.pipeline == "deepspeed":  # every layout left out: the reason was said as the schedules'
+        raise SearchError(f"contradictory pins: sequence_parallel=true, and DeepSpeed's pipeline engine (--pipeline "
+                          f"deepspeed) runs no sequence parallelism beside pp={pins['pp']} (E611)")
     if isinstance(problem.model, ir.TransformerModel) and pins.get("recompute_layers", 0) > problem.model.layers:
         # the plan written would be the checker's E205 (and past MAX_LAYERS its E505)
         raise SearchError(f"contradictory pins: recompute_layers={pins['recompute_layers']} is more than the model's "

@@ -277,3 +277,7 @@ def test_pipeline_deepspeed_searches_its_schedule_and_zero_stages_and_writes_it(
     for c in json.loads(tensor.output)["candidates"]:
         assert "tensor  = megatron over tp\n" in c["plan"] and "sequence_parallel" not in c["plan"]
         api.loads(c["plan"], path=str(tmp_path / "c.plan"))  # checks clean: raises otherwise
+    # pinned on beside it: E611 named, where the search blamed the schedules' microbatches
+    pinned_on = run(*pinned, "--pin", "tp=2", "--pin", "sequence_parallel=true", "--pipeline", "deepspeed")
+    assert pinned_on.exit_code == 1 and "contradictory pins: sequence_parallel=true" in pinned_on.output and \
+        "(E611)" in pinned_on.output and "microbatches" not in pinned_on.output, pinned_on.output
