@@ -1220,6 +1220,20 @@ def pipeline_of(run: Run) -> str:
     return "megatron" if run.source.startswith(MEGATRON_PIPELINE_SOURCES) else "torch"
 
 
+TORCH_TENSOR_SOURCES = ("pytorch/torchtitan",)
+
+
+def tensor_stack_of(run: Run) -> str:
+    """Whose tensor parallelism runs the row's layers (`tensor = ... with implementation = torch | megatron`: what a
+    column-parallel linear saves under sequence parallelism, docs/cost-model.md; 2026-12-05, eleventh session):
+    torch's for torchtitan's rows (its `parallelize_llama`: DTensor's `PrepareModuleInput` and `ColwiseParallel`, read);
+    Megatron-LM's for Megatron-LM's stacks (NeMo, Megatron-Bridge, the ModelZoo) and Megatron-DeepSpeed's, whose
+    layers are Megatron-LM's; and for the rows whose stack is not published (the Llama Team's) the count the model had
+    before the option, Korthikanti's, which is Megatron-LM's. Chosen after the torch count was seen to move the
+    Llama Team's rows (docs/validation.md, "What torch's sequence parallelism saves")."""
+    return "torch" if run.source.startswith(TORCH_TENSOR_SOURCES) else "megatron"
+
+
 def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
     document = api.loads(HARDWARE + BLACKWELL_HARDWARE + BLACKWELL_ULTRA_HARDWARE + ZERO3_2021_NODE.format(nic=nic)
                          + f"model run_model = {run.model}\ncluster run_cluster = {run.cluster}\n", path="bench.plan")
@@ -1230,7 +1244,8 @@ def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
                    overlap_experts=run.overlap_experts, fold_experts=run.fold_experts,
                    overlap_tensor=run.overlap_tensor, tensor_overlap=ir.TensorOverlap(run.tensor_overlap),
                    sm_margin=run.sm_margin, gathering=run.gathering, dispatcher=run.dispatcher,
-                   context=run.context, ring=run.ring, pipeline=pipeline_of(run), outputs=run.outputs)
+                   context=run.context, ring=run.ring, pipeline=pipeline_of(run), outputs=run.outputs,
+                   tensor_stack=tensor_stack_of(run))
 
 
 def pins_of(run: Run) -> dict:
@@ -1617,19 +1632,19 @@ def mpt_report() -> str:
 def torchtitan_memory() -> list[tuple[Run, float]]:
     fsdp = {"zero_stage": 3, "micro_batch_size": 2, "recompute": "selective_op"}
     fp8 = {"precision": "fp8", "fp8_recipe": "tensorwise"}
-    rows = [(Run("Table 1, FSDP 8", "", "llama3_8b", "grand_teton", 16, 0, pins={"dp": 8, **fsdp},
+    rows = [(Run("Table 1, FSDP 8", TORCHTITAN_2024, "llama3_8b", "grand_teton", 16, 0, pins={"dp": 8, **fsdp},
                  dtypes=dict(EAGER), gathering=TORCHTITAN_GATHER), 82.4),
-            (Run("Table 1, FSDP 8, compiled", "", "llama3_8b", "grand_teton", 16, 0, pins={"dp": 8, **fsdp},
+            (Run("Table 1, FSDP 8, compiled", TORCHTITAN_2024, "llama3_8b", "grand_teton", 16, 0, pins={"dp": 8, **fsdp},
                  gathering=TORCHTITAN_GATHER), 77.0),
-            (Run("Table 1, FSDP 8, compiled, Float8", "", "llama3_8b", "grand_teton", 16, 0, pins={"dp": 8, **fsdp},
+            (Run("Table 1, FSDP 8, compiled, Float8", TORCHTITAN_2024, "llama3_8b", "grand_teton", 16, 0, pins={"dp": 8, **fsdp},
                  dtypes=dict(fp8), gathering=TORCHTITAN_GATHER), 76.8),
-            (Run("Table 3, FSDP 128", "", "llama3_8b", "grand_teton x 16", 256, 0, pins={"dp": 128, **fsdp},
+            (Run("Table 3, FSDP 128", TORCHTITAN_2024, "llama3_8b", "grand_teton x 16", 256, 0, pins={"dp": 128, **fsdp},
                  dtypes=dict(EAGER), gathering=TORCHTITAN_GATHER), 67.0),
-            (Run("Table 3, FSDP 128, compiled", "", "llama3_8b", "grand_teton x 16", 256, 0,
+            (Run("Table 3, FSDP 128, compiled", TORCHTITAN_2024, "llama3_8b", "grand_teton x 16", 256, 0,
                  pins={"dp": 128, **fsdp}, gathering=TORCHTITAN_GATHER), 62.0),
-            (Run("Table 3, FSDP 128, compiled, Float8", "", "llama3_8b", "grand_teton x 16", 256, 0,
+            (Run("Table 3, FSDP 128, compiled, Float8", TORCHTITAN_2024, "llama3_8b", "grand_teton x 16", 256, 0,
                  pins={"dp": 128, **fsdp}, dtypes=dict(fp8), gathering=TORCHTITAN_GATHER), 61.8),
-            (Run("Table 4, 70B FSDP 32 x TP 8, Float8", "", "llama3_70b", "grand_teton x 32", 512, 0,
+            (Run("Table 4, 70B FSDP 32 x TP 8, Float8", TORCHTITAN_2024, "llama3_70b", "grand_teton x 32", 512, 0,
                  pins={"dp": 32, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 16, "recompute": "full"},
                  dtypes=dict(fp8), gathering=TORCHTITAN_GATHER), 71.9)]
     # torchtitan at the tables' commit (9dec370, 2024-12-26) splits a rank's local batch into as many microbatches
@@ -1639,7 +1654,7 @@ def torchtitan_memory() -> list[tuple[Run, float]]:
     # the caller asked (`PipelineStage.forward_one_chunk`: `self.output_chunks.append(output)`; `step`:
     # `_merge_outputs`): `stages = ... with outputs = returned` on Tables 5 and 6.
     for schedule, virtual, measured in (("1f1b", {}, 82.5), ("interleaved_1f1b", {"virtual_stages": 2}, 72.7)):
-        rows.append((Run(f"Table 5, 405B FSDP 8 x TP 8 x PP 8, {schedule}, Float8", "", "llama3_405b",
+        rows.append((Run(f"Table 5, 405B FSDP 8 x TP 8 x PP 8, {schedule}, Float8", TORCHTITAN_2024, "llama3_405b",
                          "grand_teton x 64", 256, 0, pins={"dp": 8, "tp": 8, "pp": 8, "zero_stage": 3,
                                                            "micro_batch_size": 4, "recompute": "full",
                                                            "schedule": schedule, **virtual}, dtypes=dict(fp8),
@@ -1647,12 +1662,12 @@ def torchtitan_memory() -> list[tuple[Run, float]]:
     # Tables 2 and 6: torch's `context_parallel` (torchtitan 9dec370's default rotate method, allgather)
     ring = {"context": "ring", "ring": "torch"}
     for cp, measured in ((1, 83.9), (2, 84.2), (4, 84.0), (8, 84.5)):
-        rows.append((Run(f"Table 2, 8B FSDP {8 // cp} x CP {cp}, seq {32768 * cp}, Float8", "", "llama3_8b",
+        rows.append((Run(f"Table 2, 8B FSDP {8 // cp} x CP {cp}, seq {32768 * cp}, Float8", TORCHTITAN_2024, "llama3_8b",
                          "grand_teton", 8 // cp, 0, seq=32768 * cp,
                          pins={"dp": 8 // cp, "cp": cp, "zero_stage": 3, "micro_batch_size": 1, "recompute": "full"},
                          dtypes=dict(fp8), gathering=TORCHTITAN_GATHER, **(ring if cp > 1 else {})), measured))
     for cp, measured in ((1, 75.3), (2, 75.9), (4, 77.1), (8, 84.9)):
-        rows.append((Run(f"Table 6, 405B FSDP {8 // cp} x CP {cp} x TP 8 x PP 8, seq {32768 * cp}, Float8", "",
+        rows.append((Run(f"Table 6, 405B FSDP {8 // cp} x CP {cp} x TP 8 x PP 8, seq {32768 * cp}, Float8", TORCHTITAN_2024,
                          "llama3_405b", "grand_teton x 64", 64 // cp, 0, seq=32768 * cp,
                          pins={"dp": 8 // cp, "cp": cp, "tp": 8, "pp": 8, "zero_stage": 3, "micro_batch_size": 1,
                                "recompute": "full", "schedule": "1f1b"}, dtypes=dict(fp8),

@@ -710,6 +710,12 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
               help="The implementation overlaps tensor-parallel collectives with their GEMMs: async_tp (torch's async "
                    "TP, the option alone) or userbuffers (Transformer Engine's, Megatron-LM's --tp-comm-overlap); plans "
                    "with sequence parallelism say `overlap` (`overlap = userbuffers`).")
+@click.option("--tensor-implementation", type=click.Choice(["torch", "megatron"]),
+              help="Whose tensor parallelism runs the layers: torch's (DTensor's styles, what torchtitan and `plandsl "
+                   "run` run: under sequence parallelism each column-parallel linear saves its gathered input) or "
+                   "megatron (Megatron-LM's: the sequence shard saved, gathered again in the backward), written "
+                   "`tensor = ... with implementation = megatron`. [default: megatron with --tensor-overlap "
+                   "userbuffers, else torch]")
 @click.option("--pipeline", type=click.Choice(["torch", "megatron", "deepspeed"]),
               help="Whose pipeline runs the stages: torch's (torch.distributed.pipelining, what `plandsl run` runs; "
                    "its stage buffers counted), megatron (Megatron-LM's: only 1f1b and interleaved_1f1b, none of "
@@ -738,7 +744,7 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
 @include_option
 @model_import_option
 def generate(model, cluster, global_batch, seq_len, precision, fp8_recipe, kernels, attention, loss, tensor_overlap,
-             pipeline, from_file,
+             tensor_implementation, pipeline, from_file,
              plan_name, top, pins,
              time_limit, as_json,
              output_format, output, params):
@@ -751,7 +757,8 @@ def generate(model, cluster, global_batch, seq_len, precision, fp8_recipe, kerne
     request = api.generate_request(model=model, cluster=cluster, global_batch=global_batch, seq_len=seq_len,
                                    precision=precision, fp8_recipe=fp8_recipe, kernels=kernels, attention=attention,
                                    loss=loss,
-                                   tensor_overlap=tensor_overlap, pipeline=pipeline, from_file=from_file,
+                                   tensor_overlap=tensor_overlap, tensor_implementation=tensor_implementation,
+                                   pipeline=pipeline, from_file=from_file,
                                    plan_name=plan_name,
                                    params=_params(params), pins=pins, top=top, output=output,
                                    time_limit=time_limit or None)

@@ -881,8 +881,8 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
                                   sequence_parallel: bool, recompute: ir.Recompute,
                                   precision: ir.Precision, attention_matrix: bool = False,
                                   kv_gathered: int = 1, recipe: ir.Fp8Recipe | None = None,
-                                  modules: frozenset[ir.RecomputeModule] = frozenset((ir.RecomputeModule.core_attn,))
-                                  ) -> float:
+                                  modules: frozenset[ir.RecomputeModule] = frozenset((ir.RecomputeModule.core_attn,)),
+                                  saves_gathered: bool = False) -> float:
     """Bytes stored by one transformer block for one microbatch (Korthikanti et al. 2022, Sec. 4).
 
     For GPT (MHA, ffn = 4h, dropout) this is exactly the paper's Table 2, in units of s·b·h bytes
@@ -895,6 +895,8 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
     linear layers' saved inputs are FP8 (`_fp8_saved_terms`); under `mxfp8` FP8 with a 1-byte scale per 32
     elements (TE keeps the column-wise copy its weight gradient reads).
     `modules`: what `recompute: selective` reruns (`ir.Training.modules`; `_module_terms` drops their tensors).
+    `saves_gathered`: under sequence parallelism the column-parallel linears save the gathered input, not their
+    shard (`ir.TensorParallel.saves_gathered`: torch's tensor parallelism; `GATHERED_INPUTS`).
     """
     sbh = seq * micro_batch * model.hidden
     scale = precision.bytes / 2
@@ -910,7 +912,22 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
         saved = (saved[0] - dropped_saved[0], saved[1] - dropped_saved[1])
         if ir.RecomputeModule.core_attn not in modules:
             recompute = ir.Recompute.none  # the scores stay, as without recomputation
-    return _kept(model, terms, saved, sbh, tp, sequence_parallel, recompute, precision, attention_matrix, recipe)
+    gathered = GATHERED_INPUTS if saves_gathered else 0.0
+    if recompute is ir.Recompute.selective and ir.RecomputeModule.mlp in modules and not model.experts:
+        gathered -= 2.0  # the checkpointed MLP keeps only its input (the block's residual), not the gathered copy
+    return _kept(model, terms, saved, sbh, tp, sequence_parallel, recompute, precision, attention_matrix, recipe,
+                 gathered)
+
+
+# Under sequence parallelism torch's tensor parallelism (`ir.TensorParallel.saves_gathered`) gathers a block's
+# attention input and its MLP input whole before the column-parallel linears (DTensor's `PrepareModuleInput` with
+# `desired_input_layouts=Replicate()`, then `ColwiseParallel`: torchtitan's `parallelize_llama` and `plandsl run`'s
+# `runtime.parallel.tensor_parallel._block_tp`), and each linear saves that gathered input for its weight gradient:
+# of Korthikanti's terms outside tensor parallelism, the q/k/v input (2) and the MLP input (2) are kept whole, not
+# split along the sequence (Megatron-LM's `LinearWithGradAccumulationAndAsyncCommunication` saves its shard and
+# all-gathers it again in the backward, which Korthikanti et al. 2022, Sec. 4.2.2, count). Under FP8 the gathered
+# copy is the quantized one (torchao's `Float8ColwiseParallel` casts before it gathers): `_kept` sizes it so.
+GATHERED_INPUTS = 4.0
 
 
 def _module_terms(model: ir.TransformerModel, kv_gathered: int, modules: frozenset[ir.RecomputeModule]
@@ -968,21 +985,24 @@ def _module_terms(model: ir.TransformerModel, kv_gathered: int, modules: frozens
 
 def _kept(model: ir.TransformerModel, terms: tuple[float, float, float], saved: tuple[float, float], sbh: float,
           tp: int, sequence_parallel: bool, recompute: ir.Recompute, precision: ir.Precision, attention_matrix: bool,
-          recipe: ir.Fp8Recipe | None) -> float:
+          recipe: ir.Fp8Recipe | None, gathered: float = 0.0) -> float:
     """Bytes of Korthikanti's `terms` (replicated, tensor-sharded, scores per s·b·h element, 16-bit) at `precision`,
-    the inputs FP8 linear layers save (`saved`, in the same units) at their own width."""
+    the inputs FP8 linear layers save (`saved`, in the same units) at their own width; `gathered` of the replicated
+    terms, column-parallel inputs saved whole under sequence parallelism (`GATHERED_INPUTS`), FP8 ones among them
+    at their width too."""
     replicated, sharded, matrix = terms
     scale = precision.bytes / 2
     if precision.quantized:  # each saved input's 2 bytes become gemm_bytes (mxfp8: its scales too; fp8: the recipe's)
         saving = 2 - (recipe.saved_bytes if recipe and precision is ir.Precision.fp8 else precision.gemm_bytes)
         replicated, sharded = replicated - saving * saved[0], sharded - saving * saved[1]
+        gathered -= saving * gathered / 2
         # the attention core's 16-bit output beside (or instead of) the out-projection's FP8 copy of it
         sharded += _attention_output_terms(model, precision, recipe, saving,
                                            not attention_matrix and recompute is not ir.Recompute.selective)
     if not attention_matrix or recompute is ir.Recompute.selective:
         matrix = 0.0  # selective recompute (Sec. 5) recomputes exactly the attention core
-    if sequence_parallel:  # Sec. 4.2.2: the replicated parts are split along the sequence too
-        return sbh * (replicated + sharded + matrix) / tp * scale
+    if sequence_parallel:  # Sec. 4.2.2: the replicated parts are split along the sequence too (but `gathered`)
+        return sbh * ((replicated - gathered + sharded + matrix) / tp + gathered) * scale
     return sbh * (replicated + (sharded + matrix) / tp) * scale
 
 
@@ -1122,7 +1142,8 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
         return transformer_block_activations(block_model(model, layer), seq, plan.train.micro_batch, tp,
                                              sequence_parallel, recompute, precision,
                                              attention_matrix, _kv_gathered(plan, recompute), plan.train.recipe,
-                                             plan.train.modules if modules is None else modules) \
+                                             plan.train.modules if modules is None else modules,
+                                             _saves_gathered(plan)) \
             + expert_weight_copies(plan, layer, recompute)
     if layer.kind == "embed":
         # Sec. 4.3: embeddings keep nothing large but gpt's embedding dropout mask (1 byte); the
@@ -1132,12 +1153,13 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
         return 2 * sbh * scale / divisor  # Sec. 4.3: the final norm keeps its input
     if layer.kind == "head":
         # Sec. 4.3: the head keeps its input (2sbh) and the cross entropy fp32 logits (4sbV/t); a fused loss keeps
-        # the 16-bit logits instead (`ir.Loss`). The input is whole, not 1/t, under sequence parallelism too: torch's
-        # `ColwiseParallel(input_layouts=Shard(1))` (torchtitan's and `plandsl run`'s output layer) all-gathers the
-        # sequence and its linear saves that gathered input for the weight gradient (Megatron's column-parallel layer
-        # saves its shard and gathers again in the backward; Korthikanti's 2sbh/t).
+        # the 16-bit logits instead (`ir.Loss`). Under sequence parallelism the input is whole on torch's tensor
+        # parallelism: `ColwiseParallel(input_layouts=Shard(1))` (torchtitan's and `plandsl run`'s output layer)
+        # all-gathers the sequence and its linear saves that gathered input for the weight gradient; Megatron's
+        # column-parallel layer saves its shard and gathers again in the backward (Korthikanti's 2sbh/t).
         logit = precision.unquantized.bytes if plan.train.loss is ir.Loss.fused else 4.0
-        head = 2 * sbh * scale + logit * tokens * -(-model.vocab // tp)
+        shard = divisor if plan.tensor is not None and not plan.tensor.saves_gathered else 1
+        head = 2 * sbh * scale / shard + logit * tokens * -(-model.vocab // tp)
         return head + model.mtp * (head + _mtp_activations(plan, recompute, attention_matrix, modules))
     return 0.0
 
@@ -1160,8 +1182,12 @@ def _mtp_activations(plan: ir.Plan, recompute: ir.Recompute, attention_matrix: b
     sequence_parallel = bool(plan.tensor and plan.tensor.sequence_parallel)
     sbh = -(-plan.seq // plan.cp) * plan.train.micro_batch * model.hidden
     scale = precision.bytes / 2
-    inputs = 0 if recompute is ir.Recompute.full else 5
-    return kept + inputs * 2 * sbh * scale / (plan.tp if sequence_parallel else 1)
+    if recompute is ir.Recompute.full:
+        return kept
+    # enorm's, hnorm's and the final norm's inputs on the sequence shards; `eh_proj`'s (two of the five) whole where
+    # torch's tensor parallelism gathers it (`runtime.parallel.tensor_parallel.apply_tp`: `PrepareModuleInputOutput`)
+    whole = 2 if _saves_gathered(plan) else 0
+    return kept + ((5 - whole) / (plan.tp if sequence_parallel else 1) + whole) * 2 * sbh * scale
 
 
 def loss_backward_bytes(plan: ir.Plan, layers: Sequence[Layer]) -> float:
@@ -1234,7 +1260,8 @@ def _attention_half(plan: ir.Plan, layer: Layer, attention_matrix: bool) -> floa
     return _kept(model, _attention_terms(model, seq, _kv_gathered(plan, ir.Recompute.none)), saved,
                  seq * plan.train.micro_batch * model.hidden, plan.tp,
                  bool(plan.tensor and plan.tensor.sequence_parallel), ir.Recompute.none,
-                 layer_precision(plan.train, plan.model, layer), attention_matrix, plan.train.recipe)
+                 layer_precision(plan.train, plan.model, layer), attention_matrix, plan.train.recipe,
+                 GATHERED_INPUTS / 2 if _saves_gathered(plan) else 0.0)  # the attention's input alone
 
 
 # torch's cross entropy over vocabulary-sharded logits (`torch.distributed.tensor.parallel.loss_parallel`, which
@@ -1353,6 +1380,11 @@ def _block_input_width(model: ir.CustomModel, layer: Layer) -> int:
     names = [authored.name for authored in model.layers]
     index = names.index(layer.name) if layer.name in names else 0
     return model.layers[index - 1].output if index > 0 else layer.output_width
+
+
+def _saves_gathered(plan: ir.Plan) -> bool:
+    """Whether the plan's column-parallel linears save their gathered input (`ir.TensorParallel.saves_gathered`)."""
+    return plan.tensor is not None and plan.tp > 1 and plan.tensor.saves_gathered
 
 
 def _kv_gathered(plan: ir.Plan, recompute: ir.Recompute) -> int:

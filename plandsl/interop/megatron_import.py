@@ -231,8 +231,11 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
         parallel = " with sequence_parallel" if read.get("--sequence-parallel") else ""
         # --tp-comm-overlap is Transformer Engine's userbuffers (`initialize_ub`), at its defaults without a
         # --tp-comm-overlap-cfg: the margin TE 2.x sets (`sm_margin`'s default)
-        lines.append("  tensor = megatron over tp" + parallel
-                     + (", overlap = userbuffers" if read.get("--tp-comm-overlap") else ""))
+        # Megatron-LM's column-parallel layers save their sequence shard (`implementation = megatron`, implied by
+        # userbuffers' overlap; written otherwise under sequence parallelism, where it counts)
+        userbuffers = bool(read.get("--tp-comm-overlap"))
+        lines.append("  tensor = megatron over tp" + parallel + (", overlap = userbuffers" if userbuffers else "")
+                     + (", implementation = megatron" if parallel and not userbuffers else ""))
     if cp > 1:
         kind = {v: k for k, v in facts.CONTEXT_COMM.items()}[read.get("--cp-comm-type", "p2p")]
         lines.append(f"  context = {kind} over cp")

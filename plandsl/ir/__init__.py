@@ -899,6 +899,10 @@ class TensorOverlap(str, Enum):
     userbuffers = "userbuffers"
 
 
+TENSOR_STACKS = ("torch", "megatron")
+"""Whose tensor parallelism runs the layers (`tensor = ... with implementation = ...`; docs/cost-model.md)."""
+
+
 class TensorParallel(Node):
     style: Literal["megatron"] = "megatron"
     axis: str
@@ -910,6 +914,12 @@ class TensorParallel(Node):
     implementation: TensorOverlap = Field(
         default=TensorOverlap.async_tp, description="`overlap = async_tp | userbuffers`: which stack overlaps "
         "(`overlap` alone: async_tp)")
+    stack: Literal["torch", "megatron"] = Field(
+        default="torch", description="`implementation = torch | megatron`: whose tensor parallelism runs the layers, "
+        "which decides what a column-parallel linear saves for its weight gradient under sequence parallelism: torch's "
+        "(DTensor's ColwiseParallel behind PrepareModuleInput, as torchtitan and `plandsl run` split a block) the "
+        "gathered input, Megatron-LM's (and Transformer Engine's) its sequence shard, gathered again in the backward. "
+        "Not written: megatron where `overlap = userbuffers` says Transformer Engine's, torch otherwise")
     sm_margin: bool = Field(default=True, description="`overlap = userbuffers, sm_margin = false`: Transformer "
                             "Engine's set_sm_margin of its pipelined and bulk overlaps (true from TE 2.0, false "
                             "before): their GEMMs run on the SMs the communication leaves for their whole length, "
@@ -927,21 +937,39 @@ class TensorParallel(Node):
                 data.pop("implementation", None)
             if self.sm_margin or not self.overlap or self.implementation is TensorOverlap.async_tp:
                 data.pop("sm_margin", None)
+            if self.stack == self.default_stack:
+                data.pop("stack", None)
         return data
+
+    @property
+    def default_stack(self) -> str:
+        """The stack a tensor line without `implementation` says: Transformer Engine's userbuffers are Megatron's
+        (`overlap = userbuffers`), anything else torch's."""
+        return "megatron" if self.userbuffers else "torch"
+
+    @property
+    def saves_gathered(self) -> bool:
+        """Under sequence parallelism, whether each column-parallel linear saves the gathered (whole-sequence) input
+        for its weight gradient, as torch's DTensor styles do, rather than its shard (Megatron-LM's
+        `LinearWithGradAccumulationAndAsyncCommunication`, which gathers it again in the backward)."""
+        return self.sequence_parallel and self.stack == "torch"
 
     @property
     def userbuffers(self) -> bool:
         """The collectives overlap as Transformer Engine's userbuffers runs them."""
         return self.overlap and self.implementation is TensorOverlap.userbuffers
 
-    def overlap_text(self) -> str:
-        """`, overlap`, `, overlap = userbuffers` (`, sm_margin = false`): the options after `with sequence_parallel`
-        that write this overlap back (nothing without one)."""
-        if not self.overlap:
-            return ""
-        if self.implementation is TensorOverlap.async_tp:
-            return ", overlap"
-        return ", overlap = userbuffers" + ("" if self.sm_margin else ", sm_margin = false")
+    def options_text(self) -> str:
+        """` with sequence_parallel, overlap = userbuffers, sm_margin = false, implementation = torch` and the
+        like: the options that write this tensor parallelism back (nothing when it has none)."""
+        options = ["sequence_parallel"] if self.sequence_parallel else []
+        if self.overlap:
+            options.append("overlap" if self.implementation is TensorOverlap.async_tp else "overlap = userbuffers")
+            if self.userbuffers and not self.sm_margin:
+                options.append("sm_margin = false")
+        if self.stack != self.default_stack:
+            options.append(f"implementation = {self.stack}")
+        return " with " + ", ".join(options) if options else ""
 
 
 RING_IMPLEMENTATIONS = ("te", "torch")

@@ -36,7 +36,7 @@ TENSOR_STYLES = ("megatron", "none")
 CONTEXT_KINDS = ("ring", "allgather", "none")
 EXPERT_KINDS = ("alltoall", "deepep", "hybridep", "none")
 CLAUSE_OPTIONS: dict[str, tuple[str, ...]] = {  # an attribute's clause -> the `with` options it takes
-    "data": ("unit", "prefetch", "prefetch_bucket", "gather"), "tensor": ("sequence_parallel", "overlap", "sm_margin"), "context": ("implementation",), "experts": ("overlap",),
+    "data": ("unit", "prefetch", "prefetch_bucket", "gather"), "tensor": ("sequence_parallel", "overlap", "sm_margin", "implementation"), "context": ("implementation",), "experts": ("overlap",),
     "stages": ("virtual", "map", "implementation", "account", "outputs")}
 STYLES = ("colwise", "rowwise", "sequence", "replicate")
 DEFAULT_AXES = {"data": "dp", "tensor": "tp", "context": "cp", "experts": "ep", "stages": "pp"}
@@ -276,10 +276,23 @@ def tensor_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.TensorParallel
                                    "`overlap = userbuffers` it would set nothing", found["sm_margin"].span,
                                    hint="`with sequence_parallel, overlap = userbuffers, sm_margin = false`, or drop "
                                         "`sm_margin`")
+    stack = {}
+    if "implementation" in found:  # whose tensor parallelism runs the layers (not written: as the overlap implies)
+        option = found["implementation"]
+        stack["stack"] = scope.word(_value(scope, option), ir.TENSOR_STACKS, "tensor-parallel implementation")
+        spans["stack"] = option.span
+        runs = {ir.TensorOverlap.userbuffers: "megatron", ir.TensorOverlap.async_tp: "torch"}.get(implementation)
+        if runs is not None and runs != stack["stack"]:
+            overlap_name = "Transformer Engine's userbuffers" if runs == "megatron" else "torch's async TP"
+            raise scope.reporter.error(
+                "E206", f"implementation = {stack['stack']} beside `overlap{' = userbuffers' if runs == 'megatron' else ''}`, "
+                f"{overlap_name}, which only {'Megatron-LM' if runs == 'megatron' else 'torch'}'s tensor parallelism runs",
+                option.span, hint=f"`implementation = {runs}`, or drop `implementation` (the overlap implies it)")
+    stack.setdefault("stack", "megatron" if implementation is ir.TensorOverlap.userbuffers else "torch")
     return ir.TensorParallel(style=style, axis=axis, sequence_parallel=_switch(scope, found, "sequence_parallel"),
                              overlap=overlap, implementation=implementation or ir.TensorOverlap.async_tp,
                              sm_margin="sm_margin" not in found or _switch(scope, found, "sm_margin"),
-                             span=expr.span, field_spans=spans)
+                             span=expr.span, field_spans=spans, **stack)
 
 
 def _tensor_overlap(scope: Scope, found: dict) -> tuple[bool, ir.TensorOverlap | None]:

@@ -28,7 +28,9 @@ def describe_plan(plan: ir.Plan) -> str:
         parts.append(f"{plan.tensor.style} tp over {plan.tensor.axis}" + (" + SP" if plan.tensor.sequence_parallel else "")
                      + (" with overlap" if plan.tensor.overlap else "")
                      + (" (userbuffers" + ("" if plan.tensor.sm_margin else ", no SM margin") + ")"
-                        if plan.tensor.userbuffers else ""))
+                        if plan.tensor.userbuffers else "")
+                     + (f", {'Megatron-LM' if plan.tensor.stack == 'megatron' else plan.tensor.stack}'s layers"
+                        if plan.tensor.stack != plan.tensor.default_stack else ""))
     if plan.context:
         parts.append(f"{plan.context.kind} cp over {plan.context.axis}")
     if plan.experts:

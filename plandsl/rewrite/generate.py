@@ -45,6 +45,11 @@ class Request:
     (torch's async TP) or `userbuffers` (Transformer Engine's, Megatron-LM's --tp-comm-overlap); candidates with
     sequence parallelism are priced so and written `with sequence_parallel, overlap` (`overlap = userbuffers`).
     None: no overlap."""
+    tensor_implementation: str | None = None
+    """Whose tensor parallelism runs the layers (`ir.TENSOR_STACKS`): `torch` or `megatron`, what a column-parallel
+    linear saves under sequence parallelism (its gathered input, its shard), written `tensor = ... with
+    implementation = megatron` where the line does not imply it. None: as `tensor_overlap` implies (megatron under
+    userbuffers, else torch)."""
     pipeline: str | None = None
     """Whose pipeline runs the stages (`ir.PIPELINE_IMPLEMENTATIONS`): `torch` (the default), `megatron` or
     `deepspeed`, whose schedules alone are searched and whose memory and time counted, and written `stages = ... with
@@ -80,6 +85,7 @@ def usage_problem(request: Request) -> str | None:
                                              ("kernels", request.kernels),
                                              ("attention", request.attention), ("loss", request.loss),
                                              ("tensor-overlap", request.tensor_overlap),
+                                             ("tensor-implementation", request.tensor_implementation),
                                              ("pipeline", request.pipeline))
              if value is not None]
     if request.from_file and given:
@@ -93,6 +99,10 @@ def usage_problem(request: Request) -> str | None:
     if request.tensor_overlap == "async_tp" and request.kernels == "eager":  # E417: async TP is torch.compile's pass
         return ("--tensor-overlap with --kernels eager: torch's async tensor parallelism (async_tp) is a torch.compile "
                 "pass (E417); Transformer Engine's `--tensor-overlap userbuffers` compiles nothing")
+    implied = {"async_tp": "torch", "userbuffers": "megatron"}.get(request.tensor_overlap or "")
+    if request.tensor_implementation and implied and request.tensor_implementation != implied:  # lowering's E206
+        return (f"--tensor-implementation {request.tensor_implementation} with --tensor-overlap "
+                f"{request.tensor_overlap}, which only {implied}'s tensor parallelism runs")
     return None
 
 
@@ -113,7 +123,8 @@ def generate(request: Request, progress: Callable[[int, int], None] | None = Non
                                        str(request.output or os.path.join(os.getcwd(), "generated.plan")),
                                        kernels=request.kernels or "fused", attention=request.attention or "flash",
                                        loss=request.loss or "standard", tensor_overlap=request.tensor_overlap,
-                                       fp8_recipe=request.fp8_recipe, pipeline=request.pipeline or "torch")
+                                       fp8_recipe=request.fp8_recipe, pipeline=request.pipeline or "torch",
+                                       tensor_implementation=request.tensor_implementation)
     problem_, _ = with_modules(problem_, parse_pins(request.pins))  # pinned modules: in every plan written
     result, texts = checked_texts(search(problem_, request.pins, request.top, progress=progress,
                                            time_limit=request.time_limit), problem_, source,

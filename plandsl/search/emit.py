@@ -73,10 +73,11 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
                     precision: str = "bf16", plan_file: str | None = None,
                     kernels: str = "fused", attention: str = "flash", loss: str = "standard",
                     tensor_overlap: str | None = None, fp8_recipe: str | None = None,
-                    pipeline: str = "torch") -> tuple[Problem, Source]:
+                    pipeline: str = "torch", tensor_implementation: str | None = None) -> tuple[Problem, Source]:
     """The model and the cluster, resolved by the language (so they mean what they mean in a plan).
     `tensor_overlap`: which implementation overlaps the tensor-parallel collectives (`ir.TensorOverlap`'s words;
-    None: none), priced and written wherever a candidate has sequence parallelism. `pipeline`: whose pipeline runs
+    None: none), priced and written wherever a candidate has sequence parallelism. `tensor_implementation`: whose
+    tensor parallelism runs the layers (`ir.TENSOR_STACKS`; None: as the overlap implies). `pipeline`: whose pipeline runs
     the stages (`ir.PIPELINE_IMPLEMENTATIONS`), its schedules alone searched and written where a candidate has stages.
     `plan_file`: where the plan will be written; a model from torch (`hf(...)`, `pkg.mod:fn(...)`) is read
     from the layer table `plandsl inspect` wrote beside it (`.plandsl/`), as the plan will read it."""
@@ -124,7 +125,9 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
                       overlap_tensor=tensor_overlap is not None, search_experts=True,
                       tensor_overlap=_choice(ir.TensorOverlap, tensor_overlap or "async_tp", "--tensor-overlap"),
                       fp8_recipe=_choice(ir.Fp8Recipe, fp8_recipe, "--fp8-recipe") if fp8_recipe else None,
-                      pipeline=_word(pipeline, ir.PIPELINE_IMPLEMENTATIONS, "--pipeline"))
+                      pipeline=_word(pipeline, ir.PIPELINE_IMPLEMENTATIONS, "--pipeline"),
+                      tensor_stack=_word(tensor_implementation, ir.TENSOR_STACKS, "--tensor-implementation")
+                      if tensor_implementation else None)
     return problem, Source(tuple(imports), model_text, cluster_text)
 
 
@@ -205,10 +208,13 @@ def _known(text: str, what: str, options: list[str], imports: list[str]) -> None
 
 
 # ---- writing the plan ------------------------------------------------------------------------------------
-def _overlap_text(problem: Problem) -> str:
-    """The tensor clause's overlap options for the problem's implementation (`ir.TensorParallel.overlap_text`)."""
-    return ir.TensorParallel.model_construct(overlap=True, implementation=problem.tensor_overlap,
-                                             sm_margin=problem.sm_margin).overlap_text()
+def _tensor_options(problem: Problem, sequence_parallel: bool) -> str:
+    """The tensor clause's options (`ir.TensorParallel.options_text`): sequence parallelism, the problem's overlap
+    where it has one, and whose tensor parallelism runs the layers where it is not what the line implies."""
+    overlap = sequence_parallel and problem.overlap_tensor
+    return ir.TensorParallel.model_construct(sequence_parallel=sequence_parallel, overlap=overlap,
+                                             implementation=problem.tensor_overlap, sm_margin=problem.sm_margin,
+                                             stack=problem.stack_of_tensor).options_text()
 
 
 def _gathering(scored: Scored, problem: Problem) -> ir.Gathering:
@@ -240,8 +246,7 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
         lines.append(f"  data     = {ir.DataKind.of_zero_stage(c.zero_stage)} over {c.data_axis}"
                      + ir.gathering_text(_gathering(scored, problem), c.zero_stage))
     if c.tp > 1:
-        lines.append("  tensor   = megatron over tp" + (" with sequence_parallel" if c.sequence_parallel else "")
-                     + (_overlap_text(problem) if c.sequence_parallel and problem.overlap_tensor else ""))
+        lines.append("  tensor   = megatron over tp" + _tensor_options(problem, c.sequence_parallel))
     if c.cp > 1:
         lines.append(f"  context  = {problem.context} over cp" + (f" with implementation = {problem.ring}"
                                                                   if problem.context == "ring" and problem.ring != "te"

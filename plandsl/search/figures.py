@@ -143,9 +143,11 @@ class Figures:
                                                     fold=("tp",) if p.fold_experts else ()) \
             if p.overlap_experts or p.fold_experts or p.dispatcher != "alltoall" else None
         # likewise the tensor-parallel collectives' overlap (`build_plan` writes it where there is sequence parallelism)
-        tensor = ir.TensorParallel.model_construct(style="megatron", axis="tp", sequence_parallel=True, overlap=True,
-                                                   implementation=p.tensor_overlap, sm_margin=p.sm_margin) \
-            if p.overlap_tensor else None
+        # and whose tensor parallelism runs the layers
+        tensor = ir.TensorParallel.model_construct(style="megatron", axis="tp", sequence_parallel=True,
+                                                   overlap=p.overlap_tensor, implementation=p.tensor_overlap,
+                                                   sm_margin=p.sm_margin, stack=p.stack_of_tensor) \
+            if p.overlap_tensor or p.stack_of_tensor != "torch" else None
         # and the gathering, in the dtype the problem's ZeRO-2/3 gather in (`build_plan` reads it from here and gives
         # ZeRO-1 its own; the candidate sets the kind and axes)
         gathering = p.priced_gathering._replace(gather=p.gather_dtype)

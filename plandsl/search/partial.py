@@ -146,6 +146,7 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                       overlap_tensor=bool(plan.tensor and plan.tensor.overlap),
                       tensor_overlap=plan.tensor.implementation if plan.tensor else ir.TensorOverlap.async_tp,
                       sm_margin=plan.tensor.sm_margin if plan.tensor else True,
+                      tensor_stack=plan.tensor.stack if plan.tensor else None,
                       # a written data clause gathers as it says (`data = none`: nothing); else the search's choice
                       gathering=(plan.data.gathering if plan.data is not None else ir.FSDP_GATHERING)
                       if "data" in attrs else None,

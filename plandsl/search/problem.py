@@ -44,6 +44,9 @@ class Problem:
     #                                                   overlap` wherever a candidate has sequence parallelism
     tensor_overlap: ir.TensorOverlap = ir.TensorOverlap.async_tp  # given: which implementation overlaps (`overlap =`)
     sm_margin: bool = True                            # given: userbuffers' `sm_margin`
+    tensor_stack: str | None = None                   # given: `tensor = ... with implementation = megatron` (what a
+    #                                                   column-parallel linear saves under sequence parallelism:
+    #                                                   cost.memory); None: the line's own default (`stack_of_tensor`)
     gathering: ir.Gathering | None = None             # given, not searched: `data = zero3 ... with unit, prefetch,
     #                                                   gather` (a written data clause, a recipe); None: FSDP's blocks
     #                                                   one ahead, in the dtype the stack gathers in (`gather_dtype`)
@@ -60,6 +63,14 @@ class Problem:
     #                                                   schedules, none of torch's stage buffers: cost.memory)
     outputs: str = "dropped"                          # given: `stages = ... with outputs = returned` (torch's pipeline
     #                                                   keeps the last stage's outputs to the step's end: cost.memory)
+
+    @property
+    def stack_of_tensor(self) -> str:
+        """Whose tensor parallelism runs the layers: the given one, else as a tensor line without `implementation`
+        says (`ir.TensorParallel.default_stack`: Megatron's under Transformer Engine's userbuffers, else torch's)."""
+        if self.tensor_stack is not None:
+            return self.tensor_stack
+        return "megatron" if self.overlap_tensor and self.tensor_overlap is ir.TensorOverlap.userbuffers else "torch"
 
     @property
     def sequence(self) -> int:
@@ -231,8 +242,8 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
                  **_gathering_fields(gathering, c.zero_stage, base.train)) if c.data_axis else None
     tensor = _node(ir.TensorParallel, style="megatron", axis="tp", sequence_parallel=c.sequence_parallel,
                    overlap=bool(base.tensor and base.tensor.overlap) and c.sequence_parallel,
-                   **({"implementation": base.tensor.implementation, "sm_margin": base.tensor.sm_margin}
-                      if base.tensor is not None else {})) \
+                   **({"implementation": base.tensor.implementation, "sm_margin": base.tensor.sm_margin,
+                       "stack": base.tensor.stack} if base.tensor is not None else {})) \
         if c.tp > 1 else None  # overlap: the problem's `overlap_tensor` (search.figures), with sequence parallelism
     context = _node(ir.ContextParallel, kind=base.context.kind, axis="cp", implementation=base.context.implementation) \
         if c.cp > 1 and base.context is not None else _node(ir.ContextParallel, kind=CONTEXT, axis="cp") if c.cp > 1 \

@@ -294,7 +294,7 @@ EXPECTED_SURFACE = {
                                              "--rdzv-endpoint", "-o"}},
     "inspect": {"arguments": ["source"], "options": {"--dtype", "--json", "--output", "--seq", "-o"}},
     "generate": {"arguments": [], "options": {"--cluster", "--format", "--global-batch", "--json", "--model", "--output", "--pin",
-                                              "--precision", "--fp8-recipe", "--kernels", "--attention", "--loss", "--tensor-overlap", "--pipeline", "--seq-len", "--top", "-o", "--from", "--plan", "--param",
+                                              "--precision", "--fp8-recipe", "--kernels", "--attention", "--loss", "--tensor-overlap", "--tensor-implementation", "--pipeline", "--seq-len", "--top", "-o", "--from", "--plan", "--param",
                                               "--include", "--time-limit", "--allow-model-import"}},
     "diff": {"arguments": ["file", "other"], "options": {"--plan-a", "--plan-b", "--format"}},
     "export": {"arguments": ["file"], "options": {"--to", "--plan", "--output", "-o", "--lossy", "--param", "--include",

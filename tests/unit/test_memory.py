@@ -215,15 +215,37 @@ SBH = S * B * H
     (8, True, "selective_op", SBH * 20 / 8),
 ])
 def test_korthikanti_per_layer(t, sequence_parallel, recompute, expected):
+    """The paper's table is Megatron-LM's tensor parallelism (its column-parallel layers save their sequence shard)."""
     p = plan(GPT3, [("tp", t)], recompute=recompute,
-             tensor=ir.TensorParallel(axis="tp", sequence_parallel=sequence_parallel))
+             tensor=ir.TensorParallel(axis="tp", sequence_parallel=sequence_parallel, stack="megatron"))
     block = layers_of(GPT3)[1]
     assert estimate_layer_activations(p, block, attention_matrix=True) == pytest.approx(expected, rel=1e-12)
     # Fused attention (the default) stores no score matrix: the same as selective recompute.
     if recompute == "none":
         selective = plan(GPT3, [("tp", t)], recompute="selective",
-                         tensor=ir.TensorParallel(axis="tp", sequence_parallel=sequence_parallel))
+                         tensor=ir.TensorParallel(axis="tp", sequence_parallel=sequence_parallel, stack="megatron"))
         assert estimate_layer_activations(p, block) == estimate_layer_activations(selective, block)
+
+
+@pytest.mark.parametrize("t, sequence_parallel, recompute, expected", [
+    # torch's tensor parallelism (the default) saves the gathered q/k/v input and MLP input (2 + 2) whole under
+    # sequence parallelism: the rest of Korthikanti's 34 split over t
+    (8, True, "none", SBH * ((34 - 4) / 8 + 4 + 5 * A * S / (H * 8))),
+    (8, True, "selective", SBH * ((34 - 4) / 8 + 4)),
+    (8, True, "full", SBH * 2 / 8),  # the block's input alone, on its shard, as Megatron's
+    (8, True, "selective_op", SBH * 20 / 8),  # torchtitan's op-level checkpointing reruns the gathers
+    (8, False, "none", SBH * (10 + 24 / 8 + 5 * A * S / (H * 8))),  # no gather to save without sequence parallelism
+])
+def test_torchs_sequence_parallelism_keeps_the_gathered_inputs(t, sequence_parallel, recompute, expected):
+    p = plan(GPT3, [("tp", t)], recompute=recompute, tensor=ir.TensorParallel(axis="tp", sequence_parallel=sequence_parallel))
+    assert p.tensor.stack == "torch"
+    assert estimate_layer_activations(p, layers_of(GPT3)[1], attention_matrix=True) == pytest.approx(expected, rel=1e-12)
+    if sequence_parallel:  # the head's input: gathered for the output layer, whole; Megatron's, its shard
+        head = layers_of(GPT3)[-1]
+        megatron = plan(GPT3, [("tp", t)], recompute=recompute,
+                        tensor=ir.TensorParallel(axis="tp", sequence_parallel=True, stack="megatron"))
+        assert estimate_layer_activations(p, head) - estimate_layer_activations(megatron, head) == \
+            pytest.approx(2 * SBH * (1 - 1 / t), rel=1e-12)
 
 
 def test_fp32_doubles_and_context_parallel_splits_sequence():

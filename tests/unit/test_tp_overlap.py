@@ -229,13 +229,59 @@ def test_the_implementation_lowers_dumps_only_when_not_async_tp_and_shows():
     assert ub.userbuffers and ub.sm_margin and ub.model_dump()["implementation"] == ir.TensorOverlap.userbuffers
     assert "sm_margin" not in ub.model_dump()
     plain = _plan(" with sequence_parallel, overlap = userbuffers, sm_margin = false").tensor
-    assert plain.model_dump()["sm_margin"] is False and plain.overlap_text() == ", overlap = userbuffers, sm_margin = false"
+    assert plain.model_dump()["sm_margin"] is False \
+        and plain.options_text() == " with sequence_parallel, overlap = userbuffers, sm_margin = false"
     assert "with overlap (userbuffers, no SM margin)" in describe_plan(
         _plan(" with sequence_parallel, overlap = userbuffers, sm_margin = false"))
     assert _codes(" with sequence_parallel, sm_margin = false") == ["E206"]
     assert _codes(" with sequence_parallel, overlap, sm_margin = false") == ["E206"]
     assert _codes(" with sequence_parallel, overlap = userbuffers", ", kernels: eager") == []
     assert _codes(" with overlap = userbuffers") == ["E417"]  # still the sequence-parallel collectives
+
+
+# ---- whose tensor parallelism runs the layers: `implementation = torch | megatron` ------------------------------------
+def test_the_stack_is_torchs_unless_userbuffers_or_written_and_dumps_only_when_written_otherwise():
+    """Not written, a tensor line is torch's (DTensor's styles, as `plandsl run` and torchtitan split a block), or
+    Megatron-LM's where `overlap = userbuffers` (Transformer Engine's) says so; the plan dumps `stack` only where it
+    is written otherwise, so that existing plans dump (and hash) as before; `options_text` writes it back."""
+    for options, stack in ((" with sequence_parallel", "torch"), (" with sequence_parallel, overlap", "torch"),
+                           (" with sequence_parallel, overlap = userbuffers", "megatron")):
+        tensor = _plan(options).tensor
+        assert tensor.stack == stack and "stack" not in tensor.model_dump(), options
+        assert tensor.options_text() == options
+    written = _plan(" with sequence_parallel, implementation = megatron").tensor
+    assert written.stack == "megatron" and written.model_dump()["stack"] == "megatron" and not written.saves_gathered
+    assert written.options_text() == " with sequence_parallel, implementation = megatron"
+    assert "+ SP, Megatron-LM's layers" in describe_plan(_plan(" with sequence_parallel, implementation = megatron"))
+    assert _plan(" with sequence_parallel, implementation = torch").tensor.model_dump() == \
+        _plan(" with sequence_parallel").tensor.model_dump()
+    assert _plan(" with implementation = megatron").tensor.options_text() == " with implementation = megatron"
+    assert _plan(" with sequence_parallel").tensor.saves_gathered and not _plan("").tensor.saves_gathered
+    text = PLAN.format(options=" with sequence_parallel,  implementation=megatron", train="", experts="")
+    assert "tensor  = megatron over tp with sequence_parallel, implementation = megatron" in api.format_text(text)
+
+
+def test_an_overlap_says_whose_tensor_parallelism_and_a_contrary_implementation_is_e206():
+    assert _codes(" with sequence_parallel, overlap, implementation = megatron") == ["E206"]  # async TP is torch's
+    assert _codes(" with sequence_parallel, overlap = userbuffers, implementation = torch") == ["E206"]
+    assert _codes(" with sequence_parallel, overlap = userbuffers, implementation = megatron") == []
+    assert _codes(" with sequence_parallel, implementation = jax") != []
+
+
+def test_generate_writes_megatrons_tensor_parallelism_and_counts_its_shards(tmp_path):
+    """`generate --tensor-implementation megatron` searches and writes Megatron-LM's tensor parallelism: the plan says
+    `implementation = megatron` (which sequence parallelism alone would not) and holds less activation memory than
+    the same plan as torch's, by the two gathered inputs per block the shards leave out."""
+    model = "llama(layers=4, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000, seq=8192)"
+    request = {"model": model, "cluster": "dgx_h100", "global_batch": 8, "pins": ("tp=8", "sequence_parallel=true"),
+               "top": 1, "time_limit": 0}
+    text, plan = generated_plan(tmp_path, tensor_implementation="megatron", **request)
+    assert "with sequence_parallel, implementation = megatron\n" in text and plan.tensor.stack == "megatron"
+    as_torch = api.loads(text.replace(", implementation = megatron", ""), path=str(tmp_path / "t.plan")).plans[0]
+    megatron, torch_ = api.estimate(plan).memory[0], api.estimate(as_torch).memory[0]
+    assert torch_.activations > megatron.activations and torch_.states == megatron.states
+    with pytest.raises(api.generate_errors()[0]):
+        api.generate(api.generate_request(tensor_implementation="torch", tensor_overlap="userbuffers", **request))
 
 
 def _ub_by_hand(margin: bool):
