@@ -236,6 +236,8 @@ def test_explain_unknown_code():
 def test_lsp_without_pygls_says_what_to_install(monkeypatch):
     """`plandsl lsp` where pygls is not installed (simulated: importing it fails): exit 2 and the extra to install."""
     monkeypatch.setitem(sys.modules, "pygls", None)  # `import pygls...` raises ImportError, as when it is missing
+    for name in [m for m in sys.modules if m.startswith("pygls.")]:  # and `from pygls.x import y` where an earlier
+        monkeypatch.setitem(sys.modules, name, None)  # test of this worker imported pygls.x (found by its full name)
     for name in [m for m in sys.modules if m.startswith("plandsl.lsp.")]:
         monkeypatch.delitem(sys.modules, name)
     result = CliRunner().invoke(main, ["lsp"])
