@@ -79,7 +79,7 @@ def data_path_problem(path: str | Path) -> str | None:
 def token_file_problem(token_file: str | Path, plan: ir.Plan) -> str | None:
     """Why `plan` cannot train on `token_file`, or None: it must be a regular file (checked first, so a
     device or FIFO is never mapped) of more than seq + 1 uint16 tokens, each below the model's vocab
-    (read through a memory map in bounded chunks: constant memory whatever its size); or a Hugging Face
+    (read in bounded chunks: constant memory whatever its size); or a Hugging Face
     dataset saved to disk whose `input_ids` rows include one of at least seq + 1 tokens, and whose rows that
     long hold only ids below the vocab (read one Arrow chunk at a time)."""
     if is_dataset(token_file):
@@ -102,11 +102,16 @@ def token_file_problem(token_file: str | Path, plan: ir.Plan) -> str | None:
     vocab = getattr(plan.model, "vocab", None)
     if vocab is None or vocab > 2**16:
         return None
-    tokens = np.memmap(token_file, dtype=np.uint16, mode="r", shape=(count,))
-    for start in range(0, count, _SCAN):
-        largest = int(tokens[start:start + _SCAN].max())
-        if largest >= vocab:
-            return f"token id {largest} is outside the model's vocab ({vocab})"
+    # read, not mapped: a map of the whole file takes its size in address space (a 10 GB file under `ulimit -v 4000000`
+    # was OSError ENOMEM, an internal error)
+    with open(token_file, "rb") as handle:
+        for start in range(0, count, _SCAN):
+            chunk = np.fromfile(handle, dtype=np.uint16, count=min(_SCAN, count - start))
+            if not chunk.size:
+                break
+            largest = int(chunk.max())
+            if largest >= vocab:
+                return f"token id {largest} is outside the model's vocab ({vocab})"
     return None
 
 

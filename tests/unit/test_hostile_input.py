@@ -262,6 +262,25 @@ def test_run_refuses_bad_launch_arguments_before_starting(hostile, case, dry):
     assert result.exit_code == 2 and name in result.output, result.output
 
 
+def test_a_token_file_larger_than_the_address_space_left_is_checked_in_pieces(tmp_path):
+    """A sparse 2 GiB token file under `ulimit -v 1500000`: the vocab check mapped it whole (OSError ENOMEM, E108);
+    read in 32 MiB pieces it is a valid file, and one out-of-vocab id at its end is still found."""
+    tokens = tmp_path / "big.bin"
+    with open(tokens, "wb") as handle:
+        handle.truncate(2 * 2**30)  # token id 0 throughout: no disk taken
+    check = (f"from plandsl import api; from plandsl.runtime.tokens import token_file_problem; "
+             f"print(token_file_problem({str(tokens)!r}, api.load_plan({PIPELINE!r})))")
+    result = subprocess.run(["bash", "-c", f"ulimit -v 1500000; exec {sys.executable} -c \"$0\"", check],
+                            capture_output=True, text=True, timeout=HANG_S, cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.strip() == "None", result.stderr[-2000:]
+    with open(tokens, "r+b") as handle:
+        handle.seek(2 * 2**30 - 2)
+        handle.write((60000).to_bytes(2, "little"))
+    result = subprocess.run(["bash", "-c", f"ulimit -v 1500000; exec {sys.executable} -c \"$0\"", check],
+                            capture_output=True, text=True, timeout=HANG_S, cwd=tmp_path)
+    assert "token id 60000 is outside the model's vocab" in result.stdout, result.stderr[-2000:]
+
+
 # ---- the reader itself --------------------------------------------------------------------------------------
 def test_kernel_files_that_report_size_zero_are_refused(monkeypatch):
     # /proc files are "regular" and report size 0: only the read tells their length and that they have content
