@@ -59,8 +59,8 @@ class Caps:
         # stage's microbatches in flight, not its rank's (`Figures.head_inflight`: one in the 1F1B family)
         head = figures.head_inflight(inflight, last_rank)
         fixed[last_rank] += norm_s + head_s + head * (norm_a + head_a) + max(0.0, loss - working)
-        if tied and len(ranks) > 1:  # the head's stage copies the embedding, on the first rank too (a V-shape's)
-            fixed[last_rank] += tied
+        if tied and len(ranks) > 1:  # the head's stage copies the embedding, on the first rank too (a V-shape's), twice
+            fixed[last_rank] += tied * figures.tied_copies(inflight)  # where the tied head's weight is apart (MTP, I/W)
         capacity = figures.capacity(root)
         released = self._released(memory, inflight)
         grads = released[1] if released is not None else None
@@ -233,10 +233,14 @@ class Caps:
         return block_s - block_g * freed, capacity + credit * block_g
 
     def _released(self, memory, inflight):
-        """(`Figures.open_stages`, `Figures.gradients`) where a rank frees its stages' gradients apart, else None."""
+        """(`Figures.open_stages`, (a block's, the embedding's, the norm's and head's with the copies of the embedding
+        its stage holds) gradients, `Figures.gradients`) where a rank frees its stages' gradients apart, else None."""
         grads = self.figures.gradients(memory)  # first: no schedule is laid out for memories that hold them all
         opens = self.figures.open_stages(inflight) if grads is not None else None
-        return None if opens is None else (opens, grads)
+        if opens is None:
+            return None
+        block_g, embed_g, head_g, copy_g = grads  # the head's stage's copies of the embedding (`Figures.tied_copies`)
+        return opens, (block_g, embed_g, head_g + copy_g * self.figures.tied_copies(inflight))
 
     def _held_caps(self, root: Root, ranks, inflight, memory, caps, recomputed, kept: float, free, buffers,
                    simulated: bool = True):
@@ -313,7 +317,8 @@ class Caps:
         rule_ends[last_rank] += self.figures.head_inflight(inflight, last_rank) * (norm_a + head_a)
         room = capacity - working - buffers
         room[first_rank] -= embed_s
-        room[last_rank] -= norm_s + head_s + max(0.0, loss - working) + (tied if tied and len(ranks) > 1 else 0.0)
+        room[last_rank] -= norm_s + head_s + max(0.0, loss - working) \
+            + (tied * self.figures.tied_copies(inflight) if tied and len(ranks) > 1 else 0.0)
         units = []
         for blocks in (1, 2):
             unit = np.full(pp, self.figures.gathered(memory, False, False, blocks))

@@ -24,7 +24,7 @@ from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activati
 from plandsl.cost.stage import param_split
 from plandsl.ir.layers import Layer, figures_key, layers_of
 from plandsl.schedules.bounded import builtin_profiles
-from plandsl.schedules.registry import BUILTIN
+from plandsl.schedules.registry import BUILTIN, splits_backward
 from plandsl.search.choices import stage_ranks
 from plandsl.search.problem import CONTEXT, Problem, build_plan
 from plandsl.search.tree import Node, Root, candidate_of
@@ -383,9 +383,9 @@ class Figures:
                 for layer, _ in self.kinds]
         return found
 
-    def gradients(self, memory) -> tuple[float, float, float] | None:
-        """(a block's, the embedding's, the norm's and head's and their tied copy's) unsharded gradients, bytes, that the
-        states of a node's `memory` count (`_states`: ZeRO-2/3's units under a pipeline, `cost.memory.gathered_bytes`)
+    def gradients(self, memory) -> tuple[float, float, float, float] | None:
+        """(a block's, the embedding's, the norm's and head's, one tied copy's of the embedding) unsharded gradients,
+        bytes, that the states of a node's `memory` count (`_states`: ZeRO-2/3's units under a pipeline, `cost.memory.gathered_bytes`)
         where a rank frees each stage's after that stage's last backward (`cost.memory.releases_gradients`), so that a
         rank holds those of the stages open at once (`open_stages`); None where it holds them all through the step, and
         for a model of several kinds of block (whose splits count the whole rank's: more, never less, than the exact
@@ -400,9 +400,19 @@ class Figures:
 
                 def grads(layers, extra=()):
                     return gathered_bytes(plan, layers, extra)[1]
-                value = (grads([block]), grads([embed]), grads([norm, head], [copy] if copy else []))
+                value = (grads([block]), grads([embed]), grads([norm, head]), grads([], [copy]) if copy else 0.0)
             found = self._gradients_cache[id(plan)] = (plan, value)
         return found[1]
+
+    def tied_copies(self, inflight: np.ndarray) -> int:
+        """How many copies of the embedding's weight the head's stage holds, for an array `inflight` gave (of a memory's
+        `tied`, `_states`' one): two where the model ties its head and has multi-token prediction and the schedule runs
+        the backward as I then W (`cost.memory.head_weight_apart`: the tied head's weight apart from the depths'
+        copy), else one."""
+        if not (self.transformer and getattr(self.model, "tied_embeddings", False) and getattr(self.model, "mtp", 0)):
+            return 1
+        found = self._head_cache.get(id(inflight))
+        return 2 if found is not None and found[0] is inflight and splits_backward(found[1][0]) else 1
 
     def open_stages(self, inflight: np.ndarray) -> np.ndarray | None:
         """For an array `inflight` gave, the sets of each rank's stages whose gradients it holds at once

@@ -414,15 +414,15 @@ def _rank_caps_one_by_one(space, root, ranks, inflight, memory, schedule, microb
     # the last rank's peak: the larger of the loss's backward and the block recomputation rebuilds
     fixed[last] += norm_s + head_s + max(0.0, loss - working)
     if tied and len(ranks) > 1:  # the head's stage copies the embedding, on the first rank too (a V-shape's)
-        fixed[last] += tied
+        fixed[last] += tied * space.figures.tied_copies(inflight)  # twice where the tied head's weight is apart
     buffers = space.figures.stage_buffers(memory, ranks, inflight)  # torch's pipeline stage's, a rank's
     try:
         profiles = builtin_profiles(schedule, root.pp, microbatches, len(ranks) // root.pp)
     except ValueError:  # sizes the schedule does not run
         profiles = None
     head = head_inflight(schedule, float(inflight[last]))  # the last stage's microbatches in flight
-    opens = space.figures.open_stages(inflight)
-    grads = space.figures.gradients(memory) if opens is not None else None
+    released = space.caps._released(memory, inflight)  # the head's gradients with its stage's copies of the embedding
+    opens, grads = released if released is not None else (None, None)
     block_g, embed_g, head_g = grads or (0.0, 0.0, 0.0)
     caps = []
     for r in range(root.pp):

@@ -235,3 +235,48 @@ def test_an_interleaved_ranks_caps_count_one_open_stages_gradients():
                     assert _fits(space, leaf, counts, None)[rank]  # what the old count refused, the estimate fits
                     more += 1
     assert more > 0
+
+
+def test_a_tied_head_apart_from_multi_token_predictions_copy_is_counted_twice_by_the_caps():
+    """A tied head with multi-token prediction under a schedule that splits the backward (zbv) holds its own weight
+    beside the depths' copy of the embedding (`cost.memory.head_weight_apart`): two tables on the head's stage in the
+    exact estimate. The caps counted one (`Figures._states` is built without a schedule), so a rank's cap was a block
+    or two past what the exact estimate fits, the split it made was refused, and on 8 GiB devices the search found no
+    plan at all for pp = 2 under zbv. Each cap is now the most blocks the exact estimate fits, and the search finds
+    the plan."""
+    from test_search import HARDWARE
+
+    from plandsl import api
+    from plandsl.search import Problem
+    model = "llama(layers=16, hidden=2048, heads=16, kv_heads=4, seq=4096, vocab=65536, mtp=1, tied=true)"
+
+    def mtp_problem(memory):
+        document = api.loads(HARDWARE.replace("memory = 7.25 GiB", f"memory = {memory}") + f"model m = {model}\n")
+        return Problem(document.models[0], next(c for c in document.clusters if c.name == "tight"), 8, None)
+
+    schedule, virtual = "zbv", 2
+    space = Space(mtp_problem("7.25 GiB"), {"schedule": schedule, "virtual_stages": virtual, "pp": 2},
+                  DEFAULT_EFFICIENCY)
+    checked = below = 0
+    for root in space.roots():
+        ranks = stage_ranks(schedule, root.pp, virtual)
+        for node in space.expand_root(root):
+            if node.kept is not None:
+                continue
+            inflight = space.figures.inflight(schedule, root.pp, node.microbatches, virtual)
+            assert space.figures.tied_copies(inflight) == 2
+            for zero in (0, 3):
+                memory = space.figures.layer_memory(node, zero)
+                caps = space.caps.rank_caps(root, ranks, inflight, memory, held=True).tolist()
+                leaf = Leaf(node, schedule, virtual, zero, (), 0.0, None)
+                for rank, cap in enumerate(caps):
+                    for held, fits in ((cap, True), (cap + 1, False)):
+                        counts = _split(space.blocks, ranks, rank, held)
+                        if counts is None or (not fits and cap >= space.blocks):
+                            continue
+                        assert _fits(space, leaf, counts, None)[rank] is fits, (node, zero, rank, cap)
+                        checked += 1
+                        below += not fits
+    assert checked > 20 and below > 5
+    best = search(mtp_problem("8 GiB"), pins={"schedule": schedule, "pp": 2}, top=1).best
+    assert all(m.total <= c for m, c in zip(best.estimate.memory, best.estimate.capacity))
