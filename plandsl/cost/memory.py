@@ -906,17 +906,48 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
     if recompute is ir.Recompute.selective_op:
         return sbh * _selective_op_terms(model, tp, sequence_parallel) * scale
     terms, saved = _block_terms(model, seq, kv_gathered), _fp8_saved_terms(model)
+    rerun = modules if recompute is ir.Recompute.selective else frozenset()
     if recompute is ir.Recompute.selective:
         dropped, dropped_saved = _module_terms(model, kv_gathered, modules)
+        if saves_gathered and sequence_parallel and ir.RecomputeModule.layernorm in modules:
+            # the norm's output that `layernorm` frees is a sequence shard torch's gather reads and no layer saves: the
+            # gathered copy the next linear layers save stays (MLA's down-projections' input, a MoE block's router's)
+            kept = (2.0 if model.latent_attention else 0.0) \
+                + (2.0 if model.experts and ir.RecomputeModule.moe not in modules else 0.0)
+            dropped = (dropped[0] - kept, dropped[1])
+            dropped_saved = (dropped_saved[0] - (1.0 if model.latent_attention else 0.0), dropped_saved[1])
         terms = (terms[0] - dropped[0], terms[1] - dropped[1], terms[2])
         saved = (saved[0] - dropped_saved[0], saved[1] - dropped_saved[1])
         if ir.RecomputeModule.core_attn not in modules:
             recompute = ir.Recompute.none  # the scores stay, as without recomputation
-    gathered = GATHERED_INPUTS if saves_gathered else 0.0
-    if recompute is ir.Recompute.selective and ir.RecomputeModule.mlp in modules and not model.experts:
-        gathered -= 2.0  # the checkpointed MLP keeps only its input (the block's residual), not the gathered copy
+    gathered = _gathered_terms(model, rerun) if saves_gathered else (0.0, 0.0)
     return _kept(model, terms, saved, sbh, tp, sequence_parallel, recompute, precision, attention_matrix, recipe,
                  gathered)
+
+
+def _gathered_terms(model: ir.TransformerModel, rerun: frozenset[ir.RecomputeModule] = frozenset(),
+                    mlp: bool = True) -> tuple[float, float]:
+    """(bytes per s·b·h element, 16-bit; of them the inputs FP8 linear layers save, in `_fp8_saved_terms`' units) of
+    Korthikanti's replicated terms that torch's tensor parallelism keeps whole under sequence parallelism
+    (`GATHERED_INPUTS`): the attention's gathered input (2); under MLA the down-projections' outputs too, which stay
+    whole on every rank (`runtime.parallel.tensor_parallel.PAIRS`: wq_a, wkv_a duplicated on the gathered input;
+    Megatron-LM's run on the sequence shard), each latent as its norm's input and as the up-projections' input (4 per
+    latent element, 2 of them an FP8 input) and the shared rotary key (2), less the up-projections' inputs
+    `mla_up_proj` frees; with `mlp` the MLP's gathered input (2; a MoE block's router's, which stays 16-bit), unless
+    the checkpointed module gathers inside its rerun (`mlp`, a MoE block's `moe`: its input kept is the shard).
+    `rerun`: the modules `recompute: selective` reruns."""
+    Module = ir.RecomputeModule
+    whole, fp8 = 2.0, 1.0
+    if model.latent_attention:
+        latents = (model.q_lora_rank + model.kv_lora_rank) / model.hidden
+        whole += 4 * latents + 2 * model.qk_rope_head_dim / model.hidden
+        fp8 += latents
+        if Module.mla_up_proj in rerun:
+            whole, fp8 = whole - 2 * latents, fp8 - latents
+    if mlp and (Module.moe if model.experts else Module.mlp) not in rerun:
+        whole += 2.0
+        fp8 += 0.0 if model.experts else 1.0
+    return whole, fp8
 
 
 # Under sequence parallelism torch's tensor parallelism (`ir.TensorParallel.saves_gathered`) gathers a block's
@@ -926,7 +957,8 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
 # of Korthikanti's terms outside tensor parallelism, the q/k/v input (2) and the MLP input (2) are kept whole, not
 # split along the sequence (Megatron-LM's `LinearWithGradAccumulationAndAsyncCommunication` saves its shard and
 # all-gathers it again in the backward, which Korthikanti et al. 2022, Sec. 4.2.2, count). Under FP8 the gathered
-# copy is the quantized one (torchao's `Float8ColwiseParallel` casts before it gathers): `_kept` sizes it so.
+# copy is the quantized one (torchao's `Float8ColwiseParallel` casts before it gathers): `_kept` sizes it so. MLA's
+# latents and a MoE block's router input, and what recomputation frees of them: `_gathered_terms`.
 GATHERED_INPUTS = 4.0
 
 
@@ -985,17 +1017,18 @@ def _module_terms(model: ir.TransformerModel, kv_gathered: int, modules: frozens
 
 def _kept(model: ir.TransformerModel, terms: tuple[float, float, float], saved: tuple[float, float], sbh: float,
           tp: int, sequence_parallel: bool, recompute: ir.Recompute, precision: ir.Precision, attention_matrix: bool,
-          recipe: ir.Fp8Recipe | None, gathered: float = 0.0) -> float:
+          recipe: ir.Fp8Recipe | None, gathered: tuple[float, float] = (0.0, 0.0)) -> float:
     """Bytes of Korthikanti's `terms` (replicated, tensor-sharded, scores per s·b·h element, 16-bit) at `precision`,
-    the inputs FP8 linear layers save (`saved`, in the same units) at their own width; `gathered` of the replicated
-    terms, column-parallel inputs saved whole under sequence parallelism (`GATHERED_INPUTS`), FP8 ones among them
-    at their width too."""
+    the inputs FP8 linear layers save (`saved`, in the same units) at their own width; `gathered` (those units, the
+    FP8 inputs among them) of the replicated terms, kept whole under sequence parallelism (`_gathered_terms`), FP8
+    ones among them at their width too."""
     replicated, sharded, matrix = terms
+    gathered, gathered_saved = gathered
     scale = precision.bytes / 2
     if precision.quantized:  # each saved input's 2 bytes become gemm_bytes (mxfp8: its scales too; fp8: the recipe's)
         saving = 2 - (recipe.saved_bytes if recipe and precision is ir.Precision.fp8 else precision.gemm_bytes)
         replicated, sharded = replicated - saving * saved[0], sharded - saving * saved[1]
-        gathered -= saving * gathered / 2
+        gathered -= saving * gathered_saved
         # the attention core's 16-bit output beside (or instead of) the out-projection's FP8 copy of it
         sharded += _attention_output_terms(model, precision, recipe, saving,
                                            not attention_matrix and recompute is not ir.Recompute.selective)
@@ -1261,7 +1294,7 @@ def _attention_half(plan: ir.Plan, layer: Layer, attention_matrix: bool) -> floa
                  seq * plan.train.micro_batch * model.hidden, plan.tp,
                  bool(plan.tensor and plan.tensor.sequence_parallel), ir.Recompute.none,
                  layer_precision(plan.train, plan.model, layer), attention_matrix, plan.train.recipe,
-                 GATHERED_INPUTS / 2 if _saves_gathered(plan) else 0.0)  # the attention's input alone
+                 _gathered_terms(model, mlp=False) if _saves_gathered(plan) else (0.0, 0.0))  # the attention's
 
 
 # torch's cross entropy over vocabulary-sharded logits (`torch.distributed.tensor.parallel.loss_parallel`, which

@@ -431,3 +431,56 @@ def test_head_inflight_is_what_the_generated_schedule_holds_on_its_last_stage(sc
             held.append((rank, most))
     [(rank, most)] = held
     assert head_inflight(schedule, inflight_microbatches(schedule, pp, m, virtual)[rank]) == most
+
+
+# torch's sequence parallelism beyond the dense block: MLA's duplicated down-projections, a MoE block's router input
+MLA = ir.TransformerModel(kind="llama", name="m", layers=4, hidden=1024, heads=8, kv_heads=8, ffn_hidden=2816,
+                          seq=2048, vocab=32000, q_lora_rank=768, kv_lora_rank=512, qk_rope_head_dim=64,
+                          qk_nope_head_dim=128, v_head_dim=128)
+MOE = ir.TransformerModel(kind="llama", name="e", layers=4, hidden=1024, heads=8, kv_heads=8, ffn_hidden=2816,
+                          seq=2048, vocab=32000, experts=8, top_k=2)
+
+
+def _stacks_apart(model, t=4, precision="bf16", modules=None, recompute="none"):
+    """A block's activations on torch's tensor parallelism less Megatron-LM's, sequence parallelism on, per s·b·h."""
+    counts = []
+    for stack in ("torch", "megatron"):
+        p = plan(model, [("tp", t)], recompute=recompute, precision=precision,
+                 tensor=ir.TensorParallel(axis="tp", sequence_parallel=True, stack=stack))
+        if modules is not None:
+            p = p.model_copy(update={"train": p.train.model_copy(update={"recompute_modules": tuple(modules)})})
+        block = next(layer for layer in layers_of(model) if layer.kind == "block")
+        counts.append(estimate_layer_activations(p, block))
+    return (counts[0] - counts[1]) / (model.seq * model.hidden) / (1 - 1 / t)
+
+
+def test_torchs_mla_keeps_its_latents_whole_under_sequence_parallelism():
+    """`plandsl run` keeps MLA's down-projections whole on every rank (`tensor_parallel.PAIRS`), on the gathered
+    input: each latent as its norm's input and as the up-projections' input (4 bytes a latent element) and the shared
+    rotary key (2) are whole, beside the gathered attention and MLP inputs (2 + 2); Megatron-LM runs them on the
+    sequence shard (Korthikanti's 1/t). They were counted 1/t on torch's too: measured on `plandsl run` (fp32, tp = 4,
+    a 2-block MLA llama) the run saved 1.38 of the count, 1.04 with the latents whole."""
+    latents = (MLA.q_lora_rank + MLA.kv_lora_rank) / MLA.hidden
+    assert _stacks_apart(MLA) == pytest.approx(4 + 4 * latents + 2 * MLA.qk_rope_head_dim / MLA.hidden, rel=1e-12)
+    # `mla_up_proj` frees the up-projections' inputs (rebuilt in the backward): their whole copies too
+    assert _stacks_apart(MLA, modules=("core_attn", "mla_up_proj"), recompute="selective") == \
+        pytest.approx(4 + 2 * latents + 2 * MLA.qk_rope_head_dim / MLA.hidden, rel=1e-12)
+    # `layernorm` frees the attention norm's output, a shard no layer saves on torch's: the gathered copy stays
+    with_norm = _stacks_apart(MLA, modules=("core_attn", "layernorm"), recompute="selective")
+    assert with_norm == pytest.approx(_stacks_apart(MLA, modules=("core_attn",), recompute="selective") + 2 / 4 * 4 / 3,
+                                      rel=1e-12)  # Megatron's count drops its 2/t: torch's keeps its 2 whole
+
+
+def test_torchs_moe_block_keeps_its_router_input_whole_in_16_bits_unless_the_moe_layer_reruns():
+    """A MoE block's gathered MLP input is the router's, which stays 16-bit under FP8 (`_fp8_saved_terms`): the FP8
+    saving applies to the attention's input alone (it took both); `recompute_modules: [moe]` checkpoints the MoE
+    layer with its gather inside, as `mlp` does a dense one, so its input kept is the shard (it kept the gathered
+    copy)."""
+    assert _stacks_apart(MOE) == pytest.approx(4, rel=1e-12)
+    recipe = ir.Training(global_batch=1, micro_batch=1, precision="fp8").recipe
+    saving = 2 - (recipe.saved_bytes if recipe else ir.Precision.fp8.gemm_bytes)
+    assert _stacks_apart(MOE, precision="fp8") == pytest.approx(4 - saving, rel=1e-12)
+    assert _stacks_apart(MOE, modules=("core_attn", "moe"), recompute="selective") == pytest.approx(2, rel=1e-12)
+    dense = MOE.model_copy(update={"experts": 0, "top_k": 0})
+    assert _stacks_apart(dense, precision="fp8") == pytest.approx(4 - 2 * saving, rel=1e-12)
+    assert _stacks_apart(dense, modules=("core_attn", "mlp"), recompute="selective") == pytest.approx(2, rel=1e-12)
