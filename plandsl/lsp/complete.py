@@ -64,7 +64,8 @@ OPTION_WORDS: dict[str, tuple[str, ...]] = {  # `with unit = |`; `overlap = |` (
     "stages.implementation": ir.PIPELINE_IMPLEMENTATIONS,  # whose pipeline; whose ring, below: the clause decides
     "account": ir.PIPELINE_ACCOUNTED,  # `with account = [|`: what the stages' split counts beside the blocks
     "stages.outputs": ir.PIPELINE_OUTPUTS,
-    "context.implementation": ir.RING_IMPLEMENTATIONS}
+    "context.implementation": ir.RING_IMPLEMENTATIONS,
+    "tensor.implementation": ir.TENSOR_STACKS}  # whose tensor parallelism runs the layers
 CLAUSE = re.compile(r"^\s*(\w+)\s*=")  # `stages = evenly over pp with ...`: the attribute whose clause it is
 AFTER_NUMBER = re.compile(r"(?<![A-Za-z_])[0-9][0-9_]*(\.[0-9_]+)?([eE][+-]?[0-9]+)?\s*$")
 DEFINITION = re.compile(r"^\s*(device|node|cluster|model|plan|schedule)\s+[A-Za-z_]\w*")

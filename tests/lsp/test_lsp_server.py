@@ -203,6 +203,10 @@ async def test_completion_definition_and_formatting(client, folder):
     assert {"torch", "megatron"} <= whose and "te" not in whose
     ring = await labels(at(piped, "te\n", 0), piped_uri)
     assert {"te", "torch"} <= ring and "megatron" not in ring
+    stacked = OK_PLAN.replace("megatron over tp\n", "megatron over tp with sequence_parallel, implementation = megatron\n")
+    stacked_uri, _ = await open_file(client, folder, "stacked.plan", stacked)
+    stack = await labels(at(stacked, "implementation = megatron", len("implementation = ")), stacked_uri)
+    assert {"torch", "megatron"} <= stack and "te" not in stack and "deepspeed" not in stack  # whose tensor parallelism
     counted = OK_PLAN.replace("evenly over pp\n", "evenly over pp with account = [embed, loss]\n")
     counted_uri, _ = await open_file(client, folder, "counted.plan", counted)
     assert "account" in await labels(at(counted, "account", 0), counted_uri)  # the stages clause's option
