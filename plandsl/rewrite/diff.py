@@ -44,6 +44,7 @@ FIELDS: tuple[tuple[str, str, Callable[[ir.Plan], Value]], ...] = (
     ("sharding", "tensor.overlap", lambda p: p.tensor is not None and p.tensor.overlap),
     ("sharding", "tensor.implementation", lambda p: "userbuffers" if p.tensor and p.tensor.userbuffers else None),
     ("sharding", "tensor.sm_margin", lambda p: p.tensor.sm_margin if p.tensor and p.tensor.userbuffers else None),
+    ("sharding", "tensor.stack", lambda p: p.tensor and p.tensor.stack),  # whose tensor parallelism runs the layers
     ("sharding", "context.kind", lambda p: p.context and p.context.kind),
     ("sharding", "context.axis", lambda p: p.context and p.context.axis),
     ("sharding", "experts.kind", lambda p: p.experts and p.experts.kind),

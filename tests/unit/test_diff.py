@@ -119,6 +119,16 @@ plan p {
     assert [(c.field, c.old, c.new) for c in diff_plans(api.loads(dense).plans[0],
                                                         api.loads(overlapped).plans[0]).changes] == \
         [("tensor.overlap", False, True)]
+    # whose tensor parallelism runs the layers changes what a block saves under sequence parallelism (it diffed as
+    # identical); userbuffers' overlap implies Megatron-LM's
+    megatron = dense.replace("sequence_parallel\n", "sequence_parallel, implementation = megatron\n")
+    assert [(c.field, c.old, c.new) for c in diff_plans(api.loads(dense).plans[0],
+                                                        api.loads(megatron).plans[0]).changes] == \
+        [("tensor.stack", "torch", "megatron")]
+    userbuffers = dense.replace("sequence_parallel\n", "sequence_parallel, overlap = userbuffers\n")
+    assert ("tensor.stack", "torch", "megatron") in [(c.field, c.old, c.new) for c in diff_plans(
+        api.loads(dense).plans[0], api.loads(userbuffers).plans[0]).changes]
+    assert not diff_plans(api.loads(megatron).plans[0], api.loads(megatron).plans[0]).changes
 
 # ---- bad input ----------------------------------------------------------------------------------------
 def test_a_file_that_does_not_check_is_the_checkers_diagnostics(tmp_path):
