@@ -61,7 +61,8 @@ def divisors_up_to(n: int, limit: int) -> list[int]:
 def layouts(model: ir.Model, devices: int, sequence: int, global_batch: int, blocks: int, pins: Mapping,
             check_batch: bool = True, fold: bool = False) -> list[Layout]:
     """Every (dp, tp, pp, cp, ep) with dp·tp·pp·cp·ep = devices that the model and the pins allow: tp
-    divides the heads and widths, cp the sequence, ep the experts, pp at most the blocks, and dp·ep
+    divides the heads and widths, cp the sequence, ep the experts, pp at most `blocks` (and the parts a pinned
+    `account` counts, which the caller adds), and dp·ep
     the global batch (unless `check_batch` is off). `fold`: the experts fold the tensor axis into their group
     (`experts = alltoall over [ep, tp]`), so ep·tp divides the experts, a pinned `ep` is that group, and tp > 1
     needs sequence parallelism (E416)."""

@@ -524,7 +524,8 @@ def explain_empty(problem: Problem, pins: dict, space) -> str:
             shown = ", ".join(f"{k}={v}" for k, v in pins.items() if k in ("dp", "tp", "pp", "cp", "ep"))
             return (f"no layout of the {n} devices of '{cluster.name}' matches the pins {shown} for model "
                     f"'{model.name}' and global batch {problem.global_batch} (tp must divide the heads, hidden, "
-                    "ffn and vocabulary; cp the sequence; ep the experts; pp at most the blocks; dp x ep the "
+                    "ffn and vocabulary; cp the sequence; ep the experts; pp at most the blocks and the parts a pinned "
+                    "account counts; dp x ep the "
                     "global batch)")
         replicas = sorted({dp * ep for dp, _, _, _, ep in space.layouts(check_batch=False)})
         shown = ", ".join(map(str, replicas[:8])) + (", ..." if len(replicas) > 8 else "")

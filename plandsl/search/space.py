@@ -69,7 +69,11 @@ class Space:
     # -- roots: layouts and orders --
     def layouts(self, check_batch: bool = True) -> list[tuple[int, int, int, int, int]]:
         p = self.problem
-        return layouts(self.model, p.cluster.num_devices, p.sequence, p.global_batch, self.blocks, self.pins,
+        # under a pinned `account` the split is of its items (the blocks, the embedding, the loss), as the checker's
+        # E403 counts them: a plan of 1 block over pp 2 with account = [embed, loss] checks, and `generate --from` it
+        # was E803 ("pp at most the blocks")
+        items = self.blocks + (self.apart if "account" in self.pins else 0)
+        return layouts(self.model, p.cluster.num_devices, p.sequence, p.global_batch, items, self.pins,
                        check_batch, p.fold_experts)
 
     def roots(self) -> list[Root]:

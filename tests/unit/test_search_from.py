@@ -305,3 +305,20 @@ def test_tensor_overlap_with_eager_kernels_is_a_usage_error():
     out = generate("--model", "llama3_8b", "--cluster", "dgx_h100", "--global-batch", "32", "--kernels", "eager",
                    "--tensor-overlap")
     assert out.exit_code != 0 and "--tensor-overlap with --kernels eager" in out.output
+
+
+def test_a_plan_with_more_stages_than_blocks_under_account_completes_as_written(tmp_path):
+    """1 block over pp 2 with `account = [embed, loss]` checks (3 items, E403 counts them); the search bounded pp by
+    the blocks alone, and generate --from that complete plan was E803 ("pp at most the blocks")."""
+    path = tmp_path / "counted.plan"
+    path.write_text('import "clusters/local"\nplan p {\n  model    = llama(layers=1, hidden=64, heads=4, seq=32, '
+                    'vocab=256)\n  cluster  = localhost\n  mesh     = [pp = 2] over devices[0:2]\n  train    = { '
+                    'global_batch: 8, micro_batch: 1, precision: fp32 }\n  stages   = evenly over pp with account = '
+                    '[embed, loss]\n  schedule = 1f1b\n}\n')
+    assert api.check(path).ok
+    out_path = tmp_path / "done.plan"
+    out = generate("--from", path, "-o", out_path)
+    assert out.exit_code == 0, out.output
+    (written,) = api.check(out_path).document.plans
+    (plan,) = api.check(path).document.plans
+    assert estimate_plan(written).time.step == pytest.approx(estimate_plan(plan).time.step, rel=1e-12)
