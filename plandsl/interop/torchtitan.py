@@ -262,6 +262,10 @@ def _parallel_args(plan: ir.Plan, args: list, lose) -> dict[str, int]:
                  hint="`overlap = async_tp` (or `overlap`), priced as torchtitan runs it")
         elif plan.tensor.overlap:  # the checker's E417 leaves it with sequence parallelism and compiled kernels
             args.append((ASYNC_TP, None))
+        if sequence and plan.tensor.stack == "megatron" and not plan.tensor.userbuffers:  # said apart above
+            lose("implementation = megatron (Megatron-LM's tensor parallelism, whose column-parallel layers save their "
+                 "sequence shard: torchtitan splits a block with torch's DTensor styles, which save the gathered "
+                 "input)", "tensor", hint="drop `implementation = megatron`, priced as torchtitan runs it")
     args.append((DEGREES["cp"], str(degrees["cp"])))
     if plan.context is not None and plan.cp > 1 and (plan.context.kind, plan.context.implementation) != ("ring", "torch"):
         said = "allgather" if plan.context.kind == "allgather" else f"ring with implementation = {plan.context.implementation}"

@@ -158,6 +158,11 @@ def test_async_tp_is_the_plans_tensor_overlap_both_ways():
     exported = export_plan(userbuffers, "torchtitan")  # Transformer Engine's userbuffers: no torchtitan flag
     assert "--compile.enable_async_tensor_parallel" not in _words(exported.text)
     assert [d.code for d in exported.lost] == ["E808"] and "overlap = userbuffers" in exported.lost[0].message
+    # Megatron-LM's tensor parallelism (shards saved) is no torchtitan run's: lost, not exported as torch's silently
+    stacked = api.select_plan(api.loads(imported.text.replace(", overlap\n", ", implementation = megatron\n"),
+                                        path="stack.plan"))
+    lost = export_plan(stacked, "torchtitan").lost
+    assert [d.code for d in lost] == ["E808"] and "implementation = megatron" in lost[0].message
     without_sp = "--compile.enable --compile.enable_async_tensor_parallel --parallelism.no_enable_sequence_parallel"
     for extra, code in (("--compile.enable_async_tensor_parallel", "E805"),
                         ("--compile.enable --compile.components loss --compile.enable_async_tensor_parallel", "E805"),
