@@ -925,6 +925,16 @@ class TensorParallel(Node):
                             "before): their GEMMs run on the SMs the communication leaves for their whole length, "
                             "else on all of them, slowed only while the communication runs")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _stack_as_the_line_implies(cls, data):
+        """A dump without `stack` (the serializer drops the implied one) reads back as the line implied it: Megatron-LM's
+        under `overlap = userbuffers`, torch's otherwise."""
+        if isinstance(data, dict) and "stack" not in data and data.get("overlap") \
+                and data.get("implementation") in (TensorOverlap.userbuffers, TensorOverlap.userbuffers.value):
+            data = {**data, "stack": "megatron"}
+        return data
+
     @model_serializer(mode="wrap")
     def _without_unset_options(self, handler):
         """Tensor parallelism without `with overlap`, or with async TP's, dumps (and its plan hashes) as before the

@@ -249,6 +249,11 @@ def test_the_stack_is_torchs_unless_userbuffers_or_written_and_dumps_only_when_w
         tensor = _plan(options).tensor
         assert tensor.stack == stack and "stack" not in tensor.model_dump(), options
         assert tensor.options_text() == options
+    for options in (" with sequence_parallel, overlap = userbuffers", " with sequence_parallel",
+                    " with sequence_parallel, implementation = megatron"):  # a dump reads back as the line said
+        tensor = _plan(options).tensor
+        for mode in ("python", "json"):
+            assert ir.TensorParallel.model_validate(tensor.model_dump(mode=mode)).stack == tensor.stack, (options, mode)
     written = _plan(" with sequence_parallel, implementation = megatron").tensor
     assert written.stack == "megatron" and written.model_dump()["stack"] == "megatron" and not written.saves_gathered
     assert written.options_text() == " with sequence_parallel, implementation = megatron"
