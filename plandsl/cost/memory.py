@@ -23,7 +23,7 @@ from plandsl import ir
 from plandsl.ir.layers import (EXPERTS, FFN, HEADS, HEADS_X_HEAD_DIM, KV, TP_SPLIT, VOCAB, Layer, Param, attention_widths,
                                block_model, figures_key, kv_width, layers_of, once_per_figures)
 from plandsl.ir.placement import Assignment, assign_stages
-from plandsl.cost.schedule import plan_splits_backward
+from plandsl.cost.schedule import plan_schedule, plan_splits_backward
 from plandsl.schedules.bounded import builtin_layout
 from plandsl.schedules.generators import check_sizes, pipeline_maps
 from plandsl.schedules.program import Kind
@@ -733,10 +733,10 @@ def releases_gradients(plan: ir.Plan) -> bool:
     last stage's: ZeRO-2/3 under torch's pipeline (`pipelined_shards`, `implementation = torch`) running a built-in
     schedule. torch's multi-stage schedules count backwards per stage and reduce-scatter a stage's accumulated
     gradients at its last one (`PipelineScheduleMulti._step_microbatches`, `last_backward` per stage; torch 2.13's
-    `_add_reduce_grad`: a REDUCE_GRAD right after a stage's n-th B or W), and so does `plandsl run`. A written schedule
-    keeps the whole rank's (its order is the plan's, not read here), as Megatron-LM's and DeepSpeed's pipelines do."""
-    return pipelined_shards(plan) and plan.stages.implementation == "torch" \
-        and (plan.schedule is None or plan.schedule.definition is None)
+    `_add_reduce_grad`: a REDUCE_GRAD right after a stage's n-th B or W), and so does `plandsl run`, a written schedule
+    too (`runtime.parallel.pipeline.runtime_schedule` lowers its table with the same pass: its order read from the
+    table, `open_gradients`). Megatron-LM's and DeepSpeed's pipelines keep the whole rank's."""
+    return pipelined_shards(plan) and plan.stages.implementation == "torch"
 
 
 def open_gradients(plan: ir.Plan, schedule: str, rank_stages: Sequence[Sequence[int]]) \
@@ -749,7 +749,12 @@ def open_gradients(plan: ir.Plan, schedule: str, rank_stages: Sequence[Sequence[
     stages = sum(len(own) for own in rank_stages)
     if stages <= ranks or stages % ranks or not releases_gradients(plan):
         return None
-    groups = open_gradient_stages(schedule, ranks, plan.num_microbatches, stages // ranks)
+    if plan.schedule is not None and plan.schedule.definition is not None:  # a written one: its own table's order
+        table, _ = plan_schedule(plan)
+        groups = _open_sets(table.compute_only()) \
+            if table is not None and len(table.stage_to_rank) == 1 and not table.microbatch_pipeline else None
+    else:
+        groups = open_gradient_stages(schedule, ranks, plan.num_microbatches, stages // ranks)
     if groups is None or any(set().union(*rank) != set(own) for rank, own in zip(groups, rank_stages)) \
             or all(len(rank) == 1 for rank in groups):
         return None
@@ -772,6 +777,12 @@ def open_gradient_stages(schedule: str, pp: int, microbatches: int, virtual: int
         layout = builtin_layout(schedule, pp, microbatches, virtual, peaks=False)
     except ValueError:  # TooLarge too
         return None
+    return _open_sets(layout)
+
+
+def _open_sets(layout) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """`open_gradient_stages` of a laid-out table of one pipeline: per rank, the largest sets of its stages open
+    together, each from its first B or W to its last."""
     weights = (Kind.B, Kind.W)
     out = []
     for row, stages in zip(layout.actions, _own_stages(layout)):

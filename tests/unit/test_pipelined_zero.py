@@ -142,3 +142,32 @@ def test_the_open_stages_of_the_bounded_layout_are_those_of_the_whole_schedule(s
         expected.append(tuple(sorted(tuple(sorted(a)) for a in sets if not any(a < b for b in sets))))
     assert open_gradient_stages(schedule, ranks, m, virtual) == tuple(expected)
     assert builtin_layout(schedule, ranks, m, virtual, peaks=False).microbatches < m  # a shorter run was read
+
+
+def test_a_written_schedule_frees_each_stages_gradients_after_its_last_backward_as_the_built_in_does():
+    """`plandsl run` lowers a written table with torch's own passes (`runtime_schedule`: `_add_reduce_grad`, a
+    REDUCE_GRAD after a stage's n-th B or W), so a rank of several stages frees each stage's unsharded gradients as
+    the built-in does: interleaved 1F1B over one round written as a table holds what the built-in holds (it was
+    counted with every stage's at once, 321 MiB on rank 0 for the built-in's 225)."""
+    table = generate("interleaved_1f1b", 2, 2, 2)
+    rows = "\n".join(f"  rank {r}: " + " ".join(str(a) for a in row) for r, row in enumerate(table.actions))
+    text = """import "clusters/dgx_a100"
+{schedule}
+plan p {{
+  model    = gpt(layers=8, hidden=1024, heads=8, seq=1024, vocab=32000)
+  cluster  = dgx_a100 x 1
+  mesh     = [dp = 4, pp = 2]
+  train    = {{ global_batch: 8, micro_batch: 1, precision: bf16 }}
+  data     = zero3 over dp
+  stages   = evenly over pp with virtual = 2{implementation}
+  schedule = {name}
+}}
+"""
+    def memory(schedule, name, implementation=""):
+        plan = api.select_plan(api.loads(text.format(schedule=schedule, name=name, implementation=implementation),
+                                         path="w.plan"))
+        return [m.gathered_grads for m in estimate_plan_memory(plan)]
+    written = f"schedule mine(ranks = 2, microbatches = 2) {{\n{rows}\n}}"
+    assert memory(written, "mine") == pytest.approx(memory("", "interleaved_1f1b"), rel=1e-12)
+    whole = memory("", "interleaved_1f1b", ", implementation = megatron")  # every stage's at once
+    assert all(a < b for a, b in zip(memory(written, "mine"), whole))
