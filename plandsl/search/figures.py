@@ -411,18 +411,22 @@ class Figures:
         copy), else one."""
         if not (self.transformer and getattr(self.model, "tied_embeddings", False) and getattr(self.model, "mtp", 0)):
             return 1
+        key = self._schedule_of(inflight)
+        return 2 if key is not None and splits_backward(key[0]) else 1
+
+    def _schedule_of(self, inflight: np.ndarray) -> tuple | None:
+        """(schedule, pp, microbatches, virtual) of an array `inflight` gave; None for any other array."""
         found = self._head_cache.get(id(inflight))
-        return 2 if found is not None and found[0] is inflight and splits_backward(found[1][0]) else 1
+        return found[1] if found is not None and found[0] is inflight else None
 
     def open_stages(self, inflight: np.ndarray) -> np.ndarray | None:
         """For an array `inflight` gave, the sets of each rank's stages whose gradients it holds at once
         (`cost.memory.open_gradient_stages`) as an array ranks x the rank's stages (in stage order) x sets (1 where the
         set holds the stage; sets padded with zeros); None where every rank holds all its stages at some moment (one
         stage a rank, several rounds of an interleaved schedule, Chimera's two pipelines, sizes the layout refuses)."""
-        found = self._head_cache.get(id(inflight))
-        if found is None or found[0] is not inflight:
+        key = self._schedule_of(inflight)
+        if key is None:
             return None
-        key = found[1]
         if key in self._open_cache:
             return self._open_cache[key]
         schedule, pp, microbatches, virtual = key
@@ -494,10 +498,9 @@ class Figures:
         (`cost.memory.inflight_microbatches`, the norm and head's `head_inflight`) counts for the whole rank, so that the
         simulated peak never exceeds the rule's sum (the 1F1B, GPipe and BFS schedules), and for Chimera's two
         pipelines and any size the simulation refuses."""
-        found = self._head_cache.get(id(inflight))
-        if found is None or found[0] is not inflight:
+        key = self._schedule_of(inflight)
+        if key is None:
             return None
-        key = found[1]
         if key in self._held_cache:
             return self._held_cache[key]
         schedule, pp, microbatches, virtual = key

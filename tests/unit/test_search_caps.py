@@ -63,6 +63,21 @@ def _fits(space, leaf, counts, recomputed):
     return [m.total <= c for m, c in zip(estimate.memory, estimate.capacity)]
 
 
+def _exact_caps(space, leaf, ranks, caps, recomputed) -> tuple[int, int]:
+    """(splits checked, of them refused): each rank's cap, split evenly over its stages, fits the exact estimate and
+    one block more does not (where the rest of the model can be split over the other stages)."""
+    checked = below = 0
+    for rank, cap in enumerate(caps):
+        for held, fits in ((cap, True), (cap + 1, False)):
+            counts = _split(space.blocks, ranks, rank, held)
+            if counts is None or (not fits and cap >= space.blocks):
+                continue
+            assert _fits(space, leaf, counts, recomputed)[rank] is fits, (leaf.node, leaf.zero, recomputed, rank, cap)
+            checked += 1
+            below += not fits
+    return checked, below
+
+
 def _split(blocks, ranks, rank, held):
     """Blocks per stage with `held` on `rank`, its stages' even split (the earlier ones one more), and the others'
     blocks as even over the other stages (at least one each); None where they cannot be."""
@@ -107,14 +122,8 @@ def test_each_ranks_cap_is_the_most_blocks_the_exact_estimate_fits(schedule, vir
                 for recomputed, figures, kept in choices:
                     caps = space.caps.rank_caps(root, ranks, inflight, figures, recomputed, kept, held=True).tolist()
                     leaf = Leaf(node, schedule, virtual, zero, (), 0.0, recomputed)
-                    for rank, cap in enumerate(caps):
-                        for held, fits in ((cap, True), (cap + 1, False)):
-                            counts = _split(space.blocks, ranks, rank, held)
-                            if counts is None or (not fits and cap >= space.blocks):
-                                continue
-                            assert _fits(space, leaf, counts, recomputed)[rank] is fits, (node, zero, recomputed, rank)
-                            checked += 1
-                            below += not fits
+                    fitting, refused = _exact_caps(space, leaf, ranks, caps, recomputed)
+                    checked, below = checked + fitting, below + refused
     assert checked > 20 and below > 5
 
 
@@ -269,14 +278,8 @@ def test_a_tied_head_apart_from_multi_token_predictions_copy_is_counted_twice_by
                 memory = space.figures.layer_memory(node, zero)
                 caps = space.caps.rank_caps(root, ranks, inflight, memory, held=True).tolist()
                 leaf = Leaf(node, schedule, virtual, zero, (), 0.0, None)
-                for rank, cap in enumerate(caps):
-                    for held, fits in ((cap, True), (cap + 1, False)):
-                        counts = _split(space.blocks, ranks, rank, held)
-                        if counts is None or (not fits and cap >= space.blocks):
-                            continue
-                        assert _fits(space, leaf, counts, None)[rank] is fits, (node, zero, rank, cap)
-                        checked += 1
-                        below += not fits
+                fitting, refused = _exact_caps(space, leaf, ranks, caps, None)
+                checked, below = checked + fitting, below + refused
     assert checked > 20 and below > 5
     best = search(mtp_problem("8 GiB"), pins={"schedule": schedule, "pp": 2}, top=1).best
     assert all(m.total <= c for m, c in zip(best.estimate.memory, best.estimate.capacity))
