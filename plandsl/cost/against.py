@@ -56,6 +56,10 @@ class Against:
                          for r in self.rows]}
 
 
+OPTIONAL = ("peak_memory_bytes", "peak_reserved_bytes")
+"""A record's figures that may be absent: the peak allocation (or resident set), the allocator's peak reserve (CUDA)."""
+
+
 def read_metrics(path: str) -> list[dict]:
     try:
         data = read_bounded(path, MAX_METRICS_BYTES, "metrics file")
@@ -69,8 +73,8 @@ def read_metrics(path: str) -> list[dict]:
             record = json.loads(line)
             if not isinstance(record, dict):
                 raise ValueError("not an object")
-            for key in ("step", "step_time_s", "tokens_per_s", "peak_memory_bytes"):
-                if key in record or key != "peak_memory_bytes":  # the peak is optional
+            for key in ("step", "step_time_s", "tokens_per_s") + OPTIONAL:
+                if key in record or key not in OPTIONAL:
                     figure = _measured(record.get(key), key)
                     record[key] = record[key] if key == "step" else figure  # steps printed as written
         except RecursionError:  # json's decoder recurses once per nested array or object
@@ -93,7 +97,7 @@ def _measured(value: object, key: str) -> float:
         number = float(value)
     except OverflowError:
         number = math.inf
-    least, words = (0.0, "at least 0") if key in ("step", "peak_memory_bytes") else (math.ulp(0.0), "above 0")
+    least, words = (0.0, "at least 0") if key in ("step", *OPTIONAL) else (math.ulp(0.0), "above 0")
     if not math.isfinite(number) or number < least:
         raise ValueError(f"'{key}' is {value if isinstance(value, float) else _short(value)}, not a finite number "
                          f"{words}")
@@ -119,6 +123,11 @@ def compare(estimate: PlanEstimate, records: list[dict], path: str = "", warmup:
     if memory:
         rows.append(row("peak memory (bytes)", estimate.peak_memory_bytes, memory,
                         "CUDA: allocated by torch; CPU: the process's resident set, the interpreter and torch included"))
+    reserved = [r["peak_reserved_bytes"] for r in kept if isinstance(r.get("peak_reserved_bytes"), (int, float))]
+    if reserved:
+        rows.append(row("peak reserved (bytes)", estimate.peak_memory_bytes, reserved,
+                        "CUDA: what torch's caching allocator reserved (torchtitan's reported memory); the model counts "
+                        "tensors, so the error beyond the allocated row's is the allocator's"))
     return Against(path, tuple(r["step"] for r in kept), skipped, tuple(rows))
 
 

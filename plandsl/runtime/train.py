@@ -290,6 +290,16 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(value.item())
 
 
+def peak_reserved_bytes(device: torch.device) -> int | None:
+    """On CUDA the largest over all ranks of the memory torch's caching allocator reserved at its peak (what
+    torchtitan reports as a run's memory: the tensors and what the allocator holds beside them); None on CPU."""
+    if device.type != "cuda":
+        return None
+    value = torch.tensor([torch.cuda.max_memory_reserved(device)], dtype=torch.float64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return int(value.item())
+
+
 # ---- the run --------------------------------------------------------------------------
 def run(plan: ir.Plan, config: RunConfig) -> tuple[int, Job]:
     """Train on this rank; (exit status, the job). The process group stays up: see `plandsl.run.entry`."""
@@ -320,6 +330,9 @@ def train(job: Job, config: RunConfig) -> None:
             job.losses.append(loss)
             record = {"step": step + 1, "loss": loss, "step_time_s": elapsed,
                       "tokens_per_s": tokens / elapsed, "peak_memory_bytes": peak_memory_bytes(job.device)}
+            reserved = peak_reserved_bytes(job.device)
+            if reserved is not None:
+                record["peak_reserved_bytes"] = reserved
             if job.scaler.enabled:  # after the step: halved when it was skipped
                 record["loss_scale"] = job.scaler.scale
             if reporter:

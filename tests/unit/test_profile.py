@@ -383,6 +383,27 @@ def test_estimate_against_a_run_sets_prediction_beside_measurement(tmp_path):
     assert payload["against"]["rows"][0]["measured_median"] == pytest.approx(2 * step)
 
 
+def test_a_cuda_runs_reserved_peak_is_set_beside_the_count(tmp_path):
+    """`plandsl run` on CUDA records the caching allocator's peak reserve (`peak_reserved_bytes`, torchtitan's reported
+    memory) beside the peak allocation: `--against` sets both beside the one count, the reserve's error the larger by
+    what the allocator holds beside the tensors."""
+    write_cluster(synthetic_profile(), str(tmp_path / "box.plan"))
+    plan_file = _use(tmp_path, "box")
+    predicted = api.estimate(api.load_plan(str(plan_file)))
+    counted = predicted.peak_memory_bytes
+    lines = [f'{{"step": {i + 1}, "step_time_s": 0.1, "tokens_per_s": 10, "peak_memory_bytes": {int(counted)}, '
+             f'"peak_reserved_bytes": {int(1.25 * counted)}}}' for i in range(4)]
+    (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+    against = api.estimate_against(predicted, tmp_path / "m.jsonl")
+    rows = {row.name: row for row in against.rows}
+    assert rows["peak memory (bytes)"].error == pytest.approx(0.0, abs=1e-9)
+    assert rows["peak reserved (bytes)"].error == pytest.approx(1 / 1.25 - 1, rel=1e-6)
+    bad = lines[0].replace(f'"peak_reserved_bytes": {int(1.25 * counted)}', '"peak_reserved_bytes": NaN')
+    (tmp_path / "m.jsonl").write_text("\n".join(lines + [bad]) + "\n")
+    result = CliRunner().invoke(main, ["estimate", str(plan_file), "--against", str(tmp_path / "m.jsonl")])
+    assert result.exit_code == 1 and "'peak_reserved_bytes' is nan" in result.output, result.output
+
+
 @pytest.mark.parametrize("extra, words", [("not json\n", "m.jsonl:5: not a step's record"),
                                           ('{"step": 5}\n', "no number 'step_time_s'"),
                                           ("[1, 2]\n", "not an object")])
