@@ -907,7 +907,7 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
     elements (TE keeps the column-wise copy its weight gradient reads).
     `modules`: what `recompute: selective` reruns (`ir.Training.modules`; `_module_terms` drops their tensors).
     `saves_gathered`: under sequence parallelism the column-parallel linears save the gathered input, not their
-    shard (`ir.TensorParallel.saves_gathered`: torch's tensor parallelism; `GATHERED_INPUTS`).
+    shard (`ir.TensorParallel.saves_gathered`: torch's tensor parallelism; `_gathered_terms`).
     """
     sbh = seq * micro_batch * model.hidden
     scale = precision.bytes / 2
@@ -936,11 +936,20 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
                  gathered)
 
 
+# Under sequence parallelism torch's tensor parallelism (`ir.TensorParallel.saves_gathered`) gathers a block's
+# attention input and its MLP input whole before the column-parallel linears (DTensor's `PrepareModuleInput` with
+# `desired_input_layouts=Replicate()`, then `ColwiseParallel`: torchtitan's `parallelize_llama` and `plandsl run`'s
+# `runtime.parallel.tensor_parallel._block_tp`), and each linear saves that gathered input for its weight gradient:
+# of Korthikanti's terms outside tensor parallelism, the q/k/v input (2) and the MLP input (2) are kept whole, not
+# split along the sequence (Megatron-LM's `LinearWithGradAccumulationAndAsyncCommunication` saves its shard and
+# all-gathers it again in the backward, which Korthikanti et al. 2022, Sec. 4.2.2, count). Under FP8 the gathered
+# copy is the quantized one (torchao's `Float8ColwiseParallel` casts before it gathers): `_kept` sizes it so. MLA's
+# latents and a MoE block's router input, and what recomputation frees of them, below.
 def _gathered_terms(model: ir.TransformerModel, rerun: frozenset[ir.RecomputeModule] = frozenset(),
                     mlp: bool = True) -> tuple[float, float]:
     """(bytes per s·b·h element, 16-bit; of them the inputs FP8 linear layers save, in `_fp8_saved_terms`' units) of
     Korthikanti's replicated terms that torch's tensor parallelism keeps whole under sequence parallelism
-    (`GATHERED_INPUTS`): the attention's gathered input (2); under MLA the down-projections' outputs too, which stay
+    (the comment above): the attention's gathered input (2); under MLA the down-projections' outputs too, which stay
     whole on every rank (`runtime.parallel.tensor_parallel.PAIRS`: wq_a, wkv_a duplicated on the gathered input;
     Megatron-LM's run on the sequence shard), each latent as its norm's input and as the up-projections' input (4 per
     latent element, 2 of them an FP8 input) and the shared rotary key (2), less the up-projections' inputs
@@ -959,18 +968,6 @@ def _gathered_terms(model: ir.TransformerModel, rerun: frozenset[ir.RecomputeMod
         whole += 2.0
         fp8 += 0.0 if model.experts else 1.0
     return whole, fp8
-
-
-# Under sequence parallelism torch's tensor parallelism (`ir.TensorParallel.saves_gathered`) gathers a block's
-# attention input and its MLP input whole before the column-parallel linears (DTensor's `PrepareModuleInput` with
-# `desired_input_layouts=Replicate()`, then `ColwiseParallel`: torchtitan's `parallelize_llama` and `plandsl run`'s
-# `runtime.parallel.tensor_parallel._block_tp`), and each linear saves that gathered input for its weight gradient:
-# of Korthikanti's terms outside tensor parallelism, the q/k/v input (2) and the MLP input (2) are kept whole, not
-# split along the sequence (Megatron-LM's `LinearWithGradAccumulationAndAsyncCommunication` saves its shard and
-# all-gathers it again in the backward, which Korthikanti et al. 2022, Sec. 4.2.2, count). Under FP8 the gathered
-# copy is the quantized one (torchao's `Float8ColwiseParallel` casts before it gathers): `_kept` sizes it so. MLA's
-# latents and a MoE block's router input, and what recomputation frees of them: `_gathered_terms`.
-GATHERED_INPUTS = 4.0
 
 
 def _module_terms(model: ir.TransformerModel, kv_gathered: int, modules: frozenset[ir.RecomputeModule]

@@ -6,7 +6,7 @@ once, parameters (and views of them) excluded, fp32 so that no autocast copy of 
 Under sequence parallelism `plandsl run` splits a block as torch's DTensor styles do (`PrepareModuleInput` gathers
 the attention's and the MLP's input, `ColwiseParallel` linears save that gathered input): the count of
 `implementation = torch`, the tensor line's default, and not Megatron-LM's (its shards), which would miss a third of
-it at tp = 4 (`GATHERED_INPUTS`)."""
+it at tp = 4 (`cost.memory._gathered_terms`)."""
 from __future__ import annotations
 
 import pytest
