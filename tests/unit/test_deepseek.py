@@ -146,8 +146,10 @@ plan p {{
 MLA = ", q_lora_rank=384, kv_lora_rank=128, qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64"
 
 
-def _plan(extra: str = "", sp: bool = False) -> ir.Plan:
-    return api.loads(PLAN.format(extra=extra, sp=" with sequence_parallel" if sp else "")).plans[0]
+def _plan(extra: str = "", sp: bool = False, stack: str = "torch") -> ir.Plan:
+    options = (" with sequence_parallel" if sp else "") + (f"{',' if sp else ' with'} implementation = {stack}"
+                                                         if stack != "torch" else "")
+    return api.loads(PLAN.format(extra=extra, sp=options)).plans[0]
 
 
 def _block_times(plan: ir.Plan):
@@ -173,19 +175,22 @@ def test_dense_blocks_cost_as_dense_blocks_and_route_nothing():
     assert kept[0] != kept[1]
 
 
-@pytest.mark.parametrize("sp", [False, True])
-def test_latent_attention_keeps_and_moves_its_latents(sp):
-    plan = _plan(MLA, sp)
+@pytest.mark.parametrize("sp, stack", [(False, "torch"), (True, "megatron"), (True, "torch")])
+def test_latent_attention_keeps_and_moves_its_latents(sp, stack):
+    plan = _plan(MLA, sp, stack)
     block = next(layer for layer in layers_of(plan.model) if layer.kind == "block")
     # kept: 2 bytes per element: the block's norms, inputs, latents (query 384, kv 128, twice: norm input and
     # up-projection input), rope key (32), per-head Q, K (96 wide), V and output (64 wide) split by tp, the
-    # experts'; against the GQA block of the same model: the attention terms differ only
-    gqa = _plan(sp=sp)
+    # experts'; against the GQA block of the same model: the attention terms differ only. Under sequence
+    # parallelism Megatron-LM's layers keep the latents on the sequence shard; torch's compute the down-projections
+    # duplicated on the gathered input and keep them whole (`cost.memory._gathered_terms`)
+    gqa = _plan(sp=sp, stack=stack)
     tokens = 1024 * 2
     divisor = 2 if sp else 1
     difference = estimate_layer_activations(plan, block) - estimate_layer_activations(
         gqa, next(layer for layer in layers_of(gqa.model) if layer.kind == "block"))
-    mla_terms = (4 * (384 + 128) + 2 * 32) / divisor + (2 * 16 * 96 * 2 + 2 * 16 * 64 * 2) / 2
+    mla_terms = (4 * (384 + 128) + 2 * 32) / (divisor if stack == "megatron" else 1) \
+        + (2 * 16 * 96 * 2 + 2 * 16 * 64 * 2) / 2
     gqa_terms = (2 * 1024 + 4 * 1024 + 2 * 1024) / 2
     assert difference == pytest.approx(tokens * (mla_terms - gqa_terms))
     time = _block_times(plan)[0]
