@@ -903,6 +903,12 @@ TENSOR_STACKS = ("torch", "megatron")
 """Whose tensor parallelism runs the layers (`tensor = ... with implementation = ...`; docs/cost-model.md)."""
 
 
+def overlap_stack(overlap: TensorOverlap | None) -> str | None:
+    """Whose tensor parallelism an overlap implementation is part of: torch's async TP torch's, Transformer Engine's
+    userbuffers Megatron-LM's; None without an overlap."""
+    return None if overlap is None else "megatron" if overlap is TensorOverlap.userbuffers else "torch"
+
+
 class TensorParallel(Node):
     style: Literal["megatron"] = "megatron"
     axis: str
@@ -930,9 +936,8 @@ class TensorParallel(Node):
     def _stack_as_the_line_implies(cls, data):
         """A dump without `stack` (the serializer drops the implied one) reads back as the line implied it: Megatron-LM's
         under `overlap = userbuffers`, torch's otherwise."""
-        if isinstance(data, dict) and "stack" not in data and data.get("overlap") \
-                and data.get("implementation") in (TensorOverlap.userbuffers, TensorOverlap.userbuffers.value):
-            data = {**data, "stack": "megatron"}
+        if isinstance(data, dict) and "stack" not in data and data.get("overlap") and data.get("implementation"):
+            data = {**data, "stack": overlap_stack(TensorOverlap(data["implementation"]))}
         return data
 
     @model_serializer(mode="wrap")
@@ -955,7 +960,7 @@ class TensorParallel(Node):
     def default_stack(self) -> str:
         """The stack a tensor line without `implementation` says: Transformer Engine's userbuffers are Megatron's
         (`overlap = userbuffers`), anything else torch's."""
-        return "megatron" if self.userbuffers else "torch"
+        return overlap_stack(self.implementation if self.overlap else None) or "torch"
 
     @property
     def saves_gathered(self) -> bool:

@@ -281,14 +281,13 @@ def tensor_parallel(scope: Scope, expr: s.Expr, m: ir.Mesh) -> ir.TensorParallel
         option = found["implementation"]
         stack["stack"] = scope.word(_value(scope, option), ir.TENSOR_STACKS, "tensor-parallel implementation")
         spans["stack"] = option.span
-        runs = {ir.TensorOverlap.userbuffers: "megatron", ir.TensorOverlap.async_tp: "torch"}.get(implementation)
+        runs = ir.overlap_stack(implementation)
         if runs is not None and runs != stack["stack"]:
             overlap_name = "Transformer Engine's userbuffers" if runs == "megatron" else "torch's async TP"
             raise scope.reporter.error(
                 "E206", f"implementation = {stack['stack']} beside `overlap{' = userbuffers' if runs == 'megatron' else ''}`, "
                 f"{overlap_name}, which only {'Megatron-LM' if runs == 'megatron' else 'torch'}'s tensor parallelism runs",
                 option.span, hint=f"`implementation = {runs}`, or drop `implementation` (the overlap implies it)")
-    stack.setdefault("stack", "megatron" if implementation is ir.TensorOverlap.userbuffers else "torch")
     return ir.TensorParallel(style=style, axis=axis, sequence_parallel=_switch(scope, found, "sequence_parallel"),
                              overlap=overlap, implementation=implementation or ir.TensorOverlap.async_tp,
                              sm_margin="sm_margin" not in found or _switch(scope, found, "sm_margin"),

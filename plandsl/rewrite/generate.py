@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from plandsl import ir
 from plandsl.rewrite.complete import generate_from
 from plandsl.rewrite.mixed import Gain, Shared, faster_alone, mixed_plans
 from plandsl.search import SearchResult, parse_pins, search, with_modules
@@ -99,7 +100,8 @@ def usage_problem(request: Request) -> str | None:
     if request.tensor_overlap == "async_tp" and request.kernels == "eager":  # E417: async TP is torch.compile's pass
         return ("--tensor-overlap with --kernels eager: torch's async tensor parallelism (async_tp) is a torch.compile "
                 "pass (E417); Transformer Engine's `--tensor-overlap userbuffers` compiles nothing")
-    implied = {"async_tp": "torch", "userbuffers": "megatron"}.get(request.tensor_overlap or "")
+    overlaps = {overlap.value: overlap for overlap in ir.TensorOverlap}
+    implied = ir.overlap_stack(overlaps.get(request.tensor_overlap or ""))
     if request.tensor_implementation and implied and request.tensor_implementation != implied:  # lowering's E206
         return (f"--tensor-implementation {request.tensor_implementation} with --tensor-overlap "
                 f"{request.tensor_overlap}, which only {implied}'s tensor parallelism runs")

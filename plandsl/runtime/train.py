@@ -279,25 +279,18 @@ def global_loss(job: Job, loss: torch.Tensor) -> float:
     return value.item()
 
 
-def peak_memory_bytes(device: torch.device) -> int:
-    """The largest over all ranks: allocated CUDA memory, or on CPU the process's peak resident set."""
+def peak_memory(device: torch.device) -> tuple[int, int | None]:
+    """(peak, reserved), each the largest over all ranks, in one all-reduce: the peak is allocated CUDA memory, or on
+    CPU the process's peak resident set; reserved, on CUDA, what torch's caching allocator reserved at its peak (what
+    torchtitan reports as a run's memory: the tensors and what the allocator holds beside them), None on CPU."""
     if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device)
+        peaks = [torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)]
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    value = torch.tensor([peak], dtype=torch.float64, device=device)
+        peaks = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]  # Linux reports KiB
+    value = torch.tensor(peaks, dtype=torch.float64, device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return int(value.item())
-
-
-def peak_reserved_bytes(device: torch.device) -> int | None:
-    """On CUDA the largest over all ranks of the memory torch's caching allocator reserved at its peak (what
-    torchtitan reports as a run's memory: the tensors and what the allocator holds beside them); None on CPU."""
-    if device.type != "cuda":
-        return None
-    value = torch.tensor([torch.cuda.max_memory_reserved(device)], dtype=torch.float64, device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return int(value.item())
+    allocated, *reserved = (int(v) for v in value.tolist())
+    return allocated, reserved[0] if reserved else None
 
 
 # ---- the run --------------------------------------------------------------------------
@@ -329,8 +322,8 @@ def train(job: Job, config: RunConfig) -> None:
             elapsed = time.perf_counter() - start
             job.losses.append(loss)
             record = {"step": step + 1, "loss": loss, "step_time_s": elapsed,
-                      "tokens_per_s": tokens / elapsed, "peak_memory_bytes": peak_memory_bytes(job.device)}
-            reserved = peak_reserved_bytes(job.device)
+                      "tokens_per_s": tokens / elapsed}
+            record["peak_memory_bytes"], reserved = peak_memory(job.device)
             if reserved is not None:
                 record["peak_reserved_bytes"] = reserved
             if job.scaler.enabled:  # after the step: halved when it was skipped

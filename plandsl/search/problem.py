@@ -70,7 +70,7 @@ class Problem:
         says (`ir.TensorParallel.default_stack`: Megatron's under Transformer Engine's userbuffers, else torch's)."""
         if self.tensor_stack is not None:
             return self.tensor_stack
-        return "megatron" if self.overlap_tensor and self.tensor_overlap is ir.TensorOverlap.userbuffers else "torch"
+        return ir.overlap_stack(self.tensor_overlap if self.overlap_tensor else None) or "torch"
 
     @property
     def sequence(self) -> int:
