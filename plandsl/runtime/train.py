@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -92,9 +92,12 @@ class Job:
     expert_grads_summed: list = field(default_factory=list)  # expert parameters train_step scales by 1/ep
 
 
-def build_job(plan: ir.Plan, mesh: DeviceMesh, device: torch.device, config: RunConfig) -> Job:
+def build_job(plan: ir.Plan, mesh: DeviceMesh, device: torch.device, config: RunConfig,
+              make_model: Callable[[], nn.Module] | None = None) -> Job:
+    """`make_model`: builds the full model in place of `build_model` (`runtime.memtrace`: on fake tensors)."""
     # The full model, initialised from the seed alone, so every layout starts from the same values.
-    model = keep_weights(plan, build_model(plan.model, plan.train.seed))  # the plan's master_dtype
+    model = keep_weights(plan, make_model() if make_model is not None
+                         else build_model(plan.model, plan.train.seed))  # the plan's master_dtype
     batches = Batches(plan, config.token_file, model)
     # `loss: fused`: the model returns its final hidden states and the head computes the loss chunk by chunk
     # (runtime.loss); set before parallelizing, which splits the head for it. Else torch's cross entropy.
@@ -186,8 +189,9 @@ def pipeline_forward_backward_step(job: Job, inputs: torch.Tensor, targets: torc
     return torch.stack(losses).mean().detach() / (job.scaler.scale * job.loss_scale)
 
 
-def train_step(job: Job, step: int) -> float:
-    """One optimizer step on the global batch of `step` (0-based); returns its mean loss."""
+def train_step(job: Job, step: int, report: bool = True) -> float:
+    """One optimizer step on the global batch of `step` (0-based); returns its mean loss over the replicas, or
+    with `report` False nan (no collective, no value read: `runtime.memtrace` runs it on fake tensors)."""
     inputs, targets = job.batches.local_batch(step, job.dp_rank, job.dp, job.columns)
     if job.columns is not None and isinstance(job.loss, DepthsLoss):  # the depths read tokens k ahead: whole rows
         targets = DepthsLoss.sample(*job.batches.local_batch(step, job.dp_rank, job.dp))
@@ -212,14 +216,14 @@ def train_step(job: Job, step: int) -> float:
     found_inf = job.scaler.unscale_(params)  # fp16: an inf or nan gradient on any rank skips the step
     job.scaler.update(found_inf)
     if found_inf:
-        return global_loss(job, loss)
+        return global_loss(job, loss) if report else math.nan
     if job.plan.train.grad_clip is not None:
         pp_mesh = job.mesh[_pp_axis(job.plan)] if job.pipeline is not None else None
         tied = job.pipeline.tied if job.pipeline is not None else None
         clip_grad_norm_(params, job.plan.train.grad_clip, pp_mesh, tied.duplicates if tied else ())
     job.optimizer.step()
     job.scheduler.step()
-    return global_loss(job, loss)
+    return global_loss(job, loss) if report else math.nan
 
 
 def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_mesh: DeviceMesh | None = None,

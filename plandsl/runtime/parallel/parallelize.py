@@ -6,6 +6,7 @@ the wrappers are composable); parameter names stay the catalogue's, up to wrappe
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -44,8 +45,16 @@ def expert_data_mesh(plan: ir.Plan, mesh: DeviceMesh) -> DeviceMesh | None:
     return submesh(mesh, axes)
 
 
+def move(module: nn.Module, device: torch.device) -> nn.Module:
+    """`module.to(device)` where a parameter or buffer lies elsewhere; else `module` untouched (a model of fake tensors
+    already there, `runtime.memtrace`, cannot have its parameters swapped for themselves)."""
+    if any(t.device != torch.device(device) for t in itertools.chain(module.parameters(), module.buffers())):
+        module.to(device)
+    return module
+
+
 def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Module:
-    model.to(device)
+    move(model, device)
     # 1. Tensor parallelism first: it replaces parameters by DTensors that the later wrappers keep.
     rules = tp_rules(plan)[0]
     if plan.tensor is not None and plan.tp > 1 and isinstance(model, TorchModel):  # its own plan

@@ -35,7 +35,7 @@ from plandsl.schedules.generators import generate
 from plandsl.schedules.program import Kind, Schedule, loop_map, vshape_map
 from plandsl.schedules.registry import BUILTIN
 from plandsl.lower.schedule_template import instantiate
-from plandsl.runtime.parallel.parallelize import parallelize as parallelize_plan
+from plandsl.runtime.parallel.parallelize import move, parallelize as parallelize_plan
 from plandsl.runtime.models import loss_fn as default_loss
 from plandsl.runtime.torch_model import TorchModel
 
@@ -179,8 +179,8 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
     split = _splits_backward(name, program)
     for stage_index in local:
         keep = {layer.name for layer in assignment.stage_layers[stage_index]}
-        part = (torch_parts[stage_index] if torch_parts is not None
-                else stage_part(model, keep, layer_names, split)).to(device)
+        part = move(torch_parts[stage_index] if torch_parts is not None
+                    else stage_part(model, keep, layer_names, split), device)
         module = part if parallelize is None else parallelize(part, stage_index)  # may wrap `part` (DDP)
         models.append(part)
         modules.append(module)
