@@ -14,7 +14,8 @@ became `large_segment_size`, 20 MiB by default), under its default configuration
   (kSmallSize) go to the small pool, larger ones to the large pool (`get_pool`); pools are per stream (a block is never
   handed to another stream than the one it was allocated on).
 - `get_free_block`: the smallest free block of the pool at least as large, ties by address (the free set is ordered
-  by (stream, size, address)). Under expandable segments a block followed by unmapped address space counts as its
+  by (stream, size, address); a generic rewrite, c10/core/CachingDeviceAllocator.h, orders it by size first, which
+  is not modelled: docs/cost-model.md). Under expandable segments a block followed by unmapped address space counts as its
   size plus that space (`expandable_size`): a free tail is passed over for the next larger block that is not one.
 - `should_split`: a block larger than the request is split when the rest is at least 512 bytes in the small pool
   or under expandable segments, more than 1 MiB (kSmallSize) in the large pool of classic segments; otherwise the
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Sequence
+from typing import Hashable, Iterable
 
 MIN_BLOCK = 512  # kMinBlockSize: every request is rounded up to a multiple of it
 SMALL_SIZE = 1 << 20  # kSmallSize: the largest request of the small pool
@@ -348,7 +349,7 @@ class _Allocator:
         return self._split(block, size)
 
 
-def replay(events: Iterable[Event] | Sequence[Event], *, expandable: bool = True, capacity: int | None = None) -> Replay:
+def replay(events: Iterable[Event], *, expandable: bool = True, capacity: int | None = None) -> Replay:
     """Replays `events`, each `(op, key, size)` or `(op, key, size, stream)`: op +1 allocates `size` bytes under
     `key` on `stream` (default 0), op -1 frees `key` (its size is not read). An allocation under a live key frees it
     first; a free of an unknown key is ignored; a size of 0 allocates nothing, as torch's allocator. `expandable`:
