@@ -13,6 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from plandsl import ir
 from plandsl.ir.layers import block_model, mtp_block
@@ -683,7 +684,13 @@ def _from_factory(model: ir.CustomModel, seed: int) -> nn.Module:
 
 
 def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross entropy over every token for integer targets, else mean squared error."""
+    """Mean cross entropy over every token for integer targets, else mean squared error. Logits split over the
+    vocabulary (a DTensor `Shard(-1)`: `tensor_parallel.splits_logits`) take torch's loss parallel, which the
+    caller enters for the forward and the backward (`tensor_parallel.loss_context`); the loss, the same on every
+    rank, is returned as a plain tensor (its gradient flows back into the DTensor graph) of its own, not a view of
+    the DTensor's local one: torch's split backward detaches a pipeline stage's loss in place (`detach_`, which
+    refuses views; `pipelining._backward.stage_backward_input`, torch 2.13)."""
     if targets.dtype in (torch.int64, torch.int32):
-        return F.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten())
+        loss = F.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten())
+        return loss.to_local().clone() if isinstance(loss, DTensor) else loss
     return F.mse_loss(outputs.float(), targets.float())

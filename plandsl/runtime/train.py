@@ -31,6 +31,7 @@ from plandsl.runtime.optim import build_lr_scheduler
 from plandsl.runtime.parallel.context_parallel import sequence_columns
 from plandsl.runtime.parallel.expert_parallel import finish_expert_grads, unscaled_expert_params
 from plandsl.runtime.parallel.parallelize import data_mesh, expert_data_mesh, parallelize
+from plandsl.runtime.parallel.tensor_parallel import loss_context
 from plandsl.runtime.precision import LossScaler, autocast, keep_weights, loss_scaler
 from plandsl.runtime import checkpoint, faults
 from plandsl.runtime.progress import Reporter
@@ -163,12 +164,14 @@ def _pp_axis(plan: ir.Plan) -> str | None:
 def forward_backward_step(job: Job, inputs: torch.Tensor, targets: torch.Tensor, scale: float) -> torch.Tensor:
     """One microbatch through the model; the backward sees the loss times `scale` (1 / microbatches, times
     the rank's share weight with `batch_shares`), and times the loss scale with fp16."""
-    with autocast(job.plan, job.device.type):
-        if isinstance(job.loss, HeadLoss):  # the model's head computes it, inside the model's call (runtime.loss)
-            loss = job.parts[0](inputs, targets)
-        else:
-            loss = job.loss(job.parts[0](inputs), targets)
-    job.scaler.scale_loss(loss * scale).backward()
+    # logits split over the vocabulary by tensor parallelism: torch's loss parallel, forward and backward
+    with loss_context(job.models):
+        with autocast(job.plan, job.device.type):
+            if isinstance(job.loss, HeadLoss):  # the model's head computes it, inside the model's call (runtime.loss)
+                loss = job.parts[0](inputs, targets)
+            else:
+                loss = job.loss(job.parts[0](inputs), targets)
+        job.scaler.scale_loss(loss * scale).backward()
     return loss.detach()
 
 
@@ -179,7 +182,8 @@ def pipeline_forward_backward_step(job: Job, inputs: torch.Tensor, targets: torc
     target = targets if job.has_last else None
     if target is not None and isinstance(job.loss, DepthsLoss) and target.dim() == 2:  # the depths read the tokens
         target = DepthsLoss.sample(inputs, targets)
-    with autocast(job.plan, job.device.type):
+    # the schedule calls the loss function and runs its backward inside `step`: loss parallel around it all
+    with loss_context(job.models), autocast(job.plan, job.device.type):
         if job.has_first:
             job.pipeline.step(inputs, target=target, losses=losses)
         else:

@@ -5,11 +5,14 @@ Stage: interpreter. Contract: `apply_tp(model, tp_mesh, sequence_parallel, rules
 in place: attention heads and the MLP (Shoeybi et al. 2019) and the vocabulary of the embedding and head;
 with sequence parallelism the norms work on sequence shards (Korthikanti et al. 2022). `rules` (from
 `tp_rules(plan)`) override that per module. Every module returns plain local tensors, so the model code
-never sees a DTensor activation. `rule_problems(plan)` says which rules cannot run, and why.
+never sees a DTensor activation, but the head whose logits go to the cross entropy: it returns them split over
+the vocabulary, a DTensor, for torch's loss parallel (`splits_logits`, `loss_context`). `rule_problems(plan)` says which rules cannot run, and why.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -19,7 +22,7 @@ from torch.distributed.tensor import (DTensor, Partial, Placement, Replicate, Sh
                                       distribute_tensor)
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
                                                PrepareModuleInputOutput, PrepareModuleOutput, RowwiseParallel,
-                                               SequenceParallel, parallelize_module)
+                                               SequenceParallel, loss_parallel, parallelize_module)
 
 from plandsl import ir
 from plandsl.ir.layers import layers_of
@@ -285,6 +288,33 @@ def _loss_weight_dim(rule: ModuleRule | None) -> int | None:
     return None if dim is None else dim % 2
 
 
+def splits_logits(model: nn.Module, rules: dict[str, ModuleRule]) -> bool:
+    """Does the head leave its logits split over the vocabulary, a DTensor `Shard(-1)` on the tensor axis, for
+    torch's loss parallel (`loss_context`)? Where the model's logits go to the plain token cross entropy
+    (`models.loss_fn`: not `loss: fused`, whose head computes the loss, nor multi-token prediction's depths, which
+    compute theirs inside the model) and the head's rule splits the vocabulary (none, or `colwise`): torchtitan's
+    output layer (`ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)`),
+    the loss the cost model counts (`cost.memory.loss_backward_bytes`: 4sbV/t of log-probabilities per rank). A
+    tied head's too: its weight is the embedding's table, split by vocabulary rows (`Shard(0)`) by default, and
+    `ColwiseParallel` redistributes the logits to `Shard(-1)` whatever the table's split."""
+    rule = rules.get("head")
+    return (getattr(model, "head", None) is not None and hasattr(model, "loss_in_head") and not model.loss_in_head
+            and getattr(model, "mtp", None) is None and (rule is None or rule.style == "colwise"))
+
+
+@contextlib.contextmanager
+def loss_context(models) -> Iterator[None]:
+    """torch's `loss_parallel()` where one of `models` (a rank's model or pipeline stages) has its head's logits
+    split over the vocabulary (`splits_logits`), else nothing: the cross entropy of those logits, its forward and
+    its backward alike, runs under it (each rank the log-softmax of its slice, the per-token max, sum of
+    exponentials and target logit all-reduced over the tensor axis; torch 2.13, tensor/parallel/loss.py)."""
+    if any(getattr(model, "vocab_parallel_logits", False) for model in models):
+        with loss_parallel():
+            yield
+    else:
+        yield
+
+
 def _style(rule: ModuleRule, given: Placement, wanted: Placement) -> ParallelStyle | None:
     """`rule` for a module whose plain input arrives as `given` and whose output must leave as `wanted`."""
     if rule.style == "colwise":
@@ -338,10 +368,13 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool,
         top["norm"] = SequenceParallel()
     if model.head is not None and getattr(model, "loss_in_head", False):  # the head computes the loss (runtime.loss)
         top["head"] = VocabParallelLoss(_loss_weight_dim(rules.get("head")), stream)
-    elif model.head is not None:
+    elif model.head is not None and splits_logits(model, rules):  # torch's loss parallel over the vocab's slices
+        top["head"] = ColwiseParallel(input_layouts=stream, output_layouts=Shard(-1), use_local_output=False)
+    elif model.head is not None:  # the logits whole on every rank (multi-token prediction's depths, a rule)
         top["head"] = (_style(rules["head"], stream, Replicate()) if "head" in rules
                        else ColwiseParallel(input_layouts=stream, output_layouts=Replicate()))
     parallelize_module(model, tp_mesh, {name: style for name, style in top.items() if style is not None})
+    model.vocab_parallel_logits = splits_logits(model, rules)  # `loss_context`
     if tied:  # both sides shard the vocabulary (dim 0): point the head at the embedding's DTensor again
         model.head.weight = model.embed.tok.weight
 
