@@ -11,6 +11,8 @@ model's predictions against published training runs.
     python bench/bench_search.py --moe-blackwell  # ... the DGX-GB300/GB200/B200 mixture-of-experts rows, apart
     python bench/bench_search.py --moe-gaps   # every MoE row's measured and predicted time per block and microbatch
     python bench/bench_search.py --memory     # torchtitan's published peak memory against the memory model
+    python bench/bench_search.py --memory-trace [ROW ...]  # ... against `plandsl run`'s step traced on fake tensors
+                                              # and replayed through the caching allocator's model (minutes)
 
 Targets (issue: cost model and search): GPT-3 175B on 1,024 A100s, full search, under 10 s; a 1T
 model on 4,096 GPUs under 30 s; median error of the held-out runs <= 15 %, max <= 30 %.
@@ -1767,6 +1769,32 @@ def memory_report() -> str:
     return "\n".join(lines)
 
 
+def memory_trace_report(names: list[str] | None = None) -> str:
+    """The same runs, each plan the search chose traced through `plandsl run`'s own step on fake tensors
+    (`runtime.memtrace`: rank 0, two steps, FP8 run in bf16) and replayed through the caching allocator's model
+    with expandable segments (torchtitan's `run_llama_train.sh` sets `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`):
+    the published peak reserved memory against that replay's. Pipelined plans are not traced (`memtrace.traceable`).
+    `names`: only the rows whose name contains one of them."""
+    from plandsl.runtime.memtrace import TraceError, traced_memory
+    lines = ["| torchtitan run | published GiB | counted GiB | traced tensors GiB | reserved GiB (expandable "
+             "segments) | error | reserved GiB (segments) | trace s |", "|---|---|---|---|---|---|---|---|"]
+    for run, published_gib in torchtitan_memory():
+        if names and not any(name in run.name for name in names):
+            continue
+        counted, best = counted_memory(run)
+        start = time.process_time()
+        try:
+            traced = traced_memory(best.plan)
+        except TraceError as error:
+            lines.append(f"| {run.name} | {published_gib:.1f} | {counted:.1f} | not traced: {error} | | | | |")
+            continue
+        reserved = traced.expandable.peak_reserved / 2**30
+        lines.append(f"| {run.name} | {published_gib:.1f} | {counted:.1f} | {traced.peak_allocated / 2**30:.1f} | "
+                     f"{reserved:.1f} | {reserved / published_gib - 1:+.0%} | "
+                     f"{traced.classic.peak_reserved / 2**30:.1f} | {time.process_time() - start:.0f} |")
+    return "\n".join(lines)
+
+
 def _child(index: int, root: str | None) -> dict:
     """`time_case(index)` in a child process importing plandsl from `root` (None: this checkout)."""
     env = dict(os.environ, PYTHONPATH=root or str(Path(__file__).resolve().parent.parent))
@@ -1815,6 +1843,8 @@ def main(argv: list[str]) -> None:
         print(blackwell_report())
     elif "--experts" in argv:
         print(experts_report())
+    elif "--memory-trace" in argv:
+        print(memory_trace_report(argv[argv.index("--memory-trace") + 1:]))
     elif "--memory" in argv:
         print(memory_report())
     elif "--case" in argv:

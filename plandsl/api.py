@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from plandsl.rewrite.diff import PlanDiff
     from plandsl.rewrite.shrink import Shrunk
     from plandsl.runtime.dryrun import DryRun
+    from plandsl.runtime.memtrace import TracedMemory
     from plandsl.runtime.launch import LaunchOptions
     from plandsl.runtime.submit import JobOptions, Submitted
     from plandsl.runtime.profile.job import ProfileOptions
@@ -50,6 +51,7 @@ __all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "
            "generate", "generate_request", "generate_errors", "generate_json", "generate_report", "diff_plans", "format_diff", "diff_json", "render",
            "render_format", "color_by_problem", "render_errors", "shrink", "rank_options", "launch_options", "check_launch_options",
            "prepare_run", "launch_errors", "dry_run", "dry_run_errors", "format_dry_run",
+           "traced_memory", "format_traced_memory",
            "dry_run_commands", "launch", "command_line", "launch_schedulers", "job_options", "check_job_options",
            "load_launchable", "launch_refusals", "cluster_job", "submit_job", "job_errors", "export", "import_config", "interop_targets", "args_text",
            "read_args_file", "profile_options", "profile_problems", "profile", "profile_errors", "write_profile",
@@ -504,9 +506,23 @@ def dry_run(plan: ir.Plan, progress: Progress | None = None) -> DryRun:
     return build(plan, progress=progress)
 
 
-def dry_run_errors() -> type[Exception]:
+def dry_run_errors() -> tuple[type[Exception], ...]:
+    """What `dry_run` and `traced_memory` raise for a plan they cannot build or trace (one line each)."""
     from plandsl.runtime.dryrun import DryRunError  # stage: torch
-    return DryRunError
+    from plandsl.runtime.memtrace import TraceError  # stage: torch
+    return DryRunError, TraceError
+
+
+def traced_memory(plan: ir.Plan, rank: int = 0, steps: int = 2, progress: Progress | None = None) -> TracedMemory:
+    """`rank`'s first `steps` training steps run on fake tensors in this process, every allocation recorded and
+    replayed through the caching allocator's model (`runtime.memtrace`; `TraceError` where a step reads its data)."""
+    from plandsl.runtime.memtrace import traced_memory as trace  # stage: torch
+    return trace(plan, rank, steps, progress)
+
+
+def format_traced_memory(result: TracedMemory) -> str:
+    from plandsl.runtime.memtrace import format_traced_memory as format_result  # stage: torch
+    return format_result(result)
 
 
 def format_dry_run(result: DryRun) -> str:

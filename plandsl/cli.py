@@ -397,10 +397,14 @@ def _rank_options(command, local: bool = True):
 @click.option("--dry-run", is_flag=True, help="Build every rank's share in this process on the meta device (this "
               "imports and calls the model's factory), print its parameters and memory, and the torchrun command "
               "for every node; no rank is started, nothing trained or allocated.")
+@click.option("--memory", is_flag=True, help="With --dry-run: run rank 0's first two training steps on fake tensors "
+              "(nothing allocated), record every allocation and free, and replay them through a model of torch's "
+              "caching allocator: the most bytes of tensors alive and the peak reserved memory, with and without "
+              "expandable segments, beside the cost model's count.")
 @param_option
 @include_option
 @model_import_option
-def run_command(file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, dry_run, params, plan_name, **ranks):
+def run_command(file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, dry_run, memory, params, plan_name, **ranks):
     """Check plan FILE, then train it on torch.distributed (one process per device of its mesh)."""
     overrides = _params(params)
     options = api.launch_options(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
@@ -410,6 +414,8 @@ def run_command(file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, dry_run,
         api.check_launch_options(options)
     except option_error as error:
         raise click.BadParameter(str(error), param_hint=error.option) from None
+    if memory and not dry_run:
+        raise click.BadParameter("traces a dry run's steps: give --dry-run too", param_hint="--memory")
     try:
         plan = api.load_runnable(file, plan_name, overrides,  # checked, and runnable (E7xx otherwise)
                                  cuda=ranks["device"] and ranks["device"] == "cuda")
@@ -430,6 +436,14 @@ def run_command(file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, dry_run,
             click.echo(f"{file}: error: plan '{plan.name}': {error}", err=True)
             sys.exit(1)
         click.echo(api.format_dry_run(result))
+        if memory:
+            try:
+                with _progress("tracing rank 0's steps") as progress:
+                    traced = api.traced_memory(plan, progress=progress)
+            except api.dry_run_errors() as error:
+                click.echo(f"{file}: error: plan '{plan.name}': {error}", err=True)
+                sys.exit(1)
+            click.echo(api.format_traced_memory(traced))
         click.echo(api.dry_run_commands(plan, args, options))
         sys.exit(0)
     click.echo(api.command_line(args))
