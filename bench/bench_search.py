@@ -43,6 +43,7 @@ from plandsl.cost.compute import DEFAULT_EFFICIENCY, Efficiency
 from plandsl.cost.estimate import estimate_plan
 from plandsl.ir.layers import layers_of
 from plandsl.ir.placement import Assignment
+from plandsl.lower.selectors import selector_text
 from plandsl.search import Problem, SearchError, search
 
 # The inter-node bandwidth per node that DeepSpeed's 2021 ZeRO-3 got on Selene (GB/s), fitted by
@@ -1724,11 +1725,25 @@ def torchtitan_split(blocks: int, stages: int) -> list[int]:
     return counts + [blocks - sum(counts)] if stages > 1 else [blocks]
 
 
+PIPELINE_RANKS_TRACED = 2  # of a pipelined row, the ranks the count puts fullest (the page reports the max)
+
+
+def counted_ranks(run: Run) -> list[float]:
+    """Per pipeline rank, GiB the memory model counts at torchtitan's split (`counted_memory`'s ranks)."""
+    _, best = predict(run, None)
+    return [m.total / 2**30 for m in _torchtitan_estimate(best).memory]
+
+
 def counted_memory(run: Run):
     """(GiB, the search's result): the most any rank holds for the plan the search picks under the run's pins; a
     pipelined plan with its blocks split over the stages as torchtitan splits them (`torchtitan_split`, a rank r
     holding stages r, r + pp, ...), which the search, placing them by its own caps, may not."""
     _, best = predict(run, None)
+    return max(m.total for m in _torchtitan_estimate(best).memory) / 2**30, best
+
+
+def _torchtitan_estimate(best):
+    """The estimate of the search's plan, a pipelined one with its blocks split as torchtitan splits them."""
     plan, estimate = best.plan, best.estimate
     if plan.stages is not None:
         layers = layers_of(plan.model)
@@ -1741,7 +1756,7 @@ def counted_memory(run: Run):
             at += count
         assignment = Assignment(tuple(stage_layers), tuple(s % plan.pp for s in range(stages)), stages // plan.pp)
         estimate = estimate_plan(plan, None, assignment)
-    return max(m.total for m in estimate.memory) / 2**30, best
+    return estimate
 
 
 def torchtitan_h200() -> list[Run]:
@@ -1769,12 +1784,35 @@ def memory_report() -> str:
     return "\n".join(lines)
 
 
+def torchtitan_staged(plan: ir.Plan, virtual: int) -> ir.Plan:
+    """`plan` with its blocks placed on its stages as torchtitan places them (`torchtitan_split`; the embedding on the
+    first stage, the norm and head on the last), written as the language's explicit stages, for `plandsl run`'s own
+    pipeline to build."""
+    def select(*parts: ir.SelectorPart) -> ir.Selector:
+        return ir.Selector(text=selector_text(list(parts)), parts=parts)
+    blocks = sum(1 for layer in layers_of(plan.model) if layer.kind == "block")
+    stages, groups, at = plan.pp * virtual, [], 0
+    for index, count in enumerate(torchtitan_split(blocks, stages)):
+        chosen = [select(ir.SelectorPart(kind="name", name="layers"), ir.SelectorPart(kind="range", lo=at, hi=at + count))]
+        if index == 0:
+            chosen.insert(0, select(ir.SelectorPart(kind="name", name="embed")))
+        if index == stages - 1:
+            chosen += [select(ir.SelectorPart(kind="name", name="norm")), select(ir.SelectorPart(kind="name", name="head"))]
+        groups.append(ir.StageGroup(stages=(index,), selectors=tuple(chosen)))
+        at += count
+    return plan.model_copy(update={"stages": plan.stages.model_copy(update={"mode": "explicit", "virtual": virtual,
+                                                                           "groups": tuple(groups)})})
+
+
 def memory_trace_report(names: list[str] | None = None) -> str:
     """The same runs, each plan the search chose traced through `plandsl run`'s own step on fake tensors
     (`runtime.memtrace`: rank 0, two steps, FP8 run in bf16) and replayed through the caching allocator's model
     with expandable segments (torchtitan's `run_llama_train.sh` sets `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`):
-    the published peak reserved memory against that replay's. Pipelined plans are not traced (`memtrace.traceable`).
+    the published peak reserved memory against that replay's. torchao's FP8 all-gather, which `run` does not apply,
+    is traced as bf16's; a pipelined plan with torchtitan's split, the `PIPELINE_RANKS_TRACED` pipeline ranks the
+    count puts fullest traced and the fullest replay reported (the page reports the most any GPU reserved).
     `names`: only the rows whose name contains one of them."""
+    from plandsl.runtime.faults import mesh_rank
     from plandsl.runtime.memtrace import TraceError, traced_memory
     lines = ["| torchtitan run | published GiB | counted GiB | traced tensors GiB | reserved GiB (expandable "
              "segments) | error | reserved GiB (segments) | trace s |", "|---|---|---|---|---|---|---|---|"]
@@ -1783,8 +1821,16 @@ def memory_trace_report(names: list[str] | None = None) -> str:
             continue
         counted, best = counted_memory(run)
         start = time.process_time()
+        plan, ranks = best.plan, [0]
+        if plan.data is not None and plan.data.gather is ir.Precision.fp8:  # run has no FP8 all-gather: bf16's
+            plan = plan.model_copy(update={"data": plan.data.model_copy(update={"gather": ir.Precision.bf16})})
+        if plan.stages is not None:  # torchtitan's split; the pipeline ranks the count puts fullest (the page's max)
+            plan = torchtitan_staged(plan, best.candidate.virtual_stages or 1)
+            fullest = sorted(range(plan.pp), key=lambda r: -counted_ranks(run)[r])[:PIPELINE_RANKS_TRACED]
+            ranks = [mesh_rank(plan, {axis.name: r if axis.name == plan.stages.axis else 0 for axis in plan.mesh.axes})
+                     for r in fullest]
         try:
-            traced = traced_memory(best.plan)
+            traced = max((traced_memory(plan, rank) for rank in ranks), key=lambda t: t.expandable.peak_reserved)
         except TraceError as error:
             lines.append(f"| {run.name} | {published_gib:.1f} | {counted:.1f} | not traced: {error} | | | | |")
             continue

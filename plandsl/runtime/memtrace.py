@@ -7,23 +7,30 @@ no-ops), builds that rank's job with the interpreter's own `train.build_job` aro
 (`FakeTensorMode`: shapes, dtypes and storages' sizes, no data), runs `train.train_step` `steps` times and returns
 every storage the build and the steps made and freed, in order (`MemoryTrace`): what `plandsl run` would hold on
 that rank's device, tensor by tensor, where the cost model counts terms. `TraceError` (one line) where a plan cannot
-be traced: what its step reads from the data (a mixture of experts' routing, fp16's loss scaling, a pipeline's
-shapes, exchanged at its first step), or a trace past `MAX_EVENTS`.
+be traced: what its step reads from the data (a mixture of experts' routing, fp16's loss scaling, the shapes a
+pipeline of a model other than a built-in transformer exchanges at its first step), or a trace past `MAX_EVENTS`.
 
-What a trace sees: the storage of every tensor an operator returns (FakeTensorMode's), freed when the last
-reference to it goes (a weak reference's callback), and the unsharded parameters FSDP2 allocates and frees by
-resizing their storages, which no operator shows (its `alloc_storage`/`free_storage`, wrapped while tracing).
-Tensors outside the fake mode (the mesh's, the batch's token ids on the host) are not device memory here.
+What a trace sees: the storage of every tensor an operator returns, recorded by the fake mode itself
+(`_RecordingFakeMode`, so also the operators DTensor runs inside its handler: loss parallel's temporaries, the
+optimizer's steps on shards), freed when the last reference to it goes (a weak reference's callback); not a view's
+(it allocates nothing), not what the fake mode runs to compute another operator (a decomposition's steps, which a
+device kernel does not allocate), not DTensor's shape inference on fake tensors of the global shapes; and the
+unsharded parameters FSDP2 allocates and frees by resizing their storages, which no operator shows (its
+`alloc_storage`/`free_storage`, wrapped while tracing). Tensors outside the fake mode (the mesh's, small ones the
+build makes on the host) are not device memory here. A pipeline's stages are given their shapes (`_static_stages`).
 The CPU's kernels run: scaled-dot-product attention takes the CPU's flash kernel, which keeps what the CUDA one
 keeps (the output and a row's log-sum-exp); autocast is the CPU's.
 Private torch API used (torch 2.13): `torch.testing._internal.distributed.fake_pg.FakeStore`; FSDP2's
 `_fully_shard._fsdp_param.alloc_storage`/`free_storage` (and `_fsdp_param_group`'s import of the first); DTensor's
-`_sharding_prop.ShardingPropagator._propagate_tensor_meta_non_cached`, wrapped to leave its shape inference out.
+`_sharding_prop.ShardingPropagator._propagate_tensor_meta_non_cached`, wrapped to leave its shape inference out;
+torch's pipelining `schedules._PipelineSchedule._warmup_p2p`, replaced while tracing, and `_utils.InferenceMode`,
+`_StageMeta`, `extract_tensor_metas`, with which a stage is given its shapes (`_static_stages`).
 """
 from __future__ import annotations
 
 import contextlib
 import sys
+import warnings
 import weakref
 from dataclasses import dataclass
 
@@ -45,6 +52,7 @@ from plandsl.runtime import train
 from plandsl.runtime.dryrun import _ddp_on_meta, _forget_rank
 from plandsl.runtime.faults import mesh_coordinate
 from plandsl.runtime.models import build_model
+from plandsl.runtime.precision import DTYPES
 from plandsl.runtime.parallel.mesh import build_mesh
 
 MAX_EVENTS = 4_000_000
@@ -175,10 +183,18 @@ class _RecordingFakeMode(FakeTensorMode):
     def __init__(self, recorder: _Recorder):
         super().__init__(allow_non_fake_inputs=True)
         self.recorder = recorder
+        self.depth = 0
 
     def dispatch(self, func, types, args=(), kwargs=None):
         self.recorder.check()
-        out = super().dispatch(func, types, args, kwargs)
+        self.depth += 1
+        try:
+            out = super().dispatch(func, types, args, kwargs)
+        finally:
+            self.depth -= 1
+        if self.depth or func.is_view:  # an operator the fake mode runs to compute another's result (a decomposition's
+            return out  # steps, which a device kernel does not allocate), or a view (it allocates nothing; a fake view
+        # of a parameter made outside the mode can come back on a storage object of its own)
         for leaf in tree_leaves(out):  # not DTensor's meta tensors of global shapes (its sharding propagation's)
             if isinstance(leaf, FakeTensor) and leaf.device.type != "meta":
                 self.recorder.see(leaf, func.__name__)
@@ -243,11 +259,57 @@ def _fsdp_resizes(recorder: _Recorder):
         _fsdp_param.free_storage = free
 
 
+@contextlib.contextmanager
+def _static_stages(plan: ir.Plan, recorder: _Recorder):
+    """torch's pipeline stages, built without example tensors, learn their shapes at the first step from what their
+    neighbours send (a vote and metadata over point-to-point, `_PipelineSchedule._warmup_p2p` and the metadata
+    inference after it), which a fake process group does not carry. Here each stage is given its shapes instead and
+    runs in torch's static mode: a stage's input is the microbatch's token ids (the first stage) or the residual
+    stream the blocks pass on (`precision.keep_stream`: the compute dtype at 16 bits, else the weights'), [micro batch,
+    sequence / cp (/ tp under sequence parallelism), hidden]; its output is what its module returns for that input,
+    run once here with the recorder paused. A built-in transformer's stages only (`traceable`)."""
+    # lazy: torch's pipelining takes seconds to import, and only a pipelined plan needs it; torch internals (docstring)
+    from torch.distributed.pipelining import schedules  # lazy (above)
+    from torch.distributed.pipelining._utils import InferenceMode, _StageMeta, extract_tensor_metas  # lazy (above)
+    warmup = schedules._PipelineSchedule._warmup_p2p
+    train_ = plan.train
+    stream = DTYPES[train_.precision] if train_.precision in (ir.Precision.bf16, ir.Precision.fp16) \
+        else DTYPES[train_.weights_dtype]
+    seq = plan.seq // plan.cp
+    if plan.tensor is not None and plan.tp > 1 and plan.tensor.sequence_parallel:
+        seq //= plan.tp
+
+    def static(self, stages, has_backward, p2p_done):
+        for stage in stages:
+            if stage.is_first:
+                example = torch.zeros(train_.micro_batch, plan.seq // plan.cp, dtype=torch.long)
+            else:
+                example = torch.zeros(train_.micro_batch, seq, plan.model.hidden, dtype=stream, requires_grad=True)
+            recorder.paused += 1
+            try:
+                out = stage.submod(example)
+            finally:
+                recorder.paused -= 1
+            outputs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            grads = tuple(o.detach() for o in outputs)
+            stage._user_meta = _StageMeta(inputs=extract_tensor_metas((example,)),
+                                          outputs=extract_tensor_metas(grads),
+                                          input_grads=None if stage.is_first else extract_tensor_metas((example,)),
+                                          output_grads=extract_tensor_metas(grads))
+            stage._inference_mode = InferenceMode.STATIC
+
+    schedules._PipelineSchedule._warmup_p2p = static
+    try:
+        yield
+    finally:
+        schedules._PipelineSchedule._warmup_p2p = warmup
+
+
 def traceable(plan: ir.Plan) -> str | None:
     """Why `plan`'s step cannot run on fake tensors (what it reads from the data), or None."""
-    if plan.stages is not None:
-        return ("a pipeline's stages exchange their tensors' shapes at the first step (torch's pipelining reads them "
-                "from the data sent), which fake tensors do not carry")
+    if plan.stages is not None and not isinstance(plan.model, ir.TransformerModel):
+        return ("a pipeline of a model other than a built-in transformer: its stages learn their shapes at the first "
+                "step from what their neighbours send, which a fake process group does not carry")
     if plan.experts is not None or getattr(plan.model, "experts", 0):
         return "a mixture of experts routes each token by its values, which fake tensors do not have"
     if plan.train.precision is ir.Precision.fp16:
@@ -277,7 +339,9 @@ def trace_rank(plan: ir.Plan, rank: int = 0, steps: int = 2, progress=None) -> M
     marks = []
     try:
         mesh = build_mesh(plan, torch.device("cpu"))
-        with recording() as recorder, _ddp_on_meta():
+        with recording() as recorder, _ddp_on_meta(), _static_stages(plan, recorder), warnings.catch_warnings():
+            # torch's pipelining reads a tensor's data pointer (to tell its buffers apart): a fake one has none
+            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
             fake = _RecordingFakeMode(recorder)  # ops on its tensors reach it, inside its context or not
             job = train.build_job(plan, mesh, torch.device("cpu"), train.RunConfig(steps=steps, quiet=True),
                                   make_model=make_model)
