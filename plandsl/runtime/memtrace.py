@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor, \
     FakeTensorMode
 from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -47,6 +48,7 @@ from plandsl.cost.allocator import Replay, replay
 from plandsl.cost.estimate import estimate_plan
 from plandsl.cost.memory import MemoryEstimate
 from plandsl.diagnostics import PlanError
+from plandsl.ir.layers import layers_of
 from plandsl.lower.units import format_bytes
 from plandsl.runtime import train
 from plandsl.runtime.dryrun import _ddp_on_meta, _forget_rank
@@ -56,8 +58,12 @@ from plandsl.runtime.precision import DTYPES
 from plandsl.runtime.parallel.mesh import build_mesh
 
 MAX_EVENTS = 4_000_000
-"""The most allocations and frees one trace records (about 100 bytes each here): a plan whose step makes more (very
-many microbatches or layers) is refused rather than traced without bound."""
+"""The most allocations and frees one trace records (about 100 bytes each here; a few thousand a second): a plan whose
+step makes more (very many microbatches or layers) is refused rather than traced without bound."""
+EVENTS_PER_BLOCK_PASS = 2 * 400
+"""What `traceable` reckons a block's forward and backward of one microbatch make, for the two steps a trace runs
+(llama's and gpt's blocks make 150-300 here, with recomputation and FSDP's gathers): a plan past `MAX_EVENTS` by it
+is refused before anything runs."""
 
 
 class TraceError(RuntimeError):
@@ -186,7 +192,8 @@ class _RecordingFakeMode(FakeTensorMode):
         self.depth = 0
 
     def dispatch(self, func, types, args=(), kwargs=None):
-        self.recorder.check()
+        if not self.depth and func.namespace == "aten":  # raised where Python called: not from inside torch's C++
+            self.recorder.check()
         self.depth += 1
         try:
             out = super().dispatch(func, types, args, kwargs)
@@ -314,6 +321,13 @@ def traceable(plan: ir.Plan) -> str | None:
         return "a mixture of experts routes each token by its values, which fake tensors do not have"
     if plan.train.precision is ir.Precision.fp16:
         return "fp16's loss scaling reads the gradients to skip a step"
+    if plan.train.loss is ir.Loss.fused:
+        return "`loss: fused` finds this rank's targets by their values"
+    passes = plan.num_microbatches * sum(1 for layer in layers_of(plan.model) if layer.kind in ("block", "custom"))
+    if passes * EVENTS_PER_BLOCK_PASS > MAX_EVENTS:
+        return (f"{plan.num_microbatches:,} microbatches a step through {passes // max(plan.num_microbatches, 1):,} "
+                f"blocks would make about {passes * EVENTS_PER_BLOCK_PASS:,} allocations and frees, past the "
+                f"{MAX_EVENTS:,} a trace records")
     return None
 
 
@@ -345,6 +359,9 @@ def trace_rank(plan: ir.Plan, rank: int = 0, steps: int = 2, progress=None) -> M
             fake = _RecordingFakeMode(recorder)  # ops on its tensors reach it, inside its context or not
             job = train.build_job(plan, mesh, torch.device("cpu"), train.RunConfig(steps=steps, quiet=True),
                                   make_model=make_model)
+            if any(isinstance(part, DistributedDataParallel) for part in job.parts):
+                raise TraceError(f"plan '{plan.name}' cannot be traced: DistributedDataParallel's reducer reads its "
+                                 "gradient buckets' order from the ranks at the second step")
             with fake:
                 for step in range(steps):
                     marks.append(len(recorder.events))

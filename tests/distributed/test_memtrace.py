@@ -89,7 +89,6 @@ SOURCES = {"fsdp": str(LOCAL / "fsdp.plan"), "tp_sp": str(LOCAL / "tp_sp.plan"),
            "pp_1f1b": str(LOCAL / "pp_1f1b.plan"), "pp_interleaved": str(LOCAL / "pp_interleaved.plan")}
 
 
-@pytest.mark.timeout(240)
 @pytest.mark.parametrize("name", sorted(SOURCES))
 def test_trace_records_what_a_real_run_holds(name):
     source = SOURCES[name]
@@ -133,17 +132,37 @@ def test_a_trace_holds_the_optimizer_states_and_the_loss():
     assert not [label for label in trace.labels.values() if label.endswith(f"[{tokens}, {plan.model.vocab}] float32")]
 
 
-@pytest.mark.parametrize("name", ["ep"])
-def test_plans_whose_step_reads_its_data_are_refused(name):
-    plan = load(LOCAL / f"{name}.plan")
+MANY_MICROBATCHES = """
+import "clusters/local"
+import "local/tiny"
+plan many {
+  model   = tiny_gpt
+  cluster = localhost
+  mesh    = [dp = 2] over devices[0:2]
+  train   = { global_batch: 2000000, micro_batch: 1, precision: fp32, optimizer: adam, lr: 1e-3, seed: 0 }
+  data    = fsdp over dp
+}
+"""
+
+
+@pytest.mark.parametrize("name", ["ep", "dp", "zero1", "many"])
+def test_plans_a_trace_cannot_run_are_refused(name):
+    """A step that reads its data (experts' routing), DDP (its reducer orders its buckets from the ranks), and a step
+    past the bound before it runs (a million microbatches: refused at once, not after minutes)."""
+    plan = load(MANY_MICROBATCHES) if name == "many" else load(LOCAL / f"{name}.plan")
     with pytest.raises(memtrace.TraceError, match="cannot be traced") as error:
         memtrace.trace_rank(plan)
     assert "\n" not in str(error.value)
 
 
-def test_a_trace_is_bounded(monkeypatch):
-    monkeypatch.setattr("plandsl.runtime.memtrace.MAX_EVENTS", 500)
-    with pytest.raises(memtrace.TraceError, match="more than 500 allocations"):
+@pytest.mark.parametrize("bound", [500, 2500, 4000, 5500])
+def test_a_trace_is_bounded(monkeypatch, bound):
+    """Past the bound, wherever it falls (the build, the forward, the loss, the backward, the optimizer), the trace
+    stops with TraceError, raised where Python called an operator, never from inside torch's C++ (which would
+    abort the process), and leaves no process group behind."""
+    monkeypatch.setattr("plandsl.runtime.memtrace.MAX_EVENTS", bound)
+    monkeypatch.setattr("plandsl.runtime.memtrace.EVENTS_PER_BLOCK_PASS", 0)  # past the up-front reckoning
+    with pytest.raises(memtrace.TraceError, match=f"more than {bound:,} allocations"):
         memtrace.trace_rank(load(LOCAL / "fsdp.plan"))
     import torch.distributed as dist
     assert not dist.is_initialized()
