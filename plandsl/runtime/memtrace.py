@@ -336,7 +336,7 @@ def trace_rank(plan: ir.Plan, rank: int = 0, steps: int = 2, progress=None) -> M
     each step. FP8 plans run their 16-bit precision: the interpreter does not run FP8 (`plandsl run` refuses it)."""
     why = traceable(plan)
     if why is not None:
-        raise TraceError(f"plan '{plan.name}' cannot be traced: {why}")
+        raise TraceError(f"cannot be traced: {why}")
     if dist.is_initialized():
         raise RuntimeError("a memory trace joins a fake process group of its own; this process already belongs to a "
                            "process group")
@@ -360,7 +360,7 @@ def trace_rank(plan: ir.Plan, rank: int = 0, steps: int = 2, progress=None) -> M
             job = train.build_job(plan, mesh, torch.device("cpu"), train.RunConfig(steps=steps, quiet=True),
                                   make_model=make_model)
             if any(isinstance(part, DistributedDataParallel) for part in job.parts):
-                raise TraceError(f"plan '{plan.name}' cannot be traced: DistributedDataParallel's reducer reads its "
+                raise TraceError(f"cannot be traced: DistributedDataParallel's reducer reads its "
                                  "gradient buckets' order from the ranks at the second step")
             with fake:
                 for step in range(steps):
@@ -371,7 +371,7 @@ def trace_rank(plan: ir.Plan, rank: int = 0, steps: int = 2, progress=None) -> M
             del job
         recorder.check()
     except (DataDependentOutputException, DynamicOutputShapeException) as error:
-        raise TraceError(f"plan '{plan.name}' cannot be traced: its step reads values from the data "
+        raise TraceError(f"cannot be traced: its step reads values from the data "
                          f"({error.func})") from None
     finally:
         dist.destroy_process_group()
