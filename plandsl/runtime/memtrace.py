@@ -360,7 +360,7 @@ def trace_rank(plan: ir.Plan, rank: int = 0, steps: int = 2, progress=None) -> M
             job = train.build_job(plan, mesh, torch.device("cpu"), train.RunConfig(steps=steps, quiet=True),
                                   make_model=make_model)
             if any(isinstance(part, DistributedDataParallel) for part in job.parts):
-                raise TraceError(f"cannot be traced: DistributedDataParallel's reducer reads its "
+                raise TraceError("cannot be traced: DistributedDataParallel's reducer reads its "
                                  "gradient buckets' order from the ranks at the second step")
             with fake:
                 for step in range(steps):
