@@ -1725,7 +1725,8 @@ def torchtitan_split(blocks: int, stages: int) -> list[int]:
     return counts + [blocks - sum(counts)] if stages > 1 else [blocks]
 
 
-PIPELINE_RANKS_TRACED = 2  # of a pipelined row, the ranks the count puts fullest (the page reports the max)
+PIPELINE_RANKS_TRACED = 2  # of a pipelined row, the ranks the count puts fullest, beside the first (the embedding
+# and its whole-vocabulary gradient) and the last (the head): the page reports the most any GPU reserved
 
 
 def counted_ranks(run: Run) -> list[float]:
@@ -1809,8 +1810,9 @@ def memory_trace_report(names: list[str] | None = None) -> str:
     (`runtime.memtrace`: rank 0, two steps, FP8 run in bf16) and replayed through the caching allocator's model
     with expandable segments (torchtitan's `run_llama_train.sh` sets `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`):
     the published peak reserved memory against that replay's. torchao's FP8 all-gather, which `run` does not apply,
-    is traced as bf16's; a pipelined plan with torchtitan's split, the `PIPELINE_RANKS_TRACED` pipeline ranks the
-    count puts fullest traced and the fullest replay reported (the page reports the most any GPU reserved).
+    is traced as bf16's; a pipelined plan with torchtitan's split, its first and last pipeline ranks and the
+    `PIPELINE_RANKS_TRACED` the count puts fullest traced, the fullest replay reported (the page reports the most any
+    GPU reserved).
     `names`: only the rows whose name contains one of them."""
     from plandsl.runtime.faults import mesh_rank
     from plandsl.runtime.memtrace import TraceError, traced_memory
@@ -1826,7 +1828,8 @@ def memory_trace_report(names: list[str] | None = None) -> str:
             plan = plan.model_copy(update={"data": plan.data.model_copy(update={"gather": ir.Precision.bf16})})
         if plan.stages is not None:  # torchtitan's split; the pipeline ranks the count puts fullest (the page's max)
             plan = torchtitan_staged(plan, best.candidate.virtual_stages or 1)
-            fullest = sorted(range(plan.pp), key=lambda r: -counted_ranks(run)[r])[:PIPELINE_RANKS_TRACED]
+            fullest = sorted({0, plan.pp - 1} | set(sorted(range(plan.pp), key=lambda r: -counted_ranks(run)[r])
+                                                    [:PIPELINE_RANKS_TRACED]))
             ranks = [mesh_rank(plan, {axis.name: r if axis.name == plan.stages.axis else 0 for axis in plan.mesh.axes})
                      for r in fullest]
         try:
