@@ -191,6 +191,9 @@ class _RecordingFakeMode(FakeTensorMode):
         self.recorder = recorder
         self.depth = 0
 
+    def __deepcopy__(self, memo):  # a pipeline stage is a deep copy of the model (`pipeline.split_stage`): its fake
+        return self                # tensors must stay in this mode, recorded here, not in a copy of the recorder
+
     def dispatch(self, func, types, args=(), kwargs=None):
         if not self.depth and func.namespace == "aten":  # raised where Python called: not from inside torch's C++
             self.recorder.check()
@@ -272,7 +275,8 @@ def _static_stages(plan: ir.Plan, recorder: _Recorder):
     neighbours send (a vote and metadata over point-to-point, `_PipelineSchedule._warmup_p2p` and the metadata
     inference after it), which a fake process group does not carry. Here each stage is given its shapes instead and
     runs in torch's static mode: a stage's input is the microbatch's token ids (the first stage) or the residual
-    stream the blocks pass on (`precision.keep_stream`: the compute dtype at 16 bits, else the weights'), [micro batch,
+    stream the blocks pass on (FSDP's gather dtype where it gathers, else `precision.keep_stream`'s: the compute dtype
+    at 16 bits, else the weights'), [micro batch,
     sequence / cp (/ tp under sequence parallelism), hidden]; its output is what its module returns for that input,
     run once here with the recorder paused. A built-in transformer's stages only (`traceable`)."""
     # lazy: torch's pipelining takes seconds to import, and only a pipelined plan needs it; torch internals (docstring)
@@ -280,8 +284,9 @@ def _static_stages(plan: ir.Plan, recorder: _Recorder):
     from torch.distributed.pipelining._utils import InferenceMode, _StageMeta, extract_tensor_metas  # lazy (above)
     warmup = schedules._PipelineSchedule._warmup_p2p
     train_ = plan.train
-    stream = DTYPES[train_.precision] if train_.precision in (ir.Precision.bf16, ir.Precision.fp16) \
-        else DTYPES[train_.weights_dtype]
+    stream = DTYPES[plan.run_gather] if plan.run_gather is not None \
+        else DTYPES[train_.precision] if train_.precision in (ir.Precision.bf16, ir.Precision.fp16) \
+        else DTYPES[train_.weights_dtype]  # FSDP casts each unit's input to the gathered dtype (`cast_forward_inputs`)
     seq = plan.seq // plan.cp
     if plan.tensor is not None and plan.tp > 1 and plan.tensor.sequence_parallel:
         seq //= plan.tp
