@@ -1729,12 +1729,6 @@ PIPELINE_RANKS_TRACED = 2  # of a pipelined row, the ranks the count puts fulles
 # and its whole-vocabulary gradient) and the last (the head): the page reports the most any GPU reserved
 
 
-def counted_ranks(run: Run) -> list[float]:
-    """Per pipeline rank, GiB the memory model counts at torchtitan's split (`counted_memory`'s ranks)."""
-    _, best = predict(run, None)
-    return [m.total / 2**30 for m in _torchtitan_estimate(best).memory]
-
-
 def counted_memory(run: Run):
     """(GiB, the search's result): the most any rank holds for the plan the search picks under the run's pins; a
     pipelined plan with its blocks split over the stages as torchtitan splits them (`torchtitan_split`, a rank r
@@ -1828,7 +1822,8 @@ def memory_trace_report(names: list[str] | None = None) -> str:
             plan = plan.model_copy(update={"data": plan.data.model_copy(update={"gather": ir.Precision.bf16})})
         if plan.stages is not None:  # torchtitan's split; the pipeline ranks the count puts fullest (the page's max)
             plan = torchtitan_staged(plan, best.candidate.virtual_stages or 1)
-            fullest = sorted({0, plan.pp - 1} | set(sorted(range(plan.pp), key=lambda r: -counted_ranks(run)[r])
+            counted_rank = [m.total for m in _torchtitan_estimate(best).memory]  # per pipeline rank
+            fullest = sorted({0, plan.pp - 1} | set(sorted(range(plan.pp), key=lambda r: -counted_rank[r])
                                                     [:PIPELINE_RANKS_TRACED]))
             ranks = [mesh_rank(plan, {axis.name: r if axis.name == plan.stages.axis else 0 for axis in plan.mesh.axes})
                      for r in fullest]

@@ -45,13 +45,11 @@ from torch.utils._pytree import tree_leaves
 
 from plandsl import ir
 from plandsl.cost.allocator import Replay, replay
-from plandsl.cost.estimate import estimate_plan
 from plandsl.cost.memory import MemoryEstimate
-from plandsl.diagnostics import PlanError
 from plandsl.ir.layers import layers_of
 from plandsl.lower.units import format_bytes
 from plandsl.runtime import train
-from plandsl.runtime.dryrun import _ddp_on_meta, _forget_rank
+from plandsl.runtime.dryrun import _ddp_on_meta, _forget_rank, _predicted
 from plandsl.runtime.faults import mesh_coordinate
 from plandsl.runtime.models import build_model
 from plandsl.runtime.precision import DTYPES
@@ -426,12 +424,10 @@ def traced_memory(plan: ir.Plan, rank: int = 0, steps: int = 2, progress=None) -
 
 
 def _predicted_for(plan: ir.Plan, rank: int) -> MemoryEstimate | None:
-    try:
-        memory = estimate_plan(plan).memory
-    except PlanError:
-        return None
+    """The cost model's count for `rank`'s pipeline rank, as the dry run shows it (`dryrun._predicted`)."""
+    memory = _predicted(plan)
     stage = mesh_coordinate(plan, rank)[plan.stages.axis] if plan.stages is not None else 0
-    return memory[stage] if stage < len(memory) else None
+    return memory[stage] if memory and stage < len(memory) else None
 
 
 def format_traced_memory(result: TracedMemory) -> str:
@@ -444,9 +440,9 @@ def format_traced_memory(result: TracedMemory) -> str:
              f"  reserved, expandable segments:   {gib(result.expandable.peak_reserved)}"
              "  (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)",
              f"  reserved, segments:              {gib(result.classic.peak_reserved)}  (torch's default)"]
-    lines.append(f"  the allocator's own (reserved beyond the tensors): {gib(result.expandable.peak_reserved - result.peak_allocated)}"
-                 f" with expandable segments, {gib(result.classic.peak_reserved - result.peak_allocated)} without: blocks "
-                 "freed where no later request fitted, segments and pages rounded up")
+    own = [gib(replayed.peak_reserved - result.peak_allocated) for replayed in (result.expandable, result.classic)]
+    lines.append(f"  the allocator's own (reserved beyond the tensors): {own[0]} with expandable segments, {own[1]} "
+                 "without: blocks freed where no later request fitted, segments and pages rounded up")
     lines.append("  largest tensors alive at the most: " + "; ".join(f"{gib(size)} {label}"
                                                                       for size, label in result.largest[:6]))
     lines.append("  not traced: the CUDA context, NCCL's buffers and symmetric memory (outside the allocator), "

@@ -354,6 +354,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool,
     rules = rules or {}
     stream = Shard(1) if sequence_parallel else Replicate()
     tied = model.head is not None and model.embed is not None and model.head.weight is model.embed.tok.weight
+    split = splits_logits(model, rules)
     top: dict = {}
     if model.embed is not None:
         positions = model.embed.pos is not None  # gpt adds positions to the full, replicated embedding
@@ -368,13 +369,13 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool,
         top["norm"] = SequenceParallel()
     if model.head is not None and getattr(model, "loss_in_head", False):  # the head computes the loss (runtime.loss)
         top["head"] = VocabParallelLoss(_loss_weight_dim(rules.get("head")), stream)
-    elif model.head is not None and splits_logits(model, rules):  # torch's loss parallel over the vocab's slices
+    elif model.head is not None and split:  # torch's loss parallel over the vocab's slices
         top["head"] = ColwiseParallel(input_layouts=stream, output_layouts=Shard(-1), use_local_output=False)
     elif model.head is not None:  # the logits whole on every rank (multi-token prediction's depths, a rule)
         top["head"] = (_style(rules["head"], stream, Replicate()) if "head" in rules
                        else ColwiseParallel(input_layouts=stream, output_layouts=Replicate()))
     parallelize_module(model, tp_mesh, {name: style for name, style in top.items() if style is not None})
-    model.vocab_parallel_logits = splits_logits(model, rules)  # `loss_context`
+    model.vocab_parallel_logits = split  # `loss_context`
     if tied:  # both sides shard the vocabulary (dim 0): point the head at the embedding's DTensor again
         model.head.weight = model.embed.tok.weight
 
