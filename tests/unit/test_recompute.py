@@ -128,6 +128,94 @@ def test_rmsnorm_in_bf16_computes_what_the_eager_formula_does():
     assert torch.equal(norm(x), eager) and norm(x).dtype == eager.dtype == torch.bfloat16
 
 
+def _gradients(function, inputs, grad):
+    leaves = [tensor.clone().requires_grad_() for tensor in inputs]
+    function(*leaves).backward(grad)
+    return [leaf.grad for leaf in leaves]
+
+
+def _wide_swiglu_gradients(a, b, grad):
+    """swiglu's derivative from the inputs in fp32, rounded once to their dtype (the backward before it was
+    eager autograd's)."""
+    a32, b32, grad32 = a.float(), b.float(), grad.float()
+    sigmoid = torch.sigmoid(a32)
+    return [(grad32 * b32 * sigmoid * (1 + a32 * (1 - sigmoid))).to(a.dtype), (grad32 * a32 * sigmoid).to(b.dtype)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_swiglu_backward_is_eager_autograds(dtype):
+    """swiglu's gradients are those of autograd through `F.silu(a) * b` (on the CPU bit for bit: the same kernels,
+    `mul` and `silu_backward`), and in bf16 within two roundings of the derivative computed in fp32: the product
+    grad·b (or silu(a)) and the result each rounded to bf16, a relative 2⁻⁸ apiece."""
+    torch.manual_seed(0)
+    a, b, grad = (torch.randn(4, 64, 96).to(getattr(torch, dtype)) * 3 for _ in range(3))
+    ours = _gradients(models.swiglu, (a, b), grad)
+    eager = _gradients(lambda a, b: torch.nn.functional.silu(a) * b, (a, b), grad)
+    assert all(tensor.dtype == a.dtype for tensor in ours)
+    for mine, theirs, wide in zip(ours, eager, _wide_swiglu_gradients(a, b, grad)):
+        assert torch.equal(mine, theirs)
+        if dtype == "float32":
+            torch.testing.assert_close(mine, wide)
+        else:
+            torch.testing.assert_close(mine.float(), wide.float(), rtol=2 ** -7, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rmsnorm_backward_is_the_derivative_of_its_forward(dtype):
+    """The norm's gradients against autograd through its forward's formula (fp32 statistics, cast back, times the
+    weight): in fp32 up to the order of the sums; in bf16 the weight's bit for bit (the same products and sum), x's
+    against the formula's derivative in fp64 within bf16's rounding of grad·weight (a relative 2⁻⁸ of each term of
+    rstd·(g - normed·mean(g·normed)), which cancel: bounded by 2⁻⁷ of the largest) and of the result."""
+    from plandsl.runtime.models import _RMSNorm
+    torch.manual_seed(0)
+    dtype = getattr(torch, dtype)
+    x, grad = torch.randn(4, 64, 96).to(dtype), torch.randn(4, 64, 96).to(dtype)
+    weight = torch.randn(96).to(dtype)
+
+    def formula(x, weight):
+        wide = x.float() if x.dtype == torch.bfloat16 else x
+        return (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) * weight
+
+    ours = _gradients(lambda x, weight: _RMSNorm.apply(x, weight, 1e-6), (x, weight), grad)
+    eager = _gradients(formula, (x, weight), grad)
+    assert [tensor.dtype for tensor in ours] == [dtype, dtype]
+    if dtype == torch.float32:
+        torch.testing.assert_close(ours, eager)
+        return
+    assert torch.equal(ours[1], eager[1])
+    exact = _gradients(formula, (x.double(), weight.double()), grad.double())[0]
+    torch.testing.assert_close(ours[0].double(), exact, rtol=2 ** -8, atol=2 ** -7 * exact.abs().max().item())
+
+
+def _backward_bytes(function, inputs: int, shape: tuple[int, ...]) -> float:
+    """The most bytes a backward of `function` on fake bf16 tensors of `shape` allocates at once (beyond its inputs,
+    the saved tensors and the incoming gradient), in bytes of one input (`runtime.memtrace`'s recorder)."""
+    from plandsl.runtime import memtrace
+    with memtrace.recording() as recorder, memtrace._RecordingFakeMode(recorder):
+        leaves = [torch.randn(shape, dtype=torch.bfloat16, requires_grad=True) for _ in range(inputs)]
+        output = function(*leaves)
+        grad = torch.randn_like(output)
+        start = len(recorder.events)
+        output.backward(grad)
+    now = most = 0
+    for op, _, size in recorder.events[start:]:
+        now += op * size
+        most = max(most, now)
+    return most / (leaves[0].numel() * leaves[0].element_size())
+
+
+def test_swiglu_and_rmsnorm_backwards_allocate_a_few_tensors_of_their_inputs_dtype():
+    """Llama 3.1 405B's MLP under TP 8 at 4 x 8192 tokens (a, b [4, 8192, 6656] bf16, 416 MiB each): swiglu's
+    backward allocates the two gradients alone, 2 a's bytes (widening to fp32 and spelling the derivative out
+    allocated 12: 4.9 GiB); RMSNorm's, on the [4, 8192, 16384] stream, at most two fp32 tensors of x's shape at
+    once, 4 x's bytes and its per-token numbers (spelled out: 8)."""
+    from plandsl.runtime.models import _RMSNorm
+    assert _backward_bytes(models.swiglu, 2, (4, 8192, 6656)) == 2
+    weight = torch.ones(16384, dtype=torch.bfloat16)
+    norm = _backward_bytes(lambda x: _RMSNorm.apply(x, weight, 1e-6), 1, (4, 8192, 16384))
+    assert 4 <= norm <= 4.01
+
+
 MOE_MLA = (f"llama(layers=1, hidden={HIDDEN}, heads=4, seq={SEQ}, vocab=128, experts=4, top_k=2, ffn=48, "
            "shared_experts=1, kv_lora_rank=32, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)")
 
