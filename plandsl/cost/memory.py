@@ -161,9 +161,12 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         extra = [tied] * copies if tied and any(_copies_embedding(stage_layers[stage]) for stage in stages) else []
         params, grads, optimizer = model_state_bytes(plan, layers, extra, whole_tensors=whole_tensors)
         gathered_params, gathered_grads = gathered_bytes(plan, layers, extra, held=held)
+        gathered_grads += whole_vocab_gradient_bytes(plan, layers, extra, held)
         if groups is not None and len(stages) > 1:  # the most the rank's stages open at once hold (`open_gradients`)
             own = {stage: gathered_bytes(plan, stage_layers[stage],
                                          extra if _copies_embedding(stage_layers[stage]) else [], held=held)[1]
+                   + whole_vocab_gradient_bytes(plan, stage_layers[stage],
+                                                extra if _copies_embedding(stage_layers[stage]) else [], held)
                    for stage in stages}
             gathered_grads = max(sum(own[stage] for stage in group) for group in groups[len(estimates)])
         stored = [0.0, 0.0]  # per microbatch: [the rank's layers but the last stage's norm and head, those two]
@@ -618,6 +621,46 @@ def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param
     if gathers_whole(plan):  # ZeRO-2: every unit whole through the step, beside the shards
         return float(sum(size for _, size in units) + root_bytes), float(grads * states.grads)
     return (float(whole_bytes) if stage >= 3 else 0.0), float(grads * states.grads)
+
+
+def whole_vocab_gradient(plan: ir.Plan) -> bool:
+    """Whether every tensor rank makes the embedding's weight gradient over the whole vocabulary: torch's tensor
+    parallelism (`tensor = ... with implementation = torch`, the default: `plandsl run`'s and torchtitan's
+    `RowwiseParallel(input_layouts=Replicate())` embedding) splits the embedding's vocabulary rows, and DTensor's
+    `embedding_dense_backward` has no strategy that keeps them split (torch/distributed/tensor/_ops/_embedding_ops.py,
+    2.6 to 2.13: replicated, hidden-split, or `Partial` over the batch-sharded tokens): each rank makes a `Partial`
+    [vocab, hidden] gradient, reduced to its `Shard(0)` rows only where the gradient is reduced (FSDP2's
+    `_get_grad_inner_tensor`, the optimizer's step on the shard). Megatron-LM's `VocabParallelEmbedding` masks the
+    tokens outside its rows and makes its shard's gradient only. Seen in `plandsl run --dry-run --memory`'s trace of
+    torch's own embedding backward (a [128,256, 16,384] fp32 accumulator on the 405B's first stage)."""
+    return (plan.tp > 1 and plan.tensor is not None and plan.tensor.stack == "torch"
+            and isinstance(plan.model, ir.TransformerModel))
+
+
+def whole_vocab_gradient_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = (),
+                               held: bool = False) -> float:
+    """Bytes beyond its tensor-parallel shard of the embedding's whole-vocabulary gradient (`whole_vocab_gradient`)
+    that a rank of `layers` holds through its step's backwards, where the step accumulates it unreduced: a pipeline
+    stage (torch's schedules run a stage's backwards without gradient sync till its last: FSDP2's accumulator,
+    `replicate`'s and a plain stage's `.grad`), a plan without data parallelism (its `.grad` kept till the next
+    `zero_grad`), ZeRO-2/3 holding its units over several microbatches (`held`, `gathered_bytes`). In the gradients'
+    dtype (`grad_dtype`: FSDP2 accumulates in its reduce dtype). Counted with the unsharded gradients
+    (`MemoryEstimate.gathered_grads`), not the stored states. Not counted: where each microbatch reduces it (DDP's
+    `replicate`, FSDP2 without a pipeline), the [vocab, hidden] gradient each backward makes beside the activations
+    then alive, at the end of a microbatch's backward, below the peak of the rebuilt blocks where it was traced.
+    `extra`: a head's stage's copies of the embedding (`tied_embedding`), one of which multi-token prediction's depths
+    embed their shifted tokens with (the same gradient there); a tied head's own copy computes a matmul's, split."""
+    if not whole_vocab_gradient(plan):
+        return 0.0
+    accumulates = plan.stages is not None or plan.data is None \
+        or (held and plan.data.zero_stage >= 2 and plan.num_microbatches > 1)
+    if not accumulates:
+        return 0.0
+    tables = [p for layer in layers if layer.kind == "embed" for p in layer.params if VOCAB in p.dims]
+    if extra and getattr(plan.model, "mtp", 0):
+        tables.append(extra[0])
+    beyond = sum(math.prod(p.shape) - local_numel(p, plan.tp, plan.expert_group, plan.expert_tp) for p in tables)
+    return float(beyond * StateBytes.of(plan.train).grads)
 
 
 # ---- the dtype the parameters are gathered in ------------------------------------------------------------
@@ -1471,6 +1514,7 @@ __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estima
            "held_stages", "gathered_bytes", "gather_element", "gather_element_bytes", "gathered_param_bytes",
            "fp8_gather_bytes", "fp8_weight_bytes", "megatron_fsdp_shards", "gathers_whole", "pipelined_shards",
            "releases_gradients", "open_gradients", "open_gradient_stages",
+           "whole_vocab_gradient", "whole_vocab_gradient_bytes",
            "returned_merge_bytes", "returned_output_bytes", "model_state_bytes",
            "tied_embedding", "head_weight_apart",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",

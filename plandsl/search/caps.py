@@ -61,6 +61,7 @@ class Caps:
         fixed[last_rank] += norm_s + head_s + head * (norm_a + head_a) + max(0.0, loss - working)
         if tied and len(ranks) > 1:  # the head's stage copies the embedding, on the first rank too (a V-shape's), twice
             fixed[last_rank] += tied * figures.tied_copies(inflight)  # where the tied head's weight is apart (MTP, I/W)
+            fixed[last_rank] += figures.copy_vocab(memory)  # and MTP's copy's whole-vocabulary gradient, once
         capacity = figures.capacity(root)
         released = self._released(memory, inflight)
         grads = released[1] if released is not None else None
@@ -318,7 +319,8 @@ class Caps:
         room = capacity - working - buffers
         room[first_rank] -= embed_s
         room[last_rank] -= norm_s + head_s + max(0.0, loss - working) \
-            + (tied * self.figures.tied_copies(inflight) if tied and len(ranks) > 1 else 0.0)
+            + (tied * self.figures.tied_copies(inflight) + self.figures.copy_vocab(memory)
+               if tied and len(ranks) > 1 else 0.0)
         units = []
         for blocks in (1, 2):
             unit = np.full(pp, self.figures.gathered(memory, False, False, blocks))

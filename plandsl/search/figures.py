@@ -20,7 +20,7 @@ from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activati
                                  gathers_whole, head_inflight, holds_autocast_copies, inflight_microbatches,
                                  layer_precision, open_gradient_stages, pipelined_shards, releases_gradients,
                                  model_state_bytes, returned_output_bytes, tied_embedding, torch_stage_sizes,
-                                 StateBytes)
+                                 whole_vocab_gradient_bytes, StateBytes)
 from plandsl.cost.stage import param_split
 from plandsl.ir.layers import Layer, figures_key, layers_of
 from plandsl.schedules.bounded import builtin_profiles
@@ -64,6 +64,7 @@ class Figures:
         self._held_cache: dict = caches.setdefault("held", {})  # (schedule, pp, m, v) -> `held`'s array
         self._open_cache: dict = caches.setdefault("open", {})  # (schedule, pp, m, v) -> `open_stages`' array
         self._gradients_cache: dict = caches.setdefault("gradients", {})  # id(a states plan) -> (it, `gradients`)
+        self._copy_vocab_cache: dict = caches.setdefault("copy_vocab", {})  # id(a states plan) -> (it, `copy_vocab`)
         # id(a node's memory) -> the plan torch's pipeline buffers are counted for (its micro-batch and data ranks) and
         # its `cost.memory.torch_stage_sizes`
         self._buffer_plans: dict = caches.setdefault("buffer_plans", {})
@@ -358,8 +359,10 @@ class Figures:
             def unsharded(layers, extra=()):
                 both = gathered_bytes(plan, layers, extra)
                 return sum(both) if held else both[0] if whole else 0.0
+            # the embedding's gradient over the whole vocabulary under torch's tensor parallelism, where it accumulates
+            # (`cost.memory.whole_vocab_gradient_bytes`): the first stage's states, as the exact estimate counts it
             states = [sum(model_state_bytes(plan, [layer])) + unsharded([layer]) + autocast_weight_copies(plan, [layer])
-                      for layer, _ in self.kinds]
+                      + whole_vocab_gradient_bytes(plan, [layer]) for layer, _ in self.kinds]
             tied = 0.0
             if self.transformer and (self.model.tied_embeddings or self.model.mtp):  # `tied_embedding`'s copy
                 copy = tied_embedding(plan, self.layers)
@@ -399,9 +402,22 @@ class Figures:
                 copy = tied_embedding(plan, self.layers) if self.model.tied_embeddings or self.model.mtp else None
 
                 def grads(layers, extra=()):
-                    return gathered_bytes(plan, layers, extra)[1]
-                value = (grads([block]), grads([embed]), grads([norm, head]), grads([], [copy]) if copy else 0.0)
+                    return gathered_bytes(plan, layers, extra)[1] + whole_vocab_gradient_bytes(plan, layers)
+                value = (grads([block]), grads([embed]), grads([norm, head]) + self.copy_vocab(memory),
+                         grads([], [copy]) if copy else 0.0)
             found = self._gradients_cache[id(plan)] = (plan, value)
+        return found[1]
+
+    def copy_vocab(self, memory) -> float:
+        """What the head's stage holds, once, beyond its copies of the embedding's states (the memory's `tied`, per
+        copy): multi-token prediction's copy's gradient over the whole vocabulary under torch's tensor parallelism
+        (`cost.memory.whole_vocab_gradient_bytes`, which the exact estimate counts once however many copies)."""
+        plan = memory[2]
+        found = self._copy_vocab_cache.get(id(plan))
+        if found is None or found[0] is not plan:
+            copy = tied_embedding(plan, self.layers) if self.transformer and self.model.mtp else None
+            found = self._copy_vocab_cache[id(plan)] = (plan, whole_vocab_gradient_bytes(plan, [], [copy])
+                                                        if copy is not None else 0.0)
         return found[1]
 
     def tied_copies(self, inflight: np.ndarray) -> int:

@@ -328,7 +328,8 @@ class Splits:
         room -= np.where(first, embed_s + kept * embed_a, 0.0)
         head = self.figures.head_inflight(inflight, last_rank)  # the last stage's in flight, not its rank's
         room -= np.where(final, norm_s + head_s + head * (norm_a + head_a) + max(0.0, loss - working)
-                         + (tied * self.figures.tied_copies(inflight) if tied and first_rank != last_rank else 0.0),
+                         + (tied * self.figures.tied_copies(inflight) + self.figures.copy_vocab(memory)
+                            if tied and first_rank != last_rank else 0.0),
                          0.0)
         return room, room / np.bincount(on)[on]  # a rank's room is shared by its stages
 

@@ -190,3 +190,48 @@ def test_run_dry_run_memory():
     assert refused.exit_code == 1 and "cannot be traced" in refused.output
     alone = CliRunner().invoke(main, ["run", str(LOCAL / "fsdp.plan"), "--memory"])
     assert alone.exit_code == 2 and "--dry-run" in alone.output
+
+
+WHOLE_VOCAB = """
+import "clusters/local"
+plan whole_vocab {
+  model    = llama(layers=2, hidden=32, heads=4, seq=16, vocab=4096)
+  cluster  = localhost x 8
+  mesh     = [dp = 2, pp = 2, tp = 2] over devices[0:8]
+  train    = { global_batch: 8, micro_batch: 1, precision: fp32, optimizer: adam, lr: 1e-3, seed: 0 }
+  data     = fsdp over dp
+  tensor   = megatron over tp with sequence_parallel
+  stages   = evenly over pp
+  schedule = 1f1b
+}
+"""
+
+
+def test_the_count_holds_the_whole_vocabulary_embedding_gradient_a_trace_shows():
+    """torch's vocabulary-parallel embedding makes its gradient over the whole vocabulary on every tensor rank, and
+    FSDP2 under torch's pipeline accumulates it unreduced across the stage's microbatches: the trace of the first
+    stage shows one [vocab, hidden] fp32 storage alive from the stage's first backward to past its last, and the count
+    holds exactly its bytes beyond the vocabulary shard (`cost.memory.whole_vocab_gradient_bytes`)."""
+    from plandsl.cost.memory import estimate_plan_memory, whole_vocab_gradient_bytes
+    from plandsl.ir.placement import assign_stages
+    plan = load(WHOLE_VOCAB)
+    vocab, hidden = plan.model.vocab, plan.model.hidden
+    trace = memtrace.trace_rank(plan, 0, 1)
+    shape = f"embedding_dense_backward.default[{vocab}, {hidden}] float32"
+    made, spans = {}, []
+    for index, (op, key, size) in enumerate(trace.events):
+        if trace.labels[key] == shape:
+            if op > 0:
+                made[key] = index
+            else:
+                spans.append((made.pop(key), index, size))
+    spans += [(start, len(trace.events), vocab * hidden * 4) for start in made.values()]  # alive at the end
+    # one per microbatch's backward: all but the first added into the first, which lives across the others
+    assert len(spans) == plan.num_microbatches
+    first = min(spans)
+    assert all(first[0] < start and end <= first[1] for start, end, _ in spans if (start, end) != first[:2])
+    assert first[2] == vocab * hidden * 4
+    assignment, _ = assign_stages(plan)
+    beyond = whole_vocab_gradient_bytes(plan, assignment.stage_layers[0])
+    assert beyond == first[2] - vocab // plan.tp * hidden * 4 > 0
+    assert estimate_plan_memory(plan)[0].gathered_grads >= beyond

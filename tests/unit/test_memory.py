@@ -484,3 +484,45 @@ def test_torchs_moe_block_keeps_its_router_input_whole_in_16_bits_unless_the_moe
     dense = MOE.model_copy(update={"experts": 0, "top_k": 0})
     assert _stacks_apart(dense, precision="fp8") == pytest.approx(4 - 2 * saving, rel=1e-12)
     assert _stacks_apart(dense, modules=("core_attn", "mlp"), recompute="selective") == pytest.approx(2, rel=1e-12)
+
+
+# ---- torch's vocabulary-parallel embedding: its gradient over the whole vocabulary -----------------------
+SMALL_LLAMA = ir.TransformerModel(kind="llama", name="m", layers=2, hidden=64, heads=4, kv_heads=4, ffn_hidden=128,
+                                  seq=16, vocab=1000)
+
+
+@pytest.mark.parametrize("data, pp, mtp, accumulates", [
+    (None, 1, 0, True),            # no data parallelism: the `.grad` kept till the next zero_grad
+    ("replicate", 1, 0, False),    # each microbatch reduces it (torch's `replicate`)
+    ("zero3", 1, 0, False),        # FSDP2 reduces it after each microbatch's backward
+    ("zero3", 2, 0, True),         # a pipeline's stage accumulates it till its last backward
+    ("replicate", 2, 0, True),
+    (None, 2, 1, True),            # and multi-token prediction's copy of the embedding on the head's stage
+])
+def test_torchs_tensor_parallel_embedding_gradient_is_whole_vocabulary(data, pp, mtp, accumulates):
+    """Under torch's tensor parallelism every tensor rank makes the embedding's gradient over the whole vocabulary
+    (DTensor's `embedding_dense_backward`: a `Partial` [vocab, hidden], traced in `plandsl run`, test_memtrace.py):
+    counted beyond the vocabulary shard, with the unsharded gradients (not the stored states), where the step
+    accumulates it; not under Megatron-LM's vocabulary-parallel embedding, which makes its rows' only."""
+    t, v, h = 4, SMALL_LLAMA.vocab, SMALL_LLAMA.hidden
+    model = SMALL_LLAMA.model_copy(update={"mtp": mtp})
+    axes = ([("dp", 2)] if data else []) + ([("pp", pp)] if pp > 1 else []) + [("tp", t)]
+    layers = layers_of(model)
+    stage_layers = [layers[:2], layers[2:]] if pp > 1 else [layers]
+    ranks = [[stage] for stage in range(len(stage_layers))]
+
+    def counted(stack):
+        p = plan(model, axes, data=ir.DataParallel(kind=data, axes=("dp",)) if data else None,
+                 tensor=ir.TensorParallel(axis="tp", stack=stack), global_batch=8,
+                 stages=ir.Stages(axis="pp") if pp > 1 else None,
+                 schedule=ir.ScheduleRef(name="1f1b") if pp > 1 else None)
+        return estimate_memory(p, stage_layers, ranks, [2, 1][:len(ranks)])
+
+    beyond = (v - -(-v // t)) * h * 4  # fp32 gradients
+    for torch_rank, megatron_rank in zip(counted("torch"), counted("megatron")):
+        assert torch_rank.stored_states == megatron_rank.stored_states
+        assert torch_rank.grads - megatron_rank.grads == torch_rank.gathered_grads - megatron_rank.gathered_grads
+    extra = [t.grads - m.grads for t, m in zip(counted("torch"), counted("megatron"))]
+    assert extra[0] == (beyond if accumulates else 0)
+    if len(extra) > 1:  # the head's stage: the embedding's copy, which multi-token prediction's depths embed with
+        assert extra[1] == (beyond if mtp else 0)

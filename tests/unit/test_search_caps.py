@@ -252,7 +252,8 @@ def test_a_tied_head_apart_from_multi_token_predictions_copy_is_counted_twice_by
     exact estimate. The caps counted one (`Figures._states` is built without a schedule), so a rank's cap was a block
     or two past what the exact estimate fits, the split it made was refused, and on 8 GiB devices the search found no
     plan at all for pp = 2 under zbv. Each cap is now the most blocks the exact estimate fits, and the search finds
-    the plan."""
+    the plan (on 9 GiB devices since the embedding's and its copy's gradients over the whole vocabulary under torch's
+    tensor parallelism are counted, `cost.memory.whole_vocab_gradient_bytes`: 0.5 GiB more on the first rank at tp 2)."""
     from test_search import HARDWARE
 
     from plandsl import api
@@ -281,5 +282,5 @@ def test_a_tied_head_apart_from_multi_token_predictions_copy_is_counted_twice_by
                 fitting, refused = _exact_caps(space, leaf, ranks, caps, None)
                 checked, below = checked + fitting, below + refused
     assert checked > 20 and below > 5
-    best = search(mtp_problem("8 GiB"), pins={"schedule": schedule, "pp": 2}, top=1).best
+    best = search(mtp_problem("9 GiB"), pins={"schedule": schedule, "pp": 2}, top=1).best
     assert all(m.total <= c for m, c in zip(best.estimate.memory, best.estimate.capacity))

@@ -276,7 +276,9 @@ def test_an_overlap_says_whose_tensor_parallelism_and_a_contrary_implementation_
 def test_generate_writes_megatrons_tensor_parallelism_and_counts_its_shards(tmp_path):
     """`generate --tensor-implementation megatron` searches and writes Megatron-LM's tensor parallelism: the plan says
     `implementation = megatron` (which sequence parallelism alone would not) and holds less activation memory than
-    the same plan as torch's, by the two gathered inputs per block the shards leave out."""
+    the same plan as torch's, by the two gathered inputs per block the shards leave out; torch's also holds the
+    embedding's gradient over the whole vocabulary (no data parallelism: kept till the next step's zero_grad,
+    `cost.memory.whole_vocab_gradient_bytes`), Megatron-LM's its rows' only."""
     model = "llama(layers=4, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000, seq=8192)"
     request = {"model": model, "cluster": "dgx_h100", "global_batch": 8, "pins": ("tp=8", "sequence_parallel=true"),
                "top": 1, "time_limit": 0}
@@ -284,7 +286,8 @@ def test_generate_writes_megatrons_tensor_parallelism_and_counts_its_shards(tmp_
     assert "with sequence_parallel, implementation = megatron\n" in text and plan.tensor.stack == "megatron"
     as_torch = api.loads(text.replace(", implementation = megatron", ""), path=str(tmp_path / "t.plan")).plans[0]
     megatron, torch_ = api.estimate(plan).memory[0], api.estimate(as_torch).memory[0]
-    assert torch_.activations > megatron.activations and torch_.states == megatron.states
+    assert torch_.activations > megatron.activations and torch_.stored_states == megatron.stored_states
+    assert torch_.states - megatron.states == (32000 - 32000 // 8) * 4096 * 4
     with pytest.raises(api.generate_errors()[0]):
         api.generate(api.generate_request(tensor_implementation="torch", tensor_overlap="userbuffers", **request))
 
