@@ -63,7 +63,7 @@ def _check_replicas(plan: ir.Plan) -> Iterator[Diagnostic]:
     shares = data_shares(plan)
     if shares is None:
         return  # E509 (the training check)
-    held = plan.data is not None and plan.data.sharded
+    held = plan.data is not None  # `cost.estimate._estimate_replicas`
     mb = plan.train.micro_batch
     found: dict[int, list[MemoryEstimate] | None] = {}
     for replica, (share, ranks) in enumerate(zip(shares, batch.replica_device_types(plan))):

@@ -314,7 +314,9 @@ def _estimate_replicas(plan: ir.Plan, efficiency: Efficiency | None, assignment)
     dp = len(shares)
     found: dict[tuple, PlanEstimate] = {}
     keys = []
-    held = plan.data is not None and plan.data.sharded  # FSDP keeps every unit gathered through the step
+    # each replica accumulates its microbatches' gradients unreduced (`gradient_sync(every_microbatch=False)`): FSDP
+    # keeps every unit gathered through the step; under torch's tensor parallelism `replicate` (replicate, zero1) too
+    held = plan.data is not None
     for share, devices in zip(shares, replica_devices(plan)):
         key = (share, tuple(d.name for d in devices))
         if key not in found:

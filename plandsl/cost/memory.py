@@ -137,8 +137,9 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
     on for `materialized`.
     `other` stays 0: allocator fragmentation, communication buffers and the CUDA context depend on
     the software stack and the device, and a fixed allowance would be a hardware constant in code.
-    `held`: ZeRO-2/3 units stay gathered through the step (a replica of a plan with `batch_shares`:
-    `gathered_bytes`).
+    `held`: a replica of a plan with `batch_shares`, which reduces its gradients after its last microbatch only: ZeRO-2/3
+    units stay gathered through the step (`gathered_bytes`), and torch's tensor-parallel embedding's gradient over the
+    whole vocabulary accumulates (`whole_vocab_gradient_bytes`).
     """
     if len(inflight) != len(rank_stages):
         raise ValueError(f"inflight has {len(inflight)} entries for {len(rank_stages)} pipeline ranks")
@@ -643,7 +644,8 @@ def whole_vocab_gradient_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Se
     that a rank of `layers` holds through its step's backwards, where the step accumulates it unreduced: a pipeline
     stage (torch's schedules run a stage's backwards without gradient sync till its last: FSDP2's accumulator,
     `replicate`'s and a plain stage's `.grad`), a plan without data parallelism (its `.grad` kept till the next
-    `zero_grad`), ZeRO-2/3 holding its units over several microbatches (`held`, `gathered_bytes`). In the gradients'
+    `zero_grad`), a replica of a plan with `batch_shares` over several microbatches (`held`: FSDP2 and, for TP's DTensor
+    parameters, `replicate` under replicate and zero1, reduce after the last only: `gradient_sync`). In the gradients'
     dtype (`grad_dtype`: FSDP2 accumulates in its reduce dtype). Counted with the unsharded gradients
     (`MemoryEstimate.gathered_grads`), not the stored states. Not counted: where each microbatch reduces it (DDP's
     `replicate`, FSDP2 without a pipeline), the [vocab, hidden] gradient each backward makes beside the activations
@@ -653,7 +655,7 @@ def whole_vocab_gradient_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Se
     if not whole_vocab_gradient(plan):
         return 0.0
     accumulates = plan.stages is not None or plan.data is None \
-        or (held and plan.data.zero_stage >= 2 and plan.num_microbatches > 1)
+        or (held and plan.num_microbatches > 1)
     if not accumulates:
         return 0.0
     tables = [p for layer in layers if layer.kind == "embed" for p in layer.params if VOCAB in p.dims]

@@ -112,7 +112,7 @@ def simulate_replicas(plan: ir.Plan, costs: Costs | None = None, every_action: b
     if shares is None:
         raise PlanError([diag("E509", "batch_shares: speed cannot split this global batch into whole microbatches "
                                       "for every data rank", plan.train.span_of("batch_shares"))])
-    held = plan.data is not None and plan.data.sharded
+    held = plan.data is not None  # `cost.estimate._estimate_replicas`
     groups: dict[tuple, list[int]] = {}
     devices = replica_devices(plan)
     for rank, (share, kinds) in enumerate(zip(shares, devices)):

@@ -69,7 +69,7 @@ def memory_over_time(plan: ir.Plan) -> tuple[list[RankMemory], Simulation]:
         slowest = simulate_replicas(plan)[0]
         first = slowest.data_ranks[0]
         view, timed = batch.replica_plan(plan, slowest.share), list(replica_devices(plan)[first])
-        held, devices = plan.data is not None and plan.data.sharded, batch.replica_device_types(plan)[first]
+        held, devices = plan.data is not None, batch.replica_device_types(plan)[first]
     costs = estimate_stage_costs(view, assignment, timed, held)
     activation = costs.activation_bytes
     if len(activation) != schedule.stages:

@@ -59,7 +59,7 @@ def describe_plan(plan: ir.Plan) -> str:
             lines.append(f"    stage {stage:>3} on rank {assignment.rank_of_stage[stage]:>3}: "
                          f"{compress_names([layer.name for layer in layers])}")
     most = batch.replica_plan(plan, max(shares)) if shares else plan  # the most microbatches in flight
-    held = bool(shares) and plan.data is not None and plan.data.sharded  # FSDP units gathered through the step
+    held = bool(shares) and plan.data is not None  # gradients accumulated unreduced, FSDP units gathered
     estimates = estimate_plan_memory(most, assignment, held=held) if assignment else None
     if estimates:
         whose = f" of data rank {shares.index(max(shares))}, the most microbatches, on its own devices" if shares else ""

@@ -526,3 +526,33 @@ def test_torchs_tensor_parallel_embedding_gradient_is_whole_vocabulary(data, pp,
     assert extra[0] == (beyond if accumulates else 0)
     if len(extra) > 1:  # the head's stage: the embedding's copy, which multi-token prediction's depths embed with
         assert extra[1] == (beyond if mtp else 0)
+
+
+@pytest.mark.parametrize("data", ["replicate", "zero1", "fsdp"])
+def test_a_batch_shares_replica_accumulates_the_whole_vocabulary_gradient_under_every_data_kind(data):
+    """With `batch_shares` every replica reduces its gradients after its last microbatch only
+    (`runtime.parallel.data_parallel.gradient_sync(every_microbatch=False)`), under FSDP2 and under `replicate`, which
+    replicate and zero1 run for tensor-parallel DTensor parameters: the [vocab, hidden] `Partial` gradient accumulates
+    across the replica's microbatches (a trace of `[dp = 2, tp = 2]` with `batch_shares: [6, 2]` holds two at once
+    under replicate and zero1 as under fsdp). The count held it for ZeRO-2/3 only."""
+    from plandsl import api
+    from plandsl.cost.compute import DEFAULT_EFFICIENCY
+    from plandsl.cost.estimate import estimate_plan
+
+    def counted(stack):
+        document = api.loads(f"""
+import "clusters/local"
+plan shares {{
+  model    = llama(layers=2, hidden=32, heads=4, seq=16, vocab=4096)
+  cluster  = localhost x 4
+  mesh     = [dp = 2, tp = 2] over devices[0:4]
+  train    = {{ global_batch: 8, micro_batch: 1, precision: fp32, optimizer: adam, lr: 1e-3, seed: 0,
+               batch_shares: [6, 2] }}
+  data     = {data} over dp
+  tensor   = megatron over tp with sequence_parallel, implementation = {stack}
+}}
+""")
+        return estimate_plan(document.plans[0], DEFAULT_EFFICIENCY).memory[0].gathered_grads
+
+    beyond = (4096 - 4096 // 2) * 32 * 4
+    assert counted("torch") - counted("megatron") == beyond
