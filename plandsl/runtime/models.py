@@ -70,7 +70,9 @@ class _SwiGLU(torch.autograd.Function):
 
     The backward is eager autograd's (`mul`'s backward, then `silu_backward`, whose CPU and CUDA kernels compute in
     at least fp32 and return a's dtype), with both products written in place: it allocates the two gradients alone,
-    tensors of the inputs' dtype (2 a's bytes; eager autograd allocates 3, beside the silu(a) it keeps). Widening the operands to fp32
+    tensors of the inputs' dtype (2 a's bytes; eager autograd allocates 3, beside the silu(a) it keeps). In fp16 the
+    order is silu_backward(grad, a) · b (the same two tensors): grad · b overflows fp16's 65504 under a loss scale
+    where the gradient itself fits (silu' is within [-0.1, 1.1]). Widening the operands to fp32
     and spelling the derivative out allocated 12 a's bytes at once, fp32 temporaries of a's shape: 4.9 GiB for
     Llama 3.1 405B's [4, 8192, 6656] bf16 under TP 8 (tests/unit/test_recompute.py measures it)."""
 
@@ -83,6 +85,9 @@ class _SwiGLU(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         a, b = ctx.saved_tensors
         grad_b = F.silu(a).mul_(grad)
+        if a.dtype == torch.float16:  # grad·b overflows fp16 (65504) where grad·b·silu'(a) does not: a scaled loss's
+            grad_a = torch.ops.aten.silu_backward(grad.to(a.dtype), a).mul_(b)  # silu' <= 1.1: the same two tensors
+            return grad_a, grad_b.to(b.dtype)
         grad_a = (grad * b).to(a.dtype)
         torch.ops.aten.silu_backward.grad_input(grad_a, a, grad_input=grad_a)  # in place: the kernel is elementwise
         return grad_a, grad_b.to(b.dtype)

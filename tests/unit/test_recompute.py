@@ -261,3 +261,17 @@ def test_recompute_modules_drop_what_the_memory_model_drops_with_the_same_gradie
         assert dropped > modelled_drop > 0
     else:
         assert dropped == modelled_drop > 0
+
+
+def test_swiglu_backward_in_fp16_does_not_overflow_where_the_gradient_fits():
+    """fp16 under a loss scale: grad·b past fp16's 65504 where grad·b·silu'(a) is not (silu'(-2) = -0.09) gave -inf
+    in eager autograd's order (a skipped step under GradScaler); computed as silu'(a)·grad, then times b, it is the
+    finite gradient the fp32 formula gives, within fp16's rounding."""
+    a = torch.tensor([-2.0, -4.0, 1.0], dtype=torch.float16)
+    b = torch.tensor([300.0, 300.0, 3.0], dtype=torch.float16)
+    grad = torch.tensor([300.0, 300.0, 2.0], dtype=torch.float16)
+    ours = _gradients(models.swiglu, (a, b), grad)
+    wide = _wide_swiglu_gradients(a, b, grad)
+    assert all(torch.isfinite(tensor).all() for tensor in ours) and ours[0].dtype == torch.float16
+    for mine, theirs in zip(ours, wide):
+        torch.testing.assert_close(mine.float(), theirs.float(), rtol=2 ** -9, atol=0)
