@@ -235,3 +235,28 @@ def test_the_count_holds_the_whole_vocabulary_embedding_gradient_a_trace_shows()
     beyond = whole_vocab_gradient_bytes(plan, assignment.stage_layers[0])
     assert beyond == first[2] - vocab // plan.tp * hidden * 4 > 0
     assert estimate_plan_memory(plan)[0].gathered_grads >= beyond
+
+
+@pytest.mark.parametrize("data", ["replicate", "zero1"])
+def test_a_batch_shares_replica_under_replicate_holds_the_whole_vocabulary_gradient_the_count_holds(data):
+    """`batch_shares` replicas reduce after their last microbatch only, under `replicate` (which replicate and zero1
+    run for TP's DTensor parameters) as under FSDP2: the first microbatch's [vocab, hidden] fp32 embedding gradient
+    lives while the next one's is made, and the count (`cost.estimate._estimate_replicas`) holds its part beyond the
+    vocabulary shard."""
+    from plandsl.cost.compute import DEFAULT_EFFICIENCY
+    from plandsl.cost.estimate import estimate_plan
+    plan = load(WHOLE_VOCAB.replace("[dp = 2, pp = 2, tp = 2] over devices[0:8]", "[dp = 2, tp = 2] over devices[0:4]")
+                .replace("seed: 0 }", "seed: 0, batch_shares: [6, 2] }").replace("fsdp over dp", f"{data} over dp")
+                .replace("  stages   = evenly over pp\n  schedule = 1f1b\n", ""))
+    vocab, hidden = plan.model.vocab, plan.model.hidden
+    trace = memtrace.trace_rank(plan, 0, 1)
+    shape, alive, most = f"embedding_dense_backward.default[{vocab}, {hidden}] float32", set(), 0
+    for op, key, _ in trace.events:
+        if trace.labels[key] == shape:
+            (alive.add if op > 0 else alive.discard)(key)
+            most = max(most, len(alive))
+    assert most == 2
+    torch = estimate_plan(plan, DEFAULT_EFFICIENCY).memory[0].gathered_grads
+    megatron = estimate_plan(plan.model_copy(update={"tensor": plan.tensor.model_copy(update={"stack": "megatron"})}),
+                             DEFAULT_EFFICIENCY).memory[0].gathered_grads
+    assert torch - megatron == (vocab - vocab // plan.tp) * hidden * 4
