@@ -201,14 +201,16 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
 def beyond_layers(plan: ir.Plan, stages: Sequence[Sequence[Layer]], attention_matrix: bool = False) -> float:
     """What a pipeline rank holding `stages` keeps once, beyond its layers' saved activations per microbatch in
     flight (which the schedule's simulation also counts, stage by stage): the larger of the block its recomputation
-    rebuilds and the loss's backward, peaks of different moments (`loss_backward_bytes`)."""
+    rebuilds, the loss's backward and the embedding's under torch's tensor parallelism, peaks of different moments
+    (`loss_backward_bytes`, `whole_vocab_gradient_moment`)."""
     layers = [layer for stage in stages for layer in stage]
     modes = [(layer, mode) for stage in stages for layer, mode in zip(stage, layer_recompute(plan, stage))]
     rerun = [layer for layer, mode in modes if mode is plan.train.recompute]  # with recompute_layers, those rerun
     scores = _keeps_scores(plan, attention_matrix)
     return max(_recompute_working_set(plan, rerun, scores),
                max((_ring_working_set(plan, layer, mode, scores) for layer, mode in modes), default=0.0),
-               loss_backward_bytes(plan, layers)) + offload_inflight(plan, stages, scores) \
+               loss_backward_bytes(plan, layers), whole_vocab_gradient_moment(plan, layers)) \
+        + offload_inflight(plan, stages, scores) \
         + autocast_weight_copies(plan, layers)
 
 
@@ -663,6 +665,25 @@ def whole_vocab_gradient_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Se
         tables.append(extra[0])
     beyond = sum(math.prod(p.shape) - local_numel(p, plan.tp, plan.expert_group, plan.expert_tp) for p in tables)
     return float(beyond * StateBytes.of(plan.train).grads)
+
+
+def whole_vocab_gradient_moment(plan: ir.Plan, layers: Sequence[Layer]) -> float:
+    """The embedding's [vocab, hidden] gradient a microbatch's backward makes on its rank under torch's tensor
+    parallelism (`whole_vocab_gradient`), before it is added into the accumulator or reduced: a moment at the end of
+    that microbatch's backward, one of `beyond_layers`' (counted beside every microbatch's activations in flight, its
+    own freed by then: over by those). In the dtype autograd computes it in, the embedding's weight as used: the
+    plan's `gather` dtype under FSDP's, the weights' otherwise. Beside the accumulator, where the step keeps one
+    (`whole_vocab_gradient_bytes`). Traced on `plandsl run` at the peak of small models' first stages (the 405B's is
+    below its rebuilt blocks'). Not counted: multi-token prediction's copy's, at its depths' backward on the head's
+    stage, after the loss's larger one."""
+    if not whole_vocab_gradient(plan):
+        return 0.0
+    tables = [p for layer in layers if layer.kind == "embed" for p in layer.params if VOCAB in p.dims]
+    if not tables:
+        return 0.0
+    element = gather_element_bytes(plan.train, plan.data.gather if plan.data is not None else None, False,
+                                   StateBytes.of(plan.train).params)
+    return float(max(math.prod(p.shape) for p in tables) * element)
 
 
 # ---- the dtype the parameters are gathered in ------------------------------------------------------------
@@ -1516,7 +1537,7 @@ __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estima
            "held_stages", "gathered_bytes", "gather_element", "gather_element_bytes", "gathered_param_bytes",
            "fp8_gather_bytes", "fp8_weight_bytes", "megatron_fsdp_shards", "gathers_whole", "pipelined_shards",
            "releases_gradients", "open_gradients", "open_gradient_stages",
-           "whole_vocab_gradient", "whole_vocab_gradient_bytes",
+           "whole_vocab_gradient", "whole_vocab_gradient_bytes", "whole_vocab_gradient_moment",
            "returned_merge_bytes", "returned_output_bytes", "model_state_bytes",
            "tied_embedding", "head_weight_apart",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",

@@ -184,10 +184,12 @@ PUBLISHED = [
      "tensor = megatron over tp with sequence_parallel", "--tensor-model-parallel-size 8 --sequence-parallel "
      "--pipeline-model-parallel-size 8 --recompute-granularity selective --global-batch-size 64"),
     # BLOOM's 16-bit weights (Megatron-DeepSpeed's bf16 parameters beside the optimizer's fp32 master): fp32 ones
-    # under autocast would also hold a bf16 copy of each, which pipeline rank 1 does not fit beside torch's buffers
+    # under autocast would also hold a bf16 copy of each, which pipeline rank 1 does not fit beside torch's buffers;
+    # and Megatron's layers (its vocabulary-parallel embedding makes its rows' gradient: torch's makes a 13.4 GiB
+    # fp32 one over BLOOM's 250,880 words, which rank 0 does not fit, `cost.memory.whole_vocab_gradient_bytes`)
     ("gpt(layers=70, hidden=14336, heads=112, seq=2048, vocab=250880)", 384, 2048, 2, 4, 12,
      "recompute: full, param_dtype: bf16",
-     "data = zero1 over dp\n  stages = evenly over pp", "--tensor-model-parallel-size 4 --pipeline-model-parallel-size 12 "
+     "data = zero1 over dp\n  tensor = megatron over tp with implementation = megatron\n  stages = evenly over pp", "--tensor-model-parallel-size 4 --pipeline-model-parallel-size 12 "
      "--micro-batch-size 2 --global-batch-size 2048 --use-distributed-optimizer --pipeline-model-parallel-layout "
      "Et*6|t*6|t*6|t*6|t*6|t*6|t*6|t*6|t*6|t*6|t*5|t*5L"),
 ]

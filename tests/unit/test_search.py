@@ -407,14 +407,17 @@ def _rank_caps_one_by_one(space, root, ranks, inflight, memory, schedule, microb
     from plandsl.cost.memory import head_inflight
     from plandsl.schedules.bounded import builtin_profiles
     per_kind, tied, _ = memory
-    (embed_s, embed_a, _), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind
+    (embed_s, embed_a, embed_w), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind
     first, last = ranks[0], ranks[-1]
     fixed = [0.0] * root.pp
-    fixed[first] += embed_s
+    # the first rank's peak: the larger of the embedding's whole-vocabulary gradient's moment and the block rebuilt
+    # (and the loss's backward where one rank holds both ends)
+    fixed[first] += embed_s + max(0.0, embed_w - (max(working, loss) if first == last else working))
     # the last rank's peak: the larger of the loss's backward and the block recomputation rebuilds
     fixed[last] += norm_s + head_s + max(0.0, loss - working)
     if tied and len(ranks) > 1:  # the head's stage copies the embedding, on the first rank too (a V-shape's)
         fixed[last] += tied * space.figures.tied_copies(inflight)  # twice where the tied head's weight is apart
+        fixed[last] += space.figures.copy_vocab(memory)  # MTP's copy's whole-vocabulary gradient, once
     buffers = space.figures.stage_buffers(memory, ranks, inflight)  # torch's pipeline stage's, a rank's
     try:
         profiles = builtin_profiles(schedule, root.pp, microbatches, len(ranks) // root.pp)

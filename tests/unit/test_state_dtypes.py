@@ -26,10 +26,13 @@ plan p {{
   mesh     = [dp = 4, pp = 2, tp = 2]
   train    = {{ global_batch: 64, micro_batch: 2, {train} }}
   data     = {data} over dp
+  tensor   = megatron over tp with implementation = megatron
   stages   = evenly over pp
   schedule = 1f1b
 }}
 """
+# Megatron-LM's tensor parallelism: no whole-vocabulary embedding gradient, whose moment (torch's, in the weights'
+# dtype: `cost.memory.whole_vocab_gradient_moment`) would move the activations with `master_dtype` too
 
 
 def _plan(train: str = "", data: str = "zero1") -> ir.Plan:
