@@ -509,14 +509,19 @@ def test_torchtitan_memory_with_a_pipeline_counts_the_held_stages(bench):
     fullest rank, as the page's maximum over the GPUs reads it). The FSDP 1 x CP 8 run holds its stage's linear weights in bf16
     where FSDP 2 x CP 4 holds them in FP8, and torch's ring's backward at CP 8 all-gathers twice the K and V
     (`cost.memory.ring_backward_bytes`): counted 6.5 GiB more (published: 7.8; 5.7 before the ring's buffers were
-    counted); counted as per-microbatch regathering they were 55-74 % below it."""
+    counted); counted as per-microbatch regathering they were 55-74 % below it. Since 2026-12-06 (second session) the
+    embedding's gradient over the whole vocabulary that torch's tensor parallelism makes on every tensor rank is
+    counted (`cost.memory.whole_vocab_gradient_bytes`: the first stage's fp32 accumulator, 6.85 GiB beyond its shard;
+    `whole_vocab_gradient_moment`: each microbatch's bf16 one, 3.9 GiB, above the rebuilt block's 2.3): the first
+    rank becomes the fullest, 9-19 % below (held within 20 %, Table 6's FSDP 8 x CP 1 and 4 x CP 2 within 10 %)."""
     rows = [(run, gib) for run, gib in bench.torchtitan_memory() if "PP" in run.name]
     assert len(rows) == 6
     counted = {run.name: bench.counted_memory(run)[0] for run, _ in rows}  # at torchtitan's layer split
-    errors = [counted[run.name] / gib - 1 for run, gib in rows]
-    assert max(map(abs, errors)) <= 0.28 and all(e < 0 for e in errors), errors
+    errors = {run.name: counted[run.name] / gib - 1 for run, gib in rows}
+    assert max(map(abs, errors.values())) <= 0.20 and all(e < 0 for e in errors.values()), errors
+    assert sum(abs(e) <= 0.10 for e in errors.values()) >= 2, errors
     interleaved = counted["Table 5, 405B FSDP 8 x TP 8 x PP 8, interleaved_1f1b, Float8"]
-    assert abs(interleaved / 72.7 - 1) <= 0.21 and interleaved < counted["Table 5, 405B FSDP 8 x TP 8 x PP 8, 1f1b, "
+    assert abs(interleaved / 72.7 - 1) <= 0.20 and interleaved < counted["Table 5, 405B FSDP 8 x TP 8 x PP 8, 1f1b, "
                                                                            "Float8"], counted
     table6 = {cp: next(v for name, v in counted.items() if f"CP {cp} x" in name) for cp in (4, 8)}
     assert 6.0 <= table6[8] - table6[4] <= 7.8, table6
