@@ -260,3 +260,31 @@ def test_a_batch_shares_replica_under_replicate_holds_the_whole_vocabulary_gradi
     megatron = estimate_plan(plan.model_copy(update={"tensor": plan.tensor.model_copy(update={"stack": "megatron"})}),
                              DEFAULT_EFFICIENCY).memory[0].gathered_grads
     assert torch - megatron == (vocab - vocab // plan.tp) * hidden * 4
+
+
+REPLICATED_TP = """
+import "clusters/local"
+plan replicated_tp {
+  model    = llama(layers=4, hidden=256, heads=4, seq=32, vocab=512)
+  cluster  = localhost x 4
+  mesh     = [dp = 2, tp = 2] over devices[0:4]
+  train    = { global_batch: 8, micro_batch: 2, precision: bf16, optimizer: adam, lr: 1e-3, seed: 0 }
+  data     = ddp over dp
+  tensor   = megatron over tp with sequence_parallel
+}
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="not counted yet: `replicate` (what `run` applies to DTensor parameters and to "
+                   "pipeline stages) copies every unit's parameters and keeps the copies from the unit's forward to its "
+                   "backward; counting them moves the search's choices and about 20 tests' plans: left for a change of "
+                   "its own (docs/cost-model.md, 'Not modelled')")
+def test_the_count_holds_what_replicate_holds_under_tensor_parallelism():
+    """DDP over tensor-parallel (DTensor) parameters runs torch's composable `replicate`, FSDP2's machinery over a mesh
+    it does not shard: it copies each unit's parameters into buffers of its own before the unit's forward and frees
+    them after its backward, so at the backward's start the rank holds its parameters twice. The count (33 MiB)
+    holds them once; the trace, 41 MiB."""
+    from plandsl.cost.memory import estimate_plan_memory
+    plan = load(REPLICATED_TP)
+    trace = memtrace.trace_rank(plan, 0, 2)
+    assert estimate_plan_memory(plan)[0].total >= 0.97 * trace.peak_allocated(trace.steps[0])[0]
