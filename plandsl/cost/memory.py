@@ -649,9 +649,9 @@ def whole_vocab_gradient_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Se
     `zero_grad`), a replica of a plan with `batch_shares` over several microbatches (`held`: FSDP2 and, for TP's DTensor
     parameters, `replicate` under replicate and zero1, reduce after the last only: `gradient_sync`). In the gradients'
     dtype (`grad_dtype`: FSDP2 accumulates in its reduce dtype). Counted with the unsharded gradients
-    (`MemoryEstimate.gathered_grads`), not the stored states. Not counted: where each microbatch reduces it (DDP's
-    `replicate`, FSDP2 without a pipeline), the [vocab, hidden] gradient each backward makes beside the activations
-    then alive, at the end of a microbatch's backward, below the peak of the rebuilt blocks where it was traced.
+    (`MemoryEstimate.gathered_grads`), not the stored states. Nothing where each microbatch reduces it (DDP's
+    `replicate`, FSDP2 without a pipeline): there the [vocab, hidden] gradient each backward makes is a moment of its
+    own (`whole_vocab_gradient_moment`), as it is beside the accumulator.
     `extra`: a head's stage's copies of the embedding (`tied_embedding`), one of which multi-token prediction's depths
     embed their shifted tokens with (the same gradient there); a tied head's own copy computes a matmul's, split."""
     if not whole_vocab_gradient(plan):
@@ -673,9 +673,9 @@ def whole_vocab_gradient_moment(plan: ir.Plan, layers: Sequence[Layer]) -> float
     that microbatch's backward, one of `beyond_layers`' (counted beside every microbatch's activations in flight, its
     own freed by then: over by those). In the dtype autograd computes it in, the embedding's weight as used: the
     plan's `gather` dtype under FSDP's, the weights' otherwise. Beside the accumulator, where the step keeps one
-    (`whole_vocab_gradient_bytes`). Traced on `plandsl run` at the peak of small models' first stages (the 405B's is
-    below its rebuilt blocks'). Not counted: multi-token prediction's copy's, at its depths' backward on the head's
-    stage, after the loss's larger one."""
+    (`whole_vocab_gradient_bytes`). Traced on `plandsl run` at the peak of small models' first stages; on
+    torchtitan's 405B first rank (bf16, 3.9 GiB) it is above the rebuilt block's 2.3 GiB. Not counted: multi-token
+    prediction's copy's, at its depths' backward on the head's stage, after the loss's larger one."""
     if not whole_vocab_gradient(plan):
         return 0.0
     tables = [p for layer in layers if layer.kind == "embed" for p in layer.params if VOCAB in p.dims]
