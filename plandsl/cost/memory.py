@@ -671,19 +671,29 @@ def whole_vocab_gradient_moment(plan: ir.Plan, layers: Sequence[Layer]) -> float
     """The embedding's [vocab, hidden] gradient a microbatch's backward makes on its rank under torch's tensor
     parallelism (`whole_vocab_gradient`), before it is added into the accumulator or reduced: a moment at the end of
     that microbatch's backward, one of `beyond_layers`' (counted beside every microbatch's activations in flight, its
-    own freed by then: over by those). In the dtype autograd computes it in, the embedding's weight as used: the
-    plan's `gather` dtype under FSDP's, the weights' otherwise. Beside the accumulator, where the step keeps one
-    (`whole_vocab_gradient_bytes`). Traced on `plandsl run` at the peak of small models' first stages; on
-    torchtitan's 405B first rank (bf16, 3.9 GiB) it is above the rebuilt block's 2.3 GiB. Not counted: multi-token
-    prediction's copy's, at its depths' backward on the head's stage, after the loss's larger one."""
+    own freed by then: over by those). In the dtype autograd computes it in (`whole_vocab_gradient_element`). Beside
+    the accumulator, where the step keeps one (`whole_vocab_gradient_bytes`). Traced on `plandsl run` at the peak of
+    small models' first stages; on torchtitan's 405B first rank (bf16, 3.9 GiB) it is above the rebuilt block's 2.3
+    GiB. Not counted: multi-token prediction's copy's, at its depths' backward on the head's stage, after the loss's
+    larger one."""
     if not whole_vocab_gradient(plan):
         return 0.0
     tables = [p for layer in layers if layer.kind == "embed" for p in layer.params if VOCAB in p.dims]
     if not tables:
         return 0.0
-    element = gather_element_bytes(plan.train, plan.data.gather if plan.data is not None else None, False,
-                                   StateBytes.of(plan.train).params)
-    return float(max(math.prod(p.shape) for p in tables) * element)
+    return float(max(math.prod(p.shape) for p in tables) * whole_vocab_gradient_element(plan))
+
+
+def whole_vocab_gradient_element(plan: ir.Plan) -> float:
+    """Bytes per element of the embedding's gradient as autograd makes it (`whole_vocab_gradient_moment`), the
+    embedding's weight as the forward reads it (a lookup, which autocast does not cast): the plan's `gather` dtype
+    under FSDP's (`gather_element_bytes`: a 16-bit one under `gather = fp8`, torchtitan's `mixed_precision_param`
+    beside its Float8 all-gather, as the gathered units are counted; `plandsl run`, which applies no FP8 all-gather
+    and no 16-bit gather under an FP8 precision, `ir.Plan.run_gather`, makes it in the weights' fp32 there), the
+    weights' otherwise. It depends on the ZeRO stage: the search's figures key their working sets on it
+    (`search.figures.Figures._activations`)."""
+    return float(gather_element_bytes(plan.train, plan.data.gather if plan.data is not None else None, False,
+                                      StateBytes.of(plan.train).params))
 
 
 # ---- the dtype the parameters are gathered in ------------------------------------------------------------
@@ -1538,6 +1548,7 @@ __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estima
            "fp8_gather_bytes", "fp8_weight_bytes", "megatron_fsdp_shards", "gathers_whole", "pipelined_shards",
            "releases_gradients", "open_gradients", "open_gradient_stages",
            "whole_vocab_gradient", "whole_vocab_gradient_bytes", "whole_vocab_gradient_moment",
+           "whole_vocab_gradient_element",
            "returned_merge_bytes", "returned_output_bytes", "model_state_bytes",
            "tied_embedding", "head_weight_apart",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",

@@ -18,6 +18,7 @@ from plandsl.cost.compute import Efficiency, Work, accumulate_bytes, estimate_la
 from plandsl.cost.layer import LayerTime, estimate_layer_time
 from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activations, estimate_memory, gathered_bytes, gathered_param_bytes,
                                  gathers_whole, head_inflight, holds_autocast_copies, inflight_microbatches,
+                                 whole_vocab_gradient, whole_vocab_gradient_element,
                                  layer_precision, open_gradient_stages, pipelined_shards, releases_gradients,
                                  model_state_bytes, returned_output_bytes, tied_embedding, torch_stage_sizes,
                                  whole_vocab_gradient_bytes, StateBytes)
@@ -274,7 +275,10 @@ class Figures:
         found = self._memory_cache.get(key)
         if found is None:
             states, tied, plan = self._states(node, zero)
-            kept = self._activations(node, zero, holds_autocast_copies(plan))
+            # the embedding's whole-vocabulary gradient's moment (`cost.memory.whole_vocab_gradient_moment`) reads the
+            # dtype ZeRO's stage gathers in: a key of its own
+            element = whole_vocab_gradient_element(plan) if whole_vocab_gradient(plan) else None
+            kept = self._activations(node, zero, holds_autocast_copies(plan), element)
             found = self._memory_cache[key] = ([(s, *a) for s, a in zip(states, kept)], tied, plan)
             if root.pp > 1 and self.transformer:  # the plan of the node's microbatches and its sizes (`stage_buffers`)
                 # what they read (`cost.memory.torch_stage_sizes`, `returned_output_bytes`) is the microbatches' shape
@@ -370,13 +374,15 @@ class Figures:
             found = self._states_cache[key] = (states, tied, plan)
         return found
 
-    def _activations(self, node: Node, zero: int, copies: bool):
+    def _activations(self, node: Node, zero: int, copies: bool, element=None):
         """(stored per microbatch, recompute working set) per kind: a function of the micro-batch, the
         recomputation and the tensor and context split, not of dp or ZeRO (`cost.memory._layer_activations`), and of
         whether autocast copies the weights (`copies`, `cost.memory.holds_autocast_copies`: a grouped expert's
-        copies are saved per microbatch; ZeRO-2/3 gathering in the compute precision hold none)."""
+        copies are saved per microbatch; ZeRO-2/3 gathering in the compute precision hold none), and of the embedding's
+        whole-vocabulary gradient's moment's bytes an element (`element`, `cost.memory.whole_vocab_gradient_moment`: the
+        ZeRO stage's gather where `copies` does not tell them apart: an FP8 precision's)."""
         root = node.root
-        key = (root.tp, root.cp, root.ep, node.micro_batch, node.recompute, root.sequence_parallel, copies)
+        key = (root.tp, root.cp, root.ep, node.micro_batch, node.recompute, root.sequence_parallel, copies, element)
         found = self._activations_cache.get(key)
         if found is None:
             plan = build_plan(self.base, candidate_of(node, "", 1, zero))
