@@ -672,11 +672,14 @@ def whole_vocab_gradient_moment(plan: ir.Plan, layers: Sequence[Layer]) -> float
     parallelism (`whole_vocab_gradient`), before it is added into the accumulator or reduced: a moment at the end of
     that microbatch's backward, one of `beyond_layers`' (counted beside every microbatch's activations in flight, its
     own freed by then: over by those). In the dtype autograd computes it in (`whole_vocab_gradient_element`). Beside
-    the accumulator, where the step keeps one (`whole_vocab_gradient_bytes`). Traced on `plandsl run` at the peak of
-    small models' first stages; on torchtitan's 405B first rank (bf16, 3.9 GiB) it is above the rebuilt block's 2.3
-    GiB. Not counted: multi-token prediction's copy's, at its depths' backward on the head's stage, after the loss's
-    larger one."""
+    the accumulator, where the step keeps one (`whole_vocab_gradient_bytes`) over several microbatches: a step of one
+    microbatch that keeps it makes one gradient, the accumulator itself, nothing beside it (traced: one [vocab, hidden]
+    storage alive, tp 2 without data parallelism). Traced on `plandsl run` at the peak of small models' first stages;
+    on torchtitan's 405B first rank (bf16, 3.9 GiB) it is above the rebuilt block's 2.3 GiB. Not counted: multi-token
+    prediction's copy's, at its depths' backward on the head's stage, after the loss's larger one."""
     if not whole_vocab_gradient(plan):
+        return 0.0
+    if plan.num_microbatches == 1 and (plan.stages is not None or plan.data is None):  # the accumulator's own
         return 0.0
     tables = [p for layer in layers if layer.kind == "embed" for p in layer.params if VOCAB in p.dims]
     if not tables:

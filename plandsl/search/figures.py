@@ -276,8 +276,9 @@ class Figures:
         if found is None:
             states, tied, plan = self._states(node, zero)
             # the embedding's whole-vocabulary gradient's moment (`cost.memory.whole_vocab_gradient_moment`) reads the
-            # dtype ZeRO's stage gathers in: a key of its own
-            element = whole_vocab_gradient_element(plan) if whole_vocab_gradient(plan) else None
+            # dtype ZeRO's stage gathers in, and whether the step is one microbatch that keeps it (none then): keys
+            element = (whole_vocab_gradient_element(plan), node.microbatches == 1
+                       and (plan.stages is not None or plan.data is None)) if whole_vocab_gradient(plan) else None
             kept = self._activations(node, zero, holds_autocast_copies(plan), element)
             found = self._memory_cache[key] = ([(s, *a) for s, a in zip(states, kept)], tied, plan)
             if root.pp > 1 and self.transformer:  # the plan of the node's microbatches and its sizes (`stage_buffers`)
@@ -380,7 +381,8 @@ class Figures:
         whether autocast copies the weights (`copies`, `cost.memory.holds_autocast_copies`: a grouped expert's
         copies are saved per microbatch; ZeRO-2/3 gathering in the compute precision hold none), and of the embedding's
         whole-vocabulary gradient's moment's bytes an element (`element`, `cost.memory.whole_vocab_gradient_moment`: the
-        ZeRO stage's gather where `copies` does not tell them apart: an FP8 precision's)."""
+        ZeRO stage's gather where `copies` does not tell them apart: an FP8 precision's; and whether a step of one
+        microbatch keeps it, where it has none)."""
         root = node.root
         key = (root.tp, root.cp, root.ep, node.micro_batch, node.recompute, root.sequence_parallel, copies, element)
         found = self._activations_cache.get(key)

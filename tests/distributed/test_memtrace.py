@@ -288,3 +288,27 @@ def test_the_count_holds_what_replicate_holds_under_tensor_parallelism():
     plan = load(REPLICATED_TP)
     trace = memtrace.trace_rank(plan, 0, 2)
     assert estimate_plan_memory(plan)[0].total >= 0.97 * trace.peak_allocated(trace.steps[0])[0]
+
+
+@pytest.mark.parametrize("global_batch, alive", [(1, 1), (4, 2)])
+def test_a_step_of_one_microbatch_holds_one_whole_vocabulary_gradient(global_batch, alive):
+    """Without data parallelism the step keeps the embedding's whole-vocabulary gradient (its `.grad`) till the next
+    `zero_grad`; over several microbatches each backward makes a new one beside it (two alive at once, the moment
+    `cost.memory.whole_vocab_gradient_moment` counts), but a step of one microbatch makes one only, the accumulator
+    itself: the moment is 0 there (the count held it twice, 4 MiB more than the trace at its backward's end)."""
+    from plandsl.cost.memory import whole_vocab_gradient_moment
+    from plandsl.ir.placement import assign_stages
+    plan = load(WHOLE_VOCAB.replace("hidden=32", "hidden=256").replace("[dp = 2, pp = 2, tp = 2] over devices[0:8]",
+                                                                       "[tp = 2] over devices[0:2]")
+                .replace("global_batch: 8", f"global_batch: {global_batch}").replace("  data     = fsdp over dp\n", "")
+                .replace("  stages   = evenly over pp\n  schedule = 1f1b\n", ""))
+    vocab, hidden = plan.model.vocab, plan.model.hidden
+    trace = memtrace.trace_rank(plan, 0, 2)
+    shape, live, most = f"embedding_dense_backward.default[{vocab}, {hidden}] float32", set(), 0
+    for op, key, _ in trace.events:
+        if trace.labels[key] == shape:
+            (live.add if op > 0 else live.discard)(key)
+            most = max(most, len(live))
+    assert plan.num_microbatches == global_batch and most == alive
+    assignment, _ = assign_stages(plan)
+    assert whole_vocab_gradient_moment(plan, assignment.stage_layers[0]) == (alive - 1) * vocab * hidden * 4
