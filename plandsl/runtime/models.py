@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
 
 from plandsl import ir
 from plandsl.ir.layers import block_model, mtp_block
@@ -590,6 +590,10 @@ class Transformer(nn.Module):
         if self.loss_in_head:
             return self.head(h, targets, kept)
         logits = self.head(h)
+        if kept is not None and isinstance(logits, DTensor):  # split over the vocabulary (loss parallel): the
+            # positions picked on every rank alike, a replicated index (DTensor takes no plain one beside its own)
+            kept = DTensor.from_local(kept, logits.device_mesh, [Replicate()] * logits.device_mesh.ndim,
+                                      run_check=False)
         return loss_fn(logits[:, :targets.shape[1]] if kept is None else logits[:, kept], targets)
 
     def _depth_loss(self, h: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:

@@ -291,15 +291,16 @@ def _loss_weight_dim(rule: ModuleRule | None) -> int | None:
 def splits_logits(model: nn.Module, rules: dict[str, ModuleRule]) -> bool:
     """Does the head leave its logits split over the vocabulary, a DTensor `Shard(-1)` on the tensor axis, for
     torch's loss parallel (`loss_context`)? Where the model's logits go to the plain token cross entropy
-    (`models.loss_fn`: not `loss: fused`, whose head computes the loss, nor multi-token prediction's depths, which
-    compute theirs inside the model) and the head's rule splits the vocabulary (none, or `colwise`): torchtitan's
+    (`models.loss_fn`, not `loss: fused`, whose head computes the loss; multi-token prediction's model calls it
+    inside its forward for the main loss and each depth's, `Transformer._loss`, which `loss_context` covers too) and
+    the head's rule splits the vocabulary (none, or `colwise`): torchtitan's
     output layer (`ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)`),
     the loss the cost model counts (`cost.memory.loss_backward_bytes`: 4sbV/t of log-probabilities per rank). A
     tied head's too: its weight is the embedding's table, split by vocabulary rows (`Shard(0)`) by default, and
     `ColwiseParallel` redistributes the logits to `Shard(-1)` whatever the table's split."""
     rule = rules.get("head")
     return (getattr(model, "head", None) is not None and hasattr(model, "loss_in_head") and not model.loss_in_head
-            and getattr(model, "mtp", None) is None and (rule is None or rule.style == "colwise"))
+            and (rule is None or rule.style == "colwise"))
 
 
 @contextlib.contextmanager
