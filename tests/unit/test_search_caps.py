@@ -78,6 +78,23 @@ def _exact_caps(space, leaf, ranks, caps, recomputed) -> tuple[int, int]:
     return checked, below
 
 
+def _fully_recomputed_memories(space, schedule, virtual):
+    """(root, its stages' ranks, node, in flight, ZeRO stage, the node's memory) for every node of `space` that
+    recomputes all or none of its blocks, at the sizes `schedule` runs, under ZeRO 0 and 3."""
+    for root in space.roots():
+        ranks = stage_ranks(schedule, root.pp, virtual)
+        for node in space.expand_root(root):
+            if node.kept is not None:
+                continue
+            try:
+                check_sizes(schedule, root.pp, node.microbatches, virtual)
+            except ValueError:
+                continue
+            inflight = space.figures.inflight(schedule, root.pp, node.microbatches, virtual)
+            for zero in (0, 3):
+                yield root, ranks, node, inflight, zero, space.figures.layer_memory(node, zero)
+
+
 def _split(blocks, ranks, rank, held):
     """Blocks per stage with `held` on `rank`, its stages' even split (the earlier ones one more), and the others'
     blocks as even over the other stages (at least one each); None where they cannot be."""

@@ -6,15 +6,13 @@ on one that does not (1F1B). Each rank's cap, split evenly over its stages, fits
 more does not; without a pipeline, the exact estimate fits every block where the cap holds them all. And the search's
 figures hold the moment in the dtype of the node's own ZeRO stage (its `gather`), whichever stage was asked first."""
 import pytest
-from test_search_caps import _exact_caps, _fits
+from test_search_caps import _exact_caps, _fits, _fully_recomputed_memories
 
 from plandsl import api, ir
 from plandsl.cost.compute import DEFAULT_EFFICIENCY
 from plandsl.cost.memory import whole_vocab_gradient_moment
 from plandsl.ir.layers import layers_of
-from plandsl.schedules.generators import check_sizes
 from plandsl.search import Problem
-from plandsl.search.choices import stage_ranks
 from plandsl.search.problem import build_plan
 from plandsl.search.space import Space
 from plandsl.search.tree import Leaf, candidate_of
@@ -30,31 +28,20 @@ def test_caps_are_exact_where_the_embeddings_moment_is_the_largest(schedule, vir
     problem = Problem(document.models[0], next(c for c in document.clusters if c.name == "tight"), 8, None)
     space = Space(problem, {"schedule": schedule, "virtual_stages": virtual, "pp": pp}, DEFAULT_EFFICIENCY)
     checked = below = above_loss = 0
-    for root in space.roots():
-        ranks = stage_ranks(schedule, root.pp, virtual)
-        for node in space.expand_root(root):
-            if node.kept is not None:
-                continue
-            try:
-                check_sizes(schedule, root.pp, node.microbatches, virtual)
-            except ValueError:
-                continue
-            inflight = space.figures.inflight(schedule, root.pp, node.microbatches, virtual)
-            for zero in (0, 3):
-                memory = space.figures.layer_memory(node, zero)
-                (_, _, moment), (_, _, working), _, (_, _, loss) = memory[0][:4]
-                if moment <= working:
-                    continue
-                above_loss += moment > loss > working
-                caps = space.caps.rank_caps(root, ranks, inflight, memory, held=True).tolist()
-                leaf = Leaf(node, schedule, virtual, zero, (), 0.0, None)
-                if root.pp == 1:  # one rank holds every block: it fits them where its cap does
-                    fits = _fits(space, leaf, (space.blocks,), None)[0]
-                    assert fits is (caps[0] >= space.blocks), (node, zero, caps)
-                    checked, below = checked + 1, below + (not fits)
-                else:
-                    fitting, refused = _exact_caps(space, leaf, ranks, caps, None)
-                    checked, below = checked + fitting, below + refused
+    for root, ranks, node, inflight, zero, memory in _fully_recomputed_memories(space, schedule, virtual):
+        (_, _, moment), (_, _, working), _, (_, _, loss) = memory[0][:4]
+        if moment <= working:
+            continue
+        above_loss += moment > loss > working
+        caps = space.caps.rank_caps(root, ranks, inflight, memory, held=True).tolist()
+        leaf = Leaf(node, schedule, virtual, zero, (), 0.0, None)
+        if root.pp == 1:  # one rank holds every block: it fits them where its cap does
+            fits = _fits(space, leaf, (space.blocks,), None)[0]
+            assert fits is (caps[0] >= space.blocks), (node, zero, caps)
+            checked, below = checked + 1, below + (not fits)
+        else:
+            fitting, refused = _exact_caps(space, leaf, ranks, caps, None)
+            checked, below = checked + fitting, below + refused
     assert checked > 10 and below > 3 and above_loss > 5, (checked, below, above_loss)
 
 

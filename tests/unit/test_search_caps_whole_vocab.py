@@ -5,12 +5,10 @@ and 3. Each cap, split evenly over its rank's stages, fits the exact estimate an
 `Figures.copy_vocab` or the embedding's term in `Figures._states` fails it (test_search_caps.py's MTP test passes either
 way)."""
 import pytest
-from test_search_caps import _exact_caps
+from test_search_caps import _exact_caps, _fully_recomputed_memories
 
 from plandsl.cost.compute import DEFAULT_EFFICIENCY
-from plandsl.schedules.generators import check_sizes
 from plandsl.search import Problem
-from plandsl.search.choices import stage_ranks
 from plandsl.search.problem import build_plan
 from plandsl.search.space import Space
 from plandsl.search.tree import Leaf, candidate_of
@@ -27,23 +25,12 @@ def test_caps_are_the_exact_estimates_with_the_whole_vocabulary_gradient(schedul
     problem = Problem(document.models[0], next(c for c in document.clusters if c.name == "tight"), 8, None)
     space = Space(problem, {"schedule": schedule, "virtual_stages": virtual, "pp": 2}, DEFAULT_EFFICIENCY)
     checked = below = counted = 0
-    for root in space.roots():
-        ranks = stage_ranks(schedule, root.pp, virtual)
-        for node in space.expand_root(root):
-            if node.kept is not None:
-                continue
-            try:
-                check_sizes(schedule, root.pp, node.microbatches, virtual)
-            except ValueError:
-                continue
-            inflight = space.figures.inflight(schedule, root.pp, node.microbatches, virtual)
-            for zero in (0, 3):
-                memory = space.figures.layer_memory(node, zero)
-                plan = build_plan(space.base, candidate_of(node, schedule, virtual, zero, None))
-                if plan.tp > 1 and plan.tensor.stack == "torch" and space.figures.copy_vocab(memory) > 0:
-                    counted += 1
-                caps = space.caps.rank_caps(root, ranks, inflight, memory, held=True).tolist()
-                leaf = Leaf(node, schedule, virtual, zero, (), 0.0, None)
-                fitting, refused = _exact_caps(space, leaf, ranks, caps, None)
-                checked, below = checked + fitting, below + refused
+    for root, ranks, node, inflight, zero, memory in _fully_recomputed_memories(space, schedule, virtual):
+        plan = build_plan(space.base, candidate_of(node, schedule, virtual, zero, None))
+        if plan.tp > 1 and plan.tensor.stack == "torch" and space.figures.copy_vocab(memory) > 0:
+            counted += 1
+        caps = space.caps.rank_caps(root, ranks, inflight, memory, held=True).tolist()
+        leaf = Leaf(node, schedule, virtual, zero, (), 0.0, None)
+        fitting, refused = _exact_caps(space, leaf, ranks, caps, None)
+        checked, below = checked + fitting, below + refused
     assert counted > 0 and checked > 20 and below > 5, (counted, checked, below)
