@@ -660,11 +660,16 @@ def whole_vocab_gradient_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Se
         or (held and plan.num_microbatches > 1)
     if not accumulates:
         return 0.0
-    tables = [p for layer in layers if layer.kind == "embed" for p in layer.params if VOCAB in p.dims]
+    tables = _embedding_tables(layers)
     if extra and getattr(plan.model, "mtp", 0):
         tables.append(extra[0])
     beyond = sum(math.prod(p.shape) - local_numel(p, plan.tp, plan.expert_group, plan.expert_tp) for p in tables)
     return float(beyond * StateBytes.of(plan.train).grads)
+
+
+def _embedding_tables(layers: Sequence[Layer]) -> list[Param]:
+    """The vocabulary tables of the embeddings among `layers` (`whole_vocab_gradient_bytes`, `_moment`)."""
+    return [p for layer in layers if layer.kind == "embed" for p in layer.params if VOCAB in p.dims]
 
 
 def whole_vocab_gradient_moment(plan: ir.Plan, layers: Sequence[Layer]) -> float:
@@ -681,7 +686,7 @@ def whole_vocab_gradient_moment(plan: ir.Plan, layers: Sequence[Layer]) -> float
         return 0.0
     if plan.num_microbatches == 1 and (plan.stages is not None or plan.data is None):  # the accumulator's own
         return 0.0
-    tables = [p for layer in layers if layer.kind == "embed" for p in layer.params if VOCAB in p.dims]
+    tables = _embedding_tables(layers)
     if not tables:
         return 0.0
     return float(max(math.prod(p.shape) for p in tables) * whole_vocab_gradient_element(plan))

@@ -49,22 +49,20 @@ class Caps:
         rule's caps count no more than they hold (`_released_bound`) and are lowered, held or not, to the most blocks
         whose even split fits with the largest open set's gradients (`_held_caps`), as the exact estimate counts."""
         per_kind, tied, _ = memory
-        (embed_s, embed_a, embed_w), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind
+        (embed_s, embed_a, _), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind
         figures = self.figures
         first_rank, last_rank = ranks[0], ranks[-1]
         fixed = {first_rank: 0.0, last_rank: 0.0}
-        # the embedding's working set is its whole-vocabulary gradient's moment (`cost.memory.whole_vocab_gradient_moment`),
-        # one more of the moments the exact estimate takes the largest of, with the loss's where one rank holds both
+        # the embedding's working set, its whole-vocabulary gradient's moment, where larger than the rebuilt block's
         fixed[first_rank] += embed_s + float(inflight[first_rank]) * embed_a \
-            + max(0.0, embed_w - (max(working, loss) if first_rank == last_rank else working))
+            + figures.beyond_working(memory, working, first_rank == last_rank)
         # the head's working set is the loss's backward (`cost.memory.loss_backward_bytes`): the last rank's
         # peak moment is the larger of it and the block rebuilt by recomputation; the norm and head hold the last
         # stage's microbatches in flight, not its rank's (`Figures.head_inflight`: one in the 1F1B family)
         head = figures.head_inflight(inflight, last_rank)
         fixed[last_rank] += norm_s + head_s + head * (norm_a + head_a) + max(0.0, loss - working)
         if tied and len(ranks) > 1:  # the head's stage copies the embedding, on the first rank too (a V-shape's), twice
-            fixed[last_rank] += tied * figures.tied_copies(inflight)  # where the tied head's weight is apart (MTP, I/W)
-            fixed[last_rank] += figures.copy_vocab(memory)  # and MTP's copy's whole-vocabulary gradient, once
+            fixed[last_rank] += figures.head_copies(memory, inflight)  # twice where the tied head's weight is apart
         capacity = figures.capacity(root)
         released = self._released(memory, inflight)
         grads = released[1] if released is not None else None
@@ -310,7 +308,7 @@ class Caps:
         if found is not None:
             return found
         per_kind, tied, _ = memory
-        (embed_s, embed_a, embed_w), (block_s, _, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind[:4]
+        (embed_s, embed_a, _), (block_s, _, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind[:4]
         pp = root.pp
         first_rank, last_rank = ranks[0], ranks[-1]
         ends = np.zeros((pp, chunks))
@@ -320,10 +318,9 @@ class Caps:
         rule_ends[first_rank] += float(inflight[first_rank]) * embed_a
         rule_ends[last_rank] += self.figures.head_inflight(inflight, last_rank) * (norm_a + head_a)
         room = capacity - working - buffers
-        room[first_rank] -= embed_s + max(0.0, embed_w - (max(working, loss) if first_rank == last_rank else working))
+        room[first_rank] -= embed_s + self.figures.beyond_working(memory, working, first_rank == last_rank)
         room[last_rank] -= norm_s + head_s + max(0.0, loss - working) \
-            + (tied * self.figures.tied_copies(inflight) + self.figures.copy_vocab(memory)
-               if tied and len(ranks) > 1 else 0.0)
+            + (self.figures.head_copies(memory, inflight) if tied and len(ranks) > 1 else 0.0)
         units = []
         for blocks in (1, 2):
             unit = np.full(pp, self.figures.gathered(memory, False, False, blocks))

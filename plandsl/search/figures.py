@@ -428,6 +428,18 @@ class Figures:
                                                         if copy is not None else 0.0)
         return found[1]
 
+    def beyond_working(self, memory, working: float, both_ends: bool) -> float:
+        """What the embedding's working set, its whole-vocabulary gradient's moment (`cost.memory.
+        whole_vocab_gradient_moment`), adds on the first rank beyond `working` (the block rebuilt): the exact estimate
+        takes the largest of a rank's moments, the loss's backward among them where the rank holds both ends."""
+        (_, _, moment), (_, _, loss) = memory[0][0], memory[0][3]
+        return max(0.0, moment - (max(working, loss) if both_ends else working))
+
+    def head_copies(self, memory, inflight: np.ndarray) -> float:
+        """What the head's stage holds for its copies of the embedding (the memory's `tied`, per copy,
+        `tied_copies` of them) and, once, multi-token prediction's copy's whole-vocabulary gradient (`copy_vocab`)."""
+        return memory[1] * self.tied_copies(inflight) + self.copy_vocab(memory)
+
     def tied_copies(self, inflight: np.ndarray) -> int:
         """How many copies of the embedding's weight the head's stage holds, for an array `inflight` gave (of a memory's
         `tied`, `_states`' one): two where the model ties its head and has multi-token prediction and the schedule runs

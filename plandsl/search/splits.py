@@ -314,7 +314,7 @@ class Splits:
         the working set (the largest of the kinds of block), torch's pipeline buffers, ZeRO's gathered units, the
         embedding on the first stage and the norm and head on the last, as arrays over the stages."""
         per_kind, tied, _ = memory
-        (embed_s, embed_a, embed_w), _, (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind[:4]
+        (embed_s, embed_a, _), _, (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind[:4]
         working = max(per_kind[kind][2] for kind in self._summed)
         first_rank, last_rank = ranks[0], ranks[-1]
         on = np.asarray(ranks)
@@ -326,11 +326,10 @@ class Splits:
             first, np.where(final, gathered[True, True], gathered[True, False]),
             np.where(final, gathered[False, True], gathered[False, False]))
         room -= np.where(first, embed_s + kept * embed_a   # and the embedding's gradient's moment, as `Caps.rank_caps`
-                         + max(0.0, embed_w - (max(working, loss) if first_rank == last_rank else working)), 0.0)
+                         + self.figures.beyond_working(memory, working, first_rank == last_rank), 0.0)
         head = self.figures.head_inflight(inflight, last_rank)  # the last stage's in flight, not its rank's
         room -= np.where(final, norm_s + head_s + head * (norm_a + head_a) + max(0.0, loss - working)
-                         + (tied * self.figures.tied_copies(inflight) + self.figures.copy_vocab(memory)
-                            if tied and first_rank != last_rank else 0.0),
+                         + (self.figures.head_copies(memory, inflight) if tied and first_rank != last_rank else 0.0),
                          0.0)
         return room, room / np.bincount(on)[on]  # a rank's room is shared by its stages
 
