@@ -21,7 +21,7 @@ from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activati
                                  whole_vocab_gradient, whole_vocab_gradient_element,
                                  layer_precision, open_gradient_stages, pipelined_shards, releases_gradients,
                                  model_state_bytes, returned_output_bytes, tied_embedding, torch_stage_sizes,
-                                 whole_vocab_gradient_bytes, StateBytes)
+                                 replicates_units, whole_vocab_gradient_bytes, StateBytes)
 from plandsl.cost.stage import param_split
 from plandsl.ir.layers import Layer, figures_key, layers_of
 from plandsl.schedules.bounded import builtin_profiles
@@ -359,7 +359,8 @@ class Figures:
             # sets, `_activations`, where the exact estimate of one layer has them)
             # ZeRO-2 keeps every unit's parameters whole through the step beside its shards (`cost.memory.
             # gathers_whole`): they too grow with the layers, counted here (and its gradients' two units in `gathered`)
-            whole = gathers_whole(plan) and not held
+            # and so does `replicate`'s copy of each unit under replication on torch's stack (`replicate_copy_bytes`)
+            whole = (gathers_whole(plan) or replicates_units(plan)) and not held
 
             def unsharded(layers, extra=()):
                 both = gathered_bytes(plan, layers, extra)

@@ -11,7 +11,7 @@ from typing import Mapping
 
 import numpy as np
 
-from plandsl.cost.memory import gathered_bytes, gathers_whole
+from plandsl.cost.memory import gathered_bytes, gathers_whole, replicates_units
 from plandsl.cost.offload import host_capacity
 from plandsl.ir.placement import account_counts
 from plandsl.search.caps import Caps
@@ -402,7 +402,7 @@ class Splits:
         # ZeRO-2/3's gathered units: the two largest of the model, wherever they are (a bound); ZeRO-2's parameters,
         # whole through the step, are in each layer's states (`figures.Figures._states`), its gradients' units here
         both = gathered_bytes(plan, self.layers)
-        working = max(k[2] for k in per_kind) + (both[1] if gathers_whole(plan) else sum(both))
+        working = max(k[2] for k in per_kind) + (both[1] if gathers_whole(plan) or replicates_units(plan) else sum(both))
         for r in ranks:
             costs.append([t.forward + t.backward for t in self.figures.kind_times(node, root.rank_devices[r])])
             memory.append([k[0] + inflight[r] * k[1] for k in per_kind])

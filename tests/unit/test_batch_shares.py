@@ -319,7 +319,7 @@ device big {{
   reserve    = 0 GiB
 }}
 device small {{
-  memory     = 1.375 GiB
+  memory     = 1.5 GiB
   bandwidth  = 10 GB/s
   peak       = {{ fp32: 50 GFLOP/s, bf16: 50 GFLOP/s, fp16: 50 GFLOP/s }}
   efficiency = {{ matmul: 0.57, kernel_latency: 120 us }}
@@ -354,28 +354,29 @@ def _errors(text: str) -> list:
 
 def test_each_replica_is_counted_on_its_own_devices():
     """GPipe holds every microbatch's activations: data rank 0 (on the 4 GiB devices) with 12 microbatches needs
-    more than the 1.375 GiB devices hold, data rank 1 (on those) with 4 does not (torch's pipeline stage keeping
-    each of them's logits until its backward, 128 MiB of its last rank's 1.3 GiB: `cost.memory.torch_stage_bytes`). Counted replica by replica the
+    more than the 1.5 GiB devices hold, data rank 1 (on those) with 4 does not (torch's pipeline stage keeping
+    each of them's logits until its backward, 128 MiB of its last rank's 1.4 GiB: `cost.memory.torch_stage_bytes`;
+    `replicate`'s copy of its stage's weights, 128 MiB more: `cost.memory.replicate_copy_bytes`). Counted replica by replica the
     plan fits (the most microbatches against the smallest device refused it); with the shares swapped the
     error names the data rank, its share and its device."""
     text = TWO_MEMORIES.format(kind="zero1", shares="[12, 4]")
     assert _errors(text) == []
     estimate = estimate_plan(_plan(text))
-    small = 1.375 * 2**30
+    small = 1.5 * 2**30
     assert estimate.replica_capacity == ((4 * 2**30,) * 2, (small,) * 2)
     assert estimate.replica_memory[0][0].total > small >= max(m.total for m in estimate.replica_memory[1])
     assert estimate.fits and estimate.overflow() is None
-    assert "replica memory data rank 1, pipeline rank 1 is the fullest: 1.3 GiB of its devices' 1.4 GiB" \
+    assert "replica memory data rank 1, pipeline rank 1 is the fullest: 1.4 GiB of its devices' 1.5 GiB" \
         in format_estimate(estimate)  # the nearest its own capacity
     shown = api.describe(api.loads(text))  # show: the replica with the most microbatches, on its own devices
     assert "estimate of data rank 0, the most microbatches, on its own devices" in shown
     assert [line.split(" / ")[-1] for line in shown.splitlines() if line.startswith(("      0:", "      1:"))] \
-        == ["4.0 GiB", "4.0 GiB"]  # data rank 0's devices (the smallest in the mesh hold 1.4 GiB)
+        == ["4.0 GiB", "4.0 GiB"]  # data rank 0's devices (the smallest in the mesh hold 1.5 GiB)
     swapped = _errors(TWO_MEMORIES.format(kind="zero1", shares="[4, 12]"))
     assert [d.code for d in swapped] == ["E503"]
     assert swapped[0].message.startswith("data rank 1 (12 sequences: 12 microbatch(es) of 1), pipeline rank 0, needs "
-                                         "about 2.1 GiB") and "its device 'small' has 1.4 GiB" in swapped[0].message
-    smaller = api.checks(TWO_MEMORIES.format(kind="zero1", shares="[12, 4]").replace("1.375 GiB", "0.75 GiB"))
+                                         "about 2.2 GiB") and "its device 'small' has 1.5 GiB" in swapped[0].message
+    smaller = api.checks(TWO_MEMORIES.format(kind="zero1", shares="[12, 4]").replace("1.5 GiB", "0.75 GiB"))
     assert [d.message[:30] for d in smaller.diagnostics if d.is_error] == ["data rank 1 (4 sequences: 4 mi"]
     over = estimate_plan(smaller.document.plans[0])
     assert not over.fits and over.overflow() == (1, 0)
@@ -384,22 +385,24 @@ def test_each_replica_is_counted_on_its_own_devices():
 def test_fsdp_with_shares_holds_every_unit_gathered_through_the_step():
     """ZeRO-3 with shares: the interpreter keeps every unit's parameters gathered from the first forward to the
     last backward and accumulates unsharded gradients (runtime.parallel.data_parallel), so a replica holds its
-    stage's whole parameters and gradients on top of its shards, byte for byte what replication holds; that
-    overflows data rank 1's small devices, which ZeRO-1 with the same shares does not, and the hint says why."""
+    stage's whole parameters and gradients on top of its shards, byte for byte what replication stores (which holds
+    `replicate`'s copy of the parameters beside them on torch's pipeline); that overflows data rank 1's devices at
+    1.375 GiB, and the hint says why."""
     from plandsl.cost.memory import estimate_plan_memory
-    zero3 = _plan(TWO_MEMORIES.format(kind="zero3", shares="[12, 4]").replace("1.375 GiB", "4 GiB"))
-    whole = _plan(TWO_MEMORIES.format(kind="replicate", shares="[12, 4]").replace("1.375 GiB", "4 GiB"))
+    zero3 = _plan(TWO_MEMORIES.format(kind="zero3", shares="[12, 4]").replace("1.5 GiB", "4 GiB"))
+    whole = _plan(TWO_MEMORIES.format(kind="replicate", shares="[12, 4]").replace("1.5 GiB", "4 GiB"))
     for share in (12, 4):
         held = estimate_plan_memory(batch.replica_plan(zero3, share), held=True)
         replicated = estimate_plan_memory(batch.replica_plan(whole, share))
-        assert [(m.gathered_params, m.gathered_grads) for m in held] == [(m.params, m.grads) for m in replicated]
+        assert [(m.gathered_params, m.gathered_grads) for m in held] == \
+            [(m.params - m.gathered_params, m.grads) for m in replicated]  # the stored ones (beside `replicate`'s copy)
         # a pipelined stage holds them anyway (torch's schedules reduce once, after the last backward:
         # cost.memory.pipelined_shards), shares or not
         pipelined = estimate_plan_memory(batch.replica_plan(zero3, share))
         assert [h.total for h in held] == [t.total for t in pipelined]
     assert estimate_plan(zero3).replica_memory[1] == tuple(estimate_plan_memory(batch.replica_plan(zero3, 4),
                                                                                   held=True))
-    errors = _errors(TWO_MEMORIES.format(kind="zero3", shares="[12, 4]"))
+    errors = _errors(TWO_MEMORIES.format(kind="zero3", shares="[12, 4]").replace("1.5 GiB", "1.375 GiB"))
     assert [d.code for d in errors] == ["E503"] and errors[0].message.startswith("data rank 1 (4 sequences")
     assert "ZeRO-2/3 keep every unit gathered through the step" in errors[0].hint
 

@@ -44,12 +44,14 @@ def test_only_sharded_data_under_a_pipeline_is_held():
 def test_a_stage_holds_its_whole_parameters_and_gradients():
     """On top of its shards, each pipeline rank holds what replication would: every unit's parameters and
     gradients, whole, whatever the number of microbatches (ZeRO-2 as ZeRO-3: FSDP2 keeps its parameters sharded at
-    rest, `cost.memory.gathers_whole`)."""
+    rest, `cost.memory.gathers_whole`); replication stores them whole and, on torch's pipeline, holds `replicate`'s
+    copy of the parameters beside them too (`cost.memory.replicate_copy_bytes`), the same bytes again."""
     replicated = estimate_plan_memory(_plan("replicate"))
     for kind in ("zero3", "zero2"):
         held = estimate_plan_memory(_plan(kind))
         assert [m.gathered_grads for m in held] == [m.grads for m in replicated]
-        assert [m.gathered_params for m in held] == [m.params for m in replicated]
+        assert [m.gathered_params for m in held] == [m.params - m.gathered_params for m in replicated] \
+            == [m.gathered_params for m in replicated]
 
 
 def test_a_microbatch_moves_nothing_over_the_data_axis_and_the_tail_reduces_once():

@@ -156,8 +156,10 @@ def test_the_cost_model_counts_the_models_tensor_parallelism(folder):
     plain = _check(folder, "", mesh="[dp = 8]").document.plans[0]
     split = _check(folder, "", mesh="[dp = 4, tp = 2]").document.plans[0]
     one, two = api.estimate(plain), api.estimate(split)
-    # parameters: every colwise/rowwise weight halves (the norms stay whole)
-    assert two.memory[0].params < 0.6 * one.memory[0].params
+    # parameters: every colwise/rowwise weight halves (the norms stay whole); the stored ones (DTensor parameters are
+    # replicated by `replicate`, whose copy `gathered_params` holds: `cost.memory.replicate_copy_bytes`)
+    stored = [m.memory[0].params - m.memory[0].gathered_params for m in (one, two)]
+    assert two.memory[0].gathered_params > 0 == one.memory[0].gathered_params and stored[1] < 0.6 * stored[0]
     # every matmul of a Llama block is split (q, k, v, o, gate, up, down and the attention core): half each
     from plandsl.cost.compute import _tensor_parallel_flops
     block = ir_layers.layers_of(split.model)[1]
@@ -241,6 +243,8 @@ def test_the_expert_axis_splits_a_hugging_face_moes_grouped_experts(folder):
     experts = [p for layer in ir_layers.layers_of(dense.model) for p in layer.params if p.dims[0] == ir_layers.EXPERTS]
     assert [p.name for p in experts][:2] == ["model.layers.0.mlp.experts.gate_up_proj",
                                              "model.layers.0.mlp.experts.down_proj"]
-    # each rank holds 1 of the 4 experts of every grouped tensor (fp32 parameters: 4 bytes)
-    held = api.estimate(dense).memory[0].params - api.estimate(split.document.plans[0]).memory[0].params
+    # each rank stores 1 of the 4 experts of every grouped tensor (fp32 parameters: 4 bytes; `replicate`'s copy of the
+    # expert-parallel model's apart, `cost.memory.replicate_copy_bytes`)
+    held = [m.params - m.gathered_params for m in (api.estimate(plan).memory[0] for plan in (dense, split.document.plans[0]))]
+    held = held[0] - held[1]
     assert held == 4 * sum(p.numel for p in experts) * 3 / 4

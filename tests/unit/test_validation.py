@@ -382,8 +382,10 @@ def test_moe_blackwell_rows_are_reported_apart(bench):
     """Megatron-Bridge's DGX-GB300, GB200 and B200 mixture-of-experts rows of the NeMo 25.11, 26.02 and 26.04.01
     tables (docs/validation.md, "The MoE rows on Blackwell"): all 38 of the two rules are searched or refused, none is
     a target row; none is refused for what its recipe runs that the language cannot say (DeepSeek-V3's eleven were, for
-    their MTP layer, until the eighth session), three DeepSeek-V3 rows and the GPT-OSS row at EP 8 on B200 are refused by
-    the memory model; the maxima of those predicted stay where they stand, every one too
+    their MTP layer, until the eighth session), three DeepSeek-V3 rows and the two GPT-OSS rows at EP 8 on B200 are
+    refused by the memory model (the one at micro-batch 4 since `replicate`'s copy of the parameters is counted,
+    `cost.memory.replicate_copy_bytes`: `plandsl run`'s stack, not NeMo's, which the language cannot say of a plan
+    without tensor or pipeline parallelism); the maxima of those predicted stay where they stand, every one too
     fast but 25.11's GB300 Qwen3 235B row: GB300 52 %, GB200 96 % (GPT-OSS, 44 % and 86 % before its sliding windows
     were written, 98 % before its recipes' recompute_modules were: docs/validation.md), B200 173 % (Qwen3 30B-A3B at
     micro-batch 1)."""
@@ -396,15 +398,15 @@ def test_moe_blackwell_rows_are_reported_apart(bench):
     lines = {line.split(":")[0]: line for line in report.splitlines() if line.startswith(("all", "GB300", "GB200", "B200", "DeepSeek-V3"))}
     # GB300 0.53 and GB200 0.97: Megatron-Bridge's fused loss (docs/validation.md, "Megatron-Bridge's loss") took
     # their GPT-OSS maxima from 51.6 and 95.5 % to 52.3 and 96.5 %
-    for label, counts, most in (("all", "34 predicted, 4 refused", 1.73), ("GB300", "11 predicted, 2 refused", 0.53),
-                                ("GB200", "12 predicted, 1 refused", 0.97), ("B200", "11 predicted, 1 refused", 1.73),
+    for label, counts, most in (("all", "33 predicted, 5 refused", 1.73), ("GB300", "11 predicted, 2 refused", 0.53),
+                                ("GB200", "12 predicted, 1 refused", 0.97), ("B200", "10 predicted, 2 refused", 1.73),
                                 ("DeepSeek-V3", "8 predicted, 3 refused", 0.57)):
         assert lines[label].startswith(f"{label}: {counts}"), lines[label]
         assert float(lines[label].split("max |error| ")[1].rstrip("%")) / 100 <= most, lines[label]
-    assert report.count("refused: does not fit") == 4 and report.count("refused: no plan satisfies the pins") == 0
+    assert report.count("refused: does not fit") == 5 and report.count("refused: no plan satisfies the pins") == 0
     errors = [float(line.split(" | ")[4].rstrip("%")) for line in report.splitlines()
               if line.startswith("| NeMo") and line.split(" | ")[4].endswith("%")]
-    assert len(errors) == 34 and sum(error < 0 for error in errors) == 3
+    assert len(errors) == 33 and sum(error < 0 for error in errors) == 3
 
 @pytest.mark.slow
 def test_torchtitan_memory_without_model_parallelism_within_10_percent(bench):

@@ -115,8 +115,8 @@ def test_shrink_keeps_a_band_and_torchtitan_loses_the_window(tmp_path):
     path = tmp_path / "oss.plan"
     path.write_text('import "clusters/dgx_h100"\nimport "models/gpt_oss"\nplan p {\n  model = gpt_oss_20b\n'
                     '  cluster = dgx_h100 x 2\n  mesh = [pp = 2, dp = 2, ep = 4]\n'
-                    '  train = { global_batch: 64, micro_batch: 1 }\n  experts = alltoall over ep\n'
-                    '  stages = evenly over pp\n  schedule = 1f1b\n}\n')
+                    '  train = { global_batch: 64, micro_batch: 1 }\n  data = zero1 over dp\n'
+                    '  experts = alltoall over ep\n  stages = evenly over pp\n  schedule = 1f1b\n}\n')
     small = shrink(path).plan.model
     assert (small.window, small.full_every, small.sinks) == (16, 2, True)  # half the 32 tokens: still a band
     lost = export_plan(api.loads(_plan(", window=128")).plans[0], "torchtitan").lost
