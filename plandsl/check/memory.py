@@ -81,7 +81,7 @@ def _check_replicas(plan: ir.Plan) -> Iterator[Diagnostic]:
                          + (f"), pipeline rank {rank}," if plan.stages else ")"))
                 yield diag("E503", f"{where} needs about {format_bytes(estimate.total)} ({_parts(estimate)}), but "
                            f"its device '{device.name}' has {_room(device)}", plan.mesh.span or plan.span,
-                           hint=_shares_hint(estimate, device.usable_memory) or _memory_hint(plan, estimate),
+                           hint=_shares_hint(plan, estimate, device.usable_memory) or _memory_hint(plan, estimate),
                            notes=[Note(f"plan '{plan.name}'", plan.span)]
                            + ([Note("the shares: batch_shares", plan.train.field_spans["batch_shares"])]
                               if plan.train.field_spans.get("batch_shares") else []))
@@ -94,10 +94,11 @@ def _parts(estimate: MemoryEstimate) -> str:
             + (f", torch's pipeline buffers {format_bytes(estimate.other)}" if estimate.other else ""))
 
 
-def _shares_hint(estimate: MemoryEstimate, room: float) -> str | None:
-    """With shares under ZeRO-2/3, when the units held gathered through the step are what overflows `room`."""
+def _shares_hint(plan: ir.Plan, estimate: MemoryEstimate, room: float) -> str | None:
+    """With shares under ZeRO-2/3, when the units held gathered through the step are what overflows `room` (not
+    replication's copies of the parameters, `cost.memory.replicate_copy_bytes`, which ZeRO-1 holds too)."""
     gathered = estimate.gathered_params + estimate.gathered_grads
-    if not gathered or estimate.total - gathered > room:
+    if plan.data is None or plan.data.zero_stage < 2 or not gathered or estimate.total - gathered > room:
         return None
     return (f"with batch_shares, ZeRO-2/3 keep every unit gathered through the step ({format_bytes(gathered)} "
             "here): use `data = zero1 over dp`, or add tensor or pipeline parallelism")

@@ -9,7 +9,7 @@ import re
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, Note, diag
 from plandsl.ir.layers import layers_of
-from plandsl.ir.placement import NameIndex, precision
+from plandsl.ir.selectors import NameIndex, precision
 from plandsl.ir.shapes import context_extents, expert_extents, indivisible, tensor_extents
 
 

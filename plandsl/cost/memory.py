@@ -6,7 +6,8 @@ tensor/data-parallel coordinate: model states follow ZeRO (Rajbhandari et al. 20
 ZeRO-2/3 hold unsharded while gathering and reducing (FSDP, Zhao et al. 2023), activations
 Korthikanti et al. 2022, in-flight microbatches the schedules' papers; a rank holds the weights of
 every stage any of the schedule's pipelines puts on it (Chimera: two). Sharding follows
-Megatron-style defaults, not a plan's own `shard` rules. Dtypes are the plan's `master_dtype`,
+Megatron-style defaults where the plan's `shard` rules do not move a parameter (`ir.shard_rules.ruled_layers`, applied
+by `assign_stages`: over the tensor axis; a rule's split over the data axis is not counted). Dtypes are the plan's `master_dtype`,
 `grad_dtype` and `optimizer_dtype` (`StateBytes`), fp32 by default under every precision, as `plandsl run`
 keeps them (docs/cost-model.md, "One memory model"), with the 16-bit copies autocast makes of fp32 weights
 (`autocast_weight_copies`).
@@ -20,9 +21,11 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 from plandsl import ir
-from plandsl.ir.layers import (EXPERTS, FFN, HEADS, HEADS_X_HEAD_DIM, KV, TP_SPLIT, VOCAB, Layer, Param, attention_widths,
+from plandsl.ir.layers import (EXPERTS, TENSOR_SHARDED_DIMS, VOCAB, Layer,
+                               Param, attention_widths,
                                block_model, figures_key, kv_width, layers_of, once_per_figures)
 from plandsl.ir.placement import Assignment, assign_stages
+from plandsl.ir.shard_rules import tp_rules
 from plandsl.cost.schedule import plan_schedule, plan_splits_backward
 from plandsl.schedules.bounded import builtin_layout
 from plandsl.schedules.generators import check_sizes, pipeline_maps
@@ -32,7 +35,6 @@ from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE
 # Dim roles a tensor-parallel axis splits (Megatron, Shoeybi et al. 2019): column-parallel outputs
 # (q/k/v heads, MLP ffn), row-parallel inputs (o heads, MLP ffn), the vocabulary of the embedding and head,
 # and the attention sinks by heads. Everything else (norms, row-parallel biases, positions, router) is replicated.
-TENSOR_SHARDED_DIMS = (HEADS_X_HEAD_DIM, HEADS, KV, FFN, VOCAB, TP_SPLIT)  # TP_SPLIT: a torch model's own plan
 
 # Bytes per element of a parameter, its gradient and each optimizer state by default, whatever `precision`
 # says: the interpreter keeps parameters in fp32 and computes under autocast (`runtime.precision`), so
@@ -558,8 +560,8 @@ def replicates_units(plan: ir.Plan) -> bool:
     backward's start the rank holds its parameters twice (`replicate_copy_bytes`). Not on DistributedDataParallel
     (plain parameters without a pipeline), nor where the plan names Megatron-LM's or DeepSpeed's stack
     (`implementation = megatron | deepspeed`: their DDP reduces into buckets beside one copy of the parameters)."""
-    if plan.data is not None and plan.data.zero_stage >= 2:
-        return False
+    if plan.data is not None and (plan.data.zero_stage >= 2 or plan.data.gather is ir.Precision.fp8):
+        return False  # FSDP; or Megatron's FP8 parameter gather (`--fp8-param-gather`, `model_state_bytes`)
     if math.prod(plan.mesh.degree(axis) for axis in plan.reduce_axes()) == 1:  # nothing to reduce over: no wrapper
         return False
     if plan.stages is not None:
@@ -572,17 +574,24 @@ def replicates_units(plan: ir.Plan) -> bool:
 def replicate_copy_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = ()) -> float:
     """Bytes of `replicate`'s copies of the parameters of `layers` (and `extra`: a head stage's copies of the
     embedding) where the plan's replication runs on it (`replicates_units`): every unit whole from its forward to its
-    backward, in the weights' dtype (`run` gives `replicate` no `MixedPrecisionPolicy`); an expert's only where its
-    experts are replicated over axes beside the expert axis (`_group_experts`: otherwise `replicate` ignores them).
+    backward, in the weights' dtype (`run` gives `replicate` no `MixedPrecisionPolicy`). Left out: the experts of an
+    expert axis replicated over no other axis (`_group_experts`: `replicate` ignores them; without an expert axis
+    they are a block's like any parameter), and, where the units are not held through the step, the modules a shard
+    rule splits over the data axis (FSDP groups of their own that reshard after the forward,
+    `data_parallel.shard_by_rules`; held whole through it under a pipeline or `batch_shares`, as these copies are).
     Traced (`plandsl run --dry-run --memory`, tests/distributed/test_memtrace.py): a llama at dp 2 x tp 2 under `ddp`,
     40.9 MiB of tensors at the peak against 33.2 counted without the copies, 40.2 with them."""
     if not replicates_units(plan):
         return 0.0
     tp, ep, expert_tp = plan.tp, plan.expert_group, plan.expert_tp
-    experts = plan.experts is not None and math.prod(
+    split = plan.experts is not None and plan.ep > 1
+    experts = not split or math.prod(
         plan.mesh.degree(axis) for axis in plan.reduce_axes() if axis != plan.experts.axis) > 1
+    held = plan.stages is not None or plan.train.batch_shares is not None
+    apart = frozenset() if held else frozenset(module for module, rule in tp_rules(plan)[0].items() if rule.data)
     params = [p for layer in layers for p in layer.params] + list(extra)
-    return float(sum(local_numel(p, tp, ep, expert_tp) for p in params if experts or not _is_expert(p))
+    return float(sum(local_numel(p, tp, ep, expert_tp) for p in params
+                     if (experts or not _is_expert(p)) and p.module not in apart)
                  * StateBytes.of(plan.train).params)
 
 

@@ -30,6 +30,9 @@ OUTPUT = "output"
 OTHER = "other"
 TP_SPLIT = "tp_split"  # a dim of a torch model's parameter that its tensor-parallel plan splits
 DIM_ROLES = (HIDDEN, HEADS_X_HEAD_DIM, HEADS, KV, FFN, VOCAB, EXPERTS, INPUT, OUTPUT, OTHER, TP_SPLIT)
+# The roles tensor parallelism splits: a parameter's first dim of one of them is split over the tensor axis (Megatron's
+# default placements, a torch model's own plan: TP_SPLIT; a plan's shard rules move it, `ir.shard_rules.ruled_layers`)
+TENSOR_SHARDED_DIMS = (HEADS_X_HEAD_DIM, HEADS, KV, FFN, VOCAB, TP_SPLIT)
 
 
 @dataclass(frozen=True, slots=True)

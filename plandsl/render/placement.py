@@ -14,7 +14,7 @@ the most precise selector winning, as the checker resolves them.
 from __future__ import annotations
 
 from plandsl import ir
-from plandsl.cost.memory import TENSOR_SHARDED_DIMS
+from plandsl.ir.layers import TENSOR_SHARDED_DIMS
 from plandsl.ir.layers import EXPERTS, Layer, Param, layers_of, param_count
 from plandsl.ir.placement import (Assignment, NameIndex, assign_stages, compress_names, pipeline_rank_devices,
                                   precision)

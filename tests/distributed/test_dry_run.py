@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from plandsl.cost.memory import whole_vocab_gradient_bytes
+from plandsl.cost.memory import replicate_copy_bytes, whole_vocab_gradient_bytes
 from plandsl.ir.layers import layers_of
 from tests.conftest import STDLIB
 from tests.distributed.harness import run_ranks
@@ -126,8 +126,12 @@ def test_dry_run_figures_add_up(name):
             assert p.gathered_params > 0 and p.gathered_grads > 0 and p.states > p.stored_states
         else:  # but the embedding's gradient over the whole vocabulary under torch's tensor parallelism, kept till
             # the next step without data parallelism (`cost.memory.whole_vocab_gradient_bytes`), beyond its rows'
+            # the next step without data parallelism (`cost.memory.whole_vocab_gradient_bytes`), beyond its rows'; and
+            # `replicate`'s copy of the parameters an expert axis replicates (`cost.memory.replicate_copy_bytes`)
             whole = whole_vocab_gradient_bytes(plan, layers_of(plan.model)) if plan.stages is None else 0.0
-            assert p.gathered_params == 0 and p.gathered_grads == whole and (whole > 0) == (plan.tp > 1)
+            copies = replicate_copy_bytes(plan, layers_of(plan.model)) if plan.stages is None else 0.0
+            assert p.gathered_params == copies and (copies > 0) == (name == "ep")
+            assert p.gathered_grads == whole and (whole > 0) == (plan.tp > 1)
         # ZeRO-1: the most loaded rank of the data group, which every rank's partition names
         assert r.optimizer_bytes <= r.most_loaded_optimizer_bytes
         assert (p.params - p.gathered_params, p.grads - p.gathered_grads, p.optimizer) == \

@@ -150,3 +150,42 @@ def test_routed_experts_split_over_tp_as_the_estimate_counts(mesh, world, lines,
                  "optimizer": (built.most_loaded_optimizer_bytes, predicted.optimizer)}
         for what, (got, want) in pairs.items():
             assert got == pytest.approx(want, rel=TOLERANCE), (mesh, pipeline_rank, what, got, want)
+
+
+_RULED = """import "clusters/dgx_a100"
+plan p {{
+  model   = gpt(layers=4, hidden=512, heads=8, seq=256, vocab=8192)
+  cluster = dgx_a100
+  mesh    = [dp = 2, tp = 4]
+  train   = {{ global_batch: 16, micro_batch: 2 }}
+  data    = zero1 over dp
+  tensor  = megatron over tp
+{rules}
+}}
+"""
+
+
+@pytest.mark.xdist_group("torch")
+@pytest.mark.parametrize("rules, states", [
+    ("  shard layers.*.mlp = replicate\n  shard embed.tok = replicate", 2.75),
+    ("  shard embed.tok = colwise over tp\n  shard layers[0:2].attn.wo = { weight: Shard(0) @ tp }", 1.0),
+    ("  shard layers.*.attn = replicate\n  shard layers.1.attn.wq = colwise over tp", 1.55),
+], ids=["replicated_mlp_and_embedding", "hidden_split_embedding", "replicated_attention_but_one"])
+def test_the_estimate_places_parameters_as_the_shard_rules_do(rules, states):
+    """A plan's shard rules move parameters off Megatron's default splits; the count places them as `plandsl run`
+    does (`ir.shard_rules.ruled_layers`): the dry run's built states are the estimate's, `states` times those of the
+    default splits (which the count held before: replicated MLPs and embedding, 2.75x). An embedding split along its
+    hidden dim (colwise) makes its own rows' gradient: no whole-vocabulary one (`cost.memory.whole_vocab_gradient`),
+    whose moment the default split's activations hold."""
+    plan = load(_RULED.format(rules=rules))
+    default = estimate_plan_memory(load(_RULED.format(rules="")))[0]
+    predicted = estimate_plan(plan).memory[0]
+    built = dryrun.dry_run(plan, [0]).ranks[0]
+    assert built.predicted == predicted
+    pairs = {"parameters": (built.param_bytes, predicted.params - predicted.gathered_params),
+             "gradients": (built.grad_bytes, predicted.grads - predicted.gathered_grads),
+             "optimizer": (built.most_loaded_optimizer_bytes, predicted.optimizer)}
+    for what, (got, want) in pairs.items():
+        assert got == pytest.approx(want, rel=TOLERANCE), (what, got, want)
+    assert predicted.stored_states / default.stored_states == pytest.approx(states, abs=0.05)
+    assert (predicted.activations < default.activations) == ("embed.tok = colwise" in rules)

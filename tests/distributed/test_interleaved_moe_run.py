@@ -72,4 +72,5 @@ def test_dry_run_states_are_the_estimates_block_by_block(layout):
     for pipeline_rank, built in enumerate(result.ranks):
         predicted = estimate.memory[pipeline_rank]
         assert (built.param_bytes, built.grad_bytes, built.most_loaded_optimizer_bytes) == \
-            (predicted.params, predicted.grads, predicted.optimizer), (layout, pipeline_rank)
+            (predicted.params - predicted.gathered_params, predicted.grads, predicted.optimizer), (layout, pipeline_rank)
+        assert predicted.gathered_params > 0  # `replicate`'s copy of the stage (`cost.memory.replicate_copy_bytes`)
