@@ -713,7 +713,7 @@ def whole_vocab_gradient_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Se
     if not accumulates:
         return 0.0
     tables = _embedding_tables(layers)
-    if extra and getattr(plan.model, "mtp", 0):
+    if extra and getattr(plan.model, "mtp", 0) and VOCAB in extra[0].dims:  # split over its vocabulary (no rule moved it)
         tables.append(extra[0])
     beyond = sum(math.prod(p.shape) - local_numel(p, plan.tp, plan.expert_group, plan.expert_tp) for p in tables)
     return float(beyond * StateBytes.of(plan.train).grads)
@@ -973,7 +973,8 @@ def tied_embedding(plan: ir.Plan, layers: Sequence[Layer]) -> Param | None:
     if not getattr(plan.model, "tied_embeddings", False) and not getattr(plan.model, "mtp", 0):
         return None
     embed = next((layer for layer in layers if layer.kind == "embed"), None)
-    return next((p for p in embed.params if VOCAB in p.dims), None) if embed else None
+    # its vocabulary table: by its role, or by its name where a shard rule moved the split off the vocabulary
+    return next((p for p in embed.params if VOCAB in p.dims or p.module == "embed.tok"), None) if embed else None
 
 
 # ---- activations (Korthikanti et al. 2022) ---------------------------------------------

@@ -8,10 +8,11 @@ Stage: IR. Contract: functions of the plan only.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field, replace
 
 from plandsl import ir
-from plandsl.ir.layers import OTHER, TENSOR_SHARDED_DIMS, TP_SPLIT, Layer, Param, layers_of
+from plandsl.ir.layers import OTHER, TENSOR_SHARDED_DIMS, TP_SPLIT, BlockParams, Layer, Param, layers_of
 from plandsl.ir.selectors import NameIndex, precision
 
 @dataclass(frozen=True)
@@ -27,11 +28,16 @@ class ModuleRule:
     sharding of that module (`data_parallel.shard_by_rules`), gathered for compute."""
 
 
+# Linears the interpreter keeps whole on every rank of the tensor axis (`apply_tp` places no style on them): multi-head
+# latent attention's down-projections (Megatron-Core's `duplicated` linears) and multi-token prediction's `eh_proj`
+KEPT_WHOLE = ("wq_a", "wkv_a", "eh_proj")
+
+
 def _kind(module: str) -> str:
     leaf = module.rsplit(".", 1)[-1]
     if module.startswith("embed."):
         return "embedding"
-    if leaf.startswith("norm"):
+    if leaf.startswith("norm") or leaf.endswith("norm"):  # norm1, norm; MLA's q_norm, kv_norm; MTP's enorm, hnorm
         return "norm"
     if ".moe." in module:
         return "moe"
@@ -155,6 +161,10 @@ def tp_rules(plan: ir.Plan) -> tuple[dict[str, ModuleRule], list[tuple[str | Non
         elif kind == "moe" and style != "replicate":
             why = ("the router stays replicated over the tensor axis, and the experts' FFNs are split over it as "
                    "Megatron-Core's expert tensor parallelism does (experts are split by `experts =`)")
+        elif module.rsplit(".", 1)[-1] in KEPT_WHOLE and style != "replicate":
+            why = ("the interpreter keeps it whole on every rank of the tensor axis (multi-head latent attention's "
+                   "down-projections, multi-token prediction's projection: Megatron-Core's duplicated linears); "
+                   "replicate only")
         elif kind == "norm" and style not in ("replicate", "sequence"):
             why = "a norm's parameters stay whole: it normalises over the hidden dim (replicate or sequence only)"
         elif style == "sequence" and kind != "norm":
@@ -186,23 +196,58 @@ def ruled_layers(plan: ir.Plan, layers: tuple[Layer, ...]) -> tuple[Layer, ...]:
     tensor axis where the rule splits it and nowhere else: the dim the rule splits takes a tensor-sharded role
     (`TENSOR_SHARDED_DIMS`; its own, or `TP_SPLIT`), the others lose theirs (`OTHER`), so every count that reads the
     roles (`cost.memory.local_numel`, the embedding's whole-vocabulary gradient, `render --view placement`) sees what
-    `plandsl run` builds. A layer no rule reaches is returned as it is. The built-in families only (a torch model's
-    own plan places its parameters, `tp_plan`); a rule's split over the data axis (`Shard(d) @ dp`, FSDP's of that
-    module) is not counted: its parameters are counted whole over the data axis (over by (dp - 1)/dp of them)."""
+    `plandsl run` builds; attention sinks split as the query projection's heads are (`_block_tp`: only under a
+    colwise one). A layer no rule reaches is returned as it is; a block's parameters stay one template for every block
+    its rules place alike (`BlockParams`: their figures computed once). Memoised per plan. The built-in families only
+    (a torch model's own plan places its parameters, `tp_plan`); a rule's split over the data axis (`Shard(d) @ dp`,
+    FSDP's of that module) is not counted: its parameters are counted whole over the data axis (over by (dp - 1)/dp
+    of them)."""
     if not plan.shard or plan.tensor is None or plan.tp == 1 or not isinstance(plan.model, ir.TransformerModel):
         return layers
-    rules = tp_rules(plan)[0]
-    if not rules:
-        return layers
-    ruled = []
-    for layer in layers:
-        if not any(param.module in rules for param in layer.params):
-            ruled.append(layer)
-            continue
-        params = tuple(_placed(param, rules[param.module], layer.kind == "embed") if param.module in rules else param
-                       for param in layer.params)
-        ruled.append(replace(layer, params=params))
-    return tuple(ruled)
+    found = _RULED.get(id(plan))
+    if found is not None and found[0]() is plan and found[1] is layers:
+        return found[2]
+    rules, templates = tp_rules(plan)[0], {}
+    ruled = tuple(_ruled_layer(layer, rules, templates) for layer in layers) if rules else layers
+    _RULED[id(plan)] = (weakref.ref(plan, lambda _, key=id(plan): _RULED.pop(key, None)), layers, ruled)
+    return ruled
+
+
+_RULED: dict[int, tuple[weakref.ref, tuple[Layer, ...], tuple[Layer, ...]]] = {}
+
+
+def _ruled_layer(layer: Layer, rules: dict[str, ModuleRule], templates: dict) -> Layer:
+    """`layer` with its parameters placed by `rules` (`ruled_layers`); itself where no rule reaches it. `templates`:
+    (a block template's identity, how its modules are placed) -> the template placed so, for one call's blocks."""
+    def placement(module: str) -> tuple | None:  # a rule's effect, hashable: what `_placed` reads of it
+        rule = rules.get(module)
+        return None if rule is None else (rule.style, tuple(sorted(rule.placements.items())))
+
+    params = layer.params
+    if not any(param.module in rules for param in params):
+        return layer
+    if type(params) is BlockParams:  # one placed template per block template and placement
+        prefix = params.prefix
+        key = (id(params.template), tuple((module, placement(prefix + module))
+                                          for module in dict.fromkeys(m for _, m, _, _ in params.template)))
+        template = templates.get(key)
+        if template is None:
+            template = templates[key] = tuple(
+                (name, module, shape, _roles(Param(prefix + name, prefix + module, shape, dims), rules, layer.kind))
+                for name, module, shape, dims in params.template)
+        return replace(layer, params=BlockParams(prefix, template))
+    return replace(layer, params=tuple(Param(p.name, p.module, p.shape, _roles(p, rules, layer.kind)) for p in params))
+
+
+def _roles(param: Param, rules: dict[str, ModuleRule], kind: str) -> tuple[str, ...]:
+    """The roles of `param`'s dims as the rules place it: its module's rule (`_placed`); attention sinks, one logit
+    per head, split where the query projection is colwise (or unruled) and whole otherwise."""
+    if param.name.endswith(".attn.sinks"):
+        queries = rules.get(f"{param.module}.wq") or rules.get(f"{param.module}.wq_b")
+        split = queries is None or queries.style == "colwise"
+        return param.dims if split else tuple(OTHER if role in TENSOR_SHARDED_DIMS else role for role in param.dims)
+    rule = rules.get(param.module)
+    return param.dims if rule is None else _placed(param, rule, kind == "embed").dims
 
 
 def _placed(param: Param, rule: ModuleRule, embedding: bool) -> Param:

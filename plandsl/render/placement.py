@@ -14,8 +14,8 @@ the most precise selector winning, as the checker resolves them.
 from __future__ import annotations
 
 from plandsl import ir
-from plandsl.ir.layers import TENSOR_SHARDED_DIMS
-from plandsl.ir.layers import EXPERTS, Layer, Param, layers_of, param_count
+from plandsl.ir.layers import EXPERTS, TENSOR_SHARDED_DIMS, Layer, Param, layers_of, param_count
+from plandsl.ir.shard_rules import ruled_layers
 from plandsl.ir.placement import (Assignment, NameIndex, assign_stages, compress_names, pipeline_rank_devices,
                                   precision)
 from plandsl.render.dot import FONT, Graph, Html, categorical, escape, text_width
@@ -67,10 +67,11 @@ def param_placements(plan: ir.Plan, param: Param, rule: ir.ShardRule | None) -> 
     out: tuple[str, ...] = ()
     kind = param.name.rsplit(".", 1)[-1]
     axis = rule.axis or tensor_axis
+    embedding = param.module.startswith("embed.")  # torch's styles split an Embedding's weight the other way round
     if rule.style == "colwise" and axis:
-        out = (f"Shard(0)@{axis}",)
+        out = (f"Shard({1 if embedding and kind == 'weight' else 0})@{axis}",)
     elif rule.style == "rowwise" and axis:
-        out = (f"Shard(1)@{axis}",) if kind == "weight" and len(param.shape) > 1 else ()
+        out = (f"Shard({0 if embedding else 1})@{axis}",) if kind == "weight" and len(param.shape) > 1 else ()
     for param_rule in rule.params:
         if param_rule.param in ("*", kind):
             out = tuple(t for t in map(_placement_text, param_rule.placements) if t)
@@ -135,7 +136,7 @@ def render_placement(plan: ir.Plan) -> str:
     assignment, problems = assign_stages(plan)
     if assignment is None:
         raise PlanError(problems)
-    layers = layers_of(plan.model)
+    layers = ruled_layers(plan, layers_of(plan.model))  # the parameters as the rules place them (attention sinks)
     modules = list(dict.fromkeys(p.module for layer in layers for p in layer.params))
     winners = winning_rules(plan, modules)
     ranks = assignment.rank_stages()
