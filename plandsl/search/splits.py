@@ -329,7 +329,7 @@ class Splits:
                          + self.figures.beyond_working(memory, working, first_rank == last_rank), 0.0)
         head = self.figures.head_inflight(inflight, last_rank)  # the last stage's in flight, not its rank's
         room -= np.where(final, norm_s + head_s + head * (norm_a + head_a) + max(0.0, loss - working)
-                         + (self.figures.head_copies(memory, inflight) if tied and first_rank != last_rank else 0.0),
+                         + (self.figures.head_copies(memory, inflight) if tied and len(ranks) > 1 else 0.0),
                          0.0)
         return room, room / np.bincount(on)[on]  # a rank's room is shared by its stages
 

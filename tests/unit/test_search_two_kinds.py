@@ -157,3 +157,26 @@ def test_several_kinds_offload_the_first_blocks_where_memory_binds():
     assert_brute_force_optimum(problem, pins)
     best = search(problem, pins=pins, top=3).candidates
     assert [bool(s.candidate.offload_layers) for s in best] == [True, True, False]
+
+
+def test_a_v_shapes_first_rank_keeps_the_tied_heads_copy_in_the_splits_room(monkeypatch):
+    """A V-shape puts the first and the last stage on rank 0, and the head's stage there keeps its copy of a tied
+    embedding as the exact estimate counts it (`cost.memory.estimate_memory`: each stage a model chunk of its own) and
+    the caps do (`Caps`, `len(ranks) > 1`): the splits' room takes it too (it took it only where the first and last
+    stages were on different ranks)."""
+    from plandsl.search.choices import stage_ranks
+    model = MODELS["three_kinds"][:-1] + ", tied=true)"
+    document = api.loads(HARDWARE + f"model m = {model}\n")
+    space = Space(Problem(document.models[0], document.clusters[0], 8, None),
+                  {"pp": 2, "schedule": "zbv", "virtual_stages": 2, "zero_stage": 1, "recompute": "none",
+                   "micro_batch_size": 1}, DEFAULT_EFFICIENCY)
+    root = next(iter(space.roots()))
+    node = next(iter(space.expand_root(root)))
+    memory, ranks = space.figures.layer_memory(node, 1), stage_ranks("zbv", root.pp, 2)
+    inflight = space.figures.inflight("zbv", root.pp, node.microbatches, 2)
+    assert ranks[0] == ranks[-1] == 0 and memory[1] > 0
+    rooms = []
+    for copies in (0.0, 2.0**30):
+        monkeypatch.setattr(type(space.figures), "head_copies", lambda self, memory, inflight, copies=copies: copies)
+        rooms.append(space.splits._mixed_room(root, ranks, inflight, memory)[0])
+    assert [a - b for a, b in zip(*rooms)] == [2.0**30 if rank == 0 else 0.0 for rank in ranks]
