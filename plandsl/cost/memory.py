@@ -7,7 +7,7 @@ ZeRO-2/3 hold unsharded while gathering and reducing (FSDP, Zhao et al. 2023), a
 Korthikanti et al. 2022, in-flight microbatches the schedules' papers; a rank holds the weights of
 every stage any of the schedule's pipelines puts on it (Chimera: two). Sharding follows
 Megatron-style defaults where the plan's `shard` rules do not move a parameter (`ir.shard_rules.ruled_layers`, applied
-by `assign_stages`: over the tensor axis; a rule's split over the data axis is not counted). Dtypes are the plan's `master_dtype`,
+by `assign_stages`: over the tensor axis; over the data axis, `data_split_modules`). Dtypes are the plan's `master_dtype`,
 `grad_dtype` and `optimizer_dtype` (`StateBytes`), fp32 by default under every precision, as `plandsl run`
 keeps them (docs/cost-model.md, "One memory model"), with the 16-bit copies autocast makes of fp32 weights
 (`autocast_weight_copies`).
@@ -25,7 +25,7 @@ from plandsl.ir.layers import (EXPERTS, TENSOR_SHARDED_DIMS, VOCAB, Layer,
                                Param, attention_widths,
                                block_model, figures_key, kv_width, layers_of, once_per_figures)
 from plandsl.ir.placement import Assignment, assign_stages
-from plandsl.ir.shard_rules import tp_rules
+from plandsl.ir.shard_rules import data_split_modules, tp_rules
 from plandsl.cost.schedule import plan_schedule, plan_splits_backward
 from plandsl.schedules.bounded import builtin_layout
 from plandsl.schedules.generators import check_sizes, pipeline_maps
@@ -165,6 +165,8 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         params, grads, optimizer = model_state_bytes(plan, layers, extra, whole_tensors=whole_tensors)
         gathered_params, gathered_grads = gathered_bytes(plan, layers, extra, held=held)
         gathered_grads += whole_vocab_gradient_bytes(plan, layers, extra, held)
+        split = data_split_gathered(plan, layers, held or plan.train.batch_shares is not None)
+        gathered_params, gathered_grads = gathered_params + split[0], gathered_grads + split[1]
         if groups is not None and len(stages) > 1:  # the most the rank's stages open at once hold (`open_gradients`)
             own = {stage: gathered_bytes(plan, stage_layers[stage],
                                          extra if _copies_embedding(stage_layers[stage]) else [], held=held)[1]
@@ -460,12 +462,22 @@ def model_state_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Pa
     dense: list[int] = []
     expert: list[int] = []
     seen: dict = {}
+    apart = data_split_modules(plan) if zero_degrees(plan)[0] < 2 else frozenset()  # ZeRO-2/3 shard them anyway
+    own = 0  # elements of the modules a shard rule splits over the data axis: FSDP groups of their own
     for layer in layers:  # a family's blocks share one set of sizes (`figures_key`)
-        sizes = once_per_figures(seen, layer, lambda layer: _sizes(layer.params, tp, ep, expert_tp))
+        if apart and any(p.module in apart for p in layer.params):
+            sizes = _sizes([p for p in layer.params if p.module not in apart], tp, ep, expert_tp)
+            own += sum(local_numel(p, tp, ep, expert_tp) for p in layer.params if p.module in apart)
+        else:
+            sizes = once_per_figures(seen, layer, lambda layer: _sizes(layer.params, tp, ep, expert_tp))
         dense += sizes[0]
         expert += sizes[1]
     more = _sizes(extra, tp, ep, expert_tp)
     params, grads, optimizer = _model_states(plan, dense + more[0], expert + more[1], whole_tensors)
+    if own:  # 1/dp of each rank's, every state (ZeRO-1 steps them as they are held: `build_dp_optimizer`'s `own`)
+        shard, states = -(-own // _data_split_degree(plan)), StateBytes.of(plan.train)
+        params, grads = params + shard * states.params, grads + shard * states.grads
+        optimizer += shard * states.optimizer(plan.train.optimizer)
     if plan.data is not None and plan.data.gather is ir.Precision.fp8 and 1 <= plan.data.zero_stage < 3:
         # Megatron's --fp8-param-gather (the only stack that gathers FP8 weights under ZeRO-1/2: its distributed
         # optimizer) keeps the quantized layers' weights as FP8 tensors (`fp8_model_init`: one byte, one copy on
@@ -487,6 +499,34 @@ def model_state_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Pa
         shards = -(-dense_only // dense_degree) + -(-(quantized - dense_only) // expert_degree)
         params -= shards * (StateBytes.of(plan.train).params - fp8_weight_bytes(plan.train))
     return params, grads, optimizer
+
+
+def _data_split_degree(plan: ir.Plan) -> int:
+    """The ranks a shard rule's `Shard(d) @ AXIS` splits a module's storage over: the one axis the gradients are
+    reduced over (`runtime.parallel.tensor_parallel._data_shard_problem` refuses any other)."""
+    return math.prod(plan.mesh.degree(axis) for axis in plan.reduce_axes())
+
+
+def data_split_gathered(plan: ir.Plan, layers: Sequence[Layer], held: bool = False) -> tuple[float, float]:
+    """(params, grads) bytes beyond their shards of the modules a shard rule splits over the data axis
+    (`data_split_modules`) under ZeRO-0/1 (ZeRO-2/3 gather them with their units, `gathered_bytes`), while they compute:
+    each an FSDP group of its own, gathered whole for its forward and backward and its gradient whole until
+    reduce-scattered: the largest one's; every one's, whole through the step, where the step holds its units
+    (`batch_shares`: FSDP keeps them gathered from the first forward to the last backward, `apply_dp(uneven=True)`).
+    In the weights' and gradients' dtypes (no `MixedPrecisionPolicy` under ZeRO-0/1)."""
+    apart = data_split_modules(plan) if zero_degrees(plan)[0] < 2 else frozenset()
+    if not apart:
+        return 0.0, 0.0
+    tp, ep, expert_tp, degree = plan.tp, plan.expert_group, plan.expert_tp, _data_split_degree(plan)
+    modules: dict[str, int] = {}
+    for layer in layers:
+        for p in layer.params:
+            if p.module in apart:
+                modules[p.module] = modules.get(p.module, 0) + local_numel(p, tp, ep, expert_tp)
+    beyond = [n - -(-n // degree) for n in modules.values()]
+    elements = (sum(beyond) if held else max(beyond, default=0))
+    states = StateBytes.of(plan.train)
+    return float(elements * states.params), float(elements * states.grads)
 
 
 def megatron_fsdp_shards(plan: ir.Plan) -> bool:
@@ -1609,7 +1649,7 @@ __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estima
            "fp8_gather_bytes", "fp8_weight_bytes", "megatron_fsdp_shards", "gathers_whole", "pipelined_shards",
            "releases_gradients", "open_gradients", "open_gradient_stages",
            "whole_vocab_gradient", "whole_vocab_gradient_bytes", "whole_vocab_gradient_moment",
-           "whole_vocab_gradient_element", "replicates_units", "replicate_copy_bytes",
+           "whole_vocab_gradient_element", "replicates_units", "replicate_copy_bytes", "data_split_gathered",
            "returned_merge_bytes", "returned_output_bytes", "model_state_bytes",
            "tied_embedding", "head_weight_apart",
            "transformer_block_activations", "optimizer_bytes_per_param", "local_numel",

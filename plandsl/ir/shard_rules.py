@@ -199,9 +199,9 @@ def ruled_layers(plan: ir.Plan, layers: tuple[Layer, ...]) -> tuple[Layer, ...]:
     `plandsl run` builds; attention sinks split as the query projection's heads are (`_block_tp`: only under a
     colwise one). A layer no rule reaches is returned as it is; a block's parameters stay one template for every block
     its rules place alike (`BlockParams`: their figures computed once). Memoised per plan. The built-in families only
-    (a torch model's own plan places its parameters, `tp_plan`); a rule's split over the data axis (`Shard(d) @ dp`,
-    FSDP's of that module) is not counted: its parameters are counted whole over the data axis (over by (dp - 1)/dp
-    of them)."""
+    (a torch model's own plan places its parameters, `tp_plan`). A rule's split over the data axis (`Shard(d) @ dp`,
+    FSDP's of that module) is the memory count's to take apart (`data_split_modules`, `cost.memory.model_state_bytes`).
+    """
     if not plan.shard or plan.tensor is None or plan.tp == 1 or not isinstance(plan.model, ir.TransformerModel):
         return layers
     found = _RULED.get(id(plan))
@@ -268,3 +268,20 @@ def _placed(param: Param, rule: ModuleRule, embedding: bool) -> Param:
     roles = tuple((role if role in TENSOR_SHARDED_DIMS else TP_SPLIT) if index == dim else
                   (OTHER if role in TENSOR_SHARDED_DIMS else role) for index, role in enumerate(param.dims))
     return param if roles == param.dims else Param(param.name, param.module, param.shape, roles)
+
+
+def data_split_modules(plan: ir.Plan) -> frozenset[str]:
+    """The modules a shard rule splits over the data axis (`Shard(d) @ dp`, `ModuleRule.data`), which `plandsl run`
+    makes FSDP groups of their own (`data_parallel.shard_by_rules`): their storage 1/dp on each rank whatever `data =`
+    says, gathered while they compute. Memoised per plan (with `ruled_layers`' rules)."""
+    if not plan.shard or plan.tensor is None:
+        return frozenset()
+    found = _SPLIT.get(id(plan))
+    if found is not None and found[0]() is plan:
+        return found[1]
+    modules = frozenset(module for module, rule in tp_rules(plan)[0].items() if rule.data)
+    _SPLIT[id(plan)] = (weakref.ref(plan, lambda _, key=id(plan): _SPLIT.pop(key, None)), modules)
+    return modules
+
+
+_SPLIT: dict[int, tuple[weakref.ref, frozenset[str]]] = {}

@@ -170,13 +170,16 @@ plan p {{
     ("  shard layers.*.mlp = replicate\n  shard embed.tok = replicate", 2.75),
     ("  shard embed.tok = colwise over tp\n  shard layers[0:2].attn.wo = { weight: Shard(0) @ tp }", 1.0),
     ("  shard layers.*.attn = replicate\n  shard layers.1.attn.wq = colwise over tp", 1.55),
-], ids=["replicated_mlp_and_embedding", "hidden_split_embedding", "replicated_attention_but_one"])
+    ("  shard layers.*.mlp.w1 = { weight: Shard(0) @ dp, bias: Shard(0) @ dp }", 1.32),
+], ids=["replicated_mlp_and_embedding", "hidden_split_embedding", "replicated_attention_but_one", "split_over_dp"])
 def test_the_estimate_places_parameters_as_the_shard_rules_do(rules, states):
     """A plan's shard rules move parameters off Megatron's default splits; the count places them as `plandsl run`
     does (`ir.shard_rules.ruled_layers`): the dry run's built states are the estimate's, `states` times those of the
     default splits (which the count held before: replicated MLPs and embedding, 2.75x). An embedding split along its
     hidden dim (colwise) makes its own rows' gradient: no whole-vocabulary one (`cost.memory.whole_vocab_gradient`),
-    whose moment the default split's activations hold."""
+    whose moment the default split's activations hold. A split over the data axis (w1 whole over tp, halved over dp):
+    an FSDP group of its own, each of its states 1/dp, which ZeRO-1 steps as held, apart from its partition
+    (`cost.memory.model_state_bytes`; counted whole over dp and in ZeRO-1's partition before)."""
     plan = load(_RULED.format(rules=rules))
     default = estimate_plan_memory(load(_RULED.format(rules="")))[0]
     predicted = estimate_plan(plan).memory[0]
