@@ -3,6 +3,8 @@
 Stage: interpreter. Contract: `build_model(plan.model, seed)` returns the full model, initialised from
 `seed` alone (never from the layout), with the top-level parts `embed`, `layers` (a ModuleDict keyed
 "0".."n-1"), `norm`, `head`; `forward` skips parts set to None, so a pipeline stage may drop them.
+`build_meta_model(plan.model)` returns the same model on the meta device and `materialize(part, plan.model, seed,
+device)` fills a (parallelized) part of it with exactly `build_model`'s values (`plandsl run`'s ranks).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
 from plandsl import ir
 from plandsl.ir.layers import block_model, mtp_block
@@ -634,17 +636,8 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator) -> None:
-        residual_std = INIT_STD / math.sqrt(2 * self.config.layers)
         for name, param in self.named_parameters():
-            leaf = name.rsplit(".", 1)[-1]
-            if name.endswith("bias"):
-                nn.init.zeros_(param)
-            elif (".norm" in f".{name}" or name.rsplit(".", 2)[-2] in ("enorm", "hnorm")) and leaf == "weight":
-                nn.init.ones_(param)
-            elif name.endswith(("attn.wo.weight", "mlp.w2.weight", "experts.w2", "shared.w2.weight")):
-                nn.init.normal_(param, 0.0, residual_std, generator=generator)
-            else:
-                nn.init.normal_(param, 0.0, INIT_STD, generator=generator)
+            init_parameter_(self.config, name, param, generator)
 
 
 class MLPNet(nn.Module):
@@ -664,9 +657,32 @@ class MLPNet(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator) -> None:
-        for layer in self.layers.values():
-            nn.init.normal_(layer.weight, 0.0, 1.0 / math.sqrt(layer.in_features), generator=generator)
-            nn.init.zeros_(layer.bias)
+        for name, param in self.named_parameters():
+            init_parameter_(None, name, param, generator)
+
+
+# ---- initial values -------------------------------------------------------------------
+# One function says each parameter's initial distribution, by its name in the full model: `build_model` fills the
+# parameters of the full CPU model with it, `materialize` each full parameter in turn before copying the rank's part
+# of it into a model built on the meta device, both in `named_parameters()` order from one generator, so that every
+# layout starts from the same values.
+@torch.no_grad()
+def init_parameter_(config: ir.TransformerModel | None, name: str, tensor: torch.Tensor,
+                    generator: torch.Generator) -> None:
+    """Fill `tensor`, the full parameter `name` of a `Transformer` of `config` (None: of an `MLPNet`), with its
+    initial values, drawing from `generator` as the parameter's turn in `named_parameters()` order comes: biases
+    zero, norms' weights one; a Transformer's other weights normal with std INIT_STD (residual projections
+    INIT_STD / sqrt(2 * layers), GPT-2's); an MLPNet's weights normal with std 1 / sqrt(in_features)."""
+    if name.endswith("bias"):
+        nn.init.zeros_(tensor)
+    elif config is None:  # an MLPNet's Linear weight [out, in]
+        nn.init.normal_(tensor, 0.0, 1.0 / math.sqrt(tensor.shape[1]), generator=generator)
+    elif (".norm" in f".{name}" or name.rsplit(".", 2)[-2] in ("enorm", "hnorm")) and name.rsplit(".", 1)[-1] == "weight":
+        nn.init.ones_(tensor)
+    elif name.endswith(("attn.wo.weight", "mlp.w2.weight", "experts.w2", "shared.w2.weight")):
+        nn.init.normal_(tensor, 0.0, INIT_STD / math.sqrt(2 * config.layers), generator=generator)
+    else:
+        nn.init.normal_(tensor, 0.0, INIT_STD, generator=generator)
 
 
 def build_model(model: ir.Model, seed: int) -> nn.Module:
@@ -683,6 +699,86 @@ def build_model(model: ir.Model, seed: int) -> nn.Module:
         return _from_factory(model, seed)
     module.init_weights(generator)
     return module
+
+
+def build_meta_model(model: ir.Model) -> nn.Module | None:
+    """The full model of a built-in family (`ir.TransformerModel`, `ir.MLPModel`) on the meta device: shapes without
+    storage, nothing drawn, to be parallelized, then `materialize`d with the values `build_model` gives; None for the
+    other models (from torch, from a factory), which `build_model` builds on the CPU."""
+    if not isinstance(model, (ir.TransformerModel, ir.MLPModel)):
+        return None
+    with torch.device("meta"):
+        return Transformer(model) if isinstance(model, ir.TransformerModel) else MLPNet(model)
+
+
+def is_meta(module: nn.Module) -> bool:
+    """Does `module` hold a parameter on the meta device (a DTensor's local shard's device)? Fake tensors
+    (`runtime.memtrace`) say the device they stand for."""
+    return any(p.device.type == "meta" for p in module.parameters())
+
+
+_WRAPPERS = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "module.")  # recomputation's, FSDP1's, DDP's
+
+
+@torch.no_grad()
+def materialize(module: nn.Module, model: ir.Model, seed: int, device: torch.device | str) -> nn.Module:
+    """`module`, a part of `build_meta_model(model)` (the whole or one pipeline stage, parallelized or not: tensor,
+    expert, data parallelism leave its parameters DTensors on the meta device), allocated on `device` and filled with
+    exactly the values `build_model(model, seed)` gives its parameters, each kept in its own dtype (`keep_weights`'s
+    cast, as `copy_` casts): every parameter of the full model drawn in turn on the CPU from one generator seeded with
+    `seed` (`init_parameter_`), one alive at a time, and this rank's part of it copied in, a DTensor's local shard as
+    its placements cut it (`distribute_tensor` without communication). Parameters tied in the full model (a tied
+    head) take their one value. Buffers not on the meta device are kept; the built-in families hold none on it."""
+    device = torch.device(device)
+    kept = {(owner, name): buffer for owner in module.modules() for name, buffer in owner._buffers.items()
+            if buffer is not None and buffer.device.type != "meta"}
+    meta_buffers = [name for name, buffer in module.named_buffers() if buffer.device.type == "meta"]
+    if meta_buffers:
+        raise ValueError(f"cannot materialize buffers built on the meta device: {', '.join(meta_buffers)}")
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}  # each parameter's modules: more than one when tied
+    for owner in module.modules():
+        for name, param in owner._parameters.items():
+            if param is not None:
+                holders.setdefault(id(param), []).append((owner, name))
+    # DTensors are swapped in place (the Parameter objects stay); a plain parameter gets a new Parameter per module
+    # holding it, which would untie a tied head: each holder takes the first's again
+    module.to_empty(device=device)
+    for (first_owner, first_name), *others in holders.values():
+        for owner, name in others:
+            owner._parameters[name] = first_owner._parameters[first_name]
+    for (owner, name), buffer in kept.items():
+        owner._buffers[name] = buffer
+    skeleton = build_meta_model(model)
+    config = model if isinstance(model, ir.TransformerModel) else None
+    canonical: dict[str, str] = {}  # each name of the full model -> the first name of its parameter (a tied head's)
+    first: dict[int, str] = {}
+    for name, param in skeleton.named_parameters(remove_duplicate=False):
+        canonical[name] = first.setdefault(id(param), name)
+    local: dict[str, dict[int, torch.Tensor]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        full_name = _unwrapped(name)
+        if full_name not in canonical:
+            raise ValueError(f"cannot materialize '{name}': the model has no parameter '{full_name}'")
+        local.setdefault(canonical[full_name], {})[id(param)] = param
+    generator = torch.Generator().manual_seed(seed)
+    for name, shape in [(name, param.shape) for name, param in skeleton.named_parameters()]:
+        full = torch.empty(shape, dtype=torch.float32)  # what `build_model` draws into, before `keep_weights`
+        init_parameter_(config, name, full, generator)
+        for param in local.get(name, {}).values():
+            if isinstance(param, DTensor):
+                part = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+                param.to_local().copy_(part)
+            else:
+                param.copy_(full)
+        del full
+    return module
+
+
+def _unwrapped(name: str) -> str:
+    for wrapper in _WRAPPERS:
+        name = name.replace(wrapper, "") if wrapper != "module." else \
+            (name[len(wrapper):] if name.startswith(wrapper) else name)
+    return name
 
 
 def _from_factory(model: ir.CustomModel, seed: int) -> nn.Module:

@@ -26,7 +26,7 @@ from plandsl.runtime.data import Batches, microbatches
 from plandsl.runtime.parallel.data_parallel import build_dp_optimizer, gradient_sync
 from plandsl.runtime.parallel.mesh import DEFAULT_TIMEOUT_S, build_mesh, coordinate, init_distributed
 from plandsl.runtime.loss import DepthsLoss, HeadLoss, fused_loss
-from plandsl.runtime.models import build_model, loss_fn
+from plandsl.runtime.models import build_meta_model, build_model, loss_fn
 from plandsl.runtime.optim import build_lr_scheduler
 from plandsl.runtime.parallel.context_parallel import sequence_columns
 from plandsl.runtime.parallel.expert_parallel import finish_expert_grads, unscaled_expert_params
@@ -96,9 +96,15 @@ class Job:
 def build_job(plan: ir.Plan, mesh: DeviceMesh, device: torch.device, config: RunConfig,
               make_model: Callable[[], nn.Module] | None = None) -> Job:
     """`make_model`: builds the full model in place of `build_model` (`runtime.memtrace`: on fake tensors)."""
-    # The full model, initialised from the seed alone, so every layout starts from the same values.
-    model = keep_weights(plan, make_model() if make_model is not None
-                         else build_model(plan.model, plan.train.seed))  # the plan's master_dtype
+    # The full model, initialised from the seed alone, so every layout starts from the same values: a built-in
+    # family's on the meta device, which `parallelize` fills with `build_model`'s values once it is split, each rank
+    # allocating its own shards only (`models.materialize`); other models (from torch, a factory) on the CPU.
+    if make_model is not None:
+        model = make_model()
+    else:
+        model = build_meta_model(plan.model)
+        model = build_model(plan.model, plan.train.seed) if model is None else model
+    model = keep_weights(plan, model)  # the plan's master_dtype
     batches = Batches(plan, config.token_file, model)
     # `loss: fused`: the model returns its final hidden states and the head computes the loss chunk by chunk
     # (runtime.loss); set before parallelizing, which splits the head for it. Else torch's cross entropy.

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import re
 import warnings
+from typing import Callable
 
 import torch
 from torch import nn
@@ -39,7 +40,8 @@ def apply_dp(model: nn.Module, kind: ir.DataKind | str, dp_mesh: DeviceMesh, dev
              expert_mesh: DeviceMesh | None = None, pipelined: bool = False,
              data_shards: dict[str, dict[str, int]] | None = None, uneven: bool = False,
              gathering: ir.Gathering = ir.FSDP_GATHERING,
-             mp_policy: MixedPrecisionPolicy | None = None) -> nn.Module:
+             mp_policy: MixedPrecisionPolicy | None = None,
+             before_ddp: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
     """`expert_mesh`: what expert-parallel shards are reduced over (see `_group_experts`); `pipelined`:
     `model` is a pipeline stage; `data_shards`: the modules shard rules split over the data axis
     (`shard_by_rules`); `uneven`: the data ranks run their own microbatch counts (`batch_shares`), so FSDP
@@ -62,7 +64,7 @@ def apply_dp(model: nn.Module, kind: ir.DataKind | str, dp_mesh: DeviceMesh, dev
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_reshard_after_forward(False, recurse=False)
-    return model if kind.sharded else apply_ddp(model, dp_mesh, device, expert_mesh, pipelined)
+    return model if kind.sharded else apply_ddp(model, dp_mesh, device, expert_mesh, pipelined, before_ddp)
 
 
 def mixed_precision(plan: ir.Plan) -> MixedPrecisionPolicy | None:
@@ -135,15 +137,19 @@ def _prefetch(units: list[nn.Module], gathering: ir.Gathering) -> None:
 
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, device: torch.device,
-              expert_mesh: DeviceMesh | None = None, pipelined: bool = False) -> nn.Module:
+              expert_mesh: DeviceMesh | None = None, pipelined: bool = False,
+              before_ddp: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
     """DistributedDataParallel, except for DTensor parameters (DDP does not take them) and pipeline
     stages, which get torch's composable `replicate`: torch's stages run every forward under DDP's
     `no_sync` and sync in the last backward only, which DDP's reducer does not survive with every
     schedule (with GPipe's order its bucket rebuild fails on step 2, checked with torch 2.13), nor with
     several stages per rank or a split backward (I, W); `replicate` is the FSDP2 machinery torch's
-    stages drive for every schedule."""
+    stages drive for every schedule. `before_ddp(model)`: what DDP wraps (a model on the meta device filled, which
+    DDP, broadcasting its parameters as it is built, cannot take); `replicate` takes meta parameters."""
     if pipelined or any(isinstance(p, DTensor) for p in model.parameters()):  # tensor or expert parallel
         return apply_replicate(model, dp_mesh, expert_mesh)
+    if before_ddp is not None:  # DDP broadcasts the parameters as it is built: a model on the meta device is filled
+        model = before_ddp(model)
     device_ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids)
 

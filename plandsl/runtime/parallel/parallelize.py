@@ -14,6 +14,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from plandsl import ir
+from plandsl.runtime.models import is_meta, materialize
 from plandsl.runtime.parallel.context_parallel import apply_cp
 from plandsl.runtime.parallel.data_parallel import apply_dp, mixed_precision
 from plandsl.runtime.parallel.expert_parallel import apply_ep, apply_model_ep
@@ -47,14 +48,32 @@ def expert_data_mesh(plan: ir.Plan, mesh: DeviceMesh) -> DeviceMesh | None:
 
 def move(module: nn.Module, device: torch.device) -> nn.Module:
     """`module.to(device)` where a parameter or buffer lies elsewhere; else `module` untouched (a model of fake tensors
-    already there, `runtime.memtrace`, cannot have its parameters swapped for themselves)."""
+    already there, `runtime.memtrace`, cannot have its parameters swapped for themselves; a model on the meta device,
+    `models.build_meta_model`, is parallelized there and `models.materialize`d after)."""
+    if is_meta(module):
+        return module
     if any(t.device != torch.device(device) for t in itertools.chain(module.parameters(), module.buffers())):
         module.to(device)
     return module
 
 
 def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Module:
-    move(model, device)
+    """`model` (the full model or one pipeline stage) parallelized as the plan says. A model on the meta device
+    (`models.build_meta_model`) is parallelized there, its parameters shapes only, then allocated on `device` and
+    filled with the values of `models.build_model(plan.model, plan.train.seed)` (`models.materialize`), each rank its
+    own shards only: before DistributedDataParallel wraps it (DDP broadcasts at construction), else after every
+    wrapper (FSDP2 and `replicate` take meta parameters)."""
+    meta = is_meta(model)
+
+    def materialize_model(module: nn.Module) -> nn.Module:
+        return materialize(module, plan.model, plan.train.seed, device) if meta and is_meta(module) else module
+
+    model = _parallelize(plan, move(model, device), mesh, device, materialize_model)
+    return materialize_model(model)
+
+
+def _parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch.device,
+                 materialize_model) -> nn.Module:
     # 1. Tensor parallelism first: it replaces parameters by DTensors that the later wrappers keep.
     rules = tp_rules(plan)[0]
     if plan.tensor is not None and plan.tp > 1 and isinstance(model, TorchModel):  # its own plan
@@ -86,5 +105,5 @@ def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch
                         data_shards={name: rule.data for name, rule in rules.items() if rule.data},
                         uneven=plan.train.batch_shares is not None,
                         gathering=plan.data.gathering if plan.data is not None else ir.FSDP_GATHERING,
-                        mp_policy=mixed_precision(plan))
+                        mp_policy=mixed_precision(plan), before_ddp=materialize_model)
     return model

@@ -36,7 +36,7 @@ from plandsl.schedules.program import Kind, Schedule, loop_map, vshape_map
 from plandsl.schedules.registry import BUILTIN
 from plandsl.lower.schedule_template import instantiate
 from plandsl.runtime.parallel.parallelize import move, parallelize as parallelize_plan
-from plandsl.runtime.models import loss_fn as default_loss
+from plandsl.runtime.models import is_meta, loss_fn as default_loss, materialize
 from plandsl.runtime.torch_model import TorchModel
 
 # The built-ins torch ships, name -> class (`ScheduleInfo.torch_class`; the class assumes the
@@ -181,7 +181,9 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
         keep = {layer.name for layer in assignment.stage_layers[stage_index]}
         part = move(torch_parts[stage_index] if torch_parts is not None
                     else stage_part(model, keep, layer_names, split), device)
-        module = part if parallelize is None else parallelize(part, stage_index)  # may wrap `part` (DDP)
+        # may wrap `part` (DDP); a part of a model on the meta device comes back filled (`parallelize_plan`)
+        module = materialize(part, plan.model, plan.train.seed, device) if parallelize is None and is_meta(part) \
+            else part if parallelize is None else parallelize(part, stage_index)
         models.append(part)
         modules.append(module)
         stages.append(PipelineStage(module, stage_index, num_stages, device, group=group))
