@@ -677,7 +677,8 @@ def init_parameter_(config: ir.TransformerModel | None, name: str, tensor: torch
         nn.init.zeros_(tensor)
     elif config is None:  # an MLPNet's Linear weight [out, in]
         nn.init.normal_(tensor, 0.0, 1.0 / math.sqrt(tensor.shape[1]), generator=generator)
-    elif (".norm" in f".{name}" or name.rsplit(".", 2)[-2] in ("enorm", "hnorm")) and name.rsplit(".", 1)[-1] == "weight":
+    elif name.rsplit(".", 1)[-1] == "weight" and (".norm" in f".{name}"
+                                                   or name.rsplit(".", 2)[-2] in ("enorm", "hnorm")):
         nn.init.ones_(tensor)
     elif name.endswith(("attn.wo.weight", "mlp.w2.weight", "experts.w2", "shared.w2.weight")):
         nn.init.normal_(tensor, 0.0, INIT_STD / math.sqrt(2 * config.layers), generator=generator)
@@ -717,7 +718,7 @@ def is_meta(module: nn.Module) -> bool:
     return any(p.device.type == "meta" for p in module.parameters())
 
 
-_WRAPPERS = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "module.")  # recomputation's, FSDP1's, DDP's
+_RECOMPUTE_WRAPPER = "_checkpoint_wrapped_module."  # torch's checkpoint_wrapper's child
 
 
 @torch.no_grad()
@@ -761,8 +762,8 @@ def materialize(module: nn.Module, model: ir.Model, seed: int, device: torch.dev
             raise ValueError(f"cannot materialize '{name}': the model has no parameter '{full_name}'")
         local.setdefault(canonical[full_name], {})[id(param)] = param
     generator = torch.Generator().manual_seed(seed)
-    for name, shape in [(name, param.shape) for name, param in skeleton.named_parameters()]:
-        full = torch.empty(shape, dtype=torch.float32)  # what `build_model` draws into, before `keep_weights`
+    for name, shape, dtype in [(name, param.shape, param.dtype) for name, param in skeleton.named_parameters()]:
+        full = torch.empty(shape, dtype=dtype)  # what `build_model` draws into, before `keep_weights` casts it
         init_parameter_(config, name, full, generator)
         for param in local.get(name, {}).values():
             if isinstance(param, DTensor):
@@ -775,10 +776,8 @@ def materialize(module: nn.Module, model: ir.Model, seed: int, device: torch.dev
 
 
 def _unwrapped(name: str) -> str:
-    for wrapper in _WRAPPERS:
-        name = name.replace(wrapper, "") if wrapper != "module." else \
-            (name[len(wrapper):] if name.startswith(wrapper) else name)
-    return name
+    """`name` without what recomputation's wrapper inserts (`layers.0._checkpoint_wrapped_module.attn.wq.weight`)."""
+    return name.replace(_RECOMPUTE_WRAPPER, "")
 
 
 def _from_factory(model: ir.CustomModel, seed: int) -> nn.Module:

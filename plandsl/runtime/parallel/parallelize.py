@@ -62,8 +62,9 @@ def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch
     (`models.build_meta_model`) is parallelized there, its parameters shapes only, then allocated on `device` and
     filled with the values of `models.build_model(plan.model, plan.train.seed)` (`models.materialize`), each rank its
     own shards only: before DistributedDataParallel wraps it (DDP broadcasts at construction), else after every
-    wrapper (FSDP2 and `replicate` take meta parameters)."""
-    meta = is_meta(model)
+    wrapper (FSDP2 and `replicate` take meta parameters). On the meta device itself (`runtime.dryrun`) it stays there,
+    nothing drawn."""
+    meta = is_meta(model) and torch.device(device).type != "meta"
 
     def materialize_model(module: nn.Module) -> nn.Module:
         return materialize(module, plan.model, plan.train.seed, device) if meta and is_meta(module) else module

@@ -141,7 +141,8 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
     `loss`, else `runtime.models.loss_fn`. `microbatches` defaults to `plan.num_microbatches`.
     `parallelize(module, stage_index)` is applied to each stage module before it is wrapped (tensor,
     data parallelism, recomputation: torchtitan's order) and returns the module to run; default, given
-    the plan's whole mesh: `runtime.parallelize.parallelize` over it, else only the move to `device`.
+    the plan's whole mesh: `runtime.parallelize.parallelize` over it, else only the move to `device` (a part of a
+    model on the meta device, `models.build_meta_model`, allocated there and filled: `models.materialize`).
     `scale_grads`: torch divides the gradients by `microbatches` after the backward, which is after the
     data-parallel reduction; replicas with their own microbatch counts (`batch_shares`) must not, and
     divide their losses instead (`runtime.train`).
@@ -182,8 +183,12 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
         part = move(torch_parts[stage_index] if torch_parts is not None
                     else stage_part(model, keep, layer_names, split), device)
         # may wrap `part` (DDP); a part of a model on the meta device comes back filled (`parallelize_plan`)
-        module = materialize(part, plan.model, plan.train.seed, device) if parallelize is None and is_meta(part) \
-            else part if parallelize is None else parallelize(part, stage_index)
+        if parallelize is not None:
+            module = parallelize(part, stage_index)
+        elif is_meta(part) and device.type != "meta":
+            module = materialize(part, plan.model, plan.train.seed, device)
+        else:
+            module = part
         models.append(part)
         modules.append(module)
         stages.append(PipelineStage(module, stage_index, num_stages, device, group=group))
