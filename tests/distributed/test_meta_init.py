@@ -92,6 +92,8 @@ CASES = [
     ("tp_tied", "[tp = 2]", "tensor = megatron over tp", _TIED, "tiny_train"),
     ("fsdp", "[dp = 2]", "data = zero3 over dp", _GPT, "tiny_train"),
     ("fsdp_tp", "[dp = 2, tp = 2]", "data = zero3 over dp\ntensor = megatron over tp", _GPT, "tiny_train"),
+    ("fsdp_tp_uneven", "[dp = 2, tp = 2]", "data = zero3 over dp\ntensor = megatron over tp",
+     "gpt(layers=2, hidden=32, heads=4, seq=16, vocab=130, ffn=54)", "tiny_train"),
     ("hsdp", "[rep = 2, shard = 2]", "data = hsdp over [rep, shard]", _GPT, "tiny_train"),
     ("ddp", "[dp = 2]", "data = ddp over dp", _GPT, "tiny_train"),
     ("ddp_tied", "[dp = 2]", "data = ddp over dp", _TIED, "tiny_train"),
