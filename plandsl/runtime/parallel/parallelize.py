@@ -2,12 +2,15 @@
 
 Stage: interpreter. Contract: `parallelize(plan, model, mesh, device)` moves the model to `device`,
 chains the `apply_*` verbs and returns the module to call (a DDP wrapper, or the model itself when
-the wrappers are composable); parameter names stay the catalogue's, up to wrapper prefixes.
+the wrappers are composable); parameter names stay the catalogue's, up to wrapper prefixes. A model on
+the meta device (`models.build_meta_model`) is parallelized there and then allocated on `device`, each
+rank's shards filled with the full model's values (`models.materialize`).
 """
 from __future__ import annotations
 
 import itertools
 import math
+from typing import Callable
 
 import torch
 from torch import nn
@@ -74,7 +77,7 @@ def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch
 
 
 def _parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch.device,
-                 materialize_model) -> nn.Module:
+                 materialize_model: Callable[[nn.Module], nn.Module]) -> nn.Module:
     # 1. Tensor parallelism first: it replaces parameters by DTensors that the later wrappers keep.
     rules = tp_rules(plan)[0]
     if plan.tensor is not None and plan.tp > 1 and isinstance(model, TorchModel):  # its own plan
