@@ -25,7 +25,7 @@ from plandsl.ir.layers import (EXPERTS, TENSOR_SHARDED_DIMS, VOCAB, Layer,
                                Param, attention_widths,
                                block_model, figures_key, kv_width, layers_of, once_per_figures)
 from plandsl.ir.placement import Assignment, assign_stages
-from plandsl.ir.shard_rules import data_split_modules, tp_rules
+from plandsl.ir.shard_rules import data_split_modules
 from plandsl.cost.schedule import plan_schedule, plan_splits_backward
 from plandsl.schedules.bounded import builtin_layout
 from plandsl.schedules.generators import check_sizes, pipeline_maps
@@ -508,23 +508,23 @@ def _data_split_degree(plan: ir.Plan) -> int:
 
 
 def data_split_gathered(plan: ir.Plan, layers: Sequence[Layer], held: bool = False) -> tuple[float, float]:
-    """(params, grads) bytes beyond their shards of the modules a shard rule splits over the data axis
-    (`data_split_modules`) under ZeRO-0/1 (ZeRO-2/3 gather them with their units, `gathered_bytes`), while they compute:
-    each an FSDP group of its own, gathered whole for its forward and backward and its gradient whole until
-    reduce-scattered: the largest one's; every one's, whole through the step, where the step holds its units
-    (`batch_shares`: FSDP keeps them gathered from the first forward to the last backward, `apply_dp(uneven=True)`).
-    In the weights' and gradients' dtypes (no `MixedPrecisionPolicy` under ZeRO-0/1)."""
+    """(params, grads) bytes of the modules a shard rule splits over the data axis (`data_split_modules`) gathered
+    whole beside their shards under ZeRO-0/1 (ZeRO-2/3 gather them with their units, `gathered_bytes`): each an FSDP
+    group of its own (`data_parallel.shard_by_rules`), gathered for its forward and again for its backward and freed
+    after each, its gradient whole until reduce-scattered: the largest one's; every one's, whole through the step,
+    where the step holds its units (`batch_shares`: FSDP keeps them gathered from the first forward to the last
+    backward, `apply_dp(uneven=True)`). In the weights' and gradients' dtypes (no `MixedPrecisionPolicy` under ZeRO-0/1).
+    `replicate`'s copies leave these modules out (`replicate_copy_bytes`)."""
     apart = data_split_modules(plan) if zero_degrees(plan)[0] < 2 else frozenset()
     if not apart:
         return 0.0, 0.0
-    tp, ep, expert_tp, degree = plan.tp, plan.expert_group, plan.expert_tp, _data_split_degree(plan)
+    tp, ep, expert_tp = plan.tp, plan.expert_group, plan.expert_tp
     modules: dict[str, int] = {}
     for layer in layers:
         for p in layer.params:
             if p.module in apart:
                 modules[p.module] = modules.get(p.module, 0) + local_numel(p, tp, ep, expert_tp)
-    beyond = [n - -(-n // degree) for n in modules.values()]
-    elements = (sum(beyond) if held else max(beyond, default=0))
+    elements = sum(modules.values()) if held else max(modules.values(), default=0)
     states = StateBytes.of(plan.train)
     return float(elements * states.params), float(elements * states.grads)
 
@@ -608,7 +608,8 @@ def replicates_units(plan: ir.Plan) -> bool:
         return plan.stages.implementation == "torch"
     if plan.tensor is not None and plan.tp > 1:
         return plan.tensor.stack == "torch"
-    return plan.experts is not None and plan.ep > 1
+    # expert shards; a shard rule's split over the data axis makes DTensors of its parameters too
+    return (plan.experts is not None and plan.ep > 1) or bool(data_split_modules(plan))
 
 
 def replicate_copy_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = ()) -> float:
@@ -616,9 +617,8 @@ def replicate_copy_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence
     embedding) where the plan's replication runs on it (`replicates_units`): every unit whole from its forward to its
     backward, in the weights' dtype (`run` gives `replicate` no `MixedPrecisionPolicy`). Left out: the experts of an
     expert axis replicated over no other axis (`_group_experts`: `replicate` ignores them; without an expert axis
-    they are a block's like any parameter), and, where the units are not held through the step, the modules a shard
-    rule splits over the data axis (FSDP groups of their own that reshard after the forward,
-    `data_parallel.shard_by_rules`; held whole through it under a pipeline or `batch_shares`, as these copies are).
+    they are a block's like any parameter), and the modules a shard rule splits over the data axis (FSDP groups of
+    their own, `data_parallel.shard_by_rules`, gathered apart: `data_split_gathered`).
     Traced (`plandsl run --dry-run --memory`, tests/distributed/test_memtrace.py): a llama at dp 2 x tp 2 under `ddp`,
     40.9 MiB of tensors at the peak against 33.2 counted without the copies, 40.2 with them."""
     if not replicates_units(plan):
@@ -627,8 +627,7 @@ def replicate_copy_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence
     split = plan.experts is not None and plan.ep > 1
     experts = not split or math.prod(
         plan.mesh.degree(axis) for axis in plan.reduce_axes() if axis != plan.experts.axis) > 1
-    held = plan.stages is not None or plan.train.batch_shares is not None
-    apart = frozenset() if held else frozenset(module for module, rule in tp_rules(plan)[0].items() if rule.data)
+    apart = data_split_modules(plan)
     params = [p for layer in layers for p in layer.params] + list(extra)
     return float(sum(local_numel(p, tp, ep, expert_tp) for p in params
                      if (experts or not _is_expert(p)) and p.module not in apart)

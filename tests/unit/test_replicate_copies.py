@@ -9,6 +9,7 @@ import pytest
 from plandsl import api
 from plandsl.cost.memory import estimate_plan_memory, local_numel, replicate_copy_bytes, replicates_units
 from plandsl.ir.layers import layers_of
+from plandsl.ir.shard_rules import ruled_layers
 
 PLAN = """import "clusters/dgx_h100"
 plan p {{
@@ -28,9 +29,9 @@ def _plan(model=DENSE, mesh="[dp = 2, tp = 2]", lines="  data = zero1 over dp\n 
 
 
 def _weights(plan, keep=lambda p: True) -> float:
-    """The rank's parameters' bytes, fp32, as tensor (and expert) parallelism splits them."""
+    """The rank's parameters' bytes, fp32, as tensor (and expert) parallelism and the shard rules split them."""
     return 4.0 * sum(local_numel(p, plan.tp, plan.expert_group, plan.expert_tp)
-                     for layer in layers_of(plan.model) for p in layer.params if keep(p))
+                     for layer in ruled_layers(plan, layers_of(plan.model)) for p in layer.params if keep(p))
 
 
 def test_without_an_expert_axis_the_experts_are_copied_with_their_block():
@@ -58,13 +59,12 @@ def test_an_fp8_parameter_gather_copies_nothing():
 
 
 def test_modules_split_over_the_data_axis_are_gathered_apart():
-    """A shard rule's split over the data axis makes the module an FSDP group of its own that reshards after its
-    forward (`data_parallel.shard_by_rules`): `replicate` does not copy it (a step held through, under a pipeline, keeps
-    it whole as the copies are)."""
+    """A shard rule's split over the data axis makes the module an FSDP group of its own (`data_parallel.
+    shard_by_rules`): `replicate` does not copy it; it is gathered apart (`data_split_gathered`)."""
     rule = "\n  shard layers.*.attn.wq = { weight: Shard(0) @ dp }"
     plain, ruled = _plan(), _plan(lines="  data = zero1 over dp\n  tensor = megatron over tp" + rule)
-    wq = _weights(plain, lambda p: p.module.endswith("attn.wq"))
-    layers = layers_of(plain.model)
+    wq = _weights(ruled, lambda p: p.module.endswith("attn.wq"))
+    layers = ruled_layers(ruled, layers_of(ruled.model))
     assert replicate_copy_bytes(plain, layers) - replicate_copy_bytes(ruled, layers) == pytest.approx(wq) and wq > 0
 
 
@@ -83,3 +83,26 @@ def test_a_shares_overflow_under_zero1_does_not_blame_zero2_or_3():
 node box {{ devices = 4 x tight; link = {{ bandwidth: 10 GB/s, latency: 5 us }} }}""").replace("localhost x 4", "box")
     errors = [d for d in api.checks(tight).diagnostics if d.is_error]
     assert [d.code for d in errors] == ["E503"] and "ZeRO-2/3" not in (errors[0].hint or "")
+
+
+def test_a_split_over_the_data_axis_replicates_without_tensor_parallelism():
+    """At tp 1 a shard rule's split over the data axis still makes DTensors of the module's parameters, so `run`
+    replicates the rest with `replicate` (the count said DistributedDataParallel: 74 MiB under the trace of a small
+    gpt)."""
+    rule = "\n  shard layers.*.mlp.w1 = { weight: Shard(0) @ dp }"
+    plan = _plan(mesh="[dp = 2, tp = 1]", lines="  data = zero1 over dp\n  tensor = megatron over tp" + rule)
+    assert replicates_units(plan) and not replicates_units(_plan(mesh="[dp = 2, tp = 1]"))
+
+
+def test_under_shares_a_module_split_over_the_data_axis_is_gathered_once():
+    """With `batch_shares` FSDP keeps the module gathered through the step: counted whole once (`data_split_gathered`),
+    not also among `replicate`'s copies (the first count held it there too)."""
+    from plandsl.cost.memory import data_split_gathered
+    rule = "\n  shard layers.*.attn.wq = { weight: Shard(0) @ dp }"
+    lines = "  data = zero1 over dp\n  tensor = megatron over tp" + rule
+    plan = _plan(lines=lines, train=", batch_shares: [12, 4]")
+    layers = ruled_layers(plan, layers_of(plan.model))  # wq whole over tp, halved over dp
+    wq = _weights(plan, lambda p: p.module.endswith("attn.wq"))
+    assert replicate_copy_bytes(plan, layers) == _weights(plan) - wq
+    assert data_split_gathered(plan, layers, held=True) == (wq, wq)
+    assert estimate_plan_memory(plan)[0].gathered_params == _weights(plan)  # every parameter gathered once

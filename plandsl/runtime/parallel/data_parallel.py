@@ -170,7 +170,9 @@ def shard_by_rules(model: nn.Module, data_shards: dict[str, dict[str, int]], dp_
     """Each module a shard rule splits over the data axis (module -> parameter -> dim, from
     `tensor_parallel.tp_rules`) becomes an FSDP group of its own, every parameter sharded along its
     rule's dim (FSDP2's `shard_placement_fn`; on top of a tensor-parallel split of another dim): its
-    storage is 1/N over the axis, gathered for compute and freed after, gradients reduce-scattered.
+    storage is 1/N over the axis, gathered for compute and freed after (after its forward too: said, as a group
+    that no FSDP group encloses is a root of its own, which FSDP2 would keep gathered to its backward; `apply_dp`
+    keeps it gathered through the step under a pipeline or `batch_shares`), gradients reduce-scattered.
     The data-parallel groups built next leave it out, with the same `mp_policy`. Modules a pipeline stage lacks
     are skipped."""
     modules = {_RECOMPUTE_WRAPPER.sub("", name): module for name, module in model.named_modules()}
@@ -180,7 +182,7 @@ def shard_by_rules(model: nn.Module, data_shards: dict[str, dict[str, int]], dp_
             continue
         placements = {id(param): Shard(dims[param_name] % param.ndim)
                       for param_name, param in module.named_parameters(recurse=False)}
-        fully_shard(module, mesh=dp_mesh, mp_policy=mp_policy or MixedPrecisionPolicy(),
+        fully_shard(module, mesh=dp_mesh, mp_policy=mp_policy or MixedPrecisionPolicy(), reshard_after_forward=True,
                     shard_placement_fn=lambda param, placements=placements: placements[id(param)])
 
 
