@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import hashlib
 import math
 
 import torch
@@ -636,9 +635,9 @@ class Transformer(nn.Module):
         return loss
 
     @torch.no_grad()
-    def init_weights(self, seed: int) -> None:
+    def init_weights(self, generator: torch.Generator) -> None:
         for name, param in self.named_parameters():
-            init_parameter_(self.config, name, param, seed)
+            init_parameter_(self.config, name, param, generator)
 
 
 class MLPNet(nn.Module):
@@ -657,49 +656,39 @@ class MLPNet(nn.Module):
         return x
 
     @torch.no_grad()
-    def init_weights(self, seed: int) -> None:
+    def init_weights(self, generator: torch.Generator) -> None:
         for name, param in self.named_parameters():
-            init_parameter_(None, name, param, seed)
+            init_parameter_(None, name, param, generator)
 
 
 # ---- initial values -------------------------------------------------------------------
-# One function says each parameter's initial values, by its name in the full model, from a random stream of its own
-# (`parameter_generator`: the seed and the name): `build_model` fills the parameters of the full CPU model with it,
-# `materialize` each full parameter a rank holds before copying the rank's part of it into a model built on the meta
-# device, so that every layout starts from the same values and a rank draws only the parameters it holds.
-def parameter_generator(seed: int, name: str) -> torch.Generator:
-    """The CPU generator parameter `name` of a model of `seed` draws its initial values from: seeded with 64 bits of
-    BLAKE2b over the seed and the name, so each parameter's stream is its own whatever the others (and the order
-    they are drawn in, or whether they are drawn at all)."""
-    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
-
-
+# One function says each parameter's initial distribution, by its name in the full model: `build_model` fills the
+# parameters of the full CPU model with it, `materialize` each full parameter in turn before copying the rank's part
+# of it into a model built on the meta device, both in `named_parameters()` order from one generator, so that every
+# layout starts from the same values.
 @torch.no_grad()
-def init_parameter_(config: ir.TransformerModel | None, name: str, tensor: torch.Tensor, seed: int) -> None:
+def init_parameter_(config: ir.TransformerModel | None, name: str, tensor: torch.Tensor,
+                    generator: torch.Generator) -> None:
     """Fill `tensor`, the full parameter `name` of a `Transformer` of `config` (None: of an `MLPNet`), with its
-    initial values, drawn from its own stream (`parameter_generator(seed, name)`): biases zero, norms' weights one; a
-    Transformer's other weights normal with std INIT_STD (residual projections INIT_STD / sqrt(2 * layers), GPT-2's);
-    an MLPNet's weights normal with std 1 / sqrt(in_features)."""
-    if tensor.is_meta:  # shapes only (`runtime.dryrun`): nothing to draw
-        return
+    initial values, drawing from `generator` as the parameter's turn in `named_parameters()` order comes: biases
+    zero, norms' weights one; a Transformer's other weights normal with std INIT_STD (residual projections
+    INIT_STD / sqrt(2 * layers), GPT-2's); an MLPNet's weights normal with std 1 / sqrt(in_features)."""
     if name.endswith("bias"):
         nn.init.zeros_(tensor)
-    elif config is not None and name.rsplit(".", 1)[-1] == "weight" and (
-            ".norm" in f".{name}" or name.rsplit(".", 2)[-2] in ("enorm", "hnorm")):
+    elif config is None:  # an MLPNet's Linear weight [out, in]
+        nn.init.normal_(tensor, 0.0, 1.0 / math.sqrt(tensor.shape[1]), generator=generator)
+    elif name.rsplit(".", 1)[-1] == "weight" and (".norm" in f".{name}"
+                                                   or name.rsplit(".", 2)[-2] in ("enorm", "hnorm")):
         nn.init.ones_(tensor)
+    elif name.endswith(("attn.wo.weight", "mlp.w2.weight", "experts.w2", "shared.w2.weight")):
+        nn.init.normal_(tensor, 0.0, INIT_STD / math.sqrt(2 * config.layers), generator=generator)
     else:
-        if config is None:  # an MLPNet's Linear weight [out, in]
-            std = 1.0 / math.sqrt(tensor.shape[1])
-        elif name.endswith(("attn.wo.weight", "mlp.w2.weight", "experts.w2", "shared.w2.weight")):
-            std = INIT_STD / math.sqrt(2 * config.layers)
-        else:
-            std = INIT_STD
-        nn.init.normal_(tensor, 0.0, std, generator=parameter_generator(seed, name))
+        nn.init.normal_(tensor, 0.0, INIT_STD, generator=generator)
 
 
 def build_model(model: ir.Model, seed: int) -> nn.Module:
     """The full model on the CPU, initialised from `seed` only: every layout starts from these values."""
+    generator = torch.Generator().manual_seed(seed)
     if isinstance(model, ir.TransformerModel):
         module = Transformer(model)
     elif isinstance(model, ir.MLPModel):
@@ -709,7 +698,7 @@ def build_model(model: ir.Model, seed: int) -> nn.Module:
         return build(model, seed)
     else:
         return _from_factory(model, seed)
-    module.init_weights(seed)
+    module.init_weights(generator)
     return module
 
 
@@ -737,10 +726,10 @@ def materialize(module: nn.Module, model: ir.Model, seed: int, device: torch.dev
     """`module`, a part of `build_meta_model(model)` (the whole or one pipeline stage, parallelized or not: tensor,
     expert, data parallelism leave its parameters DTensors on the meta device), allocated on `device` and filled with
     exactly the values `build_model(model, seed)` gives its parameters, each kept in its own dtype (`keep_weights`'s
-    cast, as `copy_` casts): each parameter `module` holds drawn whole on the CPU from its own stream
-    (`init_parameter_`, `parameter_generator`: the others not drawn at all), one alive at a time, and this rank's part
-    of it copied in, a DTensor's local shard as its placements cut it (`distribute_tensor` without communication).
-    Parameters tied in the full model (a tied head) take their one value. Buffers not on the meta device are kept; the built-in families hold none on it."""
+    cast, as `copy_` casts): every parameter of the full model drawn in turn on the CPU from one generator seeded with
+    `seed` (`init_parameter_`), one alive at a time, and this rank's part of it copied in, a DTensor's local shard as
+    its placements cut it (`distribute_tensor` without communication). Parameters tied in the full model (a tied
+    head) take their one value. Buffers not on the meta device are kept; the built-in families hold none on it."""
     device = torch.device(device)
     kept = {(owner, name): buffer for owner in module.modules() for name, buffer in owner._buffers.items()
             if buffer is not None and buffer.device.type != "meta"}
@@ -772,10 +761,10 @@ def materialize(module: nn.Module, model: ir.Model, seed: int, device: torch.dev
         if full_name not in canonical:
             raise ValueError(f"cannot materialize '{name}': the model has no parameter '{full_name}'")
         local.setdefault(canonical[full_name], {})[id(param)] = param
-    for name, shape, dtype in [(name, param.shape, param.dtype) for name, param in skeleton.named_parameters()
-                               if name in local]:  # only what the rank holds: each parameter's stream is its own
+    generator = torch.Generator().manual_seed(seed)
+    for name, shape, dtype in [(name, param.shape, param.dtype) for name, param in skeleton.named_parameters()]:
         full = torch.empty(shape, dtype=dtype)  # what `build_model` draws into, before `keep_weights` casts it
-        init_parameter_(config, name, full, seed)
+        init_parameter_(config, name, full, generator)
         for param in local.get(name, {}).values():
             if isinstance(param, DTensor):
                 part = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()

@@ -51,25 +51,3 @@ def test_models_from_torch_and_factories_are_not_built_on_meta():
     from plandsl import ir
     from plandsl.runtime.models import build_meta_model
     assert build_meta_model(ir.CustomModel.model_construct(name="m", factory="pkg.mod:f")) is None
-
-
-def test_a_stage_draws_only_the_parameters_it_holds(monkeypatch):
-    """Each parameter draws from a stream of its own (`models.parameter_generator`: the seed and its name), so a
-    pipeline stage's part draws its own parameters only (before, one generator over the whole model in order: every
-    rank drew every parameter, once per stage it ran), and its values are still the full model's."""
-    from plandsl.runtime import models
-    from plandsl.runtime.precision import keep_weights
-    plan = load(_PLAN.format(model="llama(layers=4, hidden=32, heads=4, kv_heads=2, seq=16, vocab=128, ffn=64)",
-                             train="tiny_train"))
-    from plandsl.ir.layers import layers_of
-    from plandsl.runtime.parallel.pipeline import stage_part
-    meta = keep_weights(plan, models.build_meta_model(plan.model))
-    stage = stage_part(meta, {"layers.2", "layers.3"}, [layer.name for layer in layers_of(plan.model)])
-    drawn = []
-    real = models.parameter_generator
-    monkeypatch.setattr(models, "parameter_generator", lambda seed, name: drawn.append(name) or real(seed, name))
-    models.materialize(stage, plan.model, plan.train.seed, "cpu")
-    assert drawn and all(name.startswith(("layers.2.", "layers.3.")) for name in drawn)
-    full = models.build_model(plan.model, plan.train.seed)
-    for name, param in stage.named_parameters():
-        assert torch.equal(param, full.get_parameter(name)), name
