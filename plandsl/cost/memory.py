@@ -21,9 +21,8 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 from plandsl import ir
-from plandsl.ir.layers import (EXPERTS, TENSOR_SHARDED_DIMS, VOCAB, Layer,
-                               Param, attention_widths,
-                               block_model, figures_key, kv_width, layers_of, once_per_figures)
+from plandsl.ir.layers import (EXPERTS, TENSOR_SHARDED_DIMS, VOCAB, Layer, Param, attention_widths, block_model,
+                               figures_key, kv_width, layers_of, once_per_figures)
 from plandsl.ir.placement import Assignment, assign_stages
 from plandsl.ir.shard_rules import data_split_modules
 from plandsl.cost.schedule import plan_schedule, plan_splits_backward

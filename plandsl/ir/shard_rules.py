@@ -15,6 +15,7 @@ from plandsl import ir
 from plandsl.ir.layers import OTHER, TENSOR_SHARDED_DIMS, TP_SPLIT, BlockParams, Layer, Param, layers_of
 from plandsl.ir.selectors import NameIndex, precision
 
+
 @dataclass(frozen=True)
 class ModuleRule:
     """How one module is placed over the tensor axis, after the plan's rules: `colwise`, `rowwise`,
