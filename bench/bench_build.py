@@ -1,0 +1,113 @@
+"""How much memory and time a rank process takes to build its share of a model: `plandsl run`'s meta build (a
+built-in family built on the meta device, parallelized there, each rank's shards allocated and filled:
+`runtime.models.materialize`) against the whole-model build it replaced (`build_model` on the CPU, then sharded),
+the same plan, layout and process count, in this one script.
+
+Each (layout, build) forks its own gloo ranks (peak RSS is a process's high-water mark, so each build gets fresh
+processes); every rank reports its peak RSS (`ru_maxrss`), its RSS before the build, the bytes of its parameters'
+local shards and the seconds `build_job` took. The whole-model build is `build_job(make_model=...)` with
+`build_model`, the path `run` took before the meta build (and still takes for models from torch and factories).
+
+    python bench/bench_build.py            # tp2 fsdp2 pp2
+    python bench/bench_build.py fsdp4
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MODEL = "llama(layers=16, hidden=2048, heads=16, kv_heads=8, seq=256, vocab=32000, ffn=5632)"  # 3.3 GiB of fp32
+PLAN = """\
+import "local/tiny"
+device bigcpu {{ memory = 64 GiB; bandwidth = 20 GB/s; peak = {{ fp32: 50 GFLOP/s, bf16: 50 GFLOP/s }}; reserve = 0 GiB }}
+node bighost {{ devices = 8 x bigcpu; link = {{ bandwidth: 5 GB/s, latency: 20 us }} }}
+plan p {{
+  model   = {model}
+  cluster = bighost
+  mesh    = {mesh} over devices[0:{world}]
+  train   = tiny_train
+{body}
+}}
+"""
+LAYOUTS = {
+    "tp2": ("[tp = 2]", 2, "  tensor = megatron over tp"),
+    "fsdp2": ("[dp = 2]", 2, "  data = zero3 over dp"),
+    "fsdp4": ("[dp = 4]", 4, "  data = zero3 over dp"),
+    "pp2": ("[pp = 2]", 2, "  stages = evenly over pp\n  schedule = 1f1b"),
+}
+GiB = 2**30
+
+
+def _plan(layout: str):
+    from plandsl import api
+    mesh, world, body = LAYOUTS[layout]
+    text = PLAN.format(model=MODEL, mesh=mesh, world=world, body=body)
+    return api.select_plan(api.loads(text))
+
+
+def _rank(rank: int, world: int, layout: str, whole: bool, store_dir: str, out: str) -> None:
+    torch.set_num_threads(1)
+    rss = lambda: int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")  # noqa: E731
+    start = rss()
+    store = dist.FileStore(os.path.join(store_dir, "store"), world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=600))
+    from plandsl.runtime import train
+    from plandsl.runtime.models import build_model
+    from plandsl.runtime.parallel.mesh import build_mesh
+    plan = _plan(layout)
+    device = torch.device("cpu")
+    make = (lambda: build_model(plan.model, plan.train.seed)) if whole else None
+    began = time.perf_counter()
+    job = train.build_job(plan, build_mesh(plan, device), device, train.RunConfig(steps=1), make_model=make)
+    seconds = time.perf_counter() - began
+    local = sum(getattr(p, "_local_tensor", p).numel() * p.element_size() for m in job.models for p in m.parameters())
+    result = {"rank": rank, "start": start / GiB, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+              "local": local / GiB, "seconds": seconds}
+    Path(f"{out}.{rank}").write_text(json.dumps(result))
+    os._exit(0)  # see plandsl.run.entry: no gloo teardown
+
+
+def build(layout: str, whole: bool) -> list[dict]:
+    world = LAYOUTS[layout][1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rank")
+        context = mp.get_context("fork")
+        procs = [context.Process(target=_rank, args=(r, world, layout, whole, tmp, out)) for r in range(world)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(timeout=900)
+            if proc.exitcode != 0:
+                raise SystemExit(f"{layout}: rank exited with {proc.exitcode}")
+        return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
+
+
+def main() -> None:
+    layouts = sys.argv[1:] or ["tp2", "fsdp2", "pp2"]
+    _plan(layouts[0])  # checked once in the parent (imports, lowering) before the ranks fork
+    print(f"model {MODEL}, gloo on the CPU, {os.cpu_count()} cores, torch {torch.__version__}")
+    print("| layout | build | peak RSS a rank (GiB) | its shards (GiB) | build_job (s) |")
+    print("|---|---|---|---|---|")
+    for layout in layouts:
+        for whole in (True, False):
+            ranks = build(layout, whole)
+            peak = max(r["peak"] for r in ranks)
+            print(f"| {layout} | {'whole model, then sharded' if whole else 'meta, shards filled'} | {peak:.2f} | "
+                  f"{max(r['local'] for r in ranks):.2f} | {max(r['seconds'] for r in ranks):.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
