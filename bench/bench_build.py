@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from ranks import fork_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -84,14 +85,7 @@ def build(layout: str, whole: bool) -> list[dict]:
     world = LAYOUTS[layout][1]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank")
-        context = mp.get_context("fork")
-        procs = [context.Process(target=_rank, args=(r, world, layout, whole, tmp, out)) for r in range(world)]
-        for proc in procs:
-            proc.start()
-        for proc in procs:
-            proc.join(timeout=900)
-            if proc.exitcode != 0:
-                raise SystemExit(f"{layout}: rank exited with {proc.exitcode}")
+        fork_ranks(_rank, world, (world, layout, whole, tmp, out), 900, layout)
         return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
 
 

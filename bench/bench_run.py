@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ranks import fork_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -303,14 +303,7 @@ def _rank(rank: int, world: int, config: str, store_dir: str, blocks: int, block
 def overhead(config: str, blocks: int, block: int) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "times.json")
-        context = mp.get_context("fork")
-        procs = [context.Process(target=_rank, args=(r, 2, config, tmp, blocks, block, out)) for r in range(2)]
-        for proc in procs:
-            proc.start()
-        for proc in procs:
-            proc.join(timeout=600)
-            if proc.exitcode != 0:
-                raise SystemExit(f"{config}: rank exited with {proc.exitcode}")
+        fork_ranks(_rank, 2, (2, config, tmp, blocks, block, out), 600, config)
         times = json.loads(Path(out).read_text())
     return statistics.median(times["plandsl"]), statistics.median(times["hand"])
 

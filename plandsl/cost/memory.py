@@ -474,7 +474,7 @@ def model_state_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Pa
     more = _sizes(extra, tp, ep, expert_tp)
     params, grads, optimizer = _model_states(plan, dense + more[0], expert + more[1], whole_tensors)
     if own:  # 1/dp of each rank's, every state (ZeRO-1 steps them as they are held: `build_dp_optimizer`'s `own`)
-        shard, states = -(-own // _data_split_degree(plan)), StateBytes.of(plan.train)
+        shard, states = -(-own // _reduce_degree(plan)), StateBytes.of(plan.train)
         params, grads = params + shard * states.params, grads + shard * states.grads
         optimizer += shard * states.optimizer(plan.train.optimizer)
     if plan.data is not None and plan.data.gather is ir.Precision.fp8 and 1 <= plan.data.zero_stage < 3:
@@ -500,9 +500,10 @@ def model_state_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Pa
     return params, grads, optimizer
 
 
-def _data_split_degree(plan: ir.Plan) -> int:
-    """The ranks a shard rule's `Shard(d) @ AXIS` splits a module's storage over: the one axis the gradients are
-    reduced over (`runtime.parallel.tensor_parallel._data_shard_problem` refuses any other)."""
+def _reduce_degree(plan: ir.Plan) -> int:
+    """The ranks the gradients are reduced over (`ir.Plan.reduce_axes`: the data and context axes): what `run`'s
+    data parallelism wraps (none where 1), and what a shard rule's `Shard(d) @ AXIS` splits a module's storage over
+    (the one reduce axis: `runtime.parallel.tensor_parallel._data_shard_problem` refuses any other)."""
     return math.prod(plan.mesh.degree(axis) for axis in plan.reduce_axes())
 
 
@@ -601,7 +602,7 @@ def replicates_units(plan: ir.Plan) -> bool:
     (`implementation = megatron | deepspeed`: their DDP reduces into buckets beside one copy of the parameters)."""
     if plan.data is not None and (plan.data.zero_stage >= 2 or plan.data.gather is ir.Precision.fp8):
         return False  # FSDP; or Megatron's FP8 parameter gather (`--fp8-param-gather`, `model_state_bytes`)
-    if math.prod(plan.mesh.degree(axis) for axis in plan.reduce_axes()) == 1:  # nothing to reduce over: no wrapper
+    if _reduce_degree(plan) == 1:  # nothing to reduce over: no wrapper
         return False
     if plan.stages is not None:
         return plan.stages.implementation == "torch"

@@ -251,20 +251,22 @@ def _roles(param: Param, rules: dict[str, ModuleRule], kind: str) -> tuple[str, 
     return param.dims if rule is None else _placed(param, rule, kind == "embed").dims
 
 
+def style_dim(style: str, leaf: str, embedding: bool) -> int | None:
+    """The dim of parameter `leaf` (`weight`, `bias`) a torch style splits over the tensor axis (None: whole):
+    ColwiseParallel a Linear's weight and bias along dim 0 and an Embedding's weight along dim 1, RowwiseParallel a
+    Linear's weight along dim 1 and an Embedding's along dim 0; `replicate` and `sequence` none."""
+    if style == "colwise":
+        return (1 if leaf == "weight" else None) if embedding else 0
+    if style == "rowwise":
+        return (0 if embedding else 1) if leaf == "weight" else None
+    return None
+
+
 def _placed(param: Param, rule: ModuleRule, embedding: bool) -> Param:
-    """`param` with the roles of its dims as `rule` places it over the tensor axis (`apply_tp`: torch's ColwiseParallel
-    splits a Linear's weight and bias along dim 0 and an Embedding's weight along dim 1, RowwiseParallel a Linear's
-    weight along dim 1 and an Embedding's along dim 0; `replicate` and `sequence` keep it whole; placements per
-    parameter, `PlacedParallel`)."""
+    """`param` with the roles of its dims as `rule` places it over the tensor axis (`apply_tp`: a torch style's split,
+    `style_dim`; placements per parameter, `PlacedParallel`)."""
     leaf, rank = param.name.rsplit(".", 1)[-1], len(param.shape)
-    if rule.style == "colwise":
-        dim = (1 if leaf == "weight" else None) if embedding else 0
-    elif rule.style == "rowwise":
-        dim = (0 if embedding else 1) if leaf == "weight" else None
-    elif rule.style == "placements":
-        dim = rule.placements.get(leaf)
-    else:
-        dim = None
+    dim = rule.placements.get(leaf) if rule.style == "placements" else style_dim(rule.style, leaf, embedding)
     dim = None if dim is None or rank == 0 else dim % rank
     roles = tuple((role if role in TENSOR_SHARDED_DIMS else TP_SPLIT) if index == dim else
                   (OTHER if role in TENSOR_SHARDED_DIMS else role) for index, role in enumerate(param.dims))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from plandsl import ir
 from plandsl.ir.layers import EXPERTS, TENSOR_SHARDED_DIMS, Layer, Param, layers_of, param_count
-from plandsl.ir.shard_rules import ruled_layers
+from plandsl.ir.shard_rules import ruled_layers, style_dim
 from plandsl.ir.placement import (Assignment, NameIndex, assign_stages, compress_names, pipeline_rank_devices,
                                   precision)
 from plandsl.render.dot import FONT, Graph, Html, categorical, escape, text_width
@@ -67,11 +67,9 @@ def param_placements(plan: ir.Plan, param: Param, rule: ir.ShardRule | None) -> 
     out: tuple[str, ...] = ()
     kind = param.name.rsplit(".", 1)[-1]
     axis = rule.axis or tensor_axis
-    embedding = param.module.startswith("embed.")  # torch's styles split an Embedding's weight the other way round
-    if rule.style == "colwise" and axis:
-        out = (f"Shard({1 if embedding and kind == 'weight' else 0})@{axis}",)
-    elif rule.style == "rowwise" and axis:
-        out = (f"Shard({0 if embedding else 1})@{axis}",) if kind == "weight" and len(param.shape) > 1 else ()
+    dim = style_dim(rule.style, kind, param.module.startswith("embed."))  # an Embedding's the other way round
+    if dim is not None and axis:
+        out = (f"Shard({dim})@{axis}",)
     for param_rule in rule.params:
         if param_rule.param in ("*", kind):
             out = tuple(t for t in map(_placement_text, param_rule.placements) if t)

@@ -207,6 +207,16 @@ plan whole_vocab {
 """
 
 
+def _most_alive(trace, label: str) -> int:
+    """The most storages of `label` (an op's output, shape and dtype) alive at once in `trace`'s events."""
+    alive, most = set(), 0
+    for op, key, _ in trace.events:
+        if trace.labels[key] == label:
+            (alive.add if op > 0 else alive.discard)(key)
+            most = max(most, len(alive))
+    return most
+
+
 def test_the_count_holds_the_whole_vocabulary_embedding_gradient_a_trace_shows():
     """torch's vocabulary-parallel embedding makes its gradient over the whole vocabulary on every tensor rank, and
     FSDP2 under torch's pipeline accumulates it unreduced across the stage's microbatches: the trace of the first
@@ -250,12 +260,7 @@ def test_a_batch_shares_replica_under_replicate_holds_the_whole_vocabulary_gradi
                 .replace("  stages   = evenly over pp\n  schedule = 1f1b\n", ""))
     vocab, hidden = plan.model.vocab, plan.model.hidden
     trace = memtrace.trace_rank(plan, 0, 1)
-    shape, alive, most = f"embedding_dense_backward.default[{vocab}, {hidden}] float32", set(), 0
-    for op, key, _ in trace.events:
-        if trace.labels[key] == shape:
-            (alive.add if op > 0 else alive.discard)(key)
-            most = max(most, len(alive))
-    assert most == 2
+    assert _most_alive(trace, f"embedding_dense_backward.default[{vocab}, {hidden}] float32") == 2
     torch = estimate_plan(plan, DEFAULT_EFFICIENCY).memory[0].gathered_grads
     megatron = estimate_plan(plan.model_copy(update={"tensor": plan.tensor.model_copy(update={"stack": "megatron"})}),
                              DEFAULT_EFFICIENCY).memory[0].gathered_grads
@@ -325,11 +330,7 @@ def test_a_step_of_one_microbatch_holds_one_whole_vocabulary_gradient(global_bat
                 .replace("  stages   = evenly over pp\n  schedule = 1f1b\n", ""))
     vocab, hidden = plan.model.vocab, plan.model.hidden
     trace = memtrace.trace_rank(plan, 0, 2)
-    shape, live, most = f"embedding_dense_backward.default[{vocab}, {hidden}] float32", set(), 0
-    for op, key, _ in trace.events:
-        if trace.labels[key] == shape:
-            (live.add if op > 0 else live.discard)(key)
-            most = max(most, len(live))
+    most = _most_alive(trace, f"embedding_dense_backward.default[{vocab}, {hidden}] float32")
     assert plan.num_microbatches == global_batch and most == alive
     assignment, _ = assign_stages(plan)
     assert whole_vocab_gradient_moment(plan, assignment.stage_layers[0]) == (alive - 1) * vocab * hidden * 4
