@@ -263,13 +263,13 @@ HAND["zero1_impl"] = HAND["zero1"]
 # ---- plandsl's loop --------------------------------------------------------------------------
 def plandsl_loop(plan):
     from plandsl.runtime.parallel.mesh import build_mesh
-    from plandsl.runtime.train import RunConfig, build_job, peak_memory_bytes, train_step
+    from plandsl.runtime.train import RunConfig, build_job, peak_memory, train_step
     device = torch.device("cpu")
     job = build_job(plan, build_mesh(plan, device), device, RunConfig(steps=1000, quiet=True))
 
     def step(index: int) -> float:
         loss = train_step(job, index)
-        peak_memory_bytes(device)  # what `train` records per step besides the loss
+        peak_memory(device)  # what `train` records per step besides the loss
         return loss
     return step
 
