@@ -45,16 +45,24 @@ def _kind(module: str) -> str:
     return "linear"
 
 
-def _winners(plan: ir.Plan) -> dict[str, ir.ShardRule]:
-    """Module -> the rule that sets it: the most precise selector, the first among equals (as the checker)."""
-    modules = list(dict.fromkeys(p.module for layer in layers_of(plan.model) for p in layer.params))
-    index, winners = NameIndex(modules), {}
+def winning_rules(plan: ir.Plan, modules: list[str]) -> dict[str, ir.ShardRule]:
+    """Module (of `modules`) -> the shard rule that sets it: the most precise selector, the first among equals (as
+    the checker, `check.sharding`, which also reports the equals that disagree)."""
+    winners: dict[str, ir.ShardRule] = {}
+    if not plan.shard:
+        return winners
+    index = NameIndex(modules)
     for rule in plan.shard:
         for position in index.select(rule.target, prefix=True):
             other = winners.get(modules[position])
             if other is None or precision(rule.target) > precision(other.target):
                 winners[modules[position]] = rule
     return winners
+
+
+def _winners(plan: ir.Plan) -> dict[str, ir.ShardRule]:
+    """Every module of the model that a rule sets -> that rule (`winning_rules`)."""
+    return winning_rules(plan, list(dict.fromkeys(p.module for layer in layers_of(plan.model) for p in layer.params)))
 
 
 def _resolve(plan: ir.Plan, module: str, rule: ir.ShardRule, params: list[str]) -> tuple[ModuleRule | None, list[str]]:

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from plandsl import ir
 from plandsl.ir.layers import EXPERTS, TENSOR_SHARDED_DIMS, Layer, Param, layers_of, param_count
-from plandsl.ir.shard_rules import ruled_layers, style_dim
-from plandsl.ir.placement import (Assignment, NameIndex, assign_stages, compress_names, pipeline_rank_devices,
-                                  precision)
+from plandsl.ir.shard_rules import ruled_layers, style_dim, winning_rules
+from plandsl.ir.placement import Assignment, assign_stages, compress_names, pipeline_rank_devices
 from plandsl.render.dot import FONT, Graph, Html, categorical, escape, text_width
 from plandsl.render.mesh import format_rate
 from plandsl.lower.units import format_bytes, format_count
@@ -34,21 +33,6 @@ def _placement_text(placement: ir.Placement) -> str | None:
     if placement.kind == "partial":
         return f"Partial@{placement.axis}"
     return None  # Replicate is what is not said
-
-
-def winning_rules(plan: ir.Plan, modules: list[str]) -> dict[str, ir.ShardRule]:
-    """Module -> the shard rule that sets it: the most precise selector; the first among equals."""
-    winners: dict[str, ir.ShardRule] = {}
-    if not plan.shard:
-        return winners
-    index = NameIndex(modules)
-    for rule in plan.shard:
-        for position in index.select(rule.target, prefix=True):
-            module = modules[position]
-            other = winners.get(module)
-            if other is None or precision(rule.target) > precision(other.target):
-                winners[module] = rule
-    return winners
 
 
 def param_placements(plan: ir.Plan, param: Param, rule: ir.ShardRule | None) -> tuple[str, ...]:

@@ -16,13 +16,13 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from plandsl import ir
+from plandsl.runtime.models import clean_name
 from plandsl.runtime.reference import RunResult
 
 # Relative bounds by precision; fp32 on CPU is the issue's 1e-5. CUDA kernels and bf16 rounding
 # differ more between layouts (reduction orders change), hence the looser figures.
 TOLERANCE = {("cpu", "fp32"): 1e-5, ("cuda", "fp32"): 1e-4}
 LOW_PRECISION_TOLERANCE = 2e-2
-WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod.")
 
 
 def tolerance(plan: ir.Plan, device: torch.device) -> float:
@@ -32,13 +32,6 @@ def tolerance(plan: ir.Plan, device: torch.device) -> float:
     if plan.run_gather is not None and plan.train.grad_dtype is not ir.Precision.fp32:
         return LOW_PRECISION_TOLERANCE
     return TOLERANCE.get((device.type, plan.train.precision.value), LOW_PRECISION_TOLERANCE)
-
-
-def clean_name(name: str) -> str:
-    """A parameter's name as the unwrapped model has it (wrappers insert path components)."""
-    for prefix in WRAPPER_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
 
 
 def gather_params(parts: list[nn.Module]) -> dict[str, torch.Tensor] | None:

@@ -718,7 +718,15 @@ def is_meta(module: nn.Module) -> bool:
     return any(p.device.type == "meta" for p in module.parameters())
 
 
-_RECOMPUTE_WRAPPER = "_checkpoint_wrapped_module."  # torch's checkpoint_wrapper's child
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod.")
+
+
+def clean_name(name: str) -> str:
+    """A parameter's name as the unwrapped model has it (wrappers insert path components: recomputation's
+    checkpoint_wrapper, FSDP1's, `torch.compile`'s)."""
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
 
 
 @torch.no_grad()
@@ -757,7 +765,7 @@ def materialize(module: nn.Module, model: ir.Model, seed: int, device: torch.dev
         canonical[name] = first.setdefault(id(param), name)
     local: dict[str, dict[int, torch.Tensor]] = {}
     for name, param in module.named_parameters(remove_duplicate=False):
-        full_name = _unwrapped(name)
+        full_name = clean_name(name)
         if full_name not in canonical:
             raise ValueError(f"cannot materialize '{name}': the model has no parameter '{full_name}'")
         local.setdefault(canonical[full_name], {})[id(param)] = param
@@ -773,11 +781,6 @@ def materialize(module: nn.Module, model: ir.Model, seed: int, device: torch.dev
                 param.copy_(full)
         del full
     return module
-
-
-def _unwrapped(name: str) -> str:
-    """`name` without what recomputation's wrapper inserts (`layers.0._checkpoint_wrapped_module.attn.wq.weight`)."""
-    return name.replace(_RECOMPUTE_WRAPPER, "")
 
 
 def _from_factory(model: ir.CustomModel, seed: int) -> nn.Module:
