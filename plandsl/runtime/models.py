@@ -737,8 +737,12 @@ def materialize(module: nn.Module, model: ir.Model, seed: int, device: torch.dev
     cast, as `copy_` casts): every parameter of the full model drawn in turn on the CPU from one generator seeded with
     `seed` (`init_parameter_`), one alive at a time, and this rank's part of it copied in, a DTensor's local shard as
     its placements cut it (`distribute_tensor` without communication). Parameters tied in the full model (a tied
-    head) take their one value. Buffers not on the meta device are kept; the built-in families hold none on it."""
+    head) take their one value. Buffers not on the meta device are kept; the built-in families hold none on it.
+    `module` itself where there is nothing to fill: it holds no meta parameter, or `device` is the meta device (the
+    dry run builds there: nothing drawn)."""
     device = torch.device(device)
+    if device.type == "meta" or not is_meta(module):
+        return module
     kept = {(owner, name): buffer for owner in module.modules() for name, buffer in owner._buffers.items()
             if buffer is not None and buffer.device.type != "meta"}
     meta_buffers = [name for name, buffer in module.named_buffers() if buffer.device.type == "meta"]

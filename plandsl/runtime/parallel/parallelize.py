@@ -67,10 +67,8 @@ def parallelize(plan: ir.Plan, model: nn.Module, mesh: DeviceMesh, device: torch
     own shards only: before DistributedDataParallel wraps it (DDP broadcasts at construction), else after every
     wrapper (FSDP2 and `replicate` take meta parameters). On the meta device itself (`runtime.dryrun`) it stays there,
     nothing drawn."""
-    meta = is_meta(model) and torch.device(device).type != "meta"
-
-    def materialize_model(module: nn.Module) -> nn.Module:
-        return materialize(module, plan.model, plan.train.seed, device) if meta and is_meta(module) else module
+    def materialize_model(module: nn.Module) -> nn.Module:  # fills a meta model (`materialize`: a no-op on others)
+        return materialize(module, plan.model, plan.train.seed, device)
 
     model = _parallelize(plan, move(model, device), mesh, device, materialize_model)
     return materialize_model(model)

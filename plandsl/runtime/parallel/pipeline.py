@@ -36,7 +36,7 @@ from plandsl.schedules.program import Kind, Schedule, loop_map, vshape_map
 from plandsl.schedules.registry import BUILTIN
 from plandsl.lower.schedule_template import instantiate
 from plandsl.runtime.parallel.parallelize import move, parallelize as parallelize_plan
-from plandsl.runtime.models import is_meta, loss_fn as default_loss, materialize
+from plandsl.runtime.models import loss_fn as default_loss, materialize
 from plandsl.runtime.torch_model import TorchModel
 
 # The built-ins torch ships, name -> class (`ScheduleInfo.torch_class`; the class assumes the
@@ -183,12 +183,8 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
         part = move(torch_parts[stage_index] if torch_parts is not None
                     else stage_part(model, keep, layer_names, split), device)
         # may wrap `part` (DDP); a part of a model on the meta device comes back filled (`parallelize_plan`)
-        if parallelize is not None:
-            module = parallelize(part, stage_index)
-        elif is_meta(part) and device.type != "meta":
-            module = materialize(part, plan.model, plan.train.seed, device)
-        else:
-            module = part
+        module = parallelize(part, stage_index) if parallelize is not None else \
+            materialize(part, plan.model, plan.train.seed, device)
         models.append(part)
         modules.append(module)
         stages.append(PipelineStage(module, stage_index, num_stages, device, group=group))
