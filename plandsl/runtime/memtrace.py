@@ -386,9 +386,9 @@ def trace_rank(plan: ir.Plan, rank: int = 0, steps: int = 2, progress=None) -> M
 @dataclass(frozen=True)
 class TracedMemory:
     """A rank's traced steps replayed through the caching allocator's model, from the first step on (the states the
-    build left placed first: `plandsl run` builds a model from torch or a factory whole before sharding it, and fills
-    a built-in family's shards with one full parameter at a time beside them, `models.materialize`: a peak of its own
-    that is not the step's). `peak_allocated`: the most bytes of tensors alive at once; `largest`: the largest alive then;
+    build left placed first: `plandsl run` builds a factory's model whole before sharding it, and fills a built-in
+    family's or a Hugging Face model's shards with one full parameter at a time beside them, `models.materialize`: a
+    peak of its own that is not the step's). `peak_allocated`: the most bytes of tensors alive at once; `largest`: the largest alive then;
     `expandable`, `classic`: the allocator with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` and with its
     default segments; `predicted`: the cost model's count for the rank (`cost.estimate`), None where it has none."""
 

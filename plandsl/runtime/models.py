@@ -3,8 +3,9 @@
 Stage: interpreter. Contract: `build_model(plan.model, seed)` returns the full model, initialised from
 `seed` alone (never from the layout), with the top-level parts `embed`, `layers` (a ModuleDict keyed
 "0".."n-1"), `norm`, `head`; `forward` skips parts set to None, so a pipeline stage may drop them.
-`build_meta_model(plan.model)` returns the same model on the meta device and `materialize(part, plan.model, seed,
-device)` fills a (parallelized) part of it with exactly `build_model`'s values (`plandsl run`'s ranks).
+`build_meta_model(plan.model)` returns the same model with its parameters on the meta device (a built-in family's,
+or a Hugging Face model's: `torch_model.build_meta`) and `materialize(part, plan.model, seed, device)` fills a
+(parallelized) part of it with exactly `build_model`'s values (`plandsl run`'s ranks).
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from plandsl import ir
 from plandsl.ir.layers import block_model, mtp_block
@@ -695,17 +697,32 @@ def build_model(model: ir.Model, seed: int) -> nn.Module:
         module = MLPNet(model)
     elif model.source:  # a model from torch, run unchanged
         from plandsl.runtime.torch_model import build  # lazy: it imports the user's code (and transformers)
-        return build(model, seed)
+        if _drawing():
+            skeleton = build_meta_model(model)
+            if skeleton is not None:  # a Hugging Face model: its values as each rank draws them (`materialize`)
+                return materialize(skeleton, model, seed, torch.get_default_device())
+        return build(model, seed)  # a factory's module; or built where nothing is drawn, as it builds itself
     else:
         return _from_factory(model, seed)
     module.init_weights(generator)
     return module
 
 
+def _drawing() -> bool:
+    """Are values drawn where models are built now: not on the meta device (`run --dry-run`), not on fake tensors
+    (`runtime.memtrace`)?"""
+    from torch._guards import detect_fake_mode
+    return torch.get_default_device().type != "meta" and detect_fake_mode() is None
+
+
 def build_meta_model(model: ir.Model) -> nn.Module | None:
-    """The full model of a built-in family (`ir.TransformerModel`, `ir.MLPModel`) on the meta device: shapes without
-    storage, nothing drawn, to be parallelized, then `materialize`d with the values `build_model` gives; None for the
-    other models (from torch, from a factory), which `build_model` builds on the CPU."""
+    """The full model with its parameters on the meta device: shapes without storage, nothing drawn, to be
+    parallelized, then `materialize`d with the values `build_model` gives. A built-in family (`ir.TransformerModel`,
+    `ir.MLPModel`) and a Hugging Face language model (its buffers built on the CPU: `torch_model.build_meta`); None
+    for the others (a factory's module, an image model), which `build_model` builds on the CPU."""
+    if isinstance(model, ir.CustomModel):
+        from plandsl.runtime import torch_model  # lazy: it imports the user's code (and transformers)
+        return torch_model.build_meta(model) if model.source and torch_model.meta_buildable(model) else None
     if not isinstance(model, (ir.TransformerModel, ir.MLPModel)):
         return None
     with torch.device("meta"):
@@ -735,11 +752,10 @@ def materialize(module: nn.Module, model: ir.Model, seed: int, device: torch.dev
     expert, data parallelism leave its parameters DTensors on the meta device), allocated on `device` and filled with
     exactly the values `build_model(model, seed)` gives its parameters, each kept in its own dtype (`keep_weights`'s
     cast, as `copy_` casts): every parameter of the full model drawn in turn on the CPU from one generator seeded with
-    `seed` (`init_parameter_`), one alive at a time, and this rank's part of it copied in, a DTensor's local shard as
-    its placements cut it (`distribute_tensor` without communication). Parameters tied in the full model (a tied
-    head) take their one value. Buffers not on the meta device are kept; the built-in families hold none on it.
-    `module` itself where there is nothing to fill: it holds no meta parameter, or `device` is the meta device (the
-    dry run builds there: nothing drawn)."""
+    `seed` (`initial_values`), one alive at a time, and this rank's part of it cut there and copied in (`local_part`).
+    Parameters tied in the full model (a tied head) take their one value. Buffers not on the meta device (a Hugging
+    Face model's rotary frequencies) are kept, moved to `device`. `module` itself where there is nothing to fill: it
+    holds no meta parameter, or `device` is the meta device (the dry run builds there: nothing drawn)."""
     device = torch.device(device)
     if device.type == "meta" or not is_meta(module):
         return module
@@ -760,9 +776,8 @@ def materialize(module: nn.Module, model: ir.Model, seed: int, device: torch.dev
         for owner, name in others:
             owner._parameters[name] = first_owner._parameters[first_name]
     for (owner, name), buffer in kept.items():
-        owner._buffers[name] = buffer
+        owner._buffers[name] = buffer.to(device)
     skeleton = build_meta_model(model)
-    config = model if isinstance(model, ir.TransformerModel) else None
     canonical: dict[str, str] = {}  # each name of the full model -> the first name of its parameter (a tied head's)
     first: dict[int, str] = {}
     for name, param in skeleton.named_parameters(remove_duplicate=False):
@@ -773,18 +788,47 @@ def materialize(module: nn.Module, model: ir.Model, seed: int, device: torch.dev
         if full_name not in canonical:
             raise ValueError(f"cannot materialize '{name}': the model has no parameter '{full_name}'")
         local.setdefault(canonical[full_name], {})[id(param)] = param
-    generator = torch.Generator().manual_seed(seed)
-    for name, shape, dtype in [(name, param.shape, param.dtype) for name, param in skeleton.named_parameters()]:
-        full = torch.empty(shape, dtype=dtype)  # what `build_model` draws into, before `keep_weights` casts it
-        init_parameter_(config, name, full, generator)
+    unfilled = set(local)
+    for name, full in initial_values(skeleton, model, seed):
+        name = canonical.get(name, name)  # a tied parameter's values come under the name of the module drawing them
+        unfilled.discard(name)
         for param in local.get(name, {}).values():
             if isinstance(param, DTensor):
-                part = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
-                param.to_local().copy_(part)
+                param.to_local().copy_(local_part(full, param))
             else:
                 param.copy_(full)
         del full
+    if unfilled:
+        raise ValueError(f"cannot materialize {', '.join(sorted(unfilled))}: no initial values were drawn for them")
     return module
+
+
+def initial_values(skeleton: nn.Module, model: ir.Model, seed: int):
+    """(name, full value on the CPU) of every parameter of `skeleton`, `build_meta_model(model)`, one at a time in
+    the order they are drawn: a built-in family's `init_parameter_` in `named_parameters()` order from one generator,
+    a Hugging Face model's own `_init_weights` (`torch_model.initial_values`)."""
+    if isinstance(model, ir.CustomModel):
+        from plandsl.runtime.torch_model import initial_values as torch_values
+        yield from torch_values(skeleton, seed)
+        return
+    config = model if isinstance(model, ir.TransformerModel) else None
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in list(skeleton.named_parameters()):
+        full = torch.empty(param.shape, dtype=param.dtype)  # what `build_model` draws into, before `keep_weights`
+        init_parameter_(config, name, full, generator)
+        yield name, full
+
+
+def local_part(full: torch.Tensor, param: DTensor) -> torch.Tensor:
+    """This rank's part of `full` (a CPU tensor of `param`'s global shape), cut on the CPU as `param`'s placements
+    cut it (torch's `compute_local_shape_and_global_offset`: a block of each dim, strided FSDP-over-TP shards
+    included), so that the full value never moves to the device; `distribute_tensor` (which moves it there first)
+    where the placements are not plain shards and replicas."""
+    placements = param.placements
+    if all(isinstance(p, (Shard, Replicate)) for p in placements):
+        shape, offset = compute_local_shape_and_global_offset(full.shape, param.device_mesh, placements)
+        return full[tuple(slice(start, start + size) for start, size in zip(offset, shape))]
+    return distribute_tensor(full, param.device_mesh, placements, src_data_rank=None).to_local()
 
 
 def _from_factory(model: ir.CustomModel, seed: int) -> nn.Module:

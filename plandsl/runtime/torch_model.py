@@ -16,8 +16,11 @@ pass-through; blocks and the modules after the list (final norm, head) by pass-t
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import math
 import os
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -250,14 +253,15 @@ def _refuse_split_ties(full: TorchModel, stage: TorchModel) -> None:
                              "pipeline stages; untie them (e.g. `tie_word_embeddings=false`) or keep both on one stage")
 
 
-def build(model: ir.CustomModel, seed: int) -> TorchModel:
+def build(model: ir.CustomModel, seed: int, parameters_on_meta: bool = False) -> TorchModel:
     """The model's module in float32 on the default device (the CPU; the meta device in a dry run), its
     parameters drawn from `seed` alone (the module's own initialisation under `torch.manual_seed`), in
-    training mode, without a key/value cache."""
+    training mode, without a key/value cache. `parameters_on_meta`: every parameter on the meta device instead,
+    nothing drawn, the buffers built where they are (`meta_parameters`; `build_meta`)."""
     from plandsl.runtime.inspect.factory import Failure, build as build_module  # the same builder as inspect
     source = parse_source(model.source)
     search = tuple(dict.fromkeys((os.path.dirname(model.span.file) if model.span else "", ".")))
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), meta_parameters(parameters_on_meta):
         torch.manual_seed(seed)
         try:
             module, _ = build_module(source, "float32", tuple(folder or "." for folder in search),
@@ -289,3 +293,83 @@ def blocks(model: nn.Module) -> tuple[nn.Module | None, list[str]]:
         return container, [name for name, block in container.named_children() if not isinstance(block, PassThrough)]
     layers = getattr(model, "layers", None)
     return (layers, list(layers.keys())) if isinstance(layers, nn.ModuleDict) else (None, [])
+
+
+# ---- built on the meta device ------------------------------------------------------------------------
+# A Hugging Face model's parameters are defined by its own `_init_weights(module)`, which transformers applies to
+# every module, children before their parent (`PreTrainedModel.initialize_weights`, the sub-model's own function
+# for a sub-model's modules). `build_meta` builds the model with its parameters on the meta device (its buffers,
+# small, where they are: rotary frequencies), so `plandsl run`'s ranks can split it before anything is allocated;
+# `initial_values` gives the values every layout starts from, one module's full parameters at a time.
+
+
+@contextlib.contextmanager
+def meta_parameters(enabled: bool = True):
+    """Every parameter a module registers in this context is put on the meta device (its buffers are not): the
+    module's own initialisation then draws nothing. A parameter already there (a tie) is kept as it is."""
+    if not enabled:
+        yield
+        return
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register(module, name, param)
+        param = module._parameters.get(name)
+        if param is not None and not param.is_meta:
+            module._parameters[name] = type(param)(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def meta_buildable(model: ir.CustomModel) -> bool:
+    """Can `plandsl run` build this model with its parameters on the meta device? A Hugging Face language model:
+    its `_init_weights` says every parameter's initial values (`initial_values`). A factory's module, whose values
+    its own code sets however it likes, and an image model (its classes are read from a forward) are built whole."""
+    source = parse_source(model.source)
+    return source.kind == "hf" and not source.image
+
+
+def build_meta(model: ir.CustomModel) -> TorchModel:
+    """`build(model, ...)` with every parameter on the meta device (`meta_parameters`): shapes only."""
+    return build(model, 0, parameters_on_meta=True)
+
+
+def initial_values(skeleton: TorchModel, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full value) of every parameter of `skeleton` (`build_meta`'s, never parallelized), one at a time:
+    transformers' `_init_weights` of the model (of a sub-model for its modules) applied module by module, children
+    first, as `PreTrainedModel.initialize_weights` orders them, to a copy of the module holding new CPU tensors of
+    its own parameters' shapes, drawn from the global generator seeded with `seed`. A parameter tied to one seen
+    before (a tied head) is drawn again and not given (its first module's values are its value). `ModelError` when
+    the model's `_init_weights` leaves a parameter unset (it is filled with NaN first)."""
+    from transformers import PreTrainedModel  # lazy: only a Hugging Face model is built on the meta device
+    names = {id(module): name for name, module in skeleton.inner.named_modules(remove_duplicate=False)}
+    seen: set[int] = set()
+
+    def children_first(module: nn.Module, owner: nn.Module):
+        for child in module.children():
+            yield from children_first(child, child if isinstance(child, PreTrainedModel) else owner)
+        yield module, owner
+
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        for module, owner in children_first(skeleton.inner, skeleton.inner):
+            bare = copy.copy(module)  # the module's attributes (for `_init_weights`' isinstance tests); own tensors
+            bare._parameters = {name: None if param is None else
+                                nn.Parameter(torch.full(param.shape, math.nan, dtype=param.dtype))
+                                for name, param in module._parameters.items()}
+            bare._buffers = dict(module._buffers)
+            owner._init_weights(bare)
+            for name, param in module._parameters.items():
+                if param is None or id(param) in seen:
+                    continue
+                seen.add(id(param))
+                value = bare._parameters[name].detach()
+                full_name = f"{names[id(module)]}.{name}".lstrip(".")
+                if value.is_floating_point() and torch.isnan(value).any():
+                    raise ModelError(f"{skeleton.source}: {type(owner).__name__}._init_weights leaves '{full_name}' "
+                                     "unset, so plandsl cannot give it initial values on each rank")
+                yield full_name, value

@@ -97,8 +97,8 @@ def build_job(plan: ir.Plan, mesh: DeviceMesh, device: torch.device, config: Run
               make_model: Callable[[], nn.Module] | None = None) -> Job:
     """`make_model`: builds the full model in place of `build_model` (`runtime.memtrace`: on fake tensors)."""
     # The full model, initialised from the seed alone, so every layout starts from the same values: a built-in
-    # family's on the meta device, which `parallelize` fills with `build_model`'s values once it is split, each rank
-    # allocating its own shards only (`models.materialize`); other models (from torch, a factory) on the CPU.
+    # family's or a Hugging Face model's on the meta device, which `parallelize` fills with `build_model`'s values
+    # once it is split, each rank allocating its own shards only (`models.materialize`); a factory's on the CPU.
     if make_model is not None:
         model = make_model()
     else:

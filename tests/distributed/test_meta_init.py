@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from tests.distributed.harness import run_ranks
-from tests.distributed.ranks import RANK_TIMEOUT_S, load
+from tests.distributed.ranks import build_on_meta, load
 from tests.support import lazy
 
 torch = lazy("torch")
@@ -38,53 +38,6 @@ def _plan(mesh: str, lines: str, model: str = _GPT, train: str = "tiny_train") -
     body = textwrap.indent(textwrap.dedent(lines).strip(), "  ")
     return (_HEADER + f"plan p {{\n  model = {model}\n  cluster = localhost\n"
             f"  mesh = {mesh} over devices[0:{size}]\n  train = {train}\n{body}\n}}\n")
-
-
-def _build(rank: int, text: str) -> dict:
-    """Build the job as `plandsl run` does, watching what `parallelize` is given; every parameter gathered in full."""
-    import torch
-    import torch.distributed as dist
-
-    from plandsl.runtime import train
-    from plandsl.runtime.equivalence import gather_params
-    from plandsl.runtime.models import build_model
-    from plandsl.runtime.parallel import pipeline
-    from plandsl.runtime.parallel.mesh import build_mesh, init_distributed
-    from plandsl.runtime.precision import keep_weights
-
-    plan = load(text)
-    device = init_distributed(RANK_TIMEOUT_S, "cpu")
-    seen = []
-    inner = train.parallelize  # pipeline.parallelize_plan is the same function
-
-    def watched(plan, model, *args, **kwargs):
-        seen.append([(name, param.device.type) for name, param in model.named_parameters()])
-        return inner(plan, model, *args, **kwargs)
-
-    def refused(*args, **kwargs):
-        raise AssertionError("build_job built the full model")
-
-    train.parallelize, pipeline.parallelize_plan, train.build_model = watched, watched, refused
-    try:
-        job = train.build_job(plan, build_mesh(plan, device), device, train.RunConfig(steps=1))
-    finally:
-        train.parallelize, pipeline.parallelize_plan, train.build_model = inner, inner, build_model
-    params = [p for part in job.models for p in part.parameters()]
-    result = {"seen": seen, "meta_left": sum(p.is_meta or getattr(p, "_local_tensor", p).is_meta for p in params),
-              "local_elements": sum(getattr(p, "_local_tensor", p).numel() for p in params),
-              "dtypes": sorted({str(p.dtype) for p in params}),
-              # one parameter, or under a split backward the copy multi-token prediction's stage keeps apart
-              # (`pipeline.stage_part`), equal to it
-              "tied": [part.head.weight is part.embed.tok.weight
-                       or (plan.model.mtp and torch.equal(part.head.weight.detach(), part.embed.tok.weight.detach()))
-                       for part in job.models
-                       if getattr(plan.model, "tied_embeddings", False) and getattr(part, "head", None) is not None
-                       and getattr(part, "embed", None) is not None],
-              "gathered": gather_params(job.models)}
-    if dist.get_rank() == 0:
-        full = keep_weights(plan, build_model(plan.model, plan.train.seed))
-        result["full"] = {name: p.detach().clone() for name, p in full.named_parameters(remove_duplicate=False)}
-    return result
 
 
 CASES = [
@@ -119,7 +72,7 @@ def test_run_builds_on_meta_and_fills_each_shard_with_the_full_models_values(cas
     _, mesh, lines, model, train = case
     text = _plan(mesh, lines, model, train)
     world = load(text).mesh.size
-    results = run_ranks(world, _build, text, deadline_s=60 + 20 * world)
+    results = run_ranks(world, build_on_meta, text, deadline_s=60 + 20 * world)
     for result in results:
         assert result["seen"], "parallelize was never called"
         for part in result["seen"]:  # what parallelize took: shapes only

@@ -16,7 +16,7 @@ from plandsl import api
 from plandsl.ir.inspected import write_cache
 from plandsl.lower.inspected import written_sources
 from tests.distributed.harness import run_ranks
-from tests.distributed.ranks import train
+from tests.distributed.ranks import build_on_meta, train
 from tests.support import lazy
 
 torch = lazy("torch")
@@ -121,6 +121,35 @@ def test_a_hugging_face_model_trains_like_one_process(case, tmp_path, monkeypatc
     name, world, model, mesh, lines, *train_ = case
     plan = _write(tmp_path, name, model, mesh, lines, *train_)
     _check(run_ranks(world, train, str(plan), check_equivalence=True, steps=STEPS, deadline_s=120))
+
+
+# (id, world, model, mesh, plan lines[, train]): layouts whose parameters a Hugging Face model's ranks build on the
+# meta device and fill from its own `_init_weights` (runtime.torch_model.initial_values)
+META_CASES = [
+    ("llama_fsdp_x_tp", 4, LLAMA, "[dp = 2, tp = 2]", "data = zero3 over dp\ntensor = megatron over tp"),
+    ("llama_tp_1f1b", 4, LLAMA, "[pp = 2, tp = 2]",
+     "tensor = megatron over tp with sequence_parallel\nstages = evenly over pp\nschedule = 1f1b", MICRO2),
+    ("gpt2_tied_ddp", 2, GPT2, "[dp = 2]", "data = replicate over dp"),
+    ("mixtral_ep_x_tp", 4, MIXTRAL, "[ep = 2, tp = 2]", "tensor = megatron over tp\nexperts = alltoall over ep"),
+]
+
+
+@pytest.mark.parametrize("case", META_CASES, ids=[c[0] for c in META_CASES])
+def test_a_hugging_face_model_is_built_on_meta_and_filled_from_its_own_init(case, tmp_path):
+    """`plandsl run` never builds a Hugging Face model whole on a rank: `parallelize` takes its parameters on the meta
+    device (rotary frequencies, buffers, built where they are) and each rank's shards hold bit for bit the values of
+    `build_model`, the one-process reference's, which are transformers' `_init_weights` drawn module by module."""
+    name, world, model, mesh, lines, *train_ = case
+    plan = _write(tmp_path, name, model, mesh, lines, *train_)
+    results = run_ranks(world, build_on_meta, str(plan), deadline_s=120)
+    for result in results:
+        assert result["seen"] and all({device for _, device in part} == {"meta"} for part in result["seen"])
+        assert result["meta_left"] == 0
+    full, gathered = results[0]["full"], results[0]["gathered"]
+    assert gathered and set(gathered) <= set(full)
+    for key, tensor in gathered.items():
+        assert torch.equal(tensor, full[key]), key
+    assert set(full) - set(gathered) <= {"lm_head.weight"}  # a tied head: one parameter with the embedding
 
 
 def test_a_hugging_face_dataset_on_disk_feeds_the_model(tmp_path, monkeypatch):

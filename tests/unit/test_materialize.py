@@ -1,6 +1,7 @@
 """A built-in family's model built on the meta device and materialized (`runtime.models.build_meta_model`,
 `materialize`: what `plandsl run`'s ranks do, tests/distributed/test_meta_init.py over layouts) holds bit for bit the
-values of the full model `build_model` gives from the same seed, in the plan's weights dtype, a tied head tied."""
+values of the full model `build_model` gives from the same seed, in the plan's weights dtype, a tied head tied. A
+Hugging Face model's values are its own `_init_weights`' (tests/distributed/test_torch_models.py over layouts)."""
 from __future__ import annotations
 
 import pytest
@@ -51,3 +52,54 @@ def test_models_from_torch_and_factories_are_not_built_on_meta():
     from plandsl import ir
     from plandsl.runtime.models import build_meta_model
     assert build_meta_model(ir.CustomModel.model_construct(name="m", factory="pkg.mod:f")) is None
+
+
+_HF_LLAMA = ('hf("LlamaForCausalLM", hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, '
+             'num_key_value_heads=2, vocab_size=128, max_position_embeddings=16, tie_word_embeddings=true)')
+
+
+def _hf_model():
+    from plandsl.ir import CustomModel
+    return CustomModel.model_construct(name="m", source=_HF_LLAMA, factory="", span=None)
+
+
+def test_a_hugging_face_models_initial_values_are_its_own_init():
+    """`build_model` builds a Hugging Face model with its parameters on the meta device and fills it as each rank
+    does: linear and embedding weights normal with the config's initializer_range (0.02), norms one, a tied head the
+    embedding itself, the rotary frequencies (a buffer) as the model computes them; the same seed gives the same
+    values, another seed others."""
+    from plandsl.runtime.models import build_meta_model, build_model, is_meta
+    meta = build_meta_model(_hf_model())
+    assert is_meta(meta) and not any(b.is_meta for b in meta.buffers())
+    first, again, other = build_model(_hf_model(), 0), build_model(_hf_model(), 0), build_model(_hf_model(), 1)
+    params = dict(first.named_parameters())
+    assert not is_meta(first) and first.lm_head.weight is first.model.embed_tokens.weight
+    q = params["model.layers.0.self_attn.q_proj.weight"]
+    assert abs(q.std().item() - 0.02) < 0.003 and abs(q.mean().item()) < 0.003
+    assert torch.equal(params["model.norm.weight"], torch.ones(64))
+    assert all(torch.equal(p, dict(again.named_parameters())[n]) for n, p in params.items())
+    assert not torch.equal(q, dict(other.named_parameters())["model.layers.0.self_attn.q_proj.weight"])
+    assert torch.allclose(first.model.rotary_emb.inv_freq, 1.0 / 10000 ** (torch.arange(0, 16, 2).float() / 16))
+
+
+def test_a_hugging_face_model_whose_init_leaves_a_parameter_unset_is_refused(monkeypatch):
+    """Its values cannot be drawn module by module, so no rank can fill its shards: refused by name, not trained
+    from uninitialised memory."""
+    from transformers.models.llama.modeling_llama import LlamaPreTrainedModel
+
+    from plandsl.runtime.models import build_model
+    from plandsl.runtime.torch_model import ModelError
+    own = LlamaPreTrainedModel._init_weights
+    monkeypatch.setattr(LlamaPreTrainedModel, "_init_weights", lambda self, module: None
+                        if isinstance(module, torch.nn.Embedding) else own(self, module))
+    with pytest.raises(ModelError, match="leaves 'model.embed_tokens.weight' unset"):
+        build_model(_hf_model(), 0)
+
+
+def test_a_factory_model_is_built_whole():
+    """A factory's module sets its own values in its own code, which cannot be replayed a module at a time."""
+    from plandsl.ir import CustomModel
+    from plandsl.runtime.models import build_meta_model
+    factory = CustomModel.model_construct(name="m", source="inspect_models.tiny:build(depth=3)", factory="",
+                                          span=None)
+    assert build_meta_model(factory) is None
