@@ -23,6 +23,7 @@ from typing import Sequence
 from plandsl import ir
 from plandsl.ir.layers import (EXPERTS, TENSOR_SHARDED_DIMS, VOCAB, Layer, Param, attention_widths, block_model,
                                figures_key, kv_width, layers_of, once_per_figures)
+from plandsl.ir.pairs import PairLayout, broken
 from plandsl.ir.placement import Assignment, assign_stages
 from plandsl.ir.shard_rules import data_split_modules
 from plandsl.cost.schedule import plan_schedule, plan_splits_backward
@@ -1069,7 +1070,7 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
                                   precision: ir.Precision, attention_matrix: bool = False,
                                   kv_gathered: int = 1, recipe: ir.Fp8Recipe | None = None,
                                   modules: frozenset[ir.RecomputeModule] = frozenset((ir.RecomputeModule.core_attn,)),
-                                  saves_gathered: bool = False) -> float:
+                                  saves_gathered: bool = False, pairs: dict[str, PairLayout] | None = None) -> float:
     """Bytes stored by one transformer block for one microbatch (Korthikanti et al. 2022, Sec. 4).
 
     For GPT (MHA, ffn = 4h, dropout) this is exactly the paper's Table 2, in units of s·b·h bytes
@@ -1084,6 +1085,8 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
     `modules`: what `recompute: selective` reruns (`ir.Training.modules`; `_module_terms` drops their tensors).
     `saves_gathered`: under sequence parallelism the column-parallel linears save the gathered input, not their
     shard (`ir.TensorParallel.saves_gathered`: torch's tensor parallelism; `_gathered_terms`).
+    `pairs`: the block's pairs a shard rule breaks (`ir.pairs.broken`), whose tensors between producers and consumer
+    every tensor rank keeps whole (`_broken_terms`).
     """
     sbh = seq * micro_batch * model.hidden
     scale = precision.bytes / 2
@@ -1091,7 +1094,7 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
     if recompute is ir.Recompute.full:
         return 2 * sbh * scale / divisor  # Sec. 5: only the block input is kept
     if recompute is ir.Recompute.selective_op:
-        return sbh * _selective_op_terms(model, tp, sequence_parallel) * scale
+        return sbh * _selective_op_terms(model, tp, sequence_parallel, pairs) * scale
     terms, saved = _block_terms(model, seq, kv_gathered), _fp8_saved_terms(model)
     rerun = modules if recompute is ir.Recompute.selective else frozenset()
     if recompute is ir.Recompute.selective:
@@ -1108,8 +1111,55 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
         if ir.RecomputeModule.core_attn not in modules:
             recompute = ir.Recompute.none  # the scores stay, as without recomputation
     gathered = _gathered_terms(model, rerun) if saves_gathered else (0.0, 0.0)
+    matrix_whole = False
+    if pairs:  # moved from the tensor-sharded terms to those every tensor rank keeps whole, and the core's whole output
+        moved, extra, moved_saved, matrix_whole = _broken_terms(model, kv_gathered, pairs, rerun,
+                                                                attention_matrix or recompute is ir.Recompute.selective)
+        terms = (terms[0] + moved + extra, terms[1] - moved, terms[2])
+        saved = (saved[0] + moved_saved, saved[1] - moved_saved)
+        gathered = (gathered[0] + moved + extra, gathered[1] + moved_saved)
     return _kept(model, terms, saved, sbh, tp, sequence_parallel, recompute, precision, attention_matrix, recipe,
-                 gathered)
+                 gathered, matrix_whole)
+
+
+def _broken_terms(model: ir.TransformerModel, kv_gathered: int, pairs: dict[str, PairLayout],
+                  rerun: frozenset[ir.RecomputeModule], core_drops_output: bool) -> tuple[float, float, float, bool]:
+    """What a block keeps whole on every tensor rank where a shard rule breaks its pairs (`ir.pairs.broken`), in
+    `_block_terms`' units: (moved, the tensor-sharded terms kept whole instead; extra, whole tensors beside them; of
+    `moved`, the inputs FP8 linear layers save, in `_fp8_saved_terms`' units; whether the scores are whole).
+
+    `plandsl run` (`runtime.parallel.tensor_parallel._pair`) makes a broken pair's producers return whole outputs (a
+    split producer's all-gathered) and its consumer take the whole input: the attention's Q, K and V (all heads: the
+    core runs every head on every rank, its scores too) and the MLP's w1 (and w3) outputs, the activation function's
+    saved inputs, are whole. The consumer's saved input is its chunk where it is split along its input features
+    (`PairLayout.consumer_chunks`: RowwiseParallel reads the whole input as Replicate and takes its local chunk),
+    else the whole input; a chunking wo's whole input, the core's output, is still kept by flash attention for its own
+    backward (unless the core keeps its probabilities instead, `attention: materialized`, or is rerun,
+    `core_drops_output`). Selective recomputation's modules (`rerun`) drop theirs as `_module_terms` does: `mlp` a dense
+    MLP's, `moe` and `shared_experts` the shared experts', `mla_up_proj` MLA's Q, K and V."""
+    Module = ir.RecomputeModule
+    hidden = model.hidden
+    moved = extra = moved_saved = 0.0
+    attention = pairs.get("attn")
+    if attention is not None:
+        widths = attention_widths(model)
+        if not (model.latent_attention and Module.mla_up_proj in rerun):
+            qkv = (2 * widths.q + 2 * (widths.k + widths.v) * kv_gathered) / hidden if model.latent_attention \
+                else 2 * widths.q / hidden + 4 * kv_width(model) / hidden * kv_gathered
+            moved += qkv
+        if attention.consumer_chunks:
+            extra += 0.0 if core_drops_output else 2 * widths.o / hidden
+        else:
+            moved, moved_saved = moved + 2 * widths.o / hidden, moved_saved + widths.o / hidden
+    for group, dropped in (("mlp", Module.mlp), ("shared", Module.shared_experts)):
+        pair = pairs.get(group)
+        if pair is None or dropped in rerun or (group == "shared" and Module.moe in rerun):
+            continue
+        ffn = model.ffn_hidden / hidden * (model.shared_experts if group == "shared" else 1)
+        moved += 2 * ffn * len(pair.producers)  # the activation function's inputs: w1's (and w3's) outputs
+        if not pair.consumer_chunks:
+            moved, moved_saved = moved + 2 * ffn, moved_saved + ffn  # w2's input
+    return moved, extra, moved_saved, attention is not None
 
 
 # Under sequence parallelism torch's tensor parallelism (`ir.TensorParallel.saves_gathered`) gathers a block's
@@ -1201,11 +1251,12 @@ def _module_terms(model: ir.TransformerModel, kv_gathered: int, modules: frozens
 
 def _kept(model: ir.TransformerModel, terms: tuple[float, float, float], saved: tuple[float, float], sbh: float,
           tp: int, sequence_parallel: bool, recompute: ir.Recompute, precision: ir.Precision, attention_matrix: bool,
-          recipe: ir.Fp8Recipe | None, gathered: tuple[float, float] = (0.0, 0.0)) -> float:
+          recipe: ir.Fp8Recipe | None, gathered: tuple[float, float] = (0.0, 0.0), matrix_whole: bool = False) -> float:
     """Bytes of Korthikanti's `terms` (replicated, tensor-sharded, scores per s·b·h element, 16-bit) at `precision`,
     the inputs FP8 linear layers save (`saved`, in the same units) at their own width; `gathered` (those units, the
     FP8 inputs among them) of the replicated terms, kept whole under sequence parallelism (`_gathered_terms`), FP8
-    ones among them at their width too."""
+    ones among them at their width too; `matrix_whole`: the scores of every head on every tensor rank (a broken
+    attention pair, `_broken_terms`)."""
     replicated, sharded, matrix = terms
     gathered, gathered_saved = gathered
     scale = precision.bytes / 2
@@ -1218,6 +1269,8 @@ def _kept(model: ir.TransformerModel, terms: tuple[float, float, float], saved: 
                                            not attention_matrix and recompute is not ir.Recompute.selective)
     if not attention_matrix or recompute is ir.Recompute.selective:
         matrix = 0.0  # selective recompute (Sec. 5) recomputes exactly the attention core
+    if matrix_whole:
+        replicated, gathered, matrix = replicated + matrix, gathered + matrix, 0.0
     if sequence_parallel:  # Sec. 4.2.2: the replicated parts are split along the sequence too (but `gathered`)
         return sbh * ((replicated - gathered + sharded + matrix) / tp + gathered) * scale
     return sbh * (replicated + (sharded + matrix) / tp) * scale
@@ -1314,14 +1367,17 @@ def _fp8_saved_terms(model: ir.TransformerModel) -> tuple[float, float]:
     return attention_in + model.top_k, attention_out + visits * ffn
 
 
-def _selective_op_terms(model: ir.TransformerModel, tp: int, sequence_parallel: bool) -> float:
+def _selective_op_terms(model: ir.TransformerModel, tp: int, sequence_parallel: bool,
+                        pairs: dict[str, PairLayout] | None = None) -> float:
     """Bytes per s·b·h element, 16-bit, that `selective_op` keeps of a dense block
     (`runtime.recompute.keep_every_other_matmul`): the block input (2, ÷t with sequence
     parallelism), the 1st, 3rd, ... matmul outputs of wq, wk, wv, wo, w1, (w3,) w2 — q (2/t),
     v (2·kv/t), w1's (2·ffn/t) and, for llama, w2's before its reduction (2, whole: the partial
     sums) — the attention core's output (2/t; flash attention's log-sum-exp is per head,
     negligible) and, under sequence parallelism, the reduce-scatters after wo and w2 (2/t each).
-    MoE blocks run refused (E704); they are counted as dense blocks of top_k experts."""
+    MoE blocks run refused (E704); they are counted as dense blocks of top_k experts. A pair a shard rule breaks
+    (`pairs`, `ir.pairs.broken`): a projection whole on every tensor rank keeps its whole output (q, v, w1's; a split
+    producer's kept output is its own part, gathered after), a broken attention its core's whole output."""
     ffn = model.ffn_hidden / model.hidden * (model.top_k if model.experts else 1)
     widths = attention_widths(model)  # MLA's q, v and output widths; hidden, kv, hidden otherwise
     q, v, o = widths.q / model.hidden, widths.v / model.hidden, widths.o / model.hidden
@@ -1330,7 +1386,15 @@ def _selective_op_terms(model: ir.TransformerModel, tp: int, sequence_parallel: 
         terms += 2
     if sequence_parallel:
         terms += 2 * 2 / tp
-    return terms
+    whole = 0.0
+    for group, pair in (pairs or {}).items():  # a whole projection's output; a broken attention's core output
+        split = dict(pair.producers)
+        if group == "attn":
+            whole += 2 * o + sum(2 * width for names, width in ((("wq", "wq_b"), q), (("wv", "wkv_b"), v))
+                                 if any(name in split and split[name] is None for name in names))
+        elif group == "mlp" and split.get("w1", 0) is None:
+            whole += 2 * ffn
+    return terms + whole * (1 - 1 / tp)
 
 
 def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
@@ -1360,7 +1424,7 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
                                              sequence_parallel, recompute, precision,
                                              attention_matrix, _kv_gathered(plan, recompute), plan.train.recipe,
                                              plan.train.modules if modules is None else modules,
-                                             _saves_gathered(plan)) \
+                                             _saves_gathered(plan), broken(layer)) \
             + expert_weight_copies(plan, layer, recompute)
     if layer.kind == "embed":
         # Sec. 4.3: embeddings keep nothing large but gpt's embedding dropout mask (1 byte); the

@@ -334,3 +334,58 @@ def test_a_step_of_one_microbatch_holds_one_whole_vocabulary_gradient(global_bat
     assert plan.num_microbatches == global_batch and most == alive
     assignment, _ = assign_stages(plan)
     assert whole_vocab_gradient_moment(plan, assignment.stage_layers[0]) == (alive - 1) * vocab * hidden * 4
+
+
+RULED_BLOCKS = """
+import "clusters/local"
+plan ruled_blocks {
+  model    = gpt(layers=4, hidden=512, heads=8, seq=256, vocab=8192)
+  cluster  = localhost x 8
+  mesh     = [dp = 2, tp = 4] over devices[0:8]
+  train    = { global_batch: 16, micro_batch: 2, precision: bf16, optimizer: adam, lr: 1e-3, seed: 0 }
+  data     = zero1 over dp
+  tensor   = megatron over tp with sequence_parallel
+}
+"""
+
+
+def _saved_before_backward(trace) -> int:
+    """Bytes the second step's first microbatch leaves alive for its backward: the storages made from its embedding on
+    and alive at the first backward operator of the blocks' stack (the final norm's), but the weights' autocast copies
+    and the parameters' gathered or replicated buffers (`_to_copy`, `empty.memory_format`)."""
+    events, labels = trace.events, trace.labels
+    first = next(i for i in range(trace.steps[1], len(events))
+                 if events[i][0] > 0 and labels[events[i][1]].startswith("embedding"))
+    backward = next(i for i in range(first, len(events))
+                    if events[i][0] > 0 and labels[events[i][1]].startswith("native_layer_norm_backward"))
+    before = trace.live_before(first)
+    return sum(size for key, size in trace.live_before(backward).items()
+               if key not in before and not labels[key].startswith(("_to_copy", "empty.memory_format")))
+
+
+@pytest.mark.parametrize("rules, before", [
+    ("  shard layers.*.mlp.w1 = { weight: Shard(0) @ dp, bias: Shard(0) @ dp }", 0.68),
+    ("  shard layers.*.mlp = replicate", 0.50),
+    ("  shard layers.*.attn.wq = replicate", 0.66),
+], ids=["w1_over_dp", "replicated_mlp", "replicated_wq"])
+def test_the_count_keeps_a_broken_pairs_tensors_whole_as_a_trace_does(rules, before):
+    """Where a shard rule breaks a block's Megatron pair, `run` makes its members take and return whole tensors
+    (`runtime.parallel.tensor_parallel._pair`), so the block saves its producers' outputs whole on every tensor rank
+    (`cost.memory._broken_terms`). What the blocks save for the backward, traced (the second step's first microbatch,
+    `_saved_before_backward`) against counted (the layers before the head), MiB: w1 over dp 17.27 / 17.69, a
+    replicated MLP 23.27 / 23.69, a replicated wq 17.82 / 18.19 (the default split 11.27 / 11.69, which the count held
+    for all of them before: `before`, the share of the trace it counted)."""
+    from plandsl.cost.memory import estimate_layer_activations
+    from plandsl.ir.placement import assign_stages
+
+    def saved(text):
+        plan = load(text)
+        layers = assign_stages(plan)[0].stage_layers[0]
+        counted = sum(estimate_layer_activations(plan, layer) for layer in layers if layer.kind != "head")
+        return _saved_before_backward(memtrace.trace_rank(plan, 0, 2)), counted
+
+    traced, counted = saved(RULED_BLOCKS.rstrip().rstrip("}") + rules + "\n}\n")
+    default_traced, default_counted = saved(RULED_BLOCKS)
+    assert 1.0 <= counted / traced <= 1.04
+    assert (counted - default_counted) / (traced - default_traced) == pytest.approx(1.0, abs=0.02)
+    assert default_counted / traced == pytest.approx(before, abs=0.02)

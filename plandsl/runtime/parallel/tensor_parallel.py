@@ -23,15 +23,13 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, P
                                                PrepareModuleInputOutput, PrepareModuleOutput, RowwiseParallel,
                                                SequenceParallel, loss_parallel, parallelize_module)
 
+from plandsl.ir.pairs import PAIRS
 from plandsl.ir.torch_plan import matches
 from plandsl.ir.shard_rules import ModuleRule, rule_problems, tp_rules  # noqa: F401 (re-exported)
 
-# Megatron's pairs in a block: producers split their output features over tp, the consumer its input
-# features, so what passes between them (attention heads, the MLP's hidden) stays split locally. Multi-head
-# latent attention's producers are its up-projections (wq_b or wq, wkv_b); its down-projections wq_a and
-# wkv_a and their norms stay whole on every rank (Megatron-Core's `duplicated` linears).
-PAIRS = {"attn": (("wq", "wk", "wv", "wq_b", "wkv_b"), "wo"), "mlp": (("w1", "w3"), "w2"),
-         "shared": (("w1", "w3"), "w2")}  # an MoE layer's shared experts, one MLP (the routed: expert_parallel)
+# Megatron's pairs in a block (`ir.pairs.PAIRS`): producers split their output features over tp, the consumer its
+# input features, so what passes between them (attention heads, the MLP's hidden) stays split locally; the cost
+# model reads the same pairs from the parameters' roles (`ir.pairs.block_pairs`)
 
 
 class _SumGradient(torch.autograd.Function):

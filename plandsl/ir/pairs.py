@@ -1,0 +1,95 @@
+"""A built-in transformer block's Megatron pairs as `plandsl run` lays them out over the tensor axis, read from the
+roles of the block's parameters (`ir.shard_rules.ruled_layers` places them as the plan's `shard` rules say).
+
+A pair is a block's producers (the attention's q/k/v projections, MLA's up-projections, the MLP's w1 and w3) and its
+consumer (wo, w2). Intact (Megatron's split, Shoeybi et al. 2019: producers split along their output features, the
+consumer along its input features, biases as their weights) what passes between them stays split over the tensor
+axis: each rank its heads, its share of the MLP's hidden width. A rule that moves any member off that split breaks
+the pair, and `run` (`runtime.parallel.tensor_parallel._pair`) makes every member take whole tensors and return
+whole ones: a split producer's output is all-gathered, a consumer split along its input features reads its chunk
+of the whole input, a whole member computes everything on every rank.
+
+Stage: IR. Contract: `block_pairs(layer)` is pure, memoised per block template.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plandsl.ir.layers import TENSOR_SHARDED_DIMS, BlockParams, Layer
+
+PAIRS = {"attn": (("wq", "wk", "wv", "wq_b", "wkv_b"), "wo"), "mlp": (("w1", "w3"), "w2"),
+         "shared": (("w1", "w3"), "w2")}
+"""Megatron's pairs in a block (group -> (producers, consumer)): an MoE layer's shared experts (`moe.shared`) are one
+MLP; its routed experts are expert parallelism's. Multi-head latent attention's producers are its up-projections
+(wq_b or wq, wkv_b); its down-projections wq_a and wkv_a stay whole on every rank (Megatron-Core's `duplicated`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PairLayout:
+    """One pair of a block as `run` lays it out: `producers`, each producer's name and the dim of its weight split
+    over the tensor axis (None: whole on every rank); `consumer`, the consumer's; `intact`, Megatron's split."""
+
+    group: str
+    producers: tuple[tuple[str, int | None], ...]
+    consumer: int | None
+    intact: bool
+
+    @property
+    def consumer_chunks(self) -> bool:
+        """A broken pair whose consumer is split along its input features: it reads (and saves) its chunk of the
+        whole input the producers made, and leaves partial sums."""
+        return not self.intact and self.consumer == 1
+
+
+def _split_dim(dims: tuple[str, ...]) -> int | None:
+    return next((index for index, role in enumerate(dims) if role in TENSOR_SHARDED_DIMS), None)
+
+
+def _group_of(module: str) -> tuple[str, str] | None:
+    """(pair group, member) of a block's module name (`layers.3.attn.wq`, `layers.3.moe.shared.w1`), else None."""
+    parts = module.split(".")
+    if len(parts) < 2 or parts[-2] not in PAIRS:
+        return None
+    producers, consumer = PAIRS[parts[-2]]
+    return (parts[-2], parts[-1]) if parts[-1] in producers or parts[-1] == consumer else None
+
+
+def _pairs(template: tuple[tuple[str, str, tuple[int, ...], tuple[str, ...]], ...]) -> dict[str, PairLayout]:
+    members: dict[str, dict[str, dict[str, int | None]]] = {}
+    for name, module, _, dims in template:
+        found = _group_of(module)
+        if found is not None:
+            members.setdefault(found[0], {}).setdefault(found[1], {})[name.rsplit(".", 1)[-1]] = _split_dim(dims)
+    out = {}
+    for group, present in members.items():
+        producers, consumer = PAIRS[group]
+        if consumer not in present:
+            continue
+        # Megatron's split: a producer's weight and bias along dim 0, the consumer's weight along dim 1, its bias whole
+        intact = all(dim == (0 if name != consumer else 1 if leaf == "weight" else None)
+                     for name, leaves in present.items() for leaf, dim in leaves.items())
+        out[group] = PairLayout(group, tuple((name, present[name].get("weight")) for name in producers
+                                             if name in present), present[consumer].get("weight"), intact)
+    return out
+
+
+_MEMO: dict[int, tuple[tuple, dict[str, PairLayout]]] = {}
+
+
+def block_pairs(layer: Layer) -> dict[str, PairLayout]:
+    """The pairs of a built-in transformer block (`layer.kind == "block"`), by group (`attn`, `mlp`, `shared`), as
+    its parameters' roles place them; empty for any other layer. Memoised per block template (`BlockParams`)."""
+    if layer.kind != "block":
+        return {}
+    params = layer.params
+    if type(params) is BlockParams:
+        found = _MEMO.get(id(params.template))
+        if found is None or found[0] is not params.template:
+            found = _MEMO[id(params.template)] = (params.template, _pairs(params.template))
+        return found[1]
+    return _pairs(tuple((p.name, p.module, p.shape, p.dims) for p in params))
+
+
+def broken(layer: Layer) -> dict[str, PairLayout]:
+    """The pairs of `layer` a shard rule breaks (`block_pairs`, not intact)."""
+    return {group: pair for group, pair in block_pairs(layer).items() if not pair.intact}

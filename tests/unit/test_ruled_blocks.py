@@ -1,0 +1,82 @@
+"""A built-in block whose Megatron pair a shard rule breaks, counted as `plandsl run` lays it out
+(`runtime.parallel.tensor_parallel._pair`: every member takes whole tensors and returns whole ones): which pairs are
+broken (`ir.pairs`), what the block saves (`cost.memory._broken_terms`, by hand in Korthikanti's units; the trace:
+tests/distributed/test_memtrace.py)."""
+from __future__ import annotations
+
+import pytest
+
+from plandsl import api
+from plandsl.cost.memory import estimate_layer_activations
+from plandsl.ir.pairs import block_pairs, broken
+from plandsl.ir.placement import assign_stages
+
+PLAN = """import "clusters/dgx_a100"
+plan p {{
+  model   = gpt(layers=4, hidden=512, heads=8, seq=256, vocab=8192)
+  cluster = dgx_a100
+  mesh    = [dp = 2, tp = 4]
+  train   = {{ global_batch: 16, micro_batch: 2{train} }}
+  data    = zero1 over dp
+  tensor  = megatron over tp{sp}
+{rules}
+}}
+"""
+SBH = 256 * 2 * 512  # s·b·h of one microbatch; Korthikanti's terms are bytes per such element (bf16)
+W1_OVER_DP = "  shard layers.*.mlp.w1 = { weight: Shard(0) @ dp, bias: Shard(0) @ dp }"
+
+
+def _blocks(rules: str, sp: bool = False, train: str = ""):
+    plan = api.select_plan(api.loads(PLAN.format(rules=rules, sp=" with sequence_parallel" if sp else "",
+                                                 train=train), path="p.plan"))
+    assignment, _ = assign_stages(plan)
+    return plan, [layer for layer in assignment.stage_layers[0] if layer.kind == "block"]
+
+
+@pytest.mark.parametrize("rules, groups", [
+    ("", set()),
+    ("  shard layers.*.mlp.w1 = colwise over tp", set()),  # Megatron's own split, written
+    ("  shard layers.*.mlp = replicate", {"mlp"}),
+    (W1_OVER_DP, {"mlp"}),  # w1 whole over tp (split over dp only)
+    ("  shard layers.*.mlp.w1 = { weight: Shard(0) @ tp }", {"mlp"}),  # its bias whole: PlacedParallel, not colwise
+    ("  shard layers.*.attn.wq = replicate", {"attn"}),
+    ("  shard layers.*.attn = replicate\n  shard layers.*.mlp.w2 = colwise over tp", {"attn", "mlp"}),
+])
+def test_a_pair_is_broken_where_a_rule_moves_a_member_off_megatrons_split(rules, groups):
+    _, blocks = _blocks(rules)
+    assert all(set(broken(block)) == groups for block in blocks)
+    assert all(set(block_pairs(block)) == {"attn", "mlp"} for block in blocks)
+
+
+# Korthikanti's gpt block at tp t (no sequence parallelism), bytes per s·b·h: 10 replicated (norm inputs 2 + 2, the
+# q/k/v and MLP inputs 2 + 2, dropout masks 1 + 1), 8 of attention (Q 2, K 2, V 2, wo's input 2) and 16 of the MLP
+# (w1's output 8, w2's input 8) split over t. A broken pair keeps the producers' outputs whole, and the consumer's
+# input whole unless it is split along its input features (rowwise: its chunk), and flash attention keeps its whole
+# output beside a chunking wo's chunk.
+@pytest.mark.parametrize("rules, sp, terms", [
+    ("", False, 10 + (8 + 16) / 4),
+    ("  shard layers.*.mlp = replicate", False, 10 + 16 + 8 / 4),
+    (W1_OVER_DP, False, 10 + 8 + (8 + 8) / 4),  # w1's output whole, w2 rowwise: its chunk
+    ("  shard layers.*.mlp.w2 = colwise over tp", False, 10 + 16 + 8 / 4),  # w1 gathered, w2 reads it whole
+    ("  shard layers.*.attn.wq = replicate", False, 10 + 6 + 2 + (2 + 16) / 4),  # Q, K, V whole; O whole, wo's chunk
+    ("  shard layers.*.attn.wo = replicate", False, 10 + 8 + 16 / 4),
+    # sequence parallelism: the replicated terms split along the sequence, but the gathered q/k/v and MLP inputs (4)
+    ("", True, (6 + 8 + 16) / 4 + 4),
+    ("  shard layers.*.mlp = replicate", True, (6 + 8) / 4 + 4 + 16),
+    ("  shard layers.*.attn.wq = replicate", True, (6 + 2 + 16) / 4 + 4 + 8),
+])
+def test_a_broken_pair_keeps_its_tensors_whole(rules, sp, terms):
+    plan, blocks = _blocks(rules, sp)
+    assert all(estimate_layer_activations(plan, block) == pytest.approx(SBH * terms) for block in blocks)
+
+
+@pytest.mark.parametrize("train, rules, terms", [
+    # the core rerun: its output not kept beside wo's chunk
+    (", recompute: selective", "  shard layers.*.attn.wq = replicate", 10 + 6 + (2 + 16) / 4),
+    (", recompute: full", "  shard layers.*.mlp = replicate", 2),  # the block's input only
+    # every other matmul's output: q whole (wq whole), the core's output whole; v's (wv split) its part
+    (", recompute: selective_op", "  shard layers.*.attn.wq = replicate", 2 + 2 + 2 + (2 + 8) / 4),
+])
+def test_recomputation_keeps_what_it_keeps_of_a_broken_pair(train, rules, terms):
+    plan, blocks = _blocks(rules, train=train)
+    assert all(estimate_layer_activations(plan, block) == pytest.approx(SBH * terms) for block in blocks)
