@@ -22,10 +22,11 @@ memory bandwidth; fused attention (Dao et al. 2022) reads Q, K, V and writes O o
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from plandsl import ir
 from plandsl.ir.layers import TP_SPLIT, Layer, attention_projections, attention_widths, block_model, kv_width
+from plandsl.ir.pairs import PairLayout, broken, pair_projections
 from plandsl.cost.measured import ratio_at
 from plandsl.cost.memory import FP32_STATES, StateBytes
 
@@ -529,8 +530,14 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         return LayerCompute(matmul, forward_other, 2 * matmul, backward_other, 0.0, flops=flops,
                             accumulate=accumulate_seconds(vocab * h, work, precision.unquantized, device))
     # A block: fused QKV (or MLA's down- and up-projections), attention core, output projection, MLP (or
-    # experts), as Megatron runs it; a dense block of a dense-then-MoE model as the dense model it is.
+    # experts), as Megatron runs it; a dense block of a dense-then-MoE model as the dense model it is. A pair a shard
+    # rule breaks (`ir.pairs.broken`) as `plandsl run` lays it out: each member a GEMM split as its weight is (a whole
+    # one computes all its FLOPs on every tensor rank), what passes between the members whole, so a broken attention
+    # runs every head's core on every rank (`core_work`) and its rotary on all of q and k.
     model = block_model(model, layer)
+    pairs = broken(layer) if tp > 1 else {}
+    attention_pair = pairs.get("attn")
+    attention_tp, core_work = (1, replace(work, tp=1)) if attention_pair else (tp, work)
     kv = kv_width(model)
     ffn = model.ffn_hidden
     gpt = model.kind == "gpt"
@@ -539,29 +546,32 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
     cast_in = cast_grad = 0.0  # elements per token FP8 quantizes: each GEMM's input (forward), its output's gradient
     weights = 0.0  # elements of this rank's quantized weights (the linear layers run in `precision`)
     up_projections = up_flops = 0.0  # MLA's column-parallel projections (`mla_up_proj` reruns them)
-    for out, features, splits in attention_projections(model):  # wq, wk, wv (column-parallel), wo (row-parallel)
-        out, features = (out / tp, features) if splits == "out" else (out, features / tp) if splits else (out, features)
+    # wq, wk, wv (column-parallel), wo (row-parallel); a broken pair's members as their weights are split, "all": whole
+    for out, features, splits in (pair_projections(model, attention_pair) if attention_pair
+                                  else attention_projections(model)):
+        out, features = (out / tp, features) if splits == "out" else (out, features / tp) if splits == "in" \
+            else (out, features)
         rows = tokens if splits else tokens / split  # MLA's replicated down-projections: the sequence shard under SP
         matmul += gemm(rows, out, features, device, precision)
         flops += 2.0 * rows * out * features
-        if splits == "out" and model.latent_attention:
+        if splits in ("out", "all") and model.latent_attention:
             up_projections += gemm(rows, out, features, device, precision)
             up_flops += 2.0 * rows * out * features
         weights += out * features
         # a column-parallel or replicated GEMM's input and a row-parallel one's output are this rank's sequence
         # shard under sequence parallelism (quantized before the gather, after the reduce-scatter)
-        cast_in += features if splits == "in" else features / split
-        cast_grad += out if splits == "out" else out / split
-    attention_flops, attention_bytes = rank_attention(widths, work)  # Q·Kᵀ and P·V over this rank's heads
+        cast_in += features if splits in ("in", "all") else features / split
+        cast_grad += out if splits in ("out", "all") else out / split
+    attention_flops, attention_bytes = rank_attention(widths, core_work)  # Q·Kᵀ and P·V over this rank's heads
     causal = causal_fraction(work.seq)  # a windowed block's kernel executes only its band's tiles (`window_band`)
-    attention, attention_backward = attention_core_seconds(attention_flops, attention_bytes, causal, work, device,
-                                                           efficiency, band=window_band(work.seq, model.window),
+    attention, attention_backward = attention_core_seconds(attention_flops, attention_bytes, causal, core_work,
+                                                           device, efficiency, band=window_band(work.seq, model.window),
                                                            seq=work.seq)
     attention_backward_extra = 0.0
     if work.attention is ir.Attention.materialized:
         # The s x s matrices through memory (`materialized_attention_bytes`): the fused core's FLOPs and Q, K, V, O
         # bytes, plus the scores' and probabilities' bytes, forward and backward.
-        forward_bytes, backward_bytes = materialized_attention_bytes(model, work)
+        forward_bytes, backward_bytes = materialized_attention_bytes(model, core_work)
         attention += forward_bytes / bandwidth
         attention_backward_extra = backward_bytes / bandwidth
     projections = 3 if not gpt else 2                                      # SwiGLU: w1, w3 and w2
@@ -606,22 +616,40 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         experts_weights = local * projections * h * ffn / expert_tp
         if model.shared_experts:  # every token through one MLP of shared_experts x ffn (DeepSeekMoE)
             width = model.shared_experts * ffn
-            shared = gemm(tokens, (projections - 1) * width / tp, h, device, precision) \
-                + gemm(tokens, h, width / tp, device, precision)
+            # the gate's width on this rank: whole where a rule breaks the shared experts' pair (`_pair_gemms`)
+            local = width if "shared" in pairs else width / tp
+            if "shared" in pairs:
+                shared, shared_flops, shared_weights = _pair_gemms(pairs["shared"], tokens, h, width, tp, gemm,
+                                                                   device, precision)
+            else:
+                shared = gemm(tokens, (projections - 1) * width / tp, h, device, precision) \
+                    + gemm(tokens, h, width / tp, device, precision)
+                shared_flops = 2.0 * tokens * projections * h * width / tp
+                shared_weights = projections * h * width / tp
             matmul += shared
             experts_matmul += shared  # combined 1F1B's `mlp` node runs them with the routed experts
-            shared_flops = 2.0 * tokens * projections * h * width / tp
             flops += shared_flops
-            shared_elements = 3 * width / tp
-            mlp_elements += 3 * width / tp
-            experts_elements += 3 * width / tp
-            gate_width += width / tp
-            cast_in += h / split + width / tp
-            cast_grad += (projections - 1) * width / tp + h / split
-            experts_cast_in += h / split + width / tp
-            experts_cast_grad += (projections - 1) * width / tp + h / split
-            weights += projections * h * width / tp
-            experts_weights += projections * h * width / tp
+            shared_elements = 3 * local if "shared" in pairs else 3 * width / tp
+            mlp_elements += shared_elements
+            experts_elements += shared_elements
+            gate_width += local
+            gated = (projections - 1) * local if "shared" in pairs else (projections - 1) * width / tp
+            cast_in += h / split + local
+            cast_grad += gated + h / split
+            experts_cast_in += h / split + local
+            experts_cast_grad += gated + h / split
+            weights += shared_weights
+            experts_weights += shared_weights
+    elif "mlp" in pairs:  # a rule breaks the MLP's pair: each member as its weight is split, the gate whole
+        dense_matmul, dense_flops, dense_weights = _pair_gemms(pairs["mlp"], tokens, h, ffn, tp, gemm, device,
+                                                               precision)
+        matmul += dense_matmul
+        flops += dense_flops
+        mlp_elements = (2 if gpt else 3) * ffn
+        gate_width, routing = ffn, 0.0
+        cast_in += h / split + ffn
+        cast_grad += (projections - 1) * ffn + h / split
+        weights += dense_weights
     else:
         dense_matmul = gemm(tokens, (projections - 1) * ffn / tp, h, device, precision) \
             + gemm(tokens, h, ffn / tp, device, precision)
@@ -638,10 +666,10 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
     # the activation function and llama's rotary embedding on q and k (read, write: 2(q + kv), q = h unless
     # head_dim says otherwise).
     replicated = (4 + 6 + (1 if gpt else 0)) * h / split
-    sharded = mlp_elements + (0 if gpt else 2 * (widths.q + kv) / tp)
+    sharded = mlp_elements + (0 if gpt else 2 * (widths.q + kv) / attention_tp)
     if model.latent_attention:  # MLA: the latents' norms (read, write), rotary on its rope parts only
         replicated += 2 * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim) / split
-        sharded = mlp_elements + 2 * model.heads * model.qk_rope_head_dim / tp
+        sharded = mlp_elements + 2 * model.heads * model.qk_rope_head_dim / attention_tp
     other = tokens * (replicated + sharded + experts_copied) * element / bandwidth
     backward_other = 2 * other - tokens * experts_copied * element / bandwidth  # the backward's copies: as many
     if work.kernels is ir.Kernels.eager and not gpt:
@@ -651,8 +679,8 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         # shared experts' widths), MLA's two latent norms too; routing (the router's scores, the permutation) as
         # the fused model has it.
         eager = EAGER[element]
-        rotary = (model.heads * model.qk_rope_head_dim / tp + model.qk_rope_head_dim / split) \
-            if model.latent_attention else (widths.q + kv) / tp  # MLA: q's rope per head, k's one shared rope part
+        rotary = (model.heads * model.qk_rope_head_dim / attention_tp + model.qk_rope_head_dim / split) \
+            if model.latent_attention else (widths.q + kv) / attention_tp  # MLA: q's rope per head, k's one shared
         norms = (2 * h + ((model.q_lora_rank + model.kv_lora_rank) if model.latent_attention else 0)) / split
         forward_bytes = (norms * eager.norm_forward + h / split * eager.block_forward
                          + rotary * eager.rotary_forward + gate_width * eager.gate_forward + routing * element)
@@ -749,6 +777,20 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
                         attention=attention, flops=flops, recompute_flops=recompute_flops,
                         experts_forward=experts_forward, experts_input_grad=experts_input_grad,
                         experts_weight_grad=experts_matmul + experts_accumulate, accumulate=accumulate)
+
+
+def _pair_gemms(pair: PairLayout, tokens: float, h: int, width: float, tp: int, gemm, device: ir.DeviceType,
+                precision: ir.Precision) -> tuple[float, float, float]:
+    """(seconds, forward FLOPs, weight elements on this rank) of an MLP whose pair a shard rule breaks
+    (`ir.pairs.broken`): each producer [width, h] and the consumer [h, width] a GEMM of its own over all the tokens (the
+    input gathered whole), split over the tensor axis along the dim its weight is (`PairLayout`), else whole."""
+    seconds = flops = weights = 0.0
+    for out, features, dim in [(width, h, d) for _, d in pair.producers] + [(h, width, pair.consumer)]:
+        out, features = (out / tp, features) if dim == 0 else (out, features / tp) if dim == 1 else (out, features)
+        seconds += gemm(tokens, out, features, device, precision)
+        flops += 2.0 * tokens * out * features
+        weights += out * features
+    return seconds, flops, weights
 
 
 def accumulate_bytes(train: ir.Training) -> int:

@@ -3,7 +3,8 @@
 Stage: cost model. Contract: `plan_links(plan)` / `mesh_links(...)` say over which links each parallel
 group of a mesh communicates (`cost.comm.GroupLinks`); `estimate_layer_time(model, layer, work,
 device, links)` is the layer's compute (`cost.compute`) plus the collectives its forward and backward
-wait for: tensor-parallel all-reduces (or SP's all-gather + reduce-scatter), expert all-to-alls, and
+wait for: tensor-parallel all-reduces (or SP's all-gather + reduce-scatter; a pair a shard rule breaks, `plandsl
+run`'s collectives for it, `_broken_pair_comm`), expert all-to-alls, and
 context parallelism's K/V gather or the part of its ring that attention does not hide. Pure.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ from plandsl.cost.compute import (
 from plandsl.cost.ring import NO_RING, Ring, estimate_ring
 from plandsl.ir import layers as ir_layers
 from plandsl.ir.layers import Layer, attention_widths, block_model, kv_width
+from plandsl.ir.pairs import PairLayout, broken
 
 
 # ---- links of each parallel axis -----------------------------------------------------------------------
@@ -271,6 +273,17 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         forward, backward = per_block * block_pair, 2 * block_pair
         rerun = (per_block * block_pair, per_block * block_pair_bytes, block_pair, block_pair_bytes)
         count("tensor", block_pair_bytes, per_block + 2)
+        # a half whose pair a shard rule breaks (`ir.pairs.broken`): its collectives as `plandsl run` lays it out, in
+        # place of Megatron's pair (parallel blocks' one forward reduction shared between the halves)
+        for group, pair in (broken(layer) if links.tp.size > 1 else {}).items():
+            if group not in ("attn", "mlp"):
+                continue
+            ruled = _broken_pair_comm(model, pair, work, links)
+            half, half_bytes = block_pair * per_block / 2, block_pair_bytes * per_block / 2
+            forward, backward = forward + ruled[0] - half, backward + ruled[1] - block_pair
+            count("tensor", ruled[2] + ruled[3] - half_bytes - block_pair_bytes)
+            rerun = (rerun[0] + ruled[0] - half, rerun[1] + ruled[2] - half_bytes,
+                     *((ruled[0], ruled[2]) if group == "attn" else rerun[2:]))
     if model.experts and work.sequence_parallel and links.tp.size > 1 and work.fold_experts:
         # The experts folded over the tensor axis, each whole on one rank (Megatron-Core's MoE parallel folding):
         # each rank routes its own sequence shard through the all-to-all below, and the MoE half has no
@@ -313,6 +326,10 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
             saved = [(forward, backward + scatter - _bulk(gather, first.whole, bulk_share, work.sm_margin)
                       - _bulk(scatter, first.whole, bulk_share, work.sm_margin))
                      for (forward, backward), (first, _, _) in zip(saved, halves)]
+        # a half whose pair a rule breaks has no Megatron collective to hide (`_broken_pair_comm`; MLA's keep theirs)
+        ruled = {} if model.latent_attention else broken(layer)
+        saved = [(0.0, 0.0) if index < 2 and ("attn", "mlp")[index] in ruled else half
+                 for index, half in enumerate(saved)]
         forward -= sum(f for f, _ in saved)
         backward -= sum(b for _, b in saved)
         rerun = (rerun[0] - sum(f for f, _ in saved), rerun[1], rerun[2] - saved[0][0], rerun[3])
@@ -474,6 +491,55 @@ def _latent_comm(model: ir.TransformerModel, work: Work, links: Links, activatio
     forward_bytes = attention_bytes[0] + mlp_bytes[0] - (activation if model.parallel_blocks else 0.0)
     count("tensor", forward_bytes + attention_bytes[1] + mlp_bytes[1])
     return forward, attention[1] + mlp[1], (forward, forward_bytes, attention[0], attention_bytes[0])
+
+
+def _broken_pair_comm(model: ir.TransformerModel, pair: PairLayout, work: Work, links: Links
+                      ) -> tuple[float, float, float, float]:
+    """(forward seconds, backward seconds, forward bytes, backward bytes) of the tensor-parallel collectives of one
+    half of a block (grouped-query attention or a dense MLP) whose pair a shard rule breaks, as `plandsl run` lays
+    it out (`runtime.parallel.tensor_parallel._pair`: every member takes whole tensors and returns whole ones; DTensor's
+    redistributions, each direction's the other's backward):
+
+    - under sequence parallelism the half's input all-gathered along the sequence (`PrepareModuleInput`), its gradient
+      chunked back (no collective);
+    - a producer split along its output features (ColwiseParallel): its output all-gathered, its input's partial
+      gradient all-reduced; along its input features: its partial output all-reduced, its input's gradient gathered;
+      whole: nothing, its gradients whole on every rank (its input is);
+    - the consumer split along its input features (RowwiseParallel, reading its chunk of the whole input): its partial
+      output all-reduced (reduce-scattered to the sequence shards), its input's gradient all-gathered (and the output's
+      gradient under sequence parallelism); along its output features: its output all-gathered (or all-to-all'd to
+      the sequence shards), its input's partial gradient all-reduced; whole: its output chunked to the shards, their
+      gradient all-gathered under sequence parallelism, nothing without."""
+    element, tokens, sp = work.precision.bytes, work.tokens, work.sequence_parallel
+    activation = tokens * model.hidden * element
+    if pair.group == "attn":
+        widths = attention_widths(model)
+        outputs = {"wq": widths.q, "wk": widths.k, "wv": widths.v}
+        between = widths.o
+    else:
+        outputs, between = {name: model.ffn_hidden for name, _ in pair.producers}, model.ffn_hidden
+    forward: list[tuple[str, float]] = [("all_gather", activation)] if sp else []
+    backward: list[tuple[str, float]] = []
+    for name, dim in pair.producers:
+        made = tokens * outputs[name] * element
+        if dim == 0:
+            forward.append(("all_gather", made))
+            backward.append(("all_reduce", activation))
+        elif dim == 1:
+            forward.append(("all_reduce", made))
+            backward.append(("all_gather", activation))
+    read = tokens * between * element
+    if pair.consumer == 1:
+        forward.append(("reduce_scatter" if sp else "all_reduce", activation))
+        backward += [("all_gather", read)] + ([("all_gather", activation)] if sp else [])
+    elif pair.consumer == 0:
+        forward.append(("all_to_all" if sp else "all_gather", activation))
+        backward += [("all_reduce", read)] + ([("all_to_all", activation)] if sp else [])
+    elif sp:
+        backward.append(("all_gather", activation))
+    return (sum(collective_seconds(kind, size, links.tp) for kind, size in forward),
+            sum(collective_seconds(kind, size, links.tp) for kind, size in backward),
+            sum(size for _, size in forward), sum(size for _, size in backward))
 
 
 def _torch_layer_comm(layer: Layer, work: Work, links: Links, count) -> tuple[float, float]:

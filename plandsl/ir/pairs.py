@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plandsl.ir.layers import TENSOR_SHARDED_DIMS, BlockParams, Layer
+from plandsl import ir
+from plandsl.ir.layers import TENSOR_SHARDED_DIMS, BlockParams, Layer, attention_widths
 
 PAIRS = {"attn": (("wq", "wk", "wv", "wq_b", "wkv_b"), "wo"), "mlp": (("w1", "w3"), "w2"),
          "shared": (("w1", "w3"), "w2")}
@@ -93,3 +94,29 @@ def block_pairs(layer: Layer) -> dict[str, PairLayout]:
 def broken(layer: Layer) -> dict[str, PairLayout]:
     """The pairs of `layer` a shard rule breaks (`block_pairs`, not intact)."""
     return {group: pair for group, pair in block_pairs(layer).items() if not pair.intact}
+
+
+def _placement(dim: int | None) -> str:
+    """How a member's GEMM is split over the tensor axis (`attention_projections`' words): along its output features
+    ("out"), its input features ("in"), or whole on every rank, on the whole (gathered) input ("all")."""
+    return "out" if dim == 0 else "in" if dim == 1 else "all"
+
+
+def pair_projections(model: ir.TransformerModel, pair: PairLayout) -> tuple[tuple[int, int, str], ...]:
+    """A block's attention GEMMs as `ir.layers.attention_projections` says them, for an attention pair a rule breaks:
+    each member a GEMM of its own, split as its weight is (`_placement`; "" for MLA's down-projections, whole on the
+    sequence shard as ever), in the order they run."""
+    widths = attention_widths(model)
+    split = dict(pair.producers)
+    hidden = model.hidden
+    out = _placement(pair.consumer)
+    if not model.latent_attention:
+        return ((widths.q, hidden, _placement(split.get("wq"))), (widths.k, hidden, _placement(split.get("wk"))),
+                (widths.v, hidden, _placement(split.get("wv"))), (hidden, widths.o, out))
+    if model.q_lora_rank:
+        queries = ((model.q_lora_rank, hidden, ""), (widths.q, model.q_lora_rank, _placement(split.get("wq_b"))))
+    else:
+        queries = ((widths.q, hidden, _placement(split.get("wq"))),)
+    return queries + ((model.kv_lora_rank + model.qk_rope_head_dim, hidden, ""),
+                      (widths.k - model.heads * model.qk_rope_head_dim + widths.v, model.kv_lora_rank,
+                       _placement(split.get("wkv_b"))), (hidden, widths.o, out))

@@ -80,3 +80,64 @@ def test_a_broken_pair_keeps_its_tensors_whole(rules, sp, terms):
 def test_recomputation_keeps_what_it_keeps_of_a_broken_pair(train, rules, terms):
     plan, blocks = _blocks(rules, train=train)
     assert all(estimate_layer_activations(plan, block) == pytest.approx(SBH * terms) for block in blocks)
+
+
+def _block_time(rules: str, sp: bool = False):
+    from plandsl.cost.estimate import pipeline_rank_device_types, plan_work, slowest
+    from plandsl.cost.layer import estimate_layer_time, plan_links
+    plan, blocks = _blocks(rules, sp)
+    device = slowest(pipeline_rank_device_types(plan)[0], plan.train.precision)
+    links = plan_links(plan)
+    return estimate_layer_time(plan.model, blocks[0], plan_work(plan), device, links), links
+
+
+TOKENS, HIDDEN, FFN, TP = 512, 512, 2048, 4
+ACTIVATION = TOKENS * HIDDEN * 2  # one [b, s, h] bf16 tensor
+MLP_FLOPS = 2.0 * TOKENS * 2 * HIDDEN * FFN  # w1 and w2, whole
+ATTENTION_FLOPS = 2.0 * TOKENS * 4 * HIDDEN * HIDDEN + 2.0 * 2 * 256 * 256 * 2 * HIDDEN  # q, k, v, o; the core (b s s (q + o))
+
+
+def test_a_replicated_mlp_computes_its_whole_flops_and_has_no_tensor_parallel_pair():
+    """`shard layers.*.mlp = replicate`: every tensor rank computes the whole MLP (tp x its FLOPs), and its half of the
+    block has no collective without sequence parallelism (its input and output whole); the attention keeps its
+    all-reduce each way."""
+    from plandsl.cost.comm import collective_seconds
+    default, links = _block_time("")
+    ruled, _ = _block_time("  shard layers.*.mlp = replicate")
+    assert ruled.flops - default.flops == pytest.approx(MLP_FLOPS * (1 - 1 / TP))
+    reduce = collective_seconds("all_reduce", ACTIVATION, links.tp)
+    assert default.forward_comm == pytest.approx(2 * reduce) and default.backward_comm == pytest.approx(2 * reduce)
+    assert ruled.forward_comm == pytest.approx(reduce) and ruled.backward_comm == pytest.approx(reduce)
+    assert ruled.moved.tensor == pytest.approx(2 * ACTIVATION)
+
+
+def test_a_replicated_mlp_under_sequence_parallelism_gathers_its_input_and_its_outputs_gradient():
+    """Under sequence parallelism the whole MLP reads its input gathered along the sequence (forward) and its output,
+    chunked to the shards, has its gradient gathered (backward): one all-gather each way for the half, not Megatron's
+    all-gather and reduce-scatter."""
+    from plandsl.cost.comm import collective_seconds
+    ruled, links = _block_time("  shard layers.*.mlp = replicate", sp=True)
+    gather = collective_seconds("all_gather", ACTIVATION, links.tp)
+    pair = gather + collective_seconds("reduce_scatter", ACTIVATION, links.tp)
+    assert ruled.forward_comm == pytest.approx(pair + gather) and ruled.backward_comm == pytest.approx(pair + gather)
+
+
+def test_a_whole_w1_before_a_rowwise_w2_gathers_the_hidden_gradient():
+    """w1 whole over tp, w2 rowwise (`run`: w2 reads its chunk of w1's whole output): the forward keeps w2's
+    all-reduce; the backward all-gathers w2's input gradient ([tokens, ffn]) where Megatron all-reduced w1's input's,
+    and w1 computes its whole FLOPs."""
+    from plandsl.cost.comm import collective_seconds
+    ruled, links = _block_time(W1_OVER_DP)
+    default, _ = _block_time("")
+    reduce = collective_seconds("all_reduce", ACTIVATION, links.tp)
+    assert ruled.forward_comm == pytest.approx(default.forward_comm)
+    assert ruled.backward_comm == pytest.approx(reduce + collective_seconds("all_gather", TOKENS * FFN * 2, links.tp))
+    assert ruled.flops - default.flops == pytest.approx(MLP_FLOPS / 2 * (1 - 1 / TP))
+
+
+def test_a_replicated_attention_runs_every_head_on_every_rank():
+    """`shard layers.*.attn = replicate`: q, k, v, o and the attention core whole on every tensor rank."""
+    default, _ = _block_time("")
+    ruled, _ = _block_time("  shard layers.*.attn = replicate")
+    assert ruled.flops - default.flops == pytest.approx(ATTENTION_FLOPS * (1 - 1 / TP))
+    assert ruled.moved.tensor == pytest.approx(2 * ACTIVATION)  # the MLP's all-reduces only
