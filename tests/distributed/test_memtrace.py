@@ -389,3 +389,34 @@ def test_the_count_keeps_a_broken_pairs_tensors_whole_as_a_trace_does(rules, bef
     assert 1.0 <= counted / traced <= 1.04
     assert (counted - default_counted) / (traced - default_traced) == pytest.approx(1.0, abs=0.02)
     assert default_counted / traced == pytest.approx(before, abs=0.02)
+
+
+def _collectives(trace) -> dict[str, int]:
+    """The tensor axis's collectives of the second step, by operator, output shape and dtype (`trace.labels`)."""
+    found: dict[str, int] = {}
+    for op, key, _ in trace.events[trace.steps[1]:]:
+        label = trace.labels[key]
+        if op > 0 and label.startswith(("all_reduce", "all_gather", "reduce_scatter", "all_to_all")):
+            found[label] = found.get(label, 0) + 1
+    return found
+
+
+@pytest.mark.parametrize("rules, changed", [
+    # a replicated MLP: no w1 input-gradient all-reduce, no w2 reduce-scatter; its input gathered, its output's
+    # gradient gathered as before
+    ("  shard layers.*.mlp = replicate", {"all_reduce.default[2, 256, 512] bfloat16": -1,
+                                          "reduce_scatter_tensor.default[2, 64, 512] bfloat16": -1}),
+    # w1 whole before a rowwise w2: no w1 input-gradient all-reduce; w2's input gradient [tokens, ffn] all-gathered
+    ("  shard layers.*.mlp.w1 = { weight: Shard(0) @ dp, bias: Shard(0) @ dp }",
+     {"all_reduce.default[2, 256, 512] bfloat16": -1, "all_gather_into_tensor.default[8, 256, 512] bfloat16": 1}),
+], ids=["replicated_mlp", "w1_over_dp"])
+def test_a_broken_pair_runs_the_collectives_the_time_model_prices(rules, changed):
+    """`run`'s collectives for a broken MLP pair (`cost.layer._broken_pair_comm` prices these), per block and
+    microbatch against the default split's, as the trace records them under sequence parallelism (the fake process
+    group's collectives are operators of their own)."""
+    plan = load(RULED_BLOCKS.rstrip().rstrip("}") + rules + "\n}\n")
+    default = _collectives(memtrace.trace_rank(load(RULED_BLOCKS), 0, 2))
+    ruled = _collectives(memtrace.trace_rank(plan, 0, 2))
+    passes = plan.model.layers * plan.num_microbatches  # blocks x the microbatches of a step
+    assert {label: (ruled.get(label, 0) - default.get(label, 0)) / passes
+            for label in set(ruled) | set(default) if ruled.get(label, 0) != default.get(label, 0)} == changed
