@@ -10,12 +10,15 @@ or a Hugging Face model's: `torch_model.build_meta`) and `materialize(part, plan
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
+import itertools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._guards import detect_fake_mode
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
@@ -636,10 +639,8 @@ class Transformer(nn.Module):
             loss = loss + MTP_LOSS_WEIGHT / len(self.mtp) * self._depth_loss(h, targets, k)
         return loss
 
-    @torch.no_grad()
-    def init_weights(self, generator: torch.Generator) -> None:
-        for name, param in self.named_parameters():
-            init_parameter_(self.config, name, param, generator)
+    def init_weights(self, seed: int) -> None:
+        init_parameters_(self, self.config, seed)
 
 
 class MLPNet(nn.Module):
@@ -657,40 +658,106 @@ class MLPNet(nn.Module):
             x = F.relu(x) if int(name) != self.last else x
         return x
 
-    @torch.no_grad()
-    def init_weights(self, generator: torch.Generator) -> None:
-        for name, param in self.named_parameters():
-            init_parameter_(None, name, param, generator)
+    def init_weights(self, seed: int) -> None:
+        init_parameters_(self, None, seed)
 
 
 # ---- initial values -------------------------------------------------------------------
-# One function says each parameter's initial distribution, by its name in the full model: `build_model` fills the
-# parameters of the full CPU model with it, `materialize` each full parameter in turn before copying the rank's part
-# of it into a model built on the meta device, both in `named_parameters()` order from one generator, so that every
+# One function says each parameter's initial distribution, by its name in the full model (`init_spec`), and one
+# rule where its numbers come from (`ParameterValues`): a parameter of fewer than LARGE elements from the model's one
+# generator, seeded with the seed, in `named_parameters()` order; a larger one tile by tile, each TILE x TILE tile of
+# its last two dims (a run of TILE * TILE elements of a vector) from a generator of its own, seeded with the seed, the
+# parameter's name and the tile's place. `build_model` fills the full CPU model so; `materialize` draws a small
+# parameter whole and a large one's tiles that the rank's part covers only, so a rank's work is its shards', and every
 # layout starts from the same values.
-@torch.no_grad()
-def init_parameter_(config: ir.TransformerModel | None, name: str, tensor: torch.Tensor,
-                    generator: torch.Generator) -> None:
-    """Fill `tensor`, the full parameter `name` of a `Transformer` of `config` (None: of an `MLPNet`), with its
-    initial values, drawing from `generator` as the parameter's turn in `named_parameters()` order comes: biases
-    zero, norms' weights one; a Transformer's other weights normal with std INIT_STD (residual projections
-    INIT_STD / sqrt(2 * layers), GPT-2's); an MLPNet's weights normal with std 1 / sqrt(in_features)."""
+LARGE = 1 << 20
+"""Elements from which a parameter's values are drawn tile by tile (4 MiB of fp32: every weight matrix of a model
+users train; the tests' tiny models draw from the one generator, as they always did)."""
+TILE = 1024
+
+
+def init_spec(config: ir.TransformerModel | None, name: str, shape: tuple[int, ...]) -> tuple[str, float]:
+    """The initial distribution of the full parameter `name`, of `shape`, of a `Transformer` of `config` (None: of an
+    `MLPNet`): ("zeros" | "ones" | "normal", std). Biases zero, norms' weights one; a Transformer's other weights
+    normal with std INIT_STD (residual projections INIT_STD / sqrt(2 * layers), GPT-2's); an MLPNet's weights normal
+    with std 1 / sqrt(in_features)."""
     if name.endswith("bias"):
-        nn.init.zeros_(tensor)
-    elif config is None:  # an MLPNet's Linear weight [out, in]
-        nn.init.normal_(tensor, 0.0, 1.0 / math.sqrt(tensor.shape[1]), generator=generator)
-    elif name.rsplit(".", 1)[-1] == "weight" and (".norm" in f".{name}"
-                                                   or name.rsplit(".", 2)[-2] in ("enorm", "hnorm")):
-        nn.init.ones_(tensor)
-    elif name.endswith(("attn.wo.weight", "mlp.w2.weight", "experts.w2", "shared.w2.weight")):
-        nn.init.normal_(tensor, 0.0, INIT_STD / math.sqrt(2 * config.layers), generator=generator)
-    else:
-        nn.init.normal_(tensor, 0.0, INIT_STD, generator=generator)
+        return "zeros", 0.0
+    if config is None:  # an MLPNet's Linear weight [out, in]
+        return "normal", 1.0 / math.sqrt(shape[1])
+    if name.rsplit(".", 1)[-1] == "weight" and (".norm" in f".{name}" or name.rsplit(".", 2)[-2] in ("enorm", "hnorm")):
+        return "ones", 0.0
+    if name.endswith(("attn.wo.weight", "mlp.w2.weight", "experts.w2", "shared.w2.weight")):
+        return "normal", INIT_STD / math.sqrt(2 * config.layers)
+    return "normal", INIT_STD
+
+
+class ParameterValues:
+    """The initial values of one full parameter of a built-in family (the rule above), any block of them on demand:
+    `block(slices)` is a new CPU tensor of the block `slices` cut (one slice per dim), in `dtype`. A small
+    parameter's are drawn whole from `generator` when the object is made (its turn in the one stream); a large
+    one's, tile by tile as a block asks, from the generators of the tiles it covers."""
+
+    def __init__(self, config: ir.TransformerModel | None, name: str, shape: tuple[int, ...], dtype: torch.dtype,
+                 seed: int, generator: torch.Generator):
+        self.name, self.shape, self.dtype, self.seed = name, tuple(shape), dtype, seed
+        self.kind, self.std = init_spec(config, name, self.shape)
+        self.tiled = self.kind == "normal" and math.prod(self.shape) >= LARGE
+        self.full = None
+        if not self.tiled:
+            self.full = torch.empty(self.shape, dtype=dtype)
+            self.fill_(self.full, generator)
+
+    def fill_(self, tensor: torch.Tensor, generator: torch.Generator) -> None:
+        """Draw `tensor` (this parameter or a tile of it) from `generator` by the parameter's distribution."""
+        if self.kind == "zeros":
+            nn.init.zeros_(tensor)
+        elif self.kind == "ones":
+            nn.init.ones_(tensor)
+        else:
+            nn.init.normal_(tensor, 0.0, self.std, generator=generator)
+
+    def block(self, slices: tuple[slice, ...]) -> torch.Tensor:
+        if self.full is not None:
+            return self.full[slices]
+        out = torch.empty([s.stop - s.start for s in slices], dtype=self.dtype)
+        sizes = self._tile_sizes()
+        ranges = [range(s.start // t, -(-s.stop // t)) for s, t in zip(slices, sizes)]
+        for index in itertools.product(*ranges):
+            tile = tuple(slice(i * t, min((i + 1) * t, n)) for i, t, n in zip(index, sizes, self.shape))
+            values = torch.empty([t.stop - t.start for t in tile], dtype=self.dtype)
+            self.fill_(values, self._tile_generator(index))
+            overlap = tuple(slice(max(a.start, b.start), min(a.stop, b.stop)) for a, b in zip(tile, slices))
+            out[tuple(slice(o.start - s.start, o.stop - s.start) for o, s in zip(overlap, slices))] = \
+                values[tuple(slice(o.start - t.start, o.stop - t.start) for o, t in zip(overlap, tile))]
+        return out
+
+    def _tile_sizes(self) -> tuple[int, ...]:
+        if len(self.shape) == 1:
+            return (TILE * TILE,)
+        return (1,) * (len(self.shape) - 2) + (TILE, TILE)  # leading dims (experts) one at a time
+
+    def _tile_generator(self, index: tuple[int, ...]) -> torch.Generator:
+        key = hashlib.blake2b(f"{self.seed}/{self.name}/{index}".encode(), digest_size=8).digest()
+        return torch.Generator().manual_seed(int.from_bytes(key, "little") >> 1)
+
+
+@torch.no_grad()
+def init_parameters_(module: nn.Module, config: ir.TransformerModel | None, seed: int) -> None:
+    """Fill every parameter of `module`, a full `Transformer` of `config` (None: an `MLPNet`), with its initial values
+    from `seed` (`ParameterValues`)."""
+    generator = torch.Generator().manual_seed(seed)
+    drawing = _drawing()
+    for name, param in module.named_parameters():
+        values = ParameterValues(config, name, param.shape, param.dtype, seed, generator)
+        if values.tiled and not drawing:  # fake tensors (`runtime.memtrace`): no numbers, one operator, not a tile's
+            values.fill_(param, generator)
+        else:
+            param.copy_(values.block(tuple(slice(0, n) for n in param.shape)))
 
 
 def build_model(model: ir.Model, seed: int) -> nn.Module:
     """The full model on the CPU, initialised from `seed` only: every layout starts from these values."""
-    generator = torch.Generator().manual_seed(seed)
     if isinstance(model, ir.TransformerModel):
         module = Transformer(model)
     elif isinstance(model, ir.MLPModel):
@@ -704,14 +771,13 @@ def build_model(model: ir.Model, seed: int) -> nn.Module:
         return build(model, seed)  # a factory's module; or built where nothing is drawn, as it builds itself
     else:
         return _from_factory(model, seed)
-    module.init_weights(generator)
+    module.init_weights(seed)
     return module
 
 
 def _drawing() -> bool:
     """Are values drawn where models are built now: not on the meta device (`run --dry-run`), not on fake tensors
     (`runtime.memtrace`)?"""
-    from torch._guards import detect_fake_mode
     return torch.get_default_device().type != "meta" and detect_fake_mode() is None
 
 
@@ -751,8 +817,8 @@ def materialize(module: nn.Module, model: ir.Model, seed: int, device: torch.dev
     """`module`, a part of `build_meta_model(model)` (the whole or one pipeline stage, parallelized or not: tensor,
     expert, data parallelism leave its parameters DTensors on the meta device), allocated on `device` and filled with
     exactly the values `build_model(model, seed)` gives its parameters, each kept in its own dtype (`keep_weights`'s
-    cast, as `copy_` casts): every parameter of the full model drawn in turn on the CPU from one generator seeded with
-    `seed` (`initial_values`), one alive at a time, and this rank's part of it cut there and copied in (`local_part`).
+    cast, as `copy_` casts): every parameter of the full model in turn (`initial_values`), this rank's part of it cut
+    on the CPU and copied in (`local_part`): a small one drawn whole, a large one's tiles that part covers only.
     Parameters tied in the full model (a tied head) take their one value. Buffers not on the meta device (a Hugging
     Face model's rotary frequencies) are kept, moved to `device`. `module` itself where there is nothing to fill: it
     holds no meta parameter, or `device` is the meta device (the dry run builds there: nothing drawn)."""
@@ -789,45 +855,56 @@ def materialize(module: nn.Module, model: ir.Model, seed: int, device: torch.dev
             raise ValueError(f"cannot materialize '{name}': the model has no parameter '{full_name}'")
         local.setdefault(canonical[full_name], {})[id(param)] = param
     unfilled = set(local)
-    for name, full in initial_values(skeleton, model, seed):
+    for name, values in initial_values(skeleton, model, seed):
         name = canonical.get(name, name)  # a tied parameter's values come under the name of the module drawing them
         unfilled.discard(name)
         for param in local.get(name, {}).values():
             if isinstance(param, DTensor):
-                param.to_local().copy_(local_part(full, param))
+                param.to_local().copy_(local_part(values, param))
             else:
-                param.copy_(full)
-        del full
+                param.copy_(values.block(tuple(slice(0, n) for n in param.shape)))
+        del values
     if unfilled:
         raise ValueError(f"cannot materialize {', '.join(sorted(unfilled))}: no initial values were drawn for them")
     return module
 
 
 def initial_values(skeleton: nn.Module, model: ir.Model, seed: int):
-    """(name, full value on the CPU) of every parameter of `skeleton`, `build_meta_model(model)`, one at a time in
-    the order they are drawn: a built-in family's `init_parameter_` in `named_parameters()` order from one generator,
-    a Hugging Face model's own `_init_weights` (`torch_model.initial_values`)."""
+    """(name, its values) of every parameter of `skeleton`, `build_meta_model(model)`, one at a time in the order
+    they are drawn: a built-in family's `ParameterValues`, a Hugging Face model's own `_init_weights`
+    (`torch_model.initial_values`, each a full tensor). Each has `block(slices)`."""
     if isinstance(model, ir.CustomModel):
-        from plandsl.runtime.torch_model import initial_values as torch_values
-        yield from torch_values(skeleton, seed)
+        from plandsl.runtime.torch_model import initial_values as torch_values  # lazy: as `build_model`'s
+        for name, full in torch_values(skeleton, seed):
+            yield name, FullValues(full)
         return
     config = model if isinstance(model, ir.TransformerModel) else None
     generator = torch.Generator().manual_seed(seed)
-    for name, param in list(skeleton.named_parameters()):
-        full = torch.empty(param.shape, dtype=param.dtype)  # what `build_model` draws into, before `keep_weights`
-        init_parameter_(config, name, full, generator)
-        yield name, full
+    for name, param in list(skeleton.named_parameters()):  # `build_model` draws in its dtype, before `keep_weights`
+        yield name, ParameterValues(config, name, param.shape, param.dtype, seed, generator)
 
 
-def local_part(full: torch.Tensor, param: DTensor) -> torch.Tensor:
-    """This rank's part of `full` (a CPU tensor of `param`'s global shape), cut on the CPU as `param`'s placements
-    cut it (torch's `compute_local_shape_and_global_offset`: a block of each dim, strided FSDP-over-TP shards
-    included), so that the full value never moves to the device; `distribute_tensor` (which moves it there first)
-    where the placements are not plain shards and replicas."""
-    placements = param.placements
+class FullValues:
+    """A parameter's full values, drawn: `block(slices)` cuts them."""
+
+    def __init__(self, full: torch.Tensor):
+        self.full = full
+
+    def block(self, slices: tuple[slice, ...]) -> torch.Tensor:
+        return self.full[slices]
+
+
+def local_part(values, param: DTensor) -> torch.Tensor:
+    """This rank's part of a parameter's values (`ParameterValues`, `FullValues`: of `param`'s global shape), cut on
+    the CPU as `param`'s placements cut it (torch's `compute_local_shape_and_global_offset`: a block of each dim,
+    strided FSDP-over-TP shards included), so the full value never moves to the device, nor is drawn where tiled;
+    `distribute_tensor` over the whole (which moves it to the device first) where the placements are not shards and
+    replicas."""
+    placements, shape = param.placements, tuple(param.shape)
     if all(isinstance(p, (Shard, Replicate)) for p in placements):
-        shape, offset = compute_local_shape_and_global_offset(full.shape, param.device_mesh, placements)
-        return full[tuple(slice(start, start + size) for start, size in zip(offset, shape))]
+        local, offset = compute_local_shape_and_global_offset(shape, param.device_mesh, placements)
+        return values.block(tuple(slice(start, start + size) for start, size in zip(offset, local)))
+    full = values.block(tuple(slice(0, n) for n in shape))
     return distribute_tensor(full, param.device_mesh, placements, src_data_rank=None).to_local()
 
 

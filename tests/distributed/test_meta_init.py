@@ -3,7 +3,8 @@
 `build_job` never builds the full model (`models.build_model`): the model `parallelize` takes holds meta parameters
 only, and once split each rank's parameters hold exactly (bit for bit) the values of the full model `build_model`
 gives from the seed, cut as the layout cuts them: tensor parallelism, FSDP2 (over tensor parallelism: `_StridedShard`),
-HSDP, DDP (filled before it wraps), expert parallelism, pipeline stages with a tied head, bf16 weights.
+HSDP, DDP (filled before it wraps), expert parallelism, pipeline stages with a tied head, bf16 weights, parameters
+large enough to be drawn tile by tile (`models.ParameterValues`).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ _RULES = """data   = zero1 over dp
 tensor = megatron over tp with sequence_parallel
 shard layers.1.mlp.w1 = { weight: [Shard(0) @ tp, Shard(1) @ dp], bias: [Shard(0) @ tp, Shard(0) @ dp] }
 shard head            = [Shard(0) @ tp, Shard(1) @ dp]"""
+_LARGE = "gpt(layers=2, hidden=256, heads=4, seq=16, vocab=4100)"  # [4100, 256]: above models.LARGE, uneven tiles
 _RECOMPUTE = "{ global_batch: 8, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0, recompute: full }"
 _BF16 = "{ global_batch: 8, micro_batch: 2, precision: bf16, master_dtype: bf16, lr: 1e-3, seed: 3 }"
 
@@ -64,6 +66,9 @@ CASES = [
     ("mtp_zbv_tied", "[pp = 2]", "stages = evenly over pp with virtual = 2, map = vshape\nschedule = zbv", _MTP,
      "tiny_train"),
     ("mlp_fsdp", "[dp = 2]", "data = zero3 over dp", "mlp(layers=3, input=8, hidden=16, output=4)", "tiny_train"),
+    # an embedding and a head of LARGE elements: drawn tile by tile, each rank its shards' tiles (`ParameterValues`)
+    ("tiled_fsdp_tp", "[dp = 2, tp = 2]", "data = zero3 over dp\ntensor = megatron over tp", _LARGE, "tiny_train"),
+    ("tiled_pp", "[pp = 2]", "stages = evenly over pp\nschedule = 1f1b", _LARGE, "tiny_train"),
 ]
 
 

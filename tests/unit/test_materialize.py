@@ -103,3 +103,41 @@ def test_a_factory_model_is_built_whole():
     factory = CustomModel.model_construct(name="m", source="inspect_models.tiny:build(depth=3)", factory="",
                                           span=None)
     assert build_meta_model(factory) is None
+
+
+def test_a_large_parameters_values_are_drawn_tile_by_tile_and_any_block_is_its_cut(monkeypatch):
+    """A parameter of LARGE elements or more takes its numbers tile by tile, each tile from a generator of its own
+    (the seed, the name, the tile's place), so a block of it (a rank's shard) is the full values' cut while drawing
+    only the tiles it covers; the small parameters before and after it keep the one generator's stream."""
+    from plandsl.runtime import models
+    shape = (3000, 1500)  # 4.5M elements: 3 x 2 tiles of 1024, the last ones partial
+    generator = torch.Generator().manual_seed(5)
+    full = models.ParameterValues(None, "layers.0.weight", shape, torch.float32, 5, generator)
+    assert full.tiled and full.full is None
+    whole = full.block((slice(0, 3000), slice(0, 1500)))
+    assert abs(whole.std().item() - 1 / 1500 ** 0.5) < 1e-3 and abs(whole.mean().item()) < 1e-3
+    drawn = []
+    own = models.ParameterValues._tile_generator
+    monkeypatch.setattr(models.ParameterValues, "_tile_generator", lambda self, index: drawn.append(index) or own(self, index))
+    for block in [(slice(0, 1024), slice(0, 1500)), (slice(1000, 2100), slice(700, 1100)), (slice(2999, 3000), slice(0, 1))]:
+        assert torch.equal(full.block(block), whole[block])
+    assert drawn == [(0, 0), (0, 1), (0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (2, 0)]  # those each block covers
+    again = models.ParameterValues(None, "layers.0.weight", shape, torch.float32, 5, torch.Generator().manual_seed(5))
+    other = models.ParameterValues(None, "layers.1.weight", shape, torch.float32, 5, torch.Generator().manual_seed(5))
+    block = (slice(0, 8), slice(0, 8))
+    assert torch.equal(again.block(block), whole[block]) and not torch.equal(other.block(block), whole[block])
+    # the one stream is untouched by the tiled parameter: a small one after it draws what it would without it
+    small = models.ParameterValues(None, "layers.1.weight", (4, 4), torch.float32, 5, generator)
+    assert torch.equal(small.full, torch.empty(4, 4).normal_(0, 0.5, generator=torch.Generator().manual_seed(5)))
+
+
+def test_a_model_with_large_parameters_materializes_its_build_models_values():
+    """`build_model` and `materialize` follow the same rule: a llama whose embedding and head are tiled."""
+    from plandsl.runtime.models import LARGE, build_meta_model, build_model, materialize
+    plan = load(_PLAN.format(model="llama(layers=1, hidden=256, heads=4, kv_heads=2, seq=16, vocab=4096, ffn=64)",
+                             train="tiny_train"))
+    meta = materialize(build_meta_model(plan.model), plan.model, plan.train.seed, "cpu")
+    full = build_model(plan.model, plan.train.seed)
+    assert full.embed.tok.weight.numel() >= LARGE
+    for (name, built), (_, expected) in zip(meta.named_parameters(), full.named_parameters()):
+        assert torch.equal(built, expected), name
