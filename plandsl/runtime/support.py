@@ -2,8 +2,9 @@
 
 Stage: interpreter (imported by the CLI without torch; torch only for shard rules and ring context
 parallelism). Contract: `refusals(plan, cuda=None)` returns
-`Diagnostic`s (E701-E706, catalogued in docs/errors.md) pointing at the plan's attribute that asks
-for what cannot run, empty when the plan can run. A refused plan is never run some other way.
+`Diagnostic`s (E701-E706, E708, catalogued in docs/errors.md) pointing at the plan's attribute that asks
+for what cannot run, empty when the plan can run. A refused plan is never run some other way. `as_run(plan)` is the
+plan as the interpreter runs it (torch's stacks where the plan names another's) and what that changes.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from plandsl.ir.torch_plan import matches
 from plandsl.schedules.registry import BUILTIN
 from plandsl.cost.estimate import data_shares
 from plandsl.cost.schedule import plan_splits_backward
+from plandsl.check.memory import check_memory
 
 MAX_PIPELINE_MICROBATCHES = 65_536
 """The most microbatches a pipelined run takes per step: torch builds each rank's schedule as a list of actions
@@ -125,7 +127,48 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
                                       f"rank's schedule as a list of actions that grows with the count (at most "
                                       f"{MAX_PIPELINE_MICROBATCHES:,})", train.span_of("global_batch"),
                               hint="a larger micro_batch, or fewer sequences per step; estimate takes any count"))
+    if not plan.train.precision.quantized:  # FP8 does not run at all (E706)
+        found += _memory_as_run(plan)
     return found
+
+
+STACKS = {"megatron": "Megatron-LM's", "deepspeed": "DeepSpeed's", "te": "Transformer Engine's"}
+
+
+def as_run(plan: ir.Plan) -> tuple[ir.Plan, list[tuple[str, ir.Span | None]]]:
+    """The plan as `plandsl run` runs it, and what that changes (what, where the plan says otherwise): torch's
+    tensor parallelism, pipeline and ring attention where the plan names another stack's (`implementation = ...`:
+    the cost model counts that stack's memory, its buffers and copies). The plan itself where it names torch's
+    throughout. (FP8 gathers need FP8 training, which `run` refuses first: E706.)"""
+    update, changes = {}, []
+    if plan.tensor is not None and plan.tp > 1 and plan.tensor.stack != "torch":
+        update["tensor"] = plan.tensor.model_copy(update={"stack": "torch"})
+        changes.append((f"torch's tensor parallelism where the plan names {STACKS[plan.tensor.stack]}", plan.tensor.span))
+    if plan.stages is not None and plan.pp > 1 and plan.stages.implementation != "torch":
+        update["stages"] = plan.stages.model_copy(update={"implementation": "torch"})
+        changes.append((f"torch's pipeline where the plan names {STACKS[plan.stages.implementation]}", plan.stages.span))
+    if plan.context is not None and plan.cp > 1 and plan.context.kind == "ring" and plan.context.implementation != "torch":
+        update["context"] = plan.context.model_copy(update={"implementation": "torch"})
+        changes.append((f"torch's ring attention where the plan names {STACKS[plan.context.implementation]}",
+                        plan.context.span))
+    return (plan.model_copy(update=update) if update else plan), changes
+
+
+def _memory_as_run(plan: ir.Plan) -> list[Diagnostic]:
+    """E708 where the plan fits its devices as the stack it names holds it (`check` passed) but not as `run` runs it
+    (`as_run`): the memory check of the plan run, its first excess."""
+    run_plan, changes = as_run(plan)
+    if not changes:
+        return []
+    over = next((d for d in check_memory(run_plan) if d.code == "E503"), None)
+    if over is None:
+        return []
+    stack = "; ".join(what for what, _ in changes)
+    return [diag("E708", f"plandsl run runs this plan on torch's stack ({stack}), where {over.message}; the plan's "
+                         "own count is the stack's it names", changes[0][1] or over.span,
+                 hint="run it on devices with more memory, or lower what a device holds (a smaller micro_batch, "
+                      "recomputation, a ZeRO stage); `estimate` counts it as run holds it once the plan says "
+                      "`implementation = torch`")]
 
 
 def _torch_model_refusals(plan: ir.Plan, model: ir.CustomModel) -> list[Diagnostic]:

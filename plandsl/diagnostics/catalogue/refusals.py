@@ -1,5 +1,6 @@
 """E7xx: valid plans `plandsl run` refuses before any process starts (what the interpreter
-cannot run yet), and `plandsl launch` cannot submit as one cluster job (E707).
+cannot run yet, or holds more than the devices have on torch's stack, E708), and `plandsl launch` cannot
+submit as one cluster job (E707).
 
 Each `_entry(...)` is one code: why the rule exists, a failing example and the fix; see
 `plandsl.diagnostics.catalogue.entry` for the form."""
@@ -133,3 +134,35 @@ _entry("E707", """
     }}
     """, "Give the mesh whole nodes: 16 devices, two nodes of 8.",
     ("[dp = 12] over devices[0:12]", "[dp = 16]"), command=("launch", "--scheduler", "slurm", "--dryrun"))
+
+_entry("E708", """
+    The plan fits its devices as the stack it names holds it: `tensor = ... with implementation =
+    megatron` (Megatron-LM's tensor parallelism, whose DDP reduces into buckets beside one copy of the
+    parameters), a pipeline on Megatron-LM's or DeepSpeed's engine, Transformer Engine's ring attention.
+    `check`, `estimate` and `generate` count that stack's memory. `plandsl run` runs the plan on torch's
+    stack (DTensor, torch's composable `replicate`, which copies each unit's parameters while it computes;
+    `torch.distributed.pipelining`, whose stages keep a buffer per microbatch; torch's ring), and there a
+    device needs more than it has: the run would stop out of memory in its first
+    step. `run` refuses it before any process starts. The message says what differs and the count as
+    run holds it; the plan counted as run runs it is the plan with `implementation = torch`.
+    """, """
+    import "clusters/local"
+    device small_cpu {
+      memory    = 256 MiB
+      bandwidth = 50 GB/s
+      peak      = { fp32: 1 TFLOP/s, bf16: 1 TFLOP/s }
+    }
+    node small_box {
+      devices = 4 x small_cpu
+      link    = { bandwidth: 5 GB/s, latency: 20 us }
+    }
+    plan p {
+      model   = gpt(layers=4, hidden=512, heads=8, seq=128, vocab=8192)
+      cluster = small_box
+      mesh    = [dp = 2, tp = 2] over devices[0:4]
+      train   = { global_batch: 8, micro_batch: 1 }
+      data    = replicate over dp
+      tensor  = megatron over tp with implementation = megatron
+    }
+    """, "Give each device more memory (or hold less on it), so that torch's stack fits too.",
+    ("memory    = 256 MiB", "memory    = 320 MiB"))
