@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 from plandsl import ir
 from plandsl.ir.layers import TP_SPLIT, Layer, attention_projections, attention_widths, block_model, kv_width
-from plandsl.ir.pairs import PairLayout, broken, pair_projections
+from plandsl.ir.pairs import PairLayout, broken, pair_projections, table_split
 from plandsl.cost.measured import ratio_at
 from plandsl.cost.memory import FP32_STATES, StateBytes
 
@@ -509,8 +509,12 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
                                 tokens * h / split * eager.norm_backward / bandwidth, 0.0)
         return LayerCompute(0.0, other, 0.0, 2 * other, 0.0)
     if layer.kind == "head":
-        vocab = -(-model.vocab // tp)
-        matmul = gemm(tokens, vocab, h, device, precision.unquantized)  # fp8: the output layer stays 16-bit
+        # a head whose rule keeps the vocabulary whole (`ir.pairs.table_split`): every rank's logits over all of it, its
+        # GEMM over the hidden dim's share (rowwise) or all of it (`replicate`)
+        table = table_split(layer) if tp > 1 else 0
+        vocab = -(-model.vocab // tp) if table == 0 else model.vocab
+        features = h / tp if table == 1 else h
+        matmul = gemm(tokens, vocab, features, device, precision.unquantized)  # fp8: the output layer stays 16-bit
         # Cross entropy over fp32 logits (Korthikanti et al. 2022, Sec. 4.3): write the 16-bit
         # logits, read them, write fp32 probabilities; backward reads them and writes the gradient.
         forward_other = tokens * vocab * (element + element + 4) / bandwidth
@@ -526,9 +530,9 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
             eager = EAGER[element]
             forward_other = tokens * vocab * (element + eager.loss_forward) / bandwidth
             backward_other = tokens * vocab * eager.loss_backward / bandwidth
-        flops = 2.0 * tokens * vocab * h
+        flops = 2.0 * tokens * vocab * features
         return LayerCompute(matmul, forward_other, 2 * matmul, backward_other, 0.0, flops=flops,
-                            accumulate=accumulate_seconds(vocab * h, work, precision.unquantized, device))
+                            accumulate=accumulate_seconds(vocab * features, work, precision.unquantized, device))
     # A block: fused QKV (or MLA's down- and up-projections), attention core, output projection, MLP (or
     # experts), as Megatron runs it; a dense block of a dense-then-MoE model as the dense model it is. A pair a shard
     # rule breaks (`ir.pairs.broken`) as `plandsl run` lays it out: each member a GEMM split as its weight is (a whole

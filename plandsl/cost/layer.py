@@ -29,7 +29,7 @@ from plandsl.cost.compute import (
 from plandsl.cost.ring import NO_RING, Ring, estimate_ring
 from plandsl.ir import layers as ir_layers
 from plandsl.ir.layers import Layer, attention_widths, block_model, kv_width
-from plandsl.ir.pairs import PairLayout, broken
+from plandsl.ir.pairs import PairLayout, broken, table_split
 
 
 # ---- links of each parallel axis -----------------------------------------------------------------------
@@ -251,6 +251,12 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
     else:
         block_pair, block_pair_bytes = pair, pair_bytes
 
+    split = table_split(layer) if layer.kind in ("embed", "head") and links.tp.size > 1 else 0
+    if split != 0:  # a rule keeps the table's vocabulary whole: `plandsl run`'s collectives for it (`_ruled_table_comm`)
+        forward, backward, forward_bytes, backward_bytes = _ruled_table_comm(layer.kind, split, work, links,
+                                                                             activation, model.vocab)
+        count("tensor", forward_bytes + backward_bytes)
+        return forward, backward
     if layer.kind == "embed":
         return tp_pair(), 0.0  # vocabulary-parallel embedding: partial sums reduced once
     if layer.kind == "head":
@@ -539,6 +545,37 @@ def _broken_pair_comm(model: ir.TransformerModel, pair: PairLayout, work: Work, 
         backward.append(("all_gather", activation))
     return (sum(collective_seconds(kind, size, links.tp) for kind, size in forward),
             sum(collective_seconds(kind, size, links.tp) for kind, size in backward),
+            sum(size for _, size in forward), sum(size for _, size in backward))
+
+
+def _ruled_table_comm(kind: str, split: int | None, work: Work, links: Links, activation: float, vocab: int
+                      ) -> tuple[float, float, float, float]:
+    """(forward seconds, backward seconds, forward bytes, backward bytes) of the tensor-parallel collectives of a
+    built-in embedding or head whose rule keeps its table's vocabulary whole (`ir.pairs.table_split`: `split` None,
+    whole; 1, its hidden dim split), as `plandsl run` lays it out (`runtime.parallel.tensor_parallel.apply_tp`):
+
+    - a whole embedding: nothing forward, its output chunked to the sequence shards, whose gradient is all-gathered
+      under sequence parallelism; split along the hidden dim (ColwiseParallel): its output all-gathered (all-to-all'd
+      to the shards), the same back under sequence parallelism;
+    - a whole head: its input all-gathered along the sequence under sequence parallelism (its gradient chunked back),
+      the whole logits' plain cross entropy, no loss-parallel reduction; split along the hidden dim
+      (RowwiseParallel): its input chunked along the hidden dim (all-to-all'd from the sequence shards), its partial
+      logits all-reduced ([tokens, vocab]), its input's gradient all-gathered (all-to-all'd back)."""
+    sp, element = work.sequence_parallel, work.precision.unquantized.bytes  # the logits stay 16-bit
+    forward: list[tuple[str, float]] = []
+    backward: list[tuple[str, float]] = []
+    if kind == "embed":
+        if split == 1:
+            forward.append(("all_to_all" if sp else "all_gather", activation))
+        if sp:
+            backward.append(("all_to_all" if split == 1 else "all_gather", activation))
+    elif split == 1:
+        forward += ([("all_to_all", activation)] if sp else []) + [("all_reduce", work.tokens * vocab * element)]
+        backward.append(("all_to_all" if sp else "all_gather", activation))
+    elif sp:
+        forward.append(("all_gather", activation))
+    return (sum(collective_seconds(k, size, links.tp) for k, size in forward),
+            sum(collective_seconds(k, size, links.tp) for k, size in backward),
             sum(size for _, size in forward), sum(size for _, size in backward))
 
 

@@ -23,7 +23,7 @@ from typing import Sequence
 from plandsl import ir
 from plandsl.ir.layers import (EXPERTS, TENSOR_SHARDED_DIMS, VOCAB, Layer, Param, attention_widths, block_model,
                                figures_key, kv_width, layers_of, once_per_figures)
-from plandsl.ir.pairs import PairLayout, broken
+from plandsl.ir.pairs import PairLayout, broken, table_split
 from plandsl.ir.placement import Assignment, assign_stages
 from plandsl.ir.shard_rules import data_split_modules
 from plandsl.cost.schedule import plan_schedule, plan_splits_backward
@@ -1438,9 +1438,12 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
         # parallelism: `ColwiseParallel(input_layouts=Shard(1))` (torchtitan's and `plandsl run`'s output layer)
         # all-gathers the sequence and its linear saves that gathered input for the weight gradient; Megatron's
         # column-parallel layer saves its shard and gathers again in the backward (Korthikanti's 2sbh/t).
+        # A head whose rule keeps the vocabulary whole (`replicate`, rowwise: `ir.pairs.table_split`) makes the whole
+        # logits on every rank (`plandsl run`: no loss parallel, `tensor_parallel.splits_logits`).
         logit = precision.unquantized.bytes if plan.train.loss is ir.Loss.fused else 4.0
         shard = divisor if plan.tensor is not None and not plan.tensor.saves_gathered else 1
-        head = 2 * sbh * scale / shard + logit * tokens * -(-model.vocab // tp)
+        vocab = -(-model.vocab // tp) if table_split(layer) == 0 else model.vocab
+        head = 2 * sbh * scale / shard + logit * tokens * vocab
         return head + model.mtp * (head + _mtp_activations(plan, recompute, attention_matrix, modules))
     return 0.0
 
@@ -1482,10 +1485,12 @@ def loss_backward_bytes(plan: ir.Plan, layers: Sequence[Layer]) -> float:
             or plan.train.loss is ir.Loss.fused:  # a fused loss writes the logits' gradient in place
         return 0.0
     tokens = -(-plan.seq // plan.cp) * plan.train.micro_batch
+    # a head whose rule keeps the vocabulary whole: the whole logits, torch's plain cross entropy (`ir.pairs.table_split`)
+    split = plan.tp > 1 and table_split(next(layer for layer in layers if layer.kind == "head")) == 0
     # Megatron's own loss multiplies its saved softmax in place and casts it back: the 16-bit gradient only
     per_logit = plan.train.precision.unquantized.bytes if plan.train.loss is ir.Loss.megatron \
-        else LOSS_PARALLEL_TEMPORARIES * 4.0 if plan.tp > 1 else 2 * 4.0
-    return per_logit * tokens * -(-plan.model.vocab // plan.tp)
+        else LOSS_PARALLEL_TEMPORARIES * 4.0 if split else 2 * 4.0
+    return per_logit * tokens * (-(-plan.model.vocab // plan.tp) if split else plan.model.vocab)
 
 
 def ring_backward_bytes(plan: ir.Plan, layer: Layer) -> float:

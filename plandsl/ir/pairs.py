@@ -120,3 +120,12 @@ def pair_projections(model: ir.TransformerModel, pair: PairLayout) -> tuple[tupl
     return queries + ((model.kv_lora_rank + model.qk_rope_head_dim, hidden, ""),
                       (widths.k - model.heads * model.qk_rope_head_dim + widths.v, model.kv_lora_rank,
                        _placement(split.get("wkv_b"))), (hidden, widths.o, out))
+
+
+def table_split(layer: Layer) -> int | None:
+    """The dim of a built-in embedding's or head's [vocab, hidden] table split over the tensor axis, as its parameters'
+    roles place it: 0 the vocabulary (Megatron's, the default: the head's logits split, torch's loss parallel), 1 the
+    hidden dim, None whole on every rank (`replicate`); 0 for a layer without a table of its own (a tied head)."""
+    module = "embed.tok" if layer.kind == "embed" else "head"
+    table = next((p for p in layer.params if p.module == module and len(p.shape) == 2), None)
+    return 0 if table is None else _split_dim(table.dims)

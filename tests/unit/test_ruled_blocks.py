@@ -1,7 +1,8 @@
 """A built-in block whose Megatron pair a shard rule breaks, counted as `plandsl run` lays it out
 (`runtime.parallel.tensor_parallel._pair`: every member takes whole tensors and returns whole ones): which pairs are
 broken (`ir.pairs`), what the block saves (`cost.memory._broken_terms`, by hand in Korthikanti's units; the trace:
-tests/distributed/test_memtrace.py)."""
+tests/distributed/test_memtrace.py), its FLOPs and collectives (`cost.compute`, `cost.layer._broken_pair_comm`); and a
+head or embedding whose rule keeps the vocabulary whole (`ir.pairs.table_split`)."""
 from __future__ import annotations
 
 import pytest
@@ -141,3 +142,67 @@ def test_a_replicated_attention_runs_every_head_on_every_rank():
     ruled, _ = _block_time("  shard layers.*.attn = replicate")
     assert ruled.flops - default.flops == pytest.approx(ATTENTION_FLOPS * (1 - 1 / TP))
     assert ruled.moved.tensor == pytest.approx(2 * ACTIVATION)  # the MLP's all-reduces only
+
+
+def _layer(rules: str, kind: str, sp: bool = False):
+    from plandsl.cost.estimate import pipeline_rank_device_types, plan_work, slowest
+    from plandsl.cost.layer import estimate_layer_time, plan_links
+    plan = api.select_plan(api.loads(PLAN.format(rules=rules, sp=" with sequence_parallel" if sp else "", train=""),
+                                     path="p.plan"))
+    layers = assign_stages(plan)[0].stage_layers[0]
+    layer = next(layer for layer in layers if layer.kind == kind)
+    device = slowest(pipeline_rank_device_types(plan)[0], plan.train.precision)
+    return plan, layers, layer, estimate_layer_time(plan.model, layer, plan_work(plan), device, plan_links(plan))
+
+
+VOCAB = 8192
+
+
+@pytest.mark.parametrize("rules, split", [("", 0), ("  shard head = replicate", None),
+                                          ("  shard head = rowwise over tp", 1), ("  shard head = colwise over tp", 0)])
+def test_a_head_whose_rule_keeps_the_vocabulary_whole_makes_the_whole_logits(rules, split):
+    """`run` splits the logits over the vocabulary (torch's loss parallel) only where the head's weight is split along
+    it; otherwise every rank makes all the logits, their fp32 log-probabilities (4 bytes each) and the backward's two
+    fp32 temporaries of plain cross entropy (loss parallel's three over its slice)."""
+    from plandsl.cost.memory import loss_backward_bytes
+    from plandsl.ir.pairs import table_split
+    plan, layers, head, _ = _layer(rules, "head")
+    assert table_split(head) == split
+    vocab = VOCAB // TP if split == 0 else VOCAB
+    assert estimate_layer_activations(plan, head) == pytest.approx(2 * SBH + 4 * TOKENS * vocab)
+    assert loss_backward_bytes(plan, layers) == (3 if split == 0 else 2) * 4.0 * TOKENS * vocab
+
+
+def test_a_replicated_head_computes_every_logit_and_reduces_nothing():
+    """A whole head: tp x the default's FLOPs on every rank, no loss-parallel reductions, no input-gradient
+    reduction (without sequence parallelism nothing over the tensor axis)."""
+    _, _, _, default = _layer("", "head")
+    _, _, _, ruled = _layer("  shard head = replicate", "head")
+    assert ruled.flops == pytest.approx(TP * default.flops) == pytest.approx(2.0 * TOKENS * VOCAB * HIDDEN)
+    assert default.forward_comm > 0 and default.backward_comm > 0
+    assert ruled.forward_comm == ruled.backward_comm == ruled.moved.tensor == 0.0
+
+
+def test_a_rowwise_head_all_reduces_its_partial_logits():
+    """A head split along the hidden dim (RowwiseParallel): its FLOPs split, its partial [tokens, vocab] logits
+    all-reduced forward, its input's gradient all-gathered backward."""
+    from plandsl.cost.comm import collective_seconds
+    from plandsl.cost.layer import plan_links
+    _, _, _, default = _layer("", "head")
+    plan, _, _, ruled = _layer("  shard head = rowwise over tp", "head")
+    links = plan_links(plan)
+    assert ruled.flops == pytest.approx(default.flops)
+    assert ruled.forward_comm == pytest.approx(collective_seconds("all_reduce", TOKENS * VOCAB * 2, links.tp))
+    assert ruled.backward_comm == pytest.approx(collective_seconds("all_gather", ACTIVATION, links.tp))
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_a_replicated_embedding_reduces_nothing_forward(sp):
+    """A whole embedding's output is whole on every rank: no reduction of partial sums; under sequence parallelism its
+    output is chunked to the shards and their gradient all-gathered in the backward."""
+    from plandsl.cost.comm import collective_seconds
+    from plandsl.cost.layer import plan_links
+    plan, _, _, ruled = _layer("  shard embed.tok = replicate", "embed", sp)
+    assert ruled.forward_comm == 0.0
+    assert ruled.backward_comm == pytest.approx(
+        collective_seconds("all_gather", ACTIVATION, plan_links(plan).tp) if sp else 0.0)
