@@ -25,7 +25,7 @@ from plandsl.ir.layers import (EXPERTS, TENSOR_SHARDED_DIMS, VOCAB, Layer, Param
                                figures_key, kv_width, layers_of, once_per_figures)
 from plandsl.ir.pairs import PairLayout, broken, table_split
 from plandsl.ir.placement import Assignment, assign_stages
-from plandsl.ir.shard_rules import data_split_modules
+from plandsl.ir.shard_rules import data_split_modules, ruled_layers
 from plandsl.cost.schedule import plan_schedule, plan_splits_backward
 from plandsl.schedules.bounded import builtin_layout
 from plandsl.schedules.generators import check_sizes, pipeline_maps
@@ -1657,7 +1657,10 @@ def torch_stage_sizes(plan: ir.Plan) -> tuple[float, float, int] | None:
     e = plan.train.precision.unquantized.bytes
     sequence_parallel = bool(plan.tensor and plan.tensor.sequence_parallel)
     boundary = tokens * model.hidden * e / (plan.tp if sequence_parallel else 1)
-    output = 0.0 if plan.train.loss is ir.Loss.fused else e * tokens * -(-model.vocab // plan.tp)
+    # the logits over the vocabulary's slice, or all of it where the head's rule keeps it whole (`ir.pairs.table_split`)
+    head = next(layer for layer in reversed(ruled_layers(plan, layers_of(model))) if layer.kind == "head")
+    vocab = -(-model.vocab // plan.tp) if table_split(head) == 0 else model.vocab
+    output = 0.0 if plan.train.loss is ir.Loss.fused else e * tokens * vocab
     return boundary, output, plan.num_microbatches
 
 
