@@ -274,22 +274,24 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
     # branch's input gradient at its own column-parallel input (Megatron's `f` operator after each norm).
     per_block = 1 if model.parallel_blocks else 2
     if model.latent_attention:
-        forward, backward, rerun = _latent_comm(model, work, links, activation, count)
+        forward, backward, rerun, halves = _latent_comm(model, work, links, activation, count)
     else:
         forward, backward = per_block * block_pair, 2 * block_pair
         rerun = (per_block * block_pair, per_block * block_pair_bytes, block_pair, block_pair_bytes)
         count("tensor", block_pair_bytes, per_block + 2)
-        # a half whose pair a shard rule breaks (`ir.pairs.broken`): its collectives as `plandsl run` lays it out, in
-        # place of Megatron's pair (parallel blocks' one forward reduction shared between the halves)
-        for group, pair in (broken(layer) if links.tp.size > 1 else {}).items():
-            if group not in ("attn", "mlp"):
-                continue
-            ruled = _broken_pair_comm(model, pair, work, links)
-            half, half_bytes = block_pair * per_block / 2, block_pair_bytes * per_block / 2
-            forward, backward = forward + ruled[0] - half, backward + ruled[1] - block_pair
-            count("tensor", ruled[2] + ruled[3] - half_bytes - block_pair_bytes)
-            rerun = (rerun[0] + ruled[0] - half, rerun[1] + ruled[2] - half_bytes,
-                     *((ruled[0], ruled[2]) if group == "attn" else rerun[2:]))
+        half = ((block_pair * per_block / 2, block_pair), (block_pair_bytes * per_block / 2, block_pair_bytes))
+        halves = {"attn": half, "mlp": half}  # parallel blocks' one forward reduction shared between the halves
+    # a half whose pair a shard rule breaks (`ir.pairs.broken`): its collectives as `plandsl run` lays it out, in place
+    # of Megatron's pair
+    for group, pair in (broken(layer) if links.tp.size > 1 else {}).items():
+        if group not in halves:
+            continue
+        ruled = _broken_pair_comm(model, pair, work, links)
+        (half_forward, half_backward), (forward_bytes, backward_bytes) = halves[group]
+        forward, backward = forward + ruled[0] - half_forward, backward + ruled[1] - half_backward
+        count("tensor", ruled[2] + ruled[3] - forward_bytes - backward_bytes)
+        rerun = (rerun[0] + ruled[0] - half_forward, rerun[1] + ruled[2] - forward_bytes,
+                 *((ruled[0], ruled[2]) if group == "attn" else rerun[2:]))
     if model.experts and work.sequence_parallel and links.tp.size > 1 and work.fold_experts:
         # The experts folded over the tensor axis, each whole on one rank (Megatron-Core's MoE parallel folding):
         # each rank routes its own sequence shard through the all-to-all below, and the MoE half has no
@@ -469,7 +471,8 @@ def _bulk(collective: float, gemm: float, share: float, margin: bool) -> float:
 
 def _latent_comm(model: ir.TransformerModel, work: Work, links: Links, activation: float, count):
     """A multi-head latent attention block's tensor-parallel collectives: (forward, backward seconds, what
-    recomputation reruns: (full's seconds, bytes, selective_op's seconds, bytes)). The latents are computed
+    recomputation reruns: (full's seconds, bytes, selective_op's seconds, bytes), per half: ((forward, backward
+    seconds), (forward, backward bytes)) of the attention's and the MLP's, for a pair a shard rule breaks). The latents are computed
     by every rank (Megatron-Core's `duplicated` down-projections), so the attention half's column-parallel
     input is the latents (`AttentionWidths.latent`), not the block input: without sequence parallelism the
     backward all-reduces their gradient, with it the forward all-gathers them (and the backward
@@ -496,20 +499,21 @@ def _latent_comm(model: ir.TransformerModel, work: Work, links: Links, activatio
     forward = attention[0] + mlp[0] - merged
     forward_bytes = attention_bytes[0] + mlp_bytes[0] - (activation if model.parallel_blocks else 0.0)
     count("tensor", forward_bytes + attention_bytes[1] + mlp_bytes[1])
-    return forward, attention[1] + mlp[1], (forward, forward_bytes, attention[0], attention_bytes[0])
+    return forward, attention[1] + mlp[1], (forward, forward_bytes, attention[0], attention_bytes[0]), \
+        {"attn": (attention, attention_bytes), "mlp": (mlp, mlp_bytes)}
 
 
 def _broken_pair_comm(model: ir.TransformerModel, pair: PairLayout, work: Work, links: Links
                       ) -> tuple[float, float, float, float]:
     """(forward seconds, backward seconds, forward bytes, backward bytes) of the tensor-parallel collectives of one
-    half of a block (grouped-query attention or a dense MLP) whose pair a shard rule breaks, as `plandsl run` lays
-    it out (`runtime.parallel.tensor_parallel._pair`: every member takes whole tensors and returns whole ones; DTensor's
+    half of a block (its attention, grouped-query or multi-head latent, or a dense MLP) whose pair a shard rule
+    breaks, as `plandsl run` lays it out (`runtime.parallel.tensor_parallel._pair`: every member takes whole tensors and returns whole ones; DTensor's
     redistributions, each direction's the other's backward):
 
     - under sequence parallelism the half's input all-gathered along the sequence (`PrepareModuleInput`), its gradient
       chunked back (no collective);
     - a producer split along its output features (ColwiseParallel): its output all-gathered, its input's partial
-      gradient all-reduced; along its input features: its partial output all-reduced, its input's gradient gathered;
+      gradient all-reduced (MLA's up-projections': their latents', whole on every rank); along its input features: its partial output all-reduced, its input's gradient gathered;
       whole: nothing, its gradients whole on every rank (its input is);
     - the consumer split along its input features (RowwiseParallel, reading its chunk of the whole input): its partial
       output all-reduced (reduce-scattered to the sequence shards), its input's gradient all-gathered (and the output's
@@ -517,23 +521,27 @@ def _broken_pair_comm(model: ir.TransformerModel, pair: PairLayout, work: Work, 
       the sequence shards), its input's partial gradient all-reduced; whole: its output chunked to the shards, their
       gradient all-gathered under sequence parallelism, nothing without."""
     element, tokens, sp = work.precision.bytes, work.tokens, work.sequence_parallel
-    activation = tokens * model.hidden * element
+    hidden = model.hidden
+    activation = tokens * hidden * element
+    inputs: dict[str, int] = {}  # a producer's input width where it is not the block's (MLA's latents)
     if pair.group == "attn":
         widths = attention_widths(model)
-        outputs = {"wq": widths.q, "wk": widths.k, "wv": widths.v}
+        outputs = {"wq": widths.q, "wk": widths.k, "wv": widths.v, "wq_b": widths.q,
+                   "wkv_b": widths.k - model.heads * model.qk_rope_head_dim + widths.v}
+        inputs = {"wq_b": model.q_lora_rank, "wkv_b": model.kv_lora_rank}
         between = widths.o
     else:
         outputs, between = {name: model.ffn_hidden for name, _ in pair.producers}, model.ffn_hidden
     forward: list[tuple[str, float]] = [("all_gather", activation)] if sp else []
     backward: list[tuple[str, float]] = []
     for name, dim in pair.producers:
-        made = tokens * outputs[name] * element
+        made, read = tokens * outputs[name] * element, tokens * inputs.get(name, hidden) * element
         if dim == 0:
             forward.append(("all_gather", made))
-            backward.append(("all_reduce", activation))
+            backward.append(("all_reduce", read))
         elif dim == 1:
             forward.append(("all_reduce", made))
-            backward.append(("all_gather", activation))
+            backward.append(("all_gather", read))
     read = tokens * between * element
     if pair.consumer == 1:
         forward.append(("reduce_scatter" if sp else "all_reduce", activation))

@@ -206,3 +206,42 @@ def test_a_replicated_embedding_reduces_nothing_forward(sp):
     assert ruled.forward_comm == 0.0
     assert ruled.backward_comm == pytest.approx(
         collective_seconds("all_gather", ACTIVATION, plan_links(plan).tp) if sp else 0.0)
+
+
+MLA_PLAN = PLAN.replace("gpt(layers=4, hidden=512, heads=8, seq=256, vocab=8192)",
+                        "llama(layers=2, hidden=512, heads=8, seq=256, vocab=8192, q_lora_rank=128, kv_lora_rank=64, "
+                        "qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=64)")
+
+
+def _mla_block_time(rules: str):
+    from plandsl.cost.estimate import pipeline_rank_device_types, plan_work, slowest
+    from plandsl.cost.layer import estimate_layer_time, plan_links
+    plan = api.select_plan(api.loads(MLA_PLAN.format(rules=rules, sp="", train=""), path="p.plan"))
+    block = next(layer for layer in assign_stages(plan)[0].stage_layers[0] if layer.kind == "block")
+    links = plan_links(plan)
+    device = slowest(pipeline_rank_device_types(plan)[0], plan.train.precision)
+    return estimate_layer_time(plan.model, block, plan_work(plan), device, links), links
+
+
+def test_a_whole_latent_attention_has_no_tensor_parallel_collective():
+    """Multi-head latent attention replicated over tp: its up-projections' latent gradients are whole (no all-reduce),
+    wo's output whole (no reduction); the MLP keeps its all-reduce each way."""
+    from plandsl.cost.comm import collective_seconds
+    ruled, links = _mla_block_time("  shard layers.*.attn = replicate")
+    reduce = collective_seconds("all_reduce", ACTIVATION, links.tp)
+    assert ruled.forward_comm == pytest.approx(reduce) and ruled.backward_comm == pytest.approx(reduce)
+
+
+def test_a_whole_query_up_projection_gathers_the_key_value_heads():
+    """wq_b whole, wkv_b still split: wkv_b's output all-gathered forward ([tokens, heads x (nope + v)]) and its latent
+    gradient all-reduced backward, wo (rowwise) reading its chunk: its input gradient all-gathered; no all-reduce of
+    the query latent's gradient."""
+    from plandsl.cost.comm import collective_seconds
+    ruled, links = _mla_block_time("  shard layers.*.attn.wq_b = replicate")
+
+    def seconds(kind, width):  # a [tokens, width] bf16 collective
+        return collective_seconds(kind, TOKENS * width * 2, links.tp)
+
+    assert ruled.forward_comm == pytest.approx(seconds("all_gather", 8 * (32 + 64)) + 2 * seconds("all_reduce", 512))
+    assert ruled.backward_comm == pytest.approx(seconds("all_reduce", 64) + seconds("all_gather", 8 * 64)
+                                                + seconds("all_reduce", 512))
