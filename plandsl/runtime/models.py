@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch._guards import detect_fake_mode
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from plandsl import ir
 from plandsl.ir.layers import block_model, mtp_block
@@ -896,16 +895,62 @@ class FullValues:
 
 def local_part(values, param: DTensor) -> torch.Tensor:
     """This rank's part of a parameter's values (`ParameterValues`, `FullValues`: of `param`'s global shape), cut on
-    the CPU as `param`'s placements cut it (torch's `compute_local_shape_and_global_offset`: a block of each dim,
-    strided FSDP-over-TP shards included), so the full value never moves to the device, nor is drawn where tiled;
-    `distribute_tensor` over the whole (which moves it to the device first) where the placements are not shards and
-    replicas."""
-    placements, shape = param.placements, tuple(param.shape)
-    if all(isinstance(p, (Shard, Replicate)) for p in placements):
-        local, offset = compute_local_shape_and_global_offset(shape, param.device_mesh, placements)
-        return values.block(tuple(slice(start, start + size) for start, size in zip(offset, local)))
-    full = values.block(tuple(slice(0, n) for n in shape))
-    return distribute_tensor(full, param.device_mesh, placements, src_data_rank=None).to_local()
+    the CPU as `param`'s placements cut it (`local_indices`), so that the full value never moves to the device, nor
+    is drawn where tiled: a block of each dim (a tiled parameter's covering tiles only), or the rows a strided shard
+    takes out of the whole; `distribute_tensor` over the whole (which moves it to the device first) where torch's
+    own cut cannot be read."""
+    shape = tuple(param.shape)
+    indices = local_indices(shape, param)
+    if indices is None:
+        full = values.block(tuple(slice(0, n) for n in shape))
+        return distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+    slices, picks = [], {}
+    for dim, size in enumerate(shape):
+        index = indices.get(dim)
+        if index is None:
+            slices.append(slice(0, size))
+        elif index.numel() == 0 or torch.equal(index, torch.arange(int(index[0]), int(index[0]) + index.numel())):
+            start = int(index[0]) if index.numel() else 0
+            slices.append(slice(start, start + index.numel()))
+        else:  # a strided shard's rows, not one block: cut out of the whole dim
+            slices.append(slice(0, size))
+            picks[dim] = index
+    part = values.block(tuple(slices))
+    for dim, index in picks.items():
+        part = part.index_select(dim, index)
+    return part
+
+
+def local_indices(shape: tuple[int, ...], param: DTensor) -> dict[int, torch.Tensor] | None:
+    """The global indices this rank holds along each dim `param`'s placements split, narrowed mesh dim by mesh dim
+    as `distribute_tensor` splits (torch's `_local_shard_size_and_offset`, a strided shard's every offset: FSDP2's
+    `_StridedShard` over tensor parallelism). None where a placement is neither a shard nor a replica, or torch's
+    private helpers differ from torch 2.13's."""
+    try:
+        from torch.distributed.tensor.placement_types import _StridedShard, _StridedShardOffsetMode  # torch's
+        # private placements, read only here: a torch without them cuts through `distribute_tensor`
+    except ImportError:
+        return None
+    mesh, coordinate, found = param.device_mesh, param.device_mesh.get_coordinate(), {}
+    if coordinate is None:
+        return None
+    try:
+        for mesh_dim, placement in enumerate(param.placements):
+            if isinstance(placement, Replicate):
+                continue
+            if not isinstance(placement, (Shard, _StridedShard)):
+                return None
+            before = found.get(placement.dim)
+            size = shape[placement.dim] if before is None else before.numel()
+            options = {"offset_mode": _StridedShardOffsetMode.ALL} if isinstance(placement, _StridedShard) else {}
+            count, offset = placement._local_shard_size_and_offset(curr_local_size=size, num_chunks=mesh.size(mesh_dim),
+                                                                   rank=coordinate[mesh_dim], **options)
+            local = torch.arange(offset, offset + count) if isinstance(offset, int) else \
+                torch.tensor(list(offset), dtype=torch.long)[:count]
+            found[placement.dim] = local if before is None else before[local]
+    except (TypeError, AttributeError):
+        return None
+    return found
 
 
 def _from_factory(model: ir.CustomModel, seed: int) -> nn.Module:

@@ -20,11 +20,13 @@ import contextlib
 import copy
 import math
 import os
+import threading
 from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from plandsl import ir
 from plandsl.ir.inspected import parse_source
@@ -298,78 +300,210 @@ def blocks(model: nn.Module) -> tuple[nn.Module | None, list[str]]:
 # ---- built on the meta device ------------------------------------------------------------------------
 # A Hugging Face model's parameters are defined by its own `_init_weights(module)`, which transformers applies to
 # every module, children before their parent (`PreTrainedModel.initialize_weights`, the sub-model's own function
-# for a sub-model's modules). `build_meta` builds the model with its parameters on the meta device (its buffers,
-# small, where they are: rotary frequencies), so `plandsl run`'s ranks can split it before anything is allocated;
-# `initial_values` gives the values every layout starts from, one module's full parameters at a time.
+# for a sub-model's modules), so a parent may overwrite what its children set (GPT-2 scales its blocks' `c_proj`).
+# `build_meta` builds the model with its parameters on the meta device (its buffers, small, where they are: rotary
+# frequencies), so `plandsl run`'s ranks can split it before anything is allocated, and reads on it, where nothing
+# is drawn, which parameters each module's `_init_weights` writes (`_writers`); `initial_values` then gives the
+# values `initialize_weights` gives from the seed, one module's parameters at a time, or one subtree's where a module
+# writes its descendants'. A model that cannot be filled so (construction fails with meta parameters, a parameter
+# only its constructor sets, a module writing outside its subtree) is built whole, as before.
+
+
+_META = threading.local()  # whether this thread builds parameters on the meta device (`meta_parameters`)
+_PATCH = threading.Lock()
+_register = nn.Module.register_parameter
+
+
+def _register_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+    _register(module, name, param)
+    param = module._parameters.get(name)
+    if getattr(_META, "depth", 0) and param is not None and not param.is_meta:
+        module._parameters[name] = type(param)(param.to("meta"), requires_grad=param.requires_grad)
 
 
 @contextlib.contextmanager
 def meta_parameters(enabled: bool = True):
-    """Every parameter a module registers in this context is put on the meta device (its buffers are not): the
-    module's own initialisation then draws nothing. A parameter already there (a tie) is kept as it is."""
+    """Every parameter a module registers in this thread, in this context, is put on the meta device (its buffers
+    are not): the module's own initialisation then draws nothing. A parameter already there (a tie) is kept as it is.
+    Other threads build as they would (the hook, installed once, acts for threads inside the context only)."""
     if not enabled:
         yield
         return
-    register = nn.Module.register_parameter
-
-    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        register(module, name, param)
-        param = module._parameters.get(name)
-        if param is not None and not param.is_meta:
-            module._parameters[name] = type(param)(param.to("meta"), requires_grad=param.requires_grad)
-
-    nn.Module.register_parameter = on_meta
+    with _PATCH:
+        nn.Module.register_parameter = _register_parameter  # idempotent: the same function every time
+    _META.depth = getattr(_META, "depth", 0) + 1
     try:
         yield
     finally:
-        nn.Module.register_parameter = register
+        _META.depth -= 1
 
 
 def meta_buildable(model: ir.CustomModel) -> bool:
     """Can `plandsl run` build this model with its parameters on the meta device? A Hugging Face language model:
-    its `_init_weights` says every parameter's initial values (`initial_values`). A factory's module, whose values
-    its own code sets however it likes, and an image model (its classes are read from a forward) are built whole."""
+    its `_init_weights` says every parameter's initial values (`initial_values`; `build_meta` finds out whether it
+    says all of them). A factory's module, whose values its own code sets however it likes, and an image model (its
+    classes are read from a forward) are built whole."""
     source = parse_source(model.source)
     return source.kind == "hf" and not source.image
 
 
-def build_meta(model: ir.CustomModel) -> TorchModel:
-    """`build(model, ...)` with every parameter on the meta device (`meta_parameters`): shapes only."""
-    return build(model, 0, parameters_on_meta=True)
+def build_meta(model: ir.CustomModel) -> TorchModel | None:
+    """`build(model, ...)` with every parameter on the meta device (`meta_parameters`): shapes only, and the modules
+    whose `_init_weights` writes a descendant's parameters (`TorchModel.subtrees`, read by `_writers`). None where it
+    cannot be filled from its `_init_weights` module by module: its construction fails with meta parameters (an
+    `_init_weights` in `post_init` that assigns a CPU tensor's data), a parameter no `_init_weights` writes (only its
+    constructor sets it), a module writing outside its subtree, a parameter two modules write (but a head tied to
+    the embedding: `_tied_head`)."""
+    try:
+        skeleton = build(model, 0, parameters_on_meta=True)
+    except ModelError:
+        return None  # the whole build says what is wrong, if anything is
+    subtrees = _writers(skeleton)
+    if subtrees is None:
+        return None
+    skeleton.subtrees = subtrees
+    return skeleton
+
+
+def _children_first(module: nn.Module, owner: nn.Module):
+    """(module, the `PreTrainedModel` whose `_init_weights` it takes) in `initialize_weights`' order."""
+    from transformers import PreTrainedModel  # lazy: only a Hugging Face model is built on the meta device
+    for child in module.children():
+        yield from _children_first(child, child if isinstance(child, PreTrainedModel) else owner)
+    yield module, owner
+
+
+class _Writes(TorchDispatchMode):
+    """Records the storages of the meta tensors every operator in its context writes (its schema's mutable
+    arguments): an in-place initialisation through the parameter, a view of it or its `.data` alike."""
+
+    def __init__(self):
+        super().__init__()
+        self.storages: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for index, argument in enumerate(func._schema.arguments):
+            if argument.alias_info is not None and argument.alias_info.is_write:
+                value = args[index] if index < len(args) else kwargs.get(argument.name)
+                if isinstance(value, torch.Tensor) and value.is_meta:
+                    self.storages.add(value.untyped_storage()._cdata)
+        return func(*args, **kwargs)
+
+
+@torch.no_grad()
+def _writers(skeleton: TorchModel) -> frozenset[int] | None:
+    """The modules (ids) whose `_init_weights` writes parameters of their descendants, read on the meta skeleton
+    (nothing is drawn there) by the storages its operators write (`_Writes`); None when a module's `_init_weights`
+    fails there, writes a parameter outside its subtree, a parameter is written by none, or by two modules (one
+    shared at construction, where transformers keeps the last draw or skips the second module; but a head tied to the
+    embedding after the draws, whose first, the embedding's, stays: `_tied_head`)."""
+    storage = {id(p): p.untyped_storage()._cdata for p in skeleton.inner.parameters()}
+    first: dict[int, int] = {}  # each parameter's storage -> the first module writing it
+    subtrees = set()
+    for module, owner in _children_first(skeleton.inner, skeleton.inner):
+        writes = _Writes()
+        try:
+            with writes:
+                owner._init_weights(module)
+        except Exception:  # noqa: BLE001 - the model's own code on meta tensors: it is built whole instead
+            return None
+        own = {storage[id(p)] for p in module.parameters(recurse=False)}
+        below = {storage[id(p)] for p in module.parameters()}
+        changed = writes.storages & set(storage.values())
+        if changed - below:
+            return None
+        if changed - own:
+            subtrees.add(id(module))
+        for written in changed:
+            if first.setdefault(written, id(module)) != id(module) and written in own \
+                    and written != _tied_head(skeleton, first):
+                return None  # its own, written before by another module: which draw stays depends on how the model
+                # was put together (a descendant's, rewritten by this module, is filled with its subtree at once)
+    if set(storage.values()) - set(first):
+        return None
+    return frozenset(subtrees)
+
+
+def _tied_head(skeleton: TorchModel, first: dict[int, int]) -> int | None:
+    """The storage of an output embedding tied to the input embedding (transformers' `tie_weights`, after the
+    weights are drawn: the head drawn as a parameter of its own, then replaced by the embedding's), where the input
+    embedding wrote it first; None otherwise."""
+    model = skeleton.inner
+    try:
+        embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    weight = getattr(head, "weight", None)
+    if weight is None or weight is not getattr(embedding, "weight", None):
+        return None
+    tied = weight.untyped_storage()._cdata
+    return tied if first.get(tied) == id(embedding) else None
 
 
 def initial_values(skeleton: TorchModel, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full value) of every parameter of `skeleton` (`build_meta`'s, never parallelized), one at a time:
-    transformers' `_init_weights` of the model (of a sub-model for its modules) applied module by module, children
-    first, as `PreTrainedModel.initialize_weights` orders them, to a copy of the module holding new CPU tensors of
-    its own parameters' shapes, drawn from the global generator seeded with `seed`. A parameter tied to one seen
-    before (a tied head) is drawn again and not given (its first module's values are its value). `ModelError` when
-    the model's `_init_weights` leaves a parameter unset (it is filled with NaN first)."""
+    """(name, full value) of every parameter of `skeleton` (`build_meta`'s, never parallelized), in turn: what
+    transformers' `initialize_weights` gives from the global generator seeded with `seed`, each module's
+    `_init_weights` (a sub-model's for its modules) applied children first to the module itself holding new CPU
+    tensors in place of its own meta parameters for the call (`_on_cpu`: the model's own code may find the module by
+    identity), or, for a module that writes its descendants' (`skeleton.subtrees`), to its whole subtree so, each of
+    its modules in the same order. A parameter tied to one seen before (a tied head) is drawn again and not given (its
+    first module's values are its value). `ModelError` when a parameter is left unset (each is filled with NaN
+    first)."""
     from transformers import PreTrainedModel  # lazy: only a Hugging Face model is built on the meta device
     names = {id(module): name for name, module in skeleton.inner.named_modules(remove_duplicate=False)}
     seen: set[int] = set()
 
-    def children_first(module: nn.Module, owner: nn.Module):
+    def given(prefix: str, module: nn.Module, values: dict[int, torch.Tensor], recurse: bool):
+        """(name, value) of `module`'s parameters (its subtree's) not seen yet, their values in `values`."""
+        for name, param in module.named_parameters(recurse=recurse, remove_duplicate=False):
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            full_name = f"{prefix}.{name}".lstrip(".")
+            value = values[id(param)]
+            if value.is_floating_point() and torch.isnan(value).any():
+                raise ModelError(f"{skeleton.source}: the model's _init_weights leaves '{full_name}' unset, so "
+                                 "plandsl cannot give it initial values on each rank")
+            yield full_name, value
+
+    def walk(module: nn.Module, owner: nn.Module):
+        if id(module) in skeleton.subtrees:  # its `_init_weights` writes its descendants': the subtree at once
+            order = list(_children_first(module, owner))
+            with _on_cpu([each for each, _ in order]) as values:
+                for each, its_owner in order:
+                    its_owner._init_weights(each)
+            yield from given(names[id(module)], module, values, recurse=True)
+            return
         for child in module.children():
-            yield from children_first(child, child if isinstance(child, PreTrainedModel) else owner)
-        yield module, owner
+            yield from walk(child, child if isinstance(child, PreTrainedModel) else owner)
+        with _on_cpu([module]) as values:
+            owner._init_weights(module)
+        yield from given(names[id(module)], module, values, recurse=False)
 
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
-        for module, owner in children_first(skeleton.inner, skeleton.inner):
-            bare = copy.copy(module)  # the module's attributes (for `_init_weights`' isinstance tests); own tensors
-            bare._parameters = {name: None if param is None else
-                                nn.Parameter(torch.full(param.shape, math.nan, dtype=param.dtype))
-                                for name, param in module._parameters.items()}
-            bare._buffers = dict(module._buffers)
-            owner._init_weights(bare)
-            for name, param in module._parameters.items():
-                if param is None or id(param) in seen:
-                    continue
-                seen.add(id(param))
-                value = bare._parameters[name].detach()
-                full_name = f"{names[id(module)]}.{name}".lstrip(".")
-                if value.is_floating_point() and torch.isnan(value).any():
-                    raise ModelError(f"{skeleton.source}: {type(owner).__name__}._init_weights leaves '{full_name}' "
-                                     "unset, so plandsl cannot give it initial values on each rank")
-                yield full_name, value
+        yield from walk(skeleton.inner, skeleton.inner)
+
+
+@contextlib.contextmanager
+def _on_cpu(modules: list[nn.Module]):
+    """Inside: each of `modules` holds new CPU parameters filled with NaN in place of its own (meta) ones, one per
+    parameter (a tie stays one); gives {id of the meta parameter: its CPU values}, kept after the meta ones return."""
+    values: dict[int, torch.Tensor] = {}
+    saved = []
+    for module in modules:
+        for name, param in list(module._parameters.items()):
+            if param is None:
+                continue
+            if id(param) not in values:
+                values[id(param)] = torch.full(param.shape, math.nan, dtype=param.dtype)
+            saved.append((module, name, param))
+    swapped = {key: nn.Parameter(value, requires_grad=False) for key, value in values.items()}
+    for module, name, param in saved:
+        module._parameters[name] = swapped[id(param)]
+    try:
+        yield values
+    finally:
+        for module, name, param in saved:
+            module._parameters[name] = param

@@ -58,9 +58,9 @@ _HF_LLAMA = ('hf("LlamaForCausalLM", hidden_size=64, intermediate_size=96, num_h
              'num_key_value_heads=2, vocab_size=128, max_position_embeddings=16, tie_word_embeddings=true)')
 
 
-def _hf_model():
+def _hf_model(source: str = _HF_LLAMA):
     from plandsl.ir import CustomModel
-    return CustomModel.model_construct(name="m", source=_HF_LLAMA, factory="", span=None)
+    return CustomModel.model_construct(name="m", source=source, factory="", span=None)
 
 
 def test_a_hugging_face_models_initial_values_are_its_own_init():
@@ -141,3 +141,79 @@ def test_a_model_with_large_parameters_materializes_its_build_models_values():
     assert full.embed.tok.weight.numel() >= LARGE
     for (name, built), (_, expected) in zip(meta.named_parameters(), full.named_parameters()):
         assert torch.equal(built, expected), name
+
+
+_HF_MODELS = {  # small configs of models whose `_init_weights` takes each path `initial_values` has
+    "llama": _HF_LLAMA,
+    # a block's `_init_weights` scales its children's c_proj (a subtree at once)
+    "gpt2": 'hf("GPT2LMHeadModel", n_embd=64, n_layer=3, n_head=4, n_positions=16, vocab_size=128)',
+    "mixtral": ('hf("MixtralForCausalLM", hidden_size=64, intermediate_size=64, num_hidden_layers=2, '
+                'num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, '
+                'vocab_size=128, max_position_embeddings=16, tie_word_embeddings=false)'),
+    # the mixer's `_init_weights` writes dt_proj's bias and conv1d's weight (children's)
+    "mamba": 'hf("MambaForCausalLM", hidden_size=64, num_hidden_layers=2, vocab_size=128, state_size=8)',
+}
+
+
+@pytest.mark.parametrize("name", list(_HF_MODELS))
+def test_a_hugging_face_models_values_are_transformers_initialize_weights(name):
+    """Drawn module by module on the meta build (`torch_model.initial_values`), the values are bit for bit those
+    transformers' own `initialize_weights` gives a model of the config from the same seed (its children-first order,
+    a parent's `_init_weights` over its children's parameters included)."""
+    import transformers
+
+    from plandsl.ir.inspected import parse_source
+    from plandsl.runtime.models import build_meta_model, build_model
+    model = _hf_model(_HF_MODELS[name])
+    assert build_meta_model(model) is not None  # built on the meta device, not whole
+    source = parse_source(model.source)
+    cls = getattr(transformers, source.target)
+    reference = cls(cls.config_class(**dict(source.args)))
+    for module in reference.modules():  # as a fresh model: nothing initialised yet
+        module.__dict__.pop("_is_hf_initialized", None)
+    for tensor in list(reference.parameters()) + list(reference.buffers()):
+        tensor.__dict__.pop("_is_hf_initialized", None)
+    head, embedding = reference.get_output_embeddings(), reference.get_input_embeddings()
+    tied = head is not None and head.weight is embedding.weight
+    if tied:  # drawn as a parameter of its own, then tied: as a fresh model's construction holds it
+        head.weight = torch.nn.Parameter(torch.empty_like(embedding.weight))
+    torch.manual_seed(0)
+    reference.initialize_weights()
+    if tied:
+        head.weight = embedding.weight
+    ours = dict(build_model(model, 0).named_parameters())
+    expected = dict(reference.named_parameters())
+    assert list(ours) == list(expected)
+    for key, value in expected.items():
+        assert torch.equal(ours[key], value), key
+
+
+def test_a_model_whose_constructor_alone_sets_a_parameter_is_built_whole():
+    """Apertus's xIELU activation sets `alpha_p` in its constructor only (no `_init_weights` writes it): its value
+    cannot be drawn on a rank, so the model is built whole on the CPU, as every model was."""
+    from plandsl.runtime.models import build_meta_model, build_model
+    model = _hf_model('hf("ApertusForCausalLM", hidden_size=64, intermediate_size=96, num_hidden_layers=2, '
+                      'num_attention_heads=4, num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)')
+    assert build_meta_model(model) is None
+    built = build_model(model, 0)
+    assert not any(p.is_meta or torch.isnan(p).any() for p in built.parameters())
+
+
+def test_parameters_go_to_the_meta_device_in_the_building_thread_only():
+    import threading
+
+    from plandsl.runtime.torch_model import meta_parameters
+    inside, other = threading.Event(), {}
+
+    def build_elsewhere():
+        inside.wait(10)
+        other["device"] = torch.nn.Linear(2, 2).weight.device.type
+
+    thread = threading.Thread(target=build_elsewhere)
+    thread.start()
+    with meta_parameters():
+        here = torch.nn.Linear(2, 2).weight.device.type
+        inside.set()
+        thread.join(10)
+    assert here == "meta" and other["device"] == "cpu"
+    assert torch.nn.Linear(2, 2).weight.device.type == "cpu"
