@@ -9,7 +9,9 @@ the pair, and `run` (`runtime.parallel.tensor_parallel._pair`) makes every membe
 whole ones: a split producer's output is all-gathered, a consumer split along its input features reads its chunk
 of the whole input, a whole member computes everything on every rank.
 
-Stage: IR. Contract: `block_pairs(layer)` is pure, memoised per block template.
+Stage: IR. Contract: pure functions of a layer's parameters: `block_pairs(layer)` (memoised per block template),
+`broken(layer)`, `pair_projections(model, pair)` (a broken attention's GEMMs), `table_split(layer)` (how an embedding's
+or head's table is split).
 """
 from __future__ import annotations
 

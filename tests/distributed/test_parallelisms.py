@@ -25,6 +25,8 @@ pytestmark = pytest.mark.dist
 STEPS = 2
 _HEADER = 'import "clusters/local"\nimport "local/tiny"\n'
 _MOE = "llama(layers=2, hidden=32, heads=4, kv_heads=2, seq=16, vocab=128, ffn=32, experts=4, top_k=2)"
+_MLA = ("llama(layers=2, hidden=64, heads=4, seq=32, vocab=256, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, "
+        "qk_nope_head_dim=8, v_head_dim=16)")
 
 
 # tiny.plan's GPT (`tiny_gpt`: 4 blocks) with 2 blocks: the default model off a pipeline. A layout applies the same
@@ -98,6 +100,11 @@ CASES = [
         shard layers.*.attn.wq  = colwise over tp
         shard layers.0.mlp.w2   = rowwise over tp
         shard layers[1:4].mlp.* = replicate""", model="tiny_gpt"), 1e-5),
+    # multi-head latent attention whose pair a rule breaks: every head on every rank, so the shared rotary key's
+    # gradient is whole there, not summed over the group (summed, wkv_a was 7e-3 off one process after two steps)
+    ("shard_rules_mla_broken_attention", _plan("[tp = 2]", """
+        tensor = megatron over tp
+        shard layers.*.attn.wq_b = replicate""", model=_MLA), 1e-5),
     # a rule's `Shard(d) @ dp`: that module's storage sharded over dp as FSDP does, the rest zero1 / fsdp
     ("shard_rules_over_dp_zero1_recompute", _plan("[dp = 2, tp = 2]", _DP_RULES, train=_RECOMPUTE), 1e-5),
     ("shard_rules_over_dp_fsdp_x_pp", _plan("[dp = 2, pp = 2, tp = 1]", _DP_RULES.replace("zero1", "zero3") + """

@@ -160,18 +160,27 @@ def _style(rule: ModuleRule, given: Placement, wanted: Placement) -> ParallelSty
                                     output_layouts=Replicate(), desired_output_layouts=wanted)
 
 
-def _pair(block: nn.Module, prefix: str, group: str, rules: dict[str, ModuleRule], stream: Placement) -> dict:
-    """Megatron's split for an intact pair; else every member takes full tensors and returns full ones
-    (the consumer: the stream's layout), each as its own rule or default says."""
+def _members(block: nn.Module, prefix: str, group: str, rules: dict[str, ModuleRule]
+             ) -> tuple[dict[str, ModuleRule | None], dict[str, ModuleRule], bool]:
+    """A pair's members in `block` (group `attn`, `mlp` or `shared`), producers first: each one's rule (None: none),
+    Megatron's default style for each, and whether the pair is intact (every rule its member's default)."""
     producers, consumer = PAIRS[group]
     producers = [name for name in producers if getattr(getattr(block, group), name, None) is not None]
     style = {name: rules.get(f"{prefix}{group}.{name}") for name in (*producers, consumer)}
     default = {**{name: ModuleRule("colwise") for name in producers}, consumer: ModuleRule("rowwise")}
-    if all(rule is None or rule.style == default[name].style for name, rule in style.items()):
-        return {**{f"{group}.{name}": ColwiseParallel() for name in producers},
+    return style, default, all(rule is None or rule.style == default[name].style for name, rule in style.items())
+
+
+def _pair(block: nn.Module, prefix: str, group: str, rules: dict[str, ModuleRule], stream: Placement) -> dict:
+    """Megatron's split for an intact pair; else every member takes full tensors and returns full ones
+    (the consumer: the stream's layout), each as its own rule or default says."""
+    style, default, intact = _members(block, prefix, group, rules)
+    consumer = PAIRS[group][1]
+    if intact:
+        return {**{f"{group}.{name}": ColwiseParallel() for name in style if name != consumer},
                 f"{group}.{consumer}": RowwiseParallel(output_layouts=stream)}
     out = {}
-    for name in (*producers, consumer):
+    for name in style:
         chosen = _style(style[name] or default[name], Replicate(), stream if name == consumer else Replicate())
         if chosen is not None:
             out[f"{group}.{name}"] = chosen
@@ -245,7 +254,9 @@ def _block_tp(block: nn.Module, prefix: str, tp_mesh: DeviceMesh, sequence_paral
     if getattr(block.attn, "sinks", None) is not None and isinstance(queries, ColwiseParallel):
         # attention sinks, one logit per head: split as the query projection splits the heads
         block.attn.sinks = nn.Parameter(distribute_tensor(block.attn.sinks.data, tp_mesh, [Shard(0)]))
-    if hasattr(block.attn, "reduce_rope_key"):
+    if hasattr(block.attn, "reduce_rope_key") and _members(block, prefix, "attn", rules)[2]:
+        # MLA's shared rotary key: each rank's heads make part of its gradient, summed over the group; a pair a rule
+        # breaks runs every head on every rank, where that gradient is whole already
         group = tp_mesh.get_group()
         block.attn.reduce_rope_key = lambda x, group=group: _SumGradient.apply(x, group)
     if sequence_parallel and ffn == "moe":  # the layer's output is whole (expert_parallel): scatter to shards
