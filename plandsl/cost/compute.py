@@ -748,12 +748,17 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
         # everything outside the GEMMs (norms, rotary, the activation); the attention core, wq, wv,
         # w1 and w2 are kept. MoE blocks (refused by the interpreter) as if dense with top_k experts.
         width = ffn * (model.top_k if model.experts else 1) / tp
-        recompute = gemm(tokens, kv / tp, h, device, precision) + gemm(tokens, h, widths.o / tp, device, precision) \
-            + other
-        recompute_flops = 2.0 * tokens * h * (kv + widths.o) / tp
-        if not gpt:
-            recompute += gemm(tokens, width, h, device, precision)
-            recompute_flops += 2.0 * tokens * h * width
+        if pairs and not model.latent_attention:  # the rerun GEMMs split as a rule places them (`_rerun_gemms`)
+            recompute, recompute_flops = _rerun_gemms(pairs, tokens, h, kv, widths.o, ffn, gpt, tp, gemm, device,
+                                                      precision)
+            recompute += other
+        else:
+            recompute = gemm(tokens, kv / tp, h, device, precision) \
+                + gemm(tokens, h, widths.o / tp, device, precision) + other
+            recompute_flops = 2.0 * tokens * h * (kv + widths.o) / tp
+            if not gpt:
+                recompute += gemm(tokens, width, h, device, precision)
+                recompute_flops += 2.0 * tokens * h * width
         if work.attention is ir.Attention.materialized:  # its s x s scores are not kept (cost.memory): it reruns
             recompute, recompute_flops = recompute + attention, recompute_flops + attention_flops
     backward_matmul = 2 * matmul + attention_backward + attention_backward_extra
@@ -781,6 +786,24 @@ def _transformer_layer(model: ir.TransformerModel, layer: Layer, work: Work, dev
                         attention=attention, flops=flops, recompute_flops=recompute_flops,
                         experts_forward=experts_forward, experts_input_grad=experts_input_grad,
                         experts_weight_grad=experts_matmul + experts_accumulate, accumulate=accumulate)
+
+
+def _rerun_gemms(pairs: dict[str, PairLayout], tokens: float, h: int, kv: int, o: int, ffn: int, gpt: bool, tp: int,
+                 gemm, device: ir.DeviceType, precision: ir.Precision) -> tuple[float, float]:
+    """(seconds, FLOPs) of the GEMMs `selective_op` reruns in a dense block a shard rule breaks a pair of
+    (`runtime.recompute.keep_every_other_matmul`: wk, wo and SwiGLU's w3), each split over the tensor axis as its
+    weight is (an intact pair's members as Megatron splits them)."""
+    attention, mlp = pairs.get("attn"), pairs.get("mlp")
+    members = [(kv, h, dict(attention.producers).get("wk") if attention else 0),
+               (h, o, attention.consumer if attention else 1)]
+    if not gpt:
+        members.append((ffn, h, dict(mlp.producers).get("w3") if mlp else 0))
+    seconds = flops = 0.0
+    for out, features, dim in members:
+        out, features = (out / tp, features) if dim == 0 else (out, features / tp) if dim == 1 else (out, features)
+        seconds += gemm(tokens, out, features, device, precision)
+        flops += 2.0 * tokens * out * features
+    return seconds, flops
 
 
 def _pair_gemms(pair: PairLayout, tokens: float, h: int, width: float, tp: int, gemm, device: ir.DeviceType,

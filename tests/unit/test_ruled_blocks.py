@@ -245,3 +245,17 @@ def test_a_whole_query_up_projection_gathers_the_key_value_heads():
     assert ruled.forward_comm == pytest.approx(seconds("all_gather", 8 * (32 + 64)) + 2 * seconds("all_reduce", 512))
     assert ruled.backward_comm == pytest.approx(seconds("all_reduce", 64) + seconds("all_gather", 8 * 64)
                                                 + seconds("all_reduce", 512))
+
+
+def test_selective_op_reruns_a_whole_projection_whole():
+    """`selective_op` reruns wk, wo (and SwiGLU's w3): a replicated attention's at their whole FLOPs."""
+    from plandsl.cost.compute import estimate_layer_compute
+    from plandsl.cost.estimate import pipeline_rank_device_types, plan_work, slowest
+
+    def rerun(rules):
+        plan, blocks = _blocks(rules, train=", recompute: selective_op")
+        device = slowest(pipeline_rank_device_types(plan)[0], plan.train.precision)
+        return estimate_layer_compute(plan.model, blocks[0], plan_work(plan), device).recompute_flops
+    assert rerun("  shard layers.*.attn = replicate") - rerun("") == pytest.approx(
+        2.0 * TOKENS * 2 * HIDDEN * HIDDEN * (1 - 1 / TP))  # wk and wo whole
+    assert rerun("  shard layers.*.mlp = replicate") == pytest.approx(rerun(""))  # gpt reruns no MLP GEMM
