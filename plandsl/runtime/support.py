@@ -138,13 +138,22 @@ STACKS = {"megatron": "Megatron-LM's", "deepspeed": "DeepSpeed's", "te": "Transf
 def as_run(plan: ir.Plan) -> tuple[ir.Plan, list[tuple[str, ir.Span | None]]]:
     """The plan as `plandsl run` runs it, and what that changes (what, where the plan says otherwise): torch's
     tensor parallelism, pipeline and ring attention where the plan names another stack's (`implementation = ...`:
-    the cost model counts that stack's memory, its buffers and copies). The plan itself where it names torch's
-    throughout. (FP8 gathers need FP8 training, which `run` refuses first: E706.)"""
-    update, changes = {}, []
+    the cost model counts that stack's memory, its buffers and copies), torch's cross entropy where it names
+    Megatron-LM's (`loss: megatron`), and the fused attention core run always computes (`attention: materialized`,
+    the s x s scores in memory: `run` holds less, so it adds no change of its own to say). The plan itself where it
+    names torch's throughout. (FP8 gathers need FP8 training, which `run` refuses first: E706.)"""
+    update, changes, train = {}, [], {}
+    if plan.train.loss is ir.Loss.megatron:  # counted with its in-place backward (2 bytes a logit); run's is torch's
+        train["loss"] = ir.Loss.standard
+        changes.append(("torch's cross entropy where the plan names Megatron-LM's", plan.train.span_of("loss")))
+    if plan.train.attention is ir.Attention.materialized:  # run's attention core is SDPA's fused one
+        train["attention"] = ir.Attention.flash
+    if train:
+        update["train"] = plan.train.model_copy(update=train)
     if plan.tensor is not None and plan.tp > 1 and plan.tensor.stack != "torch":
         update["tensor"] = plan.tensor.model_copy(update={"stack": "torch"})
         changes.append((f"torch's tensor parallelism where the plan names {STACKS[plan.tensor.stack]}", plan.tensor.span))
-    if plan.stages is not None and plan.pp > 1 and plan.stages.implementation != "torch":
+    if plan.stages is not None and plan.stages.implementation != "torch":  # run builds torch's stages at pp 1 too
         update["stages"] = plan.stages.model_copy(update={"implementation": "torch"})
         changes.append((f"torch's pipeline where the plan names {STACKS[plan.stages.implementation]}", plan.stages.span))
     if plan.context is not None and plan.cp > 1 and plan.context.kind == "ring" and plan.context.implementation != "torch":

@@ -348,16 +348,17 @@ def meta_buildable(model: ir.CustomModel) -> bool:
 
 
 def build_meta(model: ir.CustomModel) -> TorchModel | None:
-    """`build(model, ...)` with every parameter on the meta device (`meta_parameters`): shapes only, and the modules
-    whose `_init_weights` writes a descendant's parameters (`TorchModel.subtrees`, read by `_writers`). None where it
-    cannot be filled from its `_init_weights` module by module: its construction fails with meta parameters (an
-    `_init_weights` in `post_init` that assigns a CPU tensor's data), a parameter no `_init_weights` writes (only its
-    constructor sets it), a module writing outside its subtree, a parameter two modules write (but a head tied to
-    the embedding: `_tied_head`)."""
+    """`build(model, ...)` with every parameter on the meta device (`meta_parameters`): shapes only, with the modules
+    whose `_init_weights` writes a descendant's parameters (`TorchModel.subtrees`, read by `_writers`) and the ties
+    transformers makes after the draws (`TorchModel.tied`, `_ties`). None where it cannot be filled from its
+    `_init_weights` module by module: its construction fails with meta parameters (an `_init_weights` in `post_init`
+    that assigns a CPU tensor's data), a parameter no `_init_weights` writes (only its constructor sets it), a module
+    writing outside its subtree, a parameter two modules write that is not such a tie."""
     try:
         skeleton = build(model, 0, parameters_on_meta=True)
     except ModelError:
         return None  # the whole build says what is wrong, if anything is
+    skeleton.tied = _ties(skeleton)
     subtrees = _writers(skeleton)
     if subtrees is None:
         return None
@@ -365,11 +366,49 @@ def build_meta(model: ir.CustomModel) -> TorchModel | None:
     return skeleton
 
 
-def _children_first(module: nn.Module, owner: nn.Module):
-    """(module, the `PreTrainedModel` whose `_init_weights` it takes) in `initialize_weights`' order."""
+def _ties(skeleton: TorchModel) -> frozenset[tuple[int, str]]:
+    """The (module id, parameter name) entries transformers ties to another parameter after the weights are drawn
+    (`init_weights` runs `initialize_weights`, then `tie_weights`): each target of the model's
+    `all_tied_weights_keys` (a head, a decoder's embedding or bias) that holds its source's parameter now, in a
+    module other than the source's; without the mapping (transformers 4), an output embedding holding the input
+    embedding's weight. While drawn, each such entry holds a parameter of its own, whose values are dropped: the
+    source's stay."""
+    model = skeleton.inner
+    mapping = dict(getattr(model, "all_tied_weights_keys", None) or {})
+    if not mapping:
+        try:
+            head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+        except (AttributeError, NotImplementedError):
+            return frozenset()
+        names = {id(module): name for name, module in model.named_modules(remove_duplicate=False)}
+        if head is None or embedding is None or id(head) not in names or id(embedding) not in names:
+            return frozenset()
+        mapping = {f"{names[id(head)]}.weight".lstrip("."): f"{names[id(embedding)]}.weight".lstrip(".")}
+    tied = set()
+    for target, source in mapping.items():
+        target_path, _, target_name = target.rpartition(".")
+        source_path, _, source_name = source.rpartition(".")
+        try:
+            target_module, source_module = model.get_submodule(target_path), model.get_submodule(source_path)
+        except AttributeError:
+            continue
+        held = target_module._parameters.get(target_name)
+        if held is not None and target_module is not source_module \
+                and held is source_module._parameters.get(source_name):
+            tied.add((id(target_module), target_name))
+    return frozenset(tied)
+
+
+def _children_first(module: nn.Module, owner: nn.Module, done: set[int]):
+    """(module, the `PreTrainedModel` whose `_init_weights` it takes) in `initialize_weights`' order, each module once
+    (`done`, shared by a walk: a module reached again, held in two places, is skipped as transformers skips it,
+    `_is_hf_initialized`)."""
     from transformers import PreTrainedModel  # lazy: only a Hugging Face model is built on the meta device
+    if id(module) in done:
+        return
     for child in module.children():
-        yield from _children_first(child, child if isinstance(child, PreTrainedModel) else owner)
+        yield from _children_first(child, child if isinstance(child, PreTrainedModel) else owner, done)
+    done.add(id(module))
     yield module, owner
 
 
@@ -394,17 +433,17 @@ class _Writes(TorchDispatchMode):
 @torch.no_grad()
 def _writers(skeleton: TorchModel) -> frozenset[int] | None:
     """The modules (ids) whose `_init_weights` writes parameters of their descendants, read on the meta skeleton
-    (nothing is drawn there) by the storages its operators write (`_Writes`); None when a module's `_init_weights`
-    fails there, writes a parameter outside its subtree, a parameter is written by none, or by two modules (one
-    shared at construction, where transformers keeps the last draw or skips the second module; but a head tied to the
-    embedding after the draws, whose first, the embedding's, stays: `_tied_head`)."""
+    (nothing is drawn there) by the storages its operators write (`_Writes`), each tie of `skeleton.tied` held apart
+    as while drawn (`_apart`); None when a module's `_init_weights` fails there, writes a parameter outside its
+    subtree, a parameter is written by none, or one of its own was written by another module before (one shared at
+    construction: transformers keeps the last draw, or skips a module held twice)."""
     storage = {id(p): p.untyped_storage()._cdata for p in skeleton.inner.parameters()}
     first: dict[int, int] = {}  # each parameter's storage -> the first module writing it
     subtrees = set()
-    for module, owner in _children_first(skeleton.inner, skeleton.inner):
+    for module, owner in _children_first(skeleton.inner, skeleton.inner, set()):
         writes = _Writes()
         try:
-            with writes:
+            with _apart(skeleton, list(module.modules()), "meta"), writes:
                 owner._init_weights(module)
         except Exception:  # noqa: BLE001 - the model's own code on meta tensors: it is built whole instead
             return None
@@ -416,8 +455,7 @@ def _writers(skeleton: TorchModel) -> frozenset[int] | None:
         if changed - own:
             subtrees.add(id(module))
         for written in changed:
-            if first.setdefault(written, id(module)) != id(module) and written in own \
-                    and written != _tied_head(skeleton, first):
+            if first.setdefault(written, id(module)) != id(module) and written in own:
                 return None  # its own, written before by another module: which draw stays depends on how the model
                 # was put together (a descendant's, rewritten by this module, is filled with its subtree at once)
     if set(storage.values()) - set(first):
@@ -425,20 +463,22 @@ def _writers(skeleton: TorchModel) -> frozenset[int] | None:
     return frozenset(subtrees)
 
 
-def _tied_head(skeleton: TorchModel, first: dict[int, int]) -> int | None:
-    """The storage of an output embedding tied to the input embedding (transformers' `tie_weights`, after the
-    weights are drawn: the head drawn as a parameter of its own, then replaced by the embedding's), where the input
-    embedding wrote it first; None otherwise."""
-    model = skeleton.inner
+@contextlib.contextmanager
+def _apart(skeleton: TorchModel, modules: list[nn.Module], device: str):
+    """Inside: each tie of `skeleton.tied` among `modules` holds a new parameter of its own (NaN, on `device`) in place
+    of its source's, as transformers draws it before tying it; the source's back after."""
+    saved = []
+    for module in modules:
+        for name, param in list(module._parameters.items()):
+            if param is not None and (id(module), name) in skeleton.tied:
+                saved.append((module, name, param))
+                module._parameters[name] = nn.Parameter(torch.full(param.shape, math.nan, dtype=param.dtype,
+                                                                   device=device), requires_grad=False)
     try:
-        embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
-    except (AttributeError, NotImplementedError):
-        return None
-    weight = getattr(head, "weight", None)
-    if weight is None or weight is not getattr(embedding, "weight", None):
-        return None
-    tied = weight.untyped_storage()._cdata
-    return tied if first.get(tied) == id(embedding) else None
+        yield
+    finally:
+        for module, name, param in saved:
+            module._parameters[name] = param
 
 
 def initial_values(skeleton: TorchModel, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
@@ -447,37 +487,48 @@ def initial_values(skeleton: TorchModel, seed: int) -> Iterator[tuple[str, torch
     `_init_weights` (a sub-model's for its modules) applied children first to the module itself holding new CPU
     tensors in place of its own meta parameters for the call (`_on_cpu`: the model's own code may find the module by
     identity), or, for a module that writes its descendants' (`skeleton.subtrees`), to its whole subtree so, each of
-    its modules in the same order. A parameter tied to one seen before (a tied head) is drawn again and not given (its
-    first module's values are its value). `ModelError` when a parameter is left unset (each is filled with NaN
+    its modules in the same order. A tie transformers makes after the draws (`skeleton.tied`: a head) is drawn as a
+    parameter of its own and dropped (`_apart`): its source's values are its value. `ModelError` when a parameter is left unset (each is filled with NaN
     first)."""
     from transformers import PreTrainedModel  # lazy: only a Hugging Face model is built on the meta device
     names = {id(module): name for name, module in skeleton.inner.named_modules(remove_duplicate=False)}
     seen: set[int] = set()
 
     def given(prefix: str, module: nn.Module, values: dict[int, torch.Tensor], recurse: bool):
-        """(name, value) of `module`'s parameters (its subtree's) not seen yet, their values in `values`."""
-        for name, param in module.named_parameters(recurse=recurse, remove_duplicate=False):
-            if id(param) in seen:
-                continue
-            seen.add(id(param))
-            full_name = f"{prefix}.{name}".lstrip(".")
-            value = values[id(param)]
-            if value.is_floating_point() and torch.isnan(value).any():
-                raise ModelError(f"{skeleton.source}: the model's _init_weights leaves '{full_name}' unset, so "
-                                 "plandsl cannot give it initial values on each rank")
-            yield full_name, value
+        """(name, value) of `module`'s parameters (its subtree's) not seen yet, their values in `values`; a tie's
+        target (`skeleton.tied`) is its source's, given where the source is."""
+        holders = module.named_modules(remove_duplicate=False) if recurse else [("", module)]
+        for path, holder in holders:
+            for name, param in holder._parameters.items():
+                if param is None or id(param) in seen or (id(holder), name) in skeleton.tied:
+                    continue
+                seen.add(id(param))
+                yield _checked(f"{prefix}.{path}.{name}".replace("..", ".").strip("."), values[id(param)])
+
+    def _checked(full_name: str, value: torch.Tensor) -> tuple[str, torch.Tensor]:
+        if value.is_floating_point() and torch.isnan(value).any():
+            raise ModelError(f"{skeleton.source}: the model's _init_weights leaves '{full_name}' unset, so "
+                             "plandsl cannot give it initial values on each rank")
+        return full_name, value
+
+
+    done: set[int] = set()  # the modules filled (one held in two places once, as `_children_first` walks)
 
     def walk(module: nn.Module, owner: nn.Module):
+        if id(module) in done:
+            return
         if id(module) in skeleton.subtrees:  # its `_init_weights` writes its descendants': the subtree at once
-            order = list(_children_first(module, owner))
-            with _on_cpu([each for each, _ in order]) as values:
+            order = list(_children_first(module, owner, done))
+            modules = [each for each, _ in order]
+            with _apart(skeleton, modules, "cpu"), _on_cpu(modules) as values:
                 for each, its_owner in order:
                     its_owner._init_weights(each)
             yield from given(names[id(module)], module, values, recurse=True)
             return
         for child in module.children():
             yield from walk(child, child if isinstance(child, PreTrainedModel) else owner)
-        with _on_cpu([module]) as values:
+        done.add(id(module))
+        with _apart(skeleton, [module], "cpu"), _on_cpu([module]) as values:
             owner._init_weights(module)
         yield from given(names[id(module)], module, values, recurse=False)
 
@@ -491,15 +542,15 @@ def _on_cpu(modules: list[nn.Module]):
     """Inside: each of `modules` holds new CPU parameters filled with NaN in place of its own (meta) ones, one per
     parameter (a tie stays one); gives {id of the meta parameter: its CPU values}, kept after the meta ones return."""
     values: dict[int, torch.Tensor] = {}
-    saved = []
+    saved, swapped = [], {}
     for module in modules:
         for name, param in list(module._parameters.items()):
             if param is None:
                 continue
             if id(param) not in values:
                 values[id(param)] = torch.full(param.shape, math.nan, dtype=param.dtype)
+                swapped[id(param)] = nn.Parameter(values[id(param)], requires_grad=False)
             saved.append((module, name, param))
-    swapped = {key: nn.Parameter(value, requires_grad=False) for key, value in values.items()}
     for module, name, param in saved:
         module._parameters[name] = swapped[id(param)]
     try:

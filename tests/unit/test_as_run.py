@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from plandsl import api
+from plandsl import api, ir
 from plandsl.cost.estimate import estimate_plan
 from plandsl.runtime.support import as_run, refusals
 
@@ -48,6 +48,27 @@ def test_as_run_names_each_stack_run_replaces(lines, mesh, changed):
     assert [what for what, _ in changes] == [changed] and all(span is not None for _, span in changes)
     assert as_run(run_plan)[1] == []  # the plan as run runs it is run as it is
     assert run_plan.train == plan.train and run_plan.mesh == plan.mesh
+
+
+def test_as_run_computes_torchs_loss_and_the_fused_attention_core():
+    """`loss: megatron` is counted with Megatron-LM's in-place backward, which run does not run (a refusal's
+    reason); `attention: materialized` counts the s x s scores, which run never holds (no refusal of its own)."""
+    plan = _plan("  data = replicate over dp").model_copy()
+    train = plan.train.model_copy(update={"loss": ir.Loss.megatron, "attention": ir.Attention.materialized})
+    run_plan, changes = as_run(plan.model_copy(update={"train": train}))
+    assert run_plan.train.loss is ir.Loss.standard and run_plan.train.attention is ir.Attention.flash
+    assert [what for what, _ in changes] == ["torch's cross entropy where the plan names Megatron-LM's"]
+    flash_only = as_run(plan.model_copy(update={"train": plan.train.model_copy(
+        update={"attention": ir.Attention.materialized})}))
+    assert flash_only[1] == [] and flash_only[0].train.attention is ir.Attention.flash
+
+
+def test_torchs_pipeline_runs_a_stage_even_at_one_pipeline_rank():
+    plan = _plan("  data = replicate over dp\n  tensor = megatron over tp\n"
+                 "  stages = evenly over pp with implementation = megatron\n  schedule = 1f1b", "[dp = 2, pp = 1, tp = 2]")
+    run_plan, changes = as_run(plan)
+    assert run_plan.stages.implementation == "torch" and [what for what, _ in changes] == [
+        "torch's pipeline where the plan names Megatron-LM's"]
 
 
 def test_a_plan_on_torchs_stack_is_run_as_it_is():

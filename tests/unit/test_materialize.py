@@ -82,18 +82,18 @@ def test_a_hugging_face_models_initial_values_are_its_own_init():
     assert torch.allclose(first.model.rotary_emb.inv_freq, 1.0 / 10000 ** (torch.arange(0, 16, 2).float() / 16))
 
 
-def test_a_hugging_face_model_whose_init_leaves_a_parameter_unset_is_refused(monkeypatch):
-    """Its values cannot be drawn module by module, so no rank can fill its shards: refused by name, not trained
-    from uninitialised memory."""
+def test_a_hugging_face_model_whose_init_leaves_a_parameter_unset_is_built_whole(monkeypatch):
+    """A parameter no `_init_weights` writes (found on the meta build, where nothing is drawn) cannot take its values
+    on a rank: the model is built whole on the CPU, its constructor's values kept, not refused nor left unset."""
     from transformers.models.llama.modeling_llama import LlamaPreTrainedModel
 
-    from plandsl.runtime.models import build_model
-    from plandsl.runtime.torch_model import ModelError
+    from plandsl.runtime.models import build_meta_model, build_model
     own = LlamaPreTrainedModel._init_weights
     monkeypatch.setattr(LlamaPreTrainedModel, "_init_weights", lambda self, module: None
                         if isinstance(module, torch.nn.Embedding) else own(self, module))
-    with pytest.raises(ModelError, match="leaves 'model.embed_tokens.weight' unset"):
-        build_model(_hf_model(), 0)
+    assert build_meta_model(_hf_model()) is None
+    built = build_model(_hf_model(), 0)
+    assert not any(p.is_meta or torch.isnan(p).any() for p in built.parameters())
 
 
 def test_a_factory_model_is_built_whole():
@@ -152,6 +152,9 @@ _HF_MODELS = {  # small configs of models whose `_init_weights` takes each path 
                 'vocab_size=128, max_position_embeddings=16, tie_word_embeddings=false)'),
     # the mixer's `_init_weights` writes dt_proj's bias and conv1d's weight (children's)
     "mamba": 'hf("MambaForCausalLM", hidden_size=64, num_hidden_layers=2, vocab_size=128, state_size=8)',
+    # the prediction head's bias tied to its decoder's after the draws (all_tied_weights_keys, the decoder first)
+    "bert": ('hf("BertLMHeadModel", hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, '
+             'vocab_size=128, max_position_embeddings=64, is_decoder=true)'),
 }
 
 

@@ -138,11 +138,12 @@ _entry("E707", """
 _entry("E708", """
     The plan fits its devices as the stack it names holds it: `tensor = ... with implementation =
     megatron` (Megatron-LM's tensor parallelism, whose DDP reduces into buckets beside one copy of the
-    parameters), a pipeline on Megatron-LM's or DeepSpeed's engine, Transformer Engine's ring attention.
-    `check`, `estimate` and `generate` count that stack's memory. `plandsl run` runs the plan on torch's
-    stack (DTensor, torch's composable `replicate`, which copies each unit's parameters while it computes;
-    `torch.distributed.pipelining`, whose stages keep a buffer per microbatch; torch's ring), and there a
-    device needs more than it has: the run would stop out of memory in its first
+    parameters), a pipeline on Megatron-LM's or DeepSpeed's engine, Transformer Engine's ring attention,
+    Megatron-LM's cross entropy (`loss: megatron`, its backward in place). `check`, `estimate` and `generate`
+    count that stack's memory. `plandsl run` runs the plan on torch's stack (DTensor, torch's composable
+    `replicate`, which copies each unit's parameters while it computes; `torch.distributed.pipelining`, whose
+    stages keep a buffer per microbatch; torch's ring; torch's cross entropy), and there a device needs more than
+    it has: the run would stop out of memory in its first
     step. `run` refuses it before any process starts. The message says what differs and the count as
     run holds it; the plan counted as run runs it is the plan with `implementation = torch`.
     """, """
