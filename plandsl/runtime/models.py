@@ -842,7 +842,7 @@ def materialize(module: nn.Module, model: ir.Model, seed: int, device: torch.dev
             owner._parameters[name] = first_owner._parameters[first_name]
     for (owner, name), buffer in kept.items():
         owner._buffers[name] = buffer.to(device)
-    skeleton = build_meta_model(model)
+    skeleton = _skeleton(model)
     canonical: dict[str, str] = {}  # each name of the full model -> the first name of its parameter (a tied head's)
     first: dict[int, str] = {}
     for name, param in skeleton.named_parameters(remove_duplicate=False):
@@ -866,6 +866,20 @@ def materialize(module: nn.Module, model: ir.Model, seed: int, device: torch.dev
     if unfilled:
         raise ValueError(f"cannot materialize {', '.join(sorted(unfilled))}: no initial values were drawn for them")
     return module
+
+
+_SKELETONS: dict[str, nn.Module] = {}
+
+
+def _skeleton(model: ir.Model) -> nn.Module:
+    """`build_meta_model(model)` for `materialize` to read (never parallelized), built once per model in a process
+    (a pipeline rank fills each of its stages from it; a Hugging Face model's build and the reading of its
+    `_init_weights` take seconds for a large one). The last model's only."""
+    key = model.model_dump_json()
+    if key not in _SKELETONS:
+        _SKELETONS.clear()
+        _SKELETONS[key] = build_meta_model(model)
+    return _SKELETONS[key]
 
 
 def initial_values(skeleton: nn.Module, model: ir.Model, seed: int):
