@@ -305,8 +305,9 @@ def blocks(model: nn.Module) -> tuple[nn.Module | None, list[str]]:
 # frequencies), so `plandsl run`'s ranks can split it before anything is allocated, and reads on it, where nothing
 # is drawn, which parameters each module's `_init_weights` writes (`_writers`); `initial_values` then gives the
 # values `initialize_weights` gives from the seed, one module's parameters at a time, or one subtree's where a module
-# writes its descendants'. A model that cannot be filled so (construction fails with meta parameters, a parameter
-# only its constructor sets, a module writing outside its subtree) is built whole, as before.
+# writes its descendants', a tie transformers makes after the draws drawn apart (`_ties`). A model that cannot be
+# filled so (construction fails with meta parameters, a parameter only its constructor sets, a module writing outside
+# its subtree, a parameter two modules write that is no such tie) is built whole, as before.
 
 
 _META = threading.local()  # whether this thread builds parameters on the meta device (`meta_parameters`)
@@ -488,8 +489,8 @@ def initial_values(skeleton: TorchModel, seed: int) -> Iterator[tuple[str, torch
     tensors in place of its own meta parameters for the call (`_on_cpu`: the model's own code may find the module by
     identity), or, for a module that writes its descendants' (`skeleton.subtrees`), to its whole subtree so, each of
     its modules in the same order. A tie transformers makes after the draws (`skeleton.tied`: a head) is drawn as a
-    parameter of its own and dropped (`_apart`): its source's values are its value. `ModelError` when a parameter is left unset (each is filled with NaN
-    first)."""
+    parameter of its own and dropped (`_apart`): its source's values are its value. `ModelError` when a parameter is
+    left unset (each is filled with NaN first)."""
     from transformers import PreTrainedModel  # lazy: only a Hugging Face model is built on the meta device
     names = {id(module): name for name, module in skeleton.inner.named_modules(remove_duplicate=False)}
     seen: set[int] = set()
@@ -503,14 +504,12 @@ def initial_values(skeleton: TorchModel, seed: int) -> Iterator[tuple[str, torch
                 if param is None or id(param) in seen or (id(holder), name) in skeleton.tied:
                     continue
                 seen.add(id(param))
-                yield _checked(f"{prefix}.{path}.{name}".replace("..", ".").strip("."), values[id(param)])
-
-    def _checked(full_name: str, value: torch.Tensor) -> tuple[str, torch.Tensor]:
-        if value.is_floating_point() and torch.isnan(value).any():
-            raise ModelError(f"{skeleton.source}: the model's _init_weights leaves '{full_name}' unset, so "
-                             "plandsl cannot give it initial values on each rank")
-        return full_name, value
-
+                full_name = ".".join(part for part in (prefix, path, name) if part)
+                value = values[id(param)]
+                if value.is_floating_point() and torch.isnan(value).any():
+                    raise ModelError(f"{skeleton.source}: the model's _init_weights leaves '{full_name}' unset, so "
+                                     "plandsl cannot give it initial values on each rank")
+                yield full_name, value
 
     done: set[int] = set()  # the modules filled (one held in two places once, as `_children_first` walks)
 
