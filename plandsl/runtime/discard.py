@@ -3,6 +3,7 @@
 Stage: interpreter. Contract: `DiscardedOutput(function)(*inputs)` runs `function` without a graph, keeping its
 inputs; `.discard(after)` frees its outputs' storage and rebuilds them when the gradient of `after` arrives;
 `rerun_without_output(module)` runs a module so, and `discard_after(module, after)` frees what its last call made.
+The storage is freed and refilled by `free_storage` and `refill_storage` (the memory tracer records both).
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ class DiscardedOutput:
             return
         with torch.no_grad():
             for output in self.outputs:
-                _storage(output).resize_(0)
+                free_storage(output)
         after.register_hook(self._rebuild)
 
     def _rebuild(self, _grad) -> None:
@@ -66,14 +67,31 @@ class DiscardedOutput:
         rebuilt = rebuilt if isinstance(rebuilt, tuple) else (rebuilt,)
         with torch.no_grad():  # the same storage, so the tensors the layer after saved see the values again
             for output, again in zip(self.outputs, rebuilt):
-                _storage(output).resize_(_storage(again).size())
-                _storage(output).copy_(_storage(again))
+                refill_storage(output, again)
         self.ctx.rebuilt, self.outputs, self.ctx = rebuilt, (), None
 
 
 def _storage(tensor: torch.Tensor):
-    local = getattr(tensor, "_local_tensor", tensor)  # a DTensor's shard
-    return local.untyped_storage()
+    return local_tensor(tensor).untyped_storage()
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`, or a DTensor's shard."""
+    return getattr(tensor, "_local_tensor", tensor)
+
+
+def free_storage(output: torch.Tensor) -> None:
+    """Frees `output`'s storage (the tensors sharing it keep their shapes, their data gone till `refill_storage`);
+    `runtime.memtrace` records it as a free."""
+    _storage(output).resize_(0)
+
+
+def refill_storage(output: torch.Tensor, again: torch.Tensor) -> None:
+    """`output`'s freed storage allocated again and given `again`'s values (so every tensor sharing it sees them);
+    `runtime.memtrace` records it as an allocation."""
+    storage = _storage(output)
+    storage.resize_(_storage(again).size())
+    storage.copy_(_storage(again))
 
 
 def rerun_without_output(module: nn.Module) -> None:

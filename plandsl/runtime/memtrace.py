@@ -151,7 +151,7 @@ class _Recorder(TorchDispatchMode):
             self._add(-1, serial, size)
 
     def resized(self, tensor: torch.Tensor, before: int) -> None:
-        """FSDP2 resized `tensor`'s storage from `before` bytes: an allocation or a free."""
+        """FSDP2 or `runtime.discard` resized `tensor`'s storage from `before` bytes: an allocation or a free."""
         storage = tensor.untyped_storage()
         key, after = id(storage), storage.nbytes()
         if key not in self.live:
@@ -215,7 +215,7 @@ def recording(fake: bool = True):
     this machine, which the tests compare with a trace): enter it as a dispatch mode around what to record, above any
     fake mode; its `events` and `labels` are a `MemoryTrace`'s. FSDP2's resizes are recorded while this is open."""
     recorder = _Recorder(fake)
-    with _fsdp_resizes(recorder), _shape_inference(recorder):
+    with _fsdp_resizes(recorder), _discard_resizes(recorder), _shape_inference(recorder):
         yield recorder
 
 
@@ -239,6 +239,33 @@ def _shape_inference(recorder: _Recorder):
         yield
     finally:
         ShardingPropagator._propagate_tensor_meta_non_cached = infer
+
+
+@contextlib.contextmanager
+def _discard_resizes(recorder: _Recorder):
+    """Recomputation modules that run without output (`runtime.discard`: `recompute_modules` mla_up_proj, layernorm,
+    moe_act) free their outputs' storage after the layer that reads them and refill it in the backward by resizing
+    it, which no operator shows: both wrapped while tracing."""
+    from plandsl.runtime import discard  # the interpreter's own (lazy as the FSDP internals above: tracing only)
+    free, refill = discard.free_storage, discard.refill_storage
+
+    def free_storage(output):
+        local = discard.local_tensor(output)
+        before = local.untyped_storage().nbytes()
+        free(output)
+        recorder.resized(local, before)
+
+    def refill_storage(output, again):
+        local = discard.local_tensor(output)
+        before = local.untyped_storage().nbytes()
+        refill(output, again)
+        recorder.resized(local, before)
+
+    discard.free_storage, discard.refill_storage = free_storage, refill_storage
+    try:
+        yield
+    finally:
+        discard.free_storage, discard.refill_storage = free, refill
 
 
 @contextlib.contextmanager

@@ -204,3 +204,29 @@ def test_moe_reruns_the_dispatch_and_combine_and_nothing_else_of_the_block():
     assert moved["moe_act, layernorm"] == moved["core_attn"]
     assert moved["moe"].expert == pytest.approx(moved["core_attn"].expert * 6 / 4)
     assert moved["moe"].tensor == moved["core_attn"].tensor
+
+
+def test_the_memory_tracer_sees_a_discarded_output_freed_and_refilled():
+    """`runtime.discard` frees an output's storage by resizing it (no operator shows it) once the layer after it has
+    run, and refills it in the backward: the tracer records both (`memtrace._discard_resizes`), so a trace of
+    `recompute_modules` holds the outputs only where `run` does. Here on real tensors: the output's storage
+    allocated, freed after the layer reading it, allocated again by the rebuild, freed when the backward is done."""
+    import torch
+
+    from plandsl.runtime import memtrace
+    from plandsl.runtime.discard import DiscardedOutput
+
+    weight = torch.randn(64, 64, requires_grad=True)
+    x = torch.randn(32, 64, requires_grad=True)
+    with memtrace.recording(fake=False) as recorder, recorder:  # the recorder records as a dispatch mode
+        up = DiscardedOutput(lambda inputs: torch.tanh(inputs @ weight))
+        hidden = up(x)
+        after = hidden * 2.0
+        up.discard(after)
+        after.sum().backward()
+    tanh = [serial for serial, label in recorder.labels.items() if label.startswith("tanh")]
+    events = [(op, serial) for op, serial, _ in recorder.events if serial in tanh]
+    # allocated (forward), freed (discard), allocated again (rebuilt, a new serial of the same storage) ... freed
+    assert events[:2] == [(1, tanh[0]), (-1, tanh[0])]
+    assert (1, tanh[1]) in events[2:] and len(tanh) >= 2
+    assert weight.grad is not None and torch.allclose(x.grad, 2 * (1 - torch.tanh(x @ weight) ** 2) @ weight.T, atol=1e-5)
