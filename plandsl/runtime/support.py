@@ -176,8 +176,8 @@ def _memory_as_run(plan: ir.Plan) -> list[Diagnostic]:
     return [diag("E708", f"plandsl run runs this plan on torch's stack ({stack}), where {over.message}; the plan's "
                          "own count is the stack's it names", changes[0][1] or over.span,
                  hint="run it on devices with more memory, or lower what a device holds (a smaller micro_batch, "
-                      "recomputation, a ZeRO stage); `estimate` counts it as run holds it once the plan says "
-                      "`implementation = torch`")]
+                      "recomputation, a ZeRO stage); `estimate` counts it as run holds it once the plan names "
+                      "torch's stack (`implementation = torch`, `loss: standard`)")]
 
 
 def _torch_model_refusals(plan: ir.Plan, model: ir.CustomModel) -> list[Diagnostic]:
