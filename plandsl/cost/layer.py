@@ -29,7 +29,7 @@ from plandsl.cost.compute import (
 from plandsl.cost.ring import NO_RING, Ring, estimate_ring
 from plandsl.ir import layers as ir_layers
 from plandsl.ir.layers import Layer, attention_widths, block_model, kv_width
-from plandsl.ir.pairs import PairLayout, broken, table_split
+from plandsl.ir.pairs import PairLayout, broken, mtp_blocks, table_split
 
 
 # ---- links of each parallel axis -----------------------------------------------------------------------
@@ -132,22 +132,24 @@ def estimate_layer_time(model: ir.Model, layer: Layer, work: Work, device: ir.De
     links: `search.figures`)."""
     time = _layer_time(model, layer, work, device, links, efficiency, compute)
     if layer.kind == "head" and isinstance(model, ir.TransformerModel) and model.mtp:
-        time = _plus(time, mtp_time(model, layer, work, device, links, efficiency), model.mtp)
+        for block, depths in mtp_blocks(model, layer):  # the depths' blocks as the rules place them
+            time = _plus(time, mtp_time(model, layer, work, device, links, efficiency, block), depths)
     return time
 
 
 def mtp_time(model: ir.TransformerModel, head: Layer, work: Work, device: ir.DeviceType, links: Links,
-             efficiency: Efficiency | None = None) -> LayerTime:
+             efficiency: Efficiency | None = None, block: Layer | None = None) -> LayerTime:
     """One multi-token prediction depth (megatron-core 0.16.1 `MultiTokenPredictionLayer.forward` and
     `GPTModel._postprocess`, multi_token_prediction.py:681-821, gpt_model.py:592-660): the embedding of the tokens
     shifted by one more (the vocabulary-parallel lookup and its reduction: the embedding's figures), the two input norms
     and the final one (the final norm's figures, three times), `eh_proj` (`cost.compute.mtp_projection_compute`: its
     output gathered over the tensor axis in the forward, its input gradient reduced in the backward, each priced as the
     embedding's one tensor-parallel reduction), one block of the last block's kind (`ir.layers.mtp_block`: its own figures, communication included)
-    and the shared output layer with its loss again (the head's figures)."""
+    and the shared output layer with its loss again (the head's figures). `block`: the depth's block where a shard rule
+    breaks a pair of it (`ir.pairs.mtp_blocks`), else the last block."""
     layers = ir_layers.layers_of(model)
     by_kind = {candidate.kind: candidate for candidate in layers if candidate.kind != "block"}
-    block = layers[model.layers]  # the last block: embed is layers[0]
+    block = layers[model.layers] if block is None else block  # the last block: embed is layers[0]
     work = replace(work, precision=work.precision.mtp)  # the depth's own (`ir.Precision.mtp`)
     embed = _layer_time(model, by_kind["embed"], work, device, links, efficiency)
     norm = _layer_time(model, by_kind["norm"], work, device, links, efficiency)
@@ -282,16 +284,26 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         half = ((block_pair * per_block / 2, block_pair), (block_pair_bytes * per_block / 2, block_pair_bytes))
         halves = {"attn": half, "mlp": half}  # parallel blocks' one forward reduction shared between the halves
     # a half whose pair a shard rule breaks (`ir.pairs.broken`): its collectives as `plandsl run` lays it out, in place
-    # of Megatron's pair
+    # of Megatron's pair; an MoE layer's shared experts (`shared`) in place of the MoE half's [b, s, h] pair, which
+    # stands for theirs (below)
     for group, pair in (broken(layer) if links.tp.size > 1 else {}).items():
-        if group not in halves:
+        half = "mlp" if group == "shared" and model.shared_experts else group
+        if half not in halves:
             continue
         ruled = _broken_pair_comm(model, pair, work, links)
-        (half_forward, half_backward), (forward_bytes, backward_bytes) = halves[group]
+        (half_forward, half_backward), (forward_bytes, backward_bytes) = halves[half]
         forward, backward = forward + ruled[0] - half_forward, backward + ruled[1] - half_backward
         count("tensor", ruled[2] + ruled[3] - forward_bytes - backward_bytes)
-        rerun = (rerun[0] + ruled[0] - half_forward, rerun[1] + ruled[2] - forward_bytes,
-                 *((ruled[0], ruled[2]) if group == "attn" else rerun[2:]))
+        if group == "attn":
+            selective = (ruled[0], ruled[2])
+        else:
+            # selective_op reruns the MLP's forward up to its consumer (torch's checkpoint stops once it has remade
+            # what the backward needs): its collectives before the consumer's (`_broken_pair_comm`), kept GEMMs'
+            # gathers included, in place of an intact MLP's share (its input's gather under sequence parallelism)
+            gathers = work.sequence_parallel and not model.latent_attention
+            intact = (collective_seconds("all_gather", gathered, links.tp), gathered) if gathers else (0.0, 0.0)
+            selective = (rerun[2] + ruled[4] - intact[0], rerun[3] + ruled[5] - intact[1])
+        rerun = (rerun[0] + ruled[0] - half_forward, rerun[1] + ruled[2] - forward_bytes, *selective)
     if model.experts and work.sequence_parallel and links.tp.size > 1 and work.fold_experts:
         # The experts folded over the tensor axis, each whole on one rank (Megatron-Core's MoE parallel folding):
         # each rank routes its own sequence shard through the all-to-all below, and the MoE half has no
@@ -336,6 +348,7 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
                      for (forward, backward), (first, _, _) in zip(saved, halves)]
         # a half whose pair a rule breaks has no Megatron collective to hide (`_broken_pair_comm`; MLA's keep theirs)
         ruled = {} if model.latent_attention else broken(layer)
+        ruled = {"mlp" if group == "shared" else group for group in ruled}
         saved = [(0.0, 0.0) if index < 2 and ("attn", "mlp")[index] in ruled else half
                  for index, half in enumerate(saved)]
         forward -= sum(f for f, _ in saved)
@@ -504,11 +517,15 @@ def _latent_comm(model: ir.TransformerModel, work: Work, links: Links, activatio
 
 
 def _broken_pair_comm(model: ir.TransformerModel, pair: PairLayout, work: Work, links: Links
-                      ) -> tuple[float, float, float, float]:
-    """(forward seconds, backward seconds, forward bytes, backward bytes) of the tensor-parallel collectives of one
-    half of a block (its attention, grouped-query or multi-head latent, or a dense MLP) whose pair a shard rule
-    breaks, as `plandsl run` lays it out (`runtime.parallel.tensor_parallel._pair`: every member takes whole tensors and returns whole ones; DTensor's
-    redistributions, each direction's the other's backward):
+                      ) -> tuple[float, float, float, float, float, float]:
+    """(forward seconds, backward seconds, forward bytes, backward bytes, and the seconds and bytes of the forward's
+    collectives before the consumer's, which `selective_op` reruns) of the tensor-parallel collectives of one half of
+    a block (its attention, grouped-query or multi-head latent, a dense MLP, or an MoE layer's shared experts, one MLP
+    shared_experts x ffn wide) whose pair a shard rule breaks, as `plandsl run` lays it out
+    (`runtime.parallel.tensor_parallel._pair`: every member takes whole tensors and returns whole ones; DTensor's
+    redistributions, each direction's the other's backward). The shared experts sit inside the MoE layer, whose input
+    and output are whole (`_block_tp`): under sequence parallelism the layer's input is all-gathered and its output
+    chunked to the shards (its gradient all-gathered), and the pair's own output stays whole, as without it:
 
     - under sequence parallelism the half's input all-gathered along the sequence (`PrepareModuleInput`), its gradient
       chunked back (no collective);
@@ -531,9 +548,13 @@ def _broken_pair_comm(model: ir.TransformerModel, pair: PairLayout, work: Work, 
         inputs = {"wq_b": model.q_lora_rank, "wkv_b": model.kv_lora_rank}
         between = widths.o
     else:
-        outputs, between = {name: model.ffn_hidden for name, _ in pair.producers}, model.ffn_hidden
+        between = model.ffn_hidden * (model.shared_experts if pair.group == "shared" else 1)
+        outputs = {name: between for name, _ in pair.producers}
     forward: list[tuple[str, float]] = [("all_gather", activation)] if sp else []
     backward: list[tuple[str, float]] = []
+    if pair.group == "shared":
+        backward += [("all_gather", activation)] if sp else []
+        sp = False  # the pair's own output whole: the MoE layer chunks it
     for name, dim in pair.producers:
         made, read = tokens * outputs[name] * element, tokens * inputs.get(name, hidden) * element
         if dim == 0:
@@ -543,6 +564,7 @@ def _broken_pair_comm(model: ir.TransformerModel, pair: PairLayout, work: Work, 
             forward.append(("all_reduce", made))
             backward.append(("all_gather", read))
     read = tokens * between * element
+    rerun = forward[:]
     if pair.consumer == 1:
         forward.append(("reduce_scatter" if sp else "all_reduce", activation))
         backward += [("all_gather", read)] + ([("all_gather", activation)] if sp else [])
@@ -553,7 +575,8 @@ def _broken_pair_comm(model: ir.TransformerModel, pair: PairLayout, work: Work, 
         backward.append(("all_gather", activation))
     return (sum(collective_seconds(kind, size, links.tp) for kind, size in forward),
             sum(collective_seconds(kind, size, links.tp) for kind, size in backward),
-            sum(size for _, size in forward), sum(size for _, size in backward))
+            sum(size for _, size in forward), sum(size for _, size in backward),
+            sum(collective_seconds(kind, size, links.tp) for kind, size in rerun), sum(size for _, size in rerun))
 
 
 def _ruled_table_comm(kind: str, split: int | None, work: Work, links: Links, activation: float, vocab: int

@@ -23,7 +23,7 @@ from typing import Sequence
 from plandsl import ir
 from plandsl.ir.layers import (EXPERTS, TENSOR_SHARDED_DIMS, VOCAB, Layer, Param, attention_widths, block_model,
                                figures_key, kv_width, layers_of, once_per_figures)
-from plandsl.ir.pairs import PairLayout, broken, table_split
+from plandsl.ir.pairs import PairLayout, broken, mtp_blocks, table_split
 from plandsl.ir.placement import Assignment, assign_stages
 from plandsl.ir.shard_rules import data_split_modules, ruled_layers
 from plandsl.cost.schedule import plan_schedule, plan_splits_backward
@@ -1444,12 +1444,14 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
         shard = divisor if plan.tensor is not None and not plan.tensor.saves_gathered else 1
         vocab = -(-model.vocab // tp) if table_split(layer) == 0 else model.vocab
         head = 2 * sbh * scale / shard + logit * tokens * vocab
-        return head + model.mtp * (head + _mtp_activations(plan, recompute, attention_matrix, modules))
+        # each depth's block as the rules place it (`ir.pairs.mtp_blocks`: the last block's unless a rule breaks a pair)
+        return head + sum(depths * (head + _mtp_activations(plan, recompute, attention_matrix, modules, block))
+                          for block, depths in mtp_blocks(model, layer))
     return 0.0
 
 
 def _mtp_activations(plan: ir.Plan, recompute: ir.Recompute, attention_matrix: bool,
-                     modules: frozenset[ir.RecomputeModule] | None) -> float:
+                     modules: frozenset[ir.RecomputeModule] | None, block: Layer | None = None) -> float:
     """Bytes one multi-token prediction depth keeps for one microbatch beside its pass of the output layer (the
     head's, counted by the caller): its block's as a block of the last block's kind under the head's recomputation
     (megatron-core 0.16.1 checkpoints the depth under full recomputation, multi_token_prediction.py:823-858), and the
@@ -1457,7 +1459,7 @@ def _mtp_activations(plan: ir.Plan, recompute: ir.Recompute, attention_matrix: b
     1/t under sequence parallelism: enorm's and hnorm's, the concatenation `eh_proj` reads (two) and the final norm's;
     none but the block's input under full recomputation."""
     model = plan.model
-    block = layers_of(model)[model.layers]  # the last block (`ir.layers.mtp_block`)
+    block = layers_of(model)[model.layers] if block is None else block  # the last block (`ir.layers.mtp_block`)
     precision = plan.train.mtp_precision  # the global FP8 context, not the last block's (bf16_last_layers)
     if precision is not layer_precision(plan.train, model, block):
         plan = plan.model_copy(update={"train": plan.train.model_copy(update={

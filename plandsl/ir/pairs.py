@@ -10,15 +10,23 @@ whole ones: a split producer's output is all-gathered, a consumer split along it
 of the whole input, a whole member computes everything on every rank.
 
 Stage: IR. Contract: pure functions of a layer's parameters: `block_pairs(layer)` (memoised per block template),
-`broken(layer)`, `pair_projections(model, pair)` (a broken attention's GEMMs), `table_split(layer)` (how an embedding's
-or head's table is split).
+`broken(layer)`, `mtp_blocks(model, head)` (multi-token prediction's blocks as the rules place them),
+`pair_projections(model, pair)` (a broken attention's GEMMs), `table_split(layer)` (how an embedding's or head's table
+is split).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from plandsl import ir
-from plandsl.ir.layers import TENSOR_SHARDED_DIMS, BlockParams, Layer, attention_widths
+from plandsl.ir.layers import (
+    TENSOR_SHARDED_DIMS,
+    BlockParams,
+    Layer,
+    Param,
+    attention_widths,
+    layers_of,
+)
 
 PAIRS = {"attn": (("wq", "wk", "wv", "wq_b", "wkv_b"), "wo"), "mlp": (("w1", "w3"), "w2"),
          "shared": (("w1", "w3"), "w2")}
@@ -96,6 +104,36 @@ def block_pairs(layer: Layer) -> dict[str, PairLayout]:
 def broken(layer: Layer) -> dict[str, PairLayout]:
     """The pairs of `layer` a shard rule breaks (`block_pairs`, not intact)."""
     return {group: pair for group, pair in block_pairs(layer).items() if not pair.intact}
+
+
+def mtp_blocks(model: ir.TransformerModel, head: Layer) -> tuple[tuple[Layer, int], ...]:
+    """The blocks of the multi-token prediction depths `head` carries (`ir.layers.mtp_params`: `mtp.N.block.*`), as
+    (layer, how many depths) pairs: each depth whose pair a shard rule breaks (`run` lays out `mtp.N.block` as it does
+    a block, `runtime.parallel.tensor_parallel._block_tp`) as a block of the last block's kind named as that block,
+    its parameters placed as the rules place the depth's, so `broken` reads them; the depths alike together; the
+    others the model's last block itself (`layers_of(model)[model.layers]`)."""
+    found = _MTP_MEMO.get(id(head.params))
+    if found is not None and found[0] is head.params and found[1] is model:
+        return found[2]
+    if len(_MTP_MEMO) > 256:
+        _MTP_MEMO.clear()
+    last = layers_of(model)[model.layers]
+    cut = len(last.name) + 1
+    groups: dict[object, tuple[Layer, int]] = {}
+    for depth in range(model.mtp):
+        prefix = f"mtp.{depth}.block."
+        params = tuple(Param(last.name + "." + p.name[len(prefix):], last.name + "." + p.module[len(prefix):],
+                             p.shape, p.dims) for p in head.params if p.name.startswith(prefix))
+        block = replace(last, params=params)
+        key = tuple((p.name[cut:], p.shape, p.dims) for p in params) if params and broken(block) else None
+        found = groups.get(key)
+        groups[key] = (found[0] if found else block if key is not None else last, (found[1] if found else 0) + 1)
+    out = tuple(groups.values())
+    _MTP_MEMO[id(head.params)] = (head.params, model, out)
+    return out
+
+
+_MTP_MEMO: dict[int, tuple[object, ir.TransformerModel, tuple[tuple[Layer, int], ...]]] = {}
 
 
 def _placement(dim: int | None) -> str:

@@ -27,8 +27,8 @@ SBH = 256 * 2 * 512  # s·b·h of one microbatch; Korthikanti's terms are bytes 
 W1_OVER_DP = "  shard layers.*.mlp.w1 = { weight: Shard(0) @ dp, bias: Shard(0) @ dp }"
 
 
-def _blocks(rules: str, sp: bool = False, train: str = ""):
-    plan = api.select_plan(api.loads(PLAN.format(rules=rules, sp=" with sequence_parallel" if sp else "",
+def _blocks(rules: str, sp: bool = False, train: str = "", text: str = PLAN):
+    plan = api.select_plan(api.loads(text.format(rules=rules, sp=" with sequence_parallel" if sp else "",
                                                  train=train), path="p.plan"))
     assignment, _ = assign_stages(plan)
     return plan, [layer for layer in assignment.stage_layers[0] if layer.kind == "block"]
@@ -83,13 +83,13 @@ def test_recomputation_keeps_what_it_keeps_of_a_broken_pair(train, rules, terms)
     assert all(estimate_layer_activations(plan, block) == pytest.approx(SBH * terms) for block in blocks)
 
 
-def _block_time(rules: str, sp: bool = False):
+def _block_time(rules: str, sp: bool = False, train: str = "", text: str = PLAN):
     from plandsl.cost.estimate import pipeline_rank_device_types, plan_work, slowest
     from plandsl.cost.layer import estimate_layer_time, plan_links
-    plan, blocks = _blocks(rules, sp)
+    plan, blocks = _blocks(rules, sp, train, text)
     device = slowest(pipeline_rank_device_types(plan)[0], plan.train.precision)
     links = plan_links(plan)
-    return estimate_layer_time(plan.model, blocks[0], plan_work(plan), device, links), links
+    return estimate_layer_time(plan.model, blocks[-1], plan_work(plan), device, links), links
 
 
 TOKENS, HIDDEN, FFN, TP = 512, 512, 2048, 4
@@ -259,3 +259,90 @@ def test_selective_op_reruns_a_whole_projection_whole():
     assert rerun("  shard layers.*.attn = replicate") - rerun("") == pytest.approx(
         2.0 * TOKENS * 2 * HIDDEN * HIDDEN * (1 - 1 / TP))  # wk and wo whole
     assert rerun("  shard layers.*.mlp = replicate") == pytest.approx(rerun(""))  # gpt reruns no MLP GEMM
+
+
+LLAMA_PLAN = PLAN.replace("gpt(layers=4, hidden=512, heads=8, seq=256, vocab=8192)",
+                          "llama(layers=4, hidden=512, heads=8, kv_heads=4, seq=256, vocab=8192)")
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_selective_op_gathers_a_kept_producers_output_again(sp):
+    """`selective_op` keeps w1's output (every other matmul), but where a rule breaks the MLP's pair (w3 whole) `run`
+    all-gathers that output after w1, and the rerun, up to w2, gathers it again: [tokens, ffn] more bytes rerun than
+    Megatron's pair, per block and microbatch (the trace: tests/distributed/test_memtrace.py's harness, +24 MiB over
+    4 blocks x 4 microbatches of this plan, 1.5 MiB each)."""
+    def moved(rules, train):
+        return _block_time(rules, sp, train, LLAMA_PLAN)[0].moved.tensor
+    w3 = "  shard layers.*.mlp.w3 = replicate"
+    ffn = _blocks("", text=LLAMA_PLAN)[0].model.ffn_hidden
+    rerun = moved(w3, ", recompute: selective_op") - moved("", ", recompute: selective_op")
+    assert rerun - (moved(w3, "") - moved("", "")) == pytest.approx(TOKENS * ffn * 2)
+
+
+SHARED_PLAN = PLAN.replace("gpt(layers=4, hidden=512, heads=8, seq=256, vocab=8192)",
+                           "llama(layers=4, hidden=512, heads=8, kv_heads=4, seq=256, vocab=8192, ffn=512, experts=4, "
+                           "top_k=2, shared_experts=2)")
+SHARED = TOKENS * 2 * 512 * 2  # one [tokens, shared_experts x ffn] bf16 tensor
+
+
+def test_replicated_shared_experts_drop_their_pairs_collectives():
+    """`shard layers.*.moe.shared = replicate`: the shared experts whole on every rank inside the MoE layer, whose
+    input and output are whole (`_block_tp`): without sequence parallelism their pair's all-reduce each way is gone;
+    with it the MoE layer's input is gathered and its output's gradient gathered, not Megatron's pair."""
+    from plandsl.cost.comm import collective_seconds
+    rule = "  shard layers.*.moe.shared = replicate"
+    default, links = _block_time("", text=SHARED_PLAN)
+    ruled, _ = _block_time(rule, text=SHARED_PLAN)
+    reduce = collective_seconds("all_reduce", ACTIVATION, links.tp)
+    assert ruled.forward_comm == pytest.approx(default.forward_comm - reduce)
+    assert ruled.backward_comm == pytest.approx(default.backward_comm - reduce)
+    assert ruled.moved.tensor == pytest.approx(default.moved.tensor - 2 * ACTIVATION)
+    default, _ = _block_time("", True, text=SHARED_PLAN)
+    ruled, _ = _block_time(rule, True, text=SHARED_PLAN)
+    gather = collective_seconds("all_gather", ACTIVATION, links.tp)
+    scatter = collective_seconds("reduce_scatter", ACTIVATION, links.tp)
+    # Megatron's pair (an all-gather and a reduce-scatter) out, the MoE layer's all-gather each way in
+    assert ruled.forward_comm == pytest.approx(default.forward_comm - (gather + scatter) + gather)
+    assert ruled.backward_comm == pytest.approx(default.backward_comm - (gather + scatter) + gather)
+
+
+def test_a_whole_shared_w1_gathers_the_shared_width():
+    """`shard layers.*.moe.shared.w1 = replicate`: w3 stays colwise, so its output ([tokens, shared_experts x ffn])
+    is all-gathered for the whole gate, and w2 (rowwise) reads its chunk: its input's gradient all-gathered back."""
+    from plandsl.cost.comm import collective_seconds
+    default, links = _block_time("", text=SHARED_PLAN)
+    ruled, _ = _block_time("  shard layers.*.moe.shared.w1 = replicate", text=SHARED_PLAN)
+    gather = collective_seconds("all_gather", SHARED, links.tp)
+    assert ruled.forward_comm == pytest.approx(default.forward_comm + gather)
+    assert ruled.backward_comm == pytest.approx(default.backward_comm + gather)
+    assert ruled.moved.tensor == pytest.approx(default.moved.tensor + 2 * SHARED)
+
+
+MTP_PLAN = PLAN.replace("gpt(layers=4, hidden=512, heads=8, seq=256, vocab=8192)",
+                        "llama(layers=4, hidden=512, heads=8, kv_heads=4, seq=256, vocab=8192, mtp=2)")
+
+
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("group", ["attn", "mlp", "mlp.w3"])
+def test_a_rule_on_a_multi_token_prediction_block_is_priced_as_on_a_block(group, sp):
+    """`run` lays out a multi-token prediction depth's block (`mtp.N.block`) as a block (`_block_tp`), so a rule that
+    breaks one of its pairs costs the head (which runs the depths, `cost.layer.mtp_time`) what the same rule costs the
+    last block (`ir.pairs.mtp_blocks`): its FLOPs, collectives and activations, once per depth it reaches."""
+    from plandsl.cost.estimate import pipeline_rank_device_types, plan_work, slowest
+    from plandsl.cost.layer import estimate_layer_time, plan_links
+
+    def figures(rules, kind):
+        plan = api.select_plan(api.loads(MTP_PLAN.format(rules=rules, sp=" with sequence_parallel" if sp else "",
+                                                         train=""), path="p.plan"))
+        layer = [layer for layer in assign_stages(plan)[0].stage_layers[0] if layer.kind == kind][-1]
+        device = slowest(pipeline_rank_device_types(plan)[0], plan.train.precision)
+        time = estimate_layer_time(plan.model, layer, plan_work(plan), device, plan_links(plan))
+        return (time.flops, time.forward_comm, time.backward_comm, time.moved.tensor,
+                estimate_layer_activations(plan, layer))
+
+    def delta(rules, kind):
+        return [ruled - default for ruled, default in zip(figures(rules, kind), figures("", kind))]
+    block = delta(f"  shard layers.3.{group} = replicate", "block")
+    assert block[0] > 0
+    assert delta(f"  shard mtp.*.block.{group} = replicate", "head") == pytest.approx([2 * d for d in block])
+    assert delta(f"  shard mtp.1.block.{group} = replicate", "head") == pytest.approx(block)
