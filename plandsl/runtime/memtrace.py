@@ -158,7 +158,15 @@ class _Recorder(TorchDispatchMode):
             if isinstance(tensor, self.kind):
                 self.see(tensor, "unsharded")
             return
-        entry = self.live[key]
+        self.sized(tensor, after, before)
+
+    def sized(self, tensor: torch.Tensor, after: int, before: int | None = None) -> None:
+        """`tensor`'s storage holds `after` bytes now (`before` before: what the recorder last knew, by default): an
+        allocation, a free or nothing. A storage the recorder never saw is left alone."""
+        entry = self.live.get(id(tensor.untyped_storage()))
+        if entry is None:
+            return
+        before = entry[1] if before is None else before
         if before and not after:
             self._add(-1, entry[0], entry[1])
         elif after and not before:
@@ -248,18 +256,22 @@ def _discard_resizes(recorder: _Recorder):
     it, which no operator shows: both wrapped while tracing."""
     from plandsl.runtime import discard  # the interpreter's own (lazy as the FSDP internals above: tracing only)
     free, refill = discard.free_storage, discard.refill_storage
+    # On fake tensors nothing is resized, only recorded: a fake storage resized away and back is never released when
+    # its tensors die (no free would follow), and a fake tensor's values are none to keep
+    fake = recorder.kind is not torch.Tensor
 
     def free_storage(output):
         local = discard.local_tensor(output)
         before = local.untyped_storage().nbytes()
-        free(output)
-        recorder.resized(local, before)
+        if not fake:
+            free(output)
+        recorder.sized(local, 0, before)
 
     def refill_storage(output, again):
         local = discard.local_tensor(output)
-        before = local.untyped_storage().nbytes()
-        refill(output, again)
-        recorder.resized(local, before)
+        if not fake:
+            refill(output, again)
+        recorder.sized(local, discard.local_tensor(again).untyped_storage().nbytes(), 0)
 
     discard.free_storage, discard.refill_storage = free_storage, refill_storage
     try:

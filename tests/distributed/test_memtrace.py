@@ -464,3 +464,31 @@ def test_a_whole_heads_last_stage_keeps_its_whole_logits_till_their_backward():
     last = next(rank for rank in range(8) if mesh_coordinate(plan, rank)["pp"] == 1)
     trace = memtrace.trace_rank(plan, last, 2)
     assert 1.0 <= estimate_plan_memory(plan)[-1].total / trace.peak_allocated(trace.steps[0])[0] <= 1.01
+
+
+MLA_UP_PROJ = """
+import "clusters/local"
+plan mla_up_proj {
+  model    = llama(layers=2, hidden=512, heads=8, seq=256, vocab=8192, q_lora_rank=128, kv_lora_rank=64,
+                   qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=64)
+  cluster  = localhost
+  mesh     = [dp = 1] over devices[0:1]
+  train    = { global_batch: 8, micro_batch: 2, precision: bf16, seed: 0, recompute: selective,
+               recompute_modules: [mla_up_proj] }
+}
+"""
+
+
+def test_outputs_run_without_output_are_freed_in_the_trace_as_in_a_run():
+    """`recompute_modules: [mla_up_proj]` frees Q, K and V after the attention core (`runtime.discard`, a storage
+    resized away) and rebuilds them in the backward. On fake tensors the tracer records both without resizing the
+    fake storage (resized away and back, a fake storage was never released when its tensors died: every
+    microbatch's Q and K stayed in the trace, 56 at this plan's peak, where a real run frees them all); so no Q or K
+    outlives its microbatch's backward, and the plan peaks below the same plan recomputing nothing."""
+    plan = load(MLA_UP_PROJ)
+    trace = memtrace.trace_rank(plan, 0, 2)
+    qk = f"cat.default[{plan.train.micro_batch}, {plan.seq}, 8, 64] bfloat16"
+    assert not [key for key in trace.live_before(len(trace.events)) if trace.labels[key] == qk]
+    plain = memtrace.trace_rank(load(MLA_UP_PROJ.replace("recompute: selective,\n               "
+                                                         "recompute_modules: [mla_up_proj]", "recompute: none")), 0, 2)
+    assert trace.peak_allocated(trace.steps[0])[0] < plain.peak_allocated(plain.steps[0])[0]
