@@ -693,9 +693,10 @@ def init_spec(config: ir.TransformerModel | None, name: str, shape: tuple[int, .
 
 class ParameterValues:
     """The initial values of one full parameter of a built-in family (the rule above), any block of them on demand:
-    `block(slices)` is a new CPU tensor of the block `slices` cut (one slice per dim), in `dtype`. A small
-    parameter's are drawn whole from `generator` when the object is made (its turn in the one stream); a large
-    one's, tile by tile as a block asks, from the generators of the tiles it covers."""
+    `block(slices)` is the block `slices` cut (one slice per dim), a CPU tensor in `dtype` (a view of a small
+    parameter's values, a new tensor of a large one's). A small parameter's are drawn whole from `generator` when
+    the object is made (its turn in the one stream); a large one's, tile by tile as a block asks, from the
+    generators of the tiles it covers."""
 
     def __init__(self, config: ir.TransformerModel | None, name: str, shape: tuple[int, ...], dtype: torch.dtype,
                  seed: int, generator: torch.Generator):
