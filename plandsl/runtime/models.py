@@ -691,6 +691,11 @@ def init_spec(config: ir.TransformerModel | None, name: str, shape: tuple[int, .
     return "normal", INIT_STD
 
 
+def whole(shape) -> tuple[slice, ...]:
+    """The block of a parameter of `shape` that is all of it (`ParameterValues.block`, `FullValues.block`)."""
+    return tuple(slice(0, n) for n in shape)
+
+
 class ParameterValues:
     """The initial values of one full parameter of a built-in family (the rule above), any block of them on demand:
     `block(slices)` is the block `slices` cut (one slice per dim), a CPU tensor in `dtype` (a view of a small
@@ -753,7 +758,7 @@ def init_parameters_(module: nn.Module, config: ir.TransformerModel | None, seed
         if values.tiled and not drawing:  # fake tensors (`runtime.memtrace`): no numbers, one operator, not a tile's
             values.fill_(param, generator)
         else:
-            param.copy_(values.block(tuple(slice(0, n) for n in param.shape)))
+            param.copy_(values.block(whole(param.shape)))
 
 
 def build_model(model: ir.Model, seed: int) -> nn.Module:
@@ -862,7 +867,7 @@ def materialize(module: nn.Module, model: ir.Model, seed: int, device: torch.dev
             if isinstance(param, DTensor):
                 param.to_local().copy_(local_part(values, param))
             else:
-                param.copy_(values.block(tuple(slice(0, n) for n in param.shape)))
+                param.copy_(values.block(whole(param.shape)))
         del values
     if unfilled:
         raise ValueError(f"cannot materialize {', '.join(sorted(unfilled))}: no initial values were drawn for them")
@@ -917,7 +922,7 @@ def local_part(values, param: DTensor) -> torch.Tensor:
     shape = tuple(param.shape)
     indices = local_indices(shape, param)
     if indices is None:
-        full = values.block(tuple(slice(0, n) for n in shape))
+        full = values.block(whole(shape))
         return distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
     slices, picks = [], {}
     for dim, size in enumerate(shape):
