@@ -37,9 +37,11 @@ class Row:
     note: str = ""
 
     @property
-    def error(self) -> float:
-        """(predicted - measured) / measured."""
-        return (self.predicted - self.measured) / self.measured if self.measured else float("inf")
+    def error(self) -> float | None:
+        """(predicted - measured) / measured; None where it is no number: a measured peak of 0, or a measurement so
+        small that the quotient overflows (a time of 1e-320 s), which JSON cannot write and text would print as inf."""
+        error = (self.predicted - self.measured) / self.measured if self.measured else math.inf
+        return error if math.isfinite(error) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +141,7 @@ def format_against(against: Against) -> str:
     for r in against.rows:
         show = format_bytes if "bytes" in r.name else (lambda v: f"{v:.4g}")
         lines.append(f"  {r.name:20} {show(r.predicted):>12} {show(r.measured):>12} {show(r.low):>12} "
-                     f"{show(r.high):>12} {r.error:>+8.1%}")
+                     f"{show(r.high):>12} {'n/a' if r.error is None else format(r.error, '+.1%'):>8}")
     lines += [f"  note: {r.name}: {r.note}" for r in against.rows if r.note]
     return "\n".join(lines)
 

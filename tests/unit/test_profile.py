@@ -441,6 +441,22 @@ def test_a_metrics_figure_that_is_no_finite_measurement_is_named(tmp_path, line,
     assert words in result.output and "E108" not in result.output, result.output
 
 
+@pytest.mark.parametrize("line", ['{"step": 5, "step_time_s": 0.1, "tokens_per_s": 1, "peak_memory_bytes": 0}',
+                                  '{"step": 5, "step_time_s": 1e-320, "tokens_per_s": 1e-320}'])
+def test_an_error_that_is_no_number_is_null_not_infinity(tmp_path, line):
+    """A measured peak of 0 (a record's peak may be 0) gave the error inf, and a subnormal time overflowed the quotient
+    to inf: `--json` printed `Infinity`, which is not JSON, and the text `+inf%`. Now it is null and `n/a`."""
+    write_cluster(synthetic_profile(), str(tmp_path / "box.plan"))
+    plan_file = _use(tmp_path, "box")
+    (tmp_path / "m.jsonl").write_text(line + "\n")
+    result = CliRunner().invoke(main, ["estimate", str(plan_file), "--against", str(tmp_path / "m.jsonl"), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output, parse_constant=lambda word: pytest.fail(f"{word} in the JSON")).get("against")
+    assert None in [row["error"] for row in rows["rows"]]
+    text = CliRunner().invoke(main, ["estimate", str(plan_file), "--against", str(tmp_path / "m.jsonl")]).output
+    assert "n/a" in text and "inf" not in text, text
+
+
 def test_a_metrics_file_may_start_with_a_byte_order_mark(tmp_path):
     write_cluster(synthetic_profile(), str(tmp_path / "box.plan"))
     plan_file = _use(tmp_path, "box")
