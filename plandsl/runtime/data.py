@@ -43,7 +43,8 @@ class Batches:
         self.vocab = getattr(plan.model, "vocab", None) or getattr(model, "vocab", None)
 
     def _generator(self, step: int) -> torch.Generator:
-        return torch.Generator().manual_seed(self.plan.train.seed * 1_000_003 + step)
+        # modulo 2^64, the generator's seed range: a seed up to the cap (limits.MAX_SEED) overflowed it at step 0
+        return torch.Generator().manual_seed((self.plan.train.seed * 1_000_003 + step) % 2**64)
 
     def global_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Every sequence of step `step` (0-based): inputs and targets, `global_batch` rows each."""

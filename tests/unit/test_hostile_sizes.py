@@ -76,6 +76,8 @@ FIELDS = {  # what to replace in VALID_PLAN -> with a huge number; the code expe
     "recompute_layers": ("recompute: selective", f"recompute: full, recompute_layers: {HUGE}", "E505"),
     "offload_layers": ("recompute: selective", f"offload_layers: {HUGE}", "E505"),
     "bf16_last_layers": ("precision: bf16, recompute: selective", f"precision: fp8, bf16_last_layers: {HUGE}", "E505"),
+    # a seed past 2^64 - 1 (here 10^20) checked, then `run` failed at step 1 (torch's generators take 64 bits)
+    "seed": ("recompute: selective", f"recompute: selective, seed: {HUGE}00", "E505"),
 }
 
 
@@ -87,6 +89,20 @@ def test_huge_number_in_every_field(field):
     analysis = analyzed(plan.replace(old, new, 1), code)
     if code == "E505":
         assert any(f"{HUGE[:4]}" in d.message.replace(",", "") for d in analysis.errors)
+
+
+def test_a_seed_at_its_cap_draws_every_step():
+    """`seed: 18446744073709551615` (2^64 - 1) checked, and `plandsl run` failed at its first batch: the data seeds its
+    generator with seed * 1,000,003 + step, past torch's 64 bits ("Overflow when unpacking long long")."""
+    pytest.importorskip("torch")
+    from plandsl import api
+    from plandsl.runtime.data import Batches
+    text = VALID_PLAN.replace("recompute: selective", f"recompute: selective, seed: {limits.MAX_SEED}")
+    analyzed(text)
+    plan = api.loads(text).plans[0]
+    for step in (0, limits.MAX_STEPS):
+        Batches(plan)._generator(step)
+    analyzed(text.replace(f"seed: {limits.MAX_SEED}", f"seed: {limits.MAX_SEED + 1}"), "E505")
 
 
 def test_caps_are_answered_at_the_cap_not_below():
