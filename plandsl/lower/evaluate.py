@@ -45,9 +45,10 @@ class Rep:
 
 
 MATH: dict[str, Callable[..., Any]] = {
-    "min": min, "max": max, "abs": abs,
+    "min": lambda *a: min(a), "max": lambda *a: max(a), "abs": abs,  # min(a) of one number is a
     "ceil": lambda x: math.ceil(x), "floor": lambda x: math.floor(x),
 }
+ONE_ARGUMENT = ("abs", "ceil", "floor")
 
 
 class Reporter:
@@ -212,8 +213,9 @@ class Scope:
     def _eval_Call(self, e: s.Call):
         if isinstance(e.func, s.Name) and e.func.id in MATH and self.find(e.func.id) is None:
             args = [self.number(self.eval(a), a) for a in e.args]
-            if e.kwargs or not args:
-                raise self.reporter.error("E205", f"{e.func.id}() takes numbers", e.span)
+            if e.kwargs or not args or (e.func.id in ONE_ARGUMENT and len(args) != 1):
+                raise self.reporter.error("E205", f"{e.func.id}() takes "
+                                          f"{'one number' if e.func.id in ONE_ARGUMENT else 'numbers'}", e.span)
             try:
                 return MATH[e.func.id](*args)
             except (TypeError, ValueError, OverflowError) as error:

@@ -206,6 +206,21 @@ def test_ceil_of_infinity(call):
     diagnosed(_plan_with_mesh(f"[dp = {call}, pp = 2, tp = 2]"), "E211")
 
 
+@pytest.mark.parametrize("call, code", [("min(4)", None), ("max(4)", None), ("abs(4, 2)", "E205"), ("ceil(4, 2)", "E205"),
+                                        ("floor()", "E205"), ("max(dp=4)", "E205")])
+def test_a_function_given_the_wrong_count_of_numbers(call, code):
+    """`min(4)` was E211 "min(): 'int' object is not iterable" (Python's words, for a call language.md writes as
+    `min(a, b, ...)`); `abs(4, 2)` "abs() takes exactly one argument (2 given)". A min or max of one number is that
+    number; the others take one number, E205 saying so."""
+    text = _plan_with_mesh(f"[dp = {call}, pp = 2, tp = 2]")
+    analysis = diagnosed(text, code) if code else analyze(text=text)
+    assert code or analysis.ok, [(d.code, d.message) for d in analysis.errors]
+    assert not any("iterable" in d.message or "argument" in d.message for d in analysis.diagnostics), \
+        [d.message for d in analysis.diagnostics]
+    if code == "E205" and call.startswith(("abs", "ceil", "floor")):
+        assert any("takes one number" in d.message for d in analysis.errors), [d.message for d in analysis.errors]
+
+
 BIG = "1" + "0" * 200  # 1e200: a legal literal, but its square does not fit a float
 
 
