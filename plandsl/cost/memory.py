@@ -1070,7 +1070,8 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
                                   precision: ir.Precision, attention_matrix: bool = False,
                                   kv_gathered: int = 1, recipe: ir.Fp8Recipe | None = None,
                                   modules: frozenset[ir.RecomputeModule] = frozenset((ir.RecomputeModule.core_attn,)),
-                                  saves_gathered: bool = False, pairs: dict[str, PairLayout] | None = None) -> float:
+                                  saves_gathered: bool = False, pairs: dict[str, PairLayout] | None = None,
+                                  ring: bool = False) -> float:
     """Bytes stored by one transformer block for one microbatch (Korthikanti et al. 2022, Sec. 4).
 
     For GPT (MHA, ffn = 4h, dropout) this is exactly the paper's Table 2, in units of s·b·h bytes
@@ -1086,7 +1087,8 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
     `saves_gathered`: under sequence parallelism the column-parallel linears save the gathered input, not their
     shard (`ir.TensorParallel.saves_gathered`: torch's tensor parallelism; `_gathered_terms`).
     `pairs`: the block's pairs a shard rule breaks (`ir.pairs.broken`), whose tensors between producers and consumer
-    every tensor rank keeps whole (`_broken_terms`).
+    every tensor rank keeps whole (`_broken_terms`); `ring`: ring context parallelism runs the core (torch's
+    `context_parallel` in `plandsl run`), which keeps its own output apart from the out-projection's input.
     """
     sbh = seq * micro_batch * model.hidden
     scale = precision.bytes / 2
@@ -1114,7 +1116,8 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
     matrix_whole = False
     if pairs:  # moved from the tensor-sharded terms to those every tensor rank keeps whole, and the core's whole output
         moved, extra, moved_saved, matrix_whole = _broken_terms(model, kv_gathered, pairs, rerun,
-                                                                attention_matrix or recompute is ir.Recompute.selective)
+                                                                attention_matrix or recompute is ir.Recompute.selective,
+                                                                ring)
         terms = (terms[0] + moved + extra, terms[1] - moved, terms[2])
         saved = (saved[0] + moved_saved, saved[1] - moved_saved)
         gathered = (gathered[0] + moved + extra, gathered[1] + moved_saved)
@@ -1123,7 +1126,8 @@ def transformer_block_activations(model: ir.TransformerModel, seq: int, micro_ba
 
 
 def _broken_terms(model: ir.TransformerModel, kv_gathered: int, pairs: dict[str, PairLayout],
-                  rerun: frozenset[ir.RecomputeModule], core_drops_output: bool) -> tuple[float, float, float, bool]:
+                  rerun: frozenset[ir.RecomputeModule], core_drops_output: bool, ring: bool = False
+                  ) -> tuple[float, float, float, bool]:
     """What a block keeps whole on every tensor rank where a shard rule breaks its pairs (`ir.pairs.broken`), in
     `_block_terms`' units: (moved, the tensor-sharded terms kept whole instead; extra, whole tensors beside them; of
     `moved`, the inputs FP8 linear layers save, in `_fp8_saved_terms`' units; whether the scores are whole).
@@ -1135,7 +1139,10 @@ def _broken_terms(model: ir.TransformerModel, kv_gathered: int, pairs: dict[str,
     (`PairLayout.consumer_chunks`: RowwiseParallel reads the whole input as Replicate and takes its local chunk),
     else the whole input; a chunking wo's whole input, the core's output, is still kept by flash attention for its own
     backward (unless the core keeps its probabilities instead, `attention: materialized`, or is rerun,
-    `core_drops_output`). Selective recomputation's modules (`rerun`) drop theirs as `_module_terms` does: `mlp` a dense
+    `core_drops_output`). Under ring context parallelism (`ring`) the core keeps its own output apart from wo's input
+    in Megatron's layout too (torch's ring returns it [b, heads, s, d], cast from its fp32 merge; wo reads a
+    transposed copy), which the default count holds as one with wo's input: breaking the pair makes that output whole,
+    2o beyond its share (traced: tests/distributed/test_memtrace.py). Selective recomputation's modules (`rerun`) drop theirs as `_module_terms` does: `mlp` a dense
     MLP's, `moe` and `shared_experts` the shared experts', `mla_up_proj` MLA's Q, K and V."""
     Module = ir.RecomputeModule
     hidden = model.hidden
@@ -1147,7 +1154,9 @@ def _broken_terms(model: ir.TransformerModel, kv_gathered: int, pairs: dict[str,
             qkv = (2 * widths.q + 2 * (widths.k + widths.v) * kv_gathered) / hidden if model.latent_attention \
                 else 2 * widths.q / hidden + 4 * kv_width(model) / hidden * kv_gathered
             moved += qkv
-        if attention.consumer_chunks:
+        if attention.consumer_chunks and ring and not core_drops_output:
+            moved += 2 * widths.o / hidden  # the ring's output whole, wo's chunk as the default's one share
+        elif attention.consumer_chunks:
             extra += 0.0 if core_drops_output else 2 * widths.o / hidden
         else:
             moved, moved_saved = moved + 2 * widths.o / hidden, moved_saved + widths.o / hidden
@@ -1377,7 +1386,9 @@ def _selective_op_terms(model: ir.TransformerModel, tp: int, sequence_parallel: 
     negligible) and, under sequence parallelism, the reduce-scatters after wo and w2 (2/t each).
     MoE blocks run refused (E704); they are counted as dense blocks of top_k experts. A pair a shard rule breaks
     (`pairs`, `ir.pairs.broken`): a projection whole on every tensor rank keeps its whole output (q, v, w1's; a split
-    producer's kept output is its own part, gathered after), a broken attention its core's whole output."""
+    producer's kept output is its own part, gathered after), a broken attention its core's whole output; a consumer
+    not split along its input features has no reduce-scatter to keep (its output whole, chunked to the sequence
+    shards, or all-to-all'd there), and llama's w2 split along its output features keeps its own part (2/t)."""
     ffn = model.ffn_hidden / model.hidden * (model.top_k if model.experts else 1)
     widths = attention_widths(model)  # MLA's q, v and output widths; hidden, kv, hidden otherwise
     q, v, o = widths.q / model.hidden, widths.v / model.hidden, widths.o / model.hidden
@@ -1394,6 +1405,11 @@ def _selective_op_terms(model: ir.TransformerModel, tp: int, sequence_parallel: 
                                  if any(name in split and split[name] is None for name in names))
         elif group == "mlp" and split.get("w1", 0) is None:
             whole += 2 * ffn
+        if pair.consumer != 1 and group in ("attn", "mlp"):
+            # traced (tests/distributed/test_memtrace.py): wo or w2 whole or split along its output features makes
+            # no reduce-scatter, the only collective the policy keeps (`runtime.recompute._kept_ops`)
+            terms -= 2 / tp if sequence_parallel else 0.0
+            terms -= (2 - 2 / tp) if group == "mlp" and pair.consumer == 0 and model.kind != "gpt" else 0.0
     return terms + whole * (1 - 1 / tp)
 
 
@@ -1424,7 +1440,8 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
                                              sequence_parallel, recompute, precision,
                                              attention_matrix, _kv_gathered(plan, recompute), plan.train.recipe,
                                              plan.train.modules if modules is None else modules,
-                                             _saves_gathered(plan), broken(layer)) \
+                                             _saves_gathered(plan), broken(layer),
+                                             plan.context is not None and plan.context.kind == "ring" and plan.cp > 1) \
             + expert_weight_copies(plan, layer, recompute)
     if layer.kind == "embed":
         # Sec. 4.3: embeddings keep nothing large but gpt's embedding dropout mask (1 byte); the
