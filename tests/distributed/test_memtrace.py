@@ -11,6 +11,8 @@ and `plandsl run --dry-run --memory`.
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 from click.testing import CliRunner
 
@@ -477,6 +479,38 @@ def test_a_broken_pair_runs_the_collectives_the_time_model_prices(rules, changed
     passes = plan.model.layers * plan.num_microbatches  # blocks x the microbatches of a step
     assert {label: (ruled.get(label, 0) - default.get(label, 0)) / passes
             for label in set(ruled) | set(default) if ruled.get(label, 0) != default.get(label, 0)} == changed
+
+
+def _collective_bytes(label: str, tp: int) -> int:
+    """The bytes a collective of `_collectives`' `label` moves as `cost.layer` sizes it: its output's, a
+    reduce-scatter's input (tp x its output)."""
+    shape, dtype = label[label.index("[") + 1:label.index("]")], label.rsplit(" ", 1)[1]
+    numel = math.prod(int(size) for size in shape.split(",") if size.strip())
+    return numel * getattr(torch, dtype).itemsize * (tp if label.startswith("reduce_scatter") else 1)
+
+
+def test_full_recomputation_reruns_a_broken_mlp_up_to_its_consumer():
+    """Full recomputation reruns the block under torch's checkpoint, which stops once it has remade what the backward
+    needs: with w1 whole before a rowwise w2, the attention's input gathered, wo's reduce-scatter and the MLP's input
+    gathered again, not w2's reduce-scatter (nothing saves its output): per block and microbatch 3 [b, s, h] tensors'
+    bytes, traced as counted (`cost.layer._layer_comm`; 4 counted before, as Megatron's intact pair reruns its whole
+    forward: the count keeps that for the default split)."""
+    from plandsl.cost.estimate import pipeline_rank_device_types, plan_work, slowest
+    from plandsl.cost.layer import estimate_layer_time, plan_links
+    from plandsl.ir.placement import assign_stages
+    rules = "  shard layers.*.mlp.w1 = { weight: Shard(0) @ dp, bias: Shard(0) @ dp }"
+    traced, counted = {}, {}
+    for recompute in ("none", "full"):
+        plan = load(RULED_BLOCKS.replace("seed: 0 }", f"seed: 0, recompute: {recompute} }}").rstrip().rstrip("}")
+                    + rules + "\n}\n")
+        found = _collectives(memtrace.trace_rank(plan, 0, 2))
+        traced[recompute] = sum(count * _collective_bytes(label, plan.tp) for label, count in found.items())
+        block = next(layer for layer in assign_stages(plan)[0].stage_layers[0] if layer.kind == "block")
+        device = slowest(pipeline_rank_device_types(plan)[0], plan.train.precision)
+        counted[recompute] = estimate_layer_time(plan.model, block, plan_work(plan), device, plan_links(plan)).moved.tensor
+    activation = plan.train.micro_batch * plan.seq * plan.model.hidden * 2
+    passes = plan.model.layers * plan.num_microbatches
+    assert (traced["full"] - traced["none"]) / passes == counted["full"] - counted["none"] == 3 * activation
 
 
 @pytest.mark.parametrize("rules", ["  shard head = replicate", "  shard head = rowwise over tp"],
