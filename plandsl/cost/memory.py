@@ -1440,7 +1440,7 @@ def _layer_activations(plan: ir.Plan, layer: Layer, recompute: ir.Recompute,
                                              sequence_parallel, recompute, precision,
                                              attention_matrix, _kv_gathered(plan, recompute), plan.train.recipe,
                                              plan.train.modules if modules is None else modules,
-                                             _saves_gathered(plan), broken(layer),
+                                             _saves_gathered(plan), broken(layer) if tp > 1 else None,
                                              plan.context is not None and plan.context.kind == "ring" and plan.cp > 1) \
             + expert_weight_copies(plan, layer, recompute)
     if layer.kind == "embed":

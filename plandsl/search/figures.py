@@ -24,6 +24,7 @@ from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activati
                                  replicates_units, whole_vocab_gradient_bytes, StateBytes)
 from plandsl.cost.stage import param_split
 from plandsl.ir.layers import Layer, figures_key, layers_of
+from plandsl.ir.shard_rules import ruled_layers
 from plandsl.schedules.bounded import builtin_profiles
 from plandsl.schedules.registry import BUILTIN, splits_backward
 from plandsl.search.choices import stage_ranks
@@ -38,8 +39,8 @@ class Figures:
         (tests/unit/test_search_experts.py holds the estimate to it), the layer times do."""
         self.problem, self.efficiency = problem, efficiency
         self.model = problem.model
-        self.layers = layers_of(problem.model)
         self.transformer = isinstance(problem.model, ir.TransformerModel)
+        self.layers = self._ruled(layers_of(problem.model))
         self.blocks = sum(1 for layer in self.layers if layer.kind == "block") if self.transformer \
             else len(self.layers)
         self.dense_blocks = 0  # a transformer's blocks of its kinds but the main one (`_kinds`: dense, windowed)
@@ -76,6 +77,21 @@ class Figures:
         self._types_cache: dict = {}
         self._links_cache: dict = {}
         self._links_numbers: dict = {}
+
+    def _ruled(self, layers: tuple[Layer, ...]) -> tuple[Layer, ...]:
+        """`layers` placed as the problem's shard rules place them (`ir.shard_rules.ruled_layers`, what the exact
+        estimate of a plan that keeps them counts: `ir.placement.assign_stages`), read on a plan of the problem with
+        a data and a tensor axis (the rules' `@ dp` and `over tp`), so every figure (states, activations, time) and the
+        caps count them; blocks placed differently are kinds of their own (`_kinds`). The layers as they are without
+        rules."""
+        if not self.problem.shard or not self.transformer:
+            return layers
+        gathering = ir.FSDP_GATHERING._asdict()
+        probe = self._base_plan().model_copy(update={
+            "mesh": ir.Mesh(axes=(ir.Axis(name="dp", size=2), ir.Axis(name="tp", size=2))),
+            "data": ir.DataParallel.model_construct(field_spans={}, kind=ir.DataKind.zero3, axes=("dp",), **gathering),
+            "tensor": ir.TensorParallel.model_construct(style="megatron", axis="tp", sequence_parallel=False)})
+        return ruled_layers(probe, layers)
 
     def _kinds(self) -> list[tuple[Layer, int]]:
         """(layer, count): transformers are an embedding, L identical blocks, a norm and a head; one with more kinds
@@ -164,7 +180,7 @@ class Figures:
             if p.pipeline != "torch" or p.outputs != "dropped" else None
         return ir.Plan.model_construct(name="generated", model=p.model, cluster=p.cluster, mesh=mesh, train=train,
                                        data=data, tensor=tensor, context=context, experts=experts, stages=stages,
-                                       schedule=None, shard=())
+                                       schedule=None, shard=p.shard)
 
     def work(self, node: Node) -> Work:
         root = node.root

@@ -155,7 +155,7 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                       context=plan.context.kind if plan.context else CONTEXT,
                       ring=plan.context.implementation if plan.context else "te", search_experts=searched,
                       pipeline=plan.stages.implementation if plan.stages else "torch",
-                      outputs=plan.stages.outputs if plan.stages else "dropped")
+                      outputs=plan.stages.outputs if plan.stages else "dropped", shard=plan.shard)
     decided = "mesh" in attrs and not free_choices(attrs, stage_block, plan)
     return Partial(path, text, module, definition, attrs, stage_block, plan, problem, parse_pins(pins), names,
                    tuple(overs), train_items, local, params, tuple(notes), decided)

@@ -63,6 +63,8 @@ class Problem:
     #                                                   schedules, none of torch's stage buffers: cost.memory)
     outputs: str = "dropped"                          # given: `stages = ... with outputs = returned` (torch's pipeline
     #                                                   keeps the last stage's outputs to the step's end: cost.memory)
+    shard: tuple[ir.ShardRule, ...] = ()              # given: the `shard` rules a `generate --from` plan keeps (every
+    #                                                   candidate carries them; the figures place the layers by them)
 
     @property
     def stack_of_tensor(self) -> str:
