@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -71,9 +72,15 @@ def check_options(options: LaunchOptions) -> None:
 
 
 def endpoint_problem(endpoint: str) -> str | None:
+    """What torchrun would refuse in HOST:PORT (torch.distributed.elastic.rendezvous.utils.parse_rendezvous_endpoint's
+    rules, and no leading '-', which its argument parser reads as an option), or None."""
     host, sep, port = endpoint.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) < 65536:
         return "expected HOST:PORT with a port from 1 to 65535"
+    name = host[1:-1] if len(host) > 1 and host[0] == "[" and host[-1] == "]" else host  # [::1]:29500
+    if not re.fullmatch(r"[\w.:-]+", name) or host.startswith("-"):
+        return ("expected HOST:PORT with HOST a host name, an IPv4 address or an IPv6 address in brackets "
+                "([::1]:29500)")
     return None
 
 

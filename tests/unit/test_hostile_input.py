@@ -244,6 +244,11 @@ RUN_ARGUMENTS = {
     "node rank past the nodes": (["--nnodes", "2", "--node-rank", "5", "--rdzv-endpoint", "h:1"], "--node-rank"),
     "endpoint without a port": (["--nnodes", "2", "--rdzv-endpoint", "host"], "--rdzv-endpoint"),
     "endpoint port out of range": (["--nnodes", "2", "--rdzv-endpoint", "host:70000"], "--rdzv-endpoint"),
+    # these passed the check and torchrun refused them: E108 (ValueError), or its own usage error for "-x:5"
+    "endpoint a port of other digits": (["--nnodes", "2", "--rdzv-endpoint", "host:\u00b2"], "--rdzv-endpoint"),
+    "endpoint bracket unclosed": (["--nnodes", "2", "--rdzv-endpoint", "[::1"], "--rdzv-endpoint"),
+    "endpoint host with a space": (["--nnodes", "2", "--rdzv-endpoint", "x y:5"], "--rdzv-endpoint"),
+    "endpoint host an option": (["--nnodes", "2", "--rdzv-endpoint", "-x:5"], "--rdzv-endpoint"),
     "data a device": (["--data", "/dev/zero"], "--data"),
     "data a FIFO": (["--data", "fifo.plan"], "--data"),
     "data a directory": (["--data", "dir.plan"], "--data"),

@@ -264,6 +264,9 @@ def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
     (ProfileOptions(nnodes=2, node_rank=2, rdzv_endpoint="h:1"), 0, "is not below --nnodes (2)"),
     (ProfileOptions(nnodes=2, rdzv_endpoint="node0"), 0, "'node0': expected HOST:PORT"),  # as `run` checks it
     (ProfileOptions(nnodes=2, rdzv_endpoint="node0:99999"), 0, "a port from 1 to 65535"),
+    # torchrun refused these after the check passed them: E108 (ValueError)
+    (ProfileOptions(nnodes=2, rdzv_endpoint="[::1"), 0, "an IPv6 address in brackets"),
+    (ProfileOptions(nnodes=2, rdzv_endpoint="node0:\u00b2"), 0, "a port from 1 to 65535"),
     (ProfileOptions(sustain=601), 0, "--sustain 601 is outside plandsl profile's range of 0 to 600 seconds"),
     (ProfileOptions(sustain=-1), 0, "--sustain -1 is outside"),
     (ProfileOptions(sustain=math.inf), 0, "--sustain inf is outside"),
