@@ -27,6 +27,7 @@ MAX_VOCAB = 2**24               # vocabulary entries
 MAX_EXPERTS = 2**16             # experts and top_k
 MAX_STEPS = 10**9               # warm-up steps, `run --steps`
 MAX_SEED = 2**64 - 1            # `seed`: torch's generators take an unsigned 64-bit seed
+MAX_LR = 1e4                    # `lr`: an fp16 weight's update `add_(grad, alpha=-lr)` overflows past 65,504
 MAX_MICROBATCHES = MAX_GLOBAL_BATCH  # `schedule --microbatches`: a microbatch holds at least one sequence
 MAX_LOCAL_RANKS = 256
 """Processes `run --nproc-per-node` starts on one machine: a node holds 8 to 16 accelerators today; 256 leaves
@@ -49,7 +50,7 @@ MODEL_ARGUMENTS = {"layers": MAX_LAYERS, "hidden": MAX_WIDTH, "ffn": MAX_WIDTH, 
 TRAIN = {"global_batch": MAX_GLOBAL_BATCH, "micro_batch": MAX_MICRO_BATCH, "seq": MAX_SEQ, "recompute_layers": MAX_LAYERS, "offload_layers": MAX_LAYERS,
          "bf16_first_layers": MAX_LAYERS, "bf16_last_layers": MAX_LAYERS, "warmup_steps": MAX_STEPS, "seed": MAX_SEED}
 
-__all__ = ["MAX_ACTIONS", "MAX_EXPERTS", "MAX_GLOBAL_BATCH", "MAX_HEADS", "MAX_LAYERS", "MAX_LOCAL_RANKS",
+__all__ = ["MAX_ACTIONS", "MAX_EXPERTS", "MAX_GLOBAL_BATCH", "MAX_HEADS", "MAX_LAYERS", "MAX_LOCAL_RANKS", "MAX_LR",
            "MAX_MESH_DEVICES", "MAX_MTP",
            "MAX_MICROBATCHES", "MAX_MICRO_BATCH", "MAX_NODES", "MAX_PROFILE_NODES", "MAX_SEQ", "MAX_SEED", "MAX_SMS", "MAX_SUSTAIN_SECONDS", "MAX_STAGES", "MAX_STEPS", "MAX_VIRTUAL",
            "MAX_VOCAB", "MAX_WIDTH", "MODEL_ARGUMENTS", "TRAIN"]

@@ -105,6 +105,25 @@ def test_a_seed_at_its_cap_draws_every_step():
     analyzed(text.replace(f"seed: {limits.MAX_SEED}", f"seed: {limits.MAX_SEED + 1}"), "E505")
 
 
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_an_lr_at_its_cap_steps_fp16_weights(optimizer):
+    """`lr: 3e38` (or 1e39, or 70000 over fp16 weights) checked, and `plandsl run` failed at the first optimizer step:
+    torch scales the update by -lr in the weights' dtype ("value cannot be converted to type float without overflow").
+    The cap is E505; at it, the optimizer the plan builds steps fp16 weights to finite values."""
+    torch = pytest.importorskip("torch")
+    from plandsl import api
+    from plandsl.runtime.optim import build_optimizer
+    text = VALID_PLAN.replace("precision: bf16, recompute: selective",
+                              f"precision: fp16, recompute: selective, lr: {limits.MAX_LR}, optimizer: {optimizer}")
+    analyzed(text)
+    plan = api.loads(text).plans[0]
+    weight = torch.nn.Parameter(torch.zeros(4, dtype=torch.float16))
+    weight.grad = torch.full((4,), 1e-3, dtype=torch.float16)
+    build_optimizer(plan, [weight]).step()
+    assert torch.isfinite(weight).all() and weight.abs().max() > 0
+    analyzed(text.replace(f"lr: {limits.MAX_LR}", "lr: 3e38"), "E505")
+
+
 def test_caps_are_answered_at_the_cap_not_below():
     """The largest allowed value is accepted by the lowering; one more is E505."""
     at = VALID_PLAN.replace("global_batch: 64", f"global_batch: {limits.MAX_GLOBAL_BATCH}")

@@ -96,7 +96,10 @@ _entry("E505", """
     most 2^32 sequences, micro_batch 2^20, seq 2^24 tokens, virtual 1,024 stages per rank,
     a model family's layers 100,000 and widths 2^20; the table is under Limits in
     docs/language.md). The caps keep the work of checking proportional to what was
-    written, not to the numbers in it: a typo that adds six zeros is answered at once.
+    written, not to the numbers in it: a typo that adds six zeros is answered at once. Two
+    numbers that are not counts are capped where `plandsl run` would fail on them: `seed`
+    at 2^64 - 1 (torch's generators take 64 bits) and `lr` at 10,000 (torch scales a
+    weight's update by it in the weight's dtype: fp16 holds at most 65,504).
     """, f"""
     import "clusters/dgx_a100"
     plan p {{
