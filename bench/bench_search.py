@@ -380,6 +380,19 @@ def published() -> list[Run]:
                     gpt3, "dgx_a100 x 8", 64, 0.514, metric="mfu",
                     pins={"tp": 8, "pp": 8, "dp": 1, "micro_batch_size": 1, "recompute": "selective",
                           "zero_stage": 0, "schedule": "interleaved_1f1b"}, dtypes=dict(PRE_FLASH)))
+    # The README table's other three rows (the rule, written before any of their predictions was looked at: every
+    # row of that table, each pinned as the 175B row is, with Table 3's model, degrees, GPUs and global batch:
+    # data-parallel size 1, sequence parallelism with selective recomputation, micro-batch 1, no distributed
+    # optimizer, the attention of 2022 written through memory). Table 3 does not say the schedule: it is searched
+    # (the rule as first written pinned the 175B row's interleaving, under which the 1T row fits no layout:
+    # docs/validation.md, "Korthikanti's other three rows")
+    for name, model, gpus, pp, batch, measured in (("22B (t8 p1)", gpt(48, 6144, 64), 8, 1, 4, 0.415),
+                                                   ("530B (t8 p35)", gpt(105, 20480, 128), 280, 35, 280, 0.560),
+                                                   ("1T (t8 p64)", gpt(128, 25600, 160), 512, 64, 512, 0.563)):
+        runs.append(Run(f"Megatron GPT {name}, {gpus} A100, SP + selective", f"{KORTHIKANTI}, Table 3 / Megatron-LM README",
+                        model, f"dgx_a100 x {gpus // 8}", batch, measured, metric="mfu",
+                        pins={"tp": 8, "pp": pp, "dp": 1, "micro_batch_size": 1, "recompute": "selective",
+                              "zero_stage": 0}, dtypes=dict(PRE_FLASH)))
     runs.append(Run("BLOOM 176B (t4 p12 d8), 384 A100", "BigScience tr11-176B-ml slurm and chronicles (2022)",
                     gpt(70, 14336, 112, vocab=250880), "jean_zay x 48", 2048, 150,
                     pins={"tp": 4, "pp": 12, "dp": 8, "micro_batch_size": 2, "recompute": "full", "zero_stage": 1,
