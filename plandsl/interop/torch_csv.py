@@ -62,7 +62,7 @@ def export_comms(plan: ir.Plan) -> Exported:
 def import_csv(text: str, path: str, name: str = "imported", plan_path: str = "imported.plan") -> Imported:
     """Either torch CSV as a checked file holding the schedule `name` (its communication actions dropped)."""
     try:
-        schedule = schedule_from_csv(_compute_cells(text), name).compute_only()
+        schedule = schedule_from_csv(_compute_cells(text), name, path).compute_only()
     except PlanError as error:
         return Imported(None, tuple(error.diagnostics))
     body = to_plan(schedule)

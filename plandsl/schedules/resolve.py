@@ -86,22 +86,24 @@ def read_csv(path: str) -> str:
     return source.text
 
 
-def schedule_from_csv(text: str, name: str = "csv") -> Schedule:
-    """torch's compute-only CSV (rank rows, empty cells idle) -> a validated schedule."""
+def schedule_from_csv(text: str, name: str = "csv", path: str | None = None) -> Schedule:
+    """torch's compute-only CSV (rank rows, empty cells idle) -> a validated schedule named `name`; problems name
+    the file `path` (default `NAME.csv`, the file `plandsl schedule NAME.csv` read)."""
+    label = path or f"{name}.csv"
     try:
         grid = from_csv(text)
     except ValueError as error:
-        raise PlanError([diag("E602", f"{name}.csv: {error}")]) from None
+        raise PlanError([diag("E602", f"{label}: {error}")]) from None
     rows = tuple(tuple(a for a in row if a is not None) for row in grid)
     actions = [a for row in rows for a in row]
     if not actions:
-        raise PlanError([diag("E603", f"{name}.csv holds no action")])
+        raise PlanError([diag("E603", f"{label} holds no action")])
     named = sorted({a.stage for a in actions})
     stages = named[-1] + 1
     if len(named) < stages:  # stages no action names: said once, not stage by stage (up to 10^30 of them)
         gaps = [(low + 1, high - 1) for low, high in zip([-1, *named], named) if high - low > 1]
         shown = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in gaps[:5]) + (", ..." if len(gaps) > 5 else "")
-        raise PlanError([diag("E603", f"{name}.csv names stage {named[-1]}, so its schedule has {stages:,} stages, "
+        raise PlanError([diag("E603", f"{label} names stage {named[-1]}, so its schedule has {stages:,} stages, "
                                       f"but no action runs stage{'s' if stages - len(named) > 1 else ''} {shown}",
                               hint="a schedule's stages are 0..N-1, each running F and B (or I then W) for every "
                                    "microbatch")])

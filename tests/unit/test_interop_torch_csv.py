@@ -117,3 +117,9 @@ def test_the_cli_reads_a_csv_without_devices_and_refuses_them(tmp_path):
     bad.write_text("0F0,0X1\n")
     broken = runner.invoke(main, ["import", "--from", "torch-csv", "--args-file", str(bad), "-o", str(tmp_path / "b.plan")])
     assert broken.exit_code == 1 and "E602" in broken.output and "Traceback" not in broken.output
+    # the problem names the file read, not one named after -o (it said `b.csv: line 1: ...`)
+    assert f"{bad}: line 1" in broken.output and "b.csv" not in broken.output.replace(str(bad), ""), broken.output
+    (tmp_path / "empty.csv").write_text(",,\n")
+    empty = runner.invoke(main, ["import", "--from", "torch-csv", "--args-file", str(tmp_path / "empty.csv"),
+                                 "-o", str(tmp_path / "e.plan")])
+    assert empty.exit_code == 1 and f"{tmp_path / 'empty.csv'} holds no action" in empty.output, empty.output
