@@ -132,10 +132,30 @@ class _Command(click.Command):
         expected = (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, api.PlanError)
         try:
             with api.guard(ctx.params.get("file"), expected) as bug:
-                return super().invoke(ctx)
+                try:
+                    return super().invoke(ctx)
+                except OSError as error:
+                    _output_problem(error)  # exits where the output could not be written; else a bug (E108)
+                    raise
         except api.PlanError as error:  # a stage's diagnostics that the command did not print itself
             _fail(error, ctx.params.get("output_format") or "text")
         _fail(api.PlanError([bug.diagnostic]), ctx.params.get("output_format") or "text")
+
+
+def _output_problem(error: OSError) -> None:
+    """Exit 1 saying why, where `error` came from writing standard output or error (`click.echo`: a full disk,
+    `> /dev/full`, a closed pipe), which is this machine's problem, not a plandsl bug (E108)."""
+    frames, trace = set(), error.__traceback__
+    while trace is not None:
+        frames.add(trace.tb_frame.f_code)
+        trace = trace.tb_next
+    if click.echo.__code__ not in frames:
+        return
+    with contextlib.suppress(OSError):  # stdout's buffer would fail again as the interpreter exits
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    with contextlib.suppress(OSError):  # standard error may be where it failed
+        click.echo(f"error: cannot write the output: {error.strerror or error}", err=True)
+    sys.exit(1)
 
 
 class _Group(click.Group):
@@ -584,7 +604,7 @@ def render_command(file, plan_name, view, output, output_format, color_by, param
     if output:
         _write(output, data)
     else:
-        sys.stdout.buffer.write(data)
+        click.echo(data, nl=False)  # bytes to the binary stream; through echo, as every output (_output_problem)
 
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False))

@@ -101,3 +101,22 @@ def test_usage_errors_and_exits_pass_through(tmp_path):
     assert result.exit_code == 2 and "E108" not in result.output
     a, _, _ = _files(tmp_path)
     assert CliRunner().invoke(main, ["check", a]).exit_code == 0
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+@pytest.mark.parametrize("args", [["schema"], ["check", "p.plan"], ["render", "p.plan", "--view", "mesh", "--format", "dot"]],
+                         ids=["schema", "check", "render-bytes"])
+def test_an_output_that_cannot_be_written_is_said_not_a_bug(tmp_path, args):
+    """`plandsl schema > /dev/full` (a full disk) was E108, "internal error: OSError: [Errno 28] No space left on
+    device ... this is a bug in plandsl": the machine's problem, said as one line, exit 1."""
+    import os
+    import subprocess
+    import sys
+    (tmp_path / "p.plan").write_text(VALID_PLAN)
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "plandsl.cli", *args], cwd=tmp_path, stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 1, done.stderr
+    assert "cannot write the output: No space left on device" in done.stderr, done.stderr
+    assert "E108" not in done.stderr and "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
