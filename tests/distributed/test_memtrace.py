@@ -461,18 +461,21 @@ def _collectives(trace) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("rules, changed", [
-    # a replicated MLP: no w1 input-gradient all-reduce, no w2 reduce-scatter; its input gathered, its output's
-    # gradient gathered as before
-    ("  shard layers.*.mlp = replicate", {"all_reduce.default[2, 256, 512] bfloat16": -1,
-                                          "reduce_scatter_tensor.default[2, 64, 512] bfloat16": -1}),
-    # w1 whole before a rowwise w2: no w1 input-gradient all-reduce; w2's input gradient [tokens, ffn] all-gathered
+    # a replicated MLP: neither reduce-scatter of Megatron's pair (w2's output forward, the MLP input's gradient
+    # backward); its input gathered, its output's gradient gathered as before
+    ("  shard layers.*.mlp = replicate", {"reduce_scatter_tensor.default[2, 64, 512] bfloat16": -2}),
+    # w1 whole before a rowwise w2: no reduce-scatter of the MLP input's gradient (w1's is whole); w2's input gradient
+    # [tokens, ffn] all-gathered
     ("  shard layers.*.mlp.w1 = { weight: Shard(0) @ dp, bias: Shard(0) @ dp }",
-     {"all_reduce.default[2, 256, 512] bfloat16": -1, "all_gather_into_tensor.default[8, 256, 512] bfloat16": 1}),
+     {"reduce_scatter_tensor.default[2, 64, 512] bfloat16": -1,
+      "all_gather_into_tensor.default[8, 256, 512] bfloat16": 1}),
 ], ids=["replicated_mlp", "w1_over_dp"])
 def test_a_broken_pair_runs_the_collectives_the_time_model_prices(rules, changed):
     """`run`'s collectives for a broken MLP pair (`cost.layer._broken_pair_comm` prices these), per block and
-    microbatch against the default split's, as the trace records them under sequence parallelism (the fake process
-    group's collectives are operators of their own)."""
+    microbatch against the default split's, Megatron's pair (an all-gather and a reduce-scatter each way:
+    `tensor_parallel._block_tp` hands an intact pair's producers one Replicate DTensor, so their input gradients are
+    reduce-scattered once), as the trace records them under sequence parallelism (the fake process group's
+    collectives are operators of their own)."""
     plan = load(RULED_BLOCKS.rstrip().rstrip("}") + rules + "\n}\n")
     default = _collectives(memtrace.trace_rank(load(RULED_BLOCKS), 0, 2))
     ruled = _collectives(memtrace.trace_rank(plan, 0, 2))

@@ -5,8 +5,9 @@ Stage: interpreter. Contract: `apply_tp(model, tp_mesh, sequence_parallel, rules
 in place: attention heads and the MLP (Shoeybi et al. 2019) and the vocabulary of the embedding and head;
 with sequence parallelism the norms work on sequence shards (Korthikanti et al. 2022). `rules` (from
 `tp_rules(plan)`) override that per module. Every module returns plain local tensors, so the model code
-never sees a DTensor activation, but the head whose logits go to the cross entropy: it returns them split over
-the vocabulary, a DTensor, for torch's loss parallel (`splits_logits`, `loss_context`). `rule_problems(plan)` says which rules cannot run, and why.
+sees a DTensor activation only as the input of an intact pair's half (one Replicate DTensor its producers read,
+so their input gradients are reduced once: `_block_tp`) and from the head whose logits go to the cross entropy: it
+returns them split over the vocabulary, a DTensor, for torch's loss parallel (`splits_logits`, `loss_context`). `rule_problems(plan)` says which rules cannot run, and why.
 """
 from __future__ import annotations
 
@@ -245,10 +246,22 @@ def _block_tp(block: nn.Module, prefix: str, tp_mesh: DeviceMesh, sequence_paral
     elif block.moe.shared is not None:  # inside the MoE layer, whose input and output are whole
         plan.update({f"moe.{name}": style for name, style in
                      _pair(block.moe, f"{prefix}moe.", "shared", rules, Replicate()).items()})
+    # An intact pair's producers read their input as one Replicate DTensor (torchtitan's `use_local_output=False`), so
+    # their input gradients meet as one partial sum, reduced once (reduce-scattered to the shards under sequence
+    # parallelism: Megatron's pair), not all-reduced by each producer apart; a pair a rule breaks (plain modules among
+    # its members) and MLA's attention (its down-projections plain) read a plain tensor, as does the MoE layer (its
+    # router), whose intact shared experts read it as one Replicate DTensor again
+    for half in ("attn", ffn):
+        dtensor = half != "moe" and _members(block, prefix, half, rules)[2] \
+            and not (half == "attn" and hasattr(block.attn, "wkv_b"))
+        if sequence_parallel or dtensor:
+            plan[half] = PrepareModuleInput(input_layouts=(stream,), desired_input_layouts=(Replicate(),),
+                                            use_local_output=not dtensor)
+    if ffn == "moe" and block.moe.shared is not None and _members(block.moe, f"{prefix}moe.", "shared", rules)[2]:
+        plan["moe.shared"] = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
+                                                use_local_output=False)
     if sequence_parallel:
-        gather = PrepareModuleInput(input_layouts=(stream,), desired_input_layouts=(Replicate(),),
-                                    use_local_output=True)
-        plan.update({"norm1": SequenceParallel(), "attn": gather, "norm2": SequenceParallel(), ffn: gather})
+        plan.update({"norm1": SequenceParallel(), "norm2": SequenceParallel()})
     parallelize_module(block, tp_mesh, plan)
     queries = plan.get("attn.wq", plan.get("attn.wq_b"))
     if getattr(block.attn, "sinks", None) is not None and isinstance(queries, ColwiseParallel):
