@@ -304,10 +304,11 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
             intact = (collective_seconds("all_gather", gathered, links.tp), gathered) if gathers else (0.0, 0.0)
             selective = (rerun[2] + ruled[4] - intact[0], rerun[3] + ruled[5] - intact[1])
         # full recomputation reruns the block's forward under torch's checkpoint, which stops once it has remade
-        # what the backward needs: a broken MLP's up to its consumer's input, so the consumer's own collective (its
-        # output is saved by nothing) is not rerun (traced: tests/distributed/test_memtrace.py); Megatron's intact
-        # pair keeps its reentrant rerun of the whole forward
-        full_rerun = (ruled[4], ruled[5]) if group == "mlp" else (ruled[0], ruled[2])
+        # what the backward needs: a broken MLP's (or shared experts', which the MoE layer runs last) up to its
+        # consumer's input, so the consumer's own collective (its output is saved by nothing) is not rerun (traced:
+        # tests/distributed/test_memtrace.py; counted on gloo ranks for the shared experts); Megatron's intact pair
+        # keeps its reentrant rerun of the whole forward
+        full_rerun = (ruled[4], ruled[5]) if group in ("mlp", "shared") else (ruled[0], ruled[2])
         rerun = (rerun[0] + full_rerun[0] - half_forward, rerun[1] + full_rerun[1] - forward_bytes, *selective)
     if model.experts and work.sequence_parallel and links.tp.size > 1 and work.fold_experts:
         # The experts folded over the tensor axis, each whole on one rank (Megatron-Core's MoE parallel folding):

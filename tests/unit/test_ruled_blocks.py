@@ -306,6 +306,23 @@ def test_replicated_shared_experts_drop_their_pairs_collectives():
     assert ruled.backward_comm == pytest.approx(default.backward_comm - (gather + scatter) + gather)
 
 
+def test_full_recomputation_reruns_broken_shared_experts_up_to_their_consumer():
+    """Full recomputation reruns a block under torch's checkpoint, which stops once it has remade what the backward
+    needs; the MoE layer runs its shared experts last, so where a rule breaks their pair (w1 whole, w3 colwise, w2
+    rowwise) the rerun gathers the layer's input and w3's output again, not w2's reduction (forked gloo ranks, a llama
+    with 4 experts and one shared at tp 2 with sequence parallelism: per block and microbatch the same collectives
+    rerun as with the pair intact but w3's all-gather). Against Megatron's intact pair, whose reentrant rerun the
+    count keeps (an all-gather and a reduce-scatter): one [b, s, h] less, w3's [tokens, shared x ffn] more (the
+    consumer's reduction was rerun before: [b, s, h] more)."""
+    rule = "  shard layers.*.moe.shared.w1 = replicate"
+
+    def rerun(rules):
+        full, _ = _block_time(rules, True, train=", recompute: full", text=SHARED_PLAN)
+        none, _ = _block_time(rules, True, text=SHARED_PLAN)
+        return full.moved.tensor - none.moved.tensor
+    assert rerun(rule) - rerun("") == pytest.approx(SHARED - ACTIVATION)  # w3's output gathered whole
+
+
 def test_a_whole_shared_w1_gathers_the_shared_width():
     """`shard layers.*.moe.shared.w1 = replicate`: w3 stays colwise, so its output ([tokens, shared_experts x ffn])
     is all-gathered for the whole gate, and w2 (rowwise) reads its chunk: its input's gradient all-gathered back."""
