@@ -484,6 +484,36 @@ def test_a_broken_pair_runs_the_collectives_the_time_model_prices(rules, changed
             for label in set(ruled) | set(default) if ruled.get(label, 0) != default.get(label, 0)} == changed
 
 
+def test_selective_op_keeps_a_colwise_w2s_own_part_of_its_output():
+    """llama's w2 is the 7th matmul of its block, whose output `selective_op` keeps: split along its output features
+    (`colwise`) its own part, [tokens, h/t], and no reduce-scatter after it (all-to-all'd to the shards), where the
+    default keeps w2's partial sums whole and their reduce-scatter: 2 s·b·h per block less, traced as counted (the
+    count kept the default's before). Measured from the loss's backward (llama's norms have no backward operator
+    of their own to stop at), so only the change is compared."""
+    from plandsl.cost.memory import estimate_layer_activations
+    from plandsl.ir.placement import assign_stages
+    llama = RULED_BLOCKS.replace("gpt(", "llama(").replace("seed: 0 }", "seed: 0, recompute: selective_op }")
+
+    def saved(text):
+        plan = load(text)
+        trace = memtrace.trace_rank(plan, 0, 2)
+        events, labels = trace.events, trace.labels
+        first = next(i for i in range(trace.steps[1], len(events))
+                     if events[i][0] > 0 and labels[events[i][1]].startswith("embedding"))
+        backward = next(i for i in range(first, len(events)) if events[i][0] > 0 and "backward" in labels[events[i][1]])
+        before = trace.live_before(first)
+        traced = sum(size for key, size in trace.live_before(backward).items()
+                     if key not in before and not _weights_copy(labels[key]))
+        layers = assign_stages(plan)[0].stage_layers[0]
+        return traced, sum(estimate_layer_activations(plan, layer) for layer in layers if layer.kind == "block")
+
+    traced, counted = saved(llama.rstrip().rstrip("}") + "  shard layers.*.mlp.w2 = colwise over tp\n}\n")
+    default_traced, default_counted = saved(llama)
+    plan = load(llama)
+    sbh = plan.train.micro_batch * plan.seq * plan.model.hidden
+    assert traced - default_traced == counted - default_counted == -2 * sbh * plan.model.layers
+
+
 def _collective_bytes(label: str, tp: int) -> int:
     """The bytes a collective of `_collectives`' `label` moves as `cost.layer` sizes it: its output's, a
     reduce-scatter's input (tp x its output)."""
