@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 
 class _WithoutOutput(torch.autograd.Function):
@@ -45,8 +46,8 @@ class DiscardedOutput:
     (the layer after them keeps the same storage for its backward) and hooks their rebuild on the gradient of
     `after`, that layer's output."""
 
-    def __init__(self, function):
-        self.function, self.ctx, self.outputs = function, None, ()
+    def __init__(self, function, module: nn.Module | None = None):
+        self.function, self.ctx, self.outputs, self.module = function, None, (), module
 
     def __call__(self, *inputs):
         outputs = _WithoutOutput.apply(self, *inputs)
@@ -62,6 +63,8 @@ class DiscardedOutput:
         after.register_hook(self._rebuild)
 
     def _rebuild(self, _grad) -> None:
+        if isinstance(self.module, FSDPModule):  # an FSDP unit of its own (`unit = module`) is resharded since its
+            self.module.unshard()  # forward, and its own pre-backward runs only after this rebuild: gather it now
         with torch.enable_grad():
             rebuilt = self.function(*self.ctx.saved_tensors)
         rebuilt = rebuilt if isinstance(rebuilt, tuple) else (rebuilt,)
@@ -100,7 +103,7 @@ def rerun_without_output(module: nn.Module) -> None:
     plain = module.forward
 
     def forward(*inputs):
-        module.pending = DiscardedOutput(plain)
+        module.pending = DiscardedOutput(plain, module)
         return module.pending(*inputs)
 
     module.forward = forward

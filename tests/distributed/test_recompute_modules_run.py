@@ -1,7 +1,7 @@
 """`recompute: selective, recompute_modules: [...]` (Megatron-Core's --recompute-modules) against one process
 (`--check-equivalence`): every module on a tiny DeepSeek-style model (MLA, a dense block before the MoE ones, routed
 and shared experts) over a pipeline with an expert axis, over tensor parallelism with sequence parallelism (the norms'
-and up-projections' outputs DTensor shards), and the whole MoE rerun under FSDP."""
+and up-projections' outputs DTensor shards), the whole MoE rerun under FSDP, and the norms rerun where each is an FSDP unit of its own (`unit = module`)."""
 from __future__ import annotations
 
 import pytest
@@ -40,6 +40,11 @@ _LAYOUTS = {
     "fsdp_moe": ("moe, layernorm", """  mesh    = [dp = 2, ep = 2] over devices[0:4]
   data    = zero3 over dp
   experts = alltoall over ep"""),
+    # each norm an FSDP unit of its own, resharded after its forward: the rebuild ran the norm on its shard of the
+    # weight before the norm's own pre-backward gathered it ("mixed torch.Tensor and DTensor"); a plan check accepted
+    "fsdp_module_units": ("layernorm, moe_act", """  mesh    = [dp = 2, cp = 2] over devices[0:4]
+  data    = zero3 over dp with unit = module
+  context = allgather over cp"""),
 }
 
 
