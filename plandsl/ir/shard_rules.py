@@ -120,7 +120,7 @@ def _data_shard_problem(plan: ir.Plan, axis: str) -> str | None:
     if group != (axis,):
         return (f"its storage is sharded over the whole group gradients are reduced over "
                 f"({' x '.join(group)}), not over '{axis}' alone")
-    if plan.stages is not None and plan.pp > 1 and (plan.data is None or not plan.data.sharded):
+    if plan.stages is not None and (plan.data is None or not plan.data.sharded):  # `plandsl run` builds stages at pp 1 too
         return (f"on pipeline stages with {plan.data.kind if plan.data else 'replicate'} data parallelism the "
                 "module would be an FSDP group inside a `replicate` one, and torch's stages reduce the gradients "
                 "of `replicate`'s groups only; with zero2 or zero3 (fsdp) over the axis it runs")

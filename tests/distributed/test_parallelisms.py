@@ -429,6 +429,11 @@ def test_a_rule_over_the_data_axis_is_refused_where_it_cannot_run():
     assert [d.code for d in refused] == ["E705", "E705"], refused  # one per rule
     assert all("inside a `replicate` one" in d.message for d in refused), refused
     assert refusals(load(_plan("[dp = 2, pp = 2, tp = 1]", _DP_RULES.replace("zero1", "zero2") + pipelined))) == []
+    # a pipeline of one stage is torch's pipeline too: with pp = 1 these ran, and their gradients were wrong
+    # (test_check_runs-style shard rules: `[dp = 2, tp = 2, pp = 1]`, head.weight 4.9e-2 off one process)
+    refused = refusals(load(_plan("[dp = 2, pp = 1, tp = 2]", _DP_RULES + pipelined)))
+    assert [d.code for d in refused] == ["E705", "E705"] and all("inside a `replicate` one" in d.message
+                                                                 for d in refused), refused
     with_cp = _DP_RULES + "\n        context = allgather over cp"
     problems = [d.message for d in refusals(load(_plan("[dp = 2, cp = 2, tp = 1]", with_cp)))]
     assert problems and all("(dp x cp), not over 'dp' alone" in m for m in problems), problems
