@@ -116,7 +116,7 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
         name = plan.schedule.name
         found.append(diag("E701", f"schedule '{name}' cannot run yet: {BUILTIN[name].refused}",
                           plan.schedule.span, hint="estimate and render it; run 1f1b, zbv or interleaved_1f1b"))
-    if plan.stages is not None and plan.pp > 1:
+    if plan.stages is not None:  # at pp 1 too: run builds torch's stages and schedule there as well
         train = plan.train
         shares = written_shares(plan)  # None for `speed`: resolved by the cost model only past the cap
         count = max(shares) // train.micro_batch if shares else train.global_batch // train.micro_batch

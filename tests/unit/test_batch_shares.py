@@ -187,6 +187,10 @@ plan p {{
     assert codes(2 * 65_537) == ["E701"] and codes(2 * 65_536) == []
     assert codes(2 * 65_536, ", batch_shares: speed") == []
     assert codes(2 * 65_536, ", batch_shares: [65537, 65535]") == ["E701"]
+    # one stage is torch's pipeline too: `mesh = [dp = 2, pp = 1]` with 2^31 sequences was not refused, and `run
+    # --dry-run` grew past 2.6 GB in a minute building its schedule
+    text = text.replace("pp = 2] over devices[0:4]", "pp = 1] over devices[0:2]")
+    assert codes(2**31) == ["E701"] and codes(2 * 65_537) == ["E701"] and codes(2 * 65_536) == []
 
 
 def test_run_refuses_shares_with_expert_parallelism():
