@@ -155,10 +155,30 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                       context=plan.context.kind if plan.context else CONTEXT,
                       ring=plan.context.implementation if plan.context else "te", search_experts=searched,
                       pipeline=plan.stages.implementation if plan.stages else "torch",
-                      outputs=plan.stages.outputs if plan.stages else "dropped", shard=plan.shard)
+                      outputs=plan.stages.outputs if plan.stages else "dropped",
+                      shard=_conventional_rules(plan.shard, names))
     decided = "mesh" in attrs and not free_choices(attrs, stage_block, plan)
     return Partial(path, text, module, definition, attrs, stage_block, plan, problem, parse_pins(pins), names,
                    tuple(overs), train_items, local, params, tuple(notes), decided)
+
+
+def _conventional_rules(rules: tuple[ir.ShardRule, ...], names: dict[str, str]) -> tuple[ir.ShardRule, ...]:
+    """The plan's shard rules with the axes they name renamed from the plan's names to the search's (`DEFAULT_NAMES`:
+    the candidates lay out `dp`, `tp`, ...), so a rule `over model` of a plan whose tensor axis is `model` is read
+    on the candidates' `tp`; an axis no parallelism runs over keeps its name (the candidates have none such, and the
+    rule then places as `ir.shard_rules` says of an axis the mesh lacks)."""
+    conventional = {axis: DEFAULT_NAMES[role] for role, axis in names.items()}
+    if all(axis == name for axis, name in conventional.items()):
+        return rules
+
+    def renamed(axis: str | None) -> str | None:
+        return conventional.get(axis, axis) if axis is not None else None
+
+    return tuple(rule.model_copy(update={
+        "axis": renamed(rule.axis),
+        "params": tuple(param.model_copy(update={"placements": tuple(
+            placement.model_copy(update={"axis": renamed(placement.axis)}) for placement in param.placements)})
+            for param in rule.params)}) for rule in rules)
 
 
 def pins_with(partial: Partial, overrides) -> dict[str, object]:

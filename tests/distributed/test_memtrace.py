@@ -418,14 +418,17 @@ RING = RULED_BLOCKS.replace("[dp = 2, tp = 4]", "[cp = 2, tp = 4]").replace("  d
     "with sequence_parallel\n", "with sequence_parallel\n  context  = ring over cp\n")
 
 
-def test_the_count_makes_the_rings_output_whole_where_a_rule_breaks_the_attention():
+@pytest.mark.parametrize("rule", ["attn.wq = replicate", "attn = replicate", "attn.wo = colwise over tp",
+                                  "attn.wo = replicate"], ids=["wq", "attn", "wo_colwise", "wo"])
+def test_the_count_makes_the_rings_output_whole_where_a_rule_breaks_the_attention(rule):
     """Under ring context parallelism torch's ring keeps its own output ([b, heads, s, d], cast from its fp32 merge:
     a `_to_copy`, which this file's measure once took for a weight's copy) apart from wo's input in Megatron's layout
-    too; a replicated wq makes it whole beside wo's chunk: 2o(1 - 1/t) more per block, not the 2o a core whose output
-    is wo's input adds (`cost.memory._broken_terms`'s `ring`). Traced against counted, MiB: 8.91 / 8.84 (9.09 counted
-    before; 7.91 traced without the ring's output); the default split 5.89 / 5.84 (the ring's o/t the count does not
-    hold, gpt's dropout masks, which this model does not make, in its place)."""
-    traced, counted = _traced_and_counted(RING.rstrip().rstrip("}") + "  shard layers.*.attn.wq = replicate\n}\n")
+    too; a broken attention makes it whole, 2o(1 - 1/t) more per block, beside wo's chunk (a replicated wq) or wo's
+    whole input (wo colwise or whole; `cost.memory._broken_terms`'s `ring`). Traced against counted, MiB: a replicated
+    wq 8.91 / 8.84 (9.09 counted before; 7.91 traced without the ring's output); the other three 9.66 / 9.59 (8.84
+    counted before the ring's output was counted beside wo's whole input); the default split 5.89 / 5.84 (the ring's
+    o/t the count does not hold, gpt's dropout masks, which this model does not make, in its place)."""
+    traced, counted = _traced_and_counted(RING.rstrip().rstrip("}") + f"  shard layers.*.{rule}\n}}\n")
     default_traced, default_counted = _traced_and_counted(RING)
     assert 0.98 <= counted / traced <= 1.04
     assert (counted - default_counted) / (traced - default_traced) == pytest.approx(1.0, abs=0.02)
