@@ -32,6 +32,15 @@ def _tok(token: Token) -> str:
     return str(token)
 
 
+def _integer(token) -> int:
+    """An INT token's value: its underscores dropped (`1_000`, and `1_` as the grammar lexes it), at most
+    MAX_DIGITS digits (LiteralTooLong, E106: Python's int() refuses past 4,300)."""
+    digits = str(token).replace("_", "")
+    if len(digits) > MAX_DIGITS:
+        raise LiteralTooLong(token)
+    return int(digits)
+
+
 @v_args(meta=True)
 class Builder(Transformer):
     """lark tree -> syntax nodes. `file` is set by the parser before each parse."""
@@ -145,7 +154,7 @@ class Builder(Transformer):
 
     def rank_row(self, meta, c):
         cells = c[1:]
-        return RankRow(int(c[0]), tuple(_tok(t) for t in cells), span=self._span(meta),
+        return RankRow(_integer(c[0]), tuple(_tok(t) for t in cells), span=self._span(meta),
                        cell_spans=tuple(self._tspan(t) for t in cells))
 
     def for_stmt(self, meta, c):
@@ -211,10 +220,7 @@ class Builder(Transformer):
         return KwArg(_tok(c[0]), c[1], span=self._span(meta))
 
     def int(self, meta, c):
-        digits = str(c[0]).replace("_", "")
-        if len(digits) > MAX_DIGITS:
-            raise LiteralTooLong(c[0])
-        return Int(int(digits), span=self._span(meta))
+        return Int(_integer(c[0]), span=self._span(meta))
 
     def float(self, meta, c):
         return Float(float(str(c[0]).replace("_", "")), str(c[0]), span=self._span(meta))

@@ -237,6 +237,17 @@ def test_integer_literal_with_too_many_digits(digits):
     assert_parser_still_works()
 
 
+@pytest.mark.parametrize("rank, code", [("1_", None), ("0_1", None), ("9" * 5000, "E106")])
+def test_a_schedule_tables_rank_is_read_as_every_integer_is(rank, code):
+    """`rank 1_ : ...` (the grammar's INT takes underscores, a trailing one too) was E108, "ValueError: invalid literal
+    for int()", and a rank of 5,000 digits too (Python's int() refuses past 4,300): a table's rank number was read
+    with int() alone. Now as every integer literal: underscores dropped, past 300 digits E106."""
+    text = f"schedule t(ranks = 2, microbatches = 1) {{\n  rank 0: 0F0 _ 0B0\n  rank {rank}: _ 1F0 1B0\n}}\n"
+    analysis = diagnosed(text, code) if code else analyze(text=text)
+    assert "E108" not in {d.code for d in analysis.diagnostics}, [(d.code, d.message) for d in analysis.diagnostics]
+    assert code or analysis.ok, [(d.code, d.message) for d in analysis.diagnostics]
+
+
 def test_huge_integer_literal_in_a_mesh():
     diagnosed(_plan_with_mesh("[dp = " + "1" + "0" * 400 + ", pp = 2, tp = 2]"), "E106", "E211")
 
