@@ -341,6 +341,11 @@ def _train_args(plan: ir.Plan, args: list, lose) -> None:
              # clip_grad 0 turns clipping off (megatron/core/optimizer/optimizer.py: `if config.clip_grad > 0.0`)
              ("--clip-grad", _number(train.grad_clip if train.grad_clip is not None else 0.0)),
              ("--seed", str(train.seed))]
+    # Megatron-LM seeds numpy with the seed plus 100 per pipeline rank (`_set_random_seed`: np.random.seed, which
+    # takes less than 2^32), so a larger seed stops it before the first step
+    if train.seed + 100 * (plan.pp - 1) >= 2**32:
+        lose(f"seed: {train.seed} (Megatron-LM seeds numpy with it plus 100 per pipeline rank, which must stay below "
+             "2^32)", "train", hint=f"write a seed below {2**32 - 100 * (plan.pp - 1):,}")
 
 
 def _dtype_args(plan: ir.Plan, args: list, lose) -> None:

@@ -73,8 +73,9 @@ def check_options(options: LaunchOptions) -> None:
 
 def endpoint_problem(endpoint: str) -> str | None:
     """What torchrun would refuse in HOST:PORT (torch.distributed.elastic.rendezvous.utils.parse_rendezvous_endpoint's
-    rules, and no leading '-', which its argument parser reads as an option), or None."""
-    host, sep, port = endpoint.rpartition(":")
+    rules, the endpoint stripped of surrounding whitespace first as it strips it, and no leading '-', which its argument
+    parser reads as an option), or None."""
+    host, sep, port = endpoint.strip().rpartition(":")
     if not sep or not host or not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) < 65536:
         return "expected HOST:PORT with a port from 1 to 65535"
     name = host[1:-1] if len(host) > 1 and host[0] == "[" and host[-1] == "]" else host  # [::1]:29500

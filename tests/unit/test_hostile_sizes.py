@@ -107,9 +107,11 @@ def test_a_seed_at_its_cap_draws_every_step():
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 def test_an_lr_at_its_cap_steps_fp16_weights(optimizer):
-    """`lr: 3e38` (or 1e39, or 70000 over fp16 weights) checked, and `plandsl run` failed at the first optimizer step:
-    torch scales the update by -lr in the weights' dtype ("value cannot be converted to type float without overflow").
-    The cap is E505; at it, the optimizer the plan builds steps fp16 weights to finite values."""
+    """`lr: 1e39` (an `import --from megatron --lr 1e308` wrote one) checked, and `plandsl run` failed at the first
+    optimizer step: torch converts lr to the update's dtype ("value cannot be converted to type float without
+    overflow"). The cap is E505, far inside that; at it, the optimizer the plan builds steps even fp16 weights (which
+    `run`'s own optimizers widen to fp32) to finite values. The message says the number written, not one rounded to
+    the cap."""
     torch = pytest.importorskip("torch")
     from plandsl import api
     from plandsl.runtime.optim import build_optimizer
@@ -122,6 +124,8 @@ def test_an_lr_at_its_cap_steps_fp16_weights(optimizer):
     build_optimizer(plan, [weight]).step()
     assert torch.isfinite(weight).all() and weight.abs().max() > 0
     analyzed(text.replace(f"lr: {limits.MAX_LR}", "lr: 3e38"), "E505")
+    over = analyzed(text.replace(f"lr: {limits.MAX_LR}", "lr: 10000.000001"), "E505")
+    assert "found 10,000.000001" in next(d.message for d in over.errors if d.code == "E505")
 
 
 def test_caps_are_answered_at_the_cap_not_below():

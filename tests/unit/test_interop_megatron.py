@@ -566,3 +566,17 @@ plan p {
     plain = import_text("megatron", exported.text.replace("--microbatch-group-size-per-virtual-pipeline-stage 12", ""),
                         "plan.args", world_size=16, cluster="dgx_a100 x 2")
     assert [d.code for d in plain.diagnostics] == ["E805"] and "last group" in plain.diagnostics[0].message
+
+
+def test_a_seed_megatron_cannot_give_numpy_is_lost():
+    """Megatron-LM seeds numpy with --seed plus 100 per pipeline rank (`_set_random_seed`), and numpy takes less than
+    2^32: a plan's seed past that (plandsl's go to 2^64 - 1) was written as --seed and stopped Megatron before its
+    first step; now it is an E808, and the largest seed it takes is written as it is."""
+    imported = import_text("megatron", BASE + " --pipeline-model-parallel-size 2\n", "flags", world_size=8)
+    plan = api.select_plan(api.loads(imported.text, path="seed.plan"))
+    assert plan.pp == 2
+    most = 2**32 - 1 - 100 * (plan.pp - 1)
+    for seed, lost in ((most, False), (most + 1, True)):
+        exported = export_plan(plan.model_copy(update={"train": plan.train.model_copy(update={"seed": seed})}),
+                               "megatron")
+        assert bool(exported.lost) == lost and (not lost or "seed" in exported.lost[0].message)

@@ -258,3 +258,11 @@ def test_hosts_must_share_a_nodes_devices_evenly_and_default_to_one_machine():
     assert bad[errors[0].span.start:errors[0].span.end] == "3" and "1, 2, 4, 8" in errors[0].hint  # at the value
     node = api.loads('import "clusters/dgx_b200"\ncluster c = dgx_b200\n').clusters[0].groups[0].node
     assert node.hosts == 1 and node.host_devices == 8 and "hosts" not in node.model_dump()
+
+
+def test_an_endpoint_is_read_as_torchrun_reads_it_stripped():
+    """torch's `parse_rendezvous_endpoint` strips the endpoint before it splits HOST:PORT, so surrounding whitespace
+    is no reason to refuse one (the check once refused ' node0:29500'); inside the host it still is."""
+    from plandsl.runtime.launch import endpoint_problem
+    assert endpoint_problem(" node0:29500") is None and endpoint_problem("node0:29500 \n") is None
+    assert endpoint_problem("node 0:29500") is not None and endpoint_problem(" :29500") is not None

@@ -98,8 +98,8 @@ _entry("E505", """
     docs/language.md). The caps keep the work of checking proportional to what was
     written, not to the numbers in it: a typo that adds six zeros is answered at once. Two
     numbers that are not counts are capped where `plandsl run` would fail on them: `seed`
-    at 2^64 - 1 (torch's generators take 64 bits) and `lr` at 10,000 (torch scales a
-    weight's update by it in the weight's dtype: fp16 holds at most 65,504).
+    at 2^64 - 1 (torch's generators take 64 bits) and `lr` at 10,000 (torch's optimizers
+    convert it to the update's dtype, fp32 in `run`: past 3.4e38 the first step raises).
     """, f"""
     import "clusters/dgx_a100"
     plan p {{
