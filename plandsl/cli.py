@@ -384,6 +384,8 @@ def _rank_option(option, local: bool = True):
         kind = click.IntRange if option.kind == "int" else click.FloatRange
         kwargs["type"] = kind(min=option.minimum, max=option.maximum) \
             if (option.minimum, option.maximum) != (None, None) else {"int": int, "float": float}[option.kind]
+        if option.kind == "float":
+            kwargs["callback"] = _a_number
     paths = {"out_file": (click.Path(dir_okay=False), _writable_file),
              "out_dir": (click.Path(file_okay=False), _writable_dir),
              "token_file": (click.Path(exists=True), _token_file)}

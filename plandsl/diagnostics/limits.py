@@ -26,6 +26,7 @@ MAX_HEADS = 2**16               # attention heads and kv heads
 MAX_VOCAB = 2**24               # vocabulary entries
 MAX_EXPERTS = 2**16             # experts and top_k
 MAX_STEPS = 10**9               # warm-up steps, `run --steps`
+MAX_TIMEOUT_SECONDS = 604_800.0  # `run --timeout`: a week a collective may wait (torch's default is 10 minutes)
 MAX_SEED = 2**64 - 1            # `seed`: torch's generators take an unsigned 64-bit seed
 MAX_LR = 1e4                    # `lr`: torch converts it to the update's dtype (fp32 in run): past 3.4e38 a step raises
 MAX_MICROBATCHES = MAX_GLOBAL_BATCH  # `schedule --microbatches`: a microbatch holds at least one sequence
@@ -52,7 +53,7 @@ TRAIN = {"global_batch": MAX_GLOBAL_BATCH, "micro_batch": MAX_MICRO_BATCH, "seq"
 
 __all__ = ["MAX_ACTIONS", "MAX_EXPERTS", "MAX_GLOBAL_BATCH", "MAX_HEADS", "MAX_LAYERS", "MAX_LOCAL_RANKS", "MAX_LR",
            "MAX_MESH_DEVICES", "MAX_MTP",
-           "MAX_MICROBATCHES", "MAX_MICRO_BATCH", "MAX_NODES", "MAX_PROFILE_NODES", "MAX_SEQ", "MAX_SEED", "MAX_SMS", "MAX_SUSTAIN_SECONDS", "MAX_STAGES", "MAX_STEPS", "MAX_VIRTUAL",
+           "MAX_MICROBATCHES", "MAX_MICRO_BATCH", "MAX_NODES", "MAX_PROFILE_NODES", "MAX_SEQ", "MAX_SEED", "MAX_SMS", "MAX_SUSTAIN_SECONDS", "MAX_STAGES", "MAX_STEPS", "MAX_TIMEOUT_SECONDS", "MAX_VIRTUAL",
            "MAX_VOCAB", "MAX_WIDTH", "MODEL_ARGUMENTS", "TRAIN"]
 GENERATE_SECONDS = 6.0
 """`generate --time-limit`'s default (CPU seconds of the search): it stops there with the fastest plans it simulated (marked as not

@@ -13,7 +13,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from plandsl.diagnostics.limits import MAX_STEPS
+from plandsl.diagnostics.limits import MAX_STEPS, MAX_TIMEOUT_SECONDS
 
 DEVICES = ("cpu", "cuda")
 """`--device`; not given, cuda where `torch.cuda.is_available()`, else cpu (`parallel.mesh.resolve_device`)."""
@@ -27,8 +27,8 @@ class RankOption:
     kind: str = "str"
     """str, int, float, flag (present or not), or list (repeatable)."""
     default: Any = None
-    minimum: int | None = None
-    maximum: int | None = None
+    minimum: float | None = None
+    maximum: float | None = None
     metavar: str | None = None
     path: str | None = None
     """out_file, out_dir (checked writable before any work) or token_file (a regular file that exists)."""
@@ -52,7 +52,7 @@ RANK_OPTIONS: tuple[RankOption, ...] = (
     RankOption("--data", "data", "A uint16 token file (nanoGPT .bin), or a Hugging Face dataset saved to disk "
                "(its `input_ids`).", path="token_file"),
     RankOption("--timeout", "timeout", "Seconds a collective may wait before the job fails (default 300).",
-               "float", metavar="SECONDS"),
+               "float", minimum=1, maximum=MAX_TIMEOUT_SECONDS, metavar="SECONDS"),
     RankOption("--checkpoint-dir", "checkpoint_dir",
                "Write checkpoints here (step-NNNNNN directories), always after the last step.", path="out_dir"),
     RankOption("--checkpoint-every", "checkpoint_every", "A checkpoint every K steps.", "int", minimum=1,
@@ -151,6 +151,8 @@ def _typed(option: RankOption):
 
     def convert(text: str):
         value = kind(text)
+        if value != value:  # NaN, which no range refuses
+            raise argparse.ArgumentTypeError(f"{text} is not a number")
         if option.minimum is not None and value < option.minimum or option.maximum is not None and value > option.maximum:
             raise argparse.ArgumentTypeError(f"{value} is not in the range {option.minimum} to {option.maximum}")
         return value

@@ -249,6 +249,8 @@ RUN_ARGUMENTS = {
     "endpoint bracket unclosed": (["--nnodes", "2", "--rdzv-endpoint", "[::1"], "--rdzv-endpoint"),
     "endpoint host with a space": (["--nnodes", "2", "--rdzv-endpoint", "x y:5"], "--rdzv-endpoint"),
     "endpoint host an option": (["--nnodes", "2", "--rdzv-endpoint", "-x:5"], "--rdzv-endpoint"),
+    # these started the ranks, which failed building the job: ValueError (nan), OverflowError (inf), c10's timeout (-5)
+    **{f"timeout {value}": (["--timeout", value], "--timeout") for value in ("nan", "inf", "1e400", "-5", "0")},
     "data a device": (["--data", "/dev/zero"], "--data"),
     "data a FIFO": (["--data", "fifo.plan"], "--data"),
     "data a directory": (["--data", "dir.plan"], "--data"),
@@ -427,6 +429,16 @@ def test_the_rank_entry_point_refuses_unwritable_outputs_too(hostile, option, ca
     with pytest.raises(SystemExit) as caught:
         parse_args([PIPELINE, option, str(Path(hostile["file.plan"]) / "out")])
     assert caught.value.code == 2 and f"{option} " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-5", "0"])
+def test_the_rank_entry_point_refuses_a_timeout_that_is_no_wait(value, capsys):
+    """The ranks' own parser (`python -m plandsl.run`, what torchrun starts) refuses what `plandsl run` does."""
+    from plandsl.runtime.options import parse_args
+    with pytest.raises(SystemExit) as caught:
+        parse_args([PIPELINE, "--timeout", value])
+    assert caught.value.code == 2 and "--timeout" in capsys.readouterr().err
+    assert parse_args([PIPELINE, "--timeout", "600"]).timeout == 600
 
 
 def test_run_passes_include_folders_on_to_the_ranks(tmp_path):
