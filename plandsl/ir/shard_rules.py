@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from plandsl import ir
 from plandsl.ir.layers import OTHER, TENSOR_SHARDED_DIMS, TP_SPLIT, BlockParams, Layer, Param, layers_of
+from plandsl.ir.pairs import PAIRS
 from plandsl.ir.selectors import NameIndex, precision
 
 
@@ -205,8 +206,8 @@ def ruled_layers(plan: ir.Plan, layers: tuple[Layer, ...]) -> tuple[Layer, ...]:
     tensor axis where the rule splits it and nowhere else: the dim the rule splits takes a tensor-sharded role
     (`TENSOR_SHARDED_DIMS`; its own, or `TP_SPLIT`), the others lose theirs (`OTHER`), so every count that reads the
     roles (`cost.memory.local_numel`, the embedding's whole-vocabulary gradient, `render --view placement`) sees what
-    `plandsl run` builds; attention sinks split as the query projection's heads are (`_block_tp`: only under a
-    colwise one). A layer no rule reaches is returned as it is; a block's parameters stay one template for every block
+    `plandsl run` builds; attention sinks split as an intact attention pair splits the heads (`_block_tp`), whole
+    where a rule breaks the pair. A layer no rule reaches is returned as it is; a block's parameters stay one template for every block
     its rules place alike (`BlockParams`: their figures computed once). Memoised per plan. The built-in families only
     (a torch model's own plan places its parameters, `tp_plan`). A rule's split over the data axis (`Shard(d) @ dp`,
     FSDP's of that module) is the memory count's to take apart (`data_split_modules`, `cost.memory.model_state_bytes`).
@@ -250,10 +251,13 @@ def _ruled_layer(layer: Layer, rules: dict[str, ModuleRule], templates: dict) ->
 
 def _roles(param: Param, rules: dict[str, ModuleRule], kind: str) -> tuple[str, ...]:
     """The roles of `param`'s dims as the rules place it: its module's rule (`_placed`); attention sinks, one logit
-    per head, split where the query projection is colwise (or unruled) and whole otherwise."""
+    per head, split where the attention pair is intact (every member's rule, if any, its default style: `_block_tp`)
+    and whole where a rule breaks it (every rank then runs every head)."""
     if param.name.endswith(".attn.sinks"):
-        queries = rules.get(f"{param.module}.wq") or rules.get(f"{param.module}.wq_b")
-        split = queries is None or queries.style == "colwise"
+        producers, consumer = PAIRS["attn"]
+        default = {**{name: "colwise" for name in producers}, consumer: "rowwise"}
+        split = all((rule := rules.get(f"{param.module}.{name}")) is None or rule.style == style
+                    for name, style in default.items())
         return param.dims if split else tuple(OTHER if role in TENSOR_SHARDED_DIMS else role for role in param.dims)
     rule = rules.get(param.module)
     return param.dims if rule is None else _placed(param, rule, kind == "embed").dims

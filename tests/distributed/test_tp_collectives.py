@@ -1,5 +1,6 @@
 """`plandsl run`'s tensor-parallel collectives, counted on forked gloo ranks (a dispatch mode sees each collective
-operator of the second step): an intact Megatron pair reduces its producers' input gradients once (`tensor_parallel.
+operator of the second step that runs through dispatch; those DTensor issues inside its own op handlers, the loss
+parallel's [b·s, 1] and the norms' weight gradients', it does not, and none is [b, s, h], the shape counted here): an intact Megatron pair reduces its producers' input gradients once (`tensor_parallel.
 _block_tp` hands them one Replicate DTensor), the pair the time model prices (`cost.layer._layer_comm`); and an MoE
 layer's intact shared experts under sequence parallelism: what they cost beside replicated ones."""
 from __future__ import annotations
@@ -26,7 +27,8 @@ RULES}
 """
 DENSE = "llama(layers=2, hidden=64, heads=4, seq=32, vocab=256)"
 SHARED = "llama(layers=2, hidden=64, heads=4, seq=32, vocab=256, ffn=64, experts=4, top_k=2, shared_experts=1)"
-PASSES = 2 * 2  # blocks x microbatches of a step
+BLOCKS, MICROBATCHES = 2, 2
+PASSES = BLOCKS * MICROBATCHES  # blocks x microbatches of a step
 
 
 def _count(rank: int, source: str) -> dict:
@@ -72,7 +74,7 @@ def test_an_intact_pair_reduces_its_input_gradient_once(sp):
     backward (q, k, v, w1, w3) where these are 2 reduce-scatters (2 all-reduces)."""
     found = _activations(run_ranks(2, _count, PLAN.replace("MODEL", DENSE).replace(
         " SP", " with sequence_parallel" if sp else "").replace("RULES", ""), deadline_s=60)[0])
-    extra = 2 * PASSES // 2  # the embedding's and the head's, per microbatch
+    extra = 2 * MICROBATCHES  # the embedding's and the head's, one each per microbatch
     if sp:
         assert found == {"all_gather_into_tensor": 4 * PASSES + extra, "reduce_scatter_tensor": 4 * PASSES + extra}
     else:

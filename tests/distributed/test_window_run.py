@@ -29,6 +29,13 @@ _LAYOUTS = {
     "cp": """  mesh    = [dp = 2, cp = 2] over devices[0:4]
   train   = tiny_train
   context = allgather over cp""",
+    # a rule breaking the attention pair with wq colwise: every rank runs every head, the sinks whole (split, as under a
+    # colwise wq they were, the first forward stopped: "shape '[1, 4, 1, 1]' is invalid for input of size 2")
+    "tp_wo_whole": """  mesh     = [dp = 2, tp = 2] over devices[0:4]
+  train    = tiny_train
+  data     = zero1 over dp
+  tensor   = megatron over tp
+  shard layers.*.attn.wo = replicate""",
 }
 
 

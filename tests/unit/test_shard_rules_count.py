@@ -49,10 +49,14 @@ def test_every_norm_takes_replicate_or_sequence_only(rule, extra):
 
 
 @pytest.mark.parametrize("rule, split", [("", True), ("  shard layers.*.attn.wq = replicate", False),
-                                         ("  shard layers.*.attn.wk = replicate", True),
+                                         ("  shard layers.*.attn.wk = replicate", False),
+                                         ("  shard layers.*.attn.wo = replicate", False),
+                                         ("  shard layers.*.attn.wq = colwise over tp", True),
                                          ("  shard layers.*.attn = rowwise over tp", False)])
-def test_attention_sinks_split_as_the_query_projection_does(rule, split):
-    """`_block_tp` splits the sinks, one logit per head, only where `wq` is colwise (its own rule or none)."""
+def test_attention_sinks_split_as_an_intact_pair_splits_the_heads(rule, split):
+    """`_block_tp` splits the sinks, one logit per head, only where the attention pair is intact; a rule that breaks
+    it (`wk` or `wo` replicated too, with `wq` colwise) runs every head on every rank, and split sinks there stopped
+    `run` at its first forward ("shape '[1, 4, 1, 1]' is invalid for input of size 2")."""
     plan = _plan(rule, ", sinks=true")
     layers, _ = assign_stages(plan)
     sinks = [p for layer in layers.stage_layers[0] for p in layer.params if p.name.endswith(".attn.sinks")]

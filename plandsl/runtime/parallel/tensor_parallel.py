@@ -4,10 +4,11 @@ plan's `shard` rules on top of it.
 Stage: interpreter. Contract: `apply_tp(model, tp_mesh, sequence_parallel, rules)` shards a `Transformer`
 in place: attention heads and the MLP (Shoeybi et al. 2019) and the vocabulary of the embedding and head;
 with sequence parallelism the norms work on sequence shards (Korthikanti et al. 2022). `rules` (from
-`tp_rules(plan)`) override that per module. Every module returns plain local tensors, so the model code
-sees a DTensor activation only as the input of an intact pair's half (one Replicate DTensor its producers read,
-so their input gradients are reduced once: `_block_tp`) and from the head whose logits go to the cross entropy: it
-returns them split over the vocabulary, a DTensor, for torch's loss parallel (`splits_logits`, `loss_context`). `rule_problems(plan)` says which rules cannot run, and why.
+`tp_rules(plan)`) override that per module. Every linear returns plain local tensors; the model code sees a DTensor
+activation as the input of an intact pair's half (one Replicate DTensor its producers read, so their input gradients
+are reduced once: `_block_tp`), as a norm's output under sequence parallelism (torch's `SequenceParallel`, sharded
+along the sequence), and from the head whose logits go to the cross entropy: it returns them split over the
+vocabulary, a DTensor, for torch's loss parallel (`splits_logits`, `loss_context`). `rule_problems(plan)` says which rules cannot run, and why.
 """
 from __future__ import annotations
 
@@ -263,9 +264,9 @@ def _block_tp(block: nn.Module, prefix: str, tp_mesh: DeviceMesh, sequence_paral
     if sequence_parallel:
         plan.update({"norm1": SequenceParallel(), "norm2": SequenceParallel()})
     parallelize_module(block, tp_mesh, plan)
-    queries = plan.get("attn.wq", plan.get("attn.wq_b"))
-    if getattr(block.attn, "sinks", None) is not None and isinstance(queries, ColwiseParallel):
-        # attention sinks, one logit per head: split as the query projection splits the heads
+    if getattr(block.attn, "sinks", None) is not None and _members(block, prefix, "attn", rules)[2]:
+        # attention sinks, one logit per head: split as an intact pair splits the heads; a pair a rule breaks runs
+        # every head on every rank (its producers return whole outputs), so the sinks stay whole
         block.attn.sinks = nn.Parameter(distribute_tensor(block.attn.sinks.data, tp_mesh, [Shard(0)]))
     if hasattr(block.attn, "reduce_rope_key") and _members(block, prefix, "attn", rules)[2]:
         # MLA's shared rotary key: each rank's heads make part of its gradient, summed over the group; a pair a rule
