@@ -256,7 +256,11 @@ def fmt(files, check_only):
     outcomes = set()
     for file in files:
         with api.guard(None if file == "-" else file) as bug:  # a plandsl bug on this file: E108, then the next
-            outcomes.add(_format_one(file, check_only))
+            try:
+                outcomes.add(_format_one(file, check_only))
+            except OSError as error:
+                _output_problem(error)  # exits where the output could not be written (this guard would say E108)
+                raise
         if bug.diagnostic is not None:
             click.echo(api.render_all([bug.diagnostic], {}), err=True)
             outcomes.add("failed")

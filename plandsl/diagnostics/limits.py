@@ -28,7 +28,7 @@ MAX_EXPERTS = 2**16             # experts and top_k
 MAX_STEPS = 10**9               # warm-up steps, `run --steps`
 MAX_TIMEOUT_SECONDS = 604_800.0  # `run --timeout`: a week a collective may wait (torch's default is 10 minutes)
 MAX_SEED = 2**64 - 1            # `seed`: torch's generators take an unsigned 64-bit seed
-MAX_LR = 1e4                    # `lr`: torch converts it to the update's dtype (fp32 in run): past 3.4e38 a step raises
+MAX_LR = 1e4                    # `lr`: torch converts it to the update's dtype (fp32 in run): Adam's step raises past ~5e37
 MAX_MICROBATCHES = MAX_GLOBAL_BATCH  # `schedule --microbatches`: a microbatch holds at least one sequence
 MAX_LOCAL_RANKS = 256
 """Processes `run --nproc-per-node` starts on one machine: a node holds 8 to 16 accelerators today; 256 leaves

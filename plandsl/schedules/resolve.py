@@ -57,7 +57,7 @@ float."""
 def load_schedule(spec: str, ranks: int | None, microbatches: int | None, virtual: int | None) -> Schedule:
     """A built-in or a `.csv` file, for the given sizes (`file.plan:NAME`: `lower.schedule_spec`)."""
     if spec.endswith(".csv"):
-        return schedule_from_csv(read_csv(spec), Path(spec).stem)
+        return schedule_from_csv(read_csv(spec), Path(spec).stem, spec)
     if spec not in BUILTIN:
         raise PlanError([diag("E601", f"unknown schedule '{spec}'", hint=did_you_mean(spec, BUILTIN, "schedules"))])
     if ranks is None or microbatches is None:
@@ -88,7 +88,7 @@ def read_csv(path: str) -> str:
 
 def schedule_from_csv(text: str, name: str = "csv", path: str | None = None) -> Schedule:
     """torch's compute-only CSV (rank rows, empty cells idle) -> a validated schedule named `name`; problems name
-    the file `path` (default `NAME.csv`, the file `plandsl schedule NAME.csv` read)."""
+    the file `path` (default `NAME.csv`; `load_schedule` gives the path it read)."""
     label = path or f"{name}.csv"
     try:
         grid = from_csv(text)

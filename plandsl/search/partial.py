@@ -165,9 +165,20 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
 def _conventional_rules(rules: tuple[ir.ShardRule, ...], names: dict[str, str]) -> tuple[ir.ShardRule, ...]:
     """The plan's shard rules with the axes they name renamed from the plan's names to the search's (`DEFAULT_NAMES`:
     the candidates lay out `dp`, `tp`, ...), so a rule `over model` of a plan whose tensor axis is `model` is read
-    on the candidates' `tp`; an axis no parallelism runs over keeps its name (the candidates have none such, and the
-    rule then places as `ir.shard_rules` says of an axis the mesh lacks)."""
+    on the candidates' `tp`; an axis no parallelism runs over is named apart from every candidate axis (a size-1
+    `tp` beside a tensor axis `model` would otherwise be read as the candidates' tensor axis), and the rule then places
+    as `ir.shard_rules` says of an axis the mesh lacks."""
     conventional = {axis: DEFAULT_NAMES[role] for role, axis in names.items()}
+    taken = set(DEFAULT_NAMES.values())
+    roleless = {axis for rule in rules for axis in (rule.axis, *(placement.axis for param in rule.params
+                                                                  for placement in param.placements))
+                if axis is not None and axis not in conventional and axis in taken}
+    for axis in sorted(roleless):
+        name = axis + "_"
+        while name in taken:
+            name += "_"
+        conventional[axis] = name
+        taken.add(name)
     if all(axis == name for axis, name in conventional.items()):
         return rules
 

@@ -104,17 +104,19 @@ def test_usage_errors_and_exits_pass_through(tmp_path):
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
-@pytest.mark.parametrize("args", [["schema"], ["check", "p.plan"], ["render", "p.plan", "--view", "mesh", "--format", "dot"]],
-                         ids=["schema", "check", "render-bytes"])
+@pytest.mark.parametrize("args", [["schema"], ["check", "p.plan"], ["render", "p.plan", "--view", "mesh", "--format", "dot"],
+                                  ["fmt", "--check", "p.plan"], ["fmt", "-"]],
+                         ids=["schema", "check", "render-bytes", "fmt-check", "fmt-stdin"])
 def test_an_output_that_cannot_be_written_is_said_not_a_bug(tmp_path, args):
     """`plandsl schema > /dev/full` (a full disk) was E108, "internal error: OSError: [Errno 28] No space left on
     device ... this is a bug in plandsl": the machine's problem, said as one line, exit 1."""
     import os
     import subprocess
     import sys
-    (tmp_path / "p.plan").write_text(VALID_PLAN)
-    with open("/dev/full", "w") as full:
+    (tmp_path / "p.plan").write_text(VALID_PLAN.replace("\n", "\n\n"))  # unformatted: `fmt --check` says so
+    with open("/dev/full", "w") as full:  # `fmt`, which guards each file on its own, said E108 after the fix for others
         done = subprocess.run([sys.executable, "-m", "plandsl.cli", *args], cwd=tmp_path, stdout=full,
+                              input=VALID_PLAN if args == ["fmt", "-"] else None,
                               stderr=subprocess.PIPE, text=True, timeout=120,
                               env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == 1, done.stderr

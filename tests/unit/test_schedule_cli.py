@@ -119,6 +119,7 @@ def test_a_csv_naming_far_stages_or_odd_numbers_is_one_diagnostic(tmp_path, text
         result = CliRunner().invoke(main, ["schedule", str(path)])
     assert result.exit_code == 1 and f"error[{code}]" in result.output and words in result.output, result.output
     assert result.output.count("error[") == 1 and len(result.output) < 1000, result.output
+    assert f"{path}:" in result.output or f"{path} " in result.output, result.output  # the file read, directory too
 
 
 @pytest.mark.parametrize("args, code", [

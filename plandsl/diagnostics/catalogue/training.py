@@ -99,7 +99,8 @@ _entry("E505", """
     written, not to the numbers in it: a typo that adds six zeros is answered at once. Two
     numbers that are not counts are capped where `plandsl run` would fail on them: `seed`
     at 2^64 - 1 (torch's generators take 64 bits) and `lr` at 10,000 (torch's optimizers
-    convert it to the update's dtype, fp32 in `run`: past 3.4e38 the first step raises).
+    convert it, scaled, to the update's dtype, fp32 in `run`: Adam's first step raises past
+    about 5e37, SGD's past fp32's 3.4e38).
     """, f"""
     import "clusters/dgx_a100"
     plan p {{
