@@ -137,7 +137,8 @@ def training(scope: Scope, expr: s.Expr) -> ir.Training:
                     raise scope.reporter.error(
                         "E505", f"lr must be at most {limits.MAX_LR:,g}, found {values[key]:,.15g}", item.value.span,
                         hint="a learning rate is below 10 in practice; torch's optimizers convert it to the update's "
-                             "dtype (fp32) and raise past about 5e37 (Adam) at the first step: see Limits in docs/language.md")
+                             "dtype (fp32) and raise past about 5e37 (Adam) at the first step: see Limits in "
+                             "docs/language.md")
         except Poison:
             failed = True
     if "recompute_layers" in values and values.get("recompute") != ir.Recompute.full.value:
