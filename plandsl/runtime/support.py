@@ -107,6 +107,19 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
                                   "policy's saved outputs are counted by", plan.train.span_of("recompute"),
                           hint="gather by `unit = block` (FSDP2's groups around the blocks), or use `recompute: full` "
                                "or `selective`"))
+    weights = plan.train.param_dtype or plan.train.master_dtype
+    gather = plan.run_gather
+    if plan.stages is not None and gather is weights and plan.train.grad_dtype is not weights \
+            and plan.num_microbatches == 1:
+        found.append(diag("E703", f"grad_dtype {plan.train.grad_dtype.value} together with `data = "
+                                  f"{plan.data.kind.value} ... with gather = {gather.value}` and torch's pipeline "
+                                  "stages cannot run at one microbatch a step: torch's stage runs that backward "
+                                  "without FSDP2's reduction and then reduces by hand, and a parameter whose gradient "
+                                  f"came after its group's hook keeps it in {weights.value} beside the others' "
+                                  f"{plan.train.grad_dtype.value} (FSDP2's reduce-scatter takes one dtype)",
+                          plan.train.span_of("grad_dtype"),
+                          hint="give each step two microbatches or more (a larger global_batch or a smaller "
+                               "micro_batch), or reduce in the weights' dtype (drop grad_dtype)"))
     found += _context_refusals(plan, cuda)
     found += _expert_refusals(plan)
     if plan.shard and not (isinstance(plan.model, ir.CustomModel) and plan.model.source):

@@ -285,3 +285,30 @@ def test_the_master_copy_is_updated_in_fp32_and_resumes_unrounded():
     assert resumed.state[weight]["master"].dtype == torch.float32
     assert torch.equal(resumed.state[weight]["master"], master)
     assert resumed.state[weight]["exp_avg"].dtype == torch.bfloat16
+
+
+_ONE_MICROBATCH = """
+import "clusters/local"
+plan p {
+  model    = gpt(layers=2, hidden=32, heads=2, seq=8, vocab=64)
+  cluster  = localhost
+  mesh     = [pp = 1, dp = 2] over devices[0:2]
+  train    = { global_batch: BATCH, micro_batch: 2, precision: fp16, grad_dtype: GRAD, lr: 1e-3 }
+  data     = zero2 over dp with gather = GATHER
+  stages   = evenly over pp
+  schedule = 1f1b
+}
+"""
+
+
+@pytest.mark.parametrize("batch, grad, gather, refused", [(4, "bf16", "fp32", True), (8, "bf16", "fp32", False),
+                                                          (4, "fp32", "fp32", False), (4, "bf16", "fp16", False)])
+def test_run_refuses_a_narrower_reduce_on_one_pipelined_microbatch_E703(batch, grad, gather, refused):
+    """Drawn by tests/property/test_check_runs.py's ranks (seed 23): `grad_dtype: bf16` beside ZeRO-2 gathering the
+    fp32 weights as they are, under torch's pipeline stages with one microbatch a step, checked ok and `run` stopped
+    at the first backward ("FSDP reduce-scatter expects uniform gradient dtype but got {bf16, fp32}"): torch's stage
+    runs the backward without FSDP2's reduction and reduces by hand after it, and a parameter whose gradient came after
+    its group's hook keeps the weights' dtype. Two microbatches, one dtype, or a 16-bit gather run (each ran)."""
+    text = _ONE_MICROBATCH.replace("BATCH", str(batch)).replace("GRAD", grad).replace("GATHER", gather)
+    codes = [d.code for d in api.run_refusals(api.select_plan(api.loads(text, path="p.plan")))]
+    assert codes == (["E703"] if refused else [])

@@ -64,7 +64,10 @@ _entry("E703", """
     schedule that splits the backward into I and W (`zbv`, the zero-bubble ones): torch's
     selective checkpointing serves the outputs it kept to one backward pass. Nor with ZeRO-2/3
     gathering by module (`unit = module`): each module of a block is then an FSDP2 group whose
-    hooks run other ops in the checkpoint's rerun than in the forward.
+    hooks run other ops in the checkpoint's rerun than in the forward. Nor a `grad_dtype` narrower
+    than the weights beside ZeRO-2/3 gathering them as they are (`gather = fp32`) under torch's
+    pipeline stages at one microbatch a step: the stage reduces that backward by hand after it, and
+    a gradient that came after its group's hook keeps the weights' dtype beside the others'.
     """, _local_plan("data    = hsdp over [r, s]\n      context = allgather over cp", mesh="[r = 2, s = 1, cp = 2]"),
     "Shard over the data axes with zero3 (fsdp), which runs with context parallelism.",
     ("data    = hsdp over [r, s]", "data    = zero3 over [r, s]"))
