@@ -109,7 +109,7 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
                                "or `selective`"))
     weights = plan.train.param_dtype or plan.train.master_dtype
     gather = plan.run_gather
-    if plan.stages is not None and gather is weights and plan.train.grad_dtype is not weights \
+    if plan.stages is not None and gather is weights and plan.train.grad_dtype.bytes < weights.bytes \
             and plan.num_microbatches == 1:
         found.append(diag("E703", f"grad_dtype {plan.train.grad_dtype.value} together with `data = "
                                   f"{plan.data.kind.value} ... with gather = {gather.value}` and torch's pipeline "

@@ -301,8 +301,9 @@ plan p {
 """
 
 
-@pytest.mark.parametrize("batch, grad, gather, refused", [(4, "bf16", "fp32", True), (8, "bf16", "fp32", False),
-                                                          (4, "fp32", "fp32", False), (4, "bf16", "fp16", False)])
+@pytest.mark.parametrize("batch, grad, gather, refused", [(4, "bf16", "fp32", True), (4, "fp16", "fp32", True),
+                                                          (8, "bf16", "fp32", False), (4, "fp32", "fp32", False),
+                                                          (4, "bf16", "fp16", False)])
 def test_run_refuses_a_narrower_reduce_on_one_pipelined_microbatch_E703(batch, grad, gather, refused):
     """Drawn by tests/property/test_check_runs.py's ranks (seed 23): `grad_dtype: bf16` beside ZeRO-2 gathering the
     fp32 weights as they are, under torch's pipeline stages with one microbatch a step, checked ok and `run` stopped
@@ -312,3 +313,11 @@ def test_run_refuses_a_narrower_reduce_on_one_pipelined_microbatch_E703(batch, g
     text = _ONE_MICROBATCH.replace("BATCH", str(batch)).replace("GRAD", grad).replace("GATHER", gather)
     codes = [d.code for d in api.run_refusals(api.select_plan(api.loads(text, path="p.plan")))]
     assert codes == (["E703"] if refused else [])
+
+
+def test_a_wider_reduce_of_16_bit_weights_on_one_pipelined_microbatch_runs():
+    """bf16 weights gathered as they are and reduced in fp32 (the default grad_dtype) at one microbatch a step run (the
+    mismatch E703 refuses is a narrower reduce of fp32 weights only)."""
+    text = _ONE_MICROBATCH.replace("BATCH", "4").replace("precision: fp16, grad_dtype: GRAD",
+                                                        "precision: bf16, param_dtype: bf16").replace("GATHER", "bf16")
+    assert api.run_refusals(api.select_plan(api.loads(text, path="p.plan"))) == []
