@@ -134,6 +134,8 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
     if keys is None:
         notes.append(f"`train` is not a dict of this file: its micro_batch ({plan.train.micro_batch}) and "
                      f"recompute ({plan.train.recompute.value}) are kept as they are")
+    if "tensor" in attrs and plan.tensor is not None:  # the written line is kept as it is: search what it says
+        pins["sequence_parallel"] = plan.tensor.sequence_parallel
     cluster = _covered(plan) if "mesh" in attrs else plan.cluster  # the devices a written mesh lays out
     searched = experts_free(attrs, plan)
     if searched and plan.tensor is not None and "tensor" in attrs and not plan.tensor.sequence_parallel:

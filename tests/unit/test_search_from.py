@@ -72,7 +72,7 @@ def test_a_written_mesh_fixes_every_degree_and_the_order(tmp_path):
                            "  schedule = 1f1b\n")
     partial = read_partial(path)
     assert partial.pins == {"dp": 4, "tp": 2, "pp": 2, "cp": 1, "ep": 1, "order": ("pp", "dp", "tp"), "zero_stage": 2,
-                            "virtual_stages": 1, "schedule": "1f1b"}
+                            "virtual_stages": 1, "schedule": "1f1b", "sequence_parallel": True}
     out = generate("--from", path, "--json")
     assert out.exit_code == 0, out.output
     for c in json.loads(out.output)["candidates"]:
@@ -322,3 +322,24 @@ def test_a_plan_with_more_stages_than_blocks_under_account_completes_as_written(
     (written,) = api.check(out_path).document.plans
     (plan,) = api.check(path).document.plans
     assert estimate_plan(written).time.step == pytest.approx(estimate_plan(plan).time.step, rel=1e-12)
+
+
+@pytest.mark.parametrize("tensor", ["megatron over model", "megatron over model with sequence_parallel"])
+def test_a_written_tensor_line_is_searched_as_it_is_kept(tmp_path, tensor):
+    """The completion keeps a written `tensor` line as it is, so the search takes its sequence parallelism as a pin:
+    without it, a line without `sequence_parallel` was searched with it (0.0558 s, 7.56 GiB at the top), the table
+    showed the completed plans' own estimates (0.0580 s, 7.96 GiB) in the search's order, and #4 (0.06296 s) came
+    before #5 (0.06247 s)."""
+    from plandsl.rewrite.complete import generate_from
+    path = write(tmp_path, f"  mesh    = [data = 4, model = 2] over devices[0:8]\n"
+                           f"  train   = {{ global_batch: 64, precision: bf16, optimizer: adam }}\n"
+                           f"  data    = zero1 over data\n  tensor  = {tensor}\n",
+                 header='import "clusters/dgx_a100"\nmodel small = gpt(layers=8, hidden=1024, heads=16, seq=1024, '
+                        'vocab=32000)\n')
+    completed = generate_from(str(path), top=5)
+    steps = [scored.estimate.time.step for scored in completed.result.candidates]
+    assert steps == sorted(steps) and len(steps) == 5
+    for scored, text in zip(completed.result.candidates, completed.texts):
+        exact = estimate_plan(api.select_plan(api.loads(text, path=str(path))))
+        assert exact.time.step == pytest.approx(scored.estimate.time.step, rel=1e-9)
+        assert scored.candidate.sequence_parallel == ("sequence_parallel" in tensor)
