@@ -11,6 +11,7 @@ import functools
 import json
 import math
 import os
+import re
 import shlex
 import sys
 
@@ -919,6 +920,9 @@ def import_command(source, world_size, cluster, args_file, model, name, output, 
             _fail(error, output_format)
     else:
         text, path = api.args_text(args), "<flags>"
+    if name is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):  # the language's NAME
+        raise click.UsageError(f"--name {name!r}: a name the language reads (letters, digits and _, not starting "
+                               "with a digit)")
     stem = os.path.splitext(os.path.basename(output))[0]
     name = name or ("".join(c if c.isalnum() or c == "_" else "_" for c in stem).lstrip("0123456789") or "imported")
     try:
@@ -930,6 +934,8 @@ def import_command(source, world_size, cluster, args_file, model, name, output, 
     if imported.ignored:
         click.echo(f"note: left out (a plan does not hold them): {' '.join(imported.ignored)}", err=True)
     _write(output, imported.text)
+    if schedule_only:  # the table's name as written (`table_NAME`: never a built-in's), which plans name
+        name = re.search(r"(?m)^schedule\s+(\w+)", imported.text).group(1)
     click.echo(f"wrote {output}: {'schedule' if schedule_only else 'plan'} '{name}'"
                + (f" ({len(imported.diagnostics)} warning(s))"
                                                     if imported.diagnostics else ""), err=True)

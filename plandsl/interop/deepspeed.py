@@ -205,6 +205,11 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
                 f"gradient_accumulation_steps {accumulation} x world size {world} (= {micro * accumulation * world})",
                 "gradient_accumulation_steps")
         return Imported(None, tuple(problems), sources, tuple(ignored))
+    # DeepSpeed reads an object, or (deprecated, `read_zero_config_deprecated`) a bool: true is stage 1
+    if not isinstance(zero, (dict, bool)):
+        problem("E804", f"\"zero_optimization\" must be an object (or true/false), found {_json_shown(zero)}",
+                "zero_optimization")
+        zero = {}
     stage = zero.get("stage", 0) if isinstance(zero, dict) else (1 if zero else 0)
     if stage not in (0, 1, 2, 3):
         problem("E804", f"zero_optimization stage {json.dumps(stage)}: one of 0, 1, 2, 3", "zero_optimization")

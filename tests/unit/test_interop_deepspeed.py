@@ -68,6 +68,9 @@ MODEL = "gpt(layers=4, hidden=256, heads=8, seq=128, vocab=1024)"
     ({"train_batch_size": 12}, "E806", '"train_batch_size"'),
     ({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 10}}}, "E807", '"scheduler"'),
     ({"fp16": {"enabled": True}}, "E805", '"fp16"'),
+    # a list DeepSpeed's config refuses was read as stage 0 (an empty one) or 1 (any other)
+    ({"zero_optimization": []}, "E804", '"zero_optimization"'),
+    ({"zero_optimization": [2]}, "E804", '"zero_optimization"'),
 ])
 def test_bad_configs_are_diagnostics_naming_the_key(change, code, key):
     text = json.dumps({**BASE, **change}, indent=1)

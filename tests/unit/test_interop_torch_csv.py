@@ -110,6 +110,14 @@ def test_the_cli_reads_a_csv_without_devices_and_refuses_them(tmp_path):
     out = runner.invoke(main, ["import", "--from", "torch-csv", "--args-file", str(csv), "-o", str(tmp_path / "s.plan")])
     assert out.exit_code == 0, out.output
     assert "schedule table_s(ranks = 4, microbatches = 8)" in (tmp_path / "s.plan").read_text()
+    # the name said is the one written, which plans name (it said 'pipe' of a file holding `table_pipe`), and a name
+    # the language cannot read is a usage error (it wrote `table_bad_name_` and said 'bad name!')
+    named = runner.invoke(main, ["import", "--from", "torch-csv", "--args-file", str(csv), "--name", "pipe",
+                                 "-o", str(tmp_path / "n.plan")])
+    assert named.exit_code == 0 and "schedule 'table_pipe'" in named.output, named.output
+    odd = runner.invoke(main, ["import", "--from", "torch-csv", "--args-file", str(csv), "--name", "bad name!",
+                               "-o", str(tmp_path / "o.plan")])
+    assert odd.exit_code == 2 and "--name 'bad name!'" in odd.output and not (tmp_path / "o.plan").exists()
     refused = runner.invoke(main, ["import", "--from", "torch-csv", "--world-size", "4", "--args-file", str(csv),
                                    "-o", str(tmp_path / "t.plan")])
     assert refused.exit_code == 2 and "a schedule CSV says the schedule only" in refused.output
