@@ -21,7 +21,7 @@ from plandsl.cost.schedule import plan_schedule
 from plandsl.diagnostics import PlanError, diag
 from plandsl.interop.result import Exported, Imported
 from plandsl.schedules.lower import add_send_recv
-from plandsl.schedules.program import to_csv
+from plandsl.schedules.program import parse_action, to_csv
 from plandsl.schedules.resolve import schedule_from_csv, to_plan, to_torch_csv
 from plandsl.syntax.format import format_text
 
@@ -62,7 +62,7 @@ def export_comms(plan: ir.Plan) -> Exported:
 def import_csv(text: str, path: str, name: str = "imported", plan_path: str = "imported.plan") -> Imported:
     """Either torch CSV as a checked file holding the schedule `name` (its communication actions dropped)."""
     try:
-        schedule = schedule_from_csv(_compute_cells(text), name, path).compute_only()
+        schedule = schedule_from_csv(_compute_cells(text, path), name, path).compute_only()
     except PlanError as error:
         return Imported(None, tuple(error.diagnostics))
     body = to_plan(schedule)
@@ -76,13 +76,22 @@ def import_csv(text: str, path: str, name: str = "imported", plan_path: str = "i
     return Imported(written if analysis.ok else None, tuple(analysis.diagnostics), analysis.sources)
 
 
-def _compute_cells(text: str) -> str:
-    """The CSV with its send/recv cells removed (a lowered CSV: each row's actions in order, no idle steps)."""
+def _compute_cells(text: str, path: str) -> str:
+    """The CSV with its send/recv cells removed (a lowered CSV: each row's actions in order, no idle steps), each
+    checked to be one (`0SEND_F1`: PlanError E602 naming the line, as a bad compute cell is)."""
     comms = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
     if not any(kind in text for kind in comms):
         return text
     rows = []
-    for line in text.splitlines():
-        cells = [cell for cell in line.split(",") if cell.strip() and not any(k in cell for k in comms)]
+    for number, line in enumerate(text.splitlines(), 1):
+        cells = []
+        for cell in line.split(","):
+            if any(k in cell for k in comms):  # a send or receive: dropped once it reads as one
+                try:
+                    parse_action(cell.strip())
+                except ValueError as error:
+                    raise PlanError([diag("E602", f"{path}: line {number}: {error}")]) from None
+            elif cell.strip():
+                cells.append(cell)
         rows.append(",".join(cells))
     return "\n".join(rows) + "\n"

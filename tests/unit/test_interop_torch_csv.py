@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 from plandsl import api
 from plandsl.cli import main
+from plandsl.interop.torch_csv import import_csv
 from plandsl.schedules.registry import BUILTIN
 from tests.support import lazy
 
@@ -131,3 +132,16 @@ def test_the_cli_reads_a_csv_without_devices_and_refuses_them(tmp_path):
     empty = runner.invoke(main, ["import", "--from", "torch-csv", "--args-file", str(tmp_path / "empty.csv"),
                                  "-o", str(tmp_path / "e.plan")])
     assert empty.exit_code == 1 and f"{tmp_path / 'empty.csv'} holds no action" in empty.output, empty.output
+
+
+def test_a_comms_csvs_send_and_receive_cells_are_read_before_they_are_dropped(tmp_path):
+    """`torch-csv-comms`: the send/recv cells are dropped (the plan's schedule is its computation), but only once each
+    reads as one; a mangled one (`0SEND_Fx1`) was dropped unread and the import said nothing."""
+    good = api.export(_plan("1f1b"), "torch-csv-comms").text
+    assert import_csv(good, "c.csv", "c").ok
+    line = good.splitlines()[0].split(",")
+    sent = next(i for i, cell in enumerate(line) if "SEND_F" in cell)
+    line[sent] = line[sent].replace("SEND_F", "SEND_Fx")
+    bad = "\n".join([",".join(line), *good.splitlines()[1:]]) + "\n"
+    imported = import_csv(bad, "c.csv", "c")
+    assert [d.code for d in imported.diagnostics] == ["E602"] and "c.csv: line 1" in imported.diagnostics[0].message
