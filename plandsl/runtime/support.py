@@ -218,7 +218,7 @@ def _torch_model_refusals(plan: ir.Plan, model: ir.CustomModel) -> list[Diagnost
                                           f"yet: {', '.join(odd)}", plan.tensor.span,
                                   hint=f"plandsl runs {', '.join(MODEL_STYLES)}; use the tensor axis for data "
                                        "parallelism instead"))
-    if plan.stages is not None and plan.pp > 1 and not model.stages_by:
+    if plan.stages is not None and not model.stages_by:  # at pp = 1 too: `run` builds torch's stages for any `stages`
         why = ("torch's pipeline frontend (torch.export) could not trace its forward when `plandsl inspect` tried "
                "(data-dependent control flow, or code export does not capture)"
                if not hf else "its class declares no `base_model_pp_plan` (which modules run before the blocks)")

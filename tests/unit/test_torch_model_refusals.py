@@ -59,6 +59,16 @@ def test_a_module_is_split_into_stages_by_its_convention_or_a_trace(tmp_path, ta
     assert refusals(plan.model_copy(update={"model": hf})) == []
 
 
+def test_one_pipeline_stage_is_refused_as_any_split_the_model_cannot_make(tmp_path, table):
+    """`run` builds torch's pipeline stages for any `stages`, a one-rank pipeline axis too: GPT-2 (no
+    `base_model_pp_plan`) over `[pp = 1, dp = 2]` checked ok and every rank stopped building the job (ModelError:
+    "declares no `base_model_pp_plan`"); the refusal held at pp > 1 only."""
+    plan = _plan(tmp_path, table, "[pp = 1, dp = 4]", "stages = evenly over pp\nschedule = 1f1b")
+    hf = plan.model.model_copy(update={"source": 'hf("GPT2LMHeadModel")', "stages_by": None})
+    [refused] = refusals(plan.model_copy(update={"model": hf}))
+    assert refused.code == "E704" and "declares no `base_model_pp_plan`" in refused.message
+
+
 def test_tensor_parallelism_runs_the_models_own_plan_only(tmp_path, table):
     plan = _plan(tmp_path, table, "[dp = 2, tp = 2]", "tensor = megatron over tp", checked=("E413",))
     [refused] = refusals(plan)
