@@ -29,6 +29,10 @@ MAX_STEPS = 10**9               # warm-up steps, `run --steps`
 MAX_TIMEOUT_SECONDS = 604_800.0  # `run --timeout`: a week a collective may wait (torch's default is 10 minutes)
 MAX_SEED = 2**64 - 1            # `seed`: torch's generators take an unsigned 64-bit seed
 MAX_LR = 1e4                    # `lr`: torch converts it to the update's dtype (fp32 in run): Adam's step raises past ~5e37
+MAX_MODULE_PARAMETERS = 200_000
+"""Parameter tensors a model from torch (`hf(...)`, a factory) may register while `inspect` (or `run`) builds it:
+DeepSeek-V3 with its 256 experts a layer unfused registers about 48,000; the cap keeps a config's layer count (5,000
+GPT-2 blocks, 60,000 tensors, took 24 s and 770 MB to build on the meta device) from making the build unbounded."""
 MAX_MICROBATCHES = MAX_GLOBAL_BATCH  # `schedule --microbatches`: a microbatch holds at least one sequence
 MAX_LOCAL_RANKS = 256
 """Processes `run --nproc-per-node` starts on one machine: a node holds 8 to 16 accelerators today; 256 leaves

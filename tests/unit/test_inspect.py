@@ -140,6 +140,22 @@ def test_bad_sources_are_coded(source, code):
     assert [d.code for d in raised.value.diagnostics] == [code]
 
 
+@pytest.mark.parametrize("source", ['hf("GPT2LMHeadModel", n_embd=64, n_layer=4, n_head=4, n_positions=16, '
+                                    'vocab_size=128)', "inspect_models.tiny:build(depth=4)"])
+def test_a_build_past_the_parameter_limit_stops_there_E505(monkeypatch, source):
+    """A config's layer count is a number in the plan: `inspect 'hf("GPT2LMHeadModel", n_layer=20000, ...)'` built
+    for as long as it took (5,000 blocks: 24 s, 770 MB); the build stops past `limits.MAX_MODULE_PARAMETERS`
+    parameter tensors (20,000 blocks would register 240,000: E505 at the 200,001st, after 32 s and 1.1 GB). Here the limit is lowered below what the module
+    registers, and the same build under the limit as it is succeeds."""
+    from plandsl.diagnostics import limits
+    api.inspect_model(source, seq=16, search_path=(HERE,))
+    monkeypatch.setattr(limits, "MAX_MODULE_PARAMETERS", 5)
+    with pytest.raises(api.PlanError) as raised:
+        api.inspect_model(source, seq=16, search_path=(HERE,))
+    assert [d.code for d in raised.value.diagnostics] == ["E505"]
+    assert "more than 5 parameter tensors" in raised.value.diagnostics[0].message
+
+
 @pytest.mark.parametrize("text", ["os.system('x')", "m:f(__import__('os'))", 'hf(LlamaForCausalLM)', "m:f(x=y)",
                                   "m:f(**k)", "m:f(1)", "m:f(x=1, x=2)", "m:f(x=float('nan'))", "m:f(x=1e999)",
                                   "not a source"])

@@ -100,7 +100,9 @@ _entry("E505", """
     numbers that are not counts are capped where `plandsl run` would fail on them: `seed`
     at 2^64 - 1 (torch's generators take 64 bits) and `lr` at 10,000 (torch's optimizers
     convert it, scaled, to the update's dtype, fp32 in `run`: Adam's first step raises past
-    about 5e37, SGD's past fp32's 3.4e38).
+    about 5e37, SGD's past fp32's 3.4e38). A model from torch is built with at most 200,000
+    parameter tensors (`plandsl inspect`, `run`), so that its config's layer count cannot make
+    the build unbounded.
     """, f"""
     import "clusters/dgx_a100"
     plan p {{

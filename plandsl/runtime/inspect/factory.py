@@ -10,13 +10,15 @@ import importlib
 import inspect as pyinspect
 import os
 import sys
+import threading
 import traceback
 from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_parameter_registration_hook
 
-from plandsl.diagnostics import Diagnostic, PlanError, did_you_mean, diag
+from plandsl.diagnostics import Diagnostic, PlanError, did_you_mean, diag, limits
 from plandsl.diagnostics.source import NO_SPAN, SourceFile, Span
 from plandsl.ir.inspected import ModelSource
 
@@ -99,10 +101,39 @@ def build(source: ModelSource, dtype: str, search_path: tuple[str, ...],
     """The source's module on `device` (the meta device: nothing allocated; the interpreter builds on the
     CPU), its floating parameters `dtype` by default, and the file of the factory's module (none for a
     Hugging Face class); `Failure`."""
-    with _on_path(search_path), default_dtype(DTYPES[dtype]):
+    with _on_path(search_path), default_dtype(DTYPES[dtype]), _bounded(source):
         if source.kind == "hf":
             return _build_hf(source, device), ()
         return _build_factory(source, device)
+
+
+class _TooMany(BaseException):
+    """Raised inside the module's construction at its `MAX_MODULE_PARAMETERS`-th-and-one parameter: a BaseException,
+    so that the builders' `except Exception` (a config transformers refuses, a factory raising: E902) lets it by."""
+
+
+@contextlib.contextmanager
+def _bounded(source: ModelSource):
+    """Stop the construction (E505) past `limits.MAX_MODULE_PARAMETERS` parameter tensors registered in this thread: a
+    config's layer count is a number in the plan, and the build's time and memory grow with it."""
+    owner, count = threading.get_ident(), [0]
+
+    def registered(module, name, param) -> None:
+        if param is not None and threading.get_ident() == owner:
+            count[0] += 1
+            if count[0] > limits.MAX_MODULE_PARAMETERS:
+                raise _TooMany()
+
+    handle = register_module_parameter_registration_hook(registered)
+    try:
+        yield
+    except _TooMany:
+        raise fail("E505", f"{source.text} registers more than {limits.MAX_MODULE_PARAMETERS:,} parameter tensors "
+                           "as it is built (plandsl's limit on a model from torch)",
+                   hint="a model of today registers a few thousand (DeepSeek-V3's unfused experts about 48,000): "
+                        "check its layer and expert counts") from None
+    finally:
+        handle.remove()
 
 
 def _build_factory(source: ModelSource, device: str) -> tuple[nn.Module, tuple[str, ...]]:
