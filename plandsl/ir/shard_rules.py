@@ -249,15 +249,22 @@ def _ruled_layer(layer: Layer, rules: dict[str, ModuleRule], templates: dict) ->
     return replace(layer, params=tuple(Param(p.name, p.module, p.shape, _roles(p, rules, layer.kind)) for p in params))
 
 
+def pair_intact(rules: dict[str, ModuleRule], module: str, group: str) -> bool:
+    """Whether the rules keep the pair `group` (`ir.pairs.PAIRS`: attn, mlp, shared) of `module` (its path,
+    `layers.3.attn`) Megatron's: every member's rule, where it has one, its default style (producers colwise, the
+    consumer rowwise). `plandsl run` splits such a pair as Megatron does (`runtime.parallel.tensor_parallel._pair`),
+    and the count places its parameters so."""
+    producers, consumer = PAIRS[group]
+    return all((rule := rules.get(f"{module}.{name}")) is None
+               or rule.style == ("rowwise" if name == consumer else "colwise") for name in (*producers, consumer))
+
+
 def _roles(param: Param, rules: dict[str, ModuleRule], kind: str) -> tuple[str, ...]:
     """The roles of `param`'s dims as the rules place it: its module's rule (`_placed`); attention sinks, one logit
     per head, split where the attention pair is intact (every member's rule, if any, its default style: `_block_tp`)
     and whole where a rule breaks it (every rank then runs every head)."""
     if param.name.endswith(".attn.sinks"):
-        producers, consumer = PAIRS["attn"]
-        default = {**{name: "colwise" for name in producers}, consumer: "rowwise"}
-        split = all((rule := rules.get(f"{param.module}.{name}")) is None or rule.style == style
-                    for name, style in default.items())
+        split = pair_intact(rules, param.module, "attn")
         return param.dims if split else tuple(OTHER if role in TENSOR_SHARDED_DIMS else role for role in param.dims)
     rule = rules.get(param.module)
     return param.dims if rule is None else _placed(param, rule, kind == "embed").dims

@@ -27,7 +27,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, P
 
 from plandsl.ir.pairs import PAIRS
 from plandsl.ir.torch_plan import matches
-from plandsl.ir.shard_rules import ModuleRule, rule_problems, tp_rules  # noqa: F401 (re-exported)
+from plandsl.ir.shard_rules import ModuleRule, pair_intact, rule_problems, tp_rules  # noqa: F401 (re-exported)
 
 # Megatron's pairs in a block (`ir.pairs.PAIRS`): producers split their output features over tp, the consumer its
 # input features, so what passes between them (attention heads, the MLP's hidden) stays split locally; the cost
@@ -165,12 +165,13 @@ def _style(rule: ModuleRule, given: Placement, wanted: Placement) -> ParallelSty
 def _members(block: nn.Module, prefix: str, group: str, rules: dict[str, ModuleRule]
              ) -> tuple[dict[str, ModuleRule | None], dict[str, ModuleRule], bool]:
     """A pair's members in `block` (group `attn`, `mlp` or `shared`), producers first: each one's rule (None: none),
-    Megatron's default style for each, and whether the pair is intact (every rule its member's default)."""
+    Megatron's default style for each, and whether the pair is intact (`ir.shard_rules.pair_intact`, as the count
+    reads it)."""
     producers, consumer = PAIRS[group]
     producers = [name for name in producers if getattr(getattr(block, group), name, None) is not None]
     style = {name: rules.get(f"{prefix}{group}.{name}") for name in (*producers, consumer)}
     default = {**{name: ModuleRule("colwise") for name in producers}, consumer: ModuleRule("rowwise")}
-    return style, default, all(rule is None or rule.style == default[name].style for name, rule in style.items())
+    return style, default, pair_intact(rules, f"{prefix}{group}", group)
 
 
 def _pair(block: nn.Module, prefix: str, group: str, rules: dict[str, ModuleRule], stream: Placement) -> dict:
@@ -252,23 +253,23 @@ def _block_tp(block: nn.Module, prefix: str, tp_mesh: DeviceMesh, sequence_paral
     # parallelism: Megatron's pair), not all-reduced by each producer apart; a pair a rule breaks (plain modules among
     # its members) and MLA's attention (its down-projections plain) read a plain tensor, as does the MoE layer (its
     # router), whose intact shared experts read it as one Replicate DTensor again
+    intact = {half: pair_intact(rules, f"{prefix}{half}", half) for half in ("attn", ffn) if half != "moe"}
     for half in ("attn", ffn):
-        dtensor = half != "moe" and _members(block, prefix, half, rules)[2] \
-            and not (half == "attn" and hasattr(block.attn, "wkv_b"))
+        dtensor = intact.get(half, False) and not (half == "attn" and hasattr(block.attn, "wkv_b"))
         if sequence_parallel or dtensor:
             plan[half] = PrepareModuleInput(input_layouts=(stream,), desired_input_layouts=(Replicate(),),
                                             use_local_output=not dtensor)
-    if ffn == "moe" and block.moe.shared is not None and _members(block.moe, f"{prefix}moe.", "shared", rules)[2]:
+    if ffn == "moe" and block.moe.shared is not None and pair_intact(rules, f"{prefix}moe.shared", "shared"):
         plan["moe.shared"] = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
                                                 use_local_output=False)
     if sequence_parallel:
         plan.update({"norm1": SequenceParallel(), "norm2": SequenceParallel()})
     parallelize_module(block, tp_mesh, plan)
-    if getattr(block.attn, "sinks", None) is not None and _members(block, prefix, "attn", rules)[2]:
+    if getattr(block.attn, "sinks", None) is not None and intact["attn"]:
         # attention sinks, one logit per head: split as an intact pair splits the heads; a pair a rule breaks runs
         # every head on every rank (its producers return whole outputs), so the sinks stay whole
         block.attn.sinks = nn.Parameter(distribute_tensor(block.attn.sinks.data, tp_mesh, [Shard(0)]))
-    if hasattr(block.attn, "reduce_rope_key") and _members(block, prefix, "attn", rules)[2]:
+    if hasattr(block.attn, "reduce_rope_key") and intact["attn"]:
         # MLA's shared rotary key: each rank's heads make part of its gradient, summed over the group; a pair a rule
         # breaks runs every head on every rank, where that gradient is whole already
         group = tp_mesh.get_group()
