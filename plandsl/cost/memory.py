@@ -1142,8 +1142,9 @@ def _broken_terms(model: ir.TransformerModel, kv_gathered: int, pairs: dict[str,
     `core_drops_output`). Under ring context parallelism (`ring`) the core keeps its own output apart from wo's input
     in Megatron's layout too (torch's ring returns it [b, heads, s, d], cast from its fp32 merge; wo reads a
     transposed copy), which the default count holds as one with wo's input: breaking the pair makes that output whole,
-    2o beyond its share, whatever wo's layout (traced: tests/distributed/test_memtrace.py). Selective recomputation's modules (`rerun`) drop theirs as `_module_terms` does: `mlp` a dense
-    MLP's, `moe` and `shared_experts` the shared experts', `mla_up_proj` MLA's Q, K and V."""
+    2o beyond its share, whatever wo's layout (traced: tests/distributed/test_memtrace.py). Selective recomputation's
+    modules (`rerun`) drop theirs as `_module_terms` does: `mlp` a dense MLP's, `moe` and `shared_experts` the shared
+    experts', `mla_up_proj` MLA's Q, K and V."""
     Module = ir.RecomputeModule
     hidden = model.hidden
     moved = extra = moved_saved = 0.0
@@ -1154,14 +1155,13 @@ def _broken_terms(model: ir.TransformerModel, kv_gathered: int, pairs: dict[str,
             qkv = (2 * widths.q + 2 * (widths.k + widths.v) * kv_gathered) / hidden if model.latent_attention \
                 else 2 * widths.q / hidden + 4 * kv_width(model) / hidden * kv_gathered
             moved += qkv
-        if attention.consumer_chunks and ring and not core_drops_output:
-            moved += 2 * widths.o / hidden  # the ring's output whole, wo's chunk as the default's one share
-        elif attention.consumer_chunks:
-            extra += 0.0 if core_drops_output else 2 * widths.o / hidden
+        ring_output = ring and not core_drops_output  # the ring's own output, whole whatever wo's layout
+        if ring_output:
+            moved += 2 * widths.o / hidden  # beside wo's chunk it stands as the default's one share
+        if attention.consumer_chunks:
+            extra += 0.0 if core_drops_output or ring_output else 2 * widths.o / hidden
         else:
             moved, moved_saved = moved + 2 * widths.o / hidden, moved_saved + widths.o / hidden
-            if ring and not core_drops_output:
-                moved += 2 * widths.o / hidden  # the ring's own output whole too, beside wo's whole input
     for group, dropped in (("mlp", Module.mlp), ("shared", Module.shared_experts)):
         pair = pairs.get(group)
         if pair is None or dropped in rerun or (group == "shared" and Module.moe in rerun):
