@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, diag
+from plandsl.ir.placement import assign_stages
 from plandsl.ir.shares import written_shares
+from plandsl.runtime.cuts import stage_split_points
 from plandsl.ir.torch_plan import matches
 from plandsl.schedules.registry import BUILTIN
 from plandsl.cost.estimate import data_shares
@@ -224,6 +226,15 @@ def _torch_model_refusals(plan: ir.Plan, model: ir.CustomModel) -> list[Diagnost
                if not hf else "its class declares no `base_model_pp_plan` (which modules run before the blocks)")
         found.append(diag("E704", f"'{model.source}' cannot be split into pipeline stages: {why}",
                           plan.stages.span, hint="use the pipeline axis for data parallelism (or FSDP) instead"))
+    elif plan.stages is not None and not hf and model.blocks:
+        assignment, _ = assign_stages(plan)
+        if assignment is not None and stage_split_points(
+                list(model.blocks), [{layer.name for layer in layers} for layers in assignment.stage_layers]) is None:
+            found.append(diag("E704", f"'{model.source}' cannot be cut into these {assignment.num_stages} pipeline "
+                                      "stages: torch's pipeline frontend cuts a module at the beginning or the end of "
+                                      f"a block, and its {len(model.blocks)} blocks give too few such points for a "
+                                      "stage of the embedding alone, one per block and one of the head alone",
+                              plan.stages.span, hint="put the embedding or the head on a stage with a block"))
     if plan.train.recompute is ir.Recompute.selective:
         found.append(diag("E704", "`recompute: selective` recomputes plandsl's own attention core; the blocks of a "
                                   f"model from torch ('{model.source}') are recomputed whole",

@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from plandsl import ir
 from plandsl.ir.inspected import parse_source
 from plandsl.runtime.inspect.trace import has_submodule
+from plandsl.runtime.cuts import stage_split_points
 from plandsl.runtime.data import synthetic_tokens
 from plandsl.runtime.precision import copy_stream_casts
 
@@ -133,14 +134,10 @@ class TorchModel(nn.Module):
         if self.hf:
             return {index: self._hf_stage(stages[index]) for index in wanted}
         from torch.distributed.pipelining import SplitPoint, pipeline  # lazy: torch's pipelining takes seconds
-        order = self.all_block_names()
-        spec = {}
-        for layers in stages[1:]:
-            first = next((name for name in order if name in layers), None)
-            if first is not None:
-                spec[first] = SplitPoint.BEGINNING
-            elif "head" in layers and order:
-                spec[order[-1]] = SplitPoint.END
+        points = stage_split_points(self.all_block_names(), stages)
+        if points is None:  # `plandsl run` refuses such stages first (E704, runtime.support)
+            raise ModelError(f"{self.source}: its blocks give too few points to cut it into {len(stages)} stages")
+        spec = {name: SplitPoint.BEGINNING if point == "beginning" else SplitPoint.END for name, point in points.items()}
         full = copy.deepcopy(self.inner)  # the trace's stages share its parameters: never the caller's module
         try:
             pipe = pipeline(full, mb_args=(example,), split_spec=spec)
@@ -291,6 +288,8 @@ def blocks(model: nn.Module) -> tuple[nn.Module | None, list[str]]:
     if isinstance(model, TorchModel) and not model.block_list:  # blocks in several containers: by their FQNs
         return model, [name for name in model.block_names if not isinstance(model.get_submodule(name), PassThrough)]
     if isinstance(model, TorchModel):
+        if not has_submodule(model, model.block_list):  # a traced stage of the head alone holds no block list
+            return None, []
         container = model.block_container()
         return container, [name for name, block in container.named_children() if not isinstance(block, PassThrough)]
     layers = getattr(model, "layers", None)

@@ -110,6 +110,10 @@ CASES = [
     ("mixtral_ep_x_tp", 4, MIXTRAL, "[ep = 2, tp = 2]", "tensor = megatron over tp\nexperts = alltoall over ep"),
     # Qwen3's per-head q_norm and k_norm: whole on every rank, their gradients summed over the heads' ranks
     ("qwen3_fsdp_x_tp", 4, QWEN3, "[dp = 2, tp = 2]", "data = zero3 over dp\ntensor = megatron over tp"),
+    # 4 stages over 4 blocks, the last the head alone: traced at the end of layers.2, layers.3 and the head's stage
+    # holding no block list (the cut was lost: 3 stages, every rank failed)
+    ("factory_zbv_head_alone", 2, 'factory("inspect_models.tiny:build", depth=4, tied=false)', "[pp = 2]",
+     "stages = evenly over pp with virtual = 2, map = vshape\nschedule = zbv", MICRO2),
     ("llama_gqa_3d", 8, LLAMA, "[dp = 2, pp = 2, tp = 2]",
      "data = zero3 over dp\ntensor = megatron over tp\nstages = evenly over pp\nschedule = 1f1b", MICRO2),
 ]

@@ -59,6 +59,31 @@ def test_a_module_is_split_into_stages_by_its_convention_or_a_trace(tmp_path, ta
     assert refusals(plan.model_copy(update={"model": hf})) == []
 
 
+def test_a_traced_module_is_cut_at_a_block_s_end_where_its_beginning_is_taken(tmp_path, table):
+    """Torch's pipeline frontend cuts at a block's beginning or end, one point per block: a stage of the head alone
+    cuts at the end of the last block, so a stage of that block alone starts at the end of the block before it
+    (ZBV's 4 stages over tiny's 4 blocks: the cut was lost and the trace made 3 stages, on every rank); a stage of the
+    embedding alone, one per block and one of the head alone need more points than there are, refused (E704)."""
+    from plandsl.runtime.cuts import stage_split_points
+    order = ["layers.0", "layers.1", "layers.2", "layers.3"]
+    stages = [{"embed", "layers.0"}, {"layers.1", "layers.2"}, {"layers.3"}, {"head"}]
+    assert stage_split_points(order, stages) == {"layers.1": "beginning", "layers.2": "end", "layers.3": "end"}
+    assert stage_split_points(order, [{"embed"}, {"layers.0", "layers.1"}, {"layers.2", "layers.3", "head"}]) == \
+        {"layers.0": "beginning", "layers.2": "beginning"}
+    assert stage_split_points(order, [{"embed"}, *({name} for name in order), {"head"}]) is None
+    two = "{ global_batch: 8, micro_batch: 2, seed: 0 }"
+    plan = _plan(tmp_path, table, "[dp = 2, pp = 2]", "stages = evenly over pp with virtual = 2, map = vshape\n"
+                 "schedule = zbv", train=two)
+    assert refusals(plan) == []  # the split above (tests/distributed/test_torch_models.py runs it)
+    plan = _plan(tmp_path, table, "[dp = 2, pp = 2]", "stages {\n  0: embed\n  1: layers[0:2]\n  2: layers[2:4]\n  "
+                 "3: head\n  virtual = 2\n}\nschedule = looped_bfs", train=two)
+    assert refusals(plan) == []
+    plan = _plan(tmp_path, table, "[dp = 2, pp = 2]", "stages {\n  0: embed\n  1: layers.0\n  2: layers.1\n  "
+                 "3: layers.2\n  4: layers.3\n  5: head\n  virtual = 3\n}\nschedule = looped_bfs", train=two)
+    [refused] = refusals(plan)
+    assert refused.code == "E704" and "cannot be cut into these 6 pipeline stages" in refused.message
+
+
 def test_one_pipeline_stage_is_refused_as_any_split_the_model_cannot_make(tmp_path, table):
     """`run` builds torch's pipeline stages for any `stages`, a one-rank pipeline axis too: GPT-2 (no
     `base_model_pp_plan`) over `[pp = 1, dp = 2]` checked ok and every rank stopped building the job (ModelError:

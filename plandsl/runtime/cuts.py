@@ -1,0 +1,34 @@
+"""Where torch's pipeline frontend cuts a module from torch traced into pipeline stages.
+
+Stage: interpreter (torch-free: `runtime.support` asks it before any process starts, `runtime.torch_model` when it
+traces). Contract: `stage_split_points(order, stages)` maps block FQNs to "beginning" or "end", one cut per stage
+boundary, or None when the blocks offer too few cuts.
+"""
+from __future__ import annotations
+
+
+def stage_split_points(order: list[str], stages: list[set[str]]) -> dict[str, str] | None:
+    """Where torch's pipeline frontend cuts a module traced into `stages` (each the layer names it holds, in order):
+    block FQN -> "beginning" or "end" (`SplitPoint`), one point per stage boundary; None when the boundaries are more
+    than the points the blocks offer. A stage starts at the beginning of its first block, or, when that point is
+    taken (a stage that holds only the head cuts at the end of the last block, and a stage holding only that last
+    block would start there too), at the end of the block before it, which cuts at the same place unless the
+    module's forward computes something between the two blocks (it then runs on the stage before). `order`: every
+    block's FQN in forward order (`runtime.torch_model.TorchModel.all_block_names`)."""
+    where = {name: index for index, name in enumerate(order)}
+    starts = []  # each later stage's boundary: the index of the block it starts at, len(order) for the head alone
+    for layers in stages[1:]:
+        first = min((where[name] for name in layers if name in where), default=None)
+        if first is None and "head" in layers and order:
+            first = len(order)
+        if first is not None:
+            starts.append(first)
+    points: dict[str, str] = {}
+    for start in sorted(set(starts), reverse=True):
+        if start < len(order) and order[start] not in points:
+            points[order[start]] = "beginning"
+        elif start >= 1 and order[start - 1] not in points:
+            points[order[start - 1]] = "end"
+        else:
+            return None
+    return points
