@@ -93,7 +93,11 @@ class TorchModel(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.hf:
             return self.inner(x)
-        return self.inner(**{"input_ids" if self.first else "inputs_embeds": x}, use_cache=False).logits
+        out = self.inner(**{"input_ids" if self.first else "inputs_embeds": x}, use_cache=False).logits
+        # a stage before the head returns the hidden states its pass-through head got, a view (transformers slices
+        # them for `logits_to_keep`); torch's split backward (zbv, the zero-bubble schedules) detaches a stage's
+        # output in place, which a view refuses: a copy of its own, as plandsl's own stages return
+        return out.clone() if not self.last and out._is_view() else out
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The model's own loss: a Hugging Face model's `loss_function` (its causal-LM cross entropy, told the

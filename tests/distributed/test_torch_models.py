@@ -110,6 +110,9 @@ CASES = [
     ("mixtral_ep_x_tp", 4, MIXTRAL, "[ep = 2, tp = 2]", "tensor = megatron over tp\nexperts = alltoall over ep"),
     # Qwen3's per-head q_norm and k_norm: whole on every rank, their gradients summed over the heads' ranks
     ("qwen3_fsdp_x_tp", 4, QWEN3, "[dp = 2, tp = 2]", "data = zero3 over dp\ntensor = megatron over tp"),
+    # a schedule splitting the backward over stages between the first and the last: torch detaches each stage's
+    # output in place, and a Hugging Face stage returned a view of its hidden states (transformers' logits slice)
+    ("llama_zbv", 2, LLAMA, "[pp = 2]", "stages = evenly over pp with virtual = 2, map = vshape\nschedule = zbv", MICRO2),
     # 4 stages over 4 blocks, the last the head alone: traced at the end of layers.2, layers.3 and the head's stage
     # holding no block list (the cut was lost: 3 stages, every rank failed)
     ("factory_zbv_head_alone", 2, 'factory("inspect_models.tiny:build", depth=4, tied=false)', "[pp = 2]",
