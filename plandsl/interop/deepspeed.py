@@ -18,6 +18,7 @@ import re
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, did_you_mean, diag
+from plandsl.diagnostics.limits import MAX_PREFETCH_BUCKET
 from plandsl.diagnostics.source import SourceFile
 from plandsl.interop.cluster import cluster_devices, cluster_lines, stdlib_imports
 from plandsl.interop.result import Exported, Imported, loser, checked
@@ -122,9 +123,12 @@ def _gathering(stage: int, bucket: int) -> str:
     return " with unit = module, " + (f"prefetch_bucket = {bucket}" if bucket else "prefetch = 0")
 
 
-def _span(source: SourceFile, key: str):
-    """Where `"key"` is first written (the file's start when it is not)."""
-    found = re.search(rf'"{re.escape(key)}"\s*:', source.text)
+def _span(source: SourceFile, key: str, last: bool = False):
+    """Where `"key"` is first (`last`: last) written (the file's start when it is not)."""
+    found = None
+    for found in re.finditer(rf'"{re.escape(key)}"\s*:', source.text):
+        if not last:
+            break
     return source.span(found.start(), found.start() + len(key) + 2) if found else source.span(0, 1)
 
 
@@ -132,7 +136,27 @@ def _finite(value: object, whole: bool) -> bool:
     """Whether a config's value is a finite number of zero or more (an integer where `whole`)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (whole and not isinstance(value, int)):
         return False
-    return value >= 0 and (isinstance(value, int) or math.isfinite(value))
+    if whole:
+        return value >= 0
+    try:  # an integer past float's range (`1` and 400 zeros) overflowed float() as the plan was written
+        return value >= 0 and math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _enabled(config: dict, key: str, problem) -> bool:
+    """`{"enabled": true}` of the "bf16" or "fp16" section. DeepSpeed's pydantic model reads "false" as false
+    (bool("false") imported bf16) and cannot take a section that is not an object (`"bf16": true` was read as
+    off); both are E804."""
+    section = config.get(key)
+    if section is None:
+        return False
+    enabled = section.get("enabled", False) if isinstance(section, dict) else None
+    if not isinstance(enabled, bool):
+        problem("E804", f"\"{key}\" must be an object whose \"enabled\" is true or false, found "
+                f"{_json_shown(section)}", key)
+        return False
+    return enabled
 
 
 def _json_shown(value: object) -> str:
@@ -149,8 +173,17 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
     def problem(code: str, message: str, key: str, hint: str | None = None) -> None:
         problems.append(diag(code, message, _span(source, key), hint=hint))
 
+    duplicates: list[str] = []
+
+    def pairs(items: list) -> dict:  # DeepSpeed reads with dict_raise_error_on_duplicate_keys: a key twice is refused
+        found = dict(items)
+        if len(found) < len(items):
+            seen: set[str] = set()
+            duplicates.extend(key for key, _ in items if key in seen or seen.add(key))
+        return found
+
     try:
-        config = json.loads(text)
+        config = json.loads(text, object_pairs_hook=pairs)
     except json.JSONDecodeError as error:
         problems.append(diag("E804", f"not JSON: {error.msg} (line {error.lineno}, column {error.colno})",
                              source.span(error.pos, error.pos + 1)))
@@ -162,6 +195,10 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
         return Imported(None, tuple(problems), sources)
     if not isinstance(config, dict):
         problems.append(diag("E804", "a DeepSpeed config is a JSON object", source.span(0, 1)))
+        return Imported(None, tuple(problems), sources)
+    if duplicates:  # json keeps the last; DeepSpeed stops
+        problems.append(diag("E804", f"key \"{duplicates[0]}\" written twice in one object (DeepSpeed refuses a "
+                             "config with a duplicate key)", _span(source, duplicates[0], last=True)))
         return Imported(None, tuple(problems), sources)
     if model is None:
         raise ValueError("--model: DeepSpeed's config does not say the model (gpt(...), llama(...) or a stdlib name)")
@@ -211,16 +248,16 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
                 "zero_optimization")
         zero = {}
     stage = zero.get("stage", 0) if isinstance(zero, dict) else (1 if zero else 0)
-    if stage not in (0, 1, 2, 3):
-        problem("E804", f"zero_optimization stage {json.dumps(stage)}: one of 0, 1, 2, 3", "zero_optimization")
-    bf16 = bool((config.get("bf16") or {}).get("enabled")) if isinstance(config.get("bf16"), dict) else False
-    fp16 = bool((config.get("fp16") or {}).get("enabled")) if isinstance(config.get("fp16"), dict) else False
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3) or not isinstance(stage, int):  # 1.0 indexed a tuple
+        problem("E804", f"zero_optimization stage {_json_shown(stage)}: one of 0, 1, 2, 3", "zero_optimization")
+        stage = 0
+    bf16, fp16 = (_enabled(config, key, problem) for key in ("bf16", "fp16"))
     if bf16 and fp16:
         problem("E805", "bf16 and fp16 both enabled", "fp16", hint="enable one")
     optimizer = config.get("optimizer", {"type": "Adam", "params": {}})
     kind = optimizer.get("type") if isinstance(optimizer, dict) else None
-    if kind not in OPTIMIZERS:
-        problem("E807", f"optimizer {json.dumps(kind)}: a plan's optimizer is adam or sgd", "optimizer")
+    if not isinstance(kind, str) or kind not in OPTIMIZERS:  # a list or an object was unhashable: a traceback
+        problem("E807", f"optimizer {_json_shown(kind)}: a plan's optimizer is adam or sgd", "optimizer")
     params = (optimizer.get("params") or {}) if isinstance(optimizer, dict) else {}
     if not isinstance(params, dict):
         problem("E804", f"optimizer's \"params\" must be an object, found {_json_shown(params)}", "optimizer")
@@ -236,9 +273,10 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
     bucket = zero.get(PREFETCH_BUCKET, PREFETCH_BUCKET_DEFAULT) if isinstance(zero, dict) else PREFETCH_BUCKET_DEFAULT
     if isinstance(bucket, float) and bucket.is_integer():  # `5e7`, as DeepSpeed's docs write it (its config takes it)
         bucket = int(bucket)
-    if stage == 3 and (not isinstance(bucket, int) or isinstance(bucket, bool) or bucket < 0):
-        problem("E804", f"\"{PREFETCH_BUCKET}\" must be a whole number of elements, found {json.dumps(bucket)}",
-                PREFETCH_BUCKET)
+    if stage == 3 and (not isinstance(bucket, int) or isinstance(bucket, bool) or not 0 <= bucket <= MAX_PREFETCH_BUCKET):
+        # 1e300 was written as its 301 digits, a plan no parser reads
+        problem("E804", f"\"{PREFETCH_BUCKET}\" must be a whole number of elements up to {MAX_PREFETCH_BUCKET:.0e}, "
+                f"found {_json_shown(bucket)}", PREFETCH_BUCKET)
     warmup = 0
     scheduler = config.get("scheduler")
     if scheduler is not None:

@@ -10,7 +10,7 @@ from typing import Callable
 
 from plandsl import ir
 from plandsl.check.analysis import analyze
-from plandsl.diagnostics import Diagnostic, diag
+from plandsl.diagnostics import Diagnostic, PlanError, diag
 from plandsl.diagnostics.source import SourceFile
 from plandsl.syntax.format import format_text
 
@@ -50,8 +50,14 @@ class Imported:
 
 def checked(plan: str, plan_path: str, sources: dict[str, SourceFile], ignored=()) -> "Imported":
     """An import's plan text, formatted and checked: the plan, or the checker's diagnostics on it (`sources`
-    gains the files they point into)."""
-    formatted = format_text(plan, plan_path)
+    gains the files they point into). A plan that does not parse (a number of the flags too long for a plan,
+    E106) is the parser's diagnostics on the text that would have been written, not a usage error."""
+    try:
+        formatted = format_text(plan, plan_path)
+    except PlanError as error:
+        sources.update(error.sources)
+        sources.setdefault(plan_path, SourceFile(plan_path, plan))
+        return Imported(None, error.diagnostics, sources, tuple(ignored))
     analysis = analyze(plan_path, text=formatted)
     sources.update(analysis.sources)
     return Imported(formatted if analysis.ok else None, tuple(analysis.diagnostics), sources, tuple(ignored))

@@ -80,6 +80,49 @@ def test_bad_configs_are_diagnostics_naming_the_key(change, code, key):
     assert text[span.start:span.end] == key
 
 
+@pytest.mark.parametrize("change, key, words", [
+    # an optimizer type that is a list or an object was unhashable: E108
+    ({"optimizer": {"type": ["Adam"]}}, '"optimizer"', "optimizer [\"Adam\"]"),
+    ({"optimizer": {"type": {"a": 1}}}, '"optimizer"', "a plan's optimizer is adam or sgd"),
+    # an integer past float's range overflowed float() as the plan was written: E108
+    ({"optimizer": {"type": "Adam", "params": {"lr": 10**400}}}, '"optimizer"', "must be a number of zero or more"),
+    ({"gradient_clipping": 10**400}, '"gradient_clipping"', "must be a number of zero or more"),
+    # stage 1.0 indexed a tuple (E108); true was read as stage 1
+    ({"zero_optimization": {"stage": 1.0}}, '"zero_optimization"', "stage 1.0: one of 0, 1, 2, 3"),
+    ({"zero_optimization": {"stage": True}}, '"zero_optimization"', "stage true: one of 0, 1, 2, 3"),
+    # 1e300 was written into the plan as 301 digits, which the import then failed to parse (exit 2)
+    ({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 1e300}}, '"stage3_prefetch_bucket_size"',
+     "must be a whole number of elements up to"),
+    # bool("false") imported bf16, which DeepSpeed (pydantic) reads as off; `true` was read as off
+    ({"bf16": {"enabled": "false"}}, '"bf16"', "\"enabled\" is true or false, found {\"enabled\": \"false\"}"),
+    ({"bf16": True}, '"bf16"', "must be an object"),
+    ({"fp16": {"enabled": [1]}}, '"fp16"', "must be an object"),
+])
+def test_hostile_values_are_diagnostics_naming_the_key(change, key, words):
+    text = json.dumps({**BASE, **change}, indent=1)
+    imported = import_text("deepspeed", text, "ds.json", world_size=8, model=MODEL)
+    assert len(imported.diagnostics) == 1 and words in imported.diagnostics[0].message, \
+        [d.message for d in imported.diagnostics]
+    assert imported.diagnostics[0].code in ("E804", "E807")
+    span = imported.diagnostics[0].span
+    assert text[span.start:span.end] == key
+
+
+def test_a_key_written_twice_is_refused_as_deepspeed_refuses_it():
+    """json keeps the last of two equal keys; DeepSpeed reads with dict_raise_error_on_duplicate_keys and stops
+    (the import took train_batch_size 16 without a word)."""
+    text = '{"train_batch_size": 8,\n "zero_optimization": {"stage": 1},\n "train_batch_size": 16}'
+    imported = import_text("deepspeed", text, "ds.json", world_size=8, model=MODEL)
+    assert [d.code for d in imported.diagnostics] == ["E804"] and "written twice" in imported.diagnostics[0].message
+    assert imported.diagnostics[0].span.start == text.rindex('"train_batch_size"')
+    nested = '{"train_batch_size": 8, "zero_optimization": {"stage": 1, "stage": 2}}'
+    assert "\"stage\" written twice" in import_text("deepspeed", nested, "ds.json", world_size=8,
+                                                    model=MODEL).diagnostics[0].message
+    many = json.dumps({**BASE, **{f"k{i}": i for i in range(50_000)}})  # no duplicate, no quadratic look
+    assert "written twice" not in import_text("deepspeed", many, "ds.json", world_size=8,
+                                              model=MODEL).diagnostics[0].message
+
+
 def test_a_typo_is_named_with_the_nearest_key():
     imported = import_text("deepspeed", json.dumps({**BASE, "gradient_cliping": 1.0}), "ds.json", world_size=8,
                            model=MODEL)
@@ -230,3 +273,13 @@ def test_deepspeed_reads_the_bucket_the_export_writes(ds_config, monkeypatch):
     parsed = ds_config.DeepSpeedConfig(config, mpu=_DataParallel(16))
     assert parsed.zero_config.prefetch_bucket_size == 1234
     assert type(parsed.zero_config).model_fields["prefetch_bucket_size"].default == deepspeed.PREFETCH_BUCKET_DEFAULT
+
+
+def test_an_imported_plan_that_does_not_parse_is_a_diagnostic_not_a_usage_error():
+    """`result.checked` raised the parser's PlanError, which `plandsl import` printed as a usage error (exit 2)
+    about a file it never wrote (a 301-digit prefetch bucket did that); now the parser's diagnostics on the text."""
+    from plandsl.interop.result import checked
+    text = "plan p {\n  train = { global_batch: 1" + "0" * 400 + " }\n}\n"
+    imported = checked(text, "p.plan", {})
+    assert not imported.ok and [d.code for d in imported.diagnostics] == ["E106"]
+    assert imported.sources["p.plan"].text == text
