@@ -511,7 +511,9 @@ def launch_command(file, scheduler, dryrun, cfg, image, cpu, mem_mb, name, param
     try:
         api.check_job_options(job)
     except option_error as error:
-        raise click.UsageError(f"Missing option '{error.option}': {error}") from None
+        if error.missing:
+            raise click.UsageError(f"Missing option '{error.option}': {error}") from None
+        raise click.BadParameter(str(error), param_hint=error.option) from None
     try:
         plan = api.load_launchable(file, plan_name, overrides, cuda=ranks["device"] != "cpu")
     except api.PlanError as error:

@@ -31,11 +31,13 @@ class LaunchError(ValueError):
 
 
 class OptionError(LaunchError):
-    """One option's value is wrong on its own (the CLI's exit 2, naming `option`)."""
+    """One option's value is wrong on its own, or (`missing`) an option needed is not given (the CLI's exit 2,
+    naming `option`)."""
 
-    def __init__(self, option: str, message: str):
+    def __init__(self, option: str, message: str, missing: bool = False):
         super().__init__(message)
         self.option = option
+        self.missing = missing
 
 
 @dataclass(frozen=True)

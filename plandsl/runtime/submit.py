@@ -64,11 +64,28 @@ class Submitted:
     """What TorchX warned of on the way (no `sinfo` on this machine, ...)."""
 
 
+JOB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}")
+"""A job's name: TorchX writes it unquoted into the sbatch script's `#SBATCH --job-name=` lines (a newline added a
+directive of its own, a space split it into options), into each node's log file names (`/` named a folder) and
+reads `a/b` as experiment `a`, run `b`; Kubernetes names are at most 63 characters."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def check_job_options(job: JobOptions) -> None:
-    """OptionError for an option the scheduler cannot do without: kubernetes runs every node in a container."""
+    """OptionError for an option the scheduler cannot do without (kubernetes runs every node in a container), a
+    `--name` that is not one word of letters, digits, `_`, `.` and `-`, and an image or scheduler option holding
+    a control character (a newline ends the line TorchX writes it on)."""
     if job.scheduler == "kubernetes" and not job.image:
         raise OptionError("--image", "kubernetes runs every node in a container: give the image, one with plandsl "
-                                     "and torch installed and the plan's files at the path given")
+                                     "and torch installed and the plan's files at the path given", missing=True)
+    if job.name is not None and not JOB_NAME.fullmatch(job.name):
+        raise OptionError("--name", f"{job.name!r}: a job's name is one word of letters, digits, `_`, `.` and `-` "
+                                    "(at most 63, not starting with `.` or `-`)")
+    for option, values in (("--image", [job.image] if job.image else []), ("--cfg", job.cfg)):
+        for value in values:
+            if _CONTROL.search(value) or (option == "--image" and value != value.strip()):
+                raise OptionError(option, f"{value!r} holds a control character or edge space (a newline ends the "
+                                          "line of the job TorchX writes it on)")
 
 
 def refusals(plan: ir.Plan, cuda: bool = True) -> list[Diagnostic]:
@@ -187,14 +204,27 @@ def _cfg(runner, job: JobOptions, invalid: type[Exception]) -> dict:
     options = runner.scheduler_run_opts(job.scheduler)
     for item in job.cfg:
         try:
-            cfg.update(options.cfg_from_str(item))
+            parsed = options.cfg_from_str(item)
         except (invalid, ValueError) as error:
             raise JobError(f"--cfg {item}: TorchX's {job.scheduler} scheduler: {error}{_nearest(item, options)}") \
                 from None
+        for key, value in parsed.items():
+            # slurm: TorchX writes the nodes' options unquoted on `#SBATCH` lines, which sbatch splits at spaces
+            # (`partition=a --exclusive` asked for whole nodes); only the job's own go to sbatch's argument list
+            if job.scheduler == "slurm" and isinstance(value, str) and re.search(r"\s", value) \
+                    and key.replace("_", "-") not in SLURM_JOB_OPTIONS:
+                raise JobError(f"--cfg {item}: {key}'s value {value!r} holds a space: TorchX writes it unquoted into "
+                               "the sbatch script, where it would read as more than one option")
+        cfg.update(parsed)
     if job.dryrun and options.get("validate_spec") is not None and \
             not any(options.canonical_key(key) == "validate_spec" for key in cfg):
         cfg["validate_spec"] = False
     return cfg
+
+
+SLURM_JOB_OPTIONS = ("comment", "mail-user", "mail-type", "account", "job-dir", "workspace-type", "image-repo")
+"""TorchX's slurm options passed as `sbatch` arguments (a list: any value) or used on this machine, not written
+into the script's `#SBATCH` lines."""
 
 
 def _nearest(item: str, options) -> str:

@@ -185,6 +185,39 @@ def test_scheduler_options_torchx_refuses_are_errors(no_slurm, scheduler, option
     _refused(launch(TWO_NODES, "--scheduler", scheduler, "--dryrun", *options), 1, message)
 
 
+@pytest.mark.parametrize("name", [
+    "x\n#SBATCH --wrap=evil",  # a directive of its own in the sbatch script
+    "my job $(id)",            # `#SBATCH --job-name=my job $(id)-0`: sbatch splits the line at spaces
+    "a/b",                     # TorchX's experiment `a`, run `b`; each node's log in a folder `slurm-ID-a`
+    ".hidden", "x" * 64,
+])
+def test_a_job_name_that_is_not_one_word_is_a_usage_error(no_slurm, name):
+    _refused(launch(TWO_NODES, "--scheduler", "slurm", "--dryrun", "--name", name), 2,
+             "Invalid value for --name", "one word of letters, digits")
+
+
+def test_a_job_name_of_one_word_is_the_jobs(no_slurm):
+    result = launch(TWO_NODES, "--scheduler", "slurm", "--dryrun", "--name", "gpt2-medium_v1.2")
+    assert result.exit_code == 0 and "#SBATCH --job-name=gpt2-medium_v1.2-0 " in result.output, result.output
+
+
+@pytest.mark.parametrize("scheduler, options, message", [
+    # a newline in the image ended the line it is written on (k8s YAML quotes it; refused for both)
+    ("kubernetes", ("--image", IMAGE + "\n", "--cfg", "queue=default"), "Invalid value for --image"),
+    ("kubernetes", ("--image", IMAGE, "--cfg", "queue=default\tx"), "Invalid value for --cfg"),
+])
+def test_an_image_or_option_with_a_control_character_is_a_usage_error(no_slurm, scheduler, options, message):
+    _refused(launch(TWO_NODES, "--scheduler", scheduler, "--dryrun", *options), 2, message, "control character")
+
+
+def test_a_slurm_option_with_a_space_is_refused_where_torchx_writes_it_unquoted(no_slurm):
+    """`partition=a --exclusive` was written `#SBATCH ... --partition=a --exclusive`: whole nodes asked for."""
+    _refused(launch(TWO_NODES, "--scheduler", "slurm", "--dryrun", "--cfg", "partition=a --exclusive"), 1,
+             "partition's value 'a --exclusive' holds a space")
+    result = launch(TWO_NODES, "--scheduler", "slurm", "--dryrun", "--cfg", "comment=two words")
+    assert result.exit_code == 0 and "'--comment=two words'" in result.output, result.output  # an sbatch argument
+
+
 def test_a_plan_that_does_not_check_is_its_diagnostics(tmp_path):
     bad = tmp_path / "bad.plan"
     bad.write_text((STDLIB / "examples" / "data_parallel.plan").read_text().replace("global_batch: 512",
