@@ -70,7 +70,8 @@ TORCH_MODULES = {"test_context_columns.py", "test_equivalence.py", "test_launch.
                  "test_torch_model_refusals.py", "test_parallel_blocks.py", "test_shared_experts.py",
                  "test_interop_deepspeed.py", "test_deepseek.py",
                  "test_eager_bytes.py", "test_interleaved_moe.py", "test_chunked_loss.py", "test_residual_stream.py", "test_autocast_copies.py",
-                 "test_window_attention.py", "test_check_runs.py", "test_tied_embeddings.py", "test_materialize.py"}
+                 "test_window_attention.py", "test_check_runs.py", "test_tied_embeddings.py", "test_materialize.py",
+                 "test_expert_groups.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist names each test's group (its nodeid's @suffix)

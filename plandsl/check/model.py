@@ -24,6 +24,10 @@ reference model's own requirements (`plandsl.runtime.models`, whose constructors
 - W203 a `window` shorter than the training sequence: one as long attends to every key, as full attention does.
 - E233 `mtp` only on a llama (rotary positions): Megatron-Core builds multi-token prediction with rope or no position
   embedding only (megatron/training/arguments.py:1229-1233 at core_v0.16.1), and a gpt's learned positions are its own;
+- E235 group-limited routing as Megatron-Core's `group_limited_topk` routes (`runtime.models.MoE`): `expert_groups`
+  and `group_top_k` together, on a mixture of experts, the groups dividing the experts, `group_top_k` from 1 to
+  `expert_groups` and to `top_k` (a group is scored by the sum of its best `top_k // group_top_k` logits), and the
+  chosen groups holding at least `top_k` experts;
 - E234 `mtp` below the training sequence: depth k predicts the token k + 1 ahead, and a sample holds seq + 1 tokens
   (the inputs and the last target), so the deepest needs a sequence of at least mtp + 1 tokens for any position to
   have a target (Megatron rolls the labels and their mask one place a depth: seq - k positions are left).
@@ -74,6 +78,8 @@ def model_shapes(model: ir.Model, tp: int = 1, seq: int | None = None, seq_span=
         yield diag("E225", f"shared_experts ({model.shared_experts}) on model '{model.name}', which has no experts: "
                    "shared experts sit beside routed ones in a mixture-of-experts layer", model.span_of("shared_experts"),
                    hint="add experts=N (and top_k), or drop shared_experts and widen ffn")
+    if model.expert_groups or model.group_top_k:
+        yield from _expert_groups(model)
     yield from _dense_layers(model)
     yield from _window(model, model.seq if seq is None else seq, seq_span)
     yield from _multi_token(model, model.seq if seq is None else seq, seq_span)
@@ -99,6 +105,52 @@ def _latent_attention(model: ir.TransformerModel) -> Iterator[Diagnostic]:
                    hint=f"kv_heads={model.heads}, or drop kv_heads (MLA saves on keys and values by their latent, kv_lora_rank)", notes=_note(model, "kv_lora_rank"),
                    edits=[Edit(model.field_spans["kv_heads"], f"kv_heads={model.heads}")]
                    if "kv_heads" in model.field_spans else [])
+
+
+def _expert_groups(model: ir.TransformerModel) -> Iterator[Diagnostic]:
+    """E235: the first rule of group-limited routing the model breaks (the others' hints assume it)."""
+    groups, chosen, experts, top_k = model.expert_groups, model.group_top_k, model.experts, model.top_k
+    written = "expert_groups" if groups else "group_top_k"
+    span = model.span_of(written)
+    if not experts:
+        yield diag("E235", f"{written}={getattr(model, written)} on model '{model.name}', which has no experts: "
+                   "group-limited routing chooses each token's experts from some groups of them", span,
+                   hint="add experts=N and top_k, or drop expert_groups and group_top_k")
+        return
+    if not groups or not chosen:
+        other = "group_top_k" if groups else "expert_groups"
+        value = min(groups, top_k) if groups else next((g for g in range(chosen, experts + 1) if experts % g == 0
+                                                        and chosen * (experts // g) >= top_k), experts)
+        yield diag("E235", f"{written}={getattr(model, written)} without {other}: group-limited routing needs both "
+                   "the groups and how many of them each token's experts come from", span,
+                   hint=f"{other}={value}, or drop {written}")
+        return
+    options = [g for g in range(1, experts + 1) if experts % g == 0]
+    if experts % groups:
+        near = min(options, key=lambda g: (abs(g - groups), g))
+        yield diag("E235", f"expert_groups ({groups}) does not divide experts ({experts}): the experts form equal "
+                   "groups of consecutive ones", span, hint=f"expert_groups={near}",
+                   notes=_note(model, "experts"), edits=_edit(model, "expert_groups", near))
+        return
+    best = max(1, min(groups, top_k))
+    if chosen > groups or chosen > top_k:
+        bound = f"expert_groups ({groups})" if chosen > groups else f"top_k ({top_k})"
+        yield diag("E235", f"group_top_k ({chosen}) exceeds {bound}: each token's experts come from group_top_k of "
+                   f"the {groups} groups, each group scored by the sum of its best top_k // group_top_k logits",
+                   model.span_of("group_top_k"), hint=f"group_top_k={best}",
+                   notes=_note(model, "expert_groups" if chosen > groups else "top_k"),
+                   edits=_edit(model, "group_top_k", best))
+        return
+    per_group = experts // groups
+    if chosen * per_group < top_k:
+        need = -(-top_k // per_group)
+        hint = f"group_top_k={need}" if need <= min(groups, top_k) else \
+            f"fewer groups (expert_groups={max(1, experts // top_k)})"
+        yield diag("E235", f"the {chosen} group(s) each token chooses (group_top_k) hold {chosen * per_group} "
+                   f"experts ({experts} / {groups} a group), fewer than top_k ({top_k}): each token's top_k experts "
+                   "are chosen inside its groups",
+                   model.span_of("group_top_k"), hint=hint, notes=_note(model, "top_k"),
+                   edits=_edit(model, "group_top_k", need) if need <= min(groups, top_k) else [])
 
 
 def _dense_layers(model: ir.TransformerModel) -> Iterator[Diagnostic]:

@@ -12,6 +12,7 @@ nodes runs hierarchically (inside the node, then across nodes on 1/k of the data
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -290,7 +291,59 @@ def nodes_reached(experts: int, top_k: int, nodes: int) -> float:
     return (nodes - 1) * (1.0 - missed)
 
 
-def node_dispatch_seconds(size_bytes: float, links: GroupLinks, experts: int, top_k: int) -> float:
+def _comb_ratio(n: int, k: int, big_n: int, big_k: int) -> float:
+    """C(n, k) / C(big_n, big_k), through logarithms (the counts can be far past a float)."""
+    if k < 0 or k > n:
+        return 0.0
+    log = lambda a, b: math.lgamma(a + 1) - math.lgamma(b + 1) - math.lgamma(a - b + 1)  # noqa: E731
+    return math.exp(log(n, k) - log(big_n, big_k))
+
+
+@functools.lru_cache(maxsize=4096)
+def nodes_reached_grouped(experts: int, top_k: int, nodes: int, groups: int, group_top_k: int) -> float:
+    """`nodes_reached` under group-limited routing (`expert_groups`, `group_top_k`; Megatron-Core's
+    `group_limited_topk`): each token's experts lie in `group_top_k` of the `groups` groups of consecutive experts,
+    chosen uniformly (balanced routing), about `top_k / group_top_k` of them in each chosen group (a group is chosen
+    for the sum of its best `top_k // group_top_k` scores: with Megatron's selection over random logits every chosen
+    group holds one of the token's experts, tests/unit/test_expert_groups.py), uniformly among its experts. A node
+    holding a block of `experts / nodes` consecutive experts is missed where no chosen group puts an expert on it:
+    with q_g the chance a chosen group g misses the node's part of it, the mean over the chosen sets of the product
+    of their q_g (an elementary symmetric sum over the few groups meeting the node). Node-limited routing as
+    DeepSeek-V3 deploys it (groups = the expert group's nodes) reaches at most `group_top_k` nodes."""
+    if nodes <= 1:
+        return 0.0
+    per_group, per_node = experts / groups, experts / nodes
+    draws = top_k / group_top_k
+    low, share = int(draws), draws - int(draws)  # groups holding floor or ceil of the token's experts
+
+    def miss(overlap: float, count: int) -> float:  # a chosen group's `count` experts all off the node's `overlap`
+        missed = 1.0
+        for i in range(count):
+            missed *= max(0.0, (per_group - overlap - i) / (per_group - i))
+        return missed
+
+    reached = 0.0
+    for node in range(nodes):
+        start, end = node * per_node, (node + 1) * per_node
+        first, last = int(start // per_group), min(groups - 1, int(-(-end // per_group)) - 1)
+        qs = []
+        for group in range(first, last + 1):
+            overlap = min(end, (group + 1) * per_group) - max(start, group * per_group)
+            if overlap > 0:
+                qs.append((1 - share) * miss(overlap, low) + share * miss(overlap, low + 1))
+        # e_j over the node's groups (q), the others' q = 1: P(missed) = sum_j e_j C(G - m, M - j) / C(G, M)
+        sums = [1.0] + [0.0] * len(qs)
+        for q in qs:
+            for j in range(len(qs), 0, -1):
+                sums[j] += sums[j - 1] * q
+        missed = sum(e * _comb_ratio(groups - len(qs), group_top_k - j, groups, group_top_k)
+                     for j, e in enumerate(sums) if group_top_k - j >= 0)
+        reached += 1.0 - missed
+    return reached * (nodes - 1) / nodes  # the token's own node, any of them alike, is not crossed to
+
+
+def node_dispatch_seconds(size_bytes: float, links: GroupLinks, experts: int, top_k: int, groups: int = 0,
+                          group_top_k: int = 0) -> float:
     """One dispatch (or combine) of `size_bytes` routed copies (`top_k` per token) per device by DeepEP's normal
     kernels (HybridEP's the same way, its nodes being NVLink domains): a token crosses the network once per other
     node holding any of its experts, to the device of its own local index there, which forwards it over NVLink to
@@ -298,7 +351,9 @@ def node_dispatch_seconds(size_bytes: float, links: GroupLinks, experts: int, to
     docs/Hybrid-EP_Implementation.md on its hybrid-ep branch: "Similar to DeepEP, Hybrid-EP first performs IB
     communication between peer GPUs, then each rank distributes the received inter-node data locally"); both levels
     run at once in one kernel, so the slower one bounds it. Network bytes: `size / top_k` per reached node
-    (`nodes_reached`); NVLink: the copies for this node's other devices, (k - 1)/n of the bytes, and the forwarding of those that arrived for other nodes' devices,
+    (`nodes_reached`; under group-limited routing, `groups` and `group_top_k`, `nodes_reached_grouped`); NVLink: the
+    copies for this node's other devices, (k - 1)/n of the bytes, and the forwarding of those that arrived for other
+    nodes' devices,
     (n - k)/n · (k - 1)/k. Inside one node it is the all-to-all's (k - 1)/n. Latency: the all-to-all's steps inside
     the node, one network step per other node."""
     n, k, nodes = links.size, links.local, links.nodes
@@ -308,7 +363,9 @@ def node_dispatch_seconds(size_bytes: float, links: GroupLinks, experts: int, to
         return collective_seconds("all_to_all", size_bytes, links)
     s = float(size_bytes)
     nvlink = ((k - 1) / n + (n - k) / n * (k - 1) / k) * s / links.intra_bandwidth
-    network = s / top_k * nodes_reached(experts, top_k, nodes) / links.inter_bandwidth
+    reached = nodes_reached_grouped(experts, top_k, nodes, groups, group_top_k) if groups \
+        else nodes_reached(experts, top_k, nodes)
+    network = s / top_k * reached / links.inter_bandwidth
     return (k - 1) * links.intra_latency + (nodes - 1) * links.inter_latency + max(nvlink, network)
 
 
@@ -324,7 +381,8 @@ OS nodes/containers)", its allocator's `detect_accessible_ranks` and fabric hand
 of the language, 72 GPUs on a GB200 NVL72, 8 on a DGX H100, where the two see the same nodes."""
 
 
-def dispatch_seconds(kind: str, size_bytes: float, links: GroupLinks, experts: int, top_k: int) -> float:
+def dispatch_seconds(kind: str, size_bytes: float, links: GroupLinks, experts: int, top_k: int, groups: int = 0,
+                     group_top_k: int = 0) -> float:
     """One dispatch (or combine) of `size_bytes` routed copies per device by the dispatcher `kind`: NCCL's
     all-to-all (`alltoall`), or once per node (`node_dispatch_seconds`) over the nodes each flex backend sees: DeepEP's
     groups of at most `DEEPEP_NVL_PEERS` ranks on one machine, HybridEP's NVLink domains (the cluster's nodes)."""
@@ -333,7 +391,7 @@ def dispatch_seconds(kind: str, size_bytes: float, links: GroupLinks, experts: i
     peers = min(DEEPEP_NVL_PEERS, links.host or DEEPEP_NVL_PEERS)
     if kind == "deepep" and links.local > peers:  # RDMA between its NVLink groups inside one NVLink domain
         links = replace(links, local=peers, nodes=-(-links.size // peers))
-    return node_dispatch_seconds(size_bytes, links, experts, top_k)
+    return node_dispatch_seconds(size_bytes, links, experts, top_k, groups, group_top_k)
 
 
 def routing_map_seconds(tokens: float, experts: int, links: GroupLinks) -> float:

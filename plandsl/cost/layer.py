@@ -380,7 +380,8 @@ def _layer_comm(model: ir.Model, layer: Layer, work: Work, links: Links, compute
         # recomputation and by `recompute_modules: [moe]` (the MoE layer checkpointed with its dispatcher).
         rerun_experts = full or (work.recompute is ir.Recompute.selective and ir.RecomputeModule.moe in work.modules)
         routed = work.tokens * model.top_k * model.hidden * element / (work.tp if work.sequence_parallel else 1)
-        a2a = dispatch_seconds(work.dispatcher, routed, links.ep, model.experts, model.top_k)  # flex: once per node
+        a2a = dispatch_seconds(work.dispatcher, routed, links.ep, model.experts, model.top_k,  # flex: once per node
+                               model.expert_groups, model.group_top_k)
         count("expert", routed, 6 if rerun_experts else 4)
         dispatch_combine = (2 * a2a, (4 if rerun_experts else 2) * a2a)  # forward; backward (and the rerun's)
         routing = 0.0  # HybridEP's routing map, all-gathered before each forward's dispatch (and its rerun's)

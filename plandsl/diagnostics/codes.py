@@ -39,7 +39,7 @@ CODES: dict[str, str] = {
     "E216": "malformed measured table (GEMMs of a device, collectives of a link)",
     "E217": "measured GEMM table inconsistent with the device's peak",
     "E218": "options that contradict each other (prefetch and prefetch_bucket)",
-    # E22x-E234: model shapes (what the model's torch module needs to run)
+    # E22x-E235: model shapes (what the model's torch module needs to run)
     "E220": "hidden size not divisible by attention heads",
     "E221": "attention heads not divisible by key/value heads",
     "E222": "odd head dimension under rotary embeddings",
@@ -55,6 +55,7 @@ CODES: dict[str, str] = {
     "E232": "full_every that leaves no block windowed or no block with full attention",
     "E233": "multi-token prediction on a model with learned positions",
     "E234": "multi-token prediction deeper than the sequence leaves tokens to predict",
+    "E235": "group-limited routing's groups cannot route each token's top_k experts",
     # E3xx: clusters and meshes
     "E301": "mesh needs more devices than the cluster has",
     "E302": "unknown mesh axis",

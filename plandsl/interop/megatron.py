@@ -49,6 +49,9 @@ INT_FLAGS = (
     "--cpu-offloading-num-layers",
     # multi-token prediction's depths (TransformerConfig.mtp_num_layers; megatron-core 0.16.1 multi_token_prediction.py)
     "--mtp-num-layers",
+    # group-limited routing (TransformerConfig.moe_router_num_groups, moe_router_group_topk:
+    # moe_utils.group_limited_topk)
+    "--moe-router-num-groups", "--moe-router-group-topk",
 )
 FLOAT_FLAGS = ("--lr", "--clip-grad")
 CHOICE_FLAGS: dict[str, tuple[str, ...]] = {
@@ -125,7 +128,7 @@ IGNORED = (
     "--moe-router-load-balancing-type", "--exit-duration-in-mins", "--timing-log-level",
     "--distributed-timeout-minutes", "--rotary-scaling-factor", "--mscale", "--mscale-all-dim",
     "--moe-router-score-function", "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor",
-    "--moe-router-num-groups", "--moe-router-group-topk", "--moe-router-pre-softmax", "--moe-router-dtype",
+    "--moe-router-pre-softmax", "--moe-router-dtype",
     # Transformer Engine's userbuffers configuration file (per-layer SM counts, methods, splits): a plan's
     # `overlap = userbuffers` prices TE's defaults (`initialize_ub`); the file is named as left out
     "--tp-comm-overlap-cfg",
@@ -236,6 +239,9 @@ def _model_args(plan: ir.Plan, args: list, lose) -> None:
         args += [("--num-experts", str(model.experts)), ("--moe-router-topk", str(model.top_k))]
         if model.top_k == 1:  # TransformerConfig refuses top-1 routing after the softmax (its weight would be 1)
             args.append(("--moe-router-pre-softmax", None))
+        if model.expert_groups:  # moe_utils.group_limited_topk, as runtime.models.limit_groups
+            args += [("--moe-router-num-groups", str(model.expert_groups)),
+                     ("--moe-router-group-topk", str(model.group_top_k))]
         if model.shared_experts:  # TransformerConfig.moe_shared_expert_intermediate_size: one MLP that wide
             args.append(("--moe-shared-expert-intermediate-size", str(model.shared_experts * model.ffn_hidden)))
         if dense:

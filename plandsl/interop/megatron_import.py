@@ -328,6 +328,15 @@ def _model(read: _Read) -> str | None:
                          "--position-embedding-type rope --disable-bias-linear")
             return None
         args += [f"experts={read.get('--num-experts')}", f"top_k={read.get('--moe-router-topk', 2)}"]
+        groups, group_top_k = read.get("--moe-router-num-groups"), read.get("--moe-router-group-topk")
+        if bool(groups) != bool(group_top_k):  # moe_utils.topk_routing_with_score_function groups with both only
+            given, other = ("--moe-router-num-groups", "--moe-router-group-topk") if groups else \
+                ("--moe-router-group-topk", "--moe-router-num-groups")
+            read.problem("E805", f"{given} without {other}: Megatron-Core limits routing to groups only with both",
+                         given, hint=f"add {other} N, or drop {given}")
+            return None
+        if groups:  # E235 checks them as the model's (the groups dividing the experts, ...)
+            args += [f"expert_groups={groups}", f"group_top_k={group_top_k}"]
         shared = read.get("--moe-shared-expert-intermediate-size")
         if shared:
             if shared % ffn:
@@ -341,9 +350,8 @@ def _model(read: _Read) -> str | None:
             return None
         if kinds:
             args += kinds + [f"dense_ffn={dense_ffn or ffn}"]
-    elif "--moe-router-topk" in read.values or "--moe-layer-freq" in read.values or \
-            "--moe-ffn-hidden-size" in read.values:
-        given = next(f for f in ("--moe-router-topk", "--moe-layer-freq", "--moe-ffn-hidden-size") if f in read.values)
+    elif any(flag in read.values for flag in MOE_ONLY):
+        given = next(flag for flag in MOE_ONLY if flag in read.values)
         read.problem("E805", f"{given} without --num-experts", given, hint="add --num-experts N")
         return None
     window = _window(read, read.get("--num-layers"))
@@ -436,6 +444,11 @@ def _latent_attention(read: _Read) -> list[str] | None:
         return None
     values = {flag: read.get(flag, default) for flag, default in LATENT_DEFAULTS.items()}
     return [f"{LATENT_FLAGS[flag]}={value}" for flag, value in values.items() if value is not None]
+
+
+MOE_ONLY = ("--moe-router-topk", "--moe-layer-freq", "--moe-ffn-hidden-size", "--moe-router-num-groups",
+            "--moe-router-group-topk")
+"""Flags that mean something only beside --num-experts (E805 without it)."""
 
 
 def _block_kinds(read: _Read, layers: int) -> list[str] | None:

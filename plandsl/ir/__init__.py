@@ -409,7 +409,8 @@ class TransformerModel(OptionalKeys):
     """A decoder-only transformer: `gpt(...)` (MHA, GELU MLP 4h) or `llama(...)` (GQA or multi-head latent
     attention, SwiGLU, a mixture of experts, optionally after `dense_layers` dense blocks or every `moe_every`-th
     block)."""
-    optional_keys = ("head_dim", "moe_every", "moe_offset", "window", "full_every", "sinks", "mtp")  # a model that writes none dumps as before they existed
+    optional_keys = ("head_dim", "moe_every", "moe_offset", "window", "full_every", "sinks", "mtp", "expert_groups",
+                     "group_top_k")  # a model that writes none dumps as before they existed
     kind: Literal["gpt", "llama"]
     name: str
     layers: int = Field(gt=0, le=100_000)
@@ -423,6 +424,13 @@ class TransformerModel(OptionalKeys):
     top_k: int = Field(default=0, ge=0)
     shared_experts: int = Field(default=0, ge=0, description="experts every token runs through besides its "
                                 "top_k routed ones (DeepSeekMoE, Dai et al. 2024): one MLP of shared_experts x ffn")
+    expert_groups: int = Field(default=0, ge=0, description="group-limited routing (DeepSeek-V2's device-limited, "
+                               "DeepSeek-V3's node-limited; Megatron-Core's --moe-router-num-groups, Hugging Face's "
+                               "n_group): the experts in this many equal groups of consecutive ones, each token's top_k "
+                               "chosen inside the group_top_k groups whose best top_k / group_top_k logits sum highest; "
+                               "0: no groups")
+    group_top_k: int = Field(default=0, ge=0, description="with expert_groups: the groups each token's experts come "
+                             "from (Megatron-Core's --moe-router-group-topk, Hugging Face's topk_group)")
     q_lora_rank: int = Field(default=0, ge=0, description="with multi-head latent attention: the rank of the "
                              "queries' compression, q = wq_b(norm(wq_a x)); 0: q = wq x (DeepSeek-V2-Lite)")
     kv_lora_rank: int = Field(default=0, ge=0, description="multi-head latent attention (MLA, DeepSeek-AI 2024, "

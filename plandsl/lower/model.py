@@ -1,7 +1,8 @@
 """Model expressions and schedule definitions -> IR (E212 for families and arguments).
 
 `gpt(layers=, hidden=, heads=, seq=, vocab=)`, `llama(...)` (GQA or multi-head latent attention, SwiGLU, MoE
-with `experts=`/`top_k=`/`shared_experts=`, dense blocks before the MoE ones or between them; either family with
+with `experts=`/`top_k=`/`shared_experts=`, group-limited routing `expert_groups=`/`group_top_k=`, dense blocks
+before the MoE ones or between them; either family with
 sliding-window attention, `window=`/`full_every=`, attention sinks, `sinks=`, and multi-token prediction, `mtp=`),
 `mlp(...)`, and models written out
 layer by layer.
@@ -31,7 +32,8 @@ FAMILIES: dict[str, dict[str, bool]] = {
             "mtp": False},
     "llama": {"layers": True, "hidden": True, "heads": True, "seq": True, "vocab": True,
               "kv_heads": False, "head_dim": False, "ffn": False, "experts": False, "top_k": False, "shared_experts": False,
-              "q_lora_rank": False, "kv_lora_rank": False, "qk_rope_head_dim": False, "qk_nope_head_dim": False,
+              "expert_groups": False, "group_top_k": False, "q_lora_rank": False, "kv_lora_rank": False,
+              "qk_rope_head_dim": False, "qk_nope_head_dim": False,
               "v_head_dim": False, "dense_layers": False, "dense_ffn": False, "moe_every": False, "moe_offset": False,
               "tied": False, "parallel": False,
               "window": False, "full_every": False, "sinks": False, "mtp": False},
@@ -120,6 +122,7 @@ def model_call(scope: Scope, call: s.Call, name: str | None) -> ir.Model:
         fields = dict(kv_heads=values.get("kv_heads", values["heads"]), ffn_hidden=values.get("ffn", llama_ffn(hidden)),
                       experts=values.get("experts", 0), top_k=values.get("top_k", 0),
                       shared_experts=values.get("shared_experts", 0), head_dim=values.get("head_dim", 0),
+                      expert_groups=values.get("expert_groups", 0), group_top_k=values.get("group_top_k", 0),
                       tied_embeddings=values.get("tied", False), parallel_blocks=values.get("parallel", False))
         fields.update(_latent_attention(values, hidden), **_dense_layers(values, hidden))
         if fields["experts"] and "top_k" not in values:

@@ -386,17 +386,38 @@ def _activation(*inputs: torch.Tensor) -> torch.Tensor:
     return F.gelu(inputs[0]) if len(inputs) == 1 else swiglu(*inputs)
 
 
+def limit_groups(scores: torch.Tensor, top_k: int, groups: int, group_top_k: int) -> torch.Tensor:
+    """Group-limited routing (`expert_groups`, `group_top_k`: DeepSeek-V2's device-limited, DeepSeek-V3's node-limited
+    routing) as Megatron-Core's `group_limited_topk` does it: `scores` [tokens, experts] with the experts in `groups`
+    equal groups of consecutive ones, each group scored by the sum of its best `top_k // group_top_k` scores, every
+    expert outside a token's best `group_top_k` groups masked to -inf (its top_k then taken inside them). `scores`
+    itself without groups."""
+    if not groups:
+        return scores
+    tokens, experts = scores.shape
+    grouped = scores.view(tokens, groups, experts // groups)
+    best = grouped.topk(top_k // group_top_k, dim=-1).values.sum(dim=-1).topk(group_top_k, dim=-1).indices
+    keep = torch.zeros(tokens, groups, dtype=torch.bool, device=scores.device).scatter_(1, best, True)
+    return scores.masked_fill(~keep.repeat_interleave(experts // groups, dim=1), float("-inf"))
+
+
 class MoE(nn.Module):
     """Top-k routing (softmax over the chosen logits, as Mixtral; top-1 the chosen expert's probability over all of
     them, as the Switch Transformer and Megatron-Core's --moe-router-pre-softmax: a softmax over one logit is 1, and
-    its router would learn nothing), dropless: every token reaches its k experts. `dispatch` runs the experts on the rows grouped by expert; expert parallelism replaces it
+    its router would learn nothing), inside each token's best groups under group-limited routing (`limit_groups`:
+    Megatron-Core's `topk_routing_with_score_function` with `num_groups`, `group_topk`), dropless: every token reaches its k experts. `dispatch` runs the experts on the rows grouped by expert; expert parallelism replaces it
     by an all-to-all exchange (plandsl.runtime.parallel.expert_parallel), routing and combining stay here."""
 
-    def __init__(self, hidden: int, ffn: int, experts: int, top_k: int, gated: bool, shared: int = 0):
+    def __init__(self, hidden: int, ffn: int, experts: int, top_k: int, gated: bool, shared: int = 0,
+                 groups: int = 0, group_top_k: int = 0):
         super().__init__()
         if not 1 <= top_k <= experts:  # topk would fail, or (top_k = 0) route nothing (E223)
             raise ValueError(f"top_k ({top_k}) must be 1 to experts ({experts})")
+        if groups and not (experts % groups == 0 and 1 <= group_top_k <= min(groups, top_k)
+                           and group_top_k * (experts // groups) >= top_k):  # E235
+            raise ValueError(f"cannot route top {top_k} of {experts} experts inside {group_top_k} of {groups} groups")
         self.top_k = top_k
+        self.groups, self.group_top_k = groups, group_top_k
         self.router = nn.Linear(hidden, experts, bias=False)
         self.experts = Experts(experts, hidden, ffn, gated)
         # DeepSeekMoE's shared experts, one MLP of shared x ffn every token runs through
@@ -415,9 +436,9 @@ class MoE(nn.Module):
         tokens = x.reshape(-1, x.shape[-1])
         scores = self.router(tokens)
         if self.top_k == 1:
-            weights, chosen = scores.softmax(dim=-1).topk(1, dim=-1)
+            weights, chosen = limit_groups(scores.softmax(dim=-1), 1, self.groups, self.group_top_k).topk(1, dim=-1)
         else:
-            logits, chosen = scores.topk(self.top_k, dim=-1)
+            logits, chosen = limit_groups(scores, self.top_k, self.groups, self.group_top_k).topk(self.top_k, dim=-1)
             weights = logits.softmax(dim=-1)
         weights = weights.to(tokens.dtype)
         # The (token, slot) assignments sorted by expert; within an expert by token.
@@ -463,7 +484,7 @@ class Block(nn.Module):
         self.norm2 = norm()
         if model.experts:
             self.moe = MoE(model.hidden, model.ffn_hidden, model.experts, model.top_k, gated=not gpt,
-                           shared=model.shared_experts)
+                           shared=model.shared_experts, groups=model.expert_groups, group_top_k=model.group_top_k)
         else:
             self.mlp = MLP(model.hidden, model.ffn_hidden, gated=not gpt, bias=gpt)
 

@@ -127,6 +127,11 @@ CASES = [
         experts = alltoall over ep
         shard layers.0.moe.experts = replicate""", model=_MOE.replace("top_k=2", "top_k=2, shared_experts=1"),
         train="{ global_batch: 8, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0, grad_clip: 0.05 }"), 1e-5),
+    # group-limited routing (DeepSeek-V3's node-limited): each token's experts inside its 2 best of 4 groups
+    ("ep_x_dp_grouped_routing", _plan("[dp = 2, ep = 2]", """
+        data    = zero1 over dp
+        experts = alltoall over ep""", model=_MOE.replace("experts=4, top_k=2",
+                                                          "experts=8, top_k=2, expert_groups=4, group_top_k=2")), 1e-5),
     ("moe_fsdp_x_tp", _plan("[dp = 2, tp = 2]", """
         data   = zero3 over dp
         tensor = megatron over tp""", model=_MOE), 1e-5),

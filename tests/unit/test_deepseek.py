@@ -347,7 +347,8 @@ RECIPE = """--num-layers 61 --hidden-size 7168 --ffn-hidden-size 18432 --num-att
 --seq-length 4096 --max-position-embeddings 4096 --padded-vocab-size 129280 --normalization RMSNorm --swiglu
 --position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights
 --num-experts 256 --moe-router-topk 8 --moe-ffn-hidden-size 2048 --moe-shared-expert-intermediate-size 2048
---moe-layer-freq ([0]*3+[1]*58) --moe-router-score-function sigmoid --moe-router-enable-expert-bias
+--moe-layer-freq ([0]*3+[1]*58) --moe-router-num-groups 8 --moe-router-group-topk 4
+--moe-router-score-function sigmoid --moe-router-enable-expert-bias
 --micro-batch-size 1 --global-batch-size 15360 --bf16 --tensor-model-parallel-size 1
 --pipeline-model-parallel-size 16 --decoder-first-pipeline-num-layers 3 --decoder-last-pipeline-num-layers 2
 --expert-model-parallel-size 64 --use-distributed-optimizer --use-precision-aware-optimizer --main-grads-dtype bf16

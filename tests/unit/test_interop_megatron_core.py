@@ -361,7 +361,7 @@ _DEEPSEEK = """import "clusters/dgx_a100"
 plan tiny_deepseek {{
   model    = llama(layers=6, hidden=512, heads=8, seq=1024, vocab=32000, {q_lora}kv_lora_rank=64,
                    qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=48, experts=8, top_k=2, shared_experts=1,
-                   ffn=256, dense_layers=2, dense_ffn=2048)
+                   ffn=256, dense_layers=2, dense_ffn=2048{groups})
   cluster  = dgx_a100
   mesh     = [pp = 2, ep = 2, tp = 2]
   train    = {{ global_batch: 16, micro_batch: 1 }}
@@ -373,11 +373,13 @@ plan tiny_deepseek {{
 """
 
 
-@pytest.mark.parametrize("q_lora", ["q_lora_rank=96, ", ""], ids=["q_lora", "no_q_lora"])
-def test_deepseek_exports_megatrons_latent_attention_and_dense_then_moe_layers(mcore, q_lora):
+@pytest.mark.parametrize("q_lora, groups", [("q_lora_rank=96, ", ", expert_groups=2, group_top_k=1"), ("", "")],
+                         ids=["q_lora_grouped", "no_q_lora"])
+def test_deepseek_exports_megatrons_latent_attention_and_dense_then_moe_layers(mcore, q_lora, groups):
     """Multi-head latent attention as MLATransformerConfig takes it, and the dense layers first as Megatron-Core's own
-    decoder spec builds them from --moe-layer-freq: an MLP in the first two layers, a MoELayer in the others."""
-    plan = api.loads(_DEEPSEEK.format(q_lora=q_lora)).plans[0]
+    decoder spec builds them from --moe-layer-freq: an MLP in the first two layers, a MoELayer in the others; group-
+    limited routing as TransformerConfig's moe_router_num_groups and moe_router_group_topk."""
+    plan = api.loads(_DEEPSEEK.format(q_lora=q_lora, groups=groups)).plans[0]
     exported = export_plan(plan, "megatron")
     assert not exported.lost, [d.message for d in exported.lost]
     flags = _flags(exported.text)
@@ -392,6 +394,8 @@ def test_deepseek_exports_megatrons_latent_attention_and_dense_then_moe_layers(m
         (model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim)
     assert (config.ffn_hidden_size, config.moe_ffn_hidden_size) == (model.dense_ffn, model.ffn_hidden)
     assert config.moe_shared_expert_intermediate_size == model.ffn_hidden
+    assert (config.moe_router_num_groups or 0, config.moe_router_group_topk or 0) == \
+        (model.expert_groups, model.group_top_k)
     specs = mcore["layer_specs"](config, use_transformer_engine=False)
     assert [spec.submodules.mlp.module.__name__ for spec in specs] == ["MLP"] * 2 + ["MoELayer"] * 4
     assert {spec.submodules.self_attention.module.__name__ for spec in specs} == {"MLASelfAttention"}

@@ -562,3 +562,21 @@ _entry("E234", """
       train   = { global_batch: 64, micro_batch: 2 }
     }
     """, "Predict fewer tokens ahead.", ("mtp=4", "mtp=3"))
+
+_entry("E235", """
+    Group-limited routing (`expert_groups=G, group_top_k=M`: DeepSeek-V2's device-limited and
+    DeepSeek-V3's node-limited routing, Megatron-Core's `--moe-router-num-groups` and
+    `--moe-router-group-topk`) splits the experts into G equal groups of consecutive ones, scores each
+    group by the sum of its best `top_k / M` logits, and chooses each token's `top_k` experts inside
+    its M best groups. So both numbers go together on a mixture of experts, G divides the experts, M
+    is 1 to G and at most `top_k`, and M groups hold at least `top_k` experts.
+    """, """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = llama(layers=8, hidden=1024, heads=16, seq=2048, vocab=32000, ffn=512, experts=16, top_k=4,
+                      expert_groups=6, group_top_k=2)
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = { global_batch: 64, micro_batch: 2 }
+    }
+    """, "Divide the experts into equal groups.", ("expert_groups=6", "expert_groups=4"))
