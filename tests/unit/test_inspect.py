@@ -140,6 +140,22 @@ def test_bad_sources_are_coded(source, code):
     assert [d.code for d in raised.value.diagnostics] == [code]
 
 
+@pytest.mark.parametrize("source, code, words", [
+    # SystemExit is no Exception: `plandsl inspect` ended with the factory's status and printed nothing (exit 0
+    # for sys.exit(0), as if the table were made)
+    ("inspect_models.exits:build", "E902", "raised SystemExit"),
+    ("inspect_models.exits:build(code=3)", "E902", "raised SystemExit: 3"),
+    ("inspect_models.exits:parse_args", "E902", "raised SystemExit: 2"),  # argparse's refusal
+    ("inspect_models.exits_on_import:build", "E901", "SystemExit: 0"),
+    ("inspect_models.exits:leaves", "E903", "SystemExit: done"),
+])
+def test_user_code_that_exits_is_coded_not_the_commands_exit(source, code, words):
+    with pytest.raises(api.PlanError) as raised:
+        api.inspect_model(source, seq=16, search_path=(HERE,))
+    assert [d.code for d in raised.value.diagnostics] == [code]
+    assert words in raised.value.diagnostics[0].message, raised.value.diagnostics[0].message
+
+
 @pytest.mark.parametrize("source", ['hf("GPT2LMHeadModel", n_embd=64, n_layer=4, n_head=4, n_positions=16, '
                                     'vocab_size=128)', "inspect_models.tiny:build(depth=4)"])
 def test_a_build_past_the_parameter_limit_stops_there_E505(monkeypatch, source):

@@ -69,7 +69,7 @@ def stage_trace_problem(model, blocks: BlockList, inputs: Inputs) -> str | None:
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             pipeline(model, mb_args=(example,), split_spec={blocks.blocks[1][0]: SplitPoint.BEGINNING})
-    except Exception as error:  # torch.export cannot capture the forward (data-dependent control flow, ...)
+    except (Exception, SystemExit) as error:  # torch.export cannot capture the forward (data-dependent control flow, ...)
         return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
     finally:
         torch_log.setLevel(level)

@@ -140,7 +140,7 @@ def _build_factory(source: ModelSource, device: str) -> tuple[nn.Module, tuple[s
     module_name, _, function_name = source.target.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as error:  # any failure of the user's import is E901
+    except (Exception, SystemExit) as error:  # any failure of the user's import is E901 (sys.exit too: a script)
         missing = isinstance(error, ModuleNotFoundError) and error.name and module_name.startswith(error.name)
         raise fail("E901", f"cannot import '{module_name}' for model '{source.target}': {_described(error)}",
                    None if missing else user_frame(error),
@@ -156,7 +156,7 @@ def _build_factory(source: ModelSource, device: str) -> tuple[nn.Module, tuple[s
     try:
         with torch.device(device):
             built = factory(**dict(source.args))
-    except Exception as error:  # the user's factory raising is E902
+    except (Exception, SystemExit) as error:  # the user's factory raising is E902 (sys.exit too: argparse's refusal)
         raise fail("E902", f"factory '{source.target}' raised {_described(error)}",
                    user_frame(error) or definition(factory)) from error
     if not isinstance(built, nn.Module):

@@ -278,7 +278,7 @@ def trace(model: nn.Module, blocks: BlockList, traced: int, inputs: Inputs) -> _
             record.result = tuple(result.shape[1:]) if result is not None and result.dim() else ()
     except Failure:
         raise
-    except Exception as error:  # the model's forward failing on meta tensors is E903
+    except (Exception, SystemExit) as error:  # the model's forward failing on meta tensors is E903 (sys.exit too)
         reason = (f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
                   if "DataDependent" not in type(error).__name__ else "it reads a tensor's value, which meta tensors lack")
         hint = ("inspect calls the model on the images input=image(...) gives, a batch of "
