@@ -11,9 +11,13 @@ import asyncio
 import logging
 import sys
 from typing import BinaryIO
+from urllib.parse import unquote
 
 from lsprotocol import types
+from pygls.exceptions import JsonRpcException
 from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
+from pygls.protocol.language_server import lsp_method
 
 from plandsl import __version__
 from plandsl.diagnostics import Diagnostic
@@ -26,9 +30,38 @@ from plandsl.lsp.hover import hover_text
 from plandsl.lsp.navigate import definition
 
 
+class PlanProtocol(LanguageServerProtocol):
+    """pygls's protocol, answering what it left unanswered or reported as the server's own error:
+
+    1. A request whose params do not read as the method's (a negative position, a line past 2^31) got no
+       response at all, so a client waited for it for ever: now the JSON-RPC error -32602 (Invalid Params)
+       answers it, by its id.
+    2. A change to a document that was never opened (or already closed) raised KeyError in pygls's workspace,
+       which a client showed as "Error in server: KeyError": now it is logged and left out, as LSP leaves
+       such a change undefined."""
+
+    def structure_message(self, data):
+        try:
+            return super().structure_message(data)
+        except JsonRpcException as error:
+            if isinstance(data, dict) and "method" in data and isinstance(data.get("id"), (int, str)) \
+                    and not isinstance(data.get("id"), bool):
+                self._send_response(data["id"], error=error.to_response_error())
+            raise
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
+    def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams):
+        uri = params.text_document.uri
+        if self.workspace.text_documents.get(unquote(uri)) is None:
+            logging.getLogger("pygls").warning("plandsl lsp: a change to %s, which is not open, left out", uri)
+            return
+        yield from super().lsp_text_document__did_change(params)
+
+
 class PlanServer(LanguageServer):
     def __init__(self) -> None:
-        super().__init__("plandsl", __version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
+        super().__init__("plandsl", __version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
+                         protocol_cls=PlanProtocol)
         self.snapshots: dict[str, Snapshot] = {}
         self.lowered: dict[str, Snapshot] = {}  # the last version of each document that lowered
         self.shown: dict[str, dict[Diagnostic, types.Diagnostic]] = {}

@@ -95,3 +95,55 @@ def test_a_header_claiming_a_huge_body_allocates_nothing(length):
                             input=stream, capture_output=True, timeout=60)
     assert result.returncode == 0 and b"MemoryError" not in result.stderr and b"E108" not in result.stderr, \
         result.stderr.decode()[-2000:]
+
+
+def _messages(stdout: bytes) -> list[dict]:
+    return [json.loads(part.split(b"\r\n\r\n", 1)[1]) for part in stdout.split(b"Content-Length") if b"\r\n\r\n" in part]
+
+
+def test_a_request_with_params_it_cannot_read_is_answered_invalid_params(tmp_path):
+    """pygls logged such a request and answered nothing: a client waited for ids 2-4 for ever."""
+    uri = (tmp_path / "p.plan").as_uri()
+    stream = b"".join([
+        frame(request("initialize", {"capabilities": {}, "rootUri": None, "processId": None}, 1)),
+        frame({"jsonrpc": "2.0", "method": "initialized", "params": {}}),
+        frame(request("textDocument/hover", None, 2)),
+        frame(request("textDocument/hover", {"textDocument": {"uri": uri}, "position": {"line": -1, "character": 0}},
+                      3)),
+        frame(request("textDocument/completion", {"textDocument": {"uri": uri}, "position": {"line": 2**31,
+                                                                                              "character": 0}}, "a")),
+        frame(request("shutdown", None, 5)),
+        frame({"jsonrpc": "2.0", "method": "exit"}),
+    ])
+    result = subprocess.run([sys.executable, "-m", "plandsl.cli", "lsp", "--stdio"], input=stream,
+                            capture_output=True, timeout=60, env={**os.environ, "PLANDSL_DEBUG": ""})
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    errors = {m["id"]: m["error"]["code"] for m in _messages(result.stdout) if "error" in m}
+    assert errors == {2: -32602, 3: -32602, "a": -32602}, result.stdout[-2000:]
+    assert 5 in {m.get("id") for m in _messages(result.stdout)}
+
+
+def test_a_change_to_a_document_never_opened_is_left_out_not_a_server_error(tmp_path):
+    """pygls's workspace raised KeyError, which the client showed as "Error in server: KeyError: 'file:///...'"."""
+    plan = tmp_path / "p.plan"
+    plan.write_text((ROOT / "stdlib_plans" / "local" / "tiny.plan").read_text())
+    change = {"jsonrpc": "2.0", "method": "textDocument/didChange", "params": {
+        "textDocument": {"uri": plan.as_uri(), "version": 2}, "contentChanges": [{"text": "plan x {"}]}}
+    stream = b"".join([
+        frame(request("initialize", {"capabilities": {}, "rootUri": None, "processId": None}, 1)),
+        frame({"jsonrpc": "2.0", "method": "initialized", "params": {}}),
+        frame(change),
+        frame({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": {
+            "uri": plan.as_uri(), "languageId": "plandsl", "version": 1, "text": plan.read_text()}}}),
+        frame({"jsonrpc": "2.0", "method": "textDocument/didClose", "params": {"textDocument": {"uri": plan.as_uri()}}}),
+        frame(change),  # closed: the same
+        frame(request("shutdown", None, 2)),
+        frame({"jsonrpc": "2.0", "method": "exit"}),
+    ])
+    result = subprocess.run([sys.executable, "-m", "plandsl.cli", "lsp", "--stdio"], input=stream,
+                            capture_output=True, timeout=60, env={**os.environ, "PLANDSL_DEBUG": ""})
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    shown = [m for m in _messages(result.stdout) if m.get("method") == "window/showMessage"]
+    assert shown == [], shown
+    assert result.stderr.decode().count("which is not open, left out") == 2
+    assert 2 in {m.get("id") for m in _messages(result.stdout)}
