@@ -22,8 +22,9 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-CACHE_VERSION = 4  # 2: the model's tensor-parallel plan (`tp_plan`); 3: whether torch's pipeline frontend cuts
-# it (`traceable`), its expert-parallel plan and experts; 4: the values per channel its BatchNorms see (`norm_values`)
+CACHE_VERSION = 5  # 2: the model's tensor-parallel plan (`tp_plan`); 3: whether torch's pipeline frontend cuts
+# it (`traceable`), its expert-parallel plan and experts; 4: the values per channel its BatchNorms see (`norm_values`);
+# 5: why a Hugging Face model's stages by its own convention would compute otherwise (`stage_problem`)
 LIBRARIES = ("torch", "transformers", "plandsl")  # the versions a cache is keyed by
 
 Literal_ = Union[int, float, str, bool, None]
@@ -228,7 +229,7 @@ class InspectedBlock(_Frozen):
 
 class InspectedModel(_Frozen):
     """A torch module as the table the rest of plandsl speaks, and the key it was derived under."""
-    version: Literal[4] = CACHE_VERSION
+    version: Literal[5] = CACHE_VERSION
     source: str  # `ModelSource.text`
     seq: int = Field(gt=0, description="the sequence length traced at; 1 for a model that takes images")
     image: Optional[tuple[int, ...]] = Field(default=None, description="the shape of one sample, [channels, "
@@ -268,6 +269,11 @@ class InspectedModel(_Frozen):
     traceable: bool = Field(default=False, description="a factory's module that torch's pipeline frontend "
                             "(torch.export) cut at its second block on the meta device: `plandsl run` can split it "
                             "into pipeline stages at its blocks")
+    stage_problem: Optional[str] = Field(default=None, description="a Hugging Face model with a "
+                                         "`base_model_pp_plan`: why its stages by that convention would compute "
+                                         "otherwise than the whole model (a stage holding no layer changed the hidden "
+                                         "states it was fed: an embedding scale or a logit cap in its forward), else "
+                                         "None; `plandsl run` then refuses pipeline stages of it")
 
     @property
     def tied(self) -> tuple[tuple[str, str], ...]:

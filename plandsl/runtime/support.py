@@ -223,7 +223,10 @@ def _torch_model_refusals(plan: ir.Plan, model: ir.CustomModel) -> list[Diagnost
     if plan.stages is not None and not model.stages_by:  # at pp = 1 too: `run` builds torch's stages for any `stages`
         why = ("torch's pipeline frontend (torch.export) could not trace its forward when `plandsl inspect` tried "
                "(data-dependent control flow, or code export does not capture)"
-               if not hf else "its class declares no `base_model_pp_plan` (which modules run before the blocks)")
+               if not hf else "its class declares no `base_model_pp_plan` (which modules run before the blocks), or "
+               "its forward computes beside the modules a stage replaces, so that a stage would compute otherwise "
+               "than the whole model (Gemma's embedding scale, Gemma 2's logit cap: the table's `stage_problem`, "
+               "which `plandsl inspect` records)")
         found.append(diag("E704", f"'{model.source}' cannot be split into pipeline stages: {why}",
                           plan.stages.span, hint="use the pipeline axis for data parallelism (or FSDP) instead"))
     elif plan.stages is not None and not hf and model.blocks:

@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from plandsl import ir
 from plandsl.ir.inspected import parse_source
+from plandsl.runtime.inspect.stages import PassThrough, replace_outside
 from plandsl.runtime.inspect.trace import has_submodule
 from plandsl.runtime.cuts import stage_split_points
 from plandsl.runtime.data import synthetic_tokens
@@ -38,28 +39,6 @@ from plandsl.runtime.precision import copy_stream_casts
 
 class ModelError(ValueError):
     """The user's module cannot be run as the plan asks (said before training starts)."""
-
-
-class PassThrough(nn.Module):
-    """Stands for a module this pipeline stage does not hold: returns its first input unchanged."""
-
-    def forward(self, *args, **kwargs):
-        return args[0] if args else next(iter(kwargs.values()))
-
-
-class Zero(nn.Module):
-    """Stands for an additive module before the blocks (GPT-2's position embedding) on a later stage:
-    what it adds was added on the first stage."""
-
-    def forward(self, *args, **kwargs):
-        return torch.zeros(())
-
-
-class Absent(nn.Module):
-    """Stands for the token embedding on a later stage, which feeds `inputs_embeds` instead."""
-
-    def forward(self, *args, **kwargs):
-        raise ModelError("a later pipeline stage called the token embedding it does not hold")
 
 
 class TorchModel(nn.Module):
@@ -176,18 +155,7 @@ class TorchModel(nn.Module):
                              "plandsl does not know which of its modules run before the blocks")
         stage = copy.deepcopy(self)
         stage.first, stage.last = "embed" in keep, "head" in keep
-        base = stage.inner.base_model_prefix
-        blocks = stage.block_container()
-        for index in range(len(blocks)):
-            if f"{self.block_list}.{index}" not in keep:
-                blocks[index] = PassThrough()
-        if not stage.first:
-            for name, (inputs, _) in _before_blocks(pp_plan, self.block_list, base):
-                stage._replace(name, Absent() if "input_ids" in inputs else
-                               PassThrough() if "hidden_states" in inputs else Zero())
-        if not stage.last:
-            for name in _after_blocks(pp_plan, self.block_list, base, type(self.inner)):
-                stage._replace(name, PassThrough())
+        replace_outside(stage.inner, self.block_list, keep, stage._replace)
         _refuse_split_ties(self, stage)
         return stage
 
@@ -225,19 +193,6 @@ def _classes(module: nn.Module, image: tuple[int, ...]) -> int:
         raise ModelError(f"an image model must return logits [batch, classes]; it returned "
                          f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__}")
     return logits.shape[-1]
-
-
-def _before_blocks(pp_plan: dict, block_list: str, base: str) -> list[tuple[str, tuple[list, list]]]:
-    names = list(pp_plan)
-    cut = names.index(block_list.removeprefix(f"{base}.")) if block_list.removeprefix(f"{base}.") in names else 0
-    return [(f"{base}.{name}", pp_plan[name]) for name in names[:cut]]
-
-
-def _after_blocks(pp_plan: dict, block_list: str, base: str, cls: type) -> list[str]:
-    names = list(pp_plan)
-    key = block_list.removeprefix(f"{base}.")
-    after = [f"{base}.{name}" for name in names[names.index(key) + 1:]] if key in names else []
-    return after + list(getattr(cls, "_pp_plan", None) or {})
 
 
 def _refuse_split_ties(full: TorchModel, stage: TorchModel) -> None:

@@ -84,6 +84,31 @@ def test_a_traced_module_is_cut_at_a_block_s_end_where_its_beginning_is_taken(tm
     assert refused.code == "E704" and "cannot be cut into these 6 pipeline stages" in refused.message
 
 
+@pytest.mark.parametrize("config, problem", [
+    # Gemma 2's forward caps the head's logits (tanh(x / 30) * 30) after `lm_head`: on a stage before the head, its
+    # pass-through's hidden states; the pipelines trained other values than one process (7e-3 apart after 2 steps)
+    ("Gemma2ForCausalLM, head_dim=16, final_logit_softcapping=30.0", "changes them"),
+    ("LlamaForCausalLM", None),
+    # GPT-NeoX's `emb_dropout` reads the stream (`inputs_embeds`): a pass-through on a later stage, not a zero
+    # (a 0-d stream reached the first block's layer norm on every later stage's rank)
+    ("GPTNeoXForCausalLM, hidden_dropout=0.0", None),
+])
+def test_a_hugging_face_model_whose_forward_computes_beside_its_stages_modules_is_not_split(tmp_path, config, problem):
+    """`plandsl inspect` runs a stage holding no layer (every module of the model's `base_model_pp_plan` a stand-in)
+    on random hidden states; one that changes them records why (`stage_problem`), and `run` refuses its stages."""
+    cls, _, extra = config.partition(", ")
+    source = (f'hf("{cls}", hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, '
+              f'vocab_size=128, max_position_embeddings=16, tie_word_embeddings=false{", " + extra if extra else ""})')
+    table = api.inspect_model(source, seq=16)
+    assert table.block_list_from == "base_model_pp_plan"
+    assert (problem is None and table.stage_problem is None) or problem in table.stage_problem
+    plan = _plan(tmp_path, table, "[dp = 2, pp = 2]", "stages = evenly over pp\nschedule = 1f1b", written=source,
+                 train="{ global_batch: 8, micro_batch: 2, seq: 16, seed: 0 }")
+    found = refusals(plan)
+    assert [d.code for d in found] == ([] if problem is None else ["E704"])
+    assert problem is None or "computes beside the modules a stage replaces" in found[0].message
+
+
 def test_one_pipeline_stage_is_refused_as_any_split_the_model_cannot_make(tmp_path, table):
     """`run` builds torch's pipeline stages for any `stages`, a one-rank pipeline axis too: GPT-2 (no
     `base_model_pp_plan`) over `[pp = 1, dp = 2]` checked ok and every rank stopped building the job (ModelError:

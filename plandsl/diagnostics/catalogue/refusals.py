@@ -81,8 +81,10 @@ _entry("E704", """
     dense blocks). A model from torch (`hf(...)`, `factory(...)`) runs unchanged, and what it
     cannot do yet is refused here too: tensor parallelism without the model's own plan
     (transformers' `base_model_tp_plan`) or with sequence parallelism, pipeline stages without
-    transformers' `base_model_pp_plan` (a factory's module, GPT-2), `recompute: selective` and
-    shard rules (docs/models.md).
+    transformers' `base_model_pp_plan` (GPT-2) or of a model whose forward computes beside the
+    modules a stage replaces (Gemma 2's logit cap), of a factory's module torch's pipeline
+    frontend cannot trace or cut into that many stages, `recompute: selective` and shard rules
+    (docs/models.md).
     """, _local_plan("data    = replicate over dp", mesh="[dp = 2]", model="tiny_written", header="""model tiny_written {
       layer blocks[0:2] {
         params = 64 * 64

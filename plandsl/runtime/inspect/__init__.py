@@ -14,6 +14,7 @@ import logging
 from plandsl.ir.inspected import InspectedModel, ModelSource, file_digest, library_versions
 from plandsl.ir.torch_plan import matches
 from plandsl.runtime.inspect.factory import DTYPES, Failure, build
+from plandsl.runtime.inspect.stages import stage_convention_problem
 from plandsl.runtime.inspect.trace import BlockList, Inputs, block_table, find_block_list, parameters, split_parameters
 
 __all__ = ["DTYPES", "inspect_model"]
@@ -30,6 +31,8 @@ def inspect_model(source: ModelSource, seq: int = 2048, dtype: str = "bfloat16",
         blocks = find_block_list(model, source)
         traceable = source.kind == "factory" and stage_trace_problem(model, blocks, Inputs(source, seq, DTYPES[dtype])) is None
         table = block_table(model, blocks, Inputs(source, seq, DTYPES[dtype]))
+        stage_problem = stage_convention_problem(model, blocks.name) \
+            if source.kind == "hf" and blocks.found_by == "base_model_pp_plan" else None
     except Failure as failure:
         raise failure.error() from None
     before_params, after_params = split_parameters(model, blocks)
@@ -41,7 +44,7 @@ def inspect_model(source: ModelSource, seq: int = 2048, dtype: str = "bfloat16",
                           block_list=blocks.name, containers=blocks.containers, block_list_from=blocks.found_by,
                           blocks=table.rows, before=table.before, after=table.after, before_params=before_params,
                           after_params=after_params, traced_blocks=table.traced, tp_plan=tp_plan(model),
-                          traceable=traceable, ep_plan=tp_plan(model, ("ep_plan",)),
+                          traceable=traceable, stage_problem=stage_problem, ep_plan=tp_plan(model, ("ep_plan",)),
                           experts=experts(params, tp_plan(model, ("ep_plan",))))
 
 
