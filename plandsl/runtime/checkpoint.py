@@ -93,8 +93,32 @@ def _union(models: list[nn.Module]) -> nn.Module:
             elif name == "embed" and name + TWIN not in union._modules:
                 union._modules[name + TWIN] = child  # add_module refuses the name, which no attribute can have
             elif held is not child:
-                raise CheckpointError(f"two pipeline stages on this rank both hold module '{name}'")
+                union._modules[name] = _merged(name, held, child)
     return union
+
+
+def _holds_parameters(module: nn.Module, recurse: bool = True) -> bool:
+    return next(iter(module.parameters(recurse=recurse)), None) is not None
+
+
+def _merged(name: str, held: nn.Module, child: nn.Module) -> nn.Module:
+    """Two stages' modules of one name, merged: a model from torch's stages are each the whole module with the other
+    stages' parts replaced by stand-ins holding nothing (`runtime.inspect.stages`) or cut out by torch's pipeline
+    frontend, so the union takes the module that holds parameters, and merges, into a new container, the children of
+    two that both hold some; two holding parameters of their own are two copies of one module, which no stage split
+    makes but a tied module's (`_union`)."""
+    if held is child or not _holds_parameters(child):
+        return held
+    if not _holds_parameters(held):
+        return child
+    if _holds_parameters(held, recurse=False) or _holds_parameters(child, recurse=False):
+        raise CheckpointError(f"two pipeline stages on this rank both hold module '{name}'")
+    merged = nn.Module()
+    for part in (held, child):
+        for key, sub in part.named_children():
+            found = merged._modules.get(key)
+            merged._modules[key] = sub if found is None else _merged(f"{name}.{key}", found, sub)
+    return merged
 
 
 def _saved(state: dict[str, Any]) -> dict[str, Any]:

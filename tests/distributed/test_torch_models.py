@@ -187,3 +187,23 @@ def test_a_hugging_face_model_checkpoints_and_resumes_exactly(tmp_path):
     assert second["first_step"] == 1 and first["losses"] + second["losses"] == whole["losses"]
     assert sorted(second["params"]) == sorted(whole["params"]) and any("model.layers.3." in n for n in whole["params"])
     assert all(torch.equal(second["params"][name], whole["params"][name]) for name in whole["params"])
+
+
+@pytest.mark.parametrize("model", [LLAMA, 'factory("inspect_models.tiny:build", depth=4, tied=false)'],
+                         ids=["llama", "factory"])
+def test_two_stages_of_a_model_from_torch_on_one_rank_checkpoint_and_resume_exactly(model, tmp_path, monkeypatch):
+    """ZBV puts two stages on each rank: each a whole copy of transformers' module with the other stages' parts
+    replaced by stand-ins (or a traced factory's stage modules, both holding `layers`); the checkpoint's union of a
+    rank's stages merges them (every rank failed to save: "two pipeline stages on this rank both hold module
+    'model'"). Trained 1 step, resumed to 3, equal to 3 steps in one go."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "unit"))
+    plan = _write(tmp_path, "ck", model, "[pp = 2]", "stages = evenly over pp with virtual = 2, map = vshape\n"
+                  "schedule = zbv", MICRO2)
+    directory = tmp_path / "ck"
+    first = run_ranks(2, train, str(plan), steps=1, checkpoint_dir=str(directory), deadline_s=120)[0]
+    second = run_ranks(2, train, str(plan), steps=3, checkpoint_dir=str(directory), resume=True, gather=True,
+                       deadline_s=120)[0]
+    whole = run_ranks(2, train, str(plan), steps=3, gather=True, deadline_s=120)[0]
+    assert second["first_step"] == 1 and first["losses"] + second["losses"] == whole["losses"]
+    assert sorted(second["params"]) == sorted(whole["params"])
+    assert all(torch.equal(second["params"][name], whole["params"][name]) for name in whole["params"])
