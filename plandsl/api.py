@@ -463,7 +463,7 @@ def read_args_file(path: str, schedule_csv: bool = False) -> str:
         from plandsl.schedules.resolve import read_csv  # stage
         return read_csv(path)
     from plandsl.syntax.loader import read_source  # stage
-    return read_source(path).text
+    return read_source(path, "args file").text  # not a "plan file": a launch script's flags, a DeepSpeed JSON
 
 
 # ---- run -----------------------------------------------------------------------------------------------------

@@ -43,10 +43,10 @@ def stdlib_files() -> list[str]:
     return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.plan"))
 
 
-def read_source(path: str | os.PathLike) -> SourceFile:
-    """One plan file's text, read bounded (PlanError E106, E107, E109, E208; E105 when not UTF-8)."""
+def read_source(path: str | os.PathLike, what: str = "plan file") -> SourceFile:
+    """One plan file's (or `what`'s) text, read bounded (PlanError E106, E107, E109, E208; E105 when not UTF-8)."""
     try:
-        data = read_bounded(path, MAX_BYTES, "plan file")
+        data = read_bounded(path, MAX_BYTES, what)
     except FileProblem as problem:
         raise PlanError([problem.diagnostic(file=os.fspath(path))]) from None
     return decode(os.fspath(path), data)

@@ -450,3 +450,15 @@ def test_run_passes_include_folders_on_to_the_ranks(tmp_path):
         args = torchrun_args(plan, PIPELINE, None, {}, LaunchOptions())
     assert args[args.index("--include") + 1] == str(tmp_path)
     assert parse_args(args[args.index("plandsl.run") + 1:]).include == [str(tmp_path)]
+
+
+@pytest.mark.parametrize("source", ["megatron", "torchtitan", "deepspeed"])
+def test_an_args_file_that_cannot_be_read_is_named_as_one_not_as_a_plan_file(tmp_path, source):
+    """`import --args-file /dev/zero` said "plan file /dev/zero is a character device": it is the flags (or the
+    DeepSpeed config) the import reads."""
+    model = ["--model", "gpt2_medium"] if source == "deepspeed" else []
+    for path, words in (("/dev/zero", "args file /dev/zero is a character device"),
+                        (str(tmp_path / "missing.sh"), "cannot read args file")):
+        result = CliRunner().invoke(main, ["import", "--from", source, "--world-size", "8", *model, "--args-file", path,
+                                           "-o", str(tmp_path / "x.plan")])
+        assert result.exit_code == 1 and words in result.output and "plan file" not in result.output, result.output
