@@ -151,7 +151,16 @@ WRITERS = {"text": to_text, "csv": to_torch_csv, "plan": to_plan,
 
 
 def to_format(schedule: Schedule, fmt: str) -> str:
-    """The schedule written in one of `WRITERS`' formats, without a trailing newline."""
+    """The schedule written in one of `WRITERS`' formats, without a trailing newline. PlanError E808 for a table
+    (`csv`, `plan`) of a schedule that runs a stage on two ranks (Chimera's two pipelines): a table, torch's as the
+    language's, maps each stage to one rank, so what was written was read back as another schedule (torch) or
+    refused (`plandsl import --from torch-csv`, a plan naming the table: E607), as `export --to torch-csv` says."""
+    if fmt in ("csv", "plan") and len(schedule.stage_to_rank) > 1:
+        what = "torch's schedule CSV" if fmt == "csv" else "a table schedule"
+        raise PlanError([diag("E808", f"{what} maps each stage to one rank; schedule '{schedule.name}' runs its "
+                                      f"stages on {len(schedule.stage_to_rank)} pipelines at once, each stage on "
+                                      f"{len(schedule.stage_to_rank)} ranks",
+                              hint="--format text or json print it")])
     return WRITERS[fmt](schedule).rstrip("\n")
 
 

@@ -137,3 +137,16 @@ def test_bad_requests_are_diagnostics(args, code):
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 1
     assert code in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("fmt", ["csv", "plan"])
+def test_a_table_of_a_schedule_with_a_stage_on_two_ranks_is_refused(tmp_path, fmt):
+    """`schedule chimera --format csv` wrote a CSV that `import --from torch-csv` refused (E607: each of its
+    stages on two ranks) and torch would read as another schedule; `--format plan` a table that a plan naming it
+    refused; `export --to torch-csv` already said E808. Text and JSON still print it."""
+    result = CliRunner().invoke(main, ["schedule", "chimera", "--ranks", "2", "--microbatches", "2", "--format", fmt])
+    assert result.exit_code == 1 and "error[E808]" in result.output and "2 pipelines at once" in result.output, \
+        result.output
+    for shown in ("text", "json"):
+        assert run("schedule", "chimera", "--ranks", "2", "--microbatches", "2", "--format", shown).exit_code == 0
+
