@@ -32,7 +32,8 @@ def _from_plan(spec: str, ranks, microbatches, virtual) -> Schedule:
     microbatches = microbatches or definition.sizes.get("microbatches")
     if ranks is None or microbatches is None:
         raise PlanError([diag("E207", f"template '{name}' needs --ranks and --microbatches")])
-    schedule, problems = instantiate(definition, definition.scope, ranks, microbatches, virtual or 1)
+    virtual = virtual or definition.sizes.get("virtual") or 1  # a table's header may say its stages per rank
+    schedule, problems = instantiate(definition, definition.scope, ranks, microbatches, virtual)
     if problems:
         raise PlanError(problems, lowered.sources)
     return schedule

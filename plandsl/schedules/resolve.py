@@ -132,11 +132,16 @@ def to_torch_csv(schedule: Schedule) -> str:
 
 
 def to_plan(schedule: Schedule) -> str:
-    """The schedule as a table in the language, one column per unit-time step (`_` idle)."""
+    """The schedule as a table in the language, one column per unit-time step (`_` idle), its header giving its
+    sizes: ranks, microbatches and, past one, stages per rank (`virtual`)."""
     grid = step_grid(schedule)
     width = max((len(str(a)) for row in grid for a in row if a is not None), default=1)
+    # its stages per rank, where a rank holds several: without them the table read back as one stage a rank
+    # (`schedule FILE.plan:table_zbv` said "7F0 refers to stage 7, but the schedule has 4 stages")
+    virtual = schedule.stages // schedule.ranks
+    many = f", virtual = {virtual}" if virtual > 1 and schedule.stages == virtual * schedule.ranks else ""
     lines = [f"schedule {_identifier(schedule.name)}(ranks = {schedule.ranks}, "
-             f"microbatches = {schedule.microbatches}) {{"]
+             f"microbatches = {schedule.microbatches}{many}) {{"]
     for rank, row in enumerate(grid):
         while row and row[-1] is None:
             row = row[:-1]

@@ -150,3 +150,21 @@ def test_a_table_of_a_schedule_with_a_stage_on_two_ranks_is_refused(tmp_path, fm
     for shown in ("text", "json"):
         assert run("schedule", "chimera", "--ranks", "2", "--microbatches", "2", "--format", shown).exit_code == 0
 
+
+@pytest.mark.parametrize("name, ranks, microbatches, virtual", [("zbv", 4, 8, None), ("interleaved_1f1b", 2, 4, 2),
+                                                                  ("dualpipev", 2, 4, None)])
+def test_a_table_of_several_stages_a_rank_reads_back_with_its_own_sizes(tmp_path, name, ranks, microbatches, virtual):
+    """`--format plan` wrote `schedule table_zbv(ranks = 4, microbatches = 8)` for 8 stages: read back (`schedule
+    FILE.plan:table_zbv`, docs: "a table brings its own sizes") it was one stage a rank, E602 "7F0 refers to stage
+    7, but the schedule has 4 stages"; the header now says `virtual = 2`, and so does `import --from torch-csv`."""
+    sizes = ["--ranks", str(ranks), "--microbatches", str(microbatches)] + (["--virtual", str(virtual)] if virtual else [])
+    table = run("schedule", name, *sizes, "--format", "plan").output
+    assert ", virtual = 2)" in table.splitlines()[0]
+    path = tmp_path / "mine.plan"
+    path.write_text(table)
+    back = json.loads(run("schedule", f"{path}:table_{name}", "--format", "json").output)
+    assert back["actions"] == [[str(a) for a in row] for row in generate(name, ranks, microbatches, virtual or 2).actions]
+    csv = tmp_path / "order.csv"
+    csv.write_text(run("schedule", name, *sizes, "--format", "csv").output)
+    imported = run("import", "--from", "torch-csv", "--args-file", str(csv), "-o", str(tmp_path / "imported.plan"))
+    assert imported.exit_code == 0 and ", virtual = 2) {" in (tmp_path / "imported.plan").read_text()
