@@ -2,8 +2,8 @@
 
 The plans (hypothesis, derandomized so CI is deterministic) are tiny gpt, llama, mixture-of-experts llama and
 DeepSeek-style llama models with random heads, kv_heads, head_dim, hidden, ffn, layers, seq, vocab, experts and
-top_k, shared experts, dense first layers, MoE every k-th layer (`moe_every`, `moe_offset`, `dense_ffn`),
-multi-head latent attention, parallel blocks, sliding windows (`window`, `full_every`), sinks and multi-token
+top_k, group-limited routing, shared experts, dense first layers, MoE every k-th layer (`moe_every`, `moe_offset`,
+`dense_ffn`), multi-head latent attention, parallel blocks, sliding windows (`window`, `full_every`), sinks and multi-token
 prediction (`mtp`), invalid combinations included, on meshes of dp/tp/pp/cp/ep axes of sizes 1-2 (at most 4
 processes) over `clusters/local` or straddling `clusters/local_mixed`'s two device types, with every data kind
 (replicate = DDP, zero1, zero2, zero3; `gather`, `unit`, `prefetch`), tensor and sequence parallelism, pipeline
@@ -43,7 +43,7 @@ from plandsl.render import VIEWS, NotApplicable
 from plandsl.runtime.support import refusals
 
 SHAPE_CODES = {"E220", "E221", "E222", "E223", "E224", "E234"}  # E234: a depth past the sample's tokens
-ARGUMENT_CODES = {"E225", "E226", "E227", "E228", "E229", "E230", "E231", "E232", "E233"}  # combinations
+ARGUMENT_CODES = {"E225", "E226", "E227", "E228", "E229", "E230", "E231", "E232", "E233", "E235"}  # combinations
 GENERATED_RUNS = 48  # the multi-process test's generated plans that run
 MAX_RANKS = 4  # the CI machine has 2 cores
 COMMON = dict(deadline=None, derandomize=True, database=None,
@@ -104,10 +104,16 @@ def _model(d: _Draw, family: str, sizes: dict[str, int]) -> tuple[str, dict]:
     if d.pick([True, False]):
         args.append(f"ffn={d.pick([8, 12, 32])}")
     if moe:
-        args.append(f"experts={d.pick([2, 4, 4, 1], [2, 4])}")
+        experts = d.pick([2, 4, 4, 1], [2, 4])
+        args.append(f"experts={experts}")
         top_k = d.maybe([1, 2, 0, 3], tame=[1, 2])
         if top_k is not None:
             args.append(f"top_k={top_k}")
+        if d.sometimes(4):  # group-limited routing; groups not dividing the experts, or too few chosen: E235
+            groups = d.pick([2, 4, 3, 1], [g for g in (2, 4) if experts % g == 0] or [1])
+            k = top_k or min(2, experts)  # lowering's default top_k
+            chosen = d.pick([1, 2, 3], [1] if experts // groups >= k else [k])  # k <= groups where tame
+            args.append(f"expert_groups={groups}, group_top_k={chosen}")
     if family == "deepseek" or (family == "llama" and not d.tame and d.sometimes(8)):
         # shared experts, the first blocks dense, every k-th block a mixture of experts (on a dense llama: E225, E229)
         shared = d.maybe([1, 2])
