@@ -153,12 +153,34 @@ def _literal(node: ast.expr, text: str) -> Literal_:
     return value
 
 
+MAX_DIGEST_BYTES = 64 << 20
+"""The largest file `file_digest` reads: a factory's module is source text of kilobytes."""
+
+
 def file_digest(path: str | Path) -> str:
-    """sha256 of a file's bytes ("" when it cannot be read): a factory's module changing makes its cache stale."""
+    """sha256 of a regular file's bytes ("" when it cannot be read, is no regular file or holds more than
+    `MAX_DIGEST_BYTES`): a factory's module changing makes its cache stale. The paths come from the cache's
+    `files`, which anyone can write: one naming /dev/zero was read until memory ran out (E108), a FIFO waited
+    for a writer for ever; opened without blocking, checked to be a regular file, read bounded."""
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (OSError, ValueError):  # ValueError: a NUL byte in the path
+        return ""
+    try:
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
+            return ""
+        digest, left = hashlib.sha256(), MAX_DIGEST_BYTES + 1
+        while left > 0:
+            piece = os.read(handle, min(left, 1 << 20))
+            if not piece:
+                return digest.hexdigest()
+            digest.update(piece)
+            left -= len(piece)
+        return ""  # past the bound: no module of anyone's
     except OSError:
         return ""
+    finally:
+        os.close(handle)
 
 
 @functools.lru_cache(maxsize=1)

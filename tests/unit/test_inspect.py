@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -216,6 +218,26 @@ def test_a_factory_cache_is_stale_once_its_module_changes(tmp_path):
     module.write_text(module.read_text(encoding="utf-8") + "\n# edited\n", encoding="utf-8")
     state = api.read_inspected(tmp_path / "cache.json", "edited_model:build(depth=1)", 8)
     assert not state.fresh and "edited_model.py changed" in state.problem
+
+
+@pytest.mark.parametrize("named", ["/dev/zero", "fifo", "folder"])
+def test_a_cache_naming_a_file_without_end_is_stale_not_read(tmp_path, named):
+    """A cache's `files` is anyone's to write: one naming /dev/zero made `plandsl check` (and the language server)
+    read it until memory ran out (E108 MemoryError), a FIFO waited for a writer for ever. Such a file is no
+    factory's module: the cache is stale, at once."""
+    table = api.inspect_model("inspect_models.tiny:build(depth=1)", seq=8, search_path=(HERE,))
+    special = {"fifo": tmp_path / "fifo", "folder": tmp_path}.get(named, Path(named))
+    if named == "fifo":
+        os.mkfifo(special)
+    cache = tmp_path / "cache.json"
+    api.write_inspected(table.model_copy(update={"files": {**table.files, str(special): "0" * 64}}), cache)
+    found: list = []
+    reader = threading.Thread(target=lambda: found.append(api.read_inspected(cache, "inspect_models.tiny:build"
+                                                                             "(depth=1)", 8)), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert found, f"reading a cache that names {special} did not end within 10 s"
+    assert not found[0].fresh and f"{special} changed" in found[0].problem
 
 
 def test_the_cli_prints_and_writes_the_table(tmp_path, monkeypatch):
