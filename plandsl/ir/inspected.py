@@ -18,9 +18,11 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from plandsl.diagnostics.limits import MAX_LAYERS, MAX_SEQ
 
 CACHE_VERSION = 5  # 2: the model's tensor-parallel plan (`tp_plan`); 3: whether torch's pipeline frontend cuts
 # it (`traceable`), its expert-parallel plan and experts; 4: the values per channel its BatchNorms see (`norm_values`);
@@ -197,22 +199,41 @@ def library_versions() -> dict[str, str]:
 
 
 # ---- the table --------------------------------------------------------------------------------------------
+TABLE_COUNT = 10**15
+"""The most any count of a table may be (parameters, elements of a shape, a dimension): a 1T-parameter model has
+10^12. The table is a JSON file anyone can edit; past this (10^400 parameters, a shape of 10^80) its figures
+overflowed float() in the checker (E108 OverflowError)."""
+TABLE_AMOUNT = 1e18
+"""The most a figure per token may be (FLOPs, bytes): ~6e12 FLOPs a token for a 1T model. NaN and infinity are
+refused too: an inf figure became a layer's inf FLOPs, which the model's own validation then refused (E108)."""
+Count = Annotated[int, Field(ge=0, le=TABLE_COUNT)]
+Amount = Annotated[float, Field(ge=0, le=TABLE_AMOUNT, allow_inf_nan=False)]
+
+
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    """A part of the table: a cache that breaks these bounds is no cache of this plandsl (stale: E215)."""
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class InspectedModule(_Frozen):
     """One module of the tree, by its fully qualified name ("" is the root)."""
     name: str
     type: str  # the class name, e.g. "LlamaDecoderLayer"
-    params: int = Field(ge=0, description="parameters held directly (not by children); a tied one counted once")
+    params: Count = Field(description="parameters held directly (not by children); a tied one counted once")
 
 
 class InspectedParam(_Frozen):
     name: str  # fully qualified, as `named_parameters()` names it
-    shape: tuple[int, ...]
+    shape: tuple[Count, ...] = Field(max_length=16)
     dtype: str
     tied_to: Optional[str] = Field(default=None, description="the first name of the same tensor, when tied")
+
+    @field_validator("shape")
+    @classmethod
+    def _bounded_numel(cls, shape: tuple[int, ...]) -> tuple[int, ...]:
+        if math.prod(shape) > TABLE_COUNT:
+            raise ValueError(f"a parameter of more than {TABLE_COUNT:.0e} elements")
+        return shape
 
     @property
     def numel(self) -> int:
@@ -224,10 +245,10 @@ class Figures(_Frozen):
     a part linear in the sequence (per token) and one quadratic in it (per token per position: attention
     scores), so that figures at another sequence length s are `linear + per_position * s`. For a model that
     takes images the "token" is one sample (an image; `seq` is 1, nothing is per position)."""
-    flops: float = Field(ge=0)
-    flops_per_position: float = Field(ge=0)
-    activation_bytes: float = Field(ge=0)
-    activation_bytes_per_position: float = Field(ge=0)
+    flops: Amount
+    flops_per_position: Amount
+    activation_bytes: Amount
+    activation_bytes_per_position: Amount
 
     def flops_at(self, seq: int) -> float:
         return self.flops + self.flops_per_position * seq
@@ -240,32 +261,34 @@ class InspectedBlock(_Frozen):
     """One entry of the block list (a pipeline unit): its parameters, its figures and its boundary."""
     name: str  # e.g. "model.layers.3"
     type: str  # the block's class name
-    shape_key: int = Field(ge=0, description="blocks with equal keys have equal parameters and were traced once")
-    params: int = Field(ge=0)
+    shape_key: Count = Field(description="blocks with equal keys have equal parameters and were traced once")
+    params: Count
     figures: Figures
-    input_bytes: float = Field(ge=0, description="bytes per token (per sample for images) of the tensor entering "
-                               "the block")
-    output_bytes: float = Field(ge=0, description="bytes per token (per sample for images) of the tensors leaving "
+    input_bytes: Amount = Field(description="bytes per token (per sample for images) of the tensor entering "
                                 "the block")
+    output_bytes: Amount = Field(description="bytes per token (per sample for images) of the tensors leaving "
+                                 "the block")
 
 
 class InspectedModel(_Frozen):
     """A torch module as the table the rest of plandsl speaks, and the key it was derived under."""
     version: Literal[5] = CACHE_VERSION
     source: str  # `ModelSource.text`
-    seq: int = Field(gt=0, description="the sequence length traced at; 1 for a model that takes images")
-    image: Optional[tuple[int, ...]] = Field(default=None, description="the shape of one sample, [channels, "
-                                             "*spatial], for a model that takes images; None: token ids [1, seq]")
-    output_shape: tuple[int, ...] = Field(default=(), description="the model's output per sample (the first "
-                                          "tensor it returns, without the batch dim): [seq, vocab], [classes]")
-    norm_values: int = Field(default=0, ge=0, description="the fewest values per channel per sample any BatchNorm "
+    seq: int = Field(gt=0, le=MAX_SEQ, description="the sequence length traced at; 1 for a model that takes images")
+    image: Optional[tuple[Count, ...]] = Field(default=None, max_length=16, description="the shape of one sample, "
+                                               "[channels, *spatial], for a model that takes images; None: token ids "
+                                               "[1, seq]")
+    output_shape: tuple[Count, ...] = Field(default=(), max_length=16, description="the model's output per sample "
+                                            "(the first tensor it returns, without the batch dim): [seq, vocab], "
+                                            "[classes]")
+    norm_values: Count = Field(default=0, description="the fewest values per channel per sample any BatchNorm "
                              "normalises (its input's height x width: 1 for a ResNet's last stage at 32x32); 0: no "
                              "BatchNorm. A training microbatch must give each more than one")
     dtype: str  # the default dtype the model was built under ("bfloat16")
     versions: dict[str, str]
     files: dict[str, str] = Field(default_factory=dict, description="the factory's module file -> its sha256")
     model_type: str
-    params: int = Field(ge=0, description="every parameter, a tied one counted once")
+    params: Count = Field(description="every parameter, a tied one counted once")
     param_list: tuple[InspectedParam, ...]
     modules: tuple[InspectedModule, ...]
     block_list: Optional[str] = Field(description="FQN of the one ModuleList holding the blocks; None when the "
@@ -274,19 +297,19 @@ class InspectedModel(_Frozen):
                                         "blocks, in forward order: (`model.layers`,); a ResNet's nn.Sequential "
                                         "stages (`layer1`, ..., `layer4`)")
     block_list_from: Literal["base_model_pp_plan", "layers", "largest ModuleList", "nn.Sequential"]
-    blocks: tuple[InspectedBlock, ...]  # in forward order; each block's `name` is its FQN
+    blocks: tuple[InspectedBlock, ...] = Field(max_length=MAX_LAYERS)  # in forward order; each `name` its FQN
     before: Figures  # what runs before the first block (the embedding)
     after: Figures  # what runs after the last block (final norm, head; no loss)
-    before_params: int = Field(ge=0, description="parameters outside the blocks, before the block list in the tree")
-    after_params: int = Field(ge=0, description="parameters outside the blocks, after the block list (a tied head: 0)")
-    traced_blocks: int = Field(ge=1, description="blocks actually traced: one per distinct shape key")
+    before_params: Count = Field(description="parameters outside the blocks, before the block list in the tree")
+    after_params: Count = Field(description="parameters outside the blocks, after the block list (a tied head: 0)")
+    traced_blocks: int = Field(ge=1, le=TABLE_COUNT, description="blocks actually traced: one per distinct shape key")
     tp_plan: tuple[tuple[str, str], ...] = Field(default=(), description="the model's own tensor-parallel plan, "
                                                  "(FQN pattern, style): a Hugging Face model's `tp_plan`, else a "
                                                  "`tp_plan`/`_tp_plan` dict the module has")
     ep_plan: tuple[tuple[str, str], ...] = Field(default=(), description="the model's own expert-parallel plan, "
                                                  "(FQN pattern, style): transformers' `ep_plan` (`grouped_gemm` "
                                                  "parameters split by expert, `ep_dispatch_experts` modules)")
-    experts: int = Field(default=0, ge=0, description="experts per MoE layer (0: a dense model), the first dim of "
+    experts: Count = Field(default=0, description="experts per MoE layer (0: a dense model), the first dim of "
                          "the parameters the expert-parallel plan splits")
     traceable: bool = Field(default=False, description="a factory's module that torch's pipeline frontend "
                             "(torch.export) cut at its second block on the meta device: `plandsl run` can split it "

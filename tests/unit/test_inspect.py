@@ -240,6 +240,30 @@ def test_a_cache_naming_a_file_without_end_is_stale_not_read(tmp_path, named):
     assert not found[0].fresh and f"{special} changed" in found[0].problem
 
 
+@pytest.mark.parametrize("change", [
+    # each was E108 in `plandsl check` of a plan whose model the table describes
+    lambda t: {"param_list": [{**t["param_list"][0], "shape": [10**80]}] + t["param_list"][1:]},  # OverflowError
+    lambda t: {"blocks": [{**t["blocks"][0], "params": 10**80}] + t["blocks"][1:]},               # OverflowError
+    lambda t: {"blocks": [{**t["blocks"][0], "figures": {**t["blocks"][0]["figures"],
+                                                         "flops_per_position": 1e308}}] + t["blocks"][1:]},
+    lambda t: {"after": {**t["after"], "flops": float("inf")}},       # an inf layer the model then refused
+    lambda t: {"before": {**t["before"], "activation_bytes": float("nan")}},
+    lambda t: {"param_list": [{**t["param_list"][0], "shape": [-1, 32]}] + t["param_list"][1:]},  # a negative dim
+])
+def test_a_hand_edited_table_out_of_bounds_is_stale_and_check_says_E215(tmp_path, change):
+    plan = tmp_path / "m.plan"
+    (tmp_path / "tiny_model.py").write_text((Path(HERE) / "inspect_models" / "tiny.py").read_text())
+    plan.write_text('import "clusters/local"\nplan p {\n  model = factory("tiny_model:build")\n  cluster = localhost\n'
+                    '  mesh = [dp = 1]\n  train = { global_batch: 2, micro_batch: 1, seq: 16 }\n}\n')
+    written = api.inspect_plan(str(plan))
+    assert written and api.check(str(plan), {}).ok
+    cache = Path(written[0][1])
+    table = json.loads(cache.read_text())
+    cache.write_text(json.dumps({**table, **change(table)}))
+    analysis = api.check(str(plan), {})
+    assert [d.code for d in analysis.errors] == ["E215"], [d.message for d in analysis.diagnostics]
+
+
 def test_the_cli_prints_and_writes_the_table(tmp_path, monkeypatch):
     monkeypatch.chdir(HERE)
     out = tmp_path / "tiny.json"
