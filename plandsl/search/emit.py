@@ -483,12 +483,14 @@ def explain(result: SearchResult, refusals: Refusals) -> str:
         delta = getattr(o, worse[0]) - getattr(t, worse[0])
         lines.append(f"  #{i} is {o.step / t.step - 1:+.1%}: bounded by {worse[1]} "
                      f"({getattr(o, worse[0]):.4g} s against {getattr(t, worse[0]):.4g} s, {delta:+.3g} s)")
-    refused = run_refusals(best, refusals)
+    refused = refusals(best.plan)
     if refused:
         runs = next((i for i, other in enumerate(result.candidates[1:], 2) if not run_refusals(other, refusals)), None)
-        lines.append(f"  note: `plandsl run` refuses #1 ({refused[0]})"
+        # none runs: the refusal's own remedy (a precision, a schedule), not a pin that need not touch it
+        remedy = f": {refused[0].hint}" if refused[0].hint else ""
+        lines.append(f"  note: `plandsl run` refuses #1 ({refused[0].code}: {refused[0].message})"
                      + (f"; #{runs} runs ({result.candidates[runs - 1].estimate.time.step / t.step - 1:+.1%})"
-                        if runs else "; none of the top runs: pin what runs, e.g. --pin zero_stage=2"))
+                        if runs else f"; none of the top runs{remedy}"))
     stats = result.stats
     if stats.memory_pruned:
         lines.append(f"  memory ruled out {stats.memory_pruned:,} candidate(s)"

@@ -195,7 +195,10 @@ def test_a_refused_winner_is_named_with_the_best_plan_that_runs(monkeypatch):
                for c in chimera["candidates"])
     text = run(*SMALL, "--top", "2", "--pin", "pp=2", "--pin", "schedule=chimera").output
     assert "note: `plandsl run` refuses #1 (E701: schedule 'chimera' cannot run yet" in text
-    assert "none of the top runs: pin what runs" in text
+    assert "none of the top runs: " in text  # with the refusal's own remedy, not a pin that need not touch it
+    fp8 = run(*[a.replace("dgx_a100", "dgx_h100") for a in SMALL], "--top", "2", "--precision", "fp8").output
+    assert "refuses #1 (E706: precision fp8 cannot run yet" in fp8
+    assert "none of the top runs: run it with `precision: bf16`" in fp8 and "--pin zero_stage" not in fp8, fp8
 
 
 TINY = "model tiny = gpt(layers=4, hidden=256, heads=4, seq=128, vocab=1024)\n"
