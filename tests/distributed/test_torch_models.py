@@ -7,6 +7,7 @@ built from small configs with random weights.
 """
 from __future__ import annotations
 
+import math
 import textwrap
 from pathlib import Path
 
@@ -207,3 +208,16 @@ def test_two_stages_of_a_model_from_torch_on_one_rank_checkpoint_and_resume_exac
     assert second["first_step"] == 1 and first["losses"] + second["losses"] == whole["losses"]
     assert sorted(second["params"]) == sorted(whole["params"])
     assert all(torch.equal(second["params"][name], whole["params"][name]) for name in whole["params"])
+
+
+def test_a_dry_run_cuts_a_cnn_into_stages_on_the_meta_device(tmp_path, monkeypatch):
+    """`plandsl run --dry-run` builds the model on the meta device, and torch's pipeline frontend traced it on a CPU
+    example: a ResNet's first convolution refused it (every pipelined CNN plan: 'cannot trace the module's forward'),
+    while the run itself traced it on the CPU and trained. The example now lives where the model does."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "unit"))
+    from plandsl.runtime import dryrun
+    plan = _write(tmp_path, "dry", RESNET, "[pp = 2]", "stages = evenly over pp\nschedule = 1f1b", CNN_TRAIN)
+    plan = api.load_plan(plan)
+    result = dryrun.dry_run(plan)
+    assert [rank.stages for rank in result.ranks] == [(0,), (1,)]
+    assert sum(rank.parameters for rank in result.ranks) == sum(math.prod(shape) for _, shape in plan.model.parameters)

@@ -435,11 +435,13 @@ def tie_embeddings(plan: ir.Plan, assignment: Assignment, models: list[nn.Module
 
 
 def _example(plan: ir.Plan, model: TorchModel) -> torch.Tensor:
-    """One microbatch of the model's inputs (zeros): what torch's pipeline frontend traces a module on."""
+    """One microbatch of the model's inputs (zeros), on the model's device: what torch's pipeline frontend traces a
+    module on (on the meta device under `run --dry-run`, where a CNN's convolutions refuse a CPU input)."""
     rows = max(1, plan.train.micro_batch)
+    device = next(model.parameters()).device
     if model.image:
-        return torch.zeros(rows, *model.image)
-    return torch.zeros(rows, plan.seq, dtype=torch.long)
+        return torch.zeros(rows, *model.image, device=device)
+    return torch.zeros(rows, plan.seq, dtype=torch.long, device=device)
 
 
 def _need_split(batch: torch.Tensor | None, microbatches: int, what: str) -> None:
