@@ -114,8 +114,8 @@ def load_runnable(path: str | Path, name: str | None = None, params: dict[str, A
     """`load_plan`, and what `plandsl run` needs on top: PlanError with the E7xx refusals when the
     interpreter cannot run the plan (`plandsl.runtime.support`); `cuda`: whether the ranks run on CUDA
     (None: whether this machine has it, as `run` without `--device` decides)."""
-    from plandsl.runtime.support import refusals  # stage
-    return _load_unrefused(path, name, params, lambda plan: refusals(plan, cuda=cuda))
+    from plandsl.runtime.support import model_import_problems, refusals  # stage
+    return _load_unrefused(path, name, params, lambda plan: refusals(plan, cuda=cuda) + model_import_problems(plan))
 
 
 def _load_unrefused(path, name, params, refusals: Callable[[ir.Plan], list[Diagnostic]]) -> ir.Plan:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, diag
+from plandsl.ir.inspected import parse_source
 from plandsl.ir.placement import assign_stages
 from plandsl.ir.shares import written_shares
 from plandsl.runtime.cuts import stage_split_points
@@ -145,6 +146,37 @@ def refusals(plan: ir.Plan, cuda: bool | None = None) -> list[Diagnostic]:
     if not plan.train.precision.quantized:  # FP8 does not run at all (E706)
         found += _memory_as_run(plan)
     return found
+
+
+def model_import_problems(plan: ir.Plan) -> list[Diagnostic]:
+    """E901 where `plandsl run`'s ranks could not import the code of a model from torch: a factory's module that is
+    not found from the plan's folder and the current one (where `runtime.torch_model.build` searches, as each rank
+    will), or transformers for `hf(...)`. `check` reads the model's table only, so a plan whose package is not on the
+    path (PYTHONPATH) checked ok and then every rank failed to build the job. Finds the module without running it (its
+    parent packages are imported); not part of `refusals`, which `generate` asks without importing user code."""
+    model = plan.model
+    if not isinstance(model, ir.CustomModel) or not model.source:
+        return []
+    import importlib.util
+    import os
+    import sys
+    source = parse_source(model.source)
+    name = source.target.partition(":")[0] if source.kind == "factory" else "transformers"
+    folders = [os.path.dirname(model.span.file) if model.span and model.span.file else "", "."]
+    saved = list(sys.path)
+    sys.path[:0] = [folder or "." for folder in dict.fromkeys(folders) if (folder or ".") not in sys.path]
+    try:
+        found, why = importlib.util.find_spec(name) is not None, "no such module"
+    except (Exception, SystemExit) as error:  # a parent package that raises as it is imported
+        found, why = False, f"{type(error).__name__}: {error}"
+    finally:
+        sys.path[:] = saved
+    if found:
+        return []
+    return [diag("E901", f"the ranks of plandsl run cannot import '{name}' for model '{source.target}' ({why}): `check` "
+                         "read its layer table, but every rank builds the module from its code", model.span,
+                 hint="run plandsl where the package is importable (the plan's folder and the current one are "
+                      "searched first; PYTHONPATH for the others)")]
 
 
 STACKS = {"megatron": "Megatron-LM's", "deepspeed": "DeepSpeed's", "te": "Transformer Engine's"}

@@ -109,6 +109,27 @@ def test_a_hugging_face_model_whose_forward_computes_beside_its_stages_modules_i
     assert problem is None or "computes beside the modules a stage replaces" in found[0].message
 
 
+def test_run_refuses_a_factory_its_ranks_cannot_import_before_they_start(tmp_path, table, monkeypatch):
+    """`check` reads a factory's table only; `plandsl run` over a plan whose package is off the path launched every
+    rank, and each failed building the job with a traceback (`--dry-run`: E108, "a bug in plandsl"). Now E901 before
+    launch (`runtime.support.model_import_problems`, asked by `api.load_runnable`); the plan's folder is searched."""
+    import shutil
+    import sys
+
+    from plandsl.runtime.support import model_import_problems
+    plan = _plan(tmp_path, table, "[dp = 4]", "data = zero3 over dp")
+    for name in [name for name in sys.modules if name.split(".")[0] == "inspect_models"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p or ".") != HERE])
+    [refused] = model_import_problems(plan)
+    assert refused.code == "E901" and "cannot import 'inspect_models.tiny'" in refused.message
+    with pytest.raises(api.PlanError, match="E901"):
+        api.load_runnable(tmp_path / "p.plan")
+    assert refusals(plan) == []  # generate asks these, importing no user code
+    shutil.copytree(os.path.join(HERE, "inspect_models"), tmp_path / "inspect_models")  # beside the plan
+    assert model_import_problems(plan) == []
+
+
 def test_one_pipeline_stage_is_refused_as_any_split_the_model_cannot_make(tmp_path, table):
     """`run` builds torch's pipeline stages for any `stages`, a one-rank pipeline axis too: GPT-2 (no
     `base_model_pp_plan`) over `[pp = 1, dp = 2]` checked ok and every rank stopped building the job (ModelError:

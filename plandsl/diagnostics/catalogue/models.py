@@ -55,6 +55,8 @@ _entry("E901", """
     searched first) or the Hugging Face class an `hf(...)` source names, and that failed: the module is
     not on the path, it raises while it is imported (here it imports a package that is not installed),
     or it has no such function or class. Nothing of the model can be known without its code.
+    `plandsl run` (and `--dry-run`) looks for the module too before any rank starts, from the plan's
+    folder and the current one as each rank will: `check` reads the model's table only.
     """, _models(imports="import fused_kernels_not_installed"),
     "Install what the module imports, or remove the import.",
     ("import fused_kernels_not_installed", ""), file="my_models.py", command=_COMMAND)
