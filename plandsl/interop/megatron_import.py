@@ -329,13 +329,14 @@ def _model(read: _Read) -> str | None:
             return None
         args += [f"experts={read.get('--num-experts')}", f"top_k={read.get('--moe-router-topk', 2)}"]
         groups, group_top_k = read.get("--moe-router-num-groups"), read.get("--moe-router-group-topk")
-        if bool(groups) != bool(group_top_k):  # moe_utils.topk_routing_with_score_function groups with both only
-            given, other = ("--moe-router-num-groups", "--moe-router-group-topk") if groups else \
-                ("--moe-router-group-topk", "--moe-router-num-groups")
-            read.problem("E805", f"{given} without {other}: Megatron-Core limits routing to groups only with both",
-                         given, hint=f"add {other} N, or drop {given}")
+        if groups and not group_top_k:  # moe_utils' _compute_topk groups only with group_topk: routed ungrouped
+            read.ignored.append(read.given["--moe-router-num-groups"].text)
+        elif group_top_k and not groups:  # group_limited_topk would view the scores in no number of groups
+            read.problem("E805", "--moe-router-group-topk without --moe-router-num-groups: Megatron-Core's "
+                         "group-limited routing needs the number of groups", "--moe-router-group-topk",
+                         hint="add --moe-router-num-groups N, or drop --moe-router-group-topk")
             return None
-        if groups:  # E235 checks them as the model's (the groups dividing the experts, ...)
+        elif groups:  # E235 checks them as the model's (the groups dividing the experts, ...)
             args += [f"expert_groups={groups}", f"group_top_k={group_top_k}"]
         shared = read.get("--moe-shared-expert-intermediate-size")
         if shared:

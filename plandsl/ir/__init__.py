@@ -427,7 +427,7 @@ class TransformerModel(OptionalKeys):
     expert_groups: int = Field(default=0, ge=0, description="group-limited routing (DeepSeek-V2's device-limited, "
                                "DeepSeek-V3's node-limited; Megatron-Core's --moe-router-num-groups, Hugging Face's "
                                "n_group): the experts in this many equal groups of consecutive ones, each token's top_k "
-                               "chosen inside the group_top_k groups whose best top_k / group_top_k logits sum highest; "
+                               "chosen inside the group_top_k groups whose best top_k // group_top_k logits sum highest; "
                                "0: no groups")
     group_top_k: int = Field(default=0, ge=0, description="with expert_groups: the groups each token's experts come "
                              "from (Megatron-Core's --moe-router-group-topk, Hugging Face's topk_group)")

@@ -402,6 +402,13 @@ def _model(plan: ir.Plan, sizes: dict[str, int], module: syntax.Module, definiti
         experts = f", {count} experts (top {top_k})"
         if model.shared_experts:
             args.append(f"shared_experts={min(model.shared_experts, 2)}")
+        if model.expert_groups:  # group-limited routing stays so (E235): the most groups, at most the model's, that
+            # divide the experts and still hold top_k in group_top_k of them
+            groups = max(g for g in range(1, min(model.expert_groups, count) + 1)
+                         if count % g == 0 and count // g * min(model.group_top_k, g) >= top_k)
+            chosen = max(min(model.group_top_k, groups, top_k), -(-top_k // (count // groups)))
+            args += [f"expert_groups={groups}", f"group_top_k={chosen}"]
+            experts += f", top {top_k} inside {chosen} of {groups} groups"
         if model.mixed_blocks:  # dense blocks first or between stay so, at least one MoE block among them
             dense = min(model.dense_layers, max(1, layers - 1))
             every = min(model.moe_every, max(1, layers - dense))

@@ -436,10 +436,11 @@ class MoE(nn.Module):
         tokens = x.reshape(-1, x.shape[-1])
         scores = self.router(tokens)
         if self.top_k == 1:
-            weights, chosen = limit_groups(scores.softmax(dim=-1), 1, self.groups, self.group_top_k).topk(1, dim=-1)
+            weights, chosen = limit_groups(scores.softmax(dim=-1, dtype=torch.float32), 1, self.groups,
+                                           self.group_top_k).topk(1, dim=-1)
         else:
             logits, chosen = limit_groups(scores, self.top_k, self.groups, self.group_top_k).topk(self.top_k, dim=-1)
-            weights = logits.softmax(dim=-1)
+            weights = logits.softmax(dim=-1, dtype=torch.float32)  # in fp32, as megatron-core's router
         weights = weights.to(tokens.dtype)
         # The (token, slot) assignments sorted by expert; within an expert by token.
         order = chosen.flatten().argsort(stable=True)

@@ -19,7 +19,8 @@ from plandsl.diagnostics import apply_edits, render_all
 
 # Codes whose hint is computed from the plan and names one change: their catalogue example must carry
 # edits, and following them must check. (Add a code here when its hint becomes machine-applicable.)
-COMPUTED = {"E201", "E204", "E206", "E208", "E210", "E220", "E221", "E222", "E223", "E224", "E301", "E306", "E307", "E402",
+COMPUTED = {"E201", "E204", "E206", "E208", "E210", "E220", "E221", "E222", "E223", "E224", "E235", "E301", "E306", "E307",
+            "E402",
             "E404", "E406", "E501",
             "E502", "E601", "W202"}
 

@@ -567,7 +567,7 @@ _entry("E235", """
     Group-limited routing (`expert_groups=G, group_top_k=M`: DeepSeek-V2's device-limited and
     DeepSeek-V3's node-limited routing, Megatron-Core's `--moe-router-num-groups` and
     `--moe-router-group-topk`) splits the experts into G equal groups of consecutive ones, scores each
-    group by the sum of its best `top_k / M` logits, and chooses each token's `top_k` experts inside
+    group by the sum of its best `top_k // M` logits, and chooses each token's `top_k` experts inside
     its M best groups. So both numbers go together on a mixture of experts, G divides the experts, M
     is 1 to G and at most `top_k`, and M groups hold at least `top_k` experts.
     """, """
