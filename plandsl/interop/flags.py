@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 from plandsl.diagnostics.source import SourceFile, Span
 
-# One shell word: runs of unquoted characters, '...' and "..." strings, and backslash escapes.
-_WORD = re.compile(r"""(?:[^\s'"\\#]|'[^']*'|"(?:[^"\\]|\\.)*"|\\[^\n]|(?<=\S)\#)+""")
+# One shell word: runs of unquoted characters, '...' and "..." strings, and backslash escapes. Words end at bash's
+# own separators (IFS: space, tab, newline; \r as a CRLF file's), not at any Unicode space: `--lr\u00a00.1` is one
+# word to bash and an unknown argument to the tool, where `\s` had read it as `--lr 0.1`.
+_WORD = re.compile(r"""(?:[^ \t\r\n'"\\#]|'[^']*'|"(?:[^"\\]|\\.)*"|\\[^\n]|(?<=[^ \t\r\n])\#)+""")
 _SPACE = re.compile(r"(?:[ \t\r]|\\\n)+")
 _COMMENT = re.compile(r"#[^\n]*")
 _ARRAY_START = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=\($")

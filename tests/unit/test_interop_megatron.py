@@ -160,6 +160,17 @@ def test_a_launch_scripts_arrays_import_and_export_to_the_same_settings():
     assert again.text.split("\n", 2)[2] == imported.text.split("\n", 3)[3]  # the same plan, less the left-out comment
 
 
+@pytest.mark.parametrize("space", ["\u00a0", "\u2003", "\u3000", "\x0b"])
+def test_a_unicode_space_does_not_split_a_word_as_bash_does_not(space):
+    """`--lr\u00a00.0005` (a no-break space pasted from a web page) is one word to bash, which Megatron-LM's
+    argparse refuses; the import read it as `--lr 0.0005` and wrote a plan with that learning rate."""
+    text = SCRIPT.replace("--lr 6.0e-4", f"--lr{space}0.0005")
+    assert text != SCRIPT
+    imported = import_text("megatron", text, "train.sh", world_size=64, name="gpt_1_3b")
+    assert not imported.ok and [d.code for d in imported.diagnostics if d.is_error] == ["E804"]
+    assert f"--lr{space}0.0005" in imported.diagnostics[0].message
+
+
 # Published Megatron-LM runs (docs/validation.md's sources): Narayanan et al. 2021 (arXiv:2104.04473) Table 1
 # and Table 2 (PTD-P), Korthikanti et al. 2022 (arXiv:2205.05198) Table 3, BigScience's BLOOM, and Megatron-LM's
 # own examples/gpt3/train_gpt3_175b_distributed.sh at core_v0.16.1 (TP 8, PP 16, batch 1536, micro-batch 1,
