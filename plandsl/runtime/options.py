@@ -10,6 +10,7 @@ are parsed here for every command (`parse_params`).
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -105,14 +106,19 @@ def format_params(params: Mapping[str, Any]) -> list[str]:
     return [f"{key}={str(value).lower() if isinstance(value, bool) else value}" for key, value in params.items()]
 
 
+_INT = re.compile(r"[-+]?[0-9][0-9_]*")
+_FLOAT = re.compile(r"[-+]?(?:[0-9][0-9_]*\.[0-9][0-9_]*(?:[eE][+-]?[0-9]+)?|[0-9][0-9_]*[eE][+-]?[0-9]+)")
+"""A `--param` number as the language writes one (grammar/plan.lark's INT and FLOAT, signed): int() and float()
+alone also took `١` (an Arabic-Indic one) as 1, `nan`, `inf` and ` 8 `, which no plan reads as a number."""
+
+
 def _scalar(raw: str):
     if raw in ("true", "false"):
         return raw == "true"
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
+    if _INT.fullmatch(raw):
+        return int(raw)
+    if _FLOAT.fullmatch(raw):
+        return float(raw)
     return raw
 
 

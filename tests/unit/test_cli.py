@@ -138,6 +138,20 @@ def test_check_param_value_types(files):
     assert result.exit_code == 1
 
 
+@pytest.mark.parametrize("value", ["\u0661", "\u0968", "nan", "inf", "Infinity", "0x4"])
+def test_a_param_number_is_one_the_language_reads(files, value):
+    """int() took `nodes=\u0661` (an Arabic-Indic digit one) as 1 and the plan checked with one node; a plan
+    reads only ASCII digits as a number (grammar INT, FLOAT), and nan/inf are no numbers of its either."""
+    result = cli("check", "--param", f"nodes={value}", "ok.plan")
+    assert result.exit_code == 1 and "error[E" in result.stderr, result.stderr
+
+
+def test_a_param_number_the_language_reads_is_typed(files):
+    from plandsl.runtime.options import parse_params
+    assert parse_params(["a=8", "b=-2", "c=1_000", "d=2.5", "e=1e-4", "f=true", "g=x"]) == \
+        {"a": 8, "b": -2, "c": 1000, "d": 2.5, "e": 1e-4, "f": True, "g": "x"}
+
+
 def test_check_warnings_only_is_ok(files):
     (files / "warn.plan").write_text(VALID.replace("param nodes = 2", "param nodes = 2\nparam spare = 1"))
     result = cli("check", "warn.plan")
