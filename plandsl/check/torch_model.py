@@ -21,6 +21,13 @@ def check_torch_model(plan: ir.Plan, placement_ok: bool = True) -> Iterator[Diag
     model = plan.model
     if not isinstance(model, ir.CustomModel) or not model.source or not model.modules:
         return
+    if model.positions and plan.seq > model.positions:
+        yield diag("E224", f"train seq ({plan.seq}) is longer than the {model.positions} learned positions of "
+                   f"{_name(model)}: its position embedding has one row per position, and a longer sequence looks "
+                   "up rows that do not exist (every rank would fail at its first step)",
+                   plan.train.span_of("seq") or model.span,
+                   hint=f"`seq: {model.positions}` in train (or less), or more positions in the model's config "
+                        "(n_positions, max_position_embeddings)")
     assignment = assign_stages(plan)[0] if placement_ok and plan.stages is not None else None
     if assignment is not None and assignment.num_stages > 1:
         yield from _tied_across_stages(plan, model, assignment)

@@ -545,6 +545,9 @@ class CustomModel(Node):
     norm_values: int = Field(default=0, ge=0, description="with `source`: the fewest values per channel per sample "
                              "any of its BatchNorms normalises in training (1 for a ResNet's last stage at 32x32); "
                              "0: none. A microbatch must give each more than one")
+    positions: Optional[int] = Field(default=None, gt=0, description="with `source`: the positions its learned "
+                                     "position embedding holds (GPT-2's `n_positions`); None without one. A longer "
+                                     "train seq is E224")
     stages_by: Optional[Literal["base_model_pp_plan", "trace"]] = Field(
         default=None, description="with `source`: how `plandsl run` splits the module into pipeline stages: by the "
         "model's own convention (transformers' `base_model_pp_plan`), by tracing its forward with torch's pipeline "

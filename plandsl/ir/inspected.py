@@ -24,9 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from plandsl.diagnostics.limits import MAX_LAYERS, MAX_SEQ
 
-CACHE_VERSION = 5  # 2: the model's tensor-parallel plan (`tp_plan`); 3: whether torch's pipeline frontend cuts
+CACHE_VERSION = 6  # 2: the model's tensor-parallel plan (`tp_plan`); 3: whether torch's pipeline frontend cuts
 # it (`traceable`), its expert-parallel plan and experts; 4: the values per channel its BatchNorms see (`norm_values`);
-# 5: why a Hugging Face model's stages by its own convention would compute otherwise (`stage_problem`)
+# 5: why a Hugging Face model's stages by its own convention would compute otherwise (`stage_problem`); 6: the
+# positions a learned position embedding holds (`positions`)
 LIBRARIES = ("torch", "transformers", "plandsl")  # the versions a cache is keyed by
 
 Literal_ = Union[int, float, str, bool, None]
@@ -272,7 +273,7 @@ class InspectedBlock(_Frozen):
 
 class InspectedModel(_Frozen):
     """A torch module as the table the rest of plandsl speaks, and the key it was derived under."""
-    version: Literal[5] = CACHE_VERSION
+    version: Literal[6] = CACHE_VERSION
     source: str  # `ModelSource.text`
     seq: int = Field(gt=0, le=MAX_SEQ, description="the sequence length traced at; 1 for a model that takes images")
     image: Optional[tuple[Count, ...]] = Field(default=None, max_length=16, description="the shape of one sample, "
@@ -314,6 +315,10 @@ class InspectedModel(_Frozen):
     traceable: bool = Field(default=False, description="a factory's module that torch's pipeline frontend "
                             "(torch.export) cut at its second block on the meta device: `plandsl run` can split it "
                             "into pipeline stages at its blocks")
+    positions: Optional[Count] = Field(default=None, description="the positions a learned position embedding of "
+                                       "the model holds (GPT-2's `wpe`, OPT's `embed_positions`: the config's "
+                                       "`n_positions` or `max_position_embeddings`), None without one (rotary "
+                                       "positions have no table): a longer train seq looks up rows that do not exist")
     stage_problem: Optional[str] = Field(default=None, description="a Hugging Face model with a "
                                          "`base_model_pp_plan`: why its stages by that convention would compute "
                                          "otherwise than the whole model (a stage holding no layer changed the hidden "

@@ -14,6 +14,8 @@ from plandsl.runtime.support import refusals
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = 'factory("inspect_models.tiny:build", depth=4, tied=false)'
+LLAMA_SOURCE = ('hf("LlamaForCausalLM", hidden_size=64, intermediate_size=96, num_hidden_layers=2, '
+                'num_attention_heads=4, vocab_size=128, max_position_embeddings=16)')
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +130,20 @@ def test_run_refuses_a_factory_its_ranks_cannot_import_before_they_start(tmp_pat
     assert refusals(plan) == []  # generate asks these, importing no user code
     shutil.copytree(os.path.join(HERE, "inspect_models"), tmp_path / "inspect_models")  # beside the plan
     assert model_import_problems(plan) == []
+
+
+@pytest.mark.parametrize("seq, codes", [(16, ()), (32, ("E224",))])
+def test_a_model_from_torch_trains_on_at_most_its_learned_positions(tmp_path, seq, codes):
+    """GPT-2's `wpe` holds n_positions rows: at train seq 32 over 16 positions check accepted the plan and every rank
+    failed at its first step (IndexError in the embedding). `plandsl inspect` records the positions; check holds the
+    train seq to them (E224), as for a gpt model."""
+    source = 'hf("GPT2LMHeadModel", n_embd=64, n_layer=2, n_head=4, n_positions=16, vocab_size=128)'
+    table = api.inspect_model(source, seq=16)
+    assert table.positions == 16
+    plan = _plan(tmp_path, table, "[dp = 4]", "data = zero3 over dp", written=source, checked=codes,
+                 train=f"{{ global_batch: 8, micro_batch: 2, seq: {seq}, seed: 0 }}")
+    assert plan.model.positions == 16
+    assert api.inspect_model(LLAMA_SOURCE, seq=16).positions is None  # rotary positions: no table
 
 
 def test_one_pipeline_stage_is_refused_as_any_split_the_model_cannot_make(tmp_path, table):

@@ -400,7 +400,9 @@ _entry("E224", """
     A gpt model learns one position embedding per position, `seq` of them; training on
     longer sequences would look up positions that do not exist. (llama's rotary positions
     have no such table: a llama model trains on any sequence length.) Train on at most the
-    model's `seq` tokens, or give the model more positions.
+    model's `seq` tokens, or give the model more positions. A model from torch with a learned
+    position embedding (GPT-2's `wpe`, OPT's `embed_positions`) holds its config's `n_positions`
+    or `max_position_embeddings` (`plandsl inspect` records them) and is held to them the same way.
     """, """
     import "clusters/dgx_a100"
     plan p {

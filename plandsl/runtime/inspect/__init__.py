@@ -44,8 +44,29 @@ def inspect_model(source: ModelSource, seq: int = 2048, dtype: str = "bfloat16",
                           block_list=blocks.name, containers=blocks.containers, block_list_from=blocks.found_by,
                           blocks=table.rows, before=table.before, after=table.after, before_params=before_params,
                           after_params=after_params, traced_blocks=table.traced, tp_plan=tp_plan(model),
-                          traceable=traceable, stage_problem=stage_problem, ep_plan=tp_plan(model, ("ep_plan",)),
+                          traceable=traceable, stage_problem=stage_problem, positions=learned_positions(model),
+                          ep_plan=tp_plan(model, ("ep_plan",)),
                           experts=experts(params, tp_plan(model, ("ep_plan",))))
+
+
+def learned_positions(model) -> int | None:
+    """The positions a learned position embedding of a Hugging Face model holds: its config's `n_positions` or
+    `max_position_embeddings` where the model has an `nn.Embedding` besides its token embedding with that many rows
+    (OPT's two more: its offset), else None (rotary or relative positions, no table)."""
+    from torch import nn  # lazy: as the rest of inspect, torch is imported by the builder first
+    config = getattr(model, "config", None)
+    limit = next((value for key in ("n_positions", "max_position_embeddings")
+                  if isinstance(value := getattr(config, key, None), int) and value > 0), None)
+    if limit is None:
+        return None
+    try:
+        token = model.get_input_embeddings()
+    except Exception:  # noqa: BLE001 - a model without the accessor: no token embedding to tell apart
+        token = None
+    for module in model.modules():
+        if isinstance(module, nn.Embedding) and module is not token and limit <= module.num_embeddings <= limit + 2:
+            return limit
+    return None
 
 
 def experts(params, plan: tuple[tuple[str, str], ...]) -> int:
