@@ -80,14 +80,15 @@ class TorchModel(nn.Module):
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The model's own loss: a Hugging Face model's `loss_function` (its causal-LM cross entropy, told the
-        targets are already shifted), a factory module's `loss(outputs, targets)`, else mean cross entropy."""
+        targets are already shifted), a factory module's `loss(outputs, targets)`, else mean cross entropy of its
+        output (of the first tensor it returns, as `plandsl inspect` reads it: `(logits, aux)`, a dict of them)."""
         if self.hf:
             return self.inner.loss_function(logits=outputs, labels=None, vocab_size=self.vocab,
                                              shift_labels=targets.contiguous())
         own = getattr(self.inner, "loss", None)
         if callable(own):
             return own(outputs, targets)
-        return F.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten())
+        return F.cross_entropy(first_tensor(outputs).flatten(0, -2).float(), targets.flatten())
 
     def make_batch(self, batch: int, seq: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """The module's own `make_batch` when it has one, else synthetic token sequences over its vocabulary."""
@@ -233,6 +234,21 @@ def build(model: ir.CustomModel, seed: int, parameters_on_meta: bool = False) ->
                          source.image)
     wrapped.train()
     return wrapped
+
+
+def first_tensor(outputs):
+    """The first tensor of a module's output (itself, or the first of a tuple, list or dict, depth first): what
+    `plandsl inspect` records as its output and the default loss reads; TypeError when it holds none."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    items = outputs.values() if isinstance(outputs, dict) else outputs if isinstance(outputs, (tuple, list)) else ()
+    for item in items:
+        try:
+            return first_tensor(item)
+        except TypeError:
+            continue
+    raise TypeError(f"the model's output holds no tensor for the loss ({type(outputs).__name__}); give its module "
+                    "a `loss(outputs, targets)` method")
 
 
 def block_list_name(model: nn.Module) -> str:

@@ -122,6 +122,11 @@ CASES = [
     ("neox_1f1b", 2, 'hf("GPTNeoXForCausalLM", hidden_size=64, intermediate_size=96, num_hidden_layers=2, '
      'num_attention_heads=4, vocab_size=128, max_position_embeddings=16, tie_word_embeddings=false, hidden_dropout=0.0, '
      'attention_dropout=0.0)', "[pp = 2]", "stages = evenly over pp\nschedule = 1f1b", MICRO2),
+    # a forward returning (logits, aux): the default loss reads the first tensor (it failed on every rank: 'tuple'
+    # object has no attribute 'flatten'), on one stage and on a pipeline's last
+    ("factory_tuple_out_fsdp", 2, 'factory("inspect_models.odd:build", aux=true)', "[dp = 2]", "data = zero3 over dp"),
+    ("factory_tuple_out_gpipe", 2, 'factory("inspect_models.odd:build", aux=true)', "[pp = 2]",
+     "stages = evenly over pp\nschedule = gpipe", MICRO2),
     ("llama_gqa_3d", 8, LLAMA, "[dp = 2, pp = 2, tp = 2]",
      "data = zero3 over dp\ntensor = megatron over tp\nstages = evenly over pp\nschedule = 1f1b", MICRO2),
 ]
