@@ -233,6 +233,13 @@ def _torch_model_refusals(plan: ir.Plan, model: ir.CustomModel) -> list[Diagnost
     parts of a block."""
     found = []
     hf = model.source.startswith("hf(")
+    own = [name for name, _ in model.parameters if "." not in name]
+    if own:
+        found.append(diag("E704", f"'{model.source}' holds {', '.join(repr(name) for name in own[:3])} at its root: "
+                                  "plandsl runs a module's children behind its own wrapper, and the parallelisms "
+                                  "replace a parameter where its module holds it, which the root's own forward "
+                                  "would not see", model.span,
+                          hint="move the parameter into a submodule (a module holding it), as the blocks hold theirs"))
     if plan.tensor is not None and plan.tp > 1:
         styles = dict(model.tp_plan)
         sequence = _sequence_parallel_problem(plan, model, styles) if plan.tensor.sequence_parallel else None

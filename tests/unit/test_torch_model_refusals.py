@@ -146,6 +146,19 @@ def test_a_model_from_torch_trains_on_at_most_its_learned_positions(tmp_path, se
     assert api.inspect_model(LLAMA_SOURCE, seq=16).positions is None  # rotary positions: no table
 
 
+def test_a_parameter_held_by_the_model_s_root_is_refused(tmp_path):
+    """A factory's module holding a parameter itself (a learned scale at the root) checked ok, and every rank failed
+    building the job ("the model's root holds 'scale' itself"): plandsl runs the root's children behind its own
+    wrapper. Now E704 before launch, from the table's parameter names."""
+    source = 'factory("inspect_models.odd:build", root_scale=true)'
+    from plandsl.lower.inspected import DEFAULT_SEQ  # a factory's table is read at this seq
+    table = api.inspect_model("inspect_models.odd:build(root_scale=True)", seq=DEFAULT_SEQ, search_path=(HERE,))
+    plan = _plan(tmp_path, table, "[dp = 4]", "data = zero3 over dp", written=source,
+                 train="{ global_batch: 8, micro_batch: 1, seq: 16, seed: 0 }")
+    [refused] = refusals(plan)
+    assert refused.code == "E704" and "holds 'scale' at its root" in refused.message
+
+
 def test_one_pipeline_stage_is_refused_as_any_split_the_model_cannot_make(tmp_path, table):
     """`run` builds torch's pipeline stages for any `stages`, a one-rank pipeline axis too: GPT-2 (no
     `base_model_pp_plan`) over `[pp = 1, dp = 2]` checked ok and every rank stopped building the job (ModelError:

@@ -1,0 +1,39 @@
+"""Users' modules of shapes plandsl's runs meet less often (tests/unit/test_torch_model_refusals.py,
+tests/distributed/test_torch_models.py): a parameter held by the root itself, and a forward returning a tuple."""
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.lin = nn.Linear(width, width)
+
+    def forward(self, x):
+        return x + torch.relu(self.lin(x))
+
+
+class Decoder(nn.Module):
+    """Embedding, `layers`, head; `root_scale`: a learned scale the root holds itself; `aux`: return (logits, aux)
+    as models with an auxiliary output do."""
+
+    def __init__(self, vocab: int, width: int, depth: int, root_scale: bool, aux: bool):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, width)
+        if root_scale:
+            self.scale = nn.Parameter(torch.ones(width))
+        self.layers = nn.ModuleList(Block(width) for _ in range(depth))
+        self.out = nn.Linear(width, vocab)
+        self.aux = aux
+
+    def forward(self, tokens):
+        x = self.tok(tokens)
+        if hasattr(self, "scale"):
+            x = x * self.scale
+        for block in self.layers:
+            x = block(x)
+        return (self.out(x), x.mean()) if self.aux else self.out(x)
+
+
+def build(vocab: int = 64, width: int = 16, depth: int = 2, root_scale: bool = False, aux: bool = False) -> nn.Module:
+    return Decoder(vocab, width, depth, root_scale, aux)
