@@ -260,8 +260,9 @@ def _torch_model_refusals(plan: ir.Plan, model: ir.CustomModel) -> list[Diagnost
                                   hint=f"plandsl runs {', '.join(MODEL_STYLES)}; use the tensor axis for data "
                                        "parallelism instead"))
     if plan.stages is not None and not model.stages_by:  # at pp = 1 too: `run` builds torch's stages for any `stages`
-        why = ("torch's pipeline frontend (torch.export) could not trace its forward when `plandsl inspect` tried "
-               "(data-dependent control flow, or code export does not capture)"
+        why = ("torch's pipeline frontend (torch.export) could not cut its forward at its blocks when `plandsl "
+               "inspect` tried (data-dependent control flow, code export does not capture, or blocks called other "
+               "than once each in their list's order)"
                if not hf else "its class declares no `base_model_pp_plan` (which modules run before the blocks), or "
                "its forward computes beside the modules a stage replaces, so that a stage would compute otherwise "
                "than the whole model (Gemma's embedding scale, Gemma 2's logit cap: the table's `stage_problem`, "

@@ -159,6 +159,21 @@ def test_a_parameter_held_by_the_model_s_root_is_refused(tmp_path):
     assert refused.code == "E704" and "holds 'scale' at its root" in refused.message
 
 
+def test_a_module_calling_its_blocks_out_of_their_list_s_order_is_not_split(tmp_path):
+    """The stages' cuts are placed by the block list's order (`runtime.cuts`): a forward calling the blocks in reverse
+    traced at inspect's one cut, then ran its 1F1B stages holding other blocks than the plan's and failed on every rank
+    under ZBV (the trace made 3 stages of 4). Now inspect records it untraceable, and run refuses stages (E704)."""
+    from plandsl.lower.inspected import DEFAULT_SEQ
+    table = api.inspect_model("inspect_models.odd:build(depth=4, reverse=True)", seq=DEFAULT_SEQ, search_path=(HERE,))
+    assert not table.traceable
+    assert api.inspect_model("inspect_models.odd:build(depth=4)", seq=DEFAULT_SEQ, search_path=(HERE,)).traceable
+    plan = _plan(tmp_path, table, "[dp = 2, pp = 2]", "stages = evenly over pp\nschedule = 1f1b",
+                 written='factory("inspect_models.odd:build", depth=4, reverse=true)',
+                 train="{ global_batch: 8, micro_batch: 2, seq: 16, seed: 0 }")
+    [refused] = refusals(plan)
+    assert refused.code == "E704" and "blocks called other than once each in their list's order" in refused.message
+
+
 def test_one_pipeline_stage_is_refused_as_any_split_the_model_cannot_make(tmp_path, table):
     """`run` builds torch's pipeline stages for any `stages`, a one-rank pipeline axis too: GPT-2 (no
     `base_model_pp_plan`) over `[pp = 1, dp = 2]` checked ok and every rank stopped building the job (ModelError:

@@ -11,6 +11,8 @@ import contextlib
 import io
 import logging
 
+import torch
+
 from plandsl.ir.inspected import InspectedModel, ModelSource, file_digest, library_versions
 from plandsl.ir.torch_plan import matches
 from plandsl.runtime.inspect.factory import DTYPES, Failure, build
@@ -85,6 +87,10 @@ def stage_trace_problem(model, blocks: BlockList, inputs: Inputs) -> str | None:
     a factory's module into pipeline stages (`runtime.torch_model.TorchModel.stage_modules`)."""
     if len(blocks.blocks) < 2:
         return "it has fewer than two blocks"
+    order = _call_order(model, blocks, inputs)
+    if order != [name for name, _ in blocks.blocks]:  # the cuts are placed by the list's order (runtime.cuts)
+        return (f"its forward does not call its blocks once each in the order of its block list (it called "
+                f"{', '.join(order[:4])}{', ...' if len(order) > 4 else ''})")
     from torch.distributed.pipelining import SplitPoint, pipeline  # lazy: seconds to import, factories only
     example = inputs.example()
     torch_log = logging.getLogger("torch")
@@ -98,6 +104,22 @@ def stage_trace_problem(model, blocks: BlockList, inputs: Inputs) -> str | None:
     finally:
         torch_log.setLevel(level)
     return None
+
+
+def _call_order(model, blocks: BlockList, inputs: Inputs) -> list[str]:
+    """The blocks' FQNs in the order one forward on the meta device calls them."""
+    called: list[str] = []
+    handles = [block.register_forward_pre_hook(lambda module, args, name=name: called.append(name))
+               for name, block in blocks.blocks]
+    try:
+        with torch.no_grad():
+            inputs.call(model)
+    except (Exception, SystemExit):  # noqa: BLE001 - the table's own trace says why the forward fails (E903)
+        return [name for name, _ in blocks.blocks]
+    finally:
+        for handle in handles:
+            handle.remove()
+    return called
 
 
 def tp_plan(model, names: tuple[str, ...] = ("tp_plan", "_tp_plan")) -> tuple[tuple[str, str], ...]:
