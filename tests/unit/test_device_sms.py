@@ -71,7 +71,7 @@ def test_sms_past_the_cap_is_e505():
                                                   ("dgx_h100", "h100_80g", 132), ("dgx_h200", "h200_141g", 132),
                                                   ("dgx_b200", "b200", 148), ("gb200_nvl72", "gb200", 152),
                                                   ("dgx_b300", "b300", 148), ("gb300_nvl72", "gb300", 152),
-                                                  ("dgx1_v100", "v100_32g", 80)])
+                                                  ("dgx1_v100", "v100_32g", 80), ("dgx_a100_40g", "a100_40g", 108)])
 def test_stdlib_devices_state_their_sms(cluster, device, sms):
     text = (f'import "clusters/{cluster}"\nplan p {{ model = gpt(layers=2, hidden=64, heads=2, seq=64, vocab=128)\n'
             f' cluster = {cluster} x 1\n mesh = [dp = 1]\n train = {{ global_batch: 8, precision: fp32 }}\n}}\n')
