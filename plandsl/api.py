@@ -313,15 +313,19 @@ def inspect_plan(path: str | Path) -> list[tuple[InspectedModel, str]]:
     """Every `hf(...)`/`factory(...)` model a plan file writes, inspected at its seq and written where the plan
     reads it (`.plandsl/` beside it, created): (table, cache path) each. The file's folder and the current
     one are searched first for a factory's module. PlanError (syntax, E901-E904); ValueError for a call whose
-    arguments are not literals."""
+    arguments are not literals, or a table that cannot be written there (`.plandsl` a file, a full disk)."""
     from plandsl.lower.inspected import written_sources  # stage
     from plandsl.ir.inspected import write_cache  # stage
     from plandsl.runtime.inspect import inspect_model as derive  # stage: torch
     written = []
     for source, seq, cache in written_sources(parse_file(path)):
         table = derive(source, seq, "bfloat16", (os.path.dirname(str(path)) or ".", "."))
-        os.makedirs(os.path.dirname(cache) or ".", exist_ok=True)
-        write_cache(table, cache)
+        try:
+            os.makedirs(os.path.dirname(cache) or ".", exist_ok=True)
+            write_cache(table, cache)
+        except OSError as error:  # was E108 (FileExistsError where .plandsl is a file)
+            raise ValueError(f"cannot write the layer table of {source.text} to {cache}: "
+                             f"{error.strerror or error}") from None
         written.append((table, cache))
     return written
 

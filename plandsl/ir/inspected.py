@@ -8,6 +8,7 @@ settings and the installed library versions (read from package metadata: torch i
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -341,7 +342,23 @@ class InspectedModel(_Frozen):
 
 
 def write_cache(model: InspectedModel, path: str | Path) -> None:
-    Path(path).write_text(model.model_dump_json(indent=1) + "\n", encoding="utf-8")
+    """The table written to `path`: into a temporary file beside it, then renamed over it, so that whatever was
+    at `path` is replaced, not written through (a FIFO there was opened and waited on for ever, a link to
+    /dev/full written into) and a reader sees the old table or the new one. OSError when it cannot be."""
+    import tempfile  # lazy: only inspect writes a table
+    folder = os.path.dirname(os.fspath(path)) or "."
+    descriptor, temporary = tempfile.mkstemp(prefix=".inspect-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(model.model_dump_json(indent=1) + "\n")
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(temporary, 0o666 & ~mask)  # as open() would have made it, not mkstemp's 0600
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 @dataclass(frozen=True)

@@ -251,10 +251,7 @@ def test_a_cache_naming_a_file_without_end_is_stale_not_read(tmp_path, named):
     lambda t: {"param_list": [{**t["param_list"][0], "shape": [-1, 32]}] + t["param_list"][1:]},  # a negative dim
 ])
 def test_a_hand_edited_table_out_of_bounds_is_stale_and_check_says_E215(tmp_path, change):
-    plan = tmp_path / "m.plan"
-    (tmp_path / "tiny_model.py").write_text((Path(HERE) / "inspect_models" / "tiny.py").read_text())
-    plan.write_text('import "clusters/local"\nplan p {\n  model = factory("tiny_model:build")\n  cluster = localhost\n'
-                    '  mesh = [dp = 1]\n  train = { global_batch: 2, micro_batch: 1, seq: 16 }\n}\n')
+    plan = _factory_plan(tmp_path)
     written = api.inspect_plan(str(plan))
     assert written and api.check(str(plan), {}).ok
     cache = Path(written[0][1])
@@ -262,6 +259,45 @@ def test_a_hand_edited_table_out_of_bounds_is_stale_and_check_says_E215(tmp_path
     cache.write_text(json.dumps({**table, **change(table)}))
     analysis = api.check(str(plan), {})
     assert [d.code for d in analysis.errors] == ["E215"], [d.message for d in analysis.diagnostics]
+
+
+def _factory_plan(folder: Path) -> Path:
+    plan = folder / "m.plan"
+    (folder / "tiny_model.py").write_text((Path(HERE) / "inspect_models" / "tiny.py").read_text())
+    plan.write_text('import "clusters/local"\nplan p {\n  model = factory("tiny_model:build")\n  cluster = localhost\n'
+                    '  mesh = [dp = 1]\n  train = { global_batch: 2, micro_batch: 1, seq: 16 }\n}\n')
+    return plan
+
+
+def test_a_table_that_cannot_be_written_is_an_error_not_E108(tmp_path):
+    """`plandsl inspect m.plan` where `.plandsl` is a file: FileExistsError escaped as E108."""
+    plan = _factory_plan(tmp_path)
+    (tmp_path / ".plandsl").write_text("")
+    result = CliRunner().invoke(main, ["inspect", str(plan)])
+    assert result.exit_code == 1 and "cannot write the layer table of tiny_model:build()" in result.output \
+        and "E108" not in result.output, result.output
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/full"])
+def test_a_table_is_written_over_what_is_there_not_through_it(tmp_path, kind):
+    """A FIFO where the table goes was opened for writing and waited on for ever (inspect, and check
+    --allow-model-import); a link to /dev/full was written into (E108 No space left on device)."""
+    plan = _factory_plan(tmp_path)
+    folder = tmp_path / ".plandsl"
+    folder.mkdir()
+    cache = Path(api.inspect_plan(str(plan))[0][1])
+    cache.unlink()
+    if kind == "fifo":
+        os.mkfifo(cache)
+    else:
+        cache.symlink_to("/dev/full")
+    done: list = []
+    writer = threading.Thread(target=lambda: done.append(api.inspect_plan(str(plan))), daemon=True)
+    writer.start()
+    writer.join(60)
+    assert done, f"inspect did not end within 60 s with a {kind} where its table goes"
+    assert cache.is_file() and not cache.is_symlink() and api.check(str(plan), {}).ok
+    assert [p.name for p in folder.iterdir()] == [cache.name]  # no temporary file left
 
 
 def test_the_cli_prints_and_writes_the_table(tmp_path, monkeypatch):
