@@ -72,6 +72,8 @@ class TorchModel(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.hf:
             return self.inner(x)
+        if self.image:  # a Hugging Face vision model (ViT, ResNet): images as `pixel_values`, one stage (no pp plan)
+            return self.inner(pixel_values=x).logits
         out = self.inner(**{"input_ids" if self.first else "inputs_embeds": x}, use_cache=False).logits
         # a stage before the head returns the hidden states its pass-through head got, a view (transformers slices
         # them for `logits_to_keep`); torch's split backward (zbv, the zero-bubble schedules) detaches a stage's
@@ -82,7 +84,7 @@ class TorchModel(nn.Module):
         """The model's own loss: a Hugging Face model's `loss_function` (its causal-LM cross entropy, told the
         targets are already shifted), a factory module's `loss(outputs, targets)`, else mean cross entropy of its
         output (of the first tensor it returns, as `plandsl inspect` reads it: `(logits, aux)`, a dict of them)."""
-        if self.hf:
+        if self.hf and not self.image:  # a vision model's loss is its classes' cross entropy (below)
             return self.inner.loss_function(logits=outputs, labels=None, vocab_size=self.vocab,
                                              shift_labels=targets.contiguous())
         own = getattr(self.inner, "loss", None)
