@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -291,12 +292,11 @@ def nodes_reached(experts: int, top_k: int, nodes: int) -> float:
     return (nodes - 1) * (1.0 - missed)
 
 
-def _comb_ratio(n: int, k: int, big_n: int, big_k: int) -> float:
-    """C(n, k) / C(big_n, big_k), through logarithms (the counts can be far past a float)."""
+def _log_comb(n: int, k: int) -> float:
+    """log C(n, k) (the counts can be far past a float); -inf where it is 0."""
     if k < 0 or k > n:
-        return 0.0
-    log = lambda a, b: math.lgamma(a + 1) - math.lgamma(b + 1) - math.lgamma(a - b + 1)  # noqa: E731
-    return math.exp(log(n, k) - log(big_n, big_k))
+        return -math.inf
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -310,7 +310,9 @@ def nodes_reached_grouped(experts: int, top_k: int, nodes: int, groups: int, gro
     experts; never more than without the groups (`nodes_reached`), which it is where every group is chosen. A node
     holding a block of `experts / nodes` consecutive experts is missed where no chosen group puts an expert on it:
     with q_g the chance a chosen group g misses the node's part of it, the mean over the chosen sets of the product
-    of their q_g (an elementary symmetric sum over the few groups meeting the node). Node-limited routing as
+    of their q_g: the groups wholly on the node share one q, its two edge groups have their own, so the mean is a sum
+    over how many of each are chosen (multivariate hypergeometric), at most group_top_k + 1 terms a node whatever
+    the numbers. Node-limited routing as
     DeepSeek-V3 deploys it (groups = the expert group's nodes) reaches at most `group_top_k` nodes."""
     if nodes <= 1:
         return 0.0
@@ -327,22 +329,31 @@ def nodes_reached_grouped(experts: int, top_k: int, nodes: int, groups: int, gro
             missed *= max(0.0, (per_group - overlap - i) / (per_group - i))
         return missed
 
+    log_all = _log_comb(groups, group_top_k)
     reached = 0.0
     for node in range(nodes):
         start, end = node * per_node, (node + 1) * per_node
         first, last = int(start // per_group), min(groups - 1, int(-(-end // per_group)) - 1)
-        qs = []
-        for group in range(first, last + 1):
+        inside, q_inside, edges = 0, 1.0, []  # the groups wholly on the node (one chance to miss), the partial ones
+        for group in (first, last) if last > first else (first,):
             overlap = min(end, (group + 1) * per_group) - max(start, group * per_group)
-            if overlap > 0:
-                qs.append((1 - share) * miss(overlap, low) + (share * miss(overlap, low + 1) if share else 0.0))
-        # e_j over the node's groups (q), the others' q = 1: P(missed) = sum_j e_j C(G - m, M - j) / C(G, M)
-        sums = [1.0] + [0.0] * len(qs)
-        for q in qs:
-            for j in range(min(len(qs), group_top_k), 0, -1):  # e_j past group_top_k is never used
-                sums[j] += sums[j - 1] * q
-        missed = sum(e * _comb_ratio(groups - len(qs), group_top_k - j, groups, group_top_k)
-                     for j, e in enumerate(sums) if group_top_k - j >= 0)
+            q = (1 - share) * miss(overlap, low) + (share * miss(overlap, low + 1) if share else 0.0)
+            if overlap >= per_group:
+                inside, q_inside = inside + 1, q
+            elif overlap > 0:
+                edges.append(q)
+        if last - first > 1:  # the groups between the node's first and last lie wholly on it
+            inside += last - first - 1
+            q_inside = (1 - share) * miss(per_group, low) + (share * miss(per_group, low + 1) if share else 0.0)
+        # P(missed) = E[prod of the chosen groups' q]: the chosen set of group_top_k of the groups is uniform, so the
+        # numbers of edge groups (a, b) and inside groups (t) among them are multivariate hypergeometric
+        rest = groups - inside - len(edges)
+        missed = 0.0
+        for picked in itertools.product((0, 1), repeat=len(edges)):
+            weight = math.prod(q if take else 1.0 for q, take in zip(edges, picked))
+            left = group_top_k - sum(picked)
+            for t in range(max(0, left - rest), min(inside, left) + 1):
+                missed += weight * q_inside ** t * math.exp(_log_comb(inside, t) + _log_comb(rest, left - t) - log_all)
         reached += 1.0 - missed
     # the token's own node, any of them alike, is not crossed to; never above the ungrouped count (a chosen group
     # need not hold one of the token's experts where top_k // group_top_k < top_k / group_top_k)
