@@ -53,7 +53,7 @@ __all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "
            "prepare_run", "launch_errors", "dry_run", "dry_run_errors", "format_dry_run",
            "traced_memory", "format_traced_memory",
            "dry_run_commands", "launch", "command_line", "launch_schedulers", "job_options", "check_job_options",
-           "load_launchable", "launch_refusals", "cluster_job", "submit_job", "job_errors", "export", "import_config", "interop_targets", "args_text",
+           "load_launchable", "launch_refusals", "cluster_job", "submit_job", "job_errors", "export", "import_config", "import_name", "interop_targets", "args_text",
            "read_args_file", "profile_options", "profile_problems", "profile", "profile_errors", "write_profile",
            "profile_report", "parse_params", "include", "writable_file",
            "writable_dir", "regular_file_problem", "data_path_problem"]
@@ -452,6 +452,12 @@ def import_config(target: str, text: str, path: str, world_size: int | None = No
     --cluster that is no cluster or a --model the target needs or says itself."""
     from plandsl.interop import import_text  # stage
     return import_text(target, text, path, world_size, cluster, name, plan_path, model)
+
+
+def import_name(output: str) -> str:
+    """The plan's name `plandsl import -o OUTPUT` gives without --name: OUTPUT's stem as a name of the language."""
+    from plandsl.interop import plan_name  # stage
+    return plan_name(output)
 
 
 def args_text(args) -> str:

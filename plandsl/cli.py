@@ -925,8 +925,7 @@ def import_command(source, world_size, cluster, args_file, model, name, output, 
     if name is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):  # the language's NAME
         raise click.UsageError(f"--name {name!r}: a name the language reads (letters, digits and _, not starting "
                                "with a digit)")
-    stem = os.path.splitext(os.path.basename(output))[0]
-    name = name or ("".join(c if c.isalnum() or c == "_" else "_" for c in stem).lstrip("0123456789") or "imported")
+    name = name or api.import_name(output)
     try:
         imported = api.import_config(source, text, path, world_size, cluster, name, output, model)
     except ValueError as error:

@@ -10,6 +10,9 @@ own text, and the tests hold it against the target's installed code). One module
 """
 from __future__ import annotations
 
+import os
+import re
+
 from plandsl import ir
 from plandsl.interop import deepspeed, megatron, megatron_import, torch_csv, torchtitan, torchtitan_import
 from plandsl.interop.flags import args_text
@@ -23,7 +26,8 @@ IMPORTERS = {megatron.TARGET: megatron_import.import_flags, torchtitan.TARGET: t
              torch_csv.TARGET: torch_csv.import_csv, torch_csv.COMMS: torch_csv.import_csv}
 TARGETS = tuple(EXPORTERS)
 
-__all__ = ["EXPORTERS", "IMPORTERS", "TARGETS", "Exported", "Imported", "args_text", "export_plan", "import_text"]
+__all__ = ["EXPORTERS", "IMPORTERS", "TARGETS", "Exported", "Imported", "args_text", "export_plan", "import_text",
+           "plan_name"]
 
 
 def export_plan(plan: ir.Plan, target: str) -> Exported:
@@ -47,3 +51,11 @@ def import_text(target: str, text: str, path: str, world_size: int | None = None
                              if target == megatron.TARGET else "--model: torchtitan's --config says the model")
         return IMPORTERS[target](text, path, **options)
     return IMPORTERS[target](text, path, model=model, **options)
+
+
+def plan_name(output: str) -> str:
+    """The name an import gives its plan when --name does not: the output file's stem as a name of the language
+    (ASCII letters, digits and _, not starting with a digit; `imported` if nothing is left). str.isalnum() kept
+    `é` and `٣`, and the plan written (`plan café {`) did not parse (E104, or for a schedule CSV a usage error)."""
+    stem = os.path.splitext(os.path.basename(output))[0]
+    return re.sub(r"[^A-Za-z0-9_]", "_", stem).lstrip("0123456789") or "imported"

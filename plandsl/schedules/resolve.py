@@ -171,8 +171,9 @@ def to_format(schedule: Schedule, fmt: str) -> str:
 
 def _identifier(name: str) -> str:
     """A table's name in a plan: `table_` + the name made an identifier (`1f1b` -> `table_1f1b`,
-    `my-order` -> `table_my_order`), so it never shadows the built-in it came from."""
-    return "table_" + re.sub(r"\W", "_", name)
+    `my-order` -> `table_my_order`), so it never shadows the built-in it came from. ASCII only, as the language's
+    names: `\\W` kept `é`, and `schedule café.csv --format plan` wrote a table no plan parses."""
+    return "table_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
 __all__ = ["parse_costs", "load_schedule", "schedule_from_csv", "to_json", "to_text", "to_torch_csv", "to_plan",

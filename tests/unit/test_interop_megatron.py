@@ -171,6 +171,19 @@ def test_a_unicode_space_does_not_split_a_word_as_bash_does_not(space):
     assert f"--lr{space}0.0005" in imported.diagnostics[0].message
 
 
+@pytest.mark.parametrize("stem, name", [("café", "caf_"), ("x\u0663", "x_"), ("3d-run", "d_run"), ("\u00bd", "_")])
+def test_an_output_name_outside_ascii_gives_a_plan_name_the_language_reads(tmp_path, stem, name):
+    """`import -o café.plan` named the plan `café` (str.isalnum() is Unicode's), which the plan written could not
+    parse: E104 unexpected character 'é', nothing written."""
+    args = tmp_path / "train.sh"
+    args.write_text(SCRIPT)
+    out = tmp_path / f"{stem}.plan"
+    result = CliRunner().invoke(main, ["import", "--from", "megatron", "--world-size", "64", "--args-file", str(args),
+                                       "-o", str(out)])
+    assert result.exit_code == 0 and f"plan '{name}'" in result.output, result.output
+    assert api.check(str(out), {}).ok
+
+
 # Published Megatron-LM runs (docs/validation.md's sources): Narayanan et al. 2021 (arXiv:2104.04473) Table 1
 # and Table 2 (PTD-P), Korthikanti et al. 2022 (arXiv:2205.05198) Table 3, BigScience's BLOOM, and Megatron-LM's
 # own examples/gpt3/train_gpt3_175b_distributed.sh at core_v0.16.1 (TP 8, PP 16, batch 1536, micro-batch 1,

@@ -168,3 +168,17 @@ def test_a_table_of_several_stages_a_rank_reads_back_with_its_own_sizes(tmp_path
     csv.write_text(run("schedule", name, *sizes, "--format", "csv").output)
     imported = run("import", "--from", "torch-csv", "--args-file", str(csv), "-o", str(tmp_path / "imported.plan"))
     assert imported.exit_code == 0 and ", virtual = 2) {" in (tmp_path / "imported.plan").read_text()
+
+
+def test_a_csv_named_outside_ascii_gives_a_table_the_language_reads(tmp_path):
+    """`schedule ordér.csv --format plan` wrote `schedule table_ordér(...)` (`\\W` is Unicode's), which no plan
+    parses; `import --from torch-csv -o s_café.plan` was a usage error quoting the parser."""
+    csv = tmp_path / "ordér.csv"
+    csv.write_text(run("schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--format", "csv").output)
+    table = run("schedule", str(csv), "--format", "plan").output
+    assert table.startswith("schedule table_ord_r(")
+    (tmp_path / "t.plan").write_text(table)
+    assert run("check", str(tmp_path / "t.plan")).exit_code == 0
+    imported = CliRunner().invoke(main, ["import", "--from", "torch-csv", "--args-file", str(csv), "-o",
+                                         str(tmp_path / "s_café.plan")])
+    assert imported.exit_code == 0 and "schedule 'table_s_caf_'" in imported.output, imported.output
