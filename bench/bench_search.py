@@ -55,6 +55,7 @@ ZERO3_2021_NIC = 20.4
 HARDWARE = """
 import "clusters/dgx_a100"
 import "clusters/dgx_h100"
+import "clusters/hgx_h800"
 import "models/gpt3"
 import "models/llama2"
 import "models/llama3"
@@ -1405,6 +1406,10 @@ def timing_cases() -> list[Run]:
     # issue 20's speed target: a 340B model on 6,144 GPUs in under 10 s (Nemotron-4's bf16 states)
     cases.append(Run("Nemotron-4 340B", "", NEMOTRON_340B, "dgx_h100 x 768", 2304, 1.0,
                      dtypes={"grad_dtype": "bf16", "optimizer_dtype": "bf16"}))
+    # a mixture of experts at its published scale: DeepSeek-V3 (MLA, 256 experts in 8 groups, MTP) on DeepSeek-AI's
+    # 2,048 H800s at its batch, FP8 with blockwise scaling, DeepEP's dispatch: five block kinds to split over stages
+    cases.append(Run("DeepSeek-V3", "", "deepseek_v3", "hgx_h800 x 256", 15360, 1.0,
+                     dtypes={"precision": "fp8", "fp8_recipe": "blockwise"}, dispatcher="deepep"))
     return cases
 
 
