@@ -50,13 +50,16 @@ class TorchModel(nn.Module):
     def __init__(self, module: nn.Module, source: str, block_list: str | None, hf: bool,
                  block_names: tuple[str, ...] = (), image: tuple[int, ...] | None = None):
         super().__init__()
-        own = [name for name, _ in module.named_parameters(recurse=False)] + \
-              [name for name, _ in module.named_buffers(recurse=False)]
-        if own:
+        own = [name for name, _ in module.named_parameters(recurse=False)]
+        if own:  # `plandsl run` refuses such a model first (E704, runtime.support)
             raise ModelError(f"{source}: the model's root holds '{own[0]}' itself; plandsl runs modules whose "
                              "parameters live in submodules (wrap it in a module that holds it)")
         for name, child in module.named_children():
             self.add_module(name, child)
+        # the root's own buffers (a causal mask) are held here too, under their names, and handed back to the
+        # module whenever a move replaces them (`_apply`: .to(), to_empty): the module's forward reads its own
+        for name, buffer in module.named_buffers(recurse=False):
+            self.register_buffer(name, buffer, persistent=name not in module._non_persistent_buffers_set)
         self.__dict__["inner"] = module  # shared children; deep-copied along with them
         self.source, self.block_list, self.hf = source, block_list, hf
         self.block_names = block_names  # every block's FQN, for a model whose blocks sit in several containers
@@ -64,6 +67,12 @@ class TorchModel(nn.Module):
         self.image = image  # the shape of one sample of a model that takes images (a CNN), else None: token ids
         self.vocab = None if image else _vocab(module, hf)
         self.classes = _classes(module, image) if image else None
+
+    def _apply(self, fn, recurse: bool = True):
+        result = super()._apply(fn, recurse)
+        for name, buffer in self._buffers.items():
+            self.inner._buffers[name] = buffer
+        return result
 
     def train(self, mode: bool = True):
         self.inner.training = mode  # transformers reads the root's flag (its own checkpointing)

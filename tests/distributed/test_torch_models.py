@@ -132,6 +132,12 @@ CASES = [
     ("vit_fsdp", 2, 'hf("ViTForImageClassification", hidden_size=32, num_hidden_layers=2, num_attention_heads=4, '
      'intermediate_size=64, image_size=16, patch_size=4, num_labels=10, hidden_dropout_prob=0.0, '
      'attention_probs_dropout_prob=0.0, input=image(3, 16, 16))', "[dp = 2]", "data = zero3 over dp", CNN_TRAIN),
+    # a buffer held by the module's root: held by plandsl's wrapper too and handed back after moves (every rank
+    # refused the module: "the model's root holds 'gain' itself")
+    ("factory_root_buffer_fsdp", 2, 'factory("inspect_models.odd:build", root_buffer=true)', "[dp = 2]",
+     "data = zero3 over dp"),
+    ("factory_root_buffer_gpipe", 2, 'factory("inspect_models.odd:build", root_buffer=true)', "[pp = 2]",
+     "stages = evenly over pp\nschedule = gpipe", MICRO2),
     ("llama_gqa_3d", 8, LLAMA, "[dp = 2, pp = 2, tp = 2]",
      "data = zero3 over dp\ntensor = megatron over tp\nstages = evenly over pp\nschedule = 1f1b", MICRO2),
 ]

@@ -15,13 +15,17 @@ class Block(nn.Module):
 
 class Decoder(nn.Module):
     """Embedding, `layers`, head; `root_scale`: a learned scale the root holds itself; `aux`: return (logits, aux)
-    as models with an auxiliary output do; `reverse`: call the blocks in the reverse of their list's order."""
+    as models with an auxiliary output do; `reverse`: call the blocks in the reverse of their list's order;
+    `root_buffer`: a constant gain the root holds as a buffer."""
 
-    def __init__(self, vocab: int, width: int, depth: int, root_scale: bool, aux: bool, reverse: bool = False):
+    def __init__(self, vocab: int, width: int, depth: int, root_scale: bool, aux: bool, reverse: bool = False,
+                 root_buffer: bool = False):
         super().__init__()
         self.tok = nn.Embedding(vocab, width)
         if root_scale:
             self.scale = nn.Parameter(torch.ones(width))
+        if root_buffer:
+            self.register_buffer("gain", torch.full((width,), 0.5))
         self.layers = nn.ModuleList(Block(width) for _ in range(depth))
         self.out = nn.Linear(width, vocab)
         self.aux, self.reverse = aux, reverse
@@ -30,11 +34,13 @@ class Decoder(nn.Module):
         x = self.tok(tokens)
         if hasattr(self, "scale"):
             x = x * self.scale
+        if hasattr(self, "gain"):
+            x = x * self.gain
         for block in reversed(self.layers) if self.reverse else self.layers:
             x = block(x)
         return (self.out(x), x.mean()) if self.aux else self.out(x)
 
 
 def build(vocab: int = 64, width: int = 16, depth: int = 2, root_scale: bool = False, aux: bool = False,
-          reverse: bool = False) -> nn.Module:
-    return Decoder(vocab, width, depth, root_scale, aux, reverse)
+          reverse: bool = False, root_buffer: bool = False) -> nn.Module:
+    return Decoder(vocab, width, depth, root_scale, aux, reverse, root_buffer)
