@@ -8,6 +8,10 @@ plan as the interpreter runs it (torch's stacks where the plan names another's) 
 """
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
+
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, diag
 from plandsl.ir.inspected import parse_source
@@ -157,9 +161,6 @@ def model_import_problems(plan: ir.Plan) -> list[Diagnostic]:
     model = plan.model
     if not isinstance(model, ir.CustomModel) or not model.source:
         return []
-    import importlib.util
-    import os
-    import sys
     source = parse_source(model.source)
     name = source.target.partition(":")[0] if source.kind == "factory" else "transformers"
     folders = [os.path.dirname(model.span.file) if model.span and model.span.file else "", "."]
