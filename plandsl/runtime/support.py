@@ -260,6 +260,21 @@ def _torch_model_refusals(plan: ir.Plan, model: ir.CustomModel) -> list[Diagnost
                                           f"yet: {', '.join(odd)}", plan.tensor.span,
                                   hint=f"plandsl runs {', '.join(MODEL_STYLES)}; use the tensor axis for data "
                                        "parallelism instead"))
+            elif (alone := _unpaired(styles)) is not None:
+                found.append(diag("E704", f"the tensor-parallel plan of '{model.source}' gives '{alone[0]}' the style "
+                                          f"{alone[1]} with no {'rowwise' if alone[1] == 'colwise' else 'colwise'} "
+                                          "projection beside it: torch's styles leave a colwise output split over the "
+                                          "axis for a rowwise projection to sum, and the model's own code between "
+                                          "them (a residual add, the loss) would read a slice", plan.tensor.span,
+                                  hint="pair each colwise projection with a rowwise one in the same module (Megatron's "
+                                       "pairs), give a lone output layer `colwise_gather_output`, or use the tensor "
+                                       "axis for data parallelism instead"))
+        if plan.stages is not None and model.stages_by == "trace":
+            found.append(diag("E704", f"tensor parallelism of '{model.source}' on pipeline stages cannot run: torch's "
+                                      "pipeline frontend rebuilds each stage's modules from its trace (torch.export), "
+                                      "whose linear layers are no longer nn.Linear, which torch's tensor-parallel "
+                                      "styles take", plan.tensor.span,
+                              hint="use the pipeline axis or the tensor axis for data parallelism (or FSDP) instead"))
     if plan.stages is not None and not model.stages_by:  # at pp = 1 too: `run` builds torch's stages for any `stages`
         why = ("torch's pipeline frontend (torch.export) could not cut its forward at its blocks when `plandsl "
                "inspect` tried (data-dependent control flow, code export does not capture, or blocks called other "
@@ -290,6 +305,30 @@ def _torch_model_refusals(plan: ir.Plan, model: ir.CustomModel) -> list[Diagnost
     return found
 
 
+def _unpaired(styles: dict[str, str]) -> tuple[str, str] | None:
+    """A `colwise` or `rowwise` entry of a model's tensor-parallel plan with no partner of the other kind near it (one
+    sharing its pattern's parent, or its grandparent for a projection wrapped in a module of its own): a colwise
+    output left split over the axis, or a rowwise input nothing split. None when every one is paired."""
+    for pattern, style in styles.items():
+        if style not in ("colwise", "rowwise"):
+            continue
+        parts = pattern.split(".")
+        need = max(1, len(parts) - 2)
+        other = "rowwise" if style == "colwise" else "colwise"
+        if not any(kind == other and _common(parts, candidate.split(".")) >= need for candidate, kind in styles.items()):
+            return pattern, style
+    return None
+
+
+def _common(a: list[str], b: list[str]) -> int:
+    count = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        count += 1
+    return count
+
+
 def _sequence_parallel_problem(plan: ir.Plan, model: ir.CustomModel, styles: dict[str, str]) -> str | None:
     """Why a model from torch cannot split its residual stream along the sequence over the tensor axis
     (`runtime.parallel.tensor_parallel.apply_model_tp`), or None: the sequence must split evenly, and every
@@ -297,6 +336,12 @@ def _sequence_parallel_problem(plan: ir.Plan, model: ir.CustomModel, styles: dic
     shards sum), not a router's or an expert's matrix, which a sequence shard cannot train alone."""
     if plan.seq % plan.tp:
         return f"its sequence ({plan.seq}) does not split evenly over {plan.tp} ranks"
+    for pattern, style in styles.items():  # the module holding a colwise projection gathers its input
+        holder = pattern.rpartition(".")[0]
+        if style.startswith("colwise") and holder and any(matches(holder, block) for block in model.blocks):
+            return (f"the block '{holder}' holds its colwise projection '{pattern}' itself, so the input it gathers "
+                    "whole is the one its residual adds to the rowwise projection's sequence shard (plandsl gathers "
+                    "at the module holding the projections, a block's attention or MLP)")
     prefixes = tuple(f"{block}." for block in model.blocks)
     for name, shape in model.parameters:
         owner = name.rpartition(".")[0]

@@ -201,9 +201,32 @@ def test_tensor_parallelism_runs_the_models_own_plan_only(tmp_path, table):
     assert "'layers.0.up.weight' [64, 32] sits in a block outside the model's tensor-parallel plan" in refused.message
     assert "drop `with sequence_parallel`" in refused.hint
     mlp = own + (("layers.*.up", "colwise"), ("layers.*.down", "rowwise"))
-    assert refusals(sequence.model_copy(update={"model": sequence.model.model_copy(update={"tp_plan": mlp})})) == []
+    # tiny's block holds up and down itself, so the input gathered for `up` is the one its residual adds to `down`'s
+    # sequence shard (a factory of that shape ran: every rank failed, 'size of tensor a (16) must match ... (8)')
+    [refused] = refusals(sequence.model_copy(update={"model": sequence.model.model_copy(update={"tp_plan": mlp})}))
+    assert "the block 'layers.*' holds its colwise projection 'layers.*.up' itself" in refused.message
     odd_seq = sequence.model_copy(update={"train": sequence.train.model_copy(update={"seq": 7})})
     assert "does not split evenly over 2 ranks" in refusals(odd_seq)[0].message
+
+
+def test_a_factory_s_own_tensor_parallel_plan_runs_only_as_pairs_and_not_on_traced_stages(tmp_path, table):
+    """A factory's `tp_plan` (torch's styles by FQN pattern): a colwise projection with no rowwise one beside it (or the
+    head `colwise` rather than `colwise_gather_output`) leaves its output split over the axis, which the model's own
+    code then reads (every rank failed: 'mat1 and mat2 shapes cannot be multiplied', 'Target 49 is out of bounds');
+    and torch's pipeline frontend rebuilds traced stages' linear layers as other modules, which ColwiseParallel
+    refuses ('only support nn.Linear and nn.Embedding!' on every rank). Both E704 before launch."""
+    pair = (("layers.*.up", "colwise"), ("layers.*.down", "rowwise"))
+    plan = _plan(tmp_path, table, "[dp = 2, tp = 2]", "tensor = megatron over tp", checked=("E413",), tp_plan=pair)
+    assert refusals(plan) == []
+    assert refusals(plan.model_copy(update={"model": plan.model.model_copy(
+        update={"tp_plan": pair + (("out", "colwise_gather_output"),)})})) == []
+    for odd, alone in [(pair[:1], "layers.*.up"), (pair[1:], "layers.*.down"), (pair + (("out", "colwise"),), "out")]:
+        [refused] = refusals(plan.model_copy(update={"model": plan.model.model_copy(update={"tp_plan": odd})}))
+        assert refused.code == "E704" and f"gives '{alone}' the style" in refused.message
+    staged = _plan(tmp_path, table, "[pp = 2, tp = 2]", "tensor = megatron over tp\nstages = evenly over pp\n"
+                   "schedule = 1f1b", checked=("E413",), tp_plan=pair)
+    [refused] = refusals(staged)
+    assert refused.code == "E704" and "on pipeline stages cannot run" in refused.message
 
 
 def test_selective_recomputation_is_refused(tmp_path, table):
