@@ -29,7 +29,10 @@ VERSION = "DeepSpeed 0.19.8"
 # The keys the import reads (constants.py), and those of DeepSpeed's config that mean nothing in a plan: read,
 # listed, left out. Any other top-level key is a typo DeepSpeed itself would silently ignore: E804.
 READ = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
-        "bf16", "fp16", "gradient_clipping", "optimizer", "scheduler")
+        "bf16", "bfloat16", "fp16", "gradient_clipping", "optimizer", "scheduler")
+BF16_OLD = "bfloat16"
+"""DeepSpeed's older name of "bf16", read where "bf16" is not written (precision_config.get_bfloat16_config):
+it was an unknown key, E804, said to be one DeepSpeed ignores."""
 IGNORED = ("steps_per_print", "wall_clock_breakdown", "dump_state", "memory_breakdown", "tensorboard", "wandb",
            "csv_monitor", "comet", "flops_profiler", "comms_logger", "checkpoint", "zero_allow_untested_optimizer",
            "zero_force_ds_cpu_optimizer", "prescale_gradients", "gradient_predivide_factor", "communication_data_type",
@@ -251,7 +254,10 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
     if isinstance(stage, bool) or stage not in (0, 1, 2, 3) or not isinstance(stage, int):  # 1.0 indexed a tuple
         problem("E804", f"zero_optimization stage {_json_shown(stage)}: one of 0, 1, 2, 3", "zero_optimization")
         stage = 0
-    bf16, fp16 = (_enabled(config, key, problem) for key in ("bf16", "fp16"))
+    if BF16_OLD in config and "bf16" in config:  # DeepSpeed reads "bf16" and passes the older name by
+        ignored.append(BF16_OLD)
+    bf16 = _enabled(config, "bf16" if "bf16" in config or BF16_OLD not in config else BF16_OLD, problem)
+    fp16 = _enabled(config, "fp16", problem)
     if bf16 and fp16:
         problem("E805", "bf16 and fp16 both enabled", "fp16", hint="enable one")
     optimizer = config.get("optimizer", {"type": "Adam", "params": {}})

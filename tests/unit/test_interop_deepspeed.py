@@ -283,3 +283,17 @@ def test_an_imported_plan_that_does_not_parse_is_a_diagnostic_not_a_usage_error(
     imported = checked(text, "p.plan", {})
     assert not imported.ok and [d.code for d in imported.diagnostics] == ["E106"]
     assert imported.sources["p.plan"].text == text
+
+
+def test_the_older_bfloat16_key_is_read_as_deepspeed_reads_it():
+    """DeepSpeed reads "bfloat16" where "bf16" is not written (precision_config.get_bfloat16_config); the import
+    called it an unknown key DeepSpeed would ignore (E804) and refused the config."""
+    config = {key: value for key, value in BASE.items() if key != "bf16"}
+    imported = import_text("deepspeed", json.dumps({**config, "bfloat16": {"enabled": True}}), "ds.json",
+                           world_size=8, model=MODEL)
+    assert imported.ok, [d.message for d in imported.diagnostics]
+    assert api.select_plan(api.loads(imported.text, path="ds.plan")).train.precision is ir.Precision.bf16
+    both = import_text("deepspeed", json.dumps({**config, "bf16": {"enabled": False}, "bfloat16": {"enabled": True}}),
+                       "ds.json", world_size=8, model=MODEL)
+    assert both.ok and "bfloat16" in both.ignored  # "bf16" wins, as in DeepSpeed
+    assert api.select_plan(api.loads(both.text, path="ds.plan")).train.precision is ir.Precision.fp32
