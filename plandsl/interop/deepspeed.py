@@ -43,6 +43,9 @@ OPTIMIZERS = {"Adam": ir.Optimizer.adam, "AdamW": ir.Optimizer.adam, "SGD": ir.O
 # elements are on their way (zero/config.py: `prefetch_bucket_size`, alias stage3_prefetch_bucket_size, 5e7 since
 # 2021): a plan's `data = zero3 over dp with unit = module, prefetch_bucket = N`
 PREFETCH_BUCKET = "stage3_prefetch_bucket_size"
+PREFETCH_BUCKET_FIELD = "prefetch_bucket_size"
+"""The same setting by its field's own name, which DeepSpeed's config model takes too (populate_by_name): it was
+listed as left out, and the plan given DeepSpeed's default bucket instead of the one the config sets."""
 PREFETCH_BUCKET_DEFAULT = 50_000_000
 SGD_MOMENTUM = 0.9   # plandsl's sgd (runtime/optim.py)
 
@@ -275,14 +278,18 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
     # what the sections say besides what a plan keeps: listed as left out
     ignored += [f"optimizer.params.{k}" for k in params if k not in ("lr", "momentum")]
     ignored += [f"zero_optimization.{k}" for k in (zero if isinstance(zero, dict) else {})
-                if k not in ("stage", PREFETCH_BUCKET)]
-    bucket = zero.get(PREFETCH_BUCKET, PREFETCH_BUCKET_DEFAULT) if isinstance(zero, dict) else PREFETCH_BUCKET_DEFAULT
+                if k not in ("stage", PREFETCH_BUCKET, PREFETCH_BUCKET_FIELD)]
+    named = PREFETCH_BUCKET_FIELD if isinstance(zero, dict) and PREFETCH_BUCKET_FIELD in zero else PREFETCH_BUCKET
+    if isinstance(zero, dict) and PREFETCH_BUCKET in zero and PREFETCH_BUCKET_FIELD in zero:
+        problem("E804", f"\"{PREFETCH_BUCKET}\" and \"{PREFETCH_BUCKET_FIELD}\" both given: one setting by its two "
+                "names (DeepSpeed refuses the config)", PREFETCH_BUCKET_FIELD)
+    bucket = zero.get(named, PREFETCH_BUCKET_DEFAULT) if isinstance(zero, dict) else PREFETCH_BUCKET_DEFAULT
     if isinstance(bucket, float) and bucket.is_integer():  # `5e7`, as DeepSpeed's docs write it (its config takes it)
         bucket = int(bucket)
     if stage == 3 and (not isinstance(bucket, int) or isinstance(bucket, bool) or not 0 <= bucket <= MAX_PREFETCH_BUCKET):
         # 1e300 was written as its 301 digits, a plan no parser reads
-        problem("E804", f"\"{PREFETCH_BUCKET}\" must be a whole number of elements up to {MAX_PREFETCH_BUCKET:.0e}, "
-                f"found {_json_shown(bucket)}", PREFETCH_BUCKET)
+        problem("E804", f"\"{named}\" must be a whole number of elements up to {MAX_PREFETCH_BUCKET:.0e}, "
+                f"found {_json_shown(bucket)}", named)
     warmup = 0
     scheduler = config.get("scheduler")
     if scheduler is not None:

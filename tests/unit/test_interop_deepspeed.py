@@ -297,3 +297,16 @@ def test_the_older_bfloat16_key_is_read_as_deepspeed_reads_it():
                        "ds.json", world_size=8, model=MODEL)
     assert both.ok and "bfloat16" in both.ignored  # "bf16" wins, as in DeepSpeed
     assert api.select_plan(api.loads(both.text, path="ds.plan")).train.precision is ir.Precision.fp32
+
+
+def test_the_prefetch_bucket_is_read_by_either_of_its_names():
+    """DeepSpeed's ZeRO config takes `prefetch_bucket_size` as well as its alias `stage3_prefetch_bucket_size`; the
+    import listed the first as left out and gave the plan DeepSpeed's default bucket, 5e7, instead."""
+    config = {**BASE, "zero_optimization": {"stage": 3, "prefetch_bucket_size": 1000}}
+    imported = import_text("deepspeed", json.dumps(config), "ds.json", world_size=8, model=MODEL)
+    assert imported.ok, [d.message for d in imported.diagnostics]
+    assert "prefetch_bucket = 1000" in imported.text and not any("prefetch" in i for i in imported.ignored)
+    both = {**BASE, "zero_optimization": {"stage": 3, "prefetch_bucket_size": 1000,
+                                          "stage3_prefetch_bucket_size": 2000}}
+    refused = import_text("deepspeed", json.dumps(both), "ds.json", world_size=8, model=MODEL)
+    assert [d.code for d in refused.diagnostics] == ["E804"] and "both given" in refused.diagnostics[0].message
