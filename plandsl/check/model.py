@@ -1,4 +1,4 @@
-"""Model shapes (E220-E234): the sizes a gpt or llama model needs for its torch module to run.
+"""Model shapes (E220-E235): the sizes a gpt or llama model needs for its torch module to run.
 
 Stage: checker. Contract: `check_model(plan)` yields one diagnostic per shape rule the plan's model
 breaks, each at the argument that breaks it, with a hint whose numbers give a model that obeys every
@@ -24,13 +24,13 @@ reference model's own requirements (`plandsl.runtime.models`, whose constructors
 - W203 a `window` shorter than the training sequence: one as long attends to every key, as full attention does.
 - E233 `mtp` only on a llama (rotary positions): Megatron-Core builds multi-token prediction with rope or no position
   embedding only (megatron/training/arguments.py:1229-1233 at core_v0.16.1), and a gpt's learned positions are its own;
+- E234 `mtp` below the training sequence: depth k predicts the token k + 1 ahead, and a sample holds seq + 1 tokens
+  (the inputs and the last target), so the deepest needs a sequence of at least mtp + 1 tokens for any position to
+  have a target (Megatron rolls the labels and their mask one place a depth: seq - k positions are left);
 - E235 group-limited routing as Megatron-Core's `group_limited_topk` routes (`runtime.models.MoE`): `expert_groups`
   and `group_top_k` together, on a mixture of experts, the groups dividing the experts, `group_top_k` from 1 to
   `expert_groups` and to `top_k` (a group is scored by the sum of its best `top_k // group_top_k` logits), and the
-  chosen groups holding at least `top_k` experts;
-- E234 `mtp` below the training sequence: depth k predicts the token k + 1 ahead, and a sample holds seq + 1 tokens
-  (the inputs and the last target), so the deepest needs a sequence of at least mtp + 1 tokens for any position to
-  have a target (Megatron rolls the labels and their mask one place a depth: seq - k positions are left).
+  chosen groups holding at least `top_k` experts.
 """
 from __future__ import annotations
 

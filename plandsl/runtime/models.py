@@ -405,8 +405,9 @@ class MoE(nn.Module):
     """Top-k routing (softmax over the chosen logits, as Mixtral; top-1 the chosen expert's probability over all of
     them, as the Switch Transformer and Megatron-Core's --moe-router-pre-softmax: a softmax over one logit is 1, and
     its router would learn nothing), inside each token's best groups under group-limited routing (`limit_groups`:
-    Megatron-Core's `topk_routing_with_score_function` with `num_groups`, `group_topk`), dropless: every token reaches its k experts. `dispatch` runs the experts on the rows grouped by expert; expert parallelism replaces it
-    by an all-to-all exchange (plandsl.runtime.parallel.expert_parallel), routing and combining stay here."""
+    Megatron-Core's `topk_routing_with_score_function` with `num_groups`, `group_topk`), dropless: every token reaches
+    its k experts. `dispatch` runs the experts on the rows grouped by expert; expert parallelism replaces it by an
+    all-to-all exchange (plandsl.runtime.parallel.expert_parallel), routing and combining stay here."""
 
     def __init__(self, hidden: int, ffn: int, experts: int, top_k: int, gated: bool, shared: int = 0,
                  groups: int = 0, group_top_k: int = 0):
