@@ -38,7 +38,9 @@ class PlanProtocol(LanguageServerProtocol):
        answers it, by its id.
     2. A change to a document that was never opened (or already closed) raised KeyError in pygls's workspace,
        which a client showed as "Error in server: KeyError": now it is logged and left out, as LSP leaves
-       such a change undefined."""
+       such a change undefined.
+    3. A document opened, changed or closed before `initialize` raised RuntimeError (no workspace yet), shown
+       as "Error in server: RuntimeError": LSP says such a notification is dropped; now it is, logged."""
 
     def structure_message(self, data):
         try:
@@ -49,9 +51,28 @@ class PlanProtocol(LanguageServerProtocol):
                 self._send_response(data["id"], error=error.to_response_error())
             raise
 
+    def _uninitialized(self, method: str) -> bool:
+        if self._workspace is None:
+            logging.getLogger("pygls").warning("plandsl lsp: %s before initialize, dropped", method)
+        return self._workspace is None
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
+    def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams):
+        if self._uninitialized(types.TEXT_DOCUMENT_DID_OPEN):
+            return
+        yield from super().lsp_text_document__did_open(params)
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CLOSE)
+    def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams):
+        if self._uninitialized(types.TEXT_DOCUMENT_DID_CLOSE):
+            return
+        yield from super().lsp_text_document__did_close(params)
+
     @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
     def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams):
         uri = params.text_document.uri
+        if self._uninitialized(types.TEXT_DOCUMENT_DID_CHANGE):
+            return
         if self.workspace.text_documents.get(unquote(uri)) is None:
             logging.getLogger("pygls").warning("plandsl lsp: a change to %s, which is not open, left out", uri)
             return

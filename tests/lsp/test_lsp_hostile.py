@@ -147,3 +147,31 @@ def test_a_change_to_a_document_never_opened_is_left_out_not_a_server_error(tmp_
     assert shown == [], shown
     assert result.stderr.decode().count("which is not open, left out") == 2
     assert 2 in {m.get("id") for m in _messages(result.stdout)}
+
+
+def test_a_document_opened_before_initialize_is_dropped_not_a_server_error(tmp_path):
+    """didOpen before `initialize` raised RuntimeError (no workspace yet), which a client showed as "Error in
+    server: RuntimeError: The workspace is not available"; LSP drops such a notification."""
+    plan = tmp_path / "p.plan"
+    plan.write_text((ROOT / "stdlib_plans" / "local" / "tiny.plan").read_text())
+    opened = frame({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": {
+        "uri": plan.as_uri(), "languageId": "plandsl", "version": 1, "text": plan.read_text()}}})
+    stream = b"".join([
+        opened,
+        frame({"jsonrpc": "2.0", "method": "textDocument/didChange", "params": {
+            "textDocument": {"uri": plan.as_uri(), "version": 2}, "contentChanges": [{"text": "plan x {"}]}}),
+        frame({"jsonrpc": "2.0", "method": "textDocument/didClose", "params": {"textDocument": {"uri": plan.as_uri()}}}),
+        frame(request("initialize", {"capabilities": {}, "rootUri": None, "processId": None}, 1)),
+        frame({"jsonrpc": "2.0", "method": "initialized", "params": {}}),
+        opened,  # after initialize: read and checked
+        frame(request("shutdown", None, 2)),
+        frame({"jsonrpc": "2.0", "method": "exit"}),
+    ])
+    result = subprocess.run([sys.executable, "-m", "plandsl.cli", "lsp", "--stdio"], input=stream,
+                            capture_output=True, timeout=60, env={**os.environ, "PLANDSL_DEBUG": ""})
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    messages = _messages(result.stdout)
+    assert [m for m in messages if m.get("method") == "window/showMessage"] == []
+    assert result.stderr.decode().count("before initialize, dropped") == 3
+    assert [m["params"]["uri"] for m in messages if m.get("method") == "textDocument/publishDiagnostics"] == \
+        [plan.as_uri()]
