@@ -14,7 +14,7 @@ from typing import BinaryIO
 from urllib.parse import unquote
 
 from lsprotocol import types
-from pygls.exceptions import JsonRpcException
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidRequest
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
@@ -40,7 +40,17 @@ class PlanProtocol(LanguageServerProtocol):
        which a client showed as "Error in server: KeyError": now it is logged and left out, as LSP leaves
        such a change undefined.
     3. A document opened, changed or closed before `initialize` raised RuntimeError (no workspace yet), shown
-       as "Error in server: RuntimeError": LSP says such a notification is dropped; now it is, logged."""
+       as "Error in server: RuntimeError": LSP says such a notification is dropped; now it is, logged.
+    4. A request after `shutdown` was logged and never answered; LSP says it errors with InvalidRequest
+       (-32600), which it now does."""
+
+    def handle_message(self, message):
+        if self._shutdown and getattr(message, "method", types.EXIT) != types.EXIT \
+                and getattr(message, "id", None) is not None:
+            self._send_response(message.id, error=JsonRpcInvalidRequest(
+                "the server is shutting down: no request after shutdown").to_response_error())
+            return
+        super().handle_message(message)
 
     def structure_message(self, data):
         try:

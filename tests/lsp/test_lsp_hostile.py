@@ -175,3 +175,20 @@ def test_a_document_opened_before_initialize_is_dropped_not_a_server_error(tmp_p
     assert result.stderr.decode().count("before initialize, dropped") == 3
     assert [m["params"]["uri"] for m in messages if m.get("method") == "textDocument/publishDiagnostics"] == \
         [plan.as_uri()]
+
+
+def test_a_request_after_shutdown_is_answered_invalid_request():
+    """pygls logged it ("No more requests!") and answered nothing: a client waited for id 3 for ever."""
+    stream = b"".join([
+        frame(request("initialize", {"capabilities": {}, "rootUri": None, "processId": None}, 1)),
+        frame({"jsonrpc": "2.0", "method": "initialized", "params": {}}),
+        frame(request("shutdown", None, 2)),
+        frame(request("textDocument/hover", {"textDocument": {"uri": "file:///x.plan"},
+                                             "position": {"line": 0, "character": 0}}, 3)),
+        frame({"jsonrpc": "2.0", "method": "exit"}),
+    ])
+    result = subprocess.run([sys.executable, "-m", "plandsl.cli", "lsp", "--stdio"], input=stream,
+                            capture_output=True, timeout=60, env={**os.environ, "PLANDSL_DEBUG": ""})
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    errors = {m["id"]: m["error"]["code"] for m in _messages(result.stdout) if "error" in m}
+    assert errors == {3: -32600}, result.stdout
