@@ -6,7 +6,7 @@ from plandsl.cost.estimate import data_shares, format_shares
 from plandsl.cost.memory import estimate_plan_memory
 from plandsl.ir import shares as batch
 from plandsl.ir.placement import pipeline_rank_devices
-from plandsl.ir.layers import param_count
+from plandsl.ir.layers import layers_of, param_count
 from plandsl.ir.placement import assign_stages, compress_names
 from plandsl.lower.units import format_bytes, format_count
 
@@ -14,7 +14,7 @@ from plandsl.lower.units import format_bytes, format_count
 def describe_plan(plan: ir.Plan) -> str:
     model, cluster, mesh, train = plan.model, plan.cluster, plan.mesh, plan.train
     lines = [f"plan {plan.name}"]
-    lines.append(f"  model     {model.name} ({model.kind}, {format_count(param_count(model))} parameters)")
+    lines.append(f"  model     {model.name} ({_model_text(model)})")
     lines.append(f"  cluster   {cluster.name}: {cluster.num_nodes} node(s), {cluster.num_devices} devices"
                  + (" (heterogeneous)" if cluster.heterogeneous else ""))
     axes = " x ".join(f"{a.name}={a.size}" for a in mesh.axes)
@@ -75,6 +75,21 @@ def describe_plan(plan: ir.Plan) -> str:
                          f"{format_bytes(estimate.optimizer)} + {format_bytes(estimate.activations)}{other} = "
                          f"{format_bytes(estimate.total)} / {format_bytes(capacity)}")
     return "\n".join(lines)
+
+
+def _model_text(model: ir.Model) -> str:
+    """The family and the parameters; of a mixture of experts also those a token runs through (top_k of each layer's
+    routed experts) and how it routes."""
+    count = param_count(model)
+    text = f"{model.kind}, {format_count(count)} parameters"
+    if isinstance(model, ir.TransformerModel) and model.experts:
+        routed = sum(p.numel for layer in layers_of(model) for p in layer.params if ".experts." in p.name)
+        active = count - routed + routed * model.top_k // model.experts
+        routing = f"top {model.top_k} of {model.experts} experts" \
+            + (f" inside {model.group_top_k} of {model.expert_groups} groups" if model.expert_groups else "") \
+            + (f", {model.shared_experts} shared" if model.shared_experts else "")
+        text += f", {format_count(active)} active a token; {routing}"
+    return text
 
 
 def describe_document(document: ir.Document, plans: list[ir.Plan]) -> str:

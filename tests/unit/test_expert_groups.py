@@ -199,3 +199,23 @@ def test_megatron_flags_carry_the_groups_both_ways():
     alone = import_text("megatron", exported.text.replace("--moe-router-num-groups 8", ""), "run.args", world_size=8,
                         cluster="dgx_h100 x 1")
     assert not alone.ok and [d.code for d in alone.diagnostics if d.severity == "error"] == ["E805"]
+
+
+def test_show_says_what_a_token_runs_through_and_how_it_routes():
+    """`plandsl show`'s model line for a mixture of experts: Mixtral 8x7B's published 46.7B parameters and 12.9B
+    active a token (Jiang et al. 2024), and the groups a token's experts come from."""
+    mixtral = """import "clusters/dgx_h100"
+import "models/mixtral"
+plan p {
+  model   = mixtral_8x7b
+  cluster = dgx_h100 x 8
+  mesh    = [dp = 8, ep = 8]
+  train   = { global_batch: 256, micro_batch: 1, recompute: full }
+  data    = zero3 over dp
+  experts = alltoall over ep
+}
+"""
+    document = api.loads(mixtral)
+    assert "(llama, 46.7B parameters, 12.9B active a token; top 2 of 8 experts)" in api.describe(document)
+    grouped = api.loads(PLAN.format(experts=64, top_k=8, groups=", expert_groups=8, group_top_k=4"))
+    assert "top 8 of 64 experts inside 4 of 8 groups)" in api.describe(grouped)
