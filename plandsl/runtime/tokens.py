@@ -76,12 +76,35 @@ def data_path_problem(path: str | Path) -> str | None:
     return None if is_dataset(path) else regular_file_problem(path, "token file")
 
 
+def model_vocab(model: ir.Model) -> int | None:
+    """The vocabulary token ids must be below: a family's `vocab`; for a model from torch (`hf(...)`, `factory(...)`)
+    its config's `vocab_size` where the source gives it, else the rows of its first embedding in the module tree (what
+    `runtime.torch_model` sizes synthetic tokens by); None when unknown."""
+    vocab = getattr(model, "vocab", None)
+    if vocab is not None or not isinstance(model, ir.CustomModel) or not model.source:
+        return vocab
+    from plandsl.ir.inspected import parse_source
+    given = dict(parse_source(model.source).args).get("vocab_size")
+    if isinstance(given, int) and not isinstance(given, bool) and given > 0:
+        return given
+    shapes = dict(model.parameters)
+    for name, cls in model.modules:
+        shape = shapes.get(f"{name}.weight")
+        if cls.endswith("Embedding") and shape is not None and len(shape) == 2:
+            return shape[0]
+    return None
+
+
 def token_file_problem(token_file: str | Path, plan: ir.Plan) -> str | None:
     """Why `plan` cannot train on `token_file`, or None: it must be a regular file (checked first, so a
     device or FIFO is never mapped) of more than seq + 1 uint16 tokens, each below the model's vocab
     (read in bounded chunks: constant memory whatever its size); or a Hugging Face
     dataset saved to disk whose `input_ids` rows include one of at least seq + 1 tokens, and whose rows that
     long hold only ids below the vocab (read one Arrow chunk at a time)."""
+    model = plan.model
+    if isinstance(model, ir.CustomModel) and model.image:
+        return (f"model '{model.name}' takes images ({model.source}): a token file holds token ids, which it does not "
+                "read (it trains on random images of its shape, or its module's own make_batch)")
     if is_dataset(token_file):
         try:
             data = load_dataset(token_file)
@@ -90,7 +113,7 @@ def token_file_problem(token_file: str | Path, plan: ir.Plan) -> str | None:
         rows = dataset_rows(data, (plan.seq or 0) + 1)
         if not len(rows):
             return f"no row of its `{TOKENS_COLUMN}` holds seq + 1 ({(plan.seq or 0) + 1}) tokens: a sequence and its next token"
-        vocab = getattr(plan.model, "vocab", None)
+        vocab = model_vocab(plan.model)
         return _dataset_vocab_problem(data, rows, vocab) if vocab is not None else None
     try:
         size = check_regular(token_file, "token file").st_size
@@ -99,7 +122,7 @@ def token_file_problem(token_file: str | Path, plan: ir.Plan) -> str | None:
     count, seq = size // 2, plan.seq or 0
     if count <= seq + 1:
         return f"{count} tokens, fewer than seq + 2 ({seq + 2}): a sequence and its next token"
-    vocab = getattr(plan.model, "vocab", None)
+    vocab = model_vocab(plan.model)
     if vocab is None or vocab > 2**16:
         return None
     # read, not mapped: a map of the whole file takes its size in address space (a 10 GB file under `ulimit -v 4000000`

@@ -174,6 +174,26 @@ def test_a_module_calling_its_blocks_out_of_their_list_s_order_is_not_split(tmp_
     assert refused.code == "E704" and "blocks called other than once each in their list's order" in refused.message
 
 
+def test_a_token_file_is_checked_against_a_model_from_torch_before_launch(tmp_path, table):
+    """`--data` was held to `plan.model.vocab`, which a model from torch has not: ids past its embedding reached every
+    rank (IndexError in its first forward), and a model taking images trained on random images beside the file. Now
+    the vocabulary is the source's `vocab_size` or the first embedding's rows, and an image model refuses the file."""
+    import numpy as np
+
+    from plandsl.runtime.tokens import model_vocab, token_file_problem
+    plan = _plan(tmp_path, table, "[dp = 4]", "data = zero3 over dp")
+    assert model_vocab(plan.model) == 100  # tiny's `tok`, [100, 32]
+    path = tmp_path / "tokens.bin"
+    np.array([1, 2, 150] * 800, dtype=np.uint16).tofile(path)
+    assert "token id 150 is outside the model's vocab (100)" in token_file_problem(path, plan)
+    np.array([1, 2, 99] * 800, dtype=np.uint16).tofile(path)
+    assert token_file_problem(path, plan) is None
+    given = plan.model.model_copy(update={"source": 'hf("LlamaForCausalLM", vocab_size=128)'})
+    assert model_vocab(given) == 128
+    images = plan.model_copy(update={"model": plan.model.model_copy(update={"image": (3, 8, 8)})})
+    assert "takes images" in token_file_problem(path, images)
+
+
 def test_one_pipeline_stage_is_refused_as_any_split_the_model_cannot_make(tmp_path, table):
     """`run` builds torch's pipeline stages for any `stages`, a one-rank pipeline axis too: GPT-2 (no
     `base_model_pp_plan`) over `[pp = 1, dp = 2]` checked ok and every rank stopped building the job (ModelError:
