@@ -119,11 +119,19 @@ def _expert_groups(model: ir.TransformerModel) -> Iterator[Diagnostic]:
         return
     if not groups or not chosen:
         other = "group_top_k" if groups else "expert_groups"
-        value = min(groups, top_k) if groups else next((g for g in range(chosen, experts + 1) if experts % g == 0
-                                                        and chosen * (experts // g) >= top_k), experts)
+        # a choice that limits the routing (half the groups, DeepSeek-V3's 4 of 8; twice the chosen groups), where
+        # it can: choosing every group routes as no groups do
+        if groups:
+            value = max(-(-top_k // max(1, experts // groups)), min(groups // 2, top_k)) if experts % groups == 0 \
+                else min(groups, top_k)
+        else:
+            fits = [g for g in range(chosen, experts + 1) if experts % g == 0 and chosen * (experts // g) >= top_k]
+            value = next((g for g in fits if g >= 2 * chosen), fits[0] if fits else experts)
+        at = model.field_spans.get(written)
         yield diag("E235", f"{written}={getattr(model, written)} without {other}: group-limited routing needs both "
                    "the groups and how many of them each token's experts come from", span,
-                   hint=f"{other}={value}, or drop {written}")
+                   hint=f"{other}={value}, or drop {written}",
+                   edits=[Edit(at, f"{written}={getattr(model, written)}, {other}={value}")] if at is not None else [])
         return
     options = [g for g in range(1, experts + 1) if experts % g == 0]
     if experts % groups:

@@ -219,3 +219,15 @@ plan p {
     assert "(llama, 46.7B parameters, 12.9B active a token; top 2 of 8 experts)" in api.describe(document)
     grouped = api.loads(PLAN.format(experts=64, top_k=8, groups=", expert_groups=8, group_top_k=4"))
     assert "top 8 of 64 experts inside 4 of 8 groups)" in api.describe(grouped)
+
+
+@pytest.mark.parametrize("experts, top_k, written, completed", [
+    (256, 8, "expert_groups=8", "expert_groups=8, group_top_k=4"),   # half the groups: DeepSeek-V3's 4 of 8
+    (64, 8, "group_top_k=2", "group_top_k=2, expert_groups=4"),      # twice the chosen groups
+    (64, 8, "expert_groups=64", "expert_groups=64, group_top_k=8"),  # a group an expert: the top 8 groups
+])
+def test_e235_completes_a_half_written_grouping_into_one_that_limits_the_routing(experts, top_k, written, completed):
+    text = PLAN.format(experts=experts, top_k=top_k, groups=", " + written)
+    found = [d for d in api.checks(text, path="half.plan").errors if d.code == "E235"]
+    assert [e.text for e in found[0].edits] == [completed]
+    assert not api.checks(text.replace(written, completed), path="whole.plan").errors
