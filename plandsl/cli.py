@@ -488,9 +488,9 @@ def run_command(file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, dry_run,
               "qos=, ...; kubernetes queue= (required), namespace=, ...")
 @click.option("--image", help="The container image every node runs (kubernetes; it holds plandsl, torch and the "
               "plan's files).")
-@click.option("--cpu", type=click.IntRange(min=1), help="CPUs per node for the job (required to submit; a dry run "
+@click.option("--cpu", type=click.IntRange(min=1, max=limits.MAX_NODE_CPUS), help="CPUs per node for the job (required to submit; a dry run "
               "shows TorchX's default, 2).")
-@click.option("--mem-mb", type=click.IntRange(min=1), help="Host memory per node for the job, in MB (required to "
+@click.option("--mem-mb", type=click.IntRange(min=1, max=limits.MAX_NODE_MEMORY_MB), help="Host memory per node for the job, in MB (required to "
               "submit: every rank builds the model on the host before sharding it; a dry run shows TorchX's "
               "default, 1024).")
 @click.option("--name", help="The job's name (default: the plan's).")

@@ -43,6 +43,11 @@ MAX_SUSTAIN_SECONDS = 600.0
 """Seconds `plandsl profile --sustain` holds the device busy before its sustained timings: a GPU reaches its
 power-limited steady state in tens of seconds; ten minutes is far past it."""
 MAX_SMS = 65_536                # a device's `sms` (streaming multiprocessors; a B200 has 148)
+MAX_NODE_CPUS = 65_536
+"""CPUs a node asks for, `launch --cpu`: the largest machines hold a few thousand; past this (10^30) the number went
+into the sbatch script and each rank's OMP_NUM_THREADS as written."""
+MAX_NODE_MEMORY_MB = 2**30
+"""Host memory a node asks for, `launch --mem-mb` (1 PiB; the largest machines hold tens of TB)."""
 
 MODEL_ARGUMENTS = {"layers": MAX_LAYERS, "hidden": MAX_WIDTH, "ffn": MAX_WIDTH, "input": MAX_WIDTH,
                    "output": MAX_WIDTH, "heads": MAX_HEADS, "kv_heads": MAX_HEADS, "seq": MAX_SEQ,
@@ -56,7 +61,7 @@ MODEL_ARGUMENTS = {"layers": MAX_LAYERS, "hidden": MAX_WIDTH, "ffn": MAX_WIDTH, 
 TRAIN = {"global_batch": MAX_GLOBAL_BATCH, "micro_batch": MAX_MICRO_BATCH, "seq": MAX_SEQ, "recompute_layers": MAX_LAYERS, "offload_layers": MAX_LAYERS,
          "bf16_first_layers": MAX_LAYERS, "bf16_last_layers": MAX_LAYERS, "warmup_steps": MAX_STEPS, "seed": MAX_SEED}
 
-__all__ = ["MAX_ACTIONS", "MAX_EXPERTS", "MAX_GLOBAL_BATCH", "MAX_HEADS", "MAX_LAYERS", "MAX_LOCAL_RANKS", "MAX_LR",
+__all__ = ["MAX_ACTIONS", "MAX_NODE_CPUS", "MAX_NODE_MEMORY_MB", "MAX_EXPERTS", "MAX_GLOBAL_BATCH", "MAX_HEADS", "MAX_LAYERS", "MAX_LOCAL_RANKS", "MAX_LR",
            "MAX_MESH_DEVICES", "MAX_MTP",
            "MAX_MICROBATCHES", "MAX_MICRO_BATCH", "MAX_NODES", "MAX_PROFILE_NODES", "MAX_SEQ", "MAX_SEED", "MAX_SMS", "MAX_SUSTAIN_SECONDS", "MAX_STAGES", "MAX_STEPS", "MAX_TIMEOUT_SECONDS", "MAX_VIRTUAL",
            "MAX_VOCAB", "MAX_WIDTH", "MODEL_ARGUMENTS", "TRAIN"]

@@ -218,6 +218,13 @@ def test_a_slurm_option_with_a_space_is_refused_where_torchx_writes_it_unquoted(
     assert result.exit_code == 0 and "'--comment=two words'" in result.output, result.output  # an sbatch argument
 
 
+@pytest.mark.parametrize("option, value", [("--cpu", "1" + "0" * 30), ("--cpu", "65537"),
+                                           ("--mem-mb", "99999999999999999999")])
+def test_node_sizes_past_any_machine_are_a_usage_error(no_slurm, option, value):
+    """--cpu 10^30 went into the sbatch script as written (and OMP_NUM_THREADS=1.25e29 for each rank)."""
+    _refused(launch(TWO_NODES, "--scheduler", "slurm", "--dryrun", option, value), 2, f"Invalid value for '{option}'")
+
+
 def test_a_plan_that_does_not_check_is_its_diagnostics(tmp_path):
     bad = tmp_path / "bad.plan"
     bad.write_text((STDLIB / "examples" / "data_parallel.plan").read_text().replace("global_batch: 512",
