@@ -872,9 +872,10 @@ def export_command(file, target, plan_name, output, lossy, params):
     except api.PlanError as error:
         _fail(error)
     exported = api.export(plan, target)
-    if exported.lost and not lossy:
+    if exported.lost and (not lossy or exported.empty):
         click.echo(api.render_all(exported.lost, analysis.sources), err=True)
-        click.echo(f"{file}: {len(exported.lost)} part(s) of plan '{plan.name}' lost in {target}'s format; "
+        click.echo(f"{file}: plan '{plan.name}' has nothing {target}'s format holds; nothing written" if exported.empty
+                   else f"{file}: {len(exported.lost)} part(s) of plan '{plan.name}' lost in {target}'s format; "
                    "nothing written (--lossy writes it anyway)", err=True)
         sys.exit(1)
     for lost in exported.lost:

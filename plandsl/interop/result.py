@@ -33,6 +33,12 @@ class Exported:
     text: str
     lost: tuple[Diagnostic, ...] = ()
 
+    @property
+    def empty(self) -> bool:
+        """Nothing of the plan is in the target's format (torch's schedule CSV of a plan without a pipeline): no
+        file to write, even with --lossy (an empty CSV, which `plandsl import` refuses, E603)."""
+        return not self.text.strip()
+
 
 @dataclass(frozen=True)
 class Imported:

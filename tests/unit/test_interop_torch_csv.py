@@ -145,3 +145,18 @@ def test_a_comms_csvs_send_and_receive_cells_are_read_before_they_are_dropped(tm
     bad = "\n".join([",".join(line), *good.splitlines()[1:]]) + "\n"
     imported = import_csv(bad, "c.csv", "c")
     assert [d.code for d in imported.diagnostics] == ["E602"] and "c.csv: line 1" in imported.diagnostics[0].message
+
+
+@pytest.mark.parametrize("target", ["torch-csv", "torch-csv-comms"])
+def test_a_lossy_export_of_a_plan_without_a_pipeline_writes_nothing(tmp_path, target):
+    """`export --to torch-csv --lossy` of a plan without a pipeline wrote an empty CSV, which `import --from
+    torch-csv` refuses (E603 holds no action): everything is lost, so there is nothing to write."""
+    out = tmp_path / "order.csv"
+    from tests.conftest import STDLIB
+    plan = str(STDLIB / "examples" / "fsdp.plan")
+    result = CliRunner().invoke(main, ["export", plan, "--to", target, "--lossy", "-o", str(out)])
+    assert result.exit_code == 1 and not out.exists(), result.output
+    assert "error[E808]" in result.output and f"has nothing {target}'s format holds; nothing written" in result.output
+    piped = CliRunner().invoke(main, ["export", str(STDLIB / "examples" / "gpt3_175b_3d.plan"), "--to", target, "--lossy",
+                                      "-o", str(out)])
+    assert piped.exit_code == 0 and out.read_text().strip()  # a pipeline's schedule is still written
