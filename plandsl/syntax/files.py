@@ -202,7 +202,7 @@ def _creatable(path: str, directory: bool = False) -> str | None:
         return f"{parent} is not a directory"
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"its folder {parent} is not writable"
-    if len(os.path.basename(path).encode()) > 255:
+    if len(os.fsencode(os.path.basename(path))) > 255:  # its bytes: a name from non-UTF-8 argv holds surrogates
         return "its name is too long for the file system"
     return None
 

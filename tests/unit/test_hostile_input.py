@@ -462,3 +462,15 @@ def test_an_args_file_that_cannot_be_read_is_named_as_one_not_as_a_plan_file(tmp
         result = CliRunner().invoke(main, ["import", "--from", source, "--world-size", "8", *model, "--args-file", path,
                                            "-o", str(tmp_path / "x.plan")])
         assert result.exit_code == 1 and words in result.output and "plan file" not in result.output, result.output
+
+
+@pytest.mark.parametrize("command", [["render", "stdlib_plans/examples/fsdp.plan", "--view", "mesh", "--format", "dot"],
+                                     ["export", "stdlib_plans/examples/fsdp.plan", "--to", "megatron"]])
+def test_an_output_named_by_non_utf8_bytes_is_written(tmp_path, monkeypatch, command):
+    """`-o $'\\xff.svg'` (a name of bytes that are not UTF-8, which Python's argv holds as surrogates) raised
+    UnicodeEncodeError in the option's check, a traceback before any command ran; the name is its bytes."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    out = os.fsdecode(os.fsencode(str(tmp_path)) + b"/\xff.out")
+    result = CliRunner().invoke(main, [*command, "-o", out])
+    assert result.exit_code == 0 and result.exception is None, result.output
+    assert (tmp_path / os.fsdecode(b"\xff.out")).exists()
