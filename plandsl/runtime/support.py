@@ -294,6 +294,18 @@ def _torch_model_refusals(plan: ir.Plan, model: ir.CustomModel) -> list[Diagnost
                                       f"a block, and its {len(model.blocks)} blocks give too few such points for a "
                                       "stage of the embedding alone, one per block and one of the head alone",
                               plan.stages.span, hint="put the embedding or the head on a stage with a block"))
+    weights = [dtype for dtype in (plan.train.param_dtype or plan.train.master_dtype, plan.run_gather)
+               if dtype is not None and dtype.bytes == 2]
+    if model.norm_values and weights:
+        what = (f"`gather = {plan.run_gather.value}`" if plan.run_gather in weights
+                else f"{'param_dtype' if plan.train.param_dtype else 'master_dtype'} {weights[0].value}")
+        found.append(diag("E704", f"'{model.source}' holds BatchNorm layers, and {what} makes their weights "
+                                  f"{weights[0].value} beside running statistics kept in fp32 (buffers are not cast), "
+                                  "which torch's batch_norm refuses ('expected scalar type BFloat16 but found Float' "
+                                  "on every rank)", plan.train.span_of("param_dtype") or plan.train.span_of("master_dtype")
+                          or (plan.data.span if plan.data is not None else plan.train.span),
+                          hint="keep the weights fp32 (autocast computes in the precision all the same): drop "
+                               "param_dtype/master_dtype or `gather`"))
     if plan.train.recompute is ir.Recompute.selective:
         found.append(diag("E704", "`recompute: selective` recomputes plandsl's own attention core; the blocks of a "
                                   f"model from torch ('{model.source}') are recomputed whole",

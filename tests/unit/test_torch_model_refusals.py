@@ -194,6 +194,23 @@ def test_a_token_file_is_checked_against_a_model_from_torch_before_launch(tmp_pa
     assert "takes images" in token_file_problem(path, images)
 
 
+@pytest.mark.parametrize("data, train", [
+    ("data = zero3 over dp with gather = bf16", "{ global_batch: 8, micro_batch: 2, precision: bf16, seed: 0 }"),
+    ("data = zero2 over dp", "{ global_batch: 8, micro_batch: 2, precision: bf16, param_dtype: bf16, seed: 0 }"),
+    ("data = zero2 over dp", "{ global_batch: 8, micro_batch: 2, precision: bf16, master_dtype: bf16, seed: 0 }"),
+])
+def test_batchnorm_under_16_bit_weights_is_refused(tmp_path, table, data, train):
+    """A ResNet (BatchNorm: the table's `norm_values`) with bf16 weights, gathered so (`gather = bf16`) or kept so
+    (`param_dtype`, `master_dtype`): its running statistics stay fp32 and every rank failed in batch_norm ('expected
+    scalar type BFloat16 but found Float'). E704 before launch; under autocast alone (fp32 weights) it runs."""
+    plan = _plan(tmp_path, table, "[dp = 4]", data, train=train, norm_values=2)
+    [refused] = refusals(plan)
+    assert refused.code == "E704" and "holds BatchNorm layers" in refused.message
+    plain = _plan(tmp_path, table, "[dp = 4]", "data = zero3 over dp",
+                  train="{ global_batch: 8, micro_batch: 2, precision: bf16, seed: 0 }", norm_values=2)
+    assert refusals(plain) == []
+
+
 def test_one_pipeline_stage_is_refused_as_any_split_the_model_cannot_make(tmp_path, table):
     """`run` builds torch's pipeline stages for any `stages`, a one-rank pipeline axis too: GPT-2 (no
     `base_model_pp_plan`) over `[pp = 1, dp = 2]` checked ok and every rank stopped building the job (ModelError:
