@@ -23,6 +23,7 @@ from plandsl.interop.result import Exported, Imported
 from plandsl.schedules.lower import add_send_recv
 from plandsl.schedules.program import parse_action, to_csv
 from plandsl.schedules.resolve import schedule_from_csv, to_plan, to_torch_csv
+from plandsl.syntax.files import shown_path
 from plandsl.syntax.format import format_text
 
 TARGET = "torch-csv"
@@ -67,7 +68,7 @@ def import_csv(text: str, path: str, name: str = "imported", plan_path: str = "i
         return Imported(None, tuple(error.diagnostics))
     body = to_plan(schedule)
     written_name = body.split("(", 1)[0].removeprefix("schedule ").strip()  # `table_NAME`: never a built-in's
-    header = (f"# Imported from {path} (torch's schedule CSV): {schedule.ranks} pipeline ranks, "
+    header = (f"# Imported from {shown_path(path)} (torch's schedule CSV): {schedule.ranks} pipeline ranks, "
               f"{schedule.microbatches} microbatches, {schedule.stages} stages.\n"
               f"# A plan uses it with `import \"{plan_path.rsplit('/', 1)[-1].removesuffix('.plan')}\"` and "
               f"`schedule = {written_name}`.\n")

@@ -39,6 +39,7 @@ from typing import Any
 
 from plandsl import ir, syntax
 from plandsl.diagnostics import Note, PlanError, diag
+from plandsl.syntax.files import shown_path
 from plandsl.syntax.loader import Loader, include, read_source, stdlib_root
 from plandsl.diagnostics.source import Span
 from plandsl.check.analysis import analyze
@@ -143,7 +144,7 @@ def shrink(path: str | Path, name: str | None = None, params: dict[str, Any] | N
     changes = _changes(original, sizes, total, microbatches, micro_batch, train, model_change, precision)
     if gather is not None:
         changes.append(gather[1])
-    header = [f"# Plan {original.name} of {path},",
+    header = [f"# Plan {original.name} of {shown_path(str(path))},",  # a non-UTF-8 name was E108
               f"# scaled down by `plandsl shrink` to one machine and {total} process{'es' if total != 1 else ''}: "
               "the plan's layout at a tiny size.", "# What changed:",
               *(f"#   {line}" for line in changes),

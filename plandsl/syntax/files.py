@@ -152,6 +152,12 @@ def _too_large(path: str, what: str, limit: int, size: int | None) -> FileProble
 
 
 # ---- outputs -------------------------------------------------------------------------------------
+def shown_path(path: str) -> str:
+    """A path as text a plan's comment can hold: bytes of its name that are not UTF-8 (which Python keeps from argv
+    as lone surrogates, which no UTF-8 text holds) as `\\xNN` escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def writable_file(path: str) -> str | None:
     """Why `path` cannot be written as a file (without creating or changing it), or None."""
     if not path:

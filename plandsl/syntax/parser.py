@@ -236,8 +236,15 @@ def _precheck(source: SourceFile) -> Diagnostic | None:
 
 
 def parse_text(text: str, path: str = "<string>") -> Module:
-    """Text -> syntax tree (no imports, no meaning); PlanError (E1xx) when it does not parse."""
-    return parse_source(decode(path, text.encode("utf-8")))
+    """Text -> syntax tree (no imports, no meaning); PlanError (E1xx) when it does not parse, E105 for text no
+    UTF-8 file holds (a lone surrogate: a path of non-UTF-8 bytes written into a plan was UnicodeEncodeError, E108)."""
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise PlanError([diag("E105", f"the text holds {text[error.start]!r} at offset {error.start}, which no UTF-8 "
+                                      "file holds (a file name of bytes that are not UTF-8?)",
+                              SourceFile(path, text.encode("utf-8", "backslashreplace").decode()).span(0, 1))]) from None
+    return parse_source(decode(path, data))
 
 
 def decode(path: str, data: bytes) -> SourceFile:

@@ -474,3 +474,32 @@ def test_an_output_named_by_non_utf8_bytes_is_written(tmp_path, monkeypatch, com
     result = CliRunner().invoke(main, [*command, "-o", out])
     assert result.exit_code == 0 and result.exception is None, result.output
     assert (tmp_path / os.fsdecode(b"\xff.out")).exists()
+
+
+def test_a_plan_or_csv_at_a_non_utf8_path_is_written_about_in_escapes(tmp_path):
+    """`shrink` of a plan whose path holds bytes that are not UTF-8 wrote the path into its header comment and
+    failed to parse its own text (E108 UnicodeEncodeError); `import --from torch-csv` of such a CSV was a usage
+    error quoting the codec. Their headers now write the bytes as \\xNN."""
+    folder = os.fsdecode(os.fsencode(str(tmp_path)) + b"/s\xffd")
+    os.mkdir(folder)
+    plan = os.path.join(folder, os.fsdecode(b"t\xfe.plan"))
+    Path(plan).write_text('import "clusters/local"\nplan p {\n  model = gpt(layers=2, hidden=64, heads=4, seq=32, '
+                          'vocab=256)\n  cluster = localhost\n  mesh = [dp = 2] over devices[0:2]\n'
+                          '  train = { global_batch: 4, micro_batch: 1, precision: fp32 }\n}\n')
+    out = tmp_path / "small.plan"
+    result = CliRunner().invoke(main, ["shrink", plan, "-o", str(out)])
+    assert result.exit_code == 0 and "E108" not in result.output, result.output
+    assert "s\\xffd/t\\xfe.plan" in out.read_text()
+    csv = os.path.join(folder, os.fsdecode(b"c\xfe.csv"))
+    Path(csv).write_text("0F0,0B0\n")
+    result = CliRunner().invoke(main, ["import", "--from", "torch-csv", "--args-file", csv, "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "c\\xfe.csv" in out.read_text()
+
+
+def test_text_no_utf8_file_holds_is_e105_when_parsed():
+    from plandsl.diagnostics import PlanError
+    from plandsl.syntax.parser import parse_text
+    with pytest.raises(PlanError) as raised:
+        parse_text('# from /tmp/\udcff\nplan p { }\n')
+    assert [d.code for d in raised.value.diagnostics] == ["E105"]
