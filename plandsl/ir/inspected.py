@@ -24,6 +24,7 @@ from typing import Annotated, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from plandsl.diagnostics.limits import MAX_LAYERS, MAX_SEQ
+from plandsl.syntax.files import shown_path
 
 CACHE_VERSION = 6  # 2: the model's tensor-parallel plan (`tp_plan`); 3: whether torch's pipeline frontend cuts
 # it (`traceable`), its expert-parallel plan and experts; 4: the values per channel its BatchNorms see (`norm_values`);
@@ -157,6 +158,26 @@ def _literal(node: ast.expr, text: str) -> Literal_:
     return value
 
 
+def portable_path(path: str) -> str:
+    """A file's path as the table's JSON holds it: as it is, or, where its name holds bytes that are not UTF-8
+    (Python keeps them as lone surrogates, which JSON writes as U+FFFD: the table then named another file and
+    stayed stale for ever), `hex:` and its bytes in hex. `file_digest` reads either."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return "hex:" + os.fsencode(path).hex()
+    return path
+
+
+def _native_path(name: str) -> str:
+    if name.startswith("hex:"):  # a module's path is absolute: no other starts so
+        try:
+            return os.fsdecode(bytes.fromhex(name[4:]))
+        except ValueError:
+            return ""
+    return name
+
+
 MAX_DIGEST_BYTES = 64 << 20
 """The largest file `file_digest` reads: a factory's module is source text of kilobytes."""
 
@@ -167,7 +188,7 @@ def file_digest(path: str | Path) -> str:
     `files`, which anyone can write: one naming /dev/zero was read until memory ran out (E108), a FIFO waited
     for a writer for ever; opened without blocking, checked to be a regular file, read bounded."""
     try:
-        handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        handle = os.open(_native_path(os.fspath(path)), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except (OSError, ValueError):  # ValueError: a NUL byte in the path
         return ""
     try:
@@ -414,7 +435,7 @@ def read_cache(path: str | Path, source: ModelSource | None = None, seq: int | N
         return CacheState(model, f"stale: {', '.join(changed)}")
     edited = [name for name, digest in model.files.items() if file_digest(name) != digest]
     if edited:
-        return CacheState(model, f"stale: {edited[0]} changed since it was inspected")
+        return CacheState(model, f"stale: {shown_path(_native_path(edited[0]))} changed since it was inspected")
     return CacheState(model)
 
 

@@ -261,10 +261,10 @@ def test_a_hand_edited_table_out_of_bounds_is_stale_and_check_says_E215(tmp_path
     assert [d.code for d in analysis.errors] == ["E215"], [d.message for d in analysis.diagnostics]
 
 
-def _factory_plan(folder: Path) -> Path:
+def _factory_plan(folder: Path, module: str = "tiny_model") -> Path:
     plan = folder / "m.plan"
-    (folder / "tiny_model.py").write_text((Path(HERE) / "inspect_models" / "tiny.py").read_text())
-    plan.write_text('import "clusters/local"\nplan p {\n  model = factory("tiny_model:build")\n  cluster = localhost\n'
+    (folder / f"{module}.py").write_text((Path(HERE) / "inspect_models" / "tiny.py").read_text())
+    plan.write_text(f'import "clusters/local"\nplan p {{\n  model = factory("{module}:build")\n  cluster = localhost\n'
                     '  mesh = [dp = 1]\n  train = { global_batch: 2, micro_batch: 1, seq: 16 }\n}\n')
     return plan
 
@@ -298,6 +298,20 @@ def test_a_table_is_written_over_what_is_there_not_through_it(tmp_path, kind):
     assert done, f"inspect did not end within 60 s with a {kind} where its table goes"
     assert cache.is_file() and not cache.is_symlink() and api.check(str(plan), {}).ok
     assert [p.name for p in folder.iterdir()] == [cache.name]  # no temporary file left
+
+
+def test_a_factory_in_a_folder_of_non_utf8_bytes_is_fresh_after_inspect(tmp_path):
+    """The table's `files` named the module by a path holding argv's surrogates, which its JSON wrote as U+FFFD:
+    read back it named another file, so `check` called the table stale for ever, whatever `inspect` wrote."""
+    folder = Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/s\xffd"))
+    folder.mkdir()
+    plan = _factory_plan(folder, "tiny_in_odd_folder")  # a module name of its own: imported once a process
+    cache = api.inspect_plan(str(plan))[0][1]
+    assert api.check(str(plan), {}).ok
+    module = folder / "tiny_in_odd_folder.py"
+    module.write_text(module.read_text() + "\n# edited\n")
+    state = api.read_inspected(cache, "tiny_in_odd_folder:build()")
+    assert not state.fresh and "s\\xffd/tiny_in_odd_folder.py changed" in state.problem, state.problem
 
 
 def test_the_cli_prints_and_writes_the_table(tmp_path, monkeypatch):

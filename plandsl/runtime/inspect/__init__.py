@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from plandsl.ir.inspected import InspectedModel, ModelSource, file_digest, library_versions
+from plandsl.ir.inspected import InspectedModel, ModelSource, file_digest, library_versions, portable_path
 from plandsl.ir.torch_plan import matches
 from plandsl.runtime.inspect.factory import DTYPES, Failure, build
 from plandsl.runtime.inspect.stages import stage_convention_problem
@@ -41,7 +41,7 @@ def inspect_model(source: ModelSource, seq: int = 2048, dtype: str = "bfloat16",
     return InspectedModel(source=source.text, seq=seq, image=source.image, output_shape=table.output_shape,
                           norm_values=table.norm_values,
                           dtype=dtype, versions=library_versions(),
-                          files={path: file_digest(path) for path in files},
+                          files={portable_path(path): file_digest(path) for path in files},
                           model_type=type(model).__name__, params=total, param_list=params, modules=modules,
                           block_list=blocks.name, containers=blocks.containers, block_list_from=blocks.found_by,
                           blocks=table.rows, before=table.before, after=table.after, before_params=before_params,
