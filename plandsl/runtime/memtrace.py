@@ -52,6 +52,7 @@ from plandsl.runtime import train
 from plandsl.runtime.dryrun import _ddp_on_meta, _forget_rank, _predicted
 from plandsl.runtime.faults import mesh_coordinate
 from plandsl.runtime.models import build_model
+from plandsl.runtime.torch_model import ModelError
 from plandsl.runtime.precision import DTYPES
 from plandsl.runtime.parallel.mesh import build_mesh
 
@@ -388,7 +389,10 @@ def trace_rank(plan: ir.Plan, rank: int = 0, steps: int = 2, progress=None) -> M
         plan = plan.model_copy(update={"train": plan.train.model_copy(update={"precision": ir.Precision.bf16})})
     def make_model():
         with fake:
-            return build_model(plan.model, plan.train.seed)
+            try:
+                return build_model(plan.model, plan.train.seed)
+            except ModelError as error:  # a model from torch whose construction reads values (ViT's initialisation)
+                raise TraceError(f"cannot be traced: the model cannot be built on fake tensors ({error})") from None
 
     hook = sys.excepthook  # init_process_group wraps it ("[rankN]: " on each line), once per call
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.mesh.size)

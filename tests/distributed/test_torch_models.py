@@ -37,6 +37,9 @@ MISTRAL = ('hf("MistralForCausalLM", hidden_size=64, intermediate_size=96, num_h
 QWEN3 = ('hf("Qwen3ForCausalLM", hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, '
          'num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=16, tie_word_embeddings=false)')
 FACTORY = 'factory("inspect_models.tiny:build", depth=3)'
+VIT = ('hf("ViTForImageClassification", hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, '
+       'image_size=16, patch_size=4, num_labels=10, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, '
+       'input=image(3, 16, 16))')
 RESNET = 'factory("inspect_models.resnet:resnet18", num_classes=10, width=8, input=image(3, 64, 64))'
 TRAIN = "{ global_batch: 8, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0 }"
 RECOMPUTE = TRAIN.replace("seed: 0", "seed: 0, recompute: full")
@@ -129,9 +132,7 @@ CASES = [
      "stages = evenly over pp\nschedule = gpipe", MICRO2),
     # a Hugging Face vision model: called with `pixel_values` (it was given input_ids=images: every rank failed) and
     # trained on its classes' cross entropy
-    ("vit_fsdp", 2, 'hf("ViTForImageClassification", hidden_size=32, num_hidden_layers=2, num_attention_heads=4, '
-     'intermediate_size=64, image_size=16, patch_size=4, num_labels=10, hidden_dropout_prob=0.0, '
-     'attention_probs_dropout_prob=0.0, input=image(3, 16, 16))', "[dp = 2]", "data = zero3 over dp", CNN_TRAIN),
+    ("vit_fsdp", 2, VIT, "[dp = 2]", "data = zero3 over dp", CNN_TRAIN),
     # a buffer held by the module's root: held by plandsl's wrapper too and handed back after moves (every rank
     # refused the module: "the model's root holds 'gain' itself")
     ("factory_root_buffer_fsdp", 2, 'factory("inspect_models.odd:build", root_buffer=true)', "[dp = 2]",
@@ -237,3 +238,12 @@ def test_a_dry_run_cuts_a_cnn_into_stages_on_the_meta_device(tmp_path, monkeypat
     result = dryrun.dry_run(plan)
     assert [rank.stages for rank in result.ranks] == [(0,), (1,)]
     assert sum(rank.parameters for rank in result.ranks) == sum(math.prod(shape) for _, shape in plan.model.parameters)
+
+
+def test_a_memory_trace_of_a_model_that_cannot_be_built_on_fake_tensors_says_so(tmp_path):
+    """`plandsl run --dry-run --memory` builds the model on fake tensors; ViT's initialisation reads a value there
+    (DataDependentOutputException), which came out as E108, 'a bug in plandsl'. Now the trace's own refusal."""
+    from plandsl.runtime import memtrace
+    plan = _write(tmp_path, "vit", VIT, "[dp = 2]", "data = zero3 over dp", CNN_TRAIN)
+    with pytest.raises(memtrace.TraceError, match="cannot be built on fake tensors"):
+        memtrace.trace_rank(api.load_plan(plan))
