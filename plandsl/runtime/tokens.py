@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from plandsl import ir
+from plandsl.ir.inspected import parse_source
 from plandsl.syntax.files import FileProblem, check_regular, regular_file_problem
 
 
@@ -83,7 +84,6 @@ def model_vocab(model: ir.Model) -> int | None:
     vocab = getattr(model, "vocab", None)
     if vocab is not None or not isinstance(model, ir.CustomModel) or not model.source:
         return vocab
-    from plandsl.ir.inspected import parse_source
     given = dict(parse_source(model.source).args).get("vocab_size")
     if isinstance(given, int) and not isinstance(given, bool) and given > 0:
         return given
