@@ -87,9 +87,21 @@ class PlanError(ValueError):
         super().__init__(render_all(self.diagnostics, self.sources))
 
 
+MAX_SHOWN_TEXT = 1000
+"""Characters of a message, hint or note `render` shows: one quoting a value of a million characters (a flag's, a
+key's) shows its start and says how much more there is; `--format json` keeps the whole text."""
+
+
+def _shown(text: str) -> str:
+    if len(text) <= MAX_SHOWN_TEXT:
+        return text
+    return f"{text[:MAX_SHOWN_TEXT]}... ({len(text) - MAX_SHOWN_TEXT:,} more characters)"
+
+
 def render(d: Diagnostic, sources: Mapping[str, SourceFile]) -> str:
-    lines = [f"{d.span}: {d.severity}[{d.code}]: {d.message}" if d.span is not NO_SPAN
-             else f"{d.severity}[{d.code}]: {d.message}"]
+    message = _shown(d.message)
+    lines = [f"{d.span}: {d.severity}[{d.code}]: {message}" if d.span is not NO_SPAN
+             else f"{d.severity}[{d.code}]: {message}"]
     source = sources.get(d.span.file)
     if source is not None:
         lines += source.excerpt(d.span)
@@ -97,10 +109,10 @@ def render(d: Diagnostic, sources: Mapping[str, SourceFile]) -> str:
     if d.grid:
         lines += [f"{pad}|"] + [f"{pad}| {row}" for row in d.grid.splitlines()]
     if d.hint:
-        lines.append(f"{pad}= hint: {d.hint}")
+        lines.append(f"{pad}= hint: {_shown(d.hint)}")
     for note in d.notes:
         where = f" at {note.span}" if note.span and note.span is not NO_SPAN else ""
-        lines.append(f"{pad}= note: {note.message}{where}")
+        lines.append(f"{pad}= note: {_shown(note.message)}{where}")
     return "\n".join(lines)
 
 

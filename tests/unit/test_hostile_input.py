@@ -503,3 +503,17 @@ def test_text_no_utf8_file_holds_is_e105_when_parsed():
     with pytest.raises(PlanError) as raised:
         parse_text('# from /tmp/\udcff\nplan p { }\n')
     assert [d.code for d in raised.value.diagnostics] == ["E105"]
+
+
+def test_a_message_quoting_a_huge_value_shows_its_start_and_how_much_more():
+    """An unknown flag of 100,000 characters: the text rendering shows the message's first 1,000 characters and
+    says how many more there are (it echoed all of them, and as much again in the hint's and the line's), while
+    `--format json` keeps the whole message."""
+    from plandsl.diagnostics import MAX_SHOWN_TEXT, Diagnostic, render
+    from plandsl.interop import import_text
+    flag = "--unknown-" + "x" * 100_000
+    imported = import_text("megatron", f"{flag} 3\n", "long.args", world_size=8, cluster="dgx_a100 x 1")
+    found = next(d for d in imported.diagnostics if d.code == "E804")
+    assert isinstance(found, Diagnostic) and flag in found.message  # whole, as the JSON form carries it
+    shown = render(found, imported.sources)
+    assert len(shown) < 3 * MAX_SHOWN_TEXT and f"({len(found.message) - MAX_SHOWN_TEXT:,} more characters)" in shown
