@@ -20,10 +20,12 @@ from typing import Any
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, diag
 from plandsl.runtime import support
-from plandsl.runtime.launch import LaunchOptions, OptionError, index_ranges, mesh_nodes, rank_command, \
-    threads_per_process
+from plandsl.runtime.launch import LaunchError, LaunchOptions, OptionError, index_ranges, mesh_nodes, \
+    rank_command, threads_per_process
 
 SCHEDULERS = ("slurm", "kubernetes")
+IMAGE = re.compile(r"[A-Za-z0-9_./:@#+=~-]{1,4096}")
+"""A container image as `--image` takes it: a registry reference, enroot/pyxis's `nvcr.io#...`, a .sqsh path."""
 """TorchX's schedulers `plandsl launch` submits to (`plandsl.api.launch_schedulers` repeats them for the CLI)."""
 EXTRA = "pip install 'plandsl[launch]'"
 """How to install TorchX (torchx-nightly: the 0.7.0 release pins urllib3<1.27; README, Install)."""
@@ -86,6 +88,11 @@ def check_job_options(job: JobOptions) -> None:
             if _CONTROL.search(value) or (option == "--image" and value != value.strip()):
                 raise OptionError(option, f"{value!r} holds a control character or edge space (a newline ends the "
                                           "line of the job TorchX writes it on)")
+    if job.image is not None and not IMAGE.fullmatch(job.image):
+        # TorchX fills `${img_root}` with the image inside the node's already quoted command (slurm without a
+        # workspace): a quote in it would end the quoting and run what follows on every node
+        raise OptionError("--image", f"{job.image!r}: an image is letters, digits and `_./:@#+=~-` (a registry "
+                                     "reference, enroot's `nvcr.io#...`, a .sqsh path)")
 
 
 def refusals(plan: ir.Plan, cuda: bool = True) -> list[Diagnostic]:
@@ -140,6 +147,10 @@ def app(plan: ir.Plan, plan_file: str, plan_name: str | None, params: dict, rank
     (a plan `refusals` passed), GPUs per node as many as processes unless the ranks run on the CPU, each node
     running `torchrun ... -m plandsl.run PLAN [rank options]`. LaunchError for rank options that need another."""
     command = rank_command(plan_file, plan_name, params, ranks)  # ["-m", "plandsl.run", PLAN, ...]
+    for argument in command[2:]:
+        if "$" in argument:  # TorchX's string.Template runs over the quoted command: $$ -> $, ${img_root} -> the image
+            raise LaunchError(f"{argument!r}: TorchX substitutes `$` in a job's arguments (`${{img_root}}`, "
+                              "`${app_id}`, `$$`), so a node would read another value: rename it without `$`")
     nodes = mesh_nodes(plan)
     nproc, cuda = nodes[0][1], ranks.device != "cpu"
     dist = _torchx("torchx.components.dist")

@@ -305,3 +305,19 @@ def test_a_rack_scale_node_is_a_job_of_its_machines(torchx):
     [role] = application.roles
     assert role.num_replicas == 36 and role.resource.gpu == 4
     assert submit.refusals(plan) == []
+
+
+def test_no_value_reaches_the_nodes_shell_through_torchxs_macros(no_slurm, tmp_path):
+    """TorchX fills its macros (`${img_root}` the image on slurm without a workspace, `${app_id}`, `$$`) into the
+    node's command after quoting it: an image holding a quote and an argument naming `${img_root}` ran
+    `touch PWNED` on every node, and a plan file named `a${app_id}b$$c.plan` was another file there. The image is
+    an image's characters; `$` in a forwarded argument is refused. The script of a plain launch, run by bash with
+    srun and torchrun stubbed, touches nothing."""
+    hostile = "x';touch " + str(tmp_path / "PWNED") + ";'"
+    _refused(launch(TWO_NODES, "--scheduler", "slurm", "--dryrun", "--image", hostile), 2, "Invalid value for --image")
+    _refused(launch(TWO_NODES, "--scheduler", "slurm", "--dryrun", "--image", IMAGE, "--metrics", "m${img_root}.json"),
+             1, "TorchX substitutes `$`")
+    plan = tmp_path / "a${app_id}b$$c.plan"
+    plan.write_text((STDLIB / "examples" / "data_parallel.plan").read_text())
+    _refused(launch(str(plan), "--scheduler", "slurm", "--dryrun"), 1, "TorchX substitutes `$`")
+    assert launch(TWO_NODES, "--scheduler", "slurm", "--dryrun", "--image", "nvcr.io#nvidia/pytorch:24.05-py3").exit_code == 0
