@@ -116,9 +116,9 @@ def _scalar(raw: str):
     if raw in ("true", "false"):
         return raw == "true"
     if _INT.fullmatch(raw):
-        return int(raw)
+        return int(raw.replace("_", ""))  # `1_000` as the language reads it (and `1_`: its grammar allows it)
     if _FLOAT.fullmatch(raw):
-        return float(raw)
+        return float(raw.replace("_", ""))
     return raw
 
 

@@ -148,8 +148,10 @@ def test_a_param_number_is_one_the_language_reads(files, value):
 
 def test_a_param_number_the_language_reads_is_typed(files):
     from plandsl.runtime.options import parse_params
-    assert parse_params(["a=8", "b=-2", "c=1_000", "d=2.5", "e=1e-4", "f=true", "g=x"]) == \
-        {"a": 8, "b": -2, "c": 1000, "d": 2.5, "e": 1e-4, "f": True, "g": "x"}
+    assert parse_params(["a=8", "b=-2", "c=1_000", "d=2.5", "e=1e-4", "f=true", "g=x", "h=1_", "i=2_.5"]) == \
+        {"a": 8, "b": -2, "c": 1000, "d": 2.5, "e": 1e-4, "f": True, "g": "x", "h": 1, "i": 2.5}
+    # `1_` is a number of the grammar's (int() refused it: exit 2 with Python's message, a traceback in plandsl.run)
+    assert cli("check", "--param", "nodes=2_", "ok.plan").exit_code == 0
 
 
 def test_check_warnings_only_is_ok(files):
