@@ -257,9 +257,10 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
     if isinstance(stage, bool) or stage not in (0, 1, 2, 3) or not isinstance(stage, int):  # 1.0 indexed a tuple
         problem("E804", f"zero_optimization stage {_json_shown(stage)}: one of 0, 1, 2, 3", "zero_optimization")
         stage = 0
-    if BF16_OLD in config and "bf16" in config:  # DeepSpeed reads "bf16" and passes the older name by
+    written = config.get("bf16") is not None  # DeepSpeed's get("bf16", None): a null "bf16" falls back to the old name
+    if BF16_OLD in config and written:  # DeepSpeed reads "bf16" and passes the older name by
         ignored.append(BF16_OLD)
-    bf16 = _enabled(config, "bf16" if "bf16" in config or BF16_OLD not in config else BF16_OLD, problem)
+    bf16 = _enabled(config, "bf16" if written or BF16_OLD not in config else BF16_OLD, problem)
     fp16 = _enabled(config, "fp16", problem)
     if bf16 and fp16:
         problem("E805", "bf16 and fp16 both enabled", "fp16", hint="enable one")

@@ -297,6 +297,10 @@ def test_the_older_bfloat16_key_is_read_as_deepspeed_reads_it():
                        "ds.json", world_size=8, model=MODEL)
     assert both.ok and "bfloat16" in both.ignored  # "bf16" wins, as in DeepSpeed
     assert api.select_plan(api.loads(both.text, path="ds.plan")).train.precision is ir.Precision.fp32
+    # a null "bf16" is DeepSpeed's get("bf16", None) of None: the older key is read (it imported fp32)
+    null = import_text("deepspeed", json.dumps({**config, "bf16": None, "bfloat16": {"enabled": True}}), "ds.json",
+                       world_size=8, model=MODEL)
+    assert null.ok and api.select_plan(api.loads(null.text, path="ds.plan")).train.precision is ir.Precision.bf16
 
 
 def test_the_prefetch_bucket_is_read_by_either_of_its_names():
