@@ -70,7 +70,7 @@ def import_csv(text: str, path: str, name: str = "imported", plan_path: str = "i
     written_name = body.split("(", 1)[0].removeprefix("schedule ").strip()  # `table_NAME`: never a built-in's
     header = (f"# Imported from {shown_path(path)} (torch's schedule CSV): {schedule.ranks} pipeline ranks, "
               f"{schedule.microbatches} microbatches, {schedule.stages} stages.\n"
-              f"# A plan uses it with `import \"{plan_path.rsplit('/', 1)[-1].removesuffix('.plan')}\"` and "
+              f"# A plan uses it with `import \"{shown_path(plan_path.rsplit('/', 1)[-1].removesuffix('.plan'))}\"` and "
               f"`schedule = {written_name}`.\n")
     written = format_text(header + body)
     analysis = analyze(plan_path, text=written)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 from typing import BinaryIO, Callable
 
@@ -152,10 +153,16 @@ def _too_large(path: str, what: str, limit: int, size: int | None) -> FileProble
 
 
 # ---- outputs -------------------------------------------------------------------------------------
+_LINE_BREAKS = re.compile("[\\x00-\\x1f\\x7f\\x85\\u2028\\u2029]")
+
+
 def shown_path(path: str) -> str:
     """A path as text a plan's comment can hold: bytes of its name that are not UTF-8 (which Python keeps from argv
-    as lone surrogates, which no UTF-8 text holds) as `\\xNN` escapes."""
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
+    as lone surrogates, which no UTF-8 text holds) as `\\xNN` escapes, and so are control characters and line
+    breaks (a newline in a name would end the comment and make the rest of the name plan text)."""
+    text = os.fsencode(path).decode("utf-8", "backslashreplace")
+    return _LINE_BREAKS.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                            else f"\\u{ord(m.group()):04x}", text)
 
 
 def writable_file(path: str) -> str | None:

@@ -517,3 +517,28 @@ def test_a_message_quoting_a_huge_value_shows_its_start_and_how_much_more():
     assert isinstance(found, Diagnostic) and flag in found.message  # whole, as the JSON form carries it
     shown = render(found, imported.sources)
     assert len(shown) < 3 * MAX_SHOWN_TEXT and f"({len(found.message) - MAX_SHOWN_TEXT:,} more characters)" in shown
+
+
+def test_a_path_with_a_line_break_stays_in_its_comment(tmp_path):
+    """A CSV named `b<newline>param evil = 1<newline>#.csv` made `import --from torch-csv` write `param evil = 1` as
+    a line of the plan (exit 0), and an `-o` name with a newline did the same through the header's import line;
+    `shrink` of a plan at such a path failed on its own text (E101). Line breaks and control characters in a path
+    are now written as escapes, as non-UTF-8 bytes are."""
+    csv = tmp_path / "b\nparam evil = 1\n#.csv"
+    csv.write_text("0F0,0B0\n")
+    out = tmp_path / "o.plan"
+    result = CliRunner().invoke(main, ["import", "--from", "torch-csv", "--args-file", str(csv), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "\nparam evil" not in out.read_text() and "b\\x0aparam evil = 1\\x0a#.csv" in out.read_text()
+    named = tmp_path / "r\nparam z = 2\n#.plan"
+    result = CliRunner().invoke(main, ["import", "--from", "torch-csv", "--args-file", str(tmp_path / "ok.csv"),
+                                       "-o", str(named)]) if (tmp_path / "ok.csv").write_text("0F0,0B0\n") else None
+    assert result.exit_code == 0 and "\nparam z" not in named.read_text(), result.output
+    folder = tmp_path / "sh\ny"
+    folder.mkdir()
+    plan = folder / "x.plan"
+    plan.write_text('import "clusters/local"\nplan p {\n  model = gpt(layers=2, hidden=64, heads=4, seq=32, '
+                    'vocab=256)\n  cluster = localhost\n  mesh = [dp = 2] over devices[0:2]\n'
+                    '  train = { global_batch: 4, micro_batch: 1, precision: fp32 }\n}\n')
+    result = CliRunner().invoke(main, ["shrink", str(plan), "-o", str(tmp_path / "small.plan")])
+    assert result.exit_code == 0 and "sh\\x0ay/x.plan" in (tmp_path / "small.plan").read_text(), result.output
