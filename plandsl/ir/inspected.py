@@ -26,6 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from plandsl.diagnostics.limits import MAX_LAYERS, MAX_SEQ
 from plandsl.syntax.files import shown_path
 
+MAX_TABLE_FILES = 16
+"""Files a table's freshness reads (the factory's module: one), each at most `file_digest`'s bytes: a table edited
+to name 100,000 (spellings of one big file) would keep `check` hashing for an hour."""
+
 CACHE_VERSION = 6  # 2: the model's tensor-parallel plan (`tp_plan`); 3: whether torch's pipeline frontend cuts
 # it (`traceable`), its expert-parallel plan and experts; 4: the values per channel its BatchNorms see (`norm_values`);
 # 5: why a Hugging Face model's stages by its own convention would compute otherwise (`stage_problem`); 6: the
@@ -309,7 +313,8 @@ class InspectedModel(_Frozen):
                              "BatchNorm. A training microbatch must give each more than one")
     dtype: str  # the default dtype the model was built under ("bfloat16")
     versions: dict[str, str]
-    files: dict[str, str] = Field(default_factory=dict, description="the factory's module file -> its sha256")
+    files: dict[str, str] = Field(default_factory=dict, max_length=MAX_TABLE_FILES,
+                                  description="the factory's module file -> its sha256")
     model_type: str
     params: Count = Field(description="every parameter, a tied one counted once")
     param_list: tuple[InspectedParam, ...]
@@ -433,9 +438,9 @@ def read_cache(path: str | Path, source: ModelSource | None = None, seq: int | N
                if model.versions.get(name, "") != versions.get(name, "")]
     if changed:
         return CacheState(model, f"stale: {', '.join(changed)}")
-    edited = [name for name, digest in model.files.items() if file_digest(name) != digest]
-    if edited:
-        return CacheState(model, f"stale: {shown_path(_native_path(edited[0]))} changed since it was inspected")
+    edited = next((name for name, digest in model.files.items() if file_digest(name) != digest), None)  # the first
+    if edited is not None:
+        return CacheState(model, f"stale: {shown_path(_native_path(edited))} changed since it was inspected")
     return CacheState(model)
 
 

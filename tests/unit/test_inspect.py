@@ -240,6 +240,19 @@ def test_a_cache_naming_a_file_without_end_is_stale_not_read(tmp_path, named):
     assert not found[0].fresh and f"{special} changed" in found[0].problem
 
 
+def test_a_cache_naming_more_files_than_a_factory_has_is_stale_unread(tmp_path):
+    """A factory's table names its module, one file; one edited to name thousands (spellings of one large file)
+    hashed each, up to 64 MiB apiece, on every `check`: past `MAX_TABLE_FILES` the table is stale, nothing read."""
+    from plandsl.ir.inspected import MAX_TABLE_FILES
+    table = api.inspect_model("inspect_models.tiny:build(depth=1)", seq=8, search_path=(HERE,))
+    cache = tmp_path / "cache.json"
+    data = json.loads(table.model_dump_json())
+    data["files"] = {**table.files, **{f"/./{'/.' * i}{tmp_path}/x": "0" * 64 for i in range(MAX_TABLE_FILES)}}
+    cache.write_text(json.dumps(data))
+    state = api.read_inspected(cache, "inspect_models.tiny:build(depth=1)", 8)
+    assert not state.fresh
+
+
 @pytest.mark.parametrize("change", [
     # each was E108 in `plandsl check` of a plan whose model the table describes
     lambda t: {"param_list": [{**t["param_list"][0], "shape": [10**80]}] + t["param_list"][1:]},  # OverflowError
