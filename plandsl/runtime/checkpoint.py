@@ -84,6 +84,9 @@ def _union(models: list[nn.Module]) -> nn.Module:
         return models[0]
     union = nn.Module()
     for model in models:
+        for name, buffer in model.named_buffers(recurse=False):  # a model from torch's root buffers (`TorchModel`)
+            if name not in union._buffers:
+                union.register_buffer(name, buffer, persistent=name not in model._non_persistent_buffers_set)
         for name, child in model.named_children():
             held = union._modules.get(name)
             if held is None:

@@ -79,8 +79,8 @@ def data_path_problem(path: str | Path) -> str | None:
 
 def model_vocab(model: ir.Model) -> int | None:
     """The vocabulary token ids must be below: a family's `vocab`; for a model from torch (`hf(...)`, `factory(...)`)
-    its config's `vocab_size` where the source gives it, else the rows of its first embedding in the module tree (what
-    `runtime.torch_model` sizes synthetic tokens by); None when unknown."""
+    its config's `vocab_size` where the source gives it, else the most rows of any embedding in the module tree (a
+    position table may come first; `runtime.torch_model` sizes synthetic tokens by the first); None when unknown."""
     vocab = getattr(model, "vocab", None)
     if vocab is not None or not isinstance(model, ir.CustomModel) or not model.source:
         return vocab
@@ -88,11 +88,11 @@ def model_vocab(model: ir.Model) -> int | None:
     if isinstance(given, int) and not isinstance(given, bool) and given > 0:
         return given
     shapes = dict(model.parameters)
-    for name, cls in model.modules:
-        shape = shapes.get(f"{name}.weight")
-        if cls.endswith("Embedding") and shape is not None and len(shape) == 2:
-            return shape[0]
-    return None
+    # the table does not say which embedding reads the token ids (a position embedding may come first): the most rows
+    # of any, so that no id the module can look up is refused
+    rows = [shape[0] for name, cls in model.modules
+            if cls.endswith("Embedding") and (shape := shapes.get(f"{name}.weight")) is not None and len(shape) == 2]
+    return max(rows, default=None)
 
 
 def token_file_problem(token_file: str | Path, plan: ir.Plan) -> str | None:

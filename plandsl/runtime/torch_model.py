@@ -80,14 +80,16 @@ class TorchModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.hf:
-            return self.inner(x)
-        if self.image:  # a Hugging Face vision model (ViT, ResNet): images as `pixel_values`, one stage (no pp plan)
+            out = self.inner(x)
+        elif self.image:  # a Hugging Face vision model (ViT, ResNet): images as `pixel_values`, one stage (no pp plan)
             return self.inner(pixel_values=x).logits
-        out = self.inner(**{"input_ids" if self.first else "inputs_embeds": x}, use_cache=False).logits
-        # a stage before the head returns the hidden states its pass-through head got, a view (transformers slices
-        # them for `logits_to_keep`); torch's split backward (zbv, the zero-bubble schedules) detaches a stage's
-        # output in place, which a view refuses: a copy of its own, as plandsl's own stages return
-        return out.clone() if not self.last and out._is_view() else out
+        else:
+            out = self.inner(**{"input_ids" if self.first else "inputs_embeds": x}, use_cache=False).logits
+        # a stage before the head may return a view: a Hugging Face stage the hidden states its pass-through head got
+        # (transformers slices them for `logits_to_keep`), a traced stage whatever its last op gives (a block ending in
+        # a reshape); torch's split backward (zbv, the zero-bubble schedules) detaches a stage's output in place, which
+        # a view refuses: a copy of its own, as plandsl's own stages return
+        return out.clone() if not self.last and isinstance(out, torch.Tensor) and out._is_view() else out
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The model's own loss: a Hugging Face model's `loss_function` (its causal-LM cross entropy, told the

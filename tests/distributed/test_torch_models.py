@@ -227,6 +227,33 @@ def test_two_stages_of_a_model_from_torch_on_one_rank_checkpoint_and_resume_exac
     assert all(torch.equal(second["params"][name], whole["params"][name]) for name in whole["params"])
 
 
+def test_a_root_buffer_survives_a_checkpoint_of_two_stages_a_rank_resharded(tmp_path, monkeypatch):
+    """The union of a rank's two stages (zbv) held their children only: a factory's root buffer was not saved, and
+    resuming it under another schedule failed ("gain is only there", and the other way round). Trained 1 step on
+    zbv, resumed to 3 on gpipe: as 3 steps of gpipe in one go, to the schedules' rounding."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "unit"))
+    model = 'factory("inspect_models.odd:build", root_buffer=true, depth=4)'
+    zbv = _write(tmp_path, "zbv", model, "[pp = 2]", "stages = evenly over pp with virtual = 2, map = vshape\n"
+                 "schedule = zbv", MICRO2)
+    gpipe = _write(tmp_path, "gpipe", model, "[pp = 2]", "stages = evenly over pp\nschedule = gpipe", MICRO2)
+    directory = tmp_path / "ck"
+    first = run_ranks(2, train, str(zbv), steps=1, checkpoint_dir=str(directory), deadline_s=120)[0]
+    second = run_ranks(2, train, str(gpipe), steps=3, checkpoint_dir=str(directory), resume=True, deadline_s=120)[0]
+    whole = run_ranks(2, train, str(gpipe), steps=3, deadline_s=120)[0]
+    assert second["first_step"] == 1
+    assert first["losses"] + second["losses"] == pytest.approx(whole["losses"], rel=1e-5)
+
+
+def test_a_traced_stage_returning_a_view_runs_a_split_backward(tmp_path, monkeypatch):
+    """A factory whose blocks end in a view: a traced stage before the head returned that view, and torch's split
+    backward (zbv, the zero-bubble schedules) failed on every rank ("Can't detach views in-place"); as a Hugging
+    Face stage, it returns a copy, and the run matches one process."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "unit"))
+    plan = _write(tmp_path, "viewy", 'factory("inspect_models.odd:build", view=true, depth=4)', "[pp = 2]",
+                  "stages = evenly over pp with virtual = 2, map = vshape\nschedule = zbv", MICRO2)
+    _check(run_ranks(2, train, str(plan), check_equivalence=True, steps=STEPS, deadline_s=120))
+
+
 def test_a_dry_run_cuts_a_cnn_into_stages_on_the_meta_device(tmp_path, monkeypatch):
     """`plandsl run --dry-run` builds the model on the meta device, and torch's pipeline frontend traced it on a CPU
     example: a ResNet's first convolution refused it (every pipelined CNN plan: 'cannot trace the module's forward'),

@@ -192,6 +192,13 @@ def test_a_token_file_is_checked_against_a_model_from_torch_before_launch(tmp_pa
     assert model_vocab(given) == 128
     images = plan.model_copy(update={"model": plan.model.model_copy(update={"image": (3, 8, 8)})})
     assert "takes images" in token_file_problem(path, images)
+    # a position table registered before the token embedding: the most rows of any embedding, not the first's
+    # (ids up to 99 of a vocabulary of 100 were refused against the 16 positions; the plan ran before)
+    from plandsl.lower.inspected import DEFAULT_SEQ
+    odd = api.inspect_model("inspect_models.odd:build(vocab=100, positions=16)", seq=DEFAULT_SEQ, search_path=(HERE,))
+    positions = _plan(tmp_path, odd, "[dp = 4]", "data = zero3 over dp",
+                      written='factory("inspect_models.odd:build", vocab=100, positions=16)')
+    assert model_vocab(positions.model) == 100 and token_file_problem(path, positions) is None
 
 
 @pytest.mark.parametrize("data, train", [

@@ -1,37 +1,48 @@
 """Users' modules of shapes plandsl's runs meet less often (tests/unit/test_torch_model_refusals.py,
-tests/distributed/test_torch_models.py): a parameter held by the root itself, and a forward returning a tuple."""
+tests/distributed/test_torch_models.py): a parameter held by the root itself, a forward returning a tuple, blocks
+ending in a view, a position table before the token embedding."""
 import torch
 from torch import nn
 
 
 class Block(nn.Module):
-    def __init__(self, width: int):
+    def __init__(self, width: int, view: bool = False):
         super().__init__()
         self.lin = nn.Linear(width, width)
+        self.view = view
 
     def forward(self, x):
-        return x + torch.relu(self.lin(x))
+        y = x + torch.relu(self.lin(x))
+        if self.view:  # ends in a view of its output (a stage cut after it returns a view)
+            b, t, c = y.shape
+            return y.reshape(b * t, c).view(b, t, c)
+        return y
 
 
 class Decoder(nn.Module):
     """Embedding, `layers`, head; `root_scale`: a learned scale the root holds itself; `aux`: return (logits, aux)
     as models with an auxiliary output do; `reverse`: call the blocks in the reverse of their list's order;
-    `root_buffer`: a constant gain the root holds as a buffer."""
+    `root_buffer`: a constant gain the root holds as a buffer; `view`: each block ends in a view; `positions`: a
+    learned position table of that many rows, registered before the token embedding."""
 
     def __init__(self, vocab: int, width: int, depth: int, root_scale: bool, aux: bool, reverse: bool = False,
-                 root_buffer: bool = False):
+                 root_buffer: bool = False, view: bool = False, positions: int = 0):
         super().__init__()
+        if positions:
+            self.pos = nn.Embedding(positions, width)
         self.tok = nn.Embedding(vocab, width)
         if root_scale:
             self.scale = nn.Parameter(torch.ones(width))
         if root_buffer:
             self.register_buffer("gain", torch.full((width,), 0.5))
-        self.layers = nn.ModuleList(Block(width) for _ in range(depth))
+        self.layers = nn.ModuleList(Block(width, view) for _ in range(depth))
         self.out = nn.Linear(width, vocab)
         self.aux, self.reverse = aux, reverse
 
     def forward(self, tokens):
         x = self.tok(tokens)
+        if hasattr(self, "pos"):
+            x = x + self.pos(torch.arange(tokens.shape[-1], device=tokens.device))
         if hasattr(self, "scale"):
             x = x * self.scale
         if hasattr(self, "gain"):
@@ -42,5 +53,5 @@ class Decoder(nn.Module):
 
 
 def build(vocab: int = 64, width: int = 16, depth: int = 2, root_scale: bool = False, aux: bool = False,
-          reverse: bool = False, root_buffer: bool = False) -> nn.Module:
-    return Decoder(vocab, width, depth, root_scale, aux, reverse, root_buffer)
+          reverse: bool = False, root_buffer: bool = False, view: bool = False, positions: int = 0) -> nn.Module:
+    return Decoder(vocab, width, depth, root_scale, aux, reverse, root_buffer, view, positions)
