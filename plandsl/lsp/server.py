@@ -14,7 +14,7 @@ from typing import BinaryIO
 from urllib.parse import unquote
 
 from lsprotocol import types
-from pygls.exceptions import JsonRpcException, JsonRpcInvalidRequest
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidRequest, JsonRpcServerNotInitialized
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
@@ -39,12 +39,22 @@ class PlanProtocol(LanguageServerProtocol):
     2. A change to a document that was never opened (or already closed) raised KeyError in pygls's workspace,
        which a client showed as "Error in server: KeyError": now it is logged and left out, as LSP leaves
        such a change undefined.
-    3. A document opened, changed or closed before `initialize` raised RuntimeError (no workspace yet), shown
-       as "Error in server: RuntimeError": LSP says such a notification is dropped; now it is, logged.
+    3. A notification before `initialize` (a document opened, changed or closed, a notebook's, a workspace
+       folder's) raised RuntimeError in pygls's handlers (no workspace yet), shown as "Error in server:
+       RuntimeError", and a request was answered `null`: LSP says a notification is dropped then and a request
+       errors with ServerNotInitialized (-32002); now both are so, the dropped ones logged.
     4. A request after `shutdown` was logged and never answered; LSP says it errors with InvalidRequest
        (-32600), which it now does."""
 
     def handle_message(self, message):
+        method = getattr(message, "method", None)
+        if method is not None and self._workspace is None and method not in (types.INITIALIZE, types.EXIT):
+            if getattr(message, "id", None) is not None:
+                self._send_response(message.id, error=JsonRpcServerNotInitialized(
+                    "the server is not initialized: send initialize first").to_response_error())
+            else:
+                logging.getLogger("pygls").warning("plandsl lsp: %s before initialize, dropped", method)
+            return
         if self._shutdown and getattr(message, "method", types.EXIT) != types.EXIT \
                 and getattr(message, "id", None) is not None:
             self._send_response(message.id, error=JsonRpcInvalidRequest(
@@ -61,28 +71,9 @@ class PlanProtocol(LanguageServerProtocol):
                 self._send_response(data["id"], error=error.to_response_error())
             raise
 
-    def _uninitialized(self, method: str) -> bool:
-        if self._workspace is None:
-            logging.getLogger("pygls").warning("plandsl lsp: %s before initialize, dropped", method)
-        return self._workspace is None
-
-    @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
-    def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams):
-        if self._uninitialized(types.TEXT_DOCUMENT_DID_OPEN):
-            return
-        yield from super().lsp_text_document__did_open(params)
-
-    @lsp_method(types.TEXT_DOCUMENT_DID_CLOSE)
-    def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams):
-        if self._uninitialized(types.TEXT_DOCUMENT_DID_CLOSE):
-            return
-        yield from super().lsp_text_document__did_close(params)
-
     @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
     def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams):
         uri = params.text_document.uri
-        if self._uninitialized(types.TEXT_DOCUMENT_DID_CHANGE):
-            return
         if self.workspace.text_documents.get(unquote(uri)) is None:
             logging.getLogger("pygls").warning("plandsl lsp: a change to %s, which is not open, left out", uri)
             return

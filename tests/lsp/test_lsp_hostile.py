@@ -151,7 +151,8 @@ def test_a_change_to_a_document_never_opened_is_left_out_not_a_server_error(tmp_
 
 def test_a_document_opened_before_initialize_is_dropped_not_a_server_error(tmp_path):
     """didOpen before `initialize` raised RuntimeError (no workspace yet), which a client showed as "Error in
-    server: RuntimeError: The workspace is not available"; LSP drops such a notification."""
+    server: RuntimeError: The workspace is not available"; LSP drops such a notification, and answers a request
+    with ServerNotInitialized (-32002)."""
     plan = tmp_path / "p.plan"
     plan.write_text((ROOT / "stdlib_plans" / "local" / "tiny.plan").read_text())
     opened = frame({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": {
@@ -161,6 +162,14 @@ def test_a_document_opened_before_initialize_is_dropped_not_a_server_error(tmp_p
         frame({"jsonrpc": "2.0", "method": "textDocument/didChange", "params": {
             "textDocument": {"uri": plan.as_uri(), "version": 2}, "contentChanges": [{"text": "plan x {"}]}}),
         frame({"jsonrpc": "2.0", "method": "textDocument/didClose", "params": {"textDocument": {"uri": plan.as_uri()}}}),
+        # notifications pygls's own handlers failed on too, and a request (answered `null` before): -32002
+        frame({"jsonrpc": "2.0", "method": "notebookDocument/didOpen", "params": {"notebookDocument": {
+            "uri": plan.as_uri() + ".ipynb", "notebookType": "jupyter", "version": 1, "cells": []},
+            "cellTextDocuments": []}}),
+        frame({"jsonrpc": "2.0", "method": "workspace/didChangeWorkspaceFolders", "params": {
+            "event": {"added": [], "removed": []}}}),
+        frame(request("textDocument/hover", {"textDocument": {"uri": plan.as_uri()},
+                                             "position": {"line": 0, "character": 0}}, 7)),
         frame(request("initialize", {"capabilities": {}, "rootUri": None, "processId": None}, 1)),
         frame({"jsonrpc": "2.0", "method": "initialized", "params": {}}),
         opened,  # after initialize: read and checked
@@ -172,7 +181,8 @@ def test_a_document_opened_before_initialize_is_dropped_not_a_server_error(tmp_p
     assert result.returncode == 0, result.stderr.decode()[-2000:]
     messages = _messages(result.stdout)
     assert [m for m in messages if m.get("method") == "window/showMessage"] == []
-    assert result.stderr.decode().count("before initialize, dropped") == 3
+    assert result.stderr.decode().count("before initialize, dropped") == 5
+    assert [m["error"]["code"] for m in messages if m.get("id") == 7] == [-32002]
     assert [m["params"]["uri"] for m in messages if m.get("method") == "textDocument/publishDiagnostics"] == \
         [plan.as_uri()]
 
