@@ -17,6 +17,7 @@ from typing import Callable
 from plandsl import ir
 from plandsl import syntax as s
 from plandsl.diagnostics import PlanError
+from plandsl.diagnostics.limits import MAX_SEQ
 from plandsl.ir.inspected import INPUT_KEY, InspectedModel, ModelSource, check_image, read_cache, write_cache
 from plandsl.lower.bodies import build
 from plandsl.lower.evaluate import Poison, Scope
@@ -28,11 +29,13 @@ _SEQ_KEYS = ("max_position_embeddings", "n_positions")  # a Hugging Face config'
 
 
 def model_seq(source: ModelSource) -> int:
-    """The sequence length a source is inspected at: 1 for images (one sample), else its config's, else 2048."""
+    """The sequence length a source is inspected at: 1 for images (one sample), else its config's, else 2048; at most
+    the longest sequence a plan trains on (`limits.MAX_SEQ`: a config's 2^25 positions made a table past it, which
+    `inspect` refused as a pydantic error and `check`'s hint asked for with a `--seq` click refuses)."""
     if source.image:
         return 1
-    return next((value for key, value in source.args if key in _SEQ_KEYS and isinstance(value, int) and value > 0),
-                DEFAULT_SEQ)
+    return min(MAX_SEQ, next((value for key, value in source.args
+                              if key in _SEQ_KEYS and isinstance(value, int) and value > 0), DEFAULT_SEQ))
 
 
 def inspect_command(source: ModelSource, seq: int, path: str) -> str:

@@ -450,3 +450,14 @@ def test_inspect_of_a_plan_file_writes_every_table_where_the_plan_reads_it(tmp_p
         "plan p {", "param n = 2\nplan p {"), encoding="utf-8")
     refused = CliRunner().invoke(main, ["inspect", str(plan)])
     assert refused.exit_code == 1 and "not literals" in refused.output
+
+
+def test_a_config_with_more_positions_than_a_plan_trains_is_inspected_at_the_longest_it_does():
+    """`max_position_embeddings=2^25` made `model_seq` ask for a table at 2^25 tokens, past `MAX_SEQ`: `inspect`
+    printed pydantic's validation error, and `check`'s E215 hint asked for a `--seq` click refuses. The table is now
+    made at `MAX_SEQ`."""
+    from plandsl.diagnostics.limits import MAX_SEQ
+    from plandsl.lower.inspected import model_seq
+    source = ModelSource("hf", "LlamaForCausalLM", tuple({**LLAMA, "max_position_embeddings": 2**25}.items()))
+    assert model_seq(source) == MAX_SEQ
+    assert model_seq(ModelSource("hf", "LlamaForCausalLM", tuple(LLAMA.items()))) == SEQ
