@@ -12,9 +12,12 @@ zero/config.py at 0.19.8; tests/unit/test_interop_deepspeed.py holds them agains
 """
 from __future__ import annotations
 
+import enum
 import json
 import math
 import re
+
+from pydantic import TypeAdapter, ValidationError
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, did_you_mean, diag
@@ -150,19 +153,34 @@ def _finite(value: object, whole: bool) -> bool:
         return False
 
 
+class _ZeroStage(enum.IntEnum):
+    """DeepSpeed's ZeroStageEnum (deepspeed/runtime/zero/config.py): what its pydantic model takes as a stage."""
+    disabled = 0
+    optimizer_states = 1
+    gradients = 2
+    weights = 3
+
+
+# DeepSpeed's configs are pydantic models in lax mode: a stage of 1.0, true or "1" is stage 1, an "enabled" of "yes",
+# 1 or "off" a bool (checked against DeepSpeed 0.19.8's DeepSpeedZeroConfig and get_bfloat16_config); read alike
+_STAGE, _BOOL = TypeAdapter(_ZeroStage), TypeAdapter(bool)
+
+
 def _enabled(config: dict, key: str, problem) -> bool:
-    """`{"enabled": true}` of the "bf16" or "fp16" section. DeepSpeed's pydantic model reads "false" as false
-    (bool("false") imported bf16) and cannot take a section that is not an object (`"bf16": true` was read as
-    off); both are E804."""
+    """`{"enabled": true}` of the "bf16" or "fp16" section, the value read as DeepSpeed's pydantic model reads it
+    ("false", "off" and 0 are off: bool("false") imported bf16); a section that is not an object (`"bf16": true`
+    was read as off), or a value pydantic refuses, is E804."""
     section = config.get(key)
     if section is None:
         return False
-    enabled = section.get("enabled", False) if isinstance(section, dict) else None
-    if not isinstance(enabled, bool):
-        problem("E804", f"\"{key}\" must be an object whose \"enabled\" is true or false, found "
-                f"{_json_shown(section)}", key)
-        return False
-    return enabled
+    if isinstance(section, dict):
+        try:
+            return _BOOL.validate_python(section.get("enabled", False))
+        except ValidationError:
+            pass
+    problem("E804", f"\"{key}\" must be an object whose \"enabled\" is true or false, found "
+            f"{_json_shown(section)}", key)
+    return False
 
 
 def _json_shown(value: object) -> str:
@@ -254,7 +272,9 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
                 "zero_optimization")
         zero = {}
     stage = zero.get("stage", 0) if isinstance(zero, dict) else (1 if zero else 0)
-    if isinstance(stage, bool) or stage not in (0, 1, 2, 3) or not isinstance(stage, int):  # 1.0 indexed a tuple
+    try:
+        stage = int(_STAGE.validate_python(stage))  # 1.0, true, "1" as DeepSpeed reads them (1.0 indexed a tuple)
+    except ValidationError:
         problem("E804", f"zero_optimization stage {_json_shown(stage)}: one of 0, 1, 2, 3", "zero_optimization")
         stage = 0
     written = config.get("bf16") is not None  # DeepSpeed's get("bf16", None): a null "bf16" falls back to the old name

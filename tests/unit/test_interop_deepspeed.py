@@ -87,14 +87,14 @@ def test_bad_configs_are_diagnostics_naming_the_key(change, code, key):
     # an integer past float's range overflowed float() as the plan was written: E108
     ({"optimizer": {"type": "Adam", "params": {"lr": 10**400}}}, '"optimizer"', "must be a number of zero or more"),
     ({"gradient_clipping": 10**400}, '"gradient_clipping"', "must be a number of zero or more"),
-    # stage 1.0 indexed a tuple (E108); true was read as stage 1
-    ({"zero_optimization": {"stage": 1.0}}, '"zero_optimization"', "stage 1.0: one of 0, 1, 2, 3"),
-    ({"zero_optimization": {"stage": True}}, '"zero_optimization"', "stage true: one of 0, 1, 2, 3"),
+    # a stage DeepSpeed's pydantic model refuses (1.0 indexed a tuple, E108, and is read now as DeepSpeed reads it)
+    ({"zero_optimization": {"stage": 1.5}}, '"zero_optimization"', "stage 1.5: one of 0, 1, 2, 3"),
+    ({"zero_optimization": {"stage": "x"}}, '"zero_optimization"', "stage \"x\": one of 0, 1, 2, 3"),
     # 1e300 was written into the plan as 301 digits, which the import then failed to parse (exit 2)
     ({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 1e300}}, '"stage3_prefetch_bucket_size"',
      "must be a whole number of elements up to"),
-    # bool("false") imported bf16, which DeepSpeed (pydantic) reads as off; `true` was read as off
-    ({"bf16": {"enabled": "false"}}, '"bf16"', "\"enabled\" is true or false, found {\"enabled\": \"false\"}"),
+    # an "enabled" DeepSpeed (pydantic) refuses; `true` as the section was read as off
+    ({"bf16": {"enabled": "maybe"}}, '"bf16"', "\"enabled\" is true or false, found {\"enabled\": \"maybe\"}"),
     ({"bf16": True}, '"bf16"', "must be an object"),
     ({"fp16": {"enabled": [1]}}, '"fp16"', "must be an object"),
 ])
@@ -314,3 +314,22 @@ def test_the_prefetch_bucket_is_read_by_either_of_its_names():
                                           "stage3_prefetch_bucket_size": 2000}}
     refused = import_text("deepspeed", json.dumps(both), "ds.json", world_size=8, model=MODEL)
     assert [d.code for d in refused.diagnostics] == ["E804"] and "both given" in refused.diagnostics[0].message
+
+
+@pytest.mark.parametrize("zero, bf16, stage, precision", [
+    ({"stage": 1.0}, {"enabled": "false"}, 1, "fp32"), ({"stage": True}, {"enabled": "yes"}, 1, "bf16"),
+    ({"stage": "3"}, {"enabled": 1}, 3, "bf16"), ({"stage": False}, {"enabled": "off"}, 0, "fp32"),
+])
+def test_values_deepspeeds_pydantic_reads_are_read_as_it_reads_them(zero, bf16, stage, precision):
+    """DeepSpeed 0.19.8's configs are pydantic models in lax mode: a stage of 1.0, true or "3", an "enabled" of
+    "yes", 1 or "off" run; the import refused them (E804), and bool("false") had imported bf16 before that."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install -e .[deepspeed])")
+    from deepspeed.runtime.precision_config import get_bfloat16_config
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    assert int(DeepSpeedZeroConfig(**zero).stage) == stage
+    assert get_bfloat16_config({"bf16": bf16}).enabled == (precision == "bf16")
+    imported = import_text("deepspeed", json.dumps({**BASE, "zero_optimization": zero, "bf16": bf16}), "ds.json",
+                           world_size=8, model=MODEL)
+    assert imported.ok, [d.message for d in imported.diagnostics]
+    plan = api.select_plan(api.loads(imported.text, path="ds.plan"))
+    assert (plan.data.zero_stage if plan.data else 0, plan.train.precision.value) == (stage, precision)
