@@ -402,6 +402,16 @@ MAX_CACHE_BYTES = 256 << 20  # a 100k-block model's table is a few MB
 _PARSED: dict[tuple, "InspectedModel"] = {}
 
 
+def _written_version(text: str) -> int | None:
+    """The `version` a table's JSON says it is, where it says one (a whole number), else None."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    version = data.get("version") if isinstance(data, dict) else None
+    return version if isinstance(version, int) and not isinstance(version, bool) else None
+
+
 def read_cache(path: str | Path, source: ModelSource | None = None, seq: int | None = None,
                dtype: str | None = None, versions: dict[str, str] | None = None) -> CacheState:
     """The cache at `path`, and whether it is stale for this source, settings and library versions (the
@@ -423,6 +433,11 @@ def read_cache(path: str | Path, source: ModelSource | None = None, seq: int | N
         try:
             model = InspectedModel.model_validate_json(text)
         except ValidationError as error:
+            written = _written_version(text)
+            if written is not None and written != CACHE_VERSION:  # the common case after an upgrade: say so
+                return CacheState(None, f"stale: table version {written}, written by "
+                                        f"{'an older' if written < CACHE_VERSION else 'a newer'} plandsl (this one "
+                                        f"reads {CACHE_VERSION})")
             return CacheState(None, f"stale: not a cache of this plandsl ({error.error_count()} problem(s))")
         _PARSED[key] = model
         while len(_PARSED) > 16:  # the tables of the last few plans

@@ -461,3 +461,15 @@ def test_a_config_with_more_positions_than_a_plan_trains_is_inspected_at_the_lon
     source = ModelSource("hf", "LlamaForCausalLM", tuple({**LLAMA, "max_position_embeddings": 2**25}.items()))
     assert model_seq(source) == MAX_SEQ
     assert model_seq(ModelSource("hf", "LlamaForCausalLM", tuple(LLAMA.items()))) == SEQ
+
+
+@pytest.mark.parametrize("version, words", [(5, "table version 5, written by an older plandsl"),
+                                            (99, "table version 99, written by a newer plandsl")])
+def test_a_table_of_another_version_says_so(tmp_path, version, words):
+    """After an upgrade every table reads stale; the reason said only "not a cache of this plandsl (1 problem(s))"
+    (the review): now the version it was written at and the one this plandsl reads."""
+    table = api.inspect_model("inspect_models.tiny:build(depth=1)", seq=8, search_path=(HERE,))
+    cache = tmp_path / "cache.json"
+    cache.write_text(table.model_dump_json().replace(f'"version":{table.version}', f'"version":{version}'))
+    state = api.read_inspected(cache, "inspect_models.tiny:build(depth=1)", 8)
+    assert not state.fresh and words in state.problem
