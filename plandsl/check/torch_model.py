@@ -22,7 +22,9 @@ def check_torch_model(plan: ir.Plan, placement_ok: bool = True) -> Iterator[Diag
     if not isinstance(model, ir.CustomModel) or not model.source or not model.modules:
         return
     if model.positions and plan.seq > model.positions:
-        yield diag("E224", f"train seq ({plan.seq}) is longer than the {model.positions} learned positions of "
+        # a seq the plan does not write is the model's table's (its config's positions, else 2048, `model_seq`)
+        given = "" if "seq" in plan.train.field_spans else ", the sequence its table was made at: train writes none"
+        yield diag("E224", f"train seq ({plan.seq}{given}) is longer than the {model.positions} learned positions of "
                    f"{_name(model)}: its position embedding has one row per position, and a longer sequence looks "
                    "up rows that do not exist (every rank would fail at its first step)",
                    plan.train.span_of("seq") or model.span,

@@ -146,6 +146,18 @@ def test_a_model_from_torch_trains_on_at_most_its_learned_positions(tmp_path, se
     assert api.inspect_model(LLAMA_SOURCE, seq=16).positions is None  # rotary positions: no table
 
 
+def test_e224_says_where_an_unwritten_seq_came_from(tmp_path):
+    """GPT-2 without n_positions holds transformers' default 1,024; a plan writing no seq trains at its table's
+    (`model_seq`: 2048 without a config's positions), and E224 named a seq the user never wrote (the review)."""
+    from plandsl.lower.inspected import DEFAULT_SEQ
+    source = 'hf("GPT2LMHeadModel", n_embd=64, n_layer=2, n_head=4, vocab_size=128)'
+    table = api.inspect_model(source, seq=DEFAULT_SEQ)
+    path = tmp_path / "p.plan"
+    _plan(tmp_path, table, "[dp = 4]", "data = zero3 over dp", written=source, checked=("E224",))
+    found = [d for d in api.check(path).errors if d.code == "E224"]
+    assert "train seq (2048, the sequence its table was made at: train writes none)" in found[0].message
+
+
 def test_a_parameter_held_by_the_model_s_root_is_refused(tmp_path):
     """A factory's module holding a parameter itself (a learned scale at the root) checked ok, and every rank failed
     building the job ("the model's root holds 'scale' itself"): plandsl runs the root's children behind its own
