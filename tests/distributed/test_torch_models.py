@@ -197,14 +197,21 @@ def test_a_hugging_face_model_checkpoints_and_resumes_exactly(tmp_path):
     """Checkpoints of transformers' module (torch.distributed.checkpoint, its own parameter names) split into
     two 1F1B stages: trained 1 step, resumed to 3, equal to 3 steps in one go (same layout: exactly)."""
     plan = _write(tmp_path, "ck", LLAMA, "[pp = 2]", "stages = evenly over pp\nschedule = 1f1b", MICRO2)
-    directory = tmp_path / "ck"
+    whole = _resumed_as_whole(plan, tmp_path / "ck")
+    assert any("model.layers.3." in n for n in whole["params"])
+
+
+def _resumed_as_whole(plan: Path, directory: Path) -> dict:
+    """Trained 1 step with a checkpoint, resumed to 3: the losses and every parameter exactly those of 3 steps in one
+    go; the whole run's rank 0 result."""
     first = run_ranks(2, train, str(plan), steps=1, checkpoint_dir=str(directory), deadline_s=120)[0]
     second = run_ranks(2, train, str(plan), steps=3, checkpoint_dir=str(directory), resume=True, gather=True,
                        deadline_s=120)[0]
     whole = run_ranks(2, train, str(plan), steps=3, gather=True, deadline_s=120)[0]
     assert second["first_step"] == 1 and first["losses"] + second["losses"] == whole["losses"]
-    assert sorted(second["params"]) == sorted(whole["params"]) and any("model.layers.3." in n for n in whole["params"])
+    assert sorted(second["params"]) == sorted(whole["params"])
     assert all(torch.equal(second["params"][name], whole["params"][name]) for name in whole["params"])
+    return whole
 
 
 @pytest.mark.parametrize("model", [LLAMA, 'factory("inspect_models.tiny:build", depth=4, tied=false)'],
@@ -217,14 +224,7 @@ def test_two_stages_of_a_model_from_torch_on_one_rank_checkpoint_and_resume_exac
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "unit"))
     plan = _write(tmp_path, "ck", model, "[pp = 2]", "stages = evenly over pp with virtual = 2, map = vshape\n"
                   "schedule = zbv", MICRO2)
-    directory = tmp_path / "ck"
-    first = run_ranks(2, train, str(plan), steps=1, checkpoint_dir=str(directory), deadline_s=120)[0]
-    second = run_ranks(2, train, str(plan), steps=3, checkpoint_dir=str(directory), resume=True, gather=True,
-                       deadline_s=120)[0]
-    whole = run_ranks(2, train, str(plan), steps=3, gather=True, deadline_s=120)[0]
-    assert second["first_step"] == 1 and first["losses"] + second["losses"] == whole["losses"]
-    assert sorted(second["params"]) == sorted(whole["params"])
-    assert all(torch.equal(second["params"][name], whole["params"][name]) for name in whole["params"])
+    _resumed_as_whole(plan, tmp_path / "ck")
 
 
 def test_a_root_buffer_survives_a_checkpoint_of_two_stages_a_rank_resharded(tmp_path, monkeypatch):
