@@ -24,9 +24,9 @@ from plandsl.runtime.launch import LaunchError, LaunchOptions, OptionError, inde
     rank_command, threads_per_process
 
 SCHEDULERS = ("slurm", "kubernetes")
+"""TorchX's schedulers `plandsl launch` submits to (`plandsl.api.launch_schedulers` repeats them for the CLI)."""
 IMAGE = re.compile(r"[A-Za-z0-9_./:@#+=~-]{1,4096}")
 """A container image as `--image` takes it: a registry reference, enroot/pyxis's `nvcr.io#...`, a .sqsh path."""
-"""TorchX's schedulers `plandsl launch` submits to (`plandsl.api.launch_schedulers` repeats them for the CLI)."""
 EXTRA = "pip install 'plandsl[launch]'"
 """How to install TorchX (torchx-nightly: the 0.7.0 release pins urllib3<1.27; README, Install)."""
 
