@@ -30,6 +30,11 @@ from plandsl.lsp.hover import hover_text
 from plandsl.lsp.navigate import definition
 
 
+class Answered(Exception):
+    """A message the server already answered with a JSON-RPC error (unreadable params): pygls's reader still logs
+    the exception, and `PlanServer.report_server_error` shows the client nothing more."""
+
+
 class PlanProtocol(LanguageServerProtocol):
     """pygls's protocol, answering what it left unanswered or reported as the server's own error:
 
@@ -69,6 +74,7 @@ class PlanProtocol(LanguageServerProtocol):
             if isinstance(data, dict) and "method" in data and isinstance(data.get("id"), (int, str)) \
                     and not isinstance(data.get("id"), bool):
                 self._send_response(data["id"], error=error.to_response_error())
+                raise Answered(error) from error  # answered: one line on stderr, no "Error in server" pop-up
             raise
 
     @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
@@ -89,6 +95,13 @@ class PlanServer(LanguageServer):
         self.shown: dict[str, dict[Diagnostic, types.Diagnostic]] = {}
         self.published: dict[str, set[str]] = {}  # document -> the other files its diagnostics were published on
         self.explained = Explanations()
+
+    def report_server_error(self, error: Exception, source) -> None:
+        """pygls's reporter shows the client "Error in server: ..." (window/showMessage) for every error; one the
+        server already answered (`Answered`: -32602 for unreadable params) is the stderr line pygls logged only."""
+        if isinstance(error, Answered):
+            return
+        super().report_server_error(error, source)
 
     def analyse(self, uri: str) -> None:
         document = self.workspace.get_text_document(uri)

@@ -102,7 +102,8 @@ def _messages(stdout: bytes) -> list[dict]:
 
 
 def test_a_request_with_params_it_cannot_read_is_answered_invalid_params(tmp_path):
-    """pygls logged such a request and answered nothing: a client waited for ids 2-4 for ever."""
+    """pygls logged such a request and answered nothing: a client waited for ids 2-4 for ever (and then showed
+    "Error in server: Invalid Params" beside the answer)."""
     uri = (tmp_path / "p.plan").as_uri()
     stream = b"".join([
         frame(request("initialize", {"capabilities": {}, "rootUri": None, "processId": None}, 1)),
@@ -121,6 +122,8 @@ def test_a_request_with_params_it_cannot_read_is_answered_invalid_params(tmp_pat
     errors = {m["id"]: m["error"]["code"] for m in _messages(result.stdout) if "error" in m}
     assert errors == {2: -32602, 3: -32602, "a": -32602}, result.stdout[-2000:]
     assert 5 in {m.get("id") for m in _messages(result.stdout)}
+    # answered, so no "Error in server: Invalid Params" pop-up beside the answer (the review)
+    assert [m for m in _messages(result.stdout) if m.get("method") == "window/showMessage"] == []
 
 
 def test_a_change_to_a_document_never_opened_is_left_out_not_a_server_error(tmp_path):
