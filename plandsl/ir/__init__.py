@@ -522,7 +522,8 @@ class CustomLayer(Node):
                                    "sequence (attention scores and values), measured by `plandsl inspect`")
 
 
-class CustomModel(Node):
+class CustomModel(OptionalKeys):
+    optional_keys = ("stage_problem",)  # a model without it dumps as before it existed
     kind: Literal["custom"]
     name: str
     layers: tuple[CustomLayer, ...]
@@ -548,6 +549,9 @@ class CustomModel(Node):
     positions: Optional[int] = Field(default=None, gt=0, description="with `source`: the positions its learned "
                                      "position embedding holds (GPT-2's `n_positions`); None without one. A longer "
                                      "train seq is E224")
+    stage_problem: Optional[str] = Field(default=None, description="with `source`: why the model's stages by its own "
+                                         "convention would compute otherwise than the whole model (its table's, "
+                                         "`plandsl inspect`'s), quoted by `run`'s refusal")
     stages_by: Optional[Literal["base_model_pp_plan", "trace"]] = Field(
         default=None, description="with `source`: how `plandsl run` splits the module into pipeline stages: by the "
         "model's own convention (transformers' `base_model_pp_plan`), by tracing its forward with torch's pipeline "

@@ -86,7 +86,7 @@ def inspected_model(scope: Scope, call: s.Call, name: str | None) -> ir.CustomMo
     return build(scope, ir.CustomModel, call.span, kind="custom", name=name or source.target.rpartition(":")[2],
                  layers=_layers(scope, call, table), seq=seq, source=source.text, block_list=table.block_list,
                  blocks=tuple(block.name for block in table.blocks), image=source.image,
-                 norm_values=table.norm_values, positions=table.positions,
+                 norm_values=table.norm_values, positions=table.positions, stage_problem=table.stage_problem,
                  stages_by="base_model_pp_plan" if table.block_list_from == "base_model_pp_plan" and not table.stage_problem else
                  "trace" if table.traceable else None, **torch_names(table))
 

@@ -279,10 +279,9 @@ def _torch_model_refusals(plan: ir.Plan, model: ir.CustomModel) -> list[Diagnost
         why = ("torch's pipeline frontend (torch.export) could not cut its forward at its blocks when `plandsl "
                "inspect` tried (data-dependent control flow, code export does not capture, or blocks called other "
                "than once each in their list's order)"
-               if not hf else "its class declares no `base_model_pp_plan` (which modules run before the blocks), or "
-               "its forward computes beside the modules a stage replaces, so that a stage would compute otherwise "
-               "than the whole model (Gemma's embedding scale, Gemma 2's logit cap: the table's `stage_problem`, "
-               "which `plandsl inspect` records)")
+               if not hf else f"a stage would compute otherwise than the whole model: {model.stage_problem}"
+               if model.stage_problem
+               else "its class declares no `base_model_pp_plan` (which modules run before the blocks)")
         found.append(diag("E704", f"'{model.source}' cannot be split into pipeline stages: {why}",
                           plan.stages.span, hint="use the pipeline axis for data parallelism (or FSDP) instead"))
     elif plan.stages is not None and not hf and model.blocks:

@@ -109,6 +109,8 @@ def test_a_hugging_face_model_whose_forward_computes_beside_its_stages_modules_i
     found = refusals(plan)
     assert [d.code for d in found] == ([] if problem is None else ["E704"])
     assert problem is None or "computes beside the modules a stage replaces" in found[0].message
+    # the recorded reason, quoted (the E704 read "declares no base_model_pp_plan, or ..." for a model that has one)
+    assert problem is None or (table.stage_problem in found[0].message and "declares no" not in found[0].message)
 
 
 def test_run_refuses_a_factory_its_ranks_cannot_import_before_they_start(tmp_path, table, monkeypatch):
