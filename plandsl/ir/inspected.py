@@ -8,7 +8,6 @@ settings and the installed library versions (read from package metadata: torch i
 from __future__ import annotations
 
 import ast
-import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -24,7 +23,7 @@ from typing import Annotated, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from plandsl.diagnostics.limits import MAX_LAYERS, MAX_SEQ
-from plandsl.syntax.files import shown_path
+from plandsl.syntax.files import shown_path, write_through_temporary
 
 MAX_TABLE_FILES = 16
 """Files a table's freshness reads (the factory's module: one), each at most `file_digest`'s bytes: a table edited
@@ -368,23 +367,9 @@ class InspectedModel(_Frozen):
 
 
 def write_cache(model: InspectedModel, path: str | Path) -> None:
-    """The table written to `path`: into a temporary file beside it, then renamed over it, so that whatever was
-    at `path` is replaced, not written through (a FIFO there was opened and waited on for ever, a link to
-    /dev/full written into) and a reader sees the old table or the new one. OSError when it cannot be."""
-    import tempfile  # lazy: only inspect writes a table
-    folder = os.path.dirname(os.fspath(path)) or "."
-    descriptor, temporary = tempfile.mkstemp(prefix=".inspect-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(model.model_dump_json(indent=1) + "\n")
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(temporary, 0o666 & ~mask)  # as open() would have made it, not mkstemp's 0600
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+    """The table written to `path` through a temporary file renamed over it (`write_through_temporary`: a FIFO or a
+    link to /dev/full at `path` is replaced, not written through). OSError when it cannot be."""
+    write_through_temporary(os.fspath(path), model.model_dump_json(indent=1) + "\n")
 
 
 @dataclass(frozen=True)

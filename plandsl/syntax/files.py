@@ -228,6 +228,28 @@ def _reason(error: OSError) -> str:
     return error.strerror or str(error)
 
 
+def write_through_temporary(path: str, text: str) -> None:
+    """Write `text` to `path` through a temporary file beside it, renamed over `path` at the end, so that whatever was
+    there is replaced, not written through (a FIFO was opened and waited on for ever, a link to /dev/full written
+    into), and a reader sees the old file or the new one; the file gets the bits open() would have made (not
+    mkstemp's 0600). OSError when it cannot be (the temporary file removed). `replace_file` keeps an existing file's
+    bits and owner instead (`fmt`)."""
+    import tempfile  # lazy: only the commands writing a file through one import it (it imports random and shutil)
+    folder = os.path.dirname(os.path.abspath(path))
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
 def replace_file(path: str, text: str) -> str | None:
     """Write `text` over the existing file `path` atomically (`fmt`): into a temporary file beside it, flushed
     and fsynced, given the file's permission bits (and owner, where allowed), then `os.replace`d over it, so

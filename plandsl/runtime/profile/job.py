@@ -25,6 +25,7 @@ from plandsl.diagnostics.limits import MAX_LOCAL_RANKS, MAX_PROFILE_NODES, MAX_S
 from plandsl.runtime.launch import cuda_device_count as _cuda_devices, endpoint_problem  # as `run` counts them
 from plandsl.runtime.profile.results import Profile
 from plandsl.runtime.profile.write import cluster_text
+from plandsl.syntax.files import write_through_temporary
 
 Progress = Callable[[int, int], None]
 TIMEOUT_S = 300
@@ -166,20 +167,7 @@ def write_cluster(profile: Profile, path: str) -> str:
     """Write the cluster file for `profile` to `path` (its stem names the node) through a temporary file beside
     it, renamed over `path` at the end; the text written. OSError when it cannot."""
     text = cluster_text(profile, Path(path).stem)
-    folder = os.path.dirname(os.path.abspath(path))
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # as open() would create it (mkstemp's is 0600)
-        os.replace(temporary, path)
-        temporary = None
-    finally:
-        if temporary is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
+    write_through_temporary(path, text)
     return text
 
 
