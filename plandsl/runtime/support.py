@@ -326,18 +326,10 @@ def _unpaired(styles: dict[str, str]) -> tuple[str, str] | None:
         parts = pattern.split(".")
         need = max(1, len(parts) - 2)
         other = "rowwise" if style == "colwise" else "colwise"
-        if not any(kind == other and _common(parts, candidate.split(".")) >= need for candidate, kind in styles.items()):
+        if not any(kind == other and len(os.path.commonprefix([parts, candidate.split(".")])) >= need
+                   for candidate, kind in styles.items()):
             return pattern, style
     return None
-
-
-def _common(a: list[str], b: list[str]) -> int:
-    count = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        count += 1
-    return count
 
 
 def _sequence_parallel_problem(plan: ir.Plan, model: ir.CustomModel, styles: dict[str, str]) -> str | None:
