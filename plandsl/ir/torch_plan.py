@@ -37,6 +37,16 @@ def matching(pattern: str, fqns) -> list[str]:
     return [fqn for fqn in fqns if match(fqn)]
 
 
+def naming_something(tp_plan, names) -> tuple[tuple[str, str], ...]:
+    """The entries of a model's own tensor-parallel plan that name one of `names` (the FQNs of its modules and
+    parameters). transformers skips an entry that names nothing (`_validate_parallel_plan`: "rules ... match
+    nothing in Qwen2MoeForCausalLM and will not be applied"; Qwen2-MoE's class plan names a dense MLP's
+    `mlp.gate_proj` where its layers hold experts), and so does plandsl: `lower` keeps only these."""
+    names = tuple(names)
+    return tuple((pattern, style) for pattern, style in tp_plan
+                 if any(map(_compiled(pattern).fullmatch, names)))
+
+
 @functools.lru_cache(maxsize=1024)
 def _compiled(pattern: str) -> re.Pattern:
     """The pattern as a regular expression: each component literally, `*` any one component."""
@@ -129,8 +139,8 @@ def head_counts(model: ir.CustomModel) -> dict[str, int]:
 def split_extents(model: ir.CustomModel) -> dict[str, int] | None:
     """Every extent the model's own tensor-parallel plan splits, by name (its config's head counts, each
     split dim of a matched parameter: `dim 0 of 'model.layers.0.self_attn.q_proj.weight'`); None when the
-    plan cannot apply (a style plandsl does not know, a pattern naming no module, a module torch cannot
-    split so: the checker's E405 and E414)."""
+    plan cannot apply (a style plandsl does not know, a pattern naming a parameter rather than a module, a
+    module torch cannot split so: the checker's E414)."""
     extents: dict[str, int] = dict(head_counts(model))
     types = dict(model.modules)
     shapes: dict[str, list[tuple[str, tuple[int, ...]]]] = {}

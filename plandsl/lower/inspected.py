@@ -19,6 +19,7 @@ from plandsl import syntax as s
 from plandsl.diagnostics import PlanError
 from plandsl.diagnostics.limits import MAX_SEQ
 from plandsl.ir.inspected import INPUT_KEY, InspectedModel, ModelSource, check_image, read_cache, write_cache
+from plandsl.ir.torch_plan import naming_something
 from plandsl.lower.bodies import build
 from plandsl.lower.evaluate import Poison, Scope
 
@@ -110,10 +111,13 @@ def _derived(scope: Scope, call: s.Call, source: ModelSource, seq: int, path: st
 
 def torch_names(table: InspectedModel) -> dict:
     """What placement and sharding by the model's own names read: its module tree, its parameters (a tied
-    one once), the tied pairs and its tensor-parallel plan (`ir.CustomModel`'s fields of the same names)."""
+    one once), the tied pairs and its tensor-parallel plan (`ir.CustomModel`'s fields of the same names): the
+    plan's entries that name a module or parameter of it, as transformers applies it (`ir.torch_plan.naming_something`)."""
+    names = [m.name for m in table.modules] + [p.name for p in table.param_list]
     return dict(modules=tuple((m.name, m.type) for m in table.modules),
                 parameters=tuple((p.name, p.shape) for p in table.param_list if p.tied_to is None),
-                tied=table.tied, tp_plan=table.tp_plan, experts=table.experts, ep_plan=table.ep_plan)
+                tied=table.tied, tp_plan=naming_something(table.tp_plan, names), experts=table.experts,
+                ep_plan=table.ep_plan)
 
 
 def _source(scope: Scope, call: s.Call, kind: str) -> ModelSource:

@@ -36,6 +36,10 @@ MISTRAL = ('hf("MistralForCausalLM", hidden_size=64, intermediate_size=96, num_h
            'num_key_value_heads=2, vocab_size=128, max_position_embeddings=16, tie_word_embeddings=false)')
 QWEN3 = ('hf("Qwen3ForCausalLM", hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, '
          'num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=16, tie_word_embeddings=false)')
+QWEN2_MOE = ('hf("Qwen2MoeForCausalLM", hidden_size=64, intermediate_size=96, moe_intermediate_size=32, '
+             'shared_expert_intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, '
+             'num_experts=4, num_experts_per_tok=2, vocab_size=128, max_position_embeddings=16, '
+             'tie_word_embeddings=false)')
 FACTORY = 'factory("inspect_models.tiny:build", depth=3)'
 VIT = ('hf("ViTForImageClassification", hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, '
        'image_size=16, patch_size=4, num_labels=10, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, '
@@ -114,6 +118,9 @@ CASES = [
     ("mixtral_ep_x_tp", 4, MIXTRAL, "[ep = 2, tp = 2]", "tensor = megatron over tp\nexperts = alltoall over ep"),
     # Qwen3's per-head q_norm and k_norm: whole on every rank, their gradients summed over the heads' ranks
     ("qwen3_fsdp_x_tp", 4, QWEN3, "[dp = 2, tp = 2]", "data = zero3 over dp\ntensor = megatron over tp"),
+    # Qwen2-MoE's class plan names a dense MLP's gate, up and down projections its layers do not have: skipped, as
+    # transformers skips them (check refused it, E405); the attention split, the experts whole on both ranks
+    ("qwen2_moe_tp", 2, QWEN2_MOE, "[tp = 2]", "tensor = megatron over tp"),
     # a schedule splitting the backward over stages between the first and the last: torch detaches each stage's
     # output in place, and a Hugging Face stage returned a view of its hidden states (transformers' logits slice)
     ("llama_zbv", 2, LLAMA, "[pp = 2]", "stages = evenly over pp with virtual = 2, map = vshape\nschedule = zbv", MICRO2),

@@ -12,6 +12,7 @@ import pytest
 from plandsl import api
 from plandsl.ir import Recompute
 from plandsl.ir import layers as ir_layers
+from plandsl.ir import torch_plan
 from plandsl.ir.inspected import ModelSource
 from plandsl.lower.inspected import cache_path
 
@@ -248,3 +249,67 @@ def test_the_expert_axis_splits_a_hugging_face_moes_grouped_experts(folder):
     held = [m.params - m.gathered_params for m in (api.estimate(plan).memory[0] for plan in (dense, split.document.plans[0]))]
     held = held[0] - held[1]
     assert held == 4 * sum(p.numel for p in experts) * 3 / 4
+
+
+# Class plans naming modules these models do not have (transformers 5: "rules ... match nothing ... and will not be
+# applied"): Qwen2-MoE's and Qwen3-Next's a dense MLP's `mlp.gate_proj`, `up_proj`, `down_proj` where their layers
+# hold experts; Llama 4's both `layers.*` and `model.layers.*`, and its experts' entries in a dense model
+QWEN2_MOE = ModelSource("hf", "Qwen2MoeForCausalLM", (
+    ("hidden_size", 64), ("intermediate_size", 128), ("moe_intermediate_size", 32),
+    ("shared_expert_intermediate_size", 64), ("num_hidden_layers", 2), ("num_attention_heads", 4),
+    ("num_key_value_heads", 2), ("num_experts", 4), ("num_experts_per_tok", 2), ("vocab_size", 300),
+    ("max_position_embeddings", SEQ)))
+QWEN3_NEXT = ModelSource("hf", "Qwen3NextForCausalLM", (
+    ("hidden_size", 64), ("intermediate_size", 128), ("moe_intermediate_size", 32),
+    ("shared_expert_intermediate_size", 64), ("num_hidden_layers", 4), ("num_attention_heads", 4),
+    ("num_key_value_heads", 2), ("head_dim", 16), ("num_experts", 4), ("num_experts_per_tok", 2),
+    ("linear_num_value_heads", 4), ("linear_num_key_heads", 2), ("linear_key_head_dim", 16),
+    ("linear_value_head_dim", 16), ("vocab_size", 300), ("max_position_embeddings", SEQ)))
+LLAMA4 = ModelSource("hf", "Llama4ForCausalLM", (
+    ("hidden_size", 64), ("intermediate_size", 128), ("intermediate_size_mlp", 128), ("num_hidden_layers", 2),
+    ("num_attention_heads", 4), ("num_key_value_heads", 2), ("head_dim", 16), ("num_local_experts", 4),
+    ("num_experts_per_tok", 1), ("vocab_size", 300), ("max_position_embeddings", SEQ)))
+# every 4th layer MoE: none of its 2 (a dense Llama 4)
+LLAMA4_DENSE = ModelSource("hf", "Llama4ForCausalLM", LLAMA4.args + (("interleave_moe_layer_step", 4),))
+
+
+@pytest.fixture(scope="module")
+def loose_plans(tmp_path_factory):
+    """A folder holding the tables of the models whose own plans name modules they do not have."""
+    where = tmp_path_factory.mktemp("loose_plans")
+    (where / ".plandsl").mkdir()
+    tables = {}
+    for source in (QWEN2_MOE, QWEN3_NEXT, LLAMA4, LLAMA4_DENSE):
+        tables[source] = api.inspect_model(source.text, seq=SEQ)
+        api.write_inspected(tables[source], cache_path(str(where / "p.plan"), source, SEQ))
+    return where, tables
+
+
+@pytest.mark.parametrize("source", [QWEN2_MOE, QWEN3_NEXT, LLAMA4_DENSE], ids=["qwen2_moe", "qwen3_next", "llama4_dense"])
+def test_entries_of_a_models_own_plan_naming_nothing_are_skipped_as_transformers_does(loose_plans, source):
+    folder, tables = loose_plans
+    names = {m.name for m in tables[source].modules}
+    unmatched = [p for p, _ in tables[source].tp_plan if not any(torch_plan.matches(p, n) for n in names)]
+    assert unmatched  # the class's plan names modules the model does not have (it was E405 for each)
+    analysis = _check(folder, "", model=source, mesh="[dp = 4, tp = 2]")
+    assert analysis.ok, [d.message for d in analysis.diagnostics]
+    model = analysis.document.plans[0].model
+    assert {p for p, _ in model.tp_plan} == {p for p, _ in tables[source].tp_plan} - set(unmatched)
+    assert any(p.endswith("self_attn.q_proj") for p, _ in model.tp_plan)  # attention is still split
+    assert torch_plan.tp_splits(model, 2)  # the cost model and the search take tp = 2 for it too
+    if source is QWEN2_MOE:  # what plandsl run applies: the attention's pairs, the experts whole on every rank
+        plan = api.load_runnable(folder / "p.plan", cuda=False)
+        assert all(".mlp." not in p for p, _ in plan.model.tp_plan)
+
+
+def test_a_models_own_plan_naming_a_parameter_or_a_style_plandsl_lacks_is_e414_not_e405(loose_plans):
+    """Llama 4's experts: `experts.gate_up_proj` names a parameter (packed_rowwise), `experts` a style plandsl does
+    not run (moe_tp_experts); its entries naming nothing (`layers.*...`) are skipped as for the dense one."""
+    folder, _ = loose_plans
+    analysis = _check(folder, "", model=LLAMA4, mesh="[dp = 4, tp = 2]")
+    assert set(_codes(analysis)) == {"E414"}, [d.message for d in analysis.diagnostics]
+    messages = [d.message for d in analysis.diagnostics]
+    assert any("names the parameter 'model.layers.0.feed_forward.experts.gate_up_proj', not a module" in m
+               for m in messages)
+    assert any("'model.layers.*.feed_forward.experts' the style 'moe_tp_experts'" in m for m in messages)
+    assert not any("'layers.*" in m for m in messages)

@@ -254,7 +254,10 @@ _entry("E414", """
     torch's tensor-parallel styles split nn.Linear (colwise: the output features, weight dim 0; rowwise:
     the input features, dim 1) and nn.Embedding modules; a shard rule or the model's own plan that
     gives `colwise` or `rowwise` to another module (a norm, a container, GPT-2's Conv1D) cannot be
-    applied, nor can a Hugging Face style plandsl does not know (e.g. `grouped_gemm`).
+    applied, nor can a Hugging Face style plandsl does not know (e.g. `grouped_gemm`), nor an entry of the
+    model's own plan that names one parameter rather than a module (Llama 4's `experts.gate_up_proj`).
+    An entry of the model's own plan that names nothing in it (Qwen2-MoE's `mlp.gate_proj`, where its
+    layers hold experts) is skipped, as transformers skips it.
     """, f"""
     import "clusters/dgx_a100"
     plan p {{
