@@ -6,6 +6,7 @@ model's predictions against published training runs.
     python bench/bench_search.py --validate   # published runs: measured, predicted, error (Markdown)
     python bench/bench_search.py --fit        # refit the GEMM efficiency and the ZeRO-3 NIC on the fit runs, then validate
     python bench/bench_search.py --mpt        # MosaicML's MPT throughput tables, summed apart (docs/validation.md)
+    python bench/bench_search.py --further    # published runs no earlier session used, unseen by the fit, apart
     python bench/bench_search.py --blackwell  # Megatron-Bridge's DGX-B200 / GB200 Llama rows, summed apart
     python bench/bench_search.py --blackwell-ultra  # ... the DGX-GB300 Llama rows, summed apart
     python bench/bench_search.py --moe-blackwell  # ... the DGX-GB300/GB200/B200 mixture-of-experts rows, apart
@@ -1860,6 +1861,155 @@ def memory_trace_report(names: list[str] | None = None) -> str:
     return "\n".join(lines)
 
 
+# Further published runs, unseen by the fit (docs/validation.md, "Further published runs, unseen by the fit
+# (2026-12-06)"): issue 20's hidden set played from outside. Rows no earlier session used, each written from its
+# source before its prediction was looked at, by the rules below; summed apart (`--further`): in neither the fit nor
+# the set tests/unit/test_validation.py holds to the targets, and no cost-model constant is tuned to them.
+#
+# (1) NeMo 24.07's DGX-H100 pre-training table (NVIDIA/NeMo docs/source/performance/performance_summary.md at
+# 8e3d65dcfe, 2024-09-09, its last version; removed in d31653f792 for the framework's online page): FP8, the table's
+# GPUs, GBS, MBS, sequence, TP, PP, CP, VP, and tokens/s per GPU. What the table does not give, the rule takes from the
+# 24.07 launcher's recipe of the same model (NVIDIA/NeMo-Framework-Launcher, tag 24.07,
+# launcher_scripts/conf/training/{gpt3,llama,nemotron}/*.yaml): `fp8_hybrid` with Transformer Engine 1.x's delayed
+# scaling (`fp8_amax_history_len` 1024 or 1: `fp8_recipe: delayed`, the language's default), `mcore_gpt` with
+# `distributed_fused_adam` (bf16 weights beside the fp32 master, optimizer states sharded: ZeRO-1, as the Nemotron-4
+# 340B row of NeMo 24.11 is written), the recipe's recomputation (`activations_checkpoint_granularity`: none but
+# Nemotron-4 340B's `selective`), its `ub_tp_comm_overlap` (userbuffers of TE 1.x, `USERBUFFERS_TE1`) where TP > 1,
+# its optimizer dtypes (Nemotron-4 340B: bf16 states and gradient reduction). Models: GPT-3 5B/20B/175B as the
+# launcher's gpt3 yamls (ffn 4h, GPT-2's 50,257 tokens padded to 128 x TP as Megatron pads), Llama 2 and 3 from the
+# stdlib, Nemotron-3 8B and 22B as `gpt` with their yamls' shapes (ffn 4h squared-ReLU: the parameters and FLOPs of
+# GELU's two matrices; vocabulary 256,000; untied), Nemotron-4 340B as the 24.11 row writes it. Megatron's pipeline
+# ("NVIDIA NeMo": `MEGATRON_PIPELINE_SOURCES`). The table's Nemotron-4 340B row is the 24.11 row's layout a release
+# earlier: kept, and said so.
+# Amended after first contact (the refusal of GPT-3 20B, traced to its gradients' buffer; docs/validation.md gives each
+# row's first prediction): the launcher's FP8 examples of the same tag (examples/training/{gpt,llama}/h100/*fp8*.sh,
+# every GPT-3 and Llama one) add `+training.model.optim.grad_sync_dtype=bf16`, which the yamls leave at the optimizer's
+# dtype, fp32; NeMo 24.07's distributed Adam keeps a contiguous gradient buffer of that dtype
+# (megatron_base_model.py: `contiguous_grad_buffer` True) and reduce-scatters it: `grad_dtype: bf16`
+# (`NEMO_2407_GRADS`) on those rows. The Nemotron-3 examples do not set it: fp32, as their yamls. And the loss, first
+# left at the language's default (`standard`: torch's, two or three fp32 temporaries of the logits' shape in its
+# backward), which refused Nemotron-3 8B: NeMo's mcore GPT computes Megatron-Core's vocabulary-parallel cross entropy
+# (megatron/core/tensor_parallel/cross_entropy.py, and with `cross_entropy_loss_fusion` the same steps jit-fused,
+# core/fusions/fused_cross_entropy.py, Megatron-LM at cf1d4d12a7, 2024-07): softmax in place in the fp32 copy,
+# gradient written over it and cast to 16 bits: `loss: megatron`, as the Megatron-LM README rows say it (the fused
+# variant moves fewer bytes than its op-by-op passes: the time of the four rows with the fusion is counted high).
+NEMO_2407 = "NVIDIA NeMo, performance_summary.md (NeMo 24.07, 8e3d65dcfe)"
+NEMO_2407_GRADS = {"grad_dtype": "bf16"}
+
+
+def _gpt2_vocab(tp: int) -> int:
+    """GPT-2's 50,257 tokens padded as Megatron pads them: to a multiple of 128 x TP (make_vocab_size_divisible_by)."""
+    step = 128 * tp
+    return -(-50257 // step) * step
+
+
+def nemo_2407_h100() -> list[Run]:
+    def run(name, model, gpus, batch, micro, seq, tp, pp, cp, vp, measured, recompute="none", dtypes=NEMO_2407_GRADS,
+            overlap=True):
+        pins = {"tp": tp, "pp": pp, "cp": cp, "dp": gpus // (tp * pp * cp), "micro_batch_size": micro,
+                "recompute": recompute, "zero_stage": 1}
+        if pp > 1:
+            pins |= {"schedule": "interleaved_1f1b" if vp > 1 else "1f1b", **({"virtual_stages": vp} if vp > 1 else {})}
+        return Run(f"NeMo 24.07 {name} (t{tp} p{pp}{f' c{cp}' if cp > 1 else ''}{f' v{vp}' if vp > 1 else ''}), "
+                   f"{gpus} H100, FP8", NEMO_2407, model, f"dgx_h100 x {gpus // 8}", batch, measured,
+                   metric="tokens_per_device", seq=seq, pins=pins, family="further",
+                   dtypes={"precision": "fp8", **MEGATRON_CORE, "loss": "megatron", **dtypes},
+                   overlap_tensor=overlap and tp > 1, **USERBUFFERS_TE1)
+    return [run("GPT-3 5B", gpt(24, 4096, 32, vocab=_gpt2_vocab(1)), 64, 2048, 4, 2048, 1, 1, 1, 1, 23406),
+            run("GPT-3 20B", gpt(44, 6144, 48, vocab=_gpt2_vocab(2)), 64, 256, 2, 2048, 2, 1, 1, 1, 5851),
+            # the 175B and 340B yamls leave ub_tp_comm_overlap False
+            run("GPT-3 175B, gbs 256", gpt(96, 12288, 96, vocab=_gpt2_vocab(4)), 128, 256, 1, 2048, 4, 8, 1, 6, 716,
+                overlap=False),
+            run("GPT-3 175B, gbs 2048", gpt(96, 12288, 96, vocab=_gpt2_vocab(4)), 512, 2048, 2, 2048, 4, 8, 1, 6, 825,
+                overlap=False),
+            run("Llama 2 7B", "llama2_7b", 8, 128, 1, 4096, 1, 1, 1, 1, 16934),
+            run("Llama 2 13B", "llama2_13b", 16, 128, 1, 4096, 1, 4, 1, 10, 8715),
+            run("Llama 2 70B", "llama2_70b", 64, 128, 1, 4096, 4, 4, 1, 20, 1728),
+            run("Nemotron-3 8B", gpt(32, 4096, 32, vocab=256000, seq=4096), 64, 256, 4, 4096, 2, 1, 1, 1, 12507,
+                dtypes={}),
+            run("Nemotron-3 22B", gpt(40, 6144, 48, vocab=256000, seq=4096), 64, 256, 2, 4096, 2, 4, 1, 10, 4312,
+                dtypes={}),
+            run("Nemotron-4 340B", NEMOTRON_340B, 128, 32, 1, 4096, 8, 8, 1, 12, 326, recompute="selective",
+                dtypes={"grad_dtype": "bf16", "optimizer_dtype": "bf16"}, overlap=False),
+            run("Llama 3 8B", "llama3_8b", 8, 128, 1, 8192, 1, 1, 2, 1, 12273),
+            run("Llama 3 70B", "llama3_70b", 64, 128, 1, 8192, 4, 4, 2, 5, 1524)]
+
+
+# (2) GPT-NeoX-20B (Black et al. 2022, arXiv:2204.06745, Secs. 2.3 and 3; EleutherAI/gpt-neox configs/20B.yml, "the
+# configuration file for the GPT-NeoX-20B model as it was trained on 96x 40GB A100 GPUs"): 44 layers of 6144, 64 heads,
+# sequence 2048, vocabulary 50,432 (50,257 padded), untied, parallel attention and MLP (`gpt_j_residual`); pipeline 4,
+# tensor 2, data 12; micro-batch 4 with 32 accumulation steps (global batch 1,536); ZeRO-1; every layer checkpointed;
+# fp16; Megatron's fused softmax (2022: the attention through memory); DeepSpeed's pipeline engine. 117 TFLOP/s per GPU
+# (the paper's Sec. 3) as gpt-neox counted them while it trained (megatron/logging.py `get_flops` from 799c6e6e,
+# 2021-04, to 5f364017, 2023-09): B s (6 N + 60 s h l) a step, N the 20,556,201,984 parameters, no recomputation, not
+# Megatron's eq. 3 (first compared as `tflops_per_device`, eq. 3 with the recomputed forward: +13.2 %, docs/validation.md);
+# as tokens per second per GPU: 117e12 / (6 N + 60 s h l). Twelve Supermicro AS-4124GO-NART servers (HGX A100 40GB:
+# NVSwitch), four ConnectX-6 HCAs a node into two MQM8700 (HDR, 200 Gb/s a port) switches: 100 GB/s a node
+# (`neox_hgx`, below).
+NEOX_PARAMS = 20_556_201_984
+NEOX_HARDWARE = """
+import "clusters/dgx_a100_40g"
+node neox_hgx {
+  devices = 8 x a100_40g
+  link    = { bandwidth: 300 GB/s, latency: 2 us }  # HGX A100's NVSwitch, as dgx_a100_40g
+  nic     = { bandwidth: 100 GB/s, latency: 5 us }  # 4 x ConnectX-6 HDR (200 Gb/s)
+}
+"""
+HARDWARE += NEOX_HARDWARE
+
+
+def further_papers() -> list[Run]:
+    runs = [Run("GPT-NeoX-20B (t2 p4 d12), 96 A100 40GB", "Black et al. 2022, arXiv:2204.06745, Sec. 3; "
+                "EleutherAI/gpt-neox configs/20B.yml", gpt(44, 6144, 64, vocab=50432)[:-1] + ", parallel=true)",
+                "neox_hgx x 12", 1536, 117e12 / (6 * NEOX_PARAMS + 60 * 2048 * 6144 * 44),
+                metric="tokens_per_device", family="further", pipeline="deepspeed",
+                pins={"tp": 2, "pp": 4, "dp": 12, "cp": 1, "micro_batch_size": 4, "recompute": "full",
+                      "zero_stage": 1, "schedule": "1f1b"},
+                dtypes={**PRE_FLASH, "precision": "fp16"})]
+    # (3) BloombergGPT (Wu et al. 2023, arXiv:2303.17564, Secs. 3.2-3.4): 70 layers of 7680, 40 heads, vocabulary
+    # 131,072, sequence 2048, ALiBi, tied embeddings; 64 p4d.24xlarge (512 A100 40GB); SageMaker's model parallelism
+    # library: ZeRO-3 sharded over 128 GPUs with 4 copies (MiCS), every layer checkpointed, bf16 with fp32 parameters,
+    # Megatron's masked softmax kernel (the attention through memory); 32.5 s a step at the batch of 2,048 it ran after
+    # its first 7,200 steps: 2048 x 2048 / 32.5 / 512 tokens/s per GPU (its "102 TFLOPs" is 8 x 50.6B x that). The
+    # micro-batch size is not given (searched). The language says MiCS's layout (`data = hsdp over [replica, shard]`)
+    # but the search does not generate it: the row is searched as ZeRO-3 over all 512 (its gathers' bytes per GPU the
+    # same, the ring four times longer) and said so.
+    runs.append(Run("BloombergGPT 50B (ZeRO-3, MiCS 128 x 4), 512 A100 40GB", "Wu et al. 2023, arXiv:2303.17564, "
+                    "Sec. 3.4", gpt(70, 7680, 40, vocab=131072)[:-1] + ", tied=true)", "p4d_24xlarge x 64", 2048,
+                    2048 * 2048 / 32.5 / 512, metric="tokens_per_device", family="further",
+                    pins={"tp": 1, "pp": 1, "cp": 1, "dp": 512, "zero_stage": 3, "recompute": "full"},
+                    dtypes=dict(PRE_FLASH), gathering=TORCHTITAN_GATHER,
+                    note="hsdp (ZeRO-3 over 128, 4 replicas) searched as zero3 over 512"))
+    return runs
+
+
+def further() -> list[Run]:
+    return nemo_2407_h100() + further_papers()
+
+
+def further_report() -> str:
+    """The further rows: each predicted or refused, and the median and maximum |error| per GPU of those predicted."""
+    results, refused = [], []
+    for run in further():
+        try:
+            results.append((run, *predict(run, None)))
+        except SearchError as problem:
+            refused.append((run, "does not fit" if "does not fit" in str(problem) else "no plan satisfies the pins"))
+    lines = ["| run | source | metric | measured | predicted | error | plan the search chose |",
+             "|---|---|---|---|---|---|---|"]
+    for run, value, best in results:
+        shown = (lambda x: f"{x:.1%}") if run.metric == "mfu" else (lambda x: f"{x:,.0f}")
+        lines.append(f"| {run.name} | {run.source} | {run.metric} | {shown(run.measured)} | {shown(value)} | "
+                     f"{error(run, value):+.1%} | {best.candidate.describe()}{_tp_overlap(run, best.candidate)} |")
+    lines += [f"| {run.name} | {run.source} | {run.metric} | {run.measured:,.0f} | refused: {why} | | |"
+              for run, why in refused]
+    lines.append("")
+    for gpu in ("A100", "H100"):
+        lines.append(_tally(f"further rows on {gpu}", lambda r, gpu=gpu: f" {gpu}" in r.name, results, refused))
+    lines.append(_tally("further rows, all", lambda r: True, results, refused))
+    return "\n".join(lines)
+
+
 def _child(index: int, root: str | None) -> dict:
     """`time_case(index)` in a child process importing plandsl from `root` (None: this checkout)."""
     env = dict(os.environ, PYTHONPATH=root or str(Path(__file__).resolve().parent.parent))
@@ -1896,6 +2046,8 @@ def main(argv: list[str]) -> None:
         print(report(validate(None), None))
         print()
         print(datasheet_zero3(None))
+    elif "--further" in argv:
+        print(further_report())
     elif "--mpt" in argv:
         print(mpt_report())
     elif "--moe-blackwell" in argv:

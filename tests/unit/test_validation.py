@@ -320,6 +320,37 @@ def test_mosaic_mpt_rows_are_reported_apart(bench):
 
 
 
+
+def test_further_rows_are_unseen_and_every_one_predicted(bench):
+    """The further published runs (docs/validation.md, "Further published runs, unseen by the fit (2026-12-06)"): no
+    row of them is a fit row or in the set the targets hold (`published()`), every one is searched under its source's
+    pins and predicted, none refused, and the report sums the A100 and the H100 rows apart. No error is held: they
+    measure the model on data it was not shaped on, and a bound set to what they gave would be a fit to them."""
+    runs = bench.further()
+    assert {run.family for run in runs} == {"further"} and not any(run.fit for run in runs)
+    assert not {run.name for run in runs} & {run.name for run in bench.published()}
+    report = bench.further_report()
+    assert "refused" not in report.split("further rows on")[0]
+    for label in ("further rows on A100", "further rows on H100", "further rows, all"):
+        line = next(line for line in report.splitlines() if line.startswith(label))
+        gpus = sum(f" {label.split()[-1]}" in run.name for run in runs) if "all" not in label else len(runs)
+        assert line.startswith(f"{label}: {gpus} predicted, 0 refused"), line
+
+
+def test_further_rows_measure_what_their_sources_counted(bench):
+    """GPT-NeoX-20B's 117 TFLOP/s are gpt-neox's own count of 2022 (megatron/logging.py `get_flops`: 6 N + 60 s h l
+    per token, no recomputation), BloombergGPT's the 32.5 s a step at its batch of 2,048: both compared as tokens per
+    second per GPU; NeMo 24.07's GPT-3 and Llama rows reduce 16-bit gradients as the launcher's FP8 examples do."""
+    runs = {run.name.split(" (")[0]: run for run in bench.further()}
+    neox, bloomberg = runs["GPT-NeoX-20B"], runs["BloombergGPT 50B"]
+    assert neox.metric == bloomberg.metric == "tokens_per_device"
+    assert neox.measured == pytest.approx(117e12 / (6 * 20_556_201_984 + 60 * 2048 * 6144 * 44))
+    assert bloomberg.measured * 512 * 32.5 == pytest.approx(2048 * 2048)
+    nemo = [run for run in bench.further() if run.source.startswith("NVIDIA NeMo")]
+    assert len(nemo) == 12 and all(run.dtypes["loss"] == "megatron" for run in nemo)
+    assert {run.name.split(" (")[0] for run in nemo if run.dtypes.get("grad_dtype") != "bf16"} == {
+        "NeMo 24.07 Nemotron-3 8B", "NeMo 24.07 Nemotron-3 22B"}
+
 @pytest.mark.slow
 def test_blackwell_rows_are_reported_apart(bench):
     """Megatron-Bridge's DGX-B200 and GB200 Llama rows (docs/validation.md, "Blackwell"): all 24 of the rule and 8
