@@ -1885,7 +1885,8 @@ def memory_trace_report(names: list[str] | None = None) -> str:
 # row's first prediction): the launcher's FP8 examples of the same tag (examples/training/{gpt,llama}/h100/*fp8*.sh,
 # every GPT-3 and Llama one) add `+training.model.optim.grad_sync_dtype=bf16`, which the yamls leave at the optimizer's
 # dtype, fp32; NeMo 24.07's distributed Adam keeps a contiguous gradient buffer of that dtype
-# (megatron_base_model.py: `contiguous_grad_buffer` True) and reduce-scatters it: `grad_dtype: bf16`
+# (megatron_base_model.py: `contiguous_grad_buffer` True; Apex's DistributedFusedAdam._init_grad_buffer allocates it in
+# `grad_sync_dtype`) and reduce-scatters it: `grad_dtype: bf16`
 # (`NEMO_2407_GRADS`) on those rows. The Nemotron-3 examples do not set it: fp32, as their yamls. And the loss, first
 # left at the language's default (`standard`: torch's, two or three fp32 temporaries of the logits' shape in its
 # backward), which refused Nemotron-3 8B: NeMo's mcore GPT computes Megatron-Core's vocabulary-parallel cross entropy
