@@ -318,12 +318,14 @@ class InspectedModel(_Frozen):
     params: Count = Field(description="every parameter, a tied one counted once")
     param_list: tuple[InspectedParam, ...]
     modules: tuple[InspectedModule, ...]
-    block_list: Optional[str] = Field(description="FQN of the one ModuleList holding the blocks; None when the "
-                                      "blocks are the children of several containers (`containers`)")
+    block_list: Optional[str] = Field(description="FQN of the one ModuleList (or ModuleDict, torchtitan's "
+                                      "`layers`) holding the blocks; None when the blocks are the children of "
+                                      "several containers (`containers`)")
     containers: tuple[str, ...] = Field(default=(), description="FQNs of the containers whose children are the "
                                         "blocks, in forward order: (`model.layers`,); a ResNet's nn.Sequential "
                                         "stages (`layer1`, ..., `layer4`)")
-    block_list_from: Literal["base_model_pp_plan", "layers", "largest ModuleList", "nn.Sequential"]
+    block_list_from: Literal["base_model_pp_plan", "layers", "largest ModuleList", "largest ModuleDict",
+                             "nn.Sequential"]
     blocks: tuple[InspectedBlock, ...] = Field(max_length=MAX_LAYERS)  # in forward order; each `name` its FQN
     before: Figures  # what runs before the first block (the embedding)
     after: Figures  # what runs after the last block (final norm, head; no loss)

@@ -7,6 +7,7 @@ built from small configs with random weights.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import textwrap
 from pathlib import Path
@@ -41,6 +42,7 @@ QWEN2_MOE = ('hf("Qwen2MoeForCausalLM", hidden_size=64, intermediate_size=96, mo
              'num_experts=4, num_experts_per_tok=2, vocab_size=128, max_position_embeddings=16, '
              'tie_word_embeddings=false)')
 FACTORY = 'factory("inspect_models.tiny:build", depth=3)'
+TITAN = 'factory("inspect_models.titan:build", n_layers=4)'
 VIT = ('hf("ViTForImageClassification", hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, '
        'image_size=16, patch_size=4, num_labels=10, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, '
        'input=image(3, 16, 16))')
@@ -146,6 +148,10 @@ CASES = [
      "data = zero3 over dp"),
     ("factory_root_buffer_gpipe", 2, 'factory("inspect_models.odd:build", root_buffer=true)', "[pp = 2]",
      "stages = evenly over pp\nschedule = gpipe", MICRO2),
+    # torchtitan's layout: the blocks in an nn.ModuleDict `layers` keyed "0" .. "3" (inspect refused it, E904), cut
+    # into stages by torch's pipeline frontend at `layers.2`, each block recomputed and its own FSDP unit
+    ("titan_moduledict_1f1b", 2, TITAN, "[pp = 2]", "stages = evenly over pp\nschedule = 1f1b", MICRO2),
+    ("titan_moduledict_fsdp_recompute", 2, TITAN, "[dp = 2]", "data = zero3 over dp", RECOMPUTE),
     ("llama_gqa_3d", 8, LLAMA, "[dp = 2, pp = 2, tp = 2]",
      "data = zero3 over dp\ntensor = megatron over tp\nstages = evenly over pp\nschedule = 1f1b", MICRO2),
 ]
@@ -157,6 +163,18 @@ def test_a_hugging_face_model_trains_like_one_process(case, tmp_path, monkeypatc
     name, world, model, mesh, lines, *train_ = case
     plan = _write(tmp_path, name, model, mesh, lines, *train_)
     _check(run_ranks(world, train, str(plan), check_equivalence=True, steps=STEPS, deadline_s=120))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None, reason="torchtitan is not installed")
+def test_torchtitans_own_llama3_trains_in_stages_like_one_process(tmp_path, monkeypatch):
+    """torchtitan's `Llama3Model` (its blocks in a ModuleDict `layers`) as a factory's module, cut into two stages by
+    torch's pipeline frontend; its q, k and v projections apart (`fuse_qkv=false`: torch.export lifts the fused
+    `wqkv` weight to an input of each stage, which no stage is fed)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "unit"))
+    plan = _write(tmp_path, "torchtitan_llama3", 'factory("inspect_models.titan:llama3", n_layers=4, '
+                  'max_position_embeddings=16, fuse_qkv=false)', "[pp = 2]",
+                  "stages = evenly over pp\nschedule = 1f1b", MICRO2)
+    _check(run_ranks(2, train, str(plan), check_equivalence=True, steps=STEPS, deadline_s=120))
 
 
 # (id, world, model, mesh, plan lines[, train]): layouts whose parameters a Hugging Face model's ranks build on the

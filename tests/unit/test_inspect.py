@@ -120,6 +120,31 @@ def test_a_user_factory_in_a_test_file():
     assert root.type == "Tiny" and {m.name for m in table.modules} >= {"layers.0.up", "layers.2.down", "out"}
 
 
+def test_blocks_in_a_module_dict_as_torchtitan_holds_them():
+    """torchtitan's layout: `layers` an nn.ModuleDict keyed "0" .. "3" (E904 before), the blocks by its keys in its
+    order, traced as a prefix of it (one block) and cut by torch's pipeline frontend; the same table as the model
+    holding them in an nn.ModuleList."""
+    source = "inspect_models.titan:build(n_layers=4)"
+    table = api.inspect_model(source, seq=16, search_path=(HERE,))
+    assert (table.block_list, table.block_list_from, table.containers) == ("layers", "layers", ("layers",))
+    assert [block.name for block in table.blocks] == ["layers.0", "layers.1", "layers.2", "layers.3"]
+    assert table.traced_blocks == 1 and table.traceable
+    listed = api.inspect_model(source.replace(")", ", as_dict=false)"), seq=16, search_path=(HERE,))
+    assert listed.block_list_from == "layers"
+    assert [b.figures for b in table.blocks] == [b.figures for b in listed.blocks]
+    assert (table.before, table.after, table.params) == (listed.before, listed.after, listed.params)
+    other = api.inspect_model(source.replace(")", ', container="blocks")'), seq=16, search_path=(HERE,))
+    assert other.block_list_from == "largest ModuleDict" and other.blocks[-1].name == "blocks.3"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None, reason="torchtitan is not installed")
+def test_torchtitans_own_llama3_is_inspected_by_its_module_dict():
+    table = api.inspect_model("inspect_models.titan:llama3(n_layers=3)", seq=16, search_path=(HERE,))
+    assert table.model_type == "Llama3Model" and table.block_list == "layers" and table.traceable
+    assert [block.name for block in table.blocks] == ["layers.0", "layers.1", "layers.2"]
+    assert {m.name for m in table.modules} >= {"layers.2.attention.wo", "layers.0.feed_forward.w1", "lm_head"}
+
+
 def test_a_deep_model_is_traced_once_per_block_shape():
     config = dict(LLAMA, num_hidden_layers=12, rope_theta=500000.0)  # a legacy key transformers still takes
     table = api.inspect_model(_hf("LlamaForCausalLM", **config), seq=16)

@@ -23,10 +23,16 @@ from plandsl.runtime.inspect.factory import Failure, definition, fail, user_fram
 IMAGE_BATCH = 2
 
 
+# The containers a model's blocks sit in, one after another: a ModuleList, or torchtitan's ModuleDict keyed "0" ..
+# "N-1" (a pipeline stage deletes the blocks it does not hold and keeps the others' names), iterated in its order
+BLOCK_LISTS = (nn.ModuleList, nn.ModuleDict)
+
+
 @dataclass
 class BlockList:
     """The pipeline units: `blocks` (FQN, module) in forward order, the children of `containers` (FQNs);
-    `name` is the one ModuleList's FQN when there is one container (None for a CNN's several stages)."""
+    `name` is the one ModuleList's (or ModuleDict's) FQN when there is one container (None for a CNN's several
+    stages)."""
     name: str | None
     found_by: str
     containers: tuple[str, ...]
@@ -59,9 +65,10 @@ def parameters(model: nn.Module) -> tuple[tuple[InspectedParam, ...], tuple[Insp
 
 
 def find_block_list(model: nn.Module, source: ModelSource) -> BlockList:
-    """Hugging Face's `base_model_pp_plan` (its ModuleList entry), else a ModuleList named `layers`, else the
-    largest ModuleList of blocks of one class, else the children of the longest run of nn.Sequential siblings
-    (a ResNet's `layer1` .. `layer4`: blocks `layer1.0` .. `layer4.1`); E904 when there is none."""
+    """Hugging Face's `base_model_pp_plan` (its ModuleList entry), else a ModuleList or ModuleDict (torchtitan's
+    layout: blocks `layers.0` .. by its keys, in its order) named `layers`, else the largest such container of
+    blocks of one class, else the children of the longest run of nn.Sequential siblings (a ResNet's `layer1` ..
+    `layer4`: blocks `layer1.0` .. `layer4.1`); E904 when there is none."""
     names = {module: name for name, module in model.named_modules()}
     config = getattr(model, "config", None)
     plan = getattr(config, "base_model_pp_plan", None) or {}
@@ -71,24 +78,27 @@ def find_block_list(model: nn.Module, source: ModelSource) -> BlockList:
         if isinstance(found, nn.ModuleList) and len(found):
             return _block_list(model, names[found], "base_model_pp_plan")
     lists = [(name, module) for name, module in model.named_modules()
-             if isinstance(module, nn.ModuleList) and len(module)]
+             if isinstance(module, BLOCK_LISTS) and len(module)]
     named = [name for name, _ in lists if name.rsplit(".", 1)[-1] == "layers"]
     if named:
         return _block_list(model, min(named, key=lambda n: n.count(".")), "layers")
     uniform = [(len(module), -name.count("."), name) for name, module in lists
-               if len({type(child) for child in module}) == 1]
+               if len({type(child) for child in module.children()}) == 1]
     if uniform:
-        return _block_list(model, max(uniform)[2], "largest ModuleList")
+        largest = max(uniform)[2]
+        kind = "ModuleDict" if isinstance(model.get_submodule(largest), nn.ModuleDict) else "ModuleList"
+        return _block_list(model, largest, f"largest {kind}")
     stages = _sequential_stages(model)
     if stages:
         return BlockList(None, "nn.Sequential", tuple(stages),
                          [(_join(stage, child), module) for stage in stages
                           for child, module in model.get_submodule(stage).named_children()])
-    raise fail("E904", f"no block list found in {type(model).__name__}: no base_model_pp_plan, no ModuleList "
-               "named 'layers', no ModuleList of blocks of one class, no nn.Sequential of blocks",
+    raise fail("E904", f"no block list found in {type(model).__name__}: no base_model_pp_plan, no ModuleList or "
+               "ModuleDict named 'layers' or holding blocks of one class, no nn.Sequential of blocks",
                definition(type(model)) if source.kind == "factory" else None,
-               hint="hold the repeated blocks in an nn.ModuleList (torchtitan and Hugging Face name it `layers`) "
-                    "or in nn.Sequential stages (torchvision's ResNet: layer1 .. layer4)")
+               hint="hold the repeated blocks in an nn.ModuleList (Hugging Face names it `layers`), an nn.ModuleDict "
+                    "keyed \"0\", \"1\", ... (torchtitan's `layers`) or nn.Sequential stages (torchvision's ResNet: "
+                    "layer1 .. layer4)")
 
 
 def _join(parent: str, child: str) -> str:
@@ -139,8 +149,8 @@ def has_submodule(root: nn.Module, key: str) -> bool:
 
 
 def _block_list(model: nn.Module, name: str, found_by: str) -> BlockList:
-    blocks = model.get_submodule(name)
-    return BlockList(name, found_by, (name,), [(f"{name}.{index}", block) for index, block in enumerate(blocks)])
+    blocks = model.get_submodule(name)  # a ModuleList's children are named by index, a ModuleDict's by key
+    return BlockList(name, found_by, (name,), [(f"{name}.{key}", block) for key, block in blocks.named_children()])
 
 
 def shape_keys(blocks: list[nn.Module]) -> list[int]:
@@ -213,8 +223,8 @@ class Inputs:
 
 
 def cuttable(blocks: BlockList, inputs: Inputs) -> bool:
-    """Whether the trace may run a prefix of the blocks: one ModuleList the forward loops over, on token ids (a
-    decoder, whose blocks keep the hidden size). A model that takes images is traced whole: its stages change
+    """Whether the trace may run a prefix of the blocks: one ModuleList (or ModuleDict) the forward loops over, on
+    token ids (a decoder, whose blocks keep the hidden size). A model that takes images is traced whole: its stages change
     the shape the layers after them take, and blocks of one shape cost more at a higher resolution."""
     return blocks.name is not None and blocks.found_by != "nn.Sequential" and not inputs.source.image
 
@@ -271,7 +281,8 @@ def trace(model: nn.Module, blocks: BlockList, traced: int, inputs: Inputs) -> _
         parent_name, _, attribute = blocks.name.rpartition(".")
         parent = model.get_submodule(parent_name)
         whole = parent._modules[attribute]
-        parent._modules[attribute] = nn.ModuleList(run)
+        parent._modules[attribute] = nn.ModuleDict(dict(list(whole.named_children())[:traced])) \
+            if isinstance(whole, nn.ModuleDict) else nn.ModuleList(run)
     try:
         with fake, counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             result = next(iter(_tensors(inputs.call(model))), None)
