@@ -1984,8 +1984,114 @@ def further_papers() -> list[Run]:
     return runs
 
 
+
+# (4) llm-foundry's "A100 40GB with 1600 Gbps node-node interconnect (RoCE)" table (mosaicml/llm-foundry,
+# scripts/train/benchmarking/README.md; unchanged since 300cc5c58, 2023-05-03, which brought it from MosaicML's
+# examples; the `--mpt` rule took the 80GB and H100 tables only): all 78 rows (bf16, 8 to 128 GPUs, FULL_SHARD, none
+# offloading). The rule is `mosaic_mpt`'s (the model, ZeRO-3, the micro-batch and recomputation of each row, the fused
+# loss of MosaicGPT's default `fused_crossentropy`, the A100's GEMM-priced attention core) but for two things the
+# table says otherwise: the node (`clusters/dgx_a100_40g`'s DGX A100 40GB: 8 x 200 Gb/s, the title's 1600 Gbps) and
+# the "MP Mode" PURE (the sweep's default, submit_benchmarks.py at 300cc5c58; composer's mosaic_fsdp.py then: bf16
+# `param_dtype` and `reduce_dtype`): bf16 gathers and bf16 gradient reductions (`grad_dtype: bf16`). Its sweep ran
+# llm-foundry v0.0.4 on torch 1.13.1 (sweep.sh), eager kernels like the 80GB rows, which the `--mpt` rule leaves at the
+# language's default kernels: so here.
+MPT_40GB_ROWS = [  # (model, sequence, GPUs, micro-batch, global batch, activation checkpointing, tokens/s per GPU)
+    ("70b", 2048, 128, 4, 512, True, 376),
+    ("70b", 2048, 64, 2, 128, True, 276),
+    ("30b", 2048, 128, 6, 768, True, 865),
+    ("30b", 2048, 32, 4, 128, True, 857),
+    ("13b", 8192, 8, 1, 128, True, 1407),
+    ("13b", 4096, 8, 2, 256, True, 1603),
+    ("13b", 2048, 128, 16, 2048, True, 1972),
+    ("13b", 2048, 64, 16, 1024, True, 1976),
+    ("13b", 2048, 32, 14, 448, True, 1998),
+    ("13b", 2048, 16, 10, 160, True, 1993),
+    ("13b", 2048, 8, 4, 512, True, 1668),
+    ("13b", 1024, 8, 8, 1024, True, 1727),
+    ("13b", 512, 8, 16, 2048, True, 1763),
+    ("7b", 16384, 8, 1, 32, True, 2249),
+    ("7b", 8192, 8, 3, 96, True, 2887),
+    ("7b", 4096, 8, 6, 192, True, 3366),
+    ("7b", 2048, 128, 18, 2304, True, 3623),
+    ("7b", 2048, 64, 18, 1152, True, 3665),
+    ("7b", 2048, 32, 18, 576, True, 3725),
+    ("7b", 2048, 16, 16, 256, True, 3645),
+    ("7b", 2048, 8, 12, 384, True, 3679),
+    ("7b", 1024, 8, 24, 768, True, 3854),
+    ("7b", 512, 8, 48, 1536, True, 3895),
+    ("3b", 32768, 8, 1, 32, True, 2955),
+    ("3b", 16384, 8, 2, 128, True, 4465),
+    ("3b", 8192, 8, 1, 64, False, 7149),
+    ("3b", 4096, 8, 2, 128, False, 8777),
+    ("3b", 2048, 128, 6, 768, False, 9538),
+    ("3b", 2048, 64, 6, 384, False, 9736),
+    ("3b", 2048, 32, 6, 192, False, 9914),
+    ("3b", 2048, 16, 5, 80, False, 9750),
+    ("3b", 2048, 8, 5, 320, False, 10065),
+    ("3b", 1024, 8, 10, 640, False, 10731),
+    ("3b", 512, 8, 20, 1280, False, 11324),
+    ("1b", 32768, 8, 1, 32, True, 5095),
+    ("1b", 16384, 8, 1, 64, False, 9715),
+    ("1b", 8192, 8, 2, 128, False, 13474),
+    ("1b", 4096, 8, 4, 256, False, 16856),
+    ("1b", 2048, 128, 10, 1280, False, 18647),
+    ("1b", 2048, 64, 10, 640, False, 19001),
+    ("1b", 2048, 32, 10, 320, False, 15555),
+    ("1b", 2048, 16, 8, 128, False, 19085),
+    ("1b", 2048, 8, 8, 512, False, 19271),
+    ("1b", 1024, 8, 16, 1024, False, 20959),
+    ("1b", 512, 8, 32, 2048, False, 21782),
+    ("760m", 32768, 8, 1, 32, True, 7183),
+    ("760m", 16384, 8, 1, 32, False, 13914),
+    ("760m", 8192, 8, 3, 96, False, 20106),
+    ("760m", 4096, 8, 6, 192, False, 25863),
+    ("760m", 2048, 128, 12, 1536, False, 28940),
+    ("760m", 2048, 64, 12, 768, False, 29344),
+    ("760m", 2048, 32, 12, 384, False, 29648),
+    ("760m", 2048, 16, 12, 192, False, 29607),
+    ("760m", 2048, 8, 12, 384, False, 30173),
+    ("760m", 1024, 8, 24, 768, False, 33422),
+    ("760m", 512, 8, 48, 1536, False, 34938),
+    ("350m", 32768, 8, 1, 32, False, 13416),
+    ("350m", 16384, 8, 2, 64, False, 22896),
+    ("350m", 8192, 8, 4, 128, False, 34933),
+    ("350m", 4096, 8, 8, 256, False, 46833),
+    ("350m", 2048, 128, 18, 2304, False, 51934),
+    ("350m", 2048, 64, 18, 1152, False, 52689),
+    ("350m", 2048, 32, 18, 576, False, 53811),
+    ("350m", 2048, 16, 18, 288, False, 55413),
+    ("350m", 2048, 8, 16, 512, False, 55995),
+    ("350m", 1024, 8, 32, 1024, False, 62523),
+    ("350m", 512, 8, 64, 2048, False, 66284),
+    ("125m", 32768, 8, 1, 32, False, 32651),
+    ("125m", 16384, 8, 2, 48, False, 55484),
+    ("125m", 8192, 8, 5, 120, False, 86858),
+    ("125m", 4096, 8, 13, 312, False, 115162),
+    ("125m", 2048, 128, 26, 3328, False, 123936),
+    ("125m", 2048, 64, 26, 1664, False, 125234),
+    ("125m", 2048, 32, 26, 832, False, 127122),
+    ("125m", 2048, 16, 26, 416, False, 130535),
+    ("125m", 2048, 8, 26, 624, False, 136334),
+    ("125m", 1024, 8, 52, 1248, False, 148289),
+    ("125m", 512, 8, 104, 2496, False, 156735),
+]
+
+
+def mosaic_mpt_40gb() -> list[Run]:
+    runs = []
+    for model, seq, gpus, micro, batch, checkpointing, tokens in MPT_40GB_ROWS:
+        layers, hidden, heads = MPT_ARCH[model]
+        runs.append(Run(f"MPT-{model} seq {seq}, {gpus} A100 40GB, mb {micro}{', AC' if checkpointing else ''}",
+                        f"{MOSAIC}, A100 40GB", gpt(layers, hidden, heads, vocab=50368, seq=seq)[:-1] + ", tied=true)",
+                        f"dgx_a100_40g x {gpus // 8}", batch, tokens, metric="tokens_per_device", family="further",
+                        dtypes={"loss": "fused", "grad_dtype": "bf16"},
+                        pins={"dp": gpus, "tp": 1, "pp": 1, "cp": 1, "micro_batch_size": micro, "zero_stage": 3,
+                              "recompute": "full" if checkpointing else "none"},
+                        gathering=TORCHTITAN_GATHER))
+    return runs
+
 def further() -> list[Run]:
-    return nemo_2407_h100() + further_papers()
+    return nemo_2407_h100() + further_papers() + mosaic_mpt_40gb()
 
 
 def further_report() -> str:
@@ -2007,6 +2113,10 @@ def further_report() -> str:
     lines.append("")
     for gpu in ("A100", "H100"):
         lines.append(_tally(f"further rows on {gpu}", lambda r, gpu=gpu: f" {gpu}" in r.name, results, refused))
+    lines.append(_tally("  of them llm-foundry's MPT on A100 40GB", lambda r: r.source.startswith(MOSAIC), results,
+                        refused))
+    lines.append(_tally("  of them GPT-NeoX-20B and BloombergGPT", lambda r: r.name.startswith(("GPT-NeoX", "Bloomberg")),
+                        results, refused))
     lines.append(_tally("further rows, all", lambda r: True, results, refused))
     return "\n".join(lines)
 

@@ -340,7 +340,8 @@ def test_further_rows_are_unseen_and_every_one_predicted(bench):
 def test_further_rows_measure_what_their_sources_counted(bench):
     """GPT-NeoX-20B's 117 TFLOP/s are gpt-neox's own count of 2022 (megatron/logging.py `get_flops`: 6 N + 60 s h l
     per token, no recomputation), BloombergGPT's the 32.5 s a step at its batch of 2,048: both compared as tokens per
-    second per GPU; NeMo 24.07's GPT-3 and Llama rows reduce 16-bit gradients as the launcher's FP8 examples do."""
+    second per GPU; NeMo 24.07's GPT-3 and Llama rows reduce 16-bit gradients as the launcher's FP8 examples do, and
+    llm-foundry's A100 40GB rows as their sweep's FSDP mode, PURE, does."""
     runs = {run.name.split(" (")[0]: run for run in bench.further()}
     neox, bloomberg = runs["GPT-NeoX-20B"], runs["BloombergGPT 50B"]
     assert neox.metric == bloomberg.metric == "tokens_per_device"
@@ -350,6 +351,10 @@ def test_further_rows_measure_what_their_sources_counted(bench):
     assert len(nemo) == 12 and all(run.dtypes["loss"] == "megatron" for run in nemo)
     assert {run.name.split(" (")[0] for run in nemo if run.dtypes.get("grad_dtype") != "bf16"} == {
         "NeMo 24.07 Nemotron-3 8B", "NeMo 24.07 Nemotron-3 22B"}
+    # llm-foundry's A100 40GB table: its 78 rows on the 40 GB DGX, FSDP's PURE mode (bf16 gathers and reductions)
+    mpt = bench.mosaic_mpt_40gb()
+    assert len(mpt) == 78 and all(run.cluster.startswith("dgx_a100_40g x ") and run.dtypes["grad_dtype"] == "bf16"
+                                  and run.gathering == bench.TORCHTITAN_GATHER for run in mpt)
 
 @pytest.mark.slow
 def test_blackwell_rows_are_reported_apart(bench):
