@@ -285,8 +285,11 @@ def _tp_overlap(run: Run, c) -> str:
     return " tp overlap (userbuffers" + ("" if run.sm_margin else ", no margin") + ")"
 
 
-def gpt(layers, hidden, heads, vocab=51200, seq=2048):
-    return f"gpt(layers={layers}, hidden={hidden}, heads={heads}, seq={seq}, vocab={vocab})"
+def gpt(layers, hidden, heads, vocab=51200, seq=2048, **options):
+    """A `gpt(...)` model; `options` its further arguments as the language writes them (`tied=True`: `tied=true`)."""
+    extra = "".join(f", {name}={str(value).lower() if isinstance(value, bool) else value}"
+                    for name, value in options.items())
+    return f"gpt(layers={layers}, hidden={hidden}, heads={heads}, seq={seq}, vocab={vocab}{extra})"
 
 
 # The Megatron-LM the rows of Narayanan et al. 2021 ran (cdde43385e, 2021-04-09, the paper's month; written 2026-12-05,
@@ -825,10 +828,10 @@ def nemo_blackwell() -> list[Run]:
     return rows
 
 
-def _predicted(runs: list[Run]) -> tuple[list, list, list[str]]:
-    """Megatron-Bridge's rows of a set apart, each predicted or refused: for what its recipe runs that the language
-    cannot say (its note), by the memory model ("does not fit"), or by the stages the plan cannot write; (the
-    predicted, the refused, their table: the plan the search chose with its TP overlap, `_tp_overlap`)."""
+def _predict_each(runs: list[Run]) -> tuple[list, list]:
+    """Each row predicted or refused: ((run, value, best) for the predicted, (run, why) for the refused): for what its
+    source runs that the language cannot say (its note), by the memory model ("does not fit"), or by the stages the
+    plan cannot write."""
     results, refused = [], []
     for run in runs:
         if run.note.startswith(UNSAYABLE):
@@ -838,6 +841,14 @@ def _predicted(runs: list[Run]) -> tuple[list, list, list[str]]:
             results.append((run, *predict(run, None)))
         except SearchError as problem:  # the memory model's verdict, or stages the plan cannot write
             refused.append((run, "does not fit" if "does not fit" in str(problem) else "no plan satisfies the pins"))
+    return results, refused
+
+
+def _predicted(runs: list[Run]) -> tuple[list, list, list[str]]:
+    """Megatron-Bridge's rows of a set apart, each predicted or refused: for what its recipe runs that the language
+    cannot say (its note), by the memory model ("does not fit"), or by the stages the plan cannot write; (the
+    predicted, the refused, their table: the plan the search chose with its TP overlap, `_tp_overlap`)."""
+    results, refused = _predict_each(runs)
     lines = ["| run | source | measured tokens/s/GPU | predicted | error | plan the search chose |",
              "|---|---|---|---|---|---|"]
     for run, value, best in results:
@@ -1609,21 +1620,26 @@ def mpt_node(model: str, gpus: int, gpu: str) -> str:
     return "dgx_h100_fa2" if mpt_attention(model, gpus, gpu) == "flash" else "dgx_h100_triton"
 
 
+def _mpt_run(model: str, seq: int, gpus: int, gpu: str, micro: int, batch: int, zero_stage: int, checkpointing: bool,
+             tokens: float, node: str, source: str, family: str, dtypes: dict) -> Run:
+    """One row of llm-foundry's MPT tables: the model of its size (MPT_ARCH: learned positions, tied embeddings) at
+    its sequence, Composer's FSDP at its ZeRO stage, its micro-batch and activation checkpointing, bf16 gathers;
+    `dtypes` beside the fused loss."""
+    layers, hidden, heads = MPT_ARCH[model]
+    return Run(f"MPT-{model} seq {seq}, {gpus} {gpu}, mb {micro}{', AC' if checkpointing else ''}", source,
+               gpt(layers, hidden, heads, vocab=50368, seq=seq, tied=True), f"{node} x {gpus // 8}", batch, tokens,
+               metric="tokens_per_device", family=family, dtypes={"loss": "fused", **dtypes},
+               pins={"dp": gpus, "tp": 1, "pp": 1, "cp": 1, "micro_batch_size": micro, "zero_stage": zero_stage,
+                     "recompute": "full" if checkpointing else "none"},
+               gathering=TORCHTITAN_GATHER)
+
+
 def mosaic_mpt() -> list[Run]:
-    runs = []
-    for model, seq, gpus, gpu, micro, batch, shard, checkpointing, tokens in MPT_ROWS:
-        layers, hidden, heads = MPT_ARCH[model]
-        runs.append(Run(f"MPT-{model} seq {seq}, {gpus} {gpu.upper()}, mb {micro}{', AC' if checkpointing else ''}",
-                        MOSAIC, gpt(layers, hidden, heads, vocab=50368, seq=seq)[:-1] + ", tied=true)",
-                        f"{mpt_node(model, gpus, gpu)} x {gpus // 8}", batch, tokens,
-                        metric="tokens_per_device", family="mpt", dtypes={"loss": "fused"},
-                        pins={"dp": gpus, "tp": 1, "pp": 1, "cp": 1, "micro_batch_size": micro,
-                               "zero_stage": 3 if shard == "FULL_SHARD" else 2,
-                               "recompute": "full" if checkpointing else "none"},
-                        # bf16 gathers: Composer's FSDP mixed_precision DEFAULT, every row's "MP Mode" (param_dtype
-                        # bf16; no reduce_dtype: fp32 reductions, the default grad_dtype)
-                        gathering=TORCHTITAN_GATHER))
-    return runs
+    # bf16 gathers: Composer's FSDP mixed_precision DEFAULT, every row's "MP Mode" (param_dtype bf16; no
+    # reduce_dtype: fp32 reductions, the default grad_dtype)
+    return [_mpt_run(model, seq, gpus, gpu.upper(), micro, batch, 3 if shard == "FULL_SHARD" else 2, checkpointing,
+                     tokens, mpt_node(model, gpus, gpu), MOSAIC, "mpt", {})
+            for model, seq, gpus, gpu, micro, batch, shard, checkpointing, tokens in MPT_ROWS]
 
 
 def mpt_report() -> str:
@@ -1961,7 +1977,7 @@ HARDWARE += NEOX_HARDWARE
 
 def further_papers() -> list[Run]:
     runs = [Run("GPT-NeoX-20B (t2 p4 d12), 96 A100 40GB", "Black et al. 2022, arXiv:2204.06745, Sec. 3; "
-                "EleutherAI/gpt-neox configs/20B.yml", gpt(44, 6144, 64, vocab=50432)[:-1] + ", parallel=true)",
+                "EleutherAI/gpt-neox configs/20B.yml", gpt(44, 6144, 64, vocab=50432, parallel=True),
                 "neox_hgx x 12", 1536, 117e12 / (6 * NEOX_PARAMS + 60 * 2048 * 6144 * 44),
                 metric="tokens_per_device", family="further", pipeline="deepspeed",
                 pins={"tp": 2, "pp": 4, "dp": 12, "cp": 1, "micro_batch_size": 4, "recompute": "full",
@@ -1976,7 +1992,7 @@ def further_papers() -> list[Run]:
     # but the search does not generate it: the row is searched as ZeRO-3 over all 512 (its gathers' bytes per GPU the
     # same, the ring four times longer) and said so.
     runs.append(Run("BloombergGPT 50B (ZeRO-3, MiCS 128 x 4), 512 A100 40GB", "Wu et al. 2023, arXiv:2303.17564, "
-                    "Sec. 3.4", gpt(70, 7680, 40, vocab=131072)[:-1] + ", tied=true)", "p4d_24xlarge x 64", 2048,
+                    "Sec. 3.4", gpt(70, 7680, 40, vocab=131072, tied=True), "p4d_24xlarge x 64", 2048,
                     2048 * 2048 / 32.5 / 512, metric="tokens_per_device", family="further",
                     pins={"tp": 1, "pp": 1, "cp": 1, "dp": 512, "zero_stage": 3, "recompute": "full"},
                     dtypes=dict(PRE_FLASH), gathering=TORCHTITAN_GATHER,
@@ -2078,17 +2094,10 @@ MPT_40GB_ROWS = [  # (model, sequence, GPUs, micro-batch, global batch, activati
 
 
 def mosaic_mpt_40gb() -> list[Run]:
-    runs = []
-    for model, seq, gpus, micro, batch, checkpointing, tokens in MPT_40GB_ROWS:
-        layers, hidden, heads = MPT_ARCH[model]
-        runs.append(Run(f"MPT-{model} seq {seq}, {gpus} A100 40GB, mb {micro}{', AC' if checkpointing else ''}",
-                        f"{MOSAIC}, A100 40GB", gpt(layers, hidden, heads, vocab=50368, seq=seq)[:-1] + ", tied=true)",
-                        f"dgx_a100_40g x {gpus // 8}", batch, tokens, metric="tokens_per_device", family="further",
-                        dtypes={"loss": "fused", "grad_dtype": "bf16"},
-                        pins={"dp": gpus, "tp": 1, "pp": 1, "cp": 1, "micro_batch_size": micro, "zero_stage": 3,
-                              "recompute": "full" if checkpointing else "none"},
-                        gathering=TORCHTITAN_GATHER))
-    return runs
+    return [_mpt_run(model, seq, gpus, "A100 40GB", micro, batch, 3, checkpointing, tokens, "dgx_a100_40g",
+                     f"{MOSAIC}, A100 40GB", "further", {"grad_dtype": "bf16"})
+            for model, seq, gpus, micro, batch, checkpointing, tokens in MPT_40GB_ROWS]
+
 
 def further() -> list[Run]:
     return nemo_2407_h100() + further_papers() + mosaic_mpt_40gb()
@@ -2096,12 +2105,7 @@ def further() -> list[Run]:
 
 def further_report() -> str:
     """The further rows: each predicted or refused, and the median and maximum |error| per GPU of those predicted."""
-    results, refused = [], []
-    for run in further():
-        try:
-            results.append((run, *predict(run, None)))
-        except SearchError as problem:
-            refused.append((run, "does not fit" if "does not fit" in str(problem) else "no plan satisfies the pins"))
+    results, refused = _predict_each(further())
     lines = ["| run | source | metric | measured | predicted | error | plan the search chose |",
              "|---|---|---|---|---|---|---|"]
     for run, value, best in results:
