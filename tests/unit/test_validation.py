@@ -356,6 +356,17 @@ def test_further_rows_measure_what_their_sources_counted(bench):
     assert len(mpt) == 78 and all(run.cluster.startswith("dgx_a100_40g x ") and run.dtypes["grad_dtype"] == "bf16"
                                   and run.gathering == bench.TORCHTITAN_GATHER for run in mpt)
 
+def test_further_nemo_rows_tie_the_embeddings_as_nemo_builds_them(bench):
+    """NeMo 24.07 ties the output layer to the input embedding unless the yaml says otherwise (megatron_gpt_model.py at
+    adcc72bfbb: `share_embeddings_and_output_weights` defaults True). The launcher's gpt3 yamls (tag 24.07) leave it,
+    nemotron's set it false and llama's false: the GPT-3 rows tie, the Nemotron and Llama rows do not."""
+    tied = {run.name.split(" (")[0].split(",")[0]: bench.problem_of(run).model.tied_embeddings
+            for run in bench.nemo_2407_h100()}
+    assert {name for name, tie in tied.items() if tie} == {"NeMo 24.07 GPT-3 5B", "NeMo 24.07 GPT-3 20B",
+                                                            "NeMo 24.07 GPT-3 175B"}
+    assert len(tied) == 11  # the two GPT-3 175B rows are one model
+
+
 @pytest.mark.slow
 def test_blackwell_rows_are_reported_apart(bench):
     """Megatron-Bridge's DGX-B200 and GB200 Llama rows (docs/validation.md, "Blackwell"): all 24 of the rule and 8
