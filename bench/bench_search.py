@@ -1623,14 +1623,14 @@ def mpt_node(model: str, gpus: int, gpu: str) -> str:
 def _mpt_run(model: str, seq: int, gpus: int, gpu: str, micro: int, batch: int, zero_stage: int, checkpointing: bool,
              tokens: float, node: str, source: str, family: str, dtypes: dict) -> Run:
     """One row of llm-foundry's MPT tables: the model of its size (MPT_ARCH: learned positions, tied embeddings) at
-    its sequence, Composer's FSDP at its ZeRO stage, its micro-batch and activation checkpointing, bf16 gathers;
-    `dtypes` beside the fused loss."""
+    its sequence, Composer's FSDP at its ZeRO stage, its micro-batch and activation checkpointing, no activations
+    offloaded (every row's "Activation CPUOffload": False), bf16 gathers; `dtypes` beside the fused loss."""
     layers, hidden, heads = MPT_ARCH[model]
     return Run(f"MPT-{model} seq {seq}, {gpus} {gpu}, mb {micro}{', AC' if checkpointing else ''}", source,
                gpt(layers, hidden, heads, vocab=50368, seq=seq, tied=True), f"{node} x {gpus // 8}", batch, tokens,
                metric="tokens_per_device", family=family, dtypes={"loss": "fused", **dtypes},
                pins={"dp": gpus, "tp": 1, "pp": 1, "cp": 1, "micro_batch_size": micro, "zero_stage": zero_stage,
-                     "recompute": "full" if checkpointing else "none"},
+                     "recompute": "full" if checkpointing else "none", "offload_layers": 0},
                gathering=TORCHTITAN_GATHER)
 
 
@@ -1931,8 +1931,9 @@ def _nemo_gpt3(layers: int, hidden: int, heads: int, tp: int) -> str:
 def nemo_2407_h100() -> list[Run]:
     def run(name, model, gpus, batch, micro, seq, tp, pp, cp, vp, measured, recompute="none", dtypes=NEMO_2407_GRADS,
             overlap=True):
+        # no activations offloaded: no yaml sets Megatron-Core's cpu_offloading (False by default)
         pins = {"tp": tp, "pp": pp, "cp": cp, "dp": gpus // (tp * pp * cp), "micro_batch_size": micro,
-                "recompute": recompute, "zero_stage": 1}
+                "recompute": recompute, "zero_stage": 1, "offload_layers": 0}
         if pp > 1:
             pins |= {"schedule": "interleaved_1f1b" if vp > 1 else "1f1b", **({"virtual_stages": vp} if vp > 1 else {})}
         return Run(f"NeMo 24.07 {name} (t{tp} p{pp}{f' c{cp}' if cp > 1 else ''}{f' v{vp}' if vp > 1 else ''}), "
@@ -1989,7 +1990,7 @@ def further_papers() -> list[Run]:
                 "neox_hgx x 12", 1536, 117e12 / (6 * NEOX_PARAMS + 60 * 2048 * 6144 * 44),
                 metric="tokens_per_device", family="further", pipeline="deepspeed",
                 pins={"tp": 2, "pp": 4, "dp": 12, "cp": 1, "micro_batch_size": 4, "recompute": "full",
-                      "zero_stage": 1, "schedule": "1f1b"},
+                      "zero_stage": 1, "schedule": "1f1b", "offload_layers": 0},  # 20B.yml offloads nothing
                 dtypes={**PRE_FLASH, "precision": "fp16"})]
     # (3) BloombergGPT (Wu et al. 2023, arXiv:2303.17564, Secs. 3.2-3.4): 70 layers of 7680, 40 heads, vocabulary
     # 131,072, sequence 2048, ALiBi, tied embeddings; 64 p4d.24xlarge (512 A100 40GB); SageMaker's model parallelism

@@ -367,6 +367,15 @@ def test_further_nemo_rows_tie_the_embeddings_as_nemo_builds_them(bench):
     assert len(tied) == 11  # the two GPT-3 175B rows are one model
 
 
+def test_further_rows_offload_no_activations_where_their_sources_say_so(bench):
+    """The search tries offloading activations to the host where a row does not pin it (the first contact's Llama 3 8B
+    row of NeMo 24.07 was predicted with 8 layers offloaded, which its recipe did not run). NeMo 24.07's yamls leave
+    Megatron-Core's cpu_offloading off, gpt-neox's 20B.yml offloads nothing, and every row of llm-foundry's tables
+    says "Activation CPUOffload" False: each pins none. BloombergGPT's paper does not say: searched."""
+    unpinned = {run.name for run in bench.further() + bench.mosaic_mpt() if run.pins.get("offload_layers") != 0}
+    assert unpinned == {"BloombergGPT 50B (ZeRO-3, MiCS 128 x 4), 512 A100 40GB"}
+
+
 @pytest.mark.slow
 def test_blackwell_rows_are_reported_apart(bench):
     """Megatron-Bridge's DGX-B200 and GB200 Llama rows (docs/validation.md, "Blackwell"): all 24 of the rule and 8
