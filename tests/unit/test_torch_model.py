@@ -58,6 +58,53 @@ def test_blocks_are_the_block_list_and_recomputation_wraps_each(tiny):
     assert all(p.grad is not None for p in tiny.parameters())
 
 
+@pytest.mark.parametrize("mode", ["full", "selective_op"])
+def test_recomputation_leaves_batch_norm_statistics_as_one_forward_does(monkeypatch, mode):
+    """A recomputed block reruns its BatchNorms in training mode: their running mean, variance and batch count are
+    put back after it, so two steps with recomputation end with the buffers (and gradients) of two without (each
+    BatchNorm counted 4 batches and moved its statistics twice as far)."""
+    monkeypatch.syspath_prepend(HERE)
+    from plandsl.runtime.equivalence import clean_name
+    from plandsl.runtime.parallel.recompute import apply_ac
+    from plandsl.runtime.torch_model import build
+    blocks = tuple(f"layer{stage}.{index}" for stage in range(1, 5) for index in range(2))
+    source = "inspect_models.resnet:resnet18(num_classes=10, width=8, input=image(3, 32, 32))"
+    plain, recomputed = (build(ir.CustomModel(kind="custom", name="resnet", layers=(), source=source, blocks=blocks),
+                               seed=0) for _ in range(2))
+    apply_ac(recomputed, ir.Recompute(mode))
+    assert type(recomputed.layer1[0]).__name__ == "CheckpointWrapper"
+    for step in range(2):
+        images, labels = plain.make_batch(4, 1, torch.Generator().manual_seed(step))
+        for model in (plain, recomputed):
+            model.zero_grad()
+            model.loss(model(images), labels).backward()
+    want = dict(plain.named_buffers())
+    got = {clean_name(name): buffer for name, buffer in recomputed.named_buffers()}
+    assert set(got) == set(want) and want["layer1.0.bn1.num_batches_tracked"] == 2
+    assert [name for name in want if not torch.equal(got[name], want[name])] == []
+    grads = {clean_name(name): p.grad for name, p in recomputed.named_parameters()}
+    assert all(torch.allclose(grads[name], p.grad, atol=1e-6) for name, p in plain.named_parameters())
+
+
+def test_recomputation_of_a_traced_stage_leaves_its_batch_norm_statistics_alone(monkeypatch):
+    """A stage torch's pipeline frontend traced holds its BatchNorms' buffers in modules of its own kind (no
+    BatchNorm2d left): the buffers a recomputation updated are put back all the same."""
+    monkeypatch.syspath_prepend(HERE)
+    from plandsl.runtime.parallel.recompute import apply_ac
+    from plandsl.runtime.torch_model import build
+    blocks = tuple(f"layer{stage}.{index}" for stage in range(1, 5) for index in range(2))
+    model = build(ir.CustomModel(kind="custom", name="resnet", layers=(), blocks=blocks,
+                                 source="inspect_models.resnet:resnet18(num_classes=10, width=8, input=image(3, 32, 32))"),
+                  seed=0)
+    images, _ = model.make_batch(2, 1, torch.Generator().manual_seed(1))
+    stage = model.stage_modules([{"embed", *blocks[:4]}, {*blocks[4:], "head"}], [0], images)[0]
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in stage.modules())
+    apply_ac(stage, ir.Recompute.full)
+    stage(images).sum().backward()
+    counts = {name: int(t) for name, t in stage.named_buffers() if name.endswith("num_batches_tracked")}
+    assert len(counts) == 10 and set(counts.values()) == {1}, counts
+
+
 def test_a_factory_module_is_split_into_stages_by_tracing(monkeypatch):
     """torch's pipeline frontend cuts the module at the stages' first blocks; the stages keep the module's
     names and, run one after the other, compute what the whole module computes."""

@@ -6,10 +6,13 @@ when given): `full` recomputes whole blocks
 `modules` names (`ir.Training.modules`, Megatron-Core's --recompute-modules; by default the attention core
 `attn.core`: the softmax(q kᵀ) v of Korthikanti et al. 2022, Sec. 5, whose activations grow with seq²; it holds no
 parameters), `selective_op` whole blocks under torch's
-selective checkpointing policy (`keep_every_other_matmul`), `none` changes nothing.
+selective checkpointing policy (`keep_every_other_matmul`), `none` changes nothing. A recomputed forward leaves the
+persistent buffers of what it reruns (BatchNorms' running statistics) as the forward left them (`state_kept`), so a
+run with recomputation ends with the buffers of one without.
 """
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 
 import torch
@@ -61,6 +64,58 @@ def keep_every_other_matmul():
     return create_selective_checkpoint_contexts(policy)
 
 
+def state_kept(module: nn.Module):
+    """The recomputation context for `module` (None when it holds no persistent buffer): the recomputation in backward
+    runs inside a context that puts each persistent buffer of the module (its state dict's: BatchNorm's running mean,
+    variance and batch count) back as it was before it. A BatchNorm in training normalises by the batch's own
+    statistics, so the recomputed activations are the forward's, but it also updates its running statistics again: a
+    second update per step (pytorch/pytorch#96136; fairscale's `patch_batchnorm` skips it for reentrant checkpointing
+    only, by `torch.is_grad_enabled`, which non-reentrant checkpointing leaves on in both passes). By the buffers, not
+    the BatchNorm modules: a block of a stage torch's pipeline frontend traced holds them in modules of its own kind."""
+    if next(_persistent(module), None) is None:
+        return None
+
+    @contextlib.contextmanager
+    def restoring():
+        saved = [(buffer, buffer.clone()) for buffer in _persistent(module)]
+        try:
+            yield
+        finally:  # also when checkpoint stops the recomputation early, once it has every tensor it needs
+            with torch.no_grad():
+                for buffer, value in saved:
+                    buffer.copy_(value)
+
+    return restoring
+
+
+def _persistent(module: nn.Module):
+    """The buffers of `module` and its descendants that their state dicts hold, as they are now."""
+    for sub in module.modules():
+        for name, buffer in sub._buffers.items():
+            if buffer is not None and name not in sub._non_persistent_buffers_set:
+                yield buffer
+
+
+def _wrap(module: nn.Module, policy=None) -> nn.Module:
+    """`module` under torch's checkpoint_wrapper (non-reentrant): with `policy`'s contexts (selective checkpointing),
+    and its persistent buffers (BatchNorms' running statistics) restored after a recomputation (`state_kept`)."""
+    restoring = state_kept(module)
+    if restoring is None:
+        return checkpoint_wrapper(module, context_fn=policy) if policy else checkpoint_wrapper(module)
+
+    def context_fn():
+        forward, recompute = policy() if policy else (contextlib.nullcontext(), contextlib.nullcontext())
+        return forward, _nested(restoring(), recompute)  # outside: its copies are no ops of the recomputation
+
+    return checkpoint_wrapper(module, context_fn=context_fn)
+
+
+@contextlib.contextmanager
+def _nested(first, second):
+    with first, second:
+        yield
+
+
 def _apply_modules(block: nn.Module, modules: frozenset[ir.RecomputeModule]) -> None:
     """`recompute: selective` with `modules` on one of plandsl's blocks, as megatron-core 0.16.1 runs each with
     Transformer Engine's layer spec (cost.memory._module_terms): `core_attn`, `mlp`, `moe`, `shared_experts` rerun the
@@ -71,7 +126,7 @@ def _apply_modules(block: nn.Module, modules: frozenset[ir.RecomputeModule]) -> 
     Module = ir.RecomputeModule
     latent, moe = hasattr(block.attn, "wkv_b"), getattr(block, "moe", None)
     if Module.core_attn in modules:
-        block.attn.register_module("core", checkpoint_wrapper(block.attn.core))
+        block.attn.register_module("core", _wrap(block.attn.core))
     if Module.layernorm in modules:
         for norm, wanted in ((block.norm1, latent), (block.norm2, moe is not None)):
             if wanted:
@@ -79,14 +134,14 @@ def _apply_modules(block: nn.Module, modules: frozenset[ir.RecomputeModule]) -> 
     if Module.mla_up_proj in modules and latent:
         block.attn.rerun_up = True
     if Module.mlp in modules and moe is None:
-        block.register_module("mlp", checkpoint_wrapper(block.mlp))
+        block.register_module("mlp", _wrap(block.mlp))
     if Module.moe in modules and moe is not None:
-        block.register_module("moe", checkpoint_wrapper(moe))
+        block.register_module("moe", _wrap(moe))
         return
     if Module.moe_act in modules and moe is not None:
         moe.experts.rerun_activation = True
     if Module.shared_experts in modules and moe is not None and moe.shared is not None:
-        moe.register_module("shared", checkpoint_wrapper(moe.shared))
+        moe.register_module("shared", _wrap(moe.shared))
 
 
 def apply_ac(model: nn.Module, mode: ir.Recompute, count: int | None = None,
@@ -102,8 +157,8 @@ def apply_ac(model: nn.Module, mode: ir.Recompute, count: int | None = None,
         parent_name, _, child = name.rpartition(".")  # a block named in full (layer1.0) sits in its own container
         parent = layers.get_submodule(parent_name)
         if mode is ir.Recompute.full:
-            parent.register_module(child, checkpoint_wrapper(block))
+            parent.register_module(child, _wrap(block))
         elif mode is ir.Recompute.selective_op:
-            parent.register_module(child, checkpoint_wrapper(block, context_fn=keep_every_other_matmul))
+            parent.register_module(child, _wrap(block, keep_every_other_matmul))
         elif hasattr(block, "attn"):
             _apply_modules(block, modules)
