@@ -3,7 +3,7 @@
 Stage: interpreter. Contract: `run_reference(plan, steps)` trains the full model on one device with the
 plan's seed, data, optimizer, LR schedule, clipping, microbatches (their losses averaged, so a step
 equals one step on the whole global batch) and fp16 loss scaling (the same `LossScaler`, in this process
-only); it returns the loss of every step and the final parameters.
+only); it returns the loss of every step, the final parameters and the persistent buffers (BatchNorm's running statistics).
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from plandsl import ir
 from plandsl.runtime.data import Batches, microbatches
@@ -21,10 +22,22 @@ from plandsl.runtime.precision import autocast, keep_weights, loss_scaler
 
 @dataclass
 class RunResult:
-    """Per-step losses (step 1 first) and the final parameters by name, as full CPU tensors."""
+    """Per-step losses (step 1 first), the final parameters and persistent buffers by name, as full CPU tensors."""
 
     losses: list[float] = field(default_factory=list)
     params: dict[str, torch.Tensor] = field(default_factory=dict)
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def persistent_buffers(module: nn.Module):
+    """(name, buffer) of each buffer of `module` that its state dict holds (BatchNorm's running statistics; not a
+    rotary table built from the config), each once, by the name its module path gives."""
+    seen = set()
+    for prefix, sub in module.named_modules():
+        for name, buffer in sub._buffers.items():
+            if buffer is not None and name not in sub._non_persistent_buffers_set and id(buffer) not in seen:
+                seen.add(id(buffer))
+                yield (f"{prefix}.{name}" if prefix else name), buffer
 
 
 def run_reference(plan: ir.Plan, steps: int, token_file: str | Path | None = None,
@@ -58,4 +71,5 @@ def run_reference(plan: ir.Plan, steps: int, token_file: str | Path | None = Non
         optimizer.zero_grad()
         result.losses.append(step_loss)
     result.params = {name: param.detach().to("cpu", copy=True) for name, param in model.named_parameters()}
+    result.buffers = {name: buffer.detach().to("cpu", copy=True) for name, buffer in persistent_buffers(model)}
     return result

@@ -35,7 +35,7 @@ from plandsl.runtime.parallel.tensor_parallel import loss_context
 from plandsl.runtime.precision import LossScaler, autocast, keep_weights, loss_scaler
 from plandsl.runtime import checkpoint, faults
 from plandsl.runtime.progress import Reporter
-from plandsl.runtime.equivalence import compare, gather_params, tolerance
+from plandsl.runtime.equivalence import buffers_comparable, compare, gather_buffers, gather_params, tolerance
 from plandsl.runtime.reference import RunResult, run_reference
 from plandsl.runtime.faults import report_error
 
@@ -355,12 +355,13 @@ def train(job: Job, config: RunConfig) -> None:
 
 def check_equivalence(job: Job, config: RunConfig) -> int:
     """Rank 0 compares with the reference run in-process; every rank returns the verdict (0 or 1)."""
-    params = gather_params(job.models)
+    params, buffers = gather_params(job.models), gather_buffers(job.models)
     verdict = [0]
     if dist.get_rank() == 0:
         reference = run_reference(job.plan, config.steps, config.token_file, job.device)
         reference.losses = reference.losses[job.first_step:]  # a resumed run trained only the steps after
-        report = compare(RunResult(job.losses, params), reference, tolerance(job.plan, job.device))
+        report = compare(RunResult(job.losses, params, buffers), reference, tolerance(job.plan, job.device),
+                         buffers=buffers_comparable(job.plan))
         report.loss_step += job.first_step
         print(report, flush=True)
         verdict = [0 if report.ok else 1]

@@ -114,6 +114,10 @@ CASES = [
      CNN_TRAIN.replace("seed: 0", "seed: 0, recompute: full")),
     ("resnet_dp_x_1f1b", 4, RESNET, "[dp = 2, pp = 2]", "data = replicate over dp\nstages = evenly over pp\nschedule = 1f1b",
      CNN_TRAIN),
+    # full recomputation reran each block's BatchNorms in backward, updating their running statistics a second time
+    # (the parameters equal, the buffers not: compared where no axis splits the batch, as here)
+    ("resnet_1f1b_recompute", 2, RESNET, "[pp = 2]", "stages = evenly over pp\nschedule = 1f1b",
+     CNN_TRAIN.replace("seed: 0", "seed: 0, recompute: full")),
     ("factory_gpipe", 2, 'factory("inspect_models.tiny:build", depth=4, tied=false)', "[pp = 2]",
      "stages = evenly over pp\nschedule = gpipe", MICRO2),
     ("mixtral_ep_x_fsdp", 4, MIXTRAL, "[dp = 2, ep = 2]", "data = zero3 over dp\nexperts = alltoall over ep"),

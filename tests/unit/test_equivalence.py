@@ -1,4 +1,5 @@
-"""`compare`: the equivalence verdict on all parameters together, the worst tensor shown beside it."""
+"""`compare`: the equivalence verdict on all parameters together, the worst tensor shown beside it; buffers (BatchNorm's
+running statistics) by the worst one."""
 from __future__ import annotations
 
 from support import lazy
@@ -61,6 +62,24 @@ def test_a_loss_that_differs_fails_and_a_missing_parameter_fails():
     del run.params["bias"]
     report = equivalence.compare(run, reference, 1e-5)
     assert not report.ok and report.missing == ("bias",)
+
+
+def test_buffers_are_compared_where_the_run_sees_the_references_batches():
+    """BatchNorm's running statistics updated a second time by a recomputation (the parameters equal): a failure;
+    under data parallelism (each replica's statistics its own share's) not compared, and said so."""
+    reference = _reference()
+    reference.buffers = {"bn.running_mean": torch.full((8,), 0.19), "bn.num_batches_tracked": torch.tensor(2)}
+    run = _run(reference)
+    run.buffers = {"bn.running_mean": torch.full((8,), 0.19 * (1 + 0.9)), "bn.num_batches_tracked": torch.tensor(4)}
+    report = equivalence.compare(run, reference, 1e-5)
+    assert not report.ok and report.param_diff == 0.0 and report.buffer_name == "bn.num_batches_tracked"
+    assert "buffers:    largest relative difference 1.000e+00 (bn.num_batches_tracked)" in str(report)
+    run.buffers = {name: tensor.clone() for name, tensor in reference.buffers.items()}
+    assert equivalence.compare(run, reference, 1e-5).ok
+    del run.buffers["bn.running_mean"]
+    assert equivalence.compare(run, reference, 1e-5).missing == ("bn.running_mean",)
+    apart = equivalence.compare(run, reference, 1e-5, buffers=False)
+    assert apart.ok and "buffers:    not compared" in str(apart)
 
 
 def test_a_run_that_reduces_its_gradients_in_bf16_is_held_to_the_16_bit_bound():
