@@ -1965,9 +1965,11 @@ def nemo_2407_h100() -> list[Run]:
 # configuration file for the GPT-NeoX-20B model as it was trained on 96x 40GB A100 GPUs"): 44 layers of 6144, 64 heads,
 # sequence 2048, vocabulary 50,432 (50,257 padded), untied, parallel attention and MLP (`gpt_j_residual`); pipeline 4,
 # tensor 2, data 12; micro-batch 4 with 32 accumulation steps (global batch 1,536); ZeRO-1; every layer checkpointed;
-# fp16; Megatron's fused softmax (2022: the attention through memory); DeepSpeed's pipeline engine. 117 TFLOP/s per GPU
-# (the paper's Sec. 3) as gpt-neox counted them while it trained (megatron/logging.py `get_flops` from 799c6e6e,
-# 2021-04, to 5f364017, 2023-09): B s (6 N + 60 s h l) a step, N the 20,556,201,984 parameters, no recomputation, not
+# fp16 as DeepSpeed's fp16 engine keeps it (fp16 weights and gradients, reduced in fp16, the fp32 master with Adam's
+# states in the ZeRO optimizer: `DEEPSPEED_2021_DTYPES`; the review: first written with fp32 weights and gradients);
+# Megatron's fused softmax (2022: the attention through memory); DeepSpeed's pipeline engine. 117 TFLOP/s per GPU
+# (the paper's Sec. 3) as gpt-neox counted them while it trained (`get_flops`, this count since 799c6e6e, 2021-04, in
+# megatron/training.py, megatron/logging.py from da0a017b, 2021-05, until 5f364017, 2023-09): B s (6 N + 60 s h l) a step, N the 20,556,201,984 parameters, no recomputation, not
 # Megatron's eq. 3 (first compared as `tflops_per_device`, eq. 3 with the recomputed forward: +13.2 %, docs/validation.md);
 # as tokens per second per GPU: 117e12 / (6 N + 60 s h l). Twelve Supermicro AS-4124GO-NART servers (HGX A100 40GB:
 # NVSwitch), four ConnectX-6 HCAs a node into two MQM8700 (HDR, 200 Gb/s a port) switches: 100 GB/s a node
@@ -1991,7 +1993,7 @@ def further_papers() -> list[Run]:
                 metric="tokens_per_device", family="further", pipeline="deepspeed",
                 pins={"tp": 2, "pp": 4, "dp": 12, "cp": 1, "micro_batch_size": 4, "recompute": "full",
                       "zero_stage": 1, "schedule": "1f1b", "offload_layers": 0},  # 20B.yml offloads nothing
-                dtypes={**PRE_FLASH, "precision": "fp16"})]
+                dtypes={**PRE_FLASH, **DEEPSPEED_2021_DTYPES})]
     # (3) BloombergGPT (Wu et al. 2023, arXiv:2303.17564, Secs. 3.2-3.4): 70 layers of 7680, 40 heads, vocabulary
     # 131,072, sequence 2048, ALiBi, tied embeddings; 64 p4d.24xlarge (512 A100 40GB); SageMaker's model parallelism
     # library: ZeRO-3 sharded over 128 GPUs with 4 copies (MiCS), every layer checkpointed, bf16 with fp32 parameters,
