@@ -1940,7 +1940,11 @@ def nemo_2407_h100() -> list[Run]:
                    f"{gpus} H100, FP8", NEMO_2407, model, f"dgx_h100 x {gpus // 8}", batch, measured,
                    metric="tokens_per_device", seq=seq, pins=pins, family="further",
                    dtypes={"precision": "fp8", **MEGATRON_CORE, "loss": "megatron", **dtypes},
-                   overlap_tensor=overlap and tp > 1, **USERBUFFERS_TE1)
+                   overlap_tensor=overlap and tp > 1, **USERBUFFERS_TE1, context="ring")
+    # context parallelism as Transformer Engine's ring (`context = ring`, `te`; the review: first the language's
+    # default, all-gather): Megatron-Core of then (cf1d4d12a7) hands the cp group to TE's DotProductAttention, whose
+    # only context parallelism in TE 1.8 and 1.9 is the P2P ring (attention.py, AttnFuncWithCP); the all-gather came
+    # with TE 1.10 behind `cp_comm_type` (Megatron-Core 91a8a4c8dc, 2024-10, p2p by default)
     return [run("GPT-3 5B", _nemo_gpt3(24, 4096, 32, 1), 64, 2048, 4, 2048, 1, 1, 1, 1, 23406),
             run("GPT-3 20B", _nemo_gpt3(44, 6144, 48, 2), 64, 256, 2, 2048, 2, 1, 1, 1, 5851),
             # the 175B and 340B yamls leave ub_tp_comm_overlap False

@@ -378,6 +378,14 @@ def test_further_rows_offload_no_activations_where_their_sources_say_so(bench):
     assert unpinned == {"BloombergGPT 50B (ZeRO-3, MiCS 128 x 4), 512 A100 40GB"}
 
 
+def test_further_nemo_rows_pass_context_around_a_ring(bench):
+    """NeMo 24.07's context parallelism is Transformer Engine 1.x's P2P ring (Megatron-Core of July 2024 hands the cp
+    group to TE's attention, whose only context parallelism before TE 1.10 is AttnFuncWithCP): the Llama 3 rows with
+    cp 2 run `context = ring` (TE's), not the all-gather the language writes by default."""
+    rows = [run for run in bench.nemo_2407_h100() if run.pins["cp"] > 1]
+    assert len(rows) == 2 and all(bench.problem_of(run).context == "ring" and run.ring == "te" for run in rows)
+
+
 @pytest.mark.slow
 def test_blackwell_rows_are_reported_apart(bench):
     """Megatron-Bridge's DGX-B200 and GB200 Llama rows (docs/validation.md, "Blackwell"): all 24 of the rule and 8
