@@ -319,8 +319,7 @@ def test_mosaic_mpt_rows_are_reported_apart(bench):
     assert "MPT on H100" in report and "refused: does not fit" not in report
 
 
-
-
+@pytest.mark.slow
 def test_further_rows_are_unseen_and_every_one_predicted(bench):
     """The further published runs (docs/validation.md, "Further published runs, unseen by the fit (2026-12-06)"): no
     row of them is a fit row or in the set the targets hold (`published()`), every one is searched under its source's
