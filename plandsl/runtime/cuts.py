@@ -2,7 +2,8 @@
 
 Stage: interpreter (torch-free: `runtime.support` asks it before any process starts, `runtime.torch_model` when it
 traces). Contract: `stage_split_points(order, stages)` maps block FQNs to "beginning" or "end", one cut per stage
-boundary, or None when the blocks offer too few cuts.
+boundary, or None when the blocks offer too few cuts; `unfed_inputs(pipe)` names the inputs of a traced stage that
+the split feeds it nothing for.
 """
 from __future__ import annotations
 
@@ -32,3 +33,19 @@ def stage_split_points(order: list[str], stages: list[set[str]]) -> dict[str, st
         else:
             return None
     return points
+
+
+def unfed_inputs(pipe) -> dict[int, list[str]]:
+    """Stage index -> the inputs of its module that torch's pipeline frontend's split (`Pipe.split_gm`) passes it
+    nothing for: a parameter torch.export lifted to an input of the stage's graph (torchtitan's fused `wqkv`
+    projection) is fed by no stage, and every rank fails at its first step ("forward() missing 2 required positional
+    arguments"). Empty when each stage is fed all it takes."""
+    found: dict[int, list[str]] = {}
+    stages = [node for node in pipe.split_gm.graph.nodes if node.op == "call_module"]
+    for index, node in enumerate(stages):
+        graph = getattr(pipe.split_gm.get_submodule(node.target), "graph", None)
+        wanted = [n.name for n in graph.nodes if n.op == "placeholder"] if graph is not None else []
+        fed = len(node.args) + len(node.kwargs)
+        if len(wanted) > fed:
+            found[index] = wanted[fed:]
+    return found

@@ -173,7 +173,7 @@ def test_a_hugging_face_model_trains_like_one_process(case, tmp_path, monkeypatc
 def test_torchtitans_own_llama3_trains_in_stages_like_one_process(tmp_path, monkeypatch):
     """torchtitan's `Llama3Model` (its blocks in a ModuleDict `layers`) as a factory's module, cut into two stages by
     torch's pipeline frontend; its q, k and v projections apart (`fuse_qkv=false`: torch.export lifts the fused
-    `wqkv` weight to an input of each stage, which no stage is fed)."""
+    `wqkv` weight to an input of each stage, which no stage is fed, and `plandsl inspect` records it untraceable)."""
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "unit"))
     plan = _write(tmp_path, "torchtitan_llama3", 'factory("inspect_models.titan:llama3", n_layers=4, '
                   'max_position_embeddings=16, fuse_qkv=false)', "[pp = 2]",

@@ -2,6 +2,7 @@
 distributed runs (Hugging Face models split, sharded and pipelined) are tests/distributed/test_torch_models.py."""
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -103,6 +104,22 @@ def test_recomputation_of_a_traced_stage_leaves_its_batch_norm_statistics_alone(
     stage(images).sum().backward()
     counts = {name: int(t) for name, t in stage.named_buffers() if name.endswith("num_batches_tracked")}
     assert len(counts) == 10 and set(counts.values()) == {1}, counts
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None, reason="torchtitan is not installed")
+def test_stages_whose_trace_lifted_a_weight_to_an_input_are_refused_before_a_step(monkeypatch):
+    """torchtitan's Llama 3 with its fused `wqkv`: torch.export lifts that weight to an input of each stage, which
+    torch's pipeline frontend feeds nothing (every rank failed at its first step: "forward() missing 2 required
+    positional arguments"); a table from before `plandsl inspect` knew gets a ModelError naming it."""
+    monkeypatch.syspath_prepend(HERE)
+    from plandsl.runtime.torch_model import ModelError, build
+    blocks = tuple(f"layers.{index}" for index in range(4))
+    model = build(ir.CustomModel(kind="custom", name="titan", layers=(), block_list="layers", blocks=blocks,
+                                 source="inspect_models.titan:llama3(n_layers=4)"), seed=0)
+    tokens, _ = model.make_batch(2, 16, torch.Generator().manual_seed(1))
+    with pytest.raises(ModelError, match="lifted layers_0_attention_qkv_linear_wqkv_weight, "
+                                         "layers_1_attention_qkv_linear_wqkv_weight to inputs of stage 0"):
+        model.stage_modules([{"embed", *blocks[:2]}, {*blocks[2:], "head"}], [0, 1], tokens)
 
 
 def test_a_factory_module_is_split_into_stages_by_tracing(monkeypatch):

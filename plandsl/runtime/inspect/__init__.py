@@ -15,6 +15,7 @@ import torch
 
 from plandsl.ir.inspected import InspectedModel, ModelSource, file_digest, library_versions, portable_path
 from plandsl.ir.torch_plan import matches
+from plandsl.runtime.cuts import unfed_inputs
 from plandsl.runtime.inspect.factory import DTYPES, Failure, build
 from plandsl.runtime.inspect.stages import stage_convention_problem
 from plandsl.runtime.inspect.trace import BlockList, Inputs, block_table, find_block_list, parameters, split_parameters
@@ -98,11 +99,16 @@ def stage_trace_problem(model, blocks: BlockList, inputs: Inputs) -> str | None:
     torch_log.setLevel(logging.ERROR)  # a failed export logs and prints the graph it got: not the user's output
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            pipeline(model, mb_args=(example,), split_spec={blocks.blocks[1][0]: SplitPoint.BEGINNING})
+            pipe = pipeline(model, mb_args=(example,), split_spec={blocks.blocks[1][0]: SplitPoint.BEGINNING})
     except (Exception, SystemExit) as error:  # torch.export cannot capture the forward (data-dependent control flow, ...)
         return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
     finally:
         torch_log.setLevel(level)
+    unfed = unfed_inputs(pipe)
+    if unfed:
+        stage, names = next(iter(unfed.items()))
+        return (f"torch.export lifted {', '.join(names[:3])} to inputs of stage {stage}, which its pipeline frontend "
+                "feeds nothing")
     return None
 
 
