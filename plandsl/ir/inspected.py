@@ -23,6 +23,7 @@ from typing import Annotated, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from plandsl.diagnostics.limits import MAX_LAYERS, MAX_SEQ
+from plandsl.ir.fqn import naming_something
 from plandsl.syntax.files import shown_path, write_through_temporary
 
 MAX_TABLE_FILES = 16
@@ -447,7 +448,8 @@ def read_cache(path: str | Path, source: ModelSource | None = None, seq: int | N
 
 
 def summary(model: InspectedModel) -> str:
-    """`plandsl inspect`'s text: the model, its parameters, and one row per run of blocks of one shape."""
+    """`plandsl inspect`'s text: the model, its parameters, and one row per run of blocks of one shape; the entries of
+    its tensor-parallel plan that name nothing in it, which `plandsl check` and `run` skip."""
     seq, unit = model.seq, "sample" if model.image else "token"
     runs: list[list[InspectedBlock]] = []
     for block in model.blocks:
@@ -472,4 +474,11 @@ def summary(model: InspectedModel) -> str:
              f"{'':<{width}}{'params':>16}{'FLOPs/' + unit:>18}{'saved B/' + unit:>16}{'boundary B/' + unit:>22}"]
     lines += [f"{label:<{width}}{params:>16,}{flops:>18,.0f}{saved:>16,.0f}{boundary:>22}"
               for label, params, flops, saved, boundary in rows]
+    names = [m.name for m in model.modules] + [p.name for p in model.param_list]
+    kept = {pattern for pattern, _ in naming_something(model.tp_plan, names)}
+    skipped = [pattern for pattern, _ in model.tp_plan if pattern not in kept]
+    if skipped:  # transformers warns so too: "rules [...] match nothing in ... and will not be applied"
+        lines.append(f"tensor-parallel plan: {len(skipped)} of its {len(model.tp_plan)} entries name nothing in the "
+                     f"model and are skipped, as transformers skips them: {', '.join(skipped[:6])}"
+                     + (", ..." if len(skipped) > 6 else ""))
     return "\n".join(lines)

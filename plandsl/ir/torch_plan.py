@@ -2,7 +2,8 @@
 parameter a tensor-parallel style splits, and which layer (`embed`, a block, `head`) holds a module.
 
 Stage: IR, torch-free (read by the layer catalogue, the checker and the cost model). Patterns are
-Hugging Face's: dotted FQNs where `*` is any one name component (`model.layers.*.self_attn.q_proj`).
+Hugging Face's: dotted FQNs where `*` is any one name component (`model.layers.*.self_attn.q_proj`), matched by
+`ir.fqn`.
 Styles are the plan language's (`colwise`, `rowwise`, `sequence`, `replicate`) and Hugging Face's
 (`colwise_gather_output`, `embedding_rowwise`, `replicated_with_grad_allreduce`, ...), as registered
 in transformers' `distributed/tensor_parallel.py`.
@@ -11,9 +12,9 @@ from __future__ import annotations
 
 import bisect
 import functools
-import re
 
 from plandsl import ir
+from plandsl.ir.fqn import matches, matching  # noqa: F401 - matches: read from here by the interpreter and the catalogue
 from plandsl.ir.shapes import indivisible
 
 # Styles that split a Linear's weight [out, in] along dim 0 (its output features) or 1 (its inputs);
@@ -24,33 +25,6 @@ EMBEDDING = {"embedding_rowwise": 0, "embedding_colwise": 1}
 # Styles that keep the weights whole (activations split along the sequence, or replicated weights).
 WHOLE = frozenset({"sequence", "sequence_parallel", "replicate", "replicated_with_grad_allreduce", "all_reduce"})
 KNOWN_STYLES = COLWISE | ROWWISE | set(EMBEDDING) | WHOLE
-
-
-def matches(pattern: str, fqn: str) -> bool:
-    """Does the pattern name the module `fqn` exactly (`*`: one name component)?"""
-    return _compiled(pattern).fullmatch(fqn) is not None
-
-
-def matching(pattern: str, fqns) -> list[str]:
-    """The FQNs the pattern names exactly, in their order."""
-    match = _compiled(pattern).fullmatch
-    return [fqn for fqn in fqns if match(fqn)]
-
-
-def naming_something(tp_plan, names) -> tuple[tuple[str, str], ...]:
-    """The entries of a model's own tensor-parallel plan that name one of `names` (the FQNs of its modules and
-    parameters). transformers skips an entry that names nothing (`_validate_parallel_plan`: "rules ... match
-    nothing in Qwen2MoeForCausalLM and will not be applied"; Qwen2-MoE's class plan names a dense MLP's
-    `mlp.gate_proj` where its layers hold experts), and so does plandsl: `lower` keeps only these."""
-    names = tuple(names)
-    return tuple((pattern, style) for pattern, style in tp_plan
-                 if any(map(_compiled(pattern).fullmatch, names)))
-
-
-@functools.lru_cache(maxsize=1024)
-def _compiled(pattern: str) -> re.Pattern:
-    """The pattern as a regular expression: each component literally, `*` any one component."""
-    return re.compile(r"\.".join("[^.]+" if part == "*" else re.escape(part) for part in pattern.split(".")))
 
 
 def supports_style(module_type: str) -> bool:

@@ -18,8 +18,8 @@ from plandsl import ir
 from plandsl import syntax as s
 from plandsl.diagnostics import PlanError
 from plandsl.diagnostics.limits import MAX_SEQ
+from plandsl.ir.fqn import naming_something
 from plandsl.ir.inspected import INPUT_KEY, InspectedModel, ModelSource, check_image, read_cache, write_cache
-from plandsl.ir.torch_plan import naming_something
 from plandsl.lower.bodies import build
 from plandsl.lower.evaluate import Poison, Scope
 
@@ -112,7 +112,7 @@ def _derived(scope: Scope, call: s.Call, source: ModelSource, seq: int, path: st
 def torch_names(table: InspectedModel) -> dict:
     """What placement and sharding by the model's own names read: its module tree, its parameters (a tied
     one once), the tied pairs and its tensor-parallel plan (`ir.CustomModel`'s fields of the same names): the
-    plan's entries that name a module or parameter of it, as transformers applies it (`ir.torch_plan.naming_something`)."""
+    plan's entries that name a module or parameter of it, as transformers applies it (`ir.fqn.naming_something`)."""
     names = [m.name for m in table.modules] + [p.name for p in table.param_list]
     return dict(modules=tuple((m.name, m.type) for m in table.modules),
                 parameters=tuple((p.name, p.shape) for p in table.param_list if p.tied_to is None),

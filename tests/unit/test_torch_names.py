@@ -291,6 +291,8 @@ def test_entries_of_a_models_own_plan_naming_nothing_are_skipped_as_transformers
     names = {m.name for m in tables[source].modules}
     unmatched = [p for p, _ in tables[source].tp_plan if not any(torch_plan.matches(p, n) for n in names)]
     assert unmatched  # the class's plan names modules the model does not have (it was E405 for each)
+    assert (f"tensor-parallel plan: {len(unmatched)} of its {len(tables[source].tp_plan)} entries name nothing in the "
+            f"model and are skipped, as transformers skips them: {unmatched[0]}, ") in api.format_inspected(tables[source])
     analysis = _check(folder, "", model=source, mesh="[dp = 4, tp = 2]")
     assert analysis.ok, [d.message for d in analysis.diagnostics]
     model = analysis.document.plans[0].model
