@@ -565,6 +565,15 @@ NEMO_BRIDGE = "NVIDIA Megatron-Bridge, performance summary"
 # bf16_with_fp8_current_scaling_mixed (fp8_recipe "tensorwise": Transformer Engine's Float8CurrentScaling) with its
 # first and last layers in bf16 turned off (`current_scaling_cfg.first_last_layers_bf16 = False`).
 NEMO_FP8_CS = {"fp8_recipe": "current"}
+# Their context parallelism (the 405B recipes' CP 2) is Megatron-Core's default, Transformer Engine's P2P ring
+# (`context = ring`, `te`; written 2026-12-06 from the code, the review; before, the language's default all-gather): no
+# recipe or performance script of Megatron-Bridge v0.2.0 to v0.4.2 sets `cp_comm_type` (only mlm_compat/arguments.py
+# copies Megatron-LM's flag, and v0.4.2's training/config.py:1287 validates it, `cp_comm_type or "p2p"`), which
+# TransformerConfig leaves None (transformer_config.py:641 at 0d8e0714cd, v0.2.0's Megatron-LM; :732 at b0cc2706dd,
+# v0.3.0's; :826 at 2edffadb52, v0.4.2's), TransformerLayer then passes none to the attention (transformer_layer.py:293
+# at 0d8e0714cd) and TEDotProductAttention hands Transformer Engine "p2p" (extensions/transformer_engine.py:925-926 at
+# 0d8e0714cd, :1240-1241 at b0cc2706dd, :1451-1452 at 2edffadb52): AttnFuncWithCPAndKVP2P.
+BRIDGE_CONTEXT = "ring"
 
 
 def bridge_loss(model: str, container: str) -> dict:
@@ -588,7 +597,8 @@ def nemo_h100() -> list[Run]:
                    f"dgx_h100 x {gpus // 8}", batch, measured, metric="tokens_per_device",
                    pins={**base, **pins}, dtypes={"precision": "fp8", **NEMO_FP8_CS, **MEGATRON_CORE,
                                                    **bridge_loss(model, container)}, note=note,
-                   overlap_tensor=pins.get("tp", 1) > 1, gathering=FP8_GATHER, **USERBUFFERS_BRIDGE_FP8)
+                   overlap_tensor=pins.get("tp", 1) > 1, gathering=FP8_GATHER, **USERBUFFERS_BRIDGE_FP8,
+                   context=BRIDGE_CONTEXT)
     return [run("Llama 3 8B (FSDP 8)", "25.11", "llama3_8b", 8, 128, 14451, dp=8, tp=1, pp=1, zero_stage=3,
                 note="the recipe recomputes 5 of the 32 layers (recompute_num_layers=5), pinned here as none"),
             run("Llama 3 70B (t4 p8 v5), gbs 128", "25.11", "llama3_70b", 64, 128, 1602, dp=2, tp=4, pp=8,
@@ -791,7 +801,8 @@ def nemo_blackwell() -> list[Run]:
                            **(NEMO_FP8_CS if precision in ("FP8", "FP8-CS") else {}), **MEGATRON_CORE,
                            "grad_dtype": "bf16", **bridge_loss(model, container)},
                    note=note, family="blackwell", overlap_tensor=pins.get("tp", 1) > 1 and precision != "NVFP4",
-                   gathering=FP8_GATHER if precision != "NVFP4" else ir.FSDP_GATHERING, **USERBUFFERS_BRIDGE_FP8)
+                   gathering=FP8_GATHER if precision != "NVFP4" else ir.FSDP_GATHERING, **USERBUFFERS_BRIDGE_FP8,
+                   context=BRIDGE_CONTEXT)
     offload = "the recipe offloads 40 layers' activations to the CPU (cpu_offloading_num_layers): offload_layers 40"
     graphs = "the recipe captures the whole iteration in a CUDA graph, not priced"
     rows = []
@@ -947,7 +958,8 @@ def nemo_blackwell_ultra() -> list[Run]:
                            "grad_dtype": "bf16", **bridge_loss(model, container)},
                    note=note, family="blackwell-ultra",
                    overlap_tensor=pins.get("tp", 1) > 1 and precision != "NVFP4",
-                   gathering=FP8_GATHER if precision != "NVFP4" else ir.FSDP_GATHERING, **USERBUFFERS_BRIDGE_FP8)
+                   gathering=FP8_GATHER if precision != "NVFP4" else ir.FSDP_GATHERING, **USERBUFFERS_BRIDGE_FP8,
+                   context=BRIDGE_CONTEXT)
     offload = "the recipe offloads 20 layers' activations to the host (cpu_offloading_num_layers): offload_layers 20"
     graphs = "the recipe captures the whole iteration in a CUDA graph, not priced"
     fsdp_70b = dict(dp=64, tp=1, pp=1, zero_stage=3, micro_batch_size=2, offload_layers=20)

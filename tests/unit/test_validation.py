@@ -385,6 +385,15 @@ def test_further_nemo_rows_pass_context_around_a_ring(bench):
     assert len(rows) == 2 and all(bench.problem_of(run).context == "ring" and run.ring == "te" for run in rows)
 
 
+def test_bridge_rows_pass_context_around_megatron_cores_default_ring(bench):
+    """Megatron-Bridge's recipes (v0.2.0 to v0.4.2) set no `cp_comm_type`: TransformerConfig's None, which
+    TEDotProductAttention hands Transformer Engine as "p2p" (its ring, AttnFuncWithCPAndKVP2P): every Bridge row
+    with cp > 1, on H100, B200, GB200 and GB300, runs `context = ring` (TE's), not the language's default all-gather."""
+    rows = [run for run in bench.nemo_h100() + bench.nemo_blackwell() + bench.nemo_blackwell_ultra()
+            if run.pins["cp"] > 1]
+    assert len(rows) >= 5 and all(bench.problem_of(run).context == "ring" and run.ring == "te" for run in rows)
+
+
 @pytest.mark.slow
 def test_blackwell_rows_are_reported_apart(bench):
     """Megatron-Bridge's DGX-B200 and GB200 Llama rows (docs/validation.md, "Blackwell"): all 24 of the rule and 8
