@@ -578,14 +578,16 @@ BRIDGE_CONTEXT = "ring"
 
 def bridge_loss(model: str, container: str) -> dict:
     """The loss of a Megatron-Bridge row: Transformer Engine's fused cross entropy (`loss: fused`: the logits written
-    once in 16 bits, their gradient written over them, MCore's language_module.py `te_parallel_cross_entropy`) where
-    its release runs it, GPTModelProvider's `cross_entropy_loss_fusion = True` with `cross_entropy_fusion_impl = "te"`:
-    every Llama row (llama_provider.py's default "te" from v0.2.0 on, llama3.py:96-97 at v0.4.2) and every row from
-    v0.3.0 on, the 26.02 container's (scripts/performance/utils/overrides.py:64, v0.4.2's :67-68, for every
-    performance recipe). The others (v0.2.0's and v0.1.0's other models: 25.11, 25.09) run MCore's native fused
-    cross entropy, which the language does not say: the standard loss, as before (written 2026-12-05, seventh session,
-    from the code, before any prediction with it was looked at)."""
-    return {"loss": "fused"} if model.startswith("llama") or container >= "26.02" else {}
+    once in 16 bits, their gradient written over them, MCore's language_module.py `te_parallel_cross_entropy`), which
+    every release of these rows runs: GPTModelProvider's `cross_entropy_loss_fusion = True` (gpt_provider.py:152 on
+    r0.1.0, :180 at v0.2.0) with `cross_entropy_fusion_impl = "te"` set for every performance recipe (v0.2.0's
+    scripts/performance/utils/helpers.py:108 in set_common_perf_overrides, which get_model_recipe_with_user_overrides
+    calls, :285, for run_script.py's every recipe, the 25.11 container; v0.3.0's utils/overrides.py:64, v0.4.2's
+    :67-68) and by the 25.09 DeepSeek-V3 row's own (r0.1.0's deepseek_v3_llm_pretrain.yaml:20, deepseek_provider.py:
+    110-111). Written 2026-12-05 (seventh session) with the 25.11 and 25.09 rows of models other than Llama left at the
+    standard loss, as if they ran MCore's native fused cross entropy: v0.2.0's helpers.py was not read then (the
+    review, 2026-12-06: those rows take TE's too). `model` and `container` are kept for the rows' calls."""
+    return {"loss": "fused"}
 
 
 def nemo_h100() -> list[Run]:

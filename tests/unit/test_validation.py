@@ -385,6 +385,17 @@ def test_further_nemo_rows_pass_context_around_a_ring(bench):
     assert len(rows) == 2 and all(bench.problem_of(run).context == "ring" and run.ring == "te" for run in rows)
 
 
+def test_every_bridge_row_runs_transformer_engines_cross_entropy(bench):
+    """Megatron-Bridge's performance scripts set `cross_entropy_fusion_impl = "te"` for every recipe (v0.2.0's
+    utils/helpers.py set_common_perf_overrides, the 25.11 container; v0.3.0's and v0.4.2's utils/overrides.py), and the
+    25.09 DeepSeek-V3 recipe its own yaml, beside GPTModelProvider's `cross_entropy_loss_fusion = True`: every Bridge
+    row, Llama or not, H100 or Blackwell, computes `loss: fused`, the 25.11 mixtures of experts too."""
+    rows = (bench.nemo_h100() + bench.nemo_moe_h100() + bench.nemo_blackwell() + bench.nemo_blackwell_ultra()
+            + bench.nemo_moe_blackwell())
+    assert any("25.11" in run.source and not run.model.startswith("llama") for run in rows)
+    assert all(run.dtypes.get("loss") == "fused" for run in rows)
+
+
 def test_bridge_rows_pass_context_around_megatron_cores_default_ring(bench):
     """Megatron-Bridge's recipes (v0.2.0 to v0.4.2) set no `cp_comm_type`: TransformerConfig's None, which
     TEDotProductAttention hands Transformer Engine as "p2p" (its ring, AttnFuncWithCPAndKVP2P): every Bridge row
