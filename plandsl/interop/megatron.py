@@ -92,6 +92,9 @@ CHOICE_FLAGS: dict[str, tuple[str, ...]] = {
     # TransformerConfig.softmax_type (through ArgumentGroupFactory): learnable is one offset per head in the softmax's
     # denominator (softmax_offset), a plan's attention sinks
     "--softmax-type": ("vanilla", "off-by-one", "learnable"),
+    # ModelParallelConfig.cross_entropy_fusion_impl (model_parallel_config.py:246, through ArgumentGroupFactory), read
+    # with --cross-entropy-loss-fusion: native is Megatron-Core's jit-fused cross entropy, te Transformer Engine's
+    "--cross-entropy-fusion-impl": ("native", "te"),
 }
 MATERIALIZED_BACKENDS = ("unfused", "local")
 # A plan's train key -> the precision-aware optimizer's flags that say it
@@ -332,13 +335,16 @@ def _train_args(plan: ir.Plan, args: list, lose) -> None:
             args.append(("--cpu-offloading-num-layers", str(train.offload_layers)))
     if train.attention is ir.Attention.materialized:  # TE's unfused core: the scores through memory
         args.append(("--attention-backend", "unfused"))
-    # Megatron's cross entropy: without the flag its own op by op over an fp32 copy (`loss: megatron`), with it one
-    # fused kernel over that copy (`standard`: the same memory and about its bytes); none keeps only 16-bit logits
+    # Megatron's cross entropy (language_module.py:140-167): without --cross-entropy-loss-fusion its own op by op over
+    # an fp32 copy of the logits, the softmax kept and the gradient written over it (`loss: megatron`); with it and the
+    # native impl the same steps jit-fused (fused_cross_entropy.py): `megatron`'s memory in fewer passes, which this
+    # adapter writes for `standard` (no Megatron loss makes torch's fp32 temporaries; the nearest, so that a plan's
+    # default loss exports and reads back); with --cross-entropy-fusion-impl te Transformer Engine's, the gradient
+    # written over the 16-bit logits (`fused`: transformer_engine/pytorch/triton/cross_entropy.py)
     if train.loss is ir.Loss.standard:
         args.append(("--cross-entropy-loss-fusion", None))
     elif train.loss is ir.Loss.fused:
-        lose("loss: fused (Megatron-LM's cross entropy, fused or not, works on an fp32 copy of the logits)", "train",
-             hint="write loss: standard (--cross-entropy-loss-fusion) or loss: megatron")
+        args += [("--cross-entropy-loss-fusion", None), ("--cross-entropy-fusion-impl", "te")]
     if train.kernels is ir.Kernels.eager:
         lose("kernels: eager (Megatron-LM runs its element-wise work in fused kernels, Transformer Engine's or its "
              "own)", "train", hint="drop kernels, or write kernels: fused")

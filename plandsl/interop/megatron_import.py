@@ -632,8 +632,12 @@ def _train(read: _Read) -> str | None:
         items.append(f"offload_layers: {read.get('--cpu-offloading-num-layers')}")
     if read.get("--attention-backend") in facts.MATERIALIZED_BACKENDS:
         items.append("attention: materialized")
-    if not read.get("--cross-entropy-loss-fusion"):  # Megatron's own cross entropy, op by op (`ir.Loss.megatron`)
+    # Megatron's own cross entropy op by op (`ir.Loss.megatron`); --cross-entropy-loss-fusion: its jit-fused one, read
+    # as `standard` (the export's spelling of it), or with --cross-entropy-fusion-impl te Transformer Engine's (`fused`)
+    if not read.get("--cross-entropy-loss-fusion"):
         items.append("loss: megatron")
+    elif read.get("--cross-entropy-fusion-impl") == "te":
+        items.append("loss: fused")
     if precision != "fp32":  # Megatron keeps the weights 16-bit (bf16 under FP8) beside its fp32 main params
         items.append(f"param_dtype: {'bf16' if precision in ('fp8', 'mxfp8', 'nvfp4') else precision}")
     seq, positions = read.get("--seq-length"), read.get("--max-position-embeddings")

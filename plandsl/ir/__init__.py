@@ -198,13 +198,14 @@ class Attention(str, Enum):
 
 class Loss(str, Enum):
     """How the implementation computes the cross entropy over the vocabulary: `standard` as `torch.nn.functional
-    .cross_entropy` under autocast and Megatron's vocabulary-parallel cross entropy do, over an fp32 copy of the
-    logits whose log-probabilities (or exponentials) it keeps for the backward, which makes two more fp32
-    tensors of the logits' shape (Korthikanti et al. 2022, Sec. 4.3); `fused` as one kernel over the 16-bit
-    logits that keeps only them and a log-sum-exp per token and writes their gradient in place (flash-attn's
-    `CrossEntropyLoss(inplace_backward=True)`, llm-foundry's default `fused_crossentropy`, Liger's cross entropy).
-    `megatron` is `standard` as Megatron-LM's default flags run it (no `--cross-entropy-loss-fusion`), op by op
-    beside fused blocks: `.float()`, then max, subtract, exp, sum and divide, each a pass over the fp32 copy, and
+    .cross_entropy` under autocast does, over an fp32 copy of the logits whose log-probabilities it keeps for the
+    backward, which makes two more fp32 tensors of the logits' shape (Korthikanti et al. 2022, Sec. 4.3); `fused` as
+    one kernel over the 16-bit logits that keeps only them and a log-sum-exp per token and writes their gradient in
+    place (flash-attn's `CrossEntropyLoss(inplace_backward=True)`, llm-foundry's default `fused_crossentropy`, Liger's
+    cross entropy, Transformer Engine's `parallel_cross_entropy`: Megatron's `--cross-entropy-fusion-impl te`).
+    `megatron` is Megatron-Core's vocabulary-parallel cross entropy as Megatron-LM's default flags run it (no
+    `--cross-entropy-loss-fusion`; with it, the native impl jit-fuses the same steps: the same memory in fewer passes,
+    for which the language has no word), op by op beside fused blocks: `.float()`, then max, subtract, exp, sum and divide, each a pass over the fp32 copy, and
     backward a multiply in place and the cast back (`cost.compute.MEGATRON_LOSS_BYTES`); it keeps what standard keeps
     (4 bytes per logit), but its backward works in place and adds only the 16-bit gradient of the logits.
     `cost.memory` and `cost.compute` count each one's bytes; `plandsl run` computes the same loss either way."""
@@ -633,7 +634,8 @@ class Training(Node):
                                  "(fused, no s x s matrix in memory) or materialized (Megatron-LM before 2022)")
     loss: Loss = Field(default=Loss.standard, description="the implementation's cross entropy: standard (over an "
                        "fp32 copy of the logits), fused (one kernel over the 16-bit logits, gradient in place) or megatron "
-                       "(standard, op by op as Megatron-LM's vocab_parallel_cross_entropy runs it)")
+                       "(Megatron-LM's vocab_parallel_cross_entropy, op by op: the fp32 softmax kept, the gradient "
+                       "written over it)")
     fp8_recipe: Fp8Recipe | None = Field(
         default=None, description="with `precision: fp8`, how its tensors are scaled (`Fp8Recipe`): delayed, "
         "current, tensorwise or blockwise; None: delayed, Transformer Engine's default")
