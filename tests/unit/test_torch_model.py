@@ -122,6 +122,66 @@ def test_stages_whose_trace_lifted_a_weight_to_an_input_are_refused_before_a_ste
         model.stage_modules([{"embed", *blocks[:2]}, {*blocks[2:], "head"}], [0, 1], tokens)
 
 
+def test_each_recomputation_of_a_split_backward_puts_the_buffers_back():
+    """Zero-bubble schedules (zb_h1, zbv) take a stage's input gradients and its weight gradients in two backward
+    passes (two graph tasks): checkpoint reruns the block once for each, entering the recomputation context twice
+    (its single-use context raised AttributeError at the weight pass, every rank failing at its first W action);
+    the BatchNorm counts one batch and the gradients are one backward's."""
+    from torch import nn
+    from plandsl.runtime.parallel.recompute import _wrap
+
+    def block():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 4))
+
+    plain, wrapped = block(), block()
+    recomputed = _wrap(wrapped)
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+    grads = {}
+    for name, model, module in (("plain", plain, plain), ("recomputed", recomputed, wrapped)):
+        inputs = x.clone().requires_grad_()
+        y = model(inputs).sum()
+        (grads[name, "input"],) = torch.autograd.grad(y, (inputs,), retain_graph=True)  # I, then W
+        grads[name, "weights"] = torch.autograd.grad(y, tuple(module.parameters()))
+    assert int(wrapped[1].num_batches_tracked) == 1
+    assert torch.equal(wrapped[1].running_mean, plain[1].running_mean)
+    assert torch.allclose(grads["recomputed", "input"], grads["plain", "input"], atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads["recomputed", "weights"], grads["plain", "weights"]))
+
+
+@pytest.mark.parametrize("kind", ["rebound", "non_persistent", "in_place"])
+def test_recomputation_puts_back_a_counter_however_the_forward_changes_it(kind):
+    """A forward that counts its calls in a buffer: by rebinding it (`self.calls = self.calls + 1`: the tensor put
+    back before was no longer the buffer), in place in a non-persistent buffer (left out before) or in place; each
+    counts one call per forward with recomputation too. A constant non-persistent table is not copied at each rerun."""
+    from torch import nn
+    from plandsl.runtime.parallel import recompute
+
+    class Counting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+            self.register_buffer("calls", torch.zeros(()), persistent=kind != "non_persistent")
+            self.register_buffer("table", torch.arange(4.0), persistent=False)
+
+        def forward(self, x):
+            if kind == "rebound":
+                self.calls = self.calls + 1
+            else:
+                self.calls.add_(1)
+            return torch.relu(self.linear(x) + self.table)
+
+    module = Counting()
+    wrapped = recompute._wrap(module)
+    for _ in range(2):
+        wrapped(torch.randn(2, 4, requires_grad=True)).sum().backward()
+    assert float(module.calls) == 2
+    watch, _ = recompute.state_kept(module)()
+    with watch:
+        module(torch.ones(1, 4))
+    assert [name for _, name, _ in recompute._kept(module, watch.changed)] == ["calls"]
+
+
 def test_a_factory_module_is_split_into_stages_by_tracing(monkeypatch):
     """torch's pipeline frontend cuts the module at the stages' first blocks; the stages keep the module's
     names and, run one after the other, compute what the whole module computes."""

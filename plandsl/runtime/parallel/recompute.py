@@ -6,9 +6,9 @@ when given): `full` recomputes whole blocks
 `modules` names (`ir.Training.modules`, Megatron-Core's --recompute-modules; by default the attention core
 `attn.core`: the softmax(q kᵀ) v of Korthikanti et al. 2022, Sec. 5, whose activations grow with seq²; it holds no
 parameters), `selective_op` whole blocks under torch's
-selective checkpointing policy (`keep_every_other_matmul`), `none` changes nothing. A recomputed forward leaves the
-persistent buffers of what it reruns (BatchNorms' running statistics) as the forward left them (`state_kept`), so a
-run with recomputation ends with the buffers of one without.
+selective checkpointing policy (`keep_every_other_matmul`), `none` changes nothing. A recomputation leaves the
+buffers of what it reruns (BatchNorms' running statistics) as it found them (`state_kept`), so a run with
+recomputation ends with the buffers of one without.
 """
 from __future__ import annotations
 
@@ -65,55 +65,101 @@ def keep_every_other_matmul():
 
 
 def state_kept(module: nn.Module):
-    """The recomputation context for `module` (None when it holds no persistent buffer): the recomputation in backward
-    runs inside a context that puts each persistent buffer of the module (its state dict's: BatchNorm's running mean,
-    variance and batch count) back as it was before it. A BatchNorm in training normalises by the batch's own
-    statistics, so the recomputed activations are the forward's, but it also updates its running statistics again: a
-    second update per step (pytorch/pytorch#96136; fairscale's `patch_batchnorm` skips it for reentrant checkpointing
-    only, by `torch.is_grad_enabled`, which non-reentrant checkpointing leaves on in both passes). By the buffers, not
-    the BatchNorm modules: a block of a stage torch's pipeline frontend traced holds them in modules of its own kind."""
-    if next(_persistent(module), None) is None:
+    """The checkpoint contexts for `module` (`context_fn`'s (forward, recompute) pair; None when it holds no buffer):
+    each recomputation in backward puts the module's buffers back as they were before it. A BatchNorm in training
+    normalises by the batch's own statistics, so the recomputed activations are the forward's, but it also updates its
+    running statistics again: a second update per step (pytorch/pytorch#96136; fairscale's `patch_batchnorm` skips it
+    for reentrant checkpointing only, by `torch.is_grad_enabled`, which non-reentrant checkpointing leaves on in both
+    passes). Put back: every persistent buffer (its state dict's: BatchNorm's running mean, variance and batch count;
+    by the buffers, not the BatchNorm modules, for a block of a stage torch's pipeline frontend traced holds them in
+    modules of its own kind, whose graph writes them without bumping their version counters) and each non-persistent
+    one the forward changed (its version counter or the tensor it names moved: a counter), not the constant tables
+    (a causal mask, rotary frequencies) that would otherwise be copied at every rerun. A buffer the forward rebinds
+    (`self.calls = self.calls + 1`) is named again by the tensor it named before."""
+    if next(_buffers(module), None) is None:
         return None
 
-    @contextlib.contextmanager
-    def restoring():
-        saved = [(buffer, buffer.clone()) for buffer in _persistent(module)]
-        try:
-            yield
-        finally:  # also when checkpoint stops the recomputation early, once it has every tensor it needs
-            with torch.no_grad():
-                for buffer, value in saved:
-                    buffer.copy_(value)
+    def contexts(policy=None):
+        forward, recompute = policy() if policy else (contextlib.nullcontext(), contextlib.nullcontext())
+        watch = _Changed(module, forward)
+        return watch, _Restoring(module, watch, recompute)
 
-    return restoring
+    return contexts
 
 
-def _persistent(module: nn.Module):
-    """The buffers of `module` and its descendants that their state dicts hold, as they are now."""
+def _buffers(module: nn.Module):
+    """(owner, name, buffer, persistent) of each buffer of `module` and its descendants, as they are now."""
     for sub in module.modules():
         for name, buffer in sub._buffers.items():
-            if buffer is not None and name not in sub._non_persistent_buffers_set:
-                yield buffer
+            if buffer is not None:
+                yield sub, name, buffer, name not in sub._non_persistent_buffers_set
+
+
+class _Changed:
+    """The forward's context: which non-persistent buffers it changes (`changed`: (owner, name) pairs), around the
+    selective policy's forward context (`inner`)."""
+
+    def __init__(self, module: nn.Module, inner):
+        self.module, self.inner, self.changed, self._before = module, inner, set(), {}
+
+    def __enter__(self):
+        self._before = {(id(owner), name): (buffer, buffer._version)
+                        for owner, name, buffer, persistent in _buffers(self.module) if not persistent}
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc):
+        for owner, name, buffer, persistent in _buffers(self.module):
+            was = self._before.get((id(owner), name))
+            if not persistent and (was is None or was[0] is not buffer or was[1] != buffer._version):
+                self.changed.add((id(owner), name))
+        return self.inner.__exit__(*exc)
+
+
+class _Restoring:
+    """The recomputation's context, entered once per rerun (zero-bubble's input and weight passes are two graph
+    tasks, each reruns the block): the buffers saved on entry and put back on exit, after the selective policy's
+    recompute context (`inner`) closes (so its copies are no ops of the recomputation), an exception or checkpoint's
+    early stop (`_StopRecomputationError`) included."""
+
+    def __init__(self, module: nn.Module, forward: _Changed, inner):
+        self.module, self.forward, self.inner, self._stacks = module, forward, inner, []
+
+    def __enter__(self):
+        stack = contextlib.ExitStack()
+        stack.callback(_put_back, [(owner, name, buffer, buffer.clone())
+                                   for owner, name, buffer in _kept(self.module, self.forward.changed)])
+        try:
+            stack.enter_context(self.inner)
+        except BaseException:
+            stack.close()
+            raise
+        self._stacks.append(stack)
+
+    def __exit__(self, *exc):
+        return self._stacks.pop().__exit__(*exc)
+
+
+def _kept(module: nn.Module, changed: set) -> list:
+    """(owner, name, buffer) of the buffers a recomputation of `module` puts back: every persistent one, and the
+    non-persistent ones in `changed` (`_Changed.changed`, by the forward)."""
+    return [(owner, name, buffer) for owner, name, buffer, persistent in _buffers(module)
+            if persistent or (id(owner), name) in changed]
+
+
+def _put_back(saved) -> None:
+    with torch.no_grad():
+        for owner, name, buffer, value in saved:
+            owner._buffers[name] = buffer
+            buffer.copy_(value)
 
 
 def _wrap(module: nn.Module, policy=None) -> nn.Module:
     """`module` under torch's checkpoint_wrapper (non-reentrant): with `policy`'s contexts (selective checkpointing),
-    and its persistent buffers (BatchNorms' running statistics) restored after a recomputation (`state_kept`)."""
-    restoring = state_kept(module)
-    if restoring is None:
+    and its buffers (BatchNorms' running statistics) put back after each recomputation (`state_kept`)."""
+    kept = state_kept(module)
+    if kept is None:
         return checkpoint_wrapper(module, context_fn=policy) if policy else checkpoint_wrapper(module)
-
-    def context_fn():
-        forward, recompute = policy() if policy else (contextlib.nullcontext(), contextlib.nullcontext())
-        return forward, _nested(restoring(), recompute)  # outside: its copies are no ops of the recomputation
-
-    return checkpoint_wrapper(module, context_fn=context_fn)
-
-
-@contextlib.contextmanager
-def _nested(first, second):
-    with first, second:
-        yield
+    return checkpoint_wrapper(module, context_fn=lambda: kept(policy))
 
 
 def _apply_modules(block: nn.Module, modules: frozenset[ir.RecomputeModule]) -> None:
