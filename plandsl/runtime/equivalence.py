@@ -80,7 +80,7 @@ class Report:
     into a step up to lr that differs, and one such element of a small tensor moves that tensor's ratio
     past the bound while the model computes the same thing (docs/running.md has the figures). Buffers: the largest
     relative difference of one (`buffer_diff`, BatchNorm's running statistics: updated once per forward of each
-    microbatch, never by a gradient), part of the verdict where `buffers_comparable` (else NaN: not compared)."""
+    microbatch, never by a gradient), part of the verdict where `buffers_comparable` (else NaN: not compared, said only of a model that has some)."""
 
     loss_diff: float
     loss_step: int
@@ -104,8 +104,8 @@ class Report:
                  f"  parameters: relative difference {self.param_diff:.3e} (all together); "
                  f"largest in one tensor {self.tensor_diff:.3e} ({self.tensor_name})"]
         if math.isnan(self.buffer_diff):
-            lines.append("  buffers:    not compared (each data-parallel replica's running statistics are its own "
-                         "share of the batch's)")
+            lines.append("  buffers:    not compared (each rank's running statistics are those of its own share of the "
+                         "batch or sequence: data or context parallelism)")
         elif self.buffer_name != "-":
             lines.append(f"  buffers:    largest relative difference {self.buffer_diff:.3e} ({self.buffer_name})")
         if self.ok and self.tensor_diff > self.tolerance:
@@ -135,7 +135,7 @@ def compare(run: RunResult, reference: RunResult, limit: float, buffers: bool = 
     total = math.sqrt(differences / max(norms, torch.finfo(torch.float32).tiny ** 2)) if common else 0.0
     if len(run.losses) != len(reference.losses):
         missing += (f"losses ({len(run.losses)} steps, reference {len(reference.losses)})",)
-    buffer_diff, buffer_name = math.nan, "-"
+    buffer_diff, buffer_name = (math.nan if reference.buffers else 0.0), "-"  # a model with none: nothing to say
     if buffers:
         missing += tuple(name for name, ref in reference.buffers.items()
                          if name not in run.buffers or run.buffers[name].shape != ref.shape)
