@@ -130,7 +130,7 @@ class Space:
         return orders
 
     def _states_may_fit(self, layout) -> bool:
-        """ZeRO-3 model states spread perfectly over the pipeline: a necessary condition."""
+        """The least model states of any ZeRO stage spread perfectly over the pipeline fit: a necessary condition."""
         key = ("states", self.problem.fold_experts, layout)
         if key not in self.shared:
             self.shared[key] = self._states_fit(layout)
@@ -140,16 +140,25 @@ class Space:
         dp, tp, pp, cp, ep = layout
         sizes = {"dp": dp, "ep": ep, "pp": pp, "cp": cp, "tp": tp}
         probe = Root(dp, tp, pp, cp, ep, tuple(a for a in AXES if sizes[a] > 1), None, (), (), False, (1,))
-        # the model states alone (not the activations `layer_memory` adds, which no node of this probe's shape reads)
-        per_kind, _, plan = self.figures.layer_states(Node(probe, 1, 1, "full"), 3 if probe.data_ranks > 1 else 0)
-        # the figures' states carry autocast's weight copies too (`Figures._states`): taken off
-        states = sum(count * (per_kind[i] - autocast_weight_copies(plan, [layer]))
-                     for i, (layer, count) in enumerate(self.kinds))
+        node = Node(probe, 1, 1, "full")
+
+        def states(zero: int) -> float:
+            # the model states alone (not the activations `layer_memory` adds, which no node of this probe's shape
+            # reads); the figures' states carry autocast's weight copies too (`Figures._states`): taken off
+            per_kind, _, plan = self.figures.layer_states(node, zero)
+            return sum(count * (per_kind[i] - autocast_weight_copies(plan, [layer]))
+                       for i, (layer, count) in enumerate(self.kinds))
+        least, stage = states(3 if probe.data_ranks > 1 else 0), "even with ZeRO-3"
         capacity = max(g.node.device.usable_memory for g in self.problem.cluster.groups)
-        if states / pp > capacity:
-            self.closest.bound(f"dp={dp} tp={tp} pp={pp} cp={cp} ep={ep} needs at least {format_bytes(states / pp)} "
-                               f"per device for its model states alone, even with ZeRO-3 (of {format_bytes(capacity)})",
-                               states / pp / capacity)
+        if least / pp > capacity and pp > 1 and probe.data_ranks > 1:
+            # under a pipeline ZeRO-3 keeps every unit gathered and its gradients whole through the step beside its
+            # shards (`cost.memory.pipelined_shards`), which can hold more than ZeRO-1's whole parameters (a mixture
+            # of experts sharded over its expert axis): the least of the stages (only where ZeRO-3's does not fit)
+            least, stage = min(least, *(states(zero) for zero in (0, 1, 2))), "under any ZeRO stage"
+        if least / pp > capacity:
+            self.closest.bound(f"dp={dp} tp={tp} pp={pp} cp={cp} ep={ep} needs at least {format_bytes(least / pp)} "
+                               f"per device for its model states alone, {stage} (of {format_bytes(capacity)})",
+                               least / pp / capacity)
             return False
         return True
 

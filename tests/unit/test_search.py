@@ -645,3 +645,17 @@ def test_sequence_parallelism_is_searched_where_it_splits_and_a_pin_turns_it_off
     assert "with sequence_parallel" in plan_text(on, p, Source((), MODELS["big"], "pair"))
     found = search(p, pins={"sequence_parallel": "true"}, top=5).candidates
     assert all(s.candidate.sequence_parallel or s.candidate.tp == 1 for s in found)
+
+
+def test_a_layout_is_not_pruned_for_zero3_states_where_zero1_states_fit():
+    """Under a pipeline ZeRO-3 keeps every unit gathered and its gradients whole beside its shards
+    (`cost.memory.pipelined_shards`): on a mixture of experts sharded over its expert axis alone that holds more than
+    ZeRO-1 (30.9 against 25.0 MiB a device here), so the layout's necessary condition takes the least of the stages
+    (`Space._states_fit`); before, a layout whose ZeRO-1 states fit its 25.75 MiB was pruned for ZeRO-3's."""
+    from plandsl.search import _spaces, parse_pins, with_modules
+    text = HARDWARE.replace("memory = 16 GiB", "memory = 28 MiB") + f"model m = {MODELS['moe']}\n"
+    document = api.loads(text)
+    p, pins = with_modules(Problem(document.models[0], document.clusters[0], 4), parse_pins(None))
+    space = _spaces(p, pins, None)[0]
+    assert space._states_fit((1, 1, 2, 1, 2))  # dp, tp, pp, cp, ep: ZeRO-1's 25.0 MiB fit, ZeRO-3's 30.9 do not
+    assert not space._states_fit((1, 1, 2, 2, 1))  # over cp 2 instead: the least stage's (ZeRO-3's) 37.7 MiB do not
