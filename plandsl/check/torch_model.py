@@ -1,9 +1,9 @@
 """A model from torch (`hf(...)`, `factory(...)` with a layer table) against the plan, by its own names:
 tied parameters split over pipeline stages (E412), tensor parallelism with no plan to apply (E413), its
-own tensor-parallel plan and the plan's styled shard rules against the real module tree (E406 a split dim
-or head count the axis does not divide, E414 a style torch cannot apply to that module, or an entry naming a
-parameter; an entry of the model's own plan naming nothing was left out by the lowering, as transformers
-skips it).
+own tensor-parallel plan and the plan's styled shard rules against the real module tree (E405 an entry of a
+module's own plan naming nothing, E406 a split dim or head count the axis does not divide, E414 a style torch
+cannot apply to that module, or an entry naming a parameter; a transformers model's entries naming nothing were
+left out by the lowering, as transformers skips them).
 
 Stage: checker. Reads only the IR (`ir.CustomModel`'s modules, parameters, tied pairs and tp_plan).
 """
@@ -74,10 +74,15 @@ def _tensor_plan(plan: ir.Plan, model: ir.CustomModel) -> Iterator[Diagnostic]:
                        + f"; or drop the tensor axis '{axis}'")
             continue
         hit = torch_plan.matching(pattern, modules)
-        if not hit:  # the lowering kept only entries naming something (`torch_names`): this one names parameters
-            named = torch_plan.matching(pattern, (name for name, _ in model.parameters))
+        named = [] if hit else torch_plan.matching(pattern, [name for name, _ in model.parameters] +
+                                                   [name for name, _ in model.tied])
+        if not hit and not named:  # a transformers plan's entries naming nothing were left out (`torch_names`)
+            yield diag("E405", f"{_name(model)}'s tensor-parallel plan names '{pattern}', which matches no module",
+                       span, hint="modules look like " + torch_plan.closest(pattern, modules))
+            continue
+        if not hit:
             yield diag("E414", f"{_name(model)}'s tensor-parallel plan gives '{pattern}' the style '{style}', and it "
-                       f"names the parameter '{named[0] if named else pattern}', not a module: plandsl applies "
+                       f"names the parameter '{named[0]}', not a module: plandsl applies "
                        "torch's styles to whole modules (`parallelize_module`)", span,
                        hint=f"drop the tensor axis '{axis}' (give its devices to data or expert parallelism)")
             continue

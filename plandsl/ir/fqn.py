@@ -25,7 +25,8 @@ def naming_something(tp_plan, names) -> tuple[tuple[str, str], ...]:
     """The entries of a model's own tensor-parallel plan that name one of `names` (the FQNs of its modules and
     parameters). transformers skips an entry that names nothing (`_validate_parallel_plan`: "rules ... match
     nothing in Qwen2MoeForCausalLM and will not be applied"; Qwen2-MoE's class plan names a dense MLP's
-    `mlp.gate_proj` where its layers hold experts), and so does plandsl: `lower` keeps only these."""
+    `mlp.gate_proj` where its layers hold experts), and so does plandsl for a transformers model's plan: `lower`
+    keeps only these (a module's own plan is its author's: `check` says E405 of such an entry)."""
     names = tuple(names)
     return tuple((pattern, style) for pattern, style in tp_plan
                  if any(map(_compiled(pattern).fullmatch, names)))

@@ -30,10 +30,11 @@ MAX_TABLE_FILES = 16
 """Files a table's freshness reads (the factory's module: one), each at most `file_digest`'s bytes: a table edited
 to name 100,000 (spellings of one big file) would keep `check` hashing for an hour."""
 
-CACHE_VERSION = 6  # 2: the model's tensor-parallel plan (`tp_plan`); 3: whether torch's pipeline frontend cuts
+CACHE_VERSION = 7  # 2: the model's tensor-parallel plan (`tp_plan`); 3: whether torch's pipeline frontend cuts
 # it (`traceable`), its expert-parallel plan and experts; 4: the values per channel its BatchNorms see (`norm_values`);
 # 5: why a Hugging Face model's stages by its own convention would compute otherwise (`stage_problem`); 6: the
-# positions a learned position embedding holds (`positions`)
+# positions a learned position embedding holds (`positions`); 7: whether the tensor-parallel plan is a transformers
+# model's (`tp_plan_from_transformers`)
 LIBRARIES = ("torch", "transformers", "plandsl")  # the versions a cache is keyed by
 
 Literal_ = Union[int, float, str, bool, None]
@@ -299,7 +300,7 @@ class InspectedBlock(_Frozen):
 
 class InspectedModel(_Frozen):
     """A torch module as the table the rest of plandsl speaks, and the key it was derived under."""
-    version: Literal[6] = CACHE_VERSION
+    version: Literal[7] = CACHE_VERSION
     source: str  # `ModelSource.text`
     seq: int = Field(gt=0, le=MAX_SEQ, description="the sequence length traced at; 1 for a model that takes images")
     image: Optional[tuple[Count, ...]] = Field(default=None, max_length=16, description="the shape of one sample, "
@@ -336,6 +337,10 @@ class InspectedModel(_Frozen):
     tp_plan: tuple[tuple[str, str], ...] = Field(default=(), description="the model's own tensor-parallel plan, "
                                                  "(FQN pattern, style): a Hugging Face model's `tp_plan`, else a "
                                                  "`tp_plan`/`_tp_plan` dict the module has")
+    tp_plan_from_transformers: bool = Field(default=False, description="`tp_plan` is a transformers model's (its "
+                                            "class's `_tp_plan` and its config's `base_model_tp_plan`): its entries "
+                                            "naming nothing in the model are skipped, as transformers skips them; a "
+                                            "module's own dict is its author's, and such an entry is a mistake (E405)")
     ep_plan: tuple[tuple[str, str], ...] = Field(default=(), description="the model's own expert-parallel plan, "
                                                  "(FQN pattern, style): transformers' `ep_plan` (`grouped_gemm` "
                                                  "parameters split by expert, `ep_dispatch_experts` modules)")
@@ -476,7 +481,7 @@ def summary(model: InspectedModel) -> str:
               for label, params, flops, saved, boundary in rows]
     names = [m.name for m in model.modules] + [p.name for p in model.param_list]
     kept = {pattern for pattern, _ in naming_something(model.tp_plan, names)}
-    skipped = [pattern for pattern, _ in model.tp_plan if pattern not in kept]
+    skipped = [pattern for pattern, _ in model.tp_plan if pattern not in kept] if model.tp_plan_from_transformers else []
     if skipped:  # transformers warns so too: "rules [...] match nothing in ... and will not be applied"
         lines.append(f"tensor-parallel plan: {len(skipped)} of its {len(model.tp_plan)} entries name nothing in the "
                      f"model and are skipped, as transformers skips them: {', '.join(skipped[:6])}"

@@ -111,13 +111,14 @@ def _derived(scope: Scope, call: s.Call, source: ModelSource, seq: int, path: st
 
 def torch_names(table: InspectedModel) -> dict:
     """What placement and sharding by the model's own names read: its module tree, its parameters (a tied
-    one once), the tied pairs and its tensor-parallel plan (`ir.CustomModel`'s fields of the same names): the
-    plan's entries that name a module or parameter of it, as transformers applies it (`ir.fqn.naming_something`)."""
+    one once), the tied pairs and its tensor-parallel plan (`ir.CustomModel`'s fields of the same names): a
+    transformers model's plan without the entries that name nothing in it, as transformers applies it
+    (`ir.fqn.naming_something`); a module's own plan whole (`check` says E405 of an entry naming nothing)."""
     names = [m.name for m in table.modules] + [p.name for p in table.param_list]
+    plan = naming_something(table.tp_plan, names) if table.tp_plan_from_transformers else table.tp_plan
     return dict(modules=tuple((m.name, m.type) for m in table.modules),
                 parameters=tuple((p.name, p.shape) for p in table.param_list if p.tied_to is None),
-                tied=table.tied, tp_plan=naming_something(table.tp_plan, names), experts=table.experts,
-                ep_plan=table.ep_plan)
+                tied=table.tied, tp_plan=plan, experts=table.experts, ep_plan=table.ep_plan)
 
 
 def _source(scope: Scope, call: s.Call, kind: str) -> ModelSource:

@@ -315,3 +315,30 @@ def test_a_models_own_plan_naming_a_parameter_or_a_style_plandsl_lacks_is_e414_n
                for m in messages)
     assert any("'model.layers.*.feed_forward.experts' the style 'moe_tp_experts'" in m for m in messages)
     assert not any("'layers.*" in m for m in messages)
+
+
+def test_an_entry_of_a_modules_own_plan_naming_nothing_is_e405_with_the_names_it_has(tmp_path):
+    """A factory's module's own `tp_plan` is its author's: `layers.*.upp` (a typo of `up`) is a mistake, as
+    transformers raises on a user's plan naming nothing (`DistributedConfig(tp_plan=...)`), not a stale entry of a
+    transformers class to skip (checked as ok before, and run refused the lone rowwise `down` instead, E704)."""
+    from pathlib import Path
+
+    from plandsl.lower.inspected import DEFAULT_SEQ, written_sources
+    here = str(Path(__file__).resolve().parent)
+    texts = {}
+    for typo in (False, True):
+        source = ModelSource("factory", "inspect_models.planned:build", (("typo", typo),))
+        table = api.inspect_model(source.text, seq=DEFAULT_SEQ, search_path=(here,))
+        assert not table.tp_plan_from_transformers and "are skipped" not in api.format_inspected(table)
+        (tmp_path / "p.plan").write_text(
+            f'import "clusters/dgx_a100"\nplan p {{\n  model = factory("inspect_models.planned:build", '
+            f'typo={str(typo).lower()})\n  cluster = dgx_a100 x 1\n  mesh = [dp = 4, tp = 2]\n'
+            f'  train = {{ global_batch: 16, micro_batch: 1, seq: {SEQ} }}\n}}\n', encoding="utf-8")
+        [(_, _, cache)] = written_sources(api.parse_file(tmp_path / "p.plan"))
+        Path(cache).parent.mkdir(exist_ok=True)
+        api.write_inspected(table, cache)
+        texts[typo] = api.check(tmp_path / "p.plan")
+    assert texts[False].ok, [d.message for d in texts[False].diagnostics]
+    [typo] = texts[True].diagnostics
+    assert typo.code == "E405" and "names 'layers.*.upp', which matches no module" in typo.message
+    assert "layers.*.up" in typo.hint

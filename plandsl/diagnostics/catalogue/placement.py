@@ -89,7 +89,8 @@ _entry("E405", """
     shard rule matches nothing in the model, or a stage's range reaches past the model's
     last layer (`layers[60:80]` on a 64-layer model: written for another model), or
     `stages = evenly ... with account = [embed, loss]` counts a part the model does not
-    have apart from its layers (an `mlp` or written model, split layer by layer). A rule
+    have apart from its layers (an `mlp` or written model, split layer by layer), or an
+    entry of a factory module's own `tp_plan` dict names no module of it. A rule
     that applies to nothing is almost always a misspelt module name, and ignoring it
     would leave the intended tensors unsharded; a range clamped silently would place
     fewer layers than the author counted.
@@ -256,8 +257,9 @@ _entry("E414", """
     gives `colwise` or `rowwise` to another module (a norm, a container, GPT-2's Conv1D) cannot be
     applied, nor can a Hugging Face style plandsl does not know (e.g. `grouped_gemm`), nor an entry of the
     model's own plan that names one parameter rather than a module (Llama 4's `experts.gate_up_proj`).
-    An entry of the model's own plan that names nothing in it (Qwen2-MoE's `mlp.gate_proj`, where its
-    layers hold experts) is skipped, as transformers skips it.
+    An entry of a transformers model's own plan that names nothing in it (Qwen2-MoE's `mlp.gate_proj`,
+    where its layers hold experts) is skipped, as transformers skips it; one of a module's own `tp_plan`
+    dict is E405.
     """, f"""
     import "clusters/dgx_a100"
     plan p {{

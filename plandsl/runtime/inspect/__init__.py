@@ -47,6 +47,7 @@ def inspect_model(source: ModelSource, seq: int = 2048, dtype: str = "bfloat16",
                           block_list=blocks.name, containers=blocks.containers, block_list_from=blocks.found_by,
                           blocks=table.rows, before=table.before, after=table.after, before_params=before_params,
                           after_params=after_params, traced_blocks=table.traced, tp_plan=tp_plan(model),
+                          tp_plan_from_transformers=from_transformers(model),
                           traceable=traceable, stage_problem=stage_problem, positions=learned_positions(model),
                           ep_plan=tp_plan(model, ("ep_plan",)),
                           experts=experts(params, tp_plan(model, ("ep_plan",))))
@@ -126,6 +127,12 @@ def _call_order(model, blocks: BlockList, inputs: Inputs) -> list[str]:
         for handle in handles:
             handle.remove()
     return called
+
+
+def from_transformers(model) -> bool:
+    """Whether the module is a transformers model (a class of its MRO defined in transformers), whose `tp_plan` is
+    transformers' (`InspectedModel.tp_plan_from_transformers`)."""
+    return any(cls.__module__.split(".")[0] == "transformers" for cls in type(model).__mro__)
 
 
 def tp_plan(model, names: tuple[str, ...] = ("tp_plan", "_tp_plan")) -> tuple[tuple[str, str], ...]:
