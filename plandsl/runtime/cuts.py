@@ -3,7 +3,7 @@
 Stage: interpreter (torch-free: `runtime.support` asks it before any process starts, `runtime.torch_model` when it
 traces). Contract: `stage_split_points(order, stages)` maps block FQNs to "beginning" or "end", one cut per stage
 boundary, or None when the blocks offer too few cuts; `unfed_inputs(pipe)` names the inputs of a traced stage that
-the split feeds it nothing for.
+the split feeds it nothing for (`unfed_problem(pipe)` says so in words).
 """
 from __future__ import annotations
 
@@ -33,6 +33,15 @@ def stage_split_points(order: list[str], stages: list[set[str]]) -> dict[str, st
         else:
             return None
     return points
+
+
+def unfed_problem(pipe) -> str | None:
+    """What `unfed_inputs` finds, in words (the first stage fed too little), or None."""
+    unfed = unfed_inputs(pipe)
+    if not unfed:
+        return None
+    stage, names = next(iter(unfed.items()))
+    return f"torch.export lifted {', '.join(names[:3])} to inputs of stage {stage}, which its pipeline frontend feeds nothing"
 
 
 def unfed_inputs(pipe) -> dict[int, list[str]]:

@@ -277,8 +277,9 @@ def _torch_model_refusals(plan: ir.Plan, model: ir.CustomModel) -> list[Diagnost
                               hint="use the pipeline axis or the tensor axis for data parallelism (or FSDP) instead"))
     if plan.stages is not None and not model.stages_by:  # at pp = 1 too: `run` builds torch's stages for any `stages`
         why = ("torch's pipeline frontend (torch.export) could not cut its forward at its blocks when `plandsl "
-               "inspect` tried (data-dependent control flow, code export does not capture, or blocks called other "
-               "than once each in their list's order)"
+               "inspect` tried (data-dependent control flow, code export does not capture, blocks called other "
+               "than once each in their list's order, or a weight export lifts to an input of a stage, which the "
+               "split feeds nothing: torchtitan's fused `wqkv`)"
                if not hf else f"a stage would compute otherwise than the whole model: {model.stage_problem}"
                if model.stage_problem
                else "its class declares no `base_model_pp_plan` (which modules run before the blocks)")

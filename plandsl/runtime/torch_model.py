@@ -32,7 +32,7 @@ from plandsl import ir
 from plandsl.ir.inspected import parse_source
 from plandsl.runtime.inspect.stages import PassThrough, replace_outside
 from plandsl.runtime.inspect.trace import has_submodule
-from plandsl.runtime.cuts import stage_split_points, unfed_inputs
+from plandsl.runtime.cuts import stage_split_points, unfed_problem
 from plandsl.runtime.data import synthetic_tokens
 from plandsl.runtime.precision import copy_stream_casts
 
@@ -143,11 +143,9 @@ class TorchModel(nn.Module):
                              f"into stages ({type(error).__name__}: {str(error).splitlines()[0][:300]})") from error
         if pipe.num_stages != len(stages):
             raise ModelError(f"{self.source}: the trace cut the module into {pipe.num_stages} stages, not {len(stages)}")
-        unfed = unfed_inputs(pipe)  # `plandsl inspect` records such a module as one it cannot trace (E704)
+        unfed = unfed_problem(pipe)  # `plandsl inspect` records such a module as one it cannot trace (E704)
         if unfed:
-            stage, names = next(iter(unfed.items()))
-            raise ModelError(f"{self.source}: torch.export lifted {', '.join(names[:3])} to inputs of stage {stage}, "
-                             "which torch's pipeline frontend feeds nothing")
+            raise ModelError(f"{self.source}: {unfed}")
         found = {}
         for index in wanted:
             module = pipe.get_stage_module(index)

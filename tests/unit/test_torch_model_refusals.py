@@ -54,6 +54,7 @@ def test_a_module_is_split_into_stages_by_its_convention_or_a_trace(tmp_path, ta
     assert plan.model.stages_by == "trace" and refusals(plan) == []
     [refused] = refusals(plan.model_copy(update={"model": plan.model.model_copy(update={"stages_by": None})}))
     assert refused.code == "E704" and "cannot be split into pipeline stages: torch's pipeline frontend" in refused.message
+    assert "a weight export lifts to an input of a stage" in refused.message  # torchtitan's Llama 3, its fused wqkv
     assert refused.span.line == 7  # the stages
     hf = plan.model.model_copy(update={"source": 'hf("GPT2LMHeadModel")', "stages_by": None})
     assert "declares no `base_model_pp_plan`" in refusals(plan.model_copy(update={"model": hf}))[0].message

@@ -15,7 +15,7 @@ import torch
 
 from plandsl.ir.inspected import InspectedModel, ModelSource, file_digest, library_versions, portable_path
 from plandsl.ir.torch_plan import matches
-from plandsl.runtime.cuts import unfed_inputs
+from plandsl.runtime.cuts import unfed_problem
 from plandsl.runtime.inspect.factory import DTYPES, Failure, build
 from plandsl.runtime.inspect.stages import stage_convention_problem
 from plandsl.runtime.inspect.trace import BlockList, Inputs, block_table, find_block_list, parameters, split_parameters
@@ -105,12 +105,7 @@ def stage_trace_problem(model, blocks: BlockList, inputs: Inputs) -> str | None:
         return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
     finally:
         torch_log.setLevel(level)
-    unfed = unfed_inputs(pipe)
-    if unfed:
-        stage, names = next(iter(unfed.items()))
-        return (f"torch.export lifted {', '.join(names[:3])} to inputs of stage {stage}, which its pipeline frontend "
-                "feeds nothing")
-    return None
+    return unfed_problem(pipe)
 
 
 def _call_order(model, blocks: BlockList, inputs: Inputs) -> list[str]:
