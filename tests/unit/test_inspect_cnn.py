@@ -78,6 +78,15 @@ def test_resnet18_boundaries_and_activations_per_sample(resnet):
             assert block.figures.activation_bytes == 5 * sizes[stage] + 8 * channels
 
 
+def test_a_module_dict_of_heads_is_not_the_block_list():
+    """A ModuleDict of a multi-task model's heads (two Linears, keyed by task) holds modules of one class, as a block
+    list does, but is not torchtitan's ModuleDict keyed "0" .. "N-1": the blocks stay the trunk's Sequential stages
+    (the heads were taken as the two blocks, the trunk's eight left before them)."""
+    table = api.inspect_model("inspect_models.resnet:two_heads(input=image(3, 32, 32))", search_path=(HERE,))
+    assert table.block_list_from == "nn.Sequential" and len(table.blocks) == 8
+    assert table.containers == tuple(f"trunk.layer{stage}" for stage in range(1, 5))
+
+
 # ~3 CPU-s (25.6 M parameters initialised and traced): the slow tier, which `.ci/run` runs; ResNet-18 above takes
 # the same path in the unit tier
 @pytest.mark.slow

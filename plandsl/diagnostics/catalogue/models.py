@@ -85,7 +85,8 @@ _entry("E904", """
     Pipeline stages fall between the model's blocks, and the cost model costs one block per kind, so
     `plandsl inspect` needs the block list: Hugging Face's `base_model_pp_plan` where the model has one,
     else an `nn.ModuleList` named `layers` (or an `nn.ModuleDict`, as torchtitan holds its blocks, keyed
-    "0" .. "N-1"), else the largest such container of modules of one class, else the blocks of a run of
+    "0" .. "N-1"), else the largest such container of modules of one class (a ModuleDict keyed "0" ..
+    "N-1"; one keyed by name, a multi-task model's heads, is none), else the blocks of a run of
     `nn.Sequential` stages (torchvision's ResNet: `layer1` .. `layer4`, each a Sequential of
     BasicBlocks). A block held as a plain attribute is none of these.
     """, _models(blocks="Block(width)", loop="x = self.layers(x)"),

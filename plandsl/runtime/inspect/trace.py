@@ -67,7 +67,7 @@ def parameters(model: nn.Module) -> tuple[tuple[InspectedParam, ...], tuple[Insp
 def find_block_list(model: nn.Module, source: ModelSource) -> BlockList:
     """Hugging Face's `base_model_pp_plan` (its ModuleList entry), else a ModuleList or ModuleDict (torchtitan's
     layout: blocks `layers.0` .. by its keys, in its order) named `layers`, else the largest such container of
-    blocks of one class, else the children of the longest run of nn.Sequential siblings (a ResNet's `layer1` ..
+    blocks of one class (a ModuleDict keyed "0" .. "N-1", `_indexed`), else the children of the longest run of nn.Sequential siblings (a ResNet's `layer1` ..
     `layer4`: blocks `layer1.0` .. `layer4.1`); E904 when there is none."""
     names = {module: name for name, module in model.named_modules()}
     config = getattr(model, "config", None)
@@ -83,7 +83,7 @@ def find_block_list(model: nn.Module, source: ModelSource) -> BlockList:
     if named:
         return _block_list(model, min(named, key=lambda n: n.count(".")), "layers")
     uniform = [(len(module), -name.count("."), name) for name, module in lists
-               if len({type(child) for child in module.children()}) == 1]
+               if len({type(child) for child in module.children()}) == 1 and _indexed(module)]
     if uniform:
         largest = max(uniform)[2]
         kind = "ModuleDict" if isinstance(model.get_submodule(largest), nn.ModuleDict) else "ModuleList"
@@ -99,6 +99,12 @@ def find_block_list(model: nn.Module, source: ModelSource) -> BlockList:
                hint="hold the repeated blocks in an nn.ModuleList (Hugging Face names it `layers`), an nn.ModuleDict "
                     "keyed \"0\", \"1\", ... (torchtitan's `layers`) or nn.Sequential stages (torchvision's ResNet: "
                     "layer1 .. layer4)")
+
+
+def _indexed(container: nn.Module) -> bool:
+    """Whether a container is a list of blocks by its keys: a ModuleList, or a ModuleDict keyed "0" .. "N-1" in order
+    (torchtitan's); a ModuleDict keyed otherwise is a set of named parts (a multi-task model's heads, keyed by task)."""
+    return not isinstance(container, nn.ModuleDict) or list(container.keys()) == [str(i) for i in range(len(container))]
 
 
 def _join(parent: str, child: str) -> str:

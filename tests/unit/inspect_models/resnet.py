@@ -155,3 +155,21 @@ class Small(nn.Module):
 
 def small(num_classes: int = 10, width: int = 16, depth: int = 3) -> Small:
     return Small(num_classes, width, depth)
+
+
+class TwoHeads(nn.Module):
+    """A multi-task model: a ResNet-18 trunk and two classification heads in an nn.ModuleDict (two Linears: modules
+    of one class, but not blocks)."""
+
+    def __init__(self, width: int = 8):
+        super().__init__()
+        self.trunk = resnet18(num_classes=16, width=width)
+        self.heads = nn.ModuleDict({"coarse": nn.Linear(16, 4), "fine": nn.Linear(16, 10)})
+
+    def forward(self, x):
+        features = self.trunk(x)
+        return torch.cat([head(features) for head in self.heads.values()], dim=-1)
+
+
+def two_heads(width: int = 8) -> TwoHeads:
+    return TwoHeads(width)
