@@ -37,10 +37,11 @@ def tolerance(plan: ir.Plan, device: torch.device) -> float:
 
 
 def buffers_comparable(plan: ir.Plan) -> bool:
-    """Whether every rank's buffers see the reference's batches: no axis splits the batch or the sequence
-    (`reduce_axes`). Each data-parallel replica's BatchNorm keeps the statistics of its own share of the batch (torch's
-    DDP broadcasts rank 0's; plandsl converts no BatchNorm to SyncBatchNorm), which no one process computes."""
-    return not plan.reduce_axes()
+    """Whether every rank's buffers see the reference's batches: no axis of more than one rank splits the batch or
+    the sequence (`reduce_axes`). Each data-parallel replica's BatchNorm keeps the statistics of its own share of the
+    batch (torch's DDP broadcasts rank 0's; plandsl converts no BatchNorm to SyncBatchNorm), which no one process
+    computes."""
+    return plan.dp == 1 and plan.cp == 1  # an axis of one rank splits nothing
 
 
 def gather_params(parts: list[nn.Module]) -> dict[str, torch.Tensor] | None:

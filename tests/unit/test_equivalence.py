@@ -105,3 +105,24 @@ plan p {
     assert equivalence.tolerance(api.loads(text % "").plans[0], cpu) == 1e-5  # gradients in the weights' fp32
     assert equivalence.tolerance(api.loads(text.replace(", grad_dtype: bf16", "") % " with gather = fp32").plans[0],
                                  cpu) == 1e-5
+
+
+def test_buffers_are_compared_unless_an_axis_of_more_than_one_rank_splits_the_batch_or_the_sequence():
+    """A data axis of one rank splits nothing: every rank sees the reference's batches (the buffers were left
+    uncompared there, as under real data parallelism)."""
+    from plandsl import api
+    text = """import "clusters/local"
+import "local/tiny"
+plan p {
+  model   = tiny_gpt
+  cluster = localhost
+  mesh    = [dp = %d, pp = 2] over devices[0:%d]
+  train   = { global_batch: 8, micro_batch: 2, precision: fp32 }
+  data    = replicate over dp
+  stages  = evenly over pp
+}
+"""
+    assert equivalence.buffers_comparable(api.loads(text % (1, 2)).plans[0])
+    assert not equivalence.buffers_comparable(api.loads(text % (2, 4)).plans[0])
+    context = text.replace("dp = %d", "cp = %d").replace("data    = replicate over dp", "context = ring over cp")
+    assert not equivalence.buffers_comparable(api.loads(context % (2, 4)).plans[0])
