@@ -114,7 +114,7 @@ def split_extents(model: ir.CustomModel) -> dict[str, int] | None:
     """Every extent the model's own tensor-parallel plan splits, by name (its config's head counts, each
     split dim of a matched parameter: `dim 0 of 'model.layers.0.self_attn.q_proj.weight'`); None when the
     plan cannot apply (a style plandsl does not know, a pattern naming a parameter rather than a module, a
-    module torch cannot split so: the checker's E414)."""
+    module torch cannot split so: the checker's E414; a pattern of a module's own plan naming nothing: E405)."""
     extents: dict[str, int] = dict(head_counts(model))
     types = dict(model.modules)
     shapes: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
