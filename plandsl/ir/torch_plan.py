@@ -60,7 +60,7 @@ def closest(pattern: str, fqns) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _layer_index(blocks: tuple[str, ...], modules: tuple[str, ...]) -> dict[str, str]:
+def layer_index(blocks: tuple[str, ...], modules: tuple[str, ...]) -> dict[str, str]:
     """Module FQN -> the layer holding it: a block by its FQN prefix, else `embed` before the first block in
     the tree's order and `head` after it (as `plandsl inspect` splits the parameters outside the blocks)."""
     ordered = sorted(blocks)
@@ -81,7 +81,7 @@ def layer_of_module(model: ir.CustomModel) -> dict[str, str]:
     if not model.source or not model.modules:
         return {}
     blocks = tuple(layer.name for layer in model.layers[1:-1])
-    return _layer_index(blocks, tuple(m for m, _ in model.modules))
+    return layer_index(blocks, tuple(m for m, _ in model.modules))
 
 
 def layer_of_param(model: ir.CustomModel, param: str) -> str | None:

@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from plandsl import ir
+from plandsl.ir import torch_plan
 from plandsl.ir.inspected import parse_source
 from plandsl.runtime.inspect.stages import PassThrough, replace_outside
 from plandsl.runtime.inspect.trace import has_submodule
@@ -150,6 +151,7 @@ class TorchModel(nn.Module):
         for index in wanted:
             module = pipe.get_stage_module(index)
             copy_stream_casts(self.inner, module)  # a 16-bit residual stream (traced outside autocast, without it)
+            keep_untouched_buffers(module, full, self.all_block_names(), stages[index])
             stage = TorchModel(module, self.source, self.block_list, False,
                                tuple(name for name in self.block_names if has_submodule(module, name)))
             stage.first, stage.last = index == 0, index == len(stages) - 1
@@ -186,6 +188,31 @@ class TorchModel(nn.Module):
         """transformers' `base_model_pp_plan` of the model (module -> (inputs, outputs)), None without one."""
         config = getattr(self.inner, "config", None)
         return getattr(config, "base_model_pp_plan", None) or None
+
+
+def keep_untouched_buffers(stage: nn.Module, full: nn.Module, block_names: list[str], layers: set[str]) -> None:
+    """Give a traced `stage` the persistent buffers of `full` (the module it was cut from) that its `layers` hold and
+    its trace left out: torch.export keeps only the state the forward reads or writes, so a buffer it never touches
+    (a format version) was in no stage's state dict, and a checkpoint of the stages was refused by another layout
+    ("holds a different model: ... is only here") and `--check-equivalence` failed, naming it missing. Each under its
+    FQN in `full` (containers made where the stage has none), on the stage holding its module's layer
+    (`ir.torch_plan.layer_index`: a block by its FQN, `embed` before the blocks, `head` after)."""
+    held = set(dict(stage.named_buffers()))
+    owners = dict(full.named_modules())
+    layer_of = torch_plan.layer_index(tuple(block_names), tuple(owners))
+    for owner_name, owner in owners.items():
+        if layer_of.get(owner_name) not in layers:
+            continue
+        for name, buffer in owner._buffers.items():
+            fqn = f"{owner_name}.{name}" if owner_name else name
+            if buffer is None or name in owner._non_persistent_buffers_set or fqn in held:
+                continue
+            parent = stage
+            for part in owner_name.split(".") if owner_name else ():
+                if not isinstance(parent._modules.get(part), nn.Module):
+                    parent.add_module(part, nn.Module())
+                parent = parent._modules[part]
+            parent.register_buffer(name, buffer)
 
 
 def _vocab(module: nn.Module, hf: bool) -> int | None:

@@ -154,6 +154,10 @@ CASES = [
     # refused the module: "the model's root holds 'gain' itself")
     ("factory_root_buffer_fsdp", 2, 'factory("inspect_models.odd:build", root_buffer=true)', "[dp = 2]",
      "data = zero3 over dp"),
+    # buffers no forward touches: in no traced stage, so --check-equivalence (which compares the buffers) named them
+    # missing and failed
+    ("factory_tagged_gpipe", 2, 'factory("inspect_models.odd:build", tagged=true, depth=4)', "[pp = 2]",
+     "stages = evenly over pp\nschedule = gpipe", MICRO2),
     ("factory_root_buffer_gpipe", 2, 'factory("inspect_models.odd:build", root_buffer=true)', "[pp = 2]",
      "stages = evenly over pp\nschedule = gpipe", MICRO2),
     # torchtitan's layout: the blocks in an nn.ModuleDict `layers` keyed "0" .. "3" (inspect refused it, E904), cut

@@ -122,6 +122,25 @@ def test_stages_whose_trace_lifted_a_weight_to_an_input_are_refused_before_a_ste
         model.stage_modules([{"embed", *blocks[:2]}, {*blocks[2:], "head"}], [0, 1], tokens)
 
 
+def test_traced_stages_hold_the_persistent_buffers_the_forward_never_touches(monkeypatch):
+    """torch.export keeps only the state a forward reads or writes: a buffer none touches (a format version) was in no
+    stage, so a checkpoint of the stages was refused by another layout ("holds a different model") and
+    --check-equivalence failed naming it missing. Each stage holds those of its layers, under their FQNs."""
+    monkeypatch.syspath_prepend(HERE)
+    from plandsl.runtime.reference import persistent_buffers
+    from plandsl.runtime.torch_model import build
+    blocks = tuple(f"layers.{index}" for index in range(4))
+    model = build(ir.CustomModel(kind="custom", name="odd", layers=(), block_list="layers", blocks=blocks,
+                                 source="inspect_models.odd:build(depth=4, tagged=True)"), seed=0)
+    tokens, _ = model.make_batch(2, 8, torch.Generator().manual_seed(1))
+    stages = model.stage_modules([{"embed", *blocks[:2]}, {*blocks[2:], "head"}], [0, 1], tokens)
+    held = [{name for name, _ in persistent_buffers(stage)} for stage in (stages[0], stages[1])]
+    assert held == [{"version", "layers.0.version", "layers.1.version"}, {"layers.2.version", "layers.3.version"}]
+    assert int(stages[1].get_buffer("layers.3.version")) == 1
+    outputs = stages[1](stages[0](tokens))  # the stages still compute the module's forward
+    assert torch.allclose(outputs, model(tokens), atol=1e-6)
+
+
 def test_each_recomputation_of_a_split_backward_puts_the_buffers_back():
     """Zero-bubble schedules (zb_h1, zbv) take a stage's input gradients and its weight gradients in two backward
     passes (two graph tasks): checkpoint reruns the block once for each, entering the recomputation context twice
