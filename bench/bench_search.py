@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -45,7 +46,9 @@ from plandsl.cost.estimate import estimate_plan
 from plandsl.ir.layers import layers_of
 from plandsl.ir.placement import Assignment
 from plandsl.lower.selectors import selector_text
+import plandsl.search as searching
 from plandsl.search import Problem, SearchError, search
+from plandsl.search.space import Space
 
 # The inter-node bandwidth per node that DeepSpeed's 2021 ZeRO-3 got on Selene (GB/s), fitted by
 # `--fit` on its 768-GPU run at DeepSpeed's defaults of the time (`DEEPSPEED_2021`: sub-modules gathered one by one,
@@ -63,6 +66,7 @@ import "models/llama3"
 import "models/deepseek"
 import "models/qwen3"
 import "models/gpt_oss"
+import "models/llama4"
 
 # Jean Zay's A100 partition (BLOOM, Le Scao et al. 2022, Sec. 3.4.1): 8 x A100 80GB per node on
 # NVLink, 4 x 100 Gb/s Omni-Path links per node.
@@ -1473,6 +1477,82 @@ def timings(peer: str | None = None) -> str:
     return "\n".join(lines)
 
 
+
+# Mixtures of experts that the default time limit stops (`--limited`): their bounds sit far below their steps (the
+# all-to-alls, ZeRO-3's traffic where memory leaves nothing else), so what the search returns is what its dives found
+LIMITS = (4.0, 6.0, 10.0, 15.0)
+
+
+def limited_cases() -> list[Run]:
+    return [timing_cases()[11],
+            Run("DeepSeek-V3", "", "deepseek_v3", "dgx_h100 x 128", 4096, 1.0),
+            Run("Qwen3 235B-A22B", "", "qwen3_235b_a22b", "dgx_h100 x 32", 1024, 1.0),
+            Run("Llama 4 Maverick", "", "llama4_maverick", "dgx_h100 x 64", 1024, 1.0),
+            Run("gpt-oss-120b", "", "gpt_oss_120b", "dgx_h100 x 16", 1024, 1.0)]
+
+
+def limited_case(index: int, limit: float) -> dict:
+    """One `limited_cases` problem searched for its best plan under `limit` CPU seconds (0: to the end), as `plandsl
+    generate` searches it: the experts' folding and dispatcher searched too, unless the case gives its dispatcher."""
+    run = limited_cases()[index]
+    problem = replace(problem_of(run), search_experts=True)
+    pins = {"dispatcher": run.dispatcher} if run.dispatcher != "alltoall" else {}
+    cpu = time.process_time()
+    try:
+        result = search(problem, pins=pins, top=1, time_limit=limit or None)
+    except SearchError:
+        return {"cpu": time.process_time() - cpu, "step": None, "best": "none found"}
+    return {"cpu": time.process_time() - cpu, "step": result.best.estimate.time.step,
+            "best": result.best.candidate.describe()}
+
+
+# `--limited --steps`: the search's clock advanced by a fixed cost per step (the CPU seconds each kind of step took in a
+# profile of case 11 here, unprofiled; a root 1.2 ms) instead of read: the same search stops at the same place
+# on any machine and under any load, so two checkouts' dives compare without timing's spread
+STEP_SECONDS = {"expand_root": 0.0107, "tighten": 0.00016, "pending": 0.0011, "resolve": 0.00052, "finish": 0.0002,
+                "evaluate": 0.022, "retry": 0.00013}
+ROOT_SECONDS = 0.0012
+
+
+def _step_clock() -> None:
+    """Every later search in this process on `STEP_SECONDS`' clock (`--limited --steps`)."""
+    now = [0.0]
+    searching.time = types.SimpleNamespace(perf_counter=lambda: now[0], process_time=lambda: now[0])
+    for name, cost in STEP_SECONDS.items():
+        def step(self, *args, _step=getattr(Space, name), _cost=cost):
+            now[0] += _cost
+            return _step(self, *args)
+        setattr(Space, name, step)
+    roots = Space.roots
+
+    def rooted(self):
+        out = roots(self)
+        now[0] += ROOT_SECONDS * len(out)
+        return out
+    Space.roots = rooted
+
+
+def limited(peer: str | None = None, steps: bool = False) -> str:
+    """Each `limited_cases` problem under each of `LIMITS`: the best step found, above the step the search proves
+    without a limit; with `peer` (another checkout's root) the same in its code, both in child processes taking
+    turns so that a shared machine's load falls on both alike; with `steps`, on `_step_clock`."""
+    head = "| model | cluster | proven best (s) | CPU to prove it (s) | " + " | ".join(
+        f"{limit:g} s: this" + (f" | {limit:g} s: peer" if peer else "") for limit in LIMITS) + " |"
+    lines = [head, "|" + "---|" * head.count(" | ")]
+
+    def shown(found: dict, best: float) -> str:
+        return "none" if found["step"] is None else f"{found['step']:.2f} (+{100 * (found['step'] / best - 1):.0f} %)"
+    for index, run in enumerate(limited_cases()):
+        proven = _child(index, None, limit=0.0)
+        cells = []
+        for limit in LIMITS:
+            cells.append(shown(_child(index, None, limit, steps), proven["step"]))
+            if peer:
+                cells.append(shown(_child(index, peer, limit, steps), proven["step"]))
+        lines.append(f"| {run.name} | {run.cluster} | {proven['step']:.2f} | {proven['cpu']:.1f} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
 # MosaicML's MPT throughput tables (mosaicml/llm-foundry, scripts/train/benchmarking/README.md, 2023-2024): every
 # bf16 row on 8 or more GPUs of its "H100 80GB BF16" tables and its "A100 80GB with 1600 Gbps node-node
 # interconnect" table without CPU offload. (model, sequence, GPUs, GPU, micro-batch, global batch, sharding,
@@ -2154,10 +2234,13 @@ def further_report() -> str:
     return "\n".join(lines)
 
 
-def _child(index: int, root: str | None) -> dict:
-    """`time_case(index)` in a child process importing plandsl from `root` (None: this checkout)."""
+def _child(index: int, root: str | None, limit: float | None = None, steps: bool = False) -> dict:
+    """`time_case(index)` in a child process importing plandsl from `root` (None: this checkout); with `limit`,
+    `limited_case(index, limit)` (on `_step_clock` with `steps`)."""
     env = dict(os.environ, PYTHONPATH=root or str(Path(__file__).resolve().parent.parent))
-    out = subprocess.run([sys.executable, __file__, "--case", str(index)], env=env, check=True, capture_output=True,
+    which = ["--case", str(index)] if limit is None else \
+        ["--limited-case", str(index), str(limit)] + (["--steps"] if steps else [])
+    out = subprocess.run([sys.executable, __file__, *which], env=env, check=True, capture_output=True,
                          text=True).stdout
     return json.loads(out.splitlines()[-1])
 
@@ -2208,6 +2291,13 @@ def main(argv: list[str]) -> None:
         print(memory_trace_report(argv[argv.index("--memory-trace") + 1:]))
     elif "--memory" in argv:
         print(memory_report())
+    elif "--limited-case" in argv:
+        at = argv.index("--limited-case")
+        if "--steps" in argv:
+            _step_clock()
+        print(json.dumps(limited_case(int(argv[at + 1]), float(argv[at + 2]))))
+    elif "--limited" in argv:
+        print(limited(argv[argv.index("--peer") + 1] if "--peer" in argv else None, "--steps" in argv))
     elif "--case" in argv:
         print(json.dumps(time_case(int(argv[argv.index("--case") + 1]))))
     else:

@@ -47,7 +47,7 @@ from plandsl.search.partition import partition_blocks, partition_layers
 from plandsl.search.space import Space
 from plandsl.search.tree import SAFE, Leaf, Node, Pending, Root, candidate_of
 from plandsl.check.training import absent_module
-from plandsl.diagnostics import did_you_mean
+from plandsl.diagnostics import did_you_mean, limits
 
 PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
             "virtual_stages", "zero_stage", "recompute", "recompute_layers", "order", "tp_across_nodes", "fold",
@@ -56,7 +56,14 @@ DISPATCHERS = ("alltoall", "deepep", "hybridep")  # `experts = KIND over ...` (i
 # The search tries each unpinned, on every layout with an expert group (`Space.roots`); at equal figures it writes the
 # one it reaches first.
 SEARCHED_DISPATCHERS = DISPATCHERS
-REDIVE = 16  # under a time limit, a dive every limit / REDIVE CPU seconds after a plan is found
+# Under a time limit, the first dive (no plan yet) a quarter of the way in and a dive every sixteenth of the limit after
+# each plan found, both at most what they are at the default limit: a longer limit runs the default's search first
+# and then goes on, so it never returns a slower plan than the default's for want of the same dives
+FIRST_DIVE = limits.GENERATE_SECONDS / 4
+REDIVE = limits.GENERATE_SECONDS / 16
+# A dive leaves to the heap every child bounded at or above DIVE_SLACK x the heap's lowest bound (doubled each time
+# that leaves it nothing before its first plan), or at or above the fastest plan simulated so far
+DIVE_SLACK = 1.5
 # Tensor parallelism stays inside a node unless pinned otherwise: its all-reduces sit on every layer's
 # critical path (Narayanan et al. 2021, Sec. 3.3: "tensor model parallelism ... within a multi-GPU
 # server"), where a node's link is an order of magnitude faster than the fabric.
@@ -307,17 +314,27 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
     heapq.heapify(heap)
     results: list[Scored] = []
     done = 0
-    # Under a time limit, a search that has simulated no plan a quarter of the way in dives: it takes
-    # the lowest-bound child of what it expanded last (depth first) until a plan fits, so the limit
-    # finds it with a plan to show. Each plan that fits schedules the next dive limit / REDIVE later,
-    # from the lowest bound then on the heap: where the bounds sit far below the steps (a mixture of
-    # experts' all-to-alls), best-first order reaches no other plan within the limit, and the dives
-    # sample the space's most promising parts in turn. Every child also stays on the heap (an entry
-    # taken by a dive is skipped when popped), so the order changes and the result of a finished
-    # search does not.
-    dive_at = cpu + time_limit / 4 if time_limit else math.inf
+    # Under a time limit, a search that has simulated no plan a quarter of the way in (`FIRST_DIVE` at most)
+    # dives: it takes the lowest-bound child of what it expanded last (depth first) until a plan fits, so the
+    # limit finds it with a plan to show. Each plan that fits schedules the next dive a sixteenth of the limit
+    # later (`REDIVE` at most).
+    # Where the bounds sit far below the steps (a mixture of experts' all-to-alls), best-first order
+    # reaches no other plan within the limit, and the dives sample the space's most promising parts in
+    # turn: they start in turn from the heap's lowest entry (a part of the space not yet reached, as a rule)
+    # and from the lowest-bound leaf or node's pending leaves that the search has made (`deep`; their
+    # bounds count ZeRO's traffic, the schedule and the split, where a root's and a node's count the
+    # compute alone: the most promising of the parts reached), and a dive leaves to the heap every child
+    # that cannot beat the fastest plan simulated, or that sits far above the heap's lowest bound
+    # (`DIVE_SLACK`): a layout whose memory leaves it only ZeRO-3's traffic every microbatch is not
+    # simulated for want of a better one. Every child also stays on the heap (an entry taken by a
+    # dive is skipped when popped), so the order changes and the result of a finished search does not.
+    dive_at = cpu + min(time_limit / 4, FIRST_DIVE) if time_limit else math.inf
     stack: list = []
-    dived: set[int] = set()
+    deep: list = []  # under a time limit, the Pending and Leaf entries also on the heap: where dives start
+    taken: set[int] = set()  # under a time limit, the entries popped or dived into (by their counters)
+    slack = DIVE_SLACK
+    dives = 0
+    fastest = math.inf  # the fastest plan simulated so far
     clock = _cpu_clock(cpu) if time_limit else lambda: cpu  # without a limit nothing reads it
     while (heap or stack) and len(results) < top:
         now = clock()
@@ -325,13 +342,21 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
             _stop(space.stats, heap, results, top)
             break
         diving = now > dive_at
+        if diving and not stack:  # a dive starts: every other one from the most promising partitioned entry
+            dives += 1
+            while deep and deep[0][1] in taken:
+                heapq.heappop(deep)
+            if dives % 2 == 0 and deep and deep[0][0] < fastest:
+                stack.append(heapq.heappop(deep))
         if diving and stack:
             entry = stack.pop()
-            dived.add(entry[1])
+            taken.add(entry[1])
         elif heap:
             entry = heapq.heappop(heap)
-            if entry[1] in dived:
+            if entry[1] in taken:
                 continue
+            if time_limit:
+                taken.add(entry[1])
         else:
             break
         item, space = entry[2], entry[3]
@@ -356,8 +381,9 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
                 results.append(scored)
                 break
             if scored is not None:
+                fastest = min(fastest, scored.estimate.time.step)
                 stack.clear()
-                dive_at = now + time_limit / REDIVE if time_limit else math.inf  # the next dive, from where the heap is
+                dive_at = now + min(time_limit / 16, REDIVE) if time_limit else math.inf  # the next dive
                 heapq.heappush(heap, (scored.estimate.time.step, next(counter), scored, space))
             else:  # a partly recomputed leaf the exact estimate refused: at its next N, bounded anew (`Space.retry`)
                 children = [child for child in (space.retry(item),) if child is not None]
@@ -367,8 +393,14 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
         entries = [(child.bound, next(counter), child, space) for child in children]
         for child_entry in entries:
             heapq.heappush(heap, child_entry)
-        if diving:
-            stack.extend(sorted(entries, key=lambda e: (e[0], e[1]), reverse=True))  # the lowest bound on top
+            if time_limit and isinstance(child_entry[2], (Pending, Leaf)):
+                heapq.heappush(deep, child_entry)
+        if diving:  # the lowest bound on top
+            ceiling = min(fastest, slack * heap[0][0]) if heap else fastest
+            kept = [e for e in entries if e[0] < ceiling]
+            if entries and not kept and not stack and fastest == math.inf:
+                slack *= 2  # nothing left to dive into before a first plan: dive wider
+            stack.extend(sorted(kept, key=lambda e: (e[0], e[1]), reverse=True))
     if progress:
         progress(len(roots), len(roots))
     space = spaces[0]

@@ -512,11 +512,15 @@ class _Clock:
         return self.now
 
 
-def _ticking(monkeypatch, clock: _Clock) -> _Clock:
-    """`clock` as the search's CPU clock, read at every step (`_Clock`)."""
+def _ticking(monkeypatch, clock: _Clock, default: float = math.inf) -> _Clock:
+    """`clock` as the search's CPU clock, read at every step (`_Clock`); its dives timed as under a default limit of
+    `default` readings (`search.FIRST_DIVE`, `REDIVE`: none by default, the dives then a quarter and a sixteenth of the
+    limit the test gives)."""
     import plandsl.search as searching
     monkeypatch.setattr(searching, "_cpu_clock", lambda start: clock)
     monkeypatch.setattr(searching.time, "process_time", clock)
+    monkeypatch.setattr(searching, "FIRST_DIVE", default / 4)
+    monkeypatch.setattr(searching, "REDIVE", default / 16)
     return clock
 
 
@@ -587,8 +591,8 @@ def test_the_dive_under_a_time_limit_leaves_a_finished_search_unchanged(monkeypa
 
 
 def test_under_a_time_limit_the_search_dives_again_after_each_plan_it_finds(monkeypatch):
-    """After a dive finds a plan, the search dives again every limit / REDIVE seconds from the lowest bound left on
-    the heap, so a search stopped by its limit has simulated plans from several parts of the space, not only the
+    """After a dive finds a plan, the search dives again a sixteenth of the limit later (at most `REDIVE`), from the
+    most promising entries left, so a search stopped by its limit has simulated plans from several parts of the space, not only the
     first dive's (one plan here without the later dives). The clock is read at every step (`_ticking`): with the
     search's own millisecond throttle, how far 200 readings get depends on the machine's speed, and on a quiet one
     this search had ended within them."""
@@ -607,6 +611,58 @@ def test_under_a_time_limit_the_search_dives_again_after_each_plan_it_finds(monk
     result = search(problem("big", "pair", 8), top=3, time_limit=200.0)
     assert result.stats.stopped and len(result.candidates) == 3
     assert len(fits) >= 3
+
+
+@pytest.mark.parametrize("model, cluster, batch", [("big", "pair", 8), ("deep", "pair", 8), ("moe", "pair", 4)])
+def test_a_longer_time_limit_goes_on_from_the_default_ones_search(monkeypatch, model, cluster, batch):
+    """Past the default limit the dives keep the default's timing (`search.FIRST_DIVE`, `REDIVE`), so a longer limit
+    simulates what the default's search did, in the same order, and then goes on: it never returns a slower plan.
+    Before, the dives came at a quarter and every sixteenth of whatever limit was given, and a search given 10 s
+    could return a slower plan than at 6 (Llama 4 Maverick on `dgx_h100 x 64`: 4.92 against 4.33 s a step)."""
+    from plandsl.search.space import Space
+    evaluate = Space.evaluate
+    runs = {}
+    for limit in (240.0, 480.0, 960.0):
+        clock, simulated = _Clock(), []
+
+        def spy(self, leaf, simulated=simulated):
+            scored = evaluate(self, leaf)
+            simulated.append(None if scored is None else scored.estimate.time.step)
+            return scored
+        _ticking(monkeypatch, clock, default=240.0)
+        monkeypatch.setattr(Space, "evaluate", spy)
+        result = search(problem(model, cluster, batch), top=1, time_limit=limit)
+        runs[limit] = (simulated, result.best.estimate.time.step)
+    (short, best_short), (middle, best_middle), (long, best_long) = runs.values()
+    assert short and long[:len(short)] == short and middle[:len(short)] == short and long[:len(middle)] == middle
+    assert best_long <= best_middle <= best_short
+
+
+@pytest.mark.parametrize("model, cluster, batch, limit", [("big", "pair", 8, 400), ("deep", "pair", 8, 200),
+                                                          ("moe", "pair", 4, 400), ("gpt", "mixed", 4, 400)])
+def test_a_dive_simulates_no_leaf_bounded_above_the_fastest_plan_it_has(monkeypatch, model, cluster, batch, limit):
+    """Under a time limit the search simulates no leaf whose bound is at or above the fastest plan it has already
+    simulated: best-first order pops that plan first, and a dive leaves such a child to the heap and starts from no
+    such entry (`DIVE_SLACK`, `fastest`). Before, the dives simulated 4-9 of them in each of these searches (the
+    clock read at every step, `_ticking`; one plan wanted, so that no proven plan lets the heap's order reach one)."""
+    from plandsl.search.space import Space
+    clock, simulated = _Clock(), []
+    evaluate = Space.evaluate
+
+    def spy(self, leaf):
+        scored = evaluate(self, leaf)
+        simulated.append((leaf.bound, scored.estimate.time.step if scored is not None else None))
+        return scored
+
+    _ticking(monkeypatch, clock)
+    monkeypatch.setattr(Space, "evaluate", spy)
+    result = search(problem(model, cluster, batch), top=1, time_limit=float(limit))
+    assert result.stats.stopped and len(simulated) >= 3
+    fastest = math.inf
+    for bound, step in simulated:
+        assert bound < fastest
+        fastest = min(fastest, step if step is not None else math.inf)
+    assert result.best.estimate.time.step == fastest
 
 
 def test_zero_over_the_context_axis_alone_shards_the_states():
