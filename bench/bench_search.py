@@ -482,9 +482,23 @@ def published() -> list[Run]:
                     pins={"dp": 16, "tp": 8, "pp": 1, "zero_stage": 3, "micro_batch_size": 2, "recompute": "full"}, dtypes=dict(EAGER),
                     gathering=TORCHTITAN_GATHER))
     # NeMo 24.11's Nemotron-4 340B on 16 DGX H100 (USERBUFFERS_TE1: the container's Transformer Engine 1.x) (NVIDIA/dgxc-benchmarking nemotron/README_340b.md): 4.61 s per
-    # step of 32 x 4096 tokens, 28,432 tokens/s; the recipe (NeMo-Framework-Launcher nemotron_340b.yaml) keeps
-    # Adam's states and the gradients in bf16 (`optim.dtype: bf16`, `grad_sync_dtype: bf16`) beside an fp32 master
-    # (bf16 weights plus 16-bit remainders), with the distributed optimizer (ZeRO-1) and no recomputation.
+    # step of 32 x 4096 tokens, 28,432 tokens/s; with the distributed optimizer (ZeRO-1) and no recomputation. "24.11"
+    # is the benchmark's release; it ran the nemo:24.09 container (dgxc-benchmarking v24.11.1, 35a9aec:
+    # nemotron/launch.sh:38-39 GSW_VERSION=24.11, FW_VERSION=24.09; setup.sh:33) with its own yaml
+    # (nemotron4-340b-synth.yaml:183-189: distributed_fused_adam, `dtype: bf16`, `grad_sync_dtype: bf16`,
+    # contiguous_grad_buffer; megatron_amp_O2, bf16). What NeMo's optimizer then keeps (NeMo 24.09-alpha.rc0,
+    # 4068955b5a, = v2.0.0 there; written 2026-12-06 from the code, the review, replacing "an fp32 master, bf16 weights
+    # plus 16-bit remainders", which no code of it does): megatron_base_model.py:791-812 sets Apex's `store_params`
+    # False where the optimizer's dtype is the model's (bf16 and bf16: the bf16 row), True under `fp8_params` (the FP8
+    # row: configure.sh's `+model.fp8_params=True` with `model.fp8=True`), and remainders only for an fp32 optimizer
+    # beside a bf16 model; Apex's StateBucket stores the params shard in the optimizer's dtype (distributed_fused_adam.py
+    # :454-459 at b7a4acc1). So the bf16 row kept no master apart (bf16 weights updated in place, bf16 states, a bf16
+    # gradient buffer the weight-gradient GEMMs accumulate into), the FP8 row FP8 weights (megatron_gpt_model.py:360-361,
+    # `fp8_model_init`) with a bf16 master shard, all-gathered in FP8 (distributed_adam.py:233-236: `param_sync_dtype=
+    # torch.uint8` for Float8Tensors): `gather = fp8` (FP8_GATHER, below). No fp32 anywhere. The language cannot say a
+    # gradient buffer beside weights that are their own master (docs/validation.md, "What the language or the search
+    # cannot say", NeMo 24.07's 340B row): as there, the rows keep the fp32 master, whose update and 4 bytes the run
+    # did not have, so that the buffer's accumulation it did pay is priced.
     # Nemotron's MLP is squared-ReLU with ffn 4h (two matrices); llama's SwiGLU at ffn 8h/3 = 49152 has the
     # same parameters and FLOPs (three matrices of h x 8h/3).
     runs.append(Run("Nemotron-4 340B (t8 p8 v12), 128 H100, bf16 states", "NVIDIA dgxc-benchmarking, NeMo 24.11 (2024)",
@@ -498,11 +512,12 @@ def published() -> list[Run]:
                     note="fp32 states need 5.0 TiB and do not fit 128 x 80 GB; the recipe's TP communication "
                          "overlap (ub_tp_comm_overlap): tensor = ... with sequence_parallel, overlap = userbuffers, "
                          "sm_margin = false"))
-    # The same recipe in FP8 (--fp8-format hybrid): 3.16 s per step, 41,478 tokens/s (the same table).
+    # The same recipe in FP8 (--fp8-format hybrid): 3.16 s per step, 41,478 tokens/s (the same table); its FP8 weights
+    # (`fp8_params`) all-gathered in FP8 by NeMo's distributed Adam (above): `gather = fp8`.
     runs.append(Run("Nemotron-4 340B (t8 p8 v12), 128 H100, FP8", "NVIDIA dgxc-benchmarking, NeMo 24.11 (2024)",
                     runs[-1].model, "dgx_h100 x 16", 32, 32 * 4096 / 3.16 / 128, metric="tokens_per_device",
                     pins=dict(runs[-1].pins), dtypes={**runs[-1].dtypes, "precision": "fp8"}, overlap_tensor=True,
-                    **USERBUFFERS_TE1,
+                    gathering=FP8_GATHER, **USERBUFFERS_TE1,
                     note="the blocks' linear layers at the FP8 peak, attention and the output layer in bf16"))
     runs += nemo_h100()
     runs += nemo_moe_h100()

@@ -179,7 +179,8 @@ def test_held_out_error_within_target(bench, results):
     E611): MT-NLG +13.8 %, the A100's max 16.3 % (torchtitan's Llama 3 70B on 64 A100s), still held at 17 %. Since
     Korthikanti et al.'s other three rows came in (2026-12-06; docs/validation.md, "Korthikanti's other three rows"):
     every held-out run 6.7 % over 56, the A100's 6.1 %, its max 18.1 % (the 1T on 512 A100s), held at 19 % (the four
-    rows' micro-batch and interleaving as NVIDIA's Calculon reproduces the runs)."""
+    rows' micro-batch and interleaving as NVIDIA's Calculon reproduces the runs). Since Nemotron-4 340B's FP8 row
+    gathers its FP8 weights in FP8 as NeMo 24.09 did (2026-12-06, the review): 7.0 %, the H100's 7.6 %."""
     errors = _held_out(bench, results)
     assert len(errors) >= 30
     assert statistics.median(errors.values()) <= 0.10, errors
@@ -250,6 +251,15 @@ def test_zero3_runs_on_the_datasheet_nic_are_far_off(bench):
     runs = bench.zero3_2021("dgx_a100")
     value, _ = bench.predict(runs[-1], None)
     assert bench.error(runs[-1], value) > 1.0
+
+
+def test_nemotron_fp8_row_gathers_the_fp8_weights_its_nemo_kept(bench):
+    """dgxc-benchmarking's "24.11" Nemotron-4 340B rows ran NeMo's nemo:24.09 container: its FP8 row sets
+    `fp8_params` (FP8 weights under `fp8_model_init`, a bf16 master shard, all-gathered in FP8 by NeMo's distributed
+    Adam: `param_sync_dtype=torch.uint8` for Float8Tensors), `gather = fp8`; the bf16 row gathers its bf16 weights."""
+    bf16, fp8 = (run for run in bench.published() if run.name.startswith("Nemotron-4 340B"))
+    assert fp8.dtypes["precision"] == "fp8" and fp8.gathering == bench.FP8_GATHER
+    assert "precision" not in bf16.dtypes and bf16.gathering is None
 
 
 @pytest.mark.slow
