@@ -1444,6 +1444,12 @@ def datasheet_zero3(efficiency: Efficiency | None) -> str:
 NEMOTRON_340B = "llama(layers=96, hidden=18432, heads=96, kv_heads=8, ffn=49152, vocab=256000, seq=4096)"
 
 
+def _markdown_head(head: str) -> list[str]:
+    """A Markdown table's header row and its delimiter row, a cell under each of the header's (GitHub's Markdown
+    renders no table where the counts differ)."""
+    return [head, "|" + "---|" * (head.count("|") - 1)]
+
+
 def timing_cases() -> list[Run]:
     cases = [Run("GPT-3 175B", "", gpt(96, 12288, 96), f"dgx_a100 x {nodes}", 1536, 1.0) for nodes in (8, 32, 128, 256, 512)]
     cases += [Run("GPT 1T", "", gpt(128, 25600, 160), f"dgx_a100 x {nodes}", 4096, 1.0) for nodes in (128, 256, 512)]
@@ -1476,7 +1482,7 @@ def timings(peer: str | None = None) -> str:
            "simulated | best plan |"
     if peer:
         head += " peer CPU (s) | peer / this | same top 5 |"
-    lines = [head, "|" + "---|" * head.count(" | ")]
+    lines = _markdown_head(head)
     for index, run in enumerate(timing_cases()):
         if peer:
             here, there = _child(index, None), _child(index, peer)
@@ -1553,7 +1559,7 @@ def limited(peer: str | None = None, steps: bool = False) -> str:
     turns so that a shared machine's load falls on both alike; with `steps`, on `_step_clock`."""
     head = "| model | cluster | proven best (s) | CPU to prove it (s) | " + " | ".join(
         f"{limit:g} s: this" + (f" | {limit:g} s: peer" if peer else "") for limit in LIMITS) + " |"
-    lines = [head, "|" + "---|" * head.count(" | ")]
+    lines = _markdown_head(head)
 
     def shown(found: dict, best: float) -> str:
         return "none" if found["step"] is None else f"{found['step']:.2f} (+{100 * (found['step'] / best - 1):.0f} %)"
