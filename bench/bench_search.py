@@ -1498,7 +1498,6 @@ def timings(peer: str | None = None) -> str:
     return "\n".join(lines)
 
 
-
 # Mixtures of experts that the default time limit stops (`--limited`): their bounds sit far below their steps (the
 # all-to-alls, ZeRO-3's traffic where memory leaves nothing else), so what the search returns is what its dives found
 LIMITS = (4.0, 6.0, 10.0, 15.0)
@@ -1573,6 +1572,7 @@ def limited(peer: str | None = None, steps: bool = False) -> str:
         lines.append(f"| {run.name} | {run.cluster} | {proven['step']:.2f} | {proven['cpu']:.1f} | "
                      + " | ".join(cells) + " |")
     return "\n".join(lines)
+
 
 # MosaicML's MPT throughput tables (mosaicml/llm-foundry, scripts/train/benchmarking/README.md, 2023-2024): every
 # bf16 row on 8 or more GPUs of its "H100 80GB BF16" tables and its "A100 80GB with 1600 Gbps node-node
