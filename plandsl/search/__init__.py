@@ -57,10 +57,9 @@ DISPATCHERS = ("alltoall", "deepep", "hybridep")  # `experts = KIND over ...` (i
 # one it reaches first.
 SEARCHED_DISPATCHERS = DISPATCHERS
 # Under a time limit, the first dive (no plan yet) a quarter of the way in and a dive every sixteenth of the limit after
-# each plan found, both at most what they are at the default limit: a longer limit runs the default's search first
-# and then goes on, so it never returns a slower plan than the default's for want of the same dives
-FIRST_DIVE = limits.GENERATE_SECONDS / 4
-REDIVE = limits.GENERATE_SECONDS / 16
+# each plan found, timed as under at most this limit (the default): a longer limit runs the default's search first and
+# then goes on, so it returns no slower plan than the default's for want of the same dives
+DIVE_LIMIT = limits.GENERATE_SECONDS
 # A dive leaves to the heap every child bounded at or above DIVE_SLACK x the heap's lowest bound (doubled each time
 # that leaves it nothing before its first plan), or at or above the fastest plan simulated so far
 DIVE_SLACK = 1.5
@@ -314,10 +313,10 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
     heapq.heapify(heap)
     results: list[Scored] = []
     done = 0
-    # Under a time limit, a search that has simulated no plan a quarter of the way in (`FIRST_DIVE` at most)
+    # Under a time limit, a search that has simulated no plan a quarter of the way in (of `DIVE_LIMIT` at most)
     # dives: it takes the lowest-bound child of what it expanded last (depth first) until a plan fits, so the
     # limit finds it with a plan to show. Each plan that fits schedules the next dive a sixteenth of the limit
-    # later (`REDIVE` at most).
+    # later.
     # Where the bounds sit far below the steps (a mixture of experts' all-to-alls), best-first order
     # reaches no other plan within the limit, and the dives sample the space's most promising parts in
     # turn: they start in turn from the heap's lowest entry (a part of the space not yet reached, as a rule)
@@ -328,7 +327,7 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
     # (`DIVE_SLACK`): a layout whose memory leaves it only ZeRO-3's traffic every microbatch is not
     # simulated for want of a better one. Every child also stays on the heap (an entry taken by a
     # dive is skipped when popped), so the order changes and the result of a finished search does not.
-    dive_at = cpu + min(time_limit / 4, FIRST_DIVE) if time_limit else math.inf
+    dive_at = cpu + min(time_limit, DIVE_LIMIT) / 4 if time_limit else math.inf
     stack: list = []
     deep: list = []  # under a time limit, the Pending and Leaf entries also on the heap: where dives start
     taken: set[int] = set()  # under a time limit, the entries popped or dived into (by their counters)
@@ -339,10 +338,12 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
     while (heap or stack) and len(results) < top:
         now = clock()
         if now > deadline:
-            _stop(space.stats, heap, results, top)
+            _stop(space.stats, heap, results, top, taken)
             break
         diving = now > dive_at
         if diving and not stack:  # a dive starts: every other one from the most promising partitioned entry
+            while heap and heap[0][1] in taken:  # (what a dive took: not a start)
+                heapq.heappop(heap)
             dives += 1
             while deep and deep[0][1] in taken:
                 heapq.heappop(deep)
@@ -383,7 +384,7 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
             if scored is not None:
                 fastest = min(fastest, scored.estimate.time.step)
                 stack.clear()
-                dive_at = now + min(time_limit / 16, REDIVE) if time_limit else math.inf  # the next dive
+                dive_at = now + min(time_limit, DIVE_LIMIT) / 16 if time_limit else math.inf  # the next dive
                 heapq.heappush(heap, (scored.estimate.time.step, next(counter), scored, space))
             else:  # a partly recomputed leaf the exact estimate refused: at its next N, bounded anew (`Space.retry`)
                 children = [child for child in (space.retry(item),) if child is not None]
@@ -433,11 +434,12 @@ def _cpu_clock(start: float) -> Callable[[], float]:
     return now
 
 
-def _stop(stats: SearchStats, heap: list, results: list[Scored], top: int) -> None:
-    """At the time limit: after the proven best (`results`), the fastest plans simulated so far."""
+def _stop(stats: SearchStats, heap: list, results: list[Scored], top: int, taken: set[int]) -> None:
+    """At the time limit: after the proven best (`results`), the fastest plans simulated so far; the least bound of
+    what is still open (not what a dive took, whose children are on the heap)."""
     stats.stopped = True
     stats.roots_open = sum(1 for _, _, item, _ in heap if isinstance(item, Root))  # (a dive expands none)
-    open_bounds = [bound for bound, _, item, _ in heap if not isinstance(item, Scored)]
+    open_bounds = [bound for bound, count, item, _ in heap if not isinstance(item, Scored) and count not in taken]
     stats.lower_bound = min(open_bounds) / SAFE if open_bounds else 0.0
     found = sorted((item for _, _, item, _ in heap if isinstance(item, Scored)), key=lambda s: s.estimate.time.step)
     results.extend(found[:top - len(results)])

@@ -514,13 +514,12 @@ class _Clock:
 
 def _ticking(monkeypatch, clock: _Clock, default: float = math.inf) -> _Clock:
     """`clock` as the search's CPU clock, read at every step (`_Clock`); its dives timed as under a default limit of
-    `default` readings (`search.FIRST_DIVE`, `REDIVE`: none by default, the dives then a quarter and a sixteenth of the
-    limit the test gives)."""
+    `default` readings (`search.DIVE_LIMIT`: none by default, the dives then a quarter and a sixteenth of the limit the
+    test gives)."""
     import plandsl.search as searching
     monkeypatch.setattr(searching, "_cpu_clock", lambda start: clock)
     monkeypatch.setattr(searching.time, "process_time", clock)
-    monkeypatch.setattr(searching, "FIRST_DIVE", default / 4)
-    monkeypatch.setattr(searching, "REDIVE", default / 16)
+    monkeypatch.setattr(searching, "DIVE_LIMIT", default)
     return clock
 
 
@@ -591,7 +590,7 @@ def test_the_dive_under_a_time_limit_leaves_a_finished_search_unchanged(monkeypa
 
 
 def test_under_a_time_limit_the_search_dives_again_after_each_plan_it_finds(monkeypatch):
-    """After a dive finds a plan, the search dives again a sixteenth of the limit later (at most `REDIVE`), from the
+    """After a dive finds a plan, the search dives again a sixteenth of the limit later (of `DIVE_LIMIT` at most), from the
     most promising entries left, so a search stopped by its limit has simulated plans from several parts of the space, not only the
     first dive's (one plan here without the later dives). The clock is read at every step (`_ticking`): with the
     search's own millisecond throttle, how far 200 readings get depends on the machine's speed, and on a quiet one
@@ -615,7 +614,7 @@ def test_under_a_time_limit_the_search_dives_again_after_each_plan_it_finds(monk
 
 @pytest.mark.parametrize("model, cluster, batch", [("big", "pair", 8), ("deep", "pair", 8), ("moe", "pair", 4)])
 def test_a_longer_time_limit_goes_on_from_the_default_ones_search(monkeypatch, model, cluster, batch):
-    """Past the default limit the dives keep the default's timing (`search.FIRST_DIVE`, `REDIVE`), so a longer limit
+    """Past the default limit the dives keep the default's timing (`search.DIVE_LIMIT`), so a longer limit
     simulates what the default's search did, in the same order, and then goes on: it never returns a slower plan.
     Before, the dives came at a quarter and every sixteenth of whatever limit was given, and a search given 10 s
     could return a slower plan than at 6 (Llama 4 Maverick on `dgx_h100 x 64`: 4.92 against 4.33 s a step)."""
