@@ -181,11 +181,14 @@ def test_a_hugging_face_model_trains_like_one_process(case, tmp_path, monkeypatc
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "unit"))  # the factory's package (forked ranks inherit it)
     name, world, model, mesh, lines, *train_ = case
     plan = _write(tmp_path, name, model, mesh, lines, *train_)
+    results = run_ranks(world, train, str(plan), check_equivalence=True, steps=STEPS, deadline_s=120)
     try:
-        _check(run_ranks(world, train, str(plan), check_equivalence=True, steps=STEPS, deadline_s=120))
-    except AssertionError as failure:
+        _check(results)
+    except AssertionError:
+        report = results[0]["report"]
         if name in TRACED_RECOMPUTE and tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 14) \
-                and "buffers:" in str(failure):
+                and report is not None and report["missing"] == () \
+                and max(report["loss_diff"], report["param_diff"]) <= 1e-5 < report["buffer_diff"]:
             pytest.xfail("torch 2.13: a traced stage's BatchNorm statistics updated again by recomputation")
         raise
 
