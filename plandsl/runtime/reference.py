@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from plandsl import ir
+from plandsl.runtime.buffers import owned_buffers
 from plandsl.runtime.data import Batches, microbatches
 from plandsl.runtime.models import build_model, loss_fn
 from plandsl.runtime.optim import build_lr_scheduler, build_optimizer
@@ -33,11 +34,10 @@ def persistent_buffers(module: nn.Module):
     """(name, buffer) of each buffer of `module` that its state dict holds (BatchNorm's running statistics; not a
     rotary table built from the config), each once, by the name its module path gives."""
     seen = set()
-    for prefix, sub in module.named_modules():
-        for name, buffer in sub._buffers.items():
-            if buffer is not None and name not in sub._non_persistent_buffers_set and id(buffer) not in seen:
-                seen.add(id(buffer))
-                yield (f"{prefix}.{name}" if prefix else name), buffer
+    for entry in owned_buffers(module):
+        if entry.persistent and id(entry.buffer) not in seen:
+            seen.add(id(entry.buffer))
+            yield entry.fqn, entry.buffer
 
 
 def run_reference(plan: ir.Plan, steps: int, token_file: str | Path | None = None,

@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from plandsl import ir
 from plandsl.ir import torch_plan
 from plandsl.ir.inspected import parse_source
+from plandsl.runtime.buffers import owned_buffers
 from plandsl.runtime.inspect.stages import PassThrough, replace_outside
 from plandsl.runtime.inspect.trace import has_submodule
 from plandsl.runtime.cuts import stage_split_points, unfed_problem
@@ -198,21 +199,16 @@ def keep_untouched_buffers(stage: nn.Module, full: nn.Module, block_names: list[
     FQN in `full` (containers made where the stage has none), on the stage holding its module's layer
     (`ir.torch_plan.layer_index`: a block by its FQN, `embed` before the blocks, `head` after)."""
     held = set(dict(stage.named_buffers()))
-    owners = dict(full.named_modules())
-    layer_of = torch_plan.layer_index(tuple(block_names), tuple(owners))
-    for owner_name, owner in owners.items():
-        if layer_of.get(owner_name) not in layers:
+    layer_of = torch_plan.layer_index(tuple(block_names), tuple(name for name, _ in full.named_modules()))
+    for entry in list(owned_buffers(full)):
+        if layer_of.get(entry.path) not in layers or not entry.persistent or entry.fqn in held:
             continue
-        for name, buffer in owner._buffers.items():
-            fqn = f"{owner_name}.{name}" if owner_name else name
-            if buffer is None or name in owner._non_persistent_buffers_set or fqn in held:
-                continue
-            parent = stage
-            for part in owner_name.split(".") if owner_name else ():
-                if not isinstance(parent._modules.get(part), nn.Module):
-                    parent.add_module(part, nn.Module())
-                parent = parent._modules[part]
-            parent.register_buffer(name, buffer)
+        parent = stage
+        for part in entry.path.split(".") if entry.path else ():
+            if not isinstance(parent._modules.get(part), nn.Module):
+                parent.add_module(part, nn.Module())
+            parent = parent._modules[part]
+        parent.register_buffer(entry.name, entry.buffer)
 
 
 def _vocab(module: nn.Module, hf: bool) -> int | None:

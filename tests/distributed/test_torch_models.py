@@ -115,7 +115,8 @@ CASES = [
     ("resnet_dp_x_1f1b", 4, RESNET, "[dp = 2, pp = 2]", "data = replicate over dp\nstages = evenly over pp\nschedule = 1f1b",
      CNN_TRAIN),
     # full recomputation reran each block's BatchNorms in backward, updating their running statistics a second time
-    # (the parameters equal, the buffers not: compared where no axis splits the batch, as here)
+    # (the parameters equal, the buffers not: compared where no axis splits the batch, as here); and torch 2.13's
+    # shape inference at the first step ran each stage's forward on the first microbatch, one update more
     ("resnet_1f1b_recompute", 2, RESNET, "[pp = 2]", "stages = evenly over pp\nschedule = 1f1b",
      CNN_TRAIN.replace("seed: 0", "seed: 0, recompute: full")),
     # zero-bubble's input and weight passes rerun each block twice: its buffers put back after each (the second
@@ -169,28 +170,12 @@ CASES = [
 ]
 
 
-# Known defect (2026-12-06): under torch 2.13 (the CI's pin), a stage torch's pipeline frontend traced still updates its
-# BatchNorm statistics again when recomputation reruns it, so the buffers differ from one process (the equivalence
-# check says so); under torch 2.14 the restore (`runtime.parallel.recompute`'s buffers put back) holds. Run, and xfail there.
-TRACED_RECOMPUTE = {"resnet_1f1b_recompute", "resnet_zb_h1_recompute"}
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_a_hugging_face_model_trains_like_one_process(case, tmp_path, monkeypatch):
-    import torch  # the installed torch's version decides the known defect above
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "unit"))  # the factory's package (forked ranks inherit it)
     name, world, model, mesh, lines, *train_ = case
     plan = _write(tmp_path, name, model, mesh, lines, *train_)
-    results = run_ranks(world, train, str(plan), check_equivalence=True, steps=STEPS, deadline_s=120)
-    try:
-        _check(results)
-    except AssertionError:
-        report = results[0]["report"]
-        if name in TRACED_RECOMPUTE and tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 14) \
-                and report is not None and report["missing"] == () \
-                and max(report["loss_diff"], report["param_diff"]) <= 1e-5 < report["buffer_diff"]:
-            pytest.xfail("torch 2.13: a traced stage's BatchNorm statistics updated again by recomputation")
-        raise
+    _check(run_ranks(world, train, str(plan), check_equivalence=True, steps=STEPS, deadline_s=120))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None, reason="torchtitan is not installed")

@@ -8,7 +8,8 @@ forward and backward over the microbatches and leaves the gradients on the stage
 
 Private torch API used (pinned to torch 2.13; `tests/distributed/test_schedules.py` exercises each):
 `schedules._PipelineScheduleRuntime`, its `pipeline_order` and `_prepare_schedule_with_comms`
-(what `_load_csv(format="compute_only")` does after reading the file), and `schedules._Action.from_str`.
+(what `_load_csv(format="compute_only")` does after reading the file), `schedules._Action.from_str`, and the
+stage's `_prepare_forward_infra` and `_post_metadata_inference_cleanup` (`_inference_keeps_buffers`).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from plandsl import ir
 from plandsl.cost.schedule import plan_schedule
 from plandsl.ir.placement import Assignment, assign_stages
+from plandsl.runtime.buffers import owned_buffers, put_back, save
 from plandsl.runtime.precision import autocast
 from plandsl.schedules.generators import generate
 from plandsl.schedules.program import Kind, Schedule, loop_map, vshape_map
@@ -187,7 +189,7 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
             materialize(part, plan.model, plan.train.seed, device)
         models.append(part)
         modules.append(module)
-        stages.append(PipelineStage(module, stage_index, num_stages, device, group=group))
+        stages.append(_inference_keeps_buffers(PipelineStage(module, stage_index, num_stages, device, group=group)))
     _check_ddp(name, modules, program)
     tied = tie_embeddings(plan, assignment, models, local, mesh)
 
@@ -206,6 +208,35 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
                             f"{list(assignment.rank_of_stage)}")
     return Pipeline(schedule, stages, modules, models, tuple(local), microbatches, group, runner, plan, program,
                     tied)
+
+
+def _inference_keeps_buffers(stage: PipelineStage) -> PipelineStage:
+    """`stage`, its module's buffers put back after torch infers its shapes. torch 2.13's schedules infer each stage's
+    inputs and outputs at the first step by running its forward and backward on the first microbatch
+    (`_prepare_forward_infra`, `_prepare_backward_infra`), its random state forked and FSDP resharded after
+    (`_post_metadata_inference_cleanup`), nothing else put back: a BatchNorm in training took one more update of its
+    running statistics than one process does (--check-equivalence failed on a CNN cut into stages). The stage's
+    buffers are saved as its forward's inference starts and put back when the inference is cleaned up. Private torch
+    methods (the module docstring): a torch without them is left as it is."""
+    infer = getattr(stage, "_prepare_forward_infra", None)
+    cleanup = getattr(stage, "_post_metadata_inference_cleanup", None)
+    if infer is None or cleanup is None:
+        return stage
+    saved = []
+
+    def prepare_forward_infra(*args, **kwargs):
+        mode = getattr(stage, "_inference_mode", None)  # torch's static mode (shapes given: runtime.memtrace) runs none
+        saved[:] = [] if getattr(mode, "name", None) == "STATIC" else save(owned_buffers(stage.submod))
+        return infer(*args, **kwargs)
+
+    def post_metadata_inference_cleanup():
+        cleanup()
+        put_back(saved)
+        saved.clear()
+
+    stage._prepare_forward_infra = prepare_forward_infra
+    stage._post_metadata_inference_cleanup = post_metadata_inference_cleanup
+    return stage
 
 
 def runtime_schedule(stages: list[PipelineStage], program: Schedule,

@@ -21,6 +21,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from plandsl import ir
+from plandsl.runtime.buffers import owned_buffers, put_back, save
 from plandsl.runtime.discard import rerun_without_output
 from plandsl.runtime.torch_model import blocks
 
@@ -76,7 +77,7 @@ def state_kept(module: nn.Module):
     one the forward changed (its version counter or the tensor it names moved: a counter), not the constant tables
     (a causal mask, rotary frequencies) that would otherwise be copied at every rerun. A buffer the forward rebinds
     (`self.calls = self.calls + 1`) is named again by the tensor it named before."""
-    if next(_buffers(module), None) is None:
+    if next(owned_buffers(module), None) is None:
         return None
 
     def contexts(policy=None):
@@ -87,14 +88,6 @@ def state_kept(module: nn.Module):
     return contexts
 
 
-def _buffers(module: nn.Module):
-    """(owner, name, buffer, persistent) of each buffer of `module` and its descendants, as they are now."""
-    for sub in module.modules():
-        for name, buffer in sub._buffers.items():
-            if buffer is not None:
-                yield sub, name, buffer, name not in sub._non_persistent_buffers_set
-
-
 class _Changed:
     """The forward's context: which non-persistent buffers it changes (`changed`: (owner, name) pairs), around the
     selective policy's forward context (`inner`)."""
@@ -103,15 +96,15 @@ class _Changed:
         self.module, self.inner, self.changed, self._before = module, inner, set(), {}
 
     def __enter__(self):
-        self._before = {(id(owner), name): (buffer, buffer._version)
-                        for owner, name, buffer, persistent in _buffers(self.module) if not persistent}
+        self._before = {(id(entry.owner), entry.name): (entry.buffer, entry.buffer._version)
+                        for entry in owned_buffers(self.module) if not entry.persistent}
         return self.inner.__enter__()
 
     def __exit__(self, *exc):
-        for owner, name, buffer, persistent in _buffers(self.module):
-            was = self._before.get((id(owner), name))
-            if not persistent and (was is None or was[0] is not buffer or was[1] != buffer._version):
-                self.changed.add((id(owner), name))
+        for entry in owned_buffers(self.module):
+            was = self._before.get((id(entry.owner), entry.name))
+            if not entry.persistent and (was is None or was[0] is not entry.buffer or was[1] != entry.buffer._version):
+                self.changed.add((id(entry.owner), entry.name))
         return self.inner.__exit__(*exc)
 
 
@@ -126,8 +119,7 @@ class _Restoring:
 
     def __enter__(self):
         stack = contextlib.ExitStack()
-        stack.callback(_put_back, [(owner, name, buffer, buffer.clone())
-                                   for owner, name, buffer in _kept(self.module, self.forward.changed)])
+        stack.callback(put_back, save(_kept(self.module, self.forward.changed)))
         try:
             stack.enter_context(self.inner)
         except BaseException:
@@ -140,17 +132,9 @@ class _Restoring:
 
 
 def _kept(module: nn.Module, changed: set) -> list:
-    """(owner, name, buffer) of the buffers a recomputation of `module` puts back: every persistent one, and the
+    """The buffers (`runtime.buffers.Owned`) a recomputation of `module` puts back: every persistent one, and the
     non-persistent ones in `changed` (`_Changed.changed`, by the forward)."""
-    return [(owner, name, buffer) for owner, name, buffer, persistent in _buffers(module)
-            if persistent or (id(owner), name) in changed]
-
-
-def _put_back(saved) -> None:
-    with torch.no_grad():
-        for owner, name, buffer, value in saved:
-            owner._buffers[name] = buffer
-            buffer.copy_(value)
+    return [entry for entry in owned_buffers(module) if entry.persistent or (id(entry.owner), entry.name) in changed]
 
 
 def _wrap(module: nn.Module, policy=None) -> nn.Module:
