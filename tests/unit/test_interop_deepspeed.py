@@ -123,6 +123,15 @@ def test_a_key_written_twice_is_refused_as_deepspeed_refuses_it():
                                               model=MODEL).diagnostics[0].message
 
 
+def test_an_unknown_key_is_pointed_at_as_written_escapes_included():
+    """The spans come from one pass over the text (a search per key was quadratic); a key written with an escape is
+    found by its escaped spelling, and a string value followed by a colon-like text is no key."""
+    text = '{"note": "a\\": b", "train_batch_size": 8, "k\\"q": 1, "zero_optimization": {"stage": 1}}'
+    imported = import_text("deepspeed", text, "ds.json", world_size=8, model=MODEL)
+    spans = [text[d.span.start:d.span.end] for d in imported.diagnostics if "unknown key" in d.message]
+    assert spans == ['"note"', '"k\\"q"']
+
+
 def test_a_typo_is_named_with_the_nearest_key():
     imported = import_text("deepspeed", json.dumps({**BASE, "gradient_cliping": 1.0}), "ds.json", world_size=8,
                            model=MODEL)
