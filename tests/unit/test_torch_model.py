@@ -198,7 +198,7 @@ def test_recomputation_puts_back_a_counter_however_the_forward_changes_it(kind):
     watch, _ = recompute.state_kept(module)()
     with watch:
         module(torch.ones(1, 4))
-    assert [name for _, name, _ in recompute._kept(module, watch.changed)] == ["calls"]
+    assert [entry.name for entry in recompute._kept(module, watch.changed)] == ["calls"]
 
 
 def test_a_factory_module_is_split_into_stages_by_tracing(monkeypatch):
