@@ -3,9 +3,10 @@
 Stage: interpreter. Contract: `owned_buffers(module)` yields an `Owned` (the owner's path, the owner, the buffer's
 name, the buffer, whether the state dict holds it) for each buffer of `module` and its descendants as they are now;
 `save(owned)` clones them and `put_back(saved)` rebinds each name to the tensor it named when saved and copies the
-saved value into it (so a forward that rebinds a buffer, `self.calls = self.calls + 1`, is undone too). Used by the
-reference's comparison (`runtime.reference`), recomputation (`runtime.parallel.recompute`), traced stages
-(`runtime.torch_model`) and the pipeline's shape inference (`runtime.parallel.pipeline`).
+saved value into it (so a forward that rebinds a buffer, `self.calls = self.calls + 1`, is undone too), the latest
+saved first (a buffer saved twice ends as it was first). Used by the reference's comparison (`runtime.reference`),
+recomputation (`runtime.parallel.recompute`), traced stages (`runtime.torch_model`) and the pipeline's shape inference
+(`runtime.parallel.pipeline`).
 """
 from __future__ import annotations
 
@@ -45,8 +46,10 @@ def save(owned: Iterable[Owned]) -> Saved:
 
 
 def put_back(saved: Saved) -> None:
-    """Each saved name bound again to the tensor it named, holding the value it held (`save`)."""
+    """Each saved name bound again to the tensor it named, holding the value it held (`save`); the latest saved first,
+    so a buffer saved twice (two stages' savings of a tensor both hold, between which one's forward changed it) ends
+    as the first saving found it."""
     with torch.no_grad():
-        for owner, name, buffer, value in saved:
+        for owner, name, buffer, value in reversed(saved):
             owner._buffers[name] = buffer
             buffer.copy_(value)

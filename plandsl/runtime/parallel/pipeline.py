@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from plandsl import ir
 from plandsl.cost.schedule import plan_schedule
 from plandsl.ir.placement import Assignment, assign_stages
-from plandsl.runtime.buffers import owned_buffers, put_back, save
+from plandsl.runtime.buffers import Saved, owned_buffers, put_back, save
 from plandsl.runtime.precision import autocast
 from plandsl.schedules.generators import generate
 from plandsl.schedules.program import Kind, Schedule, loop_map, vshape_map
@@ -189,7 +189,8 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
             materialize(part, plan.model, plan.train.seed, device)
         models.append(part)
         modules.append(module)
-        stages.append(_inference_keeps_buffers(PipelineStage(module, stage_index, num_stages, device, group=group)))
+        stages.append(PipelineStage(module, stage_index, num_stages, device, group=group))
+    stages = _inference_keeps_buffers(stages)
     _check_ddp(name, modules, program)
     tied = tie_embeddings(plan, assignment, models, local, mesh)
 
@@ -210,33 +211,43 @@ def build_pipeline(plan: ir.Plan, model: nn.Module, mesh, device: torch.device |
                     tied)
 
 
-def _inference_keeps_buffers(stage: PipelineStage) -> PipelineStage:
-    """`stage`, its module's buffers put back after torch infers its shapes. torch 2.13's schedules infer each stage's
-    inputs and outputs at the first step by running its forward and backward on the first microbatch
-    (`_prepare_forward_infra`, `_prepare_backward_infra`), its random state forked and FSDP resharded after
+def _inference_keeps_buffers(stages: list[PipelineStage]) -> list[PipelineStage]:
+    """This rank's `stages`, their modules' buffers put back after torch infers their shapes. torch 2.13's schedules
+    infer each stage's inputs and outputs at the first step by running its forward and backward once more
+    (`_prepare_forward_infra`, `_prepare_backward_infra`: the first stage on the first microbatch, a later one on
+    uninitialised tensors of the shapes it is sent), the random state forked around them and FSDP resharded after
     (`_post_metadata_inference_cleanup`), nothing else put back: a BatchNorm in training took one more update of its
-    running statistics than one process does (--check-equivalence failed on a CNN cut into stages). The stage's
-    buffers are saved as its forward's inference starts and put back when the inference is cleaned up. Private torch
-    methods (the module docstring): a torch without them is left as it is."""
-    infer = getattr(stage, "_prepare_forward_infra", None)
-    cleanup = getattr(stage, "_post_metadata_inference_cleanup", None)
-    if infer is None or cleanup is None:
+    running statistics than one process does (--check-equivalence failed on a CNN cut into stages). Each stage's
+    buffers are saved as its forward's inference starts, into one list for the rank's stages, and the first cleanup
+    puts them all back, the latest saved first: torch infers the forward of every stage of the rank before it cleans
+    up any, so a buffer two of them hold (torch's pipeline frontend gives each traced stage the buffers it reads, the
+    same tensor) was saved again by the later stage after the earlier one's forward had changed it, and putting back
+    each stage's own saving left that change. Private torch methods (the module docstring): a torch without them is
+    left as it is."""
+    saved: Saved = []  # the buffers of every stage whose inference has started, in the order saved
+
+    def keeps(stage: PipelineStage) -> PipelineStage:
+        infer = getattr(stage, "_prepare_forward_infra", None)
+        cleanup = getattr(stage, "_post_metadata_inference_cleanup", None)
+        if infer is None or cleanup is None:
+            return stage
+
+        def prepare_forward_infra(*args, **kwargs):
+            mode = getattr(stage, "_inference_mode", None)  # torch's static mode (shapes given: memtrace) runs none
+            if getattr(mode, "name", None) != "STATIC":
+                saved.extend(save(owned_buffers(stage.submod)))
+            return infer(*args, **kwargs)
+
+        def post_metadata_inference_cleanup():
+            cleanup()
+            put_back(saved)
+            saved.clear()
+
+        stage._prepare_forward_infra = prepare_forward_infra
+        stage._post_metadata_inference_cleanup = post_metadata_inference_cleanup
         return stage
-    saved = []
 
-    def prepare_forward_infra(*args, **kwargs):
-        mode = getattr(stage, "_inference_mode", None)  # torch's static mode (shapes given: runtime.memtrace) runs none
-        saved[:] = [] if getattr(mode, "name", None) == "STATIC" else save(owned_buffers(stage.submod))
-        return infer(*args, **kwargs)
-
-    def post_metadata_inference_cleanup():
-        cleanup()
-        put_back(saved)
-        saved.clear()
-
-    stage._prepare_forward_infra = prepare_forward_infra
-    stage._post_metadata_inference_cleanup = post_metadata_inference_cleanup
-    return stage
+    return [keeps(stage) for stage in stages]
 
 
 def runtime_schedule(stages: list[PipelineStage], program: Schedule,
