@@ -20,6 +20,7 @@ from plandsl.diagnostics.source import SourceFile, Span
 _WORD = re.compile(r"""(?:[^ \t\r\n'"\\#]|'[^']*'|"(?:[^"\\]|\\.)*"|\\[^\n]|(?<=[^ \t\r\n])\#)+""")
 _SPACE = re.compile(r"(?:[ \t\r]|\\\n)+")
 _COMMENT = re.compile(r"#[^\n]*")
+_PLAIN = re.compile(r"[^'\"\\\s]+")  # a word without quotes, escapes or spaces: shlex reads it as itself
 _ARRAY_START = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=\($")
 
 
@@ -59,10 +60,13 @@ def _words(source: SourceFile) -> list[tuple[str, Span]]:
             at = end
             continue
         raw = word.group(0)
-        try:
-            value = shlex.split(raw)[0] if raw.strip() else raw
-        except (ValueError, IndexError):
+        if _PLAIN.fullmatch(raw):  # nothing for shlex to undo (it is most of the time of a long list of words)
             value = raw
+        else:
+            try:
+                value = shlex.split(raw)[0] if raw.strip() else raw
+            except (ValueError, IndexError):
+                value = raw
         if not (_ARRAY_START.match(raw) or raw == ")"):
             words.append((value, source.span(at, word.end())))
         at = word.end()
@@ -72,21 +76,27 @@ def _words(source: SourceFile) -> list[tuple[str, Span]]:
 def read_flags(text: str, path: str) -> tuple[SourceFile, list[Flag]]:
     """The flags of `text` in order; `--name=value` is split into the flag and one value."""
     source = SourceFile(path, text)
-    flags: list[Flag] = []
+    # (name, values, span, first value's span, last value's span) for each flag: its values gathered in a list and
+    # the Flag built once (a Flag rebuilt with a tuple one longer for each value was quadratic in a flag's values:
+    # `--seed` followed by 50,000 words took 3 s)
+    read: list[tuple[str, list[str], Span, Span | None, Span | None]] = []
     for word, span in _words(source):
         if word.startswith("--") and len(word) > 2:
             name, equals, value = word.partition("=")
             if equals:
                 flag_span = source.span(span.start, span.start + len(name))
-                flags.append(Flag(name, (value,), flag_span, source.span(flag_span.end + 1, span.end)))
+                value_span = source.span(flag_span.end + 1, span.end)
+                read.append((name, [value], flag_span, value_span, value_span))
             else:
-                flags.append(Flag(name, (), span, span))
-        elif flags and flags[-1].name.startswith("--"):
-            last = flags[-1]
-            value_span = span if not last.values else last.value_span.to(span)
-            flags[-1] = Flag(last.name, (*last.values, word), last.span, value_span)
+                read.append((name, [], span, None, None))
+        elif read and read[-1][0].startswith("--"):
+            name, values, flag_span, first, _ = read[-1]
+            values.append(word)
+            read[-1] = (name, values, flag_span, first or span, span)
         else:
-            flags.append(Flag(word, (), span, span))
+            read.append((word, [], span, None, None))
+    flags = [Flag(name, tuple(values), span, first.to(last) if first else span)
+             for name, values, span, first, last in read]
     return source, flags
 
 
