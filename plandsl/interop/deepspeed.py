@@ -24,7 +24,7 @@ from plandsl.diagnostics import Diagnostic, did_you_mean, diag
 from plandsl.diagnostics.limits import MAX_PREFETCH_BUCKET
 from plandsl.diagnostics.source import SourceFile
 from plandsl.interop.cluster import cluster_devices, cluster_lines, stdlib_imports
-from plandsl.interop.result import Exported, Imported, loser, checked
+from plandsl.interop.result import Capped, Exported, Imported, loser, checked
 
 TARGET = "deepspeed"
 VERSION = "DeepSpeed 0.19.8"
@@ -243,10 +243,12 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
         raise ValueError("--model: DeepSpeed's config does not say the model (gpt(...), llama(...) or a stdlib name)")
     ignored = [key for key in config if key in IGNORED]
     zero = config.get("zero_optimization", {})
+    unknown = Capped("E804", "unknown keys")
     for key in config:
-        if key not in READ and key not in IGNORED:
+        if key not in READ and key not in IGNORED and unknown.report(key, keys.span(key)):
             problem("E804", f"unknown key \"{key}\" (DeepSpeed would ignore it without a word)", key,
                     hint=did_you_mean(key, READ + IGNORED, "keys") or "docs/interop.md lists the keys plandsl reads")
+    problems += unknown.summary()
     world = world_size if world_size is not None else cluster_devices(cluster)
     numbers = {}
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, did_you_mean, diag, limits
 from plandsl.diagnostics.source import SourceFile, Span
 from plandsl.interop import megatron as facts
 from plandsl.interop.flags import WHOLE_DIGITS, Flag, read_flags, shown_value, too_long, whole_number
-from plandsl.interop.result import Imported, checked
+from plandsl.interop.result import Capped, Imported, checked
 from plandsl.interop.cluster import cluster_devices, cluster_lines
 from plandsl.ir.placement import counted_split
 from plandsl.schedules.registry import BUILTIN, megatron_microbatch_group, microbatches_fit
@@ -37,6 +37,16 @@ class _Read:
     problems: list[Diagnostic]
     ignored: list[str]
     source: SourceFile
+    capped: dict[str, Capped] = field(default_factory=dict)   # the problems reported MAX_REPORTED of a kind at most
+
+    def report(self, code: str, what: str, flag: Flag) -> bool:
+        """Whether to report this problem of its kind (`what`: "unknown flags") one by one (`result.Capped`)."""
+        return self.capped.setdefault(what, Capped(code, what)).report(flag.name, flag.span)
+
+    def summaries(self) -> None:
+        """The problems counted past each kind's first MAX_REPORTED, one diagnostic a kind, after the others."""
+        for capped in self.capped.values():
+            self.problems += capped.summary()
 
     def get(self, name: str, default=None):
         return self.values.get(name, default)
@@ -78,11 +88,12 @@ def _read(flags: list[Flag], source: SourceFile) -> _Read:
         if value is None:
             continue
         earlier = read.given.get(flag.name)
-        if earlier is not None and read.values[flag.name] != value:
+        if earlier is not None and read.values[flag.name] != value and read.report("E805", "flags given twice", flag):
             read.problems.append(diag("E805", f"{flag.name} is given twice, as `{earlier.text}` and `{flag.text}` "
                                       "(Megatron-LM would keep the last silently)", flag.span,
                                       hint=f"keep one {flag.name}"))
         read.values[flag.name], read.given[flag.name] = value, flag
+    read.summaries()
     return read
 
 
@@ -90,17 +101,19 @@ def _value(flag: Flag, read: _Read):
     """The typed value of one flag (True for a switch), None when it is reported or left out."""
     name, values = flag.name, flag.values
     if not name.startswith("--"):
-        read.problems.append(diag("E804", f"`{name}` is not a flag (Megatron-LM's flags start with --)", flag.span,
-                                  hint="give flags and their values only, as after `pretrain_gpt.py`"))
+        if read.report("E804", "words that are not flags", flag):
+            read.problems.append(diag("E804", f"`{name}` is not a flag (Megatron-LM's flags start with --)", flag.span,
+                                      hint="give flags and their values only, as after `pretrain_gpt.py`"))
         return None
     if name in facts.IGNORED:
         read.ignored.append(flag.text)
         return None
     if name not in KNOWN:
-        suggestion = did_you_mean(name, (*KNOWN, *facts.IGNORED), "flags")
-        read.problems.append(diag("E804", f"unknown flag {name}", flag.span,
-                                  hint=suggestion or "plandsl reads Megatron-LM's parallelism, model shape, batch, "
-                                  "precision and recompute flags (docs/interop.md)"))
+        if read.report("E804", "unknown flags", flag):
+            suggestion = did_you_mean(name, (*KNOWN, *facts.IGNORED), "flags")
+            read.problems.append(diag("E804", f"unknown flag {name}", flag.span,
+                                      hint=suggestion or "plandsl reads Megatron-LM's parallelism, model shape, "
+                                      "batch, precision and recompute flags (docs/interop.md)"))
         return None
     if name in facts.SWITCHES:
         if values:

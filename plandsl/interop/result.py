@@ -1,7 +1,8 @@
 """What an adapter returns: the exported text and what the target cannot express, or the imported plan.
 
 Stage: below every adapter of `plandsl.interop`. Contract: frozen results; an adapter never raises on a
-plan or on flags, it returns their problems as Diagnostics (`lost`, `diagnostics`).
+plan or on flags, it returns their problems as Diagnostics (`lost`, `diagnostics`); `Capped` keeps an import's
+problems of one kind to MAX_REPORTED diagnostics and one count of the rest.
 """
 from __future__ import annotations
 
@@ -52,6 +53,45 @@ class Imported:
     @property
     def ok(self) -> bool:
         return self.text is not None and not any(d.is_error for d in self.diagnostics)
+
+
+MAX_REPORTED = 20
+"""Problems of one kind (unknown flags or keys, words that are no flag, flags given twice) an import reports one by one,
+each with its hint; past them one more diagnostic counts the rest and names the first few. A file with thousands is
+not a configuration with typos (another tool's, or generated): 50,000 unknown keys were 50,000 diagnostics and a
+nearest-name search for each (2 s of CPU of DeepSpeed's import, 10 s of Megatron-LM's), of which `render` shows 100."""
+NAMED_MORE = 5
+"""Names of the problems past MAX_REPORTED that their summary quotes."""
+
+
+class Capped:
+    """The problems of one kind an import finds: `report(name, span)` is True for the first MAX_REPORTED, which the
+    adapter reports as it always has (the work of their hints is done for these only), and counts the others;
+    `summary()` is the one diagnostic of those others (none when there are none), at the first of them."""
+
+    def __init__(self, code: str, what: str):
+        self.code, self.what = code, what   # what: "unknown flags"
+        self.reported, self.more, self.named = 0, 0, []
+        self.span = None
+
+    def report(self, name: str, span) -> bool:
+        if self.reported < MAX_REPORTED:
+            self.reported += 1
+            return True
+        if self.more == 0:
+            self.span = span
+        self.more += 1
+        if len(self.named) < NAMED_MORE:
+            self.named.append(name if len(name) <= 40 else f"{name[:30]}...")
+        return False
+
+    def summary(self) -> list[Diagnostic]:
+        if not self.more:
+            return []
+        names = ", ".join(self.named) + (", ..." if self.more > len(self.named) else "")
+        return [diag(self.code, f"and {self.more:,} more {self.what} ({names}): the first {MAX_REPORTED} are "
+                     "reported one by one", self.span,
+                     hint=f"{MAX_REPORTED + self.more:,} {self.what} in all; docs/interop.md lists what the import reads")]
 
 
 def checked(plan: str, plan_path: str, sources: dict[str, SourceFile], ignored=()) -> "Imported":

@@ -129,10 +129,11 @@ def _read(flags: list[Flag], source: SourceFile) -> _Read:
         if key is None:
             continue
         earlier = read.given.get(key)
-        if earlier is not None and read.values[key] != value:
+        if earlier is not None and read.values[key] != value and read.report("E805", "flags given twice", flag):
             read.problems.append(diag("E805", f"{key} is given twice, as `{earlier.text}` and `{flag.text}` "
                                       "(torchtitan would keep the last silently)", flag.span, hint=f"keep one {key}"))
         read.values[key], read.given[key] = value, flag
+    read.summaries()
     return read
 
 
@@ -148,9 +149,10 @@ def _value(flag: Flag, read: _Read):
             return None, None
         return "activation", mode
     if not name.startswith("--"):
-        read.problems.append(diag("E804", f"`{name}` is not a flag (torchtitan's flags start with --, its "
-                                  f"activation checkpointing is `{facts.SUBCOMMAND}MODE`)", flag.span,
-                                  hint="give flags and their values only, as after `-m torchtitan.train`"))
+        if read.report("E804", "words that are not flags", flag):
+            read.problems.append(diag("E804", f"`{name}` is not a flag (torchtitan's flags start with --, its "
+                                      f"activation checkpointing is `{facts.SUBCOMMAND}MODE`)", flag.span,
+                                      hint="give flags and their values only, as after `-m torchtitan.train`"))
         return None, None
     if name == facts.WEIGHT_DECAY and len(values) == 1 and values[0] in ("0", "0.0"):
         return None, None   # a plan's adam: AdamW without weight decay, as the export writes it
@@ -158,10 +160,12 @@ def _value(flag: Flag, read: _Read):
         read.ignored.append(flag.text)
         return None, None
     if name not in KNOWN:
-        suggestion = did_you_mean(name, (*KNOWN, *IGNORED), "flags")
-        read.problems.append(diag("E804", f"unknown flag {name}", flag.span,
-                                  hint=suggestion or "plandsl reads torchtitan's --module, --config, --parallelism.*, "
-                                  "batch, precision and activation checkpointing flags (docs/interop.md)"))
+        if read.report("E804", "unknown flags", flag):
+            suggestion = did_you_mean(name, (*KNOWN, *IGNORED), "flags")
+            read.problems.append(diag("E804", f"unknown flag {name}", flag.span,
+                                      hint=suggestion or "plandsl reads torchtitan's --module, --config, "
+                                      "--parallelism.*, batch, precision and activation checkpointing flags "
+                                      "(docs/interop.md)"))
         return None, None
     if name in SWITCHES:
         if values:

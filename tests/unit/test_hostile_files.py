@@ -7,6 +7,8 @@ holds the files that are no files (devices, fifos, links, 100 MB) and tests/unit
 """
 from __future__ import annotations
 
+import json
+
 from plandsl.interop import import_text
 from plandsl.interop.flags import read_flags
 from support import bounded
@@ -33,3 +35,36 @@ def test_a_subcommand_written_30000_times_is_one_diagnostic_in_bounded_work():
     with bounded(1.0, "import --from torchtitan"):
         imported = import_text("torchtitan", flags, "<flags>", world_size=8)
     assert not imported.ok and len(imported.diagnostics) == 1, [d.message[:80] for d in imported.diagnostics]
+
+
+def test_thousands_of_unknown_names_are_twenty_diagnostics_and_a_count():
+    """Each import reports the first MAX_REPORTED unknown flags or keys with their hints and counts the rest in one
+    diagnostic: 50,000 unknown keys were 50,000 diagnostics, each with a nearest-name search (DeepSpeed's 2 s,
+    Megatron-LM's 10 s), of which `render` shows 100."""
+    from plandsl.interop.result import MAX_REPORTED
+    many = 5_000
+    cases = {"deepspeed": json.dumps({"train_batch_size": 8, **{f"key{i}": i for i in range(many)}}),
+             "megatron": MEGATRON + " ".join(f"--flag{i}" for i in range(many)),
+             "torchtitan": "--module llama3 --config llama3_debugmodel " + " ".join(f"--flag{i}" for i in range(many))}
+    for target, text in cases.items():
+        model = "gpt(layers=2, hidden=64, heads=4, seq=128, vocab=512)" if target == "deepspeed" else None
+        with bounded(0.5, target):
+            imported = import_text(target, text, "<flags>", world_size=8, model=model)
+        *each, summary = imported.diagnostics
+        assert len(each) == MAX_REPORTED and all(d.message.startswith("unknown") for d in each), target
+        what, first, second = ("keys", "key20", "key21") if target == "deepspeed" else ("flags", "--flag20", "--flag21")
+        assert summary.code == "E804" and summary.message.startswith(
+            f"and {many - MAX_REPORTED:,} more unknown {what} ({first}, {second}, "), summary.message
+        assert text[summary.span.start:summary.span.end].strip('"') == first
+
+
+def test_words_that_are_no_flags_and_flags_given_twice_are_capped_each_on_its_own():
+    from plandsl.interop.result import MAX_REPORTED
+    text = "stray " * 30 + MEGATRON + " ".join(f"--micro-batch-size {1 + i % 2}" for i in range(100)) + " --nope"
+    imported = import_text("megatron", text, "<flags>", world_size=8)
+    codes = [(d.code, d.message.split(" (")[0]) for d in imported.diagnostics]
+    twice = "--micro-batch-size is given twice, as `--micro-batch-size {}` and `--micro-batch-size {}`"
+    assert codes.count(("E805", twice.format(1, 2))) + codes.count(("E805", twice.format(2, 1))) == MAX_REPORTED
+    assert codes.count(("E804", "`stray` is not a flag")) == MAX_REPORTED
+    assert codes[-3:] == [("E804", "unknown flag --nope"), ("E804", "and 10 more words that are not flags"),
+                          ("E805", "and 79 more flags given twice")]

@@ -90,6 +90,10 @@ _entry("E804", """
     Flags that mean nothing in a plan (data paths, logging, checkpoints) are read and listed as left out.
     `plandsl import --from deepspeed` reports an unknown key of DeepSpeed's JSON config the same way:
     DeepSpeed itself ignores keys it does not know, so a misspelt `gradient_cliping` would go unnoticed.
+    An import reports the first 20 problems of one kind (unknown flags or keys, words that are not flags;
+    flags given twice, E805) one by one, with their hints, and counts the rest in one more diagnostic that
+    names the first few: a file with thousands is not a configuration with typos. `plandsl check` reports
+    every problem of a plan.
     """, f"""
     {_FLAGS}
         --tensor-model-paralel-size 2
