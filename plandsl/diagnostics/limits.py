@@ -13,6 +13,12 @@ MAX_STAGES = 100_000            # pipeline stages, pipeline ranks (`schedule --r
 MAX_ACTIONS = 500_000
 """Compute actions a schedule table is laid out with, to print, simulate or validate it (E609).
 Checking and estimating a built-in schedule lay out none (`schedules.bounded`)."""
+MAX_GRID_CELLS = 4 * MAX_ACTIONS
+"""Cells (ranks x unit-time steps, idle ones included) of a schedule's step x rank grid, which `schedule` prints, torch's
+CSV and a table schedule write, and `import --from torch-csv` writes as a table (E609): a table of MAX_ACTIONS actions
+with a bubble as large as its work fits. A grid is not bounded by its actions: n ranks with one action each, in a
+chain, are n x 2n cells (a 5 KB CSV of 400 such rows wrote a 1.9 MB plan in 10 s; `schedule gpipe --ranks 3000
+--microbatches 1` took 7 s and 570 MB, 100,000 ranks more memory than a machine has)."""
 MAX_GLOBAL_BATCH = 2**32        # sequences per step (GPT-3 used 3.2M tokens = 1,536 sequences)
 MAX_MICRO_BATCH = 2**20         # sequences per microbatch
 MAX_SEQ = 2**24                 # tokens per sequence (16M; the longest contexts trained are ~1M)
@@ -61,7 +67,7 @@ MODEL_ARGUMENTS = {"layers": MAX_LAYERS, "hidden": MAX_WIDTH, "ffn": MAX_WIDTH, 
 TRAIN = {"global_batch": MAX_GLOBAL_BATCH, "micro_batch": MAX_MICRO_BATCH, "seq": MAX_SEQ, "recompute_layers": MAX_LAYERS, "offload_layers": MAX_LAYERS,
          "bf16_first_layers": MAX_LAYERS, "bf16_last_layers": MAX_LAYERS, "warmup_steps": MAX_STEPS, "seed": MAX_SEED}
 
-__all__ = ["MAX_ACTIONS", "MAX_NODE_CPUS", "MAX_NODE_MEMORY_MB", "MAX_EXPERTS", "MAX_GLOBAL_BATCH", "MAX_HEADS", "MAX_LAYERS", "MAX_LOCAL_RANKS", "MAX_LR",
+__all__ = ["MAX_ACTIONS", "MAX_GRID_CELLS", "MAX_NODE_CPUS", "MAX_NODE_MEMORY_MB", "MAX_EXPERTS", "MAX_GLOBAL_BATCH", "MAX_HEADS", "MAX_LAYERS", "MAX_LOCAL_RANKS", "MAX_LR",
            "MAX_MESH_DEVICES", "MAX_MTP",
            "MAX_MICROBATCHES", "MAX_MICRO_BATCH", "MAX_NODES", "MAX_PROFILE_NODES", "MAX_SEQ", "MAX_SEED", "MAX_SMS", "MAX_SUSTAIN_SECONDS", "MAX_STAGES", "MAX_STEPS", "MAX_TIMEOUT_SECONDS", "MAX_VIRTUAL",
            "MAX_VOCAB", "MAX_WIDTH", "MODEL_ARGUMENTS", "TRAIN"]

@@ -23,6 +23,8 @@ from plandsl.interop.result import Exported, Imported
 from plandsl.schedules.lower import add_send_recv
 from plandsl.schedules.program import parse_action, to_csv
 from plandsl.schedules.resolve import schedule_from_csv, to_plan, to_torch_csv
+from plandsl.schedules.simulate import GridTooLarge
+from plandsl.syntax.parser import MAX_BYTES
 from plandsl.syntax.files import shown_path
 from plandsl.syntax.format import format_text
 
@@ -49,7 +51,12 @@ def _schedule(plan: ir.Plan):
 
 def export_plan(plan: ir.Plan) -> Exported:
     schedule, lost = _schedule(plan)
-    return Exported(TARGET, to_torch_csv(schedule) if schedule is not None else "", lost)
+    try:
+        return Exported(TARGET, to_torch_csv(schedule) if schedule is not None else "", lost)
+    except GridTooLarge as error:
+        return Exported(TARGET, "", (*lost, diag("E609", str(error), plan.span_of("schedule") or plan.span,
+                                                 hint="torch's compute-only CSV writes every step of every rank, idle "
+                                                      "ones too; --to torch-csv-comms writes each rank's actions")))
 
 
 def export_comms(plan: ir.Plan) -> Exported:
@@ -66,7 +73,15 @@ def import_csv(text: str, path: str, name: str = "imported", plan_path: str = "i
         schedule = schedule_from_csv(_compute_cells(text, path), name, path).compute_only()
     except PlanError as error:
         return Imported(None, tuple(error.diagnostics))
-    body = to_plan(schedule)
+    try:
+        body = to_plan(schedule)
+    except GridTooLarge as error:  # a grid is not bounded by the CSV's actions (n one-action ranks: n x 2n cells)
+        return Imported(None, (diag("E609", str(error), hint="a table writes every step of every rank, idle ones "
+                                                            "too"),))
+    if len(body) > MAX_BYTES:  # what a plan may hold: no parser would read it back
+        return Imported(None, (diag("E609", f"schedule '{name}' as a table is {len(body):,} characters, more than "
+                                            f"the {MAX_BYTES:,} of a plan", hint="a table writes every step of every "
+                                                                                "rank, idle ones too"),))
     written_name = body.split("(", 1)[0].removeprefix("schedule ").strip()  # `table_NAME`: never a built-in's
     header = (f"# Imported from {shown_path(path)} (torch's schedule CSV): {schedule.ranks} pipeline ranks, "
               f"{schedule.microbatches} microbatches, {schedule.stages} stages.\n"

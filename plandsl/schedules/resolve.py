@@ -12,7 +12,7 @@ import re
 
 from plandsl.diagnostics import PlanError, did_you_mean, diag
 from plandsl.schedules.program import Schedule, derive_stage_map, format_rows, from_csv, to_csv
-from plandsl.schedules.simulate import Costs, format_grid, step_grid
+from plandsl.schedules.simulate import Costs, GridTooLarge, format_grid, step_grid
 from plandsl.schedules.generators import TooLarge, generate
 from plandsl.schedules.registry import BUILTIN
 from plandsl.syntax.files import FileProblem, read_bounded
@@ -166,7 +166,11 @@ def to_format(schedule: Schedule, fmt: str) -> str:
                                       f"stages on {len(schedule.stage_to_rank)} pipelines at once, each stage on "
                                       f"{len(schedule.stage_to_rank)} ranks",
                               hint="--format text or json print it")])
-    return WRITERS[fmt](schedule).rstrip("\n")
+    try:
+        return WRITERS[fmt](schedule).rstrip("\n")
+    except GridTooLarge as error:  # json lists each rank's actions: no grid
+        raise PlanError([diag("E609", str(error), hint="--format json lists each rank's actions; --simulate gives "
+                                                       "the figures")]) from None
 
 
 def _identifier(name: str) -> str:

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import Iterable, NamedTuple
 from operator import attrgetter
 
+from plandsl.diagnostics.limits import MAX_GRID_CELLS
+
 from .program import COMPUTE, Action, Kind, Schedule, gc_paused
 
 # What an action makes available, as a tag in an integer key (stage, microbatch, tag).
@@ -375,17 +377,26 @@ def _waited_action(schedule: Schedule, key: int, kinds: set[Kind]) -> Action:
 _UNIT = Costs(F=1.0, B=1.0, I=1.0, W=1.0, p2p=0.0)
 
 
+class GridTooLarge(ValueError):
+    """The step x rank grid would hold more than `limits.MAX_GRID_CELLS` cells."""
+
+
 def step_grid(schedule: Schedule) -> list[list[Action | None]]:
     """Unit-time simulation: `grid[rank][step]`, the compute action or None for an idle step.
 
     Every compute action takes one step and transfers are free; an action runs the step after
     its inputs were made. Rows are padded with None to the same number of steps; rank-major like
-    torch's pipeline order and `program.to_csv`. ValueError if the schedule deadlocks.
+    torch's pipeline order and `program.to_csv`. ValueError if the schedule deadlocks, GridTooLarge
+    (a ValueError) past `MAX_GRID_CELLS` cells, before any is laid out.
     """
     result = simulate(schedule.compute_only(), _UNIT)
     if result.deadlock is not None:
         raise ValueError(str(result.deadlock))
     steps = int(result.makespan)
+    if schedule.ranks * steps > MAX_GRID_CELLS:
+        raise GridTooLarge(f"schedule '{schedule.name}' runs {schedule.ranks:,} ranks for {steps:,} unit-time steps: "
+                           f"a grid of {schedule.ranks * steps:,} cells, more than the {MAX_GRID_CELLS:,} one is laid "
+                           "out with")
     grid: list[list[Action | None]] = [[None] * steps for _ in range(schedule.ranks)]
     for event in result.events:
         grid[event.rank][int(event.start)] = event.action

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from plandsl.interop import import_text
 from plandsl.interop.flags import read_flags
 from support import bounded
@@ -68,3 +70,29 @@ def test_words_that_are_no_flags_and_flags_given_twice_are_capped_each_on_its_ow
     assert codes.count(("E804", "`stray` is not a flag")) == MAX_REPORTED
     assert codes[-3:] == [("E804", "unknown flag --nope"), ("E804", "and 10 more words that are not flags"),
                           ("E805", "and 79 more flags given twice")]
+
+
+def test_a_schedule_csv_whose_grid_is_its_square_is_refused_before_it_is_laid_out():
+    """2,000 ranks of one forward and backward each, in a chain (a 30 KB CSV), run 4,000 unit-time steps: 8,000,000
+    cells, which the import wrote as a 42 MB table (8.5 s) before the parser refused it (E106 on a file never
+    written)."""
+    from plandsl.diagnostics.limits import MAX_GRID_CELLS
+    text = "\n".join(f"{rank}F0,{rank}B0" for rank in range(2000)) + "\n"
+    with bounded(1.0, "import --from torch-csv"):
+        imported = import_text("torch-csv", text, "chain.csv")
+    assert [d.code for d in imported.diagnostics] == ["E609"], imported.diagnostics
+    assert f"a grid of 8,000,000 cells, more than the {MAX_GRID_CELLS:,}" in imported.diagnostics[0].message
+
+
+def test_printing_a_schedule_lays_out_a_bounded_grid():
+    """`schedule gpipe --ranks 3000 --microbatches 1` (6,000 actions) laid out 18,000,000 cells: 7 s and 570 MB, and at
+    100,000 ranks more memory than a machine has; E609 now, and json still lists the actions."""
+    from plandsl import api
+    from plandsl.diagnostics import PlanError
+    found = api.schedule("gpipe", 3000, 1, None)
+    with bounded(1.0, "schedule --format text"):
+        for fmt in ("text", "csv", "plan"):
+            with pytest.raises(PlanError) as error:
+                api.schedule_as(found, fmt)
+            assert [d.code for d in error.value.diagnostics] == ["E609"]
+    assert len(json.loads(api.schedule_as(found, "json"))["actions"]) == 3000
