@@ -91,7 +91,9 @@ def _check_replicas(plan: ir.Plan) -> Iterator[Diagnostic]:
 def _parts(estimate: MemoryEstimate) -> str:
     return (f"parameters {format_bytes(estimate.params)}, gradients {format_bytes(estimate.grads)}, "
             f"optimizer {format_bytes(estimate.optimizer)}, activations {format_bytes(estimate.activations)}"
-            + (f", torch's pipeline buffers {format_bytes(estimate.other)}" if estimate.other else ""))
+            + (f", torch's pipeline buffers {format_bytes(estimate.other)}" if estimate.other else "")
+            + (f"; less {format_bytes(estimate.apart)} of gradients a step of one microbatch has not made at its peak"
+               if estimate.apart else ""))
 
 
 def _shares_hint(plan: ir.Plan, estimate: MemoryEstimate, room: float) -> str | None:

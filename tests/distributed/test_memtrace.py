@@ -549,19 +549,26 @@ def test_full_recomputation_reruns_a_broken_mlp_up_to_its_consumer():
     assert (traced["full"] - traced["none"]) / passes == counted["full"] - counted["none"] == 3 * activation
 
 
+@pytest.mark.parametrize("global_batch", [16, 4], ids=["four_microbatches", "one_microbatch"])
 @pytest.mark.parametrize("rules", ["  shard head = replicate", "  shard head = rowwise over tp"],
                          ids=["replicated_head", "rowwise_head"])
-def test_the_count_holds_the_whole_logits_of_a_head_whose_rule_keeps_the_vocabulary_whole(rules):
+def test_the_count_holds_the_whole_logits_of_a_head_whose_rule_keeps_the_vocabulary_whole(rules, global_batch):
     """A head whose weight is not split along the vocabulary makes the whole logits on every rank, and torch's plain
     cross entropy over them (no loss parallel, `tensor_parallel.splits_logits`): the rank peaks in the loss's backward
-    (`cost.memory.loss_backward_bytes`, the head's activations). Traced against counted, MiB: replicated 206.1 / 206.7
-    (142.7 counted before), rowwise 141.7 / 142.4 (78.4 before)."""
+    (`cost.memory.loss_backward_bytes`, the head's activations). Traced against counted, MiB: four microbatches a rank,
+    replicated 206.1 / 206.7 (142.7 counted before), rowwise 141.7 / 142.4 (78.4 before); one, whose loss's backward
+    comes before its backward has made a gradient (`zero_grad` freed the last step's: `cost.memory.one_backward_apart`),
+    replicated 184.3 / 184.9, rowwise 131.9 / 132.7 (206.7 and 142.4 counted before, the gradients with them)."""
     from plandsl.cost.memory import estimate_plan_memory
     plan = load(RULED_BLOCKS.replace("gpt(layers=4, hidden=512, heads=8, seq=256, vocab=8192)",
                                      "gpt(layers=2, hidden=256, heads=8, seq=256, vocab=16384)")
-                .replace("global_batch: 4,", "global_batch: 16,").replace(" with sequence_parallel", "").rstrip().rstrip("}") + rules + "\n}\n")
+                .replace("global_batch: 4,", f"global_batch: {global_batch},").replace(" with sequence_parallel", "")
+                .rstrip().rstrip("}") + rules + "\n}\n")
     trace = memtrace.trace_rank(plan, 0, 2)
-    assert 1.0 <= estimate_plan_memory(plan)[0].total / trace.peak_allocated(trace.steps[0])[0] <= 1.01
+    peak, at = trace.peak_allocated(trace.steps[0])
+    assert plan.num_microbatches == global_batch // 4
+    assert trace.labels[trace.events[at][1]].startswith("_log_softmax_backward_data")  # the loss's backward
+    assert 1.0 <= estimate_plan_memory(plan)[0].total / peak <= 1.01
 
 
 PIPELINED_HEAD = """

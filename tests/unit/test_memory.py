@@ -561,3 +561,39 @@ plan shares {{
 
     beyond = (4096 - 4096 // 2) * 32 * 4
     assert counted("torch") - counted("megatron") == beyond
+
+
+@pytest.mark.parametrize("data, tp, stack, microbatches, peaks_before", [
+    (None, 1, "torch", 1, True),         # a plain parameter's `.grad`, made by the backward
+    (None, 4, "torch", 1, True),         # with the embedding's whole-vocabulary `.grad`
+    ("zero3", 1, "torch", 1, False),     # FSDP2's sharded gradients, kept (`one_backward_makes_gradients`)
+    ("zero1", 4, "torch", 1, True),      # `replicate`'s, over tensor-parallel DTensors
+    ("replicate", 1, "torch", 1, False),  # DistributedDataParallel's buckets (plain parameters), made with it
+    ("zero1", 4, "megatron", 1, False),  # Megatron-LM's gradient buffer, zeroed in place
+    (None, 1, "torch", 2, False),        # the first microbatch's gradients beside the second's activations
+])
+def test_a_step_of_one_microbatch_peaks_before_its_backward_makes_the_gradients(data, tp, stack, microbatches,
+                                                                             peaks_before):
+    """`zero_grad` frees the last step's gradients at the step's start, so a step of one microbatch peaks at its
+    loss's backward without any (`cost.memory.one_backward_apart`; traced, tests/distributed/test_memtrace.py): its
+    total leaves out its stored gradients and a rank without data parallelism its whole-vocabulary embedding `.grad`,
+    where its activations outweigh them; a step whose gradients outweigh its activations (a short sequence) keeps the
+    count, which peaks after its backward."""
+    from plandsl.check.memory import _parts
+    from plandsl.cost.memory import whole_vocab_gradient_bytes
+    axes = ([("dp", 2)] if data else []) + ([("tp", tp)] if tp > 1 else [])
+    for model, outweighed in ((SMALL_LLAMA.model_copy(update={"seq": 4096}), False),
+                              (SMALL_LLAMA.model_copy(update={"seq": 4, "hidden": 256, "ffn_hidden": 1024}), True)):
+        p = plan(model, axes, data=ir.DataParallel(kind=data, axes=("dp",)) if data else None,
+                 tensor=ir.TensorParallel(axis="tp", stack=stack) if tp > 1 else None, micro_batch=2,
+                 global_batch=2 * microbatches * (2 if data else 1))
+        layers = layers_of(model)
+        [estimate] = estimate_memory(p, [layers], [[0]], [1])
+        made = estimate.grads - estimate.gathered_grads + whole_vocab_gradient_bytes(p, layers)
+        assert p.num_microbatches == microbatches and made > 0
+        assert (made > estimate.activations) == outweighed
+        assert estimate.apart == (made if peaks_before and not outweighed else 0)
+        assert estimate.total == estimate.params + estimate.grads + estimate.optimizer + estimate.activations \
+            - estimate.apart
+        assert estimate.to_json()["total"] == estimate.total and ("apart" in estimate.to_json()) == bool(estimate.apart)
+        assert ("has not made" in _parts(estimate)) == bool(estimate.apart)  # E503's arithmetic says so
