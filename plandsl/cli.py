@@ -774,7 +774,8 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
                    "virtual_stages, zero_stage, recompute, recompute_layers, offload_layers, account (embed,loss), "
                    "order, tp_across_nodes, sequence_parallel, fold (the experts over [ep, tp]), "
                    "dispatcher (alltoall, deepep, hybridep), recompute_modules (comma-separated, Megatron's "
-                   "--recompute-modules: recompute selective with them) (repeatable).")
+                   "--recompute-modules: recompute selective with them), data (replicate, zero1, zero2, zero3, "
+                   "hsdp), dp_shard (hsdp's shard axis) (repeatable).")
 @click.option("--time-limit", type=click.FloatRange(min=0, max=limits.MAX_GENERATE_SECONDS),
               default=limits.GENERATE_SECONDS, show_default=True, metavar="SECONDS", callback=_a_number,
               help="CPU seconds, after which the search stops with the fastest plans found (said so); 0: none.")

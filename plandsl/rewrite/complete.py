@@ -24,7 +24,7 @@ from plandsl import ir, syntax
 from plandsl.diagnostics import Note, PlanError, diag
 from plandsl.syntax.loader import include, include_flags
 from plandsl.search import CONTEXT, Candidate, Scored, SearchError, SearchResult, SearchStats, parse_pins, search
-from plandsl.search.problem import Problem
+from plandsl.search.problem import HYBRID_AXES, Problem
 from plandsl.search.partial import Partial, other_plans, pins_with, read_partial
 from plandsl.diagnostics.source import SourceFile
 from plandsl.cost.estimate import estimate_plan
@@ -150,7 +150,9 @@ def candidate_of(plan: ir.Plan) -> Candidate:
     """The search's record of a plan as written (its degrees by the role of each axis)."""
     roles = plan.axis_roles()
     dp = math.prod(axis.size for axis in plan.mesh.axes if roles.get(axis.name) == "dp")
-    order = tuple(roles.get(axis.name, axis.name) for axis in plan.mesh.axes if axis.size > 1)
+    hybrid = plan.data is not None and plan.data.hybrid
+    replicas = plan.data.axes[0] if hybrid else None  # hsdp's: its shard axis stands for dp in the order
+    order = tuple(roles.get(axis.name, axis.name) for axis in plan.mesh.axes if axis.size > 1 and axis.name != replicas)
     pipeline = plan.stages is not None and plan.pp > 1
     return Candidate(dp, plan.tp, plan.pp, plan.cp, plan.ep, order, plan.train.micro_batch, plan.num_microbatches,
                      plan.schedule.name if pipeline and plan.schedule else "",
@@ -158,7 +160,8 @@ def candidate_of(plan: ir.Plan) -> Candidate:
                      plan.train.recompute.value, bool(plan.tensor and plan.tensor.sequence_parallel),
                      plan.train.recompute_layers, fold=plan.expert_tp != plan.tp,
                      dispatcher=plan.experts.kind if plan.experts else "alltoall",
-                     offload_layers=plan.train.offload_layers)
+                     offload_layers=plan.train.offload_layers,
+                     shard=plan.mesh.degree(plan.data.axes[-1]) if hybrid else 0)
 
 
 def _blocks(plan: ir.Plan, scored: Scored) -> tuple[int, ...]:
@@ -184,8 +187,10 @@ def _edits(partial: Partial, scored: Scored, out_path, shares=None) -> list[tupl
         edits.append((0, first.end(), ""))  # `plandsl generate -o` before the imports (older versions)
     edits += _train_edits(partial, c, shares)
     lines = []
+    # hsdp's replicas (`search.HYBRID_AXES`) over an axis named after the data axis
+    names = {**names, HYBRID_AXES[0]: f"{names['dp']}_rep"}
     if not partial.mesh_written:
-        sizes = c.degrees()
+        sizes = c.axis_sizes()
         order = list(c.mesh_order)  # dp of size 1 first when it carries ZeRO over a context axis (`data_axis`)
         axes = [f"{names[role]} = {sizes[role]}" for role in order]
         for attr, role in (("data", "dp"), ("tensor", "tp"), ("context", "cp"), ("experts", "ep"),
@@ -211,8 +216,8 @@ def _edits(partial: Partial, scored: Scored, out_path, shares=None) -> list[tupl
                                            else names[c.data_axis])
     if data:  # in the dtype the search gathered in (`Problem.gather_dtype`, as `build_plan` wrote it)
         gathering = scored.plan.data.gathering if scored.plan.data is not None else ir.FSDP_GATHERING
-        lines.append(f"data = {ir.DataKind.of_zero_stage(c.zero_stage)} over {data}"
-                     + ir.gathering_text(gathering, c.zero_stage))
+        over = f"[{', '.join(names[role] for role in c.data_axes)}]" if c.shard else data  # hsdp's two
+        lines.append(f"data = {c.data_kind} over {over}" + ir.gathering_text(gathering, c.zero_stage))
     tensor = wanted("tensor", "tp", c.tp)
     if tensor:
         lines.append(f"tensor = megatron over {tensor}" + (" with sequence_parallel" if c.sequence_parallel else ""))

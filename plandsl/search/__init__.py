@@ -10,7 +10,9 @@ the model's shapes allow (tp divides heads, kv heads, hidden, ffn and vocabulary
 ep the experts; pp at most the blocks; dp x ep the global batch), every order of the mesh axes that
 places the groups differently on the nodes, micro-batch sizes dividing the per-replica batch, the
 built-in schedules with their virtual stages (Chimera only when pinned: it holds two stages' weights
-per rank, which the memory model does not count), ZeRO stages 0-3 and recomputation none/selective/selective_op/full,
+per rank, which the memory model does not count), ZeRO stages 0-3 over one data axis and hsdp (`data = hsdp over
+[dp_rep, dp]`: ZeRO-3 within a shard axis of a node's data ranks or 2, 4, ... times that, replicas across; roots of
+their own, `choices.hybrid_orders`), recomputation none/selective/selective_op/full,
 and full for the first N blocks of each stage where memory binds (`recompute_layers`, N the least that fits), and
 without a pipeline, where memory binds, the first N blocks' activations offloaded to the host instead (`offload_layers`,
 N the least that fits, recompute none: Megatron's --cpu-offloading-num-layers); for a
@@ -51,7 +53,7 @@ from plandsl.diagnostics import did_you_mean, limits
 
 PIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "num_microbatches", "schedule",
             "virtual_stages", "zero_stage", "recompute", "recompute_layers", "order", "tp_across_nodes", "fold",
-            "dispatcher", "account", "offload_layers", "recompute_modules", "sequence_parallel")
+            "dispatcher", "account", "offload_layers", "recompute_modules", "sequence_parallel", "data", "dp_shard")
 DISPATCHERS = ("alltoall", "deepep", "hybridep")  # `experts = KIND over ...` (ir.ExpertParallel.kind)
 # The search tries each unpinned, on every layout with an expert group (`Space.roots`); at equal figures it writes the
 # one it reaches first.
@@ -67,7 +69,7 @@ DIVE_SLACK = 1.5
 # critical path (Narayanan et al. 2021, Sec. 3.3: "tensor model parallelism ... within a multi-GPU
 # server"), where a node's link is an order of magnitude faster than the fabric.
 PIN_ALIASES = {"mb": "micro_batch_size", "micro_batch": "micro_batch_size", "microbatches": "num_microbatches",
-               "m": "num_microbatches", "virtual": "virtual_stages", "zero": "zero_stage"}
+               "m": "num_microbatches", "virtual": "virtual_stages", "zero": "zero_stage", "shard": "dp_shard"}
 # ---- pins -------------------------------------------------------------------------------------------------
 def parse_pins(pins: Mapping[str, object] | Iterable[str] | None) -> dict[str, object]:
     """`{"tp": "8", ...}` or `["tp=8", ...]` -> typed pins; SearchError for unknown keys or values."""
@@ -109,6 +111,12 @@ def parse_pins(pins: Mapping[str, object] | Iterable[str] | None) -> dict[str, o
             known = tuple(m.value for m in ir.RecomputeModule)
             if not value or not set(value) <= set(known):
                 raise SearchError(f"--pin recompute_modules={raw}: comma-separated modules among {', '.join(known)}")
+        elif key == "data":  # the data clause's kind (`ir.DataKind`, or a spelling the language takes: ddp, fsdp)
+            kind = ir.DATA_KIND_SPELLINGS.get(value) or next((k for k in ir.DataKind if k.value == value), None)
+            if kind is None:
+                raise SearchError(f"--pin data={raw}: the data-parallel kind is one of "
+                                  f"{', '.join(k.value for k in ir.DataKind)}")
+            value = kind.value
         elif key == "order":
             value = tuple(a.strip() for a in value.split(",") if a.strip())
             if len(set(value)) != len(value) or not set(value) <= set(AXES):
@@ -120,7 +128,7 @@ def parse_pins(pins: Mapping[str, object] | Iterable[str] | None) -> dict[str, o
             except ValueError:
                 raise SearchError(f"--pin {key}={raw}: {key} is a whole number") from None
             stages = ir.ZERO_STAGES
-            least = 0 if key == "offload_layers" else 1  # offload_layers=0: never offload
+            least = 0 if key == "offload_layers" else 2 if key == "dp_shard" else 1  # offload_layers=0: never offload
             if (key == "zero_stage" and value not in stages) or (key != "zero_stage" and value < least):
                 raise SearchError(f"--pin {key}={raw}: {key} is " + (
                     f"{', '.join(map(str, stages[:-1]))} or {stages[-1]}" if key == "zero_stage" else
@@ -128,6 +136,23 @@ def parse_pins(pins: Mapping[str, object] | Iterable[str] | None) -> dict[str, o
         if key in typed and typed[key] != value:
             raise SearchError(f"contradictory pins: {key}={typed[key]} and {key}={raw}")
         typed[key] = value
+    return _data_pins(typed)
+
+
+def _data_pins(typed: dict[str, object]) -> dict[str, object]:
+    """The data pins made one: `dp_shard` (hsdp's shard axis) is `data` hsdp, and `data` its ZeRO stage (hsdp's 3);
+    SearchError where they contradict. A pinned `zero_stage` alone is the kind of that stage over one data axis
+    (`ir.DataKind.of_zero_stage`: 3 is zero3, not hsdp); hsdp is searched where `data` is pinned to it or neither is
+    pinned (`Space._hybrid`)."""
+    if "dp_shard" in typed:
+        if typed.setdefault("data", "hsdp") != "hsdp":
+            raise SearchError(f"contradictory pins: dp_shard={typed['dp_shard']} is hsdp's shard axis, "
+                              f"data={typed['data']}")
+    if "data" in typed:
+        stage = ir.DataKind(typed["data"]).zero_stage
+        if typed.setdefault("zero_stage", stage) != stage:
+            raise SearchError(f"contradictory pins: data={typed['data']} is ZeRO stage {stage}, "
+                              f"zero_stage={typed['zero_stage']}")
     return typed
 
 
@@ -173,6 +198,14 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
         raise SearchError(f"contradictory pins: {shown} = {product}, which "
                           + (f"does not divide the {n} devices" if n % product else f"!= {n} devices")
                           + f" of cluster '{problem.cluster.name}'")
+    if pins.get("data") == "hsdp":  # over [replica, shard] axes alone: no context or expert axis (the checker's)
+        shard, dp = pins.get("dp_shard"), pins.get("dp")
+        if pins.get("cp", 1) > 1 or pins.get("ep", 1) > 1:
+            raise SearchError(f"contradictory pins: data=hsdp runs with no context or expert axis, "
+                              f"{'cp' if pins.get('cp', 1) > 1 else 'ep'}={pins.get('cp', 1) * pins.get('ep', 1)}")
+        if shard is not None and dp is not None and (dp % shard or shard >= dp):
+            raise SearchError(f"contradictory pins: dp_shard={shard} is hsdp's shard axis, which divides dp={dp} and "
+                              "leaves at least two replicas")
     smallest_node = min(group.node.devices for group in problem.cluster.groups)
     if pins.get("tp", 1) > smallest_node and not pins.get("tp_across_nodes"):
         raise SearchError(f"--pin tp={pins['tp']}: tensor parallelism stays inside a node (its all-reduces are on "

@@ -472,8 +472,7 @@ class Bounds:
             key = (id(root), zero, root.rank_devices[rank].name, tuple(id(stages[s]) for s in owned))
             tail = tails.get(key)
             if tail is None:
-                replicas = root.data_ranks
-                tail = tails[key] = rank_tail([stages[s] for s in owned], zero, (replicas, replicas // root.ep),
+                tail = tails[key] = rank_tail([stages[s] for s in owned], zero, root.degrees,
                                               self.problem.precision.bytes, root.links, root.rank_devices[rank],
                                               self.problem.optimizer, self.problem.precision, self.states,
                                               pipelined=zero >= 2 and pp > 1)  # cost.memory.pipelined_shards

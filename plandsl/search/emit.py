@@ -229,7 +229,7 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
     the search does not choose, from a partial plan: `search_from`); `train_text`: the train expression
     to write instead (a partial plan's own, when it fixed what the search would choose)."""
     c = scored.candidate
-    sizes = c.degrees()
+    sizes = c.axis_sizes()
     mesh = ", ".join(f"{a} = {sizes[a]}" for a in c.mesh_order)
     train = [f"global_batch: {problem.global_batch}", f"micro_batch: {c.micro_batch_size}"]
     if problem.seq:
@@ -243,7 +243,8 @@ def plan_text(scored: Scored, problem: Problem, source: Source, name: str = "gen
               f"  cluster  = {source.cluster}", f"  mesh     = [{mesh}]",
               f"  train    = {train_text or '{ ' + ', '.join(train) + ' }'}"]
     if c.data_axis:
-        lines.append(f"  data     = {ir.DataKind.of_zero_stage(c.zero_stage)} over {c.data_axis}"
+        over = c.data_axes[0] if len(c.data_axes) == 1 else f"[{', '.join(c.data_axes)}]"  # hsdp's two
+        lines.append(f"  data     = {c.data_kind} over {over}"
                      + ir.gathering_text(_gathering(scored, problem), c.zero_stage))
     if c.tp > 1:
         lines.append("  tensor   = megatron over tp" + _tensor_options(problem, c.sequence_parallel))
@@ -403,6 +404,7 @@ def candidate_json(scored: Scored, text: str, refusals: Refusals) -> dict:
     return {"runs": not refused, "refused": refused, "degrees": c.degrees(), **c.degrees(), "mesh_order": list(c.mesh_order),
             "micro_batch_size": c.micro_batch_size, "num_microbatches": c.num_microbatches,
             "schedule": c.schedule or None, "virtual_stages": c.virtual_stages, "zero_stage": c.zero_stage,
+            "data": c.data_kind.value if c.data_axis else None, **({"dp_shard": c.shard} if c.shard else {}),
             "recompute": c.recompute, "recompute_layers": c.recompute_layers,
             **({"offload_layers": c.offload_layers} if c.offload_layers else {}), "sequence_parallel": c.sequence_parallel,
             "fold": c.fold and c.tp > 1 and c.ep > 1, "dispatcher": c.dispatcher if c.ep > 1 else None,
@@ -425,7 +427,7 @@ def format_table(result: SearchResult) -> str:
         rows.append(f"{i:>2} {e.time.step:>9.4g} {e.tokens_per_s:>11,.0f} {e.tflops_per_device:>8.1f} "
                     f"{e.mfu:>6.1%} {format_bytes(e.peak_memory_bytes):>10}  {c.dp:>4} {c.tp:>3} {c.pp:>3} "
                     f"{c.cp:>3} {c.ep:>3} {c.micro_batch_size:>3} {_microbatches(s):>5}  {schedule:<24} "
-                    f"{c.zero_stage:>4} {_recompute(c):<12} [{', '.join(c.mesh_order)}]")
+                    f"{'hsdp' if c.shard else c.zero_stage:>4} {_recompute(c):<12} [{', '.join(c.mesh_order)}]")
     return "\n".join(rows)
 
 

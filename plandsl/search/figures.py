@@ -287,7 +287,7 @@ class Figures:
         states a head adds on a rank without its tied embedding, and a plan with the node's states."""
         root = node.root
         key = (root.tp, root.cp, root.ep, root.dp, root.pp > 1, node.micro_batch, zero, node.recompute,
-               root.sequence_parallel)
+               root.sequence_parallel, root.shard)
         found = self._memory_cache.get(key)
         if found is None:
             states, tied, plan = self._states(node, zero)
@@ -300,7 +300,7 @@ class Figures:
             if root.pp > 1 and self.transformer:  # the plan of the node's microbatches and its sizes (`stage_buffers`)
                 # what they read (`cost.memory.torch_stage_sizes`, `returned_output_bytes`) is the microbatches' shape
                 # and count and the problem's, not the ZeRO stage nor the recomputation: once for those
-                shape = (root.tp, root.cp, root.ep, root.dp, node.micro_batch, root.sequence_parallel)
+                shape = (root.tp, root.cp, root.ep, root.dp, node.micro_batch, root.sequence_parallel, root.shard)
                 buffers = self._buffer_shapes.get(shape)
                 if buffers is None:
                     plan = build_plan(self.base, candidate_of(node, "", 1, zero))
@@ -365,7 +365,7 @@ class Figures:
         bytes grow with the layers as the states do, so they are counted with them (and `gathered` is 0); their
         gradients' part, which a rank of several stages frees stage by stage on torch's pipeline, is `gradients`."""
         root = node.root
-        key = (root.tp, root.cp, root.ep, root.dp, root.pp > 1, zero)
+        key = (root.tp, root.cp, root.ep, root.dp, root.pp > 1, zero, root.shard)  # hsdp's shard axis
         found = self._states_cache.get(key)
         if found is None:
             plan = build_plan(self.base, candidate_of(node, "", 1, zero))

@@ -109,6 +109,10 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                 pins[role] = 1
     if "data" in attrs and plan.data is not None:
         pins["zero_stage"] = plan.data.zero_stage
+        if plan.data.hybrid:  # hsdp, not zero3 over one axis (the stage's kind), and its shard axis as written
+            pins["data"] = "hsdp"
+            if "mesh" in attrs:
+                pins["dp_shard"] = plan.mesh.degree(plan.data.axes[-1])
     elif "mesh" in attrs and plan.data is None:  # a written mesh without data shards nothing (`Candidate.data_axis`)
         pins["zero_stage"] = 0
     if ("stages" in attrs or stage_block is not None) and plan.stages is not None:
@@ -158,7 +162,9 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                       ring=plan.context.implementation if plan.context else "te", search_experts=searched,
                       pipeline=plan.stages.implementation if plan.stages else "torch",
                       outputs=plan.stages.outputs if plan.stages else "dropped",
-                      shard=_conventional_rules(plan.shard, names))
+                      shard=_conventional_rules(plan.shard, names),
+                      # a written mesh of one data axis leaves no room for hsdp's two
+                      hybrid=not ("mesh" in attrs and not (plan.data is not None and plan.data.hybrid)))
     decided = "mesh" in attrs and not free_choices(attrs, stage_block, plan)
     return Partial(path, text, module, definition, attrs, stage_block, plan, problem, parse_pins(pins), names,
                    tuple(overs), train_items, local, params, tuple(notes), decided)
@@ -195,8 +201,12 @@ def _conventional_rules(rules: tuple[ir.ShardRule, ...], names: dict[str, str]) 
 
 
 def pins_with(partial: Partial, overrides) -> dict[str, object]:
-    """The partial plan's pins, with `overrides` (`--pin K=V`, parsed by `search.parse_pins`) winning."""
-    return {**partial.pins, **parse_pins(overrides)}
+    """The partial plan's pins, with `overrides` (`--pin K=V`, parsed by `search.parse_pins`) winning: a data pin
+    among them (`zero_stage`, `data`, `dp_shard`) replaces the plan's three."""
+    overrides = parse_pins(overrides)
+    data = ("zero_stage", "data", "dp_shard")
+    kept = {k: v for k, v in partial.pins.items() if k not in data or not set(data) & overrides.keys()}
+    return {**kept, **overrides}
 
 
 # ---- reading ------------------------------------------------------------------------------------------
@@ -476,8 +486,12 @@ def _mesh_pins(plan: ir.Plan) -> dict[str, object]:
     pins: dict[str, object] = {"dp": dp, "tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "ep": plan.expert_group}
     if plan.tensor is not None and axis_group_span(plan, plan.tensor.axis) > 1:
         pins["tp_across_nodes"] = True  # the plan chose it (W302 says so when it is checked)
-    order = [roles.get(axis.name) for axis in plan.mesh.axes if axis.size > 1]
-    if None not in order and len(set(order)) == len(order):  # hsdp's two data axes have no single order
+    shard = plan.data.axes[-1] if plan.data is not None and plan.data.hybrid else None
+    names = [axis.name for axis in plan.mesh.axes if axis.size > 1]
+    if shard in names and names.index(shard) > 0 and names[names.index(shard) - 1] == plan.data.axes[0]:
+        names.remove(plan.data.axes[0])  # hsdp's replicas just outside its shards: one dp, as the search lays it out
+    order = [roles.get(name) for name in names]
+    if None not in order and len(set(order)) == len(order):  # hsdp's two data axes apart have no single order
         pins["order"] = ",".join(order)
     return pins
 

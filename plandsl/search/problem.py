@@ -16,6 +16,8 @@ from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE
 # Context parallelism as the search proposes it: K and V all-gathered (Llama 3's choice), which
 # `plandsl run` runs on CPU and CUDA; `ring` is costed when a plan asks for it (it runs on CPU, E702 on CUDA).
 CONTEXT = "allgather"
+# hsdp's two data axes as the search writes them, outermost first: the replicas, then the shard axis (ZeRO-3 within it)
+HYBRID_AXES = ("dp_rep", "dp")
 
 
 class SearchError(ValueError):
@@ -65,6 +67,9 @@ class Problem:
     #                                                   keeps the last stage's outputs to the step's end: cost.memory)
     shard: tuple[ir.ShardRule, ...] = ()              # given: the `shard` rules a `generate --from` plan keeps (every
     #                                                   candidate carries them; the figures place the layers by them)
+    hybrid: bool = True                               # whether the search may lay out hsdp (`data = hsdp over
+    #                                                   [dp_rep, dp]`); not where a `generate --from` plan writes a mesh
+    #                                                   of one data axis
 
     @property
     def stack_of_tensor(self) -> str:
@@ -148,9 +153,29 @@ class Candidate:
     fold: bool = False                   # the experts folded over tp (`experts = ... over [ep, tp]`), with tp > 1
     dispatcher: str = "alltoall"         # the experts' dispatcher (`experts = deepep over ep`), with ep > 1
     offload_layers: int = 0              # blocks whose activations go to the host (`offload_layers`), with pp = 1
+    # hsdp (`data = hsdp over [dp_rep, dp]`, zero_stage 3): ZeRO-3 over a shard axis `dp` of this many data ranks,
+    # replicated over `dp_rep` (dp / shard), just outside it in the mesh; 0: one data axis of dp ranks
+    shard: int = 0
 
     def degrees(self) -> dict[str, int]:
         return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep}
+
+    def axis_sizes(self) -> dict[str, int]:
+        """The size of each axis of `mesh_order`: the degrees, hsdp's dp split into dp_rep x dp (its shard axis)."""
+        sizes = self.degrees()
+        return {**sizes, "dp_rep": self.dp // self.shard, "dp": self.shard} if self.shard else sizes
+
+    @property
+    def data_kind(self) -> ir.DataKind:
+        """The data clause's kind: hsdp, else the kind of the ZeRO stage over one axis."""
+        return ir.DataKind.hsdp if self.shard else ir.DataKind.of_zero_stage(self.zero_stage)
+
+    @property
+    def data_axes(self) -> tuple[str, ...]:
+        """The axes `data = ...` is over: hsdp's [dp_rep, dp], else `data_axis` (none without one)."""
+        if self.shard:
+            return HYBRID_AXES
+        return (self.data_axis,) if self.data_axis else ()
 
     @property
     def data_axis(self) -> str | None:
@@ -167,6 +192,8 @@ class Candidate:
     def mesh_order(self) -> tuple[str, ...]:
         """The mesh's axes outermost first: `order`, and dp of size 1 first when it carries ZeRO (`data_axis`)."""
         order = self.order or ("dp",)
+        if self.shard:  # hsdp's replicas just outside its shards (`choices.hybrid_axes`)
+            return tuple(a for axis in order for a in (HYBRID_AXES if axis == "dp" else (axis,)))
         return order if self.data_axis in (None, *order) else ("dp", *order)
 
     def pins(self) -> dict[str, object]:
@@ -175,14 +202,16 @@ class Candidate:
                 "order": ",".join(self.order)} | ({} if self.recompute_layers is None else
                                                  {"recompute_layers": self.recompute_layers}) | (
             {"fold": self.fold, "dispatcher": self.dispatcher} if self.ep > 1 else {}) | (
-            {"offload_layers": self.offload_layers} if self.offload_layers else {})
+            {"offload_layers": self.offload_layers} if self.offload_layers else {}) | (
+            {"data": "hsdp", "dp_shard": self.shard} if self.shard else {})
 
     def describe(self) -> str:
         axes = " ".join(f"{k}={v}" for k, v in self.degrees().items() if v > 1) or "1 device"
         pipeline = f" {self.schedule}" + (f" v={self.virtual_stages}" if self.virtual_stages > 1 else "") \
             if self.pp > 1 and self.schedule else ""  # a node's record has no schedule yet
         return (f"{axes} mb={self.micro_batch_size} m={self.num_microbatches}{pipeline} "
-                f"zero{self.zero_stage} recompute={self.recompute}"
+                + (f"hsdp {self.dp // self.shard}x{self.shard}" if self.shard else f"zero{self.zero_stage}")
+                + f" recompute={self.recompute}"
                 + (f" recompute_layers={self.recompute_layers}" if self.recompute_layers is not None else "")
                 + (f" offload_layers={self.offload_layers}" if self.offload_layers else "")
                 + (f" experts={self.dispatcher}" + (" over [ep, tp]" if self.fold else "")
@@ -235,12 +264,12 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
     """The candidate as an `ir.Plan` (what `search_emit.plan_text` writes, once lowered); the
     layers of its stages are given to `cost.estimate` as an assignment. Every node is given its (empty)
     `field_spans` (`_node`)."""
-    sizes = c.degrees()
+    sizes = c.axis_sizes()
     mesh = _node(ir.Mesh, axes=tuple(_node(ir.Axis, name=a, size=sizes[a]) for a in c.mesh_order), first_device=0,
                  part=None)
     gathering = base.data.gathering if base.data is not None else ir.FSDP_GATHERING  # the problem's, its
     # `gather_dtype` with it (search.figures)
-    data = _node(ir.DataParallel, kind=ir.DataKind.of_zero_stage(c.zero_stage), axes=(c.data_axis,),
+    data = _node(ir.DataParallel, kind=c.data_kind, axes=c.data_axes,
                  **_gathering_fields(gathering, c.zero_stage, base.train)) if c.data_axis else None
     tensor = _node(ir.TensorParallel, style="megatron", axis="tp", sequence_parallel=c.sequence_parallel,
                    overlap=bool(base.tensor and base.tensor.overlap) and c.sequence_parallel,

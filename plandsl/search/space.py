@@ -24,8 +24,8 @@ from plandsl.schedules.registry import BUILTIN, splits_backward
 from plandsl.search.bounds import Bounds
 from plandsl.search.caps import Caps
 from plandsl.search.closest import Closest
-from plandsl.search.choices import (AXES, MAX_MICRO_BATCH, RECOMPUTE, divisors_up_to, layouts, mesh_orders,
-                                    schedule_choices, sequence_parallel, stage_ranks)
+from plandsl.search.choices import (AXES, MAX_MICRO_BATCH, RECOMPUTE, divisors_up_to, hybrid_orders, layouts,
+                                    mesh_orders, schedule_choices, sequence_parallel, stage_ranks)
 from plandsl.search.figures import Figures
 from plandsl.search.problem import Scored, SearchStats, build_plan
 from plandsl.search.splits import Splits
@@ -96,14 +96,18 @@ class Space:
             if not self._states_may_fit(layout):
                 self.stats.memory_pruned += 1
                 continue
+            hybrid = self._hybrid(layout)  # hsdp's roots where the pins leave it and their states may fit
+            if not hybrid and pins.get("data") == "hsdp":
+                continue
             # where it can, unless pinned off (`--pin sequence_parallel=false`: a stack without it) or on DeepSpeed's
             # pipeline engine, which runs none (the checker's E611); pinned on, a layout that cannot is left out
             splits_sequence = sequence_parallel(self.model, p.sequence, tp, cp) \
                 and pins.get("sequence_parallel", True) and not (p.pipeline == "deepspeed" and pp > 1)
             if pins.get("sequence_parallel") and tp > 1 and not splits_sequence:
                 continue
-            for order, links, devices, capacity in self._orders(layout):
-                root = Root(dp, tp, pp, cp, ep, order, links, devices, capacity, splits_sequence, sizes)
+            one_axis = [] if pins.get("data") == "hsdp" else [(*each, 0) for each in self._orders(layout)]
+            for order, links, devices, capacity, shard in one_axis + hybrid:
+                root = Root(dp, tp, pp, cp, ep, order, links, devices, capacity, splits_sequence, sizes, shard=shard)
                 # Per token, a microbatch costs least at the largest micro-batch size and without
                 # recomputation (GEMMs grow, latencies amortise): a bound for every node below. The experts'
                 # overlap hides all-to-alls only behind another microbatch, so where the largest size leaves one
@@ -129,17 +133,36 @@ class Space:
         self.stats.tp_across_nodes += across
         return orders
 
-    def _states_may_fit(self, layout) -> bool:
-        """The least model states of any ZeRO stage spread perfectly over the pipeline fit: a necessary condition."""
-        key = ("states", self.problem.fold_experts, layout)
+    def _hybrid(self, layout) -> list[tuple]:
+        """hsdp's (order, links, devices, capacity, shard) of a layout (`choices.hybrid_orders`) where the pins leave
+        it (`data` hsdp, or neither `data` nor `zero_stage` pinned: a pinned stage is its kind over one data axis), of
+        a pinned `dp_shard` alone (not on DeepSpeed's pipeline engine, which takes ZeRO 0 or 1, nor where the problem
+        rules it out, `Problem.hybrid`), those whose states may fit (`_states_may_fit`), once per layout."""
+        pins, p = self.pins, self.problem
+        unpinned = "data" not in pins and "zero_stage" not in pins  # a pinned stage is over one data axis
+        if not p.hybrid or not (pins.get("data") == "hsdp" or unpinned) or (p.pipeline == "deepspeed" and layout[2] > 1):
+            return []
+        key = ("hybrid", p.fold_experts, layout)
+        found = self.shared.get(key)
+        if found is None:
+            found = self.shared[key] = [
+                each for each in hybrid_orders(p.cluster, layout, self._orders(layout), pins.get("dp_shard"))
+                if self._states_may_fit(layout, each[-1])]
+        return found
+
+    def _states_may_fit(self, layout, shard: int = 0) -> bool:
+        """The least model states of any ZeRO stage (of hsdp over `shard` ranks) spread perfectly over the pipeline
+        fit: a necessary condition."""
+        key = ("states", self.problem.fold_experts, layout, shard)
         if key not in self.shared:
-            self.shared[key] = self._states_fit(layout)
+            self.shared[key] = self._states_fit(layout, shard)
         return self.shared[key]
 
-    def _states_fit(self, layout) -> bool:
+    def _states_fit(self, layout, shard: int = 0) -> bool:
         dp, tp, pp, cp, ep = layout
         sizes = {"dp": dp, "ep": ep, "pp": pp, "cp": cp, "tp": tp}
-        probe = Root(dp, tp, pp, cp, ep, tuple(a for a in AXES if sizes[a] > 1), None, (), (), False, (1,))
+        probe = Root(dp, tp, pp, cp, ep, tuple(a for a in AXES if sizes[a] > 1), None, (), (), False, (1,),
+                     shard=shard)
         node = Node(probe, 1, 1, "full")
 
         def states(zero: int) -> float:
@@ -150,6 +173,8 @@ class Space:
                        for i, (layer, count) in enumerate(self.kinds))
         least, stage = states(3 if probe.data_ranks > 1 else 0), "even with ZeRO-3"
         capacity = max(g.node.device.usable_memory for g in self.problem.cluster.groups)
+        if shard:  # hsdp's own (more than ZeRO-3's over every data rank, which the layout's check recorded)
+            return least / pp <= capacity
         if least / pp > capacity and pp > 1 and probe.data_ranks > 1:
             # under a pipeline ZeRO-3 keeps every unit gathered and its gradients whole through the step beside its
             # shards (`cost.memory.pipelined_shards`), which can hold more than ZeRO-1's whole parameters (a mixture
@@ -240,6 +265,8 @@ class Space:
         self.stats.expanded += 1
         root, pins = node.root, self.pins
         zeros = [pins["zero_stage"]] if "zero_stage" in pins else list(ir.ZERO_STAGES)
+        if root.shard:  # hsdp: ZeRO-3 within its shard axis
+            zeros = [3]
         if root.data_ranks == 1:  # nothing for ZeRO to shard over (Candidate.data_axis)
             zeros = [z for z in zeros if z == 0] or zeros[:1]
         deepspeed = self.problem.pipeline == "deepspeed" and root.pp > 1

@@ -16,7 +16,8 @@ SAFE = 1 - 1e-9  # bounds add in another order than the exact figures: keep them
 
 @dataclass
 class Root:
-    """A layout (degrees) and a mesh order, i.e. where every group sits on the nodes."""
+    """A layout (degrees) and a mesh order, i.e. where every group sits on the nodes; with `shard`, hsdp's split
+    of the data axis into replicas outside shards (`choices.hybrid_axes`)."""
 
     dp: int
     tp: int
@@ -30,11 +31,20 @@ class Root:
     sequence_parallel: bool
     micro_batches: tuple[int, ...]
     bound: float = 0.0
+    shard: int = 0  # hsdp: ZeRO-3 over a shard axis of this many data ranks, replicated over dp / shard (`Candidate`)
 
     @property
     def data_ranks(self) -> int:
-        """The ranks ZeRO shards over: the data, expert and context axes (`cost.memory.zero_degrees`)."""
+        """The data, expert and context axes' ranks: what ZeRO shards over (`cost.memory.zero_degrees`), hsdp aside."""
         return self.dp * self.ep * self.cp
+
+    @property
+    def degrees(self) -> tuple[int, int]:
+        """(dense, expert) parameters' shard degrees (`cost.memory.zero_degrees`): hsdp's shard axis (it runs with no
+        expert or context axis), else the data ranks and those over the expert axis."""
+        if self.shard:
+            return self.shard, self.shard
+        return self.data_ranks, self.data_ranks // self.ep
 
 
 _IDENT = itertools.count()
@@ -90,7 +100,8 @@ def candidate_of(node: Node, schedule: str, virtual: int, zero: int, recompute_l
                  offload_layers: int = 0) -> Candidate:
     r = node.root
     return Candidate(r.dp, r.tp, r.pp, r.cp, r.ep, r.order, node.micro_batch, node.microbatches, schedule, virtual,
-                     zero, node.recompute, r.sequence_parallel, recompute_layers, offload_layers=offload_layers)
+                     zero, node.recompute, r.sequence_parallel, recompute_layers, offload_layers=offload_layers,
+                     shard=r.shard)
 
 
 __all__ = ["SAFE", "Root", "Node", "Leaf", "Pending", "candidate_of"]

@@ -31,6 +31,9 @@ cluster mixed = [box x 1, quick x 1]
 device small { memory = 7.25 GiB; bandwidth = 1000 GB/s; peak = { bf16: 200 TFLOP/s, fp32: 20 TFLOP/s } }
 node tight_box { devices = 2 x small; link = { bandwidth: 100 GB/s, latency: 2 us }; nic = { bandwidth: 20 GB/s, latency: 5 us } }
 cluster tight = tight_box x 2
+# four nodes on a slow fabric: ZeRO's collectives over every data rank cross it (hsdp shards inside a node)
+node slow_box { devices = 2 x gpu; link = { bandwidth: 100 GB/s, latency: 2 us }; nic = { bandwidth: 1 GB/s, latency: 10 us } }
+cluster slow = slow_box x 4
 """
 MODELS = {
     "gpt": "gpt(layers=4, hidden=512, heads=8, seq=512, vocab=4096)",
@@ -52,7 +55,8 @@ def problem(model="gpt", cluster="pair", batch=8, seq=None):
 CASES = [("gpt", "pair", 4, {}), ("tied", "pair", 4, {"recompute": "none"}),
          ("moe", "pair", 4, {"zero_stage": 1}), ("mlp", "pair", 4, {}), ("gpt", "mixed", 4, {"recompute": "full"}),
          ("big", "pair", 4, {"recompute": "selective"}), ("deep", "pair", 8, {"recompute": "selective_op"}),
-         ("long", "tight", 4, {"pp": 4}), ("long", "tight", 4, {"micro_batch_size": 1})]  # recompute_layers
+         ("long", "tight", 4, {"pp": 4}), ("long", "tight", 4, {"micro_batch_size": 1}),  # recompute_layers
+         ("big", "slow", 8, {"tp": 1, "cp": 1, "recompute": "none"})]  # hsdp, with and without a pipeline
 
 
 @pytest.mark.parametrize("model, cluster, batch, pins", CASES)
@@ -637,7 +641,8 @@ def test_a_longer_time_limit_goes_on_from_the_default_ones_search(monkeypatch, m
     assert best_long <= best_middle <= best_short
 
 
-@pytest.mark.parametrize("model, cluster, batch, limit", [("big", "pair", 8, 400), ("deep", "pair", 8, 200),
+# big on pair at 500 readings: its hsdp root (dp 4 as 2 x 2) left 400 two simulations, fewer than the test needs
+@pytest.mark.parametrize("model, cluster, batch, limit", [("big", "pair", 8, 500), ("deep", "pair", 8, 200),
                                                           ("moe", "pair", 4, 400), ("gpt", "mixed", 4, 400)])
 def test_a_dive_simulates_no_leaf_bounded_above_the_fastest_plan_it_has(monkeypatch, model, cluster, batch, limit):
     """Under a time limit the search simulates no leaf whose bound is at or above the fastest plan it has already

@@ -184,8 +184,8 @@ def test_a_refused_winner_is_named_with_the_best_plan_that_runs(monkeypatch):
                         lambda plan, cuda=None: [diag("E703", "zero1 refused")]
                         if plan.data is not None and plan.data.kind == "zero1" else real(plan, cuda))
     text = run(*SMALL, "--top", "4", "--pin", "dp=16").output
-    zero = [int(line.split()[15]) for line in text.splitlines() if re.match(r"^ *\d+ ", line)]  # its zero column
-    assert zero[:2] == [1, 2], text
+    zero = [line.split()[15] for line in text.splitlines() if re.match(r"^ *\d+ ", line)]  # its zero column (or hsdp)
+    assert zero[:2] == ["1", "2"], text
     # #2 is slower by what ZeRO-2's per-unit reduce-scatters cost the backward's SMs beside them, against ZeRO-1's
     # reduction behind the last backward (docs/cost-model.md, "Compute beside a collective")
     assert re.search(r"note: `plandsl run` refuses #1 \(E703: zero1 refused\); #2 runs \(\+\d+\.\d%\)", text), text

@@ -356,6 +356,7 @@ def test_further_rows_measure_what_their_sources_counted(bench):
     assert neox.metric == bloomberg.metric == "tokens_per_device"
     assert neox.measured == pytest.approx(117e12 / (6 * 20_556_201_984 + 60 * 2048 * 6144 * 44))
     assert bloomberg.measured * 512 * 32.5 == pytest.approx(2048 * 2048)
+    assert (bloomberg.pins["data"], bloomberg.pins["dp_shard"], bloomberg.pins["dp"]) == ("hsdp", 128, 512)  # MiCS's
     # 20B.yml's fp16: DeepSpeed's fp16 engine holds fp16 weights and gradients and reduces them in fp16
     assert (neox.dtypes["precision"], neox.dtypes["param_dtype"], neox.dtypes["grad_dtype"]) == ("fp16",) * 3
     nemo = [run for run in bench.further() if run.source.startswith("NVIDIA NeMo")]

@@ -1,0 +1,130 @@
+"""The search proposes hybrid-sharded data parallelism (`data = hsdp over [dp_rep, dp]`: ZeRO-3 within a shard axis,
+replicas across, MiCS and FSDP's HYBRID_SHARD) where it is the fastest plan: against brute force, its emitted plan
+checks and estimates to the search's figures, its pins, and `generate --from` keeps a written hsdp."""
+import json
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from plandsl import api
+from plandsl.cli import main
+from plandsl.cost.estimate import estimate_plan
+from plandsl.search import Problem, SearchError, brute_force, search
+from plandsl.search.emit import Source, plan_text
+from plandsl.search.partial import read_partial
+
+# Four nodes of eight on a slow fabric (100 GB/s a node, 12.5 GB/s: a p4d's EFA shared by its eight GPUs), a model
+# whose states fit ZeRO-2 over every data rank only with offloading: ZeRO-3 over all 32 gathers across the fabric,
+# hsdp over 16 (two nodes) gathers half the ring there and reduces 1/16 of the gradients over two replicas.
+HARDWARE = """
+device gpu { memory = 16 GiB; bandwidth = 1000 GB/s; peak = { bf16: 200 TFLOP/s, fp32: 20 TFLOP/s } }
+node octo { devices = 8 x gpu; link = { bandwidth: 100 GB/s, latency: 2 us }; nic = { bandwidth: 12.5 GB/s, latency: 10 us } }
+cluster slow = octo x 4
+"""
+MODEL = "gpt(layers=16, hidden=4096, heads=32, seq=1024, vocab=32000)"
+DATA_ONLY = {"tp": 1, "pp": 1, "cp": 1}
+
+
+def problem(batch: int = 256) -> Problem:
+    document = api.loads(HARDWARE + f"model m = {MODEL}\n")
+    return Problem(document.models[0], document.clusters[0], batch)
+
+
+def test_hsdp_is_the_fastest_plan_on_a_slow_fabric_as_brute_force_finds_it():
+    p = problem()
+    everything = brute_force(p, pins=DATA_ONLY)
+    found = search(p, pins=DATA_ONLY, top=3)
+    assert [s.estimate.time.step for s in found.candidates] == \
+        pytest.approx([s.estimate.time.step for s in everything[:3]], rel=1e-12)
+    best = found.best.candidate
+    assert (best.shard, best.dp // best.shard, best.zero_stage) == (16, 2, 3)
+    # the shard degrees: a node's eight data ranks and twice that (32, every rank, is zero3 over one axis)
+    assert {s.candidate.shard for s in everything} == {0, 8, 16}
+    one_axis = min(s.estimate.time.step for s in everything if not s.candidate.shard)
+    assert found.best.estimate.time.step < 0.95 * one_axis
+
+
+def test_the_emitted_hsdp_plan_checks_and_estimates_to_the_searchs_figures():
+    p = problem()
+    best = search(p, pins=DATA_ONLY, top=1).best
+    text = plan_text(best, p, Source((), MODEL, "slow"))
+    assert "  mesh    = [dp_rep = 2, dp = 16]\n" in text and "  data    = hsdp over [dp_rep, dp]" in text
+    [plan] = api.loads(HARDWARE + text).plans  # checks clean: raises otherwise
+    estimate = estimate_plan(plan)
+    assert estimate.time.step == pytest.approx(best.estimate.time.step, rel=1e-9)
+    assert estimate.peak_memory_bytes == pytest.approx(best.estimate.peak_memory_bytes, rel=1e-9)
+    assert best.candidate.describe().startswith("dp=32 ") and " hsdp 2x16 " in best.candidate.describe()
+
+
+def test_hsdp_under_a_pipeline_is_searched_and_estimates_to_its_figures():
+    p = problem()
+    pins = {"tp": 1, "cp": 1, "pp": 2, "data": "hsdp"}
+    found = search(p, pins=pins, top=2)
+    assert [s.estimate.time.step for s in found.candidates] == \
+        pytest.approx([s.estimate.time.step for s in brute_force(p, pins=pins)[:2]], rel=1e-12)
+    for scored in found.candidates:
+        assert scored.candidate.shard and scored.plan.data.kind == "hsdp" and scored.candidate.pp == 2
+        [plan] = api.loads(HARDWARE + plan_text(scored, p, Source((), MODEL, "slow"))).plans  # its stages written
+        assert estimate_plan(plan).time.step == pytest.approx(scored.estimate.time.step, rel=1e-9)
+
+
+def test_pins_choose_hsdp_its_shard_axis_or_one_data_axis():
+    p = problem()
+    hsdp = search(p, pins={**DATA_ONLY, "data": "hsdp"}, top=5)
+    assert all(s.candidate.shard for s in hsdp.candidates)
+    assert {s.candidate.shard for s in search(p, pins={**DATA_ONLY, "dp_shard": 8}, top=3).candidates} == {8}
+    for pins in ({"data": "zero3"}, {"zero_stage": 3}, {"data": "fsdp"}):  # a ZeRO stage: over one data axis
+        found = search(p, pins={**DATA_ONLY, **pins}, top=3)
+        assert all(s.candidate.shard == 0 and s.candidate.zero_stage == 3 for s in found.candidates)
+    best = hsdp.best  # its own pins select it again
+    again = search(p, pins=best.candidate.pins(), top=1).best
+    assert again.candidate == best.candidate and again.estimate.time.step == best.estimate.time.step
+
+
+@pytest.mark.parametrize("pins, message", [
+    ({"dp_shard": 8, "data": "zero2"}, "dp_shard=8 is hsdp's shard axis, data=zero2"),
+    ({"data": "hsdp", "zero_stage": 1}, "data=hsdp is ZeRO stage 3, zero_stage=1"),
+    ({"dp_shard": 5, "dp": 32}, "dp_shard=5 is hsdp's shard axis, which divides dp=32"),
+    ({"data": "hsdp", "cp": 2}, "data=hsdp runs with no context or expert axis"),
+    ({"dp_shard": 1}, "dp_shard is at least 2"),
+    ({"data": "zero4"}, "the data-parallel kind is one of replicate, zero1, zero2, zero3, hsdp"),
+])
+def test_contradictory_data_pins_say_why(pins, message):
+    with pytest.raises(SearchError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        search(problem(), pins=pins)
+
+
+PARTIAL = HARDWARE + f"""
+model m = {MODEL}
+plan mine {{
+  model   = m
+  cluster = slow
+"""
+
+
+def test_generate_from_keeps_a_written_hsdp_and_writes_the_one_it_chooses(tmp_path):
+    written = tmp_path / "written.plan"
+    written.write_text(PARTIAL + "  mesh    = [r = 2, s = 16]\n  train   = { global_batch: 256, precision: bf16 }\n"
+                                 "  data    = hsdp over [r, s]\n}\n")
+    assert {k: v for k, v in read_partial(written).pins.items() if k in ("dp", "data", "dp_shard", "zero_stage")} \
+        == {"dp": 32, "data": "hsdp", "dp_shard": 16, "zero_stage": 3}
+    out = CliRunner().invoke(main, ["generate", "--from", str(written), "--top", "3", "--json"])
+    assert out.exit_code == 0, out.output
+    for candidate in json.loads(out.output)["candidates"]:  # the written layout, the rest searched
+        assert (candidate["data"], candidate["dp_shard"], candidate["dp"]) == ("hsdp", 16, 32)
+    free = tmp_path / "free.plan"  # no mesh, no data line: the search lays out hsdp's two axes
+    free.write_text(PARTIAL + "  train   = { global_batch: 256, precision: bf16 }\n}\n")
+    done = tmp_path / "done.plan"
+    out = CliRunner().invoke(main, ["generate", "--from", str(free), "--pin", "tp=1", "--pin", "pp=1",
+                                    "--pin", "cp=1", "-o", str(done)])
+    assert out.exit_code == 0, out.output
+    text = done.read_text()
+    assert re.search(r"\n  mesh +=  ?\[dp_rep = 2, dp = 16\]\n", text) and re.search(r"\n  data +=  ?hsdp over \[dp_rep, dp\]", text), text
+    analysis = api.check(done)
+    assert analysis.ok, [d.message for d in analysis.diagnostics]
+    one_axis = tmp_path / "one_axis.plan"  # a written mesh of one data axis: no hsdp
+    one_axis.write_text(PARTIAL + "  mesh    = [dp = 32]\n  train   = { global_batch: 256, precision: bf16 }\n}\n")
+    out = CliRunner().invoke(main, ["generate", "--from", str(one_axis), "--top", "3", "--json"])
+    assert out.exit_code == 0, out.output
+    assert all(c["data"] != "hsdp" for c in json.loads(out.output)["candidates"])
