@@ -490,9 +490,15 @@ def _torch_params(model: ir.CustomModel) -> dict[str, list[Param]]:
     layer_of = torch_plan.layer_of_module(model)
     types = dict(model.modules)
     styles: dict[str, str] = {}
+    modules = torch_plan.Names(types)  # indexed once: each pattern's matches without a scan of every module
     for pattern, style in model.tp_plan:
-        for fqn in torch_plan.matching(pattern, types):
+        for fqn in modules.matching(pattern):
             styles.setdefault(fqn, style)
+    experts: set[str] = set()  # the parameters and modules the expert-parallel plan names
+    if model.experts and model.ep_plan:
+        params = torch_plan.Names(name for name, _ in model.parameters)
+        for pattern, _ in model.ep_plan:
+            experts.update(params.matching(pattern), modules.matching(pattern))
     found: dict[str, list[Param]] = {}
     for name, shape in model.parameters:
         module, _, local = name.rpartition(".")
@@ -501,8 +507,7 @@ def _torch_params(model: ir.CustomModel) -> dict[str, list[Param]]:
         dim = torch_plan.split_dim(style, types.get(module, ""), local, len(shape)) if style else None
         if dim is not None:
             dims[dim] = TP_SPLIT
-        if len(shape) == 3 and model.experts and shape[0] == model.experts and any(
-                torch_plan.matches(pattern, name) or torch_plan.matches(pattern, module) for pattern, _ in model.ep_plan):
+        if len(shape) == 3 and model.experts and shape[0] == model.experts and (name in experts or module in experts):
             dims[0] = EXPERTS  # grouped experts [experts, out, in], what the expert axis splits (its ep_plan)
         found.setdefault(layer_of.get(module, "embed"), []).append(Param(name, module, tuple(shape), tuple(dims)))
     return found

@@ -14,7 +14,7 @@ import bisect
 import functools
 
 from plandsl import ir
-from plandsl.ir.fqn import matches, matching  # noqa: F401 - matches: read from here by the interpreter and the catalogue
+from plandsl.ir.fqn import Names, matches, matching  # noqa: F401 - matches: read from here by the interpreter and the catalogue
 from plandsl.ir.shapes import indivisible
 
 # Styles that split a Linear's weight [out, in] along dim 0 (its output features) or 1 (its inputs);
@@ -50,11 +50,18 @@ def split_dim(style: str, module_type: str, param: str, ndim: int) -> int | None
     return dim if dim < ndim else None
 
 
-def closest(pattern: str, fqns) -> str:
-    """The module names nearest a pattern that names none (for a hint), as patterns (`*` for indices)."""
+def shapes_of(fqns) -> list[str]:
+    """The module names as patterns, `*` for indices (`model.layers.*.mlp`), each once, in their order."""
+    import re  # lazy: only for a pattern that names nothing
+    return list(dict.fromkeys(re.sub(r"\.\d+(?=\.|$)", ".*", f) for f in fqns if f))
+
+
+def closest(pattern: str, fqns, shapes: list[str] | None = None) -> str:
+    """The module names nearest a pattern that names none (for a hint), as patterns (`*` for indices); `shapes`:
+    `shapes_of(fqns)` where the caller has it."""
     import difflib  # lazy: only for a pattern that names nothing
     import re  # lazy, with difflib
-    shapes = list(dict.fromkeys(re.sub(r"\.\d+(?=\.|$)", ".*", f) for f in fqns if f))
+    shapes = shapes_of(fqns) if shapes is None else shapes
     found = difflib.get_close_matches(re.sub(r"\.\d+(?=\.|$)", ".*", pattern), shapes, n=3, cutoff=0.5)
     return ", ".join(found or shapes[:3])
 
@@ -121,8 +128,9 @@ def split_extents(model: ir.CustomModel) -> dict[str, int] | None:
     for name, shape in model.parameters:
         module, _, local = name.rpartition(".")
         shapes.setdefault(module, []).append((local, tuple(shape)))
+    names = Names(types)
     for pattern, style in model.tp_plan:
-        hit = matching(pattern, types)
+        hit = names.matching(pattern)
         if style not in KNOWN_STYLES or not hit:
             return None
         for module in hit:
