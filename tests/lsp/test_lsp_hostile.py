@@ -205,3 +205,58 @@ def test_a_request_after_shutdown_is_answered_invalid_request():
     assert result.returncode == 0, result.stderr.decode()[-2000:]
     errors = {m["id"]: m["error"]["code"] for m in _messages(result.stdout) if "error" in m}
     assert errors == {3: -32600}, result.stdout
+
+
+def test_the_changes_of_one_message_are_applied_in_one_pass():
+    """pygls split and rewrote the whole text for each change of a didChange: 2,000 changes to a document of 100,000
+    lines took 26 s of CPU (the changes a 16 MB message holds, hours); now 0.02 s, the text as pygls would make it."""
+    from lsprotocol import types
+    from pygls.workspace import Workspace
+
+    from plandsl.lsp.server import PlanServer
+    from support import bounded
+    uri, server = "file:///x.plan", PlanServer()
+    server.protocol._workspace = Workspace(None, sync_kind=types.TextDocumentSyncKind.Incremental)
+    server.workspace.put_text_document(types.TextDocumentItem(uri=uri, language_id="plan", version=1,
+                                                              text="let a = 1\n" * 100_000))
+    changes = [types.TextDocumentContentChangePartial(range=types.Range(start=types.Position(line=i, character=4),
+                                                                        end=types.Position(line=i, character=5)),
+                                                      text="b") for i in range(2_000)]
+    params = types.DidChangeTextDocumentParams(text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+                                               content_changes=changes)
+    with bounded(1.0, "didChange"):
+        list(server.protocol.lsp_text_document__did_change(params))
+    document = server.workspace.get_text_document(uri)
+    assert document.version == 2 and document.source == "let b = 1\n" * 2_000 + "let a = 1\n" * 98_000
+
+
+def test_changes_applied_in_one_pass_make_the_text_pygls_makes():
+    """Random changes (line breaks of each kind, a \\r meeting a \\n, characters outside the BMP, ranges past the end
+    or inverted, whole-text changes) to random texts, against pygls's own TextDocument."""
+    import random
+
+    from lsprotocol import types
+    from pygls.workspace import Workspace
+
+    from plandsl.lsp.server import applied
+    rng = random.Random(7)
+    pieces = ["a", "b", "\n", "\r", "\r\n", "é", "\U0001F600", "x\ny", "\u2028"]
+
+    def text(most: int) -> str:
+        return "".join(rng.choice(pieces) for _ in range(rng.randint(0, most)))
+
+    def position() -> types.Position:
+        return types.Position(line=rng.randint(0, 6), character=rng.randint(0, 6))
+
+    for _ in range(500):
+        original = text(12)
+        changes = [types.TextDocumentContentChangeWholeDocument(text=text(5)) if rng.random() < 0.05 else
+                   types.TextDocumentContentChangePartial(range=types.Range(start=position(), end=position()),
+                                                          text=text(3)) for _ in range(rng.randint(1, 4))]
+        workspace = Workspace(None, sync_kind=types.TextDocumentSyncKind.Incremental)
+        workspace.put_text_document(types.TextDocumentItem(uri="file:///x", language_id="plan", version=1,
+                                                           text=original))
+        for change in changes:
+            workspace.update_text_document(types.VersionedTextDocumentIdentifier(uri="file:///x", version=2), change)
+        document = workspace.get_text_document("file:///x")
+        assert applied(original, changes, document.position_codec) == document.source, (original, changes)
