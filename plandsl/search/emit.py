@@ -538,6 +538,12 @@ def explain_empty(problem: Problem, pins: dict, space) -> str:
                 f"'{model.name}' on {n} devices allow (dp x ep in {{{shown}}}); use a global batch that is a "
                 f"multiple of {smallest}, e.g. {smallest * max(1, -(-problem.global_batch // smallest))}")
     stats = space.stats
+    if pins.get("data") == "hsdp" and not stats.roots:  # no layout left to split into replicas x shards
+        shard = f"dp_shard={pins['dp_shard']}" if "dp_shard" in pins else "a shard axis"
+        return (f"no layout of '{model.name}' on the {n} devices of '{cluster.name}' runs hsdp under the pins "
+                f"({', '.join(f'{k}={v}' for k, v in pins.items())}): hsdp splits a data degree of 4 or more, with no "
+                f"context or expert axis, into {shard} that divides it and two replicas or more, whose model states "
+                "fit; pin a smaller tp or pp, or leave `data` to the search")
     if stats.tp_across_nodes and not stats.roots:
         detail = ", ".join(f"{k}={','.join(v) if isinstance(v, tuple) else v}" for k, v in pins.items())
         return (f"every mesh order the pins ({detail}) leave puts a tensor-parallel group across nodes of "

@@ -95,6 +95,14 @@ def test_contradictory_data_pins_say_why(pins, message):
         search(problem(), pins=pins)
 
 
+@pytest.mark.parametrize("pins", [{"data": "hsdp", "tp": 8, "pp": 2}, {"dp_shard": 64}, {"data": "hsdp", "pp": 16}])
+def test_hsdp_pins_no_layout_can_split_say_so(pins):
+    """Where no layout has a data degree hsdp can split (the pins leave dp below 4, or a shard axis it cannot hold),
+    the error says what hsdp needs (it named tensor groups across nodes, which the pins did not ask for)."""
+    with pytest.raises(SearchError, match="runs hsdp under the pins .*: hsdp splits a data degree of 4 or more"):
+        search(problem(), pins=pins)
+
+
 PARTIAL = HARDWARE + f"""
 model m = {MODEL}
 plan mine {{
