@@ -935,7 +935,7 @@ def import_command(source, world_size, cluster, args_file, model, name, output, 
     if not imported.ok:
         _fail(api.PlanError(imported.diagnostics, imported.sources), output_format)
     if imported.ignored:
-        click.echo(f"note: left out (a plan does not hold them): {' '.join(imported.ignored)}", err=True)
+        click.echo(f"note: left out (a plan does not hold them): {imported.left_out()}", err=True)
     _write(output, imported.text)
     if schedule_only:  # the table's name as written (`table_NAME`: never a built-in's), which plans name
         name = re.search(r"(?m)^schedule\s+(\w+)", imported.text).group(1)

@@ -24,7 +24,7 @@ from plandsl.diagnostics import Diagnostic, did_you_mean, diag
 from plandsl.diagnostics.limits import MAX_PREFETCH_BUCKET
 from plandsl.diagnostics.source import SourceFile
 from plandsl.interop.cluster import cluster_devices, cluster_lines, stdlib_imports
-from plandsl.interop.result import Capped, Exported, Imported, loser, checked
+from plandsl.interop.result import Capped, Exported, Imported, checked, left_out, loser
 
 TARGET = "deepspeed"
 VERSION = "DeepSpeed 0.19.8"
@@ -357,7 +357,7 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
     data = ir.DataKind.of_zero_stage(stage).value
     lines = [f"# Imported from a DeepSpeed config ({VERSION}) by `plandsl import --from deepspeed`."]
     if ignored:
-        lines.append("# Left out (a plan does not hold them): " + ", ".join(ignored))
+        lines.append("# Left out (a plan does not hold them): " + left_out(ignored, ", "))
     lines += [f'import "{i}"' for i in imports] + [
         "", f"plan {name} {{", f"  model = {model}", f"  cluster = {cluster_text}",
         f"  mesh = [dp = {world}]" + (f" over devices[0:{world}]" if part else ""),

@@ -17,7 +17,7 @@ from plandsl.diagnostics import Diagnostic, did_you_mean, diag, limits
 from plandsl.diagnostics.source import SourceFile, Span
 from plandsl.interop import megatron as facts
 from plandsl.interop.flags import WHOLE_DIGITS, Flag, read_flags, shown_value, too_long, whole_number
-from plandsl.interop.result import Capped, Imported, checked
+from plandsl.interop.result import Capped, Imported, checked, left_out
 from plandsl.interop.cluster import cluster_devices, cluster_lines
 from plandsl.ir.placement import counted_split
 from plandsl.schedules.registry import BUILTIN, megatron_microbatch_group, microbatches_fit
@@ -231,7 +231,7 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
     cluster_text, imports, part = cluster_lines(cluster, world)
     lines = [f"# Imported from Megatron-LM arguments ({facts.VERSION}) by `plandsl import --from megatron`."]
     if read.ignored:
-        lines.append("# Left out (a plan does not hold them): " + " ".join(read.ignored))
+        lines.append("# Left out (a plan does not hold them): " + left_out(read.ignored, " "))
     lines += [f'import "{i}"' for i in imports] + ["", f"plan {name} {{", f"  model = {model}",
                                                     f"  cluster = {cluster_text}",
                                                     f"  mesh = {mesh}" + (f" over devices[0:{world}]" if part else ""),

@@ -54,6 +54,31 @@ class Imported:
     def ok(self) -> bool:
         return self.text is not None and not any(d.is_error for d in self.diagnostics)
 
+    def left_out(self, separator: str = " ") -> str:
+        """`ignored` as the CLI's note says it (`left_out`)."""
+        return left_out(self.ignored, separator)
+
+
+MAX_LEFT_OUT = 50
+"""What an import left out that its plan's comment and the CLI's note name one by one; then how many more."""
+MAX_LEFT_OUT_CHARS = 80
+"""Characters of one of them the comment shows (a value of a million characters: its start and how many more)."""
+
+
+def left_out(ignored, separator: str) -> str:
+    """What an import left out (flags as written, DeepSpeed's keys) as one line of the plan's comment: each with the
+    characters that are not printable escaped (a flag's value or a key holding a line break wrote the rest of it into
+    the plan as plan text: `--log-interval $'1\nlet q = 2'` added `let q = 2`, a key `"b\n}"` made the plan E101),
+    the first MAX_LEFT_OUT, each of at most MAX_LEFT_OUT_CHARS (50,000 left out were a comment of 1.2 MB; 150,000
+    made the plan too large to read back, E106 on a file never written)."""
+    def shown(text: str) -> str:
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:MAX_LEFT_OUT_CHARS])
+        return text if len(text) <= MAX_LEFT_OUT_CHARS else text[:MAX_LEFT_OUT_CHARS]
+    ignored = list(ignored)
+    line = separator.join(shown(item) + ("..." if len(item) > MAX_LEFT_OUT_CHARS else "")
+                          for item in ignored[:MAX_LEFT_OUT])
+    return line + (f"{separator}... and {len(ignored) - MAX_LEFT_OUT:,} more" if len(ignored) > MAX_LEFT_OUT else "")
+
 
 MAX_REPORTED = 20
 """Problems of one kind (unknown flags or keys, words that are no flag, flags given twice) an import reports one by one,

@@ -17,7 +17,7 @@ from plandsl.interop import torchtitan as facts
 from plandsl.interop.cluster import cluster_devices, cluster_lines
 from plandsl.interop.flags import Flag, read_flags, shown_value, too_long, whole_number
 from plandsl.interop.megatron_import import _Read, stages_lines
-from plandsl.interop.result import Imported, checked
+from plandsl.interop.result import Imported, checked, left_out
 
 P, T, O = "--parallelism.", "--training.", "--lr_scheduler."
 INT_FLAGS = (*facts.DEGREES.values(), facts.EXPERT_DEGREE, P + "pipeline_parallel_microbatch_size",
@@ -294,7 +294,7 @@ def _plan_text(read: _Read, world_size: int | None, cluster: str | None, name: s
     cluster_text, imports, part = cluster_lines(cluster, world)
     lines = [f"# Imported from torchtitan arguments ({facts.VERSION}) by `plandsl import --from torchtitan`."]
     if read.ignored:
-        lines.append("# Left out (a plan does not hold them): " + " ".join(read.ignored))
+        lines.append("# Left out (a plan does not hold them): " + left_out(read.ignored, " "))
     mesh = "[" + ", ".join(f"{axis} = {size}" for axis, size in axes) + "]"
     lines += [f'import "{i}"' for i in imports] + [
         "", f"plan {name} {{", f"  model = {model}", f"  cluster = {cluster_text}",

@@ -164,3 +164,24 @@ def test_the_index_of_names_matches_what_a_scan_of_them_matches():
     names = Names(fqns)
     for pattern in patterns:
         assert names.matching(pattern) == matching(pattern, fqns), pattern
+
+
+def test_what_an_import_leaves_out_is_named_on_one_comment_line_of_bounded_length():
+    """A flag's value or a DeepSpeed key holding a line break wrote the rest of it into the plan as plan text
+    (`let q = 2` became the plan's; a key `"b\\n}"` made it E101); 150,000 keys left out made a comment of 3.8 MB,
+    a plan too large to read back (E106 on a file never written). Now the first 50, escaped, and a count."""
+    imported = import_text("megatron", MEGATRON + "--log-interval '1\nlet q = 2'", "<flags>", world_size=8)
+    assert imported.ok and not any(line.startswith("let q") for line in imported.text.splitlines()), imported.text
+    assert "# Left out (a plan does not hold them): --log-interval 1\\nlet q = 2\n" in imported.text
+    model = "gpt(layers=2, hidden=64, heads=4, seq=128, vocab=512)"
+    keys = {"train_batch_size": 8, "zero_optimization": {"stage": 1, "a\n}": 1}}
+    imported = import_text("deepspeed", json.dumps(keys), "ds.json", world_size=8, model=model)
+    assert imported.ok and "zero_optimization.a\\n}" in imported.text.splitlines()[1], imported.diagnostics
+    from plandsl.interop.result import MAX_LEFT_OUT
+    many = {**keys, "optimizer": {"type": "Adam", "params": {f"k{i}": 0 for i in range(150_000)}}}
+    with bounded(1.0, "import --from deepspeed"):
+        imported = import_text("deepspeed", json.dumps(many), "ds.json", world_size=8, model=model)
+    assert imported.ok, [d.message for d in imported.diagnostics]
+    comment = imported.text.splitlines()[1]
+    assert comment.endswith(f"optimizer.params.k{MAX_LEFT_OUT - 1}, ... and {150_000 + 1 - MAX_LEFT_OUT:,} more")
+    assert imported.left_out(", ") == comment.removeprefix("# Left out (a plan does not hold them): ")
