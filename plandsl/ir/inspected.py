@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from plandsl.diagnostics.limits import MAX_LAYERS, MAX_SEQ
 from plandsl.ir.fqn import naming_something
-from plandsl.syntax.files import shown_path, write_through_temporary
+from plandsl.syntax.files import read_bounded, shown_path, write_through_temporary
 
 MAX_TABLE_FILES = 16
 """Files a table's freshness reads (the factory's module: one), each at most `file_digest`'s bytes: a table edited
@@ -418,7 +418,9 @@ def read_cache(path: str | Path, source: ModelSource | None = None, seq: int | N
             return CacheState(None, f"stale: {status.st_size:,} bytes, more than a table holds ({MAX_CACHE_BYTES:,})")
         key = (os.fspath(path), status.st_mtime_ns, status.st_size)
         model = _PARSED.get(key)
-        text = Path(path).read_text(encoding="utf-8") if model is None else None
+        # read bounded, as what stat saw (a regular file of at most MAX_CACHE_BYTES) may no longer be what is there:
+        # a FIFO put in its place was opened for reading and waited for a writer for ever
+        text = read_bounded(path, MAX_CACHE_BYTES, "layer table").decode("utf-8") if model is None else None
     except (OSError, ValueError, UnicodeDecodeError) as error:
         return CacheState(None, "missing" if isinstance(error, FileNotFoundError) else
                           f"missing: {getattr(error, 'strerror', None) or error}")

@@ -226,3 +226,24 @@ def test_what_an_import_leaves_out_is_named_on_one_comment_line_of_bounded_lengt
     comment = imported.text.splitlines()[1]
     assert comment.endswith(f"optimizer.params.k{MAX_LEFT_OUT - 1}, ... and {150_000 + 1 - MAX_LEFT_OUT:,} more")
     assert imported.left_out(", ") == comment.removeprefix("# Left out (a plan does not hold them): ")
+
+
+def test_a_layer_table_is_read_bounded_whatever_replaced_the_file_stat_saw(tmp_path, monkeypatch):
+    """`read_cache` stat the path, then read it whole: a FIFO put there after the stat (here: a stat that says a
+    regular file) was opened for reading and waited for a writer for ever."""
+    import os
+    import threading
+
+    from plandsl.ir import inspected
+    regular = tmp_path / "table.json"
+    regular.write_text("{}")
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    real_stat = os.stat
+    monkeypatch.setattr(inspected.os, "stat",
+                        lambda path, *args, **kwargs: real_stat(regular if str(path) == str(fifo) else path))
+    states = []
+    reader = threading.Thread(target=lambda: states.append(inspected.read_cache(fifo)), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert states and not states[0].fresh and "missing" in states[0].problem, states
