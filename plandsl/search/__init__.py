@@ -493,8 +493,9 @@ def _megatron_runs(problem: Problem, pins: Mapping[str, object]) -> None:
                           f"{runs}, or torch's pipeline runs every schedule")
     if problem.pipeline == "deepspeed" and pins.get("zero_stage") is not None and int(pins["zero_stage"]) >= 2 \
             and pins.get("pp") not in (None, 1):
-        raise SearchError(f"--pin zero_stage={pins['zero_stage']}: DeepSpeed's pipeline engine takes ZeRO 0 or 1 "
-                          "(E611)")
+        pinned = f"data={pins['data']} (ZeRO-{pins['zero_stage']})" if "data" in pins else \
+            f"zero_stage={pins['zero_stage']}"  # the pin as given (`_data_pins` derives the stage of a `data` pin)
+        raise SearchError(f"--pin {pinned}: DeepSpeed's pipeline engine takes ZeRO 0 or 1 (E611)")
 
 
 def _overlap_recomputes(problem: Problem, pins: Mapping[str, object]) -> None:

@@ -539,9 +539,14 @@ def explain_empty(problem: Problem, pins: dict, space) -> str:
                 f"multiple of {smallest}, e.g. {smallest * max(1, -(-problem.global_batch // smallest))}")
     stats = space.stats
     if pins.get("data") == "hsdp" and not stats.roots:  # no layout left to split into replicas x shards
+        shown = ", ".join(f"{k}={','.join(v) if isinstance(v, tuple) else v}" for k, v in pins.items())
+        if not problem.hybrid:  # a `generate --from` plan's written mesh of one data axis (`Problem.hybrid`)
+            return (f"the plan's mesh has one data axis, and hsdp (the pins {shown}) needs two, its replicas and its "
+                    "shard axis (`data = hsdp over [replicas, shard]`): write both in the mesh, or leave the mesh "
+                    "to the search")
         shard = f"dp_shard={pins['dp_shard']}" if "dp_shard" in pins else "a shard axis"
         return (f"no layout of '{model.name}' on the {n} devices of '{cluster.name}' runs hsdp under the pins "
-                f"({', '.join(f'{k}={v}' for k, v in pins.items())}): hsdp splits a data degree of 4 or more, with no "
+                f"({shown}): hsdp splits a data degree of 4 or more, with no "
                 f"context or expert axis, into {shard} that divides it and two replicas or more, whose model states "
                 "fit; pin a smaller tp or pp, or leave `data` to the search")
     if stats.tp_across_nodes and not stats.roots:

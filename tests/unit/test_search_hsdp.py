@@ -103,6 +103,14 @@ def test_hsdp_pins_no_layout_can_split_say_so(pins):
         search(problem(), pins=pins)
 
 
+def test_a_data_pin_deepspeeds_pipeline_cannot_run_is_named_as_given():
+    """On DeepSpeed's pipeline engine (ZeRO 0 or 1) the error names the pin given, `data=hsdp`, not the
+    `zero_stage=3` it implies (which no one wrote)."""
+    from dataclasses import replace
+    with pytest.raises(SearchError, match=r"^--pin data=hsdp \(ZeRO-3\): DeepSpeed's pipeline engine takes ZeRO 0 or 1"):
+        search(replace(problem(), pipeline="deepspeed"), pins={"data": "hsdp", "pp": 2})
+
+
 PARTIAL = HARDWARE + f"""
 model m = {MODEL}
 plan mine {{
@@ -136,3 +144,7 @@ def test_generate_from_keeps_a_written_hsdp_and_writes_the_one_it_chooses(tmp_pa
     out = CliRunner().invoke(main, ["generate", "--from", str(one_axis), "--top", "3", "--json"])
     assert out.exit_code == 0, out.output
     assert all(c["data"] != "hsdp" for c in json.loads(out.output)["candidates"])
+    # ... and hsdp pinned over it says so (it said no layout could split dp=32, and to pin a smaller tp or pp)
+    out = CliRunner().invoke(main, ["generate", "--from", str(one_axis), "--pin", "data=hsdp"])
+    assert out.exit_code == 1 and "the plan's mesh has one data axis, and hsdp" in out.output, out.output
+    assert "order=dp," in out.output and "('dp',)" not in out.output, out.output
