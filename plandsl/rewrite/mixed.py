@@ -141,7 +141,10 @@ def faster_alone(problem: Problem, mixed: PlanEstimate, pins, time_limit: float 
     alone = cluster.model_copy(update={"name": f"{cluster.name}'s {fastest} nodes", "groups": groups})
     devices = alone.num_devices
     try:
-        best = search(replace(problem, cluster=alone), _user(pins), 1, explain=False, time_limit=time_limit).best
+        # hsdp's shard axis is a degree too (a pinned dp_shard of 32 leaves no two replicas on 32 devices); the
+        # variants of the same cluster keep it (`variants`), the fastest devices alone search their own
+        kept = {k: v for k, v in _user(pins).items() if k != "dp_shard"}
+        best = search(replace(problem, cluster=alone), kept, 1, explain=False, time_limit=time_limit).best
     except SearchError as error:
         return Gain(fastest, devices, mixed, None, str(error), subject)
     return Gain(fastest, devices, mixed, best.estimate, subject=subject)

@@ -148,3 +148,16 @@ def test_generate_from_keeps_a_written_hsdp_and_writes_the_one_it_chooses(tmp_pa
     out = CliRunner().invoke(main, ["generate", "--from", str(one_axis), "--pin", "data=hsdp"])
     assert out.exit_code == 1 and "the plan's mesh has one data axis, and hsdp" in out.output, out.output
     assert "order=dp," in out.output and "('dp',)" not in out.output, out.output
+
+
+
+def test_the_faster_devices_alone_are_searched_without_a_pinned_shard_axis():
+    """On a mixed cluster `generate` searches the fastest devices alone under the pins that do not fix the layout:
+    hsdp's shard axis is a degree (dp_shard=32 leaves no two replicas on 32 H100s), dropped there as dp is (it said
+    'on its 32 h100_80g devices alone no plan runs'); every candidate on the mix keeps it, uneven shares' variants too."""
+    request = api.generate_request(model="gpt(layers=2, hidden=256, heads=4, seq=128, vocab=1024)",
+                                   cluster="mixed_a100_h100", global_batch=64, pins=["dp_shard=32"], top=3)
+    found = api.generate_json(api.generate(request))
+    assert {(c["data"], c["dp_shard"]) for c in found["candidates"]} == {("hsdp", 32)}
+    gain = found["heterogeneity"]
+    assert gain["faster_devices"] == 32 and gain["alone_step_time_s"] is not None, gain
