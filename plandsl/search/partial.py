@@ -109,10 +109,15 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                 pins[role] = 1
     if "data" in attrs and plan.data is not None:
         pins["zero_stage"] = plan.data.zero_stage
-        if plan.data.hybrid:  # hsdp, not zero3 over one axis (the stage's kind), and its shard axis as written
+        # hsdp, not zero3 over one axis (the stage's kind), and its shard axis as written; where the written mesh
+        # gives its replicas or its shard axis one rank, a split the search does not lay out (`Candidate.shard`:
+        # two replicas or more of two ranks or more), the stage alone (the written lines stay, as every decision)
+        written = "mesh" in attrs
+        shard = plan.mesh.degree(plan.data.axes[-1]) if plan.data.hybrid and written else 0
+        if plan.data.hybrid and (not written or 1 < shard < math.prod(plan.mesh.degree(a) for a in plan.data.axes)):
             pins["data"] = "hsdp"
-            if "mesh" in attrs:
-                pins["dp_shard"] = plan.mesh.degree(plan.data.axes[-1])
+            if written:
+                pins["dp_shard"] = shard
     elif "mesh" in attrs and plan.data is None:  # a written mesh without data shards nothing (`Candidate.data_axis`)
         pins["zero_stage"] = 0
     if ("stages" in attrs or stage_block is not None) and plan.stages is not None:

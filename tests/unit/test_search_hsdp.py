@@ -151,6 +151,24 @@ def test_generate_from_keeps_a_written_hsdp_and_writes_the_one_it_chooses(tmp_pa
 
 
 
+
+@pytest.mark.parametrize("mesh", ["[r = 1, s = 32]", "[r = 32, s = 1]"])
+def test_generate_from_a_written_hsdp_with_an_axis_of_one_rank(tmp_path, mesh):
+    """hsdp whose written replicas (or shard axis) are one rank checks; the search lays out no such split
+    (`Candidate.shard`), so the plan pins its ZeRO stage alone and its lines stay: it pinned dp_shard=32 with dp=32
+    (E803 'contradictory pins', a plan that checks) or dp_shard=1 ('--pin dp_shard=1: dp_shard is at least 2')."""
+    written = tmp_path / "written.plan"
+    written.write_text(PARTIAL + f"  mesh    = {mesh}\n  train   = {{ global_batch: 256, precision: bf16 }}\n"
+                                 "  data    = hsdp over [r, s]\n}\n")
+    pins = read_partial(written).pins
+    assert pins["zero_stage"] == 3 and "data" not in pins and "dp_shard" not in pins, pins
+    if mesh == "[r = 1, s = 32]":  # [32, 1] does not fit these devices (E503 as written, `check` says so too)
+        out = CliRunner().invoke(main, ["generate", "--from", str(written), "--top", "1", "--json"])
+        assert out.exit_code == 0, out.output
+        [candidate] = json.loads(out.output)["candidates"]
+        assert candidate["data"] == "hsdp" and "data    = hsdp over [r, s]\n" in candidate["plan"]
+
+
 def test_the_faster_devices_alone_are_searched_without_a_pinned_shard_axis():
     """On a mixed cluster `generate` searches the fastest devices alone under the pins that do not fix the layout:
     hsdp's shard axis is a degree (dp_shard=32 leaves no two replicas on 32 H100s), dropped there as dp is (it said
