@@ -159,14 +159,14 @@ def hybrid_axes(order: Sequence[str], sizes: Mapping[str, int], shard: int) -> t
 
 
 def shard_degrees(cluster: ir.Cluster, layout: Layout, order: tuple[str, ...], pinned: int | None = None) -> list[int]:
-    """hsdp's shard degrees for a layout in a mesh order (ZeRO-3 within a shard group, replicas across: MiCS, Zhang
-    et al. 2022; PyTorch FSDP's HYBRID_SHARD): the data ranks one node holds of a data group (n, the largest divisor
-    s of dp whose shard group, dp split into dp / s x s, lies in one node; 1 where none does) and n times each power
-    of two, those that divide dp and leave at least two replicas: at most log2(dp / n) + 1 of them; under a pipeline
-    the first alone (its ZeRO-3 gathers each unit once a step, not every microbatch, `cost.memory.pipelined_shards`,
-    and its stages hold 1/pp of the states; with every multiple there too, Nemotron-4 340B's 6,144-GPU search bounded
-    20 % more leaves than without hsdp, with the first alone 2 %). `pinned`: that one alone, where it divides dp below
-    it."""
+    """hsdp's shard degrees for a layout in a mesh order (ZeRO-3 within a shard group, replicas across: MiCS, Zhang et
+    al. 2022; PyTorch FSDP's HYBRID_SHARD): the data ranks one node holds of a data group (n, the largest divisor s of
+    dp whose shard group, dp split into dp / s x s, lies in one node; 1 where none does) and n times each power of two,
+    those that divide dp and leave at least two replicas: at most log2(dp / n) of them (n x 2^k <= dp / 2); under a
+    pipeline the first alone (its ZeRO-3 gathers each unit once a step, not every microbatch,
+    `cost.memory.pipelined_shards`, and its stages hold 1/pp of the states; with every multiple there too, Nemotron-4
+    340B's 6,144-GPU search bounded 20 % more leaves than without hsdp, with the first alone 2 %). `pinned`: that one
+    alone, where it divides dp below it."""
     dp = layout[0]
     if pinned is not None:
         return [pinned] if 1 < pinned < dp and dp % pinned == 0 else []
