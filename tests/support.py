@@ -184,3 +184,15 @@ device g {{
 }}
 node n {{ devices = 8 x g; link = {{ bandwidth: 100 GB/s, latency: 0 us }} }}
 """
+
+
+# a gpt, one microbatch a rank a step: tests/unit/test_memory.py, tests/distributed/test_memtrace.py
+ONE_MICROBATCH = """
+import "clusters/local"
+plan one {{
+  model    = gpt(layers={layers}, hidden={hidden}, heads=8, seq={seq}, vocab=16384)
+  cluster  = localhost x {devices}
+  mesh     = [{mesh}] over devices[0:{devices}]
+  train    = {{ global_batch: {batch}, micro_batch: 1, precision: fp32, optimizer: adam, lr: 1e-3, seed: 0{train} }}
+{body}}}
+"""

@@ -205,8 +205,11 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         estimate = MemoryEstimate(params + gathered_params, grads + gathered_grads, optimizer, activations,
                                   other=buffers, gathered_params=gathered_params, gathered_grads=gathered_grads,
                                   host=rank_inflight * host)
-        if len(rank_stages) == 1 and one_backward_makes_gradients(plan):
-            estimate = replace(estimate, apart=one_backward_apart(estimate, grads + accumulator))
+        if len(rank_stages) == 1 and one_backward_makes_gradients(plan) and not _rebuilds_in_backward(plan, layers):
+            after = max(optimizer_step_bytes(plan, [p for layer in layers for p in layer.params] + list(extra),
+                                             optimizer), whole_vocab_gradient_moment(plan, layers))
+            estimate = replace(estimate, apart=one_backward_apart(estimate, grads + accumulator, after,
+                                                                  fused_head_gradient_bytes(plan, layers)))
         estimates.append(estimate)
     return estimates
 
@@ -237,19 +240,82 @@ def one_backward_makes_gradients(plan: ir.Plan) -> bool:
     return _reduce_degree(plan) == 1 or replicates_units(plan)  # no wrapper, or `replicate`: not DDP's buckets
 
 
-def one_backward_apart(estimate: MemoryEstimate, made: float) -> float:
+def one_backward_apart(estimate: MemoryEstimate, made: float, after: float = 0.0, before: float = 0.0) -> float:
     """Bytes of `estimate`'s terms not alive at the peak of a step whose one backward makes its gradients
     (`one_backward_makes_gradients`), `made` of them (the rank's stored gradients, with the embedding's
-    whole-vocabulary `.grad` a rank without data parallelism keeps, `whole_vocab_gradient_bytes`): those, where the
-    activations outweigh them, so that the backward's start (the loss's backward, or the rebuilt block:
-    `beyond_layers`) holds more without them than the rest of the step holds with them (everything counted but the
-    activations, at most). Where the gradients outweigh the activations, nothing: the count is kept as before, above the backward's end by
-    the activations, as the peak lies in the optimizer's step there, whose temporaries are not counted (traced: a gpt
-    whose gradients outweigh its activations, 416.5 MiB in Adam's step, 387.6 counted, the states with their
-    gradients 352.5). Traced (`plandsl run --dry-run --memory`, tests/distributed/test_memtrace.py): a gpt at dp 2 x
-    tp 4 under `zero1` whose head's rule keeps the vocabulary whole holds no gradient at its loss's backward, 184.3
-    MiB, where 206.7 were counted before, as for four microbatches (206.1 traced); 184.9 now."""
-    return made if estimate.activations >= made else 0.0
+    whole-vocabulary `.grad` a rank without data parallelism keeps, `whole_vocab_gradient_bytes`), where the
+    activations outweigh them, so that the backward's start (the loss's backward) holds more without them than the
+    rest of the step holds with them (none where a block is rebuilt inside it: `_rebuilds_in_backward`); but no more
+    than the activations outweigh what the step holds beside all its gradients after the backward (`after`: the
+    optimizer's step's temporaries, `optimizer_step_bytes`; the embedding's whole-vocabulary gradient at the
+    backward's end, `whole_vocab_gradient_moment`): the total stays at least the states, the gradients and `after`;
+    nor the `before` of them the loss's backward makes itself (a fused loss's head's, `fused_head_gradient_bytes`).
+    Where the
+    gradients outweigh the activations, nothing: the count is kept as before, the peak lying in the optimizer's step
+    there (traced: a gpt whose gradients outweigh its activations, 416.5 MiB in Adam's step, 387.6 counted, the
+    states with their gradients 352.5). Traced (`plandsl run --dry-run --memory`, tests/distributed/test_memtrace.py):
+    a gpt at dp 2 x tp 4 under `zero1` whose head's rule keeps the vocabulary whole holds no gradient at its loss's
+    backward, 184.3 MiB, where 206.7 were counted before, as for four microbatches (206.1 traced); 184.9 now. Without
+    `after`, a one-device gpt (2 layers, hidden 256, vocab 16384, seq 192, fp32 Adam) was counted 157.5 MiB against
+    184.9 traced in Adam's step (its two [16384, 256] temporaries beside the gradients), 191.1 with it; at dp 2 x
+    tp 4 under `zero1` (seq 128) 49.2 against 53.8 traced at the embedding's backward, 54.6 with it."""
+    if estimate.activations < made:
+        return 0.0
+    return max(0.0, min(made - before, estimate.activations - after))
+
+
+def fused_head_gradient_bytes(plan: ir.Plan, layers: Sequence[Layer]) -> float:
+    """Bytes of the head's gradient a fused loss's backward makes itself (`loss: fused`: `runtime.loss`'s
+    `ChunkedCrossEntropy.backward` allocates the weight's whole gradient before its first chunk), alive at the loss's
+    backward, where `one_backward_apart` leaves the others out: the head's weight's, or the embedding's table it is
+    tied to; 0 for any other loss (the head's matmul makes its gradient after the loss's backward) or a rank without
+    the head."""
+    if plan.train.loss is not ir.Loss.fused:
+        return 0.0
+    head = next((layer for layer in layers if layer.kind == "head"), None)
+    if head is None:
+        return 0.0
+    params = list(head.params) or (_embedding_tables(layers) if getattr(plan.model, "tied_embeddings", False) else [])
+    elements = sum(local_numel(p, plan.tp, plan.expert_group, plan.expert_tp) for p in params)
+    return float(elements * StateBytes.of(plan.train).grads)
+
+
+def _rebuilds_in_backward(plan: ir.Plan, layers: Sequence[Layer]) -> bool:
+    """Whether the rank's backward rebuilds a block (`_recompute_working_set`), runs a ring's (`context`) or brings
+    offloaded activations back (`offload_layers`, at its end): moments inside the backward, after the head's and the
+    later blocks' gradients are made, which `one_backward_apart` cannot weigh against the loss's backward (traced: a
+    gpt under `recompute: full` peaks at a rebuilt block's `gelu_backward` beside the head's and the last block's
+    gradients, above its count less all of them; a trace on the host does not show offloading)."""
+    return plan.cp > 1 or bool(plan.train.offload_layers) \
+        or _recompute_working_set(plan, layers, _keeps_scores(plan, False)) > 0
+
+
+def optimizer_step_bytes(plan: ir.Plan, params: Sequence[Param], optimizer: float) -> float:
+    """Bytes `plandsl run`'s optimizer step allocates at once beyond the states, on a rank of `params` (its layers'
+    and a head's copy of the embedding) whose optimizer holds `optimizer` bytes of states (ZeRO-1's share), for a plan
+    whose weights are their own master copy (`one_backward_makes_gradients`). torch's AdamW (fp32 weights and states)
+    takes the square root of every second moment at once on CUDA (`_multi_tensor_adam`'s `_foreach_sqrt`: the
+    states' share of one moment), two of one tensor's size at a time without `foreach` (the CPU's `_single_tensor_adam`,
+    its `denom`): the larger. With 16-bit weights or states (`runtime.optim.AdamWStates`, one tensor at a time) fp32
+    copies of the largest tensor's weight, gradient and states where they are narrower, and Adam's two; SGD's momentum
+    updates in place (`SGDStates`: its fp32 copies). ZeRO-1 over DTensors (`zero.Zero1Optimizer`) then broadcasts
+    each owner's updated shards in one flat buffer, its share of the weights. Gradient clipping's norms are scalars,
+    its scaling (and fp16's unscaling) in place."""
+    train = plan.train
+    states = StateBytes.of(train)
+    largest = max((local_numel(p, plan.tp, plan.expert_group, plan.expert_tp) for p in params), default=0)
+    adam = train.optimizer is ir.Optimizer.adam
+    owned = optimizer / states.optimizer(train.optimizer) if states.optimizer(train.optimizer) else 0.0
+    narrow = (train.master_dtype, train.optimizer_dtype) != (ir.Precision.fp32, ir.Precision.fp32)
+    if not narrow:  # torch.optim.AdamW / SGD (`runtime.optim.optimizer_settings`)
+        step = max(owned * states.state, 2.0 * largest * states.state) if adam else 0.0
+    else:  # the states' class: fp32 copies of one tensor at a time, its gradient in the weights' dtype
+        copies = 2 * (train.weights_dtype is not ir.Precision.fp32) \
+            + (2 if adam else 1) * (train.optimizer_dtype is not ir.Precision.fp32) + (2 if adam else 0)
+        step = float(largest * 4 * copies)
+    if plan.data is not None and plan.data.zero_stage == 1 and replicates_units(plan):
+        step = max(step, owned * states.params)  # Zero1Optimizer's broadcast of the owner's shards
+    return step
 
 
 def beyond_layers(plan: ir.Plan, stages: Sequence[Sequence[Layer]], attention_matrix: bool = False) -> float:
@@ -1799,7 +1865,8 @@ __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estima
            "head_inflight", "beyond_layers", "LAST_STAGE_KINDS", "LOSS_PARALLEL_TEMPORARIES",
            "ring_backward_bytes", "torch_stage_bytes", "torch_stage_sizes", "layer_offload", "offload_inflight",
            "holds_autocast_copies", "autocast_weight_copies", "expert_weight_copies",
-           "one_backward_makes_gradients", "one_backward_apart"]
+           "one_backward_makes_gradients", "one_backward_apart", "optimizer_step_bytes",
+           "fused_head_gradient_bytes"]
 
 
 def estimate_plan_memory(plan: ir.Plan, assignment: Assignment | None = None,

@@ -597,3 +597,54 @@ def test_a_step_of_one_microbatch_peaks_before_its_backward_makes_the_gradients(
             - estimate.apart
         assert estimate.to_json()["total"] == estimate.total and ("apart" in estimate.to_json()) == bool(estimate.apart)
         assert ("has not made" in _parts(estimate)) == bool(estimate.apart)  # E503's arithmetic says so
+
+
+@pytest.mark.parametrize("layers, hidden, seq, devices, mesh, batch, train, body, after", [
+    (2, 256, 192, 1, "dp = 1", 1, "", "", "step"),  # Adam's step beside the gradients
+    (2, 256, 192, 1, "dp = 1", 1, ", optimizer_dtype: bf16", "", "kept"),  # AdamWStates' fp32 copies
+    (2, 256, 128, 8, "dp = 2, tp = 4", 2, "", "  data = zero1 over dp\n  tensor = megatron over tp\n", "embedding"),
+    (4, 512, 2048, 1, "dp = 1", 1, ", recompute: full", "", "rebuilt"),  # a rebuilt block beside gradients
+    (2, 256, 512, 1, "dp = 1", 1, ", offload_layers: 1", "", "rebuilt"),  # activations back at the backward's end
+    (2, 256, 2048, 1, "dp = 1", 1, ", loss: fused", "", "head"),  # the fused loss's backward makes the head's
+])
+def test_a_step_of_one_microbatch_leaves_out_no_gradient_alive_at_its_later_moments(layers, hidden, seq, devices, mesh,
+                                                                                    batch, train, body, after):
+    """What a step of one microbatch leaves out (`one_backward_apart`) stays within what its activations hold beyond
+    the moments where its gradients are alive: the optimizer's step's temporaries (`optimizer_step_bytes`), the
+    embedding's whole-vocabulary gradient at the backward's end (`whole_vocab_gradient_moment`); nothing where those
+    temporaries outweigh the activations (16-bit states: fp32 copies of a [16384, 256] table's weight, its states and
+    Adam's two), nor where a block is rebuilt (or offloaded activations brought back) inside the backward; nor the
+    head's gradient, which a fused loss's backward makes at the peak (`fused_head_gradient_bytes`; `memtrace` cannot
+    trace a fused loss). Traced, MiB (`memtrace.trace_rank`), and counted less all the gradients (now): one device
+    184.9 in Adam's step, 157.5 (191.1); optimizer_dtype bf16 178.6 in Adam's step, 119.3 (157.5, the count of before:
+    the optimizer's temporaries are counted nowhere else); dp 2 x tp 4 under zero1 53.8 at the embedding's backward,
+    49.2 (54.6); `recompute: full` 336.5 at a rebuilt block's gelu_backward, 326.3 (394.4)."""
+    from plandsl import api
+    from tests.support import ONE_MICROBATCH
+    from plandsl.cost.memory import (estimate_plan_memory, optimizer_step_bytes, whole_vocab_gradient_bytes,
+                                     whole_vocab_gradient_moment)
+    p = api.loads(ONE_MICROBATCH.format(layers=layers, hidden=hidden, seq=seq, devices=devices, mesh=mesh,
+                                        batch=batch, train=train, body=body)).plans[0]
+    [estimate, *_] = estimate_plan_memory(p)
+    layers_ = layers_of(p.model)
+    made = estimate.grads - estimate.gathered_grads + whole_vocab_gradient_bytes(p, layers_)
+    assert p.num_microbatches == 1 and estimate.activations >= made  # the commit's rule left all of them out
+    states = estimate.params + estimate.optimizer
+    if after == "step":
+        step = optimizer_step_bytes(p, [q for layer in layers_ for q in layer.params], estimate.optimizer)
+        assert step >= 2 * 16384 * hidden * 4  # the CPU's: two of the [16384, hidden] tables' size at once
+        assert estimate.total >= states + made + step
+        from plandsl.cost.estimate import estimate_plan, format_estimate
+        from plandsl.lower.units import format_bytes
+        assert f"less {format_bytes(estimate.apart)} of the gradients" in format_estimate(estimate_plan(p))  # the footer
+    elif after == "embedding":
+        moment = whole_vocab_gradient_moment(p, layers_)
+        assert moment == 16384 * hidden * 4 and estimate.total >= states + made + moment
+    elif after == "head":  # `ChunkedCrossEntropy.backward`'s fp32 [16384, 256] gradient, untied or tied
+        assert estimate.apart == made - 16384 * hidden * 4
+        tied = p.model_copy(update={"model": p.model.model_copy(update={"tied_embeddings": True})})
+        [estimate] = estimate_plan_memory(tied)
+        assert estimate.apart == estimate.grads - 16384 * hidden * 4 > 0
+    else:
+        assert estimate.apart == 0
+    assert estimate.apart < made
