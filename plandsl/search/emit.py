@@ -540,10 +540,10 @@ def explain_empty(problem: Problem, pins: dict, space) -> str:
     stats = space.stats
     if pins.get("data") == "hsdp" and not stats.roots:  # no layout left to split into replicas x shards
         shown = ", ".join(f"{k}={','.join(v) if isinstance(v, tuple) else v}" for k, v in pins.items())
-        if not problem.hybrid:  # a `generate --from` plan's written mesh of one data axis (`Problem.hybrid`)
-            return (f"the plan's mesh has one data axis, and hsdp (the pins {shown}) needs two, its replicas and its "
-                    "shard axis (`data = hsdp over [replicas, shard]`): write both in the mesh, or leave the mesh "
-                    "to the search")
+        if not problem.hybrid:  # a `generate --from` plan's written mesh or data line of one data axis
+            return (f"the plan writes one data axis (in its mesh or its data line), and hsdp (the pins {shown}) needs "
+                    "two, its replicas and its shard axis (`data = hsdp over [replicas, shard]`): write both, or leave "
+                    "the mesh and the data line to the search")
         shard = f"dp_shard={pins['dp_shard']}" if "dp_shard" in pins else "a shard axis"
         return (f"no layout of '{model.name}' on the {n} devices of '{cluster.name}' runs hsdp under the pins "
                 f"({shown}): hsdp splits a data degree of 4 or more, with no "

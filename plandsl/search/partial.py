@@ -168,8 +168,9 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                       pipeline=plan.stages.implementation if plan.stages else "torch",
                       outputs=plan.stages.outputs if plan.stages else "dropped",
                       shard=_conventional_rules(plan.shard, names),
-                      # a written mesh of one data axis leaves no room for hsdp's two
-                      hybrid=not ("mesh" in attrs and not (plan.data is not None and plan.data.hybrid)))
+                      # a written mesh or data line of one data axis leaves no room for hsdp's two (the line stays)
+                      hybrid=not (("mesh" in attrs or "data" in attrs)
+                                  and not (plan.data is not None and plan.data.hybrid)))
     decided = "mesh" in attrs and not free_choices(attrs, stage_block, plan)
     return Partial(path, text, module, definition, attrs, stage_block, plan, problem, parse_pins(pins), names,
                    tuple(overs), train_items, local, params, tuple(notes), decided)

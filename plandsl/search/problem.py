@@ -69,7 +69,7 @@ class Problem:
     #                                                   candidate carries them; the figures place the layers by them)
     hybrid: bool = True                               # whether the search may lay out hsdp (`data = hsdp over
     #                                                   [dp_rep, dp]`); not where a `generate --from` plan writes a mesh
-    #                                                   of one data axis
+    #                                                   or a data line of one data axis
 
     @property
     def stack_of_tensor(self) -> str:
