@@ -132,27 +132,70 @@ def _gathering(stage: int, bucket: int) -> str:
     return " with unit = module, " + (f"prefetch_bucket = {bucket}" if bucket else "prefetch = 0")
 
 
-_KEY = re.compile(r'"((?:[^"\\]|\\.)*)"\s*:')
+# A JSON string (with the colon after it where it is a key) or a bracket. Matched string after string from the text's
+# start, in a text json.loads read: a quote outside a string opens one, so each match is a string as written. A search
+# for `"...":` anywhere began wherever it found one, at a value's closing quote too: `"x", ":b": 1` read `, ` as a key
+# and lost ":b".
+_TOKEN = re.compile(r'"((?:[^"\\]|\\.)*)"(\s*:)?|([{}\[\]])')
 
 
 class _Keys:
     """Where each key of a config is written, found in one pass over its text as the first span is asked for (a
-    search of the text for each of a config's keys was quadratic: 50,000 unknown keys took 15 s)."""
+    search of the text for each of a config's keys was quadratic: 50,000 unknown keys took 15 s): the top-level
+    keys (what the import reads and reports), each key at any depth, and where the first object json closes with a
+    key written twice writes it again (what `pairs` finds first: json reads an inner object before the outer)."""
 
     def __init__(self, source: SourceFile):
-        self.source, self._starts = source, None
+        self.source, self._top, self._any, self._twice = source, None, {}, None
+
+    def _read(self) -> None:
+        # for each object open: the keys written so far in it, and where its first key written again is; None an array
+        self._top, open_objects = {}, []
+        for found in _TOKEN.finditer(self.source.text):
+            bracket = found.group(3)
+            if bracket in ("{", "["):
+                open_objects.append([set(), None] if bracket == "{" else None)
+            elif bracket:
+                closed = open_objects.pop() if open_objects else None
+                if closed and closed[1] is not None and self._twice is None:
+                    self._twice = closed[1]
+            elif found.group(2) and open_objects and open_objects[-1] is not None:
+                key, span, (written, _) = _decoded(found.group(1)), found.span(1), open_objects[-1]
+                self._any.setdefault(key, []).append(span)
+                if len(open_objects) == 1:
+                    self._top.setdefault(key, []).append(span)
+                if key in written and open_objects[-1][1] is None:
+                    open_objects[-1][1] = span
+                written.add(key)
 
     def span(self, key: str, last: bool = False):
-        """Where `"key"` is first (`last`: last) written (the file's start when it is not)."""
-        if self._starts is None:
-            self._starts = {}
-            for found in _KEY.finditer(self.source.text):
-                self._starts.setdefault(found.group(1), []).append(found.span(1))
-        starts = self._starts.get(key) or self._starts.get(json.dumps(key)[1:-1])  # as written, or escaped
-        if not starts:
-            return self.source.span(0, 1)
-        start, end = starts[-1 if last else 0]
+        """Where the top-level `"key"` (else one at any depth) is first (`last`: last) written, the file's start when
+        it is not."""
+        if self._top is None:
+            self._read()
+        starts = self._top.get(key) or self._any.get(key)
+        return self._at(starts[-1 if last else 0]) if starts else self.source.span(0, 1)
+
+    def twice(self, key: str):
+        """Where a key is written a second time in the first object json closes holding one twice (`key`'s last
+        anywhere when none is found)."""
+        if self._top is None:
+            self._read()
+        return self._at(self._twice) if self._twice is not None else self.span(key, last=True)
+
+    def _at(self, span: tuple[int, int]):
+        start, end = span
         return self.source.span(start - 1, end + 1)
+
+
+def _decoded(written: str) -> str:
+    """A JSON string's characters as written between its quotes -> the string json reads."""
+    if "\\" not in written:
+        return written
+    try:
+        return json.loads(f'"{written}"')
+    except ValueError:
+        return written
 
 
 def _finite(value: object, whole: bool) -> bool:
@@ -237,7 +280,7 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
         return Imported(None, tuple(problems), sources)
     if duplicates:  # json keeps the last; DeepSpeed stops
         problems.append(diag("E804", f"key \"{duplicates[0]}\" written twice in one object (DeepSpeed refuses a "
-                             "config with a duplicate key)", keys.span(duplicates[0], last=True)))
+                             "config with a duplicate key)", keys.twice(duplicates[0])))
         return Imported(None, tuple(problems), sources)
     if model is None:
         raise ValueError("--model: DeepSpeed's config does not say the model (gpt(...), llama(...) or a stdlib name)")
