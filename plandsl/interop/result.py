@@ -72,11 +72,18 @@ def left_out(ignored, separator: str) -> str:
     the first MAX_LEFT_OUT, each of at most MAX_LEFT_OUT_CHARS (50,000 left out were a comment of 1.2 MB; 150,000
     made the plan too large to read back, E106 on a file never written)."""
     def shown(text: str) -> str:
-        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:MAX_LEFT_OUT_CHARS])
-        return text if len(text) <= MAX_LEFT_OUT_CHARS else text[:MAX_LEFT_OUT_CHARS]
+        # whole escapes only, and `...` wherever something is dropped: the escaped text was cut at 80 characters,
+        # halving an escape (`\u2028` shown `\u20`) and dropping the end of a short value without a sign
+        pieces, size = [], 0
+        for c in text[:MAX_LEFT_OUT_CHARS]:
+            piece = c if c.isprintable() else repr(c)[1:-1]
+            if size + len(piece) > MAX_LEFT_OUT_CHARS:
+                break
+            pieces.append(piece)
+            size += len(piece)
+        return "".join(pieces) + ("..." if len(pieces) < len(text) else "")
     ignored = list(ignored)
-    line = separator.join(shown(item) + ("..." if len(item) > MAX_LEFT_OUT_CHARS else "")
-                          for item in ignored[:MAX_LEFT_OUT])
+    line = separator.join(shown(item) for item in ignored[:MAX_LEFT_OUT])
     return line + (f"{separator}... and {len(ignored) - MAX_LEFT_OUT:,} more" if len(ignored) > MAX_LEFT_OUT else "")
 
 

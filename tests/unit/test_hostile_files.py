@@ -247,3 +247,13 @@ def test_a_layer_table_is_read_bounded_whatever_replaced_the_file_stat_saw(tmp_p
     reader.start()
     reader.join(10)
     assert states and not states[0].fresh and "missing" in states[0].problem, states
+
+
+def test_what_is_left_out_is_cut_at_whole_escapes_and_says_it_is_cut():
+    """The escaped text was cut at 80 characters: a value of line separators ended on half an escape (`\\u20`, which
+    reads as other text) and lost its end without `...`."""
+    from plandsl.interop.result import MAX_LEFT_OUT_CHARS, left_out
+    shown = left_out(["--log-dir " + "\u2028" * 30], " ")
+    assert shown == "--log-dir " + "\\u2028" * ((MAX_LEFT_OUT_CHARS - 10) // 6) + "...", shown
+    assert left_out(["--log-dir " + "a" * 70], " ") == "--log-dir " + "a" * 70
+    assert left_out(["--log-dir " + "a" * 71], " ") == "--log-dir " + "a" * 70 + "..."
