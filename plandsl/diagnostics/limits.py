@@ -16,9 +16,11 @@ Checking and estimating a built-in schedule lay out none (`schedules.bounded`)."
 MAX_GRID_CELLS = 4 * MAX_ACTIONS
 """Cells (ranks x unit-time steps, idle ones included) of a schedule's step x rank grid, which `schedule` prints, torch's
 CSV and a table schedule write, and `import --from torch-csv` writes as a table (E609): a table of MAX_ACTIONS actions
-with a bubble as large as its work fits. A grid is not bounded by its actions: n ranks with one action each, in a
-chain, are n x 2n cells (a 5 KB CSV of 400 such rows wrote a 1.9 MB plan in 10 s; `schedule gpipe --ranks 3000
---microbatches 1` took 7 s and 570 MB, 100,000 ranks more memory than a machine has)."""
+with a bubble three times its work fits. A grid is not bounded by its actions: n ranks with one forward and one
+backward each, in a chain, are n x 2n cells (a 26 KB CSV of 2,000 such rows wrote a 42 MB table in 8.5 s; `schedule
+gpipe --ranks 3000 --microbatches 1` took 7 s and 570 MB, 100,000 ranks more memory than a machine has). Below the cap
+a table is bounded by a plan's MAX_BYTES: 400 such rows, 320,000 cells, a 5 KB CSV, are a 1.4 MB table that takes 6 s
+of CPU to format and check (the parser's pace, two parses)."""
 MAX_GLOBAL_BATCH = 2**32        # sequences per step (GPT-3 used 3.2M tokens = 1,536 sequences)
 MAX_MICRO_BATCH = 2**20         # sequences per microbatch
 MAX_SEQ = 2**24                 # tokens per sequence (16M; the longest contexts trained are ~1M)

@@ -75,7 +75,7 @@ def import_csv(text: str, path: str, name: str = "imported", plan_path: str = "i
         return Imported(None, tuple(error.diagnostics))
     try:
         body = to_plan(schedule)
-    except GridTooLarge as error:  # a grid is not bounded by the CSV's actions (n one-action ranks: n x 2n cells)
+    except GridTooLarge as error:  # a grid is not bounded by the CSV's actions (n ranks of an F and a B: n x 2n cells)
         return Imported(None, (diag("E609", str(error), hint="a table writes every step of every rank, idle ones "
                                                             "too"),))
     if len(body) > MAX_BYTES:  # what a plan may hold: no parser would read it back
