@@ -342,8 +342,13 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
     roots = [root for root, _ in rooted]
     space.stats.roots = len(roots)
     counter = itertools.count()
-    heap: list = [(root.bound, next(counter), root, each) for root, each in rooted]
-    heapq.heapify(heap)
+    # The roots' bounds count their compute alone until the search reaches them (`Space.tighten_root` then adds their
+    # links' communication and drops a layout whose model states cannot fit): they wait in `loose`, and the lowest is
+    # tightened into the heap whenever it sits below the heap's lowest, so the heap pops in the order it would with
+    # every root tight, and the dives (which read the heap's lowest bound) see tight bounds only.
+    loose: list = [(root.bound, next(counter), root, each) for root, each in rooted]
+    heapq.heapify(loose)
+    heap: list = []
     results: list[Scored] = []
     done = 0
     # Under a time limit, a search that has simulated no plan a quarter of the way in (of `DIVE_LIMIT` at most)
@@ -368,12 +373,17 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
     dives = 0
     fastest = math.inf  # the fastest plan simulated so far
     clock = _cpu_clock(cpu) if time_limit else lambda: cpu  # without a limit nothing reads it
-    while (heap or stack) and len(results) < top:
+    while (heap or stack or loose) and len(results) < top:
         now = clock()
         if now > deadline:
-            _stop(space.stats, heap, results, top, taken)
+            _stop(space.stats, heap + loose, results, top, taken)
             break
         diving = now > dive_at
+        if loose and not (diving and stack) and (not heap or loose[0][0] < heap[0][0]):
+            _, count, root, each = heapq.heappop(loose)
+            if each.tighten_root(root) is not None:
+                heapq.heappush(heap, (root.bound, count, root, each))
+            continue
         if diving and not stack:  # a dive starts: every other one from the most promising partitioned entry
             while heap and heap[0][1] in taken:  # (what a dive took: not a start)
                 heapq.heappop(heap)
@@ -522,6 +532,8 @@ def brute_force(problem: Problem, pins: Mapping[str, object] | Iterable[str] | N
     problem, pins = with_modules(problem, pins)
     out = []
     for space, root in [(each, root) for each in _spaces(problem, pins, efficiency) for root in each.roots()]:
+        if space.tighten_root(root) is None:
+            continue
         for node in space.expand_root(root):
             for leaf in space.expand(node):
                 scored = space.settle(leaf)

@@ -14,7 +14,7 @@ import itertools
 import numpy as np
 
 from plandsl import ir
-from plandsl.cost.compute import Efficiency, Work, accumulate_bytes, estimate_layer_compute
+from plandsl.cost.compute import Efficiency, LayerCompute, Work, accumulate_bytes, estimate_layer_compute
 from plandsl.cost.layer import LayerTime, estimate_layer_time
 from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activations, estimate_memory, gathered_bytes, gathered_param_bytes,
                                  gathers_whole, head_inflight, holds_autocast_copies, inflight_microbatches,
@@ -249,6 +249,20 @@ class Figures:
                 found.append(time)
             node.times[device.name] = found
         return found
+
+    def kind_compute(self, node: Node, device: ir.DeviceType) -> list[LayerCompute]:
+        """Each kind's compute on the device for the node's work, no communication: no more than its `kind_times`, the
+        same for every mesh order of a layout (a root's bound before the search reaches it: `Space.roots`)."""
+        work = self.work(node)
+        out = []
+        for layer, _ in self.kinds:
+            key = (work, figures_key(layer), device.name)
+            compute = self._compute_cache.get(key)
+            if compute is None:
+                compute = self._compute_cache[key] = estimate_layer_compute(self.model, layer, work, device,
+                                                                            self.efficiency)
+            out.append(compute)
+        return out
 
     def params(self, layer: Layer, tp: int, ep: int) -> tuple[int, int]:
         key = (figures_key(layer), tp, ep)

@@ -93,10 +93,7 @@ class Space:
                 continue  # no expert group to dispatch over: the all-to-all's variant has the plan
             if p.overlap_experts and ep * (tp if p.fold_experts else 1) == 1:
                 continue  # the experts' overlap needs an expert group (the checker's E419)
-            if not self._states_may_fit(layout):
-                self.stats.memory_pruned += 1
-                continue
-            hybrid = self._hybrid(layout)  # hsdp's roots where the pins leave it and their states may fit
+            hybrid = self._hybrid(layout)  # hsdp's roots where the pins leave it (their states checked when reached)
             if not hybrid and pins.get("data") == "hsdp":
                 continue
             # where it can, unless pinned off (`--pin sequence_parallel=false`: a stack without it) or on DeepSpeed's
@@ -106,22 +103,43 @@ class Space:
             if pins.get("sequence_parallel") and tp > 1 and not splits_sequence:
                 continue
             one_axis = [] if pins.get("data") == "hsdp" else [(*each, 0) for each in self._orders(layout)]
-            for order, links, devices, capacity, shard in one_axis + hybrid:
+            computes = {}  # the layout's mesh orders differ in their links (and devices) alone: the compute bound
+            for order, links, devices, capacity, shard in one_axis + hybrid:  # of each set of devices, once
                 root = Root(dp, tp, pp, cp, ep, order, links, devices, capacity, splits_sequence, sizes, shard=shard)
-                # Per token, a microbatch costs least at the largest micro-batch size and without
-                # recomputation (GEMMs grow, latencies amortise): a bound for every node below. The experts'
-                # overlap hides all-to-alls only behind another microbatch, so where the largest size leaves one
-                # microbatch the largest size that leaves two may cost less: the bound takes the cheaper.
-                largest = Node(root, sizes[-1], per_replica // sizes[-1], "none")
-                nodes = [largest] + ([Node(root, sizes[-2], per_replica // sizes[-2], "none")]
-                                     if p.overlap_experts and largest.microbatches == 1 and len(sizes) > 1 else [])
-                root.bound = min(node.microbatches * min(
-                    sum(count * (t.forward + t.backward) for t, (_, count) in
-                        zip(self.figures.kind_times(node, d), self.kinds))
-                    for d in {d.name: d for d in devices}.values()) for node in nodes) / pp * SAFE
+                names = tuple(sorted({d.name for d in devices}))
+                if names not in computes:
+                    computes[names] = self._root_bound(root, self.figures.kind_compute)
+                root.bound = computes[names]
                 out.append(root)
         self.stats.roots = len(out)
         return out
+
+    def tighten_root(self, root: Root) -> Root | None:
+        """The root with its bound raised to count its links' communication, when the search reaches it; None where
+        the layout's model states cannot fit under any ZeRO stage (`_states_may_fit`). Both once per root, and only
+        for the roots the search reaches: a mixture of experts on 1,024 GPUs has thousands of layouts x mesh orders,
+        whose bounds and states took half of the default time limit before any was searched."""
+        root.tight = True
+        layout = (root.dp, root.tp, root.pp, root.cp, root.ep)
+        if not self._states_may_fit(layout) or (root.shard and not self._states_may_fit(layout, root.shard)):
+            self.stats.memory_pruned += 1
+            return None
+        root.bound = max(root.bound, self._root_bound(root, self.figures.kind_times))
+        return root
+
+    def _root_bound(self, root: Root, times) -> float:
+        """A lower bound of every plan below `root`: per token, a microbatch costs least at the largest micro-batch
+        size and without recomputation (GEMMs grow, latencies amortise). The experts' overlap hides all-to-alls only
+        behind another microbatch, so where the largest size leaves one microbatch the largest size that leaves two
+        may cost less: the bound takes the cheaper. `times(node, device)`: each kind's seconds (`Figures.kind_times`,
+        or `Figures.kind_compute`: the compute alone, no greater)."""
+        sizes, per_replica = root.micro_batches, self.problem.global_batch // (root.dp * root.ep)
+        largest = Node(root, sizes[-1], per_replica // sizes[-1], "none")
+        nodes = [largest] + ([Node(root, sizes[-2], per_replica // sizes[-2], "none")]
+                             if self.problem.overlap_experts and largest.microbatches == 1 and len(sizes) > 1 else [])
+        return min(node.microbatches * min(
+            sum(count * (t.forward + t.backward) for t, (_, count) in zip(times(node, d), self.kinds))
+            for d in {d.name: d for d in root.rank_devices}.values()) for node in nodes) / root.pp * SAFE
 
     def _orders(self, layout):
         key = ("orders", self.problem.fold_experts, layout)
@@ -137,7 +155,8 @@ class Space:
         """hsdp's (order, links, devices, capacity, shard) of a layout (`choices.hybrid_orders`) where the pins leave
         it (`data` hsdp, or neither `data` nor `zero_stage` pinned: a pinned stage is its kind over one data axis), of
         a pinned `dp_shard` alone (not on DeepSpeed's pipeline engine, which takes ZeRO 0 or 1, nor where the problem
-        rules it out, `Problem.hybrid`), those whose states may fit (`_states_may_fit`), once per layout."""
+        rules it out, `Problem.hybrid`), once per layout; whether their states may fit is asked when the search reaches
+        each (`tighten_root`)."""
         pins, p = self.pins, self.problem
         unpinned = "data" not in pins and "zero_stage" not in pins  # a pinned stage is over one data axis
         if not p.hybrid or not (pins.get("data") == "hsdp" or unpinned) or (p.pipeline == "deepspeed" and layout[2] > 1):
@@ -145,9 +164,7 @@ class Space:
         key = ("hybrid", p.fold_experts, layout)
         found = self.shared.get(key)
         if found is None:
-            found = self.shared[key] = [
-                each for each in hybrid_orders(p.cluster, layout, self._orders(layout), pins.get("dp_shard"))
-                if self._states_may_fit(layout, each[-1])]
+            found = self.shared[key] = hybrid_orders(p.cluster, layout, self._orders(layout), pins.get("dp_shard"))
         return found
 
     def _states_may_fit(self, layout, shard: int = 0) -> bool:

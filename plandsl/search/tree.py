@@ -32,6 +32,9 @@ class Root:
     micro_batches: tuple[int, ...]
     bound: float = 0.0
     shard: int = 0  # hsdp: ZeRO-3 over a shard axis of this many data ranks, replicated over dp / shard (`Candidate`)
+    # whether `bound` counts the links' communication and the layout's model states were found to fit
+    # (`Space.tighten_root`); before, `bound` is the compute alone, which the layout's mesh orders share
+    tight: bool = False
 
     @property
     def data_ranks(self) -> int:
