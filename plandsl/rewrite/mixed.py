@@ -83,7 +83,8 @@ def mixed_plans(result: SearchResult, texts: list[str], problem: Problem, source
     where = str(path) if path else os.path.join(os.getcwd(), "generated.plan")
     source = written_from(source, where)
     found = list(zip(result.candidates, texts))
-    for scored in variants(result.candidates, problem, _user(pins), parse_pins(pins or ()), top, time_limit):
+    pinned = parse_pins(pins or ())  # every variant keeps them (`_user`'s would drop a pinned degree: dp=16 gave dp=64)
+    for scored in variants(result.candidates, problem, pinned, pinned, top, time_limit):
         text = plan_text(scored, problem, source)
         if _checked(text, where, source) is not None:
             found.append((scored, text))

@@ -237,6 +237,15 @@ def test_generate_on_a_mixed_cluster_shares_the_batch_and_says_the_gain():
     assert "heterogeneity: the best plan on all 48 devices runs" in api.generate_report(generated)
 
 
+def test_the_variants_on_a_mixed_cluster_keep_a_pinned_degree():
+    """The layouts `generate` adds on a mixed cluster for uneven shares (without a pipeline, the data axis outermost)
+    keep the user's pinned degrees: under --pin dp=8 they proposed dp=16 and dp=32 (`rewrite.mixed._user` kept none of
+    dp, tp, pp, cp, ep; `generate --from` kept them all)."""
+    request = api.generate_request(model="gpt(layers=2, hidden=512, heads=8, seq=512, vocab=4096)",
+                                   cluster="mixed_a100_h100", global_batch=128, pins=["dp=8"], top=6)
+    found = api.generate_json(api.generate(request))
+    assert {c["dp"] for c in found["candidates"]} == {8}, [(c["dp"], c["tp"], c["pp"]) for c in found["candidates"]]
+
 def test_generate_on_one_device_type_says_nothing_of_heterogeneity():
     request = api.generate_request(model="gpt(layers=2, hidden=256, heads=4, seq=128, vocab=1024)",
                                    cluster="dgx_a100 x 1", global_batch=16, top=1)
