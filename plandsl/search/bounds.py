@@ -320,7 +320,8 @@ class Bounds:
                 device = devices[rank]
                 _, _, compute, embed_cost, head_cost = self.slopes(node, zero, device)
                 fixed = (embed_cost if 0 in owned else 0.0) + (head_cost if last in owned else 0.0)
-                add((fixed + len(owned) * extra[device.name], compute, self._least(owned, last)))
+                least = self._least(owned, last)  # a rerun a stage holding a block (an end stage may hold none)
+                add((fixed + least * extra[device.name], compute, least))
             if uniform:
                 compute = self.slopes(node, zero, devices[0])[2]
                 for stages, count in others.items():
