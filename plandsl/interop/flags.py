@@ -17,8 +17,10 @@ from plandsl.diagnostics.source import SourceFile, Span
 # One shell word: runs of unquoted characters, '...' and "..." strings, and backslash escapes. Words end at bash's
 # own separators (IFS: space, tab, newline; \r as a CRLF file's), not at any Unicode space: `--lr\u00a00.1` is one
 # word to bash and an unknown argument to the tool, where `\s` had read it as `--lr 0.1`.
-_WORD = re.compile(r"""(?:[^ \t\r\n'"\\#]|'[^']*'|"(?:[^"\\]|\\.)*"|\\[^\n]|(?<=[^ \t\r\n])\#)+""")
-_SPACE = re.compile(r"(?:[ \t\r]|\\\n)+")
+# `\\` before a line end continues the line, CRLF's too: before \r\n it was an escaped \r, one more word (`--num-layers 2
+# \\` then CRLF gave --num-layers two values).
+_WORD = re.compile(r"""(?:[^ \t\r\n'"\\#]|'[^']*'|"(?:[^"\\]|\\.)*"|\\(?!\r\n)[^\n]|(?<=[^ \t\r\n])\#)+""")
+_SPACE = re.compile(r"(?:[ \t\r]|\\\r?\n)+")
 _COMMENT = re.compile(r"#[^\n]*")
 _ARRAY_START = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=\($")
 

@@ -171,6 +171,16 @@ def test_a_unicode_space_does_not_split_a_word_as_bash_does_not(space):
     assert f"--lr{space}0.0005" in imported.diagnostics[0].message
 
 
+def test_a_script_saved_with_crlf_line_ends_reads_as_saved_with_lf():
+    """A launch script saved with CRLF line ends (edited on Windows): `\\` before `\r\n` was read as an escaped \r,
+    one more value of the flag before it (`--num-layers takes one value, found 2`), not as the continuation it is
+    with `\n`, where `\r` alone already separates words."""
+    crlf = import_text("megatron", SCRIPT.replace("\n", "\r\n"), "train.sh", world_size=64, name="gpt_1_3b")
+    lf = import_text("megatron", SCRIPT, "train.sh", world_size=64, name="gpt_1_3b")
+    assert "\\\r\n" in SCRIPT.replace("\n", "\r\n") and lf.ok
+    assert crlf.ok and crlf.text == lf.text, [d.message for d in crlf.diagnostics]
+
+
 @pytest.mark.parametrize("stem, name", [("café", "caf_"), ("x\u0663", "x_"), ("3d-run", "d_run"), ("\u00bd", "_")])
 def test_an_output_name_outside_ascii_gives_a_plan_name_the_language_reads(tmp_path, stem, name):
     """`import -o café.plan` named the plan `café` (str.isalnum() is Unicode's), which the plan written could not
