@@ -665,7 +665,7 @@ def test_under_a_time_limit_the_search_dives_again_after_each_plan_it_finds(monk
     _ticking(monkeypatch, clock)
     monkeypatch.setattr(Space, "evaluate", spy)
     result = search(problem("big", "pair", 8), top=3, time_limit=200.0)
-    assert result.stats.stopped and len(result.candidates) == len(fits) >= 2
+    assert result.stats.stopped and len(fits) >= 2 and len(result.candidates) == min(3, len(fits))
 
 
 @pytest.mark.parametrize("model, cluster, batch", [("big", "pair", 8), ("deep", "pair", 8), ("moe", "pair", 4)])
@@ -693,8 +693,10 @@ def test_a_longer_time_limit_goes_on_from_the_default_ones_search(monkeypatch, m
     assert best_long <= best_middle <= best_short
 
 
-# big on pair at 500 readings: its hsdp root (dp 4 as 2 x 2) left 400 two simulations, fewer than the test needs
-@pytest.mark.parametrize("model, cluster, batch, limit", [("big", "pair", 8, 500), ("deep", "pair", 8, 200),
+# big on pair at 500 readings: its hsdp root (dp 4 as 2 x 2) left 400 two simulations, fewer than the test needs;
+# deep at 400: with the partly recomputed leaves' bounds corrected (an end stage holding no block reruns none) 200 left
+# one simulation
+@pytest.mark.parametrize("model, cluster, batch, limit", [("big", "pair", 8, 500), ("deep", "pair", 8, 400),
                                                           ("moe", "pair", 4, 400), ("gpt", "mixed", 4, 400)])
 def test_a_dive_simulates_no_leaf_bounded_above_the_fastest_plan_it_has(monkeypatch, model, cluster, batch, limit):
     """Under a time limit the search simulates no leaf whose bound is at or above the fastest plan it has already
