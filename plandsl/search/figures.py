@@ -239,13 +239,9 @@ class Figures:
                 if time is None:
                     # the compute part once per work, kind and device: the mesh orders of a layout differ in links
                     # alone (a Llama 4 Maverick search asks for 4,545 computes for 13,065 layer times)
-                    compute_key = key[:3]
-                    compute = self._compute_cache.get(compute_key)
-                    if compute is None:
-                        compute = self._compute_cache[compute_key] = estimate_layer_compute(
-                            self.model, layer, work, device, self.efficiency)
                     time = self._time_cache[key] = estimate_layer_time(self.model, layer, work, device, links,
-                                                                       self.efficiency, compute)
+                                                                       self.efficiency,
+                                                                       self._layer_compute(work, layer, device))
                 found.append(time)
             node.times[device.name] = found
         return found
@@ -254,15 +250,16 @@ class Figures:
         """Each kind's compute on the device for the node's work, no communication: no more than its `kind_times`, the
         same for every mesh order of a layout (a root's bound before the search reaches it: `Space.roots`)."""
         work = self.work(node)
-        out = []
-        for layer, _ in self.kinds:
-            key = (work, figures_key(layer), device.name)
-            compute = self._compute_cache.get(key)
-            if compute is None:
-                compute = self._compute_cache[key] = estimate_layer_compute(self.model, layer, work, device,
-                                                                            self.efficiency)
-            out.append(compute)
-        return out
+        return [self._layer_compute(work, layer, device) for layer, _ in self.kinds]
+
+    def _layer_compute(self, work: Work, layer: Layer, device: ir.DeviceType) -> LayerCompute:
+        """`estimate_layer_compute` of one kind, once per work, kind and device."""
+        key = (work, figures_key(layer), device.name)
+        compute = self._compute_cache.get(key)
+        if compute is None:
+            compute = self._compute_cache[key] = estimate_layer_compute(self.model, layer, work, device,
+                                                                        self.efficiency)
+        return compute
 
     def params(self, layer: Layer, tp: int, ep: int) -> tuple[int, int]:
         key = (figures_key(layer), tp, ep)
