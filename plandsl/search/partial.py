@@ -15,13 +15,16 @@ decision it writes becomes a pin:
 - `experts = ...`: the clause; a mixture of experts without one (`experts_free`) leaves its folding over tp and its
   dispatcher to the search, as `generate` without `--from` does (`Problem.search_experts`).
 
-What the search cannot keep is refused with an E801 diagnostic at its line. Errors raise `PlanError`.
+What the search cannot keep is refused with an E801 diagnostic at its line, and a `--pin` that contradicts a written
+line with E803 at it (`pins_with`; one of the train's values the completion writes wins instead). Errors raise
+`PlanError`.
 `search_complete` writes the completed file.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
 from pathlib import Path
 
 from plandsl import ir, syntax
@@ -58,6 +61,9 @@ class Partial:
     params: dict | None = None
     notes: tuple[str, ...] = field(default=())
     decided: bool = False         # the plan leaves the search nothing to choose: it is estimated as written
+    # pin key -> (its value as the plan writes it, the span of what writes it): `pins` and what a written data line or
+    # mesh implies of the data pins (`data`, `dp_shard`); `pins_with` compares `--pin` with them
+    written_pins: dict[str, tuple[object, Span]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -172,8 +178,64 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                       hybrid=not (("mesh" in attrs or "data" in attrs)
                                   and not (plan.data is not None and plan.data.hybrid)))
     decided = "mesh" in attrs and not free_choices(attrs, stage_block, plan)
-    return Partial(path, text, module, definition, attrs, stage_block, plan, problem, parse_pins(pins), names,
-                   tuple(overs), train_items, local, params, tuple(notes), decided)
+    pins = parse_pins(pins)
+    return Partial(path, text, module, definition, attrs, stage_block, plan, problem, pins, names,
+                   tuple(overs), train_items, local, params, tuple(notes), decided,
+                   _written_pins(pins, attrs, stage_block, plan, module))
+
+
+# The train's keys the completion writes as the candidate has them (`rewrite.complete._train_edits`): a `--pin` of one
+# wins over the value the plan writes, and the completed plan says the pin's value (with a note)
+TRAIN_PINS = {"micro_batch_size": "micro_batch", "recompute": "recompute", "recompute_layers": "recompute_layers",
+              "offload_layers": "offload_layers", "recompute_modules": "recompute_modules"}
+_DATA_PINS = ("zero_stage", "data", "dp_shard")
+
+
+def _written_pins(pins: dict, attrs: dict, stage_block, plan: ir.Plan, module: syntax.Module) -> dict:
+    """Each pin the plan's text decides, as (value, span of the line, block or train item that writes it); the data
+    pins a written data line (or a mesh without one) implies are added: its kind, and `dp_shard` 0 where it has one
+    data axis, so that a `--pin` naming another is found contradicting the line."""
+    stages = stage_block if stage_block is not None else attrs.get("stages")
+    schedule = attrs.get("schedule")
+
+    def origin(key: str):
+        if key in ("dp", "tp", "pp", "cp", "ep", "order", "tp_across_nodes") and "mesh" in attrs:
+            return attrs["mesh"]
+        if key == "pp":  # without a mesh: a stage map or block, else a schedule table (`_pipeline_pins`)
+            return stages if stages is not None and (stage_block is not None or (
+                plan.stages is not None and isinstance(plan.stages.rank_map, tuple))) else schedule
+        if key in ATTR_ROLE.values():  # `data = none`, `tensor = none`, ...
+            return attrs[ROLE_ATTR[key]]
+        if key in _DATA_PINS:
+            return attrs.get("data") or attrs["mesh"]
+        if key in ("virtual_stages", "account"):
+            return stages if stages is not None else schedule
+        if key in ("schedule", "num_microbatches"):
+            return schedule
+        if key in ("sequence_parallel", "fold"):
+            return attrs["tensor"]
+        return _train_item(attrs["train"], module, TRAIN_PINS[key])
+
+    written = {key: (value, origin(key).span) for key, value in pins.items()}
+    if "zero_stage" in pins or "data" in attrs:  # the data line's kind (`data = none`, or a mesh without one: replicate)
+        span = origin("zero_stage").span
+        kind = plan.data.kind if "data" in attrs and plan.data is not None else ir.DataKind.replicate
+        written.setdefault("zero_stage", (kind.zero_stage, span))
+        written.setdefault("data", (kind.value, span))
+        if not kind.hybrid:  # one data axis: no shard axis to pin
+            written.setdefault("dp_shard", (0, span))
+    return written
+
+
+def _train_item(attr: syntax.Attr, module: syntax.Module, key: str):
+    """The item of the train dict that writes `key` (in the plan, or in the `let` of this file it names), else the
+    plan's train line."""
+    value = attr.value
+    if isinstance(value, syntax.Name):
+        value = next((item.value for item in module.items if isinstance(item, syntax.Let) and item.name == value.id),
+                     value)
+    items = value.items if isinstance(value, syntax.DictExpr) else ()
+    return next((item for item in items if item.key == key), attr)
 
 
 def _conventional_rules(rules: tuple[ir.ShardRule, ...], names: dict[str, str]) -> tuple[ir.ShardRule, ...]:
@@ -207,12 +269,53 @@ def _conventional_rules(rules: tuple[ir.ShardRule, ...], names: dict[str, str]) 
 
 
 def pins_with(partial: Partial, overrides) -> dict[str, object]:
-    """The partial plan's pins, with `overrides` (`--pin K=V`, parsed by `search.parse_pins`) winning: a data pin
-    among them (`zero_stage`, `data`, `dp_shard`) replaces the plan's three."""
-    overrides = parse_pins(overrides)
-    data = ("zero_stage", "data", "dp_shard")
-    kept = {k: v for k, v in partial.pins.items() if k not in data or not set(data) & overrides.keys()}
-    return {**kept, **overrides}
+    """The partial plan's pins with `overrides` (`--pin K=V`, parsed by `search.parse_pins`) added; one of the train's
+    keys the completion writes (`TRAIN_PINS`) wins over the plan's value (`pins_replacing` says so). A pin that
+    contradicts a line the plan writes is E803 at that line: the completion adds lines and never rewrites one, so
+    the search would rank plans the completed file is not (PlanError, every such pin reported)."""
+    contradicted, _ = _against_plan(partial, overrides)
+    if contradicted:
+        raise PlanError(contradicted, {partial.path: SourceFile(partial.path, partial.text)})
+    return {**partial.pins, **parse_pins(overrides)}
+
+
+def pins_replacing(partial: Partial, overrides) -> tuple[str, ...]:
+    """A note for each `--pin` that wins over a value the plan's train writes (`TRAIN_PINS`)."""
+    return _against_plan(partial, overrides)[1]
+
+
+def _against_plan(partial: Partial, overrides) -> tuple[list[Diagnostic], tuple[str, ...]]:
+    """Each `--pin` (as given) against what the plan writes: (E803 for those that contradict a written line, notes
+    for those that replace a written train value)."""
+    if overrides is None:
+        return [], ()
+    given = overrides.items() if isinstance(overrides, Mapping) else (str(pin).partition("=")[::2] for pin in overrides)
+    errors, notes = [], []
+    for key, value in given:
+        shown = f"--pin {str(key).strip()}={','.join(value) if isinstance(value, (tuple, list)) else value}"
+        against = [(k, v, partial.written_pins[k]) for k, v in parse_pins({key: value}).items()
+                   if k in partial.written_pins and partial.written_pins[k][0] != v]
+        if not against:
+            continue
+        k, v, (was, span) = against[0]
+        excerpt = " ".join(partial.text[span.start:span.end].split())
+        excerpt = excerpt if len(excerpt) <= 60 else excerpt[:57] + "..."
+        if k in TRAIN_PINS and all(each in TRAIN_PINS for each, _, _ in against):
+            written = f"[{', '.join(v)}]" if isinstance(v, tuple) else _shown(v)  # as the train writes it
+            notes.append(f"{shown} wins over `{excerpt}` ({span}): the completed plan writes {TRAIN_PINS[k]}: {written}")
+            continue
+        gives = "one data axis, no dp_shard" if (k, was) == ("dp_shard", 0) else f"{k}={_shown(was)}"
+        errors.append(diag("E803", f"{shown} contradicts the plan's `{excerpt}`, which gives {gives}",
+                           span, hint="`generate --from` keeps every line the plan writes and adds only what it leaves "
+                                      f"out: drop {shown}, or edit this line (remove it to let the search choose)"))
+    return errors, tuple(notes)
+
+
+def _shown(value) -> str:
+    """A pin's value as `--pin` writes it (`order` comma-separated, booleans in lower case; dp_shard 0: none)."""
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 # ---- reading ------------------------------------------------------------------------------------------
@@ -533,4 +636,4 @@ def _train_items(module: syntax.Module, value: syntax.Expr, text: str) -> tuple[
     return None, False
 
 
-__all__ = ["Partial", "read_partial", "pins_with", "other_plans", "ROLE_ATTR"]
+__all__ = ["Partial", "read_partial", "pins_with", "pins_replacing", "other_plans", "ROLE_ATTR"]

@@ -86,7 +86,9 @@ def test_command_line_pins_win_over_the_plan(tmp_path):
     path = write(tmp_path, "  train   = recipe\n")
     out = generate("--from", path, "--pin", "micro_batch_size=1", "--pin", "tp=2", "--json")
     assert out.exit_code == 0, out.output
-    for c in json.loads(out.output)["candidates"]:
+    assert f"note: --pin micro_batch_size=1 wins over `micro_batch: 2` ({path}:5:34): the completed plan writes " \
+           "micro_batch: 1" in out.stderr  # the let's value replaced, and said so
+    for c in json.loads(out.stdout)["candidates"]:
         assert c["micro_batch_size"] == 1 and c["degrees"]["tp"] == 2
         (plan,) = api.loads(c["plan"], path=str(tmp_path / "c.plan")).plans
         assert plan.train.micro_batch == 1 and plan.train.lr == 1e-4  # the pin, not the let; the rest kept
@@ -343,3 +345,47 @@ def test_a_written_tensor_line_is_searched_as_it_is_kept(tmp_path, tensor):
         exact = estimate_plan(api.select_plan(api.loads(text, path=str(path))))
         assert exact.time.step == pytest.approx(scored.estimate.time.step, rel=1e-9)
         assert scored.candidate.sequence_parallel == ("sequence_parallel" in tensor)
+
+
+@pytest.mark.parametrize("body, pin, line, gives", [
+    ("  mesh    = [dp = 2, tp = 8]\n  train   = recipe\n", "tp=4", "mesh    = [dp = 2, tp = 8]", "tp=8"),
+    ("  train   = recipe\n  data    = zero1 over dp\n", "zero=3", "data    = zero1 over dp", "zero_stage=1"),
+    ("  train   = recipe\n  data    = zero1 over dp\n", "data=hsdp", "data    = zero1 over dp", "data=zero1"),
+    ("  train   = recipe\n  tensor  = megatron over tp\n", "sequence_parallel=true", "tensor  = megatron over tp",
+     "sequence_parallel=false"),
+    ("  train   = recipe\n  schedule = 1f1b\n", "schedule=gpipe", "schedule = 1f1b", "schedule=1f1b"),
+])
+def test_a_pin_that_contradicts_a_written_line_is_refused_at_both(tmp_path, body, pin, line, gives):
+    """The completion keeps every line the plan writes, so a `--pin` against one is E803 naming the pin and the line
+    (file:line:col). It was silently lost: the search ranked the pin's plans, the file kept the line, and the figures
+    were the line's (`data = zero1` with `--pin zero=3` came back zero1)."""
+    path = write(tmp_path, body)
+    out_path = tmp_path / "done.plan"
+    out = generate("--from", path, "--pin", pin, "-o", out_path)
+    assert out.exit_code == 1 and not out_path.exists(), out.output
+    where = f"{path}:{1 + HEADER.count(chr(10)) + 4 + body[:body.index(line)].count(chr(10))}:3"
+    assert f"{where}: error[E803]: --pin {pin} contradicts the plan's `{' '.join(line.split())}`, which gives " \
+           f"{gives}" in out.output, out.output
+    assert f"drop --pin {pin}" in out.output
+    agreeing = {"tp=4": "tp=8", "zero=3": "zero=1", "data=hsdp": "data=zero1", "sequence_parallel=true":
+                "sequence_parallel=false", "schedule=gpipe": "schedule=1f1b"}[pin]
+    assert generate("--from", path, "--pin", agreeing, "--top", "1").exit_code == 0  # the line's own word: no error
+
+
+def test_a_pin_of_the_modules_selective_reruns_is_written_in_the_train(tmp_path):
+    """`--pin recompute_modules=...` is what the search ranked: the completed train writes it (it wrote `recompute:
+    selective` alone, the default modules), over the plan's own list with a note."""
+    path = write(tmp_path, "  train   = { global_batch: 32, micro_batch: 2, recompute: selective, "
+                           "recompute_modules: [core_attn] }\n")
+    out_path = tmp_path / "done.plan"
+    out = generate("--from", path, "--pin", "recompute_modules=layernorm,core_attn", "--top", "1", "-o", out_path)
+    assert out.exit_code == 0, out.output
+    assert "wins over `recompute_modules: [core_attn]`" in out.stderr and \
+        "writes recompute_modules: [layernorm, core_attn]" in out.stderr, out.stderr
+    (plan,) = api.load(out_path).plans
+    assert [m.value for m in plan.train.recompute_modules] == ["layernorm", "core_attn"]
+    path = write(tmp_path, "  train   = { global_batch: 32, micro_batch: 2 }\n")
+    out = generate("--from", path, "--pin", "recompute_modules=layernorm", "--top", "1", "-o", out_path)
+    assert out.exit_code == 0 and "note:" not in out.stderr, out.output
+    (plan,) = api.load(out_path).plans
+    assert (plan.train.recompute.value, [m.value for m in plan.train.recompute_modules]) == ("selective", ["layernorm"])

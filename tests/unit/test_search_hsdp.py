@@ -149,13 +149,15 @@ def test_generate_from_keeps_a_written_hsdp_and_writes_the_one_it_chooses(tmp_pa
     assert out.exit_code == 1 and "the plan writes one data axis (in its mesh or its data line), and hsdp" \
         in out.output, out.output
     assert "order=dp," in out.output and "('dp',)" not in out.output, out.output
-    # a written data line of one axis, without a mesh, likewise: it completed the search's hsdp mesh around the
-    # written line (`mesh = [dp_rep = 2, dp = 16]`, `data = zero1 over dp`: E306, 'a bug of plandsl generate --from')
+    # a written data line of one axis, without a mesh: the pin contradicts the line, E803 at it (it had completed the
+    # search's hsdp mesh around the written line, `mesh = [dp_rep = 2, dp = 16]`, `data = zero1 over dp`: E306, 'a bug
+    # of plandsl generate --from'; then said "the plan writes one data axis" with no place)
     one_line = tmp_path / "one_line.plan"
     one_line.write_text(PARTIAL + "  train   = { global_batch: 256, precision: bf16 }\n  data    = zero1 over dp\n}\n")
     for pin in ("data=hsdp", "dp_shard=8"):
         out = CliRunner().invoke(main, ["generate", "--from", str(one_line), "--pin", pin])
-        assert out.exit_code == 1 and "E306" not in out.output and "the plan writes one data axis" in out.output, \
+        assert out.exit_code == 1 and "E306" not in out.output and \
+            f"one_line.plan:11:3: error[E803]: --pin {pin} contradicts the plan's `data = zero1 over dp`" in out.output, \
             out.output
 
 

@@ -62,6 +62,10 @@ _entry("E803", """
     The message says which constraint left nothing and what would fit, and which plan came closest: the
     one that needs least by its estimate ("the closest"), or, where only a lower bound on what plans need
     is known (here their model states alone), the lowest bound ("the lowest bound").
+    A `--pin` that contradicts a line the plan writes (`--pin tp=4` against `mesh = [dp = 2, tp = 8]`) is
+    this error too, at that line and naming the pin: the completed file keeps every line as written, so
+    the search cannot rank the pin's plans (a pin of the train's micro_batch or recompute replaces the
+    value written there instead, with a note).
     """, """
     import "clusters/dgx_a100"
     plan p {
