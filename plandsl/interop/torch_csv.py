@@ -23,8 +23,9 @@ from plandsl.interop.result import Exported, Imported
 from plandsl.schedules.lower import add_send_recv
 from plandsl.schedules.program import parse_action, to_csv
 from plandsl.schedules.resolve import schedule_from_csv, to_plan, to_torch_csv
-from plandsl.schedules.simulate import GridTooLarge
-from plandsl.syntax.parser import MAX_BYTES
+from plandsl.schedules.simulate import GridTooLarge, step_grid
+from plandsl.diagnostics.source import SourceFile, Span
+from plandsl.syntax.parser import MAX_BYTES, MAX_TOKENS
 from plandsl.syntax.files import shown_path
 from plandsl.syntax.format import format_text
 
@@ -68,34 +69,85 @@ def export_comms(plan: ir.Plan) -> Exported:
 
 
 def import_csv(text: str, path: str, name: str = "imported", plan_path: str = "imported.plan") -> Imported:
-    """Either torch CSV as a checked file holding the schedule `name` (its communication actions dropped)."""
+    """Either torch CSV as a checked file holding the schedule `name` (its communication actions dropped). A table
+    too large to write (E609: more cells than a grid is laid out with, more characters or tokens than a plan holds) is
+    reported at the cell of the action that runs last: its step is the table's length."""
     try:
         schedule = schedule_from_csv(_compute_cells(text, path), name, path).compute_only()
     except PlanError as error:
         return Imported(None, tuple(error.diagnostics))
+    source = SourceFile(path, text)
+
+    def too_large(message: str, last: tuple[int, object] | None) -> Imported:
+        return Imported(None, (diag("E609", message, _cell(source, *last) if last is not None else None,
+                                    hint="a table writes every step of every rank, idle ones too"),), {path: source})
+
     try:
-        body = to_plan(schedule)
+        grid = step_grid(schedule)
     except GridTooLarge as error:  # a grid is not bounded by the CSV's actions (n ranks of an F and a B: n x 2n cells)
-        return Imported(None, (diag("E609", str(error), hint="a table writes every step of every rank, idle ones "
-                                                            "too"),))
+        return too_large(str(error), error.last)
+    rank = next((r for r, row in enumerate(grid) if row and row[-1] is not None), None)
+    last = (rank, grid[rank][-1]) if rank is not None else None
+    sizes = f"({schedule.ranks:,} ranks of {len(grid[0]) if grid else 0:,} unit-time steps)"
+    written_cells = sum(len(row) - next((i for i, a in enumerate(reversed(row)) if a is not None), len(row))
+                        for row in grid)  # what `to_plan` writes, a token or more each (trailing idle steps left out)
+    if written_cells > MAX_TOKENS:  # known before the table is written and parsed (~5 s at the limit)
+        return too_large(f"schedule '{name}' as a table has {written_cells:,} cells, more than the {MAX_TOKENS:,} "
+                         f"tokens of a plan {sizes}", last)
+    body = to_plan(schedule, grid)
     if len(body) > MAX_BYTES:  # what a plan may hold: no parser would read it back
-        return Imported(None, (diag("E609", f"schedule '{name}' as a table is {len(body):,} characters, more than "
-                                            f"the {MAX_BYTES:,} of a plan", hint="a table writes every step of every "
-                                                                                "rank, idle ones too"),))
+        return too_large(f"schedule '{name}' as a table is {len(body):,} characters, more than the {MAX_BYTES:,} of a "
+                         f"plan {sizes}", last)
     written_name = body.split("(", 1)[0].removeprefix("schedule ").strip()  # `table_NAME`: never a built-in's
     header = (f"# Imported from {shown_path(path)} (torch's schedule CSV): {schedule.ranks} pipeline ranks, "
               f"{schedule.microbatches} microbatches, {schedule.stages} stages.\n"
               f"# A plan uses it with `import \"{shown_path(plan_path.rsplit('/', 1)[-1].removesuffix('.plan'))}\"` and "
               f"`schedule = {written_name}`.\n")
-    written = format_text(header + body)
+    try:
+        written = format_text(header + body)
+    except PlanError as error:  # more tokens than a plan may hold (E106, under MAX_BYTES: an idle cell is two bytes)
+        if [d.code for d in error.diagnostics] != ["E106"]:
+            raise
+        return too_large(f"schedule '{name}' as a table has more than the {MAX_TOKENS:,} tokens of a plan {sizes}", last)
     analysis = analyze(plan_path, text=written)
     return Imported(written if analysis.ok else None, tuple(analysis.diagnostics), analysis.sources)
+
+
+def _cell(source: SourceFile, rank: int, action) -> Span | None:
+    """Where the CSV writes `action` in `rank`'s row: the rank-th row `from_csv` reads (a line with a cell
+    `_compute_cells` keeps), the cell that parses to it; None if not found. Reads lines up to that row."""
+    text, comms = source.text, any(kind in source.text for kind in _COMMS)
+    offset, row = 0, -1
+    for line in text.splitlines(keepends=True):
+        cells, at = [], offset
+        for cell in line.rstrip("\r\n").split(","):
+            cells.append((at, cell))
+            at += len(cell) + 1
+        offset += len(line)
+        kept = [(at, cell) for at, cell in cells if cell.strip() and not any(k in cell for k in _COMMS)]
+        if not (kept if comms else line.strip()):
+            continue
+        row += 1
+        if row < rank:
+            continue
+        for at, cell in kept:
+            try:
+                if parse_action(cell.strip()) == action:
+                    start = at + len(cell) - len(cell.lstrip())
+                    return source.span(start, start + len(cell.strip()))
+            except ValueError:
+                continue
+        return None
+    return None
+
+
+_COMMS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")  # a lowered CSV's transfers, which the import drops
 
 
 def _compute_cells(text: str, path: str) -> str:
     """The CSV with its send/recv cells removed (a lowered CSV: each row's actions in order, no idle steps), each
     checked to be one (`0SEND_F1`: PlanError E602 naming the line, as a bad compute cell is)."""
-    comms = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
+    comms = _COMMS
     if not any(kind in text for kind in comms):
         return text
     rows = []

@@ -131,10 +131,10 @@ def to_torch_csv(schedule: Schedule) -> str:
     return to_csv(step_grid(schedule))
 
 
-def to_plan(schedule: Schedule) -> str:
+def to_plan(schedule: Schedule, grid: list | None = None) -> str:
     """The schedule as a table in the language, one column per unit-time step (`_` idle), its header giving its
-    sizes: ranks, microbatches and, past one, stages per rank (`virtual`)."""
-    grid = step_grid(schedule)
+    sizes: ranks, microbatches and, past one, stages per rank (`virtual`); `grid`: its `step_grid`, when made."""
+    grid = step_grid(schedule) if grid is None else grid
     width = max((len(str(a)) for row in grid for a in row if a is not None), default=1)
     # its stages per rank, where a rank holds several: without them the table read back as one stage a rank
     # (`schedule FILE.plan:table_zbv` said "7F0 refers to stage 7, but the schedule has 4 stages")

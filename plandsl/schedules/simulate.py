@@ -378,7 +378,12 @@ _UNIT = Costs(F=1.0, B=1.0, I=1.0, W=1.0, p2p=0.0)
 
 
 class GridTooLarge(ValueError):
-    """The step x rank grid would hold more than `limits.MAX_GRID_CELLS` cells."""
+    """The step x rank grid would hold more than `limits.MAX_GRID_CELLS` cells; `last`: (rank, action) of the action
+    that runs last, whose step makes the grid that long (where an input wrote it, the place to point at)."""
+
+    def __init__(self, message: str, last: tuple[int, Action] | None = None):
+        super().__init__(message)
+        self.last = last
 
 
 def step_grid(schedule: Schedule) -> list[list[Action | None]]:
@@ -394,9 +399,10 @@ def step_grid(schedule: Schedule) -> list[list[Action | None]]:
         raise ValueError(str(result.deadlock))
     steps = int(result.makespan)
     if schedule.ranks * steps > MAX_GRID_CELLS:
+        last = min(result.events, key=lambda event: (-event.start, event.rank), default=None)
         raise GridTooLarge(f"schedule '{schedule.name}' runs {schedule.ranks:,} ranks for {steps:,} unit-time steps: "
                            f"a grid of {schedule.ranks * steps:,} cells, more than the {MAX_GRID_CELLS:,} one is laid "
-                           "out with")
+                           "out with", (last.rank, last.action) if last is not None else None)
     grid: list[list[Action | None]] = [[None] * steps for _ in range(schedule.ranks)]
     for event in result.events:
         grid[event.rank][int(event.start)] = event.action

@@ -125,6 +125,26 @@ def test_a_schedule_csv_whose_grid_is_its_square_is_refused_before_it_is_laid_ou
         imported = import_text("torch-csv", text, "chain.csv")
     assert [d.code for d in imported.diagnostics] == ["E609"], imported.diagnostics
     assert f"a grid of 8,000,000 cells, more than the {MAX_GRID_CELLS:,}" in imported.diagnostics[0].message
+    # at the cell of the action that runs last (0B0, step 4,000), whose step makes the grid that long (it had no place)
+    assert str(imported.diagnostics[0].span) == "chain.csv:1:5" and "chain.csv" in imported.sources
+
+
+def test_a_schedule_csvs_table_too_large_is_reported_at_its_last_action():
+    """Under the grid's cap, a table of more cells than a plan's tokens (420 such rows, 264,810 cells) is E609 at the
+    cell that runs last, known before it is written (the import had raised the parser's E106 at `<string>:386:2083`, a
+    text never written); in a lowered CSV the cell is found among its sends and receives, at its own column."""
+    text = "\n".join(f"{rank}F0,{rank}B0" for rank in range(420)) + "\n"
+    with bounded(1.0, "import --from torch-csv"):
+        imported = import_text("torch-csv", text, "chain.csv")
+    (found,) = imported.diagnostics
+    assert (found.code, str(found.span)) == ("E609", "chain.csv:1:5"), found
+    assert found.message == "schedule 'imported' as a table has 264,810 cells, more than the 250,000 tokens of a " \
+                            "plan (420 ranks of 840 unit-time steps)"
+    rows = [f"{rank}F0,{rank}SEND_F0,{rank}RECV_B0,{rank}B0" for rank in range(1200)]
+    rows[0] = "0RECV_F0, 0F0,0SEND_F0,0RECV_B0,  0B0"
+    imported = import_text("torch-csv-comms", "\n" + "\n".join(rows) + "\n", "lowered.csv")
+    (found,) = imported.diagnostics
+    assert (found.code, str(found.span), found.span.end_column - found.span.column) == ("E609", "lowered.csv:2:35", 3)
 
 
 def test_printing_a_schedule_lays_out_a_bounded_grid():
