@@ -39,6 +39,9 @@ class Diagnostic:
     notes: tuple[Note, ...] = ()
     grid: str | None = None  # the step x rank grid of a schedule error, pre-rendered
     edits: tuple[Edit, ...] = ()  # the hint as replacements, when it names one concrete change
+    # (shown, total): this diagnostic stands for the problems of one kind past the `shown` reported one by one, `total`
+    # in all (an import's `interop.result.Capped`); JSON says both, so no consumer takes the lines for all of them
+    capped: tuple[int, int] | None = None
 
     @property
     def severity(self) -> str:
@@ -60,15 +63,16 @@ class Diagnostic:
             "notes": [{"message": n.message, "location": where(n.span)} for n in self.notes],
             "grid": self.grid,
             "edits": [{"location": where(e.span), "text": e.text} for e in self.edits],
-        }
+        } | ({"capped": {"shown": self.capped[0], "total": self.capped[1]}} if self.capped is not None else {})
 
 
 def diag(code: str, message: str, span: Span | None = None, hint: str | None = None,
-         notes: Iterable[Note] = (), grid: str | None = None, edits: Iterable[Edit] = ()) -> Diagnostic:
+         notes: Iterable[Note] = (), grid: str | None = None, edits: Iterable[Edit] = (),
+         capped: tuple[int, int] | None = None) -> Diagnostic:
     """Build a diagnostic; the code must be registered in `plandsl.diagnostics.codes`."""
     if code not in CODES:
         raise KeyError(f"unregistered diagnostic code {code}")
-    return Diagnostic(code, message, span or NO_SPAN, hint, tuple(notes), grid, tuple(edits))
+    return Diagnostic(code, message, span or NO_SPAN, hint, tuple(notes), grid, tuple(edits), capped)
 
 
 def apply_edits(text: str, edits: Iterable[Edit]) -> str:

@@ -99,7 +99,8 @@ NAMED_MORE = 5
 class Capped:
     """The problems of one kind an import finds: `report(name, span)` is True for the first MAX_REPORTED, which the
     adapter reports as it always has (the work of their hints is done for these only), and counts the others;
-    `summary()` is the one diagnostic of those others (none when there are none), at the first of them."""
+    `summary()` is the one diagnostic of those others (none when there are none), at the first of them, whose JSON says
+    how many were shown and how many there are (`"capped": {"shown": 20, "total": N}`)."""
 
     def __init__(self, code: str, what: str):
         self.code, self.what = code, what   # what: "unknown flags"
@@ -123,7 +124,8 @@ class Capped:
         names = ", ".join(self.named) + (", ..." if self.more > len(self.named) else "")
         return [diag(self.code, f"and {self.more:,} more {self.what} ({names}): the first {MAX_REPORTED} are "
                      "reported one by one", self.span,
-                     hint=f"{MAX_REPORTED + self.more:,} {self.what} in all; docs/interop.md lists what the import reads")]
+                     hint=f"{MAX_REPORTED + self.more:,} {self.what} in all; docs/interop.md lists what the import reads",
+                     capped=(MAX_REPORTED, MAX_REPORTED + self.more))]  # JSON: {"capped": {"shown", "total"}}
 
 
 def checked(plan: str, plan_path: str, sources: dict[str, SourceFile], ignored=()) -> "Imported":

@@ -101,6 +101,25 @@ def test_thousands_of_unknown_names_are_twenty_diagnostics_and_a_count():
         assert summary.code == "E804" and summary.message.startswith(
             f"and {many - MAX_REPORTED:,} more unknown {what} ({first}, {second}, "), summary.message
         assert text[summary.span.start:summary.span.end].strip('"') == first
+        # for machines, the count is a field, not prose: the 21 JSON lines are not all there was
+        assert summary.to_json()["capped"] == {"shown": MAX_REPORTED, "total": many}, target
+        assert not any("capped" in d.to_json() for d in each)
+
+
+def test_the_json_of_an_import_says_how_many_problems_it_left_unlisted(tmp_path):
+    """`plandsl import --format json`: one object per diagnostic, and the one that counts the rest says `"capped":
+    {"shown": 20, "total": N}` (it had the count in its message's words alone, so a consumer reading 21 lines took
+    them for every problem); text output stays capped as it was."""
+    from click.testing import CliRunner
+    from plandsl.cli import main
+    flags = tmp_path / "many.args"
+    flags.write_text(MEGATRON + " ".join(f"--flag{i} 1" for i in range(25)) + "\n")
+    out = CliRunner().invoke(main, ["import", "--from", "megatron", "--world-size", "8", "--args-file", str(flags),
+                                    "-o", str(tmp_path / "m.plan"), "--format", "json"])
+    assert out.exit_code == 1, out.output
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [line.get("capped") for line in lines] == [None] * 20 + [{"shown": 20, "total": 25}]
+    assert lines[-1]["message"].startswith("and 5 more unknown flags (--flag20, ")
 
 
 def test_words_that_are_no_flags_and_flags_given_twice_are_capped_each_on_its_own():
@@ -113,6 +132,7 @@ def test_words_that_are_no_flags_and_flags_given_twice_are_capped_each_on_its_ow
     assert codes.count(("E804", "`stray` is not a flag")) == MAX_REPORTED
     assert codes[-3:] == [("E804", "unknown flag --nope"), ("E804", "and 10 more words that are not flags"),
                           ("E805", "and 79 more flags given twice")]
+    assert [d.capped for d in imported.diagnostics[-2:]] == [(MAX_REPORTED, 30), (MAX_REPORTED, 99)]
 
 
 def test_a_schedule_csv_whose_grid_is_its_square_is_refused_before_it_is_laid_out():
