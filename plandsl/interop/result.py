@@ -67,8 +67,10 @@ MAX_LEFT_OUT_CHARS = 80
 
 def left_out(ignored, separator: str) -> str:
     """What an import left out (flags as written, DeepSpeed's keys) as one line of the plan's comment: each with the
-    characters that are not printable escaped (a flag's value or a key holding a line break wrote the rest of it into
-    the plan as plan text: `--log-interval $'1\nlet q = 2'` added `let q = 2`, a key `"b\n}"` made the plan E101),
+    characters that are not printable escaped as Python's repr escapes them, the backslash itself included (a flag's
+    value or a key holding a line break wrote the rest of it into the plan as plan text: `--log-interval $'1\nlet q =
+    2'` added `let q = 2`, a key `"b\n}"` made the plan E101; a value of a backslash and an n, `'a\nb'`, was shown as a
+    line break is, `a\nb`: now `a\\nb`),
     the first MAX_LEFT_OUT, each of at most MAX_LEFT_OUT_CHARS (50,000 left out were a comment of 1.2 MB; 150,000
     made the plan too large to read back, E106 on a file never written)."""
     def shown(text: str) -> str:
@@ -76,7 +78,7 @@ def left_out(ignored, separator: str) -> str:
         # halving an escape (`\u2028` shown `\u20`) and dropping the end of a short value without a sign
         pieces, size = [], 0
         for c in text[:MAX_LEFT_OUT_CHARS]:
-            piece = c if c.isprintable() else repr(c)[1:-1]
+            piece = c if c.isprintable() and c != "\\" else repr(c)[1:-1]  # `\\` for a backslash: `\n` is a line break
             if size + len(piece) > MAX_LEFT_OUT_CHARS:
                 break
             pieces.append(piece)

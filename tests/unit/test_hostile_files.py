@@ -297,3 +297,15 @@ def test_what_is_left_out_is_cut_at_whole_escapes_and_says_it_is_cut():
     assert shown == "--log-dir " + "\\u2028" * ((MAX_LEFT_OUT_CHARS - 10) // 6) + "...", shown
     assert left_out(["--log-dir " + "a" * 70], " ") == "--log-dir " + "a" * 70
     assert left_out(["--log-dir " + "a" * 71], " ") == "--log-dir " + "a" * 70 + "..."
+
+
+def test_a_backslash_left_out_is_told_apart_from_an_escape():
+    """A value holding a backslash and an n (`'a\\nb'` in the flags) and one holding a line break were both shown
+    `a\\nb`: the backslash is escaped too now, as repr does, and the plan's comment still reads back."""
+    from plandsl.interop.result import left_out
+    assert left_out(["--log-dir a\\nb", "--log-dir a\nb", "--log-dir C:\\data"], " ") == \
+        "--log-dir a\\\\nb --log-dir a\\nb --log-dir C:\\\\data"
+    imported = import_text("megatron", MEGATRON + "--tensorboard-dir 'a\\nb' --wandb-project 'a\nb'", "<flags>",
+                           world_size=8)
+    assert imported.ok, imported.diagnostics
+    assert "# Left out (a plan does not hold them): --tensorboard-dir a\\\\nb --wandb-project a\\nb\n" in imported.text
