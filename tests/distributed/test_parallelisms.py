@@ -253,7 +253,7 @@ def test_layout_trains_like_one_process(case):
 def test_recomputation_wraps_blocks_and_computes_the_same():
     for mode in ("full", "selective", "selective_op"):
         text = _plan("[dp = 2]", "data = zero3 over dp", model="tiny_gpt",
-                     train=f"{{ global_batch: 8, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0, recompute: {mode} }}")
+                     train=f"{{ global_batch: 4, micro_batch: 1, precision: fp32, lr: 1e-3, seed: 0, recompute: {mode} }}")
         results = run_ranks(2, _train, text, deadline_s=100)
         _check(results)
         assert results[0]["recomputed"] == 4, mode  # the blocks really run under checkpoint_wrapper

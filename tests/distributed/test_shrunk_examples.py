@@ -2,7 +2,7 @@
 
 The examples in stdlib_plans/examples/ are written for clusters of 8 to 1,024 GPUs. `shrink` keeps
 each one's layout (axes, parallelisms, stage list, schedule, shard rules, training settings) at a
-tiny size on 2 to 8 processes; here each trains for two steps on forked gloo ranks with
+tiny size on 2 to 4 processes (8 for a stage list of 8); here each trains for two steps on forked gloo ranks with
 `--check-equivalence` in fp32, so the tolerance is the documented 1e-5, and one keeps its bf16.
 """
 from __future__ import annotations
@@ -32,10 +32,17 @@ def _train_shrunk(path, tmp_path, precision, ranks=8):
     return shrunk, results[0]["report"]
 
 
+# The examples shrunk to 4 processes (their data axis dropped first, `shrink`'s order, or the schedule table's tensor axis)
+# but the stage list of 8, which needs 8: an 8-rank run costs twice a 4-rank one on the CI's 2 cores, and each
+# example's own constructs (its schedule, stage list, shard rules, context and expert axes) stay; the data axis beside
+# them trains in test_parallelisms and test_local_plans (stdlib_plans/local/3d.plan: data x pipeline x tensor on 8)
+EIGHT = {"uneven_pipeline"}
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_the_shrunk_example_matches_one_process(path, tmp_path):
-    shrunk, report = _train_shrunk(path, tmp_path, "fp32")
-    assert 2 <= shrunk.ranks <= 8
+    shrunk, report = _train_shrunk(path, tmp_path, "fp32", ranks=8 if path.stem in EIGHT else 4)
+    assert 2 <= shrunk.ranks <= (8 if path.stem in EIGHT else 4)
     assert report["missing"] == () and report["tolerance"] == 1e-5
     assert report["loss_diff"] <= 1e-5 and report["param_diff"] <= 1e-5, report
 

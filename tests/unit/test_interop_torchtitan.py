@@ -426,52 +426,63 @@ def test_import_gathers_in_the_mixed_precision_param(name):
 D8 = "--module llama3 --config llama3_debugmodel --lr_scheduler.decay_ratio 0.0 "
 PP2 = "--parallelism.pipeline_parallel_degree 2 --training.disable_cuda_graphs "
 FSDP_PROBE = '''
-import logging, sys, torch, torch.distributed as dist
+import json, logging, sys, torch, torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 logging.getLogger("torchtitan").setLevel(logging.ERROR)
 from torchtitan.config.manager import ConfigManager
 import torchtitan.distributed.parallel_dims as parallel_dims
 from torchtitan.models.llama3.parallelize import parallelize_llama
-world, args = int(sys.argv[1]), sys.argv[2:]
-config = ConfigManager().parse_args(args)
-dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+world, runs = int(sys.argv[1]), json.loads(sys.argv[2])
 parallel_dims.device_type = "cpu"   # the mesh on this machine's CPU (torchtitan picks cuda where torch has it)
-dims = parallel_dims.ParallelDims.from_config(config.parallelism, world)
-dims.build_mesh()
-with torch.device("meta"):
-    model = config.model_spec.model.build()
-parallelize_llama(model, parallel_dims=dims, training=config.training, parallelism=config.parallelism,
-                  compile_config=config.compile, ac_config=None, dump_folder="")
-group = model.layers["0"]._get_fsdp_state()._fsdp_param_group
-print(type(group.mesh_info).__name__, tuple(group.mesh_info.mesh.shape), group.mp_policy.param_dtype)
+for args in runs:  # each configuration on a fresh fake process group, one interpreter for all (its imports ~10 s)
+    config = ConfigManager().parse_args(args)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    dims = parallel_dims.ParallelDims.from_config(config.parallelism, world)
+    dims.build_mesh()
+    with torch.device("meta"):
+        model = config.model_spec.model.build()
+    parallelize_llama(model, parallel_dims=dims, training=config.training, parallelism=config.parallelism,
+                      compile_config=config.compile, ac_config=None, dump_folder="")
+    group = model.layers["0"]._get_fsdp_state()._fsdp_param_group
+    print(json.dumps([type(group.mesh_info).__name__, list(group.mesh_info.mesh.shape), str(group.mp_policy.param_dtype)]))
+    dist.destroy_process_group()
 '''
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("flags, kind, shard", [
+DATA_LINES = [
     ("--parallelism.data_parallel_replicate_degree 8 --parallelism.data_parallel_shard_degree 1", "hsdp", 1),
     ("--parallelism.tensor_parallel_degree 8", "zero3", 1),
     ("--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 4", "hsdp", 4),
     ("--parallelism.data_parallel_shard_degree 8", "zero3", 8),
-])
-def test_the_data_line_is_the_fsdp2_torchtitan_applies(titan, tmp_path, flags, kind, shard):
+]
+
+
+@pytest.fixture(scope="module")
+def fsdp_groups(titan, tmp_path_factory):
+    """torchtitan's FSDP param group of block 0 (mesh info's type, mesh shape, param dtype) under each of DATA_LINES'
+    flags, from one child process (the fake process group and torchtitan's CPU device stay out of the test's)."""
+    import json
+    import subprocess
+    import sys
+    probe = tmp_path_factory.mktemp("titan") / "probe.py"
+    probe.write_text(FSDP_PROBE, encoding="utf-8")
+    runs = [shlex.split(D8 + flags) + ["--parallelism.spmd_backend", "partial_dtensor"] for flags, _, _ in DATA_LINES]
+    found = subprocess.run([sys.executable, str(probe), "8", json.dumps(runs)], capture_output=True, text=True,
+                           timeout=240)
+    assert found.returncode == 0, found.stderr[-3000:]
+    lines = [line for line in found.stdout.splitlines() if line.startswith("[")]
+    assert len(lines) == len(DATA_LINES), found.stdout[-3000:]
+    return {flags: json.loads(line) for (flags, _, _), line in zip(DATA_LINES, lines)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags, kind, shard", DATA_LINES)
+def test_the_data_line_is_the_fsdp2_torchtitan_applies(fsdp_groups, flags, kind, shard):
     """torchtitan's own parallelize_llama, on a fake 8-rank process group, wraps every block with fully_shard and
     a bf16 MixedPrecisionPolicy at every data-parallel degree: dp_replicate alone is HSDP over a shard of 1, no
     data parallelism FSDP over a mesh of 1 (parallelize.py:69-90). The import says the same: hsdp or zero3 with
     `gather = bf16`, never replicate or no data line (which would count autocast copies torchtitan never holds).
     The legacy partial_dtensor backend, whose FSDP mesh is torch's alone (the default spmd_types backend takes the
     same fully_shard call, parallelize.py:71-90, with its parameters annotated on a device)."""
-    import subprocess
-    import sys
-    probe = tmp_path / "probe.py"
-    probe.write_text(FSDP_PROBE, encoding="utf-8")
-    found = subprocess.run([sys.executable, str(probe), "8", *shlex.split(D8 + flags),
-                            "--parallelism.spmd_backend", "partial_dtensor"], capture_output=True, text=True,
-                           timeout=240)
-    assert found.returncode == 0, found.stderr[-3000:]
-    mesh_info, shape, param_dtype = found.stdout.strip().splitlines()[-1].split(" ", 1)[0], \
-        eval(found.stdout.strip().splitlines()[-1].split(" ", 1)[1].rsplit(" ", 1)[0]), \
-        found.stdout.strip().rsplit(" ", 1)[-1]
+    mesh_info, shape, param_dtype = fsdp_groups[flags]
     assert mesh_info == ("HSDPMeshInfo" if kind == "hsdp" else "FSDPMeshInfo") and shape[-1] == shard
     assert param_dtype == "torch.bfloat16"
     imported = import_text("torchtitan", D8 + flags, "args.sh", world_size=8)
