@@ -217,6 +217,10 @@ def _written_pins(pins: dict, attrs: dict, stage_block, plan: ir.Plan, module: s
         return _train_item(attrs["train"], module, TRAIN_PINS[key])
 
     written = {key: (value, origin(key).span) for key, value in pins.items()}
+    if schedule is not None and plan.schedule is not None and plan.schedule.definition is not None:
+        # a table or template the file defines (not a pin of the search, which runs it as written): no `--pin
+        # schedule=` names it, so every one contradicts the line (it was ranked, and the file kept the table)
+        written.setdefault("schedule", (plan.schedule.name, schedule.span))
     if "zero_stage" in pins or "data" in attrs:  # the data line's kind (`data = none`, or a mesh without one: replicate)
         span = origin("zero_stage").span
         kind = plan.data.kind if "data" in attrs and plan.data is not None else ir.DataKind.replicate

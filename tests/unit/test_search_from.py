@@ -389,3 +389,26 @@ def test_a_pin_of_the_modules_selective_reruns_is_written_in_the_train(tmp_path)
     assert out.exit_code == 0 and "note:" not in out.stderr, out.output
     (plan,) = api.load(out_path).plans
     assert (plan.train.recompute.value, [m.value for m in plan.train.recompute_modules]) == ("selective", ["layernorm"])
+
+
+TABLE = HEADER + '''schedule tiny_1f1b(ranks = 2, microbatches = 4) {
+  rank 0: 0F0 0F1 _   0B0 0F2 0B1 0F3 0B2 _   0B3
+  rank 1: _   1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3
+}
+'''
+
+
+@pytest.mark.parametrize("pin", ["schedule=1f1b", "schedule=gpipe"])
+def test_a_schedule_pin_against_a_written_table_is_refused_at_its_line(tmp_path, pin):
+    """A plan's `schedule = TABLE` (a table or template it defines) is kept as written, so `--pin schedule=1f1b` is
+    E803 at that line like one against `schedule = gpipe`: it was ranked by the search and silently lost (exit 0, the
+    completed file kept the table, its figures the table's)."""
+    path = write(tmp_path, "  train   = { global_batch: 8, micro_batch: 2 }\n  schedule = tiny_1f1b\n", header=TABLE)
+    out_path = tmp_path / "done.plan"
+    assert generate("--from", path, "--top", "1", "-o", out_path).exit_code == 0  # the table alone completes
+    out_path.unlink()
+    out = generate("--from", path, "--pin", pin, "--top", "1", "-o", out_path)
+    assert out.exit_code == 1 and not out_path.exists(), out.output
+    line = path.read_text().splitlines().index("  schedule = tiny_1f1b") + 1
+    assert f"{path}:{line}:3: error[E803]: --pin {pin} contradicts the plan's `schedule = tiny_1f1b`, which gives " \
+           "schedule=tiny_1f1b" in out.output, out.output
