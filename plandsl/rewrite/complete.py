@@ -271,10 +271,19 @@ def _train_edits(partial: Partial, c: Candidate, shares=None, modules=None) -> l
         wanted["offload_layers"] = str(c.offload_layers)
     if shares is not None:
         wanted["batch_shares"] = shares if isinstance(shares, str) else f"[{', '.join(map(str, shares))}]"
+    # the train's modules or layers the candidate does not rerun by (a --pin of recompute won over them:
+    # `partial.pins_with`), which would be E205 beside its recompute
+    dropped = [key for key, gone in (("recompute_modules", c.recompute != "selective"),
+                                     ("recompute_layers", c.recompute_layers is None)) if gone and getattr(train, key)]
     if partial.train_local:
         value: syntax.DictExpr = attr.value
         items = {item.key: item for item in value.items}
         edits, added = [], ""
+        keys = list(items)
+        for key in (key for key in dropped if key in items):  # the item and its comma
+            i = keys.index(key)
+            edits.append((value.items[i].span.start, value.items[i + 1].span.start, "") if i + 1 < len(keys) else
+                         (value.items[i - 1].span.end, value.items[i].span.end, ""))
         for key, new in wanted.items():
             if key in items:
                 if not _same(key, train, new):
@@ -285,10 +294,10 @@ def _train_edits(partial: Partial, c: Candidate, shares=None, modules=None) -> l
         return edits + ([(end, end, added)] if added else [])
     if (train.micro_batch, train.recompute.value, train.recompute_layers, train.offload_layers) == \
             (c.micro_batch_size, c.recompute, c.recompute_layers, c.offload_layers) and shares is None \
-            and "recompute_modules" not in wanted:
+            and "recompute_modules" not in wanted and not dropped:
         return []  # a train the plan names: kept as it is
     if partial.train_items is not None:
-        items = dict(partial.train_items)
+        items = {key: text for key, text in partial.train_items if key not in dropped}
     else:
         items = {key: _literal(getattr(train, key)) for key in ("global_batch", "seq", "precision", "optimizer", "lr",
                                                                  "lr_schedule", "warmup_steps", "grad_clip", "seed")

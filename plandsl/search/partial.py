@@ -274,13 +274,16 @@ def _conventional_rules(rules: tuple[ir.ShardRule, ...], names: dict[str, str]) 
 
 def pins_with(partial: Partial, overrides) -> dict[str, object]:
     """The partial plan's pins with `overrides` (`--pin K=V`, parsed by `search.parse_pins`) added; one of the train's
-    keys the completion writes (`TRAIN_PINS`) wins over the plan's value (`pins_replacing` says so). A pin that
+    keys the completion writes (`TRAIN_PINS`) wins over the plan's value, and over the plan's others of how blocks are
+    rerun it leaves no room for (`_rerun_replaced`; `pins_replacing` says so). A pin that
     contradicts a line the plan writes is E803 at that line: the completion adds lines and never rewrites one, so
     the search would rank plans the completed file is not (PlanError, every such pin reported)."""
     contradicted, _ = _against_plan(partial, overrides)
     if contradicted:
         raise PlanError(contradicted, {partial.path: SourceFile(partial.path, partial.text)})
-    return {**partial.pins, **parse_pins(overrides)}
+    over = parse_pins(overrides)
+    _, replaced = _rerun_replaced(partial.pins, over)
+    return {**{k: v for k, v in partial.pins.items() if k not in replaced}, **over}
 
 
 def pins_replacing(partial: Partial, overrides) -> tuple[str, ...]:
@@ -294,16 +297,17 @@ def _against_plan(partial: Partial, overrides) -> tuple[list[Diagnostic], tuple[
     if overrides is None:
         return [], ()
     given = overrides.items() if isinstance(overrides, Mapping) else (str(pin).partition("=")[::2] for pin in overrides)
-    errors, notes = [], []
+    errors, notes, shown_as = [], [], {}
     for key, value in given:
         shown = f"--pin {str(key).strip()}={','.join(value) if isinstance(value, (tuple, list)) else value}"
-        against = [(k, v, partial.written_pins[k]) for k, v in parse_pins({key: value}).items()
+        parsed = parse_pins({key: value})
+        shown_as.update({k: shown for k in parsed})
+        against = [(k, v, partial.written_pins[k]) for k, v in parsed.items()
                    if k in partial.written_pins and partial.written_pins[k][0] != v]
         if not against:
             continue
         k, v, (was, span) = against[0]
-        excerpt = " ".join(partial.text[span.start:span.end].split())
-        excerpt = excerpt if len(excerpt) <= 60 else excerpt[:57] + "..."
+        excerpt = _excerpt(partial, span)
         if k in TRAIN_PINS and all(each in TRAIN_PINS for each, _, _ in against):
             written = f"[{', '.join(v)}]" if isinstance(v, tuple) else _shown(v)  # as the train writes it
             notes.append(f"{shown} wins over `{excerpt}` ({span}): the completed plan writes {TRAIN_PINS[k]}: {written}")
@@ -312,7 +316,39 @@ def _against_plan(partial: Partial, overrides) -> tuple[list[Diagnostic], tuple[
         errors.append(diag("E803", f"{shown} contradicts the plan's `{excerpt}`, which gives {gives}",
                            span, hint="`generate --from` keeps every line the plan writes and adds only what it leaves "
                                       f"out: drop {shown}, or edit this line (remove it to let the search choose)"))
+    setter, replaced = _rerun_replaced(partial.pins, parse_pins(overrides))
+    for k in replaced:
+        span = partial.written_pins[k][1]
+        mode = _RERUN_MODE.get(setter) or parse_pins(overrides)["recompute"]
+        after = {"recompute": f"recompute: {mode}", "offload_layers": "offload_layers: 0"}.get(k, f"no {TRAIN_PINS[k]}")
+        notes.append(f"{shown_as[setter]} wins over `{_excerpt(partial, span)}` ({span}): the completed plan writes "
+                     f"{after}")
     return errors, tuple(notes)
+
+
+# How a block's activations are rerun or kept, which go together (E205): recompute_modules under `recompute:
+# selective`, recompute_layers under full, offload_layers without recomputation; the mode a --pin of each sets
+_RERUN_MODE = {"recompute_modules": "selective", "recompute_layers": "full", "offload_layers": "none"}
+
+
+def _rerun_replaced(pins: dict, over: dict) -> tuple[str | None, list[str]]:
+    """(the `--pin` that sets how blocks are rerun: recompute, or one of `_RERUN_MODE`; the plan's pins among
+    recompute, recompute_modules, recompute_layers and offload_layers that it leaves no room for and no --pin names).
+    Those are train values the completion writes from the candidate, so the pin wins over them too (a plan's
+    `recompute: selective, recompute_modules: [core_attn]` under `--pin recompute=full`: full, without the modules)."""
+    setter = "recompute" if "recompute" in over else next((k for k in _RERUN_MODE if over.get(k)), None)
+    if setter is None:
+        return None, []
+    mode = over["recompute"] if setter == "recompute" else _RERUN_MODE[setter]
+    fits = {"recompute": lambda v: v == mode, "recompute_modules": lambda v: mode == "selective",
+            "recompute_layers": lambda v: mode == "full", "offload_layers": lambda v: not v or mode == "none"}
+    return setter, [k for k, fit in fits.items() if k in pins and k not in over and not fit(pins[k])]
+
+
+def _excerpt(partial: Partial, span: Span) -> str:
+    """The text at `span` on one line, at most 60 characters."""
+    excerpt = " ".join(partial.text[span.start:span.end].split())
+    return excerpt if len(excerpt) <= 60 else excerpt[:57] + "..."
 
 
 def _shown(value) -> str:

@@ -412,3 +412,31 @@ def test_a_schedule_pin_against_a_written_table_is_refused_at_its_line(tmp_path,
     line = path.read_text().splitlines().index("  schedule = tiny_1f1b") + 1
     assert f"{path}:{line}:3: error[E803]: --pin {pin} contradicts the plan's `schedule = tiny_1f1b`, which gives " \
            "schedule=tiny_1f1b" in out.output, out.output
+
+
+@pytest.mark.parametrize("train, pin, wins_over, written", [
+    ("recompute: selective, recompute_modules: [core_attn]", "recompute=full", "recompute_modules: [core_attn]",
+     ("full", None, None, 0)),
+    ("recompute: full, recompute_layers: 2", "recompute=selective", "recompute_layers: 2", ("selective", None, None, 0)),
+    ("recompute: full", "recompute_modules=core_attn", "recompute: full", ("selective", ["core_attn"], None, 0)),
+    ("recompute: selective, recompute_modules: [core_attn]", "recompute_layers=2", "recompute: selective",
+     ("full", None, 2, 0)),
+    ("recompute: selective", "offload_layers=2", "recompute: selective", ("none", None, None, 2)),
+    ("recompute: none, offload_layers: 2", "recompute=full", "offload_layers: 2", ("full", None, None, 0)),
+])
+def test_a_pin_of_how_blocks_are_rerun_wins_over_the_trains_others(tmp_path, train, pin, wins_over, written):
+    """recompute, recompute_layers, recompute_modules and offload_layers go together (E205: modules under selective,
+    layers under full, offloading without recomputation): a --pin of one wins over the plan's others it leaves no room
+    for, which the completed train no longer writes, with a note. It was E803 at the plan's name ("contradictory
+    pins: recompute_modules=core_attn names what `recompute: selective` reruns, recompute=full"), the plan's own
+    values taken for pins, though the train's values are the ones a --pin wins over."""
+    path = write(tmp_path, f"  train   = {{ global_batch: 32, micro_batch: 2, {train} }}\n")
+    out_path = tmp_path / "done.plan"
+    out = generate("--from", path, "--pin", pin, "--pin", "tp=1", "--pin", "pp=1", "--top", "1", "-o", out_path)
+    assert out.exit_code == 0, out.output
+    assert f"note: --pin {pin} wins over `{wins_over}` ({path}:10:" in out.stderr, out.stderr
+    analysis = api.check(out_path)
+    assert analysis.ok, [d.message for d in analysis.diagnostics]
+    (plan,) = analysis.document.plans
+    modules = [m.value for m in plan.train.recompute_modules] if plan.train.recompute_modules is not None else None
+    assert (plan.train.recompute.value, modules, plan.train.recompute_layers, plan.train.offload_layers) == written
