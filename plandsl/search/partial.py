@@ -296,6 +296,7 @@ def _against_plan(partial: Partial, overrides) -> tuple[list[Diagnostic], tuple[
     for those that replace a written train value)."""
     if overrides is None:
         return [], ()
+    over = parse_pins(overrides)  # SearchError for a pin that is not KEY=VALUE, or pins that contradict each other
     given = overrides.items() if isinstance(overrides, Mapping) else (str(pin).partition("=")[::2] for pin in overrides)
     errors, notes, shown_as = [], [], {}
     for key, value in given:
@@ -316,10 +317,10 @@ def _against_plan(partial: Partial, overrides) -> tuple[list[Diagnostic], tuple[
         errors.append(diag("E803", f"{shown} contradicts the plan's `{excerpt}`, which gives {gives}",
                            span, hint="`generate --from` keeps every line the plan writes and adds only what it leaves "
                                       f"out: drop {shown}, or edit this line (remove it to let the search choose)"))
-    setter, replaced = _rerun_replaced(partial.pins, parse_pins(overrides))
+    setter, replaced = _rerun_replaced(partial.pins, over)
     for k in replaced:
         span = partial.written_pins[k][1]
-        mode = _RERUN_MODE.get(setter) or parse_pins(overrides)["recompute"]
+        mode = _RERUN_MODE.get(setter) or over["recompute"]
         after = {"recompute": f"recompute: {mode}", "offload_layers": "offload_layers: 0"}.get(k, f"no {TRAIN_PINS[k]}")
         notes.append(f"{shown_as[setter]} wins over `{_excerpt(partial, span)}` ({span}): the completed plan writes "
                      f"{after}")

@@ -440,3 +440,11 @@ def test_a_pin_of_how_blocks_are_rerun_wins_over_the_trains_others(tmp_path, tra
     (plan,) = analysis.document.plans
     modules = [m.value for m in plan.train.recompute_modules] if plan.train.recompute_modules is not None else None
     assert (plan.train.recompute.value, modules, plan.train.recompute_layers, plan.train.offload_layers) == written
+
+
+@pytest.mark.parametrize("pin", ["tp", "=4"])
+def test_a_pin_that_is_not_key_value_is_said_so_under_from(tmp_path, pin):
+    """`generate --from` checks the pins against the plan (aa0a8de) after they are read as KEY=VALUE: `--pin tp` had
+    become "--pin tp=: tp is a whole number" and `--pin =4` "unknown pin ''"."""
+    out = generate("--from", write(tmp_path, "  train   = recipe\n"), "--pin", pin)
+    assert out.exit_code == 1 and f"pin '{pin}' is not KEY=VALUE (e.g. tp=8)" in out.output, out.output
