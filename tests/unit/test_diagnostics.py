@@ -164,6 +164,16 @@ def test_check_json_prints_one_object_per_line(tmp_path):
     assert "'sec'" in unit["message"]
 
 
+def test_docs_cli_md_lists_every_key_of_a_diagnostics_json():
+    """docs/cli.md's table of a diagnostic's JSON keys is the schema consumers read: every key `to_json` writes is
+    in it, `capped` too (9fa8bfc wrote it on an import's counting diagnostic, documented in the import's prose only)."""
+    from plandsl.diagnostics import diag
+    text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    table = text[text.index("`--format json` prints one JSON object per diagnostic"):].split("\n\n")[1]
+    listed = re.findall(r"^ *\| `(\w+)` \|", table, re.M)
+    assert listed == list(diag("E804", "and 5 more unknown flags", capped=(20, 25)).to_json())
+
+
 # ---- (f) every problem at once, no follow-on noise -------------------------------------------------
 def test_independent_mistakes_are_all_reported_in_one_run():
     analysis = analyze("three.plan", text=THREE_MISTAKES)
