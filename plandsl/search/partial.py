@@ -221,6 +221,9 @@ def _written_pins(pins: dict, attrs: dict, stage_block, plan: ir.Plan, module: s
         # a table or template the file defines (not a pin of the search, which runs it as written): no `--pin
         # schedule=` names it, so every one contradicts the line (it was ranked, and the file kept the table)
         written.setdefault("schedule", (plan.schedule.name, schedule.span))
+    if "experts" in attrs and plan.experts is not None:  # the problem's dispatcher and folding (`experts_variants`)
+        written.setdefault("dispatcher", (plan.experts.kind, attrs["experts"].span))
+        written.setdefault("fold", (bool(plan.experts.fold), attrs["experts"].span))
     if "zero_stage" in pins or "data" in attrs:  # the data line's kind (`data = none`, or a mesh without one: replicate)
         span = origin("zero_stage").span
         kind = plan.data.kind if "data" in attrs and plan.data is not None else ir.DataKind.replicate

@@ -216,6 +216,21 @@ def test_a_written_experts_line_is_a_pin_and_a_written_mesh_leaves_the_dispatche
     assert read_partial(folded_out).pins["fold"] is False
 
 
+
+@pytest.mark.parametrize("pin, gives", [("dispatcher=deepep", "dispatcher=alltoall"), ("fold=true", "fold=false")])
+def test_a_pin_against_a_written_experts_line_is_refused_at_it(tmp_path, pin, gives):
+    """A written `experts` line is kept as it is, so a --pin of another dispatcher or folding is E803 at that line,
+    naming the pin, as against any written line (it was E803 at the plan's name, from the search's own check)."""
+    from plandsl.rewrite.complete import generate_from
+    path = _partial(tmp_path, "  experts = alltoall over ep\n")
+    with pytest.raises(PlanError) as raised:
+        generate_from(path, pins=("ep=16", pin), top=1)
+    (found,) = raised.value.diagnostics
+    line = path.read_text().splitlines().index("  experts = alltoall over ep") + 1
+    assert (found.code, found.span.line, found.span.column) == ("E803", line, 3), found
+    assert found.message == f"--pin {pin} contradicts the plan's `experts = alltoall over ep`, which gives {gives}"
+    assert generate_from(path, pins=("ep=16", "dispatcher=alltoall", "fold=false"), top=1).texts  # its own words
+
 def test_memory_does_not_depend_on_the_dispatcher():
     """The spaces of the three dispatchers share their memory figures (`Figures`' memory caches, `Caps`), which holds
     while the memory model prices every dispatcher's plan alike: each plan's memory, whatever its dispatcher."""
