@@ -221,6 +221,8 @@ def _written_pins(pins: dict, attrs: dict, stage_block, plan: ir.Plan, module: s
         # a table or template the file defines (not a pin of the search, which runs it as written): no `--pin
         # schedule=` names it, so every one contradicts the line (it was ranked, and the file kept the table)
         written.setdefault("schedule", (plan.schedule.name, schedule.span))
+    if stages is not None and plan.stages is not None:  # a written split counts the parts its `account` names, or none
+        written.setdefault("account", (tuple(plan.stages.account or ()), stages.span))
     if "experts" in attrs and plan.experts is not None:  # the problem's dispatcher and folding (`experts_variants`)
         written.setdefault("dispatcher", (plan.experts.kind, attrs["experts"].span))
         written.setdefault("fold", (bool(plan.experts.fold), attrs["experts"].span))
@@ -356,9 +358,10 @@ def _excerpt(partial: Partial, span: Span) -> str:
 
 
 def _shown(value) -> str:
-    """A pin's value as `--pin` writes it (`order` comma-separated, booleans in lower case; dp_shard 0: none)."""
+    """A pin's value as `--pin` writes it (`order` and `account` comma-separated, an account of no part none; booleans
+    in lower case)."""
     if isinstance(value, tuple):
-        return ",".join(value)
+        return ",".join(value) or "none"  # `account` of no part
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 

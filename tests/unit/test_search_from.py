@@ -448,3 +448,18 @@ def test_a_pin_that_is_not_key_value_is_said_so_under_from(tmp_path, pin):
     become "--pin tp=: tp is a whole number" and `--pin =4` "unknown pin ''"."""
     out = generate("--from", write(tmp_path, "  train   = recipe\n"), "--pin", pin)
     assert out.exit_code == 1 and f"pin '{pin}' is not KEY=VALUE (e.g. tp=8)" in out.output, out.output
+
+
+@pytest.mark.parametrize("stages", ["evenly over pp", "evenly over pp with virtual = 1"])
+def test_an_account_pin_against_a_written_stages_line_is_refused_at_it(tmp_path, stages):
+    """A written `stages = evenly over pp` counts blocks alone, and the completion keeps it as written, so `--pin
+    account=embed` (7 blocks: 3 and 4 with the embedding counted, 4 and 3 without) is E803 at that line: it was
+    silently lost (exit 0, the file's split 4 and 3, as `generate` without --from never writes under that pin)."""
+    path = write(tmp_path, f"  train   = {{ global_batch: 32, micro_batch: 1, precision: bf16 }}\n  stages  = {stages}\n",
+                 header=HEADER.replace("layers=8", "layers=7"))
+    pins = ("--pin", "pp=2", "--pin", "schedule=1f1b", "--top", "1")
+    out = generate("--from", path, "--pin", "account=embed", *pins)
+    line = path.read_text().splitlines().index(f"  stages  = {stages}") + 1
+    assert out.exit_code == 1 and f"{path}:{line}:3: error[E803]: --pin account=embed contradicts the plan's " \
+        f"`stages = {stages}`, which gives account=none" in out.output, out.output
+    assert generate("--from", path, "--pin", "account=none", *pins).exit_code == 0  # the line's own split
