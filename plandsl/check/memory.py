@@ -93,7 +93,9 @@ def _parts(estimate: MemoryEstimate) -> str:
             f"optimizer {format_bytes(estimate.optimizer)}, activations {format_bytes(estimate.activations)}"
             + (f", torch's pipeline buffers {format_bytes(estimate.other)}" if estimate.other else "")
             + (f"; less {format_bytes(estimate.apart)} of gradients a step of one microbatch has not made at its peak"
-               if estimate.apart else ""))
+               if estimate.apart else "")
+            + (f"; less {format_bytes(estimate.moments)} of ZeRO's units and activations never alive together"
+               if estimate.moments else ""))
 
 
 def _shares_hint(plan: ir.Plan, estimate: MemoryEstimate, room: float) -> str | None:

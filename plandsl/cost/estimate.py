@@ -553,11 +553,15 @@ def format_estimate(estimate: PlanEstimate) -> str:
                  "precision without `gather`, autocast's 16-bit copies of them; "
                  + ("pipeline: what torch's pipeline stage keeps beside the layers (a receive buffer per microbatch "
                     "for activations and for gradients, each output until its backward); " if buffers else "")
-                 + ("total: their sum, the peak; " if not any(m.apart for m in estimate.memory) else
+                 + ("total: their sum, the peak; " if not any(m.apart or m.moments for m in estimate.memory) else
                     f"total: their sum, less {format_bytes(max(m.apart for m in estimate.memory))} of the gradients a "
                     "step of one microbatch has not made yet at its peak (the loss's backward: `zero_grad` freed the "
                     "last step's; no more than the activations outweigh the step's later moments, the optimizer's "
-                    "step's temporaries among them), the peak; ")
+                    "step's temporaries among them), the peak; " if any(m.apart for m in estimate.memory) else
+                    f"total: their sum, less {format_bytes(max(m.moments for m in estimate.memory))} of ZeRO-2/3's "
+                    "units and activations never alive together (the loss's backward holds no unit's gradient and no "
+                    "block's parameters but its last's, a block's backward neither the loss's temporaries nor the "
+                    "norm's and head's activations), the peak; ")
                  + "capacity: the device's memory less its reserve (allocator, context, communication buffers)")
     host = max((m.host for m in estimate.memory), default=0.0)
     if host:  # offload_layers: what waits in the host's memory, no part of the total above

@@ -89,7 +89,9 @@ class MemoryEstimate:
     allowance is invented (see `estimate_memory`). `host` is what its offloaded activations (`offload_layers`) take of
     its host's memory at its peak, no part of `total`. `apart`: the bytes of the terms above not alive at the peak,
     less in `total`: the gradients a step of one microbatch has not made yet at its loss's backward
-    (`one_backward_apart`); 0 otherwise."""
+    (`one_backward_apart`); 0 otherwise. `moments`: likewise the bytes of ZeRO-2/3's units in the backward and of the
+    activations at the loss's backward never alive together, where the count places the units by moment
+    (`gathers_by_moments`, `fsdp_apart`); 0 otherwise."""
 
     params: float
     grads: float
@@ -100,10 +102,11 @@ class MemoryEstimate:
     gathered_grads: float = 0.0
     host: float = 0.0
     apart: float = 0.0
+    moments: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations + self.other - self.apart
+        return self.params + self.grads + self.optimizer + self.activations + self.other - self.apart - self.moments
 
     @property
     def states(self) -> float:
@@ -128,6 +131,8 @@ class MemoryEstimate:
             del data["host"]
         if not self.apart:  # nor a step of several microbatches as before `apart` existed
             del data["apart"]
+        if not self.moments:  # nor a plan whose units are not placed by moment
+            del data["moments"]
         return data
 
 
@@ -205,13 +210,27 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         estimate = MemoryEstimate(params + gathered_params, grads + gathered_grads, optimizer, activations,
                                   other=buffers, gathered_params=gathered_params, gathered_grads=gathered_grads,
                                   host=rank_inflight * host)
-        if len(rank_stages) == 1 and one_backward_makes_gradients(plan) and not _rebuilds_in_backward(plan, layers):
+        if len(rank_stages) == 1 and gathers_by_moments(plan, held):  # the loss's backward, or a block's
+            at_loss, in_backward = unit_moments(plan, layers, extra)
+            freed = activations - rank_inflight * stored[0] - beyond_layers(
+                plan, [stage_layers[stage] for stage in stages], attention_matrix, backward=True)
+            estimate = replace(estimate, moments=fsdp_apart(at_loss, in_backward, freed))
+        elif len(rank_stages) == 1 and one_backward_makes_gradients(plan) and not _rebuilds_in_backward(plan, layers):
             after = max(optimizer_step_bytes(plan, [p for layer in layers for p in layer.params] + list(extra),
                                              optimizer), whole_vocab_gradient_moment(plan, layers))
             estimate = replace(estimate, apart=one_backward_apart(estimate, grads + accumulator, after,
                                                                   fused_head_gradient_bytes(plan, layers)))
         estimates.append(estimate)
     return estimates
+
+
+def fsdp_apart(at_loss: float, in_backward: float, freed: float) -> float:
+    """Bytes of an estimate's terms not alive at the peak of a rank whose units are placed by moment
+    (`gathers_by_moments`), whose activations are counted at the loss's backward with its units `in_backward`
+    (`unit_moments`): the activations its blocks' backward has `freed` (the loss's temporaries, the norm's and head's
+    saved tensors: `beyond_layers(backward=True)`), or the units the loss's backward holds less than its blocks' (
+    `at_loss`), the smaller; the total is the larger of the two moments."""
+    return max(0.0, min(in_backward - at_loss, freed))
 
 
 def one_backward_makes_gradients(plan: ir.Plan) -> bool:
@@ -225,12 +244,9 @@ def one_backward_makes_gradients(plan: ir.Plan) -> bool:
     `replicate` or `zero1` without a pipeline), whose reducer's buckets, as large as the gradients, are made with it
     and kept; nor a plan naming Megatron-LM's stack (`implementation = megatron`), its layout (`param_dtype`) or its
     FP8 gather (`gather = fp8`), whose gradient buffers are kept and zeroed in place (`zero_grad_buffer`). FSDP2's
-    sharded gradients are made by the backward too, but kept in the count, as its units' gradients are at the loss's
-    backward, where none exists yet: the allocator's share beyond the tensors, which torchtitan's published reserved
-    peaks hold, is about what they add (docs/validation.md, "The count is above `run`'s tensors where no pipeline
-    holds them"); left out, torchtitan's one-microbatch FSDP runs under `bench/bench_search.py --memory` fall from
-    12 to 7 of 17 within 10 % (Table 1's eager run 76.8 -> 73.0 GiB counted, 82.4 reserved, 66.4 traced): a call on
-    FSDP's count and the reserve together, not made here."""
+    sharded gradients are made by the backward too, but kept in the count (docs/validation.md, "The count is above
+    `run`'s tensors where no pipeline holds them"): its units are placed by moment (`unit_moments`), the search's caps
+    count these gradients whatever the microbatches (Table 1's eager run: 72.1 GiB counted, 66.4 traced)."""
     if plan.num_microbatches != 1 or plan.stages is not None or plan.train.master_copy:
         return False
     if plan.tensor is not None and plan.tp > 1 and plan.tensor.stack != "torch":
@@ -318,18 +334,19 @@ def optimizer_step_bytes(plan: ir.Plan, params: Sequence[Param], optimizer: floa
     return step
 
 
-def beyond_layers(plan: ir.Plan, stages: Sequence[Sequence[Layer]], attention_matrix: bool = False) -> float:
+def beyond_layers(plan: ir.Plan, stages: Sequence[Sequence[Layer]], attention_matrix: bool = False,
+                  backward: bool = False) -> float:
     """What a pipeline rank holding `stages` keeps once, beyond its layers' saved activations per microbatch in
     flight (which the schedule's simulation also counts, stage by stage): the larger of the block its recomputation
     rebuilds, the loss's backward and the embedding's under torch's tensor parallelism, peaks of different moments
-    (`loss_backward_bytes`, `whole_vocab_gradient_moment`)."""
+    (`loss_backward_bytes`, `whole_vocab_gradient_moment`). `backward`: at the blocks' backward, after the loss's."""
     layers = [layer for stage in stages for layer in stage]
     modes = [(layer, mode) for stage in stages for layer, mode in zip(stage, layer_recompute(plan, stage))]
     rerun = [layer for layer, mode in modes if mode is plan.train.recompute]  # with recompute_layers, those rerun
     scores = _keeps_scores(plan, attention_matrix)
     return max(_recompute_working_set(plan, rerun, scores),
                max((_ring_working_set(plan, layer, mode, scores) for layer, mode in modes), default=0.0),
-               loss_backward_bytes(plan, layers), whole_vocab_gradient_moment(plan, layers)) \
+               0.0 if backward else loss_backward_bytes(plan, layers), whole_vocab_gradient_moment(plan, layers)) \
         + offload_inflight(plan, stages, scores) \
         + autocast_weight_copies(plan, layers)
 
@@ -802,10 +819,33 @@ def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param
         return 0.0, 0.0
     pipelined = pipelined_shards(plan)
     held = held or pipelined
+    states = StateBytes.of(plan.train)
+    if gathers_by_moments(plan, held):  # the most any moment of the backward holds (`unit_moments`)
+        whole = _unit_moments(plan, layers, extra)
+        return whole[1], whole[2] - whole[1]
+    units, (root, root_bytes) = _gather_units(plan, layers, extra)
+    gathering = plan.data.gathering
+    largest = sorted(units + [(root, root_bytes)], reverse=True)[:2]
+    live, live_bytes = sum(count for count, _ in largest), sum(size for _, size in largest)
+    if not gathering.default and not held:  # the units as they run, each with those gathered ahead of it
+        live = _live_units(plan, layers, root, gathering)
+        everything = sum(count for count, _ in units) + root
+        live_bytes = live * (sum(size for _, size in units) + root_bytes) / everything if everything else 0.0
+    whole = sum(count for count, _ in units) + root if held else live
+    whole_bytes = sum(size for _, size in units) + root_bytes if held else live_bytes
+    grads = whole if held and (plan.num_microbatches > 1 or pipelined) else live
+    if gathers_whole(plan):  # ZeRO-2: every unit whole through the step, beside the shards
+        return float(sum(size for _, size in units) + root_bytes), float(grads * states.grads)
+    return (float(whole_bytes) if stage >= 3 else 0.0), float(grads * states.grads)
+
+
+def _gather_units(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = ()) \
+        -> tuple[list[tuple[int, float]], tuple[int, float]]:
+    """(elements, bytes as gathered) of each block's unit among `layers`, and of the root's (the other layers and
+    `extra`): each unit's parameters as gathered (`gather = DTYPE`; the weights' dtype unless the plan names one:
+    `plandsl run` applies FSDP without a MixedPrecisionPolicy)."""
     tp, ep, expert_tp = plan.tp, plan.expert_group, plan.expert_tp
     states = StateBytes.of(plan.train)
-    # each unit's elements and the bytes of its parameters as gathered (`gather = DTYPE`; the weights' dtype unless
-    # the plan names one: `plandsl run` applies FSDP without a MixedPrecisionPolicy)
     root = sum(local_numel(p, tp, ep, expert_tp) for p in extra)
     units, root_bytes = [], root * gather_element_bytes(plan.train, plan.data.gather, False, states.params)
     seen: dict = {}
@@ -819,19 +859,56 @@ def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param
             units.append((count, size))
         else:
             root, root_bytes = root + count, root_bytes + size
-    largest = sorted(units + [(root, root_bytes)], reverse=True)[:2]
-    live, live_bytes = sum(count for count, _ in largest), sum(size for _, size in largest)
-    gathering = plan.data.gathering
-    if not gathering.default and not held:  # the units as they run, each with those gathered ahead of it
-        live = _live_units(plan, layers, root, gathering)
-        everything = sum(count for count, _ in units) + root
-        live_bytes = live * (sum(size for _, size in units) + root_bytes) / everything if everything else 0.0
-    whole = sum(count for count, _ in units) + root if held else live
-    whole_bytes = sum(size for _, size in units) + root_bytes if held else live_bytes
-    grads = whole if held and (plan.num_microbatches > 1 or pipelined) else live
-    if gathers_whole(plan):  # ZeRO-2: every unit whole through the step, beside the shards
-        return float(sum(size for _, size in units) + root_bytes), float(grads * states.grads)
-    return (float(whole_bytes) if stage >= 3 else 0.0), float(grads * states.grads)
+    return units, (root, root_bytes)
+
+
+def gathers_by_moments(plan: ir.Plan, held: bool = False) -> bool:
+    """Whether the count places ZeRO-2/3's units at the moments FSDP2 holds them (`unit_moments`,
+    `fsdp_apart`): `plandsl run`'s FSDP2 with its default units (blocks, one ahead) and no pipeline, each microbatch
+    reduced after its backward (not `held`: `batch_shares`, whose units stay gathered through the step)."""
+    return (plan.data is not None and plan.data.zero_stage >= 2 and plan.stages is None and not held
+            and plan.data.gathering.default and not replicates_units(plan))
+
+
+def unit_moments(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = ()) -> tuple[float, float]:
+    """(at the loss's backward, in the backward) bytes of ZeRO-2/3's units a rank of `layers` holds unsharded beside its
+    shards, where the count places them by moment (`gathers_by_moments`), as torch 2.13's FSDP2 holds them under
+    `plandsl run`'s `apply_fsdp` (traced, tests/distributed/test_fsdp_moments.py):
+
+    - at the loss's backward, the activations' fullest moment: no unsharded gradient yet; the parameters of every
+      unit under ZeRO-2 (`gathers_whole`), under ZeRO-3 those of the root (the embedding, final norm and head,
+      gathered again for the head's backward) and of the last block (kept gathered after its forward, which the
+      backward needs at once), the largest block;
+    - in a block's backward, its loss's temporaries and the norm's and head's saved activations freed: the root's
+      parameters, two blocks' (the block's and the one FSDP2 prefetches; every unit under ZeRO-2), the gradients
+      of the head and norm (made by their backward, reduced with the root's at the backward's end), of the block
+      and of the block before, whose flat reduce-scatter input FSDP2 keeps till the next one's
+      (`reduce_scatter_states`); not the embedding's, made after the blocks' backward (but a table a tied head
+      shares), when the root holds its parameters and every one of its gradients and no block's: the larger of the
+      two, a bound on every block's moment and the embedding's.
+
+    Each in the gradients' dtype and the parameters' gather dtype (`_gather_units`)."""
+    return _unit_moments(plan, layers, extra)[::2]
+
+
+def _unit_moments(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = ()) -> tuple[float, float, float]:
+    """`unit_moments`' (at the loss's backward, the parameters in the backward, all in the backward)."""
+    units, (root, root_bytes) = _gather_units(plan, layers, extra)
+    tp, ep, expert_tp = plan.tp, plan.expert_group, plan.expert_tp
+    grad = StateBytes.of(plan.train).grads
+    # the embedding's gradients, made after the blocks' backward (a table a tied head shares: by the head's)
+    tied = tied_embedding(plan, layers) if getattr(plan.model, "tied_embeddings", False) else None
+    late = sum(local_numel(p, tp, ep, expert_tp) for layer in layers if layer.kind == "embed" for p in layer.params
+               if p is not tied)
+    blocks = sorted(units, reverse=True)[:2]
+    if gathers_whole(plan):
+        at_loss = params = float(root_bytes + sum(size for _, size in units))
+    else:
+        at_loss = float(root_bytes + max((size for _, size in units), default=0.0))
+        params = float(root_bytes + sum(size for _, size in blocks))
+    in_blocks = params + (root - late + sum(count for count, _ in blocks)) * grad
+    at_embedding = root_bytes + (sum(size for _, size in units) if gathers_whole(plan) else 0.0) + root * grad
+    return at_loss, params, float(max(in_blocks, at_embedding))
 
 
 def whole_vocab_gradient(plan: ir.Plan) -> bool:
@@ -997,17 +1074,19 @@ def module_split(layer: Layer, tp: int, ep: int, expert_tp: int | None = None) -
 
 def _live_units(plan: ir.Plan, layers: Sequence[Layer], root: float, gathering: ir.Gathering) -> float:
     """Elements gathered at once when units are gathered otherwise than FSDP's blocks one ahead: the most that
-    one unit and the units prefetched while it computes hold (the root, embedding and head, gathered first);
-    each module with parameters its own unit under `unit = module`. The gradients of two consecutive units live
+    one unit and the units prefetched while it computes hold; under `unit = block` beside the root's group (the
+    embedding, norm and head), which FSDP2 holds gathered through each pass (`unit_moments`); under `unit = module`
+    each module with parameters its own unit, the root's first. The gradients of two consecutive units live
     together (one reduce-scattering behind the next one's backward)."""
     tp, ep, expert_tp = plan.tp, plan.expert_group, plan.expert_tp
+    blocks = [layer for layer in layers if layer.kind in ("block", "custom")]
     if gathering.unit is ir.GatherUnit.block:
-        sizes = ([root] if root else []) + [sum(local_numel(p, tp, ep, expert_tp) for p in layer.params)
-                                            for layer in layers if layer.kind in ("block", "custom")]
+        sizes = [sum(local_numel(p, tp, ep, expert_tp) for p in layer.params) for layer in blocks]
     else:
-        sizes = ([root] if root else []) + [d + e for layer in layers if layer.kind in ("block", "custom")
-                                            for d, e in module_split(layer, tp, ep, expert_tp)]
-    return max((sum(sizes[index:index + 1 + gathering.ahead(sizes, index)]) for index in range(len(sizes))), default=0.0)
+        sizes = ([root] if root else []) + [d + e for layer in blocks for d, e in module_split(layer, tp, ep, expert_tp)]
+    held = root if gathering.unit is ir.GatherUnit.block else 0.0
+    return held + max((sum(sizes[index:index + 1 + gathering.ahead(sizes, index)]) for index in range(len(sizes))),
+                      default=0.0)
 
 
 def pipelined_shards(plan: ir.Plan) -> bool:
@@ -1866,7 +1945,7 @@ __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estima
            "ring_backward_bytes", "torch_stage_bytes", "torch_stage_sizes", "layer_offload", "offload_inflight",
            "holds_autocast_copies", "autocast_weight_copies", "expert_weight_copies",
            "one_backward_makes_gradients", "one_backward_apart", "optimizer_step_bytes",
-           "fused_head_gradient_bytes"]
+           "fused_head_gradient_bytes", "gathers_by_moments", "unit_moments", "fsdp_apart"]
 
 
 def estimate_plan_memory(plan: ir.Plan, assignment: Assignment | None = None,

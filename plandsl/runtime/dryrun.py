@@ -288,7 +288,12 @@ def format_dry_run(result: DryRun) -> str:
              "in-flight microbatches, "
              + ("what torch's pipeline stage keeps beside the layers (a receive buffer per microbatch for activations "
                 "and for gradients, each output until its backward; `plandsl run` runs torch's pipeline), "
-                if buffers else "") + "and the peak, their sum"]
+                if buffers else "") + "and the peak, their sum"
+             + ("" if not any(r.predicted is not None and (r.predicted.apart or r.predicted.moments)
+                              for r in result.ranks)
+                else " less what of it is never alive at once (`plandsl estimate`'s total: a step of one microbatch's "
+                     "gradients not made yet at its peak; ZeRO-2/3's units in a block's backward beside the "
+                     "activations at the loss's)")]
     loaded = [r for r in result.ranks if r.most_loaded_optimizer_bytes > r.optimizer_bytes]
     if loaded:
         worst = max(loaded, key=lambda r: r.most_loaded_optimizer_bytes - r.optimizer_bytes)

@@ -16,7 +16,8 @@ import numpy as np
 from plandsl import ir
 from plandsl.cost.compute import Efficiency, LayerCompute, Work, accumulate_bytes, estimate_layer_compute
 from plandsl.cost.layer import LayerTime, estimate_layer_time
-from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activations, estimate_memory, gathered_bytes, gathered_param_bytes,
+from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activations, estimate_memory, fsdp_apart,
+                                 gathered_bytes, gathered_param_bytes, gathers_by_moments, unit_moments,
                                  gathers_whole, head_inflight, holds_autocast_copies, inflight_microbatches,
                                  whole_vocab_gradient, whole_vocab_gradient_element,
                                  layer_precision, open_gradient_stages, pipelined_shards, releases_gradients,
@@ -509,9 +510,12 @@ class Figures:
 
     def gathered(self, memory, first: bool, last: bool, blocks: int) -> float:
         """ZeRO-2/3's unsharded units on a rank (`cost.memory.gathered_bytes`) of a transformer with
-        `blocks` blocks there, the embedding on the first rank and the norm and head on the last."""
+        `blocks` blocks there, the embedding on the first rank and the norm and head on the last. On the rank of both
+        ends (no pipeline) as the exact estimate places them by moment (`cost.memory.unit_moments`, `fsdp_apart`):
+        the units of the loss's backward, or those of the blocks' less the activations freed by then (`freed`)."""
         plan = memory[2]
-        key = (id(plan), first, last, min(blocks, 2))  # the plan of the states: one per layout and stage
+        freed = self.freed(memory) if first and last else 0.0
+        key = (id(plan), first, last, min(blocks, 2), freed)  # the plan of the states: one per layout and stage
         found = self._gathered_cache.get(key)
         if found is not None:
             return found
@@ -523,9 +527,22 @@ class Figures:
             for layer, _ in self.kinds[4:]:  # any kind may be the two gathered: the two largest of each (a bound)
                 layers += [layer] * min(blocks, 2)
             copy = tied_embedding(plan, self.layers) if last and not first else None
-            both = gathered_bytes(plan, layers, [copy] if copy else [])
-            found = self._gathered_cache[key] = both[1] if gathers_whole(plan) else sum(both)  # ZeRO-2's: `_states`
+            extra = [copy] if copy else []
+            both = gathered_bytes(plan, layers, extra)
+            found = sum(both)
+            if first and last and gathers_by_moments(plan):
+                at_loss, in_backward = unit_moments(plan, layers, extra)
+                found -= fsdp_apart(at_loss, in_backward, freed)
+            found = self._gathered_cache[key] = found - both[0] if gathers_whole(plan) else found  # ZeRO-2's: `_states`
         return found
+
+    def freed(self, memory) -> float:
+        """What the blocks' backward has freed of a rank of both ends' activations at the loss's backward (`cost.memory.
+        fsdp_apart`'s `freed`): the norm's and head's saved activations of its one microbatch in flight, and what the
+        loss's backward exceeds the rank's other moments by (`beyond_working`: the block rebuilt, the embedding's
+        whole-vocabulary gradient)."""
+        (_, _, moment), (_, _, working), (_, norm_a, _), (_, head_a, loss) = memory[0][:4]
+        return norm_a + head_a + max(working, loss, moment) - max(working, moment)
 
     def capacity(self, root: Root) -> np.ndarray:
         """The ranks' capacities as an array, once per root (keyed by identity: hashing a 4,096-entry

@@ -4,7 +4,7 @@ import pytest
 from plandsl import ir
 from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activations, estimate_memory, gathered_bytes,
                                  head_inflight, held_stages, inflight_microbatches, optimizer_bytes_per_param,
-                                 zero_one_elements)
+                                 unit_moments, zero_one_elements)
 from plandsl.schedules.generators import generate
 from plandsl.schedules.simulate import simulate
 from plandsl.ir.layers import layers_of, param_count
@@ -168,7 +168,10 @@ def test_fsdp_root_unit_is_embedding_norm_and_head():
     # tp 8 splits the vocabulary and the blocks' heads/ffn dims, not positions, norms or row biases.
     block_local = (12 * h * h) // 8 + (3 * h + 4 * h) // 8 + 6 * h
     root_local = 2 * (v // 8) * h + s * h + 2 * h
-    assert gathered_bytes(p, stage) == (4 * (root_local + block_local), 4 * (root_local + block_local))
+    embed_local = (v // 8) * h + s * h  # its gradients made after the block's backward, when the block's are reduced
+    # the parameters of both gathered in the block's backward, the gradients of the head, the norm and the block
+    assert gathered_bytes(p, stage) == (4 * (root_local + block_local), 4 * (root_local - embed_local + block_local))
+    assert unit_moments(p, stage) == (4 * (root_local + block_local), 4 * (2 * root_local - embed_local + 2 * block_local))
 
 
 def test_chimera_ranks_hold_two_stages():
@@ -594,7 +597,7 @@ def test_a_step_of_one_microbatch_peaks_before_its_backward_makes_the_gradients(
         assert (made > estimate.activations) == outweighed
         assert estimate.apart == (made if peaks_before and not outweighed else 0)
         assert estimate.total == estimate.params + estimate.grads + estimate.optimizer + estimate.activations \
-            - estimate.apart
+            - estimate.apart - estimate.moments  # FSDP's units by moment (`cost.memory.fsdp_apart`)
         assert estimate.to_json()["total"] == estimate.total and ("apart" in estimate.to_json()) == bool(estimate.apart)
         assert ("has not made" in _parts(estimate)) == bool(estimate.apart)  # E503's arithmetic says so
 

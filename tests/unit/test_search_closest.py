@@ -54,8 +54,10 @@ def test_the_closest_is_the_plan_that_needs_least_and_the_states_fit(problem):
         search(problem, ["dp=8"], top=1, time_limit=0)
     message = str(raised.value)
     assert f"the closest: {closest} needs {format_bytes(need)} per device" in message, message
-    # 82.6 GiB and autocast's bf16 copies of the 35.9B fp32 weights its matmuls read, gathered whole (66.8 GiB)
-    assert closest == "dp=8 mb=1 m=8 zero3 recompute=full" and format_bytes(need) == "149.4 GiB"
+    # 86.2 GiB and autocast's bf16 copies of the 35.9B fp32 weights its matmuls read, gathered whole (66.8 GiB); 149.4
+    # while a block's backward was counted with one block's units (`cost.memory.unit_moments`: two, FSDP2's prefetch
+    # and the reduce-scatter's input it keeps till the next block's)
+    assert closest == "dp=8 mb=1 m=8 zero3 recompute=full" and format_bytes(need) == "153.0 GiB"
     # 540.8 GiB of states over 8 x 73.6 GiB: they fit; what a step holds beside them does not
     assert "states need 540.8 GiB of the 588.8 GiB its devices hold" in message
     assert "alone need" not in message and "could hold its states" not in message
@@ -64,10 +66,11 @@ def test_the_closest_is_the_plan_that_needs_least_and_the_states_fit(problem):
 
 def test_gathered_in_bf16_as_the_search_chooses_the_closest_needs_less(problem):
     """The search's own gathering (`Problem.gather_dtype`): ZeRO-2/3 gather bf16, so the same closest plan holds
-    neither autocast's copies nor fp32 units: 79.5 GiB, still more than a device."""
+    neither autocast's copies nor fp32 units: 81.7 GiB (79.5 with one block's units in a block's backward), still
+    more than a device."""
     chosen = replace(problem, gathering=None)
     _, closest, need, _ = _needs(chosen)[0]
-    assert closest == "dp=8 mb=1 m=8 zero3 recompute=full" and format_bytes(need) == "79.5 GiB"
+    assert closest == "dp=8 mb=1 m=8 zero3 recompute=full" and format_bytes(need) == "81.7 GiB"
     with pytest.raises(SearchError) as raised:
         search(chosen, ["dp=8"], top=1, time_limit=0)
     assert f"the closest: {closest} needs {format_bytes(need)} per device" in str(raised.value)
