@@ -25,7 +25,8 @@ from tests.support import lazy
 torch = lazy("torch")
 memtrace = lazy("plandsl.runtime.memtrace")
 
-pytestmark = [pytest.mark.dist, pytest.mark.xdist_group("torch")]
+pytestmark = [pytest.mark.dist, pytest.mark.xdist_group("memtrace")]  # a group of its own: `_trace_of` shares a
+# worker's traces (~3 CPU-minutes, which in the "torch" group ran behind the unit tests' torch imports on one worker)
 
 LOCAL = STDLIB / "local"
 STEPS = 2
