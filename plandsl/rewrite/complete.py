@@ -298,11 +298,10 @@ def _train_edits(partial: Partial, c: Candidate, shares=None, modules=None) -> l
         return []  # a train the plan names: kept as it is
     if partial.train_items is not None:
         items = {key: text for key, text in partial.train_items if key not in dropped}
-    else:
-        items = {key: _literal(getattr(train, key)) for key in ("global_batch", "seq", "precision", "optimizer", "lr",
-                                                                 "lr_schedule", "warmup_steps", "grad_clip", "seed")
-                 if getattr(train, key) is not None or key == "grad_clip"}
-        items.update({key: value.value for key, value in train.given_dtypes().items()})
+    else:  # a train of another file: every value it sets other than the language's default, then the candidate's
+        items = {key: _literal(getattr(train, key)) for key, field in type(train).model_fields.items()
+                 if key not in ("span", "field_spans", *dropped)
+                 and (key == "global_batch" or getattr(train, key) != field.default)}
     items.update(wanted)
     value = attr.value
     return [(value.span.start, value.span.end, "{ " + ", ".join(f"{k}: {v}" for k, v in items.items()) + " }")]
@@ -317,7 +316,10 @@ def _same(key: str, train: ir.Training, new: str) -> bool:
 
 
 def _literal(value) -> str:
-    return "none" if value is None else str(getattr(value, "value", value))  # enums by their value
+    """A train value as the language writes it: enums by their value, tuples as lists, None as `none`."""
+    if isinstance(value, tuple):
+        return f"[{', '.join(map(_literal, value))}]"
+    return "none" if value is None else str(getattr(value, "value", value))
 
 
 def _import_edits(partial: Partial, out_path) -> list[tuple[int, int, str]]:

@@ -463,3 +463,25 @@ def test_an_account_pin_against_a_written_stages_line_is_refused_at_it(tmp_path,
     assert out.exit_code == 1 and f"{path}:{line}:3: error[E803]: --pin account=embed contradicts the plan's " \
         f"`stages = {stages}`, which gives account=none" in out.output, out.output
     assert generate("--from", path, "--pin", "account=none", *pins).exit_code == 0  # the line's own split
+
+
+def test_a_train_of_another_file_rebuilt_for_a_pin_keeps_every_setting_it_writes(tmp_path):
+    """A train that is not a dict of this file is rebuilt where a pin changes one of its values: every value it sets
+    comes back (the completion wrote a fixed list of keys, and lost the loss, the kernels, the attention core, the
+    modules `selective` reruns and FP8's recipe: the completed plan was not the one searched)."""
+    (tmp_path / "recipes.plan").write_text(
+        "let shared = { global_batch: 32, micro_batch: 2, precision: bf16, recompute: selective,"
+        " recompute_modules: [core_attn, layernorm], loss: fused, kernels: eager, attention: materialized,"
+        " lr: 1e-4, lr_schedule: cosine, warmup_steps: 3, grad_clip: 0.5, seed: 7,"
+        " optimizer_dtype: bf16 }\n")
+    path = write(tmp_path, '  train   = shared\n', header=HEADER + 'import "recipes"\n')
+    written = read_partial(path).plan.train
+    out_path = tmp_path / "done.plan"
+    out = generate("--from", path, "--pin", "micro_batch_size=1", "--top", "1", "-o", out_path)
+    assert out.exit_code == 0, out.output
+    analysis = api.check(out_path)
+    assert analysis.ok, [d.message for d in analysis.diagnostics]  # (HEADER's own let is unused here: W201)
+    (plan,) = analysis.document.plans
+    assert plan.train.micro_batch == 1
+    where = {"span", "field_spans"}  # the values, not where they are written
+    assert plan.train.model_dump(exclude=where) == written.model_copy(update={"micro_batch": 1}).model_dump(exclude=where)
