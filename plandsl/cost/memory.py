@@ -877,15 +877,18 @@ def unit_moments(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] 
 
     - at the loss's backward, the activations' fullest moment: no unsharded gradient yet; the parameters of every
       unit under ZeRO-2 (`gathers_whole`), under ZeRO-3 those of the root (the embedding, final norm and head,
-      gathered again for the head's backward) and of the last block (kept gathered after its forward, which the
-      backward needs at once), the largest block;
+      gathered again for the head's backward: the all-gather's output beside the parameters copied out of it, once
+      the loss's temporaries but the logits' gradient are freed, `loss_released_bytes`) and of the last block (kept
+      gathered after its forward, which the backward needs at once), the largest block;
     - in a block's backward, its loss's temporaries and the norm's and head's saved activations freed: the root's
       parameters, two blocks' (the block's and the one FSDP2 prefetches; every unit under ZeRO-2), the gradients
       of the head and norm (made by their backward, reduced with the root's at the backward's end), of the block
       and of the block before, whose flat reduce-scatter input FSDP2 keeps till the next one's
       (`reduce_scatter_states`); not the embedding's, made after the blocks' backward (but a table a tied head
-      shares), when the root holds its parameters and every one of its gradients and no block's: the larger of the
-      two, a bound on every block's moment and the embedding's.
+      shares), when the root holds its parameters and every one of its gradients (a tied table's three times: the
+      head's, the embedding's and their sum) and no block's but the first block's reduce-scatter input, then its
+      reduce-scatter's input and output shard beside what is left of its gradients (in the gather's dtype): the
+      largest, a bound on every block's moment and the embedding's.
 
     Each in the gradients' dtype and the parameters' gather dtype (`_gather_units`)."""
     return _unit_moments(plan, layers, extra)[::2]
@@ -903,12 +906,22 @@ def _unit_moments(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param]
     blocks = sorted(units, reverse=True)[:2]
     if gathers_whole(plan):
         at_loss = params = float(root_bytes + sum(size for _, size in units))
-    else:
-        at_loss = float(root_bytes + max((size for _, size in units), default=0.0))
+    else:  # ZeRO-3 resharded the root after the forward: gathered again for the head's backward, the all-gather's
+        # output beside the parameters it is copied into, once the loss's temporaries but the logits' gradient are freed
+        again = max(0.0, root_bytes - loss_released_bytes(plan, layers))
+        at_loss = float(root_bytes + again + max((size for _, size in units), default=0.0))
         params = float(root_bytes + sum(size for _, size in blocks))
     in_blocks = params + (root - late + sum(count for count, _ in blocks)) * grad
-    at_embedding = root_bytes + (sum(size for _, size in units) if gathers_whole(plan) else 0.0) + root * grad
-    return at_loss, params, float(max(in_blocks, at_embedding))
+    # a tied table's two gradients (the head's, the embedding's) and their sum, alive together as autograd adds them;
+    # the first block's reduce-scatter input, which FSDP2 keeps till the root's (`reduce_scatter_states`)
+    shared = 2 * local_numel(tied, tp, ep, expert_tp) if tied is not None else 0
+    first = max((count for count, _ in units), default=0)
+    whole = sum(size for _, size in units) if gathers_whole(plan) else 0.0
+    at_embedding = root_bytes + whole + (root + shared + first) * grad
+    # then the root's reduce-scatter: its input and output in the gradients' dtype beside the head's gradient, in
+    # the gather's dtype (FSDP2's `param_dtype`), a bound on what is left of them
+    at_reduce = root_bytes + root * grad * (1 + 1 / zero_degrees(plan)[1])
+    return at_loss, params, float(max(in_blocks, at_embedding, at_reduce))
 
 
 def whole_vocab_gradient(plan: ir.Plan) -> bool:
@@ -1697,16 +1710,31 @@ def loss_backward_bytes(plan: ir.Plan, layers: Sequence[Layer]) -> float:
     (torch's `log_softmax_backward`); over vocabulary-sharded logits (tp > 1) torch's loss parallel makes three
     (`LOSS_PARALLEL_TEMPORARIES`). A peak of the moment the backward starts, as the block the
     recomputation rebuilds is of a later moment: the larger of the two counts (`estimate_memory`)."""
+    per_logit, logits = _loss_backward_logits(plan, layers)
+    return per_logit * logits
+
+
+def _loss_backward_logits(plan: ir.Plan, layers: Sequence[Layer]) -> tuple[float, float]:
+    """`loss_backward_bytes`' (bytes per logit, the rank's logits); (0, 0) where it counts none."""
     if not isinstance(plan.model, ir.TransformerModel) or not any(layer.kind == "head" for layer in layers) \
             or plan.train.loss is ir.Loss.fused:  # a fused loss writes the logits' gradient in place
-        return 0.0
+        return 0.0, 0.0
     tokens = -(-plan.seq // plan.cp) * plan.train.micro_batch
     # a head whose rule keeps the vocabulary whole: the whole logits, torch's plain cross entropy (`ir.pairs.table_split`)
     split = plan.tp > 1 and table_split(next(layer for layer in layers if layer.kind == "head")) == 0
     # Megatron's own loss multiplies its saved softmax in place and casts it back: the 16-bit gradient only
     per_logit = plan.train.precision.unquantized.bytes if plan.train.loss is ir.Loss.megatron \
         else LOSS_PARALLEL_TEMPORARIES * 4.0 if split else 2 * 4.0
-    return per_logit * tokens * (-(-plan.model.vocab // plan.tp) if split else plan.model.vocab)
+    return per_logit, tokens * (-(-plan.model.vocab // plan.tp) if split else plan.model.vocab)
+
+
+def loss_released_bytes(plan: ir.Plan, layers: Sequence[Layer]) -> float:
+    """What of the loss's backward (`loss_backward_bytes`) is freed by the time the head's backward starts (where
+    ZeRO-3 gathers the root again, `unit_moments`): all but the logits' fp32 gradient and, in a 16-bit precision, its
+    copy in the compute dtype (the head's output gradient)."""
+    per_logit, logits = _loss_backward_logits(plan, layers)
+    kept = 4.0 + (plan.train.precision.unquantized.bytes if plan.train.precision.unquantized.bytes < 4 else 0.0)
+    return max(0.0, per_logit - kept) * logits
 
 
 def ring_backward_bytes(plan: ir.Plan, layer: Layer) -> float:
@@ -1945,7 +1973,7 @@ __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estima
            "ring_backward_bytes", "torch_stage_bytes", "torch_stage_sizes", "layer_offload", "offload_inflight",
            "holds_autocast_copies", "autocast_weight_copies", "expert_weight_copies",
            "one_backward_makes_gradients", "one_backward_apart", "optimizer_step_bytes",
-           "fused_head_gradient_bytes", "gathers_by_moments", "unit_moments", "fsdp_apart"]
+           "fused_head_gradient_bytes", "gathers_by_moments", "unit_moments", "fsdp_apart", "loss_released_bytes"]
 
 
 def estimate_plan_memory(plan: ir.Plan, assignment: Assignment | None = None,

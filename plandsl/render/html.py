@@ -125,8 +125,10 @@ def estimate_table(plan: ir.Plan) -> str:
                  "with the units ZeRO-2/3 gather; activations: the schedule's in-flight bound or the simulated "
                  "peak, whichever is higher, plus the recomputation working set; "
                  + ("pipeline: torch's pipeline stages' receive buffers and cached outputs; " if buffers else "")
-                 + "peak: their sum, as "
-                 "<code>plandsl estimate</code> prints it."
+                 + ("peak: their sum less what of them is never alive at once (a step of one microbatch's gradients "
+                    "not made yet at its peak, ZeRO-2/3's units placed by moment), as "
+                    if any(m.apart or m.moments for m in estimate.memory) else "peak: their sum, as ")
+                 + "<code>plandsl estimate</code> prints it."
                  + (" Simulated peak: the states" + (" and the pipeline's buffers" if buffers else "") + " plus the "
                     "activations the simulated order holds at once; busy and "
                     "idle: each rank's compute and waiting in the simulated step." if simulation else "") + "</p>")

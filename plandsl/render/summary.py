@@ -64,13 +64,16 @@ def describe_plan(plan: ir.Plan) -> str:
     if estimates:
         whose = f" of data rank {shares.index(max(shares))}, the most microbatches, on its own devices" if shares else ""
         buffers = any(estimate.other for estimate in estimates)  # torch's pipeline stage's (`cost.memory`)
+        apart = any(estimate.apart or estimate.moments for estimate in estimates)  # `MemoryEstimate.total`'s less
         lines.append(f"  memory    per device (estimate{whose}): rank: parameters + gradients + optimizer + activations "
-                     + ("+ pipeline buffers " if buffers else "") + "= total / capacity")
+                     + ("+ pipeline buffers " if buffers else "")
+                     + ("- what of them is never alive at once " if apart else "") + "= total / capacity")
         devices_of = batch.replica_device_types(plan)[shares.index(max(shares))] if shares \
             else pipeline_rank_devices(plan)
         for rank, (estimate, devices) in enumerate(zip(estimates, devices_of)):
             capacity = min((d.usable_memory for d in devices), default=0)
             other = f" + {format_bytes(estimate.other)}" if buffers else ""
+            other += f" - {format_bytes(estimate.apart + estimate.moments)}" if apart else ""
             lines.append(f"    {rank:>3}: {format_bytes(estimate.params)} + {format_bytes(estimate.grads)} + "
                          f"{format_bytes(estimate.optimizer)} + {format_bytes(estimate.activations)}{other} = "
                          f"{format_bytes(estimate.total)} / {format_bytes(capacity)}")

@@ -41,10 +41,11 @@ def test_hsdp_is_the_fastest_plan_on_a_slow_fabric_as_brute_force_finds_it():
     assert (best.shard, best.dp // best.shard, best.zero_stage) == (16, 2, 3)
     # the shard degrees: a node's eight data ranks and twice that (32, every rank, is zero3 over one axis)
     assert {s.candidate.shard for s in everything} == {0, 8, 16}
-    # 1.903 s, 3.7 % faster than ZeRO-2 over all 32 (1.977 s; 1.985 against 2.131 while FSDP's units were counted
-    # beside the loss's activations, which made both offload more blocks: `cost.memory.unit_moments`)
+    # 1.940 s, 1.9 % faster than ZeRO-2 over all 32 (1.977 s; 1.985 against 2.131 while FSDP's units were counted
+    # beside the loss's activations, which made both offload more blocks: `cost.memory.unit_moments`; 1.903, 3.7 %,
+    # before the root's second gather at the loss's backward was counted; now 10 blocks offloaded)
     one_axis = min(s.estimate.time.step for s in everything if not s.candidate.shard)
-    assert found.best.estimate.time.step < 0.97 * one_axis
+    assert found.best.estimate.time.step < 0.985 * one_axis
 
 
 def test_the_emitted_hsdp_plan_checks_and_estimates_to_the_searchs_figures():

@@ -173,3 +173,27 @@ def test_show_names_the_gathering_where_written():
     shown = describe_plan(lowered("zero3 over dp with unit = module, prefetch_bucket = 5e7"))
     assert "parallel  zero3 over dp with unit = module, prefetch_bucket = 50000000\n" in shown
     assert "parallel  zero3 over dp\n" in describe_plan(lowered("zero3 over dp"))  # as before the options
+
+
+def test_shows_a_memory_sum_that_adds_up_where_units_are_placed_by_moment():
+    """`show`'s memory line states its parts' sum: with FSDP's units placed by moment (`MemoryEstimate.moments`, less
+    in the total) it subtracts them, which its line said nothing of (the parts summed to more than the total)."""
+    from plandsl.cost.memory import estimate_plan_memory
+    from plandsl.lower.units import format_bytes
+    from plandsl.render.summary import describe_plan
+    plan = lowered("zero3 over dp")
+    estimate = estimate_plan_memory(plan)[0]
+    assert estimate.moments
+    shown = describe_plan(plan)
+    assert "- what of them is never alive at once = total / capacity" in shown
+    assert f" + {format_bytes(estimate.activations)} - {format_bytes(estimate.moments)} = " \
+           f"{format_bytes(estimate.total)} / " in shown
+
+
+def test_the_html_page_says_its_peak_is_less_than_the_sum_where_units_are_placed_by_moment():
+    from plandsl.render.output import graphviz_available
+    if not graphviz_available():
+        pytest.skip("graphviz's dot is not installed")
+    from plandsl.render.html import render_html
+    page = render_html(lowered("zero3 over dp"))
+    assert "peak: their sum less what of them is never alive at once" in page
