@@ -63,6 +63,8 @@ def test_shared_experts_under_expert_parallelism_match_one_process():
     assert _equivalent(report), results[0]["report_text"]
 
 
+_HALF = "{ global_batch: 4, micro_batch: 1, precision: fp32, optimizer: adam, lr: 1e-3, seed: 0 }"
+
 # DeepSeek's shape at tiny widths: multi-head latent attention (a query latent, the key/value latent and its
 # shared rotary key), the first block dense, the others MoE with a shared expert
 _DEEPSEEK = """import "clusters/local"
@@ -121,7 +123,8 @@ def test_deepseek_shape_matches_one_process(layout):
     and the MoE blocks on their stages (with tp and sp, or with the experts over ep), FSDP's units, K and V
     gathered over cp, the experts over ep, and whole over ep x tp (folded over the tensor axis, each tensor rank
     routing its own tokens): each as one process computes it."""
-    plan = _DEEPSEEK.format(layout=_LAYOUTS[layout])
+    # four sequences a step (tiny_train's 8 halved: 2 or 4 microbatches a rank, half the CI's time of these 4-rank runs)
+    plan = _DEEPSEEK.format(layout=_LAYOUTS[layout]).replace("tiny_train", _HALF)
     results = run_ranks(4, train, plan, steps=2, check_equivalence=True, deadline_s=150)
     assert [r["status"] for r in results] == [0] * 4, results[0]["report_text"]
     report = results[0]["report"]
