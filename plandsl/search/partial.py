@@ -239,12 +239,8 @@ def _written_pins(pins: dict, attrs: dict, stage_block, plan: ir.Plan, module: s
 def _train_item(attr: syntax.Attr, module: syntax.Module, key: str):
     """The item of the train dict that writes `key` (in the plan, or in the `let` of this file it names), else the
     plan's train line."""
-    value = attr.value
-    if isinstance(value, syntax.Name):
-        value = next((item.value for item in module.items if isinstance(item, syntax.Let) and item.name == value.id),
-                     value)
-    items = value.items if isinstance(value, syntax.DictExpr) else ()
-    return next((item for item in items if item.key == key), attr)
+    value = _train_dict(module, attr.value)
+    return next((item for item in (value.items if value is not None else ()) if item.key == key), attr)
 
 
 def _conventional_rules(rules: tuple[ir.ShardRule, ...], names: dict[str, str]) -> tuple[ir.ShardRule, ...]:
@@ -675,12 +671,19 @@ def _train_items(module: syntax.Module, value: syntax.Expr, text: str) -> tuple[
     """The train dict's items as (key, value text) when this file writes it (in the plan, or in a `let`
     of this file the plan names), and whether it is written in the plan itself."""
     local = isinstance(value, syntax.DictExpr)
-    if isinstance(value, syntax.Name):
-        lets = {item.name: item.value for item in module.items if isinstance(item, syntax.Let)}
-        value = lets.get(value.id, value)
-    if isinstance(value, syntax.DictExpr):
+    value = _train_dict(module, value)
+    if value is not None:
         return tuple((item.key, text[item.value.span.start:item.value.span.end]) for item in value.items), local
     return None, False
+
+
+def _train_dict(module: syntax.Module, value: syntax.Expr) -> syntax.DictExpr | None:
+    """The train's dict as this file writes it: the plan's own, or that of the `let` of this file the plan names; None
+    for any other (a `let` of another file, a call)."""
+    if isinstance(value, syntax.Name):
+        value = next((item.value for item in module.items if isinstance(item, syntax.Let) and item.name == value.id),
+                     value)
+    return value if isinstance(value, syntax.DictExpr) else None
 
 
 __all__ = ["Partial", "read_partial", "pins_with", "pins_replacing", "other_plans", "ROLE_ATTR"]
