@@ -47,7 +47,12 @@ class Caps:
         of N: one row of the rule's caps per N. Where a rank holds only its open stages' unsharded gradients
         (`_released`: ZeRO-2/3 on torch's pipeline, several stages a rank, `cost.memory.open_gradient_stages`), the
         rule's caps count no more than they hold (`_released_bound`) and are lowered, held or not, to the most blocks
-        whose even split fits with the largest open set's gradients (`_held_caps`), as the exact estimate counts."""
+        whose even split fits with the largest open set's gradients (`_held_caps`), as the exact estimate counts.
+        Without a pipeline (one rank, which holds every block) where the exact estimate of a step of one microbatch
+        leaves the gradients its one backward makes out of its peak (`Figures.apart`), the rank's room is that much
+        larger: the caps' count of every block less those bytes is no more than the exact estimate (which counts the
+        same terms, then leaves them out), so that the cap reaches the model's blocks wherever the exact estimate fits
+        them (the only figure a one-rank cap is compared to)."""
         per_kind, tied, _ = memory
         (embed_s, embed_a, _), (block_s, block_a, working), (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind
         figures = self.figures
@@ -64,6 +69,8 @@ class Caps:
         if tied and len(ranks) > 1:  # the head's stage copies the embedding, on the first rank too (a V-shape's), twice
             fixed[last_rank] += figures.head_copies(memory, inflight)  # twice where the tied head's weight is apart
         capacity = figures.capacity(root)
+        if len(ranks) == 1 and figures.apart(memory):  # one rank, every block: what its step holds apart from its peak
+            capacity = capacity + figures.apart(memory)
         released = self._released(memory, inflight)
         grads = released[1] if released is not None else None
         if released is not None:  # the rule's caps at most (`_held_caps` lowers them to the open stages' gradients)

@@ -20,7 +20,8 @@ from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activati
                                  gathered_bytes, gathered_param_bytes, gathers_by_moments, unit_moments,
                                  gathers_whole, head_inflight, holds_autocast_copies, inflight_microbatches,
                                  whole_vocab_gradient, whole_vocab_gradient_element,
-                                 layer_precision, open_gradient_stages, pipelined_shards, releases_gradients,
+                                 layer_precision, one_backward_makes_gradients, open_gradient_stages,
+                                 pipelined_shards, releases_gradients,
                                  model_state_bytes, returned_output_bytes, tied_embedding, torch_stage_sizes,
                                  replicates_units, whole_vocab_gradient_bytes, StateBytes)
 from plandsl.cost.stage import param_split
@@ -73,6 +74,8 @@ class Figures:
         self._buffer_plans: dict = caches.setdefault("buffer_plans", {})
         self._buffers_cache: dict = caches.setdefault("buffers", {})
         self._buffer_shapes: dict = caches.setdefault("buffer_shapes", {})  # microbatches' shape -> (plan, sizes)
+        # id(a one-stage node's memory) -> the bytes its step of one microbatch holds apart (`apart`)
+        self._apart: dict = caches.setdefault("apart", {})
         self._class_cache: dict = caches.setdefault("class", {})  # id(a memory) -> (it, `memory_class`)
         self._classes: dict = caches.setdefault("classes", {})  # what the caps read of a memory -> its number
         self._types_cache: dict = {}
@@ -309,6 +312,8 @@ class Figures:
                        and (plan.stages is not None or plan.data is None)) if whole_vocab_gradient(plan) else None
             kept = self._activations(node, zero, holds_autocast_copies(plan), element)
             found = self._memory_cache[key] = ([(s, *a) for s, a in zip(states, kept)], tied, plan)
+            if root.pp == 1 and node.microbatches == 1:  # the key's dp, ep and micro-batch make its microbatches
+                self._apart[id(found)] = self._one_stage_apart(node, zero)
             if root.pp > 1 and self.transformer:  # the plan of the node's microbatches and its sizes (`stage_buffers`)
                 # what they read (`cost.memory.torch_stage_sizes`, `returned_output_bytes`) is the microbatches' shape
                 # and count and the problem's, not the ZeRO stage nor the recomputation: once for those
@@ -320,6 +325,27 @@ class Figures:
                 self._buffer_plans[id(found)] = buffers
         return found
 
+    def _one_stage_apart(self, node: Node, zero: int) -> float:
+        """The bytes the exact estimate of the node's one stage (every layer on one rank, one microbatch) holds apart
+        from its peak (`cost.memory.MemoryEstimate.apart`: the gradients its one backward makes, `cost.memory.
+        one_backward_apart`); 0 where it holds none apart. Once per memory (a few per search: one microbatch a rank
+        without a pipeline)."""
+        plan = build_plan(self.base, candidate_of(node, "", 1, zero))
+        if not one_backward_makes_gradients(plan):
+            return 0.0
+        layers = self.stage_layers((self.blocks,))[0]
+        return float(estimate_memory(plan, [layers], [[0]], [1.0])[0].apart)
+
+    def apart(self, memory) -> float:
+        """What the exact estimate leaves out of the peak of the one rank of a node without a pipeline whose `memory`
+        this is (`layer_memory`), where its step of one microbatch makes its gradients in its one backward
+        (`cost.memory.one_backward_apart`): the bytes its states and activations hold beyond its peak when it holds
+        every layer, which the search's memory figures take off a one-stage rank's (`Caps.rank_caps`, the node's own
+        check in `Space.pending`, the several kinds' and a layer model's splits), so that they never count more than
+        the exact estimate. 0 for any other memory (a pipeline's, several microbatches', a partly recomputed or
+        offloading node's figures, whose exact estimate holds nothing apart)."""
+        return self._apart.get(id(memory), 0.0)
+
     def share_buffers(self, memory, like) -> None:
         """`memory` (a partly recomputed node's) holds torch's pipeline buffers as `like` does: the same microbatches."""
         if id(like) in self._buffer_plans:
@@ -327,17 +353,19 @@ class Figures:
 
     def memory_class(self, memory) -> int:
         """A number for what the caps read of a node's `memory` (`Caps`): its per-kind figures and the states a head
-        adds, ZeRO's gathered units (`gathered`: none, or its plan's) and torch's pipeline buffers' sizes
-        (`stage_buffers`); equal for memories equal in those, so that the caps of one serve the others (ZeRO-2 and 3
-        under a pipeline, which keeps both stages' units gathered; layouts trading dp for cp at the same tokens a
-        microbatch). Once per memory object (kept alive here, so that its id names it)."""
+        adds, ZeRO's gathered units (`gathered`: none, or its plan's), torch's pipeline buffers' sizes
+        (`stage_buffers`) and what a one-microbatch step holds apart (`apart`); equal for memories equal in those, so
+        that the caps of one serve the others (ZeRO-2 and 3 under a pipeline, which keeps both stages' units gathered;
+        layouts trading dp for cp at the same tokens a microbatch). Once per memory object (kept alive here, so that
+        its id names it)."""
         found = self._class_cache.get(id(memory))
         if found is None or found[0] is not memory:
             plan = memory[2]  # ZeRO's gathered units: none, or the plan's (kept alive by the states' cache)
             gathered = id(plan) if _gathers_units(plan) else None
             plan, sizes = self._buffer_plans.get(id(memory), (None, None))
             buffers = (sizes, plan.stages.outputs, plan.train.loss) if sizes is not None else None
-            content = (tuple(tuple(kind) for kind in memory[0]), memory[1], gathered, buffers, self.gradients(memory))
+            content = (tuple(tuple(kind) for kind in memory[0]), memory[1], gathered, buffers, self.gradients(memory),
+                       self.apart(memory))
             found = self._class_cache[id(memory)] = (memory, self._classes.setdefault(content, len(self._classes)))
         return found[1]
 

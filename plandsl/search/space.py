@@ -305,6 +305,8 @@ class Space:
             elif node.offload:  # of several kinds: all but the largest kind's one
                 blocks = [1] + list(range(4, len(self.kinds)))
                 stored -= sum(self.kinds[i][1] * per_kind[i][1] for i in blocks) - max(per_kind[i][1] for i in blocks)
+            if root.pp == 1 and not node.offload:  # what the exact estimate of a one-microbatch step leaves apart
+                states -= self.figures.apart(memory)
             if (states + stored) / root.pp > max(root.capacity):
                 self.stats.memory_pruned += len(choices)
                 candidate = candidate_of(node, '', 1, zero)

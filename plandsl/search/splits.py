@@ -276,7 +276,7 @@ class Splits:
         if pinned is None and self.mixed_partition(node, zero, ranks, inflight, memory) is not None:
             return None
         per_kind = memory[0]
-        _, caps = self._mixed_room(node.root, ranks, inflight, memory)
+        _, caps = self._mixed_room(node.root, ranks, inflight, memory, apart=False)
         stored = self._mixed_bytes(per_kind, ranks, inflight)  # a kept block's bytes, per kind
         activations = [per_kind[kind][1] * float(inflight[ranks[0]]) for kind in self._summed]
         before = np.array([self.figures.kind_before[self.figures.block_kinds.index(kind)] for kind in self._summed])
@@ -309,10 +309,12 @@ class Splits:
                 found = free
         return found
 
-    def _mixed_room(self, root, ranks, inflight, memory):
+    def _mixed_room(self, root, ranks, inflight, memory, apart: bool = True):
         """(each stage's rank's room for blocks, whole; each stage's share of it) under `memory`: the capacity less
         the working set (the largest of the kinds of block), torch's pipeline buffers, ZeRO's gathered units, the
-        embedding on the first stage and the norm and head on the last, as arrays over the stages."""
+        embedding on the first stage and the norm and head on the last, as arrays over the stages; on one rank, plus
+        what the exact estimate of its one-microbatch step holds apart from its peak (`Figures.apart`, as
+        `Caps.rank_caps` counts it), unless `apart` is False (an offloading node's: its step holds nothing apart)."""
         per_kind, tied, _ = memory
         (embed_s, embed_a, _), _, (norm_s, norm_a, _), (head_s, head_a, loss) = per_kind[:4]
         working = max(per_kind[kind][2] for kind in self._summed)
@@ -331,6 +333,8 @@ class Splits:
         room -= np.where(final, norm_s + head_s + head * (norm_a + head_a) + max(0.0, loss - working)
                          + (self.figures.head_copies(memory, inflight) if tied and len(ranks) > 1 else 0.0),
                          0.0)
+        if apart and len(ranks) == 1:
+            room = room + self.figures.apart(memory)
         return room, room / np.bincount(on)[on]  # a rank's room is shared by its stages
 
     def _mixed_bytes(self, per_kind, ranks, inflight) -> list:
@@ -406,7 +410,8 @@ class Splits:
         for r in ranks:
             costs.append([t.forward + t.backward for t in self.figures.kind_times(node, root.rank_devices[r])])
             memory.append([k[0] + inflight[r] * k[1] for k in per_kind])
-            caps.append((root.capacity[r] - working) / sum(1 for q in ranks if q == r))
+            caps.append((root.capacity[r] - working + (self.figures.apart(layer_memory) if len(ranks) == 1 else 0.0))
+                        / sum(1 for q in ranks if q == r))  # one rank: what its one-microbatch step holds apart
         return partition_layers(costs, memory, caps)
 
 
