@@ -14,6 +14,8 @@ model's predictions against published training runs.
     python bench/bench_search.py --memory     # torchtitan's published peak memory against the memory model
     python bench/bench_search.py --memory-trace [ROW ...]  # ... against `plandsl run`'s step traced on fake tensors
                                               # and replayed through the caching allocator's model (minutes)
+    python bench/bench_search.py --memory-share [ROW ...]  # ... the allocator's share step by step, the reserve's
+                                              # raises and the holes they passed over (minutes)
 
 Targets (issue: cost model and search): GPT-3 175B on 1,024 A100s, full search, under 10 s; a 1T
 model on 4,096 GPUs under 30 s; median error of the held-out runs <= 15 %, max <= 30 %.
@@ -1956,6 +1958,25 @@ def torchtitan_staged(plan: ir.Plan, virtual: int) -> ir.Plan:
                                                                            "groups": tuple(groups)})})
 
 
+def traced_plan(best) -> tuple[ir.Plan, list[int]]:
+    """The search's plan for a torchtitan row as `plandsl run` traces it, and the ranks to trace: torchao's FP8
+    all-gather, which `run` does not apply, as bf16's; a pipelined plan with torchtitan's split as explicit stages, its
+    first and last pipeline ranks and the `PIPELINE_RANKS_TRACED` the count puts fullest (the page reports the most any
+    GPU reserved)."""
+    from plandsl.runtime.faults import mesh_rank
+    plan, ranks = best.plan, [0]
+    if plan.data is not None and plan.data.gather is ir.Precision.fp8:
+        plan = plan.model_copy(update={"data": plan.data.model_copy(update={"gather": ir.Precision.bf16})})
+    if plan.stages is not None:
+        plan = torchtitan_staged(plan, best.candidate.virtual_stages or 1)
+        counted_rank = [m.total for m in _torchtitan_estimate(best).memory]  # per pipeline rank
+        fullest = sorted({0, plan.pp - 1} | set(sorted(range(plan.pp), key=lambda r: -counted_rank[r])
+                                                [:PIPELINE_RANKS_TRACED]))
+        ranks = [mesh_rank(plan, {axis.name: r if axis.name == plan.stages.axis else 0 for axis in plan.mesh.axes})
+                 for r in fullest]
+    return plan, ranks
+
+
 def memory_trace_report(names: list[str] | None = None) -> str:
     """The same runs, each plan the search chose traced through `plandsl run`'s own step on fake tensors
     (`runtime.memtrace`: rank 0, two steps, FP8 run in bf16) and replayed through the caching allocator's model
@@ -1965,7 +1986,6 @@ def memory_trace_report(names: list[str] | None = None) -> str:
     `PIPELINE_RANKS_TRACED` the count puts fullest traced, the fullest replay reported (the page reports the most any
     GPU reserved).
     `names`: only the rows whose name contains one of them."""
-    from plandsl.runtime.faults import mesh_rank
     from plandsl.runtime.memtrace import TraceError, traced_memory
     lines = ["| torchtitan run | published GiB | counted GiB | traced tensors GiB | reserved GiB (expandable "
              "segments) | error | reserved GiB (segments) | trace s |", "|---|---|---|---|---|---|---|---|"]
@@ -1974,16 +1994,7 @@ def memory_trace_report(names: list[str] | None = None) -> str:
             continue
         counted, best = counted_memory(run)
         start = time.process_time()
-        plan, ranks = best.plan, [0]
-        if plan.data is not None and plan.data.gather is ir.Precision.fp8:  # run has no FP8 all-gather: bf16's
-            plan = plan.model_copy(update={"data": plan.data.model_copy(update={"gather": ir.Precision.bf16})})
-        if plan.stages is not None:  # torchtitan's split; the pipeline ranks the count puts fullest (the page's max)
-            plan = torchtitan_staged(plan, best.candidate.virtual_stages or 1)
-            counted_rank = [m.total for m in _torchtitan_estimate(best).memory]  # per pipeline rank
-            fullest = sorted({0, plan.pp - 1} | set(sorted(range(plan.pp), key=lambda r: -counted_rank[r])
-                                                    [:PIPELINE_RANKS_TRACED]))
-            ranks = [mesh_rank(plan, {axis.name: r if axis.name == plan.stages.axis else 0 for axis in plan.mesh.axes})
-                     for r in fullest]
+        plan, ranks = traced_plan(best)
         try:
             traced = max((traced_memory(plan, rank) for rank in ranks), key=lambda t: t.expandable.peak_reserved)
         except TraceError as error:
@@ -1993,6 +2004,62 @@ def memory_trace_report(names: list[str] | None = None) -> str:
         lines.append(f"| {run.name} | {published_gib:.1f} | {counted:.1f} | {traced.peak_allocated / 2**30:.1f} | "
                      f"{reserved:.1f} | {reserved / published_gib - 1:+.0%} | "
                      f"{traced.classic.peak_reserved / 2**30:.1f} | {time.process_time() - start:.0f} |")
+    return "\n".join(lines)
+
+
+SHARE_STEPS = 3  # steps traced for `--memory-share`: the reserve settles at the second (Adam's states made at the first)
+SHARE_RAISE = 1 << 30  # the reserve's raises listed: a GiB or more
+SHARE_DROPPED = (1 << 20, 16 << 20, 128 << 20)  # the tensors below each left out of a replay: how much the share owes them
+
+
+def memory_share_report(names: list[str] | None = None) -> str:
+    """The allocator's share taken apart (docs/validation.md, "The allocator's share, step by step"): for each row
+    (`names`: those whose name contains one of them), the first traced rank of `traced_plan`, `SHARE_STEPS` steps
+    on fake tensors replayed with expandable segments: the reserved and allocated peaks through each step, the
+    events that raised the reserve by a GiB or more (the op, the request, the largest hole passed over), and the
+    share with the tensors under 1, 16 and 128 MiB left out of the replay."""
+    from plandsl.cost.allocator import replay
+    from plandsl.runtime.memtrace import trace_rank
+    gib, lines, seen = 2**30, [], {}
+    for run, published_gib in torchtitan_memory():
+        if names and not any(name in run.name for name in names):
+            continue
+        counted, best = counted_memory(run)
+        plan, ranks = traced_plan(best)
+        key = (run.model, run.seq, best.candidate.describe())
+        if key in seen:  # Tables 1 and 3: the eager, compiled and Float8 rows trace alike (`run` has no compile, FP8
+            # is traced in bf16) the layout the search gives them all
+            lines += [f"### {run.name}: the plan of {seen[key]}, above (published {published_gib:.1f} GiB)", ""]
+            continue
+        seen[key] = run.name
+        trace = trace_rank(plan, ranks[0], SHARE_STEPS)
+        start = trace.steps[0]
+        placed = [(1, key, size) for key, size in trace.live_before(start).items()]
+        lines.append(f"### {run.name} (rank {ranks[0]}; published {published_gib:.1f} GiB reserved, counted "
+                     f"{counted:.1f})")
+        lines += ["", "| through step | allocated GiB | reserved GiB | share GiB |", "|---|---|---|---|"]
+        for step in range(len(trace.steps)):
+            end = trace.steps[step + 1] if step + 1 < len(trace.steps) else len(trace.events)
+            result = replay(placed + list(trace.events[start:end]))
+            lines.append(f"| {step + 1} | {result.peak_allocated / gib:.2f} | {result.peak_reserved / gib:.2f} | "
+                         f"{(result.peak_reserved - result.peak_allocated) / gib:.2f} |")
+        events = placed + list(trace.events[start:])
+        whole = replay(events, raises=SHARE_RAISE)
+        lines += ["", "| event | step | op | request GiB | raised GiB | allocated GiB | reserved GiB | largest hole GiB |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in whole.raises:
+            index = r.event - len(placed) + start  # the trace's own index
+            step = max((s for s, first in enumerate(trace.steps) if first <= index), default=-1) + 1
+            label = trace.labels.get(events[r.event][1], "?") if r.event >= len(placed) else "placed before the steps"
+            lines.append(f"| {r.event} | {step or '-'} | {label} | {r.request / gib:.2f} | {r.raised / gib:.2f} | "
+                         f"{r.allocated / gib:.2f} | {r.reserved / gib:.2f} | {r.largest_hole / gib:.2f} |")
+        sizes = {event[1]: event[2] for event in events if event[0] == 1}
+        dropped = []
+        for floor in SHARE_DROPPED:
+            kept = [event for event in events if sizes.get(event[1], 0) >= floor]
+            result = replay(kept)
+            dropped.append(f"under {floor >> 20} MiB: {(result.peak_reserved - result.peak_allocated) / gib:.2f}")
+        lines += ["", "share with the tensors left out " + "; ".join(dropped) + " GiB", ""]
     return "\n".join(lines)
 
 
@@ -2131,6 +2198,36 @@ def further_papers() -> list[Run]:
                     2048 * 2048 / 32.5 / 512, metric="tokens_per_device", family="further",
                     pins={"tp": 1, "pp": 1, "cp": 1, "dp": 512, "data": "hsdp", "dp_shard": 128, "recompute": "full"},
                     dtypes=dict(PRE_FLASH), gathering=TORCHTITAN_GATHER))
+    # (5) DeepSeek-V3's own pre-training (DeepSeek-AI 2024, arXiv:2412.19437; written 2026-12-07 from the report
+    # before its prediction was looked at): 2,048 H800s (Sec. 3.1: `hgx_h800`, 8 per node, NVLink 160 GB/s, IB 50 GB/s
+    # a GPU); HAI-LLM with 16-way pipeline parallelism, 64-way expert parallelism spanning 8 nodes and ZeRO-1 data
+    # parallelism, no tensor parallelism (Sec. 3.2: pp 16, ep 64, the data ranks 128 = dp 2 x ep 64); DualPipe
+    # (Sec. 3.2.1; the language's DualPipeV, its V-shaped fold, keeps one copy of the weights where DualPipe keeps
+    # two) with the all-to-alls of one microbatch behind the other's computation (`experts = deepep ... with
+    # overlap`: DeepEP is the kernels of Sec. 3.2.2, node-limited routing, models/deepseek's expert_groups 8,
+    # group_top_k 4); FP8 with fine-grained (tile and block) scaling (Sec. 3.3: `fp8_recipe: blockwise`), AdamW's
+    # moments in bf16 and the fp32 master and gradients (Sec. 3.3.3: `optimizer_dtype: bf16` with
+    # `param_dtype: bf16`); RMSNorm and MLA's up-projections recomputed in the backward (Sec. 3.2.3:
+    # `recompute_modules: layernorm, mla_up_proj`); sequence 4096 and the batch of 15,360 held after the first
+    # 469B tokens (Sec. 4.2); one MTP depth (models/deepseek's mtp=1). The micro-batch size is not given (searched);
+    # Sec. 3.2.3's memory savings (recomputation, the EMA in host memory, the MTP depth sharing the embedding and the
+    # head) offload no activation (`offload_layers: 0`).
+    # Measured: "each trillion tokens requires only 180K H800 GPU hours" (Sec. 1; 2,664K hours for 14.8T tokens,
+    # Table 1): 10^12 / (180,000 x 3,600) tokens/s per GPU, a wall-clock average over the whole run. HAI-LLM's
+    # pipeline is not published; DualPipe's own (deepseek-ai/DualPipe, dualpipe/dualpipe.py) receives each chunk into
+    # a new tensor (`comm.append_irecv`) and frees an output's storage once sent (`_send_forward`'s `to_free`), as
+    # Megatron-LM's does, but the language runs DualPipeV on torch's pipeline only (E610), which keeps a receive
+    # buffer per microbatch and `replicate`'s copies of the weights: the row is refused (does not fit; docs/
+    # validation.md, "DeepSeek-V3's own pre-training"). Not in the language either: the 20 SMs of each GPU the report
+    # gives its communication kernels, DualPipe's second copy of the weights, the EMA of the weights in host memory.
+    runs.append(Run("DeepSeek-V3 pre-training (p16 e64, DualPipe), 2048 H800", "DeepSeek-AI 2024, arXiv:2412.19437, "
+                    "Secs. 1, 3.2-3.3, 4.2", "deepseek_v3", "hgx_h800 x 256", 15360, 1e12 / (180e3 * 3600),
+                    metric="tokens_per_device", family="further",
+                    pins={"tp": 1, "pp": 16, "ep": 64, "dp": 2, "cp": 1, "zero_stage": 1, "schedule": "dualpipev",
+                          "recompute": "selective", "recompute_modules": "layernorm,mla_up_proj,moe_act",
+                          "offload_layers": 0},  # Sec. 3.2.3's memory savings offload no activation
+                    dtypes={"precision": "fp8", "fp8_recipe": "blockwise", "optimizer_dtype": "bf16", **MEGATRON_CORE},
+                    overlap_experts=True, dispatcher="deepep"))
     return runs
 
 
@@ -2312,6 +2409,8 @@ def main(argv: list[str]) -> None:
         print(blackwell_report())
     elif "--experts" in argv:
         print(experts_report())
+    elif "--memory-share" in argv:
+        print(memory_share_report(argv[argv.index("--memory-share") + 1:]))
     elif "--memory-trace" in argv:
         print(memory_trace_report(argv[argv.index("--memory-trace") + 1:]))
     elif "--memory" in argv:

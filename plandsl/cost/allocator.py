@@ -75,7 +75,9 @@ class Replay:
     mapped pages (`reserved_bytes.all.peak`, `max_memory_reserved`). Of the event that first raised the reserve to
     its peak: `peak_event`, its index, and once it was served, `allocated_at_peak` and `holes`, the free blocks then,
     largest first (at most 16): what fragmentation kept reserved. `out_of_memory` says an allocation failed
-    even after the cache was released (`oom_event` its index); the replay stops there, as torch would raise."""
+    even after the cache was released (`oom_event` its index); the replay stops there, as torch would raise.
+    `raises`: where asked (`replay(..., raises=bytes)`), every event that raised the reserved bytes by at least that
+    many, in order, as `Raise`s: where the reserve grew beyond the tensors and what holes it passed over."""
 
     peak_allocated: int
     peak_reserved: int
@@ -87,6 +89,21 @@ class Replay:
     peak_event: int | None
     allocated_at_peak: int
     holes: tuple[int, ...]
+    raises: tuple["Raise", ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Raise:
+    """An event that raised the reserved bytes: its `event` index, the `request` (rounded), the bytes `raised`, and
+    once it was served the bytes `allocated` and `reserved` and the `largest_hole`, the largest free block then (a
+    request larger than every hole extends the segment, however much is free)."""
+
+    event: int
+    request: int
+    raised: int
+    allocated: int
+    reserved: int
+    largest_hole: int
 
 
 class _Segment:
@@ -349,20 +366,24 @@ class _Allocator:
         return self._split(block, size)
 
 
-def replay(events: Iterable[Event], *, expandable: bool = True, capacity: int | None = None) -> Replay:
+def replay(events: Iterable[Event], *, expandable: bool = True, capacity: int | None = None,
+           raises: int | None = None) -> Replay:
     """Replays `events`, each `(op, key, size)` or `(op, key, size, stream)`: op +1 allocates `size` bytes under
     `key` on `stream` (default 0), op -1 frees `key` (its size is not read). An allocation under a live key frees it
     first; a free of an unknown key is ignored; a size of 0 allocates nothing, as torch's allocator. `expandable`:
     `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (torchtitan's default), else classic segments. `capacity`:
-    the bytes the allocator may reserve (None: unbounded)."""
+    the bytes the allocator may reserve (None: unbounded). `raises`: record each event that raises the reserved bytes
+    by at least this many (`Replay.raises`; None: none recorded)."""
     allocator = _Allocator(expandable, capacity)
     live: dict[Hashable, _Block] = {}
     oom_event = None
+    recorded: list[Raise] = []
     for index, event in enumerate(events):
         allocator.event = index
         op, key, size = event[0], event[1], event[2]
         if op not in (1, -1):
             raise ValueError(f"event {index}: op is {op!r}, expected +1 (allocate) or -1 (free)")
+        before = allocator.reserved
         block = live.pop(key, None)
         if block is not None:
             allocator.free(block)
@@ -374,11 +395,15 @@ def replay(events: Iterable[Event], *, expandable: bool = True, capacity: int | 
                 break
             live[key] = block
         allocator.settle()
+        if raises is not None and op == 1 and allocator.reserved - before >= max(raises, 1):
+            largest = max((pool.free[-1][0] for pool in allocator.pools.values() if pool.free), default=0)
+            recorded.append(Raise(index, round_size(size), allocator.reserved - before, allocator.allocated,
+                                  allocator.reserved, largest))
     return Replay(peak_allocated=allocator.peak_allocated, peak_reserved=allocator.peak_reserved,
                   end_allocated=allocator.allocated, end_reserved=allocator.reserved, retries=allocator.retries,
                   out_of_memory=oom_event is not None, oom_event=oom_event, peak_event=allocator.peak_event,
-                  allocated_at_peak=allocator.allocated_at_peak, holes=allocator.holes)
+                  allocated_at_peak=allocator.allocated_at_peak, holes=allocator.holes, raises=tuple(recorded))
 
 
-__all__ = ["Replay", "replay", "round_size", "allocation_size", "MIN_BLOCK", "SMALL_SIZE", "SMALL_BUFFER", "LARGE_BUFFER",
+__all__ = ["Replay", "Raise", "replay", "round_size", "allocation_size", "MIN_BLOCK", "SMALL_SIZE", "SMALL_BUFFER", "LARGE_BUFFER",
            "MIN_LARGE_ALLOC", "ROUND_LARGE"]

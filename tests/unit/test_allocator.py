@@ -94,6 +94,21 @@ def test_a_hole_too_small_is_skipped_and_the_segment_grows():
     assert result.holes == (20 * MiB, 10 * MiB) and result.peak_event == 3
 
 
+def test_raises_list_the_events_that_grew_the_reserve_and_the_hole_they_passed_over():
+    """`replay(..., raises=)`: the loss's pattern in small. A 16-bit logits tensor (20 MiB) is freed between live
+    blocks and its fp32 temporaries (40 MiB each) find no hole of their size: each maps two 20 MiB pages at the
+    segment's end, the 20 MiB hole passed over (the largest free block then); a raise below the threshold is left
+    out, and none are recorded unless asked."""
+    events = [(1, "act", 20 * MiB), (1, "logits", 20 * MiB), (1, "fp32", 40 * MiB), (-1, "logits", 0),
+              (1, "grad", 40 * MiB), (1, "small", 2 * MiB)]
+    result = replay(events, raises=20 * MiB)
+    assert [(r.event, r.request, r.raised, r.largest_hole) for r in result.raises] == [
+        (0, 20 * MiB, 20 * MiB, 0), (1, 20 * MiB, 20 * MiB, 0), (2, 40 * MiB, 40 * MiB, 0),
+        (4, 40 * MiB, 40 * MiB, 20 * MiB)]
+    assert result.raises[-1].allocated == 100 * MiB and result.raises[-1].reserved == 120 * MiB
+    assert replay(events).raises == ()
+
+
 def test_a_free_tail_is_passed_over_for_a_hole_that_cannot_grow():
     """`get_free_block` under expandable segments: a block followed by unmapped space counts as all it can grow to,
     so 30 MiB takes a 60 MiB hole before the 40 MiB free tail. 55 MiB then finds no hole and extends the tail by a
