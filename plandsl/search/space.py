@@ -397,7 +397,7 @@ class Space:
         inflight = self.figures.inflight(schedule, pp, m, virtual) if pp > 1 else _ONE_IN_FLIGHT
         recomputed, offloaded = None, 0
         if node.offload:
-            found = self._offloaded(node, ranks, inflight, memory, virtual) if not self.dense_blocks else \
+            found = self._offloaded(node, zero, ranks, inflight, memory, virtual) if not self.dense_blocks else \
                 self.splits.mixed_offloaded(node, zero, ranks, inflight, memory, least)
             if found is None:
                 self.stats.memory_pruned += 1
@@ -427,16 +427,18 @@ class Space:
         bound = self.bounds.split_bound(node, zero, schedule, ranks, counts, recomputed) * SAFE * SAFE
         return Leaf(node, schedule, virtual, zero, counts, max(floor, bound), recomputed, offloaded, exact=False)
 
-    def _offloaded(self, node: Node, ranks, inflight, memory, virtual: int) -> tuple[tuple[int, ...], int] | None:
+    def _offloaded(self, node: Node, zero: int, ranks, inflight, memory,
+                   virtual: int) -> tuple[tuple[int, ...], int] | None:
         """(blocks per stage, N) of an offloading node (one stage), or None: N is the pin, else the least whose
         caps hold every block (`Caps.least_recomputed` over `Caps.offload_memory`: the caps only grow with N, and
         each block offloaded more only adds copies). None where the blocks fit without offloading (the node that
-        keeps them is faster), and where no N fits: on the device, where every block offloaded holds as much as all
+        keeps them is faster; by its caps and the exact estimate, `Figures.kept_fits`), and where no N fits: on the device, where every block offloaded holds as much as all
         but one (the one its backward reloads, `cost.memory.offload_inflight`) and so fits only where N = L - 1 does,
         and on the host, whose memory a device's N offloaded blocks must fit (E514's `cost.offload.host_capacity`),
         which only more N fill."""
         root, pinned = node.root, self.pins.get("offload_layers")
-        if pinned is None and self.caps.caps(root, ranks, inflight, memory, virtual) is not None:
+        if pinned is None and self.caps.caps(root, ranks, inflight, memory, virtual) is not None \
+                and self.figures.kept_fits(node, zero):
             return None
         moved, kept = self.caps.offload_memory(memory)
         least = pinned if pinned is not None else \

@@ -129,7 +129,7 @@ class Splits:
         split = None
         if pinned is None:
             kept_caps = self.caps.caps(root, ranks, inflight, kept_memory, virtual)
-            if kept_caps is not None:
+            if kept_caps is not None and self.figures.kept_fits(node.kept, zero):  # else the kept node is refused
                 split = self.fitted_partition(node.kept, ranks, inflight, kept_memory, virtual, rank_caps=kept_caps)
                 free = self.transformer_partition(node.kept, ranks, inflight, kept_memory, virtual,
                                                   [self.blocks * virtual] * root.pp)
@@ -201,7 +201,9 @@ class Splits:
         if pinned is None:
             split = self.mixed_partition(node.kept, zero, ranks, inflight, kept_memory)
             if split == self.mixed_partition(node.kept, zero, ranks, inflight, kept_memory, bounded=False):
-                return None
+                if self.figures.kept_fits(node.kept, zero):
+                    return None
+                split = None  # the exact estimate refuses the kept node's split (`Figures.kept_fits`): any N's may do
         partial = self._mixed_partial_memory(memory, kept_memory)
         room, caps = self._mixed_room(node.root, ranks, inflight, partial)
         full_bytes = self._mixed_bytes(memory[0], ranks, inflight)
@@ -273,7 +275,8 @@ class Splits:
         three-kind model offloading 2 blocks, its working sets and autocast copies; not traced further), and `Space.retry`
         asks again at N + 1."""
         pinned = self.pins.get("offload_layers")
-        if pinned is None and self.mixed_partition(node, zero, ranks, inflight, memory) is not None:
+        if pinned is None and self.mixed_partition(node, zero, ranks, inflight, memory) is not None \
+                and self.figures.kept_fits(node, zero):
             return None
         per_kind = memory[0]
         _, caps = self._mixed_room(node.root, ranks, inflight, memory, apart=False)
