@@ -81,6 +81,10 @@ class Figures:
         self._apart: dict = caches.setdefault("apart", {})
         # (id(a one-stage node's memory), its microbatches) -> the exact estimate's total of its plan (`kept_fits`)
         self._kept_totals: dict = caches.setdefault("kept_totals", {})
+        # id(a one-stage node's memory whose ZeRO-2/3 units are placed by moment) -> its plan at its micro-batch, which
+        # `unit_moments` reads (the loss's released bytes), and (id(a states plan), a micro-batch) -> that plan
+        self._moment_plans: dict = caches.setdefault("moment_plans", {})
+        self._moment_plan_cache: dict = caches.setdefault("moment_plan_shapes", {})
         self._class_cache: dict = caches.setdefault("class", {})  # id(a memory) -> (it, `memory_class`)
         self._classes: dict = caches.setdefault("classes", {})  # what the caps read of a memory -> its number
         self._types_cache: dict = {}
@@ -319,6 +323,13 @@ class Figures:
             found = self._memory_cache[key] = ([(s, *a) for s, a in zip(states, kept)], tied, plan)
             if root.pp == 1 and node.microbatches == 1:  # the key's dp, ep and micro-batch make its microbatches
                 self._apart[id(found)] = self._one_stage_apart(node, zero)
+            if root.pp == 1 and gathers_by_moments(plan):  # `gathered`'s moments at the node's own micro-batch
+                # (the states' plan is the first node's of the layout and ZeRO stage, of any micro-batch)
+                shape = (id(plan), node.micro_batch)
+                moments = self._moment_plan_cache.get(shape)
+                if moments is None:
+                    moments = self._moment_plan_cache[shape] = build_plan(self.base, candidate_of(node, "", 1, zero))
+                self._moment_plans[id(found)] = moments
             if root.pp > 1 and self.transformer:  # the plan of the node's microbatches and its sizes (`stage_buffers`)
                 # what they read (`cost.memory.torch_stage_sizes`, `returned_output_bytes`) is the microbatches' shape
                 # and count and the problem's, not the ZeRO stage nor the recomputation: once for those
@@ -377,9 +388,12 @@ class Figures:
         return self._apart.get(id(memory), 0.0)
 
     def share_buffers(self, memory, like) -> None:
-        """`memory` (a partly recomputed node's) holds torch's pipeline buffers as `like` does: the same microbatches."""
+        """`memory` (a partly recomputed or offloading node's) holds torch's pipeline buffers as `like` does, and places
+        ZeRO's units by moment at its micro-batch (`gathered`): the same microbatches."""
         if id(like) in self._buffer_plans:
             self._buffer_plans[id(memory)] = self._buffer_plans[id(like)]
+        if id(like) in self._moment_plans:  # and places ZeRO's units by moment at the same micro-batch (`gathered`)
+            self._moment_plans[id(memory)] = self._moment_plans[id(like)]
 
     def memory_class(self, memory) -> int:
         """A number for what the caps read of a node's `memory` (`Caps`): its per-kind figures and the states a head
@@ -394,8 +408,9 @@ class Figures:
             gathered = id(plan) if _gathers_units(plan) else None
             plan, sizes = self._buffer_plans.get(id(memory), (None, None))
             buffers = (sizes, plan.stages.outputs, plan.train.loss) if sizes is not None else None
+            moments = self._moment_plans.get(id(memory))
             content = (tuple(tuple(kind) for kind in memory[0]), memory[1], gathered, buffers, self.gradients(memory),
-                       self.apart(memory))
+                       self.apart(memory), id(moments) if moments is not None else None)
             found = self._class_cache[id(memory)] = (memory, self._classes.setdefault(content, len(self._classes)))
         return found[1]
 
@@ -573,7 +588,10 @@ class Figures:
         the units of the loss's backward, or those of the blocks' less the activations freed by then (`freed`)."""
         plan = memory[2]
         freed = self.freed(memory) if first and last else 0.0
-        key = (id(plan), first, last, min(blocks, 2), freed)  # the plan of the states: one per layout and stage
+        # the plan of the states: one per layout and stage; the units' moments read the memory's own micro-batch
+        # (`unit_moments`: the loss's released bytes), which the states' plan (the first node's) need not have
+        moments = self._moment_plans.get(id(memory), plan) if first and last else plan
+        key = (id(plan), first, last, min(blocks, 2), freed, id(moments))
         found = self._gathered_cache.get(key)
         if found is not None:
             return found
@@ -589,7 +607,7 @@ class Figures:
             both = gathered_bytes(plan, layers, extra)
             found = sum(both)
             if first and last and gathers_by_moments(plan):
-                at_loss, in_backward = unit_moments(plan, layers, extra)
+                at_loss, in_backward = unit_moments(moments, layers, extra)
                 found -= fsdp_apart(at_loss, in_backward, freed)
             found = self._gathered_cache[key] = found - both[0] if gathers_whole(plan) else found  # ZeRO-2's: `_states`
         return found
