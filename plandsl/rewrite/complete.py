@@ -25,7 +25,7 @@ from plandsl.diagnostics import Note, PlanError, diag
 from plandsl.syntax.loader import include, include_flags
 from plandsl.search import CONTEXT, Candidate, Scored, SearchError, SearchResult, SearchStats, parse_pins, search
 from plandsl.search.problem import HYBRID_AXES, Problem
-from plandsl.search.partial import Partial, other_plans, pins_replacing, pins_with, read_partial
+from plandsl.search.partial import Partial, other_plans, pins_with, read_partial, refusal
 from plandsl.diagnostics.source import SourceFile
 from plandsl.cost.estimate import estimate_plan
 from plandsl.check.analysis import analyze
@@ -58,20 +58,17 @@ def generate_from(path: str | Path, name: str | None = None, params: dict | None
     `pins`: `--pin K=V` (winning over the values of its train, E803 against a line it writes: `pins_with`); `out_path`: where the text will be written (relative
     imports are rewritten to resolve from there). SearchError for a bad `--pin`; PlanError otherwise."""
     partial = read_partial(path, name, params, text)
-    merged = pins_with(partial, pins)
+    merged, replacing = pins_with(partial, pins)  # and a note for each pin that wins over a train value
     sources = {partial.path: SourceFile(partial.path, partial.text)}
     try:
         if partial.decided and not parse_pins(pins):  # nothing to search: the plan as written, estimated
             result = SearchResult((_as_written(partial),), SearchStats())
         else:
             result = search(partial.problem, merged, top, progress=progress, time_limit=time_limit)
-    except SearchError as error:
-        shown = ", ".join(f"{k}={','.join(v) if isinstance(v, tuple) else v}" for k, v in partial.pins.items())
-        raise PlanError([diag("E803", str(error), partial.definition.name_span,
-                              hint="the plan's decisions are pins of the search" + (f": {shown}" if shown else "")
-                                   + "; free one (remove its line or key) to widen the search")], sources) from None
+    except SearchError as error:  # at the line or between the --pins it comes from (`refusal`), else at the plan
+        raise PlanError([refusal(partial, pins, error)], sources) from None
     folders = _outside(partial, out_path)
-    notes = partial.notes + pins_replacing(partial, pins) + ((f"the completed plan imports from {', '.join(shlex.quote(f) for f in folders)}: "
+    notes = partial.notes + replacing + ((f"the completed plan imports from {', '.join(shlex.quote(f) for f in folders)}: "
                               f"check or run it with {include_flags(folders)}",) if folders else ())
     kept: list[tuple[Scored, str]] = []
     failure = None

@@ -185,6 +185,43 @@ def _split_pin(text: str) -> tuple[str, str]:
     return key, value
 
 
+def fixed_virtual(schedule: str) -> int | None:
+    """The stages per rank a built-in schedule runs where it fixes them (1F1B and GPipe one, the V-shapes two, a
+    schedule of two pipelines one each), else None (the looped schedules take any count)."""
+    info = BUILTIN[schedule]
+    return 1 if info.pipelines == 2 else {"one": 1, "two": 2}.get(info.virtual)
+
+
+def pins_conflict(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None) -> SearchError | None:
+    """The SearchError the pins raise before any search (`search` checks them first: their values, the runtimes'
+    refusals, `check_pins` against each experts' variant), else None; cheap, no space is built."""
+    try:
+        pins = parse_pins(pins)
+        problem, pins = with_modules(problem, pins)
+        _megatron_runs(problem, pins)
+        _overlap_recomputes(problem, pins)
+        _variants(problem, pins)
+    except SearchError as error:
+        return error
+    return None
+
+
+def _variants(problem: Problem, pins: Mapping[str, object]) -> list[tuple[Problem, tuple[bool, bool]]]:
+    """The experts' variants (`experts_variants`) the pins do not contradict (`check_pins`); the first's SearchError
+    where they contradict every one."""
+    kept, errors = [], []
+    for variant, chosen in experts_variants(problem, pins):
+        try:
+            check_pins(variant, pins)
+        except SearchError as error:
+            errors.append(error)
+            continue
+        kept.append((variant, chosen))
+    if not kept:
+        raise errors[0]
+    return kept
+
+
 def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
     """Contradictions the pins carry on their own (before any search)."""
     n = problem.cluster.num_devices
@@ -215,12 +252,9 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
     schedule = pins.get("schedule")
     virtual = pins.get("virtual_stages")
     if schedule and schedule != "none" and virtual is not None:
-        info = BUILTIN[schedule]
-        wanted = {"one": {1}, "two": {2}}.get(info.virtual)
-        if info.pipelines == 2:
-            wanted = {1}
-        if wanted is not None and virtual not in wanted:
-            raise SearchError(f"contradictory pins: schedule {schedule} runs {min(wanted)} stage(s) per rank, "
+        wanted = fixed_virtual(schedule)
+        if wanted is not None and virtual != wanted:
+            raise SearchError(f"contradictory pins: schedule {schedule} runs {wanted} stage(s) per rank, "
                               f"virtual_stages={virtual}")
     if all(k in pins for k in ("micro_batch_size", "num_microbatches")):
         per_replica = pins["micro_batch_size"] * pins["num_microbatches"]
@@ -282,17 +316,8 @@ def _spaces(problem: Problem, pins: Mapping[str, object], efficiency: Efficiency
     """One space per experts' variant (`experts_variants`), sharing their counters; the pins checked against each
     (a pinned ep counts the folded group): a variant they contradict is left out, and if every one is, the first's
     SearchError is raised."""
-    stats, spaces, errors, shared = SearchStats(), [], [], {}
-    for variant, chosen in experts_variants(problem, pins):
-        try:
-            check_pins(variant, pins)
-        except SearchError as error:
-            errors.append(error)
-            continue
-        spaces.append(Space(variant, pins, efficiency, stats, chosen, shared))
-    if not spaces:
-        raise errors[0]
-    return spaces
+    stats, shared = SearchStats(), {}
+    return [Space(variant, pins, efficiency, stats, chosen, shared) for variant, chosen in _variants(problem, pins)]
 
 
 # ---- the search ---------------------------------------------------------------------------------------------------
@@ -544,4 +569,5 @@ def brute_force(problem: Problem, pins: Mapping[str, object] | Iterable[str] | N
 
 __all__ = ["CONTEXT", "Problem", "Candidate", "Scored", "SearchResult", "SearchStats", "SearchError", "search",
            "brute_force", "parse_pins", "with_modules", "check_pins", "partition_blocks", "partition_layers", "build_plan", "candidate_of",
-           "schedule_choices", "PIN_KEYS", "DISPATCHERS", "divisors", "experts_variants"]
+           "schedule_choices", "PIN_KEYS", "DISPATCHERS", "divisors", "experts_variants", "fixed_virtual",
+           "pins_conflict"]

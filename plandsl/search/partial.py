@@ -16,12 +16,14 @@ decision it writes becomes a pin:
   dispatcher to the search, as `generate` without `--from` does (`Problem.search_experts`).
 
 What the search cannot keep is refused with an E801 diagnostic at its line, and a `--pin` that contradicts a written
-line with E803 at it (`pins_with`; one of the train's values the completion writes wins instead). Errors raise
-`PlanError`.
+line with E803 at it (`pins_with`; one of the train's values the completion writes wins instead); pins the search finds
+contradictory are E803 at the written line a `--pin` meets, or naming the `--pin`s that meet each other (`refusal`).
+Errors raise `PlanError`.
 `search_complete` writes the completed file.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field, replace
 from collections.abc import Mapping
@@ -30,11 +32,12 @@ from pathlib import Path
 from plandsl import ir, syntax
 from plandsl.check.mesh import axis_group_span
 from plandsl.diagnostics import Diagnostic, Note, PlanError, diag, did_you_mean
-from plandsl.search import CONTEXT, Problem, parse_pins
+from plandsl.search import CONTEXT, Problem, SearchError, fixed_virtual, parse_pins, pins_conflict
 from plandsl.diagnostics.source import SourceFile, Span
 from plandsl.syntax.parser import parse_text
 from plandsl.syntax.loader import read_source
 from plandsl.check.analysis import analyze
+from plandsl.schedules.registry import BUILTIN
 
 ROLE_ATTR = {"dp": "data", "tp": "tensor", "cp": "context", "ep": "experts", "pp": "stages"}
 ATTR_ROLE = {attr: role for role, attr in ROLE_ATTR.items()}
@@ -62,7 +65,8 @@ class Partial:
     notes: tuple[str, ...] = field(default=())
     decided: bool = False         # the plan leaves the search nothing to choose: it is estimated as written
     # pin key -> (its value as the plan writes it, the span of what writes it): `pins` and what a written data line or
-    # mesh implies of the data pins (`data`, `dp_shard`); `pins_with` compares `--pin` with them
+    # mesh implies of the data pins (`data`, `dp_shard`), a built-in schedule of the stages per rank (`virtual_stages`);
+    # `pins_with` compares `--pin` with them
     written_pins: dict[str, tuple[object, Span]] = field(default_factory=dict)
 
     @property
@@ -194,12 +198,15 @@ _DATA_PINS = ("zero_stage", "data", "dp_shard")
 def _written_pins(pins: dict, attrs: dict, stage_block, plan: ir.Plan, module: syntax.Module) -> dict:
     """Each pin the plan's text decides, as (value, span of the line, block or train item that writes it); the data
     pins a written data line (or a mesh without one) implies are added: its kind, and `dp_shard` 0 where it has one
-    data axis, so that a `--pin` naming another is found contradicting the line."""
+    data axis (a written mesh without a data line: one data axis, the search lays out no hsdp under it), so that a
+    `--pin` naming another is found contradicting the line; hsdp's `dp_shard` is the written mesh's (its shard axis's
+    degree: the data line names the axis, the mesh sizes it); and the stages per rank a built-in schedule written
+    without stages fixes (`schedule = 1f1b`: one)."""
     stages = stage_block if stage_block is not None else attrs.get("stages")
     schedule = attrs.get("schedule")
 
     def origin(key: str):
-        if key in ("dp", "tp", "pp", "cp", "ep", "order", "tp_across_nodes") and "mesh" in attrs:
+        if key in ("dp", "tp", "pp", "cp", "ep", "order", "tp_across_nodes", "dp_shard") and "mesh" in attrs:
             return attrs["mesh"]
         if key == "pp":  # without a mesh: a stage map or block, else a schedule table (`_pipeline_pins`)
             return stages if stages is not None and (stage_block is not None or (
@@ -233,6 +240,13 @@ def _written_pins(pins: dict, attrs: dict, stage_block, plan: ir.Plan, module: s
         written.setdefault("data", (kind.value, span))
         if not kind.hybrid:  # one data axis: no shard axis to pin
             written.setdefault("dp_shard", (0, span))
+        elif "mesh" in attrs:  # its shard axis as the mesh sizes it (a pin only where the search lays it out)
+            written.setdefault("dp_shard", (plan.mesh.degree(plan.data.axes[-1]), attrs["mesh"].span))
+    elif "mesh" in attrs and plan.data is not None and not plan.data.hybrid:  # the language's data over one axis
+        written.setdefault("dp_shard", (0, attrs["mesh"].span))
+    if schedule is not None and stages is None and plan.schedule is not None and plan.schedule.definition is None \
+            and plan.schedule.name in BUILTIN and fixed_virtual(plan.schedule.name) is not None:
+        written.setdefault("virtual_stages", (fixed_virtual(plan.schedule.name), schedule.span))
     return written
 
 
@@ -273,23 +287,23 @@ def _conventional_rules(rules: tuple[ir.ShardRule, ...], names: dict[str, str]) 
             for param in rule.params)}) for rule in rules)
 
 
-def pins_with(partial: Partial, overrides) -> dict[str, object]:
-    """The partial plan's pins with `overrides` (`--pin K=V`, parsed by `search.parse_pins`) added; one of the train's
-    keys the completion writes (`TRAIN_PINS`) wins over the plan's value, and over the plan's others of how blocks are
-    rerun it leaves no room for (`_rerun_replaced`; `pins_replacing` says so). A pin that
-    contradicts a line the plan writes is E803 at that line: the completion adds lines and never rewrites one, so
-    the search would rank plans the completed file is not (PlanError, every such pin reported)."""
-    contradicted, _ = _against_plan(partial, overrides)
+def pins_with(partial: Partial, overrides) -> tuple[dict[str, object], tuple[str, ...]]:
+    """(the partial plan's pins with `overrides` (`--pin K=V`, parsed by `search.parse_pins`) added, a note for each
+    `--pin` that wins over a value the plan's train writes). One of the train's keys the completion writes
+    (`TRAIN_PINS`) wins over the plan's value, and over the plan's others of how blocks are rerun it leaves no room
+    for (`_rerun_replaced`). A pin that contradicts a line the plan writes is E803 at that line: the completion adds
+    lines and never rewrites one, so the search would rank plans the completed file is not (PlanError, every such pin
+    reported)."""
+    contradicted, notes = _against_plan(partial, overrides)
     if contradicted:
         raise PlanError(contradicted, {partial.path: SourceFile(partial.path, partial.text)})
     over = parse_pins(overrides)
     _, replaced = _rerun_replaced(partial.pins, over)
-    return {**{k: v for k, v in partial.pins.items() if k not in replaced}, **over}
-
-
-def pins_replacing(partial: Partial, overrides) -> tuple[str, ...]:
-    """A note for each `--pin` that wins over a value the plan's train writes (`TRAIN_PINS`)."""
-    return _against_plan(partial, overrides)[1]
+    # a data pin that says what the written lines do, where the plan does not pin it (a written hsdp with a replica or
+    # shard axis of one rank, which the search lays out as ZeRO-3 over one axis): what the completion keeps anyway
+    over = {k: v for k, v in over.items() if not (k in _DATA_PINS and k not in partial.pins
+                                                  and partial.written_pins.get(k, (None,))[0] == v)}
+    return {**{k: v for k, v in partial.pins.items() if k not in replaced}, **over}, notes
 
 
 def _against_plan(partial: Partial, overrides) -> tuple[list[Diagnostic], tuple[str, ...]]:
@@ -298,14 +312,13 @@ def _against_plan(partial: Partial, overrides) -> tuple[list[Diagnostic], tuple[
     if overrides is None:
         return [], ()
     over = parse_pins(overrides)  # SearchError for a pin that is not KEY=VALUE, or pins that contradict each other
-    given = overrides.items() if isinstance(overrides, Mapping) else (str(pin).partition("=")[::2] for pin in overrides)
     errors, notes, shown_as = [], [], {}
-    for key, value in given:
-        shown = f"--pin {str(key).strip()}={','.join(value) if isinstance(value, (tuple, list)) else value}"
-        parsed = parse_pins({key: value})
+    for shown, parsed in _given(overrides):
         shown_as.update({k: shown for k in parsed})
         against = [(k, v, partial.written_pins[k]) for k, v in parsed.items()
                    if k in partial.written_pins and partial.written_pins[k][0] != v]
+        if not against and parsed.get("data") == "hsdp" and partial.written_pins.get("dp_shard", (None,))[0] == 0:
+            against = [("dp_shard", None, partial.written_pins["dp_shard"])]  # hsdp needs the two axes it leaves out
         if not against:
             continue
         k, v, (was, span) = against[0]
@@ -326,6 +339,56 @@ def _against_plan(partial: Partial, overrides) -> tuple[list[Diagnostic], tuple[
         notes.append(f"{shown_as[setter]} wins over `{_excerpt(partial, span)}` ({span}): the completed plan writes "
                      f"{after}")
     return errors, tuple(notes)
+
+
+def _given(overrides) -> list[tuple[str, dict]]:
+    """Each `--pin` as the user wrote it (`--pin K=V`) with its parsed pins (SearchError for a bad one)."""
+    if overrides is None:
+        return []
+    given = overrides.items() if isinstance(overrides, Mapping) else (str(pin).partition("=")[::2] for pin in overrides)
+    return [(f"--pin {str(key).strip()}={','.join(value) if isinstance(value, (tuple, list)) else value}",
+             parse_pins({key: value})) for key, value in given]
+
+
+def refusal(partial: Partial, overrides, error: SearchError) -> Diagnostic:
+    """E803 for the search's `error` under the plan's pins and `overrides` (`--pin`). Where the pins contradict each
+    other before any search (`search.pins_conflict`) and a `--pin` is the cause, it says which: one that contradicts
+    the plan's pins alone is at the line that writes the pin it meets (the first of the plan's pins whose absence
+    lets it stand); `--pin`s that contradict each other, without the plan, are named together, with no place in the
+    file. Anything else (nothing fits, or the plan's own pins) is at the plan's name, the plan's pins in the hint."""
+    shown = ", ".join(f"{k}={','.join(v) if isinstance(v, tuple) else v}" for k, v in partial.pins.items())
+    default = diag("E803", str(error), partial.definition.name_span,
+                   hint="the plan's decisions are pins of the search" + (f": {shown}" if shown else "")
+                        + "; free one (remove its line or key) to widen the search")
+    given = _given(overrides)
+    problem = partial.problem
+    if not given or pins_conflict(problem, partial.pins) is not None or \
+            pins_conflict(problem, pins_with(partial, overrides)[0]) is None:
+        return default
+
+    def detail(found: SearchError) -> str:
+        return str(found).removeprefix("contradictory pins: ")
+    if any(pins_conflict(problem, parsed) is not None for _, parsed in given):
+        return default  # a pin the model, cluster or batch refuses on its own: the message names which
+    for pin, parsed in given:
+        merged = pins_with(partial, {k: _shown(v) for k, v in parsed.items()})[0]
+        alone = pins_conflict(problem, merged)
+        if alone is None:
+            continue
+        for key in partial.pins:
+            if key not in parsed and pins_conflict(problem, {k: v for k, v in merged.items() if k != key}) is None:
+                span = partial.written_pins[key][1]
+                return diag("E803", f"{pin} contradicts the plan's `{_excerpt(partial, span)}`: {detail(alone)}", span,
+                            hint="`generate --from` keeps every line the plan writes and adds only what it leaves "
+                                 f"out: drop {pin}, or edit this line (remove it to let the search choose)")
+    for count in range(2, len(given) + 1):  # the fewest that contradict each other
+        for group in itertools.combinations(given, count):
+            found = pins_conflict(problem, {k: v for _, parsed in group for k, v in parsed.items()})
+            if found is not None:
+                named = [pin for pin, _ in group]
+                return diag("E803", f"the command line's {', '.join(named[:-1])} and {named[-1]} contradict each "
+                                    f"other: {detail(found)}", hint="drop or change one of them")
+    return default
 
 
 # How a block's activations are rerun or kept, which go together (E205): recompute_modules under `recompute:
@@ -686,4 +749,4 @@ def _train_dict(module: syntax.Module, value: syntax.Expr) -> syntax.DictExpr | 
     return value if isinstance(value, syntax.DictExpr) else None
 
 
-__all__ = ["Partial", "read_partial", "pins_with", "pins_replacing", "other_plans", "ROLE_ATTR"]
+__all__ = ["Partial", "read_partial", "pins_with", "refusal", "other_plans", "ROLE_ATTR"]

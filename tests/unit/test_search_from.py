@@ -354,6 +354,8 @@ def test_a_written_tensor_line_is_searched_as_it_is_kept(tmp_path, tensor):
     ("  train   = recipe\n  tensor  = megatron over tp\n", "sequence_parallel=true", "tensor  = megatron over tp",
      "sequence_parallel=false"),
     ("  train   = recipe\n  schedule = 1f1b\n", "schedule=gpipe", "schedule = 1f1b", "schedule=1f1b"),
+    # 1F1B runs one stage per rank: without a stages line, the schedule's is the line (it was at the plan's name)
+    ("  train   = recipe\n  schedule = 1f1b\n", "virtual=2", "schedule = 1f1b", "virtual_stages=1"),
 ])
 def test_a_pin_that_contradicts_a_written_line_is_refused_at_both(tmp_path, body, pin, line, gives):
     """The completion keeps every line the plan writes, so a `--pin` against one is E803 naming the pin and the line
@@ -368,7 +370,7 @@ def test_a_pin_that_contradicts_a_written_line_is_refused_at_both(tmp_path, body
            f"{gives}" in out.output, out.output
     assert f"drop --pin {pin}" in out.output
     agreeing = {"tp=4": "tp=8", "zero=3": "zero=1", "data=hsdp": "data=zero1", "sequence_parallel=true":
-                "sequence_parallel=false", "schedule=gpipe": "schedule=1f1b"}[pin]
+                "sequence_parallel=false", "schedule=gpipe": "schedule=1f1b", "virtual=2": "virtual=1"}[pin]
     assert generate("--from", path, "--pin", agreeing, "--top", "1").exit_code == 0  # the line's own word: no error
 
 
@@ -440,6 +442,25 @@ def test_a_pin_of_how_blocks_are_rerun_wins_over_the_trains_others(tmp_path, tra
     (plan,) = analysis.document.plans
     modules = [m.value for m in plan.train.recompute_modules] if plan.train.recompute_modules is not None else None
     assert (plan.train.recompute.value, modules, plan.train.recompute_layers, plan.train.offload_layers) == written
+
+
+def test_pins_the_search_finds_contradictory_say_which_line_or_pins(tmp_path):
+    """The search's own 'contradictory pins' was E803 at the plan's name whatever its cause. A --pin against what a
+    written line pins is at that line; --pins against each other (whatever the plan writes) are named together, at no
+    place of the file; a pin the problem refuses on its own (the cluster's devices) stays at the plan."""
+    path = write(tmp_path, "  mesh    = [pp = 2, dp = 8]\n  train   = recipe\n")
+    out = generate("--from", path, "--pin", "offload_layers=2")
+    assert out.exit_code == 1 and f"{path}:10:3: error[E803]: --pin offload_layers=2 contradicts the plan's " \
+        "`mesh = [pp = 2, dp = 8]`: offload_layers=2 is searched without a pipeline (as megatron-core offloads), pp=2" \
+        in out.output and "drop --pin offload_layers=2, or edit this line" in out.output, out.output
+    path = write(tmp_path, "  train   = recipe\n")
+    out = generate("--from", path, "--pin", "tp=1", "--pin", "offload_layers=2", "--pin", "pp=2")
+    assert out.exit_code == 1 and "error[E803]: the command line's --pin offload_layers=2 and --pin pp=2 contradict " \
+        "each other: offload_layers=2 is searched without a pipeline" in out.output and str(path) not in out.output, \
+        out.output
+    out = generate("--from", path, "--pin", "tp=3")
+    assert out.exit_code == 1 and f"{path}:7:6: error[E803]: contradictory pins: tp(3) = 3, which does not divide " \
+        "the 16 devices" in out.output, out.output
 
 
 @pytest.mark.parametrize("pin", ["tp", "=4"])

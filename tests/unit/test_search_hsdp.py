@@ -147,11 +147,12 @@ def test_generate_from_keeps_a_written_hsdp_and_writes_the_one_it_chooses(tmp_pa
     out = CliRunner().invoke(main, ["generate", "--from", str(one_axis), "--top", "3", "--json"])
     assert out.exit_code == 0, out.output
     assert all(c["data"] != "hsdp" for c in json.loads(out.output)["candidates"])
-    # ... and hsdp pinned over it says so (it said no layout could split dp=32, and to pin a smaller tp or pp)
-    out = CliRunner().invoke(main, ["generate", "--from", str(one_axis), "--pin", "data=hsdp"])
-    assert out.exit_code == 1 and "the plan writes one data axis (in its mesh or its data line), and hsdp" \
-        in out.output, out.output
-    assert "order=dp," in out.output and "('dp',)" not in out.output, out.output
+    # ... and hsdp pinned over it is E803 at the mesh, the line it contradicts (it said no layout could split dp=32, and
+    # to pin a smaller tp or pp; then that the plan writes one data axis, at the plan's name)
+    for pin in ("data=hsdp", "dp_shard=8"):
+        out = CliRunner().invoke(main, ["generate", "--from", str(one_axis), "--pin", pin])
+        assert out.exit_code == 1 and f"one_axis.plan:10:3: error[E803]: --pin {pin} contradicts the plan's " \
+            "`mesh = [dp = 32]`, which gives one data axis, no dp_shard" in out.output, out.output
     # a written data line of one axis, without a mesh: the pin contradicts the line, E803 at it (it had completed the
     # search's hsdp mesh around the written line, `mesh = [dp_rep = 2, dp = 16]`, `data = zero1 over dp`: E306, 'a bug
     # of plandsl generate --from'; then said "the plan writes one data axis" with no place)
@@ -176,11 +177,34 @@ def test_generate_from_a_written_hsdp_with_an_axis_of_one_rank(tmp_path, mesh):
                                  "  data    = hsdp over [r, s]\n}\n")
     pins = read_partial(written).pins
     assert pins["zero_stage"] == 3 and "data" not in pins and "dp_shard" not in pins, pins
+    # a --pin of the shard axis the mesh writes agrees with it; another is E803 at the mesh, which sizes the shard axis
+    # (the data line names it): dp_shard=32 was 'contradictory pins' at the plan's name, dp_shard=16 ran and was lost
+    shard = 32 if mesh == "[r = 1, s = 32]" else 1
+    for other in (16, 2):
+        out = CliRunner().invoke(main, ["generate", "--from", str(written), "--pin", f"dp_shard={other}"])
+        assert out.exit_code == 1 and f"written.plan:10:3: error[E803]: --pin dp_shard={other} contradicts the plan's " \
+            f"`mesh = {mesh}`, which gives dp_shard={shard}" in out.output, out.output
     if mesh == "[r = 1, s = 32]":  # [32, 1] does not fit these devices (E503 as written, `check` says so too)
         out = CliRunner().invoke(main, ["generate", "--from", str(written), "--top", "1", "--json"])
         assert out.exit_code == 0, out.output
         [candidate] = json.loads(out.output)["candidates"]
         assert candidate["data"] == "hsdp" and "data    = hsdp over [r, s]\n" in candidate["plan"]
+        for pin in ("dp_shard=32", "data=hsdp"):  # what the written lines say: the same search, the same plan
+            out = CliRunner().invoke(main, ["generate", "--from", str(written), "--pin", pin, "--top", "1", "--json"])
+            assert out.exit_code == 0 and json.loads(out.output)["candidates"] == [candidate], out.output
+
+
+def test_a_shard_pin_against_a_written_hsdp_mesh_is_refused_at_the_mesh(tmp_path):
+    """hsdp's shard axis is sized by the mesh (the data line names it): a --pin dp_shard that agrees with it runs, one that
+    does not is E803 at the mesh line (it was at the data line, which says nothing of the degree)."""
+    written = tmp_path / "written.plan"
+    written.write_text(PARTIAL + "  mesh    = [r = 2, s = 16]\n  train   = { global_batch: 256, precision: bf16 }\n"
+                                 "  data    = hsdp over [r, s]\n}\n")
+    out = CliRunner().invoke(main, ["generate", "--from", str(written), "--pin", "dp_shard=8"])
+    assert out.exit_code == 1 and "written.plan:10:3: error[E803]: --pin dp_shard=8 contradicts the plan's " \
+        "`mesh = [r = 2, s = 16]`, which gives dp_shard=16" in out.output, out.output
+    out = CliRunner().invoke(main, ["generate", "--from", str(written), "--pin", "dp_shard=16", "--top", "1", "--json"])
+    assert out.exit_code == 0 and json.loads(out.output)["candidates"][0]["dp_shard"] == 16, out.output
 
 
 def test_the_faster_devices_alone_are_searched_without_a_pinned_shard_axis():
