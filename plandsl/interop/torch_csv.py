@@ -21,8 +21,8 @@ from plandsl.cost.schedule import plan_schedule
 from plandsl.diagnostics import PlanError, diag
 from plandsl.interop.result import Exported, Imported
 from plandsl.schedules.lower import add_send_recv
-from plandsl.schedules.program import parse_action, to_csv
-from plandsl.schedules.resolve import schedule_from_csv, to_plan, to_torch_csv
+from plandsl.schedules.program import cell_error, csv_cells, csv_lines, parse_action, to_csv
+from plandsl.schedules.resolve import csv_source, schedule_from_csv, to_plan, to_torch_csv
 from plandsl.schedules.simulate import GridTooLarge, step_grid
 from plandsl.diagnostics.source import SourceFile, Span
 from plandsl.syntax.parser import MAX_BYTES, MAX_TOKENS
@@ -75,8 +75,8 @@ def import_csv(text: str, path: str, name: str = "imported", plan_path: str = "i
     try:
         schedule = schedule_from_csv(_compute_cells(text, path), name, path).compute_only()
     except PlanError as error:
-        return Imported(None, tuple(error.diagnostics))
-    source = SourceFile(path, text)
+        return Imported(None, tuple(error.diagnostics), error.sources)
+    source = csv_source(path, text)
 
     def too_large(message: str, last: tuple[int, object] | None) -> Imported:
         return Imported(None, (diag("E609", message, _cell(source, *last) if last is not None else None,
@@ -117,13 +117,9 @@ def _cell(source: SourceFile, rank: int, action) -> Span | None:
     """Where the CSV writes `action` in `rank`'s row: the rank-th row `from_csv` reads (a line with a cell
     `_compute_cells` keeps), the cell that parses to it; None if not found. Reads lines up to that row."""
     text, comms = source.text, any(kind in source.text for kind in _COMMS)
-    offset, row = 0, -1
-    for line in text.splitlines(keepends=True):
-        cells, at = [], offset
-        for cell in line.rstrip("\r\n").split(","):
-            cells.append((at, cell))
-            at += len(cell) + 1
-        offset += len(line)
+    row = -1
+    for offset, line in csv_lines(text):
+        cells = csv_cells(offset, line)
         kept = [(at, cell) for at, cell in cells if cell.strip() and not any(k in cell for k in _COMMS)]
         if not (kept if comms else line.strip()):
             continue
@@ -146,20 +142,24 @@ _COMMS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")  # a lowered CSV's transfers, 
 
 def _compute_cells(text: str, path: str) -> str:
     """The CSV with its send/recv cells removed (a lowered CSV: each row's actions in order, no idle steps), each
-    checked to be one (`0SEND_F1`: PlanError E602 naming the line, as a bad compute cell is)."""
+    checked to be one, and every other cell (`0SEND_Fx1`: PlanError E602 at the cell, located in the text read, not in
+    the rows left)."""
     comms = _COMMS
     if not any(kind in text for kind in comms):
         return text
     rows = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, (offset, line) in enumerate(csv_lines(text), 1):
         cells = []
-        for cell in line.split(","):
-            if any(k in cell for k in comms):  # a send or receive: dropped once it reads as one
-                try:
+        for at, cell in csv_cells(offset, line):
+            try:  # a send or receive is dropped once it reads as one; a compute cell is read here, where it is
+                if cell.strip():
                     parse_action(cell.strip())
-                except ValueError as error:
-                    raise PlanError([diag("E602", f"{path}: line {number}: {error}")]) from None
-            elif cell.strip():
+            except ValueError as error:
+                bad = cell_error(number, at, cell, error)
+                source = csv_source(path, text)
+                raise PlanError([diag("E602", f"{path}: {bad}", source.span(bad.start, bad.end))],
+                                {path: source}) from None
+            if cell.strip() and not any(k in cell for k in comms):
                 cells.append(cell)
         rows.append(",".join(cells))
     return "\n".join(rows) + "\n"

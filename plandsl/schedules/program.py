@@ -142,16 +142,57 @@ def to_csv(grid: list[list[Action | None]]) -> str:
     return "".join(",".join("" if a is None else str(a) for a in row) + "\n" for row in grid)
 
 
+class CellError(ValueError):
+    """A CSV cell that is not an action: the message says its line; `start`, `end` are its offsets in the text."""
+
+    def __init__(self, message: str, start: int, end: int):
+        super().__init__(message)
+        self.start, self.end = start, end
+
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def csv_lines(text: str) -> list[tuple[int, str]]:
+    """The CSV's lines as (offset of the line, its text), broken as the csv module breaks them (torch reads the file
+    with it): at \\r\\n, \\r or \\n alone, nothing else (`str.splitlines` also breaks at form feeds and the like)."""
+    lines, start = [], 0
+    for match in _LINE_BREAK.finditer(text):
+        lines.append((start, text[start:match.start()]))
+        start = match.end()
+    if start < len(text):
+        lines.append((start, text[start:]))
+    return lines
+
+
+def csv_cells(offset: int, line: str) -> list[tuple[int, str]]:
+    """A CSV line's cells as (offset of the cell, its text)."""
+    cells = []
+    for cell in line.split(","):
+        cells.append((offset, cell))
+        offset += len(cell) + 1
+    return cells
+
+
+def cell_error(number: int, at: int, cell: str, error: ValueError) -> CellError:
+    """`error` of the cell `cell` at offset `at` of line `number`, located at the cell's text (its spaces left out)."""
+    start = at + len(cell) - len(cell.lstrip())
+    return CellError(f"line {number}: {error}", start, max(start + len(cell.strip()), start + 1))
+
+
 def from_csv(text: str) -> list[list[Action | None]]:
-    """Rows of a torch CSV back to actions (empty cells are idle steps); ValueError on bad cells."""
+    """Rows of a torch CSV back to actions (empty cells are idle steps); CellError (a ValueError) on bad cells."""
     rows = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, (offset, line) in enumerate(csv_lines(text), 1):
         if not line.strip():
             continue
-        try:
-            rows.append([parse_action(cell) if cell.strip() else None for cell in line.split(",")])
-        except ValueError as error:
-            raise ValueError(f"line {number}: {error}") from None
+        row = []
+        for at, cell in csv_cells(offset, line):
+            try:
+                row.append(parse_action(cell) if cell.strip() else None)
+            except ValueError as error:
+                raise cell_error(number, at, cell, error) from None
+        rows.append(row)
     return rows
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import re
 
 from plandsl.diagnostics import PlanError, did_you_mean, diag
-from plandsl.schedules.program import Schedule, derive_stage_map, format_rows, from_csv, to_csv
+from plandsl.diagnostics.source import SourceFile
+from plandsl.schedules.program import CellError, Schedule, derive_stage_map, format_rows, from_csv, to_csv
 from plandsl.schedules.simulate import Costs, GridTooLarge, format_grid, step_grid
 from plandsl.schedules.generators import TooLarge, generate
 from plandsl.schedules.registry import BUILTIN
@@ -86,14 +87,22 @@ def read_csv(path: str) -> str:
     return source.text
 
 
+def csv_source(path: str, text: str) -> SourceFile:
+    """A schedule CSV as the source diagnostics quote, its lines counted as the csv module breaks them (`csv_lines`:
+    a lone \\r breaks a line too; it stands for \\n here, the offsets unchanged)."""
+    return SourceFile(path, re.sub(r"\r(?!\n)", "\n", text))
+
+
 def schedule_from_csv(text: str, name: str = "csv", path: str | None = None) -> Schedule:
     """torch's compute-only CSV (rank rows, empty cells idle) -> a validated schedule named `name`; problems name
     the file `path` (default `NAME.csv`; `load_schedule` gives the path it read)."""
     label = path or f"{name}.csv"
     try:
         grid = from_csv(text)
-    except ValueError as error:
-        raise PlanError([diag("E602", f"{label}: {error}")]) from None
+    except CellError as error:  # at the cell, in the file read (a text given without a path has no place)
+        source = csv_source(path, text) if path else None
+        raise PlanError([diag("E602", f"{label}: {error}", source.span(error.start, error.end) if source else None)],
+                        {path: source} if source else None) from None
     rows = tuple(tuple(a for a in row if a is not None) for row in grid)
     actions = [a for row in rows for a in row]
     if not actions:

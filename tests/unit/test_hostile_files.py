@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from plandsl.diagnostics import render
 from plandsl.interop import import_text
 from plandsl.interop.flags import read_flags
 from support import bounded
@@ -165,6 +166,11 @@ def test_a_schedule_csvs_table_too_large_is_reported_at_its_last_action():
     imported = import_text("torch-csv-comms", "\n" + "\n".join(rows) + "\n", "lowered.csv")
     (found,) = imported.diagnostics
     assert (found.code, str(found.span), found.span.end_column - found.span.column) == ("E609", "lowered.csv:2:35", 3)
+    # lines broken by a lone CR, as torch's csv module reads them: the same cell (it was put on line 1, column 36: its offset)
+    imported = import_text("torch-csv-comms", "\r" + "\r".join(rows) + "\r", "lowered.csv")
+    (found,) = imported.diagnostics
+    assert (found.code, str(found.span), found.span.end_column - found.span.column) == ("E609", "lowered.csv:2:35", 3)
+    assert "2 | 0RECV_F0, 0F0,0SEND_F0,0RECV_B0,  0B0" in render(found, imported.sources)
 
 
 def test_printing_a_schedule_lays_out_a_bounded_grid():

@@ -3,11 +3,14 @@
 it itself; lowered: as written) and its simulator runs the lowered schedule to the end, without a deadlock."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from click.testing import CliRunner
 
 from plandsl import api
 from plandsl.cli import main
+from plandsl.diagnostics import render
 from plandsl.interop.torch_csv import import_csv
 from plandsl.schedules.registry import BUILTIN
 from tests.support import lazy
@@ -145,6 +148,24 @@ def test_a_comms_csvs_send_and_receive_cells_are_read_before_they_are_dropped(tm
     bad = "\n".join([",".join(line), *good.splitlines()[1:]]) + "\n"
     imported = import_csv(bad, "c.csv", "c")
     assert [d.code for d in imported.diagnostics] == ["E602"] and "c.csv: line 1" in imported.diagnostics[0].message
+
+
+@pytest.mark.parametrize("text, where, end", [
+    ("0F0,0X1\n", "c.csv:1:5", 8),                 # a compute cell that is no action
+    ("0F0, 1F0\r0B0,  0X1 ,1B0\r", "c.csv:2:7", 10),  # lines a lone CR breaks, as the csv module reads them
+    ("0F0,0SEND_F0\r\n0RECV_B0, 0Bx0\r\n", "c.csv:2:11", 15),  # a compute cell among a lowered CSV's transfers
+    ("0F0,0SEND_Fx0\n0B0\n", "c.csv:1:5", 14),     # a mangled transfer
+])
+def test_a_cell_that_is_no_action_is_E602_at_the_cell(text, where, end):
+    """E602 for a cell that does not read as an action had no place (`line N` in its message alone): it is at the
+    cell, its line counted as torch's csv module counts them (a lone CR breaks a line), with the line quoted."""
+    imported = import_csv(text, "c.csv", "c")
+    (found,) = imported.diagnostics
+    assert (found.code, str(found.span), found.span.end_column) == ("E602", where, end), found
+    rendered = render(found, imported.sources)
+    assert f"{where}: error[E602]" in rendered and "^" in rendered, rendered
+    line = int(where.split(":")[1])
+    assert re.split(r"\r\n|\r|\n", text)[line - 1] in rendered, rendered
 
 
 @pytest.mark.parametrize("target", ["torch-csv", "torch-csv-comms"])

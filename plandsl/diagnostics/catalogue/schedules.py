@@ -49,6 +49,8 @@ _entry("E602", """
     A written schedule names a stage or a microbatch the plan does not have: with the
     plan's global batch, data-parallel size and micro-batch there are m microbatches
     (0..m-1), and pp x virtual stages. Such an action could never be fed with data.
+    A cell of a schedule CSV that reads as no action (`plandsl import --from torch-csv`, `plandsl schedule
+    FILE.csv`) is this error too, at that cell (its line counted as torch's csv module counts them).
     """, _schedule_example("0F0 0F1 0B0 0B1 0F2", "1F0 1B0 1F1 1B1"),
     "Remove the action, or raise the microbatch count of the plan and the table together.",
     (" 0F2\n", "\n"))
