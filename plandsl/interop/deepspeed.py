@@ -24,7 +24,7 @@ from plandsl.diagnostics import Diagnostic, did_you_mean, diag
 from plandsl.diagnostics.limits import MAX_PREFETCH_BUCKET
 from plandsl.diagnostics.source import SourceFile
 from plandsl.interop.cluster import cluster_devices, cluster_lines, stdlib_imports
-from plandsl.interop.result import Capped, Exported, Imported, checked, left_out, loser
+from plandsl.interop.result import Capped, Exported, Imported, checked, escaped, left_out, loser
 
 TARGET = "deepspeed"
 VERSION = "DeepSpeed 0.19.8"
@@ -279,7 +279,7 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
         problems.append(diag("E804", "a DeepSpeed config is a JSON object", source.span(0, 1)))
         return Imported(None, tuple(problems), sources)
     if duplicates:  # json keeps the last; DeepSpeed stops
-        problems.append(diag("E804", f"key \"{duplicates[0]}\" written twice in one object (DeepSpeed refuses a "
+        problems.append(diag("E804", f"key \"{escaped(duplicates[0])}\" written twice in one object (DeepSpeed refuses a "
                              "config with a duplicate key)", keys.twice(duplicates[0])))
         return Imported(None, tuple(problems), sources)
     if model is None:
@@ -289,7 +289,7 @@ def import_json(text: str, path: str, world_size: int | None = None, cluster: st
     unknown = Capped("E804", "unknown keys")
     for key in config:
         if key not in READ and key not in IGNORED and unknown.report(key, keys.span(key)):
-            problem("E804", f"unknown key \"{key}\" (DeepSpeed would ignore it without a word)", key,
+            problem("E804", f"unknown key \"{escaped(key)}\" (DeepSpeed would ignore it without a word)", key,
                     hint=did_you_mean(key, READ + IGNORED, "keys") or "docs/interop.md lists the keys plandsl reads")
     problems += unknown.summary()
     world = world_size if world_size is not None else cluster_devices(cluster)

@@ -65,6 +65,13 @@ MAX_LEFT_OUT_CHARS = 80
 """Characters of one of them the comment shows (a value of a million characters: its start and how many more)."""
 
 
+def escaped(text: str) -> str:
+    """`text` on one line: each character that is not printable escaped as Python's repr escapes it, the backslash
+    itself included (`\\\\` for a backslash: `\\n` is a line break), as `left_out` and the messages that quote a name
+    read from the user's file show it (a DeepSpeed key holding a line break broke its E804 over two lines)."""
+    return "".join(c if c.isprintable() and c != "\\" else repr(c)[1:-1] for c in text)
+
+
 def left_out(ignored, separator: str) -> str:
     """What an import left out (flags as written, DeepSpeed's keys) as one line of the plan's comment: each with the
     characters that are not printable escaped as Python's repr escapes them, the backslash itself included (a flag's
@@ -78,7 +85,7 @@ def left_out(ignored, separator: str) -> str:
         # halving an escape (`\u2028` shown `\u20`) and dropping the end of a short value without a sign
         pieces, size = [], 0
         for c in text[:MAX_LEFT_OUT_CHARS]:
-            piece = c if c.isprintable() and c != "\\" else repr(c)[1:-1]  # `\\` for a backslash: `\n` is a line break
+            piece = escaped(c)
             if size + len(piece) > MAX_LEFT_OUT_CHARS:
                 break
             pieces.append(piece)
@@ -117,7 +124,7 @@ class Capped:
             self.span = span
         self.more += 1
         if len(self.named) < NAMED_MORE:
-            self.named.append(name if len(name) <= 40 else f"{name[:30]}...")
+            self.named.append(escaped(name if len(name) <= 40 else f"{name[:30]}..."))
         return False
 
     def summary(self) -> list[Diagnostic]:

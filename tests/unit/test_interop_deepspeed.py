@@ -133,6 +133,23 @@ def test_an_unknown_key_is_pointed_at_as_written_escapes_included():
     assert spans == ['"note"', '"k\\"q"']
 
 
+def test_a_key_holding_a_line_break_is_named_on_one_line():
+    """A key holding a line break (`"b\\n}"` in the JSON) or a backslash is named in E804 with them escaped, as the
+    plan's comment of what was left out names it (`result.left_out`): the message was broken over two lines, its second
+    a `}` that reads as the end of something; twice written, or past the reported ones, the same."""
+    text = '{"train_batch_size": 8, "b\\n}": 1, "c\\\\n": 2, "zero_optimization": {"stage": 1}}'
+    imported = import_text("deepspeed", text, "ds.json", world_size=8, model=MODEL)
+    messages = [d.message for d in imported.diagnostics]
+    assert messages[:2] == ['unknown key "b\\n}" (DeepSpeed would ignore it without a word)',
+                            'unknown key "c\\\\n" (DeepSpeed would ignore it without a word)'], messages
+    twice = '{"train_batch_size": 8, "b\\n": 1, "b\\n": 2}'
+    [found] = import_text("deepspeed", twice, "ds.json", world_size=8, model=MODEL).diagnostics
+    assert found.message.startswith('key "b\\n" written twice') and "\n" not in found.message, found.message
+    many = json.dumps({**BASE, **{f"k{i}\n": i for i in range(30)}})
+    summary = import_text("deepspeed", many, "ds.json", world_size=8, model=MODEL).diagnostics[-1]
+    assert summary.capped and "k20\\n, k21\\n" in summary.message and "\n" not in summary.message, summary.message
+
+
 def test_keys_are_found_string_by_string_from_the_texts_start():
     """A search for `"...":` anywhere could begin at a value's closing quote: `"x", ":b": 1` read `, ` as a key and
     lost ":b" (its E804 pointed at the file's start); a key written with a \\u escape of a plain letter was not
