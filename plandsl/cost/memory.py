@@ -173,7 +173,7 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         copies = 2 if head_weight_apart(plan) else 1
         extra = [tied] * copies if tied and any(_copies_embedding(stage_layers[stage]) for stage in stages) else []
         params, grads, optimizer = model_state_bytes(plan, layers, extra, whole_tensors=whole_tensors)
-        gathered_params, gathered_grads = gathered_bytes(plan, layers, extra, held=held)
+        (gathered_params, gathered_grads), moments = gathered_moments(plan, layers, extra, held=held)
         accumulator = whole_vocab_gradient_bytes(plan, layers, extra, held)
         gathered_grads += accumulator
         split = data_split_gathered(plan, layers, held or plan.train.batch_shares is not None)
@@ -210,8 +210,8 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         estimate = MemoryEstimate(params + gathered_params, grads + gathered_grads, optimizer, activations,
                                   other=buffers, gathered_params=gathered_params, gathered_grads=gathered_grads,
                                   host=rank_inflight * host)
-        if len(rank_stages) == 1 and gathers_by_moments(plan, held):  # the loss's backward, or a block's
-            at_loss, in_backward = unit_moments(plan, layers, extra)
+        if len(rank_stages) == 1 and moments is not None:  # the loss's backward, or a block's
+            at_loss, in_backward = moments
             freed = activations - rank_inflight * stored[0] - beyond_layers(
                 plan, [stage_layers[stage] for stage in stages], attention_matrix, backward=True)
             estimate = replace(estimate, moments=fsdp_apart(at_loss, in_backward, freed))
@@ -821,8 +821,7 @@ def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param
     held = held or pipelined
     states = StateBytes.of(plan.train)
     if gathers_by_moments(plan, held):  # the most any moment of the backward holds (`unit_moments`)
-        whole = _unit_moments(plan, layers, extra)
-        return whole[1], whole[2] - whole[1]
+        return _backward_bytes(_unit_moments(plan, layers, extra))
     units, (root, root_bytes) = _gather_units(plan, layers, extra)
     gathering = plan.data.gathering
     largest = sorted(units + [(root, root_bytes)], reverse=True)[:2]
@@ -837,6 +836,21 @@ def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param
     if gathers_whole(plan):  # ZeRO-2: every unit whole through the step, beside the shards
         return float(sum(size for _, size in units) + root_bytes), float(grads * states.grads)
     return (float(whole_bytes) if stage >= 3 else 0.0), float(grads * states.grads)
+
+
+def gathered_moments(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = (), held: bool = False) \
+        -> tuple[tuple[float, float], tuple[float, float] | None]:
+    """(`gathered_bytes`, `unit_moments` where the count places the units by moment, `gathers_by_moments`, else None),
+    the moments counted once (`_unit_moments`) for both."""
+    if not gathers_by_moments(plan, held):
+        return gathered_bytes(plan, layers, extra, held), None
+    whole = _unit_moments(plan, layers, extra)
+    return _backward_bytes(whole), whole[::2]
+
+
+def _backward_bytes(whole: tuple[float, float, float]) -> tuple[float, float]:
+    """`gathered_bytes` of units placed by moment: (the parameters in the backward, the rest of the backward's most)."""
+    return whole[1], whole[2] - whole[1]
 
 
 def _gather_units(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = ()) \
@@ -1973,7 +1987,8 @@ __all__ = ["MemoryEstimate", "estimate_memory", "inflight_microbatches", "estima
            "ring_backward_bytes", "torch_stage_bytes", "torch_stage_sizes", "layer_offload", "offload_inflight",
            "holds_autocast_copies", "autocast_weight_copies", "expert_weight_copies",
            "one_backward_makes_gradients", "one_backward_apart", "optimizer_step_bytes",
-           "fused_head_gradient_bytes", "gathers_by_moments", "unit_moments", "fsdp_apart", "loss_released_bytes"]
+           "fused_head_gradient_bytes", "gathers_by_moments", "unit_moments", "gathered_moments", "fsdp_apart",
+           "loss_released_bytes"]
 
 
 def estimate_plan_memory(plan: ir.Plan, assignment: Assignment | None = None,
