@@ -71,18 +71,28 @@ class SourceFile:
         return self.span(max(0, len(self.text) - 1), len(self.text))
 
     def excerpt(self, span: Span, label: str = "") -> list[str]:
-        """The source line of `span` and a caret line under it, gutter included."""
+        """The source line of `span` and a caret line under it, gutter included. The line is shown as a terminal
+        would not otherwise show it plainly: tabs expanded (stops of 4), each other character that does not print
+        (a lone \\r, U+2028, a BOM) escaped as Python's repr escapes it; the caret is placed under the span's
+        characters as shown (it was counted in characters, so a tab before the span put it short of it)."""
         text = self.line_text(span.line)
         if not text and span.line == 0:
             return []
-        shown = text.expandtabs(4)[:200]
-        width = 1
+        pieces, at = [], [0]  # the shown text of each character, and where each character starts in the shown line
+        for c in text:
+            piece = " " * (4 - at[-1] % 4) if c == "\t" else c if c.isprintable() else repr(c)[1:-1]
+            pieces.append(piece)
+            at.append(at[-1] + len(piece))
+        shown = "".join(pieces)[:200]
+        start = at[min(max(span.column, 1), len(text) + 1) - 1]
         if span.end_line == span.line and span.end_column > span.column:
-            width = span.end_column - span.column
+            end = at[min(span.end_column, len(text) + 1) - 1]
         elif span.end_line > span.line:
-            width = max(1, len(text) - span.column + 1)
-        column = min(span.column, len(shown) + 1)
-        width = max(1, min(width, len(shown) - column + 1 if len(shown) >= column else 1))
+            end = at[-1]
+        else:
+            end = start + 1
+        column = min(start + 1, len(shown) + 1)
+        width = max(1, min(end - start, len(shown) - column + 1 if len(shown) >= column else 1))
         gutter = len(str(span.line))
         caret = " " * (column - 1) + "^" * width + (f" {label}" if label else "")
         return [f"{' ' * gutter} |", f"{span.line} | {shown}", f"{' ' * gutter} | {caret}"]

@@ -263,3 +263,35 @@ def test_sequence_parallel_splits_each_context_ranks_share():
     (problem,) = analyze("sp.plan", text=text.replace("{seq}", "12")).diagnostics  # 12 / 2 = 6 tokens, tp 4
     assert problem.code == "E406" and "seq / cp (6)" in problem.message, problem.message
     assert analyze("sp.plan", text=text.replace("{seq}", "16")).diagnostics == []
+
+
+@pytest.mark.parametrize("text, path, under", [
+    # a plan indented with tabs (the parser takes them as spacing): the mesh's value after a tab
+    ('import "clusters/dgx_a100"\nplan p {\n\tmodel   = gpt(layers=2, hidden=64, heads=2, seq=32, vocab=100)\n'
+     '\tcluster = dgx_a100\n\tmesh    =\t[dp = 3]\n\ttrain   = { global_batch: 6 }\n}\n', "tab.plan", "[dp = 3]"),
+    ("0F0,0F1,0B0,0B1\n1F0,\t1X1\n", "c.csv", "1X1"),  # a schedule CSV's cell after a tab
+    ('{"train_batch_size": 8,\r"a\\rb": 1}', "ds.json", '"a\\rb"'),  # a JSON whose lone CR json reads as a space
+])
+def test_the_caret_is_under_the_span_as_the_line_is_shown(text, path, under):
+    """The excerpt expands tabs, but the caret was placed by characters: a tab before the span left it 3 columns short
+    (`mesh    =\\t[dp = 3]` underlined `=   [dp = ` , a CSV's cell after a tab its spaces); and a character that does
+    not print (a lone CR, which sends a terminal back to the line's start) was shown raw. It is escaped now, the caret
+    under the span's text as shown."""
+    from plandsl.diagnostics import render
+    from plandsl.diagnostics.source import SourceFile
+    from plandsl.interop import import_text
+    if path.endswith(".plan"):
+        found = [d for d in analyze(path, text=text).diagnostics if d.code == "W301"]
+        sources = {path: SourceFile(path, text)}
+    elif path.endswith(".csv"):
+        imported = import_text("torch-csv", text, path)
+        found, sources = imported.diagnostics, imported.sources
+    else:
+        imported = import_text("deepspeed", text, path, world_size=8,
+                               model="gpt(layers=4, hidden=256, heads=4, seq=128, vocab=1000)")
+        found, sources = imported.diagnostics, imported.sources
+    rendered = render(found[0], sources).splitlines()
+    shown, caret = rendered[2], rendered[3]
+    assert "\t" not in shown and "\r" not in shown, rendered
+    start = caret.index("^")
+    assert shown[start:start + caret.count("^")] == under, rendered
