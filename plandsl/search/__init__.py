@@ -265,10 +265,11 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
     if "recompute_layers" in pins and pins.get("recompute", "full") != "full":
         raise SearchError(f"contradictory pins: recompute_layers={pins['recompute_layers']} counts the blocks of each "
                           f"stage that `recompute: full` reruns, recompute={pins['recompute']}")
-    if pins.get("sequence_parallel") and pins.get("tp", 1) > 1 and pins.get("pp", 1) > 1 and \
-            problem.pipeline == "deepspeed":  # every layout left out: the reason was said as the schedules'
+    if pins.get("sequence_parallel") and pins.get("tp", 1) > 1 and problem.deepspeed_engine(pins.get("pp")):
+        # every layout left out: the reason was said as the schedules'
+        beside = f" beside pp={pins['pp']}" if pins.get("pp", 1) > 1 else ", at any pp where the plan's stages line names it"
         raise SearchError(f"contradictory pins: sequence_parallel=true, and DeepSpeed's pipeline engine (--pipeline "
-                          f"deepspeed) runs no sequence parallelism beside pp={pins['pp']} (E611)")
+                          f"deepspeed) runs no sequence parallelism{beside} (E611)")
     if isinstance(problem.model, ir.TransformerModel) and pins.get("recompute_layers", 0) > problem.model.layers:
         # the plan written would be the checker's E205 (and past MAX_LAYERS its E505)
         raise SearchError(f"contradictory pins: recompute_layers={pins['recompute_layers']} is more than the model's "
@@ -526,8 +527,7 @@ def _megatron_runs(problem: Problem, pins: Mapping[str, object]) -> None:
         runs = ", ".join(name for name, info in BUILTIN.items() if info.deepspeed)
         raise SearchError(f"--pin schedule={pinned}: DeepSpeed's pipeline engine does not run it (E610); it runs "
                           f"{runs}, or torch's pipeline runs every schedule")
-    if problem.pipeline == "deepspeed" and pins.get("zero_stage") is not None and int(pins["zero_stage"]) >= 2 \
-            and pins.get("pp") not in (None, 1):
+    if pins.get("zero_stage") is not None and int(pins["zero_stage"]) >= 2 and problem.deepspeed_engine(pins.get("pp")):
         pinned = f"data={pins['data']} (ZeRO-{pins['zero_stage']})" if "data" in pins else \
             f"zero_stage={pins['zero_stage']}"  # the pin as given (`_data_pins` derives the stage of a `data` pin)
         raise SearchError(f"--pin {pinned}: DeepSpeed's pipeline engine takes ZeRO 0 or 1 (E611)")

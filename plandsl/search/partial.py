@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from dataclasses import dataclass, field, replace
 from collections.abc import Mapping
 from pathlib import Path
@@ -176,6 +177,7 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                       context=plan.context.kind if plan.context else CONTEXT,
                       ring=plan.context.implementation if plan.context else "te", search_experts=searched,
                       pipeline=plan.stages.implementation if plan.stages else "torch",
+                      stages_kept="stages" in attrs or stage_block is not None,  # at pp=1 too: its engine runs
                       outputs=plan.stages.outputs if plan.stages else "dropped",
                       shard=_conventional_rules(plan.shard, names),
                       # a written mesh or data line of one data axis leaves no room for hsdp's two (the line stays)
@@ -354,8 +356,11 @@ def refusal(partial: Partial, overrides, error: SearchError) -> Diagnostic:
     """E803 for the search's `error` under the plan's pins and `overrides` (`--pin`). Where the pins contradict each
     other before any search (`search.pins_conflict`) and a `--pin` is the cause, it says which: one that contradicts
     the plan's pins alone is at the line that writes the pin it meets (the first of the plan's pins whose absence
-    lets it stand); `--pin`s that contradict each other, without the plan, are named together, with no place in the
-    file. Anything else (nothing fits, or the plan's own pins) is at the plan's name, the plan's pins in the hint."""
+    lets it stand), or at a line that shapes the problem beyond the pins (`_shaping_lines`: whose pipeline a stages
+    line names, an experts line's overlap) where the problem without it lets it stand; `--pin`s that contradict each
+    other, without the plan, are named together, with no place in the file (and at that line where they contradict
+    it together). Anything else (nothing fits, or the plan's own pins) is at the plan's name, the plan's pins in the
+    hint."""
     shown = ", ".join(f"{k}={','.join(v) if isinstance(v, tuple) else v}" for k, v in partial.pins.items())
     default = diag("E803", str(error), partial.definition.name_span,
                    hint="the plan's decisions are pins of the search" + (f": {shown}" if shown else "")
@@ -366,10 +371,23 @@ def refusal(partial: Partial, overrides, error: SearchError) -> Diagnostic:
             pins_conflict(problem, pins_with(partial, overrides)[0]) is None:
         return default
 
-    def detail(found: SearchError) -> str:
-        return str(found).removeprefix("contradictory pins: ")
-    if any(pins_conflict(problem, parsed) is not None for _, parsed in given):
-        return default  # a pin the model, cluster or batch refuses on its own: the message names which
+    def detail(found: SearchError) -> str:  # the reason, without what the diagnostic says first
+        return re.sub(r"^(contradictory pins|--pin [^:]*): ", "", str(found))
+
+    def at_line(pins: list[str], found: SearchError, span: Span) -> Diagnostic:
+        named = pins[0] if len(pins) == 1 else f"{', '.join(pins[:-1])} and {pins[-1]}"
+        return diag("E803", f"{named} contradict{'s' if len(pins) == 1 else ''} the plan's "
+                            f"`{_excerpt(partial, span)}`: {detail(found)}", span,
+                    hint="`generate --from` keeps every line the plan writes and adds only what it leaves "
+                         f"out: drop {named}, or edit this line (remove it to let the search choose)")
+
+    def shaping(pins: Mapping[str, object]) -> Span | None:  # the line whose absence from the problem lets them stand
+        return next((span for freed, span in _shaping_lines(partial) if pins_conflict(freed, pins) is None), None)
+    for pin, parsed in given:  # a pin the problem refuses on its own: a line that shapes it, else the message says
+        alone = pins_conflict(problem, parsed)
+        if alone is not None:
+            span = shaping(parsed)
+            return at_line([pin], alone, span) if span is not None else default
     for pin, parsed in given:
         merged = pins_with(partial, {k: _shown(v) for k, v in parsed.items()})[0]
         alone = pins_conflict(problem, merged)
@@ -377,18 +395,35 @@ def refusal(partial: Partial, overrides, error: SearchError) -> Diagnostic:
             continue
         for key in partial.pins:
             if key not in parsed and pins_conflict(problem, {k: v for k, v in merged.items() if k != key}) is None:
-                span = partial.written_pins[key][1]
-                return diag("E803", f"{pin} contradicts the plan's `{_excerpt(partial, span)}`: {detail(alone)}", span,
-                            hint="`generate --from` keeps every line the plan writes and adds only what it leaves "
-                                 f"out: drop {pin}, or edit this line (remove it to let the search choose)")
+                return at_line([pin], alone, partial.written_pins[key][1])
+        span = shaping(merged)
+        if span is not None:
+            return at_line([pin], alone, span)
     for count in range(2, len(given) + 1):  # the fewest that contradict each other
         for group in itertools.combinations(given, count):
-            found = pins_conflict(problem, {k: v for _, parsed in group for k, v in parsed.items()})
+            pins = {k: v for _, parsed in group for k, v in parsed.items()}
+            found = pins_conflict(problem, pins)
             if found is not None:
                 named = [pin for pin, _ in group]
+                span = shaping(pins)
+                if span is not None:
+                    return at_line(named, found, span)
                 return diag("E803", f"the command line's {', '.join(named[:-1])} and {named[-1]} contradict each "
                                     f"other: {detail(found)}", hint="drop or change one of them")
     return default
+
+
+def _shaping_lines(partial: Partial) -> list[tuple[Problem, Span]]:
+    """The lines the plan writes that shape its problem beyond the pins, each as (the problem without what it says,
+    its span): a stages line's or block's pipeline other than torch's (`implementation = megatron | deepspeed`: the
+    schedules and ZeRO stages they run), an experts line's overlap."""
+    lines = []
+    stages = partial.stage_block if partial.stage_block is not None else partial.attrs.get("stages")
+    if stages is not None and partial.problem.pipeline != "torch":
+        lines.append((replace(partial.problem, pipeline="torch"), stages.span))
+    if "experts" in partial.attrs and partial.problem.overlap_experts:
+        lines.append((replace(partial.problem, overlap_experts=False), partial.attrs["experts"].span))
+    return lines
 
 
 # How a block's activations are rerun or kept, which go together (E205): recompute_modules under `recompute:

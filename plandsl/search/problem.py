@@ -70,6 +70,14 @@ class Problem:
     hybrid: bool = True                               # whether the search may lay out hsdp (`data = hsdp over
     #                                                   [dp_rep, dp]`); not where a `generate --from` plan writes a mesh
     #                                                   or a data line of one data axis
+    stages_kept: bool = False                         # a `generate --from` plan's stages line or block, kept in every
+    #                                                   candidate at any pp, 1 too: its pipeline's engine runs there
+
+    def deepspeed_engine(self, pp: int | None) -> bool:
+        """Whether DeepSpeed's pipeline engine runs a layout of `pp` stages (None: any the search lays out), which
+        takes ZeRO 0 or 1 and no sequence parallelism (the checker's E611): `--pipeline deepspeed` past one stage, and
+        at one too where the plan's stages line is kept (`stages_kept`: the engine is built whatever its stage count)."""
+        return self.pipeline == "deepspeed" and ((pp or 1) > 1 or self.stages_kept)
 
     @property
     def stack_of_tensor(self) -> str:

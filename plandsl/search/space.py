@@ -99,7 +99,7 @@ class Space:
             # where it can, unless pinned off (`--pin sequence_parallel=false`: a stack without it) or on DeepSpeed's
             # pipeline engine, which runs none (the checker's E611); pinned on, a layout that cannot is left out
             splits_sequence = sequence_parallel(self.model, p.sequence, tp, cp) \
-                and pins.get("sequence_parallel", True) and not (p.pipeline == "deepspeed" and pp > 1)
+                and pins.get("sequence_parallel", True) and not p.deepspeed_engine(pp)
             if pins.get("sequence_parallel") and tp > 1 and not splits_sequence:
                 continue
             one_axis = [] if pins.get("data") == "hsdp" else [(*each, 0) for each in self._orders(layout)]
@@ -159,7 +159,7 @@ class Space:
         each (`tighten_root`)."""
         pins, p = self.pins, self.problem
         unpinned = "data" not in pins and "zero_stage" not in pins  # a pinned stage is over one data axis
-        if not p.hybrid or not (pins.get("data") == "hsdp" or unpinned) or (p.pipeline == "deepspeed" and layout[2] > 1):
+        if not p.hybrid or not (pins.get("data") == "hsdp" or unpinned) or p.deepspeed_engine(layout[2]):
             return []
         key = ("hybrid", p.fold_experts, layout)
         found = self.shared.get(key)
@@ -287,7 +287,7 @@ class Space:
         if root.data_ranks == 1:  # nothing for ZeRO to shard over (Candidate.data_axis)
             zeros = [z for z in zeros if z == 0] or zeros[:1]
         deepspeed = self.problem.pipeline == "deepspeed" and root.pp > 1
-        if deepspeed:  # its engine takes ZeRO 0 or 1 (the checker's E611)
+        if self.problem.deepspeed_engine(root.pp):  # its engine takes ZeRO 0 or 1 (the checker's E611)
             zeros = [z for z in zeros if z <= 1]
         choices = schedule_choices(root.pp, node.microbatches, self.blocks + self.apart, pins.get("schedule"),
                                    pins.get("virtual_stages"), self.problem.pipeline == "megatron",

@@ -506,3 +506,54 @@ def test_a_train_of_another_file_rebuilt_for_a_pin_keeps_every_setting_it_writes
     assert plan.train.micro_batch == 1
     where = {"span", "field_spans"}  # the values, not where they are written
     assert plan.train.model_dump(exclude=where) == written.model_copy(update={"micro_batch": 1}).model_dump(exclude=where)
+
+
+@pytest.mark.parametrize("stages, pins, named", [
+    # Megatron-LM's pipeline runs 1F1B and interleaved 1F1B alone: the pin was E803 at the plan's name
+    ("megatron", ["schedule=zb_h1"], "--pin schedule=zb_h1 contradicts"),
+    # two pins that DeepSpeed's engine refuses together (sequence parallelism, which it does not run, and a tensor
+    # axis to run it over): they were 'the command line's ... contradict each other', with no place, as if no plan
+    # could take them (and with pp=2 pinned too before the engine was known to run at pp=1: `test_a_kept_deepspeed...`)
+    ("deepspeed", ["sequence_parallel=true", "tp=2"], "--pin sequence_parallel=true and --pin tp=2 contradict"),
+    ("deepspeed", ["dp_shard=4"], "--pin dp_shard=4 contradicts"),  # hsdp is ZeRO-3: it was at the plan's name
+])
+def test_pins_a_stages_lines_pipeline_refuses_are_refused_at_that_line(tmp_path, stages, pins, named):
+    """The pipeline a stages line names (`with implementation = megatron | deepspeed`) is part of the problem, not a
+    pin: what it refuses of the pins is E803 at that line, not at the plan's name nor between the --pins."""
+    path = write(tmp_path, f"  train   = recipe\n  stages  = evenly over pp with implementation = {stages}\n")
+    out = generate("--from", path, *[arg for pin in pins for arg in ("--pin", pin)])
+    assert out.exit_code == 1 and f"{path}:11:3: error[E803]: {named} the plan's `stages = evenly over pp with " \
+        f"implementation = {stages}`" in out.output and "contradict each other" not in out.output, out.output
+
+
+def test_a_kept_deepspeed_stages_line_runs_its_engine_at_one_stage_too(tmp_path):
+    """A written `stages = ... with implementation = deepspeed` is kept in every candidate, at pp = 1 too, where
+    DeepSpeed's engine still takes ZeRO 0 or 1 and no sequence parallelism (E611): the search laid out ZeRO-2/3 and
+    sequence parallelism there as for `--pipeline deepspeed`, whose pp = 1 plans have no stages line, so `--pin tp=2`
+    and `--pin zero=3` were 'a bug of plandsl generate --from' (E611 at lines of the completed plan, not the user's)."""
+    path = write(tmp_path, "  train   = recipe\n  stages  = evenly over pp with implementation = deepspeed\n")
+    out = generate("--from", path, "--pin", "tp=2", "--top", "3", "--json")
+    assert out.exit_code == 0, out.output
+    candidates = json.loads(out.output)["candidates"]
+    assert candidates and all(c["zero_stage"] <= 1 and not c["sequence_parallel"] for c in candidates), candidates
+    for c in candidates:  # as written: the stages line kept, and it checks
+        assert "implementation = deepspeed" in c["plan"], c["plan"]
+        assert api.checks(c["plan"], path=str(tmp_path / "c.plan")).diagnostics == [], c["plan"]
+    out = generate("--from", path, "--pin", "zero=3")
+    assert out.exit_code == 1 and f"{path}:11:3: error[E803]: --pin zero=3 contradicts the plan's `stages = evenly " \
+        "over pp with implementation = deepspeed`: DeepSpeed's pipeline engine takes ZeRO 0 or 1" in out.output \
+        and "bug" not in out.output, out.output
+
+
+def test_full_recomputation_pinned_against_a_written_experts_overlap_is_refused_at_the_experts_line(tmp_path):
+    """The experts' overlap (`experts = ... with overlap`) is part of the problem: Megatron-Core refuses full
+    recomputation beside it (E418), so `--pin recompute=full` is E803 at the experts line (it was at the plan's name)."""
+    header = ('import "clusters/dgx_h100"\nmodel moe = llama(layers=4, hidden=2048, heads=32, kv_heads=4, head_dim=128, '
+              'ffn=768, experts=16, top_k=2, vocab=32000, seq=1024)\n')
+    path = tmp_path / "partial.plan"
+    path.write_text(header + "plan mine {\n  model   = moe\n  cluster = dgx_h100 x 2\n  mesh    = [dp = 2, ep = 8]\n"
+                    "  train   = { global_batch: 64, micro_batch: 1, recompute: none }\n"
+                    "  experts = alltoall over ep with overlap\n}\n")
+    out = generate("--from", path, "--pin", "recompute=full")
+    assert out.exit_code == 1 and f"{path}:8:3: error[E803]: --pin recompute=full contradicts the plan's `experts = " \
+        "alltoall over ep with overlap`: the experts' overlap" in out.output, out.output

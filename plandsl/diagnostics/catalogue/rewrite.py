@@ -66,8 +66,9 @@ _entry("E803", """
     this error too, at that line and naming the pin: the completed file keeps every line as written, so
     the search cannot rank the pin's plans (a pin of the train's micro_batch or recompute replaces the
     value written there instead, with a note). Pins the search finds contradictory are this error at the
-    written line a `--pin` meets (`--pin offload_layers=2` against `mesh = [pp = 2, dp = 8]`), or, where
-    `--pin`s meet each other whatever the plan writes, naming them, at no line of the file.
+    written line a `--pin` meets (`--pin offload_layers=2` against `mesh = [pp = 2, dp = 8]`, `--pin zero=3`
+    against `stages = evenly over pp with implementation = deepspeed`), or, where `--pin`s meet each other whatever
+    the plan writes, naming them, at no line of the file.
     """, """
     import "clusters/dgx_a100"
     plan p {
