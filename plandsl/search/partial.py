@@ -359,8 +359,9 @@ def refusal(partial: Partial, overrides, error: SearchError) -> Diagnostic:
     lets it stand), or at a line that shapes the problem beyond the pins (`_shaping_lines`: whose pipeline a stages
     line names, an experts line's overlap) where the problem without it lets it stand; `--pin`s that contradict each
     other, without the plan, are named together, with no place in the file (and at that line where they contradict
-    it together). Anything else (nothing fits, or the plan's own pins) is at the plan's name, the plan's pins in the
-    hint."""
+    it together). A `--pin` the problem refuses on its own (`--pin tp=3` on 16 devices) is at the plan's name, the
+    hint naming the pin; anything else (nothing fits, or the plan's own pins) is at the plan's name, the plan's pins in
+    the hint."""
     shown = ", ".join(f"{k}={','.join(v) if isinstance(v, tuple) else v}" for k, v in partial.pins.items())
     default = diag("E803", str(error), partial.definition.name_span,
                    hint="the plan's decisions are pins of the search" + (f": {shown}" if shown else "")
@@ -387,7 +388,11 @@ def refusal(partial: Partial, overrides, error: SearchError) -> Diagnostic:
         alone = pins_conflict(problem, parsed)
         if alone is not None:
             span = shaping(parsed)
-            return at_line([pin], alone, span) if span is not None else default
+            if span is not None:
+                return at_line([pin], alone, span)
+            return diag("E803", str(alone), partial.definition.name_span,  # not the plan's pins: freeing one is no help
+                        hint=f"{pin} is refused by the problem the plan states (its model, cluster and train) whatever "
+                             "else is pinned: drop or change it")
     for pin, parsed in given:
         merged = pins_with(partial, {k: _shown(v) for k, v in parsed.items()})[0]
         alone = pins_conflict(problem, merged)

@@ -461,6 +461,10 @@ def test_pins_the_search_finds_contradictory_say_which_line_or_pins(tmp_path):
     out = generate("--from", path, "--pin", "tp=3")
     assert out.exit_code == 1 and f"{path}:7:6: error[E803]: contradictory pins: tp(3) = 3, which does not divide " \
         "the 16 devices" in out.output, out.output
+    # ... its hint names the pin: it said to free one of the plan's pins (micro_batch_size=2, recompute=selective),
+    # which would not help
+    assert "hint: --pin tp=3 is refused by the problem the plan states" in out.output and "free one" not in out.output, \
+        out.output
 
 
 @pytest.mark.parametrize("pin", ["tp", "=4"])
