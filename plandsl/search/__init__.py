@@ -270,6 +270,9 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
         beside = f" beside pp={pins['pp']}" if pins.get("pp", 1) > 1 else ", at any pp where the plan's stages line names it"
         raise SearchError(f"contradictory pins: sequence_parallel=true, and DeepSpeed's pipeline engine (--pipeline "
                           f"deepspeed) runs no sequence parallelism{beside} (E611)")
+    if problem.stages_kept and pins.get("virtual_stages", 1) > 1 and pins.get("pp") == 1:  # (`Space.roots`)
+        raise SearchError(f"contradictory pins: virtual_stages={pins['virtual_stages']} of a kept stages line needs a "
+                          "schedule that runs them, which pp=1 lays out none of")
     if isinstance(problem.model, ir.TransformerModel) and pins.get("recompute_layers", 0) > problem.model.layers:
         # the plan written would be the checker's E205 (and past MAX_LAYERS its E505)
         raise SearchError(f"contradictory pins: recompute_layers={pins['recompute_layers']} is more than the model's "
@@ -282,6 +285,10 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
         if pins.get("pp", 1) > 1:
             raise SearchError(f"contradictory pins: offload_layers={offloaded} is searched without a pipeline "
                               f"(as megatron-core offloads), pp={pins['pp']}")
+        if problem.stages_kept and pins.get("virtual_stages", 1) > 1:  # a pipeline of two ranks or more (`Space.roots`)
+            raise SearchError(f"contradictory pins: offload_layers={offloaded} is searched without a pipeline "
+                              f"(as megatron-core offloads), and virtual_stages={pins['virtual_stages']} of a kept "
+                              "stages line needs one")
         blocks = getattr(problem.model, "layers", None)
         if isinstance(problem.model, ir.TransformerModel) and offloaded > blocks:
             raise SearchError(f"contradictory pins: offload_layers={offloaded} is more than the model's {blocks} "

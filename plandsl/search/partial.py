@@ -590,7 +590,8 @@ def _checked(path: str, text: str, source: SourceFile, definition, attrs: dict, 
         analysis = analyze(path, text=text, params=params)
         lowered = [p for p in (analysis.document.plans if analysis.document else ()) if p.name == definition.name]
         free = free_choices(attrs, stage_block, lowered[0]) if lowered else set()
-        errors = [d for d in analysis.errors if not _fixable(d, free) and not others(d)]
+        pipelined = bool(lowered) and lowered[0].pp > 1  # (a schedule of virtual stages needs a pipeline)
+        errors = [d for d in analysis.errors if not _fixable(d, free, pipelined) and not others(d)]
         return _plan_of(analysis, definition.name, errors, lambda d: d, analysis.sources)
     edits = sorted(overs)
     probe = _apply(text, [(offset, offset, piece) for offset, piece in edits])
@@ -613,7 +614,8 @@ def _checked(path: str, text: str, source: SourceFile, definition, attrs: dict, 
     keys = _written_train_keys(attrs)
     searched = keys is not None and "micro_batch" not in keys  # E506: a micro_batch the search chooses
     errors = [d for d in map(back, analysis.errors)
-              if d.code not in _PROBE_LAYOUT and not (d.code == "E506" and searched) and not others(d)]
+              if d.code not in _PROBE_LAYOUT and not (d.code == "E506" and searched) and not others(d)
+              and not (_of_the_schedule(d) and "schedule" not in attrs)]  # the search writes one that runs them
     sources = {**analysis.sources, path: source}
     plan = _plan_of(analysis, definition.name, errors, back, sources)
     missing = sorted({d.name for d in plan.cluster.devices_in_order() if plan.train.precision not in d.peak})
@@ -643,12 +645,21 @@ def _probe_axes(attrs: dict, stage_block, names: dict[str, str]) -> list[str]:
     return [names[role] for role in used]
 
 
-def _fixable(d: Diagnostic, free: set[str]) -> bool:
-    """A problem of a plan with a mesh that a choice the plan leaves to the search may fix (or a warning)."""
+def _of_the_schedule(d: Diagnostic) -> bool:
+    """An E409 of the schedule against the stages (`check.placement`: `schedule '1f1b' runs one stage per rank, but
+    the plan has virtual = 2`), which a schedule the search writes may fix; not one of the stage map itself."""
+    return d.code == "E409" and d.message.startswith("schedule '")
+
+
+def _fixable(d: Diagnostic, free: set[str], pipelined: bool = True) -> bool:
+    """A problem of a plan with a mesh that a choice the plan leaves to the search may fix (or a warning);
+    `pipelined`: the mesh's pipeline degree is more than 1."""
     if not d.is_error:
         return True
     if d.code in ("E501", "E506"):
         return "micro_batch" in free
+    if _of_the_schedule(d):  # the default schedule beside written virtual stages: the search writes one that runs them
+        return "schedule" in free and pipelined
     if d.code in ("E502", "E602", "E603", "E604", "E605", "E606", "E607", "E608"):
         return bool(free & {"micro_batch", "stages", "schedule"})
     return d.code == "E503" and bool(free - {"experts"})  # the dispatcher under a written mesh holds no memory

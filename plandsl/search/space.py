@@ -89,6 +89,8 @@ class Space:
                 continue
             if self.chosen[0] and p.fold_experts and (tp == 1 or ep == 1):
                 continue  # folding over tp 1 is the unfolded plan
+            if pp == 1 and p.stages_kept and pins.get("virtual_stages", 1) > 1:
+                continue  # a kept stages line's virtual stages need a schedule that runs them: one pp = 1 writes none
             if self.chosen[1] and p.dispatcher != "alltoall" and ep == 1:
                 continue  # no expert group to dispatch over: the all-to-all's variant has the plan
             if p.overlap_experts and ep * (tp if p.fold_experts else 1) == 1:

@@ -1,6 +1,7 @@
 """`plandsl generate --from PLAN`: a partial plan's choices are pins, the search fills in the rest and
 writes the file back completed (imports, comments, lets and training settings kept)."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -561,3 +562,24 @@ def test_full_recomputation_pinned_against_a_written_experts_overlap_is_refused_
     out = generate("--from", path, "--pin", "recompute=full")
     assert out.exit_code == 1 and f"{path}:8:3: error[E803]: --pin recompute=full contradicts the plan's `experts = " \
         "alltoall over ep with overlap`: the experts' overlap" in out.output, out.output
+
+
+@pytest.mark.parametrize("mesh", ["", "  mesh    = [pp = 2, dp = 8]\n"])
+def test_written_virtual_stages_without_a_schedule_are_completed_with_one_that_runs_them(tmp_path, mesh):
+    """`stages = evenly over pp with virtual = 2` and no schedule line leaves the schedule to the search, which writes
+    one of virtual stages: the plan was refused with E409 (the probe's, or the mesh's, default schedule 1f1b runs one
+    stage per rank); without E409 the search laid out pp = 1, where it writes no schedule, and the kept line was the
+    completed plan's E409, 'a bug of generate --from'. pp = 1 is left out under it (`--pin pp=1`: E803 at the line)."""
+    path = write(tmp_path, "  train   = recipe\n" + mesh + "  stages  = evenly over pp with virtual = 2\n")
+    out = generate("--from", path, "--top", "2", "--json")
+    assert out.exit_code == 0, out.output
+    candidates = json.loads(out.output)["candidates"]
+    for c in candidates:
+        assert c["pp"] > 1 and c["virtual_stages"] == 2, c
+        assert re.search(r"stages += evenly over pp with virtual = 2", c["plan"]) and "schedule" in c["plan"], c["plan"]
+        assert api.checks(c["plan"], path=str(tmp_path / "c.plan")).diagnostics == [], c["plan"]
+    if not mesh:  # what needs pp = 1 contradicts the line (offloading: it was 'no plan satisfies', at the plan's name)
+        for pin in ("pp=1", "offload_layers=2"):
+            out = generate("--from", path, "--pin", pin)
+            assert out.exit_code == 1 and f"{path}:11:3: error[E803]: --pin {pin} contradicts the plan's `stages = " \
+                "evenly over pp with virtual = 2`" in out.output, out.output
