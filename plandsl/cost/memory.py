@@ -210,11 +210,19 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
         estimate = MemoryEstimate(params + gathered_params, grads + gathered_grads, optimizer, activations,
                                   other=buffers, gathered_params=gathered_params, gathered_grads=gathered_grads,
                                   host=rank_inflight * host)
-        if len(rank_stages) == 1 and moments is not None:  # the loss's backward, or a block's
-            at_loss, in_backward = moments
-            freed = activations - rank_inflight * stored[0] - beyond_layers(
-                plan, [stage_layers[stage] for stage in stages], attention_matrix, backward=True)
-            estimate = replace(estimate, moments=fsdp_apart(at_loss, in_backward, freed))
+        if len(rank_stages) == 1 and moments is not None:  # the loss's backward, a block's, the embedding's
+            own = [stage_layers[stage] for stage in stages]
+            at_loss, in_backward, in_blocks, at_end = moments
+            beyond = activations - rank_inflight * stored[0] - head * stored[1]
+            # the blocks' backward: their activations and the block rebuilt, not the loss's moment nor the embedding's
+            freed = activations - rank_inflight * stored[0] - beyond_layers(plan, own, attention_matrix, backward=True,
+                                                                            vocab=False)
+            # the embedding's backward (its whole-vocabulary gradient with the units, `_unit_moments`) and the root's
+            # reduce-scatter: the blocks' activations freed, autocast's copies with them (saved by the matmuls)
+            held_end = at_end + batch_bytes(plan, sum(len(layer.params) for layer in layers) + len(extra))
+            estimate = replace(estimate, moments=fsdp_apart(
+                at_loss, in_backward, freed, beyond - beyond_layers(plan, own, attention_matrix, vocab=False),
+                in_blocks, in_backward + activations - held_end))
         elif len(rank_stages) == 1 and one_backward_makes_gradients(plan) and not _rebuilds_in_backward(plan, layers):
             after = max(optimizer_step_bytes(plan, [p for layer in layers for p in layer.params] + list(extra),
                                              optimizer), whole_vocab_gradient_moment(plan, layers))
@@ -224,13 +232,35 @@ def estimate_memory(plan: ir.Plan, stage_layers: Sequence[Sequence[Layer]],
     return estimates
 
 
-def fsdp_apart(at_loss: float, in_backward: float, freed: float) -> float:
+def fsdp_apart(at_loss: float, in_backward: float, freed: float, over_loss: float = 0.0,
+               in_blocks: float | None = None, end: float = math.inf) -> float:
     """Bytes of an estimate's terms not alive at the peak of a rank whose units are placed by moment
-    (`gathers_by_moments`), whose activations are counted at the loss's backward with its units `in_backward`
-    (`unit_moments`): the activations its blocks' backward has `freed` (the loss's temporaries, the norm's and head's
-    saved tensors: `beyond_layers(backward=True)`), or the units the loss's backward holds less than its blocks' (
-    `at_loss`), the smaller; the total is the larger of the two moments."""
-    return max(0.0, min(in_backward - at_loss, freed))
+    (`gathers_by_moments`), whose activations are counted at their fullest with its units `in_backward` (the most of
+    the backward's moments, `unit_moments`): the least any moment leaves out, the total being the largest moment:
+
+    - the loss's backward: the units it holds less than `in_backward` (`at_loss`), and `over_loss`, what the
+      activations' working set exceeds the loss's there by (the embedding's whole-vocabulary gradient's moment,
+      `whole_vocab_gradient_moment`, larger than the loss's backward: made at the end of the backward, not beside it);
+    - a block's backward: the units it holds (`in_blocks`; `in_backward` if None) less than `in_backward`, and the
+      activations its blocks' backward has `freed` (the loss's temporaries, the norm's and head's saved tensors, the
+      embedding's moment: `beyond_layers(backward=True, vocab=False)`);
+    - the embedding's backward and the root's reduce-scatter, the blocks' activations freed: `end`, what they leave
+      out of the units `in_backward` and the activations (`estimate_memory`), none by default."""
+    blocks = in_backward if in_blocks is None else in_blocks
+    return max(0.0, min(in_backward - at_loss + over_loss, in_backward - blocks + freed, end))
+
+
+def batch_bytes(plan: ir.Plan, tensors: int = 0) -> float:
+    """Bytes of what a rank's step holds beside its model: a transformer's batch as `plandsl run` moves it to the device
+    (`runtime.train.train_step`: inputs and targets, int64 token ids, every microbatch's rows, the whole sequence: a
+    bound under context parallelism), the loss's few 0-dim tensors and one step count per parameter tensor of the
+    `tensors` a rank steps (torch's Adam keeps them on the host unless `capturable` or `fused`; a trace on the host
+    sees them). A few KiB (a [4, 128] pair of batches and 69 counts in tests/distributed/test_fsdp_tp_moments.py), but
+    what a trace holds beyond the count at the embedding's backward, a moment the count otherwise counts tensor by
+    tensor (`fsdp_apart`'s `end`); no other moment counts it (their terms are bounds above what they hold)."""
+    if not isinstance(plan.model, ir.TransformerModel):
+        return 0.0
+    return float(2 * 8 * plan.num_microbatches * plan.train.micro_batch * plan.seq + 4 * (tensors + 4))
 
 
 def one_backward_makes_gradients(plan: ir.Plan) -> bool:
@@ -335,18 +365,21 @@ def optimizer_step_bytes(plan: ir.Plan, params: Sequence[Param], optimizer: floa
 
 
 def beyond_layers(plan: ir.Plan, stages: Sequence[Sequence[Layer]], attention_matrix: bool = False,
-                  backward: bool = False) -> float:
+                  backward: bool = False, vocab: bool = True) -> float:
     """What a pipeline rank holding `stages` keeps once, beyond its layers' saved activations per microbatch in
     flight (which the schedule's simulation also counts, stage by stage): the larger of the block its recomputation
     rebuilds, the loss's backward and the embedding's under torch's tensor parallelism, peaks of different moments
-    (`loss_backward_bytes`, `whole_vocab_gradient_moment`). `backward`: at the blocks' backward, after the loss's."""
+    (`loss_backward_bytes`, `whole_vocab_gradient_moment`). `backward`: at the blocks' backward, after the loss's;
+    `vocab` False: without the embedding's moment (a rank whose units are placed by moment counts it at the
+    embedding's backward, `fsdp_apart`)."""
     layers = [layer for stage in stages for layer in stage]
     modes = [(layer, mode) for stage in stages for layer, mode in zip(stage, layer_recompute(plan, stage))]
     rerun = [layer for layer, mode in modes if mode is plan.train.recompute]  # with recompute_layers, those rerun
     scores = _keeps_scores(plan, attention_matrix)
     return max(_recompute_working_set(plan, rerun, scores),
                max((_ring_working_set(plan, layer, mode, scores) for layer, mode in modes), default=0.0),
-               0.0 if backward else loss_backward_bytes(plan, layers), whole_vocab_gradient_moment(plan, layers)) \
+               0.0 if backward else loss_backward_bytes(plan, layers),
+               whole_vocab_gradient_moment(plan, layers) if vocab else 0.0) \
         + offload_inflight(plan, stages, scores) \
         + autocast_weight_copies(plan, layers)
 
@@ -839,18 +872,23 @@ def gathered_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param
 
 
 def gathered_moments(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = (), held: bool = False) \
-        -> tuple[tuple[float, float], tuple[float, float] | None]:
-    """(`gathered_bytes`, `unit_moments` where the count places the units by moment, `gathers_by_moments`, else None),
-    the moments counted once (`_unit_moments`) for both."""
+        -> tuple[tuple[float, float], tuple[float, float, float, float] | None]:
+    """(`gathered_bytes`, `unit_moments(apart=True)` where the count places the units by moment,
+    `gathers_by_moments`, else None), the moments counted once (`_unit_moments`) for both."""
     if not gathers_by_moments(plan, held):
         return gathered_bytes(plan, layers, extra, held), None
     whole = _unit_moments(plan, layers, extra)
-    return _backward_bytes(whole), whole[::2]
+    return _backward_bytes(whole), _apart_moments(whole)
 
 
-def _backward_bytes(whole: tuple[float, float, float]) -> tuple[float, float]:
+def _backward_bytes(whole: tuple[float, ...]) -> tuple[float, float]:
     """`gathered_bytes` of units placed by moment: (the parameters in the backward, the rest of the backward's most)."""
     return whole[1], whole[2] - whole[1]
+
+
+def _apart_moments(whole: tuple[float, ...]) -> tuple[float, float, float, float]:
+    """`unit_moments(apart=True)` of `_unit_moments`' count."""
+    return whole[0], whole[2], whole[3], whole[4]
 
 
 def _gather_units(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = ()) \
@@ -884,7 +922,8 @@ def gathers_by_moments(plan: ir.Plan, held: bool = False) -> bool:
             and plan.data.gathering.default and not replicates_units(plan))
 
 
-def unit_moments(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = ()) -> tuple[float, float]:
+def unit_moments(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = (), apart: bool = False) \
+        -> tuple[float, ...]:
     """(at the loss's backward, in the backward) bytes of ZeRO-2/3's units a rank of `layers` holds unsharded beside its
     shards, where the count places them by moment (`gathers_by_moments`), as torch 2.13's FSDP2 holds them under
     `plandsl run`'s `apply_fsdp` (traced, tests/distributed/test_fsdp_moments.py):
@@ -900,16 +939,23 @@ def unit_moments(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] 
       and of the block before, whose flat reduce-scatter input FSDP2 keeps till the next one's
       (`reduce_scatter_states`); not the embedding's, made after the blocks' backward (but a table a tied head
       shares), when the root holds its parameters and every one of its gradients (a tied table's three times: the
-      head's, the embedding's and their sum) and no block's but the first block's reduce-scatter input, then its
+      head's, the embedding's and their sum), under torch's tensor parallelism the embedding's gradient over the whole
+      vocabulary as its backward makes it (`whole_vocab_gradient_moment`, before its reduction to the rank's rows),
+      and no block's but the first block's reduce-scatter input, then its
       reduce-scatter's input and output shard beside what is left of its gradients (in the gather's dtype): the
       largest, a bound on every block's moment and the embedding's.
 
-    Each in the gradients' dtype and the parameters' gather dtype (`_gather_units`)."""
-    return _unit_moments(plan, layers, extra)[::2]
+    Each in the gradients' dtype and the parameters' gather dtype (`_gather_units`). `apart`: (at the loss's
+    backward, in the backward, in a block's backward, at the embedding's backward or the root's reduce-scatter), the
+    last two apart, as the activations beside them differ (`estimate_memory`, `fsdp_apart`'s `end`)."""
+    found = _unit_moments(plan, layers, extra)
+    return _apart_moments(found) if apart else found[:3:2]
 
 
-def _unit_moments(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = ()) -> tuple[float, float, float]:
-    """`unit_moments`' (at the loss's backward, the parameters in the backward, all in the backward)."""
+def _unit_moments(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param] = ()) \
+        -> tuple[float, float, float, float, float]:
+    """`unit_moments`' (at the loss's backward, the parameters in the backward, all in the backward, all in a block's
+    backward, all at the embedding's backward or the root's reduce-scatter)."""
     units, (root, root_bytes) = _gather_units(plan, layers, extra)
     tp, ep, expert_tp = plan.tp, plan.expert_group, plan.expert_tp
     grad = StateBytes.of(plan.train).grads
@@ -931,11 +977,15 @@ def _unit_moments(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence[Param]
     shared = 2 * local_numel(tied, tp, ep, expert_tp) if tied is not None else 0
     first = max((count for count, _ in units), default=0)
     whole = sum(size for _, size in units) if gathers_whole(plan) else 0.0
-    at_embedding = root_bytes + whole + (root + shared + first) * grad
+    # the embedding's gradient over the whole vocabulary under torch's tensor parallelism, beside its rows' (traced at
+    # dp 2 x tp 2: its [vocab, hidden] `Partial` and the `Shard(0)` rows FSDP2 takes of it, the root's parameters and
+    # the head's gradient, the first block's reduce-scatter input; freed before the root's reduce-scatter)
+    at_embedding = root_bytes + whole + (root + shared + first) * grad + whole_vocab_gradient_moment(plan, layers)
     # then the root's reduce-scatter: its input and output in the gradients' dtype beside the head's gradient, in
     # the gather's dtype (FSDP2's `param_dtype`), a bound on what is left of them
     at_reduce = root_bytes + root * grad * (1 + 1 / zero_degrees(plan)[1])
-    return at_loss, params, float(max(in_blocks, at_embedding, at_reduce))
+    at_end = max(at_embedding, at_reduce)
+    return at_loss, params, float(max(in_blocks, at_end)), float(in_blocks), float(at_end)
 
 
 def whole_vocab_gradient(plan: ir.Plan) -> bool:
@@ -1743,12 +1793,16 @@ def _loss_backward_logits(plan: ir.Plan, layers: Sequence[Layer]) -> tuple[float
 
 
 def loss_released_bytes(plan: ir.Plan, layers: Sequence[Layer]) -> float:
-    """What of the loss's backward (`loss_backward_bytes`) is freed by the time the head's backward starts (where
-    ZeRO-3 gathers the root again, `unit_moments`): all but the logits' fp32 gradient and, in a 16-bit precision, its
-    copy in the compute dtype (the head's output gradient)."""
+    """What of the loss's backward (`loss_backward_bytes`) and the head's saved activations is freed by the time the
+    head's backward starts (where ZeRO-3 gathers the root again, `unit_moments`): all but the logits' fp32 gradient
+    and, in a 16-bit precision, its copy in the compute dtype (the head's output gradient); with them torch's cross
+    entropy's saved fp32 log-probabilities (the head's 4sbV/t, `_layer_activations`), which its backward's node
+    releases once it has made the logits' gradient (traced at tp 2: loss parallel's saved `sub` freed before the
+    root's all-gather for the head's backward). Megatron's loss turns its saved softmax into the gradient in place."""
     per_logit, logits = _loss_backward_logits(plan, layers)
     kept = 4.0 + (plan.train.precision.unquantized.bytes if plan.train.precision.unquantized.bytes < 4 else 0.0)
-    return max(0.0, per_logit - kept) * logits
+    saved = 0.0 if plan.train.loss is ir.Loss.megatron else 4.0
+    return max(0.0, per_logit + saved - kept) * logits
 
 
 def ring_backward_bytes(plan: ir.Plan, layer: Layer) -> float:

@@ -32,6 +32,19 @@ class Caps:
         self._rank_order: dict = {}
 
     def rank_caps(self, root: Root, ranks, inflight: np.ndarray, memory, recomputed: int | None = None,
+                  kept: float = 0.0, held: bool = False) -> np.ndarray:
+        """`_rank_caps`, and on a rank that holds every layer, whose ZeRO-2/3 units are placed by moment, no more blocks
+        than fit the embedding's backward (`Figures.end_moment`: the blocks' activations freed there, the embedding's
+        whole-vocabulary gradient beside the units, `cost.memory.fsdp_apart`'s `end`)."""
+        caps = self._rank_caps(root, ranks, inflight, memory, recomputed, kept, held)
+        end = self.figures.end_moment(memory) if len(ranks) == 1 else None
+        if end is not None and end[1] > 0.0:
+            fixed, per = end
+            capacity = self.figures.capacity(root)
+            caps = np.minimum(caps, _whole(np.floor((capacity[ranks[0]] - fixed) / per)))
+        return caps
+
+    def _rank_caps(self, root: Root, ranks, inflight: np.ndarray, memory, recomputed: int | None = None,
                    kept: float = 0.0, held: bool = False) -> np.ndarray:
         """The most blocks each rank holds within its memory: its capacity less the embedding (first
         stage), the norm and head (last), the working set, ZeRO's gathered units and torch's pipeline stage's

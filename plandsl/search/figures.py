@@ -63,6 +63,7 @@ class Figures:
         self._activations_cache: dict = caches.setdefault("activations", {})
         self._param_cache: dict = caches.setdefault("params", {})
         self._gathered_cache: dict = caches.setdefault("gathered", {})
+        self._end_cache: dict = caches.setdefault("end_moment", {})  # `end_moment`s, per plan of the states
         # (kind, its precision, tp, ep) -> its parameters' bytes as gathered
         self._gather_cache: dict = caches.setdefault("gather", {})
         self._capacity_cache: dict = {}
@@ -587,7 +588,7 @@ class Figures:
         ends (no pipeline) as the exact estimate places them by moment (`cost.memory.unit_moments`, `fsdp_apart`):
         the units of the loss's backward, or those of the blocks' less the activations freed by then (`freed`)."""
         plan = memory[2]
-        freed = self.freed(memory) if first and last else 0.0
+        freed = self.freed(memory) if first and last else (0.0, 0.0)
         # the plan of the states: one per layout and stage; the units' moments read the memory's own micro-batch
         # (`unit_moments`: the loss's released bytes), which the states' plan (the first node's) need not have
         moments = self._moment_plans.get(id(memory), plan) if first and last else plan
@@ -607,18 +608,44 @@ class Figures:
             both = gathered_bytes(plan, layers, extra)
             found = sum(both)
             if first and last and gathers_by_moments(plan):
-                at_loss, in_backward = unit_moments(moments, layers, extra)
-                found -= fsdp_apart(at_loss, in_backward, freed)
+                at_loss, in_backward, in_blocks, _ = unit_moments(moments, layers, extra, apart=True)
+                found -= fsdp_apart(at_loss, in_backward, *freed, in_blocks)
             found = self._gathered_cache[key] = found - both[0] if gathers_whole(plan) else found  # ZeRO-2's: `_states`
         return found
 
-    def freed(self, memory) -> float:
-        """What the blocks' backward has freed of a rank of both ends' activations at the loss's backward (`cost.memory.
+    def end_moment(self, memory) -> tuple[float, float] | None:
+        """(the bytes beside its blocks, each block's) of a rank of every layer, whose ZeRO-2/3 units are placed by
+        moment (`cost.memory.gathers_by_moments`), at its embedding's backward or the root's reduce-scatter (`cost.
+        memory.fsdp_apart`'s `end`): the states (autocast's copies freed with the matmuls' saved tensors) and the units
+        of that moment (`unit_moments`), with the embedding's whole-vocabulary gradient, and the step's 0-dim tensors
+        (`cost.memory.batch_bytes`, less the batch's tokens, which the figures' plan does not size: no more than the
+        exact estimate); None for any other rank, or a model of several kinds of block."""
+        plan = memory[2]
+        if not (self.transformer and len(self.kinds) == 4 and gathers_by_moments(plan)):
+            return None
+        key = (id(plan), *(kind[0] for kind in memory[0][:4]))  # the states plan and its kinds' states
+        found = self._end_cache.get(key)
+        if found is not None and found[0] is plan:
+            return found[1]
+        kinds = [layer for layer, _ in self.kinds]
+        states = [kind[0] - autocast_weight_copies(plan, [layer]) + 4.0 * len(layer.params)
+                  for kind, layer in zip(memory[0][:4], kinds)]
+        embed, block, norm, head = kinds
+        layers = [embed, block, block, norm, head]
+        at_end = unit_moments(plan, layers, apart=True)[3]
+        whole = gathered_bytes(plan, layers)[0] if gathers_whole(plan) else 0.0  # ZeRO-2's, in the states
+        value = (states[0] + states[2] + states[3] + at_end - whole + 16.0, states[1])
+        self._end_cache[key] = (plan, value)
+        return value
+
+    def freed(self, memory) -> tuple[float, float]:
+        """What the blocks' backward has freed of a rank of both ends' activations at their fullest (`cost.memory.
         fsdp_apart`'s `freed`): the norm's and head's saved activations of its one microbatch in flight, and what the
-        loss's backward exceeds the rank's other moments by (`beyond_working`: the block rebuilt, the embedding's
-        whole-vocabulary gradient)."""
+        rank's working set (`beyond_working`: the block rebuilt, the loss's backward, the embedding's whole-vocabulary
+        gradient's moment) exceeds the block rebuilt by; and what it exceeds the loss's backward's by (`over_loss`)."""
         (_, _, moment), (_, _, working), (_, norm_a, _), (_, head_a, loss) = memory[0][:4]
-        return norm_a + head_a + max(working, loss, moment) - max(working, moment)
+        most = max(working, loss, moment)
+        return norm_a + head_a + most - working, most - max(working, loss)
 
     def capacity(self, root: Root) -> np.ndarray:
         """The ranks' capacities as an array, once per root (keyed by identity: hashing a 4,096-entry
