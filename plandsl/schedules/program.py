@@ -57,14 +57,22 @@ class Action(NamedTuple):
         return f"Action({self})"
 
 
+def _shown_cell(text: str) -> str:
+    """A cell as a message quotes it: on one line, each character that does not print escaped as Python's repr
+    escapes it, the backslash too (a CSV cell's tab, or a U+2028 the csv module breaks no line at, was printed raw and
+    broke the message, as 192f6ec's DeepSpeed keys did); a long one its start and end."""
+    def printed(part: str) -> str:
+        return "".join(c if c.isprintable() and c != "\\" else repr(c)[1:-1] for c in part)
+    return printed(text) if len(text) <= 40 else f"{printed(text[:20])}...{printed(text[-10:])} ({len(text):,} characters)"
+
+
 def parse_action(text: str) -> Action:
     """`2F0` -> Action(2, F, 0); ValueError for anything else."""
     match = _ACTION.fullmatch(text.strip())
-    shown = text if len(text) <= 40 else f"{text[:20]}...{text[-10:]} ({len(text):,} characters)"
     if match is None:
-        raise ValueError(f"'{shown}' is not an action like 2F0 (stage, F/B/I/W, microbatch)")
+        raise ValueError(f"'{_shown_cell(text)}' is not an action like 2F0 (stage, F/B/I/W, microbatch)")
     if max(len(match.group(1)), len(match.group(3))) > _DIGITS:
-        raise ValueError(f"'{shown}': a stage or microbatch number of more than {_DIGITS} digits")
+        raise ValueError(f"'{_shown_cell(text)}': a stage or microbatch number of more than {_DIGITS} digits")
     return Action(int(match.group(1)), Kind(match.group(2)), int(match.group(3)))
 
 

@@ -181,3 +181,12 @@ def test_a_lossy_export_of_a_plan_without_a_pipeline_writes_nothing(tmp_path, ta
     piped = CliRunner().invoke(main, ["export", str(STDLIB / "examples" / "gpt3_175b_3d.plan"), "--to", target, "--lossy",
                                       "-o", str(out)])
     assert piped.exit_code == 0 and out.read_text().strip()  # a pipeline's schedule is still written
+
+
+@pytest.mark.parametrize("cell, shown", [("\t1X1", "\\t1X1"), ("0F\u20281", "0F\\u20281"), ("0F\\1", "0F\\\\1")])
+def test_a_cell_that_is_no_action_is_quoted_on_one_line(cell, shown):
+    """E602 quoted the cell raw: a tab, or a U+2028 (no line break to the csv module, so inside the cell), printed as
+    such broke the message; they are escaped as Python's repr escapes them, the backslash too (as 192f6ec's keys)."""
+    imported = import_csv(f"0F0,0B0\n1F0,{cell}\n", "c.csv", "c")
+    (found,) = imported.diagnostics
+    assert found.code == "E602" and f"'{shown}' is not an action" in found.message, found.message
