@@ -72,6 +72,7 @@ class Figures:
         self._held_cache: dict = caches.setdefault("held", {})  # (schedule, pp, m, v) -> `held`'s array
         self._open_cache: dict = caches.setdefault("open", {})  # (schedule, pp, m, v) -> `open_stages`' array
         self._gradients_cache: dict = caches.setdefault("gradients", {})  # id(a states plan) -> (it, `gradients`)
+        self._kind_gradients_cache: dict = caches.setdefault("kind_gradients", {})  # -> (it, `kind_gradients`)
         self._copy_vocab_cache: dict = caches.setdefault("copy_vocab", {})  # id(a states plan) -> (it, `copy_vocab`)
         # id(a node's memory) -> the plan torch's pipeline buffers are counted for (its micro-batch and data ranks) and
         # its `cost.memory.torch_stage_sizes`
@@ -502,8 +503,7 @@ class Figures:
         bytes, that the states of a node's `memory` count (`_states`: ZeRO-2/3's units under a pipeline, `cost.memory.gathered_bytes`)
         where a rank frees each stage's after that stage's last backward (`cost.memory.releases_gradients`), so that a
         rank holds those of the stages open at once (`open_stages`); None where it holds them all through the step, and
-        for a model of several kinds of block (whose splits count the whole rank's: more, never less, than the exact
-        estimate)."""
+        for a model of several kinds of block (`kind_gradients`)."""
         plan = memory[2]
         found = self._gradients_cache.get(id(plan))
         if found is None or found[0] is not plan:
@@ -517,6 +517,26 @@ class Figures:
                 value = (grads([block]), grads([embed]), grads([norm, head]) + self.copy_vocab(memory),
                          grads([], [copy]) if copy else 0.0)
             found = self._gradients_cache[id(plan)] = (plan, value)
+        return found[1]
+
+    def kind_gradients(self, memory) -> tuple[list[float], float] | None:
+        """(each kind's layer's unsharded gradients, bytes, in `kinds`' order; one tied copy's of the embedding) that
+        the states of a node's `memory` count, where a rank frees each stage's after that stage's last backward
+        (`cost.memory.releases_gradients`): `gradients` for a transformer of several kinds of block and a model of
+        layers (a layer each), whose splits (`Splits.mixed_partition`, `layer_partition`) count those of the rank's
+        stages open at once (`open_stages`). None where a rank holds them all through the step."""
+        plan = memory[2]
+        found = self._kind_gradients_cache.get(id(plan))
+        if found is None or found[0] is not plan:
+            value = None
+            if releases_gradients(plan):
+                copy = tied_embedding(plan, self.layers) \
+                    if self.transformer and (self.model.tied_embeddings or self.model.mtp) else None
+                value = ([gathered_bytes(plan, [layer])[1] + whole_vocab_gradient_bytes(plan, [layer])
+                          for layer, _ in self.kinds],
+                         gathered_bytes(plan, [], [copy])[1] + whole_vocab_gradient_bytes(plan, [], [copy])
+                         if copy else 0.0)
+            found = self._kind_gradients_cache[id(plan)] = (plan, value)
         return found[1]
 
     def copy_vocab(self, memory) -> float:

@@ -11,7 +11,7 @@ from typing import Mapping
 
 import numpy as np
 
-from plandsl.cost.memory import gathered_bytes, gathers_whole, replicates_units
+from plandsl.cost.memory import gathered_bytes, gathers_whole, pipelined_shards, replicates_units
 from plandsl.cost.offload import host_capacity
 from plandsl.ir.placement import account_counts
 from plandsl.search.caps import Caps
@@ -163,6 +163,10 @@ class Splits:
             return found
         room, caps = self._mixed_room(node.root, ranks, inflight, memory)
         block_bytes = self._mixed_bytes(memory[0], ranks, inflight)
+        released = self._mixed_released(node.root, ranks, inflight, memory) if bounded else None
+        if released is not None:  # the rank's open stages' gradients, not all of its stages' (`_released_split`)
+            found = self._partition_cache[key] = self._released_split(node, ranks, room, block_bytes, released)
+            return found
         if not bounded:
             caps = np.full(len(ranks), np.inf)
         elif not self._mixed_may_fit(caps, block_bytes):
@@ -175,15 +179,85 @@ class Splits:
             found = self._partition_cache[key] = counts if counts is not None and (
                 not bounded or self._account_fits(counts, ranks, room, held)) else None
             return found
-        # the split depends on these figures alone: leaves of other nodes, ZeRO stages or schedules often share them
-        # (half of a Llama 4 Maverick search's), and the dynamic programme is most of a leaf's partition
+        found = self._partition_cache[key] = self._cached_split(per, block_bytes, caps, prefix, held, fixed,
+                                                                len(ranks))
+        return found
+
+    def _cached_split(self, per, block_bytes, caps, prefix, held, fixed, stages: int):
+        """`_mixed_split`, once per figures: the split depends on them alone (leaves of other nodes, ZeRO stages or
+        schedules often share them: half of a Llama 4 Maverick search's), and the dynamic programme is most of a
+        leaf's partition."""
         figures = tuple(np.asarray(each, dtype=np.float64).tobytes() for each in (per, *block_bytes, caps))
         found = self._mixed_cache.get(figures, False)
         if found is False:
-            found = self._mixed_split(prefix, held, caps, fixed, len(ranks))
+            found = self._mixed_split(prefix, held, caps, fixed, stages)
             self._mixed_cache[figures] = found
-        self._partition_cache[key] = found
         return found
+
+    def _mixed_released(self, root, ranks, inflight, memory):
+        """Where a rank of several stages frees each stage's unsharded gradients after its last backward (ZeRO-2/3 on
+        torch's pipeline, `Figures.open_stages`, `kind_gradients`) and holds no more than some of them at once: (per
+        stage, the sets of its rank's stages open at once as an array stages x its rank's sets, the share of its rank's
+        stages the largest set holds; per kind of block (`_summed`'s order), a block's gradients; per stage, the
+        embedding's and the norm and head's (with the copies of the embedding the head's stage holds) gradients). Else
+        None: every stage's gradients at once, as `memory`'s states count them."""
+        grads = self.figures.kind_gradients(memory)
+        opens = self.figures.open_stages(inflight) if grads is not None else None
+        if opens is None:
+            return None
+        per_kind, copy = grads
+        stage_sets, share = _stage_sets(opens, ranks, root.pp)
+        if stage_sets is None:
+            return None
+        ends = np.zeros(len(ranks))
+        ends[0] += per_kind[0]  # the embedding's
+        # the norm's and head's, with the copies of the embedding the head's stage holds (as `Caps._released`)
+        ends[-1] += per_kind[2] + per_kind[3] + self.figures.copy_vocab(memory) + copy * self.figures.tied_copies(inflight)
+        return stage_sets, share, [per_kind[kind] for kind in self._summed], ends
+
+    def _released_split(self, node: Node, ranks, room, block_bytes, released):
+        """`mixed_partition`'s split where a rank holds only its open stages' unsharded gradients (`_mixed_released`),
+        as the exact estimate counts them (`cost.memory.estimate_memory`: the largest sum over a set of the rank's
+        stages open at once). The programme shares a rank's room evenly over its stages, so it takes each stage's
+        gradients at the largest open set's share of the rank's stages (k of c: k / c), the ends' too (a bound exact
+        where the rank's stages hold as much): the split it makes is checked against the rank's whole room with the
+        largest open set's gradients, and where a rank does not fit, its stages count their gradients whole (as
+        before) and the programme runs again. Each run admits a split within the caps of every stage counting all of
+        its gradients (the last one is that split), so the split is never slower than that one, and it fits: the room
+        less the rank's blocks' states and activations and its largest open set's gradients is never below 0."""
+        stage_sets, share, kind_grads, ends = released
+        on = np.asarray(ranks)
+        before = [self.figures.kind_before[self.figures.block_kinds.index(kind)] for kind in self._summed]
+        whole = room + np.bincount(on, weights=ends, minlength=int(on.max()) + 1)[on]  # the ends' gradients apart
+        lean = [each - g for each, g in zip(block_bytes, kind_grads)]  # a block's bytes without its gradients
+        stages = np.bincount(on)[on]
+        weight = share.copy()
+        while True:
+            # a stage's blocks at their bytes less (1 - weight) of their gradients; the ends' in the rank's room alike
+            freed = 1.0 - weight
+            counted = [each - freed * g for each, g in zip(block_bytes, kind_grads)]
+            relaxed = room + np.bincount(on, weights=freed * ends, minlength=int(on.max()) + 1)[on]
+            caps = relaxed / stages
+            found = None
+            if self._mixed_may_fit(caps, counted):
+                fixed, per, prefix, held = self._mixed_prefixes(node, ranks, counted)
+                account = self.pins.get("account")
+                found = account_counts(self.blocks, len(ranks), account) if account else \
+                    self._cached_split(per, counted, caps, prefix, held, fixed, len(ranks))
+            if found is None or (weight >= 1.0).all():
+                if found is not None and self.pins.get("account"):  # every stage's gradients: the rank's room
+                    return found if self._account_fits(found, ranks, room, held) else None
+                return found
+            bounds = np.cumsum((0,) + tuple(found))
+            used, grads = np.zeros(len(ranks)), ends.copy()
+            for each, g, count in zip(lean, kind_grads, before):
+                blocks = count[bounds[1:]] - count[bounds[:-1]]
+                used += each * blocks
+                grads += g * blocks
+            over = _open_over(on, used, grads, stage_sets, whole)
+            if not over.any():
+                return found
+            weight = np.where(over[on], 1.0, weight)  # those ranks' stages: every gradient, as before
 
     def mixed_partial_partition(self, node: Node, zero: int, ranks, inflight, memory, least: int = 1):
         """`partial_partition` for several kinds of block: (blocks per stage, N) of a node that recomputes the first N
@@ -403,20 +477,79 @@ class Splits:
         return found[0]
 
     def layer_partition(self, node: Node, ranks, inflight, layer_memory):
+        """Layers per stage of a model of layers that differ (a written model, an mlp): `partition_layers` at each
+        layer's seconds and bytes on its stage's rank, a rank's room shared evenly by its stages. Where a rank of
+        several stages frees each stage's unsharded gradients after its last backward (ZeRO-2/3 on torch's pipeline,
+        `Figures.open_stages`), its stages count them at the largest open set's share of the rank's stages, and a
+        rank the split does not fit with its largest open set's gradients counts them whole (`_released_split`'s
+        way)."""
         root = node.root
         per_kind, plan = layer_memory[0], layer_memory[2]
         costs, memory, caps = [], [], []
         # ZeRO-2/3's gathered units: the two largest of the model, wherever they are (a bound); ZeRO-2's parameters,
-        # whole through the step, are in each layer's states (`figures.Figures._states`), its gradients' units here
-        both = gathered_bytes(plan, self.layers)
+        # whole through the step, are in each layer's states (`figures.Figures._states`), its gradients' units here;
+        # under a pipeline every unit of the rank's layers is whole through the step (`cost.memory.pipelined_shards`),
+        # in each layer's states: nothing beyond them
+        both = (0.0, 0.0) if pipelined_shards(plan) else gathered_bytes(plan, self.layers)
         working = max(k[2] for k in per_kind) + (both[1] if gathers_whole(plan) or replicates_units(plan) else sum(both))
         for r in ranks:
             costs.append([t.forward + t.backward for t in self.figures.kind_times(node, root.rank_devices[r])])
             memory.append([k[0] + inflight[r] * k[1] for k in per_kind])
             caps.append((root.capacity[r] - working + (self.figures.apart(layer_memory) if len(ranks) == 1 else 0.0))
                         / sum(1 for q in ranks if q == r))  # one rank: what its one-microbatch step holds apart
-        return partition_layers(costs, memory, caps)
+        grads = self.figures.kind_gradients(layer_memory)
+        opens = self.figures.open_stages(inflight) if grads is not None and len(ranks) > 1 else None
+        stage_sets, share = _stage_sets(opens, ranks, root.pp) if opens is not None else (None, None)
+        if stage_sets is None:
+            return partition_layers(costs, memory, caps)
+        on = np.asarray(ranks)
+        stages = np.bincount(on)[on]
+        whole = np.asarray(caps) * stages  # each stage's rank's room, whole
+        grads = np.asarray(grads[0])  # per layer
+        weight = share.copy()
+        while True:
+            counted = np.asarray(memory) - (1.0 - weight)[:, None] * grads  # each stage's layers less freed gradients
+            found = partition_layers(costs, counted.tolist(), caps)
+            if found is None or (weight >= 1.0).all():
+                return found
+            bounds = np.cumsum((0,) + tuple(found))
+            held = np.asarray(memory) - grads
+            used = np.array([held[s, a:b].sum() for s, (a, b) in enumerate(zip(bounds, bounds[1:]))])
+            stage_grads = np.array([grads[a:b].sum() for a, b in zip(bounds, bounds[1:])])
+            over = _open_over(on, used, stage_grads, stage_sets, whole)
+            if not over.any():
+                return found
+            weight = np.where(over[on], 1.0, weight)
 
+
+
+def _stage_sets(opens, ranks, pp: int):
+    """(per stage, the sets of its rank's stages open at once, stages x sets; per stage, the largest set's share of its
+    rank's stages) from `Figures.open_stages`' array (ranks x a rank's stages x sets), or (None, None) where every
+    rank's largest set holds all its stages."""
+    sizes = opens.sum(axis=1)  # ranks x sets
+    share = sizes.max(axis=1) / opens.shape[1]
+    if (share >= 1.0).all():
+        return None, None
+    on = np.asarray(ranks)
+    seen, index = [0] * pp, []
+    for r in ranks:  # a stage's place among its rank's (stage order: `Figures.open_stages`' columns)
+        index.append(seen[r])
+        seen[r] += 1
+    return opens[on, np.asarray(index)], share[on]
+
+
+def _open_over(on, used, grads, stage_sets, whole) -> np.ndarray:
+    """Per rank, whether its stages' bytes beside their gradients (`used`, per stage) and the largest sum of the
+    gradients (`grads`, per stage) of a set of its stages open at once exceed its room (`whole`, per stage: its
+    rank's): what the exact estimate counts of them (`cost.memory.estimate_memory`, `open_gradients`)."""
+    ranks = int(on.max()) + 1
+    most = np.zeros(ranks)
+    for k in range(stage_sets.shape[1]):
+        most = np.maximum(most, np.bincount(on, weights=grads * stage_sets[:, k], minlength=ranks))
+    room = np.zeros(ranks)
+    room[on] = whole
+    return np.bincount(on, weights=used, minlength=ranks) + most > room * (1 + 1e-12)
 
 
 def _stage_seconds(counts, fixed, per_block) -> list[float]:

@@ -1,0 +1,84 @@
+"""The caps of a transformer of several kinds of block count the unsharded gradients of the stages a rank holds open at
+once, as the exact estimate does, where a pipeline rank of several stages frees each stage's after its last backward
+(ZeRO-2/3 on torch's pipeline: `cost.memory.releases_gradients`, `open_gradient_stages`). A model of one kind of block
+counts them so (`Figures.open_stages`, `Caps._need`); one of several kinds (`moe_every`, `dense_layers`: DeepSeek's
+dense-then-MoE, torchtitan's FSDP + PP + EP recipe) counted every stage's at once (`Splits.mixed_partition`), more than
+the exact estimate, and so pruned plans that fit. Brute force over every leaf of such spaces whose rank runs several
+stages (interleaved 1F1B, looped BFS, ZBV, DualPipeV, ...) at ZeRO-2/3: a split of equal stages, each rank's device just
+the exact estimate of its rank (where its stages hold the same kinds of block: the ranks whose room the search shares
+evenly over stages that are alike; the others' device unbounded), keeps its leaf, and the split the search makes fits
+those devices by the exact estimate."""
+from dataclasses import replace
+
+import pytest
+
+from plandsl import api
+from plandsl.cost.compute import DEFAULT_EFFICIENCY
+from plandsl.cost.estimate import estimate_plan
+from plandsl.ir.placement import Assignment
+from plandsl.search import Problem
+from plandsl.search.choices import stage_ranks
+from plandsl.search.problem import build_plan
+from plandsl.search.space import Space
+from plandsl.search.tree import _IDENT, candidate_of
+
+HARDWARE = """
+device gpu { memory = 16 GiB; bandwidth = 1000 GB/s; peak = { bf16: 200 TFLOP/s, fp32: 20 TFLOP/s } }
+node box { devices = 2 x gpu; link = { bandwidth: 100 GB/s, latency: 2 us }; nic = { bandwidth: 20 GB/s, latency: 5 us } }
+cluster eight = box x 4
+"""
+MOE = "llama(layers=8, hidden=512, heads=8, seq=512, vocab=4096, experts=4, top_k=2, ffn=256, dense_ffn=4096"
+MODELS = {"moe_every": MOE + ", moe_every=2)", "dense_layers": MOE + ", dense_layers=2)",
+          "dense_layers_12": MOE.replace("layers=8", "layers=12") + ", dense_layers=2)",
+          "mlp": "mlp(layers=12, hidden=512, input=512, output=512)"}  # a model of layers (`Splits.layer_partition`)
+
+
+def _space(model: str) -> Space:
+    document = api.loads(HARDWARE + f"model m = {MODELS[model]}\n")
+    return Space(Problem(document.models[0], document.clusters[0], 16, None), {"tp": 1, "cp": 1, "recompute": "none"},
+                 DEFAULT_EFFICIENCY)
+
+
+def _estimate(space, node, schedule, virtual, zero, counts):
+    plan = build_plan(space.base, candidate_of(node, schedule, virtual, zero))
+    ranks = stage_ranks(schedule, node.root.pp, virtual)
+    assignment = Assignment(tuple(tuple(s) for s in space.figures.stage_layers(counts)), ranks, virtual)
+    return estimate_plan(plan, DEFAULT_EFFICIENCY, assignment).memory
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_several_kinds_count_the_open_stages_gradients_as_the_exact_estimate(name):
+    space = _space(name)
+    units = [layer for layer in space.layers if layer.kind == "block"] if space.transformer else space.layers
+    kinds = [(u.param_count, u.flops_per_token, u.activation_bytes_per_token, u.output_width) for u in units]
+    checked = released = 0
+    for root in space.roots():
+        if root.pp == 1 or root.data_ranks == 1:
+            continue
+        for node in space.expand_root(root):
+            if node.kept is not None or node.offload:
+                continue
+            pending = space.pending(node)
+            for _, _, zero, schedule, virtual in (pending.leaves if pending else []):
+                stages = root.pp * virtual
+                if zero < 2 or len(units) % stages:
+                    continue
+                ranks = stage_ranks(schedule, root.pp, virtual)
+                inflight = space.figures.inflight(schedule, root.pp, node.microbatches, virtual)
+                released += space.figures.open_stages(inflight) is not None
+                counts = (len(units) // stages,) * stages
+                per = len(units) // stages
+                alike = [len({tuple(kinds[s * per:(s + 1) * per]) for s, r in enumerate(ranks) if r == rank}) == 1
+                         for rank in range(root.pp)]
+                if not any(alike):
+                    continue
+                memory = _estimate(space, node, schedule, virtual, zero, counts)
+                # each alike rank's device just its exact estimate (a part in 10**9: sums in another order)
+                capacity = tuple(m.total * (1 + 1e-9) if alike[r] else 2.0 ** 62 for r, m in enumerate(memory))
+                at = replace(node, root=replace(root, capacity=capacity), ident=next(_IDENT))
+                leaf = space._leaf(at, zero, schedule, virtual, pending.memory[zero])
+                assert leaf is not None, (root.pp, root.dp, root.ep, node.microbatches, zero, schedule, virtual)
+                found = _estimate(space, at, schedule, virtual, zero, leaf.counts)
+                assert all(m.total <= c for m, c in zip(found, capacity)), (leaf.counts, counts)
+                checked += 1
+    assert checked and released, (checked, released)
