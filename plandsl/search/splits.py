@@ -134,9 +134,7 @@ class Splits:
                 free = self.transformer_partition(node.kept, ranks, inflight, kept_memory, virtual,
                                                   [self.blocks * virtual] * root.pp)
                 if split == free:  # its caps do not bound the kept node's split: nothing to recompute
-                    if self.figures.kept_fits(node.kept, zero, ranks, inflight, split):  # a pipeline's: its split's
-                        return None
-                    split = None  # the exact estimate refuses the kept node's split: any N's may do
+                    return None
             found = self.caps.least_recomputed(root, ranks, inflight, partial, virtual, kept)
             if found is None:
                 return None
@@ -149,10 +147,8 @@ class Splits:
             if counts is not None or pinned is not None or least >= high:
                 break
             least += 1
-        if counts is None or (pinned is None and least >= max(counts)):
+        if counts is None or (pinned is None and (least >= max(counts) or counts == split)):
             return None
-        if pinned is None and counts == split and self.figures.kept_fits(node.kept, zero, ranks, inflight, split):
-            return None  # the kept node's split, which fits: it recomputes nothing
         return counts, least
 
     def mixed_partition(self, node: Node, zero: int, ranks, inflight, memory, bounded: bool = True):
@@ -279,7 +275,7 @@ class Splits:
         if pinned is None:
             split = self.mixed_partition(node.kept, zero, ranks, inflight, kept_memory)
             if split == self.mixed_partition(node.kept, zero, ranks, inflight, kept_memory, bounded=False):
-                if self.figures.kept_fits(node.kept, zero, ranks, inflight, split):
+                if self.figures.kept_fits(node.kept, zero):
                     return None
                 split = None  # the exact estimate refuses the kept node's split (`Figures.kept_fits`): any N's may do
         partial = self._mixed_partial_memory(memory, kept_memory)
@@ -312,18 +308,15 @@ class Splits:
         # often share them (each N's programme is what a Llama 4 Maverick leaf's partition spends its time on)
         figures = (least, split) + tuple(np.asarray(each, dtype=np.float64).tobytes()
                                          for each in (fixed, prefix, held, rerun, rerun_held, caps, room))
-        found = self._mixed_cache.get(figures, False)
-        if found is False:
-            found = self._mixed_cache[figures] = self._least_recomputed(split_at, least, high, pinned, memory,
-                                                                        kept_memory)
-        if found is not None and pinned is None and split is not None and found[0] == split \
-                and self.figures.kept_fits(node.kept, zero, ranks, inflight, split):
-            return None  # the kept node's split, which fits: it recomputes nothing
+        cached = self._mixed_cache.get(figures, False)
+        if cached is not False:
+            return cached
+        self._mixed_cache[figures] = found = self._least_recomputed(split_at, least, high, pinned, split,
+                                                                     memory, kept_memory)
         return found
 
-    def _least_recomputed(self, split_at, least: int, high: int, pinned, memory, kept_memory):
-        """`mixed_partial_partition`'s (split, N) from `split_at(N)`, N from `least` to `high`, or None (N reaching
-        the split's every block unpinned: that is `full`)."""
+    def _least_recomputed(self, split_at, least: int, high: int, pinned, split, memory, kept_memory):
+        """`mixed_partial_partition`'s (split, N) from `split_at(N)`, N from `least` to `high`, or None."""
         found = split_at(least)
         if found is None and pinned is None:
             lighter = all(memory[0][kind][1] <= kept_memory[0][kind][1] for kind in self._summed)
@@ -339,7 +332,7 @@ class Splits:
                 while found is None and least < high:
                     least += 1
                     found = split_at(least)
-        if found is None or (pinned is None and least >= max(found)):
+        if found is None or (pinned is None and (least >= max(found) or found == split)):
             return None
         return found, least
 
