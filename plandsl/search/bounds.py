@@ -63,7 +63,8 @@ class Bounds:
                     if self.problem.priced_gathering.gather is not None else ()
                 out.append(stage_time(times, params, zero, element, root.links, fsdp_units(layers),
                                       self.problem.grad_dtype.bytes, self._gathered(root, zero, layers, times, params),
-                                      pipelined=zero >= 2 and root.pp > 1, share=device.contention,
+                                      pipelined=zero >= 2 and self.problem.pipelined(root.pp),
+                                      share=device.contention,
                                       layer_bytes=layer_bytes))
             return out
         out, start, before = [], 0, self.figures.dense_before
@@ -140,9 +141,10 @@ class Bounds:
                 bucket_bytes = bucket_element(in_order, [self.figures.gather_bytes(self.kinds[i][0], root.tp, root.ep,
                                                                                    True) for i in forward_order],
                                               bucket, element)
+            pipelined = zero >= 2 and self.problem.pipelined(root.pp)  # cost.memory.pipelined_shards
             found = self._stage_cache[key] = zero_traffic(*sums, dense, expert, zero, element,
                                                           root.links, units, self.problem.grad_dtype.bytes,
-                                                          gathered=gathered, pipelined=zero >= 2 and root.pp > 1,
+                                                          gathered=gathered, pipelined=pipelined,
                                                           bucket=bucket, share=device.contention,
                                                           bucket_bytes=bucket_bytes)
         return found
@@ -476,7 +478,7 @@ class Bounds:
                 tail = tails[key] = rank_tail([stages[s] for s in owned], zero, root.degrees,
                                               self.problem.precision.bytes, root.links, root.rank_devices[rank],
                                               self.problem.optimizer, self.problem.precision, self.states,
-                                              pipelined=zero >= 2 and pp > 1)  # cost.memory.pipelined_shards
+                                              pipelined=zero >= 2 and self.problem.pipelined(pp))
             worst_tail = max(worst_tail, tail.exposed + tail.optimizer)
         if pp == 1:
             return m * sum(s.forward + s.backward for s in stages) + worst_tail

@@ -23,8 +23,8 @@ SETTLE_LIMIT = 32  # estimates `settle` may make (each ~ms; a search that found 
 
 
 class Closest:
-    def __init__(self, stats: SearchStats, base, efficiency: Efficiency | None):
-        self.stats, self.base, self.efficiency = stats, base, efficiency
+    def __init__(self, stats: SearchStats, base, efficiency: Efficiency | None, stages_kept: bool = False):
+        self.stats, self.base, self.efficiency, self.stages_kept = stats, base, efficiency, stages_kept
         self._bounds: list = []            # heap of (ratio, order, text, candidate or None)
         self._order = itertools.count()
         self._exact: tuple[float, str] | None = None
@@ -70,7 +70,7 @@ class Closest:
             if candidate is None:
                 break
             heapq.heappop(self._bounds)
-            estimate = estimate_plan(build_plan(self.base, candidate), self.efficiency)
+            estimate = estimate_plan(build_plan(self.base, candidate, self.stages_kept), self.efficiency)
             if not estimate.fits:  # (a candidate the caps refuse that its estimate fits is no closer than any)
                 self.estimated(candidate, estimate)
         self._publish()

@@ -330,7 +330,7 @@ class Figures:
                 shape = (id(plan), node.micro_batch)
                 moments = self._moment_plan_cache.get(shape)
                 if moments is None:
-                    moments = self._moment_plan_cache[shape] = build_plan(self.base, candidate_of(node, "", 1, zero))
+                    moments = self._moment_plan_cache[shape] = self._one_stage_plan(node, zero)
                 self._moment_plans[id(found)] = moments
             if root.pp > 1 and self.transformer:  # the plan of the node's microbatches and its sizes (`stage_buffers`)
                 # what they read (`cost.memory.torch_stage_sizes`, `returned_output_bytes`) is the microbatches' shape
@@ -338,17 +338,22 @@ class Figures:
                 shape = (root.tp, root.cp, root.ep, root.dp, node.micro_batch, root.sequence_parallel, root.shard)
                 buffers = self._buffer_shapes.get(shape)
                 if buffers is None:
-                    plan = build_plan(self.base, candidate_of(node, "", 1, zero))
+                    plan = self._one_stage_plan(node, zero)
                     buffers = self._buffer_shapes[shape] = (plan, torch_stage_sizes(plan))
                 self._buffer_plans[id(found)] = buffers
         return found
+
+    def _one_stage_plan(self, node: Node, zero: int) -> ir.Plan:
+        """The node's plan at the ZeRO stage with every layer on one stage (`build_plan` of its candidate, the
+        problem's kept stages line with it); each caller keeps what it reads of it."""
+        return build_plan(self.base, candidate_of(node, "", 1, zero), self.problem.stages_kept)
 
     def _one_stage_apart(self, node: Node, zero: int) -> float:
         """The bytes the exact estimate of the node's one stage (every layer on one rank, one microbatch) holds apart
         from its peak (`cost.memory.MemoryEstimate.apart`: the gradients its one backward makes, `cost.memory.
         one_backward_apart`); 0 where it holds none apart. Once per memory (a few per search: one microbatch a rank
         without a pipeline)."""
-        plan = build_plan(self.base, candidate_of(node, "", 1, zero))
+        plan = self._one_stage_plan(node, zero)
         if not one_backward_makes_gradients(plan):
             return 0.0
         layers = self.stage_layers((self.blocks,))[0]
@@ -370,7 +375,7 @@ class Figures:
         key = (id(memory), node.microbatches)
         total = self._kept_totals.get(key)
         if total is None:
-            plan = build_plan(self.base, candidate_of(node, "", 1, zero))
+            plan = self._one_stage_plan(node, zero)
             layers = tuple(self.stage_layers((self.blocks,))[0])
             try:
                 total = estimate_plan(plan, self.efficiency, Assignment((layers,), (0,), 1)).memory[0].total
@@ -455,7 +460,7 @@ class Figures:
         key = (root.tp, root.cp, root.ep, root.dp, root.pp > 1, zero, root.shard)  # hsdp's shard axis
         found = self._states_cache.get(key)
         if found is None:
-            plan = build_plan(self.base, candidate_of(node, "", 1, zero))
+            plan = self._one_stage_plan(node, zero)
             held = pipelined_shards(plan)
             # autocast's 16-bit copies of fp32 weights (`cost.memory.autocast_weight_copies`) are held once per weight
             # a rank computes with, as its states are: counted with them, layer by layer (and left out of the working
@@ -491,7 +496,7 @@ class Figures:
         key = (root.tp, root.cp, root.ep, node.micro_batch, node.recompute, root.sequence_parallel, copies, element)
         found = self._activations_cache.get(key)
         if found is None:
-            plan = build_plan(self.base, candidate_of(node, "", 1, zero))
+            plan = self._one_stage_plan(node, zero)
             found = self._activations_cache[key] = [
                 (estimate_layer_activations(plan, layer),
                  estimate_memory(plan, [[layer]], [[0]], [0])[0].activations - autocast_weight_copies(plan, [layer]))

@@ -79,6 +79,12 @@ class Problem:
         at one too where the plan's stages line is kept (`stages_kept`: the engine is built whatever its stage count)."""
         return self.pipeline == "deepspeed" and ((pp or 1) > 1 or self.stages_kept)
 
+    def pipelined(self, pp: int) -> bool:
+        """Whether a layout of `pp` stages runs on a pipeline's runtime: past one stage, and at one too where the
+        plan's stages line is kept (`plandsl run` builds its stages and schedule at pp 1 as well: `build_plan`
+        writes them, and the exact estimate counts ZeRO-2/3's gradients whole to the step's end there)."""
+        return pp > 1 or self.stages_kept
+
     @property
     def stack_of_tensor(self) -> str:
         """Whose tensor parallelism runs the layers: the given one, else as a tensor line without `implementation`
@@ -268,12 +274,15 @@ class SearchResult:
         return self.candidates[0]
 
 
-def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
+def build_plan(base: ir.Plan, c: Candidate, stages_kept: bool = False) -> ir.Plan:
     """The candidate as an `ir.Plan` (what `search_emit.plan_text` writes, once lowered); the
     layers of its stages are given to `cost.estimate` as an assignment. Every node is given its (empty)
-    `field_spans` (`_node`)."""
+    `field_spans` (`_node`). `stages_kept` (`Problem.stages_kept`): a `generate --from` plan's stages line, which
+    its completion keeps at pp 1 too (over a pipeline axis of size 1, the default schedule: `rewrite.complete`),
+    where `plandsl run` builds the pipeline's stages as well."""
     sizes = c.axis_sizes()
-    mesh = _node(ir.Mesh, axes=tuple(_node(ir.Axis, name=a, size=sizes[a]) for a in c.mesh_order), first_device=0,
+    order = c.mesh_order + (("pp",) if stages_kept and "pp" not in c.mesh_order else ())
+    mesh = _node(ir.Mesh, axes=tuple(_node(ir.Axis, name=a, size=sizes[a]) for a in order), first_device=0,
                  part=None)
     gathering = base.data.gathering if base.data is not None else ir.FSDP_GATHERING  # the problem's, its
     # `gather_dtype` with it (search.figures)
@@ -292,10 +301,12 @@ def build_plan(base: ir.Plan, c: Candidate) -> ir.Plan:
     kind = base.experts.kind if base.experts is not None else "alltoall"  # the problem's `dispatcher`
     experts = _node(ir.ExpertParallel, kind=kind, axis="ep", overlap=overlap, fold=fold) if c.ep > 1 else None
     stages = schedule = None
-    if c.pp > 1:
+    if c.pp > 1 or stages_kept:
         name = c.schedule or DEFAULT_SCHEDULE
-        stages = _node(ir.Stages, axis="pp", mode="explicit", virtual=c.virtual_stages,
-                       rank_map=BUILTIN[name].rank_map, groups=(),  # whose pipeline: the problem's (search.figures)
+        stages = _node(ir.Stages, axis="pp", mode="explicit" if c.pp > 1 else "evenly", virtual=c.virtual_stages,
+                       rank_map=BUILTIN[name].rank_map, groups=(),  # whose pipeline: the problem's (search.figures);
+                       # one stage of every layer at pp 1 (its even split), as `cost.estimate` assigns it without an
+                       # assignment (`Closest.settle`)
                        implementation=base.stages.implementation if base.stages is not None else "torch",
                        outputs=base.stages.outputs if base.stages is not None else "dropped")
         schedule = _node(ir.ScheduleRef, name=name, options={}, definition=None)

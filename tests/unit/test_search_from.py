@@ -583,3 +583,30 @@ def test_written_virtual_stages_without_a_schedule_are_completed_with_one_that_r
             out = generate("--from", path, "--pin", pin)
             assert out.exit_code == 1 and f"{path}:11:3: error[E803]: --pin {pin} contradicts the plan's `stages = " \
                 "evenly over pp with virtual = 2`" in out.output, out.output
+
+
+@pytest.mark.parametrize("implementation", ["torch", "megatron"])
+def test_a_kept_stages_line_is_priced_at_one_stage_as_its_completion_runs(tmp_path, implementation):
+    """A written stages line is kept at pp = 1 (over a pipeline axis of size 1), where `plandsl run` builds the
+    pipeline's stages too and ZeRO-2's gradients stay whole to the step's end (`cost.memory.pipelined_shards`): the
+    search priced its pp = 1 candidates without the line, so Llama 3 8B on two DGX H100 nodes came back as dp 16
+    ZeRO-2 at 68.3 GiB, whose completed plan counts 98.2 GiB ('this is a bug of plandsl generate --from'). Each
+    candidate is now the plan its completion writes, with the memory that plan's estimate gives."""
+    path = tmp_path / "partial.plan"
+    path.write_text('import "clusters/dgx_h100"\nimport "models/llama3"\n\nplan p {\n  model   = llama3_8b\n'
+                    "  cluster = dgx_h100 x 2\n  train   = { global_batch: 64, micro_batch: 1, precision: bf16, "
+                    "optimizer: adam, lr: 1e-4 }\n"
+                    f"  stages  = evenly over pp with implementation = {implementation}\n}}\n")
+    out = generate("--from", path, "--pin", "pp=1", "--top", "2", "--json")
+    assert out.exit_code == 0, out.output
+    candidates = json.loads(out.output)["candidates"]
+    assert candidates
+    for c in candidates:
+        assert f"stages  = evenly over pp with implementation = {implementation}" in c["plan"], c["plan"]
+        analysis = api.checks(c["plan"], path=str(tmp_path / "c.plan"))
+        assert analysis.diagnostics == [], c["plan"]
+        (plan,) = analysis.document.plans
+        assert plan.pp == 1 and plan.stages is not None
+        peak = max(m.total for m in estimate_plan(plan).memory)
+        assert peak == pytest.approx(c["peak_memory_bytes"], rel=1e-9), c["plan"]
+    assert generate("--from", path).exit_code == 0  # whatever the search picks
