@@ -194,6 +194,19 @@ class Caps:
         return found
 
     def _split_fits(self, root: Root, ranks, inflight, memory, counts, recomputed, kept, held) -> bool:
+        need, room = self._split_need(root, ranks, inflight, memory, counts, recomputed, kept, held)
+        return bool((need <= room + room * 1e-12).all())
+
+    def split_room(self, root: Root, ranks, inflight, memory, counts) -> np.ndarray:
+        """Each rank's bytes a split (blocks per stage) of a node that keeps or recomputes all of its blocks leaves of
+        its capacity as `split_fits` counts them (the in-flight rule, the schedule's simulated peak where it holds more,
+        the open stages' gradients): the exact estimate's terms, ZeRO-1's optimizer states counted even
+        (`Figures.caps_gap`). Negative where the split does not fit."""
+        need, room = self._split_need(root, ranks, inflight, memory, counts, None, 0.0, self.figures.held(inflight))
+        return room - need
+
+    def _split_need(self, root: Root, ranks, inflight, memory, counts, recomputed, kept, held) -> tuple:
+        """(each rank's bytes beside its room with the split `counts`, its room): `split_fits`' figures."""
         pp, chunks = root.pp, len(ranks) // root.pp
         block_a = memory[0][1][1]
         buffers = self.figures.stage_buffers(memory, ranks, inflight)
@@ -204,9 +217,7 @@ class Caps:
         n = np.asarray(counts, dtype=np.float64)[order].reshape(pp, chunks)  # blocks per rank and stage
         stored = n * block_a if recomputed is None else \
             np.minimum(n, recomputed) * block_a + np.maximum(n - recomputed, 0) * kept
-        room = room_figures[1]
-        need = self._need(n.sum(axis=1), n, stored, inflight, room_figures)
-        return bool((need <= room + room * 1e-12).all())
+        return self._need(n.sum(axis=1), n, stored, inflight, room_figures), room_figures[1]
 
     @staticmethod
     def _need(blocks, n, stored, inflight, room_figures, simulated: bool = True):

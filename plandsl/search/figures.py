@@ -8,6 +8,7 @@ so every answer is per kind, computed once per search.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 import functools
 import itertools
 
@@ -15,7 +16,7 @@ import numpy as np
 
 from plandsl import ir
 from plandsl.cost.compute import Efficiency, LayerCompute, Work, accumulate_bytes, estimate_layer_compute
-from plandsl.cost.estimate import estimate_plan
+from plandsl.cost.estimate import _with_simulated_peaks as simulated_peaks, estimate_plan
 from plandsl.cost.layer import LayerTime, estimate_layer_time
 from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activations, estimate_memory, fsdp_apart,
                                  gathered_bytes, gathered_param_bytes, gathers_by_moments, unit_moments,
@@ -24,11 +25,13 @@ from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activati
                                  layer_precision, one_backward_makes_gradients, open_gradient_stages,
                                  pipelined_shards, releases_gradients,
                                  model_state_bytes, returned_output_bytes, tied_embedding, torch_stage_sizes,
-                                 replicates_units, whole_vocab_gradient_bytes, StateBytes)
+                                 replicates_units, whole_vocab_gradient_bytes, StateBytes, estimate_plan_memory,
+                                 held_stages, layer_offload, layer_recompute, local_numel, zero_degrees,
+                                 _is_expert as is_expert_tensor)
 from plandsl.cost.stage import param_split
 from plandsl.diagnostics import PlanError
 from plandsl.ir.placement import Assignment
-from plandsl.ir.layers import Layer, figures_key, layers_of
+from plandsl.ir.layers import Layer, figures_key, layers_of, once_per_figures
 from plandsl.ir.shard_rules import ruled_layers
 from plandsl.schedules.bounded import builtin_profiles
 from plandsl.schedules.registry import BUILTIN, splits_backward
@@ -359,18 +362,43 @@ class Figures:
         layers = self.stage_layers((self.blocks,))[0]
         return float(estimate_memory(plan, [layers], [[0]], [1.0])[0].apart)
 
-    def kept_fits(self, node: Node, zero: int) -> bool:
+    def kept_fits(self, node: Node, zero: int, ranks=None, inflight=None, counts=None) -> bool:
         """Whether a node that keeps every block's activations (recompute none, the kept node of a partly recomputed
-        or an offloading one) fits by the exact estimate where its caps hold every block: always with a pipeline
-        (the split's own check, `Caps.split_fits`), and without one where the exact estimate of its one stage
-        (`cost.estimate.estimate_plan`, what `Space.evaluate` asks) is within the rank's capacity. The caps count no
-        more than the exact estimate, and some less (ZeRO-1's shards of whole tensors, counted even; 0.5 % of a gpt
-        at dp 4, 3 % of a two-kind MoE at ep 2): a kept node within its caps can still be refused, and the node that
-        recomputes or offloads some of its blocks must not be given up for it then (`Splits.partial_partition`,
-        `mixed_partial_partition`, `mixed_offloaded`, `Space._offloaded`). Once per memory and microbatches."""
+        or an offloading one) fits by the exact estimate where its caps hold every block: without a pipeline where the
+        exact estimate of its one stage (`cost.estimate.estimate_plan`, what `Space.evaluate` asks) is within the
+        rank's capacity; with one, where that of its split `counts` over `ranks` under the schedule of `inflight`
+        (`Figures.inflight`'s array) is within every rank's (True where no split is given). The caps count no more
+        than the exact estimate, and some less (ZeRO-1's shards of whole tensors, counted even; 0.5 % of a gpt at dp
+        4, 3 % of a two-kind MoE at ep 2; under a pipeline, of several kinds of block, the simulated peak): a kept
+        node within its caps can still be refused, and the node that recomputes or offloads some of its blocks must
+        not be given up for it then (`Splits.partial_partition`, `mixed_partial_partition`, `mixed_offloaded`,
+        `Space._offloaded`). Once per memory and microbatches; with a pipeline once per layout but its mesh order, node's
+        micro-batch, microbatches, ZeRO stage, schedule and split, asked only where the kept node's split is the one a
+        partly recomputed node would be given up for and, with one kind of block, where the caps leave some rank less
+        room than they leave out (`Splits._kept_split_fits`)."""
         root = node.root
         if root.pp > 1:
-            return True
+            schedule = self._schedule_of(inflight) if counts is not None else None
+            if schedule is None:
+                return True
+            # what the plan's memory reads: the layout but its mesh order (where the groups sit), the node's
+            # micro-batch, microbatches and recomputation, the ZeRO stage, schedule and split (not the node: a layout's
+            # mesh orders share one estimate)
+            key = (root.dp, root.tp, root.pp, root.cp, root.ep, root.sequence_parallel, root.shard, node.micro_batch,
+                   node.microbatches, node.recompute, zero, schedule, tuple(ranks), tuple(counts))
+            totals = self._kept_totals.get(key)
+            if totals is None:
+                name, _, _, virtual = schedule
+                candidate = candidate_of(node, name, virtual, zero)
+                if root.ep > 1:  # the experts' clause, as `Space.evaluate` writes it
+                    candidate = replace(candidate, fold=self.problem.fold_experts and root.tp > 1,
+                                        dispatcher=self.problem.dispatcher)
+                plan = build_plan(self.base, candidate, self.problem.stages_kept)
+                assignment = Assignment(tuple(tuple(s) for s in self.stage_layers(tuple(counts))), tuple(ranks),
+                                        virtual)
+                totals = self._pipeline_totals(plan, assignment, name, root.pp, node.microbatches, virtual)
+                self._kept_totals[key] = totals
+            return all(t <= c for t, c in zip(totals, root.capacity))
         memory = self.layer_memory(node, zero)
         key = (id(memory), node.microbatches)
         total = self._kept_totals.get(key)
@@ -383,6 +411,77 @@ class Figures:
                 total = float("inf")
             self._kept_totals[key] = total
         return total <= root.capacity[0]
+
+    def caps_gap(self, node: Node, zero: int, ranks) -> np.ndarray | float:
+        """Per pipeline rank, the most bytes the exact estimate of a node of one kind of block counts beyond what
+        `Caps.split_room` counts of its split (the in-flight rule, the simulated peak, the open stages' gradients: every
+        term the exact estimate has): ZeRO-1's optimizer states, which the exact estimate partitions as whole tensors
+        over the data ranks (`cost.memory.zero_one_elements`: the greedy rule gives each tensor, largest first, to the
+        least loaded rank, so the most loaded one held at most the even share before its last tensor, and at most the
+        even share and one tensor after it) and the caps evenly (each block's share rounded up: no less than the
+        whole's), at most the states of the rank's largest dense and largest expert tensor on a device (the blocks'; on
+        the first and last stages' ranks, the embedding's, norm's and head's too); 0 at ZeRO-0/2/3, over one data rank
+        and for a custom model's tensors (partitioned even)."""
+        if zero != 1:
+            return 0.0
+        root = node.root
+        key = ("gap", root.tp, root.ep, root.dp, root.cp, root.shard, root.pp, ranks[0], ranks[-1])
+        found = self._kept_totals.get(key)
+        if found is None:
+            plan = self.layer_memory(node, zero)[2]  # the node's states' plan: its degrees and dtypes
+            _, dense_degree, expert_degree = zero_degrees(plan)
+            found = 0.0
+            if not isinstance(plan.model, ir.CustomModel):
+                tp, ep, expert_tp = plan.tp, plan.expert_group, plan.expert_tp
+                largest = {}  # (whether a block's, whether an expert tensor) -> elements on a device
+                for k, (layer, _) in enumerate(self.kinds):  # a tied head's copy is the embedding's size
+                    for p in layer.params:
+                        at = (k == 1 or k >= 4, bool(is_expert_tensor(p)))
+                        largest[at] = max(largest.get(at, 0), local_numel(p, tp, ep, expert_tp))
+                per = StateBytes.of(plan.train).optimizer(plan.train.optimizer)
+                dense, expert = dense_degree > 1, expert_degree > 1
+
+                def gap(ends: bool) -> float:
+                    return per * sum(max(largest.get((True, e), 0), largest.get((False, e), 0) if ends else 0)
+                                     for e, sharded in ((False, dense), (True, expert)) if sharded)
+                found = np.full(root.pp, gap(False))
+                found[ranks[0]] = found[ranks[-1]] = gap(True)
+            self._kept_totals[key] = found
+        return found
+
+    def _pipeline_totals(self, plan, assignment, schedule: str, pp: int, microbatches: int, virtual: int) -> tuple:
+        """Each pipeline rank's total by the exact estimate (`cost.estimate.estimate_plan`'s memory) without its stage
+        times: the in-flight rule's count (`cost.memory.estimate_plan_memory`), its activations raised to the
+        schedule's simulated peak where higher, the largest sum over the moments the simulation lists
+        (`schedules.bounded.builtin_profiles`) of each stage's saved activations x the microbatches it holds, beside
+        the rank's working set (`cost.estimate._with_simulated_peaks`); `estimate_plan` itself for a schedule of two
+        pipelines or sizes the layout refuses."""
+        rule = estimate_plan_memory(plan, assignment)
+        if rule is None:
+            return (float("inf"),) * pp
+        info = BUILTIN.get(schedule)
+        profiles = None
+        if info is not None and info.pipelines == 1:
+            try:
+                profiles = builtin_profiles(schedule, pp, microbatches, virtual)
+            except ValueError:
+                profiles = None
+        if profiles is None:
+            try:
+                return tuple(m.total for m in estimate_plan(plan, self.efficiency, assignment).memory)
+            except PlanError:
+                return (float("inf"),) * pp
+        kept: dict = {}
+        activations = [sum(once_per_figures(kept.setdefault((mode, layer_precision(plan.train, plan.model, layer)), {}),
+                                            layer, lambda layer, mode=mode:
+                                            estimate_layer_activations(plan, layer, recompute=mode))
+                           for layer, mode, away in zip(layers, layer_recompute(plan, layers),
+                                                        layer_offload(plan, layers)) if not away)
+                       for layers in assignment.stage_layers]
+        ranks = held_stages(plan, assignment.rank_stages())
+        peaks = [max(sum(h * activations[s] for h, s in zip(moment, own)) for moment in moments)
+                 for moments, own in zip(profiles, ranks)]
+        return tuple(m.total for m in simulated_peaks(plan, assignment, rule, activations, peaks))
 
     def apart(self, memory) -> float:
         """What the exact estimate leaves out of the peak of the one rank of a node without a pipeline whose `memory`

@@ -134,7 +134,9 @@ class Splits:
                 free = self.transformer_partition(node.kept, ranks, inflight, kept_memory, virtual,
                                                   [self.blocks * virtual] * root.pp)
                 if split == free:  # its caps do not bound the kept node's split: nothing to recompute
-                    return None
+                    if self._kept_split_fits(node.kept, zero, ranks, inflight, kept_memory, split):
+                        return None
+                    split = None  # the exact estimate refuses the kept node's split: any N's may do
             found = self.caps.least_recomputed(root, ranks, inflight, partial, virtual, kept)
             if found is None:
                 return None
@@ -147,9 +149,26 @@ class Splits:
             if counts is not None or pinned is not None or least >= high:
                 break
             least += 1
-        if counts is None or (pinned is None and (least >= max(counts) or counts == split)):
+        if counts is None or (pinned is None and least >= max(counts)):
             return None
+        if pinned is None and counts == split and self._kept_split_fits(node.kept, zero, ranks, inflight, kept_memory,
+                                                                         split):
+            return None  # the kept node's split, which fits: it recomputes nothing
         return counts, least
+
+    def _kept_split_fits(self, kept: Node, zero: int, ranks, inflight, kept_memory, split) -> bool:
+        """Whether the exact estimate fits the kept node's (recompute none) plan of its split (`Figures.kept_fits`
+        with the split), asked only where the caps leave some rank less room than they can count below it: the caps'
+        figure of the split (`Caps.split_room`) is the exact estimate's but for ZeRO-1's optimizer states, counted even
+        (`Figures.caps_gap`, at most a rank's largest tensors' states; the two equal to the byte on every pipeline leaf
+        of the gpt, tied gpt and MoE test spaces at ZeRO-0/2/3), so that a split with at least that much room on every
+        rank, and a billionth of the capacity for sums taken in another order, fits by the exact estimate too."""
+        if kept.root.pp > 1 and inflight is not None and split is not None:
+            room = self.caps.split_room(kept.root, ranks, inflight, kept_memory, split)
+            capacity = self.figures.capacity(kept.root)
+            if bool((room >= self.figures.caps_gap(kept, zero, ranks) + capacity * 1e-9).all()):
+                return True
+        return self.figures.kept_fits(kept, zero, ranks, inflight, split)
 
     def mixed_partition(self, node: Node, zero: int, ranks, inflight, memory, bounded: bool = True):
         """Blocks per stage of a transformer with several kinds of block (dense and MoE, windowed and full, or more)
@@ -275,7 +294,7 @@ class Splits:
         if pinned is None:
             split = self.mixed_partition(node.kept, zero, ranks, inflight, kept_memory)
             if split == self.mixed_partition(node.kept, zero, ranks, inflight, kept_memory, bounded=False):
-                if self.figures.kept_fits(node.kept, zero):
+                if self.figures.kept_fits(node.kept, zero, ranks, inflight, split):
                     return None
                 split = None  # the exact estimate refuses the kept node's split (`Figures.kept_fits`): any N's may do
         partial = self._mixed_partial_memory(memory, kept_memory)
@@ -308,15 +327,18 @@ class Splits:
         # often share them (each N's programme is what a Llama 4 Maverick leaf's partition spends its time on)
         figures = (least, split) + tuple(np.asarray(each, dtype=np.float64).tobytes()
                                          for each in (fixed, prefix, held, rerun, rerun_held, caps, room))
-        cached = self._mixed_cache.get(figures, False)
-        if cached is not False:
-            return cached
-        self._mixed_cache[figures] = found = self._least_recomputed(split_at, least, high, pinned, split,
-                                                                     memory, kept_memory)
+        found = self._mixed_cache.get(figures, False)
+        if found is False:
+            found = self._mixed_cache[figures] = self._least_recomputed(split_at, least, high, pinned, memory,
+                                                                        kept_memory)
+        if found is not None and pinned is None and split is not None and found[0] == split \
+                and self.figures.kept_fits(node.kept, zero, ranks, inflight, split):
+            return None  # the kept node's split, which fits: it recomputes nothing
         return found
 
-    def _least_recomputed(self, split_at, least: int, high: int, pinned, split, memory, kept_memory):
-        """`mixed_partial_partition`'s (split, N) from `split_at(N)`, N from `least` to `high`, or None."""
+    def _least_recomputed(self, split_at, least: int, high: int, pinned, memory, kept_memory):
+        """`mixed_partial_partition`'s (split, N) from `split_at(N)`, N from `least` to `high`, or None (N reaching
+        the split's every block unpinned: that is `full`)."""
         found = split_at(least)
         if found is None and pinned is None:
             lighter = all(memory[0][kind][1] <= kept_memory[0][kind][1] for kind in self._summed)
@@ -332,7 +354,7 @@ class Splits:
                 while found is None and least < high:
                     least += 1
                     found = split_at(least)
-        if found is None or (pinned is None and (least >= max(found) or found == split)):
+        if found is None or (pinned is None and least >= max(found)):
             return None
         return found, least
 
