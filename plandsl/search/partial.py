@@ -178,6 +178,8 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                       ring=plan.context.implementation if plan.context else "te", search_experts=searched,
                       pipeline=plan.stages.implementation if plan.stages else "torch",
                       stages_kept="stages" in attrs or stage_block is not None,  # at pp=1 too: its engine runs
+                      stage_map=plan.stages.rank_map if ("stages" in attrs or stage_block is not None)
+                      and plan.stages is not None else None,  # the schedules that place its stages so (E409)
                       outputs=plan.stages.outputs if plan.stages else "dropped",
                       shard=_conventional_rules(plan.shard, names),
                       # a written mesh or data line of one data axis leaves no room for hsdp's two (the line stays)

@@ -72,6 +72,9 @@ class Problem:
     #                                                   or a data line of one data axis
     stages_kept: bool = False                         # a `generate --from` plan's stages line or block, kept in every
     #                                                   candidate at any pp, 1 too: its pipeline's engine runs there
+    stage_map: str | tuple[int, ...] | None = None     # given: that kept line's map of stages to ranks (`loop`,
+    #                                                   `vshape` or a list): a schedule the search writes beside it must
+    #                                                   place the stages so (the checker's E409), `Problem.runs_map`
 
     def deepspeed_engine(self, pp: int | None) -> bool:
         """Whether DeepSpeed's pipeline engine runs a layout of `pp` stages (None: any the search lays out), which
@@ -84,6 +87,22 @@ class Problem:
         plan's stages line is kept (`plandsl run` builds its stages and schedule at pp 1 as well: `build_plan`
         writes them, and the exact estimate counts ZeRO-2/3's gradients whole to the step's end there)."""
         return pp > 1 or self.stages_kept
+
+    def runs_map(self, schedule: str, pp: int, virtual: int) -> bool:
+        """Whether a built-in `schedule` over `pp` ranks of `virtual` stages each places its stages on the ranks as the
+        kept stages line's map does (`stage_map`; any where none is kept, or at pp 1, where no schedule is chosen):
+        `stages = evenly over pp with virtual = 2` maps them in a loop, and a V-shape schedule beside it (zbv,
+        dualpipev) is the checker's E409, as a loop's beside `map = vshape` or a list that says another."""
+        if self.stage_map is None or pp == 1:
+            return True
+        def ranks(rank_map) -> tuple[int, ...]:  # as `choices.stage_ranks` places a built-in schedule's
+            if isinstance(rank_map, tuple):
+                return rank_map
+            if rank_map == "vshape":
+                return tuple(s if s < pp else 2 * pp - 1 - s for s in range(2 * pp))
+            return tuple(s % pp for s in range(pp * virtual))
+        info = BUILTIN.get(schedule)
+        return ranks(info.rank_map if info is not None else "loop") == ranks(self.stage_map)
 
     @property
     def stack_of_tensor(self) -> str:

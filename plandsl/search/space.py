@@ -195,10 +195,11 @@ class Space:
         capacity = max(g.node.device.usable_memory for g in self.problem.cluster.groups)
         if shard:  # hsdp's own (more than ZeRO-3's over every data rank, which the layout's check recorded)
             return least / pp <= capacity
-        if least / pp > capacity and pp > 1 and probe.data_ranks > 1:
+        if least / pp > capacity and self.problem.pipelined(pp) and probe.data_ranks > 1:
             # under a pipeline ZeRO-3 keeps every unit gathered and its gradients whole through the step beside its
             # shards (`cost.memory.pipelined_shards`), which can hold more than ZeRO-1's whole parameters (a mixture
-            # of experts sharded over its expert axis): the least of the stages (only where ZeRO-3's does not fit)
+            # of experts sharded over its expert axis; at pp = 1 too where a kept stages line builds the pipeline,
+            # `Problem.pipelined`): the least of the stages (only where ZeRO-3's does not fit)
             least, stage = min(least, *(states(zero) for zero in (0, 1, 2))), "under any ZeRO stage"
         if least / pp > capacity:
             self.closest.bound(f"dp={dp} tp={tp} pp={pp} cp={cp} ep={ep} needs at least {format_bytes(least / pp)} "
@@ -295,6 +296,7 @@ class Space:
         choices = schedule_choices(root.pp, node.microbatches, self.blocks + self.apart, pins.get("schedule"),
                                    pins.get("virtual_stages"), self.problem.pipeline == "megatron",
                                    self.problem.overlap_experts, deepspeed)
+        choices = [c for c in choices if self.problem.runs_map(c[0], root.pp, c[1])]  # a kept line's map (E409)
         if node.recompute == "selective_op":  # its kept outputs serve one backward pass, not I then W (E703)
             choices = [c for c in choices if not splits_backward(c[0])] or choices
         leaves, memories, busy = [], {}, {}

@@ -610,3 +610,49 @@ def test_a_kept_stages_line_is_priced_at_one_stage_as_its_completion_runs(tmp_pa
         peak = max(m.total for m in estimate_plan(plan).memory)
         assert peak == pytest.approx(c["peak_memory_bytes"], rel=1e-9), c["plan"]
     assert generate("--from", path).exit_code == 0  # whatever the search picks
+
+
+def test_a_kept_stages_lines_root_is_not_pruned_by_zero3s_pipelined_states_at_one_stage(tmp_path):
+    """At pp = 1 a kept stages line runs ZeRO-3 on the pipeline's runtime (every unit gathered and its gradients whole
+    through the step, `cost.memory.pipelined_shards`), where it holds more than ZeRO-1 on Megatron-LM's pipeline (no
+    `replicate` copies): dp 2 x tp 2 of a 1.07B gpt, ZeRO-3's states 7.26 GiB, ZeRO-1's 6.26 and its whole plan
+    7.16 GiB, on devices of 7.19 GiB usable. The layout's states check took ZeRO-3's as the least past one stage only,
+    so `generate --from` said no layout fits ('needs at least 7.2 GiB per device for its model states alone, even
+    with ZeRO-3'), where the ZeRO-1 plan it now completes checks and fits (`plandsl estimate`)."""
+    path = tmp_path / "partial.plan"
+    path.write_text(
+        "device mid { memory = 7.82 GiB; bandwidth = 1000 GB/s; peak = { bf16: 200 TFLOP/s, fp32: 20 TFLOP/s } }\n"
+        "node box { devices = 2 x mid; link = { bandwidth: 100 GB/s, latency: 2 us }; "
+        "nic = { bandwidth: 20 GB/s, latency: 5 us } }\ncluster pair = box x 2\n"
+        "model short = gpt(layers=4, hidden=4096, heads=32, seq=128, vocab=32000)\n\nplan p {\n  model   = short\n"
+        "  cluster = pair\n  train   = { global_batch: 4, precision: bf16, optimizer: adam, lr: 1e-4 }\n"
+        "  stages  = evenly over pp with implementation = megatron\n}\n")
+    out = generate("--from", path, "--pin", "pp=1", "--pin", "tp=2", "--top", "1", "--json")
+    assert out.exit_code == 0, out.output
+    (c,) = json.loads(out.output)["candidates"]
+    assert (c["degrees"]["pp"], c["degrees"]["tp"], c["zero_stage"]) == (1, 2, 1), c
+    analysis = api.checks(c["plan"], path=str(tmp_path / "c.plan"))
+    assert analysis.diagnostics == [], c["plan"]
+    (plan,) = analysis.document.plans
+    estimate = estimate_plan(plan)
+    assert estimate.fits and max(m.total for m in estimate.memory) == pytest.approx(c["peak_memory_bytes"], rel=1e-9)
+
+
+def test_a_kept_stages_lines_map_rules_out_the_schedules_that_place_its_stages_otherwise(tmp_path):
+    """`stages = evenly over pp with virtual = 2` maps its stages to the ranks in a loop: the search chose zbv and
+    dualpipev beside it (a V, the checker's E409), and with `--top 1` `generate --from` ended in 'this is a bug of
+    `plandsl generate --from`' (8 of its 8 best candidates refused); a written list that is a loop likewise. Each
+    candidate now runs a schedule that places the stages as the line's map does, and a V's (`map = vshape` or its
+    list) only V-shape schedules."""
+    header = HEADER.replace("layers=8, hidden=1024", "layers=8, hidden=2048")
+    for written, vshape in (("virtual = 2", False), ("virtual = 2, map = [0, 1, 0, 1]", False),
+                            ("virtual = 2, map = vshape", True), ("virtual = 2, map = [0, 1, 1, 0]", True)):
+        path = write(tmp_path, "  train   = { global_batch: 16, precision: bf16, optimizer: adam, lr: 1e-4 }\n"
+                               f"  stages  = evenly over pp with {written}\n", header)
+        out = generate("--from", path, "--pin", "pp=2", "--top", "4", "--json")
+        assert out.exit_code == 0, (written, out.output)
+        candidates = json.loads(out.output)["candidates"]
+        assert len(candidates) == 4
+        for c in candidates:
+            assert (c["schedule"] in ("zbv", "dualpipev")) is vshape, (written, c["schedule"])
+            assert api.checks(c["plan"], path=str(tmp_path / "c.plan")).errors == [], c["plan"]
