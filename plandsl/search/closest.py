@@ -17,14 +17,14 @@ import math
 from plandsl.cost.compute import Efficiency
 from plandsl.cost.estimate import estimate_plan
 from plandsl.lower.units import format_bytes
-from plandsl.search.problem import Candidate, SearchStats, build_plan
+from plandsl.search.problem import NOTHING_KEPT, Candidate, Kept, SearchStats, build_plan
 
 SETTLE_LIMIT = 32  # estimates `settle` may make (each ~ms; a search that found nothing spends them once)
 
 
 class Closest:
-    def __init__(self, stats: SearchStats, base, efficiency: Efficiency | None, stages_kept: bool = False):
-        self.stats, self.base, self.efficiency, self.stages_kept = stats, base, efficiency, stages_kept
+    def __init__(self, stats: SearchStats, base, efficiency: Efficiency | None, kept: Kept = NOTHING_KEPT):
+        self.stats, self.base, self.efficiency, self.kept = stats, base, efficiency, kept
         self._bounds: list = []            # heap of (ratio, order, text, candidate or None)
         self._order = itertools.count()
         self._exact: tuple[float, str] | None = None
@@ -70,7 +70,7 @@ class Closest:
             if candidate is None:
                 break
             heapq.heappop(self._bounds)
-            estimate = estimate_plan(build_plan(self.base, candidate, self.stages_kept), self.efficiency)
+            estimate = estimate_plan(build_plan(self.base, candidate, self.kept), self.efficiency)
             if not estimate.fits:  # (a candidate the caps refuse that its estimate fits is no closer than any)
                 self.estimated(candidate, estimate)
         self._publish()

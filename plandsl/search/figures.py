@@ -349,7 +349,7 @@ class Figures:
     def _one_stage_plan(self, node: Node, zero: int) -> ir.Plan:
         """The node's plan at the ZeRO stage with every layer on one stage (`build_plan` of its candidate, the
         problem's kept stages line with it); each caller keeps what it reads of it."""
-        return build_plan(self.base, candidate_of(node, "", 1, zero), self.problem.stages_kept)
+        return build_plan(self.base, candidate_of(node, "", 1, zero), self.problem.kept)
 
     def _one_stage_apart(self, node: Node, zero: int) -> float:
         """The bytes the exact estimate of the node's one stage (every layer on one rank, one microbatch) holds apart
@@ -393,7 +393,7 @@ class Figures:
                 if root.ep > 1:  # the experts' clause, as `Space.evaluate` writes it
                     candidate = replace(candidate, fold=self.problem.fold_experts and root.tp > 1,
                                         dispatcher=self.problem.dispatcher)
-                plan = build_plan(self.base, candidate, self.problem.stages_kept)
+                plan = build_plan(self.base, candidate, self.problem.kept)
                 assignment = Assignment(tuple(tuple(s) for s in self.stage_layers(tuple(counts))), tuple(ranks),
                                         virtual)
                 totals = self._pipeline_totals(plan, assignment, name, root.pp, node.microbatches, virtual)

@@ -178,6 +178,7 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                       ring=plan.context.implementation if plan.context else "te", search_experts=searched,
                       pipeline=plan.stages.implementation if plan.stages else "torch",
                       stages_kept="stages" in attrs or stage_block is not None,  # at pp=1 too: its engine runs
+                      data_kept="data" in attrs and plan.data is not None,  # at dp=1 too: its units held
                       stage_map=plan.stages.rank_map if ("stages" in attrs or stage_block is not None)
                       and plan.stages is not None else None,  # the schedules that place its stages so (E409)
                       outputs=plan.stages.outputs if plan.stages else "dropped",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from plandsl import ir
 from plandsl.cost.estimate import PlanEstimate
@@ -22,6 +23,16 @@ HYBRID_AXES = ("dp_rep", "dp")
 
 class SearchError(ValueError):
     """Nothing in the space can run (with the reason and, where it helps, what would)."""
+
+
+class Kept(NamedTuple):
+    """What `build_plan` writes beyond a candidate's degrees (`Problem.kept`): a kept stages line at pp 1, a kept data
+    line where the candidate has no data axis."""
+    stages: bool = False
+    data: bool = False
+
+
+NOTHING_KEPT = Kept()
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +83,8 @@ class Problem:
     #                                                   or a data line of one data axis
     stages_kept: bool = False                         # a `generate --from` plan's stages line or block, kept in every
     #                                                   candidate at any pp, 1 too: its pipeline's engine runs there
+    data_kept: bool = False                           # a `generate --from` plan's data line (not `none`), kept at
+    #                                                   dp 1 too (over an axis of size 1): ZeRO-2/3's units held there
     stage_map: str | tuple[int, ...] | None = None     # given: that kept line's map of stages to ranks (`loop`,
     #                                                   `vshape` or a list): a schedule the search writes beside it must
     #                                                   place the stages so (the checker's E409), `Problem.runs_map`
@@ -81,6 +94,12 @@ class Problem:
         takes ZeRO 0 or 1 and no sequence parallelism (the checker's E611): `--pipeline deepspeed` past one stage, and
         at one too where the plan's stages line is kept (`stages_kept`: the engine is built whatever its stage count)."""
         return self.pipeline == "deepspeed" and ((pp or 1) > 1 or self.stages_kept)
+
+    @property
+    def kept(self) -> Kept:
+        """The written lines of a `generate --from` plan that its completion keeps whatever the degrees (`build_plan`
+        writes them where the search's candidate alone would not)."""
+        return Kept(self.stages_kept, self.data_kept)
 
     def pipelined(self, pp: int) -> bool:
         """Whether a layout of `pp` stages runs on a pipeline's runtime: past one stage, and at one too where the
@@ -293,20 +312,23 @@ class SearchResult:
         return self.candidates[0]
 
 
-def build_plan(base: ir.Plan, c: Candidate, stages_kept: bool = False) -> ir.Plan:
+def build_plan(base: ir.Plan, c: Candidate, kept: Kept = NOTHING_KEPT) -> ir.Plan:
     """The candidate as an `ir.Plan` (what `search_emit.plan_text` writes, once lowered); the
     layers of its stages are given to `cost.estimate` as an assignment. Every node is given its (empty)
-    `field_spans` (`_node`). `stages_kept` (`Problem.stages_kept`): a `generate --from` plan's stages line, which
-    its completion keeps at pp 1 too (over a pipeline axis of size 1, the default schedule: `rewrite.complete`),
-    where `plandsl run` builds the pipeline's stages as well."""
+    `field_spans` (`_node`). `kept` (`Problem.kept`): the lines of a `generate --from` plan its completion keeps
+    whatever the degrees (`rewrite.complete`), each over an axis of size 1 where the candidate has none: its stages
+    line at pp 1 (the default schedule; `plandsl run` builds the pipeline's stages there as well), its data line at
+    dp 1 (ZeRO-2/3's units gathered whole beside their shards there too)."""
     sizes = c.axis_sizes()
-    order = c.mesh_order + (("pp",) if stages_kept and "pp" not in c.mesh_order else ())
+    data_kept = kept.data and not c.data_axis
+    order = c.mesh_order + (("pp",) if kept.stages and "pp" not in c.mesh_order else ()) \
+        + (("dp",) if data_kept and "dp" not in c.mesh_order else ())
     mesh = _node(ir.Mesh, axes=tuple(_node(ir.Axis, name=a, size=sizes[a]) for a in order), first_device=0,
                  part=None)
     gathering = base.data.gathering if base.data is not None else ir.FSDP_GATHERING  # the problem's, its
     # `gather_dtype` with it (search.figures)
-    data = _node(ir.DataParallel, kind=c.data_kind, axes=c.data_axes,
-                 **_gathering_fields(gathering, c.zero_stage, base.train)) if c.data_axis else None
+    data = _node(ir.DataParallel, kind=c.data_kind, axes=c.data_axes if c.data_axis else ("dp",),
+                 **_gathering_fields(gathering, c.zero_stage, base.train)) if c.data_axis or data_kept else None
     tensor = _node(ir.TensorParallel, style="megatron", axis="tp", sequence_parallel=c.sequence_parallel,
                    overlap=bool(base.tensor and base.tensor.overlap) and c.sequence_parallel,
                    **({"implementation": base.tensor.implementation, "sm_margin": base.tensor.sm_margin,
@@ -320,7 +342,7 @@ def build_plan(base: ir.Plan, c: Candidate, stages_kept: bool = False) -> ir.Pla
     kind = base.experts.kind if base.experts is not None else "alltoall"  # the problem's `dispatcher`
     experts = _node(ir.ExpertParallel, kind=kind, axis="ep", overlap=overlap, fold=fold) if c.ep > 1 else None
     stages = schedule = None
-    if c.pp > 1 or stages_kept:
+    if c.pp > 1 or kept.stages:
         name = c.schedule or DEFAULT_SCHEDULE
         stages = _node(ir.Stages, axis="pp", mode="explicit" if c.pp > 1 else "evenly", virtual=c.virtual_stages,
                        rank_map=BUILTIN[name].rank_map, groups=(),  # whose pipeline: the problem's (search.figures);

@@ -65,7 +65,7 @@ class Space:
         self.devices = problem.cluster.devices_in_order()
         self.stats = stats if stats is not None else SearchStats()
         # what memory ruled out came closest to fitting
-        self.closest = Closest(self.stats, self.base, efficiency, self.problem.stages_kept)
+        self.closest = Closest(self.stats, self.base, efficiency, self.problem.kept)
 
     # -- roots: layouts and orders --
     def layouts(self, check_batch: bool = True) -> list[tuple[int, int, int, int, int]]:
@@ -474,7 +474,7 @@ class Space:
         if node.root.ep > 1:  # the experts' clause `build_plan` writes from the problem's (`self.base`)
             candidate = replace(candidate, fold=self.problem.fold_experts and node.root.tp > 1,
                                 dispatcher=self.problem.dispatcher)
-        plan = build_plan(self.base, candidate, self.problem.stages_kept)
+        plan = build_plan(self.base, candidate, self.problem.kept)
         ranks = stage_ranks(leaf.schedule, node.root.pp, leaf.virtual) if node.root.pp > 1 else (0,)
         assignment = Assignment(tuple(tuple(s) for s in self.figures.stage_layers(leaf.counts)), ranks, leaf.virtual)
         try:

@@ -11,7 +11,9 @@ from plandsl import api
 from plandsl.cli import main
 from plandsl.cost.estimate import estimate_plan
 from plandsl.diagnostics import PlanError
-from plandsl.search.partial import read_partial
+from plandsl.rewrite.complete import complete
+from plandsl.search import search
+from plandsl.search.partial import pins_with, read_partial
 
 HEADER = '''# a partial plan: the layout is left to the search
 import "clusters/dgx_a100"
@@ -656,3 +658,33 @@ def test_a_kept_stages_lines_map_rules_out_the_schedules_that_place_its_stages_o
         for c in candidates:
             assert (c["schedule"] in ("zbv", "dualpipev")) is vshape, (written, c["schedule"])
             assert api.checks(c["plan"], path=str(tmp_path / "c.plan")).errors == [], c["plan"]
+
+
+@pytest.mark.parametrize("kind", ["zero2", "zero3"])
+def test_a_kept_data_line_is_priced_at_one_data_rank_as_its_completion_runs(tmp_path, kind):
+    """A written data line is kept when the search lays out dp = 1 (over an axis of size 1), where ZeRO-2/3 still
+    hold their units whole beside the shards: the search priced those candidates without a data clause, 1.4 GB under
+    the completed plan's estimate (4.35 against 5.71 GB here), so it ranked them, and could keep them, by memory
+    their plans do not have. Each candidate is now the plan its completion writes."""
+    path = tmp_path / "partial.plan"
+    path.write_text(
+        "device gpu { memory = 16 GiB; bandwidth = 1000 GB/s; peak = { bf16: 200 TFLOP/s, fp32: 20 TFLOP/s } }\n"
+        "node box { devices = 2 x gpu; link = { bandwidth: 100 GB/s, latency: 2 us }; "
+        "nic = { bandwidth: 1 GB/s, latency: 10 us } }\ncluster slow = box x 4\n"
+        "model big = gpt(layers=4, hidden=4096, heads=32, seq=1024, vocab=32000)\n\nplan p {\n  model   = big\n"
+        "  cluster = slow\n  train   = { global_batch: 8, precision: bf16, optimizer: adam, lr: 1e-4 }\n"
+        f"  data    = {kind} over dp\n}}\n")
+    partial = read_partial(path)
+    pins, _ = pins_with(partial, ["dp=1"])
+    result = search(partial.problem, pins, 2)
+    assert result.candidates
+    for searched in result.candidates:  # the search's own figures, not the completion's (which re-estimates)
+        done = complete(partial, searched)
+        assert not isinstance(done, PlanError), done
+        text = done[1]
+        assert re.search(rf"data +\= {kind} over dp\n", text) and "dp = 1" in text, text
+        (plan,) = api.checks(text, path=str(path)).document.plans
+        estimate = estimate_plan(plan)
+        assert max(m.total for m in estimate.memory) == pytest.approx(max(m.total for m in searched.estimate.memory),
+                                                                     rel=1e-9), text
+        assert estimate.time.step == pytest.approx(searched.estimate.time.step, rel=1e-9), text
