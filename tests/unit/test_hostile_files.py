@@ -234,7 +234,7 @@ def test_a_layer_tables_tensor_parallel_plan_is_matched_against_its_modules_in_o
                         + [[f"extra{i}.proj", "colwise"] for i in range(many)]
                         + [[f"nothing{i}.proj", "colwise"] for i in range(many)],
                         [{"name": f"extra{i}.proj", "type": "Linear", "params": 0} for i in range(many)])
-    with bounded(1.5, "check"):
+    with bounded(2.5, "check"):  # ~1.0 CPU-s here quiet, 1.8 with four processes on the 2 cores (before: 11 s)
         analysis = api.check(str(plan), {})
     unmatched = [d for d in analysis.diagnostics if d.code == "E405"]
     assert len(unmatched) == many and [d.code for d in analysis.errors] == ["E405"] * many
