@@ -205,6 +205,25 @@ class Caps:
         need, room = self._split_need(root, ranks, inflight, memory, counts, None, 0.0, self.figures.held(inflight))
         return room - need
 
+    def peak_beyond_rule(self, root: Root, ranks, inflight, memory, stored) -> np.ndarray | None:
+        """Per rank, the bytes the schedule's simulated peak of activations holds beyond the in-flight rule's count
+        (`_need`'s two figures: the exact estimate takes the larger), where each stage holds `stored` bytes of
+        activations a microbatch (per stage, in stage order; blocks of several kinds: `Splits._shared_split`); None
+        where the simulation holds no more than the rule (`Figures.held`)."""
+        held = self.figures.held(inflight)
+        if held is None:
+            return None
+        pp, chunks = root.pp, len(ranks) // root.pp
+        buffers = self.figures.stage_buffers(memory, ranks, inflight)
+        ends, _, _, _, moments, rule_ends = self._held_room(root, ranks, inflight, memory, chunks, held, buffers)[:6]
+        order = self._rank_order.get(ranks)
+        if order is None:  # the stages rank by rank, each rank's in stage order
+            order = self._rank_order[ranks] = np.array([s for stages in stages_by_rank(ranks, pp) for s in stages])
+        stored = np.asarray(stored, dtype=np.float64)[order].reshape(pp, chunks)
+        rule = inflight * stored.sum(axis=-1) + rule_ends
+        simulated = np.matmul((stored + ends)[:, None, :], moments).max(axis=-1)[:, 0]
+        return np.maximum(simulated - rule, 0.0)
+
     def _split_need(self, root: Root, ranks, inflight, memory, counts, recomputed, kept, held) -> tuple:
         """(each rank's bytes beside its room with the split `counts`, its room): `split_fits`' figures."""
         pp, chunks = root.pp, len(ranks) // root.pp

@@ -13,7 +13,7 @@ import numpy as np
 
 from plandsl.cost.memory import gathered_bytes, gathers_whole, pipelined_shards, replicates_units
 from plandsl.cost.offload import host_capacity
-from plandsl.ir.placement import account_counts
+from plandsl.ir.placement import account_counts, split_evenly
 from plandsl.search.caps import Caps
 from plandsl.search.figures import Figures
 from plandsl.search.partition import partition_blocks, partition_layers, partition_prefixed
@@ -26,6 +26,8 @@ class Splits:
         self.blocks, self.dense_blocks, self.layers = figures.blocks, figures.dense_blocks, figures.layers
         self._partition_cache: dict = {}
         self._mixed_cache: dict = {}  # `mixed_partition`'s figures (as bytes) -> its split
+        self._shares: dict = {}  # ranks -> `_shared_split`'s stages per rank
+        self._even: dict = {}  # stages -> the even split of the blocks (`_shared_split`)
         self._partial_memories: dict = {}  # `_mixed_partial_memory`'s, kept with the memories they are made of
         # the kinds of block (indices into the figures' kinds) as `mixed_partition` sums them: the others, then the
         # main one (of a dense and an MoE kind, the dense blocks' seconds first)
@@ -174,9 +176,12 @@ class Splits:
         """Blocks per stage of a transformer with several kinds of block (dense and MoE, windowed and full, or more)
         in the model's order: the dynamic programme over the blocks in order (`partition_layers`), each block at its
         own kind's seconds and bytes on its stage's rank, the embedding and the norm and head as fixed seconds and
-        bytes of the first and last stage, a rank's room shared evenly by its stages, ZeRO's gathered units taken as
-        the two largest of each kind (a bound). `bounded` False: the split without memory's caps."""
-        key = (node.ident, zero, ranks, inflight.tobytes(), bounded)
+        bytes of the first and last stage, ZeRO's gathered units taken as
+        the two largest of each kind (a bound), a rank's room shared by its stages as `_shared_split` does. `bounded`
+        False: the split without memory's caps."""
+        # the schedule's simulated peak (`_mixed_peak`) by the in-flight array's own object (one per schedule)
+        key = (node.ident, zero, ranks, inflight.tobytes(), bounded,
+               id(inflight) if self.figures.held(inflight) is not None else None)
         found = self._partition_cache.get(key, False)
         if found is not False:
             return found
@@ -184,11 +189,12 @@ class Splits:
         block_bytes = self._mixed_bytes(memory[0], ranks, inflight)
         released = self._mixed_released(node.root, ranks, inflight, memory) if bounded else None
         if released is not None:  # the rank's open stages' gradients, not all of its stages' (`_released_split`)
-            found = self._partition_cache[key] = self._released_split(node, ranks, room, block_bytes, released)
+            found = self._partition_cache[key] = self._released_split(
+                node, ranks, room, block_bytes, released, lambda: self._mixed_peak(node.root, ranks, inflight, memory))
             return found
         if not bounded:
-            caps = np.full(len(ranks), np.inf)
-        elif not self._mixed_may_fit(caps, block_bytes):
+            room = np.full(len(ranks), np.inf)
+        elif not self._mixed_may_fit(room, block_bytes, ranks):
             self._partition_cache[key] = None
             return None
         fixed, per, prefix, held = self._mixed_prefixes(node, ranks, block_bytes)
@@ -198,9 +204,85 @@ class Splits:
             found = self._partition_cache[key] = counts if counts is not None and (
                 not bounded or self._account_fits(counts, ranks, room, held)) else None
             return found
-        found = self._partition_cache[key] = self._cached_split(per, block_bytes, caps, prefix, held, fixed,
-                                                                len(ranks))
+        found = self._partition_cache[key] = self._shared_split(
+            ranks, room, lambda caps: self._cached_split(per, block_bytes, caps, prefix, held, fixed, len(ranks)),
+            held, prefix, fixed, peak=lambda: self._mixed_peak(node.root, ranks, inflight, memory))
         return found
+
+    def _shared_split(self, ranks, room, split, held, prefix, fixed, recomputed: int | None = None, rerun=None,
+                      rerun_held=None, peak=None):
+        """The split `split(caps)` makes (the programme within each stage's cap of bytes) within each rank's room
+        (`room`, per stage: its rank's, whole). A rank of one stage: its room. Of several: first an even share of it
+        each (the split as before, kept where there is one). Where none fits those shares, which prunes splits whose
+        stages differ in bytes (a dense stage and an MoE one on a rank, a V's first rank with the embedding's stage and
+        the head's), and the even split of the blocks (`placement.split_evenly`) fits each rank's room, the rank's room
+        is shared as that split's stages hold bytes: the programme's split within those shares (at least as fast as
+        the even one, which they admit), or the even split where that one does not fit; else None, as before (a split
+        of other counts that would fit is still pruned there). The bytes of a stage: `held`'s (cumulative per stage),
+        its first `recomputed` blocks at `rerun_held`'s more; a split fits where each rank's stages' bytes and
+        `peak()(counts)` (`_mixed_peak`: what the schedule's simulated peak holds beyond the in-flight rule, which the
+        exact estimate counts) are within its room."""
+        shares = self._shares.get(ranks)
+        if shares is None:  # (the stages' ranks, each stage's rank's stages), None where a rank holds one
+            on = np.asarray(ranks)
+            stages = np.bincount(on)[on]
+            shares = self._shares[ranks] = (on, stages) if stages.max() > 1 else None
+        if shares is None or not np.isfinite(room).all():
+            return split(room)
+        on, stages = shares
+        found = split(room / stages)
+        if found is not None:
+            return found
+        def used(counts):  # each stage's bytes under the split
+            bounds = np.cumsum((0,) + tuple(counts))
+            rows = np.arange(len(counts))
+            out = held[rows, bounds[1:]] - held[rows, bounds[:-1]]
+            if recomputed is not None:
+                out = out + rerun_held[rows, np.minimum(bounds[:-1] + recomputed, bounds[1:])] \
+                    - rerun_held[rows, bounds[:-1]]
+            return out
+
+        def fits(counts, simulated: bool = True) -> bool:
+            need = np.bincount(on, weights=used(counts))
+            if peak is not None and simulated:
+                beyond = peak(counts)
+                if beyond is not None:
+                    need = need + beyond
+            return bool((need[on] <= room).all())
+
+        even = self._even.get(len(ranks))
+        if even is None:
+            even = self._even[len(ranks)] = tuple(
+                len(part) for part in split_evenly(list(range(self.blocks)), len(ranks)))
+        if min(even) < 1 or not fits(even, simulated=False):  # the rule's bytes first: the simulated peak only adds
+            return None
+        peak = peak() if peak is not None else None  # made only here: most leaves never get here
+        if not fits(even):
+            return None
+        bytes_ = used(even)
+        total = np.bincount(on, weights=bytes_)[on]
+        caps = np.where(total > 0, room * bytes_ / np.where(total > 0, total, 1.0), room / stages)
+        found = split(np.where(stages == 1, room, np.maximum(caps, bytes_)))
+        return found if found is not None and fits(found) else even
+
+    def _mixed_peak(self, root, ranks, inflight, memory, full=None):
+        """`_shared_split`'s `peak` for a node of several kinds of block (`full`: a partly recomputed one's, its first N
+        blocks a stage at full recomputation's activations): `Caps.peak_beyond_rule` of a split's stages' activations a
+        microbatch; None where the schedule's simulation holds no more than the rule."""
+        if self.figures.held(inflight) is None:
+            return None
+        before = [self.figures.kind_before[self.figures.block_kinds.index(kind)] for kind in self._summed]
+        kept = sum(memory[0][kind][1] * count for kind, count in zip(self._summed, before))  # per block i, cumulative
+        more = sum(full[0][kind][1] * count for kind, count in zip(self._summed, before)) - kept \
+            if full is not None else None
+
+        def peak(counts, recomputed=None):
+            bounds = np.cumsum((0,) + tuple(counts))
+            stored = kept[bounds[1:]] - kept[bounds[:-1]]
+            if recomputed is not None:
+                stored = stored + more[np.minimum(bounds[:-1] + recomputed, bounds[1:])] - more[bounds[:-1]]
+            return self.caps.peak_beyond_rule(root, ranks, inflight, memory, stored)
+        return peak
 
     def _cached_split(self, per, block_bytes, caps, prefix, held, fixed, stages: int):
         """`_mixed_split`, once per figures: the split depends on them alone (leaves of other nodes, ZeRO stages or
@@ -234,11 +316,12 @@ class Splits:
         ends[-1] += per_kind[2] + per_kind[3] + self.figures.copy_vocab(memory) + copy * self.figures.tied_copies(inflight)
         return stage_sets, share, [per_kind[kind] for kind in self._summed], ends
 
-    def _released_split(self, node: Node, ranks, room, block_bytes, released):
+    def _released_split(self, node: Node, ranks, room, block_bytes, released, peak=None):
         """`mixed_partition`'s split where a rank holds only its open stages' unsharded gradients (`_mixed_released`),
         as the exact estimate counts them (`cost.memory.estimate_memory`: the largest sum over a set of the rank's
-        stages open at once). The programme shares a rank's room evenly over its stages, so it takes each stage's
-        gradients at the largest open set's share of the rank's stages (k of c: k / c), the ends' too (a bound exact
+        stages open at once). The programme shares a rank's room over its stages (`_shared_split`: evenly first), so
+        it takes each stage's gradients at the largest open set's share of the rank's stages (k of c: k / c), the
+        ends' too (a bound exact
         where the rank's stages hold as much): the split it makes is checked against the rank's whole room with the
         largest open set's gradients, and where a rank does not fit, its stages count their gradients whole (as
         before) and the programme runs again. Each run admits a split within the caps of every stage counting all of
@@ -249,20 +332,20 @@ class Splits:
         before = [self.figures.kind_before[self.figures.block_kinds.index(kind)] for kind in self._summed]
         whole = room + np.bincount(on, weights=ends, minlength=int(on.max()) + 1)[on]  # the ends' gradients apart
         lean = [each - g for each, g in zip(block_bytes, kind_grads)]  # a block's bytes without its gradients
-        stages = np.bincount(on)[on]
         weight = share.copy()
         while True:
             # a stage's blocks at their bytes less (1 - weight) of their gradients; the ends' in the rank's room alike
             freed = 1.0 - weight
             counted = [each - freed * g for each, g in zip(block_bytes, kind_grads)]
             relaxed = room + np.bincount(on, weights=freed * ends, minlength=int(on.max()) + 1)[on]
-            caps = relaxed / stages
             found = None
-            if self._mixed_may_fit(caps, counted):
+            if self._mixed_may_fit(relaxed, counted, ranks):
                 fixed, per, prefix, held = self._mixed_prefixes(node, ranks, counted)
                 account = self.pins.get("account")
-                found = account_counts(self.blocks, len(ranks), account) if account else \
-                    self._cached_split(per, counted, caps, prefix, held, fixed, len(ranks))
+                found = account_counts(self.blocks, len(ranks), account) if account else self._shared_split(
+                    ranks, relaxed,
+                    lambda caps: self._cached_split(per, counted, caps, prefix, held, fixed, len(ranks)),
+                    held, prefix, fixed, peak=peak)
             if found is None or (weight >= 1.0).all():
                 if found is not None and self.pins.get("account"):  # every stage's gradients: the rank's room
                     return found if self._account_fits(found, ranks, room, held) else None
@@ -301,7 +384,7 @@ class Splits:
         room, caps = self._mixed_room(node.root, ranks, inflight, partial)
         full_bytes = self._mixed_bytes(memory[0], ranks, inflight)
         kept_bytes = self._mixed_bytes(kept_memory[0], ranks, inflight)
-        if not self._mixed_may_fit(caps, full_bytes + kept_bytes):
+        if not self._mixed_may_fit(room, full_bytes + kept_bytes, ranks):
             return None
         fixed, _, prefix, held = self._mixed_prefixes(node.kept, ranks, kept_bytes)
         _, _, full_prefix, full_held = self._mixed_prefixes(node, ranks, full_bytes)
@@ -312,11 +395,21 @@ class Splits:
             return None
 
         tried: dict = {}
+        peaks: list = []
+
+        def peak():  # `_mixed_peak`, made once where a split needs it (`_shared_split`)
+            if not peaks:
+                peaks.append(self._mixed_peak(node.root, ranks, inflight, kept_memory, memory))
+            return peaks[0]
 
         def split_at(n: int):
             if n not in tried:
                 tried[n] = (counts if self._account_fits(counts, ranks, room, held, n, rerun_held) else None) \
-                    if account else self._mixed_split(prefix, held, caps, fixed, len(ranks), n, rerun, rerun_held)
+                    if account else self._shared_split(
+                        ranks, room, lambda caps: self._mixed_split(prefix, held, caps, fixed, len(ranks), n, rerun,
+                                                                    rerun_held),
+                        held, prefix, fixed, n, rerun, rerun_held,
+                        lambda: None if peak() is None else lambda c: peak()(c, n))
             return tried[n]
 
         high = self.blocks - len(ranks) + 1 if pinned is None else pinned  # the most blocks a stage holds
@@ -325,8 +418,9 @@ class Splits:
             return None
         # the N and split depend on these figures alone: partly recomputed leaves of other ZeRO stages or schedules
         # often share them (each N's programme is what a Llama 4 Maverick leaf's partition spends its time on)
-        figures = (least, split) + tuple(np.asarray(each, dtype=np.float64).tobytes()
-                                         for each in (fixed, prefix, held, rerun, rerun_held, caps, room))
+        figures = (least, split, id(inflight) if self.figures.held(inflight) is not None else None) + tuple(
+            np.asarray(each, dtype=np.float64).tobytes()
+            for each in (fixed, prefix, held, rerun, rerun_held, caps, room))
         found = self._mixed_cache.get(figures, False)
         if found is False:
             found = self._mixed_cache[figures] = self._least_recomputed(split_at, least, high, pinned, memory,
@@ -442,15 +536,25 @@ class Splits:
         kept = inflight[np.asarray(ranks)]
         return [per_kind[kind][0] + kept * per_kind[kind][1] for kind in self._summed]
 
-    def _mixed_may_fit(self, caps, block_bytes) -> bool:
-        """Memory first, before any timing: whether the stages could hold the blocks at the lightest kind's bytes, every
-        stage one under `account=none`, the middle ones unpinned (an end may hold the embedding or the loss alone);
-        under a pinned `account` its split is checked by `_account_fits`."""
-        lighter = np.minimum.reduce(block_bytes)
-        most = np.where(lighter <= 0, self.blocks, np.maximum(caps, 0.0) // np.where(lighter <= 0, 1.0, lighter))
+    def _mixed_may_fit(self, room, block_bytes, ranks) -> bool:
+        """Memory first, before any timing: whether the ranks could hold the blocks at the lightest kind's bytes
+        (`room`: each stage's rank's, whole), each rank one a stage of its that must hold one (every stage under
+        `account=none`, the middle ones unpinned: an end may hold the embedding or the loss alone); under a pinned
+        `account` its split is checked by `_account_fits`."""
         account = self.pins.get("account")
-        must = most if account is not None else most[1:-1]
-        return bool(account) or not (most.sum() < self.blocks or (must.size and must.min() < 1))
+        if account:
+            return True
+        lighter = np.minimum.reduce(block_bytes)
+        most = np.where(lighter <= 0, self.blocks, np.maximum(room, 0.0) // np.where(lighter <= 0, 1.0, lighter))
+        if len(set(ranks)) == len(ranks):  # a stage a rank
+            must = most if account is not None else most[1:-1]
+            return not (most.sum() < self.blocks or (must.size and must.min() < 1))
+        on = np.asarray(ranks)
+        must = np.ones(len(ranks))
+        if account is None:
+            must[0] = must[-1] = 0.0
+        first = np.unique(on, return_index=True)[1]  # a rank's most, once (its stages' bytes alike)
+        return not (most[first].sum() < self.blocks or (np.bincount(on, weights=must)[on] > most).any())
 
     def _mixed_prefixes(self, node: Node, ranks, block_bytes):
         """(each stage's fixed seconds, the kinds' seconds per stage, the cumulative seconds and bytes of the first i

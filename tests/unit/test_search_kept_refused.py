@@ -117,7 +117,11 @@ def test_a_pipelines_partly_recomputed_node_is_kept_where_the_exact_estimate_ref
                     if not any(_pipeline_fits(space, at, schedule, virtual, zero, leaf.counts, recompute_layers=n)
                                for n in range(1, max(leaf.counts))):
                         continue
-                    assert _settles_at(space, at, zero, schedule, virtual), (root, other, zero, schedule, virtual)
+                    # or the kept node fits the device by another split (several kinds of block: its rank's room
+                    # shared by its stages as they need it, `Splits._shared_split`), faster, recomputing nothing
+                    assert _settles_at(space, at, zero, schedule, virtual) or _settles_at(
+                        space, replace(kept, root=tight, ident=next(_IDENT)), zero, schedule, virtual), \
+                        (root, other, zero, schedule, virtual)
                     checked += 1
     assert checked, "no leaf with a fitting plan of N blocks"
 
