@@ -469,7 +469,7 @@ def autocast_weight_copies(plan: ir.Plan, layers: Sequence[Layer]) -> float:
     seen: dict = {}
     for layer in layers:
         elements += once_per_figures(seen, layer, lambda layer: sum(
-            local_numel(p, tp, ep, expert_tp) for p in _copied(plan, layer) if not _is_expert(p)))
+            local_numel(p, tp, ep, expert_tp) for p in _copied(plan, layer) if not is_expert_tensor(p)))
     if any(layer.kind == "head" for layer in layers) and plan.train.loss is not ir.Loss.fused \
             and getattr(plan.model, "tied_embeddings", False):
         tied = tied_embedding(plan, layers_of(plan.model))
@@ -484,7 +484,7 @@ def expert_weight_copies(plan: ir.Plan, layer: Layer, recompute: ir.Recompute) -
     if not holds_autocast_copies(plan) or recompute is ir.Recompute.full or layer.kind != "block":
         return 0.0
     tp, ep, expert_tp = plan.tp, plan.expert_group, plan.expert_tp
-    return float(sum(local_numel(p, tp, ep, expert_tp) for p in layer.params if _is_expert(p))
+    return float(sum(local_numel(p, tp, ep, expert_tp) for p in layer.params if is_expert_tensor(p))
                  * plan.train.precision.bytes)
 
 
@@ -573,7 +573,7 @@ def local_numel(param: Param, tp: int, ep: int, expert_tp: int | None = None) ->
     given (Megatron-Core's default expert tensor parallelism equals tp; 1 when the experts fold the tensor
     axis into their group). Uneven splits round up: the worst coordinate.
     """
-    if expert_tp is not None and _is_expert(param):
+    if expert_tp is not None and is_expert_tensor(param):
         return _local_numel(param.shape, param.dims, expert_tp, ep)
     return _local_numel(param.shape, param.dims, tp, ep)
 
@@ -590,7 +590,7 @@ def _local_numel(shape: tuple[int, ...], dims: tuple[str, ...], tp: int, ep: int
     return math.prod(local)
 
 
-def _is_expert(param: Param) -> bool:
+def is_expert_tensor(param: Param) -> bool:
     """A grouped expert tensor [experts, out, in]; the router [experts, hidden] is not one."""
     return len(param.dims) == 3 and param.dims[0] == EXPERTS
 
@@ -718,13 +718,13 @@ def _quantized_numel(plan: ir.Plan, layer: Layer, tp: int, ep: int, expert_tp: i
     if layer.kind != "block" or not layer_precision(plan.train, plan.model, layer).quantized:
         return 0
     return sum(local_numel(p, tp, ep, expert_tp) for p in layer.params
-               if len(p.dims) >= 2 and not (dense_only and _is_expert(p)))
+               if len(p.dims) >= 2 and not (dense_only and is_expert_tensor(p)))
 
 
 def _sizes(params: Sequence[Param], tp: int, ep: int, expert_tp: int | None = None) -> tuple[list[int], list[int]]:
     """(dense, expert) elements of each of these params on one device."""
-    return ([local_numel(p, tp, ep) for p in params if not _is_expert(p)],
-            [local_numel(p, tp, ep, expert_tp) for p in params if _is_expert(p)])
+    return ([local_numel(p, tp, ep) for p in params if not is_expert_tensor(p)],
+            [local_numel(p, tp, ep, expert_tp) for p in params if is_expert_tensor(p)])
 
 
 def _model_states(plan: ir.Plan, dense: list[int], expert: list[int],
@@ -797,7 +797,7 @@ def replicate_copy_bytes(plan: ir.Plan, layers: Sequence[Layer], extra: Sequence
     apart = data_split_modules(plan)
     params = [p for layer in layers for p in layer.params] + list(extra)
     return float(sum(local_numel(p, tp, ep, expert_tp) for p in params
-                     if (experts or not _is_expert(p)) and p.module not in apart)
+                     if (experts or not is_expert_tensor(p)) and p.module not in apart)
                  * StateBytes.of(plan.train).params)
 
 
@@ -1111,7 +1111,7 @@ def gathered_param_bytes(plan: ir.Plan, layer: Layer, default: float, tp: int, e
     linear weights (two or more dims) of a block whose layers run quantized (`layer_precision`) in FP8.
     `dense_only`: of its parameters other than the experts' (a gradient bucket's, `cost.stage.bucket_element`)."""
     gather = plan.data.gather if plan.data is not None else None
-    params = [p for p in layer.params if not (dense_only and _is_expert(p))]
+    params = [p for p in layer.params if not (dense_only and is_expert_tensor(p))]
     numel = sum(local_numel(p, tp, ep, expert_tp) for p in params)
     if gather is not ir.Precision.fp8:
         return numel * gather_element_bytes(plan.train, gather, False, default)

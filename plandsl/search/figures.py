@@ -27,7 +27,7 @@ from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activati
                                  model_state_bytes, returned_output_bytes, tied_embedding, torch_stage_sizes,
                                  replicates_units, whole_vocab_gradient_bytes, StateBytes, estimate_plan_memory,
                                  held_stages, layer_offload, layer_recompute, local_numel, zero_degrees,
-                                 _is_expert as is_expert_tensor)
+                                 is_expert_tensor)
 from plandsl.cost.stage import param_split
 from plandsl.diagnostics import PlanError
 from plandsl.ir.placement import Assignment
