@@ -20,6 +20,9 @@ from plandsl.search.partition import partition_blocks, partition_layers, partiti
 from plandsl.search.tree import Node
 
 
+_MISSING = object()  # a cache's miss (None is a split's answer: none fits)
+
+
 class Splits:
     def __init__(self, figures: Figures, caps: Caps, pins: Mapping[str, object]):
         self.figures, self.caps, self.pins = figures, caps, pins
@@ -179,35 +182,51 @@ class Splits:
         bytes of the first and last stage, ZeRO's gathered units taken as
         the two largest of each kind (a bound), a rank's room shared by its stages as `_shared_split` does. `bounded`
         False: the split without memory's caps."""
-        # the schedule's simulated peak (`_mixed_peak`) by the in-flight array's own object (one per schedule)
-        key = (node.ident, zero, ranks, inflight.tobytes(), bounded,
-               id(inflight) if self.figures.held(inflight) is not None else None)
-        found = self._partition_cache.get(key, False)
-        if found is not False:
-            return found
+        key = (node.ident, zero, ranks, inflight.tobytes(), bounded)
+        return self._by_schedule(self._partition_cache, key, inflight,
+                                 lambda read: self._mixed_split_of(node, ranks, inflight, memory, bounded, read))
+
+    def _by_schedule(self, cache: dict, key, inflight, find):
+        """`find(read)`, cached under `key` where it did not read the schedule's simulated peak (`_mixed_peak`, which
+        `_shared_split` makes only where even shares of a rank's room fit no split: whether they do depends on
+        `key`'s figures alone), else under `key` and the schedule (its in-flight array's own object, one per
+        schedule). `find` calls `read()` where it makes the peak. Leaves of other schedules then share the split
+        wherever it is the even shares' (most of case 11's 32,619 leaves)."""
+        found = cache.get(key, _MISSING)
+        if found is _MISSING:
+            exact = key + (id(inflight) if self.figures.held(inflight) is not None else None,)
+            found = cache.get(exact, _MISSING)
+            if found is _MISSING:
+                read: list = []
+                found = find(lambda: read.append(True))
+                cache[exact if read else key] = found
+        return found
+
+    def _mixed_split_of(self, node: Node, ranks, inflight, memory, bounded: bool, read):
+        """`mixed_partition`'s split; `read()` where it makes the schedule's simulated peak (`_by_schedule`)."""
         room, caps = self._mixed_room(node.root, ranks, inflight, memory)
         block_bytes = self._mixed_bytes(memory[0], ranks, inflight)
         released = self._mixed_released(node.root, ranks, inflight, memory) if bounded else None
+
+        def peak():
+            read()
+            return self._mixed_peak(node.root, ranks, inflight, memory)
+
         if released is not None:  # the rank's open stages' gradients, not all of its stages' (`_released_split`)
-            found = self._partition_cache[key] = self._released_split(
-                node, ranks, room, block_bytes, released, lambda: self._mixed_peak(node.root, ranks, inflight, memory))
-            return found
+            return self._released_split(node, ranks, room, block_bytes, released, peak)
         if not bounded:
             room = np.full(len(ranks), np.inf)
         elif not self._mixed_may_fit(room, block_bytes, ranks):
-            self._partition_cache[key] = None
             return None
         fixed, per, prefix, held = self._mixed_prefixes(node, ranks, block_bytes)
         account = self.pins.get("account")
         if account:  # Megatron's split counting the embedding and the loss, within each rank's room
             counts = account_counts(self.blocks, len(ranks), account)
-            found = self._partition_cache[key] = counts if counts is not None and (
+            return counts if counts is not None and (
                 not bounded or self._account_fits(counts, ranks, room, held)) else None
-            return found
-        found = self._partition_cache[key] = self._shared_split(
+        return self._shared_split(
             ranks, room, lambda caps: self._cached_split(per, block_bytes, caps, prefix, held, fixed, len(ranks)),
-            held, prefix, fixed, peak=lambda: self._mixed_peak(node.root, ranks, inflight, memory))
-        return found
+            held, prefix, fixed, peak=peak)
 
     def _shared_split(self, ranks, room, split, held, prefix, fixed, recomputed: int | None = None, rerun=None,
                       rerun_held=None, peak=None):
@@ -394,37 +413,38 @@ class Splits:
         if account and counts is None:
             return None
 
-        tried: dict = {}
-        peaks: list = []
-
-        def peak():  # `_mixed_peak`, made once where a split needs it (`_shared_split`)
-            if not peaks:
-                peaks.append(self._mixed_peak(node.root, ranks, inflight, kept_memory, memory))
-            return peaks[0]
-
-        def split_at(n: int):
-            if n not in tried:
-                tried[n] = (counts if self._account_fits(counts, ranks, room, held, n, rerun_held) else None) \
-                    if account else self._shared_split(
-                        ranks, room, lambda caps: self._mixed_split(prefix, held, caps, fixed, len(ranks), n, rerun,
-                                                                    rerun_held),
-                        held, prefix, fixed, n, rerun, rerun_held,
-                        lambda: None if peak() is None else lambda c: peak()(c, n))
-            return tried[n]
-
         high = self.blocks - len(ranks) + 1 if pinned is None else pinned  # the most blocks a stage holds
         least = pinned if pinned is not None else least
         if least > high:
             return None
-        # the N and split depend on these figures alone: partly recomputed leaves of other ZeRO stages or schedules
-        # often share them (each N's programme is what a Llama 4 Maverick leaf's partition spends its time on)
-        figures = (least, split, id(inflight) if self.figures.held(inflight) is not None else None) + tuple(
-            np.asarray(each, dtype=np.float64).tobytes()
-            for each in (fixed, prefix, held, rerun, rerun_held, caps, room))
-        found = self._mixed_cache.get(figures, False)
-        if found is False:
-            found = self._mixed_cache[figures] = self._least_recomputed(split_at, least, high, pinned, memory,
-                                                                        kept_memory)
+
+        def least_recomputed(read):
+            tried: dict = {}
+            peaks: list = []
+
+            def peak():  # `_mixed_peak`, made once where a split needs it (`_shared_split`)
+                if not peaks:
+                    read()
+                    peaks.append(self._mixed_peak(node.root, ranks, inflight, kept_memory, memory))
+                return peaks[0]
+
+            def split_at(n: int):
+                if n not in tried:
+                    tried[n] = (counts if self._account_fits(counts, ranks, room, held, n, rerun_held) else None) \
+                        if account else self._shared_split(
+                            ranks, room, lambda caps: self._mixed_split(prefix, held, caps, fixed, len(ranks), n,
+                                                                        rerun, rerun_held),
+                            held, prefix, fixed, n, rerun, rerun_held,
+                            lambda: None if peak() is None else lambda c: peak()(c, n))
+                return tried[n]
+            return self._least_recomputed(split_at, least, high, pinned, memory, kept_memory)
+
+        # the N and split depend on these figures alone (and the schedule's simulated peak where a split reads it):
+        # partly recomputed leaves of other ZeRO stages or schedules often share them (each N's programme is what a
+        # Llama 4 Maverick leaf's partition spends its time on)
+        figures = (least, split) + tuple(np.asarray(each, dtype=np.float64).tobytes()
+                                         for each in (fixed, prefix, held, rerun, rerun_held, caps, room))
+        found = self._by_schedule(self._mixed_cache, figures, inflight, least_recomputed)
         if found is not None and pinned is None and split is not None and found[0] == split \
                 and self.figures.kept_fits(node.kept, zero, ranks, inflight, split):
             return None  # the kept node's split, which fits: it recomputes nothing
