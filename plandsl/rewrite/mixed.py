@@ -145,7 +145,10 @@ def faster_alone(problem: Problem, mixed: PlanEstimate, pins, time_limit: float 
         # hsdp's shard axis is a degree too (a pinned dp_shard of 32 leaves no two replicas on 32 devices); the
         # variants of the same cluster keep it (`variants`), the fastest devices alone search their own
         kept = {k: v for k, v in _user(pins).items() if k != "dp_shard"}
-        best = search(replace(problem, cluster=alone), kept, 1, explain=False, time_limit=time_limit).best
+        # and a `stages { }` block's blocks per stage (`Problem.split`), written for the mixed cluster's pipeline ranks
+        # as its pipeline degree is: the fastest devices alone split the blocks as they run them
+        split = None if isinstance(problem.split, tuple) else problem.split
+        best = search(replace(problem, cluster=alone, split=split), kept, 1, explain=False, time_limit=time_limit).best
     except SearchError as error:
         return Gain(fastest, devices, mixed, None, str(error), subject)
     return Gain(fastest, devices, mixed, best.estimate, subject=subject)

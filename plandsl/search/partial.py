@@ -39,6 +39,8 @@ from plandsl.syntax.parser import parse_text
 from plandsl.syntax.loader import read_source
 from plandsl.check.analysis import analyze
 from plandsl.schedules.registry import BUILTIN
+from plandsl.ir.placement import assign_stages
+from plandsl.ir.layers import layers_of
 
 ROLE_ATTR = {"dp": "data", "tp": "tensor", "cp": "context", "ep": "experts", "pp": "stages"}
 ATTR_ROLE = {attr: role for role, attr in ROLE_ATTR.items()}
@@ -181,6 +183,7 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                       data_kept="data" in attrs and plan.data is not None,  # at dp=1 too: its units held
                       stage_map=plan.stages.rank_map if ("stages" in attrs or stage_block is not None)
                       and plan.stages is not None else None,  # the schedules that place its stages so (E409)
+                      split=_kept_split(plan) if ("stages" in attrs or stage_block is not None) else None,
                       outputs=plan.stages.outputs if plan.stages else "dropped",
                       shard=_conventional_rules(plan.shard, names),
                       # a written mesh or data line of one data axis leaves no room for hsdp's two (the line stays)
@@ -424,11 +427,14 @@ def refusal(partial: Partial, overrides, error: SearchError) -> Diagnostic:
 def _shaping_lines(partial: Partial) -> list[tuple[Problem, Span]]:
     """The lines the plan writes that shape its problem beyond the pins, each as (the problem without what it says,
     its span): a stages line's or block's pipeline other than torch's (`implementation = megatron | deepspeed`: the
-    schedules and ZeRO stages they run), an experts line's overlap."""
+    schedules and ZeRO stages they run) and its map (the schedules that place its stages so), an experts line's
+    overlap."""
     lines = []
     stages = partial.stage_block if partial.stage_block is not None else partial.attrs.get("stages")
     if stages is not None and partial.problem.pipeline != "torch":
         lines.append((replace(partial.problem, pipeline="torch"), stages.span))
+    if stages is not None and partial.problem.stage_map is not None:  # the schedules that place its stages so
+        lines.append((replace(partial.problem, stage_map=None), stages.span))
     if "experts" in partial.attrs and partial.problem.overlap_experts:
         lines.append((replace(partial.problem, overlap_experts=False), partial.attrs["experts"].span))
     return lines
@@ -763,6 +769,34 @@ def _mesh_pins(plan: ir.Plan) -> dict[str, object]:
     if None not in order and len(set(order)) == len(order):  # hsdp's two data axes apart have no single order
         pins["order"] = ",".join(order)
     return pins
+
+
+def _kept_split(plan: ir.Plan) -> str | tuple[int, ...] | None:
+    """The split of the plan's stages line, which its completion keeps whatever the search chooses
+    (`Problem.split`): "evenly" for `stages = evenly ...`; a `stages { }` block's blocks per stage (of a model of
+    layers, its layers), where its stages hold them as the search places them (`Figures.stage_layers`: in the model's
+    order, the embedding with the first and the norm and head with the last); else None (the search's own)."""
+    stages = plan.stages
+    if stages is None:
+        return None
+    if stages.mode == "evenly":
+        return "evenly"
+    assignment, problems = assign_stages(plan)
+    if assignment is None or problems:
+        return None
+    names = [[layer.name for layer in stage] for stage in assignment.stage_layers]
+    layers = layers_of(plan.model)
+    if not isinstance(plan.model, ir.TransformerModel):
+        counts = tuple(len(stage) for stage in names)
+        return counts if [n for stage in names for n in stage] == [layer.name for layer in layers] else None
+    blocks = [layer.name for layer in layers if layer.kind == "block"]
+    ends = [layer.name for layer in layers if layer.kind in ("norm", "head")]
+    counts = tuple(sum(1 for name in stage if name in set(blocks)) for stage in names)  # (the blocks' names: few)
+    bounds = list(itertools.accumulate(counts, initial=0))
+    placed = [blocks[a:b] for a, b in zip(bounds, bounds[1:])]
+    placed[0] = [layers[0].name] + placed[0]
+    placed[-1] = placed[-1] + ends
+    return counts if placed == names and layers[0].kind == "embed" else None
 
 
 def _pipeline_pins(plan: ir.Plan, stage_block) -> dict[str, object]:

@@ -88,6 +88,11 @@ class Problem:
     stage_map: str | tuple[int, ...] | None = None     # given: that kept line's map of stages to ranks (`loop`,
     #                                                   `vshape` or a list): a schedule the search writes beside it must
     #                                                   place the stages so (the checker's E409), `Problem.runs_map`
+    split: str | tuple[int, ...] | None = None        # given: the split of that kept line, which its completion writes
+    #                                                   whatever the search would choose: "evenly" (`stages = evenly
+    #                                                   over pp`, its `account` the pin's), a `stages { }` block's blocks
+    #                                                   (layers, of a model of layers) per stage; None: the search's own
+    #                                                   (`Splits.fixes`)
 
     def deepspeed_engine(self, pp: int | None) -> bool:
         """Whether DeepSpeed's pipeline engine runs a layout of `pp` stages (None: any the search lays out), which

@@ -54,9 +54,11 @@ class Space:
         self.caps = Caps(figures)
         self.splits = Splits(figures, self.caps, pins)
         # The stages beyond the blocks that may hold the embedding or the loss alone (`Splits`): those the pin
-        # `account` counts; unpinned, both (`Splits`: an end stage holds no block where that is faster)
+        # `account` counts; unpinned, both (`Splits`: an end stage holds no block where that is faster); none under a
+        # kept `evenly` without it (its split, `Splits.fixed`: a block a stage)
         account = pins.get("account")
-        self.apart = 0 if not figures.transformer else len(account) if account is not None else 2
+        self.apart = 0 if not figures.transformer else len(account) if account is not None else \
+            0 if problem.split == "evenly" else 2
         self.bounds = Bounds(figures, self.apart)
         self.model, self.layers, self.kinds, self.base = figures.model, figures.layers, figures.kinds, figures.base
         self.transformer, self.blocks, self.dense_blocks = figures.transformer, figures.blocks, figures.dense_blocks

@@ -35,6 +35,18 @@ class Splits:
         # the kinds of block (indices into the figures' kinds) as `mixed_partition` sums them: the others, then the
         # main one (of a dense and an MoE kind, the dense blocks' seconds first)
         self._summed = list(range(4, len(figures.kinds))) + [1]
+        # the split is not the search's to choose: a pinned `account` (Megatron's split counting the embedding and the
+        # loss as layers), or the split of a kept stages line (`Problem.split`), which the completion writes as it is
+        self.fixes = bool(pins.get("account")) or figures.problem.split is not None
+
+    def fixed(self, stages: int) -> tuple[int, ...] | None:
+        """The blocks per stage of `stages` stages where the split is fixed (`fixes`): a kept `stages { }` block's (of
+        its own stage count), else `evenly`'s (`placement.account_counts`, with the pinned `account`'s parts counted as
+        items, as the checker assigns them); None where there is none (more stages than items: the checker's E403)."""
+        split = self.figures.problem.split
+        if isinstance(split, tuple):
+            return split if len(split) == stages else None
+        return account_counts(self.blocks, stages, self.pins.get("account") or ())
 
     def transformer_partition(self, node: Node, ranks, inflight, memory, virtual, rank_caps=None):
         root = node.root
@@ -79,14 +91,15 @@ class Splits:
                 norm.forward + norm.backward + head.forward + head.backward)
 
     def _blocks_split(self, fixed, per_block, caps, ranks, rank_caps) -> tuple[int, ...] | None:
-        """The blocks per stage under the pin `account` (Megatron's split counting the embedding and the loss as
-        layers: `stages = evenly ... with account`), within the caps; unpinned, `partition_blocks`' split, or
+        """The blocks per stage of a fixed split (`fixes`: the pin `account`, Megatron's split counting the embedding
+        and the loss as layers, `stages = evenly ... with account`; a kept stages line's), within the caps; unpinned,
+        `partition_blocks`' split, or
         where it is impossible or strictly slower, its split with the first and the last stage free to hold no
         block (the embedding or the loss alone: more stages than blocks, or an end stage's fixed seconds worth
         a block)."""
         account = self.pins.get("account")
-        if account:  # within each rank's room for blocks, whichever of its stages holds them
-            counts = account_counts(self.blocks, len(fixed), account)
+        if self.fixes:  # within each rank's room for blocks, whichever of its stages holds them
+            counts = self.fixed(len(fixed))
             held = [0] * len(rank_caps)
             for n, r in zip(counts or (), ranks):
                 held[r] += n
@@ -219,9 +232,8 @@ class Splits:
         elif not self._mixed_may_fit(room, block_bytes, ranks):
             return None
         fixed, per, prefix, held = self._mixed_prefixes(node, ranks, block_bytes)
-        account = self.pins.get("account")
-        if account:  # Megatron's split counting the embedding and the loss, within each rank's room
-            counts = account_counts(self.blocks, len(ranks), account)
+        if self.fixes:  # a fixed split (Megatron's counting the embedding and the loss, a kept line's), within each
+            counts = self.fixed(len(ranks))  # rank's room
             return counts if counts is not None and (
                 not bounded or self._account_fits(counts, ranks, room, held)) else None
         return self._shared_split(
@@ -360,13 +372,12 @@ class Splits:
             found = None
             if self._mixed_may_fit(relaxed, counted, ranks):
                 fixed, per, prefix, held = self._mixed_prefixes(node, ranks, counted)
-                account = self.pins.get("account")
-                found = account_counts(self.blocks, len(ranks), account) if account else self._shared_split(
+                found = self.fixed(len(ranks)) if self.fixes else self._shared_split(
                     ranks, relaxed,
                     lambda caps: self._cached_split(per, counted, caps, prefix, held, fixed, len(ranks)),
                     held, prefix, fixed, peak=peak)
             if found is None or (weight >= 1.0).all():
-                if found is not None and self.pins.get("account"):  # every stage's gradients: the rank's room
+                if found is not None and self.fixes:  # every stage's gradients: the rank's room
                     return found if self._account_fits(found, ranks, room, held) else None
                 return found
             bounds = np.cumsum((0,) + tuple(found))
@@ -408,9 +419,8 @@ class Splits:
         fixed, _, prefix, held = self._mixed_prefixes(node.kept, ranks, kept_bytes)
         _, _, full_prefix, full_held = self._mixed_prefixes(node, ranks, full_bytes)
         rerun, rerun_held = full_prefix - prefix, full_held - held
-        account = self.pins.get("account")
-        counts = account_counts(self.blocks, len(ranks), account) if account else None
-        if account and counts is None:
+        counts = self.fixed(len(ranks)) if self.fixes else None
+        if self.fixes and counts is None:
             return None
 
         high = self.blocks - len(ranks) + 1 if pinned is None else pinned  # the most blocks a stage holds
@@ -431,7 +441,7 @@ class Splits:
             def split_at(n: int):
                 if n not in tried:
                     tried[n] = (counts if self._account_fits(counts, ranks, room, held, n, rerun_held) else None) \
-                        if account else self._shared_split(
+                        if self.fixes else self._shared_split(
                             ranks, room, lambda caps: self._mixed_split(prefix, held, caps, fixed, len(ranks), n,
                                                                         rerun, rerun_held),
                             held, prefix, fixed, n, rerun, rerun_held,
@@ -562,7 +572,7 @@ class Splits:
         `account=none`, the middle ones unpinned: an end may hold the embedding or the loss alone); under a pinned
         `account` its split is checked by `_account_fits`."""
         account = self.pins.get("account")
-        if account:
+        if self.fixes:
             return True
         lighter = np.minimum.reduce(block_bytes)
         most = np.where(lighter <= 0, self.blocks, np.maximum(room, 0.0) // np.where(lighter <= 0, 1.0, lighter))
@@ -599,8 +609,8 @@ class Splits:
         return fixed, per, prefix, held
 
     def _account_fits(self, counts, ranks, room, held, recomputed: int | None = None, rerun_held=None) -> bool:
-        """Whether the pinned `account` split fits each rank's room (`room`: a stage's rank's, whole), each stage's first
-        `recomputed` blocks at `rerun_held`'s bytes more."""
+        """Whether the fixed split (`fixes`: a pinned `account`, a kept line's) fits each rank's room (`room`: a stage's
+        rank's, whole), each stage's first `recomputed` blocks at `rerun_held`'s bytes more."""
         bounds, used = np.cumsum((0,) + counts), {}
         for s, r in enumerate(ranks):
             a, b = bounds[s], bounds[s + 1]
@@ -646,16 +656,26 @@ class Splits:
         grads = self.figures.kind_gradients(layer_memory)
         opens = self.figures.open_stages(inflight) if grads is not None and len(ranks) > 1 else None
         stage_sets, share = _stage_sets(opens, ranks, root.pp) if opens is not None else (None, None)
-        if stage_sets is None:
-            return partition_layers(costs, memory, caps)
         on = np.asarray(ranks)
         stages = np.bincount(on)[on]
         whole = np.asarray(caps) * stages  # each stage's rank's room, whole
+
+        def split(rows):  # the programme's, or a fixed split's (`fixes`) where each rank holds its stages' layers
+            if not self.fixes:
+                return partition_layers(costs, rows, caps)
+            counts = self.fixed(len(ranks))
+            if counts is None:
+                return None
+            bounds = np.cumsum((0,) + counts)
+            used = np.bincount(on, weights=[sum(row[a:b]) for row, a, b in zip(rows, bounds, bounds[1:])])
+            return counts if bool((used[on] <= whole * (1 + 1e-12)).all()) else None
+        if stage_sets is None:
+            return split(memory)
         grads = np.asarray(grads[0])  # per layer
         weight = share.copy()
         while True:
             counted = np.asarray(memory) - (1.0 - weight)[:, None] * grads  # each stage's layers less freed gradients
-            found = partition_layers(costs, counted.tolist(), caps)
+            found = split(counted.tolist())
             if found is None or (weight >= 1.0).all():
                 return found
             bounds = np.cumsum((0,) + tuple(found))

@@ -688,3 +688,75 @@ def test_a_kept_data_line_is_priced_at_one_data_rank_as_its_completion_runs(tmp_
         assert max(m.total for m in estimate.memory) == pytest.approx(max(m.total for m in searched.estimate.memory),
                                                                      rel=1e-9), text
         assert estimate.time.step == pytest.approx(searched.estimate.time.step, rel=1e-9), text
+
+
+PAIR = ("device gpu { memory = 16 GiB; bandwidth = 1000 GB/s; peak = { bf16: 200 TFLOP/s, fp32: 20 TFLOP/s } }\n"
+        "node box { devices = 2 x gpu; link = { bandwidth: 100 GB/s, latency: 2 us }; "
+        "nic = { bandwidth: 20 GB/s, latency: 5 us } }\ncluster pair = box x 2\n")
+
+
+def _searched_as_completed(path, pins, top=5):
+    """Each of the search's candidates (its own figures, not the completion's re-estimate) beside the estimate of the
+    plan its completion writes."""
+    partial = read_partial(path)
+    merged, _ = pins_with(partial, pins)
+    result = search(partial.problem, merged, top)
+    assert result.candidates
+    for searched in result.candidates:
+        done = complete(partial, searched)
+        assert not isinstance(done, PlanError), (searched.candidate.describe(), searched.blocks, done)
+        (plan,) = api.checks(done[1], path=str(path)).document.plans
+        yield searched, estimate_plan(plan), done[1]
+
+
+def test_a_kept_evenly_line_is_priced_at_its_even_split_under_partial_recomputation(tmp_path):
+    """A kept `stages = evenly over pp` splits the blocks evenly whatever the search would choose: a node that
+    recomputes the first N blocks of each stage was priced at the search's own split (7 and 9 blocks of 16 here), the
+    completion wrote `evenly` (8 and 8), and its plan needed more than the device (E503, the candidate dropped as
+    'a bug of generate --from'). Each candidate is now priced at the line's split, as its completed plan is."""
+    path = tmp_path / "partial.plan"
+    path.write_text(TIGHT + "\nplan mine {\n  model   = long\n  cluster = tight_box x 2\n  train   = { global_batch: 4, "
+                    "precision: bf16, optimizer: adam, lr: 1e-4 }\n  stages  = evenly over pp\n}\n")
+    seen = []
+    for searched, estimate, text in _searched_as_completed(path, ["pp=2"]):
+        assert searched.blocks == (8, 8) and re.search(r"stages += evenly over pp\n", text), (searched.blocks, text)
+        assert max(m.total for m in estimate.memory) == pytest.approx(max(m.total for m in searched.estimate.memory),
+                                                                     rel=1e-9), text
+        assert estimate.time.step == pytest.approx(searched.estimate.time.step, rel=1e-9), text
+        seen.append(searched.candidate.recompute_layers)
+    assert any(seen), seen  # the case this is about: a partly recomputed candidate among them
+
+
+def test_a_written_stages_block_is_priced_at_its_own_split(tmp_path):
+    """A `stages { }` block is kept as written, so the search prices its split: it priced its own (2 and 2 blocks
+    where the block writes 1 and 3), ranking by 434 MB a plan whose completion counts 557 MB (and a slower step)."""
+    path = tmp_path / "partial.plan"
+    path.write_text(PAIR + "model gpt = gpt(layers=4, hidden=512, heads=8, seq=512, vocab=4096)\n\nplan p {\n"
+                    "  model   = gpt\n  cluster = pair\n  train   = { global_batch: 16, precision: bf16, optimizer: adam, "
+                    "lr: 1e-4 }\n  stages {\n    0: embed, layers[0:1]\n    1: layers[1:4], norm, head\n  }\n}\n")
+    for searched, estimate, text in _searched_as_completed(path, []):
+        assert max(m.total for m in estimate.memory) == pytest.approx(max(m.total for m in searched.estimate.memory),
+                                                                     rel=1e-9), text
+        assert estimate.time.step == pytest.approx(searched.estimate.time.step, rel=1e-9), text
+        assert searched.candidate.pp == 2 and searched.blocks == (1, 3), searched.candidate.describe()
+    assert read_partial(path).problem.split == (1, 3)
+
+
+@pytest.mark.parametrize("written, pin, placed", [
+    ("virtual = 2, map = vshape", "interleaved_1f1b", "in a loop, and the kept stages line's map places them in a V"),
+    ("virtual = 2", "zbv", "in a V, and the kept stages line's map places them in a loop"),
+    ("virtual = 2, map = [0, 1, 1, 0]", "interleaved_1f1b", "in a loop, and the kept stages line's map places them as "
+                                                             "[0, 1, 1, 0]"),
+])
+def test_a_pinned_schedule_that_places_the_stages_against_a_kept_map_is_refused_at_the_line(tmp_path, written, pin,
+                                                                                            placed):
+    """`map = vshape` kept beside `--pin schedule=interleaved_1f1b` (which places the stages in a loop) is a
+    contradiction: it ended in the generic 'no plan ... satisfies the pins: the schedules need enough microbatches'
+    at the plan's name; it is E803 at the stages line, naming both placements."""
+    path = write(tmp_path, "  train   = { global_batch: 16, precision: bf16, optimizer: adam, lr: 1e-4 }\n"
+                           f"  stages  = evenly over pp with {written}\n")
+    out = generate("--from", path, "--pin", f"schedule={pin}")
+    assert out.exit_code == 1 and f"{path}:11:3: error[E803]: --pin schedule={pin} contradicts the plan's `stages = " \
+        f"evenly over pp with {written}`: schedule={pin} places the stages on the ranks {placed}" in out.output, \
+        out.output
+    assert "microbatches" not in out.output
