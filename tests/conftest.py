@@ -79,6 +79,43 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in TORCH_MODULES and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group("torch"))
+    _leave_out_the_sweeps_cases(config, items)
+
+
+# The sweeps' cases the README's command leaves out (`--full` runs them): tests/sweep_cases.txt, written by
+# tests/select_cases.py. Each parametrized multi-process or slow test keeps the cases that together exercise every
+# branch of plandsl that all its cases exercise (measured by coverage, in the test process and its forked ranks),
+# the cheapest first; the cases that add no branch are listed there. A test or case not listed runs: a new or
+# renamed case runs until the list is written again.
+SWEEP_CASES = ROOT / "tests" / "sweep_cases.txt"
+
+
+def sweep_cases() -> set[str]:
+    lines = SWEEP_CASES.read_text(encoding="utf-8").splitlines() if SWEEP_CASES.exists() else []
+    return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+
+
+def _leave_out_the_sweeps_cases(config, items) -> None:
+    listed = sweep_cases()
+    collected = {item.nodeid.split("@")[0]: item for item in items}
+    if _collects_everything(config):
+        stale = sorted(listed - collected.keys())
+        if stale:
+            raise pytest.UsageError(
+                f"{SWEEP_CASES.name} names {len(stale)} case(s) no test has (renamed or removed), e.g. {stale[0]}: "
+                "remove them from it, or measure and select again (tests/select_cases.py)")
+    if config.getoption("--full"):
+        return
+    kept = [item for item in items if item.nodeid.split("@")[0] not in listed]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid.split("@")[0] in listed])
+        items[:] = kept
+
+
+def _collects_everything(config) -> bool:
+    """Whether this run collected the whole suite (no paths, `-k` or `-m` given): then every listed case exists."""
+    given = [arg for arg in config.args if Path(arg).resolve() != ROOT / "tests"]
+    return not given and not config.getoption("keyword") and not config.getoption("markexpr")
 
 
 class HeavyImport(UserWarning):
@@ -125,9 +162,16 @@ def pytest_unconfigure(config):
     gc.freeze()
 
 
+def pytest_configure(config):
+    if config.getoption("--full"):  # tests/support.py: full_run, read as the test modules are imported
+        os.environ["PLANDSL_TESTS_FULL"] = "1"
+
+
 def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", default=False,
                      help="rewrite golden files from the current output (review the diff like code)")
+    parser.addoption("--full", action="store_true", default=False,
+                     help="run every case of the sweeps, also those tests/sweep_cases.txt leaves out")
 
 
 @pytest.fixture

@@ -1,0 +1,32 @@
+"""tests/select_cases.py: the cases a sweep keeps exercise every branch its cases exercise, cheapest first."""
+from __future__ import annotations
+
+from tests.conftest import sweep_cases
+from tests.select_cases import cover
+
+
+def test_the_kept_cases_cover_every_branch_and_prefer_the_cheap_ones():
+    cases = {"t[a]": frozenset({1, 2, 3}), "t[b]": frozenset({1, 2}), "t[c]": frozenset({3, 4}),
+             "t[d]": frozenset({4})}
+    seconds = {"t[a]": 30.0, "t[b]": 1.0, "t[c]": 2.0, "t[d]": 1.0}
+    kept = cover(cases, seconds)
+    assert frozenset().union(*(cases[case] for case in kept)) == {1, 2, 3, 4}
+    assert kept == ["t[b]", "t[c]"]  # t[a] adds its branches at 30 s, t[d] nothing once t[c] is kept
+
+
+def test_a_case_that_adds_nothing_is_left_out_and_one_is_always_kept():
+    assert cover({"t[a]": frozenset({1}), "t[b]": frozenset({1})}, {"t[a]": 2.0, "t[b]": 1.0}) == ["t[b]"]
+    assert cover({"t[a]": frozenset(), "t[b]": frozenset()}, {"t[a]": 2.0, "t[b]": 1.0}) == ["t[b]"]
+
+
+def test_the_list_names_cases_of_parametrized_tests_only():
+    listed = sweep_cases()
+    assert all("::" in case and case.endswith("]") and "@" not in case for case in listed)
+
+
+def test_a_case_adding_few_branches_a_second_is_left_out_at_a_threshold():
+    cases = {"t[a]": frozenset(range(100)), "t[b]": frozenset(range(90, 130)), "t[c]": frozenset(range(95, 103))}
+    seconds = {"t[a]": 10.0, "t[b]": 10.0, "t[c]": 1.0}
+    assert cover(cases, seconds) == ["t[a]", "t[b]"]  # t[c]'s branches are the others'
+    assert cover(cases, seconds, per_second=2.0) == ["t[a]", "t[b]"]  # t[b] adds 3 a second
+    assert cover(cases, seconds, per_second=3.0) == ["t[a]"]  # the first whatever the others add
