@@ -187,7 +187,7 @@ def estimate_plan(plan: ir.Plan, efficiency: Efficiency | None = None, assignmen
     else:  # no pipeline: the microbatches run one after another (gradient accumulation)
         makespan = m * sum(s.forward + s.backward for s in stage_times)
         peaks = [activations[0]] if activations else [0.0]
-    memory = _with_simulated_peaks(plan, assignment, memory, activations, peaks)
+    memory = simulated_peaks(plan, assignment, memory, activations, peaks)
     degrees = (dense_degree, expert_degree)
     # A rank reduces and updates the weights of every stage it holds (Chimera: one of each pipeline).
     tails = [rank_tail([stage_times[s] for s in stages], zero_stage, degrees, precision.bytes, links,
@@ -492,7 +492,7 @@ def pipeline_message_bytes(model: ir.Model, work: Work) -> float:
     return work.tokens * max(layer.output_width for layer in layers_of(model)) * work.precision.bytes
 
 
-def _with_simulated_peaks(plan: ir.Plan, assignment, memory: list[MemoryEstimate], activations, peaks) -> list[MemoryEstimate]:
+def simulated_peaks(plan: ir.Plan, assignment, memory: list[MemoryEstimate], activations, peaks) -> list[MemoryEstimate]:
     """Activation memory: the in-flight formula of `cost.memory`, or the simulated peak when higher
     (plus the recomputation working set the formula adds)."""
     ranks = held_stages(plan, assignment.rank_stages())

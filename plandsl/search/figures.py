@@ -16,7 +16,7 @@ import numpy as np
 
 from plandsl import ir
 from plandsl.cost.compute import Efficiency, LayerCompute, Work, accumulate_bytes, estimate_layer_compute
-from plandsl.cost.estimate import _with_simulated_peaks as simulated_peaks, estimate_plan
+from plandsl.cost.estimate import simulated_peaks, estimate_plan
 from plandsl.cost.layer import LayerTime, estimate_layer_time
 from plandsl.cost.memory import (autocast_weight_copies, estimate_layer_activations, estimate_memory, fsdp_apart,
                                  gathered_bytes, gathered_param_bytes, gathers_by_moments, unit_moments,
@@ -454,7 +454,7 @@ class Figures:
         times: the in-flight rule's count (`cost.memory.estimate_plan_memory`), its activations raised to the
         schedule's simulated peak where higher, the largest sum over the moments the simulation lists
         (`schedules.bounded.builtin_profiles`) of each stage's saved activations x the microbatches it holds, beside
-        the rank's working set (`cost.estimate._with_simulated_peaks`); `estimate_plan` itself for a schedule of two
+        the rank's working set (`cost.estimate.simulated_peaks`); `estimate_plan` itself for a schedule of two
         pipelines or sizes the layout refuses."""
         rule = estimate_plan_memory(plan, assignment)
         if rule is None:
