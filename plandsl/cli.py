@@ -815,7 +815,7 @@ def generate(model, cluster, global_batch, seq_len, precision, fp8_recipe, kerne
     except api.PlanError as error:
         _fail(error, output_format)
     except search_error as error:
-        click.echo(f"error: {error}", err=True)
+        click.echo(f"error[{error.code}]: {error}" if error.code else f"error: {error}", err=True)
         sys.exit(1)
     for note in generated.notes:
         click.echo(f"note: {note}", err=True)

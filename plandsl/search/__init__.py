@@ -83,58 +83,60 @@ def parse_pins(pins: Mapping[str, object] | Iterable[str] | None) -> dict[str, o
         if key not in PIN_KEYS:
             hint = did_you_mean(key, PIN_KEYS, "pins")
             raise SearchError(f"unknown pin '{raw_key}'" + (f"; {hint}" if hint else "")
-                              + f" (pins: {', '.join(PIN_KEYS)})")
+                              + f" (pins: {', '.join(PIN_KEYS)})", code="E804")
         value = str(raw).strip()
         if key == "schedule":
             if value not in BUILTIN and value != "none":
                 raise SearchError(f"unknown schedule '{value}' in --pin schedule; the built-in ones are "
-                                  f"{', '.join(BUILTIN)}")
+                                  f"{', '.join(BUILTIN)}", code="E804")
         elif key == "recompute":
             if value not in RECOMPUTE:
-                raise SearchError(f"--pin recompute={value}: recompute is one of {', '.join(RECOMPUTE)}")
+                raise SearchError(f"--pin recompute={value}: recompute is one of {', '.join(RECOMPUTE)}", code="E804")
         elif key in ("tp_across_nodes", "fold", "sequence_parallel"):
             if value.lower() not in ("true", "false", "yes", "no", "1", "0"):
-                raise SearchError(f"--pin {key}={raw}: true or false")
+                raise SearchError(f"--pin {key}={raw}: true or false", code="E804")
             value = value.lower() in ("true", "yes", "1")
         elif key == "dispatcher":
             if value not in DISPATCHERS:
-                raise SearchError(f"--pin dispatcher={raw}: the experts' dispatcher is one of {', '.join(DISPATCHERS)}")
+                raise SearchError(f"--pin dispatcher={raw}: the experts' dispatcher is one of {', '.join(DISPATCHERS)}",
+                                  code="E804")
         elif key == "account":  # the parts counted as layers of the split (`stages = evenly ... with account`)
             named = {a.strip() for a in value.split(",") if a.strip()}
             parts = named - {"none"}
             if not parts <= set(ir.PIPELINE_ACCOUNTED) or (named and named != (parts or {"none"})):  # "": none
                 raise SearchError(f"--pin account={raw}: the parts the stages' split counts as layers, among "
-                                  f"{', '.join(ir.PIPELINE_ACCOUNTED)} (comma-separated), or none")
+                                  f"{', '.join(ir.PIPELINE_ACCOUNTED)} (comma-separated), or none", code="E804")
             value = tuple(part for part in ir.PIPELINE_ACCOUNTED if part in parts)
         elif key == "recompute_modules":  # what `recompute: selective` reruns (Megatron's --recompute-modules)
             value = tuple(dict.fromkeys(m.strip() for m in value.split(",") if m.strip()))
             known = tuple(m.value for m in ir.RecomputeModule)
             if not value or not set(value) <= set(known):
-                raise SearchError(f"--pin recompute_modules={raw}: comma-separated modules among {', '.join(known)}")
+                raise SearchError(f"--pin recompute_modules={raw}: comma-separated modules among {', '.join(known)}",
+                                  code="E804")
         elif key == "data":  # the data clause's kind (`ir.DataKind`, or a spelling the language takes: ddp, fsdp)
             kind = ir.DATA_KIND_SPELLINGS.get(value) or next((k for k in ir.DataKind if k.value == value), None)
             if kind is None:
                 raise SearchError(f"--pin data={raw}: the data-parallel kind is one of "
-                                  f"{', '.join(k.value for k in ir.DataKind)}")
+                                  f"{', '.join(k.value for k in ir.DataKind)}", code="E804")
             value = kind.value
         elif key == "order":
             value = tuple(a.strip() for a in value.split(",") if a.strip())
             if len(set(value)) != len(value) or not set(value) <= set(AXES):
                 raise SearchError(f"--pin order={raw}: a comma-separated order of distinct axes among "
-                                  f"{', '.join(AXES)}, outermost first")
+                                  f"{', '.join(AXES)}, outermost first", code="E804")
         else:
             try:
                 value = int(value)
             except ValueError:
-                raise SearchError(f"--pin {key}={raw}: {key} is a whole number") from None
+                raise SearchError(f"--pin {key}={raw}: {key} is a whole number", code="E804") from None
             stages = ir.ZERO_STAGES
             least = 0 if key == "offload_layers" else 2 if key == "dp_shard" else 1  # offload_layers=0: never offload
             if (key == "zero_stage" and value not in stages) or (key != "zero_stage" and value < least):
                 raise SearchError(f"--pin {key}={raw}: {key} is " + (
                     f"{', '.join(map(str, stages[:-1]))} or {stages[-1]}" if key == "zero_stage" else
-                    f"at least {least}"))
+                    f"at least {least}"), code="E804")
         if key in typed and typed[key] != value:
-            raise SearchError(f"contradictory pins: {key}={typed[key]} and {key}={raw}")
+            raise SearchError(f"contradictory pins: {key}={typed[key]} and {key}={raw}", code="E805")
         typed[key] = value
     return _data_pins(typed)
 
@@ -147,12 +149,12 @@ def _data_pins(typed: dict[str, object]) -> dict[str, object]:
     if "dp_shard" in typed:
         if typed.setdefault("data", "hsdp") != "hsdp":
             raise SearchError(f"contradictory pins: dp_shard={typed['dp_shard']} is hsdp's shard axis, "
-                              f"data={typed['data']}")
+                              f"data={typed['data']}", code="E805")
     if "data" in typed:
         stage = ir.DataKind(typed["data"]).zero_stage
         if typed.setdefault("zero_stage", stage) != stage:
             raise SearchError(f"contradictory pins: data={typed['data']} is ZeRO stage {stage}, "
-                              f"zero_stage={typed['zero_stage']}")
+                              f"zero_stage={typed['zero_stage']}", code="E805")
     return typed
 
 
@@ -165,23 +167,24 @@ def with_modules(problem: Problem, pins: dict[str, object]) -> tuple[Problem, di
         return problem, pins
     if pins.get("recompute", "selective") != "selective" or "recompute_layers" in pins:
         raise SearchError(f"contradictory pins: recompute_modules={','.join(modules)} names what `recompute: selective` "
-                          f"reruns, recompute={pins.get('recompute', 'full')}")
+                          f"reruns, recompute={pins.get('recompute', 'full')}", code="E805")
     problem = dataclasses.replace(problem, recompute_modules=tuple(ir.RecomputeModule(m) for m in modules))
     for module in problem.recompute_modules:
         why = absent_module(problem.model, module)
         if why:
-            raise SearchError(f"--pin recompute_modules: {module.value} has nothing to rerun: {why} (E516)")
+            raise SearchError(f"--pin recompute_modules: {module.value} has nothing to rerun: {why} (E516)",
+                              code="E805")
     if {"layernorm", "moe_act"} & set(modules) and problem.training(recompute=ir.Recompute.selective).recipe \
             is ir.Fp8Recipe.delayed:
         raise SearchError("--pin recompute_modules: layernorm and moe_act under FP8 delayed scaling, which "
-                          "Megatron-Core refuses (E517); give the plan fp8_recipe: current")
+                          "Megatron-Core refuses (E517); give the plan fp8_recipe: current", code="E805")
     return problem, {**pins, "recompute": "selective"}
 
 
 def _split_pin(text: str) -> tuple[str, str]:
     key, sep, value = str(text).partition("=")
     if not sep or not key.strip():
-        raise SearchError(f"pin '{text}' is not KEY=VALUE (e.g. tp=8)")
+        raise SearchError(f"pin '{text}' is not KEY=VALUE (e.g. tp=8)", code="E804")
     return key, value
 
 
@@ -241,28 +244,29 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
     if degrees and (n % product or (len(degrees) == 5 and product != n)):
         raise SearchError(f"contradictory pins: {shown} = {product}, which "
                           + (f"does not divide the {n} devices" if n % product else f"!= {n} devices")
-                          + f" of cluster '{problem.cluster.name}'")
+                          + f" of cluster '{problem.cluster.name}'", code="E805")
     if pins.get("data") == "hsdp":  # over [replica, shard] axes alone: no context or expert axis (the checker's)
         shard, dp = pins.get("dp_shard"), pins.get("dp")
         if pins.get("cp", 1) > 1 or pins.get("ep", 1) > 1:
             raise SearchError(f"contradictory pins: data=hsdp runs with no context or expert axis, "
-                              f"{'cp' if pins.get('cp', 1) > 1 else 'ep'}={pins.get('cp', 1) * pins.get('ep', 1)}")
+                              f"{'cp' if pins.get('cp', 1) > 1 else 'ep'}={pins.get('cp', 1) * pins.get('ep', 1)}",
+                              code="E805")
         if shard is not None and dp is not None and (dp % shard or shard >= dp):
             raise SearchError(f"contradictory pins: dp_shard={shard} is hsdp's shard axis, which divides dp={dp} and "
-                              "leaves at least two replicas")
+                              "leaves at least two replicas", code="E805")
     smallest_node = min(group.node.devices for group in problem.cluster.groups)
     if pins.get("tp", 1) > smallest_node and not pins.get("tp_across_nodes"):
         raise SearchError(f"--pin tp={pins['tp']}: tensor parallelism stays inside a node (its all-reduces are on "
                           f"every layer's critical path), and the nodes of cluster '{problem.cluster.name}' hold "
                           f"{smallest_node} devices; pin tp to at most {smallest_node}, or allow it with "
-                          "--pin tp_across_nodes=true")
+                          "--pin tp_across_nodes=true", code="E805")
     schedule = pins.get("schedule")
     virtual = pins.get("virtual_stages")
     if schedule and schedule != "none" and virtual is not None:
         wanted = fixed_virtual(schedule)
         if wanted is not None and virtual != wanted:
             raise SearchError(f"contradictory pins: schedule {schedule} runs {wanted} stage(s) per rank, "
-                              f"virtual_stages={virtual}")
+                              f"virtual_stages={virtual}", code="E805")
     if schedule in BUILTIN and pins.get("pp", 2) > 1 and problem.stage_map is not None:
         # a kept stages line's map (`Problem.runs_map`): a schedule that places the stages otherwise is the checker's
         # E409 beside it (it was every layout's "the schedules need enough microbatches", `explain_empty`)
@@ -273,50 +277,50 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
         if not problem.runs_map(schedule, pp, count):
             raise SearchError(f"contradictory pins: schedule={schedule} places the stages on the ranks "
                               f"{_placed(BUILTIN[schedule].rank_map)}, and the kept stages line's map places them "
-                              f"{_placed(stage_map)} (the checker's E409)")
+                              f"{_placed(stage_map)} (the checker's E409)", code="E805")
     if all(k in pins for k in ("micro_batch_size", "num_microbatches")):
         per_replica = pins["micro_batch_size"] * pins["num_microbatches"]
         if problem.global_batch % per_replica:
             raise SearchError(f"contradictory pins: micro_batch_size({pins['micro_batch_size']}) * "
                               f"num_microbatches({pins['num_microbatches']}) = {per_replica} does not divide "
-                              f"the global batch {problem.global_batch}")
+                              f"the global batch {problem.global_batch}", code="E805")
     if "recompute_layers" in pins and pins.get("recompute", "full") != "full":
         raise SearchError(f"contradictory pins: recompute_layers={pins['recompute_layers']} counts the blocks of each "
-                          f"stage that `recompute: full` reruns, recompute={pins['recompute']}")
+                          f"stage that `recompute: full` reruns, recompute={pins['recompute']}", code="E805")
     if pins.get("sequence_parallel") and pins.get("tp", 1) > 1 and problem.deepspeed_engine(pins.get("pp")):
         # every layout left out: the reason was said as the schedules'
         beside = f" beside pp={pins['pp']}" if pins.get("pp", 1) > 1 else ", at any pp where the plan's stages line names it"
         raise SearchError(f"contradictory pins: sequence_parallel=true, and DeepSpeed's pipeline engine (--pipeline "
-                          f"deepspeed) runs no sequence parallelism{beside} (E611)")
+                          f"deepspeed) runs no sequence parallelism{beside} (E611)", code="E805")
     if problem.stages_kept and pins.get("virtual_stages", 1) > 1 and pins.get("pp") == 1:  # (`Space.roots`)
         raise SearchError(f"contradictory pins: virtual_stages={pins['virtual_stages']} of a kept stages line needs a "
-                          "schedule that runs them, which pp=1 lays out none of")
+                          "schedule that runs them, which pp=1 lays out none of", code="E805")
     if isinstance(problem.model, ir.TransformerModel) and pins.get("recompute_layers", 0) > problem.model.layers:
         # the plan written would be the checker's E205 (and past MAX_LAYERS its E505)
         raise SearchError(f"contradictory pins: recompute_layers={pins['recompute_layers']} is more than the model's "
-                          f"{problem.model.layers} blocks")
+                          f"{problem.model.layers} blocks", code="E805")
     if pins.get("offload_layers"):  # megatron-core offloads without recomputation and without a pipeline (E512, E513)
         offloaded = pins["offload_layers"]
         if pins.get("recompute", "none") != "none" or "recompute_layers" in pins:
             raise SearchError(f"contradictory pins: offload_layers={offloaded} keeps the blocks' activations on the "
-                              f"host, recompute={pins.get('recompute', 'full')} recomputes them")
+                              f"host, recompute={pins.get('recompute', 'full')} recomputes them", code="E805")
         if pins.get("pp", 1) > 1:
             raise SearchError(f"contradictory pins: offload_layers={offloaded} is searched without a pipeline "
-                              f"(as megatron-core offloads), pp={pins['pp']}")
+                              f"(as megatron-core offloads), pp={pins['pp']}", code="E805")
         if problem.stages_kept and pins.get("virtual_stages", 1) > 1:  # a pipeline of two ranks or more (`Space.roots`)
             raise SearchError(f"contradictory pins: offload_layers={offloaded} is searched without a pipeline "
                               f"(as megatron-core offloads), and virtual_stages={pins['virtual_stages']} of a kept "
-                              "stages line needs one")
+                              "stages line needs one", code="E805")
         blocks = getattr(problem.model, "layers", None)
         if isinstance(problem.model, ir.TransformerModel) and offloaded > blocks:
             raise SearchError(f"contradictory pins: offload_layers={offloaded} is more than the model's {blocks} "
-                              f"blocks")
+                              f"blocks", code="E805")
     if "order" in pins:
         named = [a for a in pins["order"]]
         for axis in named:  # dp of size 1 may lead the order: it carries ZeRO over a context axis (`mesh_order`)
             if axis in pins and pins[axis] == 1 and not (axis == "dp" and pins.get("cp", 1) > 1):
                 raise SearchError(f"contradictory pins: order names '{axis}', pinned to size 1 "
-                                  "(the order lists the axes of size > 1)")
+                                  "(the order lists the axes of size > 1)", code="E805")
 
 
 def experts_variants(problem: Problem, pins: Mapping[str, object]) -> list[tuple[Problem, tuple[bool, bool]]]:
@@ -330,7 +334,7 @@ def experts_variants(problem: Problem, pins: Mapping[str, object]) -> list[tuple
         for key, given in (("fold", problem.fold_experts), ("dispatcher", problem.dispatcher)):
             if key in pins and pins[key] != given:
                 raise SearchError(f"contradictory pins: {key}={str(pins[key]).lower()}, where the plan's experts "
-                                  f"clause gives {str(given).lower()}")
+                                  f"clause gives {str(given).lower()}", code="E805")
         return [(problem, (False, False))]
     folds = [pins["fold"]] if "fold" in pins else [False, True]
     kinds = [pins["dispatcher"]] if "dispatcher" in pins else list(SEARCHED_DISPATCHERS)
@@ -547,15 +551,15 @@ def _megatron_runs(problem: Problem, pins: Mapping[str, object]) -> None:
     if problem.pipeline == "megatron" and pinned not in (None, "none") and not BUILTIN[pinned].megatron:
         runs = ", ".join(name for name, info in BUILTIN.items() if info.megatron)
         raise SearchError(f"--pin schedule={pinned}: Megatron-LM's pipeline does not run it (E610); it runs {runs}, "
-                          "or torch's pipeline runs every schedule")
+                          "or torch's pipeline runs every schedule", code="E805")
     if problem.pipeline == "deepspeed" and pinned not in (None, "none") and not BUILTIN[pinned].deepspeed:
         runs = ", ".join(name for name, info in BUILTIN.items() if info.deepspeed)
         raise SearchError(f"--pin schedule={pinned}: DeepSpeed's pipeline engine does not run it (E610); it runs "
-                          f"{runs}, or torch's pipeline runs every schedule")
+                          f"{runs}, or torch's pipeline runs every schedule", code="E805")
     if pins.get("zero_stage") is not None and int(pins["zero_stage"]) >= 2 and problem.deepspeed_engine(pins.get("pp")):
         pinned = f"data={pins['data']} (ZeRO-{pins['zero_stage']})" if "data" in pins else \
             f"zero_stage={pins['zero_stage']}"  # the pin as given (`_data_pins` derives the stage of a `data` pin)
-        raise SearchError(f"--pin {pinned}: DeepSpeed's pipeline engine takes ZeRO 0 or 1 (E611)")
+        raise SearchError(f"--pin {pinned}: DeepSpeed's pipeline engine takes ZeRO 0 or 1 (E611)", code="E805")
 
 
 def _overlap_recomputes(problem: Problem, pins: Mapping[str, object]) -> None:
@@ -566,12 +570,14 @@ def _overlap_recomputes(problem: Problem, pins: Mapping[str, object]) -> None:
         raise SearchError("the experts' overlap (Megatron-Core's --overlap-moe-expert-parallel-comm) runs only for a bf16 "
                           "or fp16 model, not at fp32 (E419); choose a 16-bit or FP8 precision, or drop the overlap")
     if problem.overlap_experts and pins.get("pp", 1) > 1 and pins.get("virtual_stages") == 1:
-        raise SearchError("--pin virtual_stages=1: the experts' overlap under a pipeline needs virtual stages (E419)")
+        raise SearchError("--pin virtual_stages=1: the experts' overlap under a pipeline needs virtual stages (E419)",
+                          code="E805")
     layers = pins.get("recompute_layers")
     if problem.overlap_experts and (pins.get("recompute") == "full" and layers != 0 or layers):
         pinned = f"recompute_layers={layers}" if layers else "recompute=full"
         raise SearchError(f"--pin {pinned}: the experts' overlap (Megatron-Core's --overlap-moe-expert-parallel-comm) "
-                          "refuses full recomputation (E418); pin recompute=selective or none, or drop the overlap")
+                          "refuses full recomputation (E418); pin recompute=selective or none, or drop the overlap",
+                          code="E805")
 
 
 @_collector_paused

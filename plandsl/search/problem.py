@@ -22,7 +22,13 @@ HYBRID_AXES = ("dp_rep", "dp")
 
 
 class SearchError(ValueError):
-    """Nothing in the space can run (with the reason and, where it helps, what would)."""
+    """Nothing in the space can run (with the reason and, where it helps, what would). `code`: the diagnostic code
+    where the reason is the command's own flags: E804 a `--pin` malformed or unknown, E805 pins that contradict each
+    other or what the problem runs (docs/errors.md); None where the model, cluster or memory leave no plan."""
+
+    def __init__(self, message: str, code: str | None = None):
+        super().__init__(message)
+        self.code = code
 
 
 class Kept(NamedTuple):

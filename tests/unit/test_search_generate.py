@@ -125,6 +125,25 @@ def test_bad_input_is_a_plain_message_and_exit_1(args, message):
     assert "Traceback" not in out.output and out.exception is None or isinstance(out.exception, SystemExit)
 
 
+@pytest.mark.parametrize("pins, shown", [
+    (["colour=red"], "error[E804]: unknown pin 'colour'"),
+    (["tp=abc"], "error[E804]: --pin tp=abc: tp is a whole number"),
+    (["tp"], "error[E804]: pin 'tp' is not KEY=VALUE"),
+    (["tp=2", "tp=4"], "error[E805]: contradictory pins: tp=2 and tp=4"),
+    (["tp=3"], "error[E805]: contradictory pins: tp(3) = 3, which does not divide the 16 devices"),
+])
+def test_a_pin_that_is_malformed_or_contradicts_is_coded_as_a_flag(pins, shown):
+    """A --pin is a flag of the command: E804 where it is unknown or malformed, E805 where pins contradict each
+    other or the problem (as an import's flags are), not an uncoded `error:`."""
+    out = run(*SMALL, *(arg for pin in pins for arg in ("--pin", pin)))
+    assert out.exit_code == 1 and shown in out.output, out.output
+
+
+def test_no_plan_for_the_model_is_not_a_flags_code():
+    out = run("--model", "gpt3_175b", "--cluster", "dgx_a100", "--global-batch", "8")
+    assert out.exit_code == 1 and "error: " in out.output and "error[" not in out.output
+
+
 def test_a_model_too_large_names_the_least_cluster_its_states_need():
     with pytest.raises(SearchError, match=r"states alone need at least dgx_a100 x \d+ "):
         problem, _ = resolve_problem("gpt(layers=64, hidden=8192, heads=64, seq=2048, vocab=51200)", "dgx_a100", 64)

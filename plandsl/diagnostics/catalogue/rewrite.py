@@ -100,7 +100,8 @@ _entry("E804", """
     An import reports the first 20 problems of one kind (unknown flags or keys, words that are not flags;
     flags given twice, E805) one by one, with their hints, and counts the rest in one more diagnostic that
     names the first few: a file with thousands is not a configuration with typos. `plandsl check` reports
-    every problem of a plan.
+    every problem of a plan. `plandsl generate` reports a `--pin` it does not know, or one whose value is
+    malformed (`--pin tp=abc`), with this code too, before it searches (`error[E804]: unknown pin 'colour'`).
     """, f"""
     {_FLAGS}
         --tensor-model-paralel-size 2
@@ -113,7 +114,11 @@ _entry("E805", """
     virtual-stage count and a pipeline layout both say how many stages each rank runs; Megatron-LM's
     `validate_args` takes at most one of `--pipeline-model-parallel-layout`,
     `--num-virtual-stages-per-pipeline-rank` and `--num-layers-per-virtual-pipeline-stage`. The import
-    reports such flags before it writes a plan, naming the second one.
+    reports such flags before it writes a plan, naming the second one. `plandsl generate` reports pins that
+    contradict each other (`--pin tp=2 --pin tp=4`, a schedule and a virtual-stage count it does not run) or
+    what the problem runs (a tensor-parallel degree that does not divide the devices, a schedule a pipeline
+    runtime does not run) with this code too, before it searches; with `--from`, a pin against a line the
+    partial plan keeps is E803 at that line.
     """, f"""
     {_FLAGS}
         --pipeline-model-parallel-size 2
