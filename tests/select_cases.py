@@ -162,12 +162,14 @@ def select(folder: Path = OUT) -> tuple[list[str], dict]:
         if "[" in case:
             tests[case.split("[")[0]].append(case)
     left_out: list[str] = []
+    unseen: list[str] = []  # passed, but coverage saw no arc of theirs: they run, and `measure @FILE` measures them
     summary: dict[str, Sweep] = {}
     sweeping = set(sweeps())
     for test, cases in sorted(tests.items()):
         if test not in sweeping:  # measured, but not a sweep (no longer, or given to `measure` by hand)
             continue
         measured = {case: arcs[case] for case in cases if case in arcs and case not in failed}
+        unseen += [case for case in cases if case not in arcs and case not in failed]
         if len(measured) < 2:
             continue
         kept = cover(measured, seconds, PER_SECOND)
@@ -176,6 +178,7 @@ def select(folder: Path = OUT) -> tuple[list[str], dict]:
         every = frozenset().union(*measured.values())
         summary[test] = Sweep(len(cases), len(out), sum(seconds[c] for c in cases), sum(seconds[c] for c in out),
                               len(every), len(frozenset().union(*(measured[c] for c in kept))))
+    (folder / "unseen.txt").write_text("".join(f"{case}\n" for case in sorted(unseen)), encoding="utf-8")
     return sorted(left_out), summary
 
 
@@ -218,6 +221,10 @@ def main(argv: list[str]) -> None:
             print(f"{each.out_seconds:7.1f} of {each.seconds:7.1f} s  {each.out:3d} of {each.cases:3d} cases out  "
                   f"{each.kept_branches:5d} of {each.branches:5d} branches kept  {test}")
         print(write(left_out, summary, sum(seconds.values())))
+        unseen = (folder / "unseen.txt").read_text(encoding="utf-8").splitlines()
+        if unseen:
+            print(f"{len(unseen)} cases had no arc measured (they run): `python tests/select_cases.py measure "
+                  f"@{folder / 'unseen.txt'}` measures each in a process of its own, then select again")
     else:
         sys.exit(__doc__)
 
