@@ -791,7 +791,8 @@ def _kept_split(plan: ir.Plan) -> str | tuple[int, ...] | None:
         return counts if [n for stage in names for n in stage] == [layer.name for layer in layers] else None
     blocks = [layer.name for layer in layers if layer.kind == "block"]
     ends = [layer.name for layer in layers if layer.kind in ("norm", "head")]
-    counts = tuple(sum(1 for name in stage if name in set(blocks)) for stage in names)  # (the blocks' names: few)
+    named = set(blocks)
+    counts = tuple(sum(1 for name in stage if name in named) for stage in names)
     bounds = list(itertools.accumulate(counts, initial=0))
     placed = [blocks[a:b] for a, b in zip(bounds, bounds[1:])]
     placed[0] = [layers[0].name] + placed[0]

@@ -235,7 +235,7 @@ class Splits:
         if self.fixes:  # a fixed split (Megatron's counting the embedding and the loss, a kept line's), within each
             counts = self.fixed(len(ranks))  # rank's room
             return counts if counts is not None and (
-                not bounded or self._account_fits(counts, ranks, room, held)) else None
+                not bounded or self._fixed_fits(counts, ranks, room, held)) else None
         return self._shared_split(
             ranks, room, lambda caps: self._cached_split(per, block_bytes, caps, prefix, held, fixed, len(ranks)),
             held, prefix, fixed, peak=peak)
@@ -378,7 +378,7 @@ class Splits:
                     held, prefix, fixed, peak=peak)
             if found is None or (weight >= 1.0).all():
                 if found is not None and self.fixes:  # every stage's gradients: the rank's room
-                    return found if self._account_fits(found, ranks, room, held) else None
+                    return found if self._fixed_fits(found, ranks, room, held) else None
                 return found
             bounds = np.cumsum((0,) + tuple(found))
             used, grads = np.zeros(len(ranks)), ends.copy()
@@ -389,6 +389,8 @@ class Splits:
             over = _open_over(on, used, grads, stage_sets, whole)
             if not over.any():
                 return found
+            if self.fixes:  # the one split, which more weight leaves as it is (the loop never ended where some rank
+                return None  # but not all was over): a rank does not hold it with its largest open set's gradients
             weight = np.where(over[on], 1.0, weight)  # those ranks' stages: every gradient, as before
 
     def mixed_partial_partition(self, node: Node, zero: int, ranks, inflight, memory, least: int = 1):
@@ -440,7 +442,7 @@ class Splits:
 
             def split_at(n: int):
                 if n not in tried:
-                    tried[n] = (counts if self._account_fits(counts, ranks, room, held, n, rerun_held) else None) \
+                    tried[n] = (counts if self._fixed_fits(counts, ranks, room, held, n, rerun_held) else None) \
                         if self.fixes else self._shared_split(
                             ranks, room, lambda caps: self._mixed_split(prefix, held, caps, fixed, len(ranks), n,
                                                                         rerun, rerun_held),
@@ -569,8 +571,8 @@ class Splits:
     def _mixed_may_fit(self, room, block_bytes, ranks) -> bool:
         """Memory first, before any timing: whether the ranks could hold the blocks at the lightest kind's bytes
         (`room`: each stage's rank's, whole), each rank one a stage of its that must hold one (every stage under
-        `account=none`, the middle ones unpinned: an end may hold the embedding or the loss alone); under a pinned
-        `account` its split is checked by `_account_fits`."""
+        `account=none`, the middle ones unpinned: an end may hold the embedding or the loss alone); a fixed split
+        (`fixes`: a pinned `account`, a kept line's) is checked by `_fixed_fits`."""
         account = self.pins.get("account")
         if self.fixes:
             return True
@@ -608,7 +610,7 @@ class Splits:
             held = held + each[:, None] * count
         return fixed, per, prefix, held
 
-    def _account_fits(self, counts, ranks, room, held, recomputed: int | None = None, rerun_held=None) -> bool:
+    def _fixed_fits(self, counts, ranks, room, held, recomputed: int | None = None, rerun_held=None) -> bool:
         """Whether the fixed split (`fixes`: a pinned `account`, a kept line's) fits each rank's room (`room`: a stage's
         rank's, whole), each stage's first `recomputed` blocks at `rerun_held`'s bytes more."""
         bounds, used = np.cumsum((0,) + counts), {}
@@ -685,6 +687,8 @@ class Splits:
             over = _open_over(on, used, stage_grads, stage_sets, whole)
             if not over.any():
                 return found
+            if self.fixes:  # the one split, which more weight leaves as it is (as `_released_split`'s)
+                return None
             weight = np.where(over[on], 1.0, weight)
 
 

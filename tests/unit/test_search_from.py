@@ -2,6 +2,7 @@
 writes the file back completed (imports, comments, lets and training settings kept)."""
 import json
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -760,3 +761,34 @@ def test_a_pinned_schedule_that_places_the_stages_against_a_kept_map_is_refused_
         f"evenly over pp with {written}`: schedule={pin} places the stages on the ranks {placed}" in out.output, \
         out.output
     assert "microbatches" not in out.output
+
+
+def test_a_kept_split_past_a_rank_its_open_gradients_overfill_is_refused_not_searched_forever(tmp_path):
+    """ZeRO-2 on torch's pipeline with virtual stages frees each stage's gradients after its last backward, and the
+    split of several kinds of block (`Splits._released_split`) counts a rank's largest set of stages open at once; a
+    rank over its room counted its stages' gradients whole and split again, which for a fixed split (a kept `evenly`,
+    the pinned `account`) gave the same split, over the same rank, forever: on 2 GiB devices this search never
+    returned (9 of 61 device sizes from 1 to 16 GiB). The split is refused there; what the search keeps completes
+    to its own figures."""
+    def hung(*_):
+        raise TimeoutError("the search did not return in 60 s")
+    path = tmp_path / "partial.plan"
+    path.write_text(
+        "device small { memory = 2 GiB; bandwidth = 1000 GB/s; peak = { bf16: 200 TFLOP/s, fp32: 20 TFLOP/s } }\n"
+        "node tight_box { devices = 2 x small; link = { bandwidth: 100 GB/s, latency: 2 us }; "
+        "nic = { bandwidth: 20 GB/s, latency: 5 us } }\n"
+        "model mixed = llama(layers=8, hidden=1024, heads=8, kv_heads=4, seq=1024, vocab=8192, experts=4, top_k=2, "
+        "dense_layers=3)\n\nplan p {\n  model   = mixed\n  cluster = tight_box x 2\n  train   = { global_batch: 16, "
+        "precision: bf16, optimizer: adam, lr: 1e-4 }\n  stages  = evenly over pp with virtual = 2\n}\n")
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        seen = list(_searched_as_completed(path, ["pp=2", "zero=2"], top=3))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    for searched, estimate, text in seen:
+        assert searched.blocks == (2, 2, 2, 2), searched.blocks
+        assert max(m.total for m in estimate.memory) == pytest.approx(max(m.total for m in searched.estimate.memory),
+                                                                     rel=1e-9), text
+        assert estimate.time.step == pytest.approx(searched.estimate.time.step, rel=1e-9), text
