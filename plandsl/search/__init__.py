@@ -295,6 +295,13 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
     if problem.stages_kept and pins.get("virtual_stages", 1) > 1 and pins.get("pp") == 1:  # (`Space.roots`)
         raise SearchError(f"contradictory pins: virtual_stages={pins['virtual_stages']} of a kept stages line needs a "
                           "schedule that runs them, which pp=1 lays out none of", code="E805")
+    stages = pins.get("pp", 1) * pins.get("virtual_stages", 1)
+    if problem.split == "evenly" and "pp" in pins and not pins.get("account") \
+            and isinstance(problem.model, ir.TransformerModel) and stages > problem.model.layers:
+        # a kept `evenly` line gives every stage a block (`Splits.fixed`): else every schedule is left out, unsaid
+        raise SearchError(f"contradictory pins: pp={pins['pp']} with virtual_stages={pins.get('virtual_stages', 1)} is "
+                          f"{stages} stages, more than the model's {problem.model.layers} blocks, and the kept "
+                          "`evenly` line gives each stage one at least", code="E805")
     if isinstance(problem.model, ir.TransformerModel) and pins.get("recompute_layers", 0) > problem.model.layers:
         # the plan written would be the checker's E205 (and past MAX_LAYERS its E505)
         raise SearchError(f"contradictory pins: recompute_layers={pins['recompute_layers']} is more than the model's "

@@ -792,3 +792,17 @@ def test_a_kept_split_past_a_rank_its_open_gradients_overfill_is_refused_not_sea
         assert max(m.total for m in estimate.memory) == pytest.approx(max(m.total for m in searched.estimate.memory),
                                                                      rel=1e-9), text
         assert estimate.time.step == pytest.approx(searched.estimate.time.step, rel=1e-9), text
+
+
+def test_a_kept_evenly_line_with_more_stages_than_blocks_says_so_at_the_line(tmp_path):
+    """`stages = evenly over pp with virtual = 2` on a model of 6 blocks with --pin pp=4 (8 stages, each given a
+    block by the kept `evenly` line) ended in the search's generic 'the schedules need enough microbatches ... and
+    stages need blocks' at the plan's name; the pins contradict each other at the line that pins one of them."""
+    header = HEADER.replace("gpt(layers=8,", "gpt(layers=6,")
+    path = write(tmp_path, "  train   = recipe\n  stages  = evenly over pp with virtual = 2\n", header)
+    out = generate("--from", path, "--pin", "pp=4")
+    assert out.exit_code == 1 and f"{path}:11:3: error[E803]: --pin pp=4 contradicts the plan's `stages = evenly " \
+        "over pp with virtual = 2`: pp=4 with virtual_stages=2 is 8 stages, more than the model's 6 blocks" \
+        in out.output, out.output
+    out = generate("--from", path, "--pin", "pp=2")  # 4 stages of 6 blocks: a plan
+    assert out.exit_code == 0, out.output
