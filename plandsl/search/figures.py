@@ -836,15 +836,21 @@ class Figures:
         return array
 
     def stage_layers(self, counts: tuple[int, ...]) -> list[list[Layer]]:
-        if not self.transformer:
-            bounds = list(itertools.accumulate(counts, initial=0))
-            return [list(self.layers[a:b]) for a, b in zip(bounds, bounds[1:])]
-        blocks = [layer for layer in self.layers if layer.kind == "block"]
-        bounds = list(itertools.accumulate(counts, initial=0))
-        out = [blocks[a:b] for a, b in zip(bounds, bounds[1:])]
-        out[0] = [self.layers[0]] + out[0]
-        out[-1] = out[-1] + [layer for layer in self.layers if layer.kind in ("norm", "head")]
-        return out
+        return placed_layers(self.layers, self.transformer, counts)
+
+
+def placed_layers(layers, transformer: bool, counts: tuple[int, ...]) -> list[list[Layer]]:
+    """The layers of each stage of a split (`counts`: blocks per stage; of a model of layers, its layers), as the
+    search places them: in the model's order, a transformer's embedding with the first stage and its norm and head
+    with the last."""
+    bounds = list(itertools.accumulate(counts, initial=0))
+    if not transformer:
+        return [list(layers[a:b]) for a, b in zip(bounds, bounds[1:])]
+    blocks = [layer for layer in layers if layer.kind == "block"]
+    out = [blocks[a:b] for a, b in zip(bounds, bounds[1:])]
+    out[0] = [layers[0]] + out[0]
+    out[-1] = out[-1] + [layer for layer in layers if layer.kind in ("norm", "head")]
+    return out
 
 
 

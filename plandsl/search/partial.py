@@ -41,6 +41,7 @@ from plandsl.check.analysis import analyze
 from plandsl.schedules.registry import BUILTIN
 from plandsl.ir.placement import assign_stages
 from plandsl.ir.layers import layers_of
+from plandsl.search.figures import placed_layers
 
 ROLE_ATTR = {"dp": "data", "tp": "tensor", "cp": "context", "ep": "experts", "pp": "stages"}
 ATTR_ROLE = {attr: role for role, attr in ROLE_ATTR.items()}
@@ -774,7 +775,7 @@ def _mesh_pins(plan: ir.Plan) -> dict[str, object]:
 def _kept_split(plan: ir.Plan) -> str | tuple[int, ...] | None:
     """The split of the plan's stages line, which its completion keeps whatever the search chooses
     (`Problem.split`): "evenly" for `stages = evenly ...`; a `stages { }` block's blocks per stage (of a model of
-    layers, its layers), where its stages hold them as the search places them (`Figures.stage_layers`: in the model's
+    layers, its layers), where its stages hold them as the search places them (`figures.placed_layers`: in the model's
     order, the embedding with the first and the norm and head with the last); else None (the search's own)."""
     stages = plan.stages
     if stages is None:
@@ -786,18 +787,13 @@ def _kept_split(plan: ir.Plan) -> str | tuple[int, ...] | None:
         return None
     names = [[layer.name for layer in stage] for stage in assignment.stage_layers]
     layers = layers_of(plan.model)
-    if not isinstance(plan.model, ir.TransformerModel):
-        counts = tuple(len(stage) for stage in names)
-        return counts if [n for stage in names for n in stage] == [layer.name for layer in layers] else None
-    blocks = [layer.name for layer in layers if layer.kind == "block"]
-    ends = [layer.name for layer in layers if layer.kind in ("norm", "head")]
-    named = set(blocks)
-    counts = tuple(sum(1 for name in stage if name in named) for stage in names)
-    bounds = list(itertools.accumulate(counts, initial=0))
-    placed = [blocks[a:b] for a, b in zip(bounds, bounds[1:])]
-    placed[0] = [layers[0].name] + placed[0]
-    placed[-1] = placed[-1] + ends
-    return counts if placed == names and layers[0].kind == "embed" else None
+    transformer = isinstance(plan.model, ir.TransformerModel)
+    if transformer and layers[0].kind != "embed":
+        return None
+    blocks = {layer.name for layer in layers if layer.kind == "block"}
+    counts = tuple(sum(1 for name in stage if name in blocks) if transformer else len(stage) for stage in names)
+    placed = [[layer.name for layer in stage] for stage in placed_layers(layers, transformer, counts)]
+    return counts if placed == names else None
 
 
 def _pipeline_pins(plan: ir.Plan, stage_block) -> dict[str, object]:

@@ -573,9 +573,9 @@ class Splits:
         (`room`: each stage's rank's, whole), each rank one a stage of its that must hold one (every stage under
         `account=none`, the middle ones unpinned: an end may hold the embedding or the loss alone); a fixed split
         (`fixes`: a pinned `account`, a kept line's) is checked by `_fixed_fits`."""
-        account = self.pins.get("account")
         if self.fixes:
             return True
+        account = self.pins.get("account")
         lighter = np.minimum.reduce(block_bytes)
         most = np.where(lighter <= 0, self.blocks, np.maximum(room, 0.0) // np.where(lighter <= 0, 1.0, lighter))
         if len(set(ranks)) == len(ranks):  # a stage a rank
