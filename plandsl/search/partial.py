@@ -411,18 +411,47 @@ def refusal(partial: Partial, overrides, error: SearchError) -> Diagnostic:
         span = shaping(merged)
         if span is not None:
             return at_line([pin], alone, span)
-    for count in range(2, len(given) + 1):  # the fewest that contradict each other
-        for group in itertools.combinations(given, count):
-            pins = {k: v for _, parsed in group for k, v in parsed.items()}
-            found = pins_conflict(problem, pins)
-            if found is not None:
-                named = [pin for pin, _ in group]
-                span = shaping(pins)
-                if span is not None:
-                    return at_line(named, found, span)
-                return diag("E803", f"the command line's {', '.join(named[:-1])} and {named[-1]} contradict each "
-                                    f"other: {detail(found)}", hint="drop or change one of them")
-    return default
+    group = _contradicting(problem, given)
+    if group is None:
+        return default
+    pins = {k: v for _, parsed in group for k, v in parsed.items()}
+    found = pins_conflict(problem, pins)
+    named = [pin for pin, _ in group]
+    span = shaping(pins)
+    if span is not None:
+        return at_line(named, found, span)
+    return diag("E803", f"the command line's {', '.join(named[:-1])} and {named[-1]} contradict each "
+                        f"other: {detail(found)}", hint="drop or change one of them")
+
+
+_TRIED_TOGETHER = 3
+"""`_contradicting` tries every group of up to this many `--pin`s before it shrinks the whole set."""
+
+
+def _contradicting(problem: Problem, given: list[tuple[str, dict]]) -> list[tuple[str, dict]] | None:
+    """The `--pin`s (of `_given`) that contradict each other without the plan (`pins_conflict`), fewest first: the
+    first group of two, then of three, that does; past three, the whole set shrunk one pin at a time (each dropped
+    while the rest still contradict), so that no pin of the group can go. None where the whole set does not
+    contradict itself. A key pinned twice counts as its last `--pin`, which is the one the search takes
+    (`parse_pins`). At most 22 keys (`PIN_KEYS`): some 1,800 checks however many `--pin`s are given, where every
+    group of every size was 2^n of them (a hundred `--pin zero=1` before four that contradict: 4.6 million)."""
+    last = {tuple(parsed): index for index, (_, parsed) in enumerate(given)}
+    distinct = [given[index] for index in sorted(last.values())]
+
+    def contradict(group) -> bool:
+        return pins_conflict(problem, {k: v for _, parsed in group for k, v in parsed.items()}) is not None
+    for count in range(2, min(_TRIED_TOGETHER, len(distinct)) + 1):
+        found = next((list(group) for group in itertools.combinations(distinct, count) if contradict(group)), None)
+        if found is not None:
+            return found
+    if len(distinct) <= _TRIED_TOGETHER or not contradict(distinct):
+        return None
+    group = list(distinct)
+    for pin in distinct:
+        rest = [other for other in group if other is not pin]
+        if contradict(rest):
+            group = rest
+    return group
 
 
 def _shaping_lines(partial: Partial) -> list[tuple[Problem, Span]]:

@@ -15,6 +15,7 @@ from plandsl.diagnostics import PlanError
 from plandsl.rewrite.complete import complete
 from plandsl.search import search
 from plandsl.search.partial import pins_with, read_partial
+from support import bounded
 
 HEADER = '''# a partial plan: the layout is left to the search
 import "clusters/dgx_a100"
@@ -532,6 +533,20 @@ def test_pins_a_stages_lines_pipeline_refuses_are_refused_at_that_line(tmp_path,
     out = generate("--from", path, *[arg for pin in pins for arg in ("--pin", pin)])
     assert out.exit_code == 1 and f"{path}:11:3: error[E803]: {named} the plan's `stages = evenly over pp with " \
         f"implementation = {stages}`" in out.output and "contradict each other" not in out.output, out.output
+
+
+def test_pins_that_contradict_only_together_are_found_in_bounded_work(tmp_path):
+    """Four `--pin`s whose degrees multiply past the devices contradict only all together; a hundred `--pin zero=1`
+    before them are the same pin a hundred times. Every group of every size was tried, 2^n of them (4.6 million
+    groups of four alone: minutes); a key pinned again counts once, as its last, and groups past three are found by
+    shrinking the whole set."""
+    path = write(tmp_path, "  train   = recipe\n")
+    pins = ["zero=1"] * 100 + ["dp=2", "tp=2", "pp=2", "cp=4"]
+    with bounded(5, "generate --from with 104 --pins"):
+        out = generate("--from", path, *[arg for pin in pins for arg in ("--pin", pin)])
+    assert out.exit_code == 1 and "error[E803]: the command line's --pin dp=2, --pin tp=2, --pin pp=2 and --pin " \
+        "cp=4 contradict each other: dp(2) * tp(2) * pp(2) * cp(4) = 32, which does not divide the 16 devices" \
+        in out.output, out.output
 
 
 def test_a_kept_deepspeed_stages_line_runs_its_engine_at_one_stage_too(tmp_path):
