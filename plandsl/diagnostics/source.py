@@ -6,6 +6,7 @@ span back into the source line with a caret under it.
 from __future__ import annotations
 
 import bisect
+import unicodedata
 from dataclasses import dataclass, field
 
 
@@ -74,16 +75,20 @@ class SourceFile:
         """The source line of `span` and a caret line under it, gutter included. The line is shown as a terminal
         would not otherwise show it plainly: tabs expanded (stops of 4), each other character that does not print
         (a lone \\r, U+2028, a BOM) escaped as Python's repr escapes it; the caret is placed under the span's
-        characters as shown (it was counted in characters, so a tab before the span put it short of it)."""
+        characters as shown (it was counted in characters, so a tab before the span put it short of it), in the
+        columns a terminal gives them: two for an East Asian wide or fullwidth character, none for a combining mark
+        (`_columns`; counted one each, a Chinese comment's characters before the span put the caret a column short per
+        character). The line is shown to its first 200 columns."""
         text = self.line_text(span.line)
         if not text and span.line == 0:
             return []
-        pieces, at = [], [0]  # the shown text of each character, and where each character starts in the shown line
+        pieces, at = [], [0]  # the shown text of each character, and the column where each one starts in the shown line
         for c in text:
             piece = " " * (4 - at[-1] % 4) if c == "\t" else c if c.isprintable() else repr(c)[1:-1]
             pieces.append(piece)
-            at.append(at[-1] + len(piece))
-        shown = "".join(pieces)[:200]
+            at.append(at[-1] + _columns(piece))
+        kept = bisect.bisect_right(at, _SHOWN_COLUMNS) - 1  # the characters that end within the columns shown
+        shown, shown_columns = "".join(pieces[:kept]), at[kept]
         start = at[min(max(span.column, 1), len(text) + 1) - 1]
         if span.end_line == span.line and span.end_column > span.column:
             end = at[min(span.end_column, len(text) + 1) - 1]
@@ -91,8 +96,21 @@ class SourceFile:
             end = at[-1]
         else:
             end = start + 1
-        column = min(start + 1, len(shown) + 1)
-        width = max(1, min(end - start, len(shown) - column + 1 if len(shown) >= column else 1))
+        column = min(start + 1, shown_columns + 1)
+        width = max(1, min(end - start, shown_columns - column + 1 if shown_columns >= column else 1))
         gutter = len(str(span.line))
         caret = " " * (column - 1) + "^" * width + (f" {label}" if label else "")
         return [f"{' ' * gutter} |", f"{span.line} | {shown}", f"{' ' * gutter} | {caret}"]
+
+
+_SHOWN_COLUMNS = 200
+"""The most terminal columns of a source line an excerpt shows."""
+
+
+def _columns(shown: str) -> int:
+    """The terminal columns `shown` takes (as wcwidth counts printable characters): two for each East Asian wide or
+    fullwidth character, none for a combining mark, one for any other."""
+    if shown.isascii():
+        return len(shown)
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in ("W", "F") else 1
+               for c in shown)

@@ -265,6 +265,25 @@ def test_sequence_parallel_splits_each_context_ranks_share():
     assert analyze("sp.plan", text=text.replace("{seq}", "16")).diagnostics == []
 
 
+@pytest.mark.parametrize("line, under, columns", [
+    ("let 名前 = [dp = 3]", "[dp = 3]", 11),  # two CJK characters, two columns each
+    ("let ｘ = [dp = 3]", "[dp = 3]", 9),  # a fullwidth letter
+    ("let ＡＢ = 名前", "名前", 11),  # the span itself wide: a caret under each of its columns
+    ("let e\u0301 = [dp = 3]", "[dp = 3]", 8),  # a combining accent takes no column of its own
+])
+def test_the_caret_counts_the_columns_a_terminal_gives_each_character(line, under, columns):
+    """A wide character before the span takes two columns on a terminal; counted one, the caret sat a column short
+    for each (under `= [dp = 3` for the first line); a combining mark takes none, and put it a column past."""
+    from plandsl.diagnostics.source import SourceFile
+    source = SourceFile("wide.plan", line + "\n")
+    start = line.index(under)
+    shown, caret = source.excerpt(source.span(start, start + len(under)))[1:]
+    prefix = "1 | "
+    assert shown == prefix + line
+    assert caret.index("^") - len(prefix) == columns, (shown, caret)
+    assert caret.count("^") == sum(2 if "\u3000" <= c <= "\uffe5" else 1 for c in under), caret
+
+
 @pytest.mark.parametrize("text, path, under", [
     # a plan indented with tabs (the parser takes them as spacing): the mesh's value after a tab
     ('import "clusters/dgx_a100"\nplan p {\n\tmodel   = gpt(layers=2, hidden=64, heads=2, seq=32, vocab=100)\n'
