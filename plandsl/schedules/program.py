@@ -159,27 +159,80 @@ class CellError(ValueError):
 
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_RECORD_TOKENS = re.compile(r'\r\n|[\r\n,"]')
 
 
 def csv_lines(text: str) -> list[tuple[int, str]]:
-    """The CSV's lines as (offset of the line, its text), broken as the csv module breaks them (torch reads the file
-    with it): at \\r\\n, \\r or \\n alone, nothing else (`str.splitlines` also breaks at form feeds and the like)."""
+    """The CSV's records as (offset of the record, its text), broken as the csv module breaks them (torch reads the
+    file with it, excel's dialect): at \\r\\n, \\r or \\n alone, nothing else (`str.splitlines` also breaks at form feeds
+    and the like), and not inside a quoted cell (`"0F0"`, as a spreadsheet may write every cell: a cell opens a quote
+    with its first character, `""` inside is a quote, and the quote's cell runs to its closing quote, line breaks and
+    commas included)."""
     lines, start = [], 0
-    for match in _LINE_BREAK.finditer(text):
-        lines.append((start, text[start:match.start()]))
-        start = match.end()
+    if '"' not in text:
+        for match in _LINE_BREAK.finditer(text):
+            lines.append((start, text[start:match.start()]))
+            start = match.end()
+    else:
+        field, closed, quoted = 0, -2, False  # where the cell starts; the last closing quote; inside a quoted cell
+        for match in _RECORD_TOKENS.finditer(text):
+            token, at = match.group(), match.start()
+            if token == '"':
+                if quoted:
+                    quoted, closed = False, at
+                elif at == field or at == closed + 1:  # a cell's opening quote, or the second of a doubled one
+                    quoted = True
+            elif quoted:
+                continue
+            elif token == ",":
+                field = at + 1
+            else:
+                lines.append((start, text[start:at]))
+                start = field = match.end()
     if start < len(text):
         lines.append((start, text[start:]))
     return lines
 
 
 def csv_cells(offset: int, line: str) -> list[tuple[int, str]]:
-    """A CSV line's cells as (offset of the cell, its text)."""
-    cells = []
-    for cell in line.split(","):
-        cells.append((offset, cell))
-        offset += len(cell) + 1
-    return cells
+    """A CSV record's cells as (offset of the cell's text, its text), read as the csv module reads them: a quoted
+    cell's text without its quotes (from the offset after the opening one), `""` inside it read as `"`, anything
+    written after its closing quote up to the next comma kept, as the module keeps it; an unterminated quote runs to
+    the record's end."""
+    if '"' not in line:
+        cells = []
+        for cell in line.split(","):
+            cells.append((offset, cell))
+            offset += len(cell) + 1
+        return cells
+    cells, start, size = [], 0, len(line)
+    while True:
+        if line.startswith('"', start):
+            parts, at = [], start + 1
+            while True:
+                close = line.find('"', at)
+                if close < 0:
+                    parts.append(line[at:])
+                    at = size
+                    break
+                parts.append(line[at:close])
+                if line.startswith('"', close + 1):  # a doubled quote: one quote of the text
+                    parts.append('"')
+                    at = close + 2
+                    continue
+                at = close + 1
+                break
+            comma = line.find(",", at)
+            end = size if comma < 0 else comma
+            parts.append(line[at:end])
+            cells.append((offset + start + 1, "".join(parts)))
+        else:
+            comma = line.find(",", start)
+            end = size if comma < 0 else comma
+            cells.append((offset + start, line[start:end]))
+        if comma < 0:
+            return cells
+        start = comma + 1
 
 
 def cell_error(number: int, at: int, cell: str, error: ValueError) -> CellError:

@@ -190,3 +190,39 @@ def test_a_cell_that_is_no_action_is_quoted_on_one_line(cell, shown):
     imported = import_csv(f"0F0,0B0\n1F0,{cell}\n", "c.csv", "c")
     (found,) = imported.diagnostics
     assert found.code == "E602" and f"'{shown}' is not an action" in found.message, found.message
+
+
+@pytest.mark.parametrize("target", ["torch-csv", "torch-csv-comms"])
+def test_a_csv_with_quoted_cells_reads_as_torchs_csv_module_reads_it(target):
+    """torch reads a schedule CSV with the csv module, which takes `"0F0"` (a spreadsheet's export quotes cells) as
+    0F0; the import split lines at commas and read the quotes as part of the action (E602 `'"0F0"' is not an
+    action`). Every cell quoted, the import is the unquoted one's."""
+    import csv
+    import io
+    plain = api.export(_plan("interleaved_1f1b"), target).text
+    out = io.StringIO()
+    csv.writer(out, quoting=csv.QUOTE_ALL).writerows(csv.reader(io.StringIO(plain, newline="")))
+    assert out.getvalue().startswith('"0F0",')
+    quoted = import_csv(out.getvalue(), "q.csv", "q")
+    assert quoted.ok and quoted.text == import_csv(plain, "q.csv", "q").text, quoted.diagnostics
+    bad = import_csv('0F0,"0B0"\r\n"1F0","0X1"\r\n', "c.csv", "c")  # a quoted cell that is no action: at its text
+    (found,) = bad.diagnostics
+    assert (found.code, str(found.span), found.span.end_column) == ("E602", "c.csv:2:8", 11), found
+
+
+def test_csv_records_and_cells_are_the_csv_modules():
+    """`csv_lines` and `csv_cells` (the offsets E602 needs, which the csv module does not give) read any text as
+    `csv.reader` does: quotes, doubled quotes, commas and line breaks inside them, text after a closing quote, an
+    unterminated quote (random texts over those characters)."""
+    import csv
+    import io
+    import random
+    from plandsl.schedules.program import csv_cells, csv_lines
+    generator = random.Random(20)
+    texts = ['"0F0","0F1"\n', ' "0F0",0F1\n', '"0F0"x,0F1\n', '"0""F0",1\n', '"0F0\n1F0",2\n', '"a,b",c\r\nd\re\n\nf']
+    texts += ["".join(generator.choice('",\n\r a0') for _ in range(generator.randint(0, 14))) for _ in range(5000)]
+    for text in texts:
+        records = csv_lines(text)
+        assert all(text[at:at + len(record)] == record for at, record in records), text
+        ours = [[cell for _, cell in csv_cells(at, record)] if record else [] for at, record in records]
+        assert ours == list(csv.reader(io.StringIO(text, newline=""))), repr(text)
