@@ -654,7 +654,8 @@ def _checked(path: str, text: str, source: SourceFile, definition, attrs: dict, 
     searched = keys is not None and "micro_batch" not in keys  # E506: a micro_batch the search chooses
     errors = [d for d in map(back, analysis.errors)
               if d.code not in _PROBE_LAYOUT and not (d.code == "E506" and searched) and not others(d)
-              and not (_of_the_schedule(d) and "schedule" not in attrs)]  # the search writes one that runs them
+              and not (_of_the_schedule(d) and "schedule" not in attrs)  # the search writes one that runs them
+              and not _of_the_expert_group(d)]  # the search lays out an expert group for the overlap
     sources = {**analysis.sources, path: source}
     plan = _plan_of(analysis, definition.name, errors, back, sources)
     missing = sorted({d.name for d in plan.cluster.devices_in_order() if plan.train.precision not in d.peak})
@@ -688,6 +689,13 @@ def _of_the_schedule(d: Diagnostic) -> bool:
     """An E409 of the schedule against the stages (`check.placement`: `schedule '1f1b' runs one stage per rank, but
     the plan has virtual = 2`), which a schedule the search writes may fix; not one of the stage map itself."""
     return d.code == "E409" and d.message.startswith("schedule '")
+
+
+def _of_the_expert_group(d: Diagnostic) -> bool:
+    """An E419 of the experts' overlap beside one expert rank (`check.sharding`), which the probe mesh's one device an
+    axis gives every plan without a mesh: the search lays out an expert group wherever the overlap is written
+    (`Space.roots`)."""
+    return d.code == "E419" and "with overlap beside one expert rank" in d.message
 
 
 def _fixable(d: Diagnostic, free: set[str], pipelined: bool = True) -> bool:

@@ -821,3 +821,28 @@ def test_a_kept_evenly_line_with_more_stages_than_blocks_says_so_at_the_line(tmp
         in out.output, out.output
     out = generate("--from", path, "--pin", "pp=2")  # 4 stages of 6 blocks: a plan
     assert out.exit_code == 0, out.output
+
+
+MOE_HEADER = '''import "clusters/dgx_h100"
+model moe = llama(layers=8, hidden=1024, heads=16, kv_heads=4, seq=2048, vocab=32000, experts=16)
+'''
+
+
+def test_the_experts_overlap_without_a_mesh_is_searched_over_an_expert_group(tmp_path):
+    """`experts = alltoall with overlap` without a mesh: the check through the probe mesh (one device an axis) gave
+    E419 'beside one expert rank', which no plan without a mesh could avoid, where the search lays out an expert group
+    for the overlap. With a written mesh of one expert rank it stays E419, at the experts line."""
+    def partial(lines: str):
+        path = tmp_path / "moe.plan"
+        path.write_text(MOE_HEADER + "plan p {\n  model    = moe\n  cluster  = dgx_h100 x 2\n"
+                        "  train    = { global_batch: 64, micro_batch: 1, precision: bf16 }\n" + lines + "}\n")
+        return path
+    path, out_path = partial("  experts  = alltoall with overlap\n"), tmp_path / "done.plan"
+    out = generate("--from", path, "--top", "1", "-o", out_path)
+    assert out.exit_code == 0, out.output
+    (plan,) = api.check(out_path).document.plans
+    assert plan.experts.overlap and plan.expert_group > 1, out_path.read_text()
+    meshed = partial("  mesh     = [dp = 16, ep = 1]\n  experts  = alltoall over ep with overlap\n")
+    refused = generate("--from", meshed)
+    assert refused.exit_code == 1 and f"{meshed}:8:14: error[E419]" in refused.output \
+        and "beside one expert rank" in refused.output, refused.output
