@@ -226,7 +226,13 @@ class Splits:
             return self._mixed_peak(node.root, ranks, inflight, memory)
 
         if released is not None:  # the rank's open stages' gradients, not all of its stages' (`_released_split`)
-            return self._released_split(node, ranks, room, block_bytes, released, peak)
+            def released_split(relaxed, counted, figures):
+                fixed, per, prefix, held = figures
+                return self._shared_split(
+                    ranks, relaxed,
+                    lambda caps: self._cached_split(per, counted, caps, prefix, held, fixed, len(ranks)),
+                    held, prefix, fixed, peak=peak)
+            return self._released_split(node, ranks, room, block_bytes, released, released_split)
         if not bounded:
             room = np.full(len(ranks), np.inf)
         elif not self._mixed_may_fit(room, block_bytes, ranks):
@@ -347,7 +353,8 @@ class Splits:
         ends[-1] += per_kind[2] + per_kind[3] + self.figures.copy_vocab(memory) + copy * self.figures.tied_copies(inflight)
         return stage_sets, share, [per_kind[kind] for kind in self._summed], ends
 
-    def _released_split(self, node: Node, ranks, room, block_bytes, released, peak=None):
+    def _released_split(self, node: Node, ranks, room, block_bytes, released, split, recomputed: int | None = None,
+                        rerun_held=None, also=(), prefixes=None):
         """`mixed_partition`'s split where a rank holds only its open stages' unsharded gradients (`_mixed_released`),
         as the exact estimate counts them (`cost.memory.estimate_memory`: the largest sum over a set of the rank's
         stages open at once). The programme shares a rank's room over its stages (`_shared_split`: evenly first), so
@@ -357,7 +364,13 @@ class Splits:
         largest open set's gradients, and where a rank does not fit, its stages count their gradients whole (as
         before) and the programme runs again. Each run admits a split within the caps of every stage counting all of
         its gradients (the last one is that split), so the split is never slower than that one, and it fits: the room
-        less the rank's blocks' states and activations and its largest open set's gradients is never below 0."""
+        less the rank's blocks' states and activations and its largest open set's gradients is never below 0.
+        `split(relaxed, counted, figures)`: the programme's split within the room `relaxed` (per stage, its rank's,
+        whole) at the blocks' bytes `counted` (per kind, per stage), `figures` `_mixed_prefixes`' of them (a fixed
+        split, `fixes`, is not asked for); a partly recomputed node's (`mixed_partial_partition`): each stage's first
+        `recomputed` blocks at `rerun_held`'s bytes more (full recomputation's activations beyond the kept ones',
+        cumulative per stage: no gradients), `also` its rebuilt blocks' bytes per kind (`_mixed_may_fit`'s lighter
+        kind among them too) and `prefixes(counted)` its `_mixed_prefixes` (the kept node's seconds)."""
         stage_sets, share, kind_grads, ends = released
         on = np.asarray(ranks)
         before = [self.figures.kind_before[self.figures.block_kinds.index(kind)] for kind in self._summed]
@@ -368,17 +381,16 @@ class Splits:
             # a stage's blocks at their bytes less (1 - weight) of their gradients; the ends' in the rank's room alike
             freed = 1.0 - weight
             counted = [each - freed * g for each, g in zip(block_bytes, kind_grads)]
+            lighter = counted + [each - freed * g for each, g in zip(also, kind_grads)]
             relaxed = room + np.bincount(on, weights=freed * ends, minlength=int(on.max()) + 1)[on]
             found = None
-            if self._mixed_may_fit(relaxed, counted, ranks):
-                fixed, per, prefix, held = self._mixed_prefixes(node, ranks, counted)
-                found = self.fixed(len(ranks)) if self.fixes else self._shared_split(
-                    ranks, relaxed,
-                    lambda caps: self._cached_split(per, counted, caps, prefix, held, fixed, len(ranks)),
-                    held, prefix, fixed, peak=peak)
+            if self._mixed_may_fit(relaxed, lighter, ranks):
+                figures = prefixes(counted) if prefixes is not None else self._mixed_prefixes(node, ranks, counted)
+                held = figures[3]
+                found = self.fixed(len(ranks)) if self.fixes else split(relaxed, counted, figures)
             if found is None or (weight >= 1.0).all():
                 if found is not None and self.fixes:  # every stage's gradients: the rank's room
-                    return found if self._fixed_fits(found, ranks, room, held) else None
+                    return found if self._fixed_fits(found, ranks, room, held, recomputed, rerun_held) else None
                 return found
             bounds = np.cumsum((0,) + tuple(found))
             used, grads = np.zeros(len(ranks)), ends.copy()
@@ -386,6 +398,10 @@ class Splits:
                 blocks = count[bounds[1:]] - count[bounds[:-1]]
                 used += each * blocks
                 grads += g * blocks
+            if recomputed is not None:  # the first N blocks' full recomputation's activations beyond the kept ones'
+                rows = np.arange(len(ranks))
+                used += rerun_held[rows, np.minimum(bounds[:-1] + recomputed, bounds[1:])] \
+                    - rerun_held[rows, bounds[:-1]]
             over = _open_over(on, used, grads, stage_sets, whole)
             if not over.any():
                 return found
@@ -402,7 +418,9 @@ class Splits:
         with a split: by bisection where a recomputed block holds no more than a kept one of its kind (more N only
         frees memory), else one N after another. None where the kept node's split is the one memory does not bound
         (it recomputes nothing: faster), where N reaches every stage's blocks (that is `full`) and where the split is
-        the kept node's."""
+        the kept node's. Where a rank of several stages holds only its open stages' unsharded gradients at once (ZeRO-2/3
+        on torch's pipeline, `_mixed_released`), each N's split counts them as `mixed_partition`'s does
+        (`_released_split`, its first N blocks at full recomputation's bytes), not every stage's at once."""
         pinned = self.pins.get("recompute_layers")
         kept_memory = self.figures.layer_memory(node.kept, zero)
         split = None
@@ -416,7 +434,10 @@ class Splits:
         room, caps = self._mixed_room(node.root, ranks, inflight, partial)
         full_bytes = self._mixed_bytes(memory[0], ranks, inflight)
         kept_bytes = self._mixed_bytes(kept_memory[0], ranks, inflight)
-        if not self._mixed_may_fit(room, full_bytes + kept_bytes, ranks):
+        # where a rank holds only its open stages' gradients, the split counts them so (`_released_split`, which asks
+        # `_mixed_may_fit` at their share); else every stage's, as `memory`'s states count them
+        released = self._mixed_released(node.root, ranks, inflight, partial)
+        if released is None and not self._mixed_may_fit(room, full_bytes + kept_bytes, ranks):
             return None
         fixed, _, prefix, held = self._mixed_prefixes(node.kept, ranks, kept_bytes)
         _, _, full_prefix, full_held = self._mixed_prefixes(node, ranks, full_bytes)
@@ -430,6 +451,15 @@ class Splits:
         if least > high:
             return None
 
+        counted_prefixes: dict = {}
+
+        def prefixes(counted):  # `_mixed_prefixes` of the kept node at the bytes `_released_split` counts, once each
+            key = tuple(each.tobytes() for each in counted)
+            found = counted_prefixes.get(key)
+            if found is None:
+                found = counted_prefixes[key] = self._mixed_prefixes(node.kept, ranks, counted)
+            return found
+
         def least_recomputed(read):
             tried: dict = {}
             peaks: list = []
@@ -440,14 +470,25 @@ class Splits:
                     peaks.append(self._mixed_peak(node.root, ranks, inflight, kept_memory, memory))
                 return peaks[0]
 
+            def shared_split(n: int, room, figures):  # the programme's split at N within each rank's room
+                fixed, _, prefix, held = figures
+                return self._shared_split(
+                    ranks, room, lambda caps: self._mixed_split(prefix, held, caps, fixed, len(ranks), n, rerun,
+                                                                rerun_held),
+                    held, prefix, fixed, n, rerun, rerun_held,
+                    lambda: None if peak() is None else lambda c: peak()(c, n))
+
             def split_at(n: int):
                 if n not in tried:
-                    tried[n] = (counts if self._fixed_fits(counts, ranks, room, held, n, rerun_held) else None) \
-                        if self.fixes else self._shared_split(
-                            ranks, room, lambda caps: self._mixed_split(prefix, held, caps, fixed, len(ranks), n,
-                                                                        rerun, rerun_held),
-                            held, prefix, fixed, n, rerun, rerun_held,
-                            lambda: None if peak() is None else lambda c: peak()(c, n))
+                    if released is not None:
+                        tried[n] = self._released_split(
+                            node.kept, ranks, room, kept_bytes, released,
+                            lambda relaxed, _, figures: shared_split(n, relaxed, figures), n, rerun_held, full_bytes,
+                            prefixes)
+                    elif self.fixes:
+                        tried[n] = counts if self._fixed_fits(counts, ranks, room, held, n, rerun_held) else None
+                    else:
+                        tried[n] = shared_split(n, room, (fixed, None, prefix, held))
                 return tried[n]
             return self._least_recomputed(split_at, least, high, pinned, memory, kept_memory)
 
@@ -456,6 +497,8 @@ class Splits:
         # Llama 4 Maverick leaf's partition spends its time on)
         figures = (least, split) + tuple(np.asarray(each, dtype=np.float64).tobytes()
                                          for each in (fixed, prefix, held, rerun, rerun_held, caps, room))
+        if released is not None:  # and the rank's stages open at once, and their gradients
+            figures += tuple(np.asarray(each, dtype=np.float64).tobytes() for each in released)
         found = self._by_schedule(self._mixed_cache, figures, inflight, least_recomputed)
         if found is not None and pinned is None and split is not None and found[0] == split \
                 and self.figures.kept_fits(node.kept, zero, ranks, inflight, split):

@@ -16,7 +16,7 @@ from plandsl import api
 from plandsl.cost.compute import DEFAULT_EFFICIENCY
 from plandsl.cost.estimate import estimate_plan
 from plandsl.ir.placement import Assignment
-from plandsl.search import Problem
+from plandsl.search import Problem, search
 from plandsl.search.choices import stage_ranks
 from plandsl.search.problem import build_plan
 from plandsl.search.space import Space
@@ -33,14 +33,14 @@ MODELS = {"moe_every": MOE + ", moe_every=2)", "dense_layers": MOE + ", dense_la
           "mlp": "mlp(layers=12, hidden=512, input=512, output=512)"}  # a model of layers (`Splits.layer_partition`)
 
 
-def _space(model: str) -> Space:
+def _space(model: str, pins=None) -> Space:
     document = api.loads(HARDWARE + f"model m = {MODELS[model]}\n")
-    return Space(Problem(document.models[0], document.clusters[0], 16, None), {"tp": 1, "cp": 1, "recompute": "none"},
-                 DEFAULT_EFFICIENCY)
+    return Space(Problem(document.models[0], document.clusters[0], 16, None),
+                 pins or {"tp": 1, "cp": 1, "recompute": "none"}, DEFAULT_EFFICIENCY)
 
 
-def _estimate(space, node, schedule, virtual, zero, counts):
-    plan = build_plan(space.base, candidate_of(node, schedule, virtual, zero))
+def _estimate(space, node, schedule, virtual, zero, counts, recompute_layers=None):
+    plan = build_plan(space.base, candidate_of(node, schedule, virtual, zero, recompute_layers))
     ranks = stage_ranks(schedule, node.root.pp, virtual)
     assignment = Assignment(tuple(tuple(s) for s in space.figures.stage_layers(counts)), ranks, virtual)
     return estimate_plan(plan, DEFAULT_EFFICIENCY, assignment).memory
@@ -82,3 +82,65 @@ def test_several_kinds_count_the_open_stages_gradients_as_the_exact_estimate(nam
                 assert all(m.total <= c for m, c in zip(found, capacity)), (leaf.counts, counts)
                 checked += 1
     assert checked and released, (checked, released)
+
+
+def test_a_partly_recomputed_node_of_several_kinds_counts_the_open_stages_gradients_as_the_exact_estimate():
+    """The same for a node that recomputes the first block of each stage (`recompute_layers: 1`,
+    `Splits.mixed_partial_partition`): it counted every stage's gradients at once where `mixed_partition` counted the
+    open stages' (`_released_split`), and pruned 256 of the 496 such ZeRO-2/3 leaves of the `moe_every` MoE on two ranks
+    (every one with open stages: interleaved 1F1B, interleaved zero bubble, looped BFS, ZBV) on devices of their equal
+    split's exact estimate; now none, and its split fits them."""
+    space = _space("moe_every", {"tp": 1, "cp": 1, "pp": 2, "recompute_layers": 1})
+    units = [layer for layer in space.layers if layer.kind == "block"]
+    kinds = [(u.param_count, u.flops_per_token, u.activation_bytes_per_token, u.output_width) for u in units]
+    checked = released = 0
+    for root in space.roots():
+        if root.data_ranks == 1:
+            continue
+        for node in space.expand_root(root):
+            if node.kept is None:
+                continue
+            pending = space.pending(node)
+            for _, _, zero, schedule, virtual in (pending.leaves if pending else []):
+                stages = root.pp * virtual
+                if zero < 2 or len(units) % stages:
+                    continue
+                ranks = stage_ranks(schedule, root.pp, virtual)
+                inflight = space.figures.inflight(schedule, root.pp, node.microbatches, virtual)
+                opens = space.figures.open_stages(inflight) is not None
+                per = len(units) // stages
+                counts = (per,) * stages
+                alike = [len({tuple(kinds[s * per:(s + 1) * per]) for s, r in enumerate(ranks) if r == rank}) == 1
+                         for rank in range(root.pp)]
+                if not any(alike):
+                    continue
+                memory = _estimate(space, node, schedule, virtual, zero, counts, 1)
+                capacity = tuple(m.total * (1 + 1e-9) if alike[r] else 2.0 ** 62 for r, m in enumerate(memory))
+                at = replace(node, root=replace(root, capacity=capacity), ident=next(_IDENT))
+                at.kept = replace(node.kept, root=at.root, ident=next(_IDENT))
+                leaf = space._leaf(at, zero, schedule, virtual, pending.memory[zero])
+                assert leaf is not None, (root.pp, root.dp, root.ep, node.microbatches, zero, schedule, virtual)
+                assert leaf.recompute_layers == 1
+                found = _estimate(space, at, schedule, virtual, zero, leaf.counts, 1)
+                assert all(m.total <= c for m, c in zip(found, capacity)), (leaf.counts, counts)
+                checked += 1
+                released += opens
+    assert checked and released, (checked, released)
+
+
+def test_a_partly_recomputed_plan_of_dense_then_moe_blocks_that_fits_is_found():
+    """DeepSeek's dense-then-MoE blocks, `recompute_layers: 1`, two stages a rank, ZeRO-2/3: on 4 devices of 3.25 GiB
+    the fastest plan (dp=2 pp=2, micro-batch 4, interleaved zero bubble, blocks 3, 2, 2, 1) needs 2.55 GiB by the
+    exact estimate, but the search counted both of a rank's stages' gradients at once (each rank holds one stage's
+    at a time) and pruned it: its best was 70.81 ms, not 70.76, and with that leaf's pins no plan fit."""
+    hardware = HARDWARE.replace("16 GiB", "3.25 GiB").replace("cluster eight = box x 4", "cluster pair = box x 2")
+    document = api.loads(hardware + "model m = llama(layers=8, hidden=1024, heads=8, kv_heads=4, seq=1024, "
+                                    "vocab=8192, experts=4, top_k=2, dense_layers=3)\n")
+    problem = Problem(document.models[0], document.clusters[0], 16, None)
+    for zero in (2, 3):
+        best = search(problem, {"pp": 2, "virtual_stages": 2, "zero_stage": zero, "recompute_layers": 1},
+                      top=1).candidates[0]
+        assert (best.candidate.dp, best.candidate.micro_batch_size, best.candidate.schedule, best.blocks) == \
+            (2, 4, "interleaved_zero_bubble", (3, 2, 2, 1)), best.candidate.describe()
+        assert best.estimate.time.step == pytest.approx(0.0707622, rel=1e-5)
+        assert max(m.total for m in best.estimate.memory) <= 3.25 * 2 ** 30
