@@ -268,15 +268,16 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
             raise SearchError(f"contradictory pins: schedule {schedule} runs {wanted} stage(s) per rank, "
                               f"virtual_stages={virtual}", code="E805")
     if schedule in BUILTIN and pins.get("pp", 2) > 1 and problem.stage_map is not None:
-        # a kept stages line's map (`Problem.runs_map`): a schedule that places the stages otherwise is the checker's
-        # E409 beside it (it was every layout's "the schedules need enough microbatches", `explain_empty`)
+        # a kept stages line's or block's map (`Problem.runs_map`): a schedule that places the stages otherwise is the
+        # checker's E409 beside it (it was every layout's "the schedules need enough microbatches", `explain_empty`)
         stage_map = problem.stage_map
         pp = max(stage_map) + 1 if isinstance(stage_map, tuple) else pins.get("pp", 2)
         count = len(stage_map) // pp if isinstance(stage_map, tuple) else 2 if stage_map == "vshape" else \
             virtual or fixed_virtual(schedule) or 2
         if not problem.runs_map(schedule, pp, count):
             raise SearchError(f"contradictory pins: schedule={schedule} places the stages on the ranks "
-                              f"{_placed(BUILTIN[schedule].rank_map)}, and the kept stages line's map places them "
+                              f"{_placed(BUILTIN[schedule].rank_map)}, and the kept stages "
+                              f"{'block' if problem.stages_block else 'line'}'s map places them "
                               f"{_placed(stage_map)} (the checker's E409)", code="E805")
     if all(k in pins for k in ("micro_batch_size", "num_microbatches")):
         per_replica = pins["micro_batch_size"] * pins["num_microbatches"]

@@ -184,6 +184,7 @@ def read_partial(path: str | Path, name: str | None = None, params: dict | None 
                       data_kept="data" in attrs and plan.data is not None,  # at dp=1 too: its units held
                       stage_map=plan.stages.rank_map if ("stages" in attrs or stage_block is not None)
                       and plan.stages is not None else None,  # the schedules that place its stages so (E409)
+                      stages_block=stage_block is not None,  # a `stages { }` block, not a line (its messages say so)
                       split=_kept_split(plan) if ("stages" in attrs or stage_block is not None) else None,
                       outputs=plan.stages.outputs if plan.stages else "dropped",
                       shard=_conventional_rules(plan.shard, names),

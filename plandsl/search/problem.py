@@ -94,6 +94,8 @@ class Problem:
     stage_map: str | tuple[int, ...] | None = None     # given: that kept line's map of stages to ranks (`loop`,
     #                                                   `vshape` or a list): a schedule the search writes beside it must
     #                                                   place the stages so (the checker's E409), `Problem.runs_map`
+    stages_block: bool = False                        # given: whether that kept placement is a `stages { }` block,
+    #                                                   not a `stages = ...` line (what the messages call it)
     split: str | tuple[int, ...] | None = None        # given: the split of that kept line, which its completion writes
     #                                                   whatever the search would choose: "evenly" (`stages = evenly
     #                                                   over pp`, its `account` the pin's), a `stages { }` block's blocks

@@ -778,6 +778,23 @@ def test_a_pinned_schedule_that_places_the_stages_against_a_kept_map_is_refused_
     assert "microbatches" not in out.output
 
 
+@pytest.mark.parametrize("written, pin, placed", [
+    ("", "zbv", "in a V, and the kept stages block's map places them in a loop"),
+    ("    map = vshape\n", "interleaved_1f1b", "in a loop, and the kept stages block's map places them in a V"),
+])
+def test_a_pinned_schedule_against_a_kept_stages_blocks_map_says_it_is_the_block(tmp_path, written, pin, placed):
+    """The same contradiction where the kept placement is a `stages { }` block: the message called it 'the kept stages
+    line's map', a line the plan does not write; it names the block."""
+    path = write(tmp_path, "  train   = { global_batch: 16, precision: bf16, optimizer: adam, lr: 1e-4 }\n"
+                           "  stages {\n    0: embed, layers[0:2]\n    1: layers[2:4]\n    2: layers[4:6]\n"
+                           f"    3: layers[6:8], norm, head\n    virtual = 2\n{written}  }}\n")
+    out = generate("--from", path, "--pin", f"schedule={pin}")
+    assert out.exit_code == 1 and f"{path}:11:3: error[E803]: --pin schedule={pin} contradicts the plan's `stages {{" \
+        in out.output and f"schedule={pin} places the stages on the ranks {placed} (the checker's E409)" \
+        in out.output, out.output
+    assert "stages line" not in out.output and "microbatches" not in out.output
+
+
 def test_a_kept_split_past_a_rank_its_open_gradients_overfill_is_refused_not_searched_forever(tmp_path):
     """ZeRO-2 on torch's pipeline with virtual stages frees each stage's gradients after its last backward, and the
     split of several kinds of block (`Splits._released_split`) counts a rank's largest set of stages open at once; a
