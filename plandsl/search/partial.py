@@ -433,11 +433,16 @@ def _contradicting(problem: Problem, given: list[tuple[str, dict]]) -> list[tupl
     """The `--pin`s (of `_given`) that contradict each other without the plan (`pins_conflict`), fewest first: the
     first group of two, then of three, that does; past three, the whole set shrunk one pin at a time (each dropped
     while the rest still contradict), so that no pin of the group can go. None where the whole set does not
-    contradict itself. A key pinned twice counts as its last `--pin`, which is the one the search takes
-    (`parse_pins`). At most 22 keys (`PIN_KEYS`): some 1,800 checks however many `--pin`s are given, where every
-    group of every size was 2^n of them (a hundred `--pin zero=1` before four that contradict: 4.6 million)."""
-    last = {tuple(parsed): index for index, (_, parsed) in enumerate(given)}
-    distinct = [given[index] for index in sorted(last.values())]
+    contradict itself. A key pinned again counts once, as its first `--pin`: `parse_pins` refuses a key pinned twice
+    to different values (E805) before any refusal, so a repeat is the same pin (`zero=1` and `zero_stage=1` too), and
+    the first contradicting group of the `--pin`s in order is one of first ones, as every group was tried (the names
+    in the order given: `--pin tp=4 --pin cp=8 --pin tp=4` is "tp=4 and cp=8"). At most 24 such pins (`PIN_KEYS`;
+    a `data` pin parses to two keys, `dp_shard` to three): some 2,300 checks however many `--pin`s are given, where
+    every group of every size was 2^n of them (a hundred `--pin zero=1` before four that contradict: 4.6 million)."""
+    first: dict[tuple, int] = {}
+    for index, (_, parsed) in enumerate(given):
+        first.setdefault(tuple(parsed.items()), index)
+    distinct = [given[index] for index in sorted(first.values())]
 
     def contradict(group) -> bool:
         return pins_conflict(problem, {k: v for _, parsed in group for k, v in parsed.items()}) is not None

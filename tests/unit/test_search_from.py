@@ -549,6 +549,17 @@ def test_pins_that_contradict_only_together_are_found_in_bounded_work(tmp_path):
         in out.output, out.output
 
 
+def test_pins_that_contradict_each_other_are_named_in_the_order_given_a_repeat_as_its_first(tmp_path):
+    """A `--pin` given again (or under an alias) is the same pin (`parse_pins` refuses one pinned to two values): the
+    pair that contradicts is named as every group was tried, in the order the pins are given. Kept as its last
+    `--pin`, `--pin tp=4 --pin cp=8 --pin tp=4` named "cp=8 and tp=4"."""
+    path = write(tmp_path, "  train   = recipe\n")
+    for pins in (["tp=4", "cp=8", "tp=4"], ["zero_stage=1", "tp=4", "cp=8", "zero=1"]):
+        out = generate("--from", path, *[arg for pin in pins for arg in ("--pin", pin)])
+        assert out.exit_code == 1 and "error[E803]: the command line's --pin tp=4 and --pin cp=8 contradict each " \
+            "other: tp(4) * cp(8) = 32" in out.output, out.output
+
+
 def test_a_kept_deepspeed_stages_line_runs_its_engine_at_one_stage_too(tmp_path):
     """A written `stages = ... with implementation = deepspeed` is kept in every candidate, at pp = 1 too, where
     DeepSpeed's engine still takes ZeRO 0 or 1 and no sequence parallelism (E611): the search laid out ZeRO-2/3 and
