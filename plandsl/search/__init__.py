@@ -572,7 +572,8 @@ def _megatron_runs(problem: Problem, pins: Mapping[str, object]) -> None:
 
 def _overlap_recomputes(problem: Problem, pins: Mapping[str, object]) -> None:
     """Pinned full recomputation beside the experts' overlap (the checker's E418: Megatron-Core refuses it), its
-    overlap at fp32 or a pinned pipeline without virtual stages (E419) are SearchErrors saying so rather than an empty
+    overlap at fp32, a pinned pipeline without virtual stages or a pinned expert group of one rank (E419) are
+    SearchErrors saying so rather than an empty
     search."""
     if problem.overlap_experts and problem.precision is ir.Precision.fp32:
         raise SearchError("the experts' overlap (Megatron-Core's --overlap-moe-expert-parallel-comm) runs only for a bf16 "
@@ -580,6 +581,10 @@ def _overlap_recomputes(problem: Problem, pins: Mapping[str, object]) -> None:
     if problem.overlap_experts and pins.get("pp", 1) > 1 and pins.get("virtual_stages") == 1:
         raise SearchError("--pin virtual_stages=1: the experts' overlap under a pipeline needs virtual stages (E419)",
                           code="E805")
+    if problem.overlap_experts and pins.get("ep") == 1:  # a pinned ep counts the folded group too (`check_pins`)
+        raise SearchError("--pin ep=1: the experts' overlap (Megatron-Core's --overlap-moe-expert-parallel-comm) needs "
+                          "more than one expert rank (E419: 'only supported with expert model parallelism'); pin ep "
+                          "of 2 or more, or drop the overlap", code="E805")
     layers = pins.get("recompute_layers")
     if problem.overlap_experts and (pins.get("recompute") == "full" and layers != 0 or layers):
         pinned = f"recompute_layers={layers}" if layers else "recompute=full"

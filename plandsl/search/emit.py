@@ -554,6 +554,16 @@ def explain_empty(problem: Problem, pins: dict, space) -> str:
         return (f"every mesh order the pins ({detail}) leave puts a tensor-parallel group across nodes of "
                 f"'{cluster.name}', and tensor parallelism stays inside a node (its all-reduces are on every "
                 "layer's critical path): put tp innermost in the order, or allow it with --pin tp_across_nodes=true")
+    fold = space.problem.fold_experts  # a searched folding's variant roots only ep > 1 (`Space.roots`)
+    if problem.overlap_experts and not stats.roots and all(ep * (tp if fold else 1) == 1
+                                                           for _, tp, _, _, ep in space.layouts()):
+        detail = ", ".join(f"{k}={','.join(v) if isinstance(v, tuple) else v}" for k, v in pins.items()) or "none"
+        experts, plural = getattr(model, "experts", 0), lambda count: "" if count == 1 else "s"
+        return (f"`experts = ... with overlap` needs an expert group of more than one rank (E419: Megatron-Core's "
+                "overlap is 'only supported with expert model parallelism'), and every layout of "
+                f"'{model.name}' ({experts} expert{plural(experts)}) on the {n} device{plural(n)} of '{cluster.name}' "
+                f"under the pins ({detail}) has one expert rank (ep divides the experts and the devices the other "
+                "degrees leave): free a degree pin to leave room for ep, or drop `with overlap`")
     if stats.memory_pruned and not stats.invalid:
         states = _states_bytes(problem)
         capacity = sum(d.usable_memory for d in cluster.devices_in_order())

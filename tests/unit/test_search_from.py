@@ -874,3 +874,26 @@ def test_the_experts_overlap_without_a_mesh_is_searched_over_an_expert_group(tmp
     refused = generate("--from", meshed)
     assert refused.exit_code == 1 and f"{meshed}:8:14: error[E419]" in refused.output \
         and "beside one expert rank" in refused.output, refused.output
+
+
+def test_the_experts_overlap_where_no_layout_has_an_expert_group_says_so(tmp_path):
+    """Past the probe mesh's E419 (2c41cf5), a partial plan's overlap that no layout can give an expert group went to
+    the search, which found no root and said "the schedules need enough microbatches ... and stages need blocks":
+    `--pin ep=1` is E803 at the experts line, pins that leave ep no room and a model of one expert say the overlap
+    needs an expert group (E419's reason); the completed file of a plan that can checks clean (the test above)."""
+    path = tmp_path / "moe.plan"
+
+    def partial(experts: int = 16):
+        path.write_text(MOE_HEADER.replace("experts=16", f"experts={experts}") + "plan p {\n  model    = moe\n"
+                        "  cluster  = dgx_h100 x 2\n  train    = { global_batch: 64, micro_batch: 1, precision: bf16 }\n"
+                        "  experts  = alltoall with overlap\n}\n")
+        return path
+    out = generate("--from", partial(), "--pin", "ep=1")
+    assert out.exit_code == 1 and f"{path}:7:3: error[E803]: --pin ep=1 contradicts the plan's `experts = alltoall " \
+        "with overlap`: the experts' overlap" in out.output and "needs more than one expert rank (E419" in out.output, \
+        out.output
+    for args, experts in ((("--pin", "dp=16"), 16), (("--pin", "dp=2", "--pin", "pp=8"), 16), ((), 1)):
+        out = generate("--from", partial(experts), *args)
+        assert out.exit_code == 1 and "error[E803]: `experts = ... with overlap` needs an expert group of more than " \
+            "one rank (E419" in out.output and "has one expert rank" in out.output \
+            and "schedules need enough microbatches" not in out.output and "Traceback" not in out.output, out.output
