@@ -76,9 +76,9 @@ class SourceFile:
         would not otherwise show it plainly: tabs expanded (stops of 4), each other character that does not print
         (a lone \\r, U+2028, a BOM) escaped as Python's repr escapes it; the caret is placed under the span's
         characters as shown (it was counted in characters, so a tab before the span put it short of it), in the
-        columns a terminal gives them: two for an East Asian wide or fullwidth character, none for a combining mark
-        (`_columns`; counted one each, a Chinese comment's characters before the span put the caret a column short per
-        character). The line is shown to its first 200 columns."""
+        columns a terminal gives them: two for an East Asian wide or fullwidth character, none for a nonspacing or
+        enclosing mark (`_columns`; counted one each, a Chinese comment's characters before the span put the caret a
+        column short per character). The line is shown to its first 200 columns."""
         text = self.line_text(span.line)
         if not text and span.line == 0:
             return []
@@ -107,10 +107,16 @@ _SHOWN_COLUMNS = 200
 """The most terminal columns of a source line an excerpt shows."""
 
 
+_NO_COLUMN = ("Mn", "Me")
+"""The categories of the marks a terminal draws over the character before them (wcwidth's zero width): nonspacing and
+enclosing marks, most of which have no combining class (Thai's and Devanagari's vowel signs, U+FE0F, U+20DD), so
+`unicodedata.combining` alone counted them a column each."""
+
+
 def _columns(shown: str) -> int:
     """The terminal columns `shown` takes (as wcwidth counts printable characters): two for each East Asian wide or
-    fullwidth character, none for a combining mark, one for any other."""
+    fullwidth character, none for a nonspacing or enclosing mark (`_NO_COLUMN`), one for any other."""
     if shown.isascii():
         return len(shown)
-    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in ("W", "F") else 1
-               for c in shown)
+    return sum(0 if unicodedata.category(c) in _NO_COLUMN else 2 if unicodedata.east_asian_width(c) in ("W", "F")
+               else 1 for c in shown)

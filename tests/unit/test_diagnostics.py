@@ -270,6 +270,10 @@ def test_sequence_parallel_splits_each_context_ranks_share():
     ("let ｘ = [dp = 3]", "[dp = 3]", 9),  # a fullwidth letter
     ("let ＡＢ = 名前", "名前", 11),  # the span itself wide: a caret under each of its columns
     ("let e\u0301 = [dp = 3]", "[dp = 3]", 8),  # a combining accent takes no column of its own
+    ("let \u0e01\u0e31 = [dp = 3]", "[dp = 3]", 8),  # a Thai vowel sign: a nonspacing mark of combining class 0
+    ("let \u0915\u0947 = [dp = 3]", "[dp = 3]", 8),  # a Devanagari vowel sign, the same
+    ("let \u2764\ufe0f = [dp = 3]", "[dp = 3]", 8),  # an emoji's variation selector (wcwidth: no column)
+    ("let 1\u20dd = [dp = 3]", "[dp = 3]", 8),  # an enclosing mark
 ])
 def test_the_caret_counts_the_columns_a_terminal_gives_each_character(line, under, columns):
     """A wide character before the span takes two columns on a terminal; counted one, the caret sat a column short
