@@ -226,3 +226,19 @@ def test_csv_records_and_cells_are_the_csv_modules():
         assert all(text[at:at + len(record)] == record for at, record in records), text
         ours = [[cell for _, cell in csv_cells(at, record)] if record else [] for at, record in records]
         assert ours == list(csv.reader(io.StringIO(text, newline=""))), repr(text)
+
+
+def test_a_quoted_cells_line_break_is_no_rows_end_and_moves_the_line_an_error_names():
+    """torch strips each cell (`_Action.from_str`), so a quoted cell `"\n1F0"` is 1F0 in its row; the comms CSV's
+    import rebuilt the text from the cells unstripped and broke the row there (E607, a fifth rank). A cell past a
+    quoted line break is a line further down than its record's number: the message's line is the span's."""
+    plain = api.export(_plan("1f1b"), "torch-csv-comms").text
+    first, rest = plain.split("\n", 1)
+    cells = first.split(",")
+    at = next(i for i, cell in enumerate(cells) if i and cell and "SEND" not in cell and "RECV" not in cell)
+    cells[at] = f'"\n{cells[at]}"'  # a compute cell the import keeps
+    quoted = import_csv(",".join(cells) + "\n" + rest, "q.csv", "q")
+    assert quoted.ok and quoted.text == import_csv(plain, "q.csv", "q").text, quoted.diagnostics
+    for text in ('0F0,"0B0\n"\r\n1F0,0X1\r\n', '0F0,"0B0\n",0SEND_F0\r\n1F0,0X1\r\n'):
+        (found,) = import_csv(text, "c.csv", "c").diagnostics
+        assert (found.code, str(found.span)) == ("E602", "c.csv:3:5") and "line 3: '0X1'" in found.message, found
