@@ -312,11 +312,7 @@ def pipeline_grid(plan, records: dict[int, RankRecord], cause: int) -> str | Non
         grid[column][step] = f"[{found.action}]" if rank == cause else f"({found.action})"
         placed.append(rank)
         mark = step if rank == cause else mark
-    lines = format_grid(grid, mark_step=mark).splitlines()
-    if mark is not None and len(lines) - 1 > 2 * WINDOW + 1:
-        first, last = max(0, mark - WINDOW), min(len(lines) - 2, mark + WINDOW)
-        lines = ([lines[0]] + (["  ..."] if first > 0 else []) + lines[1 + first: 2 + last]
-                 + (["  ..."] if last < len(lines) - 2 else []))
+    lines = format_grid(grid, mark_step=mark, window=WINDOW if mark is not None else None).splitlines()
     columns = "" if list(members) == list(range(plan.pp)) else \
         f"; columns are pipeline ranks along '{axis}' (global ranks {', '.join(map(str, members))})"
     title = (f"schedule '{program.name}', {program.ranks} pipeline ranks x {program.microbatches} microbatches, one "

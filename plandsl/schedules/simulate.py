@@ -409,18 +409,30 @@ def step_grid(schedule: Schedule) -> list[list[Action | None]]:
     return grid
 
 
-def format_grid(grid: list[list[Action | None]], mark_step: int | None = None) -> str:
-    """`grid[rank][step]` as text, steps as rows and ranks as columns (torch's layout)."""
+def format_grid(grid: list[list[Action | None]], mark_step: int | None = None, window: int | None = None) -> str:
+    """`grid[rank][step]` as text, steps as rows and ranks as columns (torch's layout). `window`: where the grid has more
+    than 2 x window + 1 steps, only the steps within `window` of `mark_step` (the first 2 x window + 1 without one),
+    a `  ...` line where steps are left out: the work and the text are the window's, whatever the grid's length (a
+    schedule's diagnostics each carried the whole grid, 10,000 steps of a 540 KB CSV 68 times over: 28 s)."""
     steps = max((len(row) for row in grid), default=0)
-    labels = [f"Step {i:0{len(str(max(steps - 1, 0)))}d}" for i in range(steps)]
-    columns = [[f"Rank {r}"] + ["" if a is None else str(a) for a in row] + [""] * (steps - len(row))
+    first, last = 0, steps - 1
+    if window is not None and steps > 2 * window + 1:
+        centre = window if mark_step is None else min(max(mark_step, 0), steps - 1)
+        first, last = max(0, centre - window), min(steps - 1, centre + window)
+    digits = len(str(max(steps - 1, 0)))
+    shown = range(first, last + 1)
+    columns = [[f"Rank {r}"] + ["" if i >= len(row) or row[i] is None else str(row[i]) for i in shown]
                for r, row in enumerate(grid)]
     widths = [max(map(len, column)) for column in columns]
-    indent = len(labels[0]) + 2 if labels else 0
+    indent = len(f"Step {0:0{digits}d}") + 2 if steps else 0
     lines = [(" " * indent + " ".join(c[0].ljust(w) for c, w in zip(columns, widths))).rstrip()]
-    for i, label in enumerate(labels):
-        cells = " ".join(c[i + 1].ljust(w) for c, w in zip(columns, widths))
-        lines.append(f"{label}: {cells}".rstrip() + (" <-- here" if i == mark_step else ""))
+    if first > 0:
+        lines.append("  ...")
+    for row, i in enumerate(shown, 1):
+        cells = " ".join(c[row].ljust(w) for c, w in zip(columns, widths))
+        lines.append(f"Step {i:0{digits}d}: {cells}".rstrip() + (" <-- here" if i == mark_step else ""))
+    if last < steps - 1:
+        lines.append("  ...")
     return "\n".join(lines) + "\n"
 
 

@@ -18,6 +18,8 @@ of each action in its rank's order.
 """
 from __future__ import annotations
 
+import bisect
+
 from dataclasses import dataclass, replace
 
 from plandsl.diagnostics import Diagnostic, Note
@@ -26,6 +28,7 @@ from plandsl.diagnostics.source import NO_SPAN, Span
 from plandsl.schedules.simulate import Costs, format_grid, simulate, step_grid
 
 LIMIT = 20  # diagnostics of one code per schedule; the last one says how many more there were
+GRID_WINDOW = 12  # grid rows shown either side of a problem's step (`format_grid`): the whole grid up to 25 steps
 _BACKWARD = (Kind.B, Kind.I)
 
 
@@ -357,7 +360,7 @@ class _Validator:
             else:
                 mark = self.step(*problem.at)
             try:
-                text = format_grid(grid, mark_step=mark)
+                text = format_grid(grid, mark_step=mark, window=GRID_WINDOW)
             except Exception:  # noqa: BLE001 - a grid is a courtesy, never a crash
                 text = None
             out.append(Diagnostic(problem.code, problem.message, problem.span, problem.hint, problem.notes, text))
@@ -392,14 +395,16 @@ def _absent(values: set[int], total: int) -> list[tuple[int, int]]:
 
 
 def _subtract(ranges: list[tuple[int, int]], cut: list[int]) -> list[tuple[int, int]]:
-    """`ranges` without the sorted values `cut`."""
-    out = []
+    """`ranges` (sorted, disjoint) without the sorted values `cut`, in one pass over both (each range tried every
+    value of `cut` before: 75 s of a 2.4 MB CSV's import)."""
+    out, at = [], 0
     for first, last in ranges:
-        for value in cut:
-            if first <= value <= last:
-                if value > first:
-                    out.append((first, value - 1))
-                first = value + 1
+        at = bisect.bisect_left(cut, first, at)
+        while at < len(cut) and cut[at] <= last:
+            if cut[at] > first:
+                out.append((first, cut[at] - 1))
+            first = cut[at] + 1
+            at += 1
         if first <= last:
             out.append((first, last))
     return out

@@ -370,3 +370,22 @@ def test_every_generated_schedule_runs_and_its_lowering_runs_the_same(name):
     check_dependencies(schedule, plain, p2p=0.25)
     grid = step_grid(schedule)
     assert sum(a is not None for row in grid for a in row) == schedule.num_actions
+
+
+def test_format_grid_shows_a_window_around_the_marked_step():
+    """`window`: a long grid is shown for the steps within `window` of the mark, `  ...` where steps are left out, its
+    columns as wide as the window's cells (a schedule's diagnostics each carried every step)."""
+    grid = step_grid(one_f_one_b(2, 6))  # 14 steps
+    assert format_grid(grid, mark_step=2, window=20) == format_grid(grid, mark_step=2)  # short enough: all of it
+    text = format_grid(grid, mark_step=7, window=2)
+    assert text == (
+        "         Rank 0 Rank 1\n"
+        "  ...\n"
+        "Step 05: 0B1    1F2\n"
+        "Step 06: 0F3    1B2\n"
+        "Step 07: 0B2    1F3 <-- here\n"
+        "Step 08: 0F4    1B3\n"
+        "Step 09: 0B3    1F4\n"
+        "  ...\n"), text
+    first = format_grid(grid, window=1).splitlines()
+    assert first[1].startswith("Step 00:") and first[-1] == "  ..." and len(first) == 5  # no mark: the first steps
