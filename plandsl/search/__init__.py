@@ -232,6 +232,11 @@ def _placed(rank_map) -> str:
     return "in a V" if rank_map == "vshape" else "in a loop"
 
 
+def _stages_written(problem: Problem) -> str:
+    """What the plan's kept placement is, as the user wrote it: a `stages { }` block or a `stages = ...` line."""
+    return "block" if problem.stages_block else "line"
+
+
 def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
     """Contradictions the pins carry on their own (before any search)."""
     n = problem.cluster.num_devices
@@ -277,7 +282,7 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
         if not problem.runs_map(schedule, pp, count):
             raise SearchError(f"contradictory pins: schedule={schedule} places the stages on the ranks "
                               f"{_placed(BUILTIN[schedule].rank_map)}, and the kept stages "
-                              f"{'block' if problem.stages_block else 'line'}'s map places them "
+                              f"{_stages_written(problem)}'s map places them "
                               f"{_placed(stage_map)} (the checker's E409)", code="E805")
     if all(k in pins for k in ("micro_batch_size", "num_microbatches")):
         per_replica = pins["micro_batch_size"] * pins["num_microbatches"]
@@ -290,12 +295,14 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
                           f"stage that `recompute: full` reruns, recompute={pins['recompute']}", code="E805")
     if pins.get("sequence_parallel") and pins.get("tp", 1) > 1 and problem.deepspeed_engine(pins.get("pp")):
         # every layout left out: the reason was said as the schedules'
-        beside = f" beside pp={pins['pp']}" if pins.get("pp", 1) > 1 else ", at any pp where the plan's stages line names it"
+        beside = f" beside pp={pins['pp']}" if pins.get("pp", 1) > 1 else \
+            f", at any pp where the plan's stages {_stages_written(problem)} names it"
         raise SearchError(f"contradictory pins: sequence_parallel=true, and DeepSpeed's pipeline engine (--pipeline "
                           f"deepspeed) runs no sequence parallelism{beside} (E611)", code="E805")
     if problem.stages_kept and pins.get("virtual_stages", 1) > 1 and pins.get("pp") == 1:  # (`Space.roots`)
-        raise SearchError(f"contradictory pins: virtual_stages={pins['virtual_stages']} of a kept stages line needs a "
-                          "schedule that runs them, which pp=1 lays out none of", code="E805")
+        raise SearchError(f"contradictory pins: virtual_stages={pins['virtual_stages']} of a kept stages "
+                          f"{_stages_written(problem)} needs a schedule that runs them, which pp=1 lays out none of",
+                          code="E805")
     stages = pins.get("pp", 1) * pins.get("virtual_stages", 1)
     if problem.split == "evenly" and "pp" in pins and not pins.get("account") \
             and isinstance(problem.model, ir.TransformerModel) and stages > problem.model.layers:
@@ -318,7 +325,7 @@ def check_pins(problem: Problem, pins: Mapping[str, object]) -> None:
         if problem.stages_kept and pins.get("virtual_stages", 1) > 1:  # a pipeline of two ranks or more (`Space.roots`)
             raise SearchError(f"contradictory pins: offload_layers={offloaded} is searched without a pipeline "
                               f"(as megatron-core offloads), and virtual_stages={pins['virtual_stages']} of a kept "
-                              "stages line needs one", code="E805")
+                              f"stages {_stages_written(problem)} needs one", code="E805")
         blocks = getattr(problem.model, "layers", None)
         if isinstance(problem.model, ir.TransformerModel) and offloaded > blocks:
             raise SearchError(f"contradictory pins: offload_layers={offloaded} is more than the model's {blocks} "

@@ -340,7 +340,8 @@ def _against_plan(partial: Partial, overrides) -> tuple[list[Diagnostic], tuple[
         gives = "one data axis, no dp_shard" if (k, was) == ("dp_shard", 0) else f"{k}={_shown(was)}"
         errors.append(diag("E803", f"{shown} contradicts the plan's `{excerpt}`, which gives {gives}",
                            span, hint="`generate --from` keeps every line the plan writes and adds only what it leaves "
-                                      f"out: drop {shown}, or edit this line (remove it to let the search choose)"))
+                                      f"out: drop {shown}, or edit this {_written_as(partial, span)} (remove it to let "
+                                      "the search choose)"))
     setter, replaced = _rerun_replaced(partial.pins, over)
     for k in replaced:
         span = partial.written_pins[k][1]
@@ -388,7 +389,8 @@ def refusal(partial: Partial, overrides, error: SearchError) -> Diagnostic:
         return diag("E803", f"{named} contradict{'s' if len(pins) == 1 else ''} the plan's "
                             f"`{_excerpt(partial, span)}`: {detail(found)}", span,
                     hint="`generate --from` keeps every line the plan writes and adds only what it leaves "
-                         f"out: drop {named}, or edit this line (remove it to let the search choose)")
+                         f"out: drop {named}, or edit this {_written_as(partial, span)} (remove it to let the "
+                         "search choose)")
 
     def shaping(pins: Mapping[str, object]) -> Span | None:  # the line whose absence from the problem lets them stand
         return next((span for freed, span in _shaping_lines(partial) if pins_conflict(freed, pins) is None), None)
@@ -499,6 +501,11 @@ def _excerpt(partial: Partial, span: Span) -> str:
     """The text at `span` on one line, at most 60 characters."""
     excerpt = " ".join(partial.text[span.start:span.end].split())
     return excerpt if len(excerpt) <= 60 else excerpt[:57] + "..."
+
+
+def _written_as(partial: Partial, span: Span) -> str:
+    """What the user wrote at `span`: the plan's `stages { }` block, else a line (or a train item on one)."""
+    return "block" if partial.stage_block is not None and span == partial.stage_block.span else "line"
 
 
 def _shown(value) -> str:

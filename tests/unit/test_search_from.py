@@ -13,7 +13,7 @@ from plandsl.cli import main
 from plandsl.cost.estimate import estimate_plan
 from plandsl.diagnostics import PlanError
 from plandsl.rewrite.complete import complete
-from plandsl.search import search
+from plandsl.search import SearchError, check_pins, search
 from plandsl.search.partial import pins_with, read_partial
 from support import bounded
 
@@ -804,6 +804,38 @@ def test_a_pinned_schedule_against_a_kept_stages_blocks_map_says_it_is_the_block
         in out.output and f"schedule={pin} places the stages on the ranks {placed} (the checker's E409)" \
         in out.output, out.output
     assert "stages line" not in out.output and "microbatches" not in out.output
+
+
+_ONE_STAGE_BLOCK = "  stages {\n    0: embed, layers[0:8], norm, head\n    implementation = deepspeed\n  }\n"
+
+
+def test_pins_against_a_kept_stages_block_say_block_not_line(tmp_path):
+    """E803's hint said "or edit this line" and the search's messages "a kept stages line" / "the plan's stages line"
+    also where the plan writes a `stages { }` block; they name what the user wrote (the line form reads as before)."""
+    path = write(tmp_path, "  train   = { global_batch: 16, precision: bf16, optimizer: adam, lr: 1e-4 }\n"
+                           "  stages {\n    0: embed, layers[0:2]\n    1: layers[2:4]\n    2: layers[4:6]\n"
+                           "    3: layers[6:8], norm, head\n    virtual = 2\n  }\n")
+    out = generate("--from", path, "--pin", "pp=1")  # a --pin against the block's own pin
+    assert out.exit_code == 1 and f"{path}:11:3: error[E803]: --pin pp=1 contradicts the plan's `stages {{" \
+        in out.output and "drop --pin pp=1, or edit this block (remove it" in out.output, out.output
+    assert "this line" not in out.output
+    # a --pin the block's pipeline refuses (`_shaping_lines`), and the search's own message in it
+    path = write(tmp_path, "  train   = recipe\n" + _ONE_STAGE_BLOCK)
+    out = generate("--from", path, "--pin", "tp=2", "--pin", "sequence_parallel=true")
+    assert out.exit_code == 1 and f"{path}:11:3: error[E803]: --pin tp=2 and --pin sequence_parallel=true " \
+        "contradict the plan's `stages {" in out.output and "runs no sequence parallelism, at any pp where the " \
+        "plan's stages block names it (E611)" in out.output and "or edit this block (remove it" in out.output, \
+        out.output
+    assert "stages line" not in out.output and "this line" not in out.output
+    problem = read_partial(path).problem
+    for pins, said in (({"virtual_stages": 2, "pp": 1}, "virtual_stages=2 of a kept stages block needs a schedule that "
+                                                        "runs them, which pp=1 lays out none of"),
+                       ({"offload_layers": 2, "virtual_stages": 2}, "virtual_stages=2 of a kept stages block needs one")):
+        with pytest.raises(SearchError, match=re.escape(said)):
+            check_pins(problem, pins)
+    path = write(tmp_path, "  train   = recipe\n  stages  = evenly over pp with implementation = deepspeed\n")
+    with pytest.raises(SearchError, match="of a kept stages line needs a schedule"):
+        check_pins(read_partial(path).problem, {"virtual_stages": 2, "pp": 1})
 
 
 def test_a_kept_split_past_a_rank_its_open_gradients_overfill_is_refused_not_searched_forever(tmp_path):
