@@ -83,15 +83,21 @@ class SourceFile:
         if not text and span.line == 0:
             return []
         pieces, at = [], [0]  # the shown text of each character, and the column where each one starts in the shown line
-        for c in text:
+        for c in text:  # up to the first character past the columns shown: a diagnostic's work is not its line's
+            if at[-1] > _SHOWN_COLUMNS:  # length (100 diagnostics on one 400 kB line laid all of it out 100 times)
+                break
             piece = " " * (4 - at[-1] % 4) if c == "\t" else c if c.isprintable() else repr(c)[1:-1]
             pieces.append(piece)
             at.append(at[-1] + _columns(piece))
         kept = bisect.bisect_right(at, _SHOWN_COLUMNS) - 1  # the characters that end within the columns shown
         shown, shown_columns = "".join(pieces[:kept]), at[kept]
-        start = at[min(max(span.column, 1), len(text) + 1) - 1]
+
+        def column_of(index: int) -> int:  # where character `index` (0-based) starts; past those laid out, somewhere
+            return at[min(index, len(at) - 1)]  # past the columns shown, which is all the caret needs to know
+
+        start = column_of(min(max(span.column, 1), len(text) + 1) - 1)
         if span.end_line == span.line and span.end_column > span.column:
-            end = at[min(span.end_column, len(text) + 1) - 1]
+            end = column_of(min(span.end_column, len(text) + 1) - 1)
         elif span.end_line > span.line:
             end = at[-1]
         else:
