@@ -21,6 +21,8 @@ from plandsl.search.tree import Node
 
 
 _MISSING = object()  # a cache's miss (None is a split's answer: none fits)
+# `_moved_split`: the rounds of blocks moved from a split the schedule's simulated peak overfills, at most
+_PEAK_TRIES = 8
 
 
 class Splits:
@@ -232,7 +234,8 @@ class Splits:
                     ranks, relaxed,
                     lambda caps: self._cached_split(per, counted, caps, prefix, held, fixed, len(ranks)),
                     held, prefix, fixed, peak=peak)
-            return self._released_split(node, ranks, room, block_bytes, released, released_split)
+            return self._released_split(node, ranks, room, block_bytes, released, released_split,
+                                        peak=peak if self.figures.held(inflight) is not None else None)
         if not bounded:
             room = np.full(len(ranks), np.inf)
         elif not self._mixed_may_fit(room, block_bytes, ranks):
@@ -354,7 +357,7 @@ class Splits:
         return stage_sets, share, [per_kind[kind] for kind in self._summed], ends
 
     def _released_split(self, node: Node, ranks, room, block_bytes, released, split, recomputed: int | None = None,
-                        rerun_held=None, also=(), prefixes=None):
+                        rerun_held=None, also=(), prefixes=None, peak=None, rerun=None):
         """`mixed_partition`'s split where a rank holds only its open stages' unsharded gradients (`_mixed_released`),
         as the exact estimate counts them (`cost.memory.estimate_memory`: the largest sum over a set of the rank's
         stages open at once). The programme shares a rank's room over its stages (`_shared_split`: evenly first), so
@@ -365,6 +368,15 @@ class Splits:
         before) and the programme runs again. Each run admits a split within the caps of every stage counting all of
         its gradients (the last one is that split), so the split is never slower than that one, and it fits: the room
         less the rank's blocks' states and activations and its largest open set's gradients is never below 0.
+        `peak` (where the schedule's simulation may hold more than the rule, `Figures.held`: interleaved zero bubble
+        and the others that defer W; `_shared_split`'s, made only here) gives, per rank, what the simulated peak holds
+        beyond the in-flight rule with a split (`_mixed_peak`, `Caps.peak_beyond_rule`), which the exact estimate
+        counts too: the split that fits by the rule is checked with it, and where a rank is over, the split is the
+        fastest (the programme's slowest stage, `_table_seconds`, `rerun` its recomputation's seconds) of those a
+        block moved across a stage's bound from it that fit (`_moved_split`), or None (a partly recomputed node then
+        tries the next N). The programme's caps, a rank's room shared over its stages by the rule, cannot see the
+        peak, which grows with the blocks of the stages it holds more microbatches of (interleaved zero bubble's
+        later chunk); it took the split the exact estimate refused and the leaf was dropped.
         `split(relaxed, counted, figures)`: the programme's split within the room `relaxed` (per stage, its rank's,
         whole) at the blocks' bytes `counted` (per kind, per stage), `figures` `_mixed_prefixes`' of them (a fixed
         split, `fixes`, is not asked for); a partly recomputed node's (`mixed_partial_partition`): each stage's first
@@ -377,6 +389,24 @@ class Splits:
         whole = room + np.bincount(on, weights=ends, minlength=int(on.max()) + 1)[on]  # the ends' gradients apart
         lean = [each - g for each, g in zip(block_bytes, kind_grads)]  # a block's bytes without its gradients
         weight = share.copy()
+        rows = np.arange(len(ranks))
+
+        def excess(counts, simulated: bool = True):
+            """Per rank, by how much the split overfills its room (positive where it does): its stages' bytes, its
+            largest open set's gradients and, `simulated`, the schedule's simulated peak beyond the rule."""
+            bounds = np.cumsum((0,) + tuple(counts))
+            used, grads = np.zeros(len(ranks)), ends.copy()
+            for each, g, count in zip(lean, kind_grads, before):
+                blocks = count[bounds[1:]] - count[bounds[:-1]]
+                used += each * blocks
+                grads += g * blocks
+            if recomputed is not None:  # the first N blocks' full recomputation's activations beyond the kept ones'
+                used += rerun_held[rows, np.minimum(bounds[:-1] + recomputed, bounds[1:])] \
+                    - rerun_held[rows, bounds[:-1]]
+            beyond = made[0](counts) if simulated and made[0] is not None else None
+            return _open_over(on, used, grads, stage_sets, whole, beyond, excess=True)
+
+        made: list = [None]  # the simulated peak's function, made where a split fits by the rule
         while True:
             # a stage's blocks at their bytes less (1 - weight) of their gradients; the ends' in the rank's room alike
             freed = 1.0 - weight
@@ -388,26 +418,28 @@ class Splits:
                 figures = prefixes(counted) if prefixes is not None else self._mixed_prefixes(node, ranks, counted)
                 held = figures[3]
                 found = self.fixed(len(ranks)) if self.fixes else split(relaxed, counted, figures)
-            if found is None or (weight >= 1.0).all():
+            if found is None or ((weight >= 1.0).all() and peak is None):
                 if found is not None and self.fixes:  # every stage's gradients: the rank's room
                     return found if self._fixed_fits(found, ranks, room, held, recomputed, rerun_held) else None
                 return found
-            bounds = np.cumsum((0,) + tuple(found))
-            used, grads = np.zeros(len(ranks)), ends.copy()
-            for each, g, count in zip(lean, kind_grads, before):
-                blocks = count[bounds[1:]] - count[bounds[:-1]]
-                used += each * blocks
-                grads += g * blocks
-            if recomputed is not None:  # the first N blocks' full recomputation's activations beyond the kept ones'
-                rows = np.arange(len(ranks))
-                used += rerun_held[rows, np.minimum(bounds[:-1] + recomputed, bounds[1:])] \
-                    - rerun_held[rows, bounds[:-1]]
-            over = _open_over(on, used, grads, stage_sets, whole)
-            if not over.any():
-                return found
+            over = excess(found, simulated=False) > 0  # by the rule
+            if not over.any() or (weight[over[on]] >= 1.0).all():  # (every gradient counted: within their caps)
+                break
             if self.fixes:  # the one split, which more weight leaves as it is (the loop never ended where some rank
                 return None  # but not all was over): a rank does not hold it with its largest open set's gradients
             weight = np.where(over[on], 1.0, weight)  # those ranks' stages: every gradient, as before
+        if peak is None:
+            return found
+        made[0] = peak()
+        if made[0] is None or not (excess(found) > 0).any():
+            return found
+        if self.fixes:
+            return None  # the one split, which the simulated peak overfills
+        # the programme's split overfilled by the peak (its caps share a rank's room by the rule): the splits a block
+        # or a few moved across a stage's bounds from it, the fastest that fits as the programme counts time
+        fixed, _, prefix, _ = figures
+        return _moved_split(found, excess, lambda counts: max(_table_seconds(counts, prefix, fixed, recomputed, rerun)),
+                            self.pins.get("account") is None)
 
     def mixed_partial_partition(self, node: Node, zero: int, ranks, inflight, memory, least: int = 1):
         """`partial_partition` for several kinds of block: (blocks per stage, N) of a node that recomputes the first N
@@ -452,6 +484,7 @@ class Splits:
             return None
 
         counted_prefixes: dict = {}
+        simulated = self.figures.held(inflight) is not None  # the schedule's simulated peak may hold more than the rule
 
         def prefixes(counted):  # `_mixed_prefixes` of the kept node at the bytes `_released_split` counts, once each
             key = tuple(each.tobytes() for each in counted)
@@ -470,13 +503,15 @@ class Splits:
                     peaks.append(self._mixed_peak(node.root, ranks, inflight, kept_memory, memory))
                 return peaks[0]
 
+            def peak_at(n: int):  # `_shared_split`'s `peak` at N
+                return lambda: None if peak() is None else lambda c: peak()(c, n)
+
             def shared_split(n: int, room, figures):  # the programme's split at N within each rank's room
                 fixed, _, prefix, held = figures
                 return self._shared_split(
                     ranks, room, lambda caps: self._mixed_split(prefix, held, caps, fixed, len(ranks), n, rerun,
                                                                 rerun_held),
-                    held, prefix, fixed, n, rerun, rerun_held,
-                    lambda: None if peak() is None else lambda c: peak()(c, n))
+                    held, prefix, fixed, n, rerun, rerun_held, peak_at(n))
 
             def split_at(n: int):
                 if n not in tried:
@@ -484,7 +519,7 @@ class Splits:
                         tried[n] = self._released_split(
                             node.kept, ranks, room, kept_bytes, released,
                             lambda relaxed, _, figures: shared_split(n, relaxed, figures), n, rerun_held, full_bytes,
-                            prefixes)
+                            prefixes, peak_at(n) if simulated else None, rerun)
                     elif self.fixes:
                         tried[n] = counts if self._fixed_fits(counts, ranks, room, held, n, rerun_held) else None
                     else:
@@ -752,17 +787,51 @@ def _stage_sets(opens, ranks, pp: int):
     return opens[on, np.asarray(index)], share[on]
 
 
-def _open_over(on, used, grads, stage_sets, whole) -> np.ndarray:
+def _open_over(on, used, grads, stage_sets, whole, beyond=None, excess: bool = False) -> np.ndarray:
     """Per rank, whether its stages' bytes beside their gradients (`used`, per stage) and the largest sum of the
-    gradients (`grads`, per stage) of a set of its stages open at once exceed its room (`whole`, per stage: its
-    rank's): what the exact estimate counts of them (`cost.memory.estimate_memory`, `open_gradients`)."""
+    gradients (`grads`, per stage) of a set of its stages open at once, and `beyond` (per rank: the schedule's
+    simulated peak beyond the in-flight rule, `Caps.peak_beyond_rule`), exceed its room (`whole`, per stage: its
+    rank's): what the exact estimate counts of them (`cost.memory.estimate_memory`, `open_gradients`). `excess`: by
+    how much (positive where it does)."""
     ranks = int(on.max()) + 1
     most = np.zeros(ranks)
     for k in range(stage_sets.shape[1]):
         most = np.maximum(most, np.bincount(on, weights=grads * stage_sets[:, k], minlength=ranks))
     room = np.zeros(ranks)
     room[on] = whole
-    return np.bincount(on, weights=used, minlength=ranks) + most > room * (1 + 1e-12)
+    need = np.bincount(on, weights=used, minlength=ranks) + most
+    if beyond is not None:
+        need = need + beyond
+    return need - room * (1 + 1e-12) if excess else need > room * (1 + 1e-12)
+
+
+def _moved_split(counts, excess, seconds, ends_free: bool, tries: int = _PEAK_TRIES):
+    """The fastest split (least `seconds(split)`) among those one block moved across a bound between two stages from
+    `counts` that fit (`excess(split)`, per rank, none above 0); where none does, the same from the one of them least
+    over (its largest excess), `tries` rounds at most; None where no split so reached fits. Each stage holds a block at
+    least, the first and the last none where `ends_free` (an end may hold the embedding or the loss alone)."""
+    least = [0 if ends_free and s in (0, len(counts) - 1) else 1 for s in range(len(counts))]
+    seen = {tuple(counts)}
+    current = tuple(counts)
+    for _ in range(tries):
+        moved = []
+        for s in range(len(current) - 1):
+            for into, out in ((s, s + 1), (s + 1, s)):
+                if current[out] > least[out]:
+                    each = list(current)
+                    each[out] -= 1
+                    each[into] += 1
+                    if tuple(each) not in seen:
+                        seen.add(tuple(each))
+                        moved.append(tuple(each))
+        if not moved:
+            return None
+        over = [float(excess(each).max()) for each in moved]
+        fits = [each for each, o in zip(moved, over) if o <= 0]
+        if fits:
+            return min(fits, key=seconds)
+        current = moved[int(np.argmin(over))]
+    return None
 
 
 def _stage_seconds(counts, fixed, per_block) -> list[float]:
