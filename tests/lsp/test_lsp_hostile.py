@@ -260,3 +260,31 @@ def test_changes_applied_in_one_pass_make_the_text_pygls_makes():
             workspace.update_text_document(types.VersionedTextDocumentIdentifier(uri="file:///x", version=2), change)
         document = workspace.get_text_document("file:///x")
         assert applied(original, changes, document.position_codec) == document.source, (original, changes)
+
+
+def test_the_diagnostics_of_one_long_line_are_published_in_time_their_count_sets():
+    """A plan whose `train = { ... }` holds 5,000 unknown keys on one line of 55 kB: for each of its 5,000 diagnostics
+    (the server publishes them all) pygls counted the code units up to its column one character at a time, 5,000 x
+    27 kB (35 s of CPU, 4x per doubling of the keys); now the line's characters of several units are found once and
+    each position is a look-up: 1-2 s, nearly all of it the checking. A character outside the BMP before the keys
+    makes the line count in UTF-16 units."""
+    from lsprotocol import types
+    from pygls.workspace import Workspace
+
+    from plandsl.lsp.server import PlanServer
+    from support import VALID_PLAN, bounded
+    keys = ", ".join(f"zz{i}: 1" for i in range(5_000))
+    text = VALID_PLAN.replace("train   = {", "train   = { \"\U0001F600\": 1, " + keys + ",", 1)
+    uri, server = "file:///long.plan", PlanServer()
+    server.protocol._workspace = Workspace(None, sync_kind=types.TextDocumentSyncKind.Incremental)
+    server.workspace.put_text_document(types.TextDocumentItem(uri=uri, language_id="plan", version=1, text=text))
+    published = []
+    server.text_document_publish_diagnostics = published.append
+    with bounded(4.0, "publishing 5,000 diagnostics of one line"):
+        server.analyse(uri)
+    found = [d for d in published[0].diagnostics if d.message.startswith("train has no key 'zz")]
+    assert len(found) == 5_000
+    line = text.splitlines()[found[-1].range.start.line]
+    column = line.index("zz4999:")
+    assert found[-1].range.start == types.Position(line=found[-1].range.start.line, character=column + 1)  # 2 units
+    assert found[-1].range.end.character == column + 1 + len("zz4999")
