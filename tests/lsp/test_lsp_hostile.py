@@ -288,3 +288,36 @@ def test_the_diagnostics_of_one_long_line_are_published_in_time_their_count_sets
     column = line.index("zz4999:")
     assert found[-1].range.start == types.Position(line=found[-1].range.start.line, character=column + 1)  # 2 units
     assert found[-1].range.end.character == column + 1 + len("zz4999")
+
+
+def test_the_changes_of_one_long_line_are_placed_without_counting_the_line_each_time():
+    """1,000 changes of one didChange to a line of 100,000 characters (a character outside the BMP at its start, so
+    that UTF-16 units are not characters): pygls counted the line's code units one character at a time in Python, twice
+    per position, 61 s of CPU (4x per doubling); now the codecs count them in C, 0.35 s. (Each change still copies the
+    line it splices, in C: 1.2 s at 2,000 changes to a line of 200 kB.) The text is the one pygls makes."""
+    from lsprotocol import types
+    from pygls.workspace import Workspace
+
+    from plandsl.lsp.server import PlanServer, applied
+    from support import bounded
+    uri, server = "file:///x.plan", PlanServer()
+    server.protocol._workspace = Workspace(None, sync_kind=types.TextDocumentSyncKind.Incremental)
+    original = "\U0001F600" + "a" * 99_999
+    server.workspace.put_text_document(types.TextDocumentItem(uri=uri, language_id="plan", version=1, text=original))
+
+    def changes():
+        return [types.TextDocumentContentChangePartial(
+            range=types.Range(start=types.Position(line=0, character=100_000 - i),
+                              end=types.Position(line=0, character=100_001 - i)), text="b") for i in range(1_000)]
+    params = types.DidChangeTextDocumentParams(text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+                                               content_changes=changes())
+    with bounded(3.0, "didChange of 1,000 changes to one line"):
+        list(server.protocol.lsp_text_document__did_change(params))
+    document = server.workspace.get_text_document(uri)
+    assert document.source == "\U0001F600" + "a" * 98_999 + "b" * 1_000
+    few = changes()[:20]  # pygls's own TextDocument, change by change, where it takes a moment
+    workspace = Workspace(None, sync_kind=types.TextDocumentSyncKind.Incremental)
+    workspace.put_text_document(types.TextDocumentItem(uri="file:///y", language_id="plan", version=1, text=original))
+    for change in few:
+        workspace.update_text_document(types.VersionedTextDocumentIdentifier(uri="file:///y", version=2), change)
+    assert applied(original, changes()[:20], document.position_codec) == workspace.get_text_document("file:///y").source
