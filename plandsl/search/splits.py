@@ -233,7 +233,7 @@ class Splits:
                 return self._shared_split(
                     ranks, relaxed,
                     lambda caps: self._cached_split(per, counted, caps, prefix, held, fixed, len(ranks)),
-                    held, prefix, fixed, peak=peak)
+                    held, prefix, fixed, peak=peak, checks=False)  # (`_released_split` checks it)
             return self._released_split(node, ranks, room, block_bytes, released, released_split,
                                         peak=peak if self.figures.held(inflight) is not None else None)
         if not bounded:
@@ -250,7 +250,7 @@ class Splits:
             held, prefix, fixed, peak=peak)
 
     def _shared_split(self, ranks, room, split, held, prefix, fixed, recomputed: int | None = None, rerun=None,
-                      rerun_held=None, peak=None):
+                      rerun_held=None, peak=None, checks: bool = True):
         """The split `split(caps)` makes (the programme within each stage's cap of bytes) within each rank's room
         (`room`, per stage: its rank's, whole). A rank of one stage: its room. Of several: first an even share of it
         each (the split as before, kept where there is one). Where none fits those shares, which prunes splits whose
@@ -261,18 +261,15 @@ class Splits:
         of other counts that would fit is still pruned there). The bytes of a stage: `held`'s (cumulative per stage),
         its first `recomputed` blocks at `rerun_held`'s more; a split fits where each rank's stages' bytes and
         `peak()(counts)` (`_mixed_peak`: what the schedule's simulated peak holds beyond the in-flight rule, which the
-        exact estimate counts) are within its room."""
+        exact estimate counts) are within its room. The programme's split within the room (one stage a rank) or the even
+        shares, which count the rule alone, is checked with that peak too (`checks`; `_released_split` checks its own
+        with the open gradients), and where a rank is over, the split is the fastest of those a block moved across a
+        stage's bound from it that fit (`_moved_split`), or None: it was kept, and the exact estimate refused it."""
         shares = self._shares.get(ranks)
         if shares is None:  # (the stages' ranks, each stage's rank's stages), None where a rank holds one
             on = np.asarray(ranks)
             stages = np.bincount(on)[on]
             shares = self._shares[ranks] = (on, stages) if stages.max() > 1 else None
-        if shares is None or not np.isfinite(room).all():
-            return split(room)
-        on, stages = shares
-        found = split(room / stages)
-        if found is not None:
-            return found
         def used(counts):  # each stage's bytes under the split
             bounds = np.cumsum((0,) + tuple(counts))
             rows = np.arange(len(counts))
@@ -290,6 +287,31 @@ class Splits:
                     need = need + beyond
             return bool((need[on] <= room).all())
 
+        def checked(found):  # where the simulated peak overfills a rank with the rule's split: a block moved or a few
+            if found is None or peak is None or not checks:
+                return found
+            made = peak()
+            if made is None:
+                return found
+
+            def excess(counts):
+                need = np.bincount(on, weights=used(counts))
+                beyond = made(counts)
+                return (need if beyond is None else need + beyond) - rank_room
+            if not (excess(found) > 0).any():
+                return found
+            return _moved_split(found, excess, lambda c: max(_table_seconds(c, prefix, fixed, recomputed, rerun)),
+                                self.pins.get("account") is None)
+
+        on = np.asarray(ranks)
+        rank_room = np.zeros(int(on.max()) + 1)
+        rank_room[on] = room
+        if shares is None or not np.isfinite(room).all():
+            return checked(split(room)) if np.isfinite(room).all() else split(room)
+        on, stages = shares
+        found = split(room / stages)
+        if found is not None:
+            return checked(found)
         even = self._even.get(len(ranks))
         if even is None:
             even = self._even[len(ranks)] = tuple(
@@ -506,20 +528,20 @@ class Splits:
             def peak_at(n: int):  # `_shared_split`'s `peak` at N
                 return lambda: None if peak() is None else lambda c: peak()(c, n)
 
-            def shared_split(n: int, room, figures):  # the programme's split at N within each rank's room
+            def shared_split(n: int, room, figures, checks: bool = True):  # the programme's split at N in the room
                 fixed, _, prefix, held = figures
                 return self._shared_split(
                     ranks, room, lambda caps: self._mixed_split(prefix, held, caps, fixed, len(ranks), n, rerun,
                                                                 rerun_held),
-                    held, prefix, fixed, n, rerun, rerun_held, peak_at(n))
+                    held, prefix, fixed, n, rerun, rerun_held, peak_at(n), checks)
 
             def split_at(n: int):
                 if n not in tried:
                     if released is not None:
                         tried[n] = self._released_split(
                             node.kept, ranks, room, kept_bytes, released,
-                            lambda relaxed, _, figures: shared_split(n, relaxed, figures), n, rerun_held, full_bytes,
-                            prefixes, peak_at(n) if simulated else None, rerun)
+                            lambda relaxed, _, figures: shared_split(n, relaxed, figures, False), n, rerun_held,
+                            full_bytes, prefixes, peak_at(n) if simulated else None, rerun)
                     elif self.fixes:
                         tried[n] = counts if self._fixed_fits(counts, ranks, room, held, n, rerun_held) else None
                     else:
