@@ -5,6 +5,7 @@ schedule names (built-ins and the file's), and units after a number."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 from lsprotocol import types
 
@@ -132,20 +133,15 @@ def _item(label: str, kind: types.CompletionItemKind, detail: str | None = None,
 def _context(text: str, end: int) -> tuple[str | None, str | None]:
     """What the innermost `{` open before `end` belongs to (a definition's kind, `layer`, `stages`, or the
     attribute whose value it opens) and the name of the top-level definition it is in."""
-    depth, opener_at, definition = 0, None, None
-    position = end
-    while position > 0:
-        position = max(text.rfind("{", 0, position), text.rfind("}", 0, position))
-        if position < 0:
-            break
-        if _in_comment_or_string(text, position):
-            continue
+    depth, opener_at = 0, None
+    for position in _braces_before(text, end):
         if text[position] == "}":
             depth += 1
         elif depth:
             depth -= 1
-        elif opener_at is None:
+        else:
             opener_at = position
+            break
     if opener_at is None:
         return None, None
     line_start = text.rfind("\n", 0, opener_at) + 1
@@ -170,9 +166,38 @@ def _top_level(text: str, offset: int) -> re.Match | None:
     return found
 
 
-def _in_comment_or_string(text: str, position: int) -> bool:
-    line = text[text.rfind("\n", 0, position) + 1:position]
-    return "#" in line.split('"')[0] or line.count('"') % 2 == 1
+_MARKS = re.compile(r'[{}"#]')
+
+
+def _braces_before(text: str, end: int) -> Iterator[int]:
+    """The positions of the braces before `end` that are in no comment (a `#` before the line's first quote) and no
+    string (after an odd number of the line's quotes), last first. Each line holding a brace is read once, and each
+    kind of brace is looked for again only past where it was last found: a brace's line was sliced and split for each
+    brace and each look-up of the other kind read back to its last one (a completion after 40,000 braces on one line
+    took 0.8 s, 4x per doubling; after as many lines of `}` below one `{`, each step read back to the `{`)."""
+    last = {"{": -1, "}": -1}
+    for brace in last:
+        last[brace] = text.rfind(brace, 0, end)
+    position = end
+    while True:
+        for brace in last:
+            if last[brace] >= position:
+                last[brace] = text.rfind(brace, 0, position)
+        at = max(last.values())
+        if at < 0:
+            return
+        line_start = text.rfind("\n", 0, at) + 1
+        found, quotes = [], 0
+        for mark in _MARKS.finditer(text, line_start, at + 1):
+            if mark.group() == '"':
+                quotes += 1
+            elif mark.group() == "#":
+                if not quotes:  # a comment to the end of the line
+                    break
+            elif quotes % 2 == 0:
+                found.append(mark.start())
+        yield from reversed(found)
+        position = line_start
 
 
 def _plan(snapshot: Snapshot, previous: Snapshot | None, name: str | None) -> ir.Plan | None:
