@@ -243,8 +243,8 @@ class Splits:
         fixed, per, prefix, held = self._mixed_prefixes(node, ranks, block_bytes)
         if self.fixes:  # a fixed split (Megatron's counting the embedding and the loss, a kept line's), within each
             counts = self.fixed(len(ranks))  # rank's room
-            return counts if counts is not None and (
-                not bounded or self._fixed_fits(counts, ranks, room, held)) else None
+            return counts if counts is not None and (not bounded or self._fixed_fits(
+                counts, ranks, room, held, peak=peak if self.figures.held(inflight) is not None else None)) else None
         return self._shared_split(
             ranks, room, lambda caps: self._cached_split(per, block_bytes, caps, prefix, held, fixed, len(ranks)),
             held, prefix, fixed, peak=peak)
@@ -445,10 +445,11 @@ class Splits:
                     return found if self._fixed_fits(found, ranks, room, held, recomputed, rerun_held) else None
                 return found
             over = excess(found, simulated=False) > 0  # by the rule
+            if over.any() and self.fixes:  # the one split, which more weight leaves as it is (the loop never ended
+                return None  # where some rank but not all was over): a rank does not hold it with its largest open
+                # set's gradients (one whose set holds every stage of it, its weight 1 from the start, too)
             if not over.any() or (weight[over[on]] >= 1.0).all():  # (every gradient counted: within their caps)
                 break
-            if self.fixes:  # the one split, which more weight leaves as it is (the loop never ended where some rank
-                return None  # but not all was over): a rank does not hold it with its largest open set's gradients
             weight = np.where(over[on], 1.0, weight)  # those ranks' stages: every gradient, as before
         if peak is None:
             return found
@@ -543,7 +544,8 @@ class Splits:
                             lambda relaxed, _, figures: shared_split(n, relaxed, figures, False), n, rerun_held,
                             full_bytes, prefixes, peak_at(n) if simulated else None, rerun)
                     elif self.fixes:
-                        tried[n] = counts if self._fixed_fits(counts, ranks, room, held, n, rerun_held) else None
+                        tried[n] = counts if self._fixed_fits(counts, ranks, room, held, n, rerun_held,
+                                                              peak_at(n) if simulated else None) else None
                     else:
                         tried[n] = shared_split(n, room, (fixed, None, prefix, held))
                 return tried[n]
@@ -710,16 +712,23 @@ class Splits:
             held = held + each[:, None] * count
         return fixed, per, prefix, held
 
-    def _fixed_fits(self, counts, ranks, room, held, recomputed: int | None = None, rerun_held=None) -> bool:
+    def _fixed_fits(self, counts, ranks, room, held, recomputed: int | None = None, rerun_held=None,
+                    peak=None) -> bool:
         """Whether the fixed split (`fixes`: a pinned `account`, a kept line's) fits each rank's room (`room`: a stage's
-        rank's, whole), each stage's first `recomputed` blocks at `rerun_held`'s bytes more."""
+        rank's, whole), each stage's first `recomputed` blocks at `rerun_held`'s bytes more, and `peak()(counts)`
+        (`_shared_split`'s `peak`, made only where the rule's bytes fit: what the schedule's simulated peak holds
+        beyond the in-flight rule, per rank, which the exact estimate counts) with them."""
         bounds, used = np.cumsum((0,) + counts), {}
         for s, r in enumerate(ranks):
             a, b = bounds[s], bounds[s + 1]
             used[r] = used.get(r, 0.0) + held[s][b] - held[s][a]
             if recomputed is not None:
                 used[r] += rerun_held[s][min(a + recomputed, b)] - rerun_held[s][a]
-        return all(used[r] <= room[ranks.index(r)] for r in used)
+        if not all(used[r] <= room[ranks.index(r)] for r in used):
+            return False
+        beyond = peak() if peak is not None else None
+        beyond = beyond(counts) if beyond is not None else None
+        return beyond is None or all(used[r] + beyond[r] <= room[ranks.index(r)] for r in used)
 
     def _mixed_partial_memory(self, memory, kept_memory):
         """The memory of a partly recomputed node of several kinds of block (`Caps.partial_memory`'s): the kept node's

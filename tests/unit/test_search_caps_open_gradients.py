@@ -17,7 +17,7 @@ from plandsl import api
 from plandsl.cost.compute import DEFAULT_EFFICIENCY
 from plandsl.cost.estimate import estimate_plan
 from plandsl.ir.placement import Assignment
-from plandsl.search import Problem, search
+from plandsl.search import Problem, parse_pins, search
 from plandsl.search.choices import stage_ranks
 from plandsl.search.problem import build_plan
 from plandsl.search.space import Space
@@ -218,3 +218,32 @@ def test_a_split_whose_ranks_hold_every_gradient_counts_the_simulated_peak_too(g
         assert counts in fitting, (counts, fitting)
         if schedule == "interleaved_zero_bubble":
             assert fitting[counts] == min(fitting.values()), (counts, fitting)
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_a_fixed_split_a_rank_of_every_stage_open_overfills_is_refused(zero):
+    """ZBV on 2 ranks and 2 microbatches: rank 0 holds its two stages' gradients one at a time, rank 1 both at once
+    (its largest open set is all its stages: `_released_split` counts them whole from the start). A fixed split
+    (Megatron's, the pin `account`: (2, 3, 2, 1) of 8 blocks) over rank 1 was refused before f84ab51; since, the loop
+    stopped with that rank over (its gradients already whole) and, the schedule's simulation holding no more than the
+    rule, returned the split unchecked: the search kept leaves needing 3.2 to 3.7 GiB on rank 1 by estimate_plan on
+    devices of 1.75 and 2.5 GiB. Every leaf the search keeps here fits by the exact estimate."""
+    hardware = HARDWARE.replace("16 GiB", "2.5 GiB").replace("cluster eight = box x 4", "cluster pair = box x 2")
+    document = api.loads(hardware + "model m = llama(layers=8, hidden=1024, heads=8, kv_heads=4, seq=1024, "
+                                    "vocab=8192, experts=4, top_k=2, dense_layers=3)\n")
+    problem = Problem(document.models[0], document.clusters[0], 16, None)
+    space = Space(problem, parse_pins(["pp=2", "virtual_stages=2", f"zero={zero}", "recompute_layers=1",
+                                       "account=embed,loss", "schedule=zbv"]), DEFAULT_EFFICIENCY)
+    checked = 0
+    for root in space.roots():
+        for node in space.expand_root(root):
+            pending = space.pending(node)
+            for _, _, at_zero, schedule, virtual in (pending.leaves if pending else []):
+                leaf = space._leaf(node, at_zero, schedule, virtual, pending.memory[at_zero])
+                if leaf is None:
+                    continue
+                found = _estimate(space, node, schedule, virtual, at_zero, leaf.counts, leaf.recompute_layers)
+                assert all(m.total <= c for m, c in zip(found, root.capacity)), \
+                    (node.microbatches, leaf.counts, [m.total / 2 ** 30 for m in found])
+                checked += 1
+    assert checked
