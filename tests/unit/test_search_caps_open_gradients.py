@@ -47,17 +47,16 @@ def _estimate(space, node, schedule, virtual, zero, counts, recompute_layers=Non
     return estimate_plan(plan, DEFAULT_EFFICIENCY, assignment).memory
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_several_kinds_count_the_open_stages_gradients_as_the_exact_estimate(name):
-    space = _space(name)
-    units = [layer for layer in space.layers if layer.kind == "block"] if space.transformer else space.layers
-    kinds = [(u.param_count, u.flops_per_token, u.activation_bytes_per_token, u.output_width) for u in units]
-    checked = released = 0
+def _even_leaves(space, units, kinds, partly_recomputed: bool):
+    """Each ZeRO-2/3 leaf of the space (of a node that recomputes the first blocks of each stage, or of one that keeps
+    or recomputes all of them and offloads none) whose pipeline stages split the blocks evenly, as (root, node, its
+    pending leaves, zero, schedule, virtual, the even split, per rank whether its stages hold the same kinds of block,
+    whether its ranks hold only their open stages' gradients)."""
     for root in space.roots():
-        if root.pp == 1 or root.data_ranks == 1:
+        if root.data_ranks == 1 or (root.pp == 1 and not partly_recomputed):
             continue
         for node in space.expand_root(root):
-            if node.kept is not None or node.offload:
+            if (node.kept is not None) != partly_recomputed or (node.offload and not partly_recomputed):
                 continue
             pending = space.pending(node)
             for _, _, zero, schedule, virtual in (pending.leaves if pending else []):
@@ -66,22 +65,32 @@ def test_several_kinds_count_the_open_stages_gradients_as_the_exact_estimate(nam
                     continue
                 ranks = stage_ranks(schedule, root.pp, virtual)
                 inflight = space.figures.inflight(schedule, root.pp, node.microbatches, virtual)
-                released += space.figures.open_stages(inflight) is not None
-                counts = (len(units) // stages,) * stages
                 per = len(units) // stages
                 alike = [len({tuple(kinds[s * per:(s + 1) * per]) for s, r in enumerate(ranks) if r == rank}) == 1
                          for rank in range(root.pp)]
-                if not any(alike):
-                    continue
-                memory = _estimate(space, node, schedule, virtual, zero, counts)
-                # each alike rank's device just its exact estimate (a part in 10**9: sums in another order)
-                capacity = tuple(m.total * (1 + 1e-9) if alike[r] else 2.0 ** 62 for r, m in enumerate(memory))
-                at = replace(node, root=replace(root, capacity=capacity), ident=next(_IDENT))
-                leaf = space._leaf(at, zero, schedule, virtual, pending.memory[zero])
-                assert leaf is not None, (root.pp, root.dp, root.ep, node.microbatches, zero, schedule, virtual)
-                found = _estimate(space, at, schedule, virtual, zero, leaf.counts)
-                assert all(m.total <= c for m, c in zip(found, capacity)), (leaf.counts, counts)
-                checked += 1
+                yield (root, node, pending, zero, schedule, virtual, (per,) * stages, alike,
+                       space.figures.open_stages(inflight) is not None)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_several_kinds_count_the_open_stages_gradients_as_the_exact_estimate(name):
+    space = _space(name)
+    units = [layer for layer in space.layers if layer.kind == "block"] if space.transformer else space.layers
+    kinds = [(u.param_count, u.flops_per_token, u.activation_bytes_per_token, u.output_width) for u in units]
+    checked = released = 0
+    for root, node, pending, zero, schedule, virtual, counts, alike, opens in _even_leaves(space, units, kinds, False):
+        released += opens
+        if not any(alike):
+            continue
+        memory = _estimate(space, node, schedule, virtual, zero, counts)
+        # each alike rank's device just its exact estimate (a part in 10**9: sums in another order)
+        capacity = tuple(m.total * (1 + 1e-9) if alike[r] else 2.0 ** 62 for r, m in enumerate(memory))
+        at = replace(node, root=replace(root, capacity=capacity), ident=next(_IDENT))
+        leaf = space._leaf(at, zero, schedule, virtual, pending.memory[zero])
+        assert leaf is not None, (root.pp, root.dp, root.ep, node.microbatches, zero, schedule, virtual)
+        found = _estimate(space, at, schedule, virtual, zero, leaf.counts)
+        assert all(m.total <= c for m, c in zip(found, capacity)), (leaf.counts, counts)
+        checked += 1
     assert checked and released, (checked, released)
 
 
@@ -95,37 +104,20 @@ def test_a_partly_recomputed_node_of_several_kinds_counts_the_open_stages_gradie
     units = [layer for layer in space.layers if layer.kind == "block"]
     kinds = [(u.param_count, u.flops_per_token, u.activation_bytes_per_token, u.output_width) for u in units]
     checked = released = 0
-    for root in space.roots():
-        if root.data_ranks == 1:
+    for root, node, pending, zero, schedule, virtual, counts, alike, opens in _even_leaves(space, units, kinds, True):
+        if not any(alike):
             continue
-        for node in space.expand_root(root):
-            if node.kept is None:
-                continue
-            pending = space.pending(node)
-            for _, _, zero, schedule, virtual in (pending.leaves if pending else []):
-                stages = root.pp * virtual
-                if zero < 2 or len(units) % stages:
-                    continue
-                ranks = stage_ranks(schedule, root.pp, virtual)
-                inflight = space.figures.inflight(schedule, root.pp, node.microbatches, virtual)
-                opens = space.figures.open_stages(inflight) is not None
-                per = len(units) // stages
-                counts = (per,) * stages
-                alike = [len({tuple(kinds[s * per:(s + 1) * per]) for s, r in enumerate(ranks) if r == rank}) == 1
-                         for rank in range(root.pp)]
-                if not any(alike):
-                    continue
-                memory = _estimate(space, node, schedule, virtual, zero, counts, 1)
-                capacity = tuple(m.total * (1 + 1e-9) if alike[r] else 2.0 ** 62 for r, m in enumerate(memory))
-                at = replace(node, root=replace(root, capacity=capacity), ident=next(_IDENT))
-                at.kept = replace(node.kept, root=at.root, ident=next(_IDENT))
-                leaf = space._leaf(at, zero, schedule, virtual, pending.memory[zero])
-                assert leaf is not None, (root.pp, root.dp, root.ep, node.microbatches, zero, schedule, virtual)
-                assert leaf.recompute_layers == 1
-                found = _estimate(space, at, schedule, virtual, zero, leaf.counts, 1)
-                assert all(m.total <= c for m, c in zip(found, capacity)), (leaf.counts, counts)
-                checked += 1
-                released += opens
+        memory = _estimate(space, node, schedule, virtual, zero, counts, 1)
+        capacity = tuple(m.total * (1 + 1e-9) if alike[r] else 2.0 ** 62 for r, m in enumerate(memory))
+        at = replace(node, root=replace(root, capacity=capacity), ident=next(_IDENT))
+        at.kept = replace(node.kept, root=at.root, ident=next(_IDENT))
+        leaf = space._leaf(at, zero, schedule, virtual, pending.memory[zero])
+        assert leaf is not None, (root.pp, root.dp, root.ep, node.microbatches, zero, schedule, virtual)
+        assert leaf.recompute_layers == 1
+        found = _estimate(space, at, schedule, virtual, zero, leaf.counts, 1)
+        assert all(m.total <= c for m, c in zip(found, capacity)), (leaf.counts, counts)
+        checked += 1
+        released += opens
     assert checked and released, (checked, released)
 
 
