@@ -21,7 +21,7 @@ from plandsl.cost.schedule import plan_schedule
 from plandsl.diagnostics import PlanError, diag
 from plandsl.interop.result import Exported, Imported
 from plandsl.schedules.lower import add_send_recv
-from plandsl.schedules.program import cell_error, csv_cells, csv_line, csv_lines, parse_action, to_csv
+from plandsl.schedules.program import cell_error, csv_cells, csv_lines, parse_action, to_csv
 from plandsl.schedules.resolve import csv_source, schedule_from_csv, to_plan, to_torch_csv
 from plandsl.schedules.simulate import GridTooLarge, step_grid
 from plandsl.diagnostics.source import SourceFile, Span
@@ -155,7 +155,7 @@ def _compute_cells(text: str, path: str) -> str:
                 if cell.strip():
                     parse_action(cell.strip())
             except ValueError as error:
-                bad = cell_error(csv_line(text, at), at, cell, error)
+                bad = cell_error(text, at, cell, error)
                 source = csv_source(path, text)
                 raise PlanError([diag("E602", f"{path}: {bad}", source.span(bad.start, bad.end))],
                                 {path: source}) from None

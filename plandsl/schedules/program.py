@@ -235,15 +235,12 @@ def csv_cells(offset: int, line: str) -> list[tuple[int, str]]:
         start = comma + 1
 
 
-def csv_line(text: str, at: int) -> int:
-    """The 1-based line of offset `at` of the CSV `text` as its source is quoted (`csv_lines`' breaks, counted inside
-    a quoted cell too): a record after a quoted cell that holds a line break starts on a later line than its number."""
-    return len(_LINE_BREAK.findall(text, 0, at)) + 1
-
-
-def cell_error(number: int, at: int, cell: str, error: ValueError) -> CellError:
-    """`error` of the cell `cell` at offset `at` of line `number`, located at the cell's text (its spaces left out)."""
+def cell_error(text: str, at: int, cell: str, error: ValueError) -> CellError:
+    """`error` of the cell `cell` at offset `at` of the CSV `text`, located at the cell's text (its spaces left out),
+    the message naming its line as the source is quoted (`csv_lines`' breaks, counted inside a quoted cell too: a record
+    after a quoted cell that holds a line break starts on a later line than its number)."""
     start = at + len(cell) - len(cell.lstrip())
+    number = len(_LINE_BREAK.findall(text, 0, at)) + 1
     return CellError(f"line {number}: {error}", start, max(start + len(cell.strip()), start + 1))
 
 
@@ -258,7 +255,7 @@ def from_csv(text: str) -> list[list[Action | None]]:
             try:
                 row.append(parse_action(cell) if cell.strip() else None)
             except ValueError as error:
-                raise cell_error(csv_line(text, at), at, cell, error) from None
+                raise cell_error(text, at, cell, error) from None
         rows.append(row)
     return rows
 
