@@ -1,8 +1,9 @@
 """What several test files share: a valid plan to mutate, reference schedules written from their
 papers' definitions (independent of plandsl.schedules.generators), `bounded` for "this input
-costs little work", `lazy` for modules that import torch, `cli_in_process` for the command line
-without a new interpreter, `example_tiers` for a property test's example count in each tier,
-`generated_plan` for what `generate` writes, read back, `lowered_plan` / `error_codes` for a plan's text, and
+costs little work", `cpu_ratio` for "this input costs what its peer costs", `lazy` for modules
+that import torch, `cli_in_process` for the command line without a new interpreter,
+`example_tiers` for a property test's example count in each tier, `generated_plan` for what
+`generate` writes, read back, `lowered_plan` / `error_codes` for a plan's text, and
 `space_leaves` for every leaf of a search space."""
 from __future__ import annotations
 
@@ -122,6 +123,27 @@ def reference_cpu_s() -> float:
         sorted(table.items(), key=lambda item: (-item[1], item[0]))
         runs.append(time.process_time() - start)
     return sorted(runs)[2]
+
+
+def cpu_ratio(work, peer, repeat: int = 3) -> float:
+    """CPU seconds of `work()` over those of `peer()`, each the least of `repeat` runs taken in turn (so that a burst of
+    load on the machine falls on both), the collector's objects frozen as in `bounded`: for "this input costs what its
+    peer of the same size costs" or "twice the input costs twice", a ratio that a slower machine does not change."""
+    import gc
+
+    def run(function) -> float:
+        gc.freeze()
+        start = time.process_time()
+        try:
+            function()
+            return time.process_time() - start
+        finally:
+            gc.unfreeze()
+    runs: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeat):
+        runs[0].append(run(work))
+        runs[1].append(run(peer))
+    return min(runs[0]) / max(min(runs[1]), 1e-6)
 
 
 def cli_in_process(*args, cwd: str | Path | None = None, stdin: str | None = None) -> subprocess.CompletedProcess:

@@ -628,3 +628,48 @@ def test_a_rate_below_one_per_second_is_refused_not_an_infinite_time(tmp_path, f
     assert f"error[{code}]" in result.stdout + result.stderr and words in result.stdout + result.stderr
     path.write_text(_TINY.format(**_SANE))
     assert cli("generate", "--from", str(path), "--top", "1").returncode == 0
+
+
+# ---- many unknown names: each hint's look-up costs what reading the name costs --------------------
+def _train_keys(keys: int, key: str) -> str:
+    return VALID_PLAN.replace("train   = {", "train   = { " + ", ".join(key.format(i) for i in range(keys)) + ",", 1)
+
+
+@pytest.mark.parametrize("key", ["zz{}: 1", "micro_bach: 1"], ids=["unknown", "one misspelling"])
+def test_unknown_keys_cost_little_more_than_keys_given_twice(key):
+    """A train block of 4,000 unknown keys (E206 each, with its did-you-mean) against one of 4,000 keys given twice
+    (E213 each, no hint), each file's tree already parsed (parser._parse_cached: under 64 kB), so that the ratio is
+    the lowering's and its hints': difflib read the 25 train keys twice per unknown key (the hint and its edit): 16x
+    the peer's CPU, 40x for one misspelt key written 4,000 times (and two thirds of `plandsl check` of 40,000 unknown
+    keys on one line, 9.6 s); now the train keys that could be close are looked up by character and the answer is
+    kept per name: 2.5-3.5x."""
+    from support import cpu_ratio
+    unknown, twice = _train_keys(4_000, key), _train_keys(4_000, "seed: {}")
+    assert len(unknown) < 64_000 and len(twice) < 64_000  # parser.CACHED_BYTES
+    assert cpu_ratio(lambda: analyze(text=unknown), lambda: analyze(text=twice)) < 7
+    hints = {d.hint for d in analyze(text=unknown).errors}
+    assert hints == {None if key.startswith("zz") else "did you mean 'micro_batch'?"}
+
+
+def test_the_nearest_name_is_difflibs():
+    """`nearest` passes over the options that cannot reach difflib's cutoff before asking difflib: the same answer as
+    difflib's over all of them, for random names and options (characters of several kinds, repeats, empty ones),
+    and for names long enough for difflib's junk heuristic."""
+    import difflib
+
+    from plandsl.diagnostics import nearest
+    rng = random.Random(3)
+    alphabet = "ab_cdeé\U0001F600xyz"
+
+    def word(most: int) -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, most)))
+    for _ in range(20_000):
+        options = [word(8) for _ in range(rng.randint(0, 8))]
+        name = rng.choice(options) + word(2) if options and rng.random() < 0.3 else word(10)
+        expected = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+        assert nearest(name, options) == (expected[0] if expected else None), (name, options)
+    for _ in range(100):
+        options = [word(300) for _ in range(3)] + ["a" * 250 + "b"]
+        name = "a" * rng.randint(150, 300) + word(20)
+        expected = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+        assert nearest(name, options) == (expected[0] if expected else None)
