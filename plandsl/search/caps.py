@@ -208,8 +208,8 @@ class Caps:
     def peak_beyond_rule(self, root: Root, ranks, inflight, memory, stored) -> np.ndarray | None:
         """Per rank, the bytes the schedule's simulated peak of activations holds beyond the in-flight rule's count
         (`_need`'s two figures: the exact estimate takes the larger), where each stage holds `stored` bytes of
-        activations a microbatch (per stage, in stage order; blocks of several kinds: `Splits._shared_split`); None
-        where the simulation holds no more than the rule (`Figures.held`)."""
+        activations a microbatch (per stage, in stage order; blocks of several kinds: `Splits._shared_split`; any leading
+        dimensions: several splits' at once); None where the simulation holds no more than the rule (`Figures.held`)."""
         held = self.figures.held(inflight)
         if held is None:
             return None
@@ -219,9 +219,10 @@ class Caps:
         order = self._rank_order.get(ranks)
         if order is None:  # the stages rank by rank, each rank's in stage order
             order = self._rank_order[ranks] = np.array([s for stages in stages_by_rank(ranks, pp) for s in stages])
-        stored = np.asarray(stored, dtype=np.float64)[order].reshape(pp, chunks)
+        stored = np.asarray(stored, dtype=np.float64)
+        stored = stored[..., order].reshape(stored.shape[:-1] + (pp, chunks))
         rule = inflight * stored.sum(axis=-1) + rule_ends
-        simulated = np.matmul((stored + ends)[:, None, :], moments).max(axis=-1)[:, 0]
+        simulated = np.matmul((stored + ends)[..., None, :], moments).max(axis=-1)[..., 0]
         return np.maximum(simulated - rule, 0.0)
 
     def _split_need(self, root: Root, ranks, inflight, memory, counts, recomputed, kept, held) -> tuple:

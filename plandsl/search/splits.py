@@ -270,13 +270,13 @@ class Splits:
             on = np.asarray(ranks)
             stages = np.bincount(on)[on]
             shares = self._shares[ranks] = (on, stages) if stages.max() > 1 else None
-        def used(counts):  # each stage's bytes under the split
-            bounds = np.cumsum((0,) + tuple(counts))
-            rows = np.arange(len(counts))
-            out = held[rows, bounds[1:]] - held[rows, bounds[:-1]]
+        def used(counts):  # each stage's bytes under the split (splits as rows: each row's)
+            bounds = _bounds(counts)
+            rows = np.arange(bounds.shape[-1] - 1)
+            out = held[rows, bounds[..., 1:]] - held[rows, bounds[..., :-1]]
             if recomputed is not None:
-                out = out + rerun_held[rows, np.minimum(bounds[:-1] + recomputed, bounds[1:])] \
-                    - rerun_held[rows, bounds[:-1]]
+                out = out + rerun_held[rows, np.minimum(bounds[..., :-1] + recomputed, bounds[..., 1:])] \
+                    - rerun_held[rows, bounds[..., :-1]]
             return out
 
         def fits(counts, simulated: bool = True) -> bool:
@@ -294,8 +294,8 @@ class Splits:
             if made is None:
                 return found
 
-            def excess(counts):
-                need = np.bincount(on, weights=used(counts))
+            def excess(counts):  # per rank (splits as rows: per split and rank)
+                need = _rank_sums(used(counts), on, len(rank_room))
                 beyond = made(counts)
                 return (need if beyond is None else need + beyond) - rank_room
             if not (excess(found) > 0).any():
@@ -338,11 +338,12 @@ class Splits:
         more = sum(full[0][kind][1] * count for kind, count in zip(self._summed, before)) - kept \
             if full is not None else None
 
-        def peak(counts, recomputed=None):
-            bounds = np.cumsum((0,) + tuple(counts))
-            stored = kept[bounds[1:]] - kept[bounds[:-1]]
+        def peak(counts, recomputed=None):  # per rank (splits as rows: per split and rank)
+            bounds = _bounds(counts)
+            stored = kept[bounds[..., 1:]] - kept[bounds[..., :-1]]
             if recomputed is not None:
-                stored = stored + more[np.minimum(bounds[:-1] + recomputed, bounds[1:])] - more[bounds[:-1]]
+                stored = stored + more[np.minimum(bounds[..., :-1] + recomputed, bounds[..., 1:])] \
+                    - more[bounds[..., :-1]]
             return self.caps.peak_beyond_rule(root, ranks, inflight, memory, stored)
         return peak
 
@@ -416,15 +417,16 @@ class Splits:
         def excess(counts, simulated: bool = True):
             """Per rank, by how much the split overfills its room (positive where it does): its stages' bytes, its
             largest open set's gradients and, `simulated`, the schedule's simulated peak beyond the rule."""
-            bounds = np.cumsum((0,) + tuple(counts))
-            used, grads = np.zeros(len(ranks)), ends.copy()
+            bounds = _bounds(counts)  # (splits as rows: per split and rank)
+            used = np.zeros(bounds.shape[:-1] + (len(ranks),))
+            grads = ends + used
             for each, g, count in zip(lean, kind_grads, before):
-                blocks = count[bounds[1:]] - count[bounds[:-1]]
+                blocks = count[bounds[..., 1:]] - count[bounds[..., :-1]]
                 used += each * blocks
                 grads += g * blocks
             if recomputed is not None:  # the first N blocks' full recomputation's activations beyond the kept ones'
-                used += rerun_held[rows, np.minimum(bounds[:-1] + recomputed, bounds[1:])] \
-                    - rerun_held[rows, bounds[:-1]]
+                used += rerun_held[rows, np.minimum(bounds[..., :-1] + recomputed, bounds[..., 1:])] \
+                    - rerun_held[rows, bounds[..., :-1]]
             beyond = made[0](counts) if simulated and made[0] is not None else None
             return _open_over(on, used, grads, stage_sets, whole, beyond, excess=True)
 
@@ -802,6 +804,26 @@ class Splits:
 
 
 
+def _bounds(counts) -> np.ndarray:
+    """Each stage's first and last block bounds of a split (blocks per stage: 0, then the running sums); of several
+    splits as rows, a row each."""
+    counts = np.asarray(counts, dtype=np.int64)
+    bounds = np.zeros(counts.shape[:-1] + (counts.shape[-1] + 1,), dtype=np.int64)
+    np.cumsum(counts, axis=-1, out=bounds[..., 1:])
+    return bounds
+
+
+def _rank_sums(values, on, ranks: int) -> np.ndarray:
+    """Per rank, the sum of its stages' `values` (per stage; `on`: each stage's rank), added in stage order as
+    `np.bincount` adds them (to the bit); of several rows (leading dimensions), a row each."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim == 1:
+        return np.bincount(on, weights=values, minlength=ranks)
+    sums = np.zeros(values.shape[:-1] + (ranks,))
+    np.add.at(np.moveaxis(sums, -1, 0), on, np.moveaxis(values, -1, 0))
+    return sums
+
+
 def _stage_sets(opens, ranks, pp: int):
     """(per stage, the sets of its rank's stages open at once, stages x sets; per stage, the largest set's share of its
     rank's stages) from `Figures.open_stages`' array (ranks x a rank's stages x sets), or (None, None) where every
@@ -825,12 +847,12 @@ def _open_over(on, used, grads, stage_sets, whole, beyond=None, excess: bool = F
     rank's): what the exact estimate counts of them (`cost.memory.estimate_memory`, `open_gradients`). `excess`: by
     how much (positive where it does)."""
     ranks = int(on.max()) + 1
-    most = np.zeros(ranks)
+    most = np.zeros(np.shape(used)[:-1] + (ranks,))
     for k in range(stage_sets.shape[1]):
-        most = np.maximum(most, np.bincount(on, weights=grads * stage_sets[:, k], minlength=ranks))
+        most = np.maximum(most, _rank_sums(grads * stage_sets[:, k], on, ranks))
     room = np.zeros(ranks)
     room[on] = whole
-    need = np.bincount(on, weights=used, minlength=ranks) + most
+    need = _rank_sums(used, on, ranks) + most
     if beyond is not None:
         need = need + beyond
     return need - room * (1 + 1e-12) if excess else need > room * (1 + 1e-12)
@@ -838,7 +860,7 @@ def _open_over(on, used, grads, stage_sets, whole, beyond=None, excess: bool = F
 
 def _moved_split(counts, excess, seconds, ends_free: bool, tries: int = _PEAK_TRIES):
     """The fastest split (least `seconds(split)`) among those one block moved across a bound between two stages from
-    `counts` that fit (`excess(split)`, per rank, none above 0); where none does, the same from the one of them least
+    `counts` that fit (`excess(splits)`, per split, as rows, and rank, none above 0); where none does, the same from the one of them least
     over (its largest excess), `tries` rounds at most; None where no split so reached fits. Each stage holds a block at
     least, the first and the last none where `ends_free` (an end may hold the embedding or the loss alone)."""
     least = [0 if ends_free and s in (0, len(counts) - 1) else 1 for s in range(len(counts))]
@@ -857,7 +879,7 @@ def _moved_split(counts, excess, seconds, ends_free: bool, tries: int = _PEAK_TR
                         moved.append(tuple(each))
         if not moved:
             return None
-        over = [float(excess(each).max()) for each in moved]
+        over = excess(np.array(moved)).max(axis=-1).tolist()  # every moved split at once: one row each
         fits = [each for each, o in zip(moved, over) if o <= 0]
         if fits:
             return min(fits, key=seconds)

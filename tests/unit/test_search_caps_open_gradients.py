@@ -239,3 +239,34 @@ def test_a_fixed_split_a_rank_of_every_stage_open_overfills_is_refused(zero):
                     (node.microbatches, leaf.counts, [m.total / 2 ** 30 for m in found])
                 checked += 1
     assert checked
+
+
+@pytest.mark.parametrize("gib, pins", [
+    (3.0, {"dp": 2, "zero_stage": 2}),  # ranks that free their stages' gradients: `_released_split`'s excess
+    (1.75, {"dp": 1, "zero_stage": 2})])  # ranks that hold every gradient: `_shared_split`'s
+def test_the_moved_splits_are_weighed_at_once_to_the_bit(monkeypatch, gib, pins):
+    """`_moved_split` asks `excess` for every split a block moved from the one the simulated peak overfills at once (a
+    row each): on case 11 of bench_search.py (DeepSeek-V3) it weighed 158,490 splits one call each, 21.6 % more calls
+    than before the peak was counted. Each row of the batched answer is the single split's answer to the bit (so the
+    search's choices cannot move), on the interleaved zero bubble leaves that need a move."""
+    from plandsl.search import splits
+
+    moved = splits._moved_split
+    rows = []
+
+    def checked(counts, excess, *args, **kwargs):
+        def each(batch):
+            found = excess(batch)
+            assert found.shape == (len(batch), found.shape[-1])
+            for row, split in zip(found, batch):
+                single = excess(tuple(int(n) for n in split))
+                assert single.tobytes() == row.tobytes(), (split, single, row)
+                rows.append(tuple(split))
+            return found
+        return moved(counts, each, *args, **kwargs)
+
+    monkeypatch.setattr(splits, "_moved_split", checked)
+    leaf_pins = dict(pins, pp=2, virtual_stages=2, recompute_layers=1, micro_batch_size=4 if pins["dp"] == 2 else 2,
+                     schedule="interleaved_zero_bubble")
+    _leaves_and_fitting_splits(_dense_then_moe(gib), leaf_pins)
+    assert rows
