@@ -11,6 +11,9 @@ import asyncio
 import logging
 import re
 import sys
+from bisect import bisect_right
+from itertools import accumulate
+from math import isqrt
 from typing import BinaryIO
 from urllib.parse import unquote
 
@@ -102,25 +105,198 @@ def applied(text: str, changes, codec) -> str:
     the rest; one ending on a line before it starts changes nothing), on a list of the lines: pygls splits and
     rewrites the whole text for each change (2,000 changes to a document of 100,000 lines took 26 s, the changes a
     16 MB message holds hours). A change is spliced in with the lines beside it, split again together, so that a
-    `\r` and a `\n` that meet make one line break, as they do in the whole text."""
-    lines = text.splitlines(True)
+    `\r` and a `\n` that meet make one line break, as they do in the whole text.
+
+    A line longer than LONG_LINE characters is kept in pieces with their lengths in the client's units (`_Long`): a
+    change to it finds its piece by those lengths' running sums and splices that piece, where copying the line (and
+    counting its units) for each change made 1,000 changes to a line of 100,000 characters cost 1,000 copies of it
+    (2,000 changes to 200,000 characters 1.2 s: quadratic)."""
+    units = _unit_counter(codec)
+    largest = len(text) + sum(len(change.text) for change in changes)  # the most characters a line can reach
+    piece = max(PIECE, isqrt(largest) * PIECE_ROOTS)  # a change costs a piece's characters and a line's pieces
+    lines: list[str | _Long] = []
+    _Builder(lines, units, piece).feed(text).close()
     for change in changes:
         if not isinstance(change, types.TextDocumentContentChangePartial):
-            lines = change.text.splitlines(True)
+            lines = []
+            _Builder(lines, units, piece).feed(change.text).close()
             continue
-        start, end = (_from_client_units(lines, codec, change.range.start),
-                      _from_client_units(lines, codec, change.range.end))
+        start, end = (_position(lines, codec, units, change.range.start),
+                      _position(lines, codec, units, change.range.end))
         if start.line == len(lines):
-            last = lines.pop() if lines else ""
-            lines += (last + change.text).splitlines(True)
+            last = [lines.pop()] if lines else []
+            built: list[str | _Long] = []
+            _Builder(built, units, piece).feed(*last, change.text).close()
+            lines += built
             continue
         if start.line > len(lines) or end.line < start.line:
             continue
         low, high = max(start.line - 1, 0), min(end.line + 2, len(lines))
-        head = "".join(lines[low:start.line]) + lines[start.line][:start.character] + change.text
-        tail = lines[end.line][end.character:] + "".join(lines[end.line + 1:high]) if end.line < len(lines) else ""
-        lines[low:high] = (head + tail).splitlines(True)
-    return "".join(lines)
+        built = []
+        builder = _Builder(built, units, piece).feed(*lines[low:start.line])
+        builder.feed(_head(lines[start.line], start.character, units), change.text)
+        if end.line < len(lines):
+            builder.feed(_tail(lines[end.line], end.character, units), *lines[end.line + 1:high])
+        builder.close()
+        lines[low:high] = built
+    return "".join(line if isinstance(line, str) else "".join(line.pieces) for line in lines)
+
+
+LONG_LINE = 8_192  # characters of a line kept whole; a longer one is kept in pieces (`_Long`)
+PIECE = 2_048  # characters of a piece of a long line, at most, or PIECE_ROOTS x the square root of the most the
+PIECE_ROOTS = 8  # text can be, if more
+_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")  # what str.splitlines ends a line at
+
+
+class _Long:
+    """A line of more than LONG_LINE characters: its text in pieces, none empty, its line break (`\r\n` too) in the
+    last, and each piece's length in the client's units."""
+    __slots__ = ("pieces", "units")
+
+    def __init__(self, pieces: list[str], units: list[int]) -> None:
+        self.pieces, self.units = pieces, units
+
+
+def _unit_counter(codec):
+    """The length of a text in the client's units (UTF-8, -16 or -32), counted by the codecs in C; -1 for a text with
+    a lone surrogate (which pygls counts, and does not encode); None for a codec of another encoding (no line is kept
+    in pieces: pygls counts every position)."""
+    if isinstance(codec.impl, Utf32):
+        return len
+    encoded = _ENCODED.get(type(codec.impl))
+    if encoded is None:
+        return None
+    encoding, width = encoded
+
+    def units(text: str) -> int:
+        if text.isascii():
+            return len(text)
+        if _SURROGATE.search(text):
+            return -1
+        return len(text.encode(encoding)) // width
+    return units
+
+
+class _Builder:
+    """The lines of the texts and lines fed to it, one after the other, split as str.splitlines splits their
+    concatenation: into `out`, each a str or (past LONG_LINE characters, where the client's units can be counted) a
+    `_Long`. The middle pieces of a `_Long` fed are taken as they are (a line break is only in its last), not
+    copied or counted again."""
+
+    def __init__(self, out: list, units, piece: int) -> None:
+        self.out, self.units, self.piece = out, units, piece
+        self.pieces: list[str] = []  # the line being built: texts to join, or (`long`) its pieces
+        self.counts: list[int] = []  # with `long`, its pieces' units
+        self.long = False
+        self.size = 0
+        self.cr = False  # the line ends in `\r`: a `\n` next is its line break's
+
+    def feed(self, *parts: str | _Long) -> _Builder:
+        for part in parts:
+            if isinstance(part, str):
+                self._text(part)
+            else:
+                pieces, counts = part.pieces, part.units
+                if self.cr:  # its first piece may end the line before
+                    self._text(pieces[0])
+                    pieces, counts = pieces[1:], counts[1:]
+                if len(pieces) > 1:  # pieces with no line break, taken with their units
+                    self._long()
+                    self.size += sum(map(len, pieces[:-1]))
+                    self.pieces += pieces[:-1]
+                    self.counts += counts[:-1]
+                if pieces:
+                    self._text(pieces[-1])
+        return self
+
+    def close(self) -> None:
+        self.cr = False
+        self._end()
+
+    def _text(self, text: str) -> None:
+        if not text:
+            return
+        if self.cr:
+            self.cr = False
+            if text[0] == "\n":
+                self._add("\n")
+                text = text[1:]
+            self._end()
+            if not text:
+                return
+        lines = text.splitlines(True)
+        for line in lines[:-1]:
+            self._add(line)
+            self._end()
+        last = lines[-1]
+        self._add(last)
+        if last[-1] == "\r":
+            self.cr = True
+        elif last[-1] in _BREAKS:
+            self._end()
+
+    def _add(self, text: str) -> None:
+        self.size += len(text)
+        if not self.long and (self.units is None or self.size <= LONG_LINE):
+            self.pieces.append(text)
+            return
+        self._long()
+        self._chunks(text)
+
+    def _long(self) -> None:
+        """The line so far in pieces, with their units."""
+        if not self.long:
+            self.long = True
+            whole, self.pieces, self.counts = "".join(self.pieces), [], []
+            self._chunks(whole)
+
+    def _chunks(self, text: str) -> None:
+        for at in range(0, len(text), self.piece):
+            piece = text[at:at + self.piece]
+            self.pieces.append(piece)
+            self.counts.append(self.units(piece))
+
+    def _end(self) -> None:
+        pieces, counts = self.pieces, self.counts
+        if not self.long or self.size <= LONG_LINE:
+            if pieces:
+                self.out.append("".join(pieces))
+        else:
+            if len(pieces) > 4 + 2 * self.size // self.piece:  # cut into more pieces than it needs: cut afresh
+                whole, size = "".join(pieces), self.piece
+                pieces = [whole[at:at + size] for at in range(0, len(whole), size)]
+                counts = [self.units(piece) for piece in pieces]
+            if len(pieces) > 1 and len(pieces[-1]) < 2:  # a line break cut in two (`\r`, `\n`) is made one again
+                pieces[-2:] = [pieces[-2] + pieces[-1]]
+                counts[-2:] = [self.units(pieces[-1])]
+            self.out.append(_Long(pieces, counts))
+        self.pieces, self.counts, self.long, self.size = [], [], False, 0
+
+
+def _head(line: str | _Long, end: int, units) -> str | _Long:
+    """line[:end]."""
+    if isinstance(line, str):
+        return line[:end]
+    pieces = line.pieces
+    k = bisect_right(list(accumulate(map(len, pieces))), end)  # the piece `end` is in
+    if k == len(pieces):
+        return line
+    cut = pieces[k][:end - sum(map(len, pieces[:k]))]
+    if not cut:
+        return _Long(pieces[:k], line.units[:k]) if k else ""
+    return _Long([*pieces[:k], cut], [*line.units[:k], units(cut)])
+
+
+def _tail(line: str | _Long, start: int, units) -> str | _Long:
+    """line[start:]."""
+    if isinstance(line, str):
+        return line[start:]
+    pieces = line.pieces
+    k = bisect_right(list(accumulate(map(len, pieces))), start)  # the piece `start` is in
+    if k == len(pieces):
+        return ""
+    cut = pieces[k][start - sum(map(len, pieces[:k])):]
+    return _Long([cut, *pieces[k + 1:]], [units(cut), *line.units[k + 1:]])
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -153,6 +329,47 @@ def _from_client_units(lines: list[str], codec, position: types.Position) -> Ser
     head = units[:character * width].decode(encoding, "ignore")  # the whole characters before the position
     inside = len(head.encode(encoding)) < character * width  # and one the position is inside of
     return ServerTextPosition(position.line, len(head) + inside)
+
+
+def _position(lines: list, codec, units, position: types.Position) -> ServerTextPosition:
+    """`_from_client_units` over `lines`, whose long lines are `_Long`s: one of those is counted by its pieces' units,
+    their running sums found in C and the piece the position is in counted alone. pygls counts a line with a lone
+    surrogate in it."""
+    if not lines:
+        return codec.position_from_client_units(lines, position)
+    last = position.line >= len(lines)
+    line = lines[-1] if last else lines[position.line]
+    if isinstance(line, str):
+        return _from_client_units(lines, codec, position)
+    pieces, counts = line.pieces, line.units
+    if min(counts) < 0:  # a lone surrogate: pygls's to count, on this line alone
+        found = codec.position_from_client_units(["".join(pieces)], types.Position(
+            line=1 if last else 0, character=position.character))
+        return ServerTextPosition(len(lines) - 1 if last else position.line, found.character)
+    if last:  # pygls: the last line's units (a `\r\n` two)
+        return ServerTextPosition(len(lines) - 1, sum(counts))
+    crlf = pieces[-1].endswith("\r\n")
+    ends = list(accumulate(counts))
+    ends[-1] -= crlf  # pygls counts a `\r\n` as one unit
+    length = ends[-1]
+    character = length - 1 if position.character > length else position.character
+    k = bisect_right(ends, character)  # the piece the position is in
+    before = sum(map(len, pieces[:k]))
+    if k == len(pieces):
+        return ServerTextPosition(position.line, before - crlf)
+    piece = pieces[k][:-2] + "\n" if crlf and k == len(pieces) - 1 else pieces[k]
+    return ServerTextPosition(position.line, before + _within(piece, character - (ends[k - 1] if k else 0), codec))
+
+
+def _within(text: str, character: int, codec) -> int:
+    """The characters of `text` before its `character`-th unit (and one more where the unit is inside a
+    character)."""
+    encoded = _ENCODED.get(type(codec.impl))
+    if text.isascii() or encoded is None:
+        return character
+    encoding, width = encoded
+    head = text.encode(encoding)[:character * width].decode(encoding, "ignore")
+    return len(head) + (len(head.encode(encoding)) < character * width)
 
 
 class PlanServer(LanguageServer):

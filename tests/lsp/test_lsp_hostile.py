@@ -230,36 +230,50 @@ def test_the_changes_of_one_message_are_applied_in_one_pass():
     assert document.version == 2 and document.source == "let b = 1\n" * 2_000 + "let a = 1\n" * 98_000
 
 
-def test_changes_applied_in_one_pass_make_the_text_pygls_makes():
-    """Random changes (line breaks of each kind, a \\r meeting a \\n, characters outside the BMP, ranges past the end
-    or inverted, whole-text changes) to random texts, against pygls's own TextDocument."""
+@pytest.mark.parametrize("long_line, piece", [(None, None), (4, 1), (7, 3)],
+                         ids=["as served", "every line in pieces of 1", "lines past 7 in pieces of 3"])
+def test_changes_applied_in_one_pass_make_the_text_pygls_makes(monkeypatch, long_line, piece):
+    """Random changes (line breaks of each kind, a \\r meeting a \\n, characters outside the BMP, a lone surrogate,
+    ranges past the end or inverted, whole-text changes) to random texts, in each encoding of positions, against
+    pygls's own TextDocument; the long lines kept in pieces (`server._Long`) as the server keeps them past 8,192
+    characters, and with every line of more than 4 (7) characters in pieces of 1 (3)."""
+    import copy
     import random
 
     from lsprotocol import types
     from pygls.workspace import Workspace
 
+    from plandsl.lsp import server
     from plandsl.lsp.server import applied
+    if long_line is not None:
+        monkeypatch.setattr(server, "LONG_LINE", long_line)
+        monkeypatch.setattr(server, "PIECE", piece)
+        monkeypatch.setattr(server, "PIECE_ROOTS", 0)
     rng = random.Random(7)
-    pieces = ["a", "b", "\n", "\r", "\r\n", "é", "\U0001F600", "x\ny", "\u2028"]
+    pieces = ["a", "b", "\n", "\r", "\r\n", "é", "\U0001F600", "x\ny", "\u2028", "abcdefgh", "\ud800"]
 
     def text(most: int) -> str:
         return "".join(rng.choice(pieces) for _ in range(rng.randint(0, most)))
 
     def position() -> types.Position:
-        return types.Position(line=rng.randint(0, 6), character=rng.randint(0, 6))
+        return types.Position(line=rng.randint(0, 6), character=rng.randint(0, 20))
 
-    for _ in range(500):
-        original = text(12)
-        changes = [types.TextDocumentContentChangeWholeDocument(text=text(5)) if rng.random() < 0.05 else
-                   types.TextDocumentContentChangePartial(range=types.Range(start=position(), end=position()),
-                                                          text=text(3)) for _ in range(rng.randint(1, 4))]
-        workspace = Workspace(None, sync_kind=types.TextDocumentSyncKind.Incremental)
-        workspace.put_text_document(types.TextDocumentItem(uri="file:///x", language_id="plan", version=1,
-                                                           text=original))
-        for change in changes:
-            workspace.update_text_document(types.VersionedTextDocumentIdentifier(uri="file:///x", version=2), change)
-        document = workspace.get_text_document("file:///x")
-        assert applied(original, changes, document.position_codec) == document.source, (original, changes)
+    for encoding in (types.PositionEncodingKind.Utf16, types.PositionEncodingKind.Utf8,
+                     types.PositionEncodingKind.Utf32):
+        for _ in range(300):
+            original = text(30)
+            changes = [types.TextDocumentContentChangeWholeDocument(text=text(20)) if rng.random() < 0.05 else
+                       types.TextDocumentContentChangePartial(range=types.Range(start=position(), end=position()),
+                                                              text=text(5)) for _ in range(rng.randint(1, 6))]
+            ours = copy.deepcopy(changes)  # pygls moves a position past the end of its line to the line's last
+            workspace = Workspace(None, sync_kind=types.TextDocumentSyncKind.Incremental, position_encoding=encoding)
+            workspace.put_text_document(types.TextDocumentItem(uri="file:///x", language_id="plan", version=1,
+                                                               text=original))
+            for change in changes:
+                workspace.update_text_document(types.VersionedTextDocumentIdentifier(uri="file:///x", version=2),
+                                               change)
+            document = workspace.get_text_document("file:///x")
+            assert applied(original, ours, document.position_codec) == document.source, (original, ours)
 
 
 def test_the_diagnostics_of_one_long_line_are_published_in_time_their_count_sets():
@@ -293,8 +307,8 @@ def test_the_diagnostics_of_one_long_line_are_published_in_time_their_count_sets
 def test_the_changes_of_one_long_line_are_placed_without_counting_the_line_each_time():
     """1,000 changes of one didChange to a line of 100,000 characters (a character outside the BMP at its start, so
     that UTF-16 units are not characters): pygls counted the line's code units one character at a time in Python, twice
-    per position, 61 s of CPU (4x per doubling); now the codecs count them in C, 0.35 s. (Each change still copies the
-    line it splices, in C: 1.2 s at 2,000 changes to a line of 200 kB.) The text is the one pygls makes."""
+    per position, 61 s of CPU (4x per doubling); now the codecs count them in C, 0.35 s, and the line is kept in
+    pieces (see the next test). The text is the one pygls makes."""
     from lsprotocol import types
     from pygls.workspace import Workspace
 
@@ -321,6 +335,31 @@ def test_the_changes_of_one_long_line_are_placed_without_counting_the_line_each_
     for change in few:
         workspace.update_text_document(types.VersionedTextDocumentIdentifier(uri="file:///y", version=2), change)
     assert applied(original, changes()[:20], document.position_codec) == workspace.get_text_document("file:///y").source
+
+
+def test_changes_to_a_longer_line_cost_each_little_more():
+    """1,000 changes of one didChange to a line of 100,000 characters and to one of 400,000 (a character outside the
+    BMP at its start): each change copied the line it spliced and counted its units (in C), so the longer line's
+    changes cost 4.8-5.3x the shorter's (the changes a 16 MB message holds, to a line of 16 MB: hours); now a line
+    past 8,192 characters is kept in pieces of ~8 x the square root of the text's size, and a change copies one piece
+    and reads the line's list of pieces: 1.7-2.1x (a change's cost grows as the square root of the line)."""
+    from lsprotocol import types
+    from pygls.workspace import Workspace
+
+    from plandsl.lsp.server import applied
+    from support import cpu_ratio
+    workspace = Workspace(None, sync_kind=types.TextDocumentSyncKind.Incremental)
+    workspace.put_text_document(types.TextDocumentItem(uri="file:///x", language_id="plan", version=1, text=""))
+    codec = workspace.get_text_document("file:///x").position_codec
+
+    def changing(length: int):
+        original = "\U0001F600" + "a" * (length - 1)
+        changes = [types.TextDocumentContentChangePartial(
+            range=types.Range(start=types.Position(line=0, character=length - i),
+                              end=types.Position(line=0, character=length + 1 - i)), text="b") for i in range(1_000)]
+        assert applied(original, changes, codec) == "\U0001F600" + "a" * (length - 1_001) + "b" * 1_000
+        return lambda: applied(original, changes, codec)
+    assert cpu_ratio(changing(400_000), changing(100_000)) < 3.2
 
 
 @pytest.mark.parametrize("braces", ["}" * 120_000, '"}" ' * 60_000], ids=["one line", "in strings"])
