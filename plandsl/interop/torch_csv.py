@@ -21,7 +21,7 @@ from plandsl.cost.schedule import plan_schedule
 from plandsl.diagnostics import PlanError, diag
 from plandsl.interop.result import Exported, Imported
 from plandsl.schedules.lower import add_send_recv
-from plandsl.schedules.program import cell_error, csv_cells, csv_lines, parse_action, to_csv
+from plandsl.schedules.program import cell_error, cell_span, csv_cells, csv_lines, parse_action, to_csv
 from plandsl.schedules.resolve import csv_source, schedule_from_csv, to_plan, to_torch_csv
 from plandsl.schedules.simulate import GridTooLarge, step_grid
 from plandsl.diagnostics.source import SourceFile, Span
@@ -129,8 +129,7 @@ def _cell(source: SourceFile, rank: int, action) -> Span | None:
         for at, cell in kept:
             try:
                 if parse_action(cell.strip()) == action:
-                    start = at + len(cell) - len(cell.lstrip())
-                    return source.span(start, start + len(cell.strip()))
+                    return source.span(*cell_span(text, at, cell))
             except ValueError:
                 continue
         return None

@@ -239,9 +239,35 @@ def cell_error(text: str, at: int, cell: str, error: ValueError) -> CellError:
     """`error` of the cell `cell` at offset `at` of the CSV `text`, located at the cell's text (its spaces left out),
     the message naming its line as the source is quoted (`csv_lines`' breaks, counted inside a quoted cell too: a record
     after a quoted cell that holds a line break starts on a later line than its number)."""
-    start = at + len(cell) - len(cell.lstrip())
+    start, end = cell_span(text, at, cell)
     number = len(_LINE_BREAK.findall(text, 0, at)) + 1
-    return CellError(f"line {number}: {error}", start, max(start + len(cell.strip()), start + 1))
+    return CellError(f"line {number}: {error}", start, max(end, start + 1))
+
+
+def cell_span(text: str, at: int, cell: str) -> tuple[int, int]:
+    """Where the cell `cell` at offset `at` of the CSV `text` (`csv_cells`' pair) is written, its spaces left out: a
+    quoted cell's text read back to the file's characters, its `""` two of them for the one `"` it reads as, its
+    closing quote and what follows it up to the comma included where the cell's text goes on past them (`"0F""1"`:
+    `0F""1`, not the four characters `0F"1` counts from the opening quote)."""
+    lead, stripped = len(cell) - len(cell.lstrip()), cell.strip()
+    if at == 0 or text[at - 1] != '"':  # unquoted: as written
+        return at + lead, at + lead + len(stripped)
+    starts, ends, j, inside, size = [], [], at, True, len(text)
+    while len(starts) < len(cell) and j < size:  # each character of the cell's text: where it is written
+        if inside and text[j] == '"':
+            if not text.startswith('"', j + 1):  # the closing quote: no character of the text
+                inside = False
+                j += 1
+                continue
+            width = 2  # a doubled quote, one `"` of the text
+        else:
+            width = 1
+        starts.append(j)
+        ends.append(j + width)
+        j += width
+    if not stripped or lead + len(stripped) > len(starts):
+        return at + lead, at + lead + len(stripped)
+    return starts[lead], ends[lead + len(stripped) - 1]
 
 
 def from_csv(text: str) -> list[list[Action | None]]:

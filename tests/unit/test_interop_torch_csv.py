@@ -210,6 +210,21 @@ def test_a_csv_with_quoted_cells_reads_as_torchs_csv_module_reads_it(target):
     assert (found.code, str(found.span), found.span.end_column) == ("E602", "c.csv:2:8", 11), found
 
 
+@pytest.mark.parametrize("text, written", [
+    ('0F0,"0F""1"\n', '0F""1'),            # a doubled quote: two characters of the file
+    ('0F0," 0F""1 " \n', '0F""1'),         # spaces inside and after the quotes left out
+    ('"0F""""1",0F0\n', '0F""""1'),        # two of them, in the first cell
+    ('0F0,"0F"x1\n', '0F"x1'),             # text after the closing quote: the cell reads on to the comma
+    ('0F0,0SEND_F0\n0B0,"0""F1"\n', '0""F1'),  # among a lowered CSV's transfers
+])
+def test_e602_of_a_quoted_cell_underlines_the_cell_as_written(text, written):
+    """E602 underlined a quoted cell's text by its length as read (`"0F""1"` reads as the four characters 0F"1) from
+    after its opening quote: `0F""`, short of the cell; now the cell's characters in the file, each `""` two."""
+    (found,) = import_csv(text, "c.csv", "c").diagnostics
+    assert found.code == "E602" and text[found.span.start:found.span.end] == written, found
+    assert found.span.end_column - found.span.column == len(written)
+
+
 def test_csv_records_and_cells_are_the_csv_modules():
     """`csv_lines` and `csv_cells` (the offsets E602 needs, which the csv module does not give) read any text as
     `csv.reader` does: quotes, doubled quotes, commas and line breaks inside them, text after a closing quote, an
