@@ -22,7 +22,7 @@ from plandsl.diagnostics import PlanError, diag
 from plandsl.interop.result import Exported, Imported
 from plandsl.schedules.lower import add_send_recv
 from plandsl.schedules.program import cell_error, cell_span, csv_cells, csv_lines, parse_action, to_csv
-from plandsl.schedules.resolve import csv_source, schedule_from_csv, to_plan, to_torch_csv
+from plandsl.schedules.resolve import csv_source, idle_rank, schedule_from_csv, to_plan, to_torch_csv
 from plandsl.schedules.simulate import GridTooLarge, step_grid
 from plandsl.diagnostics.source import SourceFile, Span
 from plandsl.syntax.parser import MAX_BYTES, MAX_TOKENS
@@ -146,7 +146,7 @@ def _compute_cells(text: str, path: str) -> str:
     comms = _COMMS
     if not any(kind in text for kind in comms):
         return text
-    rows = []
+    rows, idle = [], None  # idle: the first record with no compute action, torch's rank with none (a blank line too)
     for offset, line in csv_lines(text):
         cells = []
         for at, cell in csv_cells(offset, line):
@@ -160,5 +160,9 @@ def _compute_cells(text: str, path: str) -> str:
                                 {path: source}) from None
             if cell.strip() and not any(k in cell for k in comms):
                 cells.append(cell.strip())  # as torch reads it: a quoted cell's line break is no row's end here
+        if not cells and idle is None:
+            idle = (offset, line, len(rows))
         rows.append(",".join(cells))
+    if idle is not None and any(rows):  # none at all: E603 `holds no action`, from the rows
+        raise idle_rank(path, path, text, *idle, len(rows))
     return "\n".join(rows) + "\n"

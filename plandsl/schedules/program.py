@@ -240,8 +240,7 @@ def cell_error(text: str, at: int, cell: str, error: ValueError) -> CellError:
     the message naming its line as the source is quoted (`csv_lines`' breaks, counted inside a quoted cell too: a record
     after a quoted cell that holds a line break starts on a later line than its number)."""
     start, end = cell_span(text, at, cell)
-    number = len(_LINE_BREAK.findall(text, 0, at)) + 1
-    return CellError(f"line {number}: {error}", start, max(end, start + 1))
+    return CellError(f"line {line_number(text, at)}: {error}", start, max(end, start + 1))
 
 
 def cell_span(text: str, at: int, cell: str) -> tuple[int, int]:
@@ -270,19 +269,24 @@ def cell_span(text: str, at: int, cell: str) -> tuple[int, int]:
     return starts[lead], ends[lead + len(stripped) - 1]
 
 
-def from_csv(text: str) -> list[list[Action | None]]:
-    """Rows of a torch CSV back to actions (empty cells are idle steps); CellError (a ValueError) on bad cells."""
+def line_number(text: str, at: int) -> int:
+    """The line of offset `at` of the CSV `text`, its lines broken as `csv_lines` breaks them."""
+    return len(_LINE_BREAK.findall(text, 0, at)) + 1
+
+
+def from_csv(text: str) -> list[tuple[int, str, list[Action | None]]]:
+    """Records of a torch CSV back to actions, as torch reads them (`csv.reader`, each record a rank's row): (offset
+    of the record, its text, its row: empty cells are idle steps, a blank line a row of none); CellError (a
+    ValueError) on bad cells."""
     rows = []
     for offset, line in csv_lines(text):
-        if not line.strip():
-            continue
         row = []
         for at, cell in csv_cells(offset, line):
             try:
                 row.append(parse_action(cell) if cell.strip() else None)
             except ValueError as error:
                 raise cell_error(text, at, cell, error) from None
-        rows.append(row)
+        rows.append((offset, line, row))
     return rows
 
 

@@ -12,7 +12,8 @@ import re
 
 from plandsl.diagnostics import PlanError, did_you_mean, diag
 from plandsl.diagnostics.source import SourceFile
-from plandsl.schedules.program import CellError, Schedule, derive_stage_map, format_rows, from_csv, to_csv
+from plandsl.schedules.program import (CellError, Schedule, derive_stage_map, format_rows, from_csv, line_number,
+                                      to_csv)
 from plandsl.schedules.simulate import Costs, GridTooLarge, format_grid, step_grid
 from plandsl.schedules.generators import TooLarge, generate
 from plandsl.schedules.registry import BUILTIN
@@ -98,12 +99,12 @@ def schedule_from_csv(text: str, name: str = "csv", path: str | None = None) -> 
     the file `path` (default `NAME.csv`; `load_schedule` gives the path it read)."""
     label = path or f"{name}.csv"
     try:
-        grid = from_csv(text)
+        records = from_csv(text)
     except CellError as error:  # at the cell, in the file read (a text given without a path has no place)
         source = csv_source(path, text) if path else None
         raise PlanError([diag("E602", f"{label}: {error}", source.span(error.start, error.end) if source else None)],
                         {path: source} if source else None) from None
-    rows = tuple(tuple(a for a in row if a is not None) for row in grid)
+    rows = tuple(tuple(a for a in row if a is not None) for _, _, row in records)
     actions = [a for row in rows for a in row]
     if not actions:
         raise PlanError([diag("E603", f"{label} holds no action")])
@@ -116,6 +117,10 @@ def schedule_from_csv(text: str, name: str = "csv", path: str | None = None) -> 
                                       f"but no action runs stage{'s' if stages - len(named) > 1 else ''} {shown}",
                               hint="a schedule's stages are 0..N-1, each running F and B (or I then W) for every "
                                    "microbatch")])
+    idle = next((rank for rank, row in enumerate(rows) if not row), None)
+    if idle is not None:
+        offset, line, _ = records[idle]
+        raise idle_rank(label, path, text, offset, line, idle, len(rows))
     microbatches = max(a.microbatch for a in actions) + 1
     ranks = len(rows)
     schedule = Schedule(name, ranks, stages, microbatches, (derive_stage_map(rows, ranks, stages),), rows)
@@ -123,6 +128,27 @@ def schedule_from_csv(text: str, name: str = "csv", path: str | None = None) -> 
     if problems:
         raise PlanError(problems)
     return schedule
+
+
+def idle_rank(label: str, path: str | None, text: str, offset: int, line: str, rank: int, ranks: int) -> PlanError:
+    """E603 for the record at `offset` of a torch CSV, rank `rank`'s row of `ranks`, that holds no action: torch's
+    loader (`_load_csv`, csv.reader) reads every line as a rank's row, a blank one too, and refuses the CSV, at the
+    number of ranks its rows hold (a rank without a compute action: "len(compute_actions[rank])=0"; a lowered CSV:
+    an idle cell, or a rank that does nothing) or at the number the others hold ("Schedule has incorrect number of
+    ranks")."""
+    source = csv_source(path, text) if path else None
+    span = source.span(offset, max(offset + len(line), offset + 1)) if source else None
+    where = f"{label}: line {line_number(text, offset)}"
+    if not line.strip():
+        after = ("" if rank == ranks - 1 else f", and the row after it as rank {rank + 1}" if rank == ranks - 2 else
+                 f", and the rows after it as ranks {rank + 1}..{ranks - 1}")
+        message = (f"{where} is blank, and torch reads every line as a rank's row: this one as rank {rank}, with no "
+                   f"action{after} ({ranks} ranks in all); torch refuses a rank without one")
+        hint = "remove the line: each line of a schedule CSV is one rank's row"
+    else:
+        message = f"{where}, rank {rank}'s row, has no compute action (F, B, I, W); torch refuses a rank without one"
+        hint = "each rank's row holds its actions, like 0F0,,0B0 (an empty cell an idle step)"
+    return PlanError([diag("E603", message, span, hint=hint)], {path: source} if source else None)
 
 
 def to_json(schedule: Schedule) -> dict:

@@ -166,15 +166,16 @@ def test_a_schedule_csvs_table_too_large_is_reported_at_its_last_action():
     assert found.message == "schedule 'imported' as a table has 264,810 cells, more than the 250,000 tokens of a " \
                             "plan (420 ranks of 840 unit-time steps)"
     rows = [f"{rank}F0,{rank}SEND_F0,{rank}RECV_B0,{rank}B0" for rank in range(1200)]
-    rows[0] = "0RECV_F0, 0F0,0SEND_F0,0RECV_B0,  0B0"
-    imported = import_text("torch-csv-comms", "\n" + "\n".join(rows) + "\n", "lowered.csv")
+    rows[0] = '"\n0RECV_F0", 0F0,0SEND_F0,0RECV_B0,  0B0'  # its first cell's line break (quoted): the row on 2 lines
+    imported = import_text("torch-csv-comms", "\n".join(rows) + "\n", "lowered.csv")  # (a blank line is a rank: E603)
     (found,) = imported.diagnostics
-    assert (found.code, str(found.span), found.span.end_column - found.span.column) == ("E609", "lowered.csv:2:35", 3)
-    # lines broken by a lone CR, as torch's csv module reads them: the same cell (it was put on line 1, column 36: its offset)
-    imported = import_text("torch-csv-comms", "\r" + "\r".join(rows) + "\r", "lowered.csv")
+    assert (found.code, str(found.span), found.span.end_column - found.span.column) == ("E609", "lowered.csv:2:36", 3)
+    # lines broken by a lone CR, as torch's csv module reads them: the same cell (it was put on line 1, column 37: its offset)
+    rows[0] = rows[0].replace("\n", "\r")
+    imported = import_text("torch-csv-comms", "\r".join(rows) + "\r", "lowered.csv")
     (found,) = imported.diagnostics
-    assert (found.code, str(found.span), found.span.end_column - found.span.column) == ("E609", "lowered.csv:2:35", 3)
-    assert "2 | 0RECV_F0, 0F0,0SEND_F0,0RECV_B0,  0B0" in render(found, imported.sources)
+    assert (found.code, str(found.span), found.span.end_column - found.span.column) == ("E609", "lowered.csv:2:36", 3)
+    assert '2 | 0RECV_F0", 0F0,0SEND_F0,0RECV_B0,  0B0' in render(found, imported.sources)
 
 
 def test_printing_a_schedule_lays_out_a_bounded_grid():

@@ -225,6 +225,37 @@ def test_e602_of_a_quoted_cell_underlines_the_cell_as_written(text, written):
     assert found.span.end_column - found.span.column == len(written)
 
 
+@pytest.mark.xdist_group("torch")
+@pytest.mark.parametrize("where, row", [(2, ""), (4, ""), (0, ""), (2, "  "), (2, ",,")],
+                         ids=["blank", "blank last", "blank first", "spaces", "idle cells"])
+@pytest.mark.parametrize("target, fmt", [("torch-csv", "compute_only"), ("torch-csv-comms", "compute_comms")])
+def test_a_row_without_an_action_is_refused_as_torch_refuses_it(tmp_path, where, row, target, fmt):
+    """torch's `_load_csv` reads the CSV with csv.reader, which gives a blank line as a row: a rank with no action,
+    the rows after it a rank further on. torch refuses it at the 4 ranks the other rows hold ("incorrect number of
+    ranks") and, compute-only, at 5 too (a rank without a compute action; lowered, an idle cell). The import skipped
+    a blank line and read the CSV as 4 ranks; a row of idle cells was a rank of nothing. Now both are E603 at the
+    line, saying what torch reads."""
+    plan = _plan("interleaved_1f1b")
+    lines = api.export(plan, target).text.split("\n")[:-1]  # 4 rows, each ending in a line break
+    text = "\n".join(lines[:where] + [row] + lines[where:]) + "\n"
+    path = tmp_path / "order.csv"
+    path.write_text(text)
+    from plandsl.cost.schedule import plan_schedule
+    program, _ = plan_schedule(plan)
+    rank0 = sorted(s for s, r in enumerate(program.stage_to_rank[0]) if r == 0)
+    with pytest.raises(AssertionError, match="incorrect number of ranks - expected 4, actual 5"):
+        _torch_loads(path, 4, program.stages, rank0, plan.num_microbatches, fmt)
+    if fmt == "compute_only" or row:
+        with pytest.raises(AssertionError, match=r"len\(compute_actions\[rank\]\)=0|to be not None"):
+            _torch_loads(path, 5, program.stages, rank0, plan.num_microbatches, fmt)
+    imported = import_csv(text, "c.csv", "c")
+    (found,) = imported.diagnostics
+    assert found.code == "E603" and (found.span.line, found.span.column) == (where + 1, 1), found
+    blank = f"line {where + 1} is blank, and torch reads every line as a rank's row: this one as rank {where}"
+    assert (blank if not row.strip() else f"line {where + 1}, rank {where}'s row, has no compute action") \
+        in found.message, found.message
+
+
 def test_csv_records_and_cells_are_the_csv_modules():
     """`csv_lines` and `csv_cells` (the offsets E602 needs, which the csv module does not give) read any text as
     `csv.reader` does: quotes, doubled quotes, commas and line breaks inside them, text after a closing quote, an

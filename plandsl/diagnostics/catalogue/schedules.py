@@ -58,7 +58,9 @@ _entry("E602", """
 _entry("E603", """
     Every stage must run a forward and a backward (or an input-gradient and a
     weight-gradient action) for every microbatch; otherwise some gradients are never
-    computed and the step is not the step one device would take.
+    computed and the step is not the step one device would take. In torch's schedule
+    CSV every rank's row holds an action too: torch reads each line as a rank's row,
+    a blank one as a rank with none, and refuses it.
     """, _schedule_example("0F0 0F1 0B0 0B1", "1F0 1B0 1F1"),
     "Add the missing action.", ("1F0 1B0 1F1\n", "1F0 1B0 1F1 1B1\n"))
 
