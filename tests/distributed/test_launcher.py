@@ -20,7 +20,8 @@ import pytest
 
 from plandsl import api
 from tests.conftest import ROOT
-from tests.distributed.harness import free_port
+from tests.distributed import ranks
+from tests.distributed.harness import free_port, run_ranks
 from tests.support import lazy
 
 checkpoint = lazy("plandsl.runtime.checkpoint")
@@ -93,28 +94,6 @@ def _assert_not_started(result, *artefacts) -> None:
         assert not path.exists(), path
 
 
-# ---- a plan that runs ---------------------------------------------------------------------------------
-def test_dp_plan_trains_writes_metrics_and_matches_one_process(tmp_path, reference_losses):
-    metrics = tmp_path / "dp.jsonl"
-    result = plandsl_run(DP, "--steps", STEPS, "--metrics", metrics, "--check-equivalence")
-    assert result.returncode == 0, result.output
-    assert "torchrun --standalone --nproc-per-node 2 -m plandsl.run" in result.output
-    lines = _metrics(metrics)
-    assert [line["step"] for line in lines] == [1, 2, 3], lines
-    for line in lines:
-        assert METRIC_KEYS <= set(line), line
-        assert line["step_time_s"] > 0 and line["tokens_per_s"] > 0 and line["peak_memory_bytes"] > 0, line
-    _assert_close([line["loss"] for line in lines], reference_losses, "dp metrics vs one process")
-    # the printed per-step lines show the same losses
-    printed = [float(x) for x in re.findall(r"^step \d+: loss ([0-9.]+)", result.output, re.M)]
-    _assert_close(printed, reference_losses, "printed losses")
-    report = re.search(r"equivalence with one process: (\w+) \(tolerance 1e-05 relative\)\n"
-                       r"  losses: +max relative difference (\S+) \(step \d+\)\n"
-                       r"  parameters: +relative difference (\S+) \(all together\)", result.output)
-    assert report, result.output
-    assert report[1] == "ok" and float(report[2]) <= 1e-5 and float(report[3]) <= 1e-5, report[0]
-
-
 # ---- plans that never start -----------------------------------------------------------------------------
 BAD_PLAN = """\
 import "clusters/local"
@@ -185,7 +164,8 @@ def test_a_mesh_larger_than_one_node_is_not_started_on_one_machine_unasked(tmp_p
 
 
 # ---- failures ---------------------------------------------------------------------------------------------
-def test_killed_pipeline_rank_is_named_with_its_action_and_leaves_the_last_checkpoint(tmp_path, reference_losses):
+def test_killed_pipeline_rank_is_named_with_its_action_and_leaves_the_last_checkpoint(tmp_path, reference_losses,
+                                                                                        capfd):
     directory = tmp_path / "ck"
     env = _env(PLANDSL_FAULT_INJECT="rank=0,step=2,action=0F5,kill")
     result = plandsl_run(PP, "--steps", STEPS, "--checkpoint-dir", directory, "--checkpoint-every", 1, env=env)
@@ -217,11 +197,16 @@ def test_killed_pipeline_rank_is_named_with_its_action_and_leaves_the_last_check
         assert list(want.shape) == record["model"][name], name
         diff = float((saved[name] - want).norm() / want.norm().clamp_min(1e-30))
         assert diff <= 1e-5, (name, diff)
-    # ... and the job resumes from it: steps 2 and 3 as an uninterrupted run gives them
+    # ... and the job resumes from it: steps 2 and 3 as an uninterrupted run gives them. Its ranks are forked
+    # (harness.py): torchrun's start is the killed run's above, and `--resume`'s way from the command line to the
+    # ranks is tests/unit/test_launch.py's (every rank option forwarded); a second launch cost ~15 s
     metrics = tmp_path / "resumed.jsonl"
-    resumed = plandsl_run(PP, "--steps", STEPS, "--checkpoint-dir", directory, "--resume", "--metrics", metrics)
-    assert resumed.returncode == 0, resumed.output
-    assert f"resuming from step 1 ({latest})" in resumed.output, resumed.output
+    capfd.readouterr()
+    resumed = run_ranks(2, ranks.train, str(ROOT / PP), steps=STEPS, checkpoint_dir=str(directory), resume=True,
+                        metrics=str(metrics), quiet=False)[0]
+    output = capfd.readouterr().out
+    assert resumed["status"] == 0 and resumed["first_step"] == 1, resumed
+    assert f"resuming from step 1 ({latest})" in output, output
     lines = _metrics(metrics)
     assert [line["step"] for line in lines] == [2, 3], lines
     _assert_close([line["loss"] for line in lines], reference_losses[1:], "resumed")
@@ -247,6 +232,7 @@ def test_rank_that_raises_is_named_with_its_step_phase_and_error(tmp_path):
     result = plandsl_run(DP, "--steps", STEPS, "--metrics", metrics, env=env)
     assert result.returncode != 0, result.output
     out = result.output
+    assert "torchrun --standalone --nproc-per-node 2 -m plandsl.run" in out, out
     error = "RuntimeError: fault injected by PLANDSL_FAULT_INJECT at step 2, phase backward"
     assert f"plandsl run: rank 1: step 2, backward: {error}" in out, out  # the rank's own line
     assert "plandsl run: the job failed; the other ranks were stopped" in out, out
@@ -256,8 +242,12 @@ def test_rank_that_raises_is_named_with_its_step_phase_and_error(tmp_path):
     assert [line["step"] for line in _metrics(metrics)] == [1]  # step 2 never finished
 
 
-# ---- two nodes ----------------------------------------------------------------------------------------------
+# ---- a plan that runs, on two nodes ----------------------------------------------------------------------------
 def test_two_launchers_join_as_two_nodes(tmp_path, reference_losses):
+    """The DP plan's two ranks started by two launchers (one a node) train it as one process does: the metrics, the
+    printed steps and the equivalence report of global rank 0. One launch: the single-node launch (`--standalone`)
+    is the other tests' (the rank that raises, the killed pipeline rank, the Hugging Face model, which trains to the
+    end and checks its equivalence), so a separate launch of this plan on one node covered nothing more (~18 CPU-s)."""
     endpoint = f"127.0.0.1:{free_port()}"
     env = _env(OMP_NUM_THREADS="1")  # both "nodes" share this machine's cores
     processes, logs = [], []
@@ -267,7 +257,7 @@ def test_two_launchers_join_as_two_nodes(tmp_path, reference_losses):
             logs.append(log)
             command = [sys.executable, "-m", "plandsl.cli", "run", DP, "--steps", str(STEPS), "--nnodes", "2",
                        "--node-rank", str(node), "--rdzv-endpoint", endpoint, "--nproc-per-node", "1",
-                       "--metrics", str(tmp_path / f"node{node}.jsonl")]
+                       "--metrics", str(tmp_path / f"node{node}.jsonl"), "--check-equivalence"]
             processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 2 * TIMEOUT_S
         codes = []
@@ -290,8 +280,19 @@ def test_two_launchers_join_as_two_nodes(tmp_path, reference_losses):
     # global rank 0 runs on node 0 and alone writes the metrics; its losses are one process's
     lines = _metrics(tmp_path / "node0.jsonl")
     assert [line["step"] for line in lines] == [1, 2, 3], lines
+    for line in lines:
+        assert METRIC_KEYS <= set(line), line
+        assert line["step_time_s"] > 0 and line["tokens_per_s"] > 0 and line["peak_memory_bytes"] > 0, line
     _assert_close([line["loss"] for line in lines], reference_losses, "two nodes vs one process")
     assert not (tmp_path / "node1.jsonl").exists()
+    # the printed per-step lines show the same losses, and the equivalence report follows them
+    printed = [float(x) for x in re.findall(r"^step \d+: loss ([0-9.]+)", output[0], re.M)]
+    _assert_close(printed, reference_losses, "printed losses")
+    report = re.search(r"equivalence with one process: (\w+) \(tolerance 1e-05 relative\)\n"
+                       r"  losses: +max relative difference (\S+) \(step \d+\)\n"
+                       r"  parameters: +relative difference (\S+) \(all together\)", output[0])
+    assert report, output[0]
+    assert report[1] == "ok" and float(report[2]) <= 1e-5 and float(report[3]) <= 1e-5, report[0]
 
 
 # ---- dry run -------------------------------------------------------------------------------------------------
