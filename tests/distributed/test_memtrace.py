@@ -493,9 +493,10 @@ def test_a_broken_pair_runs_the_collectives_the_time_model_prices(rules, changed
     `tensor_parallel._block_tp` hands an intact pair's producers one Replicate DTensor, so their input gradients are
     reduce-scattered once), as the trace records them under sequence parallelism (the fake process group's
     collectives are operators of their own)."""
-    plan = load(RULED_BLOCKS.rstrip().rstrip("}") + rules + "\n}\n")
+    text = RULED_BLOCKS.rstrip().rstrip("}") + rules + "\n}\n"  # the same text as the broken pairs' test above
+    plan = load(text)
     default = _collectives(_trace_of(RULED_BLOCKS))
-    ruled = _collectives(memtrace.trace_rank(plan, 0, 2))
+    ruled = _collectives(_trace_of(text))  # read only: the trace test_the_count_keeps_a_broken_pairs_... made
     passes = plan.model.layers * plan.num_microbatches  # blocks x the microbatches of a step
     assert {label: (ruled.get(label, 0) - default.get(label, 0)) / passes
             for label in set(ruled) | set(default) if ruled.get(label, 0) != default.get(label, 0)} == changed
