@@ -1301,9 +1301,32 @@ def tensor_stack_of(run: Run) -> str:
     return "torch" if run.source.startswith(TORCH_TENSOR_SOURCES) else "megatron"
 
 
+_HARDWARE_FILES: dict[str, tuple[Path, str]] = {}
+
+
+def _hardware_file() -> tuple[Path, str]:
+    """A folder holding `bench_hardware.plan`, the devices, nodes and clusters every row's document imports (`HARDWARE`,
+    `BLACKWELL_HARDWARE`, `BLACKWELL_ULTRA_HARDWARE`), written once per process and text, and the import lines of that
+    text (the stdlib's clusters and models it builds on: a document importing the file does not see its imports, so
+    the row's document imports them itself). Imported, the file is parsed once (`syntax.parser` keeps a file's tree by
+    its text), where each row's document held its ~9,000 characters inline and parsed them again: ~25 ms a row of
+    ~34, over the 400-odd rows tests/unit/test_validation.py searches."""
+    import tempfile
+    text = HARDWARE + BLACKWELL_HARDWARE + BLACKWELL_ULTRA_HARDWARE
+    if text not in _HARDWARE_FILES:
+        folder = Path(tempfile.mkdtemp(prefix="plandsl-bench-"))
+        (folder / "bench_hardware.plan").write_text(text, encoding="utf-8")
+        imports = "".join(line + "\n" for line in text.splitlines() if line.startswith("import "))
+        _HARDWARE_FILES[text] = folder, imports
+    return _HARDWARE_FILES[text]
+
+
 def problem_of(run: Run, nic: float = ZERO3_2021_NIC) -> Problem:
-    document = api.loads(HARDWARE + BLACKWELL_HARDWARE + BLACKWELL_ULTRA_HARDWARE + ZERO3_2021_NODE.format(nic=nic)
-                         + f"model run_model = {run.model}\ncluster run_cluster = {run.cluster}\n", path="bench.plan")
+    from plandsl.syntax.loader import include
+    folder, imports = _hardware_file()
+    with include([folder]):
+        document = api.loads(imports + 'import "bench_hardware"\n' + ZERO3_2021_NODE.format(nic=nic)
+                             + f"model run_model = {run.model}\ncluster run_cluster = {run.cluster}\n", path="bench.plan")
     model = next(m for m in document.models if m.name == "run_model")
     cluster = next(c for c in document.clusters if c.name == "run_cluster")
     return Problem(model, cluster, run.global_batch, run.seq,
