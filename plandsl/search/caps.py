@@ -220,7 +220,9 @@ class Caps:
         if order is None:  # the stages rank by rank, each rank's in stage order
             order = self._rank_order[ranks] = np.array([s for stages in stages_by_rank(ranks, pp) for s in stages])
         stored = np.asarray(stored, dtype=np.float64)
-        stored = stored[..., order].reshape(stored.shape[:-1] + (pp, chunks))
+        # in C order as one split's are: a gather of rows' last axis comes back column-major, where matmul does not
+        # take BLAS's path, and adds a rank's 4 chunks or more in another order than one split's (not to the bit)
+        stored = np.ascontiguousarray(stored[..., order]).reshape(stored.shape[:-1] + (pp, chunks))
         rule = inflight * stored.sum(axis=-1) + rule_ends
         simulated = np.matmul((stored + ends)[..., None, :], moments).max(axis=-1)[..., 0]
         return np.maximum(simulated - rule, 0.0)

@@ -11,6 +11,7 @@ those devices by the exact estimate."""
 import itertools
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from plandsl import api
@@ -270,3 +271,41 @@ def test_the_moved_splits_are_weighed_at_once_to_the_bit(monkeypatch, gib, pins)
                      schedule="interleaved_zero_bubble")
     _leaves_and_fitting_splits(_dense_then_moe(gib), leaf_pins)
     assert rows
+
+
+@pytest.mark.parametrize("schedule, virtual", [("interleaved_zero_bubble", 4), ("interleaved_zero_bubble", 3),
+                                               ("interleaved_1f1b", 4), ("zbv", 2), ("dualpipev", 2)])
+def test_the_simulated_peak_of_splits_as_rows_is_each_splits_to_the_bit(schedule, virtual):
+    """`Caps.peak_beyond_rule` of several splits' stored bytes at once (a row each: `_moved_split`'s) gives each row the
+    one split's answer to the bit, for stored bytes of any fractions (a custom layer's authored activations). The rows,
+    gathered into rank order, came back column-major, and matmul summed a rank's chunks in another order than for one
+    split where a rank holds 4 or more (interleaved zero bubble at virtual_stages 4: 24 of 96 leaves' batches differed
+    in their last bits); the same for `_rank_sums` against np.bincount, which `_open_over` and `excess` add with."""
+    from plandsl.search.choices import stage_ranks
+    from plandsl.search.splits import _rank_sums
+
+    rng = np.random.default_rng(0)
+    problem = _dense_then_moe(4.0)
+    space = Space(problem, {"pp": 2, "virtual_stages": virtual, "schedule": schedule, "tp": 1, "cp": 1},
+                  DEFAULT_EFFICIENCY)
+    checked = 0
+    for root in space.roots():
+        for node in space.expand_root(root):
+            pending = space.pending(node)
+            for _, _, zero, sched, v in (pending.leaves if pending else []):
+                ranks = stage_ranks(sched, root.pp, v)
+                inflight = space.figures.inflight(sched, root.pp, node.microbatches, v)
+                stored = rng.random((16, len(ranks))) * 3e8
+                batch = space.caps.peak_beyond_rule(root, ranks, inflight, pending.memory[zero], stored)
+                if batch is None:
+                    continue
+                assert batch.shape == (16, root.pp)
+                for row, split in zip(batch, stored):
+                    single = space.caps.peak_beyond_rule(root, ranks, inflight, pending.memory[zero], split)
+                    assert single.tobytes() == row.tobytes(), (sched, v, split, single, row)
+                on = np.asarray(ranks)
+                sums = _rank_sums(stored - 1.5e8, on, root.pp)
+                for row, split in zip(sums, stored - 1.5e8):
+                    assert np.bincount(on, weights=split, minlength=root.pp).tobytes() == row.tobytes()
+                checked += 1
+    assert checked
