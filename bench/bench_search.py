@@ -1311,10 +1311,13 @@ def _hardware_file() -> tuple[Path, str]:
     the row's document imports them itself). Imported, the file is parsed once (`syntax.parser` keeps a file's tree by
     its text), where each row's document held its ~9,000 characters inline and parsed them again: ~25 ms a row of
     ~34, over the 400-odd rows tests/unit/test_validation.py searches."""
+    import atexit
+    import shutil
     import tempfile
     text = HARDWARE + BLACKWELL_HARDWARE + BLACKWELL_ULTRA_HARDWARE
     if text not in _HARDWARE_FILES:
         folder = Path(tempfile.mkdtemp(prefix="plandsl-bench-"))
+        atexit.register(shutil.rmtree, folder, True)  # removed as the process ends
         (folder / "bench_hardware.plan").write_text(text, encoding="utf-8")
         imports = "".join(line + "\n" for line in text.splitlines() if line.startswith("import "))
         _HARDWARE_FILES[text] = folder, imports
