@@ -46,26 +46,31 @@ def stdlib_definitions() -> dict[str, str]:
 SIBLINGS = 64  # .plan files of the importing file's folder read, at most, to find a name
 
 
-def sibling_definitions(source: SourceFile | None) -> dict[str, str]:
-    """Name -> the import that defines it, for the other `.plan` files of `source`'s folder."""
+def sibling_definition(name: str, source: SourceFile | None) -> str | None:
+    """The import (the file's stem) of the first other `.plan` file of `source`'s folder, in name order, that
+    defines `name`. Only a file whose text holds `name` as a word is parsed: each was parsed whole for each unknown
+    name, and a plan with a typo beside a few large generated plans (the 64 read at most, up to 2 MB each) took
+    minutes to check, its work set by its neighbours rather than by what it says."""
     if source is None or not os.path.isfile(source.path):
-        return {}
+        return None
     folder = Path(source.path).resolve().parent
-    found: dict[str, str] = {}
     try:
         files = sorted(p for p in folder.glob("*.plan") if p.resolve() != Path(source.path).resolve())[:SIBLINGS]
     except OSError:
-        return {}
+        return None
+    word = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])")
     for path in files:
         try:
-            module = parse_source(read_source(path))
+            text = read_source(path)
+            if not word.search(text.text):
+                continue
+            module = parse_source(text)
         except PlanError:
             continue
         for item in module.items:
-            defined = getattr(item, "name", None)
-            if defined and getattr(item, "kind", "") != "plan":
-                found.setdefault(defined, path.stem)
-    return found
+            if getattr(item, "name", None) == name and getattr(item, "kind", "") != "plan":
+                return path.stem
+    return None
 
 
 def import_edit(source: SourceFile | None, file: str) -> Edit | None:
@@ -86,7 +91,8 @@ def missing_import(name: str, visible: set[str], source: SourceFile | None,
     (that name, the hint, the edit adding the import)."""
     library = stdlib_definitions()
     if name not in library and not fuzzy:
-        library = {**sibling_definitions(source), **library}
+        beside = sibling_definition(name, source)
+        library = {**library, name: beside} if beside is not None else library
     known = name if name in library else (nearest(name, [n for n in library if n not in visible]) if fuzzy else None)
     if known is None or known in visible:
         return None

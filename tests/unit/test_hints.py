@@ -200,6 +200,32 @@ def test_a_name_defined_beside_the_file_suggests_importing_that_file(tmp_path):
     assert 'import "shared"' in fixed and _errors(after) == [], fixed
 
 
+def test_a_typo_beside_large_plans_costs_what_it_costs_alone(tmp_path):
+    """A plan with an unknown name in a folder beside three generated plans of 80 kB (none names it, then one defines
+    it): each sibling was parsed whole for each unknown name, to find the file that defines it: 600x+ the plan checked
+    in a folder of its own (beside 64 plans of 2 MB, the most read: minutes); now only a sibling whose text holds the
+    name as a word is parsed, the others read: ~7x a plan that costs a few ms. Once one defines it, its import is
+    still the hint."""
+    from support import VALID_PLAN, cpu_ratio
+    text = VALID_PLAN.replace("micro_batch: 2", "micro_batch: mb")
+    alone, beside = tmp_path / "alone", tmp_path / "beside"
+    alone.mkdir()
+    beside.mkdir()
+    (alone / "p.plan").write_text(text)
+    (beside / "p.plan").write_text(text)
+    big = "".join(f"let generated_{i} = {i}\n" for i in range(4_000))
+    for k in range(3):
+        (beside / f"g{k}.plan").write_text(big)
+    assert len(big) > 64_000  # past parser.CACHED_BYTES: each parse is a parse
+    ratio = cpu_ratio(lambda: analyze(str(beside / "p.plan")), lambda: analyze(str(alone / "p.plan")))
+    assert ratio < 25, ratio  # the siblings' bytes are still read
+    (problem,) = analyze(str(beside / "p.plan")).errors
+    assert problem.code == "E201" and "import" not in (problem.hint or ""), problem
+    (beside / "g2.plan").write_text(big + "let mb = 2\n")
+    (problem,) = analyze(str(beside / "p.plan")).errors
+    assert 'add `import "g2"`' in problem.hint, problem
+
+
 # ---- one mistake in a stdlib example: the hint names the fix, not a detour ---------------------------
 _GPT3 = Path(__file__).resolve().parents[2] / "stdlib_plans" / "examples" / "gpt3_175b_3d.plan"
 
