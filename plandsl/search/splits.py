@@ -255,10 +255,13 @@ class Splits:
         (`room`, per stage: its rank's, whole). A rank of one stage: its room. Of several: first an even share of it
         each (the split as before, kept where there is one). Where none fits those shares, which prunes splits whose
         stages differ in bytes (a dense stage and an MoE one on a rank, a V's first rank with the embedding's stage and
-        the head's), and the even split of the blocks (`placement.split_evenly`) fits each rank's room, the rank's room
-        is shared as that split's stages hold bytes: the programme's split within those shares (at least as fast as
-        the even one, which they admit), or the even split where that one does not fit; else None, as before (a split
-        of other counts that would fit is still pruned there). The bytes of a stage: `held`'s (cumulative per stage),
+        the head's), the rank's room is shared as the even split of the blocks' (`placement.split_evenly`) stages hold
+        bytes, where it fits each rank's room, else as those of the split a block or a few moved from it that fits
+        (`_moved_split`: a rank of the embedding's stage or the head's beside one of MoE blocks, which the even split
+        overfills, holds a split of one block at the end; of the 1,294 partly recomputed leaves of a dense-then-MoE
+        test space with a split that fits, 252 were dropped without it, 4 are): the programme's split within those
+        shares (at least as fast as the one they are taken from, which they admit), or that split where the
+        programme's does not fit; else None. The bytes of a stage: `held`'s (cumulative per stage),
         its first `recomputed` blocks at `rerun_held`'s more; a split fits where each rank's stages' bytes and
         `peak()(counts)` (`_mixed_peak`: what the schedule's simulated peak holds beyond the in-flight rule, which the
         exact estimate counts) are within its room. The programme's split within the room (one stage a rank) or the even
@@ -287,21 +290,25 @@ class Splits:
                     need = need + beyond
             return bool((need[on] <= room).all())
 
+        def excess_of(made):  # per rank (splits as rows: per split and rank), by how much the split overfills its
+            def excess(counts):  # room: by the rule, and by the simulated peak where `made` (`_mixed_peak`'s) is given
+                need = _rank_sums(used(counts), on, len(rank_room))
+                beyond = made(counts) if made is not None else None
+                return (need if beyond is None else need + beyond) - rank_room
+            return excess
+
+        def moved(counts, made):  # `_moved_split` from the split, the fastest as the programme counts time
+            return _moved_split(counts, excess_of(made), lambda c: max(_table_seconds(c, prefix, fixed, recomputed,
+                                                                                      rerun)),
+                                self.pins.get("account") is None)
+
         def checked(found):  # where the simulated peak overfills a rank with the rule's split: a block moved or a few
             if found is None or peak is None or not checks:
                 return found
             made = peak()
-            if made is None:
+            if made is None or not (excess_of(made)(found) > 0).any():
                 return found
-
-            def excess(counts):  # per rank (splits as rows: per split and rank)
-                need = _rank_sums(used(counts), on, len(rank_room))
-                beyond = made(counts)
-                return (need if beyond is None else need + beyond) - rank_room
-            if not (excess(found) > 0).any():
-                return found
-            return _moved_split(found, excess, lambda c: max(_table_seconds(c, prefix, fixed, recomputed, rerun)),
-                                self.pins.get("account") is None)
+            return moved(found, made)
 
         on = np.asarray(ranks)
         rank_room = np.zeros(int(on.max()) + 1)
@@ -316,16 +323,23 @@ class Splits:
         if even is None:
             even = self._even[len(ranks)] = tuple(
                 len(part) for part in split_evenly(list(range(self.blocks)), len(ranks)))
-        if min(even) < 1 or not fits(even, simulated=False):  # the rule's bytes first: the simulated peak only adds
+        if min(even) < 1:
+            return None
+        # the even split, or where a rank does not hold it, the splits a block or a few moved from it: the rule's bytes
+        # first (the simulated peak only adds), then the peak's
+        start = even if fits(even, simulated=False) else moved(even, None)
+        if start is None:
             return None
         peak = peak() if peak is not None else None  # made only here: most leaves never get here
-        if not fits(even):
-            return None
-        bytes_ = used(even)
+        if peak is not None and not fits(start):
+            start = moved(start, peak)
+            if start is None:
+                return None
+        bytes_ = used(start)
         total = np.bincount(on, weights=bytes_)[on]
         caps = np.where(total > 0, room * bytes_ / np.where(total > 0, total, 1.0), room / stages)
         found = split(np.where(stages == 1, room, np.maximum(caps, bytes_)))
-        return found if found is not None and fits(found) else even
+        return found if found is not None and fits(found) else start
 
     def _mixed_peak(self, root, ranks, inflight, memory, full=None):
         """`_shared_split`'s `peak` for a node of several kinds of block (`full`: a partly recomputed one's, its first N
