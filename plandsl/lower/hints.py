@@ -61,16 +61,29 @@ def sibling_definition(name: str, source: SourceFile | None) -> str | None:
     word = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])")
     for path in files:
         try:
-            text = read_source(path)
-            if not word.search(text.text):
-                continue
-            module = parse_source(text)
-        except PlanError:
+            stat = path.stat()
+            key = (str(path), stat.st_mtime_ns, stat.st_size)
+            defined = _SIBLING_NAMES.get(key)
+            if defined is None:
+                text = read_source(path)
+                if not word.search(text.text):
+                    continue
+                module = parse_source(text)
+                defined = frozenset(getattr(item, "name", None) for item in module.items
+                                    if getattr(item, "name", None) and getattr(item, "kind", "") != "plan")
+                if len(_SIBLING_NAMES) >= 4 * SIBLINGS:
+                    _SIBLING_NAMES.clear()
+                _SIBLING_NAMES[key] = defined
+        except (PlanError, OSError):
             continue
-        for item in module.items:
-            if getattr(item, "name", None) == name and getattr(item, "kind", "") != "plan":
-                return path.stem
+        if name in defined:
+            return path.stem
     return None
+
+
+# (path, modified, size) -> the names a sibling parsed once defines: the siblings that mention one unknown name are
+# parsed once for all the others (a plan with 100 typos beside plans that mention them parsed each one 100 times)
+_SIBLING_NAMES: dict[tuple[str, int, int], frozenset[str]] = {}
 
 
 def import_edit(source: SourceFile | None, file: str) -> Edit | None:
