@@ -196,10 +196,23 @@ class Splits:
         own kind's seconds and bytes on its stage's rank, the embedding and the norm and head as fixed seconds and
         bytes of the first and last stage, ZeRO's gathered units taken as
         the two largest of each kind (a bound), a rank's room shared by its stages as `_shared_split` does. `bounded`
-        False: the split without memory's caps."""
-        key = (node.ident, zero, ranks, inflight.tobytes(), bounded)
+        False: the split without memory's caps. Cached by the in-flight array's values and the figures of its schedule
+        that the room and the gradients read beside them (`_schedule_figures`), so that schedules alike in them share
+        it (`_by_schedule`)."""
+        key = (node.ident, zero, ranks, inflight.tobytes(), self._schedule_figures(ranks, inflight), bounded)
         return self._by_schedule(self._partition_cache, key, inflight,
                                  lambda read: self._mixed_split_of(node, ranks, inflight, memory, bounded, read))
+
+    def _schedule_figures(self, ranks, inflight) -> tuple:
+        """What `_mixed_split_of` reads of the schedule beyond the in-flight array's values: the head's microbatches in
+        flight (`Figures.head_inflight`: one for the 1F1B family, the rank's for looped BFS, both [2, 2] at pp=2
+        virtual_stages=2 and 2 microbatches; the room and torch's stage buffers count it), the copies of the embedding
+        the head's stage holds (`tied_copies`) and the rank's stages open at once (`open_stages`). A split cached
+        without them was one schedule's for another's: a looped BFS leaf took interleaved 1F1B's split, which the
+        exact estimate refused."""
+        opens = self.figures.open_stages(inflight)
+        return (self.figures.head_inflight(inflight, ranks[-1]), self.figures.tied_copies(inflight),
+                None if opens is None else (opens.shape, opens.tobytes()))
 
     def _by_schedule(self, cache: dict, key, inflight, find):
         """`find(read)`, cached under `key` where it did not read the schedule's simulated peak (`_mixed_peak`, which
