@@ -200,6 +200,29 @@ def test_a_name_defined_beside_the_file_suggests_importing_that_file(tmp_path):
     assert 'import "shared"' in fixed and _errors(after) == [], fixed
 
 
+def test_each_plan_without_over_is_offered_its_own_over_in_time_its_size_sets():
+    """A file of plans each with `data = zero1` written without `over` (E306, its edit `over dp` checked by analysing
+    the edited file): the other plans' E306s were taken as the edited one's, so each was offered every plan's `over`
+    (two plans: two edits, "then add `over dp`"), and each analysed the whole file again: 4x the CPU per doubling of
+    the plans (10, 20, 40: 0.5, 1.4, 5.7 s). Now the check of an edit reads the file with its other plans blanked:
+    one edit each, and 40 plans cost about twice 20."""
+    from support import VALID_PLAN, cpu_ratio
+    body, head = VALID_PLAN.split("\n", 2)[2], VALID_PLAN.split("plan p", 1)[0]
+
+    def plans(count: int) -> str:
+        return head + "".join(body.replace("plan p", f"plan p{k}").replace("data    = zero1 over dp", "data    = zero1")
+                              for k in range(count))
+    found = analyze(text=plans(2)).diagnostics
+    assert [(d.code, d.hint, len(d.edits)) for d in found] == [("E306", "add `over dp` (the mesh has dp, pp, tp)", 1)] * 2
+    fixed = plans(2)
+    for problem in sorted(found, key=lambda d: -d.edits[0].span.start):
+        (edit,) = problem.edits
+        fixed = fixed[:edit.span.start] + edit.text + fixed[edit.span.end:]
+    assert analyze(text=fixed).ok
+    twenty, forty = plans(20), plans(40)
+    assert cpu_ratio(lambda: analyze(text=forty), lambda: analyze(text=twenty)) < 3
+
+
 def test_typos_beside_a_plan_that_mentions_them_parse_it_once(tmp_path):
     """Twenty plans of one file, each with its own unknown name (b0..b19), beside an 80 kB plan that mentions each
     name and defines none: the sibling was parsed again for each of them (20 parses: 600x the file checked alone);
