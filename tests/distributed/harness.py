@@ -97,14 +97,46 @@ def run_ranks(world: int, fn: Callable[..., Any], *args: Any, deadline_s: float 
     """`fn(rank, *args, **kwargs)` on `world` forked ranks; their return values, rank 0 first.
 
     The results must be picklable (they travel back through files); `rank_env` is added to each
-    rank's environment."""
+    rank's environment. The port `free_port` found free can be taken by another process before rank 0's store
+    binds it (other test runs on the machine: EADDRINUSE at `init_process_group`, before `fn` did anything past
+    it); the ranks then run again on another port, `PORT_TRIES` times at most."""
     _import_what_ranks_import()
     context = multiprocessing.get_context(start_method())
-    port = free_port()  # the OS picks a free port: distinct across concurrent xdist workers
     deadline_s *= LOAD_MARGIN
+    for attempt in range(PORT_TRIES):
+        port = free_port()  # the OS picks a free port: distinct across concurrent xdist workers
+        outcomes, stuck, codes = _run_once(context, world, port, deadline_s, rank_env or {}, fn, args, kwargs)
+        errors = [f"rank {rank} raised:\n{value}" for rank, (ok, value) in
+                  ((r, o) for r, o in outcomes.items() if o is not None) if not ok]
+        if not (errors and attempt + 1 < PORT_TRIES and any(_port_taken(value) for ok, value in
+                                                            filter(None, outcomes.values()) if not ok)):
+            break
+    if errors:
+        pytest.fail("\n".join(errors) + (f"\n(ranks {stuck} were still running and were killed)" if stuck else ""))
+    if stuck:
+        pytest.fail(f"ranks {stuck} of {world} did not finish within {deadline_s:g} s (a deadlock?); killed")
+    silent = [rank for rank, outcome in outcomes.items() if outcome is None]
+    if silent:
+        exits = {rank: codes[rank] for rank in silent}
+        pytest.fail(f"ranks {silent} died without a result (exit codes {exits})")
+    return [outcomes[rank][1] for rank in range(world)]
+
+
+# `run_ranks`: the runs on a fresh port where the one found free was taken before rank 0's store bound it
+PORT_TRIES = 3
+
+
+def _port_taken(traceback_text: str) -> bool:
+    """Whether a rank's traceback is its store's bind failing on a port another process took (EADDRINUSE)."""
+    return "EADDRINUSE" in traceback_text or "address already in use" in traceback_text
+
+
+def _run_once(context, world: int, port: int, deadline_s: float, rank_env: dict[str, str], fn, args, kwargs):
+    """One run of `run_ranks`' ranks on `port`: (each rank's outcome or None, the ranks killed at the deadline,
+    each rank's exit code)."""
     with tempfile.TemporaryDirectory(prefix="plandsl-ranks-") as directory:
         out = Path(directory)
-        processes = [context.Process(target=_rank_main, args=(rank, world, port, out, rank_env or {}, fn, args, kwargs),
+        processes = [context.Process(target=_rank_main, args=(rank, world, port, out, rank_env, fn, args, kwargs),
                                      daemon=True) for rank in range(world)]
         for process in processes:
             process.start()
@@ -124,14 +156,4 @@ def run_ranks(world: int, fn: Callable[..., Any], *args: Any, deadline_s: float 
         for rank in range(world):
             path = out / f"rank{rank}.pkl"
             outcomes[rank] = pickle.loads(path.read_bytes()) if path.exists() else None
-    errors = [f"rank {rank} raised:\n{value}" for rank, (ok, value) in
-              ((r, o) for r, o in outcomes.items() if o is not None) if not ok]
-    if errors:
-        pytest.fail("\n".join(errors) + (f"\n(ranks {stuck} were still running and were killed)" if stuck else ""))
-    if stuck:
-        pytest.fail(f"ranks {stuck} of {world} did not finish within {deadline_s:g} s (a deadlock?); killed")
-    silent = [rank for rank, outcome in outcomes.items() if outcome is None]
-    if silent:
-        codes = {rank: processes[rank].exitcode for rank in silent}
-        pytest.fail(f"ranks {silent} died without a result (exit codes {codes})")
-    return [outcomes[rank][1] for rank in range(world)]
+    return outcomes, stuck, {rank: p.exitcode for rank, p in enumerate(processes)}
