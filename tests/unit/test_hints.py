@@ -223,6 +223,15 @@ def test_each_plan_without_over_is_offered_its_own_over_in_time_its_size_sets():
     assert cpu_ratio(lambda: analyze(text=forty), lambda: analyze(text=twenty)) < 3
 
 
+def _alone_and_beside(tmp_path, text: str):
+    """Two folders holding the plan `text` as p.plan: one alone, one for the siblings a test writes beside it."""
+    alone, beside = tmp_path / "alone", tmp_path / "beside"
+    for folder in (alone, beside):
+        folder.mkdir()
+        (folder / "p.plan").write_text(text)
+    return alone, beside
+
+
 def test_typos_beside_a_plan_that_mentions_them_parse_it_once(tmp_path):
     """Twenty plans of one file, each with its own unknown name (b0..b19), beside an 80 kB plan that mentions each
     name and defines none: the sibling was parsed again for each of them (20 parses: 600x the file checked alone);
@@ -231,11 +240,7 @@ def test_typos_beside_a_plan_that_mentions_them_parse_it_once(tmp_path):
     body = VALID_PLAN.split("\n", 2)[2]
     text = VALID_PLAN.split("plan p", 1)[0] + "".join(
         body.replace("plan p", f"plan p{k}").replace("micro_batch: 2", f"micro_batch: b{k}") for k in range(20))
-    alone, beside = tmp_path / "alone", tmp_path / "beside"
-    alone.mkdir()
-    beside.mkdir()
-    (alone / "p.plan").write_text(text)
-    (beside / "p.plan").write_text(text)
+    alone, beside = _alone_and_beside(tmp_path, text)
     mentions = "".join(f"let mentions_{k} = b{k}\n" for k in range(20))
     (beside / "g.plan").write_text(mentions + "".join(f"let generated_{i} = {i}\n" for i in range(4_000)))
     ratio = cpu_ratio(lambda: analyze(str(beside / "p.plan")), lambda: analyze(str(alone / "p.plan")))
@@ -251,11 +256,7 @@ def test_a_typo_beside_large_plans_costs_what_it_costs_alone(tmp_path):
     still the hint."""
     from support import VALID_PLAN, cpu_ratio
     text = VALID_PLAN.replace("micro_batch: 2", "micro_batch: mb")
-    alone, beside = tmp_path / "alone", tmp_path / "beside"
-    alone.mkdir()
-    beside.mkdir()
-    (alone / "p.plan").write_text(text)
-    (beside / "p.plan").write_text(text)
+    alone, beside = _alone_and_beside(tmp_path, text)
     big = "".join(f"let generated_{i} = {i}\n" for i in range(4_000))
     for k in range(3):
         (beside / f"g{k}.plan").write_text(big)
