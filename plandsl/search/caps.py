@@ -13,6 +13,7 @@ from plandsl.search.figures import Figures
 from plandsl.search.tree import Root
 
 _WINDOWS = (np.arange(4.0), np.arange(4.0, 20.0))  # what `Caps._held_caps` tries first below the rule's caps
+_ROWS = 8  # rows of N `Caps._rank_caps` lowers at a time for `Caps.least_recomputed`
 
 
 def _whole(caps: np.ndarray) -> np.ndarray:
@@ -32,11 +33,14 @@ class Caps:
         self._rank_order: dict = {}
 
     def rank_caps(self, root: Root, ranks, inflight: np.ndarray, memory, recomputed: int | None = None,
-                  kept: float = 0.0, held: bool = False) -> np.ndarray:
+                  kept: float = 0.0, held: bool = False, virtual: int | None = None) -> np.ndarray:
         """`_rank_caps`, and on a rank that holds every layer, whose ZeRO-2/3 units are placed by moment, no more blocks
         than fit the embedding's backward (`Figures.end_moment`: the blocks' activations freed there, the embedding's
-        whole-vocabulary gradient beside the units, `cost.memory.fsdp_apart`'s `end`)."""
-        caps = self._rank_caps(root, ranks, inflight, memory, recomputed, kept, held)
+        whole-vocabulary gradient beside the units, `cost.memory.fsdp_apart`'s `end`). `virtual` given: caps that admit
+        no split already by the rule's count (`_admit`) are not lowered further (`_held_caps` only lowers them), as
+        `caps` and `least_recomputed`, which ask only whether they admit one, need; rows of N past those that hold the
+        least N whose caps admit one are then -1 (`_rank_caps`)."""
+        caps = self._rank_caps(root, ranks, inflight, memory, recomputed, kept, held, virtual)
         end = self.figures.end_moment(memory) if len(ranks) == 1 else None
         if end is not None and end[1] > 0.0:
             fixed, per = end
@@ -45,7 +49,7 @@ class Caps:
         return caps
 
     def _rank_caps(self, root: Root, ranks, inflight: np.ndarray, memory, recomputed: int | None = None,
-                   kept: float = 0.0, held: bool = False) -> np.ndarray:
+                   kept: float = 0.0, held: bool = False, virtual: int | None = None) -> np.ndarray:
         """The most blocks each rank holds within its memory: its capacity less the embedding (first
         stage), the norm and head (last), the working set, ZeRO's gathered units and torch's pipeline stage's
         buffers (`Figures.stage_buffers`, at most the exact estimate's), over a block's
@@ -123,8 +127,25 @@ class Caps:
                 two = within(room - gathered(memory, r == first_rank, r == last_rank, 2), per[r], per_kept[r])
                 one = within(room - gathered(memory, r == first_rank, r == last_rank, 1), per[r], per_kept[r])
                 caps[:, r] = self.blocks if free[r] else np.where(two >= 2, two, np.minimum(one, 1.0))[:, 0]
-            if grads is not None:  # each row lowered to the gradients of the stages open at once, as `caps` lowers N's
+            if grads is not None and virtual is None:  # each row lowered to the gradients of the stages open at once,
                 caps = self._held_caps(root, ranks, inflight, memory, caps, recomputed, kept, free, buffers, False)
+            elif grads is not None:  # as `caps` lowers N's: `_ROWS` rows at a time from the first that admits a split
+                # by the rule (the rows before admit none lowered either) to those holding the first that admits one
+                # lowered; the rows past them -1, left out. Each row's lowering is its own, the same operations on a
+                # C-ordered run of the rows.
+                admits = self._admit(_whole(caps), virtual)
+                if not admits.any():
+                    return _whole(caps)
+                start = int(admits.argmax())
+                while start < len(caps):
+                    rows = slice(start, start + _ROWS)
+                    caps[rows] = self._held_caps(root, ranks, inflight, memory, caps[rows], recomputed[rows], kept,
+                                                 free, buffers, False)
+                    start += _ROWS
+                    if self._admit(_whole(caps[rows]), virtual).any():
+                        caps = _whole(caps)
+                        caps[start:] = -1
+                        return caps
             return _whole(caps)  # as the in-flight rule counts: at least the caps of each N (`least_recomputed`)
         for r in fixed:  # the first and last ranks, one at a time (`cost.memory` order of terms)
             room = float(capacity[r]) - fixed[r] - working - float(buffers[r])
@@ -139,9 +160,15 @@ class Caps:
                 elif cap >= 2:
                     break
             caps[r] = cap
-        if held or grads is not None:
+        if (held or grads is not None) and (virtual is None or self._admit(_whole(caps), virtual)):
             caps = self._held_caps(root, ranks, inflight, memory, caps, recomputed, kept, free, buffers, held)
         return _whole(caps)
+
+    def _admit(self, caps: np.ndarray, virtual: int):
+        """Whether whole caps (a row each, or one array) admit a split: every block somewhere, and a block on each of
+        a rank's `virtual` stages (`caps`' test; each cap taken at most at that, so that no int64 sum overflows)."""
+        caps = np.minimum(caps, max(self.blocks, virtual))
+        return (caps.sum(axis=-1) >= self.blocks) & (caps.min(axis=-1) >= virtual)
 
     def _rule_caps(self, memory, ranks, inflight, fixed, capacity, block_s, block_a, working) -> np.ndarray:
         """`rank_caps` of a node that recomputes all or none of its blocks, by the in-flight rule alone: the same
@@ -402,7 +429,7 @@ class Caps:
             ((True,) if held else ())
         rank_caps = self._caps_cache.get(key, False)  # memory, inflight: cached objects
         if rank_caps is False:
-            rank_caps = self.rank_caps(root, ranks, inflight, memory, recomputed, kept, held).tolist()
+            rank_caps = self.rank_caps(root, ranks, inflight, memory, recomputed, kept, held, virtual).tolist()
             fits = sum(rank_caps) >= self.blocks and min(rank_caps) >= virtual  # whole blocks, each below 2**62
             rank_caps = self._caps_cache[key] = rank_caps if fits else None
         return rank_caps
@@ -418,11 +445,13 @@ class Caps:
             return found
         if high * root.pp <= 1 << 16:
             choices = np.arange(1, high + 1, dtype=np.float64)
-            caps = self.rank_caps(root, ranks, inflight, partial, choices, kept)
-            fits = (caps.sum(axis=1) >= self.blocks) & (caps.min(axis=1) >= virtual)
+            caps = self.rank_caps(root, ranks, inflight, partial, choices, kept, virtual=virtual)
+            fits = self._admit(caps, virtual)
             found = int(choices[int(fits.argmax())]) if fits.any() else None
-            if found is not None:  # each row from N = found on is what `caps` gives for its N (the same operations)
+            if found is not None:  # each row from N = found on is what `caps` gives for its N (the same operations),
                 for n, row, fit in zip(range(found, high + 1), caps[found - 1:].tolist(), fits[found - 1:].tolist()):
+                    if row[0] < 0:  # but the rows left out
+                        break
                     self._caps_cache[(key[1], ranks, id(inflight), root.capacity, n, kept)] = row if fit else None
         elif self.caps(root, ranks, inflight, partial, virtual, high, kept) is None:
             found = None

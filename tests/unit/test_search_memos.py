@@ -6,7 +6,8 @@ as with each memo defeated and each shortcut replaced by what it stands for (`_p
 Defeated: the caps, the splits' fit, the least N and `_held_room` never found in their caches (keyed by
 `Figures.memory_class`, what they read of a memory: a field missing from that key lets two memories share caps), nor
 ZeRO's gathered units, torch's buffers, their plan per microbatch shape and the held arrays in the figures'; the rule's
-caps by `rank_caps`' general path, not `_rule_caps`; `partition_blocks`' greedy from the least blocks on, not past
+caps by `rank_caps`' general path, not `_rule_caps`, and lowered where the rule admits no split, every row of N at once
+(`rank_caps`' `virtual` not given); `partition_blocks`' greedy from the least blocks on, not past
 `_below`; the stages' ends per rank map uncached; a split's seconds and caps stage by stage, as before `Splits._seconds`;
 the interleaved rows from torch's step-by-step loop with counters, not the walk; `held_profiles` and `figures._beyond` as
 their loops were; the schedules' layouts laid out again. The problems: one, two and three kinds of block, tied, MoE, a
@@ -163,8 +164,8 @@ def _plain(monkeypatch) -> None:
         caps_init(self, *args, **kwargs)
         self._caps_cache, self._held_cache, self._bound_cache = _Never(), _Never(), _Never()
 
-    def general(self, root, ranks, inflight, memory, recomputed=None, kept=0.0, held=False):
-        if recomputed is not None or held:
+    def general(self, root, ranks, inflight, memory, recomputed=None, kept=0.0, held=False, virtual=None):
+        if recomputed is not None or held:  # every caps lowered, every row of N (without `virtual`)
             return rank_caps(self, root, ranks, inflight, memory, recomputed, kept, held)
         self.figures.held = lambda inflight: None  # `_held_caps` then leaves the general path's caps as they are
         try:
