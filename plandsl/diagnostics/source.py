@@ -78,24 +78,27 @@ class SourceFile:
         characters as shown (it was counted in characters, so a tab before the span put it short of it), in the
         columns a terminal gives them: two for an East Asian wide or fullwidth character, none for a nonspacing or
         enclosing mark (`_columns`; counted one each, a Chinese comment's characters before the span put the caret a
-        column short per character). The line is shown to its first 200 columns."""
+        column short per character). The line is shown to its first 200 columns, or where the span starts past them, a
+        window of 200 columns from 60 characters before it, `...` where the window leaves the line's start out."""
         text = self.line_text(span.line)
         if not text and span.line == 0:
             return []
-        pieces, at = [], [0]  # the shown text of each character, and the column where each one starts in the shown line
-        for c in text:  # up to the first character past the columns shown: a diagnostic's work is not its line's
-            if at[-1] > _SHOWN_COLUMNS:  # length (100 diagnostics on one 400 kB line laid all of it out 100 times)
-                break
-            piece = " " * (4 - at[-1] % 4) if c == "\t" else c if c.isprintable() else repr(c)[1:-1]
-            pieces.append(piece)
-            at.append(at[-1] + _columns(piece))
+        index = min(max(span.column, 1), len(text) + 1) - 1  # the span's first character
+        first, prefix = 0, ""
+        pieces, at = _lay_out(text, 0, 0)
+        if at[min(index, len(at) - 1)] > _SHOWN_COLUMNS - _AFTER:  # past the columns shown: a window around it
+            first, prefix = max(0, index - _BEFORE), _LEFT_OUT
+            pieces, at = _lay_out(text, first, len(prefix))
+            if at[min(index - first, len(at) - 1)] > _SHOWN_COLUMNS - _AFTER:  # wide or escaped
+                first = index  # characters before it: the window from the span itself
+                pieces, at = _lay_out(text, first, len(prefix))
         kept = bisect.bisect_right(at, _SHOWN_COLUMNS) - 1  # the characters that end within the columns shown
-        shown, shown_columns = "".join(pieces[:kept]), at[kept]
+        shown, shown_columns = prefix + "".join(pieces[:kept]), at[kept]
 
         def column_of(index: int) -> int:  # where character `index` (0-based) starts; past those laid out, somewhere
-            return at[min(index, len(at) - 1)]  # past the columns shown, which is all the caret needs to know
+            return at[min(max(index - first, 0), len(at) - 1)]  # past the columns shown, all the caret needs to know
 
-        start = column_of(min(max(span.column, 1), len(text) + 1) - 1)
+        start = column_of(index)
         if span.end_line == span.line and span.end_column > span.column:
             end = column_of(min(span.end_column, len(text) + 1) - 1)
         elif span.end_line > span.line:
@@ -109,8 +112,30 @@ class SourceFile:
         return [f"{' ' * gutter} |", f"{span.line} | {shown}", f"{' ' * gutter} | {caret}"]
 
 
+def _lay_out(text: str, first: int, column: int) -> tuple[list[str], list[int]]:
+    """The shown text of `text`'s characters from `first` on (tabs expanded to stops of 4 of the shown line, each other
+    character that does not print escaped) and the column where each starts, from `column` on, up to the first
+    character past the columns shown, of 8 characters a column at most (marks that take none): a diagnostic's work is
+    not its line's length (100 diagnostics on one 400 kB line laid all of it out 100 times)."""
+    pieces, at = [], [column]
+    for c in text[first:first + 8 * _SHOWN_COLUMNS]:
+        if at[-1] > _SHOWN_COLUMNS:
+            break
+        piece = " " * (4 - at[-1] % 4) if c == "\t" else c if c.isprintable() else repr(c)[1:-1]
+        pieces.append(piece)
+        at.append(at[-1] + _columns(piece))
+    return pieces, at
+
+
 _SHOWN_COLUMNS = 200
 """The most terminal columns of a source line an excerpt shows."""
+
+_BEFORE, _AFTER = 60, 40
+"""Characters shown before a span that starts past a line's first columns, and columns kept for it: a span that starts
+within the last 40 of the columns shown is shown in a window from 60 characters before it."""
+
+_LEFT_OUT = "..."
+"""What stands for the characters of a line before its window (ASCII: one column each in every terminal)."""
 
 
 _NO_COLUMN = ("Mn", "Me")

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from plandsl.check.analysis import analyze
 from plandsl.diagnostics.catalogue import ENTRIES, FAMILIES, explain
+from plandsl.diagnostics.source import _columns
 from plandsl.cli import main
 from plandsl.diagnostics.codes import CODES
 from plandsl.diagnostics import MAX_PER_FILE, render_all
@@ -286,6 +287,35 @@ def test_the_caret_counts_the_columns_a_terminal_gives_each_character(line, unde
     assert shown == prefix + line
     assert caret.index("^") - len(prefix) == columns, (shown, caret)
     assert caret.count("^") == sum(2 if "\u3000" <= c <= "\uffe5" else 1 for c in under), caret
+
+
+@pytest.mark.parametrize("before", [
+    "x" * 250,  # past the 200 columns shown
+    "x" * 170,  # within them, but too near their edge for the span (40 columns kept for it)
+    "名" * 150 + " = ",  # 300 columns of wide characters: the window's 60 characters before it, 120 columns
+    "\x07" * 100,  # escaped, 4 columns each: 60 of them fill the window, which starts at the span instead
+])
+def test_a_span_past_the_columns_shown_is_shown_in_a_window_of_its_line(before):
+    """An excerpt shows a line's first 200 columns; a span that started past them had its caret at their edge, under
+    whatever the line had there (a `train = {...}` key at column 286 underlined a space). The line is shown in a window
+    around the span now, `...` for the characters left out before it."""
+    from plandsl.diagnostics.source import SourceFile
+    line = before + "bogus_key: 3, " + "y" * 300
+    source = SourceFile("far.plan", line + "\n")
+    start = len(before)
+    shown, caret = source.excerpt(source.span(start, start + len("bogus_key")))[1:]
+    under = shown.index("bogus_key")  # the caret in the columns a terminal gives the shown characters before it
+    assert shown.startswith("1 | ...") and _columns(shown[:under]) == caret.index("^"), (shown, caret)
+    assert caret.count("^") == 9
+    assert _columns(shown) <= 4 + 200
+
+
+def test_a_span_within_the_columns_shown_keeps_the_line_from_its_start():
+    from plandsl.diagnostics.source import SourceFile
+    line = "x" * 100 + "bogus_key: 3, " + "y" * 300
+    source = SourceFile("near.plan", line + "\n")
+    shown, caret = source.excerpt(source.span(100, 109))[1:]
+    assert shown == "1 | " + line[:200] and caret == "  | " + " " * 100 + "^" * 9
 
 
 @pytest.mark.parametrize("text, path, under", [

@@ -343,7 +343,8 @@ def test_diagnostics_on_one_long_line_lay_out_only_the_columns_they_show():
     """100 diagnostics on one line of 300,000 characters (a plan written on one line, a dict of 40,000 unknown keys):
     each excerpt shows the line's first 200 columns, but laid the whole line out, character by character, to find its
     caret (100 x the line: 9 s here, 17.6 of `check`'s 26 CPU-s on a 440 kB `train = {...}` line); now the characters up
-    to the columns shown, the caret of a span past them at the edge as before."""
+    to the columns shown. A span past them was shown at the columns' edge, the caret under whatever the line had there;
+    now a window of the line around it (`...` for the characters before), the caret under the span."""
     from plandsl.diagnostics import Diagnostic, render_all
     from plandsl.diagnostics.source import SourceFile
     line = "train = {" + ", ".join(f"zz{i}: 1" for i in range(30_000)) + "}"
@@ -355,5 +356,9 @@ def test_diagnostics_on_one_long_line_lay_out_only_the_columns_they_show():
     blocks = text.split("\n\n")
     assert len(blocks) == 100
     assert blocks[0].splitlines()[3] == "  | " + " " * 9 + "^^^^"  # a caret in the columns shown: under its span
-    assert blocks[-1].splitlines()[3] == "  | " + " " * len(blocks[-1].splitlines()[2][4:]) + "^"  # past them: the edge
-    assert len(blocks[-1].splitlines()[2]) <= 4 + 200
+    for block, start in zip(blocks, columns):  # each caret under its own span, the shown lines within 200 columns
+        shown, caret = block.splitlines()[2:4]
+        at = caret.index("^")
+        assert shown[at:at + 4] == line[start:start + 4] and caret.count("^") == 4, block
+        assert len(shown) <= 4 + 200
+    assert blocks[-1].splitlines()[2].startswith("1 | ...")
