@@ -3,18 +3,22 @@
 more: `Splits.transformer_partition`) fitting the exact estimate where B + 1 does not, across schedules, stages per
 rank and recomputation, and the search's best equal to the best over every N of `recompute_layers` on a problem where
 caps that counted the in-flight rule alone (not the simulated peak the estimate takes where higher) made them differ."""
+import collections
 import random
 
+import numpy as np
 import pytest
 from test_search import MODELS, problem  # the search tests' small problems
 
+from plandsl import api
 from plandsl.cost.compute import DEFAULT_EFFICIENCY
 from plandsl.cost.estimate import estimate_plan
 from plandsl.ir.placement import Assignment
 from plandsl.schedules.bounded import builtin_profiles, simulate_builtin
 from plandsl.schedules.generators import check_sizes
 from plandsl.schedules.simulate import Costs
-from plandsl.search import brute_force, search
+from plandsl.search import Problem, brute_force, search
+from plandsl.search.caps import _ROWS, Caps
 from plandsl.search.choices import stage_ranks
 from plandsl.search.problem import build_plan
 from plandsl.search.space import Space
@@ -306,3 +310,91 @@ def test_a_tied_head_apart_from_multi_token_predictions_copy_is_counted_twice_by
     assert checked > 20 and below > 5
     best = search(mtp_problem("9 GiB"), pins={"schedule": schedule, "pp": 2}, top=1).best
     assert all(m.total <= c for m, c in zip(best.estimate.memory, best.estimate.capacity))
+
+
+class _EveryRowLowered(Caps):
+    """`Caps` whose `rank_caps` is never given `virtual`: every caps lowered by `_held_caps`, every row of N at once."""
+
+    def rank_caps(self, root, ranks, inflight, memory, recomputed=None, kept=0.0, held=False, virtual=None):
+        return Caps.rank_caps(self, root, ranks, inflight, memory, recomputed, kept, held)
+
+
+def _own_caches(caps: Caps) -> Caps:
+    caps._caps_cache, caps._held_cache, caps._bound_cache = {}, {}, {}  # not the figures' shared ones
+    return caps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster, pp, memory, deeper", [("pair", 2, 3.5, False), ("eight", 4, 2.0, False),
+                                                         ("pair", 2, 4.5, True)])
+def test_caps_left_unlowered_where_no_split_fits_change_no_answer(monkeypatch, cluster, pp, memory, deeper):
+    """`Caps.caps` and `least_recomputed` give `rank_caps` `virtual`: caps that admit no split by the rule are not
+    lowered by `_held_caps` (it only lowers them), and the rows of N are lowered `_ROWS` at a time from the first the
+    rule admits up to a window holding one the lowered caps admit, the rows past it -1 and not cached (5cbaddd). Where
+    they are lowered (torch's interleaved 1F1B and looped BFS under ZeRO-3: a rank holds its open stages' gradients),
+    on a 32-block model: the least N of every partly recomputed and offloading memory, and its caps at every N (the
+    rule's and held), are those of caps lowered everywhere, every row at once; each row a window lowers is that row
+    lowered with all the others, to the bit; no row before the least N admits a split. `deeper`: each cap lowered 8
+    blocks more (whatever `_held_caps` lowers by, row by row), so that the least N lies windows past the first row the
+    rule admits. (tests/unit/test_search_memos.py's problems lower 13 rows at most, one window.)"""
+    hardware = f"""
+device gpu {{ memory = {memory} GiB; bandwidth = 1000 GB/s; peak = {{ bf16: 200 TFLOP/s, fp32: 20 TFLOP/s }} }}
+node box {{ devices = 2 x gpu; link = {{ bandwidth: 100 GB/s, latency: 2 us }}; nic = {{ bandwidth: 20 GB/s, latency: 5 us }} }}
+cluster {cluster} = box x {4 if cluster == "eight" else 2}
+"""
+    document = api.loads(hardware + "model m = gpt(layers=32, hidden=1024, heads=16, seq=4096, vocab=4096)\n")
+    space = Space(Problem(document.models[0], document.clusters[0], 8), {"pp": pp, "zero_stage": 3},
+                  DEFAULT_EFFICIENCY)
+    figures = space.figures
+    if deeper:
+        held_caps = Caps._held_caps
+        monkeypatch.setattr(Caps, "_held_caps", lambda *args: np.maximum(held_caps(*args) - 8.0, 0.0))
+    lowering, lowered = Caps._held_caps, []  # the rows each `_held_caps` call of the windowed rows lowers
+
+    def counted(self, root, ranks, inflight, memory, caps, *args):
+        lowered.append(len(caps))
+        return lowering(self, root, ranks, inflight, memory, caps, *args)
+
+    seen = collections.Counter()
+    for root in space.roots():
+        for node in space.expand_root(root):
+            memory = figures.layer_memory(node, 3)
+            for schedule, virtual in (("interleaved_1f1b", 2), ("interleaved_1f1b", 4), ("looped_bfs", 2)):
+                try:
+                    check_sizes(schedule, root.pp, node.microbatches, virtual)
+                except ValueError:
+                    continue
+                ranks = stage_ranks(schedule, root.pp, virtual)
+                inflight = figures.inflight(schedule, root.pp, node.microbatches, virtual)
+                short, every = _own_caches(Caps(figures)), _own_caches(_EveryRowLowered(figures))
+                apart = [short.offload_memory(memory)]
+                if node.kept is not None:
+                    apart.append(short.partial_memory(memory, figures.layer_memory(node.kept, 3)))
+                for partial, kept in apart:
+                    if short._released(partial, inflight) is None:  # every stage's gradients held: not lowered
+                        continue
+                    high = space.blocks - len(ranks) + 1
+                    found = short.least_recomputed(root, ranks, inflight, partial, virtual, kept)
+                    assert found == every.least_recomputed(root, ranks, inflight, partial, virtual, kept)
+                    for n in range(1, high + 1):
+                        for held in (False, True):
+                            assert short.caps(root, ranks, inflight, partial, virtual, n, kept, held) == \
+                                every.caps(root, ranks, inflight, partial, virtual, n, kept, held), (n, held)
+                    choices = np.arange(1.0, high + 1)
+                    lowered.clear()
+                    with monkeypatch.context() as patch:
+                        patch.setattr(Caps, "_held_caps", counted)
+                        windowed = short.rank_caps(root, ranks, inflight, partial, choices, kept, virtual=virtual)
+                    rows = every.rank_caps(root, ranks, inflight, partial, choices, kept)
+                    given = windowed[:, 0] >= 0  # the rows not left out
+                    least = found - 1 if found is not None else high
+                    assert not short._admit(windowed[:least], virtual).any() and given[:least].all()
+                    assert np.array_equal(windowed[least:][given[least:]], rows[least:][given[least:]])
+                    assert (windowed[~given] == -1).all() and all(n <= _ROWS for n in lowered)
+                    seen["found" if found is not None else "none"] += 1
+                    seen["windows", min(len(lowered), 2)] += 1
+                    seen["found past a window"] += found is not None and len(lowered) > 1
+                    seen["left out"] += not given.all()
+    # the rule admitting none (no row lowered), the rows lowered past every window, the least N past the first window
+    assert seen["found"] > 50 and seen["left out"] > 50, seen
+    assert (seen["found past a window"] > 10) if deeper else (seen["windows", 0] > 10 and seen["windows", 2] > 3), seen
