@@ -499,12 +499,13 @@ class Splits:
         `mixed_partition` at the kept node's seconds and bytes, each stage's first N blocks at full recomputation's
         (`partition_prefixed`'s `recomputed`), within the room the partly recomputed memory leaves (the kept node's
         embedding, norm and head, a block rebuilt by recomputation as the working set). N is the least from `least` on
-        with a split: by bisection where a recomputed block holds no more than a kept one of its kind (more N only
-        frees memory), else one N after another. None where the kept node's split is the one memory does not bound
-        (it recomputes nothing: faster), where N reaches every stage's blocks (that is `full`) and where the split is
-        the kept node's. Where a rank of several stages holds only its open stages' unsharded gradients at once (ZeRO-2/3
-        on torch's pipeline, `_mixed_released`), each N's split counts them as `mixed_partition`'s does
-        (`_released_split`, its first N blocks at full recomputation's bytes), not every stage's at once."""
+        with a split (`_least_recomputed`: by bisection where the split is one and a recomputed block holds no more
+        than a kept one of its kind, more N only freeing memory; else one N after another). None where the kept node's
+        split is the one memory does not bound (it recomputes nothing: faster), where N reaches every stage's blocks
+        (that is `full`) and where the split is the kept node's. Where a rank of several stages holds only its open
+        stages' unsharded gradients at once (ZeRO-2/3 on torch's pipeline, `_mixed_released`), each N's split counts
+        them as `mixed_partition`'s does (`_released_split`, its first N blocks at full recomputation's bytes), not
+        every stage's at once."""
         pinned = self.pins.get("recompute_layers")
         kept_memory = self.figures.layer_memory(node.kept, zero)
         split = None
@@ -578,7 +579,8 @@ class Splits:
                     else:
                         tried[n] = shared_split(n, room, (fixed, None, prefix, held))
                 return tried[n]
-            return self._least_recomputed(split_at, least, high, pinned, memory, kept_memory)
+            return self._least_recomputed(split_at, least, high, pinned, memory, kept_memory,
+                                          self.fixes or len(ranks) == 1)
 
         # the N and split depend on these figures alone (and the schedule's simulated peak where a split reads it):
         # partly recomputed leaves of other ZeRO stages or schedules often share them (each N's programme is what a
@@ -593,24 +595,30 @@ class Splits:
             return None  # the kept node's split, which fits: it recomputes nothing
         return found
 
-    def _least_recomputed(self, split_at, least: int, high: int, pinned, memory, kept_memory):
+    def _least_recomputed(self, split_at, least: int, high: int, pinned, memory, kept_memory, one: bool = False):
         """`mixed_partial_partition`'s (split, N) from `split_at(N)`, N from `least` to `high`, or None (N reaching
-        the split's every block unpinned: that is `full`)."""
+        the split's every block unpinned: that is `full`): the least N with a split. Where a recomputed block holds no
+        more than a kept one of its kind, more N only frees memory: a split that fits at N fits at N + 1. Where the
+        split is `one` (a stage's, a fixed one's), its N is then found by bisection. Where the programme chooses among
+        splits, its finder can miss at N + 1 the split it found at N (`_moved_split`'s walk from the even split, which
+        takes another way where a stage of more than N blocks is lighter: [F, F, T, F, T] over N), and bisection,
+        which takes a miss at N for none below, could return a larger N than the least (more recomputation: slower);
+        there, after `high` (none there: None, as before), N one after another from `least` (at most as many as
+        bisection's where the least N is within a few of `least`, as it is where a stage holds a few blocks)."""
         found = split_at(least)
         if found is None and pinned is None:
             lighter = all(memory[0][kind][1] <= kept_memory[0][kind][1] for kind in self._summed)
-            if lighter:  # more N only frees memory: the least N with a split, by bisection
-                if split_at(high) is None:
-                    return None
+            if lighter and split_at(high) is None:
+                return None
+            if lighter and one:  # the one split's bytes only fall with N: the least N that fits it, by bisection
                 low = least  # no split at `low`; one at `high`
                 while high - low > 1:
                     middle = (low + high) // 2
                     low, high = (middle, high) if split_at(middle) is None else (low, middle)
                 least, found = high, split_at(high)
-            else:
-                while found is None and least < high:
-                    least += 1
-                    found = split_at(least)
+            while found is None and least < high:
+                least += 1
+                found = split_at(least)
         if found is None or (pinned is None and least >= max(found)):
             return None
         return found, least
