@@ -425,28 +425,38 @@ def test_import_gathers_in_the_mixed_precision_param(name):
 # ---- torchtitan 0.3.0 runs FSDP2 at every data-parallel degree ------------------------------------------------
 D8 = "--module llama3 --config llama3_debugmodel --lr_scheduler.decay_ratio 0.0 "
 PP2 = "--parallelism.pipeline_parallel_degree 2 --training.disable_cuda_graphs "
-FSDP_PROBE = '''
-import json, logging, sys, torch, torch.distributed as dist
-from torch.testing._internal.distributed.fake_pg import FakeStore
-logging.getLogger("torchtitan").setLevel(logging.ERROR)
-from torchtitan.config.manager import ConfigManager
-import torchtitan.distributed.parallel_dims as parallel_dims
-from torchtitan.models.llama3.parallelize import parallelize_llama
-world, runs = int(sys.argv[1]), json.loads(sys.argv[2])
-parallel_dims.device_type = "cpu"   # the mesh on this machine's CPU (torchtitan picks cuda where torch has it)
-for args in runs:  # each configuration on a fresh fake process group, one interpreter for all (its imports ~10 s)
-    config = ConfigManager().parse_args(args)
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    dims = parallel_dims.ParallelDims.from_config(config.parallelism, world)
-    dims.build_mesh()
-    with torch.device("meta"):
-        model = config.model_spec.model.build()
-    parallelize_llama(model, parallel_dims=dims, training=config.training, parallelism=config.parallelism,
-                      compile_config=config.compile, ac_config=None, dump_folder="")
-    group = model.layers["0"]._get_fsdp_state()._fsdp_param_group
-    print(json.dumps([type(group.mesh_info).__name__, list(group.mesh_info.mesh.shape), str(group.mp_policy.param_dtype)]))
-    dist.destroy_process_group()
-'''
+
+
+def _fsdp_probe(rank: int, world: int, runs: list[list[str]]) -> list[list]:
+    """torchtitan's FSDP param group of block 0 under each of `runs`' flags: mesh info's type, mesh shape, param
+    dtype. Run in a process forked from this worker (`fsdp_groups`), which has torchtitan imported (`titan`)."""
+    import logging
+
+    import torch
+    import torch.distributed as dist
+    from torchtitan.distributed import parallel_dims
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torchtitan.config.manager import ConfigManager
+    from torchtitan.models.llama3.parallelize import parallelize_llama
+    logging.getLogger("torchtitan").setLevel(logging.ERROR)
+    parallel_dims.device_type = "cpu"   # the mesh on this machine's CPU (torchtitan picks cuda where torch has it)
+    found = []
+    for args in runs:  # each configuration on a fresh fake process group
+        config = ConfigManager().parse_args(args)
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+        dims = parallel_dims.ParallelDims.from_config(config.parallelism, world)
+        dims.build_mesh()
+        with torch.device("meta"):
+            model = config.model_spec.model.build()
+        parallelize_llama(model, parallel_dims=dims, training=config.training, parallelism=config.parallelism,
+                          compile_config=config.compile, ac_config=None, dump_folder="")
+        group = model.layers["0"]._get_fsdp_state()._fsdp_param_group
+        found.append([type(group.mesh_info).__name__, list(group.mesh_info.mesh.shape),
+                      str(group.mp_policy.param_dtype)])
+        dist.destroy_process_group()
+    return found
+
+
 DATA_LINES = [
     ("--parallelism.data_parallel_replicate_degree 8 --parallelism.data_parallel_shard_degree 1", "hsdp", 1),
     ("--parallelism.tensor_parallel_degree 8", "zero3", 1),
@@ -456,21 +466,16 @@ DATA_LINES = [
 
 
 @pytest.fixture(scope="module")
-def fsdp_groups(titan, tmp_path_factory):
+def fsdp_groups(titan):
     """torchtitan's FSDP param group of block 0 (mesh info's type, mesh shape, param dtype) under each of DATA_LINES'
-    flags, from one child process (the fake process group and torchtitan's CPU device stay out of the test's)."""
-    import json
-    import subprocess
-    import sys
-    probe = tmp_path_factory.mktemp("titan") / "probe.py"
-    probe.write_text(FSDP_PROBE, encoding="utf-8")
+    flags, from one process forked from this worker (`harness.run_ranks`: the fake process group and torchtitan's CPU
+    device stay out of the test's). Forked, it starts with torch and torchtitan imported (`titan`): a child
+    interpreter imported them again, ~10 CPU-s."""
+    from tests.distributed.harness import run_ranks
     runs = [shlex.split(D8 + flags) + ["--parallelism.spmd_backend", "partial_dtensor"] for flags, _, _ in DATA_LINES]
-    found = subprocess.run([sys.executable, str(probe), "8", json.dumps(runs)], capture_output=True, text=True,
-                           timeout=240)
-    assert found.returncode == 0, found.stderr[-3000:]
-    lines = [line for line in found.stdout.splitlines() if line.startswith("[")]
-    assert len(lines) == len(DATA_LINES), found.stdout[-3000:]
-    return {flags: json.loads(line) for (flags, _, _), line in zip(DATA_LINES, lines)}
+    [found] = run_ranks(1, _fsdp_probe, 8, runs, deadline_s=80)
+    assert len(found) == len(DATA_LINES), found
+    return {flags: found_ for (flags, _, _), found_ in zip(DATA_LINES, found)}
 
 
 @pytest.mark.slow
