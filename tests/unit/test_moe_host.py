@@ -4,10 +4,6 @@ is shorter than its host's takes the host's time, forward and backward, while a 
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -78,14 +74,24 @@ def test_a_large_moe_layer_keeps_its_device_time(monkeypatch):
     assert large == _device_only(monkeypatch, 4096, 14336, 4096)
 
 
-@pytest.mark.slow  # megatron-core and torch in a process of its own (~6 CPU-s)
+def _count(rank: int) -> dict:
+    """bench/moe_host.py's op counts of megatron-core's MoELayer with 2 and 4 experts, in a process forked from this
+    worker (`harness.run_ranks`): megatron-core keeps its parallel state in globals, and the bench patches torch.cuda."""
+    spec = importlib.util.spec_from_file_location("moe_host", ROOT / "bench" / "moe_host.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.count([2, 4], runs=1)
+
+
+@pytest.mark.slow  # megatron-core and torch in a process of its own: forked from the "torch" group's worker, which
+# has torch and megatron-core's modules (test_interop_megatron_core); a child interpreter imported them, ~9 CPU-s
+@pytest.mark.xdist_group("torch")
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")
 def test_megatron_cores_moe_layer_issues_the_counted_ops():
     """22 + 6 per expert forward, 20 + 13 backward (its SequentialMLP: one MLP per expert); with the experts as one
     grouped call per projection (Transformer Engine's GroupedLinear) the cost model's 28 and 33."""
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "moe_host.py"), "2", "4"], capture_output=True,
-                         text=True, check=True, cwd=ROOT, env={**os.environ, "RUNS": "1"})
-    counts = {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+    from tests.distributed.harness import run_ranks
+    [counts] = run_ranks(1, _count, deadline_s=60)
     per_expert = [(counts[4][pass_] - counts[2][pass_]) // 2 for pass_ in ("forward", "backward")]
     fixed = [counts[2][pass_] - 2 * per for pass_, per in zip(("forward", "backward"), per_expert)]
     assert per_expert == [6, 13] and fixed == [22, 20]
