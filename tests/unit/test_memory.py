@@ -665,3 +665,28 @@ def test_a_step_of_one_microbatch_leaves_out_no_gradient_alive_at_its_later_mome
     else:
         assert estimate.apart == 0
     assert estimate.apart < made
+
+
+_MOE = ir.TransformerModel(kind="llama", name="m", layers=4, hidden=64, heads=4, kv_heads=2, ffn_hidden=128, seq=16,
+                           vocab=100, experts=8, top_k=2)
+
+
+@pytest.mark.parametrize("model, axes, fields", [
+    (GPT2_SMALL, [("dp", 2)], {"data": ir.DataParallel(kind="zero3", axes=("dp",))}),
+    (GPT2_SMALL, [("tp", 2)], {"tensor": ir.TensorParallel(axis="tp", sequence_parallel=True), "recompute": "full"}),
+    (GPT2_SMALL, [("tp", 2)], {"tensor": ir.TensorParallel(axis="tp"), "recompute": "selective", "precision": "fp8"}),
+    (GPT3, [("dp", 2)], {"data": ir.DataParallel(kind="zero1", axes=("dp",)), "micro_batch": 2}),
+    (_MOE, [("ep", 4)], {"experts": ir.ExpertParallel(axis="ep"), "recompute": "full"}),
+], ids=["zero3", "tp_sp_full", "tp_selective_fp8", "gpt3_zero1", "moe_full"])
+def test_a_stage_of_one_layer_without_microbatches_in_flight_holds_its_working_set_alone(model, axes, fields):
+    """The search takes a kind of layer's recompute working set as `beyond_layers` of its layer alone
+    (`search.figures.Figures._activations`), for `estimate_memory`'s activations of a stage of that layer with no
+    microbatch in flight, which adds 0 x its stored bytes to it: the two the same, to the bit."""
+    from plandsl.cost.memory import beyond_layers
+    p = plan(model, axes, **fields)
+    working = {}
+    for layer in {layer.kind: layer for layer in layers_of(model)}.values():
+        [estimate] = estimate_memory(p, [[layer]], [[0]], [0])
+        working[layer.kind] = beyond_layers(p, [[layer]])
+        assert estimate.activations == working[layer.kind], layer.kind
+    assert working["head"] > 0.0, working  # the loss's backward at least
