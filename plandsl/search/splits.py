@@ -499,8 +499,9 @@ class Splits:
         `mixed_partition` at the kept node's seconds and bytes, each stage's first N blocks at full recomputation's
         (`partition_prefixed`'s `recomputed`), within the room the partly recomputed memory leaves (the kept node's
         embedding, norm and head, a block rebuilt by recomputation as the working set). N is the least from `least` on
-        with a split (`_least_recomputed`: by bisection where the split is one and a recomputed block holds no more
-        than a kept one of its kind, more N only freeing memory; else one N after another). None where the kept node's
+        with a split (`_least_recomputed`: galloping from `least`, then by bisection, where the split is one or the
+        programme's exact within each rank's room (a stage a rank, no simulated peak) and a recomputed block holds no
+        more than a kept one of its kind, more N only freeing memory; else one N after another). None where the kept node's
         split is the one memory does not bound (it recomputes nothing: faster), where N reaches every stage's blocks
         (that is `full`) and where the split is the kept node's. Where a rank of several stages holds only its open
         stages' unsharded gradients at once (ZeRO-2/3 on torch's pipeline, `_mixed_released`), each N's split counts
@@ -579,8 +580,11 @@ class Splits:
                     else:
                         tried[n] = shared_split(n, room, (fixed, None, prefix, held))
                 return tried[n]
+            # the split is one, or the programme's exact within each rank's room (a stage a rank, no simulated peak:
+            # no shares, no walk), where a split at N is one at N + 1
             return self._least_recomputed(split_at, least, high, pinned, memory, kept_memory,
-                                          self.fixes or len(ranks) == 1)
+                                          self.fixes or len(ranks) == 1 or (len(set(ranks)) == len(ranks)
+                                                                           and not simulated and released is None))
 
         # the N and split depend on these figures alone (and the schedule's simulated peak where a split reads it):
         # partly recomputed leaves of other ZeRO stages or schedules often share them (each N's programme is what a
@@ -599,7 +603,10 @@ class Splits:
         """`mixed_partial_partition`'s (split, N) from `split_at(N)`, N from `least` to `high`, or None (N reaching
         the split's every block unpinned: that is `full`): the least N with a split. Where a recomputed block holds no
         more than a kept one of its kind, more N only frees memory: a split that fits at N fits at N + 1. Where the
-        split is `one` (a stage's, a fixed one's), its N is then found by bisection. Where the programme chooses among
+        split is `one` (a stage's, a fixed one's, or the programme's exact within each rank's room: a stage a rank, no
+        simulated peak), its N is then found galloping from `least` (least + 1, + 3, + 7, ...) and by bisection below
+        the first hit: about 2 log2 of the least N's distance from `least` calls, few where it is near (case 11), at
+        most about twice bisection's where it is near `high` (tight memory). Where the programme chooses among
         splits, its finder can miss at N + 1 the split it found at N (`_moved_split`'s walk from the even split, which
         takes another way where a stage of more than N blocks is lighter: [F, F, T, F, T] over N), and bisection,
         which takes a miss at N for none below, could return a larger N than the least (more recomputation: slower);
@@ -610,8 +617,13 @@ class Splits:
             lighter = all(memory[0][kind][1] <= kept_memory[0][kind][1] for kind in self._summed)
             if lighter and split_at(high) is None:
                 return None
-            if lighter and one:  # the one split's bytes only fall with N: the least N that fits it, by bisection
-                low = least  # no split at `low`; one at `high`
+            if lighter and one:  # a split at N is one at N + 1: the least N with one, galloping from `least`, then
+                low, step = least, 1  # by bisection (no split at `low`; one at `high`)
+                while low + step < high:
+                    if split_at(low + step) is not None:
+                        high = low + step
+                        break
+                    low, step = low + step, 2 * step
                 while high - low > 1:
                     middle = (low + high) // 2
                     low, high = (middle, high) if split_at(middle) is None else (low, middle)

@@ -9,6 +9,7 @@ the exact estimate of its rank (where its stages hold the same kinds of block: t
 evenly over stages that are alike; the others' device unbounded), keeps its leaf, and the split the search makes fits
 those devices by the exact estimate."""
 import itertools
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -375,3 +376,55 @@ def test_the_least_n_is_found_where_the_split_finder_misses_above_a_split_it_fou
 
     assert splits._least_recomputed(split_at, 1, len(found), None, memory, memory) == (found[least - 1], least)
     assert len(set(asked)) <= least + 1  # `least`, `high`, then one N after another up to the least
+
+
+@pytest.mark.parametrize("hit", [2, 3, 9, 40, 60])
+def test_the_least_n_of_a_split_that_only_gains_with_n_is_found_in_few_calls(hit):
+    """Where a split at N is one at N + 1 (`one`: a stage's, a fixed one's, the programme's exact within each rank's
+    room), `Splits._least_recomputed` gallops from `least` then bisects: the least N in about 2 log2 of its distance
+    from `least` calls beside `least` and `high`, so a least N near `least` (case 11's) costs few calls and one near
+    `high` (tight memory) no more than about twice bisection's."""
+    splits = _space("dense_layers").splits
+    memory = ([(0.0, 1.0, 0.0)] * (max(splits._summed) + 1),)
+    asked = set()
+
+    def split_at(n):
+        asked.add(n)
+        return None if n < hit else (1, 70, 1)
+
+    assert splits._least_recomputed(split_at, 1, 61, None, memory, memory, True) == ((1, 70, 1), hit)
+    assert len(asked) <= 2 + 2 * math.ceil(math.log2(hit)), sorted(asked)
+
+
+def test_a_stage_a_rank_without_a_simulated_peak_takes_the_least_n_as_a_split_that_only_gains_with_n():
+    """A stage a rank and a schedule whose simulated peak holds no more than the in-flight rule: the split at N is the
+    programme's within each rank's room, exact (no shares of a rank's room, no walk), so a split at N is one at N + 1
+    and `_least_recomputed` is told so (`one`); with a simulated peak or several stages a rank, it is not."""
+    document = api.loads(HARDWARE.replace("16 GiB", "0.25 GiB") + f"model m = {MODELS['dense_layers']}\n")
+    space = Space(Problem(document.models[0], document.clusters[0], 16, None),
+                  {"tp": 1, "cp": 1, "pp": 2, "virtual_stages": 1}, DEFAULT_EFFICIENCY)
+    told = []
+    least_recomputed = space.splits._least_recomputed
+
+    def spy(split_at, least, high, pinned, memory, kept_memory, one=False):
+        told.append((ranks_of[0], simulated_of[0], one))
+        return least_recomputed(split_at, least, high, pinned, memory, kept_memory, one)
+
+    ranks_of, simulated_of = [None], [None]
+    space.splits._least_recomputed = spy
+    mixed = space.splits.mixed_partial_partition
+
+    def watch(node, zero, ranks, inflight, memory, least=1):
+        ranks_of[0], simulated_of[0] = ranks, space.figures.held(inflight) is not None
+        return mixed(node, zero, ranks, inflight, memory, least)
+
+    space.splits.mixed_partial_partition = watch
+    for root in space.roots():
+        for node in space.expand_root(root):
+            if node.kept is None:
+                continue
+            pending = space.pending(node)
+            for _, _, zero, schedule, virtual in (pending.leaves if pending else []):
+                space._leaf(node, zero, schedule, virtual, pending.memory[zero])
+    assert any(one for ranks, simulated, one in told if not simulated), told
+    assert all(one == (len(set(ranks)) == len(ranks) and not simulated) for ranks, simulated, one in told), told
