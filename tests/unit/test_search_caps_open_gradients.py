@@ -175,26 +175,33 @@ def _leaves_and_fitting_splits(problem: Problem, pins) -> list:
     space = Space(problem, pins, DEFAULT_EFFICIENCY)
     splits = [tuple(b - a for a, b in zip((0,) + cut, cut + (8,))) for cut in itertools.combinations(range(1, 8), 3)]
     found = []
+    for root, node, zero, schedule, virtual, memory in _partly_recomputed_leaves(space):
+        leaf = space._leaf(node, zero, schedule, virtual, memory)
+        plan = build_plan(space.base, candidate_of(node, schedule, virtual, zero, 1))
+        ranks = stage_ranks(schedule, root.pp, virtual)
+        fitting = {}
+        for counts in splits:
+            assignment = Assignment(tuple(tuple(s) for s in space.figures.stage_layers(counts)), ranks, virtual)
+            estimate = estimate_plan(plan, DEFAULT_EFFICIENCY, assignment)
+            if all(m.total <= c for m, c in zip(estimate.memory, root.capacity)):
+                fitting[counts] = estimate.time.step
+        if fitting:
+            assert leaf is not None and leaf.recompute_layers == 1, (root.dp, root.ep, schedule, fitting)
+            found.append((leaf.counts, fitting))
+    assert found
+    return found
+
+
+def _partly_recomputed_leaves(space: Space):
+    """(root, node, ZeRO stage, schedule, virtual stages, the node's memory at that stage) of each pending leaf of the
+    space's partly recomputed nodes, in the search's order."""
     for root in space.roots():
         for node in space.expand_root(root):
             if node.kept is None:
                 continue
             pending = space.pending(node)
             for _, _, zero, schedule, virtual in (pending.leaves if pending else []):
-                leaf = space._leaf(node, zero, schedule, virtual, pending.memory[zero])
-                plan = build_plan(space.base, candidate_of(node, schedule, virtual, zero, 1))
-                ranks = stage_ranks(schedule, root.pp, virtual)
-                fitting = {}
-                for counts in splits:
-                    assignment = Assignment(tuple(tuple(s) for s in space.figures.stage_layers(counts)), ranks, virtual)
-                    estimate = estimate_plan(plan, DEFAULT_EFFICIENCY, assignment)
-                    if all(m.total <= c for m, c in zip(estimate.memory, root.capacity)):
-                        fitting[counts] = estimate.time.step
-                if fitting:
-                    assert leaf is not None and leaf.recompute_layers == 1, (root.dp, root.ep, schedule, fitting)
-                    found.append((leaf.counts, fitting))
-    assert found
-    return found
+                yield root, node, zero, schedule, virtual, pending.memory[zero]
 
 
 @pytest.mark.parametrize("gib, data, micro, schedule", [(1.75, 1, 2, "interleaved_zero_bubble"),
@@ -419,12 +426,7 @@ def test_a_stage_a_rank_without_a_simulated_peak_takes_the_least_n_as_a_split_th
         return mixed(node, zero, ranks, inflight, memory, least)
 
     space.splits.mixed_partial_partition = watch
-    for root in space.roots():
-        for node in space.expand_root(root):
-            if node.kept is None:
-                continue
-            pending = space.pending(node)
-            for _, _, zero, schedule, virtual in (pending.leaves if pending else []):
-                space._leaf(node, zero, schedule, virtual, pending.memory[zero])
+    for _, node, zero, schedule, virtual, memory in _partly_recomputed_leaves(space):
+        space._leaf(node, zero, schedule, virtual, memory)
     assert any(one for ranks, simulated, one in told if not simulated), told
     assert all(one == (len(set(ranks)) == len(ranks) and not simulated) for ranks, simulated, one in told), told
