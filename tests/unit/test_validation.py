@@ -649,7 +649,7 @@ def test_torchtitan_memory_with_tensor_parallelism_counts_the_loss_parallel_back
     are counted in bf16, as torchtitan gathers them; 58.4 (-19 %) since they are counted at the moments FSDP2 holds
     them (`cost.memory.unit_moments`), above `plandsl run`'s traced tensors (56.8 GiB). The rest is the allocator's
     (docs/validation.md, `test_torchtitan_70b_traced_reserved_within_10_percent`): held within 20 %, not 10 %."""
-    [(run, gib)] = [(run, gib) for run, gib in bench.torchtitan_memory() if _TRACED_ROWS[row](run.name)]
+    [(run, gib)] = [(run, gib) for run, gib in bench.torchtitan_memory() if "TP" in run.name and "PP" not in run.name]
     counted, _ = bench.counted_memory(run)
     assert abs(counted / gib - 1) <= 0.20, counted
 
