@@ -429,9 +429,8 @@ class Caps:
             ((True,) if held else ())
         rank_caps = self._caps_cache.get(key, False)  # memory, inflight: cached objects
         if rank_caps is False:
-            rank_caps = self.rank_caps(root, ranks, inflight, memory, recomputed, kept, held, virtual).tolist()
-            fits = sum(rank_caps) >= self.blocks and min(rank_caps) >= virtual  # whole blocks, each below 2**62
-            rank_caps = self._caps_cache[key] = rank_caps if fits else None
+            found = self.rank_caps(root, ranks, inflight, memory, recomputed, kept, held, virtual)
+            rank_caps = self._caps_cache[key] = found.tolist() if self._admit(found, virtual) else None
         return rank_caps
 
     def least_recomputed(self, root: Root, ranks, inflight, partial, virtual, kept: float) -> int | None:
