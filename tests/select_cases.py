@@ -21,6 +21,12 @@ The branches are plandsl's (`source = plandsl`): what the run does, not what tor
 loses a test process's own arcs after the first fork of an xdist worker (the ranks' are kept): `measure` given a
 file of node ids (`measure @FILE`) runs each case in a process of its own, for the tests whose arcs are in that
 process (a trace in the test process: tests/distributed/test_memtrace.py).
+
+`measure` given node ids (`measure 'tests/x.py::test_y[a]' ...`) measures those cases only: `select` then decides
+among them alone (a test's greedy order over its measured cases) and leaves every case listed before and not
+measured as it was; the blocks of the list written by hand (a comment starting "# By hand") stay as written. To raise
+the threshold without measuring everything again, measure the cases the suite runs now (the listed ones would be left
+out at the higher threshold anyway: the greedy order stops earlier, never later).
 """
 from __future__ import annotations
 
@@ -39,7 +45,7 @@ LIST = ROOT / "tests" / "sweep_cases.txt"
 # A case runs where it adds more than this many branches a second (of its run under coverage, here) to what its
 # test's cases run before it cover: the knob between the README command's time and its share of the sweeps'
 # branches (`select` prints both; docs/benchmarks.md has the figures this value gave).
-PER_SECOND = 10.0
+PER_SECOND = 20.0
 RCFILE = """[run]
 source = plandsl
 branch = True
@@ -192,21 +198,52 @@ class Sweep(NamedTuple):
     kept_branches: int
 
 
-def write(left_out: list[str], summary: dict[str, Sweep], total_s: float) -> str:
+def listed() -> tuple[list[str], list[list[str]], list[str]]:
+    """tests/sweep_cases.txt as `select` wrote it: its cases; after them the blocks written by hand (a comment
+    starting "# By hand", then its cases), which `select` keeps as they are; and its header's lines on the
+    measurements its cases come from ("# Measured: ...", "# Before that, measured: ...")."""
+    cases: list[str] = []
+    by_hand: list[list[str]] = []
+    measurements: list[str] = []
+    lines = LIST.read_text(encoding="utf-8").splitlines() if LIST.exists() else []
+    for line in lines:
+        if line.startswith("# By hand"):
+            by_hand.append([line])
+        elif by_hand:
+            by_hand[-1].append(line)
+        elif line.startswith(("# Measured: ", "# Before that, measured: ")):
+            measurements.append(line.split("measured: ", 1)[1] if line.startswith("# Before") else line[12:])
+        elif line.strip() and not line.startswith("#"):
+            cases.append(line.strip())
+    return cases, by_hand, measurements
+
+
+def write(left_out: list[str], summary: dict[str, Sweep], total_s: float, measured_cases: set[str]) -> str:
+    """Write the list: the measured cases `select` leaves out, the cases listed before that this measurement did not
+    run (a measurement of some cases only, `measure` given node ids, leaves the others as they were listed), then
+    the blocks written by hand."""
+    before, by_hand, measurements = listed()
+    hand = {line.strip() for block in by_hand for line in block if line.strip() and not line.startswith("#")}
+    kept_before = sorted(case for case in before if case not in measured_cases and case not in hand)
     cases = sum(each.cases for each in summary.values())
     saved = sum(each.out_seconds for each in summary.values())
     branches = sum(each.branches for each in summary.values())
     kept = sum(each.kept_branches for each in summary.values())
-    measured = (f"{len(summary)} tests, {cases} cases, {len(left_out)} listed here: {saved:.0f} of the measured "
-                f"{total_s:.0f} s (under coverage), keeping {kept} of their {branches} branches (each test's own, "
-                f"summed), at {PER_SECOND:g} branches a second")
+    measured = (f"{len(summary)} tests, {cases} cases, {len(left_out)} of them listed here: {saved:.0f} of the "
+                f"measured {total_s:.0f} s (under coverage), keeping {kept} of their {branches} branches (each "
+                f"test's own, summed), at {PER_SECOND:g} branches a second")
     header = [
         "# The sweeps' cases the README's test command leaves out; `python -m pytest -q --full` runs them too.",
         "# Written by `python tests/select_cases.py select` (its docstring says how they are chosen): of each",
         "# parametrized multi-process or slow test, the cases that add few plandsl branches a second to its others'.",
         f"# Measured: {measured}.",
     ]
-    LIST.write_text("\n".join(header + left_out) + "\n", encoding="utf-8")
+    if kept_before:
+        header.append(f"# Listed before and not measured this time (as they were): {len(kept_before)} cases.")
+        header += [f"# Before that, measured: {each}" for each in measurements]
+    body = sorted(set(left_out) | set(kept_before))
+    LIST.write_text("\n".join(header + body + [line for block in by_hand for line in block]) + "\n",
+                    encoding="utf-8")
     return measured
 
 
@@ -220,7 +257,7 @@ def main(argv: list[str]) -> None:
         for test, each in sorted(summary.items(), key=lambda item: -item[1].out_seconds):
             print(f"{each.out_seconds:7.1f} of {each.seconds:7.1f} s  {each.out:3d} of {each.cases:3d} cases out  "
                   f"{each.kept_branches:5d} of {each.branches:5d} branches kept  {test}")
-        print(write(left_out, summary, sum(seconds.values())))
+        print(write(left_out, summary, sum(seconds.values()), set(seconds)))
         unseen = (folder / "unseen.txt").read_text(encoding="utf-8").splitlines()
         if unseen:
             print(f"{len(unseen)} cases had no arc measured (they run): `python tests/select_cases.py measure "

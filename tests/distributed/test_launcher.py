@@ -17,8 +17,10 @@ import sys
 import time
 
 import pytest
+from click.testing import CliRunner
 
 from plandsl import api
+from plandsl.cli import main
 from tests.conftest import ROOT
 from tests.distributed import ranks
 from tests.distributed.harness import free_port, run_ranks
@@ -343,9 +345,10 @@ def test_a_hugging_face_model_runs_through_the_launcher_as_written(tmp_path):
     named = re.search(r"largest in one tensor \S+ \((\S+)\)", done.output)
     assert named and named[1].startswith(("model.", "lm_head.")), done.output
 
+    # refused before any launch: the command in this process (a subprocess would import torch and transformers
+    # again, ~5 CPU-s, for what test_plan_the_runtime_cannot_run_is_refused_before_launch covers through one)
     plan.write_text(plan.read_text(encoding="utf-8").replace("seed: 0", "seed: 0, recompute: selective"),
                     encoding="utf-8")
-    refused = plandsl_run(plan, "--steps", 1, timeout=CHECK_ONLY_S)
-    assert refused.returncode != 0 and "error[E704]: `recompute: selective`" in refused.output \
-        and "torchrun" not in refused.output, \
-        refused.output
+    refused = CliRunner().invoke(main, ["run", str(plan), "--steps", "1"])
+    assert refused.exit_code == 1 and "error[E704]: `recompute: selective`" in refused.output \
+        and "torchrun" not in refused.output, refused.output

@@ -30,3 +30,21 @@ def test_a_case_adding_few_branches_a_second_is_left_out_at_a_threshold():
     assert cover(cases, seconds) == ["t[a]", "t[b]"]  # t[c]'s branches are the others'
     assert cover(cases, seconds, per_second=2.0) == ["t[a]", "t[b]"]  # t[b] adds 3 a second
     assert cover(cases, seconds, per_second=3.0) == ["t[a]"]  # the first whatever the others add
+
+
+def test_select_writes_what_it_measured_and_keeps_what_it_did_not(tmp_path, monkeypatch):
+    """A measurement of some cases only: of those, the list names the ones left out; a case listed before and not
+    measured stays listed, one measured and now kept leaves the list, and a block written by hand stays as it was."""
+    from tests import select_cases
+    path = tmp_path / "sweep_cases.txt"
+    path.write_text("# header\n# Measured: before.\nt.py::a[1]\nt.py::a[2]\nt.py::b[1]\n"
+                    "# By hand, not by select: why.\nt.py::c[1]\n", encoding="utf-8")
+    monkeypatch.setattr(select_cases, "LIST", path)
+    summary = {"t.py::a": select_cases.Sweep(3, 1, 30.0, 10.0, 100, 90)}
+    select_cases.write(["t.py::a[3]"], summary, 30.0, {"t.py::a[1]", "t.py::a[3]", "t.py::a[4]"})
+    lines = path.read_text(encoding="utf-8").splitlines()
+    cases = [line for line in lines if line and not line.startswith("#")]
+    assert cases == ["t.py::a[2]", "t.py::a[3]", "t.py::b[1]", "t.py::c[1]"]  # a[1] measured and kept: it runs
+    assert lines[-2:] == ["# By hand, not by select: why.", "t.py::c[1]"]
+    assert any(line.startswith("# Listed before and not measured this time") and "2 cases" in line for line in lines)
+    assert "# Before that, measured: before." in lines  # where the cases kept from before come from
