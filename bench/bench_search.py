@@ -2242,10 +2242,11 @@ def further_papers() -> list[Run]:
     # Table 1): 10^12 / (180,000 x 3,600) tokens/s per GPU, a wall-clock average over the whole run. HAI-LLM's
     # pipeline is not published; DualPipe's own (deepseek-ai/DualPipe, dualpipe/dualpipe.py) receives each chunk into
     # a new tensor (`comm.append_irecv`) and frees an output's storage once sent (`_send_forward`'s `to_free`), as
-    # Megatron-LM's does, but the language runs DualPipeV on torch's pipeline only (E610), which keeps a receive
-    # buffer per microbatch and `replicate`'s copies of the weights: the row is refused (does not fit; docs/
-    # validation.md, "DeepSeek-V3's own pre-training"). Not in the language either: the 20 SMs of each GPU the report
-    # gives its communication kernels, DualPipe's second copy of the weights, the EMA of the weights in host memory.
+    # Megatron-LM's does: `stages ... with implementation = dualpipe` since 2026-12-07 (evening; until then the
+    # language ran DualPipeV on torch's pipeline only, which keeps a receive buffer per microbatch and `replicate`'s
+    # copies of the weights, and the row was refused: docs/validation.md, "DeepSeek-V3's own pre-training"). Not in
+    # the language: the 20 SMs of each GPU the report gives its communication kernels, DualPipe's second copy of the
+    # weights, the EMA of the weights in host memory, the FP8 storage of cached activations (Sec. 3.3.4).
     runs.append(Run("DeepSeek-V3 pre-training (p16 e64, DualPipe), 2048 H800", "DeepSeek-AI 2024, arXiv:2412.19437, "
                     "Secs. 1, 3.2-3.3, 4.2", "deepseek_v3", "hgx_h800 x 256", 15360, 1e12 / (180e3 * 3600),
                     metric="tokens_per_device", family="further",
@@ -2253,7 +2254,7 @@ def further_papers() -> list[Run]:
                           "recompute": "selective", "recompute_modules": "layernorm,mla_up_proj,moe_act",
                           "offload_layers": 0},  # Sec. 3.2.3's memory savings offload no activation
                     dtypes={"precision": "fp8", "fp8_recipe": "blockwise", "optimizer_dtype": "bf16", **MEGATRON_CORE},
-                    overlap_experts=True, dispatcher="deepep"))
+                    overlap_experts=True, dispatcher="deepep", pipeline="dualpipe"))
     return runs
 
 

@@ -759,12 +759,13 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
                    "megatron (Megatron-LM's: the sequence shard saved, gathered again in the backward), written "
                    "`tensor = ... with implementation = megatron`. [default: megatron with --tensor-overlap "
                    "userbuffers, else torch]")
-@click.option("--pipeline", type=click.Choice(["torch", "megatron", "deepspeed"]),
+@click.option("--pipeline", type=click.Choice(["torch", "megatron", "deepspeed", "dualpipe"]),
               help="Whose pipeline runs the stages: torch's (torch.distributed.pipelining, what `plandsl run` runs; "
                    "its stage buffers counted), megatron (Megatron-LM's: only 1f1b and interleaved_1f1b, none of "
                    "torch's buffers) or deepspeed (DeepSpeed's pipeline engine: only 1f1b, ZeRO 0 or 1, blocking "
-                   "transfers, the gradients reduced after the schedule), written `stages = ... with implementation = "
-                   "megatron` (or deepspeed). [default: torch]")
+                   "transfers, the gradients reduced after the schedule) or dualpipe (DeepSeek's DualPipe: only "
+                   "dualpipev, Megatron-LM's memory), written `stages = ... with implementation = megatron` (or "
+                   "deepspeed, dualpipe). [default: torch]")
 @click.option("--from", "from_file", type=click.Path(dir_okay=False),
               help="A partial plan: its model, cluster and train are the problem, what else it writes is pinned.")
 @click.option("--plan", "plan_name", help="The plan of the --from file.")

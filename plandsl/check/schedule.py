@@ -48,6 +48,19 @@ def check_schedule(plan: ir.Plan) -> Iterator[Diagnostic]:
                        notes=[Note("DeepSpeed's pipeline engine said here", span)] if span else [])
             return
         # its 1F1B then meets the sizes torch's runs (below), as `plandsl run` runs it on torch's pipeline
+    if plan.stages.implementation == "dualpipe":
+        info = BUILTIN.get(plan.schedule.name) if plan.schedule.definition is None else None
+        if info is None or not info.dualpipe:  # deepseek-ai/DualPipe: DualPipeV.step runs its own schedule
+            runs = ", ".join(name for name, known in BUILTIN.items() if known.dualpipe)
+            what = "a written schedule" if info is None else f"schedule '{plan.schedule.name}'"
+            span = plan.stages.span_of("implementation")
+            yield diag("E610", f"DualPipe's runtime does not run {what}: it runs {runs} (`DualPipeV.step`, "
+                       "deepseek-ai/DualPipe's dualpipe/dualpipev.py, lays out its own order)", plan.schedule.span,
+                       hint="schedule = dualpipev, or torch's pipeline: drop `implementation = dualpipe`",
+                       notes=[Note("DualPipe's runtime said here", span)] if span else [])
+            return
+        # DualPipeV then meets the sizes torch's ScheduleDualPipeV takes (below: at least 2 x pp microbatches), as
+        # DualPipeV's own `num_chunks >= num_ranks * 2` asks
     if plan.stages.implementation == "megatron":
         info = BUILTIN.get(plan.schedule.name) if plan.schedule.definition is None else None
         if info is None or not info.megatron:  # megatron.core.pipeline_parallel.schedules' two functions

@@ -220,12 +220,14 @@ def _offload_layers(plan: ir.Plan) -> Iterator[Diagnostic]:
                    span, hint="recompute: none, or drop offload_layers",
                    notes=[Note("recomputation set here", train.field_spans["recompute"])]
                    if train.field_spans.get("recompute") else [])
-    if plan.stages is not None and plan.pp > 1 and plan.stages.implementation in ("megatron", "deepspeed"):
-        whose = "Megatron-LM's pipeline" if plan.stages.implementation == "megatron" else \
-            "DeepSpeed's pipeline engine (Megatron-DeepSpeed's)"
-        why = "megatron-core offloads activations only without pipeline parallelism" \
-            if plan.stages.implementation == "megatron" else \
-            "its schedule runs no activation offloading (megatron-core's runs only without pipeline parallelism)"
+    if plan.stages is not None and plan.pp > 1 and plan.stages.implementation in ("megatron", "deepspeed", "dualpipe"):
+        whose = {"megatron": "Megatron-LM's pipeline", "deepspeed": "DeepSpeed's pipeline engine (Megatron-DeepSpeed's)",
+                 "dualpipe": "DualPipe's runtime (deepseek-ai/DualPipe)"}[plan.stages.implementation]
+        why = {"megatron": "megatron-core offloads activations only without pipeline parallelism",
+               "deepspeed": "its schedule runs no activation offloading (megatron-core's runs only without pipeline "
+                            "parallelism)",
+               "dualpipe": "its stages run no activation offloading (DeepSeek-V3 recomputes instead)"}[
+            plan.stages.implementation]
         yield diag("E513", f"offload_layers({count}) on {whose} (pp = {plan.pp}): {why}", span,
                    hint="stages ... with implementation = torch (whose stages offload), or drop offload_layers",
                    notes=[Note(f"{whose} chosen here", plan.stages.span)] if plan.stages.span else [])

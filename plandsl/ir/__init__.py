@@ -1062,7 +1062,7 @@ class StageGroup(Node):
     selectors: tuple[Selector, ...]
 
 
-PIPELINE_IMPLEMENTATIONS = ("torch", "megatron", "deepspeed")
+PIPELINE_IMPLEMENTATIONS = ("torch", "megatron", "deepspeed", "dualpipe")
 """Whose pipeline runs the stages (`stages = ... with implementation = ...`; docs/cost-model.md, "torch's pipeline
 stage")."""
 PIPELINE_OUTPUTS = ("dropped", "returned")
@@ -1084,15 +1084,18 @@ class Stages(OptionalKeys):
     virtual: int = Field(default=1, gt=0, le=1024, description="stages per pipeline rank")
     rank_map: Union[Literal["loop", "vshape"], tuple[int, ...]] = "loop"
     groups: tuple[StageGroup, ...] = ()
-    implementation: Literal["torch", "megatron", "deepspeed"] = Field(
-        default="torch", description="`stages = ... with implementation = torch | megatron | deepspeed`: whose "
+    implementation: Literal["torch", "megatron", "deepspeed", "dualpipe"] = Field(
+        default="torch", description="`stages = ... with implementation = torch | megatron | deepspeed | dualpipe`: whose "
         "pipeline runs them: torch's `torch.distributed.pipelining` (`plandsl run`'s and torchtitan's: each stage "
         "keeps a receive buffer per microbatch for activations and for gradients, and each output until its "
         "backward), Megatron-LM's (`megatron.core.pipeline_parallel.schedules`: an output freed once sent, one "
         "receive at a time), or DeepSpeed's pipeline engine (`deepspeed/runtime/pipe`, Megatron-DeepSpeed's: "
         "Megatron's memory; its TrainSchedule's 1F1B with blocking sends and receives between the instructions, "
         "each tensor-parallel rank sending 1/tp of a boundary and all-gathering it on arrival, and the gradients "
-        "reduced only after the schedule: docs/cost-model.md, \"DeepSpeed's pipeline engine\")")
+        "reduced only after the schedule: docs/cost-model.md, \"DeepSpeed's pipeline engine\"), or DeepSeek's "
+        "DualPipe (deepseek-ai/DualPipe's `DualPipeV`, DeepSeek-V3's: each chunk received into a tensor of its own and "
+        "an output's storage freed once sent, as Megatron-LM's, under a data-parallel wrapper that reduces into "
+        "buffers beside one copy of the parameters; it runs the dualpipev schedule only)")
     account: tuple[Literal["embed", "loss"], ...] = Field(
         default=(), description="`stages = evenly ... with account = [embed, loss]`: the embedding and the loss (final "
         "norm, head and loss) each counted as one layer of the even split, in model order (Megatron-LM's "

@@ -385,10 +385,13 @@ def _pipeline_options(scope: Scope, found: dict) -> dict:
         options["implementation"] = scope.word(found["implementation"][0], ir.PIPELINE_IMPLEMENTATIONS,
                                                "pipeline implementation")
     if "outputs" in found:
-        if options.get("implementation") in ("megatron", "deepspeed"):
+        if options.get("implementation") in ("megatron", "deepspeed", "dualpipe"):
             whose = {"megatron": "Megatron-LM's pipeline returns no outputs (its schedules return the losses)",
                      "deepspeed": "DeepSpeed's pipeline engine returns no outputs (`train_batch` returns the mean "
-                                  "loss)"}[options["implementation"]]
+                                  "loss)",
+                     "dualpipe": "DualPipe's runtime is counted as `DualPipeV.step` runs by default "
+                                 "(`return_outputs=False`: the last stage's outputs freed once used); its "
+                                 "returned outputs are not modelled"}[options["implementation"]]
             raise scope.reporter.error("E206", f"{whose}: 'outputs' would set nothing", found["outputs"][1],
                                        hint=f"drop `outputs`, or run torch's pipeline: drop `implementation = "
                                        f"{options['implementation']}`")

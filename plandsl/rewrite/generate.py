@@ -52,9 +52,9 @@ class Request:
     implementation = megatron` where the line does not imply it. None: as `tensor_overlap` implies (megatron under
     userbuffers, else torch)."""
     pipeline: str | None = None
-    """Whose pipeline runs the stages (`ir.PIPELINE_IMPLEMENTATIONS`): `torch` (the default), `megatron` or
-    `deepspeed`, whose schedules alone are searched and whose memory and time counted, and written `stages = ... with
-    implementation = megatron` (or deepspeed)."""
+    """Whose pipeline runs the stages (`ir.PIPELINE_IMPLEMENTATIONS`): `torch` (the default), `megatron`, `deepspeed`
+    or `dualpipe`, whose schedules alone are searched and whose memory and time counted, and written `stages = ...
+    with implementation = megatron` (or deepspeed, dualpipe)."""
     from_file: str | None = None
     plan_name: str | None = None
     params: Mapping[str, object] = field(default_factory=dict)

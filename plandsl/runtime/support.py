@@ -180,7 +180,8 @@ def model_import_problems(plan: ir.Plan) -> list[Diagnostic]:
                       "searched first; PYTHONPATH for the others)")]
 
 
-STACKS = {"megatron": "Megatron-LM's", "deepspeed": "DeepSpeed's", "te": "Transformer Engine's"}
+STACKS = {"megatron": "Megatron-LM's", "deepspeed": "DeepSpeed's", "dualpipe": "DualPipe's",
+          "te": "Transformer Engine's"}
 
 
 def as_run(plan: ir.Plan) -> tuple[ir.Plan, list[tuple[str, ir.Span | None]]]:

@@ -57,6 +57,8 @@ class ScheduleInfo:
     megatron: bool = False        # Megatron-LM's pipeline runs it (`stages ... with implementation = megatron`, E610)
     deepspeed: bool = False       # DeepSpeed's pipeline engine runs it (`implementation = deepspeed`, E610): its
     #                               TrainSchedule (deepspeed/runtime/pipe/schedule.py), a 1F1B
+    dualpipe: bool = False        # DeepSeek's DualPipe runs it (`implementation = dualpipe`, E610): its `DualPipeV`
+    #                               (deepseek-ai/DualPipe, dualpipe/dualpipev.py)
 
 
 BUILTIN: dict[str, ScheduleInfo] = {s.name: s for s in (
@@ -84,7 +86,7 @@ BUILTIN: dict[str, ScheduleInfo] = {s.name: s for s in (
                  split_backward=True, torch_class="ScheduleZBVZeroBubble", rank_map="vshape", inflight="full_depth"),
     ScheduleInfo("dualpipev", "DualPipe on a V-shape with overlapped forward/backward (DeepSeek-V3)",
                  virtual="two", min_microbatches="2*ranks", split_backward=True, torch_class="ScheduleDualPipeV",
-                 rank_map="vshape"),
+                 rank_map="vshape", dualpipe=True),
     # Chimera keeps the weights of two stages per rank (one per pipeline) and all-reduces them between
     # its pipelines: the memory model counts both (`cost.memory.held_stages`), but the partition's
     # per-rank caps and the step time do not model the second copy, so the search tries it only when pinned.

@@ -559,13 +559,17 @@ def _stop(stats: SearchStats, heap: list, results: list[Scored], top: int, taken
 
 
 def _megatron_runs(problem: Problem, pins: Mapping[str, object]) -> None:
-    """A pinned schedule on Megatron-LM's pipeline or DeepSpeed's engine is one it runs (the checker's E610), and a
+    """A pinned schedule on Megatron-LM's pipeline, DeepSpeed's engine or DualPipe is one it runs (the checker's E610), and a
     pinned ZeRO stage on DeepSpeed's pipelined engine one it takes (E611), else a SearchError saying so rather than an
     empty search."""
     pinned = pins.get("schedule")
     if problem.pipeline == "megatron" and pinned not in (None, "none") and not BUILTIN[pinned].megatron:
         runs = ", ".join(name for name, info in BUILTIN.items() if info.megatron)
         raise SearchError(f"--pin schedule={pinned}: Megatron-LM's pipeline does not run it (E610); it runs {runs}, "
+                          "or torch's pipeline runs every schedule", code="E805")
+    if problem.pipeline == "dualpipe" and pinned not in (None, "none") and not BUILTIN[pinned].dualpipe:
+        runs = ", ".join(name for name, info in BUILTIN.items() if info.dualpipe)
+        raise SearchError(f"--pin schedule={pinned}: DualPipe's runtime does not run it (E610); it runs {runs}, "
                           "or torch's pipeline runs every schedule", code="E805")
     if problem.pipeline == "deepspeed" and pinned not in (None, "none") and not BUILTIN[pinned].deepspeed:
         runs = ", ".join(name for name, info in BUILTIN.items() if info.deepspeed)

@@ -216,12 +216,14 @@ def rank_devices(devices: Sequence[ir.DeviceType], axes: Sequence[tuple[str, int
 
 # ---- schedules -------------------------------------------------------------------------------------------------
 def schedule_choices(pp: int, m: int, blocks: int, pinned: str | None, virtual_pin: int | None,
-                     megatron: bool = False, virtual_needed: bool = False, deepspeed: bool = False):
+                     megatron: bool = False, virtual_needed: bool = False, deepspeed: bool = False,
+                     dualpipe: bool = False):
     """(schedule, virtual) pairs the generators accept for pp ranks and m microbatches; on Megatron-LM's pipeline
     (`megatron`) only the schedules it runs (`ScheduleInfo.megatron`, the checker's E610) at the counts it runs them
     (`megatron_microbatches_fit`, the checker's E502); `virtual_needed` (the experts' overlap, which Megatron-Core
     runs under a pipeline only with virtual stages: the checker's E419) only those with more than one stage a rank;
-    on DeepSpeed's pipeline engine (`deepspeed`) only its TrainSchedule's 1F1B (`ScheduleInfo.deepspeed`, E610)."""
+    on DeepSpeed's pipeline engine (`deepspeed`) only its TrainSchedule's 1F1B (`ScheduleInfo.deepspeed`, E610); on
+    DeepSeek's DualPipe (`dualpipe`) only its DualPipeV (`ScheduleInfo.dualpipe`, E610)."""
     if pp == 1:
         return [(pinned if pinned and pinned != "none" else "", 1)]
     out = []
@@ -231,6 +233,8 @@ def schedule_choices(pp: int, m: int, blocks: int, pinned: str | None, virtual_p
         if megatron and not info.megatron:
             continue
         if deepspeed and not info.deepspeed:
+            continue
+        if dualpipe and not info.dualpipe:
             continue
         if not microbatches_fit(info, pp, m):  # the checker's rule (E502): torch's, where run uses torch
             continue

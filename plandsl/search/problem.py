@@ -78,8 +78,9 @@ class Problem:
     bf16_last_layers: int = 0
     context: str = CONTEXT                            # given, not searched: `context = ring over cp` (ir.ContextParallel)
     ring: str = "te"                                  # given: `context = ring over cp with implementation = torch`
-    pipeline: str = "torch"                           # given: `stages = ... with implementation = megatron` (only its
-    #                                                   schedules, none of torch's stage buffers: cost.memory)
+    pipeline: str = "torch"                           # given: `stages = ... with implementation = megatron` (or
+    #                                                   deepspeed, dualpipe: only its schedules, none of torch's stage
+    #                                                   buffers: cost.memory)
     outputs: str = "dropped"                          # given: `stages = ... with outputs = returned` (torch's pipeline
     #                                                   keeps the last stage's outputs to the step's end: cost.memory)
     shard: tuple[ir.ShardRule, ...] = ()              # given: the `shard` rules a `generate --from` plan keeps (every

@@ -297,7 +297,7 @@ class Space:
             zeros = [z for z in zeros if z <= 1]
         choices = schedule_choices(root.pp, node.microbatches, self.blocks + self.apart, pins.get("schedule"),
                                    pins.get("virtual_stages"), self.problem.pipeline == "megatron",
-                                   self.problem.overlap_experts, deepspeed)
+                                   self.problem.overlap_experts, deepspeed, self.problem.pipeline == "dualpipe")
         choices = [c for c in choices if self.problem.runs_map(c[0], root.pp, c[1])]  # a kept line's map (E409)
         if node.recompute == "selective_op":  # its kept outputs serve one backward pass, not I then W (E703)
             choices = [c for c in choices if not splits_backward(c[0])] or choices

@@ -142,7 +142,9 @@ _entry("E610", """
     and, with virtual stages, interleaved 1F1B (`..._with_interleaving`). Any other schedule,
     or one written in the plan, is torch's to run: the plan cannot say Megatron-LM runs it.
     Likewise `implementation = deepspeed` (DeepSpeed's pipeline engine, `deepspeed/runtime/pipe`)
-    runs one schedule, its TrainSchedule, a 1F1B: `schedule = 1f1b`.
+    runs one schedule, its TrainSchedule, a 1F1B: `schedule = 1f1b`; and `implementation = dualpipe`
+    (DeepSeek's DualPipe, deepseek-ai/DualPipe's `DualPipeV`, whose `step` lays out its own order)
+    runs `schedule = dualpipev` alone.
     """, f"""
     import "clusters/dgx_a100"
     plan p {{
