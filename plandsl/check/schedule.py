@@ -37,41 +37,26 @@ def check_schedule(plan: ir.Plan) -> Iterator[Diagnostic]:
                        hint="drop `sequence_parallel` from the tensor attribute, or torch's or Megatron-LM's "
                        "pipeline: `implementation = torch | megatron`",
                        notes=[Note("DeepSpeed's pipeline engine said here", span)] if span else [])
-        info = BUILTIN.get(plan.schedule.name) if plan.schedule.definition is None else None
-        if info is None or not info.deepspeed:  # deepspeed/runtime/pipe/engine.py: train_batch runs TrainSchedule
-            runs = ", ".join(name for name, known in BUILTIN.items() if known.deepspeed)
-            what = "a written schedule" if info is None else f"schedule '{plan.schedule.name}'"
-            span = plan.stages.span_of("implementation")
-            yield diag("E610", f"DeepSpeed's pipeline engine does not run {what}: it runs {runs} (its "
-                       "TrainSchedule, deepspeed/runtime/pipe/schedule.py)", plan.schedule.span,
-                       hint="schedule = 1f1b, or torch's pipeline: drop `implementation = deepspeed`",
-                       notes=[Note("DeepSpeed's pipeline engine said here", span)] if span else [])
+        refused = _not_run(plan, "deepspeed", "DeepSpeed's pipeline engine", "its TrainSchedule, "
+                           "deepspeed/runtime/pipe/schedule.py", "schedule = 1f1b")  # train_batch runs TrainSchedule
+        if refused is not None:
+            yield refused
             return
         # its 1F1B then meets the sizes torch's runs (below), as `plandsl run` runs it on torch's pipeline
     if plan.stages.implementation == "dualpipe":
-        info = BUILTIN.get(plan.schedule.name) if plan.schedule.definition is None else None
-        if info is None or not info.dualpipe:  # deepseek-ai/DualPipe: DualPipeV.step runs its own schedule
-            runs = ", ".join(name for name, known in BUILTIN.items() if known.dualpipe)
-            what = "a written schedule" if info is None else f"schedule '{plan.schedule.name}'"
-            span = plan.stages.span_of("implementation")
-            yield diag("E610", f"DualPipe's runtime does not run {what}: it runs {runs} (`DualPipeV.step`, "
-                       "deepseek-ai/DualPipe's dualpipe/dualpipev.py, lays out its own order)", plan.schedule.span,
-                       hint="schedule = dualpipev, or torch's pipeline: drop `implementation = dualpipe`",
-                       notes=[Note("DualPipe's runtime said here", span)] if span else [])
+        refused = _not_run(plan, "dualpipe", "DualPipe's runtime", "`DualPipeV.step`, deepseek-ai/DualPipe's "
+                           "dualpipe/dualpipev.py, lays out its own order", "schedule = dualpipev")
+        if refused is not None:
+            yield refused
             return
         # DualPipeV then meets the sizes torch's ScheduleDualPipeV takes (below: at least 2 x pp microbatches), as
         # DualPipeV's own `num_chunks >= num_ranks * 2` asks
     if plan.stages.implementation == "megatron":
-        info = BUILTIN.get(plan.schedule.name) if plan.schedule.definition is None else None
-        if info is None or not info.megatron:  # megatron.core.pipeline_parallel.schedules' two functions
-            runs = ", ".join(name for name, known in BUILTIN.items() if known.megatron)
-            what = "a written schedule" if info is None else f"schedule '{plan.schedule.name}'"
-            span = plan.stages.span_of("implementation")
-            yield diag("E610", f"Megatron-LM's pipeline does not run {what}: it runs {runs} "
-                       "(forward_backward_pipelining_without_interleaving, _with_interleaving)", plan.schedule.span,
-                       hint="schedule = 1f1b (or interleaved_1f1b with virtual stages), or torch's pipeline: drop "
-                       "`implementation = megatron`", notes=[Note("Megatron-LM's pipeline said here", span)]
-                       if span else [])
+        refused = _not_run(plan, "megatron", "Megatron-LM's pipeline", "forward_backward_pipelining_without_"
+                           "interleaving, _with_interleaving", "schedule = 1f1b (or interleaved_1f1b with virtual "
+                           "stages)")  # megatron.core.pipeline_parallel.schedules' two functions
+        if refused is not None:
+            yield refused
             return
         m, virtual = plan.num_microbatches, plan.stages.virtual
         if not batch.uneven(plan) and not megatron_microbatches_fit(plan.pp, m, virtual):
@@ -116,6 +101,20 @@ def check_schedule(plan: ir.Plan) -> Iterator[Diagnostic]:
                    hint=f"the schedule's map is {list(derived)}: set `map = {list(derived)}` in the stages, or "
                    "change the schedule")
 
+
+
+def _not_run(plan: ir.Plan, implementation: str, whose: str, where: str, instead: str) -> Diagnostic | None:
+    """E610 where the plan's schedule is not one `implementation`'s pipeline runs (`ScheduleInfo.<implementation>`):
+    a built-in it does not run, or a written one."""
+    info = BUILTIN.get(plan.schedule.name) if plan.schedule.definition is None else None
+    if info is not None and getattr(info, implementation):
+        return None
+    runs = ", ".join(name for name, known in BUILTIN.items() if getattr(known, implementation))
+    what = "a written schedule" if info is None else f"schedule '{plan.schedule.name}'"
+    span = plan.stages.span_of("implementation")
+    return diag("E610", f"{whose} does not run {what}: it runs {runs} ({where})", plan.schedule.span,
+                hint=f"{instead}, or torch's pipeline: drop `implementation = {implementation}`",
+                notes=[Note(f"{whose} said here", span)] if span else [])
 
 def _at_the_plan(plan: ir.Plan, problem: Diagnostic) -> Diagnostic:
     """A table written for other sizes than the plan's (E608) is reported at the plan's line that sets
