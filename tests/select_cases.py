@@ -240,8 +240,9 @@ def write(left_out: list[str], summary: dict[str, Sweep], total_s: float, measur
     ]
     if kept_before:
         header.append(f"# Listed before and not measured this time (as they were): {len(kept_before)} cases.")
-        header += [f"# Before that, measured: {each}" for each in measurements]
-    body = sorted(set(left_out) | set(kept_before))
+        # the measurements before this one (the one written last time is this one where `select` runs again on it)
+        header += [f"# Before that, measured: {each}" for each in dict.fromkeys(measurements) if each != f"{measured}."]
+    body = sorted((set(left_out) | set(kept_before)) - hand)  # a block written by hand names its cases itself
     LIST.write_text("\n".join(header + body + [line for block in by_hand for line in block]) + "\n",
                     encoding="utf-8")
     return measured

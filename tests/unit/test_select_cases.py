@@ -48,3 +48,23 @@ def test_select_writes_what_it_measured_and_keeps_what_it_did_not(tmp_path, monk
     assert lines[-2:] == ["# By hand, not by select: why.", "t.py::c[1]"]
     assert any(line.startswith("# Listed before and not measured this time") and "2 cases" in line for line in lines)
     assert "# Before that, measured: before." in lines  # where the cases kept from before come from
+
+
+def test_select_again_on_the_same_measurement_writes_the_same_list(tmp_path, monkeypatch):
+    """`select` run twice on one measurement writes the file it wrote: the measurement it wrote is not carried again
+    as the one before it, and a case of a block written by hand that the measurement leaves out is listed once, in
+    its block."""
+    from tests import select_cases
+    path = tmp_path / "sweep_cases.txt"
+    path.write_text("# header\n# Measured: before.\nt.py::a[1]\nt.py::a[2]\nt.py::b[1]\n"
+                    "# By hand, not by select: why.\nt.py::c[1]\n", encoding="utf-8")
+    monkeypatch.setattr(select_cases, "LIST", path)
+    summary = {"t.py::a": select_cases.Sweep(3, 1, 30.0, 10.0, 100, 90)}
+    measured = {"t.py::a[1]", "t.py::a[3]", "t.py::c[1]"}
+    select_cases.write(["t.py::a[3]", "t.py::c[1]"], summary, 30.0, measured)
+    first = path.read_text(encoding="utf-8")
+    select_cases.write(["t.py::a[3]", "t.py::c[1]"], summary, 30.0, measured)
+    assert path.read_text(encoding="utf-8") == first
+    lines = first.splitlines()
+    assert [line for line in lines if line.startswith("# Before that")] == ["# Before that, measured: before."]
+    assert [line for line in lines if not line.startswith("#")].count("t.py::c[1]") == 1
