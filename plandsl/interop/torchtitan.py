@@ -283,7 +283,7 @@ def _pipeline_args(plan: ir.Plan, args: list, lose) -> None:
     if stages.implementation != "torch":  # torchtitan drives torch.distributed.pipelining's stages
         lose(f"stages with implementation = {stages.implementation} (torchtitan runs torch's pipeline, whose stages "
              "keep a receive buffer per microbatch and each output until its backward: more memory)", "stages",
-             hint="drop `implementation = megatron`: torch's pipeline is the default")
+             hint=f"drop `implementation = {stages.implementation}`: torch's pipeline is the default")
     if stages.outputs == "returned":  # torchtitan's trainer steps with return_outputs=False (trainer.py)
         lose("stages with outputs = returned (torchtitan's trainer drops the last stage's outputs, "
              "`step(..., return_outputs=False)`: less memory)", "stages", hint="drop `outputs = returned`")

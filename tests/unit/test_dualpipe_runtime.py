@@ -80,3 +80,15 @@ def test_its_memory_is_megatrons_not_torchs_buffers_and_copies():
     same = plan.model_copy(update={"stages": plan.stages.model_copy(update={"implementation": "dualpipe"})})
     assert [r.total for r in estimate_plan_memory(same)] == [r.total for r in estimate_plan_memory(plan)]
     assert torch_stage_bytes(dual, 8, (0, 7), 4.0, 1.0) == 0.0
+
+
+def test_torchtitans_export_says_the_pipeline_the_plan_names():
+    """torchtitan runs torch's pipeline: `export --to torchtitan` loses the stages' implementation (E808), and its hint
+    names the word the plan wrote, which dropping gives torch's pipeline (not Megatron-LM's, which it does not name)."""
+    for implementation in ("dualpipe", "deepspeed"):
+        text = _text(implementation=implementation) if implementation == "dualpipe" else \
+            _text(implementation=implementation, schedule="1f1b").replace("virtual = 2, map = vshape, ", "")
+        plan = api.select_plan(api.loads(text, path="p.plan"))
+        lost = [d for d in api.export(plan, "torchtitan").lost if "stages with implementation" in d.message]
+        assert len(lost) == 1 and f"implementation = {implementation} (" in lost[0].message
+        assert lost[0].hint.startswith(f"drop `implementation = {implementation}`"), lost[0].hint
