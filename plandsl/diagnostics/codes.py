@@ -113,7 +113,7 @@ CODES: dict[str, str] = {
     "E607": "stage on more than one rank",
     "E608": "schedule template error",
     "E609": "schedule too large to lay out",
-    "E610": "schedule the stages' pipeline (Megatron-LM's, DeepSpeed's) does not run",
+    "E610": "schedule the stages' pipeline (Megatron-LM's, DeepSpeed's, DualPipe's) does not run",
     "E611": "what DeepSpeed's pipeline engine does not run: ZeRO-2/3, sequence parallelism",
     # E7xx: what `plandsl run` cannot run or `plandsl launch` cannot submit (the plan is valid; they refuse it)
     "E701": "schedule the interpreter cannot run",
