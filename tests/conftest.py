@@ -107,10 +107,14 @@ def _leave_out_the_sweeps_cases(config, items) -> None:
                 "remove them from it, or measure and select again (tests/select_cases.py)")
     if config.getoption("--full"):
         return
-    kept = [item for item in items if item.nodeid.split("@")[0] not in listed]
-    if len(kept) < len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item.nodeid.split("@")[0] in listed])
-        items[:] = kept
+    # a listed case is left out only where it is a sweep's (marked dist or slow): a test's unmarked cases beside its
+    # slow ones are the unit tier's, and run (tests/select_cases.py measures and lists only the marked ones)
+    out = [item for item in items if item.nodeid.split("@")[0] in listed
+           and (item.get_closest_marker("dist") is not None or item.get_closest_marker("slow") is not None)]
+    if out:
+        config.hook.pytest_deselected(items=out)
+        dropped = set(map(id, out))
+        items[:] = [item for item in items if id(item) not in dropped]
 
 
 def _collects_everything(config) -> bool:

@@ -78,13 +78,19 @@ def _case(nodeid: str) -> str:
 
 
 # ---- measure ----------------------------------------------------------------------------------------------
-def sweeps() -> list[str]:
-    """The parametrized tests marked `dist` or `slow` with two cases or more, by collecting the suite."""
+def marked_cases() -> set[str]:
+    """The parametrized cases marked `dist` or `slow`, by collecting the suite: the only ones a sweep leaves out (a
+    test's unmarked cases, such as test_hostile_sizes' bounded simulations at a few ranks beside its slow ones, are the
+    unit tier's and always run; tests/conftest.py leaves out no other)."""
     listing = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-n", "0", "--collect-only", "--full", "-m", "dist or slow"],
         cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    cases = collections.Counter(_case(line).split("[")[0] for line in listing.splitlines()
-                                if "::" in line and "[" in line)
+    return {_case(line) for line in listing.splitlines() if "::" in line and "[" in line}
+
+
+def sweeps(marked: set[str] | None = None) -> list[str]:
+    """The parametrized tests with two cases or more marked `dist` or `slow`."""
+    cases = collections.Counter(case.split("[")[0] for case in (marked if marked is not None else marked_cases()))
     return sorted(test for test, count in cases.items() if count >= 2)
 
 
@@ -170,10 +176,12 @@ def select(folder: Path = OUT) -> tuple[list[str], dict]:
     left_out: list[str] = []
     unseen: list[str] = []  # passed, but coverage saw no arc of theirs: they run, and `measure @FILE` measures them
     summary: dict[str, Sweep] = {}
-    sweeping = set(sweeps())
+    marked = marked_cases()
+    sweeping = set(sweeps(marked))
     for test, cases in sorted(tests.items()):
         if test not in sweeping:  # measured, but not a sweep (no longer, or given to `measure` by hand)
             continue
+        cases = [case for case in cases if case in marked]  # the unit tier's cases of a sweep always run
         measured = {case: arcs[case] for case in cases if case in arcs and case not in failed}
         unseen += [case for case in cases if case not in arcs and case not in failed]
         if len(measured) < 2:
@@ -218,13 +226,15 @@ def listed() -> tuple[list[str], list[list[str]], list[str]]:
     return cases, by_hand, measurements
 
 
-def write(left_out: list[str], summary: dict[str, Sweep], total_s: float, measured_cases: set[str]) -> str:
+def write(left_out: list[str], summary: dict[str, Sweep], total_s: float, measured_cases: set[str],
+          marked: set[str] | None = None) -> str:
     """Write the list: the measured cases `select` leaves out, the cases listed before that this measurement did not
-    run (a measurement of some cases only, `measure` given node ids, leaves the others as they were listed), then
-    the blocks written by hand."""
+    run (a measurement of some cases only, `measure` given node ids, leaves the others as they were listed; of them
+    only those `marked` dist or slow, where given), then the blocks written by hand."""
     before, by_hand, measurements = listed()
     hand = {line.strip() for block in by_hand for line in block if line.strip() and not line.startswith("#")}
-    kept_before = sorted(case for case in before if case not in measured_cases and case not in hand)
+    kept_before = sorted(case for case in before if case not in measured_cases and case not in hand
+                         and (marked is None or case in marked))
     cases = sum(each.cases for each in summary.values())
     saved = sum(each.out_seconds for each in summary.values())
     branches = sum(each.branches for each in summary.values())
@@ -258,7 +268,7 @@ def main(argv: list[str]) -> None:
         for test, each in sorted(summary.items(), key=lambda item: -item[1].out_seconds):
             print(f"{each.out_seconds:7.1f} of {each.seconds:7.1f} s  {each.out:3d} of {each.cases:3d} cases out  "
                   f"{each.kept_branches:5d} of {each.branches:5d} branches kept  {test}")
-        print(write(left_out, summary, sum(seconds.values()), set(seconds)))
+        print(write(left_out, summary, sum(seconds.values()), set(seconds), marked_cases()))
         unseen = (folder / "unseen.txt").read_text(encoding="utf-8").splitlines()
         if unseen:
             print(f"{len(unseen)} cases had no arc measured (they run): `python tests/select_cases.py measure "

@@ -68,3 +68,34 @@ def test_select_again_on_the_same_measurement_writes_the_same_list(tmp_path, mon
     lines = first.splitlines()
     assert [line for line in lines if line.startswith("# Before that")] == ["# Before that, measured: before."]
     assert [line for line in lines if not line.startswith("#")].count("t.py::c[1]") == 1
+
+
+
+def test_a_listed_case_runs_where_it_is_not_marked_dist_or_slow(monkeypatch):
+    """tests/conftest.py leaves out only sweeps' cases: a listed case marked dist or slow, not an unmarked one (a
+    test's unit-tier cases beside its slow ones: test_hostile_sizes' bounded simulations at 2 and 3 ranks, 15 of which
+    were listed from 2026-12-07's first selection until the review of 0ba7c37), and the list names none of those."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    import tests.conftest as conftest
+    from tests.conftest import ROOT
+
+    def item(nodeid, *markers):
+        return SimpleNamespace(nodeid=nodeid, get_closest_marker=lambda name: name if name in markers else None)
+
+    items = [item("t.py::a[1]", "slow"), item("t.py::a[2]"), item("t.py::b[1]", "dist"), item("t.py::c[1]")]
+    deselected = []
+    config = SimpleNamespace(getoption=lambda name: False, hook=SimpleNamespace(
+        pytest_deselected=lambda items: deselected.extend(items)))
+    monkeypatch.setattr(conftest, "sweep_cases", lambda: {"t.py::a[1]", "t.py::a[2]", "t.py::b[1]"})
+    monkeypatch.setattr(conftest, "_collects_everything", lambda config: False)
+    conftest._leave_out_the_sweeps_cases(config, items)
+    assert [i.nodeid for i in items] == ["t.py::a[2]", "t.py::c[1]"]
+    assert [i.nodeid for i in deselected] == ["t.py::a[1]", "t.py::b[1]"]
+    unit = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "--collect-only", "--full", "-m",
+                           "not slow and not dist", "tests/unit/test_hostile_sizes.py"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout
+    cases = {line.strip().split("@")[0] for line in unit.splitlines() if "::" in line and "[" in line}
+    assert cases and not cases & sweep_cases()
