@@ -517,7 +517,8 @@ def dry_run(plan: ir.Plan, progress: Progress | None = None) -> DryRun:
 
 
 def dry_run_errors() -> tuple[type[Exception], ...]:
-    """What `dry_run` and `traced_memory` raise for a plan they cannot build or trace (one line each)."""
+    """What `dry_run` raises for a plan whose ranks it cannot build (one line); `traced_memory` raises PlanError
+    (E709), these only from inside the trace."""
     from plandsl.runtime.dryrun import DryRunError  # stage: torch
     from plandsl.runtime.memtrace import TraceError  # stage: torch
     return DryRunError, TraceError
@@ -525,9 +526,16 @@ def dry_run_errors() -> tuple[type[Exception], ...]:
 
 def traced_memory(plan: ir.Plan, rank: int = 0, steps: int = 2, progress: Progress | None = None) -> TracedMemory:
     """`rank`'s first `steps` training steps run on fake tensors in this process, every allocation recorded and
-    replayed through the caching allocator's model (`runtime.memtrace`; `TraceError` where a step reads its data)."""
-    from plandsl.runtime.memtrace import traced_memory as trace  # stage: torch
-    return trace(plan, rank, steps, progress)
+    replayed through the caching allocator's model (`runtime.memtrace`); PlanError with E709 where its steps cannot
+    run on fake tensors (a step that reads its data, one past the events a trace records)."""
+    from plandsl.runtime.memtrace import TraceError, trace_refusal, traced_memory as trace  # stage: torch
+    try:
+        return trace(plan, rank, steps, progress)
+    except TraceError as error:
+        sources = {}
+        if plan.span is not None and Path(plan.span.file).is_file():  # the plan's file, for the caret
+            sources = check(plan.span.file).sources
+        raise PlanError([trace_refusal(plan, str(error))], sources) from None
 
 
 def format_traced_memory(result: TracedMemory) -> str:

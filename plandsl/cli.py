@@ -467,9 +467,8 @@ def run_command(file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, dry_run,
             try:
                 with _progress("tracing rank 0's steps") as progress:
                     traced = api.traced_memory(plan, progress=progress)
-            except api.dry_run_errors() as error:
-                click.echo(f"{file}: error: plan '{plan.name}': {error}", err=True)
-                sys.exit(1)
+            except api.PlanError as error:  # E709: its steps cannot run on fake tensors
+                _fail(error)
             click.echo(api.format_traced_memory(traced))
         click.echo(api.dry_run_commands(plan, args, options))
         sys.exit(0)

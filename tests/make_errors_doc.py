@@ -68,6 +68,8 @@ def _command(entry: Entry, path: Path) -> Analysis:
         return _interop(entry, path)
     if entry.command[0] == "launch":
         return _launch(path)
+    if entry.command[0] == "run":
+        return _traced(path)
     from plandsl.rewrite.complete import generate_from
     from plandsl.rewrite.shrink import shrink
     try:
@@ -106,6 +108,17 @@ def _launch(path: Path) -> Analysis:
     if not analysis.ok:
         return analysis
     refused = [d for plan in analysis.document.plans for d in launch_refusals(plan)]
+    return Analysis(str(path), None, refused, dict(analysis.sources))
+
+
+def _traced(path: Path) -> Analysis:
+    """`plandsl run EXAMPLE --dry-run --memory`: the checker's diagnostics, else what the trace refuses before it
+    runs (`runtime.memtrace.trace_refusals`)."""
+    from plandsl.runtime.memtrace import trace_refusals
+    analysis = analyze(str(path))
+    if not analysis.ok:
+        return analysis
+    refused = [d for plan in analysis.document.plans for d in trace_refusals(plan)]
     return Analysis(str(path), None, refused, dict(analysis.sources))
 
 

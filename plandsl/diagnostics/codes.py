@@ -124,6 +124,7 @@ CODES: dict[str, str] = {
     "E706": "precision the interpreter cannot run",
     "E707": "mesh whose nodes one cluster job cannot start",
     "E708": "plan that fits its devices only on the stack it names",
+    "E709": "plan whose steps a memory trace cannot run",
     # E8xx: what `plandsl generate --from` cannot keep, or `plandsl shrink` cannot do
     "E801": "decision the search cannot keep",
     "E802": "plan that cannot be scaled down",

@@ -44,6 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from plandsl import ir
+from plandsl.diagnostics import Diagnostic, diag
 from plandsl.cost.allocator import Replay, replay
 from plandsl.cost.memory import MemoryEstimate
 from plandsl.ir.layers import layers_of
@@ -353,6 +354,23 @@ def _static_stages(plan: ir.Plan, recorder: _Recorder):
         yield
     finally:
         schedules._PipelineSchedule._warmup_p2p = warmup
+
+
+TRACE_HINT = ("`plandsl run --dry-run` without --memory and `plandsl estimate` still count its memory (the cost "
+              "model's); the trace runs plans whose steps read no values from their data")
+
+
+def trace_refusal(plan: ir.Plan, why: str) -> Diagnostic:
+    """E709 at the plan: its steps cannot run on fake tensors (`why`, `traceable`'s or a `TraceError`'s)."""
+    why = why.removeprefix("cannot be traced: ")
+    return diag("E709", f"plan '{plan.name}' cannot be traced on fake tensors (`run --dry-run --memory`): {why}",
+                plan.span, hint=TRACE_HINT)
+
+
+def trace_refusals(plan: ir.Plan) -> list[Diagnostic]:
+    """What `run --dry-run --memory` refuses before tracing (`traceable`): E709, or nothing."""
+    why = traceable(plan)
+    return [] if why is None else [trace_refusal(plan, why)]
 
 
 def traceable(plan: ir.Plan) -> str | None:

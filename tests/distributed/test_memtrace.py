@@ -203,7 +203,8 @@ def test_run_dry_run_memory():
     traced = result.output[result.output.index("memory of rank 0, traced"):]
     assert "reserved, expandable segments:" in traced and "the cost model counts" in traced
     refused = CliRunner().invoke(main, ["run", str(LOCAL / "ep.plan"), "--dry-run", "--memory"])
-    assert refused.exit_code == 1 and "cannot be traced" in refused.output
+    assert refused.exit_code == 1 and "error[E709]: plan 'tiny_ep' cannot be traced" in refused.output, refused.output
+    assert "^" in refused.output and "Traceback" not in refused.output  # a Diagnostic at the plan, with its caret
     alone = CliRunner().invoke(main, ["run", str(LOCAL / "fsdp.plan"), "--memory"])
     assert alone.exit_code == 2 and "--dry-run" in alone.output
 

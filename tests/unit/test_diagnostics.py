@@ -59,7 +59,7 @@ def test_each_family_module_holds_exactly_its_family_and_together_they_hold_ever
 # `plandsl inspect` (torch and the example's module) and E412-E414's inspect their plan's Hugging Face model
 # first: their cases run in the xdist group of the modules that import torch (tests/conftest.py), so only
 # one worker pays for it
-TORCH_CODES = {"E412", "E413", "E414", "E506", "E705", "E901", "E902", "E903", "E904"}
+TORCH_CODES = {"E412", "E413", "E414", "E506", "E705", "E709", "E901", "E902", "E903", "E904"}
 ALL_CODES = [pytest.param(code, marks=pytest.mark.xdist_group("torch")) if code in TORCH_CODES else code
              for code in sorted(CODES)]
 

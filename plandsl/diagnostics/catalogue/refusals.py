@@ -172,3 +172,17 @@ _entry("E708", """
     }
     """, "Give each device more memory (or hold less on it), so that torch's stack fits too.",
     ("memory    = 256 MiB", "memory    = 320 MiB"))
+
+_entry("E709", """
+    `plandsl run --dry-run --memory` runs a rank's first training steps on fake tensors (shapes, no
+    values) and records every allocation, for the caching allocator's model to replay. A step that reads
+    values from its data cannot run there: a mixture of experts routes each token by its router's scores,
+    `loss: fused` finds the rank's targets by their values, fp16's loss scaling reads the gradients to skip a
+    step, DistributedDataParallel orders its buckets from the ranks, a pipeline of a model from torch learns
+    its stages' shapes from what the first step sends; and a step of more allocations than a trace records
+    (`MAX_EVENTS`) is refused before it runs. The plan still runs, and `--dry-run` without `--memory` and
+    `estimate` count its memory by the cost model; only the trace is refused.
+    """, _local_plan("data    = fsdp over dp", mesh="[dp = 2]").replace(
+        "train   = { global_batch: 8, micro_batch: 1 }", "train   = { global_batch: 8, micro_batch: 1, loss: fused }"),
+    "Trace a plan whose steps read nothing from their data (here the standard loss), or count it without a trace.",
+    ("loss: fused", "loss: standard"), command=("run", "--dry-run", "--memory"))
