@@ -7,7 +7,7 @@ top_k, group-limited routing, shared experts, dense first layers, MoE every k-th
 prediction (`mtp`), invalid combinations included, on meshes of dp/tp/pp/cp/ep axes of sizes 1-2 (at most 4
 processes) over `clusters/local` or straddling `clusters/local_mixed`'s two device types, with every data kind
 (replicate = DDP, zero1, zero2, zero3; `gather`, `unit`, `prefetch`), tensor and sequence parallelism, pipeline
-schedules (with `outputs`, `implementation`, `account`), context (allgather, both rings) and expert parallelism (folded
+schedules (with `outputs`, `implementation` of torch, Megatron-LM, DeepSpeed or DualPipe, `account`), context (allgather, both rings) and expert parallelism (folded
 over [ep, tp] too), recomputation (`selective` with `recompute_modules`, `recompute_layers`), activation
 offloading, `batch_shares`, precisions, the state dtypes, the loss, kernel and attention keys and the optimizer.
 
@@ -222,6 +222,7 @@ def small_plans(draw, tame: bool = False) -> str:
     train, precision = _train(d, sizes, shape, hetero)
     lines = [f"  model   = {model}", f"  cluster = {'local_mixed' if hetero else 'localhost'}",
              f"  mesh    = [{mesh}] over devices[{first}:{first + size}]", f"  train   = {{ {', '.join(train)} }}"]
+    kind, sequence_parallel = None, False
     if "dp" in sizes:
         kind = d.pick(["replicate", "zero1", "zero2", "zero3", "zero3"])
         options = []
@@ -239,14 +240,22 @@ def small_plans(draw, tame: bool = False) -> str:
         sequence_parallel = d.pick([True, False], [True] if folded else None)
         lines.append("  tensor  = megatron over tp" + (" with sequence_parallel" if sequence_parallel else ""))
     if "pp" in sizes:
-        schedule = d.pick(["gpipe", "1f1b", "1f1b", "interleaved_1f1b", "zb_h1", "looped_bfs", "zbv"])
+        schedule = d.pick(["gpipe", "1f1b", "1f1b", "interleaved_1f1b", "zb_h1", "looped_bfs", "zbv", "dualpipev"])
         options = {"interleaved_1f1b": ["virtual = 2"], "looped_bfs": ["virtual = 2"],
-                   "zbv": ["virtual = 2", "map = vshape"]}.get(schedule, [])
-        for option in ["outputs = returned", "implementation = megatron", "account = [embed, loss]"]:
-            # megatron with gpipe, zb_h1, looped_bfs, zbv: E610; outputs beside it: E206
-            if d.sometimes(4) and not (tame and option == "implementation = megatron" and (
-                    "outputs = returned" in options or schedule not in ("1f1b", "interleaved_1f1b"))):
-                options.append(option)
+                   "zbv": ["virtual = 2", "map = vshape"], "dualpipev": ["virtual = 2", "map = vshape"]}.get(schedule, [])
+        # whose pipeline: Megatron-LM's runs 1f1b and interleaved_1f1b, DeepSpeed's 1f1b (ZeRO 0 or 1, no sequence
+        # parallelism: E611), DualPipe's dualpipev; any other schedule beside one: E610; outputs beside one: E206
+        runs = {"megatron": ("1f1b", "interleaved_1f1b"), "deepspeed": ("1f1b",), "dualpipe": ("dualpipev",)}
+        for option in ["outputs = returned", "implementation", "account = [embed, loss]"]:
+            if not d.sometimes(4):
+                continue
+            if option == "implementation":
+                whose = d.pick(list(runs))
+                if tame and ("outputs = returned" in options or schedule not in runs[whose] or whose == "deepspeed"
+                             and (kind in ("zero2", "zero3") or sequence_parallel)):
+                    continue
+                option = f"implementation = {whose}"
+            options.append(option)
         lines += ["  stages  = evenly over pp" + (f" with {', '.join(options)}" if options else ""),
                   f"  schedule = {schedule}"]
     if "cp" in sizes:
