@@ -37,14 +37,14 @@ def check_schedule(plan: ir.Plan) -> Iterator[Diagnostic]:
                        hint="drop `sequence_parallel` from the tensor attribute, or torch's or Megatron-LM's "
                        "pipeline: `implementation = torch | megatron`",
                        notes=[Note("DeepSpeed's pipeline engine said here", span)] if span else [])
-        refused = _not_run(plan, "deepspeed", "DeepSpeed's pipeline engine", "its TrainSchedule, "
+        refused = _not_run(plan, "deepspeed", "its TrainSchedule, "
                            "deepspeed/runtime/pipe/schedule.py", "schedule = 1f1b")  # train_batch runs TrainSchedule
         if refused is not None:
             yield refused
             return
         # its 1F1B then meets the sizes torch's runs (below), as `plandsl run` runs it on torch's pipeline
     if plan.stages.implementation == "dualpipe":
-        refused = _not_run(plan, "dualpipe", "DualPipe's runtime", "`DualPipeV.step`, deepseek-ai/DualPipe's "
+        refused = _not_run(plan, "dualpipe", "`DualPipeV.step`, deepseek-ai/DualPipe's "
                            "dualpipe/dualpipev.py, lays out its own order", "schedule = dualpipev")
         if refused is not None:
             yield refused
@@ -52,7 +52,7 @@ def check_schedule(plan: ir.Plan) -> Iterator[Diagnostic]:
         # DualPipeV then meets the sizes torch's ScheduleDualPipeV takes (below: at least 2 x pp microbatches), as
         # DualPipeV's own `num_chunks >= num_ranks * 2` asks
     if plan.stages.implementation == "megatron":
-        refused = _not_run(plan, "megatron", "Megatron-LM's pipeline", "forward_backward_pipelining_without_"
+        refused = _not_run(plan, "megatron", "forward_backward_pipelining_without_"
                            "interleaving, _with_interleaving", "schedule = 1f1b (or interleaved_1f1b with virtual "
                            "stages)")  # megatron.core.pipeline_parallel.schedules' two functions
         if refused is not None:
@@ -103,9 +103,10 @@ def check_schedule(plan: ir.Plan) -> Iterator[Diagnostic]:
 
 
 
-def _not_run(plan: ir.Plan, implementation: str, whose: str, where: str, instead: str) -> Diagnostic | None:
+def _not_run(plan: ir.Plan, implementation: str, where: str, instead: str) -> Diagnostic | None:
     """E610 where the plan's schedule is not one `implementation`'s pipeline runs (`ScheduleInfo.<implementation>`):
     a built-in it does not run, or a written one."""
+    whose = ir.PIPELINE_RUNTIMES[implementation]
     info = BUILTIN.get(plan.schedule.name) if plan.schedule.definition is None else None
     if info is not None and getattr(info, implementation):
         return None

@@ -1065,6 +1065,10 @@ class StageGroup(Node):
 PIPELINE_IMPLEMENTATIONS = ("torch", "megatron", "deepspeed", "dualpipe")
 """Whose pipeline runs the stages (`stages = ... with implementation = ...`; docs/cost-model.md, "torch's pipeline
 stage")."""
+PIPELINE_RUNTIMES = {"megatron": "Megatron-LM's pipeline", "deepspeed": "DeepSpeed's pipeline engine",
+                     "dualpipe": "DualPipe's runtime"}
+"""The pipelines other than torch's, by the name a message gives each (E610; each runs the schedules its
+`ScheduleInfo` flag of the same name marks)."""
 PIPELINE_OUTPUTS = ("dropped", "returned")
 """What torch's pipeline does with the last stage's outputs (`stages = ... with outputs = ...`): drop each after its
 backward (`step(return_outputs=False)`, `plandsl run`'s) or keep every microbatch's to the step's end and return

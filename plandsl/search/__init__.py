@@ -563,18 +563,11 @@ def _megatron_runs(problem: Problem, pins: Mapping[str, object]) -> None:
     pinned ZeRO stage on DeepSpeed's pipelined engine one it takes (E611), else a SearchError saying so rather than an
     empty search."""
     pinned = pins.get("schedule")
-    if problem.pipeline == "megatron" and pinned not in (None, "none") and not BUILTIN[pinned].megatron:
-        runs = ", ".join(name for name, info in BUILTIN.items() if info.megatron)
-        raise SearchError(f"--pin schedule={pinned}: Megatron-LM's pipeline does not run it (E610); it runs {runs}, "
-                          "or torch's pipeline runs every schedule", code="E805")
-    if problem.pipeline == "dualpipe" and pinned not in (None, "none") and not BUILTIN[pinned].dualpipe:
-        runs = ", ".join(name for name, info in BUILTIN.items() if info.dualpipe)
-        raise SearchError(f"--pin schedule={pinned}: DualPipe's runtime does not run it (E610); it runs {runs}, "
-                          "or torch's pipeline runs every schedule", code="E805")
-    if problem.pipeline == "deepspeed" and pinned not in (None, "none") and not BUILTIN[pinned].deepspeed:
-        runs = ", ".join(name for name, info in BUILTIN.items() if info.deepspeed)
-        raise SearchError(f"--pin schedule={pinned}: DeepSpeed's pipeline engine does not run it (E610); it runs "
-                          f"{runs}, or torch's pipeline runs every schedule", code="E805")
+    whose = ir.PIPELINE_RUNTIMES.get(problem.pipeline)
+    if whose is not None and pinned not in (None, "none") and not getattr(BUILTIN[pinned], problem.pipeline):
+        runs = ", ".join(name for name, info in BUILTIN.items() if getattr(info, problem.pipeline))
+        raise SearchError(f"--pin schedule={pinned}: {whose} does not run it (E610); it runs {runs}, or torch's "
+                          "pipeline runs every schedule", code="E805")
     if pins.get("zero_stage") is not None and int(pins["zero_stage"]) >= 2 and problem.deepspeed_engine(pins.get("pp")):
         pinned = f"data={pins['data']} (ZeRO-{pins['zero_stage']})" if "data" in pins else \
             f"zero_stage={pins['zero_stage']}"  # the pin as given (`_data_pins` derives the stage of a `data` pin)
