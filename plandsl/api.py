@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Callable, ContextManager
 
 from plandsl.diagnostics import Diagnostic, PlanError, limits, render_all, to_json_lines
 from plandsl.diagnostics.internal import guard
+from plandsl.diagnostics.source import NO_SPAN
 
 if TYPE_CHECKING:
     from plandsl import ir
@@ -50,7 +51,7 @@ __all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "
            "estimate", "estimate_against", "format_against", "format_estimate", "inspect_model", "inspect_plan", "format_inspected", "write_inspected", "read_inspected",
            "generate", "generate_request", "generate_errors", "generate_json", "generate_report", "diff_plans", "format_diff", "diff_json", "render",
            "render_format", "color_by_problem", "render_errors", "shrink", "rank_options", "launch_options", "check_launch_options",
-           "prepare_run", "launch_errors", "dry_run", "dry_run_errors", "format_dry_run",
+           "prepare_run", "option_error", "dry_run", "format_dry_run",
            "traced_memory", "format_traced_memory",
            "dry_run_commands", "launch", "command_line", "launch_schedulers", "job_options", "check_job_options",
            "load_launchable", "launch_refusals", "cluster_job", "submit_job", "job_errors", "export", "import_config", "import_name", "interop_targets", "args_text",
@@ -490,38 +491,53 @@ def launch_options(**options) -> LaunchOptions:
 
 
 def check_launch_options(options: LaunchOptions) -> None:
-    """`runtime.launch.OptionError` (with `.option`) for a value wrong before the plan is read."""
+    """`option_error()` (with `.option`) for a value wrong before the plan is read."""
     from plandsl.runtime.launch import check_options  # stage
     check_options(options)
 
 
 def prepare_run(plan: ir.Plan, path: str, name: str | None, params: dict[str, Any], options: LaunchOptions,
                 dry_run: bool = False) -> list[str]:
-    """torchrun's arguments for a runnable plan (`load_runnable`); `runtime.launch.LaunchError` (OptionError
-    for one option) when the options do not fit it."""
-    from plandsl.runtime.launch import prepare  # stage
-    return prepare(plan, path, name, params, options, dry_run)
+    """torchrun's arguments for a runnable plan (`load_runnable`); PlanError when the options do not fit it
+    (E710-E714: the mesh against the nodes and processes, a missing endpoint, options that need another, GPUs),
+    `option_error()` for one option's usage error (`--data`, `--device cuda` without a GPU)."""
+    from plandsl.runtime.launch import LaunchError, OptionError, prepare  # stage
+    try:
+        return prepare(plan, path, name, params, options, dry_run)
+    except OptionError:
+        raise
+    except LaunchError as error:
+        raise PlanError([error.diagnostic], _sources_at(error.diagnostic)) from None
 
 
-def launch_errors() -> tuple[type[Exception], type[Exception]]:
-    """(LaunchError, OptionError): what `check_launch_options` and `prepare_run` raise."""
-    from plandsl.runtime.launch import LaunchError, OptionError  # stage
-    return LaunchError, OptionError
+def option_error() -> type[Exception]:
+    """`runtime.launch.OptionError` (with `.option`, `.missing`): what `check_launch_options`, `check_job_options`
+    and `prepare_run` raise for one option's usage error (the CLI's exit 2)."""
+    from plandsl.runtime.launch import OptionError  # stage
+    return OptionError
+
+
+def _sources_at(*diagnostics: Diagnostic) -> dict:
+    """The files the diagnostics point into, for their carets (a file that no longer reads: none)."""
+    from plandsl.syntax.loader import read_source  # stage
+    sources = {}
+    for file in {d.span.file for d in diagnostics if d.span is not NO_SPAN}:
+        try:
+            sources[file] = read_source(file)
+        except PlanError:
+            pass
+    return sources
 
 
 def dry_run(plan: ir.Plan, progress: Progress | None = None) -> DryRun:
     """Every rank's share of a plan built in this process on the meta device (imports torch and the model's
-    factory); `DryRunError` naming the rank that cannot be built."""
-    from plandsl.runtime.dryrun import dry_run as build  # stage: torch
-    return build(plan, progress=progress)
-
-
-def dry_run_errors() -> tuple[type[Exception], ...]:
-    """What `dry_run` raises for a plan whose ranks it cannot build (one line); `traced_memory` raises PlanError
-    (E709), these only from inside the trace."""
-    from plandsl.runtime.dryrun import DryRunError  # stage: torch
-    from plandsl.runtime.memtrace import TraceError  # stage: torch
-    return DryRunError, TraceError
+    factory); PlanError E716 naming the rank that cannot be built."""
+    from plandsl.runtime.dryrun import DryRunError, dry_run as build, rank_refusal  # stage: torch
+    try:
+        return build(plan, progress=progress)
+    except DryRunError as error:
+        refusal = rank_refusal(plan, error)
+        raise PlanError([refusal], _sources_at(refusal)) from None
 
 
 def traced_memory(plan: ir.Plan, rank: int = 0, steps: int = 2, progress: Progress | None = None) -> TracedMemory:
@@ -532,10 +548,8 @@ def traced_memory(plan: ir.Plan, rank: int = 0, steps: int = 2, progress: Progre
     try:
         return trace(plan, rank, steps, progress)
     except TraceError as error:
-        sources = {}
-        if plan.span is not None and Path(plan.span.file).is_file():  # the plan's file, for the caret
-            sources = check(plan.span.file).sources
-        raise PlanError([trace_refusal(plan, str(error))], sources) from None
+        refusal = trace_refusal(plan, str(error))
+        raise PlanError([refusal], _sources_at(refusal)) from None
 
 
 def format_traced_memory(result: TracedMemory) -> str:
@@ -585,7 +599,7 @@ def job_options(**options) -> JobOptions:
 
 
 def check_job_options(job: JobOptions) -> None:
-    """`runtime.launch.OptionError` (with `.option`) for an option the scheduler cannot do without."""
+    """`option_error()` (with `.option`) for an option the scheduler cannot do without."""
     from plandsl.runtime.submit import check_job_options as check_options  # stage
     check_options(job)
 
@@ -608,10 +622,14 @@ def launch_refusals(plan: ir.Plan, cuda: bool = True) -> list[Diagnostic]:
 def cluster_job(plan: ir.Plan, path: str, name: str | None, params: dict[str, Any], ranks: LaunchOptions,
                 job: JobOptions) -> Any:
     """A plan `load_launchable` passed as TorchX's `AppDef`, built by TorchX's `dist.torchrun` (imports TorchX):
-    `plandsl.run` with the rank options on every node; `job_errors()` when TorchX is missing, LaunchError for
-    rank options that need another."""
+    `plandsl.run` with the rank options on every node; `job_errors()` when TorchX is missing, PlanError for rank
+    options that need another (E713) and an argument TorchX would rewrite (E715)."""
+    from plandsl.runtime.launch import LaunchError  # stage
     from plandsl.runtime.submit import app  # stage
-    return app(plan, path, name, params, ranks, job)
+    try:
+        return app(plan, path, name, params, ranks, job)
+    except LaunchError as error:
+        raise PlanError([error.diagnostic], _sources_at(error.diagnostic)) from None
 
 
 def submit_job(app: Any, job: JobOptions) -> Submitted:

@@ -436,7 +436,7 @@ def run_command(file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, dry_run,
     overrides = _params(params)
     options = api.launch_options(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
                                  rdzv_endpoint=rdzv_endpoint, **ranks)
-    launch_error, option_error = api.launch_errors()
+    option_error = api.option_error()
     try:
         api.check_launch_options(options)
     except option_error as error:
@@ -452,16 +452,14 @@ def run_command(file, nproc_per_node, nnodes, node_rank, rdzv_endpoint, dry_run,
         args = api.prepare_run(plan, file, plan_name, overrides, options, dry_run)
     except option_error as error:
         raise click.BadParameter(str(error), param_hint=error.option) from None
-    except launch_error as error:
-        click.echo(f"{file}: error: {error}", err=True)
-        sys.exit(1)
+    except api.PlanError as error:  # E710-E714: the options do not fit the plan or this machine
+        _fail(error)
     if dry_run:  # every rank built here on the meta device, its figures, then the command; nothing starts
         try:
             with _progress("building ranks") as progress:
                 result = api.dry_run(plan, progress)
-        except api.dry_run_errors() as error:
-            click.echo(f"{file}: error: plan '{plan.name}': {error}", err=True)
-            sys.exit(1)
+        except api.PlanError as error:  # E716: a rank cannot be built
+            _fail(error)
         click.echo(api.format_dry_run(result))
         if memory:
             try:
@@ -506,7 +504,7 @@ def launch_command(file, scheduler, dryrun, cfg, image, cpu, mem_mb, name, param
                                "per node) would start every node's ranks in too little host memory")
     sizes = {key: value for key, value in (("cpu", cpu), ("mem_mb", mem_mb)) if value is not None}
     job = api.job_options(scheduler=scheduler, cfg=cfg, image=image, name=name, dryrun=dryrun, **sizes)
-    launch_error, option_error = api.launch_errors()
+    option_error = api.option_error()
     try:
         api.check_job_options(job)
     except option_error as error:
@@ -524,7 +522,9 @@ def launch_command(file, scheduler, dryrun, cfg, image, cpu, mem_mb, name, param
     except torchx_missing as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(2)
-    except (launch_error, job_error) as error:
+    except api.PlanError as error:  # E713, E715: the rank options
+        _fail(error)
+    except job_error as error:
         click.echo(f"{file}: error: {error}", err=True)
         sys.exit(1)
     for warning in submitted.warnings:

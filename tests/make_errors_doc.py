@@ -35,7 +35,9 @@ STAGES = [
     ("E6", "E6xx: schedules", "Pipeline schedules, built in and user-defined."),
     ("E7", "E7xx: what plandsl run refuses", "Valid plans (they check, estimate and render) that the interpreter "
      "cannot run; `plandsl run` refuses them before any process starts, and `plandsl launch` before it submits "
-     "a job (with E707 for a mesh one cluster job cannot start)."),
+     "a job (with E707 for a mesh one cluster job cannot start). E710-E715 are options given to `run` or `launch` "
+     "that do not fit the plan or this machine (their fix is the command with its options mended), E716 a rank "
+     "`run --dry-run` cannot build."),
     ("E8", "E8xx: what generate --from cannot keep, shrink cannot do, import cannot read, export cannot write",
      "Reported by `plandsl generate --from` (a partial plan completed by the search), `plandsl shrink` (a plan "
      "scaled down to one machine), `plandsl import` (another tool's configuration; the example is its flags, as "
@@ -59,17 +61,22 @@ def normalize(text: str, directory: str) -> str:
     return text.replace(str(stdlib_root()), "<stdlib>")
 
 
-def _command(entry: Entry, path: Path) -> Analysis:
-    """What `plandsl generate --from`, `plandsl shrink` or `plandsl inspect` (entry.command) reports on the example."""
+def _command(entry: Entry, path: Path, command: tuple[str, ...]) -> Analysis:
+    """What `plandsl generate --from`, `plandsl shrink`, `plandsl inspect`, `plandsl launch` or `plandsl run`
+    (`command`: the entry's, or its fix's) reports on the example."""
     from plandsl.diagnostics import PlanError
-    if entry.command[0] == "inspect":
+    if command[0] == "inspect":
         return _inspect(entry, path)
-    if entry.command[0] in ("import", "export"):
+    if command[0] in ("import", "export"):
         return _interop(entry, path)
-    if entry.command[0] == "launch":
-        return _launch(path)
-    if entry.command[0] == "run":
+    if command[0] == "launch":
+        return _launch(path, command)
+    if command[0] == "run" and "--memory" in command:
         return _traced(path)
+    if command[0] == "run" and "--dry-run" in command:
+        return _dry_run(path)
+    if command[0] == "run":
+        return _run(path, command, entry.gpus)
     from plandsl.rewrite.complete import generate_from
     from plandsl.rewrite.shrink import shrink
     try:
@@ -100,15 +107,77 @@ def _interop(entry: Entry, path: Path) -> Analysis:
     return Analysis(str(path), None, lost, dict(analysis.sources))
 
 
-def _launch(path: Path) -> Analysis:
-    """`plandsl launch EXAMPLE --scheduler ... --dryrun`: the checker's diagnostics, else what launch refuses (no
-    TorchX needed: the job is refused before it is built)."""
-    from plandsl.runtime.submit import refusals as launch_refusals
+def _launch(path: Path, command: tuple[str, ...]) -> Analysis:
+    """`plandsl launch EXAMPLE --scheduler ... --dryrun [rank options]`: the checker's diagnostics, else what
+    launch refuses of the plan, else of the nodes' command (no TorchX needed: both come before the job is built)."""
+    from plandsl.runtime.launch import LaunchError, LaunchOptions
+    from plandsl.runtime.submit import node_command, refusals as launch_refusals
     analysis = analyze(str(path))
     if not analysis.ok:
         return analysis
     refused = [d for plan in analysis.document.plans for d in launch_refusals(plan)]
+    if not refused:
+        options = _options(command, ("--scheduler", "--dryrun"))
+        try:
+            node_command(str(path), None, {}, LaunchOptions(**options))
+        except LaunchError as error:
+            refused = [error.diagnostic]
     return Analysis(str(path), None, refused, dict(analysis.sources))
+
+
+def _options(command: tuple[str, ...], skipped: tuple[str, ...] = ()) -> dict:
+    """`plandsl run`'s (or launch's) options in `command`, as `LaunchOptions` takes them (the words as a shell
+    splits them; flags True, whole numbers ints); `skipped` options are not the launch's."""
+    import shlex
+    words, options = shlex.split(" ".join(command[1:])), {}
+    while words:
+        option = words.pop(0)
+        value: object = True
+        if words and not words[0].startswith("--"):
+            value = words.pop(0)
+            value = int(value) if value.isdigit() else value
+        if option not in skipped:
+            options[option.removeprefix("--").replace("-", "_")] = value
+    return options
+
+
+def _run(path: Path, command: tuple[str, ...], gpus: int) -> Analysis:
+    """`plandsl run [options] EXAMPLE` on a machine where torch sees `gpus` GPUs, up to the launch, as the CLI
+    does it: the checker's diagnostics, else what run refuses (`api.load_runnable`), else what the options do not
+    fit (`api.prepare_run`, E710-E714). Nothing is started."""
+    from unittest import mock
+    from plandsl import api
+    from plandsl.diagnostics import PlanError
+    options = api.launch_options(**_options(command))
+    try:
+        plan = api.load_runnable(path, cuda=gpus > 0)
+        with mock.patch("plandsl.runtime.launch.cuda_device_count", return_value=gpus):
+            api.prepare_run(plan, str(path), None, {}, options)
+    except PlanError as error:
+        return Analysis(str(path), None, list(error.diagnostics), dict(error.sources))
+    return Analysis(str(path), None, [], {})
+
+
+def _dry_run(path: Path, failing_rank: int | None = None) -> Analysis:
+    """`plandsl run --dry-run EXAMPLE`: every rank built on the meta device (`api.dry_run`); with `failing_rank`,
+    that rank's build raises KeyError('tp') (E716's example: no plan known fails there)."""
+    from unittest import mock
+    from plandsl import api
+    from plandsl.diagnostics import PlanError
+    from plandsl.runtime import dryrun
+    build = dryrun._build_rank
+
+    def failing(plan, model, rank, *args):
+        if rank == failing_rank:
+            raise KeyError("tp")
+        return build(plan, model, rank, *args)
+    try:
+        plan = api.load_runnable(path, cuda=False)
+        with mock.patch.object(dryrun, "_build_rank", failing):
+            api.dry_run(plan)
+    except PlanError as error:
+        return Analysis(str(path), None, list(error.diagnostics), dict(error.sources))
+    return Analysis(str(path), None, [], {})
 
 
 def _traced(path: Path) -> Analysis:
@@ -136,10 +205,13 @@ def _inspect(entry: Entry, path: Path) -> Analysis:
     return Analysis(str(path), None, [], {})
 
 
-def _internal(path: Path) -> Analysis:
-    """`plandsl check` of the example (api.check, the boundary) while the checker raises KeyError('tp')."""
+def _internal(entry: Entry, path: Path) -> Analysis:
+    """`plandsl check` of the example (api.check, the boundary) while the checker raises KeyError('tp'); E716's
+    `plandsl run --dry-run` while rank 1's build raises it."""
     from unittest import mock
     from plandsl import api
+    if entry.command:
+        return _dry_run(path, failing_rank=1)
     with mock.patch("plandsl.check.analysis.check_plan", side_effect=KeyError("tp")):
         return api.check(path)
 
@@ -173,10 +245,11 @@ def run_example(entry: Entry, fixed: bool = False) -> tuple[Analysis, str]:
             (Path(directory) / folder).mkdir()
         if entry.inspect:  # the tables of its hf()/factory() models, where the plan reads them
             _write_tables(path)
+        command = entry.fixed_command if fixed and entry.fixed_command else entry.command
         if entry.internal and not fixed:
-            analysis = _internal(path)
+            analysis = _internal(entry, path)
         else:
-            analysis = _command(entry, path) if entry.command else analyze(str(path))
+            analysis = _command(entry, path, command) if command else analyze(str(path))
         if entry.stage == "E7" and analysis.ok and analysis.document is not None:
             for plan in analysis.document.plans:  # what `plandsl run` adds (api.load_runnable)
                 analysis.diagnostics += refusals(plan, cuda=entry.on_cuda)
@@ -202,6 +275,8 @@ def _section(entry: Entry) -> list[str]:
     if entry.command:
         command = f"plandsl {' '.join(entry.command)} {entry.file}"
     where = " on a machine with CUDA" if entry.on_cuda else ""
+    if entry.gpus:
+        where = f" on a machine where torch sees {entry.gpus} GPU{'s' if entry.gpus > 1 else ''}"
     language = "python" if entry.file.endswith(".py") else "bash" if entry.file.endswith(".args") else "plan"
     if entry.command[:1] == ("import",):
         command = f"plandsl {' '.join(entry.command)} --args-file {entry.file} -o imported.plan"
@@ -209,6 +284,8 @@ def _section(entry: Entry) -> list[str]:
         command = f"plandsl inspect '{entry.command[1]}'"
     lines += _code(entry.example, language) + ["", f"`{command}`{where} reports:", ""]
     lines += _code(rendered, "text") + ["", f"**Fix:** {entry.fix}", ""]
+    if entry.fixed_command:
+        lines += [f"`plandsl {' '.join(entry.fixed_command)} {entry.file}`{where} is not refused.", ""]
     if entry.edits:
         lines += _code(entry.fixed, language) + [""]
     return lines

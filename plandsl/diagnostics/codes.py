@@ -125,6 +125,13 @@ CODES: dict[str, str] = {
     "E707": "mesh whose nodes one cluster job cannot start",
     "E708": "plan that fits its devices only on the stack it names",
     "E709": "plan whose steps a memory trace cannot run",
+    "E710": "mesh not nodes x processes per node",
+    "E711": "mesh larger than one machine, started on one",
+    "E712": "several nodes without a rendezvous endpoint",
+    "E713": "rank option that needs another",
+    "E714": "more processes on a node than GPUs torch sees",
+    "E715": "argument TorchX would rewrite",
+    "E716": "rank a dry run cannot build",
     # E8xx: what `plandsl generate --from` cannot keep, or `plandsl shrink` cannot do
     "E801": "decision the search cannot keep",
     "E802": "plan that cannot be scaled down",

@@ -17,6 +17,7 @@ import copy
 import itertools
 import math
 import sys
+import traceback
 from dataclasses import asdict, dataclass
 
 import torch
@@ -37,14 +38,39 @@ from plandsl.runtime.parallel.data_parallel import build_dp_optimizer
 from plandsl.runtime.parallel.mesh import build_mesh
 from plandsl.runtime.parallel.parallelize import data_mesh, expert_data_mesh, parallelize
 from plandsl.cost.estimate import data_shares, estimate_plan
-from plandsl.diagnostics import PlanError
+from plandsl.diagnostics import Diagnostic, Note, PlanError, diag
+from plandsl.diagnostics.internal import DEBUG, MAX_MESSAGE, debugging
 
 MAX_RANKS = 64  # larger meshes: one rank per distinct (pipeline, tensor) coordinate
 META = torch.device("meta")
 
 
 class DryRunError(RuntimeError):
-    """A rank's share could not be built (the real run would fail there too); names the rank."""
+    """A rank's share could not be built (the real run would fail there too); names the rank and keeps the
+    exception (`cause`). `rank_refusal` is it as the user sees it (E716)."""
+
+    def __init__(self, rank: int, cause: BaseException):
+        super().__init__(f"rank {rank}: {type(cause).__name__}: {cause}")
+        self.rank = rank
+        self.cause = cause
+
+
+def rank_refusal(plan: ir.Plan, error: DryRunError) -> Diagnostic:
+    """E716 at the plan: a plan that passed `plandsl check` and `run`'s own refusals (E7xx) whose rank `error.rank`
+    still cannot be built. Not E108: the same plan fails the same way every time, at the rank named (most likely in
+    that rank of the real run too), and the exception may be the model's own code (a factory's, a Hugging Face
+    model's) as well as plandsl's."""
+    text = " ".join(str(error.cause).split())
+    if len(text) > MAX_MESSAGE:
+        text = text[:MAX_MESSAGE] + "..."
+    what = f"{type(error.cause).__name__}: {text}" if text else type(error.cause).__name__
+    notes = [Note("traceback:\n" + "".join(traceback.format_exception(error.cause)).rstrip())] if debugging() else []
+    return diag("E716", f"plan '{plan.name}': rank {error.rank} cannot be built (`run --dry-run`, on the meta "
+                        f"device): {what}", plan.span,
+                hint="the plan passes `plandsl check` and what `plandsl run` refuses, so its ranks should build: "
+                     "where the error comes from the model's own code (a factory, a Hugging Face model) fix it "
+                     "there; else it is a bug in plandsl: please report it with the plan file(s) and this message"
+                     f"{'' if debugging() else f' ({DEBUG}=1 adds the traceback)'}", notes=notes)
 
 
 @dataclass(frozen=True)
@@ -117,7 +143,7 @@ def dry_run(plan: ir.Plan, ranks: list[int] | None = None, progress=None) -> Dry
         try:
             built.append(_build_rank(plan, copy.deepcopy(model), rank, world, state_bytes, predicted, world // len(ranks)))
         except Exception as error:  # noqa: BLE001 - one message naming the rank, as a running rank reports it
-            raise DryRunError(f"rank {rank}: {type(error).__name__}: {error}") from error
+            raise DryRunError(rank, error) from error
         if progress is not None:
             progress(len(built), len(ranks))
     return DryRun(plan.name, world, tuple(built), f"{cls.__name__}, {states} state{'s' if states != 1 else ''} "

@@ -2,7 +2,8 @@
 
 Stage: interpreter (the launcher side; torch is imported only to launch). Contract: `torchrun_args`
 builds the arguments `torchrun` itself would take (one process per device of the mesh, `-m plandsl.run`:
-`rank_command`, which `plandsl launch` hands TorchX too, as it does `mesh_nodes`); `check_fits` refuses a mesh larger than one node when one node is all the options give; `dry_run_commands`
+`rank_command`, which `plandsl launch` hands TorchX too, as it does `mesh_nodes`); `check_fits` refuses a mesh larger than one node when one node is all the options give;
+what does not fit is a `LaunchError` carrying its Diagnostic (E710-E714), `OptionError` one option's usage error; `dry_run_commands`
 is what `--dry-run` prints instead (the command for every node of such a mesh); `launch`
 runs them through `torch.distributed.run` and returns the exit status, naming failed ranks and where
 they were (`runtime.faults`).
@@ -19,6 +20,7 @@ import tempfile
 from dataclasses import dataclass
 
 from plandsl import ir
+from plandsl.diagnostics import Diagnostic, diag
 from plandsl.diagnostics.limits import MAX_LOCAL_RANKS
 from plandsl.runtime import faults
 from plandsl.runtime.options import format_params, forward, option_problem, parse_args, parse_params
@@ -27,15 +29,21 @@ from plandsl.check.analysis import load_plan
 
 
 class LaunchError(ValueError):
-    """The options do not fit the plan (e.g. the process count)."""
+    """The options do not fit the plan (e.g. the process count): `diagnostic` says how, with its code (E710-E715;
+    `plandsl.api` raises it as a PlanError), at the plan's mesh where the mesh is what they do not fit."""
+
+    def __init__(self, diagnostic: Diagnostic):
+        super().__init__(diagnostic.message)
+        self.diagnostic = diagnostic
 
 
 class OptionError(LaunchError):
-    """One option's value is wrong on its own, or (`missing`) an option needed is not given (the CLI's exit 2,
-    naming `option`)."""
+    """One option's value is wrong on its own, or (`missing`) an option needed is not given (the CLI's usage
+    error, exit 2, naming `option`; no diagnostic)."""
 
     def __init__(self, option: str, message: str, missing: bool = False):
-        super().__init__(message)
+        ValueError.__init__(self, message)
+        self.diagnostic = None
         self.option = option
         self.missing = missing
 
@@ -109,11 +117,13 @@ def torchrun_args(plan: ir.Plan, plan_file: str, plan_name: str | None, params: 
     size = plan.mesh.size
     nproc = options.nproc_per_node or size // options.nnodes
     if nproc * options.nnodes != size:
-        raise LaunchError(f"plan '{plan.name}': mesh has {size} devices, but nnodes({options.nnodes}) * "
-                          f"nproc-per-node({nproc}) = {nproc * options.nnodes}")
+        raise LaunchError(diag("E710", f"plan '{plan.name}': mesh has {size} devices, but nnodes({options.nnodes}) "
+                                       f"* nproc-per-node({nproc}) = {nproc * options.nnodes}",
+                               plan.mesh.span or plan.span, hint=_count_hint(size, options)))
     if options.nnodes > 1:
         if not options.rdzv_endpoint:
-            raise LaunchError(f"--nnodes {options.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address)")
+            raise LaunchError(diag("E712", f"--nnodes {options.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's "
+                                           "address)", hint=ENDPOINT_HINT))
         args = ["--nnodes", str(options.nnodes), "--node-rank", str(options.node_rank),
                 "--rdzv-endpoint", options.rdzv_endpoint]
     else:
@@ -121,13 +131,31 @@ def torchrun_args(plan: ir.Plan, plan_file: str, plan_name: str | None, params: 
     return args + ["--nproc-per-node", str(nproc), *command]
 
 
+ENDPOINT_HINT = ("give every node the same --rdzv-endpoint HOST:PORT: node 0's host name or address and a free port, "
+                 "where the nodes meet before training (docs/running.md); `plandsl run --dry-run` prints each node's "
+                 "command")
+
+
+def _count_hint(size: int, options: LaunchOptions) -> str:
+    """What makes nodes x processes per node the mesh's `size`: the processes for these nodes, or the nodes
+    for these processes."""
+    fits = []
+    if size % options.nnodes == 0 and size // options.nnodes <= MAX_LOCAL_RANKS:
+        fits.append(f"--nproc-per-node {size // options.nnodes}" + (" (its default)" if options.nnodes == 1 else ""))
+    if options.nproc_per_node and size % options.nproc_per_node == 0 and size // options.nproc_per_node > 1:
+        fits.append(f"--nnodes {size // options.nproc_per_node} with --nproc-per-node {options.nproc_per_node}")
+    fit = " or ".join(fits) if fits else f"a --nnodes that divides {size}, with {size} / nnodes processes per node"
+    return f"a node starts one process per device of the mesh on it: give {fit}, so that every device has its rank"
+
+
 def rank_command(plan_file: str, plan_name: str | None, params: dict, options: LaunchOptions) -> list[str]:
     """What torchrun starts on every rank, the same on every node: `-m plandsl.run PLAN` and the rank options
-    given (`runtime.options.forward`); LaunchError for options that need another (`option_problem`)."""
+    given (`runtime.options.forward`); LaunchError E713 for options that need another (`option_problem`)."""
     values = dataclasses.asdict(options)
     problem = option_problem(values)
     if problem:
-        raise LaunchError(problem)
+        raise LaunchError(diag("E713", problem, hint="give --checkpoint-dir D, the folder each rank writes its "
+                                                     "checkpoints to and resumes from (docs/running.md, Checkpoints)"))
     values.update(plan_name=plan_name, param=format_params(params),  # the ranks read the plan's imports
                   include=[os.path.abspath(folder) for folder in included()])  # from the same folders
     return ["-m", "plandsl.run", plan_file, *forward(values)]
@@ -136,7 +164,7 @@ def rank_command(plan_file: str, plan_name: str | None, params: dict, options: L
 def check_fits(plan: ir.Plan, options: LaunchOptions) -> None:
     """Refuse to start, on this machine alone, a mesh larger than one node of the plan's cluster, unless
     `--nproc-per-node` or `--nnodes` says how: a 1,024-device plan started by mistake would fork 1,024 ranks
-    here. The suggested node count rounds up; `torchrun_args` checks the product."""
+    here (E711, at the mesh). The suggested node count rounds up; `torchrun_args` checks the product."""
     per_node = max(group.node.host_devices for group in plan.cluster.groups)
     if options.nnodes > 1 or options.nproc_per_node is not None or plan.mesh.size <= per_node:
         return
@@ -144,22 +172,26 @@ def check_fits(plan: ir.Plan, options: LaunchOptions) -> None:
     here = (f", or give --nproc-per-node {plan.mesh.size} to start all {plan.mesh.size} ranks on this machine"
             if plan.mesh.size <= MAX_LOCAL_RANKS else "")
     what = "nodes" if all(group.node.hosts == 1 for group in plan.cluster.groups) else "machines"
-    raise LaunchError(f"plan '{plan.name}': its mesh spans {plan.mesh.size} devices, {nodes} {what} of cluster "
-                      f"'{plan.cluster.name}' ({per_node} devices each); start it on every {what[:-1]} with "
-                      f"--nnodes {nodes} --node-rank R --rdzv-endpoint HOST:PORT (docs/running.md){here}")
+    raise LaunchError(diag(
+        "E711", f"plan '{plan.name}': its mesh spans {plan.mesh.size} devices, {nodes} {what} of cluster "
+                f"'{plan.cluster.name}' ({per_node} devices each), and nothing says how to start them: this machine "
+                f"alone would start all {plan.mesh.size} ranks", plan.mesh.span or plan.span,
+        hint=f"start it on every {what[:-1]} with --nnodes {nodes} --node-rank R --rdzv-endpoint HOST:PORT "
+             f"(`plandsl run --dry-run` prints each one's command; docs/running.md){here}"))
 
 
 def check_devices(nproc: int, device: str | None) -> None:
     """Refuse, before any rank starts, ranks this machine has no device for: with CUDA each of the node's
     `nproc` processes takes its own GPU (cuda:LOCAL_RANK, nccl), so a node with fewer GPUs than processes
-    would fail in every rank at once; `--device cuda` on a machine without one likewise."""
+    would fail in every rank at once (E714); `--device cuda` on a machine without one likewise (OptionError)."""
     gpus = cuda_device_count()
     if device == "cuda" and gpus == 0:
         raise OptionError("--device", "cuda: this machine has no CUDA device torch can use; give --device cpu")
     if device != "cpu" and 0 < gpus < nproc:
-        raise LaunchError(f"this node starts {nproc} processes and each takes a GPU of its own, but torch sees "
-                          f"{gpus} (CUDA_VISIBLE_DEVICES narrows them); give --nproc-per-node {gpus} with more "
-                          f"nodes, or --device cpu to run the ranks on the CPU with gloo")
+        raise LaunchError(diag("E714", f"this node starts {nproc} processes and each takes a GPU of its own, but "
+                                       f"torch sees {gpus} (CUDA_VISIBLE_DEVICES may narrow them)",
+                               hint=f"give --nproc-per-node {gpus} with more nodes, or --device cpu to run the ranks "
+                                    "on the CPU with gloo"))
 
 
 def cuda_device_count() -> int:

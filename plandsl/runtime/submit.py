@@ -142,15 +142,24 @@ def environment(plan: ir.Plan, cuda: bool, cpu: int, nproc: int) -> dict[str, st
     return env
 
 
+def node_command(plan_file: str, plan_name: str | None, params: dict, ranks: LaunchOptions) -> list[str]:
+    """`rank_command` as every node of the job runs it (`-m plandsl.run PLAN [rank options]`): LaunchError E713 for
+    rank options that need another, E715 for an argument holding `$`, which TorchX would fill in."""
+    command = rank_command(plan_file, plan_name, params, ranks)
+    for argument in command[2:]:
+        if "$" in argument:  # TorchX's string.Template runs over the quoted command: $$ -> $, ${img_root} -> the image
+            raise LaunchError(diag("E715", f"{argument!r}: TorchX substitutes `$` in a job's arguments "
+                                           "(`${img_root}`, `${app_id}`, `$$`), so a node would read another value",
+                                   hint="rename the file or folder, or give the value without `$` (the plan file, an "
+                                        "--include folder, --metrics, --checkpoint-dir, --data, a --param)"))
+    return command
+
+
 def app(plan: ir.Plan, plan_file: str, plan_name: str | None, params: dict, ranks: LaunchOptions, job: JobOptions):
     """The job as TorchX's `AppDef`, built by its `dist.torchrun` component: `nodes x processes` from the mesh
     (a plan `refusals` passed), GPUs per node as many as processes unless the ranks run on the CPU, each node
-    running `torchrun ... -m plandsl.run PLAN [rank options]`. LaunchError for rank options that need another."""
-    command = rank_command(plan_file, plan_name, params, ranks)  # ["-m", "plandsl.run", PLAN, ...]
-    for argument in command[2:]:
-        if "$" in argument:  # TorchX's string.Template runs over the quoted command: $$ -> $, ${img_root} -> the image
-            raise LaunchError(f"{argument!r}: TorchX substitutes `$` in a job's arguments (`${{img_root}}`, "
-                              "`${app_id}`, `$$`), so a node would read another value: rename it without `$`")
+    running `torchrun ... -m plandsl.run PLAN [rank options]` (`node_command`'s LaunchError otherwise)."""
+    command = node_command(plan_file, plan_name, params, ranks)  # ["-m", "plandsl.run", PLAN, ...]
     nodes = mesh_nodes(plan)
     nproc, cuda = nodes[0][1], ranks.device != "cpu"
     dist = _torchx("torchx.components.dist")

@@ -158,6 +158,29 @@ def test_dry_run_refuses_inside_a_process_group():
         sys.excepthook = hook
 
 
+def test_a_rank_that_cannot_be_built_is_e716_at_the_plan(monkeypatch):
+    """`plandsl run --dry-run` of a plan whose rank 1 cannot be built: error E716 at the plan's line, naming the
+    rank and the exception, with a hint (exit 1), not an uncoded `FILE: error: plan 'p': rank 1: ...` line; the
+    process belongs to no group afterwards."""
+    from click.testing import CliRunner
+
+    from plandsl.cli import main
+    from plandsl.runtime import dryrun as module  # the module itself, to patch (`dryrun` is a lazy proxy)
+    build = module._build_rank
+
+    def failing(plan, model, rank, *args):
+        if rank == 1:
+            raise ValueError("no shard for this rank")
+        return build(plan, model, rank, *args)
+    monkeypatch.setattr(module, "_build_rank", failing)
+    result = CliRunner().invoke(main, ["run", str(LOCAL / "dp.plan"), "--dry-run"])
+    assert result.exit_code == 1, result.output
+    first = result.output.splitlines()[0]
+    assert "dp.plan:" in first and "error[E716]: plan 'tiny_dp': rank 1 cannot be built" in first, result.output
+    assert first.endswith("ValueError: no shard for this rank") and "^" in result.output
+    assert "= hint: " in result.output and "Traceback" not in result.output and not dist.is_initialized()
+
+
 def test_training_after_dry_runs_is_unaffected(tmp_path):
     """Ranks forked after dry runs of DTensor layouts train and checkpoint as ever: no group, hook or
     DTensor cache entry of a fake rank is inherited (a cached sharding spec holding fake rank 0's mesh

@@ -157,9 +157,10 @@ def test_a_mesh_larger_than_one_node_is_not_started_on_one_machine_unasked(tmp_p
     result = plandsl_run("stdlib_plans/examples/gpt3_175b_3d.plan", "--steps", 1, "--metrics", metrics,
                          timeout=CHECK_ONLY_S)
     assert result.returncode == 1, result.output
-    assert ("error: plan 'gpt3_megatron': its mesh spans 1024 devices, 128 nodes of cluster 'dgx_a100 x 128' "
-            "(8 devices each); start it on every node with --nnodes 128 --node-rank R --rdzv-endpoint HOST:PORT"
-            in result.output), result.output
+    assert ("error[E711]: plan 'gpt3_megatron': its mesh spans 1024 devices, 128 nodes of cluster 'dgx_a100 x 128' "
+            "(8 devices each)" in result.output), result.output
+    assert "= hint: start it on every node with --nnodes 128 --node-rank R --rdzv-endpoint HOST:PORT" \
+        in result.output, result.output
     # past limits.MAX_LOCAL_RANKS (256) one machine is not offered at all (3aef30a)
     assert "--nproc-per-node 1024" not in result.output, result.output
     _assert_not_started(result, metrics)

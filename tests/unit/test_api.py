@@ -119,12 +119,12 @@ def test_run_is_prepared():
     assert args[0] == "--standalone" and args[args.index("-m") + 1] == "plandsl.run"
     assert args[args.index("--steps") + 1] == "3" and "layers=4" in args
     assert api.command_line(args).startswith("torchrun --standalone")
-    launch_error, option_error = api.launch_errors()
-    with pytest.raises(option_error) as error:
+    with pytest.raises(api.option_error()) as error:
         api.check_launch_options(api.launch_options(nnodes=2, node_rank=2))
     assert error.value.option == "--node-rank"
-    with pytest.raises(launch_error):
+    with pytest.raises(api.PlanError) as refused:
         api.prepare_run(api.load_plan(GPT3), str(GPT3), None, {}, options)  # 1,024 devices, one machine
+    assert [d.code for d in refused.value.diagnostics] == ["E711"] and len(refused.value.sources) == 1
 
 
 @pytest.mark.slow  # imports torch and builds every rank on the meta device (~10 s on 2 cores)

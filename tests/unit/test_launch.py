@@ -25,10 +25,15 @@ def test_several_nodes_need_an_endpoint_and_a_process_count_that_covers_the_mesh
     args = _args(GPT3, nnodes=128, node_rank=5, rdzv_endpoint="node0:29500")
     assert args[:8] == ["--nnodes", "128", "--node-rank", "5", "--rdzv-endpoint", "node0:29500",
                         "--nproc-per-node", "8"]
-    with pytest.raises(LaunchError, match=r"--nnodes 128 needs --rdzv-endpoint"):
+    with pytest.raises(LaunchError, match=r"--nnodes 128 needs --rdzv-endpoint") as caught:
         _args(GPT3, nnodes=128)
-    with pytest.raises(LaunchError, match=r"mesh has 1024 devices, but nnodes\(2\) \* nproc-per-node\(8\) = 16"):
+    assert caught.value.diagnostic.code == "E712" and not caught.value.diagnostic.span.line  # the options', no line
+    with pytest.raises(LaunchError, match=r"mesh has 1024 devices, but nnodes\(2\) \* nproc-per-node\(8\) = 16") \
+            as caught:
         _args(GPT3, nnodes=2, nproc_per_node=8, rdzv_endpoint="node0:29500")
+    refused = caught.value.diagnostic
+    assert refused.code == "E710" and "--nnodes 128 with --nproc-per-node 8" in refused.hint
+    assert GPT3.read_text()[refused.span.start:refused.span.end].startswith("[dp = 16")  # at the mesh
 
 
 @pytest.mark.parametrize("options, fits", [
@@ -41,8 +46,10 @@ def test_a_multi_node_mesh_starts_on_one_machine_only_when_asked(options, fits):
     if fits:
         check_fits(plan, LaunchOptions(**options))
     else:
-        with pytest.raises(LaunchError, match=r"mesh spans 1024 devices, 128 nodes of cluster 'dgx_a100 x 128'"):
+        with pytest.raises(LaunchError, match=r"mesh spans 1024 devices, 128 nodes of cluster 'dgx_a100 x 128'") \
+                as caught:
             check_fits(plan, LaunchOptions(**options))
+        assert caught.value.diagnostic.code == "E711" and caught.value.diagnostic.span == plan.mesh.span
 
 
 @pytest.mark.parametrize("path", sorted((STDLIB / "local").glob("*.plan")), ids=lambda p: p.stem)
@@ -135,7 +142,8 @@ def test_run_refuses_a_process_count_past_its_cap_before_reading_the_plan(option
 def test_a_mesh_past_the_local_cap_is_not_offered_on_one_machine():
     with pytest.raises(LaunchError) as error:
         check_fits(api.load_plan(GPT3), LaunchOptions())
-    assert "--nproc-per-node 1024" not in str(error.value) and "--nnodes 128" in str(error.value)
+    hint = error.value.diagnostic.hint
+    assert "--nproc-per-node 1024" not in hint and "--nnodes 128" in hint
 
 
 # ---- one definition of the ranks' options (runtime.options.RANK_OPTIONS) -----------------------------------
@@ -190,7 +198,7 @@ def test_the_ranks_refuse_what_plandsl_run_refuses(tmp_path, capsys):
         parse_args([str(LOCAL_3D), "--resume"])
     assert caught.value.code == 2 and "--resume needs --checkpoint-dir" in capsys.readouterr().err
     result = CliRunner().invoke(main, ["run", str(LOCAL_3D), "--resume"])
-    assert result.exit_code == 1 and "--resume needs --checkpoint-dir" in result.output
+    assert result.exit_code == 1 and "error[E713]: --resume needs --checkpoint-dir" in result.output
 
 
 @pytest.mark.parametrize("device, gpus, nproc, refused", [
@@ -210,8 +218,9 @@ def test_ranks_without_a_device_of_their_own_are_refused_before_launch(monkeypat
         return
     with pytest.raises(LaunchError, match=refused) as caught:
         launch.check_devices(nproc, device)
-    assert "--device cpu" in str(caught.value)
-    assert getattr(caught.value, "option", None) == ("--device" if gpus == 0 else None)
+    assert "--device cpu" in (str(caught.value) if gpus == 0 else caught.value.diagnostic.hint)
+    assert getattr(caught.value, "option", None) == ("--device" if gpus == 0 else None)  # exit 2, naming it
+    assert getattr(caught.value.diagnostic, "code", None) == (None if gpus == 0 else "E714")  # exit 1, coded
 
 
 def test_the_ranks_take_the_device_the_launcher_was_given():
@@ -240,8 +249,9 @@ def test_a_rack_scale_node_starts_one_torchrun_per_machine():
     plan = api.loads(NVL72).plans[0]
     assert plan.cluster.groups[0].node.devices == 72 and plan.cluster.groups[0].node.host_devices == 4
     with pytest.raises(LaunchError, match=r"mesh spans 144 devices, 36 machines of cluster 'gb200_nvl72 x 2' "
-                                          r"\(4 devices each\); start it on every machine with --nnodes 36"):
+                                          r"\(4 devices each\)") as caught:
         check_fits(plan, LaunchOptions())
+    assert caught.value.diagnostic.hint.startswith("start it on every machine with --nnodes 36 ")
     lines = _dry_run_commands("rack.plan", NVL72).splitlines()
     assert "each of the 36 nodes" in lines[0] and len(lines) == 2
     assert " --nnodes 36 " in lines[1] and "--nproc-per-node 4 " in lines[1]
@@ -266,3 +276,44 @@ def test_an_endpoint_is_read_as_torchrun_reads_it_stripped():
     from plandsl.runtime.launch import endpoint_problem
     assert endpoint_problem(" node0:29500") is None and endpoint_problem("node0:29500 \n") is None
     assert endpoint_problem("node 0:29500") is not None and endpoint_problem(" :29500") is not None
+
+
+# ---- what the options do not fit is a coded Diagnostic (docs/errors.md, E710-E714), exit 1 -----------------------
+@pytest.mark.parametrize("argv, gpus, code, where", [
+    (["--nproc-per-node", "3"], 0, "E710", "3d.plan:10:14"),  # 8 devices, 3 processes: at the mesh
+    (["--nnodes", "2"], 0, "E712", None),                    # no endpoint: the options', no location
+    (["--checkpoint-every", "2"], 0, "E713", None),
+    ([], 2, "E714", None),                                   # 8 ranks, 2 GPUs
+])
+def test_run_reports_options_that_do_not_fit_as_coded_diagnostics(monkeypatch, argv, gpus, code, where):
+    """Before, each was an uncoded `FILE: error: ...` line; now a Diagnostic with its code, hint and (where the mesh
+    is what they do not fit) the plan's mesh line under a caret. The exit status stays 1."""
+    from click.testing import CliRunner
+
+    from plandsl.cli import main
+    from plandsl.runtime import launch
+    monkeypatch.setattr(launch, "cuda_device_count", lambda: gpus)
+    monkeypatch.setattr(api, "launch", lambda args: pytest.fail("launched"))
+    result = CliRunner().invoke(main, ["run", str(LOCAL_3D), *argv] + (["--device", "cuda"] if gpus else []))
+    assert result.exit_code == 1, result.output
+    first = result.output.splitlines()[0]
+    assert f"error[{code}]: " in first and "= hint: " in result.output and ": error: " not in result.output
+    if where:
+        assert first.split(": error")[0].endswith(f"/{where}") and "^" in result.output, result.output
+    else:
+        assert first.startswith(f"error[{code}]: "), first
+
+
+def test_run_reports_a_multi_node_mesh_at_its_mesh_line():
+    """E711: the mesh of 1,024 devices, with how to start it on every node in the hint."""
+    from click.testing import CliRunner
+
+    from plandsl.cli import main
+    result = CliRunner().invoke(main, ["run", str(GPT3)])
+    assert result.exit_code == 1, result.output
+    assert "gpt3_175b_3d.plan:9:14: error[E711]: plan 'gpt3_megatron': its mesh spans 1024" \
+        in result.output.splitlines()[0], result.output
+    assert "^^^" in result.output and "= hint: start it on every node with --nnodes 128" in result.output
+    with pytest.raises(api.PlanError) as caught:  # the api raises the PlanError a script catches
+        api.prepare_run(api.load_plan(GPT3), str(GPT3), None, {}, api.launch_options())
+    assert [d.code for d in caught.value.diagnostics] == ["E711"]

@@ -247,7 +247,8 @@ def test_a_mesh_over_nodes_of_two_types_is_e707():
 
 
 def test_rank_options_that_need_another_are_an_error():
-    _refused(launch(TWO_NODES, "--scheduler", "slurm", "--dryrun", "--resume"), 1, "--resume needs --checkpoint-dir")
+    _refused(launch(TWO_NODES, "--scheduler", "slurm", "--dryrun", "--resume"), 1,
+             "error[E713]: --resume needs --checkpoint-dir", "= hint: give --checkpoint-dir D")
 
 
 def test_kubernetes_without_an_image_is_a_usage_error():
@@ -316,8 +317,8 @@ def test_no_value_reaches_the_nodes_shell_through_torchxs_macros(no_slurm, tmp_p
     hostile = "x';touch " + str(tmp_path / "PWNED") + ";'"
     _refused(launch(TWO_NODES, "--scheduler", "slurm", "--dryrun", "--image", hostile), 2, "Invalid value for --image")
     _refused(launch(TWO_NODES, "--scheduler", "slurm", "--dryrun", "--image", IMAGE, "--metrics", "m${img_root}.json"),
-             1, "TorchX substitutes `$`")
+             1, "error[E715]: 'm${img_root}.json': TorchX substitutes `$`")
     plan = tmp_path / "a${app_id}b$$c.plan"
     plan.write_text((STDLIB / "examples" / "data_parallel.plan").read_text())
-    _refused(launch(str(plan), "--scheduler", "slurm", "--dryrun"), 1, "TorchX substitutes `$`")
+    _refused(launch(str(plan), "--scheduler", "slurm", "--dryrun"), 1, "error[E715]: ", "TorchX substitutes `$`")
     assert launch(TWO_NODES, "--scheduler", "slurm", "--dryrun", "--image", "nvcr.io#nvidia/pytorch:24.05-py3").exit_code == 0

@@ -42,6 +42,9 @@ class Entry:
     on_cuda: bool = False                      # E7xx: refused on a machine with CUDA (the example's rendering)
     folders: tuple[str, ...] = ()              # folders next to the example (E107: one named like a plan)
     command: tuple[str, ...] = ()              # E8xx: the command that reports it (`generate --from`, `shrink`)
+    fixed_command: tuple[str, ...] = ()        # E710-E715: the command the fix runs (its options fixed), else `command`
+    command_line: bool = False                 # E712-E715: the options are wrong, not a line: no location, no caret
+    gpus: int = 0                              # E714: the GPUs torch sees where the example runs (0: none)
     internal: bool = False                     # E108: no plan triggers it; the example's check has a stage raise
     inspect: bool = False                      # E412-E414: `plandsl inspect FILE.plan` writes its models' tables first
 

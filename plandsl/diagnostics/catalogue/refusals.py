@@ -186,3 +186,90 @@ _entry("E709", """
         "train   = { global_batch: 8, micro_batch: 1 }", "train   = { global_batch: 8, micro_batch: 1, loss: fused }"),
     "Trace a plan whose steps read nothing from their data (here the standard loss), or count it without a trace.",
     ("loss: fused", "loss: standard"), command=("run", "--dry-run", "--memory"))
+
+
+# E710-E716: the options `plandsl run` (or `plandsl launch`) is given do not fit the plan, or this machine, or a rank
+# of the plan cannot be built. tests/make_errors_doc.py runs each example through the command named, with the
+# options named (and this machine's GPUs as `gpus` says), and the fix through `fixed_command`.
+_TWO_NODES = """
+    import "clusters/dgx_a100"
+    plan p {
+      model   = gpt(layers=4, hidden=256, heads=8, seq=128, vocab=1024)
+      cluster = dgx_a100 x 2
+      mesh    = [dp = 16]
+      train   = { global_batch: 48, micro_batch: 1 }
+    }
+    """
+_ENDPOINT = ("--node-rank", "0", "--rdzv-endpoint", "node0:29500")
+
+_entry("E710", """
+    torchrun starts `--nproc-per-node` processes on each of `--nnodes` machines, one rank per device of the
+    mesh: their product must be the mesh's size. Fewer processes would leave devices of the mesh without a
+    rank (the ranks would wait for them in their first collective), more would give ranks no device.
+    `--nproc-per-node` defaults to the mesh's size over `--nnodes`.
+    """, _local_plan("data    = fsdp over dp", mesh="[dp = 2]"),
+    "Start one process per device of the mesh: leave `--nproc-per-node` out (the mesh's size over `--nnodes`).",
+    command=("run", "--nproc-per-node", "1"), fixed_command=("run",))
+
+_entry("E711", """
+    A mesh larger than one node of the plan's cluster runs on several machines, each starting the ranks
+    of its own devices. `plandsl run` given neither `--nnodes` nor `--nproc-per-node` would start every
+    rank of the mesh on this machine: a 1,024-device plan started by mistake would fork 1,024 processes
+    here. It is refused before any process starts; `plandsl run --dry-run` prints the command each node
+    runs, and `--nproc-per-node` with the mesh's size starts them all here on purpose (at most 256).
+    """, _TWO_NODES,
+    "Run it on every node, each with its index and node 0's address.",
+    command=("run",), fixed_command=("run", "--nnodes", "2", *_ENDPOINT))
+
+_entry("E712", """
+    The nodes of a job several machines run meet before training at node 0's address, where torchrun's
+    rendezvous gives each process its rank: `--nnodes` above 1 needs `--rdzv-endpoint HOST:PORT`, the same
+    on every node. One machine (`--nnodes 1`) meets on its own, privately (`--standalone`).
+    """, _TWO_NODES,
+    "Give every node node 0's address and a free port.",
+    command=("run", "--nnodes", "2"), fixed_command=("run", "--nnodes", "2", *_ENDPOINT), command_line=True)
+
+_entry("E713", """
+    `--resume` continues from the latest checkpoint of `--checkpoint-dir`, and `--checkpoint-every K`
+    writes one there every K steps: without the folder neither has anything to act on. `plandsl run`
+    refuses them before any rank starts (each rank's own parser, `python -m plandsl.run`, refuses them too),
+    and `plandsl launch` before it submits the job.
+    """, _local_plan("data    = fsdp over dp", mesh="[dp = 2]"),
+    "Name the folder the checkpoints are written to and resumed from.",
+    command=("run", "--resume"), fixed_command=("run", "--resume", "--checkpoint-dir", "checkpoints"),
+    command_line=True)
+
+_entry("E714", """
+    With CUDA each of a node's processes takes a GPU of its own (`cuda:LOCAL_RANK`, nccl): a node that
+    starts more processes than torch sees GPUs (`CUDA_VISIBLE_DEVICES` may narrow them) would fail in every
+    rank at once, after the launch. `plandsl run` counts the GPUs before any rank starts. `--device cpu`
+    runs the ranks on the CPU with gloo, whatever the GPUs; without `--device`, a machine without CUDA runs
+    them there too.
+    """, _local_plan("data    = fsdp over dp", mesh="[dp = 2]"),
+    "Run the ranks on the CPU (or start as many processes per node as there are GPUs, on more nodes).",
+    command=("run",), fixed_command=("run", "--device", "cpu"), command_line=True, gpus=1)
+
+_entry("E715", """
+    `plandsl launch` hands TorchX each node's command, `python -m plandsl.run PLAN` and the rank options.
+    TorchX fills its macros (`${img_root}`, `${app_id}`, `$$`) into that command after quoting it, so an
+    argument holding `$` would read as another value on the nodes, or run what follows it there. A plan
+    file, an `--include` folder, a path (`--metrics`, `--checkpoint-dir`, `--data`) or a `--param` holding
+    `$` is refused before TorchX is asked. (`plandsl run` starts torchrun itself: there `$` is a character
+    like any other.)
+    """, _local_plan("data    = fsdp over dp", mesh="[dp = 2]"),
+    "Give the path without `$` (a path on the nodes is not expanded there).",
+    command=("launch", "--scheduler", "slurm", "--dryrun", "--metrics", "'/scratch/$SLURM_JOB_ID/m.jsonl'"),
+    fixed_command=("launch", "--scheduler", "slurm", "--dryrun", "--metrics", "/scratch/m.jsonl"), command_line=True)
+
+_entry("E716", """
+    `plandsl run --dry-run` builds every rank's share of the plan in this process, on the meta device, with
+    the functions its ranks would run. A plan that passes `plandsl check` and everything `plandsl run`
+    refuses (E701-E715) should build; one whose rank does not would most likely stop in that rank of the
+    real run too. The exception is named: where it comes from the model's own code (a `factory`'s function,
+    a Hugging Face model) the fix is there; otherwise it is a plandsl bug, to report with the plan, which
+    reproduces it. It is a diagnostic of its own, not E108 (a bug anywhere), because the same plan fails the
+    same way every time, at the rank the message names. The example has a rank's build raise, as no plan
+    known does; `PLANDSL_DEBUG=1` adds the exception's traceback as a note.
+    """, _local_plan("data    = fsdp over dp", mesh="[dp = 2]"),
+    "Fix the model's code where the exception is raised there; otherwise report the plan and the message.",
+    command=("run", "--dry-run"), internal=True)
