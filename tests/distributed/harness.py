@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -109,7 +110,7 @@ def run_ranks(world: int, fn: Callable[..., Any], *args: Any, deadline_s: float 
     crashed_before = False
     for attempt in range(PORT_TRIES):
         port = free_port()  # the OS picks a free port: distinct across concurrent xdist workers
-        outcomes, stuck, codes = _run_once(context, world, port, deadline_s, rank_env or {}, fn, args, kwargs)
+        outcomes, stuck, codes, _ = _run_once(context, world, port, deadline_s, rank_env or {}, fn, args, kwargs)
         failures = [value for ok, value in filter(None, outcomes.values()) if not ok]
         crashed = {rank: codes[rank] for rank, outcome in outcomes.items()
                    if outcome is None and rank not in stuck and codes[rank] is not None and codes[rank] < 0}
@@ -150,7 +151,7 @@ def _port_taken(traceback_text: str) -> bool:
 
 def _run_once(context, world: int, port: int, deadline_s: float, rank_env: dict[str, str], fn, args, kwargs):
     """One run of `run_ranks`' ranks on `port`: (each rank's outcome or None, the ranks killed at the deadline,
-    each rank's exit code)."""
+    each rank's exit code, each rank's pid)."""
     with tempfile.TemporaryDirectory(prefix="plandsl-ranks-") as directory:
         out = Path(directory)
         processes = [context.Process(target=_rank_main, args=(rank, world, port, out, rank_env, fn, args, kwargs),
@@ -173,4 +174,31 @@ def _run_once(context, world: int, port: int, deadline_s: float, rank_env: dict[
         for rank in range(world):
             path = out / f"rank{rank}.pkl"
             outcomes[rank] = pickle.loads(path.read_bytes()) if path.exists() else None
-    return outcomes, stuck, {rank: p.exitcode for rank, p in enumerate(processes)}
+    return outcomes, stuck, {rank: p.exitcode for rank, p in enumerate(processes)}, [p.pid for p in processes]
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """How a rank of `run_failing_ranks` ended: `raised` (its traceback in `value`) or returned `value`; or neither
+    (`value` None, `raised` False): killed by the harness, `ERROR_GRACE_S` after a peer raised, or at the deadline."""
+
+    rank: int
+    pid: int
+    exitcode: int | None
+    raised: bool
+    value: Any
+
+
+def run_failing_ranks(world: int, fn: Callable[..., Any], *args: Any, deadline_s: float = 90.0,
+                      rank_env: dict[str, str] | None = None, **kwargs: Any) -> list[RankEnd]:
+    """`run_ranks` for ranks that are meant to fail: how each ended, rank 0 first, instead of failing the test. The
+    ranks still running `ERROR_GRACE_S` after one raised are killed, as torchrun's agent stops the others of a job
+    whose rank failed (tests/distributed/test_launcher.py: the launcher's message built from such a run). Run once:
+    a port taken before rank 0's store bound it shows as every rank raising EADDRINUSE, and the caller asserts
+    what it expected."""
+    _import_what_ranks_import()
+    context = multiprocessing.get_context(start_method())
+    outcomes, _, codes, pids = _run_once(context, world, free_port(), deadline_s * LOAD_MARGIN, rank_env or {}, fn,
+                                         args, kwargs)
+    return [RankEnd(rank, pids[rank], codes[rank], outcomes[rank] is not None and not outcomes[rank][0],
+                    None if outcomes[rank] is None else outcomes[rank][1]) for rank in range(world)]

@@ -4,8 +4,14 @@ Most multi-process tests fork their ranks (harness.py); these start `plandsl run
 so they cover what forking skips: the command line, the check before launching (a bad or refused
 plan never starts a process), torchrun's process management, the launcher's failure message
 (the failed rank, its step and phase or pipeline action, the schedule grid), checkpoints left by a
-killed job, two launchers joining as two nodes, and the dry run. Each torchrun start costs seconds,
-so there are few launches; every subprocess has a timeout, so a hang fails instead of blocking.
+killed job, two launchers joining as two nodes, and the dry run. Each torchrun start costs seconds
+(each rank a fresh process importing torch: a launch of 2 ranks ~13-25 s of one worker), so two runs go
+through the real torchrun: the killed pipeline rank (several ranks, a pipeline, the failure path, checkpoints)
+and the two nodes (a run that trains to the end, a rendezvous, the equivalence report). The rank that raises
+and the Hugging Face model run `plandsl run` in this process with torchrun's `run` stood in for by forked
+ranks of `plandsl.run.main` (`torchrun_forking`): the command line, the check, the launcher's arguments, its
+fault directory and its message are `plandsl run`'s own, only the rank processes are forked. Every subprocess
+has a timeout, so a hang fails instead of blocking.
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from plandsl import api
 from plandsl.cli import main
 from tests.conftest import ROOT
 from tests.distributed import ranks
-from tests.distributed.harness import free_port, run_ranks
+from tests.distributed.harness import free_port, run_failing_ranks, run_ranks
 from tests.support import lazy
 
 checkpoint = lazy("plandsl.runtime.checkpoint")
@@ -88,6 +94,50 @@ def reference_losses(reference):
     return reference.losses
 
 
+def _rank_runs(rank: int, argv: list[str]) -> int:
+    """A forked rank of `torchrun_forking`: what `python -m plandsl.run ARGV` runs on each rank torchrun starts
+    (`plandsl.run.main`; the harness leaves the process as `entry` does), printing to this process's own stdout and
+    stderr (captured by capfd; CliRunner's streams, which the fork copied, would keep it), its progress record
+    made in it (`faults.progress`: from RANK, the launcher's fault directory and the test hook, which the fork
+    inherited), not one the test process made."""
+    import sys
+
+    from plandsl import run
+    from plandsl.runtime import faults
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    faults._PROGRESS = None
+    return run.main(argv)
+
+
+@pytest.fixture
+def torchrun_forking(monkeypatch):
+    """`torch.distributed.run.run`, which `launch.launch` calls with torchrun's parsed arguments, stood in for by
+    `--nproc-per-node` forked ranks of the module's arguments (`_rank_runs`); a rank that raised or returned a non-zero
+    status fails the job as torchrun's agent says it: `ChildFailedError` naming those ranks, their pids and exit
+    statuses, or a rank that died without either (the others stopped: the harness kills those still running
+    `ERROR_GRACE_S` after a rank raised, as the agent stops them). The ranks' outputs go to capfd; the launches it
+    stood in for are recorded (their argv)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+    launched = []
+
+    def run(config):
+        assert config.module and config.training_script == "plandsl.run", config
+        argv = list(config.training_script_args)
+        launched.append(argv)
+        ends = run_failing_ranks(int(config.nproc_per_node), _rank_runs, argv, deadline_s=TIMEOUT_S / 3)
+        stopped = any(end.raised for end in ends)  # the others were killed by the harness, as the agent stops them
+        failures = {}
+        for end in ends:
+            status = end.value if isinstance(end.value, int) and not end.raised else end.exitcode
+            if end.raised or (end.value is None and not stopped) or status != 0:
+                failures[end.rank] = ProcessFailure(end.rank, end.pid, status, "")
+        if failures:
+            raise ChildFailedError("plandsl.run", failures)
+
+    monkeypatch.setattr("torch.distributed.run.run", run)
+    return launched
+
+
 def _assert_not_started(result, *artefacts) -> None:
     """Nothing was launched: no torchrun command echoed, no step trained, no file written."""
     assert "torchrun" not in result.output and not re.search(r"^step \d", result.output, re.M), result.output
@@ -137,11 +187,12 @@ def test_plan_with_an_error_is_reported_and_never_launched(tmp_path):
 
 
 def test_plan_the_runtime_cannot_run_is_refused_before_launch(tmp_path):
-    """A valid plan the interpreter refuses: every reason reported at its attribute, nothing started."""
+    """A valid plan the interpreter refuses: every reason reported at its attribute, nothing started. The command in
+    this process (the command line's own way, a `plandsl` process, is the test above's: ~1.3 s a process)."""
     plan, metrics = tmp_path / "cp.plan", tmp_path / "cp.jsonl"
     plan.write_text(CP_PLAN)
-    result = plandsl_run(plan, "--steps", 1, "--metrics", metrics, timeout=CHECK_ONLY_S)
-    assert result.returncode == 1, result.output
+    result = CliRunner().invoke(main, ["run", str(plan), "--steps", "1", "--metrics", str(metrics)])
+    assert result.exit_code == 1, result.output
     where = re.escape(str(plan))
     assert re.search(rf"^{where}:9:13: error\[E704\]: context parallelism needs a gpt or llama model",
                      result.output, re.M), result.output
@@ -154,9 +205,9 @@ def test_a_mesh_larger_than_one_node_is_not_started_on_one_machine_unasked(tmp_p
     """GPT-3 175B's 1,024 ranks started here by mistake would fork 1,024 processes: `run` names the
     multi-node command instead, and --dry-run still builds the ranks and prints it."""
     metrics = tmp_path / "m.jsonl"
-    result = plandsl_run("stdlib_plans/examples/gpt3_175b_3d.plan", "--steps", 1, "--metrics", metrics,
-                         timeout=CHECK_ONLY_S)
-    assert result.returncode == 1, result.output
+    result = CliRunner().invoke(main, ["run", str(ROOT / "stdlib_plans/examples/gpt3_175b_3d.plan"), "--steps", "1",
+                                       "--metrics", str(metrics)])  # in this process, as the test above
+    assert result.exit_code == 1, result.output
     assert ("error[E711]: plan 'gpt3_megatron': its mesh spans 1024 devices, 128 nodes of cluster 'dgx_a100 x 128' "
             "(8 devices each)" in result.output), result.output
     assert "= hint: start it on every node with --nnodes 128 --node-rank R --rdzv-endpoint HOST:PORT" \
@@ -174,6 +225,7 @@ def test_killed_pipeline_rank_is_named_with_its_action_and_leaves_the_last_check
     result = plandsl_run(PP, "--steps", STEPS, "--checkpoint-dir", directory, "--checkpoint-every", 1, env=env)
     assert result.returncode != 0, result.output
     out = result.output
+    assert "torchrun --standalone --nproc-per-node 2 -m plandsl.run" in out, out  # the command, echoed
     assert "plandsl run: the job failed; the other ranks were stopped" in out, out
     assert re.search(r"^  rank 0 \(root cause\): killed by SIGKILL \(local rank 0, pid \d+\) at step 2, action 0F5$",
                      out, re.M), out
@@ -229,15 +281,21 @@ def _load_model_state(path) -> dict:
     return model
 
 
-def test_rank_that_raises_is_named_with_its_step_phase_and_error(tmp_path):
-    env = _env(PLANDSL_FAULT_INJECT="rank=1,step=2,phase=backward")
+def test_rank_that_raises_is_named_with_its_step_phase_and_error(tmp_path, torchrun_forking, monkeypatch, capfd):
+    """`plandsl run` in this process, its ranks forked (`torchrun_forking`): the killed pipeline rank's run above
+    goes through the real torchrun to the same message (a launch of 2 ranks cost ~13 s here)."""
+    monkeypatch.setenv("PLANDSL_FAULT_INJECT", "rank=1,step=2,phase=backward")  # the forked ranks inherit it
     metrics = tmp_path / "dp.jsonl"
-    result = plandsl_run(DP, "--steps", STEPS, "--metrics", metrics, env=env)
-    assert result.returncode != 0, result.output
+    capfd.readouterr()
+    result = CliRunner().invoke(main, ["run", str(ROOT / DP), "--steps", str(STEPS), "--metrics", str(metrics)])
+    ranks_output = capfd.readouterr()
+    assert result.exit_code == 1, result.output
     out = result.output
-    assert "torchrun --standalone --nproc-per-node 2 -m plandsl.run" in out, out
+    assert re.search(rf"^torchrun --standalone --nproc-per-node 2 -m plandsl.run {re.escape(str(ROOT / DP))} ", out,
+                     re.M), out
+    assert len(torchrun_forking) == 1, torchrun_forking
     error = "RuntimeError: fault injected by PLANDSL_FAULT_INJECT at step 2, phase backward"
-    assert f"plandsl run: rank 1: step 2, backward: {error}" in out, out  # the rank's own line
+    assert f"plandsl run: rank 1: step 2, backward: {error}" in ranks_output.err, ranks_output  # the rank's own line
     assert "plandsl run: the job failed; the other ranks were stopped" in out, out
     assert re.search(rf"^  rank 1 \(root cause\): exited with status 1 \(local rank 1, pid \d+\) at step 2, "
                      rf"backward: {re.escape(error)}$", out, re.M), out
@@ -249,8 +307,9 @@ def test_rank_that_raises_is_named_with_its_step_phase_and_error(tmp_path):
 def test_two_launchers_join_as_two_nodes(tmp_path, reference_losses):
     """The DP plan's two ranks started by two launchers (one a node) train it as one process does: the metrics, the
     printed steps and the equivalence report of global rank 0. One launch: the single-node launch (`--standalone`)
-    is the other tests' (the rank that raises, the killed pipeline rank, the Hugging Face model, which trains to the
-    end and checks its equivalence), so a separate launch of this plan on one node covered nothing more (~18 CPU-s)."""
+    through the real torchrun is the killed pipeline rank's, and a run that trains to the end and checks its
+    equivalence is this one (through `plandsl run` with forked ranks also the Hugging Face model's), so a separate
+    launch of this plan on one node covered nothing more (~18 CPU-s)."""
     endpoint = f"127.0.0.1:{free_port()}"
     env = _env(OMP_NUM_THREADS="1")  # both "nodes" share this machine's cores
     processes, logs = [], []
@@ -299,11 +358,15 @@ def test_two_launchers_join_as_two_nodes(tmp_path, reference_losses):
 
 
 # ---- dry run -------------------------------------------------------------------------------------------------
-def test_dry_run_prints_per_rank_figures_and_the_command_and_starts_nothing(tmp_path, reference):
+def test_dry_run_prints_per_rank_figures_and_the_command_and_starts_nothing(tmp_path, reference, monkeypatch):
+    """In this process (nothing is launched: a subprocess only imported torch again, ~5 s); the command line's way
+    to `run` is the subprocesses' above."""
     metrics, directory = tmp_path / "dry.jsonl", tmp_path / "ck"
     path = "stdlib_plans/local/tp_pp.plan"
-    result = plandsl_run(path, "--dry-run", "--metrics", metrics, "--checkpoint-dir", directory, timeout=CHECK_ONLY_S)
-    assert result.returncode == 0, result.output
+    monkeypatch.chdir(ROOT)
+    result = CliRunner().invoke(main, ["run", path, "--dry-run", "--metrics", str(metrics), "--checkpoint-dir",
+                                       str(directory)])
+    assert result.exit_code == 0, result.output
     out = result.output
     assert "dry run of plan 'tiny_tp_pp': 4 of 4 ranks built on the meta device" in out, out
     rows = {int(m[1]): m for m in re.finditer(
@@ -323,12 +386,14 @@ def test_dry_run_prints_per_rank_figures_and_the_command_and_starts_nothing(tmp_
     assert not metrics.exists() and not directory.exists()
 
 
-def test_a_hugging_face_model_runs_through_the_launcher_as_written(tmp_path):
+def test_a_hugging_face_model_runs_through_the_launcher_as_written(tmp_path, torchrun_forking, capfd):
     """A plan over `hf(...)`: inspected once (the table beside it), then `plandsl run` trains the transformers
     module on 2 pipeline stages and compares with one process; `recompute: selective` (plandsl's own
     attention core) is refused before launch (E704). Two ranks: FSDP x pipeline of the same module, forked, is
-    test_torch_models' llama_gqa_3d; here the launcher is what is tested (each rank it starts imports torch and
-    transformers, ~5 CPU-s)."""
+    test_torch_models' llama_gqa_3d; here `plandsl run`'s way is what is tested, its ranks forked
+    (`torchrun_forking`: each rank the real torchrun starts imports torch and transformers, ~5 CPU-s, and the launch
+    cost ~25 s here; the real torchrun is the killed pipeline rank's and the two nodes' above). The ranks read the
+    table from the plan's folder as a rank torchrun started does (`.plandsl/`, written by the inspection)."""
     plan = tmp_path / "llama.plan"
     model = ('hf("LlamaForCausalLM", hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, '
              'num_key_value_heads=2, vocab_size=128, max_position_embeddings=16, tie_word_embeddings=false)')
@@ -337,19 +402,23 @@ def test_a_hugging_face_model_runs_through_the_launcher_as_written(tmp_path):
                     "  train = { global_batch: 4, micro_batch: 2, precision: fp32, lr: 1e-3, seed: 0 }\n"
                     "  stages = evenly over pp\n  schedule = 1f1b\n}\n", encoding="utf-8")
     api.inspect_plan(plan)
-    done = plandsl_run(plan, "--steps", 2, "--check-equivalence")
-    assert done.returncode == 0, done.output
-    assert "equivalence with one process: ok" in done.output and "step 2: loss" in done.output, done.output
+    capfd.readouterr()
+    done = CliRunner().invoke(main, ["run", str(plan), "--steps", "2", "--check-equivalence"])
+    ranks_output = capfd.readouterr().out
+    assert done.exit_code == 0, done.output + ranks_output
+    assert "torchrun --standalone --nproc-per-node 2 -m plandsl.run" in done.output, done.output
+    assert len(torchrun_forking) == 1 and "--check-equivalence" in torchrun_forking[0], torchrun_forking
+    assert "equivalence with one process: ok" in ranks_output and "step 2: loss" in ranks_output, ranks_output
     # the report names the module's own parameters (transformers' `model.*` and `lm_head.*`, not plandsl's
     # `embed.tok`, `layers.N`, `head`); which one is largest depends on the run (two fp32 pipeline stages may
     # match the one process exactly, and then the first tensor is named)
-    named = re.search(r"largest in one tensor \S+ \((\S+)\)", done.output)
-    assert named and named[1].startswith(("model.", "lm_head.")), done.output
+    named = re.search(r"largest in one tensor \S+ \((\S+)\)", ranks_output)
+    assert named and named[1].startswith(("model.", "lm_head.")), ranks_output
 
-    # refused before any launch: the command in this process (a subprocess would import torch and transformers
-    # again, ~5 CPU-s, for what test_plan_the_runtime_cannot_run_is_refused_before_launch covers through one)
+    # refused before any launch (a subprocess would import torch and transformers again, ~5 CPU-s, for what
+    # test_plan_the_runtime_cannot_run_is_refused_before_launch covers through one)
     plan.write_text(plan.read_text(encoding="utf-8").replace("seed: 0", "seed: 0, recompute: selective"),
                     encoding="utf-8")
     refused = CliRunner().invoke(main, ["run", str(plan), "--steps", "1"])
     assert refused.exit_code == 1 and "error[E704]: `recompute: selective`" in refused.output \
-        and "torchrun" not in refused.output, refused.output
+        and "torchrun" not in refused.output and len(torchrun_forking) == 1, refused.output

@@ -196,10 +196,28 @@ def test_a_trace_is_bounded(monkeypatch, bound):
     assert not dist.is_initialized()
 
 
-def test_run_dry_run_memory():
+def test_run_dry_run_memory(monkeypatch):
+    """The command's trace of rank 0's two steps is `_trace_of`'s of the same plan, rank and steps, which
+    test_trace_records_what_a_real_run_holds[fsdp] made in this worker (the module is one xdist group) and checked
+    against a real run: a second identical trace cost ~4 s. What the command does with it (the allocator's replays,
+    the count beside it, the lines it prints) runs here; a plan other than that one is traced by `trace_rank`."""
     from plandsl.cli import main
-    result = CliRunner().invoke(main, ["run", str(LOCAL / "fsdp.plan"), "--dry-run", "--memory"])
+    fsdp, trace_rank, shared = str(LOCAL / "fsdp.plan"), memtrace.trace_rank, []
+    made = _trace_of(fsdp, 0, STEPS)
+
+    def trace_once(plan, rank=0, steps=2, progress=None):
+        if (plan, rank, steps) != (load(fsdp), 0, STEPS):
+            return trace_rank(plan, rank, steps, progress)
+        shared.append((rank, steps))
+        for done in range(1, steps + 1):
+            if progress is not None:
+                progress(done, steps)
+        return made
+
+    monkeypatch.setattr("plandsl.runtime.memtrace.trace_rank", trace_once)
+    result = CliRunner().invoke(main, ["run", fsdp, "--dry-run", "--memory"])
     assert result.exit_code == 0, result.output
+    assert shared == [(0, STEPS)], shared  # rank 0's first two steps, the trace shared
     traced = result.output[result.output.index("memory of rank 0, traced"):]
     assert "reserved, expandable segments:" in traced and "the cost model counts" in traced
     refused = CliRunner().invoke(main, ["run", str(LOCAL / "ep.plan"), "--dry-run", "--memory"])
