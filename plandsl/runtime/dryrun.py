@@ -46,11 +46,12 @@ META = torch.device("meta")
 
 
 class DryRunError(RuntimeError):
-    """A rank's share could not be built (the real run would fail there too); names the rank and keeps the
-    exception (`cause`). `rank_refusal` is it as the user sees it (E716)."""
+    """A rank's share could not be built (the real run would fail there too); names the rank (None: the model
+    every rank starts from, before any rank's share) and keeps the exception (`cause`). `rank_refusal` is it as
+    the user sees it (E716)."""
 
-    def __init__(self, rank: int, cause: BaseException):
-        super().__init__(f"rank {rank}: {type(cause).__name__}: {cause}")
+    def __init__(self, rank: int | None, cause: BaseException):
+        super().__init__(f"{'the model' if rank is None else f'rank {rank}'}: {type(cause).__name__}: {cause}")
         self.rank = rank
         self.cause = cause
 
@@ -65,8 +66,10 @@ def rank_refusal(plan: ir.Plan, error: DryRunError) -> Diagnostic:
         text = text[:MAX_MESSAGE] + "..."
     what = f"{type(error.cause).__name__}: {text}" if text else type(error.cause).__name__
     notes = [Note("traceback:\n" + "".join(traceback.format_exception(error.cause)).rstrip())] if debugging() else []
-    return diag("E716", f"plan '{plan.name}': rank {error.rank} cannot be built (`run --dry-run`, on the meta "
-                        f"device): {what}", plan.span,
+    what_fails = f"rank {error.rank}" if error.rank is not None else f"its model '{plan.model.name}'"
+    where = plan.span if error.rank is not None else plan.model.span or plan.span  # a factory's fault: the model
+    return diag("E716", f"plan '{plan.name}': {what_fails} cannot be built (`run --dry-run`, on the meta "
+                        f"device): {what}", where,
                 hint="the plan passes `plandsl check` and what `plandsl run` refuses, so its ranks should build: "
                      "where the error comes from the model's own code (a factory, a Hugging Face model) fix it "
                      "there; else it is a bug in plandsl: please report it with the plan file(s) and this message"
@@ -135,9 +138,12 @@ def dry_run(plan: ir.Plan, ranks: list[int] | None = None, progress=None) -> Dry
     train = plan.train
     state_bytes = (states * train.optimizer_dtype.bytes + (train.master_dtype.bytes if train.master_copy else 0)) \
         / train.weights_dtype.bytes
-    with META:  # built once: initialising meta tensors costs time and sets nothing
-        model = keep_weights(plan, build_model(plan.model, plan.train.seed))
-    fused_loss(plan, model)  # `loss: fused`: the head laid out for the loss, as `run` builds it (runtime.loss)
+    try:  # the model's own code (a factory, a Hugging Face model) runs here, before any rank's share
+        with META:  # built once: initialising meta tensors costs time and sets nothing
+            model = keep_weights(plan, build_model(plan.model, plan.train.seed))
+        fused_loss(plan, model)  # `loss: fused`: the head laid out for the loss, as `run` builds it (runtime.loss)
+    except Exception as error:  # noqa: BLE001 - every rank would fail here: E716 naming the model, not E108
+        raise DryRunError(None, error) from error
     built = []
     for rank in ranks:
         try:

@@ -11,6 +11,7 @@ they were (`runtime.faults`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import shlex
@@ -108,7 +109,7 @@ def prepare(plan: ir.Plan, plan_file: str, plan_name: str | None, params: dict, 
     args = torchrun_args(plan, plan_file, plan_name, params, options)
     if not dry_run:
         check_fits(plan, options)
-        check_devices(int(args[args.index("--nproc-per-node") + 1]), options.device)
+        check_devices(int(args[args.index("--nproc-per-node") + 1]), options.device, plan.mesh.size)
     return args
 
 
@@ -119,7 +120,7 @@ def torchrun_args(plan: ir.Plan, plan_file: str, plan_name: str | None, params: 
     if nproc * options.nnodes != size:
         raise LaunchError(diag("E710", f"plan '{plan.name}': mesh has {size} devices, but nnodes({options.nnodes}) "
                                        f"* nproc-per-node({nproc}) = {nproc * options.nnodes}",
-                               plan.mesh.span or plan.span, hint=_count_hint(size, options)))
+                               plan.mesh.span or plan.span, hint=_count_hint(plan, options)))
     if options.nnodes > 1:
         if not options.rdzv_endpoint:
             raise LaunchError(diag("E712", f"--nnodes {options.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's "
@@ -136,16 +137,34 @@ ENDPOINT_HINT = ("give every node the same --rdzv-endpoint HOST:PORT: node 0's h
                  "command")
 
 
-def _count_hint(size: int, options: LaunchOptions) -> str:
-    """What makes nodes x processes per node the mesh's `size`: the processes for these nodes, or the nodes
-    for these processes."""
+def _count_hint(plan: ir.Plan, options: LaunchOptions) -> str:
+    """What makes nodes x processes per node the mesh's size: the processes for these nodes, the nodes for these
+    processes, and the fewest nodes of at most a machine's devices each (`even_nodes`), which `--nnodes` alone
+    gives."""
+    size, nodes = plan.mesh.size, even_nodes(plan)
     fits = []
-    if size % options.nnodes == 0 and size // options.nnodes <= MAX_LOCAL_RANKS:
-        fits.append(f"--nproc-per-node {size // options.nnodes}" + (" (its default)" if options.nnodes == 1 else ""))
+    if options.nproc_per_node and size % options.nnodes == 0 and size // options.nnodes <= MAX_LOCAL_RANKS:
+        fits.append(f"--nproc-per-node {size // options.nnodes}"
+                    + (" (its default)" if options.nnodes == 1 and nodes == 1 else ""))
     if options.nproc_per_node and size % options.nproc_per_node == 0 and size // options.nproc_per_node > 1:
         fits.append(f"--nnodes {size // options.nproc_per_node} with --nproc-per-node {options.nproc_per_node}")
-    fit = " or ".join(fits) if fits else f"a --nnodes that divides {size}, with {size} / nnodes processes per node"
-    return f"a node starts one process per device of the mesh on it: give {fit}, so that every device has its rank"
+    even = (f"--nnodes {nodes} with --nproc-per-node {size // nodes}" if nodes > 1 else
+            f"--nnodes 1 (--nproc-per-node {size}, its default)")
+    if even not in fits and (nodes > 1 or not fits):
+        fits.append(even)
+    return (f"a node starts one process per device of the mesh on it: give {' or '.join(fits)}, so that every "
+            "device has its rank")
+
+
+def even_nodes(plan: ir.Plan) -> int:
+    """The fewest nodes `plandsl run` starts the mesh on, each the same number of processes (`--nnodes N`, the
+    mesh's size over N on every node), none more than a machine of the plan's cluster has devices (or
+    MAX_LOCAL_RANKS): the least divisor of the size not below the size over that, rounded up. A prime size
+    larger than a machine is one process per node."""
+    size = plan.mesh.size
+    least = -(-size // min(max(group.node.host_devices for group in plan.cluster.groups), MAX_LOCAL_RANKS))
+    divisors = {d for i in range(1, math.isqrt(size) + 1) if size % i == 0 for d in (i, size // i)}
+    return min(d for d in divisors if d >= least)
 
 
 def rank_command(plan_file: str, plan_name: str | None, params: dict, options: LaunchOptions) -> list[str]:
@@ -164,11 +183,11 @@ def rank_command(plan_file: str, plan_name: str | None, params: dict, options: L
 def check_fits(plan: ir.Plan, options: LaunchOptions) -> None:
     """Refuse to start, on this machine alone, a mesh larger than one node of the plan's cluster, unless
     `--nproc-per-node` or `--nnodes` says how: a 1,024-device plan started by mistake would fork 1,024 ranks
-    here (E711, at the mesh). The suggested node count rounds up; `torchrun_args` checks the product."""
+    here (E711, at the mesh). The suggested node count is `even_nodes`, which `torchrun_args` takes."""
     per_node = max(group.node.host_devices for group in plan.cluster.groups)
     if options.nnodes > 1 or options.nproc_per_node is not None or plan.mesh.size <= per_node:
         return
-    nodes = -(-plan.mesh.size // per_node)
+    nodes, even = -(-plan.mesh.size // per_node), even_nodes(plan)
     here = (f", or give --nproc-per-node {plan.mesh.size} to start all {plan.mesh.size} ranks on this machine"
             if plan.mesh.size <= MAX_LOCAL_RANKS else "")
     what = "nodes" if all(group.node.hosts == 1 for group in plan.cluster.groups) else "machines"
@@ -176,22 +195,37 @@ def check_fits(plan: ir.Plan, options: LaunchOptions) -> None:
         "E711", f"plan '{plan.name}': its mesh spans {plan.mesh.size} devices, {nodes} {what} of cluster "
                 f"'{plan.cluster.name}' ({per_node} devices each), and nothing says how to start them: this machine "
                 f"alone would start all {plan.mesh.size} ranks", plan.mesh.span or plan.span,
-        hint=f"start it on every {what[:-1]} with --nnodes {nodes} --node-rank R --rdzv-endpoint HOST:PORT "
-             f"(`plandsl run --dry-run` prints each one's command; docs/running.md){here}"))
+        hint=f"start it on every {what[:-1]} with --nnodes {even} --node-rank R --rdzv-endpoint HOST:PORT "
+             + (f"(`plandsl run --dry-run` prints each one's command; docs/running.md){here}" if even == nodes else
+                f"({plan.mesh.size // even} process{'es' if plan.mesh.size // even > 1 else ''} on each: `plandsl "
+                f"run` starts as many on every {what[:-1]}, and {plan.mesh.size} does not split evenly over {nodes}; "
+                f"docs/running.md), or on each of its {nodes} {what} the torchrun command `plandsl run --dry-run` "
+                f"prints{here}")))
 
 
-def check_devices(nproc: int, device: str | None) -> None:
+def check_devices(nproc: int, device: str | None, size: int | None = None) -> None:
     """Refuse, before any rank starts, ranks this machine has no device for: with CUDA each of the node's
     `nproc` processes takes its own GPU (cuda:LOCAL_RANK, nccl), so a node with fewer GPUs than processes
-    would fail in every rank at once (E714); `--device cuda` on a machine without one likewise (OptionError)."""
+    would fail in every rank at once (E714: its hint the processes per node and nodes that start the mesh's `size`
+    on such nodes); `--device cuda` on a machine without one likewise (OptionError)."""
     gpus = cuda_device_count()
     if device == "cuda" and gpus == 0:
         raise OptionError("--device", "cuda: this machine has no CUDA device torch can use; give --device cpu")
     if device != "cpu" and 0 < gpus < nproc:
         raise LaunchError(diag("E714", f"this node starts {nproc} processes and each takes a GPU of its own, but "
                                        f"torch sees {gpus} (CUDA_VISIBLE_DEVICES may narrow them)",
-                               hint=f"give --nproc-per-node {gpus} with more nodes, or --device cpu to run the ranks "
-                                    "on the CPU with gloo"))
+                               hint=f"give {_fewer_per_node(gpus, size)}, or --device cpu to run the ranks on the CPU "
+                                    "with gloo"))
+
+
+def _fewer_per_node(gpus: int, size: int | None) -> str:
+    """At most `gpus` processes on each node, as many on every node: the largest divisor of the mesh's `size` not
+    above `gpus`, with the nodes that makes (`plandsl run` starts the same number on every node)."""
+    if size is None:
+        return f"at most --nproc-per-node {gpus} with more nodes"
+    nproc = max(d for d in range(1, gpus + 1) if size % d == 0)
+    return f"--nproc-per-node {nproc} with --nnodes {size // nproc} (and --rdzv-endpoint)" if size > nproc \
+        else f"--nproc-per-node {nproc}"
 
 
 def cuda_device_count() -> int:

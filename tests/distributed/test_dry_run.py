@@ -181,6 +181,30 @@ def test_a_rank_that_cannot_be_built_is_e716_at_the_plan(monkeypatch):
     assert "= hint: " in result.output and "Traceback" not in result.output and not dist.is_initialized()
 
 
+def test_a_model_whose_factory_raises_is_e716_at_the_model(tmp_path, monkeypatch):
+    """`plandsl run --dry-run` of a plan whose model factory raises (or cannot be imported): E716 at the model's
+    line, naming the model and the exception (exit 1); before, the model was built outside the ranks' guard and
+    the boundary reported E108, `a bug in plandsl, not a problem of the plan`, at 1:1."""
+    from click.testing import CliRunner
+
+    from plandsl.cli import main
+    monkeypatch.syspath_prepend(str(tmp_path))  # the factory's module, importable as on every machine (PYTHONPATH)
+    (tmp_path / "r55_raising_factory.py").write_text("def build(**kwargs):\n    raise RuntimeError('no weights here')\n")
+    plan = ('import "clusters/local"\n\nmodel mine {\n  factory = "r55_raising_factory:build"\n  seq = 16\n'
+            '  layer layers[0:2] {\n    params = 72\n    output = 8\n  }\n}\n\nplan p {\n  model   = mine\n'
+            '  cluster = localhost\n  mesh    = [dp = 2] over devices[0:2]\n'
+            '  train   = { global_batch: 8, micro_batch: 1 }\n  data    = ddp over dp\n}\n')
+    (tmp_path / "fac.plan").write_text(plan)
+    (tmp_path / "missing.plan").write_text(plan.replace("r55_raising_factory:build", "r55_no_such_module:build"))
+    for name, raised in (("fac.plan", "RuntimeError: no weights here"), ("missing.plan", "cannot import factory")):
+        result = CliRunner().invoke(main, ["run", str(tmp_path / name), "--dry-run"])
+        assert result.exit_code == 1, result.output
+        first = result.output.splitlines()[0]
+        assert f"{name}:3:1: error[E716]: plan 'p': its model 'mine' cannot be built" in first, result.output
+        assert raised in first and "^" in result.output and "E108" not in result.output, result.output
+    assert not dist.is_initialized()
+
+
 def test_training_after_dry_runs_is_unaffected(tmp_path):
     """Ranks forked after dry runs of DTensor layouts train and checkpoint as ever: no group, hook or
     DTensor cache entry of a fake rank is inherited (a cached sharding spec holding fake rank 0's mesh

@@ -317,3 +317,64 @@ def test_run_reports_a_multi_node_mesh_at_its_mesh_line():
     with pytest.raises(api.PlanError) as caught:  # the api raises the PlanError a script catches
         api.prepare_run(api.load_plan(GPT3), str(GPT3), None, {}, api.launch_options())
     assert [d.code for d in caught.value.diagnostics] == ["E711"]
+
+
+def _dp_plan(size: int):
+    """A plan of `size` devices of dp over dgx_a100 nodes (8 devices each), as few as hold it."""
+    return api.loads(f'import "clusters/dgx_a100"\nplan p {{\n  model   = gpt(layers=2, hidden=64, heads=4, seq=32, '
+                     f'vocab=256)\n  cluster = dgx_a100 x {-(-size // 8)}\n  mesh    = [dp = {size}]\n  train   = '
+                     f'{{ global_batch: {size}, micro_batch: 1 }}\n}}\n').plans[0]
+
+
+def _started(plan, nnodes: int, nproc: int | None) -> list[str]:
+    """torchrun's arguments for `--nnodes nnodes [--nproc-per-node nproc]` (node 0's endpoint where several)."""
+    return torchrun_args(plan, "p.plan", None, {}, LaunchOptions(nnodes=nnodes, nproc_per_node=nproc,
+                                                                 rdzv_endpoint="node0:29500" if nnodes > 1 else None))
+
+
+@pytest.mark.parametrize("size", [2, 7, 9, 12, 13, 16, 17, 24, 31, 36])
+def test_each_count_the_hints_give_starts_the_mesh(size):
+    """E710's hint names options (each alternative a --nnodes and/or --nproc-per-node) that start the mesh, for every
+    count given; E711's names the --nnodes that does. A mesh of prime size, or one whose size no node count of the
+    cluster's 8-device machines divides (9 on two nodes), included: E711 used to suggest --nnodes 2 for 9 and 13
+    devices, which `plandsl run` then refused (E710), and E710's hint said only `a --nnodes that divides 13`."""
+    import re
+    plan = _dp_plan(size)
+    for nnodes in range(1, 5):
+        for nproc in (None, 1, 2, 3, 4, 5, 8):
+            try:
+                _started(plan, nnodes, nproc)
+                continue
+            except LaunchError as error:
+                refused = error.diagnostic
+            assert refused.code == "E710", refused.message
+            fits = re.fullmatch(r"a node starts one process per device of the mesh on it: give (.*), so that every "
+                                r"device has its rank", refused.hint)
+            assert fits, refused.hint
+            for fit in fits.group(1).split(" or "):
+                given = re.search(r"--nnodes (\d+)", fit), re.search(r"--nproc-per-node (\d+)", fit)
+                assert any(given), (size, nnodes, nproc, fit)
+                _started(plan, int(given[0][1]) if given[0] else nnodes, int(given[1][1]) if given[1] else None)
+    if size > 8:
+        with pytest.raises(LaunchError) as caught:
+            check_fits(plan, LaunchOptions())
+        nodes = int(re.match(r"start it on every node with --nnodes (\d+) ", caught.value.diagnostic.hint)[1])
+        assert _started(plan, nodes, None)[_started(plan, nodes, None).index("--nproc-per-node") + 1] \
+            == str(size // nodes) and size // nodes <= 8, caught.value.diagnostic.hint
+
+
+@pytest.mark.parametrize("size, gpus", [(8, 2), (8, 3), (12, 5), (7, 4), (16, 6)])
+def test_e714s_hint_starts_the_mesh_on_nodes_of_that_many_gpus(monkeypatch, size, gpus):
+    """E714's hint (more processes on this node than torch sees GPUs) names a --nproc-per-node within the GPUs and the
+    --nnodes that start the mesh with it: `--nproc-per-node 3 with more nodes` for 8 devices was E710 next."""
+    import re
+    from plandsl.runtime import launch
+    monkeypatch.setattr(launch, "cuda_device_count", lambda: gpus)
+    plan = _dp_plan(size)
+    with pytest.raises(LaunchError) as caught:
+        launch.prepare(plan, "p.plan", None, {}, LaunchOptions(nproc_per_node=size))
+    hint = caught.value.diagnostic.hint
+    nproc, nnodes = re.search(r"--nproc-per-node (\d+) with --nnodes (\d+)", hint).groups()
+    assert int(nproc) <= gpus, hint
+    launch.prepare(plan, "p.plan", None, {}, LaunchOptions(nproc_per_node=int(nproc), nnodes=int(nnodes),
+                                                           rdzv_endpoint="node0:29500"))

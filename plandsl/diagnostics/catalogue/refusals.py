@@ -216,7 +216,9 @@ _entry("E711", """
     of its own devices. `plandsl run` given neither `--nnodes` nor `--nproc-per-node` would start every
     rank of the mesh on this machine: a 1,024-device plan started by mistake would fork 1,024 processes
     here. It is refused before any process starts; `plandsl run --dry-run` prints the command each node
-    runs, and `--nproc-per-node` with the mesh's size starts them all here on purpose (at most 256).
+    runs, and `--nproc-per-node` with the mesh's size starts them all here on purpose (at most 256). The
+    hint's `--nnodes` divides the mesh (every node starts as many processes, at most a machine's devices):
+    9 devices on nodes of 8 are 3 nodes of 3.
     """, _TWO_NODES,
     "Run it on every node, each with its index and node 0's address.",
     command=("run",), fixed_command=("run", "--nnodes", "2", *_ENDPOINT))
@@ -268,7 +270,8 @@ _entry("E716", """
     real run too. The exception is named: where it comes from the model's own code (a `factory`'s function,
     a Hugging Face model) the fix is there; otherwise it is a plandsl bug, to report with the plan, which
     reproduces it. It is a diagnostic of its own, not E108 (a bug anywhere), because the same plan fails the
-    same way every time, at the rank the message names. The example has a rank's build raise, as no plan
+    same way every time, at the rank the message names (or at the model, when its factory raises or cannot be
+    imported before any rank's share is built). The example has a rank's build raise, as no plan
     known does; `PLANDSL_DEBUG=1` adds the exception's traceback as a note.
     """, _local_plan("data    = fsdp over dp", mesh="[dp = 2]"),
     "Fix the model's code where the exception is raised there; otherwise report the plan and the message.",
