@@ -44,6 +44,7 @@ class Bounds:
         self._p2p_cache: dict = {}
         self._slopes: dict = {}     # node ident -> (ZeRO class, device name) -> `slopes`
         self._busy_cache: dict = {}  # (node ident, ZeRO class, the stages' ranks, virtual) -> `busy_bound`
+        self._fill_cache: dict = {}  # (node ident, whether the backward is split) -> `fill_bound`
         # several kinds of block: per set of them (rows of `Figures.kind_before`), their blocks' (count, share, excess)
         # in the model's order (`_crowding`)
         self._crowding: dict = {}
@@ -344,6 +345,33 @@ class Bounds:
                     offset, middle = self.slopes(node, zero, devices[rank])[:2]
                     add((len(owned) * offset, middle, len(owned)))
         return node.microbatches * least_slowest(self.blocks, kinds)
+
+    def fill_bound(self, node: Node, schedule: str, virtual: int) -> float:
+        """A bound on `leaf_bound` under every split of the blocks, for a pipeline of one stage a rank (1F1B, GPipe,
+        ZB-H1/H2; 0.0 for other stage maps, a model of several kinds of block and other models): the pipeline's fill
+        and drain, which `busy_bound` leaves out. Rank r's term of `leaf_bound` is at least p·S + m·c·n, its n blocks
+        at a block's F + B each (c, the least over the root's device types: a stage's traffic only adds) and the S
+        blocks of the stages before it passed by the first microbatch's forward (p: a block's F) and, where the
+        schedule does not split the backward, by the last one's backward too (p: F + B) before its first and after
+        its last pass. Were every term at most T, S' = S + n <= (1 - p / (m·c))·S + T / (m·c), increasing in S (p <= c,
+        m >= 1), so the blocks, S after the last rank, are at most T·(1 - (1 - p / (m·c))^pp) / p: T >= that bound.
+        The search's leaves of m microbatches over pp stages of one rank each sit (pp - 1) / m of a stage's work above
+        their busiest rank under 1F1B: most of those a 6,144-GPU search partitioned were past the plans it keeps."""
+        info = BUILTIN.get(schedule)
+        root = node.root
+        if info is None or info.pipelines == 2 or root.pp == 1 or not self.transformer or self.dense_blocks \
+                or stage_ranks(schedule, root.pp, virtual) != tuple(range(root.pp)):
+            return 0.0
+        key = (node.ident, info.split_backward)
+        found = self._fill_cache.get(key)
+        if found is None:
+            blocks = [self.figures.kind_times(node, device)[1] for device in self.figures.device_types(root).values()]
+            c = min(block.forward + block.backward for block in blocks)
+            p = min(block.forward for block in blocks) if info.split_backward else c
+            m = node.microbatches
+            found = self._fill_cache[key] = 0.0 if p <= 0.0 else \
+                self.blocks * p / (1.0 - (1.0 - p / (m * c)) ** root.pp)
+        return found
 
     def _kinds_bound(self, node: Node, shapes: dict) -> float:
         """A bound on the least busiest rank's compute per microbatch over every split of several kinds of block in

@@ -31,6 +31,7 @@ class Caps:
         self._held_cache: dict = figures.memory_caches.setdefault("held_room", {})
         self._bound_cache: dict = figures.memory_caches.setdefault("released_bound", {})  # `_released_bound`'s
         self._rank_order: dict = {}
+        self.one_kind = figures.transformer and not figures.dense_blocks  # `may_admit`'s: one kind of block
 
     def rank_caps(self, root: Root, ranks, inflight: np.ndarray, memory, recomputed: int | None = None,
                   kept: float = 0.0, held: bool = False, virtual: int | None = None) -> np.ndarray:
@@ -163,6 +164,25 @@ class Caps:
         if (held or grads is not None) and (virtual is None or self._admit(_whole(caps), virtual)):
             caps = self._held_caps(root, ranks, inflight, memory, caps, recomputed, kept, free, buffers, held)
         return _whole(caps)
+
+    def may_admit(self, root: Root, ranks, inflight: np.ndarray, memory, virtual: int) -> bool:
+        """False where no caps of a node that keeps or recomputes all of its blocks can admit a split (`caps` None,
+        `fitted_partition` None), by a few array operations before any of theirs: each rank's room taken as its
+        capacity less the working set (the ends' states and activations, torch's stage buffers and ZeRO's gathered
+        units, which `_rank_caps` takes out of it too, are left in: none is below 0), over a block's states (less the
+        gradients its rank frees, `_released_bound`, as `_rank_caps` counts) and its activations by the in-flight rule;
+        `_held_caps` and `end_moment` only lower those caps. So these caps are at least `rank_caps`' on every rank, and
+        where they admit no split neither do those: `caps` asks it first (of a pipeline's node that keeps or recomputes
+        all of its blocks, one kind of them) and computes none of `rank_caps`' terms where it refuses."""
+        _, (block_s, block_a, working), _, _ = memory[0][:4]
+        capacity = self.figures.capacity(root)
+        released = self._released(memory, inflight)
+        if released is not None:  # the ends' lowered `fixed` left out, as the rest of theirs
+            block_s, capacity = self._released_bound(released, ranks, block_s, capacity, {ranks[0]: 0.0, ranks[-1]: 0.0})
+        per = block_s + inflight * block_a
+        if not bool((per > 0.0).all()):  # a block that costs a rank nothing: any number fits there
+            return True
+        return bool(self._admit(_whole((capacity - working) // per), virtual))
 
     def _admit(self, caps: np.ndarray, virtual: int):
         """Whether whole caps (a row each, or one array) admit a split: every block somewhere, and a block on each of
@@ -428,7 +448,10 @@ class Caps:
         key = (self.figures.memory_class(memory), ranks, id(inflight), root.capacity, recomputed, kept) + \
             ((True,) if held else ())
         rank_caps = self._caps_cache.get(key, False)  # memory, inflight: cached objects
-        if rank_caps is False:
+        if rank_caps is False and recomputed is None and not held and len(ranks) > 1 and self.one_kind \
+                and not self.may_admit(root, ranks, inflight, memory, virtual):
+            rank_caps = self._caps_cache[key] = None
+        elif rank_caps is False:
             found = self.rank_caps(root, ranks, inflight, memory, recomputed, kept, held, virtual)
             rank_caps = self._caps_cache[key] = found.tolist() if self._admit(found, virtual) else None
         return rank_caps

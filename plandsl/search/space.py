@@ -342,6 +342,8 @@ class Space:
                                 for name, device in self.figures.device_types(node.root).items()}
                         bound = max(bound, self.bounds.busy_bound(node.kept, zero, schedule, virtual, extra))
                     busy[key] = bound
+                if self.transformer:  # the pipeline's fill and drain (per schedule: the key is the stages' ranks)
+                    bound = max(bound, self.bounds.fill_bound(node.kept or node, schedule, virtual))
                 leaves.append((max(node.bound, bound * SAFE * SAFE), len(leaves), zero, schedule, virtual))
         if not leaves:
             return None

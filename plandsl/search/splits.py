@@ -148,6 +148,11 @@ class Splits:
         pinned = self.pins.get("recompute_layers")
         split = None
         if pinned is None:
+            # the least N whose rule's caps admit a split first: where none does, the leaf is None whatever the kept
+            # node's split (what it computes and caches is the same in either order)
+            found = self.caps.least_recomputed(root, ranks, inflight, partial, virtual, kept)
+            if found is None:
+                return None
             kept_caps = self.caps.caps(root, ranks, inflight, kept_memory, virtual)
             if kept_caps is not None and self.figures.kept_fits(node.kept, zero):  # else the kept node is refused
                 split = self.fitted_partition(node.kept, ranks, inflight, kept_memory, virtual, rank_caps=kept_caps)
@@ -157,9 +162,6 @@ class Splits:
                     if self._kept_split_fits(node.kept, zero, ranks, inflight, kept_memory, split):
                         return None
                     split = None  # the exact estimate refuses the kept node's split: any N's may do
-            found = self.caps.least_recomputed(root, ranks, inflight, partial, virtual, kept)
-            if found is None:
-                return None
             least = max(found, least)
         else:
             least = pinned

@@ -138,8 +138,37 @@ def test_a_split_bounds_its_leaf_below_the_exact_bound(model, cluster, batch, pi
                 exact = space.bounds.leaf_bound(node, leaf.schedule, ranks, stages, leaf.zero)
                 assert split <= exact * (1 + 1e-12)
                 assert space.bounds.compute_bound(node) <= exact * (1 + 1e-12)  # the node's, for every leaf
+                # the pipeline's fill and drain over every split, at the kept node's blocks for a partly recomputed one
+                assert space.bounds.fill_bound(node.kept or node, leaf.schedule, leaf.virtual) <= exact * (1 + 1e-12)
                 compared += split > 0
     assert compared > 5 if space.transformer else compared == 0  # other models keep the bound before
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb_h1"])
+def test_a_leaf_of_few_microbatches_is_bounded_by_its_pipeline_fill_before_its_split(schedule):
+    """A leaf's bound before its split counts the pipeline's fill and drain (`Bounds.fill_bound`), not only its busiest
+    rank (`busy_bound`): `deep`'s 8 blocks on 4 ranks at 4 microbatches of 1 sample take a third more at least
+    under 1F1B with an even split; it was the busiest rank's m x 2 blocks alone. ZB-H1 runs its W apart: only the
+    forward fills. Each is at most its leaf's exact bound (`leaf_bound`, the test above)."""
+    space = Space(problem("deep", "pair", 4), {"pp": 4, "micro_batch_size": 1, "schedule": schedule,
+                                                "recompute": "none"}, DEFAULT_EFFICIENCY)
+    leaves = 0
+    for root in space.roots():
+        for node in space.expand_root(root):
+            pending = space.pending(node)
+            while pending is not None:
+                before = pending.bound
+                zero, virtual = pending.leaves[pending.next][2], pending.leaves[pending.next][4]
+                busy = space.bounds.busy_bound(node, zero, schedule, virtual)
+                fill = space.bounds.fill_bound(node, schedule, virtual)
+                assert before >= fill * (1 - 1e-8) > busy * (1.25 if schedule == "1f1b" else 1.02)
+                leaf, pending = space.resolve(pending)
+                if leaf is not None:
+                    leaves += 1
+                    ranks = tuple(range(root.pp))
+                    stages = space.bounds.stage_times(node, leaf.zero, ranks, leaf.counts)
+                    assert fill <= space.bounds.leaf_bound(node, schedule, ranks, stages, leaf.zero) * (1 + 1e-12)
+    assert leaves > 0
 
 
 def test_recompute_layers_beats_both_extremes_where_memory_binds():
@@ -641,7 +670,7 @@ def test_a_search_stopped_early_tightens_only_the_roots_it_reaches(monkeypatch):
     monkeypatch.setattr(Space, "tighten_root", spy)
     _ticking(monkeypatch, _Clock())
     with pytest.raises(SearchError, match="within the time limit"):
-        search(p, top=3, time_limit=30.0)  # 30 steps: no plan yet
+        search(p, top=3, time_limit=15.0)  # 15 steps: no plan yet (20 reach one since `Bounds.fill_bound`)
     assert 0 < len(tightened) < roots
     assert len({id(root) for root in tightened}) == len(tightened)  # each once
 

@@ -8,7 +8,7 @@ Defeated: the caps, the splits' fit, the least N and `_held_room` never found in
 ZeRO's gathered units, torch's buffers, their plan per microbatch shape and the held arrays in the figures'; the rule's
 caps by `rank_caps`' general path, not `_rule_caps`, and lowered where the rule admits no split, every row of N at once
 (`rank_caps`' `virtual` not given); `partition_blocks`' greedy from the least blocks on, not past
-`_below`; the stages' ends per rank map uncached; a split's seconds and caps stage by stage, as before `Splits._seconds`;
+`_below`; no leaf refused by `Caps.may_admit` before its caps; the stages' ends per rank map uncached; a split's seconds and caps stage by stage, as before `Splits._seconds`;
 the interleaved rows from torch's step-by-step loop with counters, not the walk; `held_profiles` and `figures._beyond` as
 their loops were; the schedules' layouts laid out again. The problems: one, two and three kinds of block, tied, MoE, a
 head of many blocks, not a transformer; one or two device types; memory from tight (the caps bind: partial recomputation
@@ -176,6 +176,7 @@ def _plain(monkeypatch) -> None:
     monkeypatch.setattr(Figures, "__init__", figures)
     monkeypatch.setattr(Caps, "__init__", caps)
     monkeypatch.setattr(Caps, "rank_caps", general)
+    monkeypatch.setattr(Caps, "may_admit", lambda *args: True)  # every leaf's caps computed
     monkeypatch.setattr(Splits, "transformer_partition", _transformer_partition_loop)
     monkeypatch.setattr(partition, "_below", lambda blocks, fixed, per_block, caps, least: list(least))
     monkeypatch.setattr(figures_module, "_stage_ends", figures_module._stage_ends.__wrapped__)
@@ -317,3 +318,28 @@ def test_torch_buffers_plan_of_a_microbatch_shape_sizes_each_memory_as_its_own(m
                     compared += 1
     assert all(alike == found[0] for found in read.values() for alike in found)
     assert compared > 100 and sum(len(found) > 1 for found in read.values()) > 10
+
+
+def test_caps_refused_before_their_terms_are_caps_that_admit_no_split():
+    """`Caps.may_admit` refuses a leaf's caps before `rank_caps` computes them (each rank's capacity less the working set
+    over a block's states and in-flight activations: caps at least `rank_caps`' own): wherever it refuses, `rank_caps`
+    admits no split either, on the seeded problems above (it refuses some on each of several of them; the search's
+    answers with and without it are the test above's)."""
+    refused = []
+    may_admit = Caps.may_admit
+
+    def spy(self, root, ranks, inflight, memory, virtual):
+        found = may_admit(self, root, ranks, inflight, memory, virtual)
+        if not found:
+            refused.append(bool(self._admit(self.rank_caps(root, ranks, inflight, memory, virtual=virtual), virtual)))
+        return found
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(Caps, "may_admit", spy)
+        problems = 0
+        for seed in (10, 11, 13, 40, 46):  # those where it refuses some
+            before = len(refused)
+            problem, pins = _problem(seed)
+            _answers(problem, pins)
+            problems += len(refused) > before
+    assert refused and not any(refused) and problems >= 3
