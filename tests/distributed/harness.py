@@ -29,6 +29,8 @@ from typing import Any, Callable
 import pytest
 
 ERROR_GRACE_S = 3.0  # after a rank raises, how long the others get to finish (they are then killed)
+STOP_WAIT_S = 10.0  # `run_failing_ranks`: how long a rank sent SIGTERM gets to exit before SIGKILL (torchrun's
+# agent waits 30 s; a rank with Python's default SIGTERM disposition exits at once)
 # `deadline_s` is what a run may take on the quiet 2-core machine; the harness waits LOAD_MARGIN times that
 # before calling it a deadlock, because other test runs (or pytest-xdist workers) sharing the cores stretch
 # wall time several-fold: the deadline is for hangs, not for speed
@@ -149,9 +151,12 @@ def _port_taken(traceback_text: str) -> bool:
     return "EADDRINUSE" in traceback_text or "address already in use" in traceback_text
 
 
-def _run_once(context, world: int, port: int, deadline_s: float, rank_env: dict[str, str], fn, args, kwargs):
-    """One run of `run_ranks`' ranks on `port`: (each rank's outcome or None, the ranks killed at the deadline,
-    each rank's exit code, each rank's pid)."""
+def _run_once(context, world: int, port: int, deadline_s: float, rank_env: dict[str, str], fn, args, kwargs,
+              stop: signal.Signals = signal.SIGKILL):
+    """One run of `run_ranks`' ranks on `port`: (each rank's outcome or None, the ranks killed at the deadline or
+    `ERROR_GRACE_S` after a peer failed, each rank's exit code, each rank's pid). Those stopped after a peer failed get
+    `stop` (SIGTERM: `run_failing_ranks`, as torchrun's agent stops them) and SIGKILL `STOP_WAIT_S` later; those
+    still running at the deadline, SIGKILL."""
     with tempfile.TemporaryDirectory(prefix="plandsl-ranks-") as directory:
         out = Path(directory)
         processes = [context.Process(target=_rank_main, args=(rank, world, port, out, rank_env, fn, args, kwargs),
@@ -166,6 +171,13 @@ def _run_once(context, world: int, port: int, deadline_s: float, rank_env: dict[
                 break
             time.sleep(0.02)
         stuck = [rank for rank, p in enumerate(processes) if p.is_alive()]
+        if stuck and stop != signal.SIGKILL and failed_at is not None and time.monotonic() < deadline:
+            for process in processes:
+                if process.is_alive():
+                    os.kill(process.pid, stop)
+            stopped_by = time.monotonic() + STOP_WAIT_S
+            for process in processes:
+                process.join(max(0.0, stopped_by - time.monotonic()))
         for process in processes:
             if process.is_alive():
                 os.kill(process.pid, signal.SIGKILL)
@@ -180,7 +192,8 @@ def _run_once(context, world: int, port: int, deadline_s: float, rank_env: dict[
 @dataclass(frozen=True)
 class RankEnd:
     """How a rank of `run_failing_ranks` ended: `raised` (its traceback in `value`) or returned `value`; or neither
-    (`value` None, `raised` False): killed by the harness, `ERROR_GRACE_S` after a peer raised, or at the deadline."""
+    (`value` None, `raised` False): it left the process itself (`os._exit`), or the harness stopped it (SIGTERM,
+    `ERROR_GRACE_S` after a peer failed) or killed it (SIGKILL, at the deadline): `exitcode` says which."""
 
     rank: int
     pid: int
@@ -192,13 +205,15 @@ class RankEnd:
 def run_failing_ranks(world: int, fn: Callable[..., Any], *args: Any, deadline_s: float = 90.0,
                       rank_env: dict[str, str] | None = None, **kwargs: Any) -> list[RankEnd]:
     """`run_ranks` for ranks that are meant to fail: how each ended, rank 0 first, instead of failing the test. The
-    ranks still running `ERROR_GRACE_S` after one raised are killed, as torchrun's agent stops the others of a job
-    whose rank failed (tests/distributed/test_launcher.py: the launcher's message built from such a run). Run once:
+    ranks still running `ERROR_GRACE_S` after one raised or exited non-zero are stopped as torchrun's agent stops the
+    others of a job whose rank failed: SIGTERM (exit code -15, which `runtime.launch.root_cause` knows as the
+    launcher's own signal), SIGKILL `STOP_WAIT_S` later (tests/distributed/test_launcher.py: the launcher's message
+    built from such a run); those still running at the deadline, SIGKILL. Run once:
     a port taken before rank 0's store bound it shows as every rank raising EADDRINUSE, and the caller asserts
     what it expected."""
     _import_what_ranks_import()
     context = multiprocessing.get_context(start_method())
     outcomes, _, codes, pids = _run_once(context, world, free_port(), deadline_s * LOAD_MARGIN, rank_env or {}, fn,
-                                         args, kwargs)
+                                         args, kwargs, stop=signal.SIGTERM)
     return [RankEnd(rank, pids[rank], codes[rank], outcomes[rank] is not None and not outcomes[rank][0],
                     None if outcomes[rank] is None else outcomes[rank][1]) for rank in range(world)]

@@ -18,9 +18,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -94,29 +97,41 @@ def reference_losses(reference):
     return reference.losses
 
 
-def _rank_runs(rank: int, argv: list[str]) -> int:
+def _rank_runs(rank: int, argv: list[str], output: str) -> None:
     """A forked rank of `torchrun_forking`: what `python -m plandsl.run ARGV` runs on each rank torchrun starts
-    (`plandsl.run.main`; the harness leaves the process as `entry` does), printing to this process's own stdout and
-    stderr (captured by capfd; CliRunner's streams, which the fork copied, would keep it), its progress record
-    made in it (`faults.progress`: from RANK, the launcher's fault directory and the test hook, which the fork
-    inherited), not one the test process made."""
+    (`plandsl.run.entry`: `main`, then the process left with its status, a traceback printed and status 1 where it
+    raised), its stdout and stderr into OUTPUT/rank{R}.out and .err (a rank forked from a forkserver has the
+    server's, not this test's; CliRunner's streams, which a fork copied, would keep it), its progress record made in
+    it (`faults.progress`: from RANK, the launcher's fault directory and the test hook), not one the test process
+    made, and SIGTERM (the launcher's stop) ending it as it ends a fresh process."""
     import sys
 
     from plandsl import run
     from plandsl.runtime import faults
+    from plandsl.runtime.leave import run_then_leave
+    for fd, stream in ((1, "out"), (2, "err")):
+        file = os.open(os.path.join(output, f"rank{rank}.{stream}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(file, fd)
+        os.close(file)
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     faults._PROGRESS = None
-    return run.main(argv)
+    run_then_leave(lambda: run.main(argv))
+
+
+_RANK_ENV = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"}
+"""What the harness sets on each rank, as torchrun does (`harness._rank_main`), not taken from the launcher's."""
 
 
 @pytest.fixture
 def torchrun_forking(monkeypatch):
     """`torch.distributed.run.run`, which `launch.launch` calls with torchrun's parsed arguments, stood in for by
-    `--nproc-per-node` forked ranks of the module's arguments (`_rank_runs`); a rank that raised or returned a non-zero
-    status fails the job as torchrun's agent says it: `ChildFailedError` naming those ranks, their pids and exit
-    statuses, or a rank that died without either (the others stopped: the harness kills those still running
-    `ERROR_GRACE_S` after a rank raised, as the agent stops them). The ranks' outputs go to capfd; the launches it
-    stood in for are recorded (their argv)."""
+    `--nproc-per-node` forked ranks of the module's arguments (`_rank_runs`, which leaves each rank's process with
+    its exit status as `plandsl.run.entry` does); a rank that exited non-zero fails the job as torchrun's agent says
+    it: the others still running stopped by SIGTERM (`harness.run_failing_ranks`, `ERROR_GRACE_S` later), then
+    `ChildFailedError` naming every rank that did not exit 0 (the stopped ones too, killed by SIGTERM), its local
+    rank, pid and exit status. The ranks' outputs are written to this process's stdout and stderr once they ended
+    (capfd); the launches it stood in for are recorded (their argv)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
     launched = []
 
@@ -124,18 +139,36 @@ def torchrun_forking(monkeypatch):
         assert config.module and config.training_script == "plandsl.run", config
         argv = list(config.training_script_args)
         launched.append(argv)
-        ends = run_failing_ranks(int(config.nproc_per_node), _rank_runs, argv, deadline_s=TIMEOUT_S / 3)
-        stopped = any(end.raised for end in ends)  # the others were killed by the harness, as the agent stops them
-        failures = {}
-        for end in ends:
-            status = end.value if isinstance(end.value, int) and not end.raised else end.exitcode
-            if end.raised or (end.value is None and not stopped) or status != 0:
-                failures[end.rank] = ProcessFailure(end.rank, end.pid, status, "")
+        # the ranks get the launcher's environment as it is now, as torchrun's do (the fault directory `launch` set,
+        # the test hook): given, since a forkserver's ranks (`harness.start_method`) would have the server's
+        environment = {name: value for name, value in os.environ.items() if name not in _RANK_ENV}
+        world = int(config.nproc_per_node)
+        with tempfile.TemporaryDirectory(prefix="plandsl-torchrun-") as output:
+            ends = run_failing_ranks(world, _rank_runs, argv, output, deadline_s=TIMEOUT_S / 3, rank_env=environment)
+            for rank in range(world):  # where torchrun's ranks print: the launcher's stdout and stderr (capfd)
+                for stream, fd in (("out", 1), ("err", 2)):
+                    path = Path(output) / f"rank{rank}.{stream}"
+                    with open(fd, "wb", closefd=False) as launcher:
+                        launcher.write(path.read_bytes() if path.exists() else b"")
+        # the agent's order: the ranks that failed, then those it stopped (ChildFailedError's first failure, the
+        # earliest timestamp, in whole seconds, and the first of equal ones)
+        failed = sorted((end for end in ends if end.exitcode != 0), key=lambda end: end.exitcode == -signal.SIGTERM)
+        failures = {end.rank: ProcessFailure(end.rank, end.pid, end.exitcode, "") for end in failed}
         if failures:
             raise ChildFailedError("plandsl.run", failures)
 
     monkeypatch.setattr("torch.distributed.run.run", run)
     return launched
+
+
+@pytest.fixture
+def nothing_launched(monkeypatch):
+    """`plandsl run` in this process must not start ranks: a launch fails the test at once instead of starting the
+    real torchrun in the test process, with no timeout (E711's 1,024 ranks)."""
+    def launch(args):
+        pytest.fail(f"`plandsl run` launched torchrun {' '.join(args)}", pytrace=False)
+
+    monkeypatch.setattr("plandsl.runtime.launch.launch", launch)
 
 
 def _assert_not_started(result, *artefacts) -> None:
@@ -186,7 +219,7 @@ def test_plan_with_an_error_is_reported_and_never_launched(tmp_path):
     _assert_not_started(result, metrics)
 
 
-def test_plan_the_runtime_cannot_run_is_refused_before_launch(tmp_path):
+def test_plan_the_runtime_cannot_run_is_refused_before_launch(tmp_path, nothing_launched):
     """A valid plan the interpreter refuses: every reason reported at its attribute, nothing started. The command in
     this process (the command line's own way, a `plandsl` process, is the test above's: ~1.3 s a process)."""
     plan, metrics = tmp_path / "cp.plan", tmp_path / "cp.jsonl"
@@ -201,7 +234,7 @@ def test_plan_the_runtime_cannot_run_is_refused_before_launch(tmp_path):
     _assert_not_started(result, metrics)
 
 
-def test_a_mesh_larger_than_one_node_is_not_started_on_one_machine_unasked(tmp_path):
+def test_a_mesh_larger_than_one_node_is_not_started_on_one_machine_unasked(tmp_path, nothing_launched):
     """GPT-3 175B's 1,024 ranks started here by mistake would fork 1,024 processes: `run` names the
     multi-node command instead, and --dry-run still builds the ranks and prints it."""
     metrics = tmp_path / "m.jsonl"
@@ -303,6 +336,48 @@ def test_rank_that_raises_is_named_with_its_step_phase_and_error(tmp_path, torch
     assert [line["step"] for line in _metrics(metrics)] == [1]  # step 2 never finished
 
 
+def _fails_on_rank_1(how: str):
+    """`plandsl.run.main` of a job whose rank 1 fails (`how`: raises, or returns status 1) while rank 0, busy outside
+    any collective, runs on until the launcher stops it."""
+    def main(argv):
+        if os.environ["RANK"] == "1":
+            if how == "raises":
+                raise RuntimeError("rank 1 failed")
+            return 1
+        time.sleep(30)
+        return 0
+    return main
+
+
+@pytest.mark.parametrize("how", ["raises", "returns 1"])
+def test_torchrun_forking_stops_and_reports_ranks_as_torchrun_does(torchrun_forking, monkeypatch, capfd, how):
+    """The stand-in's job as torchrun's agent ends it: the failed rank's exit status (1, raised or returned, as
+    `plandsl.run.entry` leaves), the rank still running stopped by SIGTERM and named so, which `launch.root_cause`
+    knows as the launcher's own signal: the failed rank is the root cause, not the one stopped (a SIGKILL would be)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    from plandsl.runtime import launch
+    from tests.distributed.harness import start_method
+    if start_method() != "fork":
+        pytest.skip("plandsl.run.main is replaced in this process: a forkserver's ranks would not see it")
+    monkeypatch.setattr("plandsl.run.main", _fails_on_rank_1(how))
+    start = time.monotonic()
+    with pytest.raises(ChildFailedError) as failed:
+        run(parse_args(["--standalone", "--nproc-per-node", "2", "-m", "plandsl.run", "x.plan"]))
+    assert time.monotonic() - start < 25, "rank 0 was not stopped when rank 1 failed"
+    failures = failed.value.failures
+    assert sorted(failures) == [0, 1] and failures[1].exitcode == 1, failures
+    assert failures[0].signal_name() == "SIGTERM", failures
+    assert launch.root_cause(failed.value) == 1
+    message = launch.failure_message(failed.value)
+    assert re.search(r"^  rank 1 \(root cause\): exited with status 1 \(local rank 1, pid \d+\)$", message,
+                     re.M), message
+    assert re.search(r"^  rank 0: killed by SIGTERM \(local rank 0, pid \d+\)$", message, re.M), message
+    if how == "raises":
+        assert "RuntimeError: rank 1 failed" in capfd.readouterr().err  # its traceback, as `entry` prints it
+
+
 # ---- a plan that runs, on two nodes ----------------------------------------------------------------------------
 def test_two_launchers_join_as_two_nodes(tmp_path, reference_losses):
     """The DP plan's two ranks started by two launchers (one a node) train it as one process does: the metrics, the
@@ -358,7 +433,8 @@ def test_two_launchers_join_as_two_nodes(tmp_path, reference_losses):
 
 
 # ---- dry run -------------------------------------------------------------------------------------------------
-def test_dry_run_prints_per_rank_figures_and_the_command_and_starts_nothing(tmp_path, reference, monkeypatch):
+def test_dry_run_prints_per_rank_figures_and_the_command_and_starts_nothing(tmp_path, reference, monkeypatch,
+                                                                             nothing_launched):
     """In this process (nothing is launched: a subprocess only imported torch again, ~5 s); the command line's way
     to `run` is the subprocesses' above."""
     metrics, directory = tmp_path / "dry.jsonl", tmp_path / "ck"

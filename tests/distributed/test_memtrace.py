@@ -39,8 +39,13 @@ SCALARS = 64  # bytes: the build's small tensors made outside the fake mode (rea
 @functools.lru_cache(maxsize=16)
 def _trace_of(text: str, rank: int = 0, steps: int = 2):
     """`memtrace.trace_rank` of a plan's text, once per text in this worker (the module is one xdist group): the
-    parametrized cases below compare each rule with the same default plan, whose trace (2-10 s) they only read."""
-    return memtrace.trace_rank(load(text), rank, steps)
+    parametrized cases below compare each rule with the same default plan, whose trace (2-10 s) they only read. Made
+    with a `progress` as `plandsl run --dry-run --memory` gives it, called after each step (test_run_dry_run_memory's
+    command gets the fsdp plan's trace from here, not from its own call)."""
+    done = []
+    trace = memtrace.trace_rank(load(text), rank, steps, lambda step, total: done.append((step, total)))
+    assert done == [(step, steps) for step in range(1, steps + 1)], done
+    return trace
 
 
 VIEWS = ("split.", "view.", "slice.", "as_strided.", "alias.", "_reshape_alias.", "unbind.", "select.", "t.",
