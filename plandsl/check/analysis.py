@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from plandsl import ir
 from plandsl.check import check_plan
@@ -50,12 +50,12 @@ def _analyze(path, text, params, search_path, check: bool, confirm: bool) -> Ana
             diagnostics += check_plan(plan)
     if check and confirm:  # the `over` a lowering E306 offers, checked (once: not for the edited plans)
         source = lowered.sources.get(lowered.path)
-        plans: list[tuple[int, int]] | None = None  # where the file's plans are written: found once, if needed
+        plans: _Plans | None = None  # where the file's plans are written, and it with them blanked: once, if needed
         confirmed = []
         for d in diagnostics:
             if _confirmable(d, source) and plans is None:
-                plans = _plan_spans(source)
-            confirmed.append(_confirmed(d, source, path, params, search_path, plans or []))
+                plans = _plans(source)
+            confirmed.append(_confirmed(d, source, path, params, search_path, plans or _Plans([], "")))
         diagnostics = confirmed
     unique = list(dict.fromkeys(diagnostics))
     return Analysis(lowered.path, document, sorted(unique, key=sort_key), lowered.sources)
@@ -66,18 +66,28 @@ def _confirmable(problem: Diagnostic, source: SourceFile | None) -> bool:
             and all(edit.span.file == source.path for edit in problem.edits))
 
 
-def _plan_spans(source: SourceFile) -> list[tuple[int, int]]:
-    """(start, end) of each plan written in `source` (it parsed: it lowered)."""
+class _Plans(NamedTuple):
+    """Where a file's plans are written, (start, end) each, and the file with every one of them blanked (`_alone`)."""
+    spans: list[tuple[int, int]]
+    blanked: str
+
+
+def _plans(source: SourceFile) -> _Plans:
+    """`_Plans` of `source` (it parsed: it lowered)."""
     try:
         module = parse_text(source.text, source.path)
     except PlanError:
-        return []
-    return [(item.span.start, item.span.end) for item in module.items
-            if isinstance(item, Definition) and item.kind == "plan"]
+        return _Plans([], source.text)
+    spans = [(item.span.start, item.span.end) for item in module.items
+             if isinstance(item, Definition) and item.kind == "plan"]
+    text, pieces, at = source.text, [], 0
+    for start, end in spans:
+        pieces += [text[at:start], _WRITTEN.sub(" ", text[start:end])]
+        at = end
+    return _Plans(spans, "".join(pieces) + text[at:])
 
 
-def _confirmed(problem: Diagnostic, source: SourceFile | None, path, params, search_path,
-               plans: list[tuple[int, int]]) -> Diagnostic:
+def _confirmed(problem: Diagnostic, source: SourceFile | None, path, params, search_path, plans: _Plans) -> Diagnostic:
     """A lowering E306 (a parallelism without `over`) with an edit that checks (`axis_roles.confirm_over`), in the
     file with its other plans blanked (`_alone`): their errors were taken as this plan's (a file of two plans without
     `over` offered each the other's edit too), and each E306 analysed the whole file again (quadratic in its plans:
@@ -93,17 +103,16 @@ def _confirmed(problem: Diagnostic, source: SourceFile | None, path, params, sea
 _WRITTEN = re.compile(r"[^\r\n]")
 
 
-def _alone(source: SourceFile, problem: Diagnostic, plans: list[tuple[int, int]]) -> SourceFile:
+def _alone(source: SourceFile, problem: Diagnostic, plans: _Plans) -> SourceFile:
     """`source` with every plan but the one `problem` is in written as spaces, line breaks kept: every offset, line
-    and column as in the file, so that an edit of the plan is an edit of the file."""
-    others = [(start, end) for start, end in plans if not start <= problem.span.start < end]
-    if not others or len(others) == len(plans):
+    and column as in the file, so that an edit of the plan is an edit of the file. Made from the file with every plan
+    blanked (`_Plans.blanked`, once per file) and this plan's text put back: the blanking of the others per edit
+    made a file of N such plans cost N x its length in regular-expression substitutions."""
+    mine = [(start, end) for start, end in plans.spans if start <= problem.span.start < end]
+    if not mine or len(plans.spans) == 1:
         return source
-    text, pieces, at = source.text, [], 0
-    for start, end in others:
-        pieces += [text[at:start], _WRITTEN.sub(" ", text[start:end])]
-        at = end
-    return SourceFile(source.path, "".join(pieces) + text[at:])
+    (start, end), blanked = mine[0], plans.blanked
+    return SourceFile(source.path, blanked[:start] + source.text[start:end] + blanked[end:])
 
 
 def checked_document(analysis: Analysis) -> ir.Document:
