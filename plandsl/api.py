@@ -54,7 +54,7 @@ __all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "
            "prepare_run", "option_error", "dry_run", "format_dry_run",
            "traced_memory", "format_traced_memory",
            "dry_run_commands", "launch", "command_line", "launch_schedulers", "job_options", "check_job_options",
-           "load_launchable", "launch_refusals", "cluster_job", "submit_job", "job_errors", "export", "import_config", "import_name", "interop_targets", "args_text",
+           "load_launchable", "launch_refusals", "cluster_job", "submit_job", "exit_status", "export", "import_config", "import_name", "interop_targets", "args_text",
            "read_args_file", "profile_options", "profile_problems", "profile", "profile_errors", "write_profile",
            "profile_report", "parse_params", "include", "writable_file",
            "writable_dir", "regular_file_problem", "data_path_problem"]
@@ -622,27 +622,36 @@ def launch_refusals(plan: ir.Plan, cuda: bool = True) -> list[Diagnostic]:
 def cluster_job(plan: ir.Plan, path: str, name: str | None, params: dict[str, Any], ranks: LaunchOptions,
                 job: JobOptions) -> Any:
     """A plan `load_launchable` passed as TorchX's `AppDef`, built by TorchX's `dist.torchrun` (imports TorchX):
-    `plandsl.run` with the rank options on every node; `job_errors()` when TorchX is missing, PlanError for rank
-    options that need another (E713) and an argument TorchX would rewrite (E715)."""
+    `plandsl.run` with the rank options on every node; PlanError for rank options that need another (E713), an
+    argument TorchX would rewrite (E715) and TorchX missing (E717)."""
     from plandsl.runtime.launch import LaunchError  # stage
-    from plandsl.runtime.submit import app  # stage
+    from plandsl.runtime.submit import JobError, app  # stage
     try:
         return app(plan, path, name, params, ranks, job)
-    except LaunchError as error:
+    except (LaunchError, JobError) as error:
         raise PlanError([error.diagnostic], _sources_at(error.diagnostic)) from None
 
 
 def submit_job(app: Any, job: JobOptions) -> Submitted:
     """TorchX's dry run of the job on `job.scheduler` (the sbatch script, the Volcano job), or its submission and
-    handle; `job_errors()` for options TorchX refuses, a scheduler that refuses the job, TorchX missing."""
-    from plandsl.runtime.submit import submit  # stage
-    return submit(app, job)
+    handle; PlanError for TorchX missing (E717), a scheduler or scheduler option TorchX refuses (E718, TorchX's
+    own message in it) and a scheduler that refuses the job or cannot be reached (E719)."""
+    from plandsl.runtime.submit import JobError, submit  # stage
+    try:
+        return submit(app, job)
+    except JobError as error:
+        raise PlanError([error.diagnostic]) from None
 
 
-def job_errors() -> tuple[type[Exception], type[Exception]]:
-    """(JobError, TorchXMissing): what `cluster_job` and `submit_job` raise (TorchXMissing is a JobError)."""
-    from plandsl.runtime.submit import JobError, TorchXMissing  # stage
-    return JobError, TorchXMissing
+USAGE_CODES = frozenset({"E717"})
+"""Diagnostics the command line exits 2 for, as for a usage error (docs/cli.md): this machine lacks a package."""
+
+
+def exit_status(error: PlanError) -> int:
+    """The command line's exit status for `error`: 2 where each of its errors is one of `USAGE_CODES` (TorchX not
+    installed), else 1."""
+    errors = [d.code for d in error.diagnostics if d.is_error]
+    return 2 if errors and all(code in USAGE_CODES for code in errors) else 1
 
 
 # ---- profile -------------------------------------------------------------------------------------------------

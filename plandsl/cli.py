@@ -376,7 +376,7 @@ def _fail(error, output_format: str = "text") -> None:
         click.echo(api.to_json_lines(error.diagnostics))
     else:
         click.echo(api.render_all(error.diagnostics, error.sources), err=True)
-    sys.exit(1)
+    sys.exit(api.exit_status(error))  # 1; 2 for E717, TorchX not installed (docs/cli.md)
 
 
 def _rank_option(option, local: bool = True):
@@ -515,18 +515,11 @@ def launch_command(file, scheduler, dryrun, cfg, image, cpu, mem_mb, name, param
         plan = api.load_launchable(file, plan_name, overrides, cuda=ranks["device"] != "cpu")
     except api.PlanError as error:
         _fail(error)
-    job_error, torchx_missing = api.job_errors()
     try:
         submitted = api.submit_job(api.cluster_job(plan, file, plan_name, overrides, api.launch_options(**ranks),
                                                    job), job)
-    except torchx_missing as error:
-        click.echo(f"error: {error}", err=True)
-        sys.exit(2)
-    except api.PlanError as error:  # E713, E715: the rank options
+    except api.PlanError as error:  # E713, E715: the rank options; E717-E719: TorchX missing, refusing, unreached
         _fail(error)
-    except job_error as error:
-        click.echo(f"{file}: error: {error}", err=True)
-        sys.exit(1)
     for warning in submitted.warnings:
         click.echo(f"note: TorchX: {warning}", err=True)
     click.echo(submitted.text)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -37,7 +38,8 @@ STAGES = [
      "cannot run; `plandsl run` refuses them before any process starts, and `plandsl launch` before it submits "
      "a job (with E707 for a mesh one cluster job cannot start). E710-E715 are options given to `run` or `launch` "
      "that do not fit the plan or this machine (their fix is the command with its options mended), E716 a rank "
-     "`run --dry-run` cannot build."),
+     "`run --dry-run` cannot build, E717-E719 what stops `launch` handing the job to the scheduler through TorchX "
+     "(TorchX not installed, a scheduler option it refuses, a scheduler it cannot reach)."),
     ("E8", "E8xx: what generate --from cannot keep, shrink cannot do, import cannot read, export cannot write",
      "Reported by `plandsl generate --from` (a partial plan completed by the search), `plandsl shrink` (a plan "
      "scaled down to one machine), `plandsl import` (another tool's configuration; the example is its flags, as "
@@ -61,16 +63,16 @@ def normalize(text: str, directory: str) -> str:
     return text.replace(str(stdlib_root()), "<stdlib>")
 
 
-def _command(entry: Entry, path: Path, command: tuple[str, ...]) -> Analysis:
+def _command(entry: Entry, path: Path, command: tuple[str, ...], fixed: bool = False) -> Analysis:
     """What `plandsl generate --from`, `plandsl shrink`, `plandsl inspect`, `plandsl launch` or `plandsl run`
-    (`command`: the entry's, or its fix's) reports on the example."""
+    (`command`: the entry's, or its fix's, `fixed`) reports on the example."""
     from plandsl.diagnostics import PlanError
     if command[0] == "inspect":
         return _inspect(entry, path)
     if command[0] in ("import", "export"):
         return _interop(entry, path)
     if command[0] == "launch":
-        return _launch(path, command)
+        return _launch(path, command, "" if fixed else entry.lacks)
     if command[0] == "run" and "--memory" in command:
         return _traced(path)
     if command[0] == "run" and "--dry-run" in command:
@@ -107,22 +109,94 @@ def _interop(entry: Entry, path: Path) -> Analysis:
     return Analysis(str(path), None, lost, dict(analysis.sources))
 
 
-def _launch(path: Path, command: tuple[str, ...]) -> Analysis:
-    """`plandsl launch EXAMPLE --scheduler ... --dryrun [rank options]`: the checker's diagnostics, else what
-    launch refuses of the plan, else of the nodes' command (no TorchX needed: both come before the job is built)."""
+JOB_OPTIONS = ("scheduler", "dryrun", "cfg", "image", "cpu", "mem_mb", "name")
+"""`plandsl launch`'s own options (`api.job_options`); the others are the ranks'."""
+
+
+def _launch(path: Path, command: tuple[str, ...], lacks: str = "") -> Analysis:
+    """`plandsl launch EXAMPLE --scheduler ... [--dryrun] [rank options]` as the CLI does it: the checker's
+    diagnostics, else what launch refuses of the plan, else of the nodes' command (E713, E715), else what TorchX
+    says of the job (E717-E719: `api.cluster_job`, `api.submit_job`) on a machine that `lacks` TorchX or
+    `sbatch` (the fix's command, run with `lacks` "": TorchX as installed, `sbatch` a stub printing a job id)."""
+    from plandsl import api
+    from plandsl.diagnostics import PlanError
     from plandsl.runtime.launch import LaunchError, LaunchOptions
     from plandsl.runtime.submit import node_command, refusals as launch_refusals
     analysis = analyze(str(path))
     if not analysis.ok:
         return analysis
     refused = [d for plan in analysis.document.plans for d in launch_refusals(plan)]
-    if not refused:
-        options = _options(command, ("--scheduler", "--dryrun"))
+    if refused:
+        return Analysis(str(path), None, refused, dict(analysis.sources))
+    options = _options(command)
+    ranks = {key: value for key, value in options.items() if key not in JOB_OPTIONS}
+    try:
+        node_command(str(path), None, {}, LaunchOptions(**ranks))
+    except LaunchError as error:
+        return Analysis(str(path), None, [error.diagnostic], dict(analysis.sources))
+    job = api.job_options(**{key: (value,) if key == "cfg" else value
+                             for key, value in options.items() if key in JOB_OPTIONS})
+    with _machine(lacks, job.dryrun), tempfile.TemporaryDirectory() as elsewhere:
+        cwd = os.getcwd()
+        os.chdir(elsewhere)  # where TorchX writes what it writes (its log folders)
         try:
-            node_command(str(path), None, {}, LaunchOptions(**options))
-        except LaunchError as error:
-            refused = [error.diagnostic]
-    return Analysis(str(path), None, refused, dict(analysis.sources))
+            plan = analysis.document.plans[0]
+            api.submit_job(api.cluster_job(plan, str(path), None, {}, api.launch_options(**ranks), job), job)
+        except PlanError as error:
+            return Analysis(str(path), None, list(error.diagnostics), dict(error.sources))
+        finally:
+            os.chdir(cwd)
+    return Analysis(str(path), None, [], dict(analysis.sources))
+
+
+@contextmanager
+def _machine(lacks: str, dryrun: bool):
+    """This process as a machine without TorchX (`lacks` "TorchX": importing it fails as where it is not
+    installed), and, for a submission, with a PATH holding no `sbatch` (`lacks` "sbatch") or only a stub `sbatch`
+    that prints job id 1234 (no `sinfo` either way: TorchX then warns that it assumes Slurm 24.05, as off the
+    cluster; its cached version is cleared, so that it warns whatever ran before in this process)."""
+    saved_path = os.environ.get("PATH", "")
+    hidden = {name: module for name, module in sys.modules.items() if name == "torchx" or name.startswith("torchx.")}
+    blocker = _NoTorchX()
+    with tempfile.TemporaryDirectory() as bin_dir:
+        if not dryrun:
+            if lacks != "sbatch":
+                stub = Path(bin_dir) / "sbatch"
+                stub.write_text("#!/bin/sh\necho 1234\n")
+                stub.chmod(0o755)
+            os.environ["PATH"] = bin_dir
+        if lacks == "TorchX":
+            for name in hidden:
+                del sys.modules[name]
+            sys.meta_path.insert(0, blocker)
+        else:
+            _forget_slurm_version()
+        try:
+            yield
+        finally:
+            os.environ["PATH"] = saved_path
+            if lacks == "TorchX":
+                sys.meta_path.remove(blocker)
+                sys.modules.update(hidden)
+            else:
+                _forget_slurm_version()
+
+
+class _NoTorchX:
+    """An import finder for which TorchX is not installed."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torchx" or name.startswith("torchx."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+def _forget_slurm_version() -> None:
+    try:
+        from torchx.schedulers import slurm_scheduler
+    except ImportError:
+        return
+    slurm_scheduler.version.cache_clear()
 
 
 def _options(command: tuple[str, ...], skipped: tuple[str, ...] = ()) -> dict:
@@ -249,7 +323,7 @@ def run_example(entry: Entry, fixed: bool = False) -> tuple[Analysis, str]:
         if entry.internal and not fixed:
             analysis = _internal(entry, path)
         else:
-            analysis = _command(entry, path, command) if command else analyze(str(path))
+            analysis = _command(entry, path, command, fixed) if command else analyze(str(path))
         if entry.stage == "E7" and analysis.ok and analysis.document is not None:
             for plan in analysis.document.plans:  # what `plandsl run` adds (api.load_runnable)
                 analysis.diagnostics += refusals(plan, cuda=entry.on_cuda)
@@ -277,6 +351,10 @@ def _section(entry: Entry) -> list[str]:
     where = " on a machine with CUDA" if entry.on_cuda else ""
     if entry.gpus:
         where = f" on a machine where torch sees {entry.gpus} GPU{'s' if entry.gpus > 1 else ''}"
+    fixed_where = where
+    if entry.lacks:
+        lacks = entry.lacks if entry.lacks[:1].isupper() else f"`{entry.lacks}`"  # a package, or a command
+        where, fixed_where = f" on a machine without {lacks}", f" on one with {lacks}"
     language = "python" if entry.file.endswith(".py") else "bash" if entry.file.endswith(".args") else "plan"
     if entry.command[:1] == ("import",):
         command = f"plandsl {' '.join(entry.command)} --args-file {entry.file} -o imported.plan"
@@ -285,7 +363,7 @@ def _section(entry: Entry) -> list[str]:
     lines += _code(entry.example, language) + ["", f"`{command}`{where} reports:", ""]
     lines += _code(rendered, "text") + ["", f"**Fix:** {entry.fix}", ""]
     if entry.fixed_command:
-        lines += [f"`plandsl {' '.join(entry.fixed_command)} {entry.file}`{where} is not refused.", ""]
+        lines += [f"`plandsl {' '.join(entry.fixed_command)} {entry.file}`{fixed_where} is not refused.", ""]
     if entry.edits:
         lines += _code(entry.fixed, language) + [""]
     return lines

@@ -132,6 +132,9 @@ CODES: dict[str, str] = {
     "E714": "more processes on a node than GPUs torch sees",
     "E715": "argument TorchX would rewrite",
     "E716": "rank a dry run cannot build",
+    "E717": "TorchX not installed",
+    "E718": "scheduler or scheduler option TorchX refuses",
+    "E719": "job TorchX cannot hand to the scheduler",
     # E8xx: what `plandsl generate --from` cannot keep, or `plandsl shrink` cannot do
     "E801": "decision the search cannot keep",
     "E802": "plan that cannot be scaled down",

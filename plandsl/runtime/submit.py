@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plandsl import ir
-from plandsl.diagnostics import Diagnostic, diag
+from plandsl.diagnostics import Diagnostic, Note, diag
 from plandsl.runtime import support
 from plandsl.runtime.launch import LaunchError, LaunchOptions, OptionError, index_ranges, mesh_nodes, \
     rank_command, threads_per_process
@@ -32,11 +32,34 @@ EXTRA = "pip install 'plandsl[launch]'"
 
 
 class JobError(ValueError):
-    """TorchX refused the job or its scheduler options, or the scheduler refused the submission."""
+    """TorchX refused the job or its scheduler options (E718), or could not hand it to the scheduler (E719); E717
+    (`TorchXMissing`) when it is not installed. `.diagnostic` says which, with TorchX's own message in it."""
+
+    def __init__(self, diagnostic: Diagnostic):
+        super().__init__(diagnostic.message)
+        self.diagnostic = diagnostic
 
 
 class TorchXMissing(JobError):
-    """TorchX (or the Kubernetes client its kubernetes scheduler needs) is not installed."""
+    """TorchX (or the Kubernetes client its kubernetes scheduler needs) is not installed: E717."""
+
+
+def _refused(scheduler: str, message: str, hint: str) -> JobError:
+    """E718: TorchX refuses the scheduler or one of its options (`message` holds TorchX's own words)."""
+    return JobError(diag("E718", message, hint=f"{hint}`torchx runopts {scheduler}` lists the scheduler's options, "
+                                               "their types and defaults"))
+
+
+def _unreached(job: JobOptions, what: str, error: Exception, caught) -> JobError:
+    """E719: TorchX could not check the job with the scheduler or submit it (no `sbatch`, no cluster); what it
+    warned of on the way (often the cause: no kubeconfig) as notes."""
+    where = ("run it where `sbatch` runs, a login node of the Slurm cluster" if job.scheduler == "slurm" else
+             "check that the current kubeconfig (`kubectl config current-context`) reaches the cluster's API server "
+             "and that Volcano runs there" if job.scheduler == "kubernetes" else
+             f"check that TorchX's {job.scheduler} scheduler can reach its cluster from here")
+    return JobError(diag("E719", f"TorchX could not {what} {job.scheduler}: {error}",
+                         hint=f"{where}; --dryrun prints the job without handing it over",
+                         notes=[Note(f"TorchX warned: {note}") for note in _notes(caught)]))
 
 
 @dataclass(frozen=True)
@@ -175,30 +198,31 @@ def app(plan: ir.Plan, plan_file: str, plan_name: str | None, params: dict, rank
 def submit(application, job: JobOptions) -> Submitted:
     """TorchX's dry run of `application` on `job.scheduler` with its options: the scheduler's job as text
     (`job.dryrun`), or that job submitted and its handle. JobError for options TorchX refuses (named, with the
-    options it knows) and for a scheduler that refuses the job or cannot be reached."""
+    options it knows; E718), an unknown scheduler (E718) and a scheduler that refuses the job or cannot be
+    reached (E719); TorchXMissing (E717) when TorchX or the Kubernetes client is not installed."""
     runner_api = _torchx("torchx.runner")
     specs = _torchx("torchx.specs")
     with warnings.catch_warnings(record=True) as caught, runner_api.get_runner() as runner:
         warnings.simplefilter("always")
-        cfg = _cfg(runner, job, specs.InvalidRunConfigException)
+        factories = _torchx("torchx.schedulers").get_scheduler_factories
+        cfg = _cfg(runner, job, specs.InvalidRunConfigException, factories)
         try:
             info = runner.dryrun(application, job.scheduler, cfg=cfg)
         except (specs.InvalidRunConfigException, ValueError) as error:
-            raise JobError(f"TorchX's {job.scheduler} scheduler: {error}{_required(str(error))}") from None
+            raise _refused(job.scheduler, f"TorchX's {job.scheduler} scheduler: {error}", _required(str(error))) \
+                from None
         except ImportError as error:
             raise TorchXMissing(_missing(error)) from None
         except Exception as error:  # noqa: BLE001 - only a submission reaches the cluster here (validate_spec)
             if job.dryrun:
                 raise
-            raise JobError(f"TorchX could not check the job with {job.scheduler}: {error}{_warned(caught)}") \
-                from None
+            raise _unreached(job, "check the job with", error, caught) from None
         handle = None
         if not job.dryrun:
             try:
                 handle = runner.schedule(info)
             except Exception as error:  # noqa: BLE001 - the scheduler's own failure (no sbatch, no cluster)
-                raise JobError(f"TorchX could not submit the job to {job.scheduler}: {error}{_warned(caught)}") \
-                    from None
+                raise _unreached(job, "submit the job to", error, caught) from None
     return Submitted(handle if handle else str(info), handle, _notes(caught))
 
 
@@ -206,35 +230,37 @@ def _notes(caught) -> tuple[str, ...]:
     return tuple(dict.fromkeys(str(warning.message) for warning in caught))
 
 
-def _warned(caught) -> str:
-    """What TorchX warned of before a failure (often its cause: no kubeconfig), as the error's last sentence."""
-    return "".join(f"; TorchX warned: {note}" for note in _notes(caught))
-
-
 def _required(message: str) -> str:
     """How to give a required option TorchX found missing (`Required run option: queue, ...`)."""
     missing = re.match(r"Required run option: (\S+?),", message)
-    return f" (give it: --cfg {missing.group(1)}=VALUE)" if missing else ""
+    return f"give it: --cfg {missing.group(1)}=VALUE; " if missing else ""
 
 
-def _cfg(runner, job: JobOptions, invalid: type[Exception]) -> dict:
+def _cfg(runner, job: JobOptions, invalid: type[Exception], factories) -> dict:
     """The `--cfg` items parsed by the scheduler's own run options (types cast, unknown keys refused with the
-    nearest one named); a dry run does not ask a Kubernetes API server to validate the job unless told to."""
+    nearest one named); a dry run does not ask a Kubernetes API server to validate the job unless told to. E718
+    for a scheduler TorchX does not have (`factories`: TorchX's scheduler factories) and an option it refuses."""
     cfg: dict = {}
+    known = sorted(factories())
+    if job.scheduler not in known:
+        raise JobError(diag("E718", f"TorchX has no scheduler {job.scheduler!r} (it has {', '.join(known)})",
+                            hint=f"plandsl launch submits to {' or '.join(SCHEDULERS)}: give --scheduler "
+                                 f"{' or --scheduler '.join(SCHEDULERS)}"))
     options = runner.scheduler_run_opts(job.scheduler)
     for item in job.cfg:
         try:
             parsed = options.cfg_from_str(item)
         except (invalid, ValueError) as error:
-            raise JobError(f"--cfg {item}: TorchX's {job.scheduler} scheduler: {error}{_nearest(item, options)}") \
-                from None
+            raise _refused(job.scheduler, f"--cfg {item}: TorchX's {job.scheduler} scheduler: {error}",
+                           _nearest(item, options)) from None
         for key, value in parsed.items():
             # slurm: TorchX writes the nodes' options unquoted on `#SBATCH` lines, which sbatch splits at spaces
             # (`partition=a --exclusive` asked for whole nodes); only the job's own go to sbatch's argument list
             if job.scheduler == "slurm" and isinstance(value, str) and re.search(r"\s", value) \
                     and key.replace("_", "-") not in SLURM_JOB_OPTIONS:
-                raise JobError(f"--cfg {item}: {key}'s value {value!r} holds a space: TorchX writes it unquoted into "
-                               "the sbatch script, where it would read as more than one option")
+                raise _refused(job.scheduler, f"--cfg {item}: {key}'s value {value!r} holds a space: TorchX writes it "
+                                              "unquoted into the sbatch script, where it would read as more than one "
+                                              "option", f"give {key} one word; ")
         cfg.update(parsed)
     if job.dryrun and options.get("validate_spec") is not None and \
             not any(options.canonical_key(key) == "validate_spec" for key in cfg):
@@ -253,7 +279,7 @@ def _nearest(item: str, options) -> str:
     for key in re.findall(r"(?:^|[,;])\s*([^=,;]+?)\s*=", item):
         if options.canonical_key(key) is None:
             close = difflib.get_close_matches(key, known, n=1)
-            return f" (did you mean `{close[0]}`?)" if close else ""
+            return f"did you mean `{close[0]}`? " if close else ""
     return ""
 
 
@@ -265,5 +291,7 @@ def _torchx(module: str):
         raise TorchXMissing(_missing(error)) from None
 
 
-def _missing(error: ImportError) -> str:
-    return f"plandsl launch needs TorchX and the Kubernetes client: {EXTRA} ({error})"
+def _missing(error: ImportError) -> Diagnostic:
+    """E717: what is missing (the ImportError's words) and the extra that installs it."""
+    return diag("E717", f"plandsl launch needs TorchX and the Kubernetes client: {error}",
+                hint=f"{EXTRA} (TorchX's nightly build and the Kubernetes client; README, Install)")

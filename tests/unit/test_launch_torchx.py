@@ -167,22 +167,36 @@ def _refused(result, code: int, *needles: str):
         assert needle in result.output, result.output
 
 
-def test_a_scheduler_option_torchx_does_not_know_is_named_with_the_nearest_one(no_slurm):
+def test_a_scheduler_option_torchx_does_not_know_is_e718_naming_the_nearest_one(no_slurm):
     result = launch(TWO_NODES, "--scheduler", "kubernetes", "--dryrun", "--image", IMAGE,
                     "--cfg", "queue=default,namespce=ml")
-    _refused(result, 1, f"{TWO_NODES}: error: --cfg queue=default,namespce=ml: TorchX's kubernetes scheduler: "
-                        "Unknown run option `namespce`", "(did you mean `namespace`?)")
+    _refused(result, 1, "error[E718]: --cfg queue=default,namespce=ml: TorchX's kubernetes scheduler: "
+                        "Unknown run option `namespce`",
+             "= hint: did you mean `namespace`? `torchx runopts kubernetes` lists the scheduler's options")
+    assert f"{TWO_NODES}: error:" not in result.output
 
 
 @pytest.mark.parametrize("scheduler, options, message", [
-    ("kubernetes", ("--image", IMAGE), "Required run option: queue"),
-    ("kubernetes", ("--image", IMAGE), "(give it: --cfg queue=VALUE)"),
+    ("kubernetes", ("--image", IMAGE), "error[E718]: TorchX's kubernetes scheduler: Required run option: queue"),
+    ("kubernetes", ("--image", IMAGE), "= hint: give it: --cfg queue=VALUE; `torchx runopts kubernetes`"),
     ("kubernetes", ("--image", IMAGE, "--cfg", "queue=default,reserved_memmb=lots"),
-     "--cfg queue=default,reserved_memmb=lots"),
-    ("slurm", ("--cfg", "partition"), "--cfg partition: TorchX's slurm scheduler"),
+     "error[E718]: --cfg queue=default,reserved_memmb=lots"),
+    ("slurm", ("--cfg", "partition"), "error[E718]: --cfg partition: TorchX's slurm scheduler"),
 ])
-def test_scheduler_options_torchx_refuses_are_errors(no_slurm, scheduler, options, message):
+def test_scheduler_options_torchx_refuses_are_e718(no_slurm, scheduler, options, message):
     _refused(launch(TWO_NODES, "--scheduler", scheduler, "--dryrun", *options), 1, message)
+
+
+def test_a_scheduler_torchx_does_not_have_is_e718_through_the_api(no_slurm):
+    """The CLI offers slurm and kubernetes only (click's choice, exit 2); the API passed TorchX's
+    UnknownSchedulerException through, a traceback for its caller."""
+    plan = api.load_launchable(ONE_NODE)
+    job = api.job_options(scheduler="ray", dryrun=True)
+    with pytest.raises(api.PlanError) as refused:
+        api.submit_job(api.cluster_job(plan, ONE_NODE, None, {}, api.launch_options(), job), job)
+    [diagnostic] = refused.value.diagnostics
+    assert diagnostic.code == "E718" and diagnostic.message.startswith("TorchX has no scheduler 'ray' (it has ")
+    assert "slurm" in diagnostic.message and diagnostic.hint.startswith("plandsl launch submits to slurm or kubernetes")
 
 
 @pytest.mark.parametrize("name", [
@@ -213,7 +227,8 @@ def test_an_image_or_option_with_a_control_character_is_a_usage_error(no_slurm, 
 def test_a_slurm_option_with_a_space_is_refused_where_torchx_writes_it_unquoted(no_slurm):
     """`partition=a --exclusive` was written `#SBATCH ... --partition=a --exclusive`: whole nodes asked for."""
     _refused(launch(TWO_NODES, "--scheduler", "slurm", "--dryrun", "--cfg", "partition=a --exclusive"), 1,
-             "partition's value 'a --exclusive' holds a space")
+             "error[E718]: --cfg partition=a --exclusive: partition's value 'a --exclusive' holds a space",
+             "= hint: give partition one word")
     result = launch(TWO_NODES, "--scheduler", "slurm", "--dryrun", "--cfg", "comment=two words")
     assert result.exit_code == 0 and "'--comment=two words'" in result.output, result.output  # an sbatch argument
 
@@ -260,9 +275,26 @@ def test_an_unknown_scheduler_is_a_usage_error():
     _refused(launch(TWO_NODES, "--scheduler", "ray", "--dryrun"), 2, "'ray' is not one of 'slurm', 'kubernetes'")
 
 
-def test_a_submission_without_sbatch_is_an_error_not_a_traceback(no_slurm):
+def test_a_submission_without_sbatch_is_e719_not_a_traceback(no_slurm):
+    result = launch(ONE_NODE, "--scheduler", "slurm", "--cpu", "16", "--mem-mb", "64000")
+    _refused(result, 1, "error[E719]: TorchX could not submit the job to slurm: ",
+             "= hint: run it where `sbatch` runs, a login node of the Slurm cluster; --dryrun prints the job")
+    assert f"{ONE_NODE}: error:" not in result.output and "TorchX warned: ;" not in result.output
+
+
+def test_what_torchx_warned_of_before_a_failure_is_a_note_of_e719(no_slurm, monkeypatch):
+    """What TorchX warned of on the way (often the cause: no kubeconfig) ended the message as `; TorchX warned:
+    ...`; now each warning is a note of its own."""
+    from torchx.runner.api import Runner
+
+    def schedule(self, info):
+        import warnings
+        warnings.warn("no kubeconfig found")
+        raise RuntimeError("connection refused")
+    monkeypatch.setattr(Runner, "schedule", schedule)
     _refused(launch(ONE_NODE, "--scheduler", "slurm", "--cpu", "16", "--mem-mb", "64000"), 1,
-             "TorchX could not submit the job to slurm")
+             "error[E719]: TorchX could not submit the job to slurm: connection refused\n",
+             "= note: TorchX warned: no kubeconfig found")
 
 
 def test_a_submission_needs_the_nodes_cpus_and_memory(no_slurm):
@@ -274,7 +306,10 @@ def test_without_torchx_launch_says_how_to_install_it(monkeypatch):
     for name in [name for name in sys.modules if name == "torchx" or name.startswith("torchx.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "torchx", None)  # import torchx... raises ImportError
-    _refused(launch(ONE_NODE, "--scheduler", "slurm", "--dryrun"), 2, "pip install 'plandsl[launch]'")
+    result = launch(ONE_NODE, "--scheduler", "slurm", "--dryrun")
+    _refused(result, 2, "error[E717]: plandsl launch needs TorchX and the Kubernetes client: ",
+             "= hint: pip install 'plandsl[launch]'")
+    assert not result.output.startswith("error: ")
 
 
 def test_the_api_names_the_schedulers_of_the_launcher():
@@ -293,8 +328,7 @@ def test_the_api_builds_the_job_and_returns_torchxs_dry_run(no_slurm):
     assert [d.code for d in api.launch_refusals(api.load_plan(mixed))] == ["E707"]
     with pytest.raises(api.PlanError):
         api.load_launchable(mixed)
-    job_error, missing = api.job_errors()
-    assert issubclass(missing, job_error) and issubclass(job_error, ValueError)
+    assert issubclass(submit.TorchXMissing, submit.JobError) and issubclass(submit.JobError, ValueError)
 
 
 def test_a_rack_scale_node_is_a_job_of_its_machines(torchx):

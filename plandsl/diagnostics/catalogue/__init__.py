@@ -39,9 +39,12 @@ def explain(code: str) -> str | None:
     wrapped = textwrap.fill(entry.explanation, width=88)
     lines = [f"{entry.code}: {entry.title}", "", wrapped, "", f"Example ({entry.file}):",
              textwrap.indent(entry.example, "    ").rstrip("\n"), "", f"Fix: {entry.fix}"]
-    if entry.fixed_command:  # the options were wrong: the command before and after
-        lines[-2:-1] = ["", f"    plandsl {' '.join(entry.command)} {entry.file}", ""]
-        lines.append(f"    plandsl {' '.join(entry.fixed_command)} {entry.file}")
+    if entry.fixed_command:  # the options were wrong (or the machine lacked something): the command before and after
+        before = after = ""
+        if entry.lacks:  # E717, E719: the same command, on another machine
+            before, after = f"    # on a machine without {entry.lacks}", f"    # on one with {entry.lacks}"
+        lines[-2:-1] = ["", f"    plandsl {' '.join(entry.command)} {entry.file}{before}", ""]
+        lines.append(f"    plandsl {' '.join(entry.fixed_command)} {entry.file}{after}")
     if entry.edits:
         lines.append(textwrap.indent(entry.fixed, "    ").rstrip("\n"))
     return "\n".join(lines)

@@ -276,3 +276,43 @@ _entry("E716", """
     """, _local_plan("data    = fsdp over dp", mesh="[dp = 2]"),
     "Fix the model's code where the exception is raised there; otherwise report the plan and the message.",
     command=("run", "--dry-run"), internal=True)
+
+# E717-E719: `plandsl launch` hands the job to TorchX, which refuses it or cannot hand it on. tests/make_errors_doc.py
+# submits each example through TorchX itself (its slurm scheduler: a dry run, or a submission where `sbatch` is a
+# stub that prints a job id), on a machine without what `lacks` names and the fix's with it.
+_LAUNCHED = _local_plan("data    = fsdp over dp", mesh="[dp = 2]")
+
+_entry("E717", """
+    `plandsl launch` builds the job with TorchX's `dist.torchrun` component and hands it to TorchX's scheduler,
+    whose kubernetes scheduler builds the Volcano job with the Kubernetes client: both come with the `launch`
+    extra (TorchX's nightly build, since its last release pins an old urllib3; README, Install), not with
+    plandsl itself, which checks, estimates and runs plans without them. It is a usage error (exit 2), as for
+    the language server without pygls; the message names the module that could not be imported.
+    """, _LAUNCHED,
+    "Install the `launch` extra where `plandsl launch` runs.",
+    command=("launch", "--scheduler", "slurm", "--dryrun"), fixed_command=("launch", "--scheduler", "slurm", "--dryrun"),
+    command_line=True, lacks="TorchX")
+
+_entry("E718", """
+    `--cfg` gives the scheduler's options as TorchX takes them, and TorchX parses them with the scheduler's own
+    run options: an option it does not have (the nearest one is named), a value of the wrong type, a required
+    option left out (kubernetes' `queue`) and, on slurm, a value holding a space (TorchX writes it unquoted on
+    an `#SBATCH` line, where sbatch would read more than one option) are refused before the job is built, with
+    TorchX's own message; so is a scheduler TorchX does not have, through the API (`plandsl launch` itself
+    offers slurm and kubernetes). `torchx runopts SCHEDULER` lists the options, their types and defaults.
+    """, _LAUNCHED,
+    "Spell the option as the scheduler has it.",
+    command=("launch", "--scheduler", "slurm", "--dryrun", "--cfg", "partiton=gpu"),
+    fixed_command=("launch", "--scheduler", "slurm", "--dryrun", "--cfg", "partition=gpu"), command_line=True)
+
+_entry("E719", """
+    Without `--dryrun`, TorchX hands the job to the scheduler: slurm runs `sbatch` on this machine, which must be
+    a login node of the cluster; kubernetes asks the API server of the current kubeconfig, where Volcano must
+    run. When that fails (no `sbatch`, no cluster reached, the scheduler refusing the job) the job is not
+    submitted; the message is TorchX's, and what TorchX warned of on the way (often the cause: no kubeconfig)
+    follows as notes. `--dryrun` prints the job without handing it over.
+    """, _LAUNCHED,
+    "Submit from a login node of the cluster, where `sbatch` runs.",
+    command=("launch", "--scheduler", "slurm", "--cpu", "16", "--mem-mb", "64000"),
+    fixed_command=("launch", "--scheduler", "slurm", "--cpu", "16", "--mem-mb", "64000"), command_line=True,
+    lacks="sbatch")
