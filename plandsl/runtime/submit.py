@@ -199,24 +199,35 @@ def submit(application, job: JobOptions) -> Submitted:
     """TorchX's dry run of `application` on `job.scheduler` with its options: the scheduler's job as text
     (`job.dryrun`), or that job submitted and its handle. JobError for options TorchX refuses (named, with the
     options it knows; E718), an unknown scheduler (E718) and a scheduler that refuses the job or cannot be
-    reached (E719); TorchXMissing (E717) when TorchX or the Kubernetes client is not installed."""
+    reached (E719); TorchXMissing (E717) when TorchX or the Kubernetes client is not installed. The job is first
+    dry-run without asking the cluster (kubernetes' `validate_spec` off): an exception there other than TorchX's
+    refusal is a bug, raised as it is (E108), whether the job is then submitted or not."""
     runner_api = _torchx("torchx.runner")
     specs = _torchx("torchx.specs")
     with warnings.catch_warnings(record=True) as caught, runner_api.get_runner() as runner:
         warnings.simplefilter("always")
         factories = _torchx("torchx.schedulers").get_scheduler_factories
         cfg = _cfg(runner, job, specs.InvalidRunConfigException, factories)
-        try:
-            info = runner.dryrun(application, job.scheduler, cfg=cfg)
+        offline, validated = _offline(runner.scheduler_run_opts(job.scheduler), cfg)
+        try:  # the job as TorchX writes it, asking no cluster: what fails here fails in a dry run too
+            info = runner.dryrun(application, job.scheduler, cfg=offline)
         except (specs.InvalidRunConfigException, ValueError) as error:
             raise _refused(job.scheduler, f"TorchX's {job.scheduler} scheduler: {error}", _required(str(error))) \
                 from None
         except ImportError as error:
             raise TorchXMissing(_missing(error)) from None
-        except Exception as error:  # noqa: BLE001 - only a submission reaches the cluster here (validate_spec)
-            if job.dryrun:
-                raise
-            raise _unreached(job, "check the job with", error, caught) from None
+        # any other exception is a bug (plandsl's job, or TorchX): E108, submitted or not
+        if validated:  # kubernetes' validate_spec: the API server checks the job (no kubeconfig, no server, refused)
+            try:
+                info = runner.dryrun(application, job.scheduler, cfg=cfg)
+            except ImportError as error:
+                raise TorchXMissing(_missing(error)) from None
+            except ValueError as error:
+                if error.__cause__ is None:  # TorchX's own check on the way (a pod name past 63 characters)
+                    raise _refused(job.scheduler, f"TorchX's {job.scheduler} scheduler: {error}", "") from None
+                raise _unreached(job, "check the job with", error, caught) from None  # the API server refused it
+            except Exception as error:  # noqa: BLE001 - the cluster's answer: only this differs from `offline`
+                raise _unreached(job, "check the job with", error, caught) from None
         handle = None
         if not job.dryrun:
             try:
@@ -224,6 +235,20 @@ def submit(application, job: JobOptions) -> Submitted:
             except Exception as error:  # noqa: BLE001 - the scheduler's own failure (no sbatch, no cluster)
                 raise _unreached(job, "submit the job to", error, caught) from None
     return Submitted(handle if handle else str(info), handle, _notes(caught))
+
+
+def _offline(options, cfg: dict) -> tuple[dict, bool]:
+    """`cfg` with the scheduler's check of the job by its cluster turned off (kubernetes' `validate_spec`), and
+    whether `cfg` asks for that check (given, or by default): TorchX's dry run without the cluster is what plandsl
+    and TorchX build; the check is the cluster's, which a failure of is E719, not a bug."""
+    option = options.get("validate_spec")
+    if option is None:
+        return cfg, False
+    given = [value for key, value in cfg.items() if options.canonical_key(key) == "validate_spec"]
+    if not (given[-1] if given else option.default):
+        return cfg, False
+    offline = {key: value for key, value in cfg.items() if options.canonical_key(key) != "validate_spec"}
+    return {**offline, "validate_spec": False}, True
 
 
 def _notes(caught) -> tuple[str, ...]:

@@ -356,3 +356,64 @@ def test_no_value_reaches_the_nodes_shell_through_torchxs_macros(no_slurm, tmp_p
     plan.write_text((STDLIB / "examples" / "data_parallel.plan").read_text())
     _refused(launch(str(plan), "--scheduler", "slurm", "--dryrun"), 1, "error[E715]: ", "TorchX substitutes `$`")
     assert launch(TWO_NODES, "--scheduler", "slurm", "--dryrun", "--image", "nvcr.io#nvidia/pytorch:24.05-py3").exit_code == 0
+
+
+# ---- the job's check by the cluster (kubernetes' validate_spec) is the cluster's: E719; a bug is E108 -----------
+def _api_server(monkeypatch, error: Exception):
+    """Kubernetes' API server as `create_namespaced_custom_object` finds it: raising `error` (unreached, refusing)."""
+    from torchx.schedulers.kubernetes_scheduler import KubernetesScheduler
+
+    class Api:
+        def create_namespaced_custom_object(self, **kwargs):
+            raise error
+    monkeypatch.setattr(KubernetesScheduler, "_custom_objects_api", lambda self: Api())
+
+
+def test_a_dry_run_asking_an_unreached_api_server_to_check_the_job_is_e719_not_a_bug(no_slurm, monkeypatch):
+    """`--dryrun --cfg validate_spec=true` asks the API server to check the job: no server reached was E108 (a
+    plandsl bug, 'please report it'), as TorchX's exception escaped the dry run."""
+    _api_server(monkeypatch, ConnectionRefusedError(111, "Connection refused"))
+    result = launch(TWO_NODES, "--scheduler", "kubernetes", "--dryrun", "--image", IMAGE,
+                    "--cfg", "queue=default,validate_spec=true")
+    _refused(result, 1, "error[E719]: TorchX could not check the job with kubernetes: [Errno 111] Connection refused",
+             "= hint: check that the current kubeconfig")
+    assert "E108" not in result.output
+
+
+def test_a_job_the_api_server_refuses_is_e719_not_a_scheduler_option(no_slurm, monkeypatch):
+    """TorchX turns the API server's refusal into `ValueError: Invalid job spec: ...`, which was E718 with a hint
+    to `torchx runopts`: no option was wrong, the cluster refused the job."""
+    from kubernetes.client.rest import ApiException
+    _api_server(monkeypatch, ApiException(status=422, reason="Unprocessable Entity"))
+    result = launch(TWO_NODES, "--scheduler", "kubernetes", "--image", IMAGE, "--cfg", "queue=default",
+                    "--cpu", "16", "--mem-mb", "64000")
+    _refused(result, 1, "error[E719]: TorchX could not check the job with kubernetes: Invalid job spec: "
+                        "Unprocessable Entity")
+    assert "E718" not in result.output and "torchx runopts" not in result.output
+
+
+def test_a_bug_building_the_job_is_e108_submitted_or_not(no_slurm, monkeypatch):
+    """An exception in TorchX's dry run of the job that asks no cluster (slurm's) is a bug in the job plandsl built,
+    E108 with --dryrun; a submission made it E719, 'run it where sbatch runs', which would not have helped."""
+    from torchx.schedulers.slurm_scheduler import SlurmScheduler
+
+    def broken(self, app, cfg):
+        raise TypeError("a bug")
+    monkeypatch.setattr(SlurmScheduler, "_submit_dryrun", broken)
+    for dryrun in (("--dryrun",), ()):
+        result = launch(ONE_NODE, "--scheduler", "slurm", "--cpu", "16", "--mem-mb", "64000", *dryrun)
+        _refused(result, 1, "error[E108]: internal error: TypeError: a bug")
+        assert "E719" not in result.output
+
+
+def test_what_torchx_refuses_while_the_api_server_checks_the_job_is_still_e718(no_slurm, monkeypatch):
+    """TorchX's own check on the way (a pod name past 63 characters), not the cluster's answer: E718 as before."""
+    from torchx.schedulers.kubernetes_scheduler import KubernetesScheduler
+
+    class Api:
+        def create_namespaced_custom_object(self, **kwargs):
+            return {"metadata": {"name": "x"}}
+    monkeypatch.setattr(KubernetesScheduler, "_custom_objects_api", lambda self: Api())
+    result = launch(TWO_NODES, "--scheduler", "kubernetes", "--image", IMAGE, "--cfg", "queue=default",
+                    "--cpu", "16", "--mem-mb", "64000", "--name", "a" * 60)
+    _refused(result, 1, "error[E718]: TorchX's kubernetes scheduler: Pod name ")
