@@ -50,7 +50,7 @@ __all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "
            "simulation_report", "chrome_trace",
            "estimate", "estimate_against", "format_against", "format_estimate", "inspect_model", "inspect_plan", "format_inspected", "write_inspected", "read_inspected",
            "generate", "generate_request", "generate_errors", "generate_json", "generate_report", "diff_plans", "format_diff", "diff_json", "render",
-           "render_format", "color_by_problem", "render_errors", "shrink", "rank_options", "launch_options", "check_launch_options",
+           "render_format", "color_by_problem", "shrink", "rank_options", "launch_options", "check_launch_options",
            "prepare_run", "option_error", "dry_run", "format_dry_run",
            "traced_memory", "format_traced_memory",
            "dry_run_commands", "launch", "command_line", "launch_schedulers", "job_options", "check_job_options",
@@ -278,9 +278,13 @@ def estimate(plan: ir.Plan) -> Estimate:
 def estimate_against(result: Estimate, metrics: str | Path) -> Against:
     """The estimate beside what a run measured (`plandsl run --metrics`'s JSON lines at `metrics`): step time,
     tokens/s and peak memory, the median over the steps after the first with their min and max;
-    `MetricsError` (a ValueError) when the file cannot be read or a line is not a step's record."""
-    from plandsl.cost.against import compare, read_metrics  # stage
-    return compare(result, read_metrics(str(metrics)), str(metrics))
+    PlanError E809 when the file cannot be read or records no step, E810 at a line that is not a step's record."""
+    from plandsl.cost.against import MetricsError, compare, read_metrics  # stage
+    try:
+        records = read_metrics(str(metrics))
+    except MetricsError as error:
+        raise PlanError([error.diagnostic], error.sources) from None
+    return compare(result, records, str(metrics))
 
 
 def format_against(against: Against) -> str:
@@ -410,10 +414,14 @@ def diff_json(diff: PlanDiff) -> dict:
 
 
 def render(plan: ir.Plan, view: str, fmt: str = "dot", color_by: str | None = None) -> bytes:
-    """One view of a checked plan (mesh, placement, schedule, memory; `all` as HTML) in `fmt`;
-    `render.RenderError` when graphviz is missing or fails, or the view does not apply."""
-    from plandsl.render import render_bytes  # stage
-    return render_bytes(plan, view, fmt, color_by)
+    """One view of a checked plan (mesh, placement, schedule, memory; `all` as HTML) in `fmt`; PlanError E811 (at
+    the plan) when the view does not apply, E812 when graphviz is not installed, E813 when it fails."""
+    from plandsl.render import RenderError, refusal, render_bytes  # stage
+    try:
+        return render_bytes(plan, view, fmt, color_by)
+    except RenderError as error:
+        refused = refusal(error, plan)
+        raise PlanError([refused], _sources_at(refused)) from None
 
 
 def render_format(output: str | None, fmt: str | None, view: str) -> str | None:
@@ -424,12 +432,6 @@ def render_format(output: str | None, fmt: str | None, view: str) -> str | None:
 def color_by_problem(plan: ir.Plan, axis: str | None) -> str | None:
     from plandsl.render import color_by_problem as problem  # stage
     return problem(plan, axis)
-
-
-def render_errors() -> tuple[type[Exception], ...]:
-    """The exceptions `render` raises for a plan it cannot draw (to catch them without importing render)."""
-    from plandsl.render import RenderError  # stage
-    return RenderError
 
 
 # ---- export and import: other tools' configurations ------------------------------------------------------------

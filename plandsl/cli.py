@@ -597,11 +597,8 @@ def render_command(file, plan_name, view, output, output_format, color_by, param
         raise click.BadParameter(problem, param_hint="--color-by")
     try:
         data = api.render(plan, view, fmt, color_by)
-    except api.PlanError as error:
+    except api.PlanError as error:  # E811-E813 too: a view that does not apply, graphviz missing or failing
         _fail(error)
-    except api.render_errors() as error:
-        click.echo(f"{file}: error: {error}", err=True)
-        sys.exit(1)
     if output:
         _write(output, data)
     else:
@@ -620,13 +617,9 @@ def estimate(file, plan_name, as_json, against, params):
     """Predict a plan's step time, throughput and memory per device (docs/cost-model.md)."""
     try:
         result = api.estimate(api.load_plan(file, plan_name, _params(params)))
+        compared = api.estimate_against(result, against) if against else None  # E809-E810: the metrics
     except api.PlanError as error:
         _fail(error)
-    try:
-        compared = api.estimate_against(result, against) if against else None
-    except ValueError as error:  # cost.against.MetricsError: the file, or a line of it, named
-        click.echo(f"error: {error}", err=True)
-        sys.exit(1)
     if as_json:
         click.echo(json.dumps({**result.to_json(), **({"against": compared.to_json()} if compared else {})}, indent=1))
         return

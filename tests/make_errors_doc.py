@@ -44,7 +44,9 @@ STAGES = [
      "Reported by `plandsl generate --from` (a partial plan completed by the search), `plandsl shrink` (a plan "
      "scaled down to one machine), `plandsl import` (another tool's configuration; the example is its flags, as "
      "`--args-file`) and `plandsl export` (a plan in another tool's format), with the checker's codes for "
-     "everything `plandsl check` itself reports."),
+     "everything `plandsl check` itself reports; E809-E810 by `plandsl estimate --against` (a run's metrics; the "
+     "example is the metrics file), E811-E813 by `plandsl render` (a view that does not apply, graphviz missing or "
+     "failing)."),
     ("E9", "E9xx: what plandsl inspect cannot derive", "Reported by `plandsl inspect` (a user's torch module, "
      "a factory or a Hugging Face config, built on the meta device and read as a layer table); the example "
      "is the user's Python file."),
@@ -73,6 +75,11 @@ def _command(entry: Entry, path: Path, command: tuple[str, ...], fixed: bool = F
         return _interop(entry, path)
     if command[0] == "launch":
         return _launch(path, command, "" if fixed else entry.lacks)
+    if command[0] == "estimate":
+        return _estimate(path)
+    if command[0] == "render":
+        return _render(path, command, "failing" if entry.internal and not fixed else
+                       "missing" if entry.lacks and not fixed else "stub")
     if command[0] == "run" and "--memory" in command:
         return _traced(path)
     if command[0] == "run" and "--dry-run" in command:
@@ -90,6 +97,60 @@ def _command(entry: Entry, path: Path, command: tuple[str, ...], fixed: bool = F
     except PlanError as error:
         return Analysis(str(path), None, list(error.diagnostics), dict(error.sources))
     return Analysis(str(path), None, [], {})
+
+
+TRAIN = """import "clusters/local"
+plan p {
+  model   = gpt(layers=2, hidden=64, heads=4, seq=32, vocab=256)
+  cluster = localhost
+  mesh    = [dp = 2] over devices[0:2]
+  train   = { global_batch: 8, micro_batch: 1 }
+  data    = ddp over dp
+}
+"""
+"""E809-E810's train.plan, written beside the metrics: any plan (the metrics are read before they are compared)."""
+
+
+def _estimate(path: Path) -> Analysis:
+    """`plandsl estimate train.plan --against EXAMPLE` (train.plan: `TRAIN`, written beside it): what
+    `api.estimate_against` says of the metrics (E809-E810)."""
+    from plandsl import api
+    from plandsl.diagnostics import PlanError
+    plan_file = path.parent / "train.plan"
+    plan_file.write_text(TRAIN, encoding="utf-8")
+    try:
+        api.estimate_against(api.estimate(api.load_plan(plan_file)), path)
+    except PlanError as error:
+        return Analysis(str(path), None, list(error.diagnostics), dict(error.sources))
+    return Analysis(str(path), None, [], {})
+
+
+def _render(path: Path, command: tuple[str, ...], graphviz: str) -> Analysis:
+    """`plandsl render --view VIEW [--format FMT] EXAMPLE` (`api.render`, E811-E813) on a machine whose graphviz is
+    `missing` (a PATH without `dot` and `neato`), `failing` (both stubs exiting 1 with graphviz's message of a
+    syntax error) or a `stub` (both print an empty SVG picture), whatever graphviz this machine has."""
+    from plandsl import api
+    from plandsl.diagnostics import PlanError
+    analysis = analyze(str(path))
+    if not analysis.ok:
+        return analysis
+    options = _options(command)
+    saved_path = os.environ.get("PATH", "")
+    with tempfile.TemporaryDirectory() as bin_dir:
+        script = {"failing": "#!/bin/sh\necho 'Error: <stdin>: syntax error in line 1 near ]' >&2\nexit 1\n",
+                  "stub": "#!/bin/sh\ncat >/dev/null\necho '<svg xmlns=\"http://www.w3.org/2000/svg\"></svg>'\n"}
+        for program in ("dot", "neato") if graphviz in script else ():
+            stub = Path(bin_dir) / program
+            stub.write_text(script[graphviz])
+            stub.chmod(0o755)
+        os.environ["PATH"] = bin_dir
+        try:
+            api.render(analysis.document.plans[0], options["view"], options.get("format", "dot"))
+        except PlanError as error:
+            return Analysis(str(path), None, list(error.diagnostics), dict(error.sources))
+        finally:
+            os.environ["PATH"] = saved_path
+    return Analysis(str(path), None, [], dict(analysis.sources))
 
 
 def _interop(entry: Entry, path: Path) -> Analysis:
@@ -284,6 +345,8 @@ def _internal(entry: Entry, path: Path) -> Analysis:
     `plandsl run --dry-run` while rank 1's build raises it."""
     from unittest import mock
     from plandsl import api
+    if entry.command[:1] == ("render",):  # E813: graphviz fails
+        return _render(path, entry.command, "failing")
     if entry.command:
         return _dry_run(path, failing_rank=1)
     with mock.patch("plandsl.check.analysis.check_plan", side_effect=KeyError("tp")):
@@ -355,7 +418,8 @@ def _section(entry: Entry) -> list[str]:
     if entry.lacks:
         lacks = entry.lacks if entry.lacks[:1].isupper() else f"`{entry.lacks}`"  # a package, or a command
         where, fixed_where = f" on a machine without {lacks}", f" on one with {lacks}"
-    language = "python" if entry.file.endswith(".py") else "bash" if entry.file.endswith(".args") else "plan"
+    language = "python" if entry.file.endswith(".py") else "bash" if entry.file.endswith(".args") else \
+        "json" if entry.file.endswith(".jsonl") else "plan"
     if entry.command[:1] == ("import",):
         command = f"plandsl {' '.join(entry.command)} --args-file {entry.file} -o imported.plan"
     if entry.command[:1] == ("inspect",):

@@ -1,8 +1,9 @@
 """A plan's estimate against what a run of it measured: `plandsl estimate PLAN --against METRICS.jsonl`.
 
 Stage: cost model. Contract: `read_metrics(path)` reads the JSON lines `plandsl run --metrics` writes (one
-per step: `step`, `step_time_s`, `tokens_per_s`, `peak_memory_bytes`), bounded, refusing a malformed line
-with its number (`MetricsError`, a ValueError); `compare(estimate, records)` sets each figure the cost
+per step: `step`, `step_time_s`, `tokens_per_s`, `peak_memory_bytes`), bounded, refusing a file it cannot read or
+that records no step (`MetricsError` carrying E809) and a malformed line (E810, at the line: its file and number,
+the column where json names one); `compare(estimate, records)` sets each figure the cost
 model predicts beside the measured one, as the median over the steps after the first `warmup` (the first
 step allocates and warms caches) with their min and max, and the error; `format_against` prints it.
 The metrics hold a step's totals only: its compute, communication and bubble cannot be told apart.
@@ -15,6 +16,8 @@ import statistics
 from dataclasses import dataclass
 
 from plandsl.cost.estimate import PlanEstimate
+from plandsl.diagnostics import Diagnostic, diag
+from plandsl.diagnostics.source import SourceFile
 from plandsl.lower.units import format_bytes
 from plandsl.syntax.files import FileProblem, read_bounded
 
@@ -24,7 +27,24 @@ WARMUP_STEPS = 1
 
 
 class MetricsError(ValueError):
-    """The metrics file cannot be read, or a line of it is not a step's record."""
+    """The metrics file cannot be read or records no step (E809), or a line of it is not a step's record (E810, at
+    the line); `.diagnostic` says which, `.sources` holds the file's text for the caret (E810)."""
+
+    def __init__(self, diagnostic: Diagnostic, sources: dict[str, SourceFile] | None = None):
+        super().__init__(diagnostic.message)
+        self.diagnostic = diagnostic
+        self.sources = dict(sources or {})
+
+
+RECORD = ("each line is one step's JSON object, as `plandsl run --metrics` writes it: \"step\" (a number at least 0), "
+          "\"step_time_s\" and \"tokens_per_s\" (finite numbers above 0), and optionally \"peak_memory_bytes\" and "
+          "\"peak_reserved_bytes\" (at least 0); other keys are ignored")
+"""E810's hint: what a step's record must hold."""
+
+
+def _unread(message: str) -> MetricsError:
+    return MetricsError(diag("E809", message, hint="give the JSON lines `plandsl run --metrics FILE` wrote (one per "
+                                                   "step; a run stopped before its first step writes none)"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +86,11 @@ def read_metrics(path: str) -> list[dict]:
     try:
         data = read_bounded(path, MAX_METRICS_BYTES, "metrics file")
     except FileProblem as problem:
-        raise MetricsError(str(problem)) from None
-    records = []
-    for number, line in enumerate(data.decode("utf-8-sig", errors="replace").splitlines(), 1):
+        raise _unread(str(problem)) from None
+    text = data.decode("utf-8-sig", errors="replace")
+    records, offset = [], 0
+    for piece in text.splitlines(keepends=True):  # the line's offset kept: E810's span
+        start, offset, line = offset, offset + len(piece), (piece.splitlines() or [""])[0]
         if not line.strip():
             continue
         try:
@@ -80,14 +102,23 @@ def read_metrics(path: str) -> list[dict]:
                     figure = _measured(record.get(key), key)
                     record[key] = record[key] if key == "step" else figure  # steps printed as written
         except RecursionError:  # json's decoder recurses once per nested array or object
-            raise MetricsError(f"{path}:{number}: not a step's record of `plandsl run --metrics` (nested too deeply)") \
-                from None
+            raise _bad_line(path, text, start, line, "nested too deeply") from None
+        except json.JSONDecodeError as error:  # at the character json stopped at
+            raise _bad_line(path, text, start, line, error.msg, error.pos) from None
         except ValueError as error:
-            raise MetricsError(f"{path}:{number}: not a step's record of `plandsl run --metrics` ({error})") from None
+            raise _bad_line(path, text, start, line, str(error)) from None
         records.append(record)
     if not records:
-        raise MetricsError(f"{path}: no step recorded")
+        raise _unread(f"{path}: no step recorded")
     return records
+
+
+def _bad_line(path: str, text: str, start: int, line: str, why: str, at: int | None = None) -> MetricsError:
+    """E810 at the line (from `start`, its offset in `text`; at its character `at` where json names one)."""
+    source = SourceFile(path, text)
+    span = source.span(start + at, start + at + 1) if at is not None else source.span(start, start + len(line))
+    return MetricsError(diag("E810", f"not a step's record of `plandsl run --metrics` ({why})", span, hint=RECORD),
+                        {path: source})
 
 
 def _measured(value: object, key: str) -> float:

@@ -3,7 +3,8 @@
 E1xx syntax, E2xx names/types/units/imports (E22x model shapes), E3xx clusters and meshes, E4xx placement
 and sharding, E5xx training and memory, E6xx schedules, E7xx what `plandsl run` refuses
 (valid plans the interpreter cannot run) or `plandsl launch` cannot submit as one job, E8xx what `plandsl generate --from` cannot keep,
-`plandsl shrink` cannot do, `plandsl import` cannot read or `plandsl export` cannot write; E9xx what `plandsl inspect` cannot derive from a torch module; W for warnings. The examples and fixes live in
+`plandsl shrink` cannot do, `plandsl import` cannot read or `plandsl export` cannot write, `plandsl estimate --against` cannot
+read of a run's metrics (E809-E810), `plandsl render` cannot draw (E811-E813); E9xx what `plandsl inspect` cannot derive from a torch module; W for warnings. The examples and fixes live in
 `plandsl/diagnostics/catalogue/`, one module per family (shown by `plandsl explain` and
 docs/errors.md).
 """
@@ -145,6 +146,13 @@ CODES: dict[str, str] = {
     "E806": "world size not divisible by the parallel degrees",
     "E807": "setting plandsl cannot express",
     "E808": "part of the plan the target cannot express",
+    # E809-E810: what `plandsl estimate --against` cannot read of a run's metrics
+    "E809": "metrics file that cannot be read or records no step",
+    "E810": "line of a metrics file that is not a step's record",
+    # E811-E813: what `plandsl render` cannot draw
+    "E811": "view that does not apply to the plan",
+    "E812": "graphviz not installed",
+    "E813": "graphviz failed to lay out the picture",
     # E9xx: what `plandsl inspect` cannot derive from a user's torch module
     "E901": "model cannot be imported",
     "E902": "model cannot be built as a torch module",

@@ -3,7 +3,9 @@
 Stage: after checking (and simulating, for schedule and memory). Contract: `render(plan, view)`
 returns DOT text, deterministic for golden tests and needing no graphviz; `render_bytes` and
 `render_file` run graphviz for images (`GraphvizMissing` when it is not installed) and write the
-`all` view as one self-contained HTML page. A view that does not apply raises `NotApplicable`.
+`all` view as one self-contained HTML page. A view that does not apply raises `NotApplicable`; `refusal` turns
+each of `RenderError` into its Diagnostic (E811 a view that does not apply, at the plan; E812 graphviz not
+installed, E813 graphviz failing), which `plandsl.api.render` raises as a PlanError.
 One module per view: `mesh`, `placement`, `schedule`, `memory` (`views` picks one by name); `dot` writes
 DOT text, `output` runs graphviz, `html` assembles the report.
 """
@@ -11,14 +13,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from plandsl.diagnostics import Diagnostic, diag
 from plandsl.render.dot import NotApplicable
-from plandsl.render.output import FORMATS, GraphvizFailed, GraphvizMissing, format_of, readable_titles, to_image
+from plandsl.render.output import (FORMATS, GraphvizFailed, GraphvizMissing, format_of, graphviz_hint, readable_titles,
+                                   to_image)
 from plandsl.render.views import VIEWS, engine, render
 
 RenderError = (NotApplicable, GraphvizMissing, GraphvizFailed)
 
 __all__ = ["VIEWS", "FORMATS", "NotApplicable", "GraphvizMissing", "GraphvizFailed", "RenderError", "render",
-           "engine", "render_bytes", "render_file", "format_of", "output_format", "color_by_problem"]
+           "engine", "refusal", "render_bytes", "render_file", "format_of", "output_format", "color_by_problem"]
 
 
 def render_bytes(plan, view: str, fmt: str = "dot", color_by: str | None = None,
@@ -36,6 +40,20 @@ def render_bytes(plan, view: str, fmt: str = "dot", color_by: str | None = None,
         return text.encode("utf-8")
     image = to_image(text, fmt, engine(view), timings)
     return readable_titles(image.decode("utf-8")).encode("utf-8") if fmt == "svg" else image
+
+
+def refusal(error: Exception, plan) -> Diagnostic:
+    """The Diagnostic of one of `RenderError` raised drawing `plan`: E811 (at the plan) for a view that does not
+    apply, E812 for graphviz not installed, E813 for graphviz failing (its own first line of error in the message)."""
+    if isinstance(error, NotApplicable):
+        return diag("E811", str(error), plan.span,
+                    hint="--view mesh and --view placement draw any plan; schedule and memory need stages over a "
+                         "pipeline axis (--view all draws the views that apply, saying why the others do not)")
+    if isinstance(error, GraphvizMissing):
+        return diag("E812", str(error).split(": ", 1)[0], hint=graphviz_hint())
+    return diag("E813", str(error), hint="`--format dot` writes the DOT text plandsl made, without graphviz: run the "
+                                         "program named on it to see its whole message; where graphviz refuses the "
+                                         "text (not memory or time running out), report it with the plan")
 
 
 def output_format(output: str | None, fmt: str | None, view: str) -> str | None:

@@ -17,6 +17,11 @@ INSTALL = ("graphviz's `dot` is not installed: apt-get install graphviz (Debian/
            "graphviz; `--format dot` writes DOT text without it")
 
 
+def graphviz_hint() -> str:
+    """E812's hint: how to install graphviz, or do without it."""
+    return INSTALL.split(": ", 1)[1]
+
+
 class GraphvizMissing(RuntimeError):
     def __init__(self) -> None:
         super().__init__(INSTALL)

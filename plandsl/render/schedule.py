@@ -31,7 +31,7 @@ def simulated(plan: ir.Plan) -> tuple[Schedule, Simulation, float]:
     `batch_shares`: the slowest replica's, its own microbatches on its own devices (`slowest_replica`)."""
     if plan.stages is None or plan.schedule is None:
         raise NotApplicable(f"no pipeline in this plan: '{plan.name}' has no stages over a pipeline axis, "
-                            "so it has no schedule (try --view mesh or --view placement)")
+                            "so it has no schedule")
     if batch.uneven(plan):
         slowest = simulate_replicas(plan, every_action=True)[0]
         return slowest.schedule, slowest.simulation, slowest.p2p

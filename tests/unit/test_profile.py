@@ -407,15 +407,40 @@ def test_a_cuda_runs_reserved_peak_is_set_beside_the_count(tmp_path):
     assert result.exit_code == 1 and "'peak_reserved_bytes' is nan" in result.output, result.output
 
 
-@pytest.mark.parametrize("extra, words", [("not json\n", "m.jsonl:5: not a step's record"),
-                                          ('{"step": 5}\n', "no number 'step_time_s'"),
-                                          ("[1, 2]\n", "not an object")])
-def test_a_malformed_metrics_line_is_named(tmp_path, extra, words):
+@pytest.mark.parametrize("extra, words, column", [("not json\n", "(Expecting value)", 1),
+                                                  ('{"step": 5}\n', "no number 'step_time_s'", 1),
+                                                  ('{"step": 5, "step_time_s": 0.1, tokens_per_s: 1}\n',
+                                                   "(Expecting property name enclosed in double quotes)", 33),
+                                                  ("[1, 2]\n", "not an object", 1)])
+def test_a_malformed_metrics_line_is_e810_at_its_line(tmp_path, extra, words, column):
+    """An uncoded `error: m.jsonl:5: ...` line before: E810 at the line (json's own column where it names one),
+    with the line under it and what a step's record holds as the hint; exit 1 as before."""
     write_cluster(synthetic_profile(), str(tmp_path / "box.plan"))
     plan_file = _use(tmp_path, "box")
     metrics = _metrics(tmp_path / "m.jsonl", [0.1] * 4, extra=extra)
     result = CliRunner().invoke(main, ["estimate", str(plan_file), "--against", str(metrics)])
     assert result.exit_code == 1 and words in result.output, result.output
+    assert f"m.jsonl:5:{column}: error[E810]: not a step's record of `plandsl run --metrics`" in result.output
+    assert f"5 | {extra.strip()}" in result.output and "^" in result.output
+    assert '= hint: each line is one step\'s JSON object' in result.output and '"tokens_per_s"' in result.output
+    with pytest.raises(api.PlanError) as error:
+        api.estimate_against(api.estimate(api.load_plan(str(plan_file))), metrics)
+    [diagnostic] = error.value.diagnostics
+    assert (diagnostic.code, diagnostic.span.file, diagnostic.span.line, diagnostic.span.column) == \
+        ("E810", str(metrics), 5, column)
+
+
+def test_metrics_that_record_no_step_or_cannot_be_read_are_e809(tmp_path):
+    """An uncoded `error: ...` line before: E809, without a location (no line is at fault), exit 1 as before."""
+    write_cluster(synthetic_profile(), str(tmp_path / "box.plan"))
+    plan_file = _use(tmp_path, "box")
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    for target, words in ((tmp_path / "empty.jsonl", "empty.jsonl: no step recorded"),
+                          (tmp_path / "missing.jsonl", "missing.jsonl")):
+        result = CliRunner().invoke(main, ["estimate", str(plan_file), "--against", str(target)])
+        assert result.exit_code == 1 and result.output.startswith("error[E809]: "), result.output
+        assert words in result.output and "= hint: give the JSON lines `plandsl run --metrics FILE` wrote" in \
+            result.output, result.output
 
 
 @pytest.mark.parametrize("line, words", [
@@ -440,7 +465,7 @@ def test_a_metrics_figure_that_is_no_finite_measurement_is_named(tmp_path, line,
     plan_file = _use(tmp_path, "box")
     metrics = _metrics(tmp_path / "m.jsonl", [0.1] * 4, extra=line + "\n")
     result = CliRunner().invoke(main, ["estimate", str(plan_file), "--against", str(metrics)])
-    assert result.exit_code == 1 and "m.jsonl:5: not a step's record" in result.output, result.output
+    assert result.exit_code == 1 and "m.jsonl:5:1: error[E810]: not a step's record" in result.output, result.output
     assert words in result.output and "E108" not in result.output, result.output
 
 

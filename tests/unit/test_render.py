@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from plandsl import api
 from plandsl.cli import main
 from plandsl.render import VIEWS, GraphvizMissing, NotApplicable, engine, render, render_bytes, render_file
-from plandsl.render.output import INSTALL, graphviz_available, to_image
+from plandsl.render.output import graphviz_available, to_image
 from plandsl.cost.estimate import estimate_plan
 from plandsl.lower.units import format_bytes
 
@@ -333,11 +333,18 @@ def test_html_report_names_the_views_that_do_not_apply(tmp_path):
 
 
 # ---- views that do not apply, graphviz missing ------------------------------------------------
-def test_no_pipeline_is_one_line_and_exit_1():
-    result = CliRunner().invoke(main, ["render", str(STDLIB / "examples/data_parallel.plan"), "--view", "schedule"])
-    assert result.exit_code == 1
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and "no pipeline in this plan" in lines[0]
+def test_no_pipeline_is_e811_at_the_plan_and_exit_1():
+    """An uncoded `FILE: error: ...` line before: E811 at the plan, the views that do apply as the hint."""
+    path = STDLIB / "examples/data_parallel.plan"
+    for view in ("schedule", "memory"):
+        result = CliRunner().invoke(main, ["render", str(path), "--view", view])
+        assert result.exit_code == 1
+        first = result.output.splitlines()[0]
+        assert re.match(r"\S*data_parallel\.plan:\d+:1: error\[E811\]: no pipeline in this plan", first), first
+        assert "^" in result.output and "= hint: --view mesh and --view placement draw any plan" in result.output
+    with pytest.raises(api.PlanError) as error:
+        api.render(api.load_plan(path), "schedule")
+    assert [d.code for d in error.value.diagnostics] == ["E811"]
 
 
 def test_memory_view_without_pipeline_says_so():
@@ -358,8 +365,24 @@ def test_missing_graphviz_says_how_to_install(no_graphviz):
         render_bytes(plan, "mesh", "svg")
     assert "apt-get install graphviz" in str(error.value) and "brew install graphviz" in str(error.value)
     result = CliRunner().invoke(main, ["render", str(STDLIB / "local/3d.plan"), "--view", "mesh", "--format", "png"])
+    assert result.exit_code == 1  # as before; an uncoded `FILE: error: ...` line before, E812 now
+    assert result.output.startswith("error[E812]: graphviz's `dot` is not installed\n"), result.output
+    assert "= hint: apt-get install graphviz (Debian/Ubuntu) or brew install graphviz; `--format dot`" in result.output
+
+
+def test_graphviz_failing_is_e813_with_its_message(tmp_path, monkeypatch):
+    """An uncoded `FILE: error: ...` line before: E813, graphviz's first line of error in the message."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for program in ("dot", "neato"):
+        (bin_dir / program).write_text("#!/bin/sh\necho 'Error: out of memory' >&2\nexit 3\n")
+        (bin_dir / program).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    result = CliRunner().invoke(main, ["render", str(STDLIB / "local/3d.plan"), "--view", "mesh", "--format", "svg"])
     assert result.exit_code == 1
-    assert INSTALL in result.output
+    assert re.match(r"error\[E813\]: (dot|neato) failed \(exit 3\): Error: out of memory\n", result.output), \
+        result.output
+    assert "= hint: `--format dot` writes the DOT text plandsl made" in result.output
 
 
 def test_dot_text_needs_no_graphviz(no_graphviz, tmp_path):

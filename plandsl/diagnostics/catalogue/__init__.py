@@ -5,7 +5,8 @@ why the rule exists on a real cluster, not only what the checker compares. One m
 codes fills a `Family` (`entry.py` says how an entry is written):
 
     syntax (E1xx)  names (E2xx, E22x model shapes)  meshes (E3xx)  placement (E4xx)  training (E5xx)
-    schedules (E6xx)  refusals (E7xx, `plandsl run`)  rewrite (E8xx, generate --from and shrink)
+    schedules (E6xx)  refusals (E7xx, `plandsl run`)  rewrite (E8xx, generate --from, shrink, import, export,
+    estimate --against, render)
     models (E9xx, `plandsl inspect`)  warnings (W)
 
 `explain(code)` is the text `plandsl explain CODE` prints; docs/errors.md is generated from these

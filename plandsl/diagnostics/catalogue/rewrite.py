@@ -1,5 +1,6 @@
 """E8xx: what `plandsl generate --from` cannot keep of a partial plan and what `plandsl shrink`
-cannot scale down.
+cannot scale down; what `plandsl import` cannot read and `plandsl export` cannot write (E804-E808), what
+`plandsl estimate --against` cannot read of a run's metrics (E809-E810) and `plandsl render` cannot draw (E811-E813).
 
 Each `_entry(...)` is one code: why the rule exists, a failing example and the fix; see
 `plandsl.diagnostics.catalogue.entry` for the form."""
@@ -178,3 +179,65 @@ _entry("E808", """
     }}
     """, "Use a schedule Megatron-LM runs (or export with --lossy and launch its 1F1B knowingly).",
     ("schedule = gpipe", "schedule = 1f1b"), command=("export", "--to", "megatron"))
+
+# E809-E810: `plandsl estimate PLAN --against METRICS.jsonl` reads what a run of the plan measured. The example is the
+# metrics file; tests/make_errors_doc.py estimates a small plan (train.plan, written beside it) against it.
+_AGAINST = ("estimate", "train.plan", "--against")
+_RECORD = '{"step": 1, "loss": 6.93, "step_time_s": 0.412, "tokens_per_s": 9942.1, "peak_memory_bytes": 1073741824}'
+
+_entry("E809", """
+    `--against` sets the estimate beside the JSON lines `plandsl run --metrics FILE` wrote, one per step: a file
+    that cannot be read (missing, a folder, larger than 64 MiB) or that holds no step's record has nothing to
+    compare. A run stopped before its first step ended leaves the file empty, as the example is. (train.plan: any
+    plan.)
+    """, "\n", "Give the metrics of a run that recorded a step.", ("\n", _RECORD + "\n"),
+    file="metrics.jsonl", command=_AGAINST, command_line=True)
+
+_entry("E810", """
+    Each line of the metrics is one step's JSON object as `plandsl run --metrics` writes it: `step` (a number at
+    least 0), `step_time_s` and `tokens_per_s` (finite numbers above 0), optionally `peak_memory_bytes` and
+    `peak_reserved_bytes` (at least 0); other keys are ignored. A line that is not (a log line, a figure written
+    as a string, NaN or infinity, a time of 0) is refused at its line, rather than compared as something it is
+    not. (train.plan: any plan.)
+    """, f"""
+    {_RECORD}
+    {_RECORD.replace('"step": 1', '"step": 2').replace('0.412', '"0.208"')}
+    """, "Write each figure as a JSON number.", ('"0.208"', "0.208"),
+    file="metrics.jsonl", command=_AGAINST)
+
+# E811-E813: what `plandsl render` cannot draw. tests/make_errors_doc.py renders each example with the view and format
+# named, on a machine without graphviz (E812), or with a graphviz that fails (E813: a stub, as no plan known makes
+# graphviz fail); the fixes' graphviz is a stub that writes an empty picture.
+_DATA_PARALLEL = f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model   = {GPT}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 8]
+      train   = {{ global_batch: 16, micro_batch: 1 }}
+    }}
+    """
+
+_entry("E811", """
+    The schedule and memory views draw a pipeline's step: its stages' actions over time, and what each pipeline
+    rank holds as they run. A plan without stages over a pipeline axis has no schedule to draw. The mesh and
+    placement views draw any plan; `--view all` draws every view that applies and says why the others do not.
+    """, _DATA_PARALLEL, "Draw a view that applies: the mesh or the placement.",
+    command=("render", "--view", "schedule"), fixed_command=("render", "--view", "mesh"))
+
+_entry("E812", """
+    DOT text (`--format dot`, and the views without `-o`) needs nothing but plandsl; an SVG, PNG or PDF picture,
+    and the HTML page of `--view all`, are laid out by graphviz's own programs (`dot`, `neato`), which are not a
+    Python package: the system's package manager installs them.
+    """, _DATA_PARALLEL, "Install graphviz (or write DOT text with `--format dot`).",
+    command=("render", "--view", "mesh", "--format", "svg"), fixed_command=("render", "--view", "mesh", "--format", "svg"),
+    command_line=True, lacks="Graphviz")
+
+_entry("E813", """
+    graphviz exited with an error laying out the DOT text plandsl wrote: its first line of error is in the message.
+    It may run out of memory or time on a very large picture; otherwise the DOT text is wrong, a plandsl bug.
+    `--format dot` writes that text without graphviz, to run graphviz on by hand. The example has graphviz fail
+    (a stub), as no plan known makes it.
+    """, _DATA_PARALLEL, "Write the DOT text and run graphviz on it to see its whole message; report it with the plan.",
+    command=("render", "--view", "mesh", "--format", "svg"), fixed_command=("render", "--view", "mesh", "--format", "dot"),
+    command_line=True, internal=True)
