@@ -310,7 +310,8 @@ _entry("E719", """
     a login node of the cluster; kubernetes asks the API server of the current kubeconfig, where Volcano must
     run. When that fails (no `sbatch`, no cluster reached, the scheduler refusing the job) the job is not
     submitted; the message is TorchX's, and what TorchX warned of on the way (often the cause: no kubeconfig)
-    follows as notes. `--dryrun` prints the job without handing it over.
+    follows as notes. `--dryrun` prints the job without handing it over, and asks no cluster but where told to:
+    kubernetes' `--cfg validate_spec=True` has the API server check the job, and that check failing is E719 too.
     """, _LAUNCHED,
     "Submit from a login node of the cluster, where `sbatch` runs.",
     command=("launch", "--scheduler", "slurm", "--cpu", "16", "--mem-mb", "64000"),
