@@ -503,11 +503,9 @@ def prepare_run(plan: ir.Plan, path: str, name: str | None, params: dict[str, An
     """torchrun's arguments for a runnable plan (`load_runnable`); PlanError when the options do not fit it
     (E710-E714: the mesh against the nodes and processes, a missing endpoint, options that need another, GPUs),
     `option_error()` for one option's usage error (`--data`, `--device cuda` without a GPU)."""
-    from plandsl.runtime.launch import LaunchError, OptionError, prepare  # stage
+    from plandsl.runtime.launch import LaunchError, prepare  # stage
     try:
         return prepare(plan, path, name, params, options, dry_run)
-    except OptionError:
-        raise
     except LaunchError as error:
         raise PlanError([error.diagnostic], _sources_at(error.diagnostic)) from None
 

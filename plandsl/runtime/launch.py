@@ -38,13 +38,12 @@ class LaunchError(ValueError):
         self.diagnostic = diagnostic
 
 
-class OptionError(LaunchError):
+class OptionError(ValueError):
     """One option's value is wrong on its own, or (`missing`) an option needed is not given (the CLI's usage
-    error, exit 2, naming `option`; no diagnostic)."""
+    error, exit 2, naming `option`): no diagnostic, so not a LaunchError."""
 
     def __init__(self, option: str, message: str, missing: bool = False):
-        ValueError.__init__(self, message)
-        self.diagnostic = None
+        super().__init__(message)
         self.option = option
         self.missing = missing
 
