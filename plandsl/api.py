@@ -56,7 +56,7 @@ __all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "
            "dry_run_commands", "launch", "command_line", "launch_schedulers", "job_options", "check_job_options",
            "load_launchable", "launch_refusals", "cluster_job", "submit_job", "exit_status", "export", "import_config", "import_name", "interop_targets", "args_text",
            "read_args_file", "profile_options", "profile_problems", "profile", "profile_errors", "write_profile",
-           "profile_report", "parse_params", "include", "writable_file",
+           "profile_report", "parse_params", "include", "writable_file", "write_output", "unwritable",
            "writable_dir", "regular_file_problem", "data_path_problem"]
 
 
@@ -317,22 +317,11 @@ def inspect_model(source: str, seq: int | None = None, dtype: str = "bfloat16",
 def inspect_plan(path: str | Path) -> list[tuple[InspectedModel, str]]:
     """Every `hf(...)`/`factory(...)` model a plan file writes, inspected at its seq and written where the plan
     reads it (`.plandsl/` beside it, created): (table, cache path) each. The file's folder and the current
-    one are searched first for a factory's module. PlanError (syntax, E901-E904); ValueError for a call whose
-    arguments are not literals, or a table that cannot be written there (`.plandsl` a file, a full disk)."""
-    from plandsl.lower.inspected import written_sources  # stage
-    from plandsl.ir.inspected import write_cache  # stage
-    from plandsl.runtime.inspect import inspect_model as derive  # stage: torch
-    written = []
-    for source, seq, cache in written_sources(parse_file(path)):
-        table = derive(source, seq, "bfloat16", (os.path.dirname(str(path)) or ".", "."))
-        try:
-            os.makedirs(os.path.dirname(cache) or ".", exist_ok=True)
-            write_cache(table, cache)
-        except OSError as error:  # was E108 (FileExistsError where .plandsl is a file)
-            raise ValueError(f"cannot write the layer table of {source.text} to {cache}: "
-                             f"{error.strerror or error}") from None
-        written.append((table, cache))
-    return written
+    one are searched first for a factory's module. PlanError: the file's syntax, E901-E904, E110 (at the model's
+    call) for a table that cannot be written there (`.plandsl` a file, a full disk); ValueError for a call whose
+    arguments are not literals."""
+    from plandsl.runtime.inspect.plan import inspect_plan as inspect  # stage: torch
+    return inspect(path)
 
 
 def format_inspected(model: InspectedModel) -> str:
@@ -681,7 +670,7 @@ def profile_errors() -> type[Exception]:
 
 def write_profile(profile: Profile, path: str) -> str:
     """Write `profile` as a cluster file at `path` (atomically: the old file or the new one, never a part);
-    the text written. OSError when it cannot."""
+    the text written. PlanError E110 when it cannot."""
     from plandsl.runtime.profile.job import write_cluster  # stage
     return write_cluster(profile, path)
 
@@ -730,10 +719,23 @@ def include_flags(folders) -> str:
     return flags(folders)
 
 
-def replace_file(path: str, text: str) -> str | None:
-    """Write `text` over the file `path` atomically (`fmt`): why it could not, or None."""
+def replace_file(path: str, text: str) -> None:
+    """Write `text` over the file `path` atomically (`fmt`); PlanError E110 when it cannot."""
     from plandsl.syntax.files import replace_file as replace  # stage
-    return replace(path, text)
+    replace(path, text)
+
+
+def write_output(path: str, data: bytes | str) -> None:
+    """Write an output file the command was asked for (`-o`, `--trace`); PlanError E110 when it cannot (a full
+    disk, a path changed since `writable_file` passed it)."""
+    from plandsl.syntax.files import write_output as write  # stage
+    write(path, data)
+
+
+def unwritable(path: str, error: OSError | str, what: str = "") -> Diagnostic:
+    """E110 for an output that could not be written (`path` "": standard output or error), with the reason."""
+    from plandsl.syntax.files import unwritable as problem  # stage
+    return problem(path, error, what)
 
 
 def writable_dir(path: str) -> str | None:

@@ -77,21 +77,9 @@ def _writable_dir(ctx, param, value):
 
 
 def _write(path: str, data: bytes | str) -> None:
-    """Write an output file; a failure the checks before the work could not see is exit 1, not a traceback."""
-    problem = _write_problem(path, data)
-    if problem:
-        click.echo(f"{path}: error: cannot write: {problem}", err=True)
-        sys.exit(1)
-
-
-def _write_problem(path: str, data: bytes | str) -> str | None:
-    """Write `data` to `path`; why that failed, or None."""
-    try:
-        with open(path, "wb") as handle:
-            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
-    except OSError as error:
-        return error.strerror or str(error)
-    return None
+    """Write an output file; a failure the checks before the work could not see is E110, exit 1 (the command's
+    boundary prints it, as JSON with `--format json`), not a traceback."""
+    api.write_output(path, data)
 
 
 @contextlib.contextmanager
@@ -155,7 +143,7 @@ def _output_problem(error: OSError) -> None:
     with contextlib.suppress(OSError):  # stdout's buffer would fail again as the interpreter exits
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     with contextlib.suppress(OSError):  # standard error may be where it failed
-        click.echo(f"error: cannot write the output: {error.strerror or error}", err=True)
+        click.echo(api.render_all([api.unwritable("", error)], {}), err=True)  # E110, at no place
     sys.exit(1)
 
 
@@ -283,9 +271,10 @@ def _format_one(file: str, check_only: bool) -> str:
     if check_only:
         click.echo(f"{file}: would reformat")
         return "would change"
-    problem = api.replace_file(file, formatted)
-    if problem:
-        click.echo(f"{file}: error: cannot write: {problem}", err=True)
+    try:
+        api.replace_file(file, formatted)
+    except api.PlanError as error:  # E110: the file is left as it was
+        click.echo(str(error), err=True)
         return "failed"
     click.echo(f"{file}: reformatted")
     return "changed"
@@ -706,11 +695,7 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
         click.echo(f"node {node_rank}: measured with the others; node 0 writes the cluster file", err=True)
         return
     click.echo(api.profile_report(measured))
-    try:
-        api.write_profile(measured, output)
-    except OSError as error:
-        click.echo(f"{output}: error: cannot write: {error.strerror or error}", err=True)
-        sys.exit(1)
+    api.write_profile(measured, output)  # E110 when it cannot (the boundary prints it, exit 1)
     click.echo(f"wrote {output}")
 
 

@@ -27,7 +27,8 @@ from plandsl.syntax.loader import stdlib_root  # noqa: E402
 from plandsl.runtime.support import refusals  # noqa: E402
 
 STAGES = [
-    ("E1", "E1xx: syntax", "The text is not a plan; nothing after the first syntax error is checked."),
+    ("E1", "E1xx: syntax and files", "The text is not a plan; nothing after the first syntax error is checked. "
+     "E105-E109: a file that cannot be read; E110: an output file that cannot be written."),
     ("E2", "E2xx: names, types, units and imports", "Found while giving the text its meaning (lowering); "
      "E22x are the shapes a model needs to run, found by the checker."),
     ("E3", "E3xx: clusters and meshes", "The device mesh against the cluster it runs on."),
@@ -69,6 +70,8 @@ def _command(entry: Entry, path: Path, command: tuple[str, ...], fixed: bool = F
     """What `plandsl generate --from`, `plandsl shrink`, `plandsl inspect`, `plandsl launch` or `plandsl run`
     (`command`: the entry's, or its fix's, `fixed`) reports on the example."""
     from plandsl.diagnostics import PlanError
+    if command == ("inspect",):
+        return _inspect_plan(path)
     if command[0] == "inspect":
         return _inspect(entry, path)
     if command[0] in ("import", "export"):
@@ -340,6 +343,17 @@ def _inspect(entry: Entry, path: Path) -> Analysis:
     return Analysis(str(path), None, [], {})
 
 
+def _inspect_plan(path: Path) -> Analysis:
+    """`plandsl inspect EXAMPLE.plan` (`api.inspect_plan`): every model's table written where the plan reads it."""
+    from plandsl import api
+    from plandsl.diagnostics import PlanError
+    try:
+        api.inspect_plan(path)
+    except PlanError as error:
+        return Analysis(str(path), None, list(error.diagnostics), dict(error.sources))
+    return Analysis(str(path), None, [], {})
+
+
 def _internal(entry: Entry, path: Path) -> Analysis:
     """`plandsl check` of the example (api.check, the boundary) while the checker raises KeyError('tp'); E716's
     `plandsl run --dry-run` while rank 1's build raises it."""
@@ -380,6 +394,8 @@ def run_example(entry: Entry, fixed: bool = False) -> tuple[Analysis, str]:
         path.write_bytes(text.encode(encoding))
         for folder in entry.folders:
             (Path(directory) / folder).mkdir()
+        for name in () if fixed else entry.files:
+            (Path(directory) / name).write_bytes(b"")
         if entry.inspect:  # the tables of its hf()/factory() models, where the plan reads them
             _write_tables(path)
         command = entry.fixed_command if fixed and entry.fixed_command else entry.command
@@ -403,7 +419,8 @@ def _code(text: str, language: str = "") -> list[str]:
 def _section(entry: Entry) -> list[str]:
     _, rendered = run_example(entry)
     saved = f" (saved as {entry.encoding})" if entry.encoding != "utf-8" else ""
-    beside = f" (beside it, `{'`, `'.join(entry.folders)}` is a folder)" if entry.folders else ""
+    beside = f" (beside it, `{'`, `'.join(entry.folders)}` is a folder)" if entry.folders else \
+        f" (beside it, `{'`, `'.join(entry.files)}` is a file)" if entry.files else ""
     lines = [f"### {entry.code}: {entry.title}", "", entry.explanation, "",
              f"Example, `{entry.file}`{saved}{beside}:", ""]
     command = "plandsl run" if entry.stage == "E7" else "plandsl check"
@@ -422,7 +439,7 @@ def _section(entry: Entry) -> list[str]:
         "json" if entry.file.endswith(".jsonl") else "plan"
     if entry.command[:1] == ("import",):
         command = f"plandsl {' '.join(entry.command)} --args-file {entry.file} -o imported.plan"
-    if entry.command[:1] == ("inspect",):
+    if entry.command[:1] == ("inspect",) and len(entry.command) > 1:
         command = f"plandsl inspect '{entry.command[1]}'"
     lines += _code(entry.example, language) + ["", f"`{command}`{where} reports:", ""]
     lines += _code(rendered, "text") + ["", f"**Fix:** {entry.fix}", ""]

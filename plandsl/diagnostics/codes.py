@@ -1,6 +1,6 @@
 """The registry of diagnostic codes: one entry per code, stable forever.
 
-E1xx syntax, E2xx names/types/units/imports (E22x model shapes), E3xx clusters and meshes, E4xx placement
+E1xx syntax and files (E110: an output file that cannot be written), E2xx names/types/units/imports (E22x model shapes), E3xx clusters and meshes, E4xx placement
 and sharding, E5xx training and memory, E6xx schedules, E7xx what `plandsl run` refuses
 (valid plans the interpreter cannot run) or `plandsl launch` cannot submit as one job, E8xx what `plandsl generate --from` cannot keep,
 `plandsl shrink` cannot do, `plandsl import` cannot read or `plandsl export` cannot write, `plandsl estimate --against` cannot
@@ -21,6 +21,7 @@ CODES: dict[str, str] = {
     "E107": "not a regular file",
     "E108": "internal error (a plandsl bug)",
     "E109": "file cannot be read",
+    "E110": "output file cannot be written",
     # E2xx: names, types, units, imports
     "E201": "unknown name",
     "E202": "duplicate definition",

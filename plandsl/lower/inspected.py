@@ -18,6 +18,7 @@ from plandsl import ir
 from plandsl import syntax as s
 from plandsl.diagnostics import PlanError
 from plandsl.diagnostics.limits import MAX_SEQ
+from plandsl.diagnostics.source import Span
 from plandsl.ir.fqn import naming_something
 from plandsl.ir.inspected import INPUT_KEY, InspectedModel, ModelSource, check_image, read_cache, write_cache
 from plandsl.lower.bodies import build
@@ -200,7 +201,12 @@ def written_sources(module: s.Module) -> list[tuple[ModelSource, int, str]]:
     """Every `hf(...)`/`factory(...)` call of a parsed file whose arguments are literals, with its seq and the
     cache path a plan in that file reads (what `plandsl inspect FILE.plan` writes); ValueError naming a call
     whose arguments are not literals (a `param` or `let`: give the model source to `plandsl inspect` instead)."""
-    found: dict[str, tuple[ModelSource, int, str]] = {}
+    return [(source, seq, cache) for source, seq, cache, _ in written_models(module)]
+
+
+def written_models(module: s.Module) -> list[tuple[ModelSource, int, str, Span]]:
+    """`written_sources`, each with the span of its (first) call."""
+    found: dict[str, tuple[ModelSource, int, str, Span]] = {}
     for call in _calls(module):
         inputs = [kwarg for kwarg in call.kwargs if kwarg.name == INPUT_KEY and _is_image(kwarg.value)]
         kwargs = [kwarg for kwarg in call.kwargs if kwarg not in inputs]
@@ -214,7 +220,7 @@ def written_sources(module: s.Module) -> list[tuple[ModelSource, int, str]]:
                              tuple((kwarg.name, value) for kwarg, value in zip(kwargs, literal[1:], strict=True)),
                              check_image(sizes[0], f"{call.span}: input") if sizes else None)
         seq = model_seq(source)
-        found.setdefault(source.text, (source, seq, cache_path(module.file, source, seq)))
+        found.setdefault(source.text, (source, seq, cache_path(module.file, source, seq), call.span))
     return list(found.values())
 
 

@@ -7,7 +7,8 @@ descriptor), and at most `limit + 1` bytes are read, so an over-limit input answ
 constant memory; a file that reports size 0 yet has content (/proc, /sys) is refused after the read,
 without showing it. `read_stdin` does the
 same for standard input. `check_regular` is the regular-file test alone, for files read in chunks
-(token files). `writable_file`/`writable_dir` say why an output path cannot be written, or None.
+(token files). `writable_file`/`writable_dir` say why an output path cannot be written, or None, before the work; `write_output`
+writes one after it, and `unwritable` is the E110 of one that could not be written then after all.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import re
 import stat
 from typing import BinaryIO, Callable
 
-from plandsl.diagnostics import diag
+from plandsl.diagnostics import Diagnostic, PlanError, diag
 from plandsl.diagnostics.source import Span
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -228,6 +229,46 @@ def _reason(error: OSError) -> str:
     return error.strerror or str(error)
 
 
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_REFUSED = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def unwritable(path: str, error: OSError | str, what: str = "", span: Span | None = None,
+               hint: str | None = None) -> Diagnostic:
+    """E110: the output `path` (`what` it holds: "the layer table of ...", "the cluster file") could not be written,
+    with the system's reason (`error`, or why as text): at `span` where a plan's line asked for it (inspect's model
+    call), else at the path itself (line 1, as E208 is for a file that cannot be read); `path` "" is the command's
+    standard output or error, at no place. The hint (unless given) says what to do about the reason."""
+    reason = error if isinstance(error, str) else _reason(error)
+    number = None if isinstance(error, str) else error.errno
+    shown = f"{what} to {path}" if what and path else what or path or "the output"
+    if hint is not None:
+        pass
+    elif not path:
+        hint = "standard output or error went to a full disk, a closed pipe or a device that takes nothing " \
+               "(`> /dev/full`): send it somewhere that takes it"
+    elif number in _FULL:
+        hint = "the disk (or your quota) is full: free space, or write to another disk"
+    elif number in _REFUSED:
+        hint = "the system refuses to write there: give a path you may write, or make this one writable"
+    else:
+        hint = "give another path, or mend this one (its folder must exist and be a directory you may write)"
+    if span is None and path:
+        span = Span(path, 1, 1, 1, 1)
+    return diag("E110", f"cannot write {shown}: {reason}", span, hint=hint)
+
+
+def write_output(path: str, data: bytes | str, what: str = "") -> None:
+    """Write an output file the command was asked for (`-o`, `--trace`) as it is named (a device or a FIFO written
+    through, as the user asked); PlanError E110 when it cannot be (`writable_file` refused what it could see before
+    the work: this is a full disk, or a path that changed since)."""
+    try:
+        with open(path, "wb") as handle:
+            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+    except OSError as error:
+        raise PlanError([unwritable(path, error, what)]) from None
+
+
 def write_through_temporary(path: str, text: str) -> None:
     """Write `text` to `path` through a temporary file beside it, renamed over `path` at the end, so that whatever was
     there is replaced, not written through (a FIFO was opened and waited on for ever, a link to /dev/full written
@@ -250,18 +291,18 @@ def write_through_temporary(path: str, text: str) -> None:
         raise
 
 
-def replace_file(path: str, text: str) -> str | None:
+def replace_file(path: str, text: str) -> None:
     """Write `text` over the existing file `path` atomically (`fmt`): into a temporary file beside it, flushed
     and fsynced, given the file's permission bits (and owner, where allowed), then `os.replace`d over it, so
     that a reader sees the old file or the new one, never a part. A symlink's target is replaced and the link
-    kept. On any failure the file is left as it was and the temporary file removed: why, or None."""
+    kept. On any failure the file is left as it was and the temporary file removed: PlanError E110 saying why."""
     import tempfile  # lazy: only fmt writes through a temporary file (it imports random and shutil)
     target = os.path.realpath(path)
     temporary = None
     try:
         status = os.stat(target)
         if not os.access(target, os.W_OK):  # a read-only file stays read-only, as an in-place write would
-            return os.strerror(errno.EACCES)
+            raise PlanError([unwritable(path, OSError(errno.EACCES, os.strerror(errno.EACCES)))])
         descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".fmt",
                                                  dir=os.path.dirname(target))
         with os.fdopen(descriptor, "wb") as handle:
@@ -274,7 +315,7 @@ def replace_file(path: str, text: str) -> str | None:
         os.replace(temporary, target)
         temporary = None
     except OSError as error:
-        return error.strerror or str(error)
+        raise PlanError([unwritable(path, error)]) from None
     finally:
         if temporary is not None:
             with contextlib.suppress(OSError):
@@ -285,4 +326,3 @@ def replace_file(path: str, text: str) -> str | None:
             os.fsync(folder)
         finally:
             os.close(folder)
-    return None

@@ -120,5 +120,23 @@ def test_an_output_that_cannot_be_written_is_said_not_a_bug(tmp_path, args):
                               stderr=subprocess.PIPE, text=True, timeout=120,
                               env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == 1, done.stderr
-    assert "cannot write the output: No space left on device" in done.stderr, done.stderr
+    assert "error[E110]: cannot write the output: No space left on device" in done.stderr, done.stderr
+    assert "= hint: standard output or error went to a full disk" in done.stderr, done.stderr
     assert "E108" not in done.stderr and "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+def test_an_output_file_that_cannot_be_written_is_E110_at_its_path(tmp_path):
+    """`-o /dev/full` passes the check before the work (a device is written as asked) and fails as it is written: an
+    uncoded `/dev/full: error: cannot write: ...` line before; E110 at the path with the system's reason and a hint,
+    exit 1, and as JSON with `--format json`."""
+    (tmp_path / "p.plan").write_text(VALID_PLAN)
+    plan = str(tmp_path / "p.plan")
+    result = CliRunner().invoke(main, ["render", plan, "--view", "mesh", "--format", "dot", "-o", "/dev/full"])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("/dev/full:1:1: error[E110]: cannot write /dev/full: No space left on device\n"
+                                    "  = hint: the disk (or your quota) is full"), result.output
+    shrunk = CliRunner().invoke(main, ["shrink", plan, "--format", "json", "-o", "/dev/full"])
+    assert shrunk.exit_code == 1, shrunk.output
+    [problem] = [json.loads(line) for line in shrunk.stdout.splitlines()]
+    assert problem["code"] == "E110" and problem["location"]["file"] == "/dev/full", problem

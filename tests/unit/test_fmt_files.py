@@ -91,7 +91,8 @@ def test_a_file_that_cannot_be_written_is_reported_and_the_next_is_written(files
     monkeypatch.setattr(tempfile, "mkstemp", refusing_mkstemp)
     result = _run("fmt", files["messy1"], files["messy2"])
     assert result.exit_code == 1
-    assert f"{files['messy1']}: error: cannot write: Permission denied" in result.output
+    assert f"{files['messy1']}:1:1: error[E110]: cannot write {files['messy1']}: Permission denied" in result.output
+    assert "= hint: the system refuses to write there" in result.output
     assert Path(files["messy2"]).read_text() == TIDY.replace("plan p {", "plan messy2 {")
 
 
@@ -109,7 +110,8 @@ def test_a_failure_between_write_and_replace_leaves_the_original(files, monkeypa
     monkeypatch.setattr(os, "replace", failing_replace)
     result = _run("fmt", files["messy1"], files["tidy"])
     assert result.exit_code == 1
-    assert f"{files['messy1']}: error: cannot write: No space left on device" in result.output
+    assert f"{files['messy1']}:1:1: error[E110]: cannot write {files['messy1']}: No space left on device" \
+        in result.output and "= hint: the disk (or your quota) is full" in result.output
     assert Path(files["messy1"]).read_text() == messy  # untouched
     assert _leftovers(Path(files["messy1"]).parent) == []  # and no temporary file left behind
 

@@ -325,8 +325,25 @@ def test_a_table_that_cannot_be_written_is_an_error_not_E108(tmp_path):
     plan = _factory_plan(tmp_path)
     (tmp_path / ".plandsl").write_text("")
     result = CliRunner().invoke(main, ["inspect", str(plan)])
-    assert result.exit_code == 1 and "cannot write the layer table of tiny_model:build()" in result.output \
-        and "E108" not in result.output, result.output
+    assert result.exit_code == 1 and "E108" not in result.output, result.output
+    # E110 at the model's call (an uncoded `error: cannot write ...` line before), found before the model is built
+    assert f"{plan}:3:11: error[E110]: cannot write the layer table of tiny_model:build() to " in result.output
+    assert ".plandsl: it is a file, not a directory" in result.output and "= hint: the plan reads" in result.output
+
+
+def test_a_table_that_cannot_be_written_after_it_is_built_is_E110_at_the_call(tmp_path, monkeypatch):
+    """A full disk as the table is written (after the model is built): E110 at the call, the system's reason."""
+    from plandsl.runtime.inspect import plan as inspecting
+    plan = _factory_plan(tmp_path)
+
+    def full(table, cache):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(inspecting, "write_cache", full)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["inspect", str(plan)])
+    assert result.exit_code == 1, result.output
+    assert f"{plan}:3:11: error[E110]: cannot write the layer table of tiny_model:build() to " in result.output
+    assert "No space left on device" in result.output and "= hint: the disk (or your quota) is full" in result.output
 
 
 @pytest.mark.parametrize("kind", ["fifo", "link to /dev/full"])

@@ -255,6 +255,24 @@ def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
     assert target.read_text() == "# before\n" and sorted(os.listdir(tmp_path)) == ["box.plan"]
 
 
+def test_a_cluster_file_that_cannot_be_written_is_E110_at_its_path(tmp_path, monkeypatch):
+    """A full disk as the cluster file is written: an uncoded `FILE: error: cannot write: ...` line before; E110 at the
+    path with the system's reason and a hint, exit 1, the old file left."""
+    target = tmp_path / "box.plan"
+    target.write_text("# before\n")
+    monkeypatch.setattr(job, "run_profile", lambda options, progress=None: synthetic_profile())
+    monkeypatch.setattr(job, "_cuda_devices", lambda: 0)
+
+    def full(path, text):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(job, "write_through_temporary", full)
+    result = CliRunner().invoke(main, ["profile", "--quick", "-o", str(target)])
+    assert result.exit_code == 1, result.output
+    assert f"{target}:1:1: error[E110]: cannot write the cluster file to {target}: No space left on device" \
+        in result.output and "= hint: the disk (or your quota) is full" in result.output, result.output
+    assert target.read_text() == "# before\n"
+
+
 # ---- bounded options --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("options, cuda, words", [
     (ProfileOptions(nproc_per_node=100_000), 0, "above plandsl's limit of 256 processes per node"),

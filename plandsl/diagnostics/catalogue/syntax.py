@@ -1,4 +1,5 @@
-"""E1xx: the text is not a plan (tokens, strings, encoding, size, the file itself).
+"""E1xx: the text is not a plan (tokens, strings, encoding, size, the file itself), or an output file cannot be
+written (E110).
 
 Each `_entry(...)` is one code: why the rule exists, a failing example and the fix; see
 `plandsl.diagnostics.catalogue.entry` for the form."""
@@ -153,3 +154,26 @@ _entry("E109", """
     }}
     """, "Name a file the system can read (here a name of at most 255 bytes).",
     (f'import "{"models_" * 40}"\n', ""))
+
+_entry("E110", """
+    A file the command was asked to write could not be written after the work was done: the disk or
+    the quota is full, the path changed since the command started, or (`plandsl inspect FILE.plan`)
+    the `.plandsl` folder where the plan reads its models' tables is a file. An output path that
+    can be seen to be unwritable before any work starts (`-o` into a missing folder, onto a
+    directory) is refused then, as a usage error (exit 2); this is what only writing finds out (exit
+    1). The system's reason is given, at the path (line 1), or at the model's call for a layer table,
+    or at no place for standard output (`plandsl show example.plan > /dev/full`). Nothing is left half
+    written: a table, a cluster file and `fmt`'s files go through a temporary file renamed over the
+    old one. Here `.plandsl` beside the plan is a file.
+    """, """
+    import "clusters/local"
+    plan p {
+      model   = hf("LlamaForCausalLM", hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, vocab_size=512, max_position_embeddings=128)
+      cluster = localhost
+      mesh    = [dp = 2] over devices[0:2]
+      train   = { global_batch: 8, micro_batch: 1 }
+    }
+    """, "Move the file named `.plandsl` away (the tables go into a folder of that name beside the plan); "
+         "elsewhere, free space on the disk or write to a path you may write.",
+    command=("inspect",), fixed_command=("inspect",), files=(".plandsl",))

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from plandsl.diagnostics import Diagnostic, diag
+from plandsl.diagnostics import Diagnostic, PlanError, diag
 from plandsl.diagnostics.limits import MAX_LOCAL_RANKS, MAX_PROFILE_NODES, MAX_SUSTAIN_SECONDS
 from plandsl.runtime.launch import cuda_device_count as _cuda_devices, endpoint_problem  # as `run` counts them
 from plandsl.runtime.profile.results import Profile
 from plandsl.runtime.profile.write import cluster_text
-from plandsl.syntax.files import write_through_temporary
+from plandsl.syntax.files import unwritable, write_through_temporary
 
 Progress = Callable[[int, int], None]
 TIMEOUT_S = 300
@@ -165,9 +165,12 @@ def _polling(path: str, progress: Progress | None, every_s: float = 0.2):
 
 def write_cluster(profile: Profile, path: str) -> str:
     """Write the cluster file for `profile` to `path` (its stem names the node) through a temporary file beside
-    it, renamed over `path` at the end; the text written. OSError when it cannot."""
+    it, renamed over `path` at the end; the text written. PlanError E110 when it cannot (the old file left)."""
     text = cluster_text(profile, Path(path).stem)
-    write_through_temporary(path, text)
+    try:
+        write_through_temporary(path, text)
+    except OSError as error:
+        raise PlanError([unwritable(path, error, "the cluster file")]) from None
     return text
 
 
