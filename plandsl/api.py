@@ -317,9 +317,9 @@ def inspect_model(source: str, seq: int | None = None, dtype: str = "bfloat16",
 def inspect_plan(path: str | Path) -> list[tuple[InspectedModel, str]]:
     """Every `hf(...)`/`factory(...)` model a plan file writes, inspected at its seq and written where the plan
     reads it (`.plandsl/` beside it, created): (table, cache path) each. The file's folder and the current
-    one are searched first for a factory's module. PlanError: the file's syntax, E901-E904, E110 (at the model's
-    call) for a table that cannot be written there (`.plandsl` a file, a full disk); ValueError for a call whose
-    arguments are not literals."""
+    one are searched first for a factory's module. PlanError: the file's syntax, E905 (at the call) for a call
+    whose arguments are not literals, E901-E904, E110 (at the model's call) for a table that cannot be written
+    there (`.plandsl` a file, a full disk)."""
     from plandsl.runtime.inspect.plan import inspect_plan as inspect  # stage: torch
     return inspect(path)
 

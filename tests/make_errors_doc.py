@@ -50,7 +50,7 @@ STAGES = [
      "failing)."),
     ("E9", "E9xx: what plandsl inspect cannot derive", "Reported by `plandsl inspect` (a user's torch module, "
      "a factory or a Hugging Face config, built on the meta device and read as a layer table); the example "
-     "is the user's Python file."),
+     "is the user's Python file, but for E905 (`plandsl inspect FILE.plan`: a model call it cannot read)."),
     ("W", "Warnings", "The plan is valid, but probably not what was meant."),
 ]
 

@@ -159,6 +159,7 @@ CODES: dict[str, str] = {
     "E902": "model cannot be built as a torch module",
     "E903": "model forward fails on meta tensors",
     "E904": "no block list found in the model",
+    "E905": "model call in a plan whose arguments are not literals",
     # warnings
     "W201": "unused definition or parameter",
     "W202": "top_k on a model without experts",

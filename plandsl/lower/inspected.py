@@ -16,7 +16,7 @@ from typing import Callable
 
 from plandsl import ir
 from plandsl import syntax as s
-from plandsl.diagnostics import PlanError
+from plandsl.diagnostics import PlanError, diag
 from plandsl.diagnostics.limits import MAX_SEQ
 from plandsl.diagnostics.source import Span
 from plandsl.ir.fqn import naming_something
@@ -122,12 +122,20 @@ def torch_names(table: InspectedModel) -> dict:
                 tied=table.tied, tp_plan=plan, experts=table.experts, ep_plan=table.ep_plan)
 
 
+def _one_string_first(kind: str) -> tuple[str, str]:
+    """E212's message and hint for an `hf(...)`/`factory(...)` call that does not start with its one string."""
+    example = 'hf("LlamaForCausalLM", hidden_size=4096, ...)' if kind == "hf" else \
+        'factory("my_models.llama:build", depth=32)'
+    return f"{kind}() takes one string first, then named arguments", example
+
+
+_IMAGE_HINT = "input=image(3, 224, 224): channels, height, width"
+
+
 def _source(scope: Scope, call: s.Call, kind: str) -> ModelSource:
     if len(call.args) != 1 or not isinstance(call.args[0], s.Str):
-        example = 'hf("LlamaForCausalLM", hidden_size=4096, ...)' if kind == "hf" else \
-            'factory("my_models.llama:build", depth=32)'
-        raise scope.reporter.error("E212", f"{kind}() takes one string first, then named arguments", call.span,
-                                   hint=example)
+        message, example = _one_string_first(kind)
+        raise scope.reporter.error("E212", message, call.span, hint=example)
     target = call.args[0].value
     if kind == "factory" and ":" not in target:
         raise scope.reporter.error("E205", 'factory() takes "package.module:function"', call.args[0].span)
@@ -167,7 +175,7 @@ def _image(scope: Scope, call: s.Call) -> tuple[int, ...] | None:
             raise ValueError("image() takes its sizes in order: image(channels, height, width)")
         return check_image(sizes, "input")
     except ValueError as error:
-        scope.reporter.error("E205", str(error), call.span, hint="input=image(3, 224, 224): channels, height, width")
+        scope.reporter.error("E205", str(error), call.span, hint=_IMAGE_HINT)
         return None
 
 
@@ -199,29 +207,54 @@ def _layers(scope: Scope, call: s.Call, table: InspectedModel) -> tuple[ir.Custo
 
 def written_sources(module: s.Module) -> list[tuple[ModelSource, int, str]]:
     """Every `hf(...)`/`factory(...)` call of a parsed file whose arguments are literals, with its seq and the
-    cache path a plan in that file reads (what `plandsl inspect FILE.plan` writes); ValueError naming a call
-    whose arguments are not literals (a `param` or `let`: give the model source to `plandsl inspect` instead)."""
+    cache path a plan in that file reads (what `plandsl inspect FILE.plan` writes); PlanError (`written_models`)
+    for a call it cannot read a model source from."""
     return [(source, seq, cache) for source, seq, cache, _ in written_models(module)]
 
 
 def written_models(module: s.Module) -> list[tuple[ModelSource, int, str, Span]]:
-    """`written_sources`, each with the span of its (first) call."""
+    """`written_sources`, each with the span of its (first) call. PlanError (no sources: the caller has the file's
+    text) at a call no model source can be read from, without evaluating anything: E905 for an argument (or an
+    image size) that is not a literal (a `param`, a `let`, an expression: `plandsl inspect` reads the text), and
+    the codes `check` gives the same call for the rest: E212 (not one string first), E213 (`input=` twice), E205
+    (an image's sizes)."""
     found: dict[str, tuple[ModelSource, int, str, Span]] = {}
     for call in _calls(module):
-        inputs = [kwarg for kwarg in call.kwargs if kwarg.name == INPUT_KEY and _is_image(kwarg.value)]
-        kwargs = [kwarg for kwarg in call.kwargs if kwarg not in inputs]
-        literal = [_literal(arg) for arg in call.args] + [_literal(kwarg.value) for kwarg in kwargs]
-        sizes = [tuple(_literal(arg) for arg in kwarg.value.args) for kwarg in inputs]
-        if any(value is _NOT_LITERAL for value in literal + [size for image in sizes for size in image]) \
-                or not call.args or not isinstance(literal[0], str) or len(inputs) > 1:
-            raise ValueError(f"{call.span}: {call.func.id}(...) has arguments that are not literals; "
-                             "run plandsl inspect with its model source instead")
-        source = ModelSource("hf" if call.func.id == "hf" else "factory", literal[0],
-                             tuple((kwarg.name, value) for kwarg, value in zip(kwargs, literal[1:], strict=True)),
-                             check_image(sizes[0], f"{call.span}: input") if sizes else None)
+        source = _written_source(call)
         seq = model_seq(source)
         found.setdefault(source.text, (source, seq, cache_path(module.file, source, seq), call.span))
     return list(found.values())
+
+
+def _written_source(call: s.Call) -> ModelSource:
+    """The model source an `hf(...)`/`factory(...)` call writes in literals; PlanError (`written_models`)."""
+    kind = call.func.id
+    if len(call.args) != 1 or not isinstance(call.args[0], s.Str):
+        message, example = _one_string_first(kind)
+        raise PlanError([diag("E212", message, call.span, hint=example)])
+    inputs = [kwarg for kwarg in call.kwargs if kwarg.name == INPUT_KEY and _is_image(kwarg.value)]
+    if len(inputs) > 1:
+        raise PlanError([diag("E213", f"argument '{INPUT_KEY}' is given twice", inputs[1].span)])
+    kwargs = [kwarg for kwarg in call.kwargs if kwarg not in inputs]
+    values = [_literal(kwarg.value) for kwarg in kwargs]
+    sizes = tuple(_literal(arg) for arg in inputs[0].value.args) if inputs else ()
+    unread = [f"argument '{kwarg.name}' of {kind}(...) is not a literal" for kwarg, value in zip(kwargs, values)
+              if value is _NOT_LITERAL]
+    unread += [f"{INPUT_KEY}=image(...) of {kind}(...) has a size that is not a literal"] if _NOT_LITERAL in sizes else []
+    if unread:
+        raise PlanError([diag(
+            "E905", f"{unread[0]}: plandsl inspect reads a plan's model sources from its text, where a `param`, a "
+                    "`let` or an expression has no value", call.span,
+            hint="write the value itself here, or run the command `plandsl check` names in its E215 hint for this "
+                 "model (plandsl inspect 'SOURCE' --seq N -o PATH: the values filled in)")])
+    image = None
+    if inputs:
+        try:
+            image = check_image(sizes, INPUT_KEY)
+        except ValueError as error:
+            raise PlanError([diag("E205", str(error), inputs[0].value.span, hint=_IMAGE_HINT)]) from None
+    return ModelSource("hf" if kind == "hf" else "factory", call.args[0].value,
+                       tuple((kwarg.name, value) for kwarg, value in zip(kwargs, values, strict=True)), image)
 
 
 _NOT_LITERAL = object()

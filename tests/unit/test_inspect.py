@@ -504,7 +504,34 @@ def test_inspect_of_a_plan_file_writes_every_table_where_the_plan_reads_it(tmp_p
     plan.write_text(PLAN.replace("MODEL", 'factory("inspect_models.tiny:build", depth=n)').replace(
         "plan p {", "param n = 2\nplan p {"), encoding="utf-8")
     refused = CliRunner().invoke(main, ["inspect", str(plan)])
-    assert refused.exit_code == 1 and "not literals" in refused.output
+    assert refused.exit_code == 1, refused.output
+    assert refused.output.startswith(f"{plan}:4:13: error[E905]: argument 'depth' of factory(...) is not a literal"), \
+        refused.output
+
+
+@pytest.mark.parametrize("call, code, where, words", [
+    ('factory("inspect_models.tiny:build", depth=n)', "E905", "3:11", "argument 'depth' of factory(...) is not"),
+    ('factory("inspect_models.tiny:build", depth=1 + 1)', "E905", "3:11", "argument 'depth' of factory(...) is not"),
+    ('hf("X", input=image(3, n, 4))', "E905", "3:11", "input=image(...) of hf(...) has a size that is not a literal"),
+    ('hf(n, hidden_size=4)', "E212", "3:11", "hf() takes one string first, then named arguments"),
+    ('hf("A", "B")', "E212", "3:11", "hf() takes one string first"),  # was `error: zip() argument 2 is longer ...`
+    ('hf()', "E212", "3:11", "hf() takes one string first"),
+    ('hf("A", input=image(3, 4, 4), input=image(3, 4, 4))', "E213", "3:41", "argument 'input' is given twice"),
+    ('hf("A", input=image(0, 4))', "E205", "3:25", "image() sizes must be between 1 and 65,536, not (0, 4)")])
+def test_inspect_of_a_plan_refuses_a_call_it_cannot_read_with_a_code_at_the_call(tmp_path, call, code, where, words):
+    """`plandsl inspect FILE.plan` reads each model's source from the text: a call whose arguments are not literals
+    was an uncoded `error: FILE:L:C: ... not literals` line (and one with two positional arguments `error: zip() ...`);
+    now E905 at the call, and for a call of another shape the code `check` gives it, exit 1, nothing built."""
+    plan = tmp_path / "m.plan"
+    plan.write_text(f'import "clusters/local"\nplan p {{\n  model = {call}\n  cluster = localhost\n'
+                    '  mesh = [dp = 1]\n  train = { global_batch: 2, micro_batch: 1, seq: 16 }\n}\nparam n = 2\n')
+    result = CliRunner().invoke(main, ["inspect", str(plan)])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith(f"{plan}:{where}: error[{code}]: ") and words in result.output, result.output
+    assert "^" in result.output and "= hint: " in result.output or code == "E213", result.output
+    if code != "E905":  # the same code as check gives the call
+        assert code in [d.code for d in api.check(plan).diagnostics]
+    assert not (tmp_path / ".plandsl").exists()
 
 
 def test_a_config_with_more_positions_than_a_plan_trains_is_inspected_at_the_longest_it_does():

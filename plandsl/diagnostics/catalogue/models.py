@@ -3,7 +3,8 @@ config built on the meta device).
 
 Each `_entry(...)` is one code: why the rule exists, a failing example and the fix; see
 `plandsl.diagnostics.catalogue.entry` for the form. Here the example is the user's Python file
-(`my_models.py`) and the command `plandsl inspect my_models:build()` run beside it."""
+(`my_models.py`) and the command `plandsl inspect my_models:build()` run beside it; E905's is a plan and
+`plandsl inspect example.plan`."""
 from __future__ import annotations
 
 from plandsl.diagnostics.catalogue.entry import Family
@@ -94,3 +95,23 @@ _entry("E904", """
     ("Block(width)\n", "nn.ModuleList(Block(width) for _ in range(depth))\n"),
     ("x = self.layers(x)", "for block in self.layers:\n            x = block(x)"),
     file="my_models.py", command=_COMMAND)
+
+_entry("E905", """
+    `plandsl inspect FILE.plan` writes the table of every `hf(...)` and `factory(...)` model the file
+    writes, each where the plan reads it, and reads each model's source from the file's text without
+    checking the plan: an argument that is a `param`, a `let` or an expression has no value there (a
+    `--param` given to `check` would change it). `plandsl check` works the values out: its E215 for a
+    missing table names the `plandsl inspect 'SOURCE' --seq N -o PATH` command with them filled in.
+    A call of another shape is refused with the code `check` gives it (E212, E213, E205).
+    """, """
+    import "clusters/local"
+    param width = 64
+    plan p {
+      model   = hf("LlamaForCausalLM", hidden_size=width, intermediate_size=176, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, vocab_size=512, max_position_embeddings=128)
+      cluster = localhost
+      mesh    = [dp = 2] over devices[0:2]
+      train   = { global_batch: 8, micro_batch: 1 }
+    }
+    """, "Write the value in the call (or run the command check's E215 hint names).",
+    ("param width = 64\n", ""), ("hidden_size=width", "hidden_size=64"), command=("inspect",))

@@ -2,7 +2,8 @@
 written where the plan reads it (`.plandsl/` beside the file).
 
 Stage: interpreter side (`inspect_model` imports torch and the model's code). Contract: `inspect_plan(path)` returns
-(table, cache path) per model, or raises PlanError: the file's own (E1xx, read and parsed only), E901-E904 from
+(table, cache path) per model, or raises PlanError: the file's own (E1xx, read and parsed only), E905 at a call whose
+arguments are not literals (E205, E212, E213 as `check` says them for a call of another shape), E901-E904 from
 inspecting a model, E110 at the model's call where its table cannot be written (checked before the model is built,
 which can take minutes, and again as it is written: a full disk).
 """
@@ -26,8 +27,12 @@ def inspect_plan(path: str | os.PathLike) -> list[tuple[InspectedModel, str]]:
     """Every model of the plan file at `path` inspected and written where the plan reads it: (table, cache path)
     each. The file's folder and the current one are searched first for a factory's module."""
     source_file = read_source(path)
+    try:
+        models = written_models(parse_source(source_file))
+    except PlanError as error:  # E905 (E205, E212, E213) at a call no model source can be read from
+        raise PlanError(error.diagnostics, {source_file.path: source_file}) from None
     written = []
-    for source, seq, cache, span in written_models(parse_source(source_file)):
+    for source, seq, cache, span in models:
         folder = os.path.dirname(cache) or "."
         problem = writable_dir(folder)
         if problem:
