@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from dataclasses import dataclass
 
@@ -82,15 +83,22 @@ OPTIONAL = ("peak_memory_bytes", "peak_reserved_bytes")
 """A record's figures that may be absent: the peak allocation (or resident set), the allocator's peak reserve (CUDA)."""
 
 
+_LONE_CR = re.compile(r"\r(?!\n)")
+
+
 def read_metrics(path: str) -> list[dict]:
     try:
         data = read_bounded(path, MAX_METRICS_BYTES, "metrics file")
     except FileProblem as problem:
         raise _unread(str(problem)) from None
-    text = data.decode("utf-8-sig", errors="replace")
+    # Lines end at \n, \r\n or a lone \r (universal newlines, as `open` reads them), made \n one for one so that
+    # offsets and E810's line numbers stay the file's; not at what else `str.splitlines` breaks at (U+2028, \x0c,
+    # \x1c-\x1e, \x85), which a JSON string may hold unescaped.
+    text = _LONE_CR.sub("\n", data.decode("utf-8-sig", errors="replace"))
     records, offset = [], 0
-    for piece in text.splitlines(keepends=True):  # the line's offset kept: E810's span
-        start, offset, line = offset, offset + len(piece), (piece.splitlines() or [""])[0]
+    for piece in text.split("\n"):  # the line's offset kept: E810's span
+        start, offset = offset, offset + len(piece) + 1
+        line = piece.removesuffix("\r")
         if not line.strip():
             continue
         try:

@@ -425,6 +425,22 @@ def test_a_cuda_runs_reserved_peak_is_set_beside_the_count(tmp_path):
     assert result.exit_code == 1 and "'peak_reserved_bytes' is nan" in result.output, result.output
 
 
+@pytest.mark.parametrize("ending", ["\n", "\r\n", "\r"])
+def test_metrics_lines_end_at_universal_newlines_only(tmp_path, ending):
+    """A lone \r ended a record but not a line of E810's count (a bad fifth record was at 1:1); and a record whose
+    string held an unescaped U+2028 or \x85 (JSON allows both) was cut there by `str.splitlines` (E810)."""
+    from plandsl.cost.against import MetricsError, read_metrics
+    good = ['{"step": %d, "step_time_s": 0.5, "tokens_per_s": 10, "note": "a\u2028b\x85"}' % i for i in (1, 2)]
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(ending.join(good + [""]).encode())
+    assert [r["note"] for r in read_metrics(str(path))] == ["a\u2028b\x85"] * 2
+    path.write_bytes(ending.join(good + good + ["not json", ""]).encode())
+    with pytest.raises(MetricsError) as error:
+        read_metrics(str(path))
+    diagnostic = error.value.diagnostic
+    assert (diagnostic.code, diagnostic.span.line, diagnostic.span.column) == ("E810", 5, 1), diagnostic
+
+
 @pytest.mark.parametrize("extra, words, column", [("not json\n", "(Expecting value)", 1),
                                                   ('{"step": 5}\n', "no number 'step_time_s'", 1),
                                                   ('{"step": 5, "step_time_s": 0.1, tokens_per_s: 1}\n',
