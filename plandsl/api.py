@@ -10,9 +10,10 @@ printing and the limits on counts) at the top: each stage is imported inside the
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, ContextManager
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, ContextManager, Iterator
 
 from plandsl.diagnostics import Diagnostic, PlanError, limits, render_all, to_json_lines
 from plandsl.diagnostics.internal import guard
@@ -55,7 +56,7 @@ __all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "
            "traced_memory", "format_traced_memory",
            "dry_run_commands", "launch", "command_line", "launch_schedulers", "job_options", "check_job_options",
            "load_launchable", "launch_refusals", "cluster_job", "submit_job", "exit_status", "export", "import_config", "import_name", "interop_targets", "args_text",
-           "read_args_file", "profile_options", "profile_problems", "profile", "profile_errors", "write_profile",
+           "read_args_file", "profile_options", "profile_problems", "profile", "write_profile",
            "profile_report", "parse_params", "include", "writable_file", "write_output", "unwritable",
            "writable_dir", "regular_file_problem", "data_path_problem"]
 
@@ -280,10 +281,8 @@ def estimate_against(result: Estimate, metrics: str | Path) -> Against:
     tokens/s and peak memory, the median over the steps after the first with their min and max;
     PlanError E809 when the file cannot be read or records no step, E810 at a line that is not a step's record."""
     from plandsl.cost.against import MetricsError, compare, read_metrics  # stage
-    try:
+    with _coded(MetricsError):
         records = read_metrics(str(metrics))
-    except MetricsError as error:
-        raise PlanError([error.diagnostic], error.sources) from None
     return compare(result, records, str(metrics))
 
 
@@ -406,11 +405,8 @@ def render(plan: ir.Plan, view: str, fmt: str = "dot", color_by: str | None = No
     """One view of a checked plan (mesh, placement, schedule, memory; `all` as HTML) in `fmt`; PlanError E811 (at
     the plan) when the view does not apply, E812 when graphviz is not installed, E813 when it fails."""
     from plandsl.render import RenderError, refusal, render_bytes  # stage
-    try:
+    with _coded(RenderError, lambda error: refusal(error, plan)):
         return render_bytes(plan, view, fmt, color_by)
-    except RenderError as error:
-        refused = refusal(error, plan)
-        raise PlanError([refused], _sources_at(refused)) from None
 
 
 def render_format(output: str | None, fmt: str | None, view: str) -> str | None:
@@ -493,10 +489,8 @@ def prepare_run(plan: ir.Plan, path: str, name: str | None, params: dict[str, An
     (E710-E714: the mesh against the nodes and processes, a missing endpoint, options that need another, GPUs),
     `option_error()` for one option's usage error (`--data`, `--device cuda` without a GPU)."""
     from plandsl.runtime.launch import LaunchError, prepare  # stage
-    try:
+    with _coded(LaunchError):
         return prepare(plan, path, name, params, options, dry_run)
-    except LaunchError as error:
-        raise PlanError([error.diagnostic], _sources_at(error.diagnostic)) from None
 
 
 def option_error() -> type[Exception]:
@@ -504,6 +498,19 @@ def option_error() -> type[Exception]:
     and `prepare_run` raise for one option's usage error (the CLI's exit 2)."""
     from plandsl.runtime.launch import OptionError  # stage
     return OptionError
+
+
+@contextlib.contextmanager
+def _coded(errors: type[Exception] | tuple[type[Exception], ...],
+           diagnostic: Callable[[Any], Diagnostic] = lambda error: error.diagnostic) -> Iterator[None]:
+    """Within the block, a stage's error of type `errors` is raised as PlanError: its Diagnostic (`diagnostic(error)`,
+    the error's own `.diagnostic` unless said), with the sources for its caret (the error's `.sources` where it has
+    them, else the files the diagnostic points into). The one conversion every coded stage error takes here."""
+    try:
+        yield
+    except errors as error:
+        found = diagnostic(error)
+        raise PlanError([found], getattr(error, "sources", None) or _sources_at(found)) from None
 
 
 def _sources_at(*diagnostics: Diagnostic) -> dict:
@@ -522,11 +529,8 @@ def dry_run(plan: ir.Plan, progress: Progress | None = None) -> DryRun:
     """Every rank's share of a plan built in this process on the meta device (imports torch and the model's
     factory); PlanError E716 naming the rank that cannot be built."""
     from plandsl.runtime.dryrun import DryRunError, dry_run as build, rank_refusal  # stage: torch
-    try:
+    with _coded(DryRunError, lambda error: rank_refusal(plan, error)):
         return build(plan, progress=progress)
-    except DryRunError as error:
-        refusal = rank_refusal(plan, error)
-        raise PlanError([refusal], _sources_at(refusal)) from None
 
 
 def traced_memory(plan: ir.Plan, rank: int = 0, steps: int = 2, progress: Progress | None = None) -> TracedMemory:
@@ -534,11 +538,8 @@ def traced_memory(plan: ir.Plan, rank: int = 0, steps: int = 2, progress: Progre
     replayed through the caching allocator's model (`runtime.memtrace`); PlanError with E709 where its steps cannot
     run on fake tensors (a step that reads its data, one past the events a trace records)."""
     from plandsl.runtime.memtrace import TraceError, trace_refusal, traced_memory as trace  # stage: torch
-    try:
+    with _coded(TraceError, lambda error: trace_refusal(plan, str(error))):
         return trace(plan, rank, steps, progress)
-    except TraceError as error:
-        refusal = trace_refusal(plan, str(error))
-        raise PlanError([refusal], _sources_at(refusal)) from None
 
 
 def format_traced_memory(result: TracedMemory) -> str:
@@ -615,10 +616,8 @@ def cluster_job(plan: ir.Plan, path: str, name: str | None, params: dict[str, An
     argument TorchX would rewrite (E715) and TorchX missing (E717)."""
     from plandsl.runtime.launch import LaunchError  # stage
     from plandsl.runtime.submit import JobError, app  # stage
-    try:
+    with _coded((LaunchError, JobError)):
         return app(plan, path, name, params, ranks, job)
-    except (LaunchError, JobError) as error:
-        raise PlanError([error.diagnostic], _sources_at(error.diagnostic)) from None
 
 
 def submit_job(app: Any, job: JobOptions) -> Submitted:
@@ -626,10 +625,8 @@ def submit_job(app: Any, job: JobOptions) -> Submitted:
     handle; PlanError for TorchX missing (E717), a scheduler or scheduler option TorchX refuses (E718, TorchX's
     own message in it) and a scheduler that refuses the job or cannot be reached (E719)."""
     from plandsl.runtime.submit import JobError, submit  # stage
-    try:
+    with _coded(JobError):
         return submit(app, job)
-    except JobError as error:
-        raise PlanError([error.diagnostic]) from None
 
 
 USAGE_CODES = frozenset({"E717"})
@@ -658,14 +655,10 @@ def profile_problems(options: ProfileOptions) -> list[Diagnostic]:
 
 def profile(options: ProfileOptions, progress: Progress | None = None) -> Profile | None:
     """Measure this machine through torch (`plandsl profile`): its `Profile` on node 0, None on the other nodes;
-    `profile_errors()` when a rank fails. Writes nothing."""
-    from plandsl.runtime.profile.job import run_profile  # stage: torch
-    return run_profile(options, progress)
-
-
-def profile_errors() -> type[Exception]:
-    from plandsl.runtime.profile.job import ProfileError  # stage
-    return ProfileError
+    PlanError E720 when a rank fails or the nodes do not meet. Writes nothing."""
+    from plandsl.runtime.profile.job import ProfileError, run_profile  # stage: torch
+    with _coded(ProfileError):
+        return run_profile(options, progress)
 
 
 def write_profile(profile: Profile, path: str) -> str:

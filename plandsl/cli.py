@@ -682,9 +682,8 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
     try:
         with _progress("profiling") as progress:
             measured = api.profile(options, progress)
-    except api.profile_errors() as error:
-        click.echo(f"error: {error}", err=True)
-        sys.exit(1)
+    except api.PlanError as error:  # E720: a rank failed, or the nodes did not meet
+        _fail(error)
     except KeyboardInterrupt:
         click.echo(f"interrupted: nothing written to {output}", err=True)
         sys.exit(130)

@@ -40,7 +40,8 @@ STAGES = [
      "a job (with E707 for a mesh one cluster job cannot start). E710-E715 are options given to `run` or `launch` "
      "that do not fit the plan or this machine (their fix is the command with its options mended), E716 a rank "
      "`run --dry-run` cannot build, E717-E719 what stops `launch` handing the job to the scheduler through TorchX "
-     "(TorchX not installed, a scheduler option it refuses, a scheduler it cannot reach)."),
+     "(TorchX not installed, a scheduler option it refuses, a scheduler it cannot reach); E720 a `plandsl profile` "
+     "job whose ranks fail or whose nodes do not meet (the example is the cluster file it leaves as it was)."),
     ("E8", "E8xx: what generate --from cannot keep, shrink cannot do, import cannot read, export cannot write",
      "Reported by `plandsl generate --from` (a partial plan completed by the search), `plandsl shrink` (a plan "
      "scaled down to one machine), `plandsl import` (another tool's configuration; the example is its flags, as "
@@ -83,6 +84,8 @@ def _command(entry: Entry, path: Path, command: tuple[str, ...], fixed: bool = F
     if command[0] == "render":
         return _render(path, command, "failing" if entry.internal and not fixed else
                        "missing" if entry.lacks and not fixed else "stub")
+    if command[0] == "profile":
+        return _profile(path, failing=False)
     if command[0] == "run" and "--memory" in command:
         return _traced(path)
     if command[0] == "run" and "--dry-run" in command:
@@ -343,6 +346,26 @@ def _inspect(entry: Entry, path: Path) -> Analysis:
     return Analysis(str(path), None, [], {})
 
 
+def _profile(path: Path, failing: bool) -> Analysis:
+    """`plandsl profile --nproc-per-node 2 --quick -o EXAMPLE` (`api.profile`, E720) with torch's launcher made to
+    report rank 1 failed (`failing`), or to succeed at once (no rank writes a profile: as on a node but node 0)."""
+    from unittest import mock
+    from plandsl import api
+    from plandsl.diagnostics import PlanError
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    def launcher(args):
+        if failing:
+            raise ChildFailedError("plandsl.runtime.profile.rank",
+                                   {1: ProcessFailure(local_rank=1, pid=1, exitcode=1, error_file="")})
+    with mock.patch("torch.distributed.run.run", launcher):
+        try:
+            api.profile(api.profile_options(nproc_per_node=2, quick=True))
+        except PlanError as error:
+            return Analysis(str(path), None, list(error.diagnostics), dict(error.sources))
+    return Analysis(str(path), None, [], {})
+
+
 def _inspect_plan(path: Path) -> Analysis:
     """`plandsl inspect EXAMPLE.plan` (`api.inspect_plan`): every model's table written where the plan reads it."""
     from plandsl import api
@@ -361,6 +384,8 @@ def _internal(entry: Entry, path: Path) -> Analysis:
     from plandsl import api
     if entry.command[:1] == ("render",):  # E813: graphviz fails
         return _render(path, entry.command, "failing")
+    if entry.command[:1] == ("profile",):  # E720: rank 1 fails
+        return _profile(path, failing=True)
     if entry.command:
         return _dry_run(path, failing_rank=1)
     with mock.patch("plandsl.check.analysis.check_plan", side_effect=KeyError("tp")):

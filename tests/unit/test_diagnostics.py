@@ -59,7 +59,7 @@ def test_each_family_module_holds_exactly_its_family_and_together_they_hold_ever
 # `plandsl inspect` (torch and the example's module) and E412-E414's inspect their plan's Hugging Face model
 # first: their cases run in the xdist group of the modules that import torch (tests/conftest.py), so only
 # one worker pays for it
-TORCH_CODES = {"E110", "E412", "E413", "E414", "E506", "E705", "E709", "E716", "E901", "E902", "E903", "E904", "E905"}
+TORCH_CODES = {"E110", "E412", "E413", "E414", "E506", "E705", "E709", "E716", "E720", "E901", "E902", "E903", "E904", "E905"}
 # E715 and E717-E719's commands (or their fixes) hand the job to TorchX, where the `launch` extra installed it (CI's
 # interop extra does), on the worker of tests/unit/test_launch_torchx.py
 TORCHX_CODES = {"E715", "E717", "E718", "E719"}

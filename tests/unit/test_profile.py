@@ -233,7 +233,7 @@ def test_an_interrupted_profile_writes_nothing(tmp_path, monkeypatch, failure):
     def interrupted(options, progress=None):
         if progress:
             progress(3, 10)
-        raise failure() if failure is KeyboardInterrupt else failure("rank(s) 1 failed (above); nothing was written")
+        raise failure() if failure is KeyboardInterrupt else job._failed_ranks([1], ProfileOptions(nproc_per_node=2))
     monkeypatch.setattr(job, "run_profile", interrupted)
     monkeypatch.setattr(job, "_cuda_devices", lambda: 0)
     result = CliRunner().invoke(main, ["profile", "--quick", "-o", str(target)])
@@ -241,6 +241,47 @@ def test_an_interrupted_profile_writes_nothing(tmp_path, monkeypatch, failure):
     assert "nothing" in result.output
     assert target.read_text() == "# the file from before\n"
     assert sorted(os.listdir(tmp_path)) == ["box.plan"]  # no temporary file left either
+
+
+def _failing_launcher(monkeypatch, error: Exception) -> None:
+    """torch's launcher (`torch.distributed.run.run`, which `job._launch` calls) raising `error` at once."""
+    import torch.distributed.run as torchrun
+
+    def run(args):
+        raise error
+    monkeypatch.setattr(torchrun, "run", run)
+    monkeypatch.setattr(job, "_cuda_devices", lambda: 0)
+
+
+def test_a_rank_that_fails_is_E720_with_a_hint(tmp_path, monkeypatch):
+    """A rank failing under torch's launcher was an uncoded `error: rank(s) 1 failed (above); nothing was written`
+    line: E720 (no location: the command line, not a file), its hint where to look and what to try, exit 1 as before,
+    the old file left."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+    target = tmp_path / "box.plan"
+    target.write_text("# before\n")
+    _failing_launcher(monkeypatch, ChildFailedError("plandsl.runtime.profile.rank", {
+        1: ProcessFailure(local_rank=1, pid=1, exitcode=1, error_file="")}))
+    result = CliRunner().invoke(main, ["profile", "--quick", "--nproc-per-node", "2", "-o", str(target)])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("error[E720]: rank(s) 1 failed (their errors above); nothing was written\n"
+                                    "  = hint: the rank's own error above says why"), result.output
+    assert "`--nproc-per-node 1` without the collectives" in result.output
+    assert target.read_text() == "# before\n"
+
+
+def test_nodes_that_do_not_meet_are_E720_not_E108(tmp_path, monkeypatch):
+    """torch's rendezvous failing (node 0 not reached) escaped as E108, a plandsl bug: E720 naming the endpoint."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+    _failing_launcher(monkeypatch, RendezvousConnectionError("the connection to the C10d store has failed"))
+    result = CliRunner().invoke(main, ["profile", "--quick", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint",
+                                       "node0:29500", "-o", str(tmp_path / "box.plan")])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("error[E720]: the 2 nodes did not meet at --rdzv-endpoint node0:29500 "
+                                    "(RendezvousConnectionError: the connection to the C10d store has failed)"), \
+        result.output
+    assert "= hint: run the same command on every node" in result.output and "E108" not in result.output
+    assert not (tmp_path / "box.plan").exists()
 
 
 def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """E7xx: valid plans `plandsl run` refuses before any process starts (what the interpreter
 cannot run yet, or holds more than the devices have on torch's stack, E708), and `plandsl launch` cannot
-submit as one cluster job (E707).
+submit as one cluster job (E707); the options run and launch are given that do not fit (E710-E715), what stops a dry
+run (E716) or TorchX (E717-E719), and a `plandsl profile` job that fails (E720).
 
 Each `_entry(...)` is one code: why the rule exists, a failing example and the fix; see
 `plandsl.diagnostics.catalogue.entry` for the form."""
@@ -317,3 +318,18 @@ _entry("E719", """
     command=("launch", "--scheduler", "slurm", "--cpu", "16", "--mem-mb", "64000"),
     fixed_command=("launch", "--scheduler", "slurm", "--cpu", "16", "--mem-mb", "64000"), command_line=True,
     lacks="sbatch")
+
+# E720: `plandsl profile` (no plan: the example is the cluster file `-o` names, from an earlier profile, which stays as
+# it was). tests/make_errors_doc.py runs the command with torch's launcher made to report rank 1 failed, as no machine
+# known fails on purpose; the fix's launcher succeeds.
+_entry("E720", """
+    `plandsl profile --nproc-per-node N` (or `--nnodes`) measures through ranks started by torch's launcher, as
+    `plandsl run` starts its own. A rank that fails prints its own error (a device that fails or runs out of
+    memory, a collective that waited 300 s for a peer that was lost) and the launcher stops the others; nodes that
+    do not meet at `--rdzv-endpoint` (node 0 not started, or not reachable at that address and port) fail before
+    any rank starts. Either way nothing is written: the file `-o` names stays as it was (the new one is written to
+    a temporary name and renamed at the end). Ctrl-C is not this error: it exits 130.
+    """, """
+    # the cluster file of an earlier `plandsl profile -o lab.plan`, left as it was
+    """, "Read the rank's own error above E720 and mend what it names (`--quick` tries again in seconds).",
+    file="lab.plan", command=("profile", "--nproc-per-node", "2", "--quick", "-o"), command_line=True, internal=True)

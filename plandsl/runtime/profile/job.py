@@ -82,8 +82,8 @@ def option_problems(options: ProfileOptions, cuda_devices: int | None = None) ->
 
 def run_profile(options: ProfileOptions, progress: Progress | None = None) -> Profile | None:
     """Measure this machine (and with --nnodes the others, which run the same command); the `Profile` on
-    node 0, None on the others. `ProfileError` when a rank fails; KeyboardInterrupt on Ctrl-C or a signal that
-    stopped the launcher."""
+    node 0, None on the others. `ProfileError` (E720) when a rank fails or the nodes do not meet; KeyboardInterrupt on
+    Ctrl-C or a signal that stopped the launcher."""
     if options.nproc_per_node == 1 and options.nnodes == 1:
         from plandsl.runtime.profile.measure import Settings, measure  # lazy: torch
         return measure(Settings(quick=options.quick, sustain=options.sustain), progress=progress)
@@ -91,12 +91,37 @@ def run_profile(options: ProfileOptions, progress: Progress | None = None) -> Pr
 
 
 class ProfileError(RuntimeError):
-    """A rank failed (its error was printed by the rank); nothing was written."""
+    """The job's ranks failed or its nodes did not meet; nothing was written. `.diagnostic`: E720, built where it is
+    raised, with the hint."""
+
+    def __init__(self, message: str, hint: str):
+        super().__init__(message)
+        self.diagnostic = diag("E720", message, hint=hint)
+
+
+def _failed_ranks(ranks: list[int], options: ProfileOptions) -> ProfileError:
+    """E720 for ranks that failed (each printed its own error above, as torch's launcher lets it)."""
+    shown = ", ".join(str(rank) for rank in sorted(ranks))
+    return ProfileError(f"rank(s) {shown} failed (their errors above); nothing was written",
+                        "the rank's own error above says why: a device that fails or runs out of memory, a peer lost "
+                        f"(a collective waits {TIMEOUT_S} s for the others); mend that and run it again (`--quick` "
+                        "tries it in seconds" + (", `--nproc-per-node 1` without the collectives)"
+                                                 if options.nproc_per_node > 1 and options.nnodes == 1 else ")"))
+
+
+def _nodes_apart(error: Exception, options: ProfileOptions) -> ProfileError:
+    """E720 for nodes that did not meet at node 0's address (torch's rendezvous failing)."""
+    return ProfileError(f"the {options.nnodes} nodes did not meet at --rdzv-endpoint {options.rdzv_endpoint} "
+                        f"({type(error).__name__}: {error}); nothing was written",
+                        "run the same command on every node, each with its own --node-rank, and node 0's address "
+                        "as --rdzv-endpoint on all of them; that address and port must be reachable from every node "
+                        "(start node 0 first, open the port in a firewall)")
 
 
 def _launch(options: ProfileOptions, progress: Progress | None) -> Profile | None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # lazy: torch
     from torch.distributed.elastic.multiprocessing.api import SignalException  # lazy: torch
+    from torch.distributed.elastic.rendezvous.api import RendezvousError  # lazy: torch
     from torch.distributed.run import parse_args, run  # lazy: torch
     directory = tempfile.mkdtemp(prefix="plandsl-profile-")
     try:
@@ -116,8 +141,9 @@ def _launch(options: ProfileOptions, progress: Progress | None) -> Profile | Non
             try:
                 run(parse_args(args))
             except ChildFailedError as error:
-                ranks = ", ".join(str(rank) for rank in sorted(error.failures))
-                raise ProfileError(f"rank(s) {ranks} failed (above); nothing was written") from None
+                raise _failed_ranks(list(error.failures), options) from None
+            except RendezvousError as error:  # the nodes did not meet: node 0 unreachable, or not started
+                raise _nodes_apart(error, options) from None
             except SignalException as error:  # the launcher's own Ctrl-C or SIGTERM: it stopped the ranks
                 raise KeyboardInterrupt(str(error)) from None
         if not os.path.exists(output):
