@@ -215,26 +215,25 @@ def rank_devices(devices: Sequence[ir.DeviceType], axes: Sequence[tuple[str, int
 
 
 # ---- schedules -------------------------------------------------------------------------------------------------
-def schedule_choices(pp: int, m: int, blocks: int, pinned: str | None, virtual_pin: int | None,
-                     megatron: bool = False, virtual_needed: bool = False, deepspeed: bool = False,
-                     dualpipe: bool = False):
-    """(schedule, virtual) pairs the generators accept for pp ranks and m microbatches; on Megatron-LM's pipeline
-    (`megatron`) only the schedules it runs (`ScheduleInfo.megatron`, the checker's E610) at the counts it runs them
-    (`megatron_microbatches_fit`, the checker's E502); `virtual_needed` (the experts' overlap, which Megatron-Core
-    runs under a pipeline only with virtual stages: the checker's E419) only those with more than one stage a rank;
-    on DeepSpeed's pipeline engine (`deepspeed`) only its TrainSchedule's 1F1B (`ScheduleInfo.deepspeed`, E610); on
-    DeepSeek's DualPipe (`dualpipe`) only its DualPipeV (`ScheduleInfo.dualpipe`, E610)."""
+def schedule_choices(pp: int, m: int, blocks: int, pinned: str | None, virtual_pin: int | None, *,
+                     pipeline: str = "torch", virtual_needed: bool = False):
+    """(schedule, virtual) pairs the generators accept for pp ranks and m microbatches on the pipeline `pipeline`
+    (`Problem.pipeline`, one of `ir.PIPELINE_IMPLEMENTATIONS`): on torch's, every schedule searched; on another,
+    only the schedules it runs (its `ScheduleInfo` flag of the same name, the checker's E610): Megatron-LM's
+    (`megatron`) at the counts it runs them (`megatron_microbatches_fit`, the checker's E502), DeepSpeed's pipeline
+    engine (`deepspeed`) only its TrainSchedule's 1F1B, DeepSeek's DualPipe (`dualpipe`) only its DualPipeV.
+    `virtual_needed` (the experts' overlap, which Megatron-Core runs under a pipeline only with virtual stages: the
+    checker's E419) keeps only those with more than one stage a rank."""
+    if pipeline not in ir.PIPELINE_IMPLEMENTATIONS:
+        raise ValueError(f"unknown pipeline implementation {pipeline!r}: one of {ir.PIPELINE_IMPLEMENTATIONS}")
+    megatron = pipeline == "megatron"
     if pp == 1:
         return [(pinned if pinned and pinned != "none" else "", 1)]
     out = []
     for name, info in BUILTIN.items():
         if (pinned and name != pinned) or (not pinned and not info.searched):  # chimera: when pinned only
             continue
-        if megatron and not info.megatron:
-            continue
-        if deepspeed and not info.deepspeed:
-            continue
-        if dualpipe and not info.dualpipe:
+        if pipeline != "torch" and not getattr(info, pipeline):
             continue
         if not microbatches_fit(info, pp, m):  # the checker's rule (E502): torch's, where run uses torch
             continue

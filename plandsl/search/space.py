@@ -292,12 +292,11 @@ class Space:
             zeros = [3]
         if root.data_ranks == 1:  # nothing for ZeRO to shard over (Candidate.data_axis)
             zeros = [z for z in zeros if z == 0] or zeros[:1]
-        deepspeed = self.problem.pipeline == "deepspeed" and root.pp > 1
         if self.problem.deepspeed_engine(root.pp):  # its engine takes ZeRO 0 or 1 (the checker's E611)
             zeros = [z for z in zeros if z <= 1]
         choices = schedule_choices(root.pp, node.microbatches, self.blocks + self.apart, pins.get("schedule"),
-                                   pins.get("virtual_stages"), self.problem.pipeline == "megatron",
-                                   self.problem.overlap_experts, deepspeed, self.problem.pipeline == "dualpipe")
+                                   pins.get("virtual_stages"), pipeline=self.problem.pipeline,
+                                   virtual_needed=self.problem.overlap_experts)
         choices = [c for c in choices if self.problem.runs_map(c[0], root.pp, c[1])]  # a kept line's map (E409)
         if node.recompute == "selective_op":  # its kept outputs serve one backward pass, not I then W (E703)
             choices = [c for c in choices if not splits_backward(c[0])] or choices

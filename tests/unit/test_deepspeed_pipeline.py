@@ -63,7 +63,7 @@ def test_it_runs_no_sequence_parallelism():
 
 
 def test_the_search_offers_it_only_its_schedule():
-    assert schedule_choices(4, 8, 16, None, None, deepspeed=True) == [("1f1b", 1)]
+    assert schedule_choices(4, 8, 16, None, None, pipeline="deepspeed") == [("1f1b", 1)]
     assert ("gpipe", 1) in schedule_choices(4, 8, 16, None, None)
 
 

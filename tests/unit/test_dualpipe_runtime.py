@@ -50,7 +50,7 @@ def test_the_language_says_dualpipes_runtime_and_checks_it():
 
 
 def test_the_search_offers_it_only_dualpipev():
-    assert {name for name, _ in schedule_choices(4, 16, 16, None, None, dualpipe=True)} == {"dualpipev"}
+    assert {name for name, _ in schedule_choices(4, 16, 16, None, None, pipeline="dualpipe")} == {"dualpipev"}
     assert ("gpipe", 1) in schedule_choices(4, 16, 16, None, None)
     model = "llama(layers=8, hidden=1024, heads=16, kv_heads=4, seq=1024, vocab=32000)"
     generated = api.generate(api.generate_request(model=model, cluster="dgx_a100 x 2", global_batch=64,

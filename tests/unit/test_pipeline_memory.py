@@ -94,8 +94,8 @@ def test_megatrons_interleaved_1f1b_needs_pp_microbatches():
     assert codes(batch=6, virtual=1) == []
     from plandsl.search.choices import schedule_choices
     assert ("interleaved_1f1b", 2) in schedule_choices(4, 3, 16, None, None) and \
-        schedule_choices(4, 3, 16, None, None, megatron=True) == []  # nor 1f1b: torch's needs pp microbatches
-    assert ("interleaved_1f1b", 2) in schedule_choices(4, 4, 16, None, None, megatron=True)
+        schedule_choices(4, 3, 16, None, None, pipeline="megatron") == []  # nor 1f1b: torch's needs pp microbatches
+    assert ("interleaved_1f1b", 2) in schedule_choices(4, 4, 16, None, None, pipeline="megatron")
 
 
 def test_torchs_stage_buffers_by_hand():

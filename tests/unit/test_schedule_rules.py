@@ -154,3 +154,19 @@ def test_a_builtin_runs_its_own_stage_map_and_check_refuses_another(torch_pipeli
             assert tuple(runner_map) == tuple(assign_stages(plan)[0].rank_of_stage) == tuple(runs)
         else:
             assert [d.code for d in problems] == ["E409"] and "the schedule's map is" in problems[0].message, problems
+
+
+def test_the_search_offers_each_pipeline_only_the_schedules_it_runs():
+    """`schedule_choices` takes the pipeline by name (`Problem.pipeline`), one at a time: on a pipeline other than
+    torch's only the schedules its `ScheduleInfo` flag marks (the checker's E610); a name it does not know is refused."""
+    from plandsl import ir
+    from plandsl.search.choices import schedule_choices
+    torchs = {name for name, _ in schedule_choices(4, 16, 64, None, None, pipeline="torch")}
+    assert torchs == {name for name, _ in schedule_choices(4, 16, 64, None, None)}
+    for pipeline in ir.PIPELINE_IMPLEMENTATIONS[1:]:
+        offered = {name for name, _ in schedule_choices(4, 16, 64, None, None, pipeline=pipeline)}
+        assert offered and offered == {name for name in torchs if getattr(BUILTIN[name], pipeline)}, pipeline
+    with pytest.raises(ValueError, match="unknown pipeline implementation 'megatorn'"):
+        schedule_choices(4, 16, 64, None, None, pipeline="megatorn")
+    with pytest.raises(TypeError):  # no flag a caller could pass beside another
+        schedule_choices(4, 16, 64, None, None, True)
