@@ -50,7 +50,7 @@ __all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "
            "schedule_as", "parse_costs", "simulate_schedule", "simulate_named", "simulate", "simulate_replicas", "replicas_report", "replicas_trace",
            "simulation_report", "chrome_trace",
            "estimate", "estimate_against", "format_against", "format_estimate", "inspect_model", "inspect_plan", "format_inspected", "write_inspected", "read_inspected",
-           "generate", "generate_request", "generate_errors", "generate_json", "generate_report", "diff_plans", "format_diff", "diff_json", "render",
+           "generate", "generate_request", "generate_usage_error", "generate_json", "generate_report", "diff_plans", "format_diff", "diff_json", "render",
            "render_format", "color_by_problem", "shrink", "rank_options", "launch_options", "check_launch_options",
            "prepare_run", "option_error", "dry_run", "format_dry_run",
            "traced_memory", "format_traced_memory",
@@ -345,10 +345,13 @@ def read_inspected(path: str | Path, source: str | None = None, seq: int | None 
 
 def generate(request: GenerateRequest, progress: Progress | None = None) -> Generated:
     """The fastest plans for a model on a cluster, or a partial plan completed (`request.from_file`), each
-    passing `plandsl check`; `rewrite.generate.UsageProblem` when options do not go together, SearchError or
-    PlanError otherwise."""
+    passing `plandsl check`; `generate_usage_error()` when options do not go together, PlanError otherwise (a
+    search's SearchError as its Diagnostic: E804/E805 the flags and pins, E814 no plan that fits, the language's
+    code for what it says of --model and --cluster)."""
     from plandsl.rewrite.generate import generate as run_generate  # stage
-    return run_generate(request, progress)
+    from plandsl.search import SearchError  # stage
+    with _coded(SearchError):
+        return run_generate(request, progress)
 
 
 def generate_request(**options) -> GenerateRequest:
@@ -357,11 +360,11 @@ def generate_request(**options) -> GenerateRequest:
     return Request(**options)
 
 
-def generate_errors() -> tuple[type[Exception], type[Exception]]:
-    """(UsageProblem, SearchError): what `generate` raises besides PlanError (to catch without importing)."""
+def generate_usage_error() -> type[Exception]:
+    """`rewrite.generate.UsageProblem`: what `generate` raises besides PlanError, for options that do not go together
+    (the CLI's usage error, exit 2; to catch without importing)."""
     from plandsl.rewrite.generate import UsageProblem  # stage
-    from plandsl.search import SearchError  # stage
-    return UsageProblem, SearchError
+    return UsageProblem
 
 
 def generate_json(generated: Generated) -> dict:

@@ -773,17 +773,14 @@ def generate(model, cluster, global_batch, seq_len, precision, fp8_recipe, kerne
                                    plan_name=plan_name,
                                    params=_params(params), pins=pins, top=top, output=output,
                                    time_limit=time_limit or None)
-    usage_problem, search_error = api.generate_errors()
+    usage_problem = api.generate_usage_error()
     try:
         with _progress("searching") as progress:
             generated = api.generate(request, progress)
     except usage_problem as error:
         raise click.UsageError(str(error)) from None
-    except api.PlanError as error:
+    except api.PlanError as error:  # E804/E805 the flags and pins, E814 no plan fits, E803 (--from), the language's
         _fail(error, output_format)
-    except search_error as error:
-        click.echo(f"error[{error.code}]: {error}" if error.code else f"error: {error}", err=True)
-        sys.exit(1)
     for note in generated.notes:
         click.echo(f"note: {note}", err=True)
     if output:

@@ -48,7 +48,7 @@ STAGES = [
      "`--args-file`) and `plandsl export` (a plan in another tool's format), with the checker's codes for "
      "everything `plandsl check` itself reports; E809-E810 by `plandsl estimate --against` (a run's metrics; the "
      "example is the metrics file), E811-E813 by `plandsl render` (a view that does not apply, graphviz missing or "
-     "failing)."),
+     "failing), E814 by `plandsl generate` (no plan fits; E804-E805 are its flags' problems too)."),
     ("E9", "E9xx: what plandsl inspect cannot derive", "Reported by `plandsl inspect` (a user's torch module, "
      "a factory or a Hugging Face config, built on the meta device and read as a layer table); the example "
      "is the user's Python file, but for E905 (`plandsl inspect FILE.plan`: a model call it cannot read)."),
@@ -94,6 +94,8 @@ def _command(entry: Entry, path: Path, command: tuple[str, ...], fixed: bool = F
         return _run(path, command, entry.gpus)
     from plandsl.rewrite.complete import generate_from
     from plandsl.rewrite.shrink import shrink
+    if command[0] == "generate" and command[-1] == "--model":
+        return _generate(path, command)
     try:
         if entry.command[0] == "generate":
             generate_from(path, top=1)
@@ -346,6 +348,20 @@ def _inspect(entry: Entry, path: Path) -> Analysis:
     return Analysis(str(path), None, [], {})
 
 
+def _generate(path: Path, command: tuple[str, ...]) -> Analysis:
+    """`plandsl generate --cluster ... --global-batch N --model EXAMPLE:STEM` (E814: the model, named by the example
+    file and its stem, fits no plan): what `api.generate` raises."""
+    from plandsl import api
+    from plandsl.diagnostics import PlanError
+    options = _options(command[:-1])
+    try:
+        api.generate(api.generate_request(model=f"{path}:{path.stem}", cluster=options["cluster"],
+                                          global_batch=options["global_batch"], top=1))
+    except PlanError as error:
+        return Analysis(str(path), None, list(error.diagnostics), dict(error.sources))
+    return Analysis(str(path), None, [], {})
+
+
 def _profile(path: Path, failing: bool) -> Analysis:
     """`plandsl profile --nproc-per-node 2 --quick -o EXAMPLE` (`api.profile`, E720) with torch's launcher made to
     report rank 1 failed (`failing`), or to succeed at once (no rank writes a profile: as on a node but node 0)."""
@@ -464,6 +480,8 @@ def _section(entry: Entry) -> list[str]:
         "json" if entry.file.endswith(".jsonl") else "plan"
     if entry.command[:1] == ("import",):
         command = f"plandsl {' '.join(entry.command)} --args-file {entry.file} -o imported.plan"
+    if entry.command[:1] == ("generate",) and entry.command[-1] == "--model":  # E814: the file names the model
+        command = f"plandsl {' '.join(entry.command)} {entry.file}:{Path(entry.file).stem}"
     if entry.command[:1] == ("inspect",) and len(entry.command) > 1:
         command = f"plandsl inspect '{entry.command[1]}'"
     lines += _code(entry.example, language) + ["", f"`{command}`{where} reports:", ""]

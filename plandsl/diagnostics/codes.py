@@ -5,7 +5,7 @@ and sharding, E5xx training and memory, E6xx schedules, E7xx what `plandsl run` 
 (valid plans the interpreter cannot run) or `plandsl launch` cannot submit as one job (E720: a `plandsl profile`
 job that fails), E8xx what `plandsl generate --from` cannot keep,
 `plandsl shrink` cannot do, `plandsl import` cannot read or `plandsl export` cannot write, `plandsl estimate --against` cannot
-read of a run's metrics (E809-E810), `plandsl render` cannot draw (E811-E813); E9xx what `plandsl inspect` cannot derive from a torch module; W for warnings. The examples and fixes live in
+read of a run's metrics (E809-E810), `plandsl render` cannot draw (E811-E813), `plandsl generate` cannot find (E814); E9xx what `plandsl inspect` cannot derive from a torch module; W for warnings. The examples and fixes live in
 `plandsl/diagnostics/catalogue/`, one module per family (shown by `plandsl explain` and
 docs/errors.md).
 """
@@ -156,6 +156,8 @@ CODES: dict[str, str] = {
     "E811": "view that does not apply to the plan",
     "E812": "graphviz not installed",
     "E813": "graphviz failed to lay out the picture",
+    # E814: what `plandsl generate` cannot find
+    "E814": "no plan of the model fits the cluster",
     # E9xx: what `plandsl inspect` cannot derive from a user's torch module
     "E901": "model cannot be imported",
     "E902": "model cannot be built as a torch module",

@@ -526,10 +526,19 @@ def search(problem: Problem, pins: Mapping[str, object] | Iterable[str] | None =
     space.stats.seconds = time.perf_counter() - started
     if not results:
         if not explain:
-            raise SearchError(f"no plan of '{problem.model.name}' on '{problem.cluster.name}'")
-        raise SearchError(explain_stopped(problem, space.stats) if space.stats.stopped
-                          else explain_empty(problem, pins, space))
+            raise SearchError(f"no plan of '{problem.model.name}' on '{problem.cluster.name}'", code="E814",
+                              hint=NOTHING_FITS)
+        if space.stats.stopped:
+            raise SearchError(explain_stopped(problem, space.stats), code="E814", hint=STOPPED)
+        raise SearchError(explain_empty(problem, pins, space), code="E814", hint=NOTHING_FITS)
     return SearchResult(tuple(results), space.stats)
+
+
+NOTHING_FITS = ("every plan of the space was ruled out for the reason said: free a pin, or change the problem (more "
+                "devices, a smaller global batch, a model that fits)")
+STOPPED = ("the search stopped at its time limit before any plan it simulated fitted: search longer (--time-limit "
+           "SECONDS, 0 until it is done), or pin decisions to narrow it")
+"""E814's hints: nothing fits, and nothing found within the time limit."""
 
 
 def _cpu_clock(start: float) -> Callable[[], float]:
@@ -581,7 +590,8 @@ def _overlap_recomputes(problem: Problem, pins: Mapping[str, object]) -> None:
     search."""
     if problem.overlap_experts and problem.precision is ir.Precision.fp32:
         raise SearchError("the experts' overlap (Megatron-Core's --overlap-moe-expert-parallel-comm) runs only for a bf16 "
-                          "or fp16 model, not at fp32 (E419); choose a 16-bit or FP8 precision, or drop the overlap")
+                          "or fp16 model, not at fp32 (E419); choose a 16-bit or FP8 precision, or drop the overlap",
+                          code="E805")
     if problem.overlap_experts and pins.get("pp", 1) > 1 and pins.get("virtual_stages") == 1:
         raise SearchError("--pin virtual_stages=1: the experts' overlap under a pipeline needs virtual stages (E419)",
                           code="E805")

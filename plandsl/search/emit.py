@@ -85,7 +85,7 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
     imports: list[str] = []
     model_text, cluster_text = model.strip(), cluster.strip()
     if not model_text or not cluster_text:
-        raise SearchError("--model and --cluster must not be empty")
+        raise SearchError("--model and --cluster must not be empty", code="E804")
     torch_call = torch_model_call(model_text)
     if torch_call is not None:
         model_text = torch_call
@@ -93,7 +93,7 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
         path, _, name = model_text.rpartition(":")
         if not os.path.isfile(path):  # never raises (a name too long, a NUL)
             raise SearchError(f"cannot read model file '{path}' (from --model {model}; a factory is written "
-                              "pkg.module:function(...))")
+                              "pkg.module:function(...))", code="E804")
         imports.append(str(Path(path).resolve()))
         model_text = name
     for text in (model_text, cluster_text):
@@ -112,9 +112,9 @@ def resolve_problem(model: str, cluster: str, global_batch: int, seq_len: int | 
         absent = list(dict.fromkeys(p for name in missing for p in lacking[name]))
         hint = "; `--precision fp8` runs at a Hopper's fp8 peak" if {"mxfp8", "nvfp4"} & set(absent) else ""
         raise SearchError(f"device(s) {', '.join(missing)} of cluster '{cluster}' give no peak for "
-                          f"{' and '.join(absent)}{hint}")
+                          f"{' and '.join(absent)}{hint}", code="E504")
     if global_batch < 1:
-        raise SearchError(f"--global-batch must be at least 1, got {global_batch}")
+        raise SearchError(f"--global-batch must be at least 1, got {global_batch}", code="E804")
     # Name them as the user did (the plan writes the expressions, not these names).
     found_model = found_model.model_copy(update={"name": model_text if _NAME.fullmatch(model_text) else "model"})
     found_cluster = found_cluster.model_copy(update={"name": cluster_text})
@@ -136,13 +136,13 @@ def _choice(kind, value: str, option: str):
     try:
         return kind(value)
     except ValueError:
-        raise SearchError(f"{option} {value}: one of {', '.join(word.value for word in kind)}") from None
+        raise SearchError(f"{option} {value}: one of {', '.join(word.value for word in kind)}", code="E804") from None
 
 
 def _word(value: str, words: tuple[str, ...], option: str) -> str:
     """`value` if one of the language's `words` (a tuple of them, as `ir.PIPELINE_IMPLEMENTATIONS`), or a SearchError."""
     if value not in words:
-        raise SearchError(f"{option} {value}: one of {', '.join(words)}")
+        raise SearchError(f"{option} {value}: one of {', '.join(words)}", code="E804")
     return value
 
 
@@ -156,7 +156,7 @@ def _resolve(imports: list[str], line: str, option: str, given: str, plan_file: 
         hint = f" ({first.hint})" if first.hint and "names in scope" not in first.hint else ""
         if first.code == "E215" and first.hint and "(or: " in first.hint:  # the one command that writes it
             hint = f" (E215; run: {first.hint.split('(or: ', 1)[1].removesuffix(')')})"
-        raise SearchError(f"{option} {given}: {first.message}{hint}")
+        raise SearchError(f"{option} {given}: {first.message}{hint}", code=first.code)  # the language's own code
     document = analysis.document
     found = [*document.models, *document.clusters]
     return next(item for item in found if item.name in ("__model", "__cluster"))
@@ -174,7 +174,7 @@ def torch_model_call(text: str) -> str | None:
     try:
         source = parse_source(text)
     except ValueError as error:
-        raise SearchError(f"--model {text}: {error}") from None
+        raise SearchError(f"--model {text}: {error}", code="E804") from None
     args = [json.dumps(source.target, ensure_ascii=False)]
     for key, value in source.args:
         if isinstance(value, bool):
@@ -185,7 +185,7 @@ def torch_model_call(text: str) -> str | None:
             args.append(f"{key}={json.dumps(value, ensure_ascii=False)}")
         else:
             raise SearchError(f"--model {text}: argument '{key}' ({value!r}) cannot be written in a plan: "
-                              "numbers, strings and booleans only")
+                              "numbers, strings and booleans only", code="E804")
     return f"{'hf' if source.kind == 'hf' else 'factory'}({', '.join(args)})"
 
 
@@ -193,7 +193,7 @@ def _runnable(model: ir.Model, given: str, seq_len: int | None) -> None:
     """The shapes a model needs to run (E220-E224, as `check` has them): no plan is searched for one that has none."""
     for problem in model_shapes(model, seq=seq_len):
         hint = f"--seq-len {model.seq} or less" if problem.code == "E224" else problem.hint
-        raise SearchError(f"--model {given}: {problem.message} ({problem.code}; {hint})")
+        raise SearchError(f"--model {given}: {problem.message} ({problem.code}; {hint})", code=problem.code)
 
 
 def _known(text: str, what: str, options: list[str], imports: list[str]) -> None:
@@ -204,7 +204,7 @@ def _known(text: str, what: str, options: list[str], imports: list[str]) -> None
     if text not in names:
         hint = did_you_mean(text, options, f"{what}s")
         raise SearchError(f"unknown {what} '{text}'" + (f"; {hint}" if hint else "")
-                          + f" (standard {what}s: {', '.join(sorted(options))})")
+                          + f" (standard {what}s: {', '.join(sorted(options))})", code="E201")
 
 
 # ---- writing the plan ------------------------------------------------------------------------------------

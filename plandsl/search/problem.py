@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from plandsl import ir
+from plandsl.diagnostics import Diagnostic, diag
 from plandsl.cost.estimate import PlanEstimate
 from plandsl.cost.memory import StateBytes
 from plandsl.schedules.registry import BUILTIN, DEFAULT_SCHEDULE
@@ -22,13 +23,20 @@ HYBRID_AXES = ("dp_rep", "dp")
 
 
 class SearchError(ValueError):
-    """Nothing in the space can run (with the reason and, where it helps, what would). `code`: the diagnostic code
-    where the reason is the command's own flags: E804 a `--pin` malformed or unknown, E805 pins that contradict each
-    other or what the problem runs (docs/errors.md); None where the model, cluster or memory leave no plan."""
+    """Nothing in the space can run (with the reason and, where it helps, what would). `code` (required: every one is
+    a Diagnostic, `.diagnostic`; tests/unit/test_search_generate.py holds every raise to one): E804 a flag's value
+    (`--pin`, `--model`, `--cluster`, `--precision`, ...) malformed or unknown, E805 flags or pins that contradict
+    each other or what the problem runs, E814 a search that finds no plan that fits; where the language says what is
+    wrong with `--model` or `--cluster`, its own code (E201 an unknown name, E212, E22x, E215, E504, ...)."""
 
-    def __init__(self, message: str, code: str | None = None):
+    def __init__(self, message: str, code: str, hint: str | None = None):
         super().__init__(message)
-        self.code = code
+        self.code, self.hint = code, hint
+
+    @property
+    def diagnostic(self) -> Diagnostic:
+        """The error as the command line shows it: no location (the command's flags, or the search's problem)."""
+        return diag(self.code, str(self), hint=self.hint)
 
 
 class Kept(NamedTuple):

@@ -91,7 +91,7 @@ def test_generate_from_options_and_from_a_plan():
     assert all(api.checks(text, path="generated.plan").ok for text in generated.texts)
     assert [c["plan"] for c in api.generate_json(generated)["candidates"]] == list(generated.texts)
     assert api.generate_report(generated).count("\n") >= 2
-    usage_problem, _ = api.generate_errors()
+    usage_problem = api.generate_usage_error()
     with pytest.raises(usage_problem, match="--model, --cluster and --global-batch are required"):
         api.generate(api.generate_request(model="gpt2"))
     with pytest.raises(usage_problem, match="--model: the --from plan gives these"):

@@ -243,7 +243,7 @@ def test_generate_searches_with_a_recipe_and_writes_it():
     plan = api.select_plan(api.loads(generated.texts[0], path="gen.plan"))
     assert plan.train.recipe is ir.Fp8Recipe.current
     assert generated.result.best.estimate.time.step == pytest.approx(estimate_plan(plan).time.step, rel=1e-9)
-    usage_problem, _ = api.generate_errors()
+    usage_problem = api.generate_usage_error()
     with pytest.raises(usage_problem, match="--fp8-recipe with --precision bf16"):
         api.generate(api.generate_request(model="llama3_8b", cluster="dgx_h100", global_batch=64,
                                           fp8_recipe="current", top=1))

@@ -365,7 +365,8 @@ def test_E419_the_experts_overlap_where_megatron_core_does_not_run_it():
     found = search(problem, pins=["cp=1", "tp=1", "zero=1"], top=20).candidates
     pipelined = [s.candidate for s in found if s.candidate.pp > 1]
     assert all(c.virtual_stages > 1 for c in pipelined) and all(s.candidate.ep > 1 for s in found)
-    with pytest.raises(SearchError, match="E419"):
+    with pytest.raises(SearchError, match="E419") as raised:
         search(dataclasses.replace(problem, precision=ir.Precision.fp32), pins=["pp=1"], top=1)
+    assert raised.value.code == "E805"  # --precision fp32 against the overlap: contradictory flags (was uncoded)
     with pytest.raises(SearchError, match="E419"):
         search(problem, pins=["pp=2", "virtual_stages=1"], top=1)

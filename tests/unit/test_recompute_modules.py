@@ -186,8 +186,9 @@ def test_generate_takes_the_modules_as_a_pin_and_writes_them():
         assert estimate_plan(plan).time.step == pytest.approx(scored.estimate.time.step)
     refused = api.generate_request(model=model.replace(", experts=8, top_k=2", ""), cluster="dgx_h100 x 1",
                                    global_batch=16, pins=("recompute_modules=moe_act",))
-    with pytest.raises(api.generate_errors()[1], match="E516"):
+    with pytest.raises(api.PlanError, match="E516") as raised:  # the search's refusal, coded as the pin's (E805)
         api.generate(refused)
+    assert [d.code for d in raised.value.diagnostics] == ["E805"]
 
 
 def test_moe_reruns_the_dispatch_and_combine_and_nothing_else_of_the_block():

@@ -121,7 +121,7 @@ def test_a_stages_block_on_megatrons_pipeline_says_it_once():
 def test_bad_input_is_a_plain_message_and_exit_1(args, message):
     out = run(*args)
     assert out.exit_code == 1
-    assert message in out.output
+    assert message in out.output and re.match(r"error\[E\d{3}\]: ", out.output), out.output  # coded, every one
     assert "Traceback" not in out.output and out.exception is None or isinstance(out.exception, SystemExit)
 
 
@@ -139,9 +139,58 @@ def test_a_pin_that_is_malformed_or_contradicts_is_coded_as_a_flag(pins, shown):
     assert out.exit_code == 1 and shown in out.output, out.output
 
 
-def test_no_plan_for_the_model_is_not_a_flags_code():
+def test_no_plan_for_the_model_is_e814_not_a_flags_code():
+    """A search that finds nothing that fits was an uncoded `error: ...` line: E814, the reason in the message, what to
+    change in the hint; as JSON with --format json."""
     out = run("--model", "gpt3_175b", "--cluster", "dgx_a100", "--global-batch", "8")
-    assert out.exit_code == 1 and "error: " in out.output and "error[" not in out.output
+    assert out.exit_code == 1 and out.output.startswith("error[E814]: ") and "does not fit" in out.output, out.output
+    assert "= hint: every plan of the space was ruled out for the reason said" in out.output
+    out = run("--model", "gpt3_175b", "--cluster", "dgx_a100", "--global-batch", "8", "--format", "json")
+    [problem] = [json.loads(line) for line in out.stdout.splitlines()]
+    assert out.exit_code == 1 and problem["code"] == "E814" and problem["location"] is None, out.output
+
+
+def test_a_search_stopped_before_any_plan_is_e814_with_its_own_hint():
+    problem, _ = resolve_problem("gpt(layers=8, hidden=1024, heads=16, seq=1024, vocab=51200)", "dgx_a100 x 2", 32)
+    with pytest.raises(SearchError, match="within the time limit") as raised:
+        search(problem, top=3, time_limit=1e-9)
+    assert raised.value.code == "E814" and raised.value.diagnostic.hint.startswith("the search stopped at its time limit")
+
+
+@pytest.mark.parametrize("args, shown", [
+    (["--model", "gpt9", "--cluster", "dgx_a100", "--global-batch", "8"], "error[E201]: unknown model 'gpt9'"),
+    (["--model", "gpt2_small", "--cluster", "dgx_a1000", "--global-batch", "8"], "error[E201]: unknown cluster"),
+    (["--model", "gpt(layers=2, hidden=64)", "--cluster", "dgx_a100", "--global-batch", "8"], "error[E212]: --model"),
+    (["--model", "gpt(layers=2, hidden=100, heads=8, seq=64, vocab=128)", "--cluster", "dgx_a100", "--global-batch",
+      "8"], "error[E220]: --model"),
+    (["--model", "hf(\"X\", a=None)", "--cluster", "dgx_a100", "--global-batch", "8"], "error[E804]: --model hf("),
+    (["--model", "gpt2_small", "--cluster", "dgx_a100", "--global-batch", "8", "--precision", "fp8"],
+     "error[E504]: device(s) a100_80g of cluster 'dgx_a100' give no peak for fp8"),
+    (["--model", "gpt2_small", "--cluster", " ", "--global-batch", "8"], "error[E804]: --model and --cluster must not"),
+    (["--model", "no/such.plan:m", "--cluster", "dgx_a100", "--global-batch", "8"], "error[E804]: cannot read model"),
+])
+def test_what_generate_cannot_search_is_coded(args, shown):
+    """Each of these was an uncoded `error: ...` line: the flags' code (E804), the language's where it says what is
+    wrong with --model or --cluster (E201, E212, E220), E504 for a precision the devices have no peak for."""
+    out = run(*args)
+    assert out.exit_code == 1 and out.output.startswith(shown), out.output
+
+
+def test_every_search_error_is_raised_with_a_code():
+    """SearchError's `code` is required, and every place that raises one names it (read from the source: a raise
+    not yet reached by a test would be a TypeError, not an uncoded line)."""
+    import ast
+    import inspect
+    from pathlib import Path
+    import plandsl
+    assert inspect.signature(SearchError).parameters["code"].default is inspect.Parameter.empty
+    uncoded = []
+    for path in Path(plandsl.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == \
+                    "SearchError" and len(node.args) < 2 and "code" not in {k.arg for k in node.keywords}:
+                uncoded.append(f"{path}:{node.lineno}")
+    assert not uncoded, f"SearchError raised without a code at {uncoded}"
 
 
 def test_a_model_too_large_names_the_least_cluster_its_states_need():

@@ -207,13 +207,13 @@ def test_generate_proposes_plans_that_check_for_each_model(folder, source):
 
 
 def test_generate_says_how_to_write_a_missing_table(folder, tmp_path):
-    _, search_error = api.generate_errors()
-    with pytest.raises(search_error) as raised:
+    with pytest.raises(api.PlanError) as raised:
         _generate(tmp_path, GPT2.text.replace("n_layer=4", "n_layer=3"))
     message = str(raised.value)
+    assert [d.code for d in raised.value.diagnostics] == ["E215"]  # the language's code (an uncoded `error:` before)
     assert "is missing (E215; run: mkdir -p" in message and "plandsl inspect 'hf(\"GPT2LMHeadModel\"" in message
     assert f"-o {tmp_path}/.plandsl/inspect-" in message
-    with pytest.raises(search_error, match="cannot be written in a plan"):
+    with pytest.raises(api.PlanError, match="cannot be written in a plan"):
         _generate(folder, 'hf("GPT2LMHeadModel", n_embd=None)')
 
 

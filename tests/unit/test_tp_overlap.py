@@ -288,7 +288,7 @@ def test_generate_writes_megatrons_tensor_parallelism_and_counts_its_shards(tmp_
     megatron, torch_ = api.estimate(plan).memory[0], api.estimate(as_torch).memory[0]
     assert torch_.activations > megatron.activations and torch_.stored_states == megatron.stored_states
     assert torch_.states - megatron.states == (32000 - 32000 // 8) * 4096 * 4
-    with pytest.raises(api.generate_errors()[0]):
+    with pytest.raises(api.generate_usage_error()):
         api.generate(api.generate_request(tensor_implementation="torch", tensor_overlap="userbuffers", **request))
 
 

@@ -1,6 +1,7 @@
 """E8xx: what `plandsl generate --from` cannot keep of a partial plan and what `plandsl shrink`
 cannot scale down; what `plandsl import` cannot read and `plandsl export` cannot write (E804-E808), what
-`plandsl estimate --against` cannot read of a run's metrics (E809-E810) and `plandsl render` cannot draw (E811-E813).
+`plandsl estimate --against` cannot read of a run's metrics (E809-E810), `plandsl render` cannot draw (E811-E813) and
+`plandsl generate` cannot find (E814: no plan fits; its flags' problems are E804-E805, as an import's).
 
 Each `_entry(...)` is one code: why the rule exists, a failing example and the fix; see
 `plandsl.diagnostics.catalogue.entry` for the form."""
@@ -241,3 +242,21 @@ _entry("E813", """
     """, _DATA_PARALLEL, "Write the DOT text and run graphviz on it to see its whole message; report it with the plan.",
     command=("render", "--view", "mesh", "--format", "svg"), fixed_command=("render", "--view", "mesh", "--format", "dot"),
     command_line=True, internal=True)
+
+# E814: `plandsl generate` without --from (no plan file: the example is a file of models, which `--model FILE:NAME`
+# names). tests/make_errors_doc.py runs the search through api.generate.
+_entry("E814", """
+    `plandsl generate` searches every layout of the model on the cluster (data, tensor, pipeline, context and
+    expert degrees, the schedule, ZeRO stage, micro-batch, recomputation, under the `--pin`s) and found none that
+    runs within the devices' memory by the cost model: here a 175B-parameter model whose weights, gradients and
+    Adam states alone need more than one node's eight 80 GB GPUs, whatever the plan. The message says which
+    constraint left nothing and what would work (here the least cluster the model states need), and which plan
+    came closest; a search stopped by `--time-limit` before any plan it simulated fitted says what it searched.
+    (With `--from`, a partial plan whose decisions leave nothing is E803, at the plan.) The flags' own problems
+    are E804 (a malformed or unknown value) and E805 (flags or pins that contradict each other); what the plan
+    language says of `--model` or `--cluster` has the language's code (E201, E212, E22x, E504, ...).
+    """, """
+    model big = gpt(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200)
+    """, "Give the search more devices, a smaller global batch or a smaller model (here a smaller model).",
+    ("layers=96, hidden=12288, heads=96", "layers=8, hidden=1024, heads=16"), file="big.plan",
+    command=("generate", "--cluster", "dgx_a100", "--global-batch", "8", "--model"), command_line=True)
