@@ -4,10 +4,12 @@ costs little work", `cpu_ratio` for "this input costs what its peer costs", `laz
 that import torch, `cli_in_process` for the command line without a new interpreter,
 `example_tiers` for a property test's example count in each tier, `generated_plan` for what
 `generate` writes, read back, `lowered_plan` / `error_codes` for a plan's text, and
-`space_leaves` for every leaf of a search space."""
+`space_leaves` for every leaf of a search space, `PipelinePlan` for a plan on a pipeline other than
+torch's (`stages = ... with implementation = ...`) and what every such pipeline is asked."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import os
 import subprocess
@@ -260,3 +262,70 @@ plan one {{
   train    = {{ global_batch: {batch}, micro_batch: 1, precision: fp32, optimizer: adam, lr: 1e-3, seed: 0{train} }}
 {body}}}
 """
+
+
+# A plan on two DGX A100 nodes whose stages run on a pipeline other than torch's (`PipelinePlan`), braces doubled for
+# its `str.format`.
+OTHER_PIPELINE_PLAN = """import "clusters/dgx_a100"
+plan p {{
+  model    = {model}
+  cluster  = dgx_a100 x 2
+  mesh     = [dp = 2, pp = 4, tp = 2]
+  train    = {{ global_batch: 64, micro_batch: 2, precision: bf16{train} }}
+  tensor   = megatron over tp
+  data     = {data} over dp
+  stages   = evenly over pp with {stages}implementation = {implementation}
+  schedule = {schedule}
+}}
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelinePlan:
+    """`OTHER_PIPELINE_PLAN` with its stages on `implementation`'s pipeline running `schedule`, the one schedule that
+    pipeline runs: its text with any field changed, the plan loaded, its error codes, and what every pipeline other
+    than torch's is asked (`assert_checked`, `assert_searched`): tests/unit/test_deepspeed_pipeline.py,
+    tests/unit/test_dualpipe_runtime.py."""
+    implementation: str
+    schedule: str
+    model: str
+    data: str = "zero1"
+    train: str = ""   # after `precision: bf16` (", recompute: full")
+    stages: str = ""  # before `implementation = ...` ("virtual = 2, map = vshape, ")
+
+    def text(self, **changes) -> str:
+        return OTHER_PIPELINE_PLAN.format(**dataclasses.asdict(dataclasses.replace(self, **changes)))
+
+    def plan(self, **changes):
+        from plandsl import api
+        return api.select_plan(api.loads(self.text(**changes), path="p.plan"))
+
+    @staticmethod
+    def errors(text: str) -> list:
+        """The errors `text` has (api.checks'), each a Diagnostic."""
+        from plandsl import api
+        return [d for d in api.checks(text, path="p.plan").diagnostics if d.severity == "error"]
+
+    @classmethod
+    def codes(cls, text: str) -> list[str]:
+        return [d.code for d in cls.errors(text)]
+
+    def assert_checked(self, refused: str) -> None:
+        """The language says the pipeline and the checker takes the plan, with ZeRO-1 or plain replicas; `refused`, a
+        schedule torch's pipeline runs here, is E610 naming the schedule this one runs; its outputs, which are not
+        modelled, are E206."""
+        assert self.plan().stages.implementation == self.implementation
+        assert self.codes(self.text()) == [] and self.codes(self.text(data="replicate")) == []
+        found = self.errors(self.text(schedule=refused))
+        assert [d.code for d in found] == ["E610"] and f"it runs {self.schedule} (" in found[0].message, found
+        assert self.codes(self.text(schedule=refused, implementation="torch")) == []
+        said = f"implementation = {self.implementation}"
+        assert self.codes(self.text().replace(said, f"{said}, outputs = returned")) == ["E206"]
+
+    def assert_searched(self, microbatches: int, virtual: int = 1) -> None:
+        """The search offers on this pipeline only its schedule (at `virtual` stages a rank) for 4 ranks and
+        `microbatches`, where on torch's it offers gpipe among others."""
+        from plandsl.search.choices import schedule_choices
+        assert schedule_choices(4, microbatches, 16, None, None, pipeline=self.implementation) == \
+            [(self.schedule, virtual)]
+        assert ("gpipe", 1) in schedule_choices(4, microbatches, 16, None, None)

@@ -7,64 +7,36 @@ import dataclasses
 
 import pytest
 
-from plandsl import api
 from plandsl.cost.comm import collective_seconds
 from plandsl.cost.estimate import estimate_plan, pipeline_p2p_seconds, plan_work
 from plandsl.cost.layer import plan_links
-from plandsl.search.choices import schedule_choices
+from tests.support import PipelinePlan
 
-PLAN = """import "clusters/dgx_a100"
-plan p {{
-  model    = gpt(layers=8, hidden=1024, heads=16, seq=1024, vocab=50304)
-  cluster  = dgx_a100 x 2
-  mesh     = [dp = 2, pp = 4, tp = 2]
-  train    = {{ global_batch: 64, micro_batch: 2, precision: bf16, recompute: full }}
-  tensor   = megatron over tp
-  data     = {data} over dp
-  stages   = evenly over pp with implementation = {implementation}
-  schedule = {schedule}
-}}
-"""
-
-
-def _text(implementation="deepspeed", schedule="1f1b", data="zero1"):
-    return PLAN.format(implementation=implementation, schedule=schedule, data=data)
-
-
-def _errors(text):
-    return [d.code for d in api.checks(text, path="p.plan").diagnostics if d.severity == "error"]
-
-
-def _plan(**kwargs):
-    return api.select_plan(api.loads(_text(**kwargs), path="p.plan"))
+PIPE = PipelinePlan("deepspeed", "1f1b", model="gpt(layers=8, hidden=1024, heads=16, seq=1024, vocab=50304)",
+                    train=", recompute: full")
+_text, _plan, _errors = PIPE.text, PIPE.plan, PIPE.codes
 
 
 def test_the_language_says_deepspeeds_pipeline_and_checks_it():
-    assert _plan().stages.implementation == "deepspeed"
-    assert _errors(_text()) == [] and _errors(_text(data="replicate")) == []
-    assert _errors(_text(schedule="gpipe")) == ["E610"]  # TrainSchedule is a 1F1B
-    assert _errors(_text(schedule="interleaved_1f1b").replace("implementation = deepspeed",
-                                                              "virtual = 2, implementation = deepspeed")) == ["E610"]
-    found = api.checks(_text(data="zero2"), path="p.plan").diagnostics
-    assert [d.code for d in found if d.severity == "error"] == ["E611"] and "zero2" in found[0].message
+    PIPE.assert_checked(refused="gpipe")  # TrainSchedule is a 1F1B
+    assert _errors(_text(schedule="interleaved_1f1b", stages="virtual = 2, ")) == ["E610"]
+    found = PIPE.errors(_text(data="zero2"))
+    assert [d.code for d in found] == ["E611"] and "zero2" in found[0].message
     assert _errors(_text(data="zero2", implementation="megatron")) == []
-    outputs = _text().replace("implementation = deepspeed", "implementation = deepspeed, outputs = returned")
-    assert _errors(outputs) == ["E206"]
 
 
 def test_it_runs_no_sequence_parallelism():
     """Its tensor-parallel ranks send 1/tp of a boundary and gather it whole on arrival (`PartitionedTensor`): a
     sequence-parallel tensor axis beside it is E611; Megatron-LM's and torch's pipelines take it."""
     sequence = _text().replace("tensor   = megatron over tp", "tensor   = megatron over tp with sequence_parallel")
-    found = [d for d in api.checks(sequence, path="p.plan").diagnostics if d.severity == "error"]
+    found = PIPE.errors(sequence)
     assert [d.code for d in found] == ["E611"] and "sequence parallelism" in found[0].message
     assert _errors(sequence.replace("implementation = deepspeed", "implementation = megatron")) == []
     assert _errors(sequence.replace("implementation = deepspeed", "implementation = torch")) == []
 
 
 def test_the_search_offers_it_only_its_schedule():
-    assert schedule_choices(4, 8, 16, None, None, pipeline="deepspeed") == [("1f1b", 1)]
-    assert ("gpipe", 1) in schedule_choices(4, 8, 16, None, None)
+    PIPE.assert_searched(microbatches=8)
 
 
 def test_its_transfers_block_the_stages_and_its_reduction_follows_the_schedule():
