@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import re
+import subprocess
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -232,9 +233,25 @@ def submit(application, job: JobOptions) -> Submitted:
         if not job.dryrun:
             try:
                 handle = runner.schedule(info)
-            except Exception as error:  # noqa: BLE001 - the scheduler's own failure (no sbatch, no cluster)
+            except _scheduler_failures() as error:  # the scheduler's own (no sbatch, no cluster); else a bug: E108
                 raise _unreached(job, "submit the job to", error, caught) from None
     return Submitted(handle if handle else str(info), handle, _notes(caught))
+
+
+def _scheduler_failures() -> tuple[type[BaseException], ...]:
+    """What a scheduler's own failure to take the job raises through TorchX's `schedule`: `sbatch` missing or failing
+    (OSError, subprocess's errors), the Kubernetes API server refusing the job or not reached (the client's
+    OpenApiException and ConfigException, urllib3's HTTPError), TorchX's ValueError for a job that exists. Anything
+    else is a bug in the job plandsl built or in TorchX (E108), not E719, whose hint (where to submit from) would not
+    help."""
+    failures: list[type[BaseException]] = [OSError, subprocess.SubprocessError, ValueError]
+    for module, name in (("kubernetes.client.exceptions", "OpenApiException"),
+                         ("kubernetes.config.config_exception", "ConfigException"), ("urllib3.exceptions", "HTTPError")):
+        try:
+            failures.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):  # the kubernetes extra not installed: slurm's failures only
+            continue
+    return tuple(failures)
 
 
 def _offline(options, cfg: dict) -> tuple[dict, bool]:
@@ -275,9 +292,11 @@ def _cfg(runner, job: JobOptions, invalid: type[Exception], factories) -> dict:
     for item in job.cfg:
         try:
             parsed = options.cfg_from_str(item)
-        except (invalid, ValueError) as error:
+        except invalid as error:  # an option it does not have (the nearest named), one given twice
             raise _refused(job.scheduler, f"--cfg {item}: TorchX's {job.scheduler} scheduler: {error}",
                            _nearest(item, options)) from None
+        except ValueError as error:  # a value of the wrong type (at its option), or no KEY=VALUE at all
+            raise _wrong_value(job.scheduler, item, options, error) from None
         for key, value in parsed.items():
             # slurm: TorchX writes the nodes' options unquoted on `#SBATCH` lines, which sbatch splits at spaces
             # (`partition=a --exclusive` asked for whole nodes); only the job's own go to sbatch's argument list
@@ -296,6 +315,26 @@ def _cfg(runner, job: JobOptions, invalid: type[Exception], factories) -> dict:
 SLURM_JOB_OPTIONS = ("comment", "mail-user", "mail-type", "account", "job-dir", "workspace-type", "image-repo")
 """TorchX's slurm options passed as `sbatch` arguments (a list: any value) or used on this machine, not written
 into the script's `#SBATCH` lines."""
+
+
+def _wrong_value(scheduler: str, item: str, options, error: ValueError) -> JobError:
+    """E718 for a `--cfg` item TorchX cannot cast: at the option whose value is not of its type (`KEY=VALUE`, the type
+    named), else (no `KEY=VALUE` pair) the item as given, with TorchX's message."""
+    try:
+        pairs = _torchx("torchx.specs.api").to_dict(item)
+    except ValueError:
+        pairs = {}
+    for key, value in pairs.items():
+        option = options.get(options.canonical_key(key) or key)
+        if option is None:
+            continue
+        try:
+            option.cast_to_type(value)
+        except (ValueError, TypeError):
+            kind = getattr(option.opt_type, "__name__", str(option.opt_type))
+            return _refused(scheduler, f"--cfg {key}={value}: TorchX's {scheduler} scheduler takes {kind} for {key} "
+                                       f"({error})", f"give {key} a value of type {kind}; ")
+    return _refused(scheduler, f"--cfg {item}: TorchX's {scheduler} scheduler: {error}", "")
 
 
 def _nearest(item: str, options) -> str:

@@ -179,8 +179,9 @@ def test_a_scheduler_option_torchx_does_not_know_is_e718_naming_the_nearest_one(
 @pytest.mark.parametrize("scheduler, options, message", [
     ("kubernetes", ("--image", IMAGE), "error[E718]: TorchX's kubernetes scheduler: Required run option: queue"),
     ("kubernetes", ("--image", IMAGE), "= hint: give it: --cfg queue=VALUE; `torchx runopts kubernetes`"),
-    ("kubernetes", ("--image", IMAGE, "--cfg", "queue=default,reserved_memmb=lots"),
-     "error[E718]: --cfg queue=default,reserved_memmb=lots"),
+    ("kubernetes", ("--image", IMAGE, "--cfg", "queue=default,reserved_memmb=lots"),  # at the option, not the item
+     "error[E718]: --cfg reserved_memmb=lots: TorchX's kubernetes scheduler takes int for reserved_memmb (invalid "
+     "literal for int() with base 10: 'lots')\n  = hint: give reserved_memmb a value of type int; `torchx runopts"),
     ("slurm", ("--cfg", "partition"), "error[E718]: --cfg partition: TorchX's slurm scheduler"),
 ])
 def test_scheduler_options_torchx_refuses_are_e718(no_slurm, scheduler, options, message):
@@ -290,11 +291,39 @@ def test_what_torchx_warned_of_before_a_failure_is_a_note_of_e719(no_slurm, monk
     def schedule(self, info):
         import warnings
         warnings.warn("no kubeconfig found")
-        raise RuntimeError("connection refused")
+        raise ConnectionRefusedError("connection refused")
     monkeypatch.setattr(Runner, "schedule", schedule)
     _refused(launch(ONE_NODE, "--scheduler", "slurm", "--cpu", "16", "--mem-mb", "64000"), 1,
              "error[E719]: TorchX could not submit the job to slurm: connection refused\n",
              "= note: TorchX warned: no kubeconfig found")
+
+
+@pytest.mark.parametrize("failure", [lambda: __import__("subprocess").CalledProcessError(1, ["sbatch"]),
+                                     lambda: FileNotFoundError(2, "No such file or directory", "sbatch"),
+                                     lambda: __import__("urllib3").exceptions.MaxRetryError(None, "/apis", "refused"),
+                                     lambda: __import__("kubernetes").client.exceptions.ApiException(403, "Forbidden")],
+                         ids=["sbatch-fails", "no-sbatch", "unreached", "api-refuses"])
+def test_the_schedulers_own_failure_to_take_the_job_is_e719(no_slurm, monkeypatch, failure):
+    from torchx.runner.api import Runner
+
+    def schedule(self, info):
+        raise failure()
+    monkeypatch.setattr(Runner, "schedule", schedule)
+    _refused(launch(ONE_NODE, "--scheduler", "slurm", "--cpu", "16", "--mem-mb", "64000"), 1,
+             "error[E719]: TorchX could not submit the job to slurm: ")
+
+
+def test_a_bug_as_the_job_is_submitted_is_e108_not_e719(no_slurm, monkeypatch):
+    """runner.schedule's every exception was E719 ('run it where sbatch runs'), a plandsl (or TorchX) bug too: only
+    the scheduler's own failures are E719, anything else the boundary's E108."""
+    from torchx.runner.api import Runner
+
+    def schedule(self, info):
+        raise KeyError("request")
+    monkeypatch.setattr(Runner, "schedule", schedule)
+    result = launch(ONE_NODE, "--scheduler", "slurm", "--cpu", "16", "--mem-mb", "64000")
+    _refused(result, 1, "error[E108]: internal error: KeyError: 'request'")
+    assert "E719" not in result.output
 
 
 def test_a_submission_needs_the_nodes_cpus_and_memory(no_slurm):

@@ -296,7 +296,8 @@ _entry("E717", """
 
 _entry("E718", """
     `--cfg` gives the scheduler's options as TorchX takes them, and TorchX parses them with the scheduler's own
-    run options: an option it does not have (the nearest one is named), a value of the wrong type, a required
+    run options: an option it does not have (the nearest one is named), a value of the wrong type (at its option,
+    the type named), a required
     option left out (kubernetes' `queue`) and, on slurm, a value holding a space (TorchX writes it unquoted on
     an `#SBATCH` line, where sbatch would read more than one option) are refused before the job is built, with
     TorchX's own message; so is a scheduler TorchX does not have, through the API (`plandsl launch` itself
@@ -313,6 +314,7 @@ _entry("E719", """
     submitted; the message is TorchX's, and what TorchX warned of on the way (often the cause: no kubeconfig)
     follows as notes. `--dryrun` prints the job without handing it over, and asks no cluster but where told to:
     kubernetes' `--cfg validate_spec=True` has the API server check the job, and that check failing is E719 too.
+    Any other exception as the job is handed over is a bug in the job plandsl built (or in TorchX), E108.
     """, _LAUNCHED,
     "Submit from a login node of the cluster, where `sbatch` runs.",
     command=("launch", "--scheduler", "slurm", "--cpu", "16", "--mem-mb", "64000"),
