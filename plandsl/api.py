@@ -632,13 +632,14 @@ def submit_job(app: Any, job: JobOptions) -> Submitted:
         return submit(app, job)
 
 
-USAGE_CODES = frozenset({"E717"})
-"""Diagnostics the command line exits 2 for, as for a usage error (docs/cli.md): this machine lacks a package."""
+USAGE_CODES = frozenset({"E717", "E815"})
+"""Diagnostics the command line exits 2 for, as for a usage error (docs/cli.md): this machine lacks a package (TorchX
+for `launch`, pygls for `lsp`)."""
 
 
 def exit_status(error: PlanError) -> int:
-    """The command line's exit status for `error`: 2 where each of its errors is one of `USAGE_CODES` (TorchX not
-    installed), else 1."""
+    """The command line's exit status for `error`: 2 where each of its errors is one of `USAGE_CODES` (TorchX or pygls
+    not installed), else 1."""
     errors = [d.code for d in error.diagnostics if d.is_error]
     return 2 if errors and all(code in USAGE_CODES for code in errors) else 1
 

@@ -225,14 +225,8 @@ def explain(code):
 def lsp(stdio):
     """Serve the language server on stdin/stdout for an editor: diagnostics, hover, completion, go to
     definition, formatting, quick fixes (needs the `lsp` extra: pygls)."""
-    try:
-        from plandsl.lsp.server import serve  # lazy: pygls and the stages only for the language server
-    except ImportError as error:
-        if (error.name or "").split(".")[0] not in ("pygls", "lsprotocol", "cattrs", "attrs"):
-            raise
-        click.echo(f"error: plandsl lsp needs pygls: pip install 'plandsl[lsp]' ({error})", err=True)
-        sys.exit(2)
-    serve()
+    from plandsl.lsp import load_server  # lazy: pygls and the stages only for the language server
+    load_server()()  # E815 (exit 2) where pygls is not installed
 
 
 @main.command()

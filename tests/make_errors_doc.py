@@ -48,7 +48,8 @@ STAGES = [
      "`--args-file`) and `plandsl export` (a plan in another tool's format), with the checker's codes for "
      "everything `plandsl check` itself reports; E809-E810 by `plandsl estimate --against` (a run's metrics; the "
      "example is the metrics file), E811-E813 by `plandsl render` (a view that does not apply, graphviz missing or "
-     "failing), E814 by `plandsl generate` (no plan fits; E804-E805 are its flags' problems too)."),
+     "failing), E814 by `plandsl generate` (no plan fits; E804-E805 are its flags' problems too), E815 by `plandsl lsp` "
+     "(pygls not installed; the example is a plan an editor opens)."),
     ("E9", "E9xx: what plandsl inspect cannot derive", "Reported by `plandsl inspect` (a user's torch module, "
      "a factory or a Hugging Face config, built on the meta device and read as a layer table); the example "
      "is the user's Python file, but for E905 (`plandsl inspect FILE.plan`: a model call it cannot read)."),
@@ -86,6 +87,8 @@ def _command(entry: Entry, path: Path, command: tuple[str, ...], fixed: bool = F
                        "missing" if entry.lacks and not fixed else "stub")
     if command[0] == "profile":
         return _profile(path, failing=False)
+    if command[0] == "lsp":
+        return _lsp(path, "" if fixed else entry.lacks)
     if command[0] == "run" and "--memory" in command:
         return _traced(path)
     if command[0] == "run" and "--dry-run" in command:
@@ -362,6 +365,43 @@ def _generate(path: Path, command: tuple[str, ...]) -> Analysis:
     return Analysis(str(path), None, [], {})
 
 
+def _lsp(path: Path, lacks: str) -> Analysis:
+    """`plandsl lsp --stdio` (E815) as far as it starts: `plandsl.lsp.load_server()` imports the server, on a machine
+    where importing pygls fails (`lacks` "pygls": the server's modules forgotten first) or with pygls as installed."""
+    from plandsl import lsp
+    from plandsl.diagnostics import PlanError
+    hidden = {name: module for name, module in sys.modules.items()
+              if name.split(".")[0] == "pygls" or name.startswith("plandsl.lsp.")} if lacks else {}
+    blocker = _NoPackage("pygls")
+    for name in hidden:
+        del sys.modules[name]
+    if lacks:
+        sys.meta_path.insert(0, blocker)
+    try:
+        lsp.load_server()
+    except PlanError as error:
+        return Analysis(str(path), None, list(error.diagnostics), dict(error.sources))
+    finally:
+        if lacks:
+            sys.meta_path.remove(blocker)
+            for name in [m for m in sys.modules if m.split(".")[0] == "pygls" or m.startswith("plandsl.lsp.")]:
+                del sys.modules[name]
+            sys.modules.update(hidden)
+    return Analysis(str(path), None, [], {})
+
+
+class _NoPackage:
+    """An import finder for which `package` is not installed."""
+
+    def __init__(self, package: str):
+        self.package = package
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == self.package:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
 def _profile(path: Path, failing: bool) -> Analysis:
     """`plandsl profile --nproc-per-node 2 --quick -o EXAMPLE` (`api.profile`, E720) with torch's launcher made to
     report rank 1 failed (`failing`), or to succeed at once (no rank writes a profile: as on a node but node 0)."""
@@ -468,7 +508,7 @@ def _section(entry: Entry) -> list[str]:
     if entry.inspect:
         lines[-2] = lines[-2].rstrip(":") + f" (`plandsl inspect {entry.file}` wrote its model's table first):"
     if entry.command:
-        command = f"plandsl {' '.join(entry.command)} {entry.file}"
+        command = f"plandsl {' '.join(entry.command)}{entry.named_file}"
     where = " on a machine with CUDA" if entry.on_cuda else ""
     if entry.gpus:
         where = f" on a machine where torch sees {entry.gpus} GPU{'s' if entry.gpus > 1 else ''}"
@@ -487,7 +527,7 @@ def _section(entry: Entry) -> list[str]:
     lines += _code(entry.example, language) + ["", f"`{command}`{where} reports:", ""]
     lines += _code(rendered, "text") + ["", f"**Fix:** {entry.fix}", ""]
     if entry.fixed_command:
-        lines += [f"`plandsl {' '.join(entry.fixed_command)} {entry.file}`{fixed_where} is not refused.", ""]
+        lines += [f"`plandsl {' '.join(entry.fixed_command)}{entry.named_file}`{fixed_where} is not refused.", ""]
     if entry.edits:
         lines += _code(entry.fixed, language) + [""]
     return lines

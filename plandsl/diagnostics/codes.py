@@ -5,7 +5,7 @@ and sharding, E5xx training and memory, E6xx schedules, E7xx what `plandsl run` 
 (valid plans the interpreter cannot run) or `plandsl launch` cannot submit as one job (E720: a `plandsl profile`
 job that fails), E8xx what `plandsl generate --from` cannot keep,
 `plandsl shrink` cannot do, `plandsl import` cannot read or `plandsl export` cannot write, `plandsl estimate --against` cannot
-read of a run's metrics (E809-E810), `plandsl render` cannot draw (E811-E813), `plandsl generate` cannot find (E814); E9xx what `plandsl inspect` cannot derive from a torch module; W for warnings. The examples and fixes live in
+read of a run's metrics (E809-E810), `plandsl render` cannot draw (E811-E813), `plandsl generate` cannot find (E814), `plandsl lsp` cannot start without (E815); E9xx what `plandsl inspect` cannot derive from a torch module; W for warnings. The examples and fixes live in
 `plandsl/diagnostics/catalogue/`, one module per family (shown by `plandsl explain` and
 docs/errors.md).
 """
@@ -158,6 +158,8 @@ CODES: dict[str, str] = {
     "E813": "graphviz failed to lay out the picture",
     # E814: what `plandsl generate` cannot find
     "E814": "no plan of the model fits the cluster",
+    # E815: what `plandsl lsp` cannot start without
+    "E815": "pygls not installed (plandsl lsp)",
     # E9xx: what `plandsl inspect` cannot derive from a user's torch module
     "E901": "model cannot be imported",
     "E902": "model cannot be built as a torch module",

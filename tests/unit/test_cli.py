@@ -258,7 +258,9 @@ def test_lsp_without_pygls_says_what_to_install(monkeypatch):
         monkeypatch.delitem(sys.modules, name)
     result = CliRunner().invoke(main, ["lsp"])
     assert result.exit_code == 2
-    assert "pip install 'plandsl[lsp]'" in result.stderr
+    # E815 with its hint (an uncoded `error: plandsl lsp needs pygls: ...` line before), exit 2 as before
+    assert result.stderr.startswith("error[E815]: plandsl lsp needs pygls, which is not installed here ("), result.stderr
+    assert "= hint: pip install 'plandsl[lsp]' where the editor starts `plandsl lsp`" in result.stderr
 
 
 def test_help_lists_the_commands():

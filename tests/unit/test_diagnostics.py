@@ -64,10 +64,13 @@ TORCH_CODES = {"E110", "E412", "E413", "E414", "E506", "E705", "E709", "E716", "
 # interop extra does), on the worker of tests/unit/test_launch_torchx.py
 TORCHX_CODES = {"E715", "E717", "E718", "E719"}
 NO_TORCHX = importlib.util.find_spec("torchx") is None
+NO_PYGLS = importlib.util.find_spec("pygls") is None
 ALL_CODES = [pytest.param(code, marks=pytest.mark.xdist_group("torch")) if code in TORCH_CODES else
              pytest.param(code, marks=[pytest.mark.xdist_group("torchx"),
                                        pytest.mark.skipif(NO_TORCHX, reason="pip install 'plandsl[launch]'")])
-             if code in TORCHX_CODES else code
+             if code in TORCHX_CODES else
+             pytest.param(code, marks=pytest.mark.skipif(NO_PYGLS, reason="pip install 'plandsl[lsp]'"))
+             if code == "E815" else code  # its fix starts the language server: pygls installed
              for code in sorted(CODES)]
 
 
@@ -112,6 +115,8 @@ def test_rendered_example_matches_golden(code, golden):
 def test_errors_doc_is_up_to_date():
     if NO_TORCHX:
         pytest.skip("E715, E717-E719's examples hand their jobs to TorchX: pip install 'plandsl[launch]'")
+    if NO_PYGLS:
+        pytest.skip("E815's fix starts the language server: pip install 'plandsl[lsp]'")
     expected = make_errors_doc.render_errors_doc()
     doc = ROOT / "docs" / "errors.md"
     assert doc.exists() and doc.read_text(encoding="utf-8") == expected, \

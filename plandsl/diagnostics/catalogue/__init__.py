@@ -42,10 +42,10 @@ def explain(code: str) -> str | None:
              textwrap.indent(entry.example, "    ").rstrip("\n"), "", f"Fix: {entry.fix}"]
     if entry.fixed_command:  # the options were wrong (or the machine lacked something): the command before and after
         before = after = ""
-        if entry.lacks:  # E717, E719: the same command, on another machine
+        if entry.lacks:  # E717, E719, E812, E815: the same command, on another machine
             before, after = f"    # on a machine without {entry.lacks}", f"    # on one with {entry.lacks}"
-        lines[-2:-1] = ["", f"    plandsl {' '.join(entry.command)} {entry.file}{before}", ""]
-        lines.append(f"    plandsl {' '.join(entry.fixed_command)} {entry.file}{after}")
+        lines[-2:-1] = ["", f"    plandsl {' '.join(entry.command)}{entry.named_file}{before}", ""]
+        lines.append(f"    plandsl {' '.join(entry.fixed_command)}{entry.named_file}{after}")
     if entry.edits:
         lines.append(textwrap.indent(entry.fixed, "    ").rstrip("\n"))
     return "\n".join(lines)

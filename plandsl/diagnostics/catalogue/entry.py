@@ -46,7 +46,7 @@ class Entry:
     fixed_command: tuple[str, ...] = ()        # E710-E715: the command the fix runs (its options fixed), else `command`
     command_line: bool = False                 # E712-E715: the options are wrong, not a line: no location, no caret
     gpus: int = 0                              # E714: the GPUs torch sees where the example runs (0: none)
-    lacks: str = ""                            # E717, E719, E812: what the example's machine lacks (`TorchX`, `sbatch`, `Graphviz`), the fix's has
+    lacks: str = ""                            # E717, E719, E812, E815: what the example's machine lacks (`TorchX`, `sbatch`, `Graphviz`, `pygls`), the fix's has
     internal: bool = False                     # E108, E716, E813: no plan triggers it; the example's check has a stage raise (E813: graphviz)
     inspect: bool = False                      # E412-E414: `plandsl inspect FILE.plan` writes its models' tables first
 
@@ -57,6 +57,12 @@ class Entry:
         for old, new in self.edits:
             text = text.replace(old, new, 1)
         return text
+
+    @property
+    def named_file(self) -> str:
+        """The example's file as the command line names it (" example.plan"): none for `plandsl lsp` (E815), which an
+        editor starts, and which opens the file itself."""
+        return "" if self.command[:1] == ("lsp",) else f" {self.file}"
 
     @property
     def stage(self) -> str:

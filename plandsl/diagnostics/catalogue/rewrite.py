@@ -1,7 +1,8 @@
 """E8xx: what `plandsl generate --from` cannot keep of a partial plan and what `plandsl shrink`
 cannot scale down; what `plandsl import` cannot read and `plandsl export` cannot write (E804-E808), what
 `plandsl estimate --against` cannot read of a run's metrics (E809-E810), `plandsl render` cannot draw (E811-E813) and
-`plandsl generate` cannot find (E814: no plan fits; its flags' problems are E804-E805, as an import's).
+`plandsl generate` cannot find (E814: no plan fits; its flags' problems are E804-E805, as an import's) and `plandsl lsp`
+cannot start without (E815).
 
 Each `_entry(...)` is one code: why the rule exists, a failing example and the fix; see
 `plandsl.diagnostics.catalogue.entry` for the form."""
@@ -260,3 +261,21 @@ _entry("E814", """
     """, "Give the search more devices, a smaller global batch or a smaller model (here a smaller model).",
     ("layers=96, hidden=12288, heads=96", "layers=8, hidden=1024, heads=16"), file="big.plan",
     command=("generate", "--cluster", "dgx_a100", "--global-batch", "8", "--model"), command_line=True)
+
+# E815: `plandsl lsp`, which an editor starts (the example is a plan the editor opens). tests/make_errors_doc.py imports
+# the language server on a machine where importing pygls fails, and the fix's with pygls as installed.
+_entry("E815", """
+    `plandsl lsp` is the language server an editor starts for plan files (diagnostics, hovers, completions, quick
+    fixes as you type). It speaks LSP through pygls, which comes with the `lsp` extra, not with plandsl itself:
+    checking, estimating and running plans need none of it. It is a usage error (exit 2), as for `plandsl launch`
+    without TorchX (E717); the message names the module that could not be imported.
+    """, f"""
+    import "clusters/dgx_a100"
+    plan p {{
+      model   = {GPT}
+      cluster = dgx_a100 x 1
+      mesh    = [dp = 2, pp = 2, tp = 2]
+      train   = {{ global_batch: 16, micro_batch: 1 }}
+    }}
+    """, "Install the `lsp` extra where the editor starts `plandsl lsp`.",
+    command=("lsp", "--stdio"), fixed_command=("lsp", "--stdio"), command_line=True, lacks="pygls")
