@@ -5,13 +5,15 @@ that import torch, `cli_in_process` for the command line without a new interpret
 `example_tiers` for a property test's example count in each tier, `generated_plan` for what
 `generate` writes, read back, `lowered_plan` / `error_codes` for a plan's text, and
 `space_leaves` for every leaf of a search space, `PipelinePlan` for a plan on a pipeline other than
-torch's (`stages = ... with implementation = ...`) and what every such pipeline is asked."""
+torch's (`stages = ... with implementation = ...`) and what every such pipeline is asked, `run_group` /
+`start_group` / `stop_group` for a command that starts processes of its own (torchrun and its ranks), ended whole."""
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import importlib
 import os
+import signal
 import subprocess
 import time
 import traceback
@@ -329,3 +331,88 @@ class PipelinePlan:
         assert schedule_choices(4, microbatches, 16, None, None, pipeline=self.implementation) == \
             [(self.schedule, virtual)]
         assert ("gpipe", 1) in schedule_choices(4, microbatches, 16, None, None)
+
+
+# ---- commands that start processes of their own ----------------------------------------------------------------
+# A test that runs torchrun (`plandsl run`, `plandsl profile`) in a subprocess and times out must not leave its ranks
+# running (killing torchrun alone orphans them, still holding their ports and cores): the command runs in a session
+# of its own, and its whole process group is ended.
+KILL_GRACE_S = 10.0
+"""Seconds the group has to end after SIGTERM (torchrun's agent forwards it to the ranks) before SIGKILL."""
+
+
+def start_group(command, **popen) -> subprocess.Popen:
+    """`subprocess.Popen(command, **popen)` in a session of its own: it and every process it starts that does not
+    leave (torchrun's ranks) are one process group, whose id is its pid, for `stop_group`."""
+    return subprocess.Popen(command, start_new_session=True, **popen)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` still runs (a zombie, dead but not yet reaped, does not)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command's name, which may hold spaces
+        except (OSError, IndexError):
+            continue  # ended while read
+        if int(fields[2]) == pgid and fields[0] not in "ZX":  # state, ppid, pgrp
+            return True
+    return False
+
+
+def stop_group(process: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
+    """End every process of `process`'s group (`start_group`): SIGTERM, then SIGKILL to what is left after
+    `grace_s`; returns once none runs (or a SIGKILL has had `grace_s` more). `process` is reaped."""
+    pgid = process.pid
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass  # none left, the leader reaped
+        if _group_ends(process, grace_s):
+            break
+    process.wait(timeout=grace_s)
+
+
+def _group_ends(process: subprocess.Popen, seconds: float) -> bool:
+    """Whether no process of `process`'s group runs within `seconds` (the leader reaped as it ends)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        process.poll()
+        if not group_alive(process.pid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def run_group(command, *, timeout: float, input=None, grace_s: float = KILL_GRACE_S,
+              **popen) -> subprocess.CompletedProcess:
+    """`subprocess.run(command, timeout=timeout, input=input, **popen)` with the command in a session of its own
+    (`start_group`): on the timeout (or an interrupt) its whole process group is ended (`stop_group`), not the
+    command alone, and TimeoutExpired is raised with the output so far (`.output`, `.stderr`). Processes of the
+    group still running when the command ends are ended too."""
+    if input is not None:
+        popen.setdefault("stdin", subprocess.PIPE)
+    with start_group(command, **popen) as process:
+        try:
+            stdout, stderr = process.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired as error:
+            stop_group(process, grace_s)
+            try:  # the rest of the output, every writer now gone
+                error.output, error.stderr = process.communicate(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+            raise
+        except BaseException:
+            stop_group(process, grace_s)
+            raise
+        if group_alive(process.pid):
+            stop_group(process, grace_s)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)

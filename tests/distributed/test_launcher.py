@@ -11,7 +11,8 @@ and the two nodes (a run that trains to the end, a rendezvous, the equivalence r
 and the Hugging Face model run `plandsl run` in this process with torchrun's `run` stood in for by forked
 ranks of `plandsl.run.main` (`torchrun_forking`): the command line, the check, the launcher's arguments, its
 fault directory and its message are `plandsl run`'s own, only the rank processes are forked. Every subprocess
-has a timeout, so a hang fails instead of blocking.
+has a timeout, so a hang fails instead of blocking, and runs in a session of its own, so that its ranks are ended
+with it (tests.support.run_group).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from plandsl.cli import main
 from tests.conftest import ROOT
 from tests.distributed import ranks
 from tests.distributed.harness import free_port, run_failing_ranks, run_ranks
-from tests.support import lazy
+from tests.support import lazy, run_group, start_group, stop_group
 
 checkpoint = lazy("plandsl.runtime.checkpoint")
 runtime_reference = lazy("plandsl.runtime.reference")
@@ -62,8 +63,8 @@ def plandsl_run(*args, timeout: float = TIMEOUT_S, env: dict[str, str] | None = 
     command = [sys.executable, "-m", "plandsl.cli", "run", *map(str, args)]
     start = time.monotonic()
     try:
-        done = subprocess.run(command, cwd=ROOT, env=env or _env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        done = run_group(command, cwd=ROOT, env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, timeout=timeout)  # on the timeout, torchrun's ranks are ended with it
     except subprocess.TimeoutExpired as error:
         pytest.fail(f"`plandsl run {' '.join(map(str, args))}` did not finish within {timeout} s:\n"
                     f"{error.output or ''}")
@@ -395,7 +396,7 @@ def test_two_launchers_join_as_two_nodes(tmp_path, reference_losses):
             command = [sys.executable, "-m", "plandsl.cli", "run", DP, "--steps", str(STEPS), "--nnodes", "2",
                        "--node-rank", str(node), "--rdzv-endpoint", endpoint, "--nproc-per-node", "1",
                        "--metrics", str(tmp_path / f"node{node}.jsonl"), "--check-equivalence"]
-            processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+            processes.append(start_group(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 2 * TIMEOUT_S
         codes = []
         for process in processes:
@@ -404,10 +405,8 @@ def test_two_launchers_join_as_two_nodes(tmp_path, reference_losses):
             except subprocess.TimeoutExpired:
                 codes.append(None)
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        for process in processes:  # each launcher with its ranks, whether it ended or not
+            stop_group(process)
         for log in logs:
             log.close()
     output = [(tmp_path / f"node{node}.log").read_text() for node in (0, 1)]
