@@ -39,7 +39,10 @@ from tests.support import lazy, run_group, start_group, stop_group
 checkpoint = lazy("plandsl.runtime.checkpoint")
 runtime_reference = lazy("plandsl.runtime.reference")
 
-pytestmark = pytest.mark.dist
+# the 'torch' group (tests/conftest.py): seven of its ten tests import torch in this process (the one-process
+# `reference`, torchrun's stand-in and its forked ranks, the checkpoint read back, the dry run), so its worker pays
+# for torch, and the module-scoped `reference` is trained once, on that worker
+pytestmark = [pytest.mark.dist, pytest.mark.xdist_group("torch")]
 
 STEPS = 3
 # hang guards only (a run that ends is judged by its output): one launch of 2 ranks takes ~10 s on the quiet
