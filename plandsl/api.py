@@ -496,6 +496,14 @@ def prepare_run(plan: ir.Plan, path: str, name: str | None, params: dict[str, An
         return prepare(plan, path, name, params, options, dry_run)
 
 
+def resume_refusal(plan: ir.Plan, error: Exception) -> PlanError:
+    """E721 for the CheckpointError a rank raised resuming `plan` (`runtime.resume.refusal`), with the plan's source
+    for its caret (`plandsl.run` prints it on rank 0)."""
+    from plandsl.runtime.resume import refusal  # stage
+    found = refusal(plan, error)
+    return PlanError([found], _sources_at(found))
+
+
 def option_error() -> type[Exception]:
     """`runtime.launch.OptionError` (with `.option`, `.missing`): what `check_launch_options`, `check_job_options`
     and `prepare_run` raise for one option's usage error (the CLI's exit 2)."""

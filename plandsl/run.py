@@ -38,9 +38,9 @@ def main(argv: list[str] | None = None) -> int:
                        resume=args.resume, device=args.device)
     try:
         status, job = run(plan, config)
-    except CheckpointError as error:  # every rank refuses alike, before training; rank 0 says why
+    except CheckpointError as error:  # every rank refuses alike, before training; rank 0 says why (E721)
         if os.environ.get("RANK", "0") == "0":
-            print(f"plandsl run: error: {error}", file=sys.stderr, flush=True)
+            print(api.resume_refusal(plan, error), file=sys.stderr, flush=True)
         return 1
     except Exception as error:  # noqa: BLE001 - one line naming the rank, then a non-zero exit
         main_error(error)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import textwrap
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -294,7 +295,10 @@ def _run(path: Path, command: tuple[str, ...], gpus: int) -> Analysis:
     from unittest import mock
     from plandsl import api
     from plandsl.diagnostics import PlanError
-    options = api.launch_options(**_options(command))
+    options = _options(command)
+    if "checkpoint_dir" in options:  # a folder beside the example
+        options["checkpoint_dir"] = str(path.parent / options["checkpoint_dir"])
+    options = api.launch_options(**options)
     try:
         plan = api.load_runnable(path, cuda=gpus > 0)
         with mock.patch("plandsl.runtime.launch.cuda_device_count", return_value=gpus):
@@ -477,6 +481,10 @@ def run_example(entry: Entry, fixed: bool = False) -> tuple[Analysis, str]:
             (Path(directory) / folder).mkdir()
         for name in () if fixed else entry.files:
             (Path(directory) / name).write_bytes(b"")
+        if entry.checkpoint:  # E721: a run's checkpoint (its record: what `--resume` reads before any tensor)
+            step = Path(directory) / "checkpoints" / "step-000002"
+            step.mkdir(parents=True)
+            (step / "plandsl.json").write_text(textwrap.dedent(entry.checkpoint), encoding="utf-8")
         if entry.inspect:  # the tables of its hf()/factory() models, where the plan reads them
             _write_tables(path)
         command = entry.fixed_command if fixed and entry.fixed_command else entry.command

@@ -3,15 +3,15 @@
 Stage: interpreter (every rank calls `save` and `restore`; both are collective). Contract: `save(job,
 directory, step, steps)` writes `directory/step-NNNNNN` and commits it by renaming a finished temporary
 directory, so a job dying mid-write never leaves a half-written checkpoint as the latest; `latest`
-finds the highest committed step; `restore` loads the latest into any layout of the same model and
-optimizer (DCP reshards by parameter name) and raises `CheckpointError` (one line) for any other.
+finds the highest committed step (`runtime.resume`, without torch, as the launcher reads it); `restore` loads the
+latest into any layout of the same model and optimizer (DCP reshards by parameter name) and raises `CheckpointError`
+(one line, `runtime.resume.refusal` makes it E721) for any other.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,40 +26,17 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from plandsl import ir
-from plandsl.syntax.files import read_bounded
 from plandsl.runtime.parallel.zero import Zero1Optimizer
+from plandsl.runtime.resume import FORMAT, RECORD, CheckpointError, check_compatible, latest, read_record, step_dir
 
-RECORD = "plandsl.json"   # written last, by rank 0, inside the still-temporary directory
-FORMAT = 1
-RECORD_LIMIT = 1 << 20  # the record is a few hundred bytes of JSON; a larger one is not ours
-_STEP_DIR = re.compile(r"step-(\d+)")
 # Optimizer state keyed `state.<fqn>.exp_avg`, `param_groups.<fqn>.lr`: ranks holding different
 # parameters (pipeline stages, ZeRO-1 partitions) then write disjoint keys (torchtitan's choice).
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-class CheckpointError(RuntimeError):
-    """The checkpoint cannot be resumed under this plan: a different model or optimizer, or unreadable."""
-
-
-def step_dir(directory: str | Path, step: int) -> Path:
-    return Path(directory) / f"step-{step:06d}"
-
-
 def plan_hash(plan: ir.Plan) -> str:
     """sha256 of the plan's IR (its JSON dump; source positions are not part of it)."""
     return hashlib.sha256(plan.model_dump_json().encode()).hexdigest()
-
-
-def latest(directory: str | Path) -> Path | None:
-    """The committed checkpoint of the highest step (`step-NNNNNN` holding a record), or None.
-    Temporary directories (`.partial`, `.old`) and directories without a record never count."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return None
-    found = [(int(match[1]), entry) for entry in directory.iterdir()
-             if (match := _STEP_DIR.fullmatch(entry.name)) and (entry / RECORD).is_file()]
-    return max(found)[1] if found else None
 
 
 def is_due(step: int, every: int | None, steps: int) -> bool:
@@ -115,7 +92,7 @@ def _merged(name: str, held: nn.Module, child: nn.Module) -> nn.Module:
     if not _holds_parameters(held):
         return child
     if _holds_parameters(held, recurse=False) or _holds_parameters(child, recurse=False):
-        raise CheckpointError(f"two pipeline stages on this rank both hold module '{name}'")
+        raise RuntimeError(f"two pipeline stages on this rank both hold module '{name}'")  # a plandsl bug
     merged = nn.Module()
     for part in (held, child):
         for key, sub in part.named_children():
@@ -309,40 +286,19 @@ def _aliases(entries: dict[str, Any], section: str, saved: set[str], tied: bool)
 
 
 def _pick(directory: str | Path) -> tuple[Path | None, dict | None]:
-    chosen: list = [None, None]
+    """Rank 0's latest checkpoint and its record, the same on every rank (its error too: every rank refuses alike)."""
+    chosen: list = [None, None, None]
     if dist.get_rank() == 0:
-        path = latest(directory)
-        if path is not None:
-            try:
-                chosen = [str(path), json.loads(read_bounded(path / RECORD, RECORD_LIMIT, "checkpoint record"))]
-            except (OSError, ValueError) as error:  # FileProblem is a ValueError
-                chosen = [str(path), {"error": f"{path / RECORD}: {error}"}]
+        try:
+            path = latest(directory)
+            chosen = [None if path is None else str(path), None if path is None else read_record(path), None]
+        except CheckpointError as error:
+            chosen = [None, None, (str(error), error.part)]
     dist.broadcast_object_list(chosen, src=0)
-    path, record = chosen
-    if record is not None and "error" in record:
-        raise CheckpointError(f"cannot read checkpoint {record['error']}")
-    if record is not None and record.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {path} has format {record.get('format')}; this plandsl reads {FORMAT}")
+    path, record, error = chosen
+    if error is not None:
+        raise CheckpointError(*error)
     return (None if path is None else Path(path)), record
-
-
-def check_compatible(record: dict, plan: ir.Plan, shapes: dict[str, list[int]], path: Path) -> None:
-    saved = record["model"]
-    if saved != shapes:
-        raise CheckpointError(f"checkpoint {path} (plan '{record['plan']}') holds a different model than plan "
-                              f"'{plan.name}': {_model_difference(saved, shapes)}")
-    if record["optimizer"] != plan.train.optimizer.value:
-        raise CheckpointError(f"checkpoint {path} holds {record['optimizer']} optimizer state, but plan "
-                              f"'{plan.name}' trains with {plan.train.optimizer.value}")
-
-
-def _model_difference(saved: dict[str, list[int]], shapes: dict[str, list[int]]) -> str:
-    problems = [f"{name} is {saved[name]} there, {shapes[name]} here"
-                for name in saved if name in shapes and saved[name] != shapes[name]]
-    problems += [f"{name} is only there" for name in saved if name not in shapes]
-    problems += [f"{name} is only here" for name in shapes if name not in saved]
-    more = f" (and {len(problems) - 2} more differences)" if len(problems) > 2 else ""
-    return "; ".join(problems[:2]) + more
 
 
 def _restore_schedule(scheduler, optimizer: torch.optim.Optimizer, record: dict) -> None:

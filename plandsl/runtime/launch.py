@@ -25,6 +25,7 @@ from plandsl.diagnostics import Diagnostic, diag
 from plandsl.diagnostics.limits import MAX_LOCAL_RANKS
 from plandsl.runtime import faults
 from plandsl.runtime.options import format_params, forward, option_problem, parse_args, parse_params
+from plandsl.runtime.resume import launch_refusal
 from plandsl.syntax.loader import included
 from plandsl.check.analysis import load_plan
 
@@ -99,7 +100,8 @@ def prepare(plan: ir.Plan, plan_file: str, plan_name: str | None, params: dict, 
             dry_run: bool = False) -> list[str]:
     """torchrun's arguments for a checked, runnable plan: OptionError when `--data` does not fit the plan,
     LaunchError when the options do not fit its mesh, or (unless `dry_run`, which starts nothing here) when
-    the mesh is larger than this machine and the options do not say how (`check_fits`)."""
+    the mesh is larger than this machine and the options do not say how (`check_fits`), or `--resume` names a
+    checkpoint the plan cannot resume (E721, `resume.launch_refusal`)."""
     if options.data:
         from plandsl.runtime.tokens import token_file_problem  # lazy: numpy, only when a token file is given
         problem = token_file_problem(options.data, plan)
@@ -109,6 +111,9 @@ def prepare(plan: ir.Plan, plan_file: str, plan_name: str | None, params: dict, 
     if not dry_run:
         check_fits(plan, options)
         check_devices(int(args[args.index("--nproc-per-node") + 1]), options.device, plan.mesh.size)
+        refused = launch_refusal(plan, options.checkpoint_dir) if options.resume and options.checkpoint_dir else None
+        if refused is not None:  # E721: before any rank starts (the ranks check the model's shapes too)
+            raise LaunchError(refused)
     return args
 
 

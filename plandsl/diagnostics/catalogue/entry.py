@@ -42,6 +42,7 @@ class Entry:
     on_cuda: bool = False                      # E7xx: refused on a machine with CUDA (the example's rendering)
     folders: tuple[str, ...] = ()              # folders next to the example (E107: one named like a plan)
     files: tuple[str, ...] = ()                # empty files next to the example, not its fix (E110: `.plandsl`)
+    checkpoint: str = ""                       # E721: the record of a checkpoint in `checkpoints/` beside both
     command: tuple[str, ...] = ()              # E8xx: the command that reports it (`generate --from`, `shrink`)
     fixed_command: tuple[str, ...] = ()        # E710-E715: the command the fix runs (its options fixed), else `command`
     command_line: bool = False                 # E712-E715: the options are wrong, not a line: no location, no caret

@@ -1,7 +1,8 @@
 """E7xx: valid plans `plandsl run` refuses before any process starts (what the interpreter
 cannot run yet, or holds more than the devices have on torch's stack, E708), and `plandsl launch` cannot
 submit as one cluster job (E707); the options run and launch are given that do not fit (E710-E715), what stops a dry
-run (E716) or TorchX (E717-E719), and a `plandsl profile` job that fails (E720).
+run (E716) or TorchX (E717-E719), a `plandsl profile` job that fails (E720) and a checkpoint `plandsl run
+--resume` cannot resume (E721).
 
 Each `_entry(...)` is one code: why the rule exists, a failing example and the fix; see
 `plandsl.diagnostics.catalogue.entry` for the form."""
@@ -335,3 +336,23 @@ _entry("E720", """
     # the cluster file of an earlier `plandsl profile -o lab.plan`, left as it was
     """, "Read the rank's own error above E720 and mend what it names (`--quick` tries again in seconds).",
     file="lab.plan", command=("profile", "--nproc-per-node", "2", "--quick", "-o"), command_line=True, internal=True)
+
+# E721: `plandsl run --resume` from a checkpoint of another optimizer. tests/make_errors_doc.py writes the record of a
+# run's second step (what the launcher reads before any rank starts) into `checkpoints/` beside the example and its fix.
+_entry("E721", """
+    `--resume` continues from the latest checkpoint of `--checkpoint-dir`: DCP's shards of the model and the
+    optimizer's states, and plandsl's record of the run that wrote them. Any layout of the same model and optimizer
+    resumes it (DCP reshards by parameter name); another model (a parameter of another shape, or one only one side
+    has) or another optimizer has no state to continue from, and a record that cannot be read or is of another
+    format says nothing to trust. `plandsl run` reads the record before any rank starts and refuses another
+    optimizer, format or an unreadable record there; the model's shapes are known once a rank has built its share,
+    so every rank checks them again before any step (rank 0 prints the refusal; nothing is written, no metrics file
+    opened).
+    """, _local_plan("data    = fsdp over dp", mesh="[dp = 2]").replace(
+        "train   = { global_batch: 8, micro_batch: 1 }", "train   = { global_batch: 8, micro_batch: 1, optimizer: sgd }"),
+    "Resume with the optimizer the checkpoint holds (or start afresh: another `--checkpoint-dir`, or without "
+    "`--resume`).", ("optimizer: sgd", "optimizer: adam"),
+    command=("run", "--checkpoint-dir", "checkpoints", "--resume"), checkpoint="""
+    {"format": 1, "step": 2, "steps": 4, "plan": "p", "optimizer": "adam", "world_size": 2,
+     "model": {"embed.tok.weight": [256, 64]}}
+    """)
