@@ -15,8 +15,8 @@ from pathlib import Path
 
 from plandsl.diagnostics import Diagnostic, diag
 from plandsl.render.dot import NotApplicable
-from plandsl.render.output import (FORMATS, GraphvizFailed, GraphvizMissing, format_of, graphviz_hint, readable_titles,
-                                   to_image)
+from plandsl.render.output import (FORMATS, MISSING, GraphvizFailed, GraphvizMissing, format_of, graphviz_hint,
+                                   readable_titles, to_image)
 from plandsl.render.views import VIEWS, engine, render
 
 RenderError = (NotApplicable, GraphvizMissing, GraphvizFailed)
@@ -50,7 +50,7 @@ def refusal(error: Exception, plan) -> Diagnostic:
                     hint="--view mesh and --view placement draw any plan; schedule and memory need stages over a "
                          "pipeline axis (--view all draws the views that apply, saying why the others do not)")
     if isinstance(error, GraphvizMissing):
-        return diag("E812", str(error).split(": ", 1)[0], hint=graphviz_hint())
+        return diag("E812", MISSING, hint=graphviz_hint())
     return diag("E813", str(error), hint="`--format dot` writes the DOT text plandsl made, without graphviz: run the "
                                          "program named on it to see its whole message; where graphviz refuses the "
                                          "text (not memory or time running out), report it with the plan")

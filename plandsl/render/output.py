@@ -13,18 +13,20 @@ import time
 
 FORMATS = ("dot", "svg", "png", "pdf", "html")
 IMAGE_FORMATS = ("svg", "png", "pdf")
-INSTALL = ("graphviz's `dot` is not installed: apt-get install graphviz (Debian/Ubuntu) or brew install "
-           "graphviz; `--format dot` writes DOT text without it")
+MISSING = "graphviz's `dot` is not installed"
+INSTALL = "apt-get install graphviz (Debian/Ubuntu) or brew install graphviz; `--format dot` writes DOT text without it"
 
 
 def graphviz_hint() -> str:
     """E812's hint: how to install graphviz, or do without it."""
-    return INSTALL.split(": ", 1)[1]
+    return INSTALL
 
 
 class GraphvizMissing(RuntimeError):
+    """graphviz's program is not on PATH: its message says so (`MISSING`) and how to install it (`INSTALL`)."""
+
     def __init__(self) -> None:
-        super().__init__(INSTALL)
+        super().__init__(f"{MISSING}: {INSTALL}")
 
 
 class GraphvizFailed(RuntimeError):
