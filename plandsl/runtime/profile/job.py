@@ -121,6 +121,7 @@ def _nodes_apart(error: Exception, options: ProfileOptions) -> ProfileError:
 def _launch(options: ProfileOptions, progress: Progress | None) -> Profile | None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # lazy: torch
     from torch.distributed.elastic.multiprocessing.api import SignalException  # lazy: torch
+    from torch.distributed import DistError  # lazy: torch
     from torch.distributed.elastic.rendezvous.api import RendezvousError  # lazy: torch
     from torch.distributed.run import parse_args, run  # lazy: torch
     directory = tempfile.mkdtemp(prefix="plandsl-profile-")
@@ -142,7 +143,9 @@ def _launch(options: ProfileOptions, progress: Progress | None) -> Profile | Non
                 run(parse_args(args))
             except ChildFailedError as error:
                 raise _failed_ranks(list(error.failures), options) from None
-            except RendezvousError as error:  # the nodes did not meet: node 0 unreachable, or not started
+            except (RendezvousError, DistError) as error:  # the nodes did not meet: node 0 unreachable, or not
+                # started; the static rendezvous (--rdzv-endpoint without --rdzv-backend, as here) raises the store's
+                # DistNetworkError (a node not reaching node 0) or DistStoreError (node 0 waiting for the others)
                 raise _nodes_apart(error, options) from None
             except SignalException as error:  # the launcher's own Ctrl-C or SIGTERM: it stopped the ranks
                 raise KeyboardInterrupt(str(error)) from None
