@@ -130,6 +130,7 @@ def _one_string_first(kind: str) -> tuple[str, str]:
 
 
 _IMAGE_HINT = "input=image(3, 224, 224): channels, height, width"
+_FACTORY_TARGET = 'factory() takes "package.module:function"'
 
 
 def _source(scope: Scope, call: s.Call, kind: str) -> ModelSource:
@@ -138,7 +139,7 @@ def _source(scope: Scope, call: s.Call, kind: str) -> ModelSource:
         raise scope.reporter.error("E212", message, call.span, hint=example)
     target = call.args[0].value
     if kind == "factory" and ":" not in target:
-        raise scope.reporter.error("E205", 'factory() takes "package.module:function"', call.args[0].span)
+        raise scope.reporter.error("E205", _FACTORY_TARGET, call.args[0].span)
     args, image, failed = [], None, False
     for kwarg in call.kwargs:
         if kwarg.name == INPUT_KEY and _is_image(kwarg.value):
@@ -232,10 +233,17 @@ def _written_source(call: s.Call) -> ModelSource:
     if len(call.args) != 1 or not isinstance(call.args[0], s.Str):
         message, example = _one_string_first(kind)
         raise PlanError([diag("E212", message, call.span, hint=example)])
+    if kind == "factory" and ":" not in call.args[0].value:  # as check says it (was E901: no module of that name)
+        raise PlanError([diag("E205", _FACTORY_TARGET, call.args[0].span)])
     inputs = [kwarg for kwarg in call.kwargs if kwarg.name == INPUT_KEY and _is_image(kwarg.value)]
     if len(inputs) > 1:
         raise PlanError([diag("E213", f"argument '{INPUT_KEY}' is given twice", inputs[1].span)])
     kwargs = [kwarg for kwarg in call.kwargs if kwarg not in inputs]
+    named: set[str] = set()
+    for kwarg in kwargs:  # as check says it (was inspected and written, the last value winning)
+        if kwarg.name in named:
+            raise PlanError([diag("E213", f"argument '{kwarg.name}' is given twice", kwarg.span)])
+        named.add(kwarg.name)
     values = [_literal(kwarg.value) for kwarg in kwargs]
     sizes = tuple(_literal(arg) for arg in inputs[0].value.args) if inputs else ()
     unread = [f"argument '{kwarg.name}' of {kind}(...) is not a literal" for kwarg, value in zip(kwargs, values)
