@@ -331,6 +331,23 @@ def test_a_table_that_cannot_be_written_is_an_error_not_E108(tmp_path):
     assert ".plandsl: it is a file, not a directory" in result.output and "= hint: the plan reads" in result.output
 
 
+def test_a_plan_folder_that_refuses_the_tables_folder_is_E110_without_a_file_to_move(tmp_path, monkeypatch):
+    """`.plandsl` missing and the plan's folder not writable (a read-only checkout, as a user who is not root sees it):
+    E110 before the model is built, whose hint said to move away "a file of that name" that is not there; it says
+    to make the plan's folder writable."""
+    plan = _factory_plan(tmp_path)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if os.fspath(path) == str(tmp_path)
+                        else real(path, mode, **kw))
+    result = CliRunner().invoke(main, ["inspect", str(plan)])
+    assert result.exit_code == 1, result.output
+    assert f"{plan}:3:11: error[E110]: cannot write the layer table of tiny_model:build() to " in result.output
+    assert f"its folder {tmp_path} is not writable" in result.output, result.output
+    assert "a file of that name" not in result.output and "make the plan's folder writable" in result.output, \
+        result.output
+    assert not (tmp_path / ".plandsl").exists()
+
+
 def test_a_table_that_cannot_be_written_after_it_is_built_is_E110_at_the_call(tmp_path, monkeypatch):
     """A full disk as the table is written (after the model is built): E110 at the call, the system's reason."""
     from plandsl.runtime.inspect import plan as inspecting

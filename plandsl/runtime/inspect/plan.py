@@ -50,8 +50,14 @@ def inspect_plan(path: str | os.PathLike) -> list[tuple[InspectedModel, str]]:
 def _unwritable(source_file: SourceFile, cache: str, error: OSError | str, source: ModelSource,
                 span: Span) -> PlanError:
     """E110 at the model's call: its table cannot be written at `cache`, where the plan reads it."""
-    hint = None if isinstance(error, OSError) else \
-        "the plan reads its models' tables from the .plandsl folder beside it: make that a directory you may " \
-        "write (a file of that name moved away)"
+    folder = os.path.dirname(cache) or "."
+    if isinstance(error, OSError):
+        hint = None  # from the system's reason (a full disk, a refusal)
+    elif not os.path.lexists(folder):  # the plan's own folder refuses it (read-only)
+        hint = "the plan reads its models' tables from the .plandsl folder beside it, which cannot be created there: " \
+               "make the plan's folder writable, or inspect a copy of the plan in a folder you may write"
+    else:
+        hint = "the plan reads its models' tables from the .plandsl folder beside it: make that a directory you may " \
+               "write" + ("" if os.path.isdir(folder) else " (a file of that name moved away)")
     return PlanError([unwritable(cache, error, f"the layer table of {source.text}", span, hint)],
                      {source_file.path: source_file})
