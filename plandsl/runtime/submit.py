@@ -54,7 +54,10 @@ def _refused(scheduler: str, message: str, hint: str) -> JobError:
 def _unreached(job: JobOptions, what: str, error: Exception, caught) -> JobError:
     """E719: TorchX could not check the job with the scheduler or submit it (no `sbatch`, no cluster); what it
     warned of on the way (often the cause: no kubeconfig) as notes."""
-    where = ("run it where `sbatch` runs, a login node of the Slurm cluster" if job.scheduler == "slurm" else
+    refused = job.scheduler == "slurm" and isinstance(error, subprocess.CalledProcessError)  # sbatch ran: said no
+    where = ("sbatch ran here and refused the job (its own message is above): mend what it names (a --cfg option "
+             "such as partition or time, --cpu, --mem-mb)" if refused else
+             "run it where `sbatch` runs, a login node of the Slurm cluster" if job.scheduler == "slurm" else
              "check that the current kubeconfig (`kubectl config current-context`) reaches the cluster's API server "
              "and that Volcano runs there" if job.scheduler == "kubernetes" else
              f"check that TorchX's {job.scheduler} scheduler can reach its cluster from here")

@@ -313,6 +313,21 @@ def test_the_schedulers_own_failure_to_take_the_job_is_e719(no_slurm, monkeypatc
              "error[E719]: TorchX could not submit the job to slurm: ")
 
 
+def test_sbatch_that_runs_and_refuses_the_job_is_e719_without_the_hint_to_find_sbatch(no_slurm, monkeypatch):
+    """sbatch exiting 1 (an unknown partition: its message printed above) was E719 with the hint \"run it where
+    `sbatch` runs, a login node\", where it did run: the hint says sbatch refused the job and what to mend."""
+    import subprocess
+    from torchx.runner.api import Runner
+
+    def schedule(self, info):
+        raise subprocess.CalledProcessError(1, ["sbatch", "--parsable", "torchx-sbatch.sh"])
+    monkeypatch.setattr(Runner, "schedule", schedule)
+    result = launch(ONE_NODE, "--scheduler", "slurm", "--cpu", "16", "--mem-mb", "64000", "--cfg", "partition=nosuch")
+    _refused(result, 1, "error[E719]: TorchX could not submit the job to slurm: Command ",
+             "= hint: sbatch ran here and refused the job (its own message is above): mend what it names")
+    assert "a login node" not in result.output, result.output
+
+
 def test_a_bug_as_the_job_is_submitted_is_e108_not_e719(no_slurm, monkeypatch):
     """runner.schedule's every exception was E719 ('run it where sbatch runs'), a plandsl (or TorchX) bug too: only
     the scheduler's own failures are E719, anything else the boundary's E108."""
