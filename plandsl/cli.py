@@ -7,7 +7,9 @@ loads each stage inside the function that calls it: `--help` loads neither pydan
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
+import io
 import json
 import math
 import os
@@ -119,6 +121,8 @@ class _Command(click.Command):
 
     def invoke(self, ctx: click.Context):
         expected = (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, api.PlanError)
+        if sys.stdout is None:  # standard output closed as plandsl started (`>&-`): click.echo drops every line
+            sys.stdout = _ClosedOutput()
         try:
             with api.guard(ctx.params.get("file"), expected) as bug:
                 try:
@@ -129,6 +133,19 @@ class _Command(click.Command):
         except api.PlanError as error:  # a stage's diagnostics that the command did not print itself
             _fail(error, ctx.params.get("output_format") or "text")
         _fail(api.PlanError([bug.diagnostic]), ctx.params.get("output_format") or "text")
+
+
+class _ClosedOutput(io.TextIOBase):
+    """Standard output where it was closed before plandsl started (Python's `sys.stdout` is then None, and
+    `click.echo` returns without writing, so a command printed nothing and exited 0): writing fails as writing to a
+    closed descriptor does (EBADF), and `_output_problem` says E110, exit 1; a command that prints nothing still
+    succeeds."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
 
 
 def _output_problem(error: OSError) -> None:

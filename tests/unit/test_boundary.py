@@ -140,3 +140,22 @@ def test_an_output_file_that_cannot_be_written_is_E110_at_its_path(tmp_path):
     assert shrunk.exit_code == 1, shrunk.output
     [problem] = [json.loads(line) for line in shrunk.stdout.splitlines()]
     assert problem["code"] == "E110" and problem["location"]["file"] == "/dev/full", problem
+
+
+@pytest.mark.parametrize("args, status", [(["schema"], 1), (["check", "p.plan"], 1), (["check", "--format", "json", "p.plan"], 0)],
+                         ids=["schema", "check", "check-json-silent"])
+def test_standard_output_closed_is_E110_where_something_is_written(tmp_path, args, status):
+    """`plandsl schema >&-`: Python starts with sys.stdout None, and click.echo dropped every line, exit 0 with the
+    output lost; now writing to it is E110 on standard error, exit 1, and a command that prints nothing still
+    succeeds (`check --format json` of a valid plan)."""
+    import os
+    import subprocess
+    import sys
+    (tmp_path / "p.plan").write_text(VALID_PLAN)
+    done = subprocess.run(["sh", "-c", 'exec "$0" -m plandsl.cli "$@" >&-', sys.executable, *args], cwd=tmp_path,
+                          stderr=subprocess.PIPE, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == status, done.stderr
+    if status:
+        assert "error[E110]: cannot write the output: standard output is closed" in done.stderr, done.stderr
+    assert "E108" not in done.stderr and "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
