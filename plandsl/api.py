@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, ContextManager, Iterator
 
 from plandsl.diagnostics import Diagnostic, PlanError, limits, render_all, to_json_lines
-from plandsl.diagnostics.internal import guard
+from plandsl.diagnostics.internal import guard, interruption
 from plandsl.diagnostics.source import NO_SPAN
 
 if TYPE_CHECKING:
@@ -44,7 +44,8 @@ if TYPE_CHECKING:
 Progress = Callable[[int, int], None]
 """`progress(done, total)`, called as long work advances (the CLI draws a bar on a terminal)."""
 
-__all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "guard", "parse", "parse_file", "check",
+__all__ = ["PlanError", "Diagnostic", "limits", "render_all", "to_json_lines", "guard", "interruption", "parse",
+           "parse_file", "check",
            "checks", "load", "loads", "load_plan", "load_runnable", "select_plan", "run_refusals", "format_text",
            "format_bytes", "format_file", "describe", "schema", "explain", "unknown_code", "schedule",
            "schedule_as", "parse_costs", "simulate_schedule", "simulate_named", "simulate", "simulate_replicas", "replicas_report", "replicas_trace",

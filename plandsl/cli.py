@@ -117,7 +117,9 @@ def _print_diagnostics(analysis, output_format: str) -> None:
 
 class _Command(click.Command):
     """Every command runs inside the boundary (`diagnostics.internal.guard`): an exception nothing
-    expected is printed as E108 for the command's file (JSON with `--format json`), exit 1."""
+    expected is printed as E108 for the command's file (JSON with `--format json`), exit 1. An interruption the
+    command did not report itself (Ctrl-C) is one line, `interrupted by SIGINT`, exit 130 (128 + the signal's
+    number), not click's `Aborted!` with exit 1."""
 
     def invoke(self, ctx: click.Context):
         expected = (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, api.PlanError)
@@ -132,6 +134,10 @@ class _Command(click.Command):
                     raise
         except api.PlanError as error:  # a stage's diagnostics that the command did not print itself
             _fail(error, ctx.params.get("output_format") or "text")
+        except KeyboardInterrupt as error:
+            name, status = api.interruption(error)
+            click.echo(f"interrupted by {name}", err=True)
+            sys.exit(status)
         _fail(api.PlanError([bug.diagnostic]), ctx.params.get("output_format") or "text")
 
 
@@ -695,9 +701,10 @@ def profile_command(output, nproc_per_node, nnodes, node_rank, rdzv_endpoint, qu
             measured = api.profile(options, progress)
     except api.PlanError as error:  # E720: a rank failed, or the nodes did not meet
         _fail(error)
-    except KeyboardInterrupt:
-        click.echo(f"interrupted: nothing written to {output}", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt as error:  # Ctrl-C; or a signal that stopped torch's launcher (Interrupted)
+        name, status = api.interruption(error)
+        click.echo(f"interrupted by {name}: nothing written to {output}", err=True)
+        sys.exit(status)
     if measured is None:
         click.echo(f"node {node_rank}: measured with the others; node 0 writes the cluster file", err=True)
         return

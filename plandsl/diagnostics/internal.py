@@ -3,11 +3,14 @@
 `with guard(file) as bug:` around one file's work (`api.check`) or a whole command (`cli`): an
 `Exception` escaping the block is kept as `bug.diagnostic` (E108: a plandsl bug, the exception's
 type and message, how to report it), so the caller reports it like any problem of that file and
-goes on. No traceback is shown unless PLANDSL_DEBUG=1, which adds it as a note.
+goes on. No traceback is shown unless PLANDSL_DEBUG=1, which adds it as a note. Nor is an interruption a bug:
+Ctrl-C's KeyboardInterrupt, or `Interrupted` where a signal stopped torch's launcher, passes through the guard, and
+`interruption` names the signal and the exit status (128 + its number) the command line leaves with.
 """
 from __future__ import annotations
 
 import os
+import signal
 import traceback
 from types import TracebackType
 
@@ -30,6 +33,23 @@ def internal_error(error: BaseException, file: str | None = None) -> Diagnostic:
                 hint=f"this is a bug in plandsl, not a problem of the plan: please report it to the plandsl "
                      f"maintainers with the command, the plan file(s) and this message"
                      f"{'' if debugging() else f'; {DEBUG}=1 adds the traceback'}", notes=notes)
+
+
+class Interrupted(KeyboardInterrupt):
+    """torch's launcher got a signal (Ctrl-C's SIGINT, SIGTERM, SIGHUP, SIGQUIT), sent it on to the ranks and
+    stopped them (its SignalException, `runtime.launch.launcher_signals`): `signum`. A KeyboardInterrupt, as
+    Ctrl-C's own, so that no boundary takes it for a plandsl bug (E108)."""
+
+    def __init__(self, signum: int):
+        self.signum = signal.Signals(signum)
+        super().__init__(self.signum.name)
+
+
+def interruption(error: KeyboardInterrupt) -> tuple[str, int]:
+    """The signal that interrupted a command, by name (`Interrupted`'s; else Ctrl-C's SIGINT), and the exit status a
+    shell reports for a process that signal ends: 128 + its number (130 for Ctrl-C, 143 for SIGTERM)."""
+    signum = error.signum if isinstance(error, Interrupted) else signal.SIGINT
+    return signum.name, 128 + signum
 
 
 def debugging() -> bool:

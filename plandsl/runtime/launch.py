@@ -6,26 +6,31 @@ builds the arguments `torchrun` itself would take (one process per device of the
 what does not fit is a `LaunchError` carrying its Diagnostic (E710-E714), `OptionError` one option's usage error; `dry_run_commands`
 is what `--dry-run` prints instead (the command for every node of such a mesh); `launch`
 runs them through `torch.distributed.run` and returns the exit status, naming failed ranks and where
-they were (`runtime.faults`).
+they were (`runtime.faults`), or, when a signal stopped the launcher (`launcher_signals`), the signal and the
+checkpoint `--resume` continues from, with the status 128 + the signal's number.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import re
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 
 from plandsl import ir
 from plandsl.diagnostics import Diagnostic, diag
+from plandsl.diagnostics.internal import Interrupted, interruption
 from plandsl.diagnostics.limits import MAX_LOCAL_RANKS
 from plandsl.runtime import faults
 from plandsl.runtime.options import format_params, forward, option_problem, parse_args, parse_params
-from plandsl.runtime.resume import launch_refusal
+from plandsl.runtime.resume import CheckpointError, latest, launch_refusal
 from plandsl.syntax.loader import included
 from plandsl.check.analysis import load_plan
 
@@ -319,10 +324,14 @@ def launch(args: list[str]) -> int:
     previous = os.environ.get(faults.DIR_ENV)
     os.environ[faults.DIR_ENV] = directory
     try:
-        run(parse_args(args))
+        with launcher_signals():
+            run(parse_args(args))
     except ChildFailedError as error:
         print(failure_message(error, faults.read_records(directory), _plan_of(args)), file=sys.stderr, flush=True)
         return 1
+    except Interrupted as error:  # Ctrl-C, a scheduler's SIGTERM: torch's agent sent it on and stopped the ranks
+        print(interrupted_message(error.signum, _checkpoint_dir(args)), file=sys.stderr, flush=True)
+        return interruption(error)[1]
     finally:
         if previous is None:
             os.environ.pop(faults.DIR_ENV, None)
@@ -330,6 +339,54 @@ def launch(args: list[str]) -> int:
             os.environ[faults.DIR_ENV] = previous
         shutil.rmtree(directory, ignore_errors=True)
     return 0
+
+
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+"""The signals torch's launcher takes over while its ranks run (TORCHELASTIC_SIGNALS_TO_HANDLE's default)."""
+
+
+@contextlib.contextmanager
+def launcher_signals():
+    """Around `torch.distributed.run.run` (`launch`, and `plandsl profile`'s ranks): its SignalException as
+    `Interrupted` (`diagnostics.internal`), and the handlers it sets for `STOP_SIGNALS` (which it leaves in place)
+    put back as they were, so that a signal once it returned ends this process as before, not as a SignalException
+    nothing expects (E108)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException  # lazy: torch, only to launch
+    saved = {sig: signal.getsignal(sig) for sig in (getattr(signal, name, None) for name in STOP_SIGNALS) if sig}
+    try:
+        yield
+    except SignalException as error:
+        raise Interrupted(error.sigval) from None
+    finally:
+        if threading.current_thread() is threading.main_thread():  # torch sets them only there, as it may
+            for sig, handler in saved.items():
+                if handler is not None:  # None: not set from Python, nothing to put back
+                    signal.signal(sig, handler)
+
+
+def interrupted_message(signum: int, checkpoint_dir: str | None) -> str:
+    """What `plandsl run` prints when a signal stopped its launcher (`Interrupted`): the signal by name and, with
+    `--checkpoint-dir`, the latest checkpoint there, which the same command with `--resume` continues from, or that
+    none was written (a checkpoint begun but not committed does not count: `resume.latest`)."""
+    lines = [f"plandsl run: interrupted by {signal.Signals(signum).name}; the ranks were stopped"]
+    if checkpoint_dir is not None:
+        try:
+            path = latest(checkpoint_dir)
+        except (CheckpointError, OSError) as error:  # a folder of too many entries, or one that cannot be listed
+            lines.append(f"  cannot tell which checkpoint --resume continues from: {error}")
+            return "\n".join(lines)
+        if path is None:
+            lines.append(f"  no checkpoint in {checkpoint_dir}: none was written before the signal; the same command "
+                         "starts again at step 1")
+        else:
+            lines.append(f"  latest checkpoint: step {int(path.name.split('-')[1])} ({path}); the same command with "
+                         "--resume continues from it")
+    return "\n".join(lines)
+
+
+def _checkpoint_dir(args: list[str]) -> str | None:
+    """The ranks' `--checkpoint-dir`, from their arguments; None without one."""
+    return parse_args(args[args.index("plandsl.run") + 1:]).checkpoint_dir
 
 
 def _plan_of(args: list[str]) -> ir.Plan | None:

@@ -34,7 +34,7 @@ from plandsl.cli import main
 from tests.conftest import ROOT
 from tests.distributed import ranks
 from tests.distributed.harness import free_port, run_failing_ranks, run_ranks
-from tests.support import lazy, run_group, start_group, stop_group
+from tests.support import group_alive, lazy, run_group, start_group, stop_group
 
 checkpoint = lazy("plandsl.runtime.checkpoint")
 runtime_reference = lazy("plandsl.runtime.reference")
@@ -380,6 +380,96 @@ def test_torchrun_forking_stops_and_reports_ranks_as_torchrun_does(torchrun_fork
     assert re.search(r"^  rank 0: killed by SIGTERM \(local rank 0, pid \d+\)$", message, re.M), message
     if how == "raises":
         assert "RuntimeError: rank 1 failed" in capfd.readouterr().err  # its traceback, as `entry` prints it
+
+
+# ---- a launcher stopped by a signal ----------------------------------------------------------------------------
+def test_a_launcher_stopped_by_sigterm_names_the_signal_and_the_checkpoint_and_leaves_no_rank(tmp_path):
+    """`kill PID` (a scheduler's time limit, a timeout) of `plandsl run` while its ranks train: torch's agent sends the
+    signal on to the ranks, waits for them and raises SignalException, which was E108 (`internal error:
+    SignalException: Process N got signal: 15`, a plandsl bug, exit 1). The launcher says which signal stopped it and
+    the checkpoint `--resume` continues from, exits 128 + 15 = 143 as a process the signal ends does, and no rank
+    outlives it. The one real launch of this case; the other signals and checkpoint states are the next test's."""
+    directory, metrics, log = tmp_path / "ck", tmp_path / "dp.jsonl", tmp_path / "run.log"
+    command = [sys.executable, "-m", "plandsl.cli", "run", DP, "--steps", "100000", "--metrics", str(metrics),
+               "--checkpoint-dir", str(directory), "--checkpoint-every", "2"]
+    with open(log, "w") as out:
+        process = start_group(command, cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while checkpoint.latest(directory) is None:  # the ranks train: step 2's checkpoint committed
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"no checkpoint within {TIMEOUT_S} s:\n{log.read_text()}"
+            time.sleep(0.1)
+        os.kill(process.pid, signal.SIGTERM)  # the launcher alone, as `kill PID` does
+        try:
+            status = process.wait(timeout=CHECK_ONLY_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"`plandsl run` still running {CHECK_ONLY_S} s after SIGTERM:\n{log.read_text()}")
+        gone = time.monotonic() + 5  # the agent waited for its ranks before it raised: none may be left
+        while group_alive(process.pid) and time.monotonic() < gone:
+            time.sleep(0.05)
+        assert not group_alive(process.pid), "a rank outlived its launcher"
+    finally:
+        stop_group(process)
+    out = log.read_text()
+    assert status == 128 + signal.SIGTERM, (status, out)
+    assert "E108" not in out and "SignalException" not in out and "Traceback" not in out, out
+    latest = checkpoint.latest(directory)  # the ranks are gone: what the message named is still the latest
+    step = json.loads((latest / checkpoint.RECORD).read_text())["step"]
+    assert re.search(r"^plandsl run: interrupted by SIGTERM; the ranks were stopped\n"
+                     rf"  latest checkpoint: step {step} \({re.escape(str(latest))}\); the same command with --resume "
+                     r"continues from it$", out, re.M), out
+
+
+def _signalled_launcher(monkeypatch, sig: signal.Signals) -> None:
+    """`torch.distributed.run.run` (which `launch.launch` calls) as torch's runs when the launcher gets `sig`: its
+    handlers for the four signals installed (it never puts the old ones back), then SignalException."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException, _terminate_process_handler
+
+    def run(config):
+        for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"):
+            signal.signal(getattr(signal, name), _terminate_process_handler)
+        raise SignalException(f"Process {os.getpid()} got signal: {sig}", sigval=sig)
+
+    monkeypatch.setattr("torch.distributed.run.run", run)
+
+
+@pytest.mark.parametrize("sig, saved", [(signal.SIGTERM, 4), (signal.SIGINT, 0), (signal.SIGHUP, None)])
+def test_a_signalled_launcher_exits_128_plus_the_signal_and_says_what_resumes(tmp_path, monkeypatch, sig, saved):
+    """In this process, torch's launcher raising SignalException as the real one does when `plandsl run` gets Ctrl-C
+    (SIGINT), SIGTERM or SIGHUP: E108 before, exit 1. Now the signal by name, the latest checkpoint of
+    `--checkpoint-dir` and `--resume` (none written: so it says; no `--checkpoint-dir`: no line of it), exit
+    128 + the signal's number, and the signal handlers torch left put back as they were."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+    _signalled_launcher(monkeypatch, sig)
+    directory = tmp_path / "ck"
+    directory.mkdir()
+    if saved:
+        for step in (2, saved):
+            (directory / f"step-{step:06d}").mkdir()
+            (directory / f"step-{step:06d}" / "plandsl.json").write_text(json.dumps({"format": 1, "step": step}))
+        (directory / "step-000006.partial").mkdir()  # a checkpoint begun, not committed, does not count
+    argv = ["run", str(ROOT / DP), "--steps", "8"] + (["--checkpoint-dir", str(directory)] if saved is not None else [])
+    try:
+        result = CliRunner().invoke(main, argv)
+        after = {s: signal.getsignal(s) for s in before}
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    out = result.output
+    assert result.exit_code == 128 + sig, out
+    assert "E108" not in out and "SignalException" not in out, out
+    lines = out.splitlines()
+    first = lines.index(f"plandsl run: interrupted by {sig.name}; the ranks were stopped")
+    if saved:
+        assert lines[first + 1:] == [f"  latest checkpoint: step {saved} ({directory / f'step-{saved:06d}'}); the same "
+                                     "command with --resume continues from it"], out
+    elif saved == 0:
+        assert lines[first + 1:] == [f"  no checkpoint in {directory}: none was written before the signal; the same "
+                                     "command starts again at step 1"], out
+    else:
+        assert lines[first + 1:] == [], out
+    assert after == before, "the launcher left torch's signal handlers in place"
 
 
 # ---- a plan that runs, on two nodes ----------------------------------------------------------------------------

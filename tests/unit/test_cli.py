@@ -36,6 +36,21 @@ def cli(*args: str):
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
+# ---- interrupted ------------------------------------------------------------------------------
+def test_ctrl_c_is_one_line_and_exit_130_not_clicks_aborted(files, monkeypatch):
+    """Ctrl-C while a command works (here `check`, a plan read): click's `Aborted!`, exit 1, before, as a failure
+    would exit; the signal by name and 128 + its number, as `plandsl run` and `profile` say it (docs/cli.md, Exit
+    status), and nothing of the work's own output."""
+    from plandsl import api
+
+    def interrupted(path, params=None):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(api, "check", interrupted)
+    result = cli("check", "ok.plan")
+    assert result.exit_code == 130, result.output
+    assert result.stderr == "interrupted by SIGINT\n" and result.stdout == "", result.output
+
+
 # ---- check ------------------------------------------------------------------------------------
 def test_check_valid(files):
     result = cli("check", "ok.plan")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 from dataclasses import replace
 from pathlib import Path
 
@@ -241,6 +242,37 @@ def test_an_interrupted_profile_writes_nothing(tmp_path, monkeypatch, failure):
     assert "nothing" in result.output
     assert target.read_text() == "# the file from before\n"
     assert sorted(os.listdir(tmp_path)) == ["box.plan"]  # no temporary file left either
+
+
+@pytest.mark.xdist_group("torch")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_profile_whose_launcher_is_signalled_names_the_signal_and_exits_128_plus_it(tmp_path, monkeypatch, sig):
+    """torch's launcher raising SignalException, as it does when the command gets Ctrl-C or SIGTERM while its ranks
+    measure (it stopped them): `interrupted: nothing written`, exit 130 whatever the signal, before, and torch's
+    handlers left in place (a SIGTERM as the file was written then was E108). Now the signal by name, exit 128 + its
+    number (143 for SIGTERM, as a process the signal ends), the handlers as they were and the old file left."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException, _terminate_process_handler
+    import torch.distributed.run as torchrun
+
+    def run(args):
+        signal.signal(signal.SIGTERM, _terminate_process_handler)
+        signal.signal(signal.SIGINT, _terminate_process_handler)
+        raise SignalException(f"Process 1 got signal: {sig}", sigval=sig)
+    monkeypatch.setattr(torchrun, "run", run)
+    monkeypatch.setattr(job, "_cuda_devices", lambda: 0)
+    target = tmp_path / "box.plan"
+    target.write_text("# before\n")
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        result = CliRunner().invoke(main, ["profile", "--quick", "--nproc-per-node", "2", "-o", str(target)])
+        after = {s: signal.getsignal(s) for s in before}
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    assert result.exit_code == 128 + sig, result.output
+    assert result.output == f"interrupted by {sig.name}: nothing written to {target}\n", result.output
+    assert after == before
+    assert target.read_text() == "# before\n" and sorted(os.listdir(tmp_path)) == ["box.plan"]
 
 
 def _failing_launcher(monkeypatch, error: Exception) -> None:

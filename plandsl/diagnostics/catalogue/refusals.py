@@ -331,7 +331,8 @@ _entry("E720", """
     memory, a collective that waited 300 s for a peer that was lost) and the launcher stops the others; nodes that
     do not meet at `--rdzv-endpoint` (node 0 not started, or not reachable at that address and port) fail before
     any rank starts. Either way nothing is written: the file `-o` names stays as it was (the new one is written to
-    a temporary name and renamed at the end). Ctrl-C is not this error: it exits 130.
+    a temporary name and renamed at the end). Nor is a signal this error: Ctrl-C exits 130, a SIGTERM 143
+    (`interrupted by SIGTERM: nothing written to OUT`).
     """, """
     # the cluster file of an earlier `plandsl profile -o lab.plan`, left as it was
     """, "Read the rank's own error above E720 and mend what it names (`--quick` tries again in seconds).",

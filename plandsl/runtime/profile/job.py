@@ -23,6 +23,7 @@ from typing import Callable
 from plandsl.diagnostics import Diagnostic, PlanError, diag
 from plandsl.diagnostics.limits import MAX_LOCAL_RANKS, MAX_PROFILE_NODES, MAX_SUSTAIN_SECONDS
 from plandsl.runtime.launch import cuda_device_count as _cuda_devices, endpoint_problem  # as `run` counts them
+from plandsl.runtime.launch import launcher_signals
 from plandsl.runtime.profile.results import Profile
 from plandsl.runtime.profile.write import cluster_text
 from plandsl.syntax.files import unwritable, write_through_temporary
@@ -83,7 +84,8 @@ def option_problems(options: ProfileOptions, cuda_devices: int | None = None) ->
 def run_profile(options: ProfileOptions, progress: Progress | None = None) -> Profile | None:
     """Measure this machine (and with --nnodes the others, which run the same command); the `Profile` on
     node 0, None on the others. `ProfileError` (E720) when a rank fails or the nodes do not meet; KeyboardInterrupt on
-    Ctrl-C or a signal that stopped the launcher."""
+    Ctrl-C, `Interrupted` (one, naming the signal: `launch.launcher_signals`) where a signal stopped torch's launcher
+    and its ranks."""
     if options.nproc_per_node == 1 and options.nnodes == 1:
         from plandsl.runtime.profile.measure import Settings, measure  # lazy: torch
         return measure(Settings(quick=options.quick, sustain=options.sustain), progress=progress)
@@ -120,7 +122,6 @@ def _nodes_apart(error: Exception, options: ProfileOptions) -> ProfileError:
 
 def _launch(options: ProfileOptions, progress: Progress | None) -> Profile | None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # lazy: torch
-    from torch.distributed.elastic.multiprocessing.api import SignalException  # lazy: torch
     from torch.distributed import DistError  # lazy: torch
     from torch.distributed.elastic.rendezvous.api import RendezvousError  # lazy: torch
     from torch.distributed.run import parse_args, run  # lazy: torch
@@ -140,15 +141,14 @@ def _launch(options: ProfileOptions, progress: Progress | None) -> Profile | Non
         threads = str(max(1, (os.cpu_count() or 1) // options.nproc_per_node))
         with _environment("OMP_NUM_THREADS", threads), _polling(progress_file, progress):
             try:
-                run(parse_args(args))
+                with launcher_signals():  # the launcher's own Ctrl-C or SIGTERM, which stopped the ranks: Interrupted
+                    run(parse_args(args))
             except ChildFailedError as error:
                 raise _failed_ranks(list(error.failures), options) from None
             except (RendezvousError, DistError) as error:  # the nodes did not meet: node 0 unreachable, or not
                 # started; the static rendezvous (--rdzv-endpoint without --rdzv-backend, as here) raises the store's
                 # DistNetworkError (a node not reaching node 0) or DistStoreError (node 0 waiting for the others)
                 raise _nodes_apart(error, options) from None
-            except SignalException as error:  # the launcher's own Ctrl-C or SIGTERM: it stopped the ranks
-                raise KeyboardInterrupt(str(error)) from None
         if not os.path.exists(output):
             return None  # not node 0: rank 0 wrote it on its own machine
         return Profile.from_json(Path(output).read_text(encoding="utf-8"))
