@@ -259,14 +259,62 @@ def unwritable(path: str, error: OSError | str, what: str = "", span: Span | Non
 
 
 def write_output(path: str, data: bytes | str, what: str = "") -> None:
-    """Write an output file the command was asked for (`-o`, `--trace`) as it is named (a device or a FIFO written
-    through, as the user asked); PlanError E110 when it cannot be (`writable_file` refused what it could see before
-    the work: this is a full disk, or a path that changed since)."""
+    """Write an output file the command was asked for (`-o`, `--trace`): a new or regular file (or a link to one)
+    through a temporary file beside it renamed over it at the end (`_replaced`: a failure, a full disk, leaves the
+    file that was there as it was, not cut off), a device or a FIFO written through, as the user asked (`-o
+    /dev/stdout`); PlanError E110 when it cannot be (`writable_file` refused what it could see before the work: this
+    is a full disk, or a path that changed since)."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
     try:
-        with open(path, "wb") as handle:
-            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+        target = os.path.realpath(path)
+        try:
+            regular = stat.S_ISREG(os.stat(target).st_mode)
+        except FileNotFoundError:
+            regular = True  # a new file
+        if not regular or not _replaced(target, payload):
+            with open(path, "wb") as handle:
+                handle.write(payload)
     except OSError as error:
         raise PlanError([unwritable(path, error, what)]) from None
+
+
+def _replaced(target: str, payload: bytes) -> bool:
+    """Write `payload` over the regular (or missing) file `target` through a temporary file beside it, renamed over it:
+    the file's permission bits kept (a new one's those open() gives), a read-only one refused (OSError EACCES) as an
+    in-place write would be. False, writing nothing, where no temporary file can be made beside it (a folder the user
+    may not write holding a file they may): the caller writes in place. OSError for any other failure, the file left
+    as it was and the temporary file removed."""
+    import tempfile  # lazy: only the commands writing a file import it (it imports random and shutil)
+    try:
+        status = os.stat(target)
+    except FileNotFoundError:
+        status = None
+    if status is not None and not os.access(target, os.W_OK):
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES), target)
+    try:
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
+                                                 dir=os.path.dirname(target) or ".")
+    except OSError as error:
+        if status is not None and error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return False
+        raise
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(payload)
+        if status is not None:
+            os.chmod(temporary, stat.S_IMODE(status.st_mode))
+            with contextlib.suppress(OSError):  # only root may give a file away; the bits above still hold
+                os.chown(temporary, status.st_uid, status.st_gid)
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(temporary, 0o666 & ~umask)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return True
 
 
 def write_through_temporary(path: str, text: str) -> None:

@@ -6,7 +6,10 @@ command goes through the same boundary; PLANDSL_DEBUG=1 adds the traceback as a 
 """
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -159,3 +162,60 @@ def test_standard_output_closed_is_E110_where_something_is_written(tmp_path, arg
     if status:
         assert "error[E110]: cannot write the output: standard output is closed" in done.stderr, done.stderr
     assert "E108" not in done.stderr and "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+
+
+def test_an_output_that_fails_midway_leaves_the_file_that_was_there(tmp_path):
+    """`-o`/`--trace` wrote in place: a write that failed midway (a full disk) left the file before it cut off, its
+    old content gone (a 4,096-byte trace on a full tmpfs). Now a regular file is replaced through a temporary file
+    beside it: on failure the old file stays whole and no temporary file is left. The disk is made full by the
+    process's file size limit (RLIMIT_FSIZE: a write past it fails with EFBIG, SIGXFSZ ignored)."""
+    import resource
+    import signal
+    from plandsl.diagnostics import PlanError
+    from plandsl.syntax import files
+    out = tmp_path / "out.svg"
+    out.write_text("old picture")
+    limits, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, limits[1]))
+        with pytest.raises(PlanError) as error:
+            files.write_output(str(out), "new picture " * 1000)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert error.value.diagnostics[0].code == "E110" and "too large" in error.value.diagnostics[0].message
+    assert out.read_text() == "old picture" and sorted(p.name for p in tmp_path.iterdir()) == ["out.svg"]
+
+
+def test_an_output_keeps_its_links_bits_and_devices(tmp_path, monkeypatch):
+    """Replaced through a temporary file: a link's target is replaced (the link kept), an existing file keeps its
+    permission bits, a FIFO or device is written through (not replaced by a file), and a folder where no temporary
+    file can be made (the user may write the file, not the folder) is written in place."""
+    from plandsl.syntax import files
+    target = tmp_path / "real.dot"
+    target.write_text("old")
+    target.chmod(0o640)
+    link = tmp_path / "link.dot"
+    link.symlink_to(target)
+    files.write_output(str(link), "new")
+    assert link.is_symlink() and target.read_text() == "new" and stat.S_IMODE(target.stat().st_mode) == 0o640
+    fresh = tmp_path / "fresh.dot"
+    files.write_output(str(fresh), b"bytes")
+    assert fresh.read_bytes() == b"bytes"
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        files.write_output(str(fifo), "through")
+        assert stat.S_ISFIFO(fifo.stat().st_mode) and os.read(reader, 100) == b"through"
+    finally:
+        os.close(reader)
+
+    def refused(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    monkeypatch.setattr("tempfile.mkstemp", refused)
+    files.write_output(str(target), "in place")
+    assert target.read_text() == "in place"
+    with pytest.raises(Exception) as error:  # a new file in such a folder cannot be made at all
+        files.write_output(str(tmp_path / "new.dot"), "x")
+    assert error.value.diagnostics[0].code == "E110"

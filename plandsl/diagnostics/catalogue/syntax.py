@@ -162,11 +162,11 @@ _entry("E110", """
     can be seen to be unwritable before any work starts (`-o` into a missing folder, onto a
     directory) is refused then, as a usage error (exit 2); this is what only writing finds out (exit
     1). The system's reason is given, at the path (line 1), or at the model's call for a layer table,
-    or at no place for standard output (`plandsl show example.plan > /dev/full`). A table, a cluster
-    file and `fmt`'s files go through a temporary file renamed over the old one, which a failure leaves
-    as it was; an `-o` or `--trace` file is written where it is named (a device or a FIFO written
-    through, as asked), and holds what was written before the failure. Here `.plandsl` beside the plan
-    is a file.
+    or at no place for standard output (`plandsl show example.plan > /dev/full`). Every file goes
+    through a temporary file beside it renamed over the old one at the end, which a failure leaves as
+    it was (a table, a cluster file, `fmt`'s files, an `-o` or `--trace` file); a device or a FIFO
+    named by `-o` is written through, as asked, and holds what was written before the failure. Here
+    `.plandsl` beside the plan is a file.
     """, """
     import "clusters/local"
     plan p {
