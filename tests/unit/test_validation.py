@@ -375,6 +375,30 @@ def test_further_rows_measure_what_their_sources_counted(bench):
     assert len(mpt) == 78 and all(run.cluster.startswith("dgx_a100_40g x ") and run.dtypes["grad_dtype"] == "bf16"
                                   and run.gathering == bench.TORCHTITAN_GATHER for run in mpt)
 
+def test_further_papers_of_2023_pin_what_their_sources_ran(bench):
+    """GLM-130B, StarCoderBase and LLaMA 65B (docs/validation.md, "Further published runs": three more papers,
+    2026-12-08): GLM-130B's Table 11 (tp 4, pp 8, dp 24, micro-batch 1, ZeRO-1, every block checkpointed, fp16 as
+    DeepSpeed's engine keeps it) against its MFU of 32.5 %; StarCoderBase's GPU hours (320,256 for 250k steps of 512 x
+    8192 tokens) as tokens per second per GPU, BigCode's pre-training script (sequence parallelism, the distributed
+    optimizer, no recomputation) and its fork's multi-query attention, the key/value projection whole on each TP rank
+    (written as one key/value head a rank: kv_heads = tp; kv_heads=1 was the first contact's refusal); LLaMA 65B's
+    380 tokens/s/GPU with its layout searched but on the pipeline schedule of its time (1F1B interleaved, not the
+    zero-bubble schedules of 2024 the first contact took)."""
+    runs = {run.name.split(" (")[0]: run for run in bench.further_papers_2023()}
+    assert set(runs) == {"GLM-130B", "StarCoderBase 15.5B", "LLaMA 65B"}
+    glm, star, llama = runs["GLM-130B"], runs["StarCoderBase 15.5B"], runs["LLaMA 65B"]
+    assert (glm.metric, glm.measured, glm.global_batch, glm.cluster) == ("mfu", 0.325, 4224, "dgx_a100_40g x 96")
+    assert {k: glm.pins[k] for k in ("tp", "pp", "dp", "micro_batch_size", "zero_stage", "recompute")} == {
+        "tp": 4, "pp": 8, "dp": 24, "micro_batch_size": 1, "zero_stage": 1, "recompute": "full"}
+    assert glm.dtypes["param_dtype"] == glm.dtypes["grad_dtype"] == "fp16" and glm.pipeline == "deepspeed"
+    assert star.measured == pytest.approx(250_000 * 512 * 8192 / (320_256 * 3600))
+    assert bench.problem_of(star).model.kv_heads == star.pins["tp"] == 4 and "kv_heads=1" in bench.STARCODER_FIRST
+    assert {k: star.pins[k] for k in ("pp", "dp", "sequence_parallel", "zero_stage", "recompute")} == {
+        "pp": 4, "dp": 32, "sequence_parallel": True, "zero_stage": 1, "recompute": "none"}
+    assert llama.measured == 380 and llama.pins["schedule"] == "interleaved_1f1b" and "tp" not in llama.pins
+    assert all(run.family == "further" and run.pins["offload_layers"] == 0 for run in runs.values())
+
+
 def test_further_nemo_rows_tie_the_embeddings_as_nemo_builds_them(bench):
     """NeMo 24.07 ties the output layer to the input embedding unless the yaml says otherwise (megatron_gpt_model.py at
     adcc72bfbb: `share_embeddings_and_output_weights` defaults True). The launcher's gpt3 yamls (tag 24.07) leave it,
