@@ -82,8 +82,13 @@ def inspected_model(scope: Scope, call: s.Call, name: str | None) -> ir.CustomMo
         folder = os.path.dirname(path) or "."
         command = (f"mkdir -p {shlex.quote(folder)} && " if state.model is None else "") + \
             inspect_command(source, seq, path)
+        try:  # `plandsl inspect FILE` reads the call's literals: where it cannot (E905), only the command with
+            _written_source(call)  # the values filled in writes the table
+            hint = f"run: plandsl inspect {shlex.quote(call.span.file)} (or: {command})"
+        except PlanError:
+            hint = f"run: {command} (its arguments are not all literals, which `plandsl inspect FILE.plan` reads)"
         raise scope.reporter.error("E215", f"the layer table of {source.text} is {state.problem}", call.span,
-                                   hint=f"run: plandsl inspect {shlex.quote(call.span.file)} (or: {command})")
+                                   hint=hint)
     table = state.model
     return build(scope, ir.CustomModel, call.span, kind="custom", name=name or source.target.rpartition(":")[2],
                  layers=_layers(scope, call, table), seq=seq, source=source.text, block_list=table.block_list,

@@ -524,6 +524,14 @@ def test_inspect_of_a_plan_file_writes_every_table_where_the_plan_reads_it(tmp_p
     assert refused.exit_code == 1, refused.output
     assert refused.output.startswith(f"{plan}:4:13: error[E905]: argument 'depth' of factory(...) is not a literal"), \
         refused.output
+    # check's E215 for that call names only the command that writes its table (its values filled in): its first
+    # command, `plandsl inspect FILE.plan`, was the E905 above, whose hint sent the user back to the second
+    fresh = tmp_path / "fresh" / "p.plan"  # a folder without the tables written above
+    fresh.parent.mkdir()
+    fresh.write_text(plan.read_text(encoding="utf-8"), encoding="utf-8")
+    [missing] = api.check(fresh).diagnostics
+    assert missing.code == "E215" and "plandsl inspect 'inspect_models.tiny:build(depth=2)' --seq" in missing.hint
+    assert f"plandsl inspect {fresh}" not in missing.hint and "not all literals" in missing.hint, missing.hint
 
 
 @pytest.mark.parametrize("call, code, where, words", [
