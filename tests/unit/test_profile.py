@@ -302,6 +302,7 @@ def test_a_rank_that_fails_is_E720_with_a_hint(tmp_path, monkeypatch):
     assert target.read_text() == "# before\n"
 
 
+@pytest.mark.xdist_group("torch")  # torch.distributed's error types
 @pytest.mark.parametrize("kind, message", [
     ("RendezvousConnectionError", "the connection to the C10d store has failed"),
     # what torch's static rendezvous (--rdzv-endpoint without --rdzv-backend: profile's) raises, measured on torch 2.13:
@@ -321,6 +322,20 @@ def test_nodes_that_do_not_meet_are_E720_not_E108(tmp_path, monkeypatch, kind, m
     assert result.output.startswith("error[E720]: the 2 nodes did not meet at --rdzv-endpoint node0:29500 "
                                     f"({kind}: {message})"), result.output
     assert "= hint: run the same command on every node" in result.output and "E108" not in result.output
+    assert not (tmp_path / "box.plan").exists()
+
+
+@pytest.mark.xdist_group("torch")  # torch.distributed's error types
+def test_processes_of_one_machine_that_do_not_meet_are_not_said_to_be_nodes(tmp_path, monkeypatch):
+    """One node, two processes, torch's standalone rendezvous failing: E720 said "the 1 nodes did not meet at
+    --rdzv-endpoint None" with the multi-node hint."""
+    import torch.distributed
+    _failing_launcher(monkeypatch, torch.distributed.DistNetworkError("connection refused"))
+    result = CliRunner().invoke(main, ["profile", "--quick", "--nproc-per-node", "2", "-o", str(tmp_path / "box.plan")])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("error[E720]: the 2 processes of this machine did not meet (torch's standalone "
+                                    "rendezvous on this host; DistNetworkError: connection refused)"), result.output
+    assert "None" not in result.output and "--node-rank" not in result.output, result.output
     assert not (tmp_path / "box.plan").exists()
 
 

@@ -112,7 +112,14 @@ def _failed_ranks(ranks: list[int], options: ProfileOptions) -> ProfileError:
 
 
 def _nodes_apart(error: Exception, options: ProfileOptions) -> ProfileError:
-    """E720 for nodes that did not meet at node 0's address (torch's rendezvous failing)."""
+    """E720 for nodes that did not meet at node 0's address (torch's rendezvous failing); on one machine, for its
+    processes that did not meet at the local address torch's standalone rendezvous chose."""
+    if options.nnodes == 1:
+        return ProfileError(f"the {options.nproc_per_node} processes of this machine did not meet (torch's standalone "
+                            f"rendezvous on this host; {type(error).__name__}: {error}); nothing was written",
+                            "the processes meet over a local TCP port: check that this host's name resolves and that "
+                            "nothing (a firewall on the loopback interface, a proxy setting) refuses the connection; "
+                            "`--nproc-per-node 1` measures without the collectives")
     return ProfileError(f"the {options.nnodes} nodes did not meet at --rdzv-endpoint {options.rdzv_endpoint} "
                         f"({type(error).__name__}: {error}); nothing was written",
                         "run the same command on every node, each with its own --node-rank, and node 0's address "
