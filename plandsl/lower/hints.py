@@ -7,6 +7,7 @@ Each hint comes with the `Edit`s that apply it, so following it gives a plan tha
 """
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from functools import lru_cache
@@ -44,20 +45,27 @@ def stdlib_definitions() -> dict[str, str]:
 
 
 SIBLINGS = 64  # .plan files of the importing file's folder read, at most, to find a name
+SIBLING_ENTRIES = 4096  # entries of that folder looked at, at most, to choose them (a folder of a million files)
 
 
 def sibling_definition(name: str, source: SourceFile | None) -> str | None:
     """The import (the file's stem) of the first other `.plan` file of `source`'s folder, in name order, that
     defines `name`. Only a file whose text holds `name` as a word is parsed: each was parsed whole for each unknown
     name, and a plan with a typo beside a few large generated plans (the 64 read at most, up to 2 MB each) took
-    minutes to check, its work set by its neighbours rather than by what it says."""
+    minutes to check, its work set by its neighbours rather than by what it says; likewise the folder is listed up to
+    `SIBLING_ENTRIES` entries (all of them were, and each .plan file's path resolved)."""
     if source is None or not os.path.isfile(source.path):
         return None
-    folder = Path(source.path).resolve().parent
-    try:
-        files = sorted(p for p in folder.glob("*.plan") if p.resolve() != Path(source.path).resolve())[:SIBLINGS]
+    itself = Path(source.path).resolve()
+    folder = itself.parent
+    try:  # the first SIBLING_ENTRIES entries the folder lists, its .plan files among them in name order
+        with os.scandir(folder) as entries:
+            names = sorted(entry.name for entry in itertools.islice(entries, SIBLING_ENTRIES)
+                           if entry.name.endswith(".plan"))
+        files = [path for path in (folder / name for name in names[:SIBLINGS + 1]) if path.resolve() != itself]
     except OSError:
         return None
+    files = files[:SIBLINGS]
     word = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])")
     for path in files:
         try:

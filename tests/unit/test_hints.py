@@ -7,7 +7,10 @@ own fixes are applied and re-checked in tests/unit/test_diagnostics.py.
 """
 from __future__ import annotations
 
+import itertools
+import os
 import re
+import types
 from pathlib import Path
 
 import pytest
@@ -294,6 +297,48 @@ def test_a_typo_beside_large_plans_costs_what_it_costs_alone(tmp_path):
     (beside / "g2.plan").write_text(big + "let mb = 2\n")
     (problem,) = analyze(str(beside / "p.plan")).errors
     assert 'add `import "g2"`' in problem.hint, problem
+
+
+def test_a_typo_in_a_folder_of_endless_entries_lists_a_bounded_number(tmp_path, monkeypatch):
+    """The folder was listed whole (`glob("*.plan")`, every .plan entry's path resolved) to choose the siblings to
+    read, whatever its size (a folder of a million generated files): now its first `SIBLING_ENTRIES` entries. The
+    folder here lists entries without end; a listing past twice the bound fails the test."""
+    from support import VALID_PLAN
+    from plandsl.lower import hints
+    plan = tmp_path / "p.plan"
+    plan.write_text(VALID_PLAN.replace("micro_batch: 2", "micro_batch: mb"))
+    (tmp_path / "defines.plan").write_text("let mb = 2\n")
+    real, listed = os.scandir, [0]
+
+    class Endless:  # the real entries first, then generated names without end
+        def __init__(self, path):
+            self.real = list(real(path))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def __iter__(self):
+            for entry in self.real:
+                listed[0] += 1
+                yield entry
+            for i in itertools.count():
+                listed[0] += 1
+                assert listed[0] <= 2 * hints.SIBLING_ENTRIES, "the folder was listed past the bound"
+                yield types.SimpleNamespace(name=f"generated_{i}.plan" if i % 2 else f"data_{i}.bin")
+
+        def __next__(self):
+            raise TypeError
+
+    def scandir(path="."):
+        return Endless(path) if Path(path) == tmp_path else real(path)
+    monkeypatch.setattr(hints.os, "scandir", scandir)
+    monkeypatch.setattr(os, "scandir", scandir)  # pathlib's glob lists through os.scandir too
+    (problem,) = analyze(str(plan)).errors
+    assert problem.code == "E201" and 'add `import "defines"`' in problem.hint, problem  # within the first entries
+    assert listed[0] <= hints.SIBLING_ENTRIES + 1
 
 
 # ---- one mistake in a stdlib example: the hint names the fix, not a detour ---------------------------
