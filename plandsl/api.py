@@ -576,9 +576,11 @@ def command_line(args: list[str]) -> str:
 
 
 def launch(args: list[str]) -> int:
-    """Start torchrun with `args` in this process; its exit status, failed ranks named on stderr."""
-    from plandsl.runtime.launch import launch as start  # stage: torch
-    return start(args)
+    """Start torchrun with `args` in this process; its exit status, failed ranks named on stderr; PlanError E722 for
+    nodes that do not meet at the rendezvous."""
+    from plandsl.runtime.launch import LaunchError, launch as start  # stage: torch
+    with _coded(LaunchError):
+        return start(args)
 
 
 # ---- launch on a cluster's scheduler --------------------------------------------------------------------------

@@ -308,6 +308,28 @@ def _run(path: Path, command: tuple[str, ...], gpus: int) -> Analysis:
     return Analysis(str(path), None, [], {})
 
 
+def _apart(path: Path, command: tuple[str, ...]) -> Analysis:
+    """`plandsl run [options] EXAMPLE` launched (`api.launch`) with torch's launcher raising what its static
+    rendezvous raises when node 0 cannot be reached (E722's example: no machine here is node 0)."""
+    from unittest import mock
+    from plandsl import api
+    from plandsl.diagnostics import PlanError
+    from torch.distributed import DistNetworkError
+    options = api.launch_options(**_options(command))
+
+    def launcher(args):
+        raise DistNetworkError("The client socket has timed out after 900000ms while trying to connect to "
+                               "(node0, 29500).")
+    try:
+        plan = api.load_runnable(path)
+        args = api.prepare_run(plan, str(path), None, {}, options)
+        with mock.patch("torch.distributed.run.run", launcher):
+            api.launch(args)
+    except PlanError as error:
+        return Analysis(str(path), None, list(error.diagnostics), dict(error.sources))
+    return Analysis(str(path), None, [], {})
+
+
 def _dry_run(path: Path, failing_rank: int | None = None) -> Analysis:
     """`plandsl run --dry-run EXAMPLE`: every rank built on the meta device (`api.dry_run`); with `failing_rank`,
     that rank's build raises KeyError('tp') (E716's example: no plan known fails there)."""
@@ -446,6 +468,8 @@ def _internal(entry: Entry, path: Path) -> Analysis:
         return _render(path, entry.command, "failing")
     if entry.command[:1] == ("profile",):  # E720: rank 1 fails
         return _profile(path, failing=True)
+    if entry.command[:1] == ("run",) and "--rdzv-endpoint" in entry.command:  # E722: the nodes do not meet
+        return _apart(path, entry.command)
     if entry.command:
         return _dry_run(path, failing_rank=1)
     with mock.patch("plandsl.check.analysis.check_plan", side_effect=KeyError("tp")):

@@ -3,7 +3,7 @@
 E1xx syntax and files (E110: an output file that cannot be written), E2xx names/types/units/imports (E22x model shapes), E3xx clusters and meshes, E4xx placement
 and sharding, E5xx training and memory, E6xx schedules, E7xx what `plandsl run` refuses
 (valid plans the interpreter cannot run) or `plandsl launch` cannot submit as one job (E720: a `plandsl profile`
-job that fails; E721: a checkpoint `run --resume` cannot resume), E8xx what `plandsl generate --from` cannot keep,
+job that fails; E721: a checkpoint `run --resume` cannot resume; E722: a run whose nodes do not meet), E8xx what `plandsl generate --from` cannot keep,
 `plandsl shrink` cannot do, `plandsl import` cannot read or `plandsl export` cannot write, `plandsl estimate --against` cannot
 read of a run's metrics (E809-E810), `plandsl render` cannot draw (E811-E813), `plandsl generate` cannot find (E814), `plandsl lsp` cannot start without (E815); E9xx what `plandsl inspect` cannot derive from a torch module; W for warnings. The examples and fixes live in
 `plandsl/diagnostics/catalogue/`, one module per family (shown by `plandsl explain` and
@@ -140,6 +140,7 @@ CODES: dict[str, str] = {
     "E719": "job TorchX cannot hand to the scheduler",
     "E720": "profile job whose ranks fail or whose nodes do not meet",
     "E721": "checkpoint the plan cannot resume",
+    "E722": "run whose nodes do not meet",
     # E8xx: what `plandsl generate --from` cannot keep, or `plandsl shrink` cannot do
     "E801": "decision the search cannot keep",
     "E802": "plan that cannot be scaled down",

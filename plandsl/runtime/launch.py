@@ -313,8 +313,12 @@ def threads_per_process(cores: int, nproc: int) -> int:
 
 
 def launch(args: list[str]) -> int:
+    """torchrun with `args` in this process: 0, 1 with the failed ranks named on stderr (`failure_message`), 128 + N
+    for a signal that stopped it (`interrupted_message`); LaunchError E722 for nodes that did not meet."""
     # lazy: torch only to launch; `plandsl run` checks the plan and its options without it
+    from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import parse_args, run  # lazy: torch (as above)
     nproc = int(args[args.index("--nproc-per-node") + 1])
     # torchrun would set 1 thread per process (and warn); share this machine's cores out instead.
@@ -332,6 +336,10 @@ def launch(args: list[str]) -> int:
     except Interrupted as error:  # Ctrl-C, a scheduler's SIGTERM: torch's agent sent it on and stopped the ranks
         print(interrupted_message(error.signum, _checkpoint_dir(args)), file=sys.stderr, flush=True)
         return interruption(error)[1]
+    except (RendezvousError, DistError) as error:  # the nodes did not meet before any rank started: node 0
+        # unreachable or not started (torch's static rendezvous, --rdzv-endpoint without --rdzv-backend, raises its
+        # store's DistNetworkError or DistStoreError; the c10d one a RendezvousError)
+        raise LaunchError(nodes_apart(args, error)) from None
     finally:
         if previous is None:
             os.environ.pop(faults.DIR_ENV, None)
@@ -339,6 +347,20 @@ def launch(args: list[str]) -> int:
             os.environ[faults.DIR_ENV] = previous
         shutil.rmtree(directory, ignore_errors=True)
     return 0
+
+
+def nodes_apart(args: list[str], error: Exception) -> Diagnostic:
+    """E722: the launch's nodes did not meet at the rendezvous (`--rdzv-endpoint`), so no rank started."""
+    endpoint = args[args.index("--rdzv-endpoint") + 1] if "--rdzv-endpoint" in args else None
+    if endpoint is None:  # one machine: torch's standalone rendezvous on a local port
+        return diag("E722", f"the processes of this machine did not meet (torch's standalone rendezvous on this host; "
+                            f"{type(error).__name__}: {error}); no rank started",
+                    hint="the processes meet over a local TCP port: check that this host's name resolves and that "
+                         "nothing (a firewall on the loopback interface, a proxy setting) refuses the connection")
+    nodes = args[args.index("--nnodes") + 1]
+    return diag("E722", f"the {nodes} nodes did not meet at --rdzv-endpoint {endpoint} ({type(error).__name__}: "
+                        f"{error}); no rank started", hint=ENDPOINT_HINT + "; start node 0 first, and open its port "
+                                                                       "in a firewall")
 
 
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")

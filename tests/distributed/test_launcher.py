@@ -472,6 +472,32 @@ def test_a_signalled_launcher_exits_128_plus_the_signal_and_says_what_resumes(tm
     assert after == before, "the launcher left torch's signal handlers in place"
 
 
+@pytest.mark.parametrize("kind, message, argv", [
+    ("DistNetworkError", "The client socket has timed out after 900000ms while trying to connect to (node0, 29500).",
+     ["--nnodes", "2", "--nproc-per-node", "1", "--node-rank", "1", "--rdzv-endpoint", "node0:29500"]),
+    ("DistStoreError", "Timed out after 901 seconds waiting for clients. 1/2 clients joined.",
+     ["--nnodes", "2", "--nproc-per-node", "1", "--node-rank", "0", "--rdzv-endpoint", "node0:29500"]),
+    ("RendezvousConnectionError", "the connection to the C10d store has failed", []),
+])
+def test_nodes_that_do_not_meet_are_e722_not_a_bug(monkeypatch, kind, message, argv):
+    """torch's launcher failing its rendezvous (node 0 not reached, node 0 waiting for the others; on one machine its
+    standalone store) escaped as E108, "a bug in plandsl": now E722 naming the endpoint, exit 1, no rank started."""
+    import torch.distributed
+    from torch.distributed.elastic.rendezvous import api as rendezvous
+    error = getattr(rendezvous, kind, None) or getattr(torch.distributed, kind)
+
+    def run(args):
+        raise error(message)
+    monkeypatch.setattr("torch.distributed.run.run", run)
+    result = CliRunner().invoke(main, ["run", str(ROOT / DP), "--steps", "2", *argv])
+    assert result.exit_code == 1, result.output
+    assert "E108" not in result.output and "Traceback" not in result.output, result.output
+    where = "the 2 nodes did not meet at --rdzv-endpoint node0:29500" if argv else \
+        "the processes of this machine did not meet (torch's standalone rendezvous on this host"
+    assert f"error[E722]: {where}" in result.output and f"{kind}: {message}" in result.output, result.output
+    assert "= hint: give every node the same --rdzv-endpoint" in result.output or not argv
+
+
 # ---- a plan that runs, on two nodes ----------------------------------------------------------------------------
 def test_two_launchers_join_as_two_nodes(tmp_path, reference_losses):
     """The DP plan's two ranks started by two launchers (one a node) train it as one process does: the metrics, the

@@ -1,8 +1,8 @@
 """E7xx: valid plans `plandsl run` refuses before any process starts (what the interpreter
 cannot run yet, or holds more than the devices have on torch's stack, E708), and `plandsl launch` cannot
 submit as one cluster job (E707); the options run and launch are given that do not fit (E710-E715), what stops a dry
-run (E716) or TorchX (E717-E719), a `plandsl profile` job that fails (E720) and a checkpoint `plandsl run
---resume` cannot resume (E721).
+run (E716) or TorchX (E717-E719), a `plandsl profile` job that fails (E720), a checkpoint `plandsl run
+--resume` cannot resume (E721) and a run whose nodes do not meet (E722).
 
 Each `_entry(...)` is one code: why the rule exists, a failing example and the fix; see
 `plandsl.diagnostics.catalogue.entry` for the form."""
@@ -357,3 +357,18 @@ _entry("E721", """
     {"format": 1, "step": 2, "steps": 4, "plan": "p", "optimizer": "adam", "world_size": 2,
      "model": {"embed.tok.weight": [256, 64]}}
     """)
+
+# E722: `plandsl run` on several nodes whose rendezvous fails. tests/make_errors_doc.py launches the example with torch's
+# launcher made to raise what its static rendezvous raises when node 0 cannot be reached; the fix's command is the same,
+# node 0 started (checked up to the launch).
+_entry("E722", """
+    `plandsl run --nnodes N` starts torch's launcher on each machine; the launchers meet at `--rdzv-endpoint`
+    (node 0's address and a port, torch's static rendezvous) before any rank starts. A node that cannot reach
+    node 0 (a wrong address, node 0 not started yet, a port a firewall closes) or a node 0 that waits for nodes
+    that never come fails there, after torch's wait, with no rank started and nothing written: it is neither a
+    rank's failure (the job's failed ranks are named, not coded) nor a plandsl bug (E108). torch's own message
+    is in the diagnostic.
+    """, _local_plan("data    = fsdp over dp", mesh="[dp = 2]"),
+    "Start node 0's command first, with the same --rdzv-endpoint (node 0's reachable address) on every node.",
+    command=("run", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "node0:29500"), command_line=True,
+    internal=True)
