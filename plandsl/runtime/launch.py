@@ -317,8 +317,8 @@ def launch(args: list[str]) -> int:
     for a signal that stopped it (`interrupted_message`); LaunchError E722 for nodes that did not meet."""
     # lazy: torch only to launch; `plandsl run` checks the plan and its options without it
     from torch.distributed import DistError
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # lazy: torch (as above)
+    from torch.distributed.elastic.rendezvous.api import RendezvousError  # lazy: torch (as above)
     from torch.distributed.run import parse_args, run  # lazy: torch (as above)
     nproc = int(args[args.index("--nproc-per-node") + 1])
     # torchrun would set 1 thread per process (and warn); share this machine's cores out instead.
