@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
                                      cuda=args.device and args.device == "cuda")
     except PlanError as error:
         print(error, file=sys.stderr)
+        from plandsl.runtime.faults import report_refusal  # lazy: the schedules' simulator (0.3 s), on a refusal only
+        report_refusal(error.diagnostics[0].code if error.diagnostics else "E108")
         return 1
     # lazy: torch after the plan checked (a bad plan fails without torch's seconds of import)
     from plandsl.runtime.parallel.mesh import DEFAULT_TIMEOUT_S
@@ -41,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as error:  # every rank refuses alike, before training; rank 0 says why (E721)
         if os.environ.get("RANK", "0") == "0":
             print(api.resume_refusal(plan, error), file=sys.stderr, flush=True)
+        from plandsl.runtime.faults import report_refusal  # lazy: as above
+        report_refusal("E721")
         return 1
     except Exception as error:  # noqa: BLE001 - one line naming the rank, then a non-zero exit
         main_error(error)

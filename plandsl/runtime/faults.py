@@ -212,6 +212,23 @@ def report_error(error: BaseException) -> str:
     return record.where()
 
 
+def report_refusal(code: str) -> None:
+    """Write this rank's `rank{R}.json` saying it refused the job before training with diagnostic `code` (printed by
+    the rank itself), so that the launcher says so rather than that the job failed (`launch.failure_message`)."""
+    directory = os.environ.get(DIR_ENV)
+    if not directory:
+        return
+    rank = int(os.environ.get("RANK", "0"))
+    data = {"rank": rank, "step": 0, "action": "", "done": True, "phase": "", "error": f"refused ({code})",
+            "time": time.time(), "refused": code}
+    path = Path(directory) / f"rank{rank}.json"
+    try:
+        path.with_suffix(".tmp").write_text(json.dumps(data))
+        path.with_suffix(".tmp").replace(path)
+    except OSError:
+        pass  # the launcher then says the job failed, the rank's diagnostic above it
+
+
 def describe_position(step: int, action: str, done: bool, phase: str) -> str:
     if step == 0:
         return "before step 1 (building the job)"
@@ -234,6 +251,7 @@ class RankRecord:
     phase: str = ""
     error: str | None = None
     time: float | None = None
+    refused: str | None = None  # the code of the diagnostic the rank refused the job with, before training
 
     def where(self) -> str:
         return describe_position(self.step, self.action, self.done, self.phase)
@@ -256,7 +274,7 @@ def read_records(directory: str | Path) -> dict[int, RankRecord]:
         try:
             data = json.loads(read_bounded(path, _RECORD_LIMIT, "rank record"))
             records[data["rank"]] = RankRecord(data["rank"], data["step"], data["action"], data["done"],
-                                               data["phase"], data["error"], data["time"])
+                                               data["phase"], data["error"], data["time"], data.get("refused"))
         except (OSError, ValueError, KeyError, TypeError):  # FileProblem is a ValueError
             continue
     return records

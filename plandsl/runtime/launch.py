@@ -422,8 +422,13 @@ def _plan_of(args: list[str]) -> ir.Plan | None:
 
 def failure_message(error, records: dict | None = None, plan: ir.Plan | None = None) -> str:
     """One line per failed rank, the root cause first, each with where it was (`records`: what the ranks
-    left, `faults.read_records`); where the stopped ranks were; the pipeline's step x rank grid."""
+    left, `faults.read_records`); where the stopped ranks were; the pipeline's step x rank grid. Where every failed
+    rank refused the job before training (its diagnostic printed, `faults.report_refusal`), one line saying so."""
     records = records or {}
+    refused = sorted({records[rank].refused for rank in error.failures if rank in records and records[rank].refused})
+    if refused and all(rank in records and records[rank].refused for rank in error.failures):
+        return (f"plandsl run: the ranks refused the job before training ({', '.join(refused)}, above): no step was "
+                "trained, nothing written")
     cause = root_cause(error, records)
     lines = ["plandsl run: the job failed; the other ranks were stopped"]
     for rank in sorted(error.failures, key=lambda r: (r != cause, r)):

@@ -78,6 +78,7 @@ def test_the_latest_committed_step_is_read_and_a_huge_folder_is_refused(tmp_path
         resume.latest(tmp_path)
 
 
+@pytest.mark.xdist_group("torch")  # `run` counts the GPUs torch sees before the launch
 def test_run_refuses_another_optimizer_before_launching(tmp_path, monkeypatch):
     path, _ = _plan(tmp_path)
     _checkpoint(tmp_path / "ckpt", 2, {**RECORD, "optimizer": "adam"})
@@ -91,6 +92,7 @@ def test_run_refuses_another_optimizer_before_launching(tmp_path, monkeypatch):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.xdist_group("torch")  # the rank's entry imports torch
 def test_a_rank_prints_the_models_refusal_as_e721_at_the_model(tmp_path, monkeypatch, capsys):
     """What the ranks find (the model's shapes, after building their share): rank 0 prints E721 at the model line,
     the others nothing; every rank exits 1. Before: `plandsl run: error: checkpoint ...`, no code, no place."""
@@ -109,3 +111,33 @@ def test_a_rank_prints_the_models_refusal_as_e721_at_the_model(tmp_path, monkeyp
         assert ("p.plan:3:13: error[E721]: plan 'p' cannot resume: checkpoint " in err) is printed, err
         assert ("w is [2, 2] there, [2, 3] here" in err) is printed
         assert "hint: resume with the plan whose model wrote the checkpoint" in err or not printed
+
+
+@pytest.mark.xdist_group("torch")  # the rank's entry and torch's launcher errors
+def test_ranks_that_refuse_are_said_to_refuse_not_that_the_job_failed(tmp_path, monkeypatch, capsys):
+    """Every rank refusing before training (E721 above, printed by rank 0) was followed by the launcher's "the job
+    failed; the other ranks were stopped" and a root cause: each refusing rank now leaves a record saying so, and the
+    launcher says the ranks refused; a rank that failed otherwise still makes it the job's failure."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+    from plandsl import run as rank_entry
+    from plandsl.runtime import faults, launch, train
+    path, _ = _plan(tmp_path)
+
+    def refused(plan, config):
+        resume.check_compatible(RECORD, plan, {"w": [2, 3]}, tmp_path / "ckpt" / "step-000002")
+    monkeypatch.setattr(train, "run", refused)
+    monkeypatch.setattr(rank_entry.faulthandler, "register", lambda *args, **kwargs: None)
+    monkeypatch.setenv(faults.DIR_ENV, str(tmp_path))
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        assert rank_entry.main([str(path)]) == 1
+    capsys.readouterr()
+    records = faults.read_records(tmp_path)
+    assert {rank: record.refused for rank, record in records.items()} == {0: "E721", 1: "E721"}
+    failures = {rank: ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=1, error_file="") for rank in (0, 1)}
+    message = launch.failure_message(ChildFailedError("plandsl.run", failures), records)
+    assert message == ("plandsl run: the ranks refused the job before training (E721, above): no step was trained, "
+                       "nothing written"), message
+    del records[1]  # rank 1 failed without refusing: the job's failure, as before
+    message = launch.failure_message(ChildFailedError("plandsl.run", failures), records)
+    assert message.startswith("plandsl run: the job failed; the other ranks were stopped"), message
